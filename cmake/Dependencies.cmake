@@ -1,0 +1,15 @@
+# Every dependency comes from a Debian 12 package (scripts/install-deps.sh installs them).
+# How each is found is recorded in ../shared/reference/dependencies.md.
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(absl REQUIRED)
+# nlohmann-json parses traces and test vectors (tests, benchmarks, tools); never the hot path.
+find_package(nlohmann_json REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+if(KVR_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(KVR_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds kvrouter and runs every test suite: once as a plain optimised build, once under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and the concurrency tests once more under
+# ThreadSanitizer. Each ctest run ends with ctest's own summary line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=${KVR_JOBS:-$(nproc)}
+export CTEST_OUTPUT_ON_FAILURE=1
+
+build() {  # build DIR [cmake args...]
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja -DKVR_BUILD_BENCH=OFF "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+echo "== plain build: every test =="
+build build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo
+ctest --test-dir build/test -j "$jobs" --timeout 600
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer: every test =="
+build build/asan -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=address,undefined
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build/asan -j "$jobs" --timeout 900
+
+echo "== ThreadSanitizer: concurrency tests =="
+build build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_SANITIZE=thread
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  ctest --test-dir build/tsan -L concurrency -j "$jobs" --timeout 900

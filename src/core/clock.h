@@ -1,0 +1,53 @@
+// Time as the core sees it. The core never reads the system clock directly: every component
+// that ages state (approximate-mode TTLs, request expiry, queue arrival order) takes a Clock,
+// so tests and the trace simulator advance time by hand and replay exactly.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace kvrouter {
+
+// Monotonic nanoseconds since an arbitrary origin.
+using Nanos = int64_t;
+inline constexpr Nanos kNanosPerSecond = 1'000'000'000;
+
+inline constexpr Nanos SecondsToNanos(double seconds) {
+  return static_cast<Nanos>(seconds * static_cast<double>(kNanosPerSecond));
+}
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual Nanos Now() const = 0;
+};
+
+// The process's monotonic clock. Thread-safe.
+class SteadyClock final : public Clock {
+ public:
+  Nanos Now() const override {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  static SteadyClock& Instance() {
+    static SteadyClock clock;
+    return clock;
+  }
+};
+
+// A clock that moves only when told to. Thread-safe.
+class ManualClock final : public Clock {
+ public:
+  explicit ManualClock(Nanos start = 0) : now_(start) {}
+  Nanos Now() const override { return now_.load(std::memory_order_acquire); }
+  void Advance(Nanos delta) { now_.fetch_add(delta, std::memory_order_acq_rel); }
+  void AdvanceSeconds(double seconds) { Advance(SecondsToNanos(seconds)); }
+  void Set(Nanos now) { now_.store(now, std::memory_order_release); }
+
+ private:
+  std::atomic<Nanos> now_;
+};
+
+}  // namespace kvrouter

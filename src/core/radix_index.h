@@ -1,0 +1,128 @@
+// The KV-cache index: which worker holds which prefix of which prompt, on which storage tier.
+//
+// Data model (Dynamo semantics, shared/reference/dynamo-router.md §2.1-§2.2, §2.6):
+// - A radix tree with one node per block, keyed from its parent by the block's *local* hash
+//   (hashing.h). Matching a prompt walks the tree by its local hashes.
+// - Each worker rank has a table from the engine's own block hash to the node holding that
+//   block ("dual key"). Engine hashes are opaque: they only find parents and apply removals.
+// - A node records, per worker rank that holds it, how many of that worker's engine blocks map
+//   to it on each tier. Removing a block does not cascade to its descendants (as in Dynamo),
+//   but a node that no worker holds and that has no children is freed at once, and so is every
+//   ancestor left empty by that, so memory follows the live blocks.
+//
+// Concurrency model: a RadixIndex is internally synchronised by one reader/writer lock.
+// FindMatches, TreeSize, Stats, DumpEvents and StateDigest take it shared and run in
+// parallel with each other; Apply, RemoveWorker and RemoveWorkerDpRank take it exclusively for
+// the duration of one event. Block hashing of a stored event's tokens happens before the lock
+// is taken, so a writer holds the lock only for the tree update itself (about 0.5 µs per
+// block, BENCHMARKS.md). Every public method may be called from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace kvrouter {
+
+// Why an event (or part of one) was not applied. Counted per event type and reason.
+enum class EventError : uint8_t {
+  kNone = 0,
+  kParentBlockNotFound,   // the stored event's parent hash is unknown for that worker:
+                          // the whole event is dropped (Dynamo)
+  kBlockNotFound,         // a removed hash is unknown for that worker (on that tier): the
+                          // other hashes of the event are still removed
+  kInvalidBlockSequence,  // a stored block repeats its parent's or an earlier block's hash:
+                          // blocks before it are applied, the rest is dropped
+  kInvalidBlock,          // a stored block's tokens do not make a complete block, or the
+                          // event's hash lists disagree in length: blocks before it apply
+};
+inline constexpr int kNumEventErrors = 5;
+std::string_view EventErrorName(EventError error);
+
+enum class EventKind : uint8_t { kStored = 0, kRemoved = 1, kCleared = 2 };
+inline constexpr int kNumEventKinds = 3;
+std::string_view EventKindName(EventKind kind);
+
+struct ApplyResult {
+  EventError error = EventError::kNone;
+  std::string message;  // empty when error == kNone
+  bool ok() const { return error == EventError::kNone; }
+};
+
+// What one worker rank holds of a prompt's prefix.
+struct WorkerMatch {
+  WorkerKey worker;
+  uint32_t device_blocks = 0;    // leading blocks cached on the device
+  uint32_t host_hits = 0;        // then contiguous blocks on host pinned memory
+  uint32_t disk_hits = 0;        // then contiguous blocks on disk
+  uint32_t external_hits = 0;    // then contiguous blocks on external storage
+  uint64_t tree_size = 0;        // blocks the worker holds in the whole index
+};
+
+struct IndexStats {
+  uint64_t nodes = 0;            // tree nodes, the root included
+  uint64_t cached_blocks = 0;    // (engine block, worker rank) entries
+  uint64_t workers = 0;          // worker ranks the index knows (cleared ones included)
+  int64_t allocated_bytes = 0;   // heap bytes owned by the index's containers, exactly
+  // events[kind][error]: events applied (kNone) or rejected for each reason.
+  std::array<std::array<uint64_t, kNumEventErrors>, kNumEventKinds> events{};
+  uint64_t duplicate_stores = 0;  // a block stored again on a tier that already held it
+  uint64_t rekeyed_blocks = 0;    // an engine hash reused for a different prefix
+};
+
+struct RadixIndexOptions {
+  uint32_t block_size = 16;  // tokens per block; must be > 0
+};
+
+class RadixIndex {
+ public:
+  explicit RadixIndex(RadixIndexOptions options = {});
+  ~RadixIndex();
+  RadixIndex(const RadixIndex&) = delete;
+  RadixIndex& operator=(const RadixIndex&) = delete;
+
+  uint32_t block_size() const;
+
+  // Applies one event. Never fails fatally: an error is returned and counted, and the part of
+  // the event that Dynamo applies despite that error is applied (see EventError).
+  ApplyResult Apply(const KvEvent& event);
+
+  // Per worker rank that holds at least the first block (on any tier), what it holds of the
+  // prefix given by `local_hashes`. Workers are in no particular order. `out` is cleared first
+  // so a caller can reuse its capacity.
+  void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) const;
+  std::vector<WorkerMatch> FindMatches(std::span<const uint64_t> local_hashes) const;
+
+  // Forgets every rank of the worker, or one rank. Returns the number of blocks dropped.
+  size_t RemoveWorker(uint64_t worker_id);
+  size_t RemoveWorkerDpRank(WorkerKey worker);
+
+  // Blocks the worker rank holds (0 if unknown).
+  uint64_t TreeSize(WorkerKey worker) const;
+  std::vector<WorkerKey> Workers() const;
+
+  IndexStats Stats() const;
+
+  // The whole index as single-block stored events (event ids 0, 1, 2, ...), parents before
+  // children. Applying them to an empty index rebuilds one whose StateDigest, and so every
+  // answer, is identical. A block whose holder lost its parent gets its path rebuilt through
+  // temporary blocks that are removed again right after (so the dump also has removals).
+  std::vector<KvEvent> DumpEvents() const;
+
+  // An order-independent digest of everything the index answers from: for every worker rank,
+  // every engine hash with its tiers and the local-hash path of the node it names.
+  uint64_t StateDigest() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvrouter

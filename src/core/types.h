@@ -1,0 +1,70 @@
+// Vocabulary shared by every part of the core: who holds a block (a worker's data-parallel
+// rank), where it is held (a storage tier), and the KV events engines publish.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace kvrouter {
+
+// One data-parallel rank of one worker: the unit every index and load tracker keys on.
+struct WorkerKey {
+  uint64_t worker_id = 0;
+  uint32_t dp_rank = 0;
+
+  friend bool operator==(const WorkerKey&, const WorkerKey&) = default;
+  friend auto operator<=>(const WorkerKey&, const WorkerKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const WorkerKey& w) {
+    return H::combine(std::move(h), w.worker_id, w.dp_rank);
+  }
+};
+
+// Where a cached block lives. Lower tiers are worth less: their blocks must be copied back to
+// the device before use. The order is the order in which matching continues (§2.6).
+enum class Tier : uint8_t { kDevice = 0, kHostPinned = 1, kDisk = 2, kExternal = 3 };
+inline constexpr int kNumTiers = 4;
+
+// Engine "medium" strings (case-insensitive): GPU/DEVICE -> device; CPU_PINNED/CPU_TIER1 ->
+// host pinned; CPU_TIER2/DISK/NVME -> disk; EXTERNAL/NETWORK/REMOTE/SHARED -> external.
+// Anything else, including an empty or missing medium, is the device (as in Dynamo).
+Tier TierFromMedium(std::string_view medium);
+std::string_view TierName(Tier tier);
+
+// Blocks newly cached by one worker, consecutive along one sequence.
+struct StoredEvent {
+  // Engine hash of the block before the first one; none when the first block starts a prompt.
+  std::optional<uint64_t> parent_hash;
+  // The engine's own hash of every block: opaque, used only to find parents and apply removals.
+  std::vector<uint64_t> block_hashes;
+  // The router's local hash of every block, when the publisher computed them. When empty, they
+  // are computed from token_ids (block_size tokens per block, one more in eagle mode) with the
+  // options below.
+  std::vector<uint64_t> local_hashes;
+  std::vector<uint32_t> token_ids;
+  std::vector<std::vector<uint64_t>> block_mm_hashes;
+  std::string lora_name;
+  std::string cache_namespace;
+  bool eagle = false;
+};
+
+// Blocks evicted by one worker, by engine hash.
+struct RemovedEvent {
+  std::vector<uint64_t> block_hashes;
+};
+
+// Every block of every data-parallel rank of the worker is gone (e.g. a prefix-cache reset).
+struct ClearedEvent {};
+
+struct KvEvent {
+  WorkerKey worker;
+  Tier tier = Tier::kDevice;
+  uint64_t event_id = 0;
+  std::variant<StoredEvent, RemovedEvent, ClearedEvent> data;
+};
+
+}  // namespace kvrouter
