@@ -86,8 +86,7 @@ void ComputeLocalBlockHashesInto(std::span<const uint32_t> tokens, uint32_t bloc
   }
 }
 
-std::vector<uint64_t> ComputeLocalBlockHashes(std::span<const uint32_t> tokens,
-                                              uint32_t block_size,
+std::vector<uint64_t> ComputeLocalBlockHashes(std::span<const uint32_t> tokens, uint32_t block_size,
                                               const BlockHashOptions& options) {
   std::vector<uint64_t> out;
   ComputeLocalBlockHashesInto(tokens, block_size, options, out);
@@ -103,8 +102,7 @@ uint64_t NextSequenceHash(uint64_t previous_sequence_hash, uint64_t local_hash) 
   return XXH3_64bits_withSeed(buf, sizeof(buf), kHashSeed);
 }
 
-void ComputeSequenceHashesInto(std::span<const uint64_t> local_hashes,
-                               std::vector<uint64_t>& out) {
+void ComputeSequenceHashesInto(std::span<const uint64_t> local_hashes, std::vector<uint64_t>& out) {
   out.clear();
   out.reserve(local_hashes.size());
   for (size_t i = 0; i < local_hashes.size(); ++i) {

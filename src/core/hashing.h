@@ -39,8 +39,7 @@ uint64_t LocalHashSeed(std::string_view lora_name, std::string_view cache_namesp
 size_t NumCompleteBlocks(size_t num_tokens, uint32_t block_size, bool eagle);
 
 // Local hashes of every complete block. block_size == 0 yields no blocks.
-std::vector<uint64_t> ComputeLocalBlockHashes(std::span<const uint32_t> tokens,
-                                              uint32_t block_size,
+std::vector<uint64_t> ComputeLocalBlockHashes(std::span<const uint32_t> tokens, uint32_t block_size,
                                               const BlockHashOptions& options = {});
 
 // Same, appending into `out` (cleared first) so hot paths can reuse its capacity.

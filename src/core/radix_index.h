@@ -59,18 +59,18 @@ struct ApplyResult {
 // What one worker rank holds of a prompt's prefix.
 struct WorkerMatch {
   WorkerKey worker;
-  uint32_t device_blocks = 0;    // leading blocks cached on the device
-  uint32_t host_hits = 0;        // then contiguous blocks on host pinned memory
-  uint32_t disk_hits = 0;        // then contiguous blocks on disk
-  uint32_t external_hits = 0;    // then contiguous blocks on external storage
-  uint64_t tree_size = 0;        // blocks the worker holds in the whole index
+  uint32_t device_blocks = 0;  // leading blocks cached on the device
+  uint32_t host_hits = 0;      // then contiguous blocks on host pinned memory
+  uint32_t disk_hits = 0;      // then contiguous blocks on disk
+  uint32_t external_hits = 0;  // then contiguous blocks on external storage
+  uint64_t tree_size = 0;      // blocks the worker holds in the whole index
 };
 
 struct IndexStats {
-  uint64_t nodes = 0;            // tree nodes, the root included
-  uint64_t cached_blocks = 0;    // (engine block, worker rank) entries
-  uint64_t workers = 0;          // worker ranks the index knows (cleared ones included)
-  int64_t allocated_bytes = 0;   // heap bytes owned by the index's containers, exactly
+  uint64_t nodes = 0;           // tree nodes, the root included
+  uint64_t cached_blocks = 0;   // (engine block, worker rank) entries
+  uint64_t workers = 0;         // worker ranks the index knows (cleared ones included)
+  int64_t allocated_bytes = 0;  // heap bytes owned by the index's containers, exactly
   // events[kind][error]: events applied (kNone) or rejected for each reason.
   std::array<std::array<uint64_t, kNumEventErrors>, kNumEventKinds> events{};
   uint64_t duplicate_stores = 0;  // a block stored again on a tier that already held it
