@@ -6,9 +6,15 @@ find_package(absl REQUIRED)
 # nlohmann-json parses traces and test vectors (tests, benchmarks, tools); never the hot path.
 find_package(nlohmann_json REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# FlatBuffers is kvrouter's own wire format (schema/): the runtime library, and flatc to compile
+# the schemas at build time.
+find_package(FlatBuffers REQUIRED)
+find_program(KVR_FLATC flatc REQUIRED)
 
 if(KVR_BUILD_TESTS)
   find_package(GTest REQUIRED)
+  # cmocka tests the C ABI from C (tests/capi).
+  pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
 endif()
 if(KVR_BUILD_BENCH)
   find_package(benchmark REQUIRED)

@@ -449,8 +449,14 @@ class RadixIndex::Impl {
   size_t ClearSlot(uint32_t slot) {
     BlockTable& blocks = workers_[slot].blocks;
     const size_t dropped = blocks.size();
-    for (const auto& [engine_hash, entry] : blocks) {
-      const NodeId node = EntryNode(entry);
+    // Several engine hashes of one worker may name the same node; visit each node once, since
+    // freeing it on the first visit would leave the second reading a dead node.
+    std::vector<NodeId> held;
+    held.reserve(blocks.size());
+    for (const auto& [engine_hash, entry] : blocks) held.push_back(EntryNode(entry));
+    std::sort(held.begin(), held.end());
+    held.erase(std::unique(held.begin(), held.end()), held.end());
+    for (NodeId node : held) {
       MemberList& members = nodes_[node].members;
       if (Member* m = members.Find(slot)) members.Erase(m, MemberList::Alloc(&bytes_));
       FreeIfUnused(node);

@@ -1,0 +1,412 @@
+#include "ingest/flatbuffers_codec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
+#include "flatbuffers/flatbuffers.h"
+#include "ingest/index_snapshot_generated.h"
+#include "ingest/kv_events_generated.h"
+
+namespace kvrouter {
+namespace {
+
+namespace fb = ::flatbuffers;
+
+// The wire enum is a copy of kvrouter::Tier, so converting is a cast once the value is known.
+static_assert(static_cast<int>(wire::Tier::Device) == static_cast<int>(Tier::kDevice));
+static_assert(static_cast<int>(wire::Tier::HostPinned) == static_cast<int>(Tier::kHostPinned));
+static_assert(static_cast<int>(wire::Tier::Disk) == static_cast<int>(Tier::kDisk));
+static_assert(static_cast<int>(wire::Tier::External) == static_cast<int>(Tier::kExternal));
+static_assert(static_cast<int>(wire::Tier::MAX) == kNumTiers - 1);
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+// Empty vectors and strings are left out: absent and empty decode alike, and absent is smaller.
+template <typename T>
+fb::Offset<fb::Vector<T>> VectorOrAbsent(fb::FlatBufferBuilder& fbb, const std::vector<T>& v) {
+  return v.empty() ? 0 : fbb.CreateVector(v);
+}
+
+fb::Offset<fb::String> StringOrAbsent(fb::FlatBufferBuilder& fbb, const std::string& s) {
+  return s.empty() ? 0 : fbb.CreateString(s);
+}
+
+fb::Offset<fb::Vector<fb::Offset<wire::BlockMmHashes>>> EncodeMmHashes(
+    fb::FlatBufferBuilder& fbb, const std::vector<std::vector<uint64_t>>& block_mm_hashes) {
+  if (block_mm_hashes.empty()) return 0;
+  std::vector<fb::Offset<wire::BlockMmHashes>> blocks;
+  blocks.reserve(block_mm_hashes.size());
+  for (const std::vector<uint64_t>& hashes : block_mm_hashes) {
+    blocks.push_back(wire::CreateBlockMmHashes(fbb, VectorOrAbsent(fbb, hashes)));
+  }
+  return fbb.CreateVector(blocks);
+}
+
+struct EncodedData {
+  wire::EventData type;
+  fb::Offset<void> table;
+};
+
+EncodedData EncodeData(fb::FlatBufferBuilder& fbb, const StoredEvent& e) {
+  // Children first: FlatBuffers builds back to front and forbids nesting a table under way.
+  auto block_hashes = VectorOrAbsent(fbb, e.block_hashes);
+  auto local_hashes = VectorOrAbsent(fbb, e.local_hashes);
+  auto token_ids = VectorOrAbsent(fbb, e.token_ids);
+  auto mm_hashes = EncodeMmHashes(fbb, e.block_mm_hashes);
+  auto lora_name = StringOrAbsent(fbb, e.lora_name);
+  auto cache_namespace = StringOrAbsent(fbb, e.cache_namespace);
+  std::optional<wire::BlockHash> parent;
+  if (e.parent_hash.has_value()) parent.emplace(*e.parent_hash);
+  auto stored = wire::CreateStored(fbb, parent ? &*parent : nullptr, block_hashes, local_hashes,
+                                   token_ids, mm_hashes, lora_name, cache_namespace, e.eagle);
+  return {wire::EventData::Stored, stored.Union()};
+}
+
+EncodedData EncodeData(fb::FlatBufferBuilder& fbb, const RemovedEvent& e) {
+  auto removed = wire::CreateRemoved(fbb, VectorOrAbsent(fbb, e.block_hashes));
+  return {wire::EventData::Removed, removed.Union()};
+}
+
+EncodedData EncodeData(fb::FlatBufferBuilder& fbb, const ClearedEvent&) {
+  return {wire::EventData::Cleared, wire::CreateCleared(fbb).Union()};
+}
+
+fb::Offset<fb::Vector<fb::Offset<wire::KvEvent>>> EncodeEvents(fb::FlatBufferBuilder& fbb,
+                                                               std::span<const KvEvent> events) {
+  std::vector<fb::Offset<wire::KvEvent>> offsets;
+  offsets.reserve(events.size());
+  for (const KvEvent& event : events) {
+    EncodedData data = std::visit([&](const auto& d) { return EncodeData(fbb, d); }, event.data);
+    offsets.push_back(wire::CreateKvEvent(fbb, event.worker.worker_id, event.worker.dp_rank,
+                                          static_cast<wire::Tier>(event.tier), event.event_id,
+                                          data.type, data.table));
+  }
+  return fbb.CreateVector(offsets);
+}
+
+std::vector<uint8_t> Bytes(const fb::FlatBufferBuilder& fbb) {
+  const uint8_t* data = fbb.GetBufferPointer();
+  return std::vector<uint8_t>(data, data + fbb.GetSize());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verification
+
+// The verifier counts nested tables: the schemas nest 4 (root, event, stored, mm hashes). The
+// margin leaves room for evolution; the limit only has to stop runaway recursion.
+constexpr fb::uoffset_t kMaxVerifierDepth = 16;
+
+// FlatBuffers reads scalars in place, so the buffer must be 8-byte aligned in memory (the
+// verifier only checks alignment relative to the buffer's start). Bytes cut out of a stream at
+// an arbitrary offset need not be, so those are copied once into aligned storage.
+class AlignedBytes {
+ public:
+  explicit AlignedBytes(std::span<const uint8_t> bytes) : view_(bytes) {
+    if (bytes.empty() || reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint64_t) == 0) {
+      return;
+    }
+    copy_.resize((bytes.size() + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+    std::memcpy(copy_.data(), bytes.data(), bytes.size());
+    view_ = {reinterpret_cast<const uint8_t*>(copy_.data()), bytes.size()};
+  }
+  std::span<const uint8_t> view() const { return view_; }
+
+ private:
+  std::span<const uint8_t> view_;
+  std::vector<uint64_t> copy_;
+};
+
+struct RootKind {
+  const char* identifier;
+  const char* name;
+  size_t max_bytes;
+};
+constexpr RootKind kEventBatchKind{"KVEB", "event batch", kMaxFrameBytes};
+constexpr RootKind kSnapshotKind{"KVIS", "index snapshot", kMaxSnapshotBytes};
+
+// The size and identifier checks come before the verifier only to give a precise message.
+absl::Status CheckEnvelope(std::span<const uint8_t> bytes, const RootKind& kind) {
+  if (bytes.size() > kind.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s of %d bytes is over the %d-byte limit",
+                                                      kind.name, bytes.size(), kind.max_bytes));
+  }
+  if (bytes.size() < fb::kFileIdentifierLength + sizeof(fb::uoffset_t)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s of %d bytes is too short to be a FlatBuffer", kind.name, bytes.size()));
+  }
+  if (!fb::BufferHasIdentifier(bytes.data(), kind.identifier)) {
+    absl::string_view found(reinterpret_cast<const char*>(bytes.data()) + sizeof(fb::uoffset_t),
+                            fb::kFileIdentifierLength);
+    return absl::InvalidArgumentError(
+        absl::StrFormat("not an %s: file identifier \"%s\", expected \"%s\"", kind.name,
+                        absl::CHexEscape(found), kind.identifier));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Root>
+absl::StatusOr<const Root*> VerifiedRoot(std::span<const uint8_t> bytes, const RootKind& kind) {
+  if (absl::Status s = CheckEnvelope(bytes, kind); !s.ok()) return s;
+  fb::Verifier::Options options;
+  options.max_depth = kMaxVerifierDepth;
+  // Every table reference takes its own 4-byte offset in a buffer that shares nothing, so this
+  // never rejects a valid buffer, and it bounds the work a buffer of repeated references costs.
+  options.max_tables = static_cast<fb::uoffset_t>(bytes.size() / sizeof(fb::uoffset_t));
+  fb::Verifier verifier(bytes.data(), bytes.size(), options);
+  if (!verifier.VerifyBuffer<Root>(kind.identifier)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s of %d bytes failed FlatBuffers verification (truncated, corrupt or nested too deep)",
+        kind.name, bytes.size()));
+  }
+  return fb::GetRoot<Root>(bytes.data());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding (of verified buffers: every offset and length is known to stay inside the buffer)
+
+// Decodes events while charging each table, vector and string the bytes it needs at least on the
+// wire. A buffer that shares nothing can never overspend its own size; one whose offsets repeat
+// the same data (to make the decoder allocate far more than it received) does, and is rejected.
+class Decoder {
+ public:
+  explicit Decoder(size_t buffer_bytes) : budget_(buffer_bytes) {}
+
+  absl::StatusOr<std::vector<KvEvent>> Events(const fb::Vector<fb::Offset<wire::KvEvent>>* in) {
+    std::vector<KvEvent> out;
+    if (in == nullptr) return out;
+    if (!ChargeVector(in)) return absl::InvalidArgumentError(kOverspentMessage);
+    for (fb::uoffset_t i = 0; i < in->size(); ++i) {
+      absl::Status s = Event(*in->Get(i), out.emplace_back());
+      if (s.ok() && overspent_) s = absl::InvalidArgumentError(kOverspentMessage);
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(absl::StrFormat("event %d: %s", i, s.message()));
+      }
+    }
+    return out;
+  }
+
+ private:
+  static constexpr const char* kOverspentMessage =
+      "decodes to more data than the buffer holds (a table, vector or string is referenced more "
+      "than once)";
+  static constexpr size_t kTableBytes = sizeof(fb::soffset_t);  // a table's offset to its vtable
+
+  absl::Status Event(const wire::KvEvent& in, KvEvent& out) {
+    Charge(kTableBytes);
+    if (static_cast<uint8_t>(in.tier()) > static_cast<uint8_t>(wire::Tier::MAX)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("unknown tier %d", static_cast<int>(in.tier())));
+    }
+    out.worker = {in.worker_id(), in.dp_rank()};
+    out.tier = static_cast<Tier>(in.tier());
+    out.event_id = in.event_id();
+    return Data(in, out);
+  }
+
+  absl::Status Data(const wire::KvEvent& in, KvEvent& out) {
+    const auto type = static_cast<int>(in.data_type());
+    if (in.data_type() == wire::EventData::NONE) return absl::InvalidArgumentError("no event data");
+    if (type > static_cast<int>(wire::EventData::MAX)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("unknown event type %d (from a newer schema?)", type));
+    }
+    // The verifier accepts a union whose type is set but whose table is absent.
+    if (in.data() == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s event without its table", wire::EnumNameEventData(in.data_type())));
+    }
+    Charge(kTableBytes);
+    if (const wire::Stored* stored = in.data_as_Stored()) {
+      Stored(*stored, out.data.emplace<StoredEvent>());
+    } else if (const wire::Removed* removed = in.data_as_Removed()) {
+      Copy(removed->block_hashes(), out.data.emplace<RemovedEvent>().block_hashes);
+    } else {
+      out.data.emplace<ClearedEvent>();
+    }
+    return absl::OkStatus();
+  }
+
+  void Stored(const wire::Stored& in, StoredEvent& out) {
+    if (in.parent() != nullptr) out.parent_hash = in.parent()->value();
+    Copy(in.block_hashes(), out.block_hashes);
+    Copy(in.local_hashes(), out.local_hashes);
+    Copy(in.token_ids(), out.token_ids);
+    if (const auto* blocks = in.block_mm_hashes(); blocks != nullptr && ChargeVector(blocks)) {
+      out.block_mm_hashes.reserve(blocks->size());
+      for (const wire::BlockMmHashes* block : *blocks) {
+        Charge(kTableBytes);
+        Copy(block->hashes(), out.block_mm_hashes.emplace_back());
+        if (overspent_) return;
+      }
+    }
+    Copy(in.lora_name(), out.lora_name);
+    Copy(in.cache_namespace(), out.cache_namespace);
+    out.eagle = in.eagle();
+  }
+
+  // Copies bytes rather than reading elements: the verifier (2.0.8) checks that a vector's
+  // length is aligned but not its elements, so a hostile buffer can misalign 8-byte elements,
+  // and reading those as uint64_t would be undefined behaviour.
+  template <typename T>
+  void Copy(const fb::Vector<T>* in, std::vector<T>& out) {
+    if (in == nullptr || !ChargeVector(in) || in->size() == 0) return;
+    out.resize(in->size());
+    std::memcpy(out.data(), in->Data(), out.size() * sizeof(T));
+    if constexpr (!FLATBUFFERS_LITTLEENDIAN) {
+      for (T& value : out) value = fb::EndianScalar(value);
+    }
+  }
+
+  void Copy(const fb::String* in, std::string& out) {
+    // Length, bytes and the terminating NUL the verifier insists on.
+    if (in != nullptr && Charge(sizeof(fb::uoffset_t) + in->size() + 1)) out = in->str();
+  }
+
+  template <typename T>
+  bool ChargeVector(const fb::Vector<T>* in) {
+    return Charge(sizeof(fb::uoffset_t) + size_t{in->size()} * sizeof(T));
+  }
+
+  bool Charge(size_t bytes) {
+    if (overspent_ || bytes > budget_) {
+      overspent_ = true;
+      return false;
+    }
+    budget_ -= bytes;
+    return true;
+  }
+
+  size_t budget_;
+  bool overspent_ = false;
+};
+
+}  // namespace
+
+std::vector<uint8_t> EncodeEventBatch(std::span<const KvEvent> events) {
+  fb::FlatBufferBuilder fbb;
+  auto offsets = EncodeEvents(fbb, events);
+  wire::FinishEventBatchBuffer(fbb, wire::CreateEventBatch(fbb, offsets));
+  return Bytes(fbb);
+}
+
+absl::StatusOr<std::vector<KvEvent>> DecodeEventBatch(std::span<const uint8_t> bytes) {
+  AlignedBytes aligned(bytes);
+  absl::StatusOr<const wire::EventBatch*> batch =
+      VerifiedRoot<wire::EventBatch>(aligned.view(), kEventBatchKind);
+  if (!batch.ok()) return batch.status();
+  return Decoder(bytes.size()).Events((*batch)->events());
+}
+
+std::vector<uint8_t> EncodeIndexSnapshot(uint32_t block_size, std::span<const KvEvent> events) {
+  fb::FlatBufferBuilder fbb;
+  auto offsets = EncodeEvents(fbb, events);
+  wire::FinishIndexSnapshotBuffer(
+      fbb, wire::CreateIndexSnapshot(fbb, kIndexSnapshotFormatVersion, block_size, offsets));
+  return Bytes(fbb);
+}
+
+absl::StatusOr<IndexSnapshot> DecodeIndexSnapshot(std::span<const uint8_t> bytes) {
+  AlignedBytes aligned(bytes);
+  absl::StatusOr<const wire::IndexSnapshot*> root =
+      VerifiedRoot<wire::IndexSnapshot>(aligned.view(), kSnapshotKind);
+  if (!root.ok()) return root.status();
+  const wire::IndexSnapshot& snapshot = **root;
+  if (snapshot.format_version() == 0 || snapshot.format_version() > kIndexSnapshotFormatVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("index snapshot format version %d: this build reads 1 to %d",
+                        snapshot.format_version(), kIndexSnapshotFormatVersion));
+  }
+  if (snapshot.block_size() == 0) {
+    return absl::InvalidArgumentError("index snapshot with a block size of 0");
+  }
+  absl::StatusOr<std::vector<KvEvent>> events = Decoder(bytes.size()).Events(snapshot.events());
+  if (!events.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("index snapshot ", events.status().message()));
+  }
+  return IndexSnapshot{snapshot.block_size(), *std::move(events)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Framing
+
+namespace {
+
+void StoreLe32(uint32_t value, uint8_t* out) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+uint32_t LoadLe32(const uint8_t* in) {
+  return uint32_t{in[0]} | uint32_t{in[1]} << 8 | uint32_t{in[2]} << 16 | uint32_t{in[3]} << 24;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint8_t>> FrameBatch(std::span<const uint8_t> payload) {
+  if (payload.size() > kMaxFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "payload of %d bytes is over the %d-byte frame limit", payload.size(), kMaxFrameBytes));
+  }
+  std::vector<uint8_t> frame(kFrameHeaderBytes + payload.size());
+  StoreLe32(static_cast<uint32_t>(payload.size()), frame.data());
+  std::copy(payload.begin(), payload.end(), frame.begin() + kFrameHeaderBytes);
+  return frame;
+}
+
+FrameReader::FrameReader(uint32_t max_frame_bytes) : max_frame_bytes_(max_frame_bytes) {}
+
+absl::Status FrameReader::Append(std::span<const uint8_t> chunk) {
+  if (!status_.ok()) return status_;
+  Compact();
+  buffer_.insert(buffer_.end(), chunk.begin(), chunk.end());
+  status_ = CheckHeaders();
+  return status_;
+}
+
+std::optional<std::vector<uint8_t>> FrameReader::Next() {
+  // Frames are contiguous, so the header at read_pos_ has been checked iff it lies before
+  // checked_end_; a header that failed the check never does.
+  if (read_pos_ >= checked_end_ || read_pos_ + kFrameHeaderBytes > buffer_.size()) {
+    return std::nullopt;
+  }
+  const size_t begin = read_pos_ + kFrameHeaderBytes;
+  const size_t end = begin + LoadLe32(&buffer_[read_pos_]);
+  if (end > buffer_.size()) return std::nullopt;
+  read_pos_ = end;
+  return std::vector<uint8_t>(buffer_.begin() + begin, buffer_.begin() + end);
+}
+
+// Checks each header as soon as it is complete, so an absurd length is reported before its
+// frame would be buffered.
+absl::Status FrameReader::CheckHeaders() {
+  while (checked_end_ + kFrameHeaderBytes <= buffer_.size()) {
+    const uint32_t length = LoadLe32(&buffer_[checked_end_]);
+    if (length > max_frame_bytes_) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("frame at stream offset %d announces %d bytes, over the %d-byte limit",
+                          stream_offset_ + checked_end_, length, max_frame_bytes_));
+    }
+    checked_end_ += kFrameHeaderBytes + length;
+  }
+  return absl::OkStatus();
+}
+
+// Drops the frames already returned. Done before appending rather than after each Next(), so
+// the bytes of a partial frame move at most once per frame returned.
+void FrameReader::Compact() {
+  if (read_pos_ == 0) return;
+  buffer_.erase(buffer_.begin(), buffer_.begin() + read_pos_);
+  stream_offset_ += read_pos_;
+  checked_end_ -= read_pos_;
+  read_pos_ = 0;
+}
+
+}  // namespace kvrouter
