@@ -110,10 +110,12 @@ class RadixIndex {
 
   IndexStats Stats() const;
 
-  // The whole index as single-block stored events (event ids 0, 1, 2, ...), parents before
-  // children. Applying them to an empty index rebuilds one whose StateDigest, and so every
-  // answer, is identical. A block whose holder lost its parent gets its path rebuilt through
-  // temporary blocks that are removed again right after (so the dump also has removals).
+  // The whole index as events (event ids 0, 1, 2, ...), parents before children: one
+  // single-block stored event per (block, worker, tier), and a cleared event first for each
+  // worker that is known but holds nothing. Applying them to an empty index rebuilds one whose
+  // StateDigest, and so every answer, is identical. A block whose holder lost its parent
+  // (removals do not cascade) is stored with its path rebuilt through temporary blocks, which
+  // a removed event drops right after, so the dump has multi-block stores and removals too.
   std::vector<KvEvent> DumpEvents() const;
 
   // An order-independent digest of everything the index answers from: for every worker rank,

@@ -1,10 +1,19 @@
-// Access to the read-only shared data (traces, vectors) from tests.
+// Access to the read-only shared data (traces, vectors) from tests, and small helpers shared by
+// the index suites (event builders, match formatting).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "core/radix_index.h"
+#include "core/types.h"
 
 namespace kvrouter::testing {
 
@@ -16,6 +25,65 @@ inline nlohmann::json LoadSharedJson(const std::string& relative) {
   std::ifstream in(SharedPath(relative));
   if (!in) throw std::runtime_error("cannot open " + SharedPath(relative));
   return nlohmann::json::parse(in);
+}
+
+// ---- Index events and answers ----------------------------------------------------------------
+
+// A stored event with precomputed local hashes (one per engine hash).
+inline KvEvent StoredBlocks(WorkerKey worker, std::optional<uint64_t> parent,
+                            std::vector<uint64_t> engine_hashes, std::vector<uint64_t> local_hashes,
+                            Tier tier = Tier::kDevice, uint64_t event_id = 0) {
+  StoredEvent stored;
+  stored.parent_hash = parent;
+  stored.block_hashes = std::move(engine_hashes);
+  stored.local_hashes = std::move(local_hashes);
+  return KvEvent{.worker = worker, .tier = tier, .event_id = event_id, .data = std::move(stored)};
+}
+
+inline KvEvent RemovedBlocks(WorkerKey worker, std::vector<uint64_t> engine_hashes,
+                             Tier tier = Tier::kDevice, uint64_t event_id = 0) {
+  return KvEvent{.worker = worker,
+                 .tier = tier,
+                 .event_id = event_id,
+                 .data = RemovedEvent{.block_hashes = std::move(engine_hashes)}};
+}
+
+inline KvEvent ClearedWorker(WorkerKey worker, uint64_t event_id = 0) {
+  return KvEvent{
+      .worker = worker, .tier = Tier::kDevice, .event_id = event_id, .data = ClearedEvent{}};
+}
+
+// {device, host, disk, external} hits of one match.
+inline std::array<uint32_t, 4> TierHits(const WorkerMatch& m) {
+  return {m.device_blocks, m.host_hits, m.disk_hits, m.external_hits};
+}
+
+// The match of `worker` in `matches`, if any.
+inline std::optional<WorkerMatch> MatchOf(const std::vector<WorkerMatch>& matches,
+                                          WorkerKey worker) {
+  for (const auto& m : matches) {
+    if (m.worker == worker) return m;
+  }
+  return std::nullopt;
+}
+
+// Canonical text of a FindMatches answer (sorted by worker), for readable comparisons.
+inline std::string MatchesToString(std::vector<WorkerMatch> matches) {
+  std::sort(matches.begin(), matches.end(),
+            [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
+  std::string out;
+  for (const auto& m : matches) {
+    out += std::to_string(m.worker.worker_id) + "/" + std::to_string(m.worker.dp_rank) + ":d" +
+           std::to_string(m.device_blocks) + ",h" + std::to_string(m.host_hits) + ",s" +
+           std::to_string(m.disk_hits) + ",e" + std::to_string(m.external_hits) + ",t" +
+           std::to_string(m.tree_size) + ";";
+  }
+  return out;
+}
+
+// Total events of one kind that ended with one error (or kNone).
+inline uint64_t EventCount(const IndexStats& stats, EventKind kind, EventError error) {
+  return stats.events[static_cast<int>(kind)][static_cast<int>(error)];
 }
 
 }  // namespace kvrouter::testing
