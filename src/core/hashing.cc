@@ -94,11 +94,15 @@ std::vector<uint64_t> ComputeLocalBlockHashes(std::span<const uint32_t> tokens, 
 }
 
 uint64_t NextSequenceHash(uint64_t previous_sequence_hash, uint64_t local_hash) {
-  uint8_t buf[16];
-  for (int i = 0; i < 8; ++i) {
-    buf[i] = static_cast<uint8_t>(previous_sequence_hash >> (8 * i));
-    buf[8 + i] = static_cast<uint8_t>(local_hash >> (8 * i));
+  // 16 bytes: LE64(previous) || LE64(local). The chain is a serial dependency, so the packing
+  // must stay off it: on little-endian hosts it is two plain stores.
+  uint64_t words[2] = {previous_sequence_hash, local_hash};
+  if constexpr (std::endian::native != std::endian::little) {
+    words[0] = __builtin_bswap64(words[0]);
+    words[1] = __builtin_bswap64(words[1]);
   }
+  uint8_t buf[16];
+  std::memcpy(buf, words, sizeof(buf));
   return XXH3_64bits_withSeed(buf, sizeof(buf), kHashSeed);
 }
 
