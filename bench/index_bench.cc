@@ -1,0 +1,482 @@
+// RadixIndex benchmarks. Aims (BENCHMARKS.md): >= 2 M applied block-events/s per core,
+// find_matches p50 < 10 us for an 8,192-token prompt over 64 workers, <= 64 bytes per cached
+// (block, worker) entry.
+//
+// (a) Apply: batches of 32-block stored events, each stored batch removed again so the index
+//     returns to the same background state every iteration (it never grows). Stores and
+//     removals are timed separately with manual timing, and together as a round trip.
+// (b) FindMatches over an index loaded from the Mooncake conversation trace: every request's
+//     prompt (expanded at block size 16) is stored on one of 64 workers, round-robin.
+// (c) Memory: Stats().allocated_bytes / Stats().cached_blocks on that loaded index.
+//
+// Extra flags, stripped before Google Benchmark parses the rest:
+//   --trace=PATH            Mooncake JSONL trace (default: the shared conversation trace)
+//   --trace_requests=N      load only the first N requests (default 0 = all)
+//   --workers=N             workers the trace is spread over (default 64)
+#include <absl/container/flat_hash_set.h>
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/hashing.h"
+#include "core/radix_index.h"
+#include "core/types.h"
+#include "support/mooncake_trace.h"
+
+namespace kvrouter::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kBlockSize = 16;
+
+struct Flags {
+  std::string trace_path = DefaultConversationTracePath();
+  size_t trace_requests = 0;  // 0 = the whole trace
+  uint32_t workers = 64;
+};
+
+Flags& GetFlags() {
+  static Flags flags;
+  return flags;
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+WorkerKey Worker(uint64_t id) { return WorkerKey{.worker_id = id, .dp_rank = 0}; }
+
+KvEvent MakeStored(WorkerKey worker, std::optional<uint64_t> parent, StoredEvent stored) {
+  stored.parent_hash = parent;
+  return KvEvent{.worker = worker, .tier = Tier::kDevice, .event_id = 0, .data = std::move(stored)};
+}
+
+KvEvent MakeRemoved(WorkerKey worker, std::vector<uint64_t> engine_hashes) {
+  return KvEvent{.worker = worker,
+                 .tier = Tier::kDevice,
+                 .event_id = 0,
+                 .data = RemovedEvent{.block_hashes = std::move(engine_hashes)}};
+}
+
+// Current resident memory, to cross-check the index's own byte count.
+double ResidentMiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
+// Nearest-rank percentile of `samples` (reordered).
+double Percentile(std::vector<double>& samples, double p) {
+  if (samples.empty()) return 0;
+  const size_t k = std::min(samples.size() - 1, static_cast<size_t>(p * samples.size()));
+  std::nth_element(samples.begin(), samples.begin() + static_cast<ptrdiff_t>(k), samples.end());
+  return samples[k];
+}
+
+void ReportLatency(benchmark::State& state, std::vector<double>& seconds) {
+  state.counters["p50_us"] = Percentile(seconds, 0.50) * 1e6;
+  state.counters["p99_us"] = Percentile(seconds, 0.99) * 1e6;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) Applying events.
+
+constexpr size_t kEventBlocks = 32;
+constexpr uint32_t kApplyWorkers = 64;
+constexpr size_t kPrefixes = 64;           // shared 32-block prefixes, held by every worker
+constexpr size_t kBatchSequences = 256;    // distinct 32-block continuations per batch
+constexpr size_t kHoldersPerSequence = 4;  // each continuation is stored by 4 workers
+
+// One 32-block run of random tokens with its hashes. Engine hashes are the sequence hashes
+// chained from `parent` (as an engine would chain them), so they are unique per prefix.
+struct BlockRun {
+  std::vector<uint32_t> tokens;
+  std::vector<uint64_t> local;
+  std::vector<uint64_t> engine;
+};
+
+BlockRun MakeRun(std::mt19937_64& rng, std::optional<uint64_t> parent) {
+  BlockRun run;
+  run.tokens.resize(kEventBlocks * kBlockSize);
+  for (uint32_t& t : run.tokens) t = static_cast<uint32_t>(rng());
+  run.local = ComputeLocalBlockHashes(run.tokens, kBlockSize);
+  uint64_t prev = parent.value_or(0);
+  for (size_t i = 0; i < run.local.size(); ++i) {
+    prev = (i == 0 && !parent) ? run.local[0] : NextSequenceHash(prev, run.local[i]);
+    run.engine.push_back(prev);
+  }
+  return run;
+}
+
+// A batch of stored events and the removals that undo them, applied as a pair so the index
+// returns to the same state after every iteration.
+struct EventBatch {
+  std::vector<KvEvent> stores;
+  std::vector<KvEvent> removals;
+  size_t blocks = 0;
+
+  void Add(WorkerKey worker, std::optional<uint64_t> parent, const BlockRun& run,
+           bool with_tokens) {
+    StoredEvent stored{.block_hashes = run.engine};
+    if (with_tokens) {
+      stored.token_ids = run.tokens;  // the index hashes them (outside its lock)
+    } else {
+      stored.local_hashes = run.local;
+    }
+    stores.push_back(MakeStored(worker, parent, std::move(stored)));
+    removals.push_back(MakeRemoved(worker, run.engine));
+    blocks += run.engine.size();
+  }
+};
+
+// Applies `events`; returns false (after flagging the benchmark) if any is rejected, since a
+// rejected event is cheaper than an applied one and would flatter the figure.
+bool ApplyAll(benchmark::State& state, RadixIndex& index, const std::vector<KvEvent>& events) {
+  bool ok = true;
+  for (const KvEvent& e : events) ok &= index.Apply(e).ok();
+  if (!ok) state.SkipWithError("an event was rejected");
+  return ok;
+}
+
+enum class Timed { kStores, kRemovals, kBoth };
+
+// Every iteration stores the batch then removes it; only the `timed` phase counts (manual
+// time), and items = blocks in the timed phase(s).
+void RunBatch(benchmark::State& state, RadixIndex& index, const EventBatch& batch, Timed timed) {
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    if (!ApplyAll(state, index, batch.stores)) break;
+    const auto t1 = Clock::now();
+    if (!ApplyAll(state, index, batch.removals)) break;
+    const auto t2 = Clock::now();
+    const auto spent = timed == Timed::kStores     ? t1 - t0
+                       : timed == Timed::kRemovals ? t2 - t1
+                                                   : t2 - t0;
+    state.SetIterationTime(Seconds(spent));
+  }
+  const size_t per_iteration = timed == Timed::kBoth ? 2 * batch.blocks : batch.blocks;
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * per_iteration));
+}
+
+// A small index: kPrefixes shared 32-block prefixes held by every worker (131,072 entries).
+// The batch continues those prefixes: kBatchSequences new runs, each stored by
+// kHoldersPerSequence workers, so a run's first store creates its nodes and the others only
+// join them, and every event exercises the parent lookup an engine's continuation needs.
+class SyntheticIndex {
+ public:
+  explicit SyntheticIndex(bool with_tokens) : index_(RadixIndexOptions{.block_size = kBlockSize}) {
+    std::mt19937_64 rng(7);
+    std::vector<BlockRun> prefixes;
+    for (size_t p = 0; p < kPrefixes; ++p) prefixes.push_back(MakeRun(rng, std::nullopt));
+    for (uint32_t w = 0; w < kApplyWorkers; ++w) {
+      for (const BlockRun& prefix : prefixes) {
+        StoredEvent stored{.block_hashes = prefix.engine, .local_hashes = prefix.local};
+        index_.Apply(MakeStored(Worker(w), std::nullopt, std::move(stored)));
+      }
+    }
+    for (size_t s = 0; s < kBatchSequences; ++s) {
+      const uint64_t parent = prefixes[s % kPrefixes].engine.back();
+      const BlockRun run = MakeRun(rng, parent);
+      for (size_t h = 0; h < kHoldersPerSequence; ++h) {
+        // Holders 16 apart: distinct workers, and every worker gets the same share.
+        batch_.Add(Worker((s + h * 16) % kApplyWorkers), parent, run, with_tokens);
+      }
+    }
+  }
+
+  RadixIndex& index() { return index_; }
+  const EventBatch& batch() const { return batch_; }
+
+ private:
+  RadixIndex index_;
+  EventBatch batch_;
+};
+
+void BM_ApplyStored(benchmark::State& state) {
+  SyntheticIndex fx(/*with_tokens=*/false);
+  RunBatch(state, fx.index(), fx.batch(), Timed::kStores);
+}
+
+void BM_ApplyStoredWithTokens(benchmark::State& state) {
+  SyntheticIndex fx(/*with_tokens=*/true);
+  RunBatch(state, fx.index(), fx.batch(), Timed::kStores);
+}
+
+void BM_ApplyRemoved(benchmark::State& state) {
+  SyntheticIndex fx(/*with_tokens=*/false);
+  RunBatch(state, fx.index(), fx.batch(), Timed::kRemovals);
+}
+
+void BM_ApplyStoreThenRemove(benchmark::State& state) {
+  SyntheticIndex fx(/*with_tokens=*/false);
+  RunBatch(state, fx.index(), fx.batch(), Timed::kBoth);
+}
+
+BENCHMARK(BM_ApplyStored)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ApplyStoredWithTokens)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ApplyRemoved)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ApplyStoreThenRemove)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// ---------------------------------------------------------------------------------------------
+// (b), (c) An index loaded from the Mooncake trace.
+
+constexpr size_t kQueryBlocks = 512;  // 8,192 tokens at block size 16
+constexpr size_t kMaxQueries = 1024;
+
+struct LoadReport {
+  size_t requests = 0;
+  uint64_t blocks_applied = 0;  // blocks sent in stored events (new to their worker)
+  double total_seconds = 0;     // parse + expand + hash + apply
+  double apply_seconds = 0;     // Apply alone
+  double rss_delta_mib = 0;
+};
+
+// What each worker already holds, by engine hash, so a request stores only the blocks that are
+// new to its worker (an engine publishes a stored event only for blocks it newly caches).
+using HeldBlocks = std::vector<absl::flat_hash_set<uint64_t>>;
+
+class TraceIndex {
+ public:
+  static TraceIndex& Get() {
+    static TraceIndex instance;  // loaded once, shared by every benchmark and repetition
+    return instance;
+  }
+
+  RadixIndex& index() { return index_; }
+  const LoadReport& report() const { return report_; }
+  // Where each query's prompt was stored: its worker and the engine hash of its last block.
+  const std::vector<std::pair<WorkerKey, uint64_t>>& query_anchors() const { return anchors_; }
+  const std::vector<std::vector<uint64_t>>& queries() const { return queries_; }
+  const std::vector<std::vector<uint32_t>>& query_tokens() const { return query_tokens_; }
+
+ private:
+  TraceIndex() : index_(RadixIndexOptions{.block_size = kBlockSize}) {
+    const double rss_before = ResidentMiB();
+    const auto start = Clock::now();
+    std::vector<TraceRecord> records = LoadTrace(GetFlags().trace_path);
+    if (GetFlags().trace_requests > 0 && GetFlags().trace_requests < records.size()) {
+      records.resize(GetFlags().trace_requests);
+    }
+    Load(records);
+    report_.total_seconds = Seconds(Clock::now() - start);
+    report_.rss_delta_mib = ResidentMiB() - rss_before;
+  }
+
+  void Load(const std::vector<TraceRecord>& records) {
+    HeldBlocks held(GetFlags().workers);
+    std::vector<uint32_t> tokens;
+    std::vector<uint64_t> local;
+    std::vector<uint64_t> engine;
+    for (size_t i = 0; i < records.size(); ++i) {
+      ExpandTokensInto(records[i], kBlockSize, tokens);
+      ComputeLocalBlockHashesInto(tokens, kBlockSize, {}, local);
+      ComputeSequenceHashesInto(local, engine);
+      const uint32_t w = static_cast<uint32_t>(i % GetFlags().workers);
+      StoreNewBlocks(Worker(w), local, engine, held[w]);
+      MaybeAddQuery(Worker(w), tokens, local, engine);
+    }
+    report_.requests = records.size();
+  }
+
+  // Trace ids are chained, so what a worker holds of a prompt is a leading run: the event
+  // carries the blocks after it, with the last held block as parent.
+  void StoreNewBlocks(WorkerKey worker, const std::vector<uint64_t>& local,
+                      const std::vector<uint64_t>& engine, absl::flat_hash_set<uint64_t>& held) {
+    size_t first_new = 0;
+    while (first_new < engine.size() && held.contains(engine[first_new])) ++first_new;
+    if (first_new == engine.size()) return;
+    StoredEvent stored{.block_hashes = {engine.begin() + first_new, engine.end()},
+                       .local_hashes = {local.begin() + first_new, local.end()}};
+    std::optional<uint64_t> parent;
+    if (first_new > 0) parent = engine[first_new - 1];
+    const auto start = Clock::now();
+    const ApplyResult result = index_.Apply(MakeStored(worker, parent, std::move(stored)));
+    report_.apply_seconds += Seconds(Clock::now() - start);
+    if (!result.ok()) throw std::runtime_error("trace load: event rejected: " + result.message);
+    report_.blocks_applied += engine.size() - first_new;
+    held.insert(engine.begin() + first_new, engine.end());
+  }
+
+  // Queries are real trace prompts long enough for 512 blocks, cut to exactly 8,192 tokens.
+  void MaybeAddQuery(WorkerKey worker, const std::vector<uint32_t>& tokens,
+                     const std::vector<uint64_t>& local, const std::vector<uint64_t>& engine) {
+    if (queries_.size() >= kMaxQueries || local.size() < kQueryBlocks) return;
+    anchors_.emplace_back(worker, engine[kQueryBlocks - 1]);
+    queries_.emplace_back(local.begin(), local.begin() + kQueryBlocks);
+    query_tokens_.emplace_back(tokens.begin(), tokens.begin() + kQueryBlocks * kBlockSize);
+  }
+
+  RadixIndex index_;
+  LoadReport report_;
+  std::vector<std::vector<uint64_t>> queries_;
+  std::vector<std::vector<uint32_t>> query_tokens_;
+  std::vector<std::pair<WorkerKey, uint64_t>> anchors_;
+};
+
+// (c) Bytes per cached (block, worker), and how long the load took.
+void BM_TraceIndexMemory(benchmark::State& state) {
+  TraceIndex& trace = TraceIndex::Get();
+  IndexStats stats;
+  for (auto _ : state) {
+    stats = trace.index().Stats();
+    benchmark::DoNotOptimize(stats);
+  }
+  const LoadReport& r = trace.report();
+  state.counters["bytes_per_entry"] =
+      static_cast<double>(stats.allocated_bytes) / static_cast<double>(stats.cached_blocks);
+  state.counters["bytes_per_node"] =
+      static_cast<double>(stats.allocated_bytes) / static_cast<double>(stats.nodes);
+  state.counters["cached_blocks"] = static_cast<double>(stats.cached_blocks);
+  state.counters["nodes"] = static_cast<double>(stats.nodes);
+  state.counters["allocated_MiB"] = static_cast<double>(stats.allocated_bytes) / (1 << 20);
+  state.counters["rss_delta_MiB"] = r.rss_delta_mib;
+  state.counters["requests"] = static_cast<double>(r.requests);
+  state.counters["load_s"] = r.total_seconds;
+  state.counters["load_apply_s"] = r.apply_seconds;
+  state.counters["load_apply_blocks_per_s"] =
+      static_cast<double>(r.blocks_applied) / r.apply_seconds;
+}
+
+// (b) FindMatches for 8,192-token trace prompts, local hashes precomputed. Arg = how many
+// distinct prompts are cycled through: 1024 (the default figure) walks paths that are mostly
+// out of cache, 1 repeats one prompt so its path stays cached (the compute floor).
+void BM_FindMatches(benchmark::State& state) {
+  TraceIndex& trace = TraceIndex::Get();
+  const auto& all = trace.queries();
+  const std::span<const std::vector<uint64_t>> queries(
+      all.data(), std::min(all.size(), static_cast<size_t>(state.range(0))));
+  if (queries.empty()) {
+    state.SkipWithError("no trace prompt has 512 blocks");
+    return;
+  }
+  std::vector<WorkerMatch> matches;
+  std::vector<double> latencies;
+  size_t q = 0;
+  double matched_workers = 0;
+  for (auto _ : state) {
+    const auto start = Clock::now();
+    trace.index().FindMatches(queries[q], matches);
+    const double s = Seconds(Clock::now() - start);
+    state.SetIterationTime(s);
+    latencies.push_back(s);
+    matched_workers += static_cast<double>(matches.size());
+    q = (q + 1) % queries.size();
+  }
+  ReportLatency(state, latencies);
+  state.counters["workers_matched"] = matched_workers / static_cast<double>(state.iterations());
+  state.counters["queries"] = static_cast<double>(queries.size());
+}
+
+// Same, hashing the 8,192 tokens first: the index cost of one routing request end to end.
+// The prompt is copied into a reused buffer before the clock starts, as a request's tokens
+// are in cache right after it was decoded; hashing 1,024 cold 32 KiB prompts in turn would
+// measure memory bandwidth instead (about 2.5x slower on this machine).
+void BM_HashAndFindMatches(benchmark::State& state) {
+  TraceIndex& trace = TraceIndex::Get();
+  const auto& queries = trace.query_tokens();
+  if (queries.empty()) {
+    state.SkipWithError("no trace prompt has 512 blocks");
+    return;
+  }
+  std::vector<uint32_t> prompt;
+  std::vector<uint64_t> local;
+  std::vector<WorkerMatch> matches;
+  std::vector<double> latencies;
+  size_t q = 0;
+  for (auto _ : state) {
+    prompt.assign(queries[q].begin(), queries[q].end());
+    const auto start = Clock::now();
+    ComputeLocalBlockHashesInto(prompt, kBlockSize, {}, local);
+    trace.index().FindMatches(local, matches);
+    const double s = Seconds(Clock::now() - start);
+    state.SetIterationTime(s);
+    latencies.push_back(s);
+    q = (q + 1) % queries.size();
+  }
+  ReportLatency(state, latencies);
+}
+
+// Applying events to the big trace-loaded index (8.5 M entries, tables far beyond cache):
+// 1,024 distinct 32-block runs, each continuing one query prompt on the worker that holds it.
+EventBatch TraceContinuations(TraceIndex& trace, bool with_tokens) {
+  std::mt19937_64 rng(11);
+  EventBatch batch;
+  const auto& anchors = trace.query_anchors();
+  for (size_t e = 0; e < kBatchSequences * kHoldersPerSequence && !anchors.empty(); ++e) {
+    const auto& [worker, parent] = anchors[e % anchors.size()];
+    batch.Add(worker, parent, MakeRun(rng, parent), with_tokens);
+  }
+  return batch;
+}
+
+void BM_TraceApplyStored(benchmark::State& state) {
+  TraceIndex& trace = TraceIndex::Get();
+  RunBatch(state, trace.index(), TraceContinuations(trace, false), Timed::kStores);
+}
+
+void BM_TraceApplyStoredWithTokens(benchmark::State& state) {
+  TraceIndex& trace = TraceIndex::Get();
+  RunBatch(state, trace.index(), TraceContinuations(trace, true), Timed::kStores);
+}
+
+void BM_TraceApplyRemoved(benchmark::State& state) {
+  TraceIndex& trace = TraceIndex::Get();
+  RunBatch(state, trace.index(), TraceContinuations(trace, false), Timed::kRemovals);
+}
+
+BENCHMARK(BM_TraceIndexMemory)->Iterations(1);
+BENCHMARK(BM_FindMatches)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->ArgName("prompts")
+    ->Arg(kMaxQueries)
+    ->Arg(1);
+BENCHMARK(BM_HashAndFindMatches)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TraceApplyStored)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TraceApplyStoredWithTokens)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TraceApplyRemoved)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// Removes this program's own flags from argv so Google Benchmark does not reject them.
+void ParseOwnFlags(int& argc, char** argv) {
+  auto value = [](const char* arg, const char* name) -> const char* {
+    const size_t n = std::strlen(name);
+    return std::strncmp(arg, name, n) == 0 ? arg + n : nullptr;
+  };
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (const char* v = value(argv[i], "--trace=")) {
+      GetFlags().trace_path = v;
+    } else if (const char* v = value(argv[i], "--trace_requests=")) {
+      GetFlags().trace_requests = std::stoull(v);
+    } else if (const char* v = value(argv[i], "--workers=")) {
+      GetFlags().workers = std::max<uint32_t>(1, static_cast<uint32_t>(std::stoul(v)));
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+}
+
+}  // namespace
+}  // namespace kvrouter::bench
+
+int main(int argc, char** argv) {
+  kvrouter::bench::ParseOwnFlags(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
