@@ -1,14 +1,36 @@
-/* kvrouter: a KV-cache-aware LLM request router, as a C ABI.
+/* kvrouter: a KV-cache-aware LLM request router, as a stable C ABI.
  *
- * This header is the whole public interface of libkvrouter. It is C99, has no dependencies
- * beyond the C standard library, and grows by appending only. Until the full ABI lands it
- * offers the library version.
+ * A gateway creates a router, registers its workers, feeds it the KV events its engines publish
+ * (or lets it run in approximate mode without events), and asks it, per request, which worker
+ * and data-parallel rank should serve a prompt: kvr_find_best_match. It then tells the router
+ * when the request's prefill finished and when it ended, so the router's view of every worker's
+ * load stays true.
  *
- * Thread-safety: every function here may be called from any thread at any time.
+ * Conventions (they hold for every function below):
+ * - Fallible functions return a kvr_status (KVR_OK == 0) and take an optional last argument
+ *   `kvr_error **err`: pass NULL to ignore details, or the address of a NULL kvr_error* to get
+ *   a caller-owned error object on failure (free it with kvr_error_free). On failure, out
+ *   parameters are left untouched unless stated otherwise. There is no thread-local state.
+ * - Options and result structs begin with `uint32_t struct_size`; call the matching _init
+ *   function (which sets it and every default) before filling fields. The library reads only
+ *   the fields a caller's struct_size covers (older callers get defaults for the rest) and
+ *   refuses a larger struct whose unknown tail is not all zero. New fields are only appended.
+ * - Array-element structs (kvr_candidate, kvr_overlap, kvr_potential_load) have a fixed layout
+ *   forever, with reserved fields for growth.
+ * - Inputs (token arrays, strings, buffers) are borrowed only for the duration of the call;
+ *   the library copies what it keeps. Array results go into caller buffers (`out` may be
+ *   NULL only with `cap` 0; `len` is required): `*len` is set to the count written, or, when
+ *   `cap` is too small, to the count needed, with KVR_BUFFER_TOO_SMALL.
+ * - Every _free function accepts NULL. Nothing returned is to be passed to free().
+ * - Every entry point catches every C++ exception and returns KVR_INTERNAL with its message.
+ * - Thread-safety is stated per function: "concurrent" = any thread, any time, concurrently
+ *   with any other call on the same handle; "none" = no other call on that handle may run
+ *   concurrently (only the _free functions).
  */
 #ifndef KVROUTER_H
 #define KVROUTER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvrouter_version.h"
@@ -27,6 +49,8 @@
 extern "C" {
 #endif
 
+/* ---- Version ------------------------------------------------------------------------------ */
+
 /* The library's version as KVR_VERSION_NUMBER computes it (major*10000 + minor*100 + patch).
  * Compare with KVR_VERSION_NUMBER to detect a header/library mismatch.
  * @thread_safety concurrent */
@@ -35,6 +59,459 @@ KVR_API uint32_t kvr_version(void);
 /* The library's version as "MAJOR.MINOR.PATCH"; a static string, never NULL.
  * @thread_safety concurrent */
 KVR_API const char *kvr_version_string(void);
+
+/* ---- Status and errors ------------------------------------------------------------------- */
+
+/* An int, not an enum type, so that adding codes never changes the ABI. Codes below 100 are
+ * absl::StatusCode's numbers and never change meaning. */
+typedef int32_t kvr_status;
+#define KVR_OK 0
+#define KVR_CANCELLED 1
+#define KVR_INVALID_ARGUMENT 3
+#define KVR_DEADLINE_EXCEEDED 4
+#define KVR_NOT_FOUND 5
+#define KVR_ALREADY_EXISTS 6
+#define KVR_RESOURCE_EXHAUSTED 8
+#define KVR_FAILED_PRECONDITION 9
+#define KVR_UNIMPLEMENTED 12
+#define KVR_INTERNAL 13
+#define KVR_UNAVAILABLE 14
+#define KVR_BUFFER_TOO_SMALL 100 /* a caller buffer was too small; *len says how many needed */
+
+/* The status's name ("KVR_NOT_FOUND", ...); a static string, never NULL ("KVR_UNKNOWN" for a
+ * code this library does not know). @thread_safety concurrent */
+KVR_API const char *kvr_status_str(kvr_status status);
+
+/* A failure's status and message, owned by the caller. */
+typedef struct kvr_error kvr_error;
+
+/* The error's status; KVR_OK for NULL. @thread_safety concurrent (an error is immutable) */
+KVR_API kvr_status kvr_error_status(const kvr_error *error);
+/* The message; valid until kvr_error_free. Never NULL ("" for a NULL error).
+ * @thread_safety concurrent */
+KVR_API const char *kvr_error_message(const kvr_error *error);
+/* Accepts NULL. @thread_safety none (for this error) */
+KVR_API void kvr_error_free(kvr_error *error);
+
+/* ---- Library-owned byte buffers ----------------------------------------------------------- */
+
+typedef struct kvr_buffer kvr_buffer;
+/* The bytes, valid until kvr_buffer_free (NULL for a NULL buffer), and their count (0 for a
+ * NULL buffer). @thread_safety concurrent */
+KVR_API const uint8_t *kvr_buffer_data(const kvr_buffer *buffer);
+KVR_API size_t kvr_buffer_size(const kvr_buffer *buffer);
+/* Accepts NULL. @thread_safety none (for this buffer) */
+KVR_API void kvr_buffer_free(kvr_buffer *buffer);
+
+/* ---- Storage tiers ------------------------------------------------------------------------ */
+
+#define KVR_TIER_DEVICE 0
+#define KVR_TIER_HOST_PINNED 1
+#define KVR_TIER_DISK 2
+#define KVR_TIER_EXTERNAL 3
+
+/* Maps an engine's "medium" string (GPU, CPU_PINNED, DISK, ...; case-insensitive) to a tier.
+ * NULL or unknown mediums are the device, as in Dynamo. @thread_safety concurrent */
+KVR_API uint32_t kvr_tier_from_medium(const char *medium);
+
+/* ---- Block hashing (Dynamo-compatible, bit for bit) ---------------------------------------- */
+
+#define KVR_HASH_EAGLE 0x1u /* window of block_size + 1 tokens, stride block_size */
+
+/* What changes a prompt's block hashes besides its tokens. Multimodal hashes are given as one
+ * flat array plus a count per block: block i owns the next mm_counts[i] values of mm_hashes. */
+typedef struct kvr_hash_options {
+  uint32_t struct_size;
+  uint32_t flags; /* KVR_HASH_* */
+  const char *lora_name;       /* NULL or "" = base model */
+  const char *cache_namespace; /* NULL or "" = none */
+  const uint64_t *mm_hashes;
+  const size_t *mm_counts; /* NULL = no multimodal content */
+  size_t mm_num_blocks;    /* entries in mm_counts */
+} kvr_hash_options;
+
+/* Sets struct_size and defaults (no LoRA, no namespace, no multimodal, not eagle).
+ * @thread_safety concurrent */
+KVR_API void kvr_hash_options_init(kvr_hash_options *options);
+
+/* Local hashes of every complete block of `tokens`. opts may be NULL. block_size 0 is
+ * KVR_INVALID_ARGUMENT. Needs floor(num_tokens / block_size) entries (one token fewer with
+ * eagle). @thread_safety concurrent */
+KVR_API kvr_status kvr_compute_block_hashes(const uint32_t *tokens, size_t num_tokens,
+                                            uint32_t block_size, const kvr_hash_options *opts,
+                                            uint64_t *out, size_t cap, size_t *len,
+                                            kvr_error **err);
+
+/* Chained sequence hashes of local block hashes (one per input).
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_compute_sequence_hashes(const uint64_t *local_hashes, size_t num_hashes,
+                                               uint64_t *out, size_t cap, size_t *len,
+                                               kvr_error **err);
+
+/* ---- Router ------------------------------------------------------------------------------- */
+
+typedef struct kvr_router kvr_router;
+
+#define KVR_ROUTER_APPROXIMATE 0x1u /* no KV events: record routing decisions (§2.3) */
+#define KVR_ROUTER_NO_KV_REUSE 0x2u /* assume_kv_reuse = false */
+#define KVR_ROUTER_NO_PREFILL_TRACKING 0x4u /* track_prefill_tokens = false */
+#define KVR_ROUTER_EAGLE 0x8u               /* the model uses eagle block windows */
+#define KVR_ROUTER_ENTROPY_SEED 0x10u /* seed the random source from the OS, not random_seed */
+
+#define KVR_QUEUE_FCFS 0
+#define KVR_QUEUE_LCFS 1
+#define KVR_QUEUE_WSPT 2
+
+/* Every router-wide setting (Dynamo's KvRouterConfig, reference §4). */
+typedef struct kvr_router_options {
+  uint32_t struct_size;
+  uint32_t block_size; /* tokens per KV block; default 16; every worker must match */
+  uint32_t flags;      /* KVR_ROUTER_*; 0 = Dynamo's defaults */
+  uint32_t queue_policy; /* KVR_QUEUE_*; default FCFS */
+  double overlap_score_credit;  /* default 1.0 */
+  double prefill_load_scale;    /* default 1.0 */
+  double host_cache_hit_weight; /* default 0.75 */
+  double disk_cache_hit_weight; /* default 0.25 (disk and external tiers) */
+  double temperature;           /* default 0: argmin with random tie-break */
+  double queue_threshold; /* queue when every rank's prefill tokens exceed threshold ×
+                             max_num_batched_tokens; negative = never queue (default) */
+  double approx_ttl_seconds;        /* approximate mode block TTL; default 120 */
+  uint64_t approx_max_blocks;       /* approximate mode budget; default 2^20 */
+  double approx_prune_target_ratio; /* prune to this fraction of the budget; default 0.8 */
+  double request_expiry_seconds;    /* a booked request older than this is dropped; 300 */
+  uint64_t random_seed;             /* default 0; ignored with KVR_ROUTER_ENTROPY_SEED */
+} kvr_router_options;
+
+/* Sets struct_size and every default. @thread_safety concurrent */
+KVR_API void kvr_router_options_init(kvr_router_options *options);
+
+/* Creates a router. opts NULL = every default. KVR_INVALID_ARGUMENT names the bad setting.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_new(const kvr_router_options *opts, kvr_router **out,
+                                  kvr_error **err);
+
+/* Destroys the router. Accepts NULL. No other call on it may be in progress.
+ * @thread_safety none */
+KVR_API void kvr_router_free(kvr_router *router);
+
+/* ---- Workers ------------------------------------------------------------------------------ */
+
+typedef struct kvr_worker_config {
+  uint32_t struct_size;
+  uint32_t block_size; /* 0 = the router's; otherwise must equal it */
+  uint64_t worker_id;
+  uint32_t dp_start; /* first data-parallel rank; default 0 */
+  uint32_t dp_size;  /* number of ranks; default 1 */
+  uint64_t total_kv_blocks;        /* 0 = not reported */
+  uint64_t max_num_batched_tokens; /* 0 = not reported (queue uses 10,000,000) */
+} kvr_worker_config;
+
+/* @thread_safety concurrent */
+KVR_API void kvr_worker_config_init(kvr_worker_config *config);
+
+/* KVR_ALREADY_EXISTS for a registered id; KVR_INVALID_ARGUMENT for a block size mismatch or a
+ * bad rank range. May admit queued requests. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_add_worker(kvr_router *router, const kvr_worker_config *config,
+                                         kvr_error **err);
+/* KVR_NOT_FOUND for an unknown id. Ranks that disappear lose their requests and index entries.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_update_worker(kvr_router *router, const kvr_worker_config *config,
+                                            kvr_error **err);
+/* Drops the worker's ranks, active requests and index entries. KVR_NOT_FOUND for an unknown
+ * id. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_remove_worker(kvr_router *router, uint64_t worker_id,
+                                            kvr_error **err);
+
+/* ---- KV events ---------------------------------------------------------------------------- */
+
+#define KVR_STORED_HAS_PARENT 0x1u /* parent_hash is set */
+#define KVR_STORED_EAGLE 0x2u      /* token_ids use eagle windows */
+
+/* Blocks newly cached by one worker rank, consecutive along one sequence. Each block has the
+ * engine's own hash and either a precomputed local hash or its tokens: token_ids holds every
+ * block's tokens concatenated (block_size per block, plus one look-ahead token with eagle). */
+typedef struct kvr_stored_event {
+  uint32_t struct_size;
+  uint32_t dp_rank;
+  uint64_t worker_id;
+  uint64_t event_id;
+  uint32_t tier;  /* KVR_TIER_* */
+  uint32_t flags; /* KVR_STORED_* */
+  uint64_t parent_hash;
+  const uint64_t *block_hashes;
+  size_t num_blocks;
+  const uint64_t *local_hashes; /* NULL, or num_blocks values: then token_ids is not read */
+  const uint32_t *token_ids;
+  size_t num_tokens;
+  const char *lora_name;
+  const char *cache_namespace;
+  const uint64_t *mm_hashes; /* per-block multimodal hashes as in kvr_hash_options */
+  const size_t *mm_counts;   /* NULL, or num_blocks counts */
+} kvr_stored_event;
+
+typedef struct kvr_removed_event {
+  uint32_t struct_size;
+  uint32_t dp_rank;
+  uint64_t worker_id;
+  uint64_t event_id;
+  uint32_t tier;
+  uint32_t reserved;
+  const uint64_t *block_hashes;
+  size_t num_blocks;
+} kvr_removed_event;
+
+/* @thread_safety concurrent */
+KVR_API void kvr_stored_event_init(kvr_stored_event *event);
+KVR_API void kvr_removed_event_init(kvr_removed_event *event);
+
+/* Apply one event. A rejected part is reported (KVR_NOT_FOUND: unknown parent or block;
+ * KVR_INVALID_ARGUMENT: broken sequence or incomplete block) and counted in the metrics, while
+ * the part Dynamo applies despite it is applied. KVR_FAILED_PRECONDITION in approximate mode.
+ * Events for workers not registered are indexed all the same (the index keys on what engines
+ * say). @thread_safety concurrent */
+KVR_API kvr_status kvr_router_apply_stored(kvr_router *router, const kvr_stored_event *event,
+                                           kvr_error **err);
+KVR_API kvr_status kvr_router_apply_removed(kvr_router *router, const kvr_removed_event *event,
+                                            kvr_error **err);
+/* Every rank of the worker lost every block (as in Dynamo, a clear is worker-wide: dp_rank
+ * only names the publisher, which becomes known to the index if it was not).
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_apply_cleared(kvr_router *router, uint64_t worker_id,
+                                            uint32_t dp_rank, uint64_t event_id,
+                                            kvr_error **err);
+
+/* Applies a FlatBuffers EventBatch (schema/kv_events.fbs). The buffer must pass the FlatBuffers
+ * verifier first, or nothing is applied (KVR_INVALID_ARGUMENT). Events rejected by the index
+ * do not stop the others; the first rejection's status and message are returned.
+ * KVR_FAILED_PRECONDITION in approximate mode. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *data,
+                                                size_t size, kvr_error **err);
+
+/* ---- Encoding event batches (for publishers in any language) ------------------------------ */
+
+/* Collects events and encodes them as one FlatBuffers EventBatch, the format that
+ * kvr_router_apply_event_batch and kvrouter's event listeners take. */
+typedef struct kvr_event_batch kvr_event_batch;
+
+/* @thread_safety concurrent */
+KVR_API kvr_status kvr_event_batch_new(kvr_event_batch **out, kvr_error **err);
+/* Accepts NULL. @thread_safety none (for this batch) */
+KVR_API void kvr_event_batch_free(kvr_event_batch *batch);
+/* Appends a copy of the event (validated as kvr_router_apply_stored does its arguments).
+ * @thread_safety none (for this batch) */
+KVR_API kvr_status kvr_event_batch_add_stored(kvr_event_batch *batch,
+                                              const kvr_stored_event *event, kvr_error **err);
+KVR_API kvr_status kvr_event_batch_add_removed(kvr_event_batch *batch,
+                                               const kvr_removed_event *event, kvr_error **err);
+KVR_API kvr_status kvr_event_batch_add_cleared(kvr_event_batch *batch, uint64_t worker_id,
+                                               uint32_t dp_rank, uint64_t event_id,
+                                               kvr_error **err);
+/* Events added so far (0 for NULL). @thread_safety none (for this batch) */
+KVR_API size_t kvr_event_batch_size(const kvr_event_batch *batch);
+/* Encodes the events added so far into a new buffer; the batch keeps them (call
+ * kvr_event_batch_clear to start over). @thread_safety none (for this batch) */
+KVR_API kvr_status kvr_event_batch_encode(const kvr_event_batch *batch, kvr_buffer **out,
+                                          kvr_error **err);
+KVR_API void kvr_event_batch_clear(kvr_event_batch *batch);
+
+/* ---- Routing ------------------------------------------------------------------------------ */
+
+#define KVR_REQUEST_ADMIT 0x1u /* book the request under request_id (waits in the queue if the
+                                  router queues); without it the call changes nothing */
+
+/* Per-request options. Doubles left NaN and tri-states left -1 keep the router's setting. */
+typedef struct kvr_request_options {
+  uint32_t struct_size;
+  uint32_t flags;         /* KVR_REQUEST_* */
+  const char *request_id; /* required with KVR_REQUEST_ADMIT and for kvr_router_add_request */
+  const char *lora_name;
+  const char *cache_namespace;
+  const uint64_t *mm_hashes; /* per-block multimodal hashes as in kvr_hash_options */
+  const size_t *mm_counts;
+  size_t mm_num_blocks;
+  const uint64_t *allowed_worker_ids; /* restrict candidates (and bypass the queue) */
+  size_t num_allowed_worker_ids;
+  double overlap_score_credit;
+  double prefill_load_scale;
+  double host_cache_hit_weight;
+  double disk_cache_hit_weight;
+  double temperature;
+  int32_t assume_kv_reuse;      /* -1 router's, 0 no, 1 yes */
+  int32_t track_prefill_tokens; /* -1 router's, 0 no, 1 yes */
+  double priority_jump;         /* queue priority boost; default 0 */
+  uint32_t expected_output_tokens;
+  uint32_t reserved;
+  int64_t queue_timeout_ms; /* give up waiting in the queue after this long; -1 = never */
+} kvr_request_options;
+
+/* Sets struct_size and defaults (NaN overrides, -1 tri-states, no timeout).
+ * @thread_safety concurrent */
+KVR_API void kvr_request_options_init(kvr_request_options *options);
+
+/* The decision for one request. */
+typedef struct kvr_route_result {
+  uint32_t struct_size;
+  uint32_t dp_rank;
+  uint64_t worker_id;
+  uint32_t prompt_blocks;         /* complete blocks in the prompt */
+  uint32_t device_overlap_blocks; /* leading blocks cached on the chosen rank's device */
+  double effective_overlap_blocks; /* device + tier-weighted lower-tier hits */
+  uint64_t cached_tokens;          /* round(effective_overlap_blocks × block_size) */
+  uint64_t prompt_tokens;
+  double cost;       /* the chosen rank's cost */
+  uint32_t booked;   /* 1 if the request is now active on the chosen rank */
+  uint32_t queued;   /* 1 if it waited in the admission queue first */
+} kvr_route_result;
+
+/* @thread_safety concurrent */
+KVR_API void kvr_route_result_init(kvr_route_result *result);
+
+/* One candidate rank with every term of its cost (reference §3.3, credit form):
+ * cost = prefill_load_scale·max(0, raw_prefill_blocks − credit) + decode_blocks. */
+typedef struct kvr_candidate {
+  uint64_t worker_id;
+  uint32_t dp_rank;
+  uint32_t device_blocks;
+  uint32_t host_blocks;
+  uint32_t disk_blocks;
+  uint32_t external_blocks;
+  uint32_t chosen; /* 1 for the rank picked */
+  double effective_overlap_blocks;
+  uint64_t cached_tokens;
+  uint64_t active_prefill_tokens;
+  uint64_t active_blocks;
+  uint64_t new_blocks;
+  double raw_prefill_blocks;
+  double credit;
+  double prefill_cost;
+  uint64_t decode_blocks;
+  double cost;
+  double probability; /* chance this rank had of being picked */
+  uint64_t reserved[4];
+} kvr_candidate;
+
+/* Picks the worker rank for a prompt. Without KVR_REQUEST_ADMIT it is a preview: nothing
+ * changes. With it the request is booked on the chosen rank under opts->request_id, after
+ * waiting in the admission queue if the router queues (the calling thread blocks; see
+ * queue_timeout_ms). `candidates` (may be NULL with cap 0) receives up to `cap` candidates
+ * with their cost breakdown and `*num_candidates` (may be NULL) the total: a decision is never
+ * refused for lack of room, the list is truncated instead. Errors: KVR_INVALID_ARGUMENT,
+ * KVR_ALREADY_EXISTS (request id active or waiting), KVR_UNAVAILABLE (no eligible worker),
+ * KVR_DEADLINE_EXCEEDED (queue timeout), KVR_CANCELLED (freed while waiting in the queue).
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_find_best_match(kvr_router *router, const uint32_t *tokens,
+                                       size_t num_tokens, const kvr_request_options *opts,
+                                       kvr_route_result *out, kvr_candidate *candidates,
+                                       size_t cap, size_t *num_candidates, kvr_error **err);
+
+/* What one rank holds of a prompt's prefix, per tier. */
+typedef struct kvr_overlap {
+  uint64_t worker_id;
+  uint32_t dp_rank;
+  uint32_t device_blocks;
+  uint32_t host_blocks;
+  uint32_t disk_blocks;
+  uint32_t external_blocks;
+  uint32_t reserved0;
+  double effective_overlap_blocks;
+  uint64_t cached_tokens;
+  uint64_t tree_size; /* blocks the rank holds in the index */
+  uint64_t reserved[2];
+} kvr_overlap;
+
+/* Per rank holding at least the prompt's first block. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_overlap_scores(kvr_router *router, const uint32_t *tokens,
+                                             size_t num_tokens, const kvr_request_options *opts,
+                                             kvr_overlap *out, size_t cap, size_t *len,
+                                             kvr_error **err);
+
+/* The load each registered rank would carry with this prompt. */
+typedef struct kvr_potential_load {
+  uint64_t worker_id;
+  uint32_t dp_rank;
+  uint32_t reserved0;
+  uint64_t potential_prefill_tokens;
+  uint64_t potential_decode_blocks;
+  uint64_t active_prefill_tokens;
+  uint64_t active_blocks;
+  uint64_t active_requests;
+  uint64_t reserved[2];
+} kvr_potential_load;
+
+/* @thread_safety concurrent */
+KVR_API kvr_status kvr_router_potential_loads(kvr_router *router, const uint32_t *tokens,
+                                              size_t num_tokens, const kvr_request_options *opts,
+                                              kvr_potential_load *out, size_t cap, size_t *len,
+                                              kvr_error **err);
+
+/* ---- Request lifecycle -------------------------------------------------------------------- */
+
+/* Books a request on a rank chosen elsewhere (opts->request_id required). KVR_NOT_FOUND for an
+ * unregistered rank, KVR_ALREADY_EXISTS for an active id. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_add_request(kvr_router *router, const uint32_t *tokens,
+                                          size_t num_tokens, uint64_t worker_id, uint32_t dp_rank,
+                                          const kvr_request_options *opts, kvr_error **err);
+
+/* The request produced its first token. Idempotent: an unknown id is no error.
+ * May admit queued requests. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_mark_prefill_completed(kvr_router *router, const char *request_id,
+                                                     kvr_error **err);
+
+/* The request ended (finished, cancelled or failed). Idempotent: an unknown id is no error.
+ * May admit queued requests. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_free_request(kvr_router *router, const char *request_id,
+                                           kvr_error **err);
+
+/* ---- Index snapshot ----------------------------------------------------------------------- */
+
+/* The whole KV index as a FlatBuffers IndexSnapshot (schema/index_snapshot.fbs), for a warm
+ * restart or a new replica. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_snapshot(kvr_router *router, kvr_buffer **out, kvr_error **err);
+
+/* Loads a snapshot into a router whose index is empty (else KVR_FAILED_PRECONDITION, as in
+ * approximate mode, whose index comes from its own decisions). The buffer is verified first;
+ * a bad one, or one of another block size, changes nothing (KVR_INVALID_ARGUMENT).
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_restore(kvr_router *router, const void *data, size_t size,
+                                      kvr_error **err);
+
+/* ---- Metrics ------------------------------------------------------------------------------ */
+
+#define KVR_EVENT_STORED 0
+#define KVR_EVENT_REMOVED 1
+#define KVR_EVENT_CLEARED 2
+#define KVR_EVENT_KINDS 3
+#define KVR_EVENT_OK 0
+#define KVR_EVENT_PARENT_BLOCK_NOT_FOUND 1
+#define KVR_EVENT_BLOCK_NOT_FOUND 2
+#define KVR_EVENT_INVALID_BLOCK_SEQUENCE 3
+#define KVR_EVENT_INVALID_BLOCK 4
+#define KVR_EVENT_OUTCOMES 5
+
+typedef struct kvr_metrics {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  /* events[kind][outcome]: applied (KVR_EVENT_OK) or rejected per reason */
+  uint64_t events[KVR_EVENT_KINDS][KVR_EVENT_OUTCOMES];
+  uint64_t event_batches_rejected; /* buffers that failed verification */
+  uint64_t decisions;              /* kvr_find_best_match calls that picked a worker */
+  uint64_t requests_active;
+  uint64_t queue_pending;
+  uint64_t queue_pending_tokens;
+  uint64_t workers;
+  uint64_t index_nodes;
+  uint64_t index_blocks; /* cached (block, rank) entries */
+  int64_t index_bytes;
+} kvr_metrics;
+
+/* @thread_safety concurrent */
+KVR_API void kvr_metrics_init(kvr_metrics *metrics);
+KVR_API kvr_status kvr_router_get_metrics(kvr_router *router, kvr_metrics *out, kvr_error **err);
+
+/* The metrics in Prometheus text exposition format, NUL-terminated. `*len` is set to the bytes
+ * needed including the NUL (also with KVR_BUFFER_TOO_SMALL). @thread_safety concurrent */
+KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router *router, char *buf, size_t cap,
+                                                 size_t *len, kvr_error **err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,133 @@
+// What every C entry point shares: the opaque types behind the handles, the exception fence,
+// error reporting, and reading versioned option structs.
+#pragma once
+
+#include <absl/status/status.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "core/router.h"
+#include "kvrouter.h"
+
+struct kvr_error {
+  kvr_status status;
+  std::string message;
+};
+
+struct kvr_buffer {
+  std::vector<uint8_t> bytes;
+};
+
+struct kvr_router {
+  std::unique_ptr<kvrouter::Router> router;
+  bool eagle = false;  // the model's blocks use eagle windows: every prompt is hashed so
+  std::atomic<uint64_t> decisions{0};
+  std::atomic<uint64_t> batches_rejected{0};
+};
+
+namespace kvrouter::capi {
+
+// Reports a failure through the optional error out-parameter and returns its status.
+kvr_status Fail(kvr_error** err, kvr_status status, std::string message);
+kvr_status FromStatus(kvr_error** err, const absl::Status& status);
+
+// Runs `body` with every exception turned into KVR_INTERNAL: nothing unwinds into C.
+template <typename Body>
+kvr_status Guard(kvr_error** err, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    try {
+      return Fail(err, KVR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+      return KVR_INTERNAL;
+    }
+  } catch (...) {
+    return KVR_INTERNAL;
+  }
+}
+
+// KVR_INVALID_ARGUMENT naming the NULL argument, or KVR_OK.
+inline kvr_status RequireNonNull(kvr_error** err, const void* p, const char* name) {
+  return p != nullptr ? KVR_OK : Fail(err, KVR_INVALID_ARGUMENT, std::string(name) + " is NULL");
+}
+
+// Copies a caller's versioned struct over `defaults`: only the bytes its struct_size covers
+// (an older caller's struct is shorter), and refuses a newer caller's struct whose fields this
+// library does not know unless they are all zero.
+template <typename T>
+kvr_status ReadVersioned(kvr_error** err, const T* in, T& out, const char* name) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  if (in == nullptr) return KVR_OK;  // defaults
+  const uint32_t size = in->struct_size;
+  if (size < sizeof(uint32_t)) {
+    return Fail(err, KVR_INVALID_ARGUMENT,
+                std::string(name) + ".struct_size is " + std::to_string(size) +
+                    "; call the _init function first");
+  }
+  if (size > sizeof(T)) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(in);
+    for (size_t i = sizeof(T); i < size; ++i) {
+      if (bytes[i] != 0) {
+        return Fail(err, KVR_INVALID_ARGUMENT,
+                    std::string(name) + " is from a newer kvrouter (struct_size " +
+                        std::to_string(size) + " > " + std::to_string(sizeof(T)) +
+                        ") and sets fields this library does not know");
+      }
+    }
+  }
+  std::memcpy(&out, in, std::min<size_t>(size, sizeof(T)));
+  out.struct_size = sizeof(T);
+  return KVR_OK;
+}
+
+// Writes a result struct back, no further than the caller's struct_size.
+template <typename T>
+kvr_status WriteVersioned(kvr_error** err, const T& value, T* out, const char* name) {
+  const uint32_t size = out->struct_size;
+  if (size < sizeof(uint32_t)) {
+    return Fail(err, KVR_INVALID_ARGUMENT,
+                std::string(name) + ".struct_size is " + std::to_string(size) +
+                    "; call the _init function first");
+  }
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t),
+              reinterpret_cast<const char*>(&value) + sizeof(uint32_t),
+              std::min<size_t>(size, sizeof(T)) - sizeof(uint32_t));
+  return KVR_OK;
+}
+
+// Copies `items` into a caller buffer of `cap` elements, or reports the size needed.
+template <typename T>
+kvr_status CopyOut(kvr_error** err, const std::vector<T>& items, T* out, size_t cap, size_t* len,
+                   const char* what) {
+  if (kvr_status s = RequireNonNull(err, len, "len")) return s;
+  if (cap > 0 && out == nullptr) return RequireNonNull(err, out, "out");
+  *len = items.size();
+  if (items.size() > cap) {
+    return Fail(err, KVR_BUFFER_TOO_SMALL,
+                std::string(what) + " needs " + std::to_string(items.size()) +
+                    " entries; the buffer has " + std::to_string(cap));
+  }
+  if (!items.empty()) std::memcpy(out, items.data(), items.size() * sizeof(T));
+  return KVR_OK;
+}
+
+inline std::string_view OrEmpty(const char* s) { return s == nullptr ? std::string_view() : s; }
+
+// Per-block multimodal hashes from the flat C form (values + count per block).
+kvr_status ReadMmHashes(kvr_error** err, const uint64_t* hashes, const size_t* counts,
+                        size_t num_blocks, std::vector<std::vector<uint64_t>>& out);
+
+// C event structs to core events, with argument checks.
+kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, KvEvent& out);
+kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, KvEvent& out);
+
+}  // namespace kvrouter::capi

@@ -1,0 +1,83 @@
+// Building FlatBuffers event batches through the C ABI, for publishers in any language.
+#include "capi_internal.h"
+#include "ingest/flatbuffers_codec.h"
+
+using namespace kvrouter::capi;
+
+struct kvr_event_batch {
+  std::vector<kvrouter::KvEvent> events;
+};
+
+namespace {
+
+kvr_status Append(kvr_event_batch* batch, kvrouter::KvEvent event) {
+  batch->events.push_back(std::move(event));
+  return KVR_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+KVR_API kvr_status kvr_event_batch_new(kvr_event_batch** out, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    *out = new kvr_event_batch();
+    return KVR_OK;
+  });
+}
+
+KVR_API void kvr_event_batch_free(kvr_event_batch* batch) { delete batch; }
+
+KVR_API kvr_status kvr_event_batch_add_stored(kvr_event_batch* batch, const kvr_stored_event* event,
+                                              kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, batch, "batch")) return s;
+    kvrouter::KvEvent core;
+    if (kvr_status s = ToStoredEvent(err, event, core)) return s;
+    return Append(batch, std::move(core));
+  });
+}
+
+KVR_API kvr_status kvr_event_batch_add_removed(kvr_event_batch* batch,
+                                               const kvr_removed_event* event, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, batch, "batch")) return s;
+    kvrouter::KvEvent core;
+    if (kvr_status s = ToRemovedEvent(err, event, core)) return s;
+    return Append(batch, std::move(core));
+  });
+}
+
+KVR_API kvr_status kvr_event_batch_add_cleared(kvr_event_batch* batch, uint64_t worker_id,
+                                               uint32_t dp_rank, uint64_t event_id,
+                                               kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, batch, "batch")) return s;
+    return Append(batch, kvrouter::KvEvent{.worker = {worker_id, dp_rank},
+                                           .event_id = event_id,
+                                           .data = kvrouter::ClearedEvent{}});
+  });
+}
+
+KVR_API size_t kvr_event_batch_size(const kvr_event_batch* batch) {
+  return batch == nullptr ? 0 : batch->events.size();
+}
+
+KVR_API kvr_status kvr_event_batch_encode(const kvr_event_batch* batch, kvr_buffer** out,
+                                          kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, batch, "batch")) return s;
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    auto buffer = std::make_unique<kvr_buffer>();
+    buffer->bytes = kvrouter::EncodeEventBatch(batch->events);
+    *out = buffer.release();
+    return KVR_OK;
+  });
+}
+
+KVR_API void kvr_event_batch_clear(kvr_event_batch* batch) {
+  if (batch != nullptr) batch->events.clear();
+}
+
+}  // extern "C"

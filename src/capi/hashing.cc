@@ -1,0 +1,57 @@
+// Block hashing and tiers through the C ABI.
+#include "core/hashing.h"
+
+#include "capi_internal.h"
+
+using namespace kvrouter::capi;
+
+extern "C" {
+
+KVR_API uint32_t kvr_tier_from_medium(const char* medium) {
+  return static_cast<uint32_t>(kvrouter::TierFromMedium(OrEmpty(medium)));
+}
+
+KVR_API void kvr_hash_options_init(kvr_hash_options* options) {
+  if (options == nullptr) return;
+  *options = kvr_hash_options{};
+  options->struct_size = sizeof(kvr_hash_options);
+}
+
+KVR_API kvr_status kvr_compute_block_hashes(const uint32_t* tokens, size_t num_tokens,
+                                            uint32_t block_size, const kvr_hash_options* opts,
+                                            uint64_t* out, size_t cap, size_t* len,
+                                            kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (num_tokens > 0 && tokens == nullptr) return RequireNonNull(err, tokens, "tokens");
+    if (block_size == 0) return Fail(err, KVR_INVALID_ARGUMENT, "block_size must be > 0");
+    kvr_hash_options options;
+    kvr_hash_options_init(&options);
+    if (kvr_status s = ReadVersioned(err, opts, options, "kvr_hash_options")) return s;
+    std::vector<std::vector<uint64_t>> mm;
+    if (kvr_status s =
+            ReadMmHashes(err, options.mm_hashes, options.mm_counts, options.mm_num_blocks, mm)) {
+      return s;
+    }
+    kvrouter::BlockHashOptions hash_options{.lora_name = OrEmpty(options.lora_name),
+                                            .cache_namespace = OrEmpty(options.cache_namespace),
+                                            .eagle = (options.flags & KVR_HASH_EAGLE) != 0,
+                                            .block_mm_hashes = mm};
+    const auto hashes =
+        kvrouter::ComputeLocalBlockHashes(std::span(tokens, num_tokens), block_size, hash_options);
+    return CopyOut(err, hashes, out, cap, len, "block hashes");
+  });
+}
+
+KVR_API kvr_status kvr_compute_sequence_hashes(const uint64_t* local_hashes, size_t num_hashes,
+                                               uint64_t* out, size_t cap, size_t* len,
+                                               kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (num_hashes > 0 && local_hashes == nullptr) {
+      return RequireNonNull(err, local_hashes, "local_hashes");
+    }
+    const auto hashes = kvrouter::ComputeSequenceHashes(std::span(local_hashes, num_hashes));
+    return CopyOut(err, hashes, out, cap, len, "sequence hashes");
+  });
+}
+
+}  // extern "C"

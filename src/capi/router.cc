@@ -1,0 +1,587 @@
+// The router handle through the C ABI: creation, workers, KV events, routing, the request
+// lifecycle and index snapshots. Each entry point checks its arguments, converts the C structs
+// to core types, and maps absl::Status onto kvr_status; the core does the work.
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "capi_internal.h"
+#include "ingest/flatbuffers_codec.h"
+
+using namespace kvrouter::capi;
+using kvrouter::WorkerKey;
+
+namespace {
+
+std::optional<double> UnlessNaN(double v) {
+  return std::isnan(v) ? std::nullopt : std::optional<double>(v);
+}
+
+std::optional<bool> TriState(int32_t v) {
+  return v < 0 ? std::nullopt : std::optional<bool>(v != 0);
+}
+
+kvr_status CheckTier(kvr_error** err, uint32_t tier) {
+  if (tier < kvrouter::kNumTiers) return KVR_OK;
+  return Fail(err, KVR_INVALID_ARGUMENT,
+              "tier " + std::to_string(tier) + " is not a KVR_TIER_* value");
+}
+
+kvr_status CheckRouter(kvr_error** err, const kvr_router* router) {
+  return RequireNonNull(err, router, "router");
+}
+
+// ---- Options -----------------------------------------------------------------------------
+
+kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
+                           kvrouter::RouterOptions& out) {
+  if (in.queue_policy > KVR_QUEUE_WSPT) {
+    return Fail(err, KVR_INVALID_ARGUMENT,
+                "queue_policy " + std::to_string(in.queue_policy) + " is not a KVR_QUEUE_*");
+  }
+  out.block_size = in.block_size;
+  out.selection.overlap_score_credit = in.overlap_score_credit;
+  out.selection.prefill_load_scale = in.prefill_load_scale;
+  out.selection.host_cache_hit_weight = in.host_cache_hit_weight;
+  out.selection.disk_cache_hit_weight = in.disk_cache_hit_weight;
+  out.selection.temperature = in.temperature;
+  out.selection.assume_kv_reuse = !(in.flags & KVR_ROUTER_NO_KV_REUSE);
+  out.selection.track_prefill_tokens = !(in.flags & KVR_ROUTER_NO_PREFILL_TRACKING);
+  if (in.queue_threshold >= 0 || std::isnan(in.queue_threshold)) {
+    out.queue_threshold = in.queue_threshold;  // NaN is refused by validation
+  }
+  out.queue_policy = static_cast<kvrouter::QueuePolicy>(in.queue_policy);
+  out.use_kv_events = !(in.flags & KVR_ROUTER_APPROXIMATE);
+  out.approx_ttl_seconds = in.approx_ttl_seconds;
+  out.approx_max_blocks = in.approx_max_blocks;
+  out.approx_prune_target_ratio = in.approx_prune_target_ratio;
+  out.request_expiry_seconds = in.request_expiry_seconds;
+  out.random_seed = in.random_seed;
+  if (in.flags & KVR_ROUTER_ENTROPY_SEED) {
+    std::random_device entropy;
+    out.random_seed = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  }
+  return KVR_OK;
+}
+
+kvr_status ToWorkerConfig(kvr_error** err, const kvr_router* router,
+                          const kvr_worker_config* config, kvrouter::WorkerConfig& out) {
+  if (kvr_status s = RequireNonNull(err, config, "config")) return s;
+  kvr_worker_config in;
+  kvr_worker_config_init(&in);
+  if (kvr_status s = ReadVersioned(err, config, in, "kvr_worker_config")) return s;
+  out.worker_id = in.worker_id;
+  out.dp_start = in.dp_start;
+  out.dp_size = in.dp_size;
+  out.total_kv_blocks = in.total_kv_blocks;
+  out.max_num_batched_tokens = in.max_num_batched_tokens;
+  out.block_size = in.block_size == 0 ? router->router->block_size() : in.block_size;
+  return KVR_OK;
+}
+
+// A request's options with the storage their views point into.
+struct RequestOptions {
+  kvr_request_options c;
+  std::vector<std::vector<uint64_t>> mm;
+  kvrouter::RouteOptions route;
+};
+
+kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
+                          const kvr_request_options* opts, RequestOptions& out) {
+  kvr_request_options_init(&out.c);
+  if (kvr_status s = ReadVersioned(err, opts, out.c, "kvr_request_options")) return s;
+  const kvr_request_options& c = out.c;
+  if (kvr_status s = ReadMmHashes(err, c.mm_hashes, c.mm_counts, c.mm_num_blocks, out.mm)) {
+    return s;
+  }
+  if (c.num_allowed_worker_ids > 0 && c.allowed_worker_ids == nullptr) {
+    return RequireNonNull(err, c.allowed_worker_ids, "allowed_worker_ids");
+  }
+  kvrouter::RouteOptions& r = out.route;
+  r.prompt.lora_name = OrEmpty(c.lora_name);
+  r.prompt.cache_namespace = OrEmpty(c.cache_namespace);
+  r.prompt.block_mm_hashes = out.mm;
+  r.prompt.eagle = router->eagle;
+  r.overrides.overlap_score_credit = UnlessNaN(c.overlap_score_credit);
+  r.overrides.prefill_load_scale = UnlessNaN(c.prefill_load_scale);
+  r.overrides.host_cache_hit_weight = UnlessNaN(c.host_cache_hit_weight);
+  r.overrides.disk_cache_hit_weight = UnlessNaN(c.disk_cache_hit_weight);
+  r.overrides.temperature = UnlessNaN(c.temperature);
+  r.overrides.assume_kv_reuse = TriState(c.assume_kv_reuse);
+  r.overrides.track_prefill_tokens = TriState(c.track_prefill_tokens);
+  r.allowed_worker_ids = std::span(c.allowed_worker_ids, c.num_allowed_worker_ids);
+  r.with_admission = (c.flags & KVR_REQUEST_ADMIT) != 0;
+  r.request_id = OrEmpty(c.request_id);
+  r.expected_output_tokens = c.expected_output_tokens;
+  r.priority_jump = c.priority_jump;
+  if (c.queue_timeout_ms >= 0) r.queue_timeout = std::chrono::milliseconds(c.queue_timeout_ms);
+  return KVR_OK;
+}
+
+kvr_status CheckTokens(kvr_error** err, const uint32_t* tokens, size_t num_tokens) {
+  return num_tokens > 0 ? RequireNonNull(err, tokens, "tokens") : KVR_OK;
+}
+
+// ---- Events ------------------------------------------------------------------------------
+
+}  // namespace
+
+namespace kvrouter::capi {
+
+kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvrouter::KvEvent& out) {
+  if (kvr_status s = RequireNonNull(err, event, "event")) return s;
+  kvr_stored_event in;
+  kvr_stored_event_init(&in);
+  if (kvr_status s = ReadVersioned(err, event, in, "kvr_stored_event")) return s;
+  if (kvr_status s = CheckTier(err, in.tier)) return s;
+  if (in.num_blocks > 0 && in.block_hashes == nullptr) {
+    return RequireNonNull(err, in.block_hashes, "block_hashes");
+  }
+  if (in.num_tokens > 0 && in.token_ids == nullptr) {
+    return RequireNonNull(err, in.token_ids, "token_ids");
+  }
+  kvrouter::StoredEvent stored;
+  if (in.flags & KVR_STORED_HAS_PARENT) stored.parent_hash = in.parent_hash;
+  stored.block_hashes.assign(in.block_hashes, in.block_hashes + in.num_blocks);
+  if (in.local_hashes != nullptr) {
+    stored.local_hashes.assign(in.local_hashes, in.local_hashes + in.num_blocks);
+  } else {
+    stored.token_ids.assign(in.token_ids, in.token_ids + in.num_tokens);
+  }
+  if (kvr_status s =
+          ReadMmHashes(err, in.mm_hashes, in.mm_counts, in.num_blocks, stored.block_mm_hashes)) {
+    return s;
+  }
+  stored.lora_name = OrEmpty(in.lora_name);
+  stored.cache_namespace = OrEmpty(in.cache_namespace);
+  stored.eagle = (in.flags & KVR_STORED_EAGLE) != 0;
+  out = kvrouter::KvEvent{.worker = {in.worker_id, in.dp_rank},
+                          .tier = static_cast<kvrouter::Tier>(in.tier),
+                          .event_id = in.event_id,
+                          .data = std::move(stored)};
+  return KVR_OK;
+}
+
+kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, kvrouter::KvEvent& out) {
+  if (kvr_status s = RequireNonNull(err, event, "event")) return s;
+  kvr_removed_event in;
+  kvr_removed_event_init(&in);
+  if (kvr_status s = ReadVersioned(err, event, in, "kvr_removed_event")) return s;
+  if (kvr_status s = CheckTier(err, in.tier)) return s;
+  if (in.num_blocks > 0 && in.block_hashes == nullptr) {
+    return RequireNonNull(err, in.block_hashes, "block_hashes");
+  }
+  out = kvrouter::KvEvent{
+      .worker = {in.worker_id, in.dp_rank},
+      .tier = static_cast<kvrouter::Tier>(in.tier),
+      .event_id = in.event_id,
+      .data = kvrouter::RemovedEvent{{in.block_hashes, in.block_hashes + in.num_blocks}}};
+  return KVR_OK;
+}
+
+}  // namespace kvrouter::capi
+
+namespace {
+
+kvr_status StatusOfEventError(kvrouter::EventError error) {
+  switch (error) {
+    case kvrouter::EventError::kNone:
+      return KVR_OK;
+    case kvrouter::EventError::kParentBlockNotFound:
+    case kvrouter::EventError::kBlockNotFound:
+      return KVR_NOT_FOUND;
+    case kvrouter::EventError::kInvalidBlockSequence:
+    case kvrouter::EventError::kInvalidBlock:
+      return KVR_INVALID_ARGUMENT;
+  }
+  return KVR_INTERNAL;
+}
+
+kvr_status Apply(kvr_error** err, kvr_router* router, const kvrouter::KvEvent& event) {
+  auto result = router->router->ApplyEvent(event);
+  if (!result.ok()) return FromStatus(err, result.status());
+  if (result->ok()) return KVR_OK;
+  return Fail(err, StatusOfEventError(result->error), result->message);
+}
+
+// ---- Results -----------------------------------------------------------------------------
+
+kvr_candidate ToCandidate(const kvrouter::CandidateCost& c, bool chosen) {
+  kvr_candidate out{};
+  out.worker_id = c.worker.worker_id;
+  out.dp_rank = c.worker.dp_rank;
+  out.device_blocks = c.overlap.device_blocks;
+  out.host_blocks = c.overlap.host_blocks;
+  out.disk_blocks = c.overlap.disk_blocks;
+  out.external_blocks = c.overlap.external_blocks;
+  out.chosen = chosen ? 1 : 0;
+  out.effective_overlap_blocks = c.effective_overlap_blocks;
+  out.cached_tokens = c.cached_tokens;
+  out.active_prefill_tokens = c.active_prefill_tokens;
+  out.active_blocks = c.active_blocks;
+  out.new_blocks = c.new_blocks;
+  out.raw_prefill_blocks = c.raw_prefill_blocks;
+  out.credit = c.credit;
+  out.prefill_cost = c.prefill_cost;
+  out.decode_blocks = c.decode_blocks;
+  out.cost = c.cost;
+  out.probability = c.probability;
+  return out;
+}
+
+kvr_route_result ToRouteResult(const kvrouter::RouteDecision& d) {
+  kvr_route_result out;
+  kvr_route_result_init(&out);
+  out.worker_id = d.worker.worker_id;
+  out.dp_rank = d.worker.dp_rank;
+  out.prompt_blocks = d.prompt_blocks;
+  out.device_overlap_blocks = d.device_overlap_blocks;
+  out.effective_overlap_blocks = d.effective_overlap_blocks;
+  out.cached_tokens = d.cached_tokens;
+  out.prompt_tokens = d.prompt_tokens;
+  out.cost = d.candidates.empty() ? 0 : d.candidates[d.chosen].cost;
+  out.booked = d.booked ? 1 : 0;
+  out.queued = d.queued ? 1 : 0;
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- Router ------------------------------------------------------------------------------
+
+KVR_API void kvr_router_options_init(kvr_router_options* options) {
+  if (options == nullptr) return;
+  *options = kvr_router_options{};
+  options->struct_size = sizeof(kvr_router_options);
+  options->block_size = 16;
+  options->queue_policy = KVR_QUEUE_FCFS;
+  options->overlap_score_credit = 1.0;
+  options->prefill_load_scale = 1.0;
+  options->host_cache_hit_weight = 0.75;
+  options->disk_cache_hit_weight = 0.25;
+  options->temperature = 0.0;
+  options->queue_threshold = -1.0;
+  options->approx_ttl_seconds = 120.0;
+  options->approx_max_blocks = uint64_t{1} << 20;
+  options->approx_prune_target_ratio = 0.8;
+  options->request_expiry_seconds = 300.0;
+  options->random_seed = 0;
+}
+
+KVR_API kvr_status kvr_router_new(const kvr_router_options* opts, kvr_router** out,
+                                  kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    kvr_router_options options;
+    kvr_router_options_init(&options);
+    if (kvr_status s = ReadVersioned(err, opts, options, "kvr_router_options")) return s;
+    kvrouter::RouterOptions core;
+    if (kvr_status s = ToRouterOptions(err, options, core)) return s;
+    auto router = kvrouter::Router::Create(std::move(core));
+    if (!router.ok()) return FromStatus(err, router.status());
+    auto handle = std::make_unique<kvr_router>();
+    handle->router = std::move(*router);
+    handle->eagle = (options.flags & KVR_ROUTER_EAGLE) != 0;
+    *out = handle.release();
+    return KVR_OK;
+  });
+}
+
+KVR_API void kvr_router_free(kvr_router* router) { delete router; }
+
+// ---- Workers -----------------------------------------------------------------------------
+
+KVR_API void kvr_worker_config_init(kvr_worker_config* config) {
+  if (config == nullptr) return;
+  *config = kvr_worker_config{};
+  config->struct_size = sizeof(kvr_worker_config);
+  config->dp_size = 1;
+}
+
+KVR_API kvr_status kvr_router_add_worker(kvr_router* router, const kvr_worker_config* config,
+                                         kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    kvrouter::WorkerConfig core;
+    if (kvr_status s = ToWorkerConfig(err, router, config, core)) return s;
+    return FromStatus(err, router->router->AddWorker(core));
+  });
+}
+
+KVR_API kvr_status kvr_router_update_worker(kvr_router* router, const kvr_worker_config* config,
+                                            kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    kvrouter::WorkerConfig core;
+    if (kvr_status s = ToWorkerConfig(err, router, config, core)) return s;
+    return FromStatus(err, router->router->UpdateWorker(core));
+  });
+}
+
+KVR_API kvr_status kvr_router_remove_worker(kvr_router* router, uint64_t worker_id,
+                                            kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    return FromStatus(err, router->router->RemoveWorker(worker_id));
+  });
+}
+
+// ---- Events ------------------------------------------------------------------------------
+
+KVR_API void kvr_stored_event_init(kvr_stored_event* event) {
+  if (event == nullptr) return;
+  *event = kvr_stored_event{};
+  event->struct_size = sizeof(kvr_stored_event);
+}
+
+KVR_API void kvr_removed_event_init(kvr_removed_event* event) {
+  if (event == nullptr) return;
+  *event = kvr_removed_event{};
+  event->struct_size = sizeof(kvr_removed_event);
+}
+
+KVR_API kvr_status kvr_router_apply_stored(kvr_router* router, const kvr_stored_event* event,
+                                           kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    kvrouter::KvEvent core;
+    if (kvr_status s = ToStoredEvent(err, event, core)) return s;
+    return Apply(err, router, core);
+  });
+}
+
+KVR_API kvr_status kvr_router_apply_removed(kvr_router* router, const kvr_removed_event* event,
+                                            kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    kvrouter::KvEvent core;
+    if (kvr_status s = ToRemovedEvent(err, event, core)) return s;
+    return Apply(err, router, core);
+  });
+}
+
+KVR_API kvr_status kvr_router_apply_cleared(kvr_router* router, uint64_t worker_id,
+                                            uint32_t dp_rank, uint64_t event_id, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    return Apply(err, router,
+                 kvrouter::KvEvent{.worker = {worker_id, dp_rank},
+                                   .event_id = event_id,
+                                   .data = kvrouter::ClearedEvent{}});
+  });
+}
+
+KVR_API kvr_status kvr_router_apply_event_batch(kvr_router* router, const void* data, size_t size,
+                                                kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = RequireNonNull(err, data, "data")) return s;
+    auto events = kvrouter::DecodeEventBatch(std::span(static_cast<const uint8_t*>(data), size));
+    if (!events.ok()) {
+      router->batches_rejected.fetch_add(1, std::memory_order_relaxed);
+      return FromStatus(err, events.status());
+    }
+    kvr_status first = KVR_OK;
+    std::string first_message;
+    size_t rejected = 0;
+    for (size_t i = 0; i < events->size(); ++i) {
+      kvr_error* event_error = nullptr;
+      const kvr_status s = Apply(&event_error, router, (*events)[i]);
+      if (s != KVR_OK && rejected++ == 0) {
+        first = s;
+        first_message = "event " + std::to_string(i) + ": " + kvr_error_message(event_error);
+      }
+      kvr_error_free(event_error);
+      if (s == KVR_FAILED_PRECONDITION) break;  // approximate mode: none can apply
+    }
+    if (first == KVR_OK) return KVR_OK;
+    return Fail(err, first,
+                first_message + " (" + std::to_string(rejected) + " of " +
+                    std::to_string(events->size()) + " events rejected, the others applied)");
+  });
+}
+
+// ---- Routing -----------------------------------------------------------------------------
+
+KVR_API void kvr_request_options_init(kvr_request_options* options) {
+  if (options == nullptr) return;
+  *options = kvr_request_options{};
+  options->struct_size = sizeof(kvr_request_options);
+  const double unset = std::numeric_limits<double>::quiet_NaN();
+  options->overlap_score_credit = unset;
+  options->prefill_load_scale = unset;
+  options->host_cache_hit_weight = unset;
+  options->disk_cache_hit_weight = unset;
+  options->temperature = unset;
+  options->assume_kv_reuse = -1;
+  options->track_prefill_tokens = -1;
+  options->queue_timeout_ms = -1;
+}
+
+KVR_API void kvr_route_result_init(kvr_route_result* result) {
+  if (result == nullptr) return;
+  *result = kvr_route_result{};
+  result->struct_size = sizeof(kvr_route_result);
+}
+
+KVR_API kvr_status kvr_find_best_match(kvr_router* router, const uint32_t* tokens,
+                                       size_t num_tokens, const kvr_request_options* opts,
+                                       kvr_route_result* out, kvr_candidate* candidates, size_t cap,
+                                       size_t* num_candidates, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
+    if (cap > 0 && candidates == nullptr) return RequireNonNull(err, candidates, "candidates");
+    if (out->struct_size < sizeof(uint32_t)) {
+      return Fail(err, KVR_INVALID_ARGUMENT,
+                  "kvr_route_result.struct_size is 0; call kvr_route_result_init first");
+    }
+    RequestOptions options;
+    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    auto decision = router->router->FindBestMatch(std::span(tokens, num_tokens), options.route);
+    if (!decision.ok()) return FromStatus(err, decision.status());
+    router->decisions.fetch_add(1, std::memory_order_relaxed);
+    const auto& all = decision->candidates;
+    for (size_t i = 0; i < all.size() && i < cap; ++i) {
+      candidates[i] = ToCandidate(all[i], i == decision->chosen);
+    }
+    if (num_candidates != nullptr) *num_candidates = all.size();
+    return WriteVersioned(err, ToRouteResult(*decision), out, "kvr_route_result");
+  });
+}
+
+KVR_API kvr_status kvr_router_overlap_scores(kvr_router* router, const uint32_t* tokens,
+                                             size_t num_tokens, const kvr_request_options* opts,
+                                             kvr_overlap* out, size_t cap, size_t* len,
+                                             kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
+    RequestOptions options;
+    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    auto scores = router->router->OverlapScores(std::span(tokens, num_tokens), options.route);
+    if (!scores.ok()) return FromStatus(err, scores.status());
+    std::vector<kvr_overlap> items;
+    for (const auto& s : *scores) {
+      kvr_overlap o{};
+      o.worker_id = s.worker.worker_id;
+      o.dp_rank = s.worker.dp_rank;
+      o.device_blocks = s.overlap.device_blocks;
+      o.host_blocks = s.overlap.host_blocks;
+      o.disk_blocks = s.overlap.disk_blocks;
+      o.external_blocks = s.overlap.external_blocks;
+      o.effective_overlap_blocks = s.effective_overlap_blocks;
+      o.cached_tokens = s.cached_tokens;
+      o.tree_size = s.tree_size;
+      items.push_back(o);
+    }
+    return CopyOut(err, items, out, cap, len, "overlap scores");
+  });
+}
+
+KVR_API kvr_status kvr_router_potential_loads(kvr_router* router, const uint32_t* tokens,
+                                              size_t num_tokens, const kvr_request_options* opts,
+                                              kvr_potential_load* out, size_t cap, size_t* len,
+                                              kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
+    RequestOptions options;
+    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    auto loads = router->router->PotentialLoads(std::span(tokens, num_tokens), options.route);
+    if (!loads.ok()) return FromStatus(err, loads.status());
+    std::vector<kvr_potential_load> items;
+    for (const auto& l : *loads) {
+      kvr_potential_load p{};
+      p.worker_id = l.current.worker.worker_id;
+      p.dp_rank = l.current.worker.dp_rank;
+      p.potential_prefill_tokens = l.potential_prefill_tokens;
+      p.potential_decode_blocks = l.potential_decode_blocks;
+      p.active_prefill_tokens = l.current.active_prefill_tokens;
+      p.active_blocks = l.current.active_blocks;
+      p.active_requests = l.current.active_requests;
+      items.push_back(p);
+    }
+    return CopyOut(err, items, out, cap, len, "potential loads");
+  });
+}
+
+// ---- Request lifecycle -------------------------------------------------------------------
+
+KVR_API kvr_status kvr_router_add_request(kvr_router* router, const uint32_t* tokens,
+                                          size_t num_tokens, uint64_t worker_id, uint32_t dp_rank,
+                                          const kvr_request_options* opts, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
+    if (kvr_status s = RequireNonNull(err, opts, "opts")) return s;
+    RequestOptions options;
+    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    if (options.route.request_id.empty()) {
+      return Fail(err, KVR_INVALID_ARGUMENT, "opts->request_id is required");
+    }
+    return FromStatus(
+        err, router->router->AddRequest(options.route.request_id, std::span(tokens, num_tokens),
+                                        WorkerKey{worker_id, dp_rank}, options.route));
+  });
+}
+
+KVR_API kvr_status kvr_router_mark_prefill_completed(kvr_router* router, const char* request_id,
+                                                     kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = RequireNonNull(err, request_id, "request_id")) return s;
+    router->router->MarkPrefillCompleted(request_id);
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_router_free_request(kvr_router* router, const char* request_id,
+                                           kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = RequireNonNull(err, request_id, "request_id")) return s;
+    router->router->Free(request_id);
+    return KVR_OK;
+  });
+}
+
+// ---- Index snapshot ----------------------------------------------------------------------
+
+KVR_API kvr_status kvr_router_snapshot(kvr_router* router, kvr_buffer** out, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    auto buffer = std::make_unique<kvr_buffer>();
+    buffer->bytes = kvrouter::EncodeIndexSnapshot(router->router->block_size(),
+                                                  router->router->DumpIndexEvents());
+    *out = buffer.release();
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_router_restore(kvr_router* router, const void* data, size_t size,
+                                      kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = RequireNonNull(err, data, "data")) return s;
+    auto snapshot =
+        kvrouter::DecodeIndexSnapshot(std::span(static_cast<const uint8_t*>(data), size));
+    if (!snapshot.ok()) return FromStatus(err, snapshot.status());
+    if (snapshot->block_size != router->router->block_size()) {
+      return Fail(err, KVR_INVALID_ARGUMENT,
+                  "snapshot block size " + std::to_string(snapshot->block_size) +
+                      " differs from the router's " + std::to_string(router->router->block_size()));
+    }
+    if (router->router->IndexStats().cached_blocks > 0) {
+      return Fail(err, KVR_FAILED_PRECONDITION,
+                  "the router's index is not empty; restore into a new router");
+    }
+    return FromStatus(err, router->router->RestoreIndex(snapshot->events));
+  });
+}
+
+}  // extern "C"

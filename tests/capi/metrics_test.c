@@ -1,0 +1,197 @@
+/* Metrics through the C ABI: kvr_metrics_init, kvr_router_get_metrics (counters and gauges,
+ * struct versioning) and kvr_router_metrics_prometheus (text format, buffer rules). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+/* cmocka.h needs the three headers above first. */
+#include <cmocka.h>
+
+#include "test_util.h"
+
+#define BS 16
+
+typedef struct fixture {
+  kvr_router* router;
+  uint32_t prompt[4 * BS];
+} fixture;
+
+/* Two workers; worker 1 caches the prompt; one decision booked, one rejected event. */
+static int setup(void** state) {
+  fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  kvr_request_options opts = kvt_admit("m-1");
+  kvr_route_result result;
+  uint64_t missing = 12345;
+  kvr_removed_event removed;
+  if (f == NULL) return -1;
+  f->router = kvt_router_new(BS, 0);
+  kvt_add_worker(f->router, 1);
+  kvt_add_worker(f->router, 2);
+  kvt_fill_tokens(f->prompt, 4 * BS, 1);
+  KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, 4, BS, 100, 0, 0, ERRP));
+  kvr_removed_event_init(&removed);
+  removed.worker_id = 2;
+  removed.block_hashes = &missing;
+  removed.num_blocks = 1;
+  if (kvr_router_apply_removed(f->router, &removed, NULL) != KVR_NOT_FOUND) return -1;
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, 4 * BS, &opts, &result, NULL, 0, NULL, ERRP));
+  *state = f;
+  return 0;
+}
+
+static int teardown(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_router_free(f->router);
+  free(f);
+  return 0;
+}
+
+static void counters(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_metrics m = kvt_metrics(f->router);
+  assert_int_equal(sizeof m, m.struct_size);
+  assert_int_equal(1, m.events[KVR_EVENT_STORED][KVR_EVENT_OK]);
+  assert_int_equal(1, m.events[KVR_EVENT_REMOVED][KVR_EVENT_BLOCK_NOT_FOUND]);
+  assert_int_equal(0, m.events[KVR_EVENT_REMOVED][KVR_EVENT_OK]);
+  assert_int_equal(0, m.events[KVR_EVENT_CLEARED][KVR_EVENT_OK]);
+  assert_int_equal(0, m.event_batches_rejected);
+  assert_int_equal(1, m.decisions);
+  assert_int_equal(1, m.requests_active);
+  assert_int_equal(0, m.queue_pending);
+  assert_int_equal(0, m.queue_pending_tokens);
+  assert_int_equal(2, m.workers);
+  assert_int_equal(4, m.index_blocks);
+  assert_true(m.index_nodes >= 4);
+  assert_true(m.index_bytes > 0);
+
+  KVT_OK(kvr_router_free_request(f->router, "m-1", ERRP));
+  KVT_OK(kvr_router_apply_cleared(f->router, 1, 0, 2, ERRP));
+  m = kvt_metrics(f->router);
+  assert_int_equal(0, m.requests_active);
+  assert_int_equal(1, m.events[KVR_EVENT_CLEARED][KVR_EVENT_OK]);
+  assert_int_equal(0, m.index_blocks);
+}
+
+static void get_metrics_null_and_struct_size(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_metrics m;
+  const size_t covered = offsetof(kvr_metrics, decisions);
+  uint8_t sentinel[sizeof(kvr_metrics)];
+  struct {
+    kvr_metrics base;
+    uint64_t tail[2];
+  } newer;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_get_metrics(f->router, NULL, ERRP));
+
+  kvr_metrics_init(&m);
+  m.struct_size = 0;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_get_metrics(f->router, &m, ERRP));
+
+  /* An older caller's struct (ending before `decisions`) is written no further. */
+  memset(&m, 0xAB, sizeof m);
+  memset(sentinel, 0xAB, sizeof sentinel);
+  m.struct_size = (uint32_t)covered;
+  KVT_OK(kvr_router_get_metrics(f->router, &m, ERRP));
+  assert_int_equal(covered, m.struct_size);
+  assert_int_equal(1, m.events[KVR_EVENT_STORED][KVR_EVENT_OK]);
+  assert_int_equal(0, m.event_batches_rejected);
+  assert_memory_equal(sentinel + covered, (uint8_t*)&m + covered, sizeof m - covered);
+
+  /* A newer caller's larger struct: the known part is filled. */
+  memset(&newer, 0, sizeof newer);
+  newer.base.struct_size = (uint32_t)sizeof newer;
+  KVT_OK(kvr_router_get_metrics(f->router, &newer.base, ERRP));
+  assert_int_equal(2, newer.base.workers);
+}
+
+static char* prometheus(kvr_router* router) {
+  size_t len = 0;
+  char* text;
+  KVT_EXPECT_FAILS(KVR_BUFFER_TOO_SMALL,
+                   kvr_router_metrics_prometheus(router, NULL, 0, &len, ERRP));
+  assert_true(len > 1);
+  text = (char*)malloc(len);
+  assert_non_null(text);
+  KVT_OK(kvr_router_metrics_prometheus(router, text, len, &len, ERRP));
+  return text;
+}
+
+static void prometheus_text(void** state) {
+  fixture* f = (fixture*)*state;
+  size_t len = 0;
+  char* text;
+  KVT_EXPECT_FAILS(KVR_BUFFER_TOO_SMALL,
+                   kvr_router_metrics_prometheus(f->router, NULL, 0, &len, ERRP));
+  text = (char*)malloc(len + 16);
+  assert_non_null(text);
+  memset(text, 'Z', len + 16);
+  KVT_OK(kvr_router_metrics_prometheus(f->router, text, len + 16, &len, ERRP));
+  /* NUL-terminated, and *len counts the NUL. */
+  assert_int_equal('\0', text[len - 1]);
+  assert_int_equal(len - 1, strlen(text));
+  assert_int_equal('Z', text[len]); /* nothing written past it */
+  /* Text exposition format: HELP/TYPE lines, one sample per line, ending with a newline. */
+  assert_int_equal('\n', text[len - 2]);
+  assert_non_null(strstr(text, "# HELP "));
+  assert_non_null(strstr(text, "# TYPE "));
+  assert_non_null(strstr(text, " counter\n"));
+  assert_non_null(strstr(text, " gauge\n"));
+  /* The counters of kvr_metrics, with their values. */
+  assert_non_null(strstr(text, "\nkvrouter_decisions_total 1\n"));
+  assert_non_null(strstr(text, "\nkvrouter_requests_active 1\n"));
+  assert_non_null(strstr(text, "\nkvrouter_workers 2\n"));
+  assert_non_null(strstr(text, "\nkvrouter_event_batches_rejected_total 0\n"));
+  assert_non_null(strstr(text, "\nkvrouter_queue_pending_requests 0\n"));
+  assert_non_null(strstr(text, "\nkvrouter_index_blocks 4\n"));
+  assert_non_null(strstr(text, "kvrouter_kv_events_total{"));
+  free(text);
+
+  /* The text follows the router's state. */
+  KVT_OK(kvr_router_free_request(f->router, "m-1", ERRP));
+  text = prometheus(f->router);
+  assert_non_null(strstr(text, "\nkvrouter_requests_active 0\n"));
+  free(text);
+}
+
+static void prometheus_buffer_too_small_then_retry(void** state) {
+  fixture* f = (fixture*)*state;
+  char small[8];
+  size_t len = 0;
+  char* text;
+  memset(small, 'Z', sizeof small);
+  KVT_EXPECT_FAILS(KVR_BUFFER_TOO_SMALL,
+                   kvr_router_metrics_prometheus(f->router, small, sizeof small, &len, ERRP));
+  assert_true(len > sizeof small);
+  {
+    char sentinel[sizeof small];
+    memset(sentinel, 'Z', sizeof sentinel);
+    assert_memory_equal(sentinel, small, sizeof small); /* untouched on failure */
+  }
+  text = (char*)malloc(len);
+  assert_non_null(text);
+  KVT_OK(kvr_router_metrics_prometheus(f->router, text, len, &len, ERRP));
+  assert_int_equal(len - 1, strlen(text));
+  /* One byte short (no room for the NUL) is too small. */
+  KVT_EXPECT_FAILS(KVR_BUFFER_TOO_SMALL,
+                   kvr_router_metrics_prometheus(f->router, text, len - 1, &len, ERRP));
+  free(text);
+}
+
+static void prometheus_null_arguments(void** state) {
+  fixture* f = (fixture*)*state;
+  char buf[16];
+  (void)buf; /* (NULL len with a buffer: errors_test.c.) */
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_metrics_prometheus(f->router, NULL, 1 << 20, NULL, ERRP));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(counters, setup, teardown),
+      cmocka_unit_test_setup_teardown(get_metrics_null_and_struct_size, setup, teardown),
+      cmocka_unit_test_setup_teardown(prometheus_text, setup, teardown),
+      cmocka_unit_test_setup_teardown(prometheus_buffer_too_small_then_retry, setup, teardown),
+      cmocka_unit_test_setup_teardown(prometheus_null_arguments, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

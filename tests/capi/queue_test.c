@@ -1,0 +1,220 @@
+/* The admission queue through the C ABI: with queue_threshold 0, an admitted request waits
+ * while every eligible rank has prefill work in flight; queue_timeout_ms bounds the wait
+ * (KVR_DEADLINE_EXCEEDED), marking prefill complete admits the waiter, and allowed_worker_ids
+ * bypasses the queue. Timeouts are kept tiny. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+/* cmocka.h needs the three headers above first. */
+#include <cmocka.h>
+#include <time.h>
+#if !defined(__STDC_NO_THREADS__)
+#include <threads.h>
+#endif
+
+#include "test_util.h"
+
+#define BS 16
+#define PROMPT_TOKENS (4 * BS)
+
+typedef struct fixture {
+  kvr_router* router;
+  uint32_t prompt[PROMPT_TOKENS];
+} fixture;
+
+/* One worker with a tiny batch budget; the router queues as soon as every rank has any prefill
+ * tokens in flight (threshold 0). Request "busy" occupies the worker. */
+static int setup(void** state) {
+  fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  kvr_router_options opts;
+  kvr_request_options busy = kvt_admit("busy");
+  kvr_route_result result;
+  if (f == NULL) return -1;
+  kvr_router_options_init(&opts);
+  opts.block_size = BS;
+  opts.queue_threshold = 0;
+  f->router = kvt_router_new_opts(&opts);
+  kvt_add_worker_full(f->router, 1, 1, 16);
+  kvt_fill_tokens(f->prompt, PROMPT_TOKENS, 1);
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &busy, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(1, result.booked);
+  assert_int_equal(0, result.queued);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_router_free(f->router);
+  free(f);
+  return 0;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+static void busy_worker_times_out(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_request_options opts = kvt_admit("waiter");
+  kvr_route_result result;
+  kvr_error* err = NULL;
+  double start;
+  kvr_metrics m;
+  opts.queue_timeout_ms = 50;
+  kvr_route_result_init(&result);
+  result.worker_id = 0xDEAD;
+  start = now_ms();
+  assert_int_equal(KVR_DEADLINE_EXCEEDED, kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS,
+                                                              &opts, &result, NULL, 0, NULL, &err));
+  assert_true(now_ms() - start >= 45.0);
+  kvt_expect_error(&err, KVR_DEADLINE_EXCEEDED);
+  assert_int_equal(0xDEAD, result.worker_id); /* untouched on failure */
+  m = kvt_metrics(f->router);
+  assert_int_equal(1, m.requests_active);
+  assert_int_equal(0, m.queue_pending);
+  assert_int_equal(0, m.queue_pending_tokens);
+  /* err NULL: same outcome. */
+  assert_int_equal(KVR_DEADLINE_EXCEEDED, kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS,
+                                                              &opts, &result, NULL, 0, NULL, NULL));
+
+  /* The timed-out id was never booked: once the worker's prefill is done it is admitted at
+   * once under the same id. */
+  KVT_OK(kvr_router_mark_prefill_completed(f->router, "busy", ERRP));
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(1, result.booked);
+  assert_int_equal(0, result.queued);
+  assert_int_equal(2, kvt_metrics(f->router).requests_active);
+}
+
+static void preview_never_waits(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  double start = now_ms();
+  kvr_route_result_init(&result);
+  KVT_OK(
+      kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, NULL, &result, NULL, 0, NULL, ERRP));
+  assert_true(now_ms() - start < 1000.0);
+  assert_int_equal(0, result.booked);
+  assert_int_equal(0, result.queued);
+}
+
+static void allowed_workers_bypass_the_queue(void** state) {
+  fixture* f = (fixture*)*state;
+  uint64_t allowed[1] = {1};
+  kvr_request_options opts = kvt_admit("external");
+  kvr_route_result result;
+  opts.allowed_worker_ids = allowed;
+  opts.num_allowed_worker_ids = 1;
+  opts.queue_timeout_ms = 50;
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(1, result.booked);
+  assert_int_equal(0, result.queued);
+  assert_int_equal(1, result.worker_id);
+}
+
+#if !defined(__STDC_NO_THREADS__)
+typedef struct waiter {
+  kvr_router* router;
+  const uint32_t* prompt;
+  kvr_route_result result;
+  kvr_status status;
+} waiter;
+
+static int wait_for_admission(void* arg) {
+  waiter* w = (waiter*)arg;
+  kvr_request_options opts = kvt_admit("queued");
+  opts.queue_timeout_ms = 10000;
+  kvr_route_result_init(&w->result);
+  w->status = kvr_find_best_match(w->router, w->prompt, PROMPT_TOKENS, &opts, &w->result, NULL, 0,
+                                  NULL, NULL);
+  return 0;
+}
+
+static void waiter_admitted_when_prefill_completes(void** state) {
+  fixture* f = (fixture*)*state;
+  waiter w;
+  thrd_t thread;
+  int spins;
+  kvr_metrics m;
+  memset(&w, 0, sizeof w);
+  w.router = f->router;
+  w.prompt = f->prompt;
+  w.status = -1;
+  assert_int_equal(thrd_success, thrd_create(&thread, wait_for_admission, &w));
+  /* Wait (up to 5 s) until the request is in the queue. */
+  for (spins = 0; spins < 5000; ++spins) {
+    struct timespec ms = {0, 1000000};
+    if (kvt_metrics(f->router).queue_pending == 1) break;
+    thrd_sleep(&ms, NULL);
+  }
+  m = kvt_metrics(f->router);
+  assert_int_equal(1, m.queue_pending);
+  assert_int_equal(PROMPT_TOKENS, m.queue_pending_tokens);
+  /* A second request under the waiting id is a duplicate. */
+  {
+    kvr_request_options dup = kvt_admit("queued");
+    kvr_route_result result;
+    dup.queue_timeout_ms = 1;
+    kvr_route_result_init(&result);
+    KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS,
+                                                             &dup, &result, NULL, 0, NULL, ERRP));
+  }
+  KVT_OK(kvr_router_mark_prefill_completed(f->router, "busy", ERRP));
+  assert_int_equal(thrd_success, thrd_join(thread, NULL));
+  assert_int_equal(KVR_OK, w.status);
+  assert_int_equal(1, w.result.booked);
+  assert_int_equal(1, w.result.queued);
+  assert_int_equal(1, w.result.worker_id);
+  m = kvt_metrics(f->router);
+  assert_int_equal(0, m.queue_pending);
+  assert_int_equal(2, m.requests_active);
+}
+static void free_cancels_a_waiting_request(void** state) {
+  fixture* f = (fixture*)*state;
+  waiter w;
+  thrd_t thread;
+  int spins;
+  memset(&w, 0, sizeof w);
+  w.router = f->router;
+  w.prompt = f->prompt;
+  w.status = -1;
+  assert_int_equal(thrd_success, thrd_create(&thread, wait_for_admission, &w));
+  for (spins = 0; spins < 5000; ++spins) {
+    struct timespec ms = {0, 1000000};
+    if (kvt_metrics(f->router).queue_pending == 1) break;
+    thrd_sleep(&ms, NULL);
+  }
+  assert_int_equal(1, kvt_metrics(f->router).queue_pending);
+  /* The request ended before it was admitted (e.g. the client went away): the waiting call
+   * returns at once, unbooked. (The header does not name the status; the core says
+   * KVR_CANCELLED.) */
+  KVT_OK(kvr_router_free_request(f->router, "queued", ERRP));
+  assert_int_equal(thrd_success, thrd_join(thread, NULL));
+  assert_int_not_equal(KVR_OK, w.status);
+  assert_int_equal(KVR_CANCELLED, w.status);
+  assert_int_equal(0, kvt_metrics(f->router).queue_pending);
+  assert_int_equal(1, kvt_metrics(f->router).requests_active);
+}
+#endif
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test_setup_teardown(busy_worker_times_out, setup, teardown),
+    cmocka_unit_test_setup_teardown(preview_never_waits, setup, teardown),
+    cmocka_unit_test_setup_teardown(allowed_workers_bypass_the_queue, setup, teardown),
+#if !defined(__STDC_NO_THREADS__)
+    cmocka_unit_test_setup_teardown(waiter_admitted_when_prefill_completes, setup, teardown),
+    cmocka_unit_test_setup_teardown(free_cancels_a_waiting_request, setup, teardown),
+#endif
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,578 @@
+/* Routing through the C ABI: kvr_find_best_match (preview and admission, the candidate cost
+ * breakdown, per-request options), kvr_router_overlap_scores and kvr_router_potential_loads
+ * (with their buffer rules), and kvr_request_options / kvr_route_result versioning. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+/* cmocka.h needs the three headers above first. */
+#include <cmocka.h>
+
+#include "test_util.h"
+
+#define BS 16
+#define NUM_WORKERS 4
+#define SYSTEM_BLOCKS 32 /* a 512-token system prompt */
+#define CACHING_WORKER 3
+
+typedef struct fixture {
+  kvr_router* router;
+  uint32_t system[SYSTEM_BLOCKS * BS];           /* cached on CACHING_WORKER */
+  uint32_t request[SYSTEM_BLOCKS * BS + 3 * BS]; /* the system prompt + 3 blocks of question */
+} fixture;
+
+/* Four single-rank workers (ids 1..4); worker 3 caches the whole system prompt. */
+static int setup(void** state) {
+  fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  uint64_t id;
+  if (f == NULL) return -1;
+  f->router = kvt_router_new(BS, 0);
+  for (id = 1; id <= NUM_WORKERS; ++id) kvt_add_worker(f->router, id);
+  kvt_fill_tokens(f->system, SYSTEM_BLOCKS * BS, 10000);
+  memcpy(f->request, f->system, sizeof f->system);
+  kvt_fill_tokens(f->request + SYSTEM_BLOCKS * BS, 3 * BS, 90000);
+  KVT_OK(kvt_store(f->router, CACHING_WORKER, 0, KVR_TIER_DEVICE, f->system, SYSTEM_BLOCKS, BS,
+                   1000, 0, 0, ERRP));
+  *state = f;
+  return 0;
+}
+
+static int teardown(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_router_free(f->router);
+  free(f);
+  return 0;
+}
+
+#define REQUEST_TOKENS (SYSTEM_BLOCKS * BS + 3 * BS)
+
+static void check_candidates(const kvr_candidate* c, size_t n, const kvr_route_result* result) {
+  size_t i;
+  size_t chosen = 0;
+  double probabilities = 0;
+  for (i = 0; i < n; ++i) {
+    /* cost = prefill_load_scale·max(0, raw_prefill_blocks − credit) + decode_blocks, with the
+     * default prefill_load_scale 1. */
+    assert_true(fabs(c[i].cost - (c[i].prefill_cost + (double)c[i].decode_blocks)) < 1e-9);
+    assert_true(fabs(c[i].prefill_cost - fmax(0.0, c[i].raw_prefill_blocks - c[i].credit)) < 1e-9);
+    assert_true(c[i].probability >= 0 && c[i].probability <= 1);
+    probabilities += c[i].probability;
+    assert_int_equal(c[i].cached_tokens, (uint64_t)llround(c[i].effective_overlap_blocks * BS));
+    if (c[i].chosen) {
+      ++chosen;
+      assert_int_equal(result->worker_id, c[i].worker_id);
+      assert_int_equal(result->dp_rank, c[i].dp_rank);
+      assert_true(c[i].cost == result->cost);
+      assert_int_equal(result->device_overlap_blocks, c[i].device_blocks);
+      assert_int_equal(result->cached_tokens, c[i].cached_tokens);
+    } else {
+      assert_int_equal(0, c[i].chosen);
+    }
+  }
+  assert_int_equal(1, chosen);
+  assert_true(fabs(probabilities - 1.0) < 1e-6);
+}
+
+static void shared_prefix_lands_on_caching_worker(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_candidate candidates[8];
+  size_t n = 0;
+  size_t i;
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, candidates, 8,
+                             &n, ERRP));
+  assert_int_equal(CACHING_WORKER, result.worker_id);
+  assert_int_equal(0, result.dp_rank);
+  assert_int_equal(SYSTEM_BLOCKS + 3, result.prompt_blocks);
+  assert_int_equal(REQUEST_TOKENS, result.prompt_tokens);
+  assert_int_equal(SYSTEM_BLOCKS, result.device_overlap_blocks);
+  assert_true(result.effective_overlap_blocks == SYSTEM_BLOCKS);
+  assert_int_equal(SYSTEM_BLOCKS * BS, result.cached_tokens);
+  assert_int_equal(0, result.booked);
+  assert_int_equal(0, result.queued);
+
+  assert_int_equal(NUM_WORKERS, n);
+  check_candidates(candidates, n, &result);
+  for (i = 0; i < n; ++i) {
+    if (candidates[i].worker_id == CACHING_WORKER) {
+      assert_int_equal(SYSTEM_BLOCKS, candidates[i].device_blocks);
+      assert_true(candidates[i].credit >= SYSTEM_BLOCKS - 1e-9);
+    } else {
+      assert_int_equal(0, candidates[i].device_blocks);
+      assert_true(candidates[i].cost > result.cost);
+    }
+  }
+}
+
+static void preview_changes_nothing(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_potential_load before[8];
+  kvr_potential_load after[8];
+  size_t len_before = 0;
+  size_t len_after = 0;
+  kvr_request_options opts;
+  int i;
+  KVT_OK(kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, before, 8,
+                                    &len_before, ERRP));
+  kvr_request_options_init(&opts);
+  opts.request_id = "preview"; /* an id without KVR_REQUEST_ADMIT books nothing */
+  for (i = 0; i < 5; ++i) {
+    kvr_route_result_init(&result);
+    KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, i % 2 ? &opts : NULL, &result,
+                               NULL, 0, NULL, ERRP));
+    assert_int_equal(0, result.booked);
+  }
+  assert_int_equal(0, kvt_metrics(f->router).requests_active);
+  KVT_OK(kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, after, 8,
+                                    &len_after, ERRP));
+  assert_int_equal(len_before, len_after);
+  assert_memory_equal(before, after, len_before * sizeof(kvr_potential_load));
+  /* "preview" was never booked: admitting it now works. */
+  opts = kvt_admit("preview");
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(1, result.booked);
+}
+
+static void admission_raises_load_and_lifecycle_brings_it_back(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_request_options opts = kvt_admit("req-1");
+  kvr_potential_load idle;
+  kvr_potential_load load;
+  kvr_metrics metrics;
+  uint64_t decisions = kvt_metrics(f->router).decisions;
+
+  idle = kvt_load_of(f->router, f->request, REQUEST_TOKENS, CACHING_WORKER, 0);
+  assert_int_equal(0, idle.active_requests);
+  assert_int_equal(0, idle.active_prefill_tokens);
+  assert_int_equal(0, idle.active_blocks);
+
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(CACHING_WORKER, result.worker_id);
+  assert_int_equal(1, result.booked);
+  assert_int_equal(0, result.queued);
+  metrics = kvt_metrics(f->router);
+  assert_int_equal(1, metrics.requests_active);
+  assert_int_equal(decisions + 1, metrics.decisions);
+
+  load = kvt_load_of(f->router, f->request, REQUEST_TOKENS, CACHING_WORKER, 0);
+  assert_int_equal(1, load.active_requests);
+  /* The uncached part of the prompt is being prefilled. */
+  assert_int_equal(REQUEST_TOKENS - SYSTEM_BLOCKS * BS, load.active_prefill_tokens);
+  assert_int_equal(SYSTEM_BLOCKS + 3, load.active_blocks);
+  assert_true(load.potential_prefill_tokens > idle.potential_prefill_tokens);
+
+  KVT_OK(kvr_router_mark_prefill_completed(f->router, "req-1", ERRP));
+  load = kvt_load_of(f->router, f->request, REQUEST_TOKENS, CACHING_WORKER, 0);
+  assert_int_equal(1, load.active_requests);
+  assert_int_equal(0, load.active_prefill_tokens);
+  assert_int_equal(SYSTEM_BLOCKS + 3, load.active_blocks);
+  /* Idempotent. */
+  KVT_OK(kvr_router_mark_prefill_completed(f->router, "req-1", ERRP));
+
+  KVT_OK(kvr_router_free_request(f->router, "req-1", ERRP));
+  load = kvt_load_of(f->router, f->request, REQUEST_TOKENS, CACHING_WORKER, 0);
+  assert_memory_equal(&idle, &load, sizeof load);
+  assert_int_equal(0, kvt_metrics(f->router).requests_active);
+  KVT_OK(kvr_router_free_request(f->router, "req-1", ERRP));
+}
+
+static void distinct_requests_spread(void** state) {
+  fixture* f = (fixture*)*state;
+  uint32_t prompt[4 * BS];
+  char id[32];
+  int used[NUM_WORKERS + 1] = {0};
+  int i;
+  for (i = 0; i < NUM_WORKERS; ++i) {
+    kvr_request_options opts;
+    kvr_route_result result;
+    kvt_fill_tokens(prompt, 4 * BS, 200000 + 1000 * (uint32_t)i);
+    snprintf(id, sizeof id, "spread-%d", i);
+    opts = kvt_admit(id);
+    kvr_route_result_init(&result);
+    KVT_OK(kvr_find_best_match(f->router, prompt, 4 * BS, &opts, &result, NULL, 0, NULL, ERRP));
+    assert_true(result.worker_id >= 1 && result.worker_id <= NUM_WORKERS);
+    assert_int_equal(0, result.device_overlap_blocks);
+    ++used[result.worker_id];
+  }
+  /* Equal, uncached requests: each booking makes its worker costlier, so the four land on
+   * four different workers. */
+  for (i = 1; i <= NUM_WORKERS; ++i) assert_int_equal(1, used[i]);
+  assert_int_equal(NUM_WORKERS, kvt_metrics(f->router).requests_active);
+}
+
+static void candidates_buffer_truncates(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_candidate candidates[3];
+  size_t n = 0;
+  memset(candidates, 0xAB, sizeof candidates);
+  kvr_route_result_init(&result);
+  /* Room for one: the decision is made all the same, and the total is reported. */
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, candidates, 1,
+                             &n, ERRP));
+  assert_int_equal(NUM_WORKERS, n);
+  assert_int_equal(CACHING_WORKER, result.worker_id);
+  {
+    uint8_t sentinel[sizeof(kvr_candidate)];
+    memset(sentinel, 0xAB, sizeof sentinel);
+    assert_memory_equal(sentinel, &candidates[1], sizeof(kvr_candidate));
+  }
+  /* No buffer at all, and no count wanted. */
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(CACHING_WORKER, result.worker_id);
+  /* A NULL buffer with room claimed is an error. */
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             NULL, &result, NULL, 4, &n, ERRP));
+}
+
+static void allowed_workers(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_candidate candidates[8];
+  size_t n = 0;
+  size_t i;
+  uint64_t allowed[2] = {1, 2};
+  uint64_t nobody[1] = {4242};
+  kvr_request_options opts;
+  kvr_request_options_init(&opts);
+  opts.allowed_worker_ids = allowed;
+  opts.num_allowed_worker_ids = 2;
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
+                             &n, ERRP));
+  assert_int_equal(2, n);
+  assert_true(result.worker_id == 1 || result.worker_id == 2);
+  for (i = 0; i < n; ++i) assert_true(candidates[i].worker_id == 1 || candidates[i].worker_id == 2);
+
+  opts.allowed_worker_ids = nobody;
+  opts.num_allowed_worker_ids = 1;
+  KVT_EXPECT_FAILS(KVR_UNAVAILABLE, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                        &opts, &result, NULL, 0, NULL, ERRP));
+  opts.allowed_worker_ids = NULL;
+  opts.num_allowed_worker_ids = 2;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             &opts, &result, NULL, 0, NULL, ERRP));
+}
+
+static void no_workers_is_unavailable(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  uint32_t tokens[32];
+  kvr_route_result result;
+  (void)state;
+  kvt_fill_tokens(tokens, 32, 1);
+  kvr_route_result_init(&result);
+  result.worker_id = 0xDEAD;
+  KVT_EXPECT_FAILS(KVR_UNAVAILABLE,
+                   kvr_find_best_match(router, tokens, 32, NULL, &result, NULL, 0, NULL, ERRP));
+  /* On failure the result is left untouched. */
+  assert_int_equal(0xDEAD, result.worker_id);
+  assert_int_equal(0, kvt_metrics(router).decisions);
+  kvr_router_free(router);
+}
+
+static void admission_needs_request_id(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_request_options opts = kvt_admit(NULL);
+  kvr_route_result_init(&result);
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             &opts, &result, NULL, 0, NULL, ERRP));
+  opts.request_id = "";
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             &opts, &result, NULL, 0, NULL, ERRP));
+  assert_int_equal(0, kvt_metrics(f->router).requests_active);
+}
+
+static void duplicate_request_id(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_request_options opts = kvt_admit("dup");
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                           &opts, &result, NULL, 0, NULL, ERRP));
+  /* A chosen-elsewhere booking under the same id is refused too. */
+  KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_router_add_request(f->router, f->request, REQUEST_TOKENS,
+                                                              1, 0, &opts, ERRP));
+  assert_int_equal(1, kvt_metrics(f->router).requests_active);
+  /* Once freed, the id may be used again. */
+  KVT_OK(kvr_router_free_request(f->router, "dup", ERRP));
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+}
+
+static void request_ids_are_copied(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  char id[16] = "copied-id";
+  kvr_request_options opts = kvt_admit(id);
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  /* The caller's buffer is reused: the router kept its own copy of the id. */
+  memset(id, 'x', sizeof id - 1);
+  KVT_OK(kvr_router_free_request(f->router, "copied-id", ERRP));
+  assert_int_equal(0, kvt_metrics(f->router).requests_active);
+}
+
+static void per_request_overrides(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_candidate candidates[8];
+  size_t n = 0;
+  size_t i;
+  kvr_request_options opts;
+  /* Without KV credit the cached prompt is worth nothing: every candidate's credit is 0. */
+  kvr_request_options_init(&opts);
+  opts.overlap_score_credit = 0;
+  kvr_route_result_init(&result);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
+                             &n, ERRP));
+  for (i = 0; i < n; ++i) assert_true(candidates[i].credit == 0);
+
+  /* prefill_load_scale 0: only decode blocks count. */
+  kvr_request_options_init(&opts);
+  opts.prefill_load_scale = 0;
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
+                             &n, ERRP));
+  for (i = 0; i < n; ++i) {
+    assert_true(candidates[i].prefill_cost == 0);
+    assert_true(candidates[i].cost == (double)candidates[i].decode_blocks);
+  }
+
+  /* A high temperature gives every worker a chance. */
+  kvr_request_options_init(&opts);
+  opts.temperature = 100.0;
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
+                             &n, ERRP));
+  for (i = 0; i < n; ++i) assert_true(candidates[i].probability > 0);
+
+  /* An invalid override is refused. */
+  kvr_request_options_init(&opts);
+  opts.temperature = -1;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             &opts, &result, NULL, 0, NULL, ERRP));
+  kvr_request_options_init(&opts);
+  opts.host_cache_hit_weight = 3;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             &opts, &result, NULL, 0, NULL, ERRP));
+
+  /* Prefill tracking off: admitted requests add no prefill tokens. */
+  kvr_request_options_init(&opts);
+  opts.flags = KVR_REQUEST_ADMIT;
+  opts.request_id = "untracked";
+  opts.track_prefill_tokens = 0;
+  opts.assume_kv_reuse = 1;
+  opts.expected_output_tokens = 100;
+  opts.priority_jump = 1;
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(0, kvt_load_of(f->router, f->request, REQUEST_TOKENS, result.worker_id, 0)
+                          .active_prefill_tokens);
+}
+
+static void overlap_scores(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_overlap scores[4];
+  size_t len = 0;
+  uint32_t unknown[64];
+  KVT_OK(kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, NULL, scores, 4, &len,
+                                   ERRP));
+  assert_int_equal(1, len);
+  assert_int_equal(CACHING_WORKER, scores[0].worker_id);
+  assert_int_equal(0, scores[0].dp_rank);
+  assert_int_equal(SYSTEM_BLOCKS, scores[0].device_blocks);
+  assert_int_equal(0, scores[0].host_blocks);
+  assert_int_equal(0, scores[0].disk_blocks);
+  assert_int_equal(0, scores[0].external_blocks);
+  assert_true(scores[0].effective_overlap_blocks == SYSTEM_BLOCKS);
+  assert_int_equal(SYSTEM_BLOCKS * BS, scores[0].cached_tokens);
+  assert_int_equal(SYSTEM_BLOCKS, scores[0].tree_size);
+
+  kvt_fill_tokens(unknown, 64, 777777);
+  len = 99;
+  KVT_OK(kvr_router_overlap_scores(f->router, unknown, 64, NULL, scores, 4, &len, ERRP));
+  assert_int_equal(0, len);
+  /* Empty prompt: nothing matches. */
+  len = 99;
+  KVT_OK(kvr_router_overlap_scores(f->router, NULL, 0, NULL, scores, 4, &len, ERRP));
+  assert_int_equal(0, len);
+}
+
+static void overlap_scores_buffer_too_small_then_retry(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_overlap one[1];
+  kvr_overlap* retry;
+  size_t len = 0;
+  /* A second rank caches the first half of the system prompt. */
+  KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->system, SYSTEM_BLOCKS / 2, BS, 5000, 0, 0,
+                   ERRP));
+  memset(one, 0xAB, sizeof one);
+  KVT_EXPECT_FAILS(
+      KVR_BUFFER_TOO_SMALL,
+      kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, NULL, one, 1, &len, ERRP));
+  assert_int_equal(2, len);
+  {
+    uint8_t sentinel[sizeof one];
+    memset(sentinel, 0xAB, sizeof sentinel);
+    assert_memory_equal(sentinel, one, sizeof one); /* untouched on failure */
+  }
+  retry = (kvr_overlap*)calloc(len, sizeof(kvr_overlap));
+  assert_non_null(retry);
+  KVT_OK(kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, NULL, retry, len, &len,
+                                   ERRP));
+  assert_int_equal(2, len);
+  assert_true((retry[0].worker_id == 1 && retry[0].device_blocks == SYSTEM_BLOCKS / 2) ||
+              (retry[1].worker_id == 1 && retry[1].device_blocks == SYSTEM_BLOCKS / 2));
+  free(retry);
+}
+
+static void potential_loads_buffer_too_small_then_retry(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_potential_load two[2];
+  kvr_potential_load* retry;
+  size_t len = 0;
+  size_t i;
+  KVT_EXPECT_FAILS(
+      KVR_BUFFER_TOO_SMALL,
+      kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, two, 2, &len, ERRP));
+  assert_int_equal(NUM_WORKERS, len);
+  retry = (kvr_potential_load*)calloc(len, sizeof(kvr_potential_load));
+  assert_non_null(retry);
+  KVT_OK(kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, retry, len, &len,
+                                    ERRP));
+  assert_int_equal(NUM_WORKERS, len);
+  for (i = 0; i < len; ++i) {
+    const kvr_potential_load* l = &retry[i];
+    assert_int_equal(0, l->active_requests);
+    if (l->worker_id == CACHING_WORKER) {
+      assert_int_equal(REQUEST_TOKENS - SYSTEM_BLOCKS * BS, l->potential_prefill_tokens);
+    } else {
+      assert_int_equal(REQUEST_TOKENS, l->potential_prefill_tokens);
+    }
+    assert_int_equal(SYSTEM_BLOCKS + 3, l->potential_decode_blocks);
+  }
+  free(retry);
+}
+
+static void request_options_struct_size_rules(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_request_options opts;
+  kvr_overlap scores[4];
+  kvr_potential_load loads[4];
+  size_t len = 0;
+  struct {
+    kvr_request_options base;
+    uint64_t tail[2];
+  } newer;
+  kvr_request_options_init(&opts);
+  opts.struct_size = 0;
+  kvr_route_result_init(&result);
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             &opts, &result, NULL, 0, NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, &opts, scores,
+                                             4, &len, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, &opts, loads,
+                                              4, &len, ERRP));
+
+  /* Older caller: the struct ends before the overrides; garbage there is not read (a negative
+   * temperature would be refused). */
+  kvr_request_options_init(&opts);
+  opts.flags = KVR_REQUEST_ADMIT;
+  opts.request_id = "older";
+  opts.temperature = -3;
+  opts.queue_timeout_ms = -77;
+  opts.struct_size = (uint32_t)offsetof(kvr_request_options, overlap_score_credit);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(1, result.booked);
+  assert_int_equal(CACHING_WORKER, result.worker_id);
+
+  /* Newer caller. */
+  memset(&newer, 0, sizeof newer);
+  kvr_request_options_init(&newer.base);
+  newer.base.struct_size = (uint32_t)sizeof newer;
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &newer.base, &result, NULL, 0,
+                             NULL, ERRP));
+  newer.tail[0] = 5;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &newer.base, &result,
+                                       NULL, 0, NULL, ERRP));
+}
+
+/* A result struct from an older caller is written no further than its struct_size. */
+static void route_result_from_older_caller(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  const size_t covered = offsetof(kvr_route_result, effective_overlap_blocks);
+  uint8_t sentinel[sizeof(kvr_route_result)];
+  memset(&result, 0xAB, sizeof result);
+  memset(sentinel, 0xAB, sizeof sentinel);
+  result.struct_size = (uint32_t)covered;
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(covered, result.struct_size);
+  assert_int_equal(CACHING_WORKER, result.worker_id);
+  assert_int_equal(SYSTEM_BLOCKS, result.device_overlap_blocks);
+  assert_memory_equal(sentinel + covered, (uint8_t*)&result + covered, sizeof result - covered);
+
+  kvr_route_result_init(&result);
+  result.struct_size = 0;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             NULL, &result, NULL, 0, NULL, ERRP));
+}
+
+static void null_arguments(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_overlap scores[4];
+  kvr_potential_load loads[4];
+  size_t len;
+  kvr_route_result_init(&result);
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             NULL, NULL, NULL, 0, NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, NULL, REQUEST_TOKENS, NULL,
+                                                             &result, NULL, 0, NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_overlap_scores(f->router, NULL, 5, NULL, scores, 4, &len, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_potential_loads(f->router, NULL, 5, NULL, loads, 4, &len, ERRP));
+  KVT_EXPECT_FAILS(
+      KVR_INVALID_ARGUMENT,
+      kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, NULL, 4, &len, ERRP));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(shared_prefix_lands_on_caching_worker, setup, teardown),
+      cmocka_unit_test_setup_teardown(preview_changes_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(admission_raises_load_and_lifecycle_brings_it_back, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(distinct_requests_spread, setup, teardown),
+      cmocka_unit_test_setup_teardown(candidates_buffer_truncates, setup, teardown),
+      cmocka_unit_test_setup_teardown(allowed_workers, setup, teardown),
+      cmocka_unit_test(no_workers_is_unavailable),
+      cmocka_unit_test_setup_teardown(admission_needs_request_id, setup, teardown),
+      cmocka_unit_test_setup_teardown(duplicate_request_id, setup, teardown),
+      cmocka_unit_test_setup_teardown(request_ids_are_copied, setup, teardown),
+      cmocka_unit_test_setup_teardown(per_request_overrides, setup, teardown),
+      cmocka_unit_test_setup_teardown(overlap_scores, setup, teardown),
+      cmocka_unit_test_setup_teardown(overlap_scores_buffer_too_small_then_retry, setup, teardown),
+      cmocka_unit_test_setup_teardown(potential_loads_buffer_too_small_then_retry, setup, teardown),
+      cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, teardown),
+      cmocka_unit_test_setup_teardown(route_result_from_older_caller, setup, teardown),
+      cmocka_unit_test_setup_teardown(null_arguments, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

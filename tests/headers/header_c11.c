@@ -1,0 +1,43 @@
+/* include/kvrouter.h compiles alone as strict C11, and the layout of the structs whose layout is
+ * frozen forever (array elements without struct_size) and of the versioned structs' leading
+ * fields does not change by accident. */
+#include <stddef.h>
+
+#include "kvrouter.h"
+
+#if !defined(__STDC_VERSION__) || __STDC_VERSION__ != 201112L
+#error "this file must be compiled as C11"
+#endif
+
+_Static_assert(sizeof(kvr_status) == 4, "kvr_status is an int32_t");
+_Static_assert(KVR_OK == 0, "KVR_OK is 0");
+_Static_assert(offsetof(kvr_router_options, struct_size) == 0, "struct_size comes first");
+_Static_assert(offsetof(kvr_worker_config, struct_size) == 0, "struct_size comes first");
+_Static_assert(offsetof(kvr_request_options, struct_size) == 0, "struct_size comes first");
+_Static_assert(offsetof(kvr_route_result, struct_size) == 0, "struct_size comes first");
+_Static_assert(offsetof(kvr_hash_options, struct_size) == 0, "struct_size comes first");
+_Static_assert(offsetof(kvr_stored_event, struct_size) == 0, "struct_size comes first");
+_Static_assert(offsetof(kvr_removed_event, struct_size) == 0, "struct_size comes first");
+_Static_assert(offsetof(kvr_metrics, struct_size) == 0, "struct_size comes first");
+
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
+/* LP64: the frozen array-element layouts as first published. */
+_Static_assert(sizeof(kvr_candidate) == 152, "kvr_candidate layout is frozen");
+_Static_assert(offsetof(kvr_candidate, chosen) == 28, "kvr_candidate layout is frozen");
+_Static_assert(offsetof(kvr_candidate, effective_overlap_blocks) == 32, "frozen");
+_Static_assert(offsetof(kvr_candidate, cost) == 104, "kvr_candidate layout is frozen");
+_Static_assert(offsetof(kvr_candidate, reserved) == 120, "kvr_candidate layout is frozen");
+_Static_assert(sizeof(kvr_overlap) == 72, "kvr_overlap layout is frozen");
+_Static_assert(offsetof(kvr_overlap, effective_overlap_blocks) == 32, "frozen");
+_Static_assert(offsetof(kvr_overlap, tree_size) == 48, "kvr_overlap layout is frozen");
+_Static_assert(sizeof(kvr_potential_load) == 72, "kvr_potential_load layout is frozen");
+_Static_assert(offsetof(kvr_potential_load, active_requests) == 48, "frozen");
+_Static_assert(sizeof(kvr_router_options) == 104, "kvr_router_options v1 size");
+_Static_assert(sizeof(kvr_metrics) % 8 == 0, "kvr_metrics has no odd tail");
+#endif
+
+int main(void) {
+  kvr_metrics metrics;
+  kvr_metrics_init(&metrics);
+  return metrics.struct_size == sizeof metrics ? 0 : 1;
+}
