@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The main job. Until the trace replay (`kvrouter replay`) lands, this builds what exists and
-# runs it for real: the core test suite, then the core benchmarks (hashing, index ingestion,
-# find_matches on the Mooncake conversation trace, memory per cached block).
+# The main job: build kvrouter (Release) and replay the bundled Mooncake conversation trace (one
+# hour of real chat traffic, data/mooncake/) on 8 simulated H100 workers under every routing
+# policy, printing the comparison table (docs/replay.md). Files and the plot go to build/replay/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${KVR_JOBS:-$(nproc)}
 cmake -S . -B build/main -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build/main -j "$jobs"
-ctest --test-dir build/main -L core -j "$jobs"
-for bench in build/main/bench/*_bench; do
-  [ -x "$bench" ] || continue
-  echo "== $(basename "$bench") =="
-  "$bench" --benchmark_min_time=0.2
-done
+cmake --build build/main -j "$jobs" --target kvrouter_cli
+build/main/tools/kvrouter replay \
+  --trace data/mooncake/conversation_trace.jsonl \
+  --workers 8 \
+  --policies all \
+  --seed 42 \
+  --output-dir build/replay \
+  "$@"

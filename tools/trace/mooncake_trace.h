@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-namespace kvrouter::bench {
+namespace kvrouter::trace {
 
 // Tokens per trace block (a hash_id).
 inline constexpr uint32_t kMooncakeBlockTokens = 512;
@@ -77,4 +77,4 @@ std::vector<uint32_t> ExpandTokens(const TraceRecord& record, uint32_t block_siz
 // Same, into `out` (cleared first) so a loop can reuse its capacity.
 void ExpandTokensInto(const TraceRecord& record, uint32_t block_size, std::vector<uint32_t>& out);
 
-}  // namespace kvrouter::bench
+}  // namespace kvrouter::trace

@@ -1,10 +1,10 @@
-#include "support/mooncake_trace.h"
+#include "trace/mooncake_trace.h"
 
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-namespace kvrouter::bench {
+namespace kvrouter::trace {
 namespace {
 
 using nlohmann::json;
@@ -158,4 +158,4 @@ void ExpandTokensInto(const TraceRecord& record, uint32_t block_size, std::vecto
   }
 }
 
-}  // namespace kvrouter::bench
+}  // namespace kvrouter::trace

@@ -1,0 +1,277 @@
+// The replay's simulated engine pieces, without a router: the LRU prefix cache, the cost model,
+// one engine's event stream, and the trace readers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "kvrouter/cost_model.h"
+#include "kvrouter/kv_cache.h"
+#include "kvrouter/sim_engine.h"
+#include "kvrouter/trace_source.h"
+
+namespace kvrouter::replay {
+namespace {
+
+using Hashes = std::vector<uint64_t>;
+
+std::vector<uint64_t> Evict(PrefixCache& cache, uint64_t count) {
+  std::vector<uint64_t> evicted;
+  cache.AllocatePrivate(count, evicted);
+  return evicted;
+}
+
+// Puts `hashes` in the cache as one request would (allocate, compute, commit, release).
+void CacheAndRelease(PrefixCache& cache, const std::vector<uint64_t>& hashes) {
+  std::vector<uint64_t> evicted;
+  cache.AllocatePrivate(hashes.size(), evicted);
+  for (uint64_t hash : hashes) cache.Commit(hash);
+  cache.Release(hashes, 0);
+}
+
+TEST(PrefixCacheTest, CapacityCountsCachedAndPrivateBlocks) {
+  PrefixCache cache(4);
+  EXPECT_TRUE(cache.CanAllocate(4));
+  EXPECT_FALSE(cache.CanAllocate(5));
+  std::vector<uint64_t> evicted;
+  cache.AllocatePrivate(3, evicted);
+  EXPECT_TRUE(evicted.empty());
+  EXPECT_EQ(cache.free_blocks(), 1u);
+  EXPECT_TRUE(cache.Commit(10));  // private → cached, still referenced
+  EXPECT_EQ(cache.cached_blocks(), 1u);
+  EXPECT_EQ(cache.private_blocks(), 2u);
+  EXPECT_FALSE(cache.CanAllocate(2));  // the referenced block cannot be evicted
+  cache.Release(std::vector<uint64_t>{10}, 2);
+  EXPECT_EQ(cache.evictable_blocks(), 1u);
+  EXPECT_TRUE(cache.CanAllocate(4));
+}
+
+TEST(PrefixCacheTest, EvictsLeastRecentlyUsedAndPrefixLast) {
+  PrefixCache cache(6);
+  CacheAndRelease(cache, {1, 2, 3});  // released tail first: 3, 2, 1
+  CacheAndRelease(cache, {4, 5, 6});
+  EXPECT_EQ(cache.EvictionOrder(), Hashes({3, 2, 1, 6, 5, 4}));
+  // A hit on 1 makes it the most recently used once released again.
+  cache.Acquire(std::vector<uint64_t>{1});
+  cache.Release(std::vector<uint64_t>{1}, 0);
+  EXPECT_EQ(cache.EvictionOrder(), Hashes({3, 2, 6, 5, 4, 1}));
+  EXPECT_EQ(Evict(cache, 2), Hashes({3, 2}));
+  EXPECT_EQ(cache.MatchPrefix(std::vector<uint64_t>{1, 2, 3}), 1u);
+  EXPECT_EQ(cache.MatchPrefix(std::vector<uint64_t>{4, 5, 6}), 3u);
+}
+
+TEST(PrefixCacheTest, CommitOfABlockCachedMeanwhileSharesIt) {
+  PrefixCache cache(4);
+  std::vector<uint64_t> evicted;
+  cache.AllocatePrivate(2, evicted);
+  EXPECT_TRUE(cache.Commit(7));
+  EXPECT_FALSE(cache.Commit(7));  // a second request computed the same block
+  EXPECT_EQ(cache.cached_blocks(), 1u);
+  EXPECT_EQ(cache.free_blocks(), 3u);  // the duplicate's block was given back
+  cache.Release(std::vector<uint64_t>{7}, 0);
+  EXPECT_EQ(cache.evictable_blocks(), 0u);  // still referenced once
+  cache.Release(std::vector<uint64_t>{7}, 0);
+  EXPECT_EQ(cache.evictable_blocks(), 1u);
+}
+
+TEST(CostModelTest, AttentionPairsCountCausalPairs) {
+  EXPECT_DOUBLE_EQ(AttentionPairs(1, 0), 1);
+  EXPECT_DOUBLE_EQ(AttentionPairs(4, 0), 10);   // 1 + 2 + 3 + 4
+  EXPECT_DOUBLE_EQ(AttentionPairs(2, 10), 23);  // 11 + 12
+  EXPECT_DOUBLE_EQ(AttentionPairs(0, 100), 0);
+}
+
+TEST(CostModelTest, StepTimeAddsEveryTerm) {
+  const CostModel model{.step_overhead_s = 1,
+                        .prefill_per_token_s = 2,
+                        .attention_per_pair_s = 3,
+                        .decode_per_sequence_s = 5,
+                        .decode_per_context_token_s = 7};
+  const StepShape shape{.prefill_tokens = 10,
+                        .attention_pairs = 100,
+                        .decode_sequences = 4,
+                        .decode_context_tokens = 1000};
+  EXPECT_DOUBLE_EQ(StepSeconds(model, shape), 1 + 20 + 300 + 20 + 7000);
+}
+
+TEST(CostModelTest, DefaultsGiveH100Magnitudes) {
+  const CostModel model;
+  // 8k uncached tokens from scratch: ~0.3-0.4 s (≈ 25 k tokens/s plus attention).
+  const double prefill = IsolatedPrefillSeconds(model, 8192, 0);
+  EXPECT_GT(prefill, 0.3);
+  EXPECT_LT(prefill, 0.45);
+  // A cached prefix saves the linear part but keeps attending to it.
+  EXPECT_LT(IsolatedPrefillSeconds(model, 512, 7680), prefill / 5);
+  // A decode step at batch 1 with a short context costs about the weight read.
+  EXPECT_NEAR(StepSeconds(model, {.decode_sequences = 1, .decode_context_tokens = 1000}), 0.006,
+              0.001);
+}
+
+// Records what an engine publishes and replays it into a set, as a router's index would.
+class RecordingObserver final : public EngineObserver {
+ public:
+  void OnStored(uint32_t, const StoredRun& run) override {
+    if (run.has_parent) {
+      EXPECT_TRUE(indexed.contains(run.parent_hash)) << "stored block with an unknown parent";
+    }
+    EXPECT_EQ(run.token_ids.size(), run.block_hashes.size() * 16);
+    for (uint64_t hash : run.block_hashes) EXPECT_TRUE(indexed.insert(hash).second);
+    ++stored_events;
+  }
+  void OnRemoved(uint32_t, std::span<const uint64_t> hashes) override {
+    for (uint64_t hash : hashes) EXPECT_EQ(indexed.erase(hash), 1u);
+  }
+  void OnFirstToken(Request& request) override { first_tokens.push_back(request.index); }
+  void OnFinished(Request& request) override { finished.push_back(request.index); }
+
+  std::set<uint64_t> indexed;
+  int stored_events = 0;
+  std::vector<uint32_t> first_tokens, finished;
+};
+
+trace::TraceRecord Record(std::vector<uint64_t> ids, uint64_t input, uint64_t output) {
+  return trace::TraceRecord{.timestamp_ms = 0,
+                            .input_length = input,
+                            .output_length = output,
+                            .hash_ids = std::move(ids)};
+}
+
+Request MakeRequest(uint32_t index, const trace::TraceRecord& record) {
+  Request request;
+  request.index = index;
+  request.record = &record;
+  request.prompt_tokens = static_cast<uint32_t>(trace::ExpandedLength(record));
+  request.output_tokens = static_cast<uint32_t>(std::max<uint64_t>(1, record.output_length));
+  return request;
+}
+
+// Runs one engine until it has nothing left; returns the simulated end time.
+double Drain(SimEngine& engine, double now) {
+  engine.MaybeStartStep(now);
+  while (engine.stepping()) {
+    now = engine.step_end();
+    engine.FinishStep();
+    engine.MaybeStartStep(now);
+  }
+  return now;
+}
+
+TEST(SimEngineTest, EventsMatchCacheContentsUnderEviction) {
+  // 3 trace blocks of 512 tokens = 96 engine blocks each; capacity for about two requests.
+  std::vector<trace::TraceRecord> records;
+  for (uint64_t r = 0; r < 6; ++r) records.push_back(Record({0, 100 + r, 200 + r}, 1500, 20));
+  RecordingObserver observer;
+  SimEngine engine(0, EngineLimits{.block_size = 16, .kv_capacity_blocks = 200}, CostModel{},
+                   observer);
+  std::vector<Request> requests;
+  for (uint32_t i = 0; i < records.size(); ++i) requests.push_back(MakeRequest(i, records[i]));
+  double now = 0;
+  for (Request& request : requests) {
+    engine.Enqueue(&request);
+    now = Drain(engine, now);
+    const std::vector<uint64_t> cached = engine.cache().CachedHashes();
+    EXPECT_EQ(std::set<uint64_t>(cached.begin(), cached.end()), observer.indexed);
+    EXPECT_LE(engine.cache().cached_blocks(), 200u);
+  }
+  EXPECT_EQ(observer.finished.size(), requests.size());
+  // Every request after the first finds trace block 0 (32 engine blocks) cached.
+  EXPECT_EQ(requests[0].cached_tokens, 0u);
+  for (size_t i = 1; i < requests.size(); ++i) EXPECT_EQ(requests[i].cached_tokens, 512u) << i;
+  EXPECT_EQ(engine.prefill_tokens_computed(), 1500u + 5 * (1500u - 512u));
+}
+
+TEST(SimEngineTest, FirstTokenEndsPrefillAndOutputTakesOneStepPerToken) {
+  const trace::TraceRecord record = Record({1}, 100, 5);
+  RecordingObserver observer;
+  const CostModel cost;
+  SimEngine engine(3, EngineLimits{.block_size = 16, .kv_capacity_blocks = 100}, cost, observer);
+  Request request = MakeRequest(0, record);
+  engine.Enqueue(&request);
+  const double end = Drain(engine, 10.0);
+  EXPECT_EQ(request.worker, 3u);
+  const double prefill =
+      StepSeconds(cost, {.prefill_tokens = 100, .attention_pairs = AttentionPairs(100, 0)});
+  EXPECT_DOUBLE_EQ(request.first_token_s, 10.0 + prefill);
+  EXPECT_EQ(engine.steps(), 5u);  // one prefill step (first token) + 4 decode steps
+  EXPECT_DOUBLE_EQ(request.finish_s, end);
+  EXPECT_EQ(observer.indexed.size(), 6u);  // 100 tokens: 6 full blocks cached, 4 tokens not
+  EXPECT_EQ(engine.cache().private_blocks(), 0u);
+}
+
+TEST(SimEngineTest, FullyCachedPromptRecomputesItsLastBlock) {
+  const trace::TraceRecord record = Record({5}, 512, 1);
+  RecordingObserver observer;
+  SimEngine engine(0, EngineLimits{.block_size = 16, .kv_capacity_blocks = 100}, CostModel{},
+                   observer);
+  Request first = MakeRequest(0, record), second = MakeRequest(1, record);
+  engine.Enqueue(&first);
+  Drain(engine, 0);
+  engine.Enqueue(&second);
+  Drain(engine, 1);
+  EXPECT_EQ(second.cached_tokens, 512u - 16u);
+  EXPECT_EQ(observer.stored_events, 1);  // the recomputed block was cached already
+}
+
+TEST(SimEngineTest, EngineHashesChainAndDifferFromPlainContentHashes) {
+  std::vector<uint32_t> a(32, 7), b(32, 7);
+  b[20] = 8;  // second block differs
+  std::vector<uint64_t> ha, hb;
+  EngineBlockHashes(a, 16, ha);
+  EngineBlockHashes(b, 16, hb);
+  ASSERT_EQ(ha.size(), 2u);
+  EXPECT_EQ(ha[0], hb[0]);
+  EXPECT_NE(ha[1], hb[1]);
+  EXPECT_NE(ha[0], ha[1]);  // same tokens, different position in the chain
+}
+
+TEST(TraceSourceTest, AzureCsvGivesLengthsAndOptionalSharedPrefixes) {
+  const std::string csv =
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+      "2023-11-16 18:15:46.6805900,1100,44\n"
+      "2023-11-16 18:15:47.1805900,600,10\n";
+  std::istringstream plain(csv);
+  auto records = ParseAzureCsv(plain, "t.csv", {});
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[1].timestamp_ms, 500);
+  EXPECT_EQ(records[0].input_length, 1100u);
+  EXPECT_EQ(records[0].output_length, 44u);
+  EXPECT_EQ(records[0].hash_ids.size(), 3u);
+  EXPECT_NE(records[0].hash_ids[0], records[1].hash_ids[0]);  // nothing shared
+
+  std::istringstream shared(csv);
+  records = ParseAzureCsv(shared, "t.csv", {.groups = 1, .prefix_tokens = 512, .seed = 1});
+  EXPECT_EQ(records[0].hash_ids[0], records[1].hash_ids[0]);
+  EXPECT_NE(records[0].hash_ids[1], records[1].hash_ids[1]);
+}
+
+TEST(TraceSourceTest, BadAzureLineNamesTheLine) {
+  std::istringstream in(
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+      "2023-11-16 18:15:46.6805900,374,44\n"
+      "2023-11-16 18:15:47.0000000,many,44\n");
+  try {
+    ParseAzureCsv(in, "bad.csv", {});
+    FAIL() << "no error";
+  } catch (const trace::TraceParseError& e) {
+    EXPECT_EQ(e.line_number(), 3u);
+    EXPECT_NE(std::string(e.what()).find("bad.csv:3:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ContextTokens"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TraceSourceTest, InfiniteCacheBoundCountsLeadingRepeats) {
+  const std::vector<trace::TraceRecord> trace = {Record({0, 1}, 1024, 1), Record({0, 2}, 1024, 1)};
+  // Second request: block 0 (512 tokens) hits; 2048 prompt tokens in all.
+  EXPECT_DOUBLE_EQ(InfiniteCacheHitRate(trace, 16), 512.0 / 2048.0);
+}
+
+TEST(TraceSourceTest, FormatFromExtension) {
+  EXPECT_EQ(ResolveTraceFormat("auto", "x/trace.jsonl"), TraceFormat::kMooncake);
+  EXPECT_EQ(ResolveTraceFormat("auto", "x/trace.csv"), TraceFormat::kAzure);
+  EXPECT_EQ(ResolveTraceFormat("azure", "x/trace.txt"), TraceFormat::kAzure);
+  EXPECT_THROW(ResolveTraceFormat("auto", "x/trace.txt"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kvrouter::replay

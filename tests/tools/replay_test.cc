@@ -1,0 +1,194 @@
+// Whole replays through the real router (C ABI): routing quality against the baselines,
+// determinism, and the command line's errors. Runs on the first requests of the bundled Mooncake
+// conversation trace to stay fast.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "kvrouter/fleet_sim.h"
+#include "kvrouter/replay_command.h"
+#include "kvrouter/report.h"
+#include "kvrouter/trace_source.h"
+
+namespace kvrouter::replay {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kTrace = std::string(KVR_DATA_DIR) + "/mooncake/conversation_trace.jsonl";
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+fs::path TempDir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("kvr_replay_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The bundled trace's first requests under the router and the foils. One test, so that ctest
+// (one process per test) replays them once: that matters under the sanitizers.
+class BundledTraceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto trace = LoadReplayTrace(kTrace, TraceFormat::kMooncake, {}, 800);
+    ReplayConfig config;
+    config.workers = 8;
+    config.limits.kv_capacity_blocks = 25'000;
+    for (const PolicySpec& spec :
+         ParsePolicies("kvrouter,kvrouter-approx,round-robin,prefix-only", 0.5)) {
+      results_.push_back(RunPolicy(trace, spec, config));
+    }
+  }
+  const PolicyResult& Result(const std::string& name) const {
+    for (const PolicyResult& result : results_) {
+      if (result.name == name) return result;
+    }
+    throw std::out_of_range(name);
+  }
+  std::vector<PolicyResult> results_;
+};
+
+TEST_F(BundledTraceTest, KvRouterBeatsTheFoilsWithoutHerding) {
+  const PolicyMetrics kv = ComputeMetrics(Result("kvrouter"));
+  const PolicyMetrics rr = ComputeMetrics(Result("round-robin"));
+  const PolicyMetrics prefix = ComputeMetrics(Result("prefix-only"));
+  // More cache hits and a shorter TTFT than round-robin, not bought by herding.
+  EXPECT_GT(kv.hit_rate, 1.5 * rr.hit_rate) << kv.hit_rate << " vs " << rr.hit_rate;
+  EXPECT_LT(kv.ttft_mean, rr.ttft_mean);
+  EXPECT_LT(kv.load_imbalance, 1.5);
+  // Sticky prefix affinity without load piles sessions onto the workers that served the first
+  // burst (the ones that cached trace block 0, which every request starts with).
+  EXPECT_GT(prefix.ttft_mean, 2 * kv.ttft_mean);
+  EXPECT_GT(prefix.load_imbalance, kv.load_imbalance);
+
+  // Every request is accounted for.
+  for (const PolicyResult& result : results_) {
+    SCOPED_TRACE(result.name);
+    EXPECT_EQ(result.requests, 800u);
+    uint64_t computed = 0;
+    for (uint64_t tokens : result.worker_prefill_tokens) computed += tokens;
+    EXPECT_EQ(computed + result.cached_tokens, result.prompt_tokens);
+    EXPECT_EQ(result.ttft_s.size(), 800u);
+    EXPECT_GT(result.ttft_s.front(), 0);
+  }
+
+  // Events reach the router, except in approximate mode.
+  const PolicyResult& with_events = Result("kvrouter");
+  EXPECT_GT(with_events.router.events_stored, 0u);
+  EXPECT_GT(with_events.router.events_removed, 0u);
+  EXPECT_EQ(with_events.router.events_rejected, 0u);
+  EXPECT_EQ(Result("kvrouter-approx").router.events_stored, 0u);
+  // With events and no lag, the router's predicted hits are close to the engines' real ones
+  // (they differ only by what changes while a request waits in an engine's queue).
+  const double predicted = static_cast<double>(with_events.predicted_cached_tokens);
+  EXPECT_NEAR(predicted / static_cast<double>(with_events.cached_tokens), 1.0, 0.15);
+}
+
+// Requests that share a long system prompt (12 of their 16 trace blocks) and, after a first one
+// that warms one worker's cache, arrive faster than one worker can prefill their own parts. The
+// warm worker has the most overlap for every later request, so "most overlap wins" piles
+// everything there, while kvrouter weighs the overlap against the load and spreads.
+TEST(SharedPromptTest, PrefixOnlyHerdsAndKvRouterSpreads) {
+  std::vector<trace::TraceRecord> trace;
+  for (uint64_t i = 0; i < 400; ++i) {
+    std::vector<uint64_t> ids = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    for (uint64_t own = 0; own < 4; ++own) ids.push_back(1000 + 4 * i + own);
+    trace.push_back({.timestamp_ms = i == 0 ? 0 : static_cast<int64_t>(2000 + i * 20),
+                     .input_length = 8000,
+                     .output_length = 20,
+                     .hash_ids = std::move(ids)});
+  }
+  ReplayConfig config;
+  config.workers = 8;
+  const auto prefix = ComputeMetrics(RunPolicy(trace, ParsePolicies("prefix-only", 0)[0], config));
+  const auto kv = ComputeMetrics(RunPolicy(trace, ParsePolicies("kvrouter", 0)[0], config));
+  EXPECT_GT(prefix.load_imbalance, 3.0) << "8.0 = everything on one worker";
+  EXPECT_LT(kv.load_imbalance, 1.5);
+  EXPECT_LT(kv.ttft_mean, prefix.ttft_mean / 2);
+}
+
+ReplayArgs SmallRun(const fs::path& output_dir) {
+  ReplayArgs args;
+  args.trace = kTrace;
+  args.max_requests = 200;
+  args.policies = "all";
+  args.output_dir = output_dir.string();
+  args.progress = false;
+  args.plot = false;
+  args.jobs = 2;
+  args.seed = 7;
+  return args;
+}
+
+TEST(ReplayCommandTest, SameSeedGivesByteIdenticalOutput) {
+  const fs::path a = TempDir("det_a"), b = TempDir("det_b");
+  std::ostringstream out_a, out_b, err;
+  ASSERT_EQ(RunReplay(SmallRun(a), out_a, err), 0) << err.str();
+  ASSERT_EQ(RunReplay(SmallRun(b), out_b, err), 0) << err.str();
+  // decision_latency.csv is wall-clock by design and excluded.
+  for (const char* file :
+       {"summary.txt", "results.csv", "results.json", "ttft_cdf.dat", "worker_load.dat"}) {
+    const std::string text = ReadFile(a / file);
+    EXPECT_FALSE(text.empty()) << file;
+    EXPECT_EQ(text, ReadFile(b / file)) << file << " differs between two runs with one seed";
+  }
+  EXPECT_NE(ReadFile(a / "summary.txt").find("kvrouter-approx"), std::string::npos);
+}
+
+TEST(ReplayCommandTest, TransportsOtherThanInProcessAreNotAvailableYet) {
+  ReplayArgs args = SmallRun(TempDir("zmq"));
+  args.transport = "zmq";
+  std::ostringstream out, err;
+  EXPECT_EQ(RunReplay(args, out, err), 1);
+  EXPECT_NE(err.str().find("--transport=zmq is not available yet"), std::string::npos) << err.str();
+}
+
+// Runs the real binary; returns its exit status and stderr.
+std::pair<int, std::string> RunCli(const std::string& arguments) {
+  const fs::path err_file = TempDir("cli") / "stderr.txt";
+  const std::string command =
+      std::string(KVR_CLI_PATH) + " " + arguments + " >/dev/null 2>" + err_file.string();
+  const int status = std::system(command.c_str());
+  return {WEXITSTATUS(status), ReadFile(err_file)};
+}
+
+TEST(ReplayCliTest, BadTraceLineNamesTheLine) {
+  const fs::path trace = TempDir("bad_trace") / "bad.jsonl";
+  std::ofstream(trace)
+      << R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]})"
+      << "\n"
+      << R"({"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [0, 2]})"
+      << "\n"
+      << R"({"timestamp": 9, "input_length": "lots", "output_length": 5, "hash_ids": [3]})"
+      << "\n";
+  const auto [status, err] = RunCli("replay --trace=" + trace.string() + " --progress=false");
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(err.find("bad.jsonl:3:"), std::string::npos) << err;
+  EXPECT_NE(err.find("input_length"), std::string::npos) << err;
+}
+
+TEST(ReplayCliTest, HyphenatedFlagsAndTableOnTheBundledTrace) {
+  const fs::path out = TempDir("cli_table") / "stdout.txt";
+  const std::string command = std::string(KVR_CLI_PATH) + " replay --trace " + kTrace +
+                              " --max-requests 200 --policies kvrouter,round-robin --block-size 16"
+                              " --progress=false >" +
+                              out.string() + " 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << ReadFile(out);
+  const std::string table = ReadFile(out);
+  EXPECT_NE(table.find("kvrouter "), std::string::npos) << table;
+  EXPECT_NE(table.find("round-robin"), std::string::npos) << table;
+  EXPECT_NE(table.find("200 requests"), std::string::npos) << table;
+}
+
+}  // namespace
+}  // namespace kvrouter::replay

@@ -1,0 +1,64 @@
+#include "kvrouter/kv_cache.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace kvrouter::replay {
+
+PrefixCache::PrefixCache(uint64_t capacity_blocks) : capacity_(capacity_blocks) {}
+
+size_t PrefixCache::MatchPrefix(std::span<const uint64_t> hashes) const {
+  size_t hits = 0;
+  while (hits < hashes.size() && blocks_.contains(hashes[hits])) ++hits;
+  return hits;
+}
+
+void PrefixCache::Acquire(std::span<const uint64_t> hashes) {
+  for (uint64_t hash : hashes) {
+    Block& block = blocks_.at(hash);
+    if (block.references++ == 0) lru_.erase(block.lru_position);
+  }
+}
+
+void PrefixCache::AllocatePrivate(uint64_t count, std::vector<uint64_t>& evicted) {
+  if (!CanAllocate(count)) {
+    throw std::logic_error("KV cache: cannot allocate " + std::to_string(count) + " blocks");
+  }
+  while (free_blocks() < count) {
+    const uint64_t victim = lru_.front();
+    lru_.pop_front();
+    blocks_.erase(victim);
+    evicted.push_back(victim);
+  }
+  private_blocks_ += count;
+}
+
+bool PrefixCache::Commit(uint64_t hash) {
+  --private_blocks_;
+  auto [it, inserted] = blocks_.try_emplace(hash);
+  Block& block = it->second;
+  if (!inserted && block.references == 0) lru_.erase(block.lru_position);
+  ++block.references;
+  return inserted;
+}
+
+void PrefixCache::Release(std::span<const uint64_t> hashes, uint64_t private_count) {
+  private_blocks_ -= private_count;
+  // Last block first: a prompt's tail reaches the LRU head before its prefix does, so the
+  // shared prefix survives longest.
+  for (auto it = hashes.rbegin(); it != hashes.rend(); ++it) {
+    Block& block = blocks_.at(*it);
+    if (--block.references == 0) block.lru_position = lru_.insert(lru_.end(), *it);
+  }
+}
+
+std::vector<uint64_t> PrefixCache::CachedHashes() const {
+  std::vector<uint64_t> hashes;
+  hashes.reserve(blocks_.size());
+  for (const auto& [hash, block] : blocks_) hashes.push_back(hash);
+  std::sort(hashes.begin(), hashes.end());
+  return hashes;
+}
+
+}  // namespace kvrouter::replay

@@ -1,0 +1,134 @@
+// kvrouter: the command-line tool. Subcommands:
+//   kvrouter replay --trace=FILE [flags]   trace-driven fleet simulation (docs/replay.md)
+//   kvrouter version                       the library's version
+// Flags are Abseil flags; `--block-size` and `--block_size` are both accepted.
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "kvrouter.h"
+#include "kvrouter/replay_command.h"
+
+ABSL_FLAG(std::string, trace, "", "Trace file: Mooncake JSONL or Azure LLM inference CSV");
+ABSL_FLAG(std::string, format, "auto", "Trace format: mooncake, azure, or auto (by extension)");
+ABSL_FLAG(uint32_t, workers, 8, "Simulated workers (engines)");
+ABSL_FLAG(uint32_t, block_size, 16, "KV block size in tokens (must divide 512)");
+ABSL_FLAG(uint64_t, kv_capacity_blocks, 0,
+          "KV cache blocks per worker; 0 = 400k tokens / block size (H100 80GB, Llama-3.1-8B)");
+ABSL_FLAG(uint32_t, max_num_batched_tokens, 8192, "Token budget of one engine step");
+ABSL_FLAG(uint32_t, max_num_seqs, 256, "Running sequences per engine");
+ABSL_FLAG(double, time_scale, 1.0, "Arrival speed-up: 2 replays the trace twice as fast");
+ABSL_FLAG(uint64_t, seed, 42, "Seed of every random choice (same seed, same output)");
+ABSL_FLAG(std::string, policies, "all",
+          "Comma list of: kvrouter, kvrouter-softmax, kvrouter-approx, round-robin, random, "
+          "least-loaded, prefix-only (or all)");
+ABSL_FLAG(double, temperature, 0.5, "Router temperature of the kvrouter-softmax policy");
+ABSL_FLAG(std::string, output_dir, "",
+          "Write summary.txt, results.csv, results.json, decision_latency.csv and replay.png here");
+ABSL_FLAG(uint32_t, azure_shared_prefix_groups, 0,
+          "Azure traces: give requests one of N synthetic shared prefixes (0 = none)");
+ABSL_FLAG(uint32_t, azure_shared_prefix_tokens, 2048,
+          "Azure traces: length of the shared prefix (a multiple of 512)");
+ABSL_FLAG(uint64_t, max_requests, 0, "Replay only the first N requests (0 = all)");
+ABSL_FLAG(std::string, transport, "inprocess",
+          "How KV events reach the router: inprocess (zmq and nats: not available yet)");
+ABSL_FLAG(uint32_t, jobs, 0, "Policies simulated in parallel (0 = one per core)");
+ABSL_FLAG(bool, progress, true, "Progress bar on stderr (only when stderr is a terminal)");
+ABSL_FLAG(bool, plot, true, "Draw replay.png with gnuplot (with --output_dir)");
+
+namespace {
+
+constexpr const char* kUsage =
+    "kvrouter: KV-cache-aware LLM request router tools.\n\n"
+    "usage:\n"
+    "  kvrouter replay --trace=FILE [--workers=8] [--policies=all] [--output_dir=DIR] ...\n"
+    "  kvrouter version\n\n"
+    "replay: trace-driven fleet simulation comparing routing policies (docs/replay.md).\n"
+    "Flag names accept '-' or '_' (--block-size = --block_size).";
+
+// Abseil flag names use underscores; accept the hyphenated spelling too.
+std::vector<std::string> NormaliseFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--") break;
+    if (arg.rfind("--", 0) != 0) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    for (size_t c = 2; c < end; ++c) {
+      if (arg[c] == '-') arg[c] = '_';
+    }
+  }
+  return args;
+}
+
+kvrouter::replay::ReplayArgs ArgsFromFlags() {
+  kvrouter::replay::ReplayArgs args;
+  args.trace = absl::GetFlag(FLAGS_trace);
+  args.format = absl::GetFlag(FLAGS_format);
+  args.workers = absl::GetFlag(FLAGS_workers);
+  args.block_size = absl::GetFlag(FLAGS_block_size);
+  args.kv_capacity_blocks = absl::GetFlag(FLAGS_kv_capacity_blocks);
+  args.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  args.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  args.time_scale = absl::GetFlag(FLAGS_time_scale);
+  args.seed = absl::GetFlag(FLAGS_seed);
+  args.policies = absl::GetFlag(FLAGS_policies);
+  args.temperature = absl::GetFlag(FLAGS_temperature);
+  args.output_dir = absl::GetFlag(FLAGS_output_dir);
+  args.azure_shared_prefix_groups = absl::GetFlag(FLAGS_azure_shared_prefix_groups);
+  args.azure_shared_prefix_tokens = absl::GetFlag(FLAGS_azure_shared_prefix_tokens);
+  args.max_requests = absl::GetFlag(FLAGS_max_requests);
+  args.transport = absl::GetFlag(FLAGS_transport);
+  args.jobs = absl::GetFlag(FLAGS_jobs);
+  args.progress = absl::GetFlag(FLAGS_progress);
+  args.plot = absl::GetFlag(FLAGS_plot);
+  return args;
+}
+
+}  // namespace
+
+// --help lists this tool's flags (Abseil's default looks for a file named after the program).
+void ConfigureHelp() {
+  absl::FlagsUsageConfig config;
+  const auto ours = [](absl::string_view file) { return absl::StrContains(file, "kvrouter/"); };
+  config.contains_help_flags = ours;
+  config.contains_helpshort_flags = ours;
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(kUsage);
+}
+
+int main(int argc, char** argv) {
+  ConfigureHelp();
+  if (argc < 2 || argv[1][0] == '-') {
+    // `kvrouter --help` and friends still reach Abseil's usage handling.
+    if (argc >= 2) absl::ParseCommandLine(argc, argv);
+    std::cerr << kUsage << "\n";
+    return 2;
+  }
+  const std::string command = argv[1];
+  if (command == "version") {
+    std::cout << "kvrouter " << kvr_version_string() << "\n";
+    return 0;
+  }
+  if (command != "replay") {
+    std::cerr << "kvrouter: unknown command \"" << command << "\"\n\n" << kUsage << "\n";
+    return 2;
+  }
+  // Parse the flags after the subcommand, as if the program were `kvrouter-replay`.
+  std::vector<std::string> normalised = NormaliseFlagNames(argc - 1, argv + 1);
+  std::vector<char*> flag_argv;
+  for (std::string& arg : normalised) flag_argv.push_back(arg.data());
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(flag_argv.size()), flag_argv.data());
+  if (positional.size() > 1) {
+    std::cerr << "kvrouter replay: unexpected argument \"" << positional[1] << "\"\n";
+    return 2;
+  }
+  return kvrouter::replay::RunReplay(ArgsFromFlags(), std::cout, std::cerr);
+}

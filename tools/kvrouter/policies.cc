@@ -1,0 +1,320 @@
+#include "kvrouter/policies.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "kvrouter.h"
+
+namespace kvrouter::replay {
+namespace {
+
+// Runs an ABI call `call(&error)`; a failure becomes an exception carrying the router's message.
+template <typename Call>
+void Check(const char* what, Call call) {
+  kvr_error* error = nullptr;
+  const kvr_status status = call(&error);
+  if (status == KVR_OK) return;
+  std::string message = std::string(what) + " failed: " + kvr_status_str(status);
+  if (error != nullptr) {
+    message += ": ";
+    message += kvr_error_message(error);
+    kvr_error_free(error);
+  }
+  throw std::runtime_error(message);
+}
+
+// A router owned by a policy, with the fleet's workers registered.
+class RouterHandle {
+ public:
+  RouterHandle(const PolicyContext& context, uint32_t flags, double temperature) {
+    kvr_router_options options;
+    kvr_router_options_init(&options);
+    options.block_size = context.limits.block_size;
+    options.flags = flags;
+    options.temperature = temperature;
+    options.random_seed = context.seed;
+    // The ABI reads the process's steady clock, which runs ~100× faster in simulated time than
+    // in wall time here. Wall-clock expiries would fire at run-dependent moments and break
+    // determinism, so they are pushed out of reach: requests are always freed explicitly, and the
+    // approximate index is bounded by its size budget, set to the fleet's KV capacity.
+    options.request_expiry_seconds = 1e9;
+    options.approx_ttl_seconds = 1e9;
+    options.approx_max_blocks = context.limits.kv_capacity_blocks * context.workers;
+    Check("kvr_router_new", [&](kvr_error** e) { return kvr_router_new(&options, &router_, e); });
+    for (uint32_t w = 0; w < context.workers; ++w) {
+      kvr_worker_config config;
+      kvr_worker_config_init(&config);
+      config.worker_id = w;
+      config.total_kv_blocks = context.limits.kv_capacity_blocks;
+      config.max_num_batched_tokens = context.limits.max_num_batched_tokens;
+      Check("kvr_router_add_worker",
+            [&](kvr_error** e) { return kvr_router_add_worker(router_, &config, e); });
+    }
+  }
+  ~RouterHandle() { kvr_router_free(router_); }
+  RouterHandle(const RouterHandle&) = delete;
+  RouterHandle& operator=(const RouterHandle&) = delete;
+
+  kvr_router* get() const { return router_; }
+
+  void ApplyStored(uint32_t worker, const StoredRun& run) {
+    kvr_stored_event event;
+    kvr_stored_event_init(&event);
+    event.worker_id = worker;
+    event.event_id = next_event_id_++;
+    event.tier = KVR_TIER_DEVICE;
+    if (run.has_parent) {
+      event.flags |= KVR_STORED_HAS_PARENT;
+      event.parent_hash = run.parent_hash;
+    }
+    event.block_hashes = run.block_hashes.data();
+    event.num_blocks = run.block_hashes.size();
+    event.token_ids = run.token_ids.data();
+    event.num_tokens = run.token_ids.size();
+    Count(kvr_router_apply_stored(router_, &event, nullptr));
+    ++counters_.events_stored;
+  }
+
+  void ApplyRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) {
+    kvr_removed_event event;
+    kvr_removed_event_init(&event);
+    event.worker_id = worker;
+    event.event_id = next_event_id_++;
+    event.tier = KVR_TIER_DEVICE;
+    event.block_hashes = block_hashes.data();
+    event.num_blocks = block_hashes.size();
+    Count(kvr_router_apply_removed(router_, &event, nullptr));
+    ++counters_.events_removed;
+  }
+
+  const RouterCounters& counters() const { return counters_; }
+
+ private:
+  // A rejected event is what a real engine stream can produce too (e.g. a removal racing a
+  // store): counted and reported, not fatal; the router applies what it can.
+  void Count(kvr_status status) {
+    if (status != KVR_OK) ++counters_.events_rejected;
+  }
+
+  kvr_router* router_ = nullptr;
+  uint64_t next_event_id_ = 1;
+  RouterCounters counters_;
+};
+
+class KvRouterPolicy final : public Policy {
+ public:
+  KvRouterPolicy(const PolicySpec& spec, const PolicyContext& context)
+      : approximate_(spec.kind == PolicyKind::kKvRouterApprox),
+        router_(context, approximate_ ? KVR_ROUTER_APPROXIMATE : 0u, spec.temperature) {}
+
+  uint32_t Route(const Request& request, std::span<const uint32_t> tokens) override {
+    const std::string id = RequestId(request.index);
+    kvr_request_options options;
+    kvr_request_options_init(&options);
+    options.flags = KVR_REQUEST_ADMIT;
+    options.request_id = id.c_str();
+    kvr_route_result result;
+    kvr_route_result_init(&result);
+    Check("kvr_find_best_match", [&](kvr_error** e) {
+      return kvr_find_best_match(router_.get(), tokens.data(), tokens.size(), &options, &result,
+                                 nullptr, 0, nullptr, e);
+    });
+    predicted_ = static_cast<int64_t>(result.cached_tokens);
+    return static_cast<uint32_t>(result.worker_id);
+  }
+
+  int64_t predicted_cached_tokens() const override { return predicted_; }
+
+  void OnStored(uint32_t worker, const StoredRun& run) override {
+    if (!approximate_) router_.ApplyStored(worker, run);
+  }
+  void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) override {
+    if (!approximate_) router_.ApplyRemoved(worker, block_hashes);
+  }
+  void OnFirstToken(const Request& request) override {
+    const std::string id = RequestId(request.index);
+    Check("kvr_router_mark_prefill_completed", [&](kvr_error** e) {
+      return kvr_router_mark_prefill_completed(router_.get(), id.c_str(), e);
+    });
+  }
+  void OnFinished(const Request& request) override {
+    const std::string id = RequestId(request.index);
+    Check("kvr_router_free_request",
+          [&](kvr_error** e) { return kvr_router_free_request(router_.get(), id.c_str(), e); });
+  }
+  RouterCounters counters() const override { return router_.counters(); }
+
+ private:
+  const bool approximate_;
+  RouterHandle router_;
+  int64_t predicted_ = -1;
+};
+
+// Most cached leading blocks wins, whatever the load: what a naive "KV-aware" router does.
+class PrefixOnlyPolicy final : public Policy {
+ public:
+  explicit PrefixOnlyPolicy(const PolicyContext& context)
+      : workers_(context.workers),
+        block_size_(context.limits.block_size),
+        router_(context, 0, 0),
+        random_(context.seed),
+        overlaps_(context.workers) {}
+
+  uint32_t Route(const Request& request, std::span<const uint32_t> tokens) override {
+    size_t len = 0;
+    Check("kvr_router_overlap_scores", [&](kvr_error** e) {
+      return kvr_router_overlap_scores(router_.get(), tokens.data(), tokens.size(), nullptr,
+                                       overlaps_.data(), overlaps_.size(), &len, e);
+    });
+    uint32_t best_blocks = 0;
+    candidates_.clear();
+    for (size_t i = 0; i < len; ++i) {
+      const kvr_overlap& overlap = overlaps_[i];
+      if (overlap.device_blocks > best_blocks) {
+        best_blocks = overlap.device_blocks;
+        candidates_.clear();
+      }
+      if (overlap.device_blocks == best_blocks && best_blocks > 0) {
+        candidates_.push_back(static_cast<uint32_t>(overlap.worker_id));
+      }
+    }
+    predicted_ = static_cast<int64_t>(best_blocks) * block_size_;
+    if (candidates_.empty()) return static_cast<uint32_t>(random_() % workers_);
+    // The router lists ranks in no promised order: sort so the draw is reproducible.
+    std::sort(candidates_.begin(), candidates_.end());
+    return candidates_[random_() % candidates_.size()];
+  }
+
+  int64_t predicted_cached_tokens() const override { return predicted_; }
+  void OnStored(uint32_t worker, const StoredRun& run) override {
+    router_.ApplyStored(worker, run);
+  }
+  void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) override {
+    router_.ApplyRemoved(worker, block_hashes);
+  }
+  RouterCounters counters() const override { return router_.counters(); }
+
+ private:
+  const uint32_t workers_;
+  const int64_t block_size_;
+  RouterHandle router_;
+  std::mt19937_64 random_;
+  std::vector<kvr_overlap> overlaps_;
+  std::vector<uint32_t> candidates_;
+  int64_t predicted_ = -1;
+};
+
+class RoundRobinPolicy final : public Policy {
+ public:
+  explicit RoundRobinPolicy(uint32_t workers) : workers_(workers) {}
+  uint32_t Route(const Request&, std::span<const uint32_t>) override { return next_++ % workers_; }
+
+ private:
+  const uint32_t workers_;
+  uint64_t next_ = 0;
+};
+
+class RandomPolicy final : public Policy {
+ public:
+  RandomPolicy(uint32_t workers, uint64_t seed) : workers_(workers), random_(seed) {}
+  uint32_t Route(const Request&, std::span<const uint32_t>) override {
+    return static_cast<uint32_t>(random_() % workers_);
+  }
+
+ private:
+  const uint32_t workers_;
+  std::mt19937_64 random_;
+};
+
+// Fewest requests in flight. Ties (common: the trace has bursts of up to 28 simultaneous
+// arrivals) rotate like round-robin, so no worker is favoured by its id.
+class LeastLoadedPolicy final : public Policy {
+ public:
+  explicit LeastLoadedPolicy(const FleetView& fleet) : fleet_(fleet) {}
+  uint32_t Route(const Request&, std::span<const uint32_t>) override {
+    const uint32_t workers = fleet_.workers();
+    uint32_t best = start_;
+    for (uint32_t i = 1; i < workers; ++i) {
+      const uint32_t w = (start_ + i) % workers;
+      if (fleet_.InFlight(w) < fleet_.InFlight(best)) best = w;
+    }
+    start_ = (best + 1) % workers;
+    return best;
+  }
+
+ private:
+  const FleetView& fleet_;
+  uint32_t start_ = 0;
+};
+
+const std::vector<std::pair<std::string, PolicyKind>>& PolicyNames() {
+  static const auto* names = new std::vector<std::pair<std::string, PolicyKind>>{
+      {"kvrouter", PolicyKind::kKvRouter},
+      {"kvrouter-softmax", PolicyKind::kKvRouterSoftmax},
+      {"kvrouter-approx", PolicyKind::kKvRouterApprox},
+      {"round-robin", PolicyKind::kRoundRobin},
+      {"random", PolicyKind::kRandom},
+      {"least-loaded", PolicyKind::kLeastLoaded},
+      {"prefix-only", PolicyKind::kPrefixOnly},
+  };
+  return *names;
+}
+
+PolicySpec SpecFor(const std::string& name, PolicyKind kind, double temperature) {
+  return PolicySpec{.name = name,
+                    .kind = kind,
+                    .temperature = kind == PolicyKind::kKvRouterSoftmax ? temperature : 0.0};
+}
+
+}  // namespace
+
+std::string RequestId(uint32_t index) { return "req-" + std::to_string(index); }
+
+std::vector<PolicySpec> ParsePolicies(const std::string& list, double temperature) {
+  std::vector<PolicySpec> specs;
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(list);
+  if (trimmed.empty() || trimmed == "all") {
+    for (const auto& [name, kind] : PolicyNames())
+      specs.push_back(SpecFor(name, kind, temperature));
+    return specs;
+  }
+  for (absl::string_view part : absl::StrSplit(trimmed, ',', absl::SkipWhitespace())) {
+    const std::string name(absl::StripAsciiWhitespace(part));
+    const auto& names = PolicyNames();
+    auto it = std::find_if(names.begin(), names.end(),
+                           [&](const auto& entry) { return entry.first == name; });
+    if (it == names.end()) {
+      std::string known;
+      for (const auto& entry : names) known += (known.empty() ? "" : ", ") + entry.first;
+      throw std::invalid_argument("unknown policy \"" + name + "\" (known: " + known + ")");
+    }
+    if (std::any_of(specs.begin(), specs.end(),
+                    [&](const PolicySpec& spec) { return spec.name == name; })) {
+      continue;
+    }
+    specs.push_back(SpecFor(name, it->second, temperature));
+  }
+  return specs;
+}
+
+std::unique_ptr<Policy> MakePolicy(const PolicySpec& spec, const PolicyContext& context) {
+  switch (spec.kind) {
+    case PolicyKind::kKvRouter:
+    case PolicyKind::kKvRouterSoftmax:
+    case PolicyKind::kKvRouterApprox:
+      return std::make_unique<KvRouterPolicy>(spec, context);
+    case PolicyKind::kRoundRobin:
+      return std::make_unique<RoundRobinPolicy>(context.workers);
+    case PolicyKind::kRandom:
+      return std::make_unique<RandomPolicy>(context.workers, context.seed);
+    case PolicyKind::kLeastLoaded:
+      return std::make_unique<LeastLoadedPolicy>(*context.fleet);
+    case PolicyKind::kPrefixOnly:
+      return std::make_unique<PrefixOnlyPolicy>(context);
+  }
+  throw std::invalid_argument("unknown policy kind");
+}
+
+}  // namespace kvrouter::replay

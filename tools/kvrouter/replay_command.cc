@@ -1,0 +1,139 @@
+#include "kvrouter/replay_command.h"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "kvrouter/fleet_sim.h"
+#include "kvrouter/progress.h"
+#include "kvrouter/report.h"
+#include "kvrouter/trace_source.h"
+
+namespace kvrouter::replay {
+namespace {
+
+void Validate(const ReplayArgs& args) {
+  if (args.trace.empty()) throw std::invalid_argument("--trace is required");
+  if (args.transport == "zmq" || args.transport == "nats") {
+    throw std::invalid_argument(
+        "--transport=" + args.transport +
+        " is not available yet: it needs the ingest layer (issue [ingest]); use "
+        "--transport=inprocess");
+  }
+  if (args.transport != "inprocess") {
+    throw std::invalid_argument("unknown --transport \"" + args.transport +
+                                "\" (inprocess; zmq and nats later)");
+  }
+  if (args.workers == 0) throw std::invalid_argument("--workers must be at least 1");
+  if (args.block_size == 0 || trace::kMooncakeBlockTokens % args.block_size != 0) {
+    throw std::invalid_argument("--block_size must divide 512 (the trace block), got " +
+                                std::to_string(args.block_size));
+  }
+  if (!(args.time_scale > 0)) throw std::invalid_argument("--time_scale must be > 0");
+  if (!(args.temperature >= 0)) throw std::invalid_argument("--temperature must be >= 0");
+  if (args.max_num_batched_tokens == 0 || args.max_num_seqs == 0) {
+    throw std::invalid_argument("--max_num_batched_tokens and --max_num_seqs must be > 0");
+  }
+  if (args.azure_shared_prefix_tokens % trace::kMooncakeBlockTokens != 0) {
+    throw std::invalid_argument("--azure_shared_prefix_tokens must be a multiple of 512");
+  }
+}
+
+ReplayConfig MakeConfig(const ReplayArgs& args) {
+  ReplayConfig config;
+  config.workers = args.workers;
+  config.limits.block_size = args.block_size;
+  config.limits.kv_capacity_blocks = args.kv_capacity_blocks > 0
+                                         ? args.kv_capacity_blocks
+                                         : kDefaultKvCapacityTokens / args.block_size;
+  config.limits.max_num_batched_tokens = args.max_num_batched_tokens;
+  config.limits.max_num_seqs = args.max_num_seqs;
+  config.cost = args.cost;
+  config.time_scale = args.time_scale;
+  config.seed = args.seed;
+  return config;
+}
+
+// Runs every policy, `jobs` at a time; results keep the order of `policies`.
+std::vector<PolicyResult> RunAll(const std::vector<trace::TraceRecord>& trace,
+                                 const std::vector<PolicySpec>& policies,
+                                 const ReplayConfig& config, uint32_t jobs,
+                                 ProgressCounter& progress) {
+  std::vector<PolicyResult> results(policies.size());
+  std::vector<std::exception_ptr> errors(policies.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < policies.size();) {
+      try {
+        results[i] = RunPolicy(trace, policies[i], config, &progress);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  const size_t count = std::min<size_t>(jobs, policies.size());
+  for (size_t t = 1; t < count; ++t) threads.emplace_back(worker);
+  worker();
+  for (std::thread& thread : threads) thread.join();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  return results;
+}
+
+uint32_t ResolveJobs(uint32_t jobs) {
+  if (jobs > 0) return jobs;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
+  try {
+    Validate(args);
+    const TraceFormat format = ResolveTraceFormat(args.format, args.trace);
+    const AzurePrefixOptions azure{.groups = args.azure_shared_prefix_groups,
+                                   .prefix_tokens = args.azure_shared_prefix_tokens,
+                                   .seed = args.seed};
+    const std::vector<trace::TraceRecord> trace =
+        LoadReplayTrace(args.trace, format, azure, args.max_requests);
+    const std::vector<PolicySpec> policies = ParsePolicies(args.policies, args.temperature);
+    const ReplayConfig config = MakeConfig(args);
+    CheckCapacity(trace, config.limits);
+
+    RunInfo info;
+    info.trace = args.trace;
+    info.format = format == TraceFormat::kMooncake ? "mooncake" : "azure";
+    info.requests = trace.size();
+    info.trace_span_s =
+        static_cast<double>(trace.back().timestamp_ms - trace.front().timestamp_ms) / 1000.0;
+    info.infinite_cache_hit_rate = InfiniteCacheHitRate(trace, args.block_size);
+    info.config = config;
+
+    ProgressCounter progress{0};
+    std::vector<PolicyResult> results;
+    {
+      std::optional<ProgressBar> bar;
+      if (args.progress) bar.emplace(progress, trace.size() * policies.size());
+      results = RunAll(trace, policies, config, ResolveJobs(args.jobs), progress);
+    }
+    WriteConsoleTable(out, info, results);
+    if (!args.output_dir.empty()) {
+      const std::string png = WriteOutputDir(args.output_dir, info, results, args.plot, err);
+      out << "\nwrote " << args.output_dir << "/{summary.txt,results.csv,results.json,"
+          << "decision_latency.csv" << (png.empty() ? "" : ",replay.png") << "}\n";
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    err << "kvrouter replay: error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace kvrouter::replay

@@ -1,0 +1,41 @@
+// `kvrouter replay`: load a trace, replay it under each policy (in parallel, one thread per
+// policy at a time), print the table, write the files. Independent of the flag parser so that
+// tests can drive it directly.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "kvrouter/cost_model.h"
+
+namespace kvrouter::replay {
+
+struct ReplayArgs {
+  std::string trace;
+  std::string format = "auto";  // mooncake | azure | auto (by extension)
+  uint32_t workers = 8;
+  uint32_t block_size = 16;
+  uint64_t kv_capacity_blocks = 0;  // 0: kDefaultKvCapacityTokens / block_size
+  uint32_t max_num_batched_tokens = 8192;
+  uint32_t max_num_seqs = 256;
+  double time_scale = 1.0;
+  uint64_t seed = 42;
+  std::string policies = "all";
+  double temperature = 0.5;
+  std::string output_dir;  // empty: print only
+  uint32_t azure_shared_prefix_groups = 0;
+  uint32_t azure_shared_prefix_tokens = 2048;
+  uint64_t max_requests = 0;  // 0: all
+  std::string transport = "inprocess";
+  uint32_t jobs = 0;  // 0: one per core
+  bool progress = true;
+  bool plot = true;  // run gnuplot for replay.png (with output_dir)
+  CostModel cost;
+};
+
+// Runs the command. Returns the process exit status: 0, or 1 after printing the error on `err`
+// (a bad flag, a bad trace line, a router failure).
+int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err);
+
+}  // namespace kvrouter::replay

@@ -1,0 +1,312 @@
+#include "kvrouter/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+#include "absl/strings/str_format.h"
+
+namespace kvrouter::replay {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+double Mean(const std::vector<double>& values) {
+  if (values.empty()) return 0;
+  return std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+}
+
+double Ratio(uint64_t part, uint64_t whole) {
+  return whole == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(whole);
+}
+
+void WriteHeader(std::ostream& out, const RunInfo& info) {
+  const ReplayConfig& c = info.config;
+  out << absl::StrFormat(
+      "kvrouter replay: %s (%s), %d requests over %.0f s, time scale %g, seed %d\n"
+      "fleet: %d workers, each %d KV blocks x %d tokens, max %d batched tokens, max %d seqs\n"
+      "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
+      std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
+      info.trace_span_s, c.time_scale, c.seed, c.workers, c.limits.kv_capacity_blocks,
+      c.limits.block_size, c.limits.max_num_batched_tokens, c.limits.max_num_seqs,
+      100 * info.infinite_cache_hit_rate);
+}
+
+constexpr const char* kRowFormat = "%-17s %7.1f %% %12.2f %10.3f %8.3f %8.3f %10.3f %8.3f %10.2f";
+
+void WriteTable(std::ostream& out, const RunInfo& info, const std::vector<PolicyResult>& results,
+                bool with_latency) {
+  WriteHeader(out, info);
+  std::string head1 =
+      absl::StrFormat("%-17s %9s %12s %10s %8s %8s %10s %8s %10s", "policy", "hit rate", "prefill",
+                      "TTFT mean", "p50", "p99", "E2E mean", "p99", "imbalance");
+  std::string head2 = absl::StrFormat("%-17s %9s %12s %10s %8s %8s %10s %8s %10s", "", "(tokens)",
+                                      "saved (M)", "(s)", "(s)", "(s)", "(s)", "(s)", "(max/mean)");
+  if (with_latency) {
+    head1 += absl::StrFormat(" | %9s %8s", "decision", "p99");
+    head2 += absl::StrFormat(" | %9s %8s", "p50 (us)", "(us)");
+  }
+  out << head1 << "\n" << head2 << "\n";
+  for (const PolicyResult& result : results) {
+    const PolicyMetrics m = ComputeMetrics(result);
+    out << absl::StrFormat(kRowFormat, result.name, 100 * m.hit_rate,
+                           static_cast<double>(m.prefill_saved_tokens) / 1e6, m.ttft_mean,
+                           m.ttft_p50, m.ttft_p99, m.e2e_mean, m.e2e_p99, m.load_imbalance);
+    if (with_latency) {
+      out << absl::StrFormat(" | %9.1f %8.1f", m.decision_p50_us, m.decision_p99_us);
+    }
+    out << "\n";
+  }
+  for (const PolicyResult& result : results) {
+    if (result.temperature > 0) {
+      out << absl::StrFormat("\n%s: router temperature %g.", result.name, result.temperature);
+    }
+  }
+  out << "\nhit rate: prompt tokens found in the worker's prefix cache at admission; imbalance: "
+         "max/mean of prompt tokens computed per worker.\n";
+  if (with_latency) {
+    out << "decision: wall-clock time of the routing call (varies run to run; not in the "
+           "deterministic files).\n";
+  }
+}
+
+Json MetricsJson(const PolicyResult& result) {
+  const PolicyMetrics m = ComputeMetrics(result);
+  Json j;
+  j["policy"] = result.name;
+  if (result.temperature > 0) j["temperature"] = result.temperature;
+  j["requests"] = result.requests;
+  j["prompt_tokens"] = result.prompt_tokens;
+  j["cache_hit_rate"] = m.hit_rate;
+  j["prefill_tokens_saved"] = m.prefill_saved_tokens;
+  j["prefill_tokens_computed"] = m.prefill_computed_tokens;
+  if (m.predicted_hit_rate >= 0) j["router_predicted_hit_rate"] = m.predicted_hit_rate;
+  j["ttft_s"] = {{"mean", m.ttft_mean}, {"p50", m.ttft_p50}, {"p99", m.ttft_p99}};
+  j["e2e_s"] = {{"mean", m.e2e_mean}, {"p50", m.e2e_p50}, {"p99", m.e2e_p99}};
+  j["load_imbalance_max_over_mean"] = m.load_imbalance;
+  j["worker_prefill_tokens"] = result.worker_prefill_tokens;
+  j["worker_requests"] = result.worker_requests;
+  j["makespan_s"] = result.makespan_s;
+  j["engine_steps"] = result.engine_steps;
+  j["router_events"] = {{"stored", result.router.events_stored},
+                        {"removed", result.router.events_removed},
+                        {"rejected", result.router.events_rejected}};
+  return j;
+}
+
+// The TTFT distribution, sampled at 200 quantiles per policy; one gnuplot data block each.
+void WriteTtftCdf(std::ostream& out, const std::vector<PolicyResult>& results) {
+  constexpr int kPoints = 200;
+  for (const PolicyResult& result : results) {
+    out << "# " << result.name << ": ttft_s fraction\n";
+    for (int i = 1; i <= kPoints; ++i) {
+      const double p = static_cast<double>(i) / kPoints;
+      out << absl::StrFormat("%.6f %.4f\n", Percentile(result.ttft_s, p), p);
+    }
+    out << "\n\n";
+  }
+}
+
+// One row per policy: its name, then each worker's prefill tokens relative to the fleet mean.
+void WriteWorkerLoad(std::ostream& out, const std::vector<PolicyResult>& results) {
+  out << "# policy, then per worker: prompt tokens computed / mean over workers\n";
+  for (const PolicyResult& result : results) {
+    const auto& load = result.worker_prefill_tokens;
+    const double mean =
+        static_cast<double>(std::accumulate(load.begin(), load.end(), uint64_t{0})) /
+        static_cast<double>(std::max<size_t>(1, load.size()));
+    out << result.name;
+    for (uint64_t tokens : load) {
+      out << absl::StrFormat(" %.4f", mean == 0 ? 0.0 : static_cast<double>(tokens) / mean);
+    }
+    out << "\n";
+  }
+}
+
+void WriteGnuplotScript(std::ostream& out, const RunInfo& info,
+                        const std::vector<PolicyResult>& results) {
+  out << "# Draws replay.png from ttft_cdf.dat and worker_load.dat (run: gnuplot replay.gp)\n"
+         "set terminal pngcairo noenhanced size 1600,650 font 'sans,10'\n"
+         "set output 'replay.png'\n";
+  out << absl::StrFormat(
+      "set multiplot layout 1,2 title 'kvrouter replay: %s, %d workers, %d requests'\n",
+      std::filesystem::path(info.trace).filename().string(), info.config.workers, info.requests);
+  out << "set title 'TTFT distribution'\n"
+         "set logscale x\nset xlabel 'time to first token (s, log scale)'\n"
+         "set ylabel 'fraction of requests'\nset yrange [0:1]\nset grid\n"
+         "set key bottom right\n"
+         "plot ";
+  for (size_t i = 0; i < results.size(); ++i) {
+    out << absl::StrFormat("%s'ttft_cdf.dat' index %d using 1:2 with lines lw 2 title '%s'",
+                           i == 0 ? "" : ", \\\n     ", i, results[i].name);
+  }
+  out << "\n"
+         "unset logscale x\nset title 'prompt tokens computed per worker (1 = fleet mean)'\n"
+         "set xlabel ''\nset ylabel 'worker load / mean'\nset yrange [0:*]\n"
+         "set style data histogram\nset style histogram clustered gap 1\n"
+         "set style fill solid 0.8 border -1\nset xtics rotate by -25\nunset key\n"
+         "plot ";
+  for (uint32_t w = 0; w < info.config.workers; ++w) {
+    out << absl::StrFormat("%s'worker_load.dat' using %d%s", w == 0 ? "" : ", ", w + 2,
+                           w == 0 ? ":xtic(1)" : "");
+  }
+  out << "\nunset multiplot\n";
+}
+
+void WriteFile(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+template <typename Writer>
+std::string Render(Writer writer) {
+  std::ostringstream out;
+  writer(out);
+  return out.str();
+}
+
+bool GnuplotAvailable() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
+std::string ShellQuote(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+}  // namespace
+
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const double rank = std::ceil(p * static_cast<double>(sorted.size()));
+  const size_t index = static_cast<size_t>(std::clamp(rank, 1.0, double(sorted.size()))) - 1;
+  return sorted[index];
+}
+
+double MaxOverMean(const std::vector<uint64_t>& values) {
+  if (values.empty()) return 0;
+  const uint64_t total = std::accumulate(values.begin(), values.end(), uint64_t{0});
+  if (total == 0) return 0;
+  const double mean = static_cast<double>(total) / static_cast<double>(values.size());
+  return static_cast<double>(*std::max_element(values.begin(), values.end())) / mean;
+}
+
+PolicyMetrics ComputeMetrics(const PolicyResult& result) {
+  PolicyMetrics m;
+  m.hit_rate = Ratio(result.cached_tokens, result.prompt_tokens);
+  m.prefill_saved_tokens = result.cached_tokens;
+  m.prefill_computed_tokens = result.prompt_tokens - result.cached_tokens;
+  if (result.predicted_cached_tokens >= 0) {
+    m.predicted_hit_rate =
+        Ratio(static_cast<uint64_t>(result.predicted_cached_tokens), result.prompt_tokens);
+  }
+  m.ttft_mean = Mean(result.ttft_s);
+  m.ttft_p50 = Percentile(result.ttft_s, 0.50);
+  m.ttft_p99 = Percentile(result.ttft_s, 0.99);
+  m.e2e_mean = Mean(result.e2e_s);
+  m.e2e_p50 = Percentile(result.e2e_s, 0.50);
+  m.e2e_p99 = Percentile(result.e2e_s, 0.99);
+  m.load_imbalance = MaxOverMean(result.worker_prefill_tokens);
+  m.decision_p50_us = Percentile(result.wall.decision_us, 0.50);
+  m.decision_p99_us = Percentile(result.wall.decision_us, 0.99);
+  return m;
+}
+
+void WriteSummaryTable(std::ostream& out, const RunInfo& info,
+                       const std::vector<PolicyResult>& results) {
+  WriteTable(out, info, results, /*with_latency=*/false);
+}
+
+void WriteConsoleTable(std::ostream& out, const RunInfo& info,
+                       const std::vector<PolicyResult>& results) {
+  WriteTable(out, info, results, /*with_latency=*/true);
+}
+
+void WriteCsv(std::ostream& out, const std::vector<PolicyResult>& results) {
+  out << "policy,temperature,requests,prompt_tokens,cache_hit_rate,prefill_tokens_saved,"
+         "prefill_tokens_computed,ttft_mean_s,ttft_p50_s,ttft_p99_s,e2e_mean_s,e2e_p50_s,"
+         "e2e_p99_s,load_imbalance,makespan_s\n";
+  for (const PolicyResult& r : results) {
+    const PolicyMetrics m = ComputeMetrics(r);
+    out << absl::StrFormat("%s,%g,%d,%d,%.6f,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.3f\n",
+                           r.name, r.temperature, r.requests, r.prompt_tokens, m.hit_rate,
+                           m.prefill_saved_tokens, m.prefill_computed_tokens, m.ttft_mean,
+                           m.ttft_p50, m.ttft_p99, m.e2e_mean, m.e2e_p50, m.e2e_p99,
+                           m.load_imbalance, r.makespan_s);
+  }
+}
+
+void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyResult>& results) {
+  const ReplayConfig& c = info.config;
+  Json j;
+  j["trace"] = std::filesystem::path(info.trace).filename().string();
+  j["format"] = info.format;
+  j["requests"] = info.requests;
+  j["trace_span_s"] = info.trace_span_s;
+  j["infinite_cache_hit_rate"] = info.infinite_cache_hit_rate;
+  j["config"] = {{"workers", c.workers},
+                 {"block_size", c.limits.block_size},
+                 {"kv_capacity_blocks", c.limits.kv_capacity_blocks},
+                 {"max_num_batched_tokens", c.limits.max_num_batched_tokens},
+                 {"max_num_seqs", c.limits.max_num_seqs},
+                 {"time_scale", c.time_scale},
+                 {"seed", c.seed}};
+  j["cost_model"] = {{"step_overhead_s", c.cost.step_overhead_s},
+                     {"prefill_per_token_s", c.cost.prefill_per_token_s},
+                     {"attention_per_pair_s", c.cost.attention_per_pair_s},
+                     {"decode_per_sequence_s", c.cost.decode_per_sequence_s},
+                     {"decode_per_context_token_s", c.cost.decode_per_context_token_s}};
+  j["policies"] = Json::array();
+  for (const PolicyResult& result : results) j["policies"].push_back(MetricsJson(result));
+  out << j.dump(2) << "\n";
+}
+
+void WriteDecisionLatencyCsv(std::ostream& out, const std::vector<PolicyResult>& results) {
+  out << "# WALL-CLOCK measurements: they differ from run to run (excluded from determinism "
+         "checks)\n";
+  out << "policy,decisions,decision_p50_us,decision_p99_us,decision_max_us,run_seconds\n";
+  for (const PolicyResult& r : results) {
+    const PolicyMetrics m = ComputeMetrics(r);
+    out << absl::StrFormat("%s,%d,%.3f,%.3f,%.3f,%.3f\n", r.name, r.wall.decision_us.size(),
+                           m.decision_p50_us, m.decision_p99_us,
+                           r.wall.decision_us.empty() ? 0.0 : r.wall.decision_us.back(),
+                           r.wall.run_seconds);
+  }
+}
+
+std::string WriteOutputDir(const std::string& dir, const RunInfo& info,
+                           const std::vector<PolicyResult>& results, bool plot, std::ostream& log) {
+  const std::filesystem::path root(dir);
+  std::filesystem::create_directories(root);
+  WriteFile(root / "summary.txt",
+            Render([&](std::ostream& o) { WriteSummaryTable(o, info, results); }));
+  WriteFile(root / "results.csv", Render([&](std::ostream& o) { WriteCsv(o, results); }));
+  WriteFile(root / "results.json", Render([&](std::ostream& o) { WriteJson(o, info, results); }));
+  WriteFile(root / "decision_latency.csv",
+            Render([&](std::ostream& o) { WriteDecisionLatencyCsv(o, results); }));
+  WriteFile(root / "ttft_cdf.dat", Render([&](std::ostream& o) { WriteTtftCdf(o, results); }));
+  WriteFile(root / "worker_load.dat",
+            Render([&](std::ostream& o) { WriteWorkerLoad(o, results); }));
+  WriteFile(root / "replay.gp",
+            Render([&](std::ostream& o) { WriteGnuplotScript(o, info, results); }));
+  if (!plot) return "";
+  if (!GnuplotAvailable()) {
+    log << "note: gnuplot not found; install gnuplot-nox for replay.png (data and script are in "
+        << dir << ")\n";
+    return "";
+  }
+  const std::string command = "cd " + ShellQuote(root.string()) + " && gnuplot replay.gp";
+  if (std::system(command.c_str()) != 0) {
+    log << "note: gnuplot failed; replay.png not drawn\n";
+    return "";
+  }
+  return (root / "replay.png").string();
+}
+
+}  // namespace kvrouter::replay

@@ -1,0 +1,195 @@
+#include "kvrouter/sim_engine.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+
+namespace kvrouter::replay {
+namespace {
+
+// The engine's hash seed for a first block; any constant differing from the router's works.
+constexpr uint64_t kEngineRootSeed = 0x5eed'0f'e1'91'4e'00ULL;
+
+uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// Frees a vector's memory (`v = {}` would keep its capacity): an hour of trace holds ~150 M
+// prompt tokens, which must not stay allocated after each request's prefill.
+template <typename T>
+void FreeMemory(std::vector<T>& v) {
+  std::vector<T>().swap(v);
+}
+
+}  // namespace
+
+void EngineBlockHashes(std::span<const uint32_t> tokens, uint32_t block_size,
+                       std::vector<uint64_t>& out) {
+  const size_t blocks = tokens.size() / block_size;
+  out.resize(blocks);
+  uint64_t parent = kEngineRootSeed;
+  for (size_t b = 0; b < blocks; ++b) {
+    parent =
+        XXH3_64bits_withSeed(tokens.data() + b * block_size, block_size * sizeof(uint32_t), parent);
+    out[b] = parent;
+  }
+}
+
+uint64_t BlocksNeeded(uint64_t prompt_tokens, uint64_t output_tokens, uint32_t block_size) {
+  return CeilDiv(prompt_tokens + output_tokens, block_size);
+}
+
+SimEngine::SimEngine(uint32_t worker, const EngineLimits& limits, const CostModel& cost,
+                     EngineObserver& observer)
+    : worker_(worker),
+      limits_(limits),
+      cost_(cost),
+      observer_(observer),
+      cache_(limits.kv_capacity_blocks) {}
+
+void SimEngine::Enqueue(Request* request) {
+  request->worker = worker_;
+  waiting_.push_back(request);
+}
+
+bool SimEngine::MaybeStartStep(double now) {
+  if (stepping() || (waiting_.empty() && running_.empty())) return false;
+  step_.clear();
+  StepShape shape;
+  uint32_t budget = limits_.max_num_batched_tokens;
+  // As vLLM's scheduler: running requests first (decodes, then ongoing prefills), then new ones.
+  PlanRunning(budget, shape);
+  PlanAdmissions(budget, shape);
+  if (step_.empty()) return false;  // only when waiting requests cannot fit (see TryAdmit)
+  step_end_ = now + StepSeconds(cost_, shape);
+  ++steps_;
+  return true;
+}
+
+void SimEngine::PlanRunning(uint32_t& budget, StepShape& shape) {
+  // Decodes first (one token each, and never more sequences than tokens in the budget), so a
+  // long prefill cannot stall the requests that are already streaming.
+  for (Request* request : running_) {
+    if (request->computed_tokens < request->prompt_tokens || budget == 0) continue;
+    --budget;
+    ++shape.decode_sequences;
+    shape.decode_context_tokens += request->prompt_tokens + request->generated;
+    step_.push_back({request, 0});
+  }
+  for (Request* request : running_) {
+    if (request->computed_tokens < request->prompt_tokens) PlanPrefill(*request, budget, shape);
+  }
+}
+
+void SimEngine::PlanAdmissions(uint32_t& budget, StepShape& shape) {
+  while (budget > 0 && !waiting_.empty() && running_.size() < limits_.max_num_seqs) {
+    Request& request = *waiting_.front();
+    if (!TryAdmit(request)) break;  // first come, first served: no overtaking
+    waiting_.pop_front();
+    running_.push_back(&request);
+    PlanPrefill(request, budget, shape);
+  }
+}
+
+void SimEngine::PlanPrefill(Request& request, uint32_t& budget, StepShape& shape) {
+  const uint32_t chunk = std::min(budget, request.prompt_tokens - request.computed_tokens);
+  if (chunk == 0) return;
+  budget -= chunk;
+  shape.prefill_tokens += chunk;
+  shape.attention_pairs += AttentionPairs(chunk, request.computed_tokens);
+  step_.push_back({&request, chunk});
+}
+
+bool SimEngine::TryAdmit(Request& request) {
+  const uint32_t block_size = limits_.block_size;
+  // A request that did not fit keeps its tokens and hashes for the next try (only the
+  // head of the queue ever tries).
+  if (request.tokens.empty()) {
+    trace::ExpandTokensInto(*request.record, block_size, request.tokens);
+    EngineBlockHashes(request.tokens, block_size, request.block_hashes);
+  }
+  // The last prompt token is always computed (its logits give the first token), so a prompt
+  // cached in full still recomputes its last block.
+  const size_t usable = (request.prompt_tokens - 1) / block_size;
+  const size_t hits = std::min(cache_.MatchPrefix(request.block_hashes), usable);
+  const uint64_t needed =
+      BlocksNeeded(request.prompt_tokens, request.output_tokens, block_size) - hits;
+  if (!cache_.CanAllocate(needed)) return false;
+  const std::span<const uint64_t> hit_hashes(request.block_hashes.data(), hits);
+  cache_.Acquire(hit_hashes);
+  evicted_.clear();
+  cache_.AllocatePrivate(needed, evicted_);
+  if (!evicted_.empty()) observer_.OnRemoved(worker_, evicted_);
+  request.held_blocks = static_cast<uint32_t>(hits);
+  request.private_blocks = needed;
+  request.cached_tokens = static_cast<uint32_t>(hits * block_size);
+  request.computed_tokens = request.cached_tokens;
+  return true;
+}
+
+void SimEngine::FinishStep() {
+  now_ = step_end_;
+  step_end_ = kIdle;
+  for (const Chunk& chunk : step_) {
+    Request& request = *chunk.request;
+    if (chunk.tokens > 0) {
+      CommitPrefill(request, chunk.tokens);
+      if (request.computed_tokens < request.prompt_tokens) continue;
+      // The step that computes the last prompt token samples the first output token.
+      FreeMemory(request.tokens);
+      request.generated = 1;
+      request.first_token_s = now_;
+      observer_.OnFirstToken(request);
+    } else {
+      ++request.generated;
+    }
+    if (request.generated >= request.output_tokens) Finish(request);
+  }
+  std::erase_if(running_, [](const Request* r) { return r->finish_s >= 0; });
+  step_.clear();
+}
+
+void SimEngine::CommitPrefill(Request& request, uint32_t tokens) {
+  const uint32_t block_size = limits_.block_size;
+  const size_t first_block = request.computed_tokens / block_size;
+  request.computed_tokens += tokens;
+  prefill_tokens_computed_ += tokens;
+  const size_t end_block = request.computed_tokens / block_size;  // full blocks computed
+  if (end_block > first_block) EmitStored(request, first_block, end_block);
+}
+
+void SimEngine::EmitStored(Request& request, size_t first_block, size_t end_block) {
+  const uint32_t block_size = limits_.block_size;
+  size_t run_start = first_block;
+  auto flush = [&](size_t run_end) {
+    if (run_end == run_start) return;
+    StoredRun run;
+    run.has_parent = run_start > 0;
+    run.parent_hash = run.has_parent ? request.block_hashes[run_start - 1] : 0;
+    run.block_hashes =
+        std::span<const uint64_t>(request.block_hashes).subspan(run_start, run_end - run_start);
+    run.token_ids = std::span<const uint32_t>(request.tokens)
+                        .subspan(run_start * block_size, (run_end - run_start) * block_size);
+    observer_.OnStored(worker_, run);
+  };
+  for (size_t b = first_block; b < end_block; ++b) {
+    ++request.held_blocks;
+    --request.private_blocks;
+    // A block another request cached meanwhile is shared, not stored again: it ends the run.
+    if (!cache_.Commit(request.block_hashes[b])) {
+      flush(b);
+      run_start = b + 1;
+    }
+  }
+  flush(end_block);
+}
+
+void SimEngine::Finish(Request& request) {
+  request.finish_s = now_;
+  cache_.Release(std::span<const uint64_t>(request.block_hashes.data(), request.held_blocks),
+                 request.private_blocks);
+  FreeMemory(request.block_hashes);
+  request.held_blocks = 0;
+  request.private_blocks = 0;
+  observer_.OnFinished(request);
+}
+
+}  // namespace kvrouter::replay

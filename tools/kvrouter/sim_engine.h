@@ -1,0 +1,139 @@
+// A simulated inference engine (one worker): continuous batching with chunked prefill over a
+// finite prefix-cached KV pool, timed by the cost model, publishing KV events like vLLM.
+//
+// Life of a request on an engine:
+//   Enqueue → waits (FIFO) → admitted when a step has token budget left, fewer than max_num_seqs
+//   run, and its blocks fit: the cached prefix is referenced (a prefix-cache hit; the last prompt
+//   token is always computed), the rest of the prompt and the whole output get private blocks
+//   (output room is reserved up front, so nothing is ever preempted; vLLM would allocate it as
+//   it goes and preempt under pressure) → prefilled in chunks → each full prompt block whose KV
+//   is computed joins the cache and is published as BlockStored (token ids, engine hash, parent
+//   hash) → the step that computes the last prompt chunk emits the first token → one token per
+//   step after that → after output_length tokens the request ends and releases its blocks.
+// Evicting an unreferenced block to make room publishes BlockRemoved.
+//
+// Output tokens are not cached: their ids are synthetic, no later request of a trace can hit
+// them, and vLLM would only evict them again.
+//
+// Engine block hashes are the engine's own (XXH3-64 chained through the parent, with a seed of
+// its own), unrelated to the router's hashes: like a real engine's, they are opaque to the router,
+// which hashes the token ids the events carry (dual key, architecture.md).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "kvrouter/cost_model.h"
+#include "kvrouter/kv_cache.h"
+#include "trace/mooncake_trace.h"
+
+namespace kvrouter::replay {
+
+// One request of the replay, shared by the fleet (routing, metrics) and an engine (progress).
+struct Request {
+  uint32_t index = 0;  // position in the trace: the request id is derived from it
+  const trace::TraceRecord* record = nullptr;
+  double arrival_s = 0;
+  uint32_t prompt_tokens = 0;
+  uint32_t output_tokens = 1;  // at least one: the first token ends the prefill
+  uint32_t worker = 0;
+
+  // Engine progress.
+  std::vector<uint32_t> tokens;        // the prompt, while it is being prefilled
+  std::vector<uint64_t> block_hashes;  // engine hashes of the prompt's full blocks, while running
+  uint32_t cached_tokens = 0;          // prefix-cache hit at admission
+  uint32_t computed_tokens = 0;        // prompt tokens with KV (cached or prefilled)
+  uint32_t held_blocks = 0;            // leading full blocks referenced in the cache
+  uint64_t private_blocks = 0;
+  uint32_t generated = 0;
+  double first_token_s = -1;
+  double finish_s = -1;
+};
+
+struct EngineLimits {
+  uint32_t block_size = 16;
+  uint64_t kv_capacity_blocks = kDefaultKvCapacityTokens / 16;
+  uint32_t max_num_batched_tokens = 8192;
+  uint32_t max_num_seqs = 256;
+};
+
+// Consecutive blocks of one prompt that became cached in one step: a vLLM BlockStored event.
+struct StoredRun {
+  bool has_parent = false;
+  uint64_t parent_hash = 0;
+  std::span<const uint64_t> block_hashes;
+  std::span<const uint32_t> token_ids;  // block_size tokens per block
+};
+
+// What an engine tells the world. Called synchronously, at the simulated time of the change.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnStored(uint32_t worker, const StoredRun& run) = 0;
+  virtual void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) = 0;
+  virtual void OnFirstToken(Request& request) = 0;
+  virtual void OnFinished(Request& request) = 0;
+};
+
+// Engine hashes of the full blocks of `tokens` (chained; the first block has no parent).
+void EngineBlockHashes(std::span<const uint32_t> tokens, uint32_t block_size,
+                       std::vector<uint64_t>& out);
+
+// Blocks a request occupies once admitted with nothing cached: prompt and output.
+uint64_t BlocksNeeded(uint64_t prompt_tokens, uint64_t output_tokens, uint32_t block_size);
+
+class SimEngine {
+ public:
+  static constexpr double kIdle = std::numeric_limits<double>::infinity();
+
+  SimEngine(uint32_t worker, const EngineLimits& limits, const CostModel& cost,
+            EngineObserver& observer);
+
+  void Enqueue(Request* request);
+  // Starts a step at `now` if the engine is idle and has work. Returns whether it did.
+  bool MaybeStartStep(double now);
+  // Completes the running step (at step_end()): commits prefill chunks, emits tokens, ends
+  // finished requests. The engine is idle afterwards; call MaybeStartStep(step_end) next.
+  void FinishStep();
+
+  double step_end() const { return step_end_; }
+  bool stepping() const { return step_end_ != kIdle; }
+  size_t in_flight() const { return waiting_.size() + running_.size(); }
+  uint64_t prefill_tokens_computed() const { return prefill_tokens_computed_; }
+  uint64_t steps() const { return steps_; }
+  const PrefixCache& cache() const { return cache_; }
+
+ private:
+  struct Chunk {
+    Request* request;
+    uint32_t tokens;  // 0: a decode step of this request
+  };
+
+  bool TryAdmit(Request& request);
+  void PlanRunning(uint32_t& budget, StepShape& shape);
+  void PlanAdmissions(uint32_t& budget, StepShape& shape);
+  void PlanPrefill(Request& request, uint32_t& budget, StepShape& shape);
+  void CommitPrefill(Request& request, uint32_t tokens);
+  void EmitStored(Request& request, size_t first_block, size_t end_block);
+  void Finish(Request& request);
+
+  const uint32_t worker_;
+  const EngineLimits limits_;
+  const CostModel cost_;
+  EngineObserver& observer_;
+  PrefixCache cache_;
+
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order
+  std::vector<Chunk> step_;        // what the current step computes
+  double step_end_ = kIdle;
+  double now_ = 0;  // the end of the step being finished
+  uint64_t prefill_tokens_computed_ = 0;
+  uint64_t steps_ = 0;
+  std::vector<uint64_t> evicted_;  // scratch
+};
+
+}  // namespace kvrouter::replay
