@@ -51,11 +51,11 @@ TEST_P(DynamoVectorTest, MatchesLocalAndSequenceHashes) {
   EXPECT_EQ(ComputeSequenceHashes(local), U64List(v["sequence_hashes"]));
 }
 
-INSTANTIATE_TEST_SUITE_P(SharedVectors, DynamoVectorTest,
-                         ::testing::Range<size_t>(0, Vectors()["vectors"].size()),
-                         [](const auto& info) {
-                           return Vectors()["vectors"][info.param]["name"].template get<std::string>();
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    SharedVectors, DynamoVectorTest, ::testing::Range<size_t>(0, Vectors()["vectors"].size()),
+    [](const auto& info) {
+      return Vectors()["vectors"][info.param]["name"].template get<std::string>();
+    });
 
 TEST(HashingTest, UpstreamTestDataVector) {
   const std::string data = "test data";

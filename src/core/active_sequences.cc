@@ -1,0 +1,425 @@
+#include "core/active_sequences.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace kvrouter {
+namespace {
+
+// Hash tables keep their capacity after erasures; past this size, a table less than 1/8 full
+// is shrunk so memory follows the live requests (and the factor of 8 keeps a table that hovers
+// around one size from being resized back and forth).
+constexpr size_t kMinCapacityToShrink = 1024;
+
+template <typename Table>
+void ShrinkIfMostlyEmpty(Table& table) {
+  if (table.capacity() > kMinCapacityToShrink && table.size() * 8 < table.capacity()) {
+    table.rehash(0);
+  }
+}
+
+// Debian's Abseil has its own string_view type, which its string hash requires.
+absl::string_view AsKey(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
+
+void ComputeTrackingIdsInto(std::span<const uint64_t> local_hashes, std::vector<uint64_t>& out) {
+  // Local hashes are XXH3 outputs, already uniform, so the chain only has to make each identity
+  // depend on every block before it: rotate, xor, multiply by an odd constant (as rustc's
+  // FxHash does), about 5 cycles per block where a full mixer would take 15 on this serial
+  // dependency chain. The rotation brings high bits back down so they feed later products.
+  constexpr uint64_t kMultiplier = 0x517cc1b727220a95ULL;
+  out.resize(local_hashes.size());
+  uint64_t previous = 0x9e3779b97f4a7c15ULL;  // any fixed start
+  for (size_t i = 0; i < local_hashes.size(); ++i) {
+    previous = (((previous << 5) | (previous >> 59)) ^ local_hashes[i]) * kMultiplier;
+    out[i] = previous;
+  }
+}
+
+ActiveSequences::ActiveSequences(const Clock& clock, ActiveSequencesOptions options)
+    : clock_(clock),
+      expiry_(SecondsToNanos(options.expiry_seconds)),
+      expiry_check_interval_(SecondsToNanos(options.expiry_check_seconds)),
+      last_expiry_check_(clock.Now()),
+      root_(std::make_unique<Run>()) {}
+
+ActiveSequences::~ActiveSequences() = default;
+
+void ActiveSequences::AddWorker(WorkerKey worker) {
+  if (slot_of_.contains(worker)) return;
+  uint32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+  slots_[slot] = Slot{.worker = worker, .in_use = true};
+  slot_of_[worker] = slot;
+}
+
+size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
+  auto found = slot_of_.find(worker);
+  if (found == slot_of_.end()) return 0;
+  const uint32_t slot = found->second;
+  size_t dropped = 0;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    auto current = it++;
+    if (current->second.slot == slot) {
+      EraseRecord(current);
+      ++dropped;
+    }
+  }
+  // Every run a rank holds is covered by one of its requests, so none should be left; sweep
+  // anyway so a reused slot number can never inherit a stale holder.
+  if (slots_[slot].active_blocks != 0) SweepSlot(slot);
+  slots_[slot] = Slot{};
+  free_slots_.push_back(slot);
+  slot_of_.erase(found);
+  MaybeShrinkTables();
+  return dropped;
+}
+
+bool ActiveSequences::HasWorker(WorkerKey worker) const { return slot_of_.contains(worker); }
+
+absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
+  if (request.request_id.empty()) {
+    return absl::InvalidArgumentError("request id must not be empty");
+  }
+  MaybeExpire();
+  if (requests_.contains(request.request_id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request id '", request.request_id, "' is already active"));
+  }
+  auto found = slot_of_.find(request.worker);
+  if (found == slot_of_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown worker ", request.worker.worker_id,
+                                            " dp_rank ", request.worker.dp_rank));
+  }
+  const uint32_t slot = found->second;
+  Record record{.slot = slot,
+                .block_ids = {request.block_ids.begin(), request.block_ids.end()},
+                .prefill_tokens = request.prefill_tokens,
+                .started_at = clock_.Now(),
+                .expected_output_tokens = request.expected_output_tokens};
+  BookBlocks(record.block_ids, slot);
+  Slot& s = slots_[slot];
+  s.active_prefill_tokens += record.prefill_tokens;
+  ++s.active_requests;
+  requests_.emplace(request.request_id, std::move(record));
+  return absl::OkStatus();
+}
+
+bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
+  auto it = requests_.find(AsKey(request_id));
+  if (it == requests_.end() || it->second.prefill_tokens == 0) return false;
+  slots_[it->second.slot].active_prefill_tokens -= it->second.prefill_tokens;
+  it->second.prefill_tokens = 0;
+  return true;
+}
+
+bool ActiveSequences::Free(std::string_view request_id) {
+  auto it = requests_.find(AsKey(request_id));
+  if (it == requests_.end()) return false;
+  EraseRecord(it);
+  MaybeShrinkTables();
+  return true;
+}
+
+void ActiveSequences::EraseRecord(absl::node_hash_map<std::string, Record>::iterator it) {
+  Record& record = it->second;
+  Slot& s = slots_[record.slot];
+  s.active_prefill_tokens -= record.prefill_tokens;
+  --s.active_requests;
+  ReleaseBlocks(record.block_ids, record.slot);
+  requests_.erase(it);
+}
+
+size_t ActiveSequences::ExpireStale() {
+  const Nanos now = clock_.Now();
+  last_expiry_check_ = now;
+  size_t expired = 0;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    auto current = it++;
+    if (now - current->second.started_at > expiry_) {
+      EraseRecord(current);
+      ++expired;
+    }
+  }
+  if (expired > 0) MaybeShrinkTables();
+  return expired;
+}
+
+void ActiveSequences::MaybeExpire() {
+  if (clock_.Now() - last_expiry_check_ >= expiry_check_interval_) ExpireStale();
+}
+
+bool ActiveSequences::HasRequest(std::string_view request_id) const {
+  return requests_.contains(AsKey(request_id));
+}
+
+std::optional<WorkerKey> ActiveSequences::WorkerOf(std::string_view request_id) const {
+  auto it = requests_.find(AsKey(request_id));
+  if (it == requests_.end()) return std::nullopt;
+  return slots_[it->second.slot].worker;
+}
+
+WorkerLoad ActiveSequences::Load(WorkerKey worker) const {
+  auto found = slot_of_.find(worker);
+  if (found == slot_of_.end()) return WorkerLoad{.worker = worker};
+  const Slot& s = slots_[found->second];
+  return WorkerLoad{.worker = worker,
+                    .active_blocks = s.active_blocks,
+                    .active_prefill_tokens = s.active_prefill_tokens,
+                    .active_requests = s.active_requests};
+}
+
+std::vector<WorkerLoad> ActiveSequences::Loads() const {
+  std::vector<WorkerLoad> out;
+  out.reserve(slot_of_.size());
+  for (const Slot& s : slots_) {
+    if (!s.in_use) continue;
+    out.push_back(WorkerLoad{.worker = s.worker,
+                             .active_blocks = s.active_blocks,
+                             .active_prefill_tokens = s.active_prefill_tokens,
+                             .active_requests = s.active_requests});
+  }
+  return out;
+}
+
+void ActiveSequences::PotentialLoads(const PotentialLoadQuery& query,
+                                     absl::FunctionRef<uint64_t(WorkerKey)> cached_tokens,
+                                     std::vector<PotentialLoad>& out) const {
+  out.clear();
+  out.reserve(slot_of_.size());
+  std::vector<uint32_t> depth;
+  if (!query.random_identities) HeldDepthPerSlot(query.block_ids, depth);
+  const size_t prompt_blocks = query.random_identities ? query.num_blocks : query.block_ids.size();
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    const Slot& s = slots_[slot];
+    if (!s.in_use) continue;
+    PotentialLoad load;
+    load.current = WorkerLoad{.worker = s.worker,
+                              .active_blocks = s.active_blocks,
+                              .active_prefill_tokens = s.active_prefill_tokens,
+                              .active_requests = s.active_requests};
+    load.new_blocks = prompt_blocks - (depth.empty() ? 0 : depth[slot]);
+    uint64_t uncached = 0;
+    if (query.track_prefill_tokens) {
+      uncached = query.prompt_tokens - std::min(cached_tokens(s.worker), query.prompt_tokens);
+    }
+    load.potential_prefill_tokens = s.active_prefill_tokens + uncached;
+    load.potential_decode_blocks = s.active_blocks + load.new_blocks;
+    out.push_back(load);
+  }
+}
+
+size_t ActiveSequences::TotalActiveBlocks() const {
+  size_t total = 0;
+  for (const Slot& s : slots_) total += s.active_blocks;
+  return total;
+}
+
+void ActiveSequences::Walk(std::span<const uint64_t> chain, Path& path) const {
+  path.clear();
+  const Run* run = root_.get();
+  size_t depth = 0;
+  while (depth < chain.size()) {
+    auto child = child_of_.find(std::make_pair(run, chain[depth]));
+    if (child == child_of_.end()) return;
+    Run* next = child->second;
+    // Identities at the same depth agree exactly as far as the prefixes do, so the matched part
+    // of a run is found by bisection. Matching the whole run is the common case: test it first.
+    const size_t limit = std::min(next->ids.size(), chain.size() - depth);
+    size_t matched = limit;
+    if (next->ids[limit - 1] != chain[depth + limit - 1]) {
+      size_t lo = 1, hi = limit - 1;  // ids[lo - 1] matches, ids[hi] does not
+      while (lo < hi) {
+        const size_t mid = lo + (hi - lo + 1) / 2;
+        if (next->ids[mid - 1] == chain[depth + mid - 1]) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      matched = lo;
+    }
+    depth += matched;
+    path.push_back(Step{.run = next, .matched = matched, .depth = depth});
+    if (matched < next->ids.size()) return;
+    run = next;
+  }
+}
+
+void ActiveSequences::HeldDepthPerSlot(std::span<const uint64_t> chain,
+                                       std::vector<uint32_t>& depth) const {
+  depth.assign(slots_.size(), 0);
+  Path path;
+  Walk(chain, path);
+  // A run's holders hold every run above it, so the deepest run a slot holds gives its depth.
+  for (const Step& step : path) {
+    for (const Holder& h : step.run->holders) depth[h.slot] = static_cast<uint32_t>(step.depth);
+  }
+}
+
+void ActiveSequences::BookBlocks(std::span<const uint64_t> chain, uint32_t slot) {
+  if (chain.empty()) return;
+  Path path;
+  Walk(chain, path);
+  Run* end = root_.get();
+  size_t depth = 0;
+  if (!path.empty()) {
+    Step& last = path.back();
+    // The chain ends or leaves the trie inside a run: split it there, so that a run is always
+    // covered entirely or not at all by each request.
+    if (last.matched < last.run->ids.size()) last.run = Split(last.run, last.matched);
+    end = last.run;
+    depth = last.depth;
+  }
+  if (depth < chain.size()) {
+    Run* added = AddRun(end, chain.subspan(depth));
+    path.push_back(Step{.run = added, .matched = added->ids.size(), .depth = chain.size()});
+  }
+  for (const Step& step : path) AddHolder(step.run, slot);
+}
+
+void ActiveSequences::ReleaseBlocks(std::span<const uint64_t> chain, uint32_t slot) {
+  if (chain.empty()) return;
+  Path path;
+  Walk(chain, path);
+  for (const Step& step : path) RemoveHolder(step.run, slot);
+  // Runs no request covers any more go, deepest first.
+  while (!path.empty()) {
+    Run* run = path.back().run;
+    if (!run->holders.empty() || !run->children.empty()) break;
+    DeleteRun(run);
+    path.pop_back();
+  }
+  // This request may have been the reason a run was split: join what no longer differs.
+  // Deepest first, because merging a run into its parent destroys it.
+  for (size_t i = path.size(); i-- > 0;) MergeSingleChild(path[i].run);
+}
+
+ActiveSequences::Run* ActiveSequences::Split(Run* run, size_t keep) {
+  // The upper part takes the run's place under its parent; the run itself becomes the lower
+  // part (its children stay keyed by it). Both keep the same holders: every request covering
+  // the run covers both parts.
+  Run* parent = run->parent;
+  auto upper = std::make_unique<Run>();
+  upper->ids.assign(run->ids.begin(), run->ids.begin() + static_cast<ptrdiff_t>(keep));
+  upper->parent = parent;
+  upper->holders = run->holders;
+  Run* up = upper.get();
+  auto owned = std::find_if(parent->children.begin(), parent->children.end(),
+                            [run](const std::unique_ptr<Run>& c) { return c.get() == run; });
+  std::unique_ptr<Run> lower = std::move(*owned);
+  *owned = std::move(upper);
+  child_of_[std::make_pair(parent, up->ids[0])] = up;
+  lower->ids.erase(lower->ids.begin(), lower->ids.begin() + static_cast<ptrdiff_t>(keep));
+  lower->parent = up;
+  child_of_[std::make_pair(up, lower->ids[0])] = lower.get();
+  up->children.push_back(std::move(lower));
+  return up;
+}
+
+ActiveSequences::Run* ActiveSequences::AddRun(Run* parent, std::span<const uint64_t> ids) {
+  auto run = std::make_unique<Run>();
+  run->ids.assign(ids.begin(), ids.end());
+  run->parent = parent;
+  Run* added = run.get();
+  child_of_[std::make_pair(parent, ids[0])] = added;
+  parent->children.push_back(std::move(run));
+  stored_blocks_ += ids.size();
+  return added;
+}
+
+void ActiveSequences::DeleteRun(Run* run) {
+  Run* parent = run->parent;
+  child_of_.erase(std::make_pair(parent, run->ids[0]));
+  stored_blocks_ -= run->ids.size();
+  auto owned = std::find_if(parent->children.begin(), parent->children.end(),
+                            [run](const std::unique_ptr<Run>& c) { return c.get() == run; });
+  *owned = std::move(parent->children.back());
+  parent->children.pop_back();  // destroys `run`
+}
+
+void ActiveSequences::MergeSingleChild(Run* run) {
+  const auto same_holders = [](const Run& a, const Run& b) {
+    if (a.holders.size() != b.holders.size()) return false;
+    return std::all_of(a.holders.begin(), a.holders.end(), [&b](const Holder& h) {
+      return std::any_of(b.holders.begin(), b.holders.end(), [&h](const Holder& x) {
+        return x.slot == h.slot && x.requests == h.requests;
+      });
+    });
+  };
+  // Equal holders mean no request ends between the two runs and nothing branches off: they are
+  // one run again. Each holder's block count is unchanged.
+  while (run != root_.get() && run->children.size() == 1 && same_holders(*run, *run->children[0])) {
+    std::unique_ptr<Run> child = std::move(run->children[0]);
+    child_of_.erase(std::make_pair(static_cast<const Run*>(run), child->ids[0]));
+    run->ids.insert(run->ids.end(), child->ids.begin(), child->ids.end());
+    for (auto& grandchild : child->children) {
+      child_of_.erase(std::make_pair(static_cast<const Run*>(child.get()), grandchild->ids[0]));
+      child_of_[std::make_pair(static_cast<const Run*>(run), grandchild->ids[0])] =
+          grandchild.get();
+      grandchild->parent = run;
+    }
+    run->children = std::move(child->children);
+  }
+}
+
+void ActiveSequences::AddHolder(Run* run, uint32_t slot) {
+  for (Holder& h : run->holders) {
+    if (h.slot == slot) {
+      ++h.requests;
+      return;
+    }
+  }
+  run->holders.push_back(Holder{.slot = slot, .requests = 1});
+  slots_[slot].active_blocks += run->ids.size();
+}
+
+void ActiveSequences::RemoveHolder(Run* run, uint32_t slot) {
+  for (Holder& h : run->holders) {
+    if (h.slot != slot) continue;
+    if (--h.requests == 0) {
+      slots_[slot].active_blocks -= run->ids.size();
+      h = run->holders.back();
+      run->holders.pop_back();
+    }
+    return;
+  }
+}
+
+void ActiveSequences::SweepSlot(uint32_t slot) {
+  std::vector<Run*> runs;
+  for (auto& child : root_->children) runs.push_back(child.get());
+  std::vector<Run*> emptied;
+  while (!runs.empty()) {
+    Run* run = runs.back();
+    runs.pop_back();
+    auto& holders = run->holders;
+    holders.erase(std::remove_if(holders.begin(), holders.end(),
+                                 [slot](const Holder& h) { return h.slot == slot; }),
+                  holders.end());
+    if (holders.empty()) emptied.push_back(run);
+    for (auto& child : run->children) runs.push_back(child.get());
+  }
+  // Children were listed after their parents: delete in reverse, leaves first.
+  for (auto it = emptied.rbegin(); it != emptied.rend(); ++it) {
+    if ((*it)->children.empty()) DeleteRun(*it);
+  }
+  slots_[slot].active_blocks = 0;
+}
+
+void ActiveSequences::MaybeShrinkTables() {
+  ShrinkIfMostlyEmpty(child_of_);
+  ShrinkIfMostlyEmpty(requests_);
+}
+
+}  // namespace kvrouter

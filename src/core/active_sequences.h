@@ -1,0 +1,228 @@
+// Load accounting per worker rank: which requests a rank is serving, how many prompt tokens it
+// still has to prefill, and how many KV blocks those requests hold
+// (shared/reference/dynamo-router.md §3.5).
+//
+// Blocks are counted once per rank however many active requests share them. A request books its
+// prompt as a chain of block identities: chained hashes such as ComputeTrackingIdsInto's (so two
+// requests with the same prefix share the prefix's blocks), or fresh random identities when KV
+// reuse is not assumed (so nothing is shared). Because a chained identity names a whole prefix,
+// the booked chains form a trie. The tracker keeps that trie path-compressed: one node per run of
+// blocks between branch points (and request ends), storing the run's identities, with, per rank,
+// how many of its requests cover the run. A rank holds a run entirely or not at all, and a rank
+// holding a run holds every run above it. That makes the router's questions cheap:
+//   - "how many of this prompt's blocks would be new on each rank": one walk down the trie (a
+//     hash lookup per run, a bisection inside the last run), then each run's ranks;
+//   - booking touches the runs on the prompt's path and copies its new blocks into one new run
+//     (no per-block hashing), and freeing drops only runs no request covers any more (and merges
+//     runs a departed request had split).
+// The trie is shared by all ranks, so a block's identity is stored once however many ranks hold
+// it. Memory follows the live requests: a freed request's record and the runs nobody covers are
+// erased at once, and the hash tables shrink when they become mostly empty. (Identities are
+// trusted to be prefix-chained as described; a 64-bit collision could only miscount load.)
+//
+// Requests older than the expiry (300 s by default, on the injectable clock) are dropped: a lost
+// free() must not leave load behind forever. Expiry runs lazily from AddRequest at most once per
+// check interval (30 s), or whenever ExpireStale() is called.
+//
+// Thread-safety: none. An ActiveSequences is a plain data structure; the Router serialises every
+// call under its admission gate.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "core/clock.h"
+#include "core/types.h"
+
+namespace kvrouter {
+
+// Block identities for load tracking: a chain over the prompt's local block hashes, like the
+// sequence hash (an identity names the block's whole prefix) but with a cheap 64-bit mixer
+// instead of XXH3, since they never leave the router. (Dynamo's newer router_tracking_hash
+// decouples tracking identities from sequence hashes in the same way.) `out` is cleared first.
+void ComputeTrackingIdsInto(std::span<const uint64_t> local_hashes, std::vector<uint64_t>& out);
+
+struct ActiveSequencesOptions {
+  double expiry_seconds = 300.0;       // a request older than this is dropped
+  double expiry_check_seconds = 30.0;  // AddRequest looks for expired requests this often
+};
+
+// One request to book on one rank.
+struct SequenceRequest {
+  std::string request_id;
+  WorkerKey worker;
+  // The prompt's block identities, in order: chained identities (tracking ids or sequence
+  // hashes) when KV reuse is assumed, otherwise distinct random values. May be empty (a prompt
+  // shorter than one block).
+  std::span<const uint64_t> block_ids;
+  // Prompt tokens this rank still has to prefill (isl - cached tokens), or 0 when prefill tokens
+  // are not tracked. Counted until MarkPrefillCompleted or Free.
+  uint64_t prefill_tokens = 0;
+  // Expected output length, when the caller knows it (kept for reporting; 0 = unknown).
+  uint32_t expected_output_tokens = 0;
+};
+
+// What a rank is serving now.
+struct WorkerLoad {
+  WorkerKey worker;
+  uint64_t active_blocks = 0;          // distinct blocks held by its active requests
+  uint64_t active_prefill_tokens = 0;  // prompt tokens booked and not yet prefilled
+  uint64_t active_requests = 0;
+};
+
+// The load a rank would carry if a new request were booked on it.
+struct PotentialLoad {
+  WorkerLoad current;
+  uint64_t new_blocks = 0;                // the prompt's blocks the rank does not hold yet
+  uint64_t potential_prefill_tokens = 0;  // active prefill + this prompt's uncached tokens
+  uint64_t potential_decode_blocks = 0;   // active blocks + new_blocks
+};
+
+// A prompt whose potential load is asked for.
+struct PotentialLoadQuery {
+  // The prompt's chained block identities (as booked); ignored when `random_identities` is set.
+  std::span<const uint64_t> block_ids;
+  // The prompt would be booked with fresh random identities (no KV reuse assumed): every one of
+  // its `num_blocks` blocks is new on every rank.
+  bool random_identities = false;
+  size_t num_blocks = 0;  // used only with random_identities
+  uint64_t prompt_tokens = 0;
+  bool track_prefill_tokens = true;
+};
+
+class ActiveSequences {
+ public:
+  // `clock` must outlive the tracker.
+  explicit ActiveSequences(const Clock& clock, ActiveSequencesOptions options = {});
+  ~ActiveSequences();
+  ActiveSequences(const ActiveSequences&) = delete;
+  ActiveSequences& operator=(const ActiveSequences&) = delete;
+
+  // Ranks must be added before requests are booked on them. Adding a known rank is a no-op.
+  void AddWorker(WorkerKey worker);
+  // Drops the rank and every request booked on it; returns how many requests were dropped.
+  // Unknown ranks are no error (0).
+  size_t RemoveWorker(WorkerKey worker);
+  bool HasWorker(WorkerKey worker) const;
+  size_t num_workers() const { return slot_of_.size(); }
+
+  // Books a request. Errors: InvalidArgument (empty id), AlreadyExists (the id is active),
+  // NotFound (unknown rank). On error nothing changes.
+  absl::Status AddRequest(const SequenceRequest& request);
+
+  // The request's prompt is prefilled: its prefill tokens stop counting. Idempotent; unknown ids
+  // are no error. Returns whether anything changed.
+  bool MarkPrefillCompleted(std::string_view request_id);
+
+  // The request is done (or cancelled): its prefill tokens and its blocks are released.
+  // Idempotent; unknown ids are no error. Returns whether a request was freed.
+  bool Free(std::string_view request_id);
+
+  // Drops every request older than the expiry; returns how many.
+  size_t ExpireStale();
+
+  bool HasRequest(std::string_view request_id) const;
+  size_t num_requests() const { return requests_.size(); }
+  // The rank a request is booked on, if it is active.
+  std::optional<WorkerKey> WorkerOf(std::string_view request_id) const;
+
+  // Current load of one rank (zero if unknown) and of every rank, in a stable order.
+  WorkerLoad Load(WorkerKey worker) const;
+  std::vector<WorkerLoad> Loads() const;
+
+  // For every rank (stable order, the order of Loads()), the load it would carry with the new
+  // request. `cached_tokens(worker)` gives the prompt tokens already cached on that rank.
+  void PotentialLoads(const PotentialLoadQuery& query,
+                      absl::FunctionRef<uint64_t(WorkerKey)> cached_tokens,
+                      std::vector<PotentialLoad>& out) const;
+
+  // (rank, block) pairs held, over all ranks; and distinct blocks stored. For tests and memory
+  // checks.
+  size_t TotalActiveBlocks() const;
+  size_t DistinctBlockIds() const { return stored_blocks_; }
+
+ private:
+  // One rank covering one run: how many of its active requests pass through or end in it.
+  struct Holder {
+    uint32_t slot;
+    uint32_t requests;
+  };
+
+  // A run of consecutive blocks of the trie (the root's run is empty).
+  struct Run {
+    std::vector<uint64_t> ids;
+    Run* parent = nullptr;
+    std::vector<std::unique_ptr<Run>> children;
+    absl::InlinedVector<Holder, 2> holders;
+  };
+
+  // Where a walk down the trie went: a run, how many of its blocks matched, and the chain's
+  // depth after them.
+  struct Step {
+    Run* run;
+    size_t matched;
+    size_t depth;
+  };
+  using Path = absl::InlinedVector<Step, 8>;
+
+  struct Slot {
+    WorkerKey worker;
+    bool in_use = false;
+    uint64_t active_blocks = 0;
+    uint64_t active_prefill_tokens = 0;
+    uint64_t active_requests = 0;
+  };
+
+  struct Record {
+    uint32_t slot;
+    std::vector<uint64_t> block_ids;
+    uint64_t prefill_tokens;  // 0 once prefilled
+    Nanos started_at;
+    uint32_t expected_output_tokens;
+  };
+
+  // Follows `chain` down the trie as far as it matches.
+  void Walk(std::span<const uint64_t> chain, Path& path) const;
+  void BookBlocks(std::span<const uint64_t> chain, uint32_t slot);
+  void ReleaseBlocks(std::span<const uint64_t> chain, uint32_t slot);
+  Run* Split(Run* run, size_t keep);
+  Run* AddRun(Run* parent, std::span<const uint64_t> ids);
+  void DeleteRun(Run* run);
+  void MergeSingleChild(Run* run);
+  void AddHolder(Run* run, uint32_t slot);
+  void RemoveHolder(Run* run, uint32_t slot);
+  void SweepSlot(uint32_t slot);
+  // Depth of `chain` on every slot.
+  void HeldDepthPerSlot(std::span<const uint64_t> chain, std::vector<uint32_t>& depth) const;
+  void EraseRecord(absl::node_hash_map<std::string, Record>::iterator it);
+  void MaybeExpire();
+  void MaybeShrinkTables();
+
+  const Clock& clock_;
+  Nanos expiry_;
+  Nanos expiry_check_interval_;
+  Nanos last_expiry_check_;
+
+  std::vector<Slot> slots_;  // indexed by slot number; freed slots are reused
+  std::vector<uint32_t> free_slots_;
+  absl::flat_hash_map<WorkerKey, uint32_t> slot_of_;
+  // The trie of booked chains, and its edges: (run, first id of a child run) -> that child.
+  std::unique_ptr<Run> root_;
+  absl::flat_hash_map<std::pair<const Run*, uint64_t>, Run*> child_of_;
+  size_t stored_blocks_ = 0;
+  // Node map: records do not move, so their ids stay valid while they are active.
+  absl::node_hash_map<std::string, Record> requests_;
+};
+
+}  // namespace kvrouter

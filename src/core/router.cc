@@ -1,0 +1,668 @@
+#include "core/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/hashing.h"
+
+namespace kvrouter {
+
+// A request hashed and matched against the index, ready to be priced.
+struct Router::Prepared {
+  std::string request_id;
+  SelectorConfig config;
+  bool with_admission = false;
+  uint64_t prompt_tokens = 0;
+  uint32_t expected_output_tokens = 0;
+  double priority_jump = 0;
+  std::vector<uint64_t> local_hashes;
+  std::vector<uint64_t> tracking_ids;     // chained block identities; empty without KV reuse
+  std::vector<uint64_t> sequence_hashes;  // only to record a booking in approximate mode
+  std::vector<WorkerMatch> matches;       // sorted by worker
+  std::vector<uint64_t> allowed_worker_ids;
+};
+
+// A request waiting in the admission queue.
+struct Router::Pending {
+  uint64_t ticket = 0;
+  Prepared prepared;
+  RouteCallback done;
+};
+
+// A callback to run once the gate is released, with its result.
+struct Router::Completion {
+  RouteCallback done;
+  absl::StatusOr<RouteDecision> result;
+};
+
+namespace {
+
+absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+TierOverlap OverlapOf(const WorkerMatch& match) {
+  return TierOverlap{.device_blocks = match.device_blocks,
+                     .host_blocks = match.host_hits,
+                     .disk_blocks = match.disk_hits,
+                     .external_blocks = match.external_hits};
+}
+
+const WorkerMatch* FindMatch(std::span<const WorkerMatch> sorted_matches, WorkerKey worker) {
+  auto it = std::lower_bound(sorted_matches.begin(), sorted_matches.end(), worker,
+                             [](const WorkerMatch& m, const WorkerKey& w) { return m.worker < w; });
+  return it != sorted_matches.end() && it->worker == worker ? &*it : nullptr;
+}
+
+bool IsAllowed(uint64_t worker_id, std::span<const uint64_t> allowed) {
+  return allowed.empty() || std::find(allowed.begin(), allowed.end(), worker_id) != allowed.end();
+}
+
+}  // namespace
+
+absl::Status ValidateRouterOptions(const RouterOptions& options) {
+  if (options.block_size == 0) return absl::InvalidArgumentError("block_size must be > 0");
+  if (auto status = ValidateSelectorConfig(options.selection); !status.ok()) return status;
+  if (options.queue_threshold &&
+      (!std::isfinite(*options.queue_threshold) || *options.queue_threshold < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("queue_threshold must be finite and >= 0, got ", *options.queue_threshold));
+  }
+  if (!std::isfinite(options.approx_ttl_seconds) || options.approx_ttl_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("approx_ttl_seconds must be > 0, got ", options.approx_ttl_seconds));
+  }
+  if (options.approx_max_blocks == 0) {
+    return absl::InvalidArgumentError("approx_max_blocks must be > 0");
+  }
+  if (!(options.approx_prune_target_ratio > 0 && options.approx_prune_target_ratio <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "approx_prune_target_ratio must be in (0, 1], got ", options.approx_prune_target_ratio));
+  }
+  if (!std::isfinite(options.request_expiry_seconds) || options.request_expiry_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_expiry_seconds must be > 0, got ", options.request_expiry_seconds));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options) {
+  if (auto status = ValidateRouterOptions(options); !status.ok()) return status;
+  return std::unique_ptr<Router>(new Router(std::move(options)));
+}
+
+Router::Router(RouterOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : SteadyClock::Instance()),
+      queue_origin_(clock_.Now()),
+      random_(options_.random != nullptr
+                  ? options_.random
+                  : std::make_shared<SeededRandomSource>(options_.random_seed)),
+      active_(clock_, ActiveSequencesOptions{.expiry_seconds = options_.request_expiry_seconds}),
+      registry_(options_.block_size) {
+  if (options_.use_kv_events) {
+    index_ = std::make_unique<RadixIndex>(RadixIndexOptions{.block_size = options_.block_size});
+  } else {
+    approx_ = std::make_unique<ApproxIndex>(
+        ApproxIndexOptions{.block_size = options_.block_size,
+                           .ttl_seconds = options_.approx_ttl_seconds,
+                           .max_blocks = options_.approx_max_blocks,
+                           .prune_target_ratio = options_.approx_prune_target_ratio},
+        clock_);
+  }
+}
+
+Router::~Router() {
+  // Nobody may wait on a destroyed router: tell every waiting caller.
+  Completions completions;
+  {
+    std::lock_guard lock(gate_);
+    while (!queue_.empty()) {
+      auto entry = queue_.PopFront();
+      completions.push_back(
+          {std::move(entry.item->done), absl::CancelledError("the router was destroyed")});
+    }
+  }
+  Run(completions);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers and events
+
+absl::Status Router::AddWorker(const WorkerConfig& config) {
+  Completions completions;
+  {
+    std::lock_guard lock(gate_);
+    if (auto status = registry_.Add(config); !status.ok()) return status;
+    for (const WorkerKey& rank : RanksOf(config)) active_.AddWorker(rank);
+    DrainQueueLocked(completions);
+  }
+  Run(completions);
+  return absl::OkStatus();
+}
+
+absl::Status Router::UpdateWorker(const WorkerConfig& config) {
+  Completions completions;
+  {
+    std::lock_guard lock(gate_);
+    auto changes = registry_.Update(config);
+    if (!changes.ok()) return changes.status();
+    for (const WorkerKey& rank : changes->removed) RemoveRankLocked(rank);
+    for (const WorkerKey& rank : changes->added) active_.AddWorker(rank);
+    DrainQueueLocked(completions);  // a larger max_num_batched_tokens may admit
+  }
+  Run(completions);
+  return absl::OkStatus();
+}
+
+absl::Status Router::RemoveWorker(uint64_t worker_id) {
+  Completions completions;
+  absl::Status status;
+  {
+    std::lock_guard lock(gate_);
+    auto removed = registry_.Remove(worker_id);
+    status = removed.status();
+    if (removed.ok()) {
+      for (const WorkerKey& rank : RanksOf(*removed)) active_.RemoveWorker(rank);
+    }
+    // Events may have arrived for a worker never registered: forget them too.
+    if (index_) index_->RemoveWorker(worker_id);
+    if (approx_) approx_->RemoveWorker(worker_id);
+    // Requests waiting for this worker alone now have no eligible rank: they fail Unavailable.
+    DrainQueueLocked(completions);
+  }
+  Run(completions);
+  return status;
+}
+
+void Router::RemoveRankLocked(WorkerKey rank) {
+  active_.RemoveWorker(rank);
+  if (index_) index_->RemoveWorkerDpRank(rank);
+  if (approx_) approx_->RemoveWorkerDpRank(rank);
+}
+
+std::vector<WorkerConfig> Router::Workers() const {
+  std::lock_guard lock(gate_);
+  return registry_.Workers();
+}
+
+absl::StatusOr<ApplyResult> Router::ApplyEvent(const KvEvent& event) {
+  if (!index_) {
+    return absl::FailedPreconditionError(
+        "the router runs in approximate mode (use_kv_events = false) and takes no KV events");
+  }
+  return index_->Apply(event);
+}
+
+kvrouter::IndexStats Router::IndexStats() const {
+  return index_ ? index_->Stats() : approx_->Stats().index;
+}
+
+std::vector<KvEvent> Router::DumpIndexEvents() const {
+  return index_ ? index_->DumpEvents() : approx_->index().DumpEvents();
+}
+
+absl::Status Router::RestoreIndex(std::span<const KvEvent> events) {
+  if (!index_) {
+    return absl::FailedPreconditionError(
+        "the router runs in approximate mode (use_kv_events = false); its index is not restored "
+        "from snapshots");
+  }
+  for (const WorkerKey& rank : index_->Workers()) index_->RemoveWorkerDpRank(rank);
+  size_t rejected = 0;
+  std::string first_error;
+  for (const KvEvent& event : events) {
+    const ApplyResult result = index_->Apply(event);
+    if (result.ok()) continue;
+    if (rejected++ == 0) first_error = result.message;
+  }
+  if (rejected > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rejected, " of ", events.size(),
+                     " snapshot events were rejected; the first: ", first_error));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Preparing a request (no router lock held)
+
+void Router::FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) {
+  if (index_) {
+    index_->FindMatches(local_hashes, out);
+  } else {
+    approx_->FindMatches(local_hashes, out);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
+}
+
+absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
+                             bool for_booking, Prepared& out) {
+  auto config = ApplyOverrides(options_.selection, options.overrides);
+  if (!config.ok()) return config.status();
+  if (for_booking && options.request_id.empty()) {
+    return absl::InvalidArgumentError("a request id is required to book a request");
+  }
+  if (!std::isfinite(options.priority_jump)) {
+    return absl::InvalidArgumentError("priority_jump must be finite");
+  }
+  out.request_id.assign(options.request_id);
+  out.config = *config;
+  out.with_admission = options.with_admission;
+  out.prompt_tokens = tokens.size();
+  out.expected_output_tokens = options.expected_output_tokens;
+  out.priority_jump = options.priority_jump;
+  out.allowed_worker_ids.assign(options.allowed_worker_ids.begin(),
+                                options.allowed_worker_ids.end());
+
+  const BlockHashOptions hash_options{.lora_name = options.prompt.lora_name,
+                                      .cache_namespace = options.prompt.cache_namespace,
+                                      .eagle = options.prompt.eagle,
+                                      .block_mm_hashes = options.prompt.block_mm_hashes};
+  ComputeLocalBlockHashesInto(tokens, options_.block_size, hash_options, out.local_hashes);
+  // Without assumed KV reuse the blocks are booked under random identities instead.
+  if (out.config.assume_kv_reuse) {
+    ComputeTrackingIdsInto(out.local_hashes, out.tracking_ids);
+  } else {
+    out.tracking_ids.clear();
+  }
+  // The approximate index records a booking as synthetic stored events keyed by sequence hash.
+  if (approx_ && for_booking) {
+    ComputeSequenceHashesInto(out.local_hashes, out.sequence_hashes);
+  } else {
+    out.sequence_hashes.clear();
+  }
+  FindMatches(out.local_hashes, out.matches);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selection and booking (under gate_)
+
+absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
+  const SelectorConfig& config = prepared.config;
+  const uint32_t block_size = options_.block_size;
+  const PotentialLoadQuery query{.block_ids = prepared.tracking_ids,
+                                 .random_identities = !config.assume_kv_reuse,
+                                 .num_blocks = prepared.local_hashes.size(),
+                                 .prompt_tokens = prepared.prompt_tokens,
+                                 .track_prefill_tokens = config.track_prefill_tokens};
+  const auto cached_tokens = [&](WorkerKey worker) -> uint64_t {
+    const WorkerMatch* match = FindMatch(prepared.matches, worker);
+    if (match == nullptr) return 0;
+    return CachedTokens(EffectiveOverlapBlocks(OverlapOf(*match), config), block_size);
+  };
+  std::vector<PotentialLoad> loads;
+  active_.PotentialLoads(query, cached_tokens, loads);
+
+  std::vector<Candidate> candidates;
+  candidates.reserve(loads.size());
+  for (const PotentialLoad& load : loads) {
+    if (!IsAllowed(load.current.worker.worker_id, prepared.allowed_worker_ids)) continue;
+    const WorkerMatch* match = FindMatch(prepared.matches, load.current.worker);
+    candidates.push_back(Candidate{.worker = load.current.worker,
+                                   .overlap = match ? OverlapOf(*match) : TierOverlap{},
+                                   .active_prefill_tokens = load.current.active_prefill_tokens,
+                                   .active_blocks = load.current.active_blocks,
+                                   .new_blocks = load.new_blocks});
+  }
+  const SelectionInput input{.prompt_tokens = prepared.prompt_tokens,
+                             .block_size = block_size,
+                             .candidates = candidates,
+                             .allowed_worker_ids = {}};
+  return SelectWorker(input, config, *random_, out);
+}
+
+absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& chosen) {
+  std::vector<uint64_t> random_ids;
+  std::span<const uint64_t> block_ids = prepared.tracking_ids;
+  if (!prepared.config.assume_kv_reuse) {
+    // Fresh identities: this request's blocks are never counted as shared with another's.
+    random_ids.resize(prepared.local_hashes.size());
+    for (uint64_t& id : random_ids) id = random_->NextU64();
+    block_ids = random_ids;
+  }
+  const uint64_t prefill_tokens =
+      prepared.config.track_prefill_tokens ? prepared.prompt_tokens - chosen.cached_tokens : 0;
+  const SequenceRequest request{.request_id = prepared.request_id,
+                                .worker = chosen.worker,
+                                .block_ids = block_ids,
+                                .prefill_tokens = prefill_tokens,
+                                .expected_output_tokens = prepared.expected_output_tokens};
+  if (auto status = active_.AddRequest(request); !status.ok()) return status;
+  if (approx_) {
+    approx_->RecordRoutingDecision(chosen.worker, prepared.local_hashes, prepared.sequence_hashes);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
+  Selection selection;
+  if (auto status = SelectLocked(prepared, selection); !status.ok()) return status;
+  const CandidateCost& winner = selection.winner();
+  if (prepared.with_admission) {
+    if (auto status = BookLocked(prepared, winner); !status.ok()) return status;
+  }
+  RouteDecision decision;
+  decision.worker = winner.worker;
+  decision.device_overlap_blocks = winner.overlap.device_blocks;
+  decision.effective_overlap_blocks = winner.effective_overlap_blocks;
+  decision.cached_tokens = winner.cached_tokens;
+  decision.prompt_tokens = prepared.prompt_tokens;
+  decision.prompt_blocks = static_cast<uint32_t>(prepared.local_hashes.size());
+  decision.booked = prepared.with_admission;
+  decision.chosen = selection.chosen;
+  decision.candidates = std::move(selection.costs);
+  return decision;
+}
+
+absl::Status Router::CheckNewRequestIdLocked(std::string_view request_id) const {
+  if (active_.HasRequest(request_id) || queue_.Contains(request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request id '", AsAbsl(request_id),
+                                                 "' is already active or waiting for admission"));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admission queue (under gate_)
+
+bool Router::MustWaitLocked(const Prepared& prepared) const {
+  if (!options_.queue_threshold || !prepared.allowed_worker_ids.empty()) return false;
+  std::vector<RankPressure> ranks;
+  for (const WorkerLoad& load : active_.Loads()) {
+    const WorkerConfig* config = registry_.Find(load.worker.worker_id);
+    ranks.push_back(RankPressure{
+        .active_prefill_tokens = load.active_prefill_tokens,
+        .max_num_batched_tokens = config != nullptr ? config->max_num_batched_tokens : 0});
+  }
+  return AllOverThreshold(ranks, *options_.queue_threshold);
+}
+
+void Router::EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback done) {
+  // WSPT favours the request with the least uncached work on its best rank.
+  uint64_t best_cached = 0;
+  for (const WorkerMatch& match : prepared->matches) {
+    if (!registry_.HasRank(match.worker) ||
+        !IsAllowed(match.worker.worker_id, prepared->allowed_worker_ids)) {
+      continue;
+    }
+    best_cached = std::max(best_cached,
+                           CachedTokens(EffectiveOverlapBlocks(OverlapOf(match), prepared->config),
+                                        options_.block_size));
+  }
+  const double arrival =
+      static_cast<double>(clock_.Now() - queue_origin_) / static_cast<double>(kNanosPerSecond);
+  const double key =
+      QueueKey(options_.queue_policy, QueueKeyInputs{.priority_jump = prepared->priority_jump,
+                                                     .arrival_offset_seconds = arrival,
+                                                     .prompt_tokens = prepared->prompt_tokens,
+                                                     .best_cached_tokens = best_cached});
+  auto pending = std::make_unique<Pending>();
+  pending->ticket = next_ticket_++;
+  pending->prepared = std::move(*prepared);
+  pending->done = std::move(done);
+  const std::string id = pending->prepared.request_id;
+  const uint64_t tokens = pending->prepared.prompt_tokens;
+  queue_.Push(id, key, tokens, std::move(pending));
+}
+
+void Router::DrainQueueLocked(Completions& completions) {
+  // Head-of-line: stop at the first request that still has to wait (as Dynamo does).
+  while (!queue_.empty() && !MustWaitLocked(queue_.Front().item->prepared)) {
+    auto entry = queue_.PopFront();
+    auto result = DecideLocked(entry.item->prepared);
+    if (result.ok()) result->queued = true;
+    completions.push_back({std::move(entry.item->done), std::move(result)});
+  }
+}
+
+bool Router::CancelLocked(std::string_view request_id, uint64_t ticket, absl::Status why,
+                          Completions& completions) {
+  const auto* entry = queue_.Find(request_id);
+  if (entry == nullptr || (ticket != 0 && entry->item->ticket != ticket)) return false;
+  auto removed = queue_.Remove(request_id);
+  completions.push_back({std::move(removed->item->done), std::move(why)});
+  return true;
+}
+
+void Router::Run(Completions& completions) {
+  for (Completion& c : completions) c.done(std::move(c.result));
+  completions.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing entry points
+
+uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& options,
+                        RouteCallback done) {
+  // Reused per thread so the hot path does not allocate its hash and match buffers. It is only
+  // used until the decision is made, before any callback runs.
+  thread_local Prepared scratch;
+  if (auto status = Prepare(tokens, options, options.with_admission, scratch); !status.ok()) {
+    done(status);
+    return 0;
+  }
+  Completions completions;
+  uint64_t ticket = 0;
+  {
+    std::lock_guard lock(gate_);
+    absl::Status id_status =
+        options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
+    if (!id_status.ok()) {
+      completions.push_back({std::move(done), std::move(id_status)});
+    } else if (options.with_admission && MustWaitLocked(scratch)) {
+      ticket = next_ticket_;
+      EnqueueLocked(std::make_unique<Prepared>(std::move(scratch)), std::move(done));
+    } else {
+      completions.push_back({std::move(done), DecideLocked(scratch)});
+    }
+  }
+  Run(completions);
+  return ticket;
+}
+
+absl::StatusOr<RouteDecision> Router::FindBestMatch(std::span<const uint32_t> tokens,
+                                                    const RouteOptions& options) {
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable_any cv;
+    std::optional<absl::StatusOr<RouteDecision>> result;
+  } waiter;
+  // Notifying under the waiter's mutex: once the caller sees the result it may return and
+  // destroy `waiter`, which it can only do after this callback has let go of the mutex.
+  auto done = [&waiter](absl::StatusOr<RouteDecision> result) {
+    std::lock_guard lock(waiter.mu);
+    waiter.result = std::move(result);
+    waiter.cv.notify_all();
+  };
+  const uint64_t ticket = Submit(tokens, options, done);
+
+  std::unique_lock lock(waiter.mu);
+  const auto ready = [&waiter] { return waiter.result.has_value(); };
+  if (ready()) return std::move(*waiter.result);
+  const bool admitted = options.queue_timeout ? waiter.cv.wait_for(lock, options.stop_token,
+                                                                   *options.queue_timeout, ready)
+                                              : waiter.cv.wait(lock, options.stop_token, ready);
+  if (!admitted) {
+    lock.unlock();
+    absl::Status why = options.stop_token.stop_requested()
+                           ? absl::CancelledError("cancelled while waiting for admission")
+                           : absl::DeadlineExceededError("timed out while waiting for admission");
+    Completions completions;
+    {
+      std::lock_guard gate(gate_);
+      CancelLocked(options.request_id, ticket, std::move(why), completions);
+    }
+    Run(completions);
+    lock.lock();
+    // Either the cancellation above or an admission that won the race has set the result.
+    waiter.cv.wait(lock, ready);
+  }
+  return std::move(*waiter.result);
+}
+
+void Router::FindBestMatchAsync(std::span<const uint32_t> tokens, const RouteOptions& options,
+                                RouteCallback done) {
+  Submit(tokens, options, std::move(done));
+}
+
+bool Router::CancelPending(std::string_view request_id) {
+  Completions completions;
+  bool cancelled;
+  {
+    std::lock_guard lock(gate_);
+    cancelled =
+        CancelLocked(request_id, 0, absl::CancelledError("cancelled while waiting"), completions);
+  }
+  Run(completions);
+  return cancelled;
+}
+
+absl::Status Router::AddRequest(std::string_view request_id, std::span<const uint32_t> tokens,
+                                WorkerKey worker, const RouteOptions& options) {
+  RouteOptions booking = options;
+  booking.request_id = request_id;
+  booking.with_admission = true;
+  Prepared prepared;
+  if (auto status = Prepare(tokens, booking, /*for_booking=*/true, prepared); !status.ok()) {
+    return status;
+  }
+  std::lock_guard lock(gate_);
+  if (auto status = CheckNewRequestIdLocked(request_id); !status.ok()) return status;
+  if (!active_.HasWorker(worker)) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker ", worker.worker_id, " dp_rank ", worker.dp_rank));
+  }
+  const WorkerMatch* match = FindMatch(prepared.matches, worker);
+  const Candidate candidate{.worker = worker, .overlap = match ? OverlapOf(*match) : TierOverlap{}};
+  const CandidateCost priced =
+      ScoreCandidate(candidate, prepared.prompt_tokens, options_.block_size, prepared.config);
+  return BookLocked(prepared, priced);
+}
+
+bool Router::MarkPrefillCompleted(std::string_view request_id) {
+  Completions completions;
+  bool changed;
+  {
+    std::lock_guard lock(gate_);
+    changed = active_.MarkPrefillCompleted(request_id);
+    if (changed) DrainQueueLocked(completions);
+  }
+  Run(completions);
+  return changed;
+}
+
+bool Router::Free(std::string_view request_id) {
+  Completions completions;
+  bool freed;
+  {
+    std::lock_guard lock(gate_);
+    // A client that gives up before admission frees a request that is still waiting.
+    freed = CancelLocked(request_id, 0, absl::CancelledError("freed while waiting for admission"),
+                         completions);
+    if (!freed) {
+      freed = active_.Free(request_id);
+      if (freed) DrainQueueLocked(completions);
+    }
+  }
+  Run(completions);
+  return freed;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views and housekeeping
+
+absl::StatusOr<std::vector<PotentialLoad>> Router::PotentialLoads(std::span<const uint32_t> tokens,
+                                                                  const RouteOptions& options) {
+  Prepared prepared;
+  if (auto status = Prepare(tokens, options, /*for_booking=*/false, prepared); !status.ok()) {
+    return status;
+  }
+  const SelectorConfig& config = prepared.config;
+  const PotentialLoadQuery query{.block_ids = prepared.tracking_ids,
+                                 .random_identities = !config.assume_kv_reuse,
+                                 .num_blocks = prepared.local_hashes.size(),
+                                 .prompt_tokens = prepared.prompt_tokens,
+                                 .track_prefill_tokens = config.track_prefill_tokens};
+  const auto cached_tokens = [&](WorkerKey worker) -> uint64_t {
+    const WorkerMatch* match = FindMatch(prepared.matches, worker);
+    if (match == nullptr) return 0;
+    return CachedTokens(EffectiveOverlapBlocks(OverlapOf(*match), config), options_.block_size);
+  };
+  std::vector<PotentialLoad> loads;
+  {
+    std::lock_guard lock(gate_);
+    active_.PotentialLoads(query, cached_tokens, loads);
+  }
+  std::erase_if(loads, [&](const PotentialLoad& load) {
+    return !IsAllowed(load.current.worker.worker_id, prepared.allowed_worker_ids);
+  });
+  return loads;
+}
+
+absl::StatusOr<std::vector<OverlapScore>> Router::OverlapScores(std::span<const uint32_t> tokens,
+                                                                const RouteOptions& options) {
+  Prepared prepared;
+  if (auto status = Prepare(tokens, options, /*for_booking=*/false, prepared); !status.ok()) {
+    return status;
+  }
+  std::vector<OverlapScore> scores;
+  scores.reserve(prepared.matches.size());
+  for (const WorkerMatch& match : prepared.matches) {
+    const TierOverlap overlap = OverlapOf(match);
+    const double effective = EffectiveOverlapBlocks(overlap, prepared.config);
+    scores.push_back(OverlapScore{.worker = match.worker,
+                                  .overlap = overlap,
+                                  .effective_overlap_blocks = effective,
+                                  .cached_tokens = CachedTokens(effective, options_.block_size),
+                                  .tree_size = match.tree_size});
+  }
+  return scores;
+}
+
+std::vector<WorkerLoad> Router::Loads() const {
+  std::lock_guard lock(gate_);
+  return active_.Loads();
+}
+
+size_t Router::active_requests() const {
+  std::lock_guard lock(gate_);
+  return active_.num_requests();
+}
+
+size_t Router::pending_count() const {
+  std::lock_guard lock(gate_);
+  return queue_.size();
+}
+
+uint64_t Router::pending_tokens() const {
+  std::lock_guard lock(gate_);
+  return queue_.pending_tokens();
+}
+
+size_t Router::ExpireStale() {
+  Completions completions;
+  size_t expired;
+  {
+    std::lock_guard lock(gate_);
+    expired = active_.ExpireStale();
+    DrainQueueLocked(completions);
+  }
+  Run(completions);
+  return expired;
+}
+
+void Router::RecheckQueue() {
+  Completions completions;
+  {
+    std::lock_guard lock(gate_);
+    DrainQueueLocked(completions);
+  }
+  Run(completions);
+}
+
+}  // namespace kvrouter

@@ -1,0 +1,132 @@
+// Choosing a worker rank for a request: the cost of each candidate and the pick
+// (shared/reference/dynamo-router.md §3.3, the NEWER credit form, and §2.6 for tier weights).
+//
+// Per candidate rank w, for a prompt of `isl` tokens and block size `bs`:
+//   effective_overlap_w = device_w + host_cache_hit_weight * host_w
+//                         + disk_cache_hit_weight * (disk_w + external_w)          [blocks]
+//   cached_tokens_w     = round(effective_overlap_w * bs), at most isl
+//   credit_w            = overlap_score_credit * device_w + host_cache_hit_weight * host_w
+//                         + disk_cache_hit_weight * (disk_w + external_w)          [blocks]
+//   raw_prefill_blocks_w = (active_prefill_tokens_w + isl) / bs   (without prefill tracking, the
+//                          prompt adds nothing: active_prefill_tokens_w / bs)
+//   decode_blocks_w     = active_blocks_w + new_blocks_w (prompt blocks the rank does not hold)
+//   cost_w              = prefill_load_scale * max(0, raw_prefill_blocks_w - credit_w)
+//                         + decode_blocks_w
+// Temperature 0 picks the cheapest rank, ties broken uniformly at random (reservoir sampling).
+// Temperature T > 0 draws from p_w ∝ exp(-(cost_w - min) / ((max - min) * T)): costs are
+// normalised by their range so T means the same whatever the load; equal costs are uniform.
+//
+// Selection is a pure function of its inputs and the random source: it books nothing, so a
+// preview and an admitted request score identically.
+//
+// Thread-safety: every function here is safe to call concurrently, given distinct RandomSources.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/random_source.h"
+#include "core/types.h"
+
+namespace kvrouter {
+
+// The knobs of one selection: the router's defaults, or those with a request's overrides.
+struct SelectorConfig {
+  double overlap_score_credit = 1.0;    // finite, >= 0 (> 1 allowed)
+  double prefill_load_scale = 1.0;      // finite, >= 0
+  double host_cache_hit_weight = 0.75;  // in [0, 1]
+  double disk_cache_hit_weight = 0.25;  // in [0, 1]; also weighs external-storage hits
+  double temperature = 0.0;             // finite, >= 0
+  bool assume_kv_reuse = true;          // false: book random block identities (no sharing)
+  bool track_prefill_tokens = true;     // false: a prompt adds no prefill tokens
+};
+
+// InvalidArgument naming the first setting out of range (NaN and infinities included).
+absl::Status ValidateSelectorConfig(const SelectorConfig& config);
+
+// Per-request overrides of every SelectorConfig field; unset fields keep the router's value.
+struct SelectorOverrides {
+  std::optional<double> overlap_score_credit;
+  std::optional<double> prefill_load_scale;
+  std::optional<double> host_cache_hit_weight;
+  std::optional<double> disk_cache_hit_weight;
+  std::optional<double> temperature;
+  std::optional<bool> assume_kv_reuse;
+  std::optional<bool> track_prefill_tokens;
+};
+
+// `base` with `overrides` applied, validated.
+absl::StatusOr<SelectorConfig> ApplyOverrides(const SelectorConfig& base,
+                                              const SelectorOverrides& overrides);
+
+// How much of the prompt's prefix a rank holds, per tier, in blocks. Each tier continues after
+// the previous one (§2.6).
+struct TierOverlap {
+  uint32_t device_blocks = 0;
+  uint32_t host_blocks = 0;
+  uint32_t disk_blocks = 0;
+  uint32_t external_blocks = 0;
+};
+
+double EffectiveOverlapBlocks(const TierOverlap& overlap, const SelectorConfig& config);
+// round(effective * block_size).
+uint64_t CachedTokens(double effective_overlap_blocks, uint32_t block_size);
+
+// One rank that may serve the request, with what the selector needs to price it.
+struct Candidate {
+  WorkerKey worker;
+  TierOverlap overlap;
+  uint64_t active_prefill_tokens = 0;
+  uint64_t active_blocks = 0;
+  uint64_t new_blocks = 0;  // the prompt's blocks the rank would newly hold
+};
+
+// The priced candidate: every term of its cost, so a decision can be explained.
+struct CandidateCost {
+  WorkerKey worker;
+  TierOverlap overlap;
+  double effective_overlap_blocks = 0;
+  uint64_t cached_tokens = 0;
+  uint64_t active_prefill_tokens = 0;
+  uint64_t active_blocks = 0;
+  uint64_t new_blocks = 0;
+  uint64_t potential_prefill_tokens = 0;  // active + this prompt's uncached tokens
+  double raw_prefill_blocks = 0;
+  double credit = 0;
+  double prefill_cost = 0;  // prefill_load_scale * max(0, raw_prefill_blocks - credit)
+  uint64_t decode_blocks = 0;
+  double cost = 0;
+  double probability = 0;  // this candidate's chance of being picked
+};
+
+struct SelectionInput {
+  uint64_t prompt_tokens = 0;
+  uint32_t block_size = 0;
+  std::span<const Candidate> candidates;
+  // When not empty, only ranks of these worker ids are eligible.
+  std::span<const uint64_t> allowed_worker_ids;
+};
+
+struct Selection {
+  size_t chosen = 0;                 // index into `costs`
+  std::vector<CandidateCost> costs;  // the eligible candidates, in input order
+  const CandidateCost& winner() const { return costs[chosen]; }
+};
+
+// Prices one candidate.
+CandidateCost ScoreCandidate(const Candidate& candidate, uint64_t prompt_tokens,
+                             uint32_t block_size, const SelectorConfig& config);
+
+// Prices every eligible candidate and picks one. Errors: InvalidArgument (block size 0, or an
+// invalid config), Unavailable (no eligible candidate). `out` is overwritten (its capacity is
+// reused).
+absl::Status SelectWorker(const SelectionInput& input, const SelectorConfig& config,
+                          RandomSource& random, Selection& out);
+absl::StatusOr<Selection> SelectWorker(const SelectionInput& input, const SelectorConfig& config,
+                                       RandomSource& random);
+
+}  // namespace kvrouter

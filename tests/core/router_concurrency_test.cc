@@ -1,0 +1,212 @@
+// The Router under concurrent callers (run under ThreadSanitizer in CI): selection and booking
+// share one gate, so concurrent requests see each other's bookings; the queue admits waiting
+// callers from whichever thread frees capacity.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <latch>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/hashing.h"
+#include "core/router.h"
+
+namespace kvrouter {
+namespace {
+
+constexpr uint32_t kBlockSize = 16;
+
+std::vector<uint32_t> Prompt(size_t tokens, uint32_t first = 0) {
+  std::vector<uint32_t> out(tokens);
+  for (size_t i = 0; i < tokens; ++i) out[i] = first + static_cast<uint32_t>(i);
+  return out;
+}
+
+std::unique_ptr<Router> MakeRouter(int workers, std::optional<double> threshold = std::nullopt,
+                                   uint64_t max_batched = 0) {
+  RouterOptions options;
+  options.block_size = kBlockSize;
+  options.queue_threshold = threshold;
+  options.random_seed = 1;
+  auto router = Router::Create(options);
+  EXPECT_TRUE(router.ok()) << router.status();
+  for (int i = 0; i < workers; ++i) {
+    EXPECT_TRUE((*router)
+                    ->AddWorker(WorkerConfig{.worker_id = static_cast<uint64_t>(i),
+                                             .max_num_batched_tokens = max_batched,
+                                             .block_size = kBlockSize})
+                    .ok());
+  }
+  return std::move(*router);
+}
+
+// 1,000 identical requests arrive at once at 8 idle workers. Had selection not seen the
+// bookings made just before it, they would all pick the same (cheapest-looking) worker; with one
+// gate each booking raises that worker's cost and the next request goes elsewhere.
+TEST(RouterConcurrencyTest, ThousandConcurrentIdenticalRequestsSpread) {
+  constexpr int kWorkers = 8;
+  constexpr int kRequests = 1000;
+  auto router = MakeRouter(kWorkers);
+  const auto prompt = Prompt(512);
+  std::vector<std::atomic<int>> per_worker(kWorkers);
+  std::atomic<int> failures{0};
+  std::latch start(kRequests);
+  std::vector<std::thread> threads;
+  threads.reserve(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string id = "req-" + std::to_string(i);
+      RouteOptions options{.with_admission = true, .request_id = id};
+      start.arrive_and_wait();
+      auto decision = router->FindBestMatch(prompt, options);
+      if (!decision.ok()) {
+        ++failures;
+        return;
+      }
+      ++per_worker[decision->worker.worker_id];
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(router->active_requests(), static_cast<size_t>(kRequests));
+  const int fair_share = kRequests / kWorkers;
+  int total = 0;
+  for (int w = 0; w < kWorkers; ++w) {
+    total += per_worker[w].load();
+    EXPECT_LE(per_worker[w].load(), 2 * fair_share) << "worker " << w;
+    EXPECT_GT(per_worker[w].load(), 0) << "worker " << w;
+  }
+  EXPECT_EQ(total, kRequests);
+}
+
+// Many callers block in the queue while others finish their requests: everyone is admitted
+// exactly once, nothing is left booked or waiting, and nobody deadlocks.
+TEST(RouterConcurrencyTest, QueuedCallersAreAllAdmittedAsLoadDrains) {
+  constexpr int kWorkers = 3;
+  constexpr int kCallers = 64;
+  // Busy above 1.0 × 100 tokens; each prompt is 160 tokens, so one request fills a worker.
+  auto router = MakeRouter(kWorkers, 1.0, 100);
+  // One blocker per worker makes every worker busy, so every caller has to queue.
+  for (int w = 0; w < kWorkers; ++w) {
+    const std::string id = "blocker-" + std::to_string(w);
+    ASSERT_TRUE(router
+                    ->FindBestMatch(Prompt(160, 999'000u + w),
+                                    RouteOptions{.with_admission = true, .request_id = id})
+                    .ok());
+  }
+  std::atomic<int> admitted{0}, queued{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCallers; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string id = "c" + std::to_string(i);
+      auto decision = router->FindBestMatch(Prompt(160, 1000u * i),
+                                            RouteOptions{.with_admission = true, .request_id = id});
+      ASSERT_TRUE(decision.ok()) << decision.status();
+      ++admitted;
+      if (decision->queued) ++queued;
+      std::this_thread::yield();
+      router->MarkPrefillCompleted(id);
+      router->Free(id);
+      router->Free(id);  // idempotent, even racing with other threads
+    });
+  }
+  while (router->pending_count() < static_cast<size_t>(kCallers)) std::this_thread::yield();
+  EXPECT_EQ(router->pending_tokens(), 160u * kCallers);
+  for (int w = 0; w < kWorkers; ++w) router->Free("blocker-" + std::to_string(w));
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(admitted.load(), kCallers);
+  EXPECT_EQ(queued.load(), kCallers);
+  EXPECT_EQ(router->pending_count(), 0u);
+  EXPECT_EQ(router->active_requests(), 0u);
+  for (const auto& load : router->Loads()) {
+    EXPECT_EQ(load.active_blocks, 0u);
+    EXPECT_EQ(load.active_prefill_tokens, 0u);
+  }
+}
+
+// Timeouts and cancellations racing with admissions: every caller gets exactly one answer, and
+// the router ends with exactly the requests that were admitted and not yet freed.
+TEST(RouterConcurrencyTest, TimeoutsRaceWithAdmissions) {
+  auto router = MakeRouter(2, 1.0, 100);
+  constexpr int kCallers = 40;
+  std::atomic<int> ok{0}, gave_up{0};
+  std::atomic<bool> done{false};
+  std::thread freer([&] {
+    int round = 0;
+    while (!done.load()) {
+      for (int i = 0; i < kCallers; ++i) router->Free("t" + std::to_string(i));
+      if (++round % 8 == 0) router->RecheckQueue();
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCallers; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string id = "t" + std::to_string(i);
+      RouteOptions options{.with_admission = true, .request_id = id};
+      options.queue_timeout = std::chrono::microseconds(50 + 37 * i);
+      auto decision = router->FindBestMatch(Prompt(160, 7u * i), options);
+      if (decision.ok()) {
+        ++ok;
+      } else {
+        // Timed out, or cancelled by the freer's Free of a request still waiting.
+        EXPECT_TRUE(decision.status().code() == absl::StatusCode::kDeadlineExceeded ||
+                    decision.status().code() == absl::StatusCode::kCancelled)
+            << decision.status();
+        ++gave_up;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  done = true;
+  freer.join();
+  EXPECT_EQ(ok.load() + gave_up.load(), kCallers);
+  EXPECT_EQ(router->pending_count(), 0u);
+  for (int i = 0; i < kCallers; ++i) router->Free("t" + std::to_string(i));
+  EXPECT_EQ(router->active_requests(), 0u);
+}
+
+// KV events applied while requests are routed and booked (index writer vs router readers).
+TEST(RouterConcurrencyTest, EventsAndRoutingRunTogether) {
+  auto router = MakeRouter(4);
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    uint64_t n = 0;
+    while (!done.load()) {
+      const auto tokens = Prompt(64, static_cast<uint32_t>(n % 16) * 64);
+      StoredEvent stored;
+      stored.token_ids = tokens;
+      stored.block_hashes = ComputeSequenceHashes(ComputeLocalBlockHashes(tokens, kBlockSize));
+      KvEvent event{.worker = {.worker_id = n % 4}, .event_id = n, .data = stored};
+      ASSERT_TRUE(router->ApplyEvent(event).ok());
+      if (n % 7 == 0) {
+        KvEvent removed{.worker = {.worker_id = n % 4},
+                        .event_id = n,
+                        .data = RemovedEvent{.block_hashes = stored.block_hashes}};
+        ASSERT_TRUE(router->ApplyEvent(removed).ok());
+      }
+      ++n;
+    }
+  });
+  std::vector<std::thread> routers;
+  for (int t = 0; t < 4; ++t) {
+    routers.emplace_back([&, t] {
+      for (int i = 0; i < 300; ++i) {
+        const std::string id = std::to_string(t) + "-" + std::to_string(i);
+        auto d = router->FindBestMatch(Prompt(64, static_cast<uint32_t>(i % 16) * 64),
+                                       RouteOptions{.with_admission = true, .request_id = id});
+        ASSERT_TRUE(d.ok()) << d.status();
+        if (i % 3 == 0) ASSERT_TRUE(router->PotentialLoads(Prompt(32)).ok());
+        router->Free(id);
+      }
+    });
+  }
+  for (auto& t : routers) t.join();
+  done = true;
+  writer.join();
+  EXPECT_EQ(router->active_requests(), 0u);
+}
+
+}  // namespace
+}  // namespace kvrouter
