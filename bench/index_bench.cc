@@ -31,9 +31,9 @@
 #include "core/hashing.h"
 #include "core/radix_index.h"
 #include "core/types.h"
-#include "support/mooncake_trace.h"
+#include "trace/mooncake_trace.h"
 
-namespace kvrouter::bench {
+namespace kvrouter::trace {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -470,10 +470,10 @@ void ParseOwnFlags(int& argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace kvrouter::bench
+}  // namespace kvrouter::trace
 
 int main(int argc, char** argv) {
-  kvrouter::bench::ParseOwnFlags(argc, argv);
+  kvrouter::trace::ParseOwnFlags(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
