@@ -11,7 +11,7 @@
 
 #include "core/hashing.h"
 
-namespace kvrouter::trace {
+namespace kvrouter::bench {
 namespace {
 
 constexpr size_t kPromptTokens = 8192;
@@ -77,6 +77,6 @@ BENCHMARK(BM_LocalAndSequenceHashes)->Arg(16)->Arg(64);
 BENCHMARK(BM_SequenceHashesOnly)->Arg(16);
 
 }  // namespace
-}  // namespace kvrouter::trace
+}  // namespace kvrouter::bench
 
 BENCHMARK_MAIN();

@@ -28,30 +28,20 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "core/hashing.h"
 #include "core/radix_index.h"
 #include "core/types.h"
 #include "trace/mooncake_trace.h"
 
-namespace kvrouter::trace {
+namespace kvrouter::bench {
 namespace {
+
+using namespace kvrouter::trace;
 
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kBlockSize = 16;
-
-struct Flags {
-  std::string trace_path = DefaultConversationTracePath();
-  size_t trace_requests = 0;  // 0 = the whole trace
-  uint32_t workers = 64;
-};
-
-Flags& GetFlags() {
-  static Flags flags;
-  return flags;
-}
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 WorkerKey Worker(uint64_t id) { return WorkerKey{.worker_id = id, .dp_rank = 0}; }
 
@@ -75,19 +65,6 @@ double ResidentMiB() {
     if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
   }
   return 0;
-}
-
-// Nearest-rank percentile of `samples` (reordered).
-double Percentile(std::vector<double>& samples, double p) {
-  if (samples.empty()) return 0;
-  const size_t k = std::min(samples.size() - 1, static_cast<size_t>(p * samples.size()));
-  std::nth_element(samples.begin(), samples.begin() + static_cast<ptrdiff_t>(k), samples.end());
-  return samples[k];
-}
-
-void ReportLatency(benchmark::State& state, std::vector<double>& seconds) {
-  state.counters["p50_us"] = Percentile(seconds, 0.50) * 1e6;
-  state.counters["p99_us"] = Percentile(seconds, 0.99) * 1e6;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -448,35 +425,7 @@ BENCHMARK(BM_TraceApplyStored)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TraceApplyStoredWithTokens)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TraceApplyRemoved)->UseManualTime()->Unit(benchmark::kMillisecond);
 
-// Removes this program's own flags from argv so Google Benchmark does not reject them.
-void ParseOwnFlags(int& argc, char** argv) {
-  auto value = [](const char* arg, const char* name) -> const char* {
-    const size_t n = std::strlen(name);
-    return std::strncmp(arg, name, n) == 0 ? arg + n : nullptr;
-  };
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    if (const char* v = value(argv[i], "--trace=")) {
-      GetFlags().trace_path = v;
-    } else if (const char* v = value(argv[i], "--trace_requests=")) {
-      GetFlags().trace_requests = std::stoull(v);
-    } else if (const char* v = value(argv[i], "--workers=")) {
-      GetFlags().workers = std::max<uint32_t>(1, static_cast<uint32_t>(std::stoul(v)));
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  argc = out;
-}
-
 }  // namespace
-}  // namespace kvrouter::trace
+}  // namespace kvrouter::bench
 
-int main(int argc, char** argv) {
-  kvrouter::trace::ParseOwnFlags(argc, argv);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return kvrouter::bench::RunBenchmarks(argc, argv); }
