@@ -51,7 +51,7 @@ class SlabPool {
     uint32_t slot;
     if (chunk.free_head != kNone) {
       slot = chunk.free_head;
-      std::memcpy(&chunk.free_head, &chunk.slots[slot], sizeof(uint32_t));
+      std::memcpy(&chunk.free_head, static_cast<const void*>(&chunk.slots[slot]), sizeof(uint32_t));
     } else {
       slot = chunk.bump++;
     }
@@ -68,7 +68,7 @@ class SlabPool {
     const uint32_t c = id >> kChunkBits, slot = id & (kChunkSize - 1);
     Chunk& chunk = *chunks_[c];
     // A free slot's first bytes link to the next free slot of its chunk.
-    std::memcpy(&chunk.slots[slot], &chunk.free_head, sizeof(uint32_t));
+    std::memcpy(static_cast<void*>(&chunk.slots[slot]), &chunk.free_head, sizeof(uint32_t));
     chunk.free_head = slot;
     --chunk.live;
     --live_;

@@ -1,13 +1,12 @@
 /* "@thread_safety concurrent": one router handle used from several threads at once (routing
  * with admission, events, lifecycle, reads), through the C ABI. The totals must add up. */
+#define _POSIX_C_SOURCE 200809L /* pthreads, nanosleep */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 /* cmocka.h needs the three headers above first. */
 #include <cmocka.h>
-#if !defined(__STDC_NO_THREADS__)
-#include <threads.h>
-#endif
+#include <pthread.h>
 
 #include "test_util.h"
 
@@ -15,7 +14,6 @@
 #define THREADS 4
 #define REQUESTS_PER_THREAD 200
 
-#if !defined(__STDC_NO_THREADS__)
 typedef struct worker_thread {
   kvr_router* router;
   int index;
@@ -23,7 +21,7 @@ typedef struct worker_thread {
   int booked;
 } worker_thread;
 
-static int run(void* arg) {
+static void* run(void* arg) {
   worker_thread* t = (worker_thread*)arg;
   uint32_t tokens[8 * BS];
   uint64_t hashes[8];
@@ -66,13 +64,13 @@ static int run(void* arg) {
     if (kvr_router_mark_prefill_completed(t->router, id, NULL) != KVR_OK) ++t->failures;
     if (kvr_router_free_request(t->router, id, NULL) != KVR_OK) ++t->failures;
   }
-  return 0;
+  return NULL;
 }
 
 static void many_threads_one_router(void** state) {
   kvr_router* router = kvt_router_new(BS, 0);
   worker_thread threads[THREADS];
-  thrd_t handles[THREADS];
+  pthread_t handles[THREADS];
   kvr_metrics m;
   int i;
   (void)state;
@@ -84,9 +82,9 @@ static void many_threads_one_router(void** state) {
     threads[i].index = i;
     threads[i].failures = 0;
     threads[i].booked = 0;
-    assert_int_equal(thrd_success, thrd_create(&handles[i], run, &threads[i]));
+    assert_int_equal(0, pthread_create(&handles[i], NULL, run, &threads[i]));
   }
-  for (i = 0; i < THREADS; ++i) assert_int_equal(thrd_success, thrd_join(handles[i], NULL));
+  for (i = 0; i < THREADS; ++i) assert_int_equal(0, pthread_join(handles[i], NULL));
   for (i = 0; i < THREADS; ++i) {
     assert_int_equal(0, threads[i].failures);
     assert_int_equal(REQUESTS_PER_THREAD, threads[i].booked);
@@ -97,13 +95,10 @@ static void many_threads_one_router(void** state) {
   assert_int_equal(THREADS * REQUESTS_PER_THREAD, m.events[KVR_EVENT_STORED][KVR_EVENT_OK]);
   kvr_router_free(router);
 }
-#endif
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-#if !defined(__STDC_NO_THREADS__)
-    cmocka_unit_test(many_threads_one_router),
-#endif
+      cmocka_unit_test(many_threads_one_router),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

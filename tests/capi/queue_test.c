@@ -2,15 +2,14 @@
  * while every eligible rank has prefill work in flight; queue_timeout_ms bounds the wait
  * (KVR_DEADLINE_EXCEEDED), marking prefill complete admits the waiter, and allowed_worker_ids
  * bypasses the queue. Timeouts are kept tiny. */
+#define _POSIX_C_SOURCE 200809L /* pthreads, nanosleep */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 /* cmocka.h needs the three headers above first. */
 #include <cmocka.h>
+#include <pthread.h>
 #include <time.h>
-#if !defined(__STDC_NO_THREADS__)
-#include <threads.h>
-#endif
 
 #include "test_util.h"
 
@@ -121,7 +120,6 @@ static void allowed_workers_bypass_the_queue(void** state) {
   assert_int_equal(1, result.worker_id);
 }
 
-#if !defined(__STDC_NO_THREADS__)
 typedef struct waiter {
   kvr_router* router;
   const uint32_t* prompt;
@@ -129,32 +127,32 @@ typedef struct waiter {
   kvr_status status;
 } waiter;
 
-static int wait_for_admission(void* arg) {
+static void* wait_for_admission(void* arg) {
   waiter* w = (waiter*)arg;
   kvr_request_options opts = kvt_admit("queued");
   opts.queue_timeout_ms = 10000;
   kvr_route_result_init(&w->result);
   w->status = kvr_find_best_match(w->router, w->prompt, PROMPT_TOKENS, &opts, &w->result, NULL, 0,
                                   NULL, NULL);
-  return 0;
+  return NULL;
 }
 
 static void waiter_admitted_when_prefill_completes(void** state) {
   fixture* f = (fixture*)*state;
   waiter w;
-  thrd_t thread;
+  pthread_t thread;
   int spins;
   kvr_metrics m;
   memset(&w, 0, sizeof w);
   w.router = f->router;
   w.prompt = f->prompt;
   w.status = -1;
-  assert_int_equal(thrd_success, thrd_create(&thread, wait_for_admission, &w));
+  assert_int_equal(0, pthread_create(&thread, NULL, wait_for_admission, &w));
   /* Wait (up to 5 s) until the request is in the queue. */
   for (spins = 0; spins < 5000; ++spins) {
     struct timespec ms = {0, 1000000};
     if (kvt_metrics(f->router).queue_pending == 1) break;
-    thrd_sleep(&ms, NULL);
+    nanosleep(&ms, NULL);
   }
   m = kvt_metrics(f->router);
   assert_int_equal(1, m.queue_pending);
@@ -169,7 +167,7 @@ static void waiter_admitted_when_prefill_completes(void** state) {
                                                              &dup, &result, NULL, 0, NULL, ERRP));
   }
   KVT_OK(kvr_router_mark_prefill_completed(f->router, "busy", ERRP));
-  assert_int_equal(thrd_success, thrd_join(thread, NULL));
+  assert_int_equal(0, pthread_join(thread, NULL));
   assert_int_equal(KVR_OK, w.status);
   assert_int_equal(1, w.result.booked);
   assert_int_equal(1, w.result.queued);
@@ -181,40 +179,37 @@ static void waiter_admitted_when_prefill_completes(void** state) {
 static void free_cancels_a_waiting_request(void** state) {
   fixture* f = (fixture*)*state;
   waiter w;
-  thrd_t thread;
+  pthread_t thread;
   int spins;
   memset(&w, 0, sizeof w);
   w.router = f->router;
   w.prompt = f->prompt;
   w.status = -1;
-  assert_int_equal(thrd_success, thrd_create(&thread, wait_for_admission, &w));
+  assert_int_equal(0, pthread_create(&thread, NULL, wait_for_admission, &w));
   for (spins = 0; spins < 5000; ++spins) {
     struct timespec ms = {0, 1000000};
     if (kvt_metrics(f->router).queue_pending == 1) break;
-    thrd_sleep(&ms, NULL);
+    nanosleep(&ms, NULL);
   }
   assert_int_equal(1, kvt_metrics(f->router).queue_pending);
   /* The request ended before it was admitted (e.g. the client went away): the waiting call
    * returns at once, unbooked. (The header does not name the status; the core says
    * KVR_CANCELLED.) */
   KVT_OK(kvr_router_free_request(f->router, "queued", ERRP));
-  assert_int_equal(thrd_success, thrd_join(thread, NULL));
+  assert_int_equal(0, pthread_join(thread, NULL));
   assert_int_not_equal(KVR_OK, w.status);
   assert_int_equal(KVR_CANCELLED, w.status);
   assert_int_equal(0, kvt_metrics(f->router).queue_pending);
   assert_int_equal(1, kvt_metrics(f->router).requests_active);
 }
-#endif
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(busy_worker_times_out, setup, teardown),
-    cmocka_unit_test_setup_teardown(preview_never_waits, setup, teardown),
-    cmocka_unit_test_setup_teardown(allowed_workers_bypass_the_queue, setup, teardown),
-#if !defined(__STDC_NO_THREADS__)
-    cmocka_unit_test_setup_teardown(waiter_admitted_when_prefill_completes, setup, teardown),
-    cmocka_unit_test_setup_teardown(free_cancels_a_waiting_request, setup, teardown),
-#endif
+      cmocka_unit_test_setup_teardown(busy_worker_times_out, setup, teardown),
+      cmocka_unit_test_setup_teardown(preview_never_waits, setup, teardown),
+      cmocka_unit_test_setup_teardown(allowed_workers_bypass_the_queue, setup, teardown),
+      cmocka_unit_test_setup_teardown(waiter_admitted_when_prefill_completes, setup, teardown),
+      cmocka_unit_test_setup_teardown(free_cancels_a_waiting_request, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
