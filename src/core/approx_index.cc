@@ -41,6 +41,11 @@ struct DropsLater {
 
 constexpr Nanos kNever = std::numeric_limits<Nanos>::max();
 
+// Size pruning is spread over decisions: each prunes at least this many blocks, or this many
+// times the blocks it records, whichever is more.
+constexpr size_t kMinPruneStep = 4096;
+constexpr size_t kPruneStepsPerBlock = 4;
+
 }  // namespace
 
 class ApproxIndex::Impl {
@@ -64,7 +69,8 @@ class ApproxIndex::Impl {
       heap_.push_back(HeapEntry{now + ttl_, static_cast<uint32_t>(i), key});
       std::push_heap(heap_.begin(), heap_.end(), DropsLater());
     }
-    if (leases_.size() > options_.max_blocks) PruneLocked();
+    if (leases_.size() > options_.max_blocks) pruning_ = true;
+    if (pruning_) PruneLocked(std::max<size_t>(kMinPruneStep, kPruneStepsPerBlock * n));
     CompactHeapIfStale();
     PublishNextExpiry();
   }
@@ -163,14 +169,23 @@ class ApproxIndex::Impl {
     return expired;
   }
 
-  void PruneLocked() {
+  // Prunes toward the target, at most `limit` blocks now. A prune to 80 % of a large budget
+  // is hundreds of thousands of removals; done at once it would stall every routing decision
+  // behind the router's gate for tens of milliseconds, so it is spread over the next
+  // decisions. Each decision prunes several times what it records, so the index still shrinks
+  // to the target within a few decisions and never grows past the budget by more than one
+  // prompt.
+  void PruneLocked(size_t limit) {
     const auto target = static_cast<uint64_t>(static_cast<double>(options_.max_blocks) *
                                               options_.prune_target_ratio);
     absl::flat_hash_map<WorkerKey, std::vector<uint64_t>> removals;
-    while (leases_.size() > target && TopIsLive()) {
+    size_t dropped = 0;
+    while (leases_.size() > target && dropped < limit && TopIsLive()) {
       DropTop(removals);
-      ++pruned_;
+      ++dropped;
     }
+    pruned_ += dropped;
+    pruning_ = leases_.size() > target;
     ApplyRemovals(removals);
   }
 
@@ -198,6 +213,7 @@ class ApproxIndex::Impl {
   std::atomic<Nanos> next_expiry_{kNever};
   uint64_t expired_ = 0;
   uint64_t pruned_ = 0;
+  bool pruning_ = false;  // over budget: keep pruning toward the target on every decision
 };
 
 ApproxIndex::ApproxIndex(ApproxIndexOptions options, const Clock& clock)

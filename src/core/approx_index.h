@@ -6,7 +6,9 @@
 // RadixIndex. Each recorded (worker, block) expires `ttl` after it was last recorded, and when
 // the index holds more than `max_blocks` (worker, block) entries it is pruned down to
 // `max_blocks * prune_target_ratio`, earliest expiry first and, among equal expiries, deepest
-// block first (a prompt's tail goes before its shared prefix). Time comes from an injectable
+// block first (a prompt's tail goes before its shared prefix). A large prune is spread over the
+// following decisions (at least 4,096 blocks, or 4 per recorded block, each), so no single
+// decision pays for all of it. Time comes from an injectable
 // Clock, so tests advance it by hand.
 //
 // Thread-safety: internally synchronised; every method may be called from any thread.

@@ -315,6 +315,44 @@ TEST(ApproxIndexTest, PruningTargetFollowsTheRatio) {
   EXPECT_EQ(Depth(index, MakePrompt(0, 1, 40), {140, 0}), 1);
 }
 
+// A prune of 20,000 blocks would stall the decision that triggers it; it is spread over the
+// next decisions instead (4,096 blocks each here), while the budget is never exceeded by more
+// than one prompt and the index reaches the target within a few decisions.
+TEST(ApproxIndexTest, LargePrunesAreSpreadOverDecisions) {
+  ManualClock clock;
+  ApproxIndexOptions o = Options();
+  o.max_blocks = 100'000;
+  ApproxIndex index(o, clock);
+  constexpr uint64_t kTarget = 80'000, kPromptBlocks = 64;
+  uint32_t tag = 0;
+  auto record = [&] {
+    const Prompt p = MakePrompt(0, kPromptBlocks, tag);
+    index.RecordRoutingDecision({1000 + tag % 64, 0}, p.local, p.seq);
+    ++tag;
+    clock.AdvanceSeconds(0.001);
+    return index.Stats().tracked_blocks;
+  };
+  uint64_t tracked = 0;
+  while (index.Stats().pruned_blocks == 0) {
+    tracked = record();
+    ASSERT_LT(tag, 2000u);
+  }
+  // The decision that crossed the budget pruned one step, not down to the target.
+  EXPECT_EQ(index.Stats().pruned_blocks, 4096u);
+  EXPECT_GT(tracked, kTarget);
+  EXPECT_LE(tracked, o.max_blocks + kPromptBlocks);
+  int decisions = 0;
+  while (tracked > kTarget) {
+    tracked = record();
+    ASSERT_LE(tracked, o.max_blocks + kPromptBlocks);
+    ASSERT_LT(++decisions, 10);
+  }
+  EXPECT_GE(decisions, 3);  // 20,000 blocks at ~4,000 per decision
+  EXPECT_EQ(index.Stats().index.cached_blocks, tracked);
+  // Pruning is over: the next decisions only add.
+  EXPECT_EQ(record(), tracked + kPromptBlocks);
+}
+
 TEST(ApproxIndexTest, RemoveWorkerForgetsItsBlocks) {
   ManualClock clock;
   ApproxIndex index(Options(), clock);
