@@ -9,8 +9,9 @@
  * Conventions (they hold for every function below):
  * - Fallible functions return a kvr_status (KVR_OK == 0) and take an optional last argument
  *   `kvr_error **err`: pass NULL to ignore details, or the address of a NULL kvr_error* to get
- *   a caller-owned error object on failure (free it with kvr_error_free). On failure, out
- *   parameters are left untouched unless stated otherwise. There is no thread-local state.
+ *   a caller-owned error object on failure (free it with kvr_error_free; an error already
+ *   held there is freed and replaced). On failure, out parameters are left untouched unless
+ *   stated otherwise. There is no thread-local state.
  * - Options and result structs begin with `uint32_t struct_size`; call the matching _init
  *   function (which sets it and every default) before filling fields. The library reads only
  *   the fields a caller's struct_size covers (older callers get defaults for the rest) and
@@ -512,6 +513,311 @@ KVR_API kvr_status kvr_router_get_metrics(kvr_router *router, kvr_metrics *out, 
  * needed including the NUL (also with KVR_BUFFER_TOO_SMALL). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router *router, char *buf, size_t cap,
                                                  size_t *len, kvr_error **err);
+
+/* ---- Staged routing: preview, plan, commit; pins; sessions (reference §6) ------------------ */
+/* A gateway decides in stages: kvr_preview_route looks (no admission, nothing booked, nothing
+ * recorded, no session binding made or refreshed; this is also query-only routing),
+ * kvr_plan_route books the request as a plan (selection re-run with admission, keeping the
+ * previewed rank while it is still a candidate), kvr_commit_route says it was dispatched
+ * (approximate mode records the decision and the session is bound here, and only here),
+ * kvr_abort_route frees it when dispatch failed or the client gave up. A plan neither
+ * committed nor aborted within the plan deadline (kvr_router_set_plan_deadline) is dropped
+ * with its booking: there is no timer thread; a commit checks its own plan, plan / commit /
+ * admitted routing sweep all plans at most once a second, and kvr_router_expire_plans sweeps
+ * now. After a commit the request is freed as usual with kvr_router_free_request. */
+#define KVR_PHASE_AGGREGATED 0
+#define KVR_PHASE_PREFILL 1
+#define KVR_PHASE_DECODE 2
+#define KVR_WORKER_NONE UINT64_MAX /* no pin */
+#define KVR_SESSION_HARD 0 /* the bound rank is the exact target (rebound if it is gone) */
+#define KVR_SESSION_SOFT 1 /* the bound rank is preferred while eligible; rebound on dispatch */
+/* Where a request may or should run. Pins by phase, as Dynamo's RoutingHints (§6.5):
+ * aggregated: worker_id / dp_rank; prefill: prefill_worker_id (else worker_id) with
+ * prefill_dp_rank (else dp_rank); decode: decode_worker_id (else worker_id) with dp_rank.
+ * A pin without a rank takes the best of the worker's ranks. A pin outside
+ * kvr_request_options.allowed_worker_ids is KVR_INVALID_ARGUMENT; an unregistered pinned worker
+ * or rank KVR_NOT_FOUND. */
+typedef struct kvr_routing_hints {
+  uint32_t struct_size;
+  uint32_t phase;             /* KVR_PHASE_*; default aggregated */
+  uint64_t worker_id;         /* KVR_WORKER_NONE (default) = no pin */
+  uint64_t prefill_worker_id; /* KVR_WORKER_NONE (default) */
+  uint64_t decode_worker_id;  /* KVR_WORKER_NONE (default) */
+  int32_t dp_rank;            /* -1 (default) = any rank of the pinned worker */
+  int32_t prefill_dp_rank;    /* -1 (default) */
+  const char *session_id;     /* NULL or "" = no session affinity */
+  uint32_t session_mode;      /* KVR_SESSION_*; default hard */
+  uint32_t reserved;
+  double session_ttl_seconds; /* sliding TTL of the binding; default 300 */
+} kvr_routing_hints;
+/* @thread_safety concurrent */
+KVR_API void kvr_routing_hints_init(kvr_routing_hints *hints);
+/* The signals of a preview or a plan. */
+typedef struct kvr_route_signals {
+  uint32_t struct_size;
+  uint32_t dp_rank;
+  uint64_t worker_id;
+  uint32_t overlap_blocks;          /* leading prompt blocks cached on the rank's device */
+  uint32_t prompt_blocks;
+  uint64_t cached_tokens;           /* round(effective overlap × block_size) */
+  uint64_t potential_decode_blocks; /* the rank's active blocks + the prompt's new ones */
+  uint64_t total_kv_blocks;         /* the worker's KV capacity; 0 = not reported */
+  double cost;                      /* the rank's cost (selector §3.3) */
+  uint64_t prompt_tokens;
+  uint32_t booked; /* 1 for a plan */
+  uint32_t moved;  /* plan: 1 if the previewed (or soft-session) rank was no longer eligible */
+  uint32_t queued; /* plan: 1 if it waited in the admission queue */
+  uint32_t reserved;
+} kvr_route_signals;
+/* @thread_safety concurrent */
+KVR_API void kvr_route_signals_init(kvr_route_signals *signals);
+/* What routing would pick, changing nothing (no admission or queue, no booking, no
+ * approximate-mode record, no session binding created or refreshed). opts and hints may be
+ * NULL; KVR_REQUEST_ADMIT is ignored. Errors as kvr_find_best_match, plus the pin errors.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_preview_route(kvr_router *router, const uint32_t *tokens,
+                                     size_t num_tokens, const kvr_request_options *opts,
+                                     const kvr_routing_hints *hints, kvr_route_signals *out,
+                                     kvr_error **err);
+/* Books the request (opts->request_id required) as a plan, keeping `previewed` (may be NULL)'s
+ * rank while it is still a candidate. Waits in the admission queue like kvr_find_best_match.
+ * Idempotent: planning an id with a live plan returns that plan. KVR_ALREADY_EXISTS for an id
+ * already active without a plan. @thread_safety concurrent */
+KVR_API kvr_status kvr_plan_route(kvr_router *router, const uint32_t *tokens, size_t num_tokens,
+                                  const kvr_request_options *opts, const kvr_routing_hints *hints,
+                                  const kvr_route_signals *previewed, kvr_route_signals *out,
+                                  kvr_error **err);
+/* The plan was dispatched. Idempotent (a committed, active request is KVR_OK). KVR_NOT_FOUND:
+ * no plan (never made, aborted, freed or past its deadline); KVR_FAILED_PRECONDITION: its
+ * worker was removed (plan again). @thread_safety concurrent */
+KVR_API kvr_status kvr_commit_route(kvr_router *router, const char *request_id, kvr_error **err);
+/* Frees the plan, its booking or its queue place. Idempotent: unknown ids are no error.
+ * `freed` (may be NULL) is set to 1 if anything was freed. @thread_safety concurrent */
+KVR_API kvr_status kvr_abort_route(kvr_router *router, const char *request_id, int *freed,
+                                   kvr_error **err);
+/* How long a plan may wait for kvr_commit_route or kvr_abort_route before it is dropped with
+ * its booking (default 30 s; applies to plans made afterwards). KVR_INVALID_ARGUMENT unless
+ * finite and > 0. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_set_plan_deadline(kvr_router *router, double seconds,
+                                               kvr_error **err);
+/* Drops plans past their deadline now; `expired` (may be NULL) gets how many.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_expire_plans(kvr_router *router, size_t *expired,
+                                           kvr_error **err);
+/* The rank a live session is bound to (does not refresh it). KVR_NOT_FOUND if unbound or
+ * expired. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_session_binding(kvr_router *router, const char *session_id,
+                                              uint64_t *worker_id, uint32_t *dp_rank,
+                                              kvr_error **err);
+/* Unbinds a session (no error if unbound). @thread_safety concurrent */
+KVR_API kvr_status kvr_router_close_session(kvr_router *router, const char *session_id,
+                                            kvr_error **err);
+/* Drops expired bindings now; `reclaimed` (may be NULL) gets how many.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_reclaim_sessions(kvr_router *router, size_t *reclaimed,
+                                               kvr_error **err);
+/* A digest of all routing state (index, active requests, queue, plans, sessions): equal
+ * digests mean nothing changed. Stable within one process only. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_state_digest(kvr_router *router, uint64_t *out, kvr_error **err);
+/* ---- Disaggregated prefill / decode (reference §5) ----------------------------------------- */
+/* A prefill pool and a decode pool, each a full router (workers, events, request lifecycle
+ * through the kvr_router_* functions on the handles below). */
+typedef struct kvr_disagg kvr_disagg;
+#define KVR_DISAGG_ALWAYS 0       /* always prefill remotely (when prefill workers exist) */
+#define KVR_DISAGG_ISL_BOUNDING 1 /* prefill locally when the uncached prompt is short */
+#define KVR_DISAGG_PREFILL_LOAD 2 /* prefill locally when the chosen prefill worker is busy */
+#define KVR_DISAGG_ISL_OR_LOAD 3  /* either condition */
+typedef struct kvr_disagg_options {
+  uint32_t struct_size;
+  uint32_t policy;  /* KVR_DISAGG_*; default always */
+  uint32_t enforce; /* 1: no prefill workers is KVR_FAILED_PRECONDITION, not aggregated */
+  uint32_t reserved;
+  /* isl_bounding: local when prompt − cached (on the decode worker) <= max_local_prefill_tokens
+   * and (prompt − cached) / prompt <= max_local_prefill_ratio. Defaults 512 and 1.0. */
+  uint64_t max_local_prefill_tokens;
+  double max_local_prefill_ratio;
+  /* prefill_load: busy when the chosen prefill rank's prefill tokens exceed this × its
+   * max_num_batched_tokens. Default 1.0. */
+  double prefill_busy_threshold;
+  /* The decode-busy guard: never prefill locally on a decode rank whose decode blocks exceed
+   * this fraction of its total_kv_blocks. Negative (default) or unknown capacity = the signal
+   * is unavailable, so never prefill locally. */
+  double decode_busy_threshold;
+} kvr_disagg_options;
+/* @thread_safety concurrent */
+KVR_API void kvr_disagg_options_init(kvr_disagg_options *options);
+/* prefill and decode: each pool's router options (NULL = defaults); opts may be NULL.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_disagg_new(const kvr_router_options *prefill,
+                                  const kvr_router_options *decode,
+                                  const kvr_disagg_options *opts, kvr_disagg **out,
+                                  kvr_error **err);
+/* Accepts NULL. Frees both pools. @thread_safety none */
+KVR_API void kvr_disagg_free(kvr_disagg *disagg);
+/* The pools' routers, owned by the disagg object (never pass them to kvr_router_free).
+ * @thread_safety concurrent */
+KVR_API kvr_router *kvr_disagg_prefill_router(kvr_disagg *disagg);
+KVR_API kvr_router *kvr_disagg_decode_router(kvr_disagg *disagg);
+#define KVR_PREFILL_REMOTE 0             /* booked on a prefill worker */
+#define KVR_PREFILL_NO_PREFILL_WORKERS 1 /* empty prefill pool: run aggregated on decode */
+#define KVR_PREFILL_SHORT_ISL 2          /* policy: the uncached prompt is short */
+#define KVR_PREFILL_WORKER_BUSY 3        /* policy: the prefill pool is busy */
+typedef struct kvr_prefill_result {
+  uint32_t struct_size;
+  uint32_t remote;  /* 1: prefill on worker_id / dp_rank; 0: prefill on the decode worker */
+  uint32_t reason;  /* KVR_PREFILL_* */
+  uint32_t dp_rank;
+  uint64_t worker_id;
+  int64_t bootstrap_room; /* uniform in [0, INT64_MAX]; -1 when not remote */
+  uint64_t cached_tokens;
+} kvr_prefill_result;
+/* @thread_safety concurrent */
+KVR_API void kvr_prefill_result_init(kvr_prefill_result *result);
+/* Decides where the prompt is prefilled and, when remote, selects and books a prefill rank
+ * under opts->request_id (free it on the prefill router when the prefill ends). Prefill pins
+ * from hints apply. @thread_safety concurrent */
+KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg *disagg, const uint32_t *tokens,
+                                            size_t num_tokens, const kvr_request_options *opts,
+                                            const kvr_routing_hints *hints,
+                                            kvr_prefill_result *out, kvr_error **err);
+/* Selects and books the decode rank (opts->request_id required). After a remote prefill
+ * (remote_prefill 1) the decode overrides are forced: overlap credit 0, assume_kv_reuse and
+ * track_prefill_tokens false, every other override kept. Decode pins from hints apply.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg *disagg, const uint32_t *tokens,
+                                           size_t num_tokens, const kvr_request_options *opts,
+                                           const kvr_routing_hints *hints, int remote_prefill,
+                                           kvr_route_signals *out, kvr_error **err);
+/* Advisory: would the prefill rank chosen now (a preview) carry more than threshold ×
+ * max_num_batched_tokens prefill tokens? A preview that finds no eligible rank counts as busy.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg *disagg, const uint32_t *tokens,
+                                                  size_t num_tokens,
+                                                  const kvr_request_options *opts,
+                                                  double threshold, int *busy, kvr_error **err);
+
+/* ---- KV event ingestion (docs/ingest.md) ----------------------------------------------------- */
+
+/* An ingest object owns one event loop thread that receives KV events from every source and
+ * applies them to a router, concurrently with routing calls. Sources: native stream listeners
+ * (length-prefixed FlatBuffers EventBatches over TCP or a Unix socket) and engine workers (vLLM
+ * or SGLang ZMQ publishers). Sources may be added before or after kvr_ingest_start. */
+typedef struct kvr_ingest kvr_ingest;
+
+typedef struct kvr_ingest_options {
+  uint32_t struct_size;
+  uint32_t max_frame_bytes; /* largest stream frame accepted; default (and maximum) 64 MiB */
+  uint32_t replay_timeout_ms; /* a replay taking longer falls back to clearing; default 2000 */
+  uint32_t reserved;
+} kvr_ingest_options;
+
+/* @thread_safety concurrent */
+KVR_API void kvr_ingest_options_init(kvr_ingest_options *options);
+
+/* Creates a stopped ingest object feeding `router`, which must outlive it. opts may be NULL.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_new(kvr_router *router, const kvr_ingest_options *opts,
+                                  kvr_ingest **out, kvr_error **err);
+/* Starts the loop thread. KVR_FAILED_PRECONDITION if started or stopped before.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_start(kvr_ingest *ingest, kvr_error **err);
+/* Closes every source and joins the loop thread. Final (no restart); idempotent.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_stop(kvr_ingest *ingest, kvr_error **err);
+/* Stops if needed and destroys. Accepts NULL. @thread_safety none */
+KVR_API void kvr_ingest_free(kvr_ingest *ingest);
+
+/* Listens for native event streams on "tcp://HOST:PORT" (PORT 0 = a free port) or
+ * "unix://PATH". `*source_id` (may be NULL) receives the source's id for kvr_ingest_get_stats;
+ * `bound` (may be NULL with cap 0) the endpoint actually bound, NUL-terminated, with `*len`
+ * (may be NULL) its size including the NUL (KVR_BUFFER_TOO_SMALL if cap is short: the listener
+ * is still open). KVR_UNAVAILABLE if the address cannot be bound. @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_listen(kvr_ingest *ingest, const char *endpoint,
+                                     uint64_t *source_id, char *bound, size_t cap, size_t *len,
+                                     kvr_error **err);
+
+#define KVR_ENGINE_VLLM 0
+#define KVR_ENGINE_SGLANG 1
+
+/* An engine worker publishing KV events over ZMQ PUB. */
+typedef struct kvr_engine_worker {
+  uint32_t struct_size;
+  uint32_t engine;      /* KVR_ENGINE_*; both share the wire format, this is informational */
+  const char *endpoint; /* e.g. "tcp://10.0.0.5:5557"; rank dp_start + r on port + r */
+  uint64_t worker_id;
+  uint32_t dp_start;   /* default 0 */
+  uint32_t dp_size;    /* default 1 */
+  uint32_t block_size; /* 0 = the router's; anything else must equal it */
+  uint32_t flags;      /* KVR_STORED_EAGLE: the model uses eagle block windows */
+  const char *topic;   /* subscription prefix; NULL or "" = every message */
+  /* vLLM's replay socket (--kv-events-config replay_endpoint; rank r as for endpoint), or
+   * NULL: missed messages are then unrecoverable and the worker is cleared and flagged. */
+  const char *replay_endpoint;
+} kvr_engine_worker;
+
+/* @thread_safety concurrent */
+KVR_API void kvr_engine_worker_init(kvr_engine_worker *worker);
+/* Subscribes to the worker's ranks (the router's own worker registry is separate: register it
+ * there too for routing). KVR_INVALID_ARGUMENT for a block size other than the router's (the
+ * message names both), a bad endpoint or dp_size 0; KVR_ALREADY_EXISTS for a worker id already
+ * subscribed. `*source_id` may be NULL. @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest *ingest,
+                                                const kvr_engine_worker *worker,
+                                                uint64_t *source_id, kvr_error **err);
+/* Unsubscribes; clear_index != 0 also drops the worker's entries from the index.
+ * KVR_NOT_FOUND for an unknown id. @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest *ingest, uint64_t worker_id,
+                                                   int clear_index, kvr_error **err);
+
+#define KVR_INGEST_REJECT_FRAME_TOO_LARGE 0 /* stream header over the limit: connection closed */
+#define KVR_INGEST_REJECT_BAD_FLATBUFFERS 1 /* a frame that is not a valid EventBatch */
+#define KVR_INGEST_REJECT_BAD_MSGPACK 2     /* an engine payload that does not decode */
+#define KVR_INGEST_REJECT_BAD_MESSAGE 3     /* a ZMQ message not [topic, 8-byte seq, payload] */
+#define KVR_INGEST_REJECT_BLOCK_SIZE 4      /* a stored event of another block size */
+#define KVR_INGEST_REJECT_INDEX 5           /* an event the index refused (unknown parent...) */
+#define KVR_INGEST_REJECT_STALE_SEQUENCE 6  /* a sequence number already seen */
+#define KVR_INGEST_REJECT_REASONS 8         /* room for one more reason */
+
+/* Counters of one source, or of every source together. */
+typedef struct kvr_ingest_stats {
+  uint32_t struct_size;
+  uint32_t state_unknown; /* ranks whose state was lost (gap) and not yet re-established */
+  uint64_t messages;      /* frames or ZMQ messages received */
+  uint64_t events_applied;
+  uint64_t rejected[KVR_INGEST_REJECT_REASONS]; /* messages or events, per KVR_INGEST_REJECT_* */
+  uint64_t gaps;            /* sequence jumps forward */
+  uint64_t missed_messages; /* messages lost in those jumps */
+  uint64_t restarts;        /* publisher sequence resets to 0 */
+  uint64_t recoveries;      /* worker states cleared because they were lost */
+  uint64_t connections;     /* stream connections accepted */
+} kvr_ingest_stats;
+
+/* @thread_safety concurrent */
+KVR_API void kvr_ingest_stats_init(kvr_ingest_stats *stats);
+/* source_id 0 = the sum over every source. KVR_NOT_FOUND for an unknown id.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_get_stats(kvr_ingest *ingest, uint64_t source_id,
+                                        kvr_ingest_stats *out, kvr_error **err);
+
+/* ---- Publishing native event streams ------------------------------------------------------- */
+
+/* A blocking client connection to a kvrouter stream listener, for engines in any language. */
+typedef struct kvr_publisher kvr_publisher;
+
+/* Connects to "tcp://HOST:PORT" or "unix://PATH". KVR_UNAVAILABLE if the connection fails.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_publisher_connect(const char *endpoint, kvr_publisher **out,
+                                         kvr_error **err);
+/* Encodes the batch's events and sends them as one frame. KVR_UNAVAILABLE if the connection
+ * is lost. @thread_safety none (for this publisher and this batch) */
+KVR_API kvr_status kvr_publisher_send(kvr_publisher *publisher, const kvr_event_batch *batch,
+                                      kvr_error **err);
+/* Sends an already encoded EventBatch as one frame (the length header is added).
+ * @thread_safety none (for this publisher) */
+KVR_API kvr_status kvr_publisher_send_encoded(kvr_publisher *publisher, const void *data,
+                                              size_t size, kvr_error **err);
+/* Closes the connection. Accepts NULL. @thread_safety none */
+KVR_API void kvr_publisher_free(kvr_publisher *publisher);
 
 #ifdef __cplusplus
 }

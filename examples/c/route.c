@@ -178,6 +178,35 @@ int main(void) {
     ++failures;
   }
 
+  /* 6. Staged routing, as a gateway that decides in steps: preview (changes nothing), plan
+   *    from the preview (books it), commit once dispatched, free when it ends. */
+  {
+    kvr_request_options staged;
+    kvr_route_signals preview, plan;
+    kvr_request_options_init(&staged);
+    staged.request_id = "agent-2";
+    kvr_route_signals_init(&preview);
+    kvr_route_signals_init(&plan);
+    CHECK("kvr_preview_route",
+          kvr_preview_route(router, with_system, SYSTEM_PROMPT_TOKENS + QUESTION_TOKENS, &staged,
+                            NULL, &preview, ERR));
+    printf("\npreview agent-2 -> worker %llu: %llu cached tokens, %llu/%llu KV blocks, cost %.2f\n",
+           (unsigned long long)preview.worker_id, (unsigned long long)preview.cached_tokens,
+           (unsigned long long)preview.potential_decode_blocks,
+           (unsigned long long)preview.total_kv_blocks, preview.cost);
+    CHECK("kvr_plan_route",
+          kvr_plan_route(router, with_system, SYSTEM_PROMPT_TOKENS + QUESTION_TOKENS, &staged, NULL,
+                         &preview, &plan, ERR));
+    CHECK("kvr_commit_route", kvr_commit_route(router, "agent-2", ERR));
+    printf("planned on worker %llu%s, committed\n", (unsigned long long)plan.worker_id,
+           plan.moved ? " (moved from the preview)" : "");
+    if (plan.worker_id != CACHING_WORKER) {
+      printf("  => WRONG: the staged request left the worker that cached its prompt\n");
+      ++failures;
+    }
+    CHECK("kvr_router_free_request", kvr_router_free_request(router, "agent-2", ERR));
+  }
+
   kvr_router_free(router);
   printf("%s\n", failures == 0 ? "all decisions as expected" : "some decisions were WRONG");
   return failures == 0 ? 0 : 1;

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/disagg_router.h"
 #include "core/router.h"
 #include "kvrouter.h"
 
@@ -125,6 +126,28 @@ inline std::string_view OrEmpty(const char* s) { return s == nullptr ? std::stri
 // Per-block multimodal hashes from the flat C form (values + count per block).
 kvr_status ReadMmHashes(kvr_error** err, const uint64_t* hashes, const size_t* counts,
                         size_t num_blocks, std::vector<std::vector<uint64_t>>& out);
+
+// A request's options with the storage their views point into.
+struct RequestOptions {
+  kvr_request_options c;
+  std::vector<std::vector<uint64_t>> mm;
+  kvrouter::RouteOptions route;
+};
+
+// kvr_request_options (NULL = defaults) to core RouteOptions, views into `out`.
+kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
+                          const kvr_request_options* opts, RequestOptions& out);
+// KVR_INVALID_ARGUMENT for NULL tokens with a non-zero count.
+kvr_status CheckTokens(kvr_error** err, const uint32_t* tokens, size_t num_tokens);
+
+// kvr_routing_hints (NULL = defaults) to core hints; `c` receives the defaulted C copy.
+kvr_status ToRoutingHints(kvr_error** err, const kvr_routing_hints* in, RoutingHints& hints,
+                          kvr_routing_hints& c);
+// The pin of the hints' phase and the session into `route` (views into `c`).
+kvr_status ApplyHints(kvr_error** err, const kvr_routing_hints* in, RouteOptions& route,
+                      kvr_routing_hints& c);
+kvr_route_signals ToSignals(const RouteDecision& decision);
+kvr_status CheckSignalsOut(kvr_error** err, const kvr_route_signals* out);
 
 // C event structs to core events, with argument checks.
 kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, KvEvent& out);

@@ -79,12 +79,9 @@ kvr_status ToWorkerConfig(kvr_error** err, const kvr_router* router,
   return KVR_OK;
 }
 
-// A request's options with the storage their views point into.
-struct RequestOptions {
-  kvr_request_options c;
-  std::vector<std::vector<uint64_t>> mm;
-  kvrouter::RouteOptions route;
-};
+}  // namespace
+
+namespace kvrouter::capi {
 
 kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
                           const kvr_request_options* opts, RequestOptions& out) {
@@ -121,6 +118,10 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
 kvr_status CheckTokens(kvr_error** err, const uint32_t* tokens, size_t num_tokens) {
   return num_tokens > 0 ? RequireNonNull(err, tokens, "tokens") : KVR_OK;
 }
+
+}  // namespace kvrouter::capi
+
+namespace {
 
 // ---- Events ------------------------------------------------------------------------------
 
@@ -243,6 +244,50 @@ kvr_route_result ToRouteResult(const kvrouter::RouteDecision& d) {
   out.booked = d.booked ? 1 : 0;
   out.queued = d.queued ? 1 : 0;
   return out;
+}
+
+kvr_overlap ToOverlap(const kvrouter::OverlapScore& s) {
+  kvr_overlap o{};
+  o.worker_id = s.worker.worker_id;
+  o.dp_rank = s.worker.dp_rank;
+  o.device_blocks = s.overlap.device_blocks;
+  o.host_blocks = s.overlap.host_blocks;
+  o.disk_blocks = s.overlap.disk_blocks;
+  o.external_blocks = s.overlap.external_blocks;
+  o.effective_overlap_blocks = s.effective_overlap_blocks;
+  o.cached_tokens = s.cached_tokens;
+  o.tree_size = s.tree_size;
+  return o;
+}
+
+kvr_potential_load ToPotentialLoad(const kvrouter::PotentialLoad& l) {
+  kvr_potential_load p{};
+  p.worker_id = l.current.worker.worker_id;
+  p.dp_rank = l.current.worker.dp_rank;
+  p.potential_prefill_tokens = l.potential_prefill_tokens;
+  p.potential_decode_blocks = l.potential_decode_blocks;
+  p.active_prefill_tokens = l.current.active_prefill_tokens;
+  p.active_blocks = l.current.active_blocks;
+  p.active_requests = l.current.active_requests;
+  return p;
+}
+
+// The shape every read-only per-rank query shares: check the arguments, convert the request
+// options, ask the router, convert each rank's row, copy the rows into the caller's buffer.
+template <typename Row, typename Query, typename Convert>
+kvr_status PerRankQuery(kvr_error** err, kvr_router* router, const uint32_t* tokens,
+                        size_t num_tokens, const kvr_request_options* opts, Row* out, size_t cap,
+                        size_t* len, const char* what, Query query, Convert convert) {
+  if (kvr_status s = CheckRouter(err, router)) return s;
+  if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
+  RequestOptions options;
+  if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+  auto rows = query(std::span(tokens, num_tokens), options.route);
+  if (!rows.ok()) return FromStatus(err, rows.status());
+  std::vector<Row> items;
+  items.reserve(rows->size());
+  for (const auto& row : *rows) items.push_back(convert(row));
+  return CopyOut(err, items, out, cap, len, what);
 }
 
 }  // namespace
@@ -458,27 +503,12 @@ KVR_API kvr_status kvr_router_overlap_scores(kvr_router* router, const uint32_t*
                                              kvr_overlap* out, size_t cap, size_t* len,
                                              kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = CheckRouter(err, router)) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
-    RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
-    auto scores = router->router->OverlapScores(std::span(tokens, num_tokens), options.route);
-    if (!scores.ok()) return FromStatus(err, scores.status());
-    std::vector<kvr_overlap> items;
-    for (const auto& s : *scores) {
-      kvr_overlap o{};
-      o.worker_id = s.worker.worker_id;
-      o.dp_rank = s.worker.dp_rank;
-      o.device_blocks = s.overlap.device_blocks;
-      o.host_blocks = s.overlap.host_blocks;
-      o.disk_blocks = s.overlap.disk_blocks;
-      o.external_blocks = s.overlap.external_blocks;
-      o.effective_overlap_blocks = s.effective_overlap_blocks;
-      o.cached_tokens = s.cached_tokens;
-      o.tree_size = s.tree_size;
-      items.push_back(o);
-    }
-    return CopyOut(err, items, out, cap, len, "overlap scores");
+    return PerRankQuery(
+        err, router, tokens, num_tokens, opts, out, cap, len, "overlap scores",
+        [&](auto prompt, const auto& options) {
+          return router->router->OverlapScores(prompt, options);
+        },
+        ToOverlap);
   });
 }
 
@@ -487,25 +517,12 @@ KVR_API kvr_status kvr_router_potential_loads(kvr_router* router, const uint32_t
                                               kvr_potential_load* out, size_t cap, size_t* len,
                                               kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = CheckRouter(err, router)) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
-    RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
-    auto loads = router->router->PotentialLoads(std::span(tokens, num_tokens), options.route);
-    if (!loads.ok()) return FromStatus(err, loads.status());
-    std::vector<kvr_potential_load> items;
-    for (const auto& l : *loads) {
-      kvr_potential_load p{};
-      p.worker_id = l.current.worker.worker_id;
-      p.dp_rank = l.current.worker.dp_rank;
-      p.potential_prefill_tokens = l.potential_prefill_tokens;
-      p.potential_decode_blocks = l.potential_decode_blocks;
-      p.active_prefill_tokens = l.current.active_prefill_tokens;
-      p.active_blocks = l.current.active_blocks;
-      p.active_requests = l.current.active_requests;
-      items.push_back(p);
-    }
-    return CopyOut(err, items, out, cap, len, "potential loads");
+    return PerRankQuery(
+        err, router, tokens, num_tokens, opts, out, cap, len, "potential loads",
+        [&](auto prompt, const auto& options) {
+          return router->router->PotentialLoads(prompt, options);
+        },
+        ToPotentialLoad);
   });
 }
 

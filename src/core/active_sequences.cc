@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -420,6 +421,22 @@ void ActiveSequences::SweepSlot(uint32_t slot) {
 void ActiveSequences::MaybeShrinkTables() {
   ShrinkIfMostlyEmpty(child_of_);
   ShrinkIfMostlyEmpty(requests_);
+}
+
+uint64_t ActiveSequences::StateDigest() const {
+  // Sums of per-item hashes, so the hash tables' iteration order does not matter.
+  uint64_t requests = 0;
+  for (const auto& [id, record] : requests_) {
+    requests +=
+        absl::HashOf(id, slots_[record.slot].worker, record.block_ids, record.prefill_tokens,
+                     record.started_at, record.expected_output_tokens);
+  }
+  uint64_t ranks = 0;
+  for (const auto& [worker, slot] : slot_of_) {
+    const Slot& s = slots_[slot];
+    ranks += absl::HashOf(worker, s.active_blocks, s.active_prefill_tokens, s.active_requests);
+  }
+  return absl::HashOf(requests, ranks, requests_.size(), stored_blocks_);
 }
 
 }  // namespace kvrouter

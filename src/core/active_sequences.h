@@ -152,6 +152,10 @@ class ActiveSequences {
   size_t TotalActiveBlocks() const;
   size_t DistinctBlockIds() const { return stored_blocks_; }
 
+  // An order-independent digest of every booked request and every rank's load (for tests that
+  // prove a call changed nothing). Stable within one process only.
+  uint64_t StateDigest() const;
+
  private:
   // One rank covering one run: how many of its active requests pass through or end in it.
   struct Holder {

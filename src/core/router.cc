@@ -5,6 +5,8 @@
 #include <condition_variable>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/hashing.h"
@@ -24,6 +26,12 @@ struct Router::Prepared {
   std::vector<uint64_t> sequence_hashes;  // only to record a booking in approximate mode
   std::vector<WorkerMatch> matches;       // sorted by worker
   std::vector<uint64_t> allowed_worker_ids;
+  std::optional<WorkerPin> pin;
+  std::optional<WorkerKey> preferred;
+  std::string session_id;
+  SessionMode session_mode = SessionMode::kHard;
+  double session_ttl_seconds = 0;
+  bool hold_as_plan = false;  // booked by Plan: Commit does what a dispatch leaves behind
 };
 
 // A request waiting in the admission queue.
@@ -85,6 +93,10 @@ absl::Status ValidateRouterOptions(const RouterOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_expiry_seconds must be > 0, got ", options.request_expiry_seconds));
   }
+  if (!std::isfinite(options.plan_deadline_seconds) || options.plan_deadline_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan_deadline_seconds must be > 0, got ", options.plan_deadline_seconds));
+  }
   return absl::OkStatus();
 }
 
@@ -101,7 +113,8 @@ Router::Router(RouterOptions options)
                   ? options_.random
                   : std::make_shared<SeededRandomSource>(options_.random_seed)),
       active_(clock_, ActiveSequencesOptions{.expiry_seconds = options_.request_expiry_seconds}),
-      registry_(options_.block_size) {
+      registry_(options_.block_size),
+      plan_deadline_(SecondsToNanos(options_.plan_deadline_seconds)) {
   if (options_.use_kv_events) {
     index_ = std::make_unique<RadixIndex>(RadixIndexOptions{.block_size = options_.block_size});
   } else {
@@ -249,6 +262,11 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
   if (!std::isfinite(options.priority_jump)) {
     return absl::InvalidArgumentError("priority_jump must be finite");
   }
+  if (!options.session_id.empty() &&
+      !(std::isfinite(options.session_ttl_seconds) && options.session_ttl_seconds > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_ttl_seconds must be > 0, got ", options.session_ttl_seconds));
+  }
   out.request_id.assign(options.request_id);
   out.config = *config;
   out.with_admission = options.with_admission;
@@ -257,6 +275,12 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
   out.priority_jump = options.priority_jump;
   out.allowed_worker_ids.assign(options.allowed_worker_ids.begin(),
                                 options.allowed_worker_ids.end());
+  out.pin = options.pin;
+  out.preferred = options.preferred;
+  out.session_id.assign(options.session_id);
+  out.session_mode = options.session_mode;
+  out.session_ttl_seconds = options.session_ttl_seconds;
+  out.hold_as_plan = false;
 
   const BlockHashOptions hash_options{.lora_name = options.prompt.lora_name,
                                       .cache_namespace = options.prompt.cache_namespace,
@@ -282,6 +306,31 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
 // ---------------------------------------------------------------------------------------------
 // Selection and booking (under gate_)
 
+bool Router::IsCandidateLocked(const Prepared& prepared, WorkerKey worker) const {
+  if (!IsAllowed(worker.worker_id, prepared.allowed_worker_ids)) return false;
+  if (!prepared.pin) return true;
+  return worker.worker_id == prepared.pin->worker_id &&
+         (!prepared.pin->dp_rank || worker.dp_rank == *prepared.pin->dp_rank);
+}
+
+absl::Status Router::CheckPinLocked(const Prepared& prepared) const {
+  if (!prepared.pin) return absl::OkStatus();
+  const WorkerPin& pin = *prepared.pin;
+  if (!IsAllowed(pin.worker_id, prepared.allowed_worker_ids)) {
+    return absl::InvalidArgumentError(absl::StrCat("pinned worker ", pin.worker_id,
+                                                   " is not in allowed_worker_ids (the pin and "
+                                                   "the allowed set contradict each other)"));
+  }
+  if (registry_.Find(pin.worker_id) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("pinned worker ", pin.worker_id, " is not registered"));
+  }
+  if (pin.dp_rank && !active_.HasWorker(WorkerKey{pin.worker_id, *pin.dp_rank})) {
+    return absl::NotFoundError(
+        absl::StrCat("pinned worker ", pin.worker_id, " has no dp_rank ", *pin.dp_rank));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
   const SelectorConfig& config = prepared.config;
   const uint32_t block_size = options_.block_size;
@@ -301,7 +350,7 @@ absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
   std::vector<Candidate> candidates;
   candidates.reserve(loads.size());
   for (const PotentialLoad& load : loads) {
-    if (!IsAllowed(load.current.worker.worker_id, prepared.allowed_worker_ids)) continue;
+    if (!IsCandidateLocked(prepared, load.current.worker)) continue;
     const WorkerMatch* match = FindMatch(prepared.matches, load.current.worker);
     candidates.push_back(Candidate{.worker = load.current.worker,
                                    .overlap = match ? OverlapOf(*match) : TierOverlap{},
@@ -313,7 +362,14 @@ absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
                              .block_size = block_size,
                              .candidates = candidates,
                              .allowed_worker_ids = {}};
-  return SelectWorker(input, config, *random_, out);
+  if (auto status = SelectWorker(input, config, *random_, out); !status.ok()) return status;
+  // A preferred rank (previewed, or a soft session binding) wins while it is still a candidate.
+  if (prepared.preferred) {
+    for (size_t i = 0; i < out.costs.size(); ++i) {
+      if (out.costs[i].worker == *prepared.preferred) out.chosen = i;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& chosen) {
@@ -332,14 +388,25 @@ absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& c
                                 .block_ids = block_ids,
                                 .prefill_tokens = prefill_tokens,
                                 .expected_output_tokens = prepared.expected_output_tokens};
-  if (auto status = active_.AddRequest(request); !status.ok()) return status;
+  // Booking writes no approximate-index record: that is left for the dispatch
+  // (CommitDecisionLocked), so a plan that is aborted leaves no trace in the index.
+  return active_.AddRequest(request);
+}
+
+void Router::CommitDecisionLocked(const Prepared& prepared, WorkerKey worker) {
   if (approx_) {
-    approx_->RecordRoutingDecision(chosen.worker, prepared.local_hashes, prepared.sequence_hashes);
+    approx_->RecordRoutingDecision(worker, prepared.local_hashes, prepared.sequence_hashes);
   }
-  return absl::OkStatus();
+  if (!prepared.session_id.empty()) {
+    sessions_[prepared.session_id] =
+        BoundSession{.worker = worker,
+                     .ttl = SecondsToNanos(prepared.session_ttl_seconds),
+                     .last_used = clock_.Now()};
+  }
 }
 
 absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
+  if (auto status = CheckPinLocked(prepared); !status.ok()) return status;
   Selection selection;
   if (auto status = SelectLocked(prepared, selection); !status.ok()) return status;
   const CandidateCost& winner = selection.winner();
@@ -347,6 +414,11 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
     if (auto status = BookLocked(prepared, winner); !status.ok()) return status;
   }
   RouteDecision decision;
+  decision.moved_from_preferred = prepared.preferred && winner.worker != *prepared.preferred;
+  decision.potential_decode_blocks = winner.decode_blocks;
+  if (const WorkerConfig* config = registry_.Find(winner.worker.worker_id)) {
+    decision.total_kv_blocks = config->total_kv_blocks;
+  }
   decision.worker = winner.worker;
   decision.device_overlap_blocks = winner.overlap.device_blocks;
   decision.effective_overlap_blocks = winner.effective_overlap_blocks;
@@ -356,6 +428,17 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
   decision.booked = prepared.with_admission;
   decision.chosen = selection.chosen;
   decision.candidates = std::move(selection.costs);
+  if (prepared.with_admission && prepared.hold_as_plan) {
+    auto plan = std::make_unique<PlanRecord>();
+    decision.planned = true;
+    plan->decision = decision;
+    plan->deadline = clock_.Now() + plan_deadline_;
+    plan->prepared = std::make_unique<Prepared>(prepared);
+    plans_[prepared.request_id] = std::move(plan);
+  } else if (prepared.with_admission) {
+    // Booking without a plan is a dispatch at once (FindBestMatch with admission).
+    CommitDecisionLocked(prepared, winner.worker);
+  }
   return decision;
 }
 
@@ -374,6 +457,8 @@ bool Router::MustWaitLocked(const Prepared& prepared) const {
   if (!options_.queue_threshold || !prepared.allowed_worker_ids.empty()) return false;
   std::vector<RankPressure> ranks;
   for (const WorkerLoad& load : active_.Loads()) {
+    // A pinned request waits for its own rank(s) only.
+    if (!IsCandidateLocked(prepared, load.worker)) continue;
     const WorkerConfig* config = registry_.Find(load.worker.worker_id);
     ranks.push_back(RankPressure{
         .active_prefill_tokens = load.active_prefill_tokens,
@@ -438,7 +523,7 @@ void Router::Run(Completions& completions) {
 // Routing entry points
 
 uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& options,
-                        RouteCallback done) {
+                        RouteCallback done, bool as_plan) {
   // Reused per thread so the hot path does not allocate its hash and match buffers. It is only
   // used until the decision is made, before any callback runs.
   thread_local Prepared scratch;
@@ -446,12 +531,19 @@ uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& op
     done(status);
     return 0;
   }
+  scratch.hold_as_plan = as_plan;
   Completions completions;
   uint64_t ticket = 0;
   {
     std::lock_guard lock(gate_);
+    // Only a request that books may age plans and sessions: a preview changes nothing.
+    if (options.with_admission) {
+      if (MaybeSweepLocked()) DrainQueueLocked(completions);
+    }
+    ApplySessionLocked(scratch, /*use=*/options.with_admission);
     absl::Status id_status =
         options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
+    if (id_status.ok()) id_status = CheckPinLocked(scratch);
     if (!id_status.ok()) {
       completions.push_back({std::move(done), std::move(id_status)});
     } else if (options.with_admission && MustWaitLocked(scratch)) {
@@ -467,6 +559,11 @@ uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& op
 
 absl::StatusOr<RouteDecision> Router::FindBestMatch(std::span<const uint32_t> tokens,
                                                     const RouteOptions& options) {
+  return Route(tokens, options, /*as_plan=*/false);
+}
+
+absl::StatusOr<RouteDecision> Router::Route(std::span<const uint32_t> tokens,
+                                            const RouteOptions& options, bool as_plan) {
   struct Waiter {
     std::mutex mu;
     std::condition_variable_any cv;
@@ -479,7 +576,7 @@ absl::StatusOr<RouteDecision> Router::FindBestMatch(std::span<const uint32_t> to
     waiter.result = std::move(result);
     waiter.cv.notify_all();
   };
-  const uint64_t ticket = Submit(tokens, options, done);
+  const uint64_t ticket = Submit(tokens, options, done, as_plan);
 
   std::unique_lock lock(waiter.mu);
   const auto ready = [&waiter] { return waiter.result.has_value(); };
@@ -564,6 +661,8 @@ bool Router::Free(std::string_view request_id) {
     // A client that gives up before admission frees a request that is still waiting.
     freed = CancelLocked(request_id, 0, absl::CancelledError("freed while waiting for admission"),
                          completions);
+    // A request freed before its plan was committed (or aborted) needs no plan any more.
+    plans_.erase(AsAbsl(request_id));
     if (!freed) {
       freed = active_.Free(request_id);
       if (freed) DrainQueueLocked(completions);
@@ -650,6 +749,7 @@ size_t Router::ExpireStale() {
   {
     std::lock_guard lock(gate_);
     expired = active_.ExpireStale();
+    ExpirePlansLocked();  // and plans past their deadline
     DrainQueueLocked(completions);
   }
   Run(completions);
@@ -663,6 +763,236 @@ void Router::RecheckQueue() {
     DrainQueueLocked(completions);
   }
   Run(completions);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Staged routing: preview, plan, commit, abort (reference §6.2)
+
+absl::StatusOr<RouteDecision> Router::Preview(std::span<const uint32_t> tokens,
+                                              const RouteOptions& options) {
+  RouteOptions look = options;
+  look.with_admission = false;
+  Prepared prepared;
+  if (auto status = Prepare(tokens, look, /*for_booking=*/false, prepared); !status.ok()) {
+    return status;
+  }
+  std::lock_guard lock(gate_);
+  ApplySessionLocked(prepared, /*use=*/false);
+  return DecideLocked(prepared);
+}
+
+absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,
+                                           const RouteOptions& options,
+                                           std::optional<WorkerKey> previewed) {
+  if (options.request_id.empty()) {
+    return absl::InvalidArgumentError("a request id is required to plan a request");
+  }
+  Completions completions;
+  {
+    std::lock_guard lock(gate_);
+    // Planning twice (a retried gateway call) returns the plan already booked.
+    auto it = plans_.find(AsAbsl(options.request_id));
+    if (it != plans_.end()) {
+      if (it->second->deadline > clock_.Now() && active_.HasRequest(options.request_id)) {
+        return it->second->decision;
+      }
+      // Stale (past its deadline, or its worker removed): free what is left and plan afresh.
+      plans_.erase(it);
+      if (active_.Free(options.request_id)) DrainQueueLocked(completions);
+    }
+  }
+  Run(completions);
+  RouteOptions plan = options;
+  plan.with_admission = true;
+  if (previewed) plan.preferred = previewed;
+  return Route(tokens, plan, /*as_plan=*/true);
+}
+
+absl::Status Router::Commit(std::string_view request_id) {
+  Completions completions;
+  absl::Status status;
+  {
+    std::lock_guard lock(gate_);
+    if (MaybeSweepLocked()) DrainQueueLocked(completions);
+    auto it = plans_.find(AsAbsl(request_id));
+    // This plan's own deadline is checked exactly, whenever the last sweep ran.
+    if (it != plans_.end() && it->second->deadline <= clock_.Now()) {
+      active_.Free(request_id);
+      plans_.erase(it);
+      it = plans_.end();
+      DrainQueueLocked(completions);
+    }
+    if (it == plans_.end()) {
+      // Committed before (or booked without a plan): nothing left to do.
+      status = active_.HasRequest(request_id)
+                   ? absl::OkStatus()
+                   : absl::NotFoundError(
+                         absl::StrCat("no plan for request '", AsAbsl(request_id),
+                                      "' (never planned, aborted, freed, or past its deadline)"));
+    } else if (!active_.HasRequest(request_id)) {
+      // The booking went with its worker (removed) or expired: nothing to dispatch to. The
+      // record stays (so a retried commit says the same) until abort, free, a new plan or
+      // the deadline.
+      status = absl::FailedPreconditionError(
+          absl::StrCat("the plan for request '", AsAbsl(request_id),
+                       "' lost its booking (its worker was removed); plan again"));
+    } else {
+      CommitDecisionLocked(*it->second->prepared, it->second->decision.worker);
+      plans_.erase(it);
+    }
+  }
+  Run(completions);
+  return status;
+}
+
+bool Router::Abort(std::string_view request_id) {
+  Completions completions;
+  bool freed;
+  {
+    std::lock_guard lock(gate_);
+    const bool had_plan = plans_.erase(AsAbsl(request_id)) > 0;
+    freed = CancelLocked(request_id, 0, absl::CancelledError("aborted while waiting for admission"),
+                         completions);
+    if (!freed && active_.Free(request_id)) {
+      freed = true;
+      DrainQueueLocked(completions);
+    }
+    freed = freed || had_plan;
+  }
+  Run(completions);
+  return freed;
+}
+
+bool Router::MaybeSweepLocked() {
+  // Sweeping scans every plan and session, so a busy router does it at most this often; each
+  // lookup checks its own entry's deadline or TTL exactly anyway.
+  const Nanos now = clock_.Now();
+  const Nanos interval = std::min(plan_deadline_, kNanosPerSecond);
+  if (now - last_sweep_ < interval) return false;
+  last_sweep_ = now;
+  ReclaimSessionsLocked();
+  return ExpirePlansLocked() > 0;
+}
+
+size_t Router::ExpirePlansLocked() {
+  const Nanos now = clock_.Now();
+  size_t expired = 0;
+  for (auto it = plans_.begin(); it != plans_.end();) {
+    if (it->second->deadline > now) {
+      ++it;
+      continue;
+    }
+    active_.Free(it->first);
+    plans_.erase(it++);
+    ++expired;
+  }
+  return expired;
+}
+
+size_t Router::ExpirePlans() {
+  Completions completions;
+  size_t expired;
+  {
+    std::lock_guard lock(gate_);
+    expired = ExpirePlansLocked();
+    if (expired > 0) DrainQueueLocked(completions);
+  }
+  Run(completions);
+  return expired;
+}
+
+absl::Status Router::SetPlanDeadline(double seconds) {
+  if (!std::isfinite(seconds) || seconds <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan deadline must be finite and > 0 seconds, got ", seconds));
+  }
+  std::lock_guard lock(gate_);
+  plan_deadline_ = SecondsToNanos(seconds);
+  return absl::OkStatus();
+}
+
+size_t Router::plan_count() const {
+  std::lock_guard lock(gate_);
+  return plans_.size();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session affinity (reference §6.1)
+
+void Router::ApplySessionLocked(Prepared& prepared, bool use) {
+  if (prepared.session_id.empty()) return;
+  auto it = sessions_.find(prepared.session_id);
+  if (it == sessions_.end()) return;
+  const Nanos now = clock_.Now();
+  if (it->second.ExpiredAt(now)) {
+    if (use) sessions_.erase(it);
+    return;
+  }
+  const WorkerKey bound = it->second.worker;
+  // An explicit pin outranks the session; a binding the request may not use is no target.
+  const bool usable = active_.HasWorker(bound) && IsCandidateLocked(prepared, bound);
+  if (prepared.session_mode == SessionMode::kHard) {
+    if (!usable) {
+      // The bound rank is gone: drop the binding and select once more (rebound at commit).
+      if (use) sessions_.erase(it);
+      return;
+    }
+    if (!prepared.pin) prepared.pin = WorkerPin{bound.worker_id, bound.dp_rank};
+  } else if (usable && !prepared.preferred) {
+    prepared.preferred = bound;
+  }
+  if (use) it->second.last_used = now;
+}
+
+size_t Router::ReclaimSessionsLocked() {
+  const Nanos now = clock_.Now();
+  return absl::erase_if(sessions_,
+                        [now](const auto& entry) { return entry.second.ExpiredAt(now); });
+}
+
+std::optional<WorkerKey> Router::SessionBinding(std::string_view session_id) const {
+  std::lock_guard lock(gate_);
+  auto it = sessions_.find(AsAbsl(session_id));
+  if (it == sessions_.end() || it->second.ExpiredAt(clock_.Now())) return std::nullopt;
+  return it->second.worker;
+}
+
+bool Router::CloseSession(std::string_view session_id) {
+  std::lock_guard lock(gate_);
+  return sessions_.erase(AsAbsl(session_id)) > 0;
+}
+
+size_t Router::ReclaimExpiredSessions() {
+  std::lock_guard lock(gate_);
+  return ReclaimSessionsLocked();
+}
+
+size_t Router::session_count() const {
+  std::lock_guard lock(gate_);
+  return sessions_.size();
+}
+
+// ---------------------------------------------------------------------------------------------
+// State digest
+
+uint64_t Router::StateDigest() const {
+  const uint64_t index = index_ ? index_->StateDigest() : approx_->index().StateDigest();
+  std::lock_guard lock(gate_);
+  // Sums of per-item hashes: independent of the hash tables' iteration order.
+  uint64_t queue = 0;
+  queue_.ForEach([&queue](const auto& entry) {
+    queue += absl::HashOf(entry.request_id, entry.prompt_tokens, entry.item->ticket);
+  });
+  uint64_t plans = 0;
+  for (const auto& [id, plan] : plans_) {
+    plans += absl::HashOf(id, plan->decision.worker, plan->deadline);
+  }
+  uint64_t sessions = 0;
+  for (const auto& [id, session] : sessions_) {
+    sessions += absl::HashOf(id, session.worker, session.ttl, session.last_used);
+  }
+  return absl::HashOf(index, active_.StateDigest(), queue, queue_.size(), plans, plans_.size(),
+                      sessions, sessions_.size());
 }
 
 }  // namespace kvrouter

@@ -40,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/active_sequences.h"
@@ -70,7 +71,12 @@ struct RouterOptions {
   uint64_t approx_max_blocks = uint64_t{1} << 20;  // > 0
   double approx_prune_target_ratio = 0.8;          // in (0, 1]
   double request_expiry_seconds = 300.0;           // a booked request older than this is dropped
-  uint64_t random_seed = 0;                        // seeds the default random source
+  // A plan (Plan) neither committed nor aborted within this long is dropped and its booking
+  // freed, so a gateway that dies between plan and dispatch leaks nothing. Checked lazily on
+  // Plan / Commit / FindBestMatch with admission (sweeps at most once a second, or once a
+  // deadline if shorter; Commit checks its own plan exactly) and ExpirePlans. > 0.
+  double plan_deadline_seconds = 30.0;
+  uint64_t random_seed = 0;  // seeds the default random source
   // Injected collaborators (must outlive the router). Null: the process's steady clock, and a
   // SeededRandomSource(random_seed).
   const Clock* clock = nullptr;
@@ -86,6 +92,22 @@ struct PromptOptions {
   bool eagle = false;
   // Multimodal hashes per block index (hashing.h).
   std::span<const std::vector<uint64_t>> block_mm_hashes;
+};
+
+// How a session's binding steers its next requests (reference §6.1, hard vs soft).
+enum class SessionMode : uint8_t {
+  // The bound rank is the exact target. If it is gone (or not allowed), the binding is
+  // dropped, selection runs once more and the session is rebound at commit.
+  kHard = 0,
+  // The bound rank is a preference inside normal selection: kept while eligible; when the
+  // request is dispatched elsewhere, the session is rebound there at commit.
+  kSoft = 1,
+};
+
+// A worker (and optionally one of its ranks) a request must run on.
+struct WorkerPin {
+  uint64_t worker_id = 0;
+  std::optional<uint32_t> dp_rank;  // unset: the best of the worker's ranks
 };
 
 // Per-request options of FindBestMatch and friends. Views are only read during the call.
@@ -105,6 +127,17 @@ struct RouteOptions {
   // or when stop_token is triggered. The request then leaves the queue unbooked.
   std::optional<std::chrono::nanoseconds> queue_timeout;
   std::stop_token stop_token;
+  // Explicit pin (reference §6.5): only this worker's ranks (or this rank) are candidates.
+  // NotFound when it is not registered; InvalidArgument when it is outside allowed_worker_ids.
+  std::optional<WorkerPin> pin;
+  // A rank to keep while it is still a candidate (a previewed worker, a soft session binding);
+  // otherwise normal selection picks and the decision says it moved.
+  std::optional<WorkerKey> preferred;
+  // Session affinity (reference §6.1). Empty: none. Only Plan/Commit and FindBestMatch with
+  // admission create or refresh bindings; previews only read them.
+  std::string_view session_id;
+  SessionMode session_mode = SessionMode::kHard;
+  double session_ttl_seconds = 300.0;  // sliding: every use restarts it; > 0
 };
 
 // The router's answer for one request.
@@ -117,6 +150,12 @@ struct RouteDecision {
   uint32_t prompt_blocks = 0;  // complete blocks of the prompt
   bool booked = false;         // the request is now active on `worker`
   bool queued = false;         // it waited in the admission queue first
+  bool planned = false;        // booked as a plan: Commit or Abort it (Plan)
+  // A preferred rank (previewed worker, soft session binding) was asked for but was no longer
+  // a candidate, so selection picked again.
+  bool moved_from_preferred = false;
+  uint64_t potential_decode_blocks = 0;  // the chosen rank's active + new blocks
+  uint64_t total_kv_blocks = 0;          // the chosen worker's KV capacity (0 = not reported)
   // Every eligible candidate with each term of its cost; candidates[chosen] is `worker`.
   std::vector<CandidateCost> candidates;
   size_t chosen = 0;
@@ -191,6 +230,44 @@ class Router {
   bool MarkPrefillCompleted(std::string_view request_id);
   bool Free(std::string_view request_id);
 
+  // --- Staged routing: preview, plan, commit (reference §6.2). ---
+  // What FindBestMatch would pick, without admission: nothing is booked, queued, recorded in
+  // the approximate index, and no session binding is created, refreshed or reclaimed (a
+  // binding is only read). This is also query-only routing (§6.4). Ignores with_admission.
+  absl::StatusOr<RouteDecision> Preview(std::span<const uint32_t> tokens,
+                                        const RouteOptions& options);
+  // Selection with admission under options.request_id, keeping `previewed` while it is still a
+  // candidate (else picking again: moved_from_preferred), then booking it as a plan. Waits in
+  // the queue like FindBestMatch. Idempotent: planning an id that already has a plan returns
+  // that plan. A plan must be committed or aborted within plan_deadline_seconds.
+  absl::StatusOr<RouteDecision> Plan(std::span<const uint32_t> tokens, const RouteOptions& options,
+                                     std::optional<WorkerKey> previewed = std::nullopt);
+  // The plan was dispatched: records the decision in approximate mode and binds the session.
+  // Idempotent (committing a committed, still active request is OK). NotFound when there is no
+  // plan (never made, aborted, expired); FailedPrecondition when its worker was removed.
+  absl::Status Commit(std::string_view request_id);
+  // Dispatch failed or the client gave up: frees the plan's booking (or its queue place, or the
+  // active request). Idempotent; returns whether anything was freed.
+  bool Abort(std::string_view request_id);
+  // Drops plans past their deadline, freeing their bookings; returns how many.
+  size_t ExpirePlans();
+  size_t plan_count() const;
+  // Replaces plan_deadline_seconds for plans made from now on. InvalidArgument unless > 0.
+  absl::Status SetPlanDeadline(double seconds);
+
+  // --- Session affinity. ---
+  // The rank a live session is bound to (read-only: does not refresh the TTL).
+  std::optional<WorkerKey> SessionBinding(std::string_view session_id) const;
+  bool CloseSession(std::string_view session_id);
+  // Drops bindings whose TTL passed; returns how many. Also done lazily (at most once a second)
+  // by Plan, Commit and FindBestMatch with admission.
+  size_t ReclaimExpiredSessions();
+  size_t session_count() const;
+
+  // An order-independent digest of all routing state: the index, active requests, the queue,
+  // plans and session bindings. Equal digests: every future answer is the same.
+  uint64_t StateDigest() const;
+
   // --- Read-only views. ---
   // The load every rank would carry with this prompt (options.prompt and overrides apply).
   absl::StatusOr<std::vector<PotentialLoad>> PotentialLoads(std::span<const uint32_t> tokens,
@@ -206,7 +283,7 @@ class Router {
   // --- Housekeeping (the core has no timer thread). ---
   // Drops requests older than request_expiry_seconds; may admit waiting requests. (Booking also
   // expires old requests, at most every 30 s, but admits nobody: call this periodically when a
-  // queue threshold is set and requests may be lost.)
+  // queue threshold is set and requests may be lost.) Also drops plans past their deadline.
   size_t ExpireStale();
   // Admits whatever waiting requests now fit.
   void RecheckQueue();
@@ -228,6 +305,19 @@ class Router {
   absl::Status SelectLocked(const Prepared& prepared, Selection& out);
   absl::StatusOr<RouteDecision> DecideLocked(const Prepared& prepared);
   absl::Status BookLocked(const Prepared& prepared, const CandidateCost& chosen);
+  // What a dispatched decision leaves behind: the approximate-index record and the session
+  // binding. The only writer of both.
+  void CommitDecisionLocked(const Prepared& prepared, WorkerKey worker);
+  // Resolves the session binding into a pin or a preference (hard / soft). `use` refreshes the
+  // TTL and drops a hard binding whose rank is gone; without it nothing changes.
+  void ApplySessionLocked(Prepared& prepared, bool use);
+  bool IsCandidateLocked(const Prepared& prepared, WorkerKey worker) const;
+  absl::Status CheckPinLocked(const Prepared& prepared) const;
+  size_t ExpirePlansLocked();
+  // Expires plans and reclaims sessions if the last sweep is old enough; true if a plan's
+  // booking was freed (the caller drains the queue).
+  bool MaybeSweepLocked();
+  size_t ReclaimSessionsLocked();
   absl::Status CheckNewRequestIdLocked(std::string_view request_id) const;
   bool MustWaitLocked(const Prepared& prepared) const;
   void EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback done);
@@ -239,8 +329,10 @@ class Router {
 
   // Shared by the blocking and the non-blocking form: decides at once or enqueues.
   // Returns the ticket of the queued request (0 if `done` already ran or will run inline).
-  uint64_t Submit(std::span<const uint32_t> tokens, const RouteOptions& options,
-                  RouteCallback done);
+  uint64_t Submit(std::span<const uint32_t> tokens, const RouteOptions& options, RouteCallback done,
+                  bool as_plan = false);
+  absl::StatusOr<RouteDecision> Route(std::span<const uint32_t> tokens, const RouteOptions& options,
+                                      bool as_plan);
 
   const RouterOptions options_;
   const Clock& clock_;
@@ -254,6 +346,23 @@ class Router {
   WorkerRegistry registry_;
   PendingQueue<std::unique_ptr<Pending>> queue_;
   uint64_t next_ticket_ = 1;
+
+  // A booked request waiting for Commit or Abort, with what Commit needs.
+  struct PlanRecord {
+    RouteDecision decision;  // returned again when the same id is planned twice
+    Nanos deadline = 0;
+    std::unique_ptr<Prepared> prepared;  // hashes and session, for CommitDecisionLocked
+  };
+  struct BoundSession {
+    WorkerKey worker;
+    Nanos ttl = 0;
+    Nanos last_used = 0;
+    bool ExpiredAt(Nanos now) const { return now - last_used >= ttl; }
+  };
+  Nanos plan_deadline_;  // options_.plan_deadline_seconds until SetPlanDeadline
+  Nanos last_sweep_ = 0;
+  absl::flat_hash_map<std::string, std::unique_ptr<PlanRecord>> plans_;
+  absl::flat_hash_map<std::string, BoundSession> sessions_;
 };
 
 }  // namespace kvrouter

@@ -91,6 +91,12 @@ class PendingQueue {
     return &order_.find(found->second)->second;
   }
 
+  // Calls visit(entry) for every waiting request, in admission order.
+  template <typename Visit>
+  void ForEach(Visit visit) const {
+    for (const auto& [position, entry] : order_) visit(entry);
+  }
+
   // The next request to admit. Requires !empty().
   const Entry& Front() const { return order_.begin()->second; }
 

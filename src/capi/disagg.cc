@@ -1,0 +1,175 @@
+// Disaggregated prefill / decode through the C ABI: a kvr_disagg owns two kvr_router pools
+// (usable with every kvr_router_* function) and a core DisaggRouter over them.
+#include <cstring>
+#include <memory>
+#include <random>
+#include <span>
+
+#include "capi_internal.h"
+
+using namespace kvrouter::capi;
+
+struct kvr_disagg {
+  kvr_router* prefill = nullptr;
+  kvr_router* decode = nullptr;
+  std::unique_ptr<kvrouter::DisaggRouter> core;
+  ~kvr_disagg() {
+    core.reset();  // it refers to the pools
+    kvr_router_free(prefill);
+    kvr_router_free(decode);
+  }
+};
+
+namespace {
+
+kvr_status ToDisaggOptions(kvr_error** err, const kvr_disagg_options* opts,
+                           kvrouter::DisaggOptions& out) {
+  kvr_disagg_options c;
+  kvr_disagg_options_init(&c);
+  if (kvr_status s = ReadVersioned(err, opts, c, "kvr_disagg_options")) return s;
+  if (c.policy > KVR_DISAGG_ISL_OR_LOAD) {
+    return Fail(err, KVR_INVALID_ARGUMENT,
+                "policy " + std::to_string(c.policy) + " is not a KVR_DISAGG_* value");
+  }
+  if (!(c.max_local_prefill_ratio >= 0) || !(c.prefill_busy_threshold >= 0)) {
+    return Fail(err, KVR_INVALID_ARGUMENT,
+                "max_local_prefill_ratio and prefill_busy_threshold must be >= 0");
+  }
+  out.policy = static_cast<kvrouter::DisaggPolicy>(c.policy);
+  out.enforce = c.enforce != 0;
+  out.max_local_prefill_tokens = c.max_local_prefill_tokens;
+  out.max_local_prefill_ratio = c.max_local_prefill_ratio;
+  out.prefill_busy_threshold = c.prefill_busy_threshold;
+  if (c.decode_busy_threshold >= 0) out.decode_busy_threshold = c.decode_busy_threshold;
+  return KVR_OK;
+}
+
+kvr_status CheckDisagg(kvr_error** err, const kvr_disagg* disagg) {
+  return RequireNonNull(err, disagg, "disagg");
+}
+
+}  // namespace
+
+extern "C" {
+
+KVR_API void kvr_disagg_options_init(kvr_disagg_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+  options->policy = KVR_DISAGG_ALWAYS;
+  options->max_local_prefill_tokens = 512;
+  options->max_local_prefill_ratio = 1.0;
+  options->prefill_busy_threshold = 1.0;
+  options->decode_busy_threshold = -1.0;
+}
+
+KVR_API void kvr_prefill_result_init(kvr_prefill_result* result) {
+  if (result == nullptr) return;
+  std::memset(result, 0, sizeof(*result));
+  result->struct_size = sizeof(*result);
+  result->bootstrap_room = -1;
+}
+
+KVR_API kvr_status kvr_disagg_new(const kvr_router_options* prefill,
+                                  const kvr_router_options* decode, const kvr_disagg_options* opts,
+                                  kvr_disagg** out, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    kvrouter::DisaggOptions options;
+    if (kvr_status s = ToDisaggOptions(err, opts, options)) return s;
+    auto disagg = std::make_unique<kvr_disagg>();
+    if (kvr_status s = kvr_router_new(prefill, &disagg->prefill, err)) return s;
+    if (kvr_status s = kvr_router_new(decode, &disagg->decode, err)) return s;
+    if (disagg->prefill->router->block_size() != disagg->decode->router->block_size()) {
+      return Fail(err, KVR_INVALID_ARGUMENT, "the prefill and decode pools' block sizes differ");
+    }
+    options.random_seed = std::random_device{}();
+    disagg->core = std::make_unique<kvrouter::DisaggRouter>(*disagg->prefill->router,
+                                                            *disagg->decode->router, options);
+    *out = disagg.release();
+    return KVR_OK;
+  });
+}
+
+KVR_API void kvr_disagg_free(kvr_disagg* disagg) { delete disagg; }
+
+KVR_API kvr_router* kvr_disagg_prefill_router(kvr_disagg* disagg) {
+  return disagg == nullptr ? nullptr : disagg->prefill;
+}
+
+KVR_API kvr_router* kvr_disagg_decode_router(kvr_disagg* disagg) {
+  return disagg == nullptr ? nullptr : disagg->decode;
+}
+
+KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* tokens,
+                                            size_t num_tokens, const kvr_request_options* opts,
+                                            const kvr_routing_hints* hints, kvr_prefill_result* out,
+                                            kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckDisagg(err, disagg)) return s;
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
+    RequestOptions options;
+    if (kvr_status s = ToRouteOptions(err, disagg->prefill, opts, options)) return s;
+    kvrouter::RoutingHints core_hints;
+    kvr_routing_hints c;
+    if (kvr_status s = ToRoutingHints(err, hints, core_hints, c)) return s;
+    auto route =
+        disagg->core->RoutePrefill(std::span(tokens, num_tokens), options.route, core_hints);
+    if (!route.ok()) return FromStatus(err, route.status());
+    kvr_prefill_result result;
+    kvr_prefill_result_init(&result);
+    result.remote = route->remote() ? 1 : 0;
+    result.reason = static_cast<uint32_t>(route->placement);
+    if (route->remote()) {
+      disagg->prefill->decisions.fetch_add(1, std::memory_order_relaxed);
+      result.worker_id = route->decision.worker.worker_id;
+      result.dp_rank = route->decision.worker.dp_rank;
+      result.bootstrap_room = route->bootstrap_room;
+      result.cached_tokens = route->decision.cached_tokens;
+    }
+    return WriteVersioned(err, result, out, "kvr_prefill_result");
+  });
+}
+
+KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg* disagg, const uint32_t* tokens,
+                                           size_t num_tokens, const kvr_request_options* opts,
+                                           const kvr_routing_hints* hints, int remote_prefill,
+                                           kvr_route_signals* out, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckDisagg(err, disagg)) return s;
+    if (kvr_status s = CheckSignalsOut(err, out)) return s;
+    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
+    RequestOptions options;
+    if (kvr_status s = ToRouteOptions(err, disagg->decode, opts, options)) return s;
+    kvrouter::RoutingHints core_hints;
+    kvr_routing_hints c;
+    if (kvr_status s = ToRoutingHints(err, hints, core_hints, c)) return s;
+    auto decision = disagg->core->RouteDecode(std::span(tokens, num_tokens), options.route,
+                                              remote_prefill != 0, core_hints);
+    if (!decision.ok()) return FromStatus(err, decision.status());
+    disagg->decode->decisions.fetch_add(1, std::memory_order_relaxed);
+    return WriteVersioned(err, ToSignals(*decision), out, "kvr_route_signals");
+  });
+}
+
+KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg* disagg, const uint32_t* tokens,
+                                                  size_t num_tokens,
+                                                  const kvr_request_options* opts, double threshold,
+                                                  int* busy, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckDisagg(err, disagg)) return s;
+    if (kvr_status s = RequireNonNull(err, busy, "busy")) return s;
+    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
+    if (!(threshold >= 0)) return Fail(err, KVR_INVALID_ARGUMENT, "threshold must be >= 0");
+    RequestOptions options;
+    if (kvr_status s = ToRouteOptions(err, disagg->prefill, opts, options)) return s;
+    auto result =
+        disagg->core->PrefillWorkerBusy(std::span(tokens, num_tokens), options.route, threshold);
+    if (!result.ok()) return FromStatus(err, result.status());
+    *busy = *result ? 1 : 0;
+    return KVR_OK;
+  });
+}
+
+}  // extern "C"

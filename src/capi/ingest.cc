@@ -1,0 +1,173 @@
+// KV event ingestion through the C ABI: the ingest object over kvrouter::IngestService.
+#include <algorithm>
+
+#include "capi_internal.h"
+#include "ingest/flatbuffers_codec.h"
+#include "ingest/ingest_service.h"
+
+using namespace kvrouter::capi;
+
+struct kvr_ingest {
+  std::unique_ptr<kvrouter::IngestService> service;
+};
+
+namespace {
+
+kvr_status CheckIngest(kvr_error** err, const kvr_ingest* ingest) {
+  return RequireNonNull(err, ingest, "ingest");
+}
+
+kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
+  kvr_ingest_stats out;
+  kvr_ingest_stats_init(&out);
+  out.state_unknown = static_cast<uint32_t>(s.state_unknown);
+  out.messages = s.messages;
+  out.events_applied = s.events_applied;
+  for (int i = 0; i < kvrouter::kNumIngestRejects; ++i) out.rejected[i] = s.rejected[i];
+  out.gaps = s.gaps;
+  out.missed_messages = s.missed_messages;
+  out.restarts = s.restarts;
+  out.recoveries = s.recoveries;
+  out.connections = s.connections;
+  return out;
+}
+
+static_assert(kvrouter::kNumIngestRejects <= KVR_INGEST_REJECT_REASONS);
+static_assert(static_cast<int>(kvrouter::IngestReject::kStaleSequence) ==
+              KVR_INGEST_REJECT_STALE_SEQUENCE);
+
+}  // namespace
+
+extern "C" {
+
+KVR_API void kvr_ingest_options_init(kvr_ingest_options* options) {
+  if (options == nullptr) return;
+  *options = kvr_ingest_options{};
+  options->struct_size = sizeof(kvr_ingest_options);
+  options->max_frame_bytes = kvrouter::kMaxFrameBytes;
+  options->replay_timeout_ms = kvrouter::IngestOptions{}.replay_timeout_ms;
+}
+
+KVR_API kvr_status kvr_ingest_new(kvr_router* router, const kvr_ingest_options* opts,
+                                  kvr_ingest** out, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    kvr_ingest_options in;
+    kvr_ingest_options_init(&in);
+    if (kvr_status s = ReadVersioned(err, opts, in, "kvr_ingest_options")) return s;
+    kvrouter::IngestOptions options;
+    options.max_frame_bytes = in.max_frame_bytes;
+    options.replay_timeout_ms = in.replay_timeout_ms;
+    auto service = kvrouter::IngestService::Create(router->router.get(), options);
+    if (!service.ok()) return FromStatus(err, service.status());
+    *out = new kvr_ingest{std::move(*service)};
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_ingest_start(kvr_ingest* ingest, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    return FromStatus(err, ingest->service->Start());
+  });
+}
+
+KVR_API kvr_status kvr_ingest_stop(kvr_ingest* ingest, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    ingest->service->Stop();
+    return KVR_OK;
+  });
+}
+
+KVR_API void kvr_ingest_free(kvr_ingest* ingest) {
+  try {
+    delete ingest;
+  } catch (...) {  // nothing may unwind into C
+  }
+}
+
+KVR_API kvr_status kvr_ingest_listen(kvr_ingest* ingest, const char* endpoint, uint64_t* source_id,
+                                     char* bound, size_t cap, size_t* len, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    if (kvr_status s = RequireNonNull(err, endpoint, "endpoint")) return s;
+    if (cap > 0 && bound == nullptr) return RequireNonNull(err, bound, "bound");
+    std::string bound_endpoint;
+    auto id = ingest->service->Listen(endpoint, &bound_endpoint);
+    if (!id.ok()) return FromStatus(err, id.status());
+    if (source_id != nullptr) *source_id = *id;
+    const size_t needed = bound_endpoint.size() + 1;
+    if (len != nullptr) *len = needed;
+    if (cap > 0 && cap < needed) {
+      return Fail(err, KVR_BUFFER_TOO_SMALL,
+                  "the bound endpoint needs " + std::to_string(needed) + " bytes");
+    }
+    if (cap > 0) std::memcpy(bound, bound_endpoint.c_str(), needed);
+    return KVR_OK;
+  });
+}
+
+KVR_API void kvr_engine_worker_init(kvr_engine_worker* worker) {
+  if (worker == nullptr) return;
+  *worker = kvr_engine_worker{};
+  worker->struct_size = sizeof(kvr_engine_worker);
+  worker->dp_size = 1;
+}
+
+KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest* ingest, const kvr_engine_worker* worker,
+                                                uint64_t* source_id, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    if (kvr_status s = RequireNonNull(err, worker, "worker")) return s;
+    kvr_engine_worker in;
+    kvr_engine_worker_init(&in);
+    if (kvr_status s = ReadVersioned(err, worker, in, "kvr_engine_worker")) return s;
+    if (kvr_status s = RequireNonNull(err, in.endpoint, "worker->endpoint")) return s;
+    if (in.engine > KVR_ENGINE_SGLANG) {
+      return Fail(err, KVR_INVALID_ARGUMENT,
+                  "engine " + std::to_string(in.engine) + " is not a KVR_ENGINE_*");
+    }
+    kvrouter::EngineWorker config;
+    config.endpoint = in.endpoint;
+    config.worker_id = in.worker_id;
+    config.dp_start = in.dp_start;
+    config.dp_size = in.dp_size;
+    config.block_size = in.block_size;
+    config.topic = std::string(OrEmpty(in.topic));
+    config.eagle = (in.flags & KVR_STORED_EAGLE) != 0;
+    config.replay_endpoint = std::string(OrEmpty(in.replay_endpoint));
+    auto id = ingest->service->AddEngineWorker(config);
+    if (!id.ok()) return FromStatus(err, id.status());
+    if (source_id != nullptr) *source_id = *id;
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest* ingest, uint64_t worker_id,
+                                                   int clear_index, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    return FromStatus(err, ingest->service->RemoveEngineWorker(worker_id, clear_index != 0));
+  });
+}
+
+KVR_API void kvr_ingest_stats_init(kvr_ingest_stats* stats) {
+  if (stats == nullptr) return;
+  *stats = kvr_ingest_stats{};
+  stats->struct_size = sizeof(kvr_ingest_stats);
+}
+
+KVR_API kvr_status kvr_ingest_get_stats(kvr_ingest* ingest, uint64_t source_id,
+                                        kvr_ingest_stats* out, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    auto stats = ingest->service->Stats(source_id);
+    if (!stats.ok()) return FromStatus(err, stats.status());
+    return WriteVersioned(err, ToCStats(*stats), out, "kvr_ingest_stats");
+  });
+}
+
+}  // extern "C"
