@@ -10,6 +10,11 @@ pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 # the schemas at build time.
 find_package(FlatBuffers REQUIRED)
 find_program(KVR_FLATC flatc REQUIRED)
+# KV event ingestion (src/ingest): the libuv loop, ZMQ subscriptions to vLLM/SGLang publishers,
+# and msgpack-c++ (header-only; MSGPACK_NO_BOOST, set on kvrouter_ingest) for their payloads.
+pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+pkg_check_modules(LIBZMQ REQUIRED IMPORTED_TARGET libzmq)
+find_path(KVR_MSGPACK_INCLUDE_DIR msgpack.hpp REQUIRED)
 
 if(KVR_BUILD_TESTS)
   find_package(GTest REQUIRED)

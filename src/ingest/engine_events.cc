@@ -1,0 +1,352 @@
+#include "ingest/engine_events.h"
+
+#include <cstring>
+#include <msgpack.hpp>  // MSGPACK_NO_BOOST is set by the build
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvrouter {
+namespace {
+
+using msgpack::object;
+namespace mtype = msgpack::type;
+
+// Thrown inside the decoder, turned into InvalidArgument at its edge: the decoder walks deep
+// nested shapes, and an exception keeps each step a plain expression.
+struct DecodeError {
+  std::string message;
+};
+
+[[noreturn]] void Reject(std::string message) { throw DecodeError{std::move(message)}; }
+
+bool IsNil(const object& o) { return o.type == mtype::NIL; }
+
+std::string_view AsStr(const object& o, const char* what) {
+  if (o.type != mtype::STR) Reject(absl::StrCat(what, " is not a string"));
+  return {o.via.str.ptr, o.via.str.size};
+}
+
+std::optional<std::string> OptStr(const object* o, const char* what) {
+  if (o == nullptr || IsNil(*o)) return std::nullopt;
+  return std::string(AsStr(*o, what));
+}
+
+int64_t AsInt(const object& o, const char* what) {
+  if (o.type == mtype::POSITIVE_INTEGER) {
+    if (o.via.u64 > static_cast<uint64_t>(INT64_MAX)) Reject(absl::StrCat(what, " too large"));
+    return static_cast<int64_t>(o.via.u64);
+  }
+  if (o.type == mtype::NEGATIVE_INTEGER) return o.via.i64;
+  Reject(absl::StrCat(what, " is not an integer"));
+}
+
+std::optional<int64_t> OptInt(const object* o, const char* what) {
+  if (o == nullptr || IsNil(*o)) return std::nullopt;
+  return AsInt(*o, what);
+}
+
+// A block hash in any of the forms engines send. Signed values keep their bit pattern, so the
+// same hash always maps to the same key; digests keep their last 8 bytes, big-endian, which is
+// vLLM's int.from_bytes(digest, "big") & (2**64 - 1).
+uint64_t AsHash(const object& o, const char* what) {
+  switch (o.type) {
+    case mtype::POSITIVE_INTEGER:
+      return o.via.u64;
+    case mtype::NEGATIVE_INTEGER:
+      return static_cast<uint64_t>(o.via.i64);
+    case mtype::BIN: {
+      const uint32_t size = o.via.bin.size;
+      if (size < 8) Reject(absl::StrCat(what, " is a digest of ", size, " bytes (< 8)"));
+      uint64_t value = 0;
+      for (uint32_t i = size - 8; i < size; ++i) {
+        value = (value << 8) | static_cast<uint8_t>(o.via.bin.ptr[i]);
+      }
+      return value;
+    }
+    default:
+      Reject(absl::StrCat(what, " is not an integer or bytes"));
+  }
+}
+
+std::span<const object> AsArray(const object& o, const char* what) {
+  if (o.type != mtype::ARRAY) Reject(absl::StrCat(what, " is not an array"));
+  return {o.via.array.ptr, o.via.array.size};
+}
+
+std::vector<uint64_t> AsHashes(const object& o, const char* what) {
+  std::vector<uint64_t> out;
+  for (const object& h : AsArray(o, what)) out.push_back(AsHash(h, what));
+  return out;
+}
+
+std::vector<uint32_t> AsTokens(const object& o) {
+  std::vector<uint32_t> out;
+  for (const object& t : AsArray(o, "token_ids")) {
+    const int64_t v = AsInt(t, "token id");
+    if (v < 0 || v > UINT32_MAX) Reject(absl::StrCat("token id ", v, " out of range"));
+    out.push_back(static_cast<uint32_t>(v));
+  }
+  return out;
+}
+
+// The string members of each block's extra_keys tuple (nil entries stay empty).
+std::vector<std::vector<std::string>> AsExtraKeys(const object* o) {
+  std::vector<std::vector<std::string>> out;
+  if (o == nullptr || IsNil(*o)) return out;
+  for (const object& block : AsArray(*o, "extra_keys")) {
+    std::vector<std::string>& keys = out.emplace_back();
+    if (block.type != mtype::ARRAY) continue;
+    for (const object& key : AsArray(block, "extra_keys entry")) {
+      if (key.type == mtype::STR) keys.emplace_back(key.via.str.ptr, key.via.str.size);
+    }
+  }
+  return out;
+}
+
+// Field access that works the same on positional and tagged-map events.
+class Fields {
+ public:
+  // `names` lists the positional order after the tag.
+  Fields(const object& event, std::span<const std::string_view> names)
+      : event_(event), names_(names) {}
+
+  const object* Get(std::string_view name) const {
+    if (event_.type == mtype::MAP) {
+      for (uint32_t i = 0; i < event_.via.map.size; ++i) {
+        const auto& kv = event_.via.map.ptr[i];
+        if (kv.key.type == mtype::STR &&
+            std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == name) {
+          return &kv.val;
+        }
+      }
+      return nullptr;  // missing (omitted default): as nil
+    }
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (names_[i] != name) continue;
+      const size_t position = i + 1;  // element 0 is the tag
+      return position < event_.via.array.size ? &event_.via.array.ptr[position] : nullptr;
+    }
+    return nullptr;
+  }
+
+  const object& Require(std::string_view name) const {
+    const object* o = Get(name);
+    if (o == nullptr) Reject(absl::StrCat("missing field ", std::string(name)));
+    return *o;
+  }
+
+ private:
+  const object& event_;
+  std::span<const std::string_view> names_;
+};
+
+constexpr std::string_view kStoredFields[] = {
+    "block_hashes", "parent_block_hash", "token_ids",  "block_size", "lora_id",
+    "medium",       "lora_name",         "extra_keys", "group_idx",  "kv_cache_spec_kind"};
+constexpr std::string_view kRemovedFields[] = {"block_hashes", "medium", "group_idx"};
+
+void ReadMedium(const Fields& fields, EngineEvent& out) {
+  out.medium = OptStr(fields.Get("medium"), "medium");
+  out.tier = TierFromMedium(out.medium.value_or(""));
+}
+
+// SGLang's salted store appends a metadata map where vLLM has lora_name.
+void ReadSglangMetadata(const object& event, EngineEvent& out) {
+  if (event.type != mtype::ARRAY) return;
+  for (uint32_t i = 1; i < event.via.array.size; ++i) {
+    const object& o = event.via.array.ptr[i];
+    if (o.type != mtype::MAP) continue;
+    for (uint32_t k = 0; k < o.via.map.size; ++k) {
+      const auto& kv = o.via.map.ptr[k];
+      if (kv.key.type == mtype::STR && kv.val.type == mtype::STR &&
+          std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == "cache_salt") {
+        out.cache_salt = std::string(kv.val.via.str.ptr, kv.val.via.str.size);
+      }
+    }
+  }
+}
+
+EngineEvent DecodeStored(const object& event) {
+  const Fields fields(event, kStoredFields);
+  EngineEvent out;
+  out.kind = EngineEventKind::kStored;
+  out.block_hashes = AsHashes(fields.Require("block_hashes"), "block hash");
+  if (const object* parent = fields.Get("parent_block_hash"); parent && !IsNil(*parent)) {
+    out.parent_hash = AsHash(*parent, "parent_block_hash");
+  }
+  out.token_ids = AsTokens(fields.Require("token_ids"));
+  if (auto bs = OptInt(fields.Get("block_size"), "block_size")) {
+    if (*bs <= 0 || *bs > UINT32_MAX) Reject(absl::StrCat("block_size ", *bs, " out of range"));
+    out.block_size = static_cast<uint32_t>(*bs);
+  }
+  out.lora_id = OptInt(fields.Get("lora_id"), "lora_id");
+  ReadMedium(fields, out);
+  if (const object* lora = fields.Get("lora_name"); lora && lora->type == mtype::STR) {
+    out.lora_name = std::string(AsStr(*lora, "lora_name"));
+  }
+  if (const object* keys = fields.Get("extra_keys"); keys && keys->type == mtype::ARRAY) {
+    out.extra_keys = AsExtraKeys(keys);
+  }
+  if (const object* group = fields.Get("group_idx"); group && group->type != mtype::MAP) {
+    out.group_idx = OptInt(group, "group_idx");
+  }
+  if (const object* kind = fields.Get("kv_cache_spec_kind"); kind && kind->type == mtype::STR) {
+    out.kv_cache_spec_kind = std::string(AsStr(*kind, "kv_cache_spec_kind"));
+  }
+  ReadSglangMetadata(event, out);
+  return out;
+}
+
+EngineEvent DecodeRemoved(const object& event) {
+  const Fields fields(event, kRemovedFields);
+  EngineEvent out;
+  out.kind = EngineEventKind::kRemoved;
+  out.block_hashes = AsHashes(fields.Require("block_hashes"), "block hash");
+  ReadMedium(fields, out);
+  out.group_idx = OptInt(fields.Get("group_idx"), "group_idx");
+  return out;
+}
+
+std::string_view TagOf(const object& event) {
+  if (event.type == mtype::ARRAY) {
+    if (event.via.array.size == 0) Reject("event is an empty array");
+    return AsStr(event.via.array.ptr[0], "event tag");
+  }
+  if (event.type == mtype::MAP) {
+    const std::string_view names[] = {"type"};
+    return AsStr(Fields(event, names).Require("type"), "event tag");
+  }
+  Reject("event is neither an array nor a map");
+}
+
+EngineEvent DecodeEvent(const object& event) {
+  const std::string_view tag = TagOf(event);
+  if (tag == "BlockStored") return DecodeStored(event);
+  if (tag == "BlockRemoved") return DecodeRemoved(event);
+  if (tag == "AllBlocksCleared") return EngineEvent{};  // kind defaults to kCleared
+  Reject(absl::StrCat("unknown event tag '", std::string(tag), "'"));
+}
+
+double AsTimestamp(const object& o) {
+  if (o.type == mtype::FLOAT64 || o.type == mtype::FLOAT32) return o.via.f64;
+  if (o.type == mtype::POSITIVE_INTEGER) return static_cast<double>(o.via.u64);
+  if (o.type == mtype::NEGATIVE_INTEGER) return static_cast<double>(o.via.i64);
+  Reject("ts is not a number");
+}
+
+std::optional<uint32_t> AsDpRank(const object* o) {
+  const auto rank = OptInt(o, "data_parallel_rank");
+  if (!rank) return std::nullopt;
+  if (*rank < 0 || *rank > UINT32_MAX) Reject(absl::StrCat("dp rank ", *rank, " out of range"));
+  return static_cast<uint32_t>(*rank);
+}
+
+EngineBatch DecodeBatch(const object& root) {
+  EngineBatch batch;
+  const object* events = nullptr;
+  if (root.type == mtype::ARRAY) {
+    const auto items = AsArray(root, "batch");
+    if (items.size() < 2) Reject("batch array has fewer than 2 elements");
+    batch.timestamp = AsTimestamp(items[0]);
+    events = &items[1];
+    if (items.size() >= 3) batch.dp_rank = AsDpRank(&items[2]);
+  } else if (root.type == mtype::MAP) {
+    const std::string_view names[] = {"ts", "events", "data_parallel_rank"};
+    const Fields fields(root, names);
+    batch.timestamp = AsTimestamp(fields.Require("ts"));
+    events = &fields.Require("events");
+    batch.dp_rank = AsDpRank(fields.Get("data_parallel_rank"));
+    if (!batch.dp_rank) batch.dp_rank = AsDpRank(fields.Get("attn_dp_rank"));
+  } else {
+    Reject("batch is neither an array nor a map");
+  }
+  size_t index = 0;
+  for (const object& event : AsArray(*events, "events")) {
+    try {
+      batch.events.push_back(DecodeEvent(event));
+    } catch (DecodeError& e) {
+      e.message = absl::StrCat("event ", index, ": ", e.message);
+      throw;
+    }
+    ++index;
+  }
+  return batch;
+}
+
+}  // namespace
+
+absl::StatusOr<EngineBatch> DecodeEnginePayload(std::span<const uint8_t> payload) {
+  // No container can have more elements than the payload has bytes: the limits keep a garbage
+  // header from making msgpack-c reserve memory for billions of objects.
+  const size_t n = payload.size();
+  const msgpack::unpack_limit limits(n, n, n, n, n, /*depth=*/32);
+  try {
+    size_t offset = 0;
+    msgpack::object_handle handle = msgpack::unpack(reinterpret_cast<const char*>(payload.data()),
+                                                    n, offset, nullptr, nullptr, limits);
+    if (offset != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("msgpack: ", n - offset, " trailing bytes after the batch"));
+    }
+    return DecodeBatch(handle.get());
+  } catch (const DecodeError& e) {
+    return absl::InvalidArgumentError(absl::StrCat("engine batch: ", e.message));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("msgpack: ", e.what()));
+  }
+}
+
+std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes) {
+  if (bytes.size() != 8) return std::nullopt;
+  uint64_t value = 0;
+  for (uint8_t b : bytes) value = (value << 8) | b;
+  return value;
+}
+
+ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
+                          uint32_t router_block_size, bool eagle, uint64_t first_event_id) {
+  ConvertedBatch out;
+  const WorkerKey worker{worker_id, batch.dp_rank.value_or(default_dp_rank)};
+  uint64_t event_id = first_event_id;
+  for (size_t i = 0; i < batch.events.size(); ++i) {
+    const EngineEvent& e = batch.events[i];
+    if (e.kv_cache_spec_kind && *e.kv_cache_spec_kind != "full_attention") {
+      ++out.skipped_other_groups;
+      continue;
+    }
+    KvEvent event;
+    event.worker = worker;
+    event.tier = e.tier;
+    event.event_id = event_id++;
+    switch (e.kind) {
+      case EngineEventKind::kStored: {
+        if (e.block_size && *e.block_size != router_block_size) {
+          out.block_size_mismatches.push_back(
+              {i, absl::StrCat("event ", i, " has block size ", *e.block_size, "; the router's is ",
+                               router_block_size)});
+          continue;
+        }
+        StoredEvent stored;
+        stored.parent_hash = e.parent_hash;
+        stored.block_hashes = e.block_hashes;
+        stored.token_ids = e.token_ids;  // no local hashes: the router hashes the tokens
+        stored.lora_name = e.lora_name.value_or("");
+        stored.eagle = eagle;
+        event.data = std::move(stored);
+        break;
+      }
+      case EngineEventKind::kRemoved:
+        event.data = RemovedEvent{.block_hashes = e.block_hashes};
+        break;
+      case EngineEventKind::kCleared:
+        event.data = ClearedEvent{};
+        break;
+    }
+    out.events.push_back(std::move(event));
+  }
+  return out;
+}
+
+}  // namespace kvrouter

@@ -1,0 +1,794 @@
+#include "ingest/ingest_service.h"
+
+#include <uv.h>
+#include <zmq.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <list>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "ingest/engine_events.h"
+#include "ingest/flatbuffers_codec.h"
+
+namespace kvrouter {
+namespace {
+
+// Live counters of one source; IngestStats is their copy.
+struct SourceCounters {
+  std::atomic<uint64_t> messages{0};
+  std::atomic<uint64_t> events_applied{0};
+  std::atomic<uint64_t> rejected[kNumIngestRejects] = {};
+  std::atomic<uint64_t> gaps{0};
+  std::atomic<uint64_t> missed_messages{0};
+  std::atomic<uint64_t> restarts{0};
+  std::atomic<uint64_t> recoveries{0};
+  std::atomic<uint64_t> connections{0};
+  std::atomic<int64_t> state_unknown{0};
+
+  void Reject(IngestReject reason, uint64_t n = 1) {
+    rejected[static_cast<int>(reason)].fetch_add(n, std::memory_order_relaxed);
+  }
+  void AddTo(IngestStats& s) const {
+    s.messages += messages.load();
+    s.events_applied += events_applied.load();
+    for (int i = 0; i < kNumIngestRejects; ++i) s.rejected[i] += rejected[i].load();
+    s.gaps += gaps.load();
+    s.missed_messages += missed_messages.load();
+    s.restarts += restarts.load();
+    s.recoveries += recoveries.load();
+    s.connections += connections.load();
+    s.state_unknown += static_cast<uint64_t>(std::max<int64_t>(0, state_unknown.load()));
+  }
+};
+
+void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) { c.fetch_add(n, std::memory_order_relaxed); }
+
+// Closes a heap-allocated libuv handle and deletes its owner once libuv is done with it.
+template <typename Owner>
+void CloseAndDelete(uv_handle_t* handle, Owner* owner) {
+  handle->data = owner;
+  if (uv_is_closing(handle)) return;
+  uv_close(handle, [](uv_handle_t* h) { delete static_cast<Owner*>(h->data); });
+}
+
+struct ParsedEndpoint {
+  bool unix_socket = false;
+  std::string host_or_path;
+  int port = 0;
+};
+
+absl::StatusOr<ParsedEndpoint> ParseListenEndpoint(const std::string& endpoint) {
+  ParsedEndpoint out;
+  if (absl::StartsWith(endpoint, "unix://")) {
+    out.unix_socket = true;
+    out.host_or_path = endpoint.substr(7);
+    if (out.host_or_path.empty()) return absl::InvalidArgumentError("unix:// needs a path");
+    return out;
+  }
+  if (!absl::StartsWith(endpoint, "tcp://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("endpoint '", endpoint, "' is neither tcp://HOST:PORT nor unix://PATH"));
+  }
+  const std::string rest = endpoint.substr(6);
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &out.port) ||
+      out.port < 0 || out.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("endpoint '", endpoint, "' has no valid port"));
+  }
+  out.host_or_path = rest.substr(0, colon);
+  return out;
+}
+
+// The endpoint of rank `offset` of a worker: vLLM binds rank r on port + r (tcp) and appends
+// "_dp<r>" otherwise.
+std::string RankEndpoint(const std::string& endpoint, uint32_t offset) {
+  if (offset == 0) return endpoint;
+  if (absl::StartsWith(endpoint, "tcp://")) {
+    const size_t colon = endpoint.rfind(':');
+    int port = 0;
+    if (colon != std::string::npos && absl::SimpleAtoi(endpoint.substr(colon + 1), &port)) {
+      return absl::StrCat(endpoint.substr(0, colon + 1), port + static_cast<int>(offset));
+    }
+  }
+  return absl::StrCat(endpoint, "_dp", offset);
+}
+
+}  // namespace
+
+struct IngestService::Impl {
+  struct Listener;
+  struct Connection;
+  struct Subscription;
+
+  Router* router;
+  IngestOptions options;
+  uv_loop_t loop{};
+  uv_async_t wake{};
+  void* zmq_context = nullptr;
+
+  // Commands for the loop thread.
+  std::mutex command_mutex;
+  std::deque<std::function<void()>> commands;
+  bool running = false;
+  bool stopped = false;
+  std::thread thread;
+
+  // Source counters by id; the map only grows, so totals include removed sources.
+  mutable std::mutex stats_mutex;
+  std::map<uint64_t, std::shared_ptr<SourceCounters>> counters;
+  uint64_t next_source_id = 1;
+
+  // Loop-thread state (or caller-thread state before Start).
+  std::list<Listener*> listeners;
+  std::list<Connection*> connections;
+  std::map<uint64_t, std::vector<Subscription*>> engine_workers;  // by worker id
+  uint64_t next_event_id = 1;
+
+  std::shared_ptr<SourceCounters> NewSource(uint64_t& id) {
+    std::lock_guard lock(stats_mutex);
+    id = next_source_id++;
+    return counters[id] = std::make_shared<SourceCounters>();
+  }
+
+  // Runs `command` where loop state may be touched: inline before Start, on the loop after.
+  absl::Status Run(std::function<absl::Status()> command) {
+    std::unique_lock lock(command_mutex);
+    if (stopped) return absl::FailedPreconditionError("the ingest service is stopped");
+    if (!running) return command();
+    auto done = std::make_shared<std::promise<absl::Status>>();
+    auto result = done->get_future();
+    commands.push_back([command = std::move(command), done] { done->set_value(command()); });
+    uv_async_send(&wake);
+    lock.unlock();
+    return result.get();
+  }
+
+  void RunCommands() {
+    std::deque<std::function<void()>> batch;
+    {
+      std::lock_guard lock(command_mutex);
+      batch.swap(commands);
+    }
+    for (auto& command : batch) command();
+  }
+
+  // Applies router events, counting each outcome on `source`.
+  void Apply(std::span<const KvEvent> events, SourceCounters& source) {
+    for (const KvEvent& event : events) {
+      auto result = router->ApplyEvent(event);
+      if (result.ok() && result->ok()) {
+        Bump(source.events_applied);
+      } else {
+        source.Reject(IngestReject::kIndexRejected);
+      }
+    }
+  }
+
+  void ClearWorker(uint64_t worker_id, uint32_t dp_rank, SourceCounters& source) {
+    const KvEvent clear{
+        .worker = {worker_id, dp_rank}, .event_id = next_event_id++, .data = ClearedEvent{}};
+    (void)router->ApplyEvent(clear);
+  }
+
+  // ---- Native stream -------------------------------------------------------------------
+
+  struct Listener {
+    Impl* impl = nullptr;
+    uint64_t source_id = 0;
+    std::shared_ptr<SourceCounters> counters;
+    bool unix_socket = false;
+    union {
+      uv_handle_t handle;
+      uv_stream_t stream;
+      uv_tcp_t tcp;
+      uv_pipe_t pipe;
+    };
+  };
+
+  struct Connection {
+    Impl* impl;
+    std::shared_ptr<SourceCounters> counters;
+    FrameReader reader;
+    std::vector<char> read_buffer = std::vector<char>(64 * 1024);
+    union {
+      uv_handle_t handle;
+      uv_stream_t stream;
+      uv_tcp_t tcp;
+      uv_pipe_t pipe;
+    };
+    Connection(Impl* i, std::shared_ptr<SourceCounters> c, uint32_t max_frame)
+        : impl(i), counters(std::move(c)), reader(max_frame) {}
+  };
+
+  absl::Status ListenOnLoop(const ParsedEndpoint& where, std::string* bound, uint64_t& id) {
+    auto* listener = new Listener;
+    listener->impl = this;
+    listener->unix_socket = where.unix_socket;
+    int rc = 0;
+    if (where.unix_socket) {
+      uv_pipe_init(&loop, &listener->pipe, 0);
+      rc = uv_pipe_bind(&listener->pipe, where.host_or_path.c_str());
+    } else {
+      uv_tcp_init(&loop, &listener->tcp);
+      sockaddr_storage addr{};
+      rc = uv_ip4_addr(where.host_or_path.c_str(), where.port,
+                       reinterpret_cast<sockaddr_in*>(&addr));
+      if (rc != 0) {
+        rc = uv_ip6_addr(where.host_or_path.c_str(), where.port,
+                         reinterpret_cast<sockaddr_in6*>(&addr));
+      }
+      if (rc == 0) rc = uv_tcp_bind(&listener->tcp, reinterpret_cast<sockaddr*>(&addr), 0);
+    }
+    listener->handle.data = listener;
+    if (rc == 0) rc = uv_listen(&listener->stream, 128, &Impl::OnConnection);
+    if (rc != 0) {
+      CloseAndDelete(&listener->handle, listener);
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", where.host_or_path, ": ", uv_strerror(rc)));
+    }
+    if (where.unix_socket) {
+      *bound = "unix://" + where.host_or_path;
+    } else {
+      sockaddr_storage name{};
+      int len = sizeof(name);
+      uv_tcp_getsockname(&listener->tcp, reinterpret_cast<sockaddr*>(&name), &len);
+      char host[64] = {};
+      int port = 0;
+      if (name.ss_family == AF_INET6) {
+        auto* a6 = reinterpret_cast<sockaddr_in6*>(&name);
+        uv_ip6_name(a6, host, sizeof(host));
+        port = ntohs(a6->sin6_port);
+      } else {
+        auto* a4 = reinterpret_cast<sockaddr_in*>(&name);
+        uv_ip4_name(a4, host, sizeof(host));
+        port = ntohs(a4->sin_port);
+      }
+      *bound = absl::StrCat("tcp://", host, ":", port);
+    }
+    listener->counters = NewSource(id);
+    listener->source_id = id;
+    listeners.push_back(listener);
+    return absl::OkStatus();
+  }
+
+  static void OnConnection(uv_stream_t* server, int status) {
+    auto* listener = static_cast<Listener*>(server->data);
+    Impl* impl = listener->impl;
+    if (status < 0) return;
+    auto* conn = new Connection(impl, listener->counters, impl->options.max_frame_bytes);
+    if (listener->unix_socket) {
+      uv_pipe_init(&impl->loop, &conn->pipe, 0);
+    } else {
+      uv_tcp_init(&impl->loop, &conn->tcp);
+    }
+    conn->handle.data = conn;
+    if (uv_accept(server, &conn->stream) != 0) {
+      CloseAndDelete(&conn->handle, conn);
+      return;
+    }
+    Bump(conn->counters->connections);
+    impl->connections.push_back(conn);
+    uv_read_start(
+        &conn->stream,
+        [](uv_handle_t* h, size_t, uv_buf_t* buf) {
+          auto* c = static_cast<Connection*>(h->data);
+          *buf = uv_buf_init(c->read_buffer.data(), c->read_buffer.size());
+        },
+        &Impl::OnRead);
+  }
+
+  void CloseConnection(Connection* conn) {
+    connections.remove(conn);
+    CloseAndDelete(&conn->handle, conn);
+  }
+
+  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+    auto* conn = static_cast<Connection*>(stream->data);
+    if (nread < 0) {  // EOF or error
+      conn->impl->CloseConnection(conn);
+      return;
+    }
+    if (nread == 0) return;
+    const absl::Status status = conn->reader.Append(
+        std::span(reinterpret_cast<const uint8_t*>(buf->base), static_cast<size_t>(nread)));
+    while (auto frame = conn->reader.Next()) conn->impl->HandleFrame(*frame, *conn->counters);
+    if (!status.ok()) {
+      // The frame boundaries are lost: nothing after this header can be trusted.
+      conn->counters->Reject(IngestReject::kFrameTooLarge);
+      conn->impl->CloseConnection(conn);
+    }
+  }
+
+  // Counted after it is handled, as engine messages are (see Process).
+  void HandleFrame(const std::vector<uint8_t>& frame, SourceCounters& source) {
+    ApplyFrame(frame, source);
+    Bump(source.messages);
+  }
+
+  void ApplyFrame(const std::vector<uint8_t>& frame, SourceCounters& source) {
+    auto events = DecodeEventBatch(frame);
+    if (!events.ok()) {
+      source.Reject(IngestReject::kBadFlatBuffers);
+      return;
+    }
+    Apply(*events, source);
+  }
+
+  // ---- Engine workers over ZMQ -----------------------------------------------------------
+
+  using Parts = std::vector<std::vector<uint8_t>>;
+  struct Replay;
+
+  struct Subscription {
+    Impl* impl = nullptr;
+    std::shared_ptr<SourceCounters> counters;
+    EngineWorker worker;
+    uint32_t socket_rank = 0;  // the rank this socket's publisher serves
+    void* socket = nullptr;
+    uv_poll_t poll{};
+    std::optional<uint64_t> next_seq;
+    bool state_unknown = false;
+    Replay* replay = nullptr;  // a replay in progress
+    std::deque<Parts> held;    // live messages received during the replay
+  };
+
+  // A request to vLLM's replay socket: a DEALER speaking to its ROUTER, with a deadline.
+  struct Replay {
+    Subscription* sub = nullptr;
+    void* socket = nullptr;
+    uv_poll_t poll{};
+    uv_timer_t timer{};
+    int open_handles = 2;
+    uint64_t until = 0;  // the sequence of the live message that revealed the gap
+  };
+
+  absl::Status AddEngineWorkerOnLoop(const EngineWorker& worker, uint64_t& id) {
+    if (engine_workers.contains(worker.worker_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("engine worker ", worker.worker_id, " is already subscribed"));
+    }
+    if (zmq_context == nullptr) zmq_context = zmq_ctx_new();
+    std::vector<Subscription*> subs;
+    std::shared_ptr<SourceCounters> source;
+    for (uint32_t r = 0; r < worker.dp_size; ++r) {
+      auto* sub = new Subscription;
+      sub->impl = this;
+      sub->worker = worker;
+      sub->socket_rank = worker.dp_start + r;
+      sub->socket = zmq_socket(zmq_context, ZMQ_SUB);
+      const int linger = 0;
+      zmq_setsockopt(sub->socket, ZMQ_LINGER, &linger, sizeof(linger));
+      zmq_setsockopt(sub->socket, ZMQ_SUBSCRIBE, worker.topic.data(), worker.topic.size());
+      const std::string endpoint = RankEndpoint(worker.endpoint, r);
+      if (zmq_connect(sub->socket, endpoint.c_str()) != 0) {
+        const std::string why = zmq_strerror(zmq_errno());
+        zmq_close(sub->socket);
+        delete sub;
+        for (Subscription* s : subs) CloseSubscription(s);
+        return absl::InvalidArgumentError(absl::StrCat("cannot connect to ", endpoint, ": ", why));
+      }
+      subs.push_back(sub);
+    }
+    source = NewSource(id);
+    for (Subscription* sub : subs) {
+      sub->counters = source;
+      int fd = -1;
+      size_t fd_size = sizeof(fd);
+      zmq_getsockopt(sub->socket, ZMQ_FD, &fd, &fd_size);
+      uv_poll_init(&loop, &sub->poll, fd);
+      sub->poll.data = sub;
+      uv_poll_start(&sub->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+        auto* s = static_cast<Subscription*>(p->data);
+        s->impl->Drain(*s);
+      });
+    }
+    engine_workers[worker.worker_id] = std::move(subs);
+    return absl::OkStatus();
+  }
+
+  void CloseSubscription(Subscription* sub) {
+    if (sub->state_unknown) sub->counters->state_unknown.fetch_sub(1);
+    if (sub->replay != nullptr) {
+      CloseReplay(sub->replay);
+      sub->replay = nullptr;
+    }
+    zmq_close(sub->socket);
+    sub->socket = nullptr;
+    if (sub->poll.loop == nullptr) {  // never polled
+      delete sub;
+      return;
+    }
+    uv_poll_stop(&sub->poll);
+    CloseAndDelete(reinterpret_cast<uv_handle_t*>(&sub->poll), sub);
+  }
+
+  absl::Status RemoveEngineWorkerOnLoop(uint64_t worker_id, bool clear_index) {
+    auto it = engine_workers.find(worker_id);
+    if (it == engine_workers.end()) {
+      return absl::NotFoundError(absl::StrCat("engine worker ", worker_id, " is not subscribed"));
+    }
+    for (Subscription* sub : it->second) {
+      if (clear_index) ClearWorker(worker_id, sub->socket_rank, *sub->counters);
+      CloseSubscription(sub);
+    }
+    engine_workers.erase(it);
+    return absl::OkStatus();
+  }
+
+  // The ZMQ fd only signals edges: read every message queued before returning.
+  void Drain(Subscription& sub) {
+    for (;;) {
+      int events = 0;
+      size_t size = sizeof(events);
+      if (zmq_getsockopt(sub.socket, ZMQ_EVENTS, &events, &size) != 0) return;
+      if (!(events & ZMQ_POLLIN)) return;
+      Parts parts;
+      if (!ReceiveMultipart(sub.socket, parts)) return;
+      Process(sub, std::move(parts));
+    }
+  }
+
+  // Handles a live message, or holds it while a replay is in flight. A message is counted
+  // once it has been handled (applied or rejected), not when it arrives, so that a reader who
+  // sees N messages counted also sees their effects in the index.
+  void Process(Subscription& sub, Parts parts) {
+    if (sub.replay != nullptr) {
+      sub.held.push_back(std::move(parts));
+      return;
+    }
+    const size_t held_before = sub.held.size();
+    HandleEngineMessage(sub, parts);
+    if (sub.held.size() == held_before) Bump(sub.counters->messages);  // not held for a replay
+  }
+
+  static bool ReceiveMultipart(void* socket, std::vector<std::vector<uint8_t>>& parts) {
+    for (;;) {
+      zmq_msg_t msg;
+      zmq_msg_init(&msg);
+      if (zmq_msg_recv(&msg, socket, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&msg);
+        return false;
+      }
+      const auto* data = static_cast<const uint8_t*>(zmq_msg_data(&msg));
+      parts.emplace_back(data, data + zmq_msg_size(&msg));
+      const bool more = zmq_msg_more(&msg);
+      zmq_msg_close(&msg);
+      if (!more) return true;
+    }
+  }
+
+  void SetUnknown(Subscription& sub, bool unknown) {
+    if (sub.state_unknown == unknown) return;
+    sub.state_unknown = unknown;
+    sub.counters->state_unknown.fetch_add(unknown ? 1 : -1);
+  }
+
+  enum class Verdict { kApply, kDrop, kHold };
+
+  void ClearAndFlag(Subscription& sub) {
+    ClearWorker(sub.worker.worker_id, sub.socket_rank, *sub.counters);
+    Bump(sub.counters->recoveries);
+    SetUnknown(sub, true);
+  }
+
+  // Checks the message's sequence number against the rank's expectation.
+  Verdict TrackSequence(Subscription& sub, uint64_t seq) {
+    SourceCounters& c = *sub.counters;
+    if (!sub.next_seq || seq == *sub.next_seq) {
+      sub.next_seq = seq + 1;
+      return Verdict::kApply;
+    }
+    if (seq > *sub.next_seq) {
+      Bump(c.gaps);
+      Bump(c.missed_messages, seq - *sub.next_seq);
+      if (StartReplay(sub, *sub.next_seq, seq)) return Verdict::kHold;
+      // Lost events cannot be recovered: drop what the index believes rather than trust it.
+      ClearAndFlag(sub);
+      sub.next_seq = seq + 1;
+      return Verdict::kApply;
+    }
+    if (seq == 0) {  // the publisher restarted, with an empty cache
+      Bump(c.restarts);
+      ClearWorker(sub.worker.worker_id, sub.socket_rank, c);
+      Bump(c.recoveries);
+      SetUnknown(sub, false);
+      sub.next_seq = 1;
+      return Verdict::kApply;
+    }
+    c.Reject(IngestReject::kStaleSequence);
+    return Verdict::kDrop;
+  }
+
+  void HandleEngineMessage(Subscription& sub, const Parts& parts) {
+    const std::optional<uint64_t> seq = parts.size() == 3 ? DecodeSequence(parts[1]) : std::nullopt;
+    if (!seq) {
+      sub.counters->Reject(IngestReject::kBadMessage);
+      return;
+    }
+    switch (TrackSequence(sub, *seq)) {
+      case Verdict::kDrop:
+        return;
+      case Verdict::kHold:
+        sub.held.push_front(parts);
+        return;
+      case Verdict::kApply:
+        ApplyPayload(sub, parts[2]);
+        return;
+    }
+  }
+
+  void ApplyPayload(Subscription& sub, const std::vector<uint8_t>& payload) {
+    SourceCounters& c = *sub.counters;
+    auto batch = DecodeEnginePayload(payload);
+    if (!batch.ok()) {
+      c.Reject(IngestReject::kBadMsgpack);
+      return;
+    }
+    ConvertedBatch converted = ToKvEvents(*batch, sub.worker.worker_id, sub.socket_rank,
+                                          router->block_size(), sub.worker.eagle, next_event_id);
+    next_event_id += batch->events.size();
+    c.Reject(IngestReject::kBlockSize, converted.block_size_mismatches.size());
+    for (const KvEvent& event : converted.events) {
+      // An engine-side clear makes its state known again.
+      if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
+    }
+    Apply(converted.events, c);
+  }
+
+  // ---- Replay (vLLM's replay ROUTER socket) ---------------------------------------------
+
+  // Asks for messages [from, until). False if the worker has no replay endpoint or the
+  // request cannot be sent.
+  bool StartReplay(Subscription& sub, uint64_t from, uint64_t until) {
+    if (sub.worker.replay_endpoint.empty()) return false;
+    auto* replay = new Replay;
+    replay->sub = &sub;
+    replay->until = until;
+    replay->socket = zmq_socket(zmq_context, ZMQ_DEALER);
+    const int linger = 0;
+    zmq_setsockopt(replay->socket, ZMQ_LINGER, &linger, sizeof(linger));
+    const std::string endpoint =
+        RankEndpoint(sub.worker.replay_endpoint, sub.socket_rank - sub.worker.dp_start);
+    uint8_t start[8];
+    for (int i = 0; i < 8; ++i) start[i] = static_cast<uint8_t>(from >> (56 - 8 * i));
+    // The empty delimiter makes the DEALER look like the REQ client vLLM expects.
+    if (zmq_connect(replay->socket, endpoint.c_str()) != 0 ||
+        zmq_send(replay->socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) != 0 ||
+        zmq_send(replay->socket, start, 8, ZMQ_DONTWAIT) != 8) {
+      zmq_close(replay->socket);
+      delete replay;
+      return false;
+    }
+    int fd = -1;
+    size_t fd_size = sizeof(fd);
+    zmq_getsockopt(replay->socket, ZMQ_FD, &fd, &fd_size);
+    uv_poll_init(&loop, &replay->poll, fd);
+    replay->poll.data = replay;
+    uv_timer_init(&loop, &replay->timer);
+    replay->timer.data = replay;
+    sub.replay = replay;
+    uv_poll_start(&replay->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+      auto* r = static_cast<Replay*>(p->data);
+      r->sub->impl->DrainReplay(*r->sub);
+    });
+    uv_timer_start(
+        &replay->timer,
+        [](uv_timer_t* t) {
+          auto* r = static_cast<Replay*>(t->data);
+          r->sub->impl->FinishReplay(*r->sub);
+        },
+        options.replay_timeout_ms, 0);
+    DrainReplay(sub);  // the fd signals edges: look once now
+    return true;
+  }
+
+  void DrainReplay(Subscription& sub) {
+    while (sub.replay != nullptr) {
+      int events = 0;
+      size_t size = sizeof(events);
+      if (zmq_getsockopt(sub.replay->socket, ZMQ_EVENTS, &events, &size) != 0) return;
+      if (!(events & ZMQ_POLLIN)) return;
+      Parts parts;
+      if (!ReceiveMultipart(sub.replay->socket, parts)) return;
+      // [delimiter, (topic,) seq, payload]: newer vLLM adds the topic.
+      if (!parts.empty() && parts.front().empty()) parts.erase(parts.begin());
+      if (parts.size() == 3) parts.erase(parts.begin());
+      const std::optional<uint64_t> seq =
+          parts.size() == 2 ? DecodeSequence(parts[0]) : std::nullopt;
+      if (!seq) {
+        sub.counters->Reject(IngestReject::kBadMessage);
+        continue;
+      }
+      if (*seq == UINT64_MAX) {  // end marker (-1)
+        FinishReplay(sub);
+        return;
+      }
+      if (*seq == *sub.next_seq && *seq < sub.replay->until) {  // else not what is missing
+        sub.next_seq = *seq + 1;
+        ApplyPayload(sub, parts[1]);
+      }
+      Bump(sub.counters->messages);
+    }
+  }
+
+  // Ends the replay (complete, short or timed out), then handles the held live messages.
+  void FinishReplay(Subscription& sub) {
+    Replay* replay = sub.replay;
+    if (replay == nullptr) return;
+    sub.replay = nullptr;
+    Bump(sub.counters->recoveries);
+    if (*sub.next_seq != replay->until) {  // still missing some: fall back to the clear
+      ClearWorker(sub.worker.worker_id, sub.socket_rank, *sub.counters);
+      SetUnknown(sub, true);
+      sub.next_seq = replay->until;
+    }
+    CloseReplay(replay);
+    std::deque<Parts> held;
+    held.swap(sub.held);
+    while (!held.empty()) {
+      Parts parts = std::move(held.front());
+      held.pop_front();
+      Process(sub, std::move(parts));  // held again if a new gap started another replay
+    }
+  }
+
+  static void CloseReplay(Replay* replay) {
+    zmq_close(replay->socket);
+    replay->socket = nullptr;
+    uv_poll_stop(&replay->poll);
+    uv_timer_stop(&replay->timer);
+    auto closed = [](uv_handle_t* h) {
+      auto* r = static_cast<Replay*>(h->data);
+      if (--r->open_handles == 0) delete r;
+    };
+    uv_close(reinterpret_cast<uv_handle_t*>(&replay->poll), closed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&replay->timer), closed);
+  }
+
+  // ---- Shutdown ----------------------------------------------------------------------------
+
+  void CloseEverything() {
+    for (Listener* l : listeners) CloseAndDelete(&l->handle, l);
+    listeners.clear();
+    for (Connection* c : connections) CloseAndDelete(&c->handle, c);
+    connections.clear();
+    for (auto& [id, subs] : engine_workers) {
+      for (Subscription* sub : subs) CloseSubscription(sub);
+    }
+    engine_workers.clear();
+    if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&wake))) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&wake), nullptr);
+    }
+  }
+};
+
+IngestService::IngestService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<IngestService>> IngestService::Create(Router* router,
+                                                                     IngestOptions options) {
+  if (router == nullptr) return absl::InvalidArgumentError("router is null");
+  if (options.max_frame_bytes == 0 || options.max_frame_bytes > kMaxFrameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_frame_bytes must be in 1..", kMaxFrameBytes));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->router = router;
+  impl->options = options;
+  if (int rc = uv_loop_init(&impl->loop); rc != 0) {
+    return absl::InternalError(absl::StrCat("uv_loop_init: ", uv_strerror(rc)));
+  }
+  impl->wake.data = impl.get();
+  uv_async_init(&impl->loop, &impl->wake,
+                [](uv_async_t* a) { static_cast<Impl*>(a->data)->RunCommands(); });
+  return std::unique_ptr<IngestService>(new IngestService(std::move(impl)));
+}
+
+absl::Status IngestService::Start() {
+  std::lock_guard lock(impl_->command_mutex);
+  if (impl_->running || impl_->stopped) {
+    return absl::FailedPreconditionError("the ingest service was already started");
+  }
+  impl_->running = true;
+  impl_->thread = std::thread([impl = impl_.get()] { uv_run(&impl->loop, UV_RUN_DEFAULT); });
+  return absl::OkStatus();
+}
+
+void IngestService::Stop() {
+  std::unique_lock lock(impl_->command_mutex);
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  if (impl_->running) {
+    // The loop ends by itself once the last handle is closed.
+    impl_->commands.push_back([impl = impl_.get()] { impl->CloseEverything(); });
+    uv_async_send(&impl_->wake);
+    lock.unlock();
+    impl_->thread.join();
+  } else {
+    impl_->CloseEverything();
+    lock.unlock();
+    uv_run(&impl_->loop, UV_RUN_DEFAULT);  // runs the close callbacks
+  }
+}
+
+IngestService::~IngestService() {
+  Stop();
+  uv_loop_close(&impl_->loop);
+  if (impl_->zmq_context != nullptr) zmq_ctx_term(impl_->zmq_context);
+}
+
+absl::StatusOr<uint64_t> IngestService::Listen(const std::string& endpoint, std::string* bound) {
+  auto where = ParseListenEndpoint(endpoint);
+  if (!where.ok()) return where.status();
+  uint64_t id = 0;
+  std::string bound_endpoint;
+  absl::Status status =
+      impl_->Run([&] { return impl_->ListenOnLoop(*where, &bound_endpoint, id); });
+  if (!status.ok()) return status;
+  if (bound != nullptr) *bound = bound_endpoint;
+  return id;
+}
+
+absl::StatusOr<uint64_t> IngestService::AddEngineWorker(const EngineWorker& worker) {
+  const uint32_t router_block_size = impl_->router->block_size();
+  if (worker.block_size != 0 && worker.block_size != router_block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker.worker_id, " uses block size ", worker.block_size,
+                     " but the router's block size is ", router_block_size,
+                     "; every worker must use the router's block size"));
+  }
+  if (worker.dp_size == 0) return absl::InvalidArgumentError("dp_size must be >= 1");
+  if (worker.endpoint.empty()) return absl::InvalidArgumentError("endpoint is empty");
+  uint64_t id = 0;
+  absl::Status status = impl_->Run([&] { return impl_->AddEngineWorkerOnLoop(worker, id); });
+  if (!status.ok()) return status;
+  return id;
+}
+
+absl::Status IngestService::RemoveEngineWorker(uint64_t worker_id, bool clear_index) {
+  return impl_->Run([&] { return impl_->RemoveEngineWorkerOnLoop(worker_id, clear_index); });
+}
+
+absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {
+  std::lock_guard lock(impl_->stats_mutex);
+  IngestStats stats;
+  if (source_id == 0) {
+    for (const auto& [id, c] : impl_->counters) c->AddTo(stats);
+    return stats;
+  }
+  auto it = impl_->counters.find(source_id);
+  if (it == impl_->counters.end()) {
+    return absl::NotFoundError(absl::StrCat("no ingest source ", source_id));
+  }
+  it->second->AddTo(stats);
+  return stats;
+}
+
+std::string_view IngestRejectName(IngestReject reason) {
+  switch (reason) {
+    case IngestReject::kFrameTooLarge:
+      return "frame_too_large";
+    case IngestReject::kBadFlatBuffers:
+      return "bad_flatbuffers";
+    case IngestReject::kBadMsgpack:
+      return "bad_msgpack";
+    case IngestReject::kBadMessage:
+      return "bad_message";
+    case IngestReject::kBlockSize:
+      return "block_size";
+    case IngestReject::kIndexRejected:
+      return "index_rejected";
+    case IngestReject::kStaleSequence:
+      return "stale_sequence";
+  }
+  return "unknown";
+}
+
+}  // namespace kvrouter

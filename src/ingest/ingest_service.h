@@ -1,0 +1,121 @@
+// KV event ingestion: one libuv loop on its own thread receives events from every source and
+// applies them to a Router, concurrently with routing calls on other threads (the Router is
+// internally synchronised).
+//
+// Sources:
+// - Native stream listeners (TCP, Unix socket): length-prefixed FlatBuffers EventBatches
+//   (flatbuffers_codec.h). A frame header announcing an absurd length loses the stream's frame
+//   boundaries, so that connection is closed; a well-framed payload that fails verification is
+//   rejected alone and the connection goes on (its neighbours' events still apply).
+// - Engine workers (vLLM, SGLang): one ZMQ SUB socket per data-parallel rank (rank r of a tcp
+//   endpoint on port + r, as vLLM binds them), its fd under uv_poll, drained while ZMQ_EVENTS
+//   has ZMQ_POLLIN (the fd is edge-triggered). Messages [topic, 8-byte BE sequence, msgpack].
+//
+// Sequence numbers (per worker and rank): the first message sets the baseline; a jump forward
+// is a gap (counted with the number of messages missed); going back to 0 is a publisher restart.
+// A gap is first repaired by replay when the worker has a replay endpoint (vLLM: request the
+// start sequence, receive (seq, payload) up to the end marker -1; live messages are held
+// meanwhile). If there is none, or the replay times out or falls short, the worker's index
+// entries are cleared and the source is flagged state_unknown (the index then under-reports that
+// worker, never over-reports it); the flag drops when the engine itself clears or restarts, i.e.
+// its true state is known again. A restart clears too: a restarted engine has an empty cache.
+//
+// Every call may come from any thread. Commands made before Start() run on the caller's thread;
+// afterwards they are posted to the loop and waited for.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/router.h"
+
+namespace kvrouter {
+
+// Why a message or event was not applied.
+enum class IngestReject : uint8_t {
+  kFrameTooLarge = 0,   // a stream frame header over the limit (connection closed)
+  kBadFlatBuffers = 1,  // a frame that is not a valid EventBatch
+  kBadMsgpack = 2,      // an engine payload that does not decode
+  kBadMessage = 3,      // a ZMQ message without [topic, 8-byte seq, payload]
+  kBlockSize = 4,       // a stored event with another block size than the router's
+  kIndexRejected = 5,   // the index refused the event (unknown parent, ...)
+  kStaleSequence = 6,   // a sequence number already seen (duplicate or reordered)
+};
+inline constexpr int kNumIngestRejects = 7;
+
+// A copy of one source's counters (or of their sum over every source).
+struct IngestStats {
+  uint64_t messages = 0;  // frames or ZMQ messages received
+  uint64_t events_applied = 0;
+  uint64_t rejected[kNumIngestRejects] = {};
+  uint64_t gaps = 0;             // sequence jumps forward
+  uint64_t missed_messages = 0;  // sum of the jumps' sizes
+  uint64_t restarts = 0;         // publisher sequence resets to 0
+  uint64_t recoveries = 0;       // clears done because state was lost (gap or restart)
+  uint64_t connections = 0;      // stream connections accepted
+  uint64_t state_unknown = 0;    // ranks whose state is currently unknown (flagged)
+};
+
+struct IngestOptions {
+  uint32_t max_frame_bytes = 64u << 20;
+  // How long a replay request may take before the worker is cleared and flagged instead.
+  uint32_t replay_timeout_ms = 2000;
+};
+
+struct EngineWorker {
+  std::string endpoint;  // tcp://host:port (rank r on port + r), ipc://path, ...
+  uint64_t worker_id = 0;
+  uint32_t dp_start = 0;
+  uint32_t dp_size = 1;
+  uint32_t block_size = 0;  // 0 = the router's; otherwise must equal it
+  std::string topic;        // ZMQ subscription prefix; "" = every message
+  bool eagle = false;
+  // vLLM's replay ROUTER socket (rank r as for `endpoint`); "" = none. On a gap, the missed
+  // messages are asked for here first; live messages wait until the replay ends.
+  std::string replay_endpoint;
+};
+
+class IngestService {
+ public:
+  // `router` must outlive the service.
+  static absl::StatusOr<std::unique_ptr<IngestService>> Create(Router* router,
+                                                               IngestOptions options);
+  ~IngestService();
+  IngestService(const IngestService&) = delete;
+  IngestService& operator=(const IngestService&) = delete;
+
+  // Starts the loop thread. FailedPrecondition if already started or stopped.
+  absl::Status Start();
+  // Closes every source and joins the thread. Final: a stopped service takes no more commands.
+  // Idempotent.
+  void Stop();
+
+  // Listens on "tcp://HOST:PORT" (PORT 0 = any free port) or "unix://PATH". Returns the
+  // source id; `bound` receives the endpoint actually bound (with the real port).
+  absl::StatusOr<uint64_t> Listen(const std::string& endpoint, std::string* bound);
+  // Subscribes to an engine worker's ranks. InvalidArgument for a block size that is not the
+  // router's; AlreadyExists for a worker id already subscribed. Returns the source id.
+  absl::StatusOr<uint64_t> AddEngineWorker(const EngineWorker& worker);
+  // Unsubscribes; with `clear_index`, also drops its entries from the index. NotFound if unknown.
+  absl::Status RemoveEngineWorker(uint64_t worker_id, bool clear_index);
+
+  // One source's counters; source_id 0 = the sum over every source ever added.
+  absl::StatusOr<IngestStats> Stats(uint64_t source_id) const;
+
+  struct Impl;
+
+ private:
+  explicit IngestService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+std::string_view IngestRejectName(IngestReject reason);
+
+}  // namespace kvrouter

@@ -1,0 +1,394 @@
+// End to end: an IngestService subscribed to a ZMQ publisher on 127.0.0.1 (or ipc://) that
+// the test drives like a vLLM engine: the wire vectors' payloads, sequence gaps, a restart,
+// duplicates, malformed messages, several data-parallel ranks. The publisher is an XPUB so the
+// test can wait until the subscription is live instead of sleeping.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/router.h"
+#include "ingest/ingest_service.h"
+
+namespace kvrouter {
+namespace {
+
+using nlohmann::json;
+constexpr auto kWait = std::chrono::seconds(10);
+
+std::vector<uint8_t> FromHex(const std::string& hex) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<uint8_t>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+std::vector<uint8_t> VllmPayload(const std::string& name) {
+  std::ifstream in(std::string(KVR_SHARED_DIR) + "/data/vllm_kv_events_vectors.json");
+  const json vectors = json::parse(in);
+  for (const json& v : vectors.at("vectors")) {
+    if (v.at("name").get<std::string>() == name) {
+      return FromHex(v.at("zmq_frames").at("payload_hex").get<std::string>());
+    }
+  }
+  ADD_FAILURE() << "no vector " << name;
+  return {};
+}
+
+std::vector<uint32_t> Range(uint32_t first, uint32_t last) {
+  std::vector<uint32_t> out;
+  for (uint32_t t = first; t <= last; ++t) out.push_back(t);
+  return out;
+}
+
+// A fake engine: an XPUB socket bound to `endpoint`.
+class FakeEngine {
+ public:
+  FakeEngine(void* context, const std::string& endpoint) {
+    socket_ = zmq_socket(context, ZMQ_XPUB);
+    const int linger = 0;
+    zmq_setsockopt(socket_, ZMQ_LINGER, &linger, sizeof(linger));
+    EXPECT_EQ(0, zmq_bind(socket_, endpoint.c_str())) << zmq_strerror(zmq_errno());
+    char last[256] = {};
+    size_t size = sizeof(last);
+    zmq_getsockopt(socket_, ZMQ_LAST_ENDPOINT, last, &size);
+    endpoint_ = last;
+  }
+  ~FakeEngine() { zmq_close(socket_); }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Blocks (bounded) until a subscriber's subscription arrives.
+  bool WaitForSubscriber() {
+    zmq_pollitem_t item{socket_, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, static_cast<long>(kWait / std::chrono::milliseconds(1))) != 1) {
+      return false;
+    }
+    char buffer[256];
+    return zmq_recv(socket_, buffer, sizeof(buffer), 0) >= 1 && buffer[0] == 1;
+  }
+
+  void Send(uint64_t seq, const std::vector<uint8_t>& payload,
+            const std::string& topic = "kv-events") {
+    uint8_t seq_bytes[8];
+    for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
+    zmq_send(socket_, topic.data(), topic.size(), ZMQ_SNDMORE);
+    zmq_send(socket_, seq_bytes, 8, ZMQ_SNDMORE);
+    zmq_send(socket_, payload.data(), payload.size(), 0);
+  }
+
+  void SendParts(const std::vector<std::string>& parts) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      zmq_send(socket_, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0);
+    }
+  }
+
+ private:
+  void* socket_ = nullptr;
+  std::string endpoint_;
+};
+
+class EngineIngestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    context_ = zmq_ctx_new();
+    auto router = Router::Create(RouterOptions{.block_size = 16});
+    ASSERT_TRUE(router.ok());
+    router_ = std::move(*router);
+    auto service = IngestService::Create(router_.get(), {});
+    ASSERT_TRUE(service.ok());
+    ingest_ = std::move(*service);
+    ASSERT_TRUE(ingest_->Start().ok());
+  }
+  void TearDown() override {
+    ingest_.reset();
+    engines_.clear();
+    zmq_ctx_term(context_);
+  }
+
+  FakeEngine& Engine(const std::string& endpoint) {
+    return *engines_.emplace_back(std::make_unique<FakeEngine>(context_, endpoint));
+  }
+
+  uint64_t Subscribe(FakeEngine& engine, uint64_t worker_id, uint32_t dp_size = 1) {
+    EngineWorker worker{.endpoint = engine.endpoint(),
+                        .worker_id = worker_id,
+                        .dp_size = dp_size,
+                        .topic = "kv-events"};
+    auto id = ingest_->AddEngineWorker(worker);
+    EXPECT_TRUE(id.ok()) << id.status();
+    EXPECT_TRUE(engine.WaitForSubscriber());
+    return id.value_or(0);
+  }
+
+  // Waits (bounded) until `messages` have arrived and, since a message is counted when it
+  // arrives and its events when they apply, until `applied` events have been applied.
+  IngestStats WaitForMessages(uint64_t source, uint64_t messages, uint64_t applied = 0) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    IngestStats stats = *ingest_->Stats(source);
+    while ((stats.messages < messages || stats.events_applied < applied) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      stats = *ingest_->Stats(source);
+    }
+    EXPECT_EQ(messages, stats.messages);
+    return stats;
+  }
+
+  uint32_t DeviceBlocks(const std::vector<uint32_t>& prompt, WorkerKey worker) {
+    auto scores = router_->OverlapScores(prompt);
+    if (!scores.ok()) return 0;
+    for (const OverlapScore& s : *scores) {
+      if (s.worker == worker) return s.overlap.device_blocks;
+    }
+    return 0;
+  }
+
+  void* context_ = nullptr;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<IngestService> ingest_;
+  std::vector<std::unique_ptr<FakeEngine>> engines_;
+};
+
+const std::vector<uint32_t> kPrompt = Range(1001, 1048);
+
+TEST_F(EngineIngestTest, VllmEventsOverTcpReachTheIndex) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  engine.Send(1, VllmPayload("array_store_continuation"));
+  IngestStats stats = WaitForMessages(source, 2, 2);
+  EXPECT_EQ(2u, stats.events_applied);
+  EXPECT_EQ(0u, stats.gaps);
+  EXPECT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));
+  // A message on another topic is filtered by the subscription, not counted.
+  engine.Send(2, VllmPayload("array_all_cleared"), "other-topic");
+  engine.Send(2, VllmPayload("array_remove_full_schema"));
+  stats = WaitForMessages(source, 3);
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+}
+
+TEST_F(EngineIngestTest, GapClearsAndFlagsThenEngineClearRestoresTrust) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  WaitForMessages(source, 1);
+  ASSERT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+  // Messages 1..3 are lost: the index can no longer vouch for worker 5.
+  engine.Send(4, VllmPayload("map_store_continuation"));
+  IngestStats stats = WaitForMessages(source, 2);
+  EXPECT_EQ(1u, stats.gaps);
+  EXPECT_EQ(3u, stats.missed_messages);
+  EXPECT_EQ(1u, stats.recoveries);
+  EXPECT_EQ(1u, stats.state_unknown);
+  EXPECT_EQ(0u, DeviceBlocks(kPrompt, {5, 0}));  // cleared, not trusted
+  // The continuation's parent was cleared with the rest: refused by the index.
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kIndexRejected)]);
+  // The engine clears its cache: its state is known (empty) again.
+  engine.Send(5, VllmPayload("array_all_cleared"));
+  stats = WaitForMessages(source, 3);
+  EXPECT_EQ(0u, stats.state_unknown);
+  // A duplicate of an old message is dropped.
+  engine.Send(3, VllmPayload("array_store_dp_medium"));
+  stats = WaitForMessages(source, 4);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kStaleSequence)]);
+  EXPECT_EQ(0u, DeviceBlocks(kPrompt, {5, 0}));
+}
+
+TEST_F(EngineIngestTest, PublisherRestartIsRecognised) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  engine.Send(1, VllmPayload("array_store_continuation"));
+  WaitForMessages(source, 2);
+  ASSERT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));
+  // The engine restarts (empty cache, sequence from 0) and caches the first two blocks again.
+  engine.Send(0, VllmPayload("map_store"));
+  const IngestStats stats = WaitForMessages(source, 3);
+  EXPECT_EQ(1u, stats.restarts);
+  EXPECT_EQ(1u, stats.recoveries);
+  EXPECT_EQ(0u, stats.gaps);
+  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the converged true state
+}
+
+TEST_F(EngineIngestTest, MalformedMessagesAreCountedAndTheNextOnesApply) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.SendParts({"kv-events", "only two parts"});
+  engine.SendParts({"kv-events", "short", "x"});
+  const std::vector<uint8_t> garbage = {0xc1, 0xc1, 0xc1};
+  engine.Send(0, garbage);
+  engine.Send(1, VllmPayload("array_store_dp_medium"));
+  const IngestStats stats = WaitForMessages(source, 4);
+  EXPECT_EQ(2u, stats.rejected[static_cast<int>(IngestReject::kBadMessage)]);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]);
+  EXPECT_EQ(1u, stats.events_applied);
+  EXPECT_EQ(0u, stats.gaps);  // the garbage message still counted in the sequence
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+}
+
+TEST_F(EngineIngestTest, EachRankHasItsOwnSocketAndSequence) {
+  const std::string base = "ipc:///tmp/kvr_ingest_test_" + std::to_string(getpid());
+  FakeEngine& rank0 = Engine(base);
+  FakeEngine& rank1 = Engine(base + "_dp1");
+  EngineWorker worker{.endpoint = base, .worker_id = 9, .dp_size = 2, .topic = "kv-events"};
+  auto source = ingest_->AddEngineWorker(worker);
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE(rank0.WaitForSubscriber());
+  ASSERT_TRUE(rank1.WaitForSubscriber());
+  // The legacy layout has no rank field: the socket's rank applies.
+  rank1.Send(0, VllmPayload("legacy_array_store_no_dp"));
+  rank0.Send(0, VllmPayload("array_store_dp_medium"));
+  const IngestStats stats = WaitForMessages(*source, 2);
+  EXPECT_EQ(0u, stats.gaps);  // two sequences, each starting at 0
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {9, 1}));
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {9, 0}));
+  unlink((base.substr(6)).c_str());
+  unlink((base.substr(6) + "_dp1").c_str());
+}
+
+// vLLM's replay socket: a ROUTER that answers a start sequence with (seq, payload) messages
+// and the end marker -1.
+class FakeReplayServer {
+ public:
+  FakeReplayServer(void* context, const std::string& endpoint) {
+    socket_ = zmq_socket(context, ZMQ_ROUTER);
+    const int linger = 0;
+    zmq_setsockopt(socket_, ZMQ_LINGER, &linger, sizeof(linger));
+    EXPECT_EQ(0, zmq_bind(socket_, endpoint.c_str()));
+    char last[256] = {};
+    size_t size = sizeof(last);
+    zmq_getsockopt(socket_, ZMQ_LAST_ENDPOINT, last, &size);
+    endpoint_ = last;
+  }
+  ~FakeReplayServer() { zmq_close(socket_); }
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Waits (bounded) for one request; returns its start sequence, or nullopt.
+  std::optional<uint64_t> ReceiveRequest() {
+    zmq_pollitem_t item{socket_, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, static_cast<long>(kWait / std::chrono::milliseconds(1))) != 1) {
+      return std::nullopt;
+    }
+    std::vector<std::string> parts;
+    int more = 1;
+    while (more) {
+      zmq_msg_t msg;
+      zmq_msg_init(&msg);
+      zmq_msg_recv(&msg, socket_, 0);
+      parts.emplace_back(static_cast<char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+      more = zmq_msg_more(&msg);
+      zmq_msg_close(&msg);
+    }
+    if (parts.size() != 3 || !parts[1].empty() || parts[2].size() != 8) return std::nullopt;
+    identity_ = parts[0];
+    uint64_t start = 0;
+    for (unsigned char c : parts[2]) start = (start << 8) | c;
+    return start;
+  }
+
+  void Reply(uint64_t seq, const std::vector<uint8_t>& payload) {
+    uint8_t seq_bytes[8];
+    for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
+    zmq_send(socket_, identity_.data(), identity_.size(), ZMQ_SNDMORE);
+    zmq_send(socket_, "", 0, ZMQ_SNDMORE);
+    zmq_send(socket_, seq_bytes, 8, ZMQ_SNDMORE);
+    zmq_send(socket_, payload.data(), payload.size(), 0);
+  }
+  void End() { Reply(UINT64_MAX, {}); }
+
+ private:
+  void* socket_ = nullptr;
+  std::string endpoint_;
+  std::string identity_;
+};
+
+TEST_F(EngineIngestTest, GapIsRepairedByReplay) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  FakeReplayServer replay(context_, "tcp://127.0.0.1:*");
+  auto source = ingest_->AddEngineWorker({.endpoint = engine.endpoint(),
+                                          .worker_id = 5,
+                                          .topic = "kv-events",
+                                          .replay_endpoint = replay.endpoint()});
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE(engine.WaitForSubscriber());
+  engine.Send(0, VllmPayload("array_store_dp_medium"));  // blocks 1, 2
+  // Lost on the way: 1 = continuation (block 3), 2 = removal of block 3.
+  engine.Send(3, VllmPayload("map_store_continuation"));  // block 3 again
+  ASSERT_EQ(1u, replay.ReceiveRequest().value_or(0));
+  engine.Send(4, VllmPayload("array_remove_full_schema"));  // live, held during the replay
+  replay.Reply(1, VllmPayload("array_store_continuation"));
+  replay.Reply(2, VllmPayload("array_remove_full_schema"));
+  replay.End();
+  const IngestStats stats = WaitForMessages(*source, 5, 5);
+  EXPECT_EQ(1u, stats.gaps);
+  EXPECT_EQ(2u, stats.missed_messages);
+  EXPECT_EQ(1u, stats.recoveries);
+  EXPECT_EQ(0u, stats.state_unknown);  // repaired, not cleared
+  EXPECT_EQ(5u, stats.events_applied);
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the engine's true state after message 4
+}
+
+TEST_F(EngineIngestTest, ReplayThatNeverAnswersFallsBackToClearing) {
+  auto router = Router::Create(RouterOptions{.block_size = 16});
+  auto service = IngestService::Create(router->get(), {.replay_timeout_ms = 100});
+  ASSERT_TRUE((*service)->Start().ok());
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  FakeReplayServer silent(context_, "tcp://127.0.0.1:*");
+  auto source = (*service)->AddEngineWorker({.endpoint = engine.endpoint(),
+                                             .worker_id = 5,
+                                             .topic = "kv-events",
+                                             .replay_endpoint = silent.endpoint()});
+  ASSERT_TRUE(source.ok());
+  ASSERT_TRUE(engine.WaitForSubscriber());
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  engine.Send(3, VllmPayload("array_all_cleared"));
+  engine.Send(4, VllmPayload("map_store"));
+  ASSERT_TRUE(silent.ReceiveRequest().has_value());
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  IngestStats stats = *(*service)->Stats(*source);
+  while (stats.events_applied < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    stats = *(*service)->Stats(*source);
+  }
+  EXPECT_EQ(1u, stats.gaps);
+  EXPECT_EQ(1u, stats.recoveries);
+  EXPECT_EQ(3u, stats.events_applied);
+  EXPECT_EQ(0u, stats.state_unknown);  // flagged, then the engine's own clear (3) restored it
+  auto scores = (*router)->OverlapScores(kPrompt);
+  ASSERT_TRUE(scores.ok());
+  ASSERT_EQ(1u, scores->size());
+  EXPECT_EQ(2u, (*scores)[0].overlap.device_blocks);
+  service->reset();
+}
+
+TEST_F(EngineIngestTest, RegistrationRules) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  EngineWorker wrong{.endpoint = engine.endpoint(), .worker_id = 1, .block_size = 32};
+  auto refused = ingest_->AddEngineWorker(wrong);
+  ASSERT_EQ(absl::StatusCode::kInvalidArgument, refused.status().code());
+  EXPECT_NE(std::string::npos, refused.status().message().find("block size 32"));
+  EXPECT_NE(std::string::npos, refused.status().message().find("router's block size is 16"));
+
+  const uint64_t source = Subscribe(engine, 5);
+  EXPECT_EQ(
+      absl::StatusCode::kAlreadyExists,
+      ingest_->AddEngineWorker({.endpoint = engine.endpoint(), .worker_id = 5}).status().code());
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  WaitForMessages(source, 1);
+  ASSERT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+  EXPECT_TRUE(ingest_->RemoveEngineWorker(5, /*clear_index=*/true).ok());
+  EXPECT_EQ(0u, DeviceBlocks(kPrompt, {5, 0}));
+  EXPECT_EQ(absl::StatusCode::kNotFound, ingest_->RemoveEngineWorker(5, true).code());
+  // The worker may register again, e.g. after a move.
+  EXPECT_TRUE(ingest_->AddEngineWorker({.endpoint = engine.endpoint(), .worker_id = 5}).ok());
+}
+
+}  // namespace
+}  // namespace kvrouter
