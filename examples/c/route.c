@@ -71,6 +71,100 @@ static int route(kvr_router* router, const char* id, const uint32_t* tokens, siz
   return 0;
 }
 
+/* 7. A pin sends a request to the worker it names; a session's later turns follow its first
+ *    turn (hard affinity) even when the prompt is cached on another worker. */
+static int pins_and_sessions(kvr_router* router, const uint32_t* prompt, size_t n,
+                             const uint32_t* cached_prompt, size_t cached_n) {
+  kvr_request_options req;
+  kvr_routing_hints hints;
+  kvr_route_signals preview, turn1, turn2;
+  int failures = 0;
+  kvr_request_options_init(&req);
+  kvr_routing_hints_init(&hints);
+  hints.worker_id = 1;
+  kvr_route_signals_init(&preview);
+  CHECK("kvr_preview_route (pinned)",
+        kvr_preview_route(router, prompt, n, &req, &hints, &preview, ERR));
+  printf("\npinned to worker 1 -> worker %llu\n", (unsigned long long)preview.worker_id);
+  if (preview.worker_id != 1) {
+    printf("  => WRONG: the pin was not followed\n");
+    ++failures;
+  }
+
+  kvr_routing_hints_init(&hints);
+  hints.session_id = "chat-7";
+  hints.worker_id = 2; /* turn 1 is pinned, so the session binds to worker 2 */
+  req.request_id = "chat-7-turn-1";
+  kvr_route_signals_init(&turn1);
+  CHECK("kvr_plan_route (turn 1)",
+        kvr_plan_route(router, prompt, n, &req, &hints, NULL, &turn1, ERR));
+  CHECK("kvr_commit_route (turn 1)", kvr_commit_route(router, "chat-7-turn-1", ERR));
+  CHECK("kvr_router_free_request", kvr_router_free_request(router, "chat-7-turn-1", ERR));
+  /* Turn 2 sends the cached system prompt, which alone would pull it to the caching worker. */
+  hints.worker_id = KVR_WORKER_NONE;
+  req.request_id = "chat-7-turn-2";
+  kvr_route_signals_init(&turn2);
+  CHECK("kvr_plan_route (turn 2)",
+        kvr_plan_route(router, cached_prompt, cached_n, &req, &hints, NULL, &turn2, ERR));
+  CHECK("kvr_commit_route (turn 2)", kvr_commit_route(router, "chat-7-turn-2", ERR));
+  CHECK("kvr_router_free_request", kvr_router_free_request(router, "chat-7-turn-2", ERR));
+  printf("session chat-7: turn 1 -> worker %llu, turn 2 -> worker %llu\n",
+         (unsigned long long)turn1.worker_id, (unsigned long long)turn2.worker_id);
+  if (turn1.worker_id != 2 || turn2.worker_id != turn1.worker_id) {
+    printf("  => WRONG: the session did not stay on its worker\n");
+    ++failures;
+  }
+  return failures;
+}
+
+/* 8. Disaggregated serving: a prefill pool (workers 10, 11) and a decode pool (20, 21). The
+ *    prefill is booked on a prefill worker with a bootstrap room for the KV transfer; the
+ *    decode is then balanced on decode load alone. */
+static int disaggregated(const uint32_t* prompt, size_t n) {
+  kvr_router_options pool;
+  kvr_disagg* disagg = NULL;
+  kvr_worker_config worker;
+  kvr_request_options req;
+  kvr_prefill_result prefill;
+  kvr_route_signals decode;
+  uint64_t id;
+  int failures = 0;
+  kvr_router_options_init(&pool);
+  pool.block_size = BLOCK_SIZE;
+  CHECK("kvr_disagg_new", kvr_disagg_new(&pool, &pool, NULL, &disagg, ERR));
+  for (id = 10; id <= 11; ++id) {
+    kvr_worker_config_init(&worker);
+    worker.worker_id = id;
+    CHECK("kvr_router_add_worker (prefill)",
+          kvr_router_add_worker(kvr_disagg_prefill_router(disagg), &worker, ERR));
+    worker.worker_id = id + 10;
+    CHECK("kvr_router_add_worker (decode)",
+          kvr_router_add_worker(kvr_disagg_decode_router(disagg), &worker, ERR));
+  }
+  kvr_request_options_init(&req);
+  req.request_id = "disagg-1";
+  kvr_prefill_result_init(&prefill);
+  CHECK("kvr_disagg_route_prefill",
+        kvr_disagg_route_prefill(disagg, prompt, n, &req, NULL, &prefill, ERR));
+  kvr_route_signals_init(&decode);
+  CHECK("kvr_disagg_route_decode",
+        kvr_disagg_route_decode(disagg, prompt, n, &req, NULL, (int)prefill.remote, &decode, ERR));
+  printf("\ndisaggregated: prefill on worker %llu (bootstrap room %lld), decode on worker %llu\n",
+         (unsigned long long)prefill.worker_id, (long long)prefill.bootstrap_room,
+         (unsigned long long)decode.worker_id);
+  if (!prefill.remote || prefill.worker_id < 10 || prefill.worker_id > 11 ||
+      decode.worker_id < 20 || decode.worker_id > 21) {
+    printf("  => WRONG: prefill and decode should run in their own pools\n");
+    ++failures;
+  }
+  CHECK("kvr_router_free_request (prefill)",
+        kvr_router_free_request(kvr_disagg_prefill_router(disagg), "disagg-1", ERR));
+  CHECK("kvr_router_free_request (decode)",
+        kvr_router_free_request(kvr_disagg_decode_router(disagg), "disagg-1", ERR));
+  kvr_disagg_free(disagg);
+  return failures;
+}
+
 int main(void) {
   static uint32_t system_prompt[SYSTEM_PROMPT_TOKENS];
   static uint32_t with_system[SYSTEM_PROMPT_TOKENS + QUESTION_TOKENS];
@@ -206,6 +300,10 @@ int main(void) {
     }
     CHECK("kvr_router_free_request", kvr_router_free_request(router, "agent-2", ERR));
   }
+
+  failures += pins_and_sessions(router, other[0], 8 * BLOCK_SIZE, with_system,
+                                SYSTEM_PROMPT_TOKENS + QUESTION_TOKENS);
+  failures += disaggregated(other[1], 8 * BLOCK_SIZE);
 
   kvr_router_free(router);
   printf("%s\n", failures == 0 ? "all decisions as expected" : "some decisions were WRONG");
