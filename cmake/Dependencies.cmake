@@ -15,6 +15,9 @@ find_program(KVR_FLATC flatc REQUIRED)
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 pkg_check_modules(LIBZMQ REQUIRED IMPORTED_TARGET libzmq)
 find_path(KVR_MSGPACK_INCLUDE_DIR msgpack.hpp REQUIRED)
+# NATS subscriptions (libnats-dev, with its libuv adapter header). Its CMake package config is
+# broken on Debian 12, so pkg-config finds it; it is linked as a shared library.
+pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
 
 if(KVR_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -700,8 +700,9 @@ KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg *disagg, const uint
 
 /* An ingest object owns one event loop thread that receives KV events from every source and
  * applies them to a router, concurrently with routing calls. Sources: native stream listeners
- * (length-prefixed FlatBuffers EventBatches over TCP or a Unix socket) and engine workers (vLLM
- * or SGLang ZMQ publishers). Sources may be added before or after kvr_ingest_start. */
+ * (length-prefixed FlatBuffers EventBatches over TCP or a Unix socket), NATS subscriptions and
+ * engine workers (vLLM or SGLang ZMQ publishers). Sources may be added before or after
+ * kvr_ingest_start. */
 typedef struct kvr_ingest kvr_ingest;
 
 typedef struct kvr_ingest_options {
@@ -769,6 +770,20 @@ KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest *ingest,
 KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest *ingest, uint64_t worker_id,
                                                    int clear_index, kvr_error **err);
 
+/* Subscribes to `subject` (NATS wildcards `*` and `>` allowed) on the NATS server at `url`
+ * (e.g. "nats://127.0.0.1:4222"). Each message is one native EventBatch: the bytes of a stream
+ * frame's payload, without the length prefix. Bad batches are rejected and counted
+ * (KVR_INGEST_REJECT_BAD_FLATBUFFERS); `connections` counts (re)connections. The connection
+ * retries forever when the server goes away and resubscribes when it is back (messages
+ * published meanwhile are lost). After kvr_ingest_start, returns once the server has the
+ * subscription; before, the subscription is sent when the loop starts. KVR_UNAVAILABLE if the
+ * first connection fails. `*source_id` may be NULL. @thread_safety concurrent, except with
+ * kvr_ingest_stop on the same object (the confirmation round trip runs on the caller's
+ * thread) */
+KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest *ingest, const char *url,
+                                             const char *subject, uint64_t *source_id,
+                                             kvr_error **err);
+
 #define KVR_INGEST_REJECT_FRAME_TOO_LARGE 0 /* stream header over the limit: connection closed */
 #define KVR_INGEST_REJECT_BAD_FLATBUFFERS 1 /* a frame that is not a valid EventBatch */
 #define KVR_INGEST_REJECT_BAD_MSGPACK 2     /* an engine payload that does not decode */
@@ -789,7 +804,7 @@ typedef struct kvr_ingest_stats {
   uint64_t missed_messages; /* messages lost in those jumps */
   uint64_t restarts;        /* publisher sequence resets to 0 */
   uint64_t recoveries;      /* worker states cleared because they were lost */
-  uint64_t connections;     /* stream connections accepted */
+  uint64_t connections;     /* stream connections accepted; NATS connections and reconnections */
 } kvr_ingest_stats;
 
 /* @thread_safety concurrent */

@@ -153,6 +153,20 @@ KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest* ingest, uint64_t 
   });
 }
 
+KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest* ingest, const char* url,
+                                             const char* subject, uint64_t* source_id,
+                                             kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    if (kvr_status s = RequireNonNull(err, url, "url")) return s;
+    if (kvr_status s = RequireNonNull(err, subject, "subject")) return s;
+    auto id = ingest->service->SubscribeNats(url, subject);
+    if (!id.ok()) return FromStatus(err, id.status());
+    if (source_id != nullptr) *source_id = *id;
+    return KVR_OK;
+  });
+}
+
 KVR_API void kvr_ingest_stats_init(kvr_ingest_stats* stats) {
   if (stats == nullptr) return;
   *stats = kvr_ingest_stats{};

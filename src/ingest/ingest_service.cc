@@ -1,8 +1,11 @@
 #include "ingest/ingest_service.h"
 
+#include <nats/adapters/libuv.h>
+#include <nats/nats.h>
 #include <uv.h>
 #include <zmq.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -107,6 +110,7 @@ struct IngestService::Impl {
   struct Listener;
   struct Connection;
   struct Subscription;
+  struct NatsSource;
 
   Router* router;
   IngestOptions options;
@@ -130,6 +134,7 @@ struct IngestService::Impl {
   std::list<Listener*> listeners;
   std::list<Connection*> connections;
   std::map<uint64_t, std::vector<Subscription*>> engine_workers;  // by worker id
+  std::list<NatsSource*> nats_sources;
   uint64_t next_event_id = 1;
 
   std::shared_ptr<SourceCounters> NewSource(uint64_t& id) {
@@ -653,6 +658,117 @@ struct IngestService::Impl {
     uv_close(reinterpret_cast<uv_handle_t*>(&replay->timer), closed);
   }
 
+  // ---- NATS ------------------------------------------------------------------------------
+
+  struct NatsSource {
+    Impl* impl = nullptr;
+    std::shared_ptr<SourceCounters> counters;
+    natsConnection* connection = nullptr;
+    natsSubscription* subscription = nullptr;
+    // Set by libnats once the message handler can no longer run (after unsubscribing).
+    std::mutex done_mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+  };
+
+  // On libnats' delivery thread: hands the payload to the loop. After Stop, messages are
+  // dropped (the loop is closing; `wake` may be closed).
+  static void OnNatsMessage(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+    auto* source = static_cast<NatsSource*>(closure);
+    Impl* impl = source->impl;
+    const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg));
+    std::vector<uint8_t> payload(data, data + natsMsg_GetDataLength(msg));
+    natsMsg_Destroy(msg);
+    std::lock_guard lock(impl->command_mutex);
+    if (impl->stopped) return;
+    impl->commands.push_back([impl, counters = source->counters, payload = std::move(payload)] {
+      impl->HandleFrame(payload, *counters);
+    });
+    uv_async_send(&impl->wake);
+  }
+
+  static void OnNatsConnected(natsConnection*, void* closure) {
+    Bump(static_cast<NatsSource*>(closure)->counters->connections);
+  }
+
+  static void OnNatsComplete(void* closure) {
+    auto* source = static_cast<NatsSource*>(closure);
+    std::lock_guard lock(source->done_mutex);
+    source->done = true;
+    source->done_cv.notify_all();
+  }
+
+  // Must run where the loop is (the loop thread, or the caller's before Start): libnats attaches
+  // its socket to the loop during the connect.
+  absl::Status SubscribeNatsOnLoop(const std::string& url, const std::string& subject, uint64_t& id,
+                                   natsConnection** connection) {
+    auto source = std::make_unique<NatsSource>();
+    source->impl = this;
+    source->counters = std::make_shared<SourceCounters>();
+    natsOptions* opts = nullptr;
+    natsStatus s = natsOptions_Create(&opts);
+    if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
+    if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
+    if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
+    if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
+    if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 100);
+    if (s == NATS_OK) {
+      s = natsOptions_SetReconnectedCB(opts, &Impl::OnNatsConnected, source.get());
+    }
+    if (s == NATS_OK) {
+      s = natsOptions_SetEventLoop(opts, &loop, natsLibuv_Attach, natsLibuv_Read, natsLibuv_Write,
+                                   natsLibuv_Detach);
+    }
+    if (s == NATS_OK) {
+      const bool on_loop_thread = running;
+      if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(&loop);
+      s = natsConnection_Connect(&source->connection, opts);
+      if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(nullptr);
+    }
+    natsOptions_Destroy(opts);
+    if (s != NATS_OK) {
+      const std::string why =
+          absl::StrCat("cannot connect to NATS at ", url, ": ", natsStatus_GetText(s), " (",
+                       nats_GetLastError(nullptr), ")");
+      if (source->connection != nullptr) natsConnection_Destroy(source->connection);
+      return absl::UnavailableError(why);
+    }
+    s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
+                                 &Impl::OnNatsMessage, source.get());
+    if (s == NATS_OK) {
+      s = natsSubscription_SetOnCompleteCB(source->subscription, &Impl::OnNatsComplete,
+                                           source.get());
+    }
+    if (s != NATS_OK) {
+      const std::string why =
+          absl::StrCat("cannot subscribe to '", subject, "' at ", url, ": ", natsStatus_GetText(s));
+      CloseNats(source.release());
+      return absl::InvalidArgumentError(why);
+    }
+    Bump(source->counters->connections);
+    {
+      std::lock_guard lock(stats_mutex);
+      id = next_source_id++;
+      counters[id] = source->counters;
+    }
+    *connection = source->connection;
+    nats_sources.push_back(source.release());
+    return absl::OkStatus();
+  }
+
+  // Unsubscribes, waits (bounded) until the handler can no longer run, closes the connection.
+  static void CloseNats(NatsSource* source) {
+    if (source->subscription != nullptr) {
+      if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
+        std::unique_lock lock(source->done_mutex);
+        source->done_cv.wait_for(lock, std::chrono::seconds(5), [&] { return source->done; });
+      }
+      natsSubscription_Destroy(source->subscription);
+    }
+    if (source->connection != nullptr) natsConnection_Destroy(source->connection);
+    delete source;
+  }
+
   // ---- Shutdown ----------------------------------------------------------------------------
 
   void CloseEverything() {
@@ -664,6 +780,8 @@ struct IngestService::Impl {
       for (Subscription* sub : subs) CloseSubscription(sub);
     }
     engine_workers.clear();
+    for (NatsSource* n : nats_sources) CloseNats(n);
+    nats_sources.clear();
     if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&wake))) {
       uv_close(reinterpret_cast<uv_handle_t*>(&wake), nullptr);
     }
@@ -682,6 +800,7 @@ absl::StatusOr<std::unique_ptr<IngestService>> IngestService::Create(Router* rou
   auto impl = std::make_unique<Impl>();
   impl->router = router;
   impl->options = options;
+  natsLibuv_Init();
   if (int rc = uv_loop_init(&impl->loop); rc != 0) {
     return absl::InternalError(absl::StrCat("uv_loop_init: ", uv_strerror(rc)));
   }
@@ -697,7 +816,10 @@ absl::Status IngestService::Start() {
     return absl::FailedPreconditionError("the ingest service was already started");
   }
   impl_->running = true;
-  impl_->thread = std::thread([impl = impl_.get()] { uv_run(&impl->loop, UV_RUN_DEFAULT); });
+  impl_->thread = std::thread([impl = impl_.get()] {
+    natsLibuv_SetThreadLocalLoop(&impl->loop);  // libnats' adapter acts directly on this thread
+    uv_run(&impl->loop, UV_RUN_DEFAULT);
+  });
   return absl::OkStatus();
 }
 
@@ -754,6 +876,32 @@ absl::StatusOr<uint64_t> IngestService::AddEngineWorker(const EngineWorker& work
 
 absl::Status IngestService::RemoveEngineWorker(uint64_t worker_id, bool clear_index) {
   return impl_->Run([&] { return impl_->RemoveEngineWorkerOnLoop(worker_id, clear_index); });
+}
+
+absl::StatusOr<uint64_t> IngestService::SubscribeNats(const std::string& url,
+                                                      const std::string& subject) {
+  if (url.empty()) return absl::InvalidArgumentError("the NATS url is empty");
+  if (subject.empty()) return absl::InvalidArgumentError("the NATS subject is empty");
+  uint64_t id = 0;
+  natsConnection* connection = nullptr;
+  bool running = false;
+  absl::Status status = impl_->Run([&] {
+    running = impl_->running;
+    return impl_->SubscribeNatsOnLoop(url, subject, id, &connection);
+  });
+  if (!status.ok()) return status;
+  // Once a PING round trip completes, the server has the SUB: messages published from now on
+  // are delivered. It is waited for here, as the loop thread must be free to read the PONG.
+  // Before Start, the SUB goes out when the loop starts. (The connection lives until Stop, which
+  // is not to be called concurrently with this.)
+  if (running) {
+    if (natsStatus s = natsConnection_FlushTimeout(connection, 5000); s != NATS_OK) {
+      return absl::UnavailableError(
+          absl::StrCat("NATS subscription to '", subject,
+                       "' not confirmed by the server: ", natsStatus_GetText(s)));
+    }
+  }
+  return id;
 }
 
 absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {

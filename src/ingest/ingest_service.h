@@ -10,6 +10,9 @@
 // - Engine workers (vLLM, SGLang): one ZMQ SUB socket per data-parallel rank (rank r of a tcp
 //   endpoint on port + r, as vLLM binds them), its fd under uv_poll, drained while ZMQ_EVENTS
 //   has ZMQ_POLLIN (the fd is edge-triggered). Messages [topic, 8-byte BE sequence, msgpack].
+// - NATS subscriptions (libnats on its libuv adapter: the connection's socket is polled by this
+//   loop). Each message is one native EventBatch. libnats calls message handlers on its own
+//   delivery thread, so a message is handed to the loop (uv_async) and applied there.
 //
 // Sequence numbers (per worker and rank): the first message sets the baseline; a jump forward
 // is a gap (counted with the number of messages missed); going back to 0 is a publisher restart.
@@ -59,7 +62,7 @@ struct IngestStats {
   uint64_t missed_messages = 0;  // sum of the jumps' sizes
   uint64_t restarts = 0;         // publisher sequence resets to 0
   uint64_t recoveries = 0;       // clears done because state was lost (gap or restart)
-  uint64_t connections = 0;      // stream connections accepted
+  uint64_t connections = 0;      // stream connections accepted; NATS (re)connections
   uint64_t state_unknown = 0;    // ranks whose state is currently unknown (flagged)
 };
 
@@ -105,6 +108,11 @@ class IngestService {
   absl::StatusOr<uint64_t> AddEngineWorker(const EngineWorker& worker);
   // Unsubscribes; with `clear_index`, also drops its entries from the index. NotFound if unknown.
   absl::Status RemoveEngineWorker(uint64_t worker_id, bool clear_index);
+  // Subscribes to `subject` (wildcards allowed) on the NATS server at `url`; each message is
+  // one native EventBatch (a stream frame's payload, without the length prefix). Reconnects
+  // forever and resubscribes after the server restarts. Unavailable if the first connection
+  // fails. Returns the source id.
+  absl::StatusOr<uint64_t> SubscribeNats(const std::string& url, const std::string& subject);
 
   // One source's counters; source_id 0 = the sum over every source ever added.
   absl::StatusOr<IngestStats> Stats(uint64_t source_id) const;

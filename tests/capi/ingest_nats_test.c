@@ -1,0 +1,230 @@
+/* KV event ingestion over NATS through the C ABI: a nats-server started on 127.0.0.1 (a free
+ * port), native EventBatches published with the NATS C client on a wildcard subject, a garbage
+ * message rejected and counted, and a server restart the subscription survives. */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+/* cmocka.h needs the three headers above first. */
+#include <arpa/inet.h>
+#include <cmocka.h>
+#include <fcntl.h>
+#include <nats/nats.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#define BS 16
+#define WAIT_MS 10000 /* bound on every wait */
+
+static void sleep_ms(long ms) {
+  struct timespec ts;
+  ts.tv_sec = ms / 1000;
+  ts.tv_nsec = (ms % 1000) * 1000000L;
+  nanosleep(&ts, NULL);
+}
+
+static int free_port(void) {
+  struct sockaddr_in addr;
+  socklen_t len = sizeof addr;
+  int port = -1;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  memset(&addr, 0, sizeof addr);
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, (struct sockaddr*)&addr, sizeof addr) == 0 &&
+      getsockname(fd, (struct sockaddr*)&addr, &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+static int accepts(int port) {
+  struct sockaddr_in addr;
+  int ok;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  memset(&addr, 0, sizeof addr);
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons((uint16_t)port);
+  ok = connect(fd, (struct sockaddr*)&addr, sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+/* Starts nats-server on 127.0.0.1:port and waits (bounded) until it accepts connections. */
+static pid_t start_server(int port) {
+  int waited;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    char port_text[16];
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    snprintf(port_text, sizeof port_text, "%d", port);
+    execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port_text, (char*)NULL);
+    _exit(127);
+  }
+  assert_true(pid > 0);
+  for (waited = 0; waited < WAIT_MS; waited += 10) {
+    if (accepts(port)) return pid;
+    if (waitpid(pid, NULL, WNOHANG) == pid) fail_msg("nats-server exited");
+    sleep_ms(10);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  fail_msg("nats-server did not accept connections in time");
+  return -1;
+}
+
+static void stop_server(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+}
+
+static kvr_ingest_stats stats_of(kvr_ingest* ingest, uint64_t source) {
+  kvr_ingest_stats stats;
+  kvr_ingest_stats_init(&stats);
+  KVT_OK(kvr_ingest_get_stats(ingest, source, &stats, ERRP));
+  return stats;
+}
+
+/* Publishes one stored event of `num_blocks` blocks of `tokens` on `subject`. */
+static void publish_stored(natsConnection* nc, const char* subject, uint64_t worker_id,
+                           const uint32_t* tokens, size_t num_blocks, uint64_t first_hash) {
+  kvr_event_batch* batch = NULL;
+  kvr_buffer* encoded = NULL;
+  kvr_stored_event event;
+  uint64_t hashes[8];
+  size_t i;
+  assert_true(num_blocks <= 8);
+  for (i = 0; i < num_blocks; ++i) hashes[i] = first_hash + i;
+  KVT_OK(kvr_event_batch_new(&batch, ERRP));
+  kvr_stored_event_init(&event);
+  event.worker_id = worker_id;
+  event.event_id = first_hash;
+  event.block_hashes = hashes;
+  event.num_blocks = num_blocks;
+  event.token_ids = tokens;
+  event.num_tokens = num_blocks * BS;
+  KVT_OK(kvr_event_batch_add_stored(batch, &event, ERRP));
+  KVT_OK(kvr_event_batch_encode(batch, &encoded, ERRP));
+  assert_int_equal(NATS_OK, natsConnection_Publish(nc, subject, kvr_buffer_data(encoded),
+                                                   (int)kvr_buffer_size(encoded)));
+  assert_int_equal(NATS_OK, natsConnection_FlushTimeout(nc, 5000));
+  kvr_buffer_free(encoded);
+  kvr_event_batch_free(batch);
+}
+
+static uint32_t device_blocks(kvr_router* router, const uint32_t* tokens, size_t n,
+                              uint64_t worker_id) {
+  kvr_overlap overlap;
+  if (!kvt_overlap_of(router, tokens, n, worker_id, 0, &overlap)) return 0;
+  return overlap.device_blocks;
+}
+
+static void nats_batches_wildcards_garbage_and_restart(void** state) {
+  const int port = free_port();
+  char url[64];
+  pid_t server;
+  kvr_router* router = kvt_router_new(BS, 0);
+  kvr_ingest* ingest = NULL;
+  natsConnection* nc = NULL;
+  uint64_t source = 0;
+  uint32_t a[2 * BS], b[2 * BS], c[2 * BS];
+  kvr_ingest_stats stats;
+  int waited;
+  uint64_t attempt;
+  (void)state;
+  assert_true(port > 0);
+  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
+  server = start_server(port);
+  kvt_add_worker(router, 1);
+  kvt_add_worker(router, 2);
+  KVT_OK(kvr_ingest_new(router, NULL, &ingest, ERRP));
+  KVT_OK(kvr_ingest_start(ingest, ERRP));
+  KVT_OK(kvr_ingest_subscribe_nats(ingest, url, "kv.*.events", &source, ERRP));
+  assert_true(source != 0);
+  assert_int_equal(NATS_OK, natsConnection_ConnectTo(&nc, url));
+
+  kvt_fill_tokens(a, 2 * BS, 100);
+  kvt_fill_tokens(b, 2 * BS, 900);
+  publish_stored(nc, "kv.w1.events", 1, a, 2, 10);
+  {
+    const uint8_t garbage[] = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3};
+    assert_int_equal(NATS_OK,
+                     natsConnection_Publish(nc, "kv.w2.events", garbage, (int)sizeof garbage));
+  }
+  publish_stored(nc, "kv.w2.events", 2, b, 2, 20);
+  publish_stored(nc, "kv.w2.other", 2, a, 2, 30); /* not subscribed */
+  stats = stats_of(ingest, source);
+  for (waited = 0; stats.messages < 3 && waited < WAIT_MS; ++waited) {
+    sleep_ms(1);
+    stats = stats_of(ingest, source);
+  }
+  assert_int_equal(3, stats.messages);
+  assert_int_equal(2, stats.events_applied);
+  assert_int_equal(1, stats.rejected[KVR_INGEST_REJECT_BAD_FLATBUFFERS]);
+  assert_int_equal(1, stats.connections);
+  assert_int_equal(2, device_blocks(router, a, 2 * BS, 1));
+  assert_int_equal(2, device_blocks(router, b, 2 * BS, 2));
+  assert_int_equal(0, device_blocks(router, a, 2 * BS, 2));
+
+  /* Restart the server on the same port: the subscription reconnects and resubscribes. Until
+   * it has, messages are lost, so publish fresh batches until one arrives (bounded). */
+  natsConnection_Destroy(nc);
+  nc = NULL;
+  stop_server(server);
+  server = start_server(port);
+  assert_int_equal(NATS_OK, natsConnection_ConnectTo(&nc, url));
+  for (attempt = 0, waited = 0; stats.events_applied < 3 && waited < WAIT_MS; ++attempt) {
+    int retry;
+    kvt_fill_tokens(c, 2 * BS, 5000);
+    publish_stored(nc, "kv.w1.events", 1, c, 2, 1000 + attempt * 10);
+    for (retry = 0; retry < 200 && stats.events_applied < 3; ++retry, ++waited) {
+      sleep_ms(1);
+      stats = stats_of(ingest, source);
+    }
+  }
+  assert_true(stats.events_applied >= 3);
+  assert_true(stats.connections >= 2);
+  assert_int_equal(2, device_blocks(router, c, 2 * BS, 1));
+  assert_int_equal(2, device_blocks(router, a, 2 * BS, 1)); /* applied before the restart */
+
+  natsConnection_Destroy(nc);
+  kvr_ingest_free(ingest);
+  kvr_router_free(router);
+  stop_server(server);
+}
+
+static void nats_bad_arguments(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  kvr_ingest* ingest = NULL;
+  char url[64];
+  uint64_t source = 0;
+  (void)state;
+  KVT_OK(kvr_ingest_new(router, NULL, &ingest, ERRP));
+  KVT_OK(kvr_ingest_start(ingest, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_subscribe_nats(ingest, NULL, "kv", &source, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_subscribe_nats(NULL, "nats://127.0.0.1:1", "kv", &source, ERRP));
+  snprintf(url, sizeof url, "nats://127.0.0.1:%d", free_port()); /* nobody listens */
+  KVT_EXPECT_FAILS(KVR_UNAVAILABLE, kvr_ingest_subscribe_nats(ingest, url, "kv", &source, ERRP));
+  kvr_ingest_free(ingest);
+  kvr_router_free(router);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(nats_batches_wildcards_garbage_and_restart),
+      cmocka_unit_test(nats_bad_arguments),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,284 @@
+// NATS as an ingest source: each test starts its own nats-server on 127.0.0.1 (a free port),
+// publishes native EventBatches with the NATS C client, and checks the router's index and the
+// source's counters. Also: wildcard subjects, a garbage message, a server restart.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <nats/nats.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "core/router.h"
+#include "ingest/flatbuffers_codec.h"
+#include "ingest/ingest_service.h"
+
+namespace kvrouter {
+namespace {
+
+constexpr auto kWait = std::chrono::seconds(10);
+constexpr uint32_t kBlockSize = 16;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool Accepts(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A nats-server child process on 127.0.0.1:port.
+class NatsServer {
+ public:
+  explicit NatsServer(int port) : port_(port) {}
+  ~NatsServer() { Stop(); }
+
+  // Starts the server and waits (bounded) until it accepts connections.
+  bool Start() {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const std::string port = std::to_string(port_);
+      const int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, 1);
+      dup2(devnull, 2);
+      execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (pid_ < 0) return false;
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (Accepts(port_)) return true;
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {  // died (port taken?)
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+};
+
+std::vector<uint32_t> Range(uint32_t first, uint32_t n) {
+  std::vector<uint32_t> out;
+  for (uint32_t i = 0; i < n; ++i) out.push_back(first + i);
+  return out;
+}
+
+// One event storing `prompt`'s full blocks on worker (id, 0), as an encoded EventBatch.
+std::vector<uint8_t> StoreBatch(uint64_t worker, const std::vector<uint32_t>& prompt,
+                                uint64_t first_hash, uint64_t event_id) {
+  StoredEvent stored;
+  for (size_t b = 0; b < prompt.size() / kBlockSize; ++b) {
+    stored.block_hashes.push_back(first_hash + b);
+  }
+  stored.token_ids = prompt;
+  const KvEvent event{.worker = {worker, 0}, .event_id = event_id, .data = std::move(stored)};
+  return EncodeEventBatch(std::span(&event, 1));
+}
+
+class NatsIngestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const int port = FreePort();
+    ASSERT_GT(port, 0);
+    server_ = std::make_unique<NatsServer>(port);
+    ASSERT_TRUE(server_->Start());
+    router_ = *Router::Create(RouterOptions{.block_size = kBlockSize});
+    ingest_ = *IngestService::Create(router_.get(), {});
+    ASSERT_TRUE(ingest_->Start().ok());
+    ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
+  }
+  void TearDown() override {
+    ingest_.reset();
+    if (publisher_ != nullptr) natsConnection_Destroy(publisher_);
+    server_.reset();
+  }
+
+  void Publish(const std::string& subject, const std::vector<uint8_t>& data) {
+    ASSERT_EQ(NATS_OK, natsConnection_Publish(publisher_, subject.c_str(), data.data(),
+                                              static_cast<int>(data.size())));
+    ASSERT_EQ(NATS_OK, natsConnection_FlushTimeout(publisher_, 5000));
+  }
+
+  IngestStats WaitForMessages(uint64_t source, uint64_t messages) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    IngestStats stats = *ingest_->Stats(source);
+    while (stats.messages < messages && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      stats = *ingest_->Stats(source);
+    }
+    EXPECT_EQ(messages, stats.messages);
+    return stats;
+  }
+
+  uint32_t DeviceBlocks(const std::vector<uint32_t>& prompt, uint64_t worker) {
+    auto scores = router_->OverlapScores(prompt);
+    if (!scores.ok()) return 0;
+    for (const OverlapScore& s : *scores) {
+      if (s.worker == WorkerKey{worker, 0}) return s.overlap.device_blocks;
+    }
+    return 0;
+  }
+
+  std::unique_ptr<NatsServer> server_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<IngestService> ingest_;
+  natsConnection* publisher_ = nullptr;
+};
+
+TEST_F(NatsIngestTest, BatchesReachTheIndexAndAreCounted) {
+  auto source = ingest_->SubscribeNats(server_->url(), "kv.events");
+  ASSERT_TRUE(source.ok()) << source.status();
+  const auto prompt = Range(100, 3 * kBlockSize);
+  Publish("kv.events", StoreBatch(1, prompt, 1000, 1));
+  Publish("kv.other", StoreBatch(2, prompt, 2000, 2));  // not subscribed
+  const IngestStats stats = WaitForMessages(*source, 1);
+  EXPECT_EQ(1u, stats.events_applied);
+  EXPECT_EQ(1u, stats.connections);
+  EXPECT_EQ(3u, DeviceBlocks(prompt, 1));
+  EXPECT_EQ(0u, DeviceBlocks(prompt, 2));
+}
+
+TEST_F(NatsIngestTest, WildcardSubjectsAndGarbageIsRejectedAndCounted) {
+  auto source = ingest_->SubscribeNats(server_->url(), "kv.*.events");
+  ASSERT_TRUE(source.ok()) << source.status();
+  const auto a = Range(1, 2 * kBlockSize);
+  const auto b = Range(5000, 2 * kBlockSize);
+  Publish("kv.w1.events", StoreBatch(1, a, 10, 1));
+  Publish("kv.w2.events", {0xde, 0xad, 0xbe, 0xef, 1, 2, 3});  // not an EventBatch
+  Publish("kv.w2.events", StoreBatch(2, b, 20, 2));
+  const IngestStats stats = WaitForMessages(*source, 3);
+  EXPECT_EQ(2u, stats.events_applied);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBadFlatBuffers)]);
+  EXPECT_EQ(2u, DeviceBlocks(a, 1));
+  EXPECT_EQ(2u, DeviceBlocks(b, 2));
+  const IngestStats total = *ingest_->Stats(0);
+  EXPECT_EQ(3u, total.messages);
+}
+
+TEST_F(NatsIngestTest, SubscribingBeforeStartWorks) {
+  auto router = *Router::Create(RouterOptions{.block_size = kBlockSize});
+  auto ingest = *IngestService::Create(router.get(), {});
+  auto source = ingest->SubscribeNats(server_->url(), "kv.>");
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE(ingest->Start().ok());
+  // The SUB goes out once the loop runs: publish until a batch arrives (bounded).
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  uint64_t attempt = 0;
+  while (ingest->Stats(*source)->events_applied == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    ++attempt;
+    Publish("kv.a.b", StoreBatch(1, Range(attempt * 100, kBlockSize), attempt, attempt));
+    const auto retry = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (ingest->Stats(*source)->events_applied == 0 &&
+           std::chrono::steady_clock::now() < retry) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  EXPECT_GE(ingest->Stats(*source)->events_applied, 1u);
+  ingest->Stop();
+}
+
+TEST_F(NatsIngestTest, UnreachableServerIsUnavailable) {
+  const int port = FreePort();
+  auto source = ingest_->SubscribeNats("nats://127.0.0.1:" + std::to_string(port), "kv");
+  EXPECT_EQ(absl::StatusCode::kUnavailable, source.status().code()) << source.status();
+  EXPECT_EQ(absl::StatusCode::kInvalidArgument,
+            ingest_->SubscribeNats(server_->url(), "").status().code());
+}
+
+TEST_F(NatsIngestTest, SurvivesAServerRestart) {
+  auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
+  ASSERT_TRUE(source.ok()) << source.status();
+  const auto before = Range(7000, 2 * kBlockSize);
+  Publish("kv.1", StoreBatch(1, before, 70, 1));
+  WaitForMessages(*source, 1);
+  EXPECT_EQ(2u, DeviceBlocks(before, 1));
+
+  natsConnection_Destroy(publisher_);
+  publisher_ = nullptr;
+  server_->Stop();
+  ASSERT_TRUE(server_->Start());  // same port
+  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
+
+  // The subscriber reconnects and resubscribes on its own; until it has, messages are lost, so
+  // publish a fresh batch until one arrives (bounded).
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  uint64_t attempt = 0;
+  bool arrived = false;
+  std::vector<std::vector<uint32_t>> sent;
+  while (!arrived && std::chrono::steady_clock::now() < deadline) {
+    ++attempt;
+    sent.push_back(Range(10000 + static_cast<uint32_t>(attempt) * 100, 2 * kBlockSize));
+    Publish("kv.2", StoreBatch(2, sent.back(), 100 + attempt * 10, 100 + attempt));
+    const auto retry = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (!(arrived = ingest_->Stats(*source)->events_applied >= 2) &&
+           std::chrono::steady_clock::now() < retry) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  ASSERT_TRUE(arrived);
+  bool any = false;
+  for (const auto& prompt : sent) any = any || DeviceBlocks(prompt, 2) == 2;
+  EXPECT_TRUE(any);
+  const IngestStats stats = *ingest_->Stats(*source);
+  EXPECT_GE(stats.connections, 2u);  // the first connection and at least one reconnection
+  EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kBadFlatBuffers)]);
+  EXPECT_EQ(2u, DeviceBlocks(before, 1));  // what was applied before the restart stays
+}
+
+TEST_F(NatsIngestTest, StopsWhileTheServerIsDown) {
+  auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
+  ASSERT_TRUE(source.ok()) << source.status();
+  natsConnection_Destroy(publisher_);
+  publisher_ = nullptr;
+  server_->Stop();
+  // Whether or not the loop has noticed the disconnection yet (it may be reconnecting),
+  // closing must neither hang nor crash.
+  const auto started = std::chrono::steady_clock::now();
+  ingest_->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, kWait);
+  EXPECT_EQ(0u, ingest_->Stats(*source)->messages);
+}
+
+}  // namespace
+}  // namespace kvrouter
