@@ -23,22 +23,8 @@ namespace {
 
 using testing::ClearedWorker;
 using testing::RemovedBlocks;
+using testing::Rng;
 using testing::StoredBlocks;
-
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  uint32_t Below(uint32_t n) { return static_cast<uint32_t>(Next() % n); }
-
- private:
-  uint64_t state_;
-};
 
 constexpr int kWriters = 4;
 constexpr int kReaders = 3;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -85,5 +86,21 @@ inline std::string MatchesToString(std::vector<WorkerMatch> matches) {
 inline uint64_t EventCount(const IndexStats& stats, EventKind kind, EventError error) {
   return stats.events[static_cast<int>(kind)][static_cast<int>(error)];
 }
+
+// Small, fast, deterministic generator (splitmix64) for randomised tests.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  uint32_t Below(uint32_t n) { return static_cast<uint32_t>(Next() % n); }
+
+ private:
+  uint64_t state_;
+};
 
 }  // namespace kvrouter::testing
