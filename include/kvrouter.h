@@ -309,10 +309,17 @@ KVR_API kvr_status kvr_event_batch_add_cleared(kvr_event_batch *batch, uint64_t 
                                                kvr_error **err);
 /* Events added so far (0 for NULL). @thread_safety none (for this batch) */
 KVR_API size_t kvr_event_batch_size(const kvr_event_batch *batch);
+/* The batch's publication time, in nanoseconds since the Unix epoch: ingest measures its lag
+ * (publication to events applied) from it. Until this is called, a batch is stamped with the
+ * wall clock when it is encoded or sent; `unix_ns` 0 leaves it unstamped (no lag measured).
+ * @thread_safety none (for this batch) */
+KVR_API kvr_status kvr_event_batch_set_publish_time(kvr_event_batch *batch, uint64_t unix_ns,
+                                                    kvr_error **err);
 /* Encodes the events added so far into a new buffer; the batch keeps them (call
  * kvr_event_batch_clear to start over). @thread_safety none (for this batch) */
 KVR_API kvr_status kvr_event_batch_encode(const kvr_event_batch *batch, kvr_buffer **out,
                                           kvr_error **err);
+/* Drops the events and any publish time set. @thread_safety none (for this batch) */
 KVR_API void kvr_event_batch_clear(kvr_event_batch *batch);
 
 /* ---- Routing ------------------------------------------------------------------------------ */
@@ -805,6 +812,13 @@ typedef struct kvr_ingest_stats {
   uint64_t restarts;        /* publisher sequence resets to 0 */
   uint64_t recoveries;      /* worker states cleared because they were lost */
   uint64_t connections;     /* stream connections accepted; NATS connections and reconnections */
+  /* Lag: from a message's publication time (vLLM's batch `ts`, a native batch's publish time)
+   * to its events being applied, in microseconds; messages without one are not measured. A
+   * publisher clock ahead of this machine's counts as 0. For source 0: sums and the maxima. */
+  uint64_t lag_samples;  /* messages measured */
+  uint64_t lag_total_us; /* their lags summed (mean = lag_total_us / lag_samples) */
+  uint64_t lag_max_us;   /* the largest */
+  uint64_t lag_last_us;  /* the most recent message's */
 } kvr_ingest_stats;
 
 /* @thread_safety concurrent */

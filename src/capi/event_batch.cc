@@ -1,11 +1,16 @@
 // Building FlatBuffers event batches through the C ABI, for publishers in any language.
+#include <optional>
+
 #include "capi_internal.h"
+#include "core/clock.h"
 #include "ingest/flatbuffers_codec.h"
 
 using namespace kvrouter::capi;
 
 struct kvr_event_batch {
   std::vector<kvrouter::KvEvent> events;
+  // Set by kvr_event_batch_set_publish_time; otherwise the wall clock at encoding.
+  std::optional<uint64_t> publish_time_ns;
 };
 
 namespace {
@@ -64,20 +69,32 @@ KVR_API size_t kvr_event_batch_size(const kvr_event_batch* batch) {
   return batch == nullptr ? 0 : batch->events.size();
 }
 
+KVR_API kvr_status kvr_event_batch_set_publish_time(kvr_event_batch* batch, uint64_t unix_ns,
+                                                    kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, batch, "batch")) return s;
+    batch->publish_time_ns = unix_ns;
+    return KVR_OK;
+  });
+}
+
 KVR_API kvr_status kvr_event_batch_encode(const kvr_event_batch* batch, kvr_buffer** out,
                                           kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, batch, "batch")) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     auto buffer = std::make_unique<kvr_buffer>();
-    buffer->bytes = kvrouter::EncodeEventBatch(batch->events);
+    buffer->bytes = kvrouter::EncodeEventBatch(
+        batch->events, batch->publish_time_ns.value_or(kvrouter::UnixNowNanos()));
     *out = buffer.release();
     return KVR_OK;
   });
 }
 
 KVR_API void kvr_event_batch_clear(kvr_event_batch* batch) {
-  if (batch != nullptr) batch->events.clear();
+  if (batch == nullptr) return;
+  batch->events.clear();
+  batch->publish_time_ns.reset();
 }
 
 }  // extern "C"

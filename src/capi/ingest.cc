@@ -29,6 +29,10 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   out.restarts = s.restarts;
   out.recoveries = s.recoveries;
   out.connections = s.connections;
+  out.lag_samples = s.lag_samples;
+  out.lag_total_us = s.lag_total_us;
+  out.lag_max_us = s.lag_max_us;
+  out.lag_last_us = s.lag_last_us;
   return out;
 }
 

@@ -17,6 +17,14 @@ inline constexpr Nanos SecondsToNanos(double seconds) {
   return static_cast<Nanos>(seconds * static_cast<double>(kNanosPerSecond));
 }
 
+// Wall-clock nanoseconds since the Unix epoch. Only for timestamps that cross machines (a
+// publisher's publish time, the lag measured from it); never for ageing state.
+inline uint64_t UnixNowNanos() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
 class Clock {
  public:
   virtual ~Clock() = default;

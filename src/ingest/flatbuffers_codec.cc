@@ -291,19 +291,22 @@ class Decoder {
 
 }  // namespace
 
-std::vector<uint8_t> EncodeEventBatch(std::span<const KvEvent> events) {
+std::vector<uint8_t> EncodeEventBatch(std::span<const KvEvent> events, uint64_t publish_time_ns) {
   fb::FlatBufferBuilder fbb;
   auto offsets = EncodeEvents(fbb, events);
-  wire::FinishEventBatchBuffer(fbb, wire::CreateEventBatch(fbb, offsets));
+  wire::FinishEventBatchBuffer(fbb, wire::CreateEventBatch(fbb, offsets, publish_time_ns));
   return Bytes(fbb);
 }
 
-absl::StatusOr<std::vector<KvEvent>> DecodeEventBatch(std::span<const uint8_t> bytes) {
+absl::StatusOr<std::vector<KvEvent>> DecodeEventBatch(std::span<const uint8_t> bytes,
+                                                      uint64_t* publish_time_ns) {
   AlignedBytes aligned(bytes);
   absl::StatusOr<const wire::EventBatch*> batch =
       VerifiedRoot<wire::EventBatch>(aligned.view(), kEventBatchKind);
   if (!batch.ok()) return batch.status();
-  return Decoder(bytes.size()).Events((*batch)->events());
+  absl::StatusOr<std::vector<KvEvent>> events = Decoder(bytes.size()).Events((*batch)->events());
+  if (events.ok() && publish_time_ns != nullptr) *publish_time_ns = (*batch)->publish_time_ns();
+  return events;
 }
 
 std::vector<uint8_t> EncodeIndexSnapshot(uint32_t block_size, std::span<const KvEvent> events) {

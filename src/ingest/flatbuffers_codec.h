@@ -30,11 +30,15 @@ inline constexpr size_t kMaxSnapshotBytes = size_t{1} << 30;
 // The IndexSnapshot.format_version this build writes, and the newest it reads.
 inline constexpr uint32_t kIndexSnapshotFormatVersion = 1;
 
-// An EventBatch buffer (file identifier "KVEB") holding `events` in order.
-std::vector<uint8_t> EncodeEventBatch(std::span<const KvEvent> events);
+// An EventBatch buffer (file identifier "KVEB") holding `events` in order, stamped with its
+// publication time (nanoseconds since the Unix epoch; 0 = unstamped).
+std::vector<uint8_t> EncodeEventBatch(std::span<const KvEvent> events,
+                                      uint64_t publish_time_ns = 0);
 
-// The events of an EventBatch buffer, in order. `bytes` need not be aligned.
-absl::StatusOr<std::vector<KvEvent>> DecodeEventBatch(std::span<const uint8_t> bytes);
+// The events of an EventBatch buffer, in order. `bytes` need not be aligned. When
+// `publish_time_ns` is given, it receives the batch's publication time (0 if unstamped).
+absl::StatusOr<std::vector<KvEvent>> DecodeEventBatch(std::span<const uint8_t> bytes,
+                                                      uint64_t* publish_time_ns = nullptr);
 
 struct IndexSnapshot {
   uint32_t block_size = 0;

@@ -18,11 +18,22 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "ingest/engine_events.h"
 #include "ingest/flatbuffers_codec.h"
 
 namespace kvrouter {
 namespace {
+
+void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) { c.fetch_add(n, std::memory_order_relaxed); }
+
+// An engine's batch timestamp (vLLM: time.time(), float seconds since the Unix epoch) in
+// nanoseconds; 0, meaning unknown, for one that is missing, negative, NaN or past year 2500.
+uint64_t UnixNanosFromSeconds(double seconds) {
+  constexpr double kYear2500 = 16725225600.0;
+  if (!(seconds > 0 && seconds < kYear2500)) return 0;
+  return static_cast<uint64_t>(seconds * 1e9);
+}
 
 // Live counters of one source; IngestStats is their copy.
 struct SourceCounters {
@@ -35,6 +46,24 @@ struct SourceCounters {
   std::atomic<uint64_t> recoveries{0};
   std::atomic<uint64_t> connections{0};
   std::atomic<int64_t> state_unknown{0};
+  std::atomic<uint64_t> lag_samples{0};
+  std::atomic<uint64_t> lag_total_us{0};
+  std::atomic<uint64_t> lag_max_us{0};
+  std::atomic<uint64_t> lag_last_us{0};
+
+  // A message published at `publish_time_ns` (Unix epoch; 0 = unknown) has just been applied.
+  // A publisher whose clock runs ahead of ours shows a lag of 0, not a negative one.
+  void RecordLag(uint64_t publish_time_ns) {
+    if (publish_time_ns == 0) return;
+    const uint64_t now = UnixNowNanos();
+    const uint64_t lag_us = now > publish_time_ns ? (now - publish_time_ns) / 1000 : 0;
+    Bump(lag_samples);
+    Bump(lag_total_us, lag_us);
+    lag_last_us.store(lag_us, std::memory_order_relaxed);
+    uint64_t max = lag_max_us.load(std::memory_order_relaxed);
+    while (lag_us > max && !lag_max_us.compare_exchange_weak(max, lag_us)) {
+    }
+  }
 
   void Reject(IngestReject reason, uint64_t n = 1) {
     rejected[static_cast<int>(reason)].fetch_add(n, std::memory_order_relaxed);
@@ -49,10 +78,12 @@ struct SourceCounters {
     s.recoveries += recoveries.load();
     s.connections += connections.load();
     s.state_unknown += static_cast<uint64_t>(std::max<int64_t>(0, state_unknown.load()));
+    s.lag_samples += lag_samples.load();
+    s.lag_total_us += lag_total_us.load();
+    s.lag_max_us = std::max(s.lag_max_us, lag_max_us.load());
+    s.lag_last_us = std::max(s.lag_last_us, lag_last_us.load());
   }
 };
-
-void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) { c.fetch_add(n, std::memory_order_relaxed); }
 
 // Closes a heap-allocated libuv handle and deletes its owner once libuv is done with it.
 template <typename Owner>
@@ -319,12 +350,14 @@ struct IngestService::Impl {
   }
 
   void ApplyFrame(const std::vector<uint8_t>& frame, SourceCounters& source) {
-    auto events = DecodeEventBatch(frame);
+    uint64_t publish_time_ns = 0;
+    auto events = DecodeEventBatch(frame, &publish_time_ns);
     if (!events.ok()) {
       source.Reject(IngestReject::kBadFlatBuffers);
       return;
     }
     Apply(*events, source);
+    source.RecordLag(publish_time_ns);
   }
 
   // ---- Engine workers over ZMQ -----------------------------------------------------------
@@ -546,6 +579,7 @@ struct IngestService::Impl {
       if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
     }
     Apply(converted.events, c);
+    c.RecordLag(UnixNanosFromSeconds(batch->timestamp));
   }
 
   // ---- Replay (vLLM's replay ROUTER socket) ---------------------------------------------

@@ -64,6 +64,12 @@ struct IngestStats {
   uint64_t recoveries = 0;       // clears done because state was lost (gap or restart)
   uint64_t connections = 0;      // stream connections accepted; NATS (re)connections
   uint64_t state_unknown = 0;    // ranks whose state is currently unknown (flagged)
+  // Lag from a message's publication time to its events applied, over the messages that
+  // carried one. Summed over sources: totals add, maxima take the largest.
+  uint64_t lag_samples = 0;
+  uint64_t lag_total_us = 0;
+  uint64_t lag_max_us = 0;
+  uint64_t lag_last_us = 0;
 };
 
 struct IngestOptions {

@@ -264,6 +264,65 @@ static void events_apply_while_routing(void** state) {
   kvr_publisher_free(publisher);
 }
 
+static uint64_t unix_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Sends `batch` stamped `publish_time_ns` (or, when `stamp` is 0, with the default stamp) and
+ * returns the source's stats once it is handled. */
+static kvr_ingest_stats send_stamped(fixture* f, kvr_publisher* publisher, uint64_t source,
+                                     kvr_event_batch* batch, int stamp, uint64_t publish_time_ns) {
+  const uint64_t before = stats_of(f->ingest, source).messages;
+  if (stamp) KVT_OK(kvr_event_batch_set_publish_time(batch, publish_time_ns, ERRP));
+  KVT_OK(kvr_publisher_send(publisher, batch, ERRP));
+  return wait_messages(f->ingest, source, before + 1);
+}
+
+/* Lag runs from a batch's publish time to its events applied: a batch published 3 s ago shows
+ * at least 3 s; an unstamped one is not measured; one from a clock ahead of ours shows 0. */
+static void lag_is_measured_from_publish_time(void** state) {
+  fixture* f = (fixture*)*state;
+  char bound[128];
+  const uint64_t source = listen_on(f, "tcp://127.0.0.1:0", bound, sizeof bound);
+  const uint64_t three_seconds_us = 3000000u;
+  uint32_t tokens[BS];
+  kvr_publisher* publisher = NULL;
+  kvr_event_batch* batch;
+  kvr_ingest_stats stats;
+  kvt_fill_tokens(tokens, BS, 7);
+  KVT_OK(kvr_publisher_connect(bound, &publisher, ERRP));
+  batch = stored_batch(1, tokens, 1, 300);
+
+  stats = send_stamped(f, publisher, source, batch, 1, unix_now_ns() - three_seconds_us * 1000u);
+  assert_int_equal(1, stats.lag_samples);
+  assert_true(stats.lag_last_us >= three_seconds_us);
+  assert_int_equal(stats.lag_last_us, stats.lag_max_us);
+  assert_int_equal(stats.lag_last_us, stats.lag_total_us);
+
+  stats = send_stamped(f, publisher, source, batch, 1, 0); /* unstamped */
+  assert_int_equal(1, stats.lag_samples);
+
+  stats = send_stamped(f, publisher, source, batch, 1, unix_now_ns() + 3600u * 1000000000u);
+  assert_int_equal(2, stats.lag_samples);
+  assert_int_equal(0, stats.lag_last_us);
+  assert_true(stats.lag_max_us >= three_seconds_us);
+
+  kvr_event_batch_clear(batch); /* drops the explicit stamp: stamped at sending again */
+  stats = send_stamped(f, publisher, source, batch, 0, 0);
+  assert_int_equal(3, stats.lag_samples);
+  assert_true(stats.lag_last_us < three_seconds_us);
+  assert_true(stats.lag_max_us >= three_seconds_us); /* the maximum stays */
+
+  stats = stats_of(f->ingest, 0); /* the sum over sources agrees with the only source */
+  assert_int_equal(3, stats.lag_samples);
+  assert_true(stats.lag_max_us >= three_seconds_us);
+  assert_int_equal(KVR_INVALID_ARGUMENT, kvr_event_batch_set_publish_time(NULL, 1, NULL));
+  kvr_event_batch_free(batch);
+  kvr_publisher_free(publisher);
+}
+
 static void lifecycle_rules(void** state) {
   fixture* f = (fixture*)*state;
   kvr_ingest* idle = NULL;
@@ -314,6 +373,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(unix_socket_events_reach_the_router, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_frames_are_rejected_and_counted, setup, teardown),
       cmocka_unit_test_setup_teardown(events_apply_while_routing, setup, teardown),
+      cmocka_unit_test_setup_teardown(lag_is_measured_from_publish_time, setup, teardown),
       cmocka_unit_test_setup_teardown(lifecycle_rules, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

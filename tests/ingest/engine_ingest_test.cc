@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/router.h"
 #include "ingest/ingest_service.h"
 
@@ -171,6 +172,20 @@ TEST_F(EngineIngestTest, VllmEventsOverTcpReachTheIndex) {
   engine.Send(2, VllmPayload("array_remove_full_schema"));
   stats = WaitForMessages(source, 3);
   EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+}
+
+// The vectors were published at ts 1750000000.25 (June 2025), so the lag measured from that
+// `ts` is at least the time since then: proof that the engine's timestamp is the one used.
+TEST_F(EngineIngestTest, LagIsMeasuredFromTheEngineTimestamp) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  const uint64_t since_publish_us = (UnixNowNanos() - 1750000000250000000u) / 1000;
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  const IngestStats stats = WaitForMessages(source, 1, 1);
+  EXPECT_EQ(1u, stats.lag_samples);
+  EXPECT_GE(stats.lag_last_us, since_publish_us);
+  EXPECT_EQ(stats.lag_last_us, stats.lag_max_us);
+  EXPECT_EQ(stats.lag_last_us, stats.lag_total_us);
 }
 
 TEST_F(EngineIngestTest, GapClearsAndFlagsThenEngineClearRestoresTrust) {

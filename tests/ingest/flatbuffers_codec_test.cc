@@ -162,6 +162,24 @@ TEST(EventBatchTest, RoundTripsAnEmptyBatch) {
   EXPECT_TRUE(decoded->empty());
 }
 
+TEST(EventBatchTest, RoundTripsThePublishTime) {
+  const std::vector<KvEvent> events = AllKindsOfEvents();
+  uint64_t publish_time_ns = 0;
+  ASSERT_TRUE(
+      DecodeEventBatch(EncodeEventBatch(events, 1764421200123456789u), &publish_time_ns).ok());
+  EXPECT_EQ(publish_time_ns, 1764421200123456789u);
+}
+
+// A batch from a writer that predates the field decodes as unstamped. FlatBuffers leaves a
+// default-valued field out, so an unstamped batch is byte for byte what such a writer sends.
+TEST(EventBatchTest, AnUnstampedBatchHasNoPublishTime) {
+  const std::vector<KvEvent> events = AllKindsOfEvents();
+  uint64_t publish_time_ns = 42;
+  ASSERT_TRUE(DecodeEventBatch(EncodeEventBatch(events), &publish_time_ns).ok());
+  EXPECT_EQ(publish_time_ns, 0u);
+  EXPECT_LT(EncodeEventBatch(events).size(), EncodeEventBatch(events, 1).size());
+}
+
 TEST(EventBatchTest, RoundTripsEveryTier) {
   for (Tier tier : {Tier::kDevice, Tier::kHostPinned, Tier::kDisk, Tier::kExternal}) {
     const KvEvent event = Event({1, 0}, tier, 1, RemovedEvent{.block_hashes = {5}});
