@@ -1,11 +1,13 @@
-// Throughput of each ingestion path, in events/s (docs/ingest-bench.md records the figures).
-// Disabled in normal runs; measure with
-//   build/.../tests/ingest/ingest_tests --gtest_also_run_disabled_tests \
+// Throughput of each ingestion path, in events/s (BENCHMARKS.md records the figures), and the
+// mean lag (publish time to applied) the backlog of a burst causes. Disabled in normal runs;
+// measure with
+//   build/.../tests/ingest/ingest_tests --gtest_also_run_disabled_tests
 //       --gtest_filter='*Throughput*'
 // Each event stores one 16-token block (a fresh prompt), the worst case for the index: every
 // event inserts a node.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <nats/nats.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,12 +15,15 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/router.h"
 #include "ingest/engine_events.h"
 #include "ingest/flatbuffers_codec.h"
 #include "ingest/ingest_service.h"
+#include "nats_server.h"
 
 namespace kvrouter {
 namespace {
@@ -39,6 +44,20 @@ std::vector<KvEvent> Batch(int first) {
         KvEvent{.worker = {1, 0}, .event_id = static_cast<uint64_t>(i), .data = std::move(stored)});
   }
   return events;
+}
+
+// Every batch of the run.
+std::vector<std::vector<KvEvent>> Batches() {
+  std::vector<std::vector<KvEvent>> batches;
+  for (int i = 0; i < kEvents; i += kEventsPerBatch) batches.push_back(Batch(i));
+  return batches;
+}
+
+// Overwrites the float64 `ts` of a MsgpackBatch payload (big-endian, after the 0x93 0xcb).
+void SetTimestamp(std::vector<uint8_t>& payload, double seconds) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &seconds, sizeof(bits));
+  for (int b = 0; b < 8; ++b) payload[2 + b] = static_cast<uint8_t>(bits >> (56 - 8 * b));
 }
 
 // The same batch as vLLM's msgpack: [ts, [["BlockStored", [hash], nil, tokens, 16, nil, "GPU"]...],
@@ -93,15 +112,20 @@ void Report(const char* path, std::chrono::steady_clock::time_point start, uint6
               static_cast<unsigned long long>(events), seconds);
 }
 
+// The lag of a burst: every batch is stamped when sent, so the mean is half the drain time.
+void ReportLag(const IngestStats& stats) {
+  if (stats.lag_samples == 0) return;
+  std::printf("%-32s mean %.1f ms, max %.1f ms over %llu batches\n", "  lag",
+              stats.lag_total_us / 1e3 / stats.lag_samples, stats.lag_max_us / 1e3,
+              static_cast<unsigned long long>(stats.lag_samples));
+}
+
 TEST(IngestThroughput, DISABLED_NativeStreamTcp) {
   Harness h;
   std::string bound;
   const uint64_t source = *h.ingest->Listen("tcp://127.0.0.1:0", &bound);
   ASSERT_TRUE(h.ingest->Start().ok());
-  std::vector<std::vector<uint8_t>> frames;
-  for (int i = 0; i < kEvents; i += kEventsPerBatch) {
-    frames.push_back(*FrameBatch(EncodeEventBatch(Batch(i))));
-  }
+  const std::vector<std::vector<KvEvent>> batches = Batches();
   // A plain blocking client, as kvr_publisher is.
   const auto start = std::chrono::steady_clock::now();
   {
@@ -113,7 +137,9 @@ TEST(IngestThroughput, DISABLED_NativeStreamTcp) {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
     ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)));
-    for (const auto& f : frames) {
+    for (const auto& batch : batches) {
+      // Encoded and stamped as sent, as kvr_publisher_send does.
+      const std::vector<uint8_t> f = *FrameBatch(EncodeEventBatch(batch, UnixNowNanos()));
       size_t sent = 0;
       while (sent < f.size()) sent += ::send(fd, f.data() + sent, f.size() - sent, 0);
     }
@@ -121,6 +147,7 @@ TEST(IngestThroughput, DISABLED_NativeStreamTcp) {
     ::close(fd);
   }
   Report("native stream (TCP, FlatBuffers)", start, kEvents);
+  ReportLag(*h.ingest->Stats(source));
   EXPECT_EQ(static_cast<uint64_t>(kEvents), h.ingest->Stats(source)->events_applied);
 }
 
@@ -142,7 +169,8 @@ TEST(IngestThroughput, DISABLED_VllmZmq) {
   for (int i = 0; i < kEvents; i += kEventsPerBatch) payloads.push_back(MsgpackBatch(i));
   const auto start = std::chrono::steady_clock::now();
   uint64_t seq = 0;
-  for (const auto& p : payloads) {
+  for (auto& p : payloads) {
+    SetTimestamp(p, static_cast<double>(UnixNowNanos()) / 1e9);  // as vLLM's time.time()
     uint8_t seq_bytes[8];
     for (int b = 0; b < 8; ++b) seq_bytes[b] = static_cast<uint8_t>(seq >> (56 - 8 * b));
     ++seq;
@@ -152,11 +180,68 @@ TEST(IngestThroughput, DISABLED_VllmZmq) {
   }
   h.WaitFor(source, kEvents);
   Report("vLLM over ZMQ (msgpack)", start, kEvents);
+  ReportLag(*h.ingest->Stats(source));
   EXPECT_EQ(static_cast<uint64_t>(kEvents), h.ingest->Stats(source)->events_applied);
   EXPECT_EQ(0u, h.ingest->Stats(source)->gaps);
   h.ingest.reset();
   zmq_close(pub);
   zmq_ctx_term(ctx);
+}
+
+// Batches published to a real nats-server on 127.0.0.1 by the NATS C client, received by the
+// ingest loop's subscription: two extra hops (client to server to subscriber) over TCP.
+TEST(IngestThroughput, DISABLED_NativeBatchesOverNats) {
+  const int port = FreePort();
+  NatsServer server(port);
+  ASSERT_TRUE(server.Start());
+  Harness h;
+  ASSERT_TRUE(h.ingest->Start().ok());
+  const uint64_t source = *h.ingest->SubscribeNats(server.url(), "kv.events");
+  natsConnection* conn = nullptr;
+  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&conn, server.url().c_str()));
+  const std::vector<std::vector<KvEvent>> batches = Batches();
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& batch : batches) {
+    const std::vector<uint8_t> b = EncodeEventBatch(batch, UnixNowNanos());
+    ASSERT_EQ(NATS_OK, natsConnection_Publish(conn, "kv.events", b.data(), b.size()));
+  }
+  ASSERT_EQ(NATS_OK, natsConnection_Flush(conn));
+  h.WaitFor(source, kEvents);
+  Report("native batches over NATS", start, kEvents);
+  ReportLag(*h.ingest->Stats(source));
+  EXPECT_EQ(static_cast<uint64_t>(kEvents), h.ingest->Stats(source)->events_applied);
+  natsConnection_Destroy(conn);
+  h.ingest.reset();
+}
+
+// Lag in steady state rather than behind a burst: 100,000 events/s (2,000 batches of 50 per
+// second, well under the path's capacity) over NATS for 2 s.
+TEST(IngestThroughput, DISABLED_PacedNatsLag) {
+  constexpr int kBatchesPerSecond = 2000;
+  const int port = FreePort();
+  NatsServer server(port);
+  ASSERT_TRUE(server.Start());
+  Harness h;
+  ASSERT_TRUE(h.ingest->Start().ok());
+  const uint64_t source = *h.ingest->SubscribeNats(server.url(), "kv.events");
+  natsConnection* conn = nullptr;
+  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&conn, server.url().c_str()));
+  const std::vector<std::vector<KvEvent>> batches = Batches();
+  const int num_batches = 2 * kBatchesPerSecond;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < num_batches; ++i) {
+    std::this_thread::sleep_until(start +
+                                  std::chrono::microseconds(1'000'000 / kBatchesPerSecond) * i);
+    const std::vector<uint8_t> b = EncodeEventBatch(batches[i], UnixNowNanos());
+    ASSERT_EQ(NATS_OK, natsConnection_Publish(conn, "kv.events", b.data(), b.size()));
+    ASSERT_EQ(NATS_OK, natsConnection_Flush(conn));  // send now, as a paced publisher would
+  }
+  h.WaitFor(source, static_cast<uint64_t>(num_batches) * kEventsPerBatch);
+  Report("NATS paced at 100k events/s", start,
+         static_cast<uint64_t>(num_batches) * kEventsPerBatch);
+  ReportLag(*h.ingest->Stats(source));
+  natsConnection_Destroy(conn);
+  h.ingest.reset();
 }
 
 TEST(IngestThroughput, DISABLED_DecodersAlone) {
