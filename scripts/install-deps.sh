@@ -18,6 +18,9 @@ packages=(
   clang-14 libclang-rt-14-dev
   # plots for the replay tool
   gnuplot-nox
+  # Debian packages and their test (scripts/test-packaging.sh): cpack runs dpkg-shlibdeps
+  # (dpkg-dev) and file; nm and readelf (binutils) inspect the library
+  dpkg-dev file binutils
 )
 
 missing=()

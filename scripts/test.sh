@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds kvrouter and runs every test suite: once as a plain optimised build, once under
-# AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency tests once more under
+# Builds kvrouter and runs every test suite: once as a plain optimised build (then the packaging
+# test: install, consumers, .deb), once under AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency tests once more under
 # ThreadSanitizer, and the decoders' libFuzzer harnesses for a bounded time (clang).
 # Each ctest run ends with ctest's own summary line.
 set -euo pipefail
@@ -18,6 +18,11 @@ build() {  # build DIR [cmake args...]
 echo "== plain build: every test =="
 build build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ctest --test-dir build/test -j "$jobs" --timeout 600
+
+echo "== packaging: staging install, pkg-config and CMake consumers, Debian packages =="
+# As root (CI's throwaway machine) the packages are really installed with dpkg, then purged.
+KVR_PACKAGE_INSTALL="${KVR_PACKAGE_INSTALL:-$([ "$(id -u)" = 0 ] && echo 1 || echo 0)}" \
+  scripts/test-packaging.sh
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer: every test =="
 build build/asan -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=address,undefined
