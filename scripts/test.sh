@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds kvrouter and runs every test suite: once as a plain optimised build (then the packaging
-# test: install, consumers, .deb), once under AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency tests once more under
-# ThreadSanitizer, and the decoders' libFuzzer harnesses for a bounded time (clang).
+# test: install, consumers, .deb), once under AddressSanitizer + UndefinedBehaviorSanitizer,
+# the concurrency tests once more under ThreadSanitizer, and the decoders' libFuzzer harnesses
+# for a bounded time (clang).
 # Each ctest run ends with ctest's own summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
