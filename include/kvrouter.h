@@ -288,6 +288,40 @@ KVR_API kvr_status kvr_router_apply_cleared(kvr_router *router, uint64_t worker_
 KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *data,
                                                 size_t size, kvr_error **err);
 
+/* ---- Router replicas ------------------------------------------------------------------------
+ * Several routers (e.g. one embedded in each gateway replica) that route to the same workers
+ * must each see the others' requests as load. Each publishes the changes to its own bookings
+ * (booked, prefill completed, freed) and applies the others'. kvr_ingest_sync_replicas does
+ * both over NATS; these two let a caller carry the messages over a bus of its own. The KV
+ * index needs no sync: every replica ingests the workers' events itself. */
+
+/* Receives one encoded change (a FlatBuffers SequenceChange, schema/replica_events.fbs) to send
+ * to every other replica. `data` is valid only during the call. It runs on the thread that
+ * made the change, under the router's internal lock, in the order of the changes: it must be
+ * quick (queue or hand the bytes to an asynchronous client) and must not call into this
+ * router. */
+typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t size);
+
+/* Publishes this router's booking changes through `publish` under the name `replica_id`, which
+ * must be unique among the replicas and should be fresh for every process start (a restarted
+ * replica's old bookings expire at its peers after the request expiry; a reused id could
+ * collide with them). `publish` NULL stops publishing; once this returns, the previous
+ * callback is not running and will not run again. Not every change is published: expiry and
+ * worker removal are not, as every replica does those itself. Request ids starting with byte
+ * 0x1E are reserved for replicas' bookings (KVR_INVALID_ARGUMENT). @thread_safety concurrent */
+KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router *router, const char *replica_id,
+                                                    kvr_replica_publish_fn publish,
+                                                    void *user_data, kvr_error **err);
+
+/* Applies one change another replica published: its bookings count as load here (under names
+ * of their own: they never collide with local request ids) and its frees and prefill
+ * completions may admit requests waiting here. Changes from this router's own replica id are
+ * ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that are not a SequenceChange,
+ * KVR_NOT_FOUND for a worker rank this router does not know, KVR_ALREADY_EXISTS for a booking
+ * applied twice; nothing changes then. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_apply_replica_event(kvr_router *router, const void *data,
+                                                  size_t size, kvr_error **err);
+
 /* ---- Encoding event batches (for publishers in any language) ------------------------------ */
 
 /* Collects events and encodes them as one FlatBuffers EventBatch, the format that
@@ -510,6 +544,11 @@ typedef struct kvr_metrics {
   uint64_t index_nodes;
   uint64_t index_blocks; /* cached (block, rank) entries */
   int64_t index_bytes;
+  /* Other replicas' booking changes (kvr_router_apply_replica_event, kvr_ingest_sync_replicas):
+   * applied, and rejected (undecodable, unknown worker rank, duplicate booking) */
+  uint64_t replica_changes_applied;
+  uint64_t replica_changes_rejected;
+  uint64_t replica_requests_active; /* of requests_active, those booked by other replicas */
 } kvr_metrics;
 
 /* @thread_safety concurrent */
@@ -791,6 +830,19 @@ KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest *ingest, const char *url
                                              const char *subject, uint64_t *source_id,
                                              kvr_error **err);
 
+/* Router replica sync over NATS: publishes the ingest's router's booking changes on `subject`
+ * as `replica_id` (see kvr_router_set_replica_publisher for the id's rules) and applies the
+ * changes the other replicas publish there. The source's counters: `messages` received,
+ * `events_applied` (changes applied), `rejected` (BAD_FLATBUFFERS: not a change; INDEX: an
+ * unknown worker rank or a duplicate booking), `published` and `publish_failures`. Connection
+ * behaviour as kvr_ingest_subscribe_nats; while disconnected, the NATS client buffers what is
+ * published. One sync per ingest object and per router (KVR_FAILED_PRECONDITION for a
+ * second); it replaces any kvr_router_set_replica_publisher and ends when the ingest stops.
+ * @thread_safety as kvr_ingest_subscribe_nats */
+KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest *ingest, const char *url,
+                                            const char *subject, const char *replica_id,
+                                            uint64_t *source_id, kvr_error **err);
+
 #define KVR_INGEST_REJECT_FRAME_TOO_LARGE 0 /* stream header over the limit: connection closed */
 #define KVR_INGEST_REJECT_BAD_FLATBUFFERS 1 /* a frame that is not a valid EventBatch */
 #define KVR_INGEST_REJECT_BAD_MSGPACK 2     /* an engine payload that does not decode */
@@ -819,6 +871,9 @@ typedef struct kvr_ingest_stats {
   uint64_t lag_total_us; /* their lags summed (mean = lag_total_us / lag_samples) */
   uint64_t lag_max_us;   /* the largest */
   uint64_t lag_last_us;  /* the most recent message's */
+  /* Replica sync (kvr_ingest_sync_replicas): changes published, and those the client refused */
+  uint64_t published;
+  uint64_t publish_failures;
 } kvr_ingest_stats;
 
 /* @thread_safety concurrent */

@@ -32,6 +32,7 @@ struct kvr_router {
   bool eagle = false;  // the model's blocks use eagle windows: every prompt is hashed so
   std::atomic<uint64_t> decisions{0};
   std::atomic<uint64_t> batches_rejected{0};
+  std::atomic<uint64_t> replica_changes_undecodable{0};
 };
 
 namespace kvrouter::capi {

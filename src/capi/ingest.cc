@@ -33,6 +33,8 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   out.lag_total_us = s.lag_total_us;
   out.lag_max_us = s.lag_max_us;
   out.lag_last_us = s.lag_last_us;
+  out.published = s.published;
+  out.publish_failures = s.publish_failures;
   return out;
 }
 
@@ -165,6 +167,21 @@ KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest* ingest, const char* url
     if (kvr_status s = RequireNonNull(err, url, "url")) return s;
     if (kvr_status s = RequireNonNull(err, subject, "subject")) return s;
     auto id = ingest->service->SubscribeNats(url, subject);
+    if (!id.ok()) return FromStatus(err, id.status());
+    if (source_id != nullptr) *source_id = *id;
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest* ingest, const char* url,
+                                            const char* subject, const char* replica_id,
+                                            uint64_t* source_id, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    if (kvr_status s = RequireNonNull(err, url, "url")) return s;
+    if (kvr_status s = RequireNonNull(err, subject, "subject")) return s;
+    if (kvr_status s = RequireNonNull(err, replica_id, "replica_id")) return s;
+    auto id = ingest->service->SyncReplicas(url, subject, replica_id);
     if (!id.ok()) return FromStatus(err, id.status());
     if (source_id != nullptr) *source_id = *id;
     return KVR_OK;

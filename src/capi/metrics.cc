@@ -25,6 +25,11 @@ kvr_metrics Collect(const kvr_router& router) {
   m.index_nodes = index.nodes;
   m.index_blocks = index.cached_blocks;
   m.index_bytes = index.allocated_bytes;
+  const kvrouter::Router::ReplicaStats replicas = router.router->replica_stats();
+  m.replica_changes_applied = replicas.changes_applied;
+  m.replica_changes_rejected = replicas.changes_rejected +
+                               router.replica_changes_undecodable.load(std::memory_order_relaxed);
+  m.replica_requests_active = replicas.active_requests;
   return m;
 }
 
@@ -69,6 +74,16 @@ std::string RenderPrometheus(const kvr_router& router) {
       {"kvrouter_index_blocks", "gauge", "Cached (block, worker rank) entries in the KV index.",
        static_cast<int64_t>(m.index_blocks)},
       {"kvrouter_index_bytes", "gauge", "Heap bytes held by the KV index.", m.index_bytes},
+      {"kvrouter_replica_changes_applied_total", "counter",
+       "Booking changes of other router replicas applied here.",
+       static_cast<int64_t>(m.replica_changes_applied)},
+      {"kvrouter_replica_changes_rejected_total", "counter",
+       "Booking changes of other router replicas rejected (undecodable, unknown worker rank, "
+       "duplicate booking).",
+       static_cast<int64_t>(m.replica_changes_rejected)},
+      {"kvrouter_replica_requests_active", "gauge",
+       "Requests booked by other router replicas, counted as load here.",
+       static_cast<int64_t>(m.replica_requests_active)},
   };
   for (const auto& s : scalars) {
     AppendMetric(out, s.name, s.type, s.help);

@@ -448,6 +448,45 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router* router, const void* 
   });
 }
 
+// ---- Router replicas -----------------------------------------------------------------------
+
+KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router* router, const char* replica_id,
+                                                    kvr_replica_publish_fn publish, void* user_data,
+                                                    kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (publish == nullptr) {
+      router->router->SetSequenceObserver("", nullptr);
+      return KVR_OK;
+    }
+    if (replica_id == nullptr || *replica_id == '\0') {
+      return Fail(err, KVR_INVALID_ARGUMENT, "replica_id is NULL or empty");
+    }
+    std::string id = replica_id;
+    router->router->SetSequenceObserver(
+        id, [id, publish, user_data](const kvrouter::SequenceChange& change) {
+          const std::vector<uint8_t> bytes = kvrouter::EncodeReplicaChange(id, change);
+          publish(user_data, bytes.data(), bytes.size());
+        });
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_router_apply_replica_event(kvr_router* router, const void* data, size_t size,
+                                                  kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = RequireNonNull(err, data, "data")) return s;
+    auto change = kvrouter::DecodeReplicaChange(std::span(static_cast<const uint8_t*>(data), size));
+    if (!change.ok()) {
+      router->replica_changes_undecodable.fetch_add(1, std::memory_order_relaxed);
+      return FromStatus(err, change.status());
+    }
+    auto applied = router->router->ApplyReplicaChange(change->origin, change->View());
+    return applied.ok() ? KVR_OK : FromStatus(err, applied.status());
+  });
+}
+
 // ---- Routing -----------------------------------------------------------------------------
 
 KVR_API void kvr_request_options_init(kvr_request_options* options) {

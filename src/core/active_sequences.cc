@@ -160,6 +160,12 @@ void ActiveSequences::MaybeExpire() {
   if (clock_.Now() - last_expiry_check_ >= expiry_check_interval_) ExpireStale();
 }
 
+size_t ActiveSequences::CountRequests(absl::FunctionRef<bool(std::string_view)> pred) const {
+  size_t n = 0;
+  for (const auto& [id, record] : requests_) n += pred(id) ? 1 : 0;
+  return n;
+}
+
 bool ActiveSequences::HasRequest(std::string_view request_id) const {
   return requests_.contains(AsKey(request_id));
 }

@@ -73,6 +73,21 @@ struct SequenceRequest {
   uint32_t expected_output_tokens = 0;
 };
 
+// A change to the requests one router has booked, as its replicas learn of it (router replica
+// sync, shared/reference/dynamo-router.md §7.5): replicas that route to the same workers tell
+// each other, so that each one's load view includes the others' requests. Views only: the
+// data must be copied to be kept.
+struct SequenceChange {
+  enum class Kind : uint8_t { kAdded = 0, kPrefillCompleted = 1, kFreed = 2 };
+  Kind kind = Kind::kAdded;
+  std::string_view request_id;
+  // kAdded only: the booking, as SequenceRequest has it.
+  WorkerKey worker;
+  std::span<const uint64_t> block_ids;
+  uint64_t prefill_tokens = 0;
+  uint32_t expected_output_tokens = 0;
+};
+
 // What a rank is serving now.
 struct WorkerLoad {
   WorkerKey worker;
@@ -134,6 +149,8 @@ class ActiveSequences {
 
   bool HasRequest(std::string_view request_id) const;
   size_t num_requests() const { return requests_.size(); }
+  // Active requests whose id satisfies `pred` (a scan: for metrics, not the hot path).
+  size_t CountRequests(absl::FunctionRef<bool(std::string_view)> pred) const;
   // The rank a request is booked on, if it is active.
   std::optional<WorkerKey> WorkerOf(std::string_view request_id) const;
 

@@ -390,7 +390,7 @@ absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& c
                                 .expected_output_tokens = prepared.expected_output_tokens};
   // Booking writes no approximate-index record: that is left for the dispatch
   // (CommitDecisionLocked), so a plan that is aborted leaves no trace in the index.
-  return active_.AddRequest(request);
+  return AddBookingLocked(request);
 }
 
 void Router::CommitDecisionLocked(const Prepared& prepared, WorkerKey worker) {
@@ -443,6 +443,10 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
 }
 
 absl::Status Router::CheckNewRequestIdLocked(std::string_view request_id) const {
+  if (IsReplicaRequestId(request_id)) {
+    return absl::InvalidArgumentError(
+        "request ids starting with byte 0x1E are reserved (they name replicas' bookings)");
+  }
   if (active_.HasRequest(request_id) || queue_.Contains(request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request id '", AsAbsl(request_id),
                                                  "' is already active or waiting for admission"));
@@ -642,11 +646,12 @@ absl::Status Router::AddRequest(std::string_view request_id, std::span<const uin
 }
 
 bool Router::MarkPrefillCompleted(std::string_view request_id) {
+  if (IsReplicaRequestId(request_id)) return false;  // a replica's booking: only it may
   Completions completions;
   bool changed;
   {
     std::lock_guard lock(gate_);
-    changed = active_.MarkPrefillCompleted(request_id);
+    changed = MarkPrefillCompletedLocked(request_id);
     if (changed) DrainQueueLocked(completions);
   }
   Run(completions);
@@ -654,6 +659,7 @@ bool Router::MarkPrefillCompleted(std::string_view request_id) {
 }
 
 bool Router::Free(std::string_view request_id) {
+  if (IsReplicaRequestId(request_id)) return false;
   Completions completions;
   bool freed;
   {
@@ -664,7 +670,7 @@ bool Router::Free(std::string_view request_id) {
     // A request freed before its plan was committed (or aborted) needs no plan any more.
     plans_.erase(AsAbsl(request_id));
     if (!freed) {
-      freed = active_.Free(request_id);
+      freed = FreeBookingLocked(request_id);
       if (freed) DrainQueueLocked(completions);
     }
   }
@@ -798,7 +804,7 @@ absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,
       }
       // Stale (past its deadline, or its worker removed): free what is left and plan afresh.
       plans_.erase(it);
-      if (active_.Free(options.request_id)) DrainQueueLocked(completions);
+      if (FreeBookingLocked(options.request_id)) DrainQueueLocked(completions);
     }
   }
   Run(completions);
@@ -817,7 +823,7 @@ absl::Status Router::Commit(std::string_view request_id) {
     auto it = plans_.find(AsAbsl(request_id));
     // This plan's own deadline is checked exactly, whenever the last sweep ran.
     if (it != plans_.end() && it->second->deadline <= clock_.Now()) {
-      active_.Free(request_id);
+      FreeBookingLocked(request_id);
       plans_.erase(it);
       it = plans_.end();
       DrainQueueLocked(completions);
@@ -846,6 +852,7 @@ absl::Status Router::Commit(std::string_view request_id) {
 }
 
 bool Router::Abort(std::string_view request_id) {
+  if (IsReplicaRequestId(request_id)) return false;
   Completions completions;
   bool freed;
   {
@@ -853,7 +860,7 @@ bool Router::Abort(std::string_view request_id) {
     const bool had_plan = plans_.erase(AsAbsl(request_id)) > 0;
     freed = CancelLocked(request_id, 0, absl::CancelledError("aborted while waiting for admission"),
                          completions);
-    if (!freed && active_.Free(request_id)) {
+    if (!freed && FreeBookingLocked(request_id)) {
       freed = true;
       DrainQueueLocked(completions);
     }
@@ -882,7 +889,7 @@ size_t Router::ExpirePlansLocked() {
       ++it;
       continue;
     }
-    active_.Free(it->first);
+    FreeBookingLocked(it->first);
     plans_.erase(it++);
     ++expired;
   }
@@ -993,6 +1000,111 @@ uint64_t Router::StateDigest() const {
   }
   return absl::HashOf(index, active_.StateDigest(), queue, queue_.size(), plans, plans_.size(),
                       sessions, sessions_.size());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Router replicas
+
+namespace {
+
+// A change that names only its request (prefill completed, freed).
+SequenceChange ChangeOf(SequenceChange::Kind kind, std::string_view request_id) {
+  SequenceChange change;
+  change.kind = kind;
+  change.request_id = request_id;
+  return change;
+}
+
+// The name a replica's booking has here: the mark, the origin, a separator, its own id.
+std::string ReplicaRequestId(std::string_view origin, std::string_view request_id) {
+  return absl::StrCat(absl::string_view(&kReplicaRequestIdMark, 1), AsAbsl(origin), "\x1f",
+                      AsAbsl(request_id));
+}
+
+}  // namespace
+
+absl::Status Router::AddBookingLocked(const SequenceRequest& request) {
+  absl::Status status = active_.AddRequest(request);
+  if (status.ok()) {
+    NotifyLocked({.kind = SequenceChange::Kind::kAdded,
+                  .request_id = request.request_id,
+                  .worker = request.worker,
+                  .block_ids = request.block_ids,
+                  .prefill_tokens = request.prefill_tokens,
+                  .expected_output_tokens = request.expected_output_tokens});
+  }
+  return status;
+}
+
+bool Router::MarkPrefillCompletedLocked(std::string_view request_id) {
+  if (!active_.MarkPrefillCompleted(request_id)) return false;
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kPrefillCompleted, request_id));
+  return true;
+}
+
+bool Router::FreeBookingLocked(std::string_view request_id) {
+  if (!active_.Free(request_id)) return false;
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kFreed, request_id));
+  return true;
+}
+
+void Router::NotifyLocked(const SequenceChange& change) {
+  // A replica's booking is only ever changed by that replica: never published back.
+  if (observer_ && !IsReplicaRequestId(change.request_id)) observer_(change);
+}
+
+void Router::SetSequenceObserver(std::string replica_id, SequenceObserver observer) {
+  std::lock_guard lock(gate_);
+  replica_id_ = std::move(replica_id);
+  observer_ = std::move(observer);
+}
+
+absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
+                                                const SequenceChange& change) {
+  if (origin.empty() || change.request_id.empty()) {
+    std::lock_guard lock(gate_);
+    ++replica_changes_rejected_;
+    return absl::InvalidArgumentError("a replica change needs an origin and a request id");
+  }
+  const std::string id = ReplicaRequestId(origin, change.request_id);
+  Completions completions;
+  absl::StatusOr<bool> changed = false;
+  {
+    std::lock_guard lock(gate_);
+    if (origin == replica_id_) return false;  // our own change, echoed back
+    switch (change.kind) {
+      case SequenceChange::Kind::kAdded: {
+        absl::Status status =
+            active_.AddRequest({.request_id = id,
+                                .worker = change.worker,
+                                .block_ids = change.block_ids,
+                                .prefill_tokens = change.prefill_tokens,
+                                .expected_output_tokens = change.expected_output_tokens});
+        changed = status.ok() ? absl::StatusOr<bool>(true) : status;
+        break;
+      }
+      case SequenceChange::Kind::kPrefillCompleted:
+        changed = active_.MarkPrefillCompleted(id);
+        break;
+      case SequenceChange::Kind::kFreed:
+        changed = active_.Free(id);
+        break;
+    }
+    ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
+    // Capacity a replica released may admit requests waiting here.
+    if (changed.ok() && *changed && change.kind != SequenceChange::Kind::kAdded) {
+      DrainQueueLocked(completions);
+    }
+  }
+  Run(completions);
+  return changed;
+}
+
+Router::ReplicaStats Router::replica_stats() const {
+  std::lock_guard lock(gate_);
+  return {.changes_applied = replica_changes_applied_,
+          .changes_rejected = replica_changes_rejected_,
+          .active_requests = active_.CountRequests(IsReplicaRequestId)};
 }
 
 }  // namespace kvrouter

@@ -55,6 +55,14 @@
 
 namespace kvrouter {
 
+using SequenceObserver = std::function<void(const SequenceChange&)>;
+
+// Request ids starting with this byte are reserved: they name bookings of replicas.
+inline constexpr char kReplicaRequestIdMark = '\x1e';
+inline bool IsReplicaRequestId(std::string_view request_id) {
+  return !request_id.empty() && request_id.front() == kReplicaRequestIdMark;
+}
+
 // Every router-wide setting of §4 the core implements. Validated by Router::Create.
 struct RouterOptions {
   uint32_t block_size = 16;  // tokens per KV block; > 0; every worker must use the same
@@ -280,6 +288,29 @@ class Router {
   size_t pending_count() const;
   uint64_t pending_tokens() const;
 
+  // --- Router replicas (reference §7.5) ---
+  // `observer` sees every change this router makes to its own bookings: booked (a routed
+  // request, a plan, AddRequest), prefill completed, freed (Free, Abort, a plan past its
+  // deadline, a stale plan replaced). Not expiry or worker removal: every replica does those by
+  // itself. It runs synchronously under the router's lock, in the order of the changes, so it
+  // must be quick and must not call the router. `replica_id` names this router to its
+  // replicas: ApplyReplicaChange ignores changes from that origin (its own, echoed back). An
+  // empty observer stops publishing. Once this returns, the previous observer is not running
+  // and will not run again.
+  void SetSequenceObserver(std::string replica_id, SequenceObserver observer);
+  // Applies a change published by the replica `origin`: its bookings count as load here, under
+  // names of their own (local request ids cannot collide with them; see IsReplicaRequestId).
+  // kAdded: InvalidArgument (empty origin or request id), NotFound (a rank this router does
+  // not know), AlreadyExists (booked already). kPrefillCompleted and kFreed are idempotent and
+  // may admit waiting requests. Returns whether anything changed.
+  absl::StatusOr<bool> ApplyReplicaChange(std::string_view origin, const SequenceChange& change);
+  struct ReplicaStats {
+    uint64_t changes_applied = 0;   // ApplyReplicaChange calls that succeeded
+    uint64_t changes_rejected = 0;  // and those that returned an error
+    uint64_t active_requests = 0;   // replicas' bookings active here now
+  };
+  ReplicaStats replica_stats() const;
+
   // --- Housekeeping (the core has no timer thread). ---
   // Drops requests older than request_expiry_seconds; may admit waiting requests. (Booking also
   // expires old requests, at most every 30 s, but admits nobody: call this periodically when a
@@ -326,6 +357,11 @@ class Router {
                     Completions& completions);
   void RemoveRankLocked(WorkerKey rank);
   static void Run(Completions& completions);
+  // Every change to a local booking goes through these three, which tell the observer.
+  absl::Status AddBookingLocked(const SequenceRequest& request);
+  bool MarkPrefillCompletedLocked(std::string_view request_id);
+  bool FreeBookingLocked(std::string_view request_id);
+  void NotifyLocked(const SequenceChange& change);
 
   // Shared by the blocking and the non-blocking form: decides at once or enqueues.
   // Returns the ticket of the queued request (0 if `done` already ran or will run inline).
@@ -363,6 +399,10 @@ class Router {
   Nanos last_sweep_ = 0;
   absl::flat_hash_map<std::string, std::unique_ptr<PlanRecord>> plans_;
   absl::flat_hash_map<std::string, BoundSession> sessions_;
+  std::string replica_id_;
+  SequenceObserver observer_;
+  uint64_t replica_changes_applied_ = 0;
+  uint64_t replica_changes_rejected_ = 0;
 };
 
 }  // namespace kvrouter

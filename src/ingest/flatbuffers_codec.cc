@@ -14,6 +14,7 @@
 #include "flatbuffers/flatbuffers.h"
 #include "ingest/index_snapshot_generated.h"
 #include "ingest/kv_events_generated.h"
+#include "ingest/replica_events_generated.h"
 
 namespace kvrouter {
 namespace {
@@ -128,10 +129,12 @@ class AlignedBytes {
 struct RootKind {
   const char* identifier;
   const char* name;
+  const char* article;  // for "not a(n) <name>"
   size_t max_bytes;
 };
-constexpr RootKind kEventBatchKind{"KVEB", "event batch", kMaxFrameBytes};
-constexpr RootKind kSnapshotKind{"KVIS", "index snapshot", kMaxSnapshotBytes};
+constexpr RootKind kEventBatchKind{"KVEB", "event batch", "an", kMaxFrameBytes};
+constexpr RootKind kSnapshotKind{"KVIS", "index snapshot", "an", kMaxSnapshotBytes};
+constexpr RootKind kReplicaChangeKind{"KVSC", "replica change", "a", kMaxFrameBytes};
 
 // The size and identifier checks come before the verifier only to give a precise message.
 absl::Status CheckEnvelope(std::span<const uint8_t> bytes, const RootKind& kind) {
@@ -147,8 +150,8 @@ absl::Status CheckEnvelope(std::span<const uint8_t> bytes, const RootKind& kind)
     absl::string_view found(reinterpret_cast<const char*>(bytes.data()) + sizeof(fb::uoffset_t),
                             fb::kFileIdentifierLength);
     return absl::InvalidArgumentError(
-        absl::StrFormat("not an %s: file identifier \"%s\", expected \"%s\"", kind.name,
-                        absl::CHexEscape(found), kind.identifier));
+        absl::StrFormat("not %s %s: file identifier \"%s\", expected \"%s\"", kind.article,
+                        kind.name, absl::CHexEscape(found), kind.identifier));
   }
   return absl::OkStatus();
 }
@@ -336,6 +339,67 @@ absl::StatusOr<IndexSnapshot> DecodeIndexSnapshot(std::span<const uint8_t> bytes
     return absl::InvalidArgumentError(absl::StrCat("index snapshot ", events.status().message()));
   }
   return IndexSnapshot{snapshot.block_size(), *std::move(events)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replica changes
+
+static_assert(static_cast<int>(wire::SequenceChangeKind::Added) ==
+              static_cast<int>(SequenceChange::Kind::kAdded));
+static_assert(static_cast<int>(wire::SequenceChangeKind::PrefillCompleted) ==
+              static_cast<int>(SequenceChange::Kind::kPrefillCompleted));
+static_assert(static_cast<int>(wire::SequenceChangeKind::Freed) ==
+              static_cast<int>(SequenceChange::Kind::kFreed));
+
+SequenceChange ReplicaChange::View() const {
+  return {.kind = kind,
+          .request_id = request_id,
+          .worker = worker,
+          .block_ids = block_ids,
+          .prefill_tokens = prefill_tokens,
+          .expected_output_tokens = expected_output_tokens};
+}
+
+std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const SequenceChange& change) {
+  fb::FlatBufferBuilder fbb;
+  auto origin_offset = fbb.CreateString(origin.data(), origin.size());
+  auto request_id = fbb.CreateString(change.request_id.data(), change.request_id.size());
+  auto block_ids = change.block_ids.empty()
+                       ? 0
+                       : fbb.CreateVector(change.block_ids.data(), change.block_ids.size());
+  wire::FinishSequenceChangeBuffer(
+      fbb, wire::CreateSequenceChange(
+               fbb, origin_offset, static_cast<wire::SequenceChangeKind>(change.kind), request_id,
+               change.worker.worker_id, change.worker.dp_rank, block_ids, change.prefill_tokens,
+               change.expected_output_tokens));
+  return Bytes(fbb);
+}
+
+absl::StatusOr<ReplicaChange> DecodeReplicaChange(std::span<const uint8_t> bytes) {
+  AlignedBytes aligned(bytes);
+  absl::StatusOr<const wire::SequenceChange*> root =
+      VerifiedRoot<wire::SequenceChange>(aligned.view(), kReplicaChangeKind);
+  if (!root.ok()) return root.status();
+  const wire::SequenceChange& in = **root;
+  if (in.kind() > wire::SequenceChangeKind::MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("replica change of unknown kind %d", static_cast<int>(in.kind())));
+  }
+  if (in.origin() == nullptr || in.origin()->size() == 0 || in.request_id() == nullptr ||
+      in.request_id()->size() == 0) {
+    return absl::InvalidArgumentError("replica change without its origin or request id");
+  }
+  ReplicaChange out{.origin = in.origin()->str(),
+                    .kind = static_cast<SequenceChange::Kind>(in.kind()),
+                    .request_id = in.request_id()->str(),
+                    .worker = {in.worker_id(), in.dp_rank()},
+                    .block_ids = {},
+                    .prefill_tokens = in.prefill_tokens(),
+                    .expected_output_tokens = in.expected_output_tokens()};
+  if (in.block_ids() != nullptr) {
+    out.block_ids.assign(in.block_ids()->begin(), in.block_ids()->end());
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------

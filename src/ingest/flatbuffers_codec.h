@@ -13,10 +13,13 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/active_sequences.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -51,6 +54,26 @@ std::vector<uint8_t> EncodeIndexSnapshot(uint32_t block_size, std::span<const Kv
 
 // Also rejects a snapshot with no or a newer format version, or a block size of 0.
 absl::StatusOr<IndexSnapshot> DecodeIndexSnapshot(std::span<const uint8_t> bytes);
+
+// A router's booking change for its replicas (schema/replica_events.fbs), owning its data.
+struct ReplicaChange {
+  std::string origin;
+  SequenceChange::Kind kind = SequenceChange::Kind::kAdded;
+  std::string request_id;
+  WorkerKey worker;
+  std::vector<uint64_t> block_ids;
+  uint64_t prefill_tokens = 0;
+  uint32_t expected_output_tokens = 0;
+
+  // A view for Router::ApplyReplicaChange, valid while this lives.
+  SequenceChange View() const;
+};
+
+// A SequenceChange buffer (file identifier "KVSC") of `change`, published by `origin`.
+std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const SequenceChange& change);
+
+// Also rejects a change without origin or request id, or of a kind this build does not know.
+absl::StatusOr<ReplicaChange> DecodeReplicaChange(std::span<const uint8_t> bytes);
 
 // Stream framing: a 4-byte little-endian payload length, then the payload. This is also the
 // layout of a FlatBuffers "size-prefixed" buffer, so a publisher may equally send buffers

@@ -50,6 +50,8 @@ struct SourceCounters {
   std::atomic<uint64_t> lag_total_us{0};
   std::atomic<uint64_t> lag_max_us{0};
   std::atomic<uint64_t> lag_last_us{0};
+  std::atomic<uint64_t> published{0};
+  std::atomic<uint64_t> publish_failures{0};
 
   // A message published at `publish_time_ns` (Unix epoch; 0 = unknown) has just been applied.
   // A publisher whose clock runs ahead of ours shows a lag of 0, not a negative one.
@@ -82,6 +84,8 @@ struct SourceCounters {
     s.lag_total_us += lag_total_us.load();
     s.lag_max_us = std::max(s.lag_max_us, lag_max_us.load());
     s.lag_last_us = std::max(s.lag_last_us, lag_last_us.load());
+    s.published += published.load();
+    s.publish_failures += publish_failures.load();
   }
 };
 
@@ -166,6 +170,7 @@ struct IngestService::Impl {
   std::list<Connection*> connections;
   std::map<uint64_t, std::vector<Subscription*>> engine_workers;  // by worker id
   std::list<NatsSource*> nats_sources;
+  bool replica_sync_active = false;
   uint64_t next_event_id = 1;
 
   std::shared_ptr<SourceCounters> NewSource(uint64_t& id) {
@@ -341,6 +346,19 @@ struct IngestService::Impl {
       conn->counters->Reject(IngestReject::kFrameTooLarge);
       conn->impl->CloseConnection(conn);
     }
+  }
+
+  // A replica's booking change, from the replica sync subject.
+  void HandleReplicaMessage(const std::vector<uint8_t>& payload, SourceCounters& source) {
+    absl::StatusOr<ReplicaChange> change = DecodeReplicaChange(payload);
+    if (!change.ok()) {
+      source.Reject(IngestReject::kBadFlatBuffers);
+    } else if (router->ApplyReplicaChange(change->origin, change->View()).ok()) {
+      Bump(source.events_applied);
+    } else {
+      source.Reject(IngestReject::kIndexRejected);  // an unknown worker, a duplicate booking
+    }
+    Bump(source.messages);
   }
 
   // Counted after it is handled, as engine messages are (see Process).
@@ -699,6 +717,7 @@ struct IngestService::Impl {
     std::shared_ptr<SourceCounters> counters;
     natsConnection* connection = nullptr;
     natsSubscription* subscription = nullptr;
+    bool replica_sync = false;  // messages are replica changes, not event batches
     // Set by libnats once the message handler can no longer run (after unsubscribing).
     std::mutex done_mutex;
     std::condition_variable done_cv;
@@ -715,8 +734,13 @@ struct IngestService::Impl {
     natsMsg_Destroy(msg);
     std::lock_guard lock(impl->command_mutex);
     if (impl->stopped) return;
-    impl->commands.push_back([impl, counters = source->counters, payload = std::move(payload)] {
-      impl->HandleFrame(payload, *counters);
+    impl->commands.push_back([impl, counters = source->counters, payload = std::move(payload),
+                              replica_sync = source->replica_sync] {
+      if (replica_sync) {
+        impl->HandleReplicaMessage(payload, *counters);
+      } else {
+        impl->HandleFrame(payload, *counters);
+      }
     });
     uv_async_send(&impl->wake);
   }
@@ -734,13 +758,21 @@ struct IngestService::Impl {
 
   // Must run where the loop is (the loop thread, or the caller's before Start): libnats attaches
   // its socket to the loop during the connect.
-  absl::Status SubscribeNatsOnLoop(const std::string& url, const std::string& subject, uint64_t& id,
+  // `replica_id` empty: event batches. Otherwise replica sync under that id.
+  absl::Status SubscribeNatsOnLoop(const std::string& url, const std::string& subject,
+                                   const std::string& replica_id, uint64_t& id,
                                    natsConnection** connection) {
     auto source = std::make_unique<NatsSource>();
     source->impl = this;
     source->counters = std::make_shared<SourceCounters>();
+    source->replica_sync = !replica_id.empty();
+    if (source->replica_sync && replica_sync_active) {
+      return absl::FailedPreconditionError("this ingest object already syncs router replicas");
+    }
     natsOptions* opts = nullptr;
     natsStatus s = natsOptions_Create(&opts);
+    // A replica does not need its own changes back.
+    if (s == NATS_OK && source->replica_sync) s = natsOptions_SetNoEcho(opts, true);
     if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
     if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
     if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
@@ -786,12 +818,30 @@ struct IngestService::Impl {
       counters[id] = source->counters;
     }
     *connection = source->connection;
+    if (source->replica_sync) PublishBookings(*source, subject, replica_id);
     nats_sources.push_back(source.release());
     return absl::OkStatus();
   }
 
+  // From now on every change to the router's own bookings is published on `subject`, from the
+  // thread that made it (libnats' publish only buffers; its flusher sends).
+  void PublishBookings(NatsSource& source, const std::string& subject,
+                       const std::string& replica_id) {
+    replica_sync_active = true;
+    router->SetSequenceObserver(replica_id, [connection = source.connection, subject, replica_id,
+                                             counters = source.counters](const SequenceChange& c) {
+      const std::vector<uint8_t> bytes = EncodeReplicaChange(replica_id, c);
+      const natsStatus s = natsConnection_Publish(connection, subject.c_str(), bytes.data(),
+                                                  static_cast<int>(bytes.size()));
+      Bump(s == NATS_OK ? counters->published : counters->publish_failures);
+    });
+  }
+
   // Unsubscribes, waits (bounded) until the handler can no longer run, closes the connection.
   static void CloseNats(NatsSource* source) {
+    // The router's threads publish on the connection: stop them first (once this returns, the
+    // observer is not running and will not run again).
+    if (source->replica_sync) source->impl->router->SetSequenceObserver("", nullptr);
     if (source->subscription != nullptr) {
       if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
         std::unique_lock lock(source->done_mutex);
@@ -914,6 +964,19 @@ absl::Status IngestService::RemoveEngineWorker(uint64_t worker_id, bool clear_in
 
 absl::StatusOr<uint64_t> IngestService::SubscribeNats(const std::string& url,
                                                       const std::string& subject) {
+  return SubscribeNatsSource(url, subject, "");
+}
+
+absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string& url,
+                                                     const std::string& subject,
+                                                     const std::string& replica_id) {
+  if (replica_id.empty()) return absl::InvalidArgumentError("the replica id is empty");
+  return SubscribeNatsSource(url, subject, replica_id);
+}
+
+absl::StatusOr<uint64_t> IngestService::SubscribeNatsSource(const std::string& url,
+                                                            const std::string& subject,
+                                                            const std::string& replica_id) {
   if (url.empty()) return absl::InvalidArgumentError("the NATS url is empty");
   if (subject.empty()) return absl::InvalidArgumentError("the NATS subject is empty");
   uint64_t id = 0;
@@ -921,7 +984,7 @@ absl::StatusOr<uint64_t> IngestService::SubscribeNats(const std::string& url,
   bool running = false;
   absl::Status status = impl_->Run([&] {
     running = impl_->running;
-    return impl_->SubscribeNatsOnLoop(url, subject, id, &connection);
+    return impl_->SubscribeNatsOnLoop(url, subject, replica_id, id, &connection);
   });
   if (!status.ok()) return status;
   // Once a PING round trip completes, the server has the SUB: messages published from now on

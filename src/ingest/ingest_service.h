@@ -70,6 +70,9 @@ struct IngestStats {
   uint64_t lag_total_us = 0;
   uint64_t lag_max_us = 0;
   uint64_t lag_last_us = 0;
+  // Replica sync: changes published, and publications the NATS client refused.
+  uint64_t published = 0;
+  uint64_t publish_failures = 0;
 };
 
 struct IngestOptions {
@@ -119,6 +122,17 @@ class IngestService {
   // forever and resubscribes after the server restarts. Unavailable if the first connection
   // fails. Returns the source id.
   absl::StatusOr<uint64_t> SubscribeNats(const std::string& url, const std::string& subject);
+  // Router replica sync over NATS (shared/reference/dynamo-router.md §7.5): publishes every
+  // change to the router's own bookings on `subject` as `replica_id`, and applies the changes
+  // other replicas publish there, so that each replica's load view includes the others'
+  // requests. The KV index needs no sync: every replica ingests the workers' events itself.
+  // `replica_id` must be unique among the replicas and should be fresh for every process
+  // start (a restarted router's old bookings expire at its peers; a reused id could collide
+  // with them). One sync per router: FailedPrecondition for a second. Connection behaviour
+  // as SubscribeNats. Returns the source id (its counters: changes received and applied,
+  // rejected, published).
+  absl::StatusOr<uint64_t> SyncReplicas(const std::string& url, const std::string& subject,
+                                        const std::string& replica_id);
 
   // One source's counters; source_id 0 = the sum over every source ever added.
   absl::StatusOr<IngestStats> Stats(uint64_t source_id) const;
@@ -127,6 +141,8 @@ class IngestService {
 
  private:
   explicit IngestService(std::unique_ptr<Impl> impl);
+  absl::StatusOr<uint64_t> SubscribeNatsSource(const std::string& url, const std::string& subject,
+                                               const std::string& replica_id);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -221,10 +221,81 @@ static void nats_bad_arguments(void** state) {
   kvr_router_free(router);
 }
 
+/* A router replica with its ingest object syncing on "replicas" at `url`. */
+typedef struct replica {
+  kvr_router* router;
+  kvr_ingest* ingest;
+  uint64_t source;
+} replica;
+
+static replica replica_new(const char* url, const char* id) {
+  replica r;
+  r.router = kvt_router_new(BS, 0);
+  kvt_add_worker(r.router, 1);
+  KVT_OK(kvr_ingest_new(r.router, NULL, &r.ingest, ERRP));
+  KVT_OK(kvr_ingest_start(r.ingest, ERRP));
+  KVT_OK(kvr_ingest_sync_replicas(r.ingest, url, "replicas", id, &r.source, ERRP));
+  return r;
+}
+
+static void replica_free(replica* r) {
+  kvr_ingest_free(r->ingest); /* stops publishing before the router goes */
+  kvr_router_free(r->router);
+}
+
+/* Polls (bounded) until `r` holds `n` bookings of other replicas. */
+static void wait_replica_requests(replica* r, uint64_t n) {
+  int waited;
+  for (waited = 0; kvt_metrics(r->router).replica_requests_active != n && waited < WAIT_MS;
+       ++waited) {
+    sleep_ms(1);
+  }
+  assert_int_equal(n, kvt_metrics(r->router).replica_requests_active);
+}
+
+static void replicas_sync_bookings_over_nats(void** state) {
+  const int port = free_port();
+  char url[64];
+  pid_t server;
+  replica a, b;
+  uint32_t tokens[2 * BS];
+  kvr_request_options options;
+  kvr_ingest_stats stats;
+  (void)state;
+  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
+  server = start_server(port);
+  a = replica_new(url, "gateway-a");
+  b = replica_new(url, "gateway-b");
+  KVT_EXPECT_FAILS(KVR_FAILED_PRECONDITION,
+                   kvr_ingest_sync_replicas(a.ingest, url, "other", "again", NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_sync_replicas(b.ingest, url, "replicas", NULL, NULL, ERRP));
+
+  kvt_fill_tokens(tokens, 2 * BS, 0);
+  kvr_request_options_init(&options);
+  options.request_id = "r1";
+  KVT_OK(kvr_router_add_request(a.router, tokens, 2 * BS, 1, 0, &options, ERRP));
+  wait_replica_requests(&b, 1);
+  KVT_OK(kvr_router_free_request(a.router, "r1", ERRP));
+  wait_replica_requests(&b, 0);
+  stats = stats_of(a.ingest, a.source);
+  assert_int_equal(2, stats.published);
+  assert_int_equal(0, stats.publish_failures);
+  stats = stats_of(b.ingest, b.source);
+  assert_int_equal(2, stats.messages);
+  assert_int_equal(2, stats.events_applied);
+  assert_int_equal(0, kvt_metrics(a.router).replica_changes_applied); /* no echo */
+
+  replica_free(&a);
+  replica_free(&b);
+  stop_server(server);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(nats_batches_wildcards_garbage_and_restart),
       cmocka_unit_test(nats_bad_arguments),
+      cmocka_unit_test(replicas_sync_bookings_over_nats),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <deque>
 #include <latch>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -206,6 +208,79 @@ TEST(RouterConcurrencyTest, EventsAndRoutingRunTogether) {
   done = true;
   writer.join();
   EXPECT_EQ(router->active_requests(), 0u);
+}
+
+// Router replica sync under concurrency: threads book and free on replica `a`, whose observer
+// queues the changes; a carrier thread applies them to `b` while other threads route on `b`,
+// and the observer is swapped mid-run. Once the queue drains, `b` holds exactly a's bookings.
+TEST(RouterConcurrencyTest, ReplicaChangesApplyWhileBothReplicasRoute) {
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 200;
+  auto a = MakeRouter(4);
+  auto b = MakeRouter(4);
+  struct Copied {
+    SequenceChange::Kind kind;
+    std::string id;
+    WorkerKey worker;
+    std::vector<uint64_t> ids;
+    uint64_t prefill;
+  };
+  std::mutex mu;
+  std::deque<Copied> queue;
+  auto observer = [&](const SequenceChange& c) {
+    std::lock_guard lock(mu);
+    queue.push_back({c.kind, std::string(c.request_id), c.worker,
+                     std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
+                     c.prefill_tokens});
+  };
+  a->SetSequenceObserver("a", observer);
+  std::atomic<bool> producing{true};
+  std::atomic<int> apply_errors{0};
+  auto drain = [&] {
+    std::deque<Copied> batch;
+    {
+      std::lock_guard lock(mu);
+      batch.swap(queue);
+    }
+    for (const Copied& c : batch) {
+      const SequenceChange change{.kind = c.kind,
+                                  .request_id = c.id,
+                                  .worker = c.worker,
+                                  .block_ids = c.ids,
+                                  .prefill_tokens = c.prefill};
+      if (!b->ApplyReplicaChange("a", change).ok()) apply_errors.fetch_add(1);
+    }
+  };
+  std::thread carrier([&] {
+    while (producing.load()) drain();
+  });
+  std::thread b_router([&] {
+    for (int i = 0; producing.load(); ++i) {
+      (void)b->FindBestMatch(Prompt(64, static_cast<uint32_t>(i)), {});
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::string id = std::to_string(t) + "-" + std::to_string(i);
+        auto d = a->FindBestMatch(Prompt(64, static_cast<uint32_t>(i)),
+                                  {.with_admission = true, .request_id = id});
+        ASSERT_TRUE(d.ok());
+        if (i % 2 == 0) a->Free(id);  // half stay booked
+        if (t == 0 && i == kPerThread / 2) a->SetSequenceObserver("a", observer);  // a swap
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  producing = false;
+  carrier.join();
+  b_router.join();
+  drain();
+  EXPECT_EQ(apply_errors.load(), 0);
+  EXPECT_EQ(a->active_requests(), static_cast<size_t>(kThreads * kPerThread / 2));
+  EXPECT_EQ(b->replica_stats().active_requests, a->active_requests());
+  EXPECT_EQ(b->active_requests(), a->active_requests());
 }
 
 }  // namespace

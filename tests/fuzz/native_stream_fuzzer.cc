@@ -1,6 +1,7 @@
 // libFuzzer harness: a native event stream (length-prefixed FlatBuffers EventBatches) delivered
 // in arbitrary chunks must be reassembled, verified and rejected without crashing, and every
-// batch that verifies must apply to a Router without crashing.
+// batch that verifies must apply to a Router without crashing. Each frame is also tried as a
+// replica sync message (the other FlatBuffers root that arrives from the network).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t n = size - offset < chunk ? size - offset : chunk;
     const absl::Status status = reader.Append(std::span(data + offset, n));
     while (auto frame = reader.Next()) {
+      if (auto change = kvrouter::DecodeReplicaChange(*frame); change.ok()) {
+        (void)router->ApplyReplicaChange(change->origin, change->View());
+      }
       auto events = kvrouter::DecodeEventBatch(*frame);
       if (!events.ok()) continue;
       for (const kvrouter::KvEvent& event : *events) (void)router->ApplyEvent(event);

@@ -199,6 +199,60 @@ TEST(EventBatchTest, DecodesFromAnUnalignedAddress) {
   EXPECT_EQ(Describe(*decoded), Describe(events));
 }
 
+// ---- Replica changes ---------------------------------------------------------------------------
+
+TEST(ReplicaChangeTest, RoundTripsEveryField) {
+  const std::vector<uint64_t> ids = {7, 8, 9};
+  const SequenceChange change{.kind = SequenceChange::Kind::kAdded,
+                              .request_id = "req-1",
+                              .worker = {42, 3},
+                              .block_ids = ids,
+                              .prefill_tokens = 123,
+                              .expected_output_tokens = 456};
+  absl::StatusOr<ReplicaChange> decoded = DecodeReplicaChange(EncodeReplicaChange("gw-a", change));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->origin, "gw-a");
+  EXPECT_EQ(decoded->kind, SequenceChange::Kind::kAdded);
+  EXPECT_EQ(decoded->request_id, "req-1");
+  EXPECT_EQ(decoded->worker, (WorkerKey{42, 3}));
+  EXPECT_EQ(decoded->block_ids, ids);
+  EXPECT_EQ(decoded->prefill_tokens, 123u);
+  EXPECT_EQ(decoded->expected_output_tokens, 456u);
+  for (auto kind : {SequenceChange::Kind::kPrefillCompleted, SequenceChange::Kind::kFreed}) {
+    SequenceChange release;
+    release.kind = kind;
+    release.request_id = "req-1";
+    decoded = DecodeReplicaChange(EncodeReplicaChange("gw-a", release));
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->kind, kind);
+    EXPECT_TRUE(decoded->block_ids.empty());
+  }
+}
+
+TEST(ReplicaChangeTest, RejectsWhatIsNotAUsableChange) {
+  SequenceChange change;
+  change.request_id = "r";
+  ExpectInvalid(DecodeReplicaChange(EncodeReplicaChange("", change)).status(), "origin");
+  change.request_id = "";
+  ExpectInvalid(DecodeReplicaChange(EncodeReplicaChange("a", change)).status(), "request id");
+  ExpectInvalid(DecodeReplicaChange(EncodeEventBatch({})).status(), "not a replica change");
+  change.request_id = "r";
+  const std::vector<uint8_t> bytes = EncodeReplicaChange("a", change);
+  // A truncation either fails or only cut alignment padding (and decodes the same).
+  size_t rejected = 0;
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    absl::StatusOr<ReplicaChange> cut = DecodeReplicaChange(std::span(bytes).first(length));
+    if (!cut.ok()) {
+      ++rejected;
+      continue;
+    }
+    EXPECT_EQ(cut->origin, "a") << length;
+    EXPECT_EQ(cut->request_id, "r") << length;
+    EXPECT_GE(length, bytes.size() - 3) << "only padding can go";
+  }
+  EXPECT_GE(rejected, bytes.size() - 3);
+}
+
 // ---- Event batches: malformed buffers --------------------------------------------------------
 
 TEST(EventBatchTest, RejectsEmptyAndTinyBuffers) {

@@ -1,0 +1,162 @@
+/* Router replica sync through the C ABI, over a bus of the caller's own: router `a` publishes
+ * its booking changes through kvr_router_set_replica_publisher into a queue, and the test
+ * carries them to router `b` with kvr_router_apply_replica_event. (Over NATS:
+ * ingest_nats_test.c.) */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+/* cmocka.h needs the three headers above first. */
+#include <cmocka.h>
+
+#include "test_util.h"
+
+#define BS 16
+#define MAX_MESSAGES 16
+
+/* The bus: copies of what `a` published, in order. */
+typedef struct bus {
+  uint8_t* messages[MAX_MESSAGES];
+  size_t sizes[MAX_MESSAGES];
+  size_t count;
+} bus;
+
+static void publish_to_bus(void* user_data, const void* data, size_t size) {
+  bus* b = (bus*)user_data;
+  assert_true(b->count < MAX_MESSAGES);
+  b->messages[b->count] = (uint8_t*)malloc(size);
+  memcpy(b->messages[b->count], data, size);
+  b->sizes[b->count++] = size;
+}
+
+/* Applies every message on the bus to `router` and empties the bus. */
+static void deliver(bus* b, kvr_router* router) {
+  size_t i;
+  for (i = 0; i < b->count; ++i) {
+    KVT_OK(kvr_router_apply_replica_event(router, b->messages[i], b->sizes[i], ERRP));
+    free(b->messages[i]);
+  }
+  b->count = 0;
+}
+
+typedef struct fixture {
+  kvr_router* a;
+  kvr_router* b;
+  bus bus;
+} fixture;
+
+static int setup(void** state) {
+  fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  if (f == NULL) return -1;
+  f->a = kvt_router_new(BS, 0);
+  f->b = kvt_router_new(BS, 0);
+  kvt_add_worker(f->a, 1);
+  kvt_add_worker(f->a, 2);
+  kvt_add_worker(f->b, 1);
+  kvt_add_worker(f->b, 2);
+  KVT_OK(kvr_router_set_replica_publisher(f->a, "gateway-a", publish_to_bus, &f->bus, ERRP));
+  *state = f;
+  return 0;
+}
+
+static int teardown(void** state) {
+  fixture* f = (fixture*)*state;
+  size_t i;
+  for (i = 0; i < f->bus.count; ++i) free(f->bus.messages[i]);
+  kvr_router_free(f->a);
+  kvr_router_free(f->b);
+  free(f);
+  return 0;
+}
+
+/* Books `id` on `worker_id` with a prompt of `blocks` blocks starting at token `first`. */
+static void book(kvr_router* router, const char* id, uint64_t worker_id, size_t blocks,
+                 uint32_t first) {
+  uint32_t tokens[8 * BS];
+  kvr_request_options options;
+  assert_true(blocks <= 8);
+  kvt_fill_tokens(tokens, blocks * BS, first);
+  kvr_request_options_init(&options);
+  options.request_id = id;
+  KVT_OK(kvr_router_add_request(router, tokens, blocks * BS, worker_id, 0, &options, ERRP));
+}
+
+static void a_booking_is_load_on_the_other_replica(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_metrics metrics;
+  book(f->a, "r1", 1, 4, 0);
+  assert_int_equal(1, f->bus.count);
+  deliver(&f->bus, f->b);
+  metrics = kvt_metrics(f->b);
+  assert_int_equal(1, metrics.requests_active);
+  assert_int_equal(1, metrics.replica_requests_active);
+  assert_int_equal(1, metrics.replica_changes_applied);
+
+  /* Prefill completed, then freed: both follow. */
+  KVT_OK(kvr_router_mark_prefill_completed(f->a, "r1", ERRP));
+  KVT_OK(kvr_router_free_request(f->a, "r1", ERRP));
+  assert_int_equal(2, f->bus.count);
+  deliver(&f->bus, f->b);
+  metrics = kvt_metrics(f->b);
+  assert_int_equal(0, metrics.requests_active);
+  assert_int_equal(3, metrics.replica_changes_applied);
+}
+
+static void bad_changes_are_rejected_and_counted(void** state) {
+  fixture* f = (fixture*)*state;
+  const uint8_t garbage[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  kvr_router* c = kvt_router_new(BS, 0); /* knows only worker 2 */
+  kvr_metrics metrics;
+  kvt_add_worker(c, 2);
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_apply_replica_event(f->b, garbage, sizeof garbage, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_replica_event(f->b, NULL, 4, ERRP));
+  book(f->a, "r1", 1, 2, 0);
+  /* An unknown worker rank: refused, nothing booked. */
+  KVT_EXPECT_FAILS(KVR_NOT_FOUND,
+                   kvr_router_apply_replica_event(c, f->bus.messages[0], f->bus.sizes[0], ERRP));
+  assert_int_equal(0, kvt_metrics(c).requests_active);
+  /* The same booking twice: the second is refused. */
+  KVT_OK(kvr_router_apply_replica_event(f->b, f->bus.messages[0], f->bus.sizes[0], ERRP));
+  KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS,
+                   kvr_router_apply_replica_event(f->b, f->bus.messages[0], f->bus.sizes[0], ERRP));
+  metrics = kvt_metrics(f->b);
+  assert_int_equal(1, metrics.requests_active);
+  assert_int_equal(1, metrics.replica_changes_applied);
+  /* garbage and the duplicate, each tried twice by KVT_EXPECT_FAILS (a NULL pointer is a
+   * caller bug, refused before any message is looked at) */
+  assert_int_equal(4, metrics.replica_changes_rejected);
+  assert_int_equal(2, kvt_metrics(c).replica_changes_rejected);
+  /* Its own changes echoed back to `a` are ignored. */
+  KVT_OK(kvr_router_apply_replica_event(f->a, f->bus.messages[0], f->bus.sizes[0], ERRP));
+  assert_int_equal(1, kvt_metrics(f->a).requests_active);
+  kvr_router_free(c);
+}
+
+static void reserved_ids_and_stopping(void** state) {
+  fixture* f = (fixture*)*state;
+  const char reserved[] = {0x1e, 'x', 0};
+  uint32_t tokens[BS];
+  kvr_request_options options;
+  kvt_fill_tokens(tokens, BS, 0);
+  kvr_request_options_init(&options);
+  options.request_id = reserved;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_add_request(f->a, tokens, BS, 1, 0, &options, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_set_replica_publisher(f->a, "", publish_to_bus, &f->bus, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_set_replica_publisher(NULL, "x", publish_to_bus, &f->bus, ERRP));
+  /* NULL stops publishing. */
+  KVT_OK(kvr_router_set_replica_publisher(f->a, NULL, NULL, NULL, ERRP));
+  book(f->a, "after", 1, 1, 0);
+  assert_int_equal(0, f->bus.count);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(a_booking_is_load_on_the_other_replica, setup, teardown),
+      cmocka_unit_test_setup_teardown(bad_changes_are_rejected_and_counted, setup, teardown),
+      cmocka_unit_test_setup_teardown(reserved_ids_and_stopping, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

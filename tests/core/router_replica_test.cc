@@ -1,0 +1,239 @@
+// Router replica sync in the core: two routers over the same workers, each publishing its
+// booking changes through SetSequenceObserver and applying the other's with
+// ApplyReplicaChange. The transport here is a queue the test drains by hand; over the wire it
+// is NATS (tests/ingest/replica_sync_test.cc).
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/router.h"
+
+namespace kvrouter {
+namespace {
+
+constexpr uint32_t kBlockSize = 4;
+
+std::vector<uint32_t> Tokens(size_t blocks, uint32_t first) {
+  std::vector<uint32_t> tokens(blocks * kBlockSize);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<uint32_t>(i);
+  return tokens;
+}
+
+WorkerConfig Worker(uint64_t id, uint64_t max_batched = 0) {
+  return WorkerConfig{.worker_id = id,
+                      .total_kv_blocks = 10'000,
+                      .max_num_batched_tokens = max_batched,
+                      .block_size = kBlockSize};
+}
+
+// A change copied out of the observer (its views die with the call).
+struct Published {
+  SequenceChange::Kind kind;
+  std::string request_id;
+  WorkerKey worker;
+  std::vector<uint64_t> block_ids;
+  uint64_t prefill_tokens;
+  uint32_t expected_output_tokens;
+
+  SequenceChange View() const {
+    return {.kind = kind,
+            .request_id = request_id,
+            .worker = worker,
+            .block_ids = block_ids,
+            .prefill_tokens = prefill_tokens,
+            .expected_output_tokens = expected_output_tokens};
+  }
+};
+
+class RouterReplicaTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Make(RouterOptions{}); }
+
+  void Make(RouterOptions options, uint64_t max_batched = 0) {
+    options.block_size = kBlockSize;
+    options.clock = &clock_;
+    a_ = *Router::Create(options);
+    b_ = *Router::Create(options);
+    for (uint64_t w : {1, 2}) {
+      ASSERT_TRUE(a_->AddWorker(Worker(w, max_batched)).ok());
+      ASSERT_TRUE(b_->AddWorker(Worker(w, max_batched)).ok());
+    }
+    a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+  }
+
+  void Record(const SequenceChange& c) {
+    from_a_.push_back({c.kind, std::string(c.request_id), c.worker,
+                       std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
+                       c.prefill_tokens, c.expected_output_tokens});
+  }
+
+  // Delivers what `a` published so far to `b`; returns how many changes applied.
+  int Deliver() {
+    int applied = 0;
+    for (; !from_a_.empty(); from_a_.pop_front()) {
+      absl::StatusOr<bool> changed = b_->ApplyReplicaChange("a", from_a_.front().View());
+      EXPECT_TRUE(changed.ok()) << changed.status();
+      applied += changed.value_or(false) ? 1 : 0;
+    }
+    return applied;
+  }
+
+  static WorkerLoad LoadOf(const Router& router, uint64_t worker) {
+    for (const WorkerLoad& load : router.Loads()) {
+      if (load.worker.worker_id == worker) return load;
+    }
+    return {};
+  }
+
+  ManualClock clock_;
+  std::unique_ptr<Router> a_, b_;
+  std::deque<Published> from_a_;
+};
+
+TEST_F(RouterReplicaTest, ABookingOnOneReplicaIsLoadOnTheOther) {
+  auto decision = a_->FindBestMatch(Tokens(5, 0), {.with_admission = true, .request_id = "r1"});
+  ASSERT_TRUE(decision.ok()) << decision.status();
+  const uint64_t chosen = decision->worker.worker_id;
+  ASSERT_EQ(from_a_.size(), 1u);
+  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kAdded);
+  EXPECT_EQ(from_a_.front().request_id, "r1");
+  EXPECT_EQ(from_a_.front().block_ids.size(), 5u);
+  EXPECT_EQ(from_a_.front().prefill_tokens, 20u);
+  ASSERT_EQ(Deliver(), 1);
+
+  const WorkerLoad load = LoadOf(*b_, chosen);
+  EXPECT_EQ(load.active_requests, 1u);
+  EXPECT_EQ(load.active_blocks, 5u);
+  EXPECT_EQ(load.active_prefill_tokens, 20u);
+  EXPECT_EQ(b_->active_requests(), 1u);
+  // So b sends a request with the same prompt size to the other, idle worker.
+  auto other = b_->FindBestMatch(Tokens(5, 1000), {});
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->worker.worker_id, chosen);
+}
+
+TEST_F(RouterReplicaTest, SharedPrefixBlocksAreCountedOncePerWorker) {
+  // Replicas compute the same block identities for the same prompt, so a's request and b's
+  // own request with the same prefix on the same worker share their blocks in b's view.
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(4, 0), {1, 0}, {}).ok());
+  Deliver();
+  ASSERT_TRUE(b_->AddRequest("mine", Tokens(6, 0), {1, 0}, {}).ok());
+  EXPECT_EQ(LoadOf(*b_, 1).active_blocks, 6u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 2u);
+}
+
+TEST_F(RouterReplicaTest, PrefillCompletedAndFreeFollow) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {2, 0}, {}).ok());
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 2).active_prefill_tokens, 12u);
+  EXPECT_TRUE(a_->MarkPrefillCompleted("r1"));
+  EXPECT_EQ(Deliver(), 1);
+  EXPECT_EQ(LoadOf(*b_, 2).active_prefill_tokens, 0u);
+  EXPECT_EQ(LoadOf(*b_, 2).active_blocks, 3u);
+  EXPECT_TRUE(a_->Free("r1"));
+  EXPECT_EQ(Deliver(), 1);
+  EXPECT_EQ(LoadOf(*b_, 2).active_requests, 0u);
+  EXPECT_EQ(b_->active_requests(), 0u);
+  // Idempotent: the same free again changes nothing.
+  EXPECT_FALSE(
+      *b_->ApplyReplicaChange("a", {.kind = SequenceChange::Kind::kFreed, .request_id = "r1"}));
+}
+
+TEST_F(RouterReplicaTest, PlansPublishTheirBookingAndTheirRelease) {
+  auto plan = a_->Plan(Tokens(2, 0), {.with_admission = true, .request_id = "p"});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(a_->Abort("p"));
+  ASSERT_EQ(from_a_.size(), 2u);
+  EXPECT_EQ(from_a_[0].kind, SequenceChange::Kind::kAdded);
+  EXPECT_EQ(from_a_[1].kind, SequenceChange::Kind::kFreed);
+  // A preview books nothing, so it publishes nothing.
+  ASSERT_TRUE(a_->Preview(Tokens(2, 0), {}).ok());
+  EXPECT_EQ(from_a_.size(), 2u);
+}
+
+TEST_F(RouterReplicaTest, LocalIdsCannotReachReplicaBookings) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(2, 0), {1, 0}, {}).ok());
+  Deliver();
+  // The reserved mark cannot start a local id, and local calls cannot free a replica's booking.
+  const std::string forged = std::string(1, kReplicaRequestIdMark) + "a\x1f" + "r1";
+  EXPECT_EQ(b_->AddRequest(forged, Tokens(2, 0), {1, 0}, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(b_->Free(forged));
+  EXPECT_FALSE(b_->Abort(forged));
+  EXPECT_FALSE(b_->MarkPrefillCompleted(forged));
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  // A local request may reuse a replica's request id: they are different requests.
+  EXPECT_TRUE(b_->AddRequest("r1", Tokens(2, 50), {2, 0}, {}).ok());
+  EXPECT_EQ(b_->active_requests(), 2u);
+}
+
+TEST_F(RouterReplicaTest, ReplicaChangesAreNeverPublishedAgain) {
+  std::vector<std::string> from_b;
+  b_->SetSequenceObserver("b", [&](const SequenceChange& c) { from_b.emplace_back(c.request_id); });
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(2, 0), {1, 0}, {}).ok());
+  Deliver();
+  ASSERT_TRUE(b_->AddRequest("own", Tokens(2, 9), {1, 0}, {}).ok());
+  EXPECT_EQ(from_b, std::vector<std::string>{"own"});
+  // b's own changes echoed back (NATS delivers to every subscriber) are ignored.
+  EXPECT_FALSE(
+      *b_->ApplyReplicaChange("b", {.kind = SequenceChange::Kind::kFreed, .request_id = "own"}));
+  EXPECT_EQ(b_->active_requests(), 2u);
+  // Stopping: no more calls.
+  b_->SetSequenceObserver("b", nullptr);
+  EXPECT_TRUE(b_->Free("own"));
+  EXPECT_EQ(from_b.size(), 1u);
+}
+
+TEST_F(RouterReplicaTest, BadChangesAreRefusedAndChangeNothing) {
+  const uint64_t digest = b_->StateDigest();
+  const std::vector<uint64_t> ids = {1, 2};
+  const SequenceChange unknown_worker{
+      .kind = SequenceChange::Kind::kAdded, .request_id = "x", .worker = {9, 0}, .block_ids = ids};
+  EXPECT_EQ(b_->ApplyReplicaChange("a", unknown_worker).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->ApplyReplicaChange("", {.request_id = "x"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->ApplyReplicaChange("a", {.request_id = ""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->StateDigest(), digest);
+  const SequenceChange added{
+      .kind = SequenceChange::Kind::kAdded, .request_id = "x", .worker = {1, 0}, .block_ids = ids};
+  EXPECT_TRUE(*b_->ApplyReplicaChange("a", added));
+  EXPECT_EQ(b_->ApplyReplicaChange("a", added).status().code(), absl::StatusCode::kAlreadyExists);
+  // The same id from another replica is another request.
+  EXPECT_TRUE(*b_->ApplyReplicaChange("c", added));
+  EXPECT_EQ(b_->active_requests(), 2u);
+}
+
+TEST_F(RouterReplicaTest, AReplicaFreeingCapacityAdmitsWaitingRequests) {
+  // One busy rule for both: a worker with more than 10 prefill tokens in flight is busy.
+  RouterOptions options;
+  options.queue_threshold = 1.0;
+  Make(options, /*max_batched=*/10);
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  ASSERT_TRUE(a_->AddRequest("r2", Tokens(3, 100), {2, 0}, {}).ok());
+  Deliver();
+  bool admitted = false;
+  b_->FindBestMatchAsync(Tokens(3, 500), {.with_admission = true, .request_id = "waits"},
+                         [&](absl::StatusOr<RouteDecision> d) { admitted = d.ok(); });
+  EXPECT_FALSE(admitted);
+  EXPECT_EQ(b_->pending_count(), 1u);
+  EXPECT_TRUE(a_->MarkPrefillCompleted("r2"));
+  Deliver();
+  EXPECT_TRUE(admitted);
+  EXPECT_EQ(b_->pending_count(), 0u);
+}
+
+TEST_F(RouterReplicaTest, ReplicaBookingsExpireLikeLocalOnes) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(2, 0), {1, 0}, {}).ok());
+  Deliver();
+  clock_.AdvanceSeconds(301);  // a replica that died never frees: expiry reclaims its load
+  EXPECT_EQ(b_->ExpireStale(), 1u);
+  EXPECT_EQ(b_->active_requests(), 0u);
+}
+
+}  // namespace
+}  // namespace kvrouter

@@ -1,0 +1,139 @@
+// Router replica sync over a real nats-server on 127.0.0.1: two routers, each with an ingest
+// object syncing on the same subject, see each other's bookings as load; garbage on the subject
+// is counted and ignored; one sync per ingest object.
+#include <gtest/gtest.h>
+#include <nats/nats.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "core/router.h"
+#include "ingest/flatbuffers_codec.h"
+#include "ingest/ingest_service.h"
+#include "nats_server.h"
+
+namespace kvrouter {
+namespace {
+
+constexpr uint32_t kBlockSize = 16;
+constexpr auto kWait = std::chrono::seconds(10);
+
+std::vector<uint32_t> Tokens(size_t blocks, uint32_t first) {
+  std::vector<uint32_t> tokens(blocks * kBlockSize);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<uint32_t>(i);
+  return tokens;
+}
+
+// Polls `done` (bounded); true once it holds.
+bool Eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return done();
+}
+
+// One router replica: a router over workers 1 and 2, and its ingest object.
+struct Replica {
+  std::unique_ptr<Router> router;
+  std::unique_ptr<IngestService> ingest;
+  uint64_t source = 0;
+
+  explicit Replica(const NatsServer& server, const std::string& id) {
+    router = *Router::Create(RouterOptions{.block_size = kBlockSize});
+    for (uint64_t w : {1, 2}) {
+      EXPECT_TRUE(router->AddWorker({.worker_id = w, .block_size = kBlockSize}).ok());
+    }
+    ingest = *IngestService::Create(router.get(), {});
+    EXPECT_TRUE(ingest->Start().ok());
+    auto synced = ingest->SyncReplicas(server.url(), "kvrouter.replicas", id);
+    EXPECT_TRUE(synced.ok()) << synced.status();
+    source = synced.value_or(0);
+  }
+  ~Replica() { ingest.reset(); }  // stops publishing before the router goes
+
+  uint64_t RequestsOn(uint64_t worker) const {
+    for (const WorkerLoad& load : router->Loads()) {
+      if (load.worker.worker_id == worker) return load.active_requests;
+    }
+    return 0;
+  }
+  IngestStats Stats() const { return *ingest->Stats(source); }
+};
+
+class ReplicaSyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<NatsServer>(FreePort());
+    ASSERT_TRUE(server_->Start());
+  }
+  std::unique_ptr<NatsServer> server_;
+};
+
+TEST_F(ReplicaSyncTest, EachReplicaSeesTheOthersBookings) {
+  Replica a(*server_, "a"), b(*server_, "b");
+  ASSERT_TRUE(a.router->AddRequest("r1", Tokens(4, 0), {1, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1; }));
+  ASSERT_TRUE(b.router->AddRequest("r2", Tokens(2, 500), {2, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return a.RequestsOn(2) == 1; }));
+  EXPECT_EQ(a.router->active_requests(), 2u);
+  EXPECT_EQ(b.router->active_requests(), 2u);
+
+  EXPECT_TRUE(a.router->Free("r1"));
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 0; }));
+  EXPECT_TRUE(b.router->MarkPrefillCompleted("r2"));
+  EXPECT_TRUE(b.router->Free("r2"));
+  ASSERT_TRUE(Eventually([&] { return a.router->active_requests() == 0; }));
+
+  // Every change was published once and applied once by the other; none came back (no echo).
+  EXPECT_EQ(a.Stats().published, 2u);
+  EXPECT_EQ(b.Stats().published, 3u);
+  EXPECT_TRUE(Eventually([&] { return a.Stats().events_applied == 3; }));
+  EXPECT_EQ(b.Stats().events_applied, 2u);
+  EXPECT_EQ(a.Stats().publish_failures + b.Stats().publish_failures, 0u);
+}
+
+TEST_F(ReplicaSyncTest, GarbageAndUnknownWorkersAreCountedAndTheRestApplies) {
+  Replica a(*server_, "a");
+  natsConnection* other = nullptr;
+  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&other, server_->url().c_str()));
+  const std::vector<uint8_t> garbage = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<uint64_t> ids = {11, 12};
+  const std::vector<uint8_t> unknown_worker =
+      EncodeReplicaChange("c", {.kind = SequenceChange::Kind::kAdded,
+                                .request_id = "x",
+                                .worker = {9, 0},
+                                .block_ids = ids});
+  const std::vector<uint8_t> good = EncodeReplicaChange("c", {.kind = SequenceChange::Kind::kAdded,
+                                                              .request_id = "y",
+                                                              .worker = {2, 0},
+                                                              .block_ids = ids});
+  for (const auto* message : {&garbage, &unknown_worker, &good}) {
+    ASSERT_EQ(NATS_OK, natsConnection_Publish(other, "kvrouter.replicas", message->data(),
+                                              static_cast<int>(message->size())));
+  }
+  ASSERT_EQ(NATS_OK, natsConnection_Flush(other));
+  ASSERT_TRUE(Eventually([&] { return a.Stats().messages == 3; }));
+  const IngestStats stats = a.Stats();
+  EXPECT_EQ(stats.rejected[static_cast<int>(IngestReject::kBadFlatBuffers)], 1u);
+  EXPECT_EQ(stats.rejected[static_cast<int>(IngestReject::kIndexRejected)], 1u);
+  EXPECT_EQ(stats.events_applied, 1u);
+  EXPECT_EQ(a.RequestsOn(2), 1u);
+  natsConnection_Destroy(other);
+}
+
+TEST_F(ReplicaSyncTest, OneSyncPerIngestObject) {
+  Replica a(*server_, "a");
+  EXPECT_EQ(a.ingest->SyncReplicas(server_->url(), "other", "a2").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a.ingest->SyncReplicas(server_->url(), "other", "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Once stopped, the router keeps working and publishes nothing more.
+  a.ingest->Stop();
+  EXPECT_TRUE(a.router->AddRequest("after", Tokens(1, 0), {1, 0}).ok());
+  EXPECT_EQ(a.Stats().published, 0u);
+}
+
+}  // namespace
+}  // namespace kvrouter
