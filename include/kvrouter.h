@@ -332,8 +332,9 @@ typedef struct kvr_event_batch kvr_event_batch;
 KVR_API kvr_status kvr_event_batch_new(kvr_event_batch **out, kvr_error **err);
 /* Accepts NULL. @thread_safety none (for this batch) */
 KVR_API void kvr_event_batch_free(kvr_event_batch *batch);
-/* Appends a copy of the event (validated as kvr_router_apply_stored does its arguments).
- * @thread_safety none (for this batch) */
+/* Appends a copy of the event. Checked here: pointers, tier, multimodal counts; a batch knows
+ * no block size, so token counts are checked when the batch is applied (each event then as
+ * kvr_router_apply_stored checks it). @thread_safety none (for this batch) */
 KVR_API kvr_status kvr_event_batch_add_stored(kvr_event_batch *batch,
                                               const kvr_stored_event *event, kvr_error **err);
 KVR_API kvr_status kvr_event_batch_add_removed(kvr_event_batch *batch,
@@ -777,8 +778,10 @@ KVR_API void kvr_ingest_free(kvr_ingest *ingest);
 /* Listens for native event streams on "tcp://HOST:PORT" (PORT 0 = a free port) or
  * "unix://PATH". `*source_id` (may be NULL) receives the source's id for kvr_ingest_get_stats;
  * `bound` (may be NULL with cap 0) the endpoint actually bound, NUL-terminated, with `*len`
- * (may be NULL) its size including the NUL (KVR_BUFFER_TOO_SMALL if cap is short: the listener
- * is still open). KVR_UNAVAILABLE if the address cannot be bound. @thread_safety concurrent */
+ * (may be NULL) its size including the NUL. KVR_BUFFER_TOO_SMALL if cap is short: the listener
+ * is open all the same and `*source_id` set, so do not listen again; read the endpoint with
+ * kvr_ingest_source_endpoint. KVR_UNAVAILABLE if the address cannot be bound.
+ * @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_listen(kvr_ingest *ingest, const char *endpoint,
                                      uint64_t *source_id, char *bound, size_t cap, size_t *len,
                                      kvr_error **err);
@@ -875,6 +878,13 @@ typedef struct kvr_ingest_stats {
   uint64_t published;
   uint64_t publish_failures;
 } kvr_ingest_stats;
+
+/* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an
+ * engine worker's endpoint, a NATS server's url; kept after the source is removed. `*len` (not
+ * NULL) is set to the bytes needed including the NUL (also with KVR_BUFFER_TOO_SMALL).
+ * KVR_NOT_FOUND for an unknown id. @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_source_endpoint(kvr_ingest *ingest, uint64_t source_id, char *buf,
+                                              size_t cap, size_t *len, kvr_error **err);
 
 /* @thread_safety concurrent */
 KVR_API void kvr_ingest_stats_init(kvr_ingest_stats *stats);

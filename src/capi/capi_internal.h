@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -108,7 +109,7 @@ kvr_status WriteVersioned(kvr_error** err, const T& value, T* out, const char* n
 
 // Copies `items` into a caller buffer of `cap` elements, or reports the size needed.
 template <typename T>
-kvr_status CopyOut(kvr_error** err, const std::vector<T>& items, T* out, size_t cap, size_t* len,
+kvr_status CopyOut(kvr_error** err, std::span<const T> items, T* out, size_t cap, size_t* len,
                    const char* what) {
   if (kvr_status s = RequireNonNull(err, len, "len")) return s;
   if (cap > 0 && out == nullptr) return RequireNonNull(err, out, "out");
@@ -120,6 +121,18 @@ kvr_status CopyOut(kvr_error** err, const std::vector<T>& items, T* out, size_t 
   }
   if (!items.empty()) std::memcpy(out, items.data(), items.size() * sizeof(T));
   return KVR_OK;
+}
+
+template <typename T>
+kvr_status CopyOut(kvr_error** err, const std::vector<T>& items, T* out, size_t cap, size_t* len,
+                   const char* what) {
+  return CopyOut(err, std::span<const T>(items), out, cap, len, what);
+}
+
+// `text` and its NUL into a caller buffer of `cap` bytes, or the size needed.
+inline kvr_status CopyOutString(kvr_error** err, const std::string& text, char* out, size_t cap,
+                                size_t* len, const char* what) {
+  return CopyOut(err, std::span<const char>(text.c_str(), text.size() + 1), out, cap, len, what);
 }
 
 inline std::string_view OrEmpty(const char* s) { return s == nullptr ? std::string_view() : s; }

@@ -115,6 +115,16 @@ KVR_API kvr_status kvr_ingest_listen(kvr_ingest* ingest, const char* endpoint, u
   });
 }
 
+KVR_API kvr_status kvr_ingest_source_endpoint(kvr_ingest* ingest, uint64_t source_id, char* buf,
+                                              size_t cap, size_t* len, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    auto endpoint = ingest->service->Endpoint(source_id);
+    if (!endpoint.ok()) return FromStatus(err, endpoint.status());
+    return CopyOutString(err, *endpoint, buf, cap, len, "source endpoint");
+  });
+}
+
 KVR_API void kvr_engine_worker_init(kvr_engine_worker* worker) {
   if (worker == nullptr) return;
   *worker = kvr_engine_worker{};

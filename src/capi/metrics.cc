@@ -131,10 +131,7 @@ KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router* router, char* buf, 
                                                  size_t* len, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
-    const std::string text = RenderPrometheus(*router);
-    std::vector<char> bytes(text.begin(), text.end());
-    bytes.push_back('\0');
-    return CopyOut(err, bytes, buf, cap, len, "Prometheus text");
+    return CopyOutString(err, RenderPrometheus(*router), buf, cap, len, "Prometheus text");
   });
 }
 

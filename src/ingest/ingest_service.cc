@@ -163,6 +163,7 @@ struct IngestService::Impl {
   // Source counters by id; the map only grows, so totals include removed sources.
   mutable std::mutex stats_mutex;
   std::map<uint64_t, std::shared_ptr<SourceCounters>> counters;
+  std::map<uint64_t, std::string> endpoints;  // as Endpoint() reports them
   uint64_t next_source_id = 1;
 
   // Loop-thread state (or caller-thread state before Start).
@@ -173,10 +174,13 @@ struct IngestService::Impl {
   bool replica_sync_active = false;
   uint64_t next_event_id = 1;
 
-  std::shared_ptr<SourceCounters> NewSource(uint64_t& id) {
+  // A new source id for `endpoint` (what Endpoint(id) reports), with its counters.
+  std::shared_ptr<SourceCounters> NewSource(uint64_t& id, std::string endpoint,
+                                            std::shared_ptr<SourceCounters> live = nullptr) {
     std::lock_guard lock(stats_mutex);
     id = next_source_id++;
-    return counters[id] = std::make_shared<SourceCounters>();
+    endpoints[id] = std::move(endpoint);
+    return counters[id] = live ? std::move(live) : std::make_shared<SourceCounters>();
   }
 
   // Runs `command` where loop state may be touched: inline before Start, on the loop after.
@@ -294,7 +298,7 @@ struct IngestService::Impl {
       }
       *bound = absl::StrCat("tcp://", host, ":", port);
     }
-    listener->counters = NewSource(id);
+    listener->counters = NewSource(id, *bound);
     listener->source_id = id;
     listeners.push_back(listener);
     return absl::OkStatus();
@@ -433,7 +437,7 @@ struct IngestService::Impl {
       }
       subs.push_back(sub);
     }
-    source = NewSource(id);
+    source = NewSource(id, worker.endpoint);
     for (Subscription* sub : subs) {
       sub->counters = source;
       int fd = -1;
@@ -812,11 +816,7 @@ struct IngestService::Impl {
       return absl::InvalidArgumentError(why);
     }
     Bump(source->counters->connections);
-    {
-      std::lock_guard lock(stats_mutex);
-      id = next_source_id++;
-      counters[id] = source->counters;
-    }
+    NewSource(id, url, source->counters);
     *connection = source->connection;
     if (source->replica_sync) PublishBookings(*source, subject, replica_id);
     nats_sources.push_back(source.release());
@@ -1014,6 +1014,15 @@ absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {
   }
   it->second->AddTo(stats);
   return stats;
+}
+
+absl::StatusOr<std::string> IngestService::Endpoint(uint64_t source_id) const {
+  std::lock_guard lock(impl_->stats_mutex);
+  auto it = impl_->endpoints.find(source_id);
+  if (it == impl_->endpoints.end()) {
+    return absl::NotFoundError(absl::StrCat("no ingest source ", source_id));
+  }
+  return it->second;
 }
 
 std::string_view IngestRejectName(IngestReject reason) {

@@ -136,6 +136,9 @@ class IngestService {
 
   // One source's counters; source_id 0 = the sum over every source ever added.
   absl::StatusOr<IngestStats> Stats(uint64_t source_id) const;
+  // Where a source is: a listener's bound endpoint (with its real port), an engine worker's
+  // endpoint, a NATS server's url. Kept after the source is removed. NotFound if unknown.
+  absl::StatusOr<std::string> Endpoint(uint64_t source_id) const;
 
   struct Impl;
 

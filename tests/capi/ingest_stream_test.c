@@ -139,6 +139,32 @@ static void tcp_events_reach_the_router(void** state) {
   publish_and_check(f, bound, source, 1);
 }
 
+/* A bound endpoint that does not fit: the listener is open all the same, and its endpoint is
+ * read back by source id (listening again would open a second listener). */
+static void short_buffer_then_endpoint_by_source(void** state) {
+  fixture* f = (fixture*)*state;
+  char small[4];
+  char bound[128];
+  size_t len = 0;
+  uint64_t source = 0;
+  kvr_error* err = NULL;
+  assert_int_equal(KVR_BUFFER_TOO_SMALL, kvr_ingest_listen(f->ingest, "tcp://127.0.0.1:0", &source,
+                                                           small, sizeof small, &len, &err));
+  kvr_error_free(err);
+  assert_true(source != 0);
+  assert_true(len > sizeof small);
+  KVT_EXPECT_FAILS(KVR_BUFFER_TOO_SMALL,
+                   kvr_ingest_source_endpoint(f->ingest, source, small, sizeof small, &len, ERRP));
+  KVT_OK(kvr_ingest_source_endpoint(f->ingest, source, bound, sizeof bound, &len, ERRP));
+  assert_int_equal(strlen(bound) + 1, len);
+  assert_true(strncmp(bound, "tcp://127.0.0.1:", 16) == 0);
+  publish_and_check(f, bound, source, 1); /* the one listener takes the events */
+  KVT_EXPECT_FAILS(KVR_NOT_FOUND,
+                   kvr_ingest_source_endpoint(f->ingest, 999, bound, sizeof bound, &len, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_source_endpoint(f->ingest, source, bound, sizeof bound, NULL, ERRP));
+}
+
 static void unix_socket_events_reach_the_router(void** state) {
   fixture* f = (fixture*)*state;
   char endpoint[128];
@@ -371,6 +397,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(tcp_events_reach_the_router, setup, teardown),
       cmocka_unit_test_setup_teardown(unix_socket_events_reach_the_router, setup, teardown),
+      cmocka_unit_test_setup_teardown(short_buffer_then_endpoint_by_source, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_frames_are_rejected_and_counted, setup, teardown),
       cmocka_unit_test_setup_teardown(events_apply_while_routing, setup, teardown),
       cmocka_unit_test_setup_teardown(lag_is_measured_from_publish_time, setup, teardown),
