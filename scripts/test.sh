@@ -25,6 +25,11 @@ echo "== packaging: staging install, pkg-config and CMake consumers, Debian pack
 KVR_PACKAGE_INSTALL="${KVR_PACKAGE_INSTALL:-$([ "$(id -u)" = 0 ] && echo 1 || echo 0)}" \
   scripts/test-packaging.sh
 
+echo "== bindings: against the library of the plain build, staged in build/stage =="
+rm -rf build/stage
+cmake --install build/test --prefix build/stage >/dev/null
+KVR_STAGE=$PWD/build/stage scripts/test-go.sh
+
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer: every test =="
 build build/asan -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=address,undefined
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

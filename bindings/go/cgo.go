@@ -1,0 +1,195 @@
+//go:build cgo
+
+package kvrouter
+
+// The whole binding is cgo over include/kvrouter.h and libkvrouter.so, found with pkg-config
+// (set PKG_CONFIG_PATH to the install's lib/pkgconfig for a staged or non-system install).
+
+/*
+#cgo pkg-config: kvrouter
+#include <stdlib.h>
+#include "kvrouter.h"
+
+// This package wraps the 0.1 ABI. A minor release may break the ABI while kvrouter is at 0.x,
+// so building against any other version fails here rather than misbehaving at run time.
+#if KVR_VERSION_MAJOR != 0 || KVR_VERSION_MINOR != 1
+#error "kvrouter Go binding: this package needs libkvrouter 0.1.x (kvrouter.h reports another version)"
+#endif
+*/
+import "C"
+
+import (
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+)
+
+// args collects what one call lends the C side: C strings to free after the call and Go
+// memory that a struct passed to C points at (pinned, as cgo's pointer rules require for a Go
+// pointer stored in memory that C reads). The library copies everything it keeps, so all of it
+// is released as soon as the call returns.
+type args struct {
+	pin  runtime.Pinner
+	strs [4]unsafe.Pointer // the first C strings (no allocation for the common case)
+	n    int
+	more []unsafe.Pointer
+}
+
+func (a *args) release() {
+	for i := 0; i < a.n; i++ {
+		C.free(a.strs[i])
+	}
+	for _, p := range a.more {
+		C.free(p)
+	}
+	a.n, a.more = 0, nil
+	a.pin.Unpin()
+}
+
+// optStr returns NULL for "" (every optional string of the ABI treats NULL and "" alike) and a
+// C copy of s otherwise.
+func (a *args) optStr(s string) *C.char {
+	if s == "" {
+		return nil
+	}
+	return a.str(s)
+}
+
+// str returns a C copy of s, freed by release.
+func (a *args) str(s string) *C.char {
+	p := C.CString(s)
+	if a.n < len(a.strs) {
+		a.strs[a.n] = unsafe.Pointer(p)
+		a.n++
+	} else {
+		a.more = append(a.more, unsafe.Pointer(p))
+	}
+	return p
+}
+
+func (a *args) u64s(s []uint64) *C.uint64_t {
+	if len(s) == 0 {
+		return nil
+	}
+	a.pin.Pin(&s[0])
+	return (*C.uint64_t)(unsafe.Pointer(&s[0]))
+}
+
+func (a *args) u32s(s []uint32) *C.uint32_t {
+	if len(s) == 0 {
+		return nil
+	}
+	a.pin.Pin(&s[0])
+	return (*C.uint32_t)(unsafe.Pointer(&s[0]))
+}
+
+// mm flattens per-block multimodal hashes into the ABI's (hashes, counts) form; counts has
+// one entry per block of perBlock. It returns NULLs when no block has any.
+func (a *args) mm(perBlock [][]uint64) (*C.uint64_t, *C.size_t, int) {
+	if len(perBlock) == 0 {
+		return nil, nil, 0
+	}
+	total := 0
+	for _, b := range perBlock {
+		total += len(b)
+	}
+	counts := make([]C.size_t, len(perBlock))
+	flat := make([]uint64, 0, total)
+	for i, b := range perBlock {
+		counts[i] = C.size_t(len(b))
+		flat = append(flat, b...)
+	}
+	a.pin.Pin(&counts[0])
+	return a.u64s(flat), &counts[0], len(perBlock)
+}
+
+// tokensPtr passes a token slice as a direct argument (Go memory without pointers may be
+// passed for the duration of a call without pinning).
+func tokensPtr(tokens []uint32) (*C.uint32_t, C.size_t) {
+	if len(tokens) == 0 {
+		return nil, 0
+	}
+	return (*C.uint32_t)(unsafe.Pointer(&tokens[0])), C.size_t(len(tokens))
+}
+
+func bytesPtr(b []byte) (unsafe.Pointer, C.size_t) {
+	if len(b) == 0 {
+		return nil, 0
+	}
+	return unsafe.Pointer(&b[0]), C.size_t(len(b))
+}
+
+// takeBuffer copies a library-owned kvr_buffer into Go memory and frees it.
+func takeBuffer(dst []byte, buf *C.kvr_buffer) []byte {
+	defer C.kvr_buffer_free(buf)
+	n := int(C.kvr_buffer_size(buf))
+	if n == 0 {
+		return dst
+	}
+	return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(C.kvr_buffer_data(buf))), n)...)
+}
+
+func boolU32(b bool) C.uint32_t {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func u64Ptr(s []uint64) *C.uint64_t {
+	if len(s) == 0 {
+		return nil
+	}
+	return (*C.uint64_t)(unsafe.Pointer(&s[0]))
+}
+
+// handlePtr holds a C handle, read and cleared atomically so that a Close racing another
+// Close, or a method running on a closed handle, sees either the handle or nil. (cgo's
+// incomplete struct types cannot instantiate atomic.Pointer.)
+type handlePtr struct{ p unsafe.Pointer }
+
+func (h *handlePtr) load() unsafe.Pointer                 { return atomic.LoadPointer(&h.p) }
+func (h *handlePtr) store(p unsafe.Pointer)               { atomic.StorePointer(&h.p, p) }
+func (h *handlePtr) swap(p unsafe.Pointer) unsafe.Pointer { return atomic.SwapPointer(&h.p, p) }
+
+// fillGrowing runs a call that fills a caller buffer (kvr_* with `out, cap, *len`), starting
+// with capHint elements and growing to the size the library asks for on KVR_BUFFER_TOO_SMALL.
+// It returns the filled part.
+func fillGrowing[T any](capHint int,
+	call func(out *T, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status) ([]T, error) {
+	buf := make([]T, capHint)
+	for {
+		var n C.size_t
+		var cerr *C.kvr_error
+		var p *T
+		if len(buf) > 0 {
+			p = &buf[0]
+		}
+		st := call(p, C.size_t(len(buf)), &n, &cerr)
+		if st == C.KVR_BUFFER_TOO_SMALL && int(n) > len(buf) {
+			C.kvr_error_free(cerr)
+			buf = make([]T, int(n))
+			continue
+		}
+		if err := takeError(st, cerr); err != nil {
+			return nil, err
+		}
+		return buf[:n], nil
+	}
+}
+
+// cText is a NUL-terminated C string filled by the library, without its NUL.
+func cText(b []C.char) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return C.GoStringN(&b[0], C.int(len(b)-1))
+}
+
+// fromCU64s views C uint64s as Go uint64s (same size and layout), never nil.
+func fromCU64s(s []C.uint64_t) []uint64 {
+	if len(s) == 0 {
+		return []uint64{}
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&s[0])), len(s))
+}

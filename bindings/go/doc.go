@@ -1,0 +1,16 @@
+// Package kvrouter is the Go binding of kvrouter, a KV-cache-aware LLM request router: a thin
+// wrapper over its C ABI (include/kvrouter.h, libkvrouter.so), found with pkg-config.
+//
+// A gateway creates a Router, registers its workers, feeds it the KV events its engines
+// publish (directly, as encoded EventBatches, or through an Ingest listening on sockets or
+// NATS), and asks per request which worker and data-parallel rank should serve a prompt
+// (FindBestMatch, or PreviewRoute / PlanRoute / CommitRoute). It then reports the prefill's
+// end (MarkPrefillCompleted) and the request's (FreeRequest).
+//
+// Errors are *Error values carrying the library's kvr_status (Code) and message; the Err*
+// Status constants work with errors.Is. Handles (Router, Disagg, Ingest, EventBatch,
+// Publisher) are released by Close, which is idempotent; a finalizer frees a forgotten handle.
+// Router, Disagg and Ingest are safe for concurrent use, EventBatch and Publisher are not,
+// following the @thread_safety tags of the header. Slices and strings passed in are only
+// borrowed for the call.
+package kvrouter

@@ -1,0 +1,3 @@
+module github.com/kvrouter/kvrouter/bindings/go
+
+go 1.21

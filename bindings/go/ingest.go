@@ -1,0 +1,345 @@
+//go:build cgo
+
+package kvrouter
+
+/*
+#include "kvrouter.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// IngestOptions configure an Ingest. The zero value (or nil) is every default.
+type IngestOptions struct {
+	MaxFrameBytes uint32        // largest stream frame accepted; 0 = the default (and maximum) 64 MiB
+	ReplayTimeout time.Duration // a vLLM replay taking longer falls back to clearing; 0 = 2 s
+}
+
+func (o *IngestOptions) toC() *C.kvr_ingest_options {
+	if o == nil {
+		return nil
+	}
+	c := new(C.kvr_ingest_options)
+	C.kvr_ingest_options_init(c)
+	if o.MaxFrameBytes != 0 {
+		c.max_frame_bytes = C.uint32_t(o.MaxFrameBytes)
+	}
+	if o.ReplayTimeout > 0 {
+		c.replay_timeout_ms = C.uint32_t((o.ReplayTimeout + time.Millisecond - 1) / time.Millisecond)
+	}
+	return c
+}
+
+// Ingest receives KV events from its sources on one event-loop thread of its own and applies
+// them to a Router, concurrently with routing. Sources: native stream listeners (Listen),
+// NATS subscriptions (SubscribeNATS) and vLLM / SGLang ZMQ publishers (AddEngineWorker); they
+// may be added before or after Start. Its methods may be called from any goroutine
+// concurrently, except Close, which must not run concurrently with other calls on the Ingest
+// (Stop may: it is the way to end ingestion while other goroutines still use the object).
+type Ingest struct {
+	ptr    handlePtr
+	router *Router // kept reachable: the router must outlive the ingest object
+	// natsMu keeps Stop and Close from running during a SubscribeNATS, whose confirmation round
+	// trip runs on the caller's thread (the one exclusion the header states besides the free).
+	// SubscribeNATS calls share it; nothing else takes it.
+	natsMu sync.RWMutex
+}
+
+// NewIngest creates a stopped ingest object feeding router, which must stay open until the
+// Ingest is closed (Router.Close refuses while it is open). opts may be nil.
+func NewIngest(router *Router, opts *IngestOptions) (*Ingest, error) {
+	h := router.handle()
+	if h == nil {
+		return nil, ErrClosed
+	}
+	var out *C.kvr_ingest
+	var cerr *C.kvr_error
+	st := C.kvr_ingest_new(h, opts.toC(), &out, &cerr)
+	runtime.KeepAlive(router)
+	if err := takeError(st, cerr); err != nil {
+		return nil, err
+	}
+	in := &Ingest{router: router}
+	in.ptr.store(unsafe.Pointer(out))
+	router.feeds().Add(1)
+	runtime.SetFinalizer(in, (*Ingest).Close)
+	return in, nil
+}
+
+// Close stops the loop if needed (closing every source and joining the thread) and frees the
+// object; idempotent. Always returns nil.
+func (in *Ingest) Close() error {
+	if in == nil {
+		return nil
+	}
+	in.natsMu.Lock()
+	defer in.natsMu.Unlock()
+	if p := (*C.kvr_ingest)(in.ptr.swap(nil)); p != nil {
+		runtime.SetFinalizer(in, nil)
+		C.kvr_ingest_free(p)
+		in.router.feeds().Add(-1)
+	}
+	return nil
+}
+
+// handle returns the C object, or nil once closed.
+func (in *Ingest) handle() *C.kvr_ingest {
+	if in == nil {
+		return nil
+	}
+	return (*C.kvr_ingest)(in.ptr.load())
+}
+
+// Start starts the loop thread. ErrFailedPrecondition if started or stopped before.
+func (in *Ingest) Start() error {
+	h := in.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	var cerr *C.kvr_error
+	return takeError(C.kvr_ingest_start(h, &cerr), cerr)
+}
+
+// Stop closes every source and joins the loop thread. It is final (an Ingest cannot be
+// restarted) and idempotent.
+func (in *Ingest) Stop() error {
+	if in == nil {
+		return ErrClosed
+	}
+	in.natsMu.Lock()
+	defer in.natsMu.Unlock()
+	h := in.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	var cerr *C.kvr_error
+	err := takeError(C.kvr_ingest_stop(h, &cerr), cerr)
+	runtime.KeepAlive(in)
+	return err
+}
+
+// Listen listens for native event streams (length-prefixed FlatBuffers EventBatches) on
+// "tcp://HOST:PORT" (PORT 0 = a free port) or "unix://PATH", and returns the source's id (for
+// Stats) and the endpoint actually bound. ErrUnavailable if the address cannot be bound.
+func (in *Ingest) Listen(endpoint string) (sourceID uint64, bound string, err error) {
+	h := in.handle()
+	if h == nil {
+		return 0, "", ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	var a args
+	defer a.release()
+	// One call only: on KVR_BUFFER_TOO_SMALL the listener is open all the same (a retry would
+	// open a second one), and its endpoint is read by source id instead.
+	var id C.uint64_t
+	var cerr *C.kvr_error
+	st := C.kvr_ingest_listen(h, a.str(endpoint), &id, nil, 0, nil, &cerr)
+	if err := takeError(st, cerr); err != nil {
+		return 0, "", err
+	}
+	bound, err = in.SourceEndpoint(uint64(id))
+	return uint64(id), bound, err
+}
+
+// SourceEndpoint returns where a source is: a listener's bound endpoint (with its real port),
+// an engine worker's endpoint, a NATS server's url. ErrNotFound for an unknown id.
+func (in *Ingest) SourceEndpoint(sourceID uint64) (string, error) {
+	h := in.handle()
+	if h == nil {
+		return "", ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	text, err := fillGrowing(128, func(p *C.char, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_ingest_source_endpoint(h, C.uint64_t(sourceID), p, cap, n, cerr)
+	})
+	return cText(text), err
+}
+
+// Engine names the engine behind an EngineWorker (KVR_ENGINE_*); both share the wire format.
+type Engine uint32
+
+const (
+	EngineVLLM   Engine = C.KVR_ENGINE_VLLM
+	EngineSGLang Engine = C.KVR_ENGINE_SGLANG
+)
+
+// EngineWorker is an engine publishing KV events over ZMQ PUB.
+type EngineWorker struct {
+	Engine Engine
+	// Endpoint is rank DPStart's socket, e.g. "tcp://10.0.0.5:5557"; rank DPStart + r is on
+	// port + r (ENDPOINT_dp<r> for other transports).
+	Endpoint  string
+	WorkerID  uint64
+	DPStart   uint32
+	DPSize    uint32 // 0 = 1
+	BlockSize uint32 // 0 = the router's; anything else must equal it
+	Eagle     bool   // the model uses eagle block windows
+	Topic     string // subscription prefix; "" = every message
+	// ReplayEndpoint is vLLM's replay socket (--kv-events-config replay_endpoint), or "":
+	// missed messages are then unrecoverable and the worker is cleared and flagged.
+	ReplayEndpoint string
+}
+
+// AddEngineWorker subscribes to the worker's ranks and returns the source's id (register the
+// worker with the Router too, for routing). ErrInvalidArgument for a block size other than the
+// router's, a bad endpoint or a bad rank count; ErrAlreadyExists for a worker id already
+// subscribed.
+func (in *Ingest) AddEngineWorker(w EngineWorker) (uint64, error) {
+	h := in.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	var a args
+	defer a.release()
+	c := new(C.kvr_engine_worker)
+	C.kvr_engine_worker_init(c)
+	c.engine = C.uint32_t(w.Engine)
+	c.endpoint = a.str(w.Endpoint)
+	c.worker_id = C.uint64_t(w.WorkerID)
+	c.dp_start = C.uint32_t(w.DPStart)
+	if w.DPSize != 0 {
+		c.dp_size = C.uint32_t(w.DPSize)
+	}
+	c.block_size = C.uint32_t(w.BlockSize)
+	if w.Eagle {
+		c.flags |= C.KVR_STORED_EAGLE
+	}
+	c.topic = a.optStr(w.Topic)
+	c.replay_endpoint = a.optStr(w.ReplayEndpoint)
+	var id C.uint64_t
+	var cerr *C.kvr_error
+	if err := takeError(C.kvr_ingest_add_engine_worker(h, c, &id, &cerr), cerr); err != nil {
+		return 0, err
+	}
+	return uint64(id), nil
+}
+
+// RemoveEngineWorker unsubscribes; clearIndex also drops the worker's entries from the index.
+// ErrNotFound for an unknown id.
+func (in *Ingest) RemoveEngineWorker(workerID uint64, clearIndex bool) error {
+	h := in.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	clear := C.int(0)
+	if clearIndex {
+		clear = 1
+	}
+	var cerr *C.kvr_error
+	return takeError(C.kvr_ingest_remove_engine_worker(h, C.uint64_t(workerID), clear, &cerr), cerr)
+}
+
+// SubscribeNATS subscribes to subject (wildcards * and > allowed) on the NATS server at url
+// (e.g. "nats://127.0.0.1:4222"); each message is one encoded EventBatch. After Start it
+// returns once the server has the subscription; before, the subscription is sent when the
+// loop starts. The connection retries forever when the server goes away (messages published
+// meanwhile are lost). ErrUnavailable if the first connection fails.
+func (in *Ingest) SubscribeNATS(url, subject string) (uint64, error) {
+	in.natsMu.RLock()
+	defer in.natsMu.RUnlock()
+	h := in.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	var a args
+	defer a.release()
+	var id C.uint64_t
+	var cerr *C.kvr_error
+	st := C.kvr_ingest_subscribe_nats(h, a.str(url), a.str(subject), &id, &cerr)
+	if err := takeError(st, cerr); err != nil {
+		return 0, err
+	}
+	return uint64(id), nil
+}
+
+// IngestReject indexes IngestStats.Rejected (KVR_INGEST_REJECT_*).
+type IngestReject int
+
+const (
+	RejectFrameTooLarge  IngestReject = C.KVR_INGEST_REJECT_FRAME_TOO_LARGE // connection closed
+	RejectBadFlatBuffers IngestReject = C.KVR_INGEST_REJECT_BAD_FLATBUFFERS // not a valid EventBatch
+	RejectBadMsgpack     IngestReject = C.KVR_INGEST_REJECT_BAD_MSGPACK     // an engine payload that does not decode
+	RejectBadMessage     IngestReject = C.KVR_INGEST_REJECT_BAD_MESSAGE     // a ZMQ message not [topic, seq, payload]
+	RejectBlockSize      IngestReject = C.KVR_INGEST_REJECT_BLOCK_SIZE      // a stored event of another block size
+	RejectIndex          IngestReject = C.KVR_INGEST_REJECT_INDEX           // an event the index refused
+	RejectStaleSequence  IngestReject = C.KVR_INGEST_REJECT_STALE_SEQUENCE  // a sequence number already seen
+	IngestRejectReasons               = C.KVR_INGEST_REJECT_REASONS
+)
+
+// IngestStats are the counters of one source, or of every source together.
+type IngestStats struct {
+	StateUnknown   uint32 // ranks whose state was lost (gap) and not yet re-established
+	Messages       uint64 // frames or messages received
+	EventsApplied  uint64
+	Rejected       [IngestRejectReasons]uint64 // per IngestReject
+	Gaps           uint64                      // sequence jumps forward
+	MissedMessages uint64                      // messages lost in those jumps
+	Restarts       uint64                      // publisher sequence resets to 0
+	Recoveries     uint64                      // worker states cleared because they were lost
+	Connections    uint64                      // stream connections accepted; NATS (re)connections
+	// Replica sync (SyncReplicas): changes published, and those the NATS client refused.
+	Published       uint64
+	PublishFailures uint64
+	// Lag, from a message's publication time (vLLM's batch ts, a native batch's publish time)
+	// to its events being applied, at microsecond resolution; messages without one are not
+	// measured. For all sources together: sums and the maximum.
+	LagSamples uint64        // messages measured
+	LagTotal   time.Duration // their lags summed
+	LagMax     time.Duration // the largest
+	LagLast    time.Duration // the most recent message's
+}
+
+// MeanLag returns LagTotal / LagSamples (0 without samples).
+func (s IngestStats) MeanLag() time.Duration {
+	if s.LagSamples == 0 {
+		return 0
+	}
+	return s.LagTotal / time.Duration(s.LagSamples)
+}
+
+func micros(us uint64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// Stats returns a source's counters; sourceID 0 sums every source (removed ones included).
+// ErrNotFound for an unknown id.
+func (in *Ingest) Stats(sourceID uint64) (IngestStats, error) {
+	h := in.handle()
+	if h == nil {
+		return IngestStats{}, ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	var c C.kvr_ingest_stats
+	C.kvr_ingest_stats_init(&c)
+	var cerr *C.kvr_error
+	if err := takeError(C.kvr_ingest_get_stats(h, C.uint64_t(sourceID), &c, &cerr), cerr); err != nil {
+		return IngestStats{}, err
+	}
+	s := IngestStats{
+		StateUnknown:   uint32(c.state_unknown),
+		Messages:       uint64(c.messages),
+		EventsApplied:  uint64(c.events_applied),
+		Gaps:           uint64(c.gaps),
+		MissedMessages: uint64(c.missed_messages),
+		Restarts:       uint64(c.restarts),
+		Recoveries:     uint64(c.recoveries),
+		Connections:    uint64(c.connections),
+	}
+	for i := range s.Rejected {
+		s.Rejected[i] = uint64(c.rejected[i])
+	}
+	s.LagSamples = uint64(c.lag_samples)
+	s.LagTotal = micros(uint64(c.lag_total_us))
+	s.LagMax = micros(uint64(c.lag_max_us))
+	s.LagLast = micros(uint64(c.lag_last_us))
+	s.Published = uint64(c.published)
+	s.PublishFailures = uint64(c.publish_failures)
+	return s, nil
+}

@@ -1,0 +1,142 @@
+//go:build cgo
+
+package kvrouter
+
+/*
+#include "kvrouter.h"
+*/
+import "C"
+
+import (
+	"runtime"
+)
+
+// Snapshot returns the whole KV index as a FlatBuffers IndexSnapshot
+// (schema/index_snapshot.fbs), for a warm restart or a new replica.
+func (r *Router) Snapshot() ([]byte, error) {
+	h := r.handle()
+	if h == nil {
+		return nil, ErrClosed
+	}
+	var buf *C.kvr_buffer
+	var cerr *C.kvr_error
+	st := C.kvr_router_snapshot(h, &buf, &cerr)
+	runtime.KeepAlive(r)
+	if err := takeError(st, cerr); err != nil {
+		return nil, err
+	}
+	return takeBuffer(nil, buf), nil
+}
+
+// Restore loads a snapshot into a router whose index is empty (else ErrFailedPrecondition, as
+// in approximate mode). A buffer that fails verification, or one of another block size,
+// changes nothing (ErrInvalidArgument).
+func (r *Router) Restore(snapshot []byte) error {
+	h := r.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	p, n := bytesPtr(snapshot)
+	var cerr *C.kvr_error
+	st := C.kvr_router_restore(h, p, n, &cerr)
+	runtime.KeepAlive(r)
+	runtime.KeepAlive(snapshot)
+	return takeError(st, cerr)
+}
+
+// EventKind indexes Metrics.Events (KVR_EVENT_STORED, ...).
+type EventKind int
+
+const (
+	EventStored  EventKind = C.KVR_EVENT_STORED
+	EventRemoved EventKind = C.KVR_EVENT_REMOVED
+	EventCleared EventKind = C.KVR_EVENT_CLEARED
+	EventKinds             = C.KVR_EVENT_KINDS
+)
+
+// EventOutcome indexes Metrics.Events[kind] (KVR_EVENT_OK, ...).
+type EventOutcome int
+
+const (
+	EventOK                   EventOutcome = C.KVR_EVENT_OK
+	EventParentBlockNotFound  EventOutcome = C.KVR_EVENT_PARENT_BLOCK_NOT_FOUND
+	EventBlockNotFound        EventOutcome = C.KVR_EVENT_BLOCK_NOT_FOUND
+	EventInvalidBlockSequence EventOutcome = C.KVR_EVENT_INVALID_BLOCK_SEQUENCE
+	EventInvalidBlock         EventOutcome = C.KVR_EVENT_INVALID_BLOCK
+	EventOutcomes                          = C.KVR_EVENT_OUTCOMES
+)
+
+// Metrics are the router's counters and gauges.
+type Metrics struct {
+	// Events[kind][outcome]: events applied (EventOK) or rejected per reason.
+	Events               [EventKinds][EventOutcomes]uint64
+	EventBatchesRejected uint64 // buffers that failed verification
+	Decisions            uint64 // FindBestMatch calls that picked a worker
+	RequestsActive       uint64
+	QueuePending         uint64
+	QueuePendingTokens   uint64
+	Workers              uint64
+	IndexNodes           uint64
+	IndexBlocks          uint64 // cached (block, rank) entries
+	IndexBytes           int64
+	// Other router replicas' booking changes applied and rejected here, and their bookings
+	// active here now (counted in RequestsActive too).
+	ReplicaChangesApplied  uint64
+	ReplicaChangesRejected uint64
+	ReplicaRequestsActive  uint64
+}
+
+// Metrics returns the router's counters.
+func (r *Router) Metrics() (Metrics, error) {
+	h := r.handle()
+	if h == nil {
+		return Metrics{}, ErrClosed
+	}
+	var c C.kvr_metrics
+	C.kvr_metrics_init(&c)
+	var cerr *C.kvr_error
+	st := C.kvr_router_get_metrics(h, &c, &cerr)
+	runtime.KeepAlive(r)
+	if err := takeError(st, cerr); err != nil {
+		return Metrics{}, err
+	}
+	m := Metrics{
+		EventBatchesRejected: uint64(c.event_batches_rejected),
+		Decisions:            uint64(c.decisions),
+		RequestsActive:       uint64(c.requests_active),
+		QueuePending:         uint64(c.queue_pending),
+		QueuePendingTokens:   uint64(c.queue_pending_tokens),
+		Workers:              uint64(c.workers),
+		IndexNodes:           uint64(c.index_nodes),
+		IndexBlocks:          uint64(c.index_blocks),
+		IndexBytes:           int64(c.index_bytes),
+
+		ReplicaChangesApplied:  uint64(c.replica_changes_applied),
+		ReplicaChangesRejected: uint64(c.replica_changes_rejected),
+		ReplicaRequestsActive:  uint64(c.replica_requests_active),
+	}
+	for k := 0; k < EventKinds; k++ {
+		for o := 0; o < EventOutcomes; o++ {
+			m.Events[k][o] = uint64(c.events[k][o])
+		}
+	}
+	return m, nil
+}
+
+// MetricsPrometheus returns the metrics, plus per-worker load gauges, in the Prometheus text
+// exposition format.
+func (r *Router) MetricsPrometheus() (string, error) {
+	return r.metricsPrometheus(4096)
+}
+
+func (r *Router) metricsPrometheus(capHint int) (string, error) {
+	h := r.handle()
+	if h == nil {
+		return "", ErrClosed
+	}
+	defer runtime.KeepAlive(r)
+	text, err := fillGrowing(capHint, func(p *C.char, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_router_metrics_prometheus(h, p, cap, n, cerr)
+	})
+	return cText(text), err
+}

@@ -1,0 +1,126 @@
+//go:build cgo
+
+package kvrouter
+
+/*
+#include <stdint.h>
+#include "kvrouter.h"
+
+// The Go callback (replicas_export.go) takes a non-const pointer: cgo exports cannot say const.
+extern void kvrGoReplicaPublish(void* user_data, void* data, size_t size);
+
+static void kvr_go_replica_publish(void* user_data, const void* data, size_t size) {
+  kvrGoReplicaPublish(user_data, (void*)data, size);
+}
+
+// The handle travels as an integer so that Go never turns an integer into a pointer.
+static kvr_status kvr_go_set_replica_publisher(kvr_router* router, const char* replica_id,
+                                               uintptr_t handle, kvr_error** err) {
+  if (handle == 0) return kvr_router_set_replica_publisher(router, NULL, NULL, NULL, err);
+  return kvr_router_set_replica_publisher(router, replica_id, kvr_go_replica_publish,
+                                          (void*)handle, err);
+}
+*/
+import "C"
+
+import (
+	"runtime"
+	"runtime/cgo"
+	"sync"
+)
+
+// replicaPublishers holds, per router, the handle of its current publish callback, so that a
+// replaced or closed router's callback is released.
+var replicaPublishers sync.Map // *Router -> cgo.Handle
+
+// SetReplicaPublisher makes the router hand every change to its own bookings (booked, prefill
+// completed, freed) to publish, encoded, for the other router replicas, which apply them with
+// ApplyReplicaEvent: a request booked at one replica is then load at all of them (see
+// docs/replicas.md). replicaID names this replica and must be unique among them, fresh for
+// every process start. publish runs synchronously on the goroutine that made the change, under
+// the router's lock, in order: it must be quick (send to a channel or an asynchronous client),
+// must not call the router, and must copy data to keep it. nil stops publishing; once this
+// returns, the previous callback is not running and will not run again. Ingest.SyncReplicas
+// does all of this over NATS.
+func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)) error {
+	h := r.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	defer runtime.KeepAlive(r)
+	var a args
+	defer a.release()
+	var handle cgo.Handle
+	if publish != nil {
+		handle = cgo.NewHandle(publish)
+	}
+	var cerr *C.kvr_error
+	st := C.kvr_go_set_replica_publisher(h, a.str(replicaID), C.uintptr_t(handle), &cerr)
+	if err := takeError(st, cerr); err != nil {
+		if handle != 0 {
+			handle.Delete()
+		}
+		return err
+	}
+	// The previous callback can no longer run: release it.
+	var previous any
+	if handle != 0 {
+		previous, _ = replicaPublishers.Swap(r, handle)
+	} else {
+		previous, _ = replicaPublishers.LoadAndDelete(r)
+	}
+	if old, ok := previous.(cgo.Handle); ok {
+		old.Delete()
+	}
+	return nil
+}
+
+// releaseReplicaPublisher drops the callback of a router being freed.
+func releaseReplicaPublisher(r *Router) {
+	if old, ok := replicaPublishers.LoadAndDelete(r); ok {
+		old.(cgo.Handle).Delete()
+	}
+}
+
+// ApplyReplicaEvent applies one change another replica published (the bytes its
+// SetReplicaPublisher callback received): its bookings count as load here, and its frees may
+// admit requests waiting in this router's queue. Changes from this router's own replica id are
+// ignored. ErrInvalidArgument for bytes that are not a change, ErrNotFound for a worker rank
+// this router does not know, ErrAlreadyExists for a booking applied twice; nothing changes then.
+func (r *Router) ApplyReplicaEvent(data []byte) error {
+	h := r.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	p, n := bytesPtr(data)
+	var cerr *C.kvr_error
+	st := C.kvr_router_apply_replica_event(h, p, n, &cerr)
+	runtime.KeepAlive(r)
+	runtime.KeepAlive(data)
+	return takeError(st, cerr)
+}
+
+// SyncReplicas syncs the router's bookings with the other router replicas over NATS: every
+// change to its own bookings is published on subject as replicaID, and the changes the others
+// publish there are applied (see Router.SetReplicaPublisher for the rules). The source's
+// IngestStats count changes received, applied, rejected (RejectBadFlatBuffers, RejectIndex),
+// Published and PublishFailures. One per Ingest and router (ErrFailedPrecondition for a
+// second); it ends when the Ingest stops. ErrUnavailable if the first connection fails.
+func (in *Ingest) SyncReplicas(url, subject, replicaID string) (uint64, error) {
+	in.natsMu.RLock()
+	defer in.natsMu.RUnlock()
+	h := in.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	var a args
+	defer a.release()
+	var id C.uint64_t
+	var cerr *C.kvr_error
+	st := C.kvr_ingest_sync_replicas(h, a.str(url), a.str(subject), a.str(replicaID), &id, &cerr)
+	if err := takeError(st, cerr); err != nil {
+		return 0, err
+	}
+	return uint64(id), nil
+}

@@ -1,0 +1,133 @@
+//go:build cgo
+
+package kvrouter
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// A bus of the test's own: what replica a publishes, copied, applied to b by hand.
+func TestReplicaPublisherCarriesBookings(t *testing.T) {
+	a := newTestRouter(t, 2)
+	b := newTestRouter(t, 2)
+	var mu sync.Mutex
+	var bus [][]byte
+	must(t, a.SetReplicaPublisher("gateway-a", func(data []byte) {
+		mu.Lock()
+		bus = append(bus, append([]byte(nil), data...))
+		mu.Unlock()
+	}))
+	deliver := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range bus {
+			must(t, b.ApplyReplicaEvent(m))
+		}
+		bus = nil
+	}
+	must(t, a.AddRequest(prompt(64, 0), 1, 0, &RequestOptions{RequestID: "r1"}))
+	if len(bus) != 1 {
+		t.Fatalf("published %d changes, want 1", len(bus))
+	}
+	booking := bus[0]
+	deliver()
+	m, err := b.Metrics()
+	must(t, err)
+	if m.ReplicaRequestsActive != 1 || m.RequestsActive != 1 || m.ReplicaChangesApplied != 1 {
+		t.Errorf("after a's booking, b's metrics %+v", m)
+	}
+	// The same booking twice, garbage, and a's own change echoed back.
+	wantCode(t, b.ApplyReplicaEvent(booking), ErrAlreadyExists)
+	wantCode(t, b.ApplyReplicaEvent([]byte("not a change")), ErrInvalidArgument)
+	must(t, a.ApplyReplicaEvent(booking))
+	if m, _ := a.Metrics(); m.RequestsActive != 1 || m.ReplicaRequestsActive != 0 {
+		t.Errorf("an echo changed a: %+v", m)
+	}
+
+	must(t, a.FreeRequest("r1"))
+	deliver()
+	m, err = b.Metrics()
+	must(t, err)
+	if m.RequestsActive != 0 || m.ReplicaChangesRejected != 2 {
+		t.Errorf("after a's free, b's metrics %+v", m)
+	}
+
+	// nil stops publishing and releases the callback.
+	must(t, a.SetReplicaPublisher("", nil))
+	must(t, a.AddRequest(prompt(16, 0), 1, 0, &RequestOptions{RequestID: "r2"}))
+	if len(bus) != 0 {
+		t.Errorf("published after stopping: %d", len(bus))
+	}
+	if _, held := replicaPublishers.Load(a); held {
+		t.Error("the stopped callback is still held")
+	}
+	wantCode(t, a.SetReplicaPublisher("", func([]byte) {}), ErrInvalidArgument)
+}
+
+func TestReplicaPublisherIsReleasedWithTheRouter(t *testing.T) {
+	opts := DefaultRouterOptions()
+	r, err := NewRouter(&opts)
+	must(t, err)
+	must(t, r.SetReplicaPublisher("x", func([]byte) {}))
+	must(t, r.Close())
+	if _, held := replicaPublishers.Load(r); held {
+		t.Error("a closed router's callback is still held")
+	}
+	if err := r.SetReplicaPublisher("x", func([]byte) {}); err != ErrClosed {
+		t.Errorf("SetReplicaPublisher after Close: %v", err)
+	}
+	if err := r.ApplyReplicaEvent([]byte{1}); err != ErrClosed {
+		t.Errorf("ApplyReplicaEvent after Close: %v", err)
+	}
+}
+
+// Two replicas over a real nats-server: each one's bookings become load at the other.
+func TestSyncReplicasOverNATS(t *testing.T) {
+	url := "nats://" + startNATSServer(t)
+	replica := func(id string) (*Router, *Ingest, uint64) {
+		r := newTestRouter(t, 2)
+		in := newIngest(t, r)
+		must(t, in.Start())
+		src, err := in.SyncReplicas(url, "kvrouter.replicas", id)
+		must(t, err)
+		return r, in, src
+	}
+	a, ain, asrc := replica("gateway-a")
+	b, bin, bsrc := replica("gateway-b")
+	_, err := ain.SyncReplicas(url, "other", "again")
+	wantCode(t, err, ErrFailedPrecondition)
+
+	waitReplicas := func(r *Router, n uint64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			m, err := r.Metrics()
+			must(t, err)
+			if m.ReplicaRequestsActive == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("replica requests %d, want %d", m.ReplicaRequestsActive, n)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	must(t, a.AddRequest(prompt(64, 0), 1, 0, &RequestOptions{RequestID: "r1"}))
+	waitReplicas(b, 1)
+	must(t, b.AddRequest(prompt(32, 500), 2, 0, &RequestOptions{RequestID: "r2"}))
+	waitReplicas(a, 1)
+	must(t, a.FreeRequest("r1"))
+	waitReplicas(b, 0)
+	as, err := ain.Stats(asrc)
+	must(t, err)
+	bs, err := bin.Stats(bsrc)
+	must(t, err)
+	if as.Published != 2 || bs.Published != 1 || as.PublishFailures+bs.PublishFailures != 0 {
+		t.Errorf("published: a %+v, b %+v", as, bs)
+	}
+	if bs.EventsApplied != 2 || as.EventsApplied != 1 {
+		t.Errorf("applied: a %d, b %d", as.EventsApplied, bs.EventsApplied)
+	}
+}

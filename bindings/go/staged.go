@@ -1,0 +1,278 @@
+//go:build cgo
+
+package kvrouter
+
+/*
+#include "kvrouter.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"time"
+)
+
+// Phase is the routing phase a request's pins apply to (KVR_PHASE_*).
+type Phase uint32
+
+const (
+	PhaseAggregated Phase = C.KVR_PHASE_AGGREGATED
+	PhasePrefill    Phase = C.KVR_PHASE_PREFILL
+	PhaseDecode     Phase = C.KVR_PHASE_DECODE
+)
+
+// SessionMode is how a session binding applies (KVR_SESSION_*).
+type SessionMode uint32
+
+const (
+	// SessionHard: the bound rank is the exact target (rebound if it is gone).
+	SessionHard SessionMode = C.KVR_SESSION_HARD
+	// SessionSoft: the bound rank is preferred while eligible; rebound on dispatch.
+	SessionSoft SessionMode = C.KVR_SESSION_SOFT
+)
+
+// RoutingHints say where a request may or should run. Pins by phase: aggregated: WorkerID /
+// DPRank; prefill: PrefillWorkerID (else WorkerID) with PrefillDPRank (else DPRank); decode:
+// DecodeWorkerID (else WorkerID) with DPRank. A pin without a rank takes the best of the
+// worker's ranks. Nil pins mean no pin; the zero value (or nil) is no hint at all.
+type RoutingHints struct {
+	Phase           Phase
+	WorkerID        *uint64
+	PrefillWorkerID *uint64
+	DecodeWorkerID  *uint64
+	DPRank          *uint32
+	PrefillDPRank   *uint32
+	// SessionID keeps a conversation on one rank ("" = no session affinity). The binding is
+	// made at commit and its TTL slides.
+	SessionID   string
+	SessionMode SessionMode
+	SessionTTL  time.Duration // 0 = the default (300 s)
+}
+
+func (h *RoutingHints) toC(a *args) *C.kvr_routing_hints {
+	if h == nil {
+		return nil
+	}
+	c := new(C.kvr_routing_hints)
+	C.kvr_routing_hints_init(c)
+	c.phase = C.uint32_t(h.Phase)
+	if h.WorkerID != nil {
+		c.worker_id = C.uint64_t(*h.WorkerID)
+	}
+	if h.PrefillWorkerID != nil {
+		c.prefill_worker_id = C.uint64_t(*h.PrefillWorkerID)
+	}
+	if h.DecodeWorkerID != nil {
+		c.decode_worker_id = C.uint64_t(*h.DecodeWorkerID)
+	}
+	if h.DPRank != nil {
+		c.dp_rank = C.int32_t(*h.DPRank)
+	}
+	if h.PrefillDPRank != nil {
+		c.prefill_dp_rank = C.int32_t(*h.PrefillDPRank)
+	}
+	c.session_id = a.optStr(h.SessionID)
+	c.session_mode = C.uint32_t(h.SessionMode)
+	if h.SessionTTL != 0 {
+		c.session_ttl_seconds = C.double(h.SessionTTL.Seconds())
+	}
+	return c
+}
+
+// RouteSignals are the signals of a preview or a plan.
+type RouteSignals struct {
+	WorkerID              uint64
+	DPRank                uint32
+	OverlapBlocks         uint32 // leading prompt blocks cached on the rank's device
+	PromptBlocks          uint32
+	CachedTokens          uint64 // round(effective overlap × block size)
+	PotentialDecodeBlocks uint64 // the rank's active blocks + the prompt's new ones
+	TotalKVBlocks         uint64 // the worker's KV capacity; 0 = not reported
+	Cost                  float64
+	PromptTokens          uint64
+	Booked                bool // a plan
+	Moved                 bool // plan: the previewed (or soft-session) rank was no longer eligible
+	Queued                bool // plan: it waited in the admission queue
+}
+
+func signalsFromC(c *C.kvr_route_signals) RouteSignals {
+	return RouteSignals{
+		WorkerID:              uint64(c.worker_id),
+		DPRank:                uint32(c.dp_rank),
+		OverlapBlocks:         uint32(c.overlap_blocks),
+		PromptBlocks:          uint32(c.prompt_blocks),
+		CachedTokens:          uint64(c.cached_tokens),
+		PotentialDecodeBlocks: uint64(c.potential_decode_blocks),
+		TotalKVBlocks:         uint64(c.total_kv_blocks),
+		Cost:                  float64(c.cost),
+		PromptTokens:          uint64(c.prompt_tokens),
+		Booked:                c.booked != 0,
+		Moved:                 c.moved != 0,
+		Queued:                c.queued != 0,
+	}
+}
+
+func (s *RouteSignals) toC() *C.kvr_route_signals {
+	if s == nil {
+		return nil
+	}
+	c := new(C.kvr_route_signals)
+	C.kvr_route_signals_init(c)
+	c.worker_id = C.uint64_t(s.WorkerID)
+	c.dp_rank = C.uint32_t(s.DPRank)
+	c.overlap_blocks = C.uint32_t(s.OverlapBlocks)
+	c.prompt_blocks = C.uint32_t(s.PromptBlocks)
+	c.cached_tokens = C.uint64_t(s.CachedTokens)
+	c.potential_decode_blocks = C.uint64_t(s.PotentialDecodeBlocks)
+	c.total_kv_blocks = C.uint64_t(s.TotalKVBlocks)
+	c.cost = C.double(s.Cost)
+	c.prompt_tokens = C.uint64_t(s.PromptTokens)
+	c.booked = boolU32(s.Booked)
+	c.moved = boolU32(s.Moved)
+	c.queued = boolU32(s.Queued)
+	return c
+}
+
+// PreviewRoute returns what routing would pick, changing nothing (no admission or queue, no
+// booking, no approximate-mode record, no session binding created or refreshed). opts and
+// hints may be nil; opts.Admit is ignored.
+func (r *Router) PreviewRoute(tokens []uint32, opts *RequestOptions, hints *RoutingHints) (RouteSignals, error) {
+	h := r.handle()
+	if h == nil {
+		return RouteSignals{}, ErrClosed
+	}
+	var a args
+	defer a.release()
+	copts, chints := opts.toC(&a), hints.toC(&a)
+	tp, tn := tokensPtr(tokens)
+	var out C.kvr_route_signals
+	C.kvr_route_signals_init(&out)
+	var cerr *C.kvr_error
+	st := C.kvr_preview_route(h, tp, tn, copts, chints, &out, &cerr)
+	runtime.KeepAlive(r)
+	if err := takeError(st, cerr); err != nil {
+		return RouteSignals{}, err
+	}
+	return signalsFromC(&out), nil
+}
+
+// PlanRoute books the request (opts.RequestID required) as a plan, keeping previewed's rank
+// (previewed may be nil) while it is still a candidate; it waits in the admission queue like
+// FindBestMatch. Idempotent: planning an id with a live plan returns that plan.
+// ErrAlreadyExists for an id already active without a plan.
+func (r *Router) PlanRoute(tokens []uint32, opts *RequestOptions, hints *RoutingHints, previewed *RouteSignals) (RouteSignals, error) {
+	h := r.handle()
+	if h == nil {
+		return RouteSignals{}, ErrClosed
+	}
+	var a args
+	defer a.release()
+	copts, chints := opts.toC(&a), hints.toC(&a)
+	tp, tn := tokensPtr(tokens)
+	var out C.kvr_route_signals
+	C.kvr_route_signals_init(&out)
+	var cerr *C.kvr_error
+	st := C.kvr_plan_route(h, tp, tn, copts, chints, previewed.toC(), &out, &cerr)
+	runtime.KeepAlive(r)
+	if err := takeError(st, cerr); err != nil {
+		return RouteSignals{}, err
+	}
+	return signalsFromC(&out), nil
+}
+
+// CommitRoute says the plan was dispatched: approximate mode records the decision and the
+// session is bound. Idempotent. ErrNotFound: no plan (never made, aborted, freed or past its
+// deadline); ErrFailedPrecondition: its worker was removed (plan again).
+func (r *Router) CommitRoute(requestID string) error {
+	return r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
+		return C.kvr_commit_route(h, id, e)
+	})
+}
+
+// AbortRoute frees the plan, its booking or its queue place; freed says whether anything was.
+// Idempotent: an unknown id is no error.
+func (r *Router) AbortRoute(requestID string) (freed bool, err error) {
+	var f C.int
+	err = r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
+		return C.kvr_abort_route(h, id, &f, e)
+	})
+	return f != 0, err
+}
+
+// SetPlanDeadline sets how long a plan may wait for CommitRoute or AbortRoute before it is
+// dropped with its booking (default 30 s; applies to plans made afterwards).
+// ErrInvalidArgument unless > 0.
+func (r *Router) SetPlanDeadline(d time.Duration) error {
+	h := r.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	var cerr *C.kvr_error
+	st := C.kvr_router_set_plan_deadline(h, C.double(d.Seconds()), &cerr)
+	runtime.KeepAlive(r)
+	return takeError(st, cerr)
+}
+
+// ExpirePlans drops the plans past their deadline now and returns how many.
+func (r *Router) ExpirePlans() (int, error) {
+	h := r.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	var n C.size_t
+	var cerr *C.kvr_error
+	st := C.kvr_router_expire_plans(h, &n, &cerr)
+	runtime.KeepAlive(r)
+	return int(n), takeError(st, cerr)
+}
+
+// SessionBinding returns the rank a live session is bound to, without refreshing it.
+// ErrNotFound if unbound or expired.
+func (r *Router) SessionBinding(sessionID string) (workerID uint64, dpRank uint32, err error) {
+	var w C.uint64_t
+	var d C.uint32_t
+	err = r.callID(sessionID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
+		return C.kvr_router_session_binding(h, id, &w, &d, e)
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return uint64(w), uint32(d), nil
+}
+
+// CloseSession unbinds a session (no error if unbound).
+func (r *Router) CloseSession(sessionID string) error {
+	return r.callID(sessionID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
+		return C.kvr_router_close_session(h, id, e)
+	})
+}
+
+// ReclaimSessions drops expired session bindings now and returns how many.
+func (r *Router) ReclaimSessions() (int, error) {
+	h := r.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	var n C.size_t
+	var cerr *C.kvr_error
+	st := C.kvr_router_reclaim_sessions(h, &n, &cerr)
+	runtime.KeepAlive(r)
+	return int(n), takeError(st, cerr)
+}
+
+// StateDigest returns a digest of all routing state (index, active requests, queue, plans,
+// sessions): equal digests mean nothing changed. Stable within one process only.
+func (r *Router) StateDigest() (uint64, error) {
+	h := r.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	var d C.uint64_t
+	var cerr *C.kvr_error
+	st := C.kvr_router_state_digest(h, &d, &cerr)
+	runtime.KeepAlive(r)
+	if err := takeError(st, cerr); err != nil {
+		return 0, err
+	}
+	return uint64(d), nil
+}
