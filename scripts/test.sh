@@ -29,6 +29,7 @@ echo "== bindings: against the library of the plain build, staged in build/stage
 rm -rf build/stage
 cmake --install build/test --prefix build/stage >/dev/null
 KVR_STAGE=$PWD/build/stage scripts/test-go.sh
+KVR_STAGE=$PWD/build/stage scripts/test-rust.sh
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer: every test =="
 build build/asan -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=address,undefined

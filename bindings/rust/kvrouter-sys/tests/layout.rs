@@ -1,0 +1,484 @@
+//! The declarations against the real header, in the spirit of git2-rs' `systest`, without
+//! crates: a C program compiled at test time with the system's `cc` prints every struct's size,
+//! alignment and field offsets and sizes, and every constant's value; the Rust side computes the
+//! same with `size_of` / `offset_of!`. A second test parses the header's function
+//! declarations and the extern block of `src/lib.rs`, maps C types to Rust types, and compares
+//! every function's name, parameter types and return type.
+//!
+//! The header is the one `build.rs` found (pkg-config's includedir, or `KVROUTER_INCLUDE_DIR`);
+//! `KVROUTER_LAYOUT_INCLUDE_DIR` overrides it for this test only.
+
+use std::collections::BTreeMap;
+use std::mem::{align_of, offset_of, size_of, size_of_val, zeroed};
+use std::path::PathBuf;
+use std::process::Command;
+
+use kvrouter_sys::*;
+
+struct Layout {
+    name: &'static str,
+    size: usize,
+    align: usize,
+    /// (field, offset, size)
+    fields: Vec<(&'static str, usize, usize)>,
+}
+
+macro_rules! layouts {
+    ($($s:ident { $($f:ident),* $(,)? })*) => {
+        vec![$({
+            // SAFETY: every struct here is plain data (integers, floats, raw pointers), for which
+            // all-zero bytes are a valid value.
+            let value: $s = unsafe { zeroed() };
+            let _ = &value;
+            Layout {
+                name: stringify!($s),
+                size: size_of::<$s>(),
+                align: align_of::<$s>(),
+                fields: vec![$((stringify!($f), offset_of!($s, $f), size_of_val(&value.$f))),*],
+            }
+        }),*]
+    };
+}
+
+fn rust_layouts() -> Vec<Layout> {
+    layouts! {
+        kvr_hash_options { struct_size, flags, lora_name, cache_namespace, mm_hashes, mm_counts,
+            mm_num_blocks }
+        kvr_router_options { struct_size, block_size, flags, queue_policy, overlap_score_credit,
+            prefill_load_scale, host_cache_hit_weight, disk_cache_hit_weight, temperature,
+            queue_threshold, approx_ttl_seconds, approx_max_blocks, approx_prune_target_ratio,
+            request_expiry_seconds, random_seed }
+        kvr_worker_config { struct_size, block_size, worker_id, dp_start, dp_size,
+            total_kv_blocks, max_num_batched_tokens }
+        kvr_stored_event { struct_size, dp_rank, worker_id, event_id, tier, flags, parent_hash,
+            block_hashes, num_blocks, local_hashes, token_ids, num_tokens, lora_name,
+            cache_namespace, mm_hashes, mm_counts }
+        kvr_removed_event { struct_size, dp_rank, worker_id, event_id, tier, reserved,
+            block_hashes, num_blocks }
+        kvr_request_options { struct_size, flags, request_id, lora_name, cache_namespace,
+            mm_hashes, mm_counts, mm_num_blocks, allowed_worker_ids, num_allowed_worker_ids,
+            overlap_score_credit, prefill_load_scale, host_cache_hit_weight,
+            disk_cache_hit_weight, temperature, assume_kv_reuse, track_prefill_tokens,
+            priority_jump, expected_output_tokens, reserved, queue_timeout_ms }
+        kvr_route_result { struct_size, dp_rank, worker_id, prompt_blocks, device_overlap_blocks,
+            effective_overlap_blocks, cached_tokens, prompt_tokens, cost, booked, queued }
+        kvr_candidate { worker_id, dp_rank, device_blocks, host_blocks, disk_blocks,
+            external_blocks, chosen, effective_overlap_blocks, cached_tokens,
+            active_prefill_tokens, active_blocks, new_blocks, raw_prefill_blocks, credit,
+            prefill_cost, decode_blocks, cost, probability, reserved }
+        kvr_overlap { worker_id, dp_rank, device_blocks, host_blocks, disk_blocks,
+            external_blocks, reserved0, effective_overlap_blocks, cached_tokens, tree_size,
+            reserved }
+        kvr_potential_load { worker_id, dp_rank, reserved0, potential_prefill_tokens,
+            potential_decode_blocks, active_prefill_tokens, active_blocks, active_requests,
+            reserved }
+        kvr_metrics { struct_size, reserved0, events, event_batches_rejected, decisions,
+            requests_active, queue_pending, queue_pending_tokens, workers, index_nodes,
+            index_blocks, index_bytes, replica_changes_applied, replica_changes_rejected,
+            replica_requests_active }
+        kvr_routing_hints { struct_size, phase, worker_id, prefill_worker_id, decode_worker_id,
+            dp_rank, prefill_dp_rank, session_id, session_mode, reserved, session_ttl_seconds }
+        kvr_route_signals { struct_size, dp_rank, worker_id, overlap_blocks, prompt_blocks,
+            cached_tokens, potential_decode_blocks, total_kv_blocks, cost, prompt_tokens, booked,
+            moved, queued, reserved }
+        kvr_disagg_options { struct_size, policy, enforce, reserved, max_local_prefill_tokens,
+            max_local_prefill_ratio, prefill_busy_threshold, decode_busy_threshold }
+        kvr_prefill_result { struct_size, remote, reason, dp_rank, worker_id, bootstrap_room,
+            cached_tokens }
+        kvr_ingest_options { struct_size, max_frame_bytes, replay_timeout_ms, reserved }
+        kvr_engine_worker { struct_size, engine, endpoint, worker_id, dp_start, dp_size,
+            block_size, flags, topic, replay_endpoint }
+        kvr_ingest_stats { struct_size, state_unknown, messages, events_applied, rejected, gaps,
+            missed_messages, restarts, recoveries, connections, lag_samples, lag_total_us,
+            lag_max_us, lag_last_us, published, publish_failures }
+    }
+}
+
+macro_rules! constants {
+    ($($c:ident),* $(,)?) => { vec![$((stringify!($c), $c as u64)),*] };
+}
+
+fn rust_constants() -> Vec<(&'static str, u64)> {
+    constants![
+        KVR_VERSION_MAJOR,
+        KVR_VERSION_MINOR,
+        KVR_OK,
+        KVR_CANCELLED,
+        KVR_INVALID_ARGUMENT,
+        KVR_DEADLINE_EXCEEDED,
+        KVR_NOT_FOUND,
+        KVR_ALREADY_EXISTS,
+        KVR_RESOURCE_EXHAUSTED,
+        KVR_FAILED_PRECONDITION,
+        KVR_UNIMPLEMENTED,
+        KVR_INTERNAL,
+        KVR_UNAVAILABLE,
+        KVR_BUFFER_TOO_SMALL,
+        KVR_TIER_DEVICE,
+        KVR_TIER_HOST_PINNED,
+        KVR_TIER_DISK,
+        KVR_TIER_EXTERNAL,
+        KVR_HASH_EAGLE,
+        KVR_ROUTER_APPROXIMATE,
+        KVR_ROUTER_NO_KV_REUSE,
+        KVR_ROUTER_NO_PREFILL_TRACKING,
+        KVR_ROUTER_EAGLE,
+        KVR_ROUTER_ENTROPY_SEED,
+        KVR_QUEUE_FCFS,
+        KVR_QUEUE_LCFS,
+        KVR_QUEUE_WSPT,
+        KVR_STORED_HAS_PARENT,
+        KVR_STORED_EAGLE,
+        KVR_REQUEST_ADMIT,
+        KVR_EVENT_STORED,
+        KVR_EVENT_REMOVED,
+        KVR_EVENT_CLEARED,
+        KVR_EVENT_KINDS,
+        KVR_EVENT_OK,
+        KVR_EVENT_PARENT_BLOCK_NOT_FOUND,
+        KVR_EVENT_BLOCK_NOT_FOUND,
+        KVR_EVENT_INVALID_BLOCK_SEQUENCE,
+        KVR_EVENT_INVALID_BLOCK,
+        KVR_EVENT_OUTCOMES,
+        KVR_PHASE_AGGREGATED,
+        KVR_PHASE_PREFILL,
+        KVR_PHASE_DECODE,
+        KVR_WORKER_NONE,
+        KVR_SESSION_HARD,
+        KVR_SESSION_SOFT,
+        KVR_DISAGG_ALWAYS,
+        KVR_DISAGG_ISL_BOUNDING,
+        KVR_DISAGG_PREFILL_LOAD,
+        KVR_DISAGG_ISL_OR_LOAD,
+        KVR_PREFILL_REMOTE,
+        KVR_PREFILL_NO_PREFILL_WORKERS,
+        KVR_PREFILL_SHORT_ISL,
+        KVR_PREFILL_WORKER_BUSY,
+        KVR_ENGINE_VLLM,
+        KVR_ENGINE_SGLANG,
+        KVR_INGEST_REJECT_FRAME_TOO_LARGE,
+        KVR_INGEST_REJECT_BAD_FLATBUFFERS,
+        KVR_INGEST_REJECT_BAD_MSGPACK,
+        KVR_INGEST_REJECT_BAD_MESSAGE,
+        KVR_INGEST_REJECT_BLOCK_SIZE,
+        KVR_INGEST_REJECT_INDEX,
+        KVR_INGEST_REJECT_STALE_SEQUENCE,
+        KVR_INGEST_REJECT_REASONS,
+    ]
+}
+
+/// Macros of the header that are not values the binding mirrors.
+const NOT_CONSTANTS: &[&str] = &["KVR_API", "KVROUTER_H"];
+
+fn include_dir() -> PathBuf {
+    let dir = std::env::var("KVROUTER_LAYOUT_INCLUDE_DIR")
+        .ok()
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| env!("KVROUTER_SYS_INCLUDE_DIR").to_string());
+    assert!(
+        !dir.is_empty(),
+        "no kvrouter.h was found at build time; set KVROUTER_INCLUDE_DIR (or \
+         KVROUTER_LAYOUT_INCLUDE_DIR) to the directory holding kvrouter.h"
+    );
+    PathBuf::from(dir)
+}
+
+fn header_text() -> String {
+    let path = include_dir().join("kvrouter.h");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `#define KVR_...` names of the header with a value (not the include guard, not KVR_API).
+fn header_macros(header: &str) -> Vec<String> {
+    header
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("#define "))
+        .filter_map(|rest| {
+            let mut words = rest.split_whitespace();
+            let name = words.next()?;
+            words.next()?; // a value must follow
+            (name.starts_with("KVR_") && !NOT_CONSTANTS.contains(&name)).then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// Compiles and runs the probe program; returns its `key value...` lines.
+fn c_facts(layouts: &[Layout], constants: &[(&str, u64)]) -> BTreeMap<String, Vec<u64>> {
+    let mut src = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"kvrouter.h\"\nint main(void) {\n",
+    );
+    for l in layouts {
+        src += &format!(
+            "  printf(\"{0} %zu %zu\\n\", sizeof({0}), _Alignof({0}));\n",
+            l.name
+        );
+        for (f, _, _) in &l.fields {
+            src += &format!(
+                "  printf(\"{0}.{1} %zu %zu\\n\", offsetof({0}, {1}), sizeof((({0} *)0)->{1}));\n",
+                l.name, f
+            );
+        }
+    }
+    // The callback typedef (which layouts cannot see): the Rust declaration's C twin must be
+    // assignment-compatible with it, or -Werror stops the compilation.
+    src += "  { void (*publish)(void *, const void *, size_t) = (kvr_replica_publish_fn)0;\n";
+    src += "    kvr_replica_publish_fn back = publish; (void)back; }\n";
+    src += "  printf(\"kvr_replica_publish_fn %zu %zu\\n\", sizeof(kvr_replica_publish_fn), \
+            _Alignof(kvr_replica_publish_fn));\n";
+    for (c, _) in constants {
+        src += &format!("  printf(\"{c} %llu\\n\", (unsigned long long)({c}));\n");
+    }
+    src += "  return 0;\n}\n";
+
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kvrouter-sys-layout");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c_file = dir.join("layout.c");
+    let exe = dir.join("layout");
+    std::fs::write(&c_file, src).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Werror", "-I"])
+        .arg(include_dir())
+        .arg(&c_file)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+    assert!(
+        out.status.success(),
+        "compiling the layout probe failed (a field the Rust side names that C does not have?):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = Command::new(&exe).output().unwrap();
+    assert!(run.status.success());
+    String::from_utf8(run.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut words = line.split_whitespace();
+            let key = words.next().unwrap().to_string();
+            (key, words.map(|w| w.parse().unwrap()).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn structs_and_constants_match_the_header() {
+    let layouts = rust_layouts();
+    let constants = rust_constants();
+    let c = c_facts(&layouts, &constants);
+    let mut mismatches = Vec::new();
+    for l in &layouts {
+        let want = &c[l.name];
+        if want[0] as usize != l.size || want[1] as usize != l.align {
+            mismatches.push(format!(
+                "{}: C size {} align {}, Rust size {} align {}",
+                l.name, want[0], want[1], l.size, l.align
+            ));
+        }
+        let mut covered = 0;
+        for (f, offset, size) in &l.fields {
+            let want = &c[&format!("{}.{f}", l.name)];
+            covered += size;
+            if want[0] as usize != *offset || want[1] as usize != *size {
+                mismatches.push(format!(
+                    "{}.{f}: C offset {} size {}, Rust offset {offset} size {size}",
+                    l.name, want[0], want[1]
+                ));
+            }
+        }
+        // Every byte is a listed field or padding: a C field missing from the list would show
+        // as a size mismatch unless it hid in tail padding, which this bounds.
+        assert!(covered <= l.size);
+    }
+    let callback = &c["kvr_replica_publish_fn"];
+    assert_eq!(callback[0] as usize, size_of::<kvr_replica_publish_fn>());
+    assert_eq!(callback[1] as usize, align_of::<kvr_replica_publish_fn>());
+    for (name, value) in &constants {
+        if c[*name][0] != *value {
+            mismatches.push(format!("{name}: C {}, Rust {value}", c[*name][0]));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "layout mismatches:\n{}",
+        mismatches.join("\n")
+    );
+}
+
+#[test]
+fn every_header_constant_is_mirrored() {
+    let mirrored: Vec<&str> = rust_constants().iter().map(|(n, _)| *n).collect();
+    let missing: Vec<String> = header_macros(&header_text())
+        .into_iter()
+        .filter(|m| !mirrored.contains(&m.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "constants not mirrored: {missing:?}");
+}
+
+/// One function: name → (parameter types, return type), both as Rust type strings.
+type Signatures = BTreeMap<String, (Vec<String>, String)>;
+
+/// A C type (`const uint32_t *`, `kvr_error **`, `double`) as the Rust type the binding uses.
+fn c_type_to_rust(c: &str) -> String {
+    let stars = c.matches('*').count();
+    let base_words: Vec<&str> = c
+        .split(|ch: char| ch.is_whitespace() || ch == '*')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let is_const = base_words.first() == Some(&"const");
+    let base = *base_words.last().unwrap();
+    let base = match base {
+        "uint8_t" => "u8",
+        "int32_t" => "i32",
+        "uint32_t" => "u32",
+        "int64_t" => "i64",
+        "uint64_t" => "u64",
+        "size_t" => "usize",
+        "double" => "f64",
+        "int" => "c_int",
+        "char" => "c_char",
+        "void" if stars == 0 => return String::new(),
+        "void" => "c_void",
+        other => other,
+    };
+    let mut rust = base.to_string();
+    for level in 0..stars {
+        let qualifier = if level == 0 && is_const {
+            "*const "
+        } else {
+            "*mut "
+        };
+        rust = format!("{qualifier}{rust}");
+    }
+    rust
+}
+
+fn header_signatures(header: &str) -> Signatures {
+    // Drop comments and preprocessor lines, then take every `KVR_API ...;` declaration.
+    let mut text = String::new();
+    let mut rest = header;
+    while let Some(start) = rest.find("/*") {
+        text += &rest[..start];
+        rest = &rest[start + rest[start..].find("*/").unwrap() + 2..];
+    }
+    text += rest;
+    let text: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut out = Signatures::new();
+    for decl in text.split("KVR_API").skip(1) {
+        let decl = &decl[..decl.find(';').unwrap()];
+        let open = decl.find('(').unwrap();
+        let head = decl[..open].trim();
+        let name_start = head
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        let name = head[name_start..].to_string();
+        let ret = c_type_to_rust(&head[..name_start]);
+        let params_text = decl[open + 1..decl.rfind(')').unwrap()].trim();
+        let params = if params_text == "void" {
+            Vec::new()
+        } else {
+            params_text
+                .split(',')
+                .map(|p| {
+                    let p = p.trim();
+                    let cut = p
+                        .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .unwrap();
+                    c_type_to_rust(&p[..=cut])
+                })
+                .collect()
+        };
+        out.insert(name, (params, ret));
+    }
+    out
+}
+
+fn rust_signatures(source: &str) -> Signatures {
+    let mut out = Signatures::new();
+    let mut pending: Option<String> = None;
+    for line in source.lines() {
+        let line = line.trim();
+        match pending.as_mut() {
+            Some(decl) => {
+                decl.push(' ');
+                decl.push_str(line);
+            }
+            None if line.starts_with("pub fn kvr_") => pending = Some(line.to_string()),
+            None => continue,
+        }
+        if let Some(decl) = pending.take_if(|d| d.ends_with(';')) {
+            let decl = decl.trim_start_matches("pub fn ").trim_end_matches(';');
+            let open = decl.find('(').unwrap();
+            let close = decl.rfind(')').unwrap();
+            let name = decl[..open].trim().to_string();
+            let params = decl[open + 1..close]
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let ty = p.split_once(':').unwrap().1;
+                    ty.split_whitespace().collect::<Vec<_>>().join(" ")
+                })
+                .collect();
+            let ret = decl[close + 1..]
+                .trim()
+                .trim_start_matches("->")
+                .trim()
+                .to_string();
+            out.insert(name, (params, ret));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_function_is_declared_with_the_header_signature() {
+    let header = header_signatures(&header_text());
+    let rust = rust_signatures(include_str!("../src/lib.rs"));
+    assert!(
+        header.len() >= 84,
+        "parsed only {} header declarations",
+        header.len()
+    );
+    let missing: Vec<&String> = header.keys().filter(|k| !rust.contains_key(*k)).collect();
+    let extra: Vec<&String> = rust.keys().filter(|k| !header.contains_key(*k)).collect();
+    assert!(
+        missing.is_empty(),
+        "functions not declared in kvrouter-sys: {missing:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "functions kvrouter-sys declares that the header lacks: {extra:?}"
+    );
+    let wrong: Vec<String> = header
+        .iter()
+        .filter(|(name, sig)| rust[*name] != **sig)
+        .map(|(name, sig)| format!("{name}: header {sig:?}, Rust {:?}", rust[name]))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "signature mismatches:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn linked_library_matches_the_declared_version() {
+    // SAFETY: no arguments; the string is static.
+    let (number, text) = unsafe {
+        (
+            kvr_version(),
+            std::ffi::CStr::from_ptr(kvr_version_string()),
+        )
+    };
+    assert_eq!(number / 100, KVR_VERSION_NUMBER / 100, "library {text:?}");
+    assert!(text
+        .to_str()
+        .unwrap()
+        .starts_with(&format!("{KVR_VERSION_MAJOR}.{KVR_VERSION_MINOR}.")));
+}

@@ -1,0 +1,213 @@
+//! Errors: every fallible call returns [`Result`], whose [`Error`] carries the C status as a
+//! [`Code`] and the library's message. The C `kvr_error` is read and freed at once, so an
+//! `Error` is plain owned data (`Send + Sync + Clone`).
+
+use std::ffi::CStr;
+use std::fmt;
+use std::ptr;
+
+use kvrouter_sys as sys;
+
+/// A `kvr_status` other than `KVR_OK`. Codes below 100 are `absl::StatusCode`'s numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// `KVR_CANCELLED`: e.g. a queued request freed while it waited.
+    Cancelled,
+    /// `KVR_INVALID_ARGUMENT`: a bad setting, a malformed buffer, a block size mismatch.
+    InvalidArgument,
+    /// `KVR_DEADLINE_EXCEEDED`: the admission queue's timeout passed.
+    DeadlineExceeded,
+    /// `KVR_NOT_FOUND`: an unknown worker, rank, plan, session or source.
+    NotFound,
+    /// `KVR_ALREADY_EXISTS`: a registered worker id, an active request id.
+    AlreadyExists,
+    /// `KVR_RESOURCE_EXHAUSTED`.
+    ResourceExhausted,
+    /// `KVR_FAILED_PRECONDITION`: e.g. events applied in approximate mode, or a binding and
+    /// library whose versions do not match.
+    FailedPrecondition,
+    /// `KVR_UNIMPLEMENTED`.
+    Unimplemented,
+    /// `KVR_INTERNAL`: an exception inside the library.
+    Internal,
+    /// `KVR_UNAVAILABLE`: no eligible worker, a connection or bind that failed.
+    Unavailable,
+    /// `KVR_BUFFER_TOO_SMALL`: the binding retries these itself; it surfaces only where a
+    /// retry is impossible.
+    BufferTooSmall,
+    /// A code this binding does not know (a newer library).
+    Other(i32),
+}
+
+impl Code {
+    /// The code for a raw `kvr_status` (`KVR_OK`, which is no error, maps to `Other(0)`).
+    pub fn from_raw(status: sys::kvr_status) -> Code {
+        match status {
+            sys::KVR_CANCELLED => Code::Cancelled,
+            sys::KVR_INVALID_ARGUMENT => Code::InvalidArgument,
+            sys::KVR_DEADLINE_EXCEEDED => Code::DeadlineExceeded,
+            sys::KVR_NOT_FOUND => Code::NotFound,
+            sys::KVR_ALREADY_EXISTS => Code::AlreadyExists,
+            sys::KVR_RESOURCE_EXHAUSTED => Code::ResourceExhausted,
+            sys::KVR_FAILED_PRECONDITION => Code::FailedPrecondition,
+            sys::KVR_UNIMPLEMENTED => Code::Unimplemented,
+            sys::KVR_INTERNAL => Code::Internal,
+            sys::KVR_UNAVAILABLE => Code::Unavailable,
+            sys::KVR_BUFFER_TOO_SMALL => Code::BufferTooSmall,
+            other => Code::Other(other),
+        }
+    }
+
+    /// The raw `kvr_status`.
+    pub fn raw(self) -> sys::kvr_status {
+        match self {
+            Code::Cancelled => sys::KVR_CANCELLED,
+            Code::InvalidArgument => sys::KVR_INVALID_ARGUMENT,
+            Code::DeadlineExceeded => sys::KVR_DEADLINE_EXCEEDED,
+            Code::NotFound => sys::KVR_NOT_FOUND,
+            Code::AlreadyExists => sys::KVR_ALREADY_EXISTS,
+            Code::ResourceExhausted => sys::KVR_RESOURCE_EXHAUSTED,
+            Code::FailedPrecondition => sys::KVR_FAILED_PRECONDITION,
+            Code::Unimplemented => sys::KVR_UNIMPLEMENTED,
+            Code::Internal => sys::KVR_INTERNAL,
+            Code::Unavailable => sys::KVR_UNAVAILABLE,
+            Code::BufferTooSmall => sys::KVR_BUFFER_TOO_SMALL,
+            Code::Other(raw) => raw,
+        }
+    }
+
+    /// The status's C name (`"KVR_NOT_FOUND"`, ...; `"KVR_UNKNOWN"` for a code the library
+    /// does not know), from `kvr_status_str`.
+    pub fn name(self) -> &'static str {
+        status_name(self.raw())
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The C name of any status code (`kvr_status_str`).
+pub fn status_name(status: sys::kvr_status) -> &'static str {
+    // SAFETY: kvr_status_str accepts any value and returns a static, NUL-terminated string
+    // that is never NULL.
+    let name = unsafe { CStr::from_ptr(sys::kvr_status_str(status)) };
+    name.to_str().unwrap_or("KVR_UNKNOWN")
+}
+
+/// A failed call: the status code and the library's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    code: Code,
+    message: String,
+}
+
+impl Error {
+    /// An error raised by the binding itself (an argument it refuses before calling C).
+    pub(crate) fn new(code: Code, message: impl Into<String>) -> Error {
+        Error {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Error {
+        Error::new(Code::InvalidArgument, message)
+    }
+
+    /// The status code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The library's message (empty if it gave none).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            write!(f, "{}", self.code)
+        } else {
+            write!(f, "{}: {}", self.code, self.message)
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Runs one fallible C call, passing it the address of a NULL `kvr_error *`, and turns its
+/// status (and error object, which it frees) into a `Result`.
+pub(crate) fn call(f: impl FnOnce(*mut *mut sys::kvr_error) -> sys::kvr_status) -> Result<()> {
+    let mut err: *mut sys::kvr_error = ptr::null_mut();
+    let status = f(&mut err);
+    if let Some(payload) = crate::replica::take_panic() {
+        // A replica publisher closure panicked inside this call: free the error, re-raise.
+        // SAFETY: NULL or a caller-owned error, freed once.
+        unsafe { sys::kvr_error_free(err) };
+        std::panic::resume_unwind(payload);
+    }
+    if status == sys::KVR_OK {
+        if !err.is_null() {
+            // SAFETY: a caller-owned error object, freed once.
+            unsafe { sys::kvr_error_free(err) };
+        }
+        return Ok(());
+    }
+    let message = if err.is_null() {
+        String::new()
+    } else {
+        // SAFETY: err is a live error object; its message is valid until kvr_error_free,
+        // and is copied before that.
+        let message = unsafe { CStr::from_ptr(sys::kvr_error_message(err)) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: freed exactly once, after its last use.
+        unsafe { sys::kvr_error_free(err) };
+        message
+    };
+    Err(Error {
+        code: Code::from_raw(status),
+        message,
+    })
+}
+
+/// Fills a vector through a C function taking `(out, cap, *len)`: retries with the length the
+/// library asks for on `KVR_BUFFER_TOO_SMALL`. `initial` is the first capacity tried.
+///
+/// `f` must call a function that writes `*len` initialised elements of `T` to `out` on
+/// success (and none past `cap`).
+pub(crate) fn fill_vec<T>(
+    initial: usize,
+    mut f: impl FnMut(*mut T, usize, *mut usize, *mut *mut sys::kvr_error) -> sys::kvr_status,
+) -> Result<Vec<T>> {
+    let mut v: Vec<T> = Vec::with_capacity(initial);
+    loop {
+        let cap = v.capacity();
+        let mut len = 0usize;
+        match call(|err| f(v.as_mut_ptr(), cap, &mut len, err)) {
+            Ok(()) if len <= cap => {
+                // SAFETY: on success the library wrote `len` <= cap elements (the C ABI's
+                // caller-buffer rule), so the first `len` are initialised.
+                unsafe { v.set_len(len) };
+                return Ok(v);
+            }
+            Ok(()) => {
+                return Err(Error::new(
+                    Code::Internal,
+                    format!("the library reported {len} entries for a buffer of {cap}"),
+                ))
+            }
+            Err(e) if e.code() == Code::BufferTooSmall && len > cap => v.reserve_exact(len),
+            Err(e) => return Err(e),
+        }
+    }
+}

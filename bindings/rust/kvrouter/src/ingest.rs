@@ -1,0 +1,491 @@
+//! Live KV event ingestion (`kvr_ingest`: native streams over TCP / Unix sockets, NATS, vLLM
+//! and SGLang ZMQ publishers) and the native-stream publisher (`kvr_publisher`).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use kvrouter_sys as sys;
+
+use crate::error::{call, fill_vec, Code, Error, Result};
+use crate::events::EventBatch;
+use crate::options::init;
+use crate::router::{Router, RouterRef};
+use crate::util::{cstring, opt_cstring, opt_ptr};
+
+/// Settings of an [`Ingest`] (`kvr_ingest_options`); `Default` is the library's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IngestOptions {
+    /// Largest stream frame accepted; default (and maximum) 64 MiB.
+    pub max_frame_bytes: u32,
+    /// A vLLM replay taking longer falls back to clearing the worker; default 2000.
+    pub replay_timeout_ms: u32,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        let raw = init(sys::kvr_ingest_options_init);
+        IngestOptions {
+            max_frame_bytes: raw.max_frame_bytes,
+            replay_timeout_ms: raw.replay_timeout_ms,
+        }
+    }
+}
+
+impl IngestOptions {
+    fn to_raw(self) -> sys::kvr_ingest_options {
+        let mut raw = init(sys::kvr_ingest_options_init);
+        raw.max_frame_bytes = self.max_frame_bytes;
+        raw.replay_timeout_ms = self.replay_timeout_ms;
+        raw
+    }
+}
+
+/// The engine publishing KV events over ZMQ (both share the wire format; informational).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Engine {
+    #[default]
+    Vllm,
+    Sglang,
+}
+
+/// A vLLM or SGLang engine worker publishing KV events over ZMQ PUB (`kvr_engine_worker`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineWorker<'a> {
+    pub engine: Engine,
+    /// e.g. `tcp://10.0.0.5:5557`; rank `dp_start + r` on port + r.
+    pub endpoint: &'a str,
+    pub worker_id: u64,
+    pub dp_start: u32,
+    pub dp_size: u32,
+    /// 0 = the router's; anything else must equal it.
+    pub block_size: u32,
+    /// The model uses eagle block windows.
+    pub eagle: bool,
+    /// Subscription prefix; None = every message.
+    pub topic: Option<&'a str>,
+    /// vLLM's replay socket (rank r as for `endpoint`); None: missed messages clear the worker.
+    pub replay_endpoint: Option<&'a str>,
+}
+
+impl<'a> EngineWorker<'a> {
+    /// A one-rank vLLM worker at `endpoint` with the library's defaults.
+    pub fn new(endpoint: &'a str, worker_id: u64) -> Self {
+        let raw = init(sys::kvr_engine_worker_init);
+        EngineWorker {
+            engine: Engine::Vllm,
+            endpoint,
+            worker_id,
+            dp_start: raw.dp_start,
+            dp_size: raw.dp_size,
+            block_size: raw.block_size,
+            eagle: raw.flags & sys::KVR_STORED_EAGLE != 0,
+            topic: None,
+            replay_endpoint: None,
+        }
+    }
+}
+
+/// Why ingest rejected a message or an event (`KVR_INGEST_REJECT_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// A stream header over the limit: that connection is closed.
+    FrameTooLarge,
+    /// A frame or NATS message that is not a valid EventBatch.
+    BadFlatbuffers,
+    /// An engine payload that does not decode.
+    BadMsgpack,
+    /// A ZMQ message not `[topic, 8-byte seq, payload]`.
+    BadMessage,
+    /// A stored event of another block size.
+    BlockSize,
+    /// An event the index refused (unknown parent...).
+    Index,
+    /// A sequence number already seen.
+    StaleSequence,
+}
+
+impl RejectReason {
+    fn index(self) -> usize {
+        match self {
+            RejectReason::FrameTooLarge => sys::KVR_INGEST_REJECT_FRAME_TOO_LARGE,
+            RejectReason::BadFlatbuffers => sys::KVR_INGEST_REJECT_BAD_FLATBUFFERS,
+            RejectReason::BadMsgpack => sys::KVR_INGEST_REJECT_BAD_MSGPACK,
+            RejectReason::BadMessage => sys::KVR_INGEST_REJECT_BAD_MESSAGE,
+            RejectReason::BlockSize => sys::KVR_INGEST_REJECT_BLOCK_SIZE,
+            RejectReason::Index => sys::KVR_INGEST_REJECT_INDEX,
+            RejectReason::StaleSequence => sys::KVR_INGEST_REJECT_STALE_SEQUENCE,
+        }
+    }
+}
+
+/// Counters of one source, or of every source together (`kvr_ingest_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IngestStats {
+    /// Ranks whose state was lost (gap) and not yet re-established.
+    pub state_unknown: u32,
+    /// Frames or ZMQ / NATS messages received.
+    pub messages: u64,
+    pub events_applied: u64,
+    /// Per `KVR_INGEST_REJECT_*`; read with [`IngestStats::rejected`].
+    pub rejected: [u64; sys::KVR_INGEST_REJECT_REASONS],
+    /// Sequence jumps forward.
+    pub gaps: u64,
+    /// Messages lost in those jumps.
+    pub missed_messages: u64,
+    /// Publisher sequence resets to 0.
+    pub restarts: u64,
+    /// Worker states cleared or replayed because they were lost.
+    pub recoveries: u64,
+    /// Stream connections accepted; NATS connections and reconnections.
+    pub connections: u64,
+    /// Messages whose lag (publication to events applied) was measured.
+    pub lag_samples: u64,
+    /// Their lags summed, in µs (mean = lag_total_us / lag_samples).
+    pub lag_total_us: u64,
+    /// The largest lag, in µs.
+    pub lag_max_us: u64,
+    /// The most recent message's lag, in µs.
+    pub lag_last_us: u64,
+    /// Replica sync: changes published.
+    pub published: u64,
+    /// Replica sync: changes the NATS client refused.
+    pub publish_failures: u64,
+}
+
+impl IngestStats {
+    /// Messages or events rejected for `reason`.
+    pub fn rejected(&self, reason: RejectReason) -> u64 {
+        self.rejected[reason.index()]
+    }
+}
+
+impl From<sys::kvr_ingest_stats> for IngestStats {
+    fn from(s: sys::kvr_ingest_stats) -> Self {
+        IngestStats {
+            state_unknown: s.state_unknown,
+            messages: s.messages,
+            events_applied: s.events_applied,
+            rejected: s.rejected,
+            gaps: s.gaps,
+            missed_messages: s.missed_messages,
+            restarts: s.restarts,
+            recoveries: s.recoveries,
+            connections: s.connections,
+            lag_samples: s.lag_samples,
+            lag_total_us: s.lag_total_us,
+            lag_max_us: s.lag_max_us,
+            lag_last_us: s.lag_last_us,
+            published: s.published,
+            publish_failures: s.publish_failures,
+        }
+    }
+}
+
+/// A listening native-stream source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listener {
+    /// The source's id, for [`Ingest::stats`].
+    pub source_id: u64,
+    /// The endpoint actually bound (`tcp://HOST:PORT` with the real port for port 0).
+    pub endpoint: String,
+}
+
+/// An event-loop thread applying KV events from every source to a router (`kvr_ingest`),
+/// concurrently with routing. Created stopped; sources may be added before or after
+/// [`start`](Self::start). The router must outlive it: `'r` borrows it, or
+/// [`with_shared_router`](Self::with_shared_router) keeps an `Arc<Router>` alive.
+pub struct Ingest<'r> {
+    ptr: NonNull<sys::kvr_ingest>,
+    _router: PhantomData<&'r RouterRef>,
+    _keep: Option<Arc<Router>>,
+}
+
+// SAFETY: every kvr_ingest function is tagged `concurrent` except kvr_ingest_free (only Drop
+// calls it, with ownership) and kvr_ingest_subscribe_nats / kvr_ingest_sync_replicas, which
+// must not overlap kvr_ingest_stop on the same object: stop takes &mut self here, so it cannot
+// run while any &self call is in progress. The router it feeds is Sync.
+unsafe impl Send for Ingest<'_> {}
+// SAFETY: as above: a shared &Ingest reaches only functions that may run concurrently with
+// each other.
+unsafe impl Sync for Ingest<'_> {}
+
+impl<'r> Ingest<'r> {
+    /// A stopped ingest object feeding `router`.
+    pub fn new(router: &'r RouterRef, options: &IngestOptions) -> Result<Ingest<'r>> {
+        let raw = options.to_raw();
+        let mut out = ptr::null_mut();
+        // SAFETY: a live router that outlives 'r; out is written on success only.
+        call(|err| unsafe { sys::kvr_ingest_new(router.as_raw(), &raw, &mut out, err) })?;
+        let ptr = NonNull::new(out)
+            .ok_or_else(|| Error::new(Code::Internal, "kvr_ingest_new gave NULL"))?;
+        Ok(Ingest {
+            ptr,
+            _router: PhantomData,
+            _keep: None,
+        })
+    }
+
+    fn as_ptr(&self) -> *mut sys::kvr_ingest {
+        self.ptr.as_ptr()
+    }
+
+    /// Starts the loop thread. `FailedPrecondition` if started or stopped before.
+    pub fn start(&self) -> Result<()> {
+        // SAFETY: a live ingest object (concurrent).
+        call(|err| unsafe { sys::kvr_ingest_start(self.as_ptr(), err) })
+    }
+
+    /// Closes every source and joins the loop thread. Final (no restart); idempotent. Dropping
+    /// the object stops it too. `&mut self`: it must not overlap `subscribe_nats`.
+    pub fn stop(&mut self) -> Result<()> {
+        // SAFETY: a live ingest object, exclusively borrowed.
+        call(|err| unsafe { sys::kvr_ingest_stop(self.as_ptr(), err) })
+    }
+
+    /// Listens for native event streams on `tcp://HOST:PORT` (port 0 = a free port) or
+    /// `unix://PATH`. `Unavailable` if the address cannot be bound.
+    pub fn listen(&self, endpoint: &str) -> Result<Listener> {
+        let c_endpoint = cstring("endpoint", endpoint)?;
+        // Room for the endpoint with a real port in place of "0"; should the library need more,
+        // the listener is open all the same (it must not be opened twice) and the endpoint is
+        // read back by source id.
+        let mut bound = vec![0u8; endpoint.len() + 16];
+        let mut source_id = 0u64;
+        let mut len = 0usize;
+        // SAFETY: a live ingest object (concurrent); bound has room for bound.len() bytes.
+        let result = call(|err| unsafe {
+            sys::kvr_ingest_listen(
+                self.as_ptr(),
+                c_endpoint.as_ptr(),
+                &mut source_id,
+                bound.as_mut_ptr().cast(),
+                bound.len(),
+                &mut len,
+                err,
+            )
+        });
+        let endpoint = match result {
+            Ok(()) => {
+                bound.truncate(len.saturating_sub(1)); // len counts the NUL
+                String::from_utf8_lossy(&bound).into_owned()
+            }
+            Err(e) if e.code() == Code::BufferTooSmall && source_id != 0 => {
+                self.source_endpoint(source_id)?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Listener {
+            source_id,
+            endpoint,
+        })
+    }
+
+    /// Where a source is: a listener's bound endpoint, an engine worker's endpoint, a NATS
+    /// server's url (kept after the source is removed). `NotFound` for an unknown id.
+    pub fn source_endpoint(&self, source_id: u64) -> Result<String> {
+        let mut bytes = fill_vec::<u8>(64, |out, cap, len, err| {
+            // SAFETY: a live ingest object (concurrent); out has room for cap bytes.
+            unsafe {
+                sys::kvr_ingest_source_endpoint(self.as_ptr(), source_id, out.cast(), cap, len, err)
+            }
+        })?;
+        if bytes.last() == Some(&0) {
+            bytes.pop();
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Subscribes to a vLLM / SGLang engine's ranks; returns the source id. Register the
+    /// worker with the router too, for routing. `InvalidArgument` for another block size, a
+    /// bad endpoint or dp_size 0; `AlreadyExists` for a worker id already subscribed.
+    pub fn add_engine_worker(&self, worker: &EngineWorker<'_>) -> Result<u64> {
+        let endpoint = cstring("endpoint", worker.endpoint)?;
+        let topic = opt_cstring("topic", worker.topic)?;
+        let replay = opt_cstring("replay_endpoint", worker.replay_endpoint)?;
+        let mut raw = init(sys::kvr_engine_worker_init);
+        raw.engine = match worker.engine {
+            Engine::Vllm => sys::KVR_ENGINE_VLLM,
+            Engine::Sglang => sys::KVR_ENGINE_SGLANG,
+        };
+        raw.endpoint = endpoint.as_ptr();
+        raw.worker_id = worker.worker_id;
+        raw.dp_start = worker.dp_start;
+        raw.dp_size = worker.dp_size;
+        raw.block_size = worker.block_size;
+        raw.flags = if worker.eagle {
+            sys::KVR_STORED_EAGLE
+        } else {
+            0
+        };
+        raw.topic = opt_ptr(&topic);
+        raw.replay_endpoint = opt_ptr(&replay);
+        let mut source_id = 0u64;
+        // SAFETY: a live ingest object (concurrent); the strings live across the call.
+        call(|err| unsafe {
+            sys::kvr_ingest_add_engine_worker(self.as_ptr(), &raw, &mut source_id, err)
+        })?;
+        Ok(source_id)
+    }
+
+    /// Unsubscribes from an engine worker; `clear_index` also drops its index entries.
+    /// `NotFound` for an unknown id.
+    pub fn remove_engine_worker(&self, worker_id: u64, clear_index: bool) -> Result<()> {
+        // SAFETY: a live ingest object (concurrent).
+        call(|err| unsafe {
+            sys::kvr_ingest_remove_engine_worker(
+                self.as_ptr(),
+                worker_id,
+                i32::from(clear_index),
+                err,
+            )
+        })
+    }
+
+    /// Subscribes to `subject` (wildcards `*`, `>`) on the NATS server at `url`; each message
+    /// is one encoded EventBatch. After `start`, returns once the server has the subscription.
+    /// `Unavailable` if the first connection fails.
+    pub fn subscribe_nats(&self, url: &str, subject: &str) -> Result<u64> {
+        let url = cstring("url", url)?;
+        let subject = cstring("subject", subject)?;
+        let mut source_id = 0u64;
+        // SAFETY: a live ingest object; concurrent with every call but kvr_ingest_stop, which
+        // needs &mut self; the strings live across the call.
+        call(|err| unsafe {
+            sys::kvr_ingest_subscribe_nats(
+                self.as_ptr(),
+                url.as_ptr(),
+                subject.as_ptr(),
+                &mut source_id,
+                err,
+            )
+        })?;
+        Ok(source_id)
+    }
+
+    /// Router replica sync over NATS: publishes the router's booking changes on `subject` as
+    /// `replica_id` (see [`RouterRef::set_replica_publisher`] for the id's rules) and applies
+    /// the other replicas' changes published there; returns the source id, whose counters
+    /// include `published` and `publish_failures`. One per ingest object and per router
+    /// (`FailedPrecondition` for a second); it replaces any replica publisher of the router.
+    pub fn sync_replicas(&self, url: &str, subject: &str, replica_id: &str) -> Result<u64> {
+        let url = cstring("url", url)?;
+        let subject = cstring("subject", subject)?;
+        let replica_id = cstring("replica_id", replica_id)?;
+        let mut source_id = 0u64;
+        // SAFETY: as subscribe_nats.
+        call(|err| unsafe {
+            sys::kvr_ingest_sync_replicas(
+                self.as_ptr(),
+                url.as_ptr(),
+                subject.as_ptr(),
+                replica_id.as_ptr(),
+                &mut source_id,
+                err,
+            )
+        })?;
+        Ok(source_id)
+    }
+
+    /// One source's counters (`source_id` 0 = the sum over every source, as
+    /// [`total_stats`](Self::total_stats)). `NotFound` for an unknown id.
+    pub fn stats(&self, source_id: u64) -> Result<IngestStats> {
+        let mut out = init(sys::kvr_ingest_stats_init);
+        // SAFETY: a live ingest object (concurrent); out is an initialised struct.
+        call(|err| unsafe { sys::kvr_ingest_get_stats(self.as_ptr(), source_id, &mut out, err) })?;
+        Ok(IngestStats::from(out))
+    }
+
+    /// Every source's counters summed (removed sources included).
+    pub fn total_stats(&self) -> Result<IngestStats> {
+        self.stats(0)
+    }
+}
+
+impl Ingest<'static> {
+    /// A stopped ingest object feeding a shared router, which it keeps alive.
+    pub fn with_shared_router(router: Arc<Router>, options: &IngestOptions) -> Result<Self> {
+        let borrowed = Ingest::new(&router, options)?;
+        let ptr = borrowed.ptr;
+        std::mem::forget(borrowed); // ownership moves to the 'static object below
+        Ok(Ingest {
+            ptr,
+            _router: PhantomData,
+            _keep: Some(router),
+        })
+    }
+}
+
+impl fmt::Debug for Ingest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Ingest").field(&self.ptr).finish()
+    }
+}
+
+impl Drop for Ingest<'_> {
+    fn drop(&mut self) {
+        // SAFETY: owned; Drop has exclusive access. The router (borrowed for 'r, or kept in
+        // _keep, which drops after this) is still alive.
+        unsafe { sys::kvr_ingest_free(self.as_ptr()) }
+    }
+}
+
+/// A blocking client connection to a kvrouter stream listener (`kvr_publisher`), for engines
+/// publishing their KV events.
+pub struct Publisher(NonNull<sys::kvr_publisher>);
+
+// SAFETY: a publisher is a socket with no thread affinity. kvr_publisher_send and
+// _send_encoded are tagged `none`, so they take &mut self; kvr_publisher_free runs in Drop.
+unsafe impl Send for Publisher {}
+// SAFETY: a shared &Publisher reaches no C function at all (every call needs &mut self), so
+// sharing references cannot cause concurrent calls (zstd-safe's argument for its contexts).
+unsafe impl Sync for Publisher {}
+
+impl Publisher {
+    /// Connects to `tcp://HOST:PORT` or `unix://PATH`. `Unavailable` if that fails.
+    pub fn connect(endpoint: &str) -> Result<Publisher> {
+        crate::check_version()?;
+        let endpoint = cstring("endpoint", endpoint)?;
+        let mut out = ptr::null_mut();
+        // SAFETY: endpoint lives across the call; out is written on success only.
+        call(|err| unsafe { sys::kvr_publisher_connect(endpoint.as_ptr(), &mut out, err) })?;
+        NonNull::new(out)
+            .map(Publisher)
+            .ok_or_else(|| Error::new(Code::Internal, "kvr_publisher_connect gave NULL"))
+    }
+
+    /// Encodes the batch's events and sends them as one frame. `Unavailable` if the
+    /// connection is lost.
+    pub fn send(&mut self, batch: &EventBatch) -> Result<()> {
+        // SAFETY: exclusive use of the publisher; the batch is not Sync, so no other thread
+        // can be calling on it.
+        call(|err| unsafe { sys::kvr_publisher_send(self.0.as_ptr(), batch.as_ptr(), err) })
+    }
+
+    /// Sends an already encoded EventBatch as one frame (the length header is added).
+    pub fn send_encoded(&mut self, bytes: &[u8]) -> Result<()> {
+        // SAFETY: exclusive use of the publisher; bytes borrowed for the call.
+        call(|err| unsafe {
+            sys::kvr_publisher_send_encoded(
+                self.0.as_ptr(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                err,
+            )
+        })
+    }
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Publisher").field(&self.0).finish()
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        // SAFETY: owned, closed once.
+        unsafe { sys::kvr_publisher_free(self.0.as_ptr()) }
+    }
+}

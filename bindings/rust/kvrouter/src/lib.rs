@@ -1,0 +1,111 @@
+//! Safe Rust binding of kvrouter, a KV-cache-aware LLM request router, over its stable C ABI
+//! (`include/kvrouter.h`, declared in [`kvrouter_sys`]).
+//!
+//! A gateway creates a [`Router`], registers its workers, feeds it the KV events its engines
+//! publish, asks it per request which worker should serve a prompt, and tells it when the
+//! request's prefill finished and when the request ended:
+//!
+//! ```
+//! use kvrouter::{RequestOptions, Router, RouterOptions, StoredEvent, WorkerConfig};
+//!
+//! let router = Router::new(&RouterOptions::with_block_size(16))?;
+//! for id in 1..=4 {
+//!     router.add_worker(&WorkerConfig::new(id))?;
+//! }
+//! // Worker 2's engine cached the first two blocks of this prompt.
+//! let prompt: Vec<u32> = (1000..1048).collect();
+//! router.apply_stored(&StoredEvent {
+//!     worker_id: 2,
+//!     block_hashes: &[0xA1, 0xA2],
+//!     token_ids: &prompt[..32],
+//!     ..Default::default()
+//! })?;
+//! let decision = router.find_best_match(&prompt, &RequestOptions::admit("req-1"))?;
+//! assert_eq!((decision.worker_id, decision.cached_tokens), (2, 32));
+//! router.mark_prefill_completed("req-1")?; // first token produced
+//! router.free_request("req-1")?; // request ended
+//! # Ok::<(), kvrouter::Error>(())
+//! ```
+//!
+//! Conventions:
+//! * Every fallible call returns [`Result`]; [`Error`] carries the C status as a [`Code`] and
+//!   the library's message.
+//! * Handles own their C object and free it in `Drop`. They are `Send + Sync` where the
+//!   header's `@thread_safety` tags allow it: [`Router`], [`Disagg`], [`Ingest`] and
+//!   [`Buffer`] are shared between threads (`Arc`), [`EventBatch`] only moves between them,
+//!   and functions tagged `none` take `&mut self`.
+//! * Inputs are borrowed as slices and `&str` (copied to NUL-terminated strings for the call);
+//!   array results come back as `Vec`s, grown and retried on `KVR_BUFFER_TOO_SMALL`.
+//! * The first constructor call checks that the library's major.minor version matches the one
+//!   this binding mirrors ([`check_version`]).
+
+#![warn(missing_debug_implementations)]
+
+mod disagg;
+mod error;
+mod events;
+mod hashing;
+mod ingest;
+mod options;
+mod replica;
+mod router;
+mod util;
+
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
+pub use kvrouter_sys as sys;
+
+pub use disagg::{Disagg, DisaggOptions, DisaggPolicy, PrefillReason, PrefillResult};
+pub use error::{status_name, Code, Error, Result};
+pub use events::{tier_from_medium, Buffer, EventBatch, RemovedEvent, StoredEvent, Tier};
+pub use hashing::{compute_block_hashes, compute_sequence_hashes, HashOptions};
+pub use ingest::{
+    Engine, EngineWorker, Ingest, IngestOptions, IngestStats, Listener, Publisher, RejectReason,
+};
+pub use options::{
+    Phase, QueuePolicy, RequestOptions, RouterOptions, RoutingHints, SessionMode, WorkerConfig,
+};
+pub use router::{
+    Candidate, EventKind, EventOutcome, Metrics, Overlap, PotentialLoad, RouteResult, RouteSignals,
+    Router, RouterRef,
+};
+pub use util::Multimodal;
+
+/// The library's version number (major·10000 + minor·100 + patch), `kvr_version`.
+pub fn version() -> u32 {
+    // SAFETY: no arguments, no state.
+    unsafe { sys::kvr_version() }
+}
+
+/// The library's version as "MAJOR.MINOR.PATCH", `kvr_version_string`.
+pub fn version_string() -> &'static str {
+    // SAFETY: a static NUL-terminated string, never NULL.
+    let s = unsafe { CStr::from_ptr(sys::kvr_version_string()) };
+    s.to_str().unwrap_or("?")
+}
+
+/// Checks once per process that the loaded library's major.minor version is the one these
+/// bindings were written for (`kvrouter_sys::KVR_VERSION_MAJOR/MINOR`): at 0.x a minor release
+/// may change the ABI. Constructors call it; a mismatch is `FailedPrecondition`.
+pub fn check_version() -> Result<()> {
+    static CHECKED: OnceLock<Result<()>> = OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            let library = version();
+            if library / 100 == sys::KVR_VERSION_NUMBER / 100 {
+                Ok(())
+            } else {
+                Err(Error::new(
+                    Code::FailedPrecondition,
+                    format!(
+                        "libkvrouter {} is loaded, but this binding was written for {}.{}.x",
+                        version_string(),
+                        sys::KVR_VERSION_MAJOR,
+                        sys::KVR_VERSION_MINOR
+                    ),
+                ))
+            }
+        })
+        .clone()
+}

@@ -1,0 +1,400 @@
+//! Settings passed into the library: router options, worker configurations, per-request
+//! options and routing hints. Each is plain Rust data; it is lowered to its C struct (starting
+//! from the C `_init` defaults) for the duration of one call.
+
+use std::ffi::CString;
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+use kvrouter_sys as sys;
+
+use crate::error::{Error, Result};
+use crate::util::{opt_cstring, opt_ptr, slice_ptr, Multimodal};
+
+/// Runs a C `_init` function on a fresh struct.
+pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T)) -> T {
+    let mut value = MaybeUninit::<T>::uninit();
+    // SAFETY: every _init function writes the whole struct (struct_size and every default).
+    unsafe {
+        f(value.as_mut_ptr());
+        value.assume_init()
+    }
+}
+
+/// How the admission queue orders waiting requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum QueuePolicy {
+    /// First come, first served (the default).
+    #[default]
+    Fcfs,
+    /// Last come, first served.
+    Lcfs,
+    /// Weighted shortest processing time first.
+    Wspt,
+}
+
+impl QueuePolicy {
+    fn raw(self) -> u32 {
+        match self {
+            QueuePolicy::Fcfs => sys::KVR_QUEUE_FCFS,
+            QueuePolicy::Lcfs => sys::KVR_QUEUE_LCFS,
+            QueuePolicy::Wspt => sys::KVR_QUEUE_WSPT,
+        }
+    }
+    fn from_raw(raw: u32) -> QueuePolicy {
+        match raw {
+            sys::KVR_QUEUE_LCFS => QueuePolicy::Lcfs,
+            sys::KVR_QUEUE_WSPT => QueuePolicy::Wspt,
+            _ => QueuePolicy::Fcfs,
+        }
+    }
+}
+
+/// Every router-wide setting (`kvr_router_options`; Dynamo's KvRouterConfig).
+/// `Default` is the library's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterOptions {
+    /// Tokens per KV block (default 16); every worker must match.
+    pub block_size: u32,
+    /// Approximate mode: no KV events; routing decisions are recorded as cached blocks.
+    pub approximate: bool,
+    /// Assume a request reuses its KV blocks (default true; false = `KVR_ROUTER_NO_KV_REUSE`).
+    pub assume_kv_reuse: bool,
+    /// Count prefill tokens in flight (default true; false = `KVR_ROUTER_NO_PREFILL_TRACKING`).
+    pub track_prefill_tokens: bool,
+    /// The model uses eagle block windows.
+    pub eagle: bool,
+    /// Seed the random source from the OS rather than `random_seed`.
+    pub entropy_seed: bool,
+    pub queue_policy: QueuePolicy,
+    /// Default 1.0.
+    pub overlap_score_credit: f64,
+    /// Default 1.0.
+    pub prefill_load_scale: f64,
+    /// Default 0.75.
+    pub host_cache_hit_weight: f64,
+    /// Default 0.25 (disk and external tiers).
+    pub disk_cache_hit_weight: f64,
+    /// Default 0: argmin with a random tie-break; above 0, softmax sampling.
+    pub temperature: f64,
+    /// Queue when every rank's prefill tokens exceed this × max_num_batched_tokens; None
+    /// (the default) never queues.
+    pub queue_threshold: Option<f64>,
+    /// Approximate mode's block TTL (default 120 s).
+    pub approx_ttl_seconds: f64,
+    /// Approximate mode's budget in blocks (default 2^20).
+    pub approx_max_blocks: u64,
+    /// Approximate mode prunes to this fraction of the budget (default 0.8).
+    pub approx_prune_target_ratio: f64,
+    /// A booked request older than this is dropped (default 300 s).
+    pub request_expiry_seconds: f64,
+    /// Default 0; ignored with `entropy_seed`.
+    pub random_seed: u64,
+}
+
+impl Default for RouterOptions {
+    fn default() -> Self {
+        let raw = init(sys::kvr_router_options_init);
+        RouterOptions {
+            block_size: raw.block_size,
+            approximate: raw.flags & sys::KVR_ROUTER_APPROXIMATE != 0,
+            assume_kv_reuse: raw.flags & sys::KVR_ROUTER_NO_KV_REUSE == 0,
+            track_prefill_tokens: raw.flags & sys::KVR_ROUTER_NO_PREFILL_TRACKING == 0,
+            eagle: raw.flags & sys::KVR_ROUTER_EAGLE != 0,
+            entropy_seed: raw.flags & sys::KVR_ROUTER_ENTROPY_SEED != 0,
+            queue_policy: QueuePolicy::from_raw(raw.queue_policy),
+            overlap_score_credit: raw.overlap_score_credit,
+            prefill_load_scale: raw.prefill_load_scale,
+            host_cache_hit_weight: raw.host_cache_hit_weight,
+            disk_cache_hit_weight: raw.disk_cache_hit_weight,
+            temperature: raw.temperature,
+            queue_threshold: (raw.queue_threshold >= 0.0).then_some(raw.queue_threshold),
+            approx_ttl_seconds: raw.approx_ttl_seconds,
+            approx_max_blocks: raw.approx_max_blocks,
+            approx_prune_target_ratio: raw.approx_prune_target_ratio,
+            request_expiry_seconds: raw.request_expiry_seconds,
+            random_seed: raw.random_seed,
+        }
+    }
+}
+
+impl RouterOptions {
+    /// The defaults with another block size.
+    pub fn with_block_size(block_size: u32) -> Self {
+        RouterOptions {
+            block_size,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn to_raw(&self) -> sys::kvr_router_options {
+        let mut raw = init(sys::kvr_router_options_init);
+        let mut flags = 0;
+        for (on, flag) in [
+            (self.approximate, sys::KVR_ROUTER_APPROXIMATE),
+            (!self.assume_kv_reuse, sys::KVR_ROUTER_NO_KV_REUSE),
+            (
+                !self.track_prefill_tokens,
+                sys::KVR_ROUTER_NO_PREFILL_TRACKING,
+            ),
+            (self.eagle, sys::KVR_ROUTER_EAGLE),
+            (self.entropy_seed, sys::KVR_ROUTER_ENTROPY_SEED),
+        ] {
+            if on {
+                flags |= flag;
+            }
+        }
+        raw.block_size = self.block_size;
+        raw.flags = flags;
+        raw.queue_policy = self.queue_policy.raw();
+        raw.overlap_score_credit = self.overlap_score_credit;
+        raw.prefill_load_scale = self.prefill_load_scale;
+        raw.host_cache_hit_weight = self.host_cache_hit_weight;
+        raw.disk_cache_hit_weight = self.disk_cache_hit_weight;
+        raw.temperature = self.temperature;
+        raw.queue_threshold = self.queue_threshold.unwrap_or(-1.0);
+        raw.approx_ttl_seconds = self.approx_ttl_seconds;
+        raw.approx_max_blocks = self.approx_max_blocks;
+        raw.approx_prune_target_ratio = self.approx_prune_target_ratio;
+        raw.request_expiry_seconds = self.request_expiry_seconds;
+        raw.random_seed = self.random_seed;
+        raw
+    }
+}
+
+/// One worker (`kvr_worker_config`): its id, data-parallel ranks and capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub worker_id: u64,
+    /// 0 = the router's; otherwise it must equal it.
+    pub block_size: u32,
+    /// First data-parallel rank (default 0).
+    pub dp_start: u32,
+    /// Number of ranks (default 1).
+    pub dp_size: u32,
+    /// KV capacity in blocks; 0 = not reported.
+    pub total_kv_blocks: u64,
+    /// 0 = not reported (the queue then assumes 10,000,000).
+    pub max_num_batched_tokens: u64,
+}
+
+impl WorkerConfig {
+    /// Worker `worker_id` with the library's defaults (one rank, capacity not reported).
+    pub fn new(worker_id: u64) -> Self {
+        let raw = init(sys::kvr_worker_config_init);
+        WorkerConfig {
+            worker_id,
+            block_size: raw.block_size,
+            dp_start: raw.dp_start,
+            dp_size: raw.dp_size,
+            total_kv_blocks: raw.total_kv_blocks,
+            max_num_batched_tokens: raw.max_num_batched_tokens,
+        }
+    }
+
+    pub(crate) fn to_raw(self) -> sys::kvr_worker_config {
+        let mut raw = init(sys::kvr_worker_config_init);
+        raw.block_size = self.block_size;
+        raw.worker_id = self.worker_id;
+        raw.dp_start = self.dp_start;
+        raw.dp_size = self.dp_size;
+        raw.total_kv_blocks = self.total_kv_blocks;
+        raw.max_num_batched_tokens = self.max_num_batched_tokens;
+        raw
+    }
+}
+
+/// Per-request options (`kvr_request_options`). Every `None` keeps the router's setting;
+/// `Default` is a query-only request with no id.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestOptions<'a> {
+    /// Book the request under `request_id` (`KVR_REQUEST_ADMIT`); without it
+    /// `find_best_match` changes nothing.
+    pub admit: bool,
+    /// Required with `admit`, and for `add_request`, plans and disaggregated routing.
+    pub request_id: Option<&'a str>,
+    pub lora_name: Option<&'a str>,
+    pub cache_namespace: Option<&'a str>,
+    pub multimodal: Option<Multimodal<'a>>,
+    /// Restrict the candidates to these workers (and bypass the admission queue).
+    pub allowed_worker_ids: Option<&'a [u64]>,
+    pub overlap_score_credit: Option<f64>,
+    pub prefill_load_scale: Option<f64>,
+    pub host_cache_hit_weight: Option<f64>,
+    pub disk_cache_hit_weight: Option<f64>,
+    pub temperature: Option<f64>,
+    pub assume_kv_reuse: Option<bool>,
+    pub track_prefill_tokens: Option<bool>,
+    /// Queue priority boost (default 0).
+    pub priority_jump: Option<f64>,
+    pub expected_output_tokens: Option<u32>,
+    /// Give up waiting in the admission queue after this long (default: never).
+    pub queue_timeout: Option<Duration>,
+}
+
+impl<'a> RequestOptions<'a> {
+    /// A request to book under `request_id` (`admit` set).
+    pub fn admit(request_id: &'a str) -> Self {
+        RequestOptions {
+            admit: true,
+            request_id: Some(request_id),
+            ..Default::default()
+        }
+    }
+
+    /// A request carrying `request_id` without `admit` (what plans, `add_request` and the
+    /// disaggregated calls take).
+    pub fn with_id(request_id: &'a str) -> Self {
+        RequestOptions {
+            request_id: Some(request_id),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn lower(&self) -> Result<LoweredRequest> {
+        let mut raw = init(sys::kvr_request_options_init);
+        let strings = [
+            opt_cstring("request_id", self.request_id)?,
+            opt_cstring("lora_name", self.lora_name)?,
+            opt_cstring("cache_namespace", self.cache_namespace)?,
+        ];
+        if self.admit {
+            raw.flags |= sys::KVR_REQUEST_ADMIT;
+        }
+        raw.request_id = opt_ptr(&strings[0]);
+        raw.lora_name = opt_ptr(&strings[1]);
+        raw.cache_namespace = opt_ptr(&strings[2]);
+        if let Some(mm) = &self.multimodal {
+            mm.check("request options", None)?;
+            raw.mm_hashes = slice_ptr(mm.hashes);
+            raw.mm_counts = slice_ptr(mm.counts);
+            raw.mm_num_blocks = mm.counts.len();
+        }
+        if let Some(ids) = self.allowed_worker_ids {
+            raw.allowed_worker_ids = slice_ptr(ids);
+            raw.num_allowed_worker_ids = ids.len();
+        }
+        let doubles = [
+            (self.overlap_score_credit, &mut raw.overlap_score_credit),
+            (self.prefill_load_scale, &mut raw.prefill_load_scale),
+            (self.host_cache_hit_weight, &mut raw.host_cache_hit_weight),
+            (self.disk_cache_hit_weight, &mut raw.disk_cache_hit_weight),
+            (self.temperature, &mut raw.temperature),
+            (self.priority_jump, &mut raw.priority_jump),
+        ];
+        for (value, field) in doubles {
+            if let Some(v) = value {
+                *field = v;
+            }
+        }
+        if let Some(b) = self.assume_kv_reuse {
+            raw.assume_kv_reuse = i32::from(b);
+        }
+        if let Some(b) = self.track_prefill_tokens {
+            raw.track_prefill_tokens = i32::from(b);
+        }
+        if let Some(n) = self.expected_output_tokens {
+            raw.expected_output_tokens = n;
+        }
+        if let Some(t) = self.queue_timeout {
+            raw.queue_timeout_ms = i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
+        }
+        Ok(LoweredRequest {
+            raw,
+            _strings: strings,
+        })
+    }
+}
+
+/// A `kvr_request_options` and the C strings it points into (kept alive with it).
+pub(crate) struct LoweredRequest {
+    pub(crate) raw: sys::kvr_request_options,
+    _strings: [Option<CString>; 3],
+}
+
+/// Which pins of [`RoutingHints`] apply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// `worker_id` / `dp_rank`.
+    #[default]
+    Aggregated,
+    /// `prefill_worker_id` (else `worker_id`) with `prefill_dp_rank` (else `dp_rank`).
+    Prefill,
+    /// `decode_worker_id` (else `worker_id`) with `dp_rank`.
+    Decode,
+}
+
+/// How a session binding applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SessionMode {
+    /// The bound rank is the exact target (rebound if it is gone). The default.
+    #[default]
+    Hard,
+    /// The bound rank is preferred while eligible; rebound on dispatch.
+    Soft,
+}
+
+/// Where a request may or should run (`kvr_routing_hints`): per-phase pins and session
+/// affinity. `Default` pins nothing and has no session.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RoutingHints<'a> {
+    pub phase: Phase,
+    pub worker_id: Option<u64>,
+    pub prefill_worker_id: Option<u64>,
+    pub decode_worker_id: Option<u64>,
+    /// None = any rank of the pinned worker.
+    pub dp_rank: Option<u32>,
+    pub prefill_dp_rank: Option<u32>,
+    pub session_id: Option<&'a str>,
+    pub session_mode: SessionMode,
+    /// Sliding TTL of the session binding (default 300 s).
+    pub session_ttl: Option<Duration>,
+}
+
+impl RoutingHints<'_> {
+    pub(crate) fn lower(&self) -> Result<LoweredHints> {
+        let mut raw = init(sys::kvr_routing_hints_init);
+        let session = opt_cstring("session_id", self.session_id)?;
+        let rank = |r: Option<u32>| -> Result<i32> {
+            r.map_or(Ok(-1), |r| {
+                i32::try_from(r).map_err(|_| Error::invalid(format!("dp_rank {r} is too large")))
+            })
+        };
+        raw.phase = match self.phase {
+            Phase::Aggregated => sys::KVR_PHASE_AGGREGATED,
+            Phase::Prefill => sys::KVR_PHASE_PREFILL,
+            Phase::Decode => sys::KVR_PHASE_DECODE,
+        };
+        raw.worker_id = self.worker_id.unwrap_or(sys::KVR_WORKER_NONE);
+        raw.prefill_worker_id = self.prefill_worker_id.unwrap_or(sys::KVR_WORKER_NONE);
+        raw.decode_worker_id = self.decode_worker_id.unwrap_or(sys::KVR_WORKER_NONE);
+        raw.dp_rank = rank(self.dp_rank)?;
+        raw.prefill_dp_rank = rank(self.prefill_dp_rank)?;
+        raw.session_id = opt_ptr(&session);
+        raw.session_mode = match self.session_mode {
+            SessionMode::Hard => sys::KVR_SESSION_HARD,
+            SessionMode::Soft => sys::KVR_SESSION_SOFT,
+        };
+        if let Some(ttl) = self.session_ttl {
+            raw.session_ttl_seconds = ttl.as_secs_f64();
+        }
+        Ok(LoweredHints {
+            raw,
+            _session: session,
+        })
+    }
+}
+
+pub(crate) struct LoweredHints {
+    pub(crate) raw: sys::kvr_routing_hints,
+    _session: Option<CString>,
+}
+
+/// Lowers optional hints; the pointer is NULL for None.
+pub(crate) fn lower_hints(hints: Option<&RoutingHints<'_>>) -> Result<Option<LoweredHints>> {
+    hints.map(RoutingHints::lower).transpose()
+}
+
+pub(crate) fn hints_ptr(h: &Option<LoweredHints>) -> *const sys::kvr_routing_hints {
+    h.as_ref().map_or(std::ptr::null(), |h| &h.raw)
+}

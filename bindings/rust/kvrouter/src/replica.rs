@@ -1,0 +1,98 @@
+//! Router replica sync over a caller's own bus: the Rust closure behind
+//! `kvr_router_set_replica_publisher`.
+//!
+//! A `RouterRef` has no room for state, so the closures live in a process-wide table keyed by
+//! router address. A closure is freed only once C has stopped calling it: when it is replaced
+//! or cleared (the C call returns only after the previous callback has finished and will not
+//! run again) or when its router is freed.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::panic::{self, AssertUnwindSafe};
+use std::ptr;
+use std::sync::Mutex;
+
+use kvrouter_sys as sys;
+
+use crate::error::{call, Result};
+use crate::util::{opt_cstring, opt_ptr};
+
+pub(crate) type Callback = Box<dyn Fn(&[u8]) + Send + Sync + 'static>;
+
+/// Router address → its publisher closure. The inner Box gives the closure a stable, thin
+/// address to pass as `user_data`.
+static CALLBACKS: Mutex<Vec<(usize, Box<Callback>)>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// A panic caught in a callback on this thread, resumed when the kvr_* call that ran the
+    /// callback returns to Rust (see `error::call`); a panic must not unwind through C.
+    static PANIC: Cell<Option<Box<dyn Any + Send>>> = const { Cell::new(None) };
+}
+
+pub(crate) fn take_panic() -> Option<Box<dyn Any + Send>> {
+    PANIC.with(Cell::take)
+}
+
+unsafe extern "C" fn trampoline(user_data: *mut c_void, data: *const c_void, size: usize) {
+    // SAFETY: user_data is the address of a Callback in CALLBACKS, which stays there (and
+    // alive) until C has stopped calling this function with it.
+    let callback = unsafe { &*(user_data as *const Callback) };
+    let bytes = if size == 0 || data.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: C passes `size` readable bytes, valid during this call.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) }
+    };
+    if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| callback(bytes))) {
+        // The panic hook has printed it already; the thread's next return from a kvr_* call
+        // in this crate resumes it (a library thread never does: it is then only printed).
+        PANIC.with(|p| p.set(Some(payload)));
+    }
+}
+
+/// Installs (Some) or clears (None) the router's publisher.
+pub(crate) fn set(
+    router: *mut sys::kvr_router,
+    replica_id: Option<&str>,
+    callback: Option<Callback>,
+) -> Result<()> {
+    let id = opt_cstring("replica_id", replica_id)?;
+    let boxed = callback.map(Box::new);
+    let user_data = boxed
+        .as_ref()
+        .map_or(ptr::null_mut(), |b| &**b as *const Callback as *mut c_void);
+    let publish: sys::kvr_replica_publish_fn = boxed.as_ref().map(|_| trampoline as _);
+    // Held across the C call so that concurrent setters on one router keep this table in the
+    // order C applied them. The callback never takes it (it gets its closure by address).
+    let mut table = CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: a live router; id and the closure outlive the call, and the closure stays
+    // registered below for as long as C may call it.
+    call(|err| unsafe {
+        sys::kvr_router_set_replica_publisher(router, opt_ptr(&id), publish, user_data, err)
+    })?;
+    let key = router as usize;
+    let old = table
+        .iter()
+        .position(|(k, _)| *k == key)
+        .map(|i| table.swap_remove(i));
+    if let Some(b) = boxed {
+        table.push((key, b));
+    }
+    drop(table);
+    drop(old); // C no longer calls it
+    Ok(())
+}
+
+/// Drops the closure of a router that has been freed.
+pub(crate) fn forget(router: *mut sys::kvr_router) {
+    let key = router as usize;
+    let old = {
+        let mut table = CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
+        table
+            .iter()
+            .position(|(k, _)| *k == key)
+            .map(|i| table.swap_remove(i))
+    };
+    drop(old);
+}

@@ -1,0 +1,833 @@
+//! The router: [`Router`] owns a `kvr_router`; [`RouterRef`] is what every call takes, so the
+//! pools of a [`Disagg`](crate::Disagg) (owned by it) expose the same methods.
+
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::ptr::{self, NonNull};
+use std::time::Duration;
+
+use kvrouter_sys as sys;
+
+use crate::error::{call, fill_vec, Code, Error, Result};
+use crate::events::{Buffer, RemovedEvent, StoredEvent};
+use crate::options::{
+    hints_ptr, init, lower_hints, RequestOptions, RouterOptions, RoutingHints, WorkerConfig,
+};
+use crate::util::{cstring, slice_ptr};
+
+/// An owned router (`kvr_router`), internally synchronised: share it between threads with
+/// `Arc<Router>`. Every method is on [`RouterRef`], which it derefs to.
+pub struct Router(NonNull<sys::kvr_router>);
+
+// SAFETY: every kvr_router function is tagged `concurrent` (any thread, concurrently with any
+// other call on the handle) except kvr_router_free, which only Drop calls, with ownership.
+unsafe impl Send for Router {}
+// SAFETY: as above; a shared &Router reaches only `concurrent` functions.
+unsafe impl Sync for Router {}
+
+impl Router {
+    /// Creates a router (`kvr_router_new`); first checks that the library's major.minor
+    /// version is the one this binding was written for.
+    pub fn new(options: &RouterOptions) -> Result<Router> {
+        crate::check_version()?;
+        let raw = options.to_raw();
+        let mut out = ptr::null_mut();
+        // SAFETY: raw is a complete options struct; out is written on success only.
+        call(|err| unsafe { sys::kvr_router_new(&raw, &mut out, err) })?;
+        NonNull::new(out)
+            .map(Router)
+            .ok_or_else(|| Error::new(Code::Internal, "kvr_router_new gave NULL"))
+    }
+}
+
+impl Deref for Router {
+    type Target = RouterRef;
+    fn deref(&self) -> &RouterRef {
+        // SAFETY: the router is live for as long as the borrow of self.
+        unsafe { RouterRef::from_ptr(self.0.as_ptr()) }
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        // SAFETY: owned; Drop has exclusive access, so no other call is in progress
+        // (kvr_router_free is `none`). Ingest objects borrowing it are gone (lifetimes).
+        unsafe { sys::kvr_router_free(self.0.as_ptr()) }
+        crate::replica::forget(self.0.as_ptr());
+    }
+}
+
+impl fmt::Debug for Router {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Router").field(&self.0).finish()
+    }
+}
+
+/// A borrowed router: a `&RouterRef` is a `kvr_router *` that lives as long as its owner (a
+/// [`Router`], or a [`Disagg`](crate::Disagg) for its pools). All methods take `&self`: every
+/// one of them is `concurrent` in the C ABI.
+pub struct RouterRef {
+    _opaque: PhantomData<UnsafeCell<*mut ()>>,
+}
+
+// SAFETY: a RouterRef is only ever seen behind a reference to a live kvr_router, whose
+// functions other than kvr_router_free are all `concurrent`; it cannot be freed through one.
+unsafe impl Send for RouterRef {}
+// SAFETY: as above.
+unsafe impl Sync for RouterRef {}
+
+impl fmt::Debug for RouterRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RouterRef").field(&self.as_raw()).finish()
+    }
+}
+
+/// The decision for one request (`kvr_route_result`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouteResult {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    /// Complete blocks in the prompt.
+    pub prompt_blocks: u32,
+    /// Leading blocks cached on the chosen rank's device.
+    pub device_overlap_blocks: u32,
+    /// Device + tier-weighted lower-tier hits.
+    pub effective_overlap_blocks: f64,
+    /// round(effective_overlap_blocks × block_size).
+    pub cached_tokens: u64,
+    pub prompt_tokens: u64,
+    /// The chosen rank's cost.
+    pub cost: f64,
+    /// The request is now active on the chosen rank.
+    pub booked: bool,
+    /// It waited in the admission queue first.
+    pub queued: bool,
+}
+
+impl From<sys::kvr_route_result> for RouteResult {
+    fn from(r: sys::kvr_route_result) -> Self {
+        RouteResult {
+            worker_id: r.worker_id,
+            dp_rank: r.dp_rank,
+            prompt_blocks: r.prompt_blocks,
+            device_overlap_blocks: r.device_overlap_blocks,
+            effective_overlap_blocks: r.effective_overlap_blocks,
+            cached_tokens: r.cached_tokens,
+            prompt_tokens: r.prompt_tokens,
+            cost: r.cost,
+            booked: r.booked != 0,
+            queued: r.queued != 0,
+        }
+    }
+}
+
+/// One candidate rank with every term of its cost (`kvr_candidate`):
+/// `cost = prefill_load_scale · max(0, raw_prefill_blocks − credit) + decode_blocks`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    pub device_blocks: u32,
+    pub host_blocks: u32,
+    pub disk_blocks: u32,
+    pub external_blocks: u32,
+    /// The rank picked.
+    pub chosen: bool,
+    pub effective_overlap_blocks: f64,
+    pub cached_tokens: u64,
+    pub active_prefill_tokens: u64,
+    pub active_blocks: u64,
+    pub new_blocks: u64,
+    pub raw_prefill_blocks: f64,
+    pub credit: f64,
+    pub prefill_cost: f64,
+    pub decode_blocks: u64,
+    pub cost: f64,
+    /// The chance this rank had of being picked.
+    pub probability: f64,
+}
+
+impl From<&sys::kvr_candidate> for Candidate {
+    fn from(c: &sys::kvr_candidate) -> Self {
+        Candidate {
+            worker_id: c.worker_id,
+            dp_rank: c.dp_rank,
+            device_blocks: c.device_blocks,
+            host_blocks: c.host_blocks,
+            disk_blocks: c.disk_blocks,
+            external_blocks: c.external_blocks,
+            chosen: c.chosen != 0,
+            effective_overlap_blocks: c.effective_overlap_blocks,
+            cached_tokens: c.cached_tokens,
+            active_prefill_tokens: c.active_prefill_tokens,
+            active_blocks: c.active_blocks,
+            new_blocks: c.new_blocks,
+            raw_prefill_blocks: c.raw_prefill_blocks,
+            credit: c.credit,
+            prefill_cost: c.prefill_cost,
+            decode_blocks: c.decode_blocks,
+            cost: c.cost,
+            probability: c.probability,
+        }
+    }
+}
+
+/// What one rank holds of a prompt's prefix, per tier (`kvr_overlap`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Overlap {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    pub device_blocks: u32,
+    pub host_blocks: u32,
+    pub disk_blocks: u32,
+    pub external_blocks: u32,
+    pub effective_overlap_blocks: f64,
+    pub cached_tokens: u64,
+    /// Blocks the rank holds in the index.
+    pub tree_size: u64,
+}
+
+impl From<&sys::kvr_overlap> for Overlap {
+    fn from(o: &sys::kvr_overlap) -> Self {
+        Overlap {
+            worker_id: o.worker_id,
+            dp_rank: o.dp_rank,
+            device_blocks: o.device_blocks,
+            host_blocks: o.host_blocks,
+            disk_blocks: o.disk_blocks,
+            external_blocks: o.external_blocks,
+            effective_overlap_blocks: o.effective_overlap_blocks,
+            cached_tokens: o.cached_tokens,
+            tree_size: o.tree_size,
+        }
+    }
+}
+
+/// The load one registered rank would carry with a prompt (`kvr_potential_load`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PotentialLoad {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    pub potential_prefill_tokens: u64,
+    pub potential_decode_blocks: u64,
+    pub active_prefill_tokens: u64,
+    pub active_blocks: u64,
+    pub active_requests: u64,
+}
+
+impl From<&sys::kvr_potential_load> for PotentialLoad {
+    fn from(p: &sys::kvr_potential_load) -> Self {
+        PotentialLoad {
+            worker_id: p.worker_id,
+            dp_rank: p.dp_rank,
+            potential_prefill_tokens: p.potential_prefill_tokens,
+            potential_decode_blocks: p.potential_decode_blocks,
+            active_prefill_tokens: p.active_prefill_tokens,
+            active_blocks: p.active_blocks,
+            active_requests: p.active_requests,
+        }
+    }
+}
+
+/// The signals of a preview or a plan (`kvr_route_signals`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouteSignals {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    /// Leading prompt blocks cached on the rank's device.
+    pub overlap_blocks: u32,
+    pub prompt_blocks: u32,
+    /// round(effective overlap × block_size).
+    pub cached_tokens: u64,
+    /// The rank's active blocks + the prompt's new ones.
+    pub potential_decode_blocks: u64,
+    /// The worker's KV capacity; 0 = not reported.
+    pub total_kv_blocks: u64,
+    pub cost: f64,
+    pub prompt_tokens: u64,
+    /// A plan booked it.
+    pub booked: bool,
+    /// Plan: the previewed (or soft-session) rank was no longer eligible.
+    pub moved: bool,
+    /// Plan: it waited in the admission queue.
+    pub queued: bool,
+}
+
+impl From<sys::kvr_route_signals> for RouteSignals {
+    fn from(s: sys::kvr_route_signals) -> Self {
+        RouteSignals {
+            worker_id: s.worker_id,
+            dp_rank: s.dp_rank,
+            overlap_blocks: s.overlap_blocks,
+            prompt_blocks: s.prompt_blocks,
+            cached_tokens: s.cached_tokens,
+            potential_decode_blocks: s.potential_decode_blocks,
+            total_kv_blocks: s.total_kv_blocks,
+            cost: s.cost,
+            prompt_tokens: s.prompt_tokens,
+            booked: s.booked != 0,
+            moved: s.moved != 0,
+            queued: s.queued != 0,
+        }
+    }
+}
+
+impl RouteSignals {
+    pub(crate) fn to_raw(self) -> sys::kvr_route_signals {
+        let mut raw = init(sys::kvr_route_signals_init);
+        raw.dp_rank = self.dp_rank;
+        raw.worker_id = self.worker_id;
+        raw.overlap_blocks = self.overlap_blocks;
+        raw.prompt_blocks = self.prompt_blocks;
+        raw.cached_tokens = self.cached_tokens;
+        raw.potential_decode_blocks = self.potential_decode_blocks;
+        raw.total_kv_blocks = self.total_kv_blocks;
+        raw.cost = self.cost;
+        raw.prompt_tokens = self.prompt_tokens;
+        raw.booked = u32::from(self.booked);
+        raw.moved = u32::from(self.moved);
+        raw.queued = u32::from(self.queued);
+        raw
+    }
+}
+
+/// The kind of a KV event, for [`Metrics::events`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Stored,
+    Removed,
+    Cleared,
+}
+
+/// What became of a KV event, for [`Metrics::events`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventOutcome {
+    Applied,
+    ParentBlockNotFound,
+    BlockNotFound,
+    InvalidBlockSequence,
+    InvalidBlock,
+}
+
+/// Router counters (`kvr_metrics`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metrics {
+    /// `events[kind][outcome]` as in C; read with [`Metrics::events`].
+    pub events: [[u64; sys::KVR_EVENT_OUTCOMES]; sys::KVR_EVENT_KINDS],
+    /// Event batches that failed verification.
+    pub event_batches_rejected: u64,
+    /// find_best_match calls that picked a worker.
+    pub decisions: u64,
+    pub requests_active: u64,
+    pub queue_pending: u64,
+    pub queue_pending_tokens: u64,
+    pub workers: u64,
+    pub index_nodes: u64,
+    /// Cached (block, rank) entries.
+    pub index_blocks: u64,
+    pub index_bytes: i64,
+    /// Other replicas' booking changes applied here.
+    pub replica_changes_applied: u64,
+    /// Changes refused (undecodable, unknown worker rank, duplicate booking).
+    pub replica_changes_rejected: u64,
+    /// Of `requests_active`, those booked by other replicas.
+    pub replica_requests_active: u64,
+}
+
+impl Metrics {
+    /// Events of `kind` applied (`EventOutcome::Applied`) or rejected for a reason.
+    pub fn events(&self, kind: EventKind, outcome: EventOutcome) -> u64 {
+        let k = match kind {
+            EventKind::Stored => sys::KVR_EVENT_STORED,
+            EventKind::Removed => sys::KVR_EVENT_REMOVED,
+            EventKind::Cleared => sys::KVR_EVENT_CLEARED,
+        };
+        let o = match outcome {
+            EventOutcome::Applied => sys::KVR_EVENT_OK,
+            EventOutcome::ParentBlockNotFound => sys::KVR_EVENT_PARENT_BLOCK_NOT_FOUND,
+            EventOutcome::BlockNotFound => sys::KVR_EVENT_BLOCK_NOT_FOUND,
+            EventOutcome::InvalidBlockSequence => sys::KVR_EVENT_INVALID_BLOCK_SEQUENCE,
+            EventOutcome::InvalidBlock => sys::KVR_EVENT_INVALID_BLOCK,
+        };
+        self.events[k][o]
+    }
+}
+
+impl From<sys::kvr_metrics> for Metrics {
+    fn from(m: sys::kvr_metrics) -> Self {
+        Metrics {
+            events: m.events,
+            event_batches_rejected: m.event_batches_rejected,
+            decisions: m.decisions,
+            requests_active: m.requests_active,
+            queue_pending: m.queue_pending,
+            queue_pending_tokens: m.queue_pending_tokens,
+            workers: m.workers,
+            index_nodes: m.index_nodes,
+            index_blocks: m.index_blocks,
+            index_bytes: m.index_bytes,
+            replica_changes_applied: m.replica_changes_applied,
+            replica_changes_rejected: m.replica_changes_rejected,
+            replica_requests_active: m.replica_requests_active,
+        }
+    }
+}
+
+/// Candidates asked for when the caller's vector has less room: enough for most fleets.
+const MIN_CANDIDATES: usize = 64;
+/// First capacity tried for overlap scores and potential loads (grown on demand).
+const INITIAL_ROWS: usize = 16;
+
+impl RouterRef {
+    /// # Safety
+    /// `ptr` must be a live `kvr_router` that outlives `'a`.
+    pub(crate) unsafe fn from_ptr<'a>(ptr: *mut sys::kvr_router) -> &'a RouterRef {
+        &*(ptr as *const RouterRef)
+    }
+
+    /// The C handle, for calls through `kvrouter_sys` directly. It stays owned by this
+    /// binding: never pass it to `kvr_router_free`.
+    pub fn as_raw(&self) -> *mut sys::kvr_router {
+        self as *const RouterRef as *mut sys::kvr_router
+    }
+
+    // ---- Workers ----
+
+    /// Registers a worker. `AlreadyExists` for a registered id; `InvalidArgument` for a block
+    /// size mismatch or a bad rank range.
+    pub fn add_worker(&self, config: &WorkerConfig) -> Result<()> {
+        let raw = config.to_raw();
+        // SAFETY: a live router (concurrent); raw lives across the call.
+        call(|err| unsafe { sys::kvr_router_add_worker(self.as_raw(), &raw, err) })
+    }
+
+    /// Changes a worker's ranks or capacity. `NotFound` for an unknown id.
+    pub fn update_worker(&self, config: &WorkerConfig) -> Result<()> {
+        let raw = config.to_raw();
+        // SAFETY: as add_worker.
+        call(|err| unsafe { sys::kvr_router_update_worker(self.as_raw(), &raw, err) })
+    }
+
+    /// Drops the worker's ranks, active requests and index entries. `NotFound` for an
+    /// unknown id.
+    pub fn remove_worker(&self, worker_id: u64) -> Result<()> {
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe { sys::kvr_router_remove_worker(self.as_raw(), worker_id, err) })
+    }
+
+    // ---- KV events ----
+
+    /// Applies one stored event. A rejected part is reported (`NotFound`: unknown parent;
+    /// `InvalidArgument`: broken sequence or incomplete block) while the rest applies.
+    pub fn apply_stored(&self, event: &StoredEvent<'_>) -> Result<()> {
+        let lowered = event.lower()?;
+        // SAFETY: a live router; every pointer in lowered.raw lives across the call, with the
+        // lengths it states (checked by lower()).
+        call(|err| unsafe { sys::kvr_router_apply_stored(self.as_raw(), &lowered.raw, err) })
+    }
+
+    pub fn apply_removed(&self, event: &RemovedEvent<'_>) -> Result<()> {
+        let raw = event.lower();
+        // SAFETY: as apply_stored.
+        call(|err| unsafe { sys::kvr_router_apply_removed(self.as_raw(), &raw, err) })
+    }
+
+    /// Every rank of the worker lost every block.
+    pub fn apply_cleared(&self, worker_id: u64, dp_rank: u32, event_id: u64) -> Result<()> {
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe {
+            sys::kvr_router_apply_cleared(self.as_raw(), worker_id, dp_rank, event_id, err)
+        })
+    }
+
+    /// Applies an encoded FlatBuffers `EventBatch` (e.g. [`EventBatch::encode`]'s output).
+    /// Bytes that fail verification change nothing (`InvalidArgument`).
+    ///
+    /// [`EventBatch::encode`]: crate::EventBatch::encode
+    pub fn apply_event_batch(&self, bytes: &[u8]) -> Result<()> {
+        // SAFETY: bytes is borrowed for the call only, as the ABI states.
+        call(|err| unsafe {
+            sys::kvr_router_apply_event_batch(
+                self.as_raw(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                err,
+            )
+        })
+    }
+
+    // ---- Router replicas ----
+
+    /// Publishes this router's booking changes (booked, prefill completed, freed), each an
+    /// encoded `SequenceChange`, through `publish`, under the name `replica_id` (unique among
+    /// the replicas, fresh for every process start). `publish` runs on the thread that made
+    /// the change, under the router's lock, in order: it must be quick (queue the bytes) and
+    /// must not call into this router. A panic in it is caught at the C boundary and resumed
+    /// when the call that made the change returns. Replaces any previous publisher; see
+    /// docs/replicas.md.
+    pub fn set_replica_publisher<F>(&self, replica_id: &str, publish: F) -> Result<()>
+    where
+        F: Fn(&[u8]) + Send + Sync + 'static,
+    {
+        crate::replica::set(self.as_raw(), Some(replica_id), Some(Box::new(publish)))
+    }
+
+    /// Stops publishing booking changes; once this returns the previous publisher has finished
+    /// and is dropped.
+    pub fn clear_replica_publisher(&self) -> Result<()> {
+        crate::replica::set(self.as_raw(), None, None)
+    }
+
+    /// Applies one change another replica published: its bookings count as load here.
+    /// `InvalidArgument` for bytes that are not a change, `NotFound` for a worker rank this
+    /// router does not know, `AlreadyExists` for a booking applied twice.
+    pub fn apply_replica_event(&self, change: &[u8]) -> Result<()> {
+        // SAFETY: a live router (concurrent); the bytes are borrowed for the call.
+        call(|err| unsafe {
+            sys::kvr_router_apply_replica_event(
+                self.as_raw(),
+                change.as_ptr().cast(),
+                change.len(),
+                err,
+            )
+        })
+    }
+
+    // ---- Routing ----
+
+    fn route_raw(
+        &self,
+        tokens: &[u32],
+        opts: &RequestOptions<'_>,
+        candidates: &mut Vec<sys::kvr_candidate>,
+    ) -> Result<(RouteResult, usize)> {
+        let req = opts.lower()?;
+        let mut out = init(sys::kvr_route_result_init);
+        let mut total = 0usize;
+        let cap = candidates.capacity();
+        // SAFETY: a live router (concurrent); tokens, req and out live across the call;
+        // candidates has room for cap entries.
+        call(|err| unsafe {
+            sys::kvr_find_best_match(
+                self.as_raw(),
+                slice_ptr(tokens),
+                tokens.len(),
+                &req.raw,
+                &mut out,
+                candidates.as_mut_ptr(),
+                cap,
+                &mut total,
+                err,
+            )
+        })?;
+        // SAFETY: the library wrote min(total, cap) candidates.
+        unsafe { candidates.set_len(total.min(cap)) };
+        Ok((RouteResult::from(out), total))
+    }
+
+    /// Picks the worker rank for a prompt. Without `opts.admit` it changes nothing; with it the
+    /// request is booked under `opts.request_id`, after waiting in the admission queue if the
+    /// router queues (this thread blocks). Errors: `InvalidArgument`, `AlreadyExists` (id
+    /// active or waiting), `Unavailable` (no eligible worker), `DeadlineExceeded` (queue
+    /// timeout), `Cancelled` (freed while waiting).
+    pub fn find_best_match(
+        &self,
+        tokens: &[u32],
+        opts: &RequestOptions<'_>,
+    ) -> Result<RouteResult> {
+        let mut none = Vec::new();
+        self.route_raw(tokens, opts, &mut none).map(|(r, _)| r)
+    }
+
+    /// [`find_best_match`](Self::find_best_match), also filling `candidates` with every
+    /// candidate's cost breakdown. It holds at most `max(candidates.capacity(), 64)` of them
+    /// (a decision is never repeated to fetch more); the total is returned beside the result,
+    /// so a caller seeing a larger total can reserve that many next time.
+    pub fn find_best_match_with_candidates(
+        &self,
+        tokens: &[u32],
+        opts: &RequestOptions<'_>,
+        candidates: &mut Vec<Candidate>,
+    ) -> Result<(RouteResult, usize)> {
+        let mut raw = Vec::with_capacity(candidates.capacity().max(MIN_CANDIDATES));
+        let (result, total) = self.route_raw(tokens, opts, &mut raw)?;
+        candidates.clear();
+        candidates.extend(raw.iter().map(Candidate::from));
+        Ok((result, total))
+    }
+
+    /// Every rank holding at least the prompt's first block, with what it holds per tier.
+    pub fn overlap_scores(
+        &self,
+        tokens: &[u32],
+        opts: &RequestOptions<'_>,
+    ) -> Result<Vec<Overlap>> {
+        let req = opts.lower()?;
+        let rows = fill_vec(INITIAL_ROWS, |out, cap, len, err| {
+            // SAFETY: a live router (concurrent); out has room for cap rows.
+            unsafe {
+                sys::kvr_router_overlap_scores(
+                    self.as_raw(),
+                    slice_ptr(tokens),
+                    tokens.len(),
+                    &req.raw,
+                    out,
+                    cap,
+                    len,
+                    err,
+                )
+            }
+        })?;
+        Ok(rows.iter().map(Overlap::from).collect())
+    }
+
+    /// The load every registered rank would carry with this prompt.
+    pub fn potential_loads(
+        &self,
+        tokens: &[u32],
+        opts: &RequestOptions<'_>,
+    ) -> Result<Vec<PotentialLoad>> {
+        let req = opts.lower()?;
+        let rows = fill_vec(INITIAL_ROWS, |out, cap, len, err| {
+            // SAFETY: as overlap_scores.
+            unsafe {
+                sys::kvr_router_potential_loads(
+                    self.as_raw(),
+                    slice_ptr(tokens),
+                    tokens.len(),
+                    &req.raw,
+                    out,
+                    cap,
+                    len,
+                    err,
+                )
+            }
+        })?;
+        Ok(rows.iter().map(PotentialLoad::from).collect())
+    }
+
+    // ---- Request lifecycle ----
+
+    /// Books a request on a rank chosen elsewhere (`opts.request_id` required). `NotFound` for
+    /// an unregistered rank, `AlreadyExists` for an active id.
+    pub fn add_request(
+        &self,
+        tokens: &[u32],
+        worker_id: u64,
+        dp_rank: u32,
+        opts: &RequestOptions<'_>,
+    ) -> Result<()> {
+        let req = opts.lower()?;
+        // SAFETY: a live router (concurrent); tokens and req live across the call.
+        call(|err| unsafe {
+            sys::kvr_router_add_request(
+                self.as_raw(),
+                slice_ptr(tokens),
+                tokens.len(),
+                worker_id,
+                dp_rank,
+                &req.raw,
+                err,
+            )
+        })
+    }
+
+    /// The request produced its first token. An unknown id is no error.
+    pub fn mark_prefill_completed(&self, request_id: &str) -> Result<()> {
+        let id = cstring("request_id", request_id)?;
+        // SAFETY: a live router (concurrent); id lives across the call.
+        call(|err| unsafe {
+            sys::kvr_router_mark_prefill_completed(self.as_raw(), id.as_ptr(), err)
+        })
+    }
+
+    /// The request ended (finished, cancelled or failed). An unknown id is no error.
+    pub fn free_request(&self, request_id: &str) -> Result<()> {
+        let id = cstring("request_id", request_id)?;
+        // SAFETY: as mark_prefill_completed.
+        call(|err| unsafe { sys::kvr_router_free_request(self.as_raw(), id.as_ptr(), err) })
+    }
+
+    // ---- Index snapshot ----
+
+    /// The whole KV index as a FlatBuffers `IndexSnapshot`.
+    pub fn snapshot(&self) -> Result<Buffer> {
+        let mut out = ptr::null_mut();
+        // SAFETY: a live router (concurrent); out is written on success only.
+        call(|err| unsafe { sys::kvr_router_snapshot(self.as_raw(), &mut out, err) })?;
+        // SAFETY: a buffer the call returned, now ours.
+        unsafe { Buffer::from_raw(out) }
+    }
+
+    /// Loads a snapshot into a router whose index is empty (else `FailedPrecondition`). A bad
+    /// buffer, or one of another block size, changes nothing (`InvalidArgument`).
+    pub fn restore(&self, snapshot: &[u8]) -> Result<()> {
+        // SAFETY: a live router (concurrent); the bytes are borrowed for the call.
+        call(|err| unsafe {
+            sys::kvr_router_restore(
+                self.as_raw(),
+                slice_ptr(snapshot).cast(),
+                snapshot.len(),
+                err,
+            )
+        })
+    }
+
+    // ---- Metrics ----
+
+    pub fn metrics(&self) -> Result<Metrics> {
+        let mut out = init(sys::kvr_metrics_init);
+        // SAFETY: a live router (concurrent); out is an initialised struct.
+        call(|err| unsafe { sys::kvr_router_get_metrics(self.as_raw(), &mut out, err) })?;
+        Ok(Metrics::from(out))
+    }
+
+    /// The metrics in Prometheus text exposition format (with per-worker load gauges).
+    pub fn metrics_prometheus(&self) -> Result<String> {
+        let mut bytes = fill_vec::<u8>(4096, |out, cap, len, err| {
+            // SAFETY: a live router (concurrent); out has room for cap bytes.
+            unsafe { sys::kvr_router_metrics_prometheus(self.as_raw(), out.cast(), cap, len, err) }
+        })?;
+        if bytes.last() == Some(&0) {
+            bytes.pop();
+        }
+        String::from_utf8(bytes)
+            .map_err(|_| Error::new(Code::Internal, "the Prometheus text is not UTF-8"))
+    }
+
+    // ---- Staged routing ----
+
+    /// What routing would pick, changing nothing (no admission, booking, approximate-mode
+    /// record, or session binding made or refreshed). `opts.admit` is ignored.
+    pub fn preview_route(
+        &self,
+        tokens: &[u32],
+        opts: &RequestOptions<'_>,
+        hints: Option<&RoutingHints<'_>>,
+    ) -> Result<RouteSignals> {
+        let req = opts.lower()?;
+        let hints = lower_hints(hints)?;
+        let mut out = init(sys::kvr_route_signals_init);
+        // SAFETY: a live router (concurrent); every input lives across the call.
+        call(|err| unsafe {
+            sys::kvr_preview_route(
+                self.as_raw(),
+                slice_ptr(tokens),
+                tokens.len(),
+                &req.raw,
+                hints_ptr(&hints),
+                &mut out,
+                err,
+            )
+        })?;
+        Ok(RouteSignals::from(out))
+    }
+
+    /// Books the request (`opts.request_id` required) as a plan, keeping `previewed`'s rank
+    /// while it is still a candidate. Waits in the admission queue like an admitted
+    /// `find_best_match`. Planning an id with a live plan returns that plan.
+    pub fn plan_route(
+        &self,
+        tokens: &[u32],
+        opts: &RequestOptions<'_>,
+        hints: Option<&RoutingHints<'_>>,
+        previewed: Option<&RouteSignals>,
+    ) -> Result<RouteSignals> {
+        let req = opts.lower()?;
+        let hints = lower_hints(hints)?;
+        let previewed = previewed.map(|p| p.to_raw());
+        let mut out = init(sys::kvr_route_signals_init);
+        // SAFETY: as preview_route.
+        call(|err| unsafe {
+            sys::kvr_plan_route(
+                self.as_raw(),
+                slice_ptr(tokens),
+                tokens.len(),
+                &req.raw,
+                hints_ptr(&hints),
+                previewed.as_ref().map_or(ptr::null(), |p| p as *const _),
+                &mut out,
+                err,
+            )
+        })?;
+        Ok(RouteSignals::from(out))
+    }
+
+    /// The plan was dispatched. `NotFound`: no plan (never made, aborted, freed or past its
+    /// deadline); `FailedPrecondition`: its worker was removed (plan again).
+    pub fn commit_route(&self, request_id: &str) -> Result<()> {
+        let id = cstring("request_id", request_id)?;
+        // SAFETY: a live router (concurrent); id lives across the call.
+        call(|err| unsafe { sys::kvr_commit_route(self.as_raw(), id.as_ptr(), err) })
+    }
+
+    /// Frees the plan, its booking or its queue place; true if anything was freed.
+    pub fn abort_route(&self, request_id: &str) -> Result<bool> {
+        let id = cstring("request_id", request_id)?;
+        let mut freed = 0;
+        // SAFETY: as commit_route; freed is a valid int.
+        call(|err| unsafe { sys::kvr_abort_route(self.as_raw(), id.as_ptr(), &mut freed, err) })?;
+        Ok(freed != 0)
+    }
+
+    /// How long a plan may wait for commit or abort before it is dropped with its booking
+    /// (default 30 s; applies to plans made afterwards). `InvalidArgument` for zero.
+    pub fn set_plan_deadline(&self, deadline: Duration) -> Result<()> {
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe {
+            sys::kvr_router_set_plan_deadline(self.as_raw(), deadline.as_secs_f64(), err)
+        })
+    }
+
+    /// Drops plans past their deadline now; returns how many.
+    pub fn expire_plans(&self) -> Result<usize> {
+        let mut expired = 0;
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe { sys::kvr_router_expire_plans(self.as_raw(), &mut expired, err) })?;
+        Ok(expired)
+    }
+
+    /// The `(worker_id, dp_rank)` a live session is bound to (without refreshing it); None if
+    /// it is unbound or expired.
+    pub fn session_binding(&self, session_id: &str) -> Result<Option<(u64, u32)>> {
+        let id = cstring("session_id", session_id)?;
+        let (mut worker, mut rank) = (0u64, 0u32);
+        // SAFETY: a live router (concurrent); id and the out values live across the call.
+        let result = call(|err| unsafe {
+            sys::kvr_router_session_binding(self.as_raw(), id.as_ptr(), &mut worker, &mut rank, err)
+        });
+        match result {
+            Ok(()) => Ok(Some((worker, rank))),
+            Err(e) if e.code() == Code::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Unbinds a session (no error if unbound).
+    pub fn close_session(&self, session_id: &str) -> Result<()> {
+        let id = cstring("session_id", session_id)?;
+        // SAFETY: a live router (concurrent); id lives across the call.
+        call(|err| unsafe { sys::kvr_router_close_session(self.as_raw(), id.as_ptr(), err) })
+    }
+
+    /// Drops expired session bindings now; returns how many.
+    pub fn reclaim_sessions(&self) -> Result<usize> {
+        let mut reclaimed = 0;
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe {
+            sys::kvr_router_reclaim_sessions(self.as_raw(), &mut reclaimed, err)
+        })?;
+        Ok(reclaimed)
+    }
+
+    /// A digest of all routing state (index, active requests, queue, plans, sessions): equal
+    /// digests mean nothing changed. Stable within one process only.
+    pub fn state_digest(&self) -> Result<u64> {
+        let mut digest = 0;
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe { sys::kvr_router_state_digest(self.as_raw(), &mut digest, err) })?;
+        Ok(digest)
+    }
+}

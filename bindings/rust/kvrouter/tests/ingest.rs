@@ -1,0 +1,448 @@
+//! Live ingestion: a Unix-socket and a TCP listener fed by the publisher, bad frames counted,
+//! lag measured from the publish time, engine-worker registration rules, the lifecycle, and
+//! NATS when `nats-server` is installed.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::{prompt, router, wait_for, BS};
+use kvrouter::{
+    Code, EngineWorker, EventBatch, Ingest, IngestOptions, IngestStats, Publisher, RejectReason,
+    RequestOptions, StoredEvent,
+};
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "kvr-rust-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A batch storing `blocks` blocks of `tokens` on `worker` (engine hashes from `first`).
+fn stored_batch(worker: u64, tokens: &[u32], blocks: usize, first: u64) -> EventBatch {
+    let hashes = common::engine_hashes(first, blocks);
+    let mut batch = EventBatch::new().unwrap();
+    batch
+        .add_stored(&StoredEvent {
+            worker_id: worker,
+            event_id: first,
+            block_hashes: &hashes,
+            token_ids: &tokens[..blocks * BS as usize],
+            ..Default::default()
+        })
+        .unwrap();
+    batch
+}
+
+fn wait_messages(ingest: &Ingest<'_>, source: u64, messages: u64) -> IngestStats {
+    wait_for("ingested messages", || {
+        let stats = ingest.stats(source).unwrap();
+        (stats.messages >= messages).then_some(stats)
+    })
+}
+
+fn device_blocks(router: &kvrouter::RouterRef, tokens: &[u32], worker: u64) -> u32 {
+    router
+        .overlap_scores(tokens, &RequestOptions::default())
+        .unwrap()
+        .iter()
+        .find(|o| o.worker_id == worker)
+        .map_or(0, |o| o.device_blocks)
+}
+
+#[test]
+fn unix_socket_events_reach_the_router_and_bad_frames_are_counted() {
+    let dir = TempDir::new();
+    let router = router(2);
+    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    ingest.start().unwrap();
+    let endpoint = format!("unix://{}/events.sock", dir.0.display());
+    let listener = ingest.listen(&endpoint).unwrap();
+    assert_eq!(listener.endpoint, endpoint);
+    assert_ne!(listener.source_id, 0);
+    assert_eq!(
+        ingest.source_endpoint(listener.source_id).unwrap(),
+        endpoint
+    );
+    assert_eq!(
+        ingest.source_endpoint(4242).unwrap_err().code(),
+        Code::NotFound
+    );
+
+    let tokens = prompt(1, 4);
+    let mut publisher = Publisher::connect(&listener.endpoint).unwrap();
+    publisher.send(&stored_batch(2, &tokens, 4, 100)).unwrap();
+    let stats = wait_messages(&ingest, listener.source_id, 1);
+    assert_eq!((stats.events_applied, stats.connections), (1, 1));
+    assert_eq!(device_blocks(&router, &tokens, 2), 4);
+    let r = router
+        .find_best_match(&tokens, &RequestOptions::default())
+        .unwrap();
+    assert_eq!((r.worker_id, r.device_overlap_blocks), (2, 4));
+
+    // Well-framed garbage is rejected alone; the connection's next batch still applies.
+    publisher
+        .send_encoded(b"this is not a flatbuffer at all")
+        .unwrap();
+    let more = prompt(2, 2);
+    let encoded = stored_batch(1, &more, 2, 200).encode().unwrap();
+    publisher.send_encoded(&encoded).unwrap();
+    let stats = wait_messages(&ingest, listener.source_id, 3);
+    assert_eq!(stats.rejected(RejectReason::BadFlatbuffers), 1);
+    assert_eq!(stats.events_applied, 2);
+    assert_eq!(device_blocks(&router, &more, 1), 2);
+
+    // The totals agree with the only source; unknown sources are NotFound.
+    assert_eq!(
+        ingest.total_stats().unwrap(),
+        ingest.stats(listener.source_id).unwrap()
+    );
+    assert_eq!(ingest.stats(9999).unwrap_err().code(), Code::NotFound);
+
+    // Binding the same path twice fails.
+    assert_eq!(
+        ingest.listen(&endpoint).unwrap_err().code(),
+        Code::Unavailable
+    );
+}
+
+#[test]
+fn tcp_port_zero_binds_a_free_port_and_lag_is_measured() {
+    let router = router(2);
+    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    ingest.start().unwrap();
+    let listener = ingest.listen("tcp://127.0.0.1:0").unwrap();
+    assert!(listener.endpoint.starts_with("tcp://127.0.0.1:"));
+    assert_ne!(listener.endpoint, "tcp://127.0.0.1:0");
+
+    let tokens = prompt(3, 1);
+    let mut publisher = Publisher::connect(&listener.endpoint).unwrap();
+    let mut batch = stored_batch(1, &tokens, 1, 300);
+
+    // Published 3 s ago: the lag is at least that.
+    let three_s = Duration::from_secs(3);
+    batch
+        .set_publish_time(Some(SystemTime::now() - three_s))
+        .unwrap();
+    publisher.send(&batch).unwrap();
+    let stats = wait_messages(&ingest, listener.source_id, 1);
+    assert_eq!(stats.lag_samples, 1);
+    assert!(stats.lag_last_us >= three_s.as_micros() as u64, "{stats:?}");
+    assert_eq!(stats.lag_max_us, stats.lag_last_us);
+    assert_eq!(stats.lag_total_us, stats.lag_last_us);
+
+    // Unstamped: not measured.
+    batch.set_publish_time(None).unwrap();
+    publisher.send(&batch).unwrap();
+    let stats = wait_messages(&ingest, listener.source_id, 2);
+    assert_eq!(stats.lag_samples, 1);
+
+    // Cleared: stamped with the wall clock at sending, so a small lag; the maximum stays.
+    batch.clear();
+    batch
+        .add_stored(&StoredEvent {
+            worker_id: 1,
+            block_hashes: &[300],
+            token_ids: &tokens,
+            ..Default::default()
+        })
+        .unwrap();
+    publisher.send(&batch).unwrap();
+    let stats = wait_messages(&ingest, listener.source_id, 3);
+    assert_eq!(stats.lag_samples, 2);
+    assert!(stats.lag_last_us < three_s.as_micros() as u64);
+    assert!(stats.lag_max_us >= three_s.as_micros() as u64);
+    assert_eq!(stats.events_applied, 3);
+}
+
+#[test]
+fn a_shared_router_is_fed_while_other_threads_route_and_read_stats() {
+    let router = Arc::new(router(2));
+    let ingest =
+        Arc::new(Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap());
+    ingest.start().unwrap();
+    let listener = ingest.listen("tcp://127.0.0.1:0").unwrap();
+    const BATCHES: u64 = 50;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut publisher = Publisher::connect(&listener.endpoint).unwrap();
+            for i in 0..BATCHES {
+                let tokens = prompt(1000 + i as u32, 2);
+                publisher
+                    .send(&stored_batch(1 + i % 2, &tokens, 2, 10 * i))
+                    .unwrap();
+            }
+        });
+        for _ in 0..2 {
+            s.spawn(|| {
+                for i in 0..200u32 {
+                    router
+                        .find_best_match(&prompt(1000 + i % 50, 2), &RequestOptions::default())
+                        .unwrap();
+                    ingest.stats(listener.source_id).unwrap();
+                }
+            });
+        }
+    });
+    let stats = wait_messages(&ingest, listener.source_id, BATCHES);
+    assert_eq!(stats.events_applied, BATCHES);
+    for i in 0..BATCHES {
+        assert_eq!(
+            device_blocks(&router, &prompt(1000 + i as u32, 2), 1 + i % 2),
+            2
+        );
+    }
+    drop(ingest); // stops the loop; the router stays usable through the other Arc
+    assert_eq!(router.metrics().unwrap().index_blocks, 2 * BATCHES);
+}
+
+#[test]
+fn engine_workers_and_the_lifecycle_follow_the_rules() {
+    let router = router(1);
+    let mut ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    // ZMQ connects lazily: no engine needs to listen for the registration to succeed.
+    let port = free_port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let source = ingest
+        .add_engine_worker(&EngineWorker {
+            dp_size: 2,
+            topic: Some("kv-events"),
+            ..EngineWorker::new(&endpoint, 7)
+        })
+        .unwrap();
+    assert_ne!(source, 0);
+    assert_eq!(ingest.stats(source).unwrap(), IngestStats::default());
+    assert_eq!(ingest.source_endpoint(source).unwrap(), endpoint);
+    let e = ingest
+        .add_engine_worker(&EngineWorker::new(&endpoint, 7))
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists);
+    let e = ingest
+        .add_engine_worker(&EngineWorker {
+            block_size: 32,
+            ..EngineWorker::new(&endpoint, 8)
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("32") && e.message().contains("16"),
+        "{e}"
+    );
+    let e = ingest
+        .add_engine_worker(&EngineWorker {
+            dp_size: 0,
+            ..EngineWorker::new(&endpoint, 9)
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    ingest.start().unwrap();
+    assert_eq!(ingest.start().unwrap_err().code(), Code::FailedPrecondition);
+    ingest.remove_engine_worker(7, true).unwrap();
+    assert_eq!(
+        ingest.remove_engine_worker(7, false).unwrap_err().code(),
+        Code::NotFound
+    );
+    ingest.stop().unwrap();
+    ingest.stop().unwrap(); // idempotent
+    assert_eq!(ingest.start().unwrap_err().code(), Code::FailedPrecondition);
+    // A stopped object takes no new sources.
+    let e = ingest.listen("tcp://127.0.0.1:0").unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+}
+
+#[test]
+fn a_publisher_to_nowhere_is_unavailable() {
+    let e = Publisher::connect(&format!("tcp://127.0.0.1:{}", free_port())).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    let e = Publisher::connect("unix:///nonexistent/kvrouter.sock").unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A nats-server on 127.0.0.1, killed on drop.
+struct NatsServer {
+    child: Child,
+    port: u16,
+}
+
+impl NatsServer {
+    fn start() -> Option<NatsServer> {
+        let binary = [
+            "nats-server",
+            "/usr/sbin/nats-server",
+            "/usr/bin/nats-server",
+        ]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok())?;
+        let port = free_port();
+        let child = Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let server = NatsServer { child, port };
+        wait_for("nats-server to accept connections", || {
+            TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+        Some(server)
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Publishes raw payloads with the NATS text protocol (no client library), then waits for
+    /// the server's PONG, so they have been routed to subscribers.
+    fn publish(&self, messages: &[(&str, &[u8])]) {
+        let stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.starts_with("INFO "), "{line}");
+        let mut out = stream;
+        out.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\n")
+            .unwrap();
+        for (subject, payload) in messages {
+            out.write_all(format!("PUB {subject} {}\r\n", payload.len()).as_bytes())
+                .unwrap();
+            out.write_all(payload).unwrap();
+            out.write_all(b"\r\n").unwrap();
+        }
+        out.write_all(b"PING\r\n").unwrap();
+        loop {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            assert!(!line.starts_with("-ERR"), "{line}");
+            if line.starts_with("PONG") {
+                break;
+            }
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn nats_subjects_feed_the_router() {
+    let Some(server) = NatsServer::start() else {
+        // Straight to stderr, past the test harness's capture, so the skip is visible.
+        let _ = writeln!(
+            std::io::stderr(),
+            "nats_subjects_feed_the_router: skipped, no nats-server"
+        );
+        return;
+    };
+    let router = router(2);
+    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    ingest.start().unwrap();
+    let source = ingest.subscribe_nats(&server.url(), "kv.*.events").unwrap();
+
+    let (a, b) = (prompt(10, 3), prompt(11, 2));
+    let first = stored_batch(1, &a, 3, 100).encode().unwrap();
+    let second = stored_batch(2, &b, 2, 200).encode().unwrap();
+    server.publish(&[
+        ("kv.w1.events", &first),
+        ("kv.w2.events", b"garbage, not an EventBatch"),
+        ("kv.w2.events", &second),
+        ("other.subject", &first),
+    ]);
+    let stats = wait_messages(&ingest, source, 3);
+    assert_eq!(stats.messages, 3);
+    assert_eq!(stats.events_applied, 2);
+    assert_eq!(stats.rejected(RejectReason::BadFlatbuffers), 1);
+    assert_eq!(stats.connections, 1);
+    assert_eq!(
+        stats.lag_samples, 2,
+        "encode() stamps batches with the wall clock"
+    );
+    assert_eq!(device_blocks(&router, &a, 1), 3);
+    assert_eq!(device_blocks(&router, &b, 2), 2);
+
+    // No server there: the first connection fails.
+    let e = ingest
+        .subscribe_nats(&format!("nats://127.0.0.1:{}", free_port()), "kv.>")
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+}
+
+#[test]
+fn replicas_sync_their_bookings_over_nats() {
+    let Some(server) = NatsServer::start() else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "replicas_sync_their_bookings_over_nats: skipped, no nats-server"
+        );
+        return;
+    };
+    let (a, b) = (router(2), router(2));
+    let ingest_a = Ingest::new(&a, &IngestOptions::default()).unwrap();
+    let ingest_b = Ingest::new(&b, &IngestOptions::default()).unwrap();
+    ingest_a.start().unwrap();
+    ingest_b.start().unwrap();
+    let source_a = ingest_a
+        .sync_replicas(&server.url(), "kvrouter.test.replicas", "a")
+        .unwrap();
+    let source_b = ingest_b
+        .sync_replicas(&server.url(), "kvrouter.test.replicas", "b")
+        .unwrap();
+    let e = ingest_a
+        .sync_replicas(&server.url(), "other", "a2")
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+
+    let tokens = prompt(20, 32);
+    let booked = a
+        .find_best_match(&tokens, &RequestOptions::admit("shared"))
+        .unwrap();
+    wait_for("b to apply a's booking", || {
+        (b.metrics().unwrap().replica_requests_active == 1).then_some(())
+    });
+    assert_eq!(ingest_a.stats(source_a).unwrap().published, 1);
+    assert_eq!(ingest_b.stats(source_b).unwrap().events_applied, 1);
+    let r = b
+        .find_best_match(&tokens, &RequestOptions::default())
+        .unwrap();
+    assert_ne!(r.worker_id, booked.worker_id);
+
+    a.free_request("shared").unwrap();
+    wait_for("b to apply a's free", || {
+        (b.metrics().unwrap().replica_requests_active == 0).then_some(())
+    });
+    assert_eq!(ingest_a.stats(source_a).unwrap().publish_failures, 0);
+}
