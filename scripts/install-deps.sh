@@ -30,8 +30,31 @@ for pkg in "${packages[@]}"; do
   fi
 done
 
+# The bindings' tool chains (bindings/go, rust, java): the machine's own when present and new
+# enough (Go >= 1.21, cargo >= 1.77, a JDK >= 17 with Maven), otherwise Debian's: Go from
+# bookworm-backports, Rust from rustc-web / cargo-web, openjdk-17 and maven.
+version_at_least() {  # version_at_least HAVE WANT
+  [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
+}
+go_bin=$(command -v go || ls /usr/local/go/bin/go /usr/lib/go-1.2*/bin/go 2>/dev/null | tail -n1 || true)
+go_version=$([ -n "$go_bin" ] && "$go_bin" env GOVERSION 2>/dev/null | sed 's/^go//' || true)
+if [ -z "$go_version" ] || ! version_at_least "$go_version" 1.21; then
+  need_backports=1
+  missing+=(golang-1.23-go)
+fi
+cargo_bin=$(command -v cargo || ls "$HOME/.cargo/bin/cargo" 2>/dev/null || true)
+cargo_version=$([ -n "$cargo_bin" ] && "$cargo_bin" --version 2>/dev/null | awk '{print $2}' || true)
+if [ -z "$cargo_version" ] || ! version_at_least "$cargo_version" 1.77; then
+  missing+=(rustc-web cargo-web)
+fi
+java_version=$(javac -version 2>&1 | awk '/^javac/ {print $2}' || true)
+if [ -z "$java_version" ] || ! version_at_least "$java_version" 17; then
+  missing+=(openjdk-17-jdk-headless)
+fi
+command -v mvn >/dev/null || missing+=(maven)
+
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages already installed"
+  echo "install-deps: all ${#packages[@]} packages and the bindings' tool chains already installed"
   exit 0
 fi
 
@@ -42,5 +65,9 @@ fi
 
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+if [ -n "${need_backports:-}" ]; then
+  echo "deb http://deb.debian.org/debian bookworm-backports main" \
+    >/etc/apt/sources.list.d/kvrouter-backports.list
+fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -2,14 +2,15 @@
 # The Go binding's tests (bindings/go): builds libkvrouter, installs it into a staging prefix
 # (build/go/stage), then, against that install through pkg-config, runs go vet, the example
 # program, and go test with the race detector. Ends with go test's own ok/FAIL summary line.
-# Needs Go >= 1.21 (on PATH or in /usr/local/go); the NATS test uses nats-server if present.
+# Needs Go >= 1.21 (on PATH, in /usr/local/go or Debian's /usr/lib/go-1.2x); the NATS test
+# uses nats-server if present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 jobs=${KVR_JOBS:-$(nproc)}
 
-go=$(command -v go || true)
-if [[ -z $go && -x /usr/local/go/bin/go ]]; then go=/usr/local/go/bin/go; fi
+# On PATH, the official tarball's place, or Debian's golang-1.2x-go (scripts/install-deps.sh).
+go=$(command -v go || ls /usr/local/go/bin/go /usr/lib/go-1.2*/bin/go 2>/dev/null | tail -n1 || true)
 if [[ -z $go ]]; then
   echo "test-go.sh: no Go toolchain found (need go >= 1.21 on PATH or in /usr/local/go)" >&2
   exit 1

@@ -1,0 +1,114 @@
+package io.kvrouter;
+
+import java.util.Objects;
+
+/**
+ * Disaggregated prefill and decode ({@code kvr_disagg}): a prefill pool and a decode pool, each a
+ * full {@link Router} ({@link #prefillRouter()}, {@link #decodeRouter()}) to add workers, apply KV
+ * events, and mark and free requests on.
+ *
+ * <p>Thread-safe like {@link Router}. Closing it closes both pool routers; a pool router (or an
+ * {@link Ingest} on one) still open keeps the native object alive until it is closed too.
+ */
+public final class DisaggRouter extends NativeObject {
+  private final Router prefill;
+  private final Router decode;
+
+  /** Both pools with the library's default router options, and default disagg options. */
+  public DisaggRouter() {
+    this(null, null, null);
+  }
+
+  /**
+   * @param prefill the prefill pool's router options (null = defaults)
+   * @param decode the decode pool's router options (null = defaults)
+   * @param options null = defaults
+   */
+  public DisaggRouter(RouterOptions prefill, RouterOptions decode, DisaggOptions options) {
+    super(
+        new NativeResource(
+            Native.disaggNew(
+                prefill == null ? null : prefill.encoded(),
+                decode == null ? null : decode.encoded(),
+                options == null ? null : options.encoded()),
+            Native::disaggFree,
+            null));
+    this.prefill = view(Native.disaggPrefillRouter(resource.handle));
+    this.decode = view(Native.disaggDecodeRouter(resource.handle));
+  }
+
+  private Router view(long handle) {
+    resource.retain();
+    return Router.pool(handle, resource);
+  }
+
+  /** The prefill pool (owned by this object: closing it only closes the handle). */
+  public Router prefillRouter() {
+    return prefill;
+  }
+
+  /** The decode pool (owned by this object: closing it only closes the handle). */
+  public Router decodeRouter() {
+    return decode;
+  }
+
+  /**
+   * Decides where the prompt is prefilled and, when remote, selects and books a prefill rank under
+   * the request id (free it on {@link #prefillRouter()} when the prefill ends). Prefill pins from
+   * {@code hints} apply.
+   *
+   * @param options must carry the request id
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} with {@code enforce} and no
+   *     prefill workers
+   */
+  public PrefillResult routePrefill(int[] tokens, RequestOptions options, RoutingHints hints) {
+    Objects.requireNonNull(tokens, "tokens");
+    Objects.requireNonNull(options, "options");
+    long[] out = new long[Native.PREFILL_RESULT_LEN];
+    long h = acquire();
+    try {
+      Native.disaggRoutePrefill(h, tokens, options, hints, out);
+    } finally {
+      release();
+    }
+    return PrefillResult.decode(out);
+  }
+
+  /**
+   * Selects and books the decode rank. After a remote prefill the decode overrides are forced
+   * (overlap credit 0, no KV reuse, no prefill tracking), every other override kept.
+   */
+  public RouteSignals routeDecode(
+      int[] tokens, RequestOptions options, RoutingHints hints, boolean remotePrefill) {
+    Objects.requireNonNull(tokens, "tokens");
+    Objects.requireNonNull(options, "options");
+    long[] out = new long[Native.ROUTE_SIGNALS_LEN];
+    long h = acquire();
+    try {
+      Native.disaggRouteDecode(h, tokens, options, hints, remotePrefill, out);
+    } finally {
+      release();
+    }
+    return RouteSignals.decode(out);
+  }
+
+  /**
+   * Advisory: would the prefill rank chosen now carry more than {@code threshold} ×
+   * max_num_batched_tokens prefill tokens? No eligible prefill rank counts as busy.
+   */
+  public boolean prefillWorkerBusy(int[] tokens, RequestOptions options, double threshold) {
+    Objects.requireNonNull(tokens, "tokens");
+    long h = acquire();
+    try {
+      return Native.disaggPrefillWorkerBusy(h, tokens, options, threshold);
+    } finally {
+      release();
+    }
+  }
+
+  @Override
+  void beforeFree() {
+    prefill.close();
+    decode.close();
+  }
+}

@@ -1,0 +1,220 @@
+package io.kvrouter;
+
+import java.util.Objects;
+import java.util.concurrent.locks.ReadWriteLock;
+import java.util.concurrent.locks.ReentrantReadWriteLock;
+
+/**
+ * Live KV event ingestion ({@code kvr_ingest}): one event-loop thread of its own receives the
+ * events engines publish and applies them to a {@link Router}, while other threads route. Sources:
+ * native stream listeners (TCP, Unix sockets), NATS subjects, vLLM / SGLang ZMQ publishers; they
+ * may be added before or after {@link #start()}.
+ *
+ * <p>Thread-safe. The router is kept alive (natively) until this object is closed, even if the
+ * {@code Router} is closed first. {@link #stop()} is final: create a new object to restart.
+ */
+public final class Ingest extends NativeObject {
+  // kvr_ingest_subscribe_nats and kvr_ingest_sync_replicas may not run concurrently with
+  // kvr_ingest_stop: they share the read side (they run concurrently with each other), stop
+  // takes the write side.
+  private final ReadWriteLock stopLock = new ReentrantReadWriteLock();
+
+  /** A stopped ingest object feeding {@code router}, with default options. */
+  public Ingest(Router router) {
+    this(router, null);
+  }
+
+  /**
+   * @param options null = defaults
+   */
+  public Ingest(Router router, IngestOptions options) {
+    super(create(router, options));
+  }
+
+  private static NativeResource create(Router router, IngestOptions options) {
+    Objects.requireNonNull(router, "router");
+    long r = router.acquire();
+    try {
+      router.resource.retain(); // the native router must outlive the ingest object
+      try {
+        long ingest = Native.ingestNew(r, options == null ? null : options.encoded());
+        return new NativeResource(ingest, Native::ingestFree, router.resource);
+      } catch (RuntimeException | Error e) {
+        router.resource.release();
+        throw e;
+      }
+    } finally {
+      router.release();
+    }
+  }
+
+  /**
+   * Starts the loop thread.
+   *
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} if started or stopped before
+   */
+  public void start() {
+    long h = acquire();
+    try {
+      Native.ingestStart(h);
+    } finally {
+      release();
+    }
+  }
+
+  /** Closes every source and joins the loop thread. Final; idempotent. */
+  public void stop() {
+    long h = acquire();
+    try {
+      stopLock.writeLock().lock();
+      try {
+        Native.ingestStop(h);
+      } finally {
+        stopLock.writeLock().unlock();
+      }
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Listens for native event streams on "tcp://HOST:PORT" (port 0 = a free port) or "unix://PATH".
+   *
+   * @throws KvRouterException {@link Status#UNAVAILABLE} if the address cannot be bound
+   */
+  public Listener listen(String endpoint) {
+    Objects.requireNonNull(endpoint, "endpoint");
+    long[] source = new long[1];
+    long h = acquire();
+    String bound;
+    try {
+      bound = Native.ingestListen(h, endpoint, source);
+    } finally {
+      release();
+    }
+    return new Listener(source[0], bound);
+  }
+
+  /**
+   * Subscribes to an engine's ZMQ publisher (register the worker with the router too, for routing);
+   * returns the source id.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for a block size other than the
+   *     router's, a bad endpoint or dp size 0; {@link Status#ALREADY_EXISTS} for a worker id
+   *     already subscribed
+   */
+  public long addEngineWorker(EngineWorker worker) {
+    Objects.requireNonNull(worker, "worker");
+    long h = acquire();
+    try {
+      return Native.ingestAddEngineWorker(
+          h, worker.scalars, worker.endpoint, worker.topic, worker.replayEndpoint);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Unsubscribes from an engine worker; {@code clearIndex} also drops its index entries.
+   *
+   * @throws KvRouterException {@link Status#NOT_FOUND} for an unknown id
+   */
+  public void removeEngineWorker(long workerId, boolean clearIndex) {
+    long h = acquire();
+    try {
+      Native.ingestRemoveEngineWorker(h, workerId, clearIndex);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Subscribes to {@code subject} (wildcards {@code *} and {@code >}) on the NATS server at {@code
+   * url}; each message is one native EventBatch. After {@link #start()} it returns once the server
+   * has the subscription. Returns the source id.
+   *
+   * @throws KvRouterException {@link Status#UNAVAILABLE} if the first connection fails
+   */
+  public long subscribeNats(String url, String subject) {
+    Objects.requireNonNull(url, "url");
+    Objects.requireNonNull(subject, "subject");
+    long h = acquire();
+    try {
+      stopLock.readLock().lock();
+      try {
+        return Native.ingestSubscribeNats(h, url, subject);
+      } finally {
+        stopLock.readLock().unlock();
+      }
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Router replica sync over NATS: publishes this ingest's router's booking changes on {@code
+   * subject} as {@code replicaId} (unique among the replicas, fresh for every process start) and
+   * applies the changes the other replicas publish there, so their requests count as load here. One
+   * per ingest object and router; replaces any {@link Router#setReplicaPublisher}; ends when the
+   * ingest stops. Returns the source id (its stats count {@link IngestStats#published()} changes).
+   *
+   * @throws KvRouterException {@link Status#UNAVAILABLE} if the first connection fails, {@link
+   *     Status#FAILED_PRECONDITION} for a second sync
+   */
+  public long syncReplicas(String url, String subject, String replicaId) {
+    Objects.requireNonNull(url, "url");
+    Objects.requireNonNull(subject, "subject");
+    Objects.requireNonNull(replicaId, "replicaId");
+    long h = acquire();
+    try {
+      stopLock.readLock().lock();
+      try {
+        return Native.ingestSyncReplicas(h, url, subject, replicaId);
+      } finally {
+        stopLock.readLock().unlock();
+      }
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Where a source is: a listener's bound endpoint (with its real port), an engine worker's
+   * endpoint, a NATS server's url; kept after the source is removed.
+   *
+   * @throws KvRouterException {@link Status#NOT_FOUND} for an unknown id
+   */
+  public String sourceEndpoint(long sourceId) {
+    long h = acquire();
+    try {
+      return Native.ingestSourceEndpoint(h, sourceId);
+    } finally {
+      release();
+    }
+  }
+
+  /** The counters summed over every source (removed ones included). */
+  public IngestStats stats() {
+    return stats(0);
+  }
+
+  /**
+   * The counters of one source.
+   *
+   * @throws KvRouterException {@link Status#NOT_FOUND} for an unknown id
+   */
+  public IngestStats stats(long sourceId) {
+    long h = acquire();
+    try {
+      return new IngestStats(Native.ingestStats(h, sourceId));
+    } finally {
+      release();
+    }
+  }
+
+  /** Stops if needed, closes every source and frees the object; then releases the router. */
+  @Override
+  public void close() {
+    super.close();
+  }
+}

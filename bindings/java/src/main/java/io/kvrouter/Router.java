@@ -1,0 +1,581 @@
+package io.kvrouter;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.Objects;
+import java.util.Optional;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.LongConsumer;
+
+/**
+ * A KV-cache-aware router ({@code kvr_router}): it keeps an index of what every worker rank holds
+ * in its KV cache and the load of every rank, and picks the rank that will serve a prompt fastest.
+ *
+ * <p>Thread-safe: every method may be called from any thread concurrently (the library synchronises
+ * internally), except that {@link #close()} waits for calls in progress and makes later calls throw
+ * {@link IllegalStateException}. With a queue threshold set, an admitted routing call may block its
+ * thread until a worker has room.
+ *
+ * <p>Token ids are {@code int}s holding unsigned 32-bit values; worker ids and hashes are {@code
+ * long}s holding unsigned 64-bit values.
+ *
+ * <pre>{@code
+ * try (Router router = new Router(RouterOptions.builder().blockSize(16).build())) {
+ *   router.addWorker(WorkerConfig.of(1));
+ *   RouteResult r = router.findBestMatch(tokens, RequestOptions.admit("req-1"));
+ *   ... dispatch to r.workerId() ...
+ *   router.markPrefillCompleted("req-1");
+ *   router.freeRequest("req-1");
+ * }
+ * }</pre>
+ */
+public final class Router extends NativeObject {
+  private final boolean poolView;
+  // The native context of the replica publisher installed (0: none), freed once the library no
+  // longer calls it. Shared with the free action, which must not reference this object.
+  private final AtomicLong replicaContext;
+  private final Object replicaLock = new Object();
+
+  /** A router with the library's default options. */
+  public Router() {
+    this(RouterOptions.defaults());
+  }
+
+  /**
+   * Creates a router.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} naming a bad setting
+   */
+  public Router(RouterOptions options) {
+    this(Native.routerNew(options.encoded()), null, new AtomicLong());
+  }
+
+  private Router(long handle, NativeResource parent, AtomicLong replicaContext) {
+    super(new NativeResource(handle, freeAction(parent == null, replicaContext), parent));
+    this.poolView = parent != null;
+    this.replicaContext = replicaContext;
+  }
+
+  /** One pool of a {@link DisaggRouter}: the parent owns it and keeps it alive. */
+  static Router pool(long handle, NativeResource disagg) {
+    return new Router(handle, disagg, new AtomicLong());
+  }
+
+  private static LongConsumer freeAction(boolean owned, AtomicLong replicaContext) {
+    return handle -> {
+      long context = replicaContext.getAndSet(0);
+      if (owned) {
+        Native.routerFree(handle);
+      } else if (context != 0) {
+        Native.setReplicaPublisher(handle, null, null); // the pool outlives this handle
+      }
+      Native.freeReplicaContext(context);
+    };
+  }
+
+  /** Whether this router is one pool of a {@link DisaggRouter}. */
+  public boolean isPool() {
+    return poolView;
+  }
+
+  // ---- Workers ----
+
+  /**
+   * Registers a worker's ranks. May admit queued requests.
+   *
+   * @throws KvRouterException {@link Status#ALREADY_EXISTS} for a registered id, {@link
+   *     Status#INVALID_ARGUMENT} for a block size mismatch or a bad rank range
+   */
+  public void addWorker(WorkerConfig config) {
+    Objects.requireNonNull(config, "config");
+    long h = acquire();
+    try {
+      Native.addWorker(h, config.encoded());
+    } finally {
+      release();
+    }
+  }
+
+  /** Registers worker {@code workerId} with the defaults (one rank). */
+  public void addWorker(long workerId) {
+    addWorker(WorkerConfig.of(workerId));
+  }
+
+  /**
+   * Changes a worker's ranks or capacity; ranks that disappear lose their requests and index
+   * entries.
+   *
+   * @throws KvRouterException {@link Status#NOT_FOUND} for an unknown id
+   */
+  public void updateWorker(WorkerConfig config) {
+    Objects.requireNonNull(config, "config");
+    long h = acquire();
+    try {
+      Native.updateWorker(h, config.encoded());
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Drops the worker's ranks, active requests and index entries.
+   *
+   * @throws KvRouterException {@link Status#NOT_FOUND} for an unknown id
+   */
+  public void removeWorker(long workerId) {
+    long h = acquire();
+    try {
+      Native.removeWorker(h, workerId);
+    } finally {
+      release();
+    }
+  }
+
+  // ---- KV events ----
+
+  /**
+   * Applies a stored event. A rejected part is reported ({@link Status#NOT_FOUND}: unknown parent
+   * or block; {@link Status#INVALID_ARGUMENT}: broken sequence or incomplete block) and counted,
+   * while the part Dynamo applies despite it is applied.
+   *
+   * @throws KvRouterException as above; {@link Status#FAILED_PRECONDITION} in approximate mode
+   */
+  public void applyStored(StoredEvent event) {
+    Objects.requireNonNull(event, "event");
+    long h = acquire();
+    try {
+      Native.applyStored(h, event);
+    } finally {
+      release();
+    }
+  }
+
+  /** Applies a removed event (as {@link #applyStored}). */
+  public void applyRemoved(RemovedEvent event) {
+    Objects.requireNonNull(event, "event");
+    long h = acquire();
+    try {
+      Native.applyRemoved(h, event);
+    } finally {
+      release();
+    }
+  }
+
+  /** Every rank of the worker lost every block (a clear is worker-wide, as in Dynamo). */
+  public void applyCleared(long workerId, int dpRank, long eventId) {
+    long h = acquire();
+    try {
+      Native.applyCleared(h, workerId, dpRank, eventId);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Applies a FlatBuffers EventBatch (schema/kv_events.fbs), verified first: a bad buffer applies
+   * nothing. Events rejected by the index do not stop the others; the first rejection is thrown
+   * after all were applied.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for bytes that are not a valid
+   *     EventBatch
+   */
+  public void applyEventBatch(byte[] batch) {
+    applyEventBatch(batch, 0, batch.length);
+  }
+
+  /** Applies the EventBatch in {@code batch[offset, offset + length)}. */
+  public void applyEventBatch(byte[] batch, int offset, int length) {
+    Objects.checkFromIndexSize(offset, length, batch.length);
+    long h = acquire();
+    try {
+      Native.applyEventBatch(h, batch, offset, length);
+    } finally {
+      release();
+    }
+  }
+
+  // ---- Router replicas ----
+
+  /**
+   * Publishes this router's booking changes (booked, prefill completed, freed) through {@code
+   * publisher} under the name {@code replicaId}, for the other replicas' {@link
+   * #applyReplicaEvent(byte[])}: each replica then counts the others' requests as load. The id must
+   * be unique among the replicas and fresh for every process start. {@code publisher} null stops
+   * publishing; once this returns, the previous publisher is not called again.
+   *
+   * <p>The publisher is held until replaced, cleared or the router closed (so one that refers to
+   * this router keeps it reachable: close it).
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for a null or empty id
+   */
+  public void setReplicaPublisher(String replicaId, ReplicaPublisher publisher) {
+    ReplicaSink sink = publisher == null ? null : new ReplicaSink(publisher);
+    long h = acquire();
+    try {
+      // Only the swap of contexts is serialised (the C call itself is concurrent): the
+      // context freed must be the one the library has just stopped calling.
+      synchronized (replicaLock) {
+        long context = Native.setReplicaPublisher(h, replicaId, sink);
+        Native.freeReplicaContext(replicaContext.getAndSet(context));
+      }
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Applies a booking change another replica published: its bookings count as load here, and its
+   * frees and prefill completions may admit requests waiting here. Changes with this router's own
+   * replica id are ignored.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for bytes that are not a change,
+   *     {@link Status#NOT_FOUND} for a worker rank this router does not know, {@link
+   *     Status#ALREADY_EXISTS} for a booking applied twice (nothing changes then)
+   */
+  public void applyReplicaEvent(byte[] change) {
+    applyReplicaEvent(change, 0, change.length);
+  }
+
+  public void applyReplicaEvent(byte[] change, int offset, int length) {
+    Objects.checkFromIndexSize(offset, length, change.length);
+    long h = acquire();
+    try {
+      Native.applyReplicaEvent(h, change, offset, length);
+    } finally {
+      release();
+    }
+  }
+
+  // ---- Routing ----
+
+  /** Picks the rank for a prompt, changing nothing (a preview with default options). */
+  public RouteResult findBestMatch(int[] tokens) {
+    return findBestMatch(tokens, null, 0);
+  }
+
+  /**
+   * Picks the rank for a prompt. Without {@link RequestOptions.Builder#admit(boolean)} it is a
+   * preview; with it the request is booked under its id, after waiting in the admission queue if
+   * the router queues.
+   *
+   * @param options null = defaults (a preview)
+   * @throws KvRouterException {@link Status#ALREADY_EXISTS} (request id active or waiting), {@link
+   *     Status#UNAVAILABLE} (no eligible worker), {@link Status#DEADLINE_EXCEEDED} (queue timeout),
+   *     {@link Status#CANCELLED} (freed while queued), {@link Status#INVALID_ARGUMENT}
+   */
+  public RouteResult findBestMatch(int[] tokens, RequestOptions options) {
+    return findBestMatch(tokens, options, 0);
+  }
+
+  /**
+   * As {@link #findBestMatch(int[], RequestOptions)}, with the cost breakdown of up to {@code
+   * maxCandidates} candidates ({@link RouteResult#totalCandidates()} says how many there were).
+   */
+  public RouteResult findBestMatch(int[] tokens, RequestOptions options, int maxCandidates) {
+    Objects.requireNonNull(tokens, "tokens");
+    if (maxCandidates < 0) throw new IllegalArgumentException("maxCandidates < 0");
+    long[] out = new long[Native.ROUTE_RESULT_LEN];
+    long h = acquire();
+    long[] candidates;
+    try {
+      candidates = Native.findBestMatch(h, tokens, options, maxCandidates, out);
+    } finally {
+      release();
+    }
+    return RouteResult.decode(out, candidates);
+  }
+
+  /** Per rank holding at least the prompt's first block: what it holds, per tier. */
+  public List<Overlap> overlapScores(int[] tokens) {
+    return overlapScores(tokens, null);
+  }
+
+  /** As {@link #overlapScores(int[])}, with the request's salts (LoRA, namespace, ...). */
+  public List<Overlap> overlapScores(int[] tokens, RequestOptions options) {
+    Objects.requireNonNull(tokens, "tokens");
+    long h = acquire();
+    long[] a;
+    try {
+      a = Native.overlapScores(h, tokens, options);
+    } finally {
+      release();
+    }
+    ArrayList<Overlap> list = new ArrayList<>(a.length / Native.OVERLAP_LEN);
+    for (int i = 0; i < a.length; i += Native.OVERLAP_LEN) list.add(Overlap.decode(a, i));
+    return Collections.unmodifiableList(list);
+  }
+
+  /** The load each registered rank would carry with this prompt. */
+  public List<PotentialLoad> potentialLoads(int[] tokens) {
+    return potentialLoads(tokens, null);
+  }
+
+  public List<PotentialLoad> potentialLoads(int[] tokens, RequestOptions options) {
+    Objects.requireNonNull(tokens, "tokens");
+    long h = acquire();
+    long[] a;
+    try {
+      a = Native.potentialLoads(h, tokens, options);
+    } finally {
+      release();
+    }
+    ArrayList<PotentialLoad> list = new ArrayList<>(a.length / Native.POTENTIAL_LOAD_LEN);
+    for (int i = 0; i < a.length; i += Native.POTENTIAL_LOAD_LEN) {
+      list.add(PotentialLoad.decode(a, i));
+    }
+    return Collections.unmodifiableList(list);
+  }
+
+  // ---- Request lifecycle ----
+
+  /**
+   * Books a request on a rank chosen elsewhere.
+   *
+   * @param options must carry the request id
+   * @throws KvRouterException {@link Status#NOT_FOUND} for an unregistered rank, {@link
+   *     Status#ALREADY_EXISTS} for an active id
+   */
+  public void addRequest(int[] tokens, long workerId, int dpRank, RequestOptions options) {
+    Objects.requireNonNull(tokens, "tokens");
+    Objects.requireNonNull(options, "options");
+    long h = acquire();
+    try {
+      Native.addRequest(h, tokens, workerId, dpRank, options);
+    } finally {
+      release();
+    }
+  }
+
+  /** The request produced its first token. Idempotent; may admit queued requests. */
+  public void markPrefillCompleted(String requestId) {
+    Objects.requireNonNull(requestId, "requestId");
+    long h = acquire();
+    try {
+      Native.markPrefillCompleted(h, requestId);
+    } finally {
+      release();
+    }
+  }
+
+  /** The request ended (finished, cancelled or failed). Idempotent; may admit queued ones. */
+  public void freeRequest(String requestId) {
+    Objects.requireNonNull(requestId, "requestId");
+    long h = acquire();
+    try {
+      Native.freeRequest(h, requestId);
+    } finally {
+      release();
+    }
+  }
+
+  // ---- Snapshot ----
+
+  /** The whole KV index as a FlatBuffers IndexSnapshot. */
+  public byte[] snapshot() {
+    long h = acquire();
+    try {
+      return Native.snapshot(h);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Loads a snapshot into a router whose index is empty.
+   *
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} for a non-empty index or in
+   *     approximate mode; {@link Status#INVALID_ARGUMENT} for a bad snapshot or one of another
+   *     block size (nothing changes)
+   */
+  public void restore(byte[] snapshot) {
+    restore(snapshot, 0, snapshot.length);
+  }
+
+  public void restore(byte[] snapshot, int offset, int length) {
+    Objects.checkFromIndexSize(offset, length, snapshot.length);
+    long h = acquire();
+    try {
+      Native.restore(h, snapshot, offset, length);
+    } finally {
+      release();
+    }
+  }
+
+  // ---- Metrics ----
+
+  public Metrics metrics() {
+    long h = acquire();
+    try {
+      return new Metrics(Native.metrics(h));
+    } finally {
+      release();
+    }
+  }
+
+  /** The metrics, with per-worker load gauges, in Prometheus text exposition format. */
+  public String metricsPrometheus() {
+    long h = acquire();
+    try {
+      return Native.metricsPrometheus(h);
+    } finally {
+      release();
+    }
+  }
+
+  // ---- Staged routing ----
+
+  /**
+   * What routing would pick, changing nothing (no admission, booking, approximate-mode record or
+   * session binding). Errors as {@link #findBestMatch}, plus the pin errors.
+   *
+   * @param options null = defaults; admission is ignored
+   * @param hints null = none
+   */
+  public RouteSignals previewRoute(int[] tokens, RequestOptions options, RoutingHints hints) {
+    Objects.requireNonNull(tokens, "tokens");
+    long[] out = new long[Native.ROUTE_SIGNALS_LEN];
+    long h = acquire();
+    try {
+      Native.previewRoute(h, tokens, options, hints, out);
+    } finally {
+      release();
+    }
+    return RouteSignals.decode(out);
+  }
+
+  /**
+   * Books the request as a plan, keeping {@code previewed}'s rank while it is still a candidate.
+   * Idempotent for an id with a live plan.
+   *
+   * @param options must carry the request id
+   * @param previewed a preview's signals, or null
+   * @throws KvRouterException {@link Status#ALREADY_EXISTS} for an id active without a plan
+   */
+  public RouteSignals planRoute(
+      int[] tokens, RequestOptions options, RoutingHints hints, RouteSignals previewed) {
+    Objects.requireNonNull(tokens, "tokens");
+    Objects.requireNonNull(options, "options");
+    long[] prev = previewed == null ? null : previewed.encode();
+    long[] out = new long[Native.ROUTE_SIGNALS_LEN];
+    long h = acquire();
+    try {
+      Native.planRoute(h, tokens, options, hints, prev, out);
+    } finally {
+      release();
+    }
+    return RouteSignals.decode(out);
+  }
+
+  /**
+   * The plan was dispatched (approximate mode records it, the session is bound). Idempotent.
+   *
+   * @throws KvRouterException {@link Status#NOT_FOUND}: no live plan; {@link
+   *     Status#FAILED_PRECONDITION}: its worker was removed (plan again)
+   */
+  public void commitRoute(String requestId) {
+    Objects.requireNonNull(requestId, "requestId");
+    long h = acquire();
+    try {
+      Native.commitRoute(h, requestId);
+    } finally {
+      release();
+    }
+  }
+
+  /** Frees the plan, its booking or its queue place; true if anything was freed. */
+  public boolean abortRoute(String requestId) {
+    Objects.requireNonNull(requestId, "requestId");
+    long h = acquire();
+    try {
+      return Native.abortRoute(h, requestId);
+    } finally {
+      release();
+    }
+  }
+
+  /** How long a plan may wait for commit or abort (default 30 s; for later plans). */
+  public void setPlanDeadline(Duration deadline) {
+    setPlanDeadlineSeconds(deadline.toNanos() / 1e9);
+  }
+
+  /**
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless finite and positive
+   */
+  public void setPlanDeadlineSeconds(double seconds) {
+    long h = acquire();
+    try {
+      Native.setPlanDeadline(h, seconds);
+    } finally {
+      release();
+    }
+  }
+
+  /** Drops plans past their deadline now; returns how many. */
+  public long expirePlans() {
+    long h = acquire();
+    try {
+      return Native.expirePlans(h);
+    } finally {
+      release();
+    }
+  }
+
+  /** The rank a live session is bound to (without refreshing it), or empty. */
+  public Optional<WorkerRank> sessionBinding(String sessionId) {
+    Objects.requireNonNull(sessionId, "sessionId");
+    long h = acquire();
+    long[] b;
+    try {
+      b = Native.sessionBinding(h, sessionId);
+    } finally {
+      release();
+    }
+    return b == null ? Optional.empty() : Optional.of(new WorkerRank(b[0], (int) b[1]));
+  }
+
+  /** Unbinds a session (no error if unbound). */
+  public void closeSession(String sessionId) {
+    Objects.requireNonNull(sessionId, "sessionId");
+    long h = acquire();
+    try {
+      Native.closeSession(h, sessionId);
+    } finally {
+      release();
+    }
+  }
+
+  /** Drops expired session bindings now; returns how many. */
+  public long reclaimSessions() {
+    long h = acquire();
+    try {
+      return Native.reclaimSessions(h);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * A digest of all routing state (index, active requests, queue, plans, sessions): equal digests
+   * mean nothing changed. Stable within one process only.
+   */
+  public long stateDigest() {
+    long h = acquire();
+    try {
+      return Native.stateDigest(h);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Frees the router once calls in progress returned. An {@link Ingest} still feeding it keeps the
+   * native router alive until the ingest object is closed too. On a pool of a {@link DisaggRouter},
+   * only this handle is closed.
+   */
+  @Override
+  public void close() {
+    super.close();
+  }
+}

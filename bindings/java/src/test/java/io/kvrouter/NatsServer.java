@@ -1,0 +1,77 @@
+package io.kvrouter;
+
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import java.io.IOException;
+import java.net.InetAddress;
+import java.net.InetSocketAddress;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.concurrent.TimeUnit;
+
+/** A nats-server on 127.0.0.1 and a free port, for one test; skips the test without one. */
+final class NatsServer implements AutoCloseable {
+  private final Process process;
+  private final int port;
+
+  private NatsServer(Process process, int port) {
+    this.process = process;
+    this.port = port;
+  }
+
+  static NatsServer startOrSkip() throws IOException {
+    Path server = null;
+    for (String candidate : new String[] {"/usr/sbin/nats-server", "/usr/bin/nats-server"}) {
+      if (Files.isExecutable(Path.of(candidate))) server = Path.of(candidate);
+    }
+    assumeTrue(server != null, "nats-server is not installed");
+    int port;
+    try (ServerSocket probe = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
+      port = probe.getLocalPort();
+    }
+    Process process =
+        new ProcessBuilder(server.toString(), "-a", "127.0.0.1", "-p", Integer.toString(port))
+            .redirectErrorStream(true)
+            .redirectOutput(ProcessBuilder.Redirect.DISCARD)
+            .start();
+    NatsServer nats = new NatsServer(process, port);
+    try {
+      TestSupport.await("nats-server on port " + port, Duration.ofSeconds(10), nats::accepts);
+    } catch (AssertionError e) {
+      nats.close();
+      throw e;
+    }
+    return nats;
+  }
+
+  int port() {
+    return port;
+  }
+
+  String url() {
+    return "nats://127.0.0.1:" + port;
+  }
+
+  private boolean accepts() {
+    try (Socket s = new Socket()) {
+      s.connect(new InetSocketAddress("127.0.0.1", port), 200);
+      return true;
+    } catch (IOException e) {
+      return false;
+    }
+  }
+
+  @Override
+  public void close() {
+    process.destroy();
+    try {
+      if (!process.waitFor(10, TimeUnit.SECONDS)) process.destroyForcibly().waitFor();
+    } catch (InterruptedException e) {
+      process.destroyForcibly();
+      Thread.currentThread().interrupt();
+    }
+  }
+}

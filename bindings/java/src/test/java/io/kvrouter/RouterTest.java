@@ -1,0 +1,398 @@
+package io.kvrouter;
+
+import static io.kvrouter.TestSupport.BLOCK;
+import static io.kvrouter.TestSupport.routerWithWorkers;
+import static io.kvrouter.TestSupport.stored;
+import static io.kvrouter.TestSupport.tokens;
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.HashSet;
+import java.util.List;
+import java.util.Set;
+import org.junit.jupiter.api.Test;
+
+/** Routing decisions, events, the request lifecycle, errors, buffers, snapshots, metrics. */
+class RouterTest {
+  private static final int[] PROMPT = tokens(48, 1000); // 3 blocks
+
+  @Test
+  void routesToTheWorkerHoldingThePrefix() {
+    try (Router router = routerWithWorkers(4)) {
+      router.applyStored(stored(2, PROMPT, 2, 0xA1));
+      for (int i = 0; i < 20; ++i) { // the random tie-break never beats a cache hit
+        RouteResult r = router.findBestMatch(PROMPT);
+        assertEquals(2, r.workerId());
+        assertEquals(2, r.deviceOverlapBlocks());
+        assertEquals(32, r.cachedTokens());
+        assertEquals(3, r.promptBlocks());
+        assertEquals(48, r.promptTokens());
+        assertFalse(r.booked());
+      }
+      // a preview books nothing
+      assertEquals(0, router.metrics().requestsActive());
+      List<Overlap> overlaps = router.overlapScores(PROMPT);
+      assertEquals(1, overlaps.size());
+      assertEquals(2, overlaps.get(0).workerId());
+      assertEquals(2, overlaps.get(0).deviceBlocks());
+      assertEquals(2, overlaps.get(0).treeSize());
+    }
+  }
+
+  @Test
+  void loadChangesTheChoice() {
+    try (Router router = routerWithWorkers(4)) {
+      router.applyStored(stored(2, PROMPT, 2, 0xA1));
+      RouteResult first = router.findBestMatch(PROMPT, RequestOptions.admit("r0"), 8);
+      assertEquals(2, first.workerId());
+      assertTrue(first.booked());
+      assertEquals(4, first.totalCandidates());
+      assertEquals(4, first.candidates().size());
+      Candidate chosen = first.candidates().stream().filter(Candidate::chosen).findFirst().get();
+      assertEquals(2, chosen.workerId());
+      assertEquals(first.cost(), chosen.cost());
+      for (Candidate c : first.candidates()) {
+        if (c.workerId() != 2) assertTrue(c.cost() > chosen.cost(), c.toString());
+      }
+      // Keep booking requests for the same prompt without finishing their prefill: worker 2's
+      // load grows until another worker is cheaper despite the cache hit.
+      Set<Long> workers = new HashSet<>();
+      for (int i = 1; i < 8; ++i) {
+        workers.add(router.findBestMatch(PROMPT, RequestOptions.admit("r" + i)).workerId());
+      }
+      assertTrue(workers.size() > 1, "every request went to " + workers);
+      assertEquals(8, router.metrics().requestsActive());
+      long onTwo =
+          router.potentialLoads(PROMPT).stream()
+              .filter(p -> p.workerId() == 2)
+              .findFirst()
+              .get()
+              .activeRequests();
+      assertTrue(onTwo >= 1);
+      // Freeing everything brings the prefix holder back.
+      for (int i = 0; i < 8; ++i) {
+        router.markPrefillCompleted("r" + i);
+        router.freeRequest("r" + i);
+      }
+      assertEquals(0, router.metrics().requestsActive());
+      assertEquals(2, router.findBestMatch(PROMPT).workerId());
+    }
+  }
+
+  @Test
+  void candidateListIsTruncatedNotRefused() {
+    try (Router router = routerWithWorkers(5)) {
+      RouteResult r = router.findBestMatch(PROMPT, null, 2);
+      assertEquals(5, r.totalCandidates());
+      assertEquals(2, r.candidates().size());
+      RouteResult none = router.findBestMatch(PROMPT, null, 0);
+      assertEquals(0, none.candidates().size());
+      assertEquals(5, none.totalCandidates());
+    }
+  }
+
+  @Test
+  void errorsCarryTheirStatus() {
+    try (Router router = routerWithWorkers(2)) {
+      KvRouterException e = assertThrows(KvRouterException.class, () -> router.removeWorker(99));
+      assertEquals(Status.NOT_FOUND, e.status());
+      assertEquals(Status.NOT_FOUND.code(), e.code());
+      assertFalse(e.getMessage().isEmpty());
+
+      e = assertThrows(KvRouterException.class, () -> router.addWorker(1));
+      assertEquals(Status.ALREADY_EXISTS, e.status());
+
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () -> router.updateWorker(WorkerConfig.builder(42).dpSize(2).build()));
+      assertEquals(Status.NOT_FOUND, e.status());
+
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () -> router.addWorker(WorkerConfig.builder(3).blockSize(32).build()));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+      assertTrue(e.getMessage().contains("32"), e.getMessage());
+
+      router.findBestMatch(PROMPT, RequestOptions.admit("dup"));
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () -> router.findBestMatch(PROMPT, RequestOptions.admit("dup")));
+      assertEquals(Status.ALREADY_EXISTS, e.status());
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () -> router.addRequest(PROMPT, 1, 0, RequestOptions.withId("dup")));
+      assertEquals(Status.ALREADY_EXISTS, e.status());
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () -> router.addRequest(PROMPT, 77, 0, RequestOptions.withId("other")));
+      assertEquals(Status.NOT_FOUND, e.status());
+
+      // admission without a request id
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () -> router.findBestMatch(PROMPT, RequestOptions.builder().admit(true).build()));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+
+      byte[] garbage = "certainly not a FlatBuffers EventBatch".getBytes();
+      e = assertThrows(KvRouterException.class, () -> router.applyEventBatch(garbage));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+      assertEquals(1, router.metrics().eventBatchesRejected());
+
+      e = assertThrows(KvRouterException.class, () -> router.restore(garbage));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+
+      // an unknown parent is reported as NOT_FOUND and counted
+      StoredEvent orphan =
+          StoredEvent.builder(1)
+              .parentHash(0xDEAD)
+              .blockHashes(0xB1)
+              .tokenIds(tokens(16, 5))
+              .build();
+      e = assertThrows(KvRouterException.class, () -> router.applyStored(orphan));
+      assertEquals(Status.NOT_FOUND, e.status());
+      assertEquals(
+          1, router.metrics().events(EventKind.STORED, EventOutcome.PARENT_BLOCK_NOT_FOUND));
+
+      // an incomplete block
+      StoredEvent shortEvent =
+          StoredEvent.builder(1).blockHashes(0xC1).tokenIds(tokens(5, 5)).build();
+      e = assertThrows(KvRouterException.class, () -> router.applyStored(shortEvent));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+
+      // no eligible worker
+      try (Router empty = new Router()) {
+        e = assertThrows(KvRouterException.class, () -> empty.findBestMatch(PROMPT));
+        assertEquals(Status.UNAVAILABLE, e.status());
+      }
+
+      // Java-side argument checks happen before any native call
+      assertThrows(IndexOutOfBoundsException.class, () -> router.applyEventBatch(garbage, 5, 100));
+      assertThrows(NullPointerException.class, () -> router.findBestMatch(null));
+      assertThrows(
+          IllegalArgumentException.class,
+          () -> router.findBestMatch(PROMPT, RequestOptions.admit("nul\0inside")));
+    }
+  }
+
+  @Test
+  void eventsStoredRemovedClearedAndInBatches() {
+    try (Router router = routerWithWorkers(3);
+        EventBatch batch = new EventBatch()) {
+      router.applyStored(stored(1, PROMPT, 3, 0x100));
+      assertEquals(3, router.overlapScores(PROMPT).get(0).deviceBlocks());
+      router.applyRemoved(RemovedEvent.of(1, 0x102));
+      assertEquals(2, router.overlapScores(PROMPT).get(0).deviceBlocks());
+      router.applyCleared(1, 0, 5);
+      assertEquals(0, router.overlapScores(PROMPT).size());
+
+      // The same through a FlatBuffers batch built by the encoder.
+      batch
+          .addStored(stored(3, PROMPT, 3, 0x200))
+          .addStored(
+              StoredEvent.builder(2)
+                  .eventId(9)
+                  .tier(Tier.HOST_PINNED)
+                  .blockHashes(0x300)
+                  .localHashes(Hashing.blockHashes(PROMPT, BLOCK)[0])
+                  .build())
+          .addRemoved(RemovedEvent.builder(3).eventId(10).blockHashes(0x202).build())
+          .addCleared(9, 0, 11);
+      assertEquals(4, batch.size());
+      byte[] encoded = batch.encode();
+      assertEquals(4, batch.size()); // encoding keeps the events
+      router.applyEventBatch(encoded);
+      List<Overlap> o = router.overlapScores(PROMPT);
+      assertEquals(2, o.size());
+      for (Overlap x : o) {
+        if (x.workerId() == 3) assertEquals(2, x.deviceBlocks());
+        else {
+          assertEquals(2, x.workerId());
+          assertEquals(0, x.deviceBlocks());
+          assertEquals(1, x.hostBlocks());
+          assertEquals(0.75, x.effectiveOverlapBlocks(), 1e-9);
+        }
+      }
+      // applying the same bytes with an offset
+      byte[] padded = new byte[encoded.length + 10];
+      System.arraycopy(encoded, 0, padded, 7, encoded.length);
+      try (Router other = routerWithWorkers(3)) {
+        other.applyEventBatch(padded, 7, encoded.length);
+        assertEquals(2, other.overlapScores(PROMPT).size());
+      }
+      assertEquals(0, batch.clear().size());
+      assertTrue(batch.encode().length > 0); // an empty batch is still a valid buffer
+    }
+  }
+
+  @Test
+  void requestLifecycleAndAddRequest() {
+    try (Router router = routerWithWorkers(2)) {
+      router.addRequest(PROMPT, 2, 0, RequestOptions.withId("pinned"));
+      List<PotentialLoad> loads = router.potentialLoads(PROMPT);
+      assertEquals(2, loads.size());
+      PotentialLoad two = loads.stream().filter(l -> l.workerId() == 2).findFirst().get();
+      assertEquals(1, two.activeRequests());
+      assertEquals(48, two.activePrefillTokens());
+      router.markPrefillCompleted("pinned");
+      two = router.potentialLoads(PROMPT).stream().filter(l -> l.workerId() == 2).findFirst().get();
+      assertEquals(0, two.activePrefillTokens());
+      router.freeRequest("pinned");
+      router.freeRequest("pinned"); // idempotent
+      router.markPrefillCompleted("never-seen"); // idempotent
+      assertEquals(0, router.metrics().requestsActive());
+    }
+  }
+
+  @Test
+  void resultBuffersGrowBeyondTheirFirstSize() {
+    // 40 workers × 2 ranks: more than the glue's first buffers of overlaps, loads and text.
+    try (Router router = new Router(RouterOptions.builder().blockSize(BLOCK).build())) {
+      for (int w = 1; w <= 40; ++w) router.addWorker(WorkerConfig.builder(w).dpSize(2).build());
+      for (int w = 1; w <= 40; ++w) {
+        router.applyStored(
+            StoredEvent.builder(w)
+                .dpRank(w % 2)
+                .blockHashes(w * 100L)
+                .tokenIds(tokens(16, 1000))
+                .build());
+      }
+      assertEquals(40, router.overlapScores(PROMPT).size());
+      assertEquals(80, router.potentialLoads(PROMPT).size());
+      RouteResult r = router.findBestMatch(PROMPT, null, 1000);
+      assertEquals(80, r.totalCandidates());
+      assertEquals(80, r.candidates().size());
+      String text = router.metricsPrometheus();
+      assertTrue(text.length() > 4096, "prometheus text of " + text.length() + " bytes");
+      assertTrue(text.contains("kvr"), text.substring(0, 200));
+      Metrics m = router.metrics();
+      assertEquals(40, m.workers());
+      assertEquals(40, m.events(EventKind.STORED, EventOutcome.OK));
+      assertEquals(40, m.indexBlocks());
+    }
+  }
+
+  @Test
+  void snapshotRestoresTheIndex() {
+    byte[] snapshot;
+    try (Router a = routerWithWorkers(3)) {
+      a.applyStored(stored(3, PROMPT, 3, 0x500));
+      snapshot = a.snapshot();
+      assertTrue(snapshot.length > 0);
+      KvRouterException e = assertThrows(KvRouterException.class, () -> a.restore(snapshot));
+      assertEquals(Status.FAILED_PRECONDITION, e.status()); // not empty
+    }
+    try (Router b = routerWithWorkers(3)) {
+      b.restore(snapshot);
+      assertEquals(3, b.findBestMatch(PROMPT).workerId());
+      assertEquals(3, b.overlapScores(PROMPT).get(0).deviceBlocks());
+    }
+    try (Router other = new Router(RouterOptions.builder().blockSize(32).build())) {
+      KvRouterException e = assertThrows(KvRouterException.class, () -> other.restore(snapshot));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+    }
+  }
+
+  @Test
+  void approximateModeRecordsDecisions() {
+    try (Router router =
+        new Router(RouterOptions.builder().blockSize(BLOCK).approximate(true).build())) {
+      for (int w = 1; w <= 4; ++w) router.addWorker(w);
+      KvRouterException e =
+          assertThrows(KvRouterException.class, () -> router.applyStored(stored(1, PROMPT, 1, 1)));
+      assertEquals(Status.FAILED_PRECONDITION, e.status());
+      long w = router.findBestMatch(PROMPT, RequestOptions.admit("a")).workerId();
+      router.freeRequest("a");
+      assertEquals(w, router.findBestMatch(PROMPT).workerId());
+      assertEquals(3, router.overlapScores(PROMPT).get(0).deviceBlocks());
+    }
+  }
+
+  @Test
+  void requestOptionsReachTheRouter() {
+    try (Router router = routerWithWorkers(4)) {
+      router.applyStored(stored(2, PROMPT, 2, 0xA1));
+      // allowed set excludes the holder
+      RouteResult r =
+          router.findBestMatch(PROMPT, RequestOptions.builder().allowedWorkerIds(3, 4).build());
+      assertTrue(r.workerId() == 3 || r.workerId() == 4);
+      // a LoRA salt changes the hashes: the cached prefix no longer matches
+      assertEquals(
+          0,
+          router
+              .overlapScores(PROMPT, RequestOptions.builder().loraName("adapter").build())
+              .size());
+      // overlap credit 0: a cache hit is worth nothing, so workers tie on cost
+      RouteResult noCredit =
+          router.findBestMatch(PROMPT, RequestOptions.builder().overlapScoreCredit(0).build(), 4);
+      double cost = noCredit.candidates().get(0).cost();
+      for (Candidate c : noCredit.candidates()) assertEquals(cost, c.cost(), 1e-9);
+      // Unicode request ids round-trip through the router
+      String id = "requête-😀-" + "x".repeat(3000); // longer than the glue's stack scratch
+      router.findBestMatch(PROMPT, RequestOptions.admit(id));
+      KvRouterException e =
+          assertThrows(
+              KvRouterException.class,
+              () -> router.findBestMatch(PROMPT, RequestOptions.admit(id)));
+      assertEquals(Status.ALREADY_EXISTS, e.status());
+      router.freeRequest(id);
+      router.findBestMatch(PROMPT, RequestOptions.admit(id));
+      router.freeRequest(id);
+      // options are immutable and reusable
+      RequestOptions o = RequestOptions.builder().requestId("x").temperature(0.5).build();
+      assertEquals(0.5, o.temperature());
+      assertTrue(Double.isNaN(o.toBuilder().temperature(Double.NaN).build().temperature()));
+      assertArrayEquals(
+          new long[] {3, 4},
+          RequestOptions.builder().allowedWorkerIds(3, 4).build().allowedWorkerIds());
+    }
+  }
+
+  @Test
+  void closeIsIdempotentAndUseAfterCloseThrows() {
+    Router router = routerWithWorkers(2);
+    assertFalse(router.isClosed());
+    router.close();
+    router.close();
+    assertTrue(router.isClosed());
+    IllegalStateException e =
+        assertThrows(IllegalStateException.class, () -> router.findBestMatch(PROMPT));
+    assertTrue(e.getMessage().contains("Router is closed"));
+    assertThrows(IllegalStateException.class, () -> router.addWorker(9));
+    assertThrows(IllegalStateException.class, router::metrics);
+    assertThrows(IllegalStateException.class, router::snapshot);
+
+    EventBatch batch = new EventBatch();
+    batch.close();
+    batch.close();
+    assertThrows(IllegalStateException.class, batch::encode);
+    assertThrows(IllegalStateException.class, () -> batch.addCleared(1, 0, 0));
+  }
+
+  @Test
+  void unreachableObjectsAreFreedByTheCleaner() throws Exception {
+    // Nothing to assert but the absence of a crash or leak report: objects never closed are
+    // freed by the Cleaner once collected.
+    for (int i = 0; i < 200; ++i) {
+      Router r = routerWithWorkers(1);
+      r.findBestMatch(PROMPT);
+      new EventBatch().addCleared(1, 0, 0);
+    }
+    for (int i = 0; i < 5; ++i) {
+      System.gc();
+      Thread.sleep(20);
+    }
+    try (Router r = routerWithWorkers(1)) {
+      assertNotEquals(0, r.stateDigest());
+    }
+  }
+}

@@ -1,0 +1,56 @@
+package io.kvrouter;
+
+import java.time.Duration;
+import java.util.function.BooleanSupplier;
+
+/** Helpers shared by the tests. */
+final class TestSupport {
+  private TestSupport() {}
+
+  static final int BLOCK = 16;
+
+  /** n tokens base, base + 1, ... */
+  static int[] tokens(int n, int base) {
+    int[] t = new int[n];
+    for (int i = 0; i < n; ++i) t[i] = base + i;
+    return t;
+  }
+
+  /** Engine hashes for n blocks, distinct per base. */
+  static long[] engineHashes(int n, long base) {
+    long[] h = new long[n];
+    for (int i = 0; i < n; ++i) h[i] = base + i;
+    return h;
+  }
+
+  /** A stored event: worker holds the first {@code blocks} blocks of {@code prompt}. */
+  static StoredEvent stored(long worker, int[] prompt, int blocks, long hashBase) {
+    int[] t = new int[blocks * BLOCK];
+    System.arraycopy(prompt, 0, t, 0, t.length);
+    return StoredEvent.builder(worker)
+        .eventId(hashBase)
+        .blockHashes(engineHashes(blocks, hashBase))
+        .tokenIds(t)
+        .build();
+  }
+
+  static Router routerWithWorkers(int workers) {
+    Router router = new Router(RouterOptions.builder().blockSize(BLOCK).randomSeed(7).build());
+    for (int w = 1; w <= workers; ++w) router.addWorker(w);
+    return router;
+  }
+
+  /** Polls until true or throws AssertionError after the timeout. */
+  static void await(String what, Duration timeout, BooleanSupplier condition) {
+    long deadline = System.nanoTime() + timeout.toNanos();
+    while (!condition.getAsBoolean()) {
+      if (System.nanoTime() > deadline) throw new AssertionError("timed out waiting for " + what);
+      try {
+        Thread.sleep(2);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new AssertionError("interrupted waiting for " + what);
+      }
+    }
+  }
+}
