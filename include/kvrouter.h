@@ -158,6 +158,9 @@ typedef struct kvr_router kvr_router;
 #define KVR_ROUTER_NO_PREFILL_TRACKING 0x4u /* track_prefill_tokens = false */
 #define KVR_ROUTER_EAGLE 0x8u               /* the model uses eagle block windows */
 #define KVR_ROUTER_ENTROPY_SEED 0x10u /* seed the random source from the OS, not random_seed */
+/* kvr_router_record_output grows a request's blocks as it generates (Dynamo's
+ * router_track_output_blocks) */
+#define KVR_ROUTER_TRACK_OUTPUT_BLOCKS 0x20u
 
 #define KVR_QUEUE_FCFS 0
 #define KVR_QUEUE_LCFS 1
@@ -181,6 +184,11 @@ typedef struct kvr_router_options {
   double approx_prune_target_ratio; /* prune to this fraction of the budget; default 0.8 */
   double request_expiry_seconds;    /* a booked request older than this is dropped; 300 */
   uint64_t random_seed;             /* default 0; ignored with KVR_ROUTER_ENTROPY_SEED */
+  /* Dynamo's newer cost (default 0 = off). The decay discounts a device hit on a rank whose
+   * prefill queue exceeds the shortest one's: credit × 1 / (1 + decay × excess prefill blocks /
+   * prompt blocks). The weight adds weight × active requests to each rank's cost. */
+  double overlap_score_credit_decay;
+  double decode_active_request_weight;
 } kvr_router_options;
 
 /* Sets struct_size and every default. @thread_safety concurrent */
@@ -385,6 +393,8 @@ typedef struct kvr_request_options {
   uint32_t expected_output_tokens;
   uint32_t reserved;
   int64_t queue_timeout_ms; /* give up waiting in the queue after this long; -1 = never */
+  double overlap_score_credit_decay;   /* NaN (default) = the router's */
+  double decode_active_request_weight; /* NaN (default) = the router's */
 } kvr_request_options;
 
 /* Sets struct_size and defaults (NaN overrides, -1 tri-states, no timeout).
@@ -430,7 +440,10 @@ typedef struct kvr_candidate {
   uint64_t decode_blocks;
   double cost;
   double probability; /* chance this rank had of being picked */
-  uint64_t reserved[4];
+  double credit_decay; /* the factor the device credit was multiplied by (1 = no decay) */
+  uint64_t active_requests;
+  double request_cost; /* decode_active_request_weight × active_requests (in cost) */
+  uint64_t reserved;
 } kvr_candidate;
 
 /* Picks the worker rank for a prompt. Without KVR_REQUEST_ADMIT it is a preview: nothing
@@ -499,6 +512,15 @@ KVR_API kvr_status kvr_router_add_request(kvr_router *router, const uint32_t *to
  * May admit queued requests. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_mark_prefill_completed(kvr_router *router, const char *request_id,
                                                      kvr_error **err);
+
+/* The request has generated `output_tokens` tokens so far (cumulative; call as the stream
+ * goes, e.g. every block's worth). Its rank then holds one more, unshared, block each time
+ * prompt + output crosses a block boundary, until the request is freed, so long generations
+ * weigh on their rank's cost (reference §3.5; not published to router replicas, as in
+ * Dynamo). KVR_FAILED_PRECONDITION unless the router was created with
+ * KVR_ROUTER_TRACK_OUTPUT_BLOCKS; an unknown id is no error. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_record_output(kvr_router *router, const char *request_id,
+                                            uint64_t output_tokens, kvr_error **err);
 
 /* The request ended (finished, cancelled or failed). Idempotent: an unknown id is no error.
  * May admit queued requests. @thread_safety concurrent */

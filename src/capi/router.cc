@@ -57,6 +57,9 @@ kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
   out.approx_prune_target_ratio = in.approx_prune_target_ratio;
   out.request_expiry_seconds = in.request_expiry_seconds;
   out.random_seed = in.random_seed;
+  out.selection.overlap_score_credit_decay = in.overlap_score_credit_decay;
+  out.selection.decode_active_request_weight = in.decode_active_request_weight;
+  out.track_output_blocks = (in.flags & KVR_ROUTER_TRACK_OUTPUT_BLOCKS) != 0;
   if (in.flags & KVR_ROUTER_ENTROPY_SEED) {
     std::random_device entropy;
     out.random_seed = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
@@ -106,6 +109,8 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
   r.overrides.temperature = UnlessNaN(c.temperature);
   r.overrides.assume_kv_reuse = TriState(c.assume_kv_reuse);
   r.overrides.track_prefill_tokens = TriState(c.track_prefill_tokens);
+  r.overrides.overlap_score_credit_decay = UnlessNaN(c.overlap_score_credit_decay);
+  r.overrides.decode_active_request_weight = UnlessNaN(c.decode_active_request_weight);
   r.allowed_worker_ids = std::span(c.allowed_worker_ids, c.num_allowed_worker_ids);
   r.with_admission = (c.flags & KVR_REQUEST_ADMIT) != 0;
   r.request_id = OrEmpty(c.request_id);
@@ -227,6 +232,9 @@ kvr_candidate ToCandidate(const kvrouter::CandidateCost& c, bool chosen) {
   out.decode_blocks = c.decode_blocks;
   out.cost = c.cost;
   out.probability = c.probability;
+  out.credit_decay = c.credit_decay;
+  out.active_requests = c.active_requests;
+  out.request_cost = c.request_cost;
   return out;
 }
 
@@ -502,6 +510,8 @@ KVR_API void kvr_request_options_init(kvr_request_options* options) {
   options->assume_kv_reuse = -1;
   options->track_prefill_tokens = -1;
   options->queue_timeout_ms = -1;
+  options->overlap_score_credit_decay = unset;
+  options->decode_active_request_weight = unset;
 }
 
 KVR_API void kvr_route_result_init(kvr_route_result* result) {
@@ -592,6 +602,16 @@ KVR_API kvr_status kvr_router_mark_prefill_completed(kvr_router* router, const c
     if (kvr_status s = RequireNonNull(err, request_id, "request_id")) return s;
     router->router->MarkPrefillCompleted(request_id);
     return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_router_record_output(kvr_router* router, const char* request_id,
+                                            uint64_t output_tokens, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (kvr_status s = RequireNonNull(err, request_id, "request_id")) return s;
+    auto changed = router->router->RecordOutputTokens(request_id, output_tokens);
+    return changed.ok() ? KVR_OK : FromStatus(err, changed.status());
   });
 }
 

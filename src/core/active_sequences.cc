@@ -107,7 +107,8 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
                 .block_ids = {request.block_ids.begin(), request.block_ids.end()},
                 .prefill_tokens = request.prefill_tokens,
                 .started_at = clock_.Now(),
-                .expected_output_tokens = request.expected_output_tokens};
+                .expected_output_tokens = request.expected_output_tokens,
+                .prompt_tokens = request.prompt_tokens};
   BookBlocks(record.block_ids, slot);
   Slot& s = slots_[slot];
   s.active_prefill_tokens += record.prefill_tokens;
@@ -124,6 +125,21 @@ bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
   return true;
 }
 
+bool ActiveSequences::SetOutputTokens(std::string_view request_id, uint64_t output_tokens,
+                                      uint32_t block_size) {
+  auto it = requests_.find(AsKey(request_id));
+  if (it == requests_.end() || block_size == 0) return false;
+  Record& record = it->second;
+  const auto blocks_of = [&](uint64_t tokens) { return (tokens + block_size - 1) / block_size; };
+  const uint64_t output_blocks =
+      blocks_of(record.prompt_tokens + output_tokens) - blocks_of(record.prompt_tokens);
+  if (output_blocks == record.output_blocks) return false;
+  Slot& s = slots_[record.slot];
+  s.output_blocks = s.output_blocks - record.output_blocks + output_blocks;
+  record.output_blocks = output_blocks;
+  return true;
+}
+
 bool ActiveSequences::Free(std::string_view request_id) {
   auto it = requests_.find(AsKey(request_id));
   if (it == requests_.end()) return false;
@@ -136,6 +152,7 @@ void ActiveSequences::EraseRecord(absl::node_hash_map<std::string, Record>::iter
   Record& record = it->second;
   Slot& s = slots_[record.slot];
   s.active_prefill_tokens -= record.prefill_tokens;
+  s.output_blocks -= record.output_blocks;
   --s.active_requests;
   ReleaseBlocks(record.block_ids, record.slot);
   requests_.erase(it);
@@ -176,25 +193,24 @@ std::optional<WorkerKey> ActiveSequences::WorkerOf(std::string_view request_id) 
   return slots_[it->second.slot].worker;
 }
 
+WorkerLoad ActiveSequences::LoadOf(const Slot& s) {
+  return WorkerLoad{.worker = s.worker,
+                    .active_blocks = s.active_blocks + s.output_blocks,
+                    .active_prefill_tokens = s.active_prefill_tokens,
+                    .active_requests = s.active_requests};
+}
+
 WorkerLoad ActiveSequences::Load(WorkerKey worker) const {
   auto found = slot_of_.find(worker);
   if (found == slot_of_.end()) return WorkerLoad{.worker = worker};
-  const Slot& s = slots_[found->second];
-  return WorkerLoad{.worker = worker,
-                    .active_blocks = s.active_blocks,
-                    .active_prefill_tokens = s.active_prefill_tokens,
-                    .active_requests = s.active_requests};
+  return LoadOf(slots_[found->second]);
 }
 
 std::vector<WorkerLoad> ActiveSequences::Loads() const {
   std::vector<WorkerLoad> out;
   out.reserve(slot_of_.size());
   for (const Slot& s : slots_) {
-    if (!s.in_use) continue;
-    out.push_back(WorkerLoad{.worker = s.worker,
-                             .active_blocks = s.active_blocks,
-                             .active_prefill_tokens = s.active_prefill_tokens,
-                             .active_requests = s.active_requests});
+    if (s.in_use) out.push_back(LoadOf(s));
   }
   return out;
 }
@@ -211,17 +227,14 @@ void ActiveSequences::PotentialLoads(const PotentialLoadQuery& query,
     const Slot& s = slots_[slot];
     if (!s.in_use) continue;
     PotentialLoad load;
-    load.current = WorkerLoad{.worker = s.worker,
-                              .active_blocks = s.active_blocks,
-                              .active_prefill_tokens = s.active_prefill_tokens,
-                              .active_requests = s.active_requests};
+    load.current = LoadOf(s);
     load.new_blocks = prompt_blocks - (depth.empty() ? 0 : depth[slot]);
     uint64_t uncached = 0;
     if (query.track_prefill_tokens) {
       uncached = query.prompt_tokens - std::min(cached_tokens(s.worker), query.prompt_tokens);
     }
     load.potential_prefill_tokens = s.active_prefill_tokens + uncached;
-    load.potential_decode_blocks = s.active_blocks + load.new_blocks;
+    load.potential_decode_blocks = load.current.active_blocks + load.new_blocks;
     out.push_back(load);
   }
 }
@@ -440,7 +453,8 @@ uint64_t ActiveSequences::StateDigest() const {
   uint64_t ranks = 0;
   for (const auto& [worker, slot] : slot_of_) {
     const Slot& s = slots_[slot];
-    ranks += absl::HashOf(worker, s.active_blocks, s.active_prefill_tokens, s.active_requests);
+    ranks += absl::HashOf(worker, s.active_blocks, s.active_prefill_tokens, s.active_requests,
+                          s.output_blocks);
   }
   return absl::HashOf(requests, ranks, requests_.size(), stored_blocks_);
 }

@@ -71,6 +71,8 @@ struct SequenceRequest {
   uint64_t prefill_tokens = 0;
   // Expected output length, when the caller knows it (kept for reporting; 0 = unknown).
   uint32_t expected_output_tokens = 0;
+  // The prompt's length in tokens, for output-block tracking (SetOutputTokens); 0 = unknown.
+  uint64_t prompt_tokens = 0;
 };
 
 // A change to the requests one router has booked, as its replicas learn of it (router replica
@@ -140,6 +142,12 @@ class ActiveSequences {
   // are no error. Returns whether anything changed.
   bool MarkPrefillCompleted(std::string_view request_id);
 
+  // The request has generated `output_tokens` so far (cumulative): it holds one more block each
+  // time ceil((prompt + output) / block_size) grows past ceil(prompt / block_size). Output
+  // blocks are the request's own (never shared) and count in its rank's active_blocks until
+  // it is freed. Unknown ids are no error. Returns whether the rank's load changed.
+  bool SetOutputTokens(std::string_view request_id, uint64_t output_tokens, uint32_t block_size);
+
   // The request is done (or cancelled): its prefill tokens and its blocks are released.
   // Idempotent; unknown ids are no error. Returns whether a request was freed.
   bool Free(std::string_view request_id);
@@ -203,6 +211,7 @@ class ActiveSequences {
     uint64_t active_blocks = 0;
     uint64_t active_prefill_tokens = 0;
     uint64_t active_requests = 0;
+    uint64_t output_blocks = 0;  // its requests' output blocks (not in the trie)
   };
 
   struct Record {
@@ -211,7 +220,12 @@ class ActiveSequences {
     uint64_t prefill_tokens;  // 0 once prefilled
     Nanos started_at;
     uint32_t expected_output_tokens;
+    uint64_t prompt_tokens;
+    uint64_t output_blocks = 0;
   };
+
+  // A rank's load as the router sees it: trie blocks plus output blocks.
+  static WorkerLoad LoadOf(const Slot& s);
 
   // Follows `chain` down the trie as far as it matches.
   void Walk(std::span<const uint64_t> chain, Path& path) const;

@@ -356,7 +356,8 @@ absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
                                    .overlap = match ? OverlapOf(*match) : TierOverlap{},
                                    .active_prefill_tokens = load.current.active_prefill_tokens,
                                    .active_blocks = load.current.active_blocks,
-                                   .new_blocks = load.new_blocks});
+                                   .new_blocks = load.new_blocks,
+                                   .active_requests = load.current.active_requests});
   }
   const SelectionInput input{.prompt_tokens = prepared.prompt_tokens,
                              .block_size = block_size,
@@ -387,7 +388,8 @@ absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& c
                                 .worker = chosen.worker,
                                 .block_ids = block_ids,
                                 .prefill_tokens = prefill_tokens,
-                                .expected_output_tokens = prepared.expected_output_tokens};
+                                .expected_output_tokens = prepared.expected_output_tokens,
+                                .prompt_tokens = prepared.prompt_tokens};
   // Booking writes no approximate-index record: that is left for the dispatch
   // (CommitDecisionLocked), so a plan that is aborted leaves no trace in the index.
   return AddBookingLocked(request);
@@ -641,7 +643,8 @@ absl::Status Router::AddRequest(std::string_view request_id, std::span<const uin
   const WorkerMatch* match = FindMatch(prepared.matches, worker);
   const Candidate candidate{.worker = worker, .overlap = match ? OverlapOf(*match) : TierOverlap{}};
   const CandidateCost priced =
-      ScoreCandidate(candidate, prepared.prompt_tokens, options_.block_size, prepared.config);
+      ScoreCandidate(candidate, prepared.prompt_tokens, options_.block_size, prepared.config,
+                     candidate.active_prefill_tokens);
   return BookLocked(prepared, priced);
 }
 
@@ -676,6 +679,17 @@ bool Router::Free(std::string_view request_id) {
   }
   Run(completions);
   return freed;
+}
+
+absl::StatusOr<bool> Router::RecordOutputTokens(std::string_view request_id,
+                                                uint64_t output_tokens) {
+  if (!options_.track_output_blocks) {
+    return absl::FailedPreconditionError(
+        "output tokens are not tracked (create the router with track_output_blocks)");
+  }
+  if (IsReplicaRequestId(request_id)) return false;
+  std::lock_guard lock(gate_);
+  return active_.SetOutputTokens(request_id, output_tokens, options_.block_size);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1079,7 +1093,8 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
                                 .worker = change.worker,
                                 .block_ids = change.block_ids,
                                 .prefill_tokens = change.prefill_tokens,
-                                .expected_output_tokens = change.expected_output_tokens});
+                                .expected_output_tokens = change.expected_output_tokens,
+                                .prompt_tokens = 0});  // output is not replicated
         changed = status.ok() ? absl::StatusOr<bool>(true) : status;
         break;
       }

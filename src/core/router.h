@@ -79,6 +79,9 @@ struct RouterOptions {
   uint64_t approx_max_blocks = uint64_t{1} << 20;  // > 0
   double approx_prune_target_ratio = 0.8;          // in (0, 1]
   double request_expiry_seconds = 300.0;           // a booked request older than this is dropped
+  // RecordOutputTokens grows a request's blocks as it generates (reference §3.5, Dynamo's
+  // router_track_output_blocks); off, output is not tracked.
+  bool track_output_blocks = false;
   // A plan (Plan) neither committed nor aborted within this long is dropped and its booking
   // freed, so a gateway that dies between plan and dispatch leaks nothing. Checked lazily on
   // Plan / Commit / FindBestMatch with admission (sweeps at most once a second, or once a
@@ -237,6 +240,12 @@ class Router {
   // still waiting in the queue cancels it.
   bool MarkPrefillCompleted(std::string_view request_id);
   bool Free(std::string_view request_id);
+  // The request has generated `output_tokens` so far (cumulative): with track_output_blocks,
+  // its rank holds one more block whenever prompt + output crosses a block boundary, until it
+  // is freed (reference §3.5; not published to replicas, as in Dynamo). FailedPrecondition
+  // when the router does not track output; unknown ids are no error. Returns whether the
+  // rank's load changed.
+  absl::StatusOr<bool> RecordOutputTokens(std::string_view request_id, uint64_t output_tokens);
 
   // --- Staged routing: preview, plan, commit (reference §6.2). ---
   // What FindBestMatch would pick, without admission: nothing is booked, queued, recorded in

@@ -91,6 +91,15 @@ absl::Status ValidateSelectorConfig(const SelectorConfig& config) {
   if (auto s = CheckUnitInterval("disk_cache_hit_weight", config.disk_cache_hit_weight); !s.ok()) {
     return s;
   }
+  if (auto s = CheckNonNegative("overlap_score_credit_decay", config.overlap_score_credit_decay);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s =
+          CheckNonNegative("decode_active_request_weight", config.decode_active_request_weight);
+      !s.ok()) {
+    return s;
+  }
   return CheckNonNegative("temperature", config.temperature);
 }
 
@@ -106,6 +115,10 @@ absl::StatusOr<SelectorConfig> ApplyOverrides(const SelectorConfig& base,
   config.temperature = overrides.temperature.value_or(base.temperature);
   config.assume_kv_reuse = overrides.assume_kv_reuse.value_or(base.assume_kv_reuse);
   config.track_prefill_tokens = overrides.track_prefill_tokens.value_or(base.track_prefill_tokens);
+  config.overlap_score_credit_decay =
+      overrides.overlap_score_credit_decay.value_or(base.overlap_score_credit_decay);
+  config.decode_active_request_weight =
+      overrides.decode_active_request_weight.value_or(base.decode_active_request_weight);
   if (auto status = ValidateSelectorConfig(config); !status.ok()) return status;
   return config;
 }
@@ -119,8 +132,25 @@ uint64_t CachedTokens(double effective_overlap_blocks, uint32_t block_size) {
   return static_cast<uint64_t>(std::llround(effective_overlap_blocks * block_size));
 }
 
+namespace {
+
+// decay_w: how much of a device hit's credit a rank keeps, given how much more prefill it has
+// queued than the least loaded candidate, measured in prompts of this size.
+double CreditDecay(const Candidate& candidate, uint64_t prompt_tokens, uint32_t block_size,
+                   const SelectorConfig& config, uint64_t min_active_prefill_tokens) {
+  if (!config.track_prefill_tokens || config.overlap_score_credit_decay == 0) return 1.0;
+  const double excess_blocks =
+      static_cast<double>(candidate.active_prefill_tokens - min_active_prefill_tokens) / block_size;
+  const double prompt_blocks =
+      std::max(1.0, std::ceil(static_cast<double>(prompt_tokens) / block_size));
+  return 1.0 / (1.0 + config.overlap_score_credit_decay * excess_blocks / prompt_blocks);
+}
+
+}  // namespace
+
 CandidateCost ScoreCandidate(const Candidate& candidate, uint64_t prompt_tokens,
-                             uint32_t block_size, const SelectorConfig& config) {
+                             uint32_t block_size, const SelectorConfig& config,
+                             uint64_t min_active_prefill_tokens) {
   CandidateCost c;
   c.worker = candidate.worker;
   c.overlap = candidate.overlap;
@@ -137,13 +167,17 @@ CandidateCost ScoreCandidate(const Candidate& candidate, uint64_t prompt_tokens,
   // already holds lower its cost by their tier's weight.
   c.raw_prefill_blocks =
       static_cast<double>(candidate.active_prefill_tokens + prompt_prefill) / block_size;
-  c.credit = config.overlap_score_credit * candidate.overlap.device_blocks +
+  c.credit_decay =
+      CreditDecay(candidate, prompt_tokens, block_size, config, min_active_prefill_tokens);
+  c.credit = config.overlap_score_credit * c.credit_decay * candidate.overlap.device_blocks +
              config.host_cache_hit_weight * candidate.overlap.host_blocks +
              config.disk_cache_hit_weight *
                  (candidate.overlap.disk_blocks + candidate.overlap.external_blocks);
   c.prefill_cost = config.prefill_load_scale * std::max(0.0, c.raw_prefill_blocks - c.credit);
   c.decode_blocks = candidate.active_blocks + candidate.new_blocks;
-  c.cost = c.prefill_cost + static_cast<double>(c.decode_blocks);
+  c.active_requests = candidate.active_requests;
+  c.request_cost = config.decode_active_request_weight * static_cast<double>(c.active_requests);
+  c.cost = c.prefill_cost + static_cast<double>(c.decode_blocks) + c.request_cost;
   return c;
 }
 
@@ -153,9 +187,15 @@ absl::Status SelectWorker(const SelectionInput& input, const SelectorConfig& con
   out.chosen = 0;
   if (input.block_size == 0) return absl::InvalidArgumentError("block_size must be > 0");
   if (auto status = ValidateSelectorConfig(config); !status.ok()) return status;
+  uint64_t min_active_prefill = UINT64_MAX;
   for (const Candidate& candidate : input.candidates) {
     if (!IsAllowed(candidate.worker.worker_id, input.allowed_worker_ids)) continue;
-    out.costs.push_back(ScoreCandidate(candidate, input.prompt_tokens, input.block_size, config));
+    min_active_prefill = std::min(min_active_prefill, candidate.active_prefill_tokens);
+  }
+  for (const Candidate& candidate : input.candidates) {
+    if (!IsAllowed(candidate.worker.worker_id, input.allowed_worker_ids)) continue;
+    out.costs.push_back(ScoreCandidate(candidate, input.prompt_tokens, input.block_size, config,
+                                       min_active_prefill));
   }
   if (out.costs.empty()) {
     return absl::UnavailableError(input.candidates.empty()

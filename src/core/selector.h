@@ -5,13 +5,20 @@
 //   effective_overlap_w = device_w + host_cache_hit_weight * host_w
 //                         + disk_cache_hit_weight * (disk_w + external_w)          [blocks]
 //   cached_tokens_w     = round(effective_overlap_w * bs), at most isl
-//   credit_w            = overlap_score_credit * device_w + host_cache_hit_weight * host_w
+//   decay_w             = 1 / (1 + overlap_score_credit_decay
+//                               * ((active_prefill_tokens_w - min over candidates) / bs)
+//                               / prompt_blocks)          (1 without prefill tracking)
+//   credit_w            = overlap_score_credit * decay_w * device_w + host_cache_hit_weight *
+//   host_w
 //                         + disk_cache_hit_weight * (disk_w + external_w)          [blocks]
 //   raw_prefill_blocks_w = (active_prefill_tokens_w + isl) / bs   (without prefill tracking, the
 //                          prompt adds nothing: active_prefill_tokens_w / bs)
 //   decode_blocks_w     = active_blocks_w + new_blocks_w (prompt blocks the rank does not hold)
 //   cost_w              = prefill_load_scale * max(0, raw_prefill_blocks_w - credit_w)
-//                         + decode_blocks_w
+//                         + decode_blocks_w + decode_active_request_weight * active_requests_w
+// The decay discounts a device hit on a rank whose prefill queue is longer than the shortest
+// one's (the hit saves less when the prompt waits behind others); the request weight charges
+// each request in flight beyond the blocks it holds (Dynamo's newer cost; both 0 by default).
 // Temperature 0 picks the cheapest rank, ties broken uniformly at random (reservoir sampling).
 // Temperature T > 0 draws from p_w ∝ exp(-(cost_w - min) / ((max - min) * T)): costs are
 // normalised by their range so T means the same whatever the load; equal costs are uniform.
@@ -36,13 +43,15 @@ namespace kvrouter {
 
 // The knobs of one selection: the router's defaults, or those with a request's overrides.
 struct SelectorConfig {
-  double overlap_score_credit = 1.0;    // finite, >= 0 (> 1 allowed)
-  double prefill_load_scale = 1.0;      // finite, >= 0
-  double host_cache_hit_weight = 0.75;  // in [0, 1]
-  double disk_cache_hit_weight = 0.25;  // in [0, 1]; also weighs external-storage hits
-  double temperature = 0.0;             // finite, >= 0
-  bool assume_kv_reuse = true;          // false: book random block identities (no sharing)
-  bool track_prefill_tokens = true;     // false: a prompt adds no prefill tokens
+  double overlap_score_credit = 1.0;          // finite, >= 0 (> 1 allowed)
+  double prefill_load_scale = 1.0;            // finite, >= 0
+  double host_cache_hit_weight = 0.75;        // in [0, 1]
+  double disk_cache_hit_weight = 0.25;        // in [0, 1]; also weighs external-storage hits
+  double temperature = 0.0;                   // finite, >= 0
+  bool assume_kv_reuse = true;                // false: book random block identities (no sharing)
+  bool track_prefill_tokens = true;           // false: a prompt adds no prefill tokens
+  double overlap_score_credit_decay = 0.0;    // finite, >= 0; 0 = no decay
+  double decode_active_request_weight = 0.0;  // finite, >= 0; cost per active request
 };
 
 // InvalidArgument naming the first setting out of range (NaN and infinities included).
@@ -57,6 +66,8 @@ struct SelectorOverrides {
   std::optional<double> temperature;
   std::optional<bool> assume_kv_reuse;
   std::optional<bool> track_prefill_tokens;
+  std::optional<double> overlap_score_credit_decay;
+  std::optional<double> decode_active_request_weight;
 };
 
 // `base` with `overrides` applied, validated.
@@ -83,6 +94,7 @@ struct Candidate {
   uint64_t active_prefill_tokens = 0;
   uint64_t active_blocks = 0;
   uint64_t new_blocks = 0;  // the prompt's blocks the rank would newly hold
+  uint64_t active_requests = 0;
 };
 
 // The priced candidate: every term of its cost, so a decision can be explained.
@@ -96,9 +108,12 @@ struct CandidateCost {
   uint64_t new_blocks = 0;
   uint64_t potential_prefill_tokens = 0;  // active + this prompt's uncached tokens
   double raw_prefill_blocks = 0;
+  double credit_decay = 1;  // decay_w (1 = none)
   double credit = 0;
   double prefill_cost = 0;  // prefill_load_scale * max(0, raw_prefill_blocks - credit)
   uint64_t decode_blocks = 0;
+  uint64_t active_requests = 0;
+  double request_cost = 0;  // decode_active_request_weight * active_requests
   double cost = 0;
   double probability = 0;  // this candidate's chance of being picked
 };
@@ -117,9 +132,11 @@ struct Selection {
   const CandidateCost& winner() const { return costs[chosen]; }
 };
 
-// Prices one candidate.
+// Prices one candidate. `min_active_prefill_tokens`: the least any candidate of the same
+// selection has in flight (the credit decay's baseline; a candidate priced alone is its own).
 CandidateCost ScoreCandidate(const Candidate& candidate, uint64_t prompt_tokens,
-                             uint32_t block_size, const SelectorConfig& config);
+                             uint32_t block_size, const SelectorConfig& config,
+                             uint64_t min_active_prefill_tokens);
 
 // Prices every eligible candidate and picks one. Errors: InvalidArgument (block size 0, or an
 // invalid config), Unavailable (no eligible candidate). `out` is overwritten (its capacity is

@@ -50,9 +50,12 @@ static void check_candidates(const kvr_candidate* c, size_t n, const kvr_route_r
   size_t chosen = 0;
   double probabilities = 0;
   for (i = 0; i < n; ++i) {
-    /* cost = prefill_load_scale·max(0, raw_prefill_blocks − credit) + decode_blocks, with the
-     * default prefill_load_scale 1. */
-    assert_true(fabs(c[i].cost - (c[i].prefill_cost + (double)c[i].decode_blocks)) < 1e-9);
+    /* cost = prefill_load_scale·max(0, raw_prefill_blocks − credit) + decode_blocks
+     * + request_cost, with the default prefill_load_scale 1 (and no request weight, no decay). */
+    assert_true(fabs(c[i].cost -
+                     (c[i].prefill_cost + (double)c[i].decode_blocks + c[i].request_cost)) < 1e-9);
+    assert_true(c[i].credit_decay == 1.0);
+    assert_true(c[i].request_cost == 0.0);
     assert_true(fabs(c[i].prefill_cost - fmax(0.0, c[i].raw_prefill_blocks - c[i].credit)) < 1e-9);
     assert_true(c[i].probability >= 0 && c[i].probability <= 1);
     probabilities += c[i].probability;
@@ -379,6 +382,95 @@ static void per_request_overrides(void** state) {
                           .active_prefill_tokens);
 }
 
+/* Dynamo's newer cost knobs through the options and per request: the request weight charges
+ * each active request, the decay shrinks the credit of a rank with a longer prefill queue. */
+static void newer_cost_knobs(void** state) {
+  kvr_router_options opts;
+  kvr_router* router;
+  kvr_request_options ro;
+  kvr_route_result result;
+  kvr_candidate c[2];
+  size_t n = 0;
+  uint32_t tokens[4 * BS];
+  (void)state;
+  kvr_router_options_init(&opts);
+  assert_true(opts.overlap_score_credit_decay == 0.0);
+  assert_true(opts.decode_active_request_weight == 0.0);
+  opts.decode_active_request_weight = 2.5;
+  router = kvt_router_new_opts(&opts);
+  kvt_add_worker(router, 1);
+  kvt_add_worker(router, 2);
+  kvt_fill_tokens(tokens, 4 * BS, 5);
+  kvr_request_options_init(&ro);
+  ro.request_id = "a";
+  KVT_OK(kvr_router_add_request(router, tokens, BS, 1, 0, &ro, ERRP));
+  ro.request_id = "b";
+  kvt_fill_tokens(tokens, 4 * BS, 500);
+  KVT_OK(kvr_router_add_request(router, tokens, BS, 1, 0, &ro, ERRP));
+  kvr_request_options_init(&ro);
+  kvr_route_result_init(&result);
+  kvt_fill_tokens(tokens, 4 * BS, 9000);
+  KVT_OK(kvr_find_best_match(router, tokens, 4 * BS, &ro, &result, c, 2, &n, ERRP));
+  assert_int_equal(2, n);
+  assert_int_equal(1, c[0].worker_id);
+  assert_int_equal(2, c[0].active_requests);
+  assert_true(c[0].request_cost == 5.0);
+  assert_true(fabs(c[0].cost - (c[0].prefill_cost + (double)c[0].decode_blocks + 5.0)) < 1e-9);
+  /* Per request: NaN keeps the router's weight, a value replaces it. */
+  ro.decode_active_request_weight = 0.0;
+  KVT_OK(kvr_find_best_match(router, tokens, 4 * BS, &ro, &result, c, 2, &n, ERRP));
+  assert_true(c[0].request_cost == 0.0);
+  ro.decode_active_request_weight = -1.0;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_find_best_match(router, tokens, 4 * BS, &ro, &result, c, 2, &n, ERRP));
+  kvr_router_free(router);
+
+  /* A caller built against 0.1's first options struct (no knobs): garbage beyond it is not read. */
+  kvr_router_options_init(&opts);
+  opts.overlap_score_credit_decay = -7;
+  opts.struct_size = (uint32_t)offsetof(kvr_router_options, overlap_score_credit_decay);
+  router = kvt_router_new_opts(&opts);
+  kvr_router_free(router);
+  opts.struct_size = (uint32_t)sizeof opts;
+  router = NULL;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
+}
+
+/* Output tracking: a request's generated tokens become blocks on its rank. */
+static void output_blocks_are_tracked(void** state) {
+  kvr_router_options opts;
+  kvr_router* router;
+  kvr_request_options ro;
+  kvr_potential_load load;
+  uint32_t tokens[2 * BS];
+  (void)state;
+  kvr_router_options_init(&opts);
+  opts.flags = KVR_ROUTER_TRACK_OUTPUT_BLOCKS;
+  router = kvt_router_new_opts(&opts);
+  kvt_add_worker(router, 1);
+  kvt_fill_tokens(tokens, 2 * BS, 1);
+  kvr_request_options_init(&ro);
+  ro.request_id = "gen";
+  KVT_OK(kvr_router_add_request(router, tokens, 2 * BS, 1, 0, &ro, ERRP));
+  load = kvt_load_of(router, tokens, 0, 1, 0);
+  assert_int_equal(2, load.active_blocks);
+  KVT_OK(kvr_router_record_output(router, "gen", 3 * BS + 1, ERRP)); /* 4 more blocks */
+  load = kvt_load_of(router, tokens, 0, 1, 0);
+  assert_int_equal(6, load.active_blocks);
+  KVT_OK(kvr_router_record_output(router, "unknown", 100, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_record_output(router, NULL, 1, ERRP));
+  KVT_OK(kvr_router_free_request(router, "gen", ERRP));
+  load = kvt_load_of(router, tokens, 0, 1, 0);
+  assert_int_equal(0, load.active_blocks);
+  kvr_router_free(router);
+
+  router = kvt_router_new(BS, 0); /* not tracking */
+  kvt_add_worker(router, 1);
+  KVT_OK(kvr_router_add_request(router, tokens, 2 * BS, 1, 0, &ro, ERRP));
+  KVT_EXPECT_FAILS(KVR_FAILED_PRECONDITION, kvr_router_record_output(router, "gen", 40, ERRP));
+  kvr_router_free(router);
+}
+
 static void overlap_scores(void** state) {
   fixture* f = (fixture*)*state;
   kvr_overlap scores[4];
@@ -563,6 +655,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(candidates_buffer_truncates, setup, teardown),
       cmocka_unit_test_setup_teardown(allowed_workers, setup, teardown),
       cmocka_unit_test(no_workers_is_unavailable),
+      cmocka_unit_test(newer_cost_knobs),
+      cmocka_unit_test(output_blocks_are_tracked),
       cmocka_unit_test_setup_teardown(admission_needs_request_id, setup, teardown),
       cmocka_unit_test_setup_teardown(duplicate_request_id, setup, teardown),
       cmocka_unit_test_setup_teardown(request_ids_are_copied, setup, teardown),

@@ -105,6 +105,33 @@ TEST_F(ActiveSequencesTest, PrefillTokensCountUntilCompletedAndCompletionIsIdemp
   EXPECT_EQ(active_.Load(kWorkerA).active_prefill_tokens, 0u);
 }
 
+// A 10-token prompt (2 full blocks of 4, plus 2 tokens in a third) grows by one output block
+// each time prompt + output crosses a multiple of 4 past 12: output 2 still fits the third
+// block, output 3 needs a fourth, output 7 a fifth.
+TEST_F(ActiveSequencesTest, OutputTokensAddUnsharedBlocksUntilFreed) {
+  ASSERT_TRUE(active_
+                  .AddRequest(SequenceRequest{.request_id = "r1",
+                                              .worker = kWorkerA,
+                                              .block_ids = Chain(2, 0, 1),
+                                              .prompt_tokens = 10})
+                  .ok());
+  ASSERT_TRUE(Add("r2", kWorkerA, Chain(2, 0, 1)).ok());  // shares both prompt blocks
+  EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 2u);
+  EXPECT_FALSE(active_.SetOutputTokens("r1", 2, kBlockSize));
+  EXPECT_TRUE(active_.SetOutputTokens("r1", 3, kBlockSize));
+  EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 3u);
+  EXPECT_FALSE(active_.SetOutputTokens("r1", 6, kBlockSize));  // same block count
+  EXPECT_TRUE(active_.SetOutputTokens("r1", 7, kBlockSize));
+  EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 4u);
+  EXPECT_FALSE(active_.SetOutputTokens("unknown", 100, kBlockSize));
+  const uint64_t digest = active_.StateDigest();
+  EXPECT_TRUE(active_.Free("r1"));  // its output blocks go with it; the shared prefix stays
+  EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 2u);
+  EXPECT_NE(active_.StateDigest(), digest);
+  EXPECT_TRUE(active_.Free("r2"));
+  EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 0u);
+}
+
 TEST_F(ActiveSequencesTest, FreeIsIdempotentAndUnknownIdsAreNoError) {
   ASSERT_TRUE(Add("r1", kWorkerA, Chain(2, 0, 0), 8).ok());
   EXPECT_TRUE(active_.Free("r1"));

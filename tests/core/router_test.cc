@@ -148,6 +148,33 @@ TEST_F(RouterTest, LowerTierHitsCountWithTheirWeights) {
   EXPECT_EQ(decision->cached_tokens, 24u);
 }
 
+TEST_F(RouterTest, OutputTokensGrowTheRanksLoadWhenTracked) {
+  RouterOptions options;
+  options.track_output_blocks = true;
+  Make(options, 2);
+  ASSERT_TRUE(router_->AddRequest("long", Tokens(2, 0), {1, 0}).ok());
+  ASSERT_TRUE(router_->AddRequest("short", Tokens(2, 500), {2, 0}).ok());
+  EXPECT_EQ(LoadOf(1).active_blocks, 2u);
+  // 40 generated tokens: ceil((8 + 40) / 4) - ceil(8 / 4) = 10 output blocks on worker 1.
+  EXPECT_TRUE(*router_->RecordOutputTokens("long", 40));
+  EXPECT_EQ(LoadOf(1).active_blocks, 12u);
+  EXPECT_FALSE(*router_->RecordOutputTokens("long", 40));
+  EXPECT_FALSE(*router_->RecordOutputTokens("gone", 40));
+  // A fresh prompt now goes to worker 2, whose requests hold fewer blocks.
+  auto decision = router_->FindBestMatch(Tokens(2, 9000), {});
+  ASSERT_TRUE(decision.ok());
+  EXPECT_EQ(decision->worker.worker_id, 2u);
+  EXPECT_TRUE(router_->Free("long"));
+  EXPECT_EQ(LoadOf(1).active_blocks, 0u);
+}
+
+TEST_F(RouterTest, OutputTokensNeedTracking) {
+  Make();
+  ASSERT_TRUE(router_->AddRequest("r", Tokens(2, 0), {1, 0}).ok());
+  EXPECT_EQ(router_->RecordOutputTokens("r", 40).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(RouterTest, PreviewChangesNothing) {
   Make();
   const auto prompt = Tokens(5);

@@ -83,7 +83,7 @@ TEST(SelectorTest, WorkedExampleWithScaleCreditAndLowerTiers) {
   auto config = ApplyOverrides(
       SelectorConfig{}, SelectorOverrides{.overlap_score_credit = 0.5, .prefill_load_scale = 2.0});
   ASSERT_TRUE(config.ok());
-  const CandidateCost cost = ScoreCandidate(c, 160, 16, *config);
+  const CandidateCost cost = ScoreCandidate(c, 160, 16, *config, c.active_prefill_tokens);
   EXPECT_DOUBLE_EQ(cost.effective_overlap_blocks, 4.0);
   EXPECT_EQ(cost.cached_tokens, 64u);
   EXPECT_EQ(cost.potential_prefill_tokens, 128u);
@@ -98,7 +98,7 @@ TEST(SelectorTest, CreditBeyondThePrefillClampsAtZero) {
   // credit 3.0 × 8 device blocks = 24 > raw prefill 8: the prefill term is 0, not negative.
   const Candidate c{.worker = kA, .overlap = {.device_blocks = 8}, .active_blocks = 8};
   const CandidateCost cost =
-      ScoreCandidate(c, 128, 16, SelectorConfig{.overlap_score_credit = 3.0});
+      ScoreCandidate(c, 128, 16, SelectorConfig{.overlap_score_credit = 3.0}, 0);
   EXPECT_DOUBLE_EQ(cost.prefill_cost, 0.0);
   EXPECT_DOUBLE_EQ(cost.cost, 8.0);
 }
@@ -111,11 +111,76 @@ TEST(SelectorTest, WithoutPrefillTrackingThePromptAddsNoPrefill) {
                     .active_blocks = 2,
                     .new_blocks = 7};
   const CandidateCost cost =
-      ScoreCandidate(c, 128, 16, SelectorConfig{.track_prefill_tokens = false});
+      ScoreCandidate(c, 128, 16, SelectorConfig{.track_prefill_tokens = false}, 0);
   EXPECT_DOUBLE_EQ(cost.raw_prefill_blocks, 4.0);
   EXPECT_DOUBLE_EQ(cost.prefill_cost, 3.0);
   EXPECT_EQ(cost.potential_prefill_tokens, 64u);
   EXPECT_DOUBLE_EQ(cost.cost, 3.0 + 9.0);
+}
+
+// Credit decay (Dynamo's newer cost), bs = 16, isl = 128 = 8 blocks, decay 1.0.
+// Worker A: device 8, 256 prefill tokens in flight; worker B: no hit, 0 in flight (the least).
+//   A: decay = 1 / (1 + 1.0·((256 − 0)/16)/8) = 1/3 → credit 8/3
+//      raw = (256 + 128)/16 = 24 → prefill 24 − 8/3 = 21.33; decode 0 + 0 → cost 21.33
+//   B: decay 1 → credit 0 → prefill 8; decode 0 + 8 new → cost 16
+// Without decay A costs 24 − 8 = 16 + 0 and ties B: the decay says that A's hit helps less
+// when the prompt waits behind 256 other tokens, and B wins.
+TEST(SelectorTest, CreditDecayDiscountsHitsBehindALongPrefillQueue) {
+  const Candidate a{.worker = kA, .overlap = {.device_blocks = 8}, .active_prefill_tokens = 256};
+  const Candidate b{.worker = kB, .new_blocks = 8};
+  const std::vector<Candidate> both = {a, b};
+  const SelectionInput input{.prompt_tokens = 128, .block_size = 16, .candidates = both};
+  SeededRandomSource random(1);
+  auto decayed = SelectWorker(input, SelectorConfig{.overlap_score_credit_decay = 1.0}, random);
+  ASSERT_TRUE(decayed.ok());
+  EXPECT_DOUBLE_EQ(decayed->costs[0].credit_decay, 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(decayed->costs[0].credit, 8.0 / 3.0);
+  EXPECT_DOUBLE_EQ(decayed->costs[0].cost, 24.0 - 8.0 / 3.0);
+  EXPECT_DOUBLE_EQ(decayed->costs[1].credit_decay, 1.0);
+  EXPECT_DOUBLE_EQ(decayed->costs[1].cost, 16.0);
+  EXPECT_EQ(decayed->winner().worker, kB);
+  auto plain = SelectWorker(input, SelectorConfig{}, random);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_DOUBLE_EQ(plain->costs[0].cost, 16.0);
+  EXPECT_DOUBLE_EQ(plain->costs[0].credit_decay, 1.0);
+  // Without prefill tracking there is no queue to measure: no decay.
+  auto untracked = SelectWorker(
+      input, SelectorConfig{.track_prefill_tokens = false, .overlap_score_credit_decay = 1.0},
+      random);
+  ASSERT_TRUE(untracked.ok());
+  EXPECT_DOUBLE_EQ(untracked->costs[0].credit_decay, 1.0);
+}
+
+// decode_active_request_weight charges each request in flight. With weight 2, a rank with 10
+// active blocks and 1 request (10 + 2 = 12) beats one with 4 + 1 new blocks and 4 requests
+// (5 + 8 = 13); without the charge the second wins (5 < 10).
+TEST(SelectorTest, ActiveRequestWeightChargesEachRequestInFlight) {
+  const Candidate few{.worker = kA, .active_blocks = 10, .active_requests = 1};
+  const Candidate many{.worker = kB, .active_blocks = 4, .new_blocks = 1, .active_requests = 4};
+  const std::vector<Candidate> both = {few, many};
+  const SelectionInput input{.prompt_tokens = 0, .block_size = 16, .candidates = both};
+  SeededRandomSource random(1);
+  auto weighted = SelectWorker(input, SelectorConfig{.decode_active_request_weight = 2.0}, random);
+  ASSERT_TRUE(weighted.ok());
+  EXPECT_DOUBLE_EQ(weighted->costs[0].request_cost, 2.0);
+  EXPECT_DOUBLE_EQ(weighted->costs[0].cost, 12.0);
+  EXPECT_DOUBLE_EQ(weighted->costs[1].request_cost, 8.0);
+  EXPECT_DOUBLE_EQ(weighted->costs[1].cost, 13.0);
+  EXPECT_EQ(weighted->winner().worker, kA);
+  auto plain = SelectWorker(input, SelectorConfig{}, random);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->winner().worker, kB);  // 5 blocks < 10 without the request charge
+}
+
+TEST(SelectorTest, NewKnobsAreValidatedAndOverridable) {
+  EXPECT_FALSE(ValidateSelectorConfig({.overlap_score_credit_decay = -1}).ok());
+  EXPECT_FALSE(ValidateSelectorConfig({.decode_active_request_weight = NAN}).ok());
+  auto config = ApplyOverrides(
+      SelectorConfig{}, {.overlap_score_credit_decay = 0.5, .decode_active_request_weight = 3.0});
+  ASSERT_TRUE(config.ok());
+  EXPECT_DOUBLE_EQ(config->overlap_score_credit_decay, 0.5);
+  EXPECT_DOUBLE_EQ(config->decode_active_request_weight, 3.0);
+  EXPECT_FALSE(ApplyOverrides(SelectorConfig{}, {.decode_active_request_weight = -2}).ok());
 }
 
 TEST(SelectorTest, CachedTokensRoundTheEffectiveOverlap) {

@@ -26,13 +26,16 @@ _Static_assert(sizeof(kvr_candidate) == 152, "kvr_candidate layout is frozen");
 _Static_assert(offsetof(kvr_candidate, chosen) == 28, "kvr_candidate layout is frozen");
 _Static_assert(offsetof(kvr_candidate, effective_overlap_blocks) == 32, "frozen");
 _Static_assert(offsetof(kvr_candidate, cost) == 104, "kvr_candidate layout is frozen");
-_Static_assert(offsetof(kvr_candidate, reserved) == 120, "kvr_candidate layout is frozen");
+_Static_assert(offsetof(kvr_candidate, credit_decay) == 120, "kvr_candidate layout is frozen");
+_Static_assert(offsetof(kvr_candidate, reserved) == 144, "kvr_candidate layout is frozen");
 _Static_assert(sizeof(kvr_overlap) == 72, "kvr_overlap layout is frozen");
 _Static_assert(offsetof(kvr_overlap, effective_overlap_blocks) == 32, "frozen");
 _Static_assert(offsetof(kvr_overlap, tree_size) == 48, "kvr_overlap layout is frozen");
 _Static_assert(sizeof(kvr_potential_load) == 72, "kvr_potential_load layout is frozen");
 _Static_assert(offsetof(kvr_potential_load, active_requests) == 48, "frozen");
-_Static_assert(sizeof(kvr_router_options) == 104, "kvr_router_options v1 size");
+_Static_assert(sizeof(kvr_router_options) == 120, "kvr_router_options size (v2: + cost knobs)");
+_Static_assert(offsetof(kvr_router_options, overlap_score_credit_decay) == 104,
+               "kvr_router_options v1 fields are frozen");
 _Static_assert(sizeof(kvr_metrics) % 8 == 0, "kvr_metrics has no odd tail");
 #endif
 
