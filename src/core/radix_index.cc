@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <deque>
 #include <mutex>
 
 #include "core/counting_allocator.h"
@@ -764,19 +763,23 @@ std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
     if (it == held.end()) return std::nullopt;
     return it->second.front().first;
   };
-  std::deque<NodeId> queue;
-  auto enqueue_children = [&](NodeId id) {
+  // Depth first (pre-order): parents still come before children, and an index rebuilt from
+  // the dump allocates each path's nodes together, as the engines' own events did. (Breadth
+  // first scattered every path across the node pool: lookups on a restored index of the
+  // Mooncake trace were 20x slower.)
+  std::vector<NodeId> stack;
+  auto push_children = [&](NodeId id) {
     const Node& n = nodes_[id];
-    if (n.num_children == 1) queue.push_back(n.only_child);
+    if (n.num_children == 1) stack.push_back(n.only_child);
     if (n.num_children >= 2) {
-      for (const auto& [hash, child] : *n.children) queue.push_back(child);
+      for (const auto& [hash, child] : *n.children) stack.push_back(child);
     }
   };
-  enqueue_children(kRoot);
-  while (!queue.empty()) {
-    const NodeId id = queue.front();
-    queue.pop_front();
-    enqueue_children(id);
+  push_children(kRoot);
+  while (!stack.empty()) {
+    const NodeId id = stack.back();
+    stack.pop_back();
+    push_children(id);
     const Node& node = nodes_[id];
     for (Member m : node.members) {
       const uint32_t slot = MemberSlot(m);

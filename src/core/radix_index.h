@@ -110,12 +110,14 @@ class RadixIndex {
 
   IndexStats Stats() const;
 
-  // The whole index as events (event ids 0, 1, 2, ...), parents before children: one
-  // single-block stored event per (block, worker, tier), and a cleared event first for each
-  // worker that is known but holds nothing. Applying them to an empty index rebuilds one whose
-  // StateDigest, and so every answer, is identical. A block whose holder lost its parent
-  // (removals do not cascade) is stored with its path rebuilt through temporary blocks, which
-  // a removed event drops right after, so the dump has multi-block stores and removals too.
+  // The whole index as events (event ids 0, 1, 2, ...), depth first so parents come before
+  // children and each path is contiguous (an index rebuilt from it is laid out as compactly as
+  // one built by the engines' events): one single-block stored event per (block, worker, tier),
+  // and a cleared event first for each worker that is known but holds nothing. Applying them to
+  // an empty index rebuilds one whose StateDigest, and so every answer, is identical. A block
+  // whose holder lost its parent (removals do not cascade) is stored with its path rebuilt
+  // through temporary blocks, which a removed event drops right after, so the dump has multi-
+  // block stores and removals too.
   std::vector<KvEvent> DumpEvents() const;
 
   // An order-independent digest of everything the index answers from: for every worker rank,
