@@ -89,6 +89,9 @@ pub const KVR_ROUTER_NO_KV_REUSE: u32 = 0x2;
 pub const KVR_ROUTER_NO_PREFILL_TRACKING: u32 = 0x4;
 pub const KVR_ROUTER_EAGLE: u32 = 0x8;
 pub const KVR_ROUTER_ENTROPY_SEED: u32 = 0x10;
+/// `kvr_router_record_output` grows a request's blocks as it generates (Dynamo's
+/// `router_track_output_blocks`).
+pub const KVR_ROUTER_TRACK_OUTPUT_BLOCKS: u32 = 0x20;
 
 pub const KVR_QUEUE_FCFS: u32 = 0;
 pub const KVR_QUEUE_LCFS: u32 = 1;
@@ -112,6 +115,9 @@ pub struct kvr_router_options {
     pub approx_prune_target_ratio: f64,
     pub request_expiry_seconds: f64,
     pub random_seed: u64,
+    /// Appended in 0.1 (v2 of the struct): Dynamo's newer cost, 0 = off.
+    pub overlap_score_credit_decay: f64,
+    pub decode_active_request_weight: f64,
 }
 
 // ---- Workers --------------------------------------------------------------------------------
@@ -203,6 +209,10 @@ pub struct kvr_request_options {
     pub expected_output_tokens: u32,
     pub reserved: u32,
     pub queue_timeout_ms: i64,
+    /// NaN (the default) = the router's.
+    pub overlap_score_credit_decay: f64,
+    /// NaN (the default) = the router's.
+    pub decode_active_request_weight: f64,
 }
 
 #[repr(C)]
@@ -242,7 +252,12 @@ pub struct kvr_candidate {
     pub decode_blocks: u64,
     pub cost: f64,
     pub probability: f64,
-    pub reserved: [u64; 4],
+    /// The factor the device credit was multiplied by (1 = no decay).
+    pub credit_decay: f64,
+    pub active_requests: u64,
+    /// `decode_active_request_weight × active_requests` (part of `cost`).
+    pub request_cost: f64,
+    pub reserved: u64,
 }
 
 #[repr(C)]
@@ -641,6 +656,12 @@ extern "C" {
     pub fn kvr_router_mark_prefill_completed(
         router: *mut kvr_router,
         request_id: *const c_char,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
+    pub fn kvr_router_record_output(
+        router: *mut kvr_router,
+        request_id: *const c_char,
+        output_tokens: u64,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
     pub fn kvr_router_free_request(

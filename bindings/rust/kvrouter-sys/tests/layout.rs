@@ -1,7 +1,9 @@
 //! The declarations against the real header, in the spirit of git2-rs' `systest`, without
 //! crates: a C program compiled at test time with the system's `cc` prints every struct's size,
 //! alignment and field offsets and sizes, and every constant's value; the Rust side computes the
-//! same with `size_of` / `offset_of!`. A second test parses the header's function
+//! same with `size_of` / `offset_of!`. Another test parses the header's struct definitions and
+//! requires the field lists checked here to be exactly the header's, in order, so a field the
+//! header gains or renames cannot go unchecked. A third parses the header's function
 //! declarations and the extern block of `src/lib.rs`, maps C types to Rust types, and compares
 //! every function's name, parameter types and return type.
 //!
@@ -47,7 +49,8 @@ fn rust_layouts() -> Vec<Layout> {
         kvr_router_options { struct_size, block_size, flags, queue_policy, overlap_score_credit,
             prefill_load_scale, host_cache_hit_weight, disk_cache_hit_weight, temperature,
             queue_threshold, approx_ttl_seconds, approx_max_blocks, approx_prune_target_ratio,
-            request_expiry_seconds, random_seed }
+            request_expiry_seconds, random_seed, overlap_score_credit_decay,
+            decode_active_request_weight }
         kvr_worker_config { struct_size, block_size, worker_id, dp_start, dp_size,
             total_kv_blocks, max_num_batched_tokens }
         kvr_stored_event { struct_size, dp_rank, worker_id, event_id, tier, flags, parent_hash,
@@ -59,13 +62,15 @@ fn rust_layouts() -> Vec<Layout> {
             mm_hashes, mm_counts, mm_num_blocks, allowed_worker_ids, num_allowed_worker_ids,
             overlap_score_credit, prefill_load_scale, host_cache_hit_weight,
             disk_cache_hit_weight, temperature, assume_kv_reuse, track_prefill_tokens,
-            priority_jump, expected_output_tokens, reserved, queue_timeout_ms }
+            priority_jump, expected_output_tokens, reserved, queue_timeout_ms,
+            overlap_score_credit_decay, decode_active_request_weight }
         kvr_route_result { struct_size, dp_rank, worker_id, prompt_blocks, device_overlap_blocks,
             effective_overlap_blocks, cached_tokens, prompt_tokens, cost, booked, queued }
         kvr_candidate { worker_id, dp_rank, device_blocks, host_blocks, disk_blocks,
             external_blocks, chosen, effective_overlap_blocks, cached_tokens,
             active_prefill_tokens, active_blocks, new_blocks, raw_prefill_blocks, credit,
-            prefill_cost, decode_blocks, cost, probability, reserved }
+            prefill_cost, decode_blocks, cost, probability, credit_decay, active_requests,
+            request_cost, reserved }
         kvr_overlap { worker_id, dp_rank, device_blocks, host_blocks, disk_blocks,
             external_blocks, reserved0, effective_overlap_blocks, cached_tokens, tree_size,
             reserved }
@@ -124,6 +129,7 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
         KVR_ROUTER_NO_PREFILL_TRACKING,
         KVR_ROUTER_EAGLE,
         KVR_ROUTER_ENTROPY_SEED,
+        KVR_ROUTER_TRACK_OUTPUT_BLOCKS,
         KVR_QUEUE_FCFS,
         KVR_QUEUE_LCFS,
         KVR_QUEUE_WSPT,
@@ -307,6 +313,37 @@ fn structs_and_constants_match_the_header() {
 }
 
 #[test]
+fn every_header_struct_field_is_checked() {
+    // The layout comparison sees only the fields listed in rust_layouts(): a field the header
+    // gains (or renames) must be listed there too, in the header's order.
+    let header = header_struct_fields(&header_text());
+    assert!(
+        header.len() >= 18,
+        "parsed only {} header structs",
+        header.len()
+    );
+    let layouts = rust_layouts();
+    let mut mismatches = Vec::new();
+    for (name, fields) in &header {
+        match layouts.iter().find(|l| l.name == name) {
+            None => mismatches.push(format!("{name}: not in rust_layouts()")),
+            Some(l) => {
+                let listed: Vec<&str> = l.fields.iter().map(|(f, _, _)| *f).collect();
+                if listed != *fields {
+                    mismatches.push(format!("{name}: header {fields:?}, checked {listed:?}"));
+                }
+            }
+        }
+    }
+    for l in &layouts {
+        if !header.contains_key(l.name) {
+            mismatches.push(format!("{}: not a struct of the header", l.name));
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+#[test]
 fn every_header_constant_is_mirrored() {
     let mirrored: Vec<&str> = rust_constants().iter().map(|(n, _)| *n).collect();
     let missing: Vec<String> = header_macros(&header_text())
@@ -354,16 +391,50 @@ fn c_type_to_rust(c: &str) -> String {
     rust
 }
 
-fn header_signatures(header: &str) -> Signatures {
-    // Drop comments and preprocessor lines, then take every `KVR_API ...;` declaration.
+/// The header without its comments.
+fn strip_comments(header: &str) -> String {
     let mut text = String::new();
     let mut rest = header;
     while let Some(start) = rest.find("/*") {
         text += &rest[..start];
         rest = &rest[start + rest[start..].find("*/").unwrap() + 2..];
     }
-    text += rest;
-    let text: String = text
+    text + rest
+}
+
+/// Every `typedef struct NAME { ... } NAME;` of the header: its field names, in order.
+fn header_struct_fields(header: &str) -> BTreeMap<String, Vec<String>> {
+    let text = strip_comments(header);
+    let mut out = BTreeMap::new();
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find("typedef struct ") {
+        rest = &rest[start + "typedef struct ".len()..];
+        let head_end = rest.find(['{', ';']).unwrap();
+        if !rest[head_end..].starts_with('{') {
+            continue; // an opaque handle
+        }
+        let name = rest[..head_end].trim().to_string();
+        let body_end = rest.find('}').unwrap();
+        let fields = rest[head_end + 1..body_end]
+            .split(';')
+            .map(|decl| decl.split('[').next().unwrap().trim())
+            .filter(|decl| !decl.is_empty())
+            .map(|decl| {
+                let start = decl
+                    .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .map_or(0, |i| i + 1);
+                decl[start..].to_string()
+            })
+            .collect();
+        out.insert(name, fields);
+        rest = &rest[body_end..];
+    }
+    out
+}
+
+fn header_signatures(header: &str) -> Signatures {
+    // Drop comments and preprocessor lines, then take every `KVR_API ...;` declaration.
+    let text: String = strip_comments(header)
         .lines()
         .filter(|l| !l.trim_start().starts_with('#'))
         .collect::<Vec<_>>()

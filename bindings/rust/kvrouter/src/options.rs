@@ -66,6 +66,11 @@ pub struct RouterOptions {
     pub eagle: bool,
     /// Seed the random source from the OS rather than `random_seed`.
     pub entropy_seed: bool,
+    /// Grow a request's blocks as it generates, from [`RouterRef::record_output`]
+    /// (`KVR_ROUTER_TRACK_OUTPUT_BLOCKS`; Dynamo's `router_track_output_blocks`). Default false.
+    ///
+    /// [`RouterRef::record_output`]: crate::RouterRef::record_output
+    pub track_output_blocks: bool,
     pub queue_policy: QueuePolicy,
     /// Default 1.0.
     pub overlap_score_credit: f64,
@@ -90,6 +95,11 @@ pub struct RouterOptions {
     pub request_expiry_seconds: f64,
     /// Default 0; ignored with `entropy_seed`.
     pub random_seed: u64,
+    /// Default 0 (off): a rank's device credit is multiplied by
+    /// 1 / (1 + decay × its prefill backlog beyond the least loaded rank's, in prompt blocks).
+    pub overlap_score_credit_decay: f64,
+    /// Default 0 (off): adds weight × active requests to each rank's cost.
+    pub decode_active_request_weight: f64,
 }
 
 impl Default for RouterOptions {
@@ -102,6 +112,7 @@ impl Default for RouterOptions {
             track_prefill_tokens: raw.flags & sys::KVR_ROUTER_NO_PREFILL_TRACKING == 0,
             eagle: raw.flags & sys::KVR_ROUTER_EAGLE != 0,
             entropy_seed: raw.flags & sys::KVR_ROUTER_ENTROPY_SEED != 0,
+            track_output_blocks: raw.flags & sys::KVR_ROUTER_TRACK_OUTPUT_BLOCKS != 0,
             queue_policy: QueuePolicy::from_raw(raw.queue_policy),
             overlap_score_credit: raw.overlap_score_credit,
             prefill_load_scale: raw.prefill_load_scale,
@@ -114,6 +125,8 @@ impl Default for RouterOptions {
             approx_prune_target_ratio: raw.approx_prune_target_ratio,
             request_expiry_seconds: raw.request_expiry_seconds,
             random_seed: raw.random_seed,
+            overlap_score_credit_decay: raw.overlap_score_credit_decay,
+            decode_active_request_weight: raw.decode_active_request_weight,
         }
     }
 }
@@ -139,6 +152,10 @@ impl RouterOptions {
             ),
             (self.eagle, sys::KVR_ROUTER_EAGLE),
             (self.entropy_seed, sys::KVR_ROUTER_ENTROPY_SEED),
+            (
+                self.track_output_blocks,
+                sys::KVR_ROUTER_TRACK_OUTPUT_BLOCKS,
+            ),
         ] {
             if on {
                 flags |= flag;
@@ -158,6 +175,8 @@ impl RouterOptions {
         raw.approx_prune_target_ratio = self.approx_prune_target_ratio;
         raw.request_expiry_seconds = self.request_expiry_seconds;
         raw.random_seed = self.random_seed;
+        raw.overlap_score_credit_decay = self.overlap_score_credit_decay;
+        raw.decode_active_request_weight = self.decode_active_request_weight;
         raw
     }
 }
@@ -230,6 +249,10 @@ pub struct RequestOptions<'a> {
     pub expected_output_tokens: Option<u32>,
     /// Give up waiting in the admission queue after this long (default: never).
     pub queue_timeout: Option<Duration>,
+    /// [`RouterOptions::overlap_score_credit_decay`] for this request.
+    pub overlap_score_credit_decay: Option<f64>,
+    /// [`RouterOptions::decode_active_request_weight`] for this request.
+    pub decode_active_request_weight: Option<f64>,
 }
 
 impl<'a> RequestOptions<'a> {
@@ -281,6 +304,14 @@ impl<'a> RequestOptions<'a> {
             (self.disk_cache_hit_weight, &mut raw.disk_cache_hit_weight),
             (self.temperature, &mut raw.temperature),
             (self.priority_jump, &mut raw.priority_jump),
+            (
+                self.overlap_score_credit_decay,
+                &mut raw.overlap_score_credit_decay,
+            ),
+            (
+                self.decode_active_request_weight,
+                &mut raw.decode_active_request_weight,
+            ),
         ];
         for (value, field) in doubles {
             if let Some(v) = value {

@@ -124,7 +124,8 @@ impl From<sys::kvr_route_result> for RouteResult {
 }
 
 /// One candidate rank with every term of its cost (`kvr_candidate`):
-/// `cost = prefill_load_scale · max(0, raw_prefill_blocks − credit) + decode_blocks`.
+/// `cost = prefill_load_scale · max(0, raw_prefill_blocks − credit) + decode_blocks +
+/// request_cost`, where `credit` counts the device hit times `credit_decay`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
     pub worker_id: u64,
@@ -147,6 +148,14 @@ pub struct Candidate {
     pub cost: f64,
     /// The chance this rank had of being picked.
     pub probability: f64,
+    /// The factor the device credit was multiplied by (1 = no decay; below 1 when
+    /// `overlap_score_credit_decay` is set and this rank has more prefill queued than the
+    /// least loaded one).
+    pub credit_decay: f64,
+    /// Requests in flight on this rank.
+    pub active_requests: u64,
+    /// `decode_active_request_weight × active_requests`, included in `cost`.
+    pub request_cost: f64,
 }
 
 impl From<&sys::kvr_candidate> for Candidate {
@@ -170,6 +179,9 @@ impl From<&sys::kvr_candidate> for Candidate {
             decode_blocks: c.decode_blocks,
             cost: c.cost,
             probability: c.probability,
+            credit_decay: c.credit_decay,
+            active_requests: c.active_requests,
+            request_cost: c.request_cost,
         }
     }
 }
@@ -640,6 +652,20 @@ impl RouterRef {
         // SAFETY: a live router (concurrent); id lives across the call.
         call(|err| unsafe {
             sys::kvr_router_mark_prefill_completed(self.as_raw(), id.as_ptr(), err)
+        })
+    }
+
+    /// The request has generated `output_tokens` tokens so far (cumulative: call it as the
+    /// stream goes, e.g. once per block of output). Its rank then holds one more, unshared,
+    /// block each time prompt + output crosses a block boundary, until the request is freed.
+    /// `FailedPrecondition` unless the router was created with
+    /// [`RouterOptions::track_output_blocks`]; an unknown id is no error. Not published to
+    /// router replicas.
+    pub fn record_output(&self, request_id: &str, output_tokens: u64) -> Result<()> {
+        let id = cstring("request_id", request_id)?;
+        // SAFETY: as mark_prefill_completed.
+        call(|err| unsafe {
+            sys::kvr_router_record_output(self.as_raw(), id.as_ptr(), output_tokens, err)
         })
     }
 

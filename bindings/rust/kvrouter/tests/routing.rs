@@ -1,13 +1,14 @@
 //! Routing through the safe layer: prefix affinity, load, candidates, request options,
-//! errors and their codes, caller-buffer growth, hashing vectors, version.
+//! Dynamo's newer cost knobs (request weight, credit decay) and output-block tracking, errors
+//! and their codes, caller-buffer growth, hashing vectors, version.
 
 mod common;
 
 use common::{prompt, router, store, BS};
 use kvrouter::{
-    compute_block_hashes, compute_sequence_hashes, tier_from_medium, Code, EventKind, EventOutcome,
-    HashOptions, Multimodal, RequestOptions, Router, RouterOptions, StoredEvent, Tier,
-    WorkerConfig,
+    compute_block_hashes, compute_sequence_hashes, tier_from_medium, Candidate, Code, EventKind,
+    EventOutcome, HashOptions, Multimodal, RequestOptions, Router, RouterOptions, StoredEvent,
+    Tier, WorkerConfig,
 };
 
 #[test]
@@ -431,4 +432,238 @@ fn lower_tiers_earn_weighted_credit() {
     assert_eq!(overlaps.len(), 1);
     assert_eq!((overlaps[0].device_blocks, overlaps[0].host_blocks), (0, 4));
     assert_eq!(overlaps[0].effective_overlap_blocks, 4.0 * 0.75);
+}
+
+/// A seeded router of block size 16 with workers 1 and 2 and the given options.
+fn router_with(options: RouterOptions) -> Router {
+    let router = Router::new(&RouterOptions {
+        block_size: BS,
+        random_seed: 7,
+        ..options
+    })
+    .unwrap();
+    for id in 1..=2 {
+        router.add_worker(&WorkerConfig::new(id)).unwrap();
+    }
+    router
+}
+
+fn candidates_for(
+    router: &Router,
+    tokens: &[u32],
+    opts: &RequestOptions<'_>,
+) -> (u64, Vec<Candidate>) {
+    let mut candidates = Vec::new();
+    let (r, total) = router
+        .find_best_match_with_candidates(tokens, opts, &mut candidates)
+        .unwrap();
+    assert_eq!(total, candidates.len());
+    candidates.sort_by_key(|c| c.worker_id);
+    (r.worker_id, candidates)
+}
+
+#[test]
+fn new_cost_knobs_are_off_by_default() {
+    let defaults = RouterOptions::default();
+    assert_eq!(defaults.overlap_score_credit_decay, 0.0);
+    assert_eq!(defaults.decode_active_request_weight, 0.0);
+    assert!(!defaults.track_output_blocks);
+    let opts = RequestOptions::default();
+    assert_eq!(opts.overlap_score_credit_decay, None);
+    assert_eq!(opts.decode_active_request_weight, None);
+
+    let router = router(2);
+    let tokens = prompt(20, 4);
+    store(&router, 1, &tokens, 4, 100);
+    router
+        .add_request(&prompt(21, 2), 1, 0, &RequestOptions::with_id("busy"))
+        .unwrap();
+    let (_, candidates) = candidates_for(&router, &tokens, &opts);
+    for c in &candidates {
+        assert_eq!((c.credit_decay, c.request_cost), (1.0, 0.0), "{c:?}");
+        assert_eq!(c.cost, c.prefill_cost + c.decode_blocks as f64, "{c:?}");
+    }
+    assert_eq!(candidates[0].active_requests, 1);
+    assert_eq!(candidates[1].active_requests, 0);
+}
+
+#[test]
+fn request_weight_charges_active_requests_and_flips_the_choice() {
+    // Worker 1 holds the whole 8-block prompt and runs 4 small prefilled requests (one block
+    // each): prefill 0, decode 4 active + 8 new blocks (new = not held by its active
+    // requests) = 12, against worker 2's prefill 8 + decode 8 = 16. Charging 5 per active
+    // request adds 20 to worker 1 only, which then costs more than worker 2.
+    let weighted = router_with(RouterOptions {
+        decode_active_request_weight: 5.0,
+        ..Default::default()
+    });
+    let unweighted = router_with(RouterOptions::default());
+    let tokens = prompt(30, 8);
+    for router in [&weighted, &unweighted] {
+        store(router, 1, &tokens, 8, 100);
+        for i in 0..4 {
+            let id = format!("small-{i}");
+            router
+                .add_request(&prompt(40 + i, 1), 1, 0, &RequestOptions::with_id(&id))
+                .unwrap();
+            router.mark_prefill_completed(&id).unwrap();
+        }
+    }
+
+    let (plain_pick, plain) = candidates_for(&unweighted, &tokens, &RequestOptions::default());
+    assert_eq!(plain_pick, 1);
+    assert_eq!((plain[0].cost, plain[1].cost), (12.0, 16.0));
+    // An unset override keeps the router's weight (5), which flips the choice.
+    let (pick, costs) = candidates_for(&weighted, &tokens, &RequestOptions::default());
+    assert_eq!(pick, 2);
+    assert_eq!((costs[0].active_requests, costs[1].active_requests), (4, 0));
+    for (c, p) in costs.iter().zip(&plain) {
+        assert_eq!(c.worker_id, p.worker_id);
+        assert_eq!(c.request_cost, 5.0 * c.active_requests as f64, "{c:?}");
+        assert_eq!(
+            c.cost - p.cost,
+            5.0 * c.active_requests as f64,
+            "{c:?} vs {p:?}"
+        );
+        assert_eq!(
+            c.cost,
+            c.prefill_cost + c.decode_blocks as f64 + c.request_cost
+        );
+    }
+    assert!(costs[0].cost > costs[1].cost && plain[0].cost < plain[1].cost);
+
+    // Per request: 0 turns the router's weight off, a weight turns it on where it is off.
+    let off = RequestOptions {
+        decode_active_request_weight: Some(0.0),
+        ..Default::default()
+    };
+    let (pick, costs) = candidates_for(&weighted, &tokens, &off);
+    assert_eq!(pick, 1);
+    assert!(costs.iter().all(|c| c.request_cost == 0.0));
+    let on = RequestOptions {
+        decode_active_request_weight: Some(5.0),
+        ..Default::default()
+    };
+    let (pick, costs) = candidates_for(&unweighted, &tokens, &on);
+    assert_eq!(pick, 2);
+    assert_eq!(costs[0].request_cost, 20.0);
+
+    // Out of range: refused by the library, naming the setting.
+    let e = weighted
+        .find_best_match(
+            &tokens,
+            &RequestOptions {
+                decode_active_request_weight: Some(-1.0),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("decode_active_request_weight"), "{e}");
+    let e = Router::new(&RouterOptions {
+        overlap_score_credit_decay: f64::NAN,
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("overlap_score_credit_decay"), "{e}");
+}
+
+#[test]
+fn credit_decay_discounts_a_hit_behind_a_prefill_backlog() {
+    // Worker 1 holds the 4-block prompt but has 8 blocks of prefill queued (an unrelated
+    // request, not yet prefilled); worker 2 has none. With decay 1 the hit keeps
+    // 1 / (1 + 1 × 8 / 4) = 1/3 of its credit.
+    let router = router_with(RouterOptions {
+        overlap_score_credit_decay: 1.0,
+        ..Default::default()
+    });
+    let tokens = prompt(50, 4);
+    store(&router, 1, &tokens, 4, 100);
+    router
+        .add_request(&prompt(51, 8), 1, 0, &RequestOptions::with_id("backlog"))
+        .unwrap();
+
+    let (_, costs) = candidates_for(&router, &tokens, &RequestOptions::default());
+    let (busy, idle) = (&costs[0], &costs[1]);
+    assert_eq!(busy.device_blocks, 4);
+    assert_eq!(busy.active_prefill_tokens, 8 * u64::from(BS));
+    assert_eq!(idle.active_prefill_tokens, 0);
+    let excess_blocks = (busy.active_prefill_tokens - idle.active_prefill_tokens) as f64 / 16.0;
+    let expected = 1.0 / (1.0 + 1.0 * excess_blocks / 4.0);
+    assert!((busy.credit_decay - expected).abs() < 1e-12, "{busy:?}");
+    assert!(busy.credit_decay < 1.0);
+    assert!((busy.credit - 4.0 * expected).abs() < 1e-12, "{busy:?}");
+    assert_eq!(idle.credit_decay, 1.0);
+
+    // An unset override keeps the router's decay; 0 turns it off for this request.
+    let keep = RequestOptions {
+        overlap_score_credit_decay: None,
+        ..Default::default()
+    };
+    assert_eq!(
+        candidates_for(&router, &tokens, &keep).1[0].credit_decay,
+        busy.credit_decay
+    );
+    let off = RequestOptions {
+        overlap_score_credit_decay: Some(0.0),
+        ..Default::default()
+    };
+    let (_, plain) = candidates_for(&router, &tokens, &off);
+    assert_eq!((plain[0].credit_decay, plain[0].credit), (1.0, 4.0));
+    assert!(plain[0].cost < busy.cost);
+    // A stronger decay per request keeps less.
+    let strong = RequestOptions {
+        overlap_score_credit_decay: Some(3.0),
+        ..Default::default()
+    };
+    let (_, strong) = candidates_for(&router, &tokens, &strong);
+    assert!((strong[0].credit_decay - 1.0 / (1.0 + 3.0 * excess_blocks / 4.0)).abs() < 1e-12);
+}
+
+#[test]
+fn record_output_grows_the_rank_blocks_until_freed() {
+    let router = router_with(RouterOptions {
+        track_output_blocks: true,
+        ..Default::default()
+    });
+    let tokens = prompt(60, 2);
+    router
+        .add_request(&tokens, 1, 0, &RequestOptions::with_id("gen"))
+        .unwrap();
+    let blocks_of_worker_1 = || {
+        router
+            .potential_loads(&tokens, &RequestOptions::default())
+            .unwrap()
+            .iter()
+            .find(|l| l.worker_id == 1)
+            .unwrap()
+            .active_blocks
+    };
+    assert_eq!(blocks_of_worker_1(), 2);
+    // Cumulative counts: 32 + 1 tokens span 3 blocks, 32 + 49 span 6.
+    router.record_output("gen", 1).unwrap();
+    assert_eq!(blocks_of_worker_1(), 3);
+    router.record_output("gen", 3 * u64::from(BS) + 1).unwrap();
+    assert_eq!(blocks_of_worker_1(), 6);
+    router.record_output("gen", 3 * u64::from(BS) + 1).unwrap();
+    assert_eq!(blocks_of_worker_1(), 6);
+    // The candidates see it too.
+    let (_, costs) = candidates_for(&router, &prompt(61, 1), &RequestOptions::default());
+    assert_eq!(costs[0].active_blocks, 6);
+    // An unknown id is no error; an interior NUL is refused before C.
+    router.record_output("unknown", 100).unwrap();
+    let e = router.record_output("g\0en", 1).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    router.free_request("gen").unwrap();
+    assert_eq!(blocks_of_worker_1(), 0);
+
+    // A router that does not track output refuses it.
+    let plain = router_with(RouterOptions::default());
+    plain
+        .add_request(&tokens, 1, 0, &RequestOptions::with_id("gen"))
+        .unwrap();
+    let e = plain.record_output("gen", 40).unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(!e.message().is_empty());
 }
