@@ -46,9 +46,9 @@ enum {
 };
 
 enum {
-  ROUTER_OPTIONS_LEN = 14,
+  ROUTER_OPTIONS_LEN = 16,
   WORKER_CONFIG_LEN = 6,
-  REQUEST_OPTIONS_LEN = 11,
+  REQUEST_OPTIONS_LEN = 13,
   ROUTING_HINTS_LEN = 8,
   DISAGG_OPTIONS_LEN = 6,
   INGEST_OPTIONS_LEN = 2,
@@ -56,7 +56,7 @@ enum {
   STORED_EVENT_LEN = 6,
   REMOVED_EVENT_LEN = 4,
   ROUTE_RESULT_LEN = 11,
-  CANDIDATE_LEN = 18,
+  CANDIDATE_LEN = 21,
   OVERLAP_LEN = 9,
   POTENTIAL_LOAD_LEN = 7,
   ROUTE_SIGNALS_LEN = 12,
@@ -448,6 +448,8 @@ static void encode_router_options(const kvr_router_options* o, jlong* v) {
   v[11] = bits(o->approx_prune_target_ratio);
   v[12] = bits(o->request_expiry_seconds);
   v[13] = (jlong)o->random_seed;
+  v[14] = bits(o->overlap_score_credit_decay);
+  v[15] = bits(o->decode_active_request_weight);
 }
 
 static int decode_router_options(JNIEnv* env, jlongArray a, kvr_router_options* o) {
@@ -468,6 +470,8 @@ static int decode_router_options(JNIEnv* env, jlongArray a, kvr_router_options* 
   o->approx_prune_target_ratio = dbl(v[11]);
   o->request_expiry_seconds = dbl(v[12]);
   o->random_seed = (uint64_t)v[13];
+  o->overlap_score_credit_decay = dbl(v[14]);
+  o->decode_active_request_weight = dbl(v[15]);
   return 0;
 }
 
@@ -505,6 +509,8 @@ static void encode_request_options(const kvr_request_options* o, jlong* v) {
   v[8] = bits(o->priority_jump);
   v[9] = o->expected_output_tokens;
   v[10] = o->queue_timeout_ms;
+  v[11] = bits(o->overlap_score_credit_decay);
+  v[12] = bits(o->decode_active_request_weight);
 }
 
 /* A RequestOptions object (null: the defaults). */
@@ -524,6 +530,8 @@ static int read_request_options(JNIEnv* env, scratch* s, jobject obj, kvr_reques
   o->priority_jump = dbl(v[8]);
   o->expected_output_tokens = (uint32_t)v[9];
   o->queue_timeout_ms = (int64_t)v[10];
+  o->overlap_score_credit_decay = dbl(v[11]);
+  o->decode_active_request_weight = dbl(v[12]);
   size_t mm_hashes = 0;
   if (field_utf8(env, s, obj, g_request.request_id, &o->request_id) != 0 ||
       field_utf8(env, s, obj, g_request.lora_name, &o->lora_name) != 0 ||
@@ -1295,6 +1303,9 @@ static void encode_candidate(const kvr_candidate* c, jlong* v) {
   v[15] = (jlong)c->decode_blocks;
   v[16] = bits(c->cost);
   v[17] = bits(c->probability);
+  v[18] = bits(c->credit_decay);
+  v[19] = (jlong)c->active_requests;
+  v[20] = bits(c->request_cost);
 }
 
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(JNIEnv* env, jclass cls, jlong r,
@@ -1486,6 +1497,19 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_markPrefillCompleted(JNIEnv* env,
                                                                     jlong r, jstring id) {
   (void)cls;
   call_with_id(env, r, id, kvr_router_mark_prefill_completed);
+}
+
+JNIEXPORT void JNICALL Java_io_kvrouter_Native_recordOutput(JNIEnv* env, jclass cls, jlong r,
+                                                            jstring id, jlong output_tokens) {
+  (void)cls;
+  scratch s;
+  scratch_init(&s);
+  const char* c_id = NULL;
+  if (utf8(env, &s, id, &c_id) == 0) {
+    kvr_error* err = NULL;
+    check(env, kvr_router_record_output(ROUTER(r), c_id, (uint64_t)output_tokens, &err), &err);
+  }
+  scratch_free(&s);
 }
 
 JNIEXPORT void JNICALL Java_io_kvrouter_Native_freeRequest(JNIEnv* env, jclass cls, jlong r,

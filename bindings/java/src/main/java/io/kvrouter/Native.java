@@ -33,9 +33,9 @@ final class Native {
   static final int DEFAULTS_STORED_EVENT = 7;
   static final int DEFAULTS_REMOVED_EVENT = 8;
 
-  static final int ROUTER_OPTIONS_LEN = 14;
+  static final int ROUTER_OPTIONS_LEN = 16;
   static final int WORKER_CONFIG_LEN = 6;
-  static final int REQUEST_OPTIONS_LEN = 11;
+  static final int REQUEST_OPTIONS_LEN = 13;
   static final int ROUTING_HINTS_LEN = 8;
   static final int DISAGG_OPTIONS_LEN = 6;
   static final int INGEST_OPTIONS_LEN = 2;
@@ -43,7 +43,7 @@ final class Native {
   static final int STORED_EVENT_LEN = 6;
   static final int REMOVED_EVENT_LEN = 4;
   static final int ROUTE_RESULT_LEN = 11;
-  static final int CANDIDATE_LEN = 18;
+  static final int CANDIDATE_LEN = 21;
   static final int OVERLAP_LEN = 9;
   static final int POTENTIAL_LOAD_LEN = 7;
   static final int ROUTE_SIGNALS_LEN = 12;
@@ -127,6 +127,8 @@ final class Native {
       long router, int[] tokens, long workerId, int dpRank, RequestOptions options);
 
   static native void markPrefillCompleted(long router, String requestId);
+
+  static native void recordOutput(long router, String requestId, long outputTokens);
 
   static native void freeRequest(long router, String requestId);
 

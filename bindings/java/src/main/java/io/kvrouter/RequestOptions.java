@@ -16,7 +16,8 @@ public final class RequestOptions {
   // Read by the JNI glue: keep the names and types. scalars: flags, overlap_score_credit,
   // prefill_load_scale, host_cache_hit_weight, disk_cache_hit_weight, temperature (doubles as
   // raw bits), assume_kv_reuse, track_prefill_tokens, priority_jump (bits),
-  // expected_output_tokens, queue_timeout_ms.
+  // expected_output_tokens, queue_timeout_ms, overlap_score_credit_decay,
+  // decode_active_request_weight (bits).
   final long[] scalars;
   final String requestId;
   final String loraName;
@@ -123,6 +124,16 @@ public final class RequestOptions {
   /** -1 = wait in the queue as long as it takes. */
   public long queueTimeoutMs() {
     return scalars[10];
+  }
+
+  /** NaN = the router's setting. */
+  public double overlapScoreCreditDecay() {
+    return Native.dbl(scalars[11]);
+  }
+
+  /** NaN = the router's setting. */
+  public double decodeActiveRequestWeight() {
+    return Native.dbl(scalars[12]);
   }
 
   private static Boolean triState(long v) {
@@ -244,6 +255,20 @@ public final class RequestOptions {
     /** Give up waiting in the queue after this long (KVR_DEADLINE_EXCEEDED); -1 = never. */
     public Builder queueTimeoutMs(long ms) {
       scalars[10] = ms;
+      return this;
+    }
+
+    /** This request's {@link RouterOptions.Builder#overlapScoreCreditDecay}; NaN = the router's. */
+    public Builder overlapScoreCreditDecay(double v) {
+      scalars[11] = Native.bits(v);
+      return this;
+    }
+
+    /**
+     * This request's {@link RouterOptions.Builder#decodeActiveRequestWeight}; NaN = the router's.
+     */
+    public Builder decodeActiveRequestWeight(double v) {
+      scalars[12] = Native.bits(v);
       return this;
     }
 

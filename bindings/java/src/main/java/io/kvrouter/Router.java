@@ -359,6 +359,27 @@ public final class Router extends NativeObject {
     }
   }
 
+  /**
+   * The request has generated {@code outputTokens} tokens so far (cumulative: call as the stream
+   * goes, e.g. once per block's worth). Its rank then holds one more, unshared, block each time
+   * prompt + output crosses a block boundary, until the request is freed, so long generations
+   * weigh on their rank's cost. Not published to router replicas. An unknown id is no error.
+   *
+   * @throws IllegalArgumentException for a negative count
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} unless the router was created
+   *     with {@link RouterOptions.Builder#trackOutputBlocks(boolean)}
+   */
+  public void recordOutput(String requestId, long outputTokens) {
+    Objects.requireNonNull(requestId, "requestId");
+    if (outputTokens < 0) throw new IllegalArgumentException("outputTokens < 0");
+    long h = acquire();
+    try {
+      Native.recordOutput(h, requestId, outputTokens);
+    } finally {
+      release();
+    }
+  }
+
   /** The request ended (finished, cancelled or failed). Idempotent; may admit queued ones. */
   public void freeRequest(String requestId) {
     Objects.requireNonNull(requestId, "requestId");

@@ -10,6 +10,7 @@ public final class RouterOptions {
   static final int FLAG_NO_PREFILL_TRACKING = 0x4;
   static final int FLAG_EAGLE = 0x8;
   static final int FLAG_ENTROPY_SEED = 0x10;
+  static final int FLAG_TRACK_OUTPUT_BLOCKS = 0x20;
 
   private final long[] encoded; // Native.ROUTER_OPTIONS_LEN, see Builder.encode
 
@@ -63,6 +64,11 @@ public final class RouterOptions {
     return flag(FLAG_ENTROPY_SEED);
   }
 
+  /** Whether {@link Router#recordOutput(String, long)} grows requests' blocks. */
+  public boolean trackOutputBlocks() {
+    return flag(FLAG_TRACK_OUTPUT_BLOCKS);
+  }
+
   public QueuePolicy queuePolicy() {
     return QueuePolicy.of((int) encoded[2]);
   }
@@ -109,6 +115,16 @@ public final class RouterOptions {
 
   public long randomSeed() {
     return encoded[13];
+  }
+
+  /** 0 (default) = a device hit keeps its full credit however long the rank's prefill queue. */
+  public double overlapScoreCreditDecay() {
+    return Native.dbl(encoded[14]);
+  }
+
+  /** 0 (default) = requests in flight cost nothing beyond their blocks. */
+  public double decodeActiveRequestWeight() {
+    return Native.dbl(encoded[15]);
   }
 
   @Override
@@ -168,6 +184,14 @@ public final class RouterOptions {
     /** Seed the random source from the OS instead of {@link #randomSeed(long)}. */
     public Builder entropySeed(boolean entropy) {
       return flag(FLAG_ENTROPY_SEED, entropy);
+    }
+
+    /**
+     * Grow a request's blocks as it generates, from {@link Router#recordOutput(String, long)}
+     * (KVR_ROUTER_TRACK_OUTPUT_BLOCKS, Dynamo's router_track_output_blocks); default false.
+     */
+    public Builder trackOutputBlocks(boolean track) {
+      return flag(FLAG_TRACK_OUTPUT_BLOCKS, track);
     }
 
     public Builder queuePolicy(QueuePolicy policy) {
@@ -234,6 +258,26 @@ public final class RouterOptions {
 
     public Builder randomSeed(long seed) {
       e[13] = seed;
+      return this;
+    }
+
+    /**
+     * Discounts a device hit on a rank with a longer prefill queue than the least loaded
+     * candidate's: its device credit is multiplied by {@code 1 / (1 + decay × excess prefill
+     * blocks / prompt blocks)} ({@link Candidate#creditDecay()}). Default 0 (off); must not be
+     * negative.
+     */
+    public Builder overlapScoreCreditDecay(double v) {
+      e[14] = Native.bits(v);
+      return this;
+    }
+
+    /**
+     * Adds {@code weight × active requests} to each rank's cost ({@link
+     * Candidate#requestCost()}). Default 0 (off); must not be negative.
+     */
+    public Builder decodeActiveRequestWeight(double v) {
+      e[15] = Native.bits(v);
       return this;
     }
 

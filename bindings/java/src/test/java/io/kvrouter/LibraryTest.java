@@ -81,12 +81,17 @@ class LibraryTest {
     assertTrue(o.assumeKvReuse());
     assertTrue(o.trackPrefillTokens());
     assertFalse(o.approximate());
+    assertFalse(o.trackOutputBlocks());
+    assertEquals(0.0, o.overlapScoreCreditDecay());
+    assertEquals(0.0, o.decodeActiveRequestWeight());
 
     RequestOptions r = RequestOptions.builder().build();
     assertFalse(r.admit());
     assertTrue(Double.isNaN(r.temperature()));
     assertEquals(null, r.assumeKvReuse());
     assertEquals(-1, r.queueTimeoutMs());
+    assertTrue(Double.isNaN(r.overlapScoreCreditDecay()));
+    assertTrue(Double.isNaN(r.decodeActiveRequestWeight()));
 
     RoutingHints h = RoutingHints.builder().build();
     assertEquals(Phase.AGGREGATED, h.phase());
@@ -112,6 +117,24 @@ class LibraryTest {
     assertTrue(changed.approximate());
     assertFalse(changed.assumeKvReuse());
     assertFalse(o.approximate()); // immutable
+    RouterOptions knobs =
+        o.toBuilder()
+            .overlapScoreCreditDecay(0.25)
+            .decodeActiveRequestWeight(1.5)
+            .trackOutputBlocks(true)
+            .build();
+    assertEquals(0.25, knobs.overlapScoreCreditDecay());
+    assertEquals(1.5, knobs.decodeActiveRequestWeight());
+    assertTrue(knobs.trackOutputBlocks());
+    assertFalse(knobs.toBuilder().trackOutputBlocks(false).build().trackOutputBlocks());
+    assertEquals(16, knobs.blockSize()); // the other settings kept
+    RequestOptions overrides =
+        r.toBuilder().overlapScoreCreditDecay(2).decodeActiveRequestWeight(0.5).build();
+    assertEquals(2.0, overrides.overlapScoreCreditDecay());
+    assertEquals(0.5, overrides.decodeActiveRequestWeight());
+    RequestOptions unset = overrides.toBuilder().decodeActiveRequestWeight(Double.NaN).build();
+    assertTrue(Double.isNaN(unset.decodeActiveRequestWeight()));
+    assertEquals(2.0, unset.overlapScoreCreditDecay());
   }
 
   @Test

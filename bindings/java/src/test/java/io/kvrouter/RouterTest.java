@@ -357,6 +357,207 @@ class RouterTest {
     }
   }
 
+  private static Candidate candidateOf(RouteResult r, long workerId) {
+    return r.candidates().stream().filter(c -> c.workerId() == workerId).findFirst().get();
+  }
+
+  private static PotentialLoad loadOf(Router router, long workerId) {
+    return router.potentialLoads(PROMPT).stream()
+        .filter(l -> l.workerId() == workerId)
+        .findFirst()
+        .get();
+  }
+
+  /**
+   * decode_active_request_weight: each request in flight on a rank adds the weight to its cost,
+   * enough here to send the prompt away from the rank holding all of it.
+   */
+  @Test
+  void activeRequestWeightChargesRequestsInFlight() {
+    RouterOptions weighted =
+        RouterOptions.builder().blockSize(BLOCK).randomSeed(7).decodeActiveRequestWeight(2).build();
+    assertEquals(2.0, weighted.decodeActiveRequestWeight());
+    assertEquals(0.0, weighted.overlapScoreCreditDecay());
+    try (Router router = new Router(weighted)) {
+      router.addWorker(1);
+      router.addWorker(2);
+      router.applyStored(stored(1, PROMPT, 3, 0xB1)); // worker 1 holds the whole prompt
+      for (int i = 0; i < 3; ++i) { // three requests in flight there, prefill done
+        router.addRequest(PROMPT, 1, 0, RequestOptions.withId("w" + i));
+        router.markPrefillCompleted("w" + i);
+      }
+      // Weight 0 for this request: worker 1 costs its 3 shared blocks (no prefill left after the
+      // credit), worker 2 the 3 blocks of prefill and 3 new blocks.
+      RouteResult off =
+          router.findBestMatch(
+              PROMPT, RequestOptions.builder().decodeActiveRequestWeight(0).build(), 4);
+      assertEquals(1, off.workerId());
+      Candidate one = candidateOf(off, 1);
+      assertEquals(3, one.activeRequests());
+      assertEquals(0.0, one.requestCost());
+      assertEquals(3.0, one.cost(), 1e-9);
+      assertEquals(6.0, candidateOf(off, 2).cost(), 1e-9);
+      // The router's weight 2 (an unset override keeps it, whatever else the options set):
+      // worker 1 pays 2 × 3 requests more and the choice flips.
+      for (RequestOptions keep :
+          new RequestOptions[] {
+            null,
+            RequestOptions.builder().build(),
+            RequestOptions.builder().temperature(0).overlapScoreCredit(1).build()
+          }) {
+        assertTrue(Double.isNaN(keep == null ? Double.NaN : keep.decodeActiveRequestWeight()));
+        RouteResult on = router.findBestMatch(PROMPT, keep, 4);
+        assertEquals(2, on.workerId(), on.toString());
+        Candidate weightedOne = candidateOf(on, 1);
+        assertEquals(3, weightedOne.activeRequests());
+        assertEquals(2.0 * 3, weightedOne.requestCost());
+        assertEquals(one.cost() + 2.0 * 3, weightedOne.cost(), 1e-9);
+        assertEquals(
+            weightedOne.prefillCost() + weightedOne.decodeBlocks() + weightedOne.requestCost(),
+            weightedOne.cost(),
+            1e-9);
+        Candidate two = candidateOf(on, 2);
+        assertEquals(0, two.activeRequests());
+        assertEquals(0.0, two.requestCost());
+        assertEquals(6.0, two.cost(), 1e-9);
+      }
+      KvRouterException bad =
+          assertThrows(
+              KvRouterException.class,
+              () ->
+                  router.findBestMatch(
+                      PROMPT, RequestOptions.builder().decodeActiveRequestWeight(-1).build()));
+      assertEquals(Status.INVALID_ARGUMENT, bad.status());
+    }
+    // A per-request weight on a router without one flips the choice the same way.
+    try (Router plain = routerWithWorkers(2)) {
+      plain.applyStored(stored(1, PROMPT, 3, 0xB1));
+      for (int i = 0; i < 3; ++i) {
+        plain.addRequest(PROMPT, 1, 0, RequestOptions.withId("p" + i));
+        plain.markPrefillCompleted("p" + i);
+      }
+      RouteResult unweighted = plain.findBestMatch(PROMPT, null, 4);
+      assertEquals(1, unweighted.workerId());
+      assertEquals(0.0, candidateOf(unweighted, 1).requestCost());
+      RouteResult weightedHere =
+          plain.findBestMatch(
+              PROMPT, RequestOptions.builder().decodeActiveRequestWeight(2).build(), 4);
+      assertEquals(2, weightedHere.workerId());
+      assertEquals(6.0, candidateOf(weightedHere, 1).requestCost());
+    }
+    KvRouterException e =
+        assertThrows(
+            KvRouterException.class,
+            () -> new Router(RouterOptions.builder().decodeActiveRequestWeight(-1).build()));
+    assertEquals(Status.INVALID_ARGUMENT, e.status());
+    assertTrue(e.getMessage().contains("decode_active_request_weight"), e.getMessage());
+  }
+
+  /**
+   * overlap_score_credit_decay: a device hit on a rank with more prefill queued than the least
+   * loaded one earns less credit.
+   */
+  @Test
+  void creditDecayDiscountsAHitBehindAPrefillBacklog() {
+    RouterOptions decaying =
+        RouterOptions.builder().blockSize(BLOCK).randomSeed(7).overlapScoreCreditDecay(3).build();
+    assertEquals(3.0, decaying.overlapScoreCreditDecay());
+    try (Router router = new Router(decaying)) {
+      router.addWorker(1);
+      router.addWorker(2);
+      router.applyStored(stored(1, PROMPT, 3, 0xC1)); // worker 1 holds the whole prompt
+      // One block of another prompt still in prefill on worker 1: 16 tokens more queued than
+      // worker 2's none.
+      router.addRequest(tokens(BLOCK, 50_000), 1, 0, RequestOptions.withId("backlog"));
+      RouteResult r = router.findBestMatch(PROMPT, null, 4);
+      Candidate one = candidateOf(r, 1);
+      Candidate two = candidateOf(r, 2);
+      assertEquals(16, one.activePrefillTokens());
+      assertEquals(0, two.activePrefillTokens());
+      // 1 / (1 + decay × excess blocks / prompt blocks) = 1 / (1 + 3 × 1 / 3)
+      assertEquals(0.5, one.creditDecay(), 1e-12);
+      assertTrue(one.creditDecay() < 1);
+      assertEquals(1.0 * 0.5 * 3, one.credit(), 1e-9); // overlap credit × decay × device blocks
+      assertEquals(1.0, two.creditDecay()); // the least loaded rank keeps its (zero) credit
+      assertEquals(0.0, two.credit());
+
+      // An unset override keeps the router's decay; 0 for this request turns it off.
+      RouteResult kept = router.findBestMatch(PROMPT, RequestOptions.builder().build(), 4);
+      assertEquals(0.5, candidateOf(kept, 1).creditDecay(), 1e-12);
+      RouteResult off =
+          router.findBestMatch(
+              PROMPT, RequestOptions.builder().overlapScoreCreditDecay(0).build(), 4);
+      assertEquals(1.0, candidateOf(off, 1).creditDecay());
+      assertEquals(3.0, candidateOf(off, 1).credit(), 1e-9);
+      assertTrue(candidateOf(off, 1).cost() < one.cost());
+
+      // The backlog gone, the hit keeps its full credit.
+      router.markPrefillCompleted("backlog");
+      assertEquals(1.0, candidateOf(router.findBestMatch(PROMPT, null, 4), 1).creditDecay());
+    }
+    try (Router plain = routerWithWorkers(2)) { // no decay by default
+      plain.applyStored(stored(1, PROMPT, 3, 0xC1));
+      plain.addRequest(tokens(BLOCK, 50_000), 1, 0, RequestOptions.withId("backlog"));
+      assertEquals(1.0, candidateOf(plain.findBestMatch(PROMPT, null, 4), 1).creditDecay());
+      Candidate perRequest =
+          candidateOf(
+              plain.findBestMatch(
+                  PROMPT, RequestOptions.builder().overlapScoreCreditDecay(3).build(), 4),
+              1);
+      assertEquals(0.5, perRequest.creditDecay(), 1e-12);
+      assertEquals(
+          Status.INVALID_ARGUMENT,
+          assertThrows(
+                  KvRouterException.class,
+                  () ->
+                      plain.findBestMatch(
+                          PROMPT, RequestOptions.builder().overlapScoreCreditDecay(-1).build()))
+              .status());
+    }
+  }
+
+  /** recordOutput: generated tokens become blocks on the request's rank until it is freed. */
+  @Test
+  void recordOutputGrowsTheRanksBlocks() {
+    RouterOptions tracking =
+        RouterOptions.builder().blockSize(BLOCK).trackOutputBlocks(true).build();
+    assertTrue(tracking.trackOutputBlocks());
+    assertFalse(RouterOptions.defaults().trackOutputBlocks());
+    Router router = new Router(tracking);
+    try {
+      router.addWorker(1);
+      router.addWorker(2);
+      router.addRequest(PROMPT, 1, 0, RequestOptions.withId("gen")); // 48 tokens: 3 blocks
+      assertEquals(3, loadOf(router, 1).activeBlocks());
+      router.recordOutput("gen", 1); // 49 tokens: a 4th block
+      assertEquals(4, loadOf(router, 1).activeBlocks());
+      router.recordOutput("gen", 3 * BLOCK + 1); // 97 tokens: 7 blocks
+      PotentialLoad one = loadOf(router, 1);
+      assertEquals(7, one.activeBlocks());
+      assertEquals(1, one.activeRequests());
+      assertEquals(0, loadOf(router, 2).activeBlocks());
+      // The routing cost sees them too.
+      RouteResult r = router.findBestMatch(tokens(48, 70_000), null, 4);
+      assertEquals(7, candidateOf(r, 1).activeBlocks());
+      assertEquals(2, r.workerId());
+      router.recordOutput("unknown", 100); // no error
+      assertThrows(NullPointerException.class, () -> router.recordOutput(null, 1));
+      assertThrows(IllegalArgumentException.class, () -> router.recordOutput("gen", -1));
+      router.freeRequest("gen");
+      assertEquals(0, loadOf(router, 1).activeBlocks());
+    } finally {
+      router.close();
+    }
+    assertThrows(IllegalStateException.class, () -> router.recordOutput("gen", 1));
+    try (Router plain = routerWithWorkers(1)) { // not tracking
+      plain.addRequest(PROMPT, 1, 0, RequestOptions.withId("gen"));
+      KvRouterException e =
+          assertThrows(KvRouterException.class, () -> plain.recordOutput("gen", 40));
+      assertEquals(Status.FAILED_PRECONDITION, e.status());
+      assertEquals(3, loadOf(plain, 1).activeBlocks());
+    }
+  }
+
   @Test
   void closeIsIdempotentAndUseAfterCloseThrows() {
     Router router = routerWithWorkers(2);
