@@ -120,7 +120,9 @@ KVR_API uint32_t kvr_tier_from_medium(const char *medium);
 #define KVR_HASH_EAGLE 0x1u /* window of block_size + 1 tokens, stride block_size */
 
 /* What changes a prompt's block hashes besides its tokens. Multimodal hashes are given as one
- * flat array plus a count per block: block i owns the next mm_counts[i] values of mm_hashes. */
+ * flat array plus a count per block: block i owns the next mm_counts[i] values of mm_hashes,
+ * so mm_hashes must hold the sum of mm_counts values (the library reads that many; it cannot
+ * check the array's length). */
 typedef struct kvr_hash_options {
   uint32_t struct_size;
   uint32_t flags; /* KVR_HASH_* */
@@ -307,7 +309,8 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *
  * to every other replica. `data` is valid only during the call. It runs on the thread that
  * made the change, under the router's internal lock, in the order of the changes: it must be
  * quick (queue or hand the bytes to an asynchronous client) and must not call into this
- * router. */
+ * router. That thread may be one the library owns: a replica's free applied on an ingest
+ * loop can admit a request waiting here, whose booking is then published from the loop. */
 typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t size);
 
 /* Publishes this router's booking changes through `publish` under the name `replica_id`, which
@@ -592,7 +595,8 @@ KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router *router, char *buf, 
  * kvr_abort_route frees it when dispatch failed or the client gave up. A plan neither
  * committed nor aborted within the plan deadline (kvr_router_set_plan_deadline) is dropped
  * with its booking: there is no timer thread; a commit checks its own plan, plan / commit /
- * admitted routing sweep all plans at most once a second, and kvr_router_expire_plans sweeps
+ * admitted routing sweep all plans at most once a second (or once per deadline, when the
+ * deadline is shorter), and kvr_router_expire_plans sweeps
  * now. After a commit the request is freed as usual with kvr_router_free_request. */
 #define KVR_PHASE_AGGREGATED 0
 #define KVR_PHASE_PREFILL 1
@@ -759,7 +763,7 @@ KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg *disagg, const uint32_t *t
                                            kvr_route_signals *out, kvr_error **err);
 /* Advisory: would the prefill rank chosen now (a preview) carry more than threshold ×
  * max_num_batched_tokens prefill tokens? A preview that finds no eligible rank counts as busy.
- * @thread_safety concurrent */
+ * KVR_INVALID_ARGUMENT for a negative or NaN threshold. @thread_safety concurrent */
 KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg *disagg, const uint32_t *tokens,
                                                   size_t num_tokens,
                                                   const kvr_request_options *opts,
@@ -862,7 +866,9 @@ KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest *ingest, const char *url
  * unknown worker rank or a duplicate booking), `published` and `publish_failures`. Connection
  * behaviour as kvr_ingest_subscribe_nats; while disconnected, the NATS client buffers what is
  * published. One sync per ingest object and per router (KVR_FAILED_PRECONDITION for a
- * second); it replaces any kvr_router_set_replica_publisher and ends when the ingest stops.
+ * second); it replaces any kvr_router_set_replica_publisher callback (which is not running
+ * once this returns), a later kvr_router_set_replica_publisher replaces it in turn, and it
+ * ends when the ingest stops.
  * @thread_safety as kvr_ingest_subscribe_nats */
 KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest *ingest, const char *url,
                                             const char *subject, const char *replica_id,
