@@ -32,6 +32,13 @@ libdir=$(find "$stage" -name kvrouter.pc -path '*/pkgconfig/*' -printf '%h\n' | 
 export PKG_CONFIG_PATH="$libdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 export LD_LIBRARY_PATH="$(dirname "$libdir")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CGO_ENABLED=1
+# Go's build cache does not hash the headers a cgo package #includes from outside its directory
+# (golang/go#24355): after kvrouter.h changes, a package whose Go files did not (internal/cbench)
+# would be reused as built against the old header, with the old struct sizes (a stack overrun
+# when the new library fills a struct). The header's hash in CGO_CFLAGS, which is part of the
+# cache key, rebuilds them. ("-O2 -g" is go's default when CGO_CFLAGS is unset.)
+header=$(pkg-config --variable=includedir kvrouter)/kvrouter.h
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -DKVR_GO_HEADER_SHA256=$(sha256sum "$header" | cut -c1-16)"
 
 cd bindings/go
 echo "== go: $("$go" version), libkvrouter $(pkg-config --modversion kvrouter) =="

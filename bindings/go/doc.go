@@ -5,7 +5,8 @@
 // publish (directly, as encoded EventBatches, or through an Ingest listening on sockets or
 // NATS), and asks per request which worker and data-parallel rank should serve a prompt
 // (FindBestMatch, or PreviewRoute / PlanRoute / CommitRoute). It then reports the prefill's
-// end (MarkPrefillCompleted) and the request's (FreeRequest).
+// end (MarkPrefillCompleted), optionally the output generated so far (RecordOutput, on a router
+// with TrackOutputBlocks), and the request's end (FreeRequest).
 //
 // Errors are *Error values carrying the library's kvr_status (Code) and message; the Err*
 // Status constants work with errors.Is. Handles (Router, Disagg, Ingest, EventBatch,

@@ -32,6 +32,7 @@ type RouterOptions struct {
 	NoPrefillTracking  bool   // track_prefill_tokens = false
 	Eagle              bool   // the model uses eagle block windows
 	EntropySeed        bool   // seed the random source from the OS instead of RandomSeed
+	TrackOutputBlocks  bool   // Router.RecordOutput grows a request's blocks as it generates
 	QueuePolicy        QueuePolicy
 	OverlapScoreCredit float64
 	PrefillLoadScale   float64
@@ -46,6 +47,12 @@ type RouterOptions struct {
 	ApproxPruneTargetRatio float64       // approximate mode: prune to this fraction of the budget
 	RequestExpiry          time.Duration // a booked request older than this is dropped
 	RandomSeed             uint64
+	// OverlapScoreCreditDecay (Dynamo's newer cost; 0 = off) discounts a device hit on a rank
+	// whose prefill backlog exceeds the least loaded candidate's: the device credit is
+	// multiplied by 1 / (1 + decay × excess prefill blocks / prompt blocks).
+	OverlapScoreCreditDecay float64
+	// DecodeActiveRequestWeight (0 = off) adds weight × active requests to each rank's cost.
+	DecodeActiveRequestWeight float64
 }
 
 // DefaultRouterOptions returns every default of kvr_router_options_init (block size 16,
@@ -60,6 +67,7 @@ func DefaultRouterOptions() RouterOptions {
 		NoPrefillTracking:      c.flags&C.KVR_ROUTER_NO_PREFILL_TRACKING != 0,
 		Eagle:                  c.flags&C.KVR_ROUTER_EAGLE != 0,
 		EntropySeed:            c.flags&C.KVR_ROUTER_ENTROPY_SEED != 0,
+		TrackOutputBlocks:      c.flags&C.KVR_ROUTER_TRACK_OUTPUT_BLOCKS != 0,
 		QueuePolicy:            QueuePolicy(c.queue_policy),
 		OverlapScoreCredit:     float64(c.overlap_score_credit),
 		PrefillLoadScale:       float64(c.prefill_load_scale),
@@ -72,6 +80,9 @@ func DefaultRouterOptions() RouterOptions {
 		ApproxPruneTargetRatio: float64(c.approx_prune_target_ratio),
 		RequestExpiry:          seconds(float64(c.request_expiry_seconds)),
 		RandomSeed:             uint64(c.random_seed),
+
+		OverlapScoreCreditDecay:   float64(c.overlap_score_credit_decay),
+		DecodeActiveRequestWeight: float64(c.decode_active_request_weight),
 	}
 }
 
@@ -98,6 +109,9 @@ func (o *RouterOptions) toC() *C.kvr_router_options {
 	if o.EntropySeed {
 		c.flags |= C.KVR_ROUTER_ENTROPY_SEED
 	}
+	if o.TrackOutputBlocks {
+		c.flags |= C.KVR_ROUTER_TRACK_OUTPUT_BLOCKS
+	}
 	c.queue_policy = C.uint32_t(o.QueuePolicy)
 	c.overlap_score_credit = C.double(o.OverlapScoreCredit)
 	c.prefill_load_scale = C.double(o.PrefillLoadScale)
@@ -110,6 +124,8 @@ func (o *RouterOptions) toC() *C.kvr_router_options {
 	c.approx_prune_target_ratio = C.double(o.ApproxPruneTargetRatio)
 	c.request_expiry_seconds = C.double(o.RequestExpiry.Seconds())
 	c.random_seed = C.uint64_t(o.RandomSeed)
+	c.overlap_score_credit_decay = C.double(o.OverlapScoreCreditDecay)
+	c.decode_active_request_weight = C.double(o.DecodeActiveRequestWeight)
 	return c
 }
 

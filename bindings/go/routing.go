@@ -39,7 +39,11 @@ type RequestOptions struct {
 	Temperature        *float64
 	AssumeKVReuse      *bool
 	TrackPrefillTokens *bool
-	PriorityJump       float64 // queue priority boost
+	// OverlapScoreCreditDecay and DecodeActiveRequestWeight override the router's
+	// RouterOptions fields of the same names (nil or NaN: the router's).
+	OverlapScoreCreditDecay   *float64
+	DecodeActiveRequestWeight *float64
+	PriorityJump              float64 // queue priority boost
 	// ExpectedOutputTokens is the expected decode length (used by the WSPT queue policy).
 	ExpectedOutputTokens uint32
 	// QueueTimeout bounds the wait in the admission queue: 0 waits as long as it takes, a
@@ -91,6 +95,8 @@ func (o *RequestOptions) fill(c *C.kvr_request_options, a *args) {
 	setDouble(&c.temperature, o.Temperature)
 	setTri(&c.assume_kv_reuse, o.AssumeKVReuse)
 	setTri(&c.track_prefill_tokens, o.TrackPrefillTokens)
+	setDouble(&c.overlap_score_credit_decay, o.OverlapScoreCreditDecay)
+	setDouble(&c.decode_active_request_weight, o.DecodeActiveRequestWeight)
 	c.priority_jump = C.double(o.PriorityJump)
 	c.expected_output_tokens = C.uint32_t(o.ExpectedOutputTokens)
 	switch {
@@ -131,7 +137,8 @@ type RouteResult struct {
 }
 
 // Candidate is one candidate rank with every term of its cost:
-// Cost = prefill_load_scale·max(0, RawPrefillBlocks − Credit) + DecodeBlocks.
+// Cost = prefill_load_scale·max(0, RawPrefillBlocks − Credit) + DecodeBlocks + RequestCost,
+// where Credit = overlap_score_credit·CreditDecay·DeviceBlocks + the lower tiers' weighted hits.
 type Candidate struct {
 	WorkerID               uint64
 	DPRank                 uint32
@@ -151,6 +158,11 @@ type Candidate struct {
 	DecodeBlocks           uint64
 	Cost                   float64
 	Probability            float64 // the chance this rank had of being picked
+	// CreditDecay is the factor the device credit was multiplied by (1 = no decay; below 1 on
+	// a rank with a longer prefill backlog when OverlapScoreCreditDecay > 0).
+	CreditDecay    float64
+	ActiveRequests uint64  // requests in flight on the rank
+	RequestCost    float64 // DecodeActiveRequestWeight × ActiveRequests (part of Cost)
 }
 
 // FindBestMatch picks the worker rank for a prompt. Without opts.Admit it is query-only and
@@ -245,6 +257,9 @@ func candidateFromC(c *C.kvr_candidate) Candidate {
 		DecodeBlocks:           uint64(c.decode_blocks),
 		Cost:                   float64(c.cost),
 		Probability:            float64(c.probability),
+		CreditDecay:            float64(c.credit_decay),
+		ActiveRequests:         uint64(c.active_requests),
+		RequestCost:            float64(c.request_cost),
 	}
 }
 
@@ -375,6 +390,18 @@ func (r *Router) AddRequest(tokens []uint32, workerID uint64, dpRank uint32, opt
 func (r *Router) MarkPrefillCompleted(requestID string) error {
 	return r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
 		return C.kvr_router_mark_prefill_completed(h, id, e)
+	})
+}
+
+// RecordOutput says the request has generated outputTokens tokens so far (cumulative: call it
+// as the stream goes, e.g. once per block's worth). Its rank then holds one more, unshared,
+// block each time prompt + output crosses a block boundary, until the request is freed, so
+// long generations weigh on their rank's cost (not published to router replicas). It returns
+// ErrFailedPrecondition unless the router was created with RouterOptions.TrackOutputBlocks;
+// an unknown id is no error.
+func (r *Router) RecordOutput(requestID string, outputTokens uint64) error {
+	return r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
+		return C.kvr_router_record_output(h, id, C.uint64_t(outputTokens), e)
 	})
 }
 
