@@ -40,7 +40,8 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     policy_ = MakePolicy(spec, PolicyContext{.workers = config.workers,
                                              .limits = config.limits,
                                              .seed = config.seed,
-                                             .fleet = this});
+                                             .fleet = this,
+                                             .transport = config.transport});
     result_.name = spec.name;
     result_.temperature = spec.temperature;
     result_.worker_prefill_tokens.assign(config.workers, 0);

@@ -25,6 +25,7 @@ struct ReplayConfig {
   CostModel cost;
   double time_scale = 1.0;  // arrival speed-up: 2 replays the trace twice as fast
   uint64_t seed = 42;
+  Transport transport = Transport::kInProcess;  // how engines' KV events reach the router
 };
 
 // Everything measured for one policy. The wall-clock part is kept apart (see WallClock) so that

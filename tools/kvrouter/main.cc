@@ -37,7 +37,8 @@ ABSL_FLAG(uint32_t, azure_shared_prefix_tokens, 2048,
           "Azure traces: length of the shared prefix (a multiple of 512)");
 ABSL_FLAG(uint64_t, max_requests, 0, "Replay only the first N requests (0 = all)");
 ABSL_FLAG(std::string, transport, "inprocess",
-          "How KV events reach the router: inprocess (zmq and nats: not available yet)");
+          "How KV events reach the router: inprocess (direct ABI calls), stream (FlatBuffers "
+          "batches over a Unix socket to kvr_ingest), zmq (every engine a vLLM ZMQ publisher)");
 ABSL_FLAG(uint32_t, jobs, 0, "Policies simulated in parallel (0 = one per core)");
 ABSL_FLAG(bool, progress, true, "Progress bar on stderr (only when stderr is a terminal)");
 ABSL_FLAG(bool, plot, true, "Draw replay.png with gnuplot (with --output_dir)");

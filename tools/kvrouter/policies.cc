@@ -6,24 +6,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "kvrouter.h"
+#include "kvrouter/abi_call.h"
+#include "kvrouter/event_path.h"
 
 namespace kvrouter::replay {
 namespace {
-
-// Runs an ABI call `call(&error)`; a failure becomes an exception carrying the router's message.
-template <typename Call>
-void Check(const char* what, Call call) {
-  kvr_error* error = nullptr;
-  const kvr_status status = call(&error);
-  if (status == KVR_OK) return;
-  std::string message = std::string(what) + " failed: " + kvr_status_str(status);
-  if (error != nullptr) {
-    message += ": ";
-    message += kvr_error_message(error);
-    kvr_error_free(error);
-  }
-  throw std::runtime_error(message);
-}
 
 // A router owned by a policy, with the fleet's workers registered.
 class RouterHandle {
@@ -42,65 +29,41 @@ class RouterHandle {
     options.request_expiry_seconds = 1e9;
     options.approx_ttl_seconds = 1e9;
     options.approx_max_blocks = context.limits.kv_capacity_blocks * context.workers;
-    Check("kvr_router_new", [&](kvr_error** e) { return kvr_router_new(&options, &router_, e); });
+    CheckAbi("kvr_router_new",
+             [&](kvr_error** e) { return kvr_router_new(&options, &router_, e); });
     for (uint32_t w = 0; w < context.workers; ++w) {
       kvr_worker_config config;
       kvr_worker_config_init(&config);
       config.worker_id = w;
       config.total_kv_blocks = context.limits.kv_capacity_blocks;
       config.max_num_batched_tokens = context.limits.max_num_batched_tokens;
-      Check("kvr_router_add_worker",
-            [&](kvr_error** e) { return kvr_router_add_worker(router_, &config, e); });
+      CheckAbi("kvr_router_add_worker",
+               [&](kvr_error** e) { return kvr_router_add_worker(router_, &config, e); });
     }
+    events_ = MakeEventPath(context.transport, router_, context.workers, context.limits.block_size);
   }
-  ~RouterHandle() { kvr_router_free(router_); }
+  ~RouterHandle() {
+    events_.reset();  // an ingest feeding the router goes first
+    kvr_router_free(router_);
+  }
   RouterHandle(const RouterHandle&) = delete;
   RouterHandle& operator=(const RouterHandle&) = delete;
 
   kvr_router* get() const { return router_; }
 
-  void ApplyStored(uint32_t worker, const StoredRun& run) {
-    kvr_stored_event event;
-    kvr_stored_event_init(&event);
-    event.worker_id = worker;
-    event.event_id = next_event_id_++;
-    event.tier = KVR_TIER_DEVICE;
-    if (run.has_parent) {
-      event.flags |= KVR_STORED_HAS_PARENT;
-      event.parent_hash = run.parent_hash;
-    }
-    event.block_hashes = run.block_hashes.data();
-    event.num_blocks = run.block_hashes.size();
-    event.token_ids = run.token_ids.data();
-    event.num_tokens = run.token_ids.size();
-    Count(kvr_router_apply_stored(router_, &event, nullptr));
-    ++counters_.events_stored;
-  }
+  // The engines' events reach the router over the run's transport (event_path.h).
+  EventPath& events() { return *events_; }
 
-  void ApplyRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) {
-    kvr_removed_event event;
-    kvr_removed_event_init(&event);
-    event.worker_id = worker;
-    event.event_id = next_event_id_++;
-    event.tier = KVR_TIER_DEVICE;
-    event.block_hashes = block_hashes.data();
-    event.num_blocks = block_hashes.size();
-    Count(kvr_router_apply_removed(router_, &event, nullptr));
-    ++counters_.events_removed;
+  RouterCounters counters() const {
+    const EventCounts counts = events_->counts();
+    return {.events_stored = counts.stored,
+            .events_removed = counts.removed,
+            .events_rejected = counts.rejected};
   }
-
-  const RouterCounters& counters() const { return counters_; }
 
  private:
-  // A rejected event is what a real engine stream can produce too (e.g. a removal racing a
-  // store): counted and reported, not fatal; the router applies what it can.
-  void Count(kvr_status status) {
-    if (status != KVR_OK) ++counters_.events_rejected;
-  }
-
   kvr_router* router_ = nullptr;
-  uint64_t next_event_id_ = 1;
-  RouterCounters counters_;
+  std::unique_ptr<EventPath> events_;
 };
 
 class KvRouterPolicy final : public Policy {
@@ -110,6 +73,7 @@ class KvRouterPolicy final : public Policy {
         router_(context, approximate_ ? KVR_ROUTER_APPROXIMATE : 0u, spec.temperature) {}
 
   uint32_t Route(const Request& request, std::span<const uint32_t> tokens) override {
+    if (!approximate_) router_.events().Sync();
     const std::string id = RequestId(request.index);
     kvr_request_options options;
     kvr_request_options_init(&options);
@@ -117,7 +81,7 @@ class KvRouterPolicy final : public Policy {
     options.request_id = id.c_str();
     kvr_route_result result;
     kvr_route_result_init(&result);
-    Check("kvr_find_best_match", [&](kvr_error** e) {
+    CheckAbi("kvr_find_best_match", [&](kvr_error** e) {
       return kvr_find_best_match(router_.get(), tokens.data(), tokens.size(), &options, &result,
                                  nullptr, 0, nullptr, e);
     });
@@ -128,21 +92,21 @@ class KvRouterPolicy final : public Policy {
   int64_t predicted_cached_tokens() const override { return predicted_; }
 
   void OnStored(uint32_t worker, const StoredRun& run) override {
-    if (!approximate_) router_.ApplyStored(worker, run);
+    if (!approximate_) router_.events().Stored(worker, run);
   }
   void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) override {
-    if (!approximate_) router_.ApplyRemoved(worker, block_hashes);
+    if (!approximate_) router_.events().Removed(worker, block_hashes);
   }
   void OnFirstToken(const Request& request) override {
     const std::string id = RequestId(request.index);
-    Check("kvr_router_mark_prefill_completed", [&](kvr_error** e) {
+    CheckAbi("kvr_router_mark_prefill_completed", [&](kvr_error** e) {
       return kvr_router_mark_prefill_completed(router_.get(), id.c_str(), e);
     });
   }
   void OnFinished(const Request& request) override {
     const std::string id = RequestId(request.index);
-    Check("kvr_router_free_request",
-          [&](kvr_error** e) { return kvr_router_free_request(router_.get(), id.c_str(), e); });
+    CheckAbi("kvr_router_free_request",
+             [&](kvr_error** e) { return kvr_router_free_request(router_.get(), id.c_str(), e); });
   }
   RouterCounters counters() const override { return router_.counters(); }
 
@@ -163,8 +127,9 @@ class PrefixOnlyPolicy final : public Policy {
         overlaps_(context.workers) {}
 
   uint32_t Route(const Request& request, std::span<const uint32_t> tokens) override {
+    router_.events().Sync();
     size_t len = 0;
-    Check("kvr_router_overlap_scores", [&](kvr_error** e) {
+    CheckAbi("kvr_router_overlap_scores", [&](kvr_error** e) {
       return kvr_router_overlap_scores(router_.get(), tokens.data(), tokens.size(), nullptr,
                                        overlaps_.data(), overlaps_.size(), &len, e);
     });
@@ -189,10 +154,10 @@ class PrefixOnlyPolicy final : public Policy {
 
   int64_t predicted_cached_tokens() const override { return predicted_; }
   void OnStored(uint32_t worker, const StoredRun& run) override {
-    router_.ApplyStored(worker, run);
+    router_.events().Stored(worker, run);
   }
   void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) override {
-    router_.ApplyRemoved(worker, block_hashes);
+    router_.events().Removed(worker, block_hashes);
   }
   RouterCounters counters() const override { return router_.counters(); }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvrouter/event_path.h"
 #include "kvrouter/sim_engine.h"
 
 namespace kvrouter::replay {
@@ -50,6 +51,7 @@ struct PolicyContext {
   EngineLimits limits;
   uint64_t seed = 0;
   const FleetView* fleet = nullptr;
+  Transport transport = Transport::kInProcess;  // how KV events reach the router
 };
 
 // Counts of what the router made of the events and calls it got.

@@ -19,16 +19,7 @@ namespace {
 
 void Validate(const ReplayArgs& args) {
   if (args.trace.empty()) throw std::invalid_argument("--trace is required");
-  if (args.transport == "zmq" || args.transport == "nats") {
-    throw std::invalid_argument(
-        "--transport=" + args.transport +
-        " is not available yet: it needs the ingest layer (issue [ingest]); use "
-        "--transport=inprocess");
-  }
-  if (args.transport != "inprocess") {
-    throw std::invalid_argument("unknown --transport \"" + args.transport +
-                                "\" (inprocess; zmq and nats later)");
-  }
+  ParseTransport(args.transport);  // throws for an unknown one
   if (args.workers == 0) throw std::invalid_argument("--workers must be at least 1");
   if (args.block_size == 0 || trace::kMooncakeBlockTokens % args.block_size != 0) {
     throw std::invalid_argument("--block_size must divide 512 (the trace block), got " +
@@ -56,6 +47,7 @@ ReplayConfig MakeConfig(const ReplayArgs& args) {
   config.cost = args.cost;
   config.time_scale = args.time_scale;
   config.seed = args.seed;
+  config.transport = ParseTransport(args.transport);
   return config;
 }
 
