@@ -6,8 +6,6 @@
 # uses nats-server if present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
-jobs=${KVR_JOBS:-$(nproc)}
 
 # On PATH, the official tarball's place, or Debian's golang-1.2x-go (scripts/install-deps.sh).
 go=$(command -v go || ls /usr/local/go/bin/go /usr/lib/go-1.2*/bin/go 2>/dev/null | tail -n1 || true)
@@ -16,21 +14,8 @@ if [[ -z $go ]]; then
   exit 1
 fi
 
-# KVR_STAGE: an install prefix of libkvrouter to test against (scripts/test.sh passes the one
-# it staged from its own build); otherwise the library is built and staged here.
-stage=${KVR_STAGE:-}
-if [[ -z $stage ]]; then
-  echo "== libkvrouter: build and stage in build/go/stage =="
-  cmake -S . -B build/go -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_BUILD_TESTS=OFF \
-    -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build build/go -j "$jobs" --target kvrouter
-  cmake --install build/go --prefix build/go/stage >/dev/null
-  stage=$root/build/go/stage
-fi
-
-libdir=$(find "$stage" -name kvrouter.pc -path '*/pkgconfig/*' -printf '%h\n' | head -n1)
-export PKG_CONFIG_PATH="$libdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-export LD_LIBRARY_PATH="$(dirname "$libdir")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source scripts/staged-library.sh
+use_staged_library go
 export CGO_ENABLED=1
 # Go's build cache does not hash the headers a cgo package #includes from outside its directory
 # (golang/go#24355): after kvrouter.h changes, a package whose Go files did not (internal/cbench)

@@ -11,25 +11,8 @@ cd "$(dirname "$0")/.."
 
 jobs=${KVR_JOBS:-$(nproc)}
 
-# KVR_STAGE: an install prefix of libkvrouter to test against (as scripts/test.sh passes to
-# the other bindings); otherwise the library is built and staged here.
-stage=${KVR_STAGE:-}
-if [[ -z $stage ]]; then
-  echo "== kvrouter: build, stage in build/java/stage =="
-  cmake -S . -B build/java -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_BUILD_TESTS=OFF \
-    -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build build/java -j "$jobs" --target kvrouter
-  stage=$PWD/build/java/stage
-  cmake --install build/java --prefix "$stage" >/dev/null
-fi
-
-pcdir=$(find "$stage" -name kvrouter.pc -path '*/pkgconfig/*' -printf '%h\n' | head -n 1)
-if [[ -z $pcdir ]]; then
-  echo "test-java.sh: no kvrouter.pc under $stage" >&2
-  exit 1
-fi
-export PKG_CONFIG_PATH=$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-export LD_LIBRARY_PATH=$(dirname "$pcdir")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source scripts/staged-library.sh
+use_staged_library java
 
 echo "== bindings/java: JNI glue, jar and tests (mvn verify, -Xcheck:jni) =="
 cd bindings/java

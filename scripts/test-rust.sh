@@ -11,20 +11,8 @@ jobs=${KVR_JOBS:-$(nproc)}
 root=$PWD
 command -v cargo >/dev/null || PATH=$HOME/.cargo/bin:$PATH
 
-# KVR_STAGE: an install prefix of libkvrouter to test against (scripts/test.sh passes the one
-# it staged from its own build); otherwise the library is built and staged here.
-stage=${KVR_STAGE:-}
-if [[ -z $stage ]]; then
-  stage=$root/build/rust/stage
-  echo "== libkvrouter: build and stage in build/rust/stage =="
-  cmake -S . -B build/rust -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_BUILD_TESTS=OFF \
-    -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build build/rust -j "$jobs" --target kvrouter
-  cmake --install build/rust --prefix "$stage" >/dev/null
-fi
-
-export PKG_CONFIG_PATH=$stage/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-export LD_LIBRARY_PATH=$stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source scripts/staged-library.sh
+use_staged_library rust
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/build/rust-target}
 export CARGO_BUILD_JOBS=$jobs
 cd bindings/rust

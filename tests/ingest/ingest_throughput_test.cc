@@ -188,60 +188,63 @@ TEST(IngestThroughput, DISABLED_VllmZmq) {
   zmq_ctx_term(ctx);
 }
 
-// Batches published to a real nats-server on 127.0.0.1 by the NATS C client, received by the
-// ingest loop's subscription: two extra hops (client to server to subscriber) over TCP.
-TEST(IngestThroughput, DISABLED_NativeBatchesOverNats) {
-  const int port = FreePort();
-  NatsServer server(port);
-  ASSERT_TRUE(server.Start());
-  Harness h;
-  ASSERT_TRUE(h.ingest->Start().ok());
-  const uint64_t source = *h.ingest->SubscribeNats(server.url(), "kv.events");
+// A nats-server on 127.0.0.1, an ingest subscribed to kv.events on it, and a publisher.
+struct NatsHarness : Harness {
+  NatsServer server{FreePort()};
   natsConnection* conn = nullptr;
-  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&conn, server.url().c_str()));
-  const std::vector<std::vector<KvEvent>> batches = Batches();
-  const auto start = std::chrono::steady_clock::now();
-  for (const auto& batch : batches) {
+  uint64_t source = 0;
+
+  void SetUp() {
+    ASSERT_TRUE(server.Start());
+    ASSERT_TRUE(ingest->Start().ok());
+    source = *ingest->SubscribeNats(server.url(), "kv.events");
+    ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&conn, server.url().c_str()));
+  }
+  // Stamped as it is sent, so that the lag counts the time spent queued behind others.
+  void Publish(const std::vector<KvEvent>& batch) {
     const std::vector<uint8_t> b = EncodeEventBatch(batch, UnixNowNanos());
     ASSERT_EQ(NATS_OK, natsConnection_Publish(conn, "kv.events", b.data(), b.size()));
   }
-  ASSERT_EQ(NATS_OK, natsConnection_Flush(conn));
-  h.WaitFor(source, kEvents);
+  ~NatsHarness() {
+    natsConnection_Destroy(conn);
+    ingest.reset();
+  }
+};
+
+// Batches published to a real nats-server on 127.0.0.1 by the NATS C client, received by the
+// ingest loop's subscription: two extra hops (client to server to subscriber) over TCP.
+TEST(IngestThroughput, DISABLED_NativeBatchesOverNats) {
+  NatsHarness h;
+  ASSERT_NO_FATAL_FAILURE(h.SetUp());
+  const std::vector<std::vector<KvEvent>> batches = Batches();
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& batch : batches) ASSERT_NO_FATAL_FAILURE(h.Publish(batch));
+  ASSERT_EQ(NATS_OK, natsConnection_Flush(h.conn));
+  h.WaitFor(h.source, kEvents);
   Report("native batches over NATS", start, kEvents);
-  ReportLag(*h.ingest->Stats(source));
-  EXPECT_EQ(static_cast<uint64_t>(kEvents), h.ingest->Stats(source)->events_applied);
-  natsConnection_Destroy(conn);
-  h.ingest.reset();
+  ReportLag(*h.ingest->Stats(h.source));
+  EXPECT_EQ(static_cast<uint64_t>(kEvents), h.ingest->Stats(h.source)->events_applied);
 }
 
 // Lag in steady state rather than behind a burst: 100,000 events/s (2,000 batches of 50 per
 // second, well under the path's capacity) over NATS for 2 s.
 TEST(IngestThroughput, DISABLED_PacedNatsLag) {
   constexpr int kBatchesPerSecond = 2000;
-  const int port = FreePort();
-  NatsServer server(port);
-  ASSERT_TRUE(server.Start());
-  Harness h;
-  ASSERT_TRUE(h.ingest->Start().ok());
-  const uint64_t source = *h.ingest->SubscribeNats(server.url(), "kv.events");
-  natsConnection* conn = nullptr;
-  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&conn, server.url().c_str()));
+  NatsHarness h;
+  ASSERT_NO_FATAL_FAILURE(h.SetUp());
   const std::vector<std::vector<KvEvent>> batches = Batches();
   const int num_batches = 2 * kBatchesPerSecond;
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < num_batches; ++i) {
     std::this_thread::sleep_until(start +
                                   std::chrono::microseconds(1'000'000 / kBatchesPerSecond) * i);
-    const std::vector<uint8_t> b = EncodeEventBatch(batches[i], UnixNowNanos());
-    ASSERT_EQ(NATS_OK, natsConnection_Publish(conn, "kv.events", b.data(), b.size()));
-    ASSERT_EQ(NATS_OK, natsConnection_Flush(conn));  // send now, as a paced publisher would
+    ASSERT_NO_FATAL_FAILURE(h.Publish(batches[i]));
+    ASSERT_EQ(NATS_OK, natsConnection_Flush(h.conn));  // send now, as a paced publisher would
   }
-  h.WaitFor(source, static_cast<uint64_t>(num_batches) * kEventsPerBatch);
+  h.WaitFor(h.source, static_cast<uint64_t>(num_batches) * kEventsPerBatch);
   Report("NATS paced at 100k events/s", start,
          static_cast<uint64_t>(num_batches) * kEventsPerBatch);
-  ReportLag(*h.ingest->Stats(source));
-  natsConnection_Destroy(conn);
-  h.ingest.reset();
+  ReportLag(*h.ingest->Stats(h.source));
 }
 
 TEST(IngestThroughput, DISABLED_DecodersAlone) {

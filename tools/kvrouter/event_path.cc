@@ -19,6 +19,36 @@ namespace {
 // A wire path that has not caught up after this long is broken, not slow.
 constexpr auto kSyncTimeout = std::chrono::seconds(30);
 
+// The ABI's view of an engine's events (the arrays stay the caller's).
+kvr_stored_event StoredEventOf(uint32_t worker, const StoredRun& run, uint64_t event_id) {
+  kvr_stored_event event;
+  kvr_stored_event_init(&event);
+  event.worker_id = worker;
+  event.event_id = event_id;
+  event.tier = KVR_TIER_DEVICE;
+  if (run.has_parent) {
+    event.flags |= KVR_STORED_HAS_PARENT;
+    event.parent_hash = run.parent_hash;
+  }
+  event.block_hashes = run.block_hashes.data();
+  event.num_blocks = run.block_hashes.size();
+  event.token_ids = run.token_ids.data();
+  event.num_tokens = run.token_ids.size();
+  return event;
+}
+
+kvr_removed_event RemovedEventOf(uint32_t worker, std::span<const uint64_t> block_hashes,
+                                 uint64_t event_id) {
+  kvr_removed_event event;
+  kvr_removed_event_init(&event);
+  event.worker_id = worker;
+  event.event_id = event_id;
+  event.tier = KVR_TIER_DEVICE;
+  event.block_hashes = block_hashes.data();
+  event.num_blocks = block_hashes.size();
+  return event;
+}
+
 // ---- inprocess ---------------------------------------------------------------------------
 
 class InProcessPath final : public EventPath {
@@ -26,31 +56,13 @@ class InProcessPath final : public EventPath {
   explicit InProcessPath(kvr_router* router) : router_(router) {}
 
   void Stored(uint32_t worker, const StoredRun& run) override {
-    kvr_stored_event event;
-    kvr_stored_event_init(&event);
-    event.worker_id = worker;
-    event.event_id = next_event_id_++;
-    event.tier = KVR_TIER_DEVICE;
-    if (run.has_parent) {
-      event.flags |= KVR_STORED_HAS_PARENT;
-      event.parent_hash = run.parent_hash;
-    }
-    event.block_hashes = run.block_hashes.data();
-    event.num_blocks = run.block_hashes.size();
-    event.token_ids = run.token_ids.data();
-    event.num_tokens = run.token_ids.size();
+    const kvr_stored_event event = StoredEventOf(worker, run, next_event_id_++);
     Count(kvr_router_apply_stored(router_, &event, nullptr));
     ++counts_.stored;
   }
 
   void Removed(uint32_t worker, std::span<const uint64_t> block_hashes) override {
-    kvr_removed_event event;
-    kvr_removed_event_init(&event);
-    event.worker_id = worker;
-    event.event_id = next_event_id_++;
-    event.tier = KVR_TIER_DEVICE;
-    event.block_hashes = block_hashes.data();
-    event.num_blocks = block_hashes.size();
+    const kvr_removed_event event = RemovedEventOf(worker, block_hashes, next_event_id_++);
     Count(kvr_router_apply_removed(router_, &event, nullptr));
     ++counts_.removed;
   }
@@ -153,18 +165,7 @@ class StreamPath final : public IngestPath {
   }
 
   void Stored(uint32_t worker, const StoredRun& run) override {
-    kvr_stored_event event;
-    kvr_stored_event_init(&event);
-    event.worker_id = worker;
-    event.event_id = next_event_id_++;
-    if (run.has_parent) {
-      event.flags |= KVR_STORED_HAS_PARENT;
-      event.parent_hash = run.parent_hash;
-    }
-    event.block_hashes = run.block_hashes.data();
-    event.num_blocks = run.block_hashes.size();
-    event.token_ids = run.token_ids.data();
-    event.num_tokens = run.token_ids.size();
+    const kvr_stored_event event = StoredEventOf(worker, run, next_event_id_++);
     CheckAbi("kvr_event_batch_add_stored",
              [&](kvr_error** e) { return kvr_event_batch_add_stored(batch_, &event, e); });
     Send();
@@ -172,12 +173,7 @@ class StreamPath final : public IngestPath {
   }
 
   void Removed(uint32_t worker, std::span<const uint64_t> block_hashes) override {
-    kvr_removed_event event;
-    kvr_removed_event_init(&event);
-    event.worker_id = worker;
-    event.event_id = next_event_id_++;
-    event.block_hashes = block_hashes.data();
-    event.num_blocks = block_hashes.size();
+    const kvr_removed_event event = RemovedEventOf(worker, block_hashes, next_event_id_++);
     CheckAbi("kvr_event_batch_add_removed",
              [&](kvr_error** e) { return kvr_event_batch_add_removed(batch_, &event, e); });
     Send();
