@@ -41,7 +41,9 @@ class FleetSimulation final : public EngineObserver, public FleetView {
                                              .limits = config.limits,
                                              .seed = config.seed,
                                              .fleet = this,
-                                             .transport = config.transport});
+                                             .transport = config.transport,
+                                             .gateways = config.gateways,
+                                             .replica_sync = config.replica_sync});
     result_.name = spec.name;
     result_.temperature = spec.temperature;
     result_.worker_prefill_tokens.assign(config.workers, 0);
@@ -102,6 +104,7 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     const auto started = Stopwatch::now();
     const uint32_t worker = policy_->Route(request, tokens_);
     result_.wall.decision_us.push_back(MicrosSince(started));
+    policy_->AfterRoute();  // background work a gateway does off the decision path
     if (worker >= config_.workers) {
       throw std::runtime_error("policy " + result_.name + " picked unknown worker " +
                                std::to_string(worker));

@@ -26,6 +26,8 @@ struct ReplayConfig {
   double time_scale = 1.0;  // arrival speed-up: 2 replays the trace twice as fast
   uint64_t seed = 42;
   Transport transport = Transport::kInProcess;  // how engines' KV events reach the router
+  uint32_t gateways = 1;                        // router replicas per kvrouter policy
+  bool replica_sync = true;                     // replicas share their bookings
 };
 
 // Everything measured for one policy. The wall-clock part is kept apart (see WallClock) so that

@@ -39,6 +39,10 @@ ABSL_FLAG(uint64_t, max_requests, 0, "Replay only the first N requests (0 = all)
 ABSL_FLAG(std::string, transport, "inprocess",
           "How KV events reach the router: inprocess (direct ABI calls), stream (FlatBuffers "
           "batches over a Unix socket to kvr_ingest), zmq (every engine a vLLM ZMQ publisher)");
+ABSL_FLAG(uint32_t, gateways, 1,
+          "Router replicas (gateways) per kvrouter policy; requests arrive at them in turn");
+ABSL_FLAG(bool, replica_sync, true,
+          "With --gateways > 1: replicas publish their bookings to each other (replica sync)");
 ABSL_FLAG(uint32_t, jobs, 0, "Policies simulated in parallel (0 = one per core)");
 ABSL_FLAG(bool, progress, true, "Progress bar on stderr (only when stderr is a terminal)");
 ABSL_FLAG(bool, plot, true, "Draw replay.png with gnuplot (with --output_dir)");
@@ -86,6 +90,8 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
   args.azure_shared_prefix_tokens = absl::GetFlag(FLAGS_azure_shared_prefix_tokens);
   args.max_requests = absl::GetFlag(FLAGS_max_requests);
   args.transport = absl::GetFlag(FLAGS_transport);
+  args.gateways = absl::GetFlag(FLAGS_gateways);
+  args.replica_sync = absl::GetFlag(FLAGS_replica_sync);
   args.jobs = absl::GetFlag(FLAGS_jobs);
   args.progress = absl::GetFlag(FLAGS_progress);
   args.plot = absl::GetFlag(FLAGS_plot);

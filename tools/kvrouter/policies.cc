@@ -15,13 +15,16 @@ namespace {
 // A router owned by a policy, with the fleet's workers registered.
 class RouterHandle {
  public:
-  RouterHandle(const PolicyContext& context, uint32_t flags, double temperature) {
+  // `gateway` distinguishes router replicas: each draws its own random sequence (replicas
+  // seeded alike would break ties and sample identically, a correlation real gateways lack).
+  RouterHandle(const PolicyContext& context, uint32_t flags, double temperature,
+               uint32_t gateway = 0) {
     kvr_router_options options;
     kvr_router_options_init(&options);
     options.block_size = context.limits.block_size;
     options.flags = flags;
     options.temperature = temperature;
-    options.random_seed = context.seed;
+    options.random_seed = context.seed + gateway;
     // The ABI reads the process's steady clock, which runs ~100× faster in simulated time than
     // in wall time here. Wall-clock expiries would fire at run-dependent moments and break
     // determinism, so they are pushed out of reach: requests are always freed explicitly, and the
@@ -66,14 +69,74 @@ class RouterHandle {
   std::unique_ptr<EventPath> events_;
 };
 
+// Booking changes one gateway's router published for the others, held until the call that
+// made them returns (the publish callback must not call a router), then delivered in order.
+class ReplicaBus {
+ public:
+  // Makes `router` publish into this bus as gateway `gateway`.
+  void Connect(kvr_router* router, uint32_t gateway) {
+    routers_.push_back(router);
+    senders_.push_back(std::make_unique<Sender>(Sender{this, gateway}));
+    const std::string id = "gateway-" + std::to_string(gateway);
+    CheckAbi("kvr_router_set_replica_publisher", [&](kvr_error** e) {
+      return kvr_router_set_replica_publisher(router, id.c_str(), &ReplicaBus::Publish,
+                                              senders_.back().get(), e);
+    });
+  }
+
+  // Applies every pending change to every gateway but its sender (as a NATS subject with
+  // no echo does).
+  void Deliver() {
+    for (const Message& message : pending_) {
+      for (uint32_t g = 0; g < routers_.size(); ++g) {
+        if (g == message.from) continue;
+        CheckAbi("kvr_router_apply_replica_event", [&](kvr_error** e) {
+          return kvr_router_apply_replica_event(routers_[g], message.bytes.data(),
+                                                message.bytes.size(), e);
+        });
+      }
+    }
+    pending_.clear();
+  }
+
+ private:
+  struct Sender {
+    ReplicaBus* bus;
+    uint32_t gateway;
+  };
+  struct Message {
+    uint32_t from;
+    std::vector<uint8_t> bytes;
+  };
+
+  static void Publish(void* user_data, const void* data, size_t size) {
+    auto* sender = static_cast<Sender*>(user_data);
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    sender->bus->pending_.push_back({sender->gateway, {bytes, bytes + size}});
+  }
+
+  std::vector<kvr_router*> routers_;
+  std::vector<std::unique_ptr<Sender>> senders_;
+  std::vector<Message> pending_;
+};
+
+// The kvrouter policies, behind one or more gateways: requests arrive at the gateways in turn,
+// each gateway's router ingests every KV event, and with replica sync each one's bookings are
+// load at the others.
 class KvRouterPolicy final : public Policy {
  public:
   KvRouterPolicy(const PolicySpec& spec, const PolicyContext& context)
-      : approximate_(spec.kind == PolicyKind::kKvRouterApprox),
-        router_(context, approximate_ ? KVR_ROUTER_APPROXIMATE : 0u, spec.temperature) {}
+      : approximate_(spec.kind == PolicyKind::kKvRouterApprox) {
+    for (uint32_t g = 0; g < std::max(1u, context.gateways); ++g) {
+      gateways_.push_back(std::make_unique<RouterHandle>(
+          context, approximate_ ? KVR_ROUTER_APPROXIMATE : 0u, spec.temperature, g));
+      if (context.replica_sync && context.gateways > 1) bus_.Connect(gateways_.back()->get(), g);
+    }
+  }
 
   uint32_t Route(const Request& request, std::span<const uint32_t> tokens) override {
-    if (!approximate_) router_.events().Sync();
+    RouterHandle& router = GatewayOf(request);
+    if (!approximate_) router.events().Sync();
     const std::string id = RequestId(request.index);
     kvr_request_options options;
     kvr_request_options_init(&options);
@@ -82,7 +145,7 @@ class KvRouterPolicy final : public Policy {
     kvr_route_result result;
     kvr_route_result_init(&result);
     CheckAbi("kvr_find_best_match", [&](kvr_error** e) {
-      return kvr_find_best_match(router_.get(), tokens.data(), tokens.size(), &options, &result,
+      return kvr_find_best_match(router.get(), tokens.data(), tokens.size(), &options, &result,
                                  nullptr, 0, nullptr, e);
     });
     predicted_ = static_cast<int64_t>(result.cached_tokens);
@@ -90,29 +153,42 @@ class KvRouterPolicy final : public Policy {
   }
 
   int64_t predicted_cached_tokens() const override { return predicted_; }
+  // The other replicas learn of the booking before anything else happens in simulated time.
+  void AfterRoute() override { bus_.Deliver(); }
 
   void OnStored(uint32_t worker, const StoredRun& run) override {
-    if (!approximate_) router_.events().Stored(worker, run);
+    if (approximate_) return;
+    for (auto& gateway : gateways_) gateway->events().Stored(worker, run);
   }
   void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) override {
-    if (!approximate_) router_.events().Removed(worker, block_hashes);
+    if (approximate_) return;
+    for (auto& gateway : gateways_) gateway->events().Removed(worker, block_hashes);
   }
   void OnFirstToken(const Request& request) override {
     const std::string id = RequestId(request.index);
     CheckAbi("kvr_router_mark_prefill_completed", [&](kvr_error** e) {
-      return kvr_router_mark_prefill_completed(router_.get(), id.c_str(), e);
+      return kvr_router_mark_prefill_completed(GatewayOf(request).get(), id.c_str(), e);
     });
+    bus_.Deliver();
   }
   void OnFinished(const Request& request) override {
     const std::string id = RequestId(request.index);
-    CheckAbi("kvr_router_free_request",
-             [&](kvr_error** e) { return kvr_router_free_request(router_.get(), id.c_str(), e); });
+    CheckAbi("kvr_router_free_request", [&](kvr_error** e) {
+      return kvr_router_free_request(GatewayOf(request).get(), id.c_str(), e);
+    });
+    bus_.Deliver();
   }
-  RouterCounters counters() const override { return router_.counters(); }
+  // Every gateway sees the same events: the first one's counts stand for all.
+  RouterCounters counters() const override { return gateways_.front()->counters(); }
 
  private:
+  RouterHandle& GatewayOf(const Request& request) {
+    return *gateways_[request.index % gateways_.size()];
+  }
+
   const bool approximate_;
-  RouterHandle router_;
+  ReplicaBus bus_;  // declared before the routers: destroyed after them
+  std::vector<std::unique_ptr<RouterHandle>> gateways_;
   int64_t predicted_ = -1;
 };
 

@@ -52,6 +52,11 @@ struct PolicyContext {
   uint64_t seed = 0;
   const FleetView* fleet = nullptr;
   Transport transport = Transport::kInProcess;  // how KV events reach the router
+  // kvrouter policies: requests arrive at `gateways` router replicas in turn (each with its own
+  // router, each ingesting every KV event); with replica_sync they publish their bookings to
+  // each other (kvr_router_set_replica_publisher / kvr_router_apply_replica_event).
+  uint32_t gateways = 1;
+  bool replica_sync = true;
 };
 
 // Counts of what the router made of the events and calls it got.
@@ -69,6 +74,9 @@ class Policy {
   // The cached tokens the policy expected on the worker it picked (router policies); -1 if it
   // has no such estimate. Valid after Route.
   virtual int64_t predicted_cached_tokens() const { return -1; }
+  // Right after Route, outside the decision's timing: what a gateway does in the background
+  // (e.g. other replicas applying the booking it published).
+  virtual void AfterRoute() {}
   virtual void OnStored(uint32_t worker, const StoredRun& run) {}
   virtual void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) {}
   virtual void OnFirstToken(const Request& request) {}

@@ -20,6 +20,7 @@ namespace {
 void Validate(const ReplayArgs& args) {
   if (args.trace.empty()) throw std::invalid_argument("--trace is required");
   ParseTransport(args.transport);  // throws for an unknown one
+  if (args.gateways == 0) throw std::invalid_argument("--gateways must be at least 1");
   if (args.workers == 0) throw std::invalid_argument("--workers must be at least 1");
   if (args.block_size == 0 || trace::kMooncakeBlockTokens % args.block_size != 0) {
     throw std::invalid_argument("--block_size must divide 512 (the trace block), got " +
@@ -48,6 +49,8 @@ ReplayConfig MakeConfig(const ReplayArgs& args) {
   config.time_scale = args.time_scale;
   config.seed = args.seed;
   config.transport = ParseTransport(args.transport);
+  config.gateways = args.gateways;
+  config.replica_sync = args.replica_sync;
   return config;
 }
 

@@ -28,7 +28,9 @@ struct ReplayArgs {
   uint32_t azure_shared_prefix_tokens = 2048;
   uint64_t max_requests = 0;  // 0: all
   std::string transport = "inprocess";
-  uint32_t jobs = 0;  // 0: one per core
+  uint32_t gateways = 1;     // router replicas (gateways) per kvrouter policy
+  bool replica_sync = true;  // with gateways > 1: replicas publish their bookings to each other
+  uint32_t jobs = 0;         // 0: one per core
   bool progress = true;
   bool plot = true;  // run gnuplot for replay.png (with output_dir)
   CostModel cost;

@@ -31,10 +31,15 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
   out << absl::StrFormat(
       "kvrouter replay: %s (%s), %d requests over %.0f s, time scale %g, seed %d\n"
       "fleet: %d workers, each %d KV blocks x %d tokens, max %d batched tokens, max %d seqs\n"
+      "%s"
       "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
       std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
       info.trace_span_s, c.time_scale, c.seed, c.workers, c.limits.kv_capacity_blocks,
       c.limits.block_size, c.limits.max_num_batched_tokens, c.limits.max_num_seqs,
+      c.gateways > 1 ? absl::StrFormat("gateways: %d router replicas per kvrouter policy, replica "
+                                       "sync %s\n",
+                                       c.gateways, c.replica_sync ? "on" : "off")
+                     : "",
       100 * info.infinite_cache_hit_rate);
 }
 
@@ -256,7 +261,9 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"max_num_batched_tokens", c.limits.max_num_batched_tokens},
                  {"max_num_seqs", c.limits.max_num_seqs},
                  {"time_scale", c.time_scale},
-                 {"seed", c.seed}};
+                 {"seed", c.seed},
+                 {"gateways", c.gateways},
+                 {"replica_sync", c.replica_sync}};
   j["cost_model"] = {{"step_overhead_s", c.cost.step_overhead_s},
                      {"prefill_per_token_s", c.cost.prefill_per_token_s},
                      {"attention_per_pair_s", c.cost.attention_per_pair_s},
