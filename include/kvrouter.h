@@ -308,25 +308,30 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *
 /* Receives one encoded change (a FlatBuffers SequenceChange, schema/replica_events.fbs) to send
  * to every other replica. `data` is valid only during the call. It runs on the thread that
  * made the change, under the router's internal lock, in the order of the changes: it must be
- * quick (queue or hand the bytes to an asynchronous client) and must not call into this
- * router. That thread may be one the library owns: a replica's free applied on an ingest
+ * quick (queue or hand the bytes to an asynchronous client) and must not call into any router
+ * (a bus delivering synchronously to another router could deadlock when that router's own
+ * changes come back). That thread may be one the library owns: a replica's free applied on an ingest
  * loop can admit a request waiting here, whose booking is then published from the loop. */
 typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t size);
 
 /* Publishes this router's booking changes through `publish` under the name `replica_id`, which
- * must be unique among the replicas and should be fresh for every process start (a restarted
- * replica's old bookings expire at its peers after the request expiry; a reused id could
- * collide with them). `publish` NULL stops publishing; once this returns, the previous
- * callback is not running and will not run again. Not every change is published: expiry and
- * worker removal are not, as every replica does those itself. Request ids starting with byte
- * 0x1E are reserved for replicas' bookings (KVR_INVALID_ARGUMENT). @thread_safety concurrent */
+ * must be unique among the live replicas and contain no byte 0x1F (KVR_INVALID_ARGUMENT).
+ * `publish` first receives a Reset, an Added change for every booking the router holds, and a
+ * SyncRequest: peers drop whatever they held from this replica id (a restarted replica's stale
+ * bookings) and answer with their own bookings, so a joining replica converges at once.
+ * `publish` NULL stops publishing; once this returns, the previous callback is not running and
+ * will not run again. Not every change is published: expiry and worker removal are not, as
+ * every replica does those itself. Request ids starting with byte 0x1E are reserved for
+ * replicas' bookings (KVR_INVALID_ARGUMENT). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router *router, const char *replica_id,
                                                     kvr_replica_publish_fn publish,
                                                     void *user_data, kvr_error **err);
 
 /* Applies one change another replica published: its bookings count as load here (under names
  * of their own: they never collide with local request ids) and its frees and prefill
- * completions may admit requests waiting here. Changes from this router's own replica id are
+ * completions may admit requests waiting here. A Reset drops every booking held from its
+ * origin; a SyncRequest makes this router publish (if it has a publisher) a Reset and its own
+ * bookings. Changes from this router's own replica id are
  * ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that are not a SequenceChange,
  * KVR_NOT_FOUND for a worker rank this router does not know, KVR_ALREADY_EXISTS for a booking
  * applied twice; nothing changes then. @thread_safety concurrent */
@@ -865,10 +870,12 @@ KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest *ingest, const char *url
  * `events_applied` (changes applied), `rejected` (BAD_FLATBUFFERS: not a change; INDEX: an
  * unknown worker rank or a duplicate booking), `published` and `publish_failures`. Connection
  * behaviour as kvr_ingest_subscribe_nats; while disconnected, the NATS client buffers what is
- * published. One sync per ingest object and per router (KVR_FAILED_PRECONDITION for a
- * second); it replaces any kvr_router_set_replica_publisher callback (which is not running
- * once this returns), a later kvr_router_set_replica_publisher replaces it in turn, and it
- * ends when the ingest stops.
+ * published. One sync per ingest object (KVR_FAILED_PRECONDITION for a second). It replaces
+ * the router's publisher (a kvr_router_set_replica_publisher callback, or another ingest
+ * object's sync), which is not running once this returns; a later one replaces it in turn.
+ * When the ingest stops, its sync stops publishing, unless it was replaced. KVR_UNAVAILABLE
+ * if the server does not confirm the subscription: the sync is removed and the router is left
+ * publishing nothing (a publisher it had replaced is not restored).
  * @thread_safety as kvr_ingest_subscribe_nats */
 KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest *ingest, const char *url,
                                             const char *subject, const char *replica_id,
@@ -908,7 +915,8 @@ typedef struct kvr_ingest_stats {
 } kvr_ingest_stats;
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an
- * engine worker's endpoint, a NATS server's url; kept after the source is removed. `*len` (not
+ * engine worker's endpoint, a NATS server's url (without user:password@); kept after the source
+ * is removed. An IPv6 listener reads "tcp://[ADDR]:PORT", which kvr_ingest_listen takes too. `*len` (not
  * NULL) is set to the bytes needed including the NUL (also with KVR_BUFFER_TOO_SMALL).
  * KVR_NOT_FOUND for an unknown id. @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_source_endpoint(kvr_ingest *ingest, uint64_t source_id, char *buf,

@@ -467,8 +467,9 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router* router, const ch
       router->router->SetSequenceObserver("", nullptr);
       return KVR_OK;
     }
-    if (replica_id == nullptr || *replica_id == '\0') {
-      return Fail(err, KVR_INVALID_ARGUMENT, "replica_id is NULL or empty");
+    if (kvr_status s = RequireNonNull(err, replica_id, "replica_id")) return s;
+    if (absl::Status valid = kvrouter::ValidateReplicaId(replica_id); !valid.ok()) {
+      return FromStatus(err, valid);
     }
     std::string id = replica_id;
     router->router->SetSequenceObserver(

@@ -1,6 +1,7 @@
 #include "core/active_sequences.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/hash/hash.h"
@@ -130,6 +131,9 @@ bool ActiveSequences::SetOutputTokens(std::string_view request_id, uint64_t outp
   auto it = requests_.find(AsKey(request_id));
   if (it == requests_.end() || block_size == 0) return false;
   Record& record = it->second;
+  // Clamped so that no sum below can wrap (a caller passing UINT64_MAX for "unknown").
+  const uint64_t limit = std::numeric_limits<uint64_t>::max() - record.prompt_tokens - block_size;
+  output_tokens = std::min(output_tokens, limit);
   const auto blocks_of = [&](uint64_t tokens) { return (tokens + block_size - 1) / block_size; };
   const uint64_t output_blocks =
       blocks_of(record.prompt_tokens + output_tokens) - blocks_of(record.prompt_tokens);
@@ -181,6 +185,31 @@ size_t ActiveSequences::CountRequests(absl::FunctionRef<bool(std::string_view)> 
   size_t n = 0;
   for (const auto& [id, record] : requests_) n += pred(id) ? 1 : 0;
   return n;
+}
+
+size_t ActiveSequences::FreeIf(absl::FunctionRef<bool(std::string_view)> pred) {
+  size_t freed = 0;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    auto current = it++;
+    if (!pred(current->first)) continue;
+    EraseRecord(current);
+    ++freed;
+  }
+  if (freed > 0) MaybeShrinkTables();
+  return freed;
+}
+
+void ActiveSequences::ForEachRequest(absl::FunctionRef<bool(std::string_view)> pred,
+                                     absl::FunctionRef<void(const SequenceRequest&)> visit) const {
+  for (const auto& [id, record] : requests_) {
+    if (!pred(id)) continue;
+    visit(SequenceRequest{.request_id = id,
+                          .worker = slots_[record.slot].worker,
+                          .block_ids = record.block_ids,
+                          .prefill_tokens = record.prefill_tokens,
+                          .expected_output_tokens = record.expected_output_tokens,
+                          .prompt_tokens = record.prompt_tokens});
+  }
 }
 
 bool ActiveSequences::HasRequest(std::string_view request_id) const {
@@ -446,9 +475,9 @@ uint64_t ActiveSequences::StateDigest() const {
   // Sums of per-item hashes, so the hash tables' iteration order does not matter.
   uint64_t requests = 0;
   for (const auto& [id, record] : requests_) {
-    requests +=
-        absl::HashOf(id, slots_[record.slot].worker, record.block_ids, record.prefill_tokens,
-                     record.started_at, record.expected_output_tokens);
+    requests += absl::HashOf(
+        id, slots_[record.slot].worker, record.block_ids, record.prefill_tokens, record.started_at,
+        record.expected_output_tokens, record.prompt_tokens, record.output_blocks);
   }
   uint64_t ranks = 0;
   for (const auto& [worker, slot] : slot_of_) {

@@ -80,9 +80,19 @@ struct SequenceRequest {
 // each other, so that each one's load view includes the others' requests. Views only: the
 // data must be copied to be kept.
 struct SequenceChange {
-  enum class Kind : uint8_t { kAdded = 0, kPrefillCompleted = 1, kFreed = 2 };
+  enum class Kind : uint8_t {
+    kAdded = 0,
+    kPrefillCompleted = 1,
+    kFreed = 2,
+    // The origin forgets every booking it announced before and announces its current ones
+    // (Added) right after: a replica (re)joining replaces whatever its peers held from it.
+    kReset = 3,
+    // The origin asks every replica to Reset and announce its bookings again (it has just
+    // joined and knows none).
+    kSyncRequest = 4,
+  };
   Kind kind = Kind::kAdded;
-  std::string_view request_id;
+  std::string_view request_id;  // empty for kReset and kSyncRequest
   // kAdded only: the booking, as SequenceRequest has it.
   WorkerKey worker;
   std::span<const uint64_t> block_ids;
@@ -159,6 +169,12 @@ class ActiveSequences {
   size_t num_requests() const { return requests_.size(); }
   // Active requests whose id satisfies `pred` (a scan: for metrics, not the hot path).
   size_t CountRequests(absl::FunctionRef<bool(std::string_view)> pred) const;
+  // Frees every active request whose id satisfies `pred`; returns how many (a scan).
+  size_t FreeIf(absl::FunctionRef<bool(std::string_view)> pred);
+  // Calls `visit` with every active request whose id satisfies `pred`, as it was booked (its
+  // remaining prefill tokens; block_ids valid during the call), in no particular order.
+  void ForEachRequest(absl::FunctionRef<bool(std::string_view)> pred,
+                      absl::FunctionRef<void(const SequenceRequest&)> visit) const;
   // The rank a request is booked on, if it is active.
   std::optional<WorkerKey> WorkerOf(std::string_view request_id) const;
 

@@ -1019,6 +1019,14 @@ uint64_t Router::StateDigest() const {
 // ---------------------------------------------------------------------------------------------
 // Router replicas
 
+absl::Status ValidateReplicaId(std::string_view replica_id) {
+  if (replica_id.empty()) return absl::InvalidArgumentError("the replica id is empty");
+  if (replica_id.find('\x1f') != std::string_view::npos) {
+    return absl::InvalidArgumentError("a replica id must not contain byte 0x1F");
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // A change that names only its request (prefill completed, freed).
@@ -1067,18 +1075,54 @@ void Router::NotifyLocked(const SequenceChange& change) {
   if (observer_ && !IsReplicaRequestId(change.request_id)) observer_(change);
 }
 
-void Router::SetSequenceObserver(std::string replica_id, SequenceObserver observer) {
+uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver observer) {
+  static std::atomic<uint64_t> next_token{1};
   std::lock_guard lock(gate_);
-  replica_id_ = std::move(replica_id);
   observer_ = std::move(observer);
+  if (!observer_) {
+    observer_token_ = 0;
+    return 0;
+  }
+  replica_id_ = std::move(replica_id);
+  observer_token_ = next_token.fetch_add(1, std::memory_order_relaxed);
+  AnnounceBookingsLocked();
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kSyncRequest, ""));
+  return observer_token_;
+}
+
+bool Router::ClearSequenceObserver(uint64_t token) {
+  std::lock_guard lock(gate_);
+  if (token == 0 || token != observer_token_) return false;
+  observer_ = nullptr;
+  observer_token_ = 0;
+  return true;
+}
+
+void Router::AnnounceBookingsLocked() {
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
+  active_.ForEachRequest([](std::string_view id) { return !IsReplicaRequestId(id); },
+                         [&](const SequenceRequest& booking) {
+                           NotifyLocked({.kind = SequenceChange::Kind::kAdded,
+                                         .request_id = booking.request_id,
+                                         .worker = booking.worker,
+                                         .block_ids = booking.block_ids,
+                                         .prefill_tokens = booking.prefill_tokens,
+                                         .expected_output_tokens = booking.expected_output_tokens});
+                         });
 }
 
 absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
                                                 const SequenceChange& change) {
-  if (origin.empty() || change.request_id.empty()) {
+  const bool names_a_request = change.kind != SequenceChange::Kind::kReset &&
+                               change.kind != SequenceChange::Kind::kSyncRequest;
+  absl::Status valid = ValidateReplicaId(origin);
+  if (valid.ok() && names_a_request && change.request_id.empty()) {
+    valid = absl::InvalidArgumentError("a replica change needs a request id");
+  }
+  if (!valid.ok()) {
     std::lock_guard lock(gate_);
     ++replica_changes_rejected_;
-    return absl::InvalidArgumentError("a replica change needs an origin and a request id");
+    return valid;
   }
   const std::string id = ReplicaRequestId(origin, change.request_id);
   Completions completions;
@@ -1103,6 +1147,18 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
         break;
       case SequenceChange::Kind::kFreed:
         changed = active_.Free(id);
+        break;
+      case SequenceChange::Kind::kReset: {
+        // Every booking of this origin: the names that start with its prefix.
+        const std::string prefix = ReplicaRequestId(origin, "");
+        changed = active_.FreeIf([&](std::string_view booking) {
+          return booking.substr(0, prefix.size()) == prefix;
+        }) > 0;
+        break;
+      }
+      case SequenceChange::Kind::kSyncRequest:
+        // A replica joined: tell it (and everyone) what this router has booked.
+        if (observer_) AnnounceBookingsLocked();
         break;
     }
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);

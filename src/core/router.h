@@ -62,6 +62,9 @@ inline constexpr char kReplicaRequestIdMark = '\x1e';
 inline bool IsReplicaRequestId(std::string_view request_id) {
   return !request_id.empty() && request_id.front() == kReplicaRequestIdMark;
 }
+// A replica id is not empty and has no byte 0x1F (which ends it inside booking names).
+// InvalidArgument otherwise.
+absl::Status ValidateReplicaId(std::string_view replica_id);
 
 // Every router-wide setting of §4 the core implements. Validated by Router::Create.
 struct RouterOptions {
@@ -305,8 +308,17 @@ class Router {
   // must be quick and must not call the router. `replica_id` names this router to its
   // replicas: ApplyReplicaChange ignores changes from that origin (its own, echoed back). An
   // empty observer stops publishing. Once this returns, the previous observer is not running
-  // and will not run again.
-  void SetSequenceObserver(std::string replica_id, SequenceObserver observer);
+  // and will not run again. A new observer first receives a Reset, an Added for every booking
+  // this router holds, and a SyncRequest: peers replace whatever they held from this replica
+  // id (a restart's stale bookings) and announce theirs, so a joining replica converges at
+  // once instead of after the request expiry.
+  // Returns a token naming this observer for ClearSequenceObserver. Clearing (an empty
+  // observer) keeps the replica id, so this router's own changes echoed back later are still
+  // recognised.
+  uint64_t SetSequenceObserver(std::string replica_id, SequenceObserver observer);
+  // Stops the observer `token` names if it is still the current one (a later
+  // SetSequenceObserver may have replaced it: then nothing changes). Returns whether it did.
+  bool ClearSequenceObserver(uint64_t token);
   // Applies a change published by the replica `origin`: its bookings count as load here, under
   // names of their own (local request ids cannot collide with them; see IsReplicaRequestId).
   // kAdded: InvalidArgument (empty origin or request id), NotFound (a rank this router does
@@ -371,6 +383,8 @@ class Router {
   bool MarkPrefillCompletedLocked(std::string_view request_id);
   bool FreeBookingLocked(std::string_view request_id);
   void NotifyLocked(const SequenceChange& change);
+  // Reset, then an Added for every local booking (the observer's full picture of this router).
+  void AnnounceBookingsLocked();
 
   // Shared by the blocking and the non-blocking form: decides at once or enqueues.
   // Returns the ticket of the queued request (0 if `done` already ran or will run inline).
@@ -410,6 +424,7 @@ class Router {
   absl::flat_hash_map<std::string, BoundSession> sessions_;
   std::string replica_id_;
   SequenceObserver observer_;
+  uint64_t observer_token_ = 0;  // of the current observer; 0 = none
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
 };

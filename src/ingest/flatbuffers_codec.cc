@@ -350,6 +350,10 @@ static_assert(static_cast<int>(wire::SequenceChangeKind::PrefillCompleted) ==
               static_cast<int>(SequenceChange::Kind::kPrefillCompleted));
 static_assert(static_cast<int>(wire::SequenceChangeKind::Freed) ==
               static_cast<int>(SequenceChange::Kind::kFreed));
+static_assert(static_cast<int>(wire::SequenceChangeKind::Reset) ==
+              static_cast<int>(SequenceChange::Kind::kReset));
+static_assert(static_cast<int>(wire::SequenceChangeKind::SyncRequest) ==
+              static_cast<int>(SequenceChange::Kind::kSyncRequest));
 
 SequenceChange ReplicaChange::View() const {
   return {.kind = kind,
@@ -385,13 +389,15 @@ absl::StatusOr<ReplicaChange> DecodeReplicaChange(std::span<const uint8_t> bytes
     return absl::InvalidArgumentError(
         absl::StrFormat("replica change of unknown kind %d", static_cast<int>(in.kind())));
   }
-  if (in.origin() == nullptr || in.origin()->size() == 0 || in.request_id() == nullptr ||
-      in.request_id()->size() == 0) {
+  const bool names_a_request = in.kind() != wire::SequenceChangeKind::Reset &&
+                               in.kind() != wire::SequenceChangeKind::SyncRequest;
+  if (in.origin() == nullptr || in.origin()->size() == 0 ||
+      (names_a_request && (in.request_id() == nullptr || in.request_id()->size() == 0))) {
     return absl::InvalidArgumentError("replica change without its origin or request id");
   }
   ReplicaChange out{.origin = in.origin()->str(),
                     .kind = static_cast<SequenceChange::Kind>(in.kind()),
-                    .request_id = in.request_id()->str(),
+                    .request_id = in.request_id() != nullptr ? in.request_id()->str() : "",
                     .worker = {in.worker_id(), in.dp_rank()},
                     .block_ids = {},
                     .prefill_tokens = in.prefill_tokens(),

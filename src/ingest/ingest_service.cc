@@ -122,7 +122,22 @@ absl::StatusOr<ParsedEndpoint> ParseListenEndpoint(const std::string& endpoint) 
     return absl::InvalidArgumentError(absl::StrCat("endpoint '", endpoint, "' has no valid port"));
   }
   out.host_or_path = rest.substr(0, colon);
+  // tcp://[::1]:PORT: the brackets only delimit an IPv6 address.
+  if (out.host_or_path.size() >= 2 && out.host_or_path.front() == '[' &&
+      out.host_or_path.back() == ']') {
+    out.host_or_path = out.host_or_path.substr(1, out.host_or_path.size() - 2);
+  }
   return out;
+}
+
+// `url` without the user:password@ part, for reporting where a source is.
+std::string WithoutUserInfo(const std::string& url) {
+  const size_t scheme_end = url.find("://");
+  if (scheme_end == std::string::npos) return url;
+  const size_t host_start = scheme_end + 3;
+  const size_t at = url.find('@', host_start);
+  if (at == std::string::npos || at > url.find('/', host_start)) return url;
+  return url.substr(0, host_start) + url.substr(at + 1);
 }
 
 // The endpoint of rank `offset` of a worker: vLLM binds rank r on port + r (tcp) and appends
@@ -187,7 +202,12 @@ struct IngestService::Impl {
   absl::Status Run(std::function<absl::Status()> command) {
     std::unique_lock lock(command_mutex);
     if (stopped) return absl::FailedPreconditionError("the ingest service is stopped");
-    if (!running) return command();
+    // Before Start, or already on the loop thread (a router callback run by an event this loop
+    // applied, e.g. a request admitted by a replica's free): waiting for the loop would hang.
+    if (!running || std::this_thread::get_id() == thread.get_id()) {
+      lock.unlock();
+      return command();
+    }
     auto done = std::make_shared<std::promise<absl::Status>>();
     auto result = done->get_future();
     commands.push_back([command = std::move(command), done] { done->set_value(command()); });
@@ -287,7 +307,8 @@ struct IngestService::Impl {
       uv_tcp_getsockname(&listener->tcp, reinterpret_cast<sockaddr*>(&name), &len);
       char host[64] = {};
       int port = 0;
-      if (name.ss_family == AF_INET6) {
+      bool ipv6 = name.ss_family == AF_INET6;
+      if (ipv6) {
         auto* a6 = reinterpret_cast<sockaddr_in6*>(&name);
         uv_ip6_name(a6, host, sizeof(host));
         port = ntohs(a6->sin6_port);
@@ -296,7 +317,9 @@ struct IngestService::Impl {
         uv_ip4_name(a4, host, sizeof(host));
         port = ntohs(a4->sin_port);
       }
-      *bound = absl::StrCat("tcp://", host, ":", port);
+      // An IPv6 address is bracketed, so that its colons are not taken for the port's.
+      *bound = ipv6 ? absl::StrCat("tcp://[", host, "]:", port)
+                    : absl::StrCat("tcp://", host, ":", port);
     }
     listener->counters = NewSource(id, *bound);
     listener->source_id = id;
@@ -721,7 +744,9 @@ struct IngestService::Impl {
     std::shared_ptr<SourceCounters> counters;
     natsConnection* connection = nullptr;
     natsSubscription* subscription = nullptr;
-    bool replica_sync = false;  // messages are replica changes, not event batches
+    bool replica_sync = false;    // messages are replica changes, not event batches
+    uint64_t observer_token = 0;  // replica sync: the router observer it installed
+    uint64_t source_id = 0;
     // Set by libnats once the message handler can no longer run (after unsubscribing).
     std::mutex done_mutex;
     std::condition_variable done_cv;
@@ -816,8 +841,9 @@ struct IngestService::Impl {
       return absl::InvalidArgumentError(why);
     }
     Bump(source->counters->connections);
-    NewSource(id, url, source->counters);
+    NewSource(id, WithoutUserInfo(url), source->counters);
     *connection = source->connection;
+    source->source_id = id;
     if (source->replica_sync) PublishBookings(*source, subject, replica_id);
     nats_sources.push_back(source.release());
     return absl::OkStatus();
@@ -828,20 +854,33 @@ struct IngestService::Impl {
   void PublishBookings(NatsSource& source, const std::string& subject,
                        const std::string& replica_id) {
     replica_sync_active = true;
-    router->SetSequenceObserver(replica_id, [connection = source.connection, subject, replica_id,
-                                             counters = source.counters](const SequenceChange& c) {
-      const std::vector<uint8_t> bytes = EncodeReplicaChange(replica_id, c);
-      const natsStatus s = natsConnection_Publish(connection, subject.c_str(), bytes.data(),
-                                                  static_cast<int>(bytes.size()));
-      Bump(s == NATS_OK ? counters->published : counters->publish_failures);
-    });
+    source.observer_token = router->SetSequenceObserver(
+        replica_id, [connection = source.connection, subject, replica_id,
+                     counters = source.counters](const SequenceChange& c) {
+          const std::vector<uint8_t> bytes = EncodeReplicaChange(replica_id, c);
+          const natsStatus s = natsConnection_Publish(connection, subject.c_str(), bytes.data(),
+                                                      static_cast<int>(bytes.size()));
+          Bump(s == NATS_OK ? counters->published : counters->publish_failures);
+        });
+  }
+
+  absl::Status RemoveNatsSourceOnLoop(uint64_t source_id) {
+    for (auto it = nats_sources.begin(); it != nats_sources.end(); ++it) {
+      if ((*it)->source_id != source_id) continue;
+      if ((*it)->replica_sync) replica_sync_active = false;
+      CloseNats(*it);
+      nats_sources.erase(it);
+      return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat("no NATS source ", source_id));
   }
 
   // Unsubscribes, waits (bounded) until the handler can no longer run, closes the connection.
   static void CloseNats(NatsSource* source) {
     // The router's threads publish on the connection: stop them first (once this returns, the
     // observer is not running and will not run again).
-    if (source->replica_sync) source->impl->router->SetSequenceObserver("", nullptr);
+    // (Only its own observer: a later kvr_router_set_replica_publisher may have replaced it.)
+    if (source->replica_sync) source->impl->router->ClearSequenceObserver(source->observer_token);
     if (source->subscription != nullptr) {
       if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
         std::unique_lock lock(source->done_mutex);
@@ -970,7 +1009,7 @@ absl::StatusOr<uint64_t> IngestService::SubscribeNats(const std::string& url,
 absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string& url,
                                                      const std::string& subject,
                                                      const std::string& replica_id) {
-  if (replica_id.empty()) return absl::InvalidArgumentError("the replica id is empty");
+  if (absl::Status valid = ValidateReplicaId(replica_id); !valid.ok()) return valid;
   return SubscribeNatsSource(url, subject, replica_id);
 }
 
@@ -993,6 +1032,8 @@ absl::StatusOr<uint64_t> IngestService::SubscribeNatsSource(const std::string& u
   // is not to be called concurrently with this.)
   if (running) {
     if (natsStatus s = natsConnection_FlushTimeout(connection, 5000); s != NATS_OK) {
+      // Not half there: the caller gets no source id, so the source must not outlive this.
+      (void)impl_->Run([&] { return impl_->RemoveNatsSourceOnLoop(id); });
       return absl::UnavailableError(
           absl::StrCat("NATS subscription to '", subject,
                        "' not confirmed by the server: ", natsStatus_GetText(s)));

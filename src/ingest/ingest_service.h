@@ -126,10 +126,12 @@ class IngestService {
   // change to the router's own bookings on `subject` as `replica_id`, and applies the changes
   // other replicas publish there, so that each replica's load view includes the others'
   // requests. The KV index needs no sync: every replica ingests the workers' events itself.
-  // `replica_id` must be unique among the replicas and should be fresh for every process
-  // start (a restarted router's old bookings expire at its peers; a reused id could collide
-  // with them). One sync per router: FailedPrecondition for a second. Connection behaviour
-  // as SubscribeNats. Returns the source id (its counters: changes received and applied,
+  // `replica_id` must be unique among the live replicas (ValidateReplicaId); joining, the
+  // router announces itself (Router::SetSequenceObserver). One sync per ingest object:
+  // FailedPrecondition for a second; another publisher installed later on the router replaces
+  // it, and stopping this ingest then leaves that one alone. Connection behaviour as
+  // SubscribeNats; Unavailable, with nothing left behind, if the server does not confirm the
+  // subscription. Returns the source id (its counters: changes received and applied,
   // rejected, published).
   absl::StatusOr<uint64_t> SyncReplicas(const std::string& url, const std::string& subject,
                                         const std::string& replica_id);

@@ -124,6 +124,11 @@ TEST_F(ActiveSequencesTest, OutputTokensAddUnsharedBlocksUntilFreed) {
   EXPECT_TRUE(active_.SetOutputTokens("r1", 7, kBlockSize));
   EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 4u);
   EXPECT_FALSE(active_.SetOutputTokens("unknown", 100, kBlockSize));
+  // "Unknown" passed as UINT64_MAX must not wrap: a huge but finite count.
+  EXPECT_TRUE(active_.SetOutputTokens("r1", UINT64_MAX, kBlockSize));
+  EXPECT_GT(active_.Load(kWorkerA).active_blocks, 1'000'000'000u);
+  EXPECT_TRUE(active_.SetOutputTokens("r1", 7, kBlockSize));
+  EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 4u);
   const uint64_t digest = active_.StateDigest();
   EXPECT_TRUE(active_.Free("r1"));  // its output blocks go with it; the shared prefix stays
   EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 2u);

@@ -62,6 +62,9 @@ class RouterReplicaTest : public ::testing::Test {
       ASSERT_TRUE(b_->AddWorker(Worker(w, max_batched)).ok());
     }
     a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+    // A new observer first announces: Reset, a's bookings (none yet), SyncRequest.
+    EXPECT_EQ(from_a_.size(), 2u);
+    Deliver();
   }
 
   void Record(const SequenceChange& c) {
@@ -172,7 +175,11 @@ TEST_F(RouterReplicaTest, LocalIdsCannotReachReplicaBookings) {
 
 TEST_F(RouterReplicaTest, ReplicaChangesAreNeverPublishedAgain) {
   std::vector<std::string> from_b;
-  b_->SetSequenceObserver("b", [&](const SequenceChange& c) { from_b.emplace_back(c.request_id); });
+  b_->SetSequenceObserver("b", [&](const SequenceChange& c) {
+    if (c.kind == SequenceChange::Kind::kAdded || c.kind == SequenceChange::Kind::kFreed) {
+      from_b.emplace_back(c.request_id);
+    }
+  });
   ASSERT_TRUE(a_->AddRequest("r1", Tokens(2, 0), {1, 0}, {}).ok());
   Deliver();
   ASSERT_TRUE(b_->AddRequest("own", Tokens(2, 9), {1, 0}, {}).ok());
@@ -187,6 +194,71 @@ TEST_F(RouterReplicaTest, ReplicaChangesAreNeverPublishedAgain) {
   EXPECT_EQ(from_b.size(), 1u);
 }
 
+// A replica that joins late announces nothing but asks: every peer answers with a Reset and
+// its bookings, so the newcomer sees the fleet's load at once.
+TEST_F(RouterReplicaTest, AJoiningReplicaLearnsTheOthersBookings) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a_->AddRequest("r2", Tokens(2, 100), {2, 0}).ok());
+  from_a_.clear();  // b missed them (it was not there yet)
+  std::deque<Published> from_b;
+  b_->SetSequenceObserver("b", [&](const SequenceChange& c) {
+    from_b.push_back({c.kind, std::string(c.request_id), c.worker, {}, 0, 0});
+  });
+  ASSERT_EQ(from_b.size(), 2u);
+  EXPECT_EQ(from_b[0].kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_b[1].kind, SequenceChange::Kind::kSyncRequest);
+  EXPECT_FALSE(*a_->ApplyReplicaChange("b", from_b[1].View()));  // a answers through its observer
+  ASSERT_EQ(from_a_.size(), 3u);                                 // Reset, Added r1, Added r2
+  EXPECT_EQ(from_a_[0].kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(Deliver(), 2);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_blocks, 3u);
+  EXPECT_EQ(LoadOf(*b_, 2).active_requests, 1u);
+}
+
+// A replica restarted under the same id (its old bookings still held by its peers, their frees
+// lost) replaces them all as it starts publishing.
+TEST_F(RouterReplicaTest, ARestartedReplicaReplacesItsStaleBookings) {
+  ASSERT_TRUE(a_->AddRequest("old-1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a_->AddRequest("old-2", Tokens(3, 50), {2, 0}).ok());
+  Deliver();
+  EXPECT_EQ(b_->active_requests(), 2u);
+  // The process restarts: a new router under the same replica id, with one new booking.
+  RouterOptions options;
+  options.block_size = kBlockSize;
+  options.clock = &clock_;
+  a_ = *Router::Create(options);
+  for (uint64_t w : {1, 2}) ASSERT_TRUE(a_->AddWorker(Worker(w)).ok());
+  ASSERT_TRUE(a_->AddRequest("new", Tokens(1, 900), {2, 0}).ok());
+  a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+  Deliver();
+  EXPECT_EQ(b_->active_requests(), 1u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+  EXPECT_EQ(LoadOf(*b_, 2).active_blocks, 1u);
+}
+
+// Whoever installed an observer can only take down its own: a publisher installed later (by
+// the application, or another ingest object) survives the first one's shutdown.
+TEST_F(RouterReplicaTest, ClearingAReplacedObserverLeavesTheNewOneAlone) {
+  int first = 0, second = 0;
+  const uint64_t first_token =
+      b_->SetSequenceObserver("b", [&](const SequenceChange&) { ++first; });
+  const uint64_t second_token =
+      b_->SetSequenceObserver("b", [&](const SequenceChange&) { ++second; });
+  EXPECT_NE(first_token, second_token);
+  EXPECT_FALSE(b_->ClearSequenceObserver(first_token));
+  const int announced = second;
+  ASSERT_TRUE(b_->AddRequest("r", Tokens(1, 0), {1, 0}).ok());
+  EXPECT_EQ(second, announced + 1);
+  EXPECT_TRUE(b_->ClearSequenceObserver(second_token));
+  ASSERT_TRUE(b_->Free("r"));
+  EXPECT_EQ(second, announced + 1);
+  // Cleared, b still knows its id: its own changes echoed back are not taken for a peer's.
+  EXPECT_FALSE(*b_->ApplyReplicaChange(
+      "b", {.kind = SequenceChange::Kind::kAdded, .request_id = "r", .worker = {1, 0}}));
+  EXPECT_EQ(b_->active_requests(), 0u);
+}
+
 TEST_F(RouterReplicaTest, BadChangesAreRefusedAndChangeNothing) {
   const uint64_t digest = b_->StateDigest();
   const std::vector<uint64_t> ids = {1, 2};
@@ -197,6 +269,13 @@ TEST_F(RouterReplicaTest, BadChangesAreRefusedAndChangeNothing) {
   EXPECT_EQ(b_->ApplyReplicaChange("", {.request_id = "x"}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b_->ApplyReplicaChange("a", {.request_id = ""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // An origin with 0x1F could pass for another origin's prefix.
+  EXPECT_EQ(b_->ApplyReplicaChange("a\x1f"
+                                   "x",
+                                   {.request_id = "y"})
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b_->StateDigest(), digest);
   const SequenceChange added{

@@ -87,6 +87,15 @@ class NatsIngestTest : public ::testing::Test {
   natsConnection* publisher_ = nullptr;
 };
 
+// Where a NATS source is, as reported: its url without the credentials.
+TEST_F(NatsIngestTest, SourceEndpointHidesCredentials) {
+  const std::string url = server_->url();  // nats://127.0.0.1:PORT
+  const std::string with_credentials = "nats://user:secret@" + url.substr(7);
+  auto source = ingest_->SubscribeNats(with_credentials, "kv.events");
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ(*ingest_->Endpoint(*source), url);
+}
+
 TEST_F(NatsIngestTest, BatchesReachTheIndexAndAreCounted) {
   auto source = ingest_->SubscribeNats(server_->url(), "kv.events");
   ASSERT_TRUE(source.ok()) << source.status();

@@ -85,18 +85,22 @@ class ReplicaBus {
   }
 
   // Applies every pending change to every gateway but its sender (as a NATS subject with
-  // no echo does).
+  // no echo does), until none is left: applying one can publish more (a SyncRequest is
+  // answered with a Reset and the answering gateway's bookings).
   void Deliver() {
-    for (const Message& message : pending_) {
-      for (uint32_t g = 0; g < routers_.size(); ++g) {
-        if (g == message.from) continue;
-        CheckAbi("kvr_router_apply_replica_event", [&](kvr_error** e) {
-          return kvr_router_apply_replica_event(routers_[g], message.bytes.data(),
-                                                message.bytes.size(), e);
-        });
+    while (!pending_.empty()) {
+      std::vector<Message> batch;
+      batch.swap(pending_);
+      for (const Message& message : batch) {
+        for (uint32_t g = 0; g < routers_.size(); ++g) {
+          if (g == message.from) continue;
+          CheckAbi("kvr_router_apply_replica_event", [&](kvr_error** e) {
+            return kvr_router_apply_replica_event(routers_[g], message.bytes.data(),
+                                                  message.bytes.size(), e);
+          });
+        }
       }
     }
-    pending_.clear();
   }
 
  private:
