@@ -36,12 +36,14 @@ var replicaPublishers sync.Map // *Router -> cgo.Handle
 // SetReplicaPublisher makes the router hand every change to its own bookings (booked, prefill
 // completed, freed) to publish, encoded, for the other router replicas, which apply them with
 // ApplyReplicaEvent: a request booked at one replica is then load at all of them (see
-// docs/replicas.md). replicaID names this replica and must be unique among them, fresh for
-// every process start. publish runs synchronously on the goroutine that made the change, under
-// the router's lock, in order: it must be quick (send to a channel or an asynchronous client),
-// must not call the router, and must copy data to keep it. nil stops publishing; once this
-// returns, the previous callback is not running and will not run again. Ingest.SyncReplicas
-// does all of this over NATS.
+// docs/replicas.md). replicaID names this replica: unique among the live replicas, without
+// byte 0x1F. publish first receives a Reset, the router's current bookings and a SyncRequest,
+// so peers drop what they held from this id and answer with their own bookings. publish runs
+// synchronously on the goroutine (or library thread) that made the change, under the router's
+// lock, in order: it must be quick (send to a channel or an asynchronous client), must not
+// call any router, and must copy data to keep it. nil stops publishing; once this returns, the
+// previous callback is not running and will not run again. Ingest.SyncReplicas does all of
+// this over NATS.
 func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)) error {
 	h := r.handle()
 	if h == nil {

@@ -27,6 +27,11 @@ func TestReplicaPublisherCarriesBookings(t *testing.T) {
 		}
 		bus = nil
 	}
+	// Joining, a announces itself: a Reset and a SyncRequest (it books nothing yet).
+	if len(bus) != 2 {
+		t.Fatalf("published %d changes on joining, want 2", len(bus))
+	}
+	deliver()
 	must(t, a.AddRequest(prompt(64, 0), 1, 0, &RequestOptions{RequestID: "r1"}))
 	if len(bus) != 1 {
 		t.Fatalf("published %d changes, want 1", len(bus))
@@ -35,7 +40,7 @@ func TestReplicaPublisherCarriesBookings(t *testing.T) {
 	deliver()
 	m, err := b.Metrics()
 	must(t, err)
-	if m.ReplicaRequestsActive != 1 || m.RequestsActive != 1 || m.ReplicaChangesApplied != 1 {
+	if m.ReplicaRequestsActive != 1 || m.RequestsActive != 1 || m.ReplicaChangesApplied != 3 {
 		t.Errorf("after a's booking, b's metrics %+v", m)
 	}
 	// The same booking twice, garbage, and a's own change echoed back.
@@ -124,10 +129,36 @@ func TestSyncReplicasOverNATS(t *testing.T) {
 	must(t, err)
 	bs, err := bin.Stats(bsrc)
 	must(t, err)
-	if as.Published != 2 || bs.Published != 1 || as.PublishFailures+bs.PublishFailures != 0 {
+	// Besides the bookings: each published a Reset and a SyncRequest on joining, and a answered
+	// b's SyncRequest (a Reset, plus Added r1 if it was booked by then: a race).
+	if as.Published < 5 || as.Published > 6 || bs.Published != 3 ||
+		as.PublishFailures+bs.PublishFailures != 0 {
 		t.Errorf("published: a %+v, b %+v", as, bs)
 	}
-	if bs.EventsApplied != 2 || as.EventsApplied != 1 {
+	if bs.EventsApplied != as.Published-2 || as.EventsApplied != bs.Published {
 		t.Errorf("applied: a %d, b %d", as.EventsApplied, bs.EventsApplied)
 	}
+}
+
+// A router that already holds bookings announces them when it starts publishing, so a peer
+// learns them at once; a replica id with byte 0x1F is refused.
+func TestReplicaPublisherAnnouncesExistingBookings(t *testing.T) {
+	a := newTestRouter(t, 2)
+	b := newTestRouter(t, 2)
+	must(t, a.AddRequest(prompt(64, 0), 1, 0, &RequestOptions{RequestID: "early-1"}))
+	must(t, a.AddRequest(prompt(32, 900), 2, 0, &RequestOptions{RequestID: "early-2"}))
+	var bus [][]byte
+	must(t, a.SetReplicaPublisher("gateway-a", func(data []byte) {
+		bus = append(bus, append([]byte(nil), data...))
+	}))
+	if len(bus) != 4 { // Reset, Added ×2, SyncRequest
+		t.Fatalf("published %d changes on joining, want 4", len(bus))
+	}
+	for _, m := range bus {
+		must(t, b.ApplyReplicaEvent(m))
+	}
+	if m, _ := b.Metrics(); m.ReplicaRequestsActive != 2 {
+		t.Errorf("b learned %d of a's bookings, want 2", m.ReplicaRequestsActive)
+	}
+	wantCode(t, a.SetReplicaPublisher("bad\x1fid", func([]byte) {}), ErrInvalidArgument)
 }

@@ -153,12 +153,19 @@ public final class Ingest extends NativeObject {
 
   /**
    * Router replica sync over NATS: publishes this ingest's router's booking changes on {@code
-   * subject} as {@code replicaId} (unique among the replicas, fresh for every process start) and
-   * applies the changes the other replicas publish there, so their requests count as load here. One
-   * per ingest object and router; replaces any {@link Router#setReplicaPublisher}; ends when the
-   * ingest stops. Returns the source id (its stats count {@link IngestStats#published()} changes).
+   * subject} as {@code replicaId} (unique among the live replicas, without U+001F) and applies the
+   * changes the other replicas publish there, so their requests count as load here. As with
+   * {@link Router#setReplicaPublisher}, it first publishes a Reset, an Added change for every
+   * booking the router holds and a SyncRequest, and it answers the SyncRequest of a replica that
+   * joins later with a Reset and its bookings: {@link IngestStats#published()} counts those
+   * messages too. One per ingest object. It replaces the router's publisher (a {@link
+   * Router#setReplicaPublisher} callback, or another ingest object's sync), and a later one
+   * replaces it in turn; when this ingest stops, its sync stops publishing unless it was
+   * replaced. Returns the source id.
    *
-   * @throws KvRouterException {@link Status#UNAVAILABLE} if the first connection fails, {@link
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for an empty id or one containing
+   *     U+001F, {@link Status#UNAVAILABLE} if the first connection fails or the server does not
+   *     confirm the subscription (nothing is left behind then), {@link
    *     Status#FAILED_PRECONDITION} for a second sync
    */
   public long syncReplicas(String url, String subject, String replicaId) {

@@ -84,7 +84,11 @@ public final class IngestStats {
     return a[11 + REASONS];
   }
 
-  /** Replica sync ({@link Ingest#syncReplicas}): booking changes published. */
+  /**
+   * Replica sync ({@link Ingest#syncReplicas}): changes published, including the Reset, Added
+   * and SyncRequest messages that announce the router when the sync starts and those answering
+   * other replicas' SyncRequests.
+   */
   public long published() {
     return a[12 + REASONS];
   }

@@ -7,7 +7,11 @@ package io.kvrouter;
  *
  * <p>Called on the thread that made the change, under the router's internal lock, in the order of
  * the changes: it must be quick (queue the bytes or hand them to an asynchronous client) and must
- * not call into the router (that would deadlock). The array is the receiver's to keep. A {@link
+ * not call into any router (this one would deadlock; a bus delivering synchronously to another
+ * router could deadlock when that router's own changes come back). Its first calls, on the
+ * thread installing it and before {@link Router#setReplicaPublisher} returns, announce the router
+ * (Reset, an Added change per booking, SyncRequest); a SyncRequest another replica sent makes the
+ * thread applying it call it (Reset and the bookings). The array is the receiver's to keep. A {@link
  * RuntimeException} or {@link Error} it throws goes to the thread's uncaught-exception handler; the
  * routing call that made the change is not affected.
  */

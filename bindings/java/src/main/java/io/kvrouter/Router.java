@@ -202,13 +202,21 @@ public final class Router extends NativeObject {
    * Publishes this router's booking changes (booked, prefill completed, freed) through {@code
    * publisher} under the name {@code replicaId}, for the other replicas' {@link
    * #applyReplicaEvent(byte[])}: each replica then counts the others' requests as load. The id must
-   * be unique among the replicas and fresh for every process start. {@code publisher} null stops
+   * be unique among the live replicas and must not contain U+001F. {@code publisher} null stops
    * publishing; once this returns, the previous publisher is not called again.
+   *
+   * <p>Before this returns, on the calling thread, the new publisher receives first a Reset, then
+   * an Added change for every booking this router holds (its own, not the other replicas'), then
+   * a SyncRequest (both with an empty request id): the peers drop whatever they held from this
+   * replica id (a restarted replica's stale bookings) and answer through their own publishers
+   * with a Reset and their bookings, so a joining replica converges at once. Expiry and worker
+   * removal are not published, as every replica does those itself.
    *
    * <p>The publisher is held until replaced, cleared or the router closed (so one that refers to
    * this router keeps it reachable: close it).
    *
-   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for a null or empty id
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for a null or empty id, or one
+   *     containing U+001F (the publisher in place then stays, and nothing is published)
    */
   public void setReplicaPublisher(String replicaId, ReplicaPublisher publisher) {
     ReplicaSink sink = publisher == null ? null : new ReplicaSink(publisher);
@@ -227,12 +235,16 @@ public final class Router extends NativeObject {
 
   /**
    * Applies a booking change another replica published: its bookings count as load here, and its
-   * frees and prefill completions may admit requests waiting here. Changes with this router's own
-   * replica id are ignored.
+   * frees and prefill completions may admit requests waiting here. A Reset drops every booking
+   * held here from its replica id; a SyncRequest makes this router answer, on the calling thread
+   * and through its own {@link #setReplicaPublisher publisher} if it has one, with a Reset and an
+   * Added change for every booking of its own. Changes with this router's own replica id are
+   * ignored.
    *
-   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for bytes that are not a change,
-   *     {@link Status#NOT_FOUND} for a worker rank this router does not know, {@link
-   *     Status#ALREADY_EXISTS} for a booking applied twice (nothing changes then)
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for bytes that are not a change (or
+   *     whose origin is empty or contains U+001F), {@link Status#NOT_FOUND} for a worker rank this
+   *     router does not know, {@link Status#ALREADY_EXISTS} for a booking applied twice (nothing
+   *     changes then)
    */
   public void applyReplicaEvent(byte[] change) {
     applyReplicaEvent(change, 0, change.length);
