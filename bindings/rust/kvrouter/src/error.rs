@@ -2,6 +2,7 @@
 //! [`Code`] and the library's message. The C `kvr_error` is read and freed at once, so an
 //! `Error` is plain owned data (`Send + Sync + Clone`).
 
+use std::any::Any;
 use std::ffi::CStr;
 use std::fmt;
 use std::ptr;
@@ -147,14 +148,26 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Runs one fallible C call, passing it the address of a NULL `kvr_error *`, and turns its
 /// status (and error object, which it frees) into a `Result`.
 pub(crate) fn call(f: impl FnOnce(*mut *mut sys::kvr_error) -> sys::kvr_status) -> Result<()> {
-    let mut err: *mut sys::kvr_error = ptr::null_mut();
-    let status = f(&mut err);
-    if let Some(payload) = crate::replica::take_panic() {
-        // A replica publisher closure panicked inside this call: free the error, re-raise.
-        // SAFETY: NULL or a caller-owned error, freed once.
-        unsafe { sys::kvr_error_free(err) };
+    let (result, panicked) = call_keeping_panic(f);
+    if let Some(payload) = panicked {
+        // A replica publisher closure panicked inside this call: re-raise it.
         std::panic::resume_unwind(payload);
     }
+    result
+}
+
+/// As [`call`], but a replica publisher closure's panic caught during the call is handed back
+/// instead of resumed, for a caller with something to settle before it unwinds.
+pub(crate) fn call_keeping_panic(
+    f: impl FnOnce(*mut *mut sys::kvr_error) -> sys::kvr_status,
+) -> (Result<()>, Option<Box<dyn Any + Send>>) {
+    let mut err: *mut sys::kvr_error = ptr::null_mut();
+    let status = f(&mut err);
+    (status_result(status, err), crate::replica::take_panic())
+}
+
+/// A C call's status and error object (freed here) as a `Result`.
+fn status_result(status: sys::kvr_status, err: *mut sys::kvr_error) -> Result<()> {
     if status == sys::KVR_OK {
         if !err.is_null() {
             // SAFETY: a caller-owned error object, freed once.

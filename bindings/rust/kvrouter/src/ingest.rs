@@ -367,8 +367,20 @@ impl<'r> Ingest<'r> {
     /// Router replica sync over NATS: publishes the router's booking changes on `subject` as
     /// `replica_id` (see [`RouterRef::set_replica_publisher`] for the id's rules) and applies
     /// the other replicas' changes published there; returns the source id, whose counters
-    /// include `published` and `publish_failures`. One per ingest object and per router
-    /// (`FailedPrecondition` for a second); it replaces any replica publisher of the router.
+    /// include `published` and `publish_failures`.
+    ///
+    /// As with [`RouterRef::set_replica_publisher`], the router first publishes a `Reset`, an
+    /// `Added` change for every booking it holds, and a `SyncRequest`, which every replica on
+    /// the subject answers with its own Reset and bookings: `published` counts those
+    /// messages (and the answers to later replicas' SyncRequests), and `messages` /
+    /// `events_applied` count the Resets and SyncRequests received.
+    ///
+    /// One per ingest object (`FailedPrecondition` for a second). It replaces the router's
+    /// publisher (a [`RouterRef::set_replica_publisher`] closure, or another ingest object's
+    /// sync); a later one replaces it in turn. When the ingest stops, its sync stops
+    /// publishing unless it was replaced. `InvalidArgument` for a bad replica id (before any
+    /// connection); `Unavailable`, with nothing left behind, if the server does not confirm
+    /// the subscription.
     pub fn sync_replicas(&self, url: &str, subject: &str, replica_id: &str) -> Result<u64> {
         let url = cstring("url", url)?;
         let subject = cstring("subject", subject)?;

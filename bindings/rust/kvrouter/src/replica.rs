@@ -4,7 +4,9 @@
 //! A `RouterRef` has no room for state, so the closures live in a process-wide table keyed by
 //! router address. A closure is freed only once C has stopped calling it: when it is replaced
 //! or cleared (the C call returns only after the previous callback has finished and will not
-//! run again) or when its router is freed.
+//! run again) or when its router is freed. A new closure runs before the installing call
+//! returns (the router announces itself: Reset, its bookings, SyncRequest), so it is
+//! registered even when it panicked there.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -15,7 +17,7 @@ use std::sync::Mutex;
 
 use kvrouter_sys as sys;
 
-use crate::error::{call, Result};
+use crate::error::{call_keeping_panic, Result};
 use crate::util::{opt_cstring, opt_ptr};
 
 pub(crate) type Callback = Box<dyn Fn(&[u8]) + Send + Sync + 'static>;
@@ -68,20 +70,33 @@ pub(crate) fn set(
     let mut table = CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: a live router; id and the closure outlive the call, and the closure stays
     // registered below for as long as C may call it.
-    call(|err| unsafe {
+    //
+    // Installing a publisher runs it at once (Reset, the router's bookings, SyncRequest), so
+    // the new closure may panic inside this call. The panic is resumed only once the table
+    // holds the closure: C keeps calling it, so it must not be dropped by the unwinding.
+    let (result, panicked) = call_keeping_panic(|err| unsafe {
         sys::kvr_router_set_replica_publisher(router, opt_ptr(&id), publish, user_data, err)
-    })?;
-    let key = router as usize;
-    let old = table
-        .iter()
-        .position(|(k, _)| *k == key)
-        .map(|i| table.swap_remove(i));
-    if let Some(b) = boxed {
-        table.push((key, b));
-    }
+    });
+    // A closure runs only once installed: a panic means C holds it, whatever the status says.
+    let old = if result.is_ok() || panicked.is_some() {
+        let key = router as usize;
+        let old = table
+            .iter()
+            .position(|(k, _)| *k == key)
+            .map(|i| table.swap_remove(i));
+        if let Some(b) = boxed {
+            table.push((key, b));
+        }
+        old
+    } else {
+        None // refused: C kept the previous closure and never saw this one (dropped below)
+    };
     drop(table);
     drop(old); // C no longer calls it
-    Ok(())
+    if let Some(payload) = panicked {
+        std::panic::resume_unwind(payload);
+    }
+    result
 }
 
 /// Drops the closure of a router that has been freed.

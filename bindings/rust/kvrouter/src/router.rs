@@ -474,11 +474,23 @@ impl RouterRef {
 
     /// Publishes this router's booking changes (booked, prefill completed, freed), each an
     /// encoded `SequenceChange`, through `publish`, under the name `replica_id` (unique among
-    /// the replicas, fresh for every process start). `publish` runs on the thread that made
-    /// the change, under the router's lock, in order: it must be quick (queue the bytes) and
-    /// must not call into this router. A panic in it is caught at the C boundary and resumed
-    /// when the call that made the change returns. Replaces any previous publisher; see
-    /// docs/replicas.md.
+    /// the live replicas; `InvalidArgument` if empty or containing byte 0x1F).
+    ///
+    /// Before this returns, `publish` receives a `Reset`, an `Added` change for every booking
+    /// the router holds (its own, not other replicas'), then a `SyncRequest`: applied at a
+    /// peer, the Reset drops whatever the peer held from `replica_id` (a restarted replica's
+    /// stale bookings), the Added changes replace them, and the SyncRequest makes the peer
+    /// answer through its own publisher with a Reset and its bookings, so a joining replica
+    /// converges at once. A router holding no bookings thus publishes exactly two messages
+    /// here.
+    ///
+    /// `publish` runs on the thread that made the change (for the announcement above, this
+    /// one; for an answer to a peer's SyncRequest, the one applying it), under the router's
+    /// lock, in order: it must be quick (queue the bytes) and must not call into any router.
+    /// A panic in it is caught at the C boundary and resumed when the call that made the
+    /// change returns; one raised during the announcement is resumed from this call, with
+    /// the publisher installed. Replaces any previous publisher (or
+    /// [`Ingest::sync_replicas`](crate::Ingest::sync_replicas)); see docs/replicas.md.
     pub fn set_replica_publisher<F>(&self, replica_id: &str, publish: F) -> Result<()>
     where
         F: Fn(&[u8]) + Send + Sync + 'static,
@@ -492,9 +504,13 @@ impl RouterRef {
         crate::replica::set(self.as_raw(), None, None)
     }
 
-    /// Applies one change another replica published: its bookings count as load here.
-    /// `InvalidArgument` for bytes that are not a change, `NotFound` for a worker rank this
-    /// router does not know, `AlreadyExists` for a booking applied twice.
+    /// Applies one change another replica published: its bookings count as load here. A
+    /// `Reset` drops every booking held from its origin; a `SyncRequest` (a replica joining)
+    /// makes this router answer through its own publisher, on this thread, with a Reset and
+    /// its bookings (nothing without a publisher). Changes from this router's own replica id
+    /// are ignored. `InvalidArgument` for bytes that are not a change (or whose origin is
+    /// empty or contains byte 0x1F), `NotFound` for a worker rank this router does not know,
+    /// `AlreadyExists` for a booking applied twice.
     pub fn apply_replica_event(&self, change: &[u8]) -> Result<()> {
         // SAFETY: a live router (concurrent); the bytes are borrowed for the call.
         call(|err| unsafe {

@@ -1,6 +1,6 @@
 //! Live ingestion: a Unix-socket and a TCP listener fed by the publisher, bad frames counted,
 //! lag measured from the publish time, engine-worker registration rules, the lifecycle, and
-//! NATS when `nats-server` is installed.
+//! NATS (subjects, replica sync and a replica joining late) when `nats-server` is installed.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use common::{prompt, router, wait_for, BS};
@@ -281,7 +281,19 @@ fn a_publisher_to_nowhere_is_unavailable() {
     assert_eq!(e.code(), Code::Unavailable);
 }
 
+/// Held while a probe listener is open (`free_port`) and while a child process is started: a
+/// fork in another test thread would otherwise copy the listener into the child, where it
+/// listens until the child's exec, and a test connecting to the "free" port just then would
+/// find it open (seen as `a_publisher_to_nowhere_is_unavailable` failing now and then).
+static FORK_GUARD: Mutex<()> = Mutex::new(());
+
+fn fork_guard() -> MutexGuard<'static, ()> {
+    FORK_GUARD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A port nothing listens on (at the time): bound, read, and released.
 fn free_port() -> u16 {
+    let _guard = fork_guard();
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -303,14 +315,20 @@ impl NatsServer {
             "/usr/bin/nats-server",
         ]
         .into_iter()
-        .find(|b| Command::new(b).arg("--version").output().is_ok())?;
+        .find(|b| {
+            let _guard = fork_guard();
+            Command::new(b).arg("--version").output().is_ok()
+        })?;
         let port = free_port();
-        let child = Command::new(binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
+        let child = {
+            let _guard = fork_guard();
+            Command::new(binary)
+                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?
+        };
         let server = NatsServer { child, port };
         wait_for("nats-server to accept connections", || {
             TcpStream::connect(("127.0.0.1", port)).ok()
@@ -418,6 +436,8 @@ fn replicas_sync_their_bookings_over_nats() {
     let source_a = ingest_a
         .sync_replicas(&server.url(), "kvrouter.test.replicas", "a")
         .unwrap();
+    // a announced itself (Reset, SyncRequest) to nobody.
+    assert_eq!(ingest_a.stats(source_a).unwrap().published, 2);
     let source_b = ingest_b
         .sync_replicas(&server.url(), "kvrouter.test.replicas", "b")
         .unwrap();
@@ -426,23 +446,117 @@ fn replicas_sync_their_bookings_over_nats() {
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
 
+    // b's Reset and SyncRequest reach a, which answers with its Reset (it books nothing yet);
+    // wait for that exchange so that the counts below are exact.
+    let stats = wait_messages(&ingest_a, source_a, 2);
+    assert_eq!((stats.messages, stats.events_applied), (2, 2));
+    let stats = wait_messages(&ingest_b, source_b, 1);
+    assert_eq!((stats.messages, stats.events_applied), (1, 1));
+    assert_eq!(ingest_a.stats(source_a).unwrap().published, 3);
+    assert_eq!(ingest_b.stats(source_b).unwrap().published, 2);
+
     let tokens = prompt(20, 32);
     let booked = a
         .find_best_match(&tokens, &RequestOptions::admit("shared"))
         .unwrap();
-    wait_for("b to apply a's booking", || {
-        (b.metrics().unwrap().replica_requests_active == 1).then_some(())
-    });
-    assert_eq!(ingest_a.stats(source_a).unwrap().published, 1);
-    assert_eq!(ingest_b.stats(source_b).unwrap().events_applied, 1);
+    // (A message is counted once the router has applied it.)
+    let stats = wait_messages(&ingest_b, source_b, 2);
+    assert_eq!(stats.events_applied, 2);
+    assert_eq!(b.metrics().unwrap().replica_requests_active, 1);
+    assert_eq!(ingest_a.stats(source_a).unwrap().published, 4);
     let r = b
         .find_best_match(&tokens, &RequestOptions::default())
         .unwrap();
     assert_ne!(r.worker_id, booked.worker_id);
 
     a.free_request("shared").unwrap();
-    wait_for("b to apply a's free", || {
-        (b.metrics().unwrap().replica_requests_active == 0).then_some(())
-    });
-    assert_eq!(ingest_a.stats(source_a).unwrap().publish_failures, 0);
+    let stats = wait_messages(&ingest_b, source_b, 3);
+    assert_eq!((stats.messages, stats.events_applied), (3, 3));
+    assert_eq!(b.metrics().unwrap().replica_requests_active, 0);
+    let stats = ingest_a.stats(source_a).unwrap();
+    assert_eq!((stats.published, stats.publish_failures), (5, 0));
+    // a applied b's two announcement messages; nothing of its own came back.
+    assert_eq!(a.metrics().unwrap().replica_changes_applied, 2);
+}
+
+#[test]
+fn a_replica_joining_over_nats_learns_the_bookings_made_before_it() {
+    let Some(server) = NatsServer::start() else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "a_replica_joining_over_nats_learns_the_bookings_made_before_it: skipped, no nats-server"
+        );
+        return;
+    };
+    let subject = "kvrouter.test.join";
+    let (a, b) = (router(2), router(2));
+    // a books two requests, then syncs: it announces them (Reset, two Added, SyncRequest) to
+    // nobody. sync_replicas on a started ingest returns once the server has had those
+    // messages, so none of them can reach b, which subscribes later. (A change published
+    // after that, from a routing call, could still be in the client's buffer then.)
+    let first = a
+        .find_best_match(&prompt(30, 4), &RequestOptions::admit("early"))
+        .unwrap();
+    let second = a
+        .find_best_match(&prompt(31, 2), &RequestOptions::admit("later"))
+        .unwrap();
+    assert_ne!(first.worker_id, second.worker_id);
+    let ingest_a = Ingest::new(&a, &IngestOptions::default()).unwrap();
+    ingest_a.start().unwrap();
+    let source_a = ingest_a.sync_replicas(&server.url(), subject, "a").unwrap();
+    assert_eq!(ingest_a.stats(source_a).unwrap().published, 4);
+
+    // b also holds a booking when it joins: a learns it from b's announcement, and b learns
+    // both of a's from a's answer to its SyncRequest, without a booking anything more.
+    b.find_best_match(&prompt(32, 1), &RequestOptions::admit("b-own"))
+        .unwrap();
+    let ingest_b = Ingest::new(&b, &IngestOptions::default()).unwrap();
+    ingest_b.start().unwrap();
+    let source_b = ingest_b.sync_replicas(&server.url(), subject, "b").unwrap();
+    // b published Reset, Added, SyncRequest; a applied them and answered, while applying the
+    // SyncRequest, with a Reset and its two bookings, which b applied.
+    let stats = wait_messages(&ingest_a, source_a, 3);
+    assert_eq!(
+        (stats.messages, stats.events_applied, stats.published),
+        (3, 3, 7)
+    );
+    let stats = wait_messages(&ingest_b, source_b, 3);
+    assert_eq!(
+        (stats.messages, stats.events_applied, stats.published),
+        (3, 3, 3)
+    );
+    assert_eq!(a.metrics().unwrap().replica_requests_active, 1);
+    assert_eq!(b.metrics().unwrap().replica_requests_active, 2);
+    assert_eq!(a.metrics().unwrap().requests_active, 3);
+    assert_eq!(b.metrics().unwrap().requests_active, 3);
+    let load = |r: &kvrouter::RouterRef| -> Vec<(u64, u64)> {
+        let mut l: Vec<_> = r
+            .potential_loads(&prompt(33, 1), &RequestOptions::default())
+            .unwrap()
+            .iter()
+            .map(|p| (p.worker_id, p.active_requests))
+            .collect();
+        l.sort_unstable();
+        l
+    };
+    assert_eq!(load(&a), load(&b), "both replicas see the same load");
+}
+
+#[test]
+fn sync_replicas_refuses_a_replica_id_with_byte_0x1f_before_connecting() {
+    let router = router(1);
+    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    // No server there: the id is refused before any connection is tried.
+    let url = format!("nats://127.0.0.1:{}", free_port());
+    for id in ["", "gw\x1f1", "\x1f"] {
+        let e = ingest.sync_replicas(&url, "replicas", id).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{id:?}");
+    }
+    assert_eq!(
+        ingest
+            .sync_replicas(&url, "replicas", "gw-1")
+            .unwrap_err()
+            .code(),
+        Code::Unavailable
+    );
 }

@@ -1,5 +1,7 @@
 //! Router replicas: booking changes published through a Rust closure and applied at a peer,
-//! a panicking publisher, and sync over NATS.
+//! the announcement a publisher makes when installed (Reset, bookings, SyncRequest), a peer
+//! answering a SyncRequest, a restarted replica replacing its stale bookings, replica ids,
+//! a panicking publisher. Sync over NATS is in ingest.rs.
 
 mod common;
 
@@ -7,17 +9,92 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use common::{prompt, router};
-use kvrouter::{Code, RequestOptions};
+use kvrouter::{Code, RequestOptions, RouterRef};
+
+/// A publisher closure sending every change to a channel, and that channel's receiver.
+fn bus() -> (
+    impl Fn(&[u8]) + Send + Sync + 'static,
+    mpsc::Receiver<Vec<u8>>,
+) {
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let tx = Mutex::new(tx);
+    (
+        move |change: &[u8]| tx.lock().unwrap().send(change.to_vec()).unwrap(),
+        rx,
+    )
+}
+
+/// Everything published so far.
+fn drain(rx: &mpsc::Receiver<Vec<u8>>) -> Vec<Vec<u8>> {
+    rx.try_iter().collect()
+}
+
+/// Applies `changes` to `peer`, in order.
+fn deliver(peer: &RouterRef, changes: &[Vec<u8>]) {
+    for change in changes {
+        peer.apply_replica_event(change).unwrap();
+    }
+}
+
+/// (replica_changes_applied, replica_changes_rejected, replica_requests_active,
+/// requests_active).
+fn replica_counts(router: &RouterRef) -> (u64, u64, u64, u64) {
+    let m = router.metrics().unwrap();
+    (
+        m.replica_changes_applied,
+        m.replica_changes_rejected,
+        m.replica_requests_active,
+        m.requests_active,
+    )
+}
+
+/// Active requests per worker id, local and replicas' alike.
+fn active_by_worker(router: &RouterRef) -> Vec<(u64, u64)> {
+    let mut loads: Vec<(u64, u64)> = router
+        .potential_loads(&prompt(999, 1), &RequestOptions::default())
+        .unwrap()
+        .iter()
+        .map(|l| (l.worker_id, l.active_requests))
+        .collect();
+    loads.sort_unstable();
+    loads
+}
+
+#[test]
+fn installing_a_publisher_announces_a_reset_then_a_sync_request() {
+    let (a, b) = (router(2), router(2));
+    let (publish, rx) = bus();
+    a.set_replica_publisher("replica-a", publish).unwrap();
+    // Nothing booked: Reset, then SyncRequest, published before the call returned.
+    let announced = drain(&rx);
+    assert_eq!(announced.len(), 2, "a Reset and a SyncRequest");
+    for change in &announced {
+        assert_eq!(&change[4..8], b"KVSC", "a SequenceChange (file identifier)");
+    }
+    assert_ne!(announced[0], announced[1]);
+
+    // A peer applies both; it held nothing from a, and has no publisher to answer with.
+    deliver(&b, &announced);
+    assert_eq!(replica_counts(&b), (2, 0, 0, 0));
+    assert_eq!(active_by_worker(&b), [(1, 0), (2, 0)]);
+
+    // Replacing the publisher announces again, through the new closure only.
+    let (publish, rx2) = bus();
+    a.set_replica_publisher("replica-a", publish).unwrap();
+    assert!(rx.try_recv().is_err(), "the replaced closure is not called");
+    assert_eq!(drain(&rx2).len(), 2);
+    // Clearing announces nothing.
+    a.clear_replica_publisher().unwrap();
+    assert!(rx2.try_recv().is_err());
+}
 
 #[test]
 fn a_peer_counts_the_other_replicas_bookings_as_load() {
     let (a, b) = (router(2), router(2));
-    let (tx, rx) = mpsc::channel::<Vec<u8>>();
-    let tx = Mutex::new(tx);
-    a.set_replica_publisher("replica-a", move |change| {
-        tx.lock().unwrap().send(change.to_vec()).unwrap();
-    })
-    .unwrap();
+    let (publish, rx) = bus();
+    a.set_replica_publisher("replica-a", publish).unwrap();
+    deliver(&b, &drain(&rx)); // the Reset and the SyncRequest
+    assert_eq!(replica_counts(&b), (2, 0, 0, 0));
     let tokens = prompt(1, 32);
 
     // Without sync, b sees two idle workers; a books its request on one of them.
@@ -27,15 +104,7 @@ fn a_peer_counts_the_other_replicas_bookings_as_load() {
     let change = rx.try_recv().expect("a booking is published");
     assert!(rx.try_recv().is_err(), "one change per booking");
     b.apply_replica_event(&change).unwrap();
-    let m = b.metrics().unwrap();
-    assert_eq!(
-        (
-            m.replica_changes_applied,
-            m.replica_requests_active,
-            m.requests_active
-        ),
-        (1, 1, 1)
-    );
+    assert_eq!(replica_counts(&b), (3, 0, 1, 1));
 
     // b now sends the same prompt to the other worker.
     let r = b
@@ -64,8 +133,156 @@ fn a_peer_counts_the_other_replicas_bookings_as_load() {
     a.find_best_match(&tokens, &RequestOptions::admit("r2"))
         .unwrap();
     assert!(rx.try_recv().is_err());
-    let e = a.set_replica_publisher("", |_| {}).unwrap_err();
+}
+
+#[test]
+fn a_router_holding_bookings_announces_them_when_the_publisher_is_installed() {
+    let a = router(2);
+    let first = a
+        .find_best_match(&prompt(3, 4), &RequestOptions::admit("r1"))
+        .unwrap();
+    let second = a
+        .find_best_match(&prompt(4, 2), &RequestOptions::admit("r2"))
+        .unwrap();
+    assert_ne!(first.worker_id, second.worker_id, "the load spreads them");
+
+    let (publish, rx) = bus();
+    a.set_replica_publisher("replica-a", publish).unwrap();
+    let announced = drain(&rx);
+    assert_eq!(announced.len(), 4, "Reset, two Added, SyncRequest");
+
+    // A fresh peer learns both bookings, on the same workers.
+    let b = router(2);
+    deliver(&b, &announced);
+    assert_eq!(replica_counts(&b), (4, 0, 2, 2));
+    assert_eq!(active_by_worker(&b), active_by_worker(&a));
+    assert_eq!(active_by_worker(&b), [(1, 1), (2, 1)]);
+
+    // The bookings are the peer's to track from then on: a free follows.
+    a.free_request("r1").unwrap();
+    deliver(&b, &drain(&rx));
+    assert_eq!(b.metrics().unwrap().replica_requests_active, 1);
+    assert_eq!(active_by_worker(&b), active_by_worker(&a));
+
+    // Announced again (a second SyncRequest's answer, or a reinstall) nothing is counted twice.
+    let (publish, rx) = bus();
+    a.set_replica_publisher("replica-a", publish).unwrap();
+    let again = drain(&rx);
+    assert_eq!(again.len(), 3, "Reset, r2, SyncRequest");
+    deliver(&b, &again);
+    assert_eq!(b.metrics().unwrap().replica_requests_active, 1);
+    assert_eq!(active_by_worker(&b), active_by_worker(&a));
+}
+
+#[test]
+fn a_joining_replica_asks_and_its_peers_answer_with_their_bookings() {
+    // a has been publishing for a while; its booking reached no one yet.
+    let a = router(2);
+    let (publish_a, from_a) = bus();
+    a.set_replica_publisher("replica-a", publish_a).unwrap();
+    drain(&from_a);
+    a.find_best_match(&prompt(5, 3), &RequestOptions::admit("a1"))
+        .unwrap();
+    drain(&from_a);
+
+    // c starts with a booking of its own and joins: Reset, Added c1, SyncRequest.
+    let c = router(2);
+    c.find_best_match(&prompt(6, 2), &RequestOptions::admit("c1"))
+        .unwrap();
+    let (publish_c, from_c) = bus();
+    c.set_replica_publisher("replica-c", publish_c).unwrap();
+    let joined = drain(&from_c);
+    assert_eq!(joined.len(), 3);
+
+    // a applies them: it now holds c1, and the SyncRequest makes it answer, on this thread,
+    // with a Reset and its own booking (not c's, which it only holds).
+    deliver(&a, &joined);
+    assert_eq!(a.metrics().unwrap().replica_requests_active, 1);
+    let answer = drain(&from_a);
+    assert_eq!(answer.len(), 2, "Reset, Added a1");
+
+    // c applies the answer: it sees a's booking as well as its own.
+    deliver(&c, &answer);
+    assert_eq!(replica_counts(&c), (2, 0, 1, 2));
+    assert_eq!(active_by_worker(&c), active_by_worker(&a));
+    assert!(from_c.try_recv().is_err(), "a Reset is not answered");
+}
+
+#[test]
+fn a_restarted_replica_replaces_its_stale_bookings() {
+    let b = router(2);
+    {
+        // The first life of replica "gw": two bookings reach b, their frees never do.
+        let old = router(2);
+        let (publish, rx) = bus();
+        old.set_replica_publisher("gw", publish).unwrap();
+        old.find_best_match(&prompt(7, 2), &RequestOptions::admit("x1"))
+            .unwrap();
+        old.find_best_match(&prompt(8, 2), &RequestOptions::admit("x2"))
+            .unwrap();
+        deliver(&b, &drain(&rx));
+        assert_eq!(b.metrics().unwrap().replica_requests_active, 2);
+    }
+    // Restarted under the same id with one booking: its Reset drops the two stale ones.
+    let new = router(2);
+    new.find_best_match(&prompt(9, 2), &RequestOptions::admit("y1"))
+        .unwrap();
+    let (publish, rx) = bus();
+    new.set_replica_publisher("gw", publish).unwrap();
+    deliver(&b, &drain(&rx));
+    assert_eq!(b.metrics().unwrap().replica_requests_active, 1);
+    assert_eq!(active_by_worker(&b), active_by_worker(&new));
+
+    // Another replica's Reset leaves them alone.
+    let other = router(2);
+    let (publish, rx) = bus();
+    other.set_replica_publisher("gw2", publish).unwrap();
+    deliver(&b, &drain(&rx));
+    assert_eq!(b.metrics().unwrap().replica_requests_active, 1);
+}
+
+#[test]
+fn replica_ids_are_checked() {
+    let router = router(1);
+    let held = Arc::new(());
+    for id in ["", "a\x1fb", "\x1f", "trailing\x1f"] {
+        let h = held.clone();
+        let e = router
+            .set_replica_publisher(id, move |_| {
+                let _ = &h;
+                panic!("a refused publisher is never called");
+            })
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{id:?}");
+        assert_eq!(
+            Arc::strong_count(&held),
+            1,
+            "the refused closure is dropped"
+        );
+    }
+    // A NUL byte cannot reach C at all.
+    let e = router.set_replica_publisher("a\0b", |_| {}).unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
+
+    // A refused id leaves the installed publisher in place and silent.
+    let (publish, rx) = bus();
+    router.set_replica_publisher("gw-1", publish).unwrap();
+    assert_eq!(drain(&rx).len(), 2);
+    let e = router.set_replica_publisher("gw\x1f2", |_| {}).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(rx.try_recv().is_err());
+    router
+        .find_best_match(&prompt(10, 1), &RequestOptions::admit("r"))
+        .unwrap();
+    assert_eq!(
+        drain(&rx).len(),
+        1,
+        "still publishing through the first closure"
+    );
+
+    // Any other text is fine.
+    router.set_replica_publisher("gw-3:4171:é", |_| {}).unwrap();
+    router.clear_replica_publisher().unwrap();
 }
 
 #[test]
@@ -100,17 +317,38 @@ fn replacing_a_publisher_drops_the_old_closure() {
 #[test]
 fn a_panicking_publisher_unwinds_in_the_caller_not_through_c() {
     let router = router(1);
-    router
-        .set_replica_publisher("r", |_| panic!("publisher failed"))
-        .unwrap();
+    let alive = Arc::new(());
+    let held = alive.clone();
+    let calls = Arc::new(Mutex::new(0u32));
+    let counted = calls.clone();
+    let install = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        router.set_replica_publisher("r", move |_| {
+            let _ = &held;
+            *counted.lock().unwrap() += 1;
+            panic!("publisher failed");
+        })
+    }));
+    // The announcement (Reset, SyncRequest) ran the closure inside the call: the panic comes
+    // out of set_replica_publisher, and the closure stays installed and alive.
+    let payload = install.expect_err("the announcement's panic reaches the caller");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"publisher failed"));
+    assert_eq!(
+        *calls.lock().unwrap(),
+        2,
+        "both messages were still offered"
+    );
+    assert_eq!(Arc::strong_count(&alive), 2, "C still holds the closure");
+
     let tokens = prompt(2, 2);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         router.find_best_match(&tokens, &RequestOptions::admit("p"))
     }));
     let payload = result.expect_err("the panic reaches the caller");
     assert_eq!(payload.downcast_ref::<&str>(), Some(&"publisher failed"));
+    assert_eq!(*calls.lock().unwrap(), 3);
     // The router is intact: the booking was made before the callback ran.
     assert_eq!(router.metrics().unwrap().requests_active, 1);
     router.clear_replica_publisher().unwrap();
+    assert_eq!(Arc::strong_count(&alive), 1, "freed once cleared");
     router.free_request("p").unwrap();
 }
