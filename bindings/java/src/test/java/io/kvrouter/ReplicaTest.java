@@ -396,11 +396,14 @@ class ReplicaTest {
       ib.start();
       String subject = "kvrouter.test.replicas";
       long pid = ProcessHandle.current().pid();
-      long sa = ia.syncReplicas(nats.url(), subject, "a-" + pid); // Reset, SyncRequest: unheard
+      // Booked before a syncs: announced with a's joining messages, which syncReplicas flushes
+      // before it returns, so nobody hears them. (A booking published after the sync is only
+      // buffered by the NATS client and could still reach b if it subscribed in time.)
+      RouteResult early = a.findBestMatch(PROMPT, RequestOptions.admit("early"));
+      long sa = ia.syncReplicas(nats.url(), subject, "a-" + pid); // Reset, Added, SyncRequest
       KvRouterException e =
           assertThrows(KvRouterException.class, () -> ia.syncReplicas(nats.url(), "x", "again"));
       assertEquals(Status.FAILED_PRECONDITION, e.status());
-      RouteResult early = a.findBestMatch(PROMPT, RequestOptions.admit("early")); // unheard
       assertEquals(3, ia.stats(sa).published());
 
       // b joins: its SyncRequest makes a answer with a Reset and "early", which b never heard.
