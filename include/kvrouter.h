@@ -12,12 +12,24 @@
  *   a caller-owned error object on failure (free it with kvr_error_free; an error already
  *   held there is freed and replaced). On failure, out parameters are left untouched unless
  *   stated otherwise. There is no thread-local state.
- * - Options and result structs begin with `uint32_t struct_size`; call the matching _init
- *   function (which sets it and every default) before filling fields. The library reads only
- *   the fields a caller's struct_size covers (older callers get defaults for the rest) and
- *   refuses a larger struct whose unknown tail is not all zero. New fields are only appended.
+ * - Options and result structs begin with `uint32_t struct_size`. Initialise one with its _init
+ *   function and the size of the struct as the caller compiled it, before filling fields:
+ *       kvr_router_options options;
+ *       kvr_router_options_init(&options, sizeof options);
+ *   _init writes the defaults no further than `size` bytes, zero-fills whatever a newer header
+ *   added past the fields this library knows, and records `size` in struct_size. The library
+ *   then reads only the fields a caller's struct_size covers (an older caller gets defaults for
+ *   the rest), writes results no further than it, and refuses a larger struct whose unknown
+ *   tail is not all zero. A size below the struct's first released layout is refused
+ *   (KVR_INVALID_ARGUMENT from _init and from every call given it). Fields are only ever
+ *   appended, and a struct ends without padding, so each size names one layout. The rules, and
+ *   how the ABI tests hold the library to them, are in docs/api-stability.md (installed with
+ *   the headers' documentation).
  * - Array-element structs (kvr_candidate, kvr_overlap, kvr_potential_load) have a fixed layout
  *   forever, with reserved fields for growth.
+ * - Enumerated values have a typedef'd integer type (kvr_tier, ...) and their constants come
+ *   from one X-macro list per enumeration (KVR_TIER_MAP, ...): X(NAME, VALUE, DESCRIPTION).
+ *   Values never change meaning; new ones are added at the end.
  * - Inputs (token arrays, strings, buffers) are borrowed only for the duration of the call;
  *   the library copies what it keeps. Array results go into caller buffers (`out` may be
  *   NULL only with `cap` 0; `len` is required): `*len` is set to the count written, or, when
@@ -63,21 +75,27 @@ KVR_API const char *kvr_version_string(void);
 
 /* ---- Status and errors ------------------------------------------------------------------- */
 
-/* An int, not an enum type, so that adding codes never changes the ABI. Codes below 100 are
- * absl::StatusCode's numbers and never change meaning. */
+/* A status code: an int32_t, not an enum type, so that adding codes never changes the ABI.
+ * Codes below 100 are absl::StatusCode's numbers and never change meaning. */
 typedef int32_t kvr_status;
-#define KVR_OK 0
-#define KVR_CANCELLED 1
-#define KVR_INVALID_ARGUMENT 3
-#define KVR_DEADLINE_EXCEEDED 4
-#define KVR_NOT_FOUND 5
-#define KVR_ALREADY_EXISTS 6
-#define KVR_RESOURCE_EXHAUSTED 8
-#define KVR_FAILED_PRECONDITION 9
-#define KVR_UNIMPLEMENTED 12
-#define KVR_INTERNAL 13
-#define KVR_UNAVAILABLE 14
-#define KVR_BUFFER_TOO_SMALL 100 /* a caller buffer was too small; *len says how many needed */
+#define KVR_STATUS_MAP(X)                                                                     \
+  X(OK, 0, "success")                                                                         \
+  X(CANCELLED, 1, "cancelled: the request was freed while it waited in the admission queue")  \
+  X(INVALID_ARGUMENT, 3, "an argument or a struct field is invalid; the message names it")    \
+  X(DEADLINE_EXCEEDED, 4, "a wait timed out: the request's queue timeout passed")             \
+  X(NOT_FOUND, 5, "an unknown worker, rank, request, plan, session, source or block")         \
+  X(ALREADY_EXISTS, 6, "a worker, request id, subscription or booking that exists already")   \
+  X(RESOURCE_EXHAUSTED, 8, "a limit of the library was reached")                              \
+  X(FAILED_PRECONDITION, 9, "the call does not fit the object's state or mode")               \
+  X(UNIMPLEMENTED, 12, "a feature this build of the library does not have")                   \
+  X(INTERNAL, 13, "a bug or an unexpected failure inside the library; the message says what") \
+  X(UNAVAILABLE, 14, "no eligible worker, or a server or endpoint that cannot be reached")    \
+  X(BUFFER_TOO_SMALL, 100, "a caller buffer was too small; *len says how many are needed")
+enum kvr_status_code {
+#define KVR_STATUS_ENUM_(name, value, description) KVR_##name = value,
+  KVR_STATUS_MAP(KVR_STATUS_ENUM_)
+#undef KVR_STATUS_ENUM_
+};
 
 /* The status's name ("KVR_NOT_FOUND", ...); a static string, never NULL ("KVR_UNKNOWN" for a
  * code this library does not know). @thread_safety concurrent */
@@ -106,18 +124,30 @@ KVR_API void kvr_buffer_free(kvr_buffer *buffer);
 
 /* ---- Storage tiers ------------------------------------------------------------------------ */
 
-#define KVR_TIER_DEVICE 0
-#define KVR_TIER_HOST_PINNED 1
-#define KVR_TIER_DISK 2
-#define KVR_TIER_EXTERNAL 3
+/* Where a cached block lives. A prompt's hit counts fully on the device and is weighted by
+ * host_cache_hit_weight on host memory and disk_cache_hit_weight on disk and external storage. */
+typedef uint32_t kvr_tier;
+#define KVR_TIER_MAP(X)                                           \
+  X(DEVICE, 0, "GPU memory (an engine's KV cache)")               \
+  X(HOST_PINNED, 1, "host memory of the worker (CPU offloading)") \
+  X(DISK, 2, "local disk of the worker")                          \
+  X(EXTERNAL, 3, "storage shared beyond the worker (remote or network)")
+enum kvr_tier_value {
+#define KVR_TIER_ENUM_(name, value, description) KVR_TIER_##name = value,
+  KVR_TIER_MAP(KVR_TIER_ENUM_)
+#undef KVR_TIER_ENUM_
+};
 
 /* Maps an engine's "medium" string (GPU, CPU_PINNED, DISK, ...; case-insensitive) to a tier.
  * NULL or unknown mediums are the device, as in Dynamo. @thread_safety concurrent */
-KVR_API uint32_t kvr_tier_from_medium(const char *medium);
+KVR_API kvr_tier kvr_tier_from_medium(const char *medium);
 
 /* ---- Block hashing (Dynamo-compatible, bit for bit) ---------------------------------------- */
 
-#define KVR_HASH_EAGLE 0x1u /* window of block_size + 1 tokens, stride block_size */
+/* kvr_hash_options.flags */
+enum kvr_hash_flag {
+  KVR_HASH_EAGLE = 0x1 /* window of block_size + 1 tokens, stride block_size */
+};
 
 /* What changes a prompt's block hashes besides its tokens. Multimodal hashes are given as one
  * flat array plus a count per block: block i owns the next mm_counts[i] values of mm_hashes,
@@ -125,7 +155,7 @@ KVR_API uint32_t kvr_tier_from_medium(const char *medium);
  * check the array's length). */
 typedef struct kvr_hash_options {
   uint32_t struct_size;
-  uint32_t flags; /* KVR_HASH_* */
+  uint32_t flags;              /* KVR_HASH_* */
   const char *lora_name;       /* NULL or "" = base model */
   const char *cache_namespace; /* NULL or "" = none */
   const uint64_t *mm_hashes;
@@ -133,9 +163,14 @@ typedef struct kvr_hash_options {
   size_t mm_num_blocks;    /* entries in mm_counts */
 } kvr_hash_options;
 
-/* Sets struct_size and defaults (no LoRA, no namespace, no multimodal, not eagle).
- * @thread_safety concurrent */
-KVR_API void kvr_hash_options_init(kvr_hash_options *options);
+/* Every _init function works alike (see the conventions at the top): it writes the defaults
+ * into the first `size` bytes of the struct (pass sizeof of the struct as compiled), zero-fills
+ * any tail this library does not know and sets struct_size = size. KVR_INVALID_ARGUMENT for a
+ * NULL struct (nothing written) or a size below the struct's first released layout (then the
+ * struct is zero-filled up to `size` and struct_size records it, so every call given the
+ * struct refuses it with a message). Defaults here: no LoRA, no namespace, no multimodal, not
+ * eagle. @thread_safety concurrent */
+KVR_API kvr_status kvr_hash_options_init(kvr_hash_options *options, size_t size);
 
 /* Local hashes of every complete block of `tokens`. opts may be NULL. block_size 0 is
  * KVR_INVALID_ARGUMENT. Needs floor(num_tokens / block_size) entries (one token fewer with
@@ -155,32 +190,43 @@ KVR_API kvr_status kvr_compute_sequence_hashes(const uint64_t *local_hashes, siz
 
 typedef struct kvr_router kvr_router;
 
-#define KVR_ROUTER_APPROXIMATE 0x1u /* no KV events: record routing decisions (§2.3) */
-#define KVR_ROUTER_NO_KV_REUSE 0x2u /* assume_kv_reuse = false */
-#define KVR_ROUTER_NO_PREFILL_TRACKING 0x4u /* track_prefill_tokens = false */
-#define KVR_ROUTER_EAGLE 0x8u               /* the model uses eagle block windows */
-#define KVR_ROUTER_ENTROPY_SEED 0x10u /* seed the random source from the OS, not random_seed */
-/* kvr_router_record_output grows a request's blocks as it generates (Dynamo's
- * router_track_output_blocks) */
-#define KVR_ROUTER_TRACK_OUTPUT_BLOCKS 0x20u
+/* kvr_router_options.flags; 0 = Dynamo's defaults */
+enum kvr_router_flag {
+  KVR_ROUTER_APPROXIMATE = 0x1,         /* no KV events: record routing decisions instead */
+  KVR_ROUTER_NO_KV_REUSE = 0x2,         /* assume_kv_reuse = false */
+  KVR_ROUTER_NO_PREFILL_TRACKING = 0x4, /* track_prefill_tokens = false */
+  KVR_ROUTER_EAGLE = 0x8,               /* the model uses eagle block windows */
+  KVR_ROUTER_ENTROPY_SEED = 0x10,       /* seed the random source from the OS, not random_seed */
+  /* kvr_router_record_output grows a request's blocks as it generates (Dynamo's
+   * router_track_output_blocks) */
+  KVR_ROUTER_TRACK_OUTPUT_BLOCKS = 0x20
+};
 
-#define KVR_QUEUE_FCFS 0
-#define KVR_QUEUE_LCFS 1
-#define KVR_QUEUE_WSPT 2
+/* The order in which the admission queue admits waiting requests. */
+typedef uint32_t kvr_queue_policy;
+#define KVR_QUEUE_POLICY_MAP(X)          \
+  X(FCFS, 0, "first come, first served") \
+  X(LCFS, 1, "last come, first served")  \
+  X(WSPT, 2, "weighted shortest processing time: short prompts and priority first")
+enum kvr_queue_policy_value {
+#define KVR_QUEUE_POLICY_ENUM_(name, value, description) KVR_QUEUE_##name = value,
+  KVR_QUEUE_POLICY_MAP(KVR_QUEUE_POLICY_ENUM_)
+#undef KVR_QUEUE_POLICY_ENUM_
+};
 
-/* Every router-wide setting (Dynamo's KvRouterConfig, reference §4). */
+/* Every router-wide setting (Dynamo's KvRouterConfig). */
 typedef struct kvr_router_options {
   uint32_t struct_size;
-  uint32_t block_size; /* tokens per KV block; default 16; every worker must match */
-  uint32_t flags;      /* KVR_ROUTER_*; 0 = Dynamo's defaults */
-  uint32_t queue_policy; /* KVR_QUEUE_*; default FCFS */
-  double overlap_score_credit;  /* default 1.0 */
-  double prefill_load_scale;    /* default 1.0 */
-  double host_cache_hit_weight; /* default 0.75 */
-  double disk_cache_hit_weight; /* default 0.25 (disk and external tiers) */
-  double temperature;           /* default 0: argmin with random tie-break */
-  double queue_threshold; /* queue when every rank's prefill tokens exceed threshold ×
-                             max_num_batched_tokens; negative = never queue (default) */
+  uint32_t block_size;              /* tokens per KV block; default 16; every worker must match */
+  uint32_t flags;                   /* KVR_ROUTER_*; 0 = Dynamo's defaults */
+  kvr_queue_policy queue_policy;    /* KVR_QUEUE_*; default FCFS */
+  double overlap_score_credit;      /* default 1.0 */
+  double prefill_load_scale;        /* default 1.0 */
+  double host_cache_hit_weight;     /* default 0.75 */
+  double disk_cache_hit_weight;     /* default 0.25 (disk and external tiers) */
+  double temperature;               /* default 0: argmin with random tie-break */
+  double queue_threshold;           /* queue when every rank's prefill tokens exceed threshold ×
+                                       max_num_batched_tokens; negative = never queue (default) */
   double approx_ttl_seconds;        /* approximate mode block TTL; default 120 */
   uint64_t approx_max_blocks;       /* approximate mode budget; default 2^20 */
   double approx_prune_target_ratio; /* prune to this fraction of the budget; default 0.8 */
@@ -193,8 +239,9 @@ typedef struct kvr_router_options {
   double decode_active_request_weight;
 } kvr_router_options;
 
-/* Sets struct_size and every default. @thread_safety concurrent */
-KVR_API void kvr_router_options_init(kvr_router_options *options);
+/* Sized initialisation with every default (as kvr_hash_options_init).
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_options_init(kvr_router_options *options, size_t size);
 
 /* Creates a router. opts NULL = every default. KVR_INVALID_ARGUMENT names the bad setting.
  * @thread_safety concurrent */
@@ -211,14 +258,14 @@ typedef struct kvr_worker_config {
   uint32_t struct_size;
   uint32_t block_size; /* 0 = the router's; otherwise must equal it */
   uint64_t worker_id;
-  uint32_t dp_start; /* first data-parallel rank; default 0 */
-  uint32_t dp_size;  /* number of ranks; default 1 */
+  uint32_t dp_start;               /* first data-parallel rank; default 0 */
+  uint32_t dp_size;                /* number of ranks; default 1 */
   uint64_t total_kv_blocks;        /* 0 = not reported */
   uint64_t max_num_batched_tokens; /* 0 = not reported (queue uses 10,000,000) */
 } kvr_worker_config;
 
-/* @thread_safety concurrent */
-KVR_API void kvr_worker_config_init(kvr_worker_config *config);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_worker_config_init(kvr_worker_config *config, size_t size);
 
 /* KVR_ALREADY_EXISTS for a registered id; KVR_INVALID_ARGUMENT for a block size mismatch or a
  * bad rank range. May admit queued requests. @thread_safety concurrent */
@@ -235,8 +282,11 @@ KVR_API kvr_status kvr_router_remove_worker(kvr_router *router, uint64_t worker_
 
 /* ---- KV events ---------------------------------------------------------------------------- */
 
-#define KVR_STORED_HAS_PARENT 0x1u /* parent_hash is set */
-#define KVR_STORED_EAGLE 0x2u      /* token_ids use eagle windows */
+/* kvr_stored_event.flags (KVR_STORED_EAGLE also in kvr_engine_worker.flags) */
+enum kvr_stored_flag {
+  KVR_STORED_HAS_PARENT = 0x1, /* parent_hash is set */
+  KVR_STORED_EAGLE = 0x2       /* token_ids use eagle windows */
+};
 
 /* Blocks newly cached by one worker rank, consecutive along one sequence. Each block has the
  * engine's own hash and either a precomputed local hash or its tokens: token_ids holds every
@@ -246,7 +296,7 @@ typedef struct kvr_stored_event {
   uint32_t dp_rank;
   uint64_t worker_id;
   uint64_t event_id;
-  uint32_t tier;  /* KVR_TIER_* */
+  kvr_tier tier;  /* KVR_TIER_* */
   uint32_t flags; /* KVR_STORED_* */
   uint64_t parent_hash;
   const uint64_t *block_hashes;
@@ -265,15 +315,15 @@ typedef struct kvr_removed_event {
   uint32_t dp_rank;
   uint64_t worker_id;
   uint64_t event_id;
-  uint32_t tier;
+  kvr_tier tier;
   uint32_t reserved;
   const uint64_t *block_hashes;
   size_t num_blocks;
 } kvr_removed_event;
 
-/* @thread_safety concurrent */
-KVR_API void kvr_stored_event_init(kvr_stored_event *event);
-KVR_API void kvr_removed_event_init(kvr_removed_event *event);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_stored_event_init(kvr_stored_event *event, size_t size);
+KVR_API kvr_status kvr_removed_event_init(kvr_removed_event *event, size_t size);
 
 /* Apply one event. A rejected part is reported (KVR_NOT_FOUND: unknown parent or block;
  * KVR_INVALID_ARGUMENT: broken sequence or incomplete block) and counted in the metrics, while
@@ -288,15 +338,14 @@ KVR_API kvr_status kvr_router_apply_removed(kvr_router *router, const kvr_remove
  * only names the publisher, which becomes known to the index if it was not).
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_router_apply_cleared(kvr_router *router, uint64_t worker_id,
-                                            uint32_t dp_rank, uint64_t event_id,
-                                            kvr_error **err);
+                                            uint32_t dp_rank, uint64_t event_id, kvr_error **err);
 
 /* Applies a FlatBuffers EventBatch (schema/kv_events.fbs). The buffer must pass the FlatBuffers
  * verifier first, or nothing is applied (KVR_INVALID_ARGUMENT). Events rejected by the index
  * do not stop the others; the first rejection's status and message are returned.
  * KVR_FAILED_PRECONDITION in approximate mode. @thread_safety concurrent */
-KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *data,
-                                                size_t size, kvr_error **err);
+KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *data, size_t size,
+                                                kvr_error **err);
 
 /* ---- Router replicas ------------------------------------------------------------------------
  * Several routers (e.g. one embedded in each gateway replica) that route to the same workers
@@ -310,8 +359,8 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *
  * made the change, under the router's internal lock, in the order of the changes: it must be
  * quick (queue or hand the bytes to an asynchronous client) and must not call into any router
  * (a bus delivering synchronously to another router could deadlock when that router's own
- * changes come back). That thread may be one the library owns: a replica's free applied on an ingest
- * loop can admit a request waiting here, whose booking is then published from the loop. */
+ * changes come back). That thread may be one the library owns: a replica's free applied on an
+ * ingest loop can admit a request waiting here, whose booking is then published from the loop. */
 typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t size);
 
 /* Publishes this router's booking changes through `publish` under the name `replica_id`, which
@@ -324,8 +373,8 @@ typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t
  * every replica does those itself. Request ids starting with byte 0x1E are reserved for
  * replicas' bookings (KVR_INVALID_ARGUMENT). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router *router, const char *replica_id,
-                                                    kvr_replica_publish_fn publish,
-                                                    void *user_data, kvr_error **err);
+                                                    kvr_replica_publish_fn publish, void *user_data,
+                                                    kvr_error **err);
 
 /* Applies one change another replica published: its bookings count as load here (under names
  * of their own: they never collide with local request ids) and its frees and prefill
@@ -335,8 +384,8 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router *router, const ch
  * ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that are not a SequenceChange,
  * KVR_NOT_FOUND for a worker rank this router does not know, KVR_ALREADY_EXISTS for a booking
  * applied twice; nothing changes then. @thread_safety concurrent */
-KVR_API kvr_status kvr_router_apply_replica_event(kvr_router *router, const void *data,
-                                                  size_t size, kvr_error **err);
+KVR_API kvr_status kvr_router_apply_replica_event(kvr_router *router, const void *data, size_t size,
+                                                  kvr_error **err);
 
 /* ---- Encoding event batches (for publishers in any language) ------------------------------ */
 
@@ -351,8 +400,8 @@ KVR_API void kvr_event_batch_free(kvr_event_batch *batch);
 /* Appends a copy of the event. Checked here: pointers, tier, multimodal counts; a batch knows
  * no block size, so token counts are checked when the batch is applied (each event then as
  * kvr_router_apply_stored checks it). @thread_safety none (for this batch) */
-KVR_API kvr_status kvr_event_batch_add_stored(kvr_event_batch *batch,
-                                              const kvr_stored_event *event, kvr_error **err);
+KVR_API kvr_status kvr_event_batch_add_stored(kvr_event_batch *batch, const kvr_stored_event *event,
+                                              kvr_error **err);
 KVR_API kvr_status kvr_event_batch_add_removed(kvr_event_batch *batch,
                                                const kvr_removed_event *event, kvr_error **err);
 KVR_API kvr_status kvr_event_batch_add_cleared(kvr_event_batch *batch, uint64_t worker_id,
@@ -375,8 +424,12 @@ KVR_API void kvr_event_batch_clear(kvr_event_batch *batch);
 
 /* ---- Routing ------------------------------------------------------------------------------ */
 
-#define KVR_REQUEST_ADMIT 0x1u /* book the request under request_id (waits in the queue if the
-                                  router queues); without it the call changes nothing */
+/* kvr_request_options.flags */
+enum kvr_request_flag {
+  /* book the request under request_id (waits in the queue if the router queues); without it
+   * the call changes nothing */
+  KVR_REQUEST_ADMIT = 0x1
+};
 
 /* Per-request options. Doubles left NaN and tri-states left -1 keep the router's setting. */
 typedef struct kvr_request_options {
@@ -400,34 +453,34 @@ typedef struct kvr_request_options {
   double priority_jump;         /* queue priority boost; default 0 */
   uint32_t expected_output_tokens;
   uint32_t reserved;
-  int64_t queue_timeout_ms; /* give up waiting in the queue after this long; -1 = never */
-  double overlap_score_credit_decay;   /* NaN (default) = the router's */
+  int64_t queue_timeout_ms;          /* give up waiting in the queue after this long; -1 = never */
+  double overlap_score_credit_decay; /* NaN (default) = the router's */
   double decode_active_request_weight; /* NaN (default) = the router's */
 } kvr_request_options;
 
-/* Sets struct_size and defaults (NaN overrides, -1 tri-states, no timeout).
- * @thread_safety concurrent */
-KVR_API void kvr_request_options_init(kvr_request_options *options);
+/* Sized initialisation (as kvr_hash_options_init); defaults: NaN overrides, -1 tri-states,
+ * no timeout. @thread_safety concurrent */
+KVR_API kvr_status kvr_request_options_init(kvr_request_options *options, size_t size);
 
 /* The decision for one request. */
 typedef struct kvr_route_result {
   uint32_t struct_size;
   uint32_t dp_rank;
   uint64_t worker_id;
-  uint32_t prompt_blocks;         /* complete blocks in the prompt */
-  uint32_t device_overlap_blocks; /* leading blocks cached on the chosen rank's device */
+  uint32_t prompt_blocks;          /* complete blocks in the prompt */
+  uint32_t device_overlap_blocks;  /* leading blocks cached on the chosen rank's device */
   double effective_overlap_blocks; /* device + tier-weighted lower-tier hits */
   uint64_t cached_tokens;          /* round(effective_overlap_blocks × block_size) */
   uint64_t prompt_tokens;
-  double cost;       /* the chosen rank's cost */
-  uint32_t booked;   /* 1 if the request is now active on the chosen rank */
-  uint32_t queued;   /* 1 if it waited in the admission queue first */
+  double cost;     /* the chosen rank's cost */
+  uint32_t booked; /* 1 if the request is now active on the chosen rank */
+  uint32_t queued; /* 1 if it waited in the admission queue first */
 } kvr_route_result;
 
-/* @thread_safety concurrent */
-KVR_API void kvr_route_result_init(kvr_route_result *result);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_route_result_init(kvr_route_result *result, size_t size);
 
-/* One candidate rank with every term of its cost (reference §3.3, credit form):
+/* One candidate rank with every term of its cost (the credit form, as in README.md):
  * cost = prefill_load_scale·max(0, raw_prefill_blocks − credit) + decode_blocks. */
 typedef struct kvr_candidate {
   uint64_t worker_id;
@@ -447,7 +500,7 @@ typedef struct kvr_candidate {
   double prefill_cost;
   uint64_t decode_blocks;
   double cost;
-  double probability; /* chance this rank had of being picked */
+  double probability;  /* chance this rank had of being picked */
   double credit_decay; /* the factor the device credit was multiplied by (1 = no decay) */
   uint64_t active_requests;
   double request_cost; /* decode_active_request_weight × active_requests (in cost) */
@@ -465,8 +518,8 @@ typedef struct kvr_candidate {
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_find_best_match(kvr_router *router, const uint32_t *tokens,
                                        size_t num_tokens, const kvr_request_options *opts,
-                                       kvr_route_result *out, kvr_candidate *candidates,
-                                       size_t cap, size_t *num_candidates, kvr_error **err);
+                                       kvr_route_result *out, kvr_candidate *candidates, size_t cap,
+                                       size_t *num_candidates, kvr_error **err);
 
 /* What one rank holds of a prompt's prefix, per tier. */
 typedef struct kvr_overlap {
@@ -524,7 +577,7 @@ KVR_API kvr_status kvr_router_mark_prefill_completed(kvr_router *router, const c
 /* The request has generated `output_tokens` tokens so far (cumulative; call as the stream
  * goes, e.g. every block's worth). Its rank then holds one more, unshared, block each time
  * prompt + output crosses a block boundary, until the request is freed, so long generations
- * weigh on their rank's cost (reference §3.5; not published to router replicas, as in
+ * weigh on their rank's cost (not published to router replicas, as in
  * Dynamo). KVR_FAILED_PRECONDITION unless the router was created with
  * KVR_ROUTER_TRACK_OUTPUT_BLOCKS; an unknown id is no error. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_record_output(kvr_router *router, const char *request_id,
@@ -550,16 +603,31 @@ KVR_API kvr_status kvr_router_restore(kvr_router *router, const void *data, size
 
 /* ---- Metrics ------------------------------------------------------------------------------ */
 
-#define KVR_EVENT_STORED 0
-#define KVR_EVENT_REMOVED 1
-#define KVR_EVENT_CLEARED 2
-#define KVR_EVENT_KINDS 3
-#define KVR_EVENT_OK 0
-#define KVR_EVENT_PARENT_BLOCK_NOT_FOUND 1
-#define KVR_EVENT_BLOCK_NOT_FOUND 2
-#define KVR_EVENT_INVALID_BLOCK_SEQUENCE 3
-#define KVR_EVENT_INVALID_BLOCK 4
-#define KVR_EVENT_OUTCOMES 5
+/* The kinds of KV event, and what became of one: the two indices of kvr_metrics.events. */
+typedef uint32_t kvr_event_kind;
+#define KVR_EVENT_KIND_MAP(X)                          \
+  X(STORED, 0, "blocks newly cached by a worker rank") \
+  X(REMOVED, 1, "blocks a worker rank evicted")        \
+  X(CLEARED, 2, "a worker dropped every block")
+enum kvr_event_kind_value {
+#define KVR_EVENT_KIND_ENUM_(name, value, description) KVR_EVENT_##name = value,
+  KVR_EVENT_KIND_MAP(KVR_EVENT_KIND_ENUM_)
+#undef KVR_EVENT_KIND_ENUM_
+      KVR_EVENT_KINDS = 3 /* the first dimension of kvr_metrics.events, fixed forever */
+};
+typedef uint32_t kvr_event_outcome;
+#define KVR_EVENT_OUTCOME_MAP(X)                                                              \
+  X(OK, 0, "applied")                                                                         \
+  X(PARENT_BLOCK_NOT_FOUND, 1, "a stored event's parent is unknown: the event is dropped")    \
+  X(BLOCK_NOT_FOUND, 2, "a removed block is unknown: the event's other blocks are removed")   \
+  X(INVALID_BLOCK_SEQUENCE, 3, "a stored block repeats an earlier hash: the rest is dropped") \
+  X(INVALID_BLOCK, 4, "a stored block's tokens do not make a complete block")
+enum kvr_event_outcome_value {
+#define KVR_EVENT_OUTCOME_ENUM_(name, value, description) KVR_EVENT_##name = value,
+  KVR_EVENT_OUTCOME_MAP(KVR_EVENT_OUTCOME_ENUM_)
+#undef KVR_EVENT_OUTCOME_ENUM_
+      KVR_EVENT_OUTCOMES = 5 /* the second dimension of kvr_metrics.events, fixed forever */
+};
 
 typedef struct kvr_metrics {
   uint32_t struct_size;
@@ -582,8 +650,8 @@ typedef struct kvr_metrics {
   uint64_t replica_requests_active; /* of requests_active, those booked by other replicas */
 } kvr_metrics;
 
-/* @thread_safety concurrent */
-KVR_API void kvr_metrics_init(kvr_metrics *metrics);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_metrics_init(kvr_metrics *metrics, size_t size);
 KVR_API kvr_status kvr_router_get_metrics(kvr_router *router, kvr_metrics *out, kvr_error **err);
 
 /* The metrics in Prometheus text exposition format, NUL-terminated. `*len` is set to the bytes
@@ -591,7 +659,7 @@ KVR_API kvr_status kvr_router_get_metrics(kvr_router *router, kvr_metrics *out, 
 KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router *router, char *buf, size_t cap,
                                                  size_t *len, kvr_error **err);
 
-/* ---- Staged routing: preview, plan, commit; pins; sessions (reference §6) ------------------ */
+/* ---- Staged routing: preview, plan, commit; pins; sessions ----------------------------------- */
 /* A gateway decides in stages: kvr_preview_route looks (no admission, nothing booked, nothing
  * recorded, no session binding made or refreshed; this is also query-only routing),
  * kvr_plan_route books the request as a plan (selection re-run with admission, keeping the
@@ -603,13 +671,29 @@ KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router *router, char *buf, 
  * admitted routing sweep all plans at most once a second (or once per deadline, when the
  * deadline is shorter), and kvr_router_expire_plans sweeps
  * now. After a commit the request is freed as usual with kvr_router_free_request. */
-#define KVR_PHASE_AGGREGATED 0
-#define KVR_PHASE_PREFILL 1
-#define KVR_PHASE_DECODE 2
+/* The phase a request is routed for, which selects the pins of kvr_routing_hints. */
+typedef uint32_t kvr_phase;
+#define KVR_PHASE_MAP(X)                                  \
+  X(AGGREGATED, 0, "prefill and decode on one worker")    \
+  X(PREFILL, 1, "the prefill of a disaggregated request") \
+  X(DECODE, 2, "the decode of a disaggregated request")
+enum kvr_phase_value {
+#define KVR_PHASE_ENUM_(name, value, description) KVR_PHASE_##name = value,
+  KVR_PHASE_MAP(KVR_PHASE_ENUM_)
+#undef KVR_PHASE_ENUM_
+};
 #define KVR_WORKER_NONE UINT64_MAX /* no pin */
-#define KVR_SESSION_HARD 0 /* the bound rank is the exact target (rebound if it is gone) */
-#define KVR_SESSION_SOFT 1 /* the bound rank is preferred while eligible; rebound on dispatch */
-/* Where a request may or should run. Pins by phase, as Dynamo's RoutingHints (§6.5):
+/* How a session's binding steers its next requests. */
+typedef uint32_t kvr_session_mode;
+#define KVR_SESSION_MODE_MAP(X)                                            \
+  X(HARD, 0, "the bound rank is the exact target (rebound if it is gone)") \
+  X(SOFT, 1, "the bound rank is preferred while eligible; rebound where it is dispatched")
+enum kvr_session_mode_value {
+#define KVR_SESSION_MODE_ENUM_(name, value, description) KVR_SESSION_##name = value,
+  KVR_SESSION_MODE_MAP(KVR_SESSION_MODE_ENUM_)
+#undef KVR_SESSION_MODE_ENUM_
+};
+/* Where a request may or should run. Pins by phase, as Dynamo's RoutingHints:
  * aggregated: worker_id / dp_rank; prefill: prefill_worker_id (else worker_id) with
  * prefill_dp_rank (else dp_rank); decode: decode_worker_id (else worker_id) with dp_rank.
  * A pin without a rank takes the best of the worker's ranks. A pin outside
@@ -617,44 +701,44 @@ KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router *router, char *buf, 
  * or rank KVR_NOT_FOUND. */
 typedef struct kvr_routing_hints {
   uint32_t struct_size;
-  uint32_t phase;             /* KVR_PHASE_*; default aggregated */
-  uint64_t worker_id;         /* KVR_WORKER_NONE (default) = no pin */
-  uint64_t prefill_worker_id; /* KVR_WORKER_NONE (default) */
-  uint64_t decode_worker_id;  /* KVR_WORKER_NONE (default) */
-  int32_t dp_rank;            /* -1 (default) = any rank of the pinned worker */
-  int32_t prefill_dp_rank;    /* -1 (default) */
-  const char *session_id;     /* NULL or "" = no session affinity */
-  uint32_t session_mode;      /* KVR_SESSION_*; default hard */
+  kvr_phase phase;               /* KVR_PHASE_*; default aggregated */
+  uint64_t worker_id;            /* KVR_WORKER_NONE (default) = no pin */
+  uint64_t prefill_worker_id;    /* KVR_WORKER_NONE (default) */
+  uint64_t decode_worker_id;     /* KVR_WORKER_NONE (default) */
+  int32_t dp_rank;               /* -1 (default) = any rank of the pinned worker */
+  int32_t prefill_dp_rank;       /* -1 (default) */
+  const char *session_id;        /* NULL or "" = no session affinity */
+  kvr_session_mode session_mode; /* KVR_SESSION_*; default hard */
   uint32_t reserved;
   double session_ttl_seconds; /* sliding TTL of the binding; default 300 */
 } kvr_routing_hints;
-/* @thread_safety concurrent */
-KVR_API void kvr_routing_hints_init(kvr_routing_hints *hints);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_routing_hints_init(kvr_routing_hints *hints, size_t size);
 /* The signals of a preview or a plan. */
 typedef struct kvr_route_signals {
   uint32_t struct_size;
   uint32_t dp_rank;
   uint64_t worker_id;
-  uint32_t overlap_blocks;          /* leading prompt blocks cached on the rank's device */
+  uint32_t overlap_blocks; /* leading prompt blocks cached on the rank's device */
   uint32_t prompt_blocks;
   uint64_t cached_tokens;           /* round(effective overlap × block_size) */
   uint64_t potential_decode_blocks; /* the rank's active blocks + the prompt's new ones */
   uint64_t total_kv_blocks;         /* the worker's KV capacity; 0 = not reported */
-  double cost;                      /* the rank's cost (selector §3.3) */
+  double cost;                      /* the rank's cost (as kvr_candidate.cost) */
   uint64_t prompt_tokens;
   uint32_t booked; /* 1 for a plan */
   uint32_t moved;  /* plan: 1 if the previewed (or soft-session) rank was no longer eligible */
   uint32_t queued; /* plan: 1 if it waited in the admission queue */
   uint32_t reserved;
 } kvr_route_signals;
-/* @thread_safety concurrent */
-KVR_API void kvr_route_signals_init(kvr_route_signals *signals);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_route_signals_init(kvr_route_signals *signals, size_t size);
 /* What routing would pick, changing nothing (no admission or queue, no booking, no
  * approximate-mode record, no session binding created or refreshed). opts and hints may be
  * NULL; KVR_REQUEST_ADMIT is ignored. Errors as kvr_find_best_match, plus the pin errors.
  * @thread_safety concurrent */
-KVR_API kvr_status kvr_preview_route(kvr_router *router, const uint32_t *tokens,
-                                     size_t num_tokens, const kvr_request_options *opts,
+KVR_API kvr_status kvr_preview_route(kvr_router *router, const uint32_t *tokens, size_t num_tokens,
+                                     const kvr_request_options *opts,
                                      const kvr_routing_hints *hints, kvr_route_signals *out,
                                      kvr_error **err);
 /* Books the request (opts->request_id required) as a plan, keeping `previewed` (may be NULL)'s
@@ -677,11 +761,10 @@ KVR_API kvr_status kvr_abort_route(kvr_router *router, const char *request_id, i
  * its booking (default 30 s; applies to plans made afterwards). KVR_INVALID_ARGUMENT unless
  * finite and > 0. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_set_plan_deadline(kvr_router *router, double seconds,
-                                               kvr_error **err);
+                                                kvr_error **err);
 /* Drops plans past their deadline now; `expired` (may be NULL) gets how many.
  * @thread_safety concurrent */
-KVR_API kvr_status kvr_router_expire_plans(kvr_router *router, size_t *expired,
-                                           kvr_error **err);
+KVR_API kvr_status kvr_router_expire_plans(kvr_router *router, size_t *expired, kvr_error **err);
 /* The rank a live session is bound to (does not refresh it). KVR_NOT_FOUND if unbound or
  * expired. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_session_binding(kvr_router *router, const char *session_id,
@@ -697,18 +780,26 @@ KVR_API kvr_status kvr_router_reclaim_sessions(kvr_router *router, size_t *recla
 /* A digest of all routing state (index, active requests, queue, plans, sessions): equal
  * digests mean nothing changed. Stable within one process only. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_state_digest(kvr_router *router, uint64_t *out, kvr_error **err);
-/* ---- Disaggregated prefill / decode (reference §5) ----------------------------------------- */
+/* ---- Disaggregated prefill / decode --------------------------------------------------------- */
 /* A prefill pool and a decode pool, each a full router (workers, events, request lifecycle
  * through the kvr_router_* functions on the handles below). */
 typedef struct kvr_disagg kvr_disagg;
-#define KVR_DISAGG_ALWAYS 0       /* always prefill remotely (when prefill workers exist) */
-#define KVR_DISAGG_ISL_BOUNDING 1 /* prefill locally when the uncached prompt is short */
-#define KVR_DISAGG_PREFILL_LOAD 2 /* prefill locally when the chosen prefill worker is busy */
-#define KVR_DISAGG_ISL_OR_LOAD 3  /* either condition */
+/* When a disaggregated request is prefilled on its decode worker instead of remotely. */
+typedef uint32_t kvr_disagg_policy;
+#define KVR_DISAGG_POLICY_MAP(X)                                               \
+  X(ALWAYS, 0, "always prefill remotely (when prefill workers exist)")         \
+  X(ISL_BOUNDING, 1, "prefill locally when the uncached prompt is short")      \
+  X(PREFILL_LOAD, 2, "prefill locally when the chosen prefill worker is busy") \
+  X(ISL_OR_LOAD, 3, "prefill locally when either condition holds")
+enum kvr_disagg_policy_value {
+#define KVR_DISAGG_POLICY_ENUM_(name, value, description) KVR_DISAGG_##name = value,
+  KVR_DISAGG_POLICY_MAP(KVR_DISAGG_POLICY_ENUM_)
+#undef KVR_DISAGG_POLICY_ENUM_
+};
 typedef struct kvr_disagg_options {
   uint32_t struct_size;
-  uint32_t policy;  /* KVR_DISAGG_*; default always */
-  uint32_t enforce; /* 1: no prefill workers is KVR_FAILED_PRECONDITION, not aggregated */
+  kvr_disagg_policy policy; /* KVR_DISAGG_*; default always */
+  uint32_t enforce;         /* 1: no prefill workers is KVR_FAILED_PRECONDITION, not aggregated */
   uint32_t reserved;
   /* isl_bounding: local when prompt − cached (on the decode worker) <= max_local_prefill_tokens
    * and (prompt − cached) / prompt <= max_local_prefill_ratio. Defaults 512 and 1.0. */
@@ -722,42 +813,49 @@ typedef struct kvr_disagg_options {
    * is unavailable, so never prefill locally. */
   double decode_busy_threshold;
 } kvr_disagg_options;
-/* @thread_safety concurrent */
-KVR_API void kvr_disagg_options_init(kvr_disagg_options *options);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_disagg_options_init(kvr_disagg_options *options, size_t size);
 /* prefill and decode: each pool's router options (NULL = defaults); opts may be NULL.
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_disagg_new(const kvr_router_options *prefill,
-                                  const kvr_router_options *decode,
-                                  const kvr_disagg_options *opts, kvr_disagg **out,
-                                  kvr_error **err);
+                                  const kvr_router_options *decode, const kvr_disagg_options *opts,
+                                  kvr_disagg **out, kvr_error **err);
 /* Accepts NULL. Frees both pools. @thread_safety none */
 KVR_API void kvr_disagg_free(kvr_disagg *disagg);
 /* The pools' routers, owned by the disagg object (never pass them to kvr_router_free).
  * @thread_safety concurrent */
 KVR_API kvr_router *kvr_disagg_prefill_router(kvr_disagg *disagg);
 KVR_API kvr_router *kvr_disagg_decode_router(kvr_disagg *disagg);
-#define KVR_PREFILL_REMOTE 0             /* booked on a prefill worker */
-#define KVR_PREFILL_NO_PREFILL_WORKERS 1 /* empty prefill pool: run aggregated on decode */
-#define KVR_PREFILL_SHORT_ISL 2          /* policy: the uncached prompt is short */
-#define KVR_PREFILL_WORKER_BUSY 3        /* policy: the prefill pool is busy */
+/* Why a prefill went where it went (kvr_prefill_result.reason). */
+typedef uint32_t kvr_prefill_reason;
+#define KVR_PREFILL_REASON_MAP(X)                                                 \
+  X(REMOTE, 0, "booked on a prefill worker")                                      \
+  X(NO_PREFILL_WORKERS, 1, "the prefill pool is empty: run aggregated on decode") \
+  X(SHORT_ISL, 2, "policy: the uncached prompt is short")                         \
+  X(WORKER_BUSY, 3, "policy: the prefill pool is busy")
+enum kvr_prefill_reason_value {
+#define KVR_PREFILL_REASON_ENUM_(name, value, description) KVR_PREFILL_##name = value,
+  KVR_PREFILL_REASON_MAP(KVR_PREFILL_REASON_ENUM_)
+#undef KVR_PREFILL_REASON_ENUM_
+};
 typedef struct kvr_prefill_result {
   uint32_t struct_size;
-  uint32_t remote;  /* 1: prefill on worker_id / dp_rank; 0: prefill on the decode worker */
-  uint32_t reason;  /* KVR_PREFILL_* */
+  uint32_t remote; /* 1: prefill on worker_id / dp_rank; 0: prefill on the decode worker */
+  kvr_prefill_reason reason; /* KVR_PREFILL_* */
   uint32_t dp_rank;
   uint64_t worker_id;
   int64_t bootstrap_room; /* uniform in [0, INT64_MAX]; -1 when not remote */
   uint64_t cached_tokens;
 } kvr_prefill_result;
-/* @thread_safety concurrent */
-KVR_API void kvr_prefill_result_init(kvr_prefill_result *result);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_prefill_result_init(kvr_prefill_result *result, size_t size);
 /* Decides where the prompt is prefilled and, when remote, selects and books a prefill rank
  * under opts->request_id (free it on the prefill router when the prefill ends). Prefill pins
  * from hints apply. @thread_safety concurrent */
 KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg *disagg, const uint32_t *tokens,
                                             size_t num_tokens, const kvr_request_options *opts,
-                                            const kvr_routing_hints *hints,
-                                            kvr_prefill_result *out, kvr_error **err);
+                                            const kvr_routing_hints *hints, kvr_prefill_result *out,
+                                            kvr_error **err);
 /* Selects and books the decode rank (opts->request_id required). After a remote prefill
  * (remote_prefill 1) the decode overrides are forced: overlap credit 0, assume_kv_reuse and
  * track_prefill_tokens false, every other override kept. Decode pins from hints apply.
@@ -771,8 +869,8 @@ KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg *disagg, const uint32_t *t
  * KVR_INVALID_ARGUMENT for a negative or NaN threshold. @thread_safety concurrent */
 KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg *disagg, const uint32_t *tokens,
                                                   size_t num_tokens,
-                                                  const kvr_request_options *opts,
-                                                  double threshold, int *busy, kvr_error **err);
+                                                  const kvr_request_options *opts, double threshold,
+                                                  int *busy, kvr_error **err);
 
 /* ---- KV event ingestion (docs/ingest.md) ----------------------------------------------------- */
 
@@ -785,13 +883,13 @@ typedef struct kvr_ingest kvr_ingest;
 
 typedef struct kvr_ingest_options {
   uint32_t struct_size;
-  uint32_t max_frame_bytes; /* largest stream frame accepted; default (and maximum) 64 MiB */
+  uint32_t max_frame_bytes;   /* largest stream frame accepted; default (and maximum) 64 MiB */
   uint32_t replay_timeout_ms; /* a replay taking longer falls back to clearing; default 2000 */
   uint32_t reserved;
 } kvr_ingest_options;
 
-/* @thread_safety concurrent */
-KVR_API void kvr_ingest_options_init(kvr_ingest_options *options);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_options_init(kvr_ingest_options *options, size_t size);
 
 /* Creates a stopped ingest object feeding `router`, which must outlive it. opts may be NULL.
  * @thread_safety concurrent */
@@ -813,17 +911,24 @@ KVR_API void kvr_ingest_free(kvr_ingest *ingest);
  * is open all the same and `*source_id` set, so do not listen again; read the endpoint with
  * kvr_ingest_source_endpoint. KVR_UNAVAILABLE if the address cannot be bound.
  * @thread_safety concurrent */
-KVR_API kvr_status kvr_ingest_listen(kvr_ingest *ingest, const char *endpoint,
-                                     uint64_t *source_id, char *bound, size_t cap, size_t *len,
-                                     kvr_error **err);
+KVR_API kvr_status kvr_ingest_listen(kvr_ingest *ingest, const char *endpoint, uint64_t *source_id,
+                                     char *bound, size_t cap, size_t *len, kvr_error **err);
 
-#define KVR_ENGINE_VLLM 0
-#define KVR_ENGINE_SGLANG 1
+/* The engine behind a ZMQ KV event publisher (both share one wire format). */
+typedef uint32_t kvr_engine;
+#define KVR_ENGINE_MAP(X) \
+  X(VLLM, 0, "vLLM")      \
+  X(SGLANG, 1, "SGLang")
+enum kvr_engine_value {
+#define KVR_ENGINE_ENUM_(name, value, description) KVR_ENGINE_##name = value,
+  KVR_ENGINE_MAP(KVR_ENGINE_ENUM_)
+#undef KVR_ENGINE_ENUM_
+};
 
 /* An engine worker publishing KV events over ZMQ PUB. */
 typedef struct kvr_engine_worker {
   uint32_t struct_size;
-  uint32_t engine;      /* KVR_ENGINE_*; both share the wire format, this is informational */
+  kvr_engine engine;    /* KVR_ENGINE_*; both share the wire format, this is informational */
   const char *endpoint; /* e.g. "tcp://10.0.0.5:5557"; rank dp_start + r on port + r */
   uint64_t worker_id;
   uint32_t dp_start;   /* default 0 */
@@ -836,14 +941,13 @@ typedef struct kvr_engine_worker {
   const char *replay_endpoint;
 } kvr_engine_worker;
 
-/* @thread_safety concurrent */
-KVR_API void kvr_engine_worker_init(kvr_engine_worker *worker);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_engine_worker_init(kvr_engine_worker *worker, size_t size);
 /* Subscribes to the worker's ranks (the router's own worker registry is separate: register it
  * there too for routing). KVR_INVALID_ARGUMENT for a block size other than the router's (the
  * message names both), a bad endpoint or dp_size 0; KVR_ALREADY_EXISTS for a worker id already
  * subscribed. `*source_id` may be NULL. @thread_safety concurrent */
-KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest *ingest,
-                                                const kvr_engine_worker *worker,
+KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest *ingest, const kvr_engine_worker *worker,
                                                 uint64_t *source_id, kvr_error **err);
 /* Unsubscribes; clear_index != 0 also drops the worker's entries from the index.
  * KVR_NOT_FOUND for an unknown id. @thread_safety concurrent */
@@ -881,14 +985,22 @@ KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest *ingest, const char *url,
                                             const char *subject, const char *replica_id,
                                             uint64_t *source_id, kvr_error **err);
 
-#define KVR_INGEST_REJECT_FRAME_TOO_LARGE 0 /* stream header over the limit: connection closed */
-#define KVR_INGEST_REJECT_BAD_FLATBUFFERS 1 /* a frame that is not a valid EventBatch */
-#define KVR_INGEST_REJECT_BAD_MSGPACK 2     /* an engine payload that does not decode */
-#define KVR_INGEST_REJECT_BAD_MESSAGE 3     /* a ZMQ message not [topic, 8-byte seq, payload] */
-#define KVR_INGEST_REJECT_BLOCK_SIZE 4      /* a stored event of another block size */
-#define KVR_INGEST_REJECT_INDEX 5           /* an event the index refused (unknown parent...) */
-#define KVR_INGEST_REJECT_STALE_SEQUENCE 6  /* a sequence number already seen */
-#define KVR_INGEST_REJECT_REASONS 8         /* room for one more reason */
+/* Why ingestion rejected a message or an event: the index of kvr_ingest_stats.rejected. */
+typedef uint32_t kvr_ingest_reject;
+#define KVR_INGEST_REJECT_MAP(X)                                                          \
+  X(FRAME_TOO_LARGE, 0, "a stream frame header over the limit: the connection is closed") \
+  X(BAD_FLATBUFFERS, 1, "a frame that is not a valid EventBatch")                         \
+  X(BAD_MSGPACK, 2, "an engine payload that does not decode")                             \
+  X(BAD_MESSAGE, 3, "a ZMQ message that is not [topic, 8-byte sequence, payload]")        \
+  X(BLOCK_SIZE, 4, "a stored event of another block size than the router's")              \
+  X(INDEX, 5, "an event the index refused (unknown parent, ...)")                         \
+  X(STALE_SEQUENCE, 6, "a sequence number already seen")
+enum kvr_ingest_reject_value {
+#define KVR_INGEST_REJECT_ENUM_(name, value, description) KVR_INGEST_REJECT_##name = value,
+  KVR_INGEST_REJECT_MAP(KVR_INGEST_REJECT_ENUM_)
+#undef KVR_INGEST_REJECT_ENUM_
+      KVR_INGEST_REJECT_REASONS = 8 /* the length of kvr_ingest_stats.rejected, fixed forever */
+};
 
 /* Counters of one source, or of every source together. */
 typedef struct kvr_ingest_stats {
@@ -897,11 +1009,11 @@ typedef struct kvr_ingest_stats {
   uint64_t messages;      /* frames or ZMQ messages received */
   uint64_t events_applied;
   uint64_t rejected[KVR_INGEST_REJECT_REASONS]; /* messages or events, per KVR_INGEST_REJECT_* */
-  uint64_t gaps;            /* sequence jumps forward */
-  uint64_t missed_messages; /* messages lost in those jumps */
-  uint64_t restarts;        /* publisher sequence resets to 0 */
-  uint64_t recoveries;      /* worker states cleared because they were lost */
-  uint64_t connections;     /* stream connections accepted; NATS connections and reconnections */
+  uint64_t gaps;                                /* sequence jumps forward */
+  uint64_t missed_messages;                     /* messages lost in those jumps */
+  uint64_t restarts;                            /* publisher sequence resets to 0 */
+  uint64_t recoveries;                          /* worker states cleared because they were lost */
+  uint64_t connections; /* stream connections accepted; NATS connections and reconnections */
   /* Lag: from a message's publication time (vLLM's batch `ts`, a native batch's publish time)
    * to its events being applied, in microseconds; messages without one are not measured. A
    * publisher clock ahead of this machine's counts as 0. For source 0: sums and the maxima. */
@@ -916,14 +1028,14 @@ typedef struct kvr_ingest_stats {
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an
  * engine worker's endpoint, a NATS server's url (without user:password@); kept after the source
- * is removed. An IPv6 listener reads "tcp://[ADDR]:PORT", which kvr_ingest_listen takes too. `*len` (not
- * NULL) is set to the bytes needed including the NUL (also with KVR_BUFFER_TOO_SMALL).
+ * is removed. An IPv6 listener reads "tcp://[ADDR]:PORT", which kvr_ingest_listen takes too. `*len`
+ * (not NULL) is set to the bytes needed including the NUL (also with KVR_BUFFER_TOO_SMALL).
  * KVR_NOT_FOUND for an unknown id. @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_source_endpoint(kvr_ingest *ingest, uint64_t source_id, char *buf,
                                               size_t cap, size_t *len, kvr_error **err);
 
-/* @thread_safety concurrent */
-KVR_API void kvr_ingest_stats_init(kvr_ingest_stats *stats);
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_stats_init(kvr_ingest_stats *stats, size_t size);
 /* source_id 0 = the sum over every source. KVR_NOT_FOUND for an unknown id.
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_get_stats(kvr_ingest *ingest, uint64_t source_id,

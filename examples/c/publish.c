@@ -47,7 +47,7 @@ static int publish(const char* endpoint, const uint32_t* tokens) {
   CHECK("kvr_publisher_connect", kvr_publisher_connect(endpoint, &publisher, &err_));
   CHECK("kvr_event_batch_new", kvr_event_batch_new(&batch, &err_));
 
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.worker_id = WORKER_ID;
   stored.event_id = 1;
   stored.block_hashes = hashes;
@@ -58,7 +58,7 @@ static int publish(const char* endpoint, const uint32_t* tokens) {
   CHECK("kvr_publisher_send", kvr_publisher_send(publisher, batch, &err_));
 
   kvr_event_batch_clear(batch);
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = WORKER_ID;
   removed.event_id = 2;
   removed.block_hashes = &hashes[NUM_BLOCKS - 1];
@@ -96,7 +96,7 @@ static int run_with_own_router(const uint32_t* tokens) {
   printf("router listening on %s\n", endpoint);
   if (publish(endpoint, tokens) != 0) return 1;
 
-  kvr_ingest_stats_init(&stats);
+  kvr_ingest_stats_init(&stats, sizeof stats);
   for (waited = 0; waited < 10000; ++waited) { /* at most 10 s */
     CHECK("kvr_ingest_get_stats", kvr_ingest_get_stats(ingest, source, &stats, &err_));
     if (stats.messages >= 2) break;

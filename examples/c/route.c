@@ -49,10 +49,10 @@ static int route(kvr_router* router, const char* id, const uint32_t* tokens, siz
   kvr_candidate candidates[NUM_WORKERS];
   size_t num_candidates = 0;
   size_t i;
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.flags = KVR_REQUEST_ADMIT;
   opts.request_id = id;
-  kvr_route_result_init(result);
+  kvr_route_result_init(result, sizeof *result);
   CHECK("kvr_find_best_match", kvr_find_best_match(router, tokens, n, &opts, result, candidates,
                                                    NUM_WORKERS, &num_candidates, ERR));
   printf(
@@ -79,10 +79,10 @@ static int pins_and_sessions(kvr_router* router, const uint32_t* prompt, size_t 
   kvr_routing_hints hints;
   kvr_route_signals preview, turn1, turn2;
   int failures = 0;
-  kvr_request_options_init(&req);
-  kvr_routing_hints_init(&hints);
+  kvr_request_options_init(&req, sizeof req);
+  kvr_routing_hints_init(&hints, sizeof hints);
   hints.worker_id = 1;
-  kvr_route_signals_init(&preview);
+  kvr_route_signals_init(&preview, sizeof preview);
   CHECK("kvr_preview_route (pinned)",
         kvr_preview_route(router, prompt, n, &req, &hints, &preview, ERR));
   printf("\npinned to worker 1 -> worker %llu\n", (unsigned long long)preview.worker_id);
@@ -91,11 +91,11 @@ static int pins_and_sessions(kvr_router* router, const uint32_t* prompt, size_t 
     ++failures;
   }
 
-  kvr_routing_hints_init(&hints);
+  kvr_routing_hints_init(&hints, sizeof hints);
   hints.session_id = "chat-7";
   hints.worker_id = 2; /* turn 1 is pinned, so the session binds to worker 2 */
   req.request_id = "chat-7-turn-1";
-  kvr_route_signals_init(&turn1);
+  kvr_route_signals_init(&turn1, sizeof turn1);
   CHECK("kvr_plan_route (turn 1)",
         kvr_plan_route(router, prompt, n, &req, &hints, NULL, &turn1, ERR));
   CHECK("kvr_commit_route (turn 1)", kvr_commit_route(router, "chat-7-turn-1", ERR));
@@ -103,7 +103,7 @@ static int pins_and_sessions(kvr_router* router, const uint32_t* prompt, size_t 
   /* Turn 2 sends the cached system prompt, which alone would pull it to the caching worker. */
   hints.worker_id = KVR_WORKER_NONE;
   req.request_id = "chat-7-turn-2";
-  kvr_route_signals_init(&turn2);
+  kvr_route_signals_init(&turn2, sizeof turn2);
   CHECK("kvr_plan_route (turn 2)",
         kvr_plan_route(router, cached_prompt, cached_n, &req, &hints, NULL, &turn2, ERR));
   CHECK("kvr_commit_route (turn 2)", kvr_commit_route(router, "chat-7-turn-2", ERR));
@@ -129,11 +129,11 @@ static int disaggregated(const uint32_t* prompt, size_t n) {
   kvr_route_signals decode;
   uint64_t id;
   int failures = 0;
-  kvr_router_options_init(&pool);
+  kvr_router_options_init(&pool, sizeof pool);
   pool.block_size = BLOCK_SIZE;
   CHECK("kvr_disagg_new", kvr_disagg_new(&pool, &pool, NULL, &disagg, ERR));
   for (id = 10; id <= 11; ++id) {
-    kvr_worker_config_init(&worker);
+    kvr_worker_config_init(&worker, sizeof worker);
     worker.worker_id = id;
     CHECK("kvr_router_add_worker (prefill)",
           kvr_router_add_worker(kvr_disagg_prefill_router(disagg), &worker, ERR));
@@ -141,12 +141,12 @@ static int disaggregated(const uint32_t* prompt, size_t n) {
     CHECK("kvr_router_add_worker (decode)",
           kvr_router_add_worker(kvr_disagg_decode_router(disagg), &worker, ERR));
   }
-  kvr_request_options_init(&req);
+  kvr_request_options_init(&req, sizeof req);
   req.request_id = "disagg-1";
-  kvr_prefill_result_init(&prefill);
+  kvr_prefill_result_init(&prefill, sizeof prefill);
   CHECK("kvr_disagg_route_prefill",
         kvr_disagg_route_prefill(disagg, prompt, n, &req, NULL, &prefill, ERR));
-  kvr_route_signals_init(&decode);
+  kvr_route_signals_init(&decode, sizeof decode);
   CHECK("kvr_disagg_route_decode",
         kvr_disagg_route_decode(disagg, prompt, n, &req, NULL, (int)prefill.remote, &decode, ERR));
   printf("\ndisaggregated: prefill on worker %llu (bootstrap room %lld), decode on worker %llu\n",
@@ -185,13 +185,13 @@ int main(void) {
   printf("kvrouter %s (header %s)\n", kvr_version_string(), KVR_VERSION_STRING);
 
   /* 1. A router with 16-token blocks and otherwise Dynamo's defaults. */
-  kvr_router_options_init(&options);
+  kvr_router_options_init(&options, sizeof options);
   options.block_size = BLOCK_SIZE;
   CHECK("kvr_router_new", kvr_router_new(&options, &router, ERR));
 
   /* 2. Four workers, one data-parallel rank each. */
   for (id = 1; id <= NUM_WORKERS; ++id) {
-    kvr_worker_config_init(&worker);
+    kvr_worker_config_init(&worker, sizeof worker);
     worker.worker_id = id;
     worker.total_kv_blocks = 8192;
     worker.max_num_batched_tokens = 8192;
@@ -203,7 +203,7 @@ int main(void) {
    *    engine's own block hashes and the tokens of every block. */
   fill(system_prompt, SYSTEM_PROMPT_TOKENS, 1000);
   for (i = 0; i < SYSTEM_PROMPT_TOKENS / BLOCK_SIZE; ++i) block_hashes[i] = 0xC0DE0000u + i;
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.worker_id = CACHING_WORKER;
   stored.event_id = 1;
   stored.tier = kvr_tier_from_medium("GPU");
@@ -249,7 +249,7 @@ int main(void) {
   if (failures == 0) printf("  => the unrelated requests spread over the other workers: OK\n");
 
   /* 5. Lifecycle: prefill finished (first token out), then each request ends. */
-  kvr_metrics_init(&metrics);
+  kvr_metrics_init(&metrics, sizeof metrics);
   CHECK("kvr_router_get_metrics", kvr_router_get_metrics(router, &metrics, ERR));
   printf("\nactive requests: %llu\n", (unsigned long long)metrics.requests_active);
   CHECK("kvr_router_mark_prefill_completed",
@@ -277,10 +277,10 @@ int main(void) {
   {
     kvr_request_options staged;
     kvr_route_signals preview, plan;
-    kvr_request_options_init(&staged);
+    kvr_request_options_init(&staged, sizeof staged);
     staged.request_id = "agent-2";
-    kvr_route_signals_init(&preview);
-    kvr_route_signals_init(&plan);
+    kvr_route_signals_init(&preview, sizeof preview);
+    kvr_route_signals_init(&plan, sizeof plan);
     CHECK("kvr_preview_route",
           kvr_preview_route(router, with_system, SYSTEM_PROMPT_TOKENS + QUESTION_TOKENS, &staged,
                             NULL, &preview, ERR));

@@ -1,5 +1,5 @@
 // What every C entry point shares: the opaque types behind the handles, the exception fence,
-// error reporting, and reading versioned option structs.
+// error reporting, and copying results into caller buffers (versioned structs: versioned.h).
 #pragma once
 
 #include <absl/status/status.h>
@@ -18,6 +18,7 @@
 #include "core/disagg_router.h"
 #include "core/router.h"
 #include "kvrouter.h"
+#include "versioned.h"
 
 struct kvr_error {
   kvr_status status;
@@ -61,50 +62,6 @@ kvr_status Guard(kvr_error** err, Body&& body) noexcept {
 // KVR_INVALID_ARGUMENT naming the NULL argument, or KVR_OK.
 inline kvr_status RequireNonNull(kvr_error** err, const void* p, const char* name) {
   return p != nullptr ? KVR_OK : Fail(err, KVR_INVALID_ARGUMENT, std::string(name) + " is NULL");
-}
-
-// Copies a caller's versioned struct over `defaults`: only the bytes its struct_size covers
-// (an older caller's struct is shorter), and refuses a newer caller's struct whose fields this
-// library does not know unless they are all zero.
-template <typename T>
-kvr_status ReadVersioned(kvr_error** err, const T* in, T& out, const char* name) {
-  static_assert(std::is_trivially_copyable_v<T>);
-  if (in == nullptr) return KVR_OK;  // defaults
-  const uint32_t size = in->struct_size;
-  if (size < sizeof(uint32_t)) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                std::string(name) + ".struct_size is " + std::to_string(size) +
-                    "; call the _init function first");
-  }
-  if (size > sizeof(T)) {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(in);
-    for (size_t i = sizeof(T); i < size; ++i) {
-      if (bytes[i] != 0) {
-        return Fail(err, KVR_INVALID_ARGUMENT,
-                    std::string(name) + " is from a newer kvrouter (struct_size " +
-                        std::to_string(size) + " > " + std::to_string(sizeof(T)) +
-                        ") and sets fields this library does not know");
-      }
-    }
-  }
-  std::memcpy(&out, in, std::min<size_t>(size, sizeof(T)));
-  out.struct_size = sizeof(T);
-  return KVR_OK;
-}
-
-// Writes a result struct back, no further than the caller's struct_size.
-template <typename T>
-kvr_status WriteVersioned(kvr_error** err, const T& value, T* out, const char* name) {
-  const uint32_t size = out->struct_size;
-  if (size < sizeof(uint32_t)) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                std::string(name) + ".struct_size is " + std::to_string(size) +
-                    "; call the _init function first");
-  }
-  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t),
-              reinterpret_cast<const char*>(&value) + sizeof(uint32_t),
-              std::min<size_t>(size, sizeof(T)) - sizeof(uint32_t));
-  return KVR_OK;
 }
 
 // Copies `items` into a caller buffer of `cap` elements, or reports the size needed.
@@ -161,7 +118,6 @@ kvr_status ToRoutingHints(kvr_error** err, const kvr_routing_hints* in, RoutingH
 kvr_status ApplyHints(kvr_error** err, const kvr_routing_hints* in, RouteOptions& route,
                       kvr_routing_hints& c);
 kvr_route_signals ToSignals(const RouteDecision& decision);
-kvr_status CheckSignalsOut(kvr_error** err, const kvr_route_signals* out);
 
 // C event structs to core events, with argument checks.
 kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, KvEvent& out);

@@ -22,11 +22,18 @@ struct kvr_disagg {
 
 namespace {
 
+// As BindRouterOptions (router.cc), for kvr_disagg_options and the core's DisaggOptions.
+template <typename COptions, typename CoreOptions, typename Bind>
+void BindDisaggOptions(COptions& c, CoreOptions& core, Bind&& bind) {
+  bind(c.max_local_prefill_tokens, core.max_local_prefill_tokens);
+  bind(c.max_local_prefill_ratio, core.max_local_prefill_ratio);
+  bind(c.prefill_busy_threshold, core.prefill_busy_threshold);
+}
+
 kvr_status ToDisaggOptions(kvr_error** err, const kvr_disagg_options* opts,
                            kvrouter::DisaggOptions& out) {
   kvr_disagg_options c;
-  kvr_disagg_options_init(&c);
-  if (kvr_status s = ReadVersioned(err, opts, c, "kvr_disagg_options")) return s;
+  if (kvr_status s = ReadVersioned(err, opts, c)) return s;
   if (c.policy > KVR_DISAGG_ISL_OR_LOAD) {
     return Fail(err, KVR_INVALID_ARGUMENT,
                 "policy " + std::to_string(c.policy) + " is not a KVR_DISAGG_* value");
@@ -35,11 +42,9 @@ kvr_status ToDisaggOptions(kvr_error** err, const kvr_disagg_options* opts,
     return Fail(err, KVR_INVALID_ARGUMENT,
                 "max_local_prefill_ratio and prefill_busy_threshold must be >= 0");
   }
+  BindDisaggOptions(c, out, [](const auto& c_field, auto& core_field) { core_field = c_field; });
   out.policy = static_cast<kvrouter::DisaggPolicy>(c.policy);
   out.enforce = c.enforce != 0;
-  out.max_local_prefill_tokens = c.max_local_prefill_tokens;
-  out.max_local_prefill_ratio = c.max_local_prefill_ratio;
-  out.prefill_busy_threshold = c.prefill_busy_threshold;
   if (c.decode_busy_threshold >= 0) out.decode_busy_threshold = c.decode_busy_threshold;
   return KVR_OK;
 }
@@ -50,24 +55,38 @@ kvr_status CheckDisagg(kvr_error** err, const kvr_disagg* disagg) {
 
 }  // namespace
 
-extern "C" {
+namespace kvrouter::capi {
 
-KVR_API void kvr_disagg_options_init(kvr_disagg_options* options) {
-  if (options == nullptr) return;
-  std::memset(options, 0, sizeof(*options));
-  options->struct_size = sizeof(*options);
-  options->policy = KVR_DISAGG_ALWAYS;
-  options->max_local_prefill_tokens = 512;
-  options->max_local_prefill_ratio = 1.0;
-  options->prefill_busy_threshold = 1.0;
-  options->decode_busy_threshold = -1.0;
+template <>
+kvr_disagg_options Defaults() {
+  const kvrouter::DisaggOptions core;
+  kvr_disagg_options c{};
+  c.struct_size = sizeof c;
+  BindDisaggOptions(c, core, [](auto& c_field, const auto& core_field) { c_field = core_field; });
+  c.policy = static_cast<kvr_disagg_policy>(core.policy);
+  c.enforce = core.enforce ? 1 : 0;
+  c.decode_busy_threshold = core.decode_busy_threshold.value_or(-1.0);  // negative: unavailable
+  return c;
 }
 
-KVR_API void kvr_prefill_result_init(kvr_prefill_result* result) {
-  if (result == nullptr) return;
-  std::memset(result, 0, sizeof(*result));
-  result->struct_size = sizeof(*result);
-  result->bootstrap_room = -1;
+template <>
+kvr_prefill_result Defaults() {
+  kvr_prefill_result c{};
+  c.struct_size = sizeof c;
+  c.bootstrap_room = -1;  // not remote
+  return c;
+}
+
+}  // namespace kvrouter::capi
+
+extern "C" {
+
+KVR_API kvr_status kvr_disagg_options_init(kvr_disagg_options* options, size_t size) {
+  return InitVersioned(options, size);
+}
+
+KVR_API kvr_status kvr_prefill_result_init(kvr_prefill_result* result, size_t size) {
+  return InitVersioned(result, size);
 }
 
 KVR_API kvr_status kvr_disagg_new(const kvr_router_options* prefill,
@@ -107,7 +126,7 @@ KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* 
                                             kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckDisagg(err, disagg)) return s;
-    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
     if (kvr_status s = ToRouteOptions(err, disagg->prefill, opts, options)) return s;
@@ -117,8 +136,7 @@ KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* 
     auto route =
         disagg->core->RoutePrefill(std::span(tokens, num_tokens), options.route, core_hints);
     if (!route.ok()) return FromStatus(err, route.status());
-    kvr_prefill_result result;
-    kvr_prefill_result_init(&result);
+    kvr_prefill_result result = Defaults<kvr_prefill_result>();
     result.remote = route->remote() ? 1 : 0;
     result.reason = static_cast<uint32_t>(route->placement);
     if (route->remote()) {
@@ -128,7 +146,7 @@ KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* 
       result.bootstrap_room = route->bootstrap_room;
       result.cached_tokens = route->decision.cached_tokens;
     }
-    return WriteVersioned(err, result, out, "kvr_prefill_result");
+    return WriteVersioned(err, result, out);
   });
 }
 
@@ -138,7 +156,7 @@ KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg* disagg, const uint32_t* t
                                            kvr_route_signals* out, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckDisagg(err, disagg)) return s;
-    if (kvr_status s = CheckSignalsOut(err, out)) return s;
+    if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
     if (kvr_status s = ToRouteOptions(err, disagg->decode, opts, options)) return s;
@@ -149,7 +167,7 @@ KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg* disagg, const uint32_t* t
                                               remote_prefill != 0, core_hints);
     if (!decision.ok()) return FromStatus(err, decision.status());
     disagg->decode->decisions.fetch_add(1, std::memory_order_relaxed);
-    return WriteVersioned(err, ToSignals(*decision), out, "kvr_route_signals");
+    return WriteVersioned(err, ToSignals(*decision), out);
   });
 }
 

@@ -4,28 +4,16 @@
 #include "capi_internal.h"
 
 namespace kvrouter::capi {
-namespace {
-
-// The C status codes below 100 are absl::StatusCode's numbers, so mapping is a cast.
-static_assert(KVR_CANCELLED == static_cast<int>(absl::StatusCode::kCancelled));
-static_assert(KVR_INVALID_ARGUMENT == static_cast<int>(absl::StatusCode::kInvalidArgument));
-static_assert(KVR_DEADLINE_EXCEEDED == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
-static_assert(KVR_NOT_FOUND == static_cast<int>(absl::StatusCode::kNotFound));
-static_assert(KVR_ALREADY_EXISTS == static_cast<int>(absl::StatusCode::kAlreadyExists));
-static_assert(KVR_RESOURCE_EXHAUSTED == static_cast<int>(absl::StatusCode::kResourceExhausted));
-static_assert(KVR_FAILED_PRECONDITION == static_cast<int>(absl::StatusCode::kFailedPrecondition));
-static_assert(KVR_UNIMPLEMENTED == static_cast<int>(absl::StatusCode::kUnimplemented));
-static_assert(KVR_INTERNAL == static_cast<int>(absl::StatusCode::kInternal));
-static_assert(KVR_UNAVAILABLE == static_cast<int>(absl::StatusCode::kUnavailable));
-
-}  // namespace
-
 kvr_status Fail(kvr_error** err, kvr_status status, std::string message) {
   if (err != nullptr) {
     delete *err;  // the caller's previous error, if any, would otherwise leak
     *err = new kvr_error{status, std::move(message)};
   }
   return status;
+}
+
+kvr_status FailInvalid(kvr_error** err, std::string message) {
+  return Fail(err, KVR_INVALID_ARGUMENT, std::move(message));
 }
 
 kvr_status FromStatus(kvr_error** err, const absl::Status& status) {
@@ -52,30 +40,11 @@ extern "C" {
 
 KVR_API const char* kvr_status_str(kvr_status status) {
   switch (status) {
-    case KVR_OK:
-      return "KVR_OK";
-    case KVR_CANCELLED:
-      return "KVR_CANCELLED";
-    case KVR_INVALID_ARGUMENT:
-      return "KVR_INVALID_ARGUMENT";
-    case KVR_DEADLINE_EXCEEDED:
-      return "KVR_DEADLINE_EXCEEDED";
-    case KVR_NOT_FOUND:
-      return "KVR_NOT_FOUND";
-    case KVR_ALREADY_EXISTS:
-      return "KVR_ALREADY_EXISTS";
-    case KVR_RESOURCE_EXHAUSTED:
-      return "KVR_RESOURCE_EXHAUSTED";
-    case KVR_FAILED_PRECONDITION:
-      return "KVR_FAILED_PRECONDITION";
-    case KVR_UNIMPLEMENTED:
-      return "KVR_UNIMPLEMENTED";
-    case KVR_INTERNAL:
-      return "KVR_INTERNAL";
-    case KVR_UNAVAILABLE:
-      return "KVR_UNAVAILABLE";
-    case KVR_BUFFER_TOO_SMALL:
-      return "KVR_BUFFER_TOO_SMALL";
+#define KVR_STATUS_CASE_(name, value, description) \
+  case KVR_##name:                                 \
+    return "KVR_" #name;
+    KVR_STATUS_MAP(KVR_STATUS_CASE_)
+#undef KVR_STATUS_CASE_
     default:
       return "KVR_UNKNOWN";
   }

@@ -5,16 +5,19 @@
 
 using namespace kvrouter::capi;
 
-extern "C" {
-
-KVR_API uint32_t kvr_tier_from_medium(const char* medium) {
-  return static_cast<uint32_t>(kvrouter::TierFromMedium(OrEmpty(medium)));
+template <>
+kvr_hash_options kvrouter::capi::Defaults() {
+  return kvr_hash_options{.struct_size = sizeof(kvr_hash_options)};
 }
 
-KVR_API void kvr_hash_options_init(kvr_hash_options* options) {
-  if (options == nullptr) return;
-  *options = kvr_hash_options{};
-  options->struct_size = sizeof(kvr_hash_options);
+extern "C" {
+
+KVR_API kvr_tier kvr_tier_from_medium(const char* medium) {
+  return static_cast<kvr_tier>(kvrouter::TierFromMedium(OrEmpty(medium)));
+}
+
+KVR_API kvr_status kvr_hash_options_init(kvr_hash_options* options, size_t size) {
+  return InitVersioned(options, size);
 }
 
 KVR_API kvr_status kvr_compute_block_hashes(const uint32_t* tokens, size_t num_tokens,
@@ -25,8 +28,7 @@ KVR_API kvr_status kvr_compute_block_hashes(const uint32_t* tokens, size_t num_t
     if (num_tokens > 0 && tokens == nullptr) return RequireNonNull(err, tokens, "tokens");
     if (block_size == 0) return Fail(err, KVR_INVALID_ARGUMENT, "block_size must be > 0");
     kvr_hash_options options;
-    kvr_hash_options_init(&options);
-    if (kvr_status s = ReadVersioned(err, opts, options, "kvr_hash_options")) return s;
+    if (kvr_status s = ReadVersioned(err, opts, options)) return s;
     std::vector<std::vector<uint64_t>> mm;
     if (kvr_status s =
             ReadMmHashes(err, options.mm_hashes, options.mm_counts, options.mm_num_blocks, mm)) {

@@ -18,8 +18,7 @@ kvr_status CheckIngest(kvr_error** err, const kvr_ingest* ingest) {
 }
 
 kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
-  kvr_ingest_stats out;
-  kvr_ingest_stats_init(&out);
+  kvr_ingest_stats out = Defaults<kvr_ingest_stats>();
   out.state_unknown = static_cast<uint32_t>(s.state_unknown);
   out.messages = s.messages;
   out.events_applied = s.events_applied;
@@ -38,20 +37,44 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   return out;
 }
 
-static_assert(kvrouter::kNumIngestRejects <= KVR_INGEST_REJECT_REASONS);
-static_assert(static_cast<int>(kvrouter::IngestReject::kStaleSequence) ==
-              KVR_INGEST_REJECT_STALE_SEQUENCE);
-
 }  // namespace
+
+namespace kvrouter::capi {
+
+template <>
+kvr_ingest_options Defaults() {
+  const kvrouter::IngestOptions core;
+  kvr_ingest_options c{};
+  c.struct_size = sizeof c;
+  c.max_frame_bytes = core.max_frame_bytes;
+  c.replay_timeout_ms = core.replay_timeout_ms;
+  return c;
+}
+
+template <>
+kvr_engine_worker Defaults() {
+  const kvrouter::EngineWorker core;
+  kvr_engine_worker c{};
+  c.struct_size = sizeof c;
+  c.engine = KVR_ENGINE_VLLM;
+  c.worker_id = core.worker_id;
+  c.dp_start = core.dp_start;
+  c.dp_size = core.dp_size;
+  c.block_size = core.block_size;
+  return c;
+}
+
+template <>
+kvr_ingest_stats Defaults() {
+  return kvr_ingest_stats{.struct_size = sizeof(kvr_ingest_stats)};
+}
+
+}  // namespace kvrouter::capi
 
 extern "C" {
 
-KVR_API void kvr_ingest_options_init(kvr_ingest_options* options) {
-  if (options == nullptr) return;
-  *options = kvr_ingest_options{};
-  options->struct_size = sizeof(kvr_ingest_options);
-  options->max_frame_bytes = kvrouter::kMaxFrameBytes;
-  options->replay_timeout_ms = kvrouter::IngestOptions{}.replay_timeout_ms;
+KVR_API kvr_status kvr_ingest_options_init(kvr_ingest_options* options, size_t size) {
+  return InitVersioned(options, size);
 }
 
 KVR_API kvr_status kvr_ingest_new(kvr_router* router, const kvr_ingest_options* opts,
@@ -60,8 +83,7 @@ KVR_API kvr_status kvr_ingest_new(kvr_router* router, const kvr_ingest_options* 
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     kvr_ingest_options in;
-    kvr_ingest_options_init(&in);
-    if (kvr_status s = ReadVersioned(err, opts, in, "kvr_ingest_options")) return s;
+    if (kvr_status s = ReadVersioned(err, opts, in)) return s;
     kvrouter::IngestOptions options;
     options.max_frame_bytes = in.max_frame_bytes;
     options.replay_timeout_ms = in.replay_timeout_ms;
@@ -125,11 +147,8 @@ KVR_API kvr_status kvr_ingest_source_endpoint(kvr_ingest* ingest, uint64_t sourc
   });
 }
 
-KVR_API void kvr_engine_worker_init(kvr_engine_worker* worker) {
-  if (worker == nullptr) return;
-  *worker = kvr_engine_worker{};
-  worker->struct_size = sizeof(kvr_engine_worker);
-  worker->dp_size = 1;
+KVR_API kvr_status kvr_engine_worker_init(kvr_engine_worker* worker, size_t size) {
+  return InitVersioned(worker, size);
 }
 
 KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest* ingest, const kvr_engine_worker* worker,
@@ -138,8 +157,7 @@ KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest* ingest, const kvr_en
     if (kvr_status s = CheckIngest(err, ingest)) return s;
     if (kvr_status s = RequireNonNull(err, worker, "worker")) return s;
     kvr_engine_worker in;
-    kvr_engine_worker_init(&in);
-    if (kvr_status s = ReadVersioned(err, worker, in, "kvr_engine_worker")) return s;
+    if (kvr_status s = ReadVersioned(err, worker, in)) return s;
     if (kvr_status s = RequireNonNull(err, in.endpoint, "worker->endpoint")) return s;
     if (in.engine > KVR_ENGINE_SGLANG) {
       return Fail(err, KVR_INVALID_ARGUMENT,
@@ -198,20 +216,18 @@ KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest* ingest, const char* url,
   });
 }
 
-KVR_API void kvr_ingest_stats_init(kvr_ingest_stats* stats) {
-  if (stats == nullptr) return;
-  *stats = kvr_ingest_stats{};
-  stats->struct_size = sizeof(kvr_ingest_stats);
+KVR_API kvr_status kvr_ingest_stats_init(kvr_ingest_stats* stats, size_t size) {
+  return InitVersioned(stats, size);
 }
 
 KVR_API kvr_status kvr_ingest_get_stats(kvr_ingest* ingest, uint64_t source_id,
                                         kvr_ingest_stats* out, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckIngest(err, ingest)) return s;
-    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    if (kvr_status s = CheckResultStruct(err, out)) return s;
     auto stats = ingest->service->Stats(source_id);
     if (!stats.ok()) return FromStatus(err, stats.status());
-    return WriteVersioned(err, ToCStats(*stats), out, "kvr_ingest_stats");
+    return WriteVersioned(err, ToCStats(*stats), out);
   });
 }
 

@@ -15,8 +15,7 @@ namespace kvrouter::capi {
 
 kvr_status ToRoutingHints(kvr_error** err, const kvr_routing_hints* in, RoutingHints& hints,
                           kvr_routing_hints& c) {
-  kvr_routing_hints_init(&c);
-  if (kvr_status s = ReadVersioned(err, in, c, "kvr_routing_hints")) return s;
+  if (kvr_status s = ReadVersioned(err, in, c)) return s;
   if (c.phase > KVR_PHASE_DECODE) {
     return Fail(err, KVR_INVALID_ARGUMENT,
                 "phase " + std::to_string(c.phase) + " is not a KVR_PHASE_* value");
@@ -51,8 +50,7 @@ kvr_status ApplyHints(kvr_error** err, const kvr_routing_hints* in, RouteOptions
 }
 
 kvr_route_signals ToSignals(const RouteDecision& d) {
-  kvr_route_signals out;
-  kvr_route_signals_init(&out);
+  kvr_route_signals out = Defaults<kvr_route_signals>();
   out.worker_id = d.worker.worker_id;
   out.dp_rank = d.worker.dp_rank;
   out.overlap_blocks = d.device_overlap_blocks;
@@ -68,13 +66,25 @@ kvr_route_signals ToSignals(const RouteDecision& d) {
   return out;
 }
 
-kvr_status CheckSignalsOut(kvr_error** err, const kvr_route_signals* out) {
-  if (kvr_status s = RequireNonNull(err, out, "out")) return s;
-  if (out->struct_size < sizeof(uint32_t)) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                "kvr_route_signals.struct_size is 0; call kvr_route_signals_init first");
-  }
-  return KVR_OK;
+template <>
+kvr_routing_hints Defaults() {
+  const kvrouter::RouteOptions core;
+  kvr_routing_hints c{};
+  c.struct_size = sizeof c;
+  c.phase = KVR_PHASE_AGGREGATED;
+  c.worker_id = KVR_WORKER_NONE;
+  c.prefill_worker_id = KVR_WORKER_NONE;
+  c.decode_worker_id = KVR_WORKER_NONE;
+  c.dp_rank = -1;
+  c.prefill_dp_rank = -1;
+  c.session_mode = static_cast<kvr_session_mode>(core.session_mode);
+  c.session_ttl_seconds = core.session_ttl_seconds;
+  return c;
+}
+
+template <>
+kvr_route_signals Defaults() {
+  return kvr_route_signals{.struct_size = sizeof(kvr_route_signals)};
 }
 
 }  // namespace kvrouter::capi
@@ -92,24 +102,12 @@ kvr_status RequireId(kvr_error** err, const char* id, const char* name) {
 
 extern "C" {
 
-KVR_API void kvr_routing_hints_init(kvr_routing_hints* hints) {
-  if (hints == nullptr) return;
-  std::memset(hints, 0, sizeof(*hints));
-  hints->struct_size = sizeof(*hints);
-  hints->phase = KVR_PHASE_AGGREGATED;
-  hints->worker_id = KVR_WORKER_NONE;
-  hints->prefill_worker_id = KVR_WORKER_NONE;
-  hints->decode_worker_id = KVR_WORKER_NONE;
-  hints->dp_rank = -1;
-  hints->prefill_dp_rank = -1;
-  hints->session_mode = KVR_SESSION_HARD;
-  hints->session_ttl_seconds = 300.0;
+KVR_API kvr_status kvr_routing_hints_init(kvr_routing_hints* hints, size_t size) {
+  return InitVersioned(hints, size);
 }
 
-KVR_API void kvr_route_signals_init(kvr_route_signals* signals) {
-  if (signals == nullptr) return;
-  std::memset(signals, 0, sizeof(*signals));
-  signals->struct_size = sizeof(*signals);
+KVR_API kvr_status kvr_route_signals_init(kvr_route_signals* signals, size_t size) {
+  return InitVersioned(signals, size);
 }
 
 KVR_API kvr_status kvr_preview_route(kvr_router* router, const uint32_t* tokens, size_t num_tokens,
@@ -118,7 +116,7 @@ KVR_API kvr_status kvr_preview_route(kvr_router* router, const uint32_t* tokens,
                                      kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
-    if (kvr_status s = CheckSignalsOut(err, out)) return s;
+    if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
     if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
@@ -126,7 +124,7 @@ KVR_API kvr_status kvr_preview_route(kvr_router* router, const uint32_t* tokens,
     if (kvr_status s = ApplyHints(err, hints, options.route, c)) return s;
     auto preview = router->router->Preview(std::span(tokens, num_tokens), options.route);
     if (!preview.ok()) return FromStatus(err, preview.status());
-    return WriteVersioned(err, ToSignals(*preview), out, "kvr_route_signals");
+    return WriteVersioned(err, ToSignals(*preview), out);
   });
 }
 
@@ -136,7 +134,7 @@ KVR_API kvr_status kvr_plan_route(kvr_router* router, const uint32_t* tokens, si
                                   kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
-    if (kvr_status s = CheckSignalsOut(err, out)) return s;
+    if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
     if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
@@ -145,14 +143,13 @@ KVR_API kvr_status kvr_plan_route(kvr_router* router, const uint32_t* tokens, si
     std::optional<WorkerKey> preferred;
     if (previewed != nullptr) {
       kvr_route_signals p;
-      kvr_route_signals_init(&p);
-      if (kvr_status s = ReadVersioned(err, previewed, p, "kvr_route_signals")) return s;
+      if (kvr_status s = ReadVersioned(err, previewed, p)) return s;
       preferred = WorkerKey{p.worker_id, p.dp_rank};
     }
     auto plan = router->router->Plan(std::span(tokens, num_tokens), options.route, preferred);
     if (!plan.ok()) return FromStatus(err, plan.status());
     router->decisions.fetch_add(1, std::memory_order_relaxed);
-    return WriteVersioned(err, ToSignals(*plan), out, "kvr_route_signals");
+    return WriteVersioned(err, ToSignals(*plan), out);
   });
 }
 

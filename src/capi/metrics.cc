@@ -5,11 +5,15 @@
 
 using namespace kvrouter::capi;
 
+template <>
+kvr_metrics kvrouter::capi::Defaults() {
+  return kvr_metrics{.struct_size = sizeof(kvr_metrics)};
+}
+
 namespace {
 
 kvr_metrics Collect(const kvr_router& router) {
-  kvr_metrics m;
-  kvr_metrics_init(&m);
+  kvr_metrics m = Defaults<kvr_metrics>();
   const kvrouter::IndexStats index = router.router->IndexStats();
   for (int kind = 0; kind < KVR_EVENT_KINDS; ++kind) {
     for (int outcome = 0; outcome < KVR_EVENT_OUTCOMES; ++outcome) {
@@ -113,17 +117,15 @@ std::string RenderPrometheus(const kvr_router& router) {
 
 extern "C" {
 
-KVR_API void kvr_metrics_init(kvr_metrics* metrics) {
-  if (metrics == nullptr) return;
-  *metrics = kvr_metrics{};
-  metrics->struct_size = sizeof(kvr_metrics);
+KVR_API kvr_status kvr_metrics_init(kvr_metrics* metrics, size_t size) {
+  return InitVersioned(metrics, size);
 }
 
 KVR_API kvr_status kvr_router_get_metrics(kvr_router* router, kvr_metrics* out, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
-    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
-    return WriteVersioned(err, Collect(*router), out, "kvr_metrics");
+    if (kvr_status s = CheckResultStruct(err, out)) return s;
+    return WriteVersioned(err, Collect(*router), out);
   });
 }
 

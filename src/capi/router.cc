@@ -33,33 +33,59 @@ kvr_status CheckRouter(kvr_error** err, const kvr_router* router) {
 
 // ---- Options -----------------------------------------------------------------------------
 
+// Applies `bind(c_field, core_field)` to every field kvr_router_options shares with the core's
+// RouterOptions: the one list that both the C defaults (core to C) and router creation (C to
+// core) use. The flags, the queue policy and the threshold are converted on their own.
+template <typename COptions, typename CoreOptions, typename Bind>
+void BindRouterOptions(COptions& c, CoreOptions& core, Bind&& bind) {
+  bind(c.block_size, core.block_size);
+  bind(c.overlap_score_credit, core.selection.overlap_score_credit);
+  bind(c.prefill_load_scale, core.selection.prefill_load_scale);
+  bind(c.host_cache_hit_weight, core.selection.host_cache_hit_weight);
+  bind(c.disk_cache_hit_weight, core.selection.disk_cache_hit_weight);
+  bind(c.temperature, core.selection.temperature);
+  bind(c.approx_ttl_seconds, core.approx_ttl_seconds);
+  bind(c.approx_max_blocks, core.approx_max_blocks);
+  bind(c.approx_prune_target_ratio, core.approx_prune_target_ratio);
+  bind(c.request_expiry_seconds, core.request_expiry_seconds);
+  bind(c.random_seed, core.random_seed);
+  bind(c.overlap_score_credit_decay, core.selection.overlap_score_credit_decay);
+  bind(c.decode_active_request_weight, core.selection.decode_active_request_weight);
+}
+
+// The router flags that stand for a core boolean: set when the boolean is `when`.
+struct RouterFlag {
+  uint32_t flag;
+  bool kvrouter::RouterOptions::*option;
+  bool kvrouter::SelectorConfig::*selection;
+  bool when;
+};
+constexpr RouterFlag kRouterFlags[] = {
+    {KVR_ROUTER_APPROXIMATE, &kvrouter::RouterOptions::use_kv_events, nullptr, false},
+    {KVR_ROUTER_NO_KV_REUSE, nullptr, &kvrouter::SelectorConfig::assume_kv_reuse, false},
+    {KVR_ROUTER_NO_PREFILL_TRACKING, nullptr, &kvrouter::SelectorConfig::track_prefill_tokens,
+     false},
+    {KVR_ROUTER_TRACK_OUTPUT_BLOCKS, &kvrouter::RouterOptions::track_output_blocks, nullptr, true},
+};
+
+bool& FlagOption(kvrouter::RouterOptions& core, const RouterFlag& f) {
+  return f.option != nullptr ? core.*f.option : core.selection.*f.selection;
+}
+
 kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
                            kvrouter::RouterOptions& out) {
   if (in.queue_policy > KVR_QUEUE_WSPT) {
     return Fail(err, KVR_INVALID_ARGUMENT,
                 "queue_policy " + std::to_string(in.queue_policy) + " is not a KVR_QUEUE_*");
   }
-  out.block_size = in.block_size;
-  out.selection.overlap_score_credit = in.overlap_score_credit;
-  out.selection.prefill_load_scale = in.prefill_load_scale;
-  out.selection.host_cache_hit_weight = in.host_cache_hit_weight;
-  out.selection.disk_cache_hit_weight = in.disk_cache_hit_weight;
-  out.selection.temperature = in.temperature;
-  out.selection.assume_kv_reuse = !(in.flags & KVR_ROUTER_NO_KV_REUSE);
-  out.selection.track_prefill_tokens = !(in.flags & KVR_ROUTER_NO_PREFILL_TRACKING);
+  BindRouterOptions(in, out, [](const auto& c, auto& core) { core = c; });
+  for (const RouterFlag& f : kRouterFlags) {
+    FlagOption(out, f) = ((in.flags & f.flag) != 0) == f.when;
+  }
   if (in.queue_threshold >= 0 || std::isnan(in.queue_threshold)) {
     out.queue_threshold = in.queue_threshold;  // NaN is refused by validation
   }
   out.queue_policy = static_cast<kvrouter::QueuePolicy>(in.queue_policy);
-  out.use_kv_events = !(in.flags & KVR_ROUTER_APPROXIMATE);
-  out.approx_ttl_seconds = in.approx_ttl_seconds;
-  out.approx_max_blocks = in.approx_max_blocks;
-  out.approx_prune_target_ratio = in.approx_prune_target_ratio;
-  out.request_expiry_seconds = in.request_expiry_seconds;
-  out.random_seed = in.random_seed;
-  out.selection.overlap_score_credit_decay = in.overlap_score_credit_decay;
-  out.selection.decode_active_request_weight = in.decode_active_request_weight;
-  out.track_output_blocks = (in.flags & KVR_ROUTER_TRACK_OUTPUT_BLOCKS) != 0;
   if (in.flags & KVR_ROUTER_ENTROPY_SEED) {
     std::random_device entropy;
     out.random_seed = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
@@ -67,18 +93,25 @@ kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
   return KVR_OK;
 }
 
+// As BindRouterOptions, for kvr_worker_config and the core's WorkerConfig (every field; a C
+// block size of 0 then stands for the router's).
+template <typename CConfig, typename CoreConfig, typename Bind>
+void BindWorkerConfig(CConfig& c, CoreConfig& core, Bind&& bind) {
+  bind(c.worker_id, core.worker_id);
+  bind(c.dp_start, core.dp_start);
+  bind(c.dp_size, core.dp_size);
+  bind(c.total_kv_blocks, core.total_kv_blocks);
+  bind(c.max_num_batched_tokens, core.max_num_batched_tokens);
+  bind(c.block_size, core.block_size);
+}
+
 kvr_status ToWorkerConfig(kvr_error** err, const kvr_router* router,
                           const kvr_worker_config* config, kvrouter::WorkerConfig& out) {
   if (kvr_status s = RequireNonNull(err, config, "config")) return s;
   kvr_worker_config in;
-  kvr_worker_config_init(&in);
-  if (kvr_status s = ReadVersioned(err, config, in, "kvr_worker_config")) return s;
-  out.worker_id = in.worker_id;
-  out.dp_start = in.dp_start;
-  out.dp_size = in.dp_size;
-  out.total_kv_blocks = in.total_kv_blocks;
-  out.max_num_batched_tokens = in.max_num_batched_tokens;
-  out.block_size = in.block_size == 0 ? router->router->block_size() : in.block_size;
+  if (kvr_status s = ReadVersioned(err, config, in)) return s;
+  BindWorkerConfig(in, out, [](const auto& c, auto& core) { core = c; });
+  if (in.block_size == 0) out.block_size = router->router->block_size();
   return KVR_OK;
 }
 
@@ -86,10 +119,66 @@ kvr_status ToWorkerConfig(kvr_error** err, const kvr_router* router,
 
 namespace kvrouter::capi {
 
+template <>
+kvr_router_options Defaults() {
+  kvrouter::RouterOptions core;
+  kvr_router_options c{};
+  c.struct_size = sizeof c;
+  BindRouterOptions(c, core, [](auto& c_field, const auto& core_field) { c_field = core_field; });
+  for (const RouterFlag& f : kRouterFlags) {
+    if (FlagOption(core, f) == f.when) c.flags |= f.flag;
+  }
+  c.queue_policy = static_cast<kvr_queue_policy>(core.queue_policy);
+  c.queue_threshold = core.queue_threshold.value_or(-1.0);  // negative: never queue
+  return c;
+}
+
+template <>
+kvr_worker_config Defaults() {
+  kvrouter::WorkerConfig core;
+  kvr_worker_config c{};
+  c.struct_size = sizeof c;
+  BindWorkerConfig(c, core, [](auto& c_field, const auto& core_field) { c_field = core_field; });
+  return c;
+}
+
+template <>
+kvr_stored_event Defaults() {
+  return kvr_stored_event{.struct_size = sizeof(kvr_stored_event)};
+}
+
+template <>
+kvr_removed_event Defaults() {
+  return kvr_removed_event{.struct_size = sizeof(kvr_removed_event)};
+}
+
+// Request options are overrides of the router's settings: their defaults mean "unset".
+template <>
+kvr_request_options Defaults() {
+  const double unset = std::numeric_limits<double>::quiet_NaN();
+  kvr_request_options c{};
+  c.struct_size = sizeof c;
+  c.overlap_score_credit = unset;
+  c.prefill_load_scale = unset;
+  c.host_cache_hit_weight = unset;
+  c.disk_cache_hit_weight = unset;
+  c.temperature = unset;
+  c.assume_kv_reuse = -1;
+  c.track_prefill_tokens = -1;
+  c.queue_timeout_ms = -1;
+  c.overlap_score_credit_decay = unset;
+  c.decode_active_request_weight = unset;
+  return c;
+}
+
+template <>
+kvr_route_result Defaults() {
+  return kvr_route_result{.struct_size = sizeof(kvr_route_result)};
+}
+
 kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
                           const kvr_request_options* opts, RequestOptions& out) {
-  kvr_request_options_init(&out.c);
-  if (kvr_status s = ReadVersioned(err, opts, out.c, "kvr_request_options")) return s;
+  if (kvr_status s = ReadVersioned(err, opts, out.c)) return s;
   const kvr_request_options& c = out.c;
   if (kvr_status s = ReadMmHashes(err, c.mm_hashes, c.mm_counts, c.mm_num_blocks, out.mm)) {
     return s;
@@ -137,8 +226,7 @@ namespace kvrouter::capi {
 kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvrouter::KvEvent& out) {
   if (kvr_status s = RequireNonNull(err, event, "event")) return s;
   kvr_stored_event in;
-  kvr_stored_event_init(&in);
-  if (kvr_status s = ReadVersioned(err, event, in, "kvr_stored_event")) return s;
+  if (kvr_status s = ReadVersioned(err, event, in)) return s;
   if (kvr_status s = CheckTier(err, in.tier)) return s;
   if (in.num_blocks > 0 && in.block_hashes == nullptr) {
     return RequireNonNull(err, in.block_hashes, "block_hashes");
@@ -171,8 +259,7 @@ kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvroute
 kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, kvrouter::KvEvent& out) {
   if (kvr_status s = RequireNonNull(err, event, "event")) return s;
   kvr_removed_event in;
-  kvr_removed_event_init(&in);
-  if (kvr_status s = ReadVersioned(err, event, in, "kvr_removed_event")) return s;
+  if (kvr_status s = ReadVersioned(err, event, in)) return s;
   if (kvr_status s = CheckTier(err, in.tier)) return s;
   if (in.num_blocks > 0 && in.block_hashes == nullptr) {
     return RequireNonNull(err, in.block_hashes, "block_hashes");
@@ -239,8 +326,7 @@ kvr_candidate ToCandidate(const kvrouter::CandidateCost& c, bool chosen) {
 }
 
 kvr_route_result ToRouteResult(const kvrouter::RouteDecision& d) {
-  kvr_route_result out;
-  kvr_route_result_init(&out);
+  kvr_route_result out = Defaults<kvr_route_result>();
   out.worker_id = d.worker.worker_id;
   out.dp_rank = d.worker.dp_rank;
   out.prompt_blocks = d.prompt_blocks;
@@ -304,23 +390,8 @@ extern "C" {
 
 // ---- Router ------------------------------------------------------------------------------
 
-KVR_API void kvr_router_options_init(kvr_router_options* options) {
-  if (options == nullptr) return;
-  *options = kvr_router_options{};
-  options->struct_size = sizeof(kvr_router_options);
-  options->block_size = 16;
-  options->queue_policy = KVR_QUEUE_FCFS;
-  options->overlap_score_credit = 1.0;
-  options->prefill_load_scale = 1.0;
-  options->host_cache_hit_weight = 0.75;
-  options->disk_cache_hit_weight = 0.25;
-  options->temperature = 0.0;
-  options->queue_threshold = -1.0;
-  options->approx_ttl_seconds = 120.0;
-  options->approx_max_blocks = uint64_t{1} << 20;
-  options->approx_prune_target_ratio = 0.8;
-  options->request_expiry_seconds = 300.0;
-  options->random_seed = 0;
+KVR_API kvr_status kvr_router_options_init(kvr_router_options* options, size_t size) {
+  return InitVersioned(options, size);
 }
 
 KVR_API kvr_status kvr_router_new(const kvr_router_options* opts, kvr_router** out,
@@ -328,8 +399,7 @@ KVR_API kvr_status kvr_router_new(const kvr_router_options* opts, kvr_router** o
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     kvr_router_options options;
-    kvr_router_options_init(&options);
-    if (kvr_status s = ReadVersioned(err, opts, options, "kvr_router_options")) return s;
+    if (kvr_status s = ReadVersioned(err, opts, options)) return s;
     kvrouter::RouterOptions core;
     if (kvr_status s = ToRouterOptions(err, options, core)) return s;
     auto router = kvrouter::Router::Create(std::move(core));
@@ -346,11 +416,8 @@ KVR_API void kvr_router_free(kvr_router* router) { delete router; }
 
 // ---- Workers -----------------------------------------------------------------------------
 
-KVR_API void kvr_worker_config_init(kvr_worker_config* config) {
-  if (config == nullptr) return;
-  *config = kvr_worker_config{};
-  config->struct_size = sizeof(kvr_worker_config);
-  config->dp_size = 1;
+KVR_API kvr_status kvr_worker_config_init(kvr_worker_config* config, size_t size) {
+  return InitVersioned(config, size);
 }
 
 KVR_API kvr_status kvr_router_add_worker(kvr_router* router, const kvr_worker_config* config,
@@ -383,16 +450,12 @@ KVR_API kvr_status kvr_router_remove_worker(kvr_router* router, uint64_t worker_
 
 // ---- Events ------------------------------------------------------------------------------
 
-KVR_API void kvr_stored_event_init(kvr_stored_event* event) {
-  if (event == nullptr) return;
-  *event = kvr_stored_event{};
-  event->struct_size = sizeof(kvr_stored_event);
+KVR_API kvr_status kvr_stored_event_init(kvr_stored_event* event, size_t size) {
+  return InitVersioned(event, size);
 }
 
-KVR_API void kvr_removed_event_init(kvr_removed_event* event) {
-  if (event == nullptr) return;
-  *event = kvr_removed_event{};
-  event->struct_size = sizeof(kvr_removed_event);
+KVR_API kvr_status kvr_removed_event_init(kvr_removed_event* event, size_t size) {
+  return InitVersioned(event, size);
 }
 
 KVR_API kvr_status kvr_router_apply_stored(kvr_router* router, const kvr_stored_event* event,
@@ -498,27 +561,12 @@ KVR_API kvr_status kvr_router_apply_replica_event(kvr_router* router, const void
 
 // ---- Routing -----------------------------------------------------------------------------
 
-KVR_API void kvr_request_options_init(kvr_request_options* options) {
-  if (options == nullptr) return;
-  *options = kvr_request_options{};
-  options->struct_size = sizeof(kvr_request_options);
-  const double unset = std::numeric_limits<double>::quiet_NaN();
-  options->overlap_score_credit = unset;
-  options->prefill_load_scale = unset;
-  options->host_cache_hit_weight = unset;
-  options->disk_cache_hit_weight = unset;
-  options->temperature = unset;
-  options->assume_kv_reuse = -1;
-  options->track_prefill_tokens = -1;
-  options->queue_timeout_ms = -1;
-  options->overlap_score_credit_decay = unset;
-  options->decode_active_request_weight = unset;
+KVR_API kvr_status kvr_request_options_init(kvr_request_options* options, size_t size) {
+  return InitVersioned(options, size);
 }
 
-KVR_API void kvr_route_result_init(kvr_route_result* result) {
-  if (result == nullptr) return;
-  *result = kvr_route_result{};
-  result->struct_size = sizeof(kvr_route_result);
+KVR_API kvr_status kvr_route_result_init(kvr_route_result* result, size_t size) {
+  return InitVersioned(result, size);
 }
 
 KVR_API kvr_status kvr_find_best_match(kvr_router* router, const uint32_t* tokens,
@@ -527,13 +575,9 @@ KVR_API kvr_status kvr_find_best_match(kvr_router* router, const uint32_t* token
                                        size_t* num_candidates, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
-    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     if (cap > 0 && candidates == nullptr) return RequireNonNull(err, candidates, "candidates");
-    if (out->struct_size < sizeof(uint32_t)) {
-      return Fail(err, KVR_INVALID_ARGUMENT,
-                  "kvr_route_result.struct_size is 0; call kvr_route_result_init first");
-    }
     RequestOptions options;
     if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
     auto decision = router->router->FindBestMatch(std::span(tokens, num_tokens), options.route);
@@ -544,7 +588,7 @@ KVR_API kvr_status kvr_find_best_match(kvr_router* router, const uint32_t* token
       candidates[i] = ToCandidate(all[i], i == decision->chosen);
     }
     if (num_candidates != nullptr) *num_candidates = all.size();
-    return WriteVersioned(err, ToRouteResult(*decision), out, "kvr_route_result");
+    return WriteVersioned(err, ToRouteResult(*decision), out);
   });
 }
 

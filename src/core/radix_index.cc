@@ -17,34 +17,6 @@
 
 namespace kvrouter {
 
-std::string_view EventErrorName(EventError error) {
-  switch (error) {
-    case EventError::kNone:
-      return "ok";
-    case EventError::kParentBlockNotFound:
-      return "parent_block_not_found";
-    case EventError::kBlockNotFound:
-      return "block_not_found";
-    case EventError::kInvalidBlockSequence:
-      return "invalid_block_sequence";
-    case EventError::kInvalidBlock:
-      return "invalid_block";
-  }
-  return "unknown";
-}
-
-std::string_view EventKindName(EventKind kind) {
-  switch (kind) {
-    case EventKind::kStored:
-      return "stored";
-    case EventKind::kRemoved:
-      return "removed";
-    case EventKind::kCleared:
-      return "cleared";
-  }
-  return "unknown";
-}
-
 namespace {
 
 using NodeId = uint32_t;

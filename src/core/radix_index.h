@@ -44,11 +44,35 @@ enum class EventError : uint8_t {
                           // event's hash lists disagree in length: blocks before it apply
 };
 inline constexpr int kNumEventErrors = 5;
-std::string_view EventErrorName(EventError error);
+constexpr std::string_view EventErrorName(EventError error) {
+  switch (error) {
+    case EventError::kNone:
+      return "ok";
+    case EventError::kParentBlockNotFound:
+      return "parent_block_not_found";
+    case EventError::kBlockNotFound:
+      return "block_not_found";
+    case EventError::kInvalidBlockSequence:
+      return "invalid_block_sequence";
+    case EventError::kInvalidBlock:
+      return "invalid_block";
+  }
+  return "unknown";
+}
 
 enum class EventKind : uint8_t { kStored = 0, kRemoved = 1, kCleared = 2 };
 inline constexpr int kNumEventKinds = 3;
-std::string_view EventKindName(EventKind kind);
+constexpr std::string_view EventKindName(EventKind kind) {
+  switch (kind) {
+    case EventKind::kStored:
+      return "stored";
+    case EventKind::kRemoved:
+      return "removed";
+    case EventKind::kCleared:
+      return "cleared";
+  }
+  return "unknown";
+}
 
 struct ApplyResult {
   EventError error = EventError::kNone;

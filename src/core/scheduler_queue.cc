@@ -17,18 +17,6 @@ absl::StatusOr<QueuePolicy> ParseQueuePolicy(std::string_view name) {
                                                  "' (expected fcfs, lcfs or wspt)"));
 }
 
-std::string_view QueuePolicyName(QueuePolicy policy) {
-  switch (policy) {
-    case QueuePolicy::kFcfs:
-      return "fcfs";
-    case QueuePolicy::kLcfs:
-      return "lcfs";
-    case QueuePolicy::kWspt:
-      return "wspt";
-  }
-  return "unknown";
-}
-
 double QueueKey(QueuePolicy policy, const QueueKeyInputs& inputs) {
   const double jump = std::max(inputs.priority_jump, 0.0);
   switch (policy) {

@@ -35,7 +35,17 @@ enum class QueuePolicy : uint8_t { kFcfs = 0, kLcfs = 1, kWspt = 2 };
 
 // "fcfs", "lcfs", "wspt" (case-insensitive); InvalidArgument otherwise.
 absl::StatusOr<QueuePolicy> ParseQueuePolicy(std::string_view name);
-std::string_view QueuePolicyName(QueuePolicy policy);
+constexpr std::string_view QueuePolicyName(QueuePolicy policy) {
+  switch (policy) {
+    case QueuePolicy::kFcfs:
+      return "fcfs";
+    case QueuePolicy::kLcfs:
+      return "lcfs";
+    case QueuePolicy::kWspt:
+      return "wspt";
+  }
+  return "unknown";
+}
 
 // Dynamo's default max_num_batched_tokens for a worker that does not report one.
 inline constexpr uint64_t kDefaultMaxBatchedTokens = 10'000'000;

@@ -28,18 +28,4 @@ Tier TierFromMedium(std::string_view medium) {
   return Tier::kDevice;
 }
 
-std::string_view TierName(Tier tier) {
-  switch (tier) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kHostPinned:
-      return "host_pinned";
-    case Tier::kDisk:
-      return "disk";
-    case Tier::kExternal:
-      return "external";
-  }
-  return "unknown";
-}
-
 }  // namespace kvrouter

@@ -33,7 +33,19 @@ inline constexpr int kNumTiers = 4;
 // host pinned; CPU_TIER2/DISK/NVME -> disk; EXTERNAL/NETWORK/REMOTE/SHARED -> external.
 // Anything else, including an empty or missing medium, is the device (as in Dynamo).
 Tier TierFromMedium(std::string_view medium);
-std::string_view TierName(Tier tier);
+constexpr std::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHostPinned:
+      return "host_pinned";
+    case Tier::kDisk:
+      return "disk";
+    case Tier::kExternal:
+      return "external";
+  }
+  return "unknown";
+}
 
 // Blocks newly cached by one worker, consecutive along one sequence.
 struct StoredEvent {

@@ -1066,24 +1066,4 @@ absl::StatusOr<std::string> IngestService::Endpoint(uint64_t source_id) const {
   return it->second;
 }
 
-std::string_view IngestRejectName(IngestReject reason) {
-  switch (reason) {
-    case IngestReject::kFrameTooLarge:
-      return "frame_too_large";
-    case IngestReject::kBadFlatBuffers:
-      return "bad_flatbuffers";
-    case IngestReject::kBadMsgpack:
-      return "bad_msgpack";
-    case IngestReject::kBadMessage:
-      return "bad_message";
-    case IngestReject::kBlockSize:
-      return "block_size";
-    case IngestReject::kIndexRejected:
-      return "index_rejected";
-    case IngestReject::kStaleSequence:
-      return "stale_sequence";
-  }
-  return "unknown";
-}
-
 }  // namespace kvrouter

@@ -151,6 +151,24 @@ class IngestService {
   std::unique_ptr<Impl> impl_;
 };
 
-std::string_view IngestRejectName(IngestReject reason);
+constexpr std::string_view IngestRejectName(IngestReject reason) {
+  switch (reason) {
+    case IngestReject::kFrameTooLarge:
+      return "frame_too_large";
+    case IngestReject::kBadFlatBuffers:
+      return "bad_flatbuffers";
+    case IngestReject::kBadMsgpack:
+      return "bad_msgpack";
+    case IngestReject::kBadMessage:
+      return "bad_message";
+    case IngestReject::kBlockSize:
+      return "block_size";
+    case IngestReject::kIndexRejected:
+      return "index";
+    case IngestReject::kStaleSequence:
+      return "stale_sequence";
+  }
+  return "unknown";
+}
 
 }  // namespace kvrouter

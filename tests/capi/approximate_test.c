@@ -42,7 +42,7 @@ static void admission_is_recorded(void** state) {
   kvr_request_options opts = kvt_admit("first");
   kvr_overlap overlap;
 
-  kvr_route_result_init(&first);
+  kvr_route_result_init(&first, sizeof first);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_BLOCKS * BS, &opts, &first, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, first.booked);
@@ -58,7 +58,7 @@ static void admission_is_recorded(void** state) {
   KVT_OK(kvr_router_mark_prefill_completed(f->router, "first", ERRP));
   KVT_OK(kvr_router_free_request(f->router, "first", ERRP));
   opts = kvt_admit("second");
-  kvr_route_result_init(&second);
+  kvr_route_result_init(&second, sizeof second);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_BLOCKS * BS, &opts, &second, NULL, 0,
                              NULL, ERRP));
   assert_int_equal(first.worker_id, second.worker_id);
@@ -69,7 +69,7 @@ static void admission_is_recorded(void** state) {
 static void preview_is_not_recorded(void** state) {
   fixture* f = (fixture*)*state;
   kvr_route_result result;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_BLOCKS * BS, NULL, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(0, result.booked);
@@ -83,7 +83,7 @@ static void events_are_refused(void** state) {
   kvr_removed_event removed;
   KVT_EXPECT_FAILS(KVR_FAILED_PRECONDITION,
                    kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, 2, BS, 10, 0, 0, ERRP));
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = 1;
   removed.block_hashes = &hash;
   removed.num_blocks = 1;
@@ -96,7 +96,7 @@ static void ttl_option_accepted(void** state) {
   kvr_router_options opts;
   kvr_router* router;
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.flags = KVR_ROUTER_APPROXIMATE;
   opts.approx_ttl_seconds = 0.5;
   opts.approx_max_blocks = 64;

@@ -64,7 +64,7 @@ static void error_object_carries_status_and_message(void** state) {
   kvr_error* err = NULL;
   const char* message;
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = 0;
   assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, &err));
   /* On failure the out parameter is left untouched. */
@@ -85,10 +85,10 @@ static void error_objects_are_independent(void** state) {
   kvr_router* router = NULL;
   kvr_router_options opts;
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = 0;
   assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, &first));
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.temperature = -1.0;
   assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, &second));
   assert_null(router);
@@ -153,7 +153,7 @@ static void init_functions_set_struct_size_and_defaults(void** state) {
   (void)state;
 
   memset(&router, 0xAB, sizeof router);
-  kvr_router_options_init(&router);
+  kvr_router_options_init(&router, sizeof router);
   assert_int_equal(sizeof router, router.struct_size);
   assert_int_equal(16, router.block_size);
   assert_int_equal(0, router.flags);
@@ -171,7 +171,7 @@ static void init_functions_set_struct_size_and_defaults(void** state) {
   assert_int_equal(0, router.random_seed);
 
   memset(&worker, 0xAB, sizeof worker);
-  kvr_worker_config_init(&worker);
+  kvr_worker_config_init(&worker, sizeof worker);
   assert_int_equal(sizeof worker, worker.struct_size);
   assert_int_equal(0, worker.block_size);
   assert_int_equal(0, worker.dp_start);
@@ -180,7 +180,7 @@ static void init_functions_set_struct_size_and_defaults(void** state) {
   assert_int_equal(0, worker.max_num_batched_tokens);
 
   memset(&hash, 0xAB, sizeof hash);
-  kvr_hash_options_init(&hash);
+  kvr_hash_options_init(&hash, sizeof hash);
   assert_int_equal(sizeof hash, hash.struct_size);
   assert_int_equal(0, hash.flags);
   assert_null(hash.lora_name);
@@ -190,7 +190,7 @@ static void init_functions_set_struct_size_and_defaults(void** state) {
   assert_int_equal(0, hash.mm_num_blocks);
 
   memset(&stored, 0xAB, sizeof stored);
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   assert_int_equal(sizeof stored, stored.struct_size);
   assert_int_equal(KVR_TIER_DEVICE, stored.tier);
   assert_int_equal(0, stored.flags);
@@ -202,14 +202,14 @@ static void init_functions_set_struct_size_and_defaults(void** state) {
   assert_null(stored.mm_counts);
 
   memset(&removed, 0xAB, sizeof removed);
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   assert_int_equal(sizeof removed, removed.struct_size);
   assert_int_equal(KVR_TIER_DEVICE, removed.tier);
   assert_int_equal(0, removed.num_blocks);
   assert_null(removed.block_hashes);
 
   memset(&request, 0xAB, sizeof request);
-  kvr_request_options_init(&request);
+  kvr_request_options_init(&request, sizeof request);
   assert_int_equal(sizeof request, request.struct_size);
   assert_int_equal(0, request.flags);
   assert_null(request.request_id);
@@ -229,12 +229,74 @@ static void init_functions_set_struct_size_and_defaults(void** state) {
   assert_int_equal(-1, request.queue_timeout_ms);
 
   memset(&result, 0xAB, sizeof result);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   assert_int_equal(sizeof result, result.struct_size);
 
   memset(&metrics, 0xAB, sizeof metrics);
-  kvr_metrics_init(&metrics);
+  kvr_metrics_init(&metrics, sizeof metrics);
   assert_int_equal(sizeof metrics, metrics.struct_size);
+}
+
+/* Every _init, the same contract: NULL or a size too small for struct_size is refused with
+ * nothing written; its own size gives KVR_OK and struct_size == size; a newer caller's larger
+ * struct gets its unknown tail zero-filled; nothing is ever written past `size`. */
+#define KVT_EVERY_INIT(X)                                                                 \
+  X(kvr_hash_options, kvr_hash_options_init)                                              \
+  X(kvr_router_options, kvr_router_options_init)                                          \
+  X(kvr_worker_config, kvr_worker_config_init) X(kvr_stored_event, kvr_stored_event_init) \
+      X(kvr_removed_event, kvr_removed_event_init)                                        \
+          X(kvr_request_options, kvr_request_options_init)                                \
+              X(kvr_route_result, kvr_route_result_init) X(kvr_metrics, kvr_metrics_init) \
+                  X(kvr_routing_hints, kvr_routing_hints_init)                            \
+                      X(kvr_route_signals, kvr_route_signals_init)                        \
+                          X(kvr_disagg_options, kvr_disagg_options_init)                  \
+                              X(kvr_prefill_result, kvr_prefill_result_init)              \
+                                  X(kvr_ingest_options, kvr_ingest_options_init)          \
+                                      X(kvr_engine_worker, kvr_engine_worker_init)        \
+                                          X(kvr_ingest_stats, kvr_ingest_stats_init)
+
+enum { kGuard = 32 };
+
+static void check_sized_init(const char* name, size_t size,
+                             kvr_status (*init)(void* p, size_t size)) {
+  unsigned char buf[512 + 2 * kGuard];
+  unsigned char* p = buf + kGuard;
+  size_t i;
+  uint32_t recorded;
+  assert_true(size + 16 + 2 * kGuard <= sizeof buf);
+  fprintf(stderr, "  %s (%zu bytes)\n", name, size);
+
+  assert_int_equal(KVR_INVALID_ARGUMENT, init(NULL, size));
+  memset(buf, 0xAB, sizeof buf);
+  assert_int_equal(KVR_INVALID_ARGUMENT, init(p, 3));
+  for (i = 0; i < sizeof buf; ++i) assert_int_equal(0xAB, buf[i]);
+
+  memset(buf, 0xAB, sizeof buf);
+  assert_int_equal(KVR_OK, init(p, size));
+  memcpy(&recorded, p, sizeof recorded);
+  assert_int_equal(size, recorded);
+  for (i = 0; i < kGuard; ++i) assert_int_equal(0xAB, buf[i]);
+  for (i = size; i < sizeof buf - kGuard; ++i) assert_int_equal(0xAB, p[i]);
+
+  memset(buf, 0xAB, sizeof buf);
+  assert_int_equal(KVR_OK, init(p, size + 16));
+  memcpy(&recorded, p, sizeof recorded);
+  assert_int_equal(size + 16, recorded);
+  for (i = size; i < size + 16; ++i) assert_int_equal(0, p[i]);
+  for (i = size + 16; i < sizeof buf - kGuard; ++i) assert_int_equal(0xAB, p[i]);
+}
+
+/* Each _init behind one signature, so that one check covers them all. */
+#define KVT_ERASED_INIT_(type, init) \
+  static kvr_status erased_##init(void* p, size_t size) { return init((type*)p, size); }
+KVT_EVERY_INIT(KVT_ERASED_INIT_)
+#undef KVT_ERASED_INIT_
+
+static void init_functions_are_sized(void** state) {
+  (void)state;
+#define KVT_CHECK_INIT_(type, init) check_sized_init(#type, sizeof(type), erased_##init);
+  KVT_EVERY_INIT(KVT_CHECK_INIT_)
+#undef KVT_CHECK_INIT_
 }
 
 int main(void) {
@@ -248,6 +310,7 @@ int main(void) {
       cmocka_unit_test(free_functions_accept_null),
       cmocka_unit_test(tier_from_medium),
       cmocka_unit_test(init_functions_set_struct_size_and_defaults),
+      cmocka_unit_test(init_functions_are_sized),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

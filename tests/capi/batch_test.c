@@ -217,7 +217,7 @@ static kvr_event_batch* build_valid_batch(void) {
   assert_non_null(batch);
   assert_int_equal(0, kvr_event_batch_size(batch));
 
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.worker_id = 7;
   stored.event_id = 1;
   stored.block_hashes = w7;
@@ -237,7 +237,7 @@ static kvr_event_batch* build_valid_batch(void) {
   stored.block_hashes = w7b;
   stored.token_ids = tokens + 8;
   KVT_OK(kvr_event_batch_add_stored(batch, &stored, ERRP));
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.worker_id = 10;
   stored.event_id = 1;
   stored.tier = KVR_TIER_HOST_PINNED;
@@ -246,7 +246,7 @@ static kvr_event_batch* build_valid_batch(void) {
   stored.token_ids = tokens;
   stored.num_tokens = 4;
   KVT_OK(kvr_event_batch_add_stored(batch, &stored, ERRP));
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = 10;
   removed.event_id = 2;
   removed.tier = KVR_TIER_HOST_PINNED;
@@ -339,8 +339,8 @@ static void encoder_errors(void** state) {
   (void)state;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_event_batch_new(NULL, ERRP));
   KVT_OK(kvr_event_batch_new(&batch, ERRP));
-  kvr_stored_event_init(&stored);
-  kvr_removed_event_init(&removed);
+  kvr_stored_event_init(&stored, sizeof stored);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.block_hashes = &hash;
   removed.num_blocks = 1;
   /* NULL batch, NULL event, NULL out. */
@@ -355,10 +355,10 @@ static void encoder_errors(void** state) {
   /* Events are validated as kvr_router_apply_* validates them. */
   stored.struct_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_event_batch_add_stored(batch, &stored, ERRP));
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.tier = 9;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_event_batch_add_stored(batch, &stored, ERRP));
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.num_blocks = 3; /* no block_hashes */
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_event_batch_add_stored(batch, &stored, ERRP));
   removed.tier = 9;

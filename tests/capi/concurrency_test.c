@@ -38,7 +38,7 @@ static void* run(void* arg) {
     kvt_fill_tokens(tokens, 8 * BS, 1000u * (uint32_t)(i % 5));
     for (k = 0; k < 8; ++k)
       hashes[k] = 100000u * (uint64_t)(t->index + 1) + 10u * (uint64_t)(i % 5) + k;
-    kvr_stored_event_init(&stored);
+    kvr_stored_event_init(&stored, sizeof stored);
     stored.worker_id = (uint64_t)(t->index % 3) + 1;
     stored.block_hashes = hashes;
     stored.num_blocks = 8;
@@ -47,10 +47,10 @@ static void* run(void* arg) {
     if (kvr_router_apply_stored(t->router, &stored, NULL) != KVR_OK) ++t->failures;
 
     snprintf(id, sizeof id, "t%d-r%d", t->index, i);
-    kvr_request_options_init(&opts);
+    kvr_request_options_init(&opts, sizeof opts);
     opts.flags = KVR_REQUEST_ADMIT;
     opts.request_id = id;
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     if (kvr_find_best_match(t->router, tokens, 8 * BS, &opts, &result, NULL, 0, NULL, NULL) !=
         KVR_OK) {
       ++t->failures;

@@ -14,7 +14,7 @@
 static kvr_disagg* make_disagg(const kvr_disagg_options* opts) {
   kvr_router_options pool;
   kvr_disagg* disagg = NULL;
-  kvr_router_options_init(&pool);
+  kvr_router_options_init(&pool, sizeof pool);
   pool.block_size = BS;
   pool.random_seed = 3;
   KVT_OK(kvr_disagg_new(&pool, &pool, opts, &disagg, ERRP));
@@ -25,7 +25,7 @@ static kvr_disagg* make_disagg(const kvr_disagg_options* opts) {
 static void add_pool_worker(kvr_router* pool, uint64_t id, uint64_t total_kv_blocks,
                             uint64_t max_batched) {
   kvr_worker_config config;
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = id;
   config.total_kv_blocks = total_kv_blocks;
   config.max_num_batched_tokens = max_batched;
@@ -49,9 +49,9 @@ static void prefill_then_decode(void** state) {
   add_pool_worker(decode, 21, 1000, 0);
   /* The decode worker 21 caches the prompt: with forced overrides that earns no credit. */
   KVT_OK(kvt_store(decode, 21, 0, KVR_TIER_DEVICE, prompt, 8, BS, 500, 0, 0, ERRP));
-  kvr_prefill_result_init(&where);
-  kvr_route_signals_init(&out);
-  kvr_routing_hints_init(&hints);
+  kvr_prefill_result_init(&where, sizeof where);
+  kvr_route_signals_init(&out, sizeof out);
+  kvr_routing_hints_init(&hints, sizeof hints);
   hints.prefill_worker_id = 11;
   KVT_OK(kvr_disagg_route_prefill(disagg, prompt, 8 * BS, &req, &hints, &where, ERRP));
   assert_int_equal(1, where.remote);
@@ -84,7 +84,7 @@ static void decode_overrides_are_forced(void** state) {
   add_pool_worker(decode, 20, 1000, 0);
   req.track_prefill_tokens = 1; /* the request asks for tracking; decode overrides it */
   req.temperature = 0.5;
-  kvr_route_signals_init(&out);
+  kvr_route_signals_init(&out, sizeof out);
   KVT_OK(kvr_disagg_route_decode(disagg, prompt, 8 * BS, &req, NULL, 1, &out, ERRP));
   load = kvt_load_of(decode, prompt, 8 * BS, 20, 0);
   assert_int_equal(0, load.active_prefill_tokens);
@@ -108,14 +108,14 @@ static void empty_prefill_pool(void** state) {
   (void)state;
   kvt_fill_tokens(prompt, 2 * BS, 3);
   add_pool_worker(kvr_disagg_decode_router(disagg), 20, 1000, 0);
-  kvr_prefill_result_init(&where);
+  kvr_prefill_result_init(&where, sizeof where);
   KVT_OK(kvr_disagg_route_prefill(disagg, prompt, 2 * BS, &req, NULL, &where, ERRP));
   assert_int_equal(0, where.remote);
   assert_int_equal(KVR_PREFILL_NO_PREFILL_WORKERS, where.reason);
   assert_int_equal(-1, where.bootstrap_room);
   kvr_disagg_free(disagg);
 
-  kvr_disagg_options_init(&opts);
+  kvr_disagg_options_init(&opts, sizeof opts);
   opts.enforce = 1;
   disagg = make_disagg(&opts);
   KVT_EXPECT_FAILS(KVR_FAILED_PRECONDITION,
@@ -156,10 +156,10 @@ static void conditional_policies_and_decode_guard(void** state) {
   kvr_prefill_result where;
   (void)state;
   kvt_fill_tokens(prompt, 8 * BS, 3);
-  kvr_prefill_result_init(&where);
+  kvr_prefill_result_init(&where, sizeof where);
 
   /* isl_bounding: 128 uncached tokens <= 512: local prefill, if the decode guard allows. */
-  kvr_disagg_options_init(&opts);
+  kvr_disagg_options_init(&opts, sizeof opts);
   opts.policy = KVR_DISAGG_ISL_BOUNDING;
   disagg = make_disagg(&opts);
   add_pool_worker(kvr_disagg_prefill_router(disagg), 10, 1000, 0);
@@ -212,7 +212,7 @@ static void conditional_policies_and_decode_guard(void** state) {
   {
     kvr_router_options pool;
     kvr_disagg* none = NULL;
-    kvr_router_options_init(&pool);
+    kvr_router_options_init(&pool, sizeof pool);
     KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_disagg_new(&pool, &pool, &opts, &none, ERRP));
     assert_null(none);
   }

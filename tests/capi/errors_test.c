@@ -45,18 +45,18 @@ static void null_router_everywhere(void** state) {
   (void)state;
 
   kvt_fill_tokens(tokens, 16, 0);
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.block_hashes = hashes;
   stored.num_blocks = 1;
   stored.token_ids = tokens;
   stored.num_tokens = 16;
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.block_hashes = hashes;
   removed.num_blocks = 1;
-  kvr_route_result_init(&result);
-  kvr_metrics_init(&metrics);
+  kvr_route_result_init(&result, sizeof result);
+  kvr_metrics_init(&metrics, sizeof metrics);
 
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_add_worker(NULL, &config, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_update_worker(NULL, &config, ERRP));
@@ -132,7 +132,7 @@ static void errors_carry_documented_statuses(void** state) {
   kvr_error* err = NULL;
   (void)state;
   kvt_fill_tokens(tokens, 16, 0);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   assert_int_equal(KVR_UNAVAILABLE,
                    kvr_find_best_match(router, tokens, 16, NULL, &result, NULL, 0, NULL, &err));
   assert_string_equal("KVR_UNAVAILABLE", kvr_status_str(kvr_error_status(err)));

@@ -70,7 +70,7 @@ static void stored_with_local_hashes(void** state) {
   kvr_stored_event event;
   kvr_overlap overlap;
   KVT_OK(kvr_compute_block_hashes(f->prompt, 64, BS, NULL, local, 4, &len, ERRP));
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = 2;
   event.event_id = 9;
   event.block_hashes = engine;
@@ -92,7 +92,7 @@ static void stored_with_lora_namespace_and_multimodal(void** state) {
   kvr_request_options opts;
   kvr_overlap scores[4];
   size_t len = 0;
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = 1;
   event.block_hashes = engine;
   event.num_blocks = 2;
@@ -107,7 +107,7 @@ static void stored_with_lora_namespace_and_multimodal(void** state) {
   /* The plain prompt does not match: its hashes differ. */
   assert_false(kvt_overlap_of(f->router, f->prompt, 64, 1, 0, NULL));
   /* The same LoRA, namespace and multimodal content match both blocks. */
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.lora_name = "adapter-a";
   opts.cache_namespace = "tenant-1";
   opts.mm_hashes = mm;
@@ -132,11 +132,11 @@ static void stored_eagle(void** state) {
   kvr_overlap overlap;
   (void)f;
   /* An eagle router hashes prompts with eagle windows; the event carries one look-ahead token. */
-  kvr_router_options_init(&ropts);
+  kvr_router_options_init(&ropts, sizeof ropts);
   ropts.block_size = BS;
   ropts.flags = KVR_ROUTER_EAGLE;
   router = kvt_router_new_opts(&ropts);
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = 1;
   event.flags = KVR_STORED_EAGLE;
   event.block_hashes = engine;
@@ -179,7 +179,7 @@ static void lower_tiers(void** state) {
   {
     uint64_t hashes[4] = {100, 101, 102, 103};
     kvr_removed_event removed;
-    kvr_removed_event_init(&removed);
+    kvr_removed_event_init(&removed, sizeof removed);
     removed.worker_id = 1;
     removed.tier = KVR_TIER_HOST_PINNED;
     removed.block_hashes = hashes;
@@ -197,7 +197,7 @@ static void bad_tier_refused(void** state) {
   uint64_t hash = 100;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
                    kvt_store(f->router, 1, 0, 4, f->prompt, 1, BS, 100, 0, 0, ERRP));
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = 1;
   removed.tier = 17;
   removed.block_hashes = &hash;
@@ -212,7 +212,7 @@ static void removed_blocks(void** state) {
   kvr_removed_event removed;
   kvr_overlap overlap;
   KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, 4, BS, 100, 0, 0, ERRP));
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = 1;
   removed.event_id = 2;
   removed.block_hashes = hashes;
@@ -231,7 +231,7 @@ static void removed_unknown_block(void** state) {
   kvr_overlap overlap;
   kvr_metrics metrics;
   KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, 4, BS, 100, 0, 0, ERRP));
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = 1;
   removed.block_hashes = hashes;
   removed.num_blocks = 2;
@@ -263,7 +263,7 @@ static void stored_incomplete_block(void** state) {
   kvr_stored_event event;
   kvr_overlap overlap;
   kvr_metrics metrics;
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = 1;
   event.block_hashes = engine;
   event.num_blocks = 2;
@@ -282,7 +282,7 @@ static void stored_invalid_sequence(void** state) {
   uint64_t engine[2] = {100, 100}; /* the second block repeats the first one's hash */
   kvr_stored_event event;
   kvr_error* err = NULL;
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = 1;
   event.block_hashes = engine;
   event.num_blocks = 2;
@@ -299,7 +299,7 @@ static void cleared(void** state) {
   kvr_worker_config config;
   uint32_t other[32];
   kvt_fill_tokens(other, 32, 5000);
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 3;
   config.dp_size = 2;
   KVT_OK(kvr_router_add_worker(f->router, &config, ERRP));
@@ -343,13 +343,13 @@ static void event_null_arguments(void** state) {
   kvr_removed_event removed;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_removed(f->router, NULL, ERRP));
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.worker_id = 1;
   stored.num_blocks = 2; /* no block_hashes */
   stored.token_ids = f->prompt;
   stored.num_tokens = 2 * BS;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &stored, ERRP));
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = 1;
   removed.num_blocks = 1; /* no block_hashes */
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_removed(f->router, &removed, ERRP));
@@ -367,7 +367,7 @@ static void event_struct_size_rules(void** state) {
   } newer;
   kvr_overlap overlap;
 
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.worker_id = 1;
   stored.block_hashes = engine;
   stored.num_blocks = 1;
@@ -375,25 +375,26 @@ static void event_struct_size_rules(void** state) {
   stored.num_tokens = BS;
   stored.struct_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &stored, ERRP));
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.struct_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_removed(f->router, &removed, ERRP));
   assert_int_equal(0, kvt_metrics(f->router).index_blocks);
 
-  /* Older caller: the struct ends before lora_name; the LoRA, namespace and multimodal fields
-   * beyond it are not read. */
+  /* A struct shorter than the first released layout (which already ended with mm_counts) is
+   * no caller's: refused, with a message that says so, and nothing is read past it. */
   stored.struct_size = (uint32_t)offsetof(kvr_stored_event, lora_name);
-  stored.lora_name = "adapter-a";
-  stored.cache_namespace = "tenant-1";
   stored.mm_counts = (const size_t*)(uintptr_t)8; /* never dereferenced */
-  KVT_OK(kvr_router_apply_stored(f->router, &stored, ERRP));
-  assert_true(kvt_overlap_of(f->router, f->prompt, 64, 1, 0, &overlap));
-  assert_int_equal(1, overlap.device_blocks);
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
+                          kvr_router_apply_stored(f->router, &stored, ERRP));
+  assert_false(kvt_overlap_of(f->router, f->prompt, 64, 1, 0, &overlap));
 
-  /* Newer caller: zero tail accepted, non-zero tail refused. */
-  memset(&newer, 0, sizeof newer);
-  kvr_stored_event_init(&newer.base);
-  newer.base.struct_size = (uint32_t)sizeof newer;
+  /* Newer caller (its _init is given its own, larger size): zero tail accepted, non-zero tail
+   * refused. */
+  memset(&newer, 0xAB, sizeof newer);
+  KVT_OK(kvr_stored_event_init(&newer.base, sizeof newer));
+  assert_int_equal(sizeof newer, newer.base.struct_size);
+  assert_int_equal(0, newer.tail[0]);
+  assert_int_equal(0, newer.tail[1]);
   newer.base.worker_id = 2;
   newer.base.block_hashes = engine;
   newer.base.num_blocks = 1;

@@ -65,7 +65,7 @@ static void lora_and_namespace(void** state) {
   size_t len = 0;
   kvr_hash_options opts;
   (void)state;
-  kvr_hash_options_init(&opts);
+  kvr_hash_options_init(&opts, sizeof opts);
   opts.lora_name = "adapter-a";
   compute(tokens, 4, 4, &opts, out, 2, &len);
   assert_int_equal(1, len);
@@ -81,7 +81,7 @@ static void lora_and_namespace(void** state) {
   compute(tokens, 4, 4, NULL, out, 2, &len);
   assert_int_equal(9143094415614847814ull, out[0]);
 
-  kvr_hash_options_init(&opts);
+  kvr_hash_options_init(&opts, sizeof opts);
   opts.cache_namespace = "tenant-1";
   compute(tokens, 4, 4, &opts, out, 2, &len);
   assert_int_equal(12244549381340615468ull, out[0]);
@@ -95,7 +95,7 @@ static void lora_and_namespace_together(void** state) {
   kvr_hash_options opts;
   (void)state;
   kvt_fill_tokens(tokens, 32, 100);
-  kvr_hash_options_init(&opts);
+  kvr_hash_options_init(&opts, sizeof opts);
   opts.lora_name = "adapter-b";
   opts.cache_namespace = "tenant-2";
   compute(tokens, 32, 16, &opts, out, 2, &len);
@@ -119,7 +119,7 @@ static void multimodal(void** state) {
   kvr_hash_options opts;
   (void)state;
 
-  kvr_hash_options_init(&opts);
+  kvr_hash_options_init(&opts, sizeof opts);
   opts.mm_hashes = mm1;
   opts.mm_counts = counts1;
   opts.mm_num_blocks = 2;
@@ -128,7 +128,7 @@ static void multimodal(void** state) {
   assert_int_equal(8042846820486697486ull, out[0]);
   assert_int_equal(2662118915037317746ull, out[1]);
 
-  kvr_hash_options_init(&opts);
+  kvr_hash_options_init(&opts, sizeof opts);
   opts.mm_hashes = mm2;
   opts.mm_counts = counts2;
   opts.mm_num_blocks = 2;
@@ -145,7 +145,7 @@ static void eagle_windows(void** state) {
   size_t len = 0;
   kvr_hash_options opts;
   (void)state;
-  kvr_hash_options_init(&opts);
+  kvr_hash_options_init(&opts, sizeof opts);
   opts.flags = KVR_HASH_EAGLE;
   /* Windows of block_size + 1 tokens: 5 tokens make 2 blocks of 2. */
   compute(tokens, 5, 2, &opts, out, 3, &len);
@@ -269,26 +269,25 @@ static void hash_options_struct_size_rules(void** state) {
   (void)state;
 
   /* struct_size 0 is refused. */
-  kvr_hash_options_init(&opts);
+  kvr_hash_options_init(&opts, sizeof opts);
   opts.struct_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
                    kvr_compute_block_hashes(tokens, 4, 4, &opts, out, 1, &len, ERRP));
 
-  /* An older caller whose struct ends before cache_namespace: the fields beyond are not read
-   * (garbage there must not matter) and take their defaults. */
-  kvr_hash_options_init(&opts);
-  opts.lora_name = "adapter-a";
-  opts.cache_namespace = "tenant-1";             /* beyond struct_size: ignored */
-  opts.mm_counts = (const size_t*)(uintptr_t)16; /* beyond struct_size: never dereferenced */
-  opts.mm_num_blocks = 12345;
-  opts.struct_size = (uint32_t)offsetof(kvr_hash_options, cache_namespace);
-  compute(tokens, 4, 4, &opts, out, 1, &len);
-  assert_int_equal(6665157333201000639ull, out[0]);
+  /* A struct shorter than the first released layout is refused, saying so: _init refuses the
+   * size, and a struct that claims it is refused by every call. */
+  memset(&opts, 0xAB, sizeof opts);
+  assert_int_equal(KVR_INVALID_ARGUMENT,
+                   kvr_hash_options_init(&opts, offsetof(kvr_hash_options, cache_namespace)));
+  assert_int_equal(offsetof(kvr_hash_options, cache_namespace), opts.struct_size);
+  assert_null(opts.lora_name);
+  assert_true(*(const uint8_t*)&opts.cache_namespace == 0xAB); /* past the size: untouched */
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
+                          kvr_compute_block_hashes(tokens, 4, 4, &opts, out, 1, &len, ERRP));
 
   /* A newer caller: a zero tail is accepted, a non-zero one refused. */
-  memset(&newer, 0, sizeof newer);
-  kvr_hash_options_init(&newer.base);
-  newer.base.struct_size = (uint32_t)sizeof newer;
+  memset(&newer, 0xAB, sizeof newer);
+  KVT_OK(kvr_hash_options_init(&newer.base, sizeof newer));
   newer.base.cache_namespace = "tenant-1";
   compute(tokens, 4, 4, &newer.base, out, 1, &len);
   assert_int_equal(12244549381340615468ull, out[0]);
@@ -304,7 +303,7 @@ static void multimodal_counts_without_hashes(void** state) {
   size_t len = 0;
   kvr_hash_options opts;
   (void)state;
-  kvr_hash_options_init(&opts);
+  kvr_hash_options_init(&opts, sizeof opts);
   opts.mm_hashes = NULL;
   opts.mm_counts = counts;
   opts.mm_num_blocks = 2;

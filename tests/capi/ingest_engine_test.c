@@ -35,7 +35,7 @@ static int teardown(void** state) {
 
 static kvr_engine_worker worker_at(const char* endpoint, uint64_t worker_id) {
   kvr_engine_worker worker;
-  kvr_engine_worker_init(&worker);
+  kvr_engine_worker_init(&worker, sizeof worker);
   worker.endpoint = endpoint;
   worker.worker_id = worker_id;
   return worker;
@@ -53,7 +53,7 @@ static void register_and_deregister_at_runtime(void** state) {
   assert_true(source != 0);
   KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS,
                    kvr_ingest_add_engine_worker(f->ingest, &worker, NULL, ERRP));
-  kvr_ingest_stats_init(&stats);
+  kvr_ingest_stats_init(&stats, sizeof stats);
   KVT_OK(kvr_ingest_get_stats(f->ingest, source, &stats, ERRP));
   assert_int_equal(0, stats.messages);
   assert_int_equal(0, stats.state_unknown);
@@ -97,7 +97,7 @@ static void bad_arguments(void** state) {
                    kvr_ingest_add_engine_worker(f->ingest, &worker, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_ingest_add_engine_worker(f->ingest, NULL, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_ingest_add_engine_worker(NULL, &worker, NULL, ERRP));
-  kvr_ingest_stats_init(&stats);
+  kvr_ingest_stats_init(&stats, sizeof stats);
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_ingest_get_stats(f->ingest, 0, NULL, ERRP));
   /* The totals always exist. */
   KVT_OK(kvr_ingest_get_stats(f->ingest, 0, &stats, ERRP));

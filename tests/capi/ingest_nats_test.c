@@ -90,7 +90,7 @@ static void stop_server(pid_t pid) {
 
 static kvr_ingest_stats stats_of(kvr_ingest* ingest, uint64_t source) {
   kvr_ingest_stats stats;
-  kvr_ingest_stats_init(&stats);
+  kvr_ingest_stats_init(&stats, sizeof stats);
   KVT_OK(kvr_ingest_get_stats(ingest, source, &stats, ERRP));
   return stats;
 }
@@ -106,7 +106,7 @@ static void publish_stored(natsConnection* nc, const char* subject, uint64_t wor
   assert_true(num_blocks <= 8);
   for (i = 0; i < num_blocks; ++i) hashes[i] = first_hash + i;
   KVT_OK(kvr_event_batch_new(&batch, ERRP));
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = worker_id;
   event.event_id = first_hash;
   event.block_hashes = hashes;
@@ -289,7 +289,7 @@ static void replicas_sync_bookings_over_nats(void** state) {
   wait_messages(&b, 1);
 
   kvt_fill_tokens(tokens, 2 * BS, 0);
-  kvr_request_options_init(&options);
+  kvr_request_options_init(&options, sizeof options);
   options.request_id = "r1";
   KVT_OK(kvr_router_add_request(a.router, tokens, 2 * BS, 1, 0, &options, ERRP));
   wait_replica_requests(&b, 1);

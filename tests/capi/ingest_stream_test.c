@@ -62,7 +62,7 @@ static void sleep_ms(long ms) {
 
 static kvr_ingest_stats stats_of(kvr_ingest* ingest, uint64_t source) {
   kvr_ingest_stats stats;
-  kvr_ingest_stats_init(&stats);
+  kvr_ingest_stats_init(&stats, sizeof stats);
   KVT_OK(kvr_ingest_get_stats(ingest, source, &stats, ERRP));
   return stats;
 }
@@ -89,7 +89,7 @@ static kvr_event_batch* stored_batch(uint64_t worker_id, const uint32_t* tokens,
   assert_true(num_blocks <= 16);
   for (i = 0; i < num_blocks; ++i) hashes[i] = first_hash + i;
   KVT_OK(kvr_event_batch_new(&batch, ERRP));
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = worker_id;
   event.event_id = first_hash;
   event.block_hashes = hashes;
@@ -233,7 +233,7 @@ static void bad_frames_are_rejected_and_counted(void** state) {
     kvr_stored_event event;
     uint64_t hash = 5555;
     KVT_OK(kvr_event_batch_new(&orphan, ERRP));
-    kvr_stored_event_init(&event);
+    kvr_stored_event_init(&event, sizeof event);
     event.worker_id = 1;
     event.flags = KVR_STORED_HAS_PARENT;
     event.parent_hash = 424242;
@@ -274,7 +274,7 @@ static void events_apply_while_routing(void** state) {
     kvr_event_batch_free(batch);
   }
   do {
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     KVT_OK(kvr_find_best_match(f->router, tokens[kBatches - 1], BS, NULL, &result, NULL, 0, NULL,
                                ERRP));
     stats = stats_of(f->ingest, source);
@@ -282,7 +282,7 @@ static void events_apply_while_routing(void** state) {
   } while (stats.messages < kBatches && ++waited < WAIT_MS);
   assert_int_equal(kBatches, stats.events_applied);
   /* Once applied, the last prompt goes to the worker that cached it. */
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(
       kvr_find_best_match(f->router, tokens[kBatches - 1], BS, NULL, &result, NULL, 0, NULL, ERRP));
   assert_int_equal(2, result.worker_id);
@@ -379,7 +379,7 @@ static void lifecycle_rules(void** state) {
   kvr_ingest_free(idle);
 
   /* A newer caller's options with unknown non-zero fields are refused. */
-  kvr_ingest_options_init(&opts);
+  kvr_ingest_options_init(&opts, sizeof opts);
   opts.max_frame_bytes = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_ingest_new(f->router, &opts, &idle, ERRP));
 

@@ -52,7 +52,7 @@ static void add_request_books_the_given_rank(void** state) {
   /* The next request for the same prompt avoids the busy rank. */
   {
     kvr_route_result result;
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     KVT_OK(kvr_find_best_match(f->router, f->prompt, 8 * BS, NULL, &result, NULL, 0, NULL, ERRP));
     assert_false(result.worker_id == 1 && result.dp_rank == 1);
   }
@@ -114,7 +114,7 @@ static void add_request_duplicate_id(void** state) {
   /* Also through admission. */
   {
     kvr_route_result result;
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_find_best_match(f->router, f->prompt, 8 * BS, &opts,
                                                              &result, NULL, 0, NULL, ERRP));
   }
@@ -126,7 +126,7 @@ static void add_request_duplicate_id(void** state) {
 static void add_request_needs_request_id(void** state) {
   fixture* f = (fixture*)*state;
   kvr_request_options opts;
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
                    kvr_router_add_request(f->router, f->prompt, 8 * BS, 1, 0, &opts, ERRP));
   opts.request_id = "";

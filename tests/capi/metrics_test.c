@@ -28,12 +28,12 @@ static int setup(void** state) {
   kvt_add_worker(f->router, 2);
   kvt_fill_tokens(f->prompt, 4 * BS, 1);
   KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, 4, BS, 100, 0, 0, ERRP));
-  kvr_removed_event_init(&removed);
+  kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = 2;
   removed.block_hashes = &missing;
   removed.num_blocks = 1;
   if (kvr_router_apply_removed(f->router, &removed, NULL) != KVR_NOT_FOUND) return -1;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, 4 * BS, &opts, &result, NULL, 0, NULL, ERRP));
   *state = f;
   return 0;
@@ -75,7 +75,8 @@ static void counters(void** state) {
 static void get_metrics_null_and_struct_size(void** state) {
   fixture* f = (fixture*)*state;
   kvr_metrics m;
-  const size_t covered = offsetof(kvr_metrics, decisions);
+  /* The first released layout (0.1.0's) ended with index_bytes. */
+  const size_t covered = KVT_LAYOUT_END(kvr_metrics, index_bytes);
   uint8_t sentinel[sizeof(kvr_metrics)];
   struct {
     kvr_metrics base;
@@ -83,25 +84,37 @@ static void get_metrics_null_and_struct_size(void** state) {
   } newer;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_get_metrics(f->router, NULL, ERRP));
 
-  kvr_metrics_init(&m);
+  kvr_metrics_init(&m, sizeof m);
   m.struct_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_get_metrics(f->router, &m, ERRP));
 
-  /* An older caller's struct (ending before `decisions`) is written no further. */
+  /* An older caller's struct (the first released layout, without the replica counters) is
+   * written no further. */
   memset(&m, 0xAB, sizeof m);
   memset(sentinel, 0xAB, sizeof sentinel);
-  m.struct_size = (uint32_t)covered;
+  KVT_OK(kvr_metrics_init(&m, covered));
+  assert_int_equal(covered, m.struct_size);
   KVT_OK(kvr_router_get_metrics(f->router, &m, ERRP));
   assert_int_equal(covered, m.struct_size);
   assert_int_equal(1, m.events[KVR_EVENT_STORED][KVR_EVENT_OK]);
-  assert_int_equal(0, m.event_batches_rejected);
+  assert_int_equal(2, m.workers);
   assert_memory_equal(sentinel + covered, (uint8_t*)&m + covered, sizeof m - covered);
 
-  /* A newer caller's larger struct: the known part is filled. */
-  memset(&newer, 0, sizeof newer);
-  newer.base.struct_size = (uint32_t)sizeof newer;
+  /* Shorter than that: refused, nothing written. */
+  memset(&m, 0xAB, sizeof m);
+  m.struct_size = (uint32_t)offsetof(kvr_metrics, decisions);
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
+                          kvr_router_get_metrics(f->router, &m, ERRP));
+  assert_true(((uint8_t*)&m)[offsetof(kvr_metrics, events)] == 0xAB);
+
+  /* A newer caller's larger struct: the known part is filled, the tail keeps _init's zeros. */
+  memset(&newer, 0xAB, sizeof newer);
+  KVT_OK(kvr_metrics_init(&newer.base, sizeof newer));
   KVT_OK(kvr_router_get_metrics(f->router, &newer.base, ERRP));
+  assert_int_equal(sizeof newer, newer.base.struct_size);
   assert_int_equal(2, newer.base.workers);
+  assert_int_equal(0, newer.tail[0]);
+  assert_int_equal(0, newer.tail[1]);
 }
 
 static char* prometheus(kvr_router* router) {

@@ -29,13 +29,13 @@ static int setup(void** state) {
   kvr_request_options busy = kvt_admit("busy");
   kvr_route_result result;
   if (f == NULL) return -1;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = BS;
   opts.queue_threshold = 0;
   f->router = kvt_router_new_opts(&opts);
   kvt_add_worker_full(f->router, 1, 1, 16);
   kvt_fill_tokens(f->prompt, PROMPT_TOKENS, 1);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &busy, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, result.booked);
@@ -65,7 +65,7 @@ static void busy_worker_times_out(void** state) {
   double start;
   kvr_metrics m;
   opts.queue_timeout_ms = 50;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   result.worker_id = 0xDEAD;
   start = now_ms();
   assert_int_equal(KVR_DEADLINE_EXCEEDED, kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS,
@@ -84,7 +84,7 @@ static void busy_worker_times_out(void** state) {
   /* The timed-out id was never booked: once the worker's prefill is done it is admitted at
    * once under the same id. */
   KVT_OK(kvr_router_mark_prefill_completed(f->router, "busy", ERRP));
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, result.booked);
@@ -96,7 +96,7 @@ static void preview_never_waits(void** state) {
   fixture* f = (fixture*)*state;
   kvr_route_result result;
   double start = now_ms();
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(
       kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, NULL, &result, NULL, 0, NULL, ERRP));
   assert_true(now_ms() - start < 1000.0);
@@ -112,7 +112,7 @@ static void allowed_workers_bypass_the_queue(void** state) {
   opts.allowed_worker_ids = allowed;
   opts.num_allowed_worker_ids = 1;
   opts.queue_timeout_ms = 50;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, result.booked);
@@ -131,7 +131,7 @@ static void* wait_for_admission(void* arg) {
   waiter* w = (waiter*)arg;
   kvr_request_options opts = kvt_admit("queued");
   opts.queue_timeout_ms = 10000;
-  kvr_route_result_init(&w->result);
+  kvr_route_result_init(&w->result, sizeof w->result);
   w->status = kvr_find_best_match(w->router, w->prompt, PROMPT_TOKENS, &opts, &w->result, NULL, 0,
                                   NULL, NULL);
   return NULL;
@@ -162,7 +162,7 @@ static void waiter_admitted_when_prefill_completes(void** state) {
     kvr_request_options dup = kvt_admit("queued");
     kvr_route_result result;
     dup.queue_timeout_ms = 1;
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS,
                                                              &dup, &result, NULL, 0, NULL, ERRP));
   }

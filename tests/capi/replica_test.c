@@ -77,7 +77,7 @@ static void book(kvr_router* router, const char* id, uint64_t worker_id, size_t 
   kvr_request_options options;
   assert_true(blocks <= 8);
   kvt_fill_tokens(tokens, blocks * BS, first);
-  kvr_request_options_init(&options);
+  kvr_request_options_init(&options, sizeof options);
   options.request_id = id;
   KVT_OK(kvr_router_add_request(router, tokens, blocks * BS, worker_id, 0, &options, ERRP));
 }
@@ -140,7 +140,7 @@ static void reserved_ids_and_stopping(void** state) {
   uint32_t tokens[BS];
   kvr_request_options options;
   kvt_fill_tokens(tokens, BS, 0);
-  kvr_request_options_init(&options);
+  kvr_request_options_init(&options, sizeof options);
   options.request_id = reserved;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
                    kvr_router_add_request(f->a, tokens, BS, 1, 0, &options, ERRP));

@@ -26,7 +26,7 @@ static uint32_t prompt_blocks_of_64(kvr_router* router) {
   kvr_route_result result;
   kvt_fill_tokens(tokens, 64, 1);
   kvt_add_worker(router, 1);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(router, tokens, 64, NULL, &result, NULL, 0, NULL, ERRP));
   return result.prompt_blocks;
 }
@@ -49,7 +49,7 @@ static void new_with_options(void** state) {
   kvr_router_options opts;
   kvr_router* router;
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = 8;
   opts.queue_policy = KVR_QUEUE_WSPT;
   opts.queue_threshold = 2.0;
@@ -68,7 +68,7 @@ static void new_with_options(void** state) {
   assert_int_equal(8, prompt_blocks_of_64(router));
   kvr_router_free(router);
 
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.flags = KVR_ROUTER_APPROXIMATE | KVR_ROUTER_EAGLE;
   router = kvt_router_new_opts(&opts);
   kvr_router_free(router);
@@ -84,7 +84,7 @@ static void new_zero_block_size(void** state) {
   kvr_router* router = NULL;
   kvr_error* err = NULL;
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
   assert_null(router);
@@ -99,47 +99,47 @@ static void new_refuses_bad_settings(void** state) {
   kvr_router* router = NULL;
   kvr_error* err = NULL;
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.temperature = -1;
   assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, &err));
   assert_non_null(strstr(kvr_error_message(err), "temperature"));
   kvr_error_free(err);
   err = NULL;
 
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.host_cache_hit_weight = 2;
   assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, &err));
   assert_non_null(strstr(kvr_error_message(err), "host_cache_hit_weight"));
   kvr_error_free(err);
   err = NULL;
 
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.queue_policy = 99;
   assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, &err));
   assert_non_null(strstr(kvr_error_message(err), "queue_policy"));
   kvr_error_free(err);
   err = NULL;
 
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.approx_ttl_seconds = 0;
   assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, &err));
   assert_non_null(strstr(kvr_error_message(err), "approx_ttl_seconds"));
   kvr_error_free(err);
   err = NULL;
 
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.queue_threshold = NAN;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.overlap_score_credit = -0.5;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.approx_max_blocks = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.approx_prune_target_ratio = 1.5;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.request_expiry_seconds = -1;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
   assert_null(router);
@@ -149,7 +149,7 @@ static void options_struct_size_zero_refused(void** state) {
   kvr_router_options opts;
   kvr_router* router = NULL;
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.struct_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
   assert_null(router);
@@ -157,30 +157,41 @@ static void options_struct_size_zero_refused(void** state) {
 
 /* An older caller's struct ends before `temperature`: everything from there on is not read
  * (even invalid values there must not matter) and takes its default. */
+/* An older caller: the first released layout ended with random_seed. Its _init writes no
+ * further, and the fields after it (Dynamo's newer cost knobs) take their defaults. */
 static void options_from_older_caller(void** state) {
+  const size_t first = KVT_LAYOUT_END(kvr_router_options, random_seed);
   kvr_router_options opts;
   kvr_router* router;
   (void)state;
-  kvr_router_options_init(&opts);
-  opts.block_size = 4;                /* covered: read */
-  opts.temperature = -5;              /* beyond: ignored (would be refused) */
-  opts.queue_threshold = NAN;         /* beyond: ignored */
-  opts.approx_ttl_seconds = -1;       /* beyond: ignored */
-  opts.approx_max_blocks = 0;         /* beyond: ignored */
-  opts.approx_prune_target_ratio = 9; /* beyond: ignored */
-  opts.request_expiry_seconds = -1;   /* beyond: ignored */
-  opts.struct_size = (uint32_t)offsetof(kvr_router_options, temperature);
+  memset(&opts, 0xAB, sizeof opts);
+  KVT_OK(kvr_router_options_init(&opts, first));
+  assert_int_equal(first, opts.struct_size);
+  assert_int_equal(16, opts.block_size);
+  assert_true(((uint8_t*)&opts)[first] == 0xAB); /* nothing written past the size */
+  opts.block_size = 4;                           /* covered: read */
+  opts.overlap_score_credit_decay = -5;          /* beyond: ignored (would be refused) */
+  opts.decode_active_request_weight = NAN;       /* beyond: ignored */
   router = kvt_router_new_opts(&opts);
   assert_int_equal(16, prompt_blocks_of_64(router));
   kvr_router_free(router);
 
-  /* The smallest struct: only struct_size itself; every setting is a default. */
-  kvr_router_options_init(&opts);
-  opts.block_size = 0; /* beyond: ignored */
-  opts.struct_size = (uint32_t)sizeof(uint32_t);
-  router = kvt_router_new_opts(&opts);
-  assert_int_equal(4, prompt_blocks_of_64(router));
-  kvr_router_free(router);
+  /* Shorter than the first released layout: _init refuses the size and so does every call. */
+  memset(&opts, 0xAB, sizeof opts);
+  assert_int_equal(KVR_INVALID_ARGUMENT,
+                   kvr_router_options_init(&opts, offsetof(kvr_router_options, temperature)));
+  assert_int_equal(offsetof(kvr_router_options, temperature), opts.struct_size);
+  assert_true(((uint8_t*)&opts)[offsetof(kvr_router_options, temperature)] == 0xAB);
+  router = NULL;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
+                          kvr_router_new(&opts, &router, ERRP));
+  assert_null(router);
+
+  /* No struct, or a size that cannot even hold struct_size: refused, nothing written. */
+  assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_options_init(NULL, sizeof opts));
+  memset(&opts, 0xAB, sizeof opts);
+  assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_options_init(&opts, 3));
+  assert_int_equal(0xABABABABu, opts.struct_size);
 }
 
 /* A newer caller's struct is larger: an all-zero unknown tail is accepted, any non-zero byte
@@ -193,9 +204,10 @@ static void options_from_newer_caller(void** state) {
   kvr_router* router = NULL;
   size_t i;
   (void)state;
-  memset(&newer, 0, sizeof newer);
-  kvr_router_options_init(&newer.base);
-  newer.base.struct_size = (uint32_t)sizeof newer;
+  memset(&newer, 0xAB, sizeof newer);
+  KVT_OK(kvr_router_options_init(&newer.base, sizeof newer));
+  assert_int_equal(sizeof newer, newer.base.struct_size);
+  for (i = 0; i < 3; ++i) assert_int_equal(0, newer.tail[i]); /* zero-filled by _init */
   newer.base.block_size = 8;
   router = kvt_router_new_opts(&newer.base);
   assert_int_equal(8, prompt_blocks_of_64(router));
@@ -225,7 +237,7 @@ static void add_update_remove_worker(void** state) {
   size_t len = 0;
   kvt_fill_tokens(tokens, 32, 1);
 
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
   config.dp_start = 0;
   config.dp_size = 2;
@@ -241,7 +253,7 @@ static void add_update_remove_worker(void** state) {
   assert_int_equal(3, len); /* ranks 1/0, 1/1, 2/0 */
 
   /* Worker 1 grows to ranks 4..6: ranks 0 and 1 disappear, 4, 5 and 6 appear. */
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
   config.dp_start = 4;
   config.dp_size = 3;
@@ -262,7 +274,7 @@ static void add_duplicate_worker(void** state) {
   kvr_router* router = (kvr_router*)*state;
   kvr_worker_config config;
   kvt_add_worker(router, 1);
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
   KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_router_add_worker(router, &config, ERRP));
   assert_int_equal(1, kvt_metrics(router).workers);
@@ -271,15 +283,15 @@ static void add_duplicate_worker(void** state) {
 static void add_worker_bad_config(void** state) {
   kvr_router* router = (kvr_router*)*state;
   kvr_worker_config config;
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
   config.block_size = 32; /* the router uses 16 */
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_add_worker(router, &config, ERRP));
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
   config.dp_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_add_worker(router, &config, ERRP));
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
   config.dp_start = UINT32_MAX;
   config.dp_size = 2;
@@ -290,7 +302,7 @@ static void add_worker_bad_config(void** state) {
 static void unknown_worker(void** state) {
   kvr_router* router = (kvr_router*)*state;
   kvr_worker_config config;
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 77;
   KVT_EXPECT_FAILS(KVR_NOT_FOUND, kvr_router_update_worker(router, &config, ERRP));
   KVT_EXPECT_FAILS(KVR_NOT_FOUND, kvr_router_remove_worker(router, 77, ERRP));
@@ -310,25 +322,24 @@ static void worker_config_null_and_struct_size(void** state) {
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_add_worker(router, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_update_worker(router, NULL, ERRP));
 
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
   config.struct_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_add_worker(router, &config, ERRP));
 
-  /* Older caller: the struct ends before total_kv_blocks; garbage after it is ignored. */
-  kvr_worker_config_init(&config);
+  /* Shorter than the first released layout (which ended with max_num_batched_tokens): no
+   * caller's, refused. */
+  kvr_worker_config_init(&config, sizeof config);
+  config.worker_id = 1;
+  config.struct_size = (uint32_t)offsetof(kvr_worker_config, total_kv_blocks);
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
+                          kvr_router_add_worker(router, &config, ERRP));
+  KVT_OK(kvr_worker_config_init(&config, sizeof config));
   config.worker_id = 1;
   config.dp_size = 2;
-  config.total_kv_blocks = UINT64_MAX;
-  config.max_num_batched_tokens = UINT64_MAX;
-  config.struct_size = (uint32_t)offsetof(kvr_worker_config, total_kv_blocks);
   KVT_OK(kvr_router_add_worker(router, &config, ERRP));
-
-  /* Older caller whose struct ends before dp_size: it gets the default of one rank. */
-  kvr_worker_config_init(&config);
   config.worker_id = 2;
-  config.dp_size = 0; /* beyond struct_size: would be refused if read */
-  config.struct_size = (uint32_t)offsetof(kvr_worker_config, dp_size);
+  config.dp_size = 1;
   KVT_OK(kvr_router_add_worker(router, &config, ERRP));
   {
     uint32_t tokens[16];
@@ -339,9 +350,8 @@ static void worker_config_null_and_struct_size(void** state) {
     assert_int_equal(3, len); /* 1/0, 1/1, 2/0 */
   }
 
-  memset(&newer, 0, sizeof newer);
-  kvr_worker_config_init(&newer.base);
-  newer.base.struct_size = (uint32_t)sizeof newer;
+  memset(&newer, 0xAB, sizeof newer);
+  KVT_OK(kvr_worker_config_init(&newer.base, sizeof newer));
   newer.base.worker_id = 3;
   KVT_OK(kvr_router_add_worker(router, &newer.base, ERRP));
   newer.base.worker_id = 4;
@@ -357,7 +367,7 @@ static void removed_ranks_lose_requests_and_index_entries(void** state) {
   uint32_t tokens[32];
   kvr_request_options opts;
   kvt_fill_tokens(tokens, 32, 1);
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 1;
   config.dp_size = 2;
   KVT_OK(kvr_router_add_worker(router, &config, ERRP));

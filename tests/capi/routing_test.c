@@ -81,7 +81,7 @@ static void shared_prefix_lands_on_caching_worker(void** state) {
   kvr_candidate candidates[8];
   size_t n = 0;
   size_t i;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, candidates, 8,
                              &n, ERRP));
   assert_int_equal(CACHING_WORKER, result.worker_id);
@@ -118,10 +118,10 @@ static void preview_changes_nothing(void** state) {
   int i;
   KVT_OK(kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, before, 8,
                                     &len_before, ERRP));
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.request_id = "preview"; /* an id without KVR_REQUEST_ADMIT books nothing */
   for (i = 0; i < 5; ++i) {
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, i % 2 ? &opts : NULL, &result,
                                NULL, 0, NULL, ERRP));
     assert_int_equal(0, result.booked);
@@ -133,7 +133,7 @@ static void preview_changes_nothing(void** state) {
   assert_memory_equal(before, after, len_before * sizeof(kvr_potential_load));
   /* "preview" was never booked: admitting it now works. */
   opts = kvt_admit("preview");
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, result.booked);
@@ -153,7 +153,7 @@ static void admission_raises_load_and_lifecycle_brings_it_back(void** state) {
   assert_int_equal(0, idle.active_prefill_tokens);
   assert_int_equal(0, idle.active_blocks);
 
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(CACHING_WORKER, result.worker_id);
@@ -197,7 +197,7 @@ static void distinct_requests_spread(void** state) {
     kvt_fill_tokens(prompt, 4 * BS, 200000 + 1000 * (uint32_t)i);
     snprintf(id, sizeof id, "spread-%d", i);
     opts = kvt_admit(id);
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     KVT_OK(kvr_find_best_match(f->router, prompt, 4 * BS, &opts, &result, NULL, 0, NULL, ERRP));
     assert_true(result.worker_id >= 1 && result.worker_id <= NUM_WORKERS);
     assert_int_equal(0, result.device_overlap_blocks);
@@ -215,7 +215,7 @@ static void candidates_buffer_truncates(void** state) {
   kvr_candidate candidates[3];
   size_t n = 0;
   memset(candidates, 0xAB, sizeof candidates);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   /* Room for one: the decision is made all the same, and the total is reported. */
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, candidates, 1,
                              &n, ERRP));
@@ -244,10 +244,10 @@ static void allowed_workers(void** state) {
   uint64_t allowed[2] = {1, 2};
   uint64_t nobody[1] = {4242};
   kvr_request_options opts;
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.allowed_worker_ids = allowed;
   opts.num_allowed_worker_ids = 2;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
                              &n, ERRP));
   assert_int_equal(2, n);
@@ -270,7 +270,7 @@ static void no_workers_is_unavailable(void** state) {
   kvr_route_result result;
   (void)state;
   kvt_fill_tokens(tokens, 32, 1);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   result.worker_id = 0xDEAD;
   KVT_EXPECT_FAILS(KVR_UNAVAILABLE,
                    kvr_find_best_match(router, tokens, 32, NULL, &result, NULL, 0, NULL, ERRP));
@@ -284,7 +284,7 @@ static void admission_needs_request_id(void** state) {
   fixture* f = (fixture*)*state;
   kvr_route_result result;
   kvr_request_options opts = kvt_admit(NULL);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
   opts.request_id = "";
@@ -297,7 +297,7 @@ static void duplicate_request_id(void** state) {
   fixture* f = (fixture*)*state;
   kvr_route_result result;
   kvr_request_options opts = kvt_admit("dup");
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
@@ -317,7 +317,7 @@ static void request_ids_are_copied(void** state) {
   kvr_route_result result;
   char id[16] = "copied-id";
   kvr_request_options opts = kvt_admit(id);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   /* The caller's buffer is reused: the router kept its own copy of the id. */
@@ -334,15 +334,15 @@ static void per_request_overrides(void** state) {
   size_t i;
   kvr_request_options opts;
   /* Without KV credit the cached prompt is worth nothing: every candidate's credit is 0. */
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.overlap_score_credit = 0;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
                              &n, ERRP));
   for (i = 0; i < n; ++i) assert_true(candidates[i].credit == 0);
 
   /* prefill_load_scale 0: only decode blocks count. */
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.prefill_load_scale = 0;
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
                              &n, ERRP));
@@ -352,24 +352,24 @@ static void per_request_overrides(void** state) {
   }
 
   /* A high temperature gives every worker a chance. */
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.temperature = 100.0;
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
                              &n, ERRP));
   for (i = 0; i < n; ++i) assert_true(candidates[i].probability > 0);
 
   /* An invalid override is refused. */
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.temperature = -1;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.host_cache_hit_weight = 3;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
 
   /* Prefill tracking off: admitted requests add no prefill tokens. */
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.flags = KVR_REQUEST_ADMIT;
   opts.request_id = "untracked";
   opts.track_prefill_tokens = 0;
@@ -393,7 +393,7 @@ static void newer_cost_knobs(void** state) {
   size_t n = 0;
   uint32_t tokens[4 * BS];
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   assert_true(opts.overlap_score_credit_decay == 0.0);
   assert_true(opts.decode_active_request_weight == 0.0);
   opts.decode_active_request_weight = 2.5;
@@ -401,14 +401,14 @@ static void newer_cost_knobs(void** state) {
   kvt_add_worker(router, 1);
   kvt_add_worker(router, 2);
   kvt_fill_tokens(tokens, 4 * BS, 5);
-  kvr_request_options_init(&ro);
+  kvr_request_options_init(&ro, sizeof ro);
   ro.request_id = "a";
   KVT_OK(kvr_router_add_request(router, tokens, BS, 1, 0, &ro, ERRP));
   ro.request_id = "b";
   kvt_fill_tokens(tokens, 4 * BS, 500);
   KVT_OK(kvr_router_add_request(router, tokens, BS, 1, 0, &ro, ERRP));
-  kvr_request_options_init(&ro);
-  kvr_route_result_init(&result);
+  kvr_request_options_init(&ro, sizeof ro);
+  kvr_route_result_init(&result, sizeof result);
   kvt_fill_tokens(tokens, 4 * BS, 9000);
   KVT_OK(kvr_find_best_match(router, tokens, 4 * BS, &ro, &result, c, 2, &n, ERRP));
   assert_int_equal(2, n);
@@ -426,7 +426,7 @@ static void newer_cost_knobs(void** state) {
   kvr_router_free(router);
 
   /* A caller built against 0.1's first options struct (no knobs): garbage beyond it is not read. */
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.overlap_score_credit_decay = -7;
   opts.struct_size = (uint32_t)offsetof(kvr_router_options, overlap_score_credit_decay);
   router = kvt_router_new_opts(&opts);
@@ -444,12 +444,12 @@ static void output_blocks_are_tracked(void** state) {
   kvr_potential_load load;
   uint32_t tokens[2 * BS];
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.flags = KVR_ROUTER_TRACK_OUTPUT_BLOCKS;
   router = kvt_router_new_opts(&opts);
   kvt_add_worker(router, 1);
   kvt_fill_tokens(tokens, 2 * BS, 1);
-  kvr_request_options_init(&ro);
+  kvr_request_options_init(&ro, sizeof ro);
   ro.request_id = "gen";
   KVT_OK(kvr_router_add_request(router, tokens, 2 * BS, 1, 0, &ro, ERRP));
   load = kvt_load_of(router, tokens, 0, 1, 0);
@@ -566,9 +566,9 @@ static void request_options_struct_size_rules(void** state) {
     kvr_request_options base;
     uint64_t tail[2];
   } newer;
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.struct_size = 0;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
@@ -578,23 +578,28 @@ static void request_options_struct_size_rules(void** state) {
                    kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, &opts, loads,
                                               4, &len, ERRP));
 
-  /* Older caller: the struct ends before the overrides; garbage there is not read (a negative
-   * temperature would be refused). */
-  kvr_request_options_init(&opts);
+  /* Older caller: the first released layout ended with queue_timeout_ms; the newer overrides
+   * past it are not read (a negative decay would be refused). */
+  memset(&opts, 0xAB, sizeof opts);
+  KVT_OK(kvr_request_options_init(&opts, KVT_LAYOUT_END(kvr_request_options, queue_timeout_ms)));
   opts.flags = KVR_REQUEST_ADMIT;
   opts.request_id = "older";
-  opts.temperature = -3;
-  opts.queue_timeout_ms = -77;
-  opts.struct_size = (uint32_t)offsetof(kvr_request_options, overlap_score_credit);
+  opts.overlap_score_credit_decay = -3;
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, result.booked);
   assert_int_equal(CACHING_WORKER, result.worker_id);
 
+  /* Shorter than that: refused. */
+  opts.request_id = "shorter";
+  opts.struct_size = (uint32_t)offsetof(kvr_request_options, overlap_score_credit);
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
+                          kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result,
+                                              NULL, 0, NULL, ERRP));
+
   /* Newer caller. */
-  memset(&newer, 0, sizeof newer);
-  kvr_request_options_init(&newer.base);
-  newer.base.struct_size = (uint32_t)sizeof newer;
+  memset(&newer, 0xAB, sizeof newer);
+  KVT_OK(kvr_request_options_init(&newer.base, sizeof newer));
   KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &newer.base, &result, NULL, 0,
                              NULL, ERRP));
   newer.tail[0] = 5;
@@ -603,23 +608,39 @@ static void request_options_struct_size_rules(void** state) {
                                        NULL, 0, NULL, ERRP));
 }
 
-/* A result struct from an older caller is written no further than its struct_size. */
-static void route_result_from_older_caller(void** state) {
+/* A result struct is written no further than its struct_size: a newer caller's tail keeps
+ * the zeros its _init wrote; a struct shorter than the first released layout is refused and
+ * left untouched. */
+static void route_result_struct_size_rules(void** state) {
   fixture* f = (fixture*)*state;
   kvr_route_result result;
+  struct {
+    kvr_route_result base;
+    uint64_t tail[2];
+  } newer;
   const size_t covered = offsetof(kvr_route_result, effective_overlap_blocks);
   uint8_t sentinel[sizeof(kvr_route_result)];
+  memset(&newer, 0xAB, sizeof newer);
+  KVT_OK(kvr_route_result_init(&newer.base, sizeof newer));
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &newer.base, NULL, 0,
+                             NULL, ERRP));
+  assert_int_equal(sizeof newer, newer.base.struct_size);
+  assert_int_equal(CACHING_WORKER, newer.base.worker_id);
+  assert_int_equal(SYSTEM_BLOCKS, newer.base.device_overlap_blocks);
+  assert_int_equal(0, newer.tail[0]);
+  assert_int_equal(0, newer.tail[1]);
+
   memset(&result, 0xAB, sizeof result);
   memset(sentinel, 0xAB, sizeof sentinel);
   result.struct_size = (uint32_t)covered;
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, NULL, 0, NULL,
-                             ERRP));
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
+                          kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result,
+                                              NULL, 0, NULL, ERRP));
   assert_int_equal(covered, result.struct_size);
-  assert_int_equal(CACHING_WORKER, result.worker_id);
-  assert_int_equal(SYSTEM_BLOCKS, result.device_overlap_blocks);
-  assert_memory_equal(sentinel + covered, (uint8_t*)&result + covered, sizeof result - covered);
+  assert_memory_equal(sentinel + sizeof(uint32_t), (uint8_t*)&result + sizeof(uint32_t),
+                      sizeof result - sizeof(uint32_t));
 
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   result.struct_size = 0;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
                                                              NULL, &result, NULL, 0, NULL, ERRP));
@@ -631,7 +652,7 @@ static void null_arguments(void** state) {
   kvr_overlap scores[4];
   kvr_potential_load loads[4];
   size_t len;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
                                                              NULL, NULL, NULL, 0, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, NULL, REQUEST_TOKENS, NULL,
@@ -665,7 +686,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(overlap_scores_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(potential_loads_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, teardown),
-      cmocka_unit_test_setup_teardown(route_result_from_older_caller, setup, teardown),
+      cmocka_unit_test_setup_teardown(route_result_struct_size_rules, setup, teardown),
       cmocka_unit_test_setup_teardown(null_arguments, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -104,7 +104,7 @@ static void snapshot_and_restore(void** state) {
   {
     uint64_t hashes[1] = {17};
     kvr_removed_event removed;
-    kvr_removed_event_init(&removed);
+    kvr_removed_event_init(&removed, sizeof removed);
     removed.worker_id = 1;
     removed.block_hashes = hashes;
     removed.num_blocks = 1;

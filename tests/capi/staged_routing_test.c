@@ -27,7 +27,7 @@ static kvr_router* three_workers(uint32_t flags, double plan_deadline_seconds) {
   kvr_router_options opts;
   kvr_worker_config config;
   kvr_router* router;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = BS;
   opts.flags = flags;
   opts.random_seed = 5;
@@ -35,7 +35,7 @@ static kvr_router* three_workers(uint32_t flags, double plan_deadline_seconds) {
   KVT_OK(kvr_router_set_plan_deadline(router, plan_deadline_seconds, ERRP));
   kvt_add_worker(router, 1);
   kvt_add_worker(router, 2);
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = 3;
   config.total_kv_blocks = 4096;
   KVT_OK(kvr_router_add_worker(router, &config, ERRP));
@@ -50,7 +50,7 @@ static void preview_reports_signals_and_books_nothing(void** state) {
   (void)state;
   kvt_fill_tokens(prompt, 6 * BS, 10);
   KVT_OK(kvt_store(router, 3, 0, KVR_TIER_DEVICE, prompt, 4, BS, 100, 0, 0, ERRP));
-  kvr_route_signals_init(&preview);
+  kvr_route_signals_init(&preview, sizeof preview);
   KVT_OK(kvr_preview_route(router, prompt, 6 * BS, NULL, NULL, &preview, ERRP));
   assert_int_equal(3, preview.worker_id);
   assert_int_equal(0, preview.dp_rank);
@@ -62,7 +62,7 @@ static void preview_reports_signals_and_books_nothing(void** state) {
   assert_int_equal(0, preview.booked);
   assert_int_equal(0, active_requests(router));
   /* A pin in the aggregated phase. */
-  kvr_routing_hints_init(&hints);
+  kvr_routing_hints_init(&hints, sizeof hints);
   hints.worker_id = 2;
   KVT_OK(kvr_preview_route(router, prompt, 6 * BS, NULL, &hints, &preview, ERRP));
   assert_int_equal(2, preview.worker_id);
@@ -80,8 +80,8 @@ static void ten_thousand_previews_change_nothing(void** state) {
   int i;
   (void)state;
   kvt_fill_tokens(prompt, 8 * BS, 1);
-  kvr_route_signals_init(&out);
-  kvr_routing_hints_init(&hints);
+  kvr_route_signals_init(&out, sizeof out);
+  kvr_routing_hints_init(&hints, sizeof hints);
   hints.session_id = "s1";
   KVT_OK(kvr_plan_route(router, prompt, 8 * BS, &req, &hints, NULL, &out, ERRP));
   KVT_OK(kvr_commit_route(router, "committed", ERRP));
@@ -89,7 +89,7 @@ static void ten_thousand_previews_change_nothing(void** state) {
   KVT_OK(kvr_plan_route(router, prompt, 4 * BS, &req, NULL, NULL, &out, ERRP));
   before = digest(router);
   for (i = 0; i < 10000; ++i) {
-    kvr_routing_hints_init(&hints);
+    kvr_routing_hints_init(&hints, sizeof hints);
     if (i % 3 == 1) hints.session_id = (i % 2) ? "s1" : "fresh";
     if (i % 3 == 2) hints.worker_id = (uint64_t)(1 + i % 3);
     hints.session_mode = (i % 4 < 2) ? KVR_SESSION_HARD : KVR_SESSION_SOFT;
@@ -107,7 +107,7 @@ static void query_only_routing_writes_nothing(void** state) {
   uint64_t before = digest(router);
   (void)state;
   kvt_fill_tokens(prompt, 4 * BS, 7);
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(router, prompt, 4 * BS, NULL, &result, NULL, 0, NULL, ERRP));
   assert_true(digest(router) == before);
   assert_int_equal(0, kvt_metrics(router).index_blocks);
@@ -121,7 +121,7 @@ static void approximate_mode_records_at_commit(void** state) {
   kvr_route_signals plan;
   (void)state;
   kvt_fill_tokens(prompt, 4 * BS, 7);
-  kvr_route_signals_init(&plan);
+  kvr_route_signals_init(&plan, sizeof plan);
   KVT_OK(kvr_plan_route(router, prompt, 4 * BS, &req, NULL, NULL, &plan, ERRP));
   assert_int_equal(1, plan.booked);
   assert_int_equal(0, kvt_metrics(router).index_blocks);
@@ -140,8 +140,8 @@ static void plan_keeps_the_previewed_worker(void** state) {
   (void)state;
   kvt_fill_tokens(prompt, 4 * BS, 7);
   kvt_fill_tokens(other, 40 * BS, 9000);
-  kvr_route_signals_init(&preview);
-  kvr_route_signals_init(&plan);
+  kvr_route_signals_init(&preview, sizeof preview);
+  kvr_route_signals_init(&plan, sizeof plan);
   KVT_OK(kvr_preview_route(router, prompt, 4 * BS, NULL, NULL, &preview, ERRP));
   /* The previewed rank gets busier meanwhile: the plan keeps it all the same. */
   KVT_OK(kvr_router_add_request(router, other, 40 * BS, preview.worker_id, 0, &load, ERRP));
@@ -158,8 +158,8 @@ static void plan_moves_when_the_previewed_worker_is_gone(void** state) {
   kvr_route_signals preview, plan;
   (void)state;
   kvt_fill_tokens(prompt, 4 * BS, 7);
-  kvr_route_signals_init(&preview);
-  kvr_route_signals_init(&plan);
+  kvr_route_signals_init(&preview, sizeof preview);
+  kvr_route_signals_init(&plan, sizeof plan);
   KVT_OK(kvr_preview_route(router, prompt, 4 * BS, NULL, NULL, &preview, ERRP));
   KVT_OK(kvr_router_remove_worker(router, preview.worker_id, ERRP));
   KVT_OK(kvr_plan_route(router, prompt, 4 * BS, &req, NULL, &preview, &plan, ERRP));
@@ -180,8 +180,8 @@ static void no_booking_leaks_on_any_path(void** state) {
   const uint64_t empty = digest(router);
   (void)state;
   kvt_fill_tokens(prompt, 4 * BS, 7);
-  kvr_route_signals_init(&plan);
-  kvr_route_signals_init(&again);
+  kvr_route_signals_init(&plan, sizeof plan);
+  kvr_route_signals_init(&again, sizeof again);
 
   /* The deadline: planned, never committed, dropped. */
   KVT_OK(kvr_plan_route(router, prompt, 4 * BS, &req, NULL, NULL, &plan, ERRP));
@@ -249,9 +249,9 @@ static void pins_and_allowed_sets(void** state) {
   (void)state;
   kvt_fill_tokens(prompt, 4 * BS, 7);
   kvt_add_worker_full(router, 7, 4, 0);
-  kvr_route_signals_init(&out);
-  kvr_request_options_init(&req);
-  kvr_routing_hints_init(&hints);
+  kvr_route_signals_init(&out, sizeof out);
+  kvr_request_options_init(&req, sizeof req);
+  kvr_routing_hints_init(&hints, sizeof hints);
   /* Prefill phase: prefill_worker_id and prefill_dp_rank win over worker_id / dp_rank. */
   hints.phase = KVR_PHASE_PREFILL;
   hints.worker_id = 1;
@@ -273,7 +273,7 @@ static void pins_and_allowed_sets(void** state) {
   KVT_OK(kvr_preview_route(router, prompt, 4 * BS, &req, &hints, &out, ERRP));
   assert_int_equal(1, out.worker_id);
   /* Allowed set: restricts candidates; a pin outside it is a clear error. */
-  kvr_routing_hints_init(&hints);
+  kvr_routing_hints_init(&hints, sizeof hints);
   req.allowed_worker_ids = allowed;
   req.num_allowed_worker_ids = 2;
   KVT_OK(kvr_preview_route(router, prompt, 4 * BS, &req, &hints, &out, ERRP));
@@ -305,13 +305,13 @@ static void allowed_set_bypasses_the_queue(void** state) {
   kvr_route_signals out;
   const uint64_t allowed[] = {1};
   (void)state;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = BS;
   opts.queue_threshold = 0.0;
   router = kvt_router_new_opts(&opts);
   kvt_add_worker(router, 1);
   kvt_fill_tokens(prompt, 4 * BS, 7);
-  kvr_route_signals_init(&out);
+  kvr_route_signals_init(&out, sizeof out);
   KVT_OK(kvr_plan_route(router, prompt, 4 * BS, &busy, NULL, NULL, &out, ERRP));
   /* Every rank is over the threshold now; only the allowed set lets this through at once. */
   req.allowed_worker_ids = allowed;
@@ -335,9 +335,9 @@ static void sessions_bind_at_commit_and_pin(void** state) {
   (void)state;
   kvt_fill_tokens(prompt, 4 * BS, 7);
   kvt_fill_tokens(other, 4 * BS, 5000);
-  kvr_route_signals_init(&first);
-  kvr_route_signals_init(&next);
-  kvr_routing_hints_init(&hints);
+  kvr_route_signals_init(&first, sizeof first);
+  kvr_route_signals_init(&next, sizeof next);
+  kvr_routing_hints_init(&hints, sizeof hints);
   hints.session_id = "s";
   KVT_OK(kvr_plan_route(router, prompt, 4 * BS, &req, &hints, NULL, &first, ERRP));
   KVT_EXPECT_FAILS(KVR_NOT_FOUND, kvr_router_session_binding(router, "s", &worker, &rank, ERRP));
@@ -383,8 +383,8 @@ static void session_ttl_expires(void** state) {
   const struct timespec pause = {0, 5 * 1000 * 1000};
   (void)state;
   kvt_fill_tokens(prompt, 4 * BS, 7);
-  kvr_route_signals_init(&out);
-  kvr_routing_hints_init(&hints);
+  kvr_route_signals_init(&out, sizeof out);
+  kvr_routing_hints_init(&hints, sizeof hints);
   hints.session_id = "s";
   hints.session_ttl_seconds = 0.001;
   KVT_OK(kvr_plan_route(router, prompt, 4 * BS, &req, &hints, NULL, &out, ERRP));

@@ -43,6 +43,27 @@ static inline void kvt_expect_error_(kvr_error** err, kvr_status want, const cha
     kvt_expect_error(&kvt_err_, (want)); \
   } while (0)
 
+/* As KVT_EXPECT_FAILS, and the error's message contains `text`. */
+#define KVT_EXPECT_FAILS_SAYING(want, text, call)                                            \
+  do {                                                                                       \
+    kvr_error* kvt_err_ = NULL;                                                              \
+    kvr_error** ERRP = &kvt_err_;                                                            \
+    assert_int_equal((want), (call));                                                        \
+    assert_non_null(kvt_err_);                                                               \
+    if (strstr(kvr_error_message(kvt_err_), (text)) == NULL) {                               \
+      fprintf(stderr, "%s:%d: the message \"%s\" does not say \"%s\"\n", __FILE__, __LINE__, \
+              kvr_error_message(kvt_err_), (text));                                          \
+    }                                                                                        \
+    assert_non_null(strstr(kvr_error_message(kvt_err_), (text)));                            \
+    kvr_error_free(kvt_err_);                                                                \
+    ERRP = NULL;                                                                             \
+    assert_int_equal((want), (call));                                                        \
+  } while (0)
+
+/* The size of a struct up to and including `field`: the layout of a caller whose header
+ * ended there. */
+#define KVT_LAYOUT_END(type, field) (offsetof(type, field) + sizeof(((type*)0)->field))
+
 /* Asserts a call succeeds without producing an error object. */
 #define KVT_OK(call)                                                                         \
   do {                                                                                       \
@@ -75,7 +96,7 @@ static inline kvr_router* kvt_router_new_opts(const kvr_router_options* opts) {
  * random seed fixed, so tie-breaks are reproducible). */
 static inline kvr_router* kvt_router_new(uint32_t block_size, uint32_t flags) {
   kvr_router_options opts;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = block_size;
   opts.flags = flags;
   opts.random_seed = 42;
@@ -85,7 +106,7 @@ static inline kvr_router* kvt_router_new(uint32_t block_size, uint32_t flags) {
 static inline void kvt_add_worker_full(kvr_router* router, uint64_t worker_id, uint32_t dp_size,
                                        uint64_t max_num_batched_tokens) {
   kvr_worker_config config;
-  kvr_worker_config_init(&config);
+  kvr_worker_config_init(&config, sizeof config);
   config.worker_id = worker_id;
   config.dp_size = dp_size;
   config.max_num_batched_tokens = max_num_batched_tokens;
@@ -108,7 +129,7 @@ static inline kvr_status kvt_store(kvr_router* router, uint64_t worker_id, uint3
   size_t i;
   assert_non_null(hashes);
   for (i = 0; i < num_blocks; ++i) hashes[i] = first_hash + i;
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = worker_id;
   event.dp_rank = dp_rank;
   event.tier = tier;
@@ -128,7 +149,7 @@ static inline kvr_status kvt_store(kvr_router* router, uint64_t worker_id, uint3
 
 static inline kvr_metrics kvt_metrics(kvr_router* router) {
   kvr_metrics metrics;
-  kvr_metrics_init(&metrics);
+  kvr_metrics_init(&metrics, sizeof metrics);
   KVT_OK(kvr_router_get_metrics(router, &metrics, ERRP));
   return metrics;
 }
@@ -178,7 +199,7 @@ static inline kvr_potential_load kvt_load_of(kvr_router* router, const uint32_t*
 /* A request-options struct with KVR_REQUEST_ADMIT and the given id. */
 static inline kvr_request_options kvt_admit(const char* request_id) {
   kvr_request_options opts;
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   opts.flags = KVR_REQUEST_ADMIT;
   opts.request_id = request_id;
   return opts;

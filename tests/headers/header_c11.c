@@ -41,6 +41,6 @@ _Static_assert(sizeof(kvr_metrics) % 8 == 0, "kvr_metrics has no odd tail");
 
 int main(void) {
   kvr_metrics metrics;
-  kvr_metrics_init(&metrics);
+  kvr_metrics_init(&metrics, sizeof metrics);
   return metrics.struct_size == sizeof metrics ? 0 : 1;
 }

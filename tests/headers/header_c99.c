@@ -7,6 +7,6 @@
 
 int main(void) {
   kvr_router_options opts;
-  kvr_router_options_init(&opts);
+  kvr_router_options_init(&opts, sizeof opts);
   return kvr_version() == KVR_VERSION_NUMBER && opts.struct_size == sizeof opts ? 0 : 1;
 }

@@ -16,6 +16,6 @@ using version_fn = uint32_t (*)(void);
 int main() {
   version_fn version = &kvr_version;
   kvr_request_options opts;
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   return version() == KVR_VERSION_NUMBER && opts.struct_size == sizeof opts ? 0 : 1;
 }

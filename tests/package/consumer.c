@@ -32,13 +32,13 @@ int main(void) {
   /* The header this program was compiled with and the library it loaded are the same release. */
   check(kvr_version() == KVR_VERSION_NUMBER, "kvr_version() differs from KVR_VERSION_NUMBER");
 
-  kvr_router_options_init(&options);
+  kvr_router_options_init(&options, sizeof options);
   options.block_size = kBlockSize;
   if (!check_status(kvr_router_new(&options, &router, &err), err, "kvr_router_new")) return 1;
 
   for (uint64_t id = 1; id <= 2; ++id) {
     kvr_worker_config worker;
-    kvr_worker_config_init(&worker);
+    kvr_worker_config_init(&worker, sizeof worker);
     worker.worker_id = id;
     err = NULL;
     check_status(kvr_router_add_worker(router, &worker, &err), err, "kvr_router_add_worker");
@@ -49,7 +49,7 @@ int main(void) {
   for (uint32_t i = 0; i < kPromptTokens; ++i) prompt[i] = 7000 + i;
   uint64_t engine_hashes[kCachedBlocks] = {0xB1, 0xB2};
   kvr_stored_event stored;
-  kvr_stored_event_init(&stored);
+  kvr_stored_event_init(&stored, sizeof stored);
   stored.worker_id = 2;
   stored.block_hashes = engine_hashes;
   stored.num_blocks = kCachedBlocks;
@@ -60,11 +60,11 @@ int main(void) {
 
   /* Route and admit: worker 2 holds two of the prompt's three blocks, so it must win. */
   kvr_request_options request;
-  kvr_request_options_init(&request);
+  kvr_request_options_init(&request, sizeof request);
   request.flags = KVR_REQUEST_ADMIT;
   request.request_id = "package-consumer-1";
   kvr_route_result result;
-  kvr_route_result_init(&result);
+  kvr_route_result_init(&result, sizeof result);
   err = NULL;
   if (check_status(kvr_find_best_match(router, prompt, kPromptTokens, &request, &result, NULL, 0,
                                        NULL, &err),

@@ -22,7 +22,7 @@ constexpr auto kSyncTimeout = std::chrono::seconds(30);
 // The ABI's view of an engine's events (the arrays stay the caller's).
 kvr_stored_event StoredEventOf(uint32_t worker, const StoredRun& run, uint64_t event_id) {
   kvr_stored_event event;
-  kvr_stored_event_init(&event);
+  kvr_stored_event_init(&event, sizeof event);
   event.worker_id = worker;
   event.event_id = event_id;
   event.tier = KVR_TIER_DEVICE;
@@ -40,7 +40,7 @@ kvr_stored_event StoredEventOf(uint32_t worker, const StoredRun& run, uint64_t e
 kvr_removed_event RemovedEventOf(uint32_t worker, std::span<const uint64_t> block_hashes,
                                  uint64_t event_id) {
   kvr_removed_event event;
-  kvr_removed_event_init(&event);
+  kvr_removed_event_init(&event, sizeof event);
   event.worker_id = worker;
   event.event_id = event_id;
   event.tier = KVR_TIER_DEVICE;
@@ -133,7 +133,7 @@ class IngestPath : public EventPath {
  protected:
   kvr_ingest_stats Stats() {
     kvr_ingest_stats stats;
-    kvr_ingest_stats_init(&stats);
+    kvr_ingest_stats_init(&stats, sizeof stats);
     CheckAbi("kvr_ingest_get_stats",
              [&](kvr_error** e) { return kvr_ingest_get_stats(ingest_, 0, &stats, e); });
     return stats;
@@ -264,7 +264,7 @@ class ZmqPath final : public IngestPath {
 
   void Subscribe(uint32_t worker) {
     kvr_engine_worker config;
-    kvr_engine_worker_init(&config);
+    kvr_engine_worker_init(&config, sizeof config);
     config.engine = KVR_ENGINE_VLLM;
     config.endpoint = engines_[worker].endpoint.c_str();
     config.worker_id = worker;

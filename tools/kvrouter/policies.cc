@@ -20,7 +20,7 @@ class RouterHandle {
   RouterHandle(const PolicyContext& context, uint32_t flags, double temperature,
                uint32_t gateway = 0) {
     kvr_router_options options;
-    kvr_router_options_init(&options);
+    kvr_router_options_init(&options, sizeof options);
     options.block_size = context.limits.block_size;
     options.flags = flags;
     options.temperature = temperature;
@@ -36,7 +36,7 @@ class RouterHandle {
              [&](kvr_error** e) { return kvr_router_new(&options, &router_, e); });
     for (uint32_t w = 0; w < context.workers; ++w) {
       kvr_worker_config config;
-      kvr_worker_config_init(&config);
+      kvr_worker_config_init(&config, sizeof config);
       config.worker_id = w;
       config.total_kv_blocks = context.limits.kv_capacity_blocks;
       config.max_num_batched_tokens = context.limits.max_num_batched_tokens;
@@ -143,11 +143,11 @@ class KvRouterPolicy final : public Policy {
     if (!approximate_) router.events().Sync();
     const std::string id = RequestId(request.index);
     kvr_request_options options;
-    kvr_request_options_init(&options);
+    kvr_request_options_init(&options, sizeof options);
     options.flags = KVR_REQUEST_ADMIT;
     options.request_id = id.c_str();
     kvr_route_result result;
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     CheckAbi("kvr_find_best_match", [&](kvr_error** e) {
       return kvr_find_best_match(router.get(), tokens.data(), tokens.size(), &options, &result,
                                  nullptr, 0, nullptr, e);
