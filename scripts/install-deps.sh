@@ -5,8 +5,8 @@
 set -euo pipefail
 
 packages=(
-  # build tools
-  build-essential cmake ninja-build pkg-config clang-format
+  # build tools; python3 runs tools/ffigen (the bindings' generated FFI), with clang-14 below
+  build-essential cmake ninja-build pkg-config clang-format python3
   # core
   libabsl-dev libxxhash-dev nlohmann-json3-dev
   # wire formats and ingestion

@@ -16,6 +16,9 @@ build() {  # build DIR [cmake args...]
   cmake --build "$dir" -j "$jobs"
 }
 
+echo "== generated FFI: the bindings' declarations still match include/kvrouter.h =="
+python3 tools/ffigen/ffigen.py --check
+
 echo "== plain build: every test =="
 build build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ctest --test-dir build/test -j "$jobs" --timeout 600
