@@ -17,6 +17,7 @@ build() {  # build DIR [cmake args...]
 }
 
 echo "== generated FFI: the bindings' declarations still match include/kvrouter.h =="
+python3 -m unittest discover -s tools/ffigen -t tools/ffigen
 python3 tools/ffigen/ffigen.py --check
 
 echo "== plain build: every test =="

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import pathlib
 import re
 import sys
 import tempfile
@@ -37,7 +38,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 
 def project_version() -> tuple[int, int, int]:
     """The version in the top-level CMakeLists.txt (the header's kvrouter_version.h is made from it)."""
-    text = open(os.path.join(ROOT, "CMakeLists.txt"), encoding="utf-8").read()
+    text = pathlib.Path(os.path.join(ROOT, "CMakeLists.txt")).read_text(encoding="utf-8")
     m = re.search(r"project\(kvrouter VERSION (\d+)\.(\d+)\.(\d+)", text)
     if not m:
         raise SystemExit("ffigen: no project(kvrouter VERSION x.y.z) in CMakeLists.txt")
@@ -46,7 +47,7 @@ def project_version() -> tuple[int, int, int]:
 
 def version_header(directory: str, version: tuple[int, int, int]) -> None:
     """Writes kvrouter_version.h as CMake would (include/kvrouter_version.h.in)."""
-    template = open(os.path.join(ROOT, "include", "kvrouter_version.h.in"), encoding="utf-8").read()
+    template = pathlib.Path(os.path.join(ROOT, "include", "kvrouter_version.h.in")).read_text(encoding="utf-8")
     text = (
         template.replace("@PROJECT_VERSION_MAJOR@", str(version[0]))
         .replace("@PROJECT_VERSION_MINOR@", str(version[1]))
@@ -97,7 +98,7 @@ def main() -> int:
     stale = []
     for rel, text in sorted(outputs(m).items()):
         path = os.path.join(ROOT, rel)
-        old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
+        old = pathlib.Path(path).read_text(encoding="utf-8") if os.path.exists(path) else None
         if old == text:
             continue
         if args.check:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import tempfile
@@ -168,7 +169,7 @@ def _clang(clang: str, args: list[str], source: str, include_dirs: list[str]) ->
 class _Reader:
     def __init__(self, header: str, version_dir: str, clang: str):
         self.header = header
-        self.raw = open(header, "rb").read()  # clang's offsets count bytes
+        self.raw = pathlib.Path(header).read_bytes()  # clang's offsets count bytes
         self.text = self.raw.decode("utf-8")
         self.dirs = [os.path.dirname(os.path.abspath(header)), version_dir]
         self.clang = clang
