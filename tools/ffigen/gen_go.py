@@ -136,7 +136,7 @@ def generate(m: Model) -> dict[str, str]:
             ]
             for v in e.values:
                 out += [f"\tcase {constant_name(e.typedef, v.name)}:", f'\t\treturn "{v.c_name}"']
-            out += ["\t}", f'\treturn "{e.prefix}(" + strconv.FormatInt(int64(v), 10) + ")"', "}"]
+            out += ["\t}", f'\treturn "{e.prefix.rstrip("_")}(" + strconv.FormatInt(int64(v), 10) + ")"', "}"]
     out += ["", "// Constants of the header that are not enumerations.", "const ("]
     for c in m.constants:
         out += comment_lines(c.doc, "\t// ")

@@ -81,7 +81,11 @@ def enum_class(e: Enumeration) -> tuple[str, str]:
     status = e.typedef == "kvr_status"
     lines = [f"// {HEADER_NOTE}", "package io.kvrouter;", "", "/**"]
     lines += comment_lines(e.doc, " * ")
-    lines += [" *", f" * <p>{{@code {e.typedef}}}: the values of {{@code {e.map_name}}} ({{@code {e.prefix}*}}).", " */"]
+    lines.append(" *")
+    lines += comment_lines(
+        f"<p>{{@code {e.typedef}}}: the values of {{@code {e.map_name}}} ({{@code {e.prefix}*}}).", " * "
+    )
+    lines.append(" */")
     lines.append(f"public enum {name} {{")
     for v in e.values:
         lines += javadoc(sentence(v.doc), "  ")
@@ -196,6 +200,15 @@ def jni_header(m: Model) -> str:
         "#include <string.h>",
         "",
         '#include "kvrouter.h"',
+        "",
+        "/* The header version these codecs (and io.kvrouter.Abi) were generated from. The slots are",
+        " * only known to fit a header of the same major.minor. */",
+        f"#define ABI_VERSION_MAJOR {m.version[0]}",
+        f"#define ABI_VERSION_MINOR {m.version[1]}",
+        f"#define ABI_VERSION_PATCH {m.version[2]}",
+        "#if KVR_VERSION_MAJOR != ABI_VERSION_MAJOR || KVR_VERSION_MINOR != ABI_VERSION_MINOR",
+        f'#error "kvrouter.h is not a {m.version[0]}.{m.version[1]}.x header, which kvrouter_jni_abi.h was generated from"',
+        "#endif",
         "",
         "static inline jlong abi_double_bits(double d) {",
         "  jlong v;",

@@ -57,6 +57,8 @@ def generate(m: Model) -> dict[str, str]:
         "//! the installed header.",
         "#![no_std]",
         "#![allow(non_camel_case_types)]",
+        "// The header's comments are C comments, not Markdown: `mm_counts[i]` is no intra-doc link.",
+        "#![allow(rustdoc::broken_intra_doc_links)]",
         "",
         "use core::ffi::{c_char, c_int, c_void};",
         "use core::marker::{PhantomData, PhantomPinned};",

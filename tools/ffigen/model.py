@@ -403,16 +403,22 @@ def _sizeof(t: CType) -> int:
 
 
 def _clean_comment(raw: str) -> str:
+    """The text of a C comment: without its /* */ and leading asterisks, and without section
+    banners ("---- Workers ----"), which are not about the declaration that follows."""
+    text = raw.strip()
+    text = text[2:] if text.startswith("/*") else text
+    text = text[:-2] if text.endswith("*/") else text
     lines = []
-    for line in raw.strip().strip("/*").splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if line.startswith("*") and not line.startswith("*/"):
             line = line[1:]
             if line.startswith(" "):
                 line = line[1:]
+        if re.fullmatch(r"-{2,}.*-{2,}", line.strip()):
+            continue
         lines.append(line.rstrip())
-    text = "\n".join(lines).strip()
-    return text[:-2].rstrip() if text.endswith("*/") else text
+    return "\n".join(lines).strip()
 
 
 def read(header: str, version_dir: str, clang: str = "clang-14") -> Model:
