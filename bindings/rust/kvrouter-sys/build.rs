@@ -1,21 +1,23 @@
 //! Finds libkvrouter for linking, with no third-party crates:
 //!
 //! * `KVROUTER_LIB_DIR` set: link from that directory (headers in `KVROUTER_INCLUDE_DIR`, else
-//!   `$KVROUTER_LIB_DIR/../include`); pkg-config is not consulted.
+//!   `$KVROUTER_LIB_DIR/../include`); pkg-config is not consulted, and the headers'
+//!   `kvrouter_version.h`, when there is one, must name the same major.minor (without it the
+//!   only check is the safe crate's at run time).
 //! * otherwise: runs `pkg-config` itself (the `PKG_CONFIG` variable names another binary) and
-//!   requires `0.1 <= version < 0.2`, the major.minor these declarations mirror.
+//!   requires `0.2 <= version < 0.3`, the major.minor these declarations mirror.
 //!
 //! It also publishes the include directory: `DEP_KVROUTER_INCLUDE` for dependents, and
 //! `KVROUTER_SYS_INCLUDE_DIR` for this crate's layout test.
 
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The C library's major.minor that `src/lib.rs` mirrors; the probe accepts any patch of it.
-const MIN_VERSION: &str = "0.1";
+const MIN_VERSION: &str = "0.2";
 /// The first version the declarations may not match (the next minor: the ABI may change at 0.x).
-const NEXT_MINOR: &str = "0.2";
+const NEXT_MINOR: &str = "0.3";
 
 fn main() {
     for var in [
@@ -49,13 +51,46 @@ fn main() {
     if let Some(h) = &header {
         println!("cargo::rerun-if-changed={}", h.display());
         let dir = h.parent().unwrap();
+        check_header_version(&dir.join("kvrouter_version.h"));
         println!("cargo::metadata=include={}", dir.display());
         println!(
             "cargo::rustc-env=KVROUTER_SYS_INCLUDE_DIR={}",
             dir.display()
         );
     } else {
+        println!(
+            "cargo::warning=kvrouter-sys: kvrouter.h not found: the library's version is checked \
+             at run time only"
+        );
         println!("cargo::rustc-env=KVROUTER_SYS_INCLUDE_DIR=");
+    }
+}
+
+/// Refuses headers of another major.minor than `MIN_VERSION` (kvrouter_version.h's
+/// `KVR_VERSION_MAJOR` / `KVR_VERSION_MINOR`); warns when there is no such file.
+fn check_header_version(path: &Path) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        println!(
+            "cargo::warning=kvrouter-sys: no {}: the library's version is checked at run time only",
+            path.display()
+        );
+        return;
+    };
+    println!("cargo::rerun-if-changed={}", path.display());
+    let number = |name: &str| {
+        text.lines()
+            .filter_map(|l| l.trim().strip_prefix("#define "))
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u32>().ok())
+    };
+    let found = number("KVR_VERSION_MAJOR").zip(number("KVR_VERSION_MINOR"));
+    let found = found.map(|(major, minor)| format!("{major}.{minor}"));
+    if found.as_deref() != Some(MIN_VERSION) {
+        panic!(
+            "kvrouter-sys: {} is for kvrouter {}, but these declarations mirror {MIN_VERSION}.x \
+             (the ABI may change between 0.x minor releases); use a matching kvrouter-sys",
+            path.display(),
+            found.as_deref().unwrap_or("an unknown version"),
+        );
     }
 }
 

@@ -8,6 +8,8 @@
 //! the installed header.
 #![no_std]
 #![allow(non_camel_case_types)]
+// The header's comments are C comments, not Markdown: `mm_counts[i]` is no intra-doc link.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use core::ffi::{c_char, c_int, c_void};
 use core::marker::{PhantomData, PhantomPinned};
@@ -256,7 +258,7 @@ pub type kvr_replica_publish_fn = Option<unsafe extern "C" fn(*mut c_void, *cons
 #[derive(Clone, Copy, Debug)]
 pub struct kvr_hash_options {
     pub struct_size: u32,
-    /// KVR_HASH_
+    /// KVR_HASH_*
     pub flags: u32,
     /// NULL or "" = base model
     pub lora_name: *const c_char,
@@ -310,7 +312,6 @@ pub struct kvr_router_options {
     pub decode_active_request_weight: f64,
 }
 
-/// ---- Workers ------------------------------------------------------------------------------
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvr_worker_config {
@@ -338,9 +339,9 @@ pub struct kvr_stored_event {
     pub dp_rank: u32,
     pub worker_id: u64,
     pub event_id: u64,
-    /// KVR_TIER_
+    /// KVR_TIER_*
     pub tier: kvr_tier,
-    /// KVR_STORED_
+    /// KVR_STORED_*
     pub flags: u32,
     pub parent_hash: u64,
     pub block_hashes: *const u64,
@@ -375,7 +376,7 @@ pub struct kvr_removed_event {
 #[derive(Clone, Copy, Debug)]
 pub struct kvr_request_options {
     pub struct_size: u32,
-    /// KVR_REQUEST_
+    /// KVR_REQUEST_*
     pub flags: u32,
     /// required with KVR_REQUEST_ADMIT and for kvr_router_add_request
     pub request_id: *const c_char,
@@ -612,7 +613,7 @@ pub struct kvr_prefill_result {
     pub struct_size: u32,
     /// 1: prefill on worker_id / dp_rank; 0: prefill on the decode worker
     pub remote: u32,
-    /// KVR_PREFILL_
+    /// KVR_PREFILL_*
     pub reason: kvr_prefill_reason,
     pub dp_rank: u32,
     pub worker_id: u64,
@@ -667,7 +668,7 @@ pub struct kvr_ingest_stats {
     /// frames or ZMQ messages received
     pub messages: u64,
     pub events_applied: u64,
-    /// messages or events, per KVR_INGEST_REJECT_
+    /// messages or events, per KVR_INGEST_REJECT_*
     pub rejected: [u64; 8],
     /// sequence jumps forward
     pub gaps: u64,

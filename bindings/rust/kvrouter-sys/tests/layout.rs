@@ -1,11 +1,21 @@
 //! The declarations against the real header, in the spirit of git2-rs' `systest`, without
-//! crates: a C program compiled at test time with the system's `cc` prints every struct's size,
-//! alignment and field offsets and sizes, and every constant's value; the Rust side computes the
-//! same with `size_of` / `offset_of!`. Another test parses the header's struct definitions and
-//! requires the field lists checked here to be exactly the header's, in order, so a field the
-//! header gains or renames cannot go unchecked. A third parses the header's function
-//! declarations and the extern block of `src/lib.rs`, maps C types to Rust types, and compares
-//! every function's name, parameter types and return type.
+//! crates. `src/lib.rs` is generated (tools/ffigen) and asserts at compile time the struct
+//! layouts clang computed *when it was generated*; these tests check the generated file again,
+//! independently of the generator, against the header installed *now* (pkg-config's, which may
+//! not be the one it was generated from), and check what those asserts cannot see:
+//!
+//! * a C program compiled with the system's `cc` prints every struct's size, alignment and field
+//!   offsets and sizes, each typed enumeration's width and signedness (`kvr_tier`, ...), every
+//!   constant's value and the members of every X-macro list (`KVR_TIER_MAP`, ...); the Rust side
+//!   computes the same with `size_of` / `offset_of!`, and each constant of an enumeration must
+//!   have the enumeration's type;
+//! * the header's struct definitions are parsed, and the field lists checked here must be
+//!   exactly the header's, in order; the preprocessor lists every macro and enumerator of the
+//!   headers, and each must be checked here; so nothing the header gains goes unchecked;
+//! * the header's function declarations and the extern block of `src/lib.rs` are parsed and
+//!   every function's name, parameter types and return type compared (the sized `_init`s
+//!   included: one per struct beginning with `struct_size`);
+//! * the crate's version and build.rs's pkg-config probe name the generated header version.
 //!
 //! The header is the one `build.rs` found (pkg-config's includedir, or `KVROUTER_INCLUDE_DIR`);
 //! `KVROUTER_LAYOUT_INCLUDE_DIR` overrides it for this test only.
@@ -99,82 +109,101 @@ fn rust_layouts() -> Vec<Layout> {
     }
 }
 
+/// One typed enumeration of the header (`typedef uint32_t kvr_tier;` and its X-macro list
+/// `KVR_TIER_MAP`): the Rust alias's width and signedness, and its constants, each of which must
+/// have the alias as its type (a `let` of that type below, or the test does not compile).
+struct Enumeration {
+    name: &'static str,
+    size: usize,
+    signed: bool,
+    values: Vec<(&'static str, i64)>,
+}
+
+impl Enumeration {
+    /// The X-macro list the header defines the constants with: `kvr_queue_policy` →
+    /// `KVR_QUEUE_POLICY_MAP`.
+    fn list(&self) -> String {
+        format!("{}_MAP", self.name.to_uppercase())
+    }
+}
+
+macro_rules! enumerations {
+    ($($t:ident { $($c:ident),* $(,)? })*) => {
+        vec![$(Enumeration {
+            name: stringify!($t),
+            size: size_of::<$t>(),
+            signed: <$t>::MIN != 0,
+            values: vec![$({
+                let value: $t = $c;
+                (stringify!($c), i64::from(value))
+            }),*],
+        }),*]
+    };
+}
+
+fn rust_enumerations() -> Vec<Enumeration> {
+    enumerations! {
+        kvr_status { KVR_OK, KVR_CANCELLED, KVR_INVALID_ARGUMENT, KVR_DEADLINE_EXCEEDED,
+            KVR_NOT_FOUND, KVR_ALREADY_EXISTS, KVR_RESOURCE_EXHAUSTED, KVR_FAILED_PRECONDITION,
+            KVR_UNIMPLEMENTED, KVR_INTERNAL, KVR_UNAVAILABLE, KVR_BUFFER_TOO_SMALL }
+        kvr_tier { KVR_TIER_DEVICE, KVR_TIER_HOST_PINNED, KVR_TIER_DISK, KVR_TIER_EXTERNAL }
+        kvr_queue_policy { KVR_QUEUE_FCFS, KVR_QUEUE_LCFS, KVR_QUEUE_WSPT }
+        kvr_event_kind { KVR_EVENT_STORED, KVR_EVENT_REMOVED, KVR_EVENT_CLEARED }
+        kvr_event_outcome { KVR_EVENT_OK, KVR_EVENT_PARENT_BLOCK_NOT_FOUND,
+            KVR_EVENT_BLOCK_NOT_FOUND, KVR_EVENT_INVALID_BLOCK_SEQUENCE, KVR_EVENT_INVALID_BLOCK }
+        kvr_phase { KVR_PHASE_AGGREGATED, KVR_PHASE_PREFILL, KVR_PHASE_DECODE }
+        kvr_session_mode { KVR_SESSION_HARD, KVR_SESSION_SOFT }
+        kvr_disagg_policy { KVR_DISAGG_ALWAYS, KVR_DISAGG_ISL_BOUNDING, KVR_DISAGG_PREFILL_LOAD,
+            KVR_DISAGG_ISL_OR_LOAD }
+        kvr_prefill_reason { KVR_PREFILL_REMOTE, KVR_PREFILL_NO_PREFILL_WORKERS,
+            KVR_PREFILL_SHORT_ISL, KVR_PREFILL_WORKER_BUSY }
+        kvr_engine { KVR_ENGINE_VLLM, KVR_ENGINE_SGLANG }
+        kvr_ingest_reject { KVR_INGEST_REJECT_FRAME_TOO_LARGE, KVR_INGEST_REJECT_BAD_FLATBUFFERS,
+            KVR_INGEST_REJECT_BAD_MSGPACK, KVR_INGEST_REJECT_BAD_MESSAGE,
+            KVR_INGEST_REJECT_BLOCK_SIZE, KVR_INGEST_REJECT_INDEX,
+            KVR_INGEST_REJECT_STALE_SEQUENCE }
+    }
+}
+
+/// The other constants, each with the Rust type it must have: flags (enum constants of C,
+/// `u32` here, as the `uint32_t flags` fields they go into), array dimensions and macros.
 macro_rules! constants {
-    ($($c:ident),* $(,)?) => { vec![$((stringify!($c), $c as u64)),*] };
+    ($($t:ty { $($c:ident),* $(,)? })*) => {
+        vec![$($({
+            let value: $t = $c;
+            (stringify!($c), value as u64)
+        }),*),*]
+    };
 }
 
 fn rust_constants() -> Vec<(&'static str, u64)> {
-    constants![
-        KVR_VERSION_MAJOR,
-        KVR_VERSION_MINOR,
-        KVR_OK,
-        KVR_CANCELLED,
-        KVR_INVALID_ARGUMENT,
-        KVR_DEADLINE_EXCEEDED,
-        KVR_NOT_FOUND,
-        KVR_ALREADY_EXISTS,
-        KVR_RESOURCE_EXHAUSTED,
-        KVR_FAILED_PRECONDITION,
-        KVR_UNIMPLEMENTED,
-        KVR_INTERNAL,
-        KVR_UNAVAILABLE,
-        KVR_BUFFER_TOO_SMALL,
-        KVR_TIER_DEVICE,
-        KVR_TIER_HOST_PINNED,
-        KVR_TIER_DISK,
-        KVR_TIER_EXTERNAL,
-        KVR_HASH_EAGLE,
-        KVR_ROUTER_APPROXIMATE,
-        KVR_ROUTER_NO_KV_REUSE,
-        KVR_ROUTER_NO_PREFILL_TRACKING,
-        KVR_ROUTER_EAGLE,
-        KVR_ROUTER_ENTROPY_SEED,
-        KVR_ROUTER_TRACK_OUTPUT_BLOCKS,
-        KVR_QUEUE_FCFS,
-        KVR_QUEUE_LCFS,
-        KVR_QUEUE_WSPT,
-        KVR_STORED_HAS_PARENT,
-        KVR_STORED_EAGLE,
-        KVR_REQUEST_ADMIT,
-        KVR_EVENT_STORED,
-        KVR_EVENT_REMOVED,
-        KVR_EVENT_CLEARED,
-        KVR_EVENT_KINDS,
-        KVR_EVENT_OK,
-        KVR_EVENT_PARENT_BLOCK_NOT_FOUND,
-        KVR_EVENT_BLOCK_NOT_FOUND,
-        KVR_EVENT_INVALID_BLOCK_SEQUENCE,
-        KVR_EVENT_INVALID_BLOCK,
-        KVR_EVENT_OUTCOMES,
-        KVR_PHASE_AGGREGATED,
-        KVR_PHASE_PREFILL,
-        KVR_PHASE_DECODE,
-        KVR_WORKER_NONE,
-        KVR_SESSION_HARD,
-        KVR_SESSION_SOFT,
-        KVR_DISAGG_ALWAYS,
-        KVR_DISAGG_ISL_BOUNDING,
-        KVR_DISAGG_PREFILL_LOAD,
-        KVR_DISAGG_ISL_OR_LOAD,
-        KVR_PREFILL_REMOTE,
-        KVR_PREFILL_NO_PREFILL_WORKERS,
-        KVR_PREFILL_SHORT_ISL,
-        KVR_PREFILL_WORKER_BUSY,
-        KVR_ENGINE_VLLM,
-        KVR_ENGINE_SGLANG,
-        KVR_INGEST_REJECT_FRAME_TOO_LARGE,
-        KVR_INGEST_REJECT_BAD_FLATBUFFERS,
-        KVR_INGEST_REJECT_BAD_MSGPACK,
-        KVR_INGEST_REJECT_BAD_MESSAGE,
-        KVR_INGEST_REJECT_BLOCK_SIZE,
-        KVR_INGEST_REJECT_INDEX,
-        KVR_INGEST_REJECT_STALE_SEQUENCE,
-        KVR_INGEST_REJECT_REASONS,
-    ]
+    constants! {
+        u32 { KVR_VERSION_MAJOR, KVR_VERSION_MINOR }
+        u32 { KVR_HASH_EAGLE }
+        u32 { KVR_ROUTER_APPROXIMATE, KVR_ROUTER_NO_KV_REUSE, KVR_ROUTER_NO_PREFILL_TRACKING,
+            KVR_ROUTER_EAGLE, KVR_ROUTER_ENTROPY_SEED, KVR_ROUTER_TRACK_OUTPUT_BLOCKS }
+        u32 { KVR_STORED_HAS_PARENT, KVR_STORED_EAGLE }
+        u32 { KVR_REQUEST_ADMIT }
+        usize { KVR_EVENT_KINDS, KVR_EVENT_OUTCOMES, KVR_INGEST_REJECT_REASONS }
+        u64 { KVR_WORKER_NONE }
+    }
 }
 
-/// Macros of the header that are not values the binding mirrors.
-const NOT_CONSTANTS: &[&str] = &["KVR_API", "KVROUTER_H"];
+/// Macros of the headers that are no values to compare: the export attribute, the include
+/// guard, the X-macro lists (compared through their enumerations), and the version macros a
+/// library of another 0.2 patch release has other values of (the major.minor is compared;
+/// `the_crates_name_the_generated_version` checks the generated ones).
+fn not_compared(name: &str) -> bool {
+    [
+        "KVR_API",
+        "KVROUTER_H",
+        "KVR_VERSION_PATCH",
+        "KVR_VERSION_NUMBER",
+        "KVR_VERSION_STRING",
+    ]
+    .contains(&name)
+        || name.ends_with("_MAP")
+}
 
 fn include_dir() -> PathBuf {
     let dir = std::env::var("KVROUTER_LAYOUT_INCLUDE_DIR")
@@ -194,24 +223,66 @@ fn header_text() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// `#define KVR_...` names of the header with a value (not the include guard, not KVR_API).
-fn header_macros(header: &str) -> Vec<String> {
-    header
-        .lines()
-        .filter_map(|line| line.trim_start().strip_prefix("#define "))
-        .filter_map(|rest| {
-            let mut words = rest.split_whitespace();
-            let name = words.next()?;
-            words.next()?; // a value must follow
-            (name.starts_with("KVR_") && !NOT_CONSTANTS.contains(&name)).then(|| name.to_string())
-        })
-        .collect()
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
 }
 
-/// Compiles and runs the probe program; returns its `key value...` lines.
-fn c_facts(layouts: &[Layout], constants: &[(&str, u64)]) -> BTreeMap<String, Vec<u64>> {
+/// `cc ARGS -I<include dir> kvrouter.h`'s output: the header as the C preprocessor sees it.
+fn preprocess(args: &[&str]) -> String {
+    let out = Command::new(cc())
+        .args(args)
+        .arg("-I")
+        .arg(include_dir())
+        .arg(include_dir().join("kvrouter.h"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cc()));
+    assert!(
+        out.status.success(),
+        "preprocessing kvrouter.h failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every named value the headers define: object-like `KVR_*` macros (both headers' `#define`s)
+/// and every enumerator of a `kvr_*` enum, the X-macro lists expanded (as the preprocessor
+/// expands them, not as a reading of the text would).
+fn header_values() -> Vec<String> {
+    let mut names: Vec<String> = preprocess(&["-dM", "-E"])
+        .lines()
+        .filter_map(|line| line.strip_prefix("#define "))
+        .map(|rest| rest.split([' ', '(']).next().unwrap().to_string())
+        .filter(|name| name.starts_with("KVR_"))
+        .collect();
+    let expanded = preprocess(&["-E", "-P"]);
+    let mut rest = expanded.as_str();
+    while let Some(start) = rest.find("enum kvr_") {
+        rest = &rest[start..];
+        let open = rest.find('{').unwrap();
+        let close = rest.find('}').unwrap();
+        names.extend(
+            rest[open + 1..close]
+                .split(',')
+                .map(|e| e.split('=').next().unwrap().trim().to_string())
+                .filter(|e| !e.is_empty()),
+        );
+        rest = &rest[close..];
+    }
+    names
+}
+
+/// Compiles and runs the probe program; returns its `key value...` lines (values as i128, so
+/// that signed and unsigned ones both fit).
+fn c_facts(
+    layouts: &[Layout],
+    enumerations: &[Enumeration],
+    constants: &[(&str, u64)],
+) -> BTreeMap<String, Vec<i128>> {
     let mut src = String::from(
-        "#include <stddef.h>\n#include <stdio.h>\n#include \"kvrouter.h\"\nint main(void) {\n",
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"kvrouter.h\"\n\
+         #define PROBE_LIST(name, value, description) \
+         printf(\"member %s %lld\\n\", #name, (long long)(value));\n\
+         int main(void) {\n",
     );
     for l in layouts {
         src += &format!(
@@ -231,6 +302,18 @@ fn c_facts(layouts: &[Layout], constants: &[(&str, u64)]) -> BTreeMap<String, Ve
     src += "    kvr_replica_publish_fn back = publish; (void)back; }\n";
     src += "  printf(\"kvr_replica_publish_fn %zu %zu\\n\", sizeof(kvr_replica_publish_fn), \
             _Alignof(kvr_replica_publish_fn));\n";
+    // Each typed enumeration: the typedef's width and signedness, each constant's value, and
+    // its X-macro list's members.
+    for e in enumerations {
+        src += &format!(
+            "  printf(\"{0} %zu %d\\n\", sizeof({0}), ({0})-1 < 0);\n",
+            e.name
+        );
+        for (c, _) in &e.values {
+            src += &format!("  printf(\"{c} %lld\\n\", (long long)({c}));\n");
+        }
+        src += &format!("  printf(\"list {0}\\n\"); {0}(PROBE_LIST)\n", e.list());
+    }
     for (c, _) in constants {
         src += &format!("  printf(\"{c} %llu\\n\", (unsigned long long)({c}));\n");
     }
@@ -241,42 +324,54 @@ fn c_facts(layouts: &[Layout], constants: &[(&str, u64)]) -> BTreeMap<String, Ve
     let c_file = dir.join("layout.c");
     let exe = dir.join("layout");
     std::fs::write(&c_file, src).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = Command::new(&cc)
+    let out = Command::new(cc())
         .args(["-std=c11", "-Wall", "-Werror", "-I"])
         .arg(include_dir())
         .arg(&c_file)
         .arg("-o")
         .arg(&exe)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cc()));
     assert!(
         out.status.success(),
-        "compiling the layout probe failed (a field the Rust side names that C does not have?):\n{}",
+        "compiling the layout probe failed (a field, constant or list the Rust side names that \
+         C does not have?):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let run = Command::new(&exe).output().unwrap();
     assert!(run.status.success());
-    String::from_utf8(run.stdout)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let mut words = line.split_whitespace();
-            let key = words.next().unwrap().to_string();
-            (key, words.map(|w| w.parse().unwrap()).collect())
-        })
-        .collect()
+    let stdout = String::from_utf8(run.stdout).unwrap();
+    // "list NAME" starts a list, whose "member MEMBER VALUE" lines are filed as "NAME.MEMBER".
+    let mut facts = BTreeMap::new();
+    let mut list = "";
+    for line in stdout.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (key, values) = match words[0] {
+            "list" => {
+                list = words[1];
+                continue;
+            }
+            "member" => (format!("{list}.{}", words[1]), &words[2..]),
+            key => (key.to_string(), &words[1..]),
+        };
+        facts.insert(key, values.iter().map(|w| w.parse().unwrap()).collect());
+    }
+    facts
 }
 
 #[test]
 fn structs_and_constants_match_the_header() {
+    // What the generated file's compile-time asserts cannot see: the installed header (which
+    // may not be the one the file was generated from), field sizes, the typedefs' widths and
+    // signedness, and every constant's value.
     let layouts = rust_layouts();
+    let enumerations = rust_enumerations();
     let constants = rust_constants();
-    let c = c_facts(&layouts, &constants);
+    let c = c_facts(&layouts, &enumerations, &constants);
     let mut mismatches = Vec::new();
     for l in &layouts {
         let want = &c[l.name];
-        if want[0] as usize != l.size || want[1] as usize != l.align {
+        if want[..] != [l.size as i128, l.align as i128] {
             mismatches.push(format!(
                 "{}: C size {} align {}, Rust size {} align {}",
                 l.name, want[0], want[1], l.size, l.align
@@ -286,23 +381,75 @@ fn structs_and_constants_match_the_header() {
         for (f, offset, size) in &l.fields {
             let want = &c[&format!("{}.{f}", l.name)];
             covered += size;
-            if want[0] as usize != *offset || want[1] as usize != *size {
+            if want[..] != [*offset as i128, *size as i128] {
                 mismatches.push(format!(
                     "{}.{f}: C offset {} size {}, Rust offset {offset} size {size}",
                     l.name, want[0], want[1]
                 ));
             }
         }
-        // Every byte is a listed field or padding: a C field missing from the list would show
-        // as a size mismatch unless it hid in tail padding, which this bounds.
-        assert!(covered <= l.size);
+        // Every byte is a listed field (the header's structs have no padding, which is what
+        // lets each struct_size name one layout): a C field missing from the list shows here.
+        if covered != l.size {
+            mismatches.push(format!(
+                "{}: the listed fields cover {covered} of {} bytes",
+                l.name, l.size
+            ));
+        }
     }
     let callback = &c["kvr_replica_publish_fn"];
     assert_eq!(callback[0] as usize, size_of::<kvr_replica_publish_fn>());
     assert_eq!(callback[1] as usize, align_of::<kvr_replica_publish_fn>());
+    for e in &enumerations {
+        let want = &c[e.name];
+        if want[..] != [e.size as i128, i128::from(e.signed)] {
+            mismatches.push(format!(
+                "{}: C {} bytes signed {}, Rust {} bytes signed {}",
+                e.name,
+                want[0],
+                want[1] != 0,
+                e.size,
+                e.signed
+            ));
+        }
+        for (name, value) in &e.values {
+            if c[*name][0] != i128::from(*value) {
+                mismatches.push(format!("{name}: C {}, Rust {value}", c[*name][0]));
+            }
+        }
+        // The X-macro list, member by member: each is one of the Rust constants of this type
+        // (named PREFIX_MEMBER, with its value), and there is no other.
+        let prefix = format!("{}.", e.list());
+        let members: Vec<(&str, i128)> = c
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix(&prefix).map(|m| (m, v[0])))
+            .collect();
+        for (member, value) in &members {
+            let found = e
+                .values
+                .iter()
+                .any(|(n, v)| n.ends_with(&format!("_{member}")) && i128::from(*v) == *value);
+            if !found {
+                mismatches.push(format!(
+                    "{}: {member} = {value} has no constant of type {} in Rust",
+                    e.list(),
+                    e.name
+                ));
+            }
+        }
+        if members.len() != e.values.len() {
+            mismatches.push(format!(
+                "{}: {} members in C, {} constants of type {} in Rust",
+                e.list(),
+                members.len(),
+                e.values.len(),
+                e.name
+            ));
+        }
+    }
     for (name, value) in &constants {
-        if c[*name][0] != *value {
-            mismatches.push(format!("{name}: C {}, Rust {value}", c[*name][0]));
+        if c[*name][0] as u64 != *value {
+            mismatches.push(format!("{name}: C {}, Rust {value}", c[*name][0] as u64));
         }
     }
     assert!(
@@ -344,13 +491,45 @@ fn every_header_struct_field_is_checked() {
 }
 
 #[test]
-fn every_header_constant_is_mirrored() {
-    let mirrored: Vec<&str> = rust_constants().iter().map(|(n, _)| *n).collect();
-    let missing: Vec<String> = header_macros(&header_text())
-        .into_iter()
-        .filter(|m| !mirrored.contains(&m.as_str()))
+fn every_header_value_is_checked() {
+    // Every macro and enumerator the preprocessor finds in the headers is compared above (or
+    // deliberately not: not_compared), and every X-macro list belongs to a checked enumeration.
+    let enumerations = rust_enumerations();
+    let mut checked: Vec<&str> = rust_constants().iter().map(|(n, _)| *n).collect();
+    for e in &enumerations {
+        checked.extend(e.values.iter().map(|(n, _)| *n));
+    }
+    let header = header_values();
+    assert!(
+        header.len() >= 70,
+        "found only {} header values",
+        header.len()
+    );
+    let missing: Vec<&String> = header
+        .iter()
+        .filter(|n| !not_compared(n) && !checked.contains(&n.as_str()))
         .collect();
-    assert!(missing.is_empty(), "constants not mirrored: {missing:?}");
+    assert!(missing.is_empty(), "header values not checked: {missing:?}");
+    let lists: Vec<String> = enumerations.iter().map(Enumeration::list).collect();
+    let unchecked: Vec<&String> = header
+        .iter()
+        .filter(|n| n.ends_with("_MAP") && !lists.contains(n))
+        .collect();
+    assert!(
+        unchecked.is_empty(),
+        "X-macro lists without an enumeration in rust_enumerations(): {unchecked:?}"
+    );
+    // And every integer typedef of the header is one of them (kvr_status, kvr_tier, ...).
+    let typedefs: Vec<String> = preprocess(&["-E", "-P"])
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("typedef "))
+        .filter(|l| l.starts_with("int") || l.starts_with("uint"))
+        .filter_map(|l| l.trim_end_matches(';').split_whitespace().nth(1))
+        .filter(|n| n.starts_with("kvr_"))
+        .map(str::to_string)
+        .collect();
+    let names: Vec<&str> = enumerations.iter().map(|e| e.name).collect();
+    assert_eq!(typedefs, names, "the header's integer typedefs, in order");
 }
 
 /// One function: name → (parameter types, return type), both as Rust type strings.
@@ -433,10 +612,16 @@ fn header_struct_fields(header: &str) -> BTreeMap<String, Vec<String>> {
 }
 
 fn header_signatures(header: &str) -> Signatures {
-    // Drop comments and preprocessor lines, then take every `KVR_API ...;` declaration.
+    // Drop comments and preprocessor directives (with their continuation lines: the X-macro
+    // lists' descriptions hold semicolons), then take every `KVR_API ...;` declaration.
+    let mut in_directive = false;
     let text: String = strip_comments(header)
         .lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter(|l| {
+            let directive = in_directive || l.trim_start().starts_with('#');
+            in_directive = directive && l.trim_end().ends_with('\\');
+            !directive
+        })
         .collect::<Vec<_>>()
         .join(" ");
     let mut out = Signatures::new();
@@ -552,4 +737,54 @@ fn linked_library_matches_the_declared_version() {
         .to_str()
         .unwrap()
         .starts_with(&format!("{KVR_VERSION_MAJOR}.{KVR_VERSION_MINOR}.")));
+}
+
+#[test]
+fn every_versioned_struct_has_a_sized_init() {
+    // ABI 0.2: a struct beginning with struct_size is initialised by
+    // `kvr_status NAME_init(NAME *, size_t size)`, whose size the safe layer's `raw::init` takes
+    // from size_of (one entry per such struct in kvrouter's raw.rs).
+    let rust = rust_signatures(include_str!("../src/lib.rs"));
+    let versioned: Vec<String> = header_struct_fields(&header_text())
+        .into_iter()
+        .filter(|(_, fields)| fields.first().map(String::as_str) == Some("struct_size"))
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(versioned.len(), 15, "versioned structs: {versioned:?}");
+    for name in &versioned {
+        let init = format!("{name}_init");
+        let want = (
+            vec![format!("*mut {name}"), "usize".to_string()],
+            "kvr_status".to_string(),
+        );
+        assert_eq!(rust.get(&init), Some(&want), "{init}");
+    }
+}
+
+#[test]
+fn the_crates_name_the_generated_version() {
+    // The generated constants are the header's version (0.2.0); the crate's version carries it
+    // as build metadata and shares its major.minor, and build.rs probes for that major.minor.
+    let (major, minor) = (KVR_VERSION_MAJOR, KVR_VERSION_MINOR);
+    assert_eq!(
+        KVR_VERSION_STRING,
+        format!("{major}.{minor}.{KVR_VERSION_PATCH}")
+    );
+    assert_eq!(
+        KVR_VERSION_NUMBER,
+        major * 10000 + minor * 100 + KVR_VERSION_PATCH
+    );
+    let crate_version = env!("CARGO_PKG_VERSION");
+    assert!(
+        crate_version.starts_with(&format!("{major}.{minor}."))
+            && crate_version.ends_with(&format!("+kvrouter.{KVR_VERSION_STRING}")),
+        "Cargo.toml's version {crate_version} does not name libkvrouter {KVR_VERSION_STRING}"
+    );
+    let build = include_str!("../build.rs");
+    for line in [
+        format!("const MIN_VERSION: &str = \"{major}.{minor}\";"),
+        format!("const NEXT_MINOR: &str = \"{major}.{}\";", minor + 1),
+    ] {
+        assert!(build.contains(&line), "build.rs lacks `{line}`");
+    }
 }

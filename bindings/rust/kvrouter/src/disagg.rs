@@ -7,7 +7,8 @@ use std::ptr::{self, NonNull};
 use kvrouter_sys as sys;
 
 use crate::error::{call, Code, Error, Result};
-use crate::options::{hints_ptr, init, lower_hints, RequestOptions, RouterOptions, RoutingHints};
+use crate::options::{hints_ptr, lower_hints, RequestOptions, RouterOptions, RoutingHints};
+use crate::raw::init;
 use crate::router::{RouteSignals, RouterRef};
 use crate::util::slice_ptr;
 
@@ -47,7 +48,7 @@ pub struct DisaggOptions {
 
 impl Default for DisaggOptions {
     fn default() -> Self {
-        let raw = init(sys::kvr_disagg_options_init);
+        let raw = init::<sys::kvr_disagg_options>();
         DisaggOptions {
             policy: match raw.policy {
                 sys::KVR_DISAGG_ISL_BOUNDING => DisaggPolicy::IslBounding,
@@ -66,8 +67,8 @@ impl Default for DisaggOptions {
 }
 
 impl DisaggOptions {
-    fn to_raw(self) -> sys::kvr_disagg_options {
-        let mut raw = init(sys::kvr_disagg_options_init);
+    pub(crate) fn to_raw(self) -> sys::kvr_disagg_options {
+        let mut raw = init::<sys::kvr_disagg_options>();
         raw.policy = match self.policy {
             DisaggPolicy::Always => sys::KVR_DISAGG_ALWAYS,
             DisaggPolicy::IslBounding => sys::KVR_DISAGG_ISL_BOUNDING,
@@ -185,7 +186,7 @@ impl Disagg {
     ) -> Result<PrefillResult> {
         let req = opts.lower()?;
         let hints = lower_hints(hints)?;
-        let mut out = init(sys::kvr_prefill_result_init);
+        let mut out = init::<sys::kvr_prefill_result>();
         // SAFETY: a live disagg (concurrent); every input lives across the call.
         call(|err| unsafe {
             sys::kvr_disagg_route_prefill(
@@ -213,7 +214,7 @@ impl Disagg {
     ) -> Result<RouteSignals> {
         let req = opts.lower()?;
         let hints = lower_hints(hints)?;
-        let mut out = init(sys::kvr_route_signals_init);
+        let mut out = init::<sys::kvr_route_signals>();
         // SAFETY: as route_prefill.
         call(|err| unsafe {
             sys::kvr_disagg_route_decode(

@@ -8,7 +8,7 @@ use std::ptr::{self, NonNull};
 use kvrouter_sys as sys;
 
 use crate::error::{call, Error, Result};
-use crate::options::init;
+use crate::raw::init;
 use crate::util::{opt_cstring, opt_ptr, slice_ptr, Multimodal};
 
 /// A storage tier (`KVR_TIER_*`).
@@ -24,7 +24,7 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub(crate) fn raw(self) -> u32 {
+    pub(crate) fn raw(self) -> sys::kvr_tier {
         match self {
             Tier::Device => sys::KVR_TIER_DEVICE,
             Tier::HostPinned => sys::KVR_TIER_HOST_PINNED,
@@ -34,7 +34,7 @@ impl Tier {
     }
 
     /// The tier for a raw `KVR_TIER_*` value (None for one this binding does not know).
-    pub fn from_raw(raw: u32) -> Option<Tier> {
+    pub fn from_raw(raw: sys::kvr_tier) -> Option<Tier> {
         match raw {
             sys::KVR_TIER_DEVICE => Some(Tier::Device),
             sys::KVR_TIER_HOST_PINNED => Some(Tier::HostPinned),
@@ -86,7 +86,7 @@ pub(crate) struct LoweredStored {
 
 impl StoredEvent<'_> {
     pub(crate) fn lower(&self) -> Result<LoweredStored> {
-        let mut raw = init(sys::kvr_stored_event_init);
+        let mut raw = init::<sys::kvr_stored_event>();
         let strings = [
             opt_cstring("lora_name", self.lora_name)?,
             opt_cstring("cache_namespace", self.cache_namespace)?,
@@ -144,7 +144,7 @@ pub struct RemovedEvent<'a> {
 
 impl RemovedEvent<'_> {
     pub(crate) fn lower(&self) -> sys::kvr_removed_event {
-        let mut raw = init(sys::kvr_removed_event_init);
+        let mut raw = init::<sys::kvr_removed_event>();
         raw.dp_rank = self.dp_rank;
         raw.worker_id = self.worker_id;
         raw.event_id = self.event_id;

@@ -3,7 +3,7 @@
 use kvrouter_sys as sys;
 
 use crate::error::{Error, Result};
-use crate::options::init;
+use crate::raw::init;
 use crate::util::{opt_cstring, opt_ptr, slice_ptr, Multimodal};
 
 /// What changes a prompt's block hashes besides its tokens (`kvr_hash_options`).
@@ -31,7 +31,7 @@ pub fn compute_block_hashes(
     }
     let lora = opt_cstring("lora_name", options.lora_name)?;
     let namespace = opt_cstring("cache_namespace", options.cache_namespace)?;
-    let mut raw = init(sys::kvr_hash_options_init);
+    let mut raw = init::<sys::kvr_hash_options>();
     if options.eagle {
         raw.flags |= sys::KVR_HASH_EAGLE;
     }

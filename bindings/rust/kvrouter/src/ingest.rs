@@ -10,7 +10,7 @@ use kvrouter_sys as sys;
 
 use crate::error::{call, fill_vec, Code, Error, Result};
 use crate::events::EventBatch;
-use crate::options::init;
+use crate::raw::init;
 use crate::router::{Router, RouterRef};
 use crate::util::{cstring, opt_cstring, opt_ptr};
 
@@ -25,7 +25,7 @@ pub struct IngestOptions {
 
 impl Default for IngestOptions {
     fn default() -> Self {
-        let raw = init(sys::kvr_ingest_options_init);
+        let raw = init::<sys::kvr_ingest_options>();
         IngestOptions {
             max_frame_bytes: raw.max_frame_bytes,
             replay_timeout_ms: raw.replay_timeout_ms,
@@ -34,8 +34,8 @@ impl Default for IngestOptions {
 }
 
 impl IngestOptions {
-    fn to_raw(self) -> sys::kvr_ingest_options {
-        let mut raw = init(sys::kvr_ingest_options_init);
+    pub(crate) fn to_raw(self) -> sys::kvr_ingest_options {
+        let mut raw = init::<sys::kvr_ingest_options>();
         raw.max_frame_bytes = self.max_frame_bytes;
         raw.replay_timeout_ms = self.replay_timeout_ms;
         raw
@@ -72,7 +72,7 @@ pub struct EngineWorker<'a> {
 impl<'a> EngineWorker<'a> {
     /// A one-rank vLLM worker at `endpoint` with the library's defaults.
     pub fn new(endpoint: &'a str, worker_id: u64) -> Self {
-        let raw = init(sys::kvr_engine_worker_init);
+        let raw = init::<sys::kvr_engine_worker>();
         EngineWorker {
             engine: Engine::Vllm,
             endpoint,
@@ -108,7 +108,7 @@ pub enum RejectReason {
 
 impl RejectReason {
     fn index(self) -> usize {
-        match self {
+        let reason: sys::kvr_ingest_reject = match self {
             RejectReason::FrameTooLarge => sys::KVR_INGEST_REJECT_FRAME_TOO_LARGE,
             RejectReason::BadFlatbuffers => sys::KVR_INGEST_REJECT_BAD_FLATBUFFERS,
             RejectReason::BadMsgpack => sys::KVR_INGEST_REJECT_BAD_MSGPACK,
@@ -116,7 +116,9 @@ impl RejectReason {
             RejectReason::BlockSize => sys::KVR_INGEST_REJECT_BLOCK_SIZE,
             RejectReason::Index => sys::KVR_INGEST_REJECT_INDEX,
             RejectReason::StaleSequence => sys::KVR_INGEST_REJECT_STALE_SEQUENCE,
-        }
+        };
+        // A kvr_ingest_reject indexes kvr_ingest_stats.rejected (a u32 always fits a usize).
+        reason as usize
     }
 }
 
@@ -304,7 +306,7 @@ impl<'r> Ingest<'r> {
         let endpoint = cstring("endpoint", worker.endpoint)?;
         let topic = opt_cstring("topic", worker.topic)?;
         let replay = opt_cstring("replay_endpoint", worker.replay_endpoint)?;
-        let mut raw = init(sys::kvr_engine_worker_init);
+        let mut raw = init::<sys::kvr_engine_worker>();
         raw.engine = match worker.engine {
             Engine::Vllm => sys::KVR_ENGINE_VLLM,
             Engine::Sglang => sys::KVR_ENGINE_SGLANG,
@@ -403,7 +405,7 @@ impl<'r> Ingest<'r> {
     /// One source's counters (`source_id` 0 = the sum over every source, as
     /// [`total_stats`](Self::total_stats)). `NotFound` for an unknown id.
     pub fn stats(&self, source_id: u64) -> Result<IngestStats> {
-        let mut out = init(sys::kvr_ingest_stats_init);
+        let mut out = init::<sys::kvr_ingest_stats>();
         // SAFETY: a live ingest object (concurrent); out is an initialised struct.
         call(|err| unsafe { sys::kvr_ingest_get_stats(self.as_ptr(), source_id, &mut out, err) })?;
         Ok(IngestStats::from(out))

@@ -37,7 +37,9 @@
 //! * Inputs are borrowed as slices and `&str` (copied to NUL-terminated strings for the call);
 //!   array results come back as `Vec`s, grown and retried on `KVR_BUFFER_TOO_SMALL`.
 //! * The first constructor call checks that the library's major.minor version matches the one
-//!   this binding mirrors ([`check_version`]).
+//!   this binding was generated for, 0.2 ([`check_version`]).
+//! * [`raw::init`] initialises a [`kvrouter_sys`] struct with its sized `_init` function, for
+//!   code that mixes raw calls with the safe layer.
 
 #![warn(missing_debug_implementations)]
 
@@ -46,7 +48,10 @@ mod error;
 mod events;
 mod hashing;
 mod ingest;
+#[cfg(test)]
+mod lowering_tests;
 mod options;
+pub mod raw;
 mod replica;
 mod router;
 mod util;
@@ -86,20 +91,20 @@ pub fn version_string() -> &'static str {
 }
 
 /// Checks once per process that the loaded library's major.minor version is the one these
-/// bindings were written for (`kvrouter_sys::KVR_VERSION_MAJOR/MINOR`): at 0.x a minor release
-/// may change the ABI. Constructors call it; a mismatch is `FailedPrecondition`.
+/// bindings were generated for (`kvrouter_sys::KVR_VERSION_MAJOR` / `KVR_VERSION_MINOR`, 0.2):
+/// at 0.x a minor release may change the ABI, so any 0.2.x library is accepted and nothing else.
+/// Constructors call it; a mismatch is `FailedPrecondition`.
 pub fn check_version() -> Result<()> {
     static CHECKED: OnceLock<Result<()>> = OnceLock::new();
     CHECKED
         .get_or_init(|| {
-            let library = version();
-            if library / 100 == sys::KVR_VERSION_NUMBER / 100 {
+            if accepts_library(version()) {
                 Ok(())
             } else {
                 Err(Error::new(
                     Code::FailedPrecondition,
                     format!(
-                        "libkvrouter {} is loaded, but this binding was written for {}.{}.x",
+                        "libkvrouter {} is loaded, but this binding was generated for {}.{}.x",
                         version_string(),
                         sys::KVR_VERSION_MAJOR,
                         sys::KVR_VERSION_MINOR
@@ -108,4 +113,29 @@ pub fn check_version() -> Result<()> {
             }
         })
         .clone()
+}
+
+/// Whether a library version number (`kvr_version()`: major·10000 + minor·100 + patch) has the
+/// major.minor of the header kvrouter-sys was generated from.
+fn accepts_library(number: u32) -> bool {
+    number / 10000 == sys::KVR_VERSION_MAJOR && number / 100 % 100 == sys::KVR_VERSION_MINOR
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_generated_major_minor_is_accepted() {
+        // This release of the binding is for libkvrouter 0.2.x (README.md, build.rs).
+        assert_eq!((sys::KVR_VERSION_MAJOR, sys::KVR_VERSION_MINOR), (0, 2));
+        for accepted in [200, 201, 299] {
+            assert!(accepts_library(accepted), "{accepted}");
+        }
+        for refused in [0, 100, 199, 300, 10200, 20000] {
+            assert!(!accepts_library(refused), "{refused}");
+        }
+        assert!(accepts_library(version()), "{}", version_string());
+        check_version().unwrap();
+    }
 }

@@ -3,23 +3,13 @@
 //! from the C `_init` defaults) for the duration of one call.
 
 use std::ffi::CString;
-use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use kvrouter_sys as sys;
 
 use crate::error::{Error, Result};
+use crate::raw::init;
 use crate::util::{opt_cstring, opt_ptr, slice_ptr, Multimodal};
-
-/// Runs a C `_init` function on a fresh struct.
-pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T)) -> T {
-    let mut value = MaybeUninit::<T>::uninit();
-    // SAFETY: every _init function writes the whole struct (struct_size and every default).
-    unsafe {
-        f(value.as_mut_ptr());
-        value.assume_init()
-    }
-}
 
 /// How the admission queue orders waiting requests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -34,14 +24,14 @@ pub enum QueuePolicy {
 }
 
 impl QueuePolicy {
-    fn raw(self) -> u32 {
+    fn raw(self) -> sys::kvr_queue_policy {
         match self {
             QueuePolicy::Fcfs => sys::KVR_QUEUE_FCFS,
             QueuePolicy::Lcfs => sys::KVR_QUEUE_LCFS,
             QueuePolicy::Wspt => sys::KVR_QUEUE_WSPT,
         }
     }
-    fn from_raw(raw: u32) -> QueuePolicy {
+    fn from_raw(raw: sys::kvr_queue_policy) -> QueuePolicy {
         match raw {
             sys::KVR_QUEUE_LCFS => QueuePolicy::Lcfs,
             sys::KVR_QUEUE_WSPT => QueuePolicy::Wspt,
@@ -104,7 +94,13 @@ pub struct RouterOptions {
 
 impl Default for RouterOptions {
     fn default() -> Self {
-        let raw = init(sys::kvr_router_options_init);
+        RouterOptions::from_raw(&init::<sys::kvr_router_options>())
+    }
+}
+
+impl RouterOptions {
+    /// The options a C struct holds (the library's defaults, for `Default`).
+    pub(crate) fn from_raw(raw: &sys::kvr_router_options) -> Self {
         RouterOptions {
             block_size: raw.block_size,
             approximate: raw.flags & sys::KVR_ROUTER_APPROXIMATE != 0,
@@ -129,9 +125,7 @@ impl Default for RouterOptions {
             decode_active_request_weight: raw.decode_active_request_weight,
         }
     }
-}
 
-impl RouterOptions {
     /// The defaults with another block size.
     pub fn with_block_size(block_size: u32) -> Self {
         RouterOptions {
@@ -141,7 +135,7 @@ impl RouterOptions {
     }
 
     pub(crate) fn to_raw(&self) -> sys::kvr_router_options {
-        let mut raw = init(sys::kvr_router_options_init);
+        let mut raw = init::<sys::kvr_router_options>();
         let mut flags = 0;
         for (on, flag) in [
             (self.approximate, sys::KVR_ROUTER_APPROXIMATE),
@@ -200,7 +194,7 @@ pub struct WorkerConfig {
 impl WorkerConfig {
     /// Worker `worker_id` with the library's defaults (one rank, capacity not reported).
     pub fn new(worker_id: u64) -> Self {
-        let raw = init(sys::kvr_worker_config_init);
+        let raw = init::<sys::kvr_worker_config>();
         WorkerConfig {
             worker_id,
             block_size: raw.block_size,
@@ -212,7 +206,7 @@ impl WorkerConfig {
     }
 
     pub(crate) fn to_raw(self) -> sys::kvr_worker_config {
-        let mut raw = init(sys::kvr_worker_config_init);
+        let mut raw = init::<sys::kvr_worker_config>();
         raw.block_size = self.block_size;
         raw.worker_id = self.worker_id;
         raw.dp_start = self.dp_start;
@@ -275,7 +269,7 @@ impl<'a> RequestOptions<'a> {
     }
 
     pub(crate) fn lower(&self) -> Result<LoweredRequest> {
-        let mut raw = init(sys::kvr_request_options_init);
+        let mut raw = init::<sys::kvr_request_options>();
         let strings = [
             opt_cstring("request_id", self.request_id)?,
             opt_cstring("lora_name", self.lora_name)?,
@@ -384,7 +378,7 @@ pub struct RoutingHints<'a> {
 
 impl RoutingHints<'_> {
     pub(crate) fn lower(&self) -> Result<LoweredHints> {
-        let mut raw = init(sys::kvr_routing_hints_init);
+        let mut raw = init::<sys::kvr_routing_hints>();
         let session = opt_cstring("session_id", self.session_id)?;
         let rank = |r: Option<u32>| -> Result<i32> {
             r.map_or(Ok(-1), |r| {

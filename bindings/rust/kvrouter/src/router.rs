@@ -13,8 +13,9 @@ use kvrouter_sys as sys;
 use crate::error::{call, fill_vec, Code, Error, Result};
 use crate::events::{Buffer, RemovedEvent, StoredEvent};
 use crate::options::{
-    hints_ptr, init, lower_hints, RequestOptions, RouterOptions, RoutingHints, WorkerConfig,
+    hints_ptr, lower_hints, RequestOptions, RouterOptions, RoutingHints, WorkerConfig,
 };
+use crate::raw::init;
 use crate::util::{cstring, slice_ptr};
 
 /// An owned router (`kvr_router`), internally synchronised: share it between threads with
@@ -288,7 +289,7 @@ impl From<sys::kvr_route_signals> for RouteSignals {
 
 impl RouteSignals {
     pub(crate) fn to_raw(self) -> sys::kvr_route_signals {
-        let mut raw = init(sys::kvr_route_signals_init);
+        let mut raw = init::<sys::kvr_route_signals>();
         raw.dp_rank = self.dp_rank;
         raw.worker_id = self.worker_id;
         raw.overlap_blocks = self.overlap_blocks;
@@ -351,19 +352,20 @@ pub struct Metrics {
 impl Metrics {
     /// Events of `kind` applied (`EventOutcome::Applied`) or rejected for a reason.
     pub fn events(&self, kind: EventKind, outcome: EventOutcome) -> u64 {
-        let k = match kind {
+        let k: sys::kvr_event_kind = match kind {
             EventKind::Stored => sys::KVR_EVENT_STORED,
             EventKind::Removed => sys::KVR_EVENT_REMOVED,
             EventKind::Cleared => sys::KVR_EVENT_CLEARED,
         };
-        let o = match outcome {
+        let o: sys::kvr_event_outcome = match outcome {
             EventOutcome::Applied => sys::KVR_EVENT_OK,
             EventOutcome::ParentBlockNotFound => sys::KVR_EVENT_PARENT_BLOCK_NOT_FOUND,
             EventOutcome::BlockNotFound => sys::KVR_EVENT_BLOCK_NOT_FOUND,
             EventOutcome::InvalidBlockSequence => sys::KVR_EVENT_INVALID_BLOCK_SEQUENCE,
             EventOutcome::InvalidBlock => sys::KVR_EVENT_INVALID_BLOCK,
         };
-        self.events[k][o]
+        // The typed enumerations index kvr_metrics.events (a u32 always fits a usize).
+        self.events[k as usize][o as usize]
     }
 }
 
@@ -532,7 +534,7 @@ impl RouterRef {
         candidates: &mut Vec<sys::kvr_candidate>,
     ) -> Result<(RouteResult, usize)> {
         let req = opts.lower()?;
-        let mut out = init(sys::kvr_route_result_init);
+        let mut out = init::<sys::kvr_route_result>();
         let mut total = 0usize;
         let cap = candidates.capacity();
         // SAFETY: a live router (concurrent); tokens, req and out live across the call;
@@ -720,7 +722,7 @@ impl RouterRef {
     // ---- Metrics ----
 
     pub fn metrics(&self) -> Result<Metrics> {
-        let mut out = init(sys::kvr_metrics_init);
+        let mut out = init::<sys::kvr_metrics>();
         // SAFETY: a live router (concurrent); out is an initialised struct.
         call(|err| unsafe { sys::kvr_router_get_metrics(self.as_raw(), &mut out, err) })?;
         Ok(Metrics::from(out))
@@ -751,7 +753,7 @@ impl RouterRef {
     ) -> Result<RouteSignals> {
         let req = opts.lower()?;
         let hints = lower_hints(hints)?;
-        let mut out = init(sys::kvr_route_signals_init);
+        let mut out = init::<sys::kvr_route_signals>();
         // SAFETY: a live router (concurrent); every input lives across the call.
         call(|err| unsafe {
             sys::kvr_preview_route(
@@ -780,7 +782,7 @@ impl RouterRef {
         let req = opts.lower()?;
         let hints = lower_hints(hints)?;
         let previewed = previewed.map(|p| p.to_raw());
-        let mut out = init(sys::kvr_route_signals_init);
+        let mut out = init::<sys::kvr_route_signals>();
         // SAFETY: as preview_route.
         call(|err| unsafe {
             sys::kvr_plan_route(

@@ -1,0 +1,538 @@
+//! The plumbing between the safe layer's plain structs and the C structs they are lowered to:
+//! every setting reaches its C field, and the safe defaults are the library's.
+//!
+//! The raw structs are compared field by field, by their bytes. A field list here must cover
+//! its struct completely (the generated structs have no padding, so the fields' sizes add up to
+//! `size_of`): a field the header gains fails these tests until it is listed, and then until the
+//! safe layer sets it.
+
+use std::mem::size_of;
+use std::time::Duration;
+
+use kvrouter_sys as sys;
+
+use crate::raw::init;
+use crate::*;
+
+/// A value's bytes (every generated struct field is plain data: integers, floats, pointers).
+fn bytes_of<T: Copy>(value: &T) -> Vec<u8> {
+    // SAFETY: a live, initialised T of size_of::<T>() bytes, with no padding (plain fields).
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+}
+
+/// `(field name, bytes)` for the listed fields of a raw struct, in order; panics unless the
+/// fields cover the struct's every byte.
+macro_rules! fields {
+    ($value:expr, $t:ident { $($f:ident),* $(,)? }) => {{
+        let value: &sys::$t = &$value;
+        let fields: Vec<(&'static str, Vec<u8>)> = vec![$((stringify!($f), bytes_of(&value.$f))),*];
+        let covered: usize = fields.iter().map(|(_, b)| b.len()).sum();
+        assert_eq!(
+            covered,
+            size_of::<sys::$t>(),
+            "{}: the field list misses a field of the generated struct",
+            stringify!($t)
+        );
+        fields
+    }};
+}
+
+macro_rules! router_options_fields {
+    ($value:expr) => {
+        fields!(
+            $value,
+            kvr_router_options {
+                struct_size,
+                block_size,
+                flags,
+                queue_policy,
+                overlap_score_credit,
+                prefill_load_scale,
+                host_cache_hit_weight,
+                disk_cache_hit_weight,
+                temperature,
+                queue_threshold,
+                approx_ttl_seconds,
+                approx_max_blocks,
+                approx_prune_target_ratio,
+                request_expiry_seconds,
+                random_seed,
+                overlap_score_credit_decay,
+                decode_active_request_weight,
+            }
+        )
+    };
+}
+
+/// The library's own defaults, straight from `kvr_router_options_init` (not through
+/// `raw::init`, which the safe layer uses).
+fn library_router_defaults() -> sys::kvr_router_options {
+    // SAFETY: all-zero bytes are a valid kvr_router_options; _init writes within its size.
+    let mut raw: sys::kvr_router_options = unsafe { std::mem::zeroed() };
+    let size = size_of::<sys::kvr_router_options>();
+    // SAFETY: a writable struct of `size` bytes.
+    let status = unsafe { sys::kvr_router_options_init(&mut raw, size) };
+    assert_eq!(status, sys::KVR_OK);
+    assert_eq!(raw.struct_size as usize, size);
+    raw
+}
+
+/// Fields of `set` still equal to `default`'s, but for those named in `unset` (struct_size,
+/// reserved fields).
+fn left_at_default(
+    set: &[(&'static str, Vec<u8>)],
+    default: &[(&'static str, Vec<u8>)],
+    unset: &[&str],
+) -> Vec<&'static str> {
+    set.iter()
+        .zip(default)
+        .filter(|((name, s), (_, d))| !unset.contains(name) && s == d)
+        .map(|((name, _), _)| *name)
+        .collect()
+}
+
+/// Every RouterOptions field away from its default (and every flag away from Dynamo's).
+fn every_router_option_set() -> RouterOptions {
+    RouterOptions {
+        block_size: 32,
+        approximate: true,
+        assume_kv_reuse: false,
+        track_prefill_tokens: false,
+        eagle: true,
+        entropy_seed: true,
+        track_output_blocks: true,
+        queue_policy: QueuePolicy::Wspt,
+        overlap_score_credit: 0.5,
+        prefill_load_scale: 2.0,
+        host_cache_hit_weight: 0.625,
+        disk_cache_hit_weight: 0.125,
+        temperature: 0.7,
+        queue_threshold: Some(1.5),
+        approx_ttl_seconds: 60.0,
+        approx_max_blocks: 4096,
+        approx_prune_target_ratio: 0.5,
+        request_expiry_seconds: 30.0,
+        random_seed: 42,
+        overlap_score_credit_decay: 0.3,
+        decode_active_request_weight: 0.2,
+    }
+}
+
+#[test]
+fn router_option_defaults_are_the_librarys_field_by_field() {
+    let library = library_router_defaults();
+    let safe = RouterOptions::default().to_raw();
+    let (library, safe) = (
+        router_options_fields!(library),
+        router_options_fields!(safe),
+    );
+    let differ: Vec<&str> = safe
+        .iter()
+        .zip(&library)
+        .filter(|((_, s), (_, l))| s != l)
+        .map(|((name, _), _)| *name)
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "RouterOptions::default() differs in {differ:?}"
+    );
+    // And what the safe struct says (a few the README documents).
+    let d = RouterOptions::default();
+    assert_eq!((d.block_size, d.queue_threshold), (16, None));
+    assert!(d.assume_kv_reuse && d.track_prefill_tokens && !d.approximate);
+}
+
+#[test]
+fn every_router_option_reaches_the_c_struct() {
+    let set = every_router_option_set();
+    let raw = set.to_raw();
+    assert_eq!(
+        raw.struct_size as usize,
+        size_of::<sys::kvr_router_options>()
+    );
+    // Nothing is lost on the way: the C struct reads back as the same options...
+    assert_eq!(RouterOptions::from_raw(&raw), set);
+    // ... and no C field is left at the library's default, so none is forgotten.
+    let left = left_at_default(
+        &router_options_fields!(raw),
+        &router_options_fields!(library_router_defaults()),
+        &["struct_size"],
+    );
+    assert!(left.is_empty(), "fields to_raw() does not set: {left:?}");
+    // Each flag on its own, on its own bit.
+    let d = RouterOptions::default;
+    let flags: [(RouterOptions, u32); 6] = [
+        (
+            RouterOptions {
+                approximate: true,
+                ..d()
+            },
+            sys::KVR_ROUTER_APPROXIMATE,
+        ),
+        (
+            RouterOptions {
+                assume_kv_reuse: false,
+                ..d()
+            },
+            sys::KVR_ROUTER_NO_KV_REUSE,
+        ),
+        (
+            RouterOptions {
+                track_prefill_tokens: false,
+                ..d()
+            },
+            sys::KVR_ROUTER_NO_PREFILL_TRACKING,
+        ),
+        (RouterOptions { eagle: true, ..d() }, sys::KVR_ROUTER_EAGLE),
+        (
+            RouterOptions {
+                entropy_seed: true,
+                ..d()
+            },
+            sys::KVR_ROUTER_ENTROPY_SEED,
+        ),
+        (
+            RouterOptions {
+                track_output_blocks: true,
+                ..d()
+            },
+            sys::KVR_ROUTER_TRACK_OUTPUT_BLOCKS,
+        ),
+    ];
+    for (options, flag) in flags {
+        assert_eq!(options.to_raw().flags, flag, "{options:?}");
+        assert_eq!(RouterOptions::from_raw(&options.to_raw()), options);
+    }
+    for (policy, raw) in [
+        (QueuePolicy::Fcfs, sys::KVR_QUEUE_FCFS),
+        (QueuePolicy::Lcfs, sys::KVR_QUEUE_LCFS),
+        (QueuePolicy::Wspt, sys::KVR_QUEUE_WSPT),
+    ] {
+        let options = RouterOptions {
+            queue_policy: policy,
+            ..d()
+        };
+        assert_eq!(options.to_raw().queue_policy, raw);
+    }
+    // The library takes every one of them.
+    Router::new(&set).unwrap();
+}
+
+#[test]
+fn every_worker_and_request_setting_reaches_the_c_struct() {
+    let worker = WorkerConfig {
+        worker_id: 7,
+        block_size: 32,
+        dp_start: 2,
+        dp_size: 3,
+        total_kv_blocks: 1000,
+        max_num_batched_tokens: 4096,
+    };
+    let default: sys::kvr_worker_config = init();
+    macro_rules! worker_fields {
+        ($v:expr) => {
+            fields!(
+                $v,
+                kvr_worker_config {
+                    struct_size,
+                    block_size,
+                    worker_id,
+                    dp_start,
+                    dp_size,
+                    total_kv_blocks,
+                    max_num_batched_tokens
+                }
+            )
+        };
+    }
+    let left = left_at_default(
+        &worker_fields!(worker.to_raw()),
+        &worker_fields!(default),
+        &["struct_size"],
+    );
+    assert!(left.is_empty(), "WorkerConfig leaves {left:?}");
+    let new = WorkerConfig::new(7).to_raw();
+    assert_eq!(
+        bytes_of(&new),
+        bytes_of(&sys::kvr_worker_config {
+            worker_id: 7,
+            ..default
+        })
+    );
+
+    let (ids, mm_hashes, mm_counts) = ([1u64, 2], [9u64, 8, 7], [1usize, 2]);
+    let request = RequestOptions {
+        admit: true,
+        request_id: Some("r"),
+        lora_name: Some("lora"),
+        cache_namespace: Some("ns"),
+        multimodal: Some(Multimodal {
+            hashes: &mm_hashes,
+            counts: &mm_counts,
+        }),
+        allowed_worker_ids: Some(&ids),
+        overlap_score_credit: Some(0.5),
+        prefill_load_scale: Some(2.0),
+        host_cache_hit_weight: Some(0.5),
+        disk_cache_hit_weight: Some(0.125),
+        temperature: Some(0.5),
+        assume_kv_reuse: Some(false),
+        track_prefill_tokens: Some(true),
+        priority_jump: Some(3.0),
+        expected_output_tokens: Some(100),
+        queue_timeout: Some(Duration::from_millis(250)),
+        overlap_score_credit_decay: Some(0.25),
+        decode_active_request_weight: Some(0.75),
+    };
+    let lowered = request.lower().unwrap();
+    let default: sys::kvr_request_options = init();
+    macro_rules! request_fields {
+        ($v:expr) => {
+            fields!(
+                $v,
+                kvr_request_options {
+                    struct_size,
+                    flags,
+                    request_id,
+                    lora_name,
+                    cache_namespace,
+                    mm_hashes,
+                    mm_counts,
+                    mm_num_blocks,
+                    allowed_worker_ids,
+                    num_allowed_worker_ids,
+                    overlap_score_credit,
+                    prefill_load_scale,
+                    host_cache_hit_weight,
+                    disk_cache_hit_weight,
+                    temperature,
+                    assume_kv_reuse,
+                    track_prefill_tokens,
+                    priority_jump,
+                    expected_output_tokens,
+                    reserved,
+                    queue_timeout_ms,
+                    overlap_score_credit_decay,
+                    decode_active_request_weight
+                }
+            )
+        };
+    }
+    let left = left_at_default(
+        &request_fields!(lowered.raw),
+        &request_fields!(default),
+        &["struct_size", "reserved"],
+    );
+    assert!(left.is_empty(), "RequestOptions leaves {left:?}");
+    let raw = &lowered.raw;
+    assert_eq!((raw.assume_kv_reuse, raw.track_prefill_tokens), (0, 1));
+    assert_eq!((raw.queue_timeout_ms, raw.mm_num_blocks), (250, 2));
+    assert_eq!(raw.decode_active_request_weight, 0.75);
+    // Unset overrides keep the library's "the router's" markers (NaN, -1).
+    let unset = RequestOptions::default().lower().unwrap();
+    assert_eq!(bytes_of(&unset.raw), bytes_of(&default));
+    assert!(default.overlap_score_credit_decay.is_nan() && default.assume_kv_reuse == -1);
+}
+
+#[test]
+fn every_hint_and_pool_setting_reaches_the_c_struct() {
+    let hints = RoutingHints {
+        phase: Phase::Decode,
+        worker_id: Some(1),
+        prefill_worker_id: Some(2),
+        decode_worker_id: Some(3),
+        dp_rank: Some(4),
+        prefill_dp_rank: Some(5),
+        session_id: Some("s"),
+        session_mode: SessionMode::Soft,
+        session_ttl: Some(Duration::from_secs(9)),
+    };
+    let lowered = hints.lower().unwrap();
+    let default: sys::kvr_routing_hints = init();
+    macro_rules! hints_fields {
+        ($v:expr) => {
+            fields!(
+                $v,
+                kvr_routing_hints {
+                    struct_size,
+                    phase,
+                    worker_id,
+                    prefill_worker_id,
+                    decode_worker_id,
+                    dp_rank,
+                    prefill_dp_rank,
+                    session_id,
+                    session_mode,
+                    reserved,
+                    session_ttl_seconds
+                }
+            )
+        };
+    }
+    let left = left_at_default(
+        &hints_fields!(lowered.raw),
+        &hints_fields!(default),
+        &["struct_size", "reserved"],
+    );
+    assert!(left.is_empty(), "RoutingHints leaves {left:?}");
+    let unset = RoutingHints::default().lower().unwrap();
+    assert_eq!(bytes_of(&unset.raw), bytes_of(&default));
+
+    let disagg = DisaggOptions {
+        policy: DisaggPolicy::IslOrLoad,
+        enforce: true,
+        max_local_prefill_tokens: 64,
+        max_local_prefill_ratio: 0.5,
+        prefill_busy_threshold: 2.0,
+        decode_busy_threshold: Some(0.9),
+    };
+    let default: sys::kvr_disagg_options = init();
+    macro_rules! disagg_fields {
+        ($v:expr) => {
+            fields!(
+                $v,
+                kvr_disagg_options {
+                    struct_size,
+                    policy,
+                    enforce,
+                    reserved,
+                    max_local_prefill_tokens,
+                    max_local_prefill_ratio,
+                    prefill_busy_threshold,
+                    decode_busy_threshold
+                }
+            )
+        };
+    }
+    let left = left_at_default(
+        &disagg_fields!(disagg.to_raw()),
+        &disagg_fields!(default),
+        &["struct_size", "reserved"],
+    );
+    assert!(left.is_empty(), "DisaggOptions leaves {left:?}");
+    assert_eq!(
+        bytes_of(&DisaggOptions::default().to_raw()),
+        bytes_of(&default)
+    );
+
+    let ingest = IngestOptions {
+        max_frame_bytes: 1 << 20,
+        replay_timeout_ms: 10,
+    };
+    let default: sys::kvr_ingest_options = init();
+    macro_rules! ingest_fields {
+        ($v:expr) => {
+            fields!(
+                $v,
+                kvr_ingest_options {
+                    struct_size,
+                    max_frame_bytes,
+                    replay_timeout_ms,
+                    reserved
+                }
+            )
+        };
+    }
+    let left = left_at_default(
+        &ingest_fields!(ingest.to_raw()),
+        &ingest_fields!(default),
+        &["struct_size", "reserved"],
+    );
+    assert!(left.is_empty(), "IngestOptions leaves {left:?}");
+    assert_eq!(
+        bytes_of(&IngestOptions::default().to_raw()),
+        bytes_of(&default)
+    );
+}
+
+#[test]
+fn every_event_field_reaches_the_c_struct() {
+    let (blocks, local, tokens) = ([1u64, 2], [3u64, 4], [5u32; 8]);
+    let (mm_hashes, mm_counts) = ([6u64], [1usize, 0]);
+    let stored = StoredEvent {
+        worker_id: 1,
+        dp_rank: 2,
+        event_id: 3,
+        tier: Tier::Disk,
+        parent_hash: Some(4),
+        eagle: true,
+        block_hashes: &blocks,
+        local_hashes: Some(&local),
+        token_ids: &tokens,
+        lora_name: Some("lora"),
+        cache_namespace: Some("ns"),
+        multimodal: Some(Multimodal {
+            hashes: &mm_hashes,
+            counts: &mm_counts,
+        }),
+    };
+    let lowered = stored.lower().unwrap();
+    let default: sys::kvr_stored_event = init();
+    macro_rules! stored_fields {
+        ($v:expr) => {
+            fields!(
+                $v,
+                kvr_stored_event {
+                    struct_size,
+                    dp_rank,
+                    worker_id,
+                    event_id,
+                    tier,
+                    flags,
+                    parent_hash,
+                    block_hashes,
+                    num_blocks,
+                    local_hashes,
+                    token_ids,
+                    num_tokens,
+                    lora_name,
+                    cache_namespace,
+                    mm_hashes,
+                    mm_counts
+                }
+            )
+        };
+    }
+    let left = left_at_default(
+        &stored_fields!(lowered.raw),
+        &stored_fields!(default),
+        &["struct_size"],
+    );
+    assert!(left.is_empty(), "StoredEvent leaves {left:?}");
+    assert_eq!(
+        lowered.raw.flags,
+        sys::KVR_STORED_HAS_PARENT | sys::KVR_STORED_EAGLE
+    );
+
+    let removed = RemovedEvent {
+        worker_id: 1,
+        dp_rank: 2,
+        event_id: 3,
+        tier: Tier::External,
+        block_hashes: &blocks,
+    };
+    let default: sys::kvr_removed_event = init();
+    macro_rules! removed_fields {
+        ($v:expr) => {
+            fields!(
+                $v,
+                kvr_removed_event {
+                    struct_size,
+                    dp_rank,
+                    worker_id,
+                    event_id,
+                    tier,
+                    reserved,
+                    block_hashes,
+                    num_blocks
+                }
+            )
+        };
+    }
+    let left = left_at_default(
+        &removed_fields!(removed.lower()),
+        &removed_fields!(default),
+        &["struct_size", "reserved"],
+    );
+    assert!(left.is_empty(), "RemovedEvent leaves {left:?}");
+}
