@@ -17,6 +17,11 @@
  *   to calls that may (admitted routing can wait in the admission queue and publish to a
  *   replica publisher in Java, a publisher waits on its socket) are copied with
  *   Get*ArrayRegion, since a critical region must not block nor call JNI.
+ * - Structs cross JNI as long[] arrays in the slots of the generated kvrouter_jni_abi.h, through
+ *   its codecs (abi_encode_* / abi_decode_*); no field is counted by hand here. Every struct
+ *   handed to the library, options and results alike, is first initialised by its _init with
+ *   the size the glue was compiled with (INIT below), which also sets struct_size; a refusal
+ *   throws.
  * - Strings go to C as real UTF-8 (not JNI's modified UTF-8: LoRA names and namespaces are
  *   hashed) and come back through String(byte[], "UTF-8") unless they are ASCII.
  * - No global state but class and field references, set once when the library loads.
@@ -25,46 +30,20 @@
 #include <stdalign.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "io_kvrouter_Native.h"
 #include "kvrouter.h"
+#include "kvrouter_jni_abi.h"
 
-/* ---- Layouts shared with Native.java ------------------------------------------------------ */
+/* ---- Layouts ------------------------------------------------------------------------------
+ * Structs cross as long[] in the slots of kvrouter_jni_abi.h (io.kvrouter.Abi in Java), both
+ * generated from kvrouter.h by tools/ffigen/ffigen.py. What the glue adds is spelled out here. */
 
-enum {
-  DEFAULTS_ROUTER_OPTIONS = 0,
-  DEFAULTS_WORKER_CONFIG = 1,
-  DEFAULTS_REQUEST_OPTIONS = 2,
-  DEFAULTS_ROUTING_HINTS = 3,
-  DEFAULTS_DISAGG_OPTIONS = 4,
-  DEFAULTS_INGEST_OPTIONS = 5,
-  DEFAULTS_ENGINE_WORKER = 6,
-  DEFAULTS_STORED_EVENT = 7,
-  DEFAULTS_REMOVED_EVENT = 8
-};
-
-enum {
-  ROUTER_OPTIONS_LEN = 16,
-  WORKER_CONFIG_LEN = 6,
-  REQUEST_OPTIONS_LEN = 13,
-  ROUTING_HINTS_LEN = 8,
-  DISAGG_OPTIONS_LEN = 6,
-  INGEST_OPTIONS_LEN = 2,
-  ENGINE_WORKER_LEN = 6,
-  STORED_EVENT_LEN = 6,
-  REMOVED_EVENT_LEN = 4,
-  ROUTE_RESULT_LEN = 11,
-  CANDIDATE_LEN = 21,
-  OVERLAP_LEN = 9,
-  POTENTIAL_LOAD_LEN = 7,
-  ROUTE_SIGNALS_LEN = 12,
-  PREFILL_RESULT_LEN = 6,
-  METRICS_LEN = 27,
-  INGEST_STATS_LEN = 22,
-  MAX_LEN = 27
-};
+/* Native.findBestMatch's result array: a kvr_route_result's slots, then the candidate count. */
+enum { ROUTE_RESULT_TOTAL_CANDIDATES = ABI_ROUTE_RESULT_LEN, ROUTE_RESULT_OUT_LEN };
 
 /* ---- Cached classes and fields -------------------------------------------------------------- */
 
@@ -137,18 +116,10 @@ static jstring new_string(JNIEnv* env, const char* utf8) {
   return s; /* NULL if the constructor threw */
 }
 
-/* Throws KvRouterException(status, message) and frees err. */
-static void throw_status(JNIEnv* env, kvr_status status, kvr_error* err) {
-  if ((*env)->ExceptionCheck(env)) {
-    kvr_error_free(err);
-    return;
-  }
-  /* The error carries the status returned; it is the one thrown when there is an error. */
-  const kvr_status code = err != NULL ? kvr_error_status(err) : status;
-  const char* message = err != NULL ? kvr_error_message(err) : "";
-  if (message[0] == '\0') message = kvr_status_str(code);
+/* Throws KvRouterException(code, message) unless an exception is pending. */
+static void throw_kvr(JNIEnv* env, kvr_status code, const char* message) {
+  if ((*env)->ExceptionCheck(env)) return;
   jstring jmessage = new_string(env, message);
-  kvr_error_free(err);
   if (jmessage == NULL) return;
   jthrowable e =
       (jthrowable)(*env)->NewObject(env, g_exception, g_exception_init, (jint)code, jmessage);
@@ -156,6 +127,16 @@ static void throw_status(JNIEnv* env, kvr_status status, kvr_error* err) {
   if (e == NULL) return;
   (*env)->Throw(env, e);
   (*env)->DeleteLocalRef(env, e);
+}
+
+/* Throws KvRouterException(status, message) and frees err. */
+static void throw_status(JNIEnv* env, kvr_status status, kvr_error* err) {
+  /* The error carries the status returned; it is the one thrown when there is an error. */
+  const kvr_status code = err != NULL ? kvr_error_status(err) : status;
+  const char* message = err != NULL ? kvr_error_message(err) : "";
+  if (message[0] == '\0') message = kvr_status_str(code);
+  throw_kvr(env, code, message);
+  kvr_error_free(err);
 }
 
 /* 0 for KVR_OK; otherwise throws, frees *err and returns -1. Takes the error's address, not
@@ -169,6 +150,23 @@ static int check(JNIEnv* env, kvr_status status, kvr_error** err) {
     return 0;
   }
   throw_status(env, status, e);
+  return -1;
+}
+
+/* Initialises a struct with the library's defaults for the size the glue was compiled with
+ * (which the library records in struct_size): INIT(env, kvr_router_options_init, &options).
+ * 0, or -1 with a KvRouterException pending if the library refuses that size (a library older
+ * than the struct's first layout; the version check on loading keeps that from happening). */
+#define INIT(env, init, c) init_checked((env), init((c), sizeof *(c)), #init)
+
+static int init_checked(JNIEnv* env, kvr_status status, const char* init) {
+  if (status == KVR_OK) return 0;
+  char message[256];
+  snprintf(message, sizeof message,
+           "kvrouter: %s refused the struct size the Java binding was built with (%s); the "
+           "binding needs kvrouter %d.%d.x",
+           init, kvr_status_str(status), KVR_VERSION_MAJOR, KVR_VERSION_MINOR);
+  throw_kvr(env, status, message);
   return -1;
 }
 
@@ -234,18 +232,6 @@ static void* scratch_array(JNIEnv* env, scratch* s, size_t count, size_t size) {
 }
 
 /* ---- Conversions: Java to C ----------------------------------------------------------------- */
-
-static double dbl(jlong bits) {
-  double d;
-  memcpy(&d, &bits, sizeof d);
-  return d;
-}
-
-static jlong bits(double d) {
-  jlong b;
-  memcpy(&b, &d, sizeof b);
-  return b;
-}
 
 /* A Java string as NUL-terminated UTF-8 in scratch memory; NULL for a null string. Refuses
  * embedded NULs (C would cut the string there) and unpaired surrogates. */
@@ -431,107 +417,69 @@ static int field_scalars(JNIEnv* env, jobject obj, jfieldID f, jlong* out, jsize
   return rc;
 }
 
-/* ---- Structs: encoded long[] <-> C --------------------------------------------------------- */
+/* ---- Structs: Java to C -------------------------------------------------------------------
+ * Each struct is initialised (INIT: defaults, struct_size), then takes its value fields from
+ * the encoded long[] through the generated abi_decode_*, then its pointers and their counts
+ * from the Java arrays and strings (the count slots of the long[] are not trusted). */
 
-static void encode_router_options(const kvr_router_options* o, jlong* v) {
-  v[0] = o->block_size;
-  v[1] = o->flags;
-  v[2] = o->queue_policy;
-  v[3] = bits(o->overlap_score_credit);
-  v[4] = bits(o->prefill_load_scale);
-  v[5] = bits(o->host_cache_hit_weight);
-  v[6] = bits(o->disk_cache_hit_weight);
-  v[7] = bits(o->temperature);
-  v[8] = bits(o->queue_threshold);
-  v[9] = bits(o->approx_ttl_seconds);
-  v[10] = (jlong)o->approx_max_blocks;
-  v[11] = bits(o->approx_prune_target_ratio);
-  v[12] = bits(o->request_expiry_seconds);
-  v[13] = (jlong)o->random_seed;
-  v[14] = bits(o->overlap_score_credit_decay);
-  v[15] = bits(o->decode_active_request_weight);
-}
-
-static int decode_router_options(JNIEnv* env, jlongArray a, kvr_router_options* o) {
-  jlong v[ROUTER_OPTIONS_LEN];
-  if (read_scalars(env, a, v, ROUTER_OPTIONS_LEN) != 0) return -1;
-  kvr_router_options_init(o);
-  o->block_size = (uint32_t)v[0];
-  o->flags = (uint32_t)v[1];
-  o->queue_policy = (uint32_t)v[2];
-  o->overlap_score_credit = dbl(v[3]);
-  o->prefill_load_scale = dbl(v[4]);
-  o->host_cache_hit_weight = dbl(v[5]);
-  o->disk_cache_hit_weight = dbl(v[6]);
-  o->temperature = dbl(v[7]);
-  o->queue_threshold = dbl(v[8]);
-  o->approx_ttl_seconds = dbl(v[9]);
-  o->approx_max_blocks = (uint64_t)v[10];
-  o->approx_prune_target_ratio = dbl(v[11]);
-  o->request_expiry_seconds = dbl(v[12]);
-  o->random_seed = (uint64_t)v[13];
-  o->overlap_score_credit_decay = dbl(v[14]);
-  o->decode_active_request_weight = dbl(v[15]);
+static int read_router_options(JNIEnv* env, jlongArray a, kvr_router_options* o) {
+  jlong v[ABI_ROUTER_OPTIONS_LEN];
+  if (INIT(env, kvr_router_options_init, o) != 0 ||
+      read_scalars(env, a, v, ABI_ROUTER_OPTIONS_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_router_options(v, o);
   return 0;
 }
 
-static void encode_worker_config(const kvr_worker_config* c, jlong* v) {
-  v[0] = c->block_size;
-  v[1] = (jlong)c->worker_id;
-  v[2] = c->dp_start;
-  v[3] = c->dp_size;
-  v[4] = (jlong)c->total_kv_blocks;
-  v[5] = (jlong)c->max_num_batched_tokens;
-}
-
-static int decode_worker_config(JNIEnv* env, jlongArray a, kvr_worker_config* c) {
-  jlong v[WORKER_CONFIG_LEN];
-  if (read_scalars(env, a, v, WORKER_CONFIG_LEN) != 0) return -1;
-  kvr_worker_config_init(c);
-  c->block_size = (uint32_t)v[0];
-  c->worker_id = (uint64_t)v[1];
-  c->dp_start = (uint32_t)v[2];
-  c->dp_size = (uint32_t)v[3];
-  c->total_kv_blocks = (uint64_t)v[4];
-  c->max_num_batched_tokens = (uint64_t)v[5];
+static int read_worker_config(JNIEnv* env, jlongArray a, kvr_worker_config* c) {
+  jlong v[ABI_WORKER_CONFIG_LEN];
+  if (INIT(env, kvr_worker_config_init, c) != 0 ||
+      read_scalars(env, a, v, ABI_WORKER_CONFIG_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_worker_config(v, c);
   return 0;
 }
 
-static void encode_request_options(const kvr_request_options* o, jlong* v) {
-  v[0] = o->flags;
-  v[1] = bits(o->overlap_score_credit);
-  v[2] = bits(o->prefill_load_scale);
-  v[3] = bits(o->host_cache_hit_weight);
-  v[4] = bits(o->disk_cache_hit_weight);
-  v[5] = bits(o->temperature);
-  v[6] = o->assume_kv_reuse;
-  v[7] = o->track_prefill_tokens;
-  v[8] = bits(o->priority_jump);
-  v[9] = o->expected_output_tokens;
-  v[10] = o->queue_timeout_ms;
-  v[11] = bits(o->overlap_score_credit_decay);
-  v[12] = bits(o->decode_active_request_weight);
+static int read_disagg_options(JNIEnv* env, jlongArray a, kvr_disagg_options* o) {
+  jlong v[ABI_DISAGG_OPTIONS_LEN];
+  if (INIT(env, kvr_disagg_options_init, o) != 0 ||
+      read_scalars(env, a, v, ABI_DISAGG_OPTIONS_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_disagg_options(v, o);
+  return 0;
+}
+
+static int read_ingest_options(JNIEnv* env, jlongArray a, kvr_ingest_options* o) {
+  jlong v[ABI_INGEST_OPTIONS_LEN];
+  if (INIT(env, kvr_ingest_options_init, o) != 0 ||
+      read_scalars(env, a, v, ABI_INGEST_OPTIONS_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_ingest_options(v, o);
+  return 0;
+}
+
+/* A preview's signals handed back to kvr_plan_route. */
+static int read_route_signals(JNIEnv* env, jlongArray a, kvr_route_signals* r) {
+  jlong v[ABI_ROUTE_SIGNALS_LEN];
+  if (INIT(env, kvr_route_signals_init, r) != 0 ||
+      read_scalars(env, a, v, ABI_ROUTE_SIGNALS_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_route_signals(v, r);
+  return 0;
 }
 
 /* A RequestOptions object (null: the defaults). */
 static int read_request_options(JNIEnv* env, scratch* s, jobject obj, kvr_request_options* o) {
-  kvr_request_options_init(o);
+  if (INIT(env, kvr_request_options_init, o) != 0) return -1;
   if (obj == NULL) return 0;
-  jlong v[REQUEST_OPTIONS_LEN];
-  if (field_scalars(env, obj, g_request.scalars, v, REQUEST_OPTIONS_LEN) != 0) return -1;
-  o->flags = (uint32_t)v[0];
-  o->overlap_score_credit = dbl(v[1]);
-  o->prefill_load_scale = dbl(v[2]);
-  o->host_cache_hit_weight = dbl(v[3]);
-  o->disk_cache_hit_weight = dbl(v[4]);
-  o->temperature = dbl(v[5]);
-  o->assume_kv_reuse = (int32_t)v[6];
-  o->track_prefill_tokens = (int32_t)v[7];
-  o->priority_jump = dbl(v[8]);
-  o->expected_output_tokens = (uint32_t)v[9];
-  o->queue_timeout_ms = (int64_t)v[10];
-  o->overlap_score_credit_decay = dbl(v[11]);
-  o->decode_active_request_weight = dbl(v[12]);
+  jlong v[ABI_REQUEST_OPTIONS_LEN];
+  if (field_scalars(env, obj, g_request.scalars, v, ABI_REQUEST_OPTIONS_LEN) != 0) return -1;
+  abi_decode_request_options(v, o);
   size_t mm_hashes = 0;
   if (field_utf8(env, s, obj, g_request.request_id, &o->request_id) != 0 ||
       field_utf8(env, s, obj, g_request.lora_name, &o->lora_name) != 0 ||
@@ -545,58 +493,30 @@ static int read_request_options(JNIEnv* env, scratch* s, jobject obj, kvr_reques
   return 0;
 }
 
-static void encode_routing_hints(const kvr_routing_hints* h, jlong* v) {
-  v[0] = h->phase;
-  v[1] = (jlong)h->worker_id;
-  v[2] = (jlong)h->prefill_worker_id;
-  v[3] = (jlong)h->decode_worker_id;
-  v[4] = h->dp_rank;
-  v[5] = h->prefill_dp_rank;
-  v[6] = h->session_mode;
-  v[7] = bits(h->session_ttl_seconds);
-}
-
 /* A RoutingHints object; returns the struct to pass (NULL for a null object). */
 static int read_routing_hints(JNIEnv* env, scratch* s, jobject obj, kvr_routing_hints* h,
                               const kvr_routing_hints** pass) {
   *pass = NULL;
-  kvr_routing_hints_init(h);
   if (obj == NULL) return 0;
-  jlong v[ROUTING_HINTS_LEN];
-  if (field_scalars(env, obj, g_hints.scalars, v, ROUTING_HINTS_LEN) != 0) return -1;
-  h->phase = (uint32_t)v[0];
-  h->worker_id = (uint64_t)v[1];
-  h->prefill_worker_id = (uint64_t)v[2];
-  h->decode_worker_id = (uint64_t)v[3];
-  h->dp_rank = (int32_t)v[4];
-  h->prefill_dp_rank = (int32_t)v[5];
-  h->session_mode = (uint32_t)v[6];
-  h->session_ttl_seconds = dbl(v[7]);
+  jlong v[ABI_ROUTING_HINTS_LEN];
+  if (INIT(env, kvr_routing_hints_init, h) != 0 ||
+      field_scalars(env, obj, g_hints.scalars, v, ABI_ROUTING_HINTS_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_routing_hints(v, h);
   if (field_utf8(env, s, obj, g_hints.session_id, &h->session_id) != 0) return -1;
   *pass = h;
   return 0;
 }
 
-static void encode_stored_event(const kvr_stored_event* e, jlong* v) {
-  v[0] = e->dp_rank;
-  v[1] = (jlong)e->worker_id;
-  v[2] = (jlong)e->event_id;
-  v[3] = e->tier;
-  v[4] = e->flags;
-  v[5] = (jlong)e->parent_hash;
-}
-
 static int read_stored_event(JNIEnv* env, scratch* s, jobject obj, kvr_stored_event* e) {
   if (obj == NULL) return throw_iae(env, "kvrouter: null event");
-  kvr_stored_event_init(e);
-  jlong v[STORED_EVENT_LEN];
-  if (field_scalars(env, obj, g_stored.scalars, v, STORED_EVENT_LEN) != 0) return -1;
-  e->dp_rank = (uint32_t)v[0];
-  e->worker_id = (uint64_t)v[1];
-  e->event_id = (uint64_t)v[2];
-  e->tier = (uint32_t)v[3];
-  e->flags = (uint32_t)v[4];
-  e->parent_hash = (uint64_t)v[5];
+  jlong v[ABI_STORED_EVENT_LEN];
+  if (INIT(env, kvr_stored_event_init, e) != 0 ||
+      field_scalars(env, obj, g_stored.scalars, v, ABI_STORED_EVENT_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_stored_event(v, e);
   size_t num_local = 0, num_mm = 0, num_counts = 0;
   if (field_longs(env, s, obj, g_stored.block_hashes, &e->block_hashes, &e->num_blocks) != 0 ||
       field_longs(env, s, obj, g_stored.local_hashes, &e->local_hashes, &num_local) != 0 ||
@@ -624,102 +544,15 @@ static int read_stored_event(JNIEnv* env, scratch* s, jobject obj, kvr_stored_ev
   return 0;
 }
 
-static void encode_removed_event(const kvr_removed_event* e, jlong* v) {
-  v[0] = e->dp_rank;
-  v[1] = (jlong)e->worker_id;
-  v[2] = (jlong)e->event_id;
-  v[3] = e->tier;
-}
-
 static int read_removed_event(JNIEnv* env, scratch* s, jobject obj, kvr_removed_event* e) {
   if (obj == NULL) return throw_iae(env, "kvrouter: null event");
-  kvr_removed_event_init(e);
-  jlong v[REMOVED_EVENT_LEN];
-  if (field_scalars(env, obj, g_removed.scalars, v, REMOVED_EVENT_LEN) != 0) return -1;
-  e->dp_rank = (uint32_t)v[0];
-  e->worker_id = (uint64_t)v[1];
-  e->event_id = (uint64_t)v[2];
-  e->tier = (uint32_t)v[3];
+  jlong v[ABI_REMOVED_EVENT_LEN];
+  if (INIT(env, kvr_removed_event_init, e) != 0 ||
+      field_scalars(env, obj, g_removed.scalars, v, ABI_REMOVED_EVENT_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_removed_event(v, e);
   return field_longs(env, s, obj, g_removed.block_hashes, &e->block_hashes, &e->num_blocks);
-}
-
-static void encode_disagg_options(const kvr_disagg_options* o, jlong* v) {
-  v[0] = o->policy;
-  v[1] = o->enforce;
-  v[2] = (jlong)o->max_local_prefill_tokens;
-  v[3] = bits(o->max_local_prefill_ratio);
-  v[4] = bits(o->prefill_busy_threshold);
-  v[5] = bits(o->decode_busy_threshold);
-}
-
-static int decode_disagg_options(JNIEnv* env, jlongArray a, kvr_disagg_options* o) {
-  jlong v[DISAGG_OPTIONS_LEN];
-  if (read_scalars(env, a, v, DISAGG_OPTIONS_LEN) != 0) return -1;
-  kvr_disagg_options_init(o);
-  o->policy = (uint32_t)v[0];
-  o->enforce = (uint32_t)v[1];
-  o->max_local_prefill_tokens = (uint64_t)v[2];
-  o->max_local_prefill_ratio = dbl(v[3]);
-  o->prefill_busy_threshold = dbl(v[4]);
-  o->decode_busy_threshold = dbl(v[5]);
-  return 0;
-}
-
-static void encode_ingest_options(const kvr_ingest_options* o, jlong* v) {
-  v[0] = o->max_frame_bytes;
-  v[1] = o->replay_timeout_ms;
-}
-
-static int decode_ingest_options(JNIEnv* env, jlongArray a, kvr_ingest_options* o) {
-  jlong v[INGEST_OPTIONS_LEN];
-  if (read_scalars(env, a, v, INGEST_OPTIONS_LEN) != 0) return -1;
-  kvr_ingest_options_init(o);
-  o->max_frame_bytes = (uint32_t)v[0];
-  o->replay_timeout_ms = (uint32_t)v[1];
-  return 0;
-}
-
-static void encode_engine_worker(const kvr_engine_worker* w, jlong* v) {
-  v[0] = w->engine;
-  v[1] = (jlong)w->worker_id;
-  v[2] = w->dp_start;
-  v[3] = w->dp_size;
-  v[4] = w->block_size;
-  v[5] = w->flags;
-}
-
-static void encode_route_signals(const kvr_route_signals* r, jlong* v) {
-  v[0] = (jlong)r->worker_id;
-  v[1] = r->dp_rank;
-  v[2] = r->overlap_blocks;
-  v[3] = r->prompt_blocks;
-  v[4] = (jlong)r->cached_tokens;
-  v[5] = (jlong)r->potential_decode_blocks;
-  v[6] = (jlong)r->total_kv_blocks;
-  v[7] = bits(r->cost);
-  v[8] = (jlong)r->prompt_tokens;
-  v[9] = r->booked;
-  v[10] = r->moved;
-  v[11] = r->queued;
-}
-
-static int decode_route_signals(JNIEnv* env, jlongArray a, kvr_route_signals* r) {
-  jlong v[ROUTE_SIGNALS_LEN];
-  if (read_scalars(env, a, v, ROUTE_SIGNALS_LEN) != 0) return -1;
-  kvr_route_signals_init(r);
-  r->worker_id = (uint64_t)v[0];
-  r->dp_rank = (uint32_t)v[1];
-  r->overlap_blocks = (uint32_t)v[2];
-  r->prompt_blocks = (uint32_t)v[3];
-  r->cached_tokens = (uint64_t)v[4];
-  r->potential_decode_blocks = (uint64_t)v[5];
-  r->total_kv_blocks = (uint64_t)v[6];
-  r->cost = dbl(v[7]);
-  r->prompt_tokens = (uint64_t)v[8];
-  r->booked = (uint32_t)v[9];
-  r->moved = (uint32_t)v[10];
-  r->queued = (uint32_t)v[11];
-  return 0;
 }
 
 /* ---- Conversions: C to Java ----------------------------------------------------------------- */
@@ -904,84 +737,91 @@ JNIEXPORT jint JNICALL Java_io_kvrouter_Native_tierFromMedium(JNIEnv* env, jclas
   return tier;
 }
 
-JNIEXPORT void JNICALL Java_io_kvrouter_Native_defaults(JNIEnv* env, jclass cls, jint which,
-                                                        jlongArray out) {
+/* The library's defaults of one struct (its _init at the glue's size), encoded: what the Java
+ * builders start from. */
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_routerOptionsDefaults(JNIEnv* env,
+                                                                           jclass cls) {
   (void)cls;
-  jlong v[MAX_LEN];
-  jsize n = 0;
-  switch (which) {
-    case DEFAULTS_ROUTER_OPTIONS: {
-      kvr_router_options o;
-      kvr_router_options_init(&o);
-      encode_router_options(&o, v);
-      n = ROUTER_OPTIONS_LEN;
-      break;
-    }
-    case DEFAULTS_WORKER_CONFIG: {
-      kvr_worker_config c;
-      kvr_worker_config_init(&c);
-      encode_worker_config(&c, v);
-      n = WORKER_CONFIG_LEN;
-      break;
-    }
-    case DEFAULTS_REQUEST_OPTIONS: {
-      kvr_request_options o;
-      kvr_request_options_init(&o);
-      encode_request_options(&o, v);
-      n = REQUEST_OPTIONS_LEN;
-      break;
-    }
-    case DEFAULTS_ROUTING_HINTS: {
-      kvr_routing_hints h;
-      kvr_routing_hints_init(&h);
-      encode_routing_hints(&h, v);
-      n = ROUTING_HINTS_LEN;
-      break;
-    }
-    case DEFAULTS_DISAGG_OPTIONS: {
-      kvr_disagg_options o;
-      kvr_disagg_options_init(&o);
-      encode_disagg_options(&o, v);
-      n = DISAGG_OPTIONS_LEN;
-      break;
-    }
-    case DEFAULTS_INGEST_OPTIONS: {
-      kvr_ingest_options o;
-      kvr_ingest_options_init(&o);
-      encode_ingest_options(&o, v);
-      n = INGEST_OPTIONS_LEN;
-      break;
-    }
-    case DEFAULTS_ENGINE_WORKER: {
-      kvr_engine_worker w;
-      kvr_engine_worker_init(&w);
-      encode_engine_worker(&w, v);
-      n = ENGINE_WORKER_LEN;
-      break;
-    }
-    case DEFAULTS_STORED_EVENT: {
-      kvr_stored_event e;
-      kvr_stored_event_init(&e);
-      encode_stored_event(&e, v);
-      n = STORED_EVENT_LEN;
-      break;
-    }
-    case DEFAULTS_REMOVED_EVENT: {
-      kvr_removed_event e;
-      kvr_removed_event_init(&e);
-      encode_removed_event(&e, v);
-      n = REMOVED_EVENT_LEN;
-      break;
-    }
-    default:
-      throw_iae(env, "kvrouter: unknown struct");
-      return;
-  }
-  if (out == NULL || (*env)->GetArrayLength(env, out) != n) {
-    throw_iae(env, "kvrouter: defaults array of the wrong length");
-    return;
-  }
-  (*env)->SetLongArrayRegion(env, out, 0, n, v);
+  kvr_router_options c;
+  if (INIT(env, kvr_router_options_init, &c) != 0) return NULL;
+  jlong v[ABI_ROUTER_OPTIONS_LEN];
+  abi_encode_router_options(&c, v);
+  return new_longs(env, v, ABI_ROUTER_OPTIONS_LEN);
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_workerConfigDefaults(JNIEnv* env, jclass cls) {
+  (void)cls;
+  kvr_worker_config c;
+  if (INIT(env, kvr_worker_config_init, &c) != 0) return NULL;
+  jlong v[ABI_WORKER_CONFIG_LEN];
+  abi_encode_worker_config(&c, v);
+  return new_longs(env, v, ABI_WORKER_CONFIG_LEN);
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_requestOptionsDefaults(JNIEnv* env,
+                                                                            jclass cls) {
+  (void)cls;
+  kvr_request_options c;
+  if (INIT(env, kvr_request_options_init, &c) != 0) return NULL;
+  jlong v[ABI_REQUEST_OPTIONS_LEN];
+  abi_encode_request_options(&c, v);
+  return new_longs(env, v, ABI_REQUEST_OPTIONS_LEN);
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_routingHintsDefaults(JNIEnv* env, jclass cls) {
+  (void)cls;
+  kvr_routing_hints c;
+  if (INIT(env, kvr_routing_hints_init, &c) != 0) return NULL;
+  jlong v[ABI_ROUTING_HINTS_LEN];
+  abi_encode_routing_hints(&c, v);
+  return new_longs(env, v, ABI_ROUTING_HINTS_LEN);
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_disaggOptionsDefaults(JNIEnv* env,
+                                                                           jclass cls) {
+  (void)cls;
+  kvr_disagg_options c;
+  if (INIT(env, kvr_disagg_options_init, &c) != 0) return NULL;
+  jlong v[ABI_DISAGG_OPTIONS_LEN];
+  abi_encode_disagg_options(&c, v);
+  return new_longs(env, v, ABI_DISAGG_OPTIONS_LEN);
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_ingestOptionsDefaults(JNIEnv* env,
+                                                                           jclass cls) {
+  (void)cls;
+  kvr_ingest_options c;
+  if (INIT(env, kvr_ingest_options_init, &c) != 0) return NULL;
+  jlong v[ABI_INGEST_OPTIONS_LEN];
+  abi_encode_ingest_options(&c, v);
+  return new_longs(env, v, ABI_INGEST_OPTIONS_LEN);
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_engineWorkerDefaults(JNIEnv* env, jclass cls) {
+  (void)cls;
+  kvr_engine_worker c;
+  if (INIT(env, kvr_engine_worker_init, &c) != 0) return NULL;
+  jlong v[ABI_ENGINE_WORKER_LEN];
+  abi_encode_engine_worker(&c, v);
+  return new_longs(env, v, ABI_ENGINE_WORKER_LEN);
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_storedEventDefaults(JNIEnv* env, jclass cls) {
+  (void)cls;
+  kvr_stored_event c;
+  if (INIT(env, kvr_stored_event_init, &c) != 0) return NULL;
+  jlong v[ABI_STORED_EVENT_LEN];
+  abi_encode_stored_event(&c, v);
+  return new_longs(env, v, ABI_STORED_EVENT_LEN);
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_removedEventDefaults(JNIEnv* env, jclass cls) {
+  (void)cls;
+  kvr_removed_event c;
+  if (INIT(env, kvr_removed_event_init, &c) != 0) return NULL;
+  jlong v[ABI_REMOVED_EVENT_LEN];
+  abi_encode_removed_event(&c, v);
+  return new_longs(env, v, ABI_REMOVED_EVENT_LEN);
 }
 
 /* ---- Hashing -------------------------------------------------------------------------------- */
@@ -994,7 +834,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_computeBlockHashes(
   scratch_init(&s);
   jlongArray result = NULL;
   kvr_hash_options opts;
-  kvr_hash_options_init(&opts);
+  if (INIT(env, kvr_hash_options_init, &opts) != 0) goto done;
   opts.flags = eagle ? KVR_HASH_EAGLE : 0;
   size_t num_mm = 0;
   if (utf8(env, &s, lora, &opts.lora_name) != 0 || utf8(env, &s, ns, &opts.cache_namespace) != 0 ||
@@ -1066,7 +906,7 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_routerNew(JNIEnv* env, jclass cl
                                                           jlongArray options) {
   (void)cls;
   kvr_router_options o;
-  if (decode_router_options(env, options, &o) != 0) return 0;
+  if (read_router_options(env, options, &o) != 0) return 0;
   kvr_router* router = NULL;
   kvr_error* err = NULL;
   if (check(env, kvr_router_new(&o, &router, &err), &err) != 0) return 0;
@@ -1083,7 +923,7 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_addWorker(JNIEnv* env, jclass cls
                                                          jlongArray config) {
   (void)cls;
   kvr_worker_config c;
-  if (decode_worker_config(env, config, &c) != 0) return;
+  if (read_worker_config(env, config, &c) != 0) return;
   kvr_error* err = NULL;
   check(env, kvr_router_add_worker(ROUTER(r), &c, &err), &err);
 }
@@ -1092,7 +932,7 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_updateWorker(JNIEnv* env, jclass 
                                                             jlongArray config) {
   (void)cls;
   kvr_worker_config c;
-  if (decode_worker_config(env, config, &c) != 0) return;
+  if (read_worker_config(env, config, &c) != 0) return;
   kvr_error* err = NULL;
   check(env, kvr_router_update_worker(ROUTER(r), &c, &err), &err);
 }
@@ -1270,44 +1110,6 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_applyReplicaEvent(JNIEnv* env, jc
   scratch_free(&s);
 }
 
-static void encode_route_result(const kvr_route_result* r, size_t total, jlong* v) {
-  v[0] = (jlong)r->worker_id;
-  v[1] = r->dp_rank;
-  v[2] = r->prompt_blocks;
-  v[3] = r->device_overlap_blocks;
-  v[4] = bits(r->effective_overlap_blocks);
-  v[5] = (jlong)r->cached_tokens;
-  v[6] = (jlong)r->prompt_tokens;
-  v[7] = bits(r->cost);
-  v[8] = r->booked;
-  v[9] = r->queued;
-  v[10] = (jlong)total;
-}
-
-static void encode_candidate(const kvr_candidate* c, jlong* v) {
-  v[0] = (jlong)c->worker_id;
-  v[1] = c->dp_rank;
-  v[2] = c->device_blocks;
-  v[3] = c->host_blocks;
-  v[4] = c->disk_blocks;
-  v[5] = c->external_blocks;
-  v[6] = c->chosen;
-  v[7] = bits(c->effective_overlap_blocks);
-  v[8] = (jlong)c->cached_tokens;
-  v[9] = (jlong)c->active_prefill_tokens;
-  v[10] = (jlong)c->active_blocks;
-  v[11] = (jlong)c->new_blocks;
-  v[12] = bits(c->raw_prefill_blocks);
-  v[13] = bits(c->credit);
-  v[14] = bits(c->prefill_cost);
-  v[15] = (jlong)c->decode_blocks;
-  v[16] = bits(c->cost);
-  v[17] = bits(c->probability);
-  v[18] = bits(c->credit_decay);
-  v[19] = (jlong)c->active_requests;
-  v[20] = bits(c->request_cost);
-}
-
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(JNIEnv* env, jclass cls, jlong r,
                                                                    jintArray tokens,
                                                                    jobject options,
@@ -1330,7 +1132,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(JNIEnv* env, 
     if (candidates == NULL) goto done;
   }
   kvr_route_result rr;
-  kvr_route_result_init(&rr);
+  if (INIT(env, kvr_route_result_init, &rr) != 0) goto done;
   size_t total = 0;
   kvr_error* err = NULL;
   const uint32_t* p = tokens_begin(env, &t);
@@ -1338,15 +1140,17 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(JNIEnv* env, 
   kvr_status st = kvr_find_best_match(ROUTER(r), p, t.n, &o, &rr, candidates, cap, &total, &err);
   tokens_end(env, &t);
   if (check(env, st, &err) != 0) goto done;
-  jlong v[ROUTE_RESULT_LEN];
-  encode_route_result(&rr, total, v);
-  if (put_longs(env, out, v, ROUTE_RESULT_LEN) != 0) goto done;
+  jlong v[ROUTE_RESULT_OUT_LEN];
+  abi_encode_route_result(&rr, v);
+  v[ROUTE_RESULT_TOTAL_CANDIDATES] = (jlong)total;
+  if (put_longs(env, out, v, ROUTE_RESULT_OUT_LEN) != 0) goto done;
   if (cap > 0) {
     const size_t k = total < cap ? total : cap;
-    jlong* flat = (jlong*)scratch_array(env, &s, k, sizeof(jlong) * CANDIDATE_LEN);
+    jlong* flat = (jlong*)scratch_array(env, &s, k, sizeof(jlong) * ABI_CANDIDATE_LEN);
     if (flat == NULL) goto done;
-    for (size_t i = 0; i < k; ++i) encode_candidate(&candidates[i], flat + i * CANDIDATE_LEN);
-    result = new_longs(env, flat, k * CANDIDATE_LEN);
+    for (size_t i = 0; i < k; ++i)
+      abi_encode_candidate(&candidates[i], flat + i * ABI_CANDIDATE_LEN);
+    result = new_longs(env, flat, k * ABI_CANDIDATE_LEN);
   }
 done:
   scratch_free(&s);
@@ -1357,18 +1161,6 @@ done:
  * (with room to spare, as workers may be added meanwhile), at most a few times. */
 #define GROW_ATTEMPTS 8
 #define INITIAL_RANKS 8
-
-static void encode_overlap(const kvr_overlap* o, jlong* v) {
-  v[0] = (jlong)o->worker_id;
-  v[1] = o->dp_rank;
-  v[2] = o->device_blocks;
-  v[3] = o->host_blocks;
-  v[4] = o->disk_blocks;
-  v[5] = o->external_blocks;
-  v[6] = bits(o->effective_overlap_blocks);
-  v[7] = (jlong)o->cached_tokens;
-  v[8] = (jlong)o->tree_size;
-}
 
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, jclass cls, jlong r,
                                                                    jintArray tokens,
@@ -1399,25 +1191,15 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, 
       continue;
     }
     if (check(env, st, &err) != 0) goto done;
-    jlong* flat = (jlong*)scratch_array(env, &s, len, sizeof(jlong) * OVERLAP_LEN);
+    jlong* flat = (jlong*)scratch_array(env, &s, len, sizeof(jlong) * ABI_OVERLAP_LEN);
     if (flat == NULL) goto done;
-    for (size_t i = 0; i < len; ++i) encode_overlap(&buf[i], flat + i * OVERLAP_LEN);
-    result = new_longs(env, flat, len * OVERLAP_LEN);
+    for (size_t i = 0; i < len; ++i) abi_encode_overlap(&buf[i], flat + i * ABI_OVERLAP_LEN);
+    result = new_longs(env, flat, len * ABI_OVERLAP_LEN);
     break;
   }
 done:
   scratch_free(&s);
   return result;
-}
-
-static void encode_potential_load(const kvr_potential_load* p, jlong* v) {
-  v[0] = (jlong)p->worker_id;
-  v[1] = p->dp_rank;
-  v[2] = (jlong)p->potential_prefill_tokens;
-  v[3] = (jlong)p->potential_decode_blocks;
-  v[4] = (jlong)p->active_prefill_tokens;
-  v[5] = (jlong)p->active_blocks;
-  v[6] = (jlong)p->active_requests;
 }
 
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env, jclass cls,
@@ -1450,10 +1232,12 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env,
       continue;
     }
     if (check(env, st, &err) != 0) goto done;
-    jlong* flat = (jlong*)scratch_array(env, &s, len, sizeof(jlong) * POTENTIAL_LOAD_LEN);
+    jlong* flat = (jlong*)scratch_array(env, &s, len, sizeof(jlong) * ABI_POTENTIAL_LOAD_LEN);
     if (flat == NULL) goto done;
-    for (size_t i = 0; i < len; ++i) encode_potential_load(&buf[i], flat + i * POTENTIAL_LOAD_LEN);
-    result = new_longs(env, flat, len * POTENTIAL_LOAD_LEN);
+    for (size_t i = 0; i < len; ++i) {
+      abi_encode_potential_load(&buf[i], flat + i * ABI_POTENTIAL_LOAD_LEN);
+    }
+    result = new_longs(env, flat, len * ABI_POTENTIAL_LOAD_LEN);
     break;
   }
 done:
@@ -1541,29 +1325,12 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_restore(JNIEnv* env, jclass cls, 
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_metrics(JNIEnv* env, jclass cls, jlong r) {
   (void)cls;
   kvr_metrics m;
-  kvr_metrics_init(&m);
+  if (INIT(env, kvr_metrics_init, &m) != 0) return NULL;
   kvr_error* err = NULL;
   if (check(env, kvr_router_get_metrics(ROUTER(r), &m, &err), &err) != 0) return NULL;
-  jlong v[METRICS_LEN];
-  jsize k = 0;
-  for (int kind = 0; kind < KVR_EVENT_KINDS; ++kind) {
-    for (int outcome = 0; outcome < KVR_EVENT_OUTCOMES; ++outcome) {
-      v[k++] = (jlong)m.events[kind][outcome];
-    }
-  }
-  v[k++] = (jlong)m.event_batches_rejected;
-  v[k++] = (jlong)m.decisions;
-  v[k++] = (jlong)m.requests_active;
-  v[k++] = (jlong)m.queue_pending;
-  v[k++] = (jlong)m.queue_pending_tokens;
-  v[k++] = (jlong)m.workers;
-  v[k++] = (jlong)m.index_nodes;
-  v[k++] = (jlong)m.index_blocks;
-  v[k++] = (jlong)m.index_bytes;
-  v[k++] = (jlong)m.replica_changes_applied;
-  v[k++] = (jlong)m.replica_changes_rejected;
-  v[k++] = (jlong)m.replica_requests_active;
-  return new_longs(env, v, (size_t)k);
+  jlong v[ABI_METRICS_LEN];
+  abi_encode_metrics(&m, v);
+  return new_longs(env, v, ABI_METRICS_LEN);
 }
 
 JNIEXPORT jstring JNICALL Java_io_kvrouter_Native_metricsPrometheus(JNIEnv* env, jclass cls,
@@ -1611,16 +1378,16 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_previewRoute(JNIEnv* env, jclass 
     goto done;
   }
   kvr_route_signals sig;
-  kvr_route_signals_init(&sig);
+  if (INIT(env, kvr_route_signals_init, &sig) != 0) goto done;
   kvr_error* err = NULL;
   const uint32_t* p = tokens_begin(env, &t);
   if (p == NULL) goto done;
   kvr_status st = kvr_preview_route(ROUTER(r), p, t.n, &o, hp, &sig, &err);
   tokens_end(env, &t);
   if (check(env, st, &err) != 0) goto done;
-  jlong v[ROUTE_SIGNALS_LEN];
-  encode_route_signals(&sig, v);
-  put_longs(env, out, v, ROUTE_SIGNALS_LEN);
+  jlong v[ABI_ROUTE_SIGNALS_LEN];
+  abi_encode_route_signals(&sig, v);
+  put_longs(env, out, v, ABI_ROUTE_SIGNALS_LEN);
 done:
   scratch_free(&s);
 }
@@ -1640,18 +1407,18 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_planRoute(JNIEnv* env, jclass cls
   kvr_route_signals prev;
   if (copy_ints(env, &s, tokens, &t, &n) != 0 || read_request_options(env, &s, options, &o) != 0 ||
       read_routing_hints(env, &s, hints, &h, &hp) != 0 ||
-      (previewed != NULL && decode_route_signals(env, previewed, &prev) != 0)) {
+      (previewed != NULL && read_route_signals(env, previewed, &prev) != 0)) {
     goto done;
   }
   kvr_route_signals sig;
-  kvr_route_signals_init(&sig);
+  if (INIT(env, kvr_route_signals_init, &sig) != 0) goto done;
   kvr_error* err = NULL;
   kvr_status st =
       kvr_plan_route(ROUTER(r), t, n, &o, hp, previewed != NULL ? &prev : NULL, &sig, &err);
   if (check(env, st, &err) != 0) goto done;
-  jlong v[ROUTE_SIGNALS_LEN];
-  encode_route_signals(&sig, v);
-  put_longs(env, out, v, ROUTE_SIGNALS_LEN);
+  jlong v[ABI_ROUTE_SIGNALS_LEN];
+  abi_encode_route_signals(&sig, v);
+  put_longs(env, out, v, ABI_ROUTE_SIGNALS_LEN);
 done:
   scratch_free(&s);
 }
@@ -1746,9 +1513,9 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_disaggNew(JNIEnv* env, jclass cl
   (void)cls;
   kvr_router_options p, d;
   kvr_disagg_options o;
-  if ((prefill != NULL && decode_router_options(env, prefill, &p) != 0) ||
-      (decode != NULL && decode_router_options(env, decode, &d) != 0) ||
-      (options != NULL && decode_disagg_options(env, options, &o) != 0)) {
+  if ((prefill != NULL && read_router_options(env, prefill, &p) != 0) ||
+      (decode != NULL && read_router_options(env, decode, &d) != 0) ||
+      (options != NULL && read_disagg_options(env, options, &o) != 0)) {
     return 0;
   }
   kvr_disagg* disagg = NULL;
@@ -1795,18 +1562,14 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_disaggRoutePrefill(JNIEnv* env, j
     goto done;
   }
   kvr_prefill_result pr;
-  kvr_prefill_result_init(&pr);
+  if (INIT(env, kvr_prefill_result_init, &pr) != 0) goto done;
   kvr_error* err = NULL;
   if (check(env, kvr_disagg_route_prefill(DISAGG(d), t, n, &o, hp, &pr, &err), &err) != 0) {
     goto done;
   }
-  const jlong v[PREFILL_RESULT_LEN] = {pr.remote,
-                                       pr.reason,
-                                       pr.dp_rank,
-                                       (jlong)pr.worker_id,
-                                       (jlong)pr.bootstrap_room,
-                                       (jlong)pr.cached_tokens};
-  put_longs(env, out, v, PREFILL_RESULT_LEN);
+  jlong v[ABI_PREFILL_RESULT_LEN];
+  abi_encode_prefill_result(&pr, v);
+  put_longs(env, out, v, ABI_PREFILL_RESULT_LEN);
 done:
   scratch_free(&s);
 }
@@ -1829,14 +1592,14 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_disaggRouteDecode(JNIEnv* env, jc
     goto done;
   }
   kvr_route_signals sig;
-  kvr_route_signals_init(&sig);
+  if (INIT(env, kvr_route_signals_init, &sig) != 0) goto done;
   kvr_error* err = NULL;
   kvr_status st =
       kvr_disagg_route_decode(DISAGG(d), t, n, &o, hp, remote_prefill ? 1 : 0, &sig, &err);
   if (check(env, st, &err) != 0) goto done;
-  jlong v[ROUTE_SIGNALS_LEN];
-  encode_route_signals(&sig, v);
-  put_longs(env, out, v, ROUTE_SIGNALS_LEN);
+  jlong v[ABI_ROUTE_SIGNALS_LEN];
+  abi_encode_route_signals(&sig, v);
+  put_longs(env, out, v, ABI_ROUTE_SIGNALS_LEN);
 done:
   scratch_free(&s);
 }
@@ -1950,7 +1713,7 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestNew(JNIEnv* env, jclass cl
                                                           jlongArray options) {
   (void)cls;
   kvr_ingest_options o;
-  if (options != NULL && decode_ingest_options(env, options, &o) != 0) return 0;
+  if (options != NULL && read_ingest_options(env, options, &o) != 0) return 0;
   kvr_ingest* ingest = NULL;
   kvr_error* err = NULL;
   kvr_status st = kvr_ingest_new(ROUTER(r), options != NULL ? &o : NULL, &ingest, &err);
@@ -2056,20 +1819,17 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestAddEngineWorker(JNIEnv* en
   scratch s;
   scratch_init(&s);
   uint64_t source = 0;
-  jlong v[ENGINE_WORKER_LEN];
+  jlong v[ABI_ENGINE_WORKER_LEN];
   kvr_engine_worker w;
-  kvr_engine_worker_init(&w);
-  if (read_scalars(env, scalars, v, ENGINE_WORKER_LEN) != 0 ||
-      utf8(env, &s, endpoint, &w.endpoint) != 0 || utf8(env, &s, topic, &w.topic) != 0 ||
+  if (INIT(env, kvr_engine_worker_init, &w) != 0 ||
+      read_scalars(env, scalars, v, ABI_ENGINE_WORKER_LEN) != 0) {
+    goto done;
+  }
+  abi_decode_engine_worker(v, &w);
+  if (utf8(env, &s, endpoint, &w.endpoint) != 0 || utf8(env, &s, topic, &w.topic) != 0 ||
       utf8(env, &s, replay, &w.replay_endpoint) != 0) {
     goto done;
   }
-  w.engine = (uint32_t)v[0];
-  w.worker_id = (uint64_t)v[1];
-  w.dp_start = (uint32_t)v[2];
-  w.dp_size = (uint32_t)v[3];
-  w.block_size = (uint32_t)v[4];
-  w.flags = (uint32_t)v[5];
   kvr_error* err = NULL;
   check(env, kvr_ingest_add_engine_worker(INGEST(i), &w, &source, &err), &err);
 done:
@@ -2127,31 +1887,14 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_ingestStats(JNIEnv* env, jc
                                                                  jlong source) {
   (void)cls;
   kvr_ingest_stats st;
-  kvr_ingest_stats_init(&st);
+  if (INIT(env, kvr_ingest_stats_init, &st) != 0) return NULL;
   kvr_error* err = NULL;
   if (check(env, kvr_ingest_get_stats(INGEST(i), (uint64_t)source, &st, &err), &err) != 0) {
     return NULL;
   }
-  jlong v[INGEST_STATS_LEN];
-  jsize k = 0;
-  v[k++] = st.state_unknown;
-  v[k++] = (jlong)st.messages;
-  v[k++] = (jlong)st.events_applied;
-  for (int reason = 0; reason < KVR_INGEST_REJECT_REASONS; ++reason) {
-    v[k++] = (jlong)st.rejected[reason];
-  }
-  v[k++] = (jlong)st.gaps;
-  v[k++] = (jlong)st.missed_messages;
-  v[k++] = (jlong)st.restarts;
-  v[k++] = (jlong)st.recoveries;
-  v[k++] = (jlong)st.connections;
-  v[k++] = (jlong)st.lag_samples;
-  v[k++] = (jlong)st.lag_total_us;
-  v[k++] = (jlong)st.lag_max_us;
-  v[k++] = (jlong)st.lag_last_us;
-  v[k++] = (jlong)st.published;
-  v[k++] = (jlong)st.publish_failures;
-  return new_longs(env, v, (size_t)k);
+  jlong v[ABI_INGEST_STATS_LEN];
+  abi_encode_ingest_stats(&st, v);
+  return new_longs(env, v, ABI_INGEST_STATS_LEN);
 }
 
 /* ---- Publisher ------------------------------------------------------------------------------ */

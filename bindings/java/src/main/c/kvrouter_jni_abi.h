@@ -12,6 +12,15 @@
 
 #include "kvrouter.h"
 
+/* The header version these codecs (and io.kvrouter.Abi) were generated from. The slots are
+ * only known to fit a header of the same major.minor. */
+#define ABI_VERSION_MAJOR 0
+#define ABI_VERSION_MINOR 2
+#define ABI_VERSION_PATCH 0
+#if KVR_VERSION_MAJOR != ABI_VERSION_MAJOR || KVR_VERSION_MINOR != ABI_VERSION_MINOR
+#error "kvrouter.h is not a 0.2.x header, which kvrouter_jni_abi.h was generated from"
+#endif
+
 static inline jlong abi_double_bits(double d) {
   jlong v;
   memcpy(&v, &d, sizeof v);

@@ -37,28 +37,29 @@ public record Candidate(
     long activeRequests,
     double requestCost) {
 
+  /** The candidate whose slots (Abi.Candidate) start at {@code a[i]}. */
   static Candidate decode(long[] a, int i) {
     return new Candidate(
-        a[i],
-        (int) a[i + 1],
-        (int) a[i + 2],
-        (int) a[i + 3],
-        (int) a[i + 4],
-        (int) a[i + 5],
-        a[i + 6] != 0,
-        Native.dbl(a[i + 7]),
-        a[i + 8],
-        a[i + 9],
-        a[i + 10],
-        a[i + 11],
-        Native.dbl(a[i + 12]),
-        Native.dbl(a[i + 13]),
-        Native.dbl(a[i + 14]),
-        a[i + 15],
-        Native.dbl(a[i + 16]),
-        Native.dbl(a[i + 17]),
-        Native.dbl(a[i + 18]),
-        a[i + 19],
-        Native.dbl(a[i + 20]));
+        a[i + Abi.Candidate.WORKER_ID],
+        (int) a[i + Abi.Candidate.DP_RANK],
+        (int) a[i + Abi.Candidate.DEVICE_BLOCKS],
+        (int) a[i + Abi.Candidate.HOST_BLOCKS],
+        (int) a[i + Abi.Candidate.DISK_BLOCKS],
+        (int) a[i + Abi.Candidate.EXTERNAL_BLOCKS],
+        a[i + Abi.Candidate.CHOSEN] != 0,
+        Native.dbl(a[i + Abi.Candidate.EFFECTIVE_OVERLAP_BLOCKS]),
+        a[i + Abi.Candidate.CACHED_TOKENS],
+        a[i + Abi.Candidate.ACTIVE_PREFILL_TOKENS],
+        a[i + Abi.Candidate.ACTIVE_BLOCKS],
+        a[i + Abi.Candidate.NEW_BLOCKS],
+        Native.dbl(a[i + Abi.Candidate.RAW_PREFILL_BLOCKS]),
+        Native.dbl(a[i + Abi.Candidate.CREDIT]),
+        Native.dbl(a[i + Abi.Candidate.PREFILL_COST]),
+        a[i + Abi.Candidate.DECODE_BLOCKS],
+        Native.dbl(a[i + Abi.Candidate.COST]),
+        Native.dbl(a[i + Abi.Candidate.PROBABILITY]),
+        Native.dbl(a[i + Abi.Candidate.CREDIT_DECAY]),
+        a[i + Abi.Candidate.ACTIVE_REQUESTS],
+        Native.dbl(a[i + Abi.Candidate.REQUEST_COST]));
   }
 }

@@ -8,8 +8,6 @@ package io.kvrouter;
 final class Defaults {
   private Defaults() {}
 
-  static final long[] REQUEST_OPTIONS =
-      Native.defaults(Native.DEFAULTS_REQUEST_OPTIONS, Native.REQUEST_OPTIONS_LEN);
-  static final long[] ROUTING_HINTS =
-      Native.defaults(Native.DEFAULTS_ROUTING_HINTS, Native.ROUTING_HINTS_LEN);
+  static final long[] REQUEST_OPTIONS = Native.requestOptionsDefaults();
+  static final long[] ROUTING_HINTS = Native.routingHintsDefaults();
 }

@@ -6,8 +6,7 @@ package io.kvrouter;
  * remote, not enforced, 512 tokens, ratio 1.0, busy threshold 1.0, no decode-busy signal).
  */
 public final class DisaggOptions {
-  private final long[]
-      encoded; // policy, enforce, max_local_tokens, ratio, prefill busy, decode busy
+  private final long[] encoded; // kvr_disagg_options in the slots of Abi.DisaggOptions
 
   private DisaggOptions(long[] encoded) {
     this.encoded = encoded;
@@ -18,7 +17,7 @@ public final class DisaggOptions {
   }
 
   public static Builder builder() {
-    return new Builder(Native.defaults(Native.DEFAULTS_DISAGG_OPTIONS, Native.DISAGG_OPTIONS_LEN));
+    return new Builder(Native.disaggOptionsDefaults());
   }
 
   long[] encoded() {
@@ -26,27 +25,27 @@ public final class DisaggOptions {
   }
 
   public DisaggPolicy policy() {
-    return DisaggPolicy.of((int) encoded[0]);
+    return DisaggPolicy.of((int) encoded[Abi.DisaggOptions.POLICY]);
   }
 
   public boolean enforce() {
-    return encoded[1] != 0;
+    return encoded[Abi.DisaggOptions.ENFORCE] != 0;
   }
 
   public long maxLocalPrefillTokens() {
-    return encoded[2];
+    return encoded[Abi.DisaggOptions.MAX_LOCAL_PREFILL_TOKENS];
   }
 
   public double maxLocalPrefillRatio() {
-    return Native.dbl(encoded[3]);
+    return Native.dbl(encoded[Abi.DisaggOptions.MAX_LOCAL_PREFILL_RATIO]);
   }
 
   public double prefillBusyThreshold() {
-    return Native.dbl(encoded[4]);
+    return Native.dbl(encoded[Abi.DisaggOptions.PREFILL_BUSY_THRESHOLD]);
   }
 
   public double decodeBusyThreshold() {
-    return Native.dbl(encoded[5]);
+    return Native.dbl(encoded[Abi.DisaggOptions.DECODE_BUSY_THRESHOLD]);
   }
 
   /** Builds {@link DisaggOptions}. */
@@ -58,31 +57,31 @@ public final class DisaggOptions {
     }
 
     public Builder policy(DisaggPolicy policy) {
-      e[0] = policy.code();
+      e[Abi.DisaggOptions.POLICY] = policy.code();
       return this;
     }
 
     /** true: an empty prefill pool is {@link Status#FAILED_PRECONDITION}, not aggregated. */
     public Builder enforce(boolean enforce) {
-      e[1] = enforce ? 1 : 0;
+      e[Abi.DisaggOptions.ENFORCE] = enforce ? 1 : 0;
       return this;
     }
 
     /** isl_bounding: local when the uncached prompt is at most this many tokens ... */
     public Builder maxLocalPrefillTokens(long tokens) {
-      e[2] = tokens;
+      e[Abi.DisaggOptions.MAX_LOCAL_PREFILL_TOKENS] = tokens;
       return this;
     }
 
     /** ... and at most this fraction of the prompt. */
     public Builder maxLocalPrefillRatio(double ratio) {
-      e[3] = Native.bits(ratio);
+      e[Abi.DisaggOptions.MAX_LOCAL_PREFILL_RATIO] = Native.bits(ratio);
       return this;
     }
 
     /** prefill_load: busy above this × max_num_batched_tokens prefill tokens. */
     public Builder prefillBusyThreshold(double threshold) {
-      e[4] = Native.bits(threshold);
+      e[Abi.DisaggOptions.PREFILL_BUSY_THRESHOLD] = Native.bits(threshold);
       return this;
     }
 
@@ -91,7 +90,7 @@ public final class DisaggOptions {
      * total_kv_blocks; negative (default) = the signal is unavailable (never local).
      */
     public Builder decodeBusyThreshold(double threshold) {
-      e[5] = Native.bits(threshold);
+      e[Abi.DisaggOptions.DECODE_BUSY_THRESHOLD] = Native.bits(threshold);
       return this;
     }
 

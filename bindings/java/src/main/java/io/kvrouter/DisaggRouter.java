@@ -64,7 +64,7 @@ public final class DisaggRouter extends NativeObject {
   public PrefillResult routePrefill(int[] tokens, RequestOptions options, RoutingHints hints) {
     Objects.requireNonNull(tokens, "tokens");
     Objects.requireNonNull(options, "options");
-    long[] out = new long[Native.PREFILL_RESULT_LEN];
+    long[] out = new long[Abi.PrefillResult.LEN];
     long h = acquire();
     try {
       Native.disaggRoutePrefill(h, tokens, options, hints, out);
@@ -82,7 +82,7 @@ public final class DisaggRouter extends NativeObject {
       int[] tokens, RequestOptions options, RoutingHints hints, boolean remotePrefill) {
     Objects.requireNonNull(tokens, "tokens");
     Objects.requireNonNull(options, "options");
-    long[] out = new long[Native.ROUTE_SIGNALS_LEN];
+    long[] out = new long[Abi.RouteSignals.LEN];
     long h = acquire();
     try {
       Native.disaggRouteDecode(h, tokens, options, hints, remotePrefill, out);

@@ -7,9 +7,7 @@ import java.util.Objects;
  * Ingest#addEngineWorker(EngineWorker)}. Immutable; from the library's defaults.
  */
 public final class EngineWorker {
-  static final int FLAG_EAGLE = 0x2; // KVR_STORED_EAGLE
-
-  final long[] scalars; // engine, worker_id, dp_start, dp_size, block_size, flags
+  final long[] scalars; // kvr_engine_worker in the slots of Abi.EngineWorker
   final String endpoint;
   final String topic;
   final String replayEndpoint;
@@ -23,9 +21,7 @@ public final class EngineWorker {
 
   /** Worker {@code workerId} publishing on {@code endpoint} ("tcp://10.0.0.5:5557"). */
   public static Builder builder(String endpoint, long workerId) {
-    return new Builder(Native.defaults(Native.DEFAULTS_ENGINE_WORKER, Native.ENGINE_WORKER_LEN))
-        .endpoint(endpoint)
-        .workerId(workerId);
+    return new Builder(Native.engineWorkerDefaults()).endpoint(endpoint).workerId(workerId);
   }
 
   public String endpoint() {
@@ -33,7 +29,7 @@ public final class EngineWorker {
   }
 
   public long workerId() {
-    return scalars[1];
+    return scalars[Abi.EngineWorker.WORKER_ID];
   }
 
   /** Builds {@link EngineWorker}. */
@@ -48,7 +44,7 @@ public final class EngineWorker {
     }
 
     public Builder engine(EngineKind engine) {
-      scalars[0] = engine.code();
+      scalars[Abi.EngineWorker.ENGINE] = engine.code();
       return this;
     }
 
@@ -59,28 +55,29 @@ public final class EngineWorker {
     }
 
     public Builder workerId(long workerId) {
-      scalars[1] = workerId;
+      scalars[Abi.EngineWorker.WORKER_ID] = workerId;
       return this;
     }
 
     public Builder dpStart(int dpStart) {
-      scalars[2] = Integer.toUnsignedLong(dpStart);
+      scalars[Abi.EngineWorker.DP_START] = Integer.toUnsignedLong(dpStart);
       return this;
     }
 
     public Builder dpSize(int dpSize) {
-      scalars[3] = Integer.toUnsignedLong(dpSize);
+      scalars[Abi.EngineWorker.DP_SIZE] = Integer.toUnsignedLong(dpSize);
       return this;
     }
 
     /** 0 (default) = the router's; anything else must equal it. */
     public Builder blockSize(int blockSize) {
-      scalars[4] = Integer.toUnsignedLong(blockSize);
+      scalars[Abi.EngineWorker.BLOCK_SIZE] = Integer.toUnsignedLong(blockSize);
       return this;
     }
 
     public Builder eagle(boolean eagle) {
-      scalars[5] = eagle ? (scalars[5] | FLAG_EAGLE) : (scalars[5] & ~FLAG_EAGLE);
+      int f = Abi.EngineWorker.FLAGS;
+      scalars[f] = eagle ? (scalars[f] | Abi.STORED_EAGLE) : (scalars[f] & ~Abi.STORED_EAGLE);
       return this;
     }
 

@@ -2,7 +2,7 @@ package io.kvrouter;
 
 /** Settings of an {@link Ingest} ({@code kvr_ingest_options}); from the library's defaults. */
 public final class IngestOptions {
-  private final long[] encoded; // max_frame_bytes, replay_timeout_ms
+  private final long[] encoded; // kvr_ingest_options in the slots of Abi.IngestOptions
 
   private IngestOptions(long[] encoded) {
     this.encoded = encoded;
@@ -13,7 +13,7 @@ public final class IngestOptions {
   }
 
   public static Builder builder() {
-    return new Builder(Native.defaults(Native.DEFAULTS_INGEST_OPTIONS, Native.INGEST_OPTIONS_LEN));
+    return new Builder(Native.ingestOptionsDefaults());
   }
 
   long[] encoded() {
@@ -22,12 +22,12 @@ public final class IngestOptions {
 
   /** Largest stream frame accepted; default (and maximum) 64 MiB. */
   public int maxFrameBytes() {
-    return (int) encoded[0];
+    return (int) encoded[Abi.IngestOptions.MAX_FRAME_BYTES];
   }
 
   /** A replay taking longer falls back to clearing the worker; default 2000. */
   public int replayTimeoutMs() {
-    return (int) encoded[1];
+    return (int) encoded[Abi.IngestOptions.REPLAY_TIMEOUT_MS];
   }
 
   /** Builds {@link IngestOptions}. */
@@ -39,12 +39,12 @@ public final class IngestOptions {
     }
 
     public Builder maxFrameBytes(int bytes) {
-      e[0] = Integer.toUnsignedLong(bytes);
+      e[Abi.IngestOptions.MAX_FRAME_BYTES] = Integer.toUnsignedLong(bytes);
       return this;
     }
 
     public Builder replayTimeoutMs(int ms) {
-      e[1] = Integer.toUnsignedLong(ms);
+      e[Abi.IngestOptions.REPLAY_TIMEOUT_MS] = Integer.toUnsignedLong(ms);
       return this;
     }
 

@@ -4,7 +4,8 @@ package io.kvrouter;
 /**
  * Why ingestion rejected a message or an event: the index of kvr_ingest_stats.rejected.
  *
- * <p>{@code kvr_ingest_reject}: the values of {@code KVR_INGEST_REJECT_MAP} ({@code KVR_INGEST_REJECT_*}).
+ * <p>{@code kvr_ingest_reject}: the values of {@code KVR_INGEST_REJECT_MAP} ({@code
+ * KVR_INGEST_REJECT_*}).
  */
 public enum IngestReject {
   /** A stream frame header over the limit: the connection is closed. */

@@ -5,9 +5,7 @@ package io.kvrouter;
  * every source together (id 0): sums, and the maximum lag.
  */
 public final class IngestStats {
-  private static final int REASONS = 8; // KVR_INGEST_REJECT_REASONS
-
-  private final long[] a; // Native.INGEST_STATS_LEN
+  private final long[] a; // kvr_ingest_stats in the slots of Abi.IngestStats
 
   IngestStats(long[] encoded) {
     this.a = encoded;
@@ -15,73 +13,73 @@ public final class IngestStats {
 
   /** Ranks whose state was lost (a gap) and not yet re-established. */
   public int stateUnknown() {
-    return (int) a[0];
+    return (int) a[Abi.IngestStats.STATE_UNKNOWN];
   }
 
   /** Frames or messages received. */
   public long messages() {
-    return a[1];
+    return a[Abi.IngestStats.MESSAGES];
   }
 
   public long eventsApplied() {
-    return a[2];
+    return a[Abi.IngestStats.EVENTS_APPLIED];
   }
 
   /** Messages or events rejected for one reason. */
   public long rejected(IngestReject reason) {
-    return a[3 + reason.ordinal()];
+    return a[Abi.IngestStats.REJECTED + reason.code()];
   }
 
-  /** Rejections summed over every reason. */
+  /** Rejections summed over every reason (those newer than this binding too). */
   public long rejectedTotal() {
     long sum = 0;
-    for (int i = 0; i < REASONS; ++i) sum += a[3 + i];
+    for (int i = 0; i < Abi.INGEST_REJECT_REASONS; ++i) sum += a[Abi.IngestStats.REJECTED + i];
     return sum;
   }
 
   /** Sequence jumps forward. */
   public long gaps() {
-    return a[3 + REASONS];
+    return a[Abi.IngestStats.GAPS];
   }
 
   /** Messages lost in those jumps. */
   public long missedMessages() {
-    return a[4 + REASONS];
+    return a[Abi.IngestStats.MISSED_MESSAGES];
   }
 
   /** Publisher sequence resets to 0. */
   public long restarts() {
-    return a[5 + REASONS];
+    return a[Abi.IngestStats.RESTARTS];
   }
 
   /** Worker states cleared or replayed because they were lost. */
   public long recoveries() {
-    return a[6 + REASONS];
+    return a[Abi.IngestStats.RECOVERIES];
   }
 
   /** Stream connections accepted; NATS connections and reconnections. */
   public long connections() {
-    return a[7 + REASONS];
+    return a[Abi.IngestStats.CONNECTIONS];
   }
 
   /** Messages whose lag (publication to events applied) was measured. */
   public long lagSamples() {
-    return a[8 + REASONS];
+    return a[Abi.IngestStats.LAG_SAMPLES];
   }
 
   /** Their lags summed, in microseconds. */
   public long lagTotalMicros() {
-    return a[9 + REASONS];
+    return a[Abi.IngestStats.LAG_TOTAL_US];
   }
 
   /** The largest lag, in microseconds. */
   public long lagMaxMicros() {
-    return a[10 + REASONS];
+    return a[Abi.IngestStats.LAG_MAX_US];
   }
 
   /** The most recent message's lag, in microseconds. */
   public long lagLastMicros() {
-    return a[11 + REASONS];
+    return a[Abi.IngestStats.LAG_LAST_US];
   }
 
   /**
@@ -90,12 +88,12 @@ public final class IngestStats {
    * other replicas' SyncRequests.
    */
   public long published() {
-    return a[12 + REASONS];
+    return a[Abi.IngestStats.PUBLISHED];
   }
 
   /** Replica sync: changes the NATS client refused to publish. */
   public long publishFailures() {
-    return a[13 + REASONS];
+    return a[Abi.IngestStats.PUBLISH_FAILURES];
   }
 
   /** The mean lag in microseconds, or NaN without samples. */

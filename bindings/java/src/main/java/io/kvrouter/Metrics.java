@@ -2,83 +2,83 @@ package io.kvrouter;
 
 /** A router's counters at one moment ({@code kvr_metrics}). */
 public final class Metrics {
-  private static final int KINDS = EventKind.values().length;
-  private static final int OUTCOMES = EventOutcome.values().length;
-
-  private final long[] a; // Native.METRICS_LEN
+  private final long[] a; // kvr_metrics in the slots of Abi.Metrics
 
   Metrics(long[] encoded) {
     this.a = encoded;
   }
 
+  /** The slot of events[kind][outcome] (row by row). */
+  private static int event(int kind, int outcome) {
+    return Abi.Metrics.EVENTS + kind * Abi.EVENT_OUTCOMES + outcome;
+  }
+
   /** Events of a kind applied ({@link EventOutcome#OK}) or rejected for a reason. */
   public long events(EventKind kind, EventOutcome outcome) {
-    return a[kind.ordinal() * OUTCOMES + outcome.ordinal()];
+    return a[event(kind.code(), outcome.code())];
   }
 
   /** Events of a kind rejected for any reason. */
   public long eventsRejected(EventKind kind) {
     long sum = 0;
-    for (int o = 1; o < OUTCOMES; ++o) sum += a[kind.ordinal() * OUTCOMES + o];
+    for (int o = 0; o < Abi.EVENT_OUTCOMES; ++o) {
+      if (o != EventOutcome.OK.code()) sum += a[event(kind.code(), o)];
+    }
     return sum;
-  }
-
-  private long at(int field) {
-    return a[KINDS * OUTCOMES + field];
   }
 
   /** Event batches that failed verification. */
   public long eventBatchesRejected() {
-    return at(0);
+    return a[Abi.Metrics.EVENT_BATCHES_REJECTED];
   }
 
   /** Routing calls that picked a worker. */
   public long decisions() {
-    return at(1);
+    return a[Abi.Metrics.DECISIONS];
   }
 
   public long requestsActive() {
-    return at(2);
+    return a[Abi.Metrics.REQUESTS_ACTIVE];
   }
 
   public long queuePending() {
-    return at(3);
+    return a[Abi.Metrics.QUEUE_PENDING];
   }
 
   public long queuePendingTokens() {
-    return at(4);
+    return a[Abi.Metrics.QUEUE_PENDING_TOKENS];
   }
 
   public long workers() {
-    return at(5);
+    return a[Abi.Metrics.WORKERS];
   }
 
   public long indexNodes() {
-    return at(6);
+    return a[Abi.Metrics.INDEX_NODES];
   }
 
   /** Cached (block, rank) entries. */
   public long indexBlocks() {
-    return at(7);
+    return a[Abi.Metrics.INDEX_BLOCKS];
   }
 
   public long indexBytes() {
-    return at(8);
+    return a[Abi.Metrics.INDEX_BYTES];
   }
 
   /** Other replicas' booking changes applied here. */
   public long replicaChangesApplied() {
-    return at(9);
+    return a[Abi.Metrics.REPLICA_CHANGES_APPLIED];
   }
 
   /** Other replicas' booking changes refused (undecodable, unknown rank, duplicate). */
   public long replicaChangesRejected() {
-    return at(10);
+    return a[Abi.Metrics.REPLICA_CHANGES_REJECTED];
   }
 
   /** Of {@link #requestsActive()}, those booked by other replicas. */
   public long replicaRequestsActive() {
-    return at(11);
+    return a[Abi.Metrics.REPLICA_REQUESTS_ACTIVE];
   }
 
   @Override

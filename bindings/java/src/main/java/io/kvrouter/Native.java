@@ -3,10 +3,12 @@ package io.kvrouter;
 /**
  * The JNI entry points of libkvrouter_jni (src/main/c/kvrouter_jni.c), one or a few per C function
  * of kvrouter.h. Handles are the C pointers as {@code long}s; every fallible call throws {@link
- * KvRouterException} with the C status. Structs cross as {@code long[]} in the layouts below
- * (doubles as their raw bits, unsigned values as their bit patterns), or as the option objects
- * whose fields the glue reads ({@link RequestOptions}, {@link RoutingHints}, {@link StoredEvent},
- * {@link RemovedEvent}).
+ * KvRouterException} with the C status. Structs cross as {@code long[]} in the slots of the
+ * generated {@link Abi} (kvrouter_jni_abi.h in the glue; doubles as their raw bits, unsigned
+ * values as their bit patterns), or as the option objects whose fields the glue reads ({@link
+ * RequestOptions}, {@link RoutingHints}, {@link StoredEvent}, {@link RemovedEvent}: their {@code
+ * scalars} in the same slots). The glue initialises every struct with its {@code _init} at the
+ * size it was compiled with, so fields a Java array does not carry keep the library's defaults.
  *
  * <p>Nothing here checks that a handle is alive: the public classes do, through {@link
  * NativeObject}.
@@ -21,37 +23,6 @@ final class Native {
   /** Forces the class (and so the library) to load. */
   static void init() {}
 
-  // ---- Layouts (must match kvrouter_jni.c) ----
-
-  static final int DEFAULTS_ROUTER_OPTIONS = 0;
-  static final int DEFAULTS_WORKER_CONFIG = 1;
-  static final int DEFAULTS_REQUEST_OPTIONS = 2;
-  static final int DEFAULTS_ROUTING_HINTS = 3;
-  static final int DEFAULTS_DISAGG_OPTIONS = 4;
-  static final int DEFAULTS_INGEST_OPTIONS = 5;
-  static final int DEFAULTS_ENGINE_WORKER = 6;
-  static final int DEFAULTS_STORED_EVENT = 7;
-  static final int DEFAULTS_REMOVED_EVENT = 8;
-
-  static final int ROUTER_OPTIONS_LEN = 16;
-  static final int WORKER_CONFIG_LEN = 6;
-  static final int REQUEST_OPTIONS_LEN = 13;
-  static final int ROUTING_HINTS_LEN = 8;
-  static final int DISAGG_OPTIONS_LEN = 6;
-  static final int INGEST_OPTIONS_LEN = 2;
-  static final int ENGINE_WORKER_LEN = 6;
-  static final int STORED_EVENT_LEN = 6;
-  static final int REMOVED_EVENT_LEN = 4;
-  static final int ROUTE_RESULT_LEN = 11;
-  static final int CANDIDATE_LEN = 21;
-  static final int OVERLAP_LEN = 9;
-  static final int POTENTIAL_LOAD_LEN = 7;
-  static final int ROUTE_SIGNALS_LEN = 12;
-  static final int PREFILL_RESULT_LEN = 6;
-  static final int METRICS_LEN = 27;
-  static final int INGEST_STATS_LEN = 22;
-
-
   // ---- Library ----
 
   /** Looks up the fields the glue reads; called once, right after the library is loaded. */
@@ -64,13 +35,29 @@ final class Native {
   /** KVR_VERSION_NUMBER of the header the glue was compiled against. */
   static native int headerVersion();
 
-
   static native String statusStr(int status);
 
   static native int tierFromMedium(String medium);
 
-  /** Fills {@code out} with the defaults of one struct (DEFAULTS_*), from its _init function. */
-  static native void defaults(int which, long[] out);
+  // The library's defaults of one struct (its _init), encoded in the slots of Abi.<Struct>.
+
+  static native long[] routerOptionsDefaults();
+
+  static native long[] workerConfigDefaults();
+
+  static native long[] requestOptionsDefaults();
+
+  static native long[] routingHintsDefaults();
+
+  static native long[] disaggOptionsDefaults();
+
+  static native long[] ingestOptionsDefaults();
+
+  static native long[] engineWorkerDefaults();
+
+  static native long[] storedEventDefaults();
+
+  static native long[] removedEventDefaults();
 
   // ---- Hashing ----
 
@@ -115,7 +102,10 @@ final class Native {
 
   static native void applyReplicaEvent(long router, byte[] data, int offset, int length);
 
-  /** Fills {@code out} (ROUTE_RESULT_LEN); returns the candidates (CANDIDATE_LEN each) or null. */
+  /**
+   * Fills {@code out} ({@link RouteResult#ENCODED_LEN}: Abi.RouteResult's slots, then the candidate
+   * count); returns the candidates (Abi.Candidate.LEN slots each) or null.
+   */
   static native long[] findBestMatch(
       long router, int[] tokens, RequestOptions options, int maxCandidates, long[] out);
 
@@ -256,11 +246,5 @@ final class Native {
 
   static double dbl(long bits) {
     return Double.longBitsToDouble(bits);
-  }
-
-  static long[] defaults(int which, int length) {
-    long[] out = new long[length];
-    defaults(which, out);
-    return out;
   }
 }

@@ -130,23 +130,39 @@ final class NativeLoader {
   }
 
   /**
-   * The library must have the major and minor version of the header the glue was built against (at
-   * 0.x a minor release may change the ABI) and at least its patch level.
+   * Accepts libkvrouter {@link Abi#VERSION_MAJOR}.{@link Abi#VERSION_MINOR}.x (at 0.x a minor
+   * release may change the ABI) at the patch level of the header the glue was built against or
+   * newer; the glue must have been built against a header of that major.minor too, since its struct
+   * codecs and {@link Abi} are generated from the same one.
    */
   private static void checkVersion() {
-    int library = Native.version();
-    int header = Native.headerVersion();
-    if (library / 100 != header / 100 || library < header) {
+    checkVersion(Native.version(), Native.versionString(), Native.headerVersion());
+  }
+
+  /** The check itself: throws UnsatisfiedLinkError, saying what was found and what is needed. */
+  static void checkVersion(int library, String libraryString, int header) {
+    int abi = Abi.VERSION_MAJOR * 10000 + Abi.VERSION_MINOR * 100 + Abi.VERSION_PATCH;
+    if (header / 100 != abi / 100) {
+      throw new UnsatisfiedLinkError(
+          "kvrouter version mismatch: the JNI glue was built against kvrouter.h "
+              + KvRouter.formatVersion(header)
+              + " but the Java classes were generated from "
+              + KvRouter.formatVersion(abi)
+              + " (rebuild the binding from one source tree)");
+    }
+    if (library / 100 != abi / 100 || library < header) {
       throw new UnsatisfiedLinkError(
           "kvrouter version mismatch: the library is "
-              + Native.versionString()
+              + libraryString
               + " ("
               + library
-              + "), the Java binding was built for "
+              + "); this Java binding needs libkvrouter "
+              + Abi.VERSION_MAJOR
+              + "."
+              + Abi.VERSION_MINOR
+              + ".x, "
               + KvRouter.formatVersion(header)
-              + " ("
-              + header
-              + ")");
+              + " or newer (the header its glue was built against)");
     }
   }
 }

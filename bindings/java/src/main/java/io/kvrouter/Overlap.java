@@ -16,16 +16,17 @@ public record Overlap(
     long cachedTokens,
     long treeSize) {
 
+  /** The overlap whose slots (Abi.Overlap) start at {@code a[i]}. */
   static Overlap decode(long[] a, int i) {
     return new Overlap(
-        a[i],
-        (int) a[i + 1],
-        (int) a[i + 2],
-        (int) a[i + 3],
-        (int) a[i + 4],
-        (int) a[i + 5],
-        Native.dbl(a[i + 6]),
-        a[i + 7],
-        a[i + 8]);
+        a[i + Abi.Overlap.WORKER_ID],
+        (int) a[i + Abi.Overlap.DP_RANK],
+        (int) a[i + Abi.Overlap.DEVICE_BLOCKS],
+        (int) a[i + Abi.Overlap.HOST_BLOCKS],
+        (int) a[i + Abi.Overlap.DISK_BLOCKS],
+        (int) a[i + Abi.Overlap.EXTERNAL_BLOCKS],
+        Native.dbl(a[i + Abi.Overlap.EFFECTIVE_OVERLAP_BLOCKS]),
+        a[i + Abi.Overlap.CACHED_TOKENS],
+        a[i + Abi.Overlap.TREE_SIZE]);
   }
 }

@@ -10,8 +10,15 @@ public record PotentialLoad(
     long activeBlocks,
     long activeRequests) {
 
+  /** The load whose slots (Abi.PotentialLoad) start at {@code a[i]}. */
   static PotentialLoad decode(long[] a, int i) {
     return new PotentialLoad(
-        a[i], (int) a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], a[i + 6]);
+        a[i + Abi.PotentialLoad.WORKER_ID],
+        (int) a[i + Abi.PotentialLoad.DP_RANK],
+        a[i + Abi.PotentialLoad.POTENTIAL_PREFILL_TOKENS],
+        a[i + Abi.PotentialLoad.POTENTIAL_DECODE_BLOCKS],
+        a[i + Abi.PotentialLoad.ACTIVE_PREFILL_TOKENS],
+        a[i + Abi.PotentialLoad.ACTIVE_BLOCKS],
+        a[i + Abi.PotentialLoad.ACTIVE_REQUESTS]);
   }
 }

@@ -4,7 +4,8 @@ package io.kvrouter;
 /**
  * Why a prefill went where it went (kvr_prefill_result.reason).
  *
- * <p>{@code kvr_prefill_reason}: the values of {@code KVR_PREFILL_REASON_MAP} ({@code KVR_PREFILL_*}).
+ * <p>{@code kvr_prefill_reason}: the values of {@code KVR_PREFILL_REASON_MAP} ({@code
+ * KVR_PREFILL_*}).
  */
 public enum PrefillReason {
   /** Booked on a prefill worker. */

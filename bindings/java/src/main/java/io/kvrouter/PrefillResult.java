@@ -17,6 +17,12 @@ public record PrefillResult(
     long cachedTokens) {
 
   static PrefillResult decode(long[] a) {
-    return new PrefillResult(a[0] != 0, PrefillReason.of((int) a[1]), (int) a[2], a[3], a[4], a[5]);
+    return new PrefillResult(
+        a[Abi.PrefillResult.REMOTE] != 0,
+        PrefillReason.of((int) a[Abi.PrefillResult.REASON]),
+        (int) a[Abi.PrefillResult.DP_RANK],
+        a[Abi.PrefillResult.WORKER_ID],
+        a[Abi.PrefillResult.BOOTSTRAP_ROOM],
+        a[Abi.PrefillResult.CACHED_TOKENS]);
   }
 }

@@ -7,8 +7,9 @@ import java.util.Objects;
  * hash array is not copied.
  */
 public final class RemovedEvent {
-  // Read by the JNI glue: keep the names and types.
-  final long[] scalars; // dp_rank, worker_id, event_id, tier
+  // Read by the JNI glue: keep the names and types. scalars: kvr_removed_event in the slots of
+  // Abi.RemovedEvent (the glue takes num_blocks from blockHashes).
+  final long[] scalars;
   final long[] blockHashes;
 
   private RemovedEvent(long[] scalars, long[] blockHashes) {
@@ -22,24 +23,23 @@ public final class RemovedEvent {
   }
 
   public static Builder builder(long workerId) {
-    return new Builder(Native.defaults(Native.DEFAULTS_REMOVED_EVENT, Native.REMOVED_EVENT_LEN))
-        .workerId(workerId);
+    return new Builder(Native.removedEventDefaults()).workerId(workerId);
   }
 
   public long workerId() {
-    return scalars[1];
+    return scalars[Abi.RemovedEvent.WORKER_ID];
   }
 
   public int dpRank() {
-    return (int) scalars[0];
+    return (int) scalars[Abi.RemovedEvent.DP_RANK];
   }
 
   public long eventId() {
-    return scalars[2];
+    return scalars[Abi.RemovedEvent.EVENT_ID];
   }
 
   public Tier tier() {
-    return Tier.of((int) scalars[3]);
+    return Tier.of((int) scalars[Abi.RemovedEvent.TIER]);
   }
 
   public int numBlocks() {
@@ -56,22 +56,22 @@ public final class RemovedEvent {
     }
 
     public Builder workerId(long workerId) {
-      scalars[1] = workerId;
+      scalars[Abi.RemovedEvent.WORKER_ID] = workerId;
       return this;
     }
 
     public Builder dpRank(int dpRank) {
-      scalars[0] = Integer.toUnsignedLong(dpRank);
+      scalars[Abi.RemovedEvent.DP_RANK] = Integer.toUnsignedLong(dpRank);
       return this;
     }
 
     public Builder eventId(long eventId) {
-      scalars[2] = eventId;
+      scalars[Abi.RemovedEvent.EVENT_ID] = eventId;
       return this;
     }
 
     public Builder tier(Tier tier) {
-      scalars[3] = tier.code();
+      scalars[Abi.RemovedEvent.TIER] = tier.code();
       return this;
     }
 

@@ -11,13 +11,9 @@ import java.util.Arrays;
  * routing call is a preview and changes nothing.
  */
 public final class RequestOptions {
-  static final int FLAG_ADMIT = 0x1;
-
-  // Read by the JNI glue: keep the names and types. scalars: flags, overlap_score_credit,
-  // prefill_load_scale, host_cache_hit_weight, disk_cache_hit_weight, temperature (doubles as
-  // raw bits), assume_kv_reuse, track_prefill_tokens, priority_jump (bits),
-  // expected_output_tokens, queue_timeout_ms, overlap_score_credit_decay,
-  // decode_active_request_weight (bits).
+  // Read by the JNI glue: keep the names and types. scalars: kvr_request_options in the slots of
+  // Abi.RequestOptions (doubles as raw bits; the glue takes mm_num_blocks and
+  // num_allowed_worker_ids from the arrays).
   final long[] scalars;
   final String requestId;
   final String loraName;
@@ -63,7 +59,7 @@ public final class RequestOptions {
   }
 
   public boolean admit() {
-    return (scalars[0] & FLAG_ADMIT) != 0;
+    return (scalars[Abi.RequestOptions.FLAGS] & Abi.REQUEST_ADMIT) != 0;
   }
 
   public String requestId() {
@@ -85,55 +81,55 @@ public final class RequestOptions {
 
   /** NaN = the router's setting. */
   public double overlapScoreCredit() {
-    return Native.dbl(scalars[1]);
+    return Native.dbl(scalars[Abi.RequestOptions.OVERLAP_SCORE_CREDIT]);
   }
 
   public double prefillLoadScale() {
-    return Native.dbl(scalars[2]);
+    return Native.dbl(scalars[Abi.RequestOptions.PREFILL_LOAD_SCALE]);
   }
 
   public double hostCacheHitWeight() {
-    return Native.dbl(scalars[3]);
+    return Native.dbl(scalars[Abi.RequestOptions.HOST_CACHE_HIT_WEIGHT]);
   }
 
   public double diskCacheHitWeight() {
-    return Native.dbl(scalars[4]);
+    return Native.dbl(scalars[Abi.RequestOptions.DISK_CACHE_HIT_WEIGHT]);
   }
 
   public double temperature() {
-    return Native.dbl(scalars[5]);
+    return Native.dbl(scalars[Abi.RequestOptions.TEMPERATURE]);
   }
 
   /** null = the router's setting. */
   public Boolean assumeKvReuse() {
-    return triState(scalars[6]);
+    return triState(scalars[Abi.RequestOptions.ASSUME_KV_REUSE]);
   }
 
   public Boolean trackPrefillTokens() {
-    return triState(scalars[7]);
+    return triState(scalars[Abi.RequestOptions.TRACK_PREFILL_TOKENS]);
   }
 
   public double priorityJump() {
-    return Native.dbl(scalars[8]);
+    return Native.dbl(scalars[Abi.RequestOptions.PRIORITY_JUMP]);
   }
 
   public int expectedOutputTokens() {
-    return (int) scalars[9];
+    return (int) scalars[Abi.RequestOptions.EXPECTED_OUTPUT_TOKENS];
   }
 
   /** -1 = wait in the queue as long as it takes. */
   public long queueTimeoutMs() {
-    return scalars[10];
+    return scalars[Abi.RequestOptions.QUEUE_TIMEOUT_MS];
   }
 
   /** NaN = the router's setting. */
   public double overlapScoreCreditDecay() {
-    return Native.dbl(scalars[11]);
+    return Native.dbl(scalars[Abi.RequestOptions.OVERLAP_SCORE_CREDIT_DECAY]);
   }
 
   /** NaN = the router's setting. */
   public double decodeActiveRequestWeight() {
-    return Native.dbl(scalars[12]);
+    return Native.dbl(scalars[Abi.RequestOptions.DECODE_ACTIVE_REQUEST_WEIGHT]);
   }
 
   private static Boolean triState(long v) {
@@ -167,7 +163,8 @@ public final class RequestOptions {
 
     /** Book the request under its id (KVR_REQUEST_ADMIT); may wait in the admission queue. */
     public Builder admit(boolean admit) {
-      scalars[0] = admit ? (scalars[0] | FLAG_ADMIT) : (scalars[0] & ~FLAG_ADMIT);
+      int f = Abi.RequestOptions.FLAGS;
+      scalars[f] = admit ? (scalars[f] | Abi.REQUEST_ADMIT) : (scalars[f] & ~Abi.REQUEST_ADMIT);
       return this;
     }
 
@@ -205,62 +202,62 @@ public final class RequestOptions {
 
     /** NaN = the router's setting (as every double override). */
     public Builder overlapScoreCredit(double v) {
-      scalars[1] = Native.bits(v);
+      scalars[Abi.RequestOptions.OVERLAP_SCORE_CREDIT] = Native.bits(v);
       return this;
     }
 
     public Builder prefillLoadScale(double v) {
-      scalars[2] = Native.bits(v);
+      scalars[Abi.RequestOptions.PREFILL_LOAD_SCALE] = Native.bits(v);
       return this;
     }
 
     public Builder hostCacheHitWeight(double v) {
-      scalars[3] = Native.bits(v);
+      scalars[Abi.RequestOptions.HOST_CACHE_HIT_WEIGHT] = Native.bits(v);
       return this;
     }
 
     public Builder diskCacheHitWeight(double v) {
-      scalars[4] = Native.bits(v);
+      scalars[Abi.RequestOptions.DISK_CACHE_HIT_WEIGHT] = Native.bits(v);
       return this;
     }
 
     public Builder temperature(double v) {
-      scalars[5] = Native.bits(v);
+      scalars[Abi.RequestOptions.TEMPERATURE] = Native.bits(v);
       return this;
     }
 
     /** null = the router's setting. */
     public Builder assumeKvReuse(Boolean v) {
-      scalars[6] = v == null ? -1 : (v ? 1 : 0);
+      scalars[Abi.RequestOptions.ASSUME_KV_REUSE] = v == null ? -1 : (v ? 1 : 0);
       return this;
     }
 
     /** null = the router's setting. */
     public Builder trackPrefillTokens(Boolean v) {
-      scalars[7] = v == null ? -1 : (v ? 1 : 0);
+      scalars[Abi.RequestOptions.TRACK_PREFILL_TOKENS] = v == null ? -1 : (v ? 1 : 0);
       return this;
     }
 
     /** Queue priority boost; default 0. */
     public Builder priorityJump(double v) {
-      scalars[8] = Native.bits(v);
+      scalars[Abi.RequestOptions.PRIORITY_JUMP] = Native.bits(v);
       return this;
     }
 
     public Builder expectedOutputTokens(int tokens) {
-      scalars[9] = Integer.toUnsignedLong(tokens);
+      scalars[Abi.RequestOptions.EXPECTED_OUTPUT_TOKENS] = Integer.toUnsignedLong(tokens);
       return this;
     }
 
     /** Give up waiting in the queue after this long (KVR_DEADLINE_EXCEEDED); -1 = never. */
     public Builder queueTimeoutMs(long ms) {
-      scalars[10] = ms;
+      scalars[Abi.RequestOptions.QUEUE_TIMEOUT_MS] = ms;
       return this;
     }
 
     /** This request's {@link RouterOptions.Builder#overlapScoreCreditDecay}; NaN = the router's. */
     public Builder overlapScoreCreditDecay(double v) {
-      scalars[11] = Native.bits(v);
+      scalars[Abi.RequestOptions.OVERLAP_SCORE_CREDIT_DECAY] = Native.bits(v);
       return this;
     }
 
@@ -268,7 +265,7 @@ public final class RequestOptions {
      * This request's {@link RouterOptions.Builder#decodeActiveRequestWeight}; NaN = the router's.
      */
     public Builder decodeActiveRequestWeight(double v) {
-      scalars[12] = Native.bits(v);
+      scalars[Abi.RequestOptions.DECODE_ACTIVE_REQUEST_WEIGHT] = Native.bits(v);
       return this;
     }
 

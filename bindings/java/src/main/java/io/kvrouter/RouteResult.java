@@ -33,29 +33,34 @@ public record RouteResult(
     List<Candidate> candidates,
     long totalCandidates) {
 
+  /** The encoded result: the slots of Abi.RouteResult, then the total number of candidates. */
+  static final int TOTAL_CANDIDATES = Abi.RouteResult.LEN;
+
+  static final int ENCODED_LEN = TOTAL_CANDIDATES + 1;
+
   static RouteResult decode(long[] a, long[] candidates) {
     List<Candidate> list;
     if (candidates == null || candidates.length == 0) {
       list = Collections.emptyList();
     } else {
-      ArrayList<Candidate> c = new ArrayList<>(candidates.length / Native.CANDIDATE_LEN);
-      for (int i = 0; i < candidates.length; i += Native.CANDIDATE_LEN) {
+      ArrayList<Candidate> c = new ArrayList<>(candidates.length / Abi.Candidate.LEN);
+      for (int i = 0; i < candidates.length; i += Abi.Candidate.LEN) {
         c.add(Candidate.decode(candidates, i));
       }
       list = Collections.unmodifiableList(c);
     }
     return new RouteResult(
-        a[0],
-        (int) a[1],
-        (int) a[2],
-        (int) a[3],
-        Native.dbl(a[4]),
-        a[5],
-        a[6],
-        Native.dbl(a[7]),
-        a[8] != 0,
-        a[9] != 0,
+        a[Abi.RouteResult.WORKER_ID],
+        (int) a[Abi.RouteResult.DP_RANK],
+        (int) a[Abi.RouteResult.PROMPT_BLOCKS],
+        (int) a[Abi.RouteResult.DEVICE_OVERLAP_BLOCKS],
+        Native.dbl(a[Abi.RouteResult.EFFECTIVE_OVERLAP_BLOCKS]),
+        a[Abi.RouteResult.CACHED_TOKENS],
+        a[Abi.RouteResult.PROMPT_TOKENS],
+        Native.dbl(a[Abi.RouteResult.COST]),
+        a[Abi.RouteResult.BOOKED] != 0,
+        a[Abi.RouteResult.QUEUED] != 0,
         list,
-        a[10]);
+        a[TOTAL_CANDIDATES]);
   }
 }

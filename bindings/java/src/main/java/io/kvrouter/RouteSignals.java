@@ -28,34 +28,35 @@ public record RouteSignals(
 
   static RouteSignals decode(long[] a) {
     return new RouteSignals(
-        a[0],
-        (int) a[1],
-        (int) a[2],
-        (int) a[3],
-        a[4],
-        a[5],
-        a[6],
-        Native.dbl(a[7]),
-        a[8],
-        a[9] != 0,
-        a[10] != 0,
-        a[11] != 0);
+        a[Abi.RouteSignals.WORKER_ID],
+        (int) a[Abi.RouteSignals.DP_RANK],
+        (int) a[Abi.RouteSignals.OVERLAP_BLOCKS],
+        (int) a[Abi.RouteSignals.PROMPT_BLOCKS],
+        a[Abi.RouteSignals.CACHED_TOKENS],
+        a[Abi.RouteSignals.POTENTIAL_DECODE_BLOCKS],
+        a[Abi.RouteSignals.TOTAL_KV_BLOCKS],
+        Native.dbl(a[Abi.RouteSignals.COST]),
+        a[Abi.RouteSignals.PROMPT_TOKENS],
+        a[Abi.RouteSignals.BOOKED] != 0,
+        a[Abi.RouteSignals.MOVED] != 0,
+        a[Abi.RouteSignals.QUEUED] != 0);
   }
 
+  /** These signals in the slots of Abi.RouteSignals, for kvr_plan_route's {@code previewed}. */
   long[] encode() {
-    return new long[] {
-      workerId,
-      Integer.toUnsignedLong(dpRank),
-      Integer.toUnsignedLong(overlapBlocks),
-      Integer.toUnsignedLong(promptBlocks),
-      cachedTokens,
-      potentialDecodeBlocks,
-      totalKvBlocks,
-      Native.bits(cost),
-      promptTokens,
-      booked ? 1 : 0,
-      moved ? 1 : 0,
-      queued ? 1 : 0
-    };
+    long[] a = new long[Abi.RouteSignals.LEN];
+    a[Abi.RouteSignals.WORKER_ID] = workerId;
+    a[Abi.RouteSignals.DP_RANK] = Integer.toUnsignedLong(dpRank);
+    a[Abi.RouteSignals.OVERLAP_BLOCKS] = Integer.toUnsignedLong(overlapBlocks);
+    a[Abi.RouteSignals.PROMPT_BLOCKS] = Integer.toUnsignedLong(promptBlocks);
+    a[Abi.RouteSignals.CACHED_TOKENS] = cachedTokens;
+    a[Abi.RouteSignals.POTENTIAL_DECODE_BLOCKS] = potentialDecodeBlocks;
+    a[Abi.RouteSignals.TOTAL_KV_BLOCKS] = totalKvBlocks;
+    a[Abi.RouteSignals.COST] = Native.bits(cost);
+    a[Abi.RouteSignals.PROMPT_TOKENS] = promptTokens;
+    a[Abi.RouteSignals.BOOKED] = booked ? 1 : 0;
+    a[Abi.RouteSignals.MOVED] = moved ? 1 : 0;
+    a[Abi.RouteSignals.QUEUED] = queued ? 1 : 0;
+    return a;
   }
 }

@@ -288,7 +288,7 @@ public final class Router extends NativeObject {
   public RouteResult findBestMatch(int[] tokens, RequestOptions options, int maxCandidates) {
     Objects.requireNonNull(tokens, "tokens");
     if (maxCandidates < 0) throw new IllegalArgumentException("maxCandidates < 0");
-    long[] out = new long[Native.ROUTE_RESULT_LEN];
+    long[] out = new long[RouteResult.ENCODED_LEN];
     long h = acquire();
     long[] candidates;
     try {
@@ -314,8 +314,8 @@ public final class Router extends NativeObject {
     } finally {
       release();
     }
-    ArrayList<Overlap> list = new ArrayList<>(a.length / Native.OVERLAP_LEN);
-    for (int i = 0; i < a.length; i += Native.OVERLAP_LEN) list.add(Overlap.decode(a, i));
+    ArrayList<Overlap> list = new ArrayList<>(a.length / Abi.Overlap.LEN);
+    for (int i = 0; i < a.length; i += Abi.Overlap.LEN) list.add(Overlap.decode(a, i));
     return Collections.unmodifiableList(list);
   }
 
@@ -333,8 +333,8 @@ public final class Router extends NativeObject {
     } finally {
       release();
     }
-    ArrayList<PotentialLoad> list = new ArrayList<>(a.length / Native.POTENTIAL_LOAD_LEN);
-    for (int i = 0; i < a.length; i += Native.POTENTIAL_LOAD_LEN) {
+    ArrayList<PotentialLoad> list = new ArrayList<>(a.length / Abi.PotentialLoad.LEN);
+    for (int i = 0; i < a.length; i += Abi.PotentialLoad.LEN) {
       list.add(PotentialLoad.decode(a, i));
     }
     return Collections.unmodifiableList(list);
@@ -468,7 +468,7 @@ public final class Router extends NativeObject {
    */
   public RouteSignals previewRoute(int[] tokens, RequestOptions options, RoutingHints hints) {
     Objects.requireNonNull(tokens, "tokens");
-    long[] out = new long[Native.ROUTE_SIGNALS_LEN];
+    long[] out = new long[Abi.RouteSignals.LEN];
     long h = acquire();
     try {
       Native.previewRoute(h, tokens, options, hints, out);
@@ -491,7 +491,7 @@ public final class Router extends NativeObject {
     Objects.requireNonNull(tokens, "tokens");
     Objects.requireNonNull(options, "options");
     long[] prev = previewed == null ? null : previewed.encode();
-    long[] out = new long[Native.ROUTE_SIGNALS_LEN];
+    long[] out = new long[Abi.RouteSignals.LEN];
     long h = acquire();
     try {
       Native.planRoute(h, tokens, options, hints, prev, out);

@@ -5,14 +5,7 @@ package io.kvrouter;
  * {@link #builder()} starts from the library's own defaults ({@code kvr_router_options_init}).
  */
 public final class RouterOptions {
-  static final int FLAG_APPROXIMATE = 0x1;
-  static final int FLAG_NO_KV_REUSE = 0x2;
-  static final int FLAG_NO_PREFILL_TRACKING = 0x4;
-  static final int FLAG_EAGLE = 0x8;
-  static final int FLAG_ENTROPY_SEED = 0x10;
-  static final int FLAG_TRACK_OUTPUT_BLOCKS = 0x20;
-
-  private final long[] encoded; // Native.ROUTER_OPTIONS_LEN, see Builder.encode
+  private final long[] encoded; // kvr_router_options in the slots of Abi.RouterOptions
 
   private RouterOptions(long[] encoded) {
     this.encoded = encoded;
@@ -24,7 +17,7 @@ public final class RouterOptions {
   }
 
   public static Builder builder() {
-    return new Builder(Native.defaults(Native.DEFAULTS_ROUTER_OPTIONS, Native.ROUTER_OPTIONS_LEN));
+    return new Builder(Native.routerOptionsDefaults());
   }
 
   /** A builder holding these settings. */
@@ -37,94 +30,94 @@ public final class RouterOptions {
   }
 
   public int blockSize() {
-    return (int) encoded[0];
+    return (int) encoded[Abi.RouterOptions.BLOCK_SIZE];
   }
 
   private boolean flag(int flag) {
-    return (encoded[1] & flag) != 0;
+    return (encoded[Abi.RouterOptions.FLAGS] & flag) != 0;
   }
 
   public boolean approximate() {
-    return flag(FLAG_APPROXIMATE);
+    return flag(Abi.ROUTER_APPROXIMATE);
   }
 
   public boolean assumeKvReuse() {
-    return !flag(FLAG_NO_KV_REUSE);
+    return !flag(Abi.ROUTER_NO_KV_REUSE);
   }
 
   public boolean trackPrefillTokens() {
-    return !flag(FLAG_NO_PREFILL_TRACKING);
+    return !flag(Abi.ROUTER_NO_PREFILL_TRACKING);
   }
 
   public boolean eagle() {
-    return flag(FLAG_EAGLE);
+    return flag(Abi.ROUTER_EAGLE);
   }
 
   public boolean entropySeed() {
-    return flag(FLAG_ENTROPY_SEED);
+    return flag(Abi.ROUTER_ENTROPY_SEED);
   }
 
   /** Whether {@link Router#recordOutput(String, long)} grows requests' blocks. */
   public boolean trackOutputBlocks() {
-    return flag(FLAG_TRACK_OUTPUT_BLOCKS);
+    return flag(Abi.ROUTER_TRACK_OUTPUT_BLOCKS);
   }
 
   public QueuePolicy queuePolicy() {
-    return QueuePolicy.of((int) encoded[2]);
+    return QueuePolicy.of((int) encoded[Abi.RouterOptions.QUEUE_POLICY]);
   }
 
   public double overlapScoreCredit() {
-    return Native.dbl(encoded[3]);
+    return Native.dbl(encoded[Abi.RouterOptions.OVERLAP_SCORE_CREDIT]);
   }
 
   public double prefillLoadScale() {
-    return Native.dbl(encoded[4]);
+    return Native.dbl(encoded[Abi.RouterOptions.PREFILL_LOAD_SCALE]);
   }
 
   public double hostCacheHitWeight() {
-    return Native.dbl(encoded[5]);
+    return Native.dbl(encoded[Abi.RouterOptions.HOST_CACHE_HIT_WEIGHT]);
   }
 
   public double diskCacheHitWeight() {
-    return Native.dbl(encoded[6]);
+    return Native.dbl(encoded[Abi.RouterOptions.DISK_CACHE_HIT_WEIGHT]);
   }
 
   public double temperature() {
-    return Native.dbl(encoded[7]);
+    return Native.dbl(encoded[Abi.RouterOptions.TEMPERATURE]);
   }
 
   public double queueThreshold() {
-    return Native.dbl(encoded[8]);
+    return Native.dbl(encoded[Abi.RouterOptions.QUEUE_THRESHOLD]);
   }
 
   public double approxTtlSeconds() {
-    return Native.dbl(encoded[9]);
+    return Native.dbl(encoded[Abi.RouterOptions.APPROX_TTL_SECONDS]);
   }
 
   public long approxMaxBlocks() {
-    return encoded[10];
+    return encoded[Abi.RouterOptions.APPROX_MAX_BLOCKS];
   }
 
   public double approxPruneTargetRatio() {
-    return Native.dbl(encoded[11]);
+    return Native.dbl(encoded[Abi.RouterOptions.APPROX_PRUNE_TARGET_RATIO]);
   }
 
   public double requestExpirySeconds() {
-    return Native.dbl(encoded[12]);
+    return Native.dbl(encoded[Abi.RouterOptions.REQUEST_EXPIRY_SECONDS]);
   }
 
   public long randomSeed() {
-    return encoded[13];
+    return encoded[Abi.RouterOptions.RANDOM_SEED];
   }
 
   /** 0 (default) = a device hit keeps its full credit however long the rank's prefill queue. */
   public double overlapScoreCreditDecay() {
-    return Native.dbl(encoded[14]);
+    return Native.dbl(encoded[Abi.RouterOptions.OVERLAP_SCORE_CREDIT_DECAY]);
   }
 
   /** 0 (default) = requests in flight cost nothing beyond their blocks. */
   public double decodeActiveRequestWeight() {
-    return Native.dbl(encoded[15]);
+    return Native.dbl(encoded[Abi.RouterOptions.DECODE_ACTIVE_REQUEST_WEIGHT]);
   }
 
   @Override
@@ -151,39 +144,40 @@ public final class RouterOptions {
     }
 
     private Builder flag(int flag, boolean on) {
-      e[1] = on ? (e[1] | flag) : (e[1] & ~flag);
+      int f = Abi.RouterOptions.FLAGS;
+      e[f] = on ? (e[f] | flag) : (e[f] & ~flag);
       return this;
     }
 
     /** Tokens per KV block; default 16; every worker must match. */
     public Builder blockSize(int blockSize) {
-      e[0] = Integer.toUnsignedLong(blockSize);
+      e[Abi.RouterOptions.BLOCK_SIZE] = Integer.toUnsignedLong(blockSize);
       return this;
     }
 
     /** No KV events: routing decisions are recorded as cached blocks with a TTL. */
     public Builder approximate(boolean approximate) {
-      return flag(FLAG_APPROXIMATE, approximate);
+      return flag(Abi.ROUTER_APPROXIMATE, approximate);
     }
 
     /** Default true; false = KVR_ROUTER_NO_KV_REUSE. */
     public Builder assumeKvReuse(boolean assume) {
-      return flag(FLAG_NO_KV_REUSE, !assume);
+      return flag(Abi.ROUTER_NO_KV_REUSE, !assume);
     }
 
     /** Default true; false = KVR_ROUTER_NO_PREFILL_TRACKING. */
     public Builder trackPrefillTokens(boolean track) {
-      return flag(FLAG_NO_PREFILL_TRACKING, !track);
+      return flag(Abi.ROUTER_NO_PREFILL_TRACKING, !track);
     }
 
     /** The model uses eagle block windows. */
     public Builder eagle(boolean eagle) {
-      return flag(FLAG_EAGLE, eagle);
+      return flag(Abi.ROUTER_EAGLE, eagle);
     }
 
     /** Seed the random source from the OS instead of {@link #randomSeed(long)}. */
     public Builder entropySeed(boolean entropy) {
-      return flag(FLAG_ENTROPY_SEED, entropy);
+      return flag(Abi.ROUTER_ENTROPY_SEED, entropy);
     }
 
     /**
@@ -191,38 +185,38 @@ public final class RouterOptions {
      * (KVR_ROUTER_TRACK_OUTPUT_BLOCKS, Dynamo's router_track_output_blocks); default false.
      */
     public Builder trackOutputBlocks(boolean track) {
-      return flag(FLAG_TRACK_OUTPUT_BLOCKS, track);
+      return flag(Abi.ROUTER_TRACK_OUTPUT_BLOCKS, track);
     }
 
     public Builder queuePolicy(QueuePolicy policy) {
-      e[2] = policy.code();
+      e[Abi.RouterOptions.QUEUE_POLICY] = policy.code();
       return this;
     }
 
     public Builder overlapScoreCredit(double v) {
-      e[3] = Native.bits(v);
+      e[Abi.RouterOptions.OVERLAP_SCORE_CREDIT] = Native.bits(v);
       return this;
     }
 
     public Builder prefillLoadScale(double v) {
-      e[4] = Native.bits(v);
+      e[Abi.RouterOptions.PREFILL_LOAD_SCALE] = Native.bits(v);
       return this;
     }
 
     public Builder hostCacheHitWeight(double v) {
-      e[5] = Native.bits(v);
+      e[Abi.RouterOptions.HOST_CACHE_HIT_WEIGHT] = Native.bits(v);
       return this;
     }
 
     /** Weight of disk and external tier hits. */
     public Builder diskCacheHitWeight(double v) {
-      e[6] = Native.bits(v);
+      e[Abi.RouterOptions.DISK_CACHE_HIT_WEIGHT] = Native.bits(v);
       return this;
     }
 
     /** 0 (default): argmin with a random tie-break; above 0: softmax over normalised costs. */
     public Builder temperature(double v) {
-      e[7] = Native.bits(v);
+      e[Abi.RouterOptions.TEMPERATURE] = Native.bits(v);
       return this;
     }
 
@@ -231,33 +225,33 @@ public final class RouterOptions {
      * (default) = never queue.
      */
     public Builder queueThreshold(double v) {
-      e[8] = Native.bits(v);
+      e[Abi.RouterOptions.QUEUE_THRESHOLD] = Native.bits(v);
       return this;
     }
 
     public Builder approxTtlSeconds(double v) {
-      e[9] = Native.bits(v);
+      e[Abi.RouterOptions.APPROX_TTL_SECONDS] = Native.bits(v);
       return this;
     }
 
     public Builder approxMaxBlocks(long v) {
-      e[10] = v;
+      e[Abi.RouterOptions.APPROX_MAX_BLOCKS] = v;
       return this;
     }
 
     public Builder approxPruneTargetRatio(double v) {
-      e[11] = Native.bits(v);
+      e[Abi.RouterOptions.APPROX_PRUNE_TARGET_RATIO] = Native.bits(v);
       return this;
     }
 
     /** A booked request older than this is dropped; default 300. */
     public Builder requestExpirySeconds(double v) {
-      e[12] = Native.bits(v);
+      e[Abi.RouterOptions.REQUEST_EXPIRY_SECONDS] = Native.bits(v);
       return this;
     }
 
     public Builder randomSeed(long seed) {
-      e[13] = seed;
+      e[Abi.RouterOptions.RANDOM_SEED] = seed;
       return this;
     }
 
@@ -268,7 +262,7 @@ public final class RouterOptions {
      * negative.
      */
     public Builder overlapScoreCreditDecay(double v) {
-      e[14] = Native.bits(v);
+      e[Abi.RouterOptions.OVERLAP_SCORE_CREDIT_DECAY] = Native.bits(v);
       return this;
     }
 
@@ -277,7 +271,7 @@ public final class RouterOptions {
      * Candidate#requestCost()}). Default 0 (off); must not be negative.
      */
     public Builder decodeActiveRequestWeight(double v) {
-      e[15] = Native.bits(v);
+      e[Abi.RouterOptions.DECODE_ACTIVE_REQUEST_WEIGHT] = Native.bits(v);
       return this;
     }
 

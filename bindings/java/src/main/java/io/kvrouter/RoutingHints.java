@@ -12,11 +12,10 @@ package io.kvrouter;
  */
 public final class RoutingHints {
   /** KVR_WORKER_NONE: no pin. */
-  public static final long NO_WORKER = -1L;
+  public static final long NO_WORKER = Abi.WORKER_NONE;
 
-  // Read by the JNI glue: keep the names and types. scalars: phase, worker_id,
-  // prefill_worker_id, decode_worker_id, dp_rank, prefill_dp_rank, session_mode,
-  // session_ttl_seconds (raw bits).
+  // Read by the JNI glue: keep the names and types. scalars: kvr_routing_hints in the slots of
+  // Abi.RoutingHints (session_ttl_seconds as raw bits).
   final long[] scalars;
   final String sessionId;
 
@@ -44,29 +43,29 @@ public final class RoutingHints {
   }
 
   public Phase phase() {
-    return Phase.of((int) scalars[0]);
+    return Phase.of((int) scalars[Abi.RoutingHints.PHASE]);
   }
 
   /** {@link #NO_WORKER} when not pinned. */
   public long workerId() {
-    return scalars[1];
+    return scalars[Abi.RoutingHints.WORKER_ID];
   }
 
   public long prefillWorkerId() {
-    return scalars[2];
+    return scalars[Abi.RoutingHints.PREFILL_WORKER_ID];
   }
 
   public long decodeWorkerId() {
-    return scalars[3];
+    return scalars[Abi.RoutingHints.DECODE_WORKER_ID];
   }
 
   /** -1 = any rank of the pinned worker. */
   public int dpRank() {
-    return (int) scalars[4];
+    return (int) scalars[Abi.RoutingHints.DP_RANK];
   }
 
   public int prefillDpRank() {
-    return (int) scalars[5];
+    return (int) scalars[Abi.RoutingHints.PREFILL_DP_RANK];
   }
 
   public String sessionId() {
@@ -74,11 +73,11 @@ public final class RoutingHints {
   }
 
   public SessionMode sessionMode() {
-    return SessionMode.of((int) scalars[6]);
+    return SessionMode.of((int) scalars[Abi.RoutingHints.SESSION_MODE]);
   }
 
   public double sessionTtlSeconds() {
-    return Native.dbl(scalars[7]);
+    return Native.dbl(scalars[Abi.RoutingHints.SESSION_TTL_SECONDS]);
   }
 
   /** Builds {@link RoutingHints}. */
@@ -91,34 +90,34 @@ public final class RoutingHints {
     }
 
     public Builder phase(Phase phase) {
-      s[0] = phase.code();
+      s[Abi.RoutingHints.PHASE] = phase.code();
       return this;
     }
 
     /** {@link #NO_WORKER} = no pin. */
     public Builder workerId(long workerId) {
-      s[1] = workerId;
+      s[Abi.RoutingHints.WORKER_ID] = workerId;
       return this;
     }
 
     public Builder prefillWorkerId(long workerId) {
-      s[2] = workerId;
+      s[Abi.RoutingHints.PREFILL_WORKER_ID] = workerId;
       return this;
     }
 
     public Builder decodeWorkerId(long workerId) {
-      s[3] = workerId;
+      s[Abi.RoutingHints.DECODE_WORKER_ID] = workerId;
       return this;
     }
 
     /** -1 = any rank. */
     public Builder dpRank(int dpRank) {
-      s[4] = dpRank;
+      s[Abi.RoutingHints.DP_RANK] = dpRank;
       return this;
     }
 
     public Builder prefillDpRank(int dpRank) {
-      s[5] = dpRank;
+      s[Abi.RoutingHints.PREFILL_DP_RANK] = dpRank;
       return this;
     }
 
@@ -129,13 +128,13 @@ public final class RoutingHints {
     }
 
     public Builder sessionMode(SessionMode mode) {
-      s[6] = mode.code();
+      s[Abi.RoutingHints.SESSION_MODE] = mode.code();
       return this;
     }
 
     /** Sliding TTL of the binding; default 300. */
     public Builder sessionTtlSeconds(double seconds) {
-      s[7] = Native.bits(seconds);
+      s[Abi.RoutingHints.SESSION_TTL_SECONDS] = Native.bits(seconds);
       return this;
     }
 

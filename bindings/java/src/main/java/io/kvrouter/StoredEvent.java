@@ -12,11 +12,9 @@ import java.util.Objects;
  * large), so do not change them while the event is in use.
  */
 public final class StoredEvent {
-  static final int FLAG_HAS_PARENT = 0x1;
-  static final int FLAG_EAGLE = 0x2;
-
-  // Read by the JNI glue: keep the names and types.
-  final long[] scalars; // dp_rank, worker_id, event_id, tier, flags, parent_hash
+  // Read by the JNI glue: keep the names and types. scalars: kvr_stored_event in the slots of
+  // Abi.StoredEvent (the glue takes num_blocks and num_tokens from the arrays).
+  final long[] scalars;
   final long[] blockHashes;
   final long[] localHashes;
   final int[] tokenIds;
@@ -38,32 +36,31 @@ public final class StoredEvent {
 
   /** A stored event of {@code workerId} (rank 0, device tier, no parent). */
   public static Builder builder(long workerId) {
-    return new Builder(Native.defaults(Native.DEFAULTS_STORED_EVENT, Native.STORED_EVENT_LEN))
-        .workerId(workerId);
+    return new Builder(Native.storedEventDefaults()).workerId(workerId);
   }
 
   public long workerId() {
-    return scalars[1];
+    return scalars[Abi.StoredEvent.WORKER_ID];
   }
 
   public int dpRank() {
-    return (int) scalars[0];
+    return (int) scalars[Abi.StoredEvent.DP_RANK];
   }
 
   public long eventId() {
-    return scalars[2];
+    return scalars[Abi.StoredEvent.EVENT_ID];
   }
 
   public Tier tier() {
-    return Tier.of((int) scalars[3]);
+    return Tier.of((int) scalars[Abi.StoredEvent.TIER]);
   }
 
   public boolean hasParent() {
-    return (scalars[4] & FLAG_HAS_PARENT) != 0;
+    return (scalars[Abi.StoredEvent.FLAGS] & Abi.STORED_HAS_PARENT) != 0;
   }
 
   public long parentHash() {
-    return scalars[5];
+    return scalars[Abi.StoredEvent.PARENT_HASH];
   }
 
   public int numBlocks() {
@@ -86,42 +83,43 @@ public final class StoredEvent {
     }
 
     public Builder workerId(long workerId) {
-      scalars[1] = workerId;
+      scalars[Abi.StoredEvent.WORKER_ID] = workerId;
       return this;
     }
 
     public Builder dpRank(int dpRank) {
-      scalars[0] = Integer.toUnsignedLong(dpRank);
+      scalars[Abi.StoredEvent.DP_RANK] = Integer.toUnsignedLong(dpRank);
       return this;
     }
 
     public Builder eventId(long eventId) {
-      scalars[2] = eventId;
+      scalars[Abi.StoredEvent.EVENT_ID] = eventId;
       return this;
     }
 
     public Builder tier(Tier tier) {
-      scalars[3] = tier.code();
+      scalars[Abi.StoredEvent.TIER] = tier.code();
       return this;
     }
 
     /** The engine hash of the block before the first one (absent: the sequence starts here). */
     public Builder parentHash(long parentHash) {
-      scalars[4] |= FLAG_HAS_PARENT;
-      scalars[5] = parentHash;
+      scalars[Abi.StoredEvent.FLAGS] |= Abi.STORED_HAS_PARENT;
+      scalars[Abi.StoredEvent.PARENT_HASH] = parentHash;
       return this;
     }
 
     /** No parent (the default). */
     public Builder noParent() {
-      scalars[4] &= ~FLAG_HAS_PARENT;
-      scalars[5] = 0;
+      scalars[Abi.StoredEvent.FLAGS] &= ~Abi.STORED_HAS_PARENT;
+      scalars[Abi.StoredEvent.PARENT_HASH] = 0;
       return this;
     }
 
     /** The token ids use eagle windows (block_size + 1 tokens per block). */
     public Builder eagle(boolean eagle) {
-      scalars[4] = eagle ? (scalars[4] | FLAG_EAGLE) : (scalars[4] & ~FLAG_EAGLE);
+      int f = Abi.StoredEvent.FLAGS;
+      scalars[f] = eagle ? (scalars[f] | Abi.STORED_EAGLE) : (scalars[f] & ~Abi.STORED_EAGLE);
       return this;
     }
 

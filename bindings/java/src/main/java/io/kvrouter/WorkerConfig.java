@@ -5,7 +5,7 @@ package io.kvrouter;
  * Immutable; {@link #builder(long)} starts from the library's defaults.
  */
 public final class WorkerConfig {
-  private final long[] encoded; // block_size, worker_id, dp_start, dp_size, total, max batched
+  private final long[] encoded; // kvr_worker_config in the slots of Abi.WorkerConfig
 
   private WorkerConfig(long[] encoded) {
     this.encoded = encoded;
@@ -17,8 +17,7 @@ public final class WorkerConfig {
   }
 
   public static Builder builder(long workerId) {
-    return new Builder(Native.defaults(Native.DEFAULTS_WORKER_CONFIG, Native.WORKER_CONFIG_LEN))
-        .workerId(workerId);
+    return new Builder(Native.workerConfigDefaults()).workerId(workerId);
   }
 
   long[] encoded() {
@@ -26,27 +25,27 @@ public final class WorkerConfig {
   }
 
   public long workerId() {
-    return encoded[1];
+    return encoded[Abi.WorkerConfig.WORKER_ID];
   }
 
   public int blockSize() {
-    return (int) encoded[0];
+    return (int) encoded[Abi.WorkerConfig.BLOCK_SIZE];
   }
 
   public int dpStart() {
-    return (int) encoded[2];
+    return (int) encoded[Abi.WorkerConfig.DP_START];
   }
 
   public int dpSize() {
-    return (int) encoded[3];
+    return (int) encoded[Abi.WorkerConfig.DP_SIZE];
   }
 
   public long totalKvBlocks() {
-    return encoded[4];
+    return encoded[Abi.WorkerConfig.TOTAL_KV_BLOCKS];
   }
 
   public long maxNumBatchedTokens() {
-    return encoded[5];
+    return encoded[Abi.WorkerConfig.MAX_NUM_BATCHED_TOKENS];
   }
 
   @Override
@@ -69,37 +68,37 @@ public final class WorkerConfig {
     }
 
     public Builder workerId(long workerId) {
-      e[1] = workerId;
+      e[Abi.WorkerConfig.WORKER_ID] = workerId;
       return this;
     }
 
     /** 0 (default) = the router's; anything else must equal it. */
     public Builder blockSize(int blockSize) {
-      e[0] = Integer.toUnsignedLong(blockSize);
+      e[Abi.WorkerConfig.BLOCK_SIZE] = Integer.toUnsignedLong(blockSize);
       return this;
     }
 
     /** First data-parallel rank; default 0. */
     public Builder dpStart(int dpStart) {
-      e[2] = Integer.toUnsignedLong(dpStart);
+      e[Abi.WorkerConfig.DP_START] = Integer.toUnsignedLong(dpStart);
       return this;
     }
 
     /** Number of ranks; default 1. */
     public Builder dpSize(int dpSize) {
-      e[3] = Integer.toUnsignedLong(dpSize);
+      e[Abi.WorkerConfig.DP_SIZE] = Integer.toUnsignedLong(dpSize);
       return this;
     }
 
     /** KV capacity in blocks; 0 (default) = not reported. */
     public Builder totalKvBlocks(long blocks) {
-      e[4] = blocks;
+      e[Abi.WorkerConfig.TOTAL_KV_BLOCKS] = blocks;
       return this;
     }
 
     /** 0 (default) = not reported (the queue then uses 10,000,000). */
     public Builder maxNumBatchedTokens(long tokens) {
-      e[5] = tokens;
+      e[Abi.WorkerConfig.MAX_NUM_BATCHED_TOKENS] = tokens;
       return this;
     }
 

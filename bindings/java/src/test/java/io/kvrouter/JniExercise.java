@@ -19,6 +19,7 @@ public final class JniExercise {
   static final List<Class<?>> CLASSES =
       List.of(
           LibraryTest.class,
+          AbiTest.class,
           RouterTest.class,
           StagedRoutingTest.class,
           DisaggTest.class,
