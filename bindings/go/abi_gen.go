@@ -80,7 +80,7 @@ func (v Tier) String() string {
 	case TierExternal:
 		return "KVR_TIER_EXTERNAL"
 	}
-	return "KVR_TIER_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_TIER(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // QueuePolicy is kvr_queue_policy. The order in which the admission queue admits waiting requests.
@@ -105,7 +105,7 @@ func (v QueuePolicy) String() string {
 	case QueueWSPT:
 		return "KVR_QUEUE_WSPT"
 	}
-	return "KVR_QUEUE_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_QUEUE(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // EventKind is kvr_event_kind. The kinds of KV event, and what became of one: the two indices of
@@ -131,7 +131,7 @@ func (v EventKind) String() string {
 	case EventCleared:
 		return "KVR_EVENT_CLEARED"
 	}
-	return "KVR_EVENT_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_EVENT(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // EventOutcome is kvr_event_outcome.
@@ -164,7 +164,7 @@ func (v EventOutcome) String() string {
 	case EventInvalidBlock:
 		return "KVR_EVENT_INVALID_BLOCK"
 	}
-	return "KVR_EVENT_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_EVENT(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // Phase is kvr_phase. The phase a request is routed for, which selects the pins of
@@ -190,7 +190,7 @@ func (v Phase) String() string {
 	case PhaseDecode:
 		return "KVR_PHASE_DECODE"
 	}
-	return "KVR_PHASE_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_PHASE(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // SessionMode is kvr_session_mode. How a session's binding steers its next requests.
@@ -211,7 +211,7 @@ func (v SessionMode) String() string {
 	case SessionSoft:
 		return "KVR_SESSION_SOFT"
 	}
-	return "KVR_SESSION_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_SESSION(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // DisaggPolicy is kvr_disagg_policy. When a disaggregated request is prefilled on its decode worker
@@ -241,7 +241,7 @@ func (v DisaggPolicy) String() string {
 	case DisaggISLOrLoad:
 		return "KVR_DISAGG_ISL_OR_LOAD"
 	}
-	return "KVR_DISAGG_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_DISAGG(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // PrefillReason is kvr_prefill_reason. Why a prefill went where it went
@@ -271,7 +271,7 @@ func (v PrefillReason) String() string {
 	case PrefillWorkerBusy:
 		return "KVR_PREFILL_WORKER_BUSY"
 	}
-	return "KVR_PREFILL_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_PREFILL(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // Engine is kvr_engine. The engine behind a ZMQ KV event publisher (both share one wire format).
@@ -292,7 +292,7 @@ func (v Engine) String() string {
 	case EngineSGLang:
 		return "KVR_ENGINE_SGLANG"
 	}
-	return "KVR_ENGINE_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_ENGINE(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // IngestReject is kvr_ingest_reject. Why ingestion rejected a message or an event: the index of
@@ -334,7 +334,7 @@ func (v IngestReject) String() string {
 	case RejectStaleSequence:
 		return "KVR_INGEST_REJECT_STALE_SEQUENCE"
 	}
-	return "KVR_INGEST_REJECT_(" + strconv.FormatInt(int64(v), 10) + ")"
+	return "KVR_INGEST_REJECT(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
 // Constants of the header that are not enumerations.

@@ -10,10 +10,12 @@ package kvrouter
 #include <stdlib.h>
 #include "kvrouter.h"
 
-// This package wraps the 0.1 ABI. A minor release may break the ABI while kvrouter is at 0.x,
-// so building against any other version fails here rather than misbehaving at run time.
-#if KVR_VERSION_MAJOR != 0 || KVR_VERSION_MINOR != 1
-#error "kvrouter Go binding: this package needs libkvrouter 0.1.x (kvrouter.h reports another version)"
+// This package wraps the 0.2 ABI (abi_gen.go is generated from the 0.2 header). A minor
+// release may break the ABI while kvrouter is at 0.x, so building against any other version
+// fails here rather than misbehaving at run time. (The library loaded at run time is checked
+// too: see CheckVersion.)
+#if KVR_VERSION_MAJOR != 0 || KVR_VERSION_MINOR != 2
+#error "kvrouter Go binding: this package needs libkvrouter 0.2.x (kvrouter.h reports another version)"
 #endif
 */
 import "C"
@@ -21,6 +23,7 @@ import "C"
 import (
 	"runtime"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -129,11 +132,28 @@ func takeBuffer(dst []byte, buf *C.kvr_buffer) []byte {
 	return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(C.kvr_buffer_data(buf))), n)...)
 }
 
-func boolU32(b bool) C.uint32_t {
+// boolU32 is a flag field's value for b (for the generated mirrors' uint32 booleans).
+func boolU32(b bool) uint32 {
 	if b {
 		return 1
 	}
 	return 0
+}
+
+// flagIf returns flag when b holds, else 0 (building a mirror's flags from booleans).
+func flagIf(b bool, flag uint32) uint32 {
+	if b {
+		return flag
+	}
+	return 0
+}
+
+// seconds converts a C duration in seconds to a time.Duration.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// ceilMillis is d in whole milliseconds, rounded up (d > 0).
+func ceilMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 func u64Ptr(s []uint64) *C.uint64_t {

@@ -13,20 +13,6 @@ import (
 	"unsafe"
 )
 
-// DisaggPolicy is when a disaggregated deployment prefills locally instead (KVR_DISAGG_*).
-type DisaggPolicy uint32
-
-const (
-	// DisaggAlways: always prefill remotely (when prefill workers exist).
-	DisaggAlways DisaggPolicy = C.KVR_DISAGG_ALWAYS
-	// DisaggISLBounding: prefill locally when the uncached prompt is short.
-	DisaggISLBounding DisaggPolicy = C.KVR_DISAGG_ISL_BOUNDING
-	// DisaggPrefillLoad: prefill locally when the chosen prefill worker is busy.
-	DisaggPrefillLoad DisaggPolicy = C.KVR_DISAGG_PREFILL_LOAD
-	// DisaggISLOrLoad: either condition.
-	DisaggISLOrLoad DisaggPolicy = C.KVR_DISAGG_ISL_OR_LOAD
-)
-
 // DisaggOptions configure conditional disaggregation. Start from DefaultDisaggOptions.
 type DisaggOptions struct {
 	Policy DisaggPolicy
@@ -46,17 +32,39 @@ type DisaggOptions struct {
 }
 
 // DefaultDisaggOptions returns kvr_disagg_options_init's defaults (always remote; 512 tokens,
-// ratio 1.0, prefill busy 1.0, no decode-busy signal).
+// ratio 1.0, prefill busy 1.0, no decode-busy signal). With a library this package does not
+// accept (CheckVersion) it returns the zero value (NewDisagg then returns the version error).
 func DefaultDisaggOptions() DisaggOptions {
+	if CheckVersion() != nil {
+		return DisaggOptions{}
+	}
 	var c C.kvr_disagg_options
-	C.kvr_disagg_options_init(&c)
+	initDisaggOptions(&c)
+	var m cDisaggOptions
+	m.load(&c)
+	return disaggOptionsFrom(&m)
+}
+
+func (o *DisaggOptions) mirror() cDisaggOptions {
+	return cDisaggOptions{
+		Policy:                o.Policy,
+		Enforce:               boolU32(o.Enforce),
+		MaxLocalPrefillTokens: o.MaxLocalPrefillTokens,
+		MaxLocalPrefillRatio:  o.MaxLocalPrefillRatio,
+		PrefillBusyThreshold:  o.PrefillBusyThreshold,
+		DecodeBusyThreshold:   o.DecodeBusyThreshold,
+	}
+}
+
+// disaggOptionsFrom is mirror's inverse.
+func disaggOptionsFrom(m *cDisaggOptions) DisaggOptions {
 	return DisaggOptions{
-		Policy:                DisaggPolicy(c.policy),
-		Enforce:               c.enforce != 0,
-		MaxLocalPrefillTokens: uint64(c.max_local_prefill_tokens),
-		MaxLocalPrefillRatio:  float64(c.max_local_prefill_ratio),
-		PrefillBusyThreshold:  float64(c.prefill_busy_threshold),
-		DecodeBusyThreshold:   float64(c.decode_busy_threshold),
+		Policy:                m.Policy,
+		Enforce:               m.Enforce != 0,
+		MaxLocalPrefillTokens: m.MaxLocalPrefillTokens,
+		MaxLocalPrefillRatio:  m.MaxLocalPrefillRatio,
+		PrefillBusyThreshold:  m.PrefillBusyThreshold,
+		DecodeBusyThreshold:   m.DecodeBusyThreshold,
 	}
 }
 
@@ -65,13 +73,9 @@ func (o *DisaggOptions) toC() *C.kvr_disagg_options {
 		return nil
 	}
 	c := new(C.kvr_disagg_options)
-	C.kvr_disagg_options_init(c)
-	c.policy = C.uint32_t(o.Policy)
-	c.enforce = boolU32(o.Enforce)
-	c.max_local_prefill_tokens = C.uint64_t(o.MaxLocalPrefillTokens)
-	c.max_local_prefill_ratio = C.double(o.MaxLocalPrefillRatio)
-	c.prefill_busy_threshold = C.double(o.PrefillBusyThreshold)
-	c.decode_busy_threshold = C.double(o.DecodeBusyThreshold)
+	initDisaggOptions(c)
+	m := o.mirror()
+	m.store(c)
 	return c
 }
 
@@ -88,6 +92,9 @@ type Disagg struct {
 // NewDisagg creates both pools. prefill and decode are each pool's router options and opts
 // the disaggregation policy; nil means the defaults.
 func NewDisagg(prefill, decode *RouterOptions, opts *DisaggOptions) (*Disagg, error) {
+	if err := CheckVersion(); err != nil {
+		return nil, err
+	}
 	var out *C.kvr_disagg
 	var cerr *C.kvr_error
 	st := C.kvr_disagg_new(prefill.toC(), decode.toC(), opts.toC(), &out, &cerr)
@@ -138,16 +145,6 @@ func (d *Disagg) pool(get func(*C.kvr_disagg) *C.kvr_router) *Router {
 	return r
 }
 
-// PrefillReason says why a prefill is remote or local (KVR_PREFILL_*).
-type PrefillReason uint32
-
-const (
-	PrefillRemote           PrefillReason = C.KVR_PREFILL_REMOTE             // booked on a prefill worker
-	PrefillNoPrefillWorkers PrefillReason = C.KVR_PREFILL_NO_PREFILL_WORKERS // empty prefill pool: aggregated on decode
-	PrefillShortISL         PrefillReason = C.KVR_PREFILL_SHORT_ISL          // policy: the uncached prompt is short
-	PrefillWorkerBusy       PrefillReason = C.KVR_PREFILL_WORKER_BUSY        // policy: the prefill pool is busy
-)
-
 // PrefillResult says where a prompt is prefilled.
 type PrefillResult struct {
 	// Remote: prefill on WorkerID / DPRank with BootstrapRoom (booked on the prefill pool:
@@ -172,21 +169,27 @@ func (d *Disagg) RoutePrefill(tokens []uint32, opts *RequestOptions, hints *Rout
 	copts, chints := opts.toC(&a), hints.toC(&a)
 	tp, tn := tokensPtr(tokens)
 	var out C.kvr_prefill_result
-	C.kvr_prefill_result_init(&out)
+	initPrefillResult(&out)
 	var cerr *C.kvr_error
 	st := C.kvr_disagg_route_prefill(h, tp, tn, copts, chints, &out, &cerr)
 	runtime.KeepAlive(d)
 	if err := takeError(st, cerr); err != nil {
 		return PrefillResult{}, err
 	}
+	var m cPrefillResult
+	m.load(&out)
+	return prefillResultFrom(&m), nil
+}
+
+func prefillResultFrom(m *cPrefillResult) PrefillResult {
 	return PrefillResult{
-		Remote:        out.remote != 0,
-		Reason:        PrefillReason(out.reason),
-		WorkerID:      uint64(out.worker_id),
-		DPRank:        uint32(out.dp_rank),
-		BootstrapRoom: int64(out.bootstrap_room),
-		CachedTokens:  uint64(out.cached_tokens),
-	}, nil
+		Remote:        m.Remote != 0,
+		Reason:        m.Reason,
+		WorkerID:      m.WorkerID,
+		DPRank:        m.DPRank,
+		BootstrapRoom: m.BootstrapRoom,
+		CachedTokens:  m.CachedTokens,
+	}
 }
 
 // RouteDecode selects and books the decode rank (opts.RequestID required). After a remote
@@ -202,7 +205,7 @@ func (d *Disagg) RouteDecode(tokens []uint32, opts *RequestOptions, hints *Routi
 	copts, chints := opts.toC(&a), hints.toC(&a)
 	tp, tn := tokensPtr(tokens)
 	var out C.kvr_route_signals
-	C.kvr_route_signals_init(&out)
+	initRouteSignals(&out)
 	remote := C.int(0)
 	if remotePrefill {
 		remote = 1

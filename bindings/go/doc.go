@@ -14,4 +14,8 @@
 // Router, Disagg and Ingest are safe for concurrent use, EventBatch and Publisher are not,
 // following the @thread_safety tags of the header. Slices and strings passed in are only
 // borrowed for the call.
+//
+// This release of the package is for libkvrouter 0.2.x. It checks the loaded library's version
+// when it is initialised: with any other major.minor, CheckVersion and every constructor return
+// ErrFailedPrecondition naming both versions, and the constructors do not call into the library.
 package kvrouter

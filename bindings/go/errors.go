@@ -12,29 +12,13 @@ import (
 	"strconv"
 )
 
-// Status is a kvr_status code. Codes below 100 are absl::StatusCode's numbers. A Status is
-// also an error, so the Err* codes serve as sentinels for errors.Is:
+// Status (abi_gen.go: the type and its constants StatusOK, ErrNotFound, ...) is a kvr_status
+// code; codes below 100 are absl::StatusCode's numbers. A Status is also an error, so the Err*
+// codes serve as sentinels for errors.Is:
 //
 //	if errors.Is(err, kvrouter.ErrNotFound) { ... }
 //
 // and errors.As(err, &status) extracts the code of any error this package returns.
-type Status int32
-
-// The codes of the C ABI (KVR_*).
-const (
-	StatusOK              Status = C.KVR_OK
-	ErrCancelled          Status = C.KVR_CANCELLED
-	ErrInvalidArgument    Status = C.KVR_INVALID_ARGUMENT
-	ErrDeadlineExceeded   Status = C.KVR_DEADLINE_EXCEEDED
-	ErrNotFound           Status = C.KVR_NOT_FOUND
-	ErrAlreadyExists      Status = C.KVR_ALREADY_EXISTS
-	ErrResourceExhausted  Status = C.KVR_RESOURCE_EXHAUSTED
-	ErrFailedPrecondition Status = C.KVR_FAILED_PRECONDITION
-	ErrUnimplemented      Status = C.KVR_UNIMPLEMENTED
-	ErrInternal           Status = C.KVR_INTERNAL
-	ErrUnavailable        Status = C.KVR_UNAVAILABLE
-	ErrBufferTooSmall     Status = C.KVR_BUFFER_TOO_SMALL
-)
 
 // String returns the code's C name ("KVR_NOT_FOUND"; "KVR_UNKNOWN" for a code the library does
 // not know).

@@ -48,23 +48,23 @@ func (e *StoredEvent) toC(a *args) (*C.kvr_stored_event, error) {
 		return nil, newError(ErrInvalidArgument, "MultimodalHashes must have one entry per block hash")
 	}
 	c := new(C.kvr_stored_event)
-	C.kvr_stored_event_init(c)
-	c.dp_rank = C.uint32_t(e.DPRank)
-	c.worker_id = C.uint64_t(e.WorkerID)
-	c.event_id = C.uint64_t(e.EventID)
-	c.tier = C.uint32_t(e.Tier)
+	initStoredEvent(c)
+	m := cStoredEvent{
+		DPRank:    e.DPRank,
+		WorkerID:  e.WorkerID,
+		EventID:   e.EventID,
+		Tier:      e.Tier,
+		Flags:     flagIf(e.HasParent, C.KVR_STORED_HAS_PARENT) | flagIf(e.Eagle, C.KVR_STORED_EAGLE),
+		NumBlocks: uint64(len(e.BlockHashes)),
+		NumTokens: uint64(len(e.TokenIDs)),
+	}
 	if e.HasParent {
-		c.flags |= C.KVR_STORED_HAS_PARENT
-		c.parent_hash = C.uint64_t(e.ParentHash)
+		m.ParentHash = e.ParentHash
 	}
-	if e.Eagle {
-		c.flags |= C.KVR_STORED_EAGLE
-	}
+	m.store(c)
 	c.block_hashes = a.u64s(e.BlockHashes)
-	c.num_blocks = C.size_t(len(e.BlockHashes))
 	c.local_hashes = a.u64s(e.LocalHashes)
 	c.token_ids = a.u32s(e.TokenIDs)
-	c.num_tokens = C.size_t(len(e.TokenIDs))
 	c.lora_name = a.optStr(e.LoraName)
 	c.cache_namespace = a.optStr(e.CacheNamespace)
 	c.mm_hashes, c.mm_counts, _ = a.mm(e.MultimodalHashes)
@@ -82,13 +82,16 @@ type RemovedEvent struct {
 
 func (e *RemovedEvent) toC(a *args) *C.kvr_removed_event {
 	c := new(C.kvr_removed_event)
-	C.kvr_removed_event_init(c)
-	c.dp_rank = C.uint32_t(e.DPRank)
-	c.worker_id = C.uint64_t(e.WorkerID)
-	c.event_id = C.uint64_t(e.EventID)
-	c.tier = C.uint32_t(e.Tier)
+	initRemovedEvent(c)
+	m := cRemovedEvent{
+		DPRank:    e.DPRank,
+		WorkerID:  e.WorkerID,
+		EventID:   e.EventID,
+		Tier:      e.Tier,
+		NumBlocks: uint64(len(e.BlockHashes)),
+	}
+	m.store(c)
 	c.block_hashes = a.u64s(e.BlockHashes)
-	c.num_blocks = C.size_t(len(e.BlockHashes))
 	return c
 }
 
@@ -170,6 +173,9 @@ type EventBatch struct {
 
 // NewEventBatch returns an empty batch.
 func NewEventBatch() (*EventBatch, error) {
+	if err := CheckVersion(); err != nil {
+		return nil, err
+	}
 	var cerr *C.kvr_error
 	var out *C.kvr_event_batch
 	if err := takeError(C.kvr_event_batch_new(&out, &cerr), cerr); err != nil {

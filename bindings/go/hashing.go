@@ -7,19 +7,14 @@ package kvrouter
 */
 import "C"
 
-// Tier is a storage tier of cached KV blocks (KVR_TIER_*).
-type Tier uint32
-
-const (
-	TierDevice     Tier = C.KVR_TIER_DEVICE
-	TierHostPinned Tier = C.KVR_TIER_HOST_PINNED
-	TierDisk       Tier = C.KVR_TIER_DISK
-	TierExternal   Tier = C.KVR_TIER_EXTERNAL
-)
-
 // TierFromMedium maps an engine's "medium" string (GPU, CPU_PINNED, DISK, ...;
-// case-insensitive) to a tier; "" and unknown mediums are the device, as in Dynamo.
+// case-insensitive) to a tier (abi_gen.go: Tier, TierDevice, ...); "" and unknown mediums are
+// the device, as in Dynamo. With a library this package does not accept (CheckVersion) it
+// returns TierDevice without calling in.
 func TierFromMedium(medium string) Tier {
+	if CheckVersion() != nil {
+		return TierDevice
+	}
 	var a args
 	defer a.release()
 	return Tier(C.kvr_tier_from_medium(a.optStr(medium)))
@@ -40,15 +35,13 @@ func (o *HashOptions) toC(a *args) *C.kvr_hash_options {
 		return nil
 	}
 	c := new(C.kvr_hash_options)
-	C.kvr_hash_options_init(c)
-	if o.Eagle {
-		c.flags |= C.KVR_HASH_EAGLE
-	}
-	c.lora_name = a.optStr(o.LoraName)
-	c.cache_namespace = a.optStr(o.CacheNamespace)
+	initHashOptions(c)
 	var n int
 	c.mm_hashes, c.mm_counts, n = a.mm(o.MultimodalHashes)
-	c.mm_num_blocks = C.size_t(n)
+	m := cHashOptions{Flags: flagIf(o.Eagle, C.KVR_HASH_EAGLE), MmNumBlocks: uint64(n)}
+	m.store(c)
+	c.lora_name = a.optStr(o.LoraName)
+	c.cache_namespace = a.optStr(o.CacheNamespace)
 	return c
 }
 
@@ -69,6 +62,9 @@ func ComputeBlockHashes(tokens []uint32, blockSize uint32, opts *HashOptions) ([
 // computeBlockHashes starts with a buffer of capHint hashes and grows it when the library
 // answers KVR_BUFFER_TOO_SMALL.
 func computeBlockHashes(tokens []uint32, blockSize uint32, opts *HashOptions, capHint int) ([]uint64, error) {
+	if err := CheckVersion(); err != nil {
+		return nil, err
+	}
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
@@ -86,6 +82,9 @@ func ComputeSequenceHashes(localHashes []uint64) ([]uint64, error) {
 }
 
 func computeSequenceHashes(localHashes []uint64, capHint int) ([]uint64, error) {
+	if err := CheckVersion(); err != nil {
+		return nil, err
+	}
 	in, count := u64Ptr(localHashes), C.size_t(len(localHashes))
 	hashes, err := fillGrowing(capHint, func(p *C.uint64_t, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_compute_sequence_hashes(in, count, p, cap, n, cerr)

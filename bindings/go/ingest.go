@@ -25,13 +25,16 @@ func (o *IngestOptions) toC() *C.kvr_ingest_options {
 		return nil
 	}
 	c := new(C.kvr_ingest_options)
-	C.kvr_ingest_options_init(c)
+	initIngestOptions(c)
+	var m cIngestOptions
+	m.load(c) // the defaults
 	if o.MaxFrameBytes != 0 {
-		c.max_frame_bytes = C.uint32_t(o.MaxFrameBytes)
+		m.MaxFrameBytes = o.MaxFrameBytes
 	}
 	if o.ReplayTimeout > 0 {
-		c.replay_timeout_ms = C.uint32_t((o.ReplayTimeout + time.Millisecond - 1) / time.Millisecond)
+		m.ReplayTimeoutMs = uint32(ceilMillis(o.ReplayTimeout))
 	}
+	m.store(c)
 	return c
 }
 
@@ -53,6 +56,9 @@ type Ingest struct {
 // NewIngest creates a stopped ingest object feeding router, which must stay open until the
 // Ingest is closed (Router.Close refuses while it is open). opts may be nil.
 func NewIngest(router *Router, opts *IngestOptions) (*Ingest, error) {
+	if err := CheckVersion(); err != nil {
+		return nil, err
+	}
 	h := router.handle()
 	if h == nil {
 		return nil, ErrClosed
@@ -161,14 +167,6 @@ func (in *Ingest) SourceEndpoint(sourceID uint64) (string, error) {
 	return cText(text), err
 }
 
-// Engine names the engine behind an EngineWorker (KVR_ENGINE_*); both share the wire format.
-type Engine uint32
-
-const (
-	EngineVLLM   Engine = C.KVR_ENGINE_VLLM
-	EngineSGLang Engine = C.KVR_ENGINE_SGLANG
-)
-
 // EngineWorker is an engine publishing KV events over ZMQ PUB.
 type EngineWorker struct {
 	Engine Engine
@@ -186,6 +184,26 @@ type EngineWorker struct {
 	ReplayEndpoint string
 }
 
+func (w *EngineWorker) toC(a *args) *C.kvr_engine_worker {
+	c := new(C.kvr_engine_worker)
+	initEngineWorker(c)
+	var m cEngineWorker
+	m.load(c) // the defaults (one rank)
+	m.Engine = w.Engine
+	m.WorkerID = w.WorkerID
+	m.DPStart = w.DPStart
+	if w.DPSize != 0 {
+		m.DPSize = w.DPSize
+	}
+	m.BlockSize = w.BlockSize
+	m.Flags = flagIf(w.Eagle, C.KVR_STORED_EAGLE)
+	m.store(c)
+	c.endpoint = a.str(w.Endpoint)
+	c.topic = a.optStr(w.Topic)
+	c.replay_endpoint = a.optStr(w.ReplayEndpoint)
+	return c
+}
+
 // AddEngineWorker subscribes to the worker's ranks and returns the source's id (register the
 // worker with the Router too, for routing). ErrInvalidArgument for a block size other than the
 // router's, a bad endpoint or a bad rank count; ErrAlreadyExists for a worker id already
@@ -198,21 +216,7 @@ func (in *Ingest) AddEngineWorker(w EngineWorker) (uint64, error) {
 	defer runtime.KeepAlive(in)
 	var a args
 	defer a.release()
-	c := new(C.kvr_engine_worker)
-	C.kvr_engine_worker_init(c)
-	c.engine = C.uint32_t(w.Engine)
-	c.endpoint = a.str(w.Endpoint)
-	c.worker_id = C.uint64_t(w.WorkerID)
-	c.dp_start = C.uint32_t(w.DPStart)
-	if w.DPSize != 0 {
-		c.dp_size = C.uint32_t(w.DPSize)
-	}
-	c.block_size = C.uint32_t(w.BlockSize)
-	if w.Eagle {
-		c.flags |= C.KVR_STORED_EAGLE
-	}
-	c.topic = a.optStr(w.Topic)
-	c.replay_endpoint = a.optStr(w.ReplayEndpoint)
+	c := w.toC(&a)
 	var id C.uint64_t
 	var cerr *C.kvr_error
 	if err := takeError(C.kvr_ingest_add_engine_worker(h, c, &id, &cerr), cerr); err != nil {
@@ -261,20 +265,6 @@ func (in *Ingest) SubscribeNATS(url, subject string) (uint64, error) {
 	return uint64(id), nil
 }
 
-// IngestReject indexes IngestStats.Rejected (KVR_INGEST_REJECT_*).
-type IngestReject int
-
-const (
-	RejectFrameTooLarge  IngestReject = C.KVR_INGEST_REJECT_FRAME_TOO_LARGE // connection closed
-	RejectBadFlatBuffers IngestReject = C.KVR_INGEST_REJECT_BAD_FLATBUFFERS // not a valid EventBatch
-	RejectBadMsgpack     IngestReject = C.KVR_INGEST_REJECT_BAD_MSGPACK     // an engine payload that does not decode
-	RejectBadMessage     IngestReject = C.KVR_INGEST_REJECT_BAD_MESSAGE     // a ZMQ message not [topic, seq, payload]
-	RejectBlockSize      IngestReject = C.KVR_INGEST_REJECT_BLOCK_SIZE      // a stored event of another block size
-	RejectIndex          IngestReject = C.KVR_INGEST_REJECT_INDEX           // an event the index refused
-	RejectStaleSequence  IngestReject = C.KVR_INGEST_REJECT_STALE_SEQUENCE  // a sequence number already seen
-	IngestRejectReasons               = C.KVR_INGEST_REJECT_REASONS
-)
-
 // IngestStats are the counters of one source, or of every source together.
 type IngestStats struct {
 	StateUnknown   uint32 // ranks whose state was lost (gap) and not yet re-established
@@ -317,29 +307,32 @@ func (in *Ingest) Stats(sourceID uint64) (IngestStats, error) {
 	}
 	defer runtime.KeepAlive(in)
 	var c C.kvr_ingest_stats
-	C.kvr_ingest_stats_init(&c)
+	initIngestStats(&c)
 	var cerr *C.kvr_error
 	if err := takeError(C.kvr_ingest_get_stats(h, C.uint64_t(sourceID), &c, &cerr), cerr); err != nil {
 		return IngestStats{}, err
 	}
-	s := IngestStats{
-		StateUnknown:   uint32(c.state_unknown),
-		Messages:       uint64(c.messages),
-		EventsApplied:  uint64(c.events_applied),
-		Gaps:           uint64(c.gaps),
-		MissedMessages: uint64(c.missed_messages),
-		Restarts:       uint64(c.restarts),
-		Recoveries:     uint64(c.recoveries),
-		Connections:    uint64(c.connections),
+	var m cIngestStats
+	m.load(&c)
+	return ingestStatsFrom(&m), nil
+}
+
+func ingestStatsFrom(m *cIngestStats) IngestStats {
+	return IngestStats{
+		StateUnknown:    m.StateUnknown,
+		Messages:        m.Messages,
+		EventsApplied:   m.EventsApplied,
+		Rejected:        m.Rejected,
+		Gaps:            m.Gaps,
+		MissedMessages:  m.MissedMessages,
+		Restarts:        m.Restarts,
+		Recoveries:      m.Recoveries,
+		Connections:     m.Connections,
+		Published:       m.Published,
+		PublishFailures: m.PublishFailures,
+		LagSamples:      m.LagSamples,
+		LagTotal:        micros(m.LagTotalUs),
+		LagMax:          micros(m.LagMaxUs),
+		LagLast:         micros(m.LagLastUs),
 	}
-	for i := range s.Rejected {
-		s.Rejected[i] = uint64(c.rejected[i])
-	}
-	s.LagSamples = uint64(c.lag_samples)
-	s.LagTotal = micros(uint64(c.lag_total_us))
-	s.LagMax = micros(uint64(c.lag_max_us))
-	s.LagLast = micros(uint64(c.lag_last_us))
-	s.Published = uint64(c.published)
-	s.PublishFailures = uint64(c.publish_failures)
-	return s, nil
 }

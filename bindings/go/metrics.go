@@ -44,31 +44,10 @@ func (r *Router) Restore(snapshot []byte) error {
 	return takeError(st, cerr)
 }
 
-// EventKind indexes Metrics.Events (KVR_EVENT_STORED, ...).
-type EventKind int
-
-const (
-	EventStored  EventKind = C.KVR_EVENT_STORED
-	EventRemoved EventKind = C.KVR_EVENT_REMOVED
-	EventCleared EventKind = C.KVR_EVENT_CLEARED
-	EventKinds             = C.KVR_EVENT_KINDS
-)
-
-// EventOutcome indexes Metrics.Events[kind] (KVR_EVENT_OK, ...).
-type EventOutcome int
-
-const (
-	EventOK                   EventOutcome = C.KVR_EVENT_OK
-	EventParentBlockNotFound  EventOutcome = C.KVR_EVENT_PARENT_BLOCK_NOT_FOUND
-	EventBlockNotFound        EventOutcome = C.KVR_EVENT_BLOCK_NOT_FOUND
-	EventInvalidBlockSequence EventOutcome = C.KVR_EVENT_INVALID_BLOCK_SEQUENCE
-	EventInvalidBlock         EventOutcome = C.KVR_EVENT_INVALID_BLOCK
-	EventOutcomes                          = C.KVR_EVENT_OUTCOMES
-)
-
 // Metrics are the router's counters and gauges.
 type Metrics struct {
-	// Events[kind][outcome]: events applied (EventOK) or rejected per reason.
+	// Events[kind][outcome] (indexed by EventKind and EventOutcome): events applied (EventOK)
+	// or rejected per reason.
 	Events               [EventKinds][EventOutcomes]uint64
 	EventBatchesRejected uint64 // buffers that failed verification
 	Decisions            uint64 // FindBestMatch calls that picked a worker
@@ -93,34 +72,35 @@ func (r *Router) Metrics() (Metrics, error) {
 		return Metrics{}, ErrClosed
 	}
 	var c C.kvr_metrics
-	C.kvr_metrics_init(&c)
+	initMetrics(&c)
 	var cerr *C.kvr_error
 	st := C.kvr_router_get_metrics(h, &c, &cerr)
 	runtime.KeepAlive(r)
 	if err := takeError(st, cerr); err != nil {
 		return Metrics{}, err
 	}
-	m := Metrics{
-		EventBatchesRejected: uint64(c.event_batches_rejected),
-		Decisions:            uint64(c.decisions),
-		RequestsActive:       uint64(c.requests_active),
-		QueuePending:         uint64(c.queue_pending),
-		QueuePendingTokens:   uint64(c.queue_pending_tokens),
-		Workers:              uint64(c.workers),
-		IndexNodes:           uint64(c.index_nodes),
-		IndexBlocks:          uint64(c.index_blocks),
-		IndexBytes:           int64(c.index_bytes),
+	var g cMetrics
+	g.load(&c)
+	return metricsFrom(&g), nil
+}
 
-		ReplicaChangesApplied:  uint64(c.replica_changes_applied),
-		ReplicaChangesRejected: uint64(c.replica_changes_rejected),
-		ReplicaRequestsActive:  uint64(c.replica_requests_active),
+func metricsFrom(g *cMetrics) Metrics {
+	return Metrics{
+		Events:               g.Events,
+		EventBatchesRejected: g.EventBatchesRejected,
+		Decisions:            g.Decisions,
+		RequestsActive:       g.RequestsActive,
+		QueuePending:         g.QueuePending,
+		QueuePendingTokens:   g.QueuePendingTokens,
+		Workers:              g.Workers,
+		IndexNodes:           g.IndexNodes,
+		IndexBlocks:          g.IndexBlocks,
+		IndexBytes:           g.IndexBytes,
+
+		ReplicaChangesApplied:  g.ReplicaChangesApplied,
+		ReplicaChangesRejected: g.ReplicaChangesRejected,
+		ReplicaRequestsActive:  g.ReplicaRequestsActive,
 	}
-	for k := 0; k < EventKinds; k++ {
-		for o := 0; o < EventOutcomes; o++ {
-			m.Events[k][o] = uint64(c.events[k][o])
-		}
-	}
-	return m, nil
 }
 
 // MetricsPrometheus returns the metrics, plus per-worker load gauges, in the Prometheus text

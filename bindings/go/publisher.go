@@ -19,6 +19,9 @@ type Publisher struct {
 // ConnectPublisher connects to "tcp://HOST:PORT" or "unix://PATH". ErrUnavailable if the
 // connection fails.
 func ConnectPublisher(endpoint string) (*Publisher, error) {
+	if err := CheckVersion(); err != nil {
+		return nil, err
+	}
 	var a args
 	defer a.release()
 	var out *C.kvr_publisher

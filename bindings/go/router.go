@@ -14,15 +14,6 @@ import (
 	"unsafe"
 )
 
-// QueuePolicy orders the admission queue (KVR_QUEUE_*).
-type QueuePolicy uint32
-
-const (
-	QueueFCFS QueuePolicy = C.KVR_QUEUE_FCFS // first come, first served
-	QueueLCFS QueuePolicy = C.KVR_QUEUE_LCFS // last come, first served
-	QueueWSPT QueuePolicy = C.KVR_QUEUE_WSPT // weighted shortest processing time
-)
-
 // RouterOptions are the router-wide settings (Dynamo's KvRouterConfig). Start from
 // DefaultRouterOptions: a zero field means zero here, not "default".
 type RouterOptions struct {
@@ -56,80 +47,86 @@ type RouterOptions struct {
 }
 
 // DefaultRouterOptions returns every default of kvr_router_options_init (block size 16,
-// credits 1.0 / 1.0 / 0.75 / 0.25, temperature 0, no queue, ...).
+// credits 1.0 / 1.0 / 0.75 / 0.25, temperature 0, no queue, ...). With a library this package
+// does not accept (CheckVersion) it returns the zero value, which NewRouter then refuses with
+// the version error.
 func DefaultRouterOptions() RouterOptions {
+	if CheckVersion() != nil {
+		return RouterOptions{}
+	}
 	var c C.kvr_router_options
-	C.kvr_router_options_init(&c)
-	return RouterOptions{
-		BlockSize:              uint32(c.block_size),
-		Approximate:            c.flags&C.KVR_ROUTER_APPROXIMATE != 0,
-		NoKVReuse:              c.flags&C.KVR_ROUTER_NO_KV_REUSE != 0,
-		NoPrefillTracking:      c.flags&C.KVR_ROUTER_NO_PREFILL_TRACKING != 0,
-		Eagle:                  c.flags&C.KVR_ROUTER_EAGLE != 0,
-		EntropySeed:            c.flags&C.KVR_ROUTER_ENTROPY_SEED != 0,
-		TrackOutputBlocks:      c.flags&C.KVR_ROUTER_TRACK_OUTPUT_BLOCKS != 0,
-		QueuePolicy:            QueuePolicy(c.queue_policy),
-		OverlapScoreCredit:     float64(c.overlap_score_credit),
-		PrefillLoadScale:       float64(c.prefill_load_scale),
-		HostCacheHitWeight:     float64(c.host_cache_hit_weight),
-		DiskCacheHitWeight:     float64(c.disk_cache_hit_weight),
-		Temperature:            float64(c.temperature),
-		QueueThreshold:         float64(c.queue_threshold),
-		ApproxTTL:              seconds(float64(c.approx_ttl_seconds)),
-		ApproxMaxBlocks:        uint64(c.approx_max_blocks),
-		ApproxPruneTargetRatio: float64(c.approx_prune_target_ratio),
-		RequestExpiry:          seconds(float64(c.request_expiry_seconds)),
-		RandomSeed:             uint64(c.random_seed),
+	initRouterOptions(&c)
+	var m cRouterOptions
+	m.load(&c)
+	return routerOptionsFrom(&m)
+}
 
-		OverlapScoreCreditDecay:   float64(c.overlap_score_credit_decay),
-		DecodeActiveRequestWeight: float64(c.decode_active_request_weight),
+// mirror converts the options to kvr_router_options' fields (flags from the booleans,
+// durations in seconds).
+func (o *RouterOptions) mirror() cRouterOptions {
+	return cRouterOptions{
+		BlockSize: o.BlockSize,
+		Flags: flagIf(o.Approximate, C.KVR_ROUTER_APPROXIMATE) |
+			flagIf(o.NoKVReuse, C.KVR_ROUTER_NO_KV_REUSE) |
+			flagIf(o.NoPrefillTracking, C.KVR_ROUTER_NO_PREFILL_TRACKING) |
+			flagIf(o.Eagle, C.KVR_ROUTER_EAGLE) |
+			flagIf(o.EntropySeed, C.KVR_ROUTER_ENTROPY_SEED) |
+			flagIf(o.TrackOutputBlocks, C.KVR_ROUTER_TRACK_OUTPUT_BLOCKS),
+		QueuePolicy:               o.QueuePolicy,
+		OverlapScoreCredit:        o.OverlapScoreCredit,
+		PrefillLoadScale:          o.PrefillLoadScale,
+		HostCacheHitWeight:        o.HostCacheHitWeight,
+		DiskCacheHitWeight:        o.DiskCacheHitWeight,
+		Temperature:               o.Temperature,
+		QueueThreshold:            o.QueueThreshold,
+		ApproxTTLSeconds:          o.ApproxTTL.Seconds(),
+		ApproxMaxBlocks:           o.ApproxMaxBlocks,
+		ApproxPruneTargetRatio:    o.ApproxPruneTargetRatio,
+		RequestExpirySeconds:      o.RequestExpiry.Seconds(),
+		RandomSeed:                o.RandomSeed,
+		OverlapScoreCreditDecay:   o.OverlapScoreCreditDecay,
+		DecodeActiveRequestWeight: o.DecodeActiveRequestWeight,
 	}
 }
 
+// routerOptionsFrom is mirror's inverse.
+func routerOptionsFrom(m *cRouterOptions) RouterOptions {
+	return RouterOptions{
+		BlockSize:                 m.BlockSize,
+		Approximate:               m.Flags&C.KVR_ROUTER_APPROXIMATE != 0,
+		NoKVReuse:                 m.Flags&C.KVR_ROUTER_NO_KV_REUSE != 0,
+		NoPrefillTracking:         m.Flags&C.KVR_ROUTER_NO_PREFILL_TRACKING != 0,
+		Eagle:                     m.Flags&C.KVR_ROUTER_EAGLE != 0,
+		EntropySeed:               m.Flags&C.KVR_ROUTER_ENTROPY_SEED != 0,
+		TrackOutputBlocks:         m.Flags&C.KVR_ROUTER_TRACK_OUTPUT_BLOCKS != 0,
+		QueuePolicy:               m.QueuePolicy,
+		OverlapScoreCredit:        m.OverlapScoreCredit,
+		PrefillLoadScale:          m.PrefillLoadScale,
+		HostCacheHitWeight:        m.HostCacheHitWeight,
+		DiskCacheHitWeight:        m.DiskCacheHitWeight,
+		Temperature:               m.Temperature,
+		QueueThreshold:            m.QueueThreshold,
+		ApproxTTL:                 seconds(m.ApproxTTLSeconds),
+		ApproxMaxBlocks:           m.ApproxMaxBlocks,
+		ApproxPruneTargetRatio:    m.ApproxPruneTargetRatio,
+		RequestExpiry:             seconds(m.RequestExpirySeconds),
+		RandomSeed:                m.RandomSeed,
+		OverlapScoreCreditDecay:   m.OverlapScoreCreditDecay,
+		DecodeActiveRequestWeight: m.DecodeActiveRequestWeight,
+	}
+}
+
+// toC returns an initialised kvr_router_options holding o; nil stays NULL (every default).
 func (o *RouterOptions) toC() *C.kvr_router_options {
 	if o == nil {
 		return nil
 	}
 	c := new(C.kvr_router_options)
-	C.kvr_router_options_init(c)
-	c.block_size = C.uint32_t(o.BlockSize)
-	c.flags = 0
-	if o.Approximate {
-		c.flags |= C.KVR_ROUTER_APPROXIMATE
-	}
-	if o.NoKVReuse {
-		c.flags |= C.KVR_ROUTER_NO_KV_REUSE
-	}
-	if o.NoPrefillTracking {
-		c.flags |= C.KVR_ROUTER_NO_PREFILL_TRACKING
-	}
-	if o.Eagle {
-		c.flags |= C.KVR_ROUTER_EAGLE
-	}
-	if o.EntropySeed {
-		c.flags |= C.KVR_ROUTER_ENTROPY_SEED
-	}
-	if o.TrackOutputBlocks {
-		c.flags |= C.KVR_ROUTER_TRACK_OUTPUT_BLOCKS
-	}
-	c.queue_policy = C.uint32_t(o.QueuePolicy)
-	c.overlap_score_credit = C.double(o.OverlapScoreCredit)
-	c.prefill_load_scale = C.double(o.PrefillLoadScale)
-	c.host_cache_hit_weight = C.double(o.HostCacheHitWeight)
-	c.disk_cache_hit_weight = C.double(o.DiskCacheHitWeight)
-	c.temperature = C.double(o.Temperature)
-	c.queue_threshold = C.double(o.QueueThreshold)
-	c.approx_ttl_seconds = C.double(o.ApproxTTL.Seconds())
-	c.approx_max_blocks = C.uint64_t(o.ApproxMaxBlocks)
-	c.approx_prune_target_ratio = C.double(o.ApproxPruneTargetRatio)
-	c.request_expiry_seconds = C.double(o.RequestExpiry.Seconds())
-	c.random_seed = C.uint64_t(o.RandomSeed)
-	c.overlap_score_credit_decay = C.double(o.OverlapScoreCreditDecay)
-	c.decode_active_request_weight = C.double(o.DecodeActiveRequestWeight)
+	initRouterOptions(c)
+	m := o.mirror()
+	m.store(c)
 	return c
 }
-
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // Router is a KV-cache-aware router (kvr_router). It is internally synchronised: every method
 // may be called from any number of goroutines at once, except Close, which must not run
@@ -153,6 +150,9 @@ func (r *Router) feeds() *atomic.Int32 {
 
 // NewRouter creates a router. opts nil means DefaultRouterOptions().
 func NewRouter(opts *RouterOptions) (*Router, error) {
+	if err := CheckVersion(); err != nil {
+		return nil, err
+	}
 	var cerr *C.kvr_error
 	var out *C.kvr_router
 	if err := takeError(C.kvr_router_new(opts.toC(), &out, &cerr), cerr); err != nil {
@@ -207,15 +207,18 @@ type WorkerConfig struct {
 
 func (w *WorkerConfig) toC() *C.kvr_worker_config {
 	c := new(C.kvr_worker_config)
-	C.kvr_worker_config_init(c)
-	c.block_size = C.uint32_t(w.BlockSize)
-	c.worker_id = C.uint64_t(w.WorkerID)
-	c.dp_start = C.uint32_t(w.DPStart)
+	initWorkerConfig(c)
+	var m cWorkerConfig
+	m.load(c) // the defaults (one rank)
+	m.BlockSize = w.BlockSize
+	m.WorkerID = w.WorkerID
+	m.DPStart = w.DPStart
 	if w.DPSize != 0 {
-		c.dp_size = C.uint32_t(w.DPSize)
+		m.DPSize = w.DPSize
 	}
-	c.total_kv_blocks = C.uint64_t(w.TotalKVBlocks)
-	c.max_num_batched_tokens = C.uint64_t(w.MaxNumBatchedTokens)
+	m.TotalKVBlocks = w.TotalKVBlocks
+	m.MaxNumBatchedTokens = w.MaxNumBatchedTokens
+	m.store(c)
 	return c
 }
 

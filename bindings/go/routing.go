@@ -62,63 +62,80 @@ func (o *RequestOptions) toC(a *args) *C.kvr_request_options {
 }
 
 // Initialised structs to copy on the hot path: an _init result depends on nothing but the
-// library, so one cgo call at start-up replaces one per routing call.
+// library, so one cgo call per struct at start-up (initTemplates) replaces one per routing call.
+// requestDefaults holds requestTemplate's fields, the base of every request's mirror.
 var (
-	initRequestOptions C.kvr_request_options
-	initRouteResult    C.kvr_route_result
+	requestTemplate     C.kvr_request_options
+	requestDefaults     cRequestOptions
+	routeResultTemplate C.kvr_route_result
 )
 
-func init() {
-	C.kvr_request_options_init(&initRequestOptions)
-	C.kvr_route_result_init(&initRouteResult)
+// initTemplates fills the templates; the version check calls it once the library is accepted.
+// The init helpers fill locals, copied afterwards: cgo's pointer check refuses a pointer into a
+// global of a struct type with pointer fields passed as a plain pointer argument (it cannot tell
+// the object's size there, so assumes it holds Go pointers), which is what the helpers pass.
+func initTemplates() {
+	var opts C.kvr_request_options
+	initRequestOptions(&opts)
+	requestTemplate = opts
+	requestDefaults.load(&opts)
+	var res C.kvr_route_result
+	initRouteResult(&res)
+	routeResultTemplate = res
 }
 
-func (o *RequestOptions) fill(c *C.kvr_request_options, a *args) {
-	*c = initRequestOptions
-	if o.Admit {
-		c.flags |= C.KVR_REQUEST_ADMIT
+// mirror converts the options to kvr_request_options' value fields, starting from the
+// library's defaults (NaN overrides, -1 tri-states, no queue timeout). Counts of the pointer
+// fields are set by fill.
+func (o *RequestOptions) mirror() cRequestOptions {
+	m := requestDefaults
+	m.Flags |= flagIf(o.Admit, C.KVR_REQUEST_ADMIT)
+	setDouble(&m.OverlapScoreCredit, o.OverlapScoreCredit)
+	setDouble(&m.PrefillLoadScale, o.PrefillLoadScale)
+	setDouble(&m.HostCacheHitWeight, o.HostCacheHitWeight)
+	setDouble(&m.DiskCacheHitWeight, o.DiskCacheHitWeight)
+	setDouble(&m.Temperature, o.Temperature)
+	setTri(&m.AssumeKVReuse, o.AssumeKVReuse)
+	setTri(&m.TrackPrefillTokens, o.TrackPrefillTokens)
+	setDouble(&m.OverlapScoreCreditDecay, o.OverlapScoreCreditDecay)
+	setDouble(&m.DecodeActiveRequestWeight, o.DecodeActiveRequestWeight)
+	m.PriorityJump = o.PriorityJump
+	m.ExpectedOutputTokens = o.ExpectedOutputTokens
+	switch {
+	case o.QueueTimeout < 0:
+		m.QueueTimeoutMs = 0
+	case o.QueueTimeout > 0:
+		m.QueueTimeoutMs = ceilMillis(o.QueueTimeout)
 	}
+	return m
+}
+
+// fill sets c (any memory: it is overwritten with the initialised template) to o.
+func (o *RequestOptions) fill(c *C.kvr_request_options, a *args) {
+	*c = requestTemplate
+	m := o.mirror()
+	var n int
+	c.mm_hashes, c.mm_counts, n = a.mm(o.MultimodalHashes)
+	m.MmNumBlocks = uint64(n)
+	if o.AllowedWorkerIDs != nil {
+		c.allowed_worker_ids = a.u64s(o.AllowedWorkerIDs)
+		m.NumAllowedWorkerIDs = uint64(len(o.AllowedWorkerIDs))
+	}
+	m.store(c)
 	c.request_id = a.optStr(o.RequestID)
 	c.lora_name = a.optStr(o.LoraName)
 	c.cache_namespace = a.optStr(o.CacheNamespace)
-	var n int
-	c.mm_hashes, c.mm_counts, n = a.mm(o.MultimodalHashes)
-	c.mm_num_blocks = C.size_t(n)
-	if o.AllowedWorkerIDs != nil {
-		c.allowed_worker_ids = a.u64s(o.AllowedWorkerIDs)
-		c.num_allowed_worker_ids = C.size_t(len(o.AllowedWorkerIDs))
-	}
-	setDouble(&c.overlap_score_credit, o.OverlapScoreCredit)
-	setDouble(&c.prefill_load_scale, o.PrefillLoadScale)
-	setDouble(&c.host_cache_hit_weight, o.HostCacheHitWeight)
-	setDouble(&c.disk_cache_hit_weight, o.DiskCacheHitWeight)
-	setDouble(&c.temperature, o.Temperature)
-	setTri(&c.assume_kv_reuse, o.AssumeKVReuse)
-	setTri(&c.track_prefill_tokens, o.TrackPrefillTokens)
-	setDouble(&c.overlap_score_credit_decay, o.OverlapScoreCreditDecay)
-	setDouble(&c.decode_active_request_weight, o.DecodeActiveRequestWeight)
-	c.priority_jump = C.double(o.PriorityJump)
-	c.expected_output_tokens = C.uint32_t(o.ExpectedOutputTokens)
-	switch {
-	case o.QueueTimeout < 0:
-		c.queue_timeout_ms = 0
-	case o.QueueTimeout > 0:
-		c.queue_timeout_ms = C.int64_t((o.QueueTimeout + time.Millisecond - 1) / time.Millisecond)
+}
+
+func setDouble(dst *float64, v *float64) {
+	if v != nil {
+		*dst = *v
 	}
 }
 
-func setDouble(dst *C.double, v *float64) {
+func setTri(dst *int32, v *bool) {
 	if v != nil {
-		*dst = C.double(*v)
-	}
-}
-
-func setTri(dst *C.int32_t, v *bool) {
-	if v != nil {
-		*dst = 0
-		if *v {
-			*dst = 1
-		}
+		*dst = int32(boolU32(*v))
 	}
 }
 
@@ -207,7 +224,7 @@ func (r *Router) findBestMatch(tokens []uint32, opts *RequestOptions, candidates
 		copts = &call.opts
 	}
 	tp, tn := tokensPtr(tokens)
-	call.out = initRouteResult
+	call.out = routeResultTemplate
 	var cands []C.kvr_candidate
 	var candsPtr *C.kvr_candidate
 	if len(candidates) > 0 {
@@ -219,47 +236,55 @@ func (r *Router) findBestMatch(tokens []uint32, opts *RequestOptions, candidates
 	if err := takeError(st, call.cerr); err != nil {
 		return RouteResult{}, 0, err
 	}
-	total, out := int(call.total), &call.out
+	total := int(call.total)
 	for i := 0; i < len(cands) && i < total; i++ {
-		candidates[i] = candidateFromC(&cands[i])
+		var m cCandidate
+		m.load(&cands[i])
+		candidates[i] = candidateFrom(&m)
 	}
-	return RouteResult{
-		WorkerID:               uint64(out.worker_id),
-		DPRank:                 uint32(out.dp_rank),
-		PromptBlocks:           uint32(out.prompt_blocks),
-		DeviceOverlapBlocks:    uint32(out.device_overlap_blocks),
-		EffectiveOverlapBlocks: float64(out.effective_overlap_blocks),
-		CachedTokens:           uint64(out.cached_tokens),
-		PromptTokens:           uint64(out.prompt_tokens),
-		Cost:                   float64(out.cost),
-		Booked:                 out.booked != 0,
-		Queued:                 out.queued != 0,
-	}, total, nil
+	var m cRouteResult
+	m.load(&call.out)
+	return routeResultFrom(&m), total, nil
 }
 
-func candidateFromC(c *C.kvr_candidate) Candidate {
+func routeResultFrom(m *cRouteResult) RouteResult {
+	return RouteResult{
+		WorkerID:               m.WorkerID,
+		DPRank:                 m.DPRank,
+		PromptBlocks:           m.PromptBlocks,
+		DeviceOverlapBlocks:    m.DeviceOverlapBlocks,
+		EffectiveOverlapBlocks: m.EffectiveOverlapBlocks,
+		CachedTokens:           m.CachedTokens,
+		PromptTokens:           m.PromptTokens,
+		Cost:                   m.Cost,
+		Booked:                 m.Booked != 0,
+		Queued:                 m.Queued != 0,
+	}
+}
+
+func candidateFrom(m *cCandidate) Candidate {
 	return Candidate{
-		WorkerID:               uint64(c.worker_id),
-		DPRank:                 uint32(c.dp_rank),
-		DeviceBlocks:           uint32(c.device_blocks),
-		HostBlocks:             uint32(c.host_blocks),
-		DiskBlocks:             uint32(c.disk_blocks),
-		ExternalBlocks:         uint32(c.external_blocks),
-		Chosen:                 c.chosen != 0,
-		EffectiveOverlapBlocks: float64(c.effective_overlap_blocks),
-		CachedTokens:           uint64(c.cached_tokens),
-		ActivePrefillTokens:    uint64(c.active_prefill_tokens),
-		ActiveBlocks:           uint64(c.active_blocks),
-		NewBlocks:              uint64(c.new_blocks),
-		RawPrefillBlocks:       float64(c.raw_prefill_blocks),
-		Credit:                 float64(c.credit),
-		PrefillCost:            float64(c.prefill_cost),
-		DecodeBlocks:           uint64(c.decode_blocks),
-		Cost:                   float64(c.cost),
-		Probability:            float64(c.probability),
-		CreditDecay:            float64(c.credit_decay),
-		ActiveRequests:         uint64(c.active_requests),
-		RequestCost:            float64(c.request_cost),
+		WorkerID:               m.WorkerID,
+		DPRank:                 m.DPRank,
+		DeviceBlocks:           m.DeviceBlocks,
+		HostBlocks:             m.HostBlocks,
+		DiskBlocks:             m.DiskBlocks,
+		ExternalBlocks:         m.ExternalBlocks,
+		Chosen:                 m.Chosen != 0,
+		EffectiveOverlapBlocks: m.EffectiveOverlapBlocks,
+		CachedTokens:           m.CachedTokens,
+		ActivePrefillTokens:    m.ActivePrefillTokens,
+		ActiveBlocks:           m.ActiveBlocks,
+		NewBlocks:              m.NewBlocks,
+		RawPrefillBlocks:       m.RawPrefillBlocks,
+		Credit:                 m.Credit,
+		PrefillCost:            m.PrefillCost,
+		DecodeBlocks:           m.DecodeBlocks,
+		Cost:                   m.Cost,
+		Probability:            m.Probability,
+		CreditDecay:            m.CreditDecay,
+		ActiveRequests:         m.ActiveRequests,
+		RequestCost:            m.RequestCost,
 	}
 }
 
@@ -304,18 +329,9 @@ func (r *Router) overlapScores(tokens []uint32, opts *RequestOptions, capHint in
 	}
 	out := make([]Overlap, len(buf))
 	for i := range out {
-		c := &buf[i]
-		out[i] = Overlap{
-			WorkerID:               uint64(c.worker_id),
-			DPRank:                 uint32(c.dp_rank),
-			DeviceBlocks:           uint32(c.device_blocks),
-			HostBlocks:             uint32(c.host_blocks),
-			DiskBlocks:             uint32(c.disk_blocks),
-			ExternalBlocks:         uint32(c.external_blocks),
-			EffectiveOverlapBlocks: float64(c.effective_overlap_blocks),
-			CachedTokens:           uint64(c.cached_tokens),
-			TreeSize:               uint64(c.tree_size),
-		}
+		var m cOverlap
+		m.load(&buf[i])
+		out[i] = Overlap(m)
 	}
 	return out, nil
 }
@@ -354,16 +370,9 @@ func (r *Router) potentialLoads(tokens []uint32, opts *RequestOptions, capHint i
 	}
 	out := make([]PotentialLoad, len(buf))
 	for i := range out {
-		c := &buf[i]
-		out[i] = PotentialLoad{
-			WorkerID:               uint64(c.worker_id),
-			DPRank:                 uint32(c.dp_rank),
-			PotentialPrefillTokens: uint64(c.potential_prefill_tokens),
-			PotentialDecodeBlocks:  uint64(c.potential_decode_blocks),
-			ActivePrefillTokens:    uint64(c.active_prefill_tokens),
-			ActiveBlocks:           uint64(c.active_blocks),
-			ActiveRequests:         uint64(c.active_requests),
-		}
+		var m cPotentialLoad
+		m.load(&buf[i])
+		out[i] = PotentialLoad(m)
 	}
 	return out, nil
 }

@@ -12,25 +12,6 @@ import (
 	"time"
 )
 
-// Phase is the routing phase a request's pins apply to (KVR_PHASE_*).
-type Phase uint32
-
-const (
-	PhaseAggregated Phase = C.KVR_PHASE_AGGREGATED
-	PhasePrefill    Phase = C.KVR_PHASE_PREFILL
-	PhaseDecode     Phase = C.KVR_PHASE_DECODE
-)
-
-// SessionMode is how a session binding applies (KVR_SESSION_*).
-type SessionMode uint32
-
-const (
-	// SessionHard: the bound rank is the exact target (rebound if it is gone).
-	SessionHard SessionMode = C.KVR_SESSION_HARD
-	// SessionSoft: the bound rank is preferred while eligible; rebound on dispatch.
-	SessionSoft SessionMode = C.KVR_SESSION_SOFT
-)
-
 // RoutingHints say where a request may or should run. Pins by phase: aggregated: WorkerID /
 // DPRank; prefill: PrefillWorkerID (else WorkerID) with PrefillDPRank (else DPRank); decode:
 // DecodeWorkerID (else WorkerID) with DPRank. A pin without a rank takes the best of the
@@ -54,28 +35,31 @@ func (h *RoutingHints) toC(a *args) *C.kvr_routing_hints {
 		return nil
 	}
 	c := new(C.kvr_routing_hints)
-	C.kvr_routing_hints_init(c)
-	c.phase = C.uint32_t(h.Phase)
+	initRoutingHints(c)
+	var m cRoutingHints
+	m.load(c) // the defaults: no pins (WorkerNone, rank -1), a 300 s session TTL
+	m.Phase = h.Phase
 	if h.WorkerID != nil {
-		c.worker_id = C.uint64_t(*h.WorkerID)
+		m.WorkerID = *h.WorkerID
 	}
 	if h.PrefillWorkerID != nil {
-		c.prefill_worker_id = C.uint64_t(*h.PrefillWorkerID)
+		m.PrefillWorkerID = *h.PrefillWorkerID
 	}
 	if h.DecodeWorkerID != nil {
-		c.decode_worker_id = C.uint64_t(*h.DecodeWorkerID)
+		m.DecodeWorkerID = *h.DecodeWorkerID
 	}
 	if h.DPRank != nil {
-		c.dp_rank = C.int32_t(*h.DPRank)
+		m.DPRank = int32(*h.DPRank)
 	}
 	if h.PrefillDPRank != nil {
-		c.prefill_dp_rank = C.int32_t(*h.PrefillDPRank)
+		m.PrefillDPRank = int32(*h.PrefillDPRank)
 	}
-	c.session_id = a.optStr(h.SessionID)
-	c.session_mode = C.uint32_t(h.SessionMode)
+	m.SessionMode = h.SessionMode
 	if h.SessionTTL != 0 {
-		c.session_ttl_seconds = C.double(h.SessionTTL.Seconds())
+		m.SessionTTLSeconds = h.SessionTTL.Seconds()
 	}
+	m.store(c)
+	c.session_id = a.optStr(h.SessionID)
 	return c
 }
 
@@ -96,19 +80,42 @@ type RouteSignals struct {
 }
 
 func signalsFromC(c *C.kvr_route_signals) RouteSignals {
+	var m cRouteSignals
+	m.load(c)
+	return signalsFrom(&m)
+}
+
+func signalsFrom(m *cRouteSignals) RouteSignals {
 	return RouteSignals{
-		WorkerID:              uint64(c.worker_id),
-		DPRank:                uint32(c.dp_rank),
-		OverlapBlocks:         uint32(c.overlap_blocks),
-		PromptBlocks:          uint32(c.prompt_blocks),
-		CachedTokens:          uint64(c.cached_tokens),
-		PotentialDecodeBlocks: uint64(c.potential_decode_blocks),
-		TotalKVBlocks:         uint64(c.total_kv_blocks),
-		Cost:                  float64(c.cost),
-		PromptTokens:          uint64(c.prompt_tokens),
-		Booked:                c.booked != 0,
-		Moved:                 c.moved != 0,
-		Queued:                c.queued != 0,
+		WorkerID:              m.WorkerID,
+		DPRank:                m.DPRank,
+		OverlapBlocks:         m.OverlapBlocks,
+		PromptBlocks:          m.PromptBlocks,
+		CachedTokens:          m.CachedTokens,
+		PotentialDecodeBlocks: m.PotentialDecodeBlocks,
+		TotalKVBlocks:         m.TotalKVBlocks,
+		Cost:                  m.Cost,
+		PromptTokens:          m.PromptTokens,
+		Booked:                m.Booked != 0,
+		Moved:                 m.Moved != 0,
+		Queued:                m.Queued != 0,
+	}
+}
+
+func (s *RouteSignals) mirror() cRouteSignals {
+	return cRouteSignals{
+		WorkerID:              s.WorkerID,
+		DPRank:                s.DPRank,
+		OverlapBlocks:         s.OverlapBlocks,
+		PromptBlocks:          s.PromptBlocks,
+		CachedTokens:          s.CachedTokens,
+		PotentialDecodeBlocks: s.PotentialDecodeBlocks,
+		TotalKVBlocks:         s.TotalKVBlocks,
+		Cost:                  s.Cost,
+		PromptTokens:          s.PromptTokens,
+		Booked:                boolU32(s.Booked),
+		Moved:                 boolU32(s.Moved),
+		Queued:                boolU32(s.Queued),
 	}
 }
 
@@ -117,19 +124,9 @@ func (s *RouteSignals) toC() *C.kvr_route_signals {
 		return nil
 	}
 	c := new(C.kvr_route_signals)
-	C.kvr_route_signals_init(c)
-	c.worker_id = C.uint64_t(s.WorkerID)
-	c.dp_rank = C.uint32_t(s.DPRank)
-	c.overlap_blocks = C.uint32_t(s.OverlapBlocks)
-	c.prompt_blocks = C.uint32_t(s.PromptBlocks)
-	c.cached_tokens = C.uint64_t(s.CachedTokens)
-	c.potential_decode_blocks = C.uint64_t(s.PotentialDecodeBlocks)
-	c.total_kv_blocks = C.uint64_t(s.TotalKVBlocks)
-	c.cost = C.double(s.Cost)
-	c.prompt_tokens = C.uint64_t(s.PromptTokens)
-	c.booked = boolU32(s.Booked)
-	c.moved = boolU32(s.Moved)
-	c.queued = boolU32(s.Queued)
+	initRouteSignals(c)
+	m := s.mirror()
+	m.store(c)
 	return c
 }
 
@@ -146,7 +143,7 @@ func (r *Router) PreviewRoute(tokens []uint32, opts *RequestOptions, hints *Rout
 	copts, chints := opts.toC(&a), hints.toC(&a)
 	tp, tn := tokensPtr(tokens)
 	var out C.kvr_route_signals
-	C.kvr_route_signals_init(&out)
+	initRouteSignals(&out)
 	var cerr *C.kvr_error
 	st := C.kvr_preview_route(h, tp, tn, copts, chints, &out, &cerr)
 	runtime.KeepAlive(r)
@@ -170,7 +167,7 @@ func (r *Router) PlanRoute(tokens []uint32, opts *RequestOptions, hints *Routing
 	copts, chints := opts.toC(&a), hints.toC(&a)
 	tp, tn := tokensPtr(tokens)
 	var out C.kvr_route_signals
-	C.kvr_route_signals_init(&out)
+	initRouteSignals(&out)
 	var cerr *C.kvr_error
 	st := C.kvr_plan_route(h, tp, tn, copts, chints, previewed.toC(), &out, &cerr)
 	runtime.KeepAlive(r)

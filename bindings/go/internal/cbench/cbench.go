@@ -18,7 +18,7 @@ static kvr_status kvrgo_bench_find(kvr_router *router, const uint32_t *tokens, s
                                    size_t qlen, size_t iters, int admit, int64_t *ns) {
   char id[32];
   kvr_request_options opts;
-  kvr_request_options_init(&opts);
+  kvr_request_options_init(&opts, sizeof opts);
   if (admit) {
     opts.flags = KVR_REQUEST_ADMIT;
     opts.request_id = id;
@@ -27,7 +27,7 @@ static kvr_status kvrgo_bench_find(kvr_router *router, const uint32_t *tokens, s
     kvr_route_result result;
     struct timespec start, end;
     snprintf(id, sizeof id, "c-%zu", i);
-    kvr_route_result_init(&result);
+    kvr_route_result_init(&result, sizeof result);
     clock_gettime(CLOCK_MONOTONIC, &start);
     kvr_status status = kvr_find_best_match(router, tokens + (i % nq) * qlen, qlen,
                                             admit ? &opts : NULL, &result, NULL, 0, NULL, NULL);
