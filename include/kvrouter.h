@@ -20,16 +20,20 @@
  *   added past the fields this library knows, and records `size` in struct_size. The library
  *   then reads only the fields a caller's struct_size covers (an older caller gets defaults for
  *   the rest), writes results no further than it, and refuses a larger struct whose unknown
- *   tail is not all zero. A size below the struct's first released layout is refused
- *   (KVR_INVALID_ARGUMENT from _init and from every call given it). Fields are only ever
- *   appended, and a struct ends without padding, so each size names one layout. The rules, and
- *   how the ABI tests hold the library to them, are in docs/api-stability.md (installed with
- *   the headers' documentation).
+ *   tail is not all zero. A size no header's struct has (below the struct's first released
+ *   layout, ending inside a field, or over 4 KiB beyond this library's struct) is refused:
+ *   KVR_INVALID_ARGUMENT from _init and from every call given it. Fields are only ever
+ *   appended, and a struct has no padding, so each size names one layout. The rules, and how
+ *   the ABI tests hold the library to them, are in docs/api-stability.md.
+ * - Documents named here (README.md, the docs/ pages, the schema/ files) are installed with this
+ *   header: under share/doc/kvrouter/ and share/kvrouter/schema/ of the install prefix.
  * - Array-element structs (kvr_candidate, kvr_overlap, kvr_potential_load) have a fixed layout
  *   forever, with reserved fields for growth.
  * - Enumerated values have a typedef'd integer type (kvr_tier, ...) and their constants come
  *   from one X-macro list per enumeration (KVR_TIER_MAP, ...): X(NAME, VALUE, DESCRIPTION).
- *   Values never change meaning; new ones are added at the end.
+ *   Values never change meaning; new ones are added at the end. Flags (KVR_ROUTER_*, ...) are
+ *   unsigned macros, combined with |. A value or flag bit this library does not know is
+ *   refused (KVR_INVALID_ARGUMENT), as a newer caller's unknown fields are.
  * - Inputs (token arrays, strings, buffers) are borrowed only for the duration of the call;
  *   the library copies what it keeps. Array results go into caller buffers (`out` may be
  *   NULL only with `cap` 0; `len` is required): `*len` is set to the count written, or, when
@@ -145,9 +149,7 @@ KVR_API kvr_tier kvr_tier_from_medium(const char *medium);
 /* ---- Block hashing (Dynamo-compatible, bit for bit) ---------------------------------------- */
 
 /* kvr_hash_options.flags */
-enum kvr_hash_flag {
-  KVR_HASH_EAGLE = 0x1 /* window of block_size + 1 tokens, stride block_size */
-};
+#define KVR_HASH_EAGLE 0x1u /* window of block_size + 1 tokens, stride block_size */
 
 /* What changes a prompt's block hashes besides its tokens. Multimodal hashes are given as one
  * flat array plus a count per block: block i owns the next mm_counts[i] values of mm_hashes,
@@ -165,11 +167,12 @@ typedef struct kvr_hash_options {
 
 /* Every _init function works alike (see the conventions at the top): it writes the defaults
  * into the first `size` bytes of the struct (pass sizeof of the struct as compiled), zero-fills
- * any tail this library does not know and sets struct_size = size. KVR_INVALID_ARGUMENT for a
- * NULL struct (nothing written) or a size below the struct's first released layout (then the
- * struct is zero-filled up to `size` and struct_size records it, so every call given the
- * struct refuses it with a message). Defaults here: no LoRA, no namespace, no multimodal, not
- * eagle. @thread_safety concurrent */
+ * any tail this library does not know and sets struct_size = size. KVR_INVALID_ARGUMENT, with
+ * nothing written, for a NULL struct, a size below 4 (no room for struct_size) or above
+ * UINT32_MAX; KVR_INVALID_ARGUMENT for a size no header's struct has (see the conventions): the
+ * struct is then zero-filled up to `size` and struct_size records it, so that every call given
+ * the struct refuses it with a message. Defaults here: no LoRA, no namespace, no multimodal,
+ * not eagle. @thread_safety concurrent */
 KVR_API kvr_status kvr_hash_options_init(kvr_hash_options *options, size_t size);
 
 /* Local hashes of every complete block of `tokens`. opts may be NULL. block_size 0 is
@@ -191,16 +194,14 @@ KVR_API kvr_status kvr_compute_sequence_hashes(const uint64_t *local_hashes, siz
 typedef struct kvr_router kvr_router;
 
 /* kvr_router_options.flags; 0 = Dynamo's defaults */
-enum kvr_router_flag {
-  KVR_ROUTER_APPROXIMATE = 0x1,         /* no KV events: record routing decisions instead */
-  KVR_ROUTER_NO_KV_REUSE = 0x2,         /* assume_kv_reuse = false */
-  KVR_ROUTER_NO_PREFILL_TRACKING = 0x4, /* track_prefill_tokens = false */
-  KVR_ROUTER_EAGLE = 0x8,               /* the model uses eagle block windows */
-  KVR_ROUTER_ENTROPY_SEED = 0x10,       /* seed the random source from the OS, not random_seed */
-  /* kvr_router_record_output grows a request's blocks as it generates (Dynamo's
-   * router_track_output_blocks) */
-  KVR_ROUTER_TRACK_OUTPUT_BLOCKS = 0x20
-};
+#define KVR_ROUTER_APPROXIMATE 0x1u         /* no KV events: record routing decisions instead */
+#define KVR_ROUTER_NO_KV_REUSE 0x2u         /* assume_kv_reuse = false */
+#define KVR_ROUTER_NO_PREFILL_TRACKING 0x4u /* track_prefill_tokens = false */
+#define KVR_ROUTER_EAGLE 0x8u               /* the model uses eagle block windows */
+#define KVR_ROUTER_ENTROPY_SEED 0x10u /* seed the random source from the OS, not random_seed */
+/* kvr_router_record_output grows a request's blocks as it generates (Dynamo's
+ * router_track_output_blocks) */
+#define KVR_ROUTER_TRACK_OUTPUT_BLOCKS 0x20u
 
 /* The order in which the admission queue admits waiting requests. */
 typedef uint32_t kvr_queue_policy;
@@ -283,10 +284,8 @@ KVR_API kvr_status kvr_router_remove_worker(kvr_router *router, uint64_t worker_
 /* ---- KV events ---------------------------------------------------------------------------- */
 
 /* kvr_stored_event.flags (KVR_STORED_EAGLE also in kvr_engine_worker.flags) */
-enum kvr_stored_flag {
-  KVR_STORED_HAS_PARENT = 0x1, /* parent_hash is set */
-  KVR_STORED_EAGLE = 0x2       /* token_ids use eagle windows */
-};
+#define KVR_STORED_HAS_PARENT 0x1u /* parent_hash is set */
+#define KVR_STORED_EAGLE 0x2u      /* token_ids use eagle windows */
 
 /* Blocks newly cached by one worker rank, consecutive along one sequence. Each block has the
  * engine's own hash and either a precomputed local hash or its tokens: token_ids holds every
@@ -424,12 +423,9 @@ KVR_API void kvr_event_batch_clear(kvr_event_batch *batch);
 
 /* ---- Routing ------------------------------------------------------------------------------ */
 
-/* kvr_request_options.flags */
-enum kvr_request_flag {
-  /* book the request under request_id (waits in the queue if the router queues); without it
-   * the call changes nothing */
-  KVR_REQUEST_ADMIT = 0x1
-};
+/* kvr_request_options.flags. Without KVR_REQUEST_ADMIT a routing call changes nothing; with it
+ * the request is booked (after waiting in the queue if the router queues). */
+#define KVR_REQUEST_ADMIT 0x1u /* book the request under request_id */
 
 /* Per-request options. Doubles left NaN and tri-states left -1 keep the router's setting. */
 typedef struct kvr_request_options {

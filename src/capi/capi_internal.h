@@ -17,6 +17,7 @@
 
 #include "core/disagg_router.h"
 #include "core/router.h"
+#include "enumerations.h"
 #include "kvrouter.h"
 #include "versioned.h"
 

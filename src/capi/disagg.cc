@@ -34,9 +34,9 @@ kvr_status ToDisaggOptions(kvr_error** err, const kvr_disagg_options* opts,
                            kvrouter::DisaggOptions& out) {
   kvr_disagg_options c;
   if (kvr_status s = ReadVersioned(err, opts, c)) return s;
-  if (c.policy > KVR_DISAGG_ISL_OR_LOAD) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                "policy " + std::to_string(c.policy) + " is not a KVR_DISAGG_* value");
+  if (kvr_status s = CheckValue(err, KnownDisaggPolicy, c.policy, "kvr_disagg_options.policy",
+                                "KVR_DISAGG_*")) {
+    return s;
   }
   if (!(c.max_local_prefill_ratio >= 0) || !(c.prefill_busy_threshold >= 0)) {
     return Fail(err, KVR_INVALID_ARGUMENT,
@@ -58,7 +58,7 @@ kvr_status CheckDisagg(kvr_error** err, const kvr_disagg* disagg) {
 namespace kvrouter::capi {
 
 template <>
-kvr_disagg_options Defaults() {
+kvr_disagg_options Defaults() noexcept {
   const kvrouter::DisaggOptions core;
   kvr_disagg_options c{};
   c.struct_size = sizeof c;
@@ -70,7 +70,7 @@ kvr_disagg_options Defaults() {
 }
 
 template <>
-kvr_prefill_result Defaults() {
+kvr_prefill_result Defaults() noexcept {
   kvr_prefill_result c{};
   c.struct_size = sizeof c;
   c.bootstrap_room = -1;  // not remote

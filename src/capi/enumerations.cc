@@ -5,7 +5,9 @@
 
 #include <string_view>
 
+#include "core/disagg_router.h"
 #include "core/radix_index.h"
+#include "core/router.h"
 #include "core/scheduler_queue.h"
 #include "core/types.h"
 #include "ingest/ingest_service.h"
@@ -42,6 +44,17 @@ KVR_QUEUE_POLICY_MAP(KVR_CHECK_QUEUE_POLICY_)
 #define KVR_CHECK_INGEST_REJECT_(name, value, description) \
   KVR_CHECK_NAME_(IngestRejectName, IngestReject, #name, value)
 KVR_INGEST_REJECT_MAP(KVR_CHECK_INGEST_REJECT_)
+#define KVR_CHECK_PHASE_(name, value, description) KVR_CHECK_NAME_(PhaseName, Phase, #name, value)
+KVR_PHASE_MAP(KVR_CHECK_PHASE_)
+#define KVR_CHECK_SESSION_MODE_(name, value, description) \
+  KVR_CHECK_NAME_(SessionModeName, SessionMode, #name, value)
+KVR_SESSION_MODE_MAP(KVR_CHECK_SESSION_MODE_)
+#define KVR_CHECK_DISAGG_POLICY_(name, value, description) \
+  KVR_CHECK_NAME_(DisaggPolicyName, DisaggPolicy, #name, value)
+KVR_DISAGG_POLICY_MAP(KVR_CHECK_DISAGG_POLICY_)
+#define KVR_CHECK_PREFILL_REASON_(name, value, description) \
+  KVR_CHECK_NAME_(PrefillPlacementName, PrefillPlacement, #name, value)
+KVR_PREFILL_REASON_MAP(KVR_CHECK_PREFILL_REASON_)
 
 // The core has as many values as the C lists, and the fixed array dimensions hold them all.
 #define KVR_COUNT_(name, value, description) +1
@@ -50,6 +63,7 @@ static_assert(0 KVR_EVENT_KIND_MAP(KVR_COUNT_) == kNumEventKinds);
 static_assert(0 KVR_EVENT_OUTCOME_MAP(KVR_COUNT_) == kNumEventErrors);
 static_assert(kNumEventKinds <= KVR_EVENT_KINDS && kNumEventErrors <= KVR_EVENT_OUTCOMES);
 static_assert(0 KVR_INGEST_REJECT_MAP(KVR_COUNT_) == kNumIngestRejects);
+static_assert(0 KVR_QUEUE_POLICY_MAP(KVR_COUNT_) == 3);  // fcfs, lcfs, wspt: every core policy
 static_assert(kNumIngestRejects <= KVR_INGEST_REJECT_REASONS);
 
 // Status codes below 100 are absl::StatusCode's numbers, so mapping one is a cast.

@@ -6,7 +6,7 @@
 using namespace kvrouter::capi;
 
 template <>
-kvr_hash_options kvrouter::capi::Defaults() {
+kvr_hash_options kvrouter::capi::Defaults() noexcept {
   return kvr_hash_options{.struct_size = sizeof(kvr_hash_options)};
 }
 
@@ -29,6 +29,9 @@ KVR_API kvr_status kvr_compute_block_hashes(const uint32_t* tokens, size_t num_t
     if (block_size == 0) return Fail(err, KVR_INVALID_ARGUMENT, "block_size must be > 0");
     kvr_hash_options options;
     if (kvr_status s = ReadVersioned(err, opts, options)) return s;
+    if (kvr_status s = CheckFlags(err, options.flags, kKnownHashFlags, "kvr_hash_options.flags")) {
+      return s;
+    }
     std::vector<std::vector<uint64_t>> mm;
     if (kvr_status s =
             ReadMmHashes(err, options.mm_hashes, options.mm_counts, options.mm_num_blocks, mm)) {

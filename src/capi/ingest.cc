@@ -42,7 +42,7 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
 namespace kvrouter::capi {
 
 template <>
-kvr_ingest_options Defaults() {
+kvr_ingest_options Defaults() noexcept {
   const kvrouter::IngestOptions core;
   kvr_ingest_options c{};
   c.struct_size = sizeof c;
@@ -52,7 +52,7 @@ kvr_ingest_options Defaults() {
 }
 
 template <>
-kvr_engine_worker Defaults() {
+kvr_engine_worker Defaults() noexcept {
   const kvrouter::EngineWorker core;
   kvr_engine_worker c{};
   c.struct_size = sizeof c;
@@ -65,7 +65,7 @@ kvr_engine_worker Defaults() {
 }
 
 template <>
-kvr_ingest_stats Defaults() {
+kvr_ingest_stats Defaults() noexcept {
   return kvr_ingest_stats{.struct_size = sizeof(kvr_ingest_stats)};
 }
 
@@ -159,9 +159,12 @@ KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest* ingest, const kvr_en
     kvr_engine_worker in;
     if (kvr_status s = ReadVersioned(err, worker, in)) return s;
     if (kvr_status s = RequireNonNull(err, in.endpoint, "worker->endpoint")) return s;
-    if (in.engine > KVR_ENGINE_SGLANG) {
-      return Fail(err, KVR_INVALID_ARGUMENT,
-                  "engine " + std::to_string(in.engine) + " is not a KVR_ENGINE_*");
+    if (kvr_status s =
+            CheckValue(err, KnownEngine, in.engine, "kvr_engine_worker.engine", "KVR_ENGINE_*")) {
+      return s;
+    }
+    if (kvr_status s = CheckFlags(err, in.flags, KVR_STORED_EAGLE, "kvr_engine_worker.flags")) {
+      return s;
     }
     kvrouter::EngineWorker config;
     config.endpoint = in.endpoint;

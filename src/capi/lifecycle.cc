@@ -16,13 +16,13 @@ namespace kvrouter::capi {
 kvr_status ToRoutingHints(kvr_error** err, const kvr_routing_hints* in, RoutingHints& hints,
                           kvr_routing_hints& c) {
   if (kvr_status s = ReadVersioned(err, in, c)) return s;
-  if (c.phase > KVR_PHASE_DECODE) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                "phase " + std::to_string(c.phase) + " is not a KVR_PHASE_* value");
+  if (kvr_status s =
+          CheckValue(err, KnownPhase, c.phase, "kvr_routing_hints.phase", "KVR_PHASE_*")) {
+    return s;
   }
-  if (c.session_mode > KVR_SESSION_SOFT) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                "session_mode " + std::to_string(c.session_mode) + " is not a KVR_SESSION_*");
+  if (kvr_status s = CheckValue(err, KnownSessionMode, c.session_mode,
+                                "kvr_routing_hints.session_mode", "KVR_SESSION_*")) {
+    return s;
   }
   const auto worker = [](uint64_t id) {
     return id == KVR_WORKER_NONE ? std::nullopt : std::optional<uint64_t>(id);
@@ -67,7 +67,7 @@ kvr_route_signals ToSignals(const RouteDecision& d) {
 }
 
 template <>
-kvr_routing_hints Defaults() {
+kvr_routing_hints Defaults() noexcept {
   const kvrouter::RouteOptions core;
   kvr_routing_hints c{};
   c.struct_size = sizeof c;
@@ -83,7 +83,7 @@ kvr_routing_hints Defaults() {
 }
 
 template <>
-kvr_route_signals Defaults() {
+kvr_route_signals Defaults() noexcept {
   return kvr_route_signals{.struct_size = sizeof(kvr_route_signals)};
 }
 

@@ -6,7 +6,7 @@
 using namespace kvrouter::capi;
 
 template <>
-kvr_metrics kvrouter::capi::Defaults() {
+kvr_metrics kvrouter::capi::Defaults() noexcept {
   return kvr_metrics{.struct_size = sizeof(kvr_metrics)};
 }
 

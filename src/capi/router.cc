@@ -22,9 +22,7 @@ std::optional<bool> TriState(int32_t v) {
 }
 
 kvr_status CheckTier(kvr_error** err, uint32_t tier) {
-  if (tier < kvrouter::kNumTiers) return KVR_OK;
-  return Fail(err, KVR_INVALID_ARGUMENT,
-              "tier " + std::to_string(tier) + " is not a KVR_TIER_* value");
+  return CheckValue(err, KnownTier, tier, "tier", "KVR_TIER_*");
 }
 
 kvr_status CheckRouter(kvr_error** err, const kvr_router* router) {
@@ -74,9 +72,12 @@ bool& FlagOption(kvrouter::RouterOptions& core, const RouterFlag& f) {
 
 kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
                            kvrouter::RouterOptions& out) {
-  if (in.queue_policy > KVR_QUEUE_WSPT) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                "queue_policy " + std::to_string(in.queue_policy) + " is not a KVR_QUEUE_*");
+  if (kvr_status s = CheckValue(err, KnownQueuePolicy, in.queue_policy,
+                                "kvr_router_options.queue_policy", "KVR_QUEUE_*")) {
+    return s;
+  }
+  if (kvr_status s = CheckFlags(err, in.flags, kKnownRouterFlags, "kvr_router_options.flags")) {
+    return s;
   }
   BindRouterOptions(in, out, [](const auto& c, auto& core) { core = c; });
   for (const RouterFlag& f : kRouterFlags) {
@@ -120,7 +121,7 @@ kvr_status ToWorkerConfig(kvr_error** err, const kvr_router* router,
 namespace kvrouter::capi {
 
 template <>
-kvr_router_options Defaults() {
+kvr_router_options Defaults() noexcept {
   kvrouter::RouterOptions core;
   kvr_router_options c{};
   c.struct_size = sizeof c;
@@ -134,7 +135,7 @@ kvr_router_options Defaults() {
 }
 
 template <>
-kvr_worker_config Defaults() {
+kvr_worker_config Defaults() noexcept {
   kvrouter::WorkerConfig core;
   kvr_worker_config c{};
   c.struct_size = sizeof c;
@@ -143,18 +144,18 @@ kvr_worker_config Defaults() {
 }
 
 template <>
-kvr_stored_event Defaults() {
+kvr_stored_event Defaults() noexcept {
   return kvr_stored_event{.struct_size = sizeof(kvr_stored_event)};
 }
 
 template <>
-kvr_removed_event Defaults() {
+kvr_removed_event Defaults() noexcept {
   return kvr_removed_event{.struct_size = sizeof(kvr_removed_event)};
 }
 
 // Request options are overrides of the router's settings: their defaults mean "unset".
 template <>
-kvr_request_options Defaults() {
+kvr_request_options Defaults() noexcept {
   const double unset = std::numeric_limits<double>::quiet_NaN();
   kvr_request_options c{};
   c.struct_size = sizeof c;
@@ -172,7 +173,7 @@ kvr_request_options Defaults() {
 }
 
 template <>
-kvr_route_result Defaults() {
+kvr_route_result Defaults() noexcept {
   return kvr_route_result{.struct_size = sizeof(kvr_route_result)};
 }
 
@@ -185,6 +186,9 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
   }
   if (c.num_allowed_worker_ids > 0 && c.allowed_worker_ids == nullptr) {
     return RequireNonNull(err, c.allowed_worker_ids, "allowed_worker_ids");
+  }
+  if (kvr_status s = CheckFlags(err, c.flags, kKnownRequestFlags, "kvr_request_options.flags")) {
+    return s;
   }
   kvrouter::RouteOptions& r = out.route;
   r.prompt.lora_name = OrEmpty(c.lora_name);
@@ -228,6 +232,9 @@ kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvroute
   kvr_stored_event in;
   if (kvr_status s = ReadVersioned(err, event, in)) return s;
   if (kvr_status s = CheckTier(err, in.tier)) return s;
+  if (kvr_status s = CheckFlags(err, in.flags, kKnownStoredFlags, "kvr_stored_event.flags")) {
+    return s;
+  }
   if (in.num_blocks > 0 && in.block_hashes == nullptr) {
     return RequireNonNull(err, in.block_hashes, "block_hashes");
   }

@@ -12,9 +12,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <type_traits>
 
+#include "abi_tables.h"
 #include "kvrouter.h"
 
 namespace kvrouter::capi {
@@ -58,48 +60,66 @@ KVR_VERSIONED_STRUCTS(KVR_STRUCT_TRAITS_)
 #undef KVR_STRUCT_TRAITS_
 
 // The library's defaults for T, with struct_size = sizeof(T). Defined next to the code that
-// converts T, from the core's own defaults wherever the core has the setting.
+// converts T, from the core's own defaults wherever the core has the setting. noexcept: _init
+// calls it, and nothing may unwind into C.
 template <typename T>
-T Defaults();
+T Defaults() noexcept;
 #define KVR_DECLARE_DEFAULTS_(T, first_last_field) \
   template <>                                      \
-  T Defaults<T>();
+  T Defaults<T>() noexcept;
 KVR_VERSIONED_STRUCTS(KVR_DECLARE_DEFAULTS_)
 #undef KVR_DECLARE_DEFAULTS_
 
+// How much larger than this library's a newer caller's struct may be: far beyond any real
+// growth, it bounds the scan of an unknown tail when struct_size is garbage.
+inline constexpr size_t kMaxNewerTail = 4096;
+
+// Whether `size` can be a caller's struct T: one of T's layouts (the first released one, or one
+// ending at a later field), or a newer, larger one.
+template <typename T>
+constexpr bool SizeFits(size_t size) {
+  if (size < StructTraits<T>::kFirstSize || size > sizeof(T) + kMaxNewerTail) return false;
+  return size >= sizeof(T) ||
+         std::find(std::begin(FieldEnds<T>::kEnds), std::end(FieldEnds<T>::kEnds), size) !=
+             std::end(FieldEnds<T>::kEnds);
+}
+
+// Why a struct_size cannot be a caller's T, for the error message (SizeFits is false).
+template <typename T>
+std::string SizeProblem(size_t size) {
+  const std::string name = StructTraits<T>::kName;
+  const std::string fix = ": initialise it with " + name + "_init(&s, sizeof s)";
+  const std::string is = name + ".struct_size is " + std::to_string(size);
+  if (size == 0) return is + fix + " first";
+  if (size < StructTraits<T>::kFirstSize) {
+    return is + ", below the " + std::to_string(StructTraits<T>::kFirstSize) +
+           " bytes of its first released layout" + fix;
+  }
+  if (size > sizeof(T)) {
+    return is + ", more than any kvrouter's (" + std::to_string(sizeof(T)) + " bytes here)" + fix;
+  }
+  return is + ", which ends inside a field: no header's " + name + " has that size" + fix;
+}
+
 // Writes T's defaults into the caller's `size` bytes at `p`: never past them, zero past the
-// fields this library knows, struct_size = size. Below the first released size the struct is
-// zero-filled instead, so that every later call refuses it with a message.
+// fields this library knows, struct_size = size. A size no caller's T can have (SizeFits) is
+// refused and the struct zero-filled instead, still recording the size, so that every later
+// call refuses it with a message. A size that cannot even hold struct_size writes nothing.
 template <typename T>
 kvr_status InitVersioned(T* p, size_t size) noexcept {
   if (p == nullptr || size < sizeof(uint32_t) || size > UINT32_MAX) return KVR_INVALID_ARGUMENT;
   auto* bytes = reinterpret_cast<unsigned char*>(p);
-  const bool known = size >= StructTraits<T>::kFirstSize;
-  if (known) {
+  const bool fits = SizeFits<T>(size);
+  if (fits) {
     const T defaults = Defaults<T>();
     std::memcpy(bytes, &defaults, std::min(size, sizeof(T)));
+    if (size > sizeof(T)) std::memset(bytes + sizeof(T), 0, size - sizeof(T));
   } else {
-    std::memset(bytes, 0, size);
+    std::memset(bytes, 0, std::min(size, sizeof(T) + kMaxNewerTail));
   }
-  if (size > sizeof(T)) std::memset(bytes + sizeof(T), 0, size - sizeof(T));
   const uint32_t recorded = static_cast<uint32_t>(size);
   std::memcpy(bytes, &recorded, sizeof recorded);
-  return known ? KVR_OK : KVR_INVALID_ARGUMENT;
-}
-
-// The message for a struct_size this library cannot take, or "" when it can.
-template <typename T>
-std::string CheckStructSize(uint32_t size) {
-  constexpr const char* name = StructTraits<T>::kName;
-  if (size >= StructTraits<T>::kFirstSize) return {};
-  const std::string init = std::string(name) + "_init";
-  if (size == 0) {
-    return std::string(name) + ".struct_size is 0: initialise it with " + init +
-           "(&s, sizeof s) first";
-  }
-  return std::string(name) + ".struct_size is " + std::to_string(size) + ", below the " +
-         std::to_string(StructTraits<T>::kFirstSize) +
-         " bytes of its first released layout: pass sizeof the struct to " + init;
+  return fits ? KVR_OK : KVR_INVALID_ARGUMENT;
 }
 
 kvr_status FailInvalid(kvr_error** err, std::string message);
@@ -111,10 +131,9 @@ template <typename T>
 kvr_status ReadVersioned(kvr_error** err, const T* in, T& out) {
   out = Defaults<T>();
   if (in == nullptr) return KVR_OK;
-  const uint32_t size = in->struct_size;
-  if (std::string problem = CheckStructSize<T>(size); !problem.empty()) {
-    return FailInvalid(err, std::move(problem));
-  }
+  uint32_t size;
+  std::memcpy(&size, in, sizeof size);  // the caller's struct_size
+  if (!SizeFits<T>(size)) return FailInvalid(err, SizeProblem<T>(size));
   const auto* bytes = reinterpret_cast<const unsigned char*>(in);
   for (size_t i = sizeof(T); i < size; ++i) {
     if (bytes[i] != 0) {
@@ -133,8 +152,10 @@ kvr_status ReadVersioned(kvr_error** err, const T* in, T& out) {
 template <typename T>
 kvr_status CheckResultStruct(kvr_error** err, const T* out) {
   if (out == nullptr) return FailInvalid(err, "out is NULL");
-  std::string problem = CheckStructSize<T>(out->struct_size);
-  return problem.empty() ? KVR_OK : FailInvalid(err, std::move(problem));
+  uint32_t size;
+  std::memcpy(&size, out, sizeof size);
+  if (!SizeFits<T>(size)) return FailInvalid(err, SizeProblem<T>(size));
+  return KVR_OK;
 }
 
 // Writes a result struct back, no further than the caller's struct_size (checked first with

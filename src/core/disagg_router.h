@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "core/random_source.h"
@@ -27,6 +28,17 @@
 namespace kvrouter {
 
 enum class Phase : uint8_t { kAggregated = 0, kPrefill = 1, kDecode = 2 };
+constexpr std::string_view PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kAggregated:
+      return "aggregated";
+    case Phase::kPrefill:
+      return "prefill";
+    case Phase::kDecode:
+      return "decode";
+  }
+  return "unknown";
+}
 
 // Dynamo's RoutingHints pins (§6.5). Unset fields pin nothing.
 struct RoutingHints {
@@ -52,6 +64,19 @@ enum class DisaggPolicy : uint8_t {
   kPrefillLoad = 2,
   kIslOrLoad = 3
 };
+constexpr std::string_view DisaggPolicyName(DisaggPolicy policy) {
+  switch (policy) {
+    case DisaggPolicy::kAlways:
+      return "always";
+    case DisaggPolicy::kIslBounding:
+      return "isl_bounding";
+    case DisaggPolicy::kPrefillLoad:
+      return "prefill_load";
+    case DisaggPolicy::kIslOrLoad:
+      return "isl_or_load";
+  }
+  return "unknown";
+}
 
 struct DisaggOptions {
   DisaggPolicy policy = DisaggPolicy::kAlways;
@@ -71,6 +96,19 @@ enum class PrefillPlacement : uint8_t {
   kShortIsl = 2,          // policy: prefill on the decode worker
   kPrefillBusy = 3,       // policy: prefill on the decode worker
 };
+constexpr std::string_view PrefillPlacementName(PrefillPlacement placement) {
+  switch (placement) {
+    case PrefillPlacement::kRemote:
+      return "remote";
+    case PrefillPlacement::kNoPrefillWorkers:
+      return "no_prefill_workers";
+    case PrefillPlacement::kShortIsl:
+      return "short_isl";
+    case PrefillPlacement::kPrefillBusy:
+      return "worker_busy";  // the chosen prefill worker is busy
+  }
+  return "unknown";
+}
 
 struct PrefillRoute {
   PrefillPlacement placement = PrefillPlacement::kRemote;

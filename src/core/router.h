@@ -117,6 +117,9 @@ enum class SessionMode : uint8_t {
   // request is dispatched elsewhere, the session is rebound there at commit.
   kSoft = 1,
 };
+constexpr std::string_view SessionModeName(SessionMode mode) {
+  return mode == SessionMode::kHard ? "hard" : mode == SessionMode::kSoft ? "soft" : "unknown";
+}
 
 // A worker (and optionally one of its ranks) a request must run on.
 struct WorkerPin {

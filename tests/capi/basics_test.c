@@ -240,20 +240,19 @@ static void init_functions_set_struct_size_and_defaults(void** state) {
 /* Every _init, the same contract: NULL or a size too small for struct_size is refused with
  * nothing written; its own size gives KVR_OK and struct_size == size; a newer caller's larger
  * struct gets its unknown tail zero-filled; nothing is ever written past `size`. */
-#define KVT_EVERY_INIT(X)                                                                 \
-  X(kvr_hash_options, kvr_hash_options_init)                                              \
-  X(kvr_router_options, kvr_router_options_init)                                          \
-  X(kvr_worker_config, kvr_worker_config_init) X(kvr_stored_event, kvr_stored_event_init) \
-      X(kvr_removed_event, kvr_removed_event_init)                                        \
-          X(kvr_request_options, kvr_request_options_init)                                \
-              X(kvr_route_result, kvr_route_result_init) X(kvr_metrics, kvr_metrics_init) \
-                  X(kvr_routing_hints, kvr_routing_hints_init)                            \
-                      X(kvr_route_signals, kvr_route_signals_init)                        \
-                          X(kvr_disagg_options, kvr_disagg_options_init)                  \
-                              X(kvr_prefill_result, kvr_prefill_result_init)              \
-                                  X(kvr_ingest_options, kvr_ingest_options_init)          \
-                                      X(kvr_engine_worker, kvr_engine_worker_init)        \
-                                          X(kvr_ingest_stats, kvr_ingest_stats_init)
+#define KVT_EVERY_INIT(X)                                                                         \
+  X(kvr_hash_options, kvr_hash_options_init)                                                      \
+  X(kvr_router_options, kvr_router_options_init)                                                  \
+  X(kvr_worker_config, kvr_worker_config_init)                                                    \
+  X(kvr_stored_event, kvr_stored_event_init) X(kvr_removed_event, kvr_removed_event_init)         \
+      X(kvr_request_options, kvr_request_options_init) X(kvr_route_result, kvr_route_result_init) \
+          X(kvr_metrics, kvr_metrics_init) X(kvr_routing_hints, kvr_routing_hints_init)           \
+              X(kvr_route_signals, kvr_route_signals_init)                                        \
+                  X(kvr_disagg_options, kvr_disagg_options_init)                                  \
+                      X(kvr_prefill_result, kvr_prefill_result_init)                              \
+                          X(kvr_ingest_options, kvr_ingest_options_init)                          \
+                              X(kvr_engine_worker, kvr_engine_worker_init)                        \
+                                  X(kvr_ingest_stats, kvr_ingest_stats_init)
 
 enum { kGuard = 32 };
 

@@ -388,6 +388,18 @@ static void event_struct_size_rules(void** state) {
                           kvr_router_apply_stored(f->router, &stored, ERRP));
   assert_false(kvt_overlap_of(f->router, f->prompt, 64, 1, 0, &overlap));
 
+  /* A flag bit this library does not know is refused, and nothing is stored. */
+  KVT_OK(kvr_stored_event_init(&stored, sizeof stored));
+  stored.worker_id = 1;
+  stored.block_hashes = engine;
+  stored.num_blocks = 1;
+  stored.token_ids = f->prompt;
+  stored.num_tokens = BS;
+  stored.flags = 0x8u;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_stored_event.flags 0x8",
+                          kvr_router_apply_stored(f->router, &stored, ERRP));
+  assert_false(kvt_overlap_of(f->router, f->prompt, 64, 1, 0, &overlap));
+
   /* Newer caller (its _init is given its own, larger size): zero tail accepted, non-zero tail
    * refused. */
   memset(&newer, 0xAB, sizeof newer);

@@ -285,6 +285,12 @@ static void hash_options_struct_size_rules(void** state) {
   KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
                           kvr_compute_block_hashes(tokens, 4, 4, &opts, out, 1, &len, ERRP));
 
+  /* A flag bit this library does not know is refused. */
+  KVT_OK(kvr_hash_options_init(&opts, sizeof opts));
+  opts.flags = KVR_HASH_EAGLE << 1;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_hash_options.flags 0x2",
+                          kvr_compute_block_hashes(tokens, 4, 4, &opts, out, 1, &len, ERRP));
+
   /* A newer caller: a zero tail is accepted, a non-zero one refused. */
   memset(&newer, 0xAB, sizeof newer);
   KVT_OK(kvr_hash_options_init(&newer.base, sizeof newer));

@@ -102,6 +102,28 @@ static void bad_arguments(void** state) {
   /* The totals always exist. */
   KVT_OK(kvr_ingest_get_stats(f->ingest, 0, &stats, ERRP));
   assert_int_equal(sizeof(kvr_ingest_stats), stats.struct_size);
+  /* A flag other than KVR_STORED_EAGLE means nothing for an engine worker: refused. */
+  kvr_engine_worker_init(&worker, sizeof worker);
+  worker.endpoint = "tcp://127.0.0.1:1";
+  worker.worker_id = 77;
+  worker.flags = KVR_STORED_HAS_PARENT;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_engine_worker.flags",
+                          kvr_ingest_add_engine_worker(f->ingest, &worker, NULL, ERRP));
+}
+
+/* The first released kvr_ingest_stats (0.1.0's, ending at `connections`, before the lag and
+ * replica counters) is written no further. */
+static void stats_of_the_first_layout(void** state) {
+  fixture* f = (fixture*)*state;
+  const size_t first = KVT_LAYOUT_END(kvr_ingest_stats, connections);
+  kvr_ingest_stats stats;
+  size_t i;
+  memset(&stats, 0xAB, sizeof stats);
+  KVT_OK(kvr_ingest_stats_init(&stats, first));
+  KVT_OK(kvr_ingest_get_stats(f->ingest, 0, &stats, ERRP));
+  assert_int_equal(first, stats.struct_size);
+  assert_int_equal(0, stats.messages);
+  for (i = first; i < sizeof stats; ++i) assert_int_equal(0xAB, ((uint8_t*)&stats)[i]);
 }
 
 int main(void) {
@@ -110,6 +132,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(block_size_mismatch_is_refused_with_a_clear_error, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(bad_arguments, setup, teardown),
+      cmocka_unit_test_setup_teardown(stats_of_the_first_layout, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -368,6 +368,7 @@ static void lifecycle_rules(void** state) {
                                                       NULL, 0, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_BUFFER_TOO_SMALL,
                    kvr_ingest_listen(f->ingest, "tcp://127.0.0.1:0", NULL, bound, 4, NULL, ERRP));
+  kvr_ingest_stats_init(&stats, sizeof stats);
   KVT_EXPECT_FAILS(KVR_NOT_FOUND, kvr_ingest_get_stats(f->ingest, 9999, &stats, ERRP));
   KVT_EXPECT_FAILS(KVR_UNAVAILABLE,
                    kvr_publisher_connect("unix:///nonexistent/s", &publisher, ERRP));

@@ -155,8 +155,6 @@ static void options_struct_size_zero_refused(void** state) {
   assert_null(router);
 }
 
-/* An older caller's struct ends before `temperature`: everything from there on is not read
- * (even invalid values there must not matter) and takes its default. */
 /* An older caller: the first released layout ended with random_seed. Its _init writes no
  * further, and the fields after it (Dynamo's newer cost knobs) take their defaults. */
 static void options_from_older_caller(void** state) {
@@ -192,6 +190,43 @@ static void options_from_older_caller(void** state) {
   memset(&opts, 0xAB, sizeof opts);
   assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_options_init(&opts, 3));
   assert_int_equal(0xABABABABu, opts.struct_size);
+}
+
+/* Sizes no caller's struct can have are refused before anything is read: one that ends inside
+ * a field (half the caller's double and half the default would be used), and one far larger
+ * than any kvrouter's (garbage: the library must not scan the caller's memory for it). */
+static void impossible_sizes_refused(void** state) {
+  kvr_router_options opts;
+  kvr_router* router = NULL;
+  const size_t inside_a_field = KVT_LAYOUT_END(kvr_router_options, random_seed) + 4;
+  (void)state;
+  memset(&opts, 0xAB, sizeof opts);
+  assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_options_init(&opts, inside_a_field));
+  assert_int_equal(inside_a_field, opts.struct_size);
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "ends inside a field",
+                          kvr_router_new(&opts, &router, ERRP));
+  KVT_OK(kvr_router_options_init(&opts, sizeof opts));
+  opts.struct_size = 1u << 20; /* a stack struct of 120 bytes: an over-read would be ASan's */
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "more than any kvrouter's",
+                          kvr_router_new(&opts, &router, ERRP));
+  assert_null(router);
+}
+
+/* A flag bit this library does not know is refused, not ignored: a newer caller asking for
+ * behaviour this library lacks learns it at once. */
+static void unknown_flags_refused(void** state) {
+  kvr_router_options opts;
+  kvr_router* router = NULL;
+  (void)state;
+  kvr_router_options_init(&opts, sizeof opts);
+  opts.flags = KVR_ROUTER_APPROXIMATE | 0x80000000u;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_router_options.flags 0x80000001",
+                          kvr_router_new(&opts, &router, ERRP));
+  assert_null(router);
+  opts.flags = 0;
+  opts.queue_policy = 3;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "queue_policy 3",
+                          kvr_router_new(&opts, &router, ERRP));
 }
 
 /* A newer caller's struct is larger: an all-zero unknown tail is accepted, any non-zero byte
@@ -405,6 +440,8 @@ int main(void) {
       cmocka_unit_test(options_struct_size_zero_refused),
       cmocka_unit_test(options_from_older_caller),
       cmocka_unit_test(options_from_newer_caller),
+      cmocka_unit_test(impossible_sizes_refused),
+      cmocka_unit_test(unknown_flags_refused),
       cmocka_unit_test(router_free_null),
       cmocka_unit_test_setup_teardown(add_update_remove_worker, setup_router, teardown_router),
       cmocka_unit_test_setup_teardown(add_duplicate_worker, setup_router, teardown_router),

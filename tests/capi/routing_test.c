@@ -646,6 +646,35 @@ static void route_result_struct_size_rules(void** state) {
                                                              NULL, &result, NULL, 0, NULL, ERRP));
 }
 
+/* A result struct that cannot take the result is refused before anything happens: an admitted
+ * request is not booked (the caller would never learn where). */
+static void refused_result_books_nothing(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_request_options opts;
+  kvr_request_options_init(&opts, sizeof opts);
+  opts.flags = KVR_REQUEST_ADMIT;
+  opts.request_id = "never-booked";
+  kvr_route_result_init(&result, sizeof result);
+  result.struct_size = 8;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+                                                             &opts, &result, NULL, 0, NULL, ERRP));
+  assert_int_equal(0, kvt_metrics(f->router).requests_active);
+  assert_int_equal(0, kvt_metrics(f->router).decisions);
+  /* The id is free: booking it now works. */
+  kvr_route_result_init(&result, sizeof result);
+  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(1, kvt_metrics(f->router).requests_active);
+  /* An unknown request flag is refused, and books nothing either. */
+  opts.request_id = "flagged";
+  opts.flags = KVR_REQUEST_ADMIT | 0x10u;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_request_options.flags",
+                          kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result,
+                                              NULL, 0, NULL, ERRP));
+  assert_int_equal(1, kvt_metrics(f->router).requests_active);
+}
+
 static void null_arguments(void** state) {
   fixture* f = (fixture*)*state;
   kvr_route_result result;
@@ -687,6 +716,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(potential_loads_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, teardown),
       cmocka_unit_test_setup_teardown(route_result_struct_size_rules, setup, teardown),
+      cmocka_unit_test_setup_teardown(refused_result_books_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(null_arguments, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,10 +8,7 @@ them; only this file names the C fields.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-
+from formatting import gofmt
 from model import CType, Model, Struct
 from names import HEADER_NOTE, camel, comment_lines
 
@@ -188,15 +185,4 @@ def generate(m: Model) -> dict[str, str]:
     for s in m.structs:
         out.append(f"\t_ = uint64(unsafe.Sizeof(C.{s.name}{{}})) - {s.size}")
     out += [")", ""]
-    return {OUT: gofmt("\n".join(out))}
-
-
-def gofmt(source: str) -> str:
-    """The file as gofmt lays it out (aligned fields and constants), which Go's tools expect."""
-    tool = shutil.which("gofmt") or "/usr/local/go/bin/gofmt"
-    if not os.path.exists(tool):
-        raise SystemExit("ffigen: gofmt not found (install Go: scripts/install-deps.sh)")
-    done = subprocess.run([tool], input=source, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"ffigen: gofmt refused the generated Go:\n{done.stderr}")
-    return done.stdout
+    return {OUT: gofmt("\n".join(out), OUT)}

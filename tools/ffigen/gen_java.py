@@ -9,10 +9,7 @@ counts fields by hand.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-
+from formatting import clang_format
 from model import CType, Enumeration, Field, Model, Struct
 from names import HEADER_NOTE, comment_lines, plain_camel, type_name
 
@@ -258,20 +255,6 @@ def jni_header(m: Model) -> str:
         lines += ["}"]
     lines += ["", "#endif /* KVROUTER_JNI_ABI_H */", ""]
     return "\n".join(lines)
-
-
-def clang_format(source: str, path: str) -> str:
-    """The C as the repository's .clang-format lays it out."""
-    tool = shutil.which("clang-format")
-    if tool is None:
-        raise SystemExit("ffigen: clang-format not found (scripts/install-deps.sh installs it)")
-    root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-    done = subprocess.run(
-        [tool, f"--assume-filename={os.path.join(root, path)}"], input=source, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"ffigen: clang-format failed:\n{done.stderr}")
-    return done.stdout
 
 
 def generate(m: Model) -> dict[str, str]:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-
+from formatting import rustfmt
 from model import CType, Model
 from names import HEADER_NOTE, comment_lines
 
@@ -135,18 +132,7 @@ def generate(m: Model) -> dict[str, str]:
         for f in s.fields:
             out.append(f"    assert!(offset_of!({s.name}, {f.name}) == {f.offset});")
     out += ["};", ""]
-    return {OUT: rustfmt("\n".join(out))}
-
-
-def rustfmt(source: str) -> str:
-    """The file as `cargo fmt` lays it out (test-rust.sh checks the crate with it)."""
-    tool = shutil.which("rustfmt") or os.path.expanduser("~/.cargo/bin/rustfmt")
-    if not os.path.exists(tool):
-        raise SystemExit("ffigen: rustfmt not found (rustup component add rustfmt)")
-    done = subprocess.run([tool, "--edition", "2021"], input=source, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"ffigen: rustfmt refused the generated Rust:\n{done.stderr}")
-    return done.stdout
+    return {OUT: rustfmt("\n".join(out), OUT)}
 
 
 def _rust_ident(name: str) -> str:

@@ -268,13 +268,12 @@ class _Reader:
         for name, body in macros.items():
             if name.endswith("_MAP"):
                 entries = re.findall(r'X\((\w+), (-?\w+), "((?:[^"\\]|\\.)*)"\)', body)
-                lists[name] = [(n, int(v, 0), d) for n, v, d in entries]
+                # The descriptions are C string literals: their escapes are C's, not the text's.
+                lists[name] = [(n, int(v, 0), re.sub(r"\\(.)", r"\1", d)) for n, v, d in entries]
         return lists
 
     def enums(self, ast: dict, lists: dict, macros: dict):
-        docs = {}  # C name -> description, from the X-macro lists
-        prefixes = {}  # X-macro list -> the prefix its enum gives its names
-        enumerations, flags, constants = [], [], []
+        enumerations, constants = [], []
         for d in ast["inner"]:
             if d["kind"] != "EnumDecl" or "name" not in d:
                 continue
@@ -287,37 +286,60 @@ class _Reader:
                     raise SystemExit(f"ffigen: enum constant {c['name']} has no explicit value")
                 values.append((c["name"], value, self.comment(c)))
             map_name = self._list_of(d["name"], lists)
-            if map_name:
-                names = [n for n, _, _ in lists[map_name]]
-                listed = [v for v in values if any(v[0].endswith("_" + n) for n in names)]
-                prefix = listed[0][0][: -len(lists[map_name][0][0])]
-                typedef = self._typedef_of(map_name)
-                enumerations.append(
-                    Enumeration(
-                        map_name=map_name,
-                        typedef=typedef,
-                        prefix=prefix,
-                        values=[
-                            Value(n, prefix + n, v, doc) for (n, v, doc) in lists[map_name]
-                        ],
-                        doc=self.typedef_comment(typedef),
-                    )
+            if map_name is None:
+                raise SystemExit(
+                    f"ffigen: enum {d['name']} is not filled from an X-macro list (the header's "
+                    "enumerations are; flags are unsigned macros)"
                 )
-                for c_name, value, doc in values:  # the fixed dimensions beside a list
-                    if c_name not in {prefix + n for n in names}:
-                        constants.append(Constant(c_name, value, 32, True, doc))
-            else:
-                flags.append(
-                    Flags(d["name"], [Value(n, n, v, doc) for n, v, doc in values], self.comment(d))
+            names = [n for n, _, _ in lists[map_name]]
+            listed = [v for v in values if any(v[0].endswith("_" + n) for n in names)]
+            prefix = listed[0][0][: -len(lists[map_name][0][0])]
+            typedef = self._typedef_of(map_name)
+            if self.typedefs[typedef] not in ("uint32_t", "int32_t"):
+                raise SystemExit(f"ffigen: {typedef} is {self.typedefs[typedef]}: enumerations are 32-bit")
+            enumerations.append(
+                Enumeration(
+                    map_name=map_name,
+                    typedef=typedef,
+                    prefix=prefix,
+                    values=[Value(n, prefix + n, v, doc) for (n, v, doc) in lists[map_name]],
+                    doc=self.typedef_comment(typedef),
                 )
+            )
+            for c_name, value, doc in values:  # the fixed dimensions beside a list
+                if c_name not in {prefix + n for n in names}:
+                    constants.append(Constant(c_name, value, 32, True, doc))
+        unused = set(lists) - {e.map_name for e in enumerations}
+        if unused:
+            raise SystemExit(f"ffigen: no enum is filled from {', '.join(sorted(unused))}")
+        flags = self.flags(macros)
         for name, body in macros.items():
-            if name in ("KVR_WORKER_NONE",) or re.fullmatch(r"(0x[0-9a-fA-F]+|\d+)u?", body):
-                if name.startswith("KVR_VERSION"):
-                    continue
-                value = 2**64 - 1 if body.startswith("UINT64_MAX") else int(body.rstrip("u"), 0)
+            if name == "KVR_WORKER_NONE":
                 doc_m = re.search(rf"#define {name} .*?/\* (.*?) \*/", self.text)
-                constants.append(Constant(name, value, 64, False, doc_m.group(1) if doc_m else ""))
+                constants.append(Constant(name, 2**64 - 1, 64, False, doc_m.group(1) if doc_m else ""))
         return enumerations, flags, constants
+
+    def flags(self, macros: dict) -> list[Flags]:
+        """The unsigned flag macros (#define KVR_ROUTER_EAGLE 0x8u), grouped by their prefix
+        (KVR_ROUTER_), each group with the comment that introduces it."""
+        groups: dict[str, Flags] = {}
+        for m in re.finditer(r"^#define (KVR_([A-Z]+)_\w+) (0x[0-9a-fA-F]+)u\b(?:[ \t]*/\*(.*?)\*/)?", self.text, re.M | re.S):
+            name, group, value, doc = m.group(1), m.group(2), int(m.group(3), 16), m.group(4) or ""
+            if name not in macros:
+                raise SystemExit(f"ffigen: {name} is not a macro clang sees")
+            if group not in groups:
+                intro = self._preceding_comment(m.start())
+                groups[group] = Flags(f"KVR_{group}_*", [], intro if ".flags" in intro else "")
+            groups[group].values.append(Value(name, name, value, _clean_comment(doc) if doc else self._preceding_comment(m.start())))
+        return list(groups.values())
+
+    def _preceding_comment(self, offset: int) -> str:
+        """The comment that ends right before `offset` (a line), if any."""
+        before = self.text[:offset].rstrip()
+        if not before.endswith("*/"):
+            return ""
+        start = before.rfind("/*")
+        return _clean_comment(before[start:])
 
     def _list_of(self, enum_name: str, lists: dict) -> str | None:
         # enum kvr_tier_value is filled by KVR_TIER_MAP: find the list its body expands.

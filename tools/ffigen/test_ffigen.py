@@ -113,7 +113,7 @@ class Rules(unittest.TestCase):
         )
         (colour,) = m.enumerations
         self.assertEqual(colour.typedef, "kvr_colour")
-        self.assertEqual([(v.c_name, v.value, v.doc) for v in colour.values], [("KVR_COLOUR_RED", 0, 'the \\"warm\\" one'), ("KVR_COLOUR_BLUE", 7, "cold")])
+        self.assertEqual([(v.c_name, v.value, v.doc) for v in colour.values], [("KVR_COLOUR_RED", 0, 'the "warm" one'), ("KVR_COLOUR_BLUE", 7, "cold")])
         self.assertEqual(colour.doc, "Colours.")
         self.assertEqual(m.version, (9, 8, 7))
 

@@ -223,9 +223,9 @@ pub const KVR_STORED_HAS_PARENT: u32 = 0x1;
 /// token_ids use eagle windows
 pub const KVR_STORED_EAGLE: u32 = 0x2;
 
-/// kvr_request_options.flags
-/// book the request under request_id (waits in the queue if the router queues); without it the call
-/// changes nothing
+/// kvr_request_options.flags. Without KVR_REQUEST_ADMIT a routing call changes nothing; with it the
+/// request is booked (after waiting in the queue if the router queues).
+/// book the request under request_id
 pub const KVR_REQUEST_ADMIT: u32 = 0x1;
 
 /// the first dimension of kvr_metrics.events, fixed forever
@@ -725,10 +725,11 @@ extern "C" {
     /// Every _init function works alike (see the conventions at the top): it writes the defaults
     /// into the first `size` bytes of the struct (pass sizeof of the struct as compiled),
     /// zero-fills any tail this library does not know and sets struct_size = size.
-    /// KVR_INVALID_ARGUMENT for a NULL struct (nothing written) or a size below the struct's first
-    /// released layout (then the struct is zero-filled up to `size` and struct_size records it, so
-    /// every call given the struct refuses it with a message). Defaults here: no LoRA, no
-    /// namespace, no multimodal, not eagle. @thread_safety concurrent
+    /// KVR_INVALID_ARGUMENT, with nothing written, for a NULL struct, a size below 4 (no room for
+    /// struct_size) or above UINT32_MAX; KVR_INVALID_ARGUMENT for a size no header's struct has
+    /// (see the conventions): the struct is then zero-filled up to `size` and struct_size records
+    /// it, so that every call given the struct refuses it with a message. Defaults here: no LoRA,
+    /// no namespace, no multimodal, not eagle. @thread_safety concurrent
     pub fn kvr_hash_options_init(options: *mut kvr_hash_options, size: usize) -> kvr_status;
     /// Local hashes of every complete block of `tokens`. opts may be NULL. block_size 0 is
     /// KVR_INVALID_ARGUMENT. Needs floor(num_tokens / block_size) entries (one token fewer with

@@ -65,14 +65,14 @@ int main(int argc, char** argv) {
   const size_t nq = queries_size / (TOKENS * 4);
 
   kvr_router_options o;
-  kvr_router_options_init(&o);
+  kvr_router_options_init(&o, sizeof o);
   o.block_size = 16;
   o.random_seed = 1;
   kvr_router* router = NULL;
   if (kvr_router_new(&o, &router, NULL) != KVR_OK) return 1;
   for (uint64_t w = 0; w < 64; ++w) {
     kvr_worker_config c;
-    kvr_worker_config_init(&c);
+    kvr_worker_config_init(&c, sizeof c);
     c.worker_id = w;
     c.max_num_batched_tokens = 16384;
     kvr_router_add_worker(router, &c, NULL);
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     const uint64_t* end = e + events_size / 8;
     for (const uint64_t* p = e; p < end;) {
       kvr_stored_event ev;
-      kvr_stored_event_init(&ev);
+      kvr_stored_event_init(&ev, sizeof ev);
       ev.worker_id = p[0];
       ev.flags = p[1] ? KVR_STORED_HAS_PARENT : 0;
       ev.parent_hash = p[2];
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
     free(e);
   }
   kvr_metrics m;
-  kvr_metrics_init(&m);
+  kvr_metrics_init(&m, sizeof m);
   kvr_router_get_metrics(router, &m, NULL);
   printf("index %s: %llu blocks, %llu nodes in %.1f s\n", restore ? "restored" : "replayed",
          (unsigned long long)m.index_blocks, (unsigned long long)m.index_nodes,
@@ -120,11 +120,11 @@ int main(int argc, char** argv) {
       memcpy(prompt, queries + (size_t)(((i % (long)nq) + (long)nq) % (long)nq) * TOKENS,
              TOKENS * 4);
       kvr_request_options req;
-      kvr_request_options_init(&req);
+      kvr_request_options_init(&req, sizeof req);
       req.flags = KVR_REQUEST_ADMIT;
       req.request_id = ids[k];
       kvr_route_result r;
-      kvr_route_result_init(&r);
+      kvr_route_result_init(&r, sizeof r);
       long long t0 = now_ns();
       if (kvr_find_best_match(router, prompt, TOKENS, &req, &r, NULL, 0, NULL, NULL) != KVR_OK) {
         return 1;
@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
       memcpy(prompt, queries + (size_t)(((i % (long)nq) + (long)nq) % (long)nq) * TOKENS,
              TOKENS * 4);
       kvr_route_result r;
-      kvr_route_result_init(&r);
+      kvr_route_result_init(&r, sizeof r);
       long long t0 = now_ns();
       kvr_find_best_match(router, prompt, TOKENS, NULL, &r, NULL, 0, NULL, NULL);
       long long t1 = now_ns();

@@ -29,7 +29,8 @@ final class Abi {
   static final int STORED_HAS_PARENT = 0x1;
   static final int STORED_EAGLE = 0x2;
 
-  // kvr_request_options.flags
+  // kvr_request_options.flags. Without KVR_REQUEST_ADMIT a routing call changes nothing; with it
+  // the request is booked (after waiting in the queue if the router queues).
   static final int REQUEST_ADMIT = 0x1;
 
   // the first dimension of kvr_metrics.events, fixed forever
