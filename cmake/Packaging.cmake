@@ -1,8 +1,8 @@
 # Debian packages of libkvrouter, made by CPack from the install components of src/capi:
 #
-#   libkvrouter0.1   Runtime      libkvrouter.so.0.1 and .so.0.1.0 (section libs)
+#   libkvrouter0.2   Runtime      libkvrouter.so.0.2 and .so.0.2.0 (section libs)
 #   libkvrouter-dev  Development  headers, the libkvrouter.so namelink, kvrouter.pc and the CMake
-#                                 package (section libdevel); depends on libkvrouter0.1 of the
+#                                 package (section libdevel); depends on libkvrouter0.2 of the
 #                                 same version
 #
 # Build them from a tree configured with -DCMAKE_INSTALL_PREFIX=/usr, so that GNUInstallDirs
@@ -27,7 +27,7 @@ else()
   set(KVR_DEB_MULTIARCH "") # no dpkg-dev: cpack says so (cmake/CPackProjectConfig.cmake)
 endif()
 
-# The runtime package is named after the SONAME (libkvrouter.so.0.1 -> libkvrouter0.1).
+# The runtime package is named after the SONAME (libkvrouter.so.0.2 -> libkvrouter0.2).
 set(KVR_DEB_RUNTIME_PACKAGE libkvrouter${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR})
 
 # What CPack itself needs.
@@ -89,11 +89,13 @@ set(CPACK_DEBIAN_PACKAGE_PROVIDES "")
 set(CPACK_DEBIAN_PACKAGE_REPLACES "")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA "")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
-# libkvrouter-dev depends on libkvrouter0.1 (= <this version>), from cpack_add_component below.
+# libkvrouter-dev depends on libkvrouter0.2 (= <this version>), from cpack_add_component below.
 set(CPACK_DEBIAN_ENABLE_COMPONENT_DEPENDS ON)
 # dpkg-shlibdeps (dpkg-dev) computes the runtime package's Depends from the library's NEEDED
-# entries (libabsl*, libuv1, libzmq5, libnats3.x, libstdc++6, libc6); shlibs lets packages built
-# against libkvrouter depend on it the same way.
+# entries (libabsl*, libuv1, libzmq5, libnats3.x, libstdc++6, libc6); shlibs and the symbols file
+# (below) let packages built against libkvrouter depend on it the same way. The two coexist, as
+# debhelper's dh_makeshlibs makes them: dpkg-shlibdeps uses the symbols file when there is one
+# and shlibs otherwise.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "")
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
@@ -101,7 +103,7 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_DEBIAN_DEBUGINFO_PACKAGE OFF)
 set(CPACK_DEBIAN_PACKAGE_DEBUG OFF)
 
-# libkvrouter0.1: the shared library.
+# libkvrouter0.2: the shared library.
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "${KVR_DEB_RUNTIME_PACKAGE}")
 set(CPACK_DEBIAN_RUNTIME_FILE_NAME "DEB-DEFAULT")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_ARCHITECTURE "${KVR_DEB_ARCH}")
@@ -131,6 +133,22 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
 # a postinst and a postrm that call ldconfig for any library under /usr/lib, and cannot be told
 # not to short of shipping our own scripts: redundant with the trigger, and harmless.
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA "${CMAKE_CURRENT_LIST_DIR}/debian/triggers")
+# The symbols file (deb-symbols(5)): cmake/debian/<runtime package>.symbols lists every exported
+# symbol with its version node (KVR_<major.minor>, src/capi/kvrouter.map) and the release that
+# introduced it, so that a package built against libkvrouter depends on the release that has
+# every symbol it uses. CPack names a control file after its file name, so it is copied to
+# debian/symbols in the build tree. scripts/test-packaging.sh checks it against the library with
+# dpkg-gensymbols; scripts/abi-baseline.sh records new symbols in it, and writes the file of a
+# new runtime package after a SONAME bump.
+set(KVR_DEB_SYMBOLS "${CMAKE_CURRENT_LIST_DIR}/debian/${KVR_DEB_RUNTIME_PACKAGE}.symbols")
+if(EXISTS "${KVR_DEB_SYMBOLS}")
+  configure_file("${KVR_DEB_SYMBOLS}" "${PROJECT_BINARY_DIR}/debian/symbols" COPYONLY)
+  list(APPEND CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA "${PROJECT_BINARY_DIR}/debian/symbols")
+else()
+  file(REMOVE "${PROJECT_BINARY_DIR}/debian/symbols")
+  message(WARNING "kvrouter: no ${KVR_DEB_SYMBOLS}, so ${KVR_DEB_RUNTIME_PACKAGE} gets no symbols "
+                  "file; scripts/abi-baseline.sh writes it")
+endif()
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_RUNTIME_DEBUGINFO_PACKAGE OFF)
 

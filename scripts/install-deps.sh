@@ -19,8 +19,12 @@ packages=(
   # plots for the replay tool
   gnuplot-nox
   # Debian packages and their test (scripts/test-packaging.sh): cpack runs dpkg-shlibdeps
-  # (dpkg-dev) and file; nm and readelf (binutils) inspect the library
+  # (dpkg-dev) and file; nm and readelf (binutils) inspect the library; dpkg-gensymbols
+  # (dpkg-dev) checks the symbols file
   dpkg-dev file binutils
+  # the ABI check of the packaging test and scripts/abi-baseline.sh: abidw and abidiff
+  # (libabigail; Debian 12 has 2.2) against the committed baseline abi/libkvrouter-*.abi
+  abigail-tools
 )
 
 missing=()

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Packaging test: libkvrouter as a system library. Builds only the library (Release) in
-# build/package, configured for /usr as the Debian packages are, then:
+# Packaging test: libkvrouter as a system library. Builds only the library (Release, with debug
+# information for abidw; the packages are stripped) in build/package, configured for /usr as the
+# Debian packages are, then:
 #  (a) installs it into a staging prefix, component by component, checks the files and the
 #      exported CMake target, and builds and runs tests/package/consumer.c against it twice:
 #      through pkg-config and through CMake's find_package;
-#  (b) checks that the library exports exactly the kvr_* functions of include/kvrouter.h;
-#  (c) builds the Debian packages with cpack and checks their fields, dependencies, control
-#      files and contents; then builds and runs the consumer against them: installed into the
-#      system with dpkg -i and removed again afterwards when run as root with
-#      KVR_PACKAGE_INSTALL=1 (CI, on a throwaway machine), otherwise extracted into a
-#      temporary root with dpkg-deb -x.
-# Ends with "packaging: N checks passed". Needs dpkg-dev, file, pkg-config and binutils
-# (scripts/install-deps.sh installs them).
+#  (b) checks that the library exports exactly the kvr_* functions of include/kvrouter.h, under
+#      the version node of its SONAME;
+#  (c) compares the library's ABI with the committed baseline of the last release
+#      (abi/libkvrouter-<major.minor>.abi) with abidiff: any change but new functions and fields
+#      appended to versioned structs fails, and so does a baseline of another SONAME (after a
+#      SONAME bump, scripts/abi-baseline.sh records the new one);
+#  (d) builds the Debian packages with cpack and checks their fields, dependencies, control
+#      files (the symbols file against the library, with dpkg-gensymbols) and contents; then
+#      builds and runs the consumer against them: installed into the system with dpkg -i and
+#      removed again afterwards when run as root with KVR_PACKAGE_INSTALL=1 (CI, on a throwaway
+#      machine), otherwise extracted into a temporary root with dpkg-deb -x.
+# Ends with "packaging: N checks passed". Needs dpkg-dev, file, pkg-config, binutils and
+# abigail-tools (scripts/install-deps.sh installs them).
 set -eEuo pipefail
 cd "$(dirname "$0")/.."
 if [ "${KVR_PACKAGE_INSTALL:-0}" = 1 ] && [ "$(id -u)" != 0 ]; then
@@ -69,8 +75,11 @@ run_logged() {  # run_logged LOG COMMAND...: quiet unless it fails
 }
 
 echo "== build: libkvrouter (Release, for /usr) in $build =="
+# -g for abidw in (c); -ffile-prefix-map so that the debug information names ./src/..., not this
+# checkout (scripts/abi-baseline.sh builds the same way: keep the two in step).
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
   -DKVR_BUILD_TESTS=OFF -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF \
+  -DCMAKE_C_FLAGS="-g -ffile-prefix-map=$src=." -DCMAKE_CXX_FLAGS="-g -ffile-prefix-map=$src=." \
   >/dev/null
 cmake --build "$build" -j "$jobs" --target kvrouter
 
@@ -89,14 +98,20 @@ echo "kvrouter $version: SONAME libkvrouter.so.$soversion, packages $runtime_pkg
 # What each component installs, relative to the prefix.
 runtime_files="$libdir/libkvrouter.so.$soversion
 $libdir/libkvrouter.so.$version"
-dev_files="include/kvrouter.h
+# The header, and what it cites: the README, docs/ and the schemas (sorted as files_under does).
+dev_files=$(LC_ALL=C sort <<LIST
+include/kvrouter.h
 include/kvrouter_version.h
+$(cd "$src" && ls README.md docs/*.md | sed 's|^docs/||; s|^|share/doc/kvrouter/|')
+$(cd "$src" && ls schema/*.fbs | sed 's|^|share/kvrouter/|')
 $libdir/cmake/kvrouter/kvrouterConfig.cmake
 $libdir/cmake/kvrouter/kvrouterConfigVersion.cmake
 $libdir/cmake/kvrouter/kvrouterTargets-release.cmake
 $libdir/cmake/kvrouter/kvrouterTargets.cmake
 $libdir/libkvrouter.so
-$libdir/pkgconfig/kvrouter.pc"
+$libdir/pkgconfig/kvrouter.pc
+LIST
+)
 files_under() {  # files_under DIR: every non-directory below DIR, relative, sorted
   (cd "$1" && find . ! -type d | sed 's|^\./||' | LC_ALL=C sort)
 }
@@ -212,19 +227,145 @@ done
 consumers staged "$stage"
 
 echo "== (b) exported symbols =="
-# nm -D lists the version node of src/capi/kvrouter.map (KVR_<n>, type A) and every function
-# as name@@KVR_<n>: the functions must be exactly those declared KVR_API in the header.
+# nm -D lists the version node of src/capi/kvrouter.map (KVR_<major.minor>, type A) and every
+# function as name@@KVR_<major.minor>: the node must be the SONAME's, and the functions exactly
+# those declared KVR_API in the header.
+node=KVR_$soversion
 exports=$(nm -D --defined-only "$staged_lib")
-others=$(awk '!($2 == "A" && $3 ~ /^KVR_[0-9]+$/) && $3 !~ /^kvr_[a-z0-9_]+@@KVR_[0-9]+$/' \
-  <<<"$exports")
-[ -z "$others" ] || fail "the library exports more than kvr_* functions: $others"
+others=$(awk -v node="$node" '!($2 == "A" && $3 == node) &&
+  !($3 ~ /^kvr_[a-z0-9_]+@@/ && substr($3, index($3, "@@") + 2) == node)' <<<"$exports")
+[ -z "$others" ] || fail "the library exports more than kvr_* functions under $node: $others"
 exported=$(awk '$3 ~ /^kvr_/ {sub(/@.*/, "", $3); print $3}' <<<"$exports" | LC_ALL=C sort)
 declared=$(grep -oE 'KVR_API[^(]*\<kvr_[a-z0-9_]+\(' include/kvrouter.h |
   grep -oE 'kvr_[a-z0-9_]+\($' | tr -d '(' | LC_ALL=C sort -u)
-expect_same_lines "kvr_* functions exported (all versioned, nothing else) and declared KVR_API" \
+expect_same_lines "kvr_* functions exported (all under $node, nothing else) and declared KVR_API" \
   "$exported" "$declared"
 
-echo "== (c) Debian packages =="
+echo "== (c) ABI: abidiff against the baseline of the last release =="
+for tool in abidw abidiff; do
+  command -v "$tool" >/dev/null || fail "no $tool: install abigail-tools (scripts/install-deps.sh)"
+done
+# The new library, described with the baseline's abidw options (kept in $build to look at).
+current=$build/libkvrouter-$soversion.abi
+run_logged "$tmp/abidw.log" scripts/abi-baseline.sh --dump "$staged_lib" "$current"
+suppressions=abi/libkvrouter.abignore
+abi_attr() {  # abi_attr ATTRIBUTE FILE: an attribute of the abi-corpus element
+  sed -n "1s/.*<abi-corpus [^>]*\<$1='\([^']*\)'.*/\1/p" "$2"
+}
+baseline=abi/libkvrouter-$soversion.abi
+if [ ! -f "$baseline" ]; then
+  # The SONAME changed since the baseline was recorded (or there never was one). An older
+  # release's baseline says nothing about what this SONAME promises, and passing without a
+  # baseline would leave the new SONAME unguarded until somebody noticed: so the bump has to
+  # bring its baseline along. What changed since the old one is shown for the record (the list
+  # of breaks in docs/api-stability.md), with the old SONAME and version node renamed to the new
+  # ones: otherwise every function shows as removed and added again.
+  for old in abi/libkvrouter-*.abi; do
+    [ -f "$old" ] || continue
+    old_node=$(grep -m1 -o "<elf-symbol [^>]* version='[^']*'" "$old" |
+      sed "s/.*version='//; s/'$//")
+    sed -e "s/'$old_node'/'$node'/g; s/@@$old_node'/@@$node'/g" \
+      -e "1s/soname='[^']*'/soname='libkvrouter.so.$soversion'/" "$old" >"$tmp/old-renamed.abi"
+    echo "-- abidiff $old $current (the ABI changes since that baseline, $old_node taken as $node)"
+    { abidiff "$tmp/old-renamed.abi" "$current" || true; } >"$tmp/since-old.txt" 2>&1
+    [ -s "$tmp/since-old.txt" ] || echo "(no change)" >"$tmp/since-old.txt"
+    sed 's/^/   /' "$tmp/since-old.txt"
+    fail "the ABI baseline is $old (SONAME $(abi_attr soname "$old")), this library is" \
+      "libkvrouter.so.$soversion: after a SONAME bump, record its ABI with" \
+      "scripts/abi-baseline.sh and commit $baseline"
+  done
+  fail "no ABI baseline $baseline: record it with scripts/abi-baseline.sh (on the release commit)"
+fi
+expect_eq "SONAME in $baseline" "$(abi_attr soname "$baseline")" "libkvrouter.so.$soversion"
+if [ "$(abi_attr architecture "$baseline")" != "$(abi_attr architecture "$current")" ]; then
+  # Type sizes and offsets are per architecture; the baseline is recorded on CI's.
+  echo "-- not compared: $baseline describes $(abi_attr architecture "$baseline"), this build" \
+    "is $(abi_attr architecture "$current")"
+else
+  # Fields appended to a versioned struct (one that begins with struct_size in the baseline) are
+  # compatible: cut each such struct of the new description back to its baseline size, so that
+  # abidiff sees an unchanged struct exactly when the old layout is a prefix of the new one.
+  # (libabigail's has_data_member_inserted_at = end would let in-place changes pass too:
+  # abi/libkvrouter.abignore.) Relies on abidw's one element per line; should that change, the
+  # appended fields show up as insertions and fail, never the other way round.
+  prefix=$tmp/current-prefix.abi
+  awk -v appended="$tmp/appended.txt" '
+    function attr(line, name) {
+      if (!match(line, name "=\047[^\047]*\047")) return ""
+      return substr(line, RSTART + length(name) + 2, RLENGTH - length(name) - 3)
+    }
+    FNR == NR {  # the baseline: the size of every versioned struct
+      if ($0 ~ /^ *<class-decl / && $0 !~ /\/> *$/) {
+        cls = attr($0, "name"); size = attr($0, "size-in-bits"); first = 0
+      } else if (cls != "" && $0 ~ /^ *<data-member /) {
+        first = (attr($0, "layout-offset-in-bits") == "0")
+      } else if (cls != "" && first && $0 ~ /^ *<var-decl /) {
+        if (attr($0, "name") == "struct_size") versioned[cls] = size
+        first = 0
+      } else if ($0 ~ /^ *<\/class-decl>/) cls = ""
+      next
+    }
+    $0 ~ /^ *<class-decl / && $0 !~ /\/> *$/ {
+      cls = attr($0, "name"); cut = ""; names = ""
+      if ((cls in versioned) && attr($0, "size-in-bits") + 0 > versioned[cls] + 0) {
+        cut = versioned[cls]; grown = attr($0, "size-in-bits")
+        sub(/size-in-bits=\047[0-9]+\047/, "size-in-bits=\047" cut "\047")
+      }
+    }
+    cut != "" && $0 ~ /^ *<data-member / && attr($0, "layout-offset-in-bits") + 0 >= cut + 0 {
+      skip = 1
+    }
+    skip {
+      if ($0 ~ /^ *<var-decl /) names = names " " attr($0, "name")
+      if ($0 ~ /^ *<\/data-member>/) skip = 0
+      next
+    }
+    $0 ~ /^ *<\/class-decl>/ {
+      if (cut != "")
+        printf "struct %s: %d -> %d bytes, appended:%s\n", cls, cut / 8, grown / 8, names >appended
+      cls = ""; cut = ""
+    }
+    { print }
+  ' "$baseline" "$current" >"$prefix"
+  # abidiff's exit status is a bit field: 1 ABIDIFF_ERROR, 2 ABIDIFF_USAGE_ERROR, 4
+  # ABIDIFF_ABI_CHANGE, 8 ABIDIFF_ABI_INCOMPATIBLE_CHANGE. Libabigail 2.2 sets 8 only for a
+  # removed function or variable; a changed parameter type or struct layout is 4 alone ("a
+  # human needs to review"). With additions suppressed and appends cut, nothing compatible is
+  # left, so 4 fails too. (Both inputs are abidw's descriptions, already limited to the public
+  # header, so --headers-dir1/2 would add nothing.)
+  status=0
+  abidiff --suppressions "$suppressions" "$baseline" "$prefix" >"$tmp/abidiff.txt" 2>&1 ||
+    status=$?
+  if [ "$status" != 0 ]; then
+    if ((status & 1)); then
+      sed 's/^/   /' "$tmp/abidiff.txt" >&2
+      fail "abidiff could not compare $baseline with $current (exit $status)"
+    fi
+    # The report against the uncut description shows each struct as it changed (cut, a field
+    # that a change pushed past the struct's old end would show as deleted).
+    { abidiff --suppressions "$suppressions" "$baseline" "$current" || true; } 2>&1 |
+      sed 's/^/   /' >&2
+    ((status & 8)) && fail "incompatible ABI change (abidiff exit $status: a function or" \
+      "variable removed) with the SONAME still libkvrouter.so.$soversion: restore it, or bump" \
+      "the SONAME (docs/api-stability.md)"
+    fail "ABI change (abidiff exit $status) with the SONAME still libkvrouter.so.$soversion:" \
+      "a changed function or a struct changed other than by fields appended to a versioned" \
+      "struct; undo it, or bump the SONAME (docs/api-stability.md)"
+  fi
+  ok "abidiff: libkvrouter.so.$soversion keeps the ABI of $baseline" \
+    "($(grep -c '<elf-symbol ' "$baseline") functions)"
+  # What is new since the baseline, compatibly: for the record until the next release records it.
+  abidiff "$baseline" "$prefix" >"$tmp/additions.txt" 2>&1 || true
+  if grep -q '^ *\[A\]' "$tmp/additions.txt" || [ -s "$tmp/appended.txt" ]; then
+    echo "-- compatible additions since $baseline (recorded at the next release by" \
+      "scripts/abi-baseline.sh):"
+    { grep '^ *\[A\]' "$tmp/additions.txt" || true; } |
+      sed "s/^ *\[A\] 'function \(.*\)'  *{\(.*\)}$/   function \1 (\2)/"
+    { cat "$tmp/appended.txt" 2>/dev/null || true; } | sed 's/^/   /'
+  fi
+fi
+
+echo "== (d) Debian packages =="
 rm -f "$build"/*.deb
 run_logged "$tmp/cpack.log" bash -c "cd '$build' && cpack -G DEB"
 runtime_deb=$build/${runtime_pkg}_${deb_version}_$arch.deb
@@ -257,6 +398,17 @@ done
 ok "runtime Depends has libabsl, libuv1, libzmq5, libnats, libstdc++6, libc6 from dpkg-shlibdeps"
 expect_eq "runtime shlibs" "$(dpkg-deb --info "$runtime_deb" shlibs)" \
   "libkvrouter $soversion $runtime_pkg (>= $deb_version)"
+# The symbols file: cmake/debian/<runtime package>.symbols, as it is committed (checked against
+# the library below).
+control=$tmp/control-runtime
+dpkg-deb --control "$runtime_deb" "$control"
+symbols_file=cmake/debian/$runtime_pkg.symbols
+[ -f "$control/symbols" ] ||
+  fail "$runtime_pkg has no symbols file: write $symbols_file with scripts/abi-baseline.sh"
+cmp -s "$control/symbols" "$symbols_file" || fail "$runtime_pkg's symbols file is not $symbols_file"
+ok "$runtime_pkg's control file symbols is $symbols_file"
+expect_eq "mode of $runtime_pkg's control file symbols" \
+  "$(dpkg-deb --ctrl-tarfile "$runtime_deb" | tar -tvf - ./symbols | awk '{print $1}')" -rw-r--r--
 grep -qx 'activate-noawait ldconfig' <(dpkg-deb --info "$runtime_deb" triggers) ||
   fail "the runtime package has no ldconfig trigger"
 ok "the runtime package activates the ldconfig trigger"
@@ -277,6 +429,22 @@ ok "the packaged library is stripped"
 [ "$(nm -D --defined-only "$packaged_lib")" = "$exports" ] ||
   fail "the packaged library's dynamic symbols differ from the installed one's"
 ok "the packaged library exports the same symbols as the installed one"
+# dpkg-gensymbols -c4 fails on any difference between the symbols file and the library: a symbol
+# the file does not list (record it: scripts/abi-baseline.sh --symbols) or one the library lost.
+# -v is the package's version, as dpkg-buildpackage passes it: a symbol counts as lost only when
+# -v is newer than the version that introduced it, so with the bare 0.2.0 a symbol introduced in
+# 0.2.0 could vanish unnoticed.
+gensymbols=$tmp/gensymbols
+mkdir -p "$gensymbols"
+(cd "$gensymbols" && dpkg-gensymbols -v"$deb_version" -p"$runtime_pkg" -e"$packaged_lib" \
+  -I"$control/symbols" -O"$gensymbols/symbols" -c4) >"$tmp/gensymbols.log" 2>&1 || {
+  sed 's/^/   /' "$tmp/gensymbols.log" >&2
+  fail "$symbols_file does not list exactly the library's symbols (dpkg-gensymbols -c4, diff" \
+    "above): record new ones with scripts/abi-baseline.sh --symbols; removing one needs a" \
+    "SONAME bump"
+}
+ok "dpkg-gensymbols -c4: $symbols_file lists exactly the library's" \
+  "$(grep -c '^ ' "$symbols_file") symbols, all under $node"
 if grep -rlF -e "$src" -e "$tmp" "$root"; then
   fail "the packages name the source or build tree"
 fi
