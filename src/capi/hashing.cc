@@ -5,11 +5,6 @@
 
 using namespace kvrouter::capi;
 
-template <>
-kvr_hash_options kvrouter::capi::Defaults() noexcept {
-  return kvr_hash_options{.struct_size = sizeof(kvr_hash_options)};
-}
-
 extern "C" {
 
 KVR_API kvr_tier kvr_tier_from_medium(const char* medium) {

@@ -64,11 +64,6 @@ kvr_engine_worker Defaults() noexcept {
   return c;
 }
 
-template <>
-kvr_ingest_stats Defaults() noexcept {
-  return kvr_ingest_stats{.struct_size = sizeof(kvr_ingest_stats)};
-}
-
 }  // namespace kvrouter::capi
 
 extern "C" {

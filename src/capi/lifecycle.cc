@@ -82,11 +82,6 @@ kvr_routing_hints Defaults() noexcept {
   return c;
 }
 
-template <>
-kvr_route_signals Defaults() noexcept {
-  return kvr_route_signals{.struct_size = sizeof(kvr_route_signals)};
-}
-
 }  // namespace kvrouter::capi
 
 namespace {

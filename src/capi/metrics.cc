@@ -5,11 +5,6 @@
 
 using namespace kvrouter::capi;
 
-template <>
-kvr_metrics kvrouter::capi::Defaults() noexcept {
-  return kvr_metrics{.struct_size = sizeof(kvr_metrics)};
-}
-
 namespace {
 
 kvr_metrics Collect(const kvr_router& router) {

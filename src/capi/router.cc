@@ -143,16 +143,6 @@ kvr_worker_config Defaults() noexcept {
   return c;
 }
 
-template <>
-kvr_stored_event Defaults() noexcept {
-  return kvr_stored_event{.struct_size = sizeof(kvr_stored_event)};
-}
-
-template <>
-kvr_removed_event Defaults() noexcept {
-  return kvr_removed_event{.struct_size = sizeof(kvr_removed_event)};
-}
-
 // Request options are overrides of the router's settings: their defaults mean "unset".
 template <>
 kvr_request_options Defaults() noexcept {
@@ -170,11 +160,6 @@ kvr_request_options Defaults() noexcept {
   c.overlap_score_credit_decay = unset;
   c.decode_active_request_weight = unset;
   return c;
-}
-
-template <>
-kvr_route_result Defaults() noexcept {
-  return kvr_route_result{.struct_size = sizeof(kvr_route_result)};
 }
 
 kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,

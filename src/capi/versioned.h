@@ -59,15 +59,24 @@ struct StructTraits;  // name and first released size, for each versioned struct
 KVR_VERSIONED_STRUCTS(KVR_STRUCT_TRAITS_)
 #undef KVR_STRUCT_TRAITS_
 
-// The library's defaults for T, with struct_size = sizeof(T). Defined next to the code that
-// converts T, from the core's own defaults wherever the core has the setting. noexcept: _init
-// calls it, and nothing may unwind into C.
+// The library's defaults for T, with struct_size = sizeof(T): all zero unless T is one of the
+// structs below, whose defaults are defined next to the code that converts them, from the core's
+// own defaults wherever the core has the setting. noexcept: _init calls it, and nothing may
+// unwind into C.
 template <typename T>
-T Defaults() noexcept;
-#define KVR_DECLARE_DEFAULTS_(T, first_last_field) \
-  template <>                                      \
+T Defaults() noexcept {
+  T defaults{};
+  defaults.struct_size = sizeof(T);
+  return defaults;
+}
+#define KVR_STRUCTS_WITH_DEFAULTS(X)                                                     \
+  X(kvr_router_options)                                                                  \
+  X(kvr_worker_config) X(kvr_request_options) X(kvr_routing_hints) X(kvr_disagg_options) \
+      X(kvr_prefill_result) X(kvr_ingest_options) X(kvr_engine_worker)
+#define KVR_DECLARE_DEFAULTS_(T) \
+  template <>                    \
   T Defaults<T>() noexcept;
-KVR_VERSIONED_STRUCTS(KVR_DECLARE_DEFAULTS_)
+KVR_STRUCTS_WITH_DEFAULTS(KVR_DECLARE_DEFAULTS_)
 #undef KVR_DECLARE_DEFAULTS_
 
 // How much larger than this library's a newer caller's struct may be: far beyond any real

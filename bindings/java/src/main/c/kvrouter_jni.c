@@ -737,92 +737,27 @@ JNIEXPORT jint JNICALL Java_io_kvrouter_Native_tierFromMedium(JNIEnv* env, jclas
   return tier;
 }
 
-/* The library's defaults of one struct (its _init at the glue's size), encoded: what the Java
- * builders start from. */
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_routerOptionsDefaults(JNIEnv* env,
-                                                                           jclass cls) {
-  (void)cls;
-  kvr_router_options c;
-  if (INIT(env, kvr_router_options_init, &c) != 0) return NULL;
-  jlong v[ABI_ROUTER_OPTIONS_LEN];
-  abi_encode_router_options(&c, v);
-  return new_longs(env, v, ABI_ROUTER_OPTIONS_LEN);
-}
-
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_workerConfigDefaults(JNIEnv* env, jclass cls) {
-  (void)cls;
-  kvr_worker_config c;
-  if (INIT(env, kvr_worker_config_init, &c) != 0) return NULL;
-  jlong v[ABI_WORKER_CONFIG_LEN];
-  abi_encode_worker_config(&c, v);
-  return new_longs(env, v, ABI_WORKER_CONFIG_LEN);
-}
-
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_requestOptionsDefaults(JNIEnv* env,
-                                                                            jclass cls) {
-  (void)cls;
-  kvr_request_options c;
-  if (INIT(env, kvr_request_options_init, &c) != 0) return NULL;
-  jlong v[ABI_REQUEST_OPTIONS_LEN];
-  abi_encode_request_options(&c, v);
-  return new_longs(env, v, ABI_REQUEST_OPTIONS_LEN);
-}
-
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_routingHintsDefaults(JNIEnv* env, jclass cls) {
-  (void)cls;
-  kvr_routing_hints c;
-  if (INIT(env, kvr_routing_hints_init, &c) != 0) return NULL;
-  jlong v[ABI_ROUTING_HINTS_LEN];
-  abi_encode_routing_hints(&c, v);
-  return new_longs(env, v, ABI_ROUTING_HINTS_LEN);
-}
-
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_disaggOptionsDefaults(JNIEnv* env,
-                                                                           jclass cls) {
-  (void)cls;
-  kvr_disagg_options c;
-  if (INIT(env, kvr_disagg_options_init, &c) != 0) return NULL;
-  jlong v[ABI_DISAGG_OPTIONS_LEN];
-  abi_encode_disagg_options(&c, v);
-  return new_longs(env, v, ABI_DISAGG_OPTIONS_LEN);
-}
-
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_ingestOptionsDefaults(JNIEnv* env,
-                                                                           jclass cls) {
-  (void)cls;
-  kvr_ingest_options c;
-  if (INIT(env, kvr_ingest_options_init, &c) != 0) return NULL;
-  jlong v[ABI_INGEST_OPTIONS_LEN];
-  abi_encode_ingest_options(&c, v);
-  return new_longs(env, v, ABI_INGEST_OPTIONS_LEN);
-}
-
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_engineWorkerDefaults(JNIEnv* env, jclass cls) {
-  (void)cls;
-  kvr_engine_worker c;
-  if (INIT(env, kvr_engine_worker_init, &c) != 0) return NULL;
-  jlong v[ABI_ENGINE_WORKER_LEN];
-  abi_encode_engine_worker(&c, v);
-  return new_longs(env, v, ABI_ENGINE_WORKER_LEN);
-}
-
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_storedEventDefaults(JNIEnv* env, jclass cls) {
-  (void)cls;
-  kvr_stored_event c;
-  if (INIT(env, kvr_stored_event_init, &c) != 0) return NULL;
-  jlong v[ABI_STORED_EVENT_LEN];
-  abi_encode_stored_event(&c, v);
-  return new_longs(env, v, ABI_STORED_EVENT_LEN);
-}
-
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_removedEventDefaults(JNIEnv* env, jclass cls) {
-  (void)cls;
-  kvr_removed_event c;
-  if (INIT(env, kvr_removed_event_init, &c) != 0) return NULL;
-  jlong v[ABI_REMOVED_EVENT_LEN];
-  abi_encode_removed_event(&c, v);
-  return new_longs(env, v, ABI_REMOVED_EVENT_LEN);
-}
+/* Native.<java>Defaults(): the library's defaults of one struct (its _init at the glue's size),
+ * encoded in its generated slots: what the Java builders start from. */
+#define DEFAULTS_NATIVE(java, codec, len)                                                          \
+  JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_##java##Defaults(JNIEnv* env, jclass cls) { \
+    (void)cls;                                                                                     \
+    kvr_##codec c;                                                                                 \
+    if (INIT(env, kvr_##codec##_init, &c) != 0) return NULL;                                       \
+    jlong v[len];                                                                                  \
+    abi_encode_##codec(&c, v);                                                                     \
+    return new_longs(env, v, len);                                                                 \
+  }
+DEFAULTS_NATIVE(routerOptions, router_options, ABI_ROUTER_OPTIONS_LEN)
+DEFAULTS_NATIVE(workerConfig, worker_config, ABI_WORKER_CONFIG_LEN)
+DEFAULTS_NATIVE(requestOptions, request_options, ABI_REQUEST_OPTIONS_LEN)
+DEFAULTS_NATIVE(routingHints, routing_hints, ABI_ROUTING_HINTS_LEN)
+DEFAULTS_NATIVE(disaggOptions, disagg_options, ABI_DISAGG_OPTIONS_LEN)
+DEFAULTS_NATIVE(ingestOptions, ingest_options, ABI_INGEST_OPTIONS_LEN)
+DEFAULTS_NATIVE(engineWorker, engine_worker, ABI_ENGINE_WORKER_LEN)
+DEFAULTS_NATIVE(storedEvent, stored_event, ABI_STORED_EVENT_LEN)
+DEFAULTS_NATIVE(removedEvent, removed_event, ABI_REMOVED_EVENT_LEN)
+#undef DEFAULTS_NATIVE
 
 /* ---- Hashing -------------------------------------------------------------------------------- */
 
