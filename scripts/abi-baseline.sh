@@ -80,18 +80,10 @@ if [ "$mode" = all ] && [ -n "$dirty" ]; then
     "baseline should describe a commit (the release's)" >&2
 fi
 
-# As scripts/test-packaging.sh configures and builds it (keep the two in step).
+# As scripts/test-packaging.sh builds it.
 src=$PWD
-build=build/package
-jobs=${KVR_JOBS:-$(nproc)}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
-  -DKVR_BUILD_TESTS=OFF -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF \
-  -DCMAKE_C_FLAGS="-g -ffile-prefix-map=$src=." -DCMAKE_CXX_FLAGS="-g -ffile-prefix-map=$src=." \
-  >/dev/null
-cmake --build "$build" -j "$jobs" --target kvrouter
-
-version=$(sed -n 's/^#define KVR_VERSION_STRING "\(.*\)"$/\1/p' "$build/include/kvrouter_version.h")
-soversion=${version%.*}
+source scripts/package-build.sh
+build_package_library
 lib=$src/$build/src/capi/libkvrouter.so.$version
 package=libkvrouter$soversion
 

@@ -25,8 +25,6 @@ if [ "${KVR_PACKAGE_INSTALL:-0}" = 1 ] && [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-jobs=${KVR_JOBS:-$(nproc)}
-build=build/package
 src=$PWD
 # Only what this script passes decides where the consumer finds kvrouter.
 unset PKG_CONFIG_PATH CMAKE_PREFIX_PATH LD_LIBRARY_PATH kvrouter_DIR kvrouter_ROOT
@@ -74,17 +72,9 @@ run_logged() {  # run_logged LOG COMMAND...: quiet unless it fails
   }
 }
 
-echo "== build: libkvrouter (Release, for /usr) in $build =="
-# -g for abidw in (c); -ffile-prefix-map so that the debug information names ./src/..., not this
-# checkout (scripts/abi-baseline.sh builds the same way: keep the two in step).
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
-  -DKVR_BUILD_TESTS=OFF -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF \
-  -DCMAKE_C_FLAGS="-g -ffile-prefix-map=$src=." -DCMAKE_CXX_FLAGS="-g -ffile-prefix-map=$src=." \
-  >/dev/null
-cmake --build "$build" -j "$jobs" --target kvrouter
-
-version=$(sed -n 's/^#define KVR_VERSION_STRING "\(.*\)"$/\1/p' "$build/include/kvrouter_version.h")
-soversion=${version%.*}  # 0.x: the SONAME carries major.minor
+echo "== build: libkvrouter (Release, for /usr) in build/package =="
+source scripts/package-build.sh
+build_package_library  # sets build, version and soversion (0.x: the SONAME carries major.minor)
 deb_release=$(sed -n 's/^set(CPACK_DEBIAN_PACKAGE_RELEASE "\(.*\)")$/\1/p' \
   "$build/CPackConfig.cmake")
 deb_version=$version-$deb_release
