@@ -537,6 +537,16 @@ KVR_API kvr_status kvr_router_overlap_scores(kvr_router *router, const uint32_t 
                                              size_t num_tokens, const kvr_request_options *opts,
                                              kvr_overlap *out, size_t cap, size_t *len,
                                              kvr_error **err);
+/* As kvr_router_overlap_scores, for a prompt already hashed: `local_hashes` are its blocks'
+ * local hashes (kvr_compute_block_hashes; what engines' KV events and Dynamo's find_matches
+ * take), so no token is hashed here. Of opts (may be NULL) only the cost overrides apply (the
+ * tier weights of effective_overlap_blocks): LoRA, namespace and multimodal content are in the
+ * hashes already. Since 0.2.0. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router *router,
+                                                    const uint64_t *local_hashes, size_t num_hashes,
+                                                    const kvr_request_options *opts,
+                                                    kvr_overlap *out, size_t cap, size_t *len,
+                                                    kvr_error **err);
 
 /* The load each registered rank would carry with this prompt. */
 typedef struct kvr_potential_load {

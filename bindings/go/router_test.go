@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -221,6 +222,14 @@ func TestRoutingPicksPrefixHolder(t *testing.T) {
 	must(t, r.ApplyStored(host))
 	ov, err := r.OverlapScores(p, nil)
 	must(t, err)
+	// The same prompt hashed by the caller gets the same rows.
+	hashes, err := ComputeBlockHashes(p, bs, nil)
+	must(t, err)
+	hashed, err := r.OverlapScoresOfHashes(hashes, nil)
+	must(t, err)
+	if !reflect.DeepEqual(hashed, ov) {
+		t.Errorf("overlap of hashes %+v, of tokens %+v", hashed, ov)
+	}
 	found := false
 	for _, o := range ov {
 		if o.WorkerID == 3 {

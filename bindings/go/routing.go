@@ -311,6 +311,29 @@ func (r *Router) OverlapScores(tokens []uint32, opts *RequestOptions) ([]Overlap
 	return r.overlapScores(tokens, opts, initialResults)
 }
 
+// OverlapScoresOfHashes is OverlapScores for a prompt already hashed: localHashes are its blocks'
+// local hashes (ComputeBlockHashes; what engines' KV events and Dynamo's find_matches take). Of
+// opts only the cost overrides apply (kvr_router_overlap_scores_hashed).
+func (r *Router) OverlapScoresOfHashes(localHashes []uint64, opts *RequestOptions) ([]Overlap, error) {
+	h := r.handle()
+	if h == nil {
+		return nil, ErrClosed
+	}
+	var a args
+	defer a.release()
+	copts := opts.toC(&a)
+	hp := u64Ptr(localHashes)
+	defer runtime.KeepAlive(r)
+	defer runtime.KeepAlive(localHashes)
+	buf, err := fillGrowing(initialResults, func(p *C.kvr_overlap, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_router_overlap_scores_hashed(h, hp, C.size_t(len(localHashes)), copts, p, cap, n, cerr)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return overlapsFrom(buf), nil
+}
+
 func (r *Router) overlapScores(tokens []uint32, opts *RequestOptions, capHint int) ([]Overlap, error) {
 	h := r.handle()
 	if h == nil {
@@ -327,13 +350,18 @@ func (r *Router) overlapScores(tokens []uint32, opts *RequestOptions, capHint in
 	if err != nil {
 		return nil, err
 	}
+	return overlapsFrom(buf), nil
+}
+
+// overlapsFrom reads the library's rows through the generated mirror.
+func overlapsFrom(buf []C.kvr_overlap) []Overlap {
 	out := make([]Overlap, len(buf))
 	for i := range out {
 		var m cOverlap
 		m.load(&buf[i])
 		out[i] = Overlap(m)
 	}
-	return out, nil
+	return out
 }
 
 // PotentialLoad is the load one registered rank would carry with a prompt.

@@ -598,6 +598,28 @@ KVR_API kvr_status kvr_router_overlap_scores(kvr_router* router, const uint32_t*
   });
 }
 
+KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router* router,
+                                                    const uint64_t* local_hashes, size_t num_hashes,
+                                                    const kvr_request_options* opts,
+                                                    kvr_overlap* out, size_t cap, size_t* len,
+                                                    kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (num_hashes > 0 && local_hashes == nullptr) {
+      return RequireNonNull(err, local_hashes, "local_hashes");
+    }
+    RequestOptions options;
+    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    auto rows =
+        router->router->OverlapScoresOfHashes(std::span(local_hashes, num_hashes), options.route);
+    if (!rows.ok()) return FromStatus(err, rows.status());
+    std::vector<kvr_overlap> items;
+    items.reserve(rows->size());
+    for (const auto& row : *rows) items.push_back(ToOverlap(row));
+    return CopyOut(err, items, out, cap, len, "overlap scores");
+  });
+}
+
 KVR_API kvr_status kvr_router_potential_loads(kvr_router* router, const uint32_t* tokens,
                                               size_t num_tokens, const kvr_request_options* opts,
                                               kvr_potential_load* out, size_t cap, size_t* len,

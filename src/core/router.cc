@@ -723,17 +723,13 @@ absl::StatusOr<std::vector<PotentialLoad>> Router::PotentialLoads(std::span<cons
   return loads;
 }
 
-absl::StatusOr<std::vector<OverlapScore>> Router::OverlapScores(std::span<const uint32_t> tokens,
-                                                                const RouteOptions& options) {
-  Prepared prepared;
-  if (auto status = Prepare(tokens, options, /*for_booking=*/false, prepared); !status.ok()) {
-    return status;
-  }
+std::vector<OverlapScore> Router::ScoresOf(std::span<const WorkerMatch> matches,
+                                           const SelectorConfig& config) const {
   std::vector<OverlapScore> scores;
-  scores.reserve(prepared.matches.size());
-  for (const WorkerMatch& match : prepared.matches) {
+  scores.reserve(matches.size());
+  for (const WorkerMatch& match : matches) {
     const TierOverlap overlap = OverlapOf(match);
-    const double effective = EffectiveOverlapBlocks(overlap, prepared.config);
+    const double effective = EffectiveOverlapBlocks(overlap, config);
     scores.push_back(OverlapScore{.worker = match.worker,
                                   .overlap = overlap,
                                   .effective_overlap_blocks = effective,
@@ -741,6 +737,24 @@ absl::StatusOr<std::vector<OverlapScore>> Router::OverlapScores(std::span<const 
                                   .tree_size = match.tree_size});
   }
   return scores;
+}
+
+absl::StatusOr<std::vector<OverlapScore>> Router::OverlapScores(std::span<const uint32_t> tokens,
+                                                                const RouteOptions& options) {
+  Prepared prepared;
+  if (auto status = Prepare(tokens, options, /*for_booking=*/false, prepared); !status.ok()) {
+    return status;
+  }
+  return ScoresOf(prepared.matches, prepared.config);
+}
+
+absl::StatusOr<std::vector<OverlapScore>> Router::OverlapScoresOfHashes(
+    std::span<const uint64_t> local_hashes, const RouteOptions& options) {
+  auto config = ApplyOverrides(options_.selection, options.overrides);
+  if (!config.ok()) return config.status();
+  std::vector<WorkerMatch> matches;
+  FindMatches(local_hashes, matches);
+  return ScoresOf(matches, *config);
 }
 
 std::vector<WorkerLoad> Router::Loads() const {

@@ -298,6 +298,10 @@ class Router {
   // What each rank holding the prompt's first block has of its prefix, per tier.
   absl::StatusOr<std::vector<OverlapScore>> OverlapScores(std::span<const uint32_t> tokens,
                                                           const RouteOptions& options = {});
+  // The same for a prompt already hashed (its blocks' local hashes, as engines' events and
+  // Dynamo's find_matches take them); of `options` only the overrides apply.
+  absl::StatusOr<std::vector<OverlapScore>> OverlapScoresOfHashes(
+      std::span<const uint64_t> local_hashes, const RouteOptions& options = {});
   std::vector<WorkerLoad> Loads() const;
   size_t active_requests() const;
   size_t pending_count() const;
@@ -355,6 +359,8 @@ class Router {
   absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
                        bool for_booking, Prepared& out);
   void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
+  std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
+                                     const SelectorConfig& config) const;
 
   // The rest runs under gate_.
   absl::Status SelectLocked(const Prepared& prepared, Selection& out);

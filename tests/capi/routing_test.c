@@ -499,6 +499,46 @@ static void overlap_scores(void** state) {
   assert_int_equal(0, len);
 }
 
+/* A prompt hashed by the caller gets the same overlap as its tokens: the index is walked with
+ * the same local hashes, none are computed. */
+static void overlap_scores_of_hashes(void** state) {
+  fixture* f = (fixture*)*state;
+  uint64_t hashes[REQUEST_TOKENS / BS];
+  kvr_overlap from_tokens[4];
+  kvr_overlap from_hashes[4];
+  kvr_request_options opts;
+  size_t num_hashes = 0;
+  size_t len = 0;
+  size_t len_hashed = 0;
+  KVT_OK(kvr_compute_block_hashes(f->request, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
+                                  &num_hashes, ERRP));
+  KVT_OK(kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, NULL, from_tokens, 4,
+                                   &len, ERRP));
+  KVT_OK(kvr_router_overlap_scores_hashed(f->router, hashes, num_hashes, NULL, from_hashes, 4,
+                                          &len_hashed, ERRP));
+  assert_int_equal(1, len);
+  assert_int_equal(len, len_hashed);
+  assert_memory_equal(from_tokens, from_hashes, sizeof(kvr_overlap));
+  /* A prefix of the hashes matches a prefix. */
+  KVT_OK(kvr_router_overlap_scores_hashed(f->router, hashes, 2, NULL, from_hashes, 4, &len, ERRP));
+  assert_int_equal(1, len);
+  assert_int_equal(2, from_hashes[0].device_blocks);
+  /* The tier weights of the options apply; nothing matches nothing; bad arguments refused. */
+  kvr_request_options_init(&opts, sizeof opts);
+  opts.host_cache_hit_weight = -1;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_overlap_scores_hashed(f->router, hashes, num_hashes, &opts,
+                                                    from_hashes, 4, &len, ERRP));
+  KVT_OK(kvr_router_overlap_scores_hashed(f->router, NULL, 0, NULL, from_hashes, 4, &len, ERRP));
+  assert_int_equal(0, len);
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_overlap_scores_hashed(
+                                             f->router, NULL, 3, NULL, from_hashes, 4, &len, ERRP));
+  KVT_EXPECT_FAILS(
+      KVR_BUFFER_TOO_SMALL,
+      kvr_router_overlap_scores_hashed(f->router, hashes, num_hashes, NULL, NULL, 0, &len, ERRP));
+  assert_int_equal(1, len);
+}
+
 static void overlap_scores_buffer_too_small_then_retry(void** state) {
   fixture* f = (fixture*)*state;
   kvr_overlap one[1];
@@ -712,6 +752,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(request_ids_are_copied, setup, teardown),
       cmocka_unit_test_setup_teardown(per_request_overrides, setup, teardown),
       cmocka_unit_test_setup_teardown(overlap_scores, setup, teardown),
+      cmocka_unit_test_setup_teardown(overlap_scores_of_hashes, setup, teardown),
       cmocka_unit_test_setup_teardown(overlap_scores_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(potential_loads_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, teardown),

@@ -940,6 +940,21 @@ extern "C" {
         len: *mut usize,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
+    /// As kvr_router_overlap_scores, for a prompt already hashed: `local_hashes` are its blocks'
+    /// local hashes (kvr_compute_block_hashes; what engines' KV events and Dynamo's find_matches
+    /// take), so no token is hashed here. Of opts (may be NULL) only the cost overrides apply (the
+    /// tier weights of effective_overlap_blocks): LoRA, namespace and multimodal content are in the
+    /// hashes already. Since 0.2.0. @thread_safety concurrent
+    pub fn kvr_router_overlap_scores_hashed(
+        router: *mut kvr_router,
+        local_hashes: *const u64,
+        num_hashes: usize,
+        opts: *const kvr_request_options,
+        out: *mut kvr_overlap,
+        cap: usize,
+        len: *mut usize,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
     /// @thread_safety concurrent
     pub fn kvr_router_potential_loads(
         router: *mut kvr_router,

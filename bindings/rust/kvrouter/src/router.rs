@@ -613,6 +613,34 @@ impl RouterRef {
         Ok(rows.iter().map(Overlap::from).collect())
     }
 
+    /// As `overlap_scores`, for a prompt already hashed: `local_hashes` are its blocks'
+    /// local hashes ([`crate::compute_block_hashes`]; what engines' KV events and Dynamo's
+    /// `find_matches` take). Of `opts` only the cost overrides apply
+    /// (`kvr_router_overlap_scores_hashed`).
+    pub fn overlap_scores_hashed(
+        &self,
+        local_hashes: &[u64],
+        opts: &RequestOptions<'_>,
+    ) -> Result<Vec<Overlap>> {
+        let req = opts.lower()?;
+        let rows = fill_vec(INITIAL_ROWS, |out, cap, len, err| {
+            // SAFETY: as overlap_scores; local_hashes is read during the call only.
+            unsafe {
+                sys::kvr_router_overlap_scores_hashed(
+                    self.as_raw(),
+                    slice_ptr(local_hashes),
+                    local_hashes.len(),
+                    &req.raw,
+                    out,
+                    cap,
+                    len,
+                    err,
+                )
+            }
+        })?;
+        Ok(rows.iter().map(Overlap::from).collect())
+    }
+
     /// The load every registered rank would carry with this prompt.
     pub fn potential_loads(
         &self,

@@ -124,6 +124,20 @@ fn request_options_steer_routing() {
     let base = router
         .overlap_scores(&tokens, &RequestOptions::default())
         .unwrap();
+    // The same prompt, hashed by the caller, gets the same rows.
+    let hashes = kvrouter::compute_block_hashes(&tokens, 16, &Default::default()).unwrap();
+    let hashed = router
+        .overlap_scores_hashed(&hashes, &RequestOptions::default())
+        .unwrap();
+    assert_eq!(hashed.len(), base.len());
+    assert_eq!(
+        (
+            hashed[0].worker_id,
+            hashed[0].device_blocks,
+            hashed[0].tree_size
+        ),
+        (base[0].worker_id, base[0].device_blocks, base[0].tree_size)
+    );
     assert_eq!(base.len(), 1);
     assert_eq!(
         (base[0].worker_id, base[0].device_blocks, base[0].tree_size),

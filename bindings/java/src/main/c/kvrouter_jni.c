@@ -1097,6 +1097,15 @@ done:
 #define GROW_ATTEMPTS 8
 #define INITIAL_RANKS 8
 
+/* Overlap rows as one flat array of Abi.Overlap.LEN slots each; NULL with an exception pending
+ * on failure. */
+static jlongArray encode_overlaps(JNIEnv* env, scratch* s, const kvr_overlap* rows, size_t len) {
+  jlong* flat = (jlong*)scratch_array(env, s, len, sizeof(jlong) * ABI_OVERLAP_LEN);
+  if (flat == NULL) return NULL;
+  for (size_t i = 0; i < len; ++i) abi_encode_overlap(&rows[i], flat + i * ABI_OVERLAP_LEN);
+  return new_longs(env, flat, len * ABI_OVERLAP_LEN);
+}
+
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, jclass cls, jlong r,
                                                                    jintArray tokens,
                                                                    jobject options) {
@@ -1126,10 +1135,41 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, 
       continue;
     }
     if (check(env, st, &err) != 0) goto done;
-    jlong* flat = (jlong*)scratch_array(env, &s, len, sizeof(jlong) * ABI_OVERLAP_LEN);
-    if (flat == NULL) goto done;
-    for (size_t i = 0; i < len; ++i) abi_encode_overlap(&buf[i], flat + i * ABI_OVERLAP_LEN);
-    result = new_longs(env, flat, len * ABI_OVERLAP_LEN);
+    result = encode_overlaps(env, &s, buf, len);
+    break;
+  }
+done:
+  scratch_free(&s);
+  return result;
+}
+
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScoresHashed(JNIEnv* env, jclass cls,
+                                                                         jlong r, jlongArray hashes,
+                                                                         jobject options) {
+  (void)cls;
+  scratch s;
+  scratch_init(&s);
+  jlongArray result = NULL;
+  const uint64_t* h = NULL;
+  size_t n = 0;
+  kvr_request_options o;
+  if (read_request_options(env, &s, options, &o) != 0 || copy_longs(env, &s, hashes, &h, &n) != 0) {
+    goto done;
+  }
+  size_t cap = INITIAL_RANKS;
+  for (int attempt = 0; attempt < GROW_ATTEMPTS; ++attempt) {
+    kvr_overlap* buf = (kvr_overlap*)scratch_array(env, &s, cap, sizeof(kvr_overlap));
+    if (buf == NULL) goto done;
+    size_t len = 0;
+    kvr_error* err = NULL;
+    kvr_status st = kvr_router_overlap_scores_hashed(ROUTER(r), h, n, &o, buf, cap, &len, &err);
+    if (st == KVR_BUFFER_TOO_SMALL && attempt + 1 < GROW_ATTEMPTS) {
+      kvr_error_free(err);
+      cap = len + len / 4 + 1;
+      continue;
+    }
+    if (check(env, st, &err) != 0) goto done;
+    result = encode_overlaps(env, &s, buf, len);
     break;
   }
 done:

@@ -111,6 +111,8 @@ final class Native {
 
   static native long[] overlapScores(long router, int[] tokens, RequestOptions options);
 
+  static native long[] overlapScoresHashed(long router, long[] localHashes, RequestOptions options);
+
   static native long[] potentialLoads(long router, int[] tokens, RequestOptions options);
 
   static native void addRequest(

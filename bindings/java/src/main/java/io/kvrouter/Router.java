@@ -314,6 +314,27 @@ public final class Router extends NativeObject {
     } finally {
       release();
     }
+    return overlapsOf(a);
+  }
+
+  /**
+   * As {@link #overlapScores(int[], RequestOptions)}, for a prompt already hashed: {@code
+   * localHashes} are its blocks' local hashes ({@link Hashing}; what engines' KV events and
+   * Dynamo's {@code find_matches} take). Of {@code options} only the cost overrides apply.
+   */
+  public List<Overlap> overlapScoresHashed(long[] localHashes, RequestOptions options) {
+    Objects.requireNonNull(localHashes, "localHashes");
+    long h = acquire();
+    long[] a;
+    try {
+      a = Native.overlapScoresHashed(h, localHashes, options);
+    } finally {
+      release();
+    }
+    return overlapsOf(a);
+  }
+
+  private static List<Overlap> overlapsOf(long[] a) {
     ArrayList<Overlap> list = new ArrayList<>(a.length / Abi.Overlap.LEN);
     for (int i = 0; i < a.length; i += Abi.Overlap.LEN) list.add(Overlap.decode(a, i));
     return Collections.unmodifiableList(list);

@@ -501,6 +501,9 @@ class AbiTest {
       IngestStats total = ingest.stats(0);
       assertEquals(stats.rejectedTotal(), total.rejectedTotal());
       assertEquals(2, router.overlapScores(PROMPT).get(0).deviceBlocks());
+      // The same prompt, hashed by the caller, gets the same rows.
+      long[] hashes = Hashing.blockHashes(PROMPT, BLOCK);
+      assertEquals(router.overlapScores(PROMPT), router.overlapScoresHashed(hashes, null));
     }
   }
 
