@@ -646,7 +646,7 @@ typedef struct kvr_metrics {
   uint64_t queue_pending;
   uint64_t queue_pending_tokens;
   uint64_t workers;
-  uint64_t index_nodes;
+  uint64_t index_nodes;  /* tree nodes: runs of blocks held alike (path compression) */
   uint64_t index_blocks; /* cached (block, rank) entries */
   int64_t index_bytes;
   /* Other replicas' booking changes (kvr_router_apply_replica_event, kvr_ingest_sync_replicas):

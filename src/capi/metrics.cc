@@ -68,7 +68,7 @@ std::string RenderPrometheus(const kvr_router& router) {
       {"kvrouter_queue_pending_tokens", "gauge", "Prompt tokens of the requests waiting.",
        static_cast<int64_t>(m.queue_pending_tokens)},
       {"kvrouter_workers", "gauge", "Registered workers.", static_cast<int64_t>(m.workers)},
-      {"kvrouter_index_nodes", "gauge", "Radix tree nodes in the KV index.",
+      {"kvrouter_index_nodes", "gauge", "Radix tree nodes in the KV index (each a run of blocks held alike).",
        static_cast<int64_t>(m.index_nodes)},
       {"kvrouter_index_blocks", "gauge", "Cached (block, worker rank) entries in the KV index.",
        static_cast<int64_t>(m.index_blocks)},

@@ -1,7 +1,6 @@
 #include "core/radix_index.h"
 
 #include <absl/container/flat_hash_map.h>
-#include <absl/container/flat_hash_set.h>
 #include <absl/container/inlined_vector.h>
 #include <absl/strings/str_format.h>
 
@@ -12,6 +11,7 @@
 
 #include "core/counting_allocator.h"
 #include "core/hashing.h"
+#include "core/position_table.h"
 #include "core/shrink.h"
 #include "core/slab_pool.h"
 
@@ -22,8 +22,9 @@ namespace {
 using NodeId = uint32_t;
 constexpr NodeId kRoot = 0;
 constexpr NodeId kNoNode = ~0u;
-// Node ids share a 32-bit word with 4 tier bits in the per-worker block tables.
-constexpr uint64_t kMaxNodes = uint64_t{1} << 28;
+constexpr uint64_t kMaxNodes = uint64_t{1} << 31;
+// Blocks in one node: offsets within a node take 16 bits of a position.
+constexpr uint32_t kMaxRun = 1u << 15;
 
 uint8_t TierBit(Tier tier) { return static_cast<uint8_t>(1u << static_cast<int>(tier)); }
 
@@ -92,6 +93,20 @@ class MemberList {
     if (capacity_ > 0 && size_ <= capacity_ / 4) Reallocate(size_ <= 1 ? 0 : capacity_ / 2, alloc);
   }
 
+  // An independent copy (a node split gives both halves the same holders).
+  MemberList Clone(Alloc alloc) const {
+    MemberList copy;
+    if (capacity_ > 0) {
+      copy.heap_ = alloc.allocate(capacity_);
+      std::memcpy(copy.heap_, heap_, size_ * sizeof(Member));
+    } else {
+      copy.inline_ = inline_;
+    }
+    copy.size_ = size_;
+    copy.capacity_ = capacity_;
+    return copy;
+  }
+
   void Release(Alloc alloc) {
     if (capacity_ > 0) alloc.deallocate(heap_, capacity_);
     capacity_ = 0;
@@ -130,10 +145,22 @@ class MemberList {
 using ChildMap = absl::flat_hash_map<uint64_t, NodeId, absl::Hash<uint64_t>, std::equal_to<>,
                                      CountingAllocator<std::pair<const uint64_t, NodeId>>>;
 
-// One block position in the tree. 40 bytes; children are a single id in the common case.
+// A run of consecutive blocks of one path that every holder holds alike (path compression):
+// the blocks' local hashes in order, and their holders. Children hang off the run's last block,
+// keyed by their first block's local hash. Membership is uniform over the run by construction:
+// a change to some of its blocks first splits the run around them. 56 bytes.
 struct Node {
-  uint64_t local_hash;
   NodeId parent;
+  // Where this node's suffix went when the node was last split. A worker's table may still
+  // name a position past this node's end; it is found again by following these links
+  // (Impl::Resolve), and the table entry is then repaired.
+  NodeId continuation;
+  uint32_t len;       // blocks
+  uint32_t capacity;  // of the heap array of hashes; 0: the single hash is inline
+  union {
+    uint64_t inline_hash;  // capacity == 0
+    uint64_t* hashes;      // capacity > 0
+  };
   uint32_t num_children;
   union {
     NodeId only_child;   // num_children == 1
@@ -142,50 +169,27 @@ struct Node {
   MemberList members;
 };
 
-// Per-worker table value: node id and the tiers on which this engine hash is held.
-uint32_t PackEntry(NodeId node, uint8_t tiers) { return (node << 4) | tiers; }
-NodeId EntryNode(uint32_t entry) { return entry >> 4; }
-uint8_t EntryTiers(uint32_t entry) { return entry & 0xf; }
-
-// One entry of a worker's table: an engine hash and PackEntry(node, tiers), packed into 12
-// bytes. (A map's pair<uint64_t, uint32_t> pads to 16; with a worker's table the largest
-// structure in the index, the 4 bytes are 7% of the memory per cached block.)
-struct BlockSlot {
-  BlockSlot(uint64_t engine_hash, uint32_t entry)
-      : hash_low(static_cast<uint32_t>(engine_hash)),
-        hash_high(static_cast<uint32_t>(engine_hash >> 32)),
-        entry(entry) {}
-  uint64_t engine_hash() const { return (static_cast<uint64_t>(hash_high) << 32) | hash_low; }
-
-  uint32_t hash_low;
-  uint32_t hash_high;
-  mutable uint32_t entry;  // not part of the key
-};
-static_assert(sizeof(BlockSlot) == 12);
-
-// Hash and equality that also take a bare engine hash, so lookups need no BlockSlot.
-struct BlockSlotHash {
-  using is_transparent = void;
-  size_t operator()(uint64_t engine_hash) const { return absl::Hash<uint64_t>()(engine_hash); }
-  size_t operator()(const BlockSlot& s) const { return (*this)(s.engine_hash()); }
-};
-struct BlockSlotEq {
-  using is_transparent = void;
-  static uint64_t Key(uint64_t engine_hash) { return engine_hash; }
-  static uint64_t Key(const BlockSlot& s) { return s.engine_hash(); }
-  template <typename A, typename B>
-  bool operator()(const A& a, const B& b) const {
-    return Key(a) == Key(b);
-  }
+// A block: its node and its index in the node's run.
+struct Position {
+  NodeId node;
+  uint32_t offset;
+  friend bool operator==(const Position&, const Position&) = default;
 };
 
-using BlockTable =
-    absl::flat_hash_set<BlockSlot, BlockSlotHash, BlockSlotEq, CountingAllocator<BlockSlot>>;
+// A worker table's value: where the block is, and the tiers this engine hash holds it on.
+// Never 0: a held block has at least one tier.
+uint64_t PackEntry(Position p, uint8_t tiers) {
+  return p.node | (static_cast<uint64_t>(p.offset) << 32) | (static_cast<uint64_t>(tiers) << 48);
+}
+Position EntryPosition(uint64_t entry) {
+  return {static_cast<NodeId>(entry), static_cast<uint32_t>(entry >> 32) & 0xffff};
+}
+uint8_t EntryTiers(uint64_t entry) { return static_cast<uint8_t>(entry >> 48); }
 
 struct WorkerState {
   WorkerKey key;
   bool in_use = false;
-  BlockTable blocks;  // engine hash -> PackEntry(node, tiers)
+  PositionTable blocks;  // engine hash -> PackEntry(position, tiers)
 };
 
 uint64_t Mix(uint64_t x) {  // splitmix64 finaliser: a fixed, well-spread 64-bit mix
@@ -196,6 +200,17 @@ uint64_t Mix(uint64_t x) {  // splitmix64 finaliser: a fixed, well-spread 64-bit
 }
 
 uint64_t Combine(uint64_t a, uint64_t b) { return Mix(a ^ Mix(b)); }
+
+// How many leading hashes of `a` and `b` (n of each) are equal.
+size_t CommonPrefix(const uint64_t* a, const uint64_t* b, size_t n) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {  // four at a time: no branch per block on a long equal run
+    if ((a[i] ^ b[i]) | (a[i + 1] ^ b[i + 1]) | (a[i + 2] ^ b[i + 2]) | (a[i + 3] ^ b[i + 3]))
+      break;
+  }
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
 
 // Per-worker progress along a prompt while matching: which tier it is matching on now and
 // where that tier's run started.
@@ -218,11 +233,11 @@ class RadixIndex::Impl {
                  CountingAllocator<std::pair<const WorkerKey, uint32_t>>(&bytes_)),
         free_slots_(CountingAllocator<uint32_t>(&bytes_)) {
     const NodeId root = nodes_.Allocate();
-    InitNode(root, 0, kNoNode);
+    InitNode(root, kNoNode, {});
   }
 
   ~Impl() {
-    for (auto& w : workers_) w.blocks = MakeTable();
+    for (auto& w : workers_) w.blocks.Clear();
     ReleaseSubtree(kRoot);
   }
 
@@ -243,19 +258,28 @@ class RadixIndex::Impl {
       active.push_back(
           {MemberSlot(m), static_cast<uint8_t>(std::countr_zero(MemberTiers(m))), 0, {}});
     }
-    const MemberList* previous = &nodes_[node].members;
-    uint32_t depth = 1;
-    for (; depth < local_hashes.size() && !active.empty(); ++depth) {
-      const NodeId child = FindChild(node, local_hashes[depth]);
+    const uint64_t* prompt = local_hashes.data();
+    const size_t total = local_hashes.size();
+    size_t depth = 0;  // blocks matched before `node`
+    for (;;) {
+      // The run's first hash matched when the child was found; compare the rest in one sweep.
+      const Node& n = nodes_[node];
+      const size_t want = std::min<size_t>(n.len, total - depth);
+      const size_t run = 1 + CommonPrefix(prompt + depth + 1, Hashes(n) + 1, want - 1);
+      depth += run;
+      if (run < n.len || depth == total) break;
+      const NodeId child = FindChild(node, prompt[depth]);
       if (child == kNoNode) break;
       const MemberList& members = nodes_[child].members;
-      // Most steps see exactly the previous node's holders: nothing to update then.
-      if (!members.SameAs(*previous)) Reconcile(active, members, depth, out);
-      previous = &members;
+      // Most runs are held by exactly the previous run's holders: nothing to update then.
+      if (!members.SameAs(n.members)) {
+        Reconcile(active, members, static_cast<uint32_t>(depth), out);
+        if (active.empty()) break;
+      }
       node = child;
     }
     for (ActiveWorker& a : active) {
-      a.counts[a.tier] += depth - a.tier_start;
+      a.counts[a.tier] += static_cast<uint32_t>(depth) - a.tier_start;
       out.push_back(ToMatch(a));
     }
   }
@@ -291,6 +315,7 @@ class RadixIndex::Impl {
     std::shared_lock lock(mu_);
     IndexStats s;
     s.nodes = nodes_.live();
+    s.tree_blocks = tree_blocks_;
     s.cached_blocks = cached_blocks_;
     s.workers = slot_of_.size();
     s.allocated_bytes = bytes_;
@@ -302,37 +327,91 @@ class RadixIndex::Impl {
 
   std::vector<KvEvent> DumpEvents() const;
   uint64_t StateDigest() const;
+  std::string CheckInvariants() const;
 
  private:
-  // ---- Tree structure ----------------------------------------------------------------------
+  // ---- Nodes and their runs ----------------------------------------------------------------
 
-  BlockTable MakeTable() {
-    return BlockTable(0, BlockSlotHash(), BlockSlotEq(), CountingAllocator<BlockSlot>(&bytes_));
+  static const uint64_t* Hashes(const Node& n) {
+    return n.capacity == 0 ? &n.inline_hash : n.hashes;
+  }
+  static uint64_t* Hashes(Node& n) { return n.capacity == 0 ? &n.inline_hash : n.hashes; }
+
+  CountingAllocator<uint64_t> HashAlloc() { return CountingAllocator<uint64_t>(&bytes_); }
+
+  // Gives `n` room for `len` hashes, keeping the first `keep`; a single hash lives inline.
+  void ResizeRun(Node& n, uint32_t len, uint32_t keep) {
+    const uint32_t capacity = len <= 1 ? 0 : len;
+    if (capacity == n.capacity) return;
+    uint64_t* fresh = capacity == 0 ? nullptr : HashAlloc().allocate(capacity);
+    const uint64_t* old = Hashes(n);
+    uint64_t kept[1];
+    std::memcpy(capacity == 0 ? kept : fresh, old, std::min(keep, std::max(len, 1u)) * 8);
+    if (n.capacity > 0) HashAlloc().deallocate(n.hashes, n.capacity);
+    n.capacity = capacity;
+    if (capacity == 0) {
+      n.inline_hash = kept[0];
+    } else {
+      n.hashes = fresh;
+    }
   }
 
-  void InitNode(NodeId id, uint64_t local_hash, NodeId parent) {
+  void InitNode(NodeId id, NodeId parent, std::span<const uint64_t> hashes) {
     Node& n = nodes_[id];
-    n.local_hash = local_hash;
     n.parent = parent;
+    n.continuation = kNoNode;
+    n.len = 0;
+    n.capacity = 0;
+    n.inline_hash = 0;
     n.num_children = 0;
     n.only_child = kNoNode;
     n.members = MemberList();
+    if (!hashes.empty()) {
+      ResizeRun(n, static_cast<uint32_t>(hashes.size()), 0);
+      std::memcpy(Hashes(n), hashes.data(), hashes.size() * 8);
+      n.len = static_cast<uint32_t>(hashes.size());
+    }
+  }
+
+  // Appends hashes to a leaf's run, growing its array by half again when full.
+  void ExtendRun(Node& n, std::span<const uint64_t> hashes) {
+    const uint32_t len = n.len + static_cast<uint32_t>(hashes.size());
+    if (len > std::max(n.capacity, 1u)) {
+      const uint32_t capacity = std::min(kMaxRun, std::max(len, n.len + n.len / 2));
+      ResizeRun(n, capacity, n.len);
+    }
+    std::memcpy(Hashes(n) + n.len, hashes.data(), hashes.size() * 8);
+    n.len = len;
+    tree_blocks_ += hashes.size();
+  }
+
+  // Shortens a run to its first `len` hashes, giving back spare room.
+  void TruncateRun(Node& n, uint32_t len) {
+    n.len = len;
+    if (n.capacity > 0 && (len <= 1 || len * 2 <= n.capacity)) ResizeRun(n, len, len);
   }
 
   NodeId FindChild(NodeId parent, uint64_t local_hash) const {
     const Node& p = nodes_[parent];
     if (p.num_children == 1) {
-      return nodes_[p.only_child].local_hash == local_hash ? p.only_child : kNoNode;
+      return Hashes(nodes_[p.only_child])[0] == local_hash ? p.only_child : kNoNode;
     }
     if (p.num_children == 0) return kNoNode;
     auto it = p.children->find(local_hash);
     return it == p.children->end() ? kNoNode : it->second;
   }
 
-  NodeId AddChild(NodeId parent, uint64_t local_hash) {
-    const NodeId child = nodes_.Allocate();
-    InitNode(child, local_hash, parent);
+  template <typename F>
+  void ForEachChild(const Node& n, F&& f) const {
+    if (n.num_children == 1) f(n.only_child);
+    if (n.num_children >= 2) {
+      for (const auto& [hash, child] : *n.children) f(child);
+    }
+  }
+
+  void LinkChild(NodeId parent, NodeId child) {
     Node& p = nodes_[parent];
+    const uint64_t key = Hashes(nodes_[child])[0];
     if (p.num_children == 0) {
       p.only_child = child;
     } else {
@@ -342,12 +421,11 @@ class RadixIndex::Impl {
         p.children = new (alloc.allocate(1))
             ChildMap(0, absl::Hash<uint64_t>(), std::equal_to<>(),
                      CountingAllocator<std::pair<const uint64_t, NodeId>>(&bytes_));
-        p.children->emplace(nodes_[first].local_hash, first);
+        p.children->emplace(Hashes(nodes_[first])[0], first);
       }
-      p.children->emplace(local_hash, child);
+      p.children->emplace(key, child);
     }
     ++p.num_children;
-    return child;
   }
 
   void DeleteChildMap(ChildMap* map) {
@@ -360,7 +438,7 @@ class RadixIndex::Impl {
     if (p.num_children == 1) {
       p.only_child = kNoNode;
     } else {
-      p.children->erase(nodes_[child].local_hash);
+      p.children->erase(Hashes(nodes_[child])[0]);
       if (p.num_children == 2) {
         ChildMap* map = p.children;
         p.only_child = map->begin()->second;
@@ -372,15 +450,79 @@ class RadixIndex::Impl {
     --p.num_children;
   }
 
+  // A new node under `parent` with the run `hashes`, holding nothing yet.
+  NodeId NewChild(NodeId parent, std::span<const uint64_t> hashes) {
+    const NodeId id = nodes_.Allocate();
+    InitNode(id, parent, hashes);
+    LinkChild(parent, id);
+    tree_blocks_ += hashes.size();
+    return id;
+  }
+
+  // Splits node `id` before its block `at` (0 < at < len): the node keeps blocks [0, at) and a
+  // new node, its only child, takes the rest with the node's holders and children. The new
+  // node is the old one's continuation, so positions past `at` still resolve.
+  NodeId Split(NodeId id, uint32_t at) {
+    const NodeId tail = nodes_.Allocate();  // slab chunks never move: references stay valid
+    Node& n = nodes_[id];
+    Node& t = nodes_[tail];
+    InitNode(tail, id, std::span<const uint64_t>(Hashes(n) + at, n.len - at));
+    t.continuation = n.continuation;
+    t.num_children = n.num_children;
+    if (n.num_children == 1) t.only_child = n.only_child;
+    if (n.num_children >= 2) t.children = n.children;
+    ForEachChild(t, [&](NodeId c) { nodes_[c].parent = tail; });
+    t.members = n.members.Clone(MemberList::Alloc(&bytes_));
+    n.continuation = tail;
+    n.num_children = 1;
+    n.only_child = tail;
+    TruncateRun(n, at);
+    return tail;
+  }
+
+  // The node holding exactly blocks [from, to) of node `id`'s run, splitting it as needed.
+  NodeId Isolate(NodeId id, uint32_t from, uint32_t to) {
+    if (from > 0) {
+      id = Split(id, from);
+      to -= from;
+    }
+    if (to < nodes_[id].len) Split(id, to);
+    return id;
+  }
+
+  // Where a position recorded before later splits is now.
+  Position Resolve(Position p) const {
+    while (p.offset >= nodes_[p.node].len) {
+      p.offset -= nodes_[p.node].len;
+      p.node = nodes_[p.node].continuation;
+    }
+    return p;
+  }
+
+  // Resolves a worker's table entry and repairs it, so the next use needs no walk.
+  Position ResolveEntry(PositionTable& blocks, uint64_t engine_hash, uint64_t entry) {
+    const Position p = Resolve(EntryPosition(entry));
+    if (!(p == EntryPosition(entry))) blocks.Update(engine_hash, PackEntry(p, EntryTiers(entry)));
+    return p;
+  }
+
   // Frees `id` and every ancestor that is left holding nothing and leading nowhere.
   void FreeIfUnused(NodeId id) {
     while (id != kRoot && nodes_[id].members.empty() && nodes_[id].num_children == 0) {
       const NodeId parent = nodes_[id].parent;
       UnlinkChild(parent, id);
-      nodes_[id].members.Release(MemberList::Alloc(&bytes_));
-      nodes_.Free(id);
+      ReleaseNode(id);
       id = parent;
     }
+  }
+
+  void ReleaseNode(NodeId id) {
+    Node& n = nodes_[id];
+    tree_blocks_ -= n.len;
+    if (n.capacity > 0) HashAlloc().deallocate(n.hashes, n.capacity);
+    n.capacity = 0;
+    n.members.Release(MemberList::Alloc(&bytes_));
+    nodes_.Free(id);
   }
 
   void ReleaseSubtree(NodeId root) {  // destructor only: no unlinking needed
@@ -389,13 +531,9 @@ class RadixIndex::Impl {
       const NodeId id = stack.back();
       stack.pop_back();
       Node& n = nodes_[id];
-      if (n.num_children == 1) stack.push_back(n.only_child);
-      if (n.num_children >= 2) {
-        for (const auto& [hash, child] : *n.children) stack.push_back(child);
-        DeleteChildMap(n.children);
-      }
-      n.members.Release(MemberList::Alloc(&bytes_));
-      nodes_.Free(id);
+      ForEachChild(n, [&](NodeId c) { stack.push_back(c); });
+      if (n.num_children >= 2) DeleteChildMap(n.children);
+      ReleaseNode(id);
     }
   }
 
@@ -421,6 +559,16 @@ class RadixIndex::Impl {
     if (MemberTiers(*m) == 0) members.Erase(m, MemberList::Alloc(&bytes_));
   }
 
+  // A node the worker may grow by appending: a leaf that only this worker holds, once, on
+  // exactly this tier, so appended blocks are held alike (a decode extending its own tail).
+  bool CanExtend(NodeId id, uint32_t slot, Tier tier, size_t more) const {
+    const Node& n = nodes_[id];
+    if (id == kRoot || n.num_children != 0 || n.len + more > kMaxRun) return false;
+    if (n.members.size() != 1) return false;
+    const Member m = *n.members.begin();
+    return MemberSlot(m) == slot && m == WithCount(NewMember(slot), static_cast<int>(tier), 1);
+  }
+
   // ---- Workers -----------------------------------------------------------------------------
 
   uint32_t SlotFor(WorkerKey key) {
@@ -432,7 +580,8 @@ class RadixIndex::Impl {
       free_slots_.pop_back();
     } else {
       slot = static_cast<uint32_t>(workers_.size());
-      workers_.push_back(WorkerState{.key = key, .in_use = false, .blocks = MakeTable()});
+      workers_.push_back(
+          WorkerState{.key = key, .in_use = false, .blocks = PositionTable(&bytes_)});
     }
     workers_[slot].key = key;
     workers_[slot].in_use = true;
@@ -450,13 +599,14 @@ class RadixIndex::Impl {
 
   // Drops every block of the slot; the worker stays known. Returns the blocks dropped.
   size_t ClearSlot(uint32_t slot) {
-    BlockTable& blocks = workers_[slot].blocks;
+    PositionTable& blocks = workers_[slot].blocks;
     const size_t dropped = blocks.size();
-    // Several engine hashes of one worker may name the same node; visit each node once, since
-    // freeing it on the first visit would leave the second reading a dead node.
+    // A worker holds whole nodes (membership is uniform over a run): drop it from each node
+    // once. Resolve every entry first: freeing nodes breaks the links stale entries follow.
     std::vector<NodeId> held;
     held.reserve(blocks.size());
-    for (const BlockSlot& b : blocks) held.push_back(EntryNode(b.entry));
+    blocks.ForEach(
+        [&](uint64_t, uint64_t entry) { held.push_back(Resolve(EntryPosition(entry)).node); });
     std::sort(held.begin(), held.end());
     held.erase(std::unique(held.begin(), held.end()), held.end());
     for (NodeId node : held) {
@@ -464,7 +614,7 @@ class RadixIndex::Impl {
       if (Member* m = members.Find(slot)) members.Erase(m, MemberList::Alloc(&bytes_));
       FreeIfUnused(node);
     }
-    blocks = MakeTable();  // also returns the table's capacity to the heap
+    blocks.Clear();
     cached_blocks_ -= dropped;
     return dropped;
   }
@@ -515,81 +665,223 @@ class RadixIndex::Impl {
     return Store(event.worker, event.tier, stored, locals);
   }
 
+  // One stored event, a run of blocks at a time: blocks the tree already has are joined as one
+  // run per node (one split at most at each end), blocks it lacks become one new node (or
+  // extend the worker's own leaf). Never a node per block.
   ApplyResult Store(WorkerKey worker, Tier tier, const StoredEvent& stored,
                     std::span<const uint64_t> locals) {
     const uint32_t slot = SlotFor(worker);
-    BlockTable& blocks = workers_[slot].blocks;
-    NodeId parent = kRoot;
+    PositionTable& blocks = workers_[slot].blocks;
+    StoreCursor cursor;
     if (stored.parent_hash) {
-      auto it = blocks.find(*stored.parent_hash);
-      if (it == blocks.end()) {
+      const uint64_t entry = blocks.Get(*stored.parent_hash);
+      if (entry == 0) {
         return Fail(EventKind::kStored, EventError::kParentBlockNotFound,
                     absl::StrFormat("parent block %u not found for worker %u rank %u",
                                     *stored.parent_hash, worker.worker_id, worker.dp_rank));
       }
-      parent = EntryNode(it->entry);
+      cursor.Advance(ResolveEntry(blocks, *stored.parent_hash, entry), 1);
     }
-    const size_t n = std::min(stored.block_hashes.size(), locals.size());
-    absl::InlinedVector<NodeId, 32> path;  // nodes this event walked, to catch cycles
-    path.push_back(parent);
-    for (size_t i = 0; i < n; ++i) {
-      const uint64_t engine_hash = stored.block_hashes[i];
-      auto [it, inserted] = blocks.emplace(engine_hash, 0);
-      if (!inserted) {
-        const NodeId known = EntryNode(it->entry);
-        if (std::find(path.begin(), path.end(), known) != path.end()) {
+    const std::span<const uint64_t> engine = stored.block_hashes;
+    const size_t n = std::min(engine.size(), locals.size());
+    for (size_t i = 0; i < n;) {
+      if (const uint64_t entry = blocks.Get(engine[i])) {
+        const Position known = ResolveEntry(blocks, engine[i], entry);
+        if (cursor.OnPath(known, *this)) {
           return Fail(EventKind::kStored, EventError::kInvalidBlockSequence,
                       absl::StrFormat("block %u (index %u) repeats an earlier block of its "
                                       "sequence; %u of %u blocks applied",
-                                      engine_hash, i, i, stored.block_hashes.size()));
+                                      engine[i], i, i, engine.size()));
         }
-        const NodeId existing = FindChild(parent, locals[i]);
-        if (known == existing) {
-          StoreAgain(slot, tier, existing, it->entry);
-          parent = existing;
-          path.push_back(parent);
+        if (Next(cursor, locals[i]) == known) {
+          i = StoreAgain(slot, tier, engine, locals, i, cursor);
           continue;
         }
         // The engine reused this hash for another prefix: it now names this block only.
         ++rekeyed_blocks_;
-        RemoveFromNode(known, slot, EntryTiers(it->entry));
-        FreeIfUnused(known);
+        DropBlock(slot, known, EntryTiers(entry));
+        blocks.Erase(engine[i]);
         --cached_blocks_;
       }
-      NodeId child = FindChild(parent, locals[i]);
-      if (child == kNoNode) {
-        if (nodes_.live() >= kMaxNodes) {
-          blocks.erase(it);
-          return Fail(EventKind::kStored, EventError::kInvalidBlock,
-                      "index is full (2^28 nodes); block not stored");
-        }
-        child = AddChild(parent, locals[i]);
+      if (nodes_.live() >= kMaxNodes) {
+        return Fail(EventKind::kStored, EventError::kInvalidBlock,
+                    "index is full (2^31 nodes); block not stored");
       }
-      it->entry = PackEntry(child, TierBit(tier));
-      AddToNode(child, slot, tier);
-      ++cached_blocks_;
-      parent = child;
-      path.push_back(parent);
+      const std::optional<Position> next = Next(cursor, locals[i]);
+      i = next ? JoinRun(slot, tier, engine, locals, i, n, *next, cursor)
+               : AddNewRun(slot, tier, engine, locals, i, n, cursor);
     }
-    if (stored.block_hashes.size() != locals.size()) {
-      return Fail(
-          EventKind::kStored, EventError::kInvalidBlock,
-          absl::StrFormat("%u block hashes but %u complete blocks of %u tokens; the "
-                          "first %u blocks applied",
-                          stored.block_hashes.size(), locals.size(), options_.block_size, n));
+    if (engine.size() != locals.size()) {
+      return Fail(EventKind::kStored, EventError::kInvalidBlock,
+                  absl::StrFormat("%u block hashes but %u complete blocks of %u tokens; the "
+                                  "first %u blocks applied",
+                                  engine.size(), locals.size(), options_.block_size, n));
     }
     return Succeed(EventKind::kStored);
   }
 
-  // The worker stores a block it already holds under the same engine hash (maybe on another
-  // tier, e.g. an offload copy).
-  void StoreAgain(uint32_t slot, Tier tier, NodeId node, uint32_t& entry) {
-    if (EntryTiers(entry) & TierBit(tier)) {
-      ++duplicate_stores_;
+  // Where a stored event has got to: the position of its last block (none: the root), and
+  // the runs of blocks it has placed, to catch an engine hash that names one of them again.
+  struct StoreCursor {
+    struct Run {
+      Position first;
+      uint32_t count;
+    };
+    std::optional<Position> last;
+    absl::InlinedVector<Run, 4> path;
+
+    // Whether `p` is one of the placed blocks (positions recorded before later splits are
+    // resolved again: rare, an engine hash already held is the only caller).
+    bool OnPath(Position p, const Impl& index) const {
+      for (const Run& run : path) {
+        for (uint32_t k = 0; k < run.count; ++k) {
+          if (index.Resolve({run.first.node, run.first.offset + k}) == p) return true;
+        }
+      }
+      return false;
+    }
+    void Advance(Position first, uint32_t count) {
+      last = Position{first.node, first.offset + count - 1};
+      path.push_back({first, count});
+    }
+  };
+
+  // The position of the block after the cursor with this local hash, if the tree has it.
+  std::optional<Position> Next(StoreCursor& cursor, uint64_t local_hash) {
+    NodeId node = kRoot;
+    uint32_t end = 0;
+    if (cursor.last) {
+      cursor.last = Resolve(*cursor.last);
+      node = cursor.last->node;
+      end = cursor.last->offset + 1;
+    }
+    const Node& n = nodes_[node];
+    if (end < n.len) {
+      if (Hashes(n)[end] == local_hash) return Position{node, end};
+      return std::nullopt;
+    }
+    const NodeId child = FindChild(node, local_hash);
+    if (child == kNoNode) return std::nullopt;
+    return Position{child, 0};
+  }
+
+  // Blocks [i, ...) of the event continue the tree's own path from `at`: the worker joins the
+  // longest run of them inside that node (consecutive, matching hashes, new to the worker:
+  // the insert into its table stops the run at a hash it already has, this event's included).
+  size_t JoinRun(uint32_t slot, Tier tier, std::span<const uint64_t> engine,
+                 std::span<const uint64_t> locals, size_t i, size_t n, Position at,
+                 StoreCursor& cursor) {
+    PositionTable& blocks = workers_[slot].blocks;
+    const Node& node = nodes_[at.node];
+    for (size_t k = i; k < n && k - i < node.len - at.offset; ++k) blocks.Prefetch(engine[k]);
+    uint32_t count = 0;
+    while (i + count < n && at.offset + count < node.len &&
+           Hashes(node)[at.offset + count] == locals[i + count] &&
+           blocks.TryInsert(engine[i + count],
+                            PackEntry({at.node, at.offset + count}, TierBit(tier)))) {
+      ++count;
+    }
+    // The entries name positions in the node as it was; once the run is isolated they resolve
+    // (and are repaired) through the split links.
+    const NodeId run = Isolate(at.node, at.offset, at.offset + count);
+    AddToNode(run, slot, tier);
+    cursor.Advance({run, 0}, count);
+    cached_blocks_ += count;
+    return i + count;
+  }
+
+  // Blocks [i, ...) of the event are new to the tree: they become one run under the cursor
+  // (the cursor's node split after the cursor if the cursor is inside it), or extend the
+  // worker's own leaf when the cursor is its end. The run stops before a hash the worker
+  // already has (the insert into its table says so): that block is then handled on its own.
+  size_t AddNewRun(uint32_t slot, Tier tier, std::span<const uint64_t> engine,
+                   std::span<const uint64_t> locals, size_t i, size_t n, StoreCursor& cursor) {
+    PositionTable& blocks = workers_[slot].blocks;
+    const auto run = locals.subspan(i, std::min<size_t>(n - i, kMaxRun));
+    for (size_t k = 0; k < run.size(); ++k) blocks.Prefetch(engine[i + k]);
+    NodeId parent = kRoot;
+    if (cursor.last) {
+      parent = cursor.last->node;  // resolved by Next just before
+      if (cursor.last->offset + 1 < nodes_[parent].len) Split(parent, cursor.last->offset + 1);
+    }
+    const bool extend = CanExtend(parent, slot, tier, run.size());
+    const NodeId node = extend ? parent : NewChild(parent, run);
+    const uint32_t first = extend ? nodes_[node].len : 0;
+    if (extend) {
+      ExtendRun(nodes_[node], run);
+    } else {
+      AddToNode(node, slot, tier);
+    }
+    uint32_t count = 0;
+    while (count < run.size() &&
+           blocks.TryInsert(engine[i + count], PackEntry({node, first + count}, TierBit(tier)))) {
+      ++count;
+    }
+    if (count > 0) cursor.Advance({node, first}, count);
+    if (count < run.size()) DropRunTail(node, first + count);
+    cached_blocks_ += count;
+    return i + count;
+  }
+
+  // Takes back the blocks of a just-made (or just-extended) run from `len` on: the event
+  // named a hash the worker already holds there, which is handled on its own.
+  void DropRunTail(NodeId id, uint32_t len) {
+    Node& n = nodes_[id];
+    if (len > 0) {
+      tree_blocks_ -= n.len - len;
+      TruncateRun(n, len);
       return;
     }
-    entry |= TierBit(tier);
-    AddToNode(node, slot, tier);
+    const NodeId parent = n.parent;  // nothing of the run was kept: it goes
+    UnlinkChild(parent, id);
+    ReleaseNode(id);
+  }
+
+  // Whether engine[j] already appears in engine[i, j) (a run must not name a block twice).
+  static bool RepeatsWithin(std::span<const uint64_t> engine, size_t i, size_t j) {
+    return std::find(engine.begin() + i, engine.begin() + j, engine[j]) != engine.begin() + j;
+  }
+
+  // The worker stores blocks it already holds under the same engine hashes at the cursor (an
+  // offload copy on another tier, or a repeat): the longest such run in one node at once.
+  size_t StoreAgain(uint32_t slot, Tier tier, std::span<const uint64_t> engine,
+                    std::span<const uint64_t> locals, size_t i, StoreCursor& cursor) {
+    PositionTable& blocks = workers_[slot].blocks;
+    const uint64_t entry = blocks.Get(engine[i]);
+    const Position at = EntryPosition(entry);  // resolved by the caller
+    if (EntryTiers(entry) & TierBit(tier)) {
+      ++duplicate_stores_;
+      cursor.Advance(at, 1);
+      return i + 1;
+    }
+    // Extend over following blocks held the same way: next in the run, same tiers, new tier.
+    const Node& node = nodes_[at.node];
+    const uint8_t tiers = EntryTiers(entry);
+    size_t j = i + 1;
+    while (j < engine.size() && j < locals.size() && at.offset + (j - i) < node.len &&
+           Hashes(node)[at.offset + (j - i)] == locals[j]) {
+      const uint64_t e = blocks.Get(engine[j]);
+      if (e == 0 || EntryTiers(e) != tiers || RepeatsWithin(engine, i, j) ||
+          Resolve(EntryPosition(e)) !=
+              Position{at.node, at.offset + static_cast<uint32_t>(j - i)}) {
+        break;
+      }
+      ++j;
+    }
+    const uint32_t count = static_cast<uint32_t>(j - i);
+    const NodeId run = Isolate(at.node, at.offset, at.offset + count);
+    AddToNode(run, slot, tier);
+    for (uint32_t k = 0; k < count; ++k) {
+      blocks.Update(engine[i + k], PackEntry({run, k}, tiers | TierBit(tier)));
+    }
+    cursor.Advance({run, 0}, count);
+    return j;
+  }
+
+  // The worker no longer holds the block at `p` on `tiers`.
+  void DropBlock(uint32_t slot, Position p, uint8_t tiers) {
+    std::vector<Position> one{p};
+    DropBlocks(slot, tiers, one);
   }
 
   ApplyResult ApplyData(const KvEvent& event, const RemovedEvent& removed) {
@@ -597,11 +889,20 @@ class RadixIndex::Impl {
     auto slot_it = slot_of_.find(event.worker);
     std::string first_missing;
     size_t missing = 0;
+    std::vector<Position> dropped;
+    if (slot_it != slot_of_.end()) {
+      for (uint64_t h : removed.block_hashes) workers_[slot_it->second].blocks.Prefetch(h);
+    }
     for (uint64_t engine_hash : removed.block_hashes) {
-      if (slot_it == slot_of_.end() || !RemoveBlock(slot_it->second, event.tier, engine_hash)) {
-        if (missing++ == 0) first_missing = absl::StrFormat("%u", engine_hash);
+      std::optional<Position> p;
+      if (slot_it != slot_of_.end()) p = ForgetBlock(slot_it->second, event.tier, engine_hash);
+      if (p) {
+        dropped.push_back(*p);
+      } else if (missing++ == 0) {
+        first_missing = absl::StrFormat("%u", engine_hash);
       }
     }
+    if (!dropped.empty()) DropBlocks(slot_it->second, TierBit(event.tier), dropped);
     if (missing > 0) {
       return Fail(EventKind::kRemoved, EventError::kBlockNotFound,
                   absl::StrFormat("%u of %u removed blocks not found on tier %s for worker %u "
@@ -612,20 +913,45 @@ class RadixIndex::Impl {
     return Succeed(EventKind::kRemoved);
   }
 
-  bool RemoveBlock(uint32_t slot, Tier tier, uint64_t engine_hash) {
-    BlockTable& blocks = workers_[slot].blocks;
-    auto it = blocks.find(engine_hash);
-    if (it == blocks.end() || !(EntryTiers(it->entry) & TierBit(tier))) return false;
-    const NodeId node = EntryNode(it->entry);
-    RemoveFromNode(node, slot, TierBit(tier));
-    it->entry &= ~static_cast<uint32_t>(TierBit(tier));
-    if (EntryTiers(it->entry) == 0) {
-      blocks.erase(it);
+  // Takes a block off the worker's table for one tier; its position, if it held it there.
+  std::optional<Position> ForgetBlock(uint32_t slot, Tier tier, uint64_t engine_hash) {
+    PositionTable& blocks = workers_[slot].blocks;
+    const uint64_t entry = blocks.Get(engine_hash);
+    if (entry == 0 || !(EntryTiers(entry) & TierBit(tier))) return std::nullopt;
+    const Position p = Resolve(EntryPosition(entry));
+    const uint8_t left = EntryTiers(entry) & static_cast<uint8_t>(~TierBit(tier));
+    if (left == 0) {
+      blocks.Erase(engine_hash);
       --cached_blocks_;
-      ShrinkTableIfSparse(blocks);
+    } else {
+      blocks.Update(engine_hash, PackEntry(p, left));  // repaired when next used
     }
-    FreeIfUnused(node);
-    return true;
+    return p;
+  }
+
+  // The worker no longer holds these blocks on `tier_bit`: consecutive ones of one node are
+  // taken off as one run (one isolation), nodes from their last blocks down, so that
+  // splitting off a later run never moves an earlier one. An evicted sequence costs a split,
+  // not a node per block.
+  void DropBlocks(uint32_t slot, uint8_t tier_bit, std::vector<Position>& blocks) {
+    std::sort(blocks.begin(), blocks.end(), [](const Position& a, const Position& b) {
+      return a.node != b.node ? a.node < b.node : a.offset > b.offset;
+    });
+    for (size_t i = 0; i < blocks.size();) {
+      size_t j = i + 1;
+      while (j < blocks.size() && blocks[j].node == blocks[i].node &&
+             blocks[j].offset + (j - i) == blocks[i].offset) {
+        ++j;
+      }
+      // blocks[j - 1] is the run's first block; resolve it (an equal position dropped before,
+      // the same block under a second engine hash, may have split the node there).
+      const uint32_t count = static_cast<uint32_t>(j - i);
+      const Position first = Resolve(blocks[j - 1]);
+      const NodeId run = Isolate(first.node, first.offset, first.offset + count);
+      RemoveFromNode(run, slot, tier_bit);
+      FreeIfUnused(run);
+      i = j;
+    }
   }
 
   ApplyResult ApplyData(const KvEvent& event, const ClearedEvent&) {
@@ -685,19 +1011,21 @@ class RadixIndex::Impl {
       slot_of_;
   std::vector<uint32_t, CountingAllocator<uint32_t>> free_slots_;
   uint64_t cached_blocks_ = 0;
+  uint64_t tree_blocks_ = 0;
   std::array<std::array<uint64_t, kNumEventErrors>, kNumEventKinds> events_{};
   uint64_t duplicate_stores_ = 0;
   uint64_t rekeyed_blocks_ = 0;
 };
 
-// ---- Dump and digest ---------------------------------------------------------------------------
+// ---- Dump, digest and invariants ---------------------------------------------------------------
 
 namespace {
 
-// For one (node, worker slot): the worker's engine hashes naming that node, with their tiers.
+// The engine hashes (with their tiers) one worker slot holds one block under.
 using HeldBlocks = absl::InlinedVector<std::pair<uint64_t, uint8_t>, 1>;
-uint64_t NodeSlotKey(NodeId node, uint32_t slot) {
-  return (static_cast<uint64_t>(node) << 32) | slot;
+
+uint64_t BlockSlotKey(NodeId node, uint32_t offset, uint32_t slot) {
+  return Combine(Combine(node, offset), slot);
 }
 
 KvEvent StoredBlocks(WorkerKey worker, Tier tier, uint64_t event_id, std::optional<uint64_t> parent,
@@ -713,14 +1041,20 @@ KvEvent StoredBlocks(WorkerKey worker, Tier tier, uint64_t event_id, std::option
 
 std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
   std::shared_lock lock(mu_);
+  // Every worker's blocks by position, each with its engine hashes (almost always one).
   absl::flat_hash_map<uint64_t, HeldBlocks> held;
   for (uint32_t slot = 0; slot < workers_.size(); ++slot) {
     if (!workers_[slot].in_use) continue;
-    for (const BlockSlot& b : workers_[slot].blocks) {
-      held[NodeSlotKey(EntryNode(b.entry), slot)].emplace_back(b.engine_hash(),
-                                                               EntryTiers(b.entry));
-    }
+    workers_[slot].blocks.ForEach([&](uint64_t engine_hash, uint64_t entry) {
+      const Position p = Resolve(EntryPosition(entry));
+      held[BlockSlotKey(p.node, p.offset, slot)].emplace_back(engine_hash, EntryTiers(entry));
+    });
   }
+  for (auto& [key, hashes] : held) std::sort(hashes.begin(), hashes.end());
+  auto held_at = [&](NodeId node, uint32_t offset, uint32_t slot) -> const HeldBlocks* {
+    auto it = held.find(BlockSlotKey(node, offset, slot));
+    return it == held.end() ? nullptr : &it->second;
+  };
   std::vector<KvEvent> out;
   uint64_t event_id = 0;
   // Workers first, so that cleared workers (known, holding nothing) survive a replay.
@@ -729,69 +1063,100 @@ std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
       out.push_back(KvEvent{.worker = w.key, .event_id = event_id++, .data = ClearedEvent{}});
     }
   }
-  // The engine hash naming `node` for `slot`, if the worker holds it.
-  auto held_hash = [&](NodeId node, uint32_t slot) -> std::optional<uint64_t> {
-    auto it = held.find(NodeSlotKey(node, slot));
-    if (it == held.end()) return std::nullopt;
-    return it->second.front().first;
-  };
-  // Depth first (pre-order): parents still come before children, and an index rebuilt from
-  // the dump allocates each path's nodes together, as the engines' own events did. (Breadth
-  // first scattered every path across the node pool: lookups on a restored index of the
-  // Mooncake trace were 20x slower.)
+  // Depth first (pre-order): parents come before children, and an index rebuilt from the dump
+  // allocates each path together, as the engines' own events did (breadth first scattered the
+  // paths: lookups on a restored index were 20x slower). One stored event per (run, worker)
+  // when the worker holds the run simply (one engine hash per block, on one tier); the rare
+  // other cases block by block.
   std::vector<NodeId> stack;
-  auto push_children = [&](NodeId id) {
-    const Node& n = nodes_[id];
-    if (n.num_children == 1) stack.push_back(n.only_child);
-    if (n.num_children >= 2) {
-      for (const auto& [hash, child] : *n.children) stack.push_back(child);
-    }
-  };
-  push_children(kRoot);
+  ForEachChild(nodes_[kRoot], [&](NodeId c) { stack.push_back(c); });
   while (!stack.empty()) {
     const NodeId id = stack.back();
     stack.pop_back();
-    push_children(id);
     const Node& node = nodes_[id];
+    ForEachChild(node, [&](NodeId c) { stack.push_back(c); });
+    const uint64_t* locals = Hashes(node);
     for (Member m : node.members) {
       const uint32_t slot = MemberSlot(m);
       const WorkerKey worker = workers_[slot].key;
-      for (const auto& [engine_hash, tiers] : held.at(NodeSlotKey(id, slot))) {
-        // The worker must be able to name the parent. When it lost the parent (removals do
-        // not cascade), rebuild the path with temporary blocks and remove them right after.
-        std::vector<uint64_t> temp_hashes, temp_locals;
-        std::optional<uint64_t> parent;
-        NodeId ancestor = node.parent;
-        std::vector<NodeId> missing;
-        while (ancestor != kRoot && !(parent = held_hash(ancestor, slot))) {
-          missing.push_back(ancestor);
-          ancestor = nodes_[ancestor].parent;
+      // The worker must be able to name the parent block. When it lost it (removals do not
+      // cascade), rebuild the path with temporary blocks and remove them right after.
+      std::optional<uint64_t> parent;
+      std::vector<uint64_t> temp_hashes, temp_locals;
+      {
+        Position before{id, 0};  // the block before the run: walk back until one is held
+        std::vector<uint64_t> missing;
+        for (;;) {
+          if (before.offset > 0) {
+            --before.offset;
+          } else {
+            const NodeId up = nodes_[before.node].parent;
+            if (up == kRoot) break;
+            before = {up, nodes_[up].len - 1};
+          }
+          if (const HeldBlocks* h = held_at(before.node, before.offset, slot)) {
+            parent = h->front().first;
+            break;
+          }
+          missing.push_back(Hashes(nodes_[before.node])[before.offset]);
         }
-        uint64_t temp = Mix(engine_hash ^ 0x7e3d0a11ull);
+        uint64_t temp = Mix(locals[0] ^ worker.worker_id ^ 0x7e3d0a11ull);
         for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
-          while (workers_[slot].blocks.contains(temp)) temp = Mix(temp);
+          while (workers_[slot].blocks.Contains(temp)) temp = Mix(temp);
           temp_hashes.push_back(temp);
-          temp_locals.push_back(nodes_[*it].local_hash);
+          temp_locals.push_back(*it);
           temp = Mix(temp);
         }
-        const Tier first_tier = static_cast<Tier>(std::countr_zero(tiers));
-        std::vector<uint64_t> hashes = temp_hashes, locals = temp_locals;
-        hashes.push_back(engine_hash);
-        locals.push_back(node.local_hash);
-        out.push_back(StoredBlocks(worker, first_tier, event_id++, parent, hashes, locals));
-        const std::optional<uint64_t> direct_parent =
-            temp_hashes.empty() ? parent : std::optional<uint64_t>(temp_hashes.back());
-        for (int t = std::countr_zero(tiers) + 1; t < kNumTiers; ++t) {
-          if (!((tiers >> t) & 1)) continue;
-          out.push_back(StoredBlocks(worker, static_cast<Tier>(t), event_id++, direct_parent,
-                                     {engine_hash}, {node.local_hash}));
+      }
+      const HeldBlocks& first = *held_at(id, 0, slot);
+      bool simple = true;
+      for (uint32_t k = 0; k < node.len && simple; ++k) {
+        const HeldBlocks& h = *held_at(id, k, slot);
+        simple = h.size() == 1 && h.front().second == first.front().second &&
+                 std::has_single_bit(first.front().second);
+      }
+      std::optional<uint64_t> direct_parent =
+          temp_hashes.empty() ? parent : std::optional<uint64_t>(temp_hashes.back());
+      auto temp_prefix = [&](std::vector<uint64_t>& hashes, std::vector<uint64_t>& ls) {
+        hashes = temp_hashes;
+        ls = temp_locals;
+      };
+      if (simple) {
+        std::vector<uint64_t> hashes, ls;
+        temp_prefix(hashes, ls);
+        for (uint32_t k = 0; k < node.len; ++k) {
+          hashes.push_back(held_at(id, k, slot)->front().first);
+          ls.push_back(locals[k]);
         }
-        if (!temp_hashes.empty()) {
-          out.push_back(KvEvent{.worker = worker,
-                                .tier = first_tier,
-                                .event_id = event_id++,
-                                .data = RemovedEvent{.block_hashes = temp_hashes}});
+        const Tier tier = static_cast<Tier>(std::countr_zero(first.front().second));
+        out.push_back(StoredBlocks(worker, tier, event_id++, parent, hashes, ls));
+      } else {
+        for (uint32_t k = 0; k < node.len; ++k) {
+          const HeldBlocks& h = *held_at(id, k, slot);
+          for (const auto& [engine_hash, tiers] : h) {
+            const Tier first_tier = static_cast<Tier>(std::countr_zero(tiers));
+            std::vector<uint64_t> hashes, ls;
+            if (k == 0) temp_prefix(hashes, ls);
+            hashes.push_back(engine_hash);
+            ls.push_back(locals[k]);
+            const std::optional<uint64_t> before =
+                k == 0 ? parent : std::optional<uint64_t>(held_at(id, k - 1, slot)->front().first);
+            out.push_back(StoredBlocks(worker, first_tier, event_id++, before, hashes, ls));
+            const std::optional<uint64_t> block_parent = k == 0 ? direct_parent : before;
+            for (int t = std::countr_zero(tiers) + 1; t < kNumTiers; ++t) {
+              if (!((tiers >> t) & 1)) continue;
+              out.push_back(StoredBlocks(worker, static_cast<Tier>(t), event_id++, block_parent,
+                                         {engine_hash}, {locals[k]}));
+            }
+          }
         }
+      }
+      if (!temp_hashes.empty()) {
+        const Tier tier = static_cast<Tier>(std::countr_zero(first.front().second));
+        out.push_back(KvEvent{.worker = worker,
+                              .tier = tier,
+                              .event_id = event_id++,
+                              .data = RemovedEvent{.block_hashes = temp_hashes}});
       }
     }
   }
@@ -800,28 +1165,110 @@ std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
 
 uint64_t RadixIndex::Impl::StateDigest() const {
   std::shared_lock lock(mu_);
-  absl::flat_hash_map<NodeId, uint64_t> path_hash{{kRoot, 0}};
+  // The path hash of every block a worker holds (its local hashes from the root), which does
+  // not depend on how the runs happen to be split: a restored index has the same digest.
+  absl::flat_hash_map<NodeId, std::vector<uint64_t>> block_paths;
   std::vector<NodeId> pending;
-  auto path_of = [&](NodeId id) {
-    for (NodeId n = id; !path_hash.contains(n); n = nodes_[n].parent) pending.push_back(n);
+  auto paths_of = [&](NodeId id) -> const std::vector<uint64_t>& {
+    for (NodeId n = id; n != kRoot && !block_paths.contains(n); n = nodes_[n].parent) {
+      pending.push_back(n);
+    }
     while (!pending.empty()) {
       const NodeId n = pending.back();
       pending.pop_back();
-      path_hash[n] = Combine(path_hash.at(nodes_[n].parent), nodes_[n].local_hash);
+      const NodeId up = nodes_[n].parent;
+      uint64_t path = up == kRoot ? 0 : block_paths.at(up).back();
+      std::vector<uint64_t>& paths = block_paths[n];
+      for (uint32_t k = 0; k < nodes_[n].len; ++k) {
+        path = Combine(path, Hashes(nodes_[n])[k]);
+        paths.push_back(path);
+      }
     }
-    return path_hash.at(id);
+    return block_paths.at(id);
   };
-  uint64_t digest = Mix(nodes_.live());
+  uint64_t digest = 0;
   for (const WorkerState& w : workers_) {
     if (!w.in_use) continue;
     const uint64_t worker = Combine(w.key.worker_id, w.key.dp_rank);
     digest += Mix(worker);
-    for (const BlockSlot& b : w.blocks) {
-      digest += Combine(Combine(worker, b.engine_hash()),
-                        Combine(EntryTiers(b.entry), path_of(EntryNode(b.entry))));
-    }
+    w.blocks.ForEach([&](uint64_t engine_hash, uint64_t entry) {
+      const Position p = Resolve(EntryPosition(entry));
+      digest += Combine(Combine(worker, engine_hash),
+                        Combine(EntryTiers(entry), paths_of(p.node)[p.offset]));
+    });
   }
   return digest;
+}
+
+// Every structural promise, checked: "" when all hold, else the first broken one.
+std::string RadixIndex::Impl::CheckInvariants() const {
+  std::shared_lock lock(mu_);
+  // Per (node, slot, tier): how many of the slot's engine hashes name each block of the run.
+  absl::flat_hash_map<uint64_t, std::vector<std::array<uint32_t, kNumTiers>>> counts;
+  uint64_t entries = 0;
+  for (uint32_t slot = 0; slot < workers_.size(); ++slot) {
+    if (!workers_[slot].in_use) continue;
+    std::string problem;
+    workers_[slot].blocks.ForEach([&](uint64_t engine_hash, uint64_t entry) {
+      ++entries;
+      const Position p = Resolve(EntryPosition(entry));
+      if (p.node == kNoNode || p.offset >= nodes_[p.node].len) {
+        problem = absl::StrFormat("entry %u of slot %u resolves nowhere", engine_hash, slot);
+        return;
+      }
+      auto& per_block = counts[Combine(p.node, slot)];
+      per_block.resize(nodes_[p.node].len);
+      for (int t = 0; t < kNumTiers; ++t) {
+        if ((EntryTiers(entry) >> t) & 1) ++per_block[p.offset][t];
+      }
+    });
+    if (!problem.empty()) return problem;
+  }
+  if (entries != cached_blocks_) {
+    return absl::StrFormat("%u table entries, %u cached blocks counted", entries, cached_blocks_);
+  }
+  uint64_t nodes = 0;
+  std::vector<NodeId> stack{kRoot};
+  while (!stack.empty()) {
+    const NodeId id = stack.back();
+    stack.pop_back();
+    ++nodes;
+    const Node& n = nodes_[id];
+    bool linked = true;
+    ForEachChild(n, [&](NodeId c) {
+      stack.push_back(c);
+      linked = linked && nodes_[c].parent == id && FindChild(id, Hashes(nodes_[c])[0]) == c;
+    });
+    if (!linked) return absl::StrFormat("a child of node %u is not linked both ways", id);
+    if (id != kRoot && n.len == 0) return absl::StrFormat("node %u has an empty run", id);
+    if (id != kRoot && n.members.empty() && n.num_children == 0) {
+      return absl::StrFormat("node %u holds nothing and leads nowhere", id);
+    }
+    // Each member holds every block of the run with the same counts its word records.
+    for (Member m : n.members) {
+      auto it = counts.find(Combine(id, MemberSlot(m)));
+      if (it == counts.end()) {
+        return absl::StrFormat("slot %u is a member of node %u but names none of its blocks",
+                               MemberSlot(m), id);
+      }
+      for (uint32_t k = 0; k < n.len; ++k) {
+        for (int t = 0; t < kNumTiers; ++t) {
+          if (it->second[k][t] != MemberCount(m, t)) {
+            return absl::StrFormat(
+                "node %u block %u: slot %u holds it %u times on tier %d, "
+                "its member word says %u",
+                id, k, MemberSlot(m), it->second[k][t], t, MemberCount(m, t));
+          }
+        }
+      }
+      counts.erase(it);
+    }
+  }
+  if (!counts.empty()) return "a worker names blocks of a node it is not a member of";
+  if (nodes != nodes_.live()) {
+    return absl::StrFormat("%u nodes reachable, %u allocated", nodes, nodes_.live());
+  }
+  return {};
 }
 
 // ---- Public wrappers -------------------------------------------------------------------------
@@ -848,5 +1295,6 @@ std::vector<WorkerKey> RadixIndex::Workers() const { return impl_->Workers(); }
 IndexStats RadixIndex::Stats() const { return impl_->Stats(); }
 std::vector<KvEvent> RadixIndex::DumpEvents() const { return impl_->DumpEvents(); }
 uint64_t RadixIndex::StateDigest() const { return impl_->StateDigest(); }
+std::string RadixIndex::CheckInvariants() const { return impl_->CheckInvariants(); }
 
 }  // namespace kvrouter

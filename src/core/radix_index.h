@@ -1,13 +1,20 @@
 // The KV-cache index: which worker holds which prefix of which prompt, on which storage tier.
 //
 // Data model (Dynamo semantics, shared/reference/dynamo-router.md §2.1-§2.2, §2.6):
-// - A radix tree with one node per block, keyed from its parent by the block's *local* hash
-//   (hashing.h). Matching a prompt walks the tree by its local hashes.
-// - Each worker rank has a table from the engine's own block hash to the node holding that
-//   block ("dual key"). Engine hashes are opaque: they only find parents and apply removals.
-// - A node records, per worker rank that holds it, how many of that worker's engine blocks map
-//   to it on each tier. Removing a block does not cascade to its descendants (as in Dynamo),
-//   but a node that no worker holds and that has no children is freed at once, and so is every
+// - A radix tree of blocks keyed by their *local* hashes (hashing.h): matching a prompt walks
+//   the tree by its local hashes. The tree is path-compressed: a node is a run of consecutive
+//   blocks that the same workers hold the same way (its local hashes in one array, its holders
+//   once), so a walk compares hashes along an array and updates the workers only where the
+//   holders change. A change to some blocks of a run splits the run around them first; runs
+//   are never merged back (a split leaves runs of fewer blocks, never more nodes than blocks).
+// - Each worker rank has a table from the engine's own block hash to the block's position (its
+//   node and offset in the run) and the tiers it holds it on ("dual key"). Engine hashes are
+//   opaque: they only find parents and apply removals. A split does not rewrite the tables of
+//   the other holders: a position past a run's end is followed to the node that took the
+//   run's suffix (lazily, and the entry repaired when next used).
+// - A block's holders record, per worker rank, how many of that worker's engine blocks name it
+//   on each tier. Removing a block does not cascade to its descendants (as in Dynamo), but a
+//   run that no worker holds and that has no children is freed at once, and so is every
 //   ancestor left empty by that, so memory follows the live blocks.
 //
 // Concurrency model: a RadixIndex is internally synchronised by one reader/writer lock.
@@ -91,7 +98,8 @@ struct WorkerMatch {
 };
 
 struct IndexStats {
-  uint64_t nodes = 0;           // tree nodes, the root included
+  uint64_t nodes = 0;           // tree nodes (runs of blocks held alike), the root included
+  uint64_t tree_blocks = 0;     // blocks in the tree (distinct prefixes of cached blocks)
   uint64_t cached_blocks = 0;   // (engine block, worker rank) entries
   uint64_t workers = 0;         // worker ranks the index knows (cleared ones included)
   int64_t allocated_bytes = 0;  // heap bytes owned by the index's containers, exactly
@@ -145,8 +153,14 @@ class RadixIndex {
   std::vector<KvEvent> DumpEvents() const;
 
   // An order-independent digest of everything the index answers from: for every worker rank,
-  // every engine hash with its tiers and the local-hash path of the node it names.
+  // every engine hash with its tiers and the local-hash path of the block it names. It does
+  // not depend on how runs are split, so a restored index has its original's digest.
   uint64_t StateDigest() const;
+
+  // Checks every structural invariant (links, uniform membership over runs, table entries
+  // resolving to runs their worker holds, counts): "" when all hold, else the first broken
+  // one. For tests; walks the whole index.
+  std::string CheckInvariants() const;
 
  private:
   class Impl;

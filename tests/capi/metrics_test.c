@@ -61,7 +61,7 @@ static void counters(void** state) {
   assert_int_equal(0, m.queue_pending_tokens);
   assert_int_equal(2, m.workers);
   assert_int_equal(4, m.index_blocks);
-  assert_true(m.index_nodes >= 4);
+  assert_true(m.index_nodes >= 2); /* the root and at least one run */
   assert_true(m.index_bytes > 0);
 
   KVT_OK(kvr_router_free_request(f->router, "m-1", ERRP));

@@ -97,7 +97,7 @@ TEST(ApproxIndexTest, RecordedDecisionMatchesThePrompt) {
   EXPECT_EQ(s.expired_blocks, 0u);
   EXPECT_EQ(s.pruned_blocks, 0u);
   EXPECT_EQ(s.index.cached_blocks, 8u);
-  EXPECT_EQ(s.index.nodes, 9u);
+  EXPECT_EQ(s.index.tree_blocks, 8u);
   EXPECT_EQ(index.index().TreeSize(kW0), 8u);
   EXPECT_EQ(index.index().block_size(), kBlockSize);
 }
@@ -115,7 +115,7 @@ TEST(ApproxIndexTest, WorkersSharingAPrefix) {
   EXPECT_EQ(MatchesToString(out),
             "10/0:d4,h0,s0,e0,t6;11/0:d10,h0,s0,e0,t10;12/0:d10,h0,s0,e0,t10;");
   EXPECT_EQ(index.Stats().tracked_blocks, 26u);
-  EXPECT_EQ(index.Stats().index.nodes, 1u + 4u + 2u + 6u);
+  EXPECT_EQ(index.Stats().index.tree_blocks, 12u);
 }
 
 TEST(ApproxIndexTest, RecordingAgainDoesNotCountTwice) {
@@ -135,7 +135,7 @@ TEST(ApproxIndexTest, EmptyDecisionIsHarmless) {
   ApproxIndex index(Options(), clock);
   index.RecordRoutingDecision(kW0, {}, {});
   EXPECT_EQ(index.Stats().tracked_blocks, 0u);
-  EXPECT_EQ(index.Stats().index.nodes, 1u);
+  EXPECT_EQ(index.Stats().index.tree_blocks, 0u);
   std::vector<WorkerMatch> out;
   index.FindMatches(MakePrompt(1, 1, 0).local, out);
   EXPECT_TRUE(out.empty());
@@ -157,7 +157,7 @@ TEST(ApproxIndexTest, BlocksExpireAfterTheTtl) {
   EXPECT_EQ(s.tracked_blocks, 0u);
   EXPECT_EQ(s.expired_blocks, 6u);
   EXPECT_EQ(s.pruned_blocks, 0u);
-  EXPECT_EQ(s.index.nodes, 1u);  // index nodes freed
+  EXPECT_EQ(s.index.tree_blocks, 0u);  // index nodes freed
   EXPECT_EQ(s.index.cached_blocks, 0u);
   EXPECT_EQ(index.index().TreeSize(kW0), 0u);
 }
@@ -190,7 +190,7 @@ TEST(ApproxIndexTest, OnlyTheRefreshedBlocksSurvive) {
   const ApproxIndexStats s = index.Stats();
   EXPECT_EQ(s.tracked_blocks, 2u);
   EXPECT_EQ(s.expired_blocks, 3u);
-  EXPECT_EQ(s.index.nodes, 3u);
+  EXPECT_EQ(s.index.tree_blocks, 2u);
 }
 
 TEST(ApproxIndexTest, TtlIsPerWorker) {
@@ -204,7 +204,7 @@ TEST(ApproxIndexTest, TtlIsPerWorker) {
   EXPECT_EQ(Depth(index, p, kW0), -1);
   EXPECT_EQ(Depth(index, p, kW1), 4);
   EXPECT_EQ(index.Stats().tracked_blocks, 4u);
-  EXPECT_EQ(index.Stats().index.nodes, 5u);
+  EXPECT_EQ(index.Stats().index.tree_blocks, 4u);
 }
 
 TEST(ApproxIndexTest, ExpireDueReclaimsWhileIdle) {
@@ -221,14 +221,14 @@ TEST(ApproxIndexTest, ExpireDueReclaimsWhileIdle) {
   clock.AdvanceSeconds(2.5);  // a is 5.5 s old, b 2.5 s
   EXPECT_EQ(index.ExpireDue(), 5u);
   EXPECT_EQ(index.Stats().tracked_blocks, 3u);
-  EXPECT_EQ(index.Stats().index.nodes, 4u);
+  EXPECT_EQ(index.Stats().index.tree_blocks, 3u);
   EXPECT_EQ(index.ExpireDue(), 0u);
   clock.AdvanceSeconds(3);
   EXPECT_EQ(index.ExpireDue(), 3u);
   const ApproxIndexStats s = index.Stats();
   EXPECT_EQ(s.tracked_blocks, 0u);
   EXPECT_EQ(s.expired_blocks, 8u);
-  EXPECT_EQ(s.index.nodes, 1u);
+  EXPECT_EQ(s.index.tree_blocks, 0u);
 }
 
 TEST(ApproxIndexTest, SizeBudgetPrunesEarliestExpiryFirst) {
@@ -256,7 +256,7 @@ TEST(ApproxIndexTest, SizeBudgetPrunesEarliestExpiryFirst) {
   EXPECT_EQ(Depth(index, x, kW0), 20);
   EXPECT_EQ(Depth(index, y, kW1), 50);
   EXPECT_EQ(Depth(index, z, kW2), 10);
-  EXPECT_EQ(s.index.nodes, 81u);
+  EXPECT_EQ(s.index.tree_blocks, 80u);
 
   // What is left expires as usual.
   clock.AdvanceSeconds(118.5);  // x 120.5 s old
@@ -267,7 +267,7 @@ TEST(ApproxIndexTest, SizeBudgetPrunesEarliestExpiryFirst) {
   EXPECT_EQ(index.ExpireDue(), 60u);
   EXPECT_EQ(index.Stats().tracked_blocks, 0u);
   EXPECT_EQ(index.Stats().pruned_blocks, 30u);
-  EXPECT_EQ(index.Stats().index.nodes, 1u);
+  EXPECT_EQ(index.Stats().index.tree_blocks, 0u);
 }
 
 TEST(ApproxIndexTest, AmongEqualExpiriesTheDeepestBlocksArePrunedFirst) {
@@ -292,7 +292,7 @@ TEST(ApproxIndexTest, AmongEqualExpiriesTheDeepestBlocksArePrunedFirst) {
   EXPECT_EQ(Depth(index, b, kW1), 35);
   EXPECT_EQ(Depth(index, c, kW2), 10);
   EXPECT_EQ(Depth(index, a.Prefix(10), kW1), 10);
-  EXPECT_EQ(index.Stats().index.nodes, 1u + 10u + 25u + 25u + 10u);
+  EXPECT_EQ(index.Stats().index.tree_blocks, 70u);
 }
 
 TEST(ApproxIndexTest, PruningTargetFollowsTheRatio) {
@@ -381,7 +381,7 @@ TEST(ApproxIndexTest, RemoveWorkerForgetsItsBlocks) {
   EXPECT_EQ(index.ExpireDue(), 5u);
   const ApproxIndexStats s = index.Stats();
   EXPECT_EQ(s.tracked_blocks, 0u);
-  EXPECT_EQ(s.index.nodes, 1u);
+  EXPECT_EQ(s.index.tree_blocks, 0u);
   EXPECT_EQ(s.index.cached_blocks, 0u);
   EXPECT_EQ(s.expired_blocks, 5u);
 

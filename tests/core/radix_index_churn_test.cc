@@ -203,9 +203,11 @@ TEST(RadixIndexChurnTest, MillionCyclesReturnMemoryToTheStart) {
       EXPECT_EQ(s.cached_blocks, churn.HeldBlocks()) << "after " << i << " cycles";
       peak_bytes = std::max(peak_bytes, s.allocated_bytes);
       peak_nodes = std::max(peak_nodes, s.nodes);
-      // Nodes never exceed what the live blocks (and their ancestors) need: every worker's
-      // prompt is at most kMaxLength long.
-      EXPECT_LE(s.nodes, 1u + static_cast<uint64_t>(kWorkers) * kMaxLength);
+      // The tree never holds more than the live blocks (and their ancestors) need: every
+      // worker's prompt is at most kMaxLength long; nor more nodes than blocks.
+      EXPECT_LE(s.tree_blocks, static_cast<uint64_t>(kWorkers) * kMaxLength);
+      EXPECT_LE(s.nodes, 1u + s.tree_blocks);
+      if (i % 200'000 == 0) EXPECT_EQ(index.CheckInvariants(), "") << "after " << i;
       if (::testing::Test::HasFailure()) break;
     }
   }

@@ -64,7 +64,7 @@ TEST(RadixIndexTest, EmptyIndexHoldsOnlyTheRoot) {
   RadixIndex index;
   EXPECT_EQ(index.block_size(), 16u);
   const IndexStats stats = index.Stats();
-  EXPECT_EQ(stats.nodes, 1u);
+  EXPECT_EQ(stats.tree_blocks, 0u);
   EXPECT_EQ(stats.cached_blocks, 0u);
   EXPECT_EQ(stats.workers, 0u);
   EXPECT_TRUE(index.FindMatches(std::vector<uint64_t>{kA, kB}).empty());
@@ -95,7 +95,7 @@ TEST(RadixIndexTest, StoredWithoutParentMatchesByLocalHash) {
   EXPECT_TRUE(index.FindMatches(std::vector<uint64_t>{1001, 1002, 1003}).empty());
 
   const IndexStats stats = index.Stats();
-  EXPECT_EQ(stats.nodes, 4u);
+  EXPECT_EQ(stats.tree_blocks, 3u);
   EXPECT_EQ(stats.cached_blocks, 3u);
   EXPECT_EQ(stats.workers, 1u);
   EXPECT_EQ(EventCount(stats, EventKind::kStored, EventError::kNone), 1u);
@@ -109,13 +109,13 @@ TEST(RadixIndexTest, ParentIsFoundByEngineHash) {
   ASSERT_TRUE(index.Apply(StoredBlocks(kW1, 1003, {1004, 1005}, {kD, kE})).ok());
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC, kD, kE}, kW1), 5);
   EXPECT_EQ(index.TreeSize(kW1), 5u);
-  EXPECT_EQ(index.Stats().nodes, 6u);
+  EXPECT_EQ(index.Stats().tree_blocks, 5u);
 
   // A child under a middle block branches there.
   ASSERT_TRUE(index.Apply(StoredBlocks(kW1, 1002, {1013}, {kX})).ok());
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kX}, kW1), 3);
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC, kD, kE}, kW1), 5);
-  EXPECT_EQ(index.Stats().nodes, 7u);
+  EXPECT_EQ(index.Stats().tree_blocks, 6u);
 
   // A local hash is not a parent key.
   const ApplyResult r = index.Apply(StoredBlocks(kW1, kB, {1020}, {kF}));
@@ -128,7 +128,7 @@ TEST(RadixIndexTest, WorkersWithDifferentEngineHashesShareNodes) {
   ASSERT_TRUE(index.Apply(StoredBlocks(kW1, std::nullopt, {1001, 1002, 1003}, {kA, kB, kC})).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(kW2, std::nullopt, {2001}, {kA})).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(kW2, 2001, {2002, 2003}, {kB, kC})).ok());
-  EXPECT_EQ(index.Stats().nodes, 4u);
+  EXPECT_EQ(index.Stats().tree_blocks, 3u);
   EXPECT_EQ(index.Stats().cached_blocks, 6u);
   EXPECT_EQ(MatchesToString(index.FindMatches(std::vector<uint64_t>{kA, kB, kC})),
             "1/0:d3,h0,s0,e0,t3;2/0:d3,h0,s0,e0,t3;");
@@ -142,7 +142,7 @@ TEST(RadixIndexTest, WorkersWithDifferentEngineHashesShareNodes) {
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW2, {2002})).ok());
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC}, kW2), 1);
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC}, kW1), 3);
-  EXPECT_EQ(index.Stats().nodes, 4u);
+  EXPECT_EQ(index.Stats().tree_blocks, 3u);
 }
 
 TEST(RadixIndexTest, SameDpRankKeysAreDistinctWorkers) {
@@ -206,7 +206,7 @@ TEST(RadixIndexTest, TokenIdsHashLikePrecomputedLocalHashes) {
   std::vector<uint64_t> query = local1;
   query.push_back(local2[0]);
   EXPECT_EQ(MatchesToString(index.FindMatches(query)), "1/0:d4,h0,s0,e0,t4;2/0:d4,h0,s0,e0,t4;");
-  EXPECT_EQ(index.Stats().nodes, 5u);
+  EXPECT_EQ(index.Stats().tree_blocks, 4u);
 
   // Each option changes the hashes: without them the blocks are different.
   EXPECT_TRUE(index.FindMatches(ComputeLocalBlockHashes(tokens1, 4)).empty());
@@ -266,7 +266,7 @@ TEST(RadixIndexTest, RemovingAMiddleBlockDoesNotCascade) {
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC, kD}, kW1), 1);  // depth stops at the gap
   EXPECT_EQ(index.TreeSize(kW1), 3u);                       // descendants still held
   EXPECT_EQ(index.Stats().cached_blocks, 3u);
-  EXPECT_EQ(index.Stats().nodes, 5u);  // the gap node keeps its children
+  EXPECT_EQ(index.Stats().tree_blocks, 4u);  // the gap node keeps its children
 
   // The descendants are still known: they can be parents and can be removed.
   ASSERT_TRUE(index.Apply(StoredBlocks(kW1, 1004, {1005}, {kE})).ok());
@@ -275,7 +275,7 @@ TEST(RadixIndexTest, RemovingAMiddleBlockDoesNotCascade) {
   // Filling the gap again restores the whole depth.
   ASSERT_TRUE(index.Apply(StoredBlocks(kW1, 1001, {1002}, {kB})).ok());
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC, kD, kE}, kW1), 5);
-  EXPECT_EQ(index.Stats().nodes, 6u);
+  EXPECT_EQ(index.Stats().tree_blocks, 5u);
 
   // Removing the first block hides the worker from the prompt entirely.
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1001})).ok());
@@ -288,21 +288,21 @@ TEST(RadixIndexTest, NodesNoWorkerHoldsAreFreedAtOnce) {
   ASSERT_TRUE(index.Apply(StoredBlocks(kW1, std::nullopt, {1001, 1002, 1003}, {kA, kB, kC})).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(kW2, std::nullopt, {2001, 2002}, {kA, kB})).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(kW2, 2001, {2005}, {kX})).ok());
-  EXPECT_EQ(index.Stats().nodes, 5u);
+  EXPECT_EQ(index.Stats().tree_blocks, 4u);
 
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1003})).ok());  // leaf only W1 holds
-  EXPECT_EQ(index.Stats().nodes, 4u);
+  EXPECT_EQ(index.Stats().tree_blocks, 3u);
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW2, {2005})).ok());
-  EXPECT_EQ(index.Stats().nodes, 3u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1001})).ok());  // W2 still holds A
-  EXPECT_EQ(index.Stats().nodes, 3u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW2, {2001, 2002})).ok());
   // A is held by nobody but B (held by W1) hangs below it.
-  EXPECT_EQ(index.Stats().nodes, 3u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
   EXPECT_TRUE(index.FindMatches(std::vector<uint64_t>{kA, kB}).empty());
   // Freeing B frees its empty ancestor A too.
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1002})).ok());
-  EXPECT_EQ(index.Stats().nodes, 1u);
+  EXPECT_EQ(index.Stats().tree_blocks, 0u);
   EXPECT_EQ(index.Stats().cached_blocks, 0u);
   EXPECT_EQ(index.TreeSize(kW1), 0u);
   EXPECT_EQ(index.TreeSize(kW2), 0u);
@@ -315,7 +315,7 @@ TEST(RadixIndexTest, ClearedClearsEveryDpRankOfTheWorker) {
   ASSERT_TRUE(index.Apply(StoredBlocks(r1, std::nullopt, {1101}, {kC})).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(r1, 1101, {1102}, {kD}, Tier::kHostPinned)).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(other, std::nullopt, {2001}, {kA})).ok());
-  EXPECT_EQ(index.Stats().nodes, 5u);
+  EXPECT_EQ(index.Stats().tree_blocks, 4u);
 
   const ApplyResult r = index.Apply(ClearedWorker(r1));
   EXPECT_TRUE(r.ok()) << r.message;
@@ -325,7 +325,7 @@ TEST(RadixIndexTest, ClearedClearsEveryDpRankOfTheWorker) {
   EXPECT_EQ(MatchesToString(index.FindMatches(std::vector<uint64_t>{kA, kB})),
             "2/0:d1,h0,s0,e0,t1;");
   EXPECT_TRUE(index.FindMatches(std::vector<uint64_t>{kC, kD}).empty());
-  EXPECT_EQ(index.Stats().nodes, 2u);
+  EXPECT_EQ(index.Stats().tree_blocks, 1u);
   EXPECT_EQ(index.Stats().cached_blocks, 1u);
   EXPECT_EQ(EventCount(index.Stats(), EventKind::kCleared, EventError::kNone), 1u);
 
@@ -352,7 +352,7 @@ TEST(RadixIndexTest, RemoveWorkerAndRemoveWorkerDpRank) {
   EXPECT_EQ(index.RemoveWorkerDpRank(r1), 3u);
   EXPECT_EQ(index.TreeSize(r1), 0u);
   EXPECT_EQ(index.TreeSize(r0), 2u);
-  EXPECT_EQ(index.Stats().nodes, 3u);  // C was only r1's
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);  // C was only r1's
   EXPECT_EQ(MatchesToString(index.FindMatches(std::vector<uint64_t>{kA, kB, kC})),
             "1/0:d2,h0,s0,e0,t2;2/0:d1,h0,s0,e0,t1;");
   auto workers = index.Workers();
@@ -363,7 +363,7 @@ TEST(RadixIndexTest, RemoveWorkerAndRemoveWorkerDpRank) {
   workers = index.Workers();
   EXPECT_EQ(workers, std::vector<WorkerKey>{other});
   EXPECT_EQ(index.Stats().workers, 1u);
-  EXPECT_EQ(index.Stats().nodes, 2u);
+  EXPECT_EQ(index.Stats().tree_blocks, 1u);
   EXPECT_EQ(MatchesToString(index.FindMatches(std::vector<uint64_t>{kA, kB})),
             "2/0:d1,h0,s0,e0,t1;");
   EXPECT_EQ(index.RemoveWorker(1), 0u);
@@ -382,7 +382,7 @@ TEST(RadixIndexTest, DuplicateStoreIsCountedAndHeldOnce) {
   EXPECT_EQ(index.Stats().cached_blocks, 2u);
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1001, 1002})).ok());
   EXPECT_TRUE(index.FindMatches(std::vector<uint64_t>{kA, kB}).empty());
-  EXPECT_EQ(index.Stats().nodes, 1u);
+  EXPECT_EQ(index.Stats().tree_blocks, 0u);
 }
 
 TEST(RadixIndexTest, TwoEngineBlocksOfOneWorkerOnOneNodeAreCounted) {
@@ -392,13 +392,13 @@ TEST(RadixIndexTest, TwoEngineBlocksOfOneWorkerOnOneNodeAreCounted) {
   ASSERT_TRUE(index.Apply(StoredBlocks(kW1, std::nullopt, {1001}, {kA})).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(kW1, std::nullopt, {1901}, {kA})).ok());
   EXPECT_EQ(index.TreeSize(kW1), 2u);
-  EXPECT_EQ(index.Stats().nodes, 2u);
+  EXPECT_EQ(index.Stats().tree_blocks, 1u);
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1001})).ok());
   EXPECT_EQ(DeviceDepth(index, {kA}, kW1), 1);
-  EXPECT_EQ(index.Stats().nodes, 2u);
+  EXPECT_EQ(index.Stats().tree_blocks, 1u);
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1901})).ok());
   EXPECT_EQ(DeviceDepth(index, {kA}, kW1), -1);
-  EXPECT_EQ(index.Stats().nodes, 1u);
+  EXPECT_EQ(index.Stats().tree_blocks, 0u);
 }
 
 // ---- Per-worker depths --------------------------------------------------------------------------
@@ -411,7 +411,7 @@ TEST(RadixIndexTest, WorkersSharingAPrefixGetTheirOwnDepths) {
   ASSERT_TRUE(index.Apply(StoredBlocks(kW2, std::nullopt, {2001, 2002}, {kA, kB})).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(kW3, std::nullopt, {3001, 3002, 3003}, {kA, kB, kX})).ok());
   ASSERT_TRUE(index.Apply(StoredBlocks(kW4, std::nullopt, {4001}, {kA})).ok());
-  EXPECT_EQ(index.Stats().nodes, 6u);
+  EXPECT_EQ(index.Stats().tree_blocks, 5u);
 
   EXPECT_EQ(MatchesToString(index.FindMatches(std::vector<uint64_t>{kA, kB, kC, kD, kE})),
             "1/0:d4,h0,s0,e0,t4;2/0:d2,h0,s0,e0,t2;3/0:d2,h0,s0,e0,t3;4/0:d1,h0,s0,e0,t1;");
@@ -480,14 +480,14 @@ TEST(RadixIndexTest, OffloadedBlocksCountOnLowerTiersOnceEvictedFromDevice) {
   m = MatchOf(index.FindMatches(local), kW1);
   ASSERT_TRUE(m);
   EXPECT_EQ(TierHits(*m), (Hits{3, 2, 1, 0}));
-  EXPECT_EQ(index.Stats().nodes, 7u);
+  EXPECT_EQ(index.Stats().tree_blocks, 6u);
 
   // Disk eviction of the last block frees its node.
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1006}, Tier::kDisk)).ok());
   m = MatchOf(index.FindMatches(local), kW1);
   ASSERT_TRUE(m);
   EXPECT_EQ(TierHits(*m), (Hits{3, 2, 0, 0}));
-  EXPECT_EQ(index.Stats().nodes, 6u);
+  EXPECT_EQ(index.Stats().tree_blocks, 5u);
 }
 
 TEST(RadixIndexTest, WorkerOnlyOnLowerTiersFromTheRoot) {
@@ -535,7 +535,7 @@ TEST(RadixIndexTest, SameEngineHashOnTwoTiers) {
   auto m = MatchOf(index.FindMatches(query), kW1);
   ASSERT_TRUE(m);
   EXPECT_EQ(TierHits(*m), (Hits{2, 0, 0, 0}));
-  EXPECT_EQ(index.Stats().nodes, 3u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
 
   // A removal names one tier: the other copy stays.
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1002})).ok());
@@ -546,7 +546,7 @@ TEST(RadixIndexTest, SameEngineHashOnTwoTiers) {
   m = MatchOf(index.FindMatches(query), kW1);
   ASSERT_TRUE(m);
   EXPECT_EQ(TierHits(*m), (Hits{0, 2, 0, 0}));
-  EXPECT_EQ(index.Stats().nodes, 3u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
 
   // Gone from the device already: unknown there.
   EXPECT_EQ(index.Apply(RemovedBlocks(kW1, {1001})).error, EventError::kBlockNotFound);
@@ -559,7 +559,7 @@ TEST(RadixIndexTest, SameEngineHashOnTwoTiers) {
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1003})).ok());
   ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1001, 1002}, Tier::kHostPinned)).ok());
   EXPECT_TRUE(index.FindMatches(query).empty());
-  EXPECT_EQ(index.Stats().nodes, 1u);
+  EXPECT_EQ(index.Stats().tree_blocks, 0u);
   EXPECT_EQ(index.Stats().cached_blocks, 0u);
   EXPECT_EQ(index.TreeSize(kW1), 0u);
 }
@@ -581,7 +581,7 @@ TEST(RadixIndexTest, ClearedDropsEveryTier) {
   ASSERT_TRUE(index.Apply(ClearedWorker(kW1)).ok());
   EXPECT_TRUE(index.FindMatches(std::vector<uint64_t>{kA, kB, kC, kD}).empty());
   EXPECT_EQ(index.TreeSize(kW1), 0u);
-  EXPECT_EQ(index.Stats().nodes, 1u);
+  EXPECT_EQ(index.Stats().tree_blocks, 0u);
   EXPECT_EQ(index.Stats().cached_blocks, 0u);
 }
 
@@ -617,7 +617,7 @@ TEST(RadixIndexTest, MissingParentDropsTheWholeStoredEvent) {
   EXPECT_EQ(r.error, EventError::kParentBlockNotFound);
   EXPECT_FALSE(r.message.empty());
   const auto after = index.Stats();
-  EXPECT_EQ(after.nodes, before.nodes);
+  EXPECT_EQ(after.tree_blocks, before.tree_blocks);
   EXPECT_EQ(after.cached_blocks, before.cached_blocks);
   EXPECT_EQ(index.TreeSize(kW1), 0u);
   EXPECT_TRUE(index.FindMatches(std::vector<uint64_t>{kB, kC}).empty());
@@ -638,7 +638,7 @@ TEST(RadixIndexTest, UnknownRemovedHashStillRemovesTheOthers) {
   EXPECT_EQ(index.TreeSize(kW1), 1u);
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC}, kW1), 1);
   const auto stats = index.Stats();
-  EXPECT_EQ(stats.nodes, 2u);
+  EXPECT_EQ(stats.tree_blocks, 1u);
   EXPECT_EQ(EventCount(stats, EventKind::kRemoved, EventError::kBlockNotFound), 1u);
   EXPECT_EQ(EventCount(stats, EventKind::kRemoved, EventError::kNone), 0u);
 }
@@ -652,7 +652,7 @@ TEST(RadixIndexTest, RepeatedEngineHashIsAnInvalidBlockSequence) {
   EXPECT_FALSE(r.message.empty());
   EXPECT_EQ(index.TreeSize(kW1), 2u);
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC, kD}, kW1), 2);
-  EXPECT_EQ(index.Stats().nodes, 3u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
 
   // Repeats its direct parent inside the event.
   r = index.Apply(StoredBlocks(kW2, std::nullopt, {2001, 2002, 2002}, {kA, kB, kC}));
@@ -667,7 +667,7 @@ TEST(RadixIndexTest, RepeatedEngineHashIsAnInvalidBlockSequence) {
   EXPECT_EQ(r.error, EventError::kInvalidBlockSequence);
   EXPECT_EQ(index.TreeSize(kW3), 1u);
   EXPECT_EQ(DeviceDepth(index, {kA, kB, kC}, kW3), 1);
-  EXPECT_EQ(index.Stats().nodes, 3u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
 
   EXPECT_EQ(EventCount(index.Stats(), EventKind::kStored, EventError::kInvalidBlockSequence), 3u);
   EXPECT_EQ(EventCount(index.Stats(), EventKind::kStored, EventError::kNone), 1u);
@@ -683,7 +683,7 @@ TEST(RadixIndexTest, IncompleteTokenBlocksAreInvalid) {
   const auto local = ComputeLocalBlockHashes(tokens, 4);
   ASSERT_EQ(local.size(), 2u);
   EXPECT_EQ(DeviceDepth(index, local, kW1), 2);
-  EXPECT_EQ(index.Stats().nodes, 3u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
   EXPECT_EQ(index.Apply(StoredBlocks(kW1, 1003, {1004}, {kD})).error,
             EventError::kParentBlockNotFound);
 
@@ -795,14 +795,14 @@ TEST(RadixIndexTest, MemoryReturnsToItsStartWhenEverythingIsRemoved) {
     }
   }
   IndexStats empty = index.Stats();
-  EXPECT_EQ(empty.nodes, 1u);
+  EXPECT_EQ(empty.tree_blocks, 0u);
   EXPECT_EQ(empty.cached_blocks, 0u);
   for (const Held& h : held) EXPECT_EQ(index.TreeSize(h.worker), 0u);
 
   for (uint64_t w = 0; w < 8; ++w) EXPECT_EQ(index.RemoveWorker(w + 100), 0u);
   empty = index.Stats();
   EXPECT_EQ(empty.workers, 0u);
-  EXPECT_EQ(empty.nodes, 1u);
+  EXPECT_EQ(empty.tree_blocks, 0u);
   EXPECT_EQ(empty.allocated_bytes, start.allocated_bytes);
 }
 
@@ -823,7 +823,7 @@ TEST(RadixIndexTest, MemoryReturnsToItsStartAfterClearAndRemoveWorker) {
   EXPECT_EQ(index.Stats().cached_blocks, 10u * 100u);  // a clear covers both ranks
   for (uint64_t w = 0; w < 20; ++w) EXPECT_EQ(index.RemoveWorker(w), w < 10 ? 0u : 100u);
   const IndexStats end = index.Stats();
-  EXPECT_EQ(end.nodes, 1u);
+  EXPECT_EQ(end.tree_blocks, 0u);
   EXPECT_EQ(end.cached_blocks, 0u);
   EXPECT_EQ(end.workers, 0u);
   EXPECT_EQ(end.allocated_bytes, start.allocated_bytes);

@@ -515,6 +515,7 @@ pub struct kvr_metrics {
     pub queue_pending: u64,
     pub queue_pending_tokens: u64,
     pub workers: u64,
+    /// tree nodes: runs of blocks held alike (path compression)
     pub index_nodes: u64,
     /// cached (block, rank) entries
     pub index_blocks: u64,

@@ -1,0 +1,108 @@
+// PositionTable (the index's per-worker tables): against a std::unordered_map model under
+// random inserts, updates and erases, through growth and shrinking; memory counted exactly.
+#include "core/position_table.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <unordered_map>
+
+namespace kvrouter {
+namespace {
+
+TEST(PositionTableTest, EmptyTableHoldsNothingAndOwnsNothing) {
+  int64_t bytes = 0;
+  PositionTable t(&bytes);
+  EXPECT_TRUE(t.empty());
+  EXPECT_EQ(t.Get(42), 0u);
+  EXPECT_FALSE(t.Contains(0));
+  EXPECT_FALSE(t.Erase(42));
+  t.Prefetch(42);  // harmless without buckets
+  EXPECT_EQ(bytes, 0);
+}
+
+TEST(PositionTableTest, TryInsertRefusesAPresentKeyAndKeepsItsValue) {
+  int64_t bytes = 0;
+  PositionTable t(&bytes);
+  EXPECT_TRUE(t.TryInsert(0, 7));  // key 0 is an ordinary key: emptiness is the value's
+  EXPECT_FALSE(t.TryInsert(0, 9));
+  EXPECT_EQ(t.Get(0), 7u);
+  t.Update(0, 9);
+  EXPECT_EQ(t.Get(0), 9u);
+  t.Set(5, PositionTable::kValueMask);  // the widest value
+  EXPECT_EQ(t.Get(5), PositionTable::kValueMask);
+  EXPECT_EQ(t.size(), 2u);
+  EXPECT_TRUE(t.Erase(0));
+  EXPECT_TRUE(t.Erase(5));
+  EXPECT_EQ(bytes, 0);  // an emptied table gives its buckets back
+}
+
+// Keys as engines make them (sequential, and random), values never 0.
+TEST(PositionTableTest, MatchesAModelUnderRandomChurn) {
+  int64_t bytes = 0;
+  std::mt19937_64 rng(7);
+  PositionTable t(&bytes);
+  std::unordered_map<uint64_t, uint64_t> model;
+  size_t peak = 0;
+  for (int step = 0; step < 400'000; ++step) {
+    // Grow for a while, then shrink, then grow again: every size class and both directions.
+    const bool growing = (step / 100'000) % 2 == 0;
+    const uint64_t key = (rng() % 3 == 0) ? rng() % 50'000 : rng();
+    const uint64_t value = 1 + rng() % PositionTable::kValueMask;
+    const int op = static_cast<int>(rng() % 10);
+    if (op < (growing ? 6 : 2)) {
+      const bool inserted = t.TryInsert(key, value);
+      ASSERT_EQ(inserted, model.emplace(key, value).second) << "step " << step;
+    } else if (op < 7) {
+      ASSERT_EQ(t.Erase(key), model.erase(key) == 1) << "step " << step;
+      if (!model.empty() && rng() % 2 == 0) {  // also erase a key certainly present
+        const uint64_t present = model.begin()->first;
+        ASSERT_TRUE(t.Erase(present));
+        model.erase(present);
+      }
+    } else if (op < 9) {
+      ASSERT_EQ(t.Get(key), model.count(key) ? model.at(key) : 0u) << "step " << step;
+    } else if (model.count(key)) {
+      t.Update(key, value);
+      model[key] = value;
+    }
+    ASSERT_EQ(t.size(), model.size());
+    peak = std::max(peak, model.size());
+    if (step % 50'000 == 0 && !model.empty()) {
+      // Load stays within the bounds the memory budget assumes, once past the small sizes.
+      if (model.size() > 1000) {
+        const double load = static_cast<double>(t.size()) / static_cast<double>(t.capacity());
+        EXPECT_GT(load, 0.35) << "step " << step;
+        EXPECT_LE(load, 0.9) << "step " << step;
+      }
+      size_t seen = 0;
+      t.ForEach([&](uint64_t k, uint64_t v) {
+        ++seen;
+        EXPECT_EQ(model.at(k), v);
+      });
+      EXPECT_EQ(seen, model.size());
+    }
+  }
+  EXPECT_GT(peak, 10'000u);
+  for (const auto& [k, v] : model) ASSERT_EQ(t.Get(k), v);
+  for (const auto& [k, v] : model) ASSERT_TRUE(t.Erase(k));
+  EXPECT_TRUE(t.empty());
+  EXPECT_EQ(bytes, 0);
+}
+
+TEST(PositionTableTest, MovesTransferOwnership) {
+  int64_t bytes = 0;
+  PositionTable a(&bytes);
+  for (uint64_t k = 1; k <= 100; ++k) a.TryInsert(k, k);
+  PositionTable b(std::move(a));
+  EXPECT_EQ(b.size(), 100u);
+  EXPECT_EQ(b.Get(50), 50u);
+  PositionTable c(&bytes);
+  c = std::move(b);
+  EXPECT_EQ(c.Get(100), 100u);
+  c.Clear();
+  EXPECT_EQ(bytes, 0);
+}
+
+}  // namespace
+}  // namespace kvrouter
