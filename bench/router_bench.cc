@@ -127,15 +127,13 @@ std::vector<std::string> RequestIds(size_t n) {
   return ids;
 }
 
-void BM_FindBestMatch(benchmark::State& state) {
-  TraceRouter& trace = TraceRouter::Get();
-  Router& router = trace.router();
-  const auto& queries = trace.queries();
+// Admitted decisions on `router` over `queries`, `in_flight` of them kept booked.
+void RunDecisions(benchmark::State& state, Router& router,
+                  const std::vector<std::vector<uint32_t>>& queries, size_t in_flight) {
   if (queries.empty()) {
     state.SkipWithError("no trace prompt has 512 blocks");
     return;
   }
-  const size_t in_flight = static_cast<size_t>(state.range(0));
   const auto ids = RequestIds(4096);
   std::deque<size_t> booked;
   std::vector<uint32_t> prompt;
@@ -172,6 +170,41 @@ void BM_FindBestMatch(benchmark::State& state) {
   ReportLatency(state, find_latency);
   ReportLatency(state, free_latency, "free_");
   state.counters["cached_tokens"] = cached_tokens / static_cast<double>(state.iterations());
+}
+
+void BM_FindBestMatch(benchmark::State& state) {
+  TraceRouter& trace = TraceRouter::Get();
+  RunDecisions(state, trace.router(), trace.queries(), static_cast<size_t>(state.range(0)));
+}
+
+// (e) BM_FindBestMatchApprox/budget:N — as (a) with 0 in flight, in approximate mode (no KV
+//     events: every admitted decision is recorded as cached, for 120 s), the index's budget
+//     N (worker, block) entries: the trace's 1,024 prompts over 64 workers need far more, so
+//     the budget binds and every decision also prunes. Warmed up with 4,096 decisions first.
+void BM_FindBestMatchApprox(benchmark::State& state) {
+  RouterOptions options;
+  options.block_size = kBlockSize;
+  options.random_seed = 1;
+  options.use_kv_events = false;
+  options.approx_max_blocks = static_cast<uint64_t>(state.range(0));
+  auto router = Router::Create(options);
+  if (!router.ok()) {
+    state.SkipWithError(std::string(router.status().message()).c_str());
+    return;
+  }
+  for (uint32_t w = 0; w < GetFlags().workers; ++w) {
+    (void)(*router)->AddWorker(
+        WorkerConfig{.worker_id = w, .max_num_batched_tokens = 16384, .block_size = kBlockSize});
+  }
+  const auto& queries = TraceRouter::Get().queries();
+  for (size_t i = 0; i < 4096 && !queries.empty(); ++i) {
+    const std::string id = "warm-" + std::to_string(i);
+    (void)(*router)->FindBestMatch(queries[i % queries.size()],
+                                   RouteOptions{.with_admission = true, .request_id = id});
+    (*router)->Free(id);
+  }
+  RunDecisions(state, **router, queries, 0);
+  state.counters["tracked_blocks"] = static_cast<double>((*router)->IndexStats().cached_blocks);
 }
 
 void BM_FindBestMatchPreview(benchmark::State& state) {
@@ -262,6 +295,12 @@ BENCHMARK(BM_FindBestMatch)
     ->Arg(0)
     ->Arg(256);
 BENCHMARK(BM_FindBestMatchPreview)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FindBestMatchApprox)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->ArgName("budget")
+    ->Arg(1 << 16)
+    ->Arg(1 << 20);
 BENCHMARK(BM_ActiveSequencesAddFree)
     ->Unit(benchmark::kMicrosecond)
     ->ArgName("inflight")

@@ -25,6 +25,18 @@ constexpr NodeId kNoNode = ~0u;
 constexpr uint64_t kMaxNodes = uint64_t{1} << 31;
 // Blocks in one node: offsets within a node take 16 bits of a position.
 constexpr uint32_t kMaxRun = 1u << 15;
+// How far ahead a pass over many blocks' table entries prefetches: enough to overlap the
+// misses, few enough that the prefetches are still in cache when their turn comes.
+constexpr size_t kPrefetchAhead = 16;
+
+// For a pass over `keys` in order: at key k, prefetches the one kPrefetchAhead further on (at
+// key 0, the first kPrefetchAhead as well).
+void PrefetchAhead(const PositionTable& table, std::span<const uint64_t> keys, size_t k) {
+  if (k == 0) {
+    for (size_t j = 0; j < std::min(keys.size(), kPrefetchAhead); ++j) table.Prefetch(keys[j]);
+  }
+  if (k + kPrefetchAhead < keys.size()) table.Prefetch(keys[k + kPrefetchAhead]);
+}
 
 uint8_t TierBit(Tier tier) { return static_cast<uint8_t>(1u << static_cast<int>(tier)); }
 
@@ -74,6 +86,11 @@ class MemberList {
     Member* first = data();
     Member* it = std::lower_bound(first, first + size_, NewMember(slot));
     return (it != first + size_ && MemberSlot(*it) == slot) ? it : nullptr;
+  }
+
+  bool Contains(uint32_t slot) const {
+    const Member* it = std::lower_bound(begin(), end(), NewMember(slot));
+    return it != end() && MemberSlot(*it) == slot;
   }
 
   Member* Insert(uint32_t slot, Alloc alloc) {
@@ -301,6 +318,119 @@ class RadixIndex::Impl {
     std::shared_lock lock(mu_);
     auto it = slot_of_.find(worker);
     return it == slot_of_.end() ? 0 : workers_[it->second].blocks.size();
+  }
+
+  uint64_t CachedBlocks() const {
+    std::shared_lock lock(mu_);
+    return cached_blocks_;
+  }
+
+  size_t HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
+    std::shared_lock lock(mu_);
+    const PositionTable* blocks = BlocksOf(worker);
+    if (blocks == nullptr) return 0;
+    size_t held = 0, unknown_from = engine_hashes.size();  // held <= answer < unknown_from
+    while (held < unknown_from) {
+      const size_t mid = held + (unknown_from - held) / 2;
+      if (blocks->Contains(engine_hashes[mid])) {
+        held = mid + 1;
+      } else {
+        unknown_from = mid;
+      }
+    }
+    return held;
+  }
+
+  std::vector<uint64_t> PathTo(WorkerKey worker, uint64_t engine_hash) const {
+    std::shared_lock lock(mu_);
+    std::vector<uint64_t> path;
+    const PositionTable* blocks = BlocksOf(worker);
+    const uint64_t entry = blocks ? blocks->Get(engine_hash) : 0;
+    if (entry == 0) return path;
+    Position p = Resolve(EntryPosition(entry));
+    for (NodeId node = p.node; node != kRoot; node = nodes_[node].parent) {
+      const uint64_t* hashes = Hashes(nodes_[node]);
+      const uint32_t end = node == p.node ? p.offset + 1 : nodes_[node].len;
+      for (uint32_t k = end; k-- > 0;) path.push_back(hashes[k]);
+    }
+    std::reverse(path.begin(), path.end());
+    return path;
+  }
+
+  // Drops the deepest blocks of a path the worker holds, as long as nothing else it holds
+  // hangs below them (see the header). Walks the path up from its end through the nodes (no
+  // table lookups), then takes each node's part off as one run, deepest node first.
+  TailDrop DropPathTail(WorkerKey worker, std::span<const uint64_t> path, size_t limit,
+                        absl::FunctionRef<bool(uint64_t)> keep) {
+    std::unique_lock lock(mu_);
+    auto slot_it = slot_of_.find(worker);
+    if (slot_it == slot_of_.end() || path.empty()) return {.dropped = 0, .finished = true};
+    const uint32_t slot = slot_it->second;
+    PositionTable& blocks = workers_[slot].blocks;
+    const uint64_t entry = blocks.Get(path.back());
+    if (entry == 0) return {.dropped = 0, .finished = true};
+    Position p = ResolveEntry(blocks, path.back(), entry);
+    struct Cut {
+      NodeId node;
+      uint32_t from, to;  // the node's blocks [from, to) go
+    };
+    absl::InlinedVector<Cut, 8> cuts;
+    NodeId below = kNoNode;  // the path's node under p's, once the walk has left one
+    bool finished = false;
+    size_t count = 0;
+    while (true) {
+      if (count == limit) break;
+      const Node& n = nodes_[p.node];
+      // Mid-run, the block below is the path's (dropped already), or, at the path's end, one
+      // the worker holds (membership is uniform over a run).
+      const bool in_use =
+          p.offset + 1 < n.len ? count == 0 : HoldsAChildBesides(slot, p.node, below);
+      if (keep(path[path.size() - 1 - count]) || in_use || !n.members.Contains(slot)) {
+        finished = true;
+        break;
+      }
+      if (cuts.empty() || cuts.back().node != p.node)
+        cuts.push_back({p.node, p.offset, p.offset + 1});
+      cuts.back().from = p.offset;
+      ++count;
+      if (count == path.size()) {
+        finished = true;
+        break;
+      }
+      if (p.offset > 0) {
+        --p.offset;
+      } else {
+        below = p.node;
+        const NodeId parent = n.parent;
+        if (parent == kRoot) {  // the path is longer than the tree's: not this worker's chain
+          finished = true;
+          break;
+        }
+        p = Position{parent, nodes_[parent].len - 1};
+      }
+    }
+    for (const Cut& cut : cuts) {  // deepest first: isolating one never moves a shallower one
+      const NodeId run = Isolate(cut.node, cut.from, cut.to);
+      const Member* m = nodes_[run].members.Find(slot);
+      RemoveFromNode(run, slot, MemberTiers(*m));
+      FreeIfUnused(run);
+    }
+    const auto dropped = path.last(count);
+    for (size_t k = 0; k < count; ++k) {
+      PrefetchAhead(blocks, dropped, k);
+      blocks.Erase(dropped[k]);
+    }
+    cached_blocks_ -= count;
+    return {.dropped = count, .finished = finished};
+  }
+
+  // Whether the worker holds a child of node `id`'s last block other than `besides`.
+  bool HoldsAChildBesides(uint32_t slot, NodeId id, NodeId besides) const {
+    bool held = false;
+    ForEachChild(nodes_[id], [&](NodeId c) {
+      held = held || (c != besides && nodes_[c].members.Contains(slot));
+    });
+    return held;
   }
 
   std::vector<WorkerKey> Workers() const {
@@ -571,6 +701,11 @@ class RadixIndex::Impl {
 
   // ---- Workers -----------------------------------------------------------------------------
 
+  const PositionTable* BlocksOf(WorkerKey worker) const {
+    auto it = slot_of_.find(worker);
+    return it == slot_of_.end() ? nullptr : &workers_[it->second].blocks;
+  }
+
   uint32_t SlotFor(WorkerKey key) {
     auto [it, inserted] = slot_of_.try_emplace(key, 0);
     if (!inserted) return it->second;
@@ -773,12 +908,14 @@ class RadixIndex::Impl {
                  StoreCursor& cursor) {
     PositionTable& blocks = workers_[slot].blocks;
     const Node& node = nodes_[at.node];
-    for (size_t k = i; k < n && k - i < node.len - at.offset; ++k) blocks.Prefetch(engine[k]);
+    const auto candidates = engine.subspan(i, std::min<size_t>(n - i, node.len - at.offset));
     uint32_t count = 0;
-    while (i + count < n && at.offset + count < node.len &&
-           Hashes(node)[at.offset + count] == locals[i + count] &&
-           blocks.TryInsert(engine[i + count],
+    while (count < candidates.size() && Hashes(node)[at.offset + count] == locals[i + count]) {
+      PrefetchAhead(blocks, candidates, count);
+      if (!blocks.TryInsert(candidates[count],
                             PackEntry({at.node, at.offset + count}, TierBit(tier)))) {
+        break;
+      }
       ++count;
     }
     // The entries name positions in the node as it was; once the run is isolated they resolve
@@ -798,7 +935,6 @@ class RadixIndex::Impl {
                    std::span<const uint64_t> locals, size_t i, size_t n, StoreCursor& cursor) {
     PositionTable& blocks = workers_[slot].blocks;
     const auto run = locals.subspan(i, std::min<size_t>(n - i, kMaxRun));
-    for (size_t k = 0; k < run.size(); ++k) blocks.Prefetch(engine[i + k]);
     NodeId parent = kRoot;
     if (cursor.last) {
       parent = cursor.last->node;  // resolved by Next just before
@@ -812,9 +948,11 @@ class RadixIndex::Impl {
     } else {
       AddToNode(node, slot, tier);
     }
+    const auto keys = engine.subspan(i, run.size());
     uint32_t count = 0;
-    while (count < run.size() &&
-           blocks.TryInsert(engine[i + count], PackEntry({node, first + count}, TierBit(tier)))) {
+    while (count < keys.size()) {
+      PrefetchAhead(blocks, keys, count);
+      if (!blocks.TryInsert(keys[count], PackEntry({node, first + count}, TierBit(tier)))) break;
       ++count;
     }
     if (count > 0) cursor.Advance({node, first}, count);
@@ -890,12 +1028,14 @@ class RadixIndex::Impl {
     std::string first_missing;
     size_t missing = 0;
     std::vector<Position> dropped;
-    if (slot_it != slot_of_.end()) {
-      for (uint64_t h : removed.block_hashes) workers_[slot_it->second].blocks.Prefetch(h);
-    }
-    for (uint64_t engine_hash : removed.block_hashes) {
+    const std::span<const uint64_t> hashes = removed.block_hashes;
+    for (size_t k = 0; k < hashes.size(); ++k) {
+      const uint64_t engine_hash = hashes[k];
       std::optional<Position> p;
-      if (slot_it != slot_of_.end()) p = ForgetBlock(slot_it->second, event.tier, engine_hash);
+      if (slot_it != slot_of_.end()) {
+        PrefetchAhead(workers_[slot_it->second].blocks, hashes, k);
+        p = ForgetBlock(slot_it->second, event.tier, engine_hash);
+      }
       if (p) {
         dropped.push_back(*p);
       } else if (missing++ == 0) {
@@ -1291,6 +1431,18 @@ size_t RadixIndex::RemoveWorkerDpRank(WorkerKey worker) {
   return impl_->RemoveWorkerDpRank(worker);
 }
 uint64_t RadixIndex::TreeSize(WorkerKey worker) const { return impl_->TreeSize(worker); }
+uint64_t RadixIndex::CachedBlocks() const { return impl_->CachedBlocks(); }
+size_t RadixIndex::HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
+  return impl_->HeldPrefix(worker, engine_hashes);
+}
+std::vector<uint64_t> RadixIndex::PathTo(WorkerKey worker, uint64_t engine_hash) const {
+  return impl_->PathTo(worker, engine_hash);
+}
+RadixIndex::TailDrop RadixIndex::DropPathTail(WorkerKey worker,
+                                              std::span<const uint64_t> engine_hashes, size_t limit,
+                                              absl::FunctionRef<bool(uint64_t)> keep) {
+  return impl_->DropPathTail(worker, engine_hashes, limit, keep);
+}
 std::vector<WorkerKey> RadixIndex::Workers() const { return impl_->Workers(); }
 IndexStats RadixIndex::Stats() const { return impl_->Stats(); }
 std::vector<KvEvent> RadixIndex::DumpEvents() const { return impl_->DumpEvents(); }

@@ -25,6 +25,8 @@
 // block, BENCHMARKS.md). Every public method may be called from any thread.
 #pragma once
 
+#include <absl/functional/function_ref.h>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -138,6 +140,28 @@ class RadixIndex {
 
   // Blocks the worker rank holds (0 if unknown).
   uint64_t TreeSize(WorkerKey worker) const;
+  // (worker, block) entries in the index (IndexStats::cached_blocks, without the rest).
+  uint64_t CachedBlocks() const;
+
+  // For indexes whose holders keep leading runs of chains (approximate mode): how many leading
+  // blocks of `engine_hashes`, a chain (each block's parent the one before), the worker holds.
+  // A binary search: it assumes that holding a block means holding its ancestors.
+  size_t HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const;
+  // The local hashes of the path from the root to the worker's block `engine_hash`, root
+  // first; empty if the worker does not hold it.
+  std::vector<uint64_t> PathTo(WorkerKey worker, uint64_t engine_hash) const;
+  // Approximate mode's eviction. `engine_hashes` is a path the worker holds, root first (a
+  // chain, as PathTo's local hashes give it): drops up to `limit` of its deepest blocks,
+  // deepest first, stopping before a block that is still in use: one for which `keep` is
+  // true, or below which the worker holds a block off the path. `finished`: it stopped for
+  // good (a block in use, the whole path dropped, or a path the worker does not hold) rather
+  // than at the limit; otherwise the caller resumes with the path minus the dropped blocks.
+  struct TailDrop {
+    size_t dropped = 0;
+    bool finished = false;
+  };
+  TailDrop DropPathTail(WorkerKey worker, std::span<const uint64_t> engine_hashes, size_t limit,
+                        absl::FunctionRef<bool(uint64_t)> keep);
   std::vector<WorkerKey> Workers() const;
 
   IndexStats Stats() const;

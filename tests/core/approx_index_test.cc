@@ -316,14 +316,15 @@ TEST(ApproxIndexTest, PruningTargetFollowsTheRatio) {
 }
 
 // A prune of 20,000 blocks would stall the decision that triggers it; it is spread over the
-// next decisions instead (4,096 blocks each here), while the budget is never exceeded by more
-// than one prompt and the index reaches the target within a few decisions.
+// next decisions instead (256 blocks each here, 64-block prompts), while the budget is never
+// exceeded by more than one prompt and the index reaches the target within a bounded number
+// of decisions.
 TEST(ApproxIndexTest, LargePrunesAreSpreadOverDecisions) {
   ManualClock clock;
   ApproxIndexOptions o = Options();
   o.max_blocks = 100'000;
   ApproxIndex index(o, clock);
-  constexpr uint64_t kTarget = 80'000, kPromptBlocks = 64;
+  constexpr uint64_t kTarget = 80'000, kPromptBlocks = 64, kStep = 256;
   uint32_t tag = 0;
   auto record = [&] {
     const Prompt p = MakePrompt(0, kPromptBlocks, tag);
@@ -338,19 +339,58 @@ TEST(ApproxIndexTest, LargePrunesAreSpreadOverDecisions) {
     ASSERT_LT(tag, 2000u);
   }
   // The decision that crossed the budget pruned one step, not down to the target.
-  EXPECT_EQ(index.Stats().pruned_blocks, 4096u);
+  EXPECT_EQ(index.Stats().pruned_blocks, kStep);
   EXPECT_GT(tracked, kTarget);
   EXPECT_LE(tracked, o.max_blocks + kPromptBlocks);
   int decisions = 0;
+  uint64_t pruned = index.Stats().pruned_blocks;
   while (tracked > kTarget) {
     tracked = record();
     ASSERT_LE(tracked, o.max_blocks + kPromptBlocks);
-    ASSERT_LT(++decisions, 10);
+    ASSERT_LE(index.Stats().pruned_blocks - pruned, kStep);
+    pruned = index.Stats().pruned_blocks;
+    ASSERT_LT(++decisions, 200);
   }
-  EXPECT_GE(decisions, 3);  // 20,000 blocks at ~4,000 per decision
+  EXPECT_GE(decisions, 90);  // 20,000 blocks, 192 net per decision
   EXPECT_EQ(index.Stats().index.cached_blocks, tracked);
   // Pruning is over: the next decisions only add.
   EXPECT_EQ(record(), tracked + kPromptBlocks);
+}
+
+// Prompts that share a long stem cost the stem once, and a prompt recorded over and over (a
+// hot system prompt) costs no memory per recording: the later decision supersedes the earlier.
+TEST(ApproxIndexTest, RecordingTheSamePromptAgainKeepsMemoryBounded) {
+  ManualClock clock;
+  ApproxIndex index(Options(), clock);
+  for (uint32_t i = 0; i < 5000; ++i) {
+    // The shared prompt plus a short tail of its own, on one of four workers.
+    const Prompt p = MakePrompt(512, 8, 1000 + i);
+    index.RecordRoutingDecision({i % 4, 0}, p.local, p.seq);
+    clock.AdvanceSeconds(0.001);
+  }
+  ApproxIndexStats s = index.Stats();
+  EXPECT_EQ(s.tracked_blocks, 4u * 512u + 5000u * 8u);
+  EXPECT_EQ(s.decisions, 5000u);
+  EXPECT_EQ(s.index.cached_blocks, s.tracked_blocks);
+
+  const int64_t bytes = s.index.allocated_bytes;
+  const Prompt hot = MakePrompt(512, 8, 0);
+  for (uint32_t i = 0; i < 20000; ++i) {
+    index.RecordRoutingDecision({i % 4, 0}, hot.local, hot.seq);
+    clock.AdvanceSeconds(0.001);
+  }
+  s = index.Stats();
+  EXPECT_EQ(s.tracked_blocks, 4u * 512u + 5000u * 8u + 4u * 8u);
+  EXPECT_EQ(s.decisions, 5000u + 4u);
+  EXPECT_LE(s.index.allocated_bytes, bytes + 4096);
+
+  // The hot prompt lives as long as its latest decision; the first prompts' tails expire.
+  clock.AdvanceSeconds(120 - 20 + 0.5);  // the first 5,000 decisions are over 120 s old
+  index.ExpireDue();
+  s = index.Stats();
+  EXPECT_EQ(s.tracked_blocks, 4u * (512u + 8u));
+  EXPECT_EQ(s.expired_blocks, 5000u * 8u);
+  EXPECT_EQ(Depth(index, hot, {3, 0}), 520);
 }
 
 TEST(ApproxIndexTest, RemoveWorkerForgetsItsBlocks) {
