@@ -47,6 +47,7 @@ inline void ReportLatency(benchmark::State& state, std::vector<double>& seconds,
                           const std::string& prefix = "") {
   state.counters[prefix + "p50_us"] = Percentile(seconds, 0.50) * 1e6;
   state.counters[prefix + "p99_us"] = Percentile(seconds, 0.99) * 1e6;
+  state.counters[prefix + "p999_us"] = Percentile(seconds, 0.999) * 1e6;
 }
 
 // Removes the TraceFlags from argv so Google Benchmark does not reject them.

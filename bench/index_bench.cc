@@ -17,15 +17,20 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
+#include <latch>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.h"
@@ -226,9 +231,12 @@ using HeldBlocks = std::vector<absl::flat_hash_set<uint64_t>>;
 
 class TraceIndex {
  public:
-  static TraceIndex& Get() {
-    static TraceIndex instance;  // loaded once, shared by every benchmark and repetition
-    return instance;
+  // Loaded once per shard count, shared by every benchmark and repetition.
+  static TraceIndex& Get(uint32_t shards = 1) {
+    static std::map<uint32_t, std::unique_ptr<TraceIndex>> instances;
+    std::unique_ptr<TraceIndex>& instance = instances[shards];
+    if (!instance) instance.reset(new TraceIndex(shards));
+    return *instance;
   }
 
   RadixIndex& index() { return index_; }
@@ -239,7 +247,8 @@ class TraceIndex {
   const std::vector<std::vector<uint32_t>>& query_tokens() const { return query_tokens_; }
 
  private:
-  TraceIndex() : index_(RadixIndexOptions{.block_size = kBlockSize}) {
+  explicit TraceIndex(uint32_t shards)
+      : index_(RadixIndexOptions{.block_size = kBlockSize, .shards = shards}) {
     const double rss_before = ResidentMiB();
     const auto start = Clock::now();
     std::vector<TraceRecord> records = LoadTrace(GetFlags().trace_path);
@@ -370,9 +379,7 @@ void FindMatchesOn(benchmark::State& state, RadixIndex& index) {
 }
 
 void BM_FindMatches(benchmark::State& state) { FindMatchesOn(state, TraceIndex::Get().index()); }
-void BM_FindMatchesRestored(benchmark::State& state) {
-  FindMatchesOn(state, RestoredTraceIndex());
-}
+void BM_FindMatchesRestored(benchmark::State& state) { FindMatchesOn(state, RestoredTraceIndex()); }
 
 // Same, hashing the 8,192 tokens first: the index cost of one routing request end to end.
 // The prompt is copied into a reused buffer before the clock starts, as a request's tokens
@@ -431,6 +438,89 @@ void BM_TraceApplyRemoved(benchmark::State& state) {
   RunBatch(state, trace.index(), TraceContinuations(trace, false), Timed::kRemovals);
 }
 
+// (d) Scaling with threads on the trace index split into `shards` trees: `threads` threads
+//     at once, started together, the figure being all threads' work over the wall time (and
+//     cpu_share, the process's CPU time over threads x wall: below 1 when other processes
+//     took the cores, or when threads waited for each other).
+//   BM_TraceFindMatchesThreads/threads:N/shards:S: each thread runs 4,096 lookups over the
+//     1,024 queries, thread t starting at query 512 t. items/s = lookups/s.
+//   BM_TraceApplyThreads/threads:N/shards:S: the continuation batch of BM_TraceApplyStored
+//     split by worker (each worker's events in order on one thread; with as many shards as
+//     threads, thread t gets the workers of shard t); each thread stores its share, then
+//     removes it. items/s = stored and removed blocks/s.
+template <typename Work>
+void RunThreads(benchmark::State& state, size_t threads, Work&& work) {
+  for (auto _ : state) {
+    std::latch start(static_cast<std::ptrdiff_t>(threads) + 1);
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        start.arrive_and_wait();
+        work(t);
+      });
+    }
+    timespec cpu0{}, cpu1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+    const auto t0 = Clock::now();
+    start.arrive_and_wait();
+    for (std::thread& thread : pool) thread.join();
+    const double wall = Seconds(Clock::now() - t0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+    const double cpu = static_cast<double>(cpu1.tv_sec - cpu0.tv_sec) +
+                       static_cast<double>(cpu1.tv_nsec - cpu0.tv_nsec) * 1e-9;
+    state.SetIterationTime(wall);
+    state.counters["cpu_share"] = cpu / (wall * static_cast<double>(threads));
+  }
+}
+
+void BM_TraceFindMatchesThreads(benchmark::State& state) {
+  TraceIndex& trace = TraceIndex::Get(static_cast<uint32_t>(state.range(1)));
+  const auto& queries = trace.queries();
+  const size_t threads = static_cast<size_t>(state.range(0));
+  constexpr size_t kLookups = 4096;
+  if (queries.empty()) {
+    state.SkipWithError("no trace prompt has 512 blocks");
+    return;
+  }
+  RunThreads(state, threads, [&](size_t t) {
+    std::vector<WorkerMatch> matches;
+    for (size_t i = 0; i < kLookups; ++i) {
+      trace.index().FindMatches(queries[(512 * t + i) % queries.size()], matches);
+    }
+  });
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * threads * kLookups));
+}
+
+// The thread that applies a worker's events: with as many shards as threads, its shard's.
+std::vector<size_t> ThreadOfWorker(const RadixIndex& index, size_t threads) {
+  std::vector<size_t> thread_of(GetFlags().workers);
+  for (uint32_t w = 0; w < GetFlags().workers; ++w) {
+    thread_of[w] = index.shards() == threads ? index.ShardOf(w) : w % threads;
+  }
+  return thread_of;
+}
+
+void BM_TraceApplyThreads(benchmark::State& state) {
+  const size_t threads = static_cast<size_t>(state.range(0));
+  const auto shards = static_cast<uint32_t>(state.range(1));
+  TraceIndex& trace = TraceIndex::Get(shards);
+  const EventBatch batch = TraceContinuations(trace, false);
+  const std::vector<size_t> thread_of = ThreadOfWorker(trace.index(), threads);
+  std::vector<std::vector<const KvEvent*>> stores(threads), removals(threads);
+  for (size_t e = 0; e < batch.stores.size(); ++e) {
+    const size_t t = thread_of[batch.stores[e].worker.worker_id];
+    stores[t].push_back(&batch.stores[e]);
+    removals[t].push_back(&batch.removals[e]);
+  }
+  std::atomic<bool> rejected{false};
+  RunThreads(state, threads, [&](size_t t) {
+    for (const KvEvent* e : stores[t]) rejected = rejected || !trace.index().Apply(*e).ok();
+    for (const KvEvent* e : removals[t]) rejected = rejected || !trace.index().Apply(*e).ok();
+  });
+  if (rejected) state.SkipWithError("an event was rejected");
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * 2 * batch.blocks));
+}
+
 BENCHMARK(BM_TraceIndexMemory)->Iterations(1);
 BENCHMARK(BM_FindMatches)
     ->UseManualTime()
@@ -447,6 +537,22 @@ BENCHMARK(BM_HashAndFindMatches)->UseManualTime()->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_TraceApplyStored)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TraceApplyStoredWithTokens)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TraceApplyRemoved)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TraceFindMatchesThreads)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->ArgNames({"threads", "shards"})
+    ->Args({1, 1})
+    ->Args({2, 1})
+    ->Args({1, 2})
+    ->Args({2, 2});
+BENCHMARK(BM_TraceApplyThreads)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->ArgNames({"threads", "shards"})
+    ->Args({1, 1})
+    ->Args({2, 1})
+    ->Args({1, 2})
+    ->Args({2, 2});
 
 }  // namespace
 }  // namespace kvrouter::bench

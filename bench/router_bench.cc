@@ -25,9 +25,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -38,6 +40,19 @@
 #include "core/hashing.h"
 #include "core/router.h"
 #include "trace/mooncake_trace.h"
+
+// Heap allocations made by this thread, counted by the replaced operator new below: a
+// decision's allocations are where its tail latency can come from (a malloc slow path, a page
+// fault on fresh memory), so the benchmarks report them per call.
+thread_local uint64_t t_allocations = 0;
+
+void* operator new(size_t size) {
+  ++t_allocations;
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace kvrouter::bench {
 namespace {
@@ -140,15 +155,18 @@ void RunDecisions(benchmark::State& state, Router& router,
   std::vector<double> find_latency, free_latency;
   size_t q = 0, next_id = 0;
   double cached_tokens = 0;
+  uint64_t allocations = 0;
   for (auto _ : state) {
     // The prompt is copied into a reused buffer before the clock starts, as a request's tokens
     // are in cache right after they were decoded.
     prompt.assign(queries[q].begin(), queries[q].end());
     const size_t id = next_id;
     const RouteOptions options{.with_admission = true, .request_id = ids[id]};
+    const uint64_t allocations_before = t_allocations;
     const auto start = SteadyTime::now();
     auto decision = router.FindBestMatch(prompt, options);
     const double spent = Seconds(SteadyTime::now() - start);
+    allocations += t_allocations - allocations_before;
     if (!decision.ok()) {
       state.SkipWithError(std::string(decision.status().message()).c_str());
       break;
@@ -170,6 +188,8 @@ void RunDecisions(benchmark::State& state, Router& router,
   ReportLatency(state, find_latency);
   ReportLatency(state, free_latency, "free_");
   state.counters["cached_tokens"] = cached_tokens / static_cast<double>(state.iterations());
+  state.counters["allocs_per_call"] =
+      static_cast<double>(allocations) / static_cast<double>(state.iterations());
 }
 
 void BM_FindBestMatch(benchmark::State& state) {
@@ -217,17 +237,22 @@ void BM_FindBestMatchPreview(benchmark::State& state) {
   std::vector<uint32_t> prompt;
   std::vector<double> latency;
   size_t q = 0;
+  uint64_t allocations = 0;
   for (auto _ : state) {
     prompt.assign(queries[q].begin(), queries[q].end());
+    const uint64_t allocations_before = t_allocations;
     const auto start = SteadyTime::now();
     auto decision = trace.router().FindBestMatch(prompt, {});
     const double spent = Seconds(SteadyTime::now() - start);
+    allocations += t_allocations - allocations_before;
     benchmark::DoNotOptimize(decision);
     state.SetIterationTime(spent);
     latency.push_back(spent);
     q = (q + 1) % queries.size();
   }
   ReportLatency(state, latency);
+  state.counters["allocs_per_call"] =
+      static_cast<double>(allocations) / static_cast<double>(state.iterations());
 }
 
 void BM_ActiveSequencesAddFree(benchmark::State& state) {

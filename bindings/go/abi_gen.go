@@ -394,6 +394,7 @@ type cRouterOptions struct {
 	RandomSeed                uint64
 	OverlapScoreCreditDecay   float64
 	DecodeActiveRequestWeight float64
+	IndexShards               uint32
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -414,6 +415,7 @@ func (g *cRouterOptions) store(c *C.kvr_router_options) {
 	c.random_seed = C.uint64_t(g.RandomSeed)
 	c.overlap_score_credit_decay = C.double(g.OverlapScoreCreditDecay)
 	c.decode_active_request_weight = C.double(g.DecodeActiveRequestWeight)
+	c.index_shards = C.uint32_t(g.IndexShards)
 }
 
 // load reads the mirrored fields from c.
@@ -434,6 +436,7 @@ func (g *cRouterOptions) load(c *C.kvr_router_options) {
 	g.RandomSeed = uint64(c.random_seed)
 	g.OverlapScoreCreditDecay = float64(c.overlap_score_credit_decay)
 	g.DecodeActiveRequestWeight = float64(c.decode_active_request_weight)
+	g.IndexShards = uint32(c.index_shards)
 }
 
 // initRouterOptions has the library set c's defaults for the layout of kvr_router_options this
@@ -1217,7 +1220,7 @@ func initIngestStats(c *C.kvr_ingest_stats) {
 // generated from (a smaller struct would not compile here: the constant would be negative).
 const (
 	_ = uint64(unsafe.Sizeof(C.kvr_hash_options{})) - 48
-	_ = uint64(unsafe.Sizeof(C.kvr_router_options{})) - 120
+	_ = uint64(unsafe.Sizeof(C.kvr_router_options{})) - 128
 	_ = uint64(unsafe.Sizeof(C.kvr_worker_config{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_stored_event{})) - 112
 	_ = uint64(unsafe.Sizeof(C.kvr_removed_event{})) - 48

@@ -60,6 +60,8 @@ struct FieldEnds<kvr_router_options> {
           sizeof(kvr_router_options::overlap_score_credit_decay),
       offsetof(kvr_router_options, decode_active_request_weight) +
           sizeof(kvr_router_options::decode_active_request_weight),
+      offsetof(kvr_router_options, index_shards) + sizeof(kvr_router_options::index_shards),
+      offsetof(kvr_router_options, reserved) + sizeof(kvr_router_options::reserved),
   };
 };
 

@@ -49,6 +49,7 @@ void BindRouterOptions(COptions& c, CoreOptions& core, Bind&& bind) {
   bind(c.random_seed, core.random_seed);
   bind(c.overlap_score_credit_decay, core.selection.overlap_score_credit_decay);
   bind(c.decode_active_request_weight, core.selection.decode_active_request_weight);
+  bind(c.index_shards, core.index_shards);
 }
 
 // The router flags that stand for a core boolean: set when the boolean is `when`.

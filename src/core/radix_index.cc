@@ -12,6 +12,7 @@
 #include "core/counting_allocator.h"
 #include "core/hashing.h"
 #include "core/position_table.h"
+#include "core/scalable_shared_mutex.h"
 #include "core/shrink.h"
 #include "core/slab_pool.h"
 
@@ -264,8 +265,8 @@ class RadixIndex::Impl {
     return std::visit([&](const auto& data) { return ApplyData(event, data); }, event.data);
   }
 
-  void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) const {
-    out.clear();
+  // Appends the matches of this tree's workers to `out`.
+  void AppendMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) const {
     std::shared_lock lock(mu_);
     if (local_hashes.empty()) return;
     NodeId node = FindChild(kRoot, local_hashes[0]);
@@ -796,8 +797,24 @@ class RadixIndex::Impl {
       ComputeLocalBlockHashesInto(stored.token_ids, options_.block_size, options, computed);
       locals = computed;
     }
+    WarmTable(event.worker, stored.block_hashes);
     std::unique_lock lock(mu_);
     return Store(event.worker, event.tier, stored, locals);
+  }
+
+  // Reads the worker's table entries for an event's blocks under the shared lock and changes
+  // nothing: the event's cache misses are then taken while other threads hold the exclusive
+  // lock for theirs, and the exclusive section that follows finds its entries in cache.
+  void WarmTable(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
+    std::shared_lock lock(mu_);
+    const PositionTable* blocks = BlocksOf(worker);
+    if (blocks == nullptr) return;
+    uint64_t found = 0;
+    for (size_t k = 0; k < engine_hashes.size(); ++k) {
+      PrefetchAhead(*blocks, engine_hashes, k);
+      found += blocks->Get(engine_hashes[k]) != 0;
+    }
+    asm volatile("" : : "r"(found));  // the loads are the point: keep them
   }
 
   // One stored event, a run of blocks at a time: blocks the tree already has are joined as one
@@ -1023,6 +1040,7 @@ class RadixIndex::Impl {
   }
 
   ApplyResult ApplyData(const KvEvent& event, const RemovedEvent& removed) {
+    WarmTable(event.worker, removed.block_hashes);
     std::unique_lock lock(mu_);
     auto slot_it = slot_of_.find(event.worker);
     std::string first_missing;
@@ -1142,7 +1160,7 @@ class RadixIndex::Impl {
   friend class RadixIndex;
 
   const RadixIndexOptions options_;
-  mutable std::shared_mutex mu_;
+  mutable ScalableSharedMutex mu_;
   int64_t bytes_ = 0;  // declared before every container that counts into it
   SlabPool<Node> nodes_;
   std::vector<WorkerState, CountingAllocator<WorkerState>> workers_;
@@ -1413,40 +1431,118 @@ std::string RadixIndex::Impl::CheckInvariants() const {
 
 // ---- Public wrappers -------------------------------------------------------------------------
 
-RadixIndex::RadixIndex(RadixIndexOptions options) : impl_(std::make_unique<Impl>(options)) {}
+// The shards: one tree per group of workers, a worker's ranks all in one (its events and its
+// removal touch one tree), spread by a mix of the worker id (ids are often sequential or
+// strided). Calls about one worker go to its shard; lookups and totals visit every shard.
+namespace {
+
+size_t ShardCount(const RadixIndexOptions& options) {
+  return std::clamp<size_t>(options.shards, 1, kMaxIndexShards);
+}
+
+}  // namespace
+
+RadixIndex::RadixIndex(RadixIndexOptions options) : options_(options) {
+  options_.shards = static_cast<uint32_t>(ShardCount(options));
+  for (uint32_t s = 0; s < options_.shards; ++s)
+    shards_.push_back(std::make_unique<Impl>(options_));
+}
 RadixIndex::~RadixIndex() = default;
-uint32_t RadixIndex::block_size() const { return impl_->block_size(); }
-ApplyResult RadixIndex::Apply(const KvEvent& event) { return impl_->Apply(event); }
+
+uint32_t RadixIndex::ShardOf(uint64_t worker_id) const {
+  if (shards_.size() == 1) return 0;
+  return static_cast<uint32_t>((Mix(worker_id) >> 32) * shards_.size() >> 32);
+}
+RadixIndex::Impl& RadixIndex::Shard(uint64_t worker_id) const {
+  return *shards_[ShardOf(worker_id)];
+}
+
+uint32_t RadixIndex::block_size() const { return options_.block_size; }
+uint32_t RadixIndex::shards() const { return options_.shards; }
+ApplyResult RadixIndex::Apply(const KvEvent& event) {
+  return Shard(event.worker.worker_id).Apply(event);
+}
 void RadixIndex::FindMatches(std::span<const uint64_t> local_hashes,
                              std::vector<WorkerMatch>& out) const {
-  impl_->FindMatches(local_hashes, out);
+  out.clear();
+  for (const auto& shard : shards_) shard->AppendMatches(local_hashes, out);
 }
 std::vector<WorkerMatch> RadixIndex::FindMatches(std::span<const uint64_t> local_hashes) const {
   std::vector<WorkerMatch> out;
-  impl_->FindMatches(local_hashes, out);
+  FindMatches(local_hashes, out);
   return out;
 }
-size_t RadixIndex::RemoveWorker(uint64_t worker_id) { return impl_->RemoveWorker(worker_id); }
-size_t RadixIndex::RemoveWorkerDpRank(WorkerKey worker) {
-  return impl_->RemoveWorkerDpRank(worker);
+size_t RadixIndex::RemoveWorker(uint64_t worker_id) {
+  return Shard(worker_id).RemoveWorker(worker_id);
 }
-uint64_t RadixIndex::TreeSize(WorkerKey worker) const { return impl_->TreeSize(worker); }
-uint64_t RadixIndex::CachedBlocks() const { return impl_->CachedBlocks(); }
+size_t RadixIndex::RemoveWorkerDpRank(WorkerKey worker) {
+  return Shard(worker.worker_id).RemoveWorkerDpRank(worker);
+}
+uint64_t RadixIndex::TreeSize(WorkerKey worker) const {
+  return Shard(worker.worker_id).TreeSize(worker);
+}
+uint64_t RadixIndex::CachedBlocks() const {
+  uint64_t total = 0;
+  for (const auto& shard : shards_) total += shard->CachedBlocks();
+  return total;
+}
 size_t RadixIndex::HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
-  return impl_->HeldPrefix(worker, engine_hashes);
+  return Shard(worker.worker_id).HeldPrefix(worker, engine_hashes);
 }
 std::vector<uint64_t> RadixIndex::PathTo(WorkerKey worker, uint64_t engine_hash) const {
-  return impl_->PathTo(worker, engine_hash);
+  return Shard(worker.worker_id).PathTo(worker, engine_hash);
 }
 RadixIndex::TailDrop RadixIndex::DropPathTail(WorkerKey worker,
                                               std::span<const uint64_t> engine_hashes, size_t limit,
                                               absl::FunctionRef<bool(uint64_t)> keep) {
-  return impl_->DropPathTail(worker, engine_hashes, limit, keep);
+  return Shard(worker.worker_id).DropPathTail(worker, engine_hashes, limit, keep);
 }
-std::vector<WorkerKey> RadixIndex::Workers() const { return impl_->Workers(); }
-IndexStats RadixIndex::Stats() const { return impl_->Stats(); }
-std::vector<KvEvent> RadixIndex::DumpEvents() const { return impl_->DumpEvents(); }
-uint64_t RadixIndex::StateDigest() const { return impl_->StateDigest(); }
-std::string RadixIndex::CheckInvariants() const { return impl_->CheckInvariants(); }
+std::vector<WorkerKey> RadixIndex::Workers() const {
+  std::vector<WorkerKey> all;
+  for (const auto& shard : shards_) {
+    const std::vector<WorkerKey> some = shard->Workers();
+    all.insert(all.end(), some.begin(), some.end());
+  }
+  return all;
+}
+IndexStats RadixIndex::Stats() const {
+  IndexStats total;
+  for (const auto& shard : shards_) {
+    const IndexStats s = shard->Stats();
+    total.nodes += s.nodes;
+    total.tree_blocks += s.tree_blocks;
+    total.cached_blocks += s.cached_blocks;
+    total.workers += s.workers;
+    total.allocated_bytes += s.allocated_bytes;
+    for (size_t k = 0; k < total.events.size(); ++k) {
+      for (size_t e = 0; e < total.events[k].size(); ++e) total.events[k][e] += s.events[k][e];
+    }
+    total.duplicate_stores += s.duplicate_stores;
+    total.rekeyed_blocks += s.rekeyed_blocks;
+  }
+  return total;
+}
+std::vector<KvEvent> RadixIndex::DumpEvents() const {
+  std::vector<KvEvent> all;
+  for (const auto& shard : shards_) {
+    std::vector<KvEvent> some = shard->DumpEvents();
+    for (KvEvent& e : some) {
+      e.event_id = all.size();
+      all.push_back(std::move(e));
+    }
+  }
+  return all;
+}
+uint64_t RadixIndex::StateDigest() const {
+  uint64_t digest = 0;  // a sum over worker ranks, as each shard's is
+  for (const auto& shard : shards_) digest += shard->StateDigest();
+  return digest;
+}
+std::string RadixIndex::CheckInvariants() const {
+  for (const auto& shard : shards_) {
+    if (std::string broken = shard->CheckInvariants(); !broken.empty()) return broken;
+  }
+  return "";
+}
 
 }  // namespace kvrouter

@@ -93,6 +93,10 @@ absl::Status ValidateRouterOptions(const RouterOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_expiry_seconds must be > 0, got ", options.request_expiry_seconds));
   }
+  if (options.index_shards < 1 || options.index_shards > kMaxIndexShards) {
+    return absl::InvalidArgumentError(absl::StrCat("index_shards must be in [1, ", kMaxIndexShards,
+                                                   "], got ", options.index_shards));
+  }
   if (!std::isfinite(options.plan_deadline_seconds) || options.plan_deadline_seconds <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan_deadline_seconds must be > 0, got ", options.plan_deadline_seconds));
@@ -116,7 +120,8 @@ Router::Router(RouterOptions options)
       registry_(options_.block_size),
       plan_deadline_(SecondsToNanos(options_.plan_deadline_seconds)) {
   if (options_.use_kv_events) {
-    index_ = std::make_unique<RadixIndex>(RadixIndexOptions{.block_size = options_.block_size});
+    index_ = std::make_unique<RadixIndex>(
+        RadixIndexOptions{.block_size = options_.block_size, .shards = options_.index_shards});
   } else {
     approx_ = std::make_unique<ApproxIndex>(
         ApproxIndexOptions{.block_size = options_.block_size,

@@ -91,6 +91,9 @@ struct RouterOptions {
   // deadline if shorter; Commit checks its own plan exactly) and ExpirePlans. > 0.
   double plan_deadline_seconds = 30.0;
   uint64_t random_seed = 0;  // seeds the default random source
+  // Trees the KV index splits the workers over (RadixIndexOptions::shards), 1..64: events of
+  // workers in different trees apply in parallel; every lookup walks every tree.
+  uint32_t index_shards = 1;
   // Injected collaborators (must outlive the router). Null: the process's steady clock, and a
   // SeededRandomSource(random_seed).
   const Clock* clock = nullptr;

@@ -941,7 +941,7 @@ static void ingest_options_engine_worker_and_stats(void) {
 #ifdef KVR_ABI_LIVE_HEADER
 #define KVR_ABI_LAST_FIELDS(X)                         \
   X(kvr_hash_options, mm_num_blocks)                   \
-  X(kvr_router_options, decode_active_request_weight)  \
+  X(kvr_router_options, reserved)                      \
   X(kvr_worker_config, max_num_batched_tokens)         \
   X(kvr_stored_event, mm_counts)                       \
   X(kvr_removed_event, num_blocks)                     \

@@ -142,7 +142,59 @@ static void new_refuses_bad_settings(void** state) {
   kvr_router_options_init(&opts, sizeof opts);
   opts.request_expiry_seconds = -1;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
+  kvr_router_options_init(&opts, sizeof opts);
+  opts.index_shards = 0;
+  assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, &err));
+  assert_non_null(strstr(kvr_error_message(err), "index_shards"));
+  kvr_error_free(err);
+  kvr_router_options_init(&opts, sizeof opts);
+  opts.index_shards = 65;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_new(&opts, &router, ERRP));
   assert_null(router);
+}
+
+/* A router whose index splits the workers over several trees answers exactly as one with a
+ * single tree: overlaps, worker removal, index metrics. */
+static void index_shards_change_no_answer(void** state) {
+  enum { kWorkers = 9 };
+  kvr_router_options opts;
+  kvr_router* routers[2];
+  uint32_t stem[64], tokens[kWorkers][96];
+  size_t r, w;
+  (void)state;
+  kvr_router_options_init(&opts, sizeof opts);
+  assert_int_equal(1, opts.index_shards);
+  routers[0] = kvt_router_new_opts(&opts);
+  opts.index_shards = 4;
+  routers[1] = kvt_router_new_opts(&opts);
+  kvt_fill_tokens(stem, 64, 7);
+  for (w = 0; w < kWorkers; ++w) {
+    /* Every worker holds the 4-block stem, then 2 blocks of its own. */
+    memcpy(tokens[w], stem, sizeof stem);
+    kvt_fill_tokens(tokens[w] + 64, 32, (uint32_t)(100 + w));
+  }
+  for (r = 0; r < 2; ++r) {
+    for (w = 0; w < kWorkers; ++w) {
+      kvt_add_worker(routers[r], w + 1);
+      KVT_OK(kvt_store(routers[r], w + 1, 0, KVR_TIER_DEVICE, tokens[w], 6, 16, 1000 * (w + 1), 0,
+                       0, ERRP));
+    }
+    KVT_OK(kvr_router_remove_worker(routers[r], 4, ERRP));
+  }
+  for (w = 0; w < kWorkers; ++w) {
+    kvr_overlap single, sharded;
+    const int held = kvt_overlap_of(routers[0], tokens[w], 96, w + 1, 0, &single);
+    assert_int_equal(held, kvt_overlap_of(routers[1], tokens[w], 96, w + 1, 0, &sharded));
+    assert_int_equal(held, w + 1 != 4);
+    if (held) {
+      assert_int_equal(6, single.device_blocks);
+      assert_int_equal(single.device_blocks, sharded.device_blocks);
+      assert_int_equal(single.tree_size, sharded.tree_size);
+    }
+  }
+  assert_int_equal(kvt_metrics(routers[0]).index_blocks, kvt_metrics(routers[1]).index_blocks);
+  kvr_router_free(routers[0]);
+  kvr_router_free(routers[1]);
 }
 
 static void options_struct_size_zero_refused(void** state) {
@@ -437,6 +489,7 @@ int main(void) {
       cmocka_unit_test(new_null_out),
       cmocka_unit_test(new_zero_block_size),
       cmocka_unit_test(new_refuses_bad_settings),
+      cmocka_unit_test(index_shards_change_no_answer),
       cmocka_unit_test(options_struct_size_zero_refused),
       cmocka_unit_test(options_from_older_caller),
       cmocka_unit_test(options_from_newer_caller),

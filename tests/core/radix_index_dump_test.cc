@@ -373,15 +373,18 @@ uint64_t EventTotal(const IndexStats& stats) {
   return total;
 }
 
-TEST(RadixIndexDumpTest, RandomHistoryMatchesAModel) {
-  RadixIndex index;
+// A random history of events against the model, on an index split into `shards` trees.
+void CheckRandomHistoryAgainstTheModel(uint32_t shards) {
+  RadixIndex index(RadixIndexOptions{.shards = shards});
+  ASSERT_EQ(index.shards(), shards);
   RandomHistory history(0x5eed1);
   for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     history.Run(index, 2000);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
     const Model& model = history.model();
-    EXPECT_EQ(index.Stats().tree_blocks + 1, model.Nodes());
+    // Shards each hold the prefixes their own workers share.
+    if (shards == 1) EXPECT_EQ(index.Stats().tree_blocks + 1, model.Nodes());
     EXPECT_EQ(index.CheckInvariants(), "");
     EXPECT_EQ(ErrorCount(index.Stats()), history.expected_errors());
     for (const WorkerKey& w : history.workers()) {
@@ -399,6 +402,12 @@ TEST(RadixIndexDumpTest, RandomHistoryMatchesAModel) {
     EXPECT_EQ(mismatches, 0);
   }
 }
+
+TEST(RadixIndexDumpTest, RandomHistoryMatchesAModel) { CheckRandomHistoryAgainstTheModel(1); }
+
+// Sharding changes where a worker's blocks live, never an answer: events, removals, errors,
+// tree sizes and matches are those of the model.
+TEST(RadixIndexDumpTest, ShardedIndexMatchesTheModel) { CheckRandomHistoryAgainstTheModel(3); }
 
 TEST(RadixIndexDumpTest, DumpRebuildsAnIdenticalIndex) {
   RadixIndex original;
@@ -465,6 +474,24 @@ TEST(RadixIndexDumpTest, DumpRebuildsAnIdenticalIndex) {
   RadixIndex again;
   for (const KvEvent& e : rebuilt.DumpEvents()) EXPECT_TRUE(again.Apply(e).ok());
   EXPECT_EQ(again.StateDigest(), original.StateDigest());
+
+  // A dump restores into any number of shards, and a sharded index's dump (one id sequence
+  // over all its shards) back into one tree: the digest does not depend on the split.
+  RadixIndex sharded(RadixIndexOptions{.shards = 4});
+  for (const KvEvent& e : dump) EXPECT_TRUE(sharded.Apply(e).ok());
+  EXPECT_EQ(sharded.StateDigest(), original.StateDigest());
+  EXPECT_EQ(sharded.Stats().cached_blocks, before.cached_blocks);
+  EXPECT_EQ(sharded.CheckInvariants(), "");
+  for (const auto& q : MakeQueries(history, 1000)) {
+    EXPECT_EQ(MatchesToString(sharded.FindMatches(q)), MatchesToString(original.FindMatches(q)));
+  }
+  const std::vector<KvEvent> sharded_dump = sharded.DumpEvents();
+  RadixIndex unsharded;
+  for (size_t i = 0; i < sharded_dump.size(); ++i) {
+    EXPECT_EQ(sharded_dump[i].event_id, i);
+    EXPECT_TRUE(unsharded.Apply(sharded_dump[i]).ok());
+  }
+  EXPECT_EQ(unsharded.StateDigest(), original.StateDigest());
 }
 
 TEST(RadixIndexDumpTest, DigestSeesEveryChange) {

@@ -33,7 +33,10 @@ _Static_assert(offsetof(kvr_overlap, effective_overlap_blocks) == 32, "frozen");
 _Static_assert(offsetof(kvr_overlap, tree_size) == 48, "kvr_overlap layout is frozen");
 _Static_assert(sizeof(kvr_potential_load) == 72, "kvr_potential_load layout is frozen");
 _Static_assert(offsetof(kvr_potential_load, active_requests) == 48, "frozen");
-_Static_assert(sizeof(kvr_router_options) == 120, "kvr_router_options size (v2: + cost knobs)");
+_Static_assert(sizeof(kvr_router_options) == 128,
+               "kvr_router_options size (0.2: + cost knobs, + index_shards)");
+_Static_assert(offsetof(kvr_router_options, index_shards) == 120,
+               "kvr_router_options 0.2 fields are appended");
 _Static_assert(offsetof(kvr_router_options, overlap_score_credit_decay) == 104,
                "kvr_router_options v1 fields are frozen");
 _Static_assert(sizeof(kvr_metrics) % 8 == 0, "kvr_metrics has no odd tail");

@@ -64,7 +64,8 @@ enum {
   ABI_ROUTER_OPTIONS_RANDOM_SEED = 13,
   ABI_ROUTER_OPTIONS_OVERLAP_SCORE_CREDIT_DECAY = 14,
   ABI_ROUTER_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT = 15,
-  ABI_ROUTER_OPTIONS_LEN = 16
+  ABI_ROUTER_OPTIONS_INDEX_SHARDS = 16,
+  ABI_ROUTER_OPTIONS_LEN = 17
 };
 
 static inline void abi_encode_router_options(const kvr_router_options* c, jlong* v) {
@@ -85,6 +86,7 @@ static inline void abi_encode_router_options(const kvr_router_options* c, jlong*
   v[ABI_ROUTER_OPTIONS_OVERLAP_SCORE_CREDIT_DECAY] = abi_double_bits(c->overlap_score_credit_decay);
   v[ABI_ROUTER_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT] =
       abi_double_bits(c->decode_active_request_weight);
+  v[ABI_ROUTER_OPTIONS_INDEX_SHARDS] = (jlong)c->index_shards;
 }
 
 static inline void abi_decode_router_options(const jlong* v, kvr_router_options* c) {
@@ -105,6 +107,7 @@ static inline void abi_decode_router_options(const jlong* v, kvr_router_options*
   c->overlap_score_credit_decay = abi_bits_double(v[ABI_ROUTER_OPTIONS_OVERLAP_SCORE_CREDIT_DECAY]);
   c->decode_active_request_weight =
       abi_bits_double(v[ABI_ROUTER_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT]);
+  c->index_shards = (uint32_t)v[ABI_ROUTER_OPTIONS_INDEX_SHARDS];
 }
 
 /* kvr_worker_config */

@@ -71,7 +71,8 @@ final class Abi {
     static final int RANDOM_SEED = 13;
     static final int OVERLAP_SCORE_CREDIT_DECAY = 14;
     static final int DECODE_ACTIVE_REQUEST_WEIGHT = 15;
-    static final int LEN = 16;
+    static final int INDEX_SHARDS = 16;
+    static final int LEN = 17;
   }
 
   /** {@code kvr_worker_config}. */
