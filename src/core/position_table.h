@@ -64,27 +64,7 @@ class PositionTable {
   // Inserts unless `key` is present; returns whether it inserted. One pass over the key's two
   // buckets finds it or a free slot; only two full buckets take the slow path.
   bool TryInsert(uint64_t key, uint64_t value) {
-    if ((size_ + 1) * 10 > capacity() * 9) Grow();  // before the scan: growing moves slots
-    const uint64_t h = Mix(key);
-    const size_t first = First(h), second = Second(h);
-    Slot* free = nullptr;
-    for (size_t b : {first, second}) {
-      for (Slot& s : buckets_[b].slots) {
-        if (s.value == 0) {
-          if (free == nullptr) free = &s;
-        } else if (s.key == key) {
-          return false;
-        }
-      }
-    }
-    ++size_;
-    if (free != nullptr) {
-      free->key = key;
-      free->value = value;
-    } else {
-      Displace(key, value);
-    }
-    return true;
+    return Upsert(key, value, /*overwrite=*/false) == 0;
   }
 
   // Inserts or overwrites.
@@ -92,29 +72,7 @@ class PositionTable {
 
   // Inserts or overwrites, in one pass over the key's buckets; returns the value it replaced,
   // or 0 if it inserted.
-  uint64_t Exchange(uint64_t key, uint64_t value) {
-    if ((size_ + 1) * 10 > capacity() * 9) Grow();
-    const uint64_t h = Mix(key);
-    const size_t first = First(h), second = Second(h);
-    Slot* free = nullptr;
-    for (size_t b : {first, second}) {
-      for (Slot& s : buckets_[b].slots) {
-        if (s.value == 0) {
-          if (free == nullptr) free = &s;
-        } else if (s.key == key) {
-          return std::exchange(s.value, value);
-        }
-      }
-    }
-    ++size_;
-    if (free != nullptr) {
-      free->key = key;
-      free->value = value;
-    } else {
-      Displace(key, value);
-    }
-    return 0;
-  }
+  uint64_t Exchange(uint64_t key, uint64_t value) { return Upsert(key, value, /*overwrite=*/true); }
 
   // Removes `key`; returns whether it was there.
   bool Erase(uint64_t key) {
@@ -193,6 +151,29 @@ class PositionTable {
       }
     }
     return nullptr;
+  }
+
+  // The value under `key` (overwritten with `value` if `overwrite`), or 0 after inserting it.
+  uint64_t Upsert(uint64_t key, uint64_t value, bool overwrite) {
+    if ((size_ + 1) * 10 > capacity() * 9) Grow();  // before the scan: growing moves slots
+    const uint64_t h = Mix(key);
+    Slot* free = nullptr;
+    for (size_t b : {First(h), Second(h)}) {
+      for (Slot& s : buckets_[b].slots) {
+        if (s.value == 0) {
+          if (free == nullptr) free = &s;
+        } else if (s.key == key) {
+          return overwrite ? std::exchange(s.value, value) : s.value;
+        }
+      }
+    }
+    ++size_;
+    if (free != nullptr) {
+      *free = Slot{key, value};
+    } else {
+      Displace(key, value);
+    }
+    return 0;
   }
 
   // Places an absent key when both its buckets are full: moves residents to their other
