@@ -248,7 +248,7 @@ func TestDefaultsAreTheLibrarys(t *testing.T) {
 		BlockSize: 16, QueuePolicy: QueueFCFS, OverlapScoreCredit: 1, PrefillLoadScale: 1,
 		HostCacheHitWeight: 0.75, DiskCacheHitWeight: 0.25, QueueThreshold: d.QueueThreshold,
 		ApproxTTL: 120 * time.Second, ApproxMaxBlocks: 1 << 20, ApproxPruneTargetRatio: 0.8,
-		RequestExpiry: 300 * time.Second,
+		RequestExpiry: 300 * time.Second, IndexShards: 1,
 	}
 	if diff := differing(d, want); len(diff) > 0 {
 		t.Errorf("DefaultRouterOptions differs from the header's defaults in %v: %+v", diff, d)
@@ -317,7 +317,7 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 		OverlapScoreCredit: 0.5, PrefillLoadScale: 2, HostCacheHitWeight: 0.5, DiskCacheHitWeight: 0.125,
 		Temperature: 0.25, QueueThreshold: 3, ApproxTTL: 7 * time.Second, ApproxMaxBlocks: 4096,
 		ApproxPruneTargetRatio: 0.5, RequestExpiry: 90 * time.Second, RandomSeed: 99,
-		OverlapScoreCreditDecay: 0.75, DecodeActiveRequestWeight: 1.5,
+		OverlapScoreCreditDecay: 0.75, DecodeActiveRequestWeight: 1.5, IndexShards: 4,
 	}
 	if diff := differing(ro, DefaultRouterOptions()); len(diff) != len(fieldNames(ro)) {
 		t.Fatalf("the test's RouterOptions must differ from the defaults in every field; same in %v",

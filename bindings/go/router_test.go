@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -171,6 +172,117 @@ func TestRouterOptions(t *testing.T) {
 	bad.Temperature = -1
 	_, err = NewRouter(&bad)
 	wantCode(t, err, ErrInvalidArgument)
+}
+
+// A router whose index splits the workers over 4 trees answers as the default single tree
+// does after the same events (stores on 9 workers sharing a stem, a removal, a worker leaving):
+// the same overlaps, choices and index size. Out of range is refused naming the field, 0
+// included (a zero field is sent as 0, not read as the default).
+func TestIndexShards(t *testing.T) {
+	if d := DefaultRouterOptions(); d.IndexShards != 1 {
+		t.Fatalf("default IndexShards %d, want 1", d.IndexShards)
+	}
+	for _, shards := range []uint32{0, 65} {
+		opts := DefaultRouterOptions()
+		opts.IndexShards = shards
+		_, err := NewRouter(&opts)
+		wantCode(t, err, ErrInvalidArgument)
+		if !strings.Contains(err.Error(), "index_shards") {
+			t.Errorf("IndexShards %d refused as %q, which does not name index_shards", shards, err)
+		}
+	}
+
+	const workers = 9
+	single := indexShardsRouter(t, DefaultRouterOptions().IndexShards)
+	sharded := indexShardsRouter(t, 4)
+	// Every worker holds a 4-block stem, then 2 blocks of its own.
+	prompts := make(map[uint64][]uint32, workers)
+	for w := uint64(1); w <= workers; w++ {
+		prompts[w] = append(prompt(4*bs, 7), prompt(2*bs, uint32(1000*w))...)
+	}
+	for _, r := range []*Router{single, sharded} {
+		for w := uint64(1); w <= workers; w++ {
+			must(t, r.AddWorker(WorkerConfig{WorkerID: w}))
+			must(t, r.ApplyStored(storedPrefix(w, prompts[w], 6)))
+		}
+		must(t, r.ApplyRemoved(&RemovedEvent{WorkerID: 2, BlockHashes: []uint64{2<<32 | 6}}))
+		must(t, r.RemoveWorker(4))
+	}
+
+	for w := uint64(1); w <= workers; w++ {
+		want := sortedOverlaps(t, single, prompts[w])
+		if got := sortedOverlaps(t, sharded, prompts[w]); !reflect.DeepEqual(got, want) {
+			t.Errorf("prompt of worker %d: overlaps with 4 trees %+v, with 1 %+v", w, got, want)
+		}
+		if held := overlapDevice(want); !reflect.DeepEqual(held, expectedHeld(w)) {
+			t.Errorf("prompt of worker %d: device blocks %v, want %v", w, held, expectedHeld(w))
+		}
+		if w == 4 {
+			continue // every remaining worker holds the stem only: a random tie-break
+		}
+		one, err := single.FindBestMatch(prompts[w], nil)
+		must(t, err)
+		four, err := sharded.FindBestMatch(prompts[w], nil)
+		must(t, err)
+		if one != four || one.WorkerID != w {
+			t.Errorf("prompt of worker %d: routed %+v with 4 trees, %+v with 1", w, four, one)
+		}
+	}
+	m1, err := single.Metrics()
+	must(t, err)
+	m4, err := sharded.Metrics()
+	must(t, err)
+	if m1.IndexBlocks != 8*6-1 || m4.IndexBlocks != m1.IndexBlocks {
+		t.Errorf("index blocks: %d with 4 trees, %d with 1, want %d", m4.IndexBlocks, m1.IndexBlocks, 8*6-1)
+	}
+}
+
+// indexShardsRouter is a seeded router (block size bs) whose index has the given trees.
+func indexShardsRouter(t *testing.T, shards uint32) *Router {
+	t.Helper()
+	opts := DefaultRouterOptions()
+	opts.BlockSize = bs
+	opts.RandomSeed = 7
+	opts.IndexShards = shards
+	r, err := NewRouter(&opts)
+	must(t, err)
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func sortedOverlaps(t *testing.T, r *Router, tokens []uint32) []Overlap {
+	t.Helper()
+	ov, err := r.OverlapScores(tokens, nil)
+	must(t, err)
+	sort.Slice(ov, func(i, j int) bool { return ov[i].WorkerID < ov[j].WorkerID })
+	return ov
+}
+
+// overlapDevice maps each worker in ov to its device blocks.
+func overlapDevice(ov []Overlap) map[uint64]uint32 {
+	held := make(map[uint64]uint32, len(ov))
+	for _, o := range ov {
+		held[o.WorkerID] = o.DeviceBlocks
+	}
+	return held
+}
+
+// expectedHeld is what TestIndexShards' workers hold of worker w's prompt: the 4-block stem
+// each, all 6 blocks for w itself (5 for worker 2, which evicted its last); worker 4 has left.
+func expectedHeld(w uint64) map[uint64]uint32 {
+	held := map[uint64]uint32{}
+	for v := uint64(1); v <= 9; v++ {
+		switch {
+		case v == 4:
+		case v == w && v == 2:
+			held[v] = 5
+		case v == w:
+			held[v] = 6
+		default:
+			held[v] = 4
+		}
+	}
+	return held
 }
 
 // Routing picks the worker holding the prompt's prefix, and explains why.

@@ -60,7 +60,7 @@ fn rust_layouts() -> Vec<Layout> {
             prefill_load_scale, host_cache_hit_weight, disk_cache_hit_weight, temperature,
             queue_threshold, approx_ttl_seconds, approx_max_blocks, approx_prune_target_ratio,
             request_expiry_seconds, random_seed, overlap_score_credit_decay,
-            decode_active_request_weight }
+            decode_active_request_weight, index_shards, reserved }
         kvr_worker_config { struct_size, block_size, worker_id, dp_start, dp_size,
             total_kv_blocks, max_num_batched_tokens }
         kvr_stored_event { struct_size, dp_rank, worker_id, event_id, tier, flags, parent_hash,

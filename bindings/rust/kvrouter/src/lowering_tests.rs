@@ -59,6 +59,8 @@ macro_rules! router_options_fields {
                 random_seed,
                 overlap_score_credit_decay,
                 decode_active_request_weight,
+                index_shards,
+                reserved,
             }
         )
     };
@@ -115,6 +117,7 @@ fn every_router_option_set() -> RouterOptions {
         random_seed: 42,
         overlap_score_credit_decay: 0.3,
         decode_active_request_weight: 0.2,
+        index_shards: 4,
     }
 }
 
@@ -140,6 +143,7 @@ fn router_option_defaults_are_the_librarys_field_by_field() {
     let d = RouterOptions::default();
     assert_eq!((d.block_size, d.queue_threshold), (16, None));
     assert!(d.assume_kv_reuse && d.track_prefill_tokens && !d.approximate);
+    assert_eq!(d.index_shards, 1);
 }
 
 #[test]
@@ -156,7 +160,7 @@ fn every_router_option_reaches_the_c_struct() {
     let left = left_at_default(
         &router_options_fields!(raw),
         &router_options_fields!(library_router_defaults()),
-        &["struct_size"],
+        &["struct_size", "reserved"],
     );
     assert!(left.is_empty(), "fields to_raw() does not set: {left:?}");
     // Each flag on its own, on its own bit.

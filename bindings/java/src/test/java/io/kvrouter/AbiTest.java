@@ -98,6 +98,7 @@ class AbiTest {
     documented.put("random_seed", 0L);
     documented.put("overlap_score_credit_decay", bits(0.0));
     documented.put("decode_active_request_weight", bits(0.0));
+    documented.put("index_shards", 1L);
 
     // A field added to kvr_router_options fails here until it has a default, an accessor and a
     // builder setter (README.md: adding a field).
@@ -136,6 +137,7 @@ class AbiTest {
     assertEquals(0, o.randomSeed());
     assertEquals(0.0, o.overlapScoreCreditDecay());
     assertEquals(0.0, o.decodeActiveRequestWeight());
+    assertEquals(1, o.indexShards());
   }
 
   /** An invalid value of one setter, and the C field the library must name refusing it. */
@@ -170,7 +172,9 @@ class AbiTest {
             new Refused<>("approx_prune_target_ratio", b -> b.approxPruneTargetRatio(1.5)),
             new Refused<>("request_expiry_seconds", b -> b.requestExpirySeconds(0)),
             new Refused<>("overlap_score_credit_decay", b -> b.overlapScoreCreditDecay(-1)),
-            new Refused<>("decode_active_request_weight", b -> b.decodeActiveRequestWeight(-1)));
+            new Refused<>("decode_active_request_weight", b -> b.decodeActiveRequestWeight(-1)),
+            new Refused<>("index_shards", b -> b.indexShards(0)),
+            new Refused<>("index_shards", b -> b.indexShards(65)));
     List<String> fields = new ArrayList<>();
     for (Refused<RouterOptions.Builder> r : refused) fields.add(r.field());
     for (Refused<RouterOptions.Builder> r : refused) {
@@ -218,6 +222,7 @@ class AbiTest {
             .randomSeed(-2)
             .overlapScoreCreditDecay(0.75)
             .decodeActiveRequestWeight(4)
+            .indexShards(4)
             .build()
             .toBuilder()
             .build();
@@ -242,6 +247,7 @@ class AbiTest {
     assertEquals(-2, all.randomSeed());
     assertEquals(0.75, all.overlapScoreCreditDecay());
     assertEquals(4.0, all.decodeActiveRequestWeight());
+    assertEquals(4, all.indexShards());
     long flags =
         Abi.ROUTER_APPROXIMATE
             | Abi.ROUTER_NO_KV_REUSE

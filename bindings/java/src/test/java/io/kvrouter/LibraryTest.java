@@ -84,6 +84,7 @@ class LibraryTest {
     assertFalse(o.trackOutputBlocks());
     assertEquals(0.0, o.overlapScoreCreditDecay());
     assertEquals(0.0, o.decodeActiveRequestWeight());
+    assertEquals(1, o.indexShards());
 
     RequestOptions r = RequestOptions.builder().build();
     assertFalse(r.admit());

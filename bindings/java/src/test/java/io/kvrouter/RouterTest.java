@@ -11,9 +11,14 @@ import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Comparator;
 import java.util.HashSet;
 import java.util.List;
+import java.util.Map;
 import java.util.Set;
+import java.util.TreeMap;
 import org.junit.jupiter.api.Test;
 
 /** Routing decisions, events, the request lifecycle, errors, buffers, snapshots, metrics. */
@@ -232,6 +237,58 @@ class RouterTest {
       assertEquals(0, batch.clear().size());
       assertTrue(batch.encode().length > 0); // an empty batch is still a valid buffer
     }
+  }
+
+  /**
+   * A router whose index splits the workers over 4 trees answers as the default single tree
+   * after the same events: 9 workers holding a shared 4-block stem and 2 blocks of their own,
+   * worker 2 evicting its last block, worker 4 leaving. The same overlaps, choices and index
+   * size. (AbiTest checks that 0 and 65 are refused naming index_shards.)
+   */
+  @Test
+  void indexShardsChangeNoAnswer() {
+    int workers = 9;
+    int[][] prompts = new int[workers + 1][];
+    for (int w = 1; w <= workers; ++w) {
+      prompts[w] = Arrays.copyOf(tokens(4 * BLOCK, 7), 6 * BLOCK);
+      System.arraycopy(tokens(2 * BLOCK, 1000 * w), 0, prompts[w], 4 * BLOCK, 2 * BLOCK);
+    }
+    RouterOptions defaults = RouterOptions.builder().blockSize(BLOCK).randomSeed(7).build();
+    assertEquals(1, defaults.indexShards());
+    try (Router single = new Router(defaults);
+        Router sharded = new Router(defaults.toBuilder().indexShards(4).build())) {
+      for (Router r : List.of(single, sharded)) {
+        for (int w = 1; w <= workers; ++w) {
+          r.addWorker(w);
+          r.applyStored(stored(w, prompts[w], 6, 1000L * w));
+        }
+        r.applyRemoved(RemovedEvent.of(2, 2005)); // worker 2's last block
+        r.removeWorker(4);
+      }
+      for (int w = 1; w <= workers; ++w) {
+        List<Overlap> want = sortedOverlaps(single, prompts[w]);
+        assertEquals(want, sortedOverlaps(sharded, prompts[w]), "prompt of worker " + w);
+        Map<Long, Integer> held = new TreeMap<>();
+        for (Overlap o : want) held.put(o.workerId(), o.deviceBlocks());
+        Map<Long, Integer> expected = new TreeMap<>();
+        for (long v = 1; v <= workers; ++v) {
+          if (v != 4) expected.put(v, v != w ? 4 : v == 2 ? 5 : 6);
+        }
+        assertEquals(expected, held, "prompt of worker " + w);
+        if (w == 4) continue; // the stem only, everywhere: a random tie-break
+        RouteResult one = single.findBestMatch(prompts[w]);
+        assertEquals(w, one.workerId());
+        assertEquals(one, sharded.findBestMatch(prompts[w]), "prompt of worker " + w);
+      }
+      assertEquals(8 * 6 - 1, single.metrics().indexBlocks());
+      assertEquals(single.metrics().indexBlocks(), sharded.metrics().indexBlocks());
+    }
+  }
+
+  private static List<Overlap> sortedOverlaps(Router router, int[] prompt) {
+    List<Overlap> overlaps = new ArrayList<>(router.overlapScores(prompt));
+    overlaps.sort(Comparator.comparingLong(Overlap::workerId));
+    return overlaps;
   }
 
   @Test
