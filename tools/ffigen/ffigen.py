@@ -9,6 +9,8 @@ restates the header:
   bindings/java/src/main/java/io/kvrouter/<Enum>.java  one Java enum per X-macro list
   bindings/java/src/main/c/kvrouter_jni_abi.h   the JNI struct codecs (C struct <-> long[])
   bindings/go/abi_gen.go                        typed enumerations and struct converters
+  bindings/python/src/kvrouter/_abi.py          IntEnums, flags, constants and struct layouts
+  bindings/python/native/kvrouter_abi_tables.h  the Python extension's field and constant lists
   src/capi/abi_tables.h                         the library's own checks: field ends, flag masks
 
 The safe layers (bindings/*/ outside these files) stay hand-written. The output is committed;
@@ -33,6 +35,7 @@ import formatting  # noqa: E402
 import gen_capi  # noqa: E402
 import gen_go  # noqa: E402
 import gen_java  # noqa: E402
+import gen_python  # noqa: E402
 import gen_rust  # noqa: E402
 import model  # noqa: E402
 
@@ -85,6 +88,7 @@ def outputs(m: model.Model) -> dict[str, str]:
     files.update(gen_rust.generate(m))
     files.update(gen_java.generate(m))
     files.update(gen_go.generate(m))
+    files.update(gen_python.generate(m))
     return files
 
 

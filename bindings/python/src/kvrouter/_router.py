@@ -1,0 +1,313 @@
+"""Router and Disagg: routing, workers, events, the request lifecycle, staged routing,
+sessions, snapshots, metrics and replica sync."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, List, Optional, Tuple, Union
+
+from . import _native
+from ._native import Candidate, Metrics, Overlap, PotentialLoad, PrefillResult, RouteResult, RouteSignals
+from ._errors import NotFoundError
+from ._options import (
+    DisaggOptions,
+    Ints,
+    RemovedEvent,
+    RequestOptions,
+    RouterOptions,
+    RoutingHints,
+    StoredEvent,
+    WorkerConfig,
+)
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+def _opt(options: Optional[RequestOptions]) -> Any:
+    return None if options is None else options._c
+
+
+def _hints(hints: Optional[RoutingHints]) -> Any:
+    return None if hints is None else hints._c
+
+
+class Router(_native.Router):
+    """A KV-cache-aware router (``kvr_router``): the workers, their KV index and their load.
+
+    Every method may be called from any number of threads at once; each releases the GIL
+    while the library works, so routing runs in parallel with other Python threads. An
+    admitted routing call (``request_id=`` given, or ``RequestOptions(admit=True)``) on a
+    router with a queue threshold may block its thread in the admission queue (bound it with
+    ``RequestOptions.queue_timeout``). ``close()`` (or leaving a ``with`` block) frees the
+    router; it may be called while other threads still call, which then finish first, and
+    later calls raise :class:`ClosedError`.
+    """
+
+    # The extension type implements the hot methods itself (find_best_match,
+    # mark_prefill_completed, free_request) and close / closed; the others are here, over its
+    # underscored low-level methods.
+    __slots__ = ()
+
+    def __new__(cls, options: Optional[RouterOptions] = None, **settings: Any) -> "Router":
+        """``Router(RouterOptions(block_size=16))`` or ``Router(block_size=16)``: keyword
+        settings are :class:`RouterOptions` fields, applied over ``options``."""
+        if settings:
+            options = replace(options or RouterOptions(), **settings)
+        return super().__new__(cls, None if options is None else options._fields())
+
+    # ---- lifetime (close() and the closed property come from the extension)
+
+    def __enter__(self) -> "Router":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- workers
+
+    def add_worker(self, worker: Union[WorkerConfig, int], **settings: Any) -> None:
+        """Registers a worker: ``add_worker(1)``, ``add_worker(1, dp_size=2)`` or
+        ``add_worker(WorkerConfig(...))``. AlreadyExistsError for a registered id."""
+        if not isinstance(worker, WorkerConfig):
+            worker = WorkerConfig(worker, **settings)
+        elif settings:
+            worker = replace(worker, **settings)
+        self._add_worker(worker._fields())
+
+    def update_worker(self, worker: WorkerConfig) -> None:
+        """Changes a registered worker's settings (NotFoundError for an unknown id)."""
+        self._update_worker(worker._fields())
+
+    def remove_worker(self, worker_id: int) -> None:
+        """Drops the worker's ranks, active requests and index entries."""
+        self._remove_worker(worker_id)
+
+    # ---- KV events
+
+    def apply_stored(self, event: StoredEvent) -> None:
+        """Applies a stored event. A rejected part raises (NotFoundError: unknown parent;
+        InvalidArgumentError: broken sequence or incomplete block) after the part Dynamo
+        applies despite it is applied."""
+        self._apply_stored(*event._args())
+
+    def apply_removed(self, event: RemovedEvent) -> None:
+        """Applies a removed event (NotFoundError names an unknown block; the others go)."""
+        self._apply_removed(*event._args())
+
+    def apply_cleared(self, worker_id: int, dp_rank: int = 0, event_id: int = 0) -> None:
+        """Every rank of the worker lost every block."""
+        self._apply_cleared(worker_id, dp_rank, event_id)
+
+    def apply_event_batch(self, data: Buffer) -> None:
+        """Applies a FlatBuffers EventBatch (:meth:`EventBatch.encode`), verified first."""
+        self._apply_event_batch(data)
+
+    # ---- routing
+
+    def find_best_match_with_candidates(
+        self,
+        tokens: Ints,
+        options: Optional[RequestOptions] = None,
+        *,
+        request_id: Optional[str] = None,
+        max_candidates: int = 64,
+    ) -> Tuple[RouteResult, List[Candidate], int]:
+        """As :meth:`find_best_match`, with up to ``max_candidates`` candidates and every term of
+        their cost, and the total number of candidates (the list is truncated, never refused)."""
+        return self._find_best_match(tokens, _opt(options), request_id, max(1, max_candidates))
+
+    def overlap_scores(self, tokens: Ints, options: Optional[RequestOptions] = None) -> List[Overlap]:
+        """What each rank holds of the prompt's prefix, per tier (ranks holding its first block)."""
+        return self._overlap_scores(tokens, _opt(options))
+
+    def overlap_scores_hashed(self, local_hashes: Ints, options: Optional[RequestOptions] = None) -> List[Overlap]:
+        """As :meth:`overlap_scores` for a prompt already hashed (:func:`compute_block_hashes`):
+        LoRA, namespace and multimodal content are in the hashes; only cost overrides apply."""
+        return self._overlap_scores_hashed(local_hashes, _opt(options))
+
+    def potential_loads(self, tokens: Ints, options: Optional[RequestOptions] = None) -> List[PotentialLoad]:
+        """The load each registered rank would carry with this prompt."""
+        return self._potential_loads(tokens, _opt(options))
+
+    # ---- request lifecycle
+
+    def add_request(
+        self,
+        tokens: Ints,
+        worker_id: int,
+        dp_rank: int = 0,
+        options: Optional[RequestOptions] = None,
+        *,
+        request_id: Optional[str] = None,
+    ) -> None:
+        """Books a request on a rank chosen elsewhere (the id from ``request_id`` or ``options``)."""
+        self._add_request(tokens, worker_id, dp_rank, _opt(options), request_id)
+
+    def record_output(self, request_id: str, output_tokens: int) -> None:
+        """The request has generated ``output_tokens`` so far (cumulative). Needs
+        ``RouterOptions(track_output_blocks=True)`` (FailedPreconditionError otherwise)."""
+        self._record_output(request_id, output_tokens)
+
+    # ---- staged routing, pins, sessions
+
+    def preview_route(
+        self, tokens: Ints, options: Optional[RequestOptions] = None, hints: Optional[RoutingHints] = None
+    ) -> RouteSignals:
+        """What routing would pick, changing nothing."""
+        return self._preview_route(tokens, _opt(options), _hints(hints))
+
+    def plan_route(
+        self,
+        tokens: Ints,
+        options: Optional[RequestOptions] = None,
+        hints: Optional[RoutingHints] = None,
+        previewed: Optional[RouteSignals] = None,
+        *,
+        request_id: Optional[str] = None,
+    ) -> RouteSignals:
+        """Books the request as a plan, keeping ``previewed``'s rank while it is still a
+        candidate (``moved`` says otherwise). Idempotent per request id."""
+        return self._plan_route(tokens, _opt(options), _hints(hints), previewed, request_id)
+
+    def commit_route(self, request_id: str) -> None:
+        """The plan was dispatched (NotFoundError: no live plan)."""
+        self._commit_route(request_id)
+
+    def abort_route(self, request_id: str) -> bool:
+        """Frees the plan, its booking or its queue place; True if anything was freed."""
+        return self._abort_route(request_id)
+
+    def set_plan_deadline(self, seconds: float) -> None:
+        """How long a plan may wait for commit or abort (default 30 s; later plans)."""
+        self._set_plan_deadline(seconds)
+
+    def expire_plans(self) -> int:
+        """Drops plans past their deadline now; how many."""
+        return self._expire_plans()
+
+    def session_binding(self, session_id: str) -> Optional[Tuple[int, int]]:
+        """(worker_id, dp_rank) a live session is bound to, or None (does not refresh it)."""
+        try:
+            return self._session_binding(session_id)
+        except NotFoundError:
+            return None
+
+    def close_session(self, session_id: str) -> None:
+        """Unbinds a session (no error if unbound)."""
+        self._close_session(session_id)
+
+    def reclaim_sessions(self) -> int:
+        """Drops expired session bindings now; how many."""
+        return self._reclaim_sessions()
+
+    def state_digest(self) -> int:
+        """A digest of all routing state: equal digests mean nothing changed (this process only)."""
+        return self._state_digest()
+
+    # ---- snapshots and metrics
+
+    def snapshot(self) -> bytes:
+        """The whole KV index as a FlatBuffers IndexSnapshot."""
+        return self._snapshot()
+
+    def restore(self, data: Buffer) -> None:
+        """Loads a snapshot into a router whose index is empty."""
+        self._restore(data)
+
+    def metrics(self) -> Metrics:
+        """The router's counters (``kvr_metrics``)."""
+        return self._get_metrics()
+
+    def metrics_prometheus(self) -> str:
+        """The metrics, with per-worker load gauges, in Prometheus text format."""
+        return self._metrics_prometheus()
+
+    # ---- router replicas
+
+    def set_replica_publisher(self, replica_id: str, publish: Optional[Callable[[bytes], Any]]) -> None:
+        """Publishes this router's booking changes through ``publish(change: bytes)`` under
+        ``replica_id`` (None stops). ``publish`` runs on the thread that made the change,
+        under the router's lock: it must be quick and must not call any router. Before this
+        returns it receives a Reset, an Added change per booking and a SyncRequest. An
+        exception it raises is reported through ``sys.unraisablehook``."""
+        self._set_replica_publisher(replica_id, publish)
+
+    def apply_replica_event(self, data: Buffer) -> None:
+        """Applies one change another replica published."""
+        self._apply_replica_event(data)
+
+
+class Disagg:
+    """Disaggregated prefill and decode (``kvr_disagg``): two pools, each a full router
+    (:attr:`prefill_router`, :attr:`decode_router`: register workers, apply events and free
+    requests there). Thread-safe as :class:`Router`."""
+
+    __slots__ = ("_h", "_prefill", "_decode", "__weakref__")
+
+    def __init__(
+        self,
+        prefill: Optional[RouterOptions] = None,
+        decode: Optional[RouterOptions] = None,
+        options: Optional[DisaggOptions] = None,
+    ) -> None:
+        self._h = _native.Disagg(
+            None if prefill is None else prefill._fields(),
+            None if decode is None else decode._fields(),
+            None if options is None else options._fields(),
+        )
+        self._prefill: Router = self._h.pool_router(True, Router)
+        self._decode: Router = self._h.pool_router(False, Router)
+
+    def close(self) -> None:
+        """Frees both pools (idempotent)."""
+        self._h.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed
+
+    def __enter__(self) -> "Disagg":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def prefill_router(self) -> Router:
+        """The prefill pool's router (owned by this object)."""
+        return self._prefill
+
+    @property
+    def decode_router(self) -> Router:
+        """The decode pool's router (owned by this object)."""
+        return self._decode
+
+    def route_prefill(
+        self,
+        tokens: Ints,
+        options: Optional[RequestOptions] = None,
+        hints: Optional[RoutingHints] = None,
+        *,
+        request_id: Optional[str] = None,
+    ) -> PrefillResult:
+        """Decides where the prompt is prefilled; when remote, books a prefill rank under the
+        request id (free it on :attr:`prefill_router` when the prefill ends)."""
+        return self._h.route_prefill(tokens, _opt(options), _hints(hints), request_id)
+
+    def route_decode(
+        self,
+        tokens: Ints,
+        options: Optional[RequestOptions] = None,
+        hints: Optional[RoutingHints] = None,
+        *,
+        remote_prefill: bool,
+        request_id: Optional[str] = None,
+    ) -> RouteSignals:
+        """Selects and books the decode rank; after a remote prefill the decode overrides are
+        forced (no overlap credit, no KV reuse, no prefill tracking)."""
+        return self._h.route_decode(tokens, _opt(options), _hints(hints), remote_prefill, request_id)
+
+    def prefill_worker_busy(self, tokens: Ints, threshold: float, options: Optional[RequestOptions] = None) -> bool:
+        """Would the prefill rank chosen now carry more than threshold × its
+        max_num_batched_tokens prefill tokens? (advisory)"""
+        return self._h.prefill_worker_busy(tokens, _opt(options), threshold)

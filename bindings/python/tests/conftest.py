@@ -1,0 +1,71 @@
+"""Fixtures shared by the binding's tests: a router, free ports, a nats-server, fake engines."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from typing import Callable, Iterator, List
+
+import pytest
+
+import kvrouter
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def prompt(start: int, blocks: int, block_size: int = 16) -> List[int]:
+    """block_size * blocks distinct token ids from `start`."""
+    return list(range(start, start + blocks * block_size))
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def router() -> Iterator[kvrouter.Router]:
+    with kvrouter.Router(block_size=16, random_seed=7) as r:
+        for worker in (1, 2, 3, 4):
+            r.add_worker(worker)
+        yield r
+
+
+@pytest.fixture
+def nats_url() -> Iterator[str]:
+    """A nats-server on 127.0.0.1 (skips when none is installed)."""
+    binary = shutil.which("nats-server") or next(
+        (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(p)), None
+    )
+    if binary is None:
+        pytest.skip("no nats-server installed")
+    port = free_port()
+    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def accepting() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
+
+    try:
+        wait_for("nats-server", accepting)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)

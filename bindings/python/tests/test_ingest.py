@@ -1,0 +1,217 @@
+"""Live KV events: stream listeners with the publisher, NATS subjects, a vLLM engine over ZMQ,
+router replica sync through a Python callback and over NATS."""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import threading
+import time
+
+import pytest
+
+import kvrouter
+from conftest import free_port, prompt, wait_for
+from kvrouter import StoredEvent
+
+
+def batch_of(worker: int, tokens, first_hash: int = 1) -> kvrouter.EventBatch:
+    b = kvrouter.EventBatch()
+    n = len(tokens) // 16
+    b.add_stored(StoredEvent(worker_id=worker, block_hashes=list(range(first_hash, first_hash + n)), token_ids=tokens))
+    return b
+
+
+def device_blocks(router: kvrouter.Router, tokens, worker: int) -> int:
+    return next((o.device_blocks for o in router.overlap_scores(tokens) if o.worker_id == worker), 0)
+
+
+@pytest.mark.parametrize("kind", ["unix", "tcp"])
+def test_stream_listener_and_publisher(router, kind):
+    p = prompt(100, 3)
+    with tempfile.TemporaryDirectory() as tmp, kvrouter.Ingest(router) as ingest:
+        endpoint = f"unix://{tmp}/kv.sock" if kind == "unix" else "tcp://127.0.0.1:0"
+        listener = ingest.listen(endpoint)
+        assert listener.endpoint.startswith(kind) and not listener.endpoint.endswith(":0")
+        assert ingest.source_endpoint(listener.source_id) == listener.endpoint
+        ingest.start()
+        with kvrouter.Publisher(listener.endpoint) as pub:
+            batch = batch_of(2, p)
+            batch.set_publish_time(time.time_ns())
+            pub.send(batch)
+            pub.send_encoded(batch_of(3, p, first_hash=50).encode())
+            pub.send_encoded(b"\x00garbage frame")
+        wait_for("events applied", lambda: device_blocks(router, p, 2) == 3 and device_blocks(router, p, 3) == 3)
+        wait_for("the bad frame counted",
+                 lambda: ingest.stats().rejected[kvrouter.IngestReject.BAD_FLATBUFFERS] == 1)
+        stats = ingest.stats(listener.source_id)
+        assert stats.messages == 3 and stats.events_applied == 2 and stats.connections == 1
+        assert stats.lag_samples >= 1
+        with pytest.raises(kvrouter.FailedPreconditionError):
+            router.close()  # fed by an open ingest
+        with pytest.raises(kvrouter.NotFoundError):
+            ingest.stats(999)
+        ingest.stop()
+        ingest.stop()
+    assert ingest.closed
+    with pytest.raises(kvrouter.ClosedError):
+        ingest.stats()
+
+
+def test_publisher_connection_failure():
+    with pytest.raises(kvrouter.UnavailableError):
+        kvrouter.Publisher(f"tcp://127.0.0.1:{free_port()}")
+    with kvrouter.Router() as r, kvrouter.Ingest(r) as ingest:
+        with pytest.raises(kvrouter.InvalidArgumentError):
+            ingest.listen("bogus://x")
+
+
+def test_nats_subjects(router, nats_url):
+    p = prompt(200, 2)
+    with kvrouter.Ingest(router) as ingest:
+        ingest.start()
+        source = ingest.subscribe_nats(nats_url, "kv.events.>")
+        assert ingest.source_endpoint(source) == nats_url
+        # One EventBatch per message, published by a minimal NATS client (the text protocol).
+        import socket
+
+        host, port = nats_url.rsplit("/", 1)[1].split(":")
+        with socket.create_connection((host, int(port))) as s:
+            s.recv(4096)  # INFO
+            data = batch_of(4, p).encode()
+            s.sendall(b"CONNECT {\"verbose\":false}\r\n" + f"PUB kv.events.w4 {len(data)}\r\n".encode() + data
+                      + b"\r\nPING\r\n")
+            s.recv(4096)  # PONG
+        wait_for("the NATS batch applied", lambda: device_blocks(router, p, 4) == 2)
+        assert ingest.stats(source).connections >= 1
+
+
+def test_replica_sync_through_a_python_callback():
+    with kvrouter.Router(block_size=16) as a, kvrouter.Router(block_size=16) as b:
+        for r in (a, b):
+            r.add_worker(1)
+            r.add_worker(2)
+        sent = []
+        a.set_replica_publisher("gw-a", sent.append)
+        assert len(sent) == 2  # a Reset and a SyncRequest: a has no bookings yet
+        for change in sent:
+            b.apply_replica_event(change)
+        del sent[:]
+        p = prompt(1, 8)
+        a.find_best_match(p, request_id="r1")
+        assert sent, "the booking was published"
+        for change in sent:
+            b.apply_replica_event(change)
+        assert b.metrics().replica_requests_active == 1
+        del sent[:]
+        a.free_request("r1")
+        for change in sent:
+            b.apply_replica_event(change)
+        assert b.metrics().replica_requests_active == 0
+        with pytest.raises(kvrouter.InvalidArgumentError):
+            b.apply_replica_event(b"junk")
+        with pytest.raises(kvrouter.InvalidArgumentError):
+            a.set_replica_publisher("bad\x1fid", sent.append)
+        a.set_replica_publisher("gw-a", None)
+
+
+def test_a_raising_callback_is_reported_not_lost(monkeypatch):
+    seen = []
+    monkeypatch.setattr("sys.unraisablehook", lambda u: seen.append(u.exc_value))
+    with kvrouter.Router(block_size=16) as r:
+        r.add_worker(1)
+
+        def boom(change: bytes) -> None:
+            raise RuntimeError("publish failed")
+
+        r.set_replica_publisher("gw", boom)
+        r.find_best_match(prompt(1, 2), request_id="x")
+    assert seen and all(isinstance(e, RuntimeError) for e in seen)
+
+
+def test_replica_sync_over_nats(nats_url):
+    routers = [kvrouter.Router(block_size=16) for _ in range(2)]
+    ingests = []
+    try:
+        for i, r in enumerate(routers):
+            r.add_worker(1)
+            r.add_worker(2)
+            ing = kvrouter.Ingest(r)
+            ing.start()
+            ing.sync_replicas(nats_url, "kv.replicas", f"gw-{i}")
+            ingests.append(ing)
+        routers[0].find_best_match(prompt(1, 8), request_id="r1")
+        wait_for("the booking synced", lambda: routers[1].metrics().replica_requests_active == 1)
+        routers[0].free_request("r1")
+        wait_for("the free synced", lambda: routers[1].metrics().replica_requests_active == 0)
+        assert ingests[0].stats().published >= 2
+    finally:
+        for ing in ingests:
+            ing.close()
+        for r in routers:
+            r.close()
+
+
+def test_vllm_engine_over_zmq(router):
+    zmq = pytest.importorskip("zmq")
+    msgpack = pytest.importorskip("msgpack")
+    port = free_port()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    p = prompt(300, 3)
+    try:
+        with kvrouter.Ingest(router) as ingest:
+            source = ingest.add_engine_worker(kvrouter.EngineWorker(f"tcp://127.0.0.1:{port}", 3))
+            ingest.start()
+            seq = 0
+
+            def send(events):
+                nonlocal seq
+                payload = msgpack.packb([time.time(), events, 0])
+                pub.send_multipart([b"", struct.pack(">Q", seq), payload])
+                seq += 1
+
+            stored = ["BlockStored", [11, 12, 13], None, p, 16, None, "GPU"]
+            # The subscription takes a moment: resend until it is applied (a restart at 0 each time).
+            deadline = time.monotonic() + 10
+            while device_blocks(router, p, 3) != 3 and time.monotonic() < deadline:
+                seq = 0
+                send([stored])
+                time.sleep(0.05)
+            assert device_blocks(router, p, 3) == 3
+            send([["BlockRemoved", [13], "GPU"]])
+            wait_for("the removal", lambda: device_blocks(router, p, 3) == 2)
+            pub.send_multipart([b"", struct.pack(">Q", seq), b"\xc1not msgpack"])
+            seq += 1
+            wait_for("the bad payload counted",
+                     lambda: ingest.stats(source).rejected[kvrouter.IngestReject.BAD_MSGPACK] == 1)
+            with pytest.raises(kvrouter.AlreadyExistsError):
+                ingest.add_engine_worker(kvrouter.EngineWorker(f"tcp://127.0.0.1:{port}", 3))
+            ingest.remove_engine_worker(3, clear_index=True)
+            assert device_blocks(router, p, 3) == 0
+    finally:
+        pub.close(0)
+        ctx.term()
+
+
+def test_a_router_in_a_cycle_with_its_publisher_is_collected():
+    import gc
+    import weakref
+
+    class Bus:
+        def __init__(self) -> None:
+            self.router = kvrouter.Router(block_size=16)
+            self.sent = []
+            self.router.set_replica_publisher("gw", self.publish)  # router -> bound method -> self
+
+        def publish(self, change: bytes) -> None:
+            self.sent.append(change)
+
+    bus = Bus()
+    ref = weakref.ref(bus.router)
+    assert bus.sent
+    del bus
+    gc.collect()
+    assert ref() is None

@@ -1,0 +1,350 @@
+"""Routing, workers, events, errors, token buffers, the lifecycle, snapshots, metrics, threads."""
+
+from __future__ import annotations
+
+import array
+import gc
+import threading
+import time
+import weakref
+
+import pytest
+
+import kvrouter
+from conftest import prompt, wait_for
+from kvrouter import RequestOptions, StoredEvent
+
+
+def store(r: kvrouter.Router, worker: int, tokens, first_hash: int = 0xA0, dp_rank: int = 0, **kw) -> None:
+    blocks = len(tokens) // 16
+    r.apply_stored(StoredEvent(worker_id=worker, dp_rank=dp_rank,
+                               block_hashes=[first_hash + i for i in range(blocks)],
+                               token_ids=tokens[: blocks * 16], **kw))
+
+
+def test_routes_to_the_worker_holding_the_prefix(router):
+    p = prompt(1000, 3)
+    store(router, 2, p[:32])
+    res = router.find_best_match(p)
+    assert (res.worker_id, res.dp_rank, res.device_overlap_blocks, res.cached_tokens) == (2, 0, 2, 32)
+    assert (res.prompt_blocks, res.prompt_tokens, res.booked) == (3, 48, 0)
+    assert router.metrics().requests_active == 0  # a preview books nothing
+
+
+def test_admitted_request_lifecycle(router):
+    p = prompt(1000, 3)
+    res = router.find_best_match(p, request_id="req-1")
+    assert res.booked == 1
+    assert router.metrics().requests_active == 1
+    with pytest.raises(kvrouter.AlreadyExistsError) as err:
+        router.find_best_match(p, request_id="req-1")
+    assert err.value.status == kvrouter.Status.ALREADY_EXISTS
+    assert "req-1" in err.value.message
+    router.mark_prefill_completed("req-1")
+    router.free_request("req-1")
+    router.free_request("req-1")  # idempotent
+    assert router.metrics().requests_active == 0
+    opts = RequestOptions(admit=True, request_id="req-2")
+    assert router.find_best_match(p, opts).booked == 1
+    router.free_request("req-2")
+
+
+def test_load_moves_requests_away(router):
+    p = prompt(5000, 8)
+    chosen = {router.find_best_match(p, request_id=f"r{i}").worker_id for i in range(4)}
+    assert chosen == {1, 2, 3, 4}
+
+
+def test_candidates_carry_every_cost_term(router):
+    p = prompt(1000, 3)
+    store(router, 3, p)
+    res, candidates, total = router.find_best_match_with_candidates(p)
+    assert total == 4 and len(candidates) == 4
+    chosen = [c for c in candidates if c.chosen]
+    assert len(chosen) == 1 and chosen[0].worker_id == res.worker_id == 3
+    assert chosen[0].cost == res.cost and chosen[0].device_blocks == 3
+    res, candidates, total = router.find_best_match_with_candidates(p, max_candidates=2)
+    assert total == 4 and len(candidates) == 2
+
+
+def test_token_buffers_and_sequences_agree(router):
+    np = pytest.importorskip("numpy")
+    p = prompt(1000, 4)
+    store(router, 2, p[:48])
+    want = router.find_best_match(p)
+    for tokens in (p, tuple(p), array.array("I", p), array.array("Q", p), array.array("i", p),
+                   memoryview(array.array("I", p)), np.array(p, dtype=np.uint32),
+                   np.array(p, dtype=np.int64), (t for t in p)):
+        got = router.find_best_match(tokens)
+        assert (got.worker_id, got.cached_tokens) == (want.worker_id, want.cached_tokens), type(tokens)
+
+
+def test_bad_tokens_are_refused(router):
+    np = pytest.importorskip("numpy")
+    for bad, exc in [("abc", TypeError), (b"abc", TypeError), ([1, -1], OverflowError),
+                     ([1 << 32], OverflowError), ([1.5], TypeError), (array.array("d", [1.0]), TypeError),
+                     (np.zeros((2, 2), dtype=np.uint32), ValueError), (np.array([-3], dtype=np.int32), OverflowError),
+                     (None, TypeError), (5, TypeError)]:
+        with pytest.raises(exc):
+            router.find_best_match(bad)
+
+
+def test_request_options(router):
+    p = prompt(1000, 3)
+    store(router, 1, p)
+    only = RequestOptions(allowed_worker_ids=[3, 4])
+    assert router.find_best_match(p, only).worker_id in (3, 4)
+    lora = RequestOptions(lora_name="adapter")  # other hashes: worker 1's blocks do not match
+    assert router.find_best_match(p, lora).cached_tokens == 0
+    no_credit = RequestOptions(overlap_score_credit=0.0)
+    _, cands, _ = router.find_best_match_with_candidates(p, no_credit)
+    assert all(c.credit == 0 for c in cands)
+    with pytest.raises(ValueError, match="NUL"):
+        router.find_best_match(p, request_id="a\0b")
+    with pytest.raises(kvrouter.InvalidArgumentError):
+        router.find_best_match(p, RequestOptions(temperature=-1.0))
+
+
+def test_newer_cost_knobs_and_output_tracking():
+    with kvrouter.Router(block_size=16, track_output_blocks=True, decode_active_request_weight=2.0) as r:
+        r.add_worker(1)
+        p = prompt(1, 2)
+        r.find_best_match(p, request_id="a")
+        _, cands, _ = r.find_best_match_with_candidates(p)
+        assert cands[0].active_requests == 1 and cands[0].request_cost == 2.0
+        before = r.potential_loads(p)[0].active_blocks
+        r.record_output("a", 64)
+        assert r.potential_loads(p)[0].active_blocks > before
+        r.free_request("a")
+    with kvrouter.Router(block_size=16) as r:
+        with pytest.raises(kvrouter.FailedPreconditionError):
+            r.record_output("a", 1)
+
+
+def test_workers(router):
+    with pytest.raises(kvrouter.AlreadyExistsError):
+        router.add_worker(1)
+    with pytest.raises(kvrouter.NotFoundError):
+        router.remove_worker(99)
+    with pytest.raises(kvrouter.InvalidArgumentError):
+        router.add_worker(9, block_size=32)
+    router.add_worker(kvrouter.WorkerConfig(10, dp_size=2))
+    router.update_worker(kvrouter.WorkerConfig(10, dp_size=3))
+    assert router.metrics().workers == 5
+    router.remove_worker(10)
+    assert router.metrics().workers == 4
+
+
+def test_events_and_their_errors(router):
+    p = prompt(1000, 2)
+    store(router, 1, p, first_hash=0x10)
+    with pytest.raises(kvrouter.NotFoundError):
+        router.apply_stored(StoredEvent(worker_id=1, block_hashes=[0x99], token_ids=p[:16], parent_hash=0x1234))
+    with pytest.raises(kvrouter.InvalidArgumentError):
+        router.apply_stored(StoredEvent(worker_id=1, block_hashes=[0x98], token_ids=p[:10]))
+    router.apply_removed(kvrouter.RemovedEvent(worker_id=1, block_hashes=[0x11]))
+    assert router.overlap_scores(p)[0].device_blocks == 1
+    router.apply_cleared(1)
+    assert router.overlap_scores(p) == []
+    m = router.metrics()
+    assert m.events[kvrouter.EventKind.STORED][kvrouter.EventOutcome.OK] == 1
+    assert m.events[kvrouter.EventKind.STORED][kvrouter.EventOutcome.PARENT_BLOCK_NOT_FOUND] == 1
+    assert m.events[kvrouter.EventKind.STORED][kvrouter.EventOutcome.INVALID_BLOCK] == 1
+    assert len(m.events) == 3 and all(len(row) == 5 for row in m.events)
+
+
+def test_local_hashes_tiers_and_overlaps(router):
+    p = prompt(2000, 3)
+    local = kvrouter.compute_block_hashes(p, 16)
+    router.apply_stored(StoredEvent(worker_id=2, block_hashes=[1, 2], local_hashes=local[:2]))
+    router.apply_stored(StoredEvent(worker_id=2, block_hashes=[3], local_hashes=local[2:], parent_hash=2,
+                                    tier=kvrouter.Tier.HOST_PINNED))
+    (o,) = router.overlap_scores(p)
+    assert (o.worker_id, o.device_blocks, o.host_blocks) == (2, 2, 1)
+    assert router.overlap_scores_hashed(local) == [o]
+    assert router.overlap_scores_hashed(array.array("Q", local)) == [o]
+    with pytest.raises(ValueError, match="local_hashes"):
+        router.apply_stored(StoredEvent(worker_id=2, block_hashes=[1, 2], local_hashes=[5]))
+    loads = router.potential_loads(p)
+    assert sorted(l.worker_id for l in loads) == [1, 2, 3, 4]
+
+
+def test_hashing_matches_dynamos_vectors():
+    import json
+    import os
+    from conftest import ROOT
+
+    path = os.path.join(ROOT, "..", "shared", "data", "dynamo_block_hash_vectors.json")
+    if not os.path.exists(path):
+        pytest.skip("no shared/data beside the checkout")
+    with open(path) as f:
+        vectors = json.load(f)["vectors"]
+    assert vectors
+    for v in vectors:
+        local = kvrouter.compute_block_hashes(v["tokens"], v["block_size"], lora_name=v.get("lora") or None,
+                                              cache_namespace=v.get("ns") or None, mm_hashes=v.get("mm"),
+                                              eagle=v.get("eagle", False))
+        assert local == [int(x) for x in v["local_hashes"]], v["name"]
+        assert kvrouter.compute_sequence_hashes(local) == [int(x) for x in v["sequence_hashes"]], v["name"]
+    with pytest.raises(kvrouter.InvalidArgumentError):
+        kvrouter.compute_block_hashes([1, 2], 0)
+
+
+def test_snapshot_restore_and_event_batches(router):
+    p = prompt(3000, 4)
+    batch = kvrouter.EventBatch()
+    batch.add_stored(StoredEvent(worker_id=3, block_hashes=[7, 8, 9, 10], token_ids=p))
+    batch.add_removed(kvrouter.RemovedEvent(worker_id=3, block_hashes=[10]))
+    batch.add_cleared(4)
+    assert len(batch) == 3
+    data = batch.encode()
+    router.apply_event_batch(data)
+    assert router.overlap_scores(p)[0].device_blocks == 3
+    with pytest.raises(kvrouter.InvalidArgumentError):
+        router.apply_event_batch(b"not flatbuffers")
+    snap = router.snapshot()
+    with kvrouter.Router(block_size=16) as other:
+        other.restore(snap)
+        assert other.overlap_scores(p) == router.overlap_scores(p)
+        with pytest.raises(kvrouter.FailedPreconditionError):
+            other.restore(snap)
+    batch.clear()
+    assert len(batch) == 0
+    batch.close()
+    with pytest.raises(kvrouter.ClosedError):
+        len(batch)
+
+
+def test_approximate_mode():
+    with kvrouter.Router(block_size=16, approximate=True) as r:
+        r.add_worker(1)
+        r.add_worker(2)
+        p = prompt(1, 4)
+        first = r.find_best_match(p, request_id="a")
+        r.free_request("a")
+        assert r.find_best_match(p).worker_id == first.worker_id
+        with pytest.raises(kvrouter.FailedPreconditionError):
+            store(r, 1, p)
+
+
+def test_metrics_prometheus_and_digest(router):
+    text = router.metrics_prometheus()
+    assert "kvrouter_kv_events_total" in text
+    d = router.state_digest()
+    router.find_best_match(prompt(1, 2))
+    assert router.state_digest() == d
+    router.find_best_match(prompt(1, 2), request_id="x")
+    assert router.state_digest() != d
+
+
+def test_enums_and_helpers():
+    assert kvrouter.tier_from_medium("CPU_PINNED") is kvrouter.Tier.HOST_PINNED
+    assert kvrouter.tier_from_medium(None) is kvrouter.Tier.DEVICE
+    assert kvrouter.status_str(5) == "KVR_NOT_FOUND"
+    e = kvrouter.KvRouterError(77, "x")
+    assert e.status == 77 and "status 77" in str(e)
+    import pickle
+    e2 = pickle.loads(pickle.dumps(kvrouter.NotFoundError(5, "gone")))
+    assert isinstance(e2, kvrouter.NotFoundError) and isinstance(e2, LookupError) and e2.message == "gone"
+
+
+def test_close_is_idempotent_and_context_managers_close():
+    with kvrouter.Router() as r:
+        pass
+    assert r.closed
+    r.close()
+    with pytest.raises(kvrouter.ClosedError):
+        r.find_best_match([1, 2, 3])
+    r2 = kvrouter.Router()
+    ref = weakref.ref(r2)
+    del r2
+    gc.collect()
+    assert ref() is None
+
+
+def test_admission_queue_blocks_without_the_gil_and_times_out():
+    with kvrouter.Router(block_size=16, queue_threshold=0.0) as r:
+        r.add_worker(kvrouter.WorkerConfig(1, max_num_batched_tokens=16))
+        p = prompt(1, 4)
+        r.find_best_match(p, request_id="busy")  # the only rank is now over the threshold
+        results = []
+
+        def waiter():
+            results.append(r.find_best_match(p, request_id="waiting"))
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        wait_for("the request to queue", lambda: r.metrics().queue_pending == 1)
+        # The waiting thread holds no GIL: this thread keeps running Python and the router.
+        assert r.find_best_match(p).worker_id == 1
+        r.mark_prefill_completed("busy")
+        t.join(10)
+        assert results and results[0].queued == 1
+        r.free_request("busy")
+        r.free_request("waiting")
+        with pytest.raises(kvrouter.DeadlineExceededError):
+            r.find_best_match(p, request_id="a")  # admitted at once: empty
+            r.find_best_match(p, RequestOptions(queue_timeout=0.05), request_id="b")
+        r.free_request("a")
+
+
+def test_threads_share_one_router(router):
+    errors = []
+
+    def worker(n):
+        try:
+            for i in range(200):
+                rid = f"t{n}-{i}"
+                router.find_best_match(prompt(i * 16, 4), request_id=rid)
+                router.mark_prefill_completed(rid)
+                router.free_request(rid)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert router.metrics().requests_active == 0
+
+
+def test_close_while_another_thread_waits_frees_after_it():
+    r = kvrouter.Router(block_size=16, queue_threshold=0.0)
+    r.add_worker(kvrouter.WorkerConfig(1, max_num_batched_tokens=16))
+    p = prompt(1, 4)
+    r.find_best_match(p, request_id="busy")
+    out = []
+    t = threading.Thread(target=lambda: out.append(
+        pytest.raises(kvrouter.DeadlineExceededError, r.find_best_match, p,
+                      RequestOptions(queue_timeout=0.3), request_id="w")))
+    t.start()
+    wait_for("the request to queue", lambda: r.metrics().queue_pending == 1)
+    r.close()  # deferred: the waiting call still owns the router
+    assert r.closed
+    t.join(10)
+    assert out
+    with pytest.raises(kvrouter.ClosedError):
+        r.metrics()
+
+
+def test_find_best_match_arguments(router):
+    p = prompt(1000, 3)
+    opts = RequestOptions(allowed_worker_ids=[4])
+    assert router.find_best_match(p, opts).worker_id == 4
+    assert router.find_best_match(p, options=opts).worker_id == 4
+    assert router.find_best_match(p, opts, request_id="kw").booked == 1
+    router.free_request("kw")
+    with pytest.raises(TypeError, match="RequestOptions"):
+        router.find_best_match(p, {"allowed_worker_ids": [4]})
+    with pytest.raises(TypeError, match="request_id must be a str"):
+        router.find_best_match(p, request_id=5)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        router.find_best_match(p, nope=1)
+    with pytest.raises(TypeError):
+        router.find_best_match()
+    with pytest.raises(TypeError):
+        router.free_request(5)
+    assert isinstance(router, kvrouter.Router) and isinstance(router, kvrouter._native.Router)
+    assert "Picks the worker rank" in kvrouter.Router.find_best_match.__doc__
