@@ -797,24 +797,8 @@ class RadixIndex::Impl {
       ComputeLocalBlockHashesInto(stored.token_ids, options_.block_size, options, computed);
       locals = computed;
     }
-    WarmTable(event.worker, stored.block_hashes);
     std::unique_lock lock(mu_);
     return Store(event.worker, event.tier, stored, locals);
-  }
-
-  // Reads the worker's table entries for an event's blocks under the shared lock and changes
-  // nothing: the event's cache misses are then taken while other threads hold the exclusive
-  // lock for theirs, and the exclusive section that follows finds its entries in cache.
-  void WarmTable(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
-    std::shared_lock lock(mu_);
-    const PositionTable* blocks = BlocksOf(worker);
-    if (blocks == nullptr) return;
-    uint64_t found = 0;
-    for (size_t k = 0; k < engine_hashes.size(); ++k) {
-      PrefetchAhead(*blocks, engine_hashes, k);
-      found += blocks->Get(engine_hashes[k]) != 0;
-    }
-    asm volatile("" : : "r"(found));  // the loads are the point: keep them
   }
 
   // One stored event, a run of blocks at a time: blocks the tree already has are joined as one
@@ -1040,7 +1024,6 @@ class RadixIndex::Impl {
   }
 
   ApplyResult ApplyData(const KvEvent& event, const RemovedEvent& removed) {
-    WarmTable(event.worker, removed.block_hashes);
     std::unique_lock lock(mu_);
     auto slot_it = slot_of_.find(event.worker);
     std::string first_missing;

@@ -22,10 +22,8 @@
 // cache line of their own (scalable_shared_mutex.h), so lookups on different cores do not
 // contend. FindMatches, TreeSize, Stats, DumpEvents and StateDigest take the locks shared;
 // Apply, RemoveWorker and RemoveWorkerDpRank take their shard's lock exclusively for one
-// event, so events of workers in different shards apply in parallel. Before an event takes
-// the exclusive lock it hashes its tokens and reads the worker's table entries for its blocks
-// under the shared lock (the event's cache misses happen in parallel with other events); the
-// exclusive section is the update itself. Every public method may be called from any thread.
+// event (a stored event's tokens are hashed before), so events of workers in different shards
+// apply in parallel. Every public method may be called from any thread.
 #pragma once
 
 #include <absl/functional/function_ref.h>

@@ -33,14 +33,15 @@ class ScalableSharedMutex {
     readers.fetch_sub(1, std::memory_order_release);
     // A writer is in: wait for it on the writers' mutex, which also keeps the next writer out
     // until this reader is counted.
-    std::lock_guard turn(writers_);
+    LockWriters();
     readers.fetch_add(1, std::memory_order_seq_cst);
+    writers_.unlock();
   }
 
   void unlock_shared() { slots_[ThreadSlot()].readers.fetch_sub(1, std::memory_order_release); }
 
   void lock() {
-    writers_.lock();
+    LockWriters();
     writing_.store(true, std::memory_order_seq_cst);
     for (Slot& slot : slots_) {
       while (slot.readers.load(std::memory_order_acquire) != 0) std::this_thread::yield();
@@ -54,6 +55,27 @@ class ScalableSharedMutex {
 
  private:
   static constexpr size_t kSlots = 64;
+  // Tries to take the writers' mutex this many times, a pause apart (about ten microseconds in
+  // all), before sleeping on it: an event holds it for a few microseconds, and a thread put to
+  // sleep and woken for each one spends longer in the scheduler than in the event (two threads
+  // applying events to one tree ran at half the rate of one without the spinning).
+  static constexpr int kSpins = 512;
+
+  void LockWriters() {
+    for (int i = 0; i < kSpins; ++i) {
+      if (writers_.try_lock()) return;
+      Pause();
+    }
+    writers_.lock();
+  }
+
+  static void Pause() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
 
   struct alignas(64) Slot {
     std::atomic<uint32_t> readers{0};
