@@ -38,7 +38,7 @@ for pkg in "${packages[@]}"; do
 done
 
 # The bindings' tool chains (bindings/go, rust, java): the machine's own when present and new
-# enough (Go >= 1.21, cargo >= 1.77, a JDK >= 17 with Maven), otherwise Debian's: Go from
+# enough (Go >= 1.21, cargo >= 1.85, a JDK >= 17 with Maven), otherwise Debian's: Go from
 # bookworm-backports, Rust from rustc-web / cargo-web, openjdk-17 and maven.
 version_at_least() {  # version_at_least HAVE WANT
   [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
@@ -51,7 +51,7 @@ if [ -z "$go_version" ] || ! version_at_least "$go_version" 1.21; then
 fi
 cargo_bin=$(command -v cargo || ls "$HOME/.cargo/bin/cargo" 2>/dev/null || true)
 cargo_version=$([ -n "$cargo_bin" ] && "$cargo_bin" --version 2>/dev/null | awk '{print $2}' || true)
-if [ -z "$cargo_version" ] || ! version_at_least "$cargo_version" 1.77; then
+if [ -z "$cargo_version" ] || ! version_at_least "$cargo_version" 1.85; then
   missing+=(rustc-web cargo-web)
 fi
 java_version=$(javac -version 2>&1 | awk '/^javac/ {print $2}' || true)

@@ -37,6 +37,9 @@ KVR_STAGE=$PWD/build/stage scripts/test-rust.sh
 KVR_STAGE=$PWD/build/stage scripts/test-java.sh
 KVR_STAGE=$PWD/build/stage scripts/test-python.sh
 
+echo "== peers: differential check against Dynamo's indexers =="
+KVR_STAGE=$PWD/build/stage scripts/bench-peers.sh --check
+
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer: every test =="
 build build/asan -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=address,undefined
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
