@@ -65,20 +65,29 @@ inline kvr_status RequireNonNull(kvr_error** err, const void* p, const char* nam
   return p != nullptr ? KVR_OK : Fail(err, KVR_INVALID_ARGUMENT, std::string(name) + " is NULL");
 }
 
+// Each of `rows`, converted, into a caller buffer of `cap` entries; `*len` is how many there
+// are (KVR_BUFFER_TOO_SMALL, nothing written, when they do not fit).
+template <typename T, typename Rows, typename Convert>
+kvr_status ConvertOut(kvr_error** err, const Rows& rows, Convert&& convert, T* out, size_t cap,
+                      size_t* len, const char* what) {
+  if (kvr_status s = RequireNonNull(err, len, "len")) return s;
+  if (cap > 0 && out == nullptr) return RequireNonNull(err, out, "out");
+  *len = rows.size();
+  if (rows.size() > cap) {
+    return Fail(err, KVR_BUFFER_TOO_SMALL,
+                std::string(what) + " needs " + std::to_string(rows.size()) +
+                    " entries; the buffer has " + std::to_string(cap));
+  }
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = convert(rows[i]);
+  return KVR_OK;
+}
+
 // Copies `items` into a caller buffer of `cap` elements, or reports the size needed.
 template <typename T>
 kvr_status CopyOut(kvr_error** err, std::span<const T> items, T* out, size_t cap, size_t* len,
                    const char* what) {
-  if (kvr_status s = RequireNonNull(err, len, "len")) return s;
-  if (cap > 0 && out == nullptr) return RequireNonNull(err, out, "out");
-  *len = items.size();
-  if (items.size() > cap) {
-    return Fail(err, KVR_BUFFER_TOO_SMALL,
-                std::string(what) + " needs " + std::to_string(items.size()) +
-                    " entries; the buffer has " + std::to_string(cap));
-  }
-  if (!items.empty()) std::memcpy(out, items.data(), items.size() * sizeof(T));
-  return KVR_OK;
+  return ConvertOut(
+      err, items, [](const T& item) { return item; }, out, cap, len, what);
 }
 
 template <typename T>

@@ -371,10 +371,7 @@ kvr_status PerRankQuery(kvr_error** err, kvr_router* router, const uint32_t* tok
   if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
   auto rows = query(std::span(tokens, num_tokens), options.route);
   if (!rows.ok()) return FromStatus(err, rows.status());
-  std::vector<Row> items;
-  items.reserve(rows->size());
-  for (const auto& row : *rows) items.push_back(convert(row));
-  return CopyOut(err, items, out, cap, len, what);
+  return ConvertOut(err, *rows, convert, out, cap, len, what);
 }
 
 }  // namespace
@@ -614,10 +611,7 @@ KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router* router,
     auto rows =
         router->router->OverlapScoresOfHashes(std::span(local_hashes, num_hashes), options.route);
     if (!rows.ok()) return FromStatus(err, rows.status());
-    std::vector<kvr_overlap> items;
-    items.reserve(rows->size());
-    for (const auto& row : *rows) items.push_back(ToOverlap(row));
-    return CopyOut(err, items, out, cap, len, "overlap scores");
+    return ConvertOut(err, *rows, ToOverlap, out, cap, len, "overlap scores");
   });
 }
 

@@ -302,7 +302,8 @@ class Router {
   absl::StatusOr<std::vector<OverlapScore>> OverlapScores(std::span<const uint32_t> tokens,
                                                           const RouteOptions& options = {});
   // The same for a prompt already hashed (its blocks' local hashes, as engines' events and
-  // Dynamo's find_matches take them); of `options` only the overrides apply.
+  // Dynamo's find_matches take them), in no particular order; of `options` only the overrides
+  // apply.
   absl::StatusOr<std::vector<OverlapScore>> OverlapScoresOfHashes(
       std::span<const uint64_t> local_hashes, const RouteOptions& options = {});
   std::vector<WorkerLoad> Loads() const;
@@ -361,6 +362,9 @@ class Router {
   // Hashes the prompt and looks it up in the index (no router lock held).
   absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
                        bool for_booking, Prepared& out);
+  // The index's matches, in no particular order.
+  void LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
+  // Sorted by rank, for FindMatch.
   void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
                                      const SelectorConfig& config) const;

@@ -936,7 +936,8 @@ extern "C" {
         num_candidates: *mut usize,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
-    /// Per rank holding at least the prompt's first block. @thread_safety concurrent
+    /// Per rank holding at least the prompt's first block, in no particular order. @thread_safety
+    /// concurrent
     pub fn kvr_router_overlap_scores(
         router: *mut kvr_router,
         tokens: *const u32,

@@ -394,6 +394,22 @@ const MIN_CANDIDATES: usize = 64;
 /// First capacity tried for overlap scores and potential loads (grown on demand).
 const INITIAL_ROWS: usize = 16;
 
+thread_local! {
+    /// Rows the last per-rank query on this thread returned: the next one starts with room for
+    /// as many, so a fleet of more than INITIAL_ROWS ranks does not pay for every lookup twice
+    /// (the library walks the index before it can say the buffer was short).
+    static LAST_ROWS: std::cell::Cell<usize> = const { std::cell::Cell::new(INITIAL_ROWS) };
+}
+
+/// A per-rank query's rows, starting with room for as many as the thread's last one returned.
+fn fill_rows<T>(
+    call: impl FnMut(*mut T, usize, *mut usize, *mut *mut sys::kvr_error) -> sys::kvr_status,
+) -> Result<Vec<T>> {
+    let rows = fill_vec(LAST_ROWS.with(|n| n.get()).max(INITIAL_ROWS), call)?;
+    LAST_ROWS.with(|n| n.set(rows.len()));
+    Ok(rows)
+}
+
 impl RouterRef {
     /// # Safety
     /// `ptr` must be a live `kvr_router` that outlives `'a`.
@@ -595,7 +611,7 @@ impl RouterRef {
         opts: &RequestOptions<'_>,
     ) -> Result<Vec<Overlap>> {
         let req = opts.lower()?;
-        let rows = fill_vec(INITIAL_ROWS, |out, cap, len, err| {
+        let rows = fill_rows(|out, cap, len, err| {
             // SAFETY: a live router (concurrent); out has room for cap rows.
             unsafe {
                 sys::kvr_router_overlap_scores(
@@ -623,7 +639,7 @@ impl RouterRef {
         opts: &RequestOptions<'_>,
     ) -> Result<Vec<Overlap>> {
         let req = opts.lower()?;
-        let rows = fill_vec(INITIAL_ROWS, |out, cap, len, err| {
+        let rows = fill_rows(|out, cap, len, err| {
             // SAFETY: as overlap_scores; local_hashes is read during the call only.
             unsafe {
                 sys::kvr_router_overlap_scores_hashed(
@@ -648,7 +664,7 @@ impl RouterRef {
         opts: &RequestOptions<'_>,
     ) -> Result<Vec<PotentialLoad>> {
         let req = opts.lower()?;
-        let rows = fill_vec(INITIAL_ROWS, |out, cap, len, err| {
+        let rows = fill_rows(|out, cap, len, err| {
             // SAFETY: as overlap_scores.
             unsafe {
                 sys::kvr_router_potential_loads(
