@@ -146,6 +146,9 @@ type Router struct {
 	owner *Disagg
 	// ingests counts the open Ingests feeding this router (for a pool router: its Disagg's).
 	ingests atomic.Int32
+	// rows is how many rows the last per-rank query returned: the next one starts with room
+	// for as many, as the library walks the index before it can say a buffer was short.
+	rows atomic.Int32
 }
 
 // feeds returns the counter of open Ingests that Close checks.

@@ -305,10 +305,16 @@ type Overlap struct {
 // with the size the library asks for.
 const initialResults = 16
 
+// rowsHint is the buffer size a per-rank query starts with: the last one's answer, at least
+// initialResults.
+func (r *Router) rowsHint() int {
+	return max(initialResults, int(r.rows.Load()))
+}
+
 // OverlapScores returns, per rank holding at least the prompt's first block, how much of the
 // prompt's prefix it holds.
 func (r *Router) OverlapScores(tokens []uint32, opts *RequestOptions) ([]Overlap, error) {
-	return r.overlapScores(tokens, opts, initialResults)
+	return r.overlapScores(tokens, opts, r.rowsHint())
 }
 
 // OverlapScoresOfHashes is OverlapScores for a prompt already hashed: localHashes are its blocks'
@@ -325,12 +331,13 @@ func (r *Router) OverlapScoresOfHashes(localHashes []uint64, opts *RequestOption
 	hp := u64Ptr(localHashes)
 	defer runtime.KeepAlive(r)
 	defer runtime.KeepAlive(localHashes)
-	buf, err := fillGrowing(initialResults, func(p *C.kvr_overlap, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
+	buf, err := fillGrowing(r.rowsHint(), func(p *C.kvr_overlap, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_router_overlap_scores_hashed(h, hp, C.size_t(len(localHashes)), copts, p, cap, n, cerr)
 	})
 	if err != nil {
 		return nil, err
 	}
+	r.rows.Store(int32(len(buf)))
 	return overlapsFrom(buf), nil
 }
 
@@ -350,6 +357,7 @@ func (r *Router) overlapScores(tokens []uint32, opts *RequestOptions, capHint in
 	if err != nil {
 		return nil, err
 	}
+	r.rows.Store(int32(len(buf)))
 	return overlapsFrom(buf), nil
 }
 
@@ -377,7 +385,7 @@ type PotentialLoad struct {
 
 // PotentialLoads returns the load every registered rank would carry with this prompt.
 func (r *Router) PotentialLoads(tokens []uint32, opts *RequestOptions) ([]PotentialLoad, error) {
-	return r.potentialLoads(tokens, opts, initialResults)
+	return r.potentialLoads(tokens, opts, r.rowsHint())
 }
 
 func (r *Router) potentialLoads(tokens []uint32, opts *RequestOptions, capHint int) ([]PotentialLoad, error) {
@@ -396,6 +404,7 @@ func (r *Router) potentialLoads(tokens []uint32, opts *RequestOptions, capHint i
 	if err != nil {
 		return nil, err
 	}
+	r.rows.Store(int32(len(buf)))
 	out := make([]PotentialLoad, len(buf))
 	for i := range out {
 		var m cPotentialLoad

@@ -1285,12 +1285,16 @@ static PyObject *router_find_best_match_public(RouterObject *self, PyObject *con
 typedef kvr_status (*list_fn)(kvr_router *, const void *, size_t, const kvr_request_options *,
                               void *, size_t, size_t *, kvr_error **);
 
+/* Rows the last per-rank query on this thread returned: the next one starts with room for as
+ * many, as the library walks the index before it can say a buffer was short. */
+static _Thread_local size_t last_rank_rows = 16;
+
 static PyObject *router_list_call(RouterObject *self, PyObject *args, size_t width,
                                   const struct_desc *sd, list_fn fn) {
   PyObject *in, *req, *list = NULL;
   int_array input;
   kvr_request_options o;
-  size_t cap = 16, len = 0, i;
+  size_t cap = last_rank_rows > 16 ? last_rank_rows : 16, len = 0, i;
   void *out = NULL;
   kvr_router *r;
   kvr_error *err = NULL;
@@ -1318,6 +1322,7 @@ static PyObject *router_list_call(RouterObject *self, PyObject *args, size_t wid
     fail(st, err);
     goto cleanup;
   }
+  last_rank_rows = len;
   list = PyList_New((Py_ssize_t)len);
   for (i = 0; list && i < len; ++i) {
     PyObject *v = to_result(sd, (const char *)out + i * sd->size);

@@ -1097,6 +1097,14 @@ done:
 #define GROW_ATTEMPTS 8
 #define INITIAL_RANKS 8
 
+/* Rows the last per-rank query on this thread returned: the next one starts with room for as
+ * many, as the library walks the index before it can say a buffer was short. */
+static _Thread_local size_t last_rank_rows = INITIAL_RANKS;
+
+static size_t rank_rows_hint(void) {
+  return last_rank_rows > INITIAL_RANKS ? last_rank_rows : INITIAL_RANKS;
+}
+
 /* Overlap rows as one flat array of Abi.Overlap.LEN slots each; NULL with an exception pending
  * on failure. */
 static jlongArray encode_overlaps(JNIEnv* env, scratch* s, const kvr_overlap* rows, size_t len) {
@@ -1119,7 +1127,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, 
       tokens_prepare(env, &s, tokens, 1, &t) != 0) {
     goto done;
   }
-  size_t cap = INITIAL_RANKS;
+  size_t cap = rank_rows_hint();
   for (int attempt = 0; attempt < GROW_ATTEMPTS; ++attempt) {
     kvr_overlap* buf = (kvr_overlap*)scratch_array(env, &s, cap, sizeof(kvr_overlap));
     if (buf == NULL) goto done;
@@ -1135,6 +1143,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, 
       continue;
     }
     if (check(env, st, &err) != 0) goto done;
+    last_rank_rows = len;
     result = encode_overlaps(env, &s, buf, len);
     break;
   }
@@ -1156,7 +1165,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScoresHashed(JNIEnv*
   if (read_request_options(env, &s, options, &o) != 0 || copy_longs(env, &s, hashes, &h, &n) != 0) {
     goto done;
   }
-  size_t cap = INITIAL_RANKS;
+  size_t cap = rank_rows_hint();
   for (int attempt = 0; attempt < GROW_ATTEMPTS; ++attempt) {
     kvr_overlap* buf = (kvr_overlap*)scratch_array(env, &s, cap, sizeof(kvr_overlap));
     if (buf == NULL) goto done;
@@ -1169,6 +1178,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScoresHashed(JNIEnv*
       continue;
     }
     if (check(env, st, &err) != 0) goto done;
+    last_rank_rows = len;
     result = encode_overlaps(env, &s, buf, len);
     break;
   }
@@ -1190,7 +1200,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env,
       tokens_prepare(env, &s, tokens, 1, &t) != 0) {
     goto done;
   }
-  size_t cap = INITIAL_RANKS;
+  size_t cap = rank_rows_hint();
   for (int attempt = 0; attempt < GROW_ATTEMPTS; ++attempt) {
     kvr_potential_load* buf =
         (kvr_potential_load*)scratch_array(env, &s, cap, sizeof(kvr_potential_load));
@@ -1207,6 +1217,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env,
       continue;
     }
     if (check(env, st, &err) != 0) goto done;
+    last_rank_rows = len;
     jlong* flat = (jlong*)scratch_array(env, &s, len, sizeof(jlong) * ABI_POTENTIAL_LOAD_LEN);
     if (flat == NULL) goto done;
     for (size_t i = 0; i < len; ++i) {
