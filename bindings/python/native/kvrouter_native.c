@@ -25,12 +25,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
-
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
 #include <time.h>
 
 #include "kvrouter.h"
@@ -42,12 +41,12 @@
 
 /* ---- Registered Python classes (kvrouter/_errors.py and _abi.py, through setup()) ---------- */
 
-static PyObject *g_error_base;    /* KvRouterError */
-static PyObject *g_error_classes; /* dict: status int -> class */
-static PyObject *g_closed_error;  /* ClosedError */
-static PyObject *g_enum_classes;  /* dict: typedef str -> IntEnum class */
+static PyObject* g_error_base;    /* KvRouterError */
+static PyObject* g_error_classes; /* dict: status int -> class */
+static PyObject* g_closed_error;  /* ClosedError */
+static PyObject* g_enum_classes;  /* dict: typedef str -> IntEnum class */
 
-static void raise_status(kvr_status status, const char *message) {
+static void raise_status(kvr_status status, const char* message) {
   PyObject *cls = NULL, *key, *exc;
   if (!g_error_base) {
     PyErr_Format(PyExc_RuntimeError, "%s: %s", kvr_status_str(status), message);
@@ -64,19 +63,19 @@ static void raise_status(kvr_status status, const char *message) {
   }
   exc = PyObject_CallFunction(cls, "is", (int)status, message);
   if (exc) {
-    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
     Py_DECREF(exc);
   }
 }
 
 /* Raises for a failed call and frees its error; returns NULL for `return fail(...)`. */
-static PyObject *fail(kvr_status status, kvr_error *err) {
+static PyObject* fail(kvr_status status, kvr_error* err) {
   raise_status(status, err ? kvr_error_message(err) : "");
   kvr_error_free(err);
   return NULL;
 }
 
-static PyObject *closed(const char *what) {
+static PyObject* closed(const char* what) {
   PyErr_Format(g_closed_error ? g_closed_error : PyExc_ValueError, "the %s is closed", what);
   return NULL;
 }
@@ -86,34 +85,34 @@ static PyObject *closed(const char *what) {
 enum kind { KIND_U32, KIND_I32, KIND_U64, KIND_I64, KIND_F64, KIND_PTR, KIND_U64_ARRAY };
 
 typedef struct {
-  const char *name;
+  const char* name;
   size_t offset, size;
   enum kind kind;
-  const char *enumeration; /* typedef of an enumeration-typed field, else NULL */
+  const char* enumeration; /* typedef of an enumeration-typed field, else NULL */
   size_t row;              /* a two-dimensional array's row length, else 0 */
 } field_desc;
 
-typedef kvr_status (*init_fn)(void *, size_t);
+typedef kvr_status (*init_fn)(void*, size_t);
 
 typedef struct {
-  const char *name;
+  const char* name;
   size_t size; /* sizeof, as compiled here: what _init is given */
-  const field_desc *fields;
+  const field_desc* fields;
   size_t num_fields;
-  init_fn init; /* NULL for the fixed-layout array elements */
-  PyTypeObject *result_type; /* a struct sequence, for the structs returned to Python */
-  const field_desc **values;  /* the value fields (is_value_field), found once at import */
+  init_fn init;              /* NULL for the fixed-layout array elements */
+  PyTypeObject* result_type; /* a struct sequence, for the structs returned to Python */
+  const field_desc** values; /* the value fields (is_value_field), found once at import */
   size_t num_values;
-  void *defaults; /* the struct as _init left it (sd->size bytes), copied per call */
+  void* defaults; /* the struct as _init left it (sd->size bytes), copied per call */
 } struct_desc;
 
 #define KVRPY_FIELD(T, f, kind, enumeration, row) \
-  {#f, offsetof(T, f), sizeof(((T *)0)->f), KIND_##kind, enumeration, row},
+  {#f, offsetof(T, f), sizeof(((T*)0)->f), KIND_##kind, enumeration, row},
 #define KVRPY_TABLE(T) static const field_desc fields_##T[] = {KVRPY_FIELDS_##T(KVRPY_FIELD)};
 KVRPY_VERSIONED_STRUCTS(KVRPY_TABLE)
 KVRPY_FIXED_STRUCTS(KVRPY_TABLE)
 #define KVRPY_INIT(T) \
-  static kvr_status init_##T(void *p, size_t n) { return T##_init((T *)p, n); }
+  static kvr_status init_##T(void* p, size_t n) { return T##_init((T*)p, n); }
 KVRPY_VERSIONED_STRUCTS(KVRPY_INIT)
 
 enum {
@@ -122,8 +121,9 @@ enum {
 };
 
 static struct_desc g_structs[] = {
-#define KVRPY_VDESC(T) \
-  {#T, sizeof(T), fields_##T, sizeof fields_##T / sizeof fields_##T[0], init_##T, NULL, NULL, 0, NULL},
+#define KVRPY_VDESC(T)                                                                    \
+  {#T,   sizeof(T), fields_##T, sizeof fields_##T / sizeof fields_##T[0], init_##T, NULL, \
+   NULL, 0,         NULL},
 #define KVRPY_FDESC(T) \
   {#T, sizeof(T), fields_##T, sizeof fields_##T / sizeof fields_##T[0], NULL, NULL, NULL, 0, NULL},
     KVRPY_VERSIONED_STRUCTS(KVRPY_VDESC) KVRPY_FIXED_STRUCTS(KVRPY_FDESC)};
@@ -131,14 +131,14 @@ static struct_desc g_structs[] = {
 #define DESC(T) (&g_structs[IDX_##T])
 
 /* A field Python sees: not struct_size, not reserved, not a pointer. */
-static int is_value_field(const field_desc *f) {
+static int is_value_field(const field_desc* f) {
   return f->kind != KIND_PTR && strcmp(f->name, "struct_size") != 0 &&
          strncmp(f->name, "reserved", 8) != 0;
 }
 
 /* Initialises `c` (sized sd->size) with the library's defaults. A refusal means the library is
  * broken or of another ABI (the import check refuses those): raise. */
-static int init_struct(const struct_desc *sd, void *c) {
+static int init_struct(const struct_desc* sd, void* c) {
   kvr_status st;
   if (sd->defaults) { /* _init's result, kept from import: the same bytes, no library call */
     memcpy(c, sd->defaults, sd->size);
@@ -157,9 +157,9 @@ static int init_struct(const struct_desc *sd, void *c) {
   return 0;
 }
 
-static PyObject *read_field(const field_desc *f, const char *base) {
-  const char *p = base + f->offset;
-  PyObject *v = NULL;
+static PyObject* read_field(const field_desc* f, const char* base) {
+  const char* p = base + f->offset;
+  PyObject* v = NULL;
   switch (f->kind) {
     case KIND_U32: {
       uint32_t x;
@@ -198,7 +198,7 @@ static PyObject *read_field(const field_desc *f, const char *base) {
         v = PyTuple_New((Py_ssize_t)(n / row));
         for (r = 0; v && r < n / row; ++r) {
           field_desc sub = *f;
-          PyObject *item;
+          PyObject* item;
           sub.offset = f->offset + r * row * 8;
           sub.size = row * 8;
           sub.row = 0;
@@ -214,7 +214,7 @@ static PyObject *read_field(const field_desc *f, const char *base) {
       v = PyTuple_New((Py_ssize_t)n);
       for (i = 0; v && i < n; ++i) {
         uint64_t x;
-        PyObject *item;
+        PyObject* item;
         memcpy(&x, p + 8 * i, 8);
         item = PyLong_FromUnsignedLongLong(x);
         if (!item) {
@@ -229,9 +229,9 @@ static PyObject *read_field(const field_desc *f, const char *base) {
       Py_RETURN_NONE;
   }
   if (v && f->enumeration && g_enum_classes) {
-    PyObject *cls = PyDict_GetItemString(g_enum_classes, f->enumeration);
+    PyObject* cls = PyDict_GetItemString(g_enum_classes, f->enumeration);
     if (cls) {
-      PyObject *e = PyObject_CallOneArg(cls, v);
+      PyObject* e = PyObject_CallOneArg(cls, v);
       if (e) {
         Py_DECREF(v);
         v = e;
@@ -243,8 +243,8 @@ static PyObject *read_field(const field_desc *f, const char *base) {
   return v;
 }
 
-static int write_field(const field_desc *f, char *base, PyObject *value) {
-  char *p = base + f->offset;
+static int write_field(const field_desc* f, char* base, PyObject* value) {
+  char* p = base + f->offset;
   switch (f->kind) {
     case KIND_U32: {
       unsigned long x = PyLong_AsUnsignedLong(value);
@@ -296,7 +296,7 @@ range:
 }
 
 /* Sets the value fields named by `fields` (a dict: field name -> int/float); None = none. */
-static int lower_fields(const struct_desc *sd, void *c, PyObject *fields) {
+static int lower_fields(const struct_desc* sd, void* c, PyObject* fields) {
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   if (fields == NULL || fields == Py_None) return 0;
@@ -305,7 +305,7 @@ static int lower_fields(const struct_desc *sd, void *c, PyObject *fields) {
     return -1;
   }
   while (PyDict_Next(fields, &pos, &key, &value)) {
-    const char *name = PyUnicode_AsUTF8(key);
+    const char* name = PyUnicode_AsUTF8(key);
     size_t i;
     if (!name) return -1;
     for (i = 0; i < sd->num_fields; ++i)
@@ -314,18 +314,18 @@ static int lower_fields(const struct_desc *sd, void *c, PyObject *fields) {
       PyErr_Format(PyExc_TypeError, "%s has no settable field %R", sd->name, key);
       return -1;
     }
-    if (write_field(&sd->fields[i], (char *)c, value) < 0) return -1;
+    if (write_field(&sd->fields[i], (char*)c, value) < 0) return -1;
   }
   return 0;
 }
 
 /* The struct as an instance of its struct sequence type (value fields, in order). */
-static PyObject *to_result(const struct_desc *sd, const void *c) {
-  PyObject *r = PyStructSequence_New(sd->result_type);
+static PyObject* to_result(const struct_desc* sd, const void* c) {
+  PyObject* r = PyStructSequence_New(sd->result_type);
   size_t i;
   if (!r) return NULL;
   for (i = 0; i < sd->num_values; ++i) {
-    PyObject *v = read_field(sd->values[i], (const char *)c);
+    PyObject* v = read_field(sd->values[i], (const char*)c);
     if (!v) {
       Py_DECREF(r);
       return NULL;
@@ -336,7 +336,7 @@ static PyObject *to_result(const struct_desc *sd, const void *c) {
 }
 
 /* The reverse of to_result, for a result handed back (kvr_plan_route's `previewed`). */
-static int from_result(const struct_desc *sd, void *c, PyObject *r) {
+static int from_result(const struct_desc* sd, void* c, PyObject* r) {
   size_t i;
   Py_ssize_t j = 0;
   if (!PyObject_TypeCheck(r, sd->result_type)) {
@@ -350,17 +350,16 @@ static int from_result(const struct_desc *sd, void *c, PyObject *r) {
       PyErr_SetString(PyExc_TypeError, "array fields cannot be lowered");
       return -1;
     }
-    if (write_field(&sd->fields[i], (char *)c, PyStructSequence_GET_ITEM(r, j++)) < 0) return -1;
+    if (write_field(&sd->fields[i], (char*)c, PyStructSequence_GET_ITEM(r, j++)) < 0) return -1;
   }
   return 0;
 }
 
-static int make_result_type(PyObject *module, struct_desc *sd, const char *name,
-                            const char *doc) {
-  PyStructSequence_Field *fields;
+static int make_result_type(PyObject* module, struct_desc* sd, const char* name, const char* doc) {
+  PyStructSequence_Field* fields;
   PyStructSequence_Desc desc;
   size_t i, n = 0;
-  char *qualname;
+  char* qualname;
   fields = PyMem_Calloc(sd->num_fields + 1, sizeof *fields);
   qualname = PyMem_Malloc(strlen(name) + sizeof "kvrouter.");
   if (!fields || !qualname) {
@@ -377,25 +376,25 @@ static int make_result_type(PyObject *module, struct_desc *sd, const char *name,
   desc.n_in_sequence = (int)n;
   sd->result_type = PyStructSequence_NewType(&desc);
   if (!sd->result_type) return -1;
-  return PyModule_AddObjectRef(module, name, (PyObject *)sd->result_type);
+  return PyModule_AddObjectRef(module, name, (PyObject*)sd->result_type);
 }
 
 /* ---- Arrays in: tokens (uint32), hashes (uint64), counts (size_t) --------------------------- */
 
 typedef struct {
-  void *data;
+  void* data;
   size_t len;
   Py_buffer view; /* view.obj set: data points into it */
-  void *owned;    /* else a copy */
+  void* owned;    /* else a copy */
 } int_array;
 
-static void array_release(int_array *a) {
+static void array_release(int_array* a) {
   if (a->view.obj) PyBuffer_Release(&a->view);
   PyMem_Free(a->owned);
   memset(a, 0, sizeof *a);
 }
 
-static int is_unsigned_format(const char *fmt, Py_ssize_t itemsize, Py_ssize_t want) {
+static int is_unsigned_format(const char* fmt, Py_ssize_t itemsize, Py_ssize_t want) {
   if (itemsize != want || !fmt) return 0;
   if (*fmt == '@' || *fmt == '=' || *fmt == '<') ++fmt;
   if (fmt[1] != '\0') return 0;
@@ -404,8 +403,8 @@ static int is_unsigned_format(const char *fmt, Py_ssize_t itemsize, Py_ssize_t w
 }
 
 /* Reads one element of an integer buffer; 0 if the format is not an integer one. */
-static int buffer_item(const char *fmt, const char *p, Py_ssize_t itemsize, int64_t *s,
-                       uint64_t *u, int *is_signed) {
+static int buffer_item(const char* fmt, const char* p, Py_ssize_t itemsize, int64_t* s, uint64_t* u,
+                       int* is_signed) {
   char f;
   if (!fmt) fmt = "B";
   if (*fmt == '@' || *fmt == '=' || *fmt == '<') ++fmt;
@@ -416,50 +415,62 @@ static int buffer_item(const char *fmt, const char *p, Py_ssize_t itemsize, int6
     return 0;
   switch (itemsize) {
     case 1:
-      if (*is_signed) *s = *(const int8_t *)p; else *u = *(const uint8_t *)p;
+      if (*is_signed)
+        *s = *(const int8_t*)p;
+      else
+        *u = *(const uint8_t*)p;
       return 1;
     case 2: {
       uint16_t x;
       memcpy(&x, p, 2);
-      if (*is_signed) *s = (int16_t)x; else *u = x;
+      if (*is_signed)
+        *s = (int16_t)x;
+      else
+        *u = x;
       return 1;
     }
     case 4: {
       uint32_t x;
       memcpy(&x, p, 4);
-      if (*is_signed) *s = (int32_t)x; else *u = x;
+      if (*is_signed)
+        *s = (int32_t)x;
+      else
+        *u = x;
       return 1;
     }
     case 8: {
       uint64_t x;
       memcpy(&x, p, 8);
-      if (*is_signed) *s = (int64_t)x; else *u = x;
+      if (*is_signed)
+        *s = (int64_t)x;
+      else
+        *u = x;
       return 1;
     }
   }
   return 0;
 }
 
-static int store_element(int_array *a, size_t i, size_t width, uint64_t v, uint64_t max,
-                         const char *what) {
+static int store_element(int_array* a, size_t i, size_t width, uint64_t v, uint64_t max,
+                         const char* what) {
   if (v > max) {
     PyErr_Format(PyExc_OverflowError, "%s %llu does not fit in %zu bytes", what,
                  (unsigned long long)v, width);
     return -1;
   }
   if (width == 4) {
-    ((uint32_t *)a->owned)[i] = (uint32_t)v;
+    ((uint32_t*)a->owned)[i] = (uint32_t)v;
   } else if (width == sizeof(size_t) && width != 8) {
-    ((size_t *)a->owned)[i] = (size_t)v;
+    ((size_t*)a->owned)[i] = (size_t)v;
   } else {
-    ((uint64_t *)a->owned)[i] = v;
+    ((uint64_t*)a->owned)[i] = v;
   }
   return 0;
 }
 
 /* Fills `a` from obj: `width` 4 (uint32) or 8 (uint64 / size_t). None is an empty array when
  * `none_ok`. */
-static int get_array(PyObject *obj, size_t width, int none_ok, const char *what, int_array *a) {
+static int get_array(PyObject* obj, size_t width, int none_ok, const char* what, int_array* a) {
   uint64_t max = width == 4 ? UINT32_MAX : UINT64_MAX;
   memset(a, 0, sizeof *a);
   if (obj == Py_None) {
@@ -468,12 +479,12 @@ static int get_array(PyObject *obj, size_t width, int none_ok, const char *what,
     return -1;
   }
   if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj)) {
-    PyErr_Format(PyExc_TypeError, "%s must be integers (a sequence or an array), not %.50s",
-                 what, Py_TYPE(obj)->tp_name);
+    PyErr_Format(PyExc_TypeError, "%s must be integers (a sequence or an array), not %.50s", what,
+                 Py_TYPE(obj)->tp_name);
     return -1;
   }
   if (PyObject_CheckBuffer(obj)) {
-    Py_buffer *v = &a->view;
+    Py_buffer* v = &a->view;
     Py_ssize_t n, i;
     if (PyObject_GetBuffer(obj, v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (v->ndim > 1) {
@@ -495,7 +506,7 @@ static int get_array(PyObject *obj, size_t width, int none_ok, const char *what,
       int64_t s = 0;
       uint64_t u = 0;
       int sgn;
-      if (!buffer_item(v->format, (const char *)v->buf + i * v->itemsize, v->itemsize, &s, &u,
+      if (!buffer_item(v->format, (const char*)v->buf + i * v->itemsize, v->itemsize, &s, &u,
                        &sgn)) {
         PyErr_Format(PyExc_TypeError, "%s: a buffer of format '%s' is not integers", what,
                      v->format ? v->format : "B");
@@ -518,13 +529,13 @@ static int get_array(PyObject *obj, size_t width, int none_ok, const char *what,
     array_release(a);
     return -1;
   } else {
-    PyObject *seq = PySequence_Fast(obj, "");
+    PyObject* seq = PySequence_Fast(obj, "");
     Py_ssize_t n, i;
-    PyObject **items;
+    PyObject** items;
     if (!seq) {
       PyErr_Clear();
-      PyErr_Format(PyExc_TypeError, "%s must be integers (a sequence or an array), not %.50s",
-                   what, Py_TYPE(obj)->tp_name);
+      PyErr_Format(PyExc_TypeError, "%s must be integers (a sequence or an array), not %.50s", what,
+                   Py_TYPE(obj)->tp_name);
       return -1;
     }
     n = PySequence_Fast_GET_SIZE(seq);
@@ -559,9 +570,9 @@ static int get_array(PyObject *obj, size_t width, int none_ok, const char *what,
 }
 
 /* A borrowed UTF-8 view of a str without NUL bytes (NULL for None). */
-static int get_cstr(PyObject *obj, const char *what, const char **out) {
+static int get_cstr(PyObject* obj, const char* what, const char** out) {
   Py_ssize_t n;
-  const char *s;
+  const char* s;
   *out = NULL;
   if (obj == NULL || obj == Py_None) return 0;
   if (!PyUnicode_Check(obj)) {
@@ -579,11 +590,11 @@ static int get_cstr(PyObject *obj, const char *what, const char **out) {
   return 0;
 }
 
-static PyObject *hashes_to_list(const uint64_t *h, size_t n) {
-  PyObject *list = PyList_New((Py_ssize_t)n);
+static PyObject* hashes_to_list(const uint64_t* h, size_t n) {
+  PyObject* list = PyList_New((Py_ssize_t)n);
   size_t i;
   for (i = 0; list && i < n; ++i) {
-    PyObject *v = PyLong_FromUnsignedLongLong(h[i]);
+    PyObject* v = PyLong_FromUnsignedLongLong(h[i]);
     if (!v) {
       Py_CLEAR(list);
       break;
@@ -596,35 +607,33 @@ static PyObject *hashes_to_list(const uint64_t *h, size_t n) {
 /* ---- Handles: calls in flight and deferred close ------------------------------------------- */
 
 typedef struct {
-  PyObject_HEAD
-  int busy;    /* calls in flight (changed under the GIL) */
-  int closing; /* close() was called: refuse new calls; the last call in flight frees */
+  PyObject_HEAD int busy; /* calls in flight (changed under the GIL) */
+  int closing;            /* close() was called: refuse new calls; the last call in flight frees */
 } handle;
 
 /* ---- Lowered request options and routing hints ---------------------------------------------- */
 
 typedef struct {
-  PyObject_HEAD
-  kvr_request_options c;
-  PyObject *keep; /* the str objects whose UTF-8 the struct points at */
+  PyObject_HEAD kvr_request_options c;
+  PyObject* keep; /* the str objects whose UTF-8 the struct points at */
   int_array mm_hashes, mm_counts, allowed;
 } RequestObject;
 
-static void request_dealloc(RequestObject *self) {
+static void request_dealloc(RequestObject* self) {
   Py_XDECREF(self->keep);
   array_release(&self->mm_hashes);
   array_release(&self->mm_counts);
   array_release(&self->allowed);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 /* Request(fields, request_id, lora_name, cache_namespace, mm_hashes, mm_counts, allowed) */
-static PyObject *request_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+static PyObject* request_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   PyObject *fields, *rid, *lora, *ns, *mmh, *mmc, *allowed;
-  RequestObject *self;
+  RequestObject* self;
   if (!PyArg_ParseTuple(args, "OOOOOOO:Request", &fields, &rid, &lora, &ns, &mmh, &mmc, &allowed))
     return NULL;
-  self = (RequestObject *)type->tp_alloc(type, 0);
+  self = (RequestObject*)type->tp_alloc(type, 0);
   if (!self) return NULL;
   if (init_struct(DESC(kvr_request_options), &self->c) < 0 ||
       lower_fields(DESC(kvr_request_options), &self->c, fields) < 0)
@@ -647,7 +656,7 @@ static PyObject *request_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->c.allowed_worker_ids = self->allowed.data;
     self->c.num_allowed_worker_ids = self->allowed.len;
   }
-  return (PyObject *)self;
+  return (PyObject*)self;
 bad:
   Py_DECREF(self);
   return NULL;
@@ -663,22 +672,21 @@ static PyTypeObject RequestType = {
 };
 
 typedef struct {
-  PyObject_HEAD
-  kvr_routing_hints c;
-  PyObject *keep;
+  PyObject_HEAD kvr_routing_hints c;
+  PyObject* keep;
 } HintsObject;
 
-static void hints_dealloc(HintsObject *self) {
+static void hints_dealloc(HintsObject* self) {
   Py_XDECREF(self->keep);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 /* Hints(fields, session_id) */
-static PyObject *hints_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+static PyObject* hints_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   PyObject *fields, *sid;
-  HintsObject *self;
+  HintsObject* self;
   if (!PyArg_ParseTuple(args, "OO:Hints", &fields, &sid)) return NULL;
-  self = (HintsObject *)type->tp_alloc(type, 0);
+  self = (HintsObject*)type->tp_alloc(type, 0);
   if (!self) return NULL;
   if (init_struct(DESC(kvr_routing_hints), &self->c) < 0 ||
       lower_fields(DESC(kvr_routing_hints), &self->c, fields) < 0)
@@ -686,7 +694,7 @@ static PyObject *hints_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
   Py_INCREF(sid);
   self->keep = sid;
   if (get_cstr(sid, "session_id", &self->c.session_id) < 0) goto bad;
-  return (PyObject *)self;
+  return (PyObject*)self;
 bad:
   Py_DECREF(self);
   return NULL;
@@ -704,11 +712,11 @@ static PyTypeObject HintsType = {
 static kvr_request_options g_default_request; /* kvr_request_options_init's, copied per call */
 
 /* The options of one call: a Request's (or the defaults), and a request id that books it. */
-static int call_request(PyObject *req, PyObject *rid, kvr_request_options *out) {
+static int call_request(PyObject* req, PyObject* rid, kvr_request_options* out) {
   if (req == Py_None || req == NULL) {
     *out = g_default_request;
   } else if (Py_TYPE(req) == &RequestType) {
-    *out = ((RequestObject *)req)->c;
+    *out = ((RequestObject*)req)->c;
   } else {
     PyErr_Format(PyExc_TypeError, "expected a lowered Request, not %.50s", Py_TYPE(req)->tp_name);
     return -1;
@@ -720,7 +728,7 @@ static int call_request(PyObject *req, PyObject *rid, kvr_request_options *out) 
   return 0;
 }
 
-static int call_hints(PyObject *hints, const kvr_routing_hints **out) {
+static int call_hints(PyObject* hints, const kvr_routing_hints** out) {
   if (hints == Py_None || hints == NULL) {
     *out = NULL;
     return 0;
@@ -729,7 +737,7 @@ static int call_hints(PyObject *hints, const kvr_routing_hints **out) {
     PyErr_Format(PyExc_TypeError, "expected lowered Hints, not %.50s", Py_TYPE(hints)->tp_name);
     return -1;
   }
-  *out = &((HintsObject *)hints)->c;
+  *out = &((HintsObject*)hints)->c;
   return 0;
 }
 
@@ -740,7 +748,7 @@ typedef struct {
   int_array block_hashes, local_hashes, tokens, mm_hashes, mm_counts;
 } stored_args;
 
-static void stored_release(stored_args *s) {
+static void stored_release(stored_args* s) {
   array_release(&s->block_hashes);
   array_release(&s->local_hashes);
   array_release(&s->tokens);
@@ -750,7 +758,7 @@ static void stored_release(stored_args *s) {
 
 /* (fields, block_hashes, local_hashes, token_ids, lora_name, cache_namespace, mm_hashes,
  *  mm_counts): the strings are borrowed from the argument tuple, alive for the call. */
-static int stored_from_args(PyObject *args, stored_args *s) {
+static int stored_from_args(PyObject* args, stored_args* s) {
   PyObject *fields, *bh, *lh, *tok, *lora, *ns, *mmh, *mmc;
   memset(s, 0, sizeof *s);
   if (!PyArg_ParseTuple(args, "OOOOOOOO", &fields, &bh, &lh, &tok, &lora, &ns, &mmh, &mmc))
@@ -781,11 +789,11 @@ static int stored_from_args(PyObject *args, stored_args *s) {
   if (mmc != Py_None) {
     size_t total = 0, i;
     if (s->mm_counts.len != s->block_hashes.len) {
-      PyErr_Format(PyExc_ValueError, "mm_counts has %zu values for %zu blocks",
-                   s->mm_counts.len, s->block_hashes.len);
+      PyErr_Format(PyExc_ValueError, "mm_counts has %zu values for %zu blocks", s->mm_counts.len,
+                   s->block_hashes.len);
       goto bad;
     }
-    for (i = 0; i < s->mm_counts.len; ++i) total += ((const size_t *)s->mm_counts.data)[i];
+    for (i = 0; i < s->mm_counts.len; ++i) total += ((const size_t*)s->mm_counts.data)[i];
     if (total != s->mm_hashes.len) {
       PyErr_Format(PyExc_ValueError, "mm_counts add up to %zu, mm_hashes has %zu", total,
                    s->mm_hashes.len);
@@ -806,7 +814,7 @@ typedef struct {
 } removed_args;
 
 /* (fields, block_hashes) */
-static int removed_from_args(PyObject *args, removed_args *r) {
+static int removed_from_args(PyObject* args, removed_args* r) {
   PyObject *fields, *bh;
   memset(r, 0, sizeof *r);
   if (!PyArg_ParseTuple(args, "OO", &fields, &bh)) return -1;
@@ -825,24 +833,24 @@ typedef struct DisaggObject DisaggObject;
 
 typedef struct {
   handle h;
-  kvr_router *r;
-  DisaggObject *owner; /* a pool of a Disagg (which frees it), or NULL: this object frees it */
-  PyObject *publisher; /* the replica publisher callable C may call, or NULL */
-  PyObject *publisher_id; /* the replica id it publishes as (a str), with it */
-  int ingests;         /* open Ingest objects feeding this router */
-  PyObject *weakrefs;
+  kvr_router* r;
+  DisaggObject* owner;    /* a pool of a Disagg (which frees it), or NULL: this object frees it */
+  PyObject* publisher;    /* the replica publisher callable C may call, or NULL */
+  PyObject* publisher_id; /* the replica id it publishes as (a str), with it */
+  int ingests;            /* open Ingest objects feeding this router */
+  PyObject* weakrefs;
 } RouterObject;
 
 struct DisaggObject {
   handle h;
-  kvr_disagg *d;
-  PyObject *weakrefs;
+  kvr_disagg* d;
+  PyObject* weakrefs;
 };
 
 static PyTypeObject RouterType, DisaggType;
 
-static void disagg_destroy(DisaggObject *self) {
-  kvr_disagg *d = self->d;
+static void disagg_destroy(DisaggObject* self) {
+  kvr_disagg* d = self->d;
   self->d = NULL;
   if (d) {
     Py_BEGIN_ALLOW_THREADS kvr_disagg_free(d);
@@ -850,7 +858,7 @@ static void disagg_destroy(DisaggObject *self) {
   }
 }
 
-static kvr_disagg *disagg_enter(DisaggObject *self) {
+static kvr_disagg* disagg_enter(DisaggObject* self) {
   if (!self->d || self->h.closing) {
     closed("Disagg");
     return NULL;
@@ -859,22 +867,22 @@ static kvr_disagg *disagg_enter(DisaggObject *self) {
   return self->d;
 }
 
-static void disagg_leave(DisaggObject *self) {
+static void disagg_leave(DisaggObject* self) {
   if (--self->h.busy == 0 && self->h.closing) disagg_destroy(self);
 }
 
-static void publish_trampoline(void *user_data, const void *data, size_t size) {
+static void publish_trampoline(void* user_data, const void* data, size_t size) {
   PyGILState_STATE g = PyGILState_Ensure();
-  PyObject *bytes = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)size);
-  PyObject *r = bytes ? PyObject_CallOneArg((PyObject *)user_data, bytes) : NULL;
-  if (!r) PyErr_WriteUnraisable((PyObject *)user_data);
+  PyObject* bytes = PyBytes_FromStringAndSize((const char*)data, (Py_ssize_t)size);
+  PyObject* r = bytes ? PyObject_CallOneArg((PyObject*)user_data, bytes) : NULL;
+  if (!r) PyErr_WriteUnraisable((PyObject*)user_data);
   Py_XDECREF(r);
   Py_XDECREF(bytes);
   PyGILState_Release(g);
 }
 
-static void router_destroy(RouterObject *self) {
-  kvr_router *r = self->r;
+static void router_destroy(RouterObject* self) {
+  kvr_router* r = self->r;
   self->r = NULL;
   if (r && !self->owner) {
     Py_BEGIN_ALLOW_THREADS kvr_router_free(r);
@@ -884,7 +892,7 @@ static void router_destroy(RouterObject *self) {
   Py_CLEAR(self->publisher_id);
 }
 
-static kvr_router *router_enter(RouterObject *self) {
+static kvr_router* router_enter(RouterObject* self) {
   if (!self->r || self->h.closing) {
     closed("Router");
     return NULL;
@@ -894,12 +902,12 @@ static kvr_router *router_enter(RouterObject *self) {
   return self->r;
 }
 
-static void router_leave(RouterObject *self) {
+static void router_leave(RouterObject* self) {
   if (self->owner) disagg_leave(self->owner);
   if (--self->h.busy == 0 && self->h.closing) router_destroy(self);
 }
 
-static int router_traverse(RouterObject *self, visitproc visit, void *arg) {
+static int router_traverse(RouterObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->owner);
   Py_VISIT(self->publisher);
   return 0;
@@ -907,10 +915,10 @@ static int router_traverse(RouterObject *self, visitproc visit, void *arg) {
 
 /* Breaks a cycle through the publisher callable (one holding the router): stop publishing,
  * then drop the references. A router in a call is referenced by it, so never collected. */
-static int router_clear(RouterObject *self) {
+static int router_clear(RouterObject* self) {
   if (self->publisher && self->r) {
-    const char *id = self->publisher_id ? PyUnicode_AsUTF8(self->publisher_id) : NULL;
-    kvr_router *r = self->r;
+    const char* id = self->publisher_id ? PyUnicode_AsUTF8(self->publisher_id) : NULL;
+    kvr_router* r = self->r;
     if (id) {
       Py_BEGIN_ALLOW_THREADS kvr_router_set_replica_publisher(r, id, NULL, NULL, NULL);
       Py_END_ALLOW_THREADS
@@ -924,38 +932,38 @@ static int router_clear(RouterObject *self) {
   return 0;
 }
 
-static void router_dealloc(RouterObject *self) {
+static void router_dealloc(RouterObject* self) {
   PyObject_GC_UnTrack(self);
-  if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
+  if (self->weakrefs) PyObject_ClearWeakRefs((PyObject*)self);
   router_destroy(self);
   Py_CLEAR(self->owner);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 /* Router(fields: dict | None) */
-static PyObject *router_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-  PyObject *fields = Py_None;
+static PyObject* router_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  PyObject* fields = Py_None;
   kvr_router_options o;
-  kvr_router *r = NULL;
-  kvr_error *err = NULL;
+  kvr_router* r = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
-  RouterObject *self;
+  RouterObject* self;
   if (!PyArg_ParseTuple(args, "|O:Router", &fields)) return NULL;
   if (init_struct(DESC(kvr_router_options), &o) < 0 ||
       lower_fields(DESC(kvr_router_options), &o, fields) < 0)
     return NULL;
   st = kvr_router_new(&o, &r, &err);
   if (st != KVR_OK) return fail(st, err);
-  self = (RouterObject *)type->tp_alloc(type, 0);
+  self = (RouterObject*)type->tp_alloc(type, 0);
   if (!self) {
     kvr_router_free(r);
     return NULL;
   }
   self->r = r;
-  return (PyObject *)self;
+  return (PyObject*)self;
 }
 
-static PyObject *router_close(RouterObject *self, PyObject *unused) {
+static PyObject* router_close(RouterObject* self, PyObject* unused) {
   if (!self->r || self->h.closing) Py_RETURN_NONE;
   if (self->owner) {
     PyErr_SetString(PyExc_TypeError, "a Disagg pool's router is closed with its Disagg");
@@ -971,29 +979,29 @@ static PyObject *router_close(RouterObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-static PyObject *router_get_closed(RouterObject *self, void *unused) {
+static PyObject* router_get_closed(RouterObject* self, void* unused) {
   return PyBool_FromLong(!self->r || self->h.closing ||
                          (self->owner && (!self->owner->d || self->owner->h.closing)));
 }
 
 /* The body of a router method: enter, run `call` without the GIL, leave, then fail or go on. */
-#define ROUTER_CALL(self, r, st, call)      \
-  do {                                      \
-    if (!((r) = router_enter(self))) {      \
-      goto cleanup;                         \
-    }                                       \
-    {                                       \
-      PyThreadState *save_ = PyEval_SaveThread(); \
-      (st) = (call);                        \
-      PyEval_RestoreThread(save_);          \
-    }                                       \
-    router_leave(self);                     \
+#define ROUTER_CALL(self, r, st, call)            \
+  do {                                            \
+    if (!((r) = router_enter(self))) {            \
+      goto cleanup;                               \
+    }                                             \
+    {                                             \
+      PyThreadState* save_ = PyEval_SaveThread(); \
+      (st) = (call);                              \
+      PyEval_RestoreThread(save_);                \
+    }                                             \
+    router_leave(self);                           \
   } while (0)
 
-static PyObject *router_worker_call(RouterObject *self, PyObject *fields, int update) {
+static PyObject* router_worker_call(RouterObject* self, PyObject* fields, int update) {
   kvr_worker_config c;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (init_struct(DESC(kvr_worker_config), &c) < 0 ||
       lower_fields(DESC(kvr_worker_config), &c, fields) < 0)
@@ -1006,17 +1014,17 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_add_worker(RouterObject *self, PyObject *fields) {
+static PyObject* router_add_worker(RouterObject* self, PyObject* fields) {
   return router_worker_call(self, fields, 0);
 }
-static PyObject *router_update_worker(RouterObject *self, PyObject *fields) {
+static PyObject* router_update_worker(RouterObject* self, PyObject* fields) {
   return router_worker_call(self, fields, 1);
 }
 
-static PyObject *router_remove_worker(RouterObject *self, PyObject *arg) {
+static PyObject* router_remove_worker(RouterObject* self, PyObject* arg) {
   unsigned long long id = PyLong_AsUnsignedLongLong(arg);
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (id == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   ROUTER_CALL(self, r, st, kvr_router_remove_worker(r, id, &err));
@@ -1026,12 +1034,12 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_apply_stored(RouterObject *self, PyObject *args) {
+static PyObject* router_apply_stored(RouterObject* self, PyObject* args) {
   stored_args s;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  PyObject *result = NULL;
+  PyObject* result = NULL;
   if (stored_from_args(args, &s) < 0) return NULL;
   ROUTER_CALL(self, r, st, kvr_router_apply_stored(r, &s.c, &err));
   if (st != KVR_OK) {
@@ -1044,12 +1052,12 @@ cleanup:
   return result;
 }
 
-static PyObject *router_apply_removed(RouterObject *self, PyObject *args) {
+static PyObject* router_apply_removed(RouterObject* self, PyObject* args) {
   removed_args a;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  PyObject *result = NULL;
+  PyObject* result = NULL;
   if (removed_from_args(args, &a) < 0) {
     array_release(&a.block_hashes);
     return NULL;
@@ -1065,11 +1073,11 @@ cleanup:
   return result;
 }
 
-static PyObject *router_apply_cleared(RouterObject *self, PyObject *args) {
+static PyObject* router_apply_cleared(RouterObject* self, PyObject* args) {
   unsigned long long worker, event_id;
   unsigned int rank;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "KIK", &worker, &rank, &event_id)) return NULL;
   ROUTER_CALL(self, r, st, kvr_router_apply_cleared(r, worker, rank, event_id, &err));
@@ -1080,14 +1088,14 @@ cleanup:
 }
 
 /* A method taking one bytes-like argument: apply_event_batch, restore, apply_replica_event. */
-static PyObject *router_bytes_call(RouterObject *self, PyObject *arg,
-                                   kvr_status (*fn)(kvr_router *, const void *, size_t,
-                                                    kvr_error **)) {
+static PyObject* router_bytes_call(RouterObject* self, PyObject* arg,
+                                   kvr_status (*fn)(kvr_router*, const void*, size_t,
+                                                    kvr_error**)) {
   Py_buffer b;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  PyObject *result = NULL;
+  PyObject* result = NULL;
   if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
   ROUTER_CALL(self, r, st, fn(r, b.buf, (size_t)b.len, &err));
   if (st != KVR_OK) {
@@ -1100,22 +1108,22 @@ cleanup:
   return result;
 }
 
-static PyObject *router_apply_event_batch(RouterObject *self, PyObject *arg) {
+static PyObject* router_apply_event_batch(RouterObject* self, PyObject* arg) {
   return router_bytes_call(self, arg, kvr_router_apply_event_batch);
 }
-static PyObject *router_restore(RouterObject *self, PyObject *arg) {
+static PyObject* router_restore(RouterObject* self, PyObject* arg) {
   return router_bytes_call(self, arg, kvr_router_restore);
 }
-static PyObject *router_apply_replica_event(RouterObject *self, PyObject *arg) {
+static PyObject* router_apply_replica_event(RouterObject* self, PyObject* arg) {
   return router_bytes_call(self, arg, kvr_router_apply_replica_event);
 }
 
 /* set_replica_publisher(replica_id, callable | None) */
-static PyObject *router_set_replica_publisher(RouterObject *self, PyObject *args) {
+static PyObject* router_set_replica_publisher(RouterObject* self, PyObject* args) {
   PyObject *rid, *fn, *old;
-  const char *id;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  const char* id;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OO", &rid, &fn)) return NULL;
   if (get_cstr(rid, "replica_id", &id) < 0) return NULL;
@@ -1139,17 +1147,17 @@ cleanup:
 
 /* find_best_match(tokens, request, request_id, max_candidates) -> RouteResult, or
  * (RouteResult, [Candidate], total) when max_candidates > 0 */
-static PyObject *router_find_best_match(RouterObject *self, PyObject *const *args,
+static PyObject* router_find_best_match(RouterObject* self, PyObject* const* args,
                                         Py_ssize_t nargs) {
   int_array tokens;
   kvr_request_options o;
   kvr_route_result res;
-  kvr_candidate *cands = NULL;
+  kvr_candidate* cands = NULL;
   size_t cap = 0, total = 0;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  PyObject *result = NULL;
+  PyObject* result = NULL;
   if (nargs != 4) {
     PyErr_SetString(PyExc_TypeError, "find_best_match takes 4 arguments");
     return NULL;
@@ -1181,7 +1189,7 @@ static PyObject *router_find_best_match(RouterObject *self, PyObject *const *arg
     size_t n = total < cap ? total : cap, i;
     PyObject *list = PyList_New((Py_ssize_t)n), *tuple;
     for (i = 0; list && i < n; ++i) {
-      PyObject *c = to_result(DESC(kvr_candidate), &cands[i]);
+      PyObject* c = to_result(DESC(kvr_candidate), &cands[i]);
       if (!c) {
         Py_CLEAR(list);
         break;
@@ -1190,8 +1198,10 @@ static PyObject *router_find_best_match(RouterObject *self, PyObject *const *arg
     }
     tuple = list ? Py_BuildValue("(NNn)", result, list, (Py_ssize_t)total) : NULL;
     if (!tuple) {
-      if (list) Py_DECREF(list);
-      else Py_DECREF(result);
+      if (list)
+        Py_DECREF(list);
+      else
+        Py_DECREF(result);
     }
     result = tuple;
   }
@@ -1201,68 +1211,74 @@ cleanup:
   return result;
 }
 
-PyDoc_STRVAR(find_best_match_doc,
-"find_best_match($self, tokens, /, options=None, *, request_id=None)\n--\n\n"
-"Picks the worker rank for a prompt and returns a RouteResult.\n\n"
-"tokens: the prompt's token ids (a sequence of ints, or an array.array('I') / numpy uint32\n"
-"array, read in place). options: a RequestOptions. With request_id (or options.admit and\n"
-"options.request_id) the request is booked on the chosen rank, after waiting in the admission\n"
-"queue if the router queues (the GIL is released meanwhile); free it with free_request.\n"
-"Without, it is a preview that changes nothing.");
+PyDoc_STRVAR(
+    find_best_match_doc,
+    "find_best_match($self, tokens, /, options=None, *, request_id=None)\n--\n\n"
+    "Picks the worker rank for a prompt and returns a RouteResult.\n\n"
+    "tokens: the prompt's token ids (a sequence of ints, or an array.array('I') / numpy uint32\n"
+    "array, read in place). options: a RequestOptions. With request_id (or options.admit and\n"
+    "options.request_id) the request is booked on the chosen rank, after waiting in the admission\n"
+    "queue if the router queues (the GIL is released meanwhile); free it with free_request.\n"
+    "Without, it is a preview that changes nothing.");
 
 PyDoc_STRVAR(mark_prefill_completed_doc,
-"mark_prefill_completed($self, request_id, /)\n--\n\n"
-"The request produced its first token (an unknown id is no error).");
+             "mark_prefill_completed($self, request_id, /)\n--\n\n"
+             "The request produced its first token (an unknown id is no error).");
 
 PyDoc_STRVAR(free_request_doc,
-"free_request($self, request_id, /)\n--\n\n"
-"The request ended, was cancelled or failed (an unknown id is no error).");
+             "free_request($self, request_id, /)\n--\n\n"
+             "The request ended, was cancelled or failed (an unknown id is no error).");
 
-PyDoc_STRVAR(close_doc,
-"close($self, /)\n--\n\n"
-"Frees the router (idempotent). Calls in flight on other threads finish first; later calls\n"
-"raise ClosedError. Refused while an Ingest feeds the router; a Disagg pool's router closes\n"
-"with its Disagg.");
+PyDoc_STRVAR(
+    close_doc,
+    "close($self, /)\n--\n\n"
+    "Frees the router (idempotent). Calls in flight on other threads finish first; later calls\n"
+    "raise ClosedError. Refused while an Ingest feeds the router; a Disagg pool's router closes\n"
+    "with its Disagg.");
 
-static PyObject *g_str_c; /* "_c": the lowered form a RequestOptions keeps */
+static PyObject* g_str_c; /* "_c": the lowered form a RequestOptions keeps */
 
 /* The lowered Request of a RequestOptions (its `_c`), or NULL with an exception. */
-static PyObject *lowered_request(PyObject *options) {
-  PyObject *c;
+static PyObject* lowered_request(PyObject* options) {
+  PyObject* c;
   if (Py_TYPE(options) == &RequestType) return Py_NewRef(options);
   c = PyObject_GetAttr(options, g_str_c);
   if (c && Py_TYPE(c) != &RequestType) {
     Py_DECREF(c);
-    PyErr_Format(PyExc_TypeError, "options must be a RequestOptions, not %.50s", Py_TYPE(options)->tp_name);
+    PyErr_Format(PyExc_TypeError, "options must be a RequestOptions, not %.50s",
+                 Py_TYPE(options)->tp_name);
     return NULL;
   }
   if (!c && PyErr_ExceptionMatches(PyExc_AttributeError)) {
     PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "options must be a RequestOptions, not %.50s", Py_TYPE(options)->tp_name);
+    PyErr_Format(PyExc_TypeError, "options must be a RequestOptions, not %.50s",
+                 Py_TYPE(options)->tp_name);
   }
   return c;
 }
 
 /* find_best_match(tokens, options=None, /, *, request_id=None): the public method, parsed
  * here (no Python layer on the hot path). */
-static PyObject *router_find_best_match_public(RouterObject *self, PyObject *const *args, size_t nargsf,
-                                               PyObject *kwnames) {
+static PyObject* router_find_best_match_public(RouterObject* self, PyObject* const* args,
+                                               size_t nargsf, PyObject* kwnames) {
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), i;
   PyObject *tokens, *options = Py_None, *rid = Py_None, *req = Py_None, *call[4], *r;
   if (nargs < 1 || nargs > 2) {
-    PyErr_Format(PyExc_TypeError, "find_best_match() takes 1 or 2 positional arguments (%zd given)", nargs);
+    PyErr_Format(PyExc_TypeError, "find_best_match() takes 1 or 2 positional arguments (%zd given)",
+                 nargs);
     return NULL;
   }
   tokens = args[0];
   if (nargs == 2) options = args[1];
   for (i = 0; kwnames && i < PyTuple_GET_SIZE(kwnames); ++i) {
-    PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+    PyObject* name = PyTuple_GET_ITEM(kwnames, i);
     if (PyUnicode_CompareWithASCIIString(name, "request_id") == 0) {
       rid = args[nargs + i];
     } else if (PyUnicode_CompareWithASCIIString(name, "options") == 0 && nargs == 1) {
       options = args[nargs + i];
     } else {
-      PyErr_Format(PyExc_TypeError, "find_best_match() got an unexpected keyword argument %R", name);
+      PyErr_Format(PyExc_TypeError, "find_best_match() got an unexpected keyword argument %R",
+                   name);
       return NULL;
     }
   }
@@ -1282,22 +1298,22 @@ static PyObject *router_find_best_match_public(RouterObject *self, PyObject *con
 }
 
 /* A list call with a caller buffer grown on KVR_BUFFER_TOO_SMALL. */
-typedef kvr_status (*list_fn)(kvr_router *, const void *, size_t, const kvr_request_options *,
-                              void *, size_t, size_t *, kvr_error **);
+typedef kvr_status (*list_fn)(kvr_router*, const void*, size_t, const kvr_request_options*, void*,
+                              size_t, size_t*, kvr_error**);
 
 /* Rows the last per-rank query on this thread returned: the next one starts with room for as
  * many, as the library walks the index before it can say a buffer was short. */
 static _Thread_local size_t last_rank_rows = 16;
 
-static PyObject *router_list_call(RouterObject *self, PyObject *args, size_t width,
-                                  const struct_desc *sd, list_fn fn) {
+static PyObject* router_list_call(RouterObject* self, PyObject* args, size_t width,
+                                  const struct_desc* sd, list_fn fn) {
   PyObject *in, *req, *list = NULL;
   int_array input;
   kvr_request_options o;
   size_t cap = last_rank_rows > 16 ? last_rank_rows : 16, len = 0, i;
-  void *out = NULL;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  void* out = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OO", &in, &req)) return NULL;
   if (call_request(req, NULL, &o) < 0) return NULL;
@@ -1325,7 +1341,7 @@ static PyObject *router_list_call(RouterObject *self, PyObject *args, size_t wid
   last_rank_rows = len;
   list = PyList_New((Py_ssize_t)len);
   for (i = 0; list && i < len; ++i) {
-    PyObject *v = to_result(sd, (const char *)out + i * sd->size);
+    PyObject* v = to_result(sd, (const char*)out + i * sd->size);
     if (!v) {
       Py_CLEAR(list);
       break;
@@ -1338,45 +1354,45 @@ cleanup:
   return list;
 }
 
-static kvr_status overlap_fn(kvr_router *r, const void *in, size_t n,
-                             const kvr_request_options *o, void *out, size_t cap, size_t *len,
-                             kvr_error **err) {
+static kvr_status overlap_fn(kvr_router* r, const void* in, size_t n, const kvr_request_options* o,
+                             void* out, size_t cap, size_t* len, kvr_error** err) {
   return kvr_router_overlap_scores(r, in, n, o, out, cap, len, err);
 }
-static kvr_status overlap_hashed_fn(kvr_router *r, const void *in, size_t n,
-                                    const kvr_request_options *o, void *out, size_t cap,
-                                    size_t *len, kvr_error **err) {
+static kvr_status overlap_hashed_fn(kvr_router* r, const void* in, size_t n,
+                                    const kvr_request_options* o, void* out, size_t cap,
+                                    size_t* len, kvr_error** err) {
   return kvr_router_overlap_scores_hashed(r, in, n, o, out, cap, len, err);
 }
-static kvr_status loads_fn(kvr_router *r, const void *in, size_t n, const kvr_request_options *o,
-                           void *out, size_t cap, size_t *len, kvr_error **err) {
+static kvr_status loads_fn(kvr_router* r, const void* in, size_t n, const kvr_request_options* o,
+                           void* out, size_t cap, size_t* len, kvr_error** err) {
   return kvr_router_potential_loads(r, in, n, o, out, cap, len, err);
 }
 
-static PyObject *router_overlap_scores(RouterObject *self, PyObject *args) {
+static PyObject* router_overlap_scores(RouterObject* self, PyObject* args) {
   return router_list_call(self, args, 4, DESC(kvr_overlap), overlap_fn);
 }
-static PyObject *router_overlap_scores_hashed(RouterObject *self, PyObject *args) {
+static PyObject* router_overlap_scores_hashed(RouterObject* self, PyObject* args) {
   return router_list_call(self, args, 8, DESC(kvr_overlap), overlap_hashed_fn);
 }
-static PyObject *router_potential_loads(RouterObject *self, PyObject *args) {
+static PyObject* router_potential_loads(RouterObject* self, PyObject* args) {
   return router_list_call(self, args, 4, DESC(kvr_potential_load), loads_fn);
 }
 
 /* add_request(tokens, worker_id, dp_rank, request, request_id) */
-static PyObject *router_add_request(RouterObject *self, PyObject *args) {
+static PyObject* router_add_request(RouterObject* self, PyObject* args) {
   PyObject *tok, *req, *rid, *result = NULL;
   unsigned long long worker;
   unsigned int rank;
   int_array tokens;
   kvr_request_options o;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OKIOO", &tok, &worker, &rank, &req, &rid)) return NULL;
   if (call_request(req, rid, &o) < 0) return NULL;
   if (get_array(tok, 4, 0, "tokens", &tokens) < 0) return NULL;
-  ROUTER_CALL(self, r, st, kvr_router_add_request(r, tokens.data, tokens.len, worker, rank, &o, &err));
+  ROUTER_CALL(self, r, st,
+              kvr_router_add_request(r, tokens.data, tokens.len, worker, rank, &o, &err));
   if (st != KVR_OK) {
     fail(st, err);
   } else {
@@ -1388,11 +1404,11 @@ cleanup:
 }
 
 /* A method taking a request id (or session id) only. */
-static PyObject *router_id_call(RouterObject *self, PyObject *arg,
-                                kvr_status (*fn)(kvr_router *, const char *, kvr_error **)) {
-  const char *id;
-  kvr_router *r;
-  kvr_error *err = NULL;
+static PyObject* router_id_call(RouterObject* self, PyObject* arg,
+                                kvr_status (*fn)(kvr_router*, const char*, kvr_error**)) {
+  const char* id;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyUnicode_Check(arg)) {
     PyErr_Format(PyExc_TypeError, "the id must be a str, not %.50s", Py_TYPE(arg)->tp_name);
@@ -1406,25 +1422,25 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_mark_prefill_completed(RouterObject *self, PyObject *arg) {
+static PyObject* router_mark_prefill_completed(RouterObject* self, PyObject* arg) {
   return router_id_call(self, arg, kvr_router_mark_prefill_completed);
 }
-static PyObject *router_free_request(RouterObject *self, PyObject *arg) {
+static PyObject* router_free_request(RouterObject* self, PyObject* arg) {
   return router_id_call(self, arg, kvr_router_free_request);
 }
-static PyObject *router_commit_route(RouterObject *self, PyObject *arg) {
+static PyObject* router_commit_route(RouterObject* self, PyObject* arg) {
   return router_id_call(self, arg, kvr_commit_route);
 }
-static PyObject *router_close_session(RouterObject *self, PyObject *arg) {
+static PyObject* router_close_session(RouterObject* self, PyObject* arg) {
   return router_id_call(self, arg, kvr_router_close_session);
 }
 
-static PyObject *router_record_output(RouterObject *self, PyObject *args) {
-  PyObject *rid;
+static PyObject* router_record_output(RouterObject* self, PyObject* args) {
+  PyObject* rid;
   unsigned long long n;
-  const char *id;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  const char* id;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "UK", &rid, &n)) return NULL;
   if (get_cstr(rid, "request_id", &id) < 0) return NULL;
@@ -1435,25 +1451,26 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_snapshot(RouterObject *self, PyObject *unused) {
-  kvr_buffer *buf = NULL;
-  kvr_router *r;
-  kvr_error *err = NULL;
+static PyObject* router_snapshot(RouterObject* self, PyObject* unused) {
+  kvr_buffer* buf = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  PyObject *b;
+  PyObject* b;
   ROUTER_CALL(self, r, st, kvr_router_snapshot(r, &buf, &err));
   if (st != KVR_OK) return fail(st, err);
-  b = PyBytes_FromStringAndSize((const char *)kvr_buffer_data(buf), (Py_ssize_t)kvr_buffer_size(buf));
+  b = PyBytes_FromStringAndSize((const char*)kvr_buffer_data(buf),
+                                (Py_ssize_t)kvr_buffer_size(buf));
   kvr_buffer_free(buf);
   return b;
 cleanup:
   return NULL;
 }
 
-static PyObject *router_get_metrics(RouterObject *self, PyObject *unused) {
+static PyObject* router_get_metrics(RouterObject* self, PyObject* unused) {
   kvr_metrics m;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (init_struct(DESC(kvr_metrics), &m) < 0) return NULL;
   ROUTER_CALL(self, r, st, kvr_router_get_metrics(r, &m, &err));
@@ -1463,13 +1480,13 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_metrics_prometheus(RouterObject *self, PyObject *unused) {
+static PyObject* router_metrics_prometheus(RouterObject* self, PyObject* unused) {
   size_t cap = 4096, len = 0;
-  char *buf = NULL;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  char* buf = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  PyObject *s = NULL;
+  PyObject* s = NULL;
   for (;;) {
     PyMem_Free(buf);
     buf = PyMem_Malloc(cap);
@@ -1497,14 +1514,14 @@ cleanup:
 }
 
 /* preview_route(tokens, request, hints) -> RouteSignals */
-static PyObject *router_preview_route(RouterObject *self, PyObject *args) {
+static PyObject* router_preview_route(RouterObject* self, PyObject* args) {
   PyObject *tok, *req, *hints, *result = NULL;
   int_array tokens;
   kvr_request_options o;
-  const kvr_routing_hints *h;
+  const kvr_routing_hints* h;
   kvr_route_signals out;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OOO", &tok, &req, &hints)) return NULL;
   if (call_request(req, NULL, &o) < 0 || call_hints(hints, &h) < 0 ||
@@ -1523,14 +1540,14 @@ cleanup:
 }
 
 /* plan_route(tokens, request, hints, previewed, request_id) -> RouteSignals */
-static PyObject *router_plan_route(RouterObject *self, PyObject *args) {
+static PyObject* router_plan_route(RouterObject* self, PyObject* args) {
   PyObject *tok, *req, *hints, *prev, *rid, *result = NULL;
   int_array tokens;
   kvr_request_options o;
-  const kvr_routing_hints *h;
+  const kvr_routing_hints* h;
   kvr_route_signals out, previewed;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OOOOO", &tok, &req, &hints, &prev, &rid)) return NULL;
   if (call_request(req, rid, &o) < 0 || call_hints(hints, &h) < 0 ||
@@ -1552,11 +1569,11 @@ cleanup:
   return result;
 }
 
-static PyObject *router_abort_route(RouterObject *self, PyObject *arg) {
-  const char *id;
+static PyObject* router_abort_route(RouterObject* self, PyObject* arg) {
+  const char* id;
   int freed = 0;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyUnicode_Check(arg)) {
     PyErr_SetString(PyExc_TypeError, "the request id must be a str");
@@ -1570,10 +1587,10 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_set_plan_deadline(RouterObject *self, PyObject *arg) {
+static PyObject* router_set_plan_deadline(RouterObject* self, PyObject* arg) {
   double s = PyFloat_AsDouble(arg);
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (s == -1.0 && PyErr_Occurred()) return NULL;
   ROUTER_CALL(self, r, st, kvr_router_set_plan_deadline(r, s, &err));
@@ -1583,11 +1600,11 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_count_call(RouterObject *self,
-                                   kvr_status (*fn)(kvr_router *, size_t *, kvr_error **)) {
+static PyObject* router_count_call(RouterObject* self,
+                                   kvr_status (*fn)(kvr_router*, size_t*, kvr_error**)) {
   size_t n = 0;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   ROUTER_CALL(self, r, st, fn(r, &n, &err));
   if (st != KVR_OK) return fail(st, err);
@@ -1596,19 +1613,19 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_expire_plans(RouterObject *self, PyObject *unused) {
+static PyObject* router_expire_plans(RouterObject* self, PyObject* unused) {
   return router_count_call(self, kvr_router_expire_plans);
 }
-static PyObject *router_reclaim_sessions(RouterObject *self, PyObject *unused) {
+static PyObject* router_reclaim_sessions(RouterObject* self, PyObject* unused) {
   return router_count_call(self, kvr_router_reclaim_sessions);
 }
 
-static PyObject *router_session_binding(RouterObject *self, PyObject *arg) {
-  const char *id;
+static PyObject* router_session_binding(RouterObject* self, PyObject* arg) {
+  const char* id;
   uint64_t worker = 0;
   uint32_t rank = 0;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyUnicode_Check(arg)) {
     PyErr_SetString(PyExc_TypeError, "the session id must be a str");
@@ -1622,10 +1639,10 @@ cleanup:
   return NULL;
 }
 
-static PyObject *router_state_digest(RouterObject *self, PyObject *unused) {
+static PyObject* router_state_digest(RouterObject* self, PyObject* unused) {
   uint64_t d = 0;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   ROUTER_CALL(self, r, st, kvr_router_state_digest(r, &d, &err));
   if (st != KVR_OK) return fail(st, err);
@@ -1638,13 +1655,13 @@ cleanup:
  * as find_best_match, timed in C around the library call alone (no GIL release, no argument
  * conversion, no result object). bindings/python/bench/bench_find_best_match.py interleaves it
  * with the binding's calls to measure what the binding adds. */
-static PyObject *router_time_find_best_match(RouterObject *self, PyObject *args) {
+static PyObject* router_time_find_best_match(RouterObject* self, PyObject* args) {
   PyObject *tok, *req, *rid;
   int_array tokens;
   kvr_request_options o;
   kvr_route_result res;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st;
   struct timespec t0, t1;
   if (!PyArg_ParseTuple(args, "OOO", &tok, &req, &rid)) return NULL;
@@ -1660,7 +1677,8 @@ static PyObject *router_time_find_best_match(RouterObject *self, PyObject *args)
   router_leave(self);
   array_release(&tokens);
   if (st != KVR_OK) return fail(st, err);
-  return PyLong_FromLongLong((long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec));
+  return PyLong_FromLongLong((long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL +
+                             (t1.tv_nsec - t0.tv_nsec));
 }
 
 static PyMethodDef router_methods[] = {
@@ -1724,21 +1742,21 @@ static PyTypeObject RouterType = {
 
 /* ---- Disagg ------------------------------------------------------------------------------- */
 
-static void disagg_dealloc(DisaggObject *self) {
-  if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
+static void disagg_dealloc(DisaggObject* self) {
+  if (self->weakrefs) PyObject_ClearWeakRefs((PyObject*)self);
   disagg_destroy(self);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 /* Disagg(prefill_fields, decode_fields, disagg_fields) */
-static PyObject *disagg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+static PyObject* disagg_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   PyObject *pf, *df, *of;
   kvr_router_options p, d;
   kvr_disagg_options o;
-  kvr_disagg *dg = NULL;
-  kvr_error *err = NULL;
+  kvr_disagg* dg = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
-  DisaggObject *self;
+  DisaggObject* self;
   if (!PyArg_ParseTuple(args, "OOO:Disagg", &pf, &df, &of)) return NULL;
   if (init_struct(DESC(kvr_router_options), &p) < 0 ||
       lower_fields(DESC(kvr_router_options), &p, pf) < 0 ||
@@ -1749,66 +1767,66 @@ static PyObject *disagg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     return NULL;
   st = kvr_disagg_new(&p, &d, &o, &dg, &err);
   if (st != KVR_OK) return fail(st, err);
-  self = (DisaggObject *)type->tp_alloc(type, 0);
+  self = (DisaggObject*)type->tp_alloc(type, 0);
   if (!self) {
     kvr_disagg_free(dg);
     return NULL;
   }
   self->d = dg;
-  return (PyObject *)self;
+  return (PyObject*)self;
 }
 
-static PyObject *disagg_close(DisaggObject *self, PyObject *unused) {
+static PyObject* disagg_close(DisaggObject* self, PyObject* unused) {
   if (!self->d || self->h.closing) Py_RETURN_NONE;
   self->h.closing = 1;
   if (self->h.busy == 0) disagg_destroy(self);
   Py_RETURN_NONE;
 }
 
-static PyObject *disagg_get_closed(DisaggObject *self, void *unused) {
+static PyObject* disagg_get_closed(DisaggObject* self, void* unused) {
   return PyBool_FromLong(!self->d || self->h.closing);
 }
 
 /* pool_router(prefill: bool, cls) -> a `cls` (a Router subclass) lending the pool's router */
-static PyObject *disagg_pool_router(DisaggObject *self, PyObject *args) {
+static PyObject* disagg_pool_router(DisaggObject* self, PyObject* args) {
   int prefill;
-  PyTypeObject *cls;
-  RouterObject *ro;
+  PyTypeObject* cls;
+  RouterObject* ro;
   if (!PyArg_ParseTuple(args, "pO!", &prefill, &PyType_Type, &cls)) return NULL;
   if (!PyType_IsSubtype(cls, &RouterType)) {
     PyErr_SetString(PyExc_TypeError, "cls must be a Router type");
     return NULL;
   }
   if (!self->d || self->h.closing) return closed("Disagg");
-  ro = (RouterObject *)cls->tp_alloc(cls, 0);
+  ro = (RouterObject*)cls->tp_alloc(cls, 0);
   if (!ro) return NULL;
   ro->r = prefill ? kvr_disagg_prefill_router(self->d) : kvr_disagg_decode_router(self->d);
-  ro->owner = (DisaggObject *)Py_NewRef(self);
-  return (PyObject *)ro;
+  ro->owner = (DisaggObject*)Py_NewRef(self);
+  return (PyObject*)ro;
 }
 
-#define DISAGG_CALL(self, d, st, call)      \
-  do {                                      \
-    if (!((d) = disagg_enter(self))) {      \
-      goto cleanup;                         \
-    }                                       \
-    {                                       \
-      PyThreadState *save_ = PyEval_SaveThread(); \
-      (st) = (call);                        \
-      PyEval_RestoreThread(save_);          \
-    }                                       \
-    disagg_leave(self);                     \
+#define DISAGG_CALL(self, d, st, call)            \
+  do {                                            \
+    if (!((d) = disagg_enter(self))) {            \
+      goto cleanup;                               \
+    }                                             \
+    {                                             \
+      PyThreadState* save_ = PyEval_SaveThread(); \
+      (st) = (call);                              \
+      PyEval_RestoreThread(save_);                \
+    }                                             \
+    disagg_leave(self);                           \
   } while (0)
 
 /* route_prefill(tokens, request, hints, request_id) -> PrefillResult */
-static PyObject *disagg_route_prefill(DisaggObject *self, PyObject *args) {
+static PyObject* disagg_route_prefill(DisaggObject* self, PyObject* args) {
   PyObject *tok, *req, *hints, *rid, *result = NULL;
   int_array tokens;
   kvr_request_options o;
-  const kvr_routing_hints *h;
+  const kvr_routing_hints* h;
   kvr_prefill_result out;
-  kvr_disagg *d;
-  kvr_error *err = NULL;
+  kvr_disagg* d;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OOOO", &tok, &req, &hints, &rid)) return NULL;
   if (call_request(req, rid, &o) < 0 || call_hints(hints, &h) < 0 ||
@@ -1827,15 +1845,15 @@ cleanup:
 }
 
 /* route_decode(tokens, request, hints, remote_prefill, request_id) -> RouteSignals */
-static PyObject *disagg_route_decode(DisaggObject *self, PyObject *args) {
+static PyObject* disagg_route_decode(DisaggObject* self, PyObject* args) {
   PyObject *tok, *req, *hints, *rid, *result = NULL;
   int remote;
   int_array tokens;
   kvr_request_options o;
-  const kvr_routing_hints *h;
+  const kvr_routing_hints* h;
   kvr_route_signals out;
-  kvr_disagg *d;
-  kvr_error *err = NULL;
+  kvr_disagg* d;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OOOpO", &tok, &req, &hints, &remote, &rid)) return NULL;
   if (call_request(req, rid, &o) < 0 || call_hints(hints, &h) < 0 ||
@@ -1855,20 +1873,21 @@ cleanup:
 }
 
 /* prefill_worker_busy(tokens, request, threshold) -> bool */
-static PyObject *disagg_prefill_worker_busy(DisaggObject *self, PyObject *args) {
+static PyObject* disagg_prefill_worker_busy(DisaggObject* self, PyObject* args) {
   PyObject *tok, *req, *result = NULL;
   double threshold;
   int busy = 0;
   int_array tokens;
   kvr_request_options o;
-  kvr_disagg *d;
-  kvr_error *err = NULL;
+  kvr_disagg* d;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OOd", &tok, &req, &threshold)) return NULL;
   if (call_request(req, NULL, &o) < 0) return NULL;
   if (get_array(tok, 4, 0, "tokens", &tokens) < 0) return NULL;
-  DISAGG_CALL(self, d, st,
-              kvr_disagg_prefill_worker_busy(d, tokens.data, tokens.len, &o, threshold, &busy, &err));
+  DISAGG_CALL(
+      self, d, st,
+      kvr_disagg_prefill_worker_busy(d, tokens.data, tokens.len, &o, threshold, &busy, &err));
   if (st != KVR_OK) {
     fail(st, err);
   } else {
@@ -1909,13 +1928,13 @@ static PyTypeObject DisaggType = {
 
 typedef struct {
   handle h;
-  kvr_ingest *i;
-  RouterObject *router; /* kept alive, and kept from closing, while this is open */
-  PyObject *weakrefs;
+  kvr_ingest* i;
+  RouterObject* router; /* kept alive, and kept from closing, while this is open */
+  PyObject* weakrefs;
 } IngestObject;
 
-static void ingest_destroy(IngestObject *self) {
-  kvr_ingest *i = self->i;
+static void ingest_destroy(IngestObject* self) {
+  kvr_ingest* i = self->i;
   self->i = NULL;
   if (i) {
     /* Joins the loop thread, which may be waiting for the GIL in a replica publisher. */
@@ -1929,7 +1948,7 @@ static void ingest_destroy(IngestObject *self) {
   }
 }
 
-static kvr_ingest *ingest_enter(IngestObject *self) {
+static kvr_ingest* ingest_enter(IngestObject* self) {
   if (!self->i || self->h.closing) {
     closed("Ingest");
     return NULL;
@@ -1938,32 +1957,32 @@ static kvr_ingest *ingest_enter(IngestObject *self) {
   return self->i;
 }
 
-static void ingest_leave(IngestObject *self) {
+static void ingest_leave(IngestObject* self) {
   if (--self->h.busy == 0 && self->h.closing) ingest_destroy(self);
 }
 
-static int ingest_traverse(IngestObject *self, visitproc visit, void *arg) {
+static int ingest_traverse(IngestObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->router);
   return 0;
 }
 
-static void ingest_dealloc(IngestObject *self) {
+static void ingest_dealloc(IngestObject* self) {
   PyObject_GC_UnTrack(self);
-  if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
+  if (self->weakrefs) PyObject_ClearWeakRefs((PyObject*)self);
   ingest_destroy(self);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 /* Ingest(router, fields) */
-static PyObject *ingest_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-  RouterObject *router;
-  PyObject *fields;
+static PyObject* ingest_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  RouterObject* router;
+  PyObject* fields;
   kvr_ingest_options o;
-  kvr_ingest *i = NULL;
-  kvr_router *r;
-  kvr_error *err = NULL;
+  kvr_ingest* i = NULL;
+  kvr_router* r;
+  kvr_error* err = NULL;
   kvr_status st;
-  IngestObject *self;
+  IngestObject* self;
   if (!PyArg_ParseTuple(args, "O!O:Ingest", &RouterType, &router, &fields)) return NULL;
   if (init_struct(DESC(kvr_ingest_options), &o) < 0 ||
       lower_fields(DESC(kvr_ingest_options), &o, fields) < 0)
@@ -1975,45 +1994,45 @@ static PyObject *ingest_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     router_leave(router);
     return fail(st, err);
   }
-  self = (IngestObject *)type->tp_alloc(type, 0);
+  self = (IngestObject*)type->tp_alloc(type, 0);
   if (!self) {
     kvr_ingest_free(i);
     router_leave(router);
     return NULL;
   }
   self->i = i;
-  self->router = (RouterObject *)Py_NewRef(router);
+  self->router = (RouterObject*)Py_NewRef(router);
   router->ingests++;
-  return (PyObject *)self;
+  return (PyObject*)self;
 }
 
-static PyObject *ingest_close(IngestObject *self, PyObject *unused) {
+static PyObject* ingest_close(IngestObject* self, PyObject* unused) {
   if (!self->i || self->h.closing) Py_RETURN_NONE;
   self->h.closing = 1;
   if (self->h.busy == 0) ingest_destroy(self);
   Py_RETURN_NONE;
 }
 
-static PyObject *ingest_get_closed(IngestObject *self, void *unused) {
+static PyObject* ingest_get_closed(IngestObject* self, void* unused) {
   return PyBool_FromLong(!self->i || self->h.closing);
 }
 
-#define INGEST_CALL(self, i, st, call)      \
-  do {                                      \
-    if (!((i) = ingest_enter(self))) {      \
-      goto cleanup;                         \
-    }                                       \
-    {                                       \
-      PyThreadState *save_ = PyEval_SaveThread(); \
-      (st) = (call);                        \
-      PyEval_RestoreThread(save_);          \
-    }                                       \
-    ingest_leave(self);                     \
+#define INGEST_CALL(self, i, st, call)            \
+  do {                                            \
+    if (!((i) = ingest_enter(self))) {            \
+      goto cleanup;                               \
+    }                                             \
+    {                                             \
+      PyThreadState* save_ = PyEval_SaveThread(); \
+      (st) = (call);                              \
+      PyEval_RestoreThread(save_);                \
+    }                                             \
+    ingest_leave(self);                           \
   } while (0)
 
-static PyObject *ingest_simple(IngestObject *self, kvr_status (*fn)(kvr_ingest *, kvr_error **)) {
-  kvr_ingest *i;
-  kvr_error *err = NULL;
+static PyObject* ingest_simple(IngestObject* self, kvr_status (*fn)(kvr_ingest*, kvr_error**)) {
+  kvr_ingest* i;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   INGEST_CALL(self, i, st, fn(i, &err));
   if (st != KVR_OK) return fail(st, err);
@@ -2022,20 +2041,20 @@ cleanup:
   return NULL;
 }
 
-static PyObject *ingest_start(IngestObject *self, PyObject *unused) {
+static PyObject* ingest_start(IngestObject* self, PyObject* unused) {
   return ingest_simple(self, kvr_ingest_start);
 }
-static PyObject *ingest_stop(IngestObject *self, PyObject *unused) {
+static PyObject* ingest_stop(IngestObject* self, PyObject* unused) {
   return ingest_simple(self, kvr_ingest_stop);
 }
 
-static PyObject *ingest_source_endpoint_impl(IngestObject *self, uint64_t source) {
+static PyObject* ingest_source_endpoint_impl(IngestObject* self, uint64_t source) {
   size_t cap = 256, len = 0;
-  char *buf = NULL;
-  kvr_ingest *i;
-  kvr_error *err = NULL;
+  char* buf = NULL;
+  kvr_ingest* i;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  PyObject *s = NULL;
+  PyObject* s = NULL;
   for (;;) {
     PyMem_Free(buf);
     buf = PyMem_Malloc(cap);
@@ -2063,15 +2082,15 @@ cleanup:
 }
 
 /* listen(endpoint) -> (source_id, bound endpoint) */
-static PyObject *ingest_listen(IngestObject *self, PyObject *arg) {
-  const char *ep;
+static PyObject* ingest_listen(IngestObject* self, PyObject* arg) {
+  const char* ep;
   char bound[512];
   size_t len = 0;
   uint64_t source = 0;
-  kvr_ingest *i;
-  kvr_error *err = NULL;
+  kvr_ingest* i;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  PyObject *endpoint;
+  PyObject* endpoint;
   if (get_cstr(arg, "endpoint", &ep) < 0) return NULL;
   if (!ep) {
     PyErr_SetString(PyExc_TypeError, "endpoint must be a str");
@@ -2092,19 +2111,19 @@ cleanup:
   return NULL;
 }
 
-static PyObject *ingest_source_endpoint(IngestObject *self, PyObject *arg) {
+static PyObject* ingest_source_endpoint(IngestObject* self, PyObject* arg) {
   unsigned long long id = PyLong_AsUnsignedLongLong(arg);
   if (id == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   return ingest_source_endpoint_impl(self, id);
 }
 
 /* add_engine_worker(fields, endpoint, topic, replay_endpoint) -> source_id */
-static PyObject *ingest_add_engine_worker(IngestObject *self, PyObject *args) {
+static PyObject* ingest_add_engine_worker(IngestObject* self, PyObject* args) {
   PyObject *fields, *ep, *topic, *replay;
   kvr_engine_worker w;
   uint64_t source = 0;
-  kvr_ingest *i;
-  kvr_error *err = NULL;
+  kvr_ingest* i;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OOOO", &fields, &ep, &topic, &replay)) return NULL;
   if (init_struct(DESC(kvr_engine_worker), &w) < 0 ||
@@ -2119,11 +2138,11 @@ cleanup:
   return NULL;
 }
 
-static PyObject *ingest_remove_engine_worker(IngestObject *self, PyObject *args) {
+static PyObject* ingest_remove_engine_worker(IngestObject* self, PyObject* args) {
   unsigned long long id;
   int clear;
-  kvr_ingest *i;
-  kvr_error *err = NULL;
+  kvr_ingest* i;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "Kp", &id, &clear)) return NULL;
   INGEST_CALL(self, i, st, kvr_ingest_remove_engine_worker(i, id, clear, &err));
@@ -2134,12 +2153,12 @@ cleanup:
 }
 
 /* subscribe_nats(url, subject) -> source_id */
-static PyObject *ingest_subscribe_nats(IngestObject *self, PyObject *args) {
+static PyObject* ingest_subscribe_nats(IngestObject* self, PyObject* args) {
   PyObject *url, *subject;
   const char *u, *s;
   uint64_t source = 0;
-  kvr_ingest *i;
-  kvr_error *err = NULL;
+  kvr_ingest* i;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "UU", &url, &subject)) return NULL;
   if (get_cstr(url, "url", &u) < 0 || get_cstr(subject, "subject", &s) < 0) return NULL;
@@ -2151,12 +2170,12 @@ cleanup:
 }
 
 /* sync_replicas(url, subject, replica_id) -> source_id */
-static PyObject *ingest_sync_replicas(IngestObject *self, PyObject *args) {
+static PyObject* ingest_sync_replicas(IngestObject* self, PyObject* args) {
   PyObject *url, *subject, *rid;
   const char *u, *s, *id;
   uint64_t source = 0;
-  kvr_ingest *i;
-  kvr_error *err = NULL;
+  kvr_ingest* i;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "UUU", &url, &subject, &rid)) return NULL;
   if (get_cstr(url, "url", &u) < 0 || get_cstr(subject, "subject", &s) < 0 ||
@@ -2169,11 +2188,11 @@ cleanup:
   return NULL;
 }
 
-static PyObject *ingest_get_stats(IngestObject *self, PyObject *arg) {
+static PyObject* ingest_get_stats(IngestObject* self, PyObject* arg) {
   unsigned long long id = PyLong_AsUnsignedLongLong(arg);
   kvr_ingest_stats s;
-  kvr_ingest *i;
-  kvr_error *err = NULL;
+  kvr_ingest* i;
+  kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (id == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   if (init_struct(DESC(kvr_ingest_stats), &s) < 0) return NULL;
@@ -2219,34 +2238,33 @@ static PyTypeObject IngestType = {
 /* ---- Event batches (not thread-safe in C: every call holds the GIL) ------------------------ */
 
 typedef struct {
-  PyObject_HEAD
-  kvr_event_batch *b;
+  PyObject_HEAD kvr_event_batch* b;
   int sending; /* a Publisher is sending it (without the GIL) */
 } BatchObject;
 
-static void batch_dealloc(BatchObject *self) {
+static void batch_dealloc(BatchObject* self) {
   kvr_event_batch_free(self->b);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-static PyObject *batch_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-  kvr_event_batch *b = NULL;
-  kvr_error *err = NULL;
+static PyObject* batch_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  kvr_event_batch* b = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
-  BatchObject *self;
+  BatchObject* self;
   if (!PyArg_ParseTuple(args, ":EventBatch")) return NULL;
   st = kvr_event_batch_new(&b, &err);
   if (st != KVR_OK) return fail(st, err);
-  self = (BatchObject *)type->tp_alloc(type, 0);
+  self = (BatchObject*)type->tp_alloc(type, 0);
   if (!self) {
     kvr_event_batch_free(b);
     return NULL;
   }
   self->b = b;
-  return (PyObject *)self;
+  return (PyObject*)self;
 }
 
-static int batch_usable(BatchObject *self) {
+static int batch_usable(BatchObject* self) {
   if (!self->b) {
     closed("EventBatch");
     return 0;
@@ -2258,7 +2276,7 @@ static int batch_usable(BatchObject *self) {
   return 1;
 }
 
-static PyObject *batch_close(BatchObject *self, PyObject *unused) {
+static PyObject* batch_close(BatchObject* self, PyObject* unused) {
   if (self->sending) {
     PyErr_SetString(PyExc_RuntimeError, "the EventBatch is being sent by another thread");
     return NULL;
@@ -2268,13 +2286,13 @@ static PyObject *batch_close(BatchObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-static PyObject *batch_get_closed(BatchObject *self, void *unused) {
+static PyObject* batch_get_closed(BatchObject* self, void* unused) {
   return PyBool_FromLong(!self->b);
 }
 
-static PyObject *batch_add_stored(BatchObject *self, PyObject *args) {
+static PyObject* batch_add_stored(BatchObject* self, PyObject* args) {
   stored_args s;
-  kvr_error *err = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
   if (!batch_usable(self) || stored_from_args(args, &s) < 0) return NULL;
   st = kvr_event_batch_add_stored(self->b, &s.c, &err);
@@ -2283,9 +2301,9 @@ static PyObject *batch_add_stored(BatchObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *batch_add_removed(BatchObject *self, PyObject *args) {
+static PyObject* batch_add_removed(BatchObject* self, PyObject* args) {
   removed_args a;
-  kvr_error *err = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
   if (!batch_usable(self)) return NULL;
   if (removed_from_args(args, &a) < 0) {
@@ -2298,19 +2316,18 @@ static PyObject *batch_add_removed(BatchObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *batch_add_cleared(BatchObject *self, PyObject *args) {
+static PyObject* batch_add_cleared(BatchObject* self, PyObject* args) {
   unsigned long long worker, event_id;
   unsigned int rank;
-  kvr_error *err = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
-  if (!batch_usable(self) || !PyArg_ParseTuple(args, "KIK", &worker, &rank, &event_id))
-    return NULL;
+  if (!batch_usable(self) || !PyArg_ParseTuple(args, "KIK", &worker, &rank, &event_id)) return NULL;
   st = kvr_event_batch_add_cleared(self->b, worker, rank, event_id, &err);
   if (st != KVR_OK) return fail(st, err);
   Py_RETURN_NONE;
 }
 
-static Py_ssize_t batch_len(BatchObject *self) {
+static Py_ssize_t batch_len(BatchObject* self) {
   if (!self->b) {
     closed("EventBatch");
     return -1;
@@ -2318,9 +2335,9 @@ static Py_ssize_t batch_len(BatchObject *self) {
   return (Py_ssize_t)kvr_event_batch_size(self->b);
 }
 
-static PyObject *batch_set_publish_time(BatchObject *self, PyObject *arg) {
+static PyObject* batch_set_publish_time(BatchObject* self, PyObject* arg) {
   unsigned long long ns = PyLong_AsUnsignedLongLong(arg);
-  kvr_error *err = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
   if (ns == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   if (!batch_usable(self)) return NULL;
@@ -2329,20 +2346,21 @@ static PyObject *batch_set_publish_time(BatchObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
-static PyObject *batch_encode(BatchObject *self, PyObject *unused) {
-  kvr_buffer *buf = NULL;
-  kvr_error *err = NULL;
+static PyObject* batch_encode(BatchObject* self, PyObject* unused) {
+  kvr_buffer* buf = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
-  PyObject *b;
+  PyObject* b;
   if (!batch_usable(self)) return NULL;
   st = kvr_event_batch_encode(self->b, &buf, &err);
   if (st != KVR_OK) return fail(st, err);
-  b = PyBytes_FromStringAndSize((const char *)kvr_buffer_data(buf), (Py_ssize_t)kvr_buffer_size(buf));
+  b = PyBytes_FromStringAndSize((const char*)kvr_buffer_data(buf),
+                                (Py_ssize_t)kvr_buffer_size(buf));
   kvr_buffer_free(buf);
   return b;
 }
 
-static PyObject *batch_clear(BatchObject *self, PyObject *unused) {
+static PyObject* batch_clear(BatchObject* self, PyObject* unused) {
   if (!batch_usable(self)) return NULL;
   kvr_event_batch_clear(self->b);
   Py_RETURN_NONE;
@@ -2382,35 +2400,35 @@ static PyTypeObject BatchType = {
 
 typedef struct {
   handle h;
-  kvr_publisher *p;
+  kvr_publisher* p;
 } PublisherObject;
 
-static void publisher_dealloc(PublisherObject *self) {
+static void publisher_dealloc(PublisherObject* self) {
   kvr_publisher_free(self->p);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-static PyObject *publisher_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-  PyObject *ep;
-  const char *e;
-  kvr_publisher *p = NULL;
-  kvr_error *err = NULL;
+static PyObject* publisher_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  PyObject* ep;
+  const char* e;
+  kvr_publisher* p = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
-  PublisherObject *self;
+  PublisherObject* self;
   if (!PyArg_ParseTuple(args, "U:Publisher", &ep)) return NULL;
   if (get_cstr(ep, "endpoint", &e) < 0) return NULL;
   Py_BEGIN_ALLOW_THREADS st = kvr_publisher_connect(e, &p, &err);
   Py_END_ALLOW_THREADS if (st != KVR_OK) return fail(st, err);
-  self = (PublisherObject *)type->tp_alloc(type, 0);
+  self = (PublisherObject*)type->tp_alloc(type, 0);
   if (!self) {
     kvr_publisher_free(p);
     return NULL;
   }
   self->p = p;
-  return (PyObject *)self;
+  return (PyObject*)self;
 }
 
-static kvr_publisher *publisher_enter(PublisherObject *self) {
+static kvr_publisher* publisher_enter(PublisherObject* self) {
   if (!self->p || self->h.closing) {
     closed("Publisher");
     return NULL;
@@ -2423,7 +2441,7 @@ static kvr_publisher *publisher_enter(PublisherObject *self) {
   return self->p;
 }
 
-static void publisher_leave(PublisherObject *self) {
+static void publisher_leave(PublisherObject* self) {
   self->h.busy = 0;
   if (self->h.closing && self->p) {
     kvr_publisher_free(self->p);
@@ -2431,27 +2449,27 @@ static void publisher_leave(PublisherObject *self) {
   }
 }
 
-static PyObject *publisher_close(PublisherObject *self, PyObject *unused) {
+static PyObject* publisher_close(PublisherObject* self, PyObject* unused) {
   if (!self->p || self->h.closing) Py_RETURN_NONE;
   self->h.closing = 1;
   if (!self->h.busy) publisher_leave(self);
   Py_RETURN_NONE;
 }
 
-static PyObject *publisher_get_closed(PublisherObject *self, void *unused) {
+static PyObject* publisher_get_closed(PublisherObject* self, void* unused) {
   return PyBool_FromLong(!self->p || self->h.closing);
 }
 
-static PyObject *publisher_send(PublisherObject *self, PyObject *arg) {
-  BatchObject *b;
-  kvr_publisher *p;
-  kvr_error *err = NULL;
+static PyObject* publisher_send(PublisherObject* self, PyObject* arg) {
+  BatchObject* b;
+  kvr_publisher* p;
+  kvr_error* err = NULL;
   kvr_status st;
   if (!PyObject_TypeCheck(arg, &BatchType)) {
     PyErr_SetString(PyExc_TypeError, "send takes an EventBatch");
     return NULL;
   }
-  b = (BatchObject *)arg;
+  b = (BatchObject*)arg;
   if (!batch_usable(b)) return NULL;
   if (!(p = publisher_enter(self))) return NULL;
   b->sending = 1;
@@ -2462,10 +2480,10 @@ static PyObject *publisher_send(PublisherObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
-static PyObject *publisher_send_encoded(PublisherObject *self, PyObject *arg) {
+static PyObject* publisher_send_encoded(PublisherObject* self, PyObject* arg) {
   Py_buffer buf;
-  kvr_publisher *p;
-  kvr_error *err = NULL;
+  kvr_publisher* p;
+  kvr_error* err = NULL;
   kvr_status st;
   if (PyObject_GetBuffer(arg, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
   if (!(p = publisher_enter(self))) {
@@ -2504,36 +2522,36 @@ static PyTypeObject PublisherType = {
 
 /* ---- Module functions ---------------------------------------------------------------------- */
 
-static PyObject *mod_version(PyObject *m, PyObject *unused) {
+static PyObject* mod_version(PyObject* m, PyObject* unused) {
   return PyLong_FromUnsignedLong(kvr_version());
 }
 
-static PyObject *mod_version_string(PyObject *m, PyObject *unused) {
+static PyObject* mod_version_string(PyObject* m, PyObject* unused) {
   return PyUnicode_FromString(kvr_version_string());
 }
 
-static PyObject *mod_status_str(PyObject *m, PyObject *arg) {
+static PyObject* mod_status_str(PyObject* m, PyObject* arg) {
   long s = PyLong_AsLong(arg);
   if (s == -1 && PyErr_Occurred()) return NULL;
   return PyUnicode_FromString(kvr_status_str((kvr_status)s));
 }
 
-static PyObject *mod_tier_from_medium(PyObject *m, PyObject *arg) {
-  const char *s;
+static PyObject* mod_tier_from_medium(PyObject* m, PyObject* arg) {
+  const char* s;
   if (get_cstr(arg, "medium", &s) < 0) return NULL;
   return PyLong_FromUnsignedLong(kvr_tier_from_medium(s));
 }
 
 /* compute_block_hashes(tokens, block_size, flags, lora_name, cache_namespace, mm_hashes,
  * mm_counts) -> list[int] */
-static PyObject *mod_compute_block_hashes(PyObject *m, PyObject *args) {
+static PyObject* mod_compute_block_hashes(PyObject* m, PyObject* args) {
   PyObject *tok, *lora, *ns, *mmh, *mmc, *list = NULL;
   unsigned int block_size, flags;
   int_array tokens, mm_hashes, mm_counts;
   kvr_hash_options o;
-  uint64_t *out = NULL;
+  uint64_t* out = NULL;
   size_t cap, len = 0, total = 0, i;
-  kvr_error *err = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
   if (!PyArg_ParseTuple(args, "OIIOOOO", &tok, &block_size, &flags, &lora, &ns, &mmh, &mmc))
     return NULL;
@@ -2549,7 +2567,7 @@ static PyObject *mod_compute_block_hashes(PyObject *m, PyObject *args) {
       get_array(mmc, sizeof(size_t), 1, "mm_counts", &mm_counts) < 0)
     goto cleanup;
   if (mmc != Py_None) {
-    for (i = 0; i < mm_counts.len; ++i) total += ((const size_t *)mm_counts.data)[i];
+    for (i = 0; i < mm_counts.len; ++i) total += ((const size_t*)mm_counts.data)[i];
     if (total != mm_hashes.len) {
       PyErr_Format(PyExc_ValueError, "mm_counts add up to %zu, mm_hashes has %zu", total,
                    mm_hashes.len);
@@ -2580,13 +2598,13 @@ cleanup:
   return list;
 }
 
-static PyObject *mod_compute_sequence_hashes(PyObject *m, PyObject *arg) {
+static PyObject* mod_compute_sequence_hashes(PyObject* m, PyObject* arg) {
   int_array in;
-  uint64_t *out;
+  uint64_t* out;
   size_t len = 0;
-  kvr_error *err = NULL;
+  kvr_error* err = NULL;
   kvr_status st;
-  PyObject *list = NULL;
+  PyObject* list = NULL;
   if (get_array(arg, 8, 0, "hashes", &in) < 0) return NULL;
   out = PyMem_Malloc((in.len ? in.len : 1) * sizeof *out);
   if (!out) {
@@ -2605,8 +2623,8 @@ static PyObject *mod_compute_sequence_hashes(PyObject *m, PyObject *arg) {
 }
 
 /* defaults(struct name) -> dict of the value fields _init writes */
-static PyObject *mod_lower(PyObject *m, PyObject *args);
-static PyObject *mod_defaults(PyObject *m, PyObject *arg) {
+static PyObject* mod_lower(PyObject* m, PyObject* args);
+static PyObject* mod_defaults(PyObject* m, PyObject* arg) {
   PyObject *args = Py_BuildValue("(OO)", arg, Py_None), *r;
   if (!args) return NULL;
   r = mod_lower(m, args);
@@ -2616,15 +2634,15 @@ static PyObject *mod_defaults(PyObject *m, PyObject *arg) {
 
 /* lower(struct name, fields) -> dict: the value fields of a struct initialised, then given
  * `fields` as a call would be (the tests check that every option reaches its own field). */
-static PyObject *mod_lower(PyObject *m, PyObject *args) {
-  const char *name;
-  PyObject *fields;
+static PyObject* mod_lower(PyObject* m, PyObject* args) {
+  const char* name;
+  PyObject* fields;
   size_t i, j;
   if (!PyArg_ParseTuple(args, "sO", &name, &fields)) return NULL;
   for (i = 0; i < NUM_STRUCTS; ++i) {
-    const struct_desc *sd = &g_structs[i];
+    const struct_desc* sd = &g_structs[i];
     char buf[4096];
-    PyObject *d;
+    PyObject* d;
     if (strcmp(sd->name, name) != 0) continue;
     if (sd->size > sizeof buf) {
       PyErr_SetString(PyExc_SystemError, "struct larger than expected");
@@ -2633,7 +2651,7 @@ static PyObject *mod_lower(PyObject *m, PyObject *args) {
     if (init_struct(sd, buf) < 0 || lower_fields(sd, buf, fields) < 0) return NULL;
     d = PyDict_New();
     for (j = 0; d && j < sd->num_fields; ++j) {
-      PyObject *v;
+      PyObject* v;
       if (!is_value_field(&sd->fields[j])) continue;
       v = read_field(&sd->fields[j], buf);
       if (!v || PyDict_SetItemString(d, sd->fields[j].name, v) < 0) {
@@ -2652,50 +2670,50 @@ static PyObject *mod_lower(PyObject *m, PyObject *args) {
 /* abi() -> {"version": (maj, min, patch), "enumerations": {typedef: {NAME: value}},
  *           "constants": {C name: value}, "structs": {name: (size, ((field, offset, size),))}} */
 typedef struct {
-  const char *name;
+  const char* name;
   long long value;
 } named_value;
 
-static int add_named(PyObject *dict, const char *name, long long value) {
-  PyObject *v = PyLong_FromLongLong(value);
+static int add_named(PyObject* dict, const char* name, long long value) {
+  PyObject* v = PyLong_FromLongLong(value);
   int r = v ? PyDict_SetItemString(dict, name, v) : -1;
   Py_XDECREF(v);
   return r;
 }
 
-static PyObject *mod_abi(PyObject *m, PyObject *unused) {
+static PyObject* mod_abi(PyObject* m, PyObject* unused) {
   PyObject *abi = PyDict_New(), *enums = PyDict_New(), *consts = PyDict_New(),
            *structs = PyDict_New(), *v;
   size_t i, j;
   if (!abi || !enums || !consts || !structs) goto bad;
-#define KVRPY_ENUM_DICT(T, LIST, ENTRY)                                         \
-  {                                                                            \
-    static const named_value values[] = {LIST(ENTRY)};                         \
-    PyObject *d = PyDict_New();                                                \
-    if (!d) goto bad;                                                          \
-    for (i = 0; i < sizeof values / sizeof values[0]; ++i)                     \
-      if (add_named(d, values[i].name, values[i].value) < 0) {                 \
-        Py_DECREF(d);                                                          \
-        goto bad;                                                              \
-      }                                                                        \
-    if (PyDict_SetItemString(enums, #T, d) < 0) {                              \
-      Py_DECREF(d);                                                            \
-      goto bad;                                                                \
-    }                                                                          \
-    Py_DECREF(d);                                                              \
+#define KVRPY_ENUM_DICT(T, LIST, ENTRY)                        \
+  {                                                            \
+    static const named_value values[] = {LIST(ENTRY)};         \
+    PyObject* d = PyDict_New();                                \
+    if (!d) goto bad;                                          \
+    for (i = 0; i < sizeof values / sizeof values[0]; ++i)     \
+      if (add_named(d, values[i].name, values[i].value) < 0) { \
+        Py_DECREF(d);                                          \
+        goto bad;                                              \
+      }                                                        \
+    if (PyDict_SetItemString(enums, #T, d) < 0) {              \
+      Py_DECREF(d);                                            \
+      goto bad;                                                \
+    }                                                          \
+    Py_DECREF(d);                                              \
   }
   KVRPY_ENUMERATIONS(KVRPY_ENUM_DICT)
-#define KVRPY_CONST(name)                                          \
-  v = PyLong_FromUnsignedLongLong((unsigned long long)(name));     \
-  if (!v || PyDict_SetItemString(consts, #name, v) < 0) goto bad;  \
+#define KVRPY_CONST(name)                                         \
+  v = PyLong_FromUnsignedLongLong((unsigned long long)(name));    \
+  if (!v || PyDict_SetItemString(consts, #name, v) < 0) goto bad; \
   Py_DECREF(v);
   KVRPY_CONSTANTS(KVRPY_CONST)
   for (i = 0; i < NUM_STRUCTS; ++i) {
-    const struct_desc *sd = &g_structs[i];
+    const struct_desc* sd = &g_structs[i];
     PyObject *fields = PyTuple_New((Py_ssize_t)sd->num_fields), *entry;
     if (!fields) goto bad;
     for (j = 0; j < sd->num_fields; ++j) {
-      PyObject *f = Py_BuildValue("(snn)", sd->fields[j].name, (Py_ssize_t)sd->fields[j].offset,
+      PyObject* f = Py_BuildValue("(snn)", sd->fields[j].name, (Py_ssize_t)sd->fields[j].offset,
                                   (Py_ssize_t)sd->fields[j].size);
       if (!f) {
         Py_DECREF(fields);
@@ -2730,7 +2748,7 @@ bad:
 }
 
 /* setup(error_base, error_classes, closed_error, enum_classes) */
-static PyObject *mod_setup(PyObject *m, PyObject *args) {
+static PyObject* mod_setup(PyObject* m, PyObject* args) {
   PyObject *base, *classes, *closed_cls, *enums;
   if (!PyArg_ParseTuple(args, "OO!OO!", &base, &PyDict_Type, &classes, &closed_cls, &PyDict_Type,
                         &enums))
@@ -2757,36 +2775,41 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "kvrouter._native",
-    "The CPython extension under the kvrouter package: a thin layer over kvrouter.h.", -1,
+    PyModuleDef_HEAD_INIT,
+    "kvrouter._native",
+    "The CPython extension under the kvrouter package: a thin layer over kvrouter.h.",
+    -1,
     module_methods,
 };
 
 static const struct {
   int index;
-  const char *name;
-  const char *doc;
+  const char* name;
+  const char* doc;
 } result_types[] = {
     {IDX_kvr_route_result, "RouteResult", "The decision for one request (kvr_route_result)."},
     {IDX_kvr_candidate, "Candidate",
      "One candidate rank with every term of its cost (kvr_candidate)."},
-    {IDX_kvr_overlap, "Overlap", "What one rank holds of a prompt's prefix, per tier (kvr_overlap)."},
+    {IDX_kvr_overlap, "Overlap",
+     "What one rank holds of a prompt's prefix, per tier (kvr_overlap)."},
     {IDX_kvr_potential_load, "PotentialLoad",
      "The load a rank would carry with a prompt (kvr_potential_load)."},
     {IDX_kvr_metrics, "Metrics",
      "The router's counters (kvr_metrics); events[kind][outcome] is a tuple of tuples."},
-    {IDX_kvr_route_signals, "RouteSignals", "The signals of a preview or a plan (kvr_route_signals)."},
-    {IDX_kvr_prefill_result, "PrefillResult", "Where a disaggregated prefill goes (kvr_prefill_result)."},
+    {IDX_kvr_route_signals, "RouteSignals",
+     "The signals of a preview or a plan (kvr_route_signals)."},
+    {IDX_kvr_prefill_result, "PrefillResult",
+     "Where a disaggregated prefill goes (kvr_prefill_result)."},
     {IDX_kvr_ingest_stats, "IngestStats",
      "The counters of one ingest source, or of all (kvr_ingest_stats)."},
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-  PyObject *m = PyModule_Create(&module_def);
+  PyObject* m = PyModule_Create(&module_def);
   size_t i;
   if (!m) return NULL;
   for (i = 0; i < NUM_STRUCTS; ++i) {
-    struct_desc *sd = &g_structs[i];
+    struct_desc* sd = &g_structs[i];
     size_t j;
     sd->values = PyMem_Calloc(sd->num_fields, sizeof *sd->values);
     sd->defaults = PyMem_Malloc(sd->size);
@@ -2797,7 +2820,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     for (j = 0; j < sd->num_fields; ++j)
       if (is_value_field(&sd->fields[j])) sd->values[sd->num_values++] = &sd->fields[j];
     {
-      void *d = sd->defaults;
+      void* d = sd->defaults;
       sd->defaults = NULL; /* init_struct calls _init this once */
       if (init_struct(sd, d) < 0) {
         PyMem_Free(d);
@@ -2817,13 +2840,13 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyType_Ready(&IngestType) < 0 || PyType_Ready(&BatchType) < 0 ||
       PyType_Ready(&PublisherType) < 0)
     goto bad;
-  if (PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType) < 0 ||
-      PyModule_AddObjectRef(m, "Hints", (PyObject *)&HintsType) < 0 ||
-      PyModule_AddObjectRef(m, "Router", (PyObject *)&RouterType) < 0 ||
-      PyModule_AddObjectRef(m, "Disagg", (PyObject *)&DisaggType) < 0 ||
-      PyModule_AddObjectRef(m, "Ingest", (PyObject *)&IngestType) < 0 ||
-      PyModule_AddObjectRef(m, "EventBatch", (PyObject *)&BatchType) < 0 ||
-      PyModule_AddObjectRef(m, "Publisher", (PyObject *)&PublisherType) < 0)
+  if (PyModule_AddObjectRef(m, "Request", (PyObject*)&RequestType) < 0 ||
+      PyModule_AddObjectRef(m, "Hints", (PyObject*)&HintsType) < 0 ||
+      PyModule_AddObjectRef(m, "Router", (PyObject*)&RouterType) < 0 ||
+      PyModule_AddObjectRef(m, "Disagg", (PyObject*)&DisaggType) < 0 ||
+      PyModule_AddObjectRef(m, "Ingest", (PyObject*)&IngestType) < 0 ||
+      PyModule_AddObjectRef(m, "EventBatch", (PyObject*)&BatchType) < 0 ||
+      PyModule_AddObjectRef(m, "Publisher", (PyObject*)&PublisherType) < 0)
     goto bad;
   return m;
 bad:
