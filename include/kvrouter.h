@@ -238,10 +238,12 @@ typedef struct kvr_router_options {
    * prompt blocks). The weight adds weight × active requests to each rank's cost. */
   double overlap_score_credit_decay;
   double decode_active_request_weight;
-  /* Trees the KV index splits the workers over, 1..64; default 1. Events of workers in
-   * different trees apply in parallel (one writer lock per tree), so several threads applying
-   * events scale; every lookup walks every tree (on the Mooncake trace 2 trees cost 1.4x a
-   * lookup, 4 cost 2.3x). Lookups never contend with each other whatever the count. */
+  /* Trees the KV index splits the workers over, 1..64; default 1. Worker w's ranks are in
+   * tree w mod index_shards, and events of workers in different trees apply in parallel (one
+   * writer lock per tree): an application applying events from N threads sets N (or a
+   * multiple) and gives thread t the workers with w mod N = t. Every lookup walks every tree
+   * (on the Mooncake trace 2 trees cost 1.4x a lookup, 4 cost 2.3x). Lookups never contend
+   * with each other whatever the count. */
   uint32_t index_shards;
   uint32_t reserved;
 } kvr_router_options;

@@ -1419,8 +1419,9 @@ std::string RadixIndex::Impl::CheckInvariants() const {
 // ---- Public wrappers -------------------------------------------------------------------------
 
 // The shards: one tree per group of workers, a worker's ranks all in one (its events and its
-// removal touch one tree), spread by a mix of the worker id (ids are often sequential or
-// strided). Calls about one worker go to its shard; lookups and totals visit every shard.
+// removal touch one tree): worker w in tree w mod shards, a rule an applier can use to give
+// each of its threads whole trees. Calls about one worker go to its shard; lookups and totals
+// visit every shard.
 namespace {
 
 size_t ShardCount(const RadixIndexOptions& options) {
@@ -1437,8 +1438,7 @@ RadixIndex::RadixIndex(RadixIndexOptions options) : options_(options) {
 RadixIndex::~RadixIndex() = default;
 
 uint32_t RadixIndex::ShardOf(uint64_t worker_id) const {
-  if (shards_.size() == 1) return 0;
-  return static_cast<uint32_t>((Mix(worker_id) >> 32) * shards_.size() >> 32);
+  return static_cast<uint32_t>(worker_id % shards_.size());
 }
 RadixIndex::Impl& RadixIndex::Shard(uint64_t worker_id) const {
   return *shards_[ShardOf(worker_id)];

@@ -132,8 +132,9 @@ class RadixIndex {
 
   uint32_t block_size() const;
   uint32_t shards() const;
-  // The shard (0..shards() - 1) that holds the worker's ranks: events of workers in different
-  // shards apply in parallel, so an applier with several threads may give each its shards.
+  // The shard that holds the worker's ranks: worker_id mod shards(). Events of workers in
+  // different shards apply in parallel, so an applier with several threads gives each of them
+  // whole shards.
   uint32_t ShardOf(uint64_t worker_id) const;
 
   // Applies one event. Never fails fatally: an error is returned and counted, and the part of

@@ -829,5 +829,17 @@ TEST(RadixIndexTest, MemoryReturnsToItsStartAfterClearAndRemoveWorker) {
   EXPECT_EQ(end.allocated_bytes, start.allocated_bytes);
 }
 
+// The documented rule an applier partitions its threads by (kvr_router_options.index_shards).
+TEST(RadixIndexTest, WorkerShardIsItsIdModuloTheShards) {
+  const RadixIndex one;
+  EXPECT_EQ(one.shards(), 1u);
+  EXPECT_EQ(one.ShardOf(12345), 0u);
+  const RadixIndex four(RadixIndexOptions{.shards = 4});
+  EXPECT_EQ(four.shards(), 4u);
+  for (uint64_t w : {0u, 1u, 6u, 7u, 1000u}) EXPECT_EQ(four.ShardOf(w), w % 4) << w;
+  EXPECT_EQ(RadixIndex(RadixIndexOptions{.shards = 0}).shards(), 1u);
+  EXPECT_EQ(RadixIndex(RadixIndexOptions{.shards = 1000}).shards(), kMaxIndexShards);
+}
+
 }  // namespace
 }  // namespace kvrouter
