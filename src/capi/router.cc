@@ -608,10 +608,13 @@ KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router* router,
     }
     RequestOptions options;
     if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
-    auto rows =
-        router->router->OverlapScoresOfHashes(std::span(local_hashes, num_hashes), options.route);
-    if (!rows.ok()) return FromStatus(err, rows.status());
-    return ConvertOut(err, *rows, ToOverlap, out, cap, len, "overlap scores");
+    // Reused per thread: a thousand-rank answer is 64 KiB, freed and faulted in again on
+    // every call otherwise.
+    thread_local std::vector<kvrouter::OverlapScore> rows;
+    const absl::Status status = router->router->OverlapScoresOfHashesInto(
+        std::span(local_hashes, num_hashes), options.route, rows);
+    if (!status.ok()) return FromStatus(err, status);
+    return ConvertOut(err, rows, ToOverlap, out, cap, len, "overlap scores");
   });
 }
 

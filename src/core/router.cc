@@ -735,6 +735,13 @@ absl::StatusOr<std::vector<PotentialLoad>> Router::PotentialLoads(std::span<cons
 std::vector<OverlapScore> Router::ScoresOf(std::span<const WorkerMatch> matches,
                                            const SelectorConfig& config) const {
   std::vector<OverlapScore> scores;
+  ScoresInto(matches, config, scores);
+  return scores;
+}
+
+void Router::ScoresInto(std::span<const WorkerMatch> matches, const SelectorConfig& config,
+                        std::vector<OverlapScore>& scores) const {
+  scores.clear();
   scores.reserve(matches.size());
   for (const WorkerMatch& match : matches) {
     const TierOverlap overlap = OverlapOf(match);
@@ -745,7 +752,6 @@ std::vector<OverlapScore> Router::ScoresOf(std::span<const WorkerMatch> matches,
                                   .cached_tokens = CachedTokens(effective, options_.block_size),
                                   .tree_size = match.tree_size});
   }
-  return scores;
 }
 
 absl::StatusOr<std::vector<OverlapScore>> Router::OverlapScores(std::span<const uint32_t> tokens,
@@ -759,13 +765,24 @@ absl::StatusOr<std::vector<OverlapScore>> Router::OverlapScores(std::span<const 
 
 absl::StatusOr<std::vector<OverlapScore>> Router::OverlapScoresOfHashes(
     std::span<const uint64_t> local_hashes, const RouteOptions& options) {
+  std::vector<OverlapScore> scores;
+  if (auto status = OverlapScoresOfHashesInto(local_hashes, options, scores); !status.ok()) {
+    return status;
+  }
+  return scores;
+}
+
+absl::Status Router::OverlapScoresOfHashesInto(std::span<const uint64_t> local_hashes,
+                                               const RouteOptions& options,
+                                               std::vector<OverlapScore>& out) {
   auto config = ApplyOverrides(options_.selection, options.overrides);
   if (!config.ok()) return config.status();
   // Reused per thread, and not sorted: nothing here looks a rank up (a thousand matches take
   // longer to sort than to find).
   thread_local std::vector<WorkerMatch> matches;
   LookUp(local_hashes, matches);
-  return ScoresOf(matches, *config);
+  ScoresInto(matches, *config, out);
+  return absl::OkStatus();
 }
 
 std::vector<WorkerLoad> Router::Loads() const {

@@ -306,6 +306,10 @@ class Router {
   // apply.
   absl::StatusOr<std::vector<OverlapScore>> OverlapScoresOfHashes(
       std::span<const uint64_t> local_hashes, const RouteOptions& options = {});
+  // The same into `out` (cleared first), so a caller can reuse its capacity.
+  absl::Status OverlapScoresOfHashesInto(std::span<const uint64_t> local_hashes,
+                                         const RouteOptions& options,
+                                         std::vector<OverlapScore>& out);
   std::vector<WorkerLoad> Loads() const;
   size_t active_requests() const;
   size_t pending_count() const;
@@ -368,6 +372,8 @@ class Router {
   void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
                                      const SelectorConfig& config) const;
+  void ScoresInto(std::span<const WorkerMatch> matches, const SelectorConfig& config,
+                  std::vector<OverlapScore>& scores) const;
 
   // The rest runs under gate_.
   absl::Status SelectLocked(const Prepared& prepared, Selection& out);

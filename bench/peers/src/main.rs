@@ -23,7 +23,9 @@
 //! Other flags: `--trace PATH` (default data/mooncake/conversation_trace.jsonl),
 //! `--trace-requests N` (first N requests only; 0 = all), `--iters N` (find_matches calls per
 //! thread, default 20000), `--apply-iters N` (continuation store/remove rounds, default 40),
-//! `--kvr-index-shards N` (kvrouter's `index_shards` router option; default: the library's).
+//! `--kvr-index-shards N` (kvrouter's `index_shards` router option; default: the library's;
+//! `threads`: as many trees as the run has threads, each event thread applying one tree's
+//! workers, as a gateway applying events from several threads would set it).
 
 mod check;
 mod drivers;
@@ -94,6 +96,8 @@ fn parse_args() -> Args {
             "--check" => a.check = Some(number()),
             "--run" => a.run = Some(Kind::parse(&value)),
             "--threads" => a.threads = list(&value),
+            // 0 stands for "as many as threads" in the table's runs.
+            "--kvr-index-shards" if value == "threads" => a.index_shards = Some(0),
             "--kvr-index-shards" => a.index_shards = Some(number() as u32),
             other => panic!("unknown flag {other}"),
         }
@@ -156,7 +160,10 @@ fn child(args: &Args, kind: Kind, workers: u32, threads: usize) -> Value {
         .args(["--apply-iters", &args.apply_iters.to_string()])
         .args(
             args.index_shards
-                .map(|n| vec!["--kvr-index-shards".to_string(), n.to_string()])
+                .map(|n| {
+                    let n = if n == 0 { threads as u32 } else { n };
+                    vec!["--kvr-index-shards".to_string(), n.to_string()]
+                })
                 .unwrap_or_default(),
         )
         .output()
@@ -373,8 +380,11 @@ fn print_table(args: &Args, r: &Results) {
              entries, {} queries (ranks matched per query: {:.0}); medians of {} runs per cell{}.",
             first["requests"], first["events"], first["entries"], first["queries"],
             first["ranks_matched_mean"].as_f64().unwrap_or(0.0), args.rounds,
-            args.index_shards
-                .map_or(String::new(), |n| format!("; kvrouter with index_shards = {n}"))
+            args.index_shards.map_or(String::new(), |n| match n {
+                0 => "; kvrouter with index_shards = its thread count (a tree per event thread)"
+                    .to_string(),
+                n => format!("; kvrouter with index_shards = {n}"),
+            })
         );
         println!();
         println!("| measure | threads | kvrouter | RadixTree | kvrouter vs RadixTree | CRTC | kvrouter vs CRTC |");
