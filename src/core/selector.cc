@@ -123,15 +123,6 @@ absl::StatusOr<SelectorConfig> ApplyOverrides(const SelectorConfig& base,
   return config;
 }
 
-double EffectiveOverlapBlocks(const TierOverlap& overlap, const SelectorConfig& config) {
-  return overlap.device_blocks + config.host_cache_hit_weight * overlap.host_blocks +
-         config.disk_cache_hit_weight * (overlap.disk_blocks + overlap.external_blocks);
-}
-
-uint64_t CachedTokens(double effective_overlap_blocks, uint32_t block_size) {
-  return static_cast<uint64_t>(std::llround(effective_overlap_blocks * block_size));
-}
-
 namespace {
 
 // decay_w: how much of a device hit's credit a rank keeps, given how much more prefill it has
