@@ -799,6 +799,39 @@ func (g *cOverlap) load(c *C.kvr_overlap) {
 	g.TreeSize = uint64(c.tree_size)
 }
 
+// cMatch holds the value fields of kvr_match, in Go types.
+type cMatch struct {
+	WorkerID       uint64
+	DPRank         uint32
+	DeviceBlocks   uint32
+	HostBlocks     uint32
+	DiskBlocks     uint32
+	ExternalBlocks uint32
+	TreeSize       uint64
+}
+
+// store writes the mirrored fields into c (its other fields are left as they are).
+func (g *cMatch) store(c *C.kvr_match) {
+	c.worker_id = C.uint64_t(g.WorkerID)
+	c.dp_rank = C.uint32_t(g.DPRank)
+	c.device_blocks = C.uint32_t(g.DeviceBlocks)
+	c.host_blocks = C.uint32_t(g.HostBlocks)
+	c.disk_blocks = C.uint32_t(g.DiskBlocks)
+	c.external_blocks = C.uint32_t(g.ExternalBlocks)
+	c.tree_size = C.uint64_t(g.TreeSize)
+}
+
+// load reads the mirrored fields from c.
+func (g *cMatch) load(c *C.kvr_match) {
+	g.WorkerID = uint64(c.worker_id)
+	g.DPRank = uint32(c.dp_rank)
+	g.DeviceBlocks = uint32(c.device_blocks)
+	g.HostBlocks = uint32(c.host_blocks)
+	g.DiskBlocks = uint32(c.disk_blocks)
+	g.ExternalBlocks = uint32(c.external_blocks)
+	g.TreeSize = uint64(c.tree_size)
+}
+
 // cPotentialLoad holds the value fields of kvr_potential_load, in Go types.
 type cPotentialLoad struct {
 	WorkerID               uint64
@@ -1228,6 +1261,7 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_route_result{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_candidate{})) - 152
 	_ = uint64(unsafe.Sizeof(C.kvr_overlap{})) - 72
+	_ = uint64(unsafe.Sizeof(C.kvr_match{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_potential_load{})) - 72
 	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 224
 	_ = uint64(unsafe.Sizeof(C.kvr_routing_hints{})) - 64

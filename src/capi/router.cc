@@ -347,6 +347,18 @@ kvr_overlap ToOverlap(const kvrouter::OverlapScore& s) {
   return o;
 }
 
+kvr_match ToMatch(const kvrouter::WorkerMatch& m) {
+  kvr_match o{};
+  o.worker_id = m.worker.worker_id;
+  o.dp_rank = m.worker.dp_rank;
+  o.device_blocks = m.device_blocks;
+  o.host_blocks = m.host_hits;
+  o.disk_blocks = m.disk_hits;
+  o.external_blocks = m.external_hits;
+  o.tree_size = m.tree_size;
+  return o;
+}
+
 kvr_potential_load ToPotentialLoad(const kvrouter::PotentialLoad& l) {
   kvr_potential_load p{};
   p.worker_id = l.current.worker.worker_id;
@@ -615,6 +627,20 @@ KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router* router,
         std::span(local_hashes, num_hashes), options.route, rows);
     if (!status.ok()) return FromStatus(err, status);
     return ConvertOut(err, rows, ToOverlap, out, cap, len, "overlap scores");
+  });
+}
+
+KVR_API kvr_status kvr_router_find_matches(kvr_router* router, const uint64_t* local_hashes,
+                                           size_t num_hashes, kvr_match* out, size_t cap,
+                                           size_t* len, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (num_hashes > 0 && local_hashes == nullptr) {
+      return RequireNonNull(err, local_hashes, "local_hashes");
+    }
+    thread_local std::vector<kvrouter::WorkerMatch> matches;  // reused, as for overlap scores
+    router->router->LookUp(std::span(local_hashes, num_hashes), matches);
+    return ConvertOut(err, matches, ToMatch, out, cap, len, "matches");
   });
 }
 

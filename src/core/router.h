@@ -310,6 +310,9 @@ class Router {
   absl::Status OverlapScoresOfHashesInto(std::span<const uint64_t> local_hashes,
                                          const RouteOptions& options,
                                          std::vector<OverlapScore>& out);
+  // The index's matches of a hashed prompt into `out` (cleared first), in no particular
+  // order: the walk alone, no cost model.
+  void LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
   std::vector<WorkerLoad> Loads() const;
   size_t active_requests() const;
   size_t pending_count() const;
@@ -366,8 +369,6 @@ class Router {
   // Hashes the prompt and looks it up in the index (no router lock held).
   absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
                        bool for_booking, Prepared& out);
-  // The index's matches, in no particular order.
-  void LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
   // Sorted by rank, for FindMatch.
   void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,

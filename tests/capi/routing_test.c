@@ -539,6 +539,70 @@ static void overlap_scores_of_hashes(void** state) {
   assert_int_equal(1, len);
 }
 
+/* The walk alone: per rank the same tiers and tree size as the overlap rows, and the buffer
+ * rules of every per-rank query. */
+static void find_matches_is_the_walk_of_overlap_scores(void** state) {
+  fixture* f = (fixture*)*state;
+  uint64_t hashes[REQUEST_TOKENS / BS];
+  kvr_overlap scores[4];
+  kvr_match matches[4];
+  kvr_match one[1];
+  size_t num_hashes = 0, num_scores = 0, len = 0, i, j;
+  /* Rank (1, 0) holds the first half of the system prompt on the device, rank (2, 0) all of it
+   * on the host tier. */
+  KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->system, SYSTEM_BLOCKS / 2, BS, 5000, 0, 0,
+                   ERRP));
+  KVT_OK(kvt_store(f->router, 2, 0, KVR_TIER_HOST_PINNED, f->system, SYSTEM_BLOCKS, BS, 6000, 0, 0,
+                   ERRP));
+  KVT_OK(kvr_compute_block_hashes(f->request, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
+                                  &num_hashes, ERRP));
+  KVT_OK(kvr_router_overlap_scores_hashed(f->router, hashes, num_hashes, NULL, scores, 4,
+                                          &num_scores, ERRP));
+  memset(matches, 0xAB, sizeof matches);
+  KVT_OK(kvr_router_find_matches(f->router, hashes, num_hashes, matches, 4, &len, ERRP));
+  assert_int_equal(3, len);
+  assert_int_equal(num_scores, len);
+  for (i = 0; i < len; ++i) {
+    const kvr_match* m = &matches[i];
+    const kvr_overlap* o = NULL;
+    for (j = 0; j < num_scores; ++j) {
+      if (scores[j].worker_id == m->worker_id && scores[j].dp_rank == m->dp_rank) o = &scores[j];
+    }
+    assert_non_null(o);
+    assert_int_equal(o->device_blocks, m->device_blocks);
+    assert_int_equal(o->host_blocks, m->host_blocks);
+    assert_int_equal(o->disk_blocks, m->disk_blocks);
+    assert_int_equal(o->external_blocks, m->external_blocks);
+    assert_int_equal(o->tree_size, m->tree_size);
+    assert_int_equal(0, m->reserved0);
+    if (m->worker_id == 1) assert_int_equal(SYSTEM_BLOCKS / 2, m->device_blocks);
+    if (m->worker_id == 2) {
+      assert_int_equal(0, m->device_blocks);
+      assert_int_equal(SYSTEM_BLOCKS, m->host_blocks);
+      assert_int_equal(SYSTEM_BLOCKS, m->tree_size);
+    }
+  }
+  /* Too small: nothing written, the rows needed reported. */
+  memset(one, 0xAB, sizeof one);
+  KVT_EXPECT_FAILS(KVR_BUFFER_TOO_SMALL,
+                   kvr_router_find_matches(f->router, hashes, num_hashes, one, 1, &len, ERRP));
+  assert_int_equal(3, len);
+  {
+    uint8_t sentinel[sizeof one];
+    memset(sentinel, 0xAB, sizeof sentinel);
+    assert_memory_equal(sentinel, one, sizeof one);
+  }
+  /* Nothing matches nothing; NULL hashes, NULL len and NULL router are refused. */
+  KVT_OK(kvr_router_find_matches(f->router, NULL, 0, matches, 4, &len, ERRP));
+  assert_int_equal(0, len);
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_find_matches(f->router, NULL, 3, matches, 4, &len, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_find_matches(f->router, hashes, num_hashes, matches, 4, NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_find_matches(NULL, hashes, num_hashes, matches, 4, &len, ERRP));
+}
+
 static void overlap_scores_buffer_too_small_then_retry(void** state) {
   fixture* f = (fixture*)*state;
   kvr_overlap one[1];
@@ -753,6 +817,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(per_request_overrides, setup, teardown),
       cmocka_unit_test_setup_teardown(overlap_scores, setup, teardown),
       cmocka_unit_test_setup_teardown(overlap_scores_of_hashes, setup, teardown),
+      cmocka_unit_test_setup_teardown(find_matches_is_the_walk_of_overlap_scores, setup, teardown),
       cmocka_unit_test_setup_teardown(overlap_scores_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(potential_loads_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, teardown),

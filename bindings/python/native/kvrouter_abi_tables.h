@@ -30,6 +30,7 @@
 #define KVRPY_FIXED_STRUCTS(S) \
   S(kvr_candidate)             \
   S(kvr_overlap)               \
+  S(kvr_match)                 \
   S(kvr_potential_load)
 
 /* Each struct's fields in order: F(struct, field, kind, enumeration typedef or 0, row)
@@ -167,6 +168,15 @@
   F(kvr_overlap, cached_tokens, U64, 0, 0)            \
   F(kvr_overlap, tree_size, U64, 0, 0)                \
   F(kvr_overlap, reserved, U64_ARRAY, 0, 0)
+#define KVRPY_FIELDS_kvr_match(F)          \
+  F(kvr_match, worker_id, U64, 0, 0)       \
+  F(kvr_match, dp_rank, U32, 0, 0)         \
+  F(kvr_match, device_blocks, U32, 0, 0)   \
+  F(kvr_match, host_blocks, U32, 0, 0)     \
+  F(kvr_match, disk_blocks, U32, 0, 0)     \
+  F(kvr_match, external_blocks, U32, 0, 0) \
+  F(kvr_match, reserved0, U32, 0, 0)       \
+  F(kvr_match, tree_size, U64, 0, 0)
 #define KVRPY_FIELDS_kvr_potential_load(F)                   \
   F(kvr_potential_load, worker_id, U64, 0, 0)                \
   F(kvr_potential_load, dp_rank, U32, 0, 0)                  \

@@ -555,6 +555,19 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('reserved', 56, 16),
         ),
     ),
+    'kvr_match': (
+        40,
+        (
+            ('worker_id', 0, 8),
+            ('dp_rank', 8, 4),
+            ('device_blocks', 12, 4),
+            ('host_blocks', 16, 4),
+            ('disk_blocks', 20, 4),
+            ('external_blocks', 24, 4),
+            ('reserved0', 28, 4),
+            ('tree_size', 32, 8),
+        ),
+    ),
     'kvr_potential_load': (
         72,
         (

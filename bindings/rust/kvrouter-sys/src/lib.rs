@@ -493,6 +493,22 @@ pub struct kvr_overlap {
     pub reserved: [u64; 2],
 }
 
+/// One rank's match of a hashed prompt: the leading blocks it holds, per tier, each tier continuing
+/// where the previous one stops (device_blocks is Dynamo's find_matches depth).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvr_match {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    pub device_blocks: u32,
+    pub host_blocks: u32,
+    pub disk_blocks: u32,
+    pub external_blocks: u32,
+    pub reserved0: u32,
+    /// blocks the rank holds in the index
+    pub tree_size: u64,
+}
+
 /// The load each registered rank would carry with this prompt.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -961,6 +977,20 @@ extern "C" {
         num_hashes: usize,
         opts: *const kvr_request_options,
         out: *mut kvr_overlap,
+        cap: usize,
+        len: *mut usize,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
+    /// The index walk alone, Dynamo's find_matches contract: per rank holding at least the first of
+    /// `local_hashes` (kvr_compute_block_hashes), in no particular order, with none of the cost
+    /// model's figures (for those, kvr_router_overlap_scores_hashed). The lean call for a caller
+    /// that scores ranks itself; a 40-byte row per rank. KVR_BUFFER_TOO_SMALL (nothing written,
+    /// *len the rows needed) when cap is short. Since 0.2.0. @thread_safety concurrent
+    pub fn kvr_router_find_matches(
+        router: *mut kvr_router,
+        local_hashes: *const u64,
+        num_hashes: usize,
+        out: *mut kvr_match,
         cap: usize,
         len: *mut usize,
         err: *mut *mut kvr_error,
@@ -1479,6 +1509,16 @@ const _: () = {
     assert!(offset_of!(kvr_overlap, cached_tokens) == 40);
     assert!(offset_of!(kvr_overlap, tree_size) == 48);
     assert!(offset_of!(kvr_overlap, reserved) == 56);
+    assert!(size_of::<kvr_match>() == 40);
+    assert!(align_of::<kvr_match>() == 8);
+    assert!(offset_of!(kvr_match, worker_id) == 0);
+    assert!(offset_of!(kvr_match, dp_rank) == 8);
+    assert!(offset_of!(kvr_match, device_blocks) == 12);
+    assert!(offset_of!(kvr_match, host_blocks) == 16);
+    assert!(offset_of!(kvr_match, disk_blocks) == 20);
+    assert!(offset_of!(kvr_match, external_blocks) == 24);
+    assert!(offset_of!(kvr_match, reserved0) == 28);
+    assert!(offset_of!(kvr_match, tree_size) == 32);
     assert!(size_of::<kvr_potential_load>() == 72);
     assert!(align_of::<kvr_potential_load>() == 8);
     assert!(offset_of!(kvr_potential_load, worker_id) == 0);

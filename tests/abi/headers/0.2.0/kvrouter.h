@@ -557,6 +557,28 @@ KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router *router,
                                                     kvr_overlap *out, size_t cap, size_t *len,
                                                     kvr_error **err);
 
+/* One rank's match of a hashed prompt: the leading blocks it holds, per tier, each tier
+ * continuing where the previous one stops (device_blocks is Dynamo's find_matches depth). */
+typedef struct kvr_match {
+  uint64_t worker_id;
+  uint32_t dp_rank;
+  uint32_t device_blocks;
+  uint32_t host_blocks;
+  uint32_t disk_blocks;
+  uint32_t external_blocks;
+  uint32_t reserved0;
+  uint64_t tree_size; /* blocks the rank holds in the index */
+} kvr_match;
+
+/* The index walk alone, Dynamo's find_matches contract: per rank holding at least the first of
+ * `local_hashes` (kvr_compute_block_hashes), in no particular order, with none of the cost
+ * model's figures (for those, kvr_router_overlap_scores_hashed). The lean call for a caller
+ * that scores ranks itself; a 40-byte row per rank. KVR_BUFFER_TOO_SMALL (nothing written,
+ * *len the rows needed) when cap is short. Since 0.2.0. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_find_matches(kvr_router *router, const uint64_t *local_hashes,
+                                           size_t num_hashes, kvr_match *out, size_t cap,
+                                           size_t *len, kvr_error **err);
+
 /* The load each registered rank would carry with this prompt. */
 typedef struct kvr_potential_load {
   uint64_t worker_id;

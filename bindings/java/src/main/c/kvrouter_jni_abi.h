@@ -413,6 +413,38 @@ static inline void abi_decode_overlap(const jlong* v, kvr_overlap* c) {
   c->tree_size = (uint64_t)v[ABI_OVERLAP_TREE_SIZE];
 }
 
+/* kvr_match */
+enum {
+  ABI_MATCH_WORKER_ID = 0,
+  ABI_MATCH_DP_RANK = 1,
+  ABI_MATCH_DEVICE_BLOCKS = 2,
+  ABI_MATCH_HOST_BLOCKS = 3,
+  ABI_MATCH_DISK_BLOCKS = 4,
+  ABI_MATCH_EXTERNAL_BLOCKS = 5,
+  ABI_MATCH_TREE_SIZE = 6,
+  ABI_MATCH_LEN = 7
+};
+
+static inline void abi_encode_match(const kvr_match* c, jlong* v) {
+  v[ABI_MATCH_WORKER_ID] = (jlong)c->worker_id;
+  v[ABI_MATCH_DP_RANK] = (jlong)c->dp_rank;
+  v[ABI_MATCH_DEVICE_BLOCKS] = (jlong)c->device_blocks;
+  v[ABI_MATCH_HOST_BLOCKS] = (jlong)c->host_blocks;
+  v[ABI_MATCH_DISK_BLOCKS] = (jlong)c->disk_blocks;
+  v[ABI_MATCH_EXTERNAL_BLOCKS] = (jlong)c->external_blocks;
+  v[ABI_MATCH_TREE_SIZE] = (jlong)c->tree_size;
+}
+
+static inline void abi_decode_match(const jlong* v, kvr_match* c) {
+  c->worker_id = (uint64_t)v[ABI_MATCH_WORKER_ID];
+  c->dp_rank = (uint32_t)v[ABI_MATCH_DP_RANK];
+  c->device_blocks = (uint32_t)v[ABI_MATCH_DEVICE_BLOCKS];
+  c->host_blocks = (uint32_t)v[ABI_MATCH_HOST_BLOCKS];
+  c->disk_blocks = (uint32_t)v[ABI_MATCH_DISK_BLOCKS];
+  c->external_blocks = (uint32_t)v[ABI_MATCH_EXTERNAL_BLOCKS];
+  c->tree_size = (uint64_t)v[ABI_MATCH_TREE_SIZE];
+}
+
 /* kvr_potential_load */
 enum {
   ABI_POTENTIAL_LOAD_WORKER_ID = 0,

@@ -198,6 +198,20 @@ final class Abi {
     static final int LEN = 9;
   }
 
+  /** {@code kvr_match}. */
+  static final class Match {
+    private Match() {}
+
+    static final int WORKER_ID = 0;
+    static final int DP_RANK = 1;
+    static final int DEVICE_BLOCKS = 2;
+    static final int HOST_BLOCKS = 3;
+    static final int DISK_BLOCKS = 4;
+    static final int EXTERNAL_BLOCKS = 5;
+    static final int TREE_SIZE = 6;
+    static final int LEN = 7;
+  }
+
   /** {@code kvr_potential_load}. */
   static final class PotentialLoad {
     private PotentialLoad() {}
