@@ -84,6 +84,8 @@ fn rust_layouts() -> Vec<Layout> {
         kvr_overlap { worker_id, dp_rank, device_blocks, host_blocks, disk_blocks,
             external_blocks, reserved0, effective_overlap_blocks, cached_tokens, tree_size,
             reserved }
+        kvr_match { worker_id, dp_rank, device_blocks, host_blocks, disk_blocks,
+            external_blocks, reserved0, tree_size }
         kvr_potential_load { worker_id, dp_rank, reserved0, potential_prefill_tokens,
             potential_decode_blocks, active_prefill_tokens, active_blocks, active_requests,
             reserved }

@@ -72,8 +72,8 @@ pub use options::{
     Phase, QueuePolicy, RequestOptions, RouterOptions, RoutingHints, SessionMode, WorkerConfig,
 };
 pub use router::{
-    Candidate, EventKind, EventOutcome, Metrics, Overlap, PotentialLoad, RouteResult, RouteSignals,
-    Router, RouterRef,
+    Candidate, EventKind, EventOutcome, Match, Metrics, Overlap, PotentialLoad, RouteResult,
+    RouteSignals, Router, RouterRef,
 };
 pub use util::Multimodal;
 

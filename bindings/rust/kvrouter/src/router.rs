@@ -218,6 +218,34 @@ impl From<&sys::kvr_overlap> for Overlap {
     }
 }
 
+/// What one rank holds of a hashed prompt's prefix, per tier: the index walk alone
+/// (`kvr_match`; `device_blocks` is Dynamo's `find_matches` depth).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Match {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    pub device_blocks: u32,
+    pub host_blocks: u32,
+    pub disk_blocks: u32,
+    pub external_blocks: u32,
+    /// Blocks the rank holds in the index.
+    pub tree_size: u64,
+}
+
+impl From<&sys::kvr_match> for Match {
+    fn from(m: &sys::kvr_match) -> Self {
+        Match {
+            worker_id: m.worker_id,
+            dp_rank: m.dp_rank,
+            device_blocks: m.device_blocks,
+            host_blocks: m.host_blocks,
+            disk_blocks: m.disk_blocks,
+            external_blocks: m.external_blocks,
+            tree_size: m.tree_size,
+        }
+    }
+}
+
 /// The load one registered rank would carry with a prompt (`kvr_potential_load`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PotentialLoad {
@@ -655,6 +683,29 @@ impl RouterRef {
             }
         })?;
         Ok(rows.iter().map(Overlap::from).collect())
+    }
+
+    /// The index walk alone, Dynamo's `find_matches` contract: every rank holding at least
+    /// the first of `local_hashes`, with its depth per tier and tree size, none of the cost
+    /// model's figures (`kvr_router_find_matches`; the lean call when the caller scores ranks
+    /// itself).
+    pub fn find_matches(&self, local_hashes: &[u64]) -> Result<Vec<Match>> {
+        let rows = fill_rows(|out, cap, len, err| {
+            // SAFETY: a live router (concurrent); out has room for cap rows; local_hashes is
+            // read during the call only.
+            unsafe {
+                sys::kvr_router_find_matches(
+                    self.as_raw(),
+                    slice_ptr(local_hashes),
+                    local_hashes.len(),
+                    out,
+                    cap,
+                    len,
+                    err,
+                )
+            }
+        })?;
+        Ok(rows.iter().map(Match::from).collect())
     }
 
     /// The load every registered rank would carry with this prompt.

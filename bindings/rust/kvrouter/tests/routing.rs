@@ -296,6 +296,32 @@ fn caller_buffers_grow_to_what_the_library_needs() {
         assert_eq!(o.device_blocks as usize, 1 + (o.worker_id as usize % 4));
     }
     assert_eq!(router.potential_loads(&tokens, &opts).unwrap().len(), 100);
+    // The walk alone: the same depths and tree sizes, as many rows.
+    let hashes = compute_block_hashes(&tokens, BS, &Default::default()).unwrap();
+    let mut matches = router.find_matches(&hashes).unwrap();
+    let mut rows = overlaps.clone();
+    matches.sort_by_key(|m| m.worker_id);
+    rows.sort_by_key(|o| o.worker_id);
+    assert_eq!(matches.len(), 100);
+    for (m, o) in matches.iter().zip(&rows) {
+        assert_eq!(
+            (
+                m.worker_id,
+                m.dp_rank,
+                m.device_blocks,
+                m.host_blocks,
+                m.tree_size
+            ),
+            (
+                o.worker_id,
+                o.dp_rank,
+                o.device_blocks,
+                o.host_blocks,
+                o.tree_size
+            )
+        );
+    }
+    assert!(router.find_matches(&[]).unwrap().is_empty());
 
     // Candidates: at most max(capacity, 64) come back, with the total beside them.
     let mut candidates = Vec::new();
