@@ -356,6 +356,75 @@ func TestRoutingPicksPrefixHolder(t *testing.T) {
 	}
 }
 
+// FindMatches is the index walk of OverlapScoresOfHashes: the same ranks with the same tiers
+// and tree sizes, and no rows for no hashes or hashes nobody holds.
+func TestFindMatches(t *testing.T) {
+	r := newTestRouter(t, 4)
+	p := prompt(64, 1)
+	// Worker 1: two blocks on the device; worker 2: three on host memory; worker 3: two on the
+	// device continued by one on disk; worker 4 holds nothing.
+	must(t, r.ApplyStored(storedPrefix(1, p, 2)))
+	host := storedPrefix(2, p, 3)
+	host.Tier = TierHostPinned
+	must(t, r.ApplyStored(host))
+	dev := storedPrefix(3, p, 2)
+	must(t, r.ApplyStored(dev))
+	disk := &StoredEvent{WorkerID: 3, Tier: TierDisk, HasParent: true, ParentHash: dev.BlockHashes[1],
+		BlockHashes: []uint64{3<<32 | 3}, TokenIDs: p[2*bs : 3*bs]}
+	must(t, r.ApplyStored(disk))
+	hashes, err := ComputeBlockHashes(p, bs, nil)
+	must(t, err)
+	ov, err := r.OverlapScoresOfHashes(hashes, nil)
+	must(t, err)
+	ms, err := r.FindMatches(hashes)
+	must(t, err)
+	if len(ms) != 3 || len(ov) != 3 {
+		t.Fatalf("%d matches, %d overlaps, want 3 of each: %+v %+v", len(ms), len(ov), ms, ov)
+	}
+	sort.Slice(ov, func(i, j int) bool { return ov[i].WorkerID < ov[j].WorkerID })
+	sort.Slice(ms, func(i, j int) bool { return ms[i].WorkerID < ms[j].WorkerID })
+	for i, m := range ms {
+		o := ov[i]
+		want := Match{WorkerID: o.WorkerID, DPRank: o.DPRank, DeviceBlocks: o.DeviceBlocks, HostBlocks: o.HostBlocks,
+			DiskBlocks: o.DiskBlocks, ExternalBlocks: o.ExternalBlocks, TreeSize: o.TreeSize}
+		if m != want {
+			t.Errorf("match %+v, overlap %+v", m, o)
+		}
+	}
+	want := []Match{
+		{WorkerID: 1, DeviceBlocks: 2, TreeSize: 2},
+		{WorkerID: 2, HostBlocks: 3, TreeSize: 3},
+		{WorkerID: 3, DeviceBlocks: 2, DiskBlocks: 1, TreeSize: 3},
+	}
+	if !reflect.DeepEqual(ms, want) {
+		t.Errorf("matches %+v, want %+v", ms, want)
+	}
+	// A prefix of the prompt: worker 2 holds one block of it, as do the others.
+	short, err := r.FindMatches(hashes[:1])
+	must(t, err)
+	if len(short) != 3 {
+		t.Errorf("first block only: %+v", short)
+	}
+	for _, m := range short {
+		if m.DeviceBlocks+m.HostBlocks+m.DiskBlocks+m.ExternalBlocks != 1 {
+			t.Errorf("first block only: %+v", m)
+		}
+	}
+	// Nothing matches nothing: nil, empty, or hashes no rank holds.
+	for _, in := range [][]uint64{nil, {}, {0xDEAD, 0xBEEF}, hashes[1:]} {
+		none, err := r.FindMatches(in)
+		must(t, err)
+		if none == nil || len(none) != 0 {
+			t.Errorf("FindMatches(%x) = %#v, want an empty slice", in, none)
+		}
+	}
+	// A closed router.
+	r.Close()
+	if _, err := r.FindMatches(hashes); err != ErrClosed {
+		t.Errorf("closed router: %v", err)
+	}
+}
+
 // Load changes the choice: once the prefix holder is busy, another worker wins.
 func TestLoadChangesChoice(t *testing.T) {
 	r := newTestRouter(t, 3)
@@ -625,6 +694,32 @@ func TestMetricsPrometheusAndGrowth(t *testing.T) {
 		if want := uint32(1 + o.WorkerID%2); o.DeviceBlocks != want || o.TreeSize != uint64(want) {
 			t.Errorf("overlap %+v, want %d blocks", o, want)
 		}
+	}
+	// The walk alone grows its buffer the same way (from the first buffer's 16 rows on a
+	// fresh router, from none at all), and the rows it returned are remembered.
+	hashes, err := ComputeBlockHashes(p, bs, nil)
+	must(t, err)
+	fresh := newTestRouter(t, workers)
+	for w := uint64(1); w <= workers; w++ {
+		must(t, fresh.ApplyStored(storedPrefix(w, p, 1+int(w%2))))
+	}
+	if fresh.rowsHint() != initialResults {
+		t.Fatalf("fresh router's hint %d", fresh.rowsHint())
+	}
+	for _, capHint := range []int{initialResults, 0} {
+		ms, err := fresh.findMatches(hashes, capHint)
+		must(t, err)
+		if len(ms) != workers {
+			t.Fatalf("from %d rows: %d matches, want %d", capHint, len(ms), workers)
+		}
+		for _, m := range ms {
+			if want := uint32(1 + m.WorkerID%2); m.DeviceBlocks != want || m.TreeSize != uint64(want) {
+				t.Errorf("match %+v, want %d blocks", m, want)
+			}
+		}
+	}
+	if fresh.rowsHint() != workers {
+		t.Errorf("after FindMatches the hint is %d, want %d", fresh.rowsHint(), workers)
 	}
 	ov0, err := r.overlapScores(p, nil, 0) // no room at all at first
 	must(t, err)

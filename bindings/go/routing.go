@@ -372,6 +372,52 @@ func overlapsFrom(buf []C.kvr_overlap) []Overlap {
 	return out
 }
 
+// Match is what one rank holds of a hashed prompt's prefix, per tier, each tier continuing
+// where the previous one stops: the index walk alone, without the cost model's figures of an
+// Overlap (kvr_match).
+type Match struct {
+	WorkerID       uint64
+	DPRank         uint32
+	DeviceBlocks   uint32 // leading blocks on the device (Dynamo's find_matches depth)
+	HostBlocks     uint32
+	DiskBlocks     uint32
+	ExternalBlocks uint32
+	TreeSize       uint64 // blocks the rank holds in the index
+}
+
+// FindMatches returns, per rank holding at least the first of localHashes (ComputeBlockHashes),
+// in no particular order, the leading blocks it holds per tier: Dynamo's find_matches contract
+// (kvr_router_find_matches). Each row has the tiers and tree size of OverlapScoresOfHashes' row
+// for that rank, without the cost model's figures, and costs less to get: the call for a
+// caller that scores ranks itself. No hashes match no rank.
+func (r *Router) FindMatches(localHashes []uint64) ([]Match, error) {
+	return r.findMatches(localHashes, r.rowsHint())
+}
+
+func (r *Router) findMatches(localHashes []uint64, capHint int) ([]Match, error) {
+	h := r.handle()
+	if h == nil {
+		return nil, ErrClosed
+	}
+	hp := u64Ptr(localHashes)
+	defer runtime.KeepAlive(r)
+	defer runtime.KeepAlive(localHashes)
+	buf, err := fillGrowing(capHint, func(p *C.kvr_match, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_router_find_matches(h, hp, C.size_t(len(localHashes)), p, cap, n, cerr)
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.rows.Store(int32(len(buf)))
+	out := make([]Match, len(buf))
+	for i := range out {
+		var m cMatch
+		m.load(&buf[i])
+		out[i] = Match(m)
+	}
+	return out, nil
+}
+
 // PotentialLoad is the load one registered rank would carry with a prompt.
 type PotentialLoad struct {
 	WorkerID               uint64
