@@ -1187,6 +1187,42 @@ done:
   return result;
 }
 
+/* kvr_router_find_matches: the index walk alone, one kvr_match row per rank as Abi.Match.LEN
+ * slots each. The hashes are copied as for overlapScoresHashed (a null array is no hashes). */
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findMatches(JNIEnv* env, jclass cls, jlong r,
+                                                                 jlongArray hashes) {
+  (void)cls;
+  scratch s;
+  scratch_init(&s);
+  jlongArray result = NULL;
+  const uint64_t* h = NULL;
+  size_t n = 0;
+  if (copy_longs(env, &s, hashes, &h, &n) != 0) goto done;
+  size_t cap = rank_rows_hint();
+  for (int attempt = 0; attempt < GROW_ATTEMPTS; ++attempt) {
+    kvr_match* buf = (kvr_match*)scratch_array(env, &s, cap, sizeof(kvr_match));
+    if (buf == NULL) goto done;
+    size_t len = 0;
+    kvr_error* err = NULL;
+    kvr_status st = kvr_router_find_matches(ROUTER(r), h, n, buf, cap, &len, &err);
+    if (st == KVR_BUFFER_TOO_SMALL && attempt + 1 < GROW_ATTEMPTS) {
+      kvr_error_free(err);
+      cap = len + len / 4 + 1;
+      continue;
+    }
+    if (check(env, st, &err) != 0) goto done;
+    last_rank_rows = len;
+    jlong* flat = (jlong*)scratch_array(env, &s, len, sizeof(jlong) * ABI_MATCH_LEN);
+    if (flat == NULL) goto done;
+    for (size_t i = 0; i < len; ++i) abi_encode_match(&buf[i], flat + i * ABI_MATCH_LEN);
+    result = new_longs(env, flat, len * ABI_MATCH_LEN);
+    break;
+  }
+done:
+  scratch_free(&s);
+  return result;
+}
+
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env, jclass cls,
                                                                     jlong r, jintArray tokens,
                                                                     jobject options) {

@@ -113,6 +113,9 @@ final class Native {
 
   static native long[] overlapScoresHashed(long router, long[] localHashes, RequestOptions options);
 
+  /** kvr_router_find_matches: Abi.Match.LEN slots per rank. */
+  static native long[] findMatches(long router, long[] localHashes);
+
   static native long[] potentialLoads(long router, int[] tokens, RequestOptions options);
 
   static native void addRequest(

@@ -334,6 +334,28 @@ public final class Router extends NativeObject {
     return overlapsOf(a);
   }
 
+  /**
+   * The index walk alone, Dynamo's {@code find_matches} contract ({@code
+   * kvr_router_find_matches}): per rank holding at least the first of {@code localHashes} ({@link
+   * Hashing}), in no particular order, the leading blocks it holds per tier and its tree size.
+   * Each row has the tiers and tree size of that rank's {@link #overlapScoresHashed} row, without
+   * the cost model's figures, and costs less to get: the call for a caller that scores ranks
+   * itself. An empty array matches no rank.
+   */
+  public List<Match> findMatches(long[] localHashes) {
+    Objects.requireNonNull(localHashes, "localHashes");
+    long h = acquire();
+    long[] a;
+    try {
+      a = Native.findMatches(h, localHashes);
+    } finally {
+      release();
+    }
+    ArrayList<Match> list = new ArrayList<>(a.length / Abi.Match.LEN);
+    for (int i = 0; i < a.length; i += Abi.Match.LEN) list.add(Match.decode(a, i));
+    return Collections.unmodifiableList(list);
+  }
+
   private static List<Overlap> overlapsOf(long[] a) {
     ArrayList<Overlap> list = new ArrayList<>(a.length / Abi.Overlap.LEN);
     for (int i = 0; i < a.length; i += Abi.Overlap.LEN) list.add(Overlap.decode(a, i));

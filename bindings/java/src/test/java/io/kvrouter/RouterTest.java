@@ -5,6 +5,7 @@ import static io.kvrouter.TestSupport.routerWithWorkers;
 import static io.kvrouter.TestSupport.stored;
 import static io.kvrouter.TestSupport.tokens;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
@@ -310,6 +311,63 @@ class RouterTest {
     }
   }
 
+  /**
+   * findMatches is the index walk of overlapScoresHashed: the same ranks, tiers and tree sizes;
+   * no rows for no hashes or hashes nobody holds; a null array and a closed router refused.
+   */
+  @Test
+  void findMatchesIsTheWalkOfOverlapScores() {
+    Router router = routerWithWorkers(4);
+    try (router) {
+      // Worker 1: two blocks on the device; worker 2: three on host memory; worker 3: two on the
+      // device continued by one on disk; worker 4 holds nothing.
+      router.applyStored(stored(1, PROMPT, 2, 0x100));
+      router.applyStored(
+          StoredEvent.builder(2)
+              .tier(Tier.HOST_PINNED)
+              .blockHashes(TestSupport.engineHashes(3, 0x200))
+              .tokenIds(PROMPT)
+              .build());
+      router.applyStored(stored(3, PROMPT, 2, 0x300));
+      router.applyStored(
+          StoredEvent.builder(3)
+              .tier(Tier.DISK)
+              .parentHash(0x301)
+              .blockHashes(0x302)
+              .tokenIds(Arrays.copyOfRange(PROMPT, 2 * BLOCK, 3 * BLOCK))
+              .build());
+      long[] hashes = Hashing.blockHashes(PROMPT, BLOCK);
+      Map<Long, Overlap> overlaps = new TreeMap<>();
+      for (Overlap o : router.overlapScoresHashed(hashes, null)) overlaps.put(o.workerId(), o);
+      Map<Long, Match> matches = new TreeMap<>();
+      for (Match m : router.findMatches(hashes)) assertEquals(null, matches.put(m.workerId(), m));
+      assertEquals(List.of(1L, 2L, 3L), new ArrayList<>(matches.keySet()));
+      assertEquals(overlaps.keySet(), matches.keySet());
+      for (Match m : matches.values()) {
+        Overlap o = overlaps.get(m.workerId());
+        assertEquals(
+            new Match(
+                o.workerId(),
+                o.dpRank(),
+                o.deviceBlocks(),
+                o.hostBlocks(),
+                o.diskBlocks(),
+                o.externalBlocks(),
+                o.treeSize()),
+            m);
+      }
+      assertEquals(new Match(1, 0, 2, 0, 0, 0, 2), matches.get(1L));
+      assertEquals(new Match(2, 0, 0, 3, 0, 0, 3), matches.get(2L));
+      assertEquals(new Match(3, 0, 2, 0, 1, 0, 3), matches.get(3L));
+      // Nothing matches nothing.
+      assertEquals(List.of(), router.findMatches(new long[0]));
+      assertEquals(List.of(), router.findMatches(new long[] {0xDEADL, 0xBEEFL}));
+      assertEquals(List.of(), router.findMatches(Arrays.copyOfRange(hashes, 1, hashes.length)));
+      assertThrows(NullPointerException.class, () -> router.findMatches(null));
+    }
+    assertThrows(IllegalStateException.class, () -> router.findMatches(new long[] {1}));
+  }
+
   @Test
   void resultBuffersGrowBeyondTheirFirstSize() {
     // 40 workers × 2 ranks: more than the glue's first buffers of overlaps, loads and text.
@@ -323,6 +381,21 @@ class RouterTest {
                 .tokenIds(tokens(16, 1000))
                 .build());
       }
+      // The walk alone, on a thread of its own: its first buffer (8 rows) is short.
+      long[] hashes = Hashing.blockHashes(PROMPT, BLOCK);
+      List<List<Match>> fromFreshThread = new ArrayList<>();
+      Thread t = new Thread(() -> fromFreshThread.add(router.findMatches(hashes)));
+      t.start();
+      assertDoesNotThrow(() -> t.join());
+      assertEquals(1, fromFreshThread.size(), "findMatches on its own thread failed");
+      List<Match> matches = fromFreshThread.get(0);
+      assertEquals(40, matches.size());
+      Set<Long> workers = new HashSet<>();
+      for (Match m : matches) {
+        assertTrue(workers.add(m.workerId()), m.toString());
+        assertEquals(new Match(m.workerId(), (int) (m.workerId() % 2), 1, 0, 0, 0, 1), m);
+      }
+      assertEquals(40, router.findMatches(hashes).size());
       assertEquals(40, router.overlapScores(PROMPT).size());
       assertEquals(80, router.potentialLoads(PROMPT).size());
       RouteResult r = router.findBestMatch(PROMPT, null, 1000);
