@@ -1305,18 +1305,17 @@ typedef kvr_status (*list_fn)(kvr_router*, const void*, size_t, const kvr_reques
  * many, as the library walks the index before it can say a buffer was short. */
 static _Thread_local size_t last_rank_rows = 16;
 
-static PyObject* router_list_call(RouterObject* self, PyObject* args, size_t width,
-                                  const struct_desc* sd, list_fn fn) {
-  PyObject *in, *req, *list = NULL;
+/* The rows of a per-rank query of `in` (tokens for width 4, hashes for 8) as a list of sd's
+ * result type. `o` is passed to fn as it is (NULL for a query without options). */
+static PyObject* list_rows(RouterObject* self, PyObject* in, const kvr_request_options* o,
+                           size_t width, const struct_desc* sd, list_fn fn) {
+  PyObject* list = NULL;
   int_array input;
-  kvr_request_options o;
   size_t cap = last_rank_rows > 16 ? last_rank_rows : 16, len = 0, i;
   void* out = NULL;
   kvr_router* r;
   kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  if (!PyArg_ParseTuple(args, "OO", &in, &req)) return NULL;
-  if (call_request(req, NULL, &o) < 0) return NULL;
   if (get_array(in, width, 0, width == 4 ? "tokens" : "hashes", &input) < 0) return NULL;
   for (;;) {
     PyMem_Free(out);
@@ -1325,7 +1324,7 @@ static PyObject* router_list_call(RouterObject* self, PyObject* args, size_t wid
       PyErr_NoMemory();
       goto cleanup;
     }
-    ROUTER_CALL(self, r, st, fn(r, input.data, input.len, &o, out, cap, &len, &err));
+    ROUTER_CALL(self, r, st, fn(r, input.data, input.len, o, out, cap, &len, &err));
     if (st == KVR_BUFFER_TOO_SMALL && len > cap) {
       kvr_error_free(err);
       err = NULL;
@@ -1354,6 +1353,16 @@ cleanup:
   return list;
 }
 
+/* A per-rank query taking (input, lowered request or None). */
+static PyObject* router_list_call(RouterObject* self, PyObject* args, size_t width,
+                                  const struct_desc* sd, list_fn fn) {
+  PyObject *in, *req;
+  kvr_request_options o;
+  if (!PyArg_ParseTuple(args, "OO", &in, &req)) return NULL;
+  if (call_request(req, NULL, &o) < 0) return NULL;
+  return list_rows(self, in, &o, width, sd, fn);
+}
+
 static kvr_status overlap_fn(kvr_router* r, const void* in, size_t n, const kvr_request_options* o,
                              void* out, size_t cap, size_t* len, kvr_error** err) {
   return kvr_router_overlap_scores(r, in, n, o, out, cap, len, err);
@@ -1362,6 +1371,12 @@ static kvr_status overlap_hashed_fn(kvr_router* r, const void* in, size_t n,
                                     const kvr_request_options* o, void* out, size_t cap,
                                     size_t* len, kvr_error** err) {
   return kvr_router_overlap_scores_hashed(r, in, n, o, out, cap, len, err);
+}
+static kvr_status find_matches_fn(kvr_router* r, const void* in, size_t n,
+                                  const kvr_request_options* o, void* out, size_t cap, size_t* len,
+                                  kvr_error** err) {
+  (void)o; /* the index walk takes no options */
+  return kvr_router_find_matches(r, in, n, out, cap, len, err);
 }
 static kvr_status loads_fn(kvr_router* r, const void* in, size_t n, const kvr_request_options* o,
                            void* out, size_t cap, size_t* len, kvr_error** err) {
@@ -1373,6 +1388,10 @@ static PyObject* router_overlap_scores(RouterObject* self, PyObject* args) {
 }
 static PyObject* router_overlap_scores_hashed(RouterObject* self, PyObject* args) {
   return router_list_call(self, args, 8, DESC(kvr_overlap), overlap_hashed_fn);
+}
+/* _find_matches(hashes): kvr_router_find_matches, the index walk alone. */
+static PyObject* router_find_matches(RouterObject* self, PyObject* hashes) {
+  return list_rows(self, hashes, NULL, 8, DESC(kvr_match), find_matches_fn);
 }
 static PyObject* router_potential_loads(RouterObject* self, PyObject* args) {
   return router_list_call(self, args, 4, DESC(kvr_potential_load), loads_fn);
@@ -1698,6 +1717,7 @@ static PyMethodDef router_methods[] = {
     {"_find_best_match", (PyCFunction)(void (*)(void))router_find_best_match, METH_FASTCALL, NULL},
     {"_overlap_scores", (PyCFunction)router_overlap_scores, METH_VARARGS, NULL},
     {"_overlap_scores_hashed", (PyCFunction)router_overlap_scores_hashed, METH_VARARGS, NULL},
+    {"_find_matches", (PyCFunction)router_find_matches, METH_O, NULL},
     {"_potential_loads", (PyCFunction)router_potential_loads, METH_VARARGS, NULL},
     {"_add_request", (PyCFunction)router_add_request, METH_VARARGS, NULL},
     {"mark_prefill_completed", (PyCFunction)router_mark_prefill_completed, METH_O,
@@ -2792,6 +2812,9 @@ static const struct {
      "One candidate rank with every term of its cost (kvr_candidate)."},
     {IDX_kvr_overlap, "Overlap",
      "What one rank holds of a prompt's prefix, per tier (kvr_overlap)."},
+    {IDX_kvr_match, "Match",
+     "What one rank holds of a hashed prompt's prefix, per tier, without the cost model's "
+     "figures (kvr_match)."},
     {IDX_kvr_potential_load, "PotentialLoad",
      "The load a rank would carry with a prompt (kvr_potential_load)."},
     {IDX_kvr_metrics, "Metrics",

@@ -154,6 +154,6 @@ def test_result_types_are_the_generated_stubs():
     results = {node.name: [fn.name for fn in node.body if isinstance(fn, ast.FunctionDef)]
                for node in tree.body if isinstance(node, ast.ClassDef) and node.bases
                and ast.unparse(node.bases[0]).startswith("Tuple")}
-    assert len(results) == 8
+    assert len(results) == 9
     for name, fields in results.items():
         assert list(getattr(native, name).__match_args__) == fields, name

@@ -169,6 +169,69 @@ def test_local_hashes_tiers_and_overlaps(router):
     assert sorted(l.worker_id for l in loads) == [1, 2, 3, 4]
 
 
+def test_find_matches_is_the_walk_of_overlap_scores(router):
+    """The same ranks, tiers and tree sizes as overlap_scores_hashed, without the cost figures."""
+    p = prompt(2000, 3)
+    local = kvrouter.compute_block_hashes(p, 16)
+    # Worker 1: two blocks on the device; worker 2: three on host memory; worker 3: two on the
+    # device continued by one on disk; worker 4 holds nothing.
+    store(router, 1, p[:32], first_hash=0x100)
+    store(router, 2, p, first_hash=0x200, tier=kvrouter.Tier.HOST_PINNED)
+    store(router, 3, p[:32], first_hash=0x300)
+    router.apply_stored(StoredEvent(worker_id=3, block_hashes=[0x302], token_ids=p[32:48], parent_hash=0x301,
+                                    tier=kvrouter.Tier.DISK))
+    overlaps = {o.worker_id: o for o in router.overlap_scores_hashed(local)}
+    matches = router.find_matches(local)
+    assert all(isinstance(m, kvrouter.Match) for m in matches)
+    assert sorted(m.worker_id for m in matches) == sorted(overlaps) == [1, 2, 3]
+    for m in matches:
+        o = overlaps[m.worker_id]
+        assert m == (o.worker_id, o.dp_rank, o.device_blocks, o.host_blocks, o.disk_blocks, o.external_blocks,
+                     o.tree_size)
+    by_worker = {m.worker_id: m for m in matches}
+    assert by_worker[1] == kvrouter.Match((1, 0, 2, 0, 0, 0, 2))
+    assert (by_worker[2].device_blocks, by_worker[2].host_blocks, by_worker[2].tree_size) == (0, 3, 3)
+    assert (by_worker[3].device_blocks, by_worker[3].disk_blocks, by_worker[3].tree_size) == (2, 1, 3)
+    assert list(kvrouter.Match.__match_args__) == ["worker_id", "dp_rank", "device_blocks", "host_blocks",
+                                                   "disk_blocks", "external_blocks", "tree_size"]
+    # Integer buffers are read as for overlap_scores_hashed.
+    assert sorted(router.find_matches(array.array("Q", local))) == sorted(matches)
+    # Nothing matches nothing; bad hashes are refused as for overlap_scores_hashed.
+    assert router.find_matches([]) == []
+    assert router.find_matches([0xDEAD, 0xBEEF]) == []
+    assert router.find_matches(local[1:]) == []
+    for bad, exc in [(None, TypeError), ("abc", TypeError), (5, TypeError), ([1, -1], OverflowError),
+                     ([1 << 64], OverflowError), ([1.5], TypeError)]:
+        with pytest.raises(exc):
+            router.find_matches(bad)
+        with pytest.raises(exc):
+            router.overlap_scores_hashed(bad)
+    router.close()
+    with pytest.raises(kvrouter.ClosedError):
+        router.find_matches(local)
+
+
+def test_find_matches_grows_its_buffer():
+    """40 ranks: more than a thread's first buffer of 16 rows; the count is then remembered."""
+    p = prompt(3000, 2)
+    local = kvrouter.compute_block_hashes(p, 16)
+    with kvrouter.Router(block_size=16) as r:
+        for w in range(1, 41):
+            r.add_worker(w)
+            store(r, w, p[: 16 * (1 + w % 2)], first_hash=w << 8)
+        got = []
+        # A fresh thread: the extension's per-thread row count starts at 16.
+        t = threading.Thread(target=lambda: got.extend([r.find_matches(local), r.find_matches(local)]))
+        t.start()
+        t.join()
+        assert len(got) == 2, "find_matches failed on its thread"
+        for matches in got:
+            assert sorted(m.worker_id for m in matches) == list(range(1, 41))
+            for m in matches:
+                assert (m.device_blocks, m.tree_size) == (1 + m.worker_id % 2, 1 + m.worker_id % 2)
+        assert sorted(got[0]) == sorted(got[1])
+
+
 def test_hashing_matches_dynamos_vectors():
     import json
     import os

@@ -91,6 +91,7 @@ _native.setup(
 from ._native import (  # noqa: E402
     Candidate,
     IngestStats,
+    Match,
     Metrics,
     Overlap,
     PotentialLoad,
@@ -184,6 +185,7 @@ __all__ = [
     "InvalidArgumentError",
     "KvRouterError",
     "Listener",
+    "Match",
     "Metrics",
     "NotFoundError",
     "Overlap",

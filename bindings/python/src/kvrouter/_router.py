@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 from . import _native
-from ._native import Candidate, Metrics, Overlap, PotentialLoad, PrefillResult, RouteResult, RouteSignals
+from ._native import Candidate, Match, Metrics, Overlap, PotentialLoad, PrefillResult, RouteResult, RouteSignals
 from ._errors import NotFoundError
 from ._options import (
     DisaggOptions,
@@ -124,6 +124,14 @@ class Router(_native.Router):
         """As :meth:`overlap_scores` for a prompt already hashed (:func:`compute_block_hashes`):
         LoRA, namespace and multimodal content are in the hashes; only cost overrides apply."""
         return self._overlap_scores_hashed(local_hashes, _opt(options))
+
+    def find_matches(self, local_hashes: Ints) -> List[Match]:
+        """The index walk alone, Dynamo's ``find_matches`` contract (``kvr_router_find_matches``):
+        per rank holding at least the first of ``local_hashes`` (:func:`compute_block_hashes`), in
+        no particular order, the leading blocks it holds per tier and its tree size. Each row has
+        the tiers and tree size of the rank's :meth:`overlap_scores_hashed` row, without the cost
+        model's figures, and costs less to get. No hashes match no rank."""
+        return self._find_matches(local_hashes)
 
     def potential_loads(self, tokens: Ints, options: Optional[RequestOptions] = None) -> List[PotentialLoad]:
         """The load each registered rank would carry with this prompt."""

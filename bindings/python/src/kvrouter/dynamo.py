@@ -124,8 +124,9 @@ class RadixTree:
             raise TypeError("sequence must be a list of block hashes")
         if not len(sequence):
             return OverlapScores({})
-        overlaps = self._router.overlap_scores_hashed(sequence)
-        return OverlapScores({(o.worker_id, o.dp_rank): o.device_blocks for o in overlaps if o.device_blocks})
+        # The index walk alone (kvr_router_find_matches): the depths without the cost model.
+        matches = self._router.find_matches(sequence)
+        return OverlapScores({(m.worker_id, m.dp_rank): m.device_blocks for m in matches if m.device_blocks})
 
     def apply_event(self, worker_id: int, kv_cache_event_bytes: bytes) -> None:
         """Applies one KV cache event in Dynamo's JSON form (``KvCacheEvent``: ``event_id``,
