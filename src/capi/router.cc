@@ -626,7 +626,9 @@ KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router* router,
     const absl::Status status = router->router->OverlapScoresOfHashesInto(
         std::span(local_hashes, num_hashes), options.route, rows);
     if (!status.ok()) return FromStatus(err, status);
-    return ConvertOut(err, rows, ToOverlap, out, cap, len, "overlap scores");
+    return ConvertOut(
+        err, rows, [](const kvrouter::OverlapScore& s) { return ToOverlap(s); }, out, cap, len,
+        "overlap scores");
   });
 }
 
@@ -640,7 +642,10 @@ KVR_API kvr_status kvr_router_find_matches(kvr_router* router, const uint64_t* l
     }
     thread_local std::vector<kvrouter::WorkerMatch> matches;  // reused, as for overlap scores
     router->router->LookUp(std::span(local_hashes, num_hashes), matches);
-    return ConvertOut(err, matches, ToMatch, out, cap, len, "matches");
+    // A lambda, not the function itself: ConvertOut then inlines the conversion of each row.
+    return ConvertOut(
+        err, matches, [](const kvrouter::WorkerMatch& m) { return ToMatch(m); }, out, cap, len,
+        "matches");
   });
 }
 

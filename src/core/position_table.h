@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/counting_allocator.h"
+#include "core/prefetch.h"
 
 namespace kvrouter {
 
@@ -111,17 +112,6 @@ class PositionTable {
   struct alignas(64) Bucket {
     Slot slots[kWays];
   };
-
-  // Starts loading the cache line at `p`. An asm statement on x86-64: GCC 12 deems
-  // __builtin_prefetch free of side effects, so a function that does nothing else (Prefetch,
-  // or a caller's loop helper) is found pure once compiled, and every call to it is deleted.
-  static void PrefetchLine(const void* p) {
-#if defined(__x86_64__)
-    asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
-#else
-    __builtin_prefetch(p);
-#endif
-  }
 
   static uint64_t Mix(uint64_t x) {  // splitmix64's finaliser: engine hashes may be sequential
     x += 0x9e3779b97f4a7c15ull;

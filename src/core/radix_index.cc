@@ -16,6 +16,7 @@
 #include "core/counting_allocator.h"
 #include "core/hashing.h"
 #include "core/position_table.h"
+#include "core/prefetch.h"
 #include "core/scalable_shared_mutex.h"
 #include "core/shrink.h"
 #include "core/slab_pool.h"
@@ -33,6 +34,9 @@ constexpr uint32_t kMaxRun = 1u << 15;
 // How far ahead a pass over many blocks' table entries prefetches: enough to overlap the
 // misses, few enough that the prefetches are still in cache when their turn comes.
 constexpr size_t kPrefetchAhead = 16;
+// How many hashes of a lookup's sweeps (the prompt's, a node's run) are prefetched up front:
+// 4 KiB each, a 512-block prompt, well inside L1 with the node's.
+constexpr size_t kSweepPrefetch = 512;
 
 // For a pass over `keys` in order: at key k, prefetches the one kPrefetchAhead further on (at
 // key 0, the first kPrefetchAhead as well).
@@ -322,11 +326,15 @@ class RadixIndex::Impl {
     }
     const uint64_t* prompt = local_hashes.data();
     const size_t total = local_hashes.size();
+    // A lookup is a sweep along the prompt's hashes and each node's: start both sweeps'
+    // misses at once (the first 4 KiB of each; the hardware prefetcher carries on from there).
+    PrefetchRange(prompt + 1, std::min<size_t>(total - 1, kSweepPrefetch));
     size_t depth = 0;  // blocks matched before `node`
     for (;;) {
       // The run's first hash matched when the child was found; compare the rest in one sweep.
       const Node& n = nodes_[node];
       const size_t want = std::min<size_t>(n.len, total - depth);
+      PrefetchRange(Hashes(n) + 1, std::min<size_t>(want - 1, kSweepPrefetch));
       const size_t run = 1 + CommonPrefix(prompt + depth + 1, Hashes(n) + 1, want - 1);
       depth += run;
       if (run < n.len || depth == total) break;
