@@ -2,11 +2,12 @@
 //!
 //! * kvrouter: one `kvr_router` (approximate mode off, every worker registered), fed through
 //!   the C ABI: `kvr_router_apply_stored` with precomputed `local_hashes` (no token hashing),
-//!   `kvr_router_apply_removed`, and `kvr_router_overlap_scores_hashed` (the index walk for a
-//!   prompt already hashed) into a buffer reused across calls. These are raw `kvrouter::sys`
-//!   calls: the safe `Router::overlap_scores_hashed` returns a fresh `Vec` and starts with
-//!   room for 16 ranks, so with more ranks matched it calls the C function twice (the
-//!   walk runs twice); the safe path is timed separately (`safe_find_p50_us`).
+//!   `kvr_router_apply_removed`, and `kvr_router_find_matches` (the index walk alone for a
+//!   prompt already hashed: Dynamo's `find_matches` contract) into a buffer reused across
+//!   calls. These are raw `kvrouter::sys` calls; the safe `Router::find_matches` (a fresh
+//!   `Vec` per call) is timed separately (`safe_find_p50_us`), and so is
+//!   `kvr_router_overlap_scores_hashed`, the same walk with the cost model's figures per rank
+//!   (`overlap_find_p50_us`).
 //! * Dynamo's `RadixTree`: single-threaded (`Rc<RefCell<..>>` nodes, neither Send nor Sync),
 //!   `apply_event` and `find_matches(sequence, early_exit = false)` called directly, as its
 //!   `KvIndexer` does on its one task.
@@ -28,11 +29,32 @@ use dynamo_kv_router::protocols::{
     KvCacheStoredBlockData, LocalBlockHash, OverlapScores, RouterEvent, WorkerWithDpRank,
 };
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
-use kvrouter::{raw, sys, RequestOptions, Router, RouterOptions, WorkerConfig};
+use kvrouter::{raw, sys, Router, RouterOptions, WorkerConfig};
 use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
 use crate::workload::BLOCK_SIZE;
+
+/// Calls a per-rank query into `rows` (its capacity is the cap), growing it once when the
+/// library asks for more; returns the rows written.
+fn fill<T>(
+    rows: &mut Vec<T>,
+    mut call: impl FnMut(*mut T, usize, &mut usize) -> sys::kvr_status,
+) -> usize {
+    loop {
+        rows.clear();
+        let mut len = 0usize;
+        let status = call(rows.as_mut_ptr(), rows.capacity(), &mut len);
+        if status == sys::KVR_BUFFER_TOO_SMALL && len > rows.capacity() {
+            rows.reserve_exact(len);
+            continue;
+        }
+        assert_eq!(status, sys::KVR_OK, "a kvrouter lookup failed");
+        // SAFETY: on success the first len <= capacity rows were written.
+        unsafe { rows.set_len(len) };
+        return len;
+    }
+}
 
 /// Per (worker, dp_rank) overlap depth in blocks (entries with depth 0 left out).
 pub type Depths = std::collections::BTreeMap<(u64, u32), u32>;
@@ -45,7 +67,10 @@ pub struct Kvr {
 }
 
 /// A reusable result buffer for `Kvr::find`.
-pub struct KvrBuf(Vec<sys::kvr_overlap>);
+pub struct KvrBuf(Vec<sys::kvr_match>);
+
+/// A reusable result buffer for `Kvr::find_overlap`.
+pub struct OverlapBuf(Vec<sys::kvr_overlap>);
 
 impl Kvr {
     /// `dp_size` ranks per worker (1 for the trace); `index_shards` None keeps the library's
@@ -72,6 +97,10 @@ impl Kvr {
 
     pub fn buffer(&self, ranks: usize) -> KvrBuf {
         KvrBuf(Vec::with_capacity(ranks.max(16)))
+    }
+
+    pub fn overlap_buffer(&self, ranks: usize) -> OverlapBuf {
+        OverlapBuf(Vec::with_capacity(ranks.max(16)))
     }
 
     /// Applies a stored event; returns the kvr_status.
@@ -117,33 +146,41 @@ impl Kvr {
 
     /// The index walk for `local` into `buf`; returns how many ranks matched.
     pub fn find(&self, local: &[u64], buf: &mut KvrBuf) -> usize {
-        loop {
-            let v = &mut buf.0;
-            v.clear();
-            let mut len = 0usize;
-            // SAFETY: a live router (concurrent); local is read during the call; v has room for
-            // capacity() rows and the library writes at most that many; opts may be NULL.
-            let status = unsafe {
+        fill(&mut buf.0, |out, cap, len| {
+            // SAFETY: a live router (concurrent); local is read during the call; out has room
+            // for cap rows and the library writes at most that many.
+            unsafe {
+                sys::kvr_router_find_matches(
+                    self.router.as_raw(),
+                    local.as_ptr(),
+                    local.len(),
+                    out,
+                    cap,
+                    len,
+                    ptr::null_mut(),
+                )
+            }
+        })
+    }
+
+    /// The same walk with the cost model's figures per rank (effective overlap, cached
+    /// tokens): `kvr_router_overlap_scores_hashed`.
+    pub fn find_overlap(&self, local: &[u64], buf: &mut OverlapBuf) -> usize {
+        fill(&mut buf.0, |out, cap, len| {
+            // SAFETY: as find; opts may be NULL.
+            unsafe {
                 sys::kvr_router_overlap_scores_hashed(
                     self.router.as_raw(),
                     local.as_ptr(),
                     local.len(),
                     ptr::null(),
-                    v.as_mut_ptr(),
-                    v.capacity(),
-                    &mut len,
+                    out,
+                    cap,
+                    len,
                     ptr::null_mut(),
                 )
-            };
-            if status == sys::KVR_BUFFER_TOO_SMALL && len > v.capacity() {
-                v.reserve_exact(len);
-                continue;
             }
-            assert_eq!(status, sys::KVR_OK, "kvr_router_overlap_scores_hashed");
-            // SAFETY: on success the first len <= capacity rows were written.
-            unsafe { v.set_len(len) };
-            return len;
-        }
+        })
     }
 
     pub fn depths(&self, local: &[u64]) -> Depths {
@@ -166,12 +203,9 @@ impl Kvr {
             .collect()
     }
 
-    /// The same walk through the safe layer (a fresh Vec, grown from 16 rows).
+    /// The same walk through the safe layer (a fresh Vec per call).
     pub fn find_safe(&self, local: &[u64]) -> usize {
-        self.router
-            .overlap_scores_hashed(local, &RequestOptions::default())
-            .expect("overlap_scores_hashed")
-            .len()
+        self.router.find_matches(local).expect("find_matches").len()
     }
 
     /// (cached (block, rank) entries, exact index bytes, nodes) from kvr_router_get_metrics.

@@ -366,6 +366,22 @@ pub fn run(w: &Workload, args: &RunArgs) -> serde_json::Value {
         }
         _ => None,
     };
+    // kvrouter's walk with the cost model's figures per rank (kvr_router_overlap_scores_hashed),
+    // 1 thread, a tenth of the calls.
+    let overlap_p50 = match &index {
+        Index::Kvr(k) if threads == 1 => {
+            let mut buf = k.overlap_buffer(w.workers as usize);
+            let mut lat = Vec::new();
+            for i in 0..(iters / 10).max(100) {
+                let q = &queries[i % queries.len()];
+                let s = Instant::now();
+                std::hint::black_box(k.find_overlap(q, &mut buf));
+                lat.push(s.elapsed().as_secs_f64());
+            }
+            Some(percentile(&mut lat, 0.5) * 1e6)
+        }
+        _ => None,
+    };
 
     // 4. Continuations.
     let run_blocks: usize = w.runs.iter().map(|r| r.local.len()).sum();
@@ -508,6 +524,7 @@ pub fn run(w: &Workload, args: &RunArgs) -> serde_json::Value {
         "lookups_per_s": lookups_per_s,
         "find_cpu_share": find_cpu_share,
         "safe_find_p50_us": safe_p50,
+        "overlap_find_p50_us": overlap_p50,
         "run_events": w.runs.len(),
         "run_blocks": run_blocks,
         "store_blocks_per_s": median(&mut store_rates),
