@@ -29,8 +29,9 @@ struct WorkerKey {
 enum class Tier : uint8_t { kDevice = 0, kHostPinned = 1, kDisk = 2, kExternal = 3 };
 inline constexpr int kNumTiers = 4;
 
-// Engine "medium" strings (case-insensitive): GPU/DEVICE -> device; CPU_PINNED/CPU_TIER1 ->
-// host pinned; CPU_TIER2/DISK/NVME -> disk; EXTERNAL/NETWORK/REMOTE/SHARED -> external.
+// Engine "medium" strings (case-insensitive): GPU/DEVICE -> device; CPU/CPU_PINNED/CPU_TIER1
+// -> host pinned; CPU_TIER2/DISK/NVME/STORAGE -> disk; EXTERNAL/NETWORK/REMOTE/SHARED/
+// SHARED_STORAGE -> external.
 // Anything else, including an empty or missing medium, is the device (as in Dynamo).
 Tier TierFromMedium(std::string_view medium);
 constexpr std::string_view TierName(Tier tier) {

@@ -138,6 +138,9 @@ static void tier_from_medium(void** state) {
   assert_int_equal(KVR_TIER_EXTERNAL, kvr_tier_from_medium("network"));
   assert_int_equal(KVR_TIER_EXTERNAL, kvr_tier_from_medium("REMOTE"));
   assert_int_equal(KVR_TIER_EXTERNAL, kvr_tier_from_medium("SHARED"));
+  assert_int_equal(KVR_TIER_HOST_PINNED, kvr_tier_from_medium("CPU"));
+  assert_int_equal(KVR_TIER_DISK, kvr_tier_from_medium("STORAGE"));
+  assert_int_equal(KVR_TIER_EXTERNAL, kvr_tier_from_medium("SHARED_STORAGE"));
   assert_int_equal(KVR_TIER_DEVICE, kvr_tier_from_medium("no-such-medium"));
 }
 

@@ -600,7 +600,10 @@ TEST(RadixIndexTest, TierFromMediumMapping) {
   EXPECT_EQ(TierFromMedium("REMOTE"), Tier::kExternal);
   EXPECT_EQ(TierFromMedium("Shared"), Tier::kExternal);
   EXPECT_EQ(TierFromMedium(""), Tier::kDevice);
-  EXPECT_EQ(TierFromMedium("CPU"), Tier::kDevice);
+  // vLLM's offloading connector ("CPU") and tiered offloading ("STORAGE", "SHARED_STORAGE").
+  EXPECT_EQ(TierFromMedium("CPU"), Tier::kHostPinned);
+  EXPECT_EQ(TierFromMedium("STORAGE"), Tier::kDisk);
+  EXPECT_EQ(TierFromMedium("SHARED_STORAGE"), Tier::kExternal);
   EXPECT_EQ(TierFromMedium("tape"), Tier::kDevice);
   EXPECT_EQ(TierName(Tier::kHostPinned), "host_pinned");
 }
