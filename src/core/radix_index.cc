@@ -859,6 +859,9 @@ class RadixIndex::Impl {
   // extend the worker's own leaf). Never a node per block.
   ApplyResult Store(WorkerKey worker, Tier tier, const StoredEvent& stored,
                     std::span<const uint64_t> locals) {
+    if (locals.empty() && stored.token_ids.empty() && !stored.parent_hash) {
+      return StoreCopies(worker, tier, stored.block_hashes);
+    }
     const uint32_t slot = SlotFor(worker);
     PositionTable& blocks = workers_[slot].blocks;
     StoreCursor cursor;
@@ -1068,6 +1071,36 @@ class RadixIndex::Impl {
     }
     cursor.Advance({run, 0}, count);
     return j;
+  }
+
+  // A store that names blocks by engine hash alone, without tokens, local hashes or parent
+  // (vLLM's offloading connector reports its copies so): each is a copy, on `tier`, of a block
+  // the worker already holds on another tier. Hashes it does not hold are skipped and reported.
+  ApplyResult StoreCopies(WorkerKey worker, Tier tier, std::span<const uint64_t> engine) {
+    const uint32_t slot = SlotFor(worker);
+    PositionTable& blocks = workers_[slot].blocks;
+    size_t missing = 0;
+    uint64_t first_missing = 0;
+    for (size_t i = 0; i < engine.size(); ++i) {
+      const uint64_t entry = blocks.Get(engine[i]);
+      if (entry == 0) {
+        if (missing++ == 0) first_missing = engine[i];
+        continue;
+      }
+      const Position at = ResolveEntry(blocks, engine[i], entry);
+      const uint64_t local = Hashes(nodes_[at.node])[at.offset];
+      StoreCursor cursor;
+      StoreAgain(slot, tier, engine.subspan(i, 1), std::span<const uint64_t>(&local, 1), 0, cursor);
+    }
+    if (missing > 0) {
+      return Fail(EventKind::kStored, EventError::kBlockNotFound,
+                  absl::StrFormat("%u of %u blocks stored without tokens are not held by worker "
+                                  "%u rank %u on any tier (first: %u); the others were added to "
+                                  "tier %s",
+                                  missing, engine.size(), worker.worker_id, worker.dp_rank,
+                                  first_missing, TierName(tier)));
+    }
+    return Succeed(EventKind::kStored);
   }
 
   // The worker no longer holds the block at `p` on `tiers`.

@@ -47,7 +47,9 @@ enum class EventError : uint8_t {
   kParentBlockNotFound,   // the stored event's parent hash is unknown for that worker:
                           // the whole event is dropped (Dynamo)
   kBlockNotFound,         // a removed hash is unknown for that worker (on that tier): the
-                          // other hashes of the event are still removed
+                          // other hashes of the event are still removed; or a stored event
+                          // without tokens (a copy to another tier) names a block the worker
+                          // does not hold: the others are still added
   kInvalidBlockSequence,  // a stored block repeats its parent's or an earlier block's hash:
                           // blocks before it are applied, the rest is dropped
   kInvalidBlock,          // a stored block's tokens do not make a complete block, or the

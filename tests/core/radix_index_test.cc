@@ -690,11 +690,46 @@ TEST(RadixIndexTest, IncompleteTokenBlocksAreInvalid) {
   EXPECT_EQ(index.Apply(StoredBlocks(kW1, 1003, {1004}, {kD})).error,
             EventError::kParentBlockNotFound);
 
-  // No tokens and no local hashes at all: nothing applied.
+  // No tokens and no local hashes at all: a copy of blocks the worker holds (below), and W2
+  // holds none.
   EXPECT_EQ(index.Apply(StoredTokens(kW2, std::nullopt, {2001}, {})).error,
-            EventError::kInvalidBlock);
+            EventError::kBlockNotFound);
   EXPECT_EQ(index.TreeSize(kW2), 0u);
-  EXPECT_EQ(EventCount(index.Stats(), EventKind::kStored, EventError::kInvalidBlock), 2u);
+  EXPECT_EQ(EventCount(index.Stats(), EventKind::kStored, EventError::kInvalidBlock), 1u);
+  // With a parent but no tokens, nothing can be placed.
+  EXPECT_EQ(index.Apply(StoredTokens(kW1, 1001, {1002}, {})).error, EventError::kInvalidBlock);
+}
+
+// vLLM's offloading connector names the blocks it copied to the CPU by engine hash alone (no
+// tokens, no parent): they join the tier of the copy where the worker holds them. The copies
+// come and go on their own tier; the device keeps its blocks throughout.
+TEST(RadixIndexTest, StoreWithoutTokensCopiesHeldBlocksToItsTier) {
+  RadixIndex index(RadixIndexOptions{.block_size = 4});
+  const std::vector<uint32_t> tokens = Iota(1, 12);
+  const auto local = ComputeLocalBlockHashes(tokens, 4);
+  ASSERT_TRUE(index.Apply(StoredTokens(kW1, std::nullopt, {1001, 1002, 1003}, tokens)).ok());
+  ASSERT_TRUE(
+      index.Apply(StoredTokens(kW1, std::nullopt, {1001, 1002}, {}, Tier::kHostPinned)).ok());
+  auto m = MatchOf(index.FindMatches(local), kW1);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(TierHits(*m), (Hits{3, 0, 0, 0}));
+  ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1001, 1002}, Tier::kHostPinned)).ok());
+  m = MatchOf(index.FindMatches(local), kW1);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(TierHits(*m), (Hits{3, 0, 0, 0}));
+  EXPECT_EQ(index.TreeSize(kW1), 3u);
+
+  // Copied again, then evicted from the device: the copies serve from the host tier.
+  ASSERT_TRUE(
+      index.Apply(StoredTokens(kW1, std::nullopt, {1001, 1002, 1003}, {}, Tier::kHostPinned)).ok());
+  ASSERT_TRUE(index.Apply(RemovedBlocks(kW1, {1002, 1003})).ok());
+  m = MatchOf(index.FindMatches(local), kW1);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(TierHits(*m), (Hits{1, 2, 0, 0}));
+  // A hash the worker does not hold is reported; the others are still copied.
+  EXPECT_EQ(index.Apply(StoredTokens(kW1, std::nullopt, {1001, 9999}, {}, Tier::kDisk)).error,
+            EventError::kBlockNotFound);
+  EXPECT_EQ(index.CheckInvariants(), "");
 }
 
 TEST(RadixIndexTest, ShortLocalHashListIsInvalid) {
