@@ -1,11 +1,13 @@
 #include "ingest/engine_events.h"
 
+#include <algorithm>
 #include <cstring>
 #include <msgpack.hpp>  // MSGPACK_NO_BOOST is set by the build
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/hashing.h"
 
 namespace kvrouter {
 namespace {
@@ -81,28 +83,104 @@ std::vector<uint64_t> AsHashes(const object& o, const char* what) {
   return out;
 }
 
-std::vector<uint32_t> AsTokens(const object& o) {
+uint32_t AsToken(const object& o) {
+  const int64_t v = AsInt(o, "token id");
+  if (v < 0 || v > UINT32_MAX) Reject(absl::StrCat("token id ", v, " out of range"));
+  return static_cast<uint32_t>(v);
+}
+
+// Plain token ids, or SGLang's EAGLE bigram pages: one [t_i, t_i+1] pair per token position,
+// consecutive pairs overlapping by one token. Those unfold to t_0 .. t_n (n pairs, n + 1
+// tokens): each block's window then ends with its look-ahead token, the router's eagle form.
+std::vector<uint32_t> AsTokens(const object& o, bool& bigram) {
+  const std::span<const object> items = AsArray(o, "token_ids");
   std::vector<uint32_t> out;
-  for (const object& t : AsArray(o, "token_ids")) {
-    const int64_t v = AsInt(t, "token id");
-    if (v < 0 || v > UINT32_MAX) Reject(absl::StrCat("token id ", v, " out of range"));
-    out.push_back(static_cast<uint32_t>(v));
+  bigram = !items.empty() && items[0].type == mtype::ARRAY;
+  if (!bigram) {
+    out.reserve(items.size());
+    for (const object& t : items) out.push_back(AsToken(t));
+    return out;
+  }
+  out.reserve(items.size() + 1);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::span<const object> pair = AsArray(items[i], "bigram token pair");
+    if (pair.size() != 2)
+      Reject(absl::StrCat("bigram token pair ", i, " has ", pair.size(), " elements, not 2"));
+    const uint32_t first = AsToken(pair[0]);
+    if (i > 0 && first != out.back()) {
+      Reject(absl::StrCat("bigram token pair ", i, " does not continue pair ", i - 1));
+    }
+    if (i == 0) out.push_back(first);
+    out.push_back(AsToken(pair[1]));
   }
   return out;
 }
 
-// The string members of each block's extra_keys tuple (nil entries stay empty).
-std::vector<std::vector<std::string>> AsExtraKeys(const object* o) {
-  std::vector<std::vector<std::string>> out;
-  if (o == nullptr || IsNil(*o)) return out;
-  for (const object& block : AsArray(*o, "extra_keys")) {
-    std::vector<std::string>& keys = out.emplace_back();
+bool IsHexDigest(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+         });
+}
+
+// The tag Dynamo's vLLM front end puts before a cache salt it passes down (and newer SGLang
+// writes into extra_keys), so that a salt cannot be mistaken for a LoRA name.
+constexpr std::string_view kTaggedSaltPrefix = "dynamo-cache-salt:";
+
+// vLLM's extra_keys: one entry per block, nil or a tuple of (in this order) the LoRA name, the
+// multimodal items in the block ([identifier, offset] pairs since vLLM 0.19, bare identifier
+// strings before), the cache salt (a request's first block only) and prompt-embedding digests
+// (bytes). Keeps each block's bare strings and the routing hashes of its multimodal items.
+void ReadExtraKeys(const object& o, EngineEvent& out) {
+  for (const object& block : AsArray(o, "extra_keys")) {
+    std::vector<std::string>& keys = out.extra_keys.emplace_back();
+    std::vector<uint64_t>& mm = out.block_mm_hashes.emplace_back();
     if (block.type != mtype::ARRAY) continue;
     for (const object& key : AsArray(block, "extra_keys entry")) {
-      if (key.type == mtype::STR) keys.emplace_back(key.via.str.ptr, key.via.str.size);
+      if (key.type == mtype::STR) {
+        keys.emplace_back(key.via.str.ptr, key.via.str.size);
+      } else if (key.type == mtype::ARRAY && key.via.array.size >= 1 &&
+                 key.via.array.ptr[0].type == mtype::STR) {
+        const object& id = key.via.array.ptr[0];
+        if (auto h = MmHashOfIdentifier({id.via.str.ptr, id.via.str.size})) mm.push_back(*h);
+      }
     }
   }
-  return out;
+  // Legacy (bare) multimodal identifiers are told from the other bare strings as Dynamo does:
+  // vLLM's digests are 64 hex characters, and nothing else is read as one.
+  for (size_t b = 0; b < out.extra_keys.size(); ++b) {
+    bool lora_skipped = false;
+    for (const std::string& key : out.extra_keys[b]) {
+      if (!lora_skipped && out.lora_name && key == *out.lora_name) {
+        lora_skipped = true;
+      } else if (IsHexDigest(key)) {
+        out.block_mm_hashes[b].push_back(*MmHashOfIdentifier(key));
+      }
+    }
+  }
+  bool any_mm = false;
+  for (const auto& mm : out.block_mm_hashes) any_mm |= !mm.empty();
+  if (!any_mm) out.block_mm_hashes.clear();
+}
+
+// The cache salt in a vLLM store's extra_keys: vLLM adds it to the first block of a request
+// only, so only a store with no parent can carry it, in its first entry. It is the bare string
+// there that is neither the LoRA name (the first string equal to lora_name: a salt may equal
+// it) nor a multimodal digest; a Dynamo-tagged salt loses its tag.
+std::optional<std::string> SaltFromExtraKeys(const EngineEvent& e) {
+  if (e.parent_hash || e.extra_keys.empty()) return std::nullopt;
+  bool lora_skipped = false;
+  for (const std::string& key : e.extra_keys[0]) {
+    if (!lora_skipped && e.lora_name && key == *e.lora_name) {
+      lora_skipped = true;
+      continue;
+    }
+    if (key.starts_with(kTaggedSaltPrefix)) {
+      if (key.size() > kTaggedSaltPrefix.size()) return key.substr(kTaggedSaltPrefix.size());
+      continue;
+    }
+    if (!key.empty() && !IsHexDigest(key)) return key;
+  }
+  return std::nullopt;
 }
 
 // Field access that works the same on positional and tagged-map events.
@@ -152,11 +230,17 @@ void ReadMedium(const Fields& fields, EngineEvent& out) {
   out.tier = TierFromMedium(out.medium.value_or(""));
 }
 
-// SGLang's salted store appends a metadata map where vLLM has lora_name.
+// SGLang's salted store (BlockStoredWithMetadata) appends a metadata map {"cache_salt": ...}:
+// right after medium (where vLLM has lora_name) up to 0.5.x, after every positional field in
+// later versions, or under the key "metadata" when events are maps.
 void ReadSglangMetadata(const object& event, EngineEvent& out) {
-  if (event.type != mtype::ARRAY) return;
-  for (uint32_t i = 1; i < event.via.array.size; ++i) {
-    const object& o = event.via.array.ptr[i];
+  std::span<const object> candidates;
+  if (event.type == mtype::ARRAY) {
+    candidates = {event.via.array.ptr + 1, event.via.array.size - 1};
+  } else if (const object* m = Fields(event, {}).Get("metadata")) {
+    candidates = {m, 1};
+  }
+  for (const object& o : candidates) {
     if (o.type != mtype::MAP) continue;
     for (uint32_t k = 0; k < o.via.map.size; ++k) {
       const auto& kv = o.via.map.ptr[k];
@@ -176,10 +260,11 @@ EngineEvent DecodeStored(const object& event) {
   if (const object* parent = fields.Get("parent_block_hash"); parent && !IsNil(*parent)) {
     out.parent_hash = AsHash(*parent, "parent_block_hash");
   }
-  out.token_ids = AsTokens(fields.Require("token_ids"));
+  out.token_ids = AsTokens(fields.Require("token_ids"), out.bigram);
   if (auto bs = OptInt(fields.Get("block_size"), "block_size")) {
-    if (*bs <= 0 || *bs > UINT32_MAX) Reject(absl::StrCat("block_size ", *bs, " out of range"));
-    out.block_size = static_cast<uint32_t>(*bs);
+    if (*bs < 0 || *bs > UINT32_MAX) Reject(absl::StrCat("block_size ", *bs, " out of range"));
+    // 0: vLLM's offloading connector announcing copies without tokens (no size to check).
+    if (*bs > 0) out.block_size = static_cast<uint32_t>(*bs);
   }
   out.lora_id = OptInt(fields.Get("lora_id"), "lora_id");
   ReadMedium(fields, out);
@@ -187,7 +272,7 @@ EngineEvent DecodeStored(const object& event) {
     out.lora_name = std::string(AsStr(*lora, "lora_name"));
   }
   if (const object* keys = fields.Get("extra_keys"); keys && keys->type == mtype::ARRAY) {
-    out.extra_keys = AsExtraKeys(keys);
+    ReadExtraKeys(*keys, out);
   }
   if (const object* group = fields.Get("group_idx"); group && group->type != mtype::MAP) {
     out.group_idx = OptInt(group, "group_idx");
@@ -196,6 +281,11 @@ EngineEvent DecodeStored(const object& event) {
     out.kv_cache_spec_kind = std::string(AsStr(*kind, "kv_cache_spec_kind"));
   }
   ReadSglangMetadata(event, out);
+  if (const object* salt = fields.Get("cache_salt"); salt && salt->type == mtype::STR) {
+    out.cache_salt = std::string(AsStr(*salt, "cache_salt"));  // a map event's own field
+  }
+  if (!out.cache_salt) out.cache_salt = SaltFromExtraKeys(out);
+  if (out.cache_salt && out.cache_salt->empty()) out.cache_salt.reset();
   return out;
 }
 
@@ -277,6 +367,15 @@ EngineBatch DecodeBatch(const object& root) {
 
 }  // namespace
 
+std::string BlockSizeMismatch(size_t event_index, uint32_t engine_block_size,
+                              uint32_t router_block_size) {
+  return absl::StrCat(
+      "event ", event_index, " has block size ", engine_block_size, "; the router's is ",
+      router_block_size, ". Engines must use the router's block size: start SGLang with ",
+      "--page-size ", router_block_size, " (its default page size, 1, publishes one-token ",
+      "blocks) and vLLM with --block-size ", router_block_size);
+}
+
 absl::StatusOr<EngineBatch> DecodeEnginePayload(std::span<const uint8_t> payload) {
   // No container can have more elements than the payload has bytes: the limits keep a garbage
   // header from making msgpack-c reserve memory for billions of objects.
@@ -298,6 +397,42 @@ absl::StatusOr<EngineBatch> DecodeEnginePayload(std::span<const uint8_t> payload
   }
 }
 
+std::optional<uint64_t> MmHashOfIdentifier(std::string_view identifier) {
+  if (identifier.empty()) return std::nullopt;
+  if (IsHexDigest(identifier)) {
+    uint64_t value = 0;
+    for (char c : identifier.substr(0, 16)) {
+      const int digit = c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10;
+      value = (value << 4) | static_cast<uint64_t>(digit);
+    }
+    return value;
+  }
+  return HashBytes({reinterpret_cast<const uint8_t*>(identifier.data()), identifier.size()},
+                   /*seed=*/0);
+}
+
+std::string_view SaltedBlocks::Of(uint64_t engine_hash) const {
+  const auto it = salt_of_.find(engine_hash);
+  return it == salt_of_.end() ? std::string_view() : std::string_view(salts_[it->second]);
+}
+
+void SaltedBlocks::Record(std::span<const uint64_t> engine_hashes, std::string_view salt) {
+  auto [it, added] = ids_.try_emplace(std::string(salt), static_cast<uint32_t>(salts_.size()));
+  if (added) salts_.emplace_back(salt);
+  for (uint64_t h : engine_hashes) salt_of_[h] = it->second;
+}
+
+void SaltedBlocks::Forget(std::span<const uint64_t> engine_hashes) {
+  if (salt_of_.empty()) return;
+  for (uint64_t h : engine_hashes) salt_of_.erase(h);
+}
+
+void SaltedBlocks::Clear() {
+  salt_of_.clear();
+  salts_.clear();
+  ids_.clear();
+}
+
 std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes) {
   if (bytes.size() != 8) return std::nullopt;
   uint64_t value = 0;
@@ -306,7 +441,8 @@ std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes) {
 }
 
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
-                          uint32_t router_block_size, bool eagle, uint64_t first_event_id) {
+                          uint32_t router_block_size, bool eagle, uint64_t first_event_id,
+                          SaltedBlocks* salted) {
   ConvertedBatch out;
   const WorkerKey worker{worker_id, batch.dp_rank.value_or(default_dp_rank)};
   uint64_t event_id = first_event_id;
@@ -322,25 +458,37 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
     event.event_id = event_id++;
     switch (e.kind) {
       case EngineEventKind::kStored: {
-        if (e.block_size && *e.block_size != router_block_size) {
+        // A store without tokens has nothing to hash, so no size to check.
+        if (e.block_size && *e.block_size != router_block_size && !e.token_ids.empty()) {
           out.block_size_mismatches.push_back(
-              {i, absl::StrCat("event ", i, " has block size ", *e.block_size, "; the router's is ",
-                               router_block_size)});
+              {i, BlockSizeMismatch(i, *e.block_size, router_block_size)});
           continue;
         }
         StoredEvent stored;
         stored.parent_hash = e.parent_hash;
         stored.block_hashes = e.block_hashes;
         stored.token_ids = e.token_ids;  // no local hashes: the router hashes the tokens
+        stored.block_mm_hashes = e.block_mm_hashes;
         stored.lora_name = e.lora_name.value_or("");
-        stored.eagle = eagle;
+        stored.eagle = eagle || e.bigram;
+        if (e.cache_salt) {
+          stored.cache_namespace = *e.cache_salt;
+        } else if (salted != nullptr && e.parent_hash) {
+          stored.cache_namespace = salted->Of(*e.parent_hash);
+        }
+        if (salted != nullptr && !stored.cache_namespace.empty() && !e.token_ids.empty()) {
+          salted->Record(e.block_hashes, stored.cache_namespace);
+        }
         event.data = std::move(stored);
         break;
       }
       case EngineEventKind::kRemoved:
+        // A block evicted from the device can no longer be a parent of newly computed blocks.
+        if (salted != nullptr && e.tier == Tier::kDevice) salted->Forget(e.block_hashes);
         event.data = RemovedEvent{.block_hashes = e.block_hashes};
         break;
       case EngineEventKind::kCleared:
+        if (salted != nullptr) salted->Clear();
         event.data = ClearedEvent{};
         break;
     }

@@ -14,8 +14,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "core/types.h"
 
@@ -33,11 +35,20 @@ struct EngineEvent {
   std::optional<std::string> medium;     // as sent; missing = device
   std::optional<std::string> lora_name;  // vLLM >= #27577
   std::optional<int64_t> lora_id;
-  std::optional<int64_t> group_idx;       // KV-cache group in hybrid models
-  std::optional<std::string> cache_salt;  // SGLang's trailing metadata map
-  // vLLM: per block, the string members of its extra_keys tuple (LoRA name, cache salt, ...);
-  // empty when the engine sent none. Kept for inspection; they do not enter local hashes.
+  std::optional<int64_t> group_idx;  // KV-cache group in hybrid models
+  // The cache salt the engine folded into these blocks' identity: SGLang's metadata map
+  // ({"cache_salt": ...}, every page of a salted request), or read from vLLM's extra_keys
+  // (first block of a request only; see SaltFromExtraKeys). Becomes the router's namespace.
+  std::optional<std::string> cache_salt;
+  // vLLM: per block, the bare string members of its extra_keys tuple (LoRA name, cache salt,
+  // legacy multimodal identifiers); empty when the engine sent none.
   std::vector<std::vector<std::string>> extra_keys;
+  // vLLM: per block, the multimodal items its extra_keys name, as Dynamo's routing hashes
+  // (MmHashOfIdentifier); empty when none. They enter that block's local hash.
+  std::vector<std::vector<uint64_t>> block_mm_hashes;
+  // SGLang with EAGLE: token_ids came as bigram pairs [[t0,t1],[t1,t2],...] and were unfolded
+  // to t0, t1, ..., tn (each block one look-ahead token longer: the router's eagle window).
+  bool bigram = false;
   std::optional<std::string> kv_cache_spec_kind;  // hybrid models: only "full_attention" indexes
   Tier tier = Tier::kDevice;                      // TierFromMedium(medium)
 };
@@ -52,8 +63,18 @@ struct EngineBatch {
 // a shape no known version produces, or an unknown event tag.
 absl::StatusOr<EngineBatch> DecodeEnginePayload(std::span<const uint8_t> payload);
 
+// Dynamo's routing hash of a multimodal identifier from vLLM's extra_keys: a 64-character hex
+// digest (vLLM's own processor) is its first 16 hex digits; any other non-empty identifier is
+// XXH3-64 of its bytes (seed 0). Queries pass the same values as kvr_hash_options.mm_hashes.
+std::optional<uint64_t> MmHashOfIdentifier(std::string_view identifier);
+
 // The 8-byte big-endian sequence number of a ZMQ message; nullopt unless exactly 8 bytes.
 std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes);
+
+// Why a stored event of `engine_block_size` is not indexed by a router of `router_block_size`,
+// and how to run SGLang and vLLM so that it is.
+std::string BlockSizeMismatch(size_t event_index, uint32_t engine_block_size,
+                              uint32_t router_block_size);
 
 // Why an engine event cannot become a router event.
 struct ConversionReject {
@@ -68,13 +89,38 @@ struct ConvertedBatch {
   size_t skipped_other_groups = 0;
 };
 
+// vLLM folds a request's cache salt into the identity of its first block only (the others
+// inherit it through the parent chain), so a store that continues a salted sequence carries no
+// salt. The router's namespace salts every block (as Dynamo's does), so each publisher
+// remembers which of its engine blocks were stored salted, and a continuation takes its
+// parent's salt. Only salted blocks are kept; a device-tier removal or a clear forgets them.
+class SaltedBlocks {
+ public:
+  // The salt block `engine_hash` was stored under; empty if none is known.
+  std::string_view Of(uint64_t engine_hash) const;
+  void Record(std::span<const uint64_t> engine_hashes, std::string_view salt);
+  void Forget(std::span<const uint64_t> engine_hashes);
+  void Clear();
+  size_t size() const { return salt_of_.size(); }
+
+ private:
+  absl::flat_hash_map<uint64_t, uint32_t> salt_of_;  // engine hash -> index in salts_
+  std::vector<std::string> salts_;
+  absl::flat_hash_map<std::string, uint32_t> ids_;
+};
+
 // Router events of `batch` for `worker_id`. The rank is the batch's dp rank when it has one,
 // else `default_dp_rank` (the publisher's socket). Stored events carry token ids and no local
 // hashes, so the router computes its own hashes from the tokens (dual key: engine hashes link
 // blocks, local hashes match prompts). A stored event announcing a block size other than
 // `router_block_size` is not converted but listed as a mismatch. `eagle`: the model's blocks
-// use eagle windows (each block's tokens include one look-ahead token, the bigram form).
+// use eagle windows (each block's tokens include one look-ahead token, the bigram form); bigram
+// token pages (EngineEvent::bigram) are eagle windows whatever `eagle` says. A stored event's
+// cache salt becomes the router event's cache namespace; `salted` (the publisher's memory, may
+// be null) lends a continuation its parent's salt. A store without tokens (vLLM's offloading
+// connector) is applied as a copy to its tier of blocks the worker already holds.
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
-                          uint32_t router_block_size, bool eagle, uint64_t first_event_id);
+                          uint32_t router_block_size, bool eagle, uint64_t first_event_id,
+                          SaltedBlocks* salted = nullptr);
 
 }  // namespace kvrouter

@@ -421,6 +421,7 @@ struct IngestService::Impl {
     bool state_unknown = false;
     Replay* replay = nullptr;  // a replay in progress
     std::deque<Parts> held;    // live messages received during the replay
+    SaltedBlocks salted;       // the publisher's blocks stored under a cache salt
   };
 
   // A request to vLLM's replay socket: a DEALER speaking to its ROUTER, with a deadline.
@@ -558,6 +559,7 @@ struct IngestService::Impl {
 
   void ClearAndFlag(Subscription& sub) {
     ClearWorker(sub.worker.worker_id, sub.socket_rank, *sub.counters);
+    sub.salted.Clear();
     Bump(sub.counters->recoveries);
     SetUnknown(sub, true);
   }
@@ -581,6 +583,7 @@ struct IngestService::Impl {
     if (seq == 0) {  // the publisher restarted, with an empty cache
       Bump(c.restarts);
       ClearWorker(sub.worker.worker_id, sub.socket_rank, c);
+      sub.salted.Clear();
       Bump(c.recoveries);
       SetUnknown(sub, false);
       sub.next_seq = 1;
@@ -615,8 +618,9 @@ struct IngestService::Impl {
       c.Reject(IngestReject::kBadMsgpack);
       return;
     }
-    ConvertedBatch converted = ToKvEvents(*batch, sub.worker.worker_id, sub.socket_rank,
-                                          router->block_size(), sub.worker.eagle, next_event_id);
+    ConvertedBatch converted =
+        ToKvEvents(*batch, sub.worker.worker_id, sub.socket_rank, router->block_size(),
+                   sub.worker.eagle, next_event_id, &sub.salted);
     next_event_id += batch->events.size();
     c.Reject(IngestReject::kBlockSize, converted.block_size_mismatches.size());
     for (const KvEvent& event : converted.events) {
@@ -711,6 +715,7 @@ struct IngestService::Impl {
     Bump(sub.counters->recoveries);
     if (*sub.next_seq != replay->until) {  // still missing some: fall back to the clear
       ClearWorker(sub.worker.worker_id, sub.socket_rank, *sub.counters);
+      sub.salted.Clear();
       SetUnknown(sub, true);
       sub.next_seq = replay->until;
     }
@@ -987,7 +992,9 @@ absl::StatusOr<uint64_t> IngestService::AddEngineWorker(const EngineWorker& work
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker.worker_id, " uses block size ", worker.block_size,
                      " but the router's block size is ", router_block_size,
-                     "; every worker must use the router's block size"));
+                     "; every worker must use the router's block size (start SGLang with "
+                     "--page-size ",
+                     router_block_size, ", vLLM with --block-size ", router_block_size, ")"));
   }
   if (worker.dp_size == 0) return absl::InvalidArgumentError("dp_size must be >= 1");
   if (worker.endpoint.empty()) return absl::InvalidArgumentError("endpoint is empty");
