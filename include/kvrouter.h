@@ -142,8 +142,10 @@ enum kvr_tier_value {
 #undef KVR_TIER_ENUM_
 };
 
-/* Maps an engine's "medium" string (GPU, CPU_PINNED, DISK, ...; case-insensitive) to a tier.
- * NULL or unknown mediums are the device, as in Dynamo. @thread_safety concurrent */
+/* Maps an engine's "medium" string (case-insensitive) to a tier: GPU, DEVICE -> device; CPU,
+ * CPU_PINNED, CPU_TIER1 -> host; CPU_TIER2, DISK, NVME, STORAGE -> disk; EXTERNAL, NETWORK,
+ * REMOTE, SHARED, SHARED_STORAGE -> external (docs/ingest.md: which engine sends which). NULL or
+ * unknown mediums are the device, as in Dynamo. @thread_safety concurrent */
 KVR_API kvr_tier kvr_tier_from_medium(const char *medium);
 
 /* ---- Block hashing (Dynamo-compatible, bit for bit) ---------------------------------------- */
@@ -297,7 +299,10 @@ KVR_API kvr_status kvr_router_remove_worker(kvr_router *router, uint64_t worker_
 
 /* Blocks newly cached by one worker rank, consecutive along one sequence. Each block has the
  * engine's own hash and either a precomputed local hash or its tokens: token_ids holds every
- * block's tokens concatenated (block_size per block, plus one look-ahead token with eagle). */
+ * block's tokens concatenated (block_size per block, plus one look-ahead token with eagle).
+ * An event with neither (no local hashes, no tokens, no parent) is a copy: each named block
+ * the rank already holds is added on `tier` (vLLM's offloading connector reports copies so);
+ * names it does not hold are skipped, KVR_NOT_FOUND if any was. */
 typedef struct kvr_stored_event {
   uint32_t struct_size;
   uint32_t dp_rank;

@@ -603,6 +603,40 @@ static void find_matches_is_the_walk_of_overlap_scores(void** state) {
                    kvr_router_find_matches(NULL, hashes, num_hashes, matches, 4, &len, ERRP));
 }
 
+/* A stored event naming blocks by engine hash alone is a copy to its tier: the caching worker's
+ * system prompt copied to host memory, then removed from the device, is still matched on the
+ * host tier; a name the worker does not hold is reported, the others still copied. */
+static void stored_event_without_tokens_copies_held_blocks(void** state) {
+  fixture* f = (fixture*)*state;
+  uint64_t engine[SYSTEM_BLOCKS + 1];
+  uint64_t hashes[REQUEST_TOKENS / BS];
+  kvr_stored_event copy;
+  kvr_removed_event removal;
+  kvr_match matches[NUM_WORKERS];
+  size_t num_hashes = 0, len = 0, i;
+  for (i = 0; i < SYSTEM_BLOCKS; ++i) engine[i] = 1000 + i; /* the fixture's engine hashes */
+  engine[SYSTEM_BLOCKS] = 424242;                           /* never stored */
+  kvr_stored_event_init(&copy, sizeof copy);
+  copy.worker_id = CACHING_WORKER;
+  copy.tier = KVR_TIER_HOST_PINNED;
+  copy.block_hashes = engine;
+  copy.num_blocks = SYSTEM_BLOCKS + 1;
+  KVT_EXPECT_FAILS(KVR_NOT_FOUND, kvr_router_apply_stored(f->router, &copy, ERRP));
+  kvr_removed_event_init(&removal, sizeof removal);
+  removal.worker_id = CACHING_WORKER;
+  removal.tier = KVR_TIER_DEVICE;
+  removal.block_hashes = engine;
+  removal.num_blocks = SYSTEM_BLOCKS;
+  KVT_OK(kvr_router_apply_removed(f->router, &removal, ERRP));
+  KVT_OK(kvr_compute_block_hashes(f->request, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
+                                  &num_hashes, ERRP));
+  KVT_OK(kvr_router_find_matches(f->router, hashes, num_hashes, matches, NUM_WORKERS, &len, ERRP));
+  assert_int_equal(1, len);
+  assert_int_equal(CACHING_WORKER, matches[0].worker_id);
+  assert_int_equal(0, matches[0].device_blocks);
+  assert_int_equal(SYSTEM_BLOCKS, matches[0].host_blocks);
+}
+
 static void overlap_scores_buffer_too_small_then_retry(void** state) {
   fixture* f = (fixture*)*state;
   kvr_overlap one[1];
@@ -818,6 +852,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(overlap_scores, setup, teardown),
       cmocka_unit_test_setup_teardown(overlap_scores_of_hashes, setup, teardown),
       cmocka_unit_test_setup_teardown(find_matches_is_the_walk_of_overlap_scores, setup, teardown),
+      cmocka_unit_test_setup_teardown(stored_event_without_tokens_copies_held_blocks, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(overlap_scores_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(potential_loads_buffer_too_small_then_retry, setup, teardown),
       cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, teardown),

@@ -339,7 +339,10 @@ pub struct kvr_worker_config {
 
 /// Blocks newly cached by one worker rank, consecutive along one sequence. Each block has the
 /// engine's own hash and either a precomputed local hash or its tokens: token_ids holds every
-/// block's tokens concatenated (block_size per block, plus one look-ahead token with eagle).
+/// block's tokens concatenated (block_size per block, plus one look-ahead token with eagle). An
+/// event with neither (no local hashes, no tokens, no parent) is a copy: each named block the rank
+/// already holds is added on `tier` (vLLM's offloading connector reports copies so); names it does
+/// not hold are skipped, KVR_NOT_FOUND if any was.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvr_stored_event {
@@ -744,8 +747,10 @@ extern "C" {
     pub fn kvr_buffer_size(buffer: *const kvr_buffer) -> usize;
     /// Accepts NULL. @thread_safety none (for this buffer)
     pub fn kvr_buffer_free(buffer: *mut kvr_buffer);
-    /// Maps an engine's "medium" string (GPU, CPU_PINNED, DISK, ...; case-insensitive) to a tier.
-    /// NULL or unknown mediums are the device, as in Dynamo. @thread_safety concurrent
+    /// Maps an engine's "medium" string (case-insensitive) to a tier: GPU, DEVICE -> device; CPU,
+    /// CPU_PINNED, CPU_TIER1 -> host; CPU_TIER2, DISK, NVME, STORAGE -> disk; EXTERNAL, NETWORK,
+    /// REMOTE, SHARED, SHARED_STORAGE -> external (docs/ingest.md: which engine sends which). NULL
+    /// or unknown mediums are the device, as in Dynamo. @thread_safety concurrent
     pub fn kvr_tier_from_medium(medium: *const c_char) -> kvr_tier;
     /// Every _init function works alike (see the conventions at the top): it writes the defaults
     /// into the first `size` bytes of the struct (pass sizeof of the struct as compiled),
