@@ -66,9 +66,11 @@ inline kvr_status RequireNonNull(kvr_error** err, const void* p, const char* nam
 }
 
 // Each of `rows`, converted, into a caller buffer of `cap` entries; `*len` is how many there
-// are (KVR_BUFFER_TOO_SMALL, nothing written, when they do not fit).
+// are (KVR_BUFFER_TOO_SMALL, nothing written, when they do not fit). `convert` returns the
+// entry, or fills it in place (convert(row, entry)), which the hot per-rank rows use (passed
+// as lambdas, so that the conversion inlines into the loop).
 template <typename T, typename Rows, typename Convert>
-kvr_status ConvertOut(kvr_error** err, const Rows& rows, Convert&& convert, T* out, size_t cap,
+kvr_status ConvertOut(kvr_error** err, const Rows& rows, const Convert& convert, T* out, size_t cap,
                       size_t* len, const char* what) {
   if (kvr_status s = RequireNonNull(err, len, "len")) return s;
   if (cap > 0 && out == nullptr) return RequireNonNull(err, out, "out");
@@ -78,7 +80,13 @@ kvr_status ConvertOut(kvr_error** err, const Rows& rows, Convert&& convert, T* o
                 std::string(what) + " needs " + std::to_string(rows.size()) +
                     " entries; the buffer has " + std::to_string(cap));
   }
-  for (size_t i = 0; i < rows.size(); ++i) out[i] = convert(rows[i]);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if constexpr (std::is_invocable_v<const Convert&, decltype(rows[i]), T&>) {
+      convert(rows[i], out[i]);
+    } else {
+      out[i] = convert(rows[i]);
+    }
+  }
   return KVR_OK;
 }
 
