@@ -75,6 +75,21 @@ TEST(PrefixCacheTest, CommitOfABlockCachedMeanwhileSharesIt) {
   EXPECT_EQ(cache.evictable_blocks(), 1u);
 }
 
+// Taking a reference on an unreferenced cached block takes it off the LRU: it can no longer be
+// evicted to make room for the same request's private blocks.
+TEST(PrefixCacheTest, AdmissionCountsHitsThatLeaveTheEvictablePool) {
+  PrefixCache cache(6);
+  CacheAndRelease(cache, {1, 2, 3, 4});  // 4 evictable, 2 free
+  const std::vector<uint64_t> hits = {1, 2, 3};
+  EXPECT_TRUE(cache.CanAllocate(4));      // 2 free + 4 evictable, hits not counted
+  EXPECT_FALSE(cache.CanAdmit(hits, 4));  // after acquiring 1-3 only block 4 can be evicted
+  EXPECT_TRUE(cache.CanAdmit(hits, 3));
+  // A hit that another request references already is not in the pool: it changes nothing.
+  cache.Acquire(std::vector<uint64_t>{1});
+  EXPECT_TRUE(cache.CanAdmit(hits, 3));
+  EXPECT_FALSE(cache.CanAdmit(hits, 4));
+}
+
 TEST(CostModelTest, AttentionPairsCountCausalPairs) {
   EXPECT_DOUBLE_EQ(AttentionPairs(1, 0), 1);
   EXPECT_DOUBLE_EQ(AttentionPairs(4, 0), 10);   // 1 + 2 + 3 + 4
@@ -211,6 +226,35 @@ TEST(SimEngineTest, FullyCachedPromptRecomputesItsLastBlock) {
   Drain(engine, 1);
   EXPECT_EQ(second.cached_tokens, 512u - 16u);
   EXPECT_EQ(observer.stored_events, 1);  // the recomputed block was cached already
+}
+
+// Regression: admission checked the room for a request's private blocks before taking its
+// prefix hits off the evictable pool, so a request whose room came from evicting its own hits
+// passed the check and then aborted the replay ("KV cache: cannot allocate 3 blocks"). It must
+// wait for room instead, and still find its prefix once admitted.
+TEST(SimEngineTest, RequestWhoseRoomIsItsOwnHitsWaitsInsteadOfAborting) {
+  // 10 blocks of 16 tokens. The first request leaves 4 cached, evictable blocks (its prompt).
+  const trace::TraceRecord warm = Record({5}, 64, 1);
+  // The second holds 5 blocks while it decodes 60 tokens: 1 block free, 4 evictable.
+  const trace::TraceRecord busy = Record({6}, 16, 60);
+  // The third shares the first's prompt: 3 usable hits, 3 more blocks needed (81 tokens). Free
+  // plus evictable is 5, but once its 3 hits are referenced only 2 blocks are left.
+  const trace::TraceRecord again = Record({5}, 64, 17);
+  RecordingObserver observer;
+  SimEngine engine(0, EngineLimits{.block_size = 16, .kv_capacity_blocks = 10}, CostModel{},
+                   observer);
+  Request first = MakeRequest(0, warm), second = MakeRequest(1, busy),
+          third = MakeRequest(2, again);
+  engine.Enqueue(&first);
+  double now = Drain(engine, 0);
+  engine.Enqueue(&second);
+  engine.MaybeStartStep(now);
+  engine.Enqueue(&third);
+  ASSERT_NO_THROW(Drain(engine, now));
+  EXPECT_EQ(observer.finished.size(), 3u);
+  EXPECT_GE(third.first_token_s, second.finish_s) << "admitted only once the second ended";
+  EXPECT_EQ(third.cached_tokens, 48u);
+  EXPECT_EQ(engine.cache().private_blocks(), 0u);
 }
 
 TEST(SimEngineTest, EngineHashesChainAndDifferFromPlainContentHashes) {

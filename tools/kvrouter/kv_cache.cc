@@ -21,6 +21,14 @@ void PrefixCache::Acquire(std::span<const uint64_t> hashes) {
   }
 }
 
+bool PrefixCache::CanAdmit(std::span<const uint64_t> hits, uint64_t count) const {
+  uint64_t leaving = 0;  // unreferenced hits: evictable now, not once acquired
+  for (uint64_t hash : hits) {
+    if (blocks_.at(hash).references == 0) ++leaving;
+  }
+  return free_blocks() + evictable_blocks() - leaving >= count;
+}
+
 void PrefixCache::AllocatePrivate(uint64_t count, std::vector<uint64_t>& evicted) {
   if (!CanAllocate(count)) {
     throw std::logic_error("KV cache: cannot allocate " + std::to_string(count) + " blocks");

@@ -42,6 +42,11 @@ class PrefixCache {
   // Whether `count` private blocks fit once every unreferenced cached block is evicted.
   bool CanAllocate(uint64_t count) const { return free_blocks() + evictable_blocks() >= count; }
 
+  // Whether a request can take references on its prefix hits `hits` (all cached) and then
+  // allocate `count` private blocks. Hits nobody references yet leave the evictable pool when
+  // acquired, so they cannot also be evicted to make the request's room.
+  bool CanAdmit(std::span<const uint64_t> hits, uint64_t count) const;
+
   // Allocates `count` private blocks, evicting least recently used unreferenced blocks as needed;
   // the evicted hashes are appended to `evicted`, oldest first. Requires CanAllocate(count).
   void AllocatePrivate(uint64_t count, std::vector<uint64_t>& evicted);

@@ -112,8 +112,10 @@ bool SimEngine::TryAdmit(Request& request) {
   const size_t hits = std::min(cache_.MatchPrefix(request.block_hashes), usable);
   const uint64_t needed =
       BlocksNeeded(request.prompt_tokens, request.output_tokens, block_size) - hits;
-  if (!cache_.CanAllocate(needed)) return false;
   const std::span<const uint64_t> hit_hashes(request.block_hashes.data(), hits);
+  // Its own hits cannot make its room: acquiring them takes them off the evictable pool. If it
+  // does not fit it waits (at the head of the queue) for running requests to free blocks.
+  if (!cache_.CanAdmit(hit_hashes, needed)) return false;
   cache_.Acquire(hit_hashes);
   evicted_.clear();
   cache_.AllocatePrivate(needed, evicted_);

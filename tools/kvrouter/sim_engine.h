@@ -6,10 +6,13 @@
 //   run, and its blocks fit: the cached prefix is referenced (a prefix-cache hit; the last prompt
 //   token is always computed), the rest of the prompt and the whole output get private blocks
 //   (output room is reserved up front, so nothing is ever preempted; vLLM would allocate it as
-//   it goes and preempt under pressure) → prefilled in chunks → each full prompt block whose KV
-//   is computed joins the cache and is published as BlockStored (token ids, engine hash, parent
-//   hash) → the step that computes the last prompt chunk emits the first token → one token per
-//   step after that → after output_length tokens the request ends and releases its blocks.
+//   it goes and preempt under pressure). The private blocks must fit in free blocks plus
+//   unreferenced cached ones other than the request's own hits (referencing those takes them
+//   off the evictable pool); until they do, the request waits at the head of the queue, and
+//   those behind it wait too (FIFO, no overtaking) → prefilled in chunks → each full prompt block
+//   whose KV is computed joins the cache and is published as BlockStored (token ids, engine hash,
+//   parent hash) → the step that computes the last prompt chunk emits the first token → one token
+//   per step after that → after output_length tokens the request ends and releases its blocks.
 // Evicting an unreferenced block to make room publishes BlockRemoved.
 //
 // Output tokens are not cached: their ids are synthetic, no later request of a trace can hit
