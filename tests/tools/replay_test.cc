@@ -199,6 +199,30 @@ TEST(ReplayCommandTest, UnknownTransportIsRefused) {
       << err.str();
 }
 
+// A policy whose replay fails is named in the error, and the other policies' results still
+// come out (printed, and written to the output directory) with exit status 1.
+TEST(ReplayCommandTest, OnePolicysFailureNamesItAndKeepsTheOthers) {
+  ReplayArgs args = SmallRun(TempDir("one_fails"));
+  args.policies = "round-robin,random,least-loaded";
+  const PolicyRunner failing_random = [](const std::vector<trace::TraceRecord>& trace,
+                                         const PolicySpec& spec, const ReplayConfig& config,
+                                         ProgressCounter* progress) {
+    if (spec.name == "random") throw std::runtime_error("KV cache: cannot allocate 81 blocks");
+    return RunPolicy(trace, spec, config, progress);
+  };
+  std::ostringstream out, err;
+  EXPECT_EQ(RunReplay(args, out, err, failing_random), 1);
+  EXPECT_NE(err.str().find("policy random: KV cache: cannot allocate 81 blocks"), std::string::npos)
+      << err.str();
+  EXPECT_NE(out.str().find("random: FAILED"), std::string::npos) << out.str();
+  const std::string json = ReadFile(fs::path(args.output_dir) / "results.json");
+  for (const char* name : {"round-robin", "least-loaded"}) {
+    EXPECT_NE(out.str().find(std::string("\n") + name + " "), std::string::npos) << name;
+    EXPECT_NE(json.find(std::string("\"policy\": \"") + name + "\""), std::string::npos) << name;
+  }
+  EXPECT_NE(json.find("\"failed_policies\""), std::string::npos) << json;
+}
+
 // Runs the real binary; returns its exit status and stderr.
 std::pair<int, std::string> RunCli(const std::string& arguments) {
   const fs::path err_file = TempDir("cli") / "stderr.txt";

@@ -54,20 +54,30 @@ ReplayConfig MakeConfig(const ReplayArgs& args) {
   return config;
 }
 
-// Runs every policy, `jobs` at a time; results keep the order of `policies`.
-std::vector<PolicyResult> RunAll(const std::vector<trace::TraceRecord>& trace,
-                                 const std::vector<PolicySpec>& policies,
-                                 const ReplayConfig& config, uint32_t jobs,
-                                 ProgressCounter& progress) {
+struct RunOutcome {
+  std::vector<PolicyResult> results;  // of the policies that completed, in the order given
+  std::vector<PolicyFailure> failures;
+};
+
+// Runs every policy, `jobs` at a time. A policy that throws is recorded as failed, with its
+// name; the others go on.
+RunOutcome RunAll(const std::vector<trace::TraceRecord>& trace,
+                  const std::vector<PolicySpec>& policies, const ReplayConfig& config,
+                  uint32_t jobs, ProgressCounter& progress, const PolicyRunner& run_policy) {
   std::vector<PolicyResult> results(policies.size());
-  std::vector<std::exception_ptr> errors(policies.size());
+  std::vector<std::string> errors(policies.size());
+  std::vector<bool> failed(policies.size(), false);
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i; (i = next.fetch_add(1)) < policies.size();) {
       try {
-        results[i] = RunPolicy(trace, policies[i], config, &progress);
+        results[i] = run_policy(trace, policies[i], config, &progress);
+      } catch (const std::exception& e) {
+        failed[i] = true;
+        errors[i] = e.what();
       } catch (...) {
-        errors[i] = std::current_exception();
+        failed[i] = true;
+        errors[i] = "unknown exception";
       }
     }
   };
@@ -76,10 +86,15 @@ std::vector<PolicyResult> RunAll(const std::vector<trace::TraceRecord>& trace,
   for (size_t t = 1; t < count; ++t) threads.emplace_back(worker);
   worker();
   for (std::thread& thread : threads) thread.join();
-  for (const std::exception_ptr& error : errors) {
-    if (error) std::rethrow_exception(error);
+  RunOutcome outcome;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    if (failed[i]) {
+      outcome.failures.push_back({.policy = policies[i].name, .error = errors[i]});
+    } else {
+      outcome.results.push_back(std::move(results[i]));
+    }
   }
-  return results;
+  return outcome;
 }
 
 uint32_t ResolveJobs(uint32_t jobs) {
@@ -89,7 +104,8 @@ uint32_t ResolveJobs(uint32_t jobs) {
 
 }  // namespace
 
-int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
+int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
+              const PolicyRunner& run_policy) {
   try {
     Validate(args);
     const TraceFormat format = ResolveTraceFormat(args.format, args.trace);
@@ -112,19 +128,24 @@ int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err) {
     info.config = config;
 
     ProgressCounter progress{0};
-    std::vector<PolicyResult> results;
+    RunOutcome outcome;
     {
       std::optional<ProgressBar> bar;
       if (args.progress) bar.emplace(progress, trace.size() * policies.size());
-      results = RunAll(trace, policies, config, ResolveJobs(args.jobs), progress);
+      outcome = RunAll(trace, policies, config, ResolveJobs(args.jobs), progress, run_policy);
     }
+    info.failures = outcome.failures;
+    const std::vector<PolicyResult>& results = outcome.results;
     WriteConsoleTable(out, info, results);
     if (!args.output_dir.empty()) {
       const std::string png = WriteOutputDir(args.output_dir, info, results, args.plot, err);
       out << "\nwrote " << args.output_dir << "/{summary.txt,results.csv,results.json,"
           << "decision_latency.csv" << (png.empty() ? "" : ",replay.png") << "}\n";
     }
-    return 0;
+    for (const PolicyFailure& failure : outcome.failures) {
+      err << "kvrouter replay: error: policy " << failure.policy << ": " << failure.error << "\n";
+    }
+    return outcome.failures.empty() ? 0 : 1;
   } catch (const std::exception& e) {
     err << "kvrouter replay: error: " << e.what() << "\n";
     return 1;

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "kvrouter/cost_model.h"
+#include "kvrouter/fleet_sim.h"
 
 namespace kvrouter::replay {
 
@@ -36,8 +39,16 @@ struct ReplayArgs {
   CostModel cost;
 };
 
+// Replays one policy: RunPolicy, or a stand-in in tests.
+using PolicyRunner =
+    std::function<PolicyResult(const std::vector<trace::TraceRecord>&, const PolicySpec&,
+                               const ReplayConfig&, ProgressCounter*)>;
+
 // Runs the command. Returns the process exit status: 0, or 1 after printing the error on `err`
-// (a bad flag, a bad trace line, a router failure).
-int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err);
+// (a bad flag, a bad trace line, a policy that failed). A policy that fails (its router refuses
+// a call, its simulation breaks) is named in the error; the others' results are still printed
+// and written.
+int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
+              const PolicyRunner& run_policy = RunPolicy);
 
 }  // namespace kvrouter::replay

@@ -73,6 +73,9 @@ void WriteTable(std::ostream& out, const RunInfo& info, const std::vector<Policy
       out << absl::StrFormat("\n%s: router temperature %g.", result.name, result.temperature);
     }
   }
+  for (const PolicyFailure& failure : info.failures) {
+    out << absl::StrFormat("\n%s: FAILED, no results: %s", failure.policy, failure.error);
+  }
   out << "\nhit rate: prompt tokens found in the worker's prefix cache at admission; imbalance: "
          "max/mean of prompt tokens computed per worker.\n";
   if (with_latency) {
@@ -271,6 +274,12 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                      {"decode_per_context_token_s", c.cost.decode_per_context_token_s}};
   j["policies"] = Json::array();
   for (const PolicyResult& result : results) j["policies"].push_back(MetricsJson(result));
+  if (!info.failures.empty()) {
+    j["failed_policies"] = Json::array();
+    for (const PolicyFailure& failure : info.failures) {
+      j["failed_policies"].push_back({{"policy", failure.policy}, {"error", failure.error}});
+    }
+  }
   out << j.dump(2) << "\n";
 }
 

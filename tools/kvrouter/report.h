@@ -34,6 +34,12 @@ double MaxOverMean(const std::vector<uint64_t>& values);
 
 PolicyMetrics ComputeMetrics(const PolicyResult& result);
 
+// A policy whose replay failed: no results, only the error.
+struct PolicyFailure {
+  std::string policy;
+  std::string error;
+};
+
 // What the report says about the run besides the policies.
 struct RunInfo {
   std::string trace;
@@ -42,6 +48,7 @@ struct RunInfo {
   double trace_span_s = 0;
   double infinite_cache_hit_rate = 0;
   ReplayConfig config;
+  std::vector<PolicyFailure> failures;  // listed after the table and in results.json
 };
 
 // The deterministic table (no decision latency).
