@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -258,6 +259,114 @@ TEST(ReplayCliTest, HyphenatedFlagsAndTableOnTheBundledTrace) {
   EXPECT_NE(table.find("kvrouter "), std::string::npos) << table;
   EXPECT_NE(table.find("round-robin"), std::string::npos) << table;
   EXPECT_NE(table.find("200 requests"), std::string::npos) << table;
+}
+
+// Runs the binary on a loaded slice of the bundled trace (400 requests at 4x speed, where the
+// router's choices matter) under the kvrouter policy, with `flags`; returns results.json.
+nlohmann::json LoadedSliceJson(const std::string& flags, const std::string& name) {
+  const fs::path dir = TempDir("flags_" + name);
+  const std::string command = std::string(KVR_CLI_PATH) + " replay --trace " + kTrace +
+                              " --max-requests 400 --time-scale 4 --policies kvrouter --jobs 1"
+                              " --progress=false --plot=false --output-dir " +
+                              dir.string() + " " + flags + " >" + (dir / "out.txt").string() +
+                              " 2>&1";
+  EXPECT_EQ(std::system(command.c_str()), 0) << flags << ": " << ReadFile(dir / "out.txt");
+  return nlohmann::json::parse(ReadFile(dir / "results.json"));
+}
+
+// Every router option and cost-model constant has a flag, and each reaches what it sets: the
+// value is in results.json and the kvrouter policy's results change.
+TEST(ReplayCliTest, EveryRouterAndCostModelFlagTakesEffect) {
+  struct Case {
+    std::string flags;
+    std::string section;  // of results.json: "router", "cost_model", or "" (checked below)
+    std::string key;
+    double value;
+  };
+  const std::vector<Case> cases = {
+      {"--overlap-score-credit 0", "router", "overlap_score_credit", 0},
+      {"--prefill-load-scale 0", "router", "prefill_load_scale", 0},
+      {"--overlap-score-credit-decay 10", "router", "overlap_score_credit_decay", 10},
+      {"--decode-active-request-weight 1000", "router", "decode_active_request_weight", 1000},
+      {"--queue-threshold 1", "router", "queue_threshold", 1},
+      {"--assume-kv-reuse=false", "router", "assume_kv_reuse", 0},
+      {"--track-prefill-tokens=false", "router", "track_prefill_tokens", 0},
+      {"--temperatures kvrouter=1", "", "temperature", 1},
+      {"--step-overhead-s 0.012", "cost_model", "step_overhead_s", 0.012},
+      {"--prefill-per-token-s 8e-5", "cost_model", "prefill_per_token_s", 8e-5},
+      {"--attention-per-pair-s 3e-9", "cost_model", "attention_per_pair_s", 3e-9},
+      {"--decode-per-sequence-s 1e-3", "cost_model", "decode_per_sequence_s", 1e-3},
+      {"--decode-per-context-token-s 1e-7", "cost_model", "decode_per_context_token_s", 1e-7},
+  };
+  const nlohmann::json base = LoadedSliceJson("", "base");
+  EXPECT_EQ(base["router"]["queue_threshold"].get<double>(), -1) << "never queues by default";
+  EXPECT_EQ(base["policies"][0]["requests_queued"], 0);
+  const auto outcome = [](const nlohmann::json& j) {
+    const nlohmann::json& policy = j["policies"][0];
+    return std::make_pair(policy["cache_hit_rate"].get<double>(),
+                          policy["ttft_s"]["mean"].get<double>());
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.flags);
+    const nlohmann::json j = LoadedSliceJson(c.flags, std::to_string(i));
+    const nlohmann::json& echoed =
+        c.section.empty() ? j["policies"][0][c.key] : j[c.section][c.key];
+    EXPECT_EQ(echoed.is_boolean() ? double(echoed.get<bool>()) : echoed.get<double>(), c.value);
+    EXPECT_NE(outcome(j), outcome(base)) << "the results did not change";
+  }
+}
+
+// With a queue threshold the router holds requests while every worker is busy prefilling; the
+// replay keeps them at the gateway and routes them once a prefill completes, and every request
+// still ends.
+TEST(ReplayQueueTest, QueuedRequestsWaitAtTheGatewayAndAllFinish) {
+  const auto trace = LoadReplayTrace(kTrace, TraceFormat::kMooncake, {}, 400);
+  ReplayConfig config;
+  config.time_scale = 4;
+  config.router.queue_threshold = 0.5;
+  const PolicyResult queued = RunPolicy(trace, ParsePolicies("kvrouter", 0)[0], config);
+  EXPECT_GT(queued.queued_requests, 0u);
+  EXPECT_EQ(queued.requests, 400u);
+  EXPECT_EQ(queued.ttft_s.size(), 400u);
+  // The wait counts in the time to first token: it starts at arrival.
+  config.router.queue_threshold.reset();
+  const PolicyResult direct = RunPolicy(trace, ParsePolicies("kvrouter", 0)[0], config);
+  EXPECT_EQ(direct.queued_requests, 0u);
+  EXPECT_NE(ComputeMetrics(queued).ttft_mean, ComputeMetrics(direct).ttft_mean);
+}
+
+TEST(ReplayCommandTest, BadRouterOrCostModelValuesAreRefusedUpFront) {
+  ReplayArgs args = SmallRun(TempDir("bad_values"));
+  args.router.prefill_load_scale = -1;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunReplay(args, out, err), 1);
+  EXPECT_NE(err.str().find("prefill_load_scale"), std::string::npos) << err.str();
+  EXPECT_TRUE(out.str().empty()) << "no policy ran";
+  args.router.prefill_load_scale.reset();
+  args.cost.attention_per_pair_s = -1e-9;
+  err.str("");
+  EXPECT_EQ(RunReplay(args, out, err), 1);
+  EXPECT_NE(err.str().find("--attention_per_pair_s must be finite and >= 0"), std::string::npos)
+      << err.str();
+  args.cost = {};
+  args.temperatures = "round-robin=1";
+  err.str("");
+  EXPECT_EQ(RunReplay(args, out, err), 1);
+  EXPECT_NE(err.str().find("round-robin has no router temperature"), std::string::npos)
+      << err.str();
+}
+
+TEST(PolicySpecTest, TemperaturesSetAnyKvRouterPolicys) {
+  const auto specs = ParsePolicies("kvrouter,kvrouter-softmax,kvrouter-approx,prefix-only", 0.5,
+                                   "kvrouter-approx=0.25, kvrouter = 0.1");
+  ASSERT_EQ(specs.size(), 4u);
+  EXPECT_EQ(specs[0].temperature, 0.1);
+  EXPECT_EQ(specs[1].temperature, 0.5);  // --temperature
+  EXPECT_EQ(specs[2].temperature, 0.25);
+  EXPECT_EQ(specs[3].temperature, 0);
+  EXPECT_THROW(ParsePolicies("kvrouter", 0.5, "kvrouter=-1"), std::invalid_argument);
+  EXPECT_THROW(ParsePolicies("kvrouter", 0.5, "nosuch=1"), std::invalid_argument);
 }
 
 }  // namespace

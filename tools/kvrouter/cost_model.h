@@ -4,7 +4,8 @@
 // vLLM-like engine (chunked prefill, prefix caching, 16-token blocks). Every constant below is a
 // back-of-the-envelope figure from public specifications, not a measurement; together they give
 // the right orders of magnitude (prefill ~25 k tokens/s, decode step ~6 ms at batch 1), which is
-// what comparing routing policies needs. Override them with flags to model other setups.
+// what comparing routing policies needs. To model other setups, override them with the replay's
+// flags of the same names (--step_overhead_s, --prefill_per_token_s, ...).
 //
 // One step serves every running sequence that is decoding (one token each) and spends the rest of
 // the token budget (max_num_batched_tokens) on prefill chunks. Its duration is

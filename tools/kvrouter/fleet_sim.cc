@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -43,7 +44,8 @@ class FleetSimulation final : public EngineObserver, public FleetView {
                                              .fleet = this,
                                              .transport = config.transport,
                                              .gateways = config.gateways,
-                                             .replica_sync = config.replica_sync});
+                                             .replica_sync = config.replica_sync,
+                                             .router = config.router});
     result_.name = spec.name;
     result_.temperature = spec.temperature;
     result_.worker_prefill_tokens.assign(config.workers, 0);
@@ -62,6 +64,7 @@ class FleetSimulation final : public EngineObserver, public FleetView {
       if (step_end <= arrival) {
         engine->FinishStep();
         engine->MaybeStartStep(step_end);
+        if (retry_queued_) DispatchQueued(step_end);
       } else {
         Arrive(requests_[next_arrival++]);
       }
@@ -80,9 +83,15 @@ class FleetSimulation final : public EngineObserver, public FleetView {
   void OnRemoved(uint32_t worker, std::span<const uint64_t> hashes) override {
     policy_->OnRemoved(worker, hashes);
   }
-  void OnFirstToken(Request& request) override { policy_->OnFirstToken(request); }
+  // A prefill completion or a finish can end the router's reason to queue: the requests the
+  // gateway holds are routed again once the step is done (not from inside it).
+  void OnFirstToken(Request& request) override {
+    policy_->OnFirstToken(request);
+    retry_queued_ = !queued_.empty();
+  }
   void OnFinished(Request& request) override {
     policy_->OnFinished(request);
+    retry_queued_ = !queued_.empty();
     if (progress_ != nullptr) progress_->fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -100,11 +109,27 @@ class FleetSimulation final : public EngineObserver, public FleetView {
   }
 
   void Arrive(Request& request) {
+    // Behind requests the gateway holds, a new one waits its turn (first come, first served).
+    if (!queued_.empty() || !Dispatch(request, request.arrival_s)) {
+      queued_.push_back(&request);
+      ++result_.queued_requests;
+    }
+  }
+
+  // Routes the held requests, oldest first, until the router queues one again.
+  void DispatchQueued(double now) {
+    retry_queued_ = false;
+    while (!queued_.empty() && Dispatch(*queued_.front(), now)) queued_.pop_front();
+  }
+
+  // Routes `request` and hands it to its engine at `now`; false if the router queues it.
+  bool Dispatch(Request& request, double now) {
     trace::ExpandTokensInto(*request.record, config_.limits.block_size, tokens_);
     const auto started = Stopwatch::now();
     const uint32_t worker = policy_->Route(request, tokens_);
     result_.wall.decision_us.push_back(MicrosSince(started));
     policy_->AfterRoute();  // background work a gateway does off the decision path
+    if (worker == Policy::kQueued) return false;
     if (worker >= config_.workers) {
       throw std::runtime_error("policy " + result_.name + " picked unknown worker " +
                                std::to_string(worker));
@@ -116,7 +141,8 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     }
     SimEngine& engine = *engines_[worker];
     engine.Enqueue(&request);
-    engine.MaybeStartStep(request.arrival_s);
+    engine.MaybeStartStep(now);
+    return true;
   }
 
   void Summarise() {
@@ -152,6 +178,8 @@ class FleetSimulation final : public EngineObserver, public FleetView {
   PolicyResult result_;
   int64_t predicted_sum_ = 0;
   bool has_prediction_ = false;
+  std::deque<Request*> queued_;  // held at the gateway: the router queued them
+  bool retry_queued_ = false;
 };
 
 }  // namespace

@@ -28,6 +28,7 @@ struct ReplayConfig {
   Transport transport = Transport::kInProcess;  // how engines' KV events reach the router
   uint32_t gateways = 1;                        // router replicas per kvrouter policy
   bool replica_sync = true;                     // replicas share their bookings
+  RouterSettings router;                        // the kvrouter policies' router options
 };
 
 // Everything measured for one policy. The wall-clock part is kept apart (see WallClock) so that
@@ -39,6 +40,7 @@ struct PolicyResult {
   uint64_t prompt_tokens = 0;
   uint64_t cached_tokens = 0;                   // prefix-cache hits at admission (prefill saved)
   int64_t predicted_cached_tokens = -1;         // Σ the policy's own estimate, -1 if it has none
+  uint64_t queued_requests = 0;                 // held at the gateway by the router's queue
   std::vector<uint64_t> worker_prefill_tokens;  // computed (not cached) prompt tokens
   std::vector<uint64_t> worker_requests;
   std::vector<double> ttft_s;  // sorted

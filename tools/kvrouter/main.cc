@@ -4,6 +4,7 @@
 // Flags are Abseil flags; `--block-size` and `--block_size` are both accepted.
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,35 @@ ABSL_FLAG(std::string, policies, "all",
           "Comma list of: kvrouter, kvrouter-softmax, kvrouter-approx, round-robin, random, "
           "least-loaded, prefix-only (or all)");
 ABSL_FLAG(double, temperature, 0.5, "Router temperature of the kvrouter-softmax policy");
+ABSL_FLAG(std::string, temperatures, "",
+          "Router temperature per kvrouter policy, e.g. kvrouter=0.1,kvrouter-approx=0.2 (over "
+          "--temperature; default 0 for kvrouter and kvrouter-approx)");
+// Router options of the kvrouter policies; unset = the library's default (Dynamo's).
+ABSL_FLAG(std::optional<double>, overlap_score_credit, std::nullopt,
+          "Router: blocks of prefill a cached block is worth (default 1)");
+ABSL_FLAG(std::optional<double>, prefill_load_scale, std::nullopt,
+          "Router: weight of prefill blocks against decode blocks in the cost (default 1)");
+ABSL_FLAG(std::optional<double>, overlap_score_credit_decay, std::nullopt,
+          "Router: discount of a cache hit on a worker with a longer prefill queue (default 0)");
+ABSL_FLAG(std::optional<double>, decode_active_request_weight, std::nullopt,
+          "Router: cost per active request on the worker (default 0)");
+ABSL_FLAG(std::optional<double>, queue_threshold, std::nullopt,
+          "Router: hold requests at the gateway while every worker's booked prefill tokens exceed "
+          "this x max_num_batched_tokens (default: never)");
+ABSL_FLAG(bool, assume_kv_reuse, true, "Router: a prompt's blocks already booked are shared");
+ABSL_FLAG(bool, track_prefill_tokens, true, "Router: count booked prefill tokens as load");
+// The simulated engines' cost model (tools/kvrouter/cost_model.h).
+ABSL_FLAG(double, step_overhead_s, kvrouter::replay::CostModel{}.step_overhead_s,
+          "Engine step: fixed seconds per step (weights read, launches)");
+ABSL_FLAG(double, prefill_per_token_s, kvrouter::replay::CostModel{}.prefill_per_token_s,
+          "Engine step: seconds per prefill token (GEMMs)");
+ABSL_FLAG(double, attention_per_pair_s, kvrouter::replay::CostModel{}.attention_per_pair_s,
+          "Engine step: seconds per (query, key) pair of prefill attention");
+ABSL_FLAG(double, decode_per_sequence_s, kvrouter::replay::CostModel{}.decode_per_sequence_s,
+          "Engine step: seconds per decoding sequence");
+ABSL_FLAG(double, decode_per_context_token_s,
+          kvrouter::replay::CostModel{}.decode_per_context_token_s,
+          "Engine step: seconds per context token of a decoding sequence (KV reads)");
 ABSL_FLAG(std::string, output_dir, "",
           "Write summary.txt, results.csv, results.json, decision_latency.csv and replay.png here");
 ABSL_FLAG(uint32_t, azure_shared_prefix_groups, 0,
@@ -85,6 +115,19 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
   args.seed = absl::GetFlag(FLAGS_seed);
   args.policies = absl::GetFlag(FLAGS_policies);
   args.temperature = absl::GetFlag(FLAGS_temperature);
+  args.temperatures = absl::GetFlag(FLAGS_temperatures);
+  args.router.overlap_score_credit = absl::GetFlag(FLAGS_overlap_score_credit);
+  args.router.prefill_load_scale = absl::GetFlag(FLAGS_prefill_load_scale);
+  args.router.overlap_score_credit_decay = absl::GetFlag(FLAGS_overlap_score_credit_decay);
+  args.router.decode_active_request_weight = absl::GetFlag(FLAGS_decode_active_request_weight);
+  args.router.queue_threshold = absl::GetFlag(FLAGS_queue_threshold);
+  args.router.assume_kv_reuse = absl::GetFlag(FLAGS_assume_kv_reuse);
+  args.router.track_prefill_tokens = absl::GetFlag(FLAGS_track_prefill_tokens);
+  args.cost.step_overhead_s = absl::GetFlag(FLAGS_step_overhead_s);
+  args.cost.prefill_per_token_s = absl::GetFlag(FLAGS_prefill_per_token_s);
+  args.cost.attention_per_pair_s = absl::GetFlag(FLAGS_attention_per_pair_s);
+  args.cost.decode_per_sequence_s = absl::GetFlag(FLAGS_decode_per_sequence_s);
+  args.cost.decode_per_context_token_s = absl::GetFlag(FLAGS_decode_per_context_token_s);
   args.output_dir = absl::GetFlag(FLAGS_output_dir);
   args.azure_shared_prefix_groups = absl::GetFlag(FLAGS_azure_shared_prefix_groups);
   args.azure_shared_prefix_tokens = absl::GetFlag(FLAGS_azure_shared_prefix_tokens);

@@ -1,8 +1,11 @@
 #include "kvrouter/policies.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <stdexcept>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "kvrouter.h"
@@ -21,8 +24,9 @@ class RouterHandle {
                uint32_t gateway = 0) {
     kvr_router_options options;
     kvr_router_options_init(&options, sizeof options);
+    ApplyRouterSettings(context.router, options);
     options.block_size = context.limits.block_size;
-    options.flags = flags;
+    options.flags |= flags;
     options.temperature = temperature;
     options.random_seed = context.seed + gateway;
     // The ABI reads the process's steady clock, which runs ~100× faster in simulated time than
@@ -130,7 +134,8 @@ class ReplicaBus {
 class KvRouterPolicy final : public Policy {
  public:
   KvRouterPolicy(const PolicySpec& spec, const PolicyContext& context)
-      : approximate_(spec.kind == PolicyKind::kKvRouterApprox) {
+      : approximate_(spec.kind == PolicyKind::kKvRouterApprox),
+        queues_(context.router.queue_threshold.value_or(-1) >= 0) {
     for (uint32_t g = 0; g < std::max(1u, context.gateways); ++g) {
       gateways_.push_back(std::make_unique<RouterHandle>(
           context, approximate_ ? KVR_ROUTER_APPROXIMATE : 0u, spec.temperature, g));
@@ -146,12 +151,23 @@ class KvRouterPolicy final : public Policy {
     kvr_request_options_init(&options, sizeof options);
     options.flags = KVR_REQUEST_ADMIT;
     options.request_id = id.c_str();
+    // A router that queues would block this (the only) thread until a free that can only come
+    // from it: with no wait allowed, a request it would queue comes back DEADLINE_EXCEEDED
+    // and unbooked, and the gateway holds it (Policy::kQueued).
+    if (queues_) options.queue_timeout_ms = 0;
     kvr_route_result result;
     kvr_route_result_init(&result, sizeof result);
-    CheckAbi("kvr_find_best_match", [&](kvr_error** e) {
-      return kvr_find_best_match(router.get(), tokens.data(), tokens.size(), &options, &result,
-                                 nullptr, 0, nullptr, e);
+    bool queued = false;
+    CheckAbi("kvr_find_best_match", [&](kvr_error** e) -> kvr_status {
+      const kvr_status status = kvr_find_best_match(router.get(), tokens.data(), tokens.size(),
+                                                    &options, &result, nullptr, 0, nullptr, e);
+      if (status != KVR_DEADLINE_EXCEEDED || !queues_) return status;
+      queued = true;
+      kvr_error_free(*e);
+      *e = nullptr;
+      return KVR_OK;
     });
+    if (queued) return kQueued;
     predicted_ = static_cast<int64_t>(result.cached_tokens);
     return static_cast<uint32_t>(result.worker_id);
   }
@@ -191,6 +207,7 @@ class KvRouterPolicy final : public Policy {
   }
 
   const bool approximate_;
+  const bool queues_;
   ReplicaBus bus_;  // declared before the routers: destroyed after them
   std::vector<std::unique_ptr<RouterHandle>> gateways_;
   int64_t predicted_ = -1;
@@ -307,41 +324,103 @@ const std::vector<std::pair<std::string, PolicyKind>>& PolicyNames() {
   return *names;
 }
 
-PolicySpec SpecFor(const std::string& name, PolicyKind kind, double temperature) {
-  return PolicySpec{.name = name,
-                    .kind = kind,
-                    .temperature = kind == PolicyKind::kKvRouterSoftmax ? temperature : 0.0};
+bool HasRouterTemperature(PolicyKind kind) {
+  return kind == PolicyKind::kKvRouter || kind == PolicyKind::kKvRouterSoftmax ||
+         kind == PolicyKind::kKvRouterApprox;
+}
+
+PolicyKind KindOf(const std::string& name) {
+  const auto& names = PolicyNames();
+  auto it = std::find_if(names.begin(), names.end(),
+                         [&](const auto& entry) { return entry.first == name; });
+  if (it == names.end()) {
+    std::string known;
+    for (const auto& entry : names) known += (known.empty() ? "" : ", ") + entry.first;
+    throw std::invalid_argument("unknown policy \"" + name + "\" (known: " + known + ")");
+  }
+  return it->second;
+}
+
+// "name=T,..." → temperature per kvrouter policy.
+std::map<std::string, double> ParseTemperatures(const std::string& list) {
+  std::map<std::string, double> temperatures;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    const std::pair<absl::string_view, absl::string_view> entry = absl::StrSplit(part, '=');
+    const std::string name(absl::StripAsciiWhitespace(entry.first));
+    double value = 0;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(entry.second), &value) ||
+        !std::isfinite(value) || value < 0) {
+      throw std::invalid_argument("--temperatures: \"" + std::string(part) +
+                                  "\" is not POLICY=T with a finite T >= 0");
+    }
+    if (!HasRouterTemperature(KindOf(name))) {
+      throw std::invalid_argument("--temperatures: " + name +
+                                  " has no router temperature (only the kvrouter policies do)");
+    }
+    temperatures[name] = value;
+  }
+  return temperatures;
 }
 
 }  // namespace
 
 std::string RequestId(uint32_t index) { return "req-" + std::to_string(index); }
 
-std::vector<PolicySpec> ParsePolicies(const std::string& list, double temperature) {
-  std::vector<PolicySpec> specs;
+std::vector<PolicySpec> ParsePolicies(const std::string& list, double softmax_temperature,
+                                      const std::string& temperatures) {
+  const std::map<std::string, double> overrides = ParseTemperatures(temperatures);
+  std::vector<std::string> names;
   const absl::string_view trimmed = absl::StripAsciiWhitespace(list);
   if (trimmed.empty() || trimmed == "all") {
-    for (const auto& [name, kind] : PolicyNames())
-      specs.push_back(SpecFor(name, kind, temperature));
-    return specs;
+    for (const auto& entry : PolicyNames()) names.push_back(entry.first);
+  } else {
+    for (absl::string_view part : absl::StrSplit(trimmed, ',', absl::SkipWhitespace())) {
+      const std::string name(absl::StripAsciiWhitespace(part));
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
   }
-  for (absl::string_view part : absl::StrSplit(trimmed, ',', absl::SkipWhitespace())) {
-    const std::string name(absl::StripAsciiWhitespace(part));
-    const auto& names = PolicyNames();
-    auto it = std::find_if(names.begin(), names.end(),
-                           [&](const auto& entry) { return entry.first == name; });
-    if (it == names.end()) {
-      std::string known;
-      for (const auto& entry : names) known += (known.empty() ? "" : ", ") + entry.first;
-      throw std::invalid_argument("unknown policy \"" + name + "\" (known: " + known + ")");
-    }
-    if (std::any_of(specs.begin(), specs.end(),
-                    [&](const PolicySpec& spec) { return spec.name == name; })) {
-      continue;
-    }
-    specs.push_back(SpecFor(name, it->second, temperature));
+  std::vector<PolicySpec> specs;
+  for (const std::string& name : names) {
+    const PolicyKind kind = KindOf(name);
+    PolicySpec spec{.name = name, .kind = kind};
+    if (kind == PolicyKind::kKvRouterSoftmax) spec.temperature = softmax_temperature;
+    if (auto it = overrides.find(name); it != overrides.end()) spec.temperature = it->second;
+    specs.push_back(spec);
   }
   return specs;
+}
+
+void ApplyRouterSettings(const RouterSettings& settings, kvr_router_options& options) {
+  if (settings.overlap_score_credit) options.overlap_score_credit = *settings.overlap_score_credit;
+  if (settings.prefill_load_scale) options.prefill_load_scale = *settings.prefill_load_scale;
+  if (settings.overlap_score_credit_decay) {
+    options.overlap_score_credit_decay = *settings.overlap_score_credit_decay;
+  }
+  if (settings.decode_active_request_weight) {
+    options.decode_active_request_weight = *settings.decode_active_request_weight;
+  }
+  if (settings.queue_threshold) options.queue_threshold = *settings.queue_threshold;
+  if (!settings.assume_kv_reuse) options.flags |= KVR_ROUTER_NO_KV_REUSE;
+  if (!settings.track_prefill_tokens) options.flags |= KVR_ROUTER_NO_PREFILL_TRACKING;
+}
+
+void CheckRouterSettings(const RouterSettings& settings, uint32_t block_size) {
+  kvr_router_options options;
+  kvr_router_options_init(&options, sizeof options);
+  ApplyRouterSettings(settings, options);
+  options.block_size = block_size;
+  kvr_router* router = nullptr;
+  kvr_error* error = nullptr;
+  if (kvr_router_new(&options, &router, &error) == KVR_OK) {
+    kvr_router_free(router);
+    return;
+  }
+  std::string message = "the router refuses its settings";
+  if (error != nullptr) {
+    message += std::string(": ") + kvr_error_message(error);
+    kvr_error_free(error);
+  }
+  throw std::invalid_argument(message);
 }
 
 std::unique_ptr<Policy> MakePolicy(const PolicySpec& spec, const PolicyContext& context) {

@@ -6,12 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kvrouter.h"
 #include "kvrouter/event_path.h"
 #include "kvrouter/sim_engine.h"
 
@@ -30,13 +33,37 @@ enum class PolicyKind {
 struct PolicySpec {
   std::string name;
   PolicyKind kind = PolicyKind::kKvRouter;
-  double temperature = 0;
+  double temperature = 0;  // the router's (kvrouter policies); 0 = argmin
 };
 
 // "all" (or empty) is every policy. Names: kvrouter, kvrouter-softmax, kvrouter-approx,
-// round-robin, random, least-loaded, prefix-only. Throws std::invalid_argument naming an
-// unknown one.
-std::vector<PolicySpec> ParsePolicies(const std::string& list, double temperature);
+// round-robin, random, least-loaded, prefix-only. kvrouter-softmax gets `softmax_temperature`,
+// the other kvrouter policies 0; `temperatures` ("kvrouter=0.1,kvrouter-approx=0.2", may be
+// empty) sets any kvrouter policy's. Throws std::invalid_argument naming an unknown policy, a
+// temperature for a policy without a router temperature, or a bad value.
+std::vector<PolicySpec> ParsePolicies(const std::string& list, double softmax_temperature,
+                                      const std::string& temperatures = "");
+
+// Router-wide settings of the kvrouter policies' routers (kvr_router_options). An unset one
+// keeps the library's default (kvr_router_options_init: Dynamo's).
+struct RouterSettings {
+  std::optional<double> overlap_score_credit;
+  std::optional<double> prefill_load_scale;
+  std::optional<double> overlap_score_credit_decay;
+  std::optional<double> decode_active_request_weight;
+  // Requests wait at the gateway while every worker's booked prefill tokens exceed threshold ×
+  // max_num_batched_tokens. Unset or negative: never.
+  std::optional<double> queue_threshold;
+  bool assume_kv_reuse = true;       // false: KVR_ROUTER_NO_KV_REUSE
+  bool track_prefill_tokens = true;  // false: KVR_ROUTER_NO_PREFILL_TRACKING
+};
+
+// Writes `settings` over `options` (initialised by kvr_router_options_init).
+void ApplyRouterSettings(const RouterSettings& settings, kvr_router_options& options);
+
+// Throws std::invalid_argument with the router's message if it refuses `settings` (checked by
+// creating a router with them, so the rules are the library's own).
+void CheckRouterSettings(const RouterSettings& settings, uint32_t block_size);
 
 // The engines as a policy may see them (the load a cache-blind balancer uses).
 class FleetView {
@@ -57,6 +84,7 @@ struct PolicyContext {
   // each other (kvr_router_set_replica_publisher / kvr_router_apply_replica_event).
   uint32_t gateways = 1;
   bool replica_sync = true;
+  RouterSettings router;
 };
 
 // Counts of what the router made of the events and calls it got.
@@ -68,8 +96,12 @@ struct RouterCounters {
 
 class Policy {
  public:
+  // What Route returns when the router queues the request (RouterSettings::queue_threshold):
+  // the gateway holds it and routes it again after the next prefill completion or finish.
+  static constexpr uint32_t kQueued = std::numeric_limits<uint32_t>::max();
+
   virtual ~Policy() = default;
-  // The worker for `request`, whose prompt is `tokens`.
+  // The worker for `request`, whose prompt is `tokens`, or kQueued.
   virtual uint32_t Route(const Request& request, std::span<const uint32_t> tokens) = 0;
   // The cached tokens the policy expected on the worker it picked (router policies); -1 if it
   // has no such estimate. Valid after Route.

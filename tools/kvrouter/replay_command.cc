@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <exception>
 #include <iostream>
 #include <optional>
@@ -34,6 +35,19 @@ void Validate(const ReplayArgs& args) {
   if (args.azure_shared_prefix_tokens % trace::kMooncakeBlockTokens != 0) {
     throw std::invalid_argument("--azure_shared_prefix_tokens must be a multiple of 512");
   }
+  const CostModel& cost = args.cost;
+  for (const auto& [flag, value] :
+       {std::pair{"step_overhead_s", cost.step_overhead_s},
+        {"prefill_per_token_s", cost.prefill_per_token_s},
+        {"attention_per_pair_s", cost.attention_per_pair_s},
+        {"decode_per_sequence_s", cost.decode_per_sequence_s},
+        {"decode_per_context_token_s", cost.decode_per_context_token_s}}) {
+    if (!std::isfinite(value) || value < 0) {
+      throw std::invalid_argument(std::string("--") + flag + " must be finite and >= 0, got " +
+                                  std::to_string(value));
+    }
+  }
+  CheckRouterSettings(args.router, args.block_size);
 }
 
 ReplayConfig MakeConfig(const ReplayArgs& args) {
@@ -51,6 +65,7 @@ ReplayConfig MakeConfig(const ReplayArgs& args) {
   config.transport = ParseTransport(args.transport);
   config.gateways = args.gateways;
   config.replica_sync = args.replica_sync;
+  config.router = args.router;
   return config;
 }
 
@@ -114,7 +129,8 @@ int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
                                    .seed = args.seed};
     const std::vector<trace::TraceRecord> trace =
         LoadReplayTrace(args.trace, format, azure, args.max_requests);
-    const std::vector<PolicySpec> policies = ParsePolicies(args.policies, args.temperature);
+    const std::vector<PolicySpec> policies =
+        ParsePolicies(args.policies, args.temperature, args.temperatures);
     const ReplayConfig config = MakeConfig(args);
     CheckCapacity(trace, config.limits);
 

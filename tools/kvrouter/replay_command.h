@@ -25,8 +25,10 @@ struct ReplayArgs {
   double time_scale = 1.0;
   uint64_t seed = 42;
   std::string policies = "all";
-  double temperature = 0.5;
-  std::string output_dir;  // empty: print only
+  double temperature = 0.5;  // kvrouter-softmax's
+  std::string temperatures;  // "kvrouter=0.1,...": any kvrouter policy's (over `temperature`)
+  RouterSettings router;     // the kvrouter policies' router options
+  std::string output_dir;    // empty: print only
   uint32_t azure_shared_prefix_groups = 0;
   uint32_t azure_shared_prefix_tokens = 2048;
   uint64_t max_requests = 0;  // 0: all
@@ -36,7 +38,7 @@ struct ReplayArgs {
   uint32_t jobs = 0;         // 0: one per core
   bool progress = true;
   bool plot = true;  // run gnuplot for replay.png (with output_dir)
-  CostModel cost;
+  CostModel cost;    // the simulated engines' step time
 };
 
 // Replays one policy: RunPolicy, or a stand-in in tests.

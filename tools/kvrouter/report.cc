@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_format.h"
+#include "kvrouter.h"
 
 namespace kvrouter::replay {
 namespace {
@@ -26,16 +27,39 @@ double Ratio(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(whole);
 }
 
+// The kvrouter policies' router options as the routers get them.
+kvr_router_options EffectiveRouterOptions(const RouterSettings& settings) {
+  kvr_router_options options;
+  kvr_router_options_init(&options, sizeof options);
+  ApplyRouterSettings(settings, options);
+  return options;
+}
+
+std::string QueueThresholdText(const kvr_router_options& o) {
+  return o.queue_threshold < 0 ? "off" : absl::StrFormat("%g", o.queue_threshold);
+}
+
 void WriteHeader(std::ostream& out, const RunInfo& info) {
   const ReplayConfig& c = info.config;
+  const kvr_router_options r = EffectiveRouterOptions(c.router);
+  const CostModel& m = c.cost;
   out << absl::StrFormat(
       "kvrouter replay: %s (%s), %d requests over %.0f s, time scale %g, seed %d\n"
       "fleet: %d workers, each %d KV blocks x %d tokens, max %d batched tokens, max %d seqs\n"
+      "step: %g ms + %g us/prefill token + %g ns/attention pair + %g us/decoding seq + %g "
+      "ns/context token\n"
+      "router: overlap credit %g, prefill load scale %g, credit decay %g, decode request weight "
+      "%g, queue threshold %s%s%s\n"
       "%s"
       "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
       std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
       info.trace_span_s, c.time_scale, c.seed, c.workers, c.limits.kv_capacity_blocks,
       c.limits.block_size, c.limits.max_num_batched_tokens, c.limits.max_num_seqs,
+      m.step_overhead_s * 1e3, m.prefill_per_token_s * 1e6, m.attention_per_pair_s * 1e9,
+      m.decode_per_sequence_s * 1e6, m.decode_per_context_token_s * 1e9, r.overlap_score_credit,
+      r.prefill_load_scale, r.overlap_score_credit_decay, r.decode_active_request_weight,
+      QueueThresholdText(r), c.router.assume_kv_reuse ? "" : ", no KV reuse",
+      c.router.track_prefill_tokens ? "" : ", no prefill tracking",
       c.gateways > 1 ? absl::StrFormat("gateways: %d router replicas per kvrouter policy, replica "
                                        "sync %s\n",
                                        c.gateways, c.replica_sync ? "on" : "off")
@@ -72,6 +96,10 @@ void WriteTable(std::ostream& out, const RunInfo& info, const std::vector<Policy
     if (result.temperature > 0) {
       out << absl::StrFormat("\n%s: router temperature %g.", result.name, result.temperature);
     }
+    if (result.queued_requests > 0) {
+      out << absl::StrFormat("\n%s: %d requests waited in the router's queue.", result.name,
+                             result.queued_requests);
+    }
   }
   for (const PolicyFailure& failure : info.failures) {
     out << absl::StrFormat("\n%s: FAILED, no results: %s", failure.policy, failure.error);
@@ -95,6 +123,7 @@ Json MetricsJson(const PolicyResult& result) {
   j["prefill_tokens_saved"] = m.prefill_saved_tokens;
   j["prefill_tokens_computed"] = m.prefill_computed_tokens;
   if (m.predicted_hit_rate >= 0) j["router_predicted_hit_rate"] = m.predicted_hit_rate;
+  j["requests_queued"] = result.queued_requests;
   j["ttft_s"] = {{"mean", m.ttft_mean}, {"p50", m.ttft_p50}, {"p99", m.ttft_p99}};
   j["e2e_s"] = {{"mean", m.e2e_mean}, {"p50", m.e2e_p50}, {"p99", m.e2e_p99}};
   j["load_imbalance_max_over_mean"] = m.load_imbalance;
@@ -267,6 +296,14 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"seed", c.seed},
                  {"gateways", c.gateways},
                  {"replica_sync", c.replica_sync}};
+  const kvr_router_options r = EffectiveRouterOptions(c.router);
+  j["router"] = {{"overlap_score_credit", r.overlap_score_credit},
+                 {"prefill_load_scale", r.prefill_load_scale},
+                 {"overlap_score_credit_decay", r.overlap_score_credit_decay},
+                 {"decode_active_request_weight", r.decode_active_request_weight},
+                 {"queue_threshold", r.queue_threshold},
+                 {"assume_kv_reuse", c.router.assume_kv_reuse},
+                 {"track_prefill_tokens", c.router.track_prefill_tokens}};
   j["cost_model"] = {{"step_overhead_s", c.cost.step_overhead_s},
                      {"prefill_per_token_s", c.cost.prefill_per_token_s},
                      {"attention_per_pair_s", c.cost.attention_per_pair_s},
