@@ -369,5 +369,53 @@ TEST(PolicySpecTest, TemperaturesSetAnyKvRouterPolicys) {
   EXPECT_THROW(ParsePolicies("kvrouter", 0.5, "nosuch=1"), std::invalid_argument);
 }
 
+// A fleet whose load the test sets.
+class FixedFleet final : public FleetView {
+ public:
+  FixedFleet(std::vector<size_t> in_flight, std::vector<uint64_t> pending)
+      : in_flight_(std::move(in_flight)), pending_(std::move(pending)) {}
+  uint32_t workers() const override { return static_cast<uint32_t>(in_flight_.size()); }
+  size_t InFlight(uint32_t worker) const override { return in_flight_[worker]; }
+  uint64_t PendingPromptTokens(uint32_t worker) const override { return pending_[worker]; }
+
+ private:
+  std::vector<size_t> in_flight_;
+  std::vector<uint64_t> pending_;
+};
+
+// least-loaded counts requests; least-tokens counts the prompt tokens still waiting for their
+// first token, then requests: one long prompt outweighs several short decodes.
+TEST(LeastLoadedTest, TokensOrRequests) {
+  const FixedFleet fleet({1, 3, 1, 5}, {50'000, 0, 100, 0});
+  const PolicyContext context{.workers = 4, .fleet = &fleet};
+  const Request request;
+  const auto by_requests = MakePolicy(ParsePolicies("least-loaded", 0)[0], context);
+  const auto by_tokens = MakePolicy(ParsePolicies("least-tokens", 0)[0], context);
+  EXPECT_EQ(by_requests->Route(request, {}), 0u);
+  EXPECT_EQ(by_tokens->Route(request, {}), 1u) << "no backlog, then fewer requests than 3";
+}
+
+// The engine's prefill backlog: whole prompts from enqueue to first token.
+TEST(LeastLoadedTest, EngineCountsPromptTokensUntilTheFirstToken) {
+  const trace::TraceRecord record{.input_length = 600, .output_length = 3, .hash_ids = {1, 2}};
+  Request request;
+  request.record = &record;
+  request.prompt_tokens = 600;
+  request.output_tokens = 3;
+  class Quiet final : public EngineObserver {
+    void OnStored(uint32_t, const StoredRun&) override {}
+    void OnRemoved(uint32_t, std::span<const uint64_t>) override {}
+    void OnFirstToken(Request&) override {}
+    void OnFinished(Request&) override {}
+  } observer;
+  SimEngine engine(0, EngineLimits{}, CostModel{}, observer);
+  engine.Enqueue(&request);
+  EXPECT_EQ(engine.pending_prompt_tokens(), 600u);
+  ASSERT_TRUE(engine.MaybeStartStep(0));
+  engine.FinishStep();  // 600 tokens fit one step: the first token
+  EXPECT_EQ(engine.pending_prompt_tokens(), 0u);
+  EXPECT_EQ(engine.in_flight(), 1u);  // still decoding
+}
+
 }  // namespace
 }  // namespace kvrouter::replay

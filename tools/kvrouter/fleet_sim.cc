@@ -77,6 +77,9 @@ class FleetSimulation final : public EngineObserver, public FleetView {
   // FleetView.
   uint32_t workers() const override { return config_.workers; }
   size_t InFlight(uint32_t worker) const override { return engines_[worker]->in_flight(); }
+  uint64_t PendingPromptTokens(uint32_t worker) const override {
+    return engines_[worker]->pending_prompt_tokens();
+  }
 
   // EngineObserver.
   void OnStored(uint32_t worker, const StoredRun& run) override { policy_->OnStored(worker, run); }

@@ -28,7 +28,7 @@ ABSL_FLAG(double, time_scale, 1.0, "Arrival speed-up: 2 replays the trace twice 
 ABSL_FLAG(uint64_t, seed, 42, "Seed of every random choice (same seed, same output)");
 ABSL_FLAG(std::string, policies, "all",
           "Comma list of: kvrouter, kvrouter-softmax, kvrouter-approx, round-robin, random, "
-          "least-loaded, prefix-only (or all)");
+          "least-loaded, least-tokens, prefix-only (or all)");
 ABSL_FLAG(double, temperature, 0.5, "Router temperature of the kvrouter-softmax policy");
 ABSL_FLAG(std::string, temperatures, "",
           "Router temperature per kvrouter policy, e.g. kvrouter=0.1,kvrouter-approx=0.2 (over "

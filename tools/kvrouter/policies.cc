@@ -290,24 +290,33 @@ class RandomPolicy final : public Policy {
   std::mt19937_64 random_;
 };
 
-// Fewest requests in flight. Ties (common: the trace has bursts of up to 28 simultaneous
-// arrivals) rotate like round-robin, so no worker is favoured by its id.
+// The least loaded worker, cache-blind. Load is the requests in flight or, by tokens, the
+// prompt tokens waiting for their first token (the prefill backlog a gateway can count from
+// what it dispatched and the first tokens it relayed), then the requests in flight. Ties
+// (common: the trace has bursts of up to 28 simultaneous arrivals) rotate like round-robin, so
+// no worker is favoured by its id.
 class LeastLoadedPolicy final : public Policy {
  public:
-  explicit LeastLoadedPolicy(const FleetView& fleet) : fleet_(fleet) {}
+  LeastLoadedPolicy(const FleetView& fleet, bool by_tokens)
+      : fleet_(fleet), by_tokens_(by_tokens) {}
   uint32_t Route(const Request&, std::span<const uint32_t>) override {
     const uint32_t workers = fleet_.workers();
     uint32_t best = start_;
     for (uint32_t i = 1; i < workers; ++i) {
       const uint32_t w = (start_ + i) % workers;
-      if (fleet_.InFlight(w) < fleet_.InFlight(best)) best = w;
+      if (Load(w) < Load(best)) best = w;
     }
     start_ = (best + 1) % workers;
     return best;
   }
 
  private:
+  std::pair<uint64_t, size_t> Load(uint32_t worker) const {
+    return {by_tokens_ ? fleet_.PendingPromptTokens(worker) : 0, fleet_.InFlight(worker)};
+  }
+
   const FleetView& fleet_;
+  const bool by_tokens_;
   uint32_t start_ = 0;
 };
 
@@ -319,6 +328,7 @@ const std::vector<std::pair<std::string, PolicyKind>>& PolicyNames() {
       {"round-robin", PolicyKind::kRoundRobin},
       {"random", PolicyKind::kRandom},
       {"least-loaded", PolicyKind::kLeastLoaded},
+      {"least-tokens", PolicyKind::kLeastTokens},
       {"prefix-only", PolicyKind::kPrefixOnly},
   };
   return *names;
@@ -434,7 +444,9 @@ std::unique_ptr<Policy> MakePolicy(const PolicySpec& spec, const PolicyContext& 
     case PolicyKind::kRandom:
       return std::make_unique<RandomPolicy>(context.workers, context.seed);
     case PolicyKind::kLeastLoaded:
-      return std::make_unique<LeastLoadedPolicy>(*context.fleet);
+      return std::make_unique<LeastLoadedPolicy>(*context.fleet, /*by_tokens=*/false);
+    case PolicyKind::kLeastTokens:
+      return std::make_unique<LeastLoadedPolicy>(*context.fleet, /*by_tokens=*/true);
     case PolicyKind::kPrefixOnly:
       return std::make_unique<PrefixOnlyPolicy>(context);
   }

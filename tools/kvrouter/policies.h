@@ -27,6 +27,7 @@ enum class PolicyKind {
   kRoundRobin,
   kRandom,
   kLeastLoaded,  // fewest requests in flight (waiting or running) on the engine
+  kLeastTokens,  // fewest prompt tokens waiting for their first token on the engine
   kPrefixOnly,   // most cached prefix per kvr_router_overlap_scores; load ignored
 };
 
@@ -37,10 +38,11 @@ struct PolicySpec {
 };
 
 // "all" (or empty) is every policy. Names: kvrouter, kvrouter-softmax, kvrouter-approx,
-// round-robin, random, least-loaded, prefix-only. kvrouter-softmax gets `softmax_temperature`,
-// the other kvrouter policies 0; `temperatures` ("kvrouter=0.1,kvrouter-approx=0.2", may be
-// empty) sets any kvrouter policy's. Throws std::invalid_argument naming an unknown policy, a
-// temperature for a policy without a router temperature, or a bad value.
+// round-robin, random, least-loaded, least-tokens, prefix-only. kvrouter-softmax gets
+// `softmax_temperature`, the other kvrouter policies 0; `temperatures`
+// ("kvrouter=0.1,kvrouter-approx=0.2", may be empty) sets any kvrouter policy's. Throws
+// std::invalid_argument naming an unknown policy, a temperature for a policy without a router
+// temperature, or a bad value.
 std::vector<PolicySpec> ParsePolicies(const std::string& list, double softmax_temperature,
                                       const std::string& temperatures = "");
 
@@ -71,6 +73,7 @@ class FleetView {
   virtual ~FleetView() = default;
   virtual uint32_t workers() const = 0;
   virtual size_t InFlight(uint32_t worker) const = 0;
+  virtual uint64_t PendingPromptTokens(uint32_t worker) const = 0;
 };
 
 struct PolicyContext {

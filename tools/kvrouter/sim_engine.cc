@@ -47,6 +47,7 @@ SimEngine::SimEngine(uint32_t worker, const EngineLimits& limits, const CostMode
 
 void SimEngine::Enqueue(Request* request) {
   request->worker = worker_;
+  pending_prompt_tokens_ += request->prompt_tokens;
   waiting_.push_back(request);
 }
 
@@ -139,6 +140,7 @@ void SimEngine::FinishStep() {
       FreeMemory(request.tokens);
       request.generated = 1;
       request.first_token_s = now_;
+      pending_prompt_tokens_ -= request.prompt_tokens;
       observer_.OnFirstToken(request);
     } else {
       ++request.generated;

@@ -105,6 +105,9 @@ class SimEngine {
   double step_end() const { return step_end_; }
   bool stepping() const { return step_end_ != kIdle; }
   size_t in_flight() const { return waiting_.size() + running_.size(); }
+  // Prompt tokens of the requests that have not produced their first token (waiting or
+  // prefilling): the prefill backlog as a gateway sees it, whole prompts until the first token.
+  uint64_t pending_prompt_tokens() const { return pending_prompt_tokens_; }
   uint64_t prefill_tokens_computed() const { return prefill_tokens_computed_; }
   uint64_t steps() const { return steps_; }
   const PrefixCache& cache() const { return cache_; }
@@ -135,6 +138,7 @@ class SimEngine {
   double step_end_ = kIdle;
   double now_ = 0;  // the end of the step being finished
   uint64_t prefill_tokens_computed_ = 0;
+  uint64_t pending_prompt_tokens_ = 0;
   uint64_t steps_ = 0;
   std::vector<uint64_t> evicted_;  // scratch
 };
