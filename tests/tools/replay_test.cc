@@ -369,6 +369,41 @@ TEST(PolicySpecTest, TemperaturesSetAnyKvRouterPolicys) {
   EXPECT_THROW(ParsePolicies("kvrouter", 0.5, "nosuch=1"), std::invalid_argument);
 }
 
+// A context limit rejects the requests whose prompt is longer: they are counted, not replayed,
+// and a worker's KV capacity only has to hold the ones that are.
+TEST(ReplayCommandTest, ContextLimitRejectsLongerPromptsAndCountsThem) {
+  auto trace = LoadReplayTrace(kTrace, TraceFormat::kMooncake, {}, 200);
+  const uint64_t limit = 16'384;
+  const auto longer = std::count_if(trace.begin(), trace.end(), [&](const auto& record) {
+    return trace::ExpandedLength(record) > limit;
+  });
+  ASSERT_GT(longer, 0);  // the slice has prompts up to 120k tokens
+
+  ReplayArgs args = SmallRun(TempDir("context_limit"));
+  args.policies = "kvrouter,least-tokens";
+  args.kv_capacity_blocks = 1'100;  // 17,600 tokens: the longest accepted prompt and its output
+  std::ostringstream out, err;
+  ASSERT_EQ(RunReplay(args, out, err), 1) << "without the limit a prompt cannot fit";
+  EXPECT_NE(err.str().find("raise --kv_capacity_blocks"), std::string::npos) << err.str();
+
+  args.max_model_len = limit;
+  out.str("");
+  err.str("");
+  ASSERT_EQ(RunReplay(args, out, err), 0) << err.str();
+  const std::string accepted = std::to_string(200 - longer) + " requests";
+  EXPECT_NE(out.str().find(accepted), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("context: 16384 tokens; " + std::to_string(longer) +
+                           " requests with longer prompts rejected"),
+            std::string::npos)
+      << out.str();
+  const auto json = nlohmann::json::parse(ReadFile(fs::path(args.output_dir) / "results.json"));
+  EXPECT_EQ(json["requests_rejected"], longer);
+  EXPECT_EQ(json["config"]["max_model_len"], limit);
+  for (const auto& policy : json["policies"]) EXPECT_EQ(policy["requests"], 200 - longer);
+  EXPECT_EQ(RejectOverContext(trace, 0), 0u);
+  EXPECT_EQ(RejectOverContext(trace, limit), static_cast<size_t>(longer));
+}
+
 // A fleet whose load the test sets.
 class FixedFleet final : public FleetView {
  public:

@@ -66,6 +66,9 @@ ABSL_FLAG(uint32_t, azure_shared_prefix_groups, 0,
 ABSL_FLAG(uint32_t, azure_shared_prefix_tokens, 2048,
           "Azure traces: length of the shared prefix (a multiple of 512)");
 ABSL_FLAG(uint64_t, max_requests, 0, "Replay only the first N requests (0 = all)");
+ABSL_FLAG(uint64_t, max_model_len, 0,
+          "Context limit in tokens: requests with a longer prompt are rejected and counted, not "
+          "replayed (0 = no limit)");
 ABSL_FLAG(std::string, transport, "inprocess",
           "How KV events reach the router: inprocess (direct ABI calls), stream (FlatBuffers "
           "batches over a Unix socket to kvr_ingest), zmq (every engine a vLLM ZMQ publisher)");
@@ -132,6 +135,7 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
   args.azure_shared_prefix_groups = absl::GetFlag(FLAGS_azure_shared_prefix_groups);
   args.azure_shared_prefix_tokens = absl::GetFlag(FLAGS_azure_shared_prefix_tokens);
   args.max_requests = absl::GetFlag(FLAGS_max_requests);
+  args.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   args.transport = absl::GetFlag(FLAGS_transport);
   args.gateways = absl::GetFlag(FLAGS_gateways);
   args.replica_sync = absl::GetFlag(FLAGS_replica_sync);

@@ -127,8 +127,13 @@ int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
     const AzurePrefixOptions azure{.groups = args.azure_shared_prefix_groups,
                                    .prefix_tokens = args.azure_shared_prefix_tokens,
                                    .seed = args.seed};
-    const std::vector<trace::TraceRecord> trace =
+    std::vector<trace::TraceRecord> trace =
         LoadReplayTrace(args.trace, format, azure, args.max_requests);
+    const size_t rejected = RejectOverContext(trace, args.max_model_len);
+    if (trace.empty()) {
+      throw std::invalid_argument("every request's prompt is longer than --max_model_len " +
+                                  std::to_string(args.max_model_len));
+    }
     const std::vector<PolicySpec> policies =
         ParsePolicies(args.policies, args.temperature, args.temperatures);
     const ReplayConfig config = MakeConfig(args);
@@ -138,6 +143,8 @@ int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
     info.trace = args.trace;
     info.format = format == TraceFormat::kMooncake ? "mooncake" : "azure";
     info.requests = trace.size();
+    info.rejected_requests = rejected;
+    info.max_model_len = args.max_model_len;
     info.trace_span_s =
         static_cast<double>(trace.back().timestamp_ms - trace.front().timestamp_ms) / 1000.0;
     info.infinite_cache_hit_rate = InfiniteCacheHitRate(trace, args.block_size);

@@ -31,7 +31,8 @@ struct ReplayArgs {
   std::string output_dir;    // empty: print only
   uint32_t azure_shared_prefix_groups = 0;
   uint32_t azure_shared_prefix_tokens = 2048;
-  uint64_t max_requests = 0;  // 0: all
+  uint64_t max_requests = 0;   // 0: all
+  uint64_t max_model_len = 0;  // requests with longer prompts are rejected; 0: no limit
   std::string transport = "inprocess";
   uint32_t gateways = 1;     // router replicas (gateways) per kvrouter policy
   bool replica_sync = true;  // with gateways > 1: replicas publish their bookings to each other

@@ -50,7 +50,7 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
       "ns/context token\n"
       "router: overlap credit %g, prefill load scale %g, credit decay %g, decode request weight "
       "%g, queue threshold %s%s%s\n"
-      "%s"
+      "%s%s"
       "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
       std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
       info.trace_span_s, c.time_scale, c.seed, c.workers, c.limits.kv_capacity_blocks,
@@ -64,6 +64,11 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
                                        "sync %s\n",
                                        c.gateways, c.replica_sync ? "on" : "off")
                      : "",
+      info.max_model_len > 0
+          ? absl::StrFormat("context: %d tokens; %d requests with longer prompts rejected (not "
+                            "replayed)\n",
+                            info.max_model_len, info.rejected_requests)
+          : "",
       100 * info.infinite_cache_hit_rate);
 }
 
@@ -285,6 +290,7 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
   j["trace"] = std::filesystem::path(info.trace).filename().string();
   j["format"] = info.format;
   j["requests"] = info.requests;
+  j["requests_rejected"] = info.rejected_requests;
   j["trace_span_s"] = info.trace_span_s;
   j["infinite_cache_hit_rate"] = info.infinite_cache_hit_rate;
   j["config"] = {{"workers", c.workers},
@@ -292,6 +298,7 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"kv_capacity_blocks", c.limits.kv_capacity_blocks},
                  {"max_num_batched_tokens", c.limits.max_num_batched_tokens},
                  {"max_num_seqs", c.limits.max_num_seqs},
+                 {"max_model_len", info.max_model_len},
                  {"time_scale", c.time_scale},
                  {"seed", c.seed},
                  {"gateways", c.gateways},

@@ -44,7 +44,9 @@ struct PolicyFailure {
 struct RunInfo {
   std::string trace;
   std::string format;
-  uint64_t requests = 0;
+  uint64_t requests = 0;           // replayed (the rejected ones are not)
+  uint64_t max_model_len = 0;      // context limit; 0: none
+  uint64_t rejected_requests = 0;  // prompt longer than max_model_len
   double trace_span_s = 0;
   double infinite_cache_hit_rate = 0;
   ReplayConfig config;

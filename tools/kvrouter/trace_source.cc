@@ -176,4 +176,11 @@ double InfiniteCacheHitRate(const std::vector<TraceRecord>& trace, uint32_t bloc
   return total == 0 ? 0.0 : static_cast<double>(cached) / static_cast<double>(total);
 }
 
+size_t RejectOverContext(std::vector<TraceRecord>& trace, uint64_t max_prompt_tokens) {
+  if (max_prompt_tokens == 0) return 0;
+  return std::erase_if(trace, [max_prompt_tokens](const TraceRecord& record) {
+    return trace::ExpandedLength(record) > max_prompt_tokens;
+  });
+}
+
 }  // namespace kvrouter::replay

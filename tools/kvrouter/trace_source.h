@@ -35,6 +35,10 @@ struct AzurePrefixOptions {
 std::vector<TraceRecord> LoadReplayTrace(const std::string& path, TraceFormat format,
                                          const AzurePrefixOptions& azure, size_t max_requests);
 
+// Removes the requests whose prompt is longer than `max_prompt_tokens` (an engine's context
+// limit: it would reject them) and returns how many it removed. 0 removes nothing.
+size_t RejectOverContext(std::vector<TraceRecord>& trace, uint64_t max_prompt_tokens);
+
 // Parses Azure CSV text (header line first). `source` names it in errors.
 std::vector<TraceRecord> ParseAzureCsv(std::istream& in, const std::string& source,
                                        const AzurePrefixOptions& azure);
