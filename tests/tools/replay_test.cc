@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kvrouter/fleet_sim.h"
+#include "kvrouter/progress.h"
 #include "kvrouter/replay_command.h"
 #include "kvrouter/report.h"
 #include "kvrouter/trace_source.h"
@@ -450,6 +451,29 @@ TEST(LeastLoadedTest, EngineCountsPromptTokensUntilTheFirstToken) {
   engine.FinishStep();  // 600 tokens fit one step: the first token
   EXPECT_EQ(engine.pending_prompt_tokens(), 0u);
   EXPECT_EQ(engine.in_flight(), 1u);  // still decoding
+}
+
+// Off a terminal the progress is plain lines, one per interval and one at the end.
+TEST(ProgressTest, PlainLinesWhenNotATerminal) {
+  std::FILE* file = std::tmpfile();
+  ASSERT_NE(file, nullptr);
+  std::atomic<uint64_t> done{10};
+  {
+    ProgressBar progress(done, 40, file, std::chrono::milliseconds(20));
+    // Until the first periodic line is out (stdio locks the stream, so asking is safe).
+    for (int i = 0; i < 500 && std::ftell(file) <= 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    done = 40;
+  }
+  std::rewind(file);
+  std::string text(4096, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), file));
+  std::fclose(file);
+  EXPECT_EQ(text.find('\r'), std::string::npos) << "no bar redrawn in place";
+  EXPECT_NE(text.find("replaying: 10/40 requests (25 %)"), std::string::npos) << text;
+  EXPECT_NE(text.find("replaying: 40/40 requests (100 %)"), std::string::npos) << text;
+  EXPECT_GE(std::count(text.begin(), text.end(), '\n'), 2) << text;
 }
 
 }  // namespace

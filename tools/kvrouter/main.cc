@@ -77,7 +77,9 @@ ABSL_FLAG(uint32_t, gateways, 1,
 ABSL_FLAG(bool, replica_sync, true,
           "With --gateways > 1: replicas publish their bookings to each other (replica sync)");
 ABSL_FLAG(uint32_t, jobs, 0, "Policies simulated in parallel (0 = one per core)");
-ABSL_FLAG(bool, progress, true, "Progress bar on stderr (only when stderr is a terminal)");
+ABSL_FLAG(bool, progress, true,
+          "Progress on stderr: a bar on a terminal, otherwise a plain line every 10 s and at the "
+          "end");
 ABSL_FLAG(bool, plot, true, "Draw replay.png with gnuplot (with --output_dir)");
 
 namespace {
