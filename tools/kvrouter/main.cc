@@ -6,6 +6,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -128,11 +129,14 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
   args.router.queue_threshold = absl::GetFlag(FLAGS_queue_threshold);
   args.router.assume_kv_reuse = absl::GetFlag(FLAGS_assume_kv_reuse);
   args.router.track_prefill_tokens = absl::GetFlag(FLAGS_track_prefill_tokens);
-  args.cost.step_overhead_s = absl::GetFlag(FLAGS_step_overhead_s);
-  args.cost.prefill_per_token_s = absl::GetFlag(FLAGS_prefill_per_token_s);
-  args.cost.attention_per_pair_s = absl::GetFlag(FLAGS_attention_per_pair_s);
-  args.cost.decode_per_sequence_s = absl::GetFlag(FLAGS_decode_per_sequence_s);
-  args.cost.decode_per_context_token_s = absl::GetFlag(FLAGS_decode_per_context_token_s);
+  using kvrouter::replay::CostModel;
+  const std::pair<const absl::Flag<double>*, double CostModel::*> cost_flags[] = {
+      {&FLAGS_step_overhead_s, &CostModel::step_overhead_s},
+      {&FLAGS_prefill_per_token_s, &CostModel::prefill_per_token_s},
+      {&FLAGS_attention_per_pair_s, &CostModel::attention_per_pair_s},
+      {&FLAGS_decode_per_sequence_s, &CostModel::decode_per_sequence_s},
+      {&FLAGS_decode_per_context_token_s, &CostModel::decode_per_context_token_s}};
+  for (const auto& [flag, field] : cost_flags) args.cost.*field = absl::GetFlag(*flag);
   args.output_dir = absl::GetFlag(FLAGS_output_dir);
   args.azure_shared_prefix_groups = absl::GetFlag(FLAGS_azure_shared_prefix_groups);
   args.azure_shared_prefix_tokens = absl::GetFlag(FLAGS_azure_shared_prefix_tokens);
