@@ -699,11 +699,14 @@ struct IngestService::Impl {
         FinishReplay(sub);
         return;
       }
+      // vLLM and SGLang replay their whole buffer from the sequence asked for, so the replies
+      // go on past the hole with messages that arrived live and are held: those count when
+      // the held copy is handled, and a reply counts only if it fills the hole.
       if (*seq == *sub.next_seq && *seq < sub.replay->until) {  // else not what is missing
         sub.next_seq = *seq + 1;
         ApplyPayload(sub, parts[1]);
+        Bump(sub.counters->messages);
       }
-      Bump(sub.counters->messages);
     }
   }
 

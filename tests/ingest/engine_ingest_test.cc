@@ -340,6 +340,10 @@ TEST_F(EngineIngestTest, GapIsRepairedByReplay) {
   engine.Send(4, VllmPayload("array_remove_full_schema"));  // live, held during the replay
   replay.Reply(1, VllmPayload("array_store_continuation"));
   replay.Reply(2, VllmPayload("array_remove_full_schema"));
+  // The engines replay everything they buffered from the sequence asked for, including what
+  // arrived live: those replies are not counted again (messages counts each sequence once).
+  replay.Reply(3, VllmPayload("map_store_continuation"));
+  replay.Reply(4, VllmPayload("array_remove_full_schema"));
   replay.End();
   const IngestStats stats = WaitForMessages(*source, 5, 5);
   EXPECT_EQ(1u, stats.gaps);
