@@ -15,6 +15,7 @@ failure."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import socket
@@ -157,7 +158,7 @@ class Worker:
     def restart(self, rank: int) -> None:
         """Stops the rank's publisher and starts a new one on the same endpoints (sequence
         numbers from 0 again), once the link has reconnected to it."""
-        self.publishers[rank].shutdown()
+        self.shutdown(self.publishers[rank])
         deadline = time.monotonic() + 5
         while True:  # the old sockets close asynchronously (ZMQ's I/O thread unbinds them)
             try:
@@ -171,9 +172,16 @@ class Worker:
         assert self.links[rank].handshakes(5.0) >= 1, "the link did not reconnect"
         time.sleep(0.3)  # its subscription reaches the new PUB socket
 
+    @staticmethod
+    def shutdown(publisher: Any) -> None:
+        publisher.shutdown()
+        # SGLang's publisher also registers its shutdown to run at exit, where a second one
+        # waits a second for a queue no thread drains any more.
+        atexit.unregister(publisher.shutdown)
+
     def close(self) -> None:
         for p in self.publishers:
-            p.shutdown()
+            self.shutdown(p)
         for link in self.links:
             link.close()
 
