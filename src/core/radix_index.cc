@@ -1344,18 +1344,22 @@ std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
       }
       std::optional<uint64_t> direct_parent =
           temp_hashes.empty() ? parent : std::optional<uint64_t>(temp_hashes.back());
-      auto temp_prefix = [&](std::vector<uint64_t>& hashes, std::vector<uint64_t>& ls) {
+      // The tiers the temporary blocks get stored on (one per stored event that starts with
+      // them): each needs its removal.
+      uint8_t temp_tiers = 0;
+      auto temp_prefix = [&](Tier tier, std::vector<uint64_t>& hashes, std::vector<uint64_t>& ls) {
         hashes = temp_hashes;
         ls = temp_locals;
+        temp_tiers |= static_cast<uint8_t>(1u << static_cast<int>(tier));
       };
       if (simple) {
+        const Tier tier = static_cast<Tier>(std::countr_zero(first.front().second));
         std::vector<uint64_t> hashes, ls;
-        temp_prefix(hashes, ls);
+        temp_prefix(tier, hashes, ls);
         for (uint32_t k = 0; k < node.len; ++k) {
           hashes.push_back(held_at(id, k, slot)->front().first);
           ls.push_back(locals[k]);
         }
-        const Tier tier = static_cast<Tier>(std::countr_zero(first.front().second));
         out.push_back(StoredBlocks(worker, tier, event_id++, parent, hashes, ls));
       } else {
         for (uint32_t k = 0; k < node.len; ++k) {
@@ -1363,7 +1367,7 @@ std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
           for (const auto& [engine_hash, tiers] : h) {
             const Tier first_tier = static_cast<Tier>(std::countr_zero(tiers));
             std::vector<uint64_t> hashes, ls;
-            if (k == 0) temp_prefix(hashes, ls);
+            if (k == 0) temp_prefix(first_tier, hashes, ls);
             hashes.push_back(engine_hash);
             ls.push_back(locals[k]);
             const std::optional<uint64_t> before =
@@ -1378,10 +1382,10 @@ std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
           }
         }
       }
-      if (!temp_hashes.empty()) {
-        const Tier tier = static_cast<Tier>(std::countr_zero(first.front().second));
+      for (int t = 0; t < kNumTiers && !temp_hashes.empty(); ++t) {
+        if (!((temp_tiers >> t) & 1)) continue;
         out.push_back(KvEvent{.worker = worker,
-                              .tier = tier,
+                              .tier = static_cast<Tier>(t),
                               .event_id = event_id++,
                               .data = RemovedEvent{.block_hashes = temp_hashes}});
       }

@@ -544,6 +544,28 @@ TEST(RadixIndexDumpTest, DumpOfAnOrphanRebuildsItWithoutItsParent) {
             "1/0:d4,h0,s0,e0,t4;2/0:d0,h0,s1,e0,t1;");
 }
 
+// An orphan whose first block is held under two engine hashes on two tiers: its path is
+// rebuilt with temporary blocks once per tier, and each tier's copy of them is removed again
+// (the dump removed them from one tier only, and the rebuilt index held one block too many).
+TEST(RadixIndexDumpTest, OrphanOnTwoTiersLeavesNoTemporaryBlock) {
+  RadixIndex original;
+  const WorkerKey w{1, 0};
+  ASSERT_TRUE(original.Apply(StoredBlocks(w, std::nullopt, {101, 102}, {1, 2})).ok());
+  ASSERT_TRUE(original.Apply(StoredBlocks(w, 101, {202}, {2}, Tier::kHostPinned)).ok());
+  ASSERT_TRUE(original.Apply(RemovedBlocks(w, {101})).ok());
+  ASSERT_EQ(original.TreeSize(w), 2u);  // 102 on the device, 202 on the host
+
+  RadixIndex rebuilt;
+  for (const KvEvent& e : original.DumpEvents()) {
+    const ApplyResult r = rebuilt.Apply(e);
+    EXPECT_TRUE(r.ok()) << r.message;
+  }
+  EXPECT_EQ(rebuilt.TreeSize(w), 2u);
+  EXPECT_EQ(rebuilt.Stats().cached_blocks, original.Stats().cached_blocks);
+  EXPECT_EQ(rebuilt.StateDigest(), original.StateDigest());
+  EXPECT_EQ(rebuilt.CheckInvariants(), "");
+}
+
 TEST(RadixIndexDumpTest, EmptyIndexDumpsNothing) {
   RadixIndex index;
   EXPECT_TRUE(index.DumpEvents().empty());
