@@ -346,9 +346,10 @@ KVR_API kvr_status kvr_router_apply_stored(kvr_router *router, const kvr_stored_
                                            kvr_error **err);
 KVR_API kvr_status kvr_router_apply_removed(kvr_router *router, const kvr_removed_event *event,
                                             kvr_error **err);
-/* Every rank of the worker lost every block (as in Dynamo, a clear is worker-wide: dp_rank
- * only names the publisher, which becomes known to the index if it was not).
- * @thread_safety concurrent */
+/* The rank (worker_id, dp_rank) lost every block: each data-parallel rank of an engine has a
+ * cache of its own, so the worker's other ranks keep theirs (as in Dynamo 1.6.1; before 0.2.0 a
+ * clear was worker-wide). The rank becomes known to the index if it was not. To forget every
+ * rank of a worker, kvr_router_remove_worker. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_apply_cleared(kvr_router *router, uint64_t worker_id,
                                             uint32_t dp_rank, uint64_t event_id, kvr_error **err);
 

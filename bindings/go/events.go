@@ -133,8 +133,8 @@ func (r *Router) ApplyRemoved(e *RemovedEvent) error {
 	return takeError(st, cerr)
 }
 
-// ApplyCleared says every rank of the worker lost every block (a clear is worker-wide; dpRank
-// only names the publisher).
+// ApplyCleared says the rank (workerID, dpRank) lost every block; the worker's other ranks
+// keep theirs (each rank has a cache of its own). RemoveWorker forgets every rank.
 func (r *Router) ApplyCleared(workerID uint64, dpRank uint32, eventID uint64) error {
 	h := r.handle()
 	if h == nil {
@@ -231,7 +231,7 @@ func (b *EventBatch) AddRemoved(e *RemovedEvent) error {
 	return takeError(st, cerr)
 }
 
-// AddCleared appends a worker-wide clear.
+// AddCleared appends a clear of the rank (workerID, dpRank).
 func (b *EventBatch) AddCleared(workerID uint64, dpRank uint32, eventID uint64) error {
 	if b == nil || b.ptr == nil {
 		return ErrClosed

@@ -1181,10 +1181,11 @@ class RadixIndex::Impl {
     }
   }
 
+  // The publishing rank's cache was emptied: each data-parallel rank of an engine has a cache
+  // of its own (and Dynamo 1.6.1 clears only the rank too). Its other ranks keep their blocks.
   ApplyResult ApplyData(const KvEvent& event, const ClearedEvent&) {
     std::unique_lock lock(mu_);
-    SlotFor(event.worker);  // a cleared worker is known, holding nothing
-    for (uint32_t slot : SlotsOf(event.worker.worker_id)) ClearSlot(slot);
+    ClearSlot(SlotFor(event.worker));  // a cleared rank is known, holding nothing
     return Succeed(EventKind::kCleared);
   }
 

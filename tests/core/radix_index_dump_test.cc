@@ -84,10 +84,9 @@ class Model {
     return true;
   }
 
-  void Clear(uint64_t worker_id) {
-    for (auto& [w, r] : ranks) {
-      if (w.worker_id == worker_id) r = Rank{};
-    }
+  // A clear empties the publishing rank only (each rank has a cache of its own).
+  void Clear(WorkerKey worker) {
+    if (auto it = ranks.find(worker); it != ranks.end()) it->second = Rank{};
   }
 
   void RemoveWorker(uint64_t worker_id) {
@@ -213,7 +212,7 @@ class RandomHistory {
       } else if (r < 962) {
         const WorkerKey w = workers_[Uniform(workers_.size())];
         ASSERT_TRUE(index.Apply(ClearedWorker(w)).ok());
-        model_.Clear(w.worker_id);
+        model_.Clear(w);
       } else if (r < 966) {
         const WorkerKey w = workers_[Uniform(workers_.size())];
         size_t expected = 0;

@@ -308,7 +308,7 @@ TEST(RadixIndexTest, NodesNoWorkerHoldsAreFreedAtOnce) {
   EXPECT_EQ(index.TreeSize(kW2), 0u);
 }
 
-TEST(RadixIndexTest, ClearedClearsEveryDpRankOfTheWorker) {
+TEST(RadixIndexTest, ClearedClearsOnlyThePublishingDpRank) {
   RadixIndex index;
   const WorkerKey r0{1, 0}, r1{1, 1}, other{2, 0};
   ASSERT_TRUE(index.Apply(StoredBlocks(r0, std::nullopt, {1001, 1002}, {kA, kB})).ok());
@@ -319,14 +319,14 @@ TEST(RadixIndexTest, ClearedClearsEveryDpRankOfTheWorker) {
 
   const ApplyResult r = index.Apply(ClearedWorker(r1));
   EXPECT_TRUE(r.ok()) << r.message;
-  EXPECT_EQ(index.TreeSize(r0), 0u);
+  EXPECT_EQ(index.TreeSize(r0), 2u);
   EXPECT_EQ(index.TreeSize(r1), 0u);
   EXPECT_EQ(index.TreeSize(other), 1u);
   EXPECT_EQ(MatchesToString(index.FindMatches(std::vector<uint64_t>{kA, kB})),
-            "2/0:d1,h0,s0,e0,t1;");
+            "1/0:d2,h0,s0,e0,t2;2/0:d1,h0,s0,e0,t1;");
   EXPECT_TRUE(index.FindMatches(std::vector<uint64_t>{kC, kD}).empty());
-  EXPECT_EQ(index.Stats().tree_blocks, 1u);
-  EXPECT_EQ(index.Stats().cached_blocks, 1u);
+  EXPECT_EQ(index.Stats().tree_blocks, 2u);
+  EXPECT_EQ(index.Stats().cached_blocks, 3u);
   EXPECT_EQ(EventCount(index.Stats(), EventKind::kCleared, EventError::kNone), 1u);
 
   // The ranks stay known, empty.
@@ -335,11 +335,14 @@ TEST(RadixIndexTest, ClearedClearsEveryDpRankOfTheWorker) {
             (std::set<WorkerKey>{r0, r1, other}));
   EXPECT_EQ(index.Stats().workers, 3u);
 
-  // Their old hashes are gone; they can store again from the root.
-  EXPECT_EQ(index.Apply(StoredBlocks(r0, 1001, {1003}, {kX})).error,
+  // The cleared rank's old hashes are gone; it stores again from the root. The other rank
+  // still continues its own.
+  EXPECT_EQ(index.Apply(StoredBlocks(r1, 1101, {1103}, {kX})).error,
             EventError::kParentBlockNotFound);
-  ASSERT_TRUE(index.Apply(StoredBlocks(r0, std::nullopt, {1001}, {kA})).ok());
-  EXPECT_EQ(DeviceDepth(index, {kA, kB}, r0), 1);
+  ASSERT_TRUE(index.Apply(StoredBlocks(r1, std::nullopt, {1101}, {kC})).ok());
+  EXPECT_EQ(DeviceDepth(index, {kC, kD}, r1), 1);
+  ASSERT_TRUE(index.Apply(StoredBlocks(r0, 1002, {1003}, {kX})).ok());
+  EXPECT_EQ(DeviceDepth(index, {kA, kB, kX}, r0), 3);
 }
 
 TEST(RadixIndexTest, RemoveWorkerAndRemoveWorkerDpRank) {
@@ -858,8 +861,8 @@ TEST(RadixIndexTest, MemoryReturnsToItsStartAfterClearAndRemoveWorker) {
   }
   EXPECT_GT(index.Stats().allocated_bytes, start.allocated_bytes);
   for (uint64_t w = 0; w < 10; ++w) ASSERT_TRUE(index.Apply(ClearedWorker({w, 1})).ok());
-  EXPECT_EQ(index.Stats().cached_blocks, 10u * 100u);  // a clear covers both ranks
-  for (uint64_t w = 0; w < 20; ++w) EXPECT_EQ(index.RemoveWorker(w), w < 10 ? 0u : 100u);
+  EXPECT_EQ(index.Stats().cached_blocks, 10u * 50u + 10u * 100u);  // rank 1 of 0-9 cleared
+  for (uint64_t w = 0; w < 20; ++w) EXPECT_EQ(index.RemoveWorker(w), w < 10 ? 50u : 100u);
   const IndexStats end = index.Stats();
   EXPECT_EQ(end.tree_blocks, 0u);
   EXPECT_EQ(end.cached_blocks, 0u);

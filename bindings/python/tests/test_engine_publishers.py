@@ -304,18 +304,18 @@ def test_vllm_publisher(vllm):
             assert tiers(router, A, W, 0) == (1, 1, 0, 0)  # a[1] is still on the CPU
             assert tiers(router, D, W, 0, cache_namespace="tenant-a") == (3, 0, 0, 0)
 
-            # A clear from rank 1's engine. kvrouter clears every rank of the worker, as Dynamo
-            # does (docs/ingest.md), although each vLLM dp rank has a cache of its own.
+            # A clear from rank 1's engine empties rank 1 only: each vLLM dp rank has a cache of
+            # its own (docs/ingest.md), and rank 0 keeps its blocks.
             w.send(1, [v.AllBlocksCleared()])
             w.sync()
             assert tiers(router, B, W, 1) == tiers(router, C, W, 1, lora_name="sql-adapter") == (0, 0, 0, 0)
-            assert tiers(router, F, W, 0) == (0, 0, 0, 0), "a clear is worker-wide"
+            assert tiers(router, F, W, 0) == (3, 0, 0, 0), "a clear is the publishing rank's"
 
             # Rank 0's engine restarts: sequence 0 again, an empty cache.
             w.send(0, [stored(f[:1], None, F[:16])])
             w.send(1, [stored(b, None, B)])
             w.sync()
-            assert tiers(router, F, W, 0) == (1, 0, 0, 0) and tiers(router, B, W, 1) == (3, 0, 0, 0)
+            assert tiers(router, F, W, 0) == (3, 0, 0, 0) and tiers(router, B, W, 1) == (3, 0, 0, 0)
             w.restart(0)
             G, g = prompt(7, 2), hashes(2, 7)
             w.send(0, [stored(g, None, G)])
@@ -323,7 +323,7 @@ def test_vllm_publisher(vllm):
             assert w.stats().restarts == 1
             assert tiers(router, G, W, 0) == (2, 0, 0, 0)
             assert tiers(router, F, W, 0) == (0, 0, 0, 0)
-            assert tiers(router, B, W, 1) == (0, 0, 0, 0), "a restart clears the worker, as a clear"
+            assert tiers(router, B, W, 1) == (3, 0, 0, 0), "a restart clears the restarted rank only"
             assert w.stats().rejected == (0,) * len(w.stats().rejected)
         finally:
             w.close()
@@ -479,12 +479,12 @@ def test_sglang_publisher(sglang, dynamo_format):
             assert tiers(router, F, W, 0) == (0, 0, 0, 0)
             assert tiers(router, A, W, 0) == (2, 0, 0, 0)
 
-            # A clear from rank 1's engine: kvrouter clears every rank of the worker, as Dynamo
-            # does (docs/ingest.md), although each SGLang attention-dp rank has its own cache.
+            # A clear from rank 1's engine empties rank 1 only: each SGLang attention-dp rank has
+            # a cache of its own, and rank 0 keeps its blocks.
             w.send(1, [sg.kv_events.AllBlocksCleared()])
             w.sync()
             assert tiers(router, B, W, 1) == tiers(router, E, W, 1, eagle=True) == (0, 0, 0, 0)
-            assert tiers(router, A, W, 0) == (0, 0, 0, 0)
+            assert tiers(router, A, W, 0) == (2, 0, 0, 0)
             assert w.stats().state_unknown == 1  # rank 0's own state is still unknown
 
             # Rank 0's engine restarts: sequence 0, the flag drops.

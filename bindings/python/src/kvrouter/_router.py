@@ -95,7 +95,8 @@ class Router(_native.Router):
         self._apply_removed(*event._args())
 
     def apply_cleared(self, worker_id: int, dp_rank: int = 0, event_id: int = 0) -> None:
-        """Every rank of the worker lost every block."""
+        """The rank (worker_id, dp_rank) lost every block; the worker's other ranks keep
+        theirs (each rank has a cache of its own). :meth:`remove_worker` forgets every rank."""
         self._apply_cleared(worker_id, dp_rank, event_id)
 
     def apply_event_batch(self, data: Buffer) -> None:

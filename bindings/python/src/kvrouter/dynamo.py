@@ -114,7 +114,7 @@ class RadixTree:
         # Block size matters only for events carrying tokens: these carry local hashes.
         self._router = Router(block_size=16)
         self._ranks: Dict[int, Set[int]] = {}  # the ranks each worker's events came from
-        self._lock = threading.Lock()  # _ranks, and a per-rank clear's snapshot + removal
+        self._lock = threading.Lock()  # _ranks
 
     def find_matches(self, sequence: Sequence[int], early_exit: bool = False) -> OverlapScores:
         """Per (worker_id, dp_rank) holding the first block: how many leading blocks of the
@@ -186,28 +186,16 @@ class RadixTree:
             raise RuntimeError(f"Failed to apply event: {exc.message}") from exc
 
     def _clear_rank(self, worker_id: int, dp_rank: int, event_id: int) -> None:
-        # A Dynamo clear drops one rank's blocks; kvrouter's drops the worker's. When the worker
-        # has published from other ranks, the rank's blocks are removed one by one instead.
-        with self._lock:
-            ranks = self._ranks.setdefault(worker_id, set())
-            if ranks <= {dp_rank}:
-                self._router.apply_cleared(worker_id, dp_rank, event_id)
-                ranks.discard(dp_rank)
-                return
-            held = [h for ev in stored_events(self._router.snapshot())
-                    if ev.worker_id == worker_id and ev.dp_rank == dp_rank for h in ev.block_hashes]
-            ranks.discard(dp_rank)
-            if held:
-                self._router.apply_removed(RemovedEvent(worker_id=worker_id, dp_rank=dp_rank,
-                                                        event_id=event_id, block_hashes=held))
+        # A clear drops the publishing rank's blocks, in Dynamo and in kvrouter alike.
+        self._router.apply_cleared(worker_id, dp_rank, event_id)
 
     def remove_worker(self, worker_id: int) -> None:
         """Drops every block of every rank of the worker."""
         if worker_id < 0:
             raise OverflowError("can't convert negative int to unsigned")
         with self._lock:
-            self._router.apply_cleared(worker_id, 0, 0)
-            self._ranks.pop(worker_id, None)
+            for rank in sorted(self._ranks.pop(worker_id, {0})):
+                self._router.apply_cleared(worker_id, rank, 0)
 
     def clear_all_blocks(self, worker_id: int) -> None:
         """Drops every block of every rank of the worker (as :meth:`remove_worker` here)."""

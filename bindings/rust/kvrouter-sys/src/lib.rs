@@ -837,9 +837,10 @@ extern "C" {
         event: *const kvr_removed_event,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
-    /// Every rank of the worker lost every block (as in Dynamo, a clear is worker-wide: dp_rank
-    /// only names the publisher, which becomes known to the index if it was not). @thread_safety
-    /// concurrent
+    /// The rank (worker_id, dp_rank) lost every block: each data-parallel rank of an engine has a
+    /// cache of its own, so the worker's other ranks keep theirs (as in Dynamo 1.6.1; before 0.2.0
+    /// a clear was worker-wide). The rank becomes known to the index if it was not. To forget every
+    /// rank of a worker, kvr_router_remove_worker. @thread_safety concurrent
     pub fn kvr_router_apply_cleared(
         router: *mut kvr_router,
         worker_id: u64,

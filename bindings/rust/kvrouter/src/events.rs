@@ -255,7 +255,7 @@ impl EventBatch {
         call(|err| unsafe { sys::kvr_event_batch_add_removed(self.as_ptr(), &raw, err) })
     }
 
-    /// Every rank of the worker lost every block.
+    /// A clear of the rank (worker_id, dp_rank): its other ranks keep their blocks.
     pub fn add_cleared(&mut self, worker_id: u64, dp_rank: u32, event_id: u64) -> Result<()> {
         // SAFETY: &mut self: no other call on the batch.
         call(|err| unsafe {

@@ -492,7 +492,8 @@ impl RouterRef {
         call(|err| unsafe { sys::kvr_router_apply_removed(self.as_raw(), &raw, err) })
     }
 
-    /// Every rank of the worker lost every block.
+    /// The rank (worker_id, dp_rank) lost every block; the worker's other ranks keep theirs
+    /// (each rank has a cache of its own). `remove_worker` forgets every rank.
     pub fn apply_cleared(&self, worker_id: u64, dp_rank: u32, event_id: u64) -> Result<()> {
         // SAFETY: a live router (concurrent).
         call(|err| unsafe {

@@ -163,7 +163,10 @@ public final class Router extends NativeObject {
     }
   }
 
-  /** Every rank of the worker lost every block (a clear is worker-wide, as in Dynamo). */
+  /**
+   * The rank (workerId, dpRank) lost every block; the worker's other ranks keep theirs (each
+   * rank has a cache of its own). {@link #removeWorker} forgets every rank.
+   */
   public void applyCleared(long workerId, int dpRank, long eventId) {
     long h = acquire();
     try {
