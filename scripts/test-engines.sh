@@ -244,7 +244,7 @@ if [[ -n ${KVR_WHEEL:-} ]]; then
   step "kvrouter: $KVR_WHEEL"
 else
   CMAKE_BUILD_PARALLEL_LEVEL=${KVR_JOBS:-$(nproc)} nice -n 10 "$venv/bin/pip" install -q --no-deps \
-    --no-build-isolation --force-reinstall -Cbuild-dir="$work/cmake" ./bindings/python
+    --no-build-isolation --force-reinstall --config-settings=build-dir="$work/cmake" ./bindings/python
   step "kvrouter: built from this checkout in $(( $(date +%s) - t )) s"
 fi
 

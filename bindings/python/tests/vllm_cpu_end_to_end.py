@@ -206,10 +206,11 @@ class Run:
         stored, or hit, in the step that ran it; that step's evictions come in the same batch),
         then until no message arrived for a moment."""
         want = len(tokens) // BS
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 10
         while self.held_blocks(tokens, engine.worker_id) < want:
             if time.monotonic() > deadline:
-                self.failures.append(f"{engine.name}: the prompt's {want} blocks never reached the index")
+                self.failures.append(f"{engine.name}: the prompt's {want} blocks not all in the index "
+                                     f"10 s after the response")
                 return
             time.sleep(0.02)
         src = self.sources[engine.worker_id]
