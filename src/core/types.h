@@ -70,7 +70,8 @@ struct RemovedEvent {
   std::vector<uint64_t> block_hashes;
 };
 
-// Every block of every data-parallel rank of the worker is gone (e.g. a prefix-cache reset).
+// Every block of the event's data-parallel rank is gone (e.g. a prefix-cache reset); the
+// worker's other ranks keep theirs.
 struct ClearedEvent {};
 
 struct KvEvent {

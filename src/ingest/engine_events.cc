@@ -365,7 +365,133 @@ EngineBatch DecodeBatch(const object& root) {
   return batch;
 }
 
+// ---- Dynamo's event plane ----------------------------------------------------------------
+
+const object& AsMap(const object& o, const char* what) {
+  if (o.type != mtype::MAP) Reject(absl::StrCat(what, " is not a map"));
+  return o;
+}
+
+uint64_t AsU64(const object& o, const char* what) {
+  if (o.type != mtype::POSITIVE_INTEGER) Reject(absl::StrCat(what, " is not an unsigned integer"));
+  return o.via.u64;
+}
+
+// Dynamo's StorageTier in snake case ("device", "host_pinned", "disk", "external"); engine
+// media names mean what they mean elsewhere.
+Tier TierOfStorage(std::string_view name) {
+  return name == "host_pinned" ? Tier::kHostPinned : TierFromMedium(name);
+}
+
+StoredEvent DynamoStored(const object& o) {
+  const Fields stored(AsMap(o, "stored"), {});
+  StoredEvent out;
+  if (const object* parent = stored.Get("parent_hash"); parent != nullptr && !IsNil(*parent)) {
+    out.parent_hash = AsHash(*parent, "parent_hash");
+  }
+  // Each block's tokens_hash is Dynamo's local hash (LoRA, salt and multimodal content already
+  // in it; kvrouter's hashing is the same function): no tokens travel.
+  for (const object& b : AsArray(stored.Require("blocks"), "blocks")) {
+    const Fields block(AsMap(b, "block"), {});
+    out.block_hashes.push_back(AsHash(block.Require("block_hash"), "block_hash"));
+    out.local_hashes.push_back(AsHash(block.Require("tokens_hash"), "tokens_hash"));
+  }
+  return out;
+}
+
+// One RouterEvent: {worker_id, storage_tier, event: {event_id, data, dp_rank}}, data being
+// {"stored": ...}, {"removed": {block_hashes}} or "cleared".
+KvEvent DynamoRouterEvent(const object& o) {
+  const Fields router_event(AsMap(o, "router event"), {});
+  KvEvent out;
+  out.worker.worker_id = AsU64(router_event.Require("worker_id"), "worker_id");
+  if (auto tier = OptStr(router_event.Get("storage_tier"), "storage_tier")) {
+    out.tier = TierOfStorage(*tier);
+  }
+  const Fields event(AsMap(router_event.Require("event"), "event"), {});
+  out.event_id = AsU64(event.Require("event_id"), "event_id");
+  if (auto rank = OptInt(event.Get("dp_rank"), "dp_rank")) {
+    if (*rank < 0 || *rank > UINT32_MAX) Reject(absl::StrCat("dp_rank ", *rank, " out of range"));
+    out.worker.dp_rank = static_cast<uint32_t>(*rank);
+  }
+  const object& data = event.Require("data");
+  if (data.type == mtype::STR) {
+    if (AsStr(data, "data") != "cleared") {
+      Reject(absl::StrCat("unknown event data '", std::string(AsStr(data, "data")), "'"));
+    }
+    out.data = ClearedEvent{};
+    return out;
+  }
+  const Fields variant(AsMap(data, "data"), {});
+  if (data.via.map.size != 1) Reject("event data has more than one variant");
+  if (const object* stored = variant.Get("stored")) {
+    out.data = DynamoStored(*stored);
+  } else if (const object* removed = variant.Get("removed")) {
+    const Fields r(AsMap(*removed, "removed"), {});
+    out.data = RemovedEvent{.block_hashes = AsHashes(r.Require("block_hashes"), "block_hashes")};
+  } else {
+    Reject("unknown event variant (neither stored, removed nor cleared)");
+  }
+  return out;
+}
+
+// msgpack of `bytes`, with limits that keep a garbage header from reserving memory for
+// billions of objects: no container can have more elements than there are bytes.
+msgpack::object_handle Unpack(std::span<const uint8_t> bytes, const char* what) {
+  const size_t n = bytes.size();
+  const msgpack::unpack_limit limits(n, n, n, n, n, /*depth=*/32);
+  size_t offset = 0;
+  msgpack::object_handle handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), n,
+                                                  offset, nullptr, nullptr, limits);
+  if (offset != n) Reject(absl::StrCat(n - offset, " trailing bytes after the ", what));
+  return handle;
+}
+
+// The message is not one msgpack value at all (as opposed to msgpack of the wrong shape).
+struct NotMsgpack {
+  std::string message;
+};
+
+DynamoMessage DecodeDynamo(std::span<const uint8_t> message) {
+  msgpack::object_handle envelope_handle;
+  try {
+    envelope_handle = Unpack(message, "envelope");
+  } catch (const DecodeError& e) {
+    throw NotMsgpack{e.message};
+  } catch (const std::exception& e) {
+    throw NotMsgpack{e.what()};
+  }
+  const Fields envelope(AsMap(envelope_handle.get(), "envelope"), {});
+  DynamoMessage out;
+  out.publisher_id = AsU64(envelope.Require("publisher_id"), "publisher_id");
+  out.sequence = AsU64(envelope.Require("sequence"), "sequence");
+  if (auto at = OptInt(envelope.Get("published_at"), "published_at")) {
+    out.published_at_ms = static_cast<uint64_t>(std::max<int64_t>(0, *at));
+  }
+  const object& payload = envelope.Require("payload");
+  if (payload.type != mtype::BIN) Reject("payload is not bytes");
+  const msgpack::object_handle events_handle =
+      Unpack(std::span(reinterpret_cast<const uint8_t*>(payload.via.bin.ptr), payload.via.bin.size),
+             "payload");
+  for (const object& e : AsArray(events_handle.get(), "payload")) {
+    out.events.push_back(DynamoRouterEvent(e));
+  }
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> message) {
+  try {
+    return DecodeDynamo(message);
+  } catch (const NotMsgpack& e) {
+    return absl::DataLossError(absl::StrCat("not msgpack: ", e.message));
+  } catch (const DecodeError& e) {
+    return absl::InvalidArgumentError(absl::StrCat("Dynamo event plane: ", e.message));
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("not msgpack: ", e.what()));
+  }
+}
 
 std::string BlockSizeMismatch(size_t event_index, uint32_t engine_block_size,
                               uint32_t router_block_size) {
@@ -377,19 +503,8 @@ std::string BlockSizeMismatch(size_t event_index, uint32_t engine_block_size,
 }
 
 absl::StatusOr<EngineBatch> DecodeEnginePayload(std::span<const uint8_t> payload) {
-  // No container can have more elements than the payload has bytes: the limits keep a garbage
-  // header from making msgpack-c reserve memory for billions of objects.
-  const size_t n = payload.size();
-  const msgpack::unpack_limit limits(n, n, n, n, n, /*depth=*/32);
   try {
-    size_t offset = 0;
-    msgpack::object_handle handle = msgpack::unpack(reinterpret_cast<const char*>(payload.data()),
-                                                    n, offset, nullptr, nullptr, limits);
-    if (offset != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("msgpack: ", n - offset, " trailing bytes after the batch"));
-    }
-    return DecodeBatch(handle.get());
+    return DecodeBatch(Unpack(payload, "batch").get());
   } catch (const DecodeError& e) {
     return absl::InvalidArgumentError(absl::StrCat("engine batch: ", e.message));
   } catch (const std::exception& e) {

@@ -109,6 +109,24 @@ class SaltedBlocks {
   absl::flat_hash_map<std::string, uint32_t> ids_;
 };
 
+// One message of Dynamo's KV event plane, as dynamo.llm.KvEventPublisher (ai-dynamo-runtime
+// 1.6.1) publishes it on NATS subject namespace.<ns>.component.<c>.endpoint.<e>.kv-events: a
+// msgpack map {publisher_id, sequence, published_at (ms), topic, payload}, the payload the
+// msgpack bytes of an array of RouterEvents {worker_id, storage_tier, residency_domain,
+// event: {event_id, data, dp_rank}} whose data is {"stored": {parent_hash, start_position,
+// blocks: [{block_hash, tokens_hash, mm_extra_info}]}}, {"removed": {block_hashes}} or
+// "cleared". Stored blocks carry Dynamo's local hash (tokens_hash), never tokens.
+struct DynamoMessage {
+  uint64_t publisher_id = 0;
+  uint64_t sequence = 0;  // per publisher, from 0
+  uint64_t published_at_ms = 0;
+  std::vector<KvEvent> events;
+};
+
+// DataLoss when `message` is not one msgpack value; InvalidArgument, naming what is wrong, for
+// msgpack of another shape.
+absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> message);
+
 // Router events of `batch` for `worker_id`. The rank is the batch's dp rank when it has one,
 // else `default_dp_rank` (the publisher's socket). Stored events carry token ids and no local
 // hashes, so the router computes its own hashes from the tokens (dual key: engine hashes link

@@ -15,6 +15,8 @@
 #include <optional>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -405,6 +407,92 @@ struct IngestService::Impl {
     source.RecordLag(publish_time_ns);
   }
 
+  // ---- Dynamo's event plane (NATS) --------------------------------------------------------
+
+  // Dynamo event-plane publishers heard on one NATS subscription: each numbers its messages
+  // from 0. Loop thread only.
+  struct DynamoPublisher {
+    uint64_t next_sequence = 0;
+    uint64_t last_heard = 0;               // the subscription's message count then
+    absl::flat_hash_set<WorkerKey> ranks;  // what a gap must clear
+  };
+  struct DynamoPublishers {
+    absl::flat_hash_map<uint64_t, DynamoPublisher> by_id;
+    uint64_t messages = 0;
+  };
+  // Publishers come and go with their workers: past this many, the longest silent is forgotten.
+  static constexpr size_t kMaxDynamoPublishers = 4096;
+
+  // A NATS message: a native EventBatch or a message of Dynamo's event plane, told apart by
+  // content (a batch is verified first; a Dynamo message is a msgpack map, never a valid batch).
+  // Neither: counted as a bad batch, or as bad msgpack when it is msgpack of the wrong shape.
+  void HandleNatsEvents(const std::vector<uint8_t>& payload, SourceCounters& source,
+                        DynamoPublishers& dynamo) {
+    Bump(source.messages);
+    uint64_t publish_time_ns = 0;
+    if (auto events = DecodeEventBatch(payload, &publish_time_ns); events.ok()) {
+      Apply(*events, source);
+      source.RecordLag(publish_time_ns);
+      return;
+    }
+    auto message = DecodeDynamoEventPlane(payload);
+    if (message.ok()) {
+      ApplyDynamoMessage(*message, source, dynamo);
+    } else {
+      source.Reject(absl::IsDataLoss(message.status()) ? IngestReject::kBadFlatBuffers
+                                                       : IngestReject::kBadMsgpack);
+    }
+  }
+
+  void ApplyDynamoMessage(const DynamoMessage& message, SourceCounters& source,
+                          DynamoPublishers& dynamo) {
+    DynamoPublisher& publisher = PublisherOf(dynamo, message.publisher_id, message.sequence);
+    if (message.sequence < publisher.next_sequence) {
+      source.Reject(IngestReject::kStaleSequence);
+      return;
+    }
+    if (message.sequence > publisher.next_sequence) {
+      // Messages lost (the event plane has no replay): what the publisher's ranks hold is
+      // unknown, so they are cleared and learnt again, as for an engine without replay.
+      Bump(source.gaps);
+      Bump(source.missed_messages, message.sequence - publisher.next_sequence);
+      for (const WorkerKey& rank : publisher.ranks)
+        ClearWorker(rank.worker_id, rank.dp_rank, source);
+      Bump(source.recoveries);
+    }
+    publisher.next_sequence = message.sequence + 1;
+    for (const KvEvent& event : message.events) publisher.ranks.insert(event.worker);
+    Apply(message.events, source);
+    source.RecordLag(message.published_at_ms * 1'000'000);
+  }
+
+  // The publisher's state. One first heard at `sequence` starts there: what it published
+  // before this subscription existed is unknowable, not lost.
+  static DynamoPublisher& PublisherOf(DynamoPublishers& dynamo, uint64_t id, uint64_t sequence) {
+    ++dynamo.messages;
+    auto [it, added] = dynamo.by_id.try_emplace(id);
+    if (added) {
+      it->second.next_sequence = sequence;
+      if (dynamo.by_id.size() > kMaxDynamoPublishers) {
+        ForgetLongestSilent(dynamo, id);
+        it = dynamo.by_id.find(id);
+      }
+    }
+    it->second.last_heard = dynamo.messages;
+    return it->second;
+  }
+
+  static void ForgetLongestSilent(DynamoPublishers& dynamo, uint64_t keep) {
+    auto oldest = dynamo.by_id.end();
+    for (auto it = dynamo.by_id.begin(); it != dynamo.by_id.end(); ++it) {
+      if (it->first != keep &&
+          (oldest == dynamo.by_id.end() || it->second.last_heard < oldest->second.last_heard)) {
+        oldest = it;
+      }
+    }
+    dynamo.by_id.erase(oldest);
+  }
+
   // ---- Engine workers over ZMQ -----------------------------------------------------------
 
   using Parts = std::vector<std::vector<uint8_t>>;
@@ -750,6 +838,7 @@ struct IngestService::Impl {
   struct NatsSource {
     Impl* impl = nullptr;
     std::shared_ptr<SourceCounters> counters;
+    std::shared_ptr<DynamoPublishers> dynamo = std::make_shared<DynamoPublishers>();
     natsConnection* connection = nullptr;
     natsSubscription* subscription = nullptr;
     bool replica_sync = false;    // messages are replica changes, not event batches
@@ -771,12 +860,12 @@ struct IngestService::Impl {
     natsMsg_Destroy(msg);
     std::lock_guard lock(impl->command_mutex);
     if (impl->stopped) return;
-    impl->commands.push_back([impl, counters = source->counters, payload = std::move(payload),
-                              replica_sync = source->replica_sync] {
+    impl->commands.push_back([impl, counters = source->counters, dynamo = source->dynamo,
+                              payload = std::move(payload), replica_sync = source->replica_sync] {
       if (replica_sync) {
         impl->HandleReplicaMessage(payload, *counters);
       } else {
-        impl->HandleFrame(payload, *counters);
+        impl->HandleNatsEvents(payload, *counters, *dynamo);
       }
     });
     uv_async_send(&impl->wake);

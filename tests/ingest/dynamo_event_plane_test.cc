@@ -1,0 +1,222 @@
+// Dynamo's KV event plane: the messages dynamo.llm.KvEventPublisher (ai-dynamo-runtime 1.6.1)
+// publishes on NATS, decoded, and applied by a NATS subscription beside native EventBatches.
+// The byte vectors are three messages that publisher sent to a nats-server here (worker 7, dp
+// rank 1, kv_block_size 4): stored blocks [1..4] [5..8] under engine hashes 111 and 222; a
+// stored block [9..12] under LoRA "adapter-a", parent 222, engine hash 333; the removal of 333.
+#include <gtest/gtest.h>
+#include <nats/nats.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <variant>
+
+#include "core/hashing.h"
+#include "core/router.h"
+#include "ingest/engine_events.h"
+#include "ingest/ingest_service.h"
+#include "nats_server.h"
+
+namespace kvrouter {
+namespace {
+
+std::vector<uint8_t> FromHex(std::string_view hex) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<uint8_t>(std::stoul(std::string(hex.substr(i, 2)), nullptr, 16)));
+  }
+  return out;
+}
+
+// sequence 0: stored [111, 222], no parent.
+constexpr std::string_view kStored =
+    "85ac7075626c69736865725f6964cf0002f73c6780987fa873657175656e636500ac7075626c69736865645f61"
+    "74cf000001a234567b69a5746f706963a96b762d6576656e7473a77061796c6f6164c4e99184a9776f726b6572"
+    "5f696407ac73746f726167655f74696572a6646576696365b07265736964656e63795f646f6d61696ea6776f72"
+    "6b6572a56576656e7483a86576656e745f696401a46461746181a673746f72656483ab706172656e745f686173"
+    "68c0ae73746172745f706f736974696f6ec0a6626c6f636b739283aa626c6f636b5f686173686fab746f6b656e"
+    "735f68617368cfcb38e4d7fb2dca5cad6d6d5f65787472615f696e666fc083aa626c6f636b5f68617368ccdeab"
+    "746f6b656e735f68617368cfe8d3ec39b907b74cad6d6d5f65787472615f696e666fc0a764705f72616e6b01";
+// sequence 1: stored [333] under LoRA "adapter-a", parent 222.
+constexpr std::string_view kStoredLora =
+    "85ac7075626c69736865725f6964cf0002f73c6780987fa873657175656e636501ac7075626c69736865645f61"
+    "74cf000001a234567b69a5746f706963a96b762d6576656e7473a77061796c6f6164c4ba9184a9776f726b6572"
+    "5f696407ac73746f726167655f74696572a6646576696365b07265736964656e63795f646f6d61696ea6776f72"
+    "6b6572a56576656e7483a86576656e745f696402a46461746181a673746f72656483ab706172656e745f686173"
+    "68ccdeae73746172745f706f736974696f6ec0a6626c6f636b739183aa626c6f636b5f68617368cd014dab746f"
+    "6b656e735f68617368cf9799522907da1e6bad6d6d5f65787472615f696e666fc0a764705f72616e6b01";
+// sequence 2: removed [333].
+constexpr std::string_view kRemoved =
+    "85ac7075626c69736865725f6964cf0002f73c6780987fa873657175656e636502ac7075626c69736865645f61"
+    "74cf000001a234567b69a5746f706963a96b762d6576656e7473a77061796c6f6164c4739184a9776f726b6572"
+    "5f696407ac73746f726167655f74696572a6646576696365b07265736964656e63795f646f6d61696ea6776f72"
+    "6b6572a56576656e7483a86576656e745f696403a46461746181a772656d6f76656481ac626c6f636b5f686173"
+    "68657391cd014da764705f72616e6b01";
+
+constexpr WorkerKey kRank{7, 1};
+
+// The message with its sequence number (a positive fixint, < 128) replaced.
+std::vector<uint8_t> WithSequence(std::string_view hex, uint8_t sequence) {
+  std::vector<uint8_t> bytes = FromHex(hex);
+  const std::vector<uint8_t> key = FromHex("a873657175656e6365");  // the key "sequence"
+  auto it = std::search(bytes.begin(), bytes.end(), key.begin(), key.end());
+  EXPECT_NE(it, bytes.end());
+  *(it + static_cast<std::ptrdiff_t>(key.size())) = sequence;
+  return bytes;
+}
+
+TEST(DynamoEventPlane, DecodesTheWheelsMessages) {
+  auto stored = DecodeDynamoEventPlane(FromHex(kStored));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->sequence, 0u);
+  EXPECT_GT(stored->published_at_ms, 1'700'000'000'000u);
+  ASSERT_EQ(stored->events.size(), 1u);
+  const KvEvent& e = stored->events[0];
+  EXPECT_EQ(e.worker, kRank);
+  EXPECT_EQ(e.tier, Tier::kDevice);
+  EXPECT_EQ(e.event_id, 1u);
+  const auto& s = std::get<StoredEvent>(e.data);
+  EXPECT_FALSE(s.parent_hash.has_value());
+  EXPECT_EQ(s.block_hashes, (std::vector<uint64_t>{111, 222}));
+  // Dynamo's local hashes are kvrouter's, bit for bit.
+  const std::vector<uint32_t> tokens{1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(s.local_hashes, ComputeLocalBlockHashes(tokens, 4));
+
+  auto lora = DecodeDynamoEventPlane(FromHex(kStoredLora));
+  ASSERT_TRUE(lora.ok()) << lora.status();
+  const auto& l = std::get<StoredEvent>(lora->events[0].data);
+  EXPECT_EQ(l.parent_hash, 222u);
+  const std::vector<uint32_t> more{9, 10, 11, 12};
+  EXPECT_EQ(l.local_hashes, ComputeLocalBlockHashes(more, 4, {.lora_name = "adapter-a"}));
+
+  auto removed = DecodeDynamoEventPlane(FromHex(kRemoved));
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(removed->publisher_id, stored->publisher_id);
+  EXPECT_EQ(std::get<RemovedEvent>(removed->events[0].data).block_hashes,
+            (std::vector<uint64_t>{333}));
+}
+
+TEST(DynamoEventPlane, RejectsWhatIsNotOneWithAReason) {
+  // Not msgpack at all (a truncated message): DataLoss.
+  std::vector<uint8_t> cut = FromHex(kStored);
+  cut.resize(cut.size() / 2);
+  EXPECT_TRUE(absl::IsDataLoss(DecodeDynamoEventPlane(cut).status()));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeDynamoEventPlane(std::vector<uint8_t>{}).status()));
+  // msgpack of another shape: InvalidArgument naming the problem.
+  const auto not_a_map = DecodeDynamoEventPlane(FromHex("93010203"));
+  EXPECT_TRUE(absl::IsInvalidArgument(not_a_map.status()));
+  EXPECT_NE(not_a_map.status().message().find("envelope is not a map"), std::string::npos);
+  // {"publisher_id": 1} and nothing else.
+  const std::vector<uint8_t> no_sequence = FromHex("81ac7075626c69736865725f696401");
+  const auto missing = DecodeDynamoEventPlane(no_sequence);
+  EXPECT_NE(missing.status().message().find("missing field sequence"), std::string::npos);
+}
+
+class DynamoNatsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const int port = FreePort();
+    ASSERT_GT(port, 0);
+    server_ = std::make_unique<NatsServer>(port);
+    ASSERT_TRUE(server_->Start());
+    router_ = *Router::Create(RouterOptions{.block_size = 4});
+    ingest_ = *IngestService::Create(router_.get(), {});
+    ASSERT_TRUE(ingest_->Start().ok());
+    ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
+    auto source = ingest_->SubscribeNats(server_->url(), "namespace.kvr.>");
+    ASSERT_TRUE(source.ok()) << source.status();
+    source_ = *source;
+  }
+  void TearDown() override {
+    ingest_.reset();
+    if (publisher_ != nullptr) natsConnection_Destroy(publisher_);
+    server_.reset();
+  }
+
+  void Publish(const std::vector<uint8_t>& data) {
+    ASSERT_EQ(NATS_OK, natsConnection_Publish(
+                           publisher_, "namespace.kvr.component.worker.endpoint.generate.kv-events",
+                           data.data(), static_cast<int>(data.size())));
+  }
+
+  IngestStats WaitForMessages(uint64_t messages) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    IngestStats stats = *ingest_->Stats(source_);
+    while (stats.messages < messages && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      stats = *ingest_->Stats(source_);
+    }
+    EXPECT_EQ(messages, stats.messages);
+    return stats;
+  }
+
+  // The rank's match on the base model's tokens 1..12.
+  WorkerMatch MatchOfRank() {
+    const std::vector<uint32_t> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    std::vector<WorkerMatch> matches;
+    router_->LookUp(ComputeLocalBlockHashes(tokens, 4), matches);
+    for (const WorkerMatch& m : matches) {
+      if (m.worker == kRank) return m;
+    }
+    return WorkerMatch{.worker = kRank};
+  }
+  uint32_t Depth() { return MatchOfRank().device_blocks; }
+
+  std::unique_ptr<NatsServer> server_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<IngestService> ingest_;
+  natsConnection* publisher_ = nullptr;
+  uint64_t source_ = 0;
+};
+
+TEST_F(DynamoNatsTest, AppliesTheWheelsMessagesInOrder) {
+  Publish(FromHex(kStored));
+  Publish(FromHex(kStoredLora));
+  IngestStats stats = WaitForMessages(2);
+  EXPECT_EQ(2u, stats.events_applied);
+  EXPECT_EQ(2u, Depth());
+  // The LoRA block hangs under block 222 with its LoRA hash: not on the base model's path,
+  // but held (the rank's tree size counts it).
+  EXPECT_EQ(3u, MatchOfRank().tree_size);
+  Publish(FromHex(kRemoved));
+  stats = WaitForMessages(3);
+  EXPECT_EQ(3u, stats.events_applied);
+  EXPECT_EQ(0u, stats.gaps);
+  EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]);
+  EXPECT_GE(stats.lag_samples, 3u);
+}
+
+TEST_F(DynamoNatsTest, AGapClearsThePublishersRanksAndAnOldSequenceIsStale) {
+  Publish(FromHex(kStored));
+  WaitForMessages(1);
+  EXPECT_EQ(2u, Depth());
+  // Sequences 1 to 4 never arrive: the rank's blocks are unknown now, so they are cleared;
+  // the message after the gap is applied.
+  Publish(WithSequence(kRemoved, 5));
+  IngestStats stats = WaitForMessages(2);
+  EXPECT_EQ(1u, stats.gaps);
+  EXPECT_EQ(4u, stats.missed_messages);
+  EXPECT_EQ(1u, stats.recoveries);
+  EXPECT_EQ(0u, Depth());
+  // A sequence already passed is dropped.
+  Publish(FromHex(kStored));
+  stats = WaitForMessages(3);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kStaleSequence)]);
+  EXPECT_EQ(0u, Depth());
+}
+
+TEST_F(DynamoNatsTest, BadMessagesAreCountedAndTheGoodOnesAroundThemApplied) {
+  std::vector<uint8_t> cut = FromHex(kStored);
+  cut.resize(40);
+  Publish(FromHex("93010203"));  // msgpack, not Dynamo's shape
+  Publish(cut);                  // not msgpack, not a batch
+  Publish(FromHex(kStored));
+  const IngestStats stats = WaitForMessages(3);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBadFlatBuffers)]);
+  EXPECT_EQ(1u, stats.events_applied);
+  EXPECT_EQ(2u, Depth());
+}
+
+}  // namespace
+}  // namespace kvrouter
