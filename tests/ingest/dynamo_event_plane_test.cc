@@ -15,7 +15,7 @@
 #include "core/router.h"
 #include "ingest/engine_events.h"
 #include "ingest/ingest_service.h"
-#include "nats_server.h"
+#include "nats_ingest_fixture.h"
 
 namespace kvrouter {
 namespace {
@@ -112,42 +112,23 @@ TEST(DynamoEventPlane, RejectsWhatIsNotOneWithAReason) {
   EXPECT_NE(missing.status().message().find("missing field sequence"), std::string::npos);
 }
 
-class DynamoNatsTest : public ::testing::Test {
+class DynamoNatsTest : public NatsIngestFixture {
  protected:
+  DynamoNatsTest() : NatsIngestFixture(4) {}
+
   void SetUp() override {
-    const int port = FreePort();
-    ASSERT_GT(port, 0);
-    server_ = std::make_unique<NatsServer>(port);
-    ASSERT_TRUE(server_->Start());
-    router_ = *Router::Create(RouterOptions{.block_size = 4});
-    ingest_ = *IngestService::Create(router_.get(), {});
-    ASSERT_TRUE(ingest_->Start().ok());
-    ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
+    NatsIngestFixture::SetUp();
     auto source = ingest_->SubscribeNats(server_->url(), "namespace.kvr.>");
     ASSERT_TRUE(source.ok()) << source.status();
     source_ = *source;
   }
-  void TearDown() override {
-    ingest_.reset();
-    if (publisher_ != nullptr) natsConnection_Destroy(publisher_);
-    server_.reset();
-  }
 
   void Publish(const std::vector<uint8_t>& data) {
-    ASSERT_EQ(NATS_OK, natsConnection_Publish(
-                           publisher_, "namespace.kvr.component.worker.endpoint.generate.kv-events",
-                           data.data(), static_cast<int>(data.size())));
+    NatsIngestFixture::Publish("namespace.kvr.component.worker.endpoint.generate.kv-events", data);
   }
 
   IngestStats WaitForMessages(uint64_t messages) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    IngestStats stats = *ingest_->Stats(source_);
-    while (stats.messages < messages && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      stats = *ingest_->Stats(source_);
-    }
-    EXPECT_EQ(messages, stats.messages);
-    return stats;
+    return NatsIngestFixture::WaitForMessages(source_, messages);
   }
 
   // The rank's match on the base model's tokens 1..12.
@@ -162,10 +143,6 @@ class DynamoNatsTest : public ::testing::Test {
   }
   uint32_t Depth() { return MatchOfRank().device_blocks; }
 
-  std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<Router> router_;
-  std::unique_ptr<IngestService> ingest_;
-  natsConnection* publisher_ = nullptr;
   uint64_t source_ = 0;
 };
 

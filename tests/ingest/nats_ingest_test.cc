@@ -11,7 +11,7 @@
 #include "core/router.h"
 #include "ingest/flatbuffers_codec.h"
 #include "ingest/ingest_service.h"
-#include "nats_server.h"
+#include "nats_ingest_fixture.h"
 
 namespace kvrouter {
 namespace {
@@ -37,40 +37,9 @@ std::vector<uint8_t> StoreBatch(uint64_t worker, const std::vector<uint32_t>& pr
   return EncodeEventBatch(std::span(&event, 1));
 }
 
-class NatsIngestTest : public ::testing::Test {
+class NatsIngestTest : public NatsIngestFixture {
  protected:
-  void SetUp() override {
-    const int port = FreePort();
-    ASSERT_GT(port, 0);
-    server_ = std::make_unique<NatsServer>(port);
-    ASSERT_TRUE(server_->Start());
-    router_ = *Router::Create(RouterOptions{.block_size = kBlockSize});
-    ingest_ = *IngestService::Create(router_.get(), {});
-    ASSERT_TRUE(ingest_->Start().ok());
-    ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
-  }
-  void TearDown() override {
-    ingest_.reset();
-    if (publisher_ != nullptr) natsConnection_Destroy(publisher_);
-    server_.reset();
-  }
-
-  void Publish(const std::string& subject, const std::vector<uint8_t>& data) {
-    ASSERT_EQ(NATS_OK, natsConnection_Publish(publisher_, subject.c_str(), data.data(),
-                                              static_cast<int>(data.size())));
-    ASSERT_EQ(NATS_OK, natsConnection_FlushTimeout(publisher_, 5000));
-  }
-
-  IngestStats WaitForMessages(uint64_t source, uint64_t messages) {
-    const auto deadline = std::chrono::steady_clock::now() + kWait;
-    IngestStats stats = *ingest_->Stats(source);
-    while (stats.messages < messages && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      stats = *ingest_->Stats(source);
-    }
-    EXPECT_EQ(messages, stats.messages);
-    return stats;
-  }
+  NatsIngestTest() : NatsIngestFixture(kBlockSize) {}
 
   uint32_t DeviceBlocks(const std::vector<uint32_t>& prompt, uint64_t worker) {
     auto scores = router_->OverlapScores(prompt);
@@ -80,11 +49,6 @@ class NatsIngestTest : public ::testing::Test {
     }
     return 0;
   }
-
-  std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<Router> router_;
-  std::unique_ptr<IngestService> ingest_;
-  natsConnection* publisher_ = nullptr;
 };
 
 // Where a NATS source is, as reported: its url without the credentials.
