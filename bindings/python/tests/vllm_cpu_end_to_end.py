@@ -254,7 +254,10 @@ class Run:
 
 
 HEADER = (f"{'#':>3} {'prompt':<26} {'on':>3} {'tokens':>6} {'predicted':>9} {'capped':>7} "
-          f"{'engine':>7} {'':<8}{'':<14}{'ms':>7}  result")
+          f"{'engine':>7} {'pool':<8}{'routing':<14}{'ms':>7}  result")
+LEGEND = ("    predicted: kvrouter's cached tokens before the request; capped: at the prompt's last\n"
+          "    full block before its last token (vLLM computes that token); engine: vLLM's\n"
+          "    usage.prompt_tokens_details.cached_tokens; pool 'evicted': an endless pool would hit more")
 
 
 def blocks(rng: random.Random, n_tokens: int) -> List[int]:
@@ -448,6 +451,7 @@ def main() -> int:
         a.start()
         print(f"== phase 1: one engine, a pool of {args.kv_blocks} blocks of {BS} "
               f"({args.kv_blocks - 1} usable), cached tokens predicted by kvrouter vs reported by vLLM")
+        print(LEGEND)
         print(HEADER)
         t = time.monotonic()
         single = phase_single(run, a, args)
