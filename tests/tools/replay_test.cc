@@ -3,6 +3,7 @@
 // conversation trace to stay fast.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -159,7 +160,7 @@ TEST(ReplayCommandTest, SameSeedGivesByteIdenticalOutput) {
   ASSERT_EQ(RunReplay(SmallRun(b), out_b, err), 0) << err.str();
   // decision_latency.csv is wall-clock by design and excluded.
   for (const char* file :
-       {"summary.txt", "results.csv", "results.json", "ttft_cdf.dat", "worker_load.dat"}) {
+       {"summary.txt", "results.csv", "results.json", "ttft_cdf.dat", "load.dat", "replay.gp"}) {
     const std::string text = ReadFile(a / file);
     EXPECT_FALSE(text.empty()) << file;
     EXPECT_EQ(text, ReadFile(b / file)) << file << " differs between two runs with one seed";
@@ -184,7 +185,7 @@ TEST(ReplayCommandTest, EveryTransportGivesTheSameResults) {
   EXPECT_NE(events.find("kvrouter"), std::string::npos);
   for (const char* transport : {"stream", "zmq"}) {
     for (const char* file :
-         {"summary.txt", "results.csv", "results.json", "ttft_cdf.dat", "worker_load.dat"}) {
+         {"summary.txt", "results.csv", "results.json", "ttft_cdf.dat", "load.dat", "replay.gp"}) {
       EXPECT_EQ(ReadFile(dirs[transport] / file), ReadFile(dirs["inprocess"] / file))
           << file << " differs between --transport=" << transport << " and inprocess";
     }
@@ -223,6 +224,102 @@ TEST(ReplayCommandTest, OnePolicysFailureNamesItAndKeepsTheOthers) {
     EXPECT_NE(json.find(std::string("\"policy\": \"") + name + "\""), std::string::npos) << name;
   }
   EXPECT_NE(json.find("\"failed_policies\""), std::string::npos) << json;
+}
+
+// A load sweep runs every policy at every time scale and adds a table of hit rate, TTFT mean
+// and p99 against load; the same seed gives the same files byte for byte, and each load's
+// numbers are those of a run at that load alone.
+TEST(ReplayCommandTest, LoadSweepIsDeterministicAndMatchesSingleLoadRuns) {
+  const auto sweep_run = [](const std::string& name, const std::string& scales) {
+    ReplayArgs args = SmallRun(TempDir(name));
+    args.policies = "kvrouter,round-robin,least-tokens";
+    args.time_scales = scales;
+    return args;
+  };
+  const ReplayArgs a = sweep_run("sweep_a", "2,1"), b = sweep_run("sweep_b", "1, 2");
+  std::ostringstream out_a, out_b, err;
+  ASSERT_EQ(RunReplay(a, out_a, err), 0) << err.str();
+  ASSERT_EQ(RunReplay(b, out_b, err), 0) << err.str();
+  for (const char* file :
+       {"summary.txt", "results.csv", "results.json", "ttft_cdf.dat", "load.dat", "replay.gp"}) {
+    const std::string text = ReadFile(fs::path(a.output_dir) / file);
+    EXPECT_FALSE(text.empty()) << file;
+    EXPECT_EQ(text, ReadFile(fs::path(b.output_dir) / file)) << file << " differs";
+  }
+  const std::string table = out_a.str();
+  for (const char* expected : {"time scales 1, 2, seed 7", "time scale 1:\n", "time scale 2:\n",
+                               "load sweep:", "| time scale 1 ", "| time scale 2\n"}) {
+    EXPECT_NE(table.find(expected), std::string::npos) << expected << " in\n" << table;
+  }
+  // The sweep table: one row per policy, three numbers per load.
+  const size_t sweep_at = table.find("load sweep:");
+  EXPECT_NE(table.find("\nround-robin       |", sweep_at), std::string::npos) << table;
+
+  const fs::path dir(a.output_dir);
+  const auto json = nlohmann::json::parse(ReadFile(dir / "results.json"));
+  EXPECT_EQ(json["config"]["time_scales"], nlohmann::json({1.0, 2.0}));
+  ASSERT_EQ(json["policies"].size(), 6u);
+  ASSERT_EQ(json["load_sweep"].size(), 3u);
+  for (const auto& curve : json["load_sweep"]) ASSERT_EQ(curve["points"].size(), 2u);
+  const std::string csv = ReadFile(dir / "results.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7) << csv;
+  EXPECT_NE(csv.find("\nleast-tokens,2,"), std::string::npos) << csv;
+  // The plot: the scenario in the title, TTFT mean, p99 and hit rate against load.
+  const std::string plot = ReadFile(dir / "replay.gp");
+  EXPECT_NE(plot.find("conversation_trace.jsonl, 200 requests, 8 workers x 25000 KV blocks of "
+                      "16 tokens, time scales 1, 2, seed 7"),
+            std::string::npos)
+      << plot;
+  EXPECT_NE(plot.find("layout 1,3"), std::string::npos) << plot;
+  EXPECT_EQ(plot.find("worker"), plot.find("workers x")) << "no per-worker panel";
+
+  // The load of 2 in the sweep is the run at 2 alone, and more load means longer TTFT.
+  ReplayArgs alone = sweep_run("sweep_alone", "2");
+  std::ostringstream out_alone;
+  ASSERT_EQ(RunReplay(alone, out_alone, err), 0) << err.str();
+  const auto single = nlohmann::json::parse(ReadFile(fs::path(alone.output_dir) / "results.json"));
+  ASSERT_EQ(single["policies"].size(), 3u);
+  EXPECT_FALSE(single.contains("load_sweep"));
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(json["policies"][3 + i], single["policies"][i]) << i;
+    const auto& points = json["load_sweep"][i]["points"];
+    EXPECT_EQ(points[1]["ttft_mean_s"], single["policies"][i]["ttft_s"]["mean"]);
+    EXPECT_GT(points[1]["ttft_mean_s"].get<double>(), points[0]["ttft_mean_s"].get<double>())
+        << json["load_sweep"][i]["policy"];
+  }
+}
+
+TEST(ReplayCommandTest, BadTimeScaleListsAreRefused) {
+  EXPECT_EQ(ParseTimeScales("2, 1,1.5"), (std::vector<double>{1, 1.5, 2}));
+  for (const char* bad : {"", "1,0", "1,-2", "1,x", "1,1", "inf"}) {
+    ReplayArgs args = SmallRun(TempDir("bad_scales"));
+    args.time_scales = bad;
+    std::ostringstream out, err;
+    EXPECT_EQ(RunReplay(args, out, err), 1) << bad;
+    EXPECT_NE(err.str().find("--time_scale"), std::string::npos) << bad << ": " << err.str();
+  }
+}
+
+// In a sweep, a run that fails is named with its load; the policy's other loads still count.
+TEST(ReplayCommandTest, SweepFailureNamesThePolicyAndLoad) {
+  ReplayArgs args = SmallRun(TempDir("sweep_fails"));
+  args.policies = "round-robin,random";
+  args.time_scales = "1,2";
+  args.max_requests = 100;
+  const PolicyRunner failing = [](const std::vector<trace::TraceRecord>& trace,
+                                  const PolicySpec& spec, const ReplayConfig& config,
+                                  ProgressCounter* progress) {
+    if (spec.name == "random" && config.time_scale == 2) throw std::runtime_error("boom");
+    return RunPolicy(trace, spec, config, progress);
+  };
+  std::ostringstream out, err;
+  EXPECT_EQ(RunReplay(args, out, err, failing), 1);
+  EXPECT_NE(err.str().find("policy random at time scale 2: boom"), std::string::npos) << err.str();
+  EXPECT_NE(out.str().find("random at time scale 2: FAILED"), std::string::npos) << out.str();
+  const auto json = nlohmann::json::parse(ReadFile(fs::path(args.output_dir) / "results.json"));
+  EXPECT_EQ(json["policies"].size(), 3u);
+  EXPECT_EQ(json["failed_policies"][0]["time_scale"], 2.0);
+  EXPECT_EQ(json["load_sweep"][1]["points"].size(), 1u);
 }
 
 // Runs the real binary; returns its exit status and stderr.

@@ -48,6 +48,7 @@ class FleetSimulation final : public EngineObserver, public FleetView {
                                              .router = config.router});
     result_.name = spec.name;
     result_.temperature = spec.temperature;
+    result_.time_scale = config.time_scale;
     result_.worker_prefill_tokens.assign(config.workers, 0);
     result_.worker_requests.assign(config.workers, 0);
   }

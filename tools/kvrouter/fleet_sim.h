@@ -36,6 +36,7 @@ struct ReplayConfig {
 struct PolicyResult {
   std::string name;
   double temperature = 0;
+  double time_scale = 1.0;  // the load it ran at (ReplayConfig::time_scale)
   uint64_t requests = 0;
   uint64_t prompt_tokens = 0;
   uint64_t cached_tokens = 0;                   // prefix-cache hits at admission (prefill saved)

@@ -25,7 +25,9 @@ ABSL_FLAG(uint64_t, kv_capacity_blocks, 0,
           "KV cache blocks per worker; 0 = 400k tokens / block size (H100 80GB, Llama-3.1-8B)");
 ABSL_FLAG(uint32_t, max_num_batched_tokens, 8192, "Token budget of one engine step");
 ABSL_FLAG(uint32_t, max_num_seqs, 256, "Running sequences per engine");
-ABSL_FLAG(double, time_scale, 1.0, "Arrival speed-up: 2 replays the trace twice as fast");
+ABSL_FLAG(std::string, time_scale, "1",
+          "Arrival speed-up: 2 replays the trace twice as fast. A comma list (1,1.5,2) is a load "
+          "sweep: every policy at each, and a table and plot of TTFT against load");
 ABSL_FLAG(uint64_t, seed, 42, "Seed of every random choice (same seed, same output)");
 ABSL_FLAG(std::string, policies, "all",
           "Comma list of: kvrouter, kvrouter-softmax, kvrouter-approx, round-robin, random, "
@@ -117,7 +119,7 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
   args.kv_capacity_blocks = absl::GetFlag(FLAGS_kv_capacity_blocks);
   args.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   args.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  args.time_scale = absl::GetFlag(FLAGS_time_scale);
+  args.time_scales = absl::GetFlag(FLAGS_time_scale);
   args.seed = absl::GetFlag(FLAGS_seed);
   args.policies = absl::GetFlag(FLAGS_policies);
   args.temperature = absl::GetFlag(FLAGS_temperature);

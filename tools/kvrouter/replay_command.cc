@@ -10,6 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "kvrouter/fleet_sim.h"
 #include "kvrouter/progress.h"
 #include "kvrouter/report.h"
@@ -27,7 +30,7 @@ void Validate(const ReplayArgs& args) {
     throw std::invalid_argument("--block_size must divide 512 (the trace block), got " +
                                 std::to_string(args.block_size));
   }
-  if (!(args.time_scale > 0)) throw std::invalid_argument("--time_scale must be > 0");
+  ParseTimeScales(args.time_scales);  // throws for a bad list
   if (!(args.temperature >= 0)) throw std::invalid_argument("--temperature must be >= 0");
   if (args.max_num_batched_tokens == 0 || args.max_num_seqs == 0) {
     throw std::invalid_argument("--max_num_batched_tokens and --max_num_seqs must be > 0");
@@ -50,7 +53,7 @@ void Validate(const ReplayArgs& args) {
   CheckRouterSettings(args.router, args.block_size);
 }
 
-ReplayConfig MakeConfig(const ReplayArgs& args) {
+ReplayConfig MakeConfig(const ReplayArgs& args, double time_scale) {
   ReplayConfig config;
   config.workers = args.workers;
   config.limits.block_size = args.block_size;
@@ -60,7 +63,7 @@ ReplayConfig MakeConfig(const ReplayArgs& args) {
   config.limits.max_num_batched_tokens = args.max_num_batched_tokens;
   config.limits.max_num_seqs = args.max_num_seqs;
   config.cost = args.cost;
-  config.time_scale = args.time_scale;
+  config.time_scale = time_scale;
   config.seed = args.seed;
   config.transport = ParseTransport(args.transport);
   config.gateways = args.gateways;
@@ -70,23 +73,25 @@ ReplayConfig MakeConfig(const ReplayArgs& args) {
 }
 
 struct RunOutcome {
-  std::vector<PolicyResult> results;  // of the policies that completed, in the order given
+  std::vector<PolicyResult> results;  // of the runs that completed, scale by scale, in order
   std::vector<PolicyFailure> failures;
 };
 
-// Runs every policy, `jobs` at a time. A policy that throws is recorded as failed, with its
-// name; the others go on.
+// Runs every policy at every load (one config each), `jobs` runs at a time. A run that throws
+// is recorded as failed, with its policy and load; the others go on.
 RunOutcome RunAll(const std::vector<trace::TraceRecord>& trace,
-                  const std::vector<PolicySpec>& policies, const ReplayConfig& config,
+                  const std::vector<PolicySpec>& policies, const std::vector<ReplayConfig>& configs,
                   uint32_t jobs, ProgressCounter& progress, const PolicyRunner& run_policy) {
-  std::vector<PolicyResult> results(policies.size());
-  std::vector<std::string> errors(policies.size());
-  std::vector<bool> failed(policies.size(), false);
+  const size_t runs = policies.size() * configs.size();
+  std::vector<PolicyResult> results(runs);
+  std::vector<std::string> errors(runs);
+  std::vector<bool> failed(runs, false);
   std::atomic<size_t> next{0};
   auto worker = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < policies.size();) {
+    for (size_t i; (i = next.fetch_add(1)) < runs;) {
       try {
-        results[i] = run_policy(trace, policies[i], config, &progress);
+        results[i] = run_policy(trace, policies[i % policies.size()], configs[i / policies.size()],
+                                &progress);
       } catch (const std::exception& e) {
         failed[i] = true;
         errors[i] = e.what();
@@ -97,14 +102,16 @@ RunOutcome RunAll(const std::vector<trace::TraceRecord>& trace,
     }
   };
   std::vector<std::thread> threads;
-  const size_t count = std::min<size_t>(jobs, policies.size());
+  const size_t count = std::min<size_t>(jobs, runs);
   for (size_t t = 1; t < count; ++t) threads.emplace_back(worker);
   worker();
   for (std::thread& thread : threads) thread.join();
   RunOutcome outcome;
-  for (size_t i = 0; i < policies.size(); ++i) {
+  for (size_t i = 0; i < runs; ++i) {
     if (failed[i]) {
-      outcome.failures.push_back({.policy = policies[i].name, .error = errors[i]});
+      outcome.failures.push_back({.policy = policies[i % policies.size()].name,
+                                  .error = errors[i],
+                                  .time_scale = configs[i / policies.size()].time_scale});
     } else {
       outcome.results.push_back(std::move(results[i]));
     }
@@ -118,6 +125,25 @@ uint32_t ResolveJobs(uint32_t jobs) {
 }
 
 }  // namespace
+
+std::vector<double> ParseTimeScales(const std::string& list) {
+  std::vector<double> scales;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    double scale = 0;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(part), &scale) || !std::isfinite(scale) ||
+        !(scale > 0)) {
+      throw std::invalid_argument("--time_scale: \"" + std::string(part) +
+                                  "\" is not a finite number > 0");
+    }
+    scales.push_back(scale);
+  }
+  if (scales.empty()) throw std::invalid_argument("--time_scale: no value in \"" + list + "\"");
+  std::sort(scales.begin(), scales.end());
+  if (std::adjacent_find(scales.begin(), scales.end()) != scales.end()) {
+    throw std::invalid_argument("--time_scale: \"" + list + "\" repeats a value");
+  }
+  return scales;
+}
 
 int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
               const PolicyRunner& run_policy) {
@@ -136,7 +162,10 @@ int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
     }
     const std::vector<PolicySpec> policies =
         ParsePolicies(args.policies, args.temperature, args.temperatures);
-    const ReplayConfig config = MakeConfig(args);
+    const std::vector<double> time_scales = ParseTimeScales(args.time_scales);
+    std::vector<ReplayConfig> configs;
+    for (double scale : time_scales) configs.push_back(MakeConfig(args, scale));
+    const ReplayConfig& config = configs.front();
     CheckCapacity(trace, config.limits);
 
     RunInfo info;
@@ -149,13 +178,15 @@ int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
         static_cast<double>(trace.back().timestamp_ms - trace.front().timestamp_ms) / 1000.0;
     info.infinite_cache_hit_rate = InfiniteCacheHitRate(trace, args.block_size);
     info.config = config;
+    info.time_scales = time_scales;
+    for (const PolicySpec& policy : policies) info.policies.push_back(policy.name);
 
     ProgressCounter progress{0};
     RunOutcome outcome;
     {
       std::optional<ProgressBar> bar;
-      if (args.progress) bar.emplace(progress, trace.size() * policies.size());
-      outcome = RunAll(trace, policies, config, ResolveJobs(args.jobs), progress, run_policy);
+      if (args.progress) bar.emplace(progress, trace.size() * policies.size() * configs.size());
+      outcome = RunAll(trace, policies, configs, ResolveJobs(args.jobs), progress, run_policy);
     }
     info.failures = outcome.failures;
     const std::vector<PolicyResult>& results = outcome.results;
@@ -166,7 +197,8 @@ int RunReplay(const ReplayArgs& args, std::ostream& out, std::ostream& err,
           << "decision_latency.csv" << (png.empty() ? "" : ",replay.png") << "}\n";
     }
     for (const PolicyFailure& failure : outcome.failures) {
-      err << "kvrouter replay: error: policy " << failure.policy << ": " << failure.error << "\n";
+      err << "kvrouter replay: error: policy " << FailedRunName(info, failure) << ": "
+          << failure.error << "\n";
     }
     return outcome.failures.empty() ? 0 : 1;
   } catch (const std::exception& e) {

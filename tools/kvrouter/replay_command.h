@@ -22,7 +22,9 @@ struct ReplayArgs {
   uint64_t kv_capacity_blocks = 0;  // 0: kDefaultKvCapacityTokens / block_size
   uint32_t max_num_batched_tokens = 8192;
   uint32_t max_num_seqs = 256;
-  double time_scale = 1.0;
+  // Arrival speed-ups, a comma list ("1,1.5,2": 2 replays the trace twice as fast). More than
+  // one is a load sweep: every policy runs at each, and a table of TTFT against load follows.
+  std::string time_scales = "1";
   uint64_t seed = 42;
   std::string policies = "all";
   double temperature = 0.5;  // kvrouter-softmax's
@@ -41,6 +43,10 @@ struct ReplayArgs {
   bool plot = true;  // run gnuplot for replay.png (with output_dir)
   CostModel cost;    // the simulated engines' step time
 };
+
+// "1,1.5,2" → {1, 1.5, 2}: sorted, each finite and > 0, no repeats. Throws
+// std::invalid_argument naming the bad entry.
+std::vector<double> ParseTimeScales(const std::string& list);
 
 // Replays one policy: RunPolicy, or a stand-in in tests.
 using PolicyRunner =

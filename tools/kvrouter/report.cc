@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "kvrouter.h"
 
 namespace kvrouter::replay {
@@ -25,6 +26,42 @@ double Mean(const std::vector<double>& values) {
 
 double Ratio(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(whole);
+}
+
+bool IsSweep(const RunInfo& info) { return info.time_scales.size() > 1; }
+
+// "1, 1.5, 2"
+std::string ScalesText(const std::vector<double>& scales) {
+  std::string text;
+  for (double scale : scales) text += (text.empty() ? "" : ", ") + absl::StrFormat("%g", scale);
+  return text;
+}
+
+// The results of one load, in the order the policies were given.
+std::vector<const PolicyResult*> At(const std::vector<PolicyResult>& results, double scale) {
+  std::vector<const PolicyResult*> at;
+  for (const PolicyResult& result : results) {
+    if (result.time_scale == scale) at.push_back(&result);
+  }
+  return at;
+}
+
+const PolicyResult* Find(const std::vector<PolicyResult>& results, const std::string& policy,
+                         double scale) {
+  for (const PolicyResult& result : results) {
+    if (result.name == policy && result.time_scale == scale) return &result;
+  }
+  return nullptr;
+}
+
+// The scenario in a few words, for the plot's title.
+std::string Scenario(const RunInfo& info) {
+  const ReplayConfig& c = info.config;
+  return absl::StrFormat(
+      "%s, %d requests, %d workers x %d KV blocks of %d tokens, time scale%s %s, seed %d",
+      std::filesystem::path(info.trace).filename().string(), info.requests, c.workers,
+      c.limits.kv_capacity_blocks, c.limits.block_size, IsSweep(info) ? "s" : "",
+      ScalesText(info.time_scales), c.seed);
 }
 
 // The kvrouter policies' router options as the routers get them.
@@ -44,7 +81,7 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
   const kvr_router_options r = EffectiveRouterOptions(c.router);
   const CostModel& m = c.cost;
   out << absl::StrFormat(
-      "kvrouter replay: %s (%s), %d requests over %.0f s, time scale %g, seed %d\n"
+      "kvrouter replay: %s (%s), %d requests over %.0f s, time scale%s %s, seed %d\n"
       "fleet: %d workers, each %d KV blocks x %d tokens, max %d batched tokens, max %d seqs\n"
       "step: %g ms + %g us/prefill token + %g ns/attention pair + %g us/decoding seq + %g "
       "ns/context token\n"
@@ -53,12 +90,13 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
       "%s%s"
       "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
       std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
-      info.trace_span_s, c.time_scale, c.seed, c.workers, c.limits.kv_capacity_blocks,
-      c.limits.block_size, c.limits.max_num_batched_tokens, c.limits.max_num_seqs,
-      m.step_overhead_s * 1e3, m.prefill_per_token_s * 1e6, m.attention_per_pair_s * 1e9,
-      m.decode_per_sequence_s * 1e6, m.decode_per_context_token_s * 1e9, r.overlap_score_credit,
-      r.prefill_load_scale, r.overlap_score_credit_decay, r.decode_active_request_weight,
-      QueueThresholdText(r), c.router.assume_kv_reuse ? "" : ", no KV reuse",
+      info.trace_span_s, IsSweep(info) ? "s" : "", ScalesText(info.time_scales), c.seed, c.workers,
+      c.limits.kv_capacity_blocks, c.limits.block_size, c.limits.max_num_batched_tokens,
+      c.limits.max_num_seqs, m.step_overhead_s * 1e3, m.prefill_per_token_s * 1e6,
+      m.attention_per_pair_s * 1e9, m.decode_per_sequence_s * 1e6,
+      m.decode_per_context_token_s * 1e9, r.overlap_score_credit, r.prefill_load_scale,
+      r.overlap_score_credit_decay, r.decode_active_request_weight, QueueThresholdText(r),
+      c.router.assume_kv_reuse ? "" : ", no KV reuse",
       c.router.track_prefill_tokens ? "" : ", no prefill tracking",
       c.gateways > 1 ? absl::StrFormat("gateways: %d router replicas per kvrouter policy, replica "
                                        "sync %s\n",
@@ -74,9 +112,9 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
 
 constexpr const char* kRowFormat = "%-17s %7.1f %% %12.2f %10.3f %8.3f %8.3f %10.3f %8.3f %10.2f";
 
-void WriteTable(std::ostream& out, const RunInfo& info, const std::vector<PolicyResult>& results,
-                bool with_latency) {
-  WriteHeader(out, info);
+// One load's table: column heads and a row per policy.
+void WriteRows(std::ostream& out, const std::vector<const PolicyResult*>& results,
+               bool with_latency) {
   std::string head1 =
       absl::StrFormat("%-17s %9s %12s %10s %8s %8s %10s %8s %10s", "policy", "hit rate", "prefill",
                       "TTFT mean", "p50", "p99", "E2E mean", "p99", "imbalance");
@@ -87,9 +125,9 @@ void WriteTable(std::ostream& out, const RunInfo& info, const std::vector<Policy
     head2 += absl::StrFormat(" | %9s %8s", "p50 (us)", "(us)");
   }
   out << head1 << "\n" << head2 << "\n";
-  for (const PolicyResult& result : results) {
-    const PolicyMetrics m = ComputeMetrics(result);
-    out << absl::StrFormat(kRowFormat, result.name, 100 * m.hit_rate,
+  for (const PolicyResult* result : results) {
+    const PolicyMetrics m = ComputeMetrics(*result);
+    out << absl::StrFormat(kRowFormat, result->name, 100 * m.hit_rate,
                            static_cast<double>(m.prefill_saved_tokens) / 1e6, m.ttft_mean,
                            m.ttft_p50, m.ttft_p99, m.e2e_mean, m.e2e_p99, m.load_imbalance);
     if (with_latency) {
@@ -97,20 +135,65 @@ void WriteTable(std::ostream& out, const RunInfo& info, const std::vector<Policy
     }
     out << "\n";
   }
+}
+
+// The sweep: per policy, hit rate, TTFT mean and p99 at each load.
+void WriteSweep(std::ostream& out, const RunInfo& info, const std::vector<PolicyResult>& results) {
+  out << "load sweep: hit rate, TTFT mean and TTFT p99 of each policy at each time scale\n";
+  std::string head1 = absl::StrFormat("%-17s", "");
+  std::string head2 = absl::StrFormat("%-17s", "policy");
+  for (double scale : info.time_scales) {
+    head1 += absl::StrFormat(" | %-26s", absl::StrFormat("time scale %g", scale));
+    head2 += absl::StrFormat(" | %8s %9s %7s", "hit rate", "mean (s)", "p99 (s)");
+  }
+  out << absl::StripTrailingAsciiWhitespace(head1) << "\n" << head2 << "\n";
+  for (const std::string& policy : info.policies) {
+    out << absl::StrFormat("%-17s", policy);
+    for (double scale : info.time_scales) {
+      const PolicyResult* result = Find(results, policy, scale);
+      if (result == nullptr) {
+        out << absl::StrFormat(" | %8s %9s %7s", "FAILED", "-", "-");
+        continue;
+      }
+      const PolicyMetrics m = ComputeMetrics(*result);
+      out << absl::StrFormat(" | %6.1f %% %9.3f %7.2f", 100 * m.hit_rate, m.ttft_mean, m.ttft_p99);
+    }
+    out << "\n";
+  }
+}
+
+void WriteTable(std::ostream& out, const RunInfo& info, const std::vector<PolicyResult>& results,
+                bool with_latency) {
+  WriteHeader(out, info);
+  const bool sweep = IsSweep(info);
+  for (double scale : info.time_scales) {
+    if (sweep) out << absl::StrFormat("time scale %g:\n", scale);
+    WriteRows(out, At(results, scale), with_latency);
+    if (sweep) out << "\n";
+  }
+  if (sweep) WriteSweep(out, info, results);
   for (const PolicyResult& result : results) {
-    if (result.temperature > 0) {
+    if (result.temperature > 0 && result.time_scale == info.time_scales.front()) {
       out << absl::StrFormat("\n%s: router temperature %g.", result.name, result.temperature);
     }
+  }
+  for (const PolicyResult& result : results) {
     if (result.queued_requests > 0) {
-      out << absl::StrFormat("\n%s: %d requests waited in the router's queue.", result.name,
+      out << absl::StrFormat("\n%s%s: %d requests waited in the router's queue.", result.name,
+                             sweep ? absl::StrFormat(" at time scale %g", result.time_scale) : "",
                              result.queued_requests);
     }
   }
   for (const PolicyFailure& failure : info.failures) {
-    out << absl::StrFormat("\n%s: FAILED, no results: %s", failure.policy, failure.error);
+    out << absl::StrFormat("\n%s: FAILED, no results: %s", FailedRunName(info, failure),
+                           failure.error);
   }
   out << "\nhit rate: prompt tokens found in the worker's prefix cache at admission; imbalance: "
          "max/mean of prompt tokens computed per worker.\n";
+  if (sweep) {
+    out << "time scale: arrival speed-up over the trace (2 = the same requests in half the "
+           "time).\n";
+  }
   if (with_latency) {
     out << "decision: wall-clock time of the routing call (varies run to run; not in the "
            "deterministic files).\n";
@@ -121,6 +204,7 @@ Json MetricsJson(const PolicyResult& result) {
   const PolicyMetrics m = ComputeMetrics(result);
   Json j;
   j["policy"] = result.name;
+  j["time_scale"] = result.time_scale;
   if (result.temperature > 0) j["temperature"] = result.temperature;
   j["requests"] = result.requests;
   j["prompt_tokens"] = result.prompt_tokens;
@@ -142,11 +226,13 @@ Json MetricsJson(const PolicyResult& result) {
   return j;
 }
 
-// The TTFT distribution, sampled at 200 quantiles per policy; one gnuplot data block each.
+// The TTFT distribution, sampled at 200 quantiles per run; one gnuplot data block each, load
+// by load.
 void WriteTtftCdf(std::ostream& out, const std::vector<PolicyResult>& results) {
   constexpr int kPoints = 200;
   for (const PolicyResult& result : results) {
-    out << "# " << result.name << ": ttft_s fraction\n";
+    out << "# " << result.name << ", time scale " << absl::StrFormat("%g", result.time_scale)
+        << ": ttft_s fraction\n";
     for (int i = 1; i <= kPoints; ++i) {
       const double p = static_cast<double>(i) / kPoints;
       out << absl::StrFormat("%.6f %.4f\n", Percentile(result.ttft_s, p), p);
@@ -155,50 +241,83 @@ void WriteTtftCdf(std::ostream& out, const std::vector<PolicyResult>& results) {
   }
 }
 
-// One row per policy: its name, then each worker's prefill tokens relative to the fleet mean.
-void WriteWorkerLoad(std::ostream& out, const std::vector<PolicyResult>& results) {
-  out << "# policy, then per worker: prompt tokens computed / mean over workers\n";
-  for (const PolicyResult& result : results) {
-    const auto& load = result.worker_prefill_tokens;
-    const double mean =
-        static_cast<double>(std::accumulate(load.begin(), load.end(), uint64_t{0})) /
-        static_cast<double>(std::max<size_t>(1, load.size()));
-    out << result.name;
-    for (uint64_t tokens : load) {
-      out << absl::StrFormat(" %.4f", mean == 0 ? 0.0 : static_cast<double>(tokens) / mean);
+// One gnuplot data block per policy (in the order given): a row per load it completed.
+void WriteLoadData(std::ostream& out, const RunInfo& info,
+                   const std::vector<PolicyResult>& results) {
+  for (const std::string& policy : info.policies) {
+    out << "# " << policy << ": policy time_scale hit_rate_percent ttft_mean_s ttft_p99_s\n";
+    for (double scale : info.time_scales) {
+      const PolicyResult* result = Find(results, policy, scale);
+      if (result == nullptr) continue;
+      const PolicyMetrics m = ComputeMetrics(*result);
+      out << absl::StrFormat("%s %g %.4f %.6f %.6f\n", policy, scale, 100 * m.hit_rate, m.ttft_mean,
+                             m.ttft_p99);
     }
-    out << "\n";
+    out << "\n\n";
   }
 }
 
+// One load: the TTFT distribution of each policy, and each policy's hit rate. A sweep: TTFT
+// mean, TTFT p99 and hit rate of each policy against load. The title names the scenario.
 void WriteGnuplotScript(std::ostream& out, const RunInfo& info,
                         const std::vector<PolicyResult>& results) {
-  out << "# Draws replay.png from ttft_cdf.dat and worker_load.dat (run: gnuplot replay.gp)\n"
-         "set terminal pngcairo noenhanced size 1600,650 font 'sans,10'\n"
-         "set output 'replay.png'\n";
-  out << absl::StrFormat(
-      "set multiplot layout 1,2 title 'kvrouter replay: %s, %d workers, %d requests'\n",
-      std::filesystem::path(info.trace).filename().string(), info.config.workers, info.requests);
-  out << "set title 'TTFT distribution'\n"
-         "set logscale x\nset xlabel 'time to first token (s, log scale)'\n"
-         "set ylabel 'fraction of requests'\nset yrange [0:1]\nset grid\n"
-         "set key bottom right\n"
-         "plot ";
-  for (size_t i = 0; i < results.size(); ++i) {
-    out << absl::StrFormat("%s'ttft_cdf.dat' index %d using 1:2 with lines lw 2 title '%s'",
-                           i == 0 ? "" : ", \\\n     ", i, results[i].name);
+  const bool sweep = IsSweep(info);
+  const size_t policies = info.policies.size();
+  out << "# Draws replay.png from " << (sweep ? "load.dat" : "ttft_cdf.dat and load.dat")
+      << " (run: gnuplot replay.gp)\n"
+      << absl::StrFormat("set terminal pngcairo noenhanced size %d,650 font 'sans,10'\n",
+                         sweep ? 1800 : 1600)
+      << "set output 'replay.png'\n"
+      << absl::StrFormat("set multiplot layout 1,%d title 'kvrouter replay: %s'\n", sweep ? 3 : 2,
+                         Scenario(info))
+      << "set grid\n";
+  // One plot command over the policies' blocks of load.dat: `column` against time scale.
+  const auto plot_against_load = [&](int column) {
+    out << "plot ";
+    for (size_t i = 0; i < policies; ++i) {
+      out << absl::StrFormat(
+          "%s'load.dat' index %d using 2:%d with linespoints lw 2 pt 7 title '%s'",
+          i == 0 ? "" : ", \\\n     ", i, column, info.policies[i]);
+    }
+    out << "\n";
+  };
+  if (sweep) {
+    out << absl::StrFormat("set xrange [%g:%g]\nset offsets graph 0.04, graph 0.04, 0, 0\n",
+                           info.time_scales.front(), info.time_scales.back())
+        << "set xlabel 'time scale (arrival speed-up over the trace)'\n"
+        << "set key top left\nset title 'TTFT mean against load'\n"
+        << "set ylabel 'TTFT mean (s, log scale)'\nset logscale y\n";
+    plot_against_load(4);
+    out << "set title 'TTFT p99 against load'\nset ylabel 'TTFT p99 (s, log scale)'\n";
+    plot_against_load(5);
+    out << "unset logscale y\nset title 'prefix-cache hit rate against load'\n"
+        << "set ylabel 'prompt tokens cached (%)'\nset yrange [0:*]\n";
+    plot_against_load(3);
+  } else {
+    out << "set title 'TTFT distribution'\n"
+           "set logscale x\nset xlabel 'time to first token (s, log scale)'\n"
+           "set ylabel 'fraction of requests'\nset yrange [0:1]\n"
+           "set key bottom right\n"
+           "plot ";
+    for (size_t i = 0; i < results.size(); ++i) {
+      out << absl::StrFormat("%s'ttft_cdf.dat' index %d using 1:2 with lines lw 2 title '%s'",
+                             i == 0 ? "" : ", \\\n     ", i, results[i].name);
+    }
+    out << "\n"
+        << "unset logscale x\nset title 'prefix-cache hit rate (prompt tokens cached at "
+           "admission)'\n"
+        << "set xlabel ''\nset ylabel 'hit rate (%)'\nset yrange [0:*]\n"
+        << absl::StrFormat("set xrange [-0.6:%g]\n", static_cast<double>(policies) - 0.4)
+        << "set style fill solid 0.8 border -1\nset boxwidth 0.7\nset xtics rotate by -25\n"
+           "unset key\n";
+    out << "plot ";
+    for (size_t i = 0; i < policies; ++i) {
+      out << absl::StrFormat("%s'load.dat' index %d using (%d):3:xtic(1) with boxes lc %d",
+                             i == 0 ? "" : ", \\\n     ", i, i, i + 1);
+    }
+    out << "\n";
   }
-  out << "\n"
-         "unset logscale x\nset title 'prompt tokens computed per worker (1 = fleet mean)'\n"
-         "set xlabel ''\nset ylabel 'worker load / mean'\nset yrange [0:*]\n"
-         "set style data histogram\nset style histogram clustered gap 1\n"
-         "set style fill solid 0.8 border -1\nset xtics rotate by -25\nunset key\n"
-         "plot ";
-  for (uint32_t w = 0; w < info.config.workers; ++w) {
-    out << absl::StrFormat("%s'worker_load.dat' using %d%s", w == 0 ? "" : ", ", w + 2,
-                           w == 0 ? ":xtic(1)" : "");
-  }
-  out << "\nunset multiplot\n";
+  out << "unset multiplot\n";
 }
 
 void WriteFile(const std::filesystem::path& path, const std::string& text) {
@@ -260,6 +379,11 @@ PolicyMetrics ComputeMetrics(const PolicyResult& result) {
   return m;
 }
 
+std::string FailedRunName(const RunInfo& info, const PolicyFailure& failure) {
+  if (!IsSweep(info)) return failure.policy;
+  return absl::StrFormat("%s at time scale %g", failure.policy, failure.time_scale);
+}
+
 void WriteSummaryTable(std::ostream& out, const RunInfo& info,
                        const std::vector<PolicyResult>& results) {
   WriteTable(out, info, results, /*with_latency=*/false);
@@ -271,15 +395,15 @@ void WriteConsoleTable(std::ostream& out, const RunInfo& info,
 }
 
 void WriteCsv(std::ostream& out, const std::vector<PolicyResult>& results) {
-  out << "policy,temperature,requests,prompt_tokens,cache_hit_rate,prefill_tokens_saved,"
+  out << "policy,time_scale,temperature,requests,prompt_tokens,cache_hit_rate,prefill_tokens_saved,"
          "prefill_tokens_computed,ttft_mean_s,ttft_p50_s,ttft_p99_s,e2e_mean_s,e2e_p50_s,"
          "e2e_p99_s,load_imbalance,makespan_s\n";
   for (const PolicyResult& r : results) {
     const PolicyMetrics m = ComputeMetrics(r);
-    out << absl::StrFormat("%s,%g,%d,%d,%.6f,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.3f\n",
-                           r.name, r.temperature, r.requests, r.prompt_tokens, m.hit_rate,
-                           m.prefill_saved_tokens, m.prefill_computed_tokens, m.ttft_mean,
-                           m.ttft_p50, m.ttft_p99, m.e2e_mean, m.e2e_p50, m.e2e_p99,
+    out << absl::StrFormat("%s,%g,%g,%d,%d,%.6f,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.3f\n",
+                           r.name, r.time_scale, r.temperature, r.requests, r.prompt_tokens,
+                           m.hit_rate, m.prefill_saved_tokens, m.prefill_computed_tokens,
+                           m.ttft_mean, m.ttft_p50, m.ttft_p99, m.e2e_mean, m.e2e_p50, m.e2e_p99,
                            m.load_imbalance, r.makespan_s);
   }
 }
@@ -299,7 +423,7 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"max_num_batched_tokens", c.limits.max_num_batched_tokens},
                  {"max_num_seqs", c.limits.max_num_seqs},
                  {"max_model_len", info.max_model_len},
-                 {"time_scale", c.time_scale},
+                 {"time_scales", info.time_scales},
                  {"seed", c.seed},
                  {"gateways", c.gateways},
                  {"replica_sync", c.replica_sync}};
@@ -316,12 +440,31 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                      {"attention_per_pair_s", c.cost.attention_per_pair_s},
                      {"decode_per_sequence_s", c.cost.decode_per_sequence_s},
                      {"decode_per_context_token_s", c.cost.decode_per_context_token_s}};
-  j["policies"] = Json::array();
+  j["policies"] = Json::array();  // every run, load by load
   for (const PolicyResult& result : results) j["policies"].push_back(MetricsJson(result));
+  if (IsSweep(info)) {
+    // Per policy, its curve: the numbers of the sweep table.
+    j["load_sweep"] = Json::array();
+    for (const std::string& policy : info.policies) {
+      Json points = Json::array();
+      for (double scale : info.time_scales) {
+        const PolicyResult* result = Find(results, policy, scale);
+        if (result == nullptr) continue;
+        const PolicyMetrics m = ComputeMetrics(*result);
+        points.push_back({{"time_scale", scale},
+                          {"cache_hit_rate", m.hit_rate},
+                          {"ttft_mean_s", m.ttft_mean},
+                          {"ttft_p99_s", m.ttft_p99}});
+      }
+      j["load_sweep"].push_back({{"policy", policy}, {"points", points}});
+    }
+  }
   if (!info.failures.empty()) {
     j["failed_policies"] = Json::array();
     for (const PolicyFailure& failure : info.failures) {
-      j["failed_policies"].push_back({{"policy", failure.policy}, {"error", failure.error}});
+      j["failed_policies"].push_back({{"policy", failure.policy},
+                                      {"time_scale", failure.time_scale},
+                                      {"error", failure.error}});
     }
   }
   out << j.dump(2) << "\n";
@@ -330,11 +473,12 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
 void WriteDecisionLatencyCsv(std::ostream& out, const std::vector<PolicyResult>& results) {
   out << "# WALL-CLOCK measurements: they differ from run to run (excluded from determinism "
          "checks)\n";
-  out << "policy,decisions,decision_p50_us,decision_p99_us,decision_max_us,run_seconds\n";
+  out << "policy,time_scale,decisions,decision_p50_us,decision_p99_us,decision_max_us,run_"
+         "seconds\n";
   for (const PolicyResult& r : results) {
     const PolicyMetrics m = ComputeMetrics(r);
-    out << absl::StrFormat("%s,%d,%.3f,%.3f,%.3f,%.3f\n", r.name, r.wall.decision_us.size(),
-                           m.decision_p50_us, m.decision_p99_us,
+    out << absl::StrFormat("%s,%g,%d,%.3f,%.3f,%.3f,%.3f\n", r.name, r.time_scale,
+                           r.wall.decision_us.size(), m.decision_p50_us, m.decision_p99_us,
                            r.wall.decision_us.empty() ? 0.0 : r.wall.decision_us.back(),
                            r.wall.run_seconds);
   }
@@ -351,8 +495,7 @@ std::string WriteOutputDir(const std::string& dir, const RunInfo& info,
   WriteFile(root / "decision_latency.csv",
             Render([&](std::ostream& o) { WriteDecisionLatencyCsv(o, results); }));
   WriteFile(root / "ttft_cdf.dat", Render([&](std::ostream& o) { WriteTtftCdf(o, results); }));
-  WriteFile(root / "worker_load.dat",
-            Render([&](std::ostream& o) { WriteWorkerLoad(o, results); }));
+  WriteFile(root / "load.dat", Render([&](std::ostream& o) { WriteLoadData(o, info, results); }));
   WriteFile(root / "replay.gp",
             Render([&](std::ostream& o) { WriteGnuplotScript(o, info, results); }));
   if (!plot) return "";

@@ -1,8 +1,13 @@
 // Turning PolicyResults into what people read: the table, CSV, JSON and a gnuplot PNG.
 //
+// A run has one load (time scale) or several (a load sweep). Results come scale by scale, each
+// scale's policies in the order given; with several scales the table of each is followed by
+// the sweep's (TTFT mean, p99 and hit rate per policy against load) and the plot shows those
+// curves instead of the TTFT distribution.
+//
 // Everything except the router decision latency is a pure function of the inputs and the seed,
 // and is written so that equal runs give byte-identical files: summary.txt, results.csv,
-// results.json, ttft_cdf.dat, worker_load.dat, replay.gp. Decision latency is wall-clock: it
+// results.json, ttft_cdf.dat, load.dat, replay.gp. Decision latency is wall-clock: it
 // appears only in the printed table's last columns and in decision_latency.csv.
 #pragma once
 
@@ -38,6 +43,7 @@ PolicyMetrics ComputeMetrics(const PolicyResult& result);
 struct PolicyFailure {
   std::string policy;
   std::string error;
+  double time_scale = 1.0;  // the load it failed at
 };
 
 // What the report says about the run besides the policies.
@@ -49,9 +55,14 @@ struct RunInfo {
   uint64_t rejected_requests = 0;  // prompt longer than max_model_len
   double trace_span_s = 0;
   double infinite_cache_hit_rate = 0;
-  ReplayConfig config;
-  std::vector<PolicyFailure> failures;  // listed after the table and in results.json
+  ReplayConfig config;                   // the first load's (the others differ in time_scale only)
+  std::vector<double> time_scales{1.0};  // ascending; more than one: a load sweep
+  std::vector<std::string> policies;     // names, in the order given
+  std::vector<PolicyFailure> failures;   // listed after the table and in results.json
 };
+
+// "prefix-only", or in a sweep "prefix-only at time scale 2".
+std::string FailedRunName(const RunInfo& info, const PolicyFailure& failure);
 
 // The deterministic table (no decision latency).
 void WriteSummaryTable(std::ostream& out, const RunInfo& info,
