@@ -322,6 +322,51 @@ TEST(ReplayCommandTest, SweepFailureNamesThePolicyAndLoad) {
   EXPECT_EQ(json["load_sweep"][1]["points"].size(), 1u);
 }
 
+// A lagging event plane hides what the engines cached: the router misses hits it would have
+// seen; a lossy one loses some for good (and keeps blocks the engines evicted). Both are
+// seeded: the same run twice gives the same numbers.
+TEST(ReplayEventsTest, DelayAndLossCostHitsAndAreDeterministic) {
+  const auto trace = LoadReplayTrace(kTrace, TraceFormat::kMooncake, {}, 800);
+  const PolicySpec kvrouter = ParsePolicies("kvrouter", 0)[0];
+  ReplayConfig config;
+  const PolicyResult base = RunPolicy(trace, kvrouter, config);
+  const double base_hits = ComputeMetrics(base).hit_rate;
+  EXPECT_EQ(base.events_lost, 0u);
+
+  // Longer than the slice: the router never sees an event, so it routes cache-blind.
+  config.event_delay_s = 600;
+  const PolicyResult blind = RunPolicy(trace, kvrouter, config);
+  EXPECT_EQ(blind.router.events_stored, 0u);
+  EXPECT_EQ(blind.predicted_cached_tokens, 0);
+  EXPECT_LT(ComputeMetrics(blind).hit_rate, 0.8 * base_hits);
+
+  // A few seconds: every event arrives, late; the router expects fewer hits than it did.
+  config.event_delay_s = 5;
+  const PolicyResult late = RunPolicy(trace, kvrouter, config);
+  EXPECT_GT(late.router.events_stored, 0u);
+  EXPECT_LT(late.predicted_cached_tokens, base.predicted_cached_tokens);
+  EXPECT_LT(ComputeMetrics(late).hit_rate, base_hits);
+
+  config.event_delay_s = 0;
+  config.event_loss = 0.5;
+  const PolicyResult lossy = RunPolicy(trace, kvrouter, config);
+  const uint64_t published = base.router.events_stored + base.router.events_removed;
+  EXPECT_GT(lossy.events_lost, published / 4);
+  EXPECT_LT(lossy.events_lost, 3 * published / 4);
+  EXPECT_GT(lossy.router.events_rejected, 0u) << "removals of blocks whose store was lost";
+  EXPECT_LT(ComputeMetrics(lossy).hit_rate, base_hits);
+
+  for (const double delay : {0.0, 5.0}) {
+    config.event_delay_s = delay;
+    config.event_loss = 0.5;
+    const PolicyResult a = RunPolicy(trace, kvrouter, config);
+    const PolicyResult b = RunPolicy(trace, kvrouter, config);
+    EXPECT_EQ(a.events_lost, b.events_lost) << delay;
+    EXPECT_EQ(a.cached_tokens, b.cached_tokens) << delay;
+    EXPECT_EQ(a.ttft_s, b.ttft_s) << delay;
+  }
+}
+
 // Runs the real binary; returns its exit status and stderr.
 std::pair<int, std::string> RunCli(const std::string& arguments) {
   const fs::path err_file = TempDir("cli") / "stderr.txt";
@@ -571,6 +616,20 @@ TEST(ProgressTest, PlainLinesWhenNotATerminal) {
   EXPECT_NE(text.find("replaying: 10/40 requests (25 %)"), std::string::npos) << text;
   EXPECT_NE(text.find("replaying: 40/40 requests (100 %)"), std::string::npos) << text;
   EXPECT_GE(std::count(text.begin(), text.end(), '\n'), 2) << text;
+}
+
+TEST(ReplayCliTest, EventDelayAndLossFlagsAreEchoed) {
+  const nlohmann::json j = LoadedSliceJson("--event-delay-ms 250 --event-loss 0.1", "events");
+  EXPECT_EQ(j["config"]["event_delay_ms"].get<double>(), 250);
+  EXPECT_EQ(j["config"]["event_loss"].get<double>(), 0.1);
+  EXPECT_GT(j["policies"][0]["router_events"]["lost"].get<int>(), 0);
+  for (const auto& [flag, message] :
+       {std::pair{"--event-delay-ms -1", "--event_delay_ms must be finite and >= 0"},
+        {"--event-loss 1.5", "--event_loss must be a probability in [0, 1]"}}) {
+    const auto [status, err] = RunCli(std::string("replay --trace ") + kTrace + " " + flag);
+    EXPECT_EQ(status, 1) << flag;
+    EXPECT_NE(err.find(message), std::string::npos) << err;
+  }
 }
 
 }  // namespace

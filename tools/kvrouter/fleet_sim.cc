@@ -34,7 +34,11 @@ class FleetSimulation final : public EngineObserver, public FleetView {
  public:
   FleetSimulation(const std::vector<trace::TraceRecord>& trace, const PolicySpec& spec,
                   const ReplayConfig& config, ProgressCounter* progress)
-      : config_(config), progress_(progress), requests_(MakeRequests(trace, config.time_scale)) {
+      : config_(config),
+        progress_(progress),
+        requests_(MakeRequests(trace, config.time_scale)),
+        // Apart from the policies' own draws (which use `seed` as it is).
+        loss_random_(config.seed ^ 0x1055'e7e7'5eed'0001ULL) {
     for (uint32_t w = 0; w < config.workers; ++w) {
       engines_.push_back(std::make_unique<SimEngine>(w, config.limits, config.cost, *this));
     }
@@ -63,10 +67,12 @@ class FleetSimulation final : public EngineObserver, public FleetView {
       const double step_end = engine != nullptr ? engine->step_end() : SimEngine::kIdle;
       if (arrival == SimEngine::kIdle && step_end == SimEngine::kIdle) break;
       if (step_end <= arrival) {
+        now_ = step_end;
         engine->FinishStep();
         engine->MaybeStartStep(step_end);
         if (retry_queued_) DispatchQueued(step_end);
       } else {
+        now_ = arrival;
         Arrive(requests_[next_arrival++]);
       }
     }
@@ -82,10 +88,27 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     return engines_[worker]->pending_prompt_tokens();
   }
 
-  // EngineObserver.
-  void OnStored(uint32_t worker, const StoredRun& run) override { policy_->OnStored(worker, run); }
+  // EngineObserver. KV events go to the policy at once, or are lost, or wait in pending_
+  // until a routing decision at or after their delivery time.
+  void OnStored(uint32_t worker, const StoredRun& run) override {
+    if (Lost()) return;
+    if (config_.event_delay_s <= 0) return policy_->OnStored(worker, run);
+    pending_.push_back({.at = now_ + config_.event_delay_s,
+                        .worker = worker,
+                        .stored = true,
+                        .has_parent = run.has_parent,
+                        .parent_hash = run.parent_hash,
+                        .hashes = {run.block_hashes.begin(), run.block_hashes.end()},
+                        .tokens = {run.token_ids.begin(), run.token_ids.end()}});
+  }
   void OnRemoved(uint32_t worker, std::span<const uint64_t> hashes) override {
-    policy_->OnRemoved(worker, hashes);
+    if (Lost()) return;
+    if (config_.event_delay_s <= 0) return policy_->OnRemoved(worker, hashes);
+    pending_.push_back({.at = now_ + config_.event_delay_s,
+                        .worker = worker,
+                        .stored = false,
+                        .hashes = {hashes.begin(), hashes.end()},
+                        .tokens = {}});
   }
   // A prefill completion or a finish can end the router's reason to queue: the requests the
   // gateway holds are routed again once the step is done (not from inside it).
@@ -112,6 +135,43 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     return earliest;
   }
 
+  // A KV event on its way to the router (with --event-delay-ms).
+  struct PendingEvent {
+    double at;  // when it reaches the router
+    uint32_t worker;
+    bool stored;  // else removed
+    bool has_parent = false;
+    uint64_t parent_hash = 0;
+    std::vector<uint64_t> hashes;
+    std::vector<uint32_t> tokens;
+  };
+
+  bool Lost() {
+    if (config_.event_loss <= 0) return false;
+    // 53 random bits as a uniform double in [0, 1): the same on every standard library.
+    const double draw = static_cast<double>(loss_random_() >> 11) * 0x1.0p-53;
+    if (draw >= config_.event_loss) return false;
+    ++result_.events_lost;
+    return true;
+  }
+
+  // Hands the policy every pending event due by `now`, in the order the engines published them
+  // (one delay for all keeps them in time order).
+  void DeliverEvents(double now) {
+    while (!pending_.empty() && pending_.front().at <= now) {
+      const PendingEvent& event = pending_.front();
+      if (event.stored) {
+        policy_->OnStored(event.worker, StoredRun{.has_parent = event.has_parent,
+                                                  .parent_hash = event.parent_hash,
+                                                  .block_hashes = event.hashes,
+                                                  .token_ids = event.tokens});
+      } else {
+        policy_->OnRemoved(event.worker, event.hashes);
+      }
+      pending_.pop_front();
+    }
+  }
+
   void Arrive(Request& request) {
     // Behind requests the gateway holds, a new one waits its turn (first come, first served).
     if (!queued_.empty() || !Dispatch(request, request.arrival_s)) {
@@ -129,6 +189,7 @@ class FleetSimulation final : public EngineObserver, public FleetView {
   // Routes `request` and hands it to its engine at `now`; false if the router queues it.
   bool Dispatch(Request& request, double now) {
     trace::ExpandTokensInto(*request.record, config_.limits.block_size, tokens_);
+    DeliverEvents(now);
     const auto started = Stopwatch::now();
     const uint32_t worker = policy_->Route(request, tokens_);
     result_.wall.decision_us.push_back(MicrosSince(started));
@@ -184,6 +245,9 @@ class FleetSimulation final : public EngineObserver, public FleetView {
   bool has_prediction_ = false;
   std::deque<Request*> queued_;  // held at the gateway: the router queued them
   bool retry_queued_ = false;
+  double now_ = 0;                    // simulated time of what the loop is handling
+  std::deque<PendingEvent> pending_;  // delayed KV events, oldest first
+  std::mt19937_64 loss_random_;
 };
 
 }  // namespace

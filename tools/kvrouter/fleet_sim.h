@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,10 @@ struct ReplayConfig {
   uint32_t gateways = 1;                        // router replicas per kvrouter policy
   bool replica_sync = true;                     // replicas share their bookings
   RouterSettings router;                        // the kvrouter policies' router options
+  // KV events reach the policy this long (simulated) after the engine's change, and each is
+  // lost with this probability (drawn from `seed`): a lagging or lossy event plane.
+  double event_delay_s = 0;
+  double event_loss = 0;
 };
 
 // Everything measured for one policy. The wall-clock part is kept apart (see WallClock) so that
@@ -42,6 +47,7 @@ struct PolicyResult {
   uint64_t cached_tokens = 0;                   // prefix-cache hits at admission (prefill saved)
   int64_t predicted_cached_tokens = -1;         // Σ the policy's own estimate, -1 if it has none
   uint64_t queued_requests = 0;                 // held at the gateway by the router's queue
+  uint64_t events_lost = 0;                     // KV events dropped (ReplayConfig::event_loss)
   std::vector<uint64_t> worker_prefill_tokens;  // computed (not cached) prompt tokens
   std::vector<uint64_t> worker_requests;
   std::vector<double> ttft_s;  // sorted

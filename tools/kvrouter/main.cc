@@ -62,6 +62,10 @@ ABSL_FLAG(double, decode_per_sequence_s, kvrouter::replay::CostModel{}.decode_pe
 ABSL_FLAG(double, decode_per_context_token_s,
           kvrouter::replay::CostModel{}.decode_per_context_token_s,
           "Engine step: seconds per context token of a decoding sequence (KV reads)");
+ABSL_FLAG(double, event_delay_ms, 0,
+          "KV events reach the router this many ms (simulated) after the engine's change");
+ABSL_FLAG(double, event_loss, 0,
+          "Probability that a KV event never reaches the router (seeded draw per event)");
 ABSL_FLAG(std::string, output_dir, "",
           "Write summary.txt, results.csv, results.json, decision_latency.csv and replay.png here");
 ABSL_FLAG(uint32_t, azure_shared_prefix_groups, 0,
@@ -139,6 +143,8 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
       {&FLAGS_decode_per_sequence_s, &CostModel::decode_per_sequence_s},
       {&FLAGS_decode_per_context_token_s, &CostModel::decode_per_context_token_s}};
   for (const auto& [flag, field] : cost_flags) args.cost.*field = absl::GetFlag(*flag);
+  args.event_delay_ms = absl::GetFlag(FLAGS_event_delay_ms);
+  args.event_loss = absl::GetFlag(FLAGS_event_loss);
   args.output_dir = absl::GetFlag(FLAGS_output_dir);
   args.azure_shared_prefix_groups = absl::GetFlag(FLAGS_azure_shared_prefix_groups);
   args.azure_shared_prefix_tokens = absl::GetFlag(FLAGS_azure_shared_prefix_tokens);

@@ -50,6 +50,14 @@ void Validate(const ReplayArgs& args) {
                                   std::to_string(value));
     }
   }
+  if (!std::isfinite(args.event_delay_ms) || args.event_delay_ms < 0) {
+    throw std::invalid_argument("--event_delay_ms must be finite and >= 0, got " +
+                                std::to_string(args.event_delay_ms));
+  }
+  if (!(args.event_loss >= 0 && args.event_loss <= 1)) {
+    throw std::invalid_argument("--event_loss must be a probability in [0, 1], got " +
+                                std::to_string(args.event_loss));
+  }
   CheckRouterSettings(args.router, args.block_size);
 }
 
@@ -69,6 +77,8 @@ ReplayConfig MakeConfig(const ReplayArgs& args, double time_scale) {
   config.gateways = args.gateways;
   config.replica_sync = args.replica_sync;
   config.router = args.router;
+  config.event_delay_s = args.event_delay_ms / 1000.0;
+  config.event_loss = args.event_loss;
   return config;
 }
 

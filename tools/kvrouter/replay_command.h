@@ -40,8 +40,10 @@ struct ReplayArgs {
   bool replica_sync = true;  // with gateways > 1: replicas publish their bookings to each other
   uint32_t jobs = 0;         // 0: one per core
   bool progress = true;
-  bool plot = true;  // run gnuplot for replay.png (with output_dir)
-  CostModel cost;    // the simulated engines' step time
+  bool plot = true;           // run gnuplot for replay.png (with output_dir)
+  CostModel cost;             // the simulated engines' step time
+  double event_delay_ms = 0;  // KV events reach the router this long after the engine's change
+  double event_loss = 0;      // probability that a KV event is lost
 };
 
 // "1,1.5,2" → {1, 1.5, 2}: sorted, each finite and > 0, no repeats. Throws

@@ -87,7 +87,7 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
       "ns/context token\n"
       "router: overlap credit %g, prefill load scale %g, credit decay %g, decode request weight "
       "%g, queue threshold %s%s%s\n"
-      "%s%s"
+      "%s%s%s"
       "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
       std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
       info.trace_span_s, IsSweep(info) ? "s" : "", ScalesText(info.time_scales), c.seed, c.workers,
@@ -106,6 +106,11 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
           ? absl::StrFormat("context: %d tokens; %d requests with longer prompts rejected (not "
                             "replayed)\n",
                             info.max_model_len, info.rejected_requests)
+          : "",
+      c.event_delay_s > 0 || c.event_loss > 0
+          ? absl::StrFormat("KV events: reach the router %g ms after the engine's change; %g %% "
+                            "lost\n",
+                            c.event_delay_s * 1e3, 100 * c.event_loss)
           : "",
       100 * info.infinite_cache_hit_rate);
 }
@@ -222,7 +227,8 @@ Json MetricsJson(const PolicyResult& result) {
   j["engine_steps"] = result.engine_steps;
   j["router_events"] = {{"stored", result.router.events_stored},
                         {"removed", result.router.events_removed},
-                        {"rejected", result.router.events_rejected}};
+                        {"rejected", result.router.events_rejected},
+                        {"lost", result.events_lost}};
   return j;
 }
 
@@ -426,7 +432,9 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"time_scales", info.time_scales},
                  {"seed", c.seed},
                  {"gateways", c.gateways},
-                 {"replica_sync", c.replica_sync}};
+                 {"replica_sync", c.replica_sync},
+                 {"event_delay_ms", c.event_delay_s * 1e3},
+                 {"event_loss", c.event_loss}};
   const kvr_router_options r = EffectiveRouterOptions(c.router);
   j["router"] = {{"overlap_score_credit", r.overlap_score_credit},
                  {"prefill_load_scale", r.prefill_load_scale},
