@@ -123,10 +123,22 @@ TEST(CostModelTest, DefaultsGiveH100Magnitudes) {
               0.001);
 }
 
-// Records what an engine publishes and replays it into a set, as a router's index would.
+// Records what an engine publishes and replays it into a set per tier, as a router's index
+// would.
 class RecordingObserver final : public EngineObserver {
  public:
   void OnStored(uint32_t, const StoredRun& run) override {
+    if (run.tier == Tier::kHost) {
+      // A copy: hashes only, of blocks the device holds.
+      EXPECT_FALSE(run.has_parent);
+      EXPECT_TRUE(run.token_ids.empty());
+      for (uint64_t hash : run.block_hashes) {
+        EXPECT_TRUE(indexed.contains(hash)) << "host copy of a block not on the device";
+        EXPECT_TRUE(host.insert(hash).second);
+      }
+      ++host_stored_events;
+      return;
+    }
     if (run.has_parent) {
       EXPECT_TRUE(indexed.contains(run.parent_hash)) << "stored block with an unknown parent";
     }
@@ -134,14 +146,14 @@ class RecordingObserver final : public EngineObserver {
     for (uint64_t hash : run.block_hashes) EXPECT_TRUE(indexed.insert(hash).second);
     ++stored_events;
   }
-  void OnRemoved(uint32_t, std::span<const uint64_t> hashes) override {
-    for (uint64_t hash : hashes) EXPECT_EQ(indexed.erase(hash), 1u);
+  void OnRemoved(uint32_t, std::span<const uint64_t> hashes, Tier tier) override {
+    for (uint64_t hash : hashes) EXPECT_EQ((tier == Tier::kHost ? host : indexed).erase(hash), 1u);
   }
   void OnFirstToken(Request& request) override { first_tokens.push_back(request.index); }
   void OnFinished(Request& request) override { finished.push_back(request.index); }
 
-  std::set<uint64_t> indexed;
-  int stored_events = 0;
+  std::set<uint64_t> indexed, host;
+  int stored_events = 0, host_stored_events = 0;
   std::vector<uint32_t> first_tokens, finished;
 };
 
@@ -255,6 +267,58 @@ TEST(SimEngineTest, RequestWhoseRoomIsItsOwnHitsWaitsInsteadOfAborting) {
   EXPECT_GE(third.first_token_s, second.finish_s) << "admitted only once the second ended";
   EXPECT_EQ(third.cached_tokens, 48u);
   EXPECT_EQ(engine.cache().private_blocks(), 0u);
+}
+
+TEST(HostPoolTest, OffloadEvictsLeastRecentlyUsed) {
+  HostPool pool(2);
+  std::vector<uint64_t> added, evicted;
+  pool.Offload(std::vector<uint64_t>{1, 2}, added, evicted);
+  pool.Touch(std::vector<uint64_t>{1});
+  pool.Offload(std::vector<uint64_t>{2, 3}, added, evicted);  // 2 is held already
+  EXPECT_EQ(added, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(evicted, (std::vector<uint64_t>{1}));  // 2 was used after 1 was touched
+  EXPECT_EQ(pool.MatchPrefix(std::vector<uint64_t>{2, 3, 4}), 2u);
+  EXPECT_EQ(pool.MatchPrefix(std::vector<uint64_t>{1, 2}), 0u);
+}
+
+// With a host tier, blocks evicted from the device are offloaded (a host copy published while
+// the device holds them, then the device removal), and a prompt that finds them there reloads
+// them, paying the transfer time per block instead of the prefill.
+TEST(SimEngineTest, EvictedBlocksGoToTheHostAndAreReloadedNotRecomputed) {
+  const trace::TraceRecord first = Record({1}, 512, 1);       // 32 blocks, cached once done
+  const trace::TraceRecord big = Record({2, 3, 4}, 1536, 1);  // 97 blocks: evicts 29 of them
+  RecordingObserver observer;
+  CostModel cost;
+  cost.host_reload_per_block_s = 1e-3;
+  SimEngine engine(
+      0, EngineLimits{.block_size = 16, .kv_capacity_blocks = 100, .host_capacity_blocks = 200},
+      cost, observer);
+  Request a = MakeRequest(0, first), b = MakeRequest(1, big), again = MakeRequest(2, first);
+  engine.Enqueue(&a);
+  double now = Drain(engine, 0);
+  engine.Enqueue(&b);
+  now = Drain(engine, now);
+  EXPECT_EQ(engine.host().size(), 29u);
+  EXPECT_EQ(observer.host.size(), 29u);
+  EXPECT_GE(observer.host_stored_events, 1);
+  const uint64_t computed_before = engine.prefill_tokens_computed();
+
+  engine.Enqueue(&again);
+  const double start = now;
+  now = Drain(engine, now);
+  // The last prompt block is always computed: 3 device hits + 28 host hits, 16 tokens computed.
+  EXPECT_EQ(again.cached_tokens, 31u * 16);
+  EXPECT_EQ(again.host_cached_tokens, 28u * 16);
+  EXPECT_EQ(engine.prefill_tokens_computed() - computed_before, 16u);
+  const double reload = StepSeconds(cost, {.reload_blocks = 28});
+  const double prefill =
+      StepSeconds(cost, {.prefill_tokens = 16, .attention_pairs = AttentionPairs(16, 496)});
+  EXPECT_DOUBLE_EQ(again.first_token_s, start + reload + prefill);
+  // What was published matches both tiers' contents.
+  const std::vector<uint64_t> cached = engine.cache().CachedHashes();
+  EXPECT_EQ(std::set<uint64_t>(cached.begin(), cached.end()), observer.indexed);
+  EXPECT_EQ(observer.host.size(), engine.host().size());
+  for (uint64_t hash : observer.host) EXPECT_TRUE(engine.host().Contains(hash));
 }
 
 TEST(SimEngineTest, EngineHashesChainAndDifferFromPlainContentHashes) {

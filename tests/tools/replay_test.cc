@@ -367,6 +367,35 @@ TEST(ReplayEventsTest, DelayAndLossCostHitsAndAreDeterministic) {
   }
 }
 
+// Small device caches that evict constantly, with and without a host tier: with one, evicted
+// prefixes are reloaded instead of recomputed (more hits, shorter TTFT), the router is told of
+// the host copies and counts them in its cost, and every event applies cleanly.
+TEST(ReplayHostTierTest, HostTierReloadsEvictedPrefixesAndTheRouterSeesThem) {
+  const auto trace = LoadReplayTrace(kTrace, TraceFormat::kMooncake, {}, 800);
+  const PolicySpec kvrouter = ParsePolicies("kvrouter", 0)[0];
+  ReplayConfig config;
+  config.limits.kv_capacity_blocks = 10'000;
+  const PolicyResult device_only = RunPolicy(trace, kvrouter, config);
+  EXPECT_EQ(device_only.host_cached_tokens, 0u);
+  config.limits.host_capacity_blocks = 50'000;
+  const PolicyResult tiered = RunPolicy(trace, kvrouter, config);
+  EXPECT_GT(tiered.host_cached_tokens, 0u);
+  EXPECT_GT(ComputeMetrics(tiered).hit_rate, ComputeMetrics(device_only).hit_rate);
+  EXPECT_LT(ComputeMetrics(tiered).ttft_mean, ComputeMetrics(device_only).ttft_mean);
+  EXPECT_GT(tiered.router.events_stored, device_only.router.events_stored) << "host copies";
+  EXPECT_EQ(tiered.router.events_rejected, 0u);
+  // The router's predicted hits include the host ones it was told of.
+  EXPECT_NEAR(static_cast<double>(tiered.predicted_cached_tokens) /
+                  static_cast<double>(tiered.cached_tokens),
+              1.0, 0.2);
+  // Deterministic, and the host hit weight is the router's to use.
+  const PolicyResult again = RunPolicy(trace, kvrouter, config);
+  EXPECT_EQ(again.ttft_s, tiered.ttft_s);
+  config.router.host_cache_hit_weight = 0;
+  const PolicyResult unweighted = RunPolicy(trace, kvrouter, config);
+  EXPECT_NE(unweighted.ttft_s, tiered.ttft_s);
+}
+
 // Runs the real binary; returns its exit status and stderr.
 std::pair<int, std::string> RunCli(const std::string& arguments) {
   const fs::path err_file = TempDir("cli") / "stderr.txt";
@@ -582,7 +611,7 @@ TEST(LeastLoadedTest, EngineCountsPromptTokensUntilTheFirstToken) {
   request.output_tokens = 3;
   class Quiet final : public EngineObserver {
     void OnStored(uint32_t, const StoredRun&) override {}
-    void OnRemoved(uint32_t, std::span<const uint64_t>) override {}
+    void OnRemoved(uint32_t, std::span<const uint64_t>, Tier) override {}
     void OnFirstToken(Request&) override {}
     void OnFinished(Request&) override {}
   } observer;

@@ -12,7 +12,8 @@ double StepSeconds(const CostModel& model, const StepShape& shape) {
          model.prefill_per_token_s * static_cast<double>(shape.prefill_tokens) +
          model.attention_per_pair_s * shape.attention_pairs +
          model.decode_per_sequence_s * static_cast<double>(shape.decode_sequences) +
-         model.decode_per_context_token_s * static_cast<double>(shape.decode_context_tokens);
+         model.decode_per_context_token_s * static_cast<double>(shape.decode_context_tokens) +
+         model.host_reload_per_block_s * static_cast<double>(shape.reload_blocks);
 }
 
 double IsolatedPrefillSeconds(const CostModel& model, uint64_t new_tokens,

@@ -31,11 +31,18 @@
 //   KV capacity 25,000 blocks of 16 tokens (400 k tokens): 0.9 × 80 GB minus 16 GB of weights
 //     and ~5 GB of activations leaves ~51 GB, at 128 KiB per token.
 //   max_num_batched_tokens 8192 and max_num_seqs 256: vLLM's defaults for an API server.
+//   host_reload_per_block 41.9 µs (with a host tier, --host_capacity_blocks): copying one
+//     16-token block back from host memory, 16 × 128 KiB = 2 MiB at ~50 GB/s (PCIe Gen5 x16);
+//     other block sizes scale it (2.62 µs per token) unless --host_reload_per_block_s is given.
+//     Charged to the step that admits the request, serially (a real engine overlaps part of it).
 #pragma once
 
 #include <cstdint>
 
 namespace kvrouter::replay {
+
+// Seconds to copy one token's KV (128 KiB) from host memory to the GPU at ~50 GB/s.
+inline constexpr double kHostReloadPerTokenS = 2.62e-6;
 
 struct CostModel {
   double step_overhead_s = 6e-3;
@@ -43,6 +50,7 @@ struct CostModel {
   double attention_per_pair_s = 1.3e-9;
   double decode_per_sequence_s = 50e-6;
   double decode_per_context_token_s = 40e-9;
+  double host_reload_per_block_s = 16 * kHostReloadPerTokenS;
 };
 
 // Tokens of KV cache one worker holds by default (see above); divided by the block size it is
@@ -55,6 +63,7 @@ struct StepShape {
   double attention_pairs = 0;  // Σ over chunks of AttentionPairs(n, c)
   uint64_t decode_sequences = 0;
   uint64_t decode_context_tokens = 0;
+  uint64_t reload_blocks = 0;  // copied back from the host tier
 };
 
 // (query, key) pairs of causal attention when n new tokens follow c earlier ones.

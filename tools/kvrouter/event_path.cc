@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <msgpack.hpp>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -19,31 +20,37 @@ namespace {
 // A wire path that has not caught up after this long is broken, not slow.
 constexpr auto kSyncTimeout = std::chrono::seconds(30);
 
-// The ABI's view of an engine's events (the arrays stay the caller's).
+kvr_tier TierOf(Tier tier) { return tier == Tier::kHost ? KVR_TIER_HOST_PINNED : KVR_TIER_DEVICE; }
+
+// vLLM's name of a tier ("medium").
+std::string_view MediumOf(Tier tier) { return tier == Tier::kHost ? "CPU" : "GPU"; }
+
+// The ABI's view of an engine's events (the arrays stay the caller's). A host-tier run is a
+// copy: hashes only, no tokens, no parent.
 kvr_stored_event StoredEventOf(uint32_t worker, const StoredRun& run, uint64_t event_id) {
   kvr_stored_event event;
   kvr_stored_event_init(&event, sizeof event);
   event.worker_id = worker;
   event.event_id = event_id;
-  event.tier = KVR_TIER_DEVICE;
+  event.tier = TierOf(run.tier);
   if (run.has_parent) {
     event.flags |= KVR_STORED_HAS_PARENT;
     event.parent_hash = run.parent_hash;
   }
   event.block_hashes = run.block_hashes.data();
   event.num_blocks = run.block_hashes.size();
-  event.token_ids = run.token_ids.data();
+  event.token_ids = run.token_ids.empty() ? nullptr : run.token_ids.data();
   event.num_tokens = run.token_ids.size();
   return event;
 }
 
-kvr_removed_event RemovedEventOf(uint32_t worker, std::span<const uint64_t> block_hashes,
+kvr_removed_event RemovedEventOf(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier,
                                  uint64_t event_id) {
   kvr_removed_event event;
   kvr_removed_event_init(&event, sizeof event);
   event.worker_id = worker;
   event.event_id = event_id;
-  event.tier = KVR_TIER_DEVICE;
+  event.tier = TierOf(tier);
   event.block_hashes = block_hashes.data();
   event.num_blocks = block_hashes.size();
   return event;
@@ -61,8 +68,8 @@ class InProcessPath final : public EventPath {
     ++counts_.stored;
   }
 
-  void Removed(uint32_t worker, std::span<const uint64_t> block_hashes) override {
-    const kvr_removed_event event = RemovedEventOf(worker, block_hashes, next_event_id_++);
+  void Removed(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) override {
+    const kvr_removed_event event = RemovedEventOf(worker, block_hashes, tier, next_event_id_++);
     Count(kvr_router_apply_removed(router_, &event, nullptr));
     ++counts_.removed;
   }
@@ -172,8 +179,8 @@ class StreamPath final : public IngestPath {
     ++counts_.stored;
   }
 
-  void Removed(uint32_t worker, std::span<const uint64_t> block_hashes) override {
-    const kvr_removed_event event = RemovedEventOf(worker, block_hashes, next_event_id_++);
+  void Removed(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) override {
+    const kvr_removed_event event = RemovedEventOf(worker, block_hashes, tier, next_event_id_++);
     CheckAbi("kvr_event_batch_add_removed",
              [&](kvr_error** e) { return kvr_event_batch_add_removed(batch_, &event, e); });
     Send();
@@ -226,18 +233,18 @@ class ZmqPath final : public IngestPath {
       for (uint32_t token : run.token_ids) event.pack_uint32(token);
       event.pack_uint32(block_size_);
       event.pack_nil();  // lora_id
-      event.pack(std::string_view("GPU"));
+      event.pack(MediumOf(run.tier));
     });
     ++counts_.stored;
   }
 
-  // [ts, [["BlockRemoved", block_hashes, "GPU"]], 0]
-  void Removed(uint32_t worker, std::span<const uint64_t> block_hashes) override {
+  // [ts, [["BlockRemoved", block_hashes, "GPU" or "CPU"]], 0]
+  void Removed(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) override {
     Publish(worker, [&](msgpack::packer<msgpack::sbuffer>& event) {
       event.pack_array(3);
       event.pack(std::string_view("BlockRemoved"));
       PackHashes(event, block_hashes);
-      event.pack(std::string_view("GPU"));
+      event.pack(MediumOf(tier));
     });
     ++counts_.removed;
   }

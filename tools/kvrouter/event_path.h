@@ -40,7 +40,7 @@ class EventPath {
  public:
   virtual ~EventPath() = default;
   virtual void Stored(uint32_t worker, const StoredRun& run) = 0;
-  virtual void Removed(uint32_t worker, std::span<const uint64_t> block_hashes) = 0;
+  virtual void Removed(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) = 0;
   // Returns once the router has handled every event sent before the call.
   virtual void Sync() {}
   virtual EventCounts counts() = 0;

@@ -96,17 +96,19 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     pending_.push_back({.at = now_ + config_.event_delay_s,
                         .worker = worker,
                         .stored = true,
+                        .tier = run.tier,
                         .has_parent = run.has_parent,
                         .parent_hash = run.parent_hash,
                         .hashes = {run.block_hashes.begin(), run.block_hashes.end()},
                         .tokens = {run.token_ids.begin(), run.token_ids.end()}});
   }
-  void OnRemoved(uint32_t worker, std::span<const uint64_t> hashes) override {
+  void OnRemoved(uint32_t worker, std::span<const uint64_t> hashes, Tier tier) override {
     if (Lost()) return;
-    if (config_.event_delay_s <= 0) return policy_->OnRemoved(worker, hashes);
+    if (config_.event_delay_s <= 0) return policy_->OnRemoved(worker, hashes, tier);
     pending_.push_back({.at = now_ + config_.event_delay_s,
                         .worker = worker,
                         .stored = false,
+                        .tier = tier,
                         .hashes = {hashes.begin(), hashes.end()},
                         .tokens = {}});
   }
@@ -140,6 +142,7 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     double at;  // when it reaches the router
     uint32_t worker;
     bool stored;  // else removed
+    Tier tier = Tier::kDevice;
     bool has_parent = false;
     uint64_t parent_hash = 0;
     std::vector<uint64_t> hashes;
@@ -161,12 +164,13 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     while (!pending_.empty() && pending_.front().at <= now) {
       const PendingEvent& event = pending_.front();
       if (event.stored) {
-        policy_->OnStored(event.worker, StoredRun{.has_parent = event.has_parent,
+        policy_->OnStored(event.worker, StoredRun{.tier = event.tier,
+                                                  .has_parent = event.has_parent,
                                                   .parent_hash = event.parent_hash,
                                                   .block_hashes = event.hashes,
                                                   .token_ids = event.tokens});
       } else {
-        policy_->OnRemoved(event.worker, event.hashes);
+        policy_->OnRemoved(event.worker, event.hashes, event.tier);
       }
       pending_.pop_front();
     }
@@ -218,6 +222,7 @@ class FleetSimulation final : public EngineObserver, public FleetView {
       ++result_.requests;
       result_.prompt_tokens += request.prompt_tokens;
       result_.cached_tokens += request.cached_tokens;
+      result_.host_cached_tokens += request.host_cached_tokens;
       result_.worker_requests[request.worker] += 1;
       result_.ttft_s.push_back(request.first_token_s - request.arrival_s);
       result_.e2e_s.push_back(request.finish_s - request.arrival_s);

@@ -45,6 +45,7 @@ struct PolicyResult {
   uint64_t requests = 0;
   uint64_t prompt_tokens = 0;
   uint64_t cached_tokens = 0;                   // prefix-cache hits at admission (prefill saved)
+  uint64_t host_cached_tokens = 0;              // of which reloaded from the host tier
   int64_t predicted_cached_tokens = -1;         // Σ the policy's own estimate, -1 if it has none
   uint64_t queued_requests = 0;                 // held at the gateway by the router's queue
   uint64_t events_lost = 0;                     // KV events dropped (ReplayConfig::event_loss)

@@ -61,6 +61,34 @@ void PrefixCache::Release(std::span<const uint64_t> hashes, uint64_t private_cou
   }
 }
 
+size_t HostPool::MatchPrefix(std::span<const uint64_t> hashes) const {
+  size_t hits = 0;
+  while (hits < hashes.size() && positions_.contains(hashes[hits])) ++hits;
+  return hits;
+}
+
+void HostPool::Offload(std::span<const uint64_t> hashes, std::vector<uint64_t>& added,
+                       std::vector<uint64_t>& evicted) {
+  if (capacity_ == 0) return;
+  for (uint64_t hash : hashes) {
+    if (auto it = positions_.find(hash); it != positions_.end()) {
+      lru_.splice(lru_.end(), lru_, it->second);
+      continue;
+    }
+    if (positions_.size() == capacity_) {
+      evicted.push_back(lru_.front());
+      positions_.erase(lru_.front());
+      lru_.pop_front();
+    }
+    positions_[hash] = lru_.insert(lru_.end(), hash);
+    added.push_back(hash);
+  }
+}
+
+void HostPool::Touch(std::span<const uint64_t> hashes) {
+  for (uint64_t hash : hashes) lru_.splice(lru_.end(), lru_, positions_.at(hash));
+}
+
 std::vector<uint64_t> PrefixCache::CachedHashes() const {
   std::vector<uint64_t> hashes;
   hashes.reserve(blocks_.size());

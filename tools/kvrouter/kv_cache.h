@@ -77,4 +77,33 @@ class PrefixCache {
   std::list<uint64_t> lru_;  // unreferenced cached blocks, least recently used first
 };
 
+// The host-memory tier of one worker: blocks evicted from the device are offloaded here (a
+// fixed number of blocks, LRU). A prompt whose device prefix hit stops at a block the host holds
+// reloads the blocks that continue it from here instead of recomputing them.
+class HostPool {
+ public:
+  explicit HostPool(uint64_t capacity_blocks) : capacity_(capacity_blocks) {}
+
+  uint64_t capacity() const { return capacity_; }
+  uint64_t size() const { return positions_.size(); }
+  bool Contains(uint64_t hash) const { return positions_.contains(hash); }
+
+  // How many leading hashes the pool holds.
+  size_t MatchPrefix(std::span<const uint64_t> hashes) const;
+
+  // Offloads `hashes` (just evicted from the device), making each the most recently used; the
+  // ones not held before are appended to `added` and the ones evicted for room to `evicted`, in
+  // order (a block of `hashes` can be in both when they outnumber the capacity).
+  void Offload(std::span<const uint64_t> hashes, std::vector<uint64_t>& added,
+               std::vector<uint64_t>& evicted);
+
+  // Marks `hashes` (all held) most recently used: they were just reloaded.
+  void Touch(std::span<const uint64_t> hashes);
+
+ private:
+  const uint64_t capacity_;
+  std::list<uint64_t> lru_;  // least recently used first
+  absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> positions_;
+};
+
 }  // namespace kvrouter::replay

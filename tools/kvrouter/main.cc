@@ -62,6 +62,14 @@ ABSL_FLAG(double, decode_per_sequence_s, kvrouter::replay::CostModel{}.decode_pe
 ABSL_FLAG(double, decode_per_context_token_s,
           kvrouter::replay::CostModel{}.decode_per_context_token_s,
           "Engine step: seconds per context token of a decoding sequence (KV reads)");
+ABSL_FLAG(uint64_t, host_capacity_blocks, 0,
+          "Host-memory KV tier per worker, in blocks: device evictions are offloaded there and "
+          "reloaded on a hit instead of recomputed (0 = no host tier)");
+ABSL_FLAG(std::optional<double>, host_reload_per_block_s, std::nullopt,
+          "Engine step: seconds to reload one block from the host tier (default 2.62 us per "
+          "token of the block: 128 KiB at ~50 GB/s)");
+ABSL_FLAG(std::optional<double>, host_cache_hit_weight, std::nullopt,
+          "Router: prefill blocks a block cached on a worker's host tier is worth (default 0.75)");
 ABSL_FLAG(double, event_delay_ms, 0,
           "KV events reach the router this many ms (simulated) after the engine's change");
 ABSL_FLAG(double, event_loss, 0,
@@ -143,6 +151,9 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
       {&FLAGS_decode_per_sequence_s, &CostModel::decode_per_sequence_s},
       {&FLAGS_decode_per_context_token_s, &CostModel::decode_per_context_token_s}};
   for (const auto& [flag, field] : cost_flags) args.cost.*field = absl::GetFlag(*flag);
+  args.host_capacity_blocks = absl::GetFlag(FLAGS_host_capacity_blocks);
+  args.host_reload_per_block_s = absl::GetFlag(FLAGS_host_reload_per_block_s);
+  args.router.host_cache_hit_weight = absl::GetFlag(FLAGS_host_cache_hit_weight);
   args.event_delay_ms = absl::GetFlag(FLAGS_event_delay_ms);
   args.event_loss = absl::GetFlag(FLAGS_event_loss);
   args.output_dir = absl::GetFlag(FLAGS_output_dir);

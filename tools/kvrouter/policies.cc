@@ -180,9 +180,9 @@ class KvRouterPolicy final : public Policy {
     if (approximate_) return;
     for (auto& gateway : gateways_) gateway->events().Stored(worker, run);
   }
-  void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) override {
+  void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) override {
     if (approximate_) return;
-    for (auto& gateway : gateways_) gateway->events().Removed(worker, block_hashes);
+    for (auto& gateway : gateways_) gateway->events().Removed(worker, block_hashes, tier);
   }
   void OnFirstToken(const Request& request) override {
     const std::string id = RequestId(request.index);
@@ -253,8 +253,8 @@ class PrefixOnlyPolicy final : public Policy {
   void OnStored(uint32_t worker, const StoredRun& run) override {
     router_.events().Stored(worker, run);
   }
-  void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) override {
-    router_.events().Removed(worker, block_hashes);
+  void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) override {
+    router_.events().Removed(worker, block_hashes, tier);
   }
   RouterCounters counters() const override { return router_.counters(); }
 
@@ -408,6 +408,9 @@ void ApplyRouterSettings(const RouterSettings& settings, kvr_router_options& opt
   }
   if (settings.decode_active_request_weight) {
     options.decode_active_request_weight = *settings.decode_active_request_weight;
+  }
+  if (settings.host_cache_hit_weight) {
+    options.host_cache_hit_weight = *settings.host_cache_hit_weight;
   }
   if (settings.queue_threshold) options.queue_threshold = *settings.queue_threshold;
   if (!settings.assume_kv_reuse) options.flags |= KVR_ROUTER_NO_KV_REUSE;

@@ -53,6 +53,7 @@ struct RouterSettings {
   std::optional<double> prefill_load_scale;
   std::optional<double> overlap_score_credit_decay;
   std::optional<double> decode_active_request_weight;
+  std::optional<double> host_cache_hit_weight;  // credit of a block on a worker's host tier
   // Requests wait at the gateway while every worker's booked prefill tokens exceed threshold ×
   // max_num_batched_tokens. Unset or negative: never.
   std::optional<double> queue_threshold;
@@ -113,7 +114,7 @@ class Policy {
   // (e.g. other replicas applying the booking it published).
   virtual void AfterRoute() {}
   virtual void OnStored(uint32_t worker, const StoredRun& run) {}
-  virtual void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) {}
+  virtual void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) {}
   virtual void OnFirstToken(const Request& request) {}
   virtual void OnFinished(const Request& request) {}
   virtual RouterCounters counters() const { return {}; }

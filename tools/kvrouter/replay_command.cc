@@ -50,6 +50,11 @@ void Validate(const ReplayArgs& args) {
                                   std::to_string(value));
     }
   }
+  if (args.host_reload_per_block_s &&
+      (!std::isfinite(*args.host_reload_per_block_s) || *args.host_reload_per_block_s < 0)) {
+    throw std::invalid_argument("--host_reload_per_block_s must be finite and >= 0, got " +
+                                std::to_string(*args.host_reload_per_block_s));
+  }
   if (!std::isfinite(args.event_delay_ms) || args.event_delay_ms < 0) {
     throw std::invalid_argument("--event_delay_ms must be finite and >= 0, got " +
                                 std::to_string(args.event_delay_ms));
@@ -70,7 +75,10 @@ ReplayConfig MakeConfig(const ReplayArgs& args, double time_scale) {
                                          : kDefaultKvCapacityTokens / args.block_size;
   config.limits.max_num_batched_tokens = args.max_num_batched_tokens;
   config.limits.max_num_seqs = args.max_num_seqs;
+  config.limits.host_capacity_blocks = args.host_capacity_blocks;
   config.cost = args.cost;
+  config.cost.host_reload_per_block_s =
+      args.host_reload_per_block_s.value_or(kHostReloadPerTokenS * args.block_size);
   config.time_scale = time_scale;
   config.seed = args.seed;
   config.transport = ParseTransport(args.transport);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -40,8 +41,11 @@ struct ReplayArgs {
   bool replica_sync = true;  // with gateways > 1: replicas publish their bookings to each other
   uint32_t jobs = 0;         // 0: one per core
   bool progress = true;
-  bool plot = true;           // run gnuplot for replay.png (with output_dir)
-  CostModel cost;             // the simulated engines' step time
+  bool plot = true;                   // run gnuplot for replay.png (with output_dir)
+  CostModel cost;                     // the simulated engines' step time
+  uint64_t host_capacity_blocks = 0;  // host-memory tier per worker; 0: none
+  // Seconds to reload one block from the host; unset: kHostReloadPerTokenS × block_size.
+  std::optional<double> host_reload_per_block_s;
   double event_delay_ms = 0;  // KV events reach the router this long after the engine's change
   double event_loss = 0;      // probability that a KV event is lost
 };

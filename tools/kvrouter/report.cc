@@ -87,7 +87,7 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
       "ns/context token\n"
       "router: overlap credit %g, prefill load scale %g, credit decay %g, decode request weight "
       "%g, queue threshold %s%s%s\n"
-      "%s%s%s"
+      "%s%s%s%s"
       "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
       std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
       info.trace_span_s, IsSweep(info) ? "s" : "", ScalesText(info.time_scales), c.seed, c.workers,
@@ -106,6 +106,12 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
           ? absl::StrFormat("context: %d tokens; %d requests with longer prompts rejected (not "
                             "replayed)\n",
                             info.max_model_len, info.rejected_requests)
+          : "",
+      c.limits.host_capacity_blocks > 0
+          ? absl::StrFormat("host tier: %d KV blocks per worker, reload %g us/block, router host "
+                            "hit weight %g\n",
+                            c.limits.host_capacity_blocks, m.host_reload_per_block_s * 1e6,
+                            r.host_cache_hit_weight)
           : "",
       c.event_delay_s > 0 || c.event_loss > 0
           ? absl::StrFormat("KV events: reach the router %g ms after the engine's change; %g %% "
@@ -215,6 +221,7 @@ Json MetricsJson(const PolicyResult& result) {
   j["prompt_tokens"] = result.prompt_tokens;
   j["cache_hit_rate"] = m.hit_rate;
   j["prefill_tokens_saved"] = m.prefill_saved_tokens;
+  j["host_hit_tokens"] = result.host_cached_tokens;
   j["prefill_tokens_computed"] = m.prefill_computed_tokens;
   if (m.predicted_hit_rate >= 0) j["router_predicted_hit_rate"] = m.predicted_hit_rate;
   j["requests_queued"] = result.queued_requests;
@@ -429,6 +436,7 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"max_num_batched_tokens", c.limits.max_num_batched_tokens},
                  {"max_num_seqs", c.limits.max_num_seqs},
                  {"max_model_len", info.max_model_len},
+                 {"host_capacity_blocks", c.limits.host_capacity_blocks},
                  {"time_scales", info.time_scales},
                  {"seed", c.seed},
                  {"gateways", c.gateways},
@@ -440,6 +448,7 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"prefill_load_scale", r.prefill_load_scale},
                  {"overlap_score_credit_decay", r.overlap_score_credit_decay},
                  {"decode_active_request_weight", r.decode_active_request_weight},
+                 {"host_cache_hit_weight", r.host_cache_hit_weight},
                  {"queue_threshold", r.queue_threshold},
                  {"assume_kv_reuse", c.router.assume_kv_reuse},
                  {"track_prefill_tokens", c.router.track_prefill_tokens}};
@@ -447,7 +456,8 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                      {"prefill_per_token_s", c.cost.prefill_per_token_s},
                      {"attention_per_pair_s", c.cost.attention_per_pair_s},
                      {"decode_per_sequence_s", c.cost.decode_per_sequence_s},
-                     {"decode_per_context_token_s", c.cost.decode_per_context_token_s}};
+                     {"decode_per_context_token_s", c.cost.decode_per_context_token_s},
+                     {"host_reload_per_block_s", c.cost.host_reload_per_block_s}};
   j["policies"] = Json::array();  // every run, load by load
   for (const PolicyResult& result : results) j["policies"].push_back(MetricsJson(result));
   if (IsSweep(info)) {

@@ -43,7 +43,8 @@ SimEngine::SimEngine(uint32_t worker, const EngineLimits& limits, const CostMode
       limits_(limits),
       cost_(cost),
       observer_(observer),
-      cache_(limits.kv_capacity_blocks) {}
+      cache_(limits.kv_capacity_blocks),
+      host_(limits.host_capacity_blocks) {}
 
 void SimEngine::Enqueue(Request* request) {
   request->worker = worker_;
@@ -91,6 +92,14 @@ void SimEngine::PlanAdmissions(uint32_t& budget, StepShape& shape) {
 }
 
 void SimEngine::PlanPrefill(Request& request, uint32_t& budget, StepShape& shape) {
+  // Host hits are copied back first, in a step of their own for this request: the prefill that
+  // follows them needs their KV. A copy takes no token budget, only transfer time.
+  if (request.reload_tokens > 0) {
+    shape.reload_blocks += request.reload_tokens / limits_.block_size;
+    step_.push_back({&request, request.reload_tokens, /*reload=*/true});
+    request.reload_tokens = 0;
+    return;
+  }
   const uint32_t chunk = std::min(budget, request.prompt_tokens - request.computed_tokens);
   if (chunk == 0) return;
   budget -= chunk;
@@ -111,6 +120,12 @@ bool SimEngine::TryAdmit(Request& request) {
   // cached in full still recomputes its last block.
   const size_t usable = (request.prompt_tokens - 1) / block_size;
   const size_t hits = std::min(cache_.MatchPrefix(request.block_hashes), usable);
+  // The host tier may continue the device hit: those blocks are reloaded into private blocks.
+  const size_t host_hits =
+      host_.capacity() == 0
+          ? 0
+          : host_.MatchPrefix(
+                std::span<const uint64_t>(request.block_hashes).subspan(hits, usable - hits));
   const uint64_t needed =
       BlocksNeeded(request.prompt_tokens, request.output_tokens, block_size) - hits;
   const std::span<const uint64_t> hit_hashes(request.block_hashes.data(), hits);
@@ -118,14 +133,37 @@ bool SimEngine::TryAdmit(Request& request) {
   // does not fit it waits (at the head of the queue) for running requests to free blocks.
   if (!cache_.CanAdmit(hit_hashes, needed)) return false;
   cache_.Acquire(hit_hashes);
+  // Host hits become the most recently used first, so that offloading this admission's device
+  // evictions does not push them out of the host before they are copied back.
+  if (host_hits > 0) {
+    host_.Touch(std::span<const uint64_t>(request.block_hashes).subspan(hits, host_hits));
+  }
   evicted_.clear();
   cache_.AllocatePrivate(needed, evicted_);
-  if (!evicted_.empty()) observer_.OnRemoved(worker_, evicted_);
+  PublishEvictions();
   request.held_blocks = static_cast<uint32_t>(hits);
   request.private_blocks = needed;
-  request.cached_tokens = static_cast<uint32_t>(hits * block_size);
-  request.computed_tokens = request.cached_tokens;
+  request.computed_tokens = static_cast<uint32_t>(hits * block_size);
+  request.host_cached_tokens = static_cast<uint32_t>(host_hits * block_size);
+  request.reload_tokens = request.host_cached_tokens;
+  request.cached_tokens = request.computed_tokens + request.host_cached_tokens;
   return true;
+}
+
+// Blocks evicted from the device (evicted_) go to the host tier when there is one: each is
+// published as a host copy while the device still holds it, the host's own evictions follow,
+// then the device removal.
+void SimEngine::PublishEvictions() {
+  if (evicted_.empty()) return;
+  offloaded_.clear();
+  host_evicted_.clear();
+  host_.Offload(evicted_, offloaded_, host_evicted_);
+  if (!offloaded_.empty()) {
+    observer_.OnStored(worker_,
+                       StoredRun{.tier = Tier::kHost, .block_hashes = offloaded_, .token_ids = {}});
+  }
+  if (!host_evicted_.empty()) observer_.OnRemoved(worker_, host_evicted_, Tier::kHost);
+  observer_.OnRemoved(worker_, evicted_, Tier::kDevice);
 }
 
 void SimEngine::FinishStep() {
@@ -135,6 +173,10 @@ void SimEngine::FinishStep() {
     Request& request = *chunk.request;
     if (chunk.tokens > 0) {
       CommitPrefill(request, chunk.tokens);
+      if (chunk.reload) {
+        prefill_tokens_computed_ -= chunk.tokens;  // copied, not computed
+        continue;                                  // never the last prompt token (always computed)
+      }
       if (request.computed_tokens < request.prompt_tokens) continue;
       // The step that computes the last prompt token samples the first output token.
       FreeMemory(request.tokens);

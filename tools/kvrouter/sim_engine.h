@@ -15,6 +15,13 @@
 //   per step after that → after output_length tokens the request ends and releases its blocks.
 // Evicting an unreferenced block to make room publishes BlockRemoved.
 //
+// With a host tier (EngineLimits::host_capacity_blocks), an evicted block is offloaded to host
+// memory first: published as a host-tier copy (BlockStored, tier host), then BlockRemoved from the
+// device; the host pool evicts its least recently used blocks for room (BlockRemoved, tier
+// host). At admission the blocks that continue the device prefix hit on the host are reloaded:
+// they take device blocks, cost the cost model's host_reload_per_block_s each in the admitting
+// step instead of a prefill, rejoin the device cache (BlockStored) and count as cached tokens.
+//
 // Output tokens are not cached: their ids are synthetic, no later request of a trace can hit
 // them, and vLLM would only evict them again.
 //
@@ -47,7 +54,9 @@ struct Request {
   // Engine progress.
   std::vector<uint32_t> tokens;        // the prompt, while it is being prefilled
   std::vector<uint64_t> block_hashes;  // engine hashes of the prompt's full blocks, while running
-  uint32_t cached_tokens = 0;          // prefix-cache hit at admission
+  uint32_t cached_tokens = 0;          // prefix-cache hit at admission (device and host)
+  uint32_t host_cached_tokens = 0;     // of which reloaded from the host tier
+  uint32_t reload_tokens = 0;          // host hits still to be copied back (the next step)
   uint32_t computed_tokens = 0;        // prompt tokens with KV (cached or prefilled)
   uint32_t held_blocks = 0;            // leading full blocks referenced in the cache
   uint64_t private_blocks = 0;
@@ -61,10 +70,17 @@ struct EngineLimits {
   uint64_t kv_capacity_blocks = kDefaultKvCapacityTokens / 16;
   uint32_t max_num_batched_tokens = 8192;
   uint32_t max_num_seqs = 256;
+  uint64_t host_capacity_blocks = 0;  // the host-memory tier; 0: none
 };
 
+// Where a block is cached: the GPU, or host memory (with EngineLimits::host_capacity_blocks).
+enum class Tier { kDevice, kHost };
+
 // Consecutive blocks of one prompt that became cached in one step: a vLLM BlockStored event.
+// On the host tier it is a copy (vLLM's offloading connector): blocks the worker holds on the
+// device, named by hash only (no parent, no tokens), now held on the host too.
 struct StoredRun {
+  Tier tier = Tier::kDevice;
   bool has_parent = false;
   uint64_t parent_hash = 0;
   std::span<const uint64_t> block_hashes;
@@ -76,7 +92,7 @@ class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
   virtual void OnStored(uint32_t worker, const StoredRun& run) = 0;
-  virtual void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes) = 0;
+  virtual void OnRemoved(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) = 0;
   virtual void OnFirstToken(Request& request) = 0;
   virtual void OnFinished(Request& request) = 0;
 };
@@ -111,11 +127,13 @@ class SimEngine {
   uint64_t prefill_tokens_computed() const { return prefill_tokens_computed_; }
   uint64_t steps() const { return steps_; }
   const PrefixCache& cache() const { return cache_; }
+  const HostPool& host() const { return host_; }
 
  private:
   struct Chunk {
     Request* request;
-    uint32_t tokens;  // 0: a decode step of this request
+    uint32_t tokens;      // 0: a decode step of this request
+    bool reload = false;  // tokens copied back from the host tier, not computed
   };
 
   bool TryAdmit(Request& request);
@@ -124,6 +142,7 @@ class SimEngine {
   void PlanPrefill(Request& request, uint32_t& budget, StepShape& shape);
   void CommitPrefill(Request& request, uint32_t tokens);
   void EmitStored(Request& request, size_t first_block, size_t end_block);
+  void PublishEvictions();
   void Finish(Request& request);
 
   const uint32_t worker_;
@@ -131,6 +150,7 @@ class SimEngine {
   const CostModel cost_;
   EngineObserver& observer_;
   PrefixCache cache_;
+  HostPool host_;
 
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
@@ -140,7 +160,8 @@ class SimEngine {
   uint64_t prefill_tokens_computed_ = 0;
   uint64_t pending_prompt_tokens_ = 0;
   uint64_t steps_ = 0;
-  std::vector<uint64_t> evicted_;  // scratch
+  std::vector<uint64_t> evicted_;                   // scratch
+  std::vector<uint64_t> offloaded_, host_evicted_;  // scratch
 };
 
 }  // namespace kvrouter::replay
