@@ -379,6 +379,13 @@ class RadixIndex::Impl {
     return cached_blocks_;
   }
 
+  bool HoldsBlock(WorkerKey worker, uint64_t engine_hash, Tier tier) const {
+    std::shared_lock lock(mu_);
+    const PositionTable* blocks = BlocksOf(worker);
+    const uint64_t entry = blocks ? blocks->Get(engine_hash) : 0;
+    return (EntryTiers(entry) >> static_cast<int>(tier)) & 1;
+  }
+
   size_t HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
     std::shared_lock lock(mu_);
     const PositionTable* blocks = BlocksOf(worker);
@@ -1562,6 +1569,9 @@ uint64_t RadixIndex::CachedBlocks() const {
 }
 size_t RadixIndex::HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
   return Shard(worker.worker_id).HeldPrefix(worker, engine_hashes);
+}
+bool RadixIndex::HoldsBlock(WorkerKey worker, uint64_t engine_hash, Tier tier) const {
+  return Shard(worker.worker_id).HoldsBlock(worker, engine_hash, tier);
 }
 std::vector<uint64_t> RadixIndex::PathTo(WorkerKey worker, uint64_t engine_hash) const {
   return Shard(worker.worker_id).PathTo(worker, engine_hash);

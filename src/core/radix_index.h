@@ -162,6 +162,8 @@ class RadixIndex {
   // blocks of `engine_hashes`, a chain (each block's parent the one before), the worker holds.
   // A binary search: it assumes that holding a block means holding its ancestors.
   size_t HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const;
+  // Whether the worker rank holds the block named `engine_hash` on `tier`.
+  bool HoldsBlock(WorkerKey worker, uint64_t engine_hash, Tier tier) const;
   // The local hashes of the path from the root to the worker's block `engine_hash`, root
   // first; empty if the worker does not hold it.
   std::vector<uint64_t> PathTo(WorkerKey worker, uint64_t engine_hash) const;

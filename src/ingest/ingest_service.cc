@@ -428,7 +428,12 @@ struct IngestService::Impl {
   // Neither: counted as a bad batch, or as bad msgpack when it is msgpack of the wrong shape.
   void HandleNatsEvents(const std::vector<uint8_t>& payload, SourceCounters& source,
                         DynamoPublishers& dynamo) {
-    Bump(source.messages);
+    ApplyNatsEvents(payload, source, dynamo);
+    Bump(source.messages);  // last: a reader that sees the count sees what it applied
+  }
+
+  void ApplyNatsEvents(const std::vector<uint8_t>& payload, SourceCounters& source,
+                       DynamoPublishers& dynamo) {
     uint64_t publish_time_ns = 0;
     if (auto events = DecodeEventBatch(payload, &publish_time_ns); events.ok()) {
       Apply(*events, source);
@@ -510,6 +515,7 @@ struct IngestService::Impl {
     Replay* replay = nullptr;  // a replay in progress
     std::deque<Parts> held;    // live messages received during the replay
     SaltedBlocks salted;       // the publisher's blocks stored under a cache salt
+    BlockCopies copies;        // the publisher's blocks held more than once
   };
 
   // A request to vLLM's replay socket: a DEALER speaking to its ROUTER, with a deadline.
@@ -648,6 +654,7 @@ struct IngestService::Impl {
   void ClearAndFlag(Subscription& sub) {
     ClearWorker(sub.worker.worker_id, sub.socket_rank, *sub.counters);
     sub.salted.Clear();
+    sub.copies.Clear();
     Bump(sub.counters->recoveries);
     SetUnknown(sub, true);
   }
@@ -672,6 +679,7 @@ struct IngestService::Impl {
       Bump(c.restarts);
       ClearWorker(sub.worker.worker_id, sub.socket_rank, c);
       sub.salted.Clear();
+      sub.copies.Clear();
       Bump(c.recoveries);
       SetUnknown(sub, false);
       sub.next_seq = 1;
@@ -711,12 +719,36 @@ struct IngestService::Impl {
                    sub.worker.eagle, next_event_id, &sub.salted);
     next_event_id += batch->events.size();
     c.Reject(IngestReject::kBlockSize, converted.block_size_mismatches.size());
-    for (const KvEvent& event : converted.events) {
+    for (KvEvent& event : converted.events) {
       // An engine-side clear makes its state known again.
       if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
+      if (TrackCopies(sub.copies, event)) {
+        Apply(std::span(&event, 1), c);
+      } else {
+        Bump(c.events_applied);  // applied: each block it named had another copy
+      }
     }
-    Apply(converted.events, c);
     c.RecordLag(UnixNanosFromSeconds(batch->timestamp));
+  }
+
+  // Keeps `copies` in step with an engine event about to be applied, one event at a time (a
+  // batch may store a block and its copy): a store of a block the rank holds adds a copy; a
+  // removal takes extra copies first, and those blocks stay indexed. False when nothing is
+  // left to apply (every removed block had another copy).
+  bool TrackCopies(BlockCopies& copies, KvEvent& event) {
+    if (const auto* stored = std::get_if<StoredEvent>(&event.data)) {
+      for (uint64_t h : stored->block_hashes) {
+        if (router->HoldsBlock(event.worker, h, event.tier))
+          copies.Add(event.worker, event.tier, h);
+      }
+    } else if (auto* removed = std::get_if<RemovedEvent>(&event.data)) {
+      std::erase_if(removed->block_hashes,
+                    [&](uint64_t h) { return copies.TakeExtra(event.worker, event.tier, h); });
+      return !removed->block_hashes.empty();
+    } else {
+      copies.ForgetRank(event.worker);
+    }
+    return true;
   }
 
   // ---- Replay (vLLM's replay ROUTER socket) ---------------------------------------------
@@ -807,6 +839,7 @@ struct IngestService::Impl {
     if (*sub.next_seq != replay->until) {  // still missing some: fall back to the clear
       ClearWorker(sub.worker.worker_id, sub.socket_rank, *sub.counters);
       sub.salted.Clear();
+      sub.copies.Clear();
       SetUnknown(sub, true);
       sub.next_seq = replay->until;
     }

@@ -263,6 +263,20 @@ def test_vllm_publisher(vllm):
             w.sync()
             assert tiers(router, A, W, 0) == (2, 0, 0, 0)
 
+            # A block held twice: vLLM recomputes the last block of a fully cached prompt into a
+            # second physical block with the same hash, publishes a store for it, and later one
+            # removal per copy it evicts (scripts/test-engines.sh found it with a real engine).
+            # Evicting one copy leaves the block cached.
+            H, h = prompt(9, 2), hashes(2, 9)
+            w.send(0, [stored(h, None, H)])
+            w.send(0, [stored(h[1:], h[0], H[16:])])
+            w.send(0, [v.BlockRemoved(block_hashes=[h[1]], medium="GPU")])
+            w.sync()
+            assert tiers(router, H, W, 0) == (2, 0, 0, 0), "one copy evicted, one left"
+            w.send(0, [v.BlockRemoved(block_hashes=[h[1]], medium="GPU")])
+            w.sync()
+            assert tiers(router, H, W, 0) == (1, 0, 0, 0), "the last copy evicted"
+
             # LoRA: the adapter's name is in every block's extra keys.
             C, c = prompt(3, 2), hashes(2, 3)
             w.send(1, [stored(c, None, C, lora="sql-adapter", extra_keys=[("sql-adapter",)] * 2)])
