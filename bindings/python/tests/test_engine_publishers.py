@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 import kvrouter
-from conftest import wait_for
+from conftest import free_port, wait_for
 from engines import SGLANG_VERSION, VLLM_VERSION, Link, load_sglang, load_vllm
 
 REQUIRED = os.environ.get("KVR_REQUIRE_ENGINES") == "1"
@@ -527,3 +527,100 @@ def test_sglang_default_page_size_is_refused_with_advice(sglang):
             assert w.stats().rejected[kvrouter.IngestReject.BLOCK_SIZE] == 1
         finally:
             w.close()
+
+
+# ---- Dynamo's selection core, fed by the same vLLM publishers
+
+
+def test_candidate_figures_agree_with_dynamos_selection_service(vllm):
+    """Dynamo's runtime-free SelectionService (ai-dynamo-runtime 1.6.1) and kvrouter both
+    subscribe to the same two vLLM publishers (vLLM's own ZmqEventPublisher) and are asked the
+    same questions, both with Dynamo's default cost settings: per candidate the overlap and the
+    potential loads agree, the choice agrees where one candidate is best, and a booking, its
+    prefill completion and its release move both routers' loads alike."""
+    try:
+        from dynamo import llm as dl
+    except ImportError:  # pragma: no cover - depends on the venv
+        _skip_or_fail("ai-dynamo-runtime (dynamo.llm) is not installed")
+        return
+    import asyncio
+
+    v = vllm
+
+    def stored(hs, parent, tokens):
+        return v.BlockStored(block_hashes=hs, parent_block_hash=parent, token_ids=tokens, block_size=BS,
+                             lora_id=None, medium="GPU", lora_name=None, extra_keys=None)
+
+    P, p = prompt(21, 4), hashes(4, 21)
+    Q, q = prompt(22, 3), hashes(3, 22)
+    R = prompt(23, 2)
+    mixed = P[:2 * BS] + prompt(24, 2)
+
+    def ours(router: kvrouter.Router, tokens: List[int]) -> Dict[int, Tuple[int, int, int, int]]:
+        """Per worker: (device blocks, potential prefill tokens, potential decode blocks, active)."""
+        overlap = {o.worker_id: o.device_blocks for o in router.overlap_scores(tokens)}
+        return {l.worker_id: (overlap.get(l.worker_id, 0), l.potential_prefill_tokens,
+                              l.potential_decode_blocks, l.active_requests)
+                for l in router.potential_loads(tokens)}
+
+    async def theirs(service: Any, tokens: List[int]) -> Dict[int, Tuple[int, int, int, int]]:
+        request = {"token_ids": tokens}
+        overlap = {o["worker_id"]: o["device_blocks"] for o in (await service.overlap_scores(request))["workers"]}
+        return {l["worker_id"]: (overlap.get(l["worker_id"], 0), l["potential_prefill_tokens"],
+                                 l["potential_decode_blocks"], l["active_requests"])
+                for l in await service.potential_loads(request)}
+
+    async def agree(router: kvrouter.Router, service: Any, tokens: List[int], what: str) -> None:
+        # Dynamo applies events on its own threads: give it a moment to catch up.
+        for _ in range(500):
+            if await theirs(service, tokens) == ours(router, tokens):
+                return
+            await asyncio.sleep(0.02)
+        assert await theirs(service, tokens) == ours(router, tokens), what
+
+    async def run(router: kvrouter.Router, workers: List[Any]) -> None:
+        service = dl.SelectionService(indexer_threads=1)
+        try:
+            for w in workers:
+                await service.upsert_worker({
+                    "worker_id": w.worker_id, "endpoint": f"tcp://127.0.0.1:{free_port()}",
+                    "kv_events_endpoint": w.engine_endpoint, "block_size": BS, "data_parallel_size": 1,
+                    "total_kv_blocks": 1000, "max_num_batched_tokens": 8192})
+            await asyncio.sleep(0.5)  # its ZMQ subscriptions reach the publishers
+            one, two = workers
+            one.send(0, [stored(p, None, P)])
+            two.send(0, [stored(p[:2], None, P[:2 * BS]), stored(q, None, Q)])
+            one.sync()
+            two.sync()
+            for tokens, what in ((P, "P"), (Q, "Q"), (mixed, "P's prefix, then new"), (R, "nothing cached")):
+                await agree(router, service, tokens, what)
+            for tokens in (P, Q):  # one candidate is best: both choose it
+                choice = await service.select({"token_ids": tokens})
+                assert choice["worker_id"] == router.find_best_match(tokens).worker_id
+
+            # A booking of P on its holder, then its prefill, then its end.
+            reserved = await service.select_and_reserve({"token_ids": P, "selection_id": "r1"})
+            booked = router.find_best_match(P, kvrouter.RequestOptions(admit=True), request_id="r1")
+            assert (reserved["worker_id"], booked.worker_id) == (one.worker_id, one.worker_id)
+            for tokens in (Q, mixed):
+                await agree(router, service, tokens, "with r1 booked")
+            await service.prefill_complete("r1")
+            router.mark_prefill_completed("r1")
+            await agree(router, service, Q, "after r1's prefill")
+            await service.free_reservation("r1")
+            router.free_request("r1")
+            await agree(router, service, Q, "after r1 ended")
+        finally:
+            service.shutdown()
+
+    with kvrouter.Router(block_size=BS) as router, kvrouter.Ingest(router) as ingest:
+        for worker in (31, 32):
+            router.add_worker(worker)
+        ingest.start()
+        workers = [VllmWorker(v, ingest, kvrouter.Engine.VLLM, worker, vllm_publisher(v), replay=False, ranks=1)
+                   for worker in (31, 32)]
+        try:
+            asyncio.run(run(router, workers))
+        finally:
+            for w in workers:
+                w.close()
