@@ -1000,7 +1000,7 @@ KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest *ingest, uint64_t 
 /* Subscribes to `subject` (NATS wildcards `*` and `>` allowed) on the NATS server at `url`
  * (e.g. "nats://127.0.0.1:4222"). Each message is one native EventBatch (the bytes of a stream
  * frame's payload, without the length prefix) or one message of Dynamo's KV event plane, as
- * Dynamo's KvEventPublisher publishes it on namespace.<ns>.component.<c>.endpoint.<e>.kv-events
+ * Dynamo's KvEventPublisher publishes it on namespace.NS.component.C.endpoint.E.kv-events
  * (since 0.2.0; docs/ingest.md), told apart by content: a kvrouter gateway can route a Dynamo
  * fleet. Dynamo messages are numbered per publisher: a gap clears the ranks that publisher
  * spoke for (`gaps`, `missed_messages`, `recoveries`), an old number is STALE_SEQUENCE. Bad

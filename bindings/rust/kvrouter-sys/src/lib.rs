@@ -1287,18 +1287,17 @@ extern "C" {
     /// Subscribes to `subject` (NATS wildcards `*` and `>` allowed) on the NATS server at `url`
     /// (e.g. "nats://127.0.0.1:4222"). Each message is one native EventBatch (the bytes of a stream
     /// frame's payload, without the length prefix) or one message of Dynamo's KV event plane, as
-    /// Dynamo's KvEventPublisher publishes it on
-    /// namespace.<ns>.component.<c>.endpoint.<e>.kv-events (since 0.2.0; docs/ingest.md), told
-    /// apart by content: a kvrouter gateway can route a Dynamo fleet. Dynamo messages are numbered
-    /// per publisher: a gap clears the ranks that publisher spoke for (`gaps`, `missed_messages`,
-    /// `recoveries`), an old number is STALE_SEQUENCE. Bad messages are rejected and counted
-    /// (KVR_INGEST_REJECT_BAD_FLATBUFFERS, or BAD_MSGPACK for msgpack of another shape);
-    /// `connections` counts (re)connections. The connection retries forever when the server goes
-    /// away and resubscribes when it is back (messages published meanwhile are lost). After
-    /// kvr_ingest_start, returns once the server has the subscription; before, the subscription is
-    /// sent when the loop starts. KVR_UNAVAILABLE if the first connection fails. `*source_id` may
-    /// be NULL. @thread_safety concurrent, except with kvr_ingest_stop on the same object (the
-    /// confirmation round trip runs on the caller's thread)
+    /// Dynamo's KvEventPublisher publishes it on namespace.NS.component.C.endpoint.E.kv-events
+    /// (since 0.2.0; docs/ingest.md), told apart by content: a kvrouter gateway can route a Dynamo
+    /// fleet. Dynamo messages are numbered per publisher: a gap clears the ranks that publisher
+    /// spoke for (`gaps`, `missed_messages`, `recoveries`), an old number is STALE_SEQUENCE. Bad
+    /// messages are rejected and counted (KVR_INGEST_REJECT_BAD_FLATBUFFERS, or BAD_MSGPACK for
+    /// msgpack of another shape); `connections` counts (re)connections. The connection retries
+    /// forever when the server goes away and resubscribes when it is back (messages published
+    /// meanwhile are lost). After kvr_ingest_start, returns once the server has the subscription;
+    /// before, the subscription is sent when the loop starts. KVR_UNAVAILABLE if the first
+    /// connection fails. `*source_id` may be NULL. @thread_safety concurrent, except with
+    /// kvr_ingest_stop on the same object (the confirmation round trip runs on the caller's thread)
     pub fn kvr_ingest_subscribe_nats(
         ingest: *mut kvr_ingest,
         url: *const c_char,
