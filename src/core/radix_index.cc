@@ -379,13 +379,6 @@ class RadixIndex::Impl {
     return cached_blocks_;
   }
 
-  bool HoldsBlock(WorkerKey worker, uint64_t engine_hash, Tier tier) const {
-    std::shared_lock lock(mu_);
-    const PositionTable* blocks = BlocksOf(worker);
-    const uint64_t entry = blocks ? blocks->Get(engine_hash) : 0;
-    return (EntryTiers(entry) >> static_cast<int>(tier)) & 1;
-  }
-
   size_t HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
     std::shared_lock lock(mu_);
     const PositionTable* blocks = BlocksOf(worker);
@@ -837,7 +830,10 @@ class RadixIndex::Impl {
 
   ApplyResult Fail(EventKind kind, EventError error, std::string message) {
     ++events_[static_cast<int>(kind)][static_cast<int>(error)];
-    return ApplyResult{error, std::move(message)};
+    ApplyResult result;
+    result.error = error;
+    result.message = std::move(message);
+    return result;
   }
 
   ApplyResult Succeed(EventKind kind) {
@@ -858,7 +854,9 @@ class RadixIndex::Impl {
       locals = computed;
     }
     std::unique_lock lock(mu_);
-    return Store(event.worker, event.tier, stored, locals);
+    ApplyResult result = Store(event.worker, event.tier, stored, locals);
+    result.repeated.swap(repeated_);  // repeated_ is left empty for the next store
+    return result;
   }
 
   // One stored event, a run of blocks at a time: blocks the tree already has are joined as one
@@ -1053,6 +1051,7 @@ class RadixIndex::Impl {
     const Position at = EntryPosition(entry);  // resolved by the caller
     if (EntryTiers(entry) & TierBit(tier)) {
       ++duplicate_stores_;
+      repeated_.push_back(engine[i]);
       cursor.Advance(at, 1);
       return i + 1;
     }
@@ -1249,6 +1248,7 @@ class RadixIndex::Impl {
   uint64_t tree_blocks_ = 0;
   std::array<std::array<uint64_t, kNumEventErrors>, kNumEventKinds> events_{};
   uint64_t duplicate_stores_ = 0;
+  std::vector<uint64_t> repeated_;  // the store being applied's repeats (ApplyResult::repeated)
   uint64_t rekeyed_blocks_ = 0;
 };
 
@@ -1569,9 +1569,6 @@ uint64_t RadixIndex::CachedBlocks() const {
 }
 size_t RadixIndex::HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const {
   return Shard(worker.worker_id).HeldPrefix(worker, engine_hashes);
-}
-bool RadixIndex::HoldsBlock(WorkerKey worker, uint64_t engine_hash, Tier tier) const {
-  return Shard(worker.worker_id).HoldsBlock(worker, engine_hash, tier);
 }
 std::vector<uint64_t> RadixIndex::PathTo(WorkerKey worker, uint64_t engine_hash) const {
   return Shard(worker.worker_id).PathTo(worker, engine_hash);

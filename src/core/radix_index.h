@@ -89,6 +89,9 @@ constexpr std::string_view EventKindName(EventKind kind) {
 struct ApplyResult {
   EventError error = EventError::kNone;
   std::string message;  // empty when error == kNone
+  // A stored event's blocks the rank already held on the event's tier (an engine that keeps
+  // two copies of a block publishes such a store for the second); usually empty.
+  std::vector<uint64_t> repeated;
   bool ok() const { return error == EventError::kNone; }
 };
 
@@ -162,8 +165,6 @@ class RadixIndex {
   // blocks of `engine_hashes`, a chain (each block's parent the one before), the worker holds.
   // A binary search: it assumes that holding a block means holding its ancestors.
   size_t HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine_hashes) const;
-  // Whether the worker rank holds the block named `engine_hash` on `tier`.
-  bool HoldsBlock(WorkerKey worker, uint64_t engine_hash, Tier tier) const;
   // The local hashes of the path from the root to the worker's block `engine_hash`, root
   // first; empty if the worker does not hold it.
   std::vector<uint64_t> PathTo(WorkerKey worker, uint64_t engine_hash) const;

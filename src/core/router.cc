@@ -247,10 +247,6 @@ absl::Status Router::RestoreIndex(std::span<const KvEvent> events) {
 // ---------------------------------------------------------------------------------------------
 // Preparing a request (no router lock held)
 
-bool Router::HoldsBlock(WorkerKey worker, uint64_t engine_hash, Tier tier) const {
-  return index_ != nullptr && index_->HoldsBlock(worker, engine_hash, tier);
-}
-
 void Router::LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) {
   if (index_) {
     index_->FindMatches(local_hashes, out);

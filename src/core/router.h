@@ -313,9 +313,6 @@ class Router {
   // The index's matches of a hashed prompt into `out` (cleared first), in no particular
   // order: the walk alone, no cost model.
   void LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
-  // Whether the KV-event index has the rank holding `engine_hash` on `tier` (false in
-  // approximate mode, which has no engine hashes).
-  bool HoldsBlock(WorkerKey worker, uint64_t engine_hash, Tier tier) const;
   std::vector<WorkerLoad> Loads() const;
   size_t active_requests() const;
   size_t pending_count() const;

@@ -229,14 +229,17 @@ struct IngestService::Impl {
 
   // Applies router events, counting each outcome on `source`.
   void Apply(std::span<const KvEvent> events, SourceCounters& source) {
-    for (const KvEvent& event : events) {
-      auto result = router->ApplyEvent(event);
-      if (result.ok() && result->ok()) {
-        Bump(source.events_applied);
-      } else {
-        source.Reject(IngestReject::kIndexRejected);
-      }
+    for (const KvEvent& event : events) (void)ApplyOne(event, source);
+  }
+
+  absl::StatusOr<ApplyResult> ApplyOne(const KvEvent& event, SourceCounters& source) {
+    auto result = router->ApplyEvent(event);
+    if (result.ok() && result->ok()) {
+      Bump(source.events_applied);
+    } else {
+      source.Reject(IngestReject::kIndexRejected);
     }
+    return result;
   }
 
   void ClearWorker(uint64_t worker_id, uint32_t dp_rank, SourceCounters& source) {
@@ -722,33 +725,28 @@ struct IngestService::Impl {
     for (KvEvent& event : converted.events) {
       // An engine-side clear makes its state known again.
       if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
-      if (TrackCopies(sub.copies, event)) {
-        Apply(std::span(&event, 1), c);
-      } else {
-        Bump(c.events_applied);  // applied: each block it named had another copy
-      }
+      ApplyEngineEvent(sub.copies, event, c);
     }
     c.RecordLag(UnixNanosFromSeconds(batch->timestamp));
   }
 
-  // Keeps `copies` in step with an engine event about to be applied, one event at a time (a
-  // batch may store a block and its copy): a store of a block the rank holds adds a copy; a
-  // removal takes extra copies first, and those blocks stay indexed. False when nothing is
-  // left to apply (every removed block had another copy).
-  bool TrackCopies(BlockCopies& copies, KvEvent& event) {
-    if (const auto* stored = std::get_if<StoredEvent>(&event.data)) {
-      for (uint64_t h : stored->block_hashes) {
-        if (router->HoldsBlock(event.worker, h, event.tier))
-          copies.Add(event.worker, event.tier, h);
-      }
-    } else if (auto* removed = std::get_if<RemovedEvent>(&event.data)) {
+  // Applies one engine event, keeping `copies` in step (event by event: a batch may store a
+  // block and then its copy). A removal takes extra copies first, and those blocks stay
+  // indexed; the blocks a store repeats (the index reports them) are copies.
+  void ApplyEngineEvent(BlockCopies& copies, KvEvent& event, SourceCounters& c) {
+    if (auto* removed = std::get_if<RemovedEvent>(&event.data)) {
       std::erase_if(removed->block_hashes,
                     [&](uint64_t h) { return copies.TakeExtra(event.worker, event.tier, h); });
-      return !removed->block_hashes.empty();
-    } else {
+      if (removed->block_hashes.empty()) {  // applied: each block it named had another copy
+        Bump(c.events_applied);
+        return;
+      }
+    } else if (std::holds_alternative<ClearedEvent>(event.data)) {
       copies.ForgetRank(event.worker);
     }
-    return true;
+    const auto result = ApplyOne(event, c);
+    if (!result.ok()) return;
+    for (uint64_t h : result->repeated) copies.Add(event.worker, event.tier, h);
   }
 
   // ---- Replay (vLLM's replay ROUTER socket) ---------------------------------------------
