@@ -47,6 +47,7 @@ ActiveSequences::ActiveSequences(const Clock& clock, ActiveSequencesOptions opti
       expiry_(SecondsToNanos(options.expiry_seconds)),
       expiry_check_interval_(SecondsToNanos(options.expiry_check_seconds)),
       last_expiry_check_(clock.Now()),
+      prefill_rates_(options.prefill_tokens_per_second),
       root_(std::make_unique<Run>()) {}
 
 ActiveSequences::~ActiveSequences() = default;
@@ -107,6 +108,7 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
   Record record{.slot = slot,
                 .block_ids = {request.block_ids.begin(), request.block_ids.end()},
                 .prefill_tokens = request.prefill_tokens,
+                .work_ahead = slots_[slot].active_prefill_tokens + request.prefill_tokens,
                 .started_at = clock_.Now(),
                 .expected_output_tokens = request.expected_output_tokens,
                 .prompt_tokens = request.prompt_tokens};
@@ -121,8 +123,13 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
 bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
   auto it = requests_.find(AsKey(request_id));
   if (it == requests_.end() || it->second.prefill_tokens == 0) return false;
-  slots_[it->second.slot].active_prefill_tokens -= it->second.prefill_tokens;
-  it->second.prefill_tokens = 0;
+  Record& record = it->second;
+  Slot& s = slots_[record.slot];
+  s.active_prefill_tokens -= record.prefill_tokens;
+  record.prefill_tokens = 0;
+  const Nanos waited = clock_.Now() - record.started_at;
+  prefill_rates_.Add(s.prefill_rate, static_cast<double>(record.work_ahead),
+                     static_cast<double>(waited) / kNanosPerSecond);
   return true;
 }
 
@@ -222,11 +229,12 @@ std::optional<WorkerKey> ActiveSequences::WorkerOf(std::string_view request_id) 
   return slots_[it->second.slot].worker;
 }
 
-WorkerLoad ActiveSequences::LoadOf(const Slot& s) {
+WorkerLoad ActiveSequences::LoadOf(const Slot& s) const {
   return WorkerLoad{.worker = s.worker,
                     .active_blocks = s.active_blocks + s.output_blocks,
                     .active_prefill_tokens = s.active_prefill_tokens,
-                    .active_requests = s.active_requests};
+                    .active_requests = s.active_requests,
+                    .prefill_tokens_per_second = prefill_rates_.RateOf(s.prefill_rate)};
 }
 
 WorkerLoad ActiveSequences::Load(WorkerKey worker) const {

@@ -43,6 +43,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "core/clock.h"
+#include "core/prefill_rate.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -56,6 +57,8 @@ void ComputeTrackingIdsInto(std::span<const uint64_t> local_hashes, std::vector<
 struct ActiveSequencesOptions {
   double expiry_seconds = 300.0;       // a request older than this is dropped
   double expiry_check_seconds = 30.0;  // AddRequest looks for expired requests this often
+  // The ranks' prefill rate before the first completion is seen (prefill_rate.h); 0 = unknown.
+  double prefill_tokens_per_second = 0;
 };
 
 // One request to book on one rank.
@@ -106,6 +109,9 @@ struct WorkerLoad {
   uint64_t active_blocks = 0;          // distinct blocks held by its active requests
   uint64_t active_prefill_tokens = 0;  // prompt tokens booked and not yet prefilled
   uint64_t active_requests = 0;
+  // Prompt tokens per second it prefills, learnt from its completions (prefill_rate.h); 0 while
+  // nothing is known.
+  double prefill_tokens_per_second = 0;
 };
 
 // The load a rank would carry if a new request were booked on it.
@@ -148,8 +154,9 @@ class ActiveSequences {
   // NotFound (unknown rank). On error nothing changes.
   absl::Status AddRequest(const SequenceRequest& request);
 
-  // The request's prompt is prefilled: its prefill tokens stop counting. Idempotent; unknown ids
-  // are no error. Returns whether anything changed.
+  // The request's prompt is prefilled: its prefill tokens stop counting, and the time since it
+  // was booked is a sample of its rank's prefill rate. Idempotent; unknown ids are no error.
+  // Returns whether anything changed.
   bool MarkPrefillCompleted(std::string_view request_id);
 
   // The request has generated `output_tokens` so far (cumulative): it holds one more block each
@@ -228,12 +235,16 @@ class ActiveSequences {
     uint64_t active_prefill_tokens = 0;
     uint64_t active_requests = 0;
     uint64_t output_blocks = 0;  // its requests' output blocks (not in the trie)
+    RateSamples prefill_rate{PrefillRates::kRankKeep};
   };
 
   struct Record {
     uint32_t slot;
     std::vector<uint64_t> block_ids;
     uint64_t prefill_tokens;  // 0 once prefilled
+    // The rank's prefill tokens when it was booked, its own included: the work its first token
+    // waits for (a prefill-rate sample at MarkPrefillCompleted).
+    uint64_t work_ahead;
     Nanos started_at;
     uint32_t expected_output_tokens;
     uint64_t prompt_tokens;
@@ -241,7 +252,7 @@ class ActiveSequences {
   };
 
   // A rank's load as the router sees it: trie blocks plus output blocks.
-  static WorkerLoad LoadOf(const Slot& s);
+  WorkerLoad LoadOf(const Slot& s) const;
 
   // Follows `chain` down the trie as far as it matches.
   void Walk(std::span<const uint64_t> chain, Path& path) const;
@@ -265,6 +276,7 @@ class ActiveSequences {
   Nanos expiry_check_interval_;
   Nanos last_expiry_check_;
 
+  PrefillRates prefill_rates_;
   std::vector<Slot> slots_;  // indexed by slot number; freed slots are reused
   std::vector<uint32_t> free_slots_;
   absl::flat_hash_map<WorkerKey, uint32_t> slot_of_;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 
 namespace kvrouter {
 
@@ -56,6 +57,37 @@ class ManualClock final : public Clock {
 
  private:
   std::atomic<Nanos> now_;
+};
+
+// The process's steady clock until the first Set, then time set by hand (a simulation's). The
+// first Set picks an offset so that time continues from the steady clock's reading; later Sets
+// move it by their differences, never backwards. Thread-safe.
+class HandDrivenClock final : public Clock {
+ public:
+  Nanos Now() const override {
+    if (!driven_.load(std::memory_order_acquire)) return SteadyClock::Instance().Now();
+    return now_.load(std::memory_order_acquire);
+  }
+  // False (nothing changes) if `t` is earlier than the last time set.
+  bool Set(Nanos t) {
+    std::lock_guard lock(mutex_);
+    if (!driven_.load(std::memory_order_relaxed)) {
+      offset_ = SteadyClock::Instance().Now() - t;
+    } else if (t < last_set_) {
+      return false;
+    }
+    last_set_ = t;
+    now_.store(t + offset_, std::memory_order_release);
+    driven_.store(true, std::memory_order_release);
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;  // orders Sets
+  Nanos offset_ = 0;
+  Nanos last_set_ = 0;
+  std::atomic<Nanos> now_{0};
+  std::atomic<bool> driven_{false};
 };
 
 }  // namespace kvrouter

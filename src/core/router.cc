@@ -89,6 +89,11 @@ absl::Status ValidateRouterOptions(const RouterOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "approx_prune_target_ratio must be in (0, 1], got ", options.approx_prune_target_ratio));
   }
+  if (!std::isfinite(options.prefill_tokens_per_second) || options.prefill_tokens_per_second < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_tokens_per_second must be finite and >= 0, got ",
+                     options.prefill_tokens_per_second));
+  }
   if (!std::isfinite(options.request_expiry_seconds) || options.request_expiry_seconds <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_expiry_seconds must be > 0, got ", options.request_expiry_seconds));
@@ -116,7 +121,9 @@ Router::Router(RouterOptions options)
       random_(options_.random != nullptr
                   ? options_.random
                   : std::make_shared<SeededRandomSource>(options_.random_seed)),
-      active_(clock_, ActiveSequencesOptions{.expiry_seconds = options_.request_expiry_seconds}),
+      active_(clock_, ActiveSequencesOptions{.expiry_seconds = options_.request_expiry_seconds,
+                                             .prefill_tokens_per_second =
+                                                 options_.prefill_tokens_per_second}),
       registry_(options_.block_size),
       plan_deadline_(SecondsToNanos(options_.plan_deadline_seconds)) {
   if (options_.use_kv_events) {
@@ -361,12 +368,14 @@ absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
   for (const PotentialLoad& load : loads) {
     if (!IsCandidateLocked(prepared, load.current.worker)) continue;
     const WorkerMatch* match = FindMatch(prepared.matches, load.current.worker);
-    candidates.push_back(Candidate{.worker = load.current.worker,
-                                   .overlap = match ? OverlapOf(*match) : TierOverlap{},
-                                   .active_prefill_tokens = load.current.active_prefill_tokens,
-                                   .active_blocks = load.current.active_blocks,
-                                   .new_blocks = load.new_blocks,
-                                   .active_requests = load.current.active_requests});
+    candidates.push_back(
+        Candidate{.worker = load.current.worker,
+                  .overlap = match ? OverlapOf(*match) : TierOverlap{},
+                  .active_prefill_tokens = load.current.active_prefill_tokens,
+                  .active_blocks = load.current.active_blocks,
+                  .new_blocks = load.new_blocks,
+                  .active_requests = load.current.active_requests,
+                  .prefill_tokens_per_second = load.current.prefill_tokens_per_second});
   }
   const SelectionInput input{.prompt_tokens = prepared.prompt_tokens,
                              .block_size = block_size,

@@ -82,6 +82,9 @@ struct RouterOptions {
   uint64_t approx_max_blocks = uint64_t{1} << 20;  // > 0
   double approx_prune_target_ratio = 0.8;          // in (0, 1]
   double request_expiry_seconds = 300.0;           // a booked request older than this is dropped
+  // The predicted-TTFT cost's prefill rate (tokens/s) before the first prefill completion is
+  // seen; 0 = unknown (prefill_rate.h). Finite, >= 0.
+  double prefill_tokens_per_second = 0;
   // RecordOutputTokens grows a request's blocks as it generates (reference §3.5, Dynamo's
   // router_track_output_blocks); off, output is not tracked.
   bool track_output_blocks = false;

@@ -100,6 +100,11 @@ absl::Status ValidateSelectorConfig(const SelectorConfig& config) {
       !s.ok()) {
     return s;
   }
+  if (auto s = CheckNonNegative("ttft_miss_weight", config.ttft_miss_weight); !s.ok()) return s;
+  if (config.cost_function == CostFunction::kPredictedTtft && !config.track_prefill_tokens) {
+    return absl::InvalidArgumentError(
+        "the predicted_ttft cost function needs prefill tracking (it prices the prefill backlog)");
+  }
   return CheckNonNegative("temperature", config.temperature);
 }
 
@@ -119,6 +124,8 @@ absl::StatusOr<SelectorConfig> ApplyOverrides(const SelectorConfig& base,
       overrides.overlap_score_credit_decay.value_or(base.overlap_score_credit_decay);
   config.decode_active_request_weight =
       overrides.decode_active_request_weight.value_or(base.decode_active_request_weight);
+  config.cost_function = overrides.cost_function.value_or(base.cost_function);
+  config.ttft_miss_weight = overrides.ttft_miss_weight.value_or(base.ttft_miss_weight);
   if (auto status = ValidateSelectorConfig(config); !status.ok()) return status;
   return config;
 }
@@ -168,7 +175,12 @@ CandidateCost ScoreCandidate(const Candidate& candidate, uint64_t prompt_tokens,
   c.decode_blocks = candidate.active_blocks + candidate.new_blocks;
   c.active_requests = candidate.active_requests;
   c.request_cost = config.decode_active_request_weight * static_cast<double>(c.active_requests);
-  c.cost = c.prefill_cost + static_cast<double>(c.decode_blocks) + c.request_cost;
+  c.prefill_tokens_per_second = candidate.prefill_tokens_per_second;
+  const double rate = c.prefill_tokens_per_second > 0 ? c.prefill_tokens_per_second : 1.0;
+  c.predicted_ttft_seconds = static_cast<double>(c.potential_prefill_tokens) / rate;
+  c.cost = config.cost_function == CostFunction::kPredictedTtft
+               ? c.predicted_ttft_seconds + config.ttft_miss_weight * uncached / rate
+               : c.prefill_cost + static_cast<double>(c.decode_blocks) + c.request_cost;
   return c;
 }
 

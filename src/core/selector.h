@@ -19,6 +19,18 @@
 // The decay discounts a device hit on a rank whose prefill queue is longer than the shortest
 // one's (the hit saves less when the prompt waits behind others); the request weight charges
 // each request in flight beyond the blocks it holds (Dynamo's newer cost; both 0 by default).
+// The predicted-TTFT cost (CostFunction::kPredictedTtft) prices a rank in seconds instead:
+//   predicted_ttft_w = (active_prefill_tokens_w + uncached_w) / rate_w
+//   cost_w           = predicted_ttft_w + ttft_miss_weight * uncached_w / rate_w
+// predicted_ttft_w is the time until this prompt's first token if the rank prefills its backlog
+// first-come first-served, then the prompt's uncached tokens (cached_tokens_w as above, every
+// tier weighted), at the rank's calibrated rate (prefill_rate.h; while no rate is known every
+// rank counts as 1 token/s). The second term is what the miss costs the requests that will
+// queue behind it: every uncached token is prefill time that later arrivals wait for, so a
+// miss weighs (1 + ttft_miss_weight) times its own delay. 0 is greedy for this request alone;
+// the default 2 was tuned on the Mooncake synthetic trace and validated on others
+// (docs/replay.md). The credit form's knobs do not apply; it needs prefill tracking.
+//
 // Temperature 0 picks the cheapest rank, ties broken uniformly at random (reservoir sampling).
 // Temperature T > 0 draws from p_w ∝ exp(-(cost_w - min) / ((max - min) * T)): costs are
 // normalised by their range so T means the same whatever the load; equal costs are uniform.
@@ -33,6 +45,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,6 +54,21 @@
 #include "core/types.h"
 
 namespace kvrouter {
+
+// How a candidate rank is priced (the two forms above).
+enum class CostFunction : uint8_t {
+  kCredit = 0,         // Dynamo's credit form (blocks)
+  kPredictedTtft = 1,  // predicted time to first token (seconds)
+};
+constexpr std::string_view CostFunctionName(CostFunction f) {
+  switch (f) {
+    case CostFunction::kCredit:
+      return "credit";
+    case CostFunction::kPredictedTtft:
+      return "predicted_ttft";
+  }
+  return "unknown";
+}
 
 // The knobs of one selection: the router's defaults, or those with a request's overrides.
 struct SelectorConfig {
@@ -53,6 +81,8 @@ struct SelectorConfig {
   bool track_prefill_tokens = true;           // false: a prompt adds no prefill tokens
   double overlap_score_credit_decay = 0.0;    // finite, >= 0; 0 = no decay
   double decode_active_request_weight = 0.0;  // finite, >= 0; cost per active request
+  CostFunction cost_function = CostFunction::kCredit;
+  double ttft_miss_weight = 2.0;  // finite, >= 0; kPredictedTtft only
 };
 
 // InvalidArgument naming the first setting out of range (NaN and infinities included).
@@ -69,6 +99,8 @@ struct SelectorOverrides {
   std::optional<bool> track_prefill_tokens;
   std::optional<double> overlap_score_credit_decay;
   std::optional<double> decode_active_request_weight;
+  std::optional<CostFunction> cost_function;
+  std::optional<double> ttft_miss_weight;
 };
 
 // `base` with `overrides` applied, validated.
@@ -107,6 +139,7 @@ struct Candidate {
   uint64_t active_blocks = 0;
   uint64_t new_blocks = 0;  // the prompt's blocks the rank would newly hold
   uint64_t active_requests = 0;
+  double prefill_tokens_per_second = 0;  // the rank's calibrated rate; 0 = unknown
 };
 
 // The priced candidate: every term of its cost, so a decision can be explained.
@@ -125,7 +158,11 @@ struct CandidateCost {
   double prefill_cost = 0;  // prefill_load_scale * max(0, raw_prefill_blocks - credit)
   uint64_t decode_blocks = 0;
   uint64_t active_requests = 0;
-  double request_cost = 0;  // decode_active_request_weight * active_requests
+  double request_cost = 0;               // decode_active_request_weight * active_requests
+  double prefill_tokens_per_second = 0;  // the rate the predicted TTFT used (0 = unknown)
+  // (active_prefill_tokens + uncached) / rate: the cost under kPredictedTtft, computed either
+  // way so that a decision can be explained in both forms (tokens when the rate is unknown).
+  double predicted_ttft_seconds = 0;
   double cost = 0;
   double probability = 0;  // this candidate's chance of being picked
 };

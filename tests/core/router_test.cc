@@ -211,6 +211,53 @@ TEST_F(RouterTest, AdmissionBooksUnderTheRequestIdAndFreeReleases) {
   EXPECT_EQ(router_->active_requests(), 0u);
 }
 
+// KVR_COST_PREDICTED_TTFT end to end: each rank's prefill rate is learnt from the time between
+// booking and MarkPrefillCompleted on the router's clock, and the slow rank is avoided.
+TEST_F(RouterTest, PredictedTtftLearnsEachRanksPrefillRateFromCompletions) {
+  RouterOptions options;
+  options.selection.cost_function = CostFunction::kPredictedTtft;
+  options.selection.ttft_miss_weight = 0;
+  Make(options, 2);
+  const auto prompt = Tokens(100);  // 400 tokens, nothing cached
+  // Worker 1 prefills 400 tokens in 0.1 s (4,000/s), worker 2 in 1 s (400/s), 16 times each:
+  // enough for each rank's own rate to outweigh the fleet's (prefill_rate.h).
+  for (int i = 0; i < 16; ++i) {
+    for (uint64_t worker : {1u, 2u}) {
+      const std::string id = "warm-" + std::to_string(worker) + "-" + std::to_string(i);
+      ASSERT_TRUE(router_->AddRequest(id, prompt, {.worker_id = worker}).ok());
+      clock_.AdvanceSeconds(worker == 1 ? 0.1 : 1.0);
+      EXPECT_TRUE(router_->MarkPrefillCompleted(id));
+      EXPECT_TRUE(router_->Free(id));
+    }
+  }
+  EXPECT_GT(LoadOf(1).prefill_tokens_per_second, 2 * LoadOf(2).prefill_tokens_per_second);
+  // Worker 1 now has 800 tokens queued and worker 2 none, yet worker 1 is sooner.
+  ASSERT_TRUE(router_->AddRequest("queued-1", Tokens(100, 1'000), {.worker_id = 1}).ok());
+  ASSERT_TRUE(router_->AddRequest("queued-2", Tokens(100, 2'000), {.worker_id = 1}).ok());
+  auto decision = router_->FindBestMatch(Tokens(100, 3'000), RouteOptions{});
+  ASSERT_TRUE(decision.ok()) << decision.status();
+  EXPECT_EQ(decision->worker.worker_id, 1u);
+  const CandidateCost& chosen = decision->candidates[decision->chosen];
+  EXPECT_DOUBLE_EQ(chosen.cost, 1'200 / LoadOf(1).prefill_tokens_per_second);
+  // The credit form, asked per request, sees only the backlog: worker 2.
+  RouteOptions credit;
+  credit.overrides.cost_function = CostFunction::kCredit;
+  decision = router_->FindBestMatch(Tokens(100, 3'000), credit);
+  ASSERT_TRUE(decision.ok());
+  EXPECT_EQ(decision->worker.worker_id, 2u);
+}
+
+TEST_F(RouterTest, PredictedTtftRefusesARouterWithoutPrefillTracking) {
+  RouterOptions options;
+  options.selection.cost_function = CostFunction::kPredictedTtft;
+  options.selection.track_prefill_tokens = false;
+  options.block_size = kBlockSize;
+  EXPECT_EQ(Router::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  RouterOptions negative_rate;
+  negative_rate.prefill_tokens_per_second = -1;
+  EXPECT_EQ(Router::Create(negative_rate).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(RouterTest, AdmissionNeedsAUniqueRequestId) {
   Make();
   const auto prompt = Tokens(2);

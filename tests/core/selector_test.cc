@@ -350,3 +350,85 @@ TEST(SelectorTest, OverridesReplaceOnlyWhatTheySet) {
 
 }  // namespace
 }  // namespace kvrouter
+
+namespace kvrouter {
+namespace {
+
+// The predicted-TTFT cost, in seconds. Prompt 1,600 tokens; block size 16.
+// A: 1,280 cached (80 device blocks), 4,000 tokens queued, 10k tokens/s:
+//    predicted (4,000 + 320) / 10,000 = 0.432 s; cost 0.432 + 2 · 320 / 10,000 = 0.496
+// B: nothing cached, idle, 10k tokens/s: predicted 0.16 s; cost 0.16 + 0.32 = 0.48 → B wins
+// With miss weight 0 the cost is the prediction alone (B, 0.16 s); a twice as fast A (20k/s)
+// wins at weight 2: 0.216 + 0.032 = 0.248.
+TEST(SelectorTest, PredictedTtftPricesBacklogAndMissesAtTheRanksRate) {
+  std::vector<Candidate> candidates = {
+      {.worker = kA,
+       .overlap = {.device_blocks = 80},
+       .active_prefill_tokens = 4'000,
+       .active_blocks = 500,
+       .prefill_tokens_per_second = 10'000},
+      {.worker = kB, .new_blocks = 100, .prefill_tokens_per_second = 10'000},
+  };
+  const SelectionInput input{.prompt_tokens = 1'600, .block_size = 16, .candidates = candidates};
+  SeededRandomSource random(1);
+  const SelectorConfig ttft{.cost_function = CostFunction::kPredictedTtft};
+  auto selection = SelectWorker(input, ttft, random);
+  ASSERT_TRUE(selection.ok()) << selection.status();
+  EXPECT_DOUBLE_EQ(selection->costs[0].predicted_ttft_seconds, 0.432);
+  EXPECT_DOUBLE_EQ(selection->costs[0].cost, 0.496);
+  EXPECT_DOUBLE_EQ(selection->costs[1].predicted_ttft_seconds, 0.16);
+  EXPECT_DOUBLE_EQ(selection->costs[1].cost, 0.48);
+  EXPECT_EQ(selection->winner().worker, kB);
+  EXPECT_EQ(selection->costs[0].prefill_tokens_per_second, 10'000);
+
+  candidates[0].prefill_tokens_per_second = 20'000;
+  selection = SelectWorker(input, ttft, random);
+  ASSERT_TRUE(selection.ok());
+  EXPECT_DOUBLE_EQ(selection->costs[0].cost, 0.248);
+  EXPECT_EQ(selection->winner().worker, kA);
+
+  SelectorConfig greedy = ttft;
+  greedy.ttft_miss_weight = 0;
+  candidates[0].prefill_tokens_per_second = 10'000;
+  selection = SelectWorker(input, greedy, random);
+  ASSERT_TRUE(selection.ok());
+  EXPECT_DOUBLE_EQ(selection->costs[1].cost, 0.16);
+  EXPECT_EQ(selection->winner().worker, kB);
+  // The credit form still scores the same candidates in blocks: A's hit is worth more there.
+  selection = SelectWorker(input, SelectorConfig{}, random);
+  ASSERT_TRUE(selection.ok());
+  EXPECT_DOUBLE_EQ(selection->costs[0].cost, (4'000 + 1'600) / 16.0 - 80 + 500);
+}
+
+// Before any rate is known every rank counts as 1 token/s: the cost is the tokens ahead.
+TEST(SelectorTest, PredictedTtftWithoutRatesCountsTokens) {
+  const std::vector<Candidate> candidates = {
+      {.worker = kA, .active_prefill_tokens = 100},
+      {.worker = kB, .active_prefill_tokens = 50},
+  };
+  SeededRandomSource random(1);
+  auto selection =
+      SelectWorker(SelectionInput{.prompt_tokens = 32, .block_size = 16, .candidates = candidates},
+                   SelectorConfig{.cost_function = CostFunction::kPredictedTtft}, random);
+  ASSERT_TRUE(selection.ok());
+  EXPECT_DOUBLE_EQ(selection->costs[0].cost, 100 + 3 * 32);
+  EXPECT_EQ(selection->winner().worker, kB);
+}
+
+TEST(SelectorTest, PredictedTtftNeedsPrefillTrackingAndAValidMissWeight) {
+  SelectorConfig untracked{.track_prefill_tokens = false,
+                           .cost_function = CostFunction::kPredictedTtft};
+  EXPECT_EQ(ValidateSelectorConfig(untracked).code(), absl::StatusCode::kInvalidArgument);
+  SelectorConfig negative{.cost_function = CostFunction::kPredictedTtft};
+  negative.ttft_miss_weight = -1;
+  EXPECT_EQ(ValidateSelectorConfig(negative).code(), absl::StatusCode::kInvalidArgument);
+  auto overridden = ApplyOverrides(
+      SelectorConfig{},
+      SelectorOverrides{.cost_function = CostFunction::kPredictedTtft, .ttft_miss_weight = 0.5});
+  ASSERT_TRUE(overridden.ok());
+  EXPECT_EQ(overridden->cost_function, CostFunction::kPredictedTtft);
+  EXPECT_EQ(overridden->ttft_miss_weight, 0.5);
+}
+
+}  // namespace
+}  // namespace kvrouter
