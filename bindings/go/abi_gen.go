@@ -108,6 +108,28 @@ func (v QueuePolicy) String() string {
 	return "KVR_QUEUE(" + strconv.FormatInt(int64(v), 10) + ")"
 }
 
+// CostFunction is kvr_cost_function. How the router prices a candidate rank
+// (kvr_router_options.cost_function).
+type CostFunction uint32
+
+const (
+	// Dynamo's credit form: prefill blocks less the cache credit, plus decode blocks
+	CostCredit CostFunction = C.KVR_COST_CREDIT
+	// seconds to the first token: prefill backlog and uncached tokens / rate
+	CostPredictedTtft CostFunction = C.KVR_COST_PREDICTED_TTFT
+)
+
+// String returns the C name ("KVR_COST_CREDIT").
+func (v CostFunction) String() string {
+	switch v {
+	case CostCredit:
+		return "KVR_COST_CREDIT"
+	case CostPredictedTtft:
+		return "KVR_COST_PREDICTED_TTFT"
+	}
+	return "KVR_COST(" + strconv.FormatInt(int64(v), 10) + ")"
+}
+
 // EventKind is kvr_event_kind. The kinds of KV event, and what became of one: the two indices of
 // kvr_metrics.events.
 type EventKind uint32
@@ -395,6 +417,9 @@ type cRouterOptions struct {
 	OverlapScoreCreditDecay   float64
 	DecodeActiveRequestWeight float64
 	IndexShards               uint32
+	CostFunction              CostFunction
+	PrefillTokensPerSecond    float64
+	TtftMissWeight            float64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -416,6 +441,9 @@ func (g *cRouterOptions) store(c *C.kvr_router_options) {
 	c.overlap_score_credit_decay = C.double(g.OverlapScoreCreditDecay)
 	c.decode_active_request_weight = C.double(g.DecodeActiveRequestWeight)
 	c.index_shards = C.uint32_t(g.IndexShards)
+	c.cost_function = C.kvr_cost_function(g.CostFunction)
+	c.prefill_tokens_per_second = C.double(g.PrefillTokensPerSecond)
+	c.ttft_miss_weight = C.double(g.TtftMissWeight)
 }
 
 // load reads the mirrored fields from c.
@@ -437,6 +465,9 @@ func (g *cRouterOptions) load(c *C.kvr_router_options) {
 	g.OverlapScoreCreditDecay = float64(c.overlap_score_credit_decay)
 	g.DecodeActiveRequestWeight = float64(c.decode_active_request_weight)
 	g.IndexShards = uint32(c.index_shards)
+	g.CostFunction = CostFunction(c.cost_function)
+	g.PrefillTokensPerSecond = float64(c.prefill_tokens_per_second)
+	g.TtftMissWeight = float64(c.ttft_miss_weight)
 }
 
 // initRouterOptions has the library set c's defaults for the layout of kvr_router_options this
@@ -585,6 +616,8 @@ type cRequestOptions struct {
 	QueueTimeoutMs            int64
 	OverlapScoreCreditDecay   float64
 	DecodeActiveRequestWeight float64
+	CostFunction              int32
+	TtftMissWeight            float64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -604,6 +637,8 @@ func (g *cRequestOptions) store(c *C.kvr_request_options) {
 	c.queue_timeout_ms = C.int64_t(g.QueueTimeoutMs)
 	c.overlap_score_credit_decay = C.double(g.OverlapScoreCreditDecay)
 	c.decode_active_request_weight = C.double(g.DecodeActiveRequestWeight)
+	c.cost_function = C.int32_t(g.CostFunction)
+	c.ttft_miss_weight = C.double(g.TtftMissWeight)
 }
 
 // load reads the mirrored fields from c.
@@ -623,6 +658,8 @@ func (g *cRequestOptions) load(c *C.kvr_request_options) {
 	g.QueueTimeoutMs = int64(c.queue_timeout_ms)
 	g.OverlapScoreCreditDecay = float64(c.overlap_score_credit_decay)
 	g.DecodeActiveRequestWeight = float64(c.decode_active_request_weight)
+	g.CostFunction = int32(c.cost_function)
+	g.TtftMissWeight = float64(c.ttft_miss_weight)
 }
 
 // initRequestOptions has the library set c's defaults for the layout of kvr_request_options this
@@ -1253,11 +1290,11 @@ func initIngestStats(c *C.kvr_ingest_stats) {
 // generated from (a smaller struct would not compile here: the constant would be negative).
 const (
 	_ = uint64(unsafe.Sizeof(C.kvr_hash_options{})) - 48
-	_ = uint64(unsafe.Sizeof(C.kvr_router_options{})) - 128
+	_ = uint64(unsafe.Sizeof(C.kvr_router_options{})) - 152
 	_ = uint64(unsafe.Sizeof(C.kvr_worker_config{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_stored_event{})) - 112
 	_ = uint64(unsafe.Sizeof(C.kvr_removed_event{})) - 48
-	_ = uint64(unsafe.Sizeof(C.kvr_request_options{})) - 160
+	_ = uint64(unsafe.Sizeof(C.kvr_request_options{})) - 176
 	_ = uint64(unsafe.Sizeof(C.kvr_route_result{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_candidate{})) - 152
 	_ = uint64(unsafe.Sizeof(C.kvr_overlap{})) - 72

@@ -62,6 +62,11 @@ struct FieldEnds<kvr_router_options> {
           sizeof(kvr_router_options::decode_active_request_weight),
       offsetof(kvr_router_options, index_shards) + sizeof(kvr_router_options::index_shards),
       offsetof(kvr_router_options, reserved) + sizeof(kvr_router_options::reserved),
+      offsetof(kvr_router_options, cost_function) + sizeof(kvr_router_options::cost_function),
+      offsetof(kvr_router_options, reserved2) + sizeof(kvr_router_options::reserved2),
+      offsetof(kvr_router_options, prefill_tokens_per_second) +
+          sizeof(kvr_router_options::prefill_tokens_per_second),
+      offsetof(kvr_router_options, ttft_miss_weight) + sizeof(kvr_router_options::ttft_miss_weight),
   };
 };
 
@@ -152,6 +157,10 @@ struct FieldEnds<kvr_request_options> {
           sizeof(kvr_request_options::overlap_score_credit_decay),
       offsetof(kvr_request_options, decode_active_request_weight) +
           sizeof(kvr_request_options::decode_active_request_weight),
+      offsetof(kvr_request_options, cost_function) + sizeof(kvr_request_options::cost_function),
+      offsetof(kvr_request_options, reserved2) + sizeof(kvr_request_options::reserved2),
+      offsetof(kvr_request_options, ttft_miss_weight) +
+          sizeof(kvr_request_options::ttft_miss_weight),
   };
 };
 

@@ -31,6 +31,8 @@ struct kvr_buffer {
 };
 
 struct kvr_router {
+  // The router's clock (kvr_router_set_time); declared first: the router reads it to the end.
+  kvrouter::HandDrivenClock clock;
   std::unique_ptr<kvrouter::Router> router;
   bool eagle = false;  // the model's blocks use eagle windows: every prompt is hashed so
   std::atomic<uint64_t> decisions{0};

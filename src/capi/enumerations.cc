@@ -41,6 +41,9 @@ KVR_EVENT_OUTCOME_MAP(KVR_CHECK_EVENT_OUTCOME_)
 #define KVR_CHECK_QUEUE_POLICY_(name, value, description) \
   KVR_CHECK_NAME_(QueuePolicyName, QueuePolicy, #name, value)
 KVR_QUEUE_POLICY_MAP(KVR_CHECK_QUEUE_POLICY_)
+#define KVR_CHECK_COST_FUNCTION_(name, value, description) \
+  KVR_CHECK_NAME_(CostFunctionName, CostFunction, #name, value)
+KVR_COST_FUNCTION_MAP(KVR_CHECK_COST_FUNCTION_)
 #define KVR_CHECK_INGEST_REJECT_(name, value, description) \
   KVR_CHECK_NAME_(IngestRejectName, IngestReject, #name, value)
 KVR_INGEST_REJECT_MAP(KVR_CHECK_INGEST_REJECT_)
@@ -63,7 +66,8 @@ static_assert(0 KVR_EVENT_KIND_MAP(KVR_COUNT_) == kNumEventKinds);
 static_assert(0 KVR_EVENT_OUTCOME_MAP(KVR_COUNT_) == kNumEventErrors);
 static_assert(kNumEventKinds <= KVR_EVENT_KINDS && kNumEventErrors <= KVR_EVENT_OUTCOMES);
 static_assert(0 KVR_INGEST_REJECT_MAP(KVR_COUNT_) == kNumIngestRejects);
-static_assert(0 KVR_QUEUE_POLICY_MAP(KVR_COUNT_) == 3);  // fcfs, lcfs, wspt: every core policy
+static_assert(0 KVR_QUEUE_POLICY_MAP(KVR_COUNT_) == 3);   // fcfs, lcfs, wspt: every core policy
+static_assert(0 KVR_COST_FUNCTION_MAP(KVR_COUNT_) == 2);  // credit, predicted_ttft
 static_assert(kNumIngestRejects <= KVR_INGEST_REJECT_REASONS);
 
 // Status codes below 100 are absl::StatusCode's numbers, so mapping one is a cast.

@@ -50,6 +50,8 @@ void BindRouterOptions(COptions& c, CoreOptions& core, Bind&& bind) {
   bind(c.overlap_score_credit_decay, core.selection.overlap_score_credit_decay);
   bind(c.decode_active_request_weight, core.selection.decode_active_request_weight);
   bind(c.index_shards, core.index_shards);
+  bind(c.prefill_tokens_per_second, core.prefill_tokens_per_second);
+  bind(c.ttft_miss_weight, core.selection.ttft_miss_weight);
 }
 
 // The router flags that stand for a core boolean: set when the boolean is `when`.
@@ -73,6 +75,10 @@ bool& FlagOption(kvrouter::RouterOptions& core, const RouterFlag& f) {
 
 kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
                            kvrouter::RouterOptions& out) {
+  if (kvr_status s = CheckValue(err, KnownCostFunction, in.cost_function,
+                                "kvr_router_options.cost_function", "KVR_COST_*")) {
+    return s;
+  }
   if (kvr_status s = CheckValue(err, KnownQueuePolicy, in.queue_policy,
                                 "kvr_router_options.queue_policy", "KVR_QUEUE_*")) {
     return s;
@@ -88,6 +94,7 @@ kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
     out.queue_threshold = in.queue_threshold;  // NaN is refused by validation
   }
   out.queue_policy = static_cast<kvrouter::QueuePolicy>(in.queue_policy);
+  out.selection.cost_function = static_cast<kvrouter::CostFunction>(in.cost_function);
   if (in.flags & KVR_ROUTER_ENTROPY_SEED) {
     std::random_device entropy;
     out.random_seed = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
@@ -132,6 +139,7 @@ kvr_router_options Defaults() noexcept {
   }
   c.queue_policy = static_cast<kvr_queue_policy>(core.queue_policy);
   c.queue_threshold = core.queue_threshold.value_or(-1.0);  // negative: never queue
+  c.cost_function = static_cast<kvr_cost_function>(core.selection.cost_function);
   return c;
 }
 
@@ -160,6 +168,8 @@ kvr_request_options Defaults() noexcept {
   c.queue_timeout_ms = -1;
   c.overlap_score_credit_decay = unset;
   c.decode_active_request_weight = unset;
+  c.cost_function = -1;
+  c.ttft_miss_weight = unset;
   return c;
 }
 
@@ -190,6 +200,14 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
   r.overrides.track_prefill_tokens = TriState(c.track_prefill_tokens);
   r.overrides.overlap_score_credit_decay = UnlessNaN(c.overlap_score_credit_decay);
   r.overrides.decode_active_request_weight = UnlessNaN(c.decode_active_request_weight);
+  if (c.cost_function >= 0) {
+    if (kvr_status s = CheckValue(err, KnownCostFunction, static_cast<uint32_t>(c.cost_function),
+                                  "kvr_request_options.cost_function", "KVR_COST_* or -1")) {
+      return s;
+    }
+    r.overrides.cost_function = static_cast<kvrouter::CostFunction>(c.cost_function);
+  }
+  r.overrides.ttft_miss_weight = UnlessNaN(c.ttft_miss_weight);
   r.allowed_worker_ids = std::span(c.allowed_worker_ids, c.num_allowed_worker_ids);
   r.with_admission = (c.flags & KVR_REQUEST_ADMIT) != 0;
   r.request_id = OrEmpty(c.request_id);
@@ -403,9 +421,10 @@ KVR_API kvr_status kvr_router_new(const kvr_router_options* opts, kvr_router** o
     if (kvr_status s = ReadVersioned(err, opts, options)) return s;
     kvrouter::RouterOptions core;
     if (kvr_status s = ToRouterOptions(err, options, core)) return s;
+    auto handle = std::make_unique<kvr_router>();
+    core.clock = &handle->clock;
     auto router = kvrouter::Router::Create(std::move(core));
     if (!router.ok()) return FromStatus(err, router.status());
-    auto handle = std::make_unique<kvr_router>();
     handle->router = std::move(*router);
     handle->eagle = (options.flags & KVR_ROUTER_EAGLE) != 0;
     *out = handle.release();
@@ -414,6 +433,18 @@ KVR_API kvr_status kvr_router_new(const kvr_router_options* opts, kvr_router** o
 }
 
 KVR_API void kvr_router_free(kvr_router* router) { delete router; }
+
+KVR_API kvr_status kvr_router_set_time(kvr_router* router, int64_t now_ns, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (!router->clock.Set(now_ns)) {
+      return Fail(err, KVR_INVALID_ARGUMENT,
+                  "kvr_router_set_time: now_ns " + std::to_string(now_ns) +
+                      " is earlier than the last time set (the router's clock never goes back)");
+    }
+    return KVR_OK;
+  });
+}
 
 // ---- Workers -----------------------------------------------------------------------------
 

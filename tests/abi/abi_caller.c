@@ -941,11 +941,11 @@ static void ingest_options_engine_worker_and_stats(void) {
 #ifdef KVR_ABI_LIVE_HEADER
 #define KVR_ABI_LAST_FIELDS(X)                         \
   X(kvr_hash_options, mm_num_blocks)                   \
-  X(kvr_router_options, reserved)                      \
+  X(kvr_router_options, ttft_miss_weight)              \
   X(kvr_worker_config, max_num_batched_tokens)         \
   X(kvr_stored_event, mm_counts)                       \
   X(kvr_removed_event, num_blocks)                     \
-  X(kvr_request_options, decode_active_request_weight) \
+  X(kvr_request_options, ttft_miss_weight)             \
   X(kvr_route_result, queued)                          \
   X(kvr_metrics, replica_requests_active)              \
   X(kvr_routing_hints, session_ttl_seconds)            \

@@ -33,8 +33,10 @@ _Static_assert(offsetof(kvr_overlap, effective_overlap_blocks) == 32, "frozen");
 _Static_assert(offsetof(kvr_overlap, tree_size) == 48, "kvr_overlap layout is frozen");
 _Static_assert(sizeof(kvr_potential_load) == 72, "kvr_potential_load layout is frozen");
 _Static_assert(offsetof(kvr_potential_load, active_requests) == 48, "frozen");
-_Static_assert(sizeof(kvr_router_options) == 128,
-               "kvr_router_options size (0.2: + cost knobs, + index_shards)");
+_Static_assert(sizeof(kvr_router_options) == 152,
+               "kvr_router_options size (0.2: + cost knobs, + index_shards, + cost function)");
+_Static_assert(offsetof(kvr_router_options, cost_function) == 128,
+               "kvr_router_options 0.2 fields are appended");
 _Static_assert(offsetof(kvr_router_options, index_shards) == 120,
                "kvr_router_options 0.2 fields are appended");
 _Static_assert(offsetof(kvr_router_options, overlap_score_credit_decay) == 104,

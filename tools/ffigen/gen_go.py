@@ -20,6 +20,7 @@ _GO_ENUMS = {
     "kvr_status": ("Status", None),  # StatusOK, then Err<Name>: the codes are error sentinels
     "kvr_tier": ("Tier", "Tier"),
     "kvr_queue_policy": ("QueuePolicy", "Queue"),
+    "kvr_cost_function": ("CostFunction", "Cost"),
     "kvr_event_kind": ("EventKind", "Event"),
     "kvr_event_outcome": ("EventOutcome", "Event"),
     "kvr_phase": ("Phase", "Phase"),

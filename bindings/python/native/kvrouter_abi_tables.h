@@ -43,26 +43,30 @@
   F(kvr_hash_options, mm_hashes, PTR, 0, 0)       \
   F(kvr_hash_options, mm_counts, PTR, 0, 0)       \
   F(kvr_hash_options, mm_num_blocks, U64, 0, 0)
-#define KVRPY_FIELDS_kvr_router_options(F)                        \
-  F(kvr_router_options, struct_size, U32, 0, 0)                   \
-  F(kvr_router_options, block_size, U32, 0, 0)                    \
-  F(kvr_router_options, flags, U32, 0, 0)                         \
-  F(kvr_router_options, queue_policy, U32, "kvr_queue_policy", 0) \
-  F(kvr_router_options, overlap_score_credit, F64, 0, 0)          \
-  F(kvr_router_options, prefill_load_scale, F64, 0, 0)            \
-  F(kvr_router_options, host_cache_hit_weight, F64, 0, 0)         \
-  F(kvr_router_options, disk_cache_hit_weight, F64, 0, 0)         \
-  F(kvr_router_options, temperature, F64, 0, 0)                   \
-  F(kvr_router_options, queue_threshold, F64, 0, 0)               \
-  F(kvr_router_options, approx_ttl_seconds, F64, 0, 0)            \
-  F(kvr_router_options, approx_max_blocks, U64, 0, 0)             \
-  F(kvr_router_options, approx_prune_target_ratio, F64, 0, 0)     \
-  F(kvr_router_options, request_expiry_seconds, F64, 0, 0)        \
-  F(kvr_router_options, random_seed, U64, 0, 0)                   \
-  F(kvr_router_options, overlap_score_credit_decay, F64, 0, 0)    \
-  F(kvr_router_options, decode_active_request_weight, F64, 0, 0)  \
-  F(kvr_router_options, index_shards, U32, 0, 0)                  \
-  F(kvr_router_options, reserved, U32, 0, 0)
+#define KVRPY_FIELDS_kvr_router_options(F)                          \
+  F(kvr_router_options, struct_size, U32, 0, 0)                     \
+  F(kvr_router_options, block_size, U32, 0, 0)                      \
+  F(kvr_router_options, flags, U32, 0, 0)                           \
+  F(kvr_router_options, queue_policy, U32, "kvr_queue_policy", 0)   \
+  F(kvr_router_options, overlap_score_credit, F64, 0, 0)            \
+  F(kvr_router_options, prefill_load_scale, F64, 0, 0)              \
+  F(kvr_router_options, host_cache_hit_weight, F64, 0, 0)           \
+  F(kvr_router_options, disk_cache_hit_weight, F64, 0, 0)           \
+  F(kvr_router_options, temperature, F64, 0, 0)                     \
+  F(kvr_router_options, queue_threshold, F64, 0, 0)                 \
+  F(kvr_router_options, approx_ttl_seconds, F64, 0, 0)              \
+  F(kvr_router_options, approx_max_blocks, U64, 0, 0)               \
+  F(kvr_router_options, approx_prune_target_ratio, F64, 0, 0)       \
+  F(kvr_router_options, request_expiry_seconds, F64, 0, 0)          \
+  F(kvr_router_options, random_seed, U64, 0, 0)                     \
+  F(kvr_router_options, overlap_score_credit_decay, F64, 0, 0)      \
+  F(kvr_router_options, decode_active_request_weight, F64, 0, 0)    \
+  F(kvr_router_options, index_shards, U32, 0, 0)                    \
+  F(kvr_router_options, reserved, U32, 0, 0)                        \
+  F(kvr_router_options, cost_function, U32, "kvr_cost_function", 0) \
+  F(kvr_router_options, reserved2, U32, 0, 0)                       \
+  F(kvr_router_options, prefill_tokens_per_second, F64, 0, 0)       \
+  F(kvr_router_options, ttft_miss_weight, F64, 0, 0)
 #define KVRPY_FIELDS_kvr_worker_config(F)                 \
   F(kvr_worker_config, struct_size, U32, 0, 0)            \
   F(kvr_worker_config, block_size, U32, 0, 0)             \
@@ -120,7 +124,10 @@
   F(kvr_request_options, reserved, U32, 0, 0)                     \
   F(kvr_request_options, queue_timeout_ms, I64, 0, 0)             \
   F(kvr_request_options, overlap_score_credit_decay, F64, 0, 0)   \
-  F(kvr_request_options, decode_active_request_weight, F64, 0, 0)
+  F(kvr_request_options, decode_active_request_weight, F64, 0, 0) \
+  F(kvr_request_options, cost_function, I32, 0, 0)                \
+  F(kvr_request_options, reserved2, U32, 0, 0)                    \
+  F(kvr_request_options, ttft_miss_weight, F64, 0, 0)
 #define KVRPY_FIELDS_kvr_route_result(F)                   \
   F(kvr_route_result, struct_size, U32, 0, 0)              \
   F(kvr_route_result, dp_rank, U32, 0, 0)                  \
@@ -286,6 +293,7 @@
 #define KVRPY_ENUM_kvr_status(name, value, description) {#name, KVR_##name},
 #define KVRPY_ENUM_kvr_tier(name, value, description) {#name, KVR_TIER_##name},
 #define KVRPY_ENUM_kvr_queue_policy(name, value, description) {#name, KVR_QUEUE_##name},
+#define KVRPY_ENUM_kvr_cost_function(name, value, description) {#name, KVR_COST_##name},
 #define KVRPY_ENUM_kvr_event_kind(name, value, description) {#name, KVR_EVENT_##name},
 #define KVRPY_ENUM_kvr_event_outcome(name, value, description) {#name, KVR_EVENT_##name},
 #define KVRPY_ENUM_kvr_phase(name, value, description) {#name, KVR_PHASE_##name},
@@ -300,6 +308,7 @@
   E(kvr_status, KVR_STATUS_MAP, KVRPY_ENUM_kvr_status)                         \
   E(kvr_tier, KVR_TIER_MAP, KVRPY_ENUM_kvr_tier)                               \
   E(kvr_queue_policy, KVR_QUEUE_POLICY_MAP, KVRPY_ENUM_kvr_queue_policy)       \
+  E(kvr_cost_function, KVR_COST_FUNCTION_MAP, KVRPY_ENUM_kvr_cost_function)    \
   E(kvr_event_kind, KVR_EVENT_KIND_MAP, KVRPY_ENUM_kvr_event_kind)             \
   E(kvr_event_outcome, KVR_EVENT_OUTCOME_MAP, KVRPY_ENUM_kvr_event_outcome)    \
   E(kvr_phase, KVR_PHASE_MAP, KVRPY_ENUM_kvr_phase)                            \

@@ -89,6 +89,22 @@ class QueuePolicy(enum.IntEnum):
         return _DESCRIPTIONS['kvr_queue_policy'][self.value]
 
 
+class CostFunction(enum.IntEnum):
+    """How the router prices a candidate rank (kvr_router_options.cost_function). (C:
+    kvr_cost_function, KVR_COST_*.)
+    """
+
+    #: Dynamo's credit form: prefill blocks less the cache credit, plus decode blocks
+    CREDIT = 0
+    #: seconds to the first token: prefill backlog and uncached tokens / rate
+    PREDICTED_TTFT = 1
+
+    @property
+    def description(self) -> str:
+        """The header's description of this value (its X-macro list's third column)."""
+        return _DESCRIPTIONS['kvr_cost_function'][self.value]
+
+
 class EventKind(enum.IntEnum):
     """The kinds of KV event, and what became of one: the two indices of kvr_metrics.events. (C:
     kvr_event_kind, KVR_EVENT_*.)
@@ -270,6 +286,10 @@ _DESCRIPTIONS: Dict[str, Dict[int, str]] = {
         1: 'last come, first served',
         2: 'weighted shortest processing time: short prompts and priority first',
     },
+    'kvr_cost_function': {
+        0: "Dynamo's credit form: prefill blocks less the cache credit, plus decode blocks",
+        1: 'seconds to the first token: prefill backlog and uncached tokens / rate',
+    },
     'kvr_event_kind': {
         0: 'blocks newly cached by a worker rank',
         1: 'blocks a worker rank evicted',
@@ -323,6 +343,7 @@ ENUMERATIONS: Tuple[Tuple[str, Type[enum.IntEnum]], ...] = (
     ('kvr_status', Status),
     ('kvr_tier', Tier),
     ('kvr_queue_policy', QueuePolicy),
+    ('kvr_cost_function', CostFunction),
     ('kvr_event_kind', EventKind),
     ('kvr_event_outcome', EventOutcome),
     ('kvr_phase', Phase),
@@ -399,7 +420,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_router_options': (
-        128,
+        152,
         (
             ('struct_size', 0, 4),
             ('block_size', 4, 4),
@@ -420,6 +441,10 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('decode_active_request_weight', 112, 8),
             ('index_shards', 120, 4),
             ('reserved', 124, 4),
+            ('cost_function', 128, 4),
+            ('reserved2', 132, 4),
+            ('prefill_tokens_per_second', 136, 8),
+            ('ttft_miss_weight', 144, 8),
         ),
     ),
     'kvr_worker_config': (
@@ -469,7 +494,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_request_options': (
-        160,
+        176,
         (
             ('struct_size', 0, 4),
             ('flags', 4, 4),
@@ -494,6 +519,9 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('queue_timeout_ms', 136, 8),
             ('overlap_score_credit_decay', 144, 8),
             ('decode_active_request_weight', 152, 8),
+            ('cost_function', 160, 4),
+            ('reserved2', 164, 4),
+            ('ttft_miss_weight', 168, 8),
         ),
     ),
     'kvr_route_result': (
@@ -713,6 +741,7 @@ __all__ = [
     'Status',
     'Tier',
     'QueuePolicy',
+    'CostFunction',
     'EventKind',
     'EventOutcome',
     'Phase',

@@ -113,6 +113,13 @@ pub const KVR_QUEUE_LCFS: kvr_queue_policy = 1;
 /// weighted shortest processing time: short prompts and priority first
 pub const KVR_QUEUE_WSPT: kvr_queue_policy = 2;
 
+/// How the router prices a candidate rank (kvr_router_options.cost_function).
+pub type kvr_cost_function = u32;
+/// Dynamo's credit form: prefill blocks less the cache credit, plus decode blocks
+pub const KVR_COST_CREDIT: kvr_cost_function = 0;
+/// seconds to the first token: prefill backlog and uncached tokens / rate
+pub const KVR_COST_PREDICTED_TTFT: kvr_cost_function = 1;
+
 /// The kinds of KV event, and what became of one: the two indices of kvr_metrics.events.
 pub type kvr_event_kind = u32;
 /// blocks newly cached by a worker rank
@@ -318,6 +325,20 @@ pub struct kvr_router_options {
     /// whatever the count.
     pub index_shards: u32,
     pub reserved: u32,
+    /// KVR_COST_*; default KVR_COST_CREDIT (Dynamo's). KVR_COST_PREDICTED_TTFT prices each rank as
+    /// the seconds until this prompt's first token: (its prefill tokens in flight + the prompt's
+    /// uncached tokens) / its prefill rate, the rate learnt from the time between booking and
+    /// kvr_router_mark_prefill_completed of its requests (each rank's own, shrunk towards the
+    /// fleet's while it has few), plus ttft_miss_weight × the uncached tokens' own time: the delay
+    /// a miss adds for the requests that will queue behind it. The credit-form weights do not
+    /// apply; it needs prefill tracking.
+    pub cost_function: kvr_cost_function,
+    pub reserved2: u32,
+    /// KVR_COST_PREDICTED_TTFT: the prefill rate (prompt tokens per second) assumed before the
+    /// first completion; default 0 = unknown (every rank equally fast until one completes).
+    pub prefill_tokens_per_second: f64,
+    /// KVR_COST_PREDICTED_TTFT: default 2; finite, >= 0
+    pub ttft_miss_weight: f64,
 }
 
 #[repr(C)]
@@ -419,6 +440,11 @@ pub struct kvr_request_options {
     pub overlap_score_credit_decay: f64,
     /// NaN (default) = the router's
     pub decode_active_request_weight: f64,
+    /// -1 (default) = the router's; else KVR_COST_*
+    pub cost_function: i32,
+    pub reserved2: u32,
+    /// NaN (default) = the router's
+    pub ttft_miss_weight: f64,
 }
 
 /// The decision for one request.
@@ -796,6 +822,19 @@ extern "C" {
     /// Destroys the router. Accepts NULL. No other call on it may be in progress. @thread_safety
     /// none
     pub fn kvr_router_free(router: *mut kvr_router);
+    /// Drives the router's clock by hand from now on, for simulations and tests in which time
+    /// passes at their own pace: everything the router times (request expiry, plan deadlines,
+    /// session bindings, approximate-mode TTLs, queue order, the prefill rates of
+    /// KVR_COST_PREDICTED_TTFT) then sees `now_ns` (nanoseconds from any origin) plus a fixed
+    /// offset chosen at the first call, so that the router's time continues from where it was: only
+    /// differences matter. Until the first call the router reads the process's monotonic clock.
+    /// KVR_INVALID_ARGUMENT if `now_ns` is earlier than the last time set. @thread_safety
+    /// concurrent
+    pub fn kvr_router_set_time(
+        router: *mut kvr_router,
+        now_ns: i64,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
     /// Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent
     pub fn kvr_worker_config_init(config: *mut kvr_worker_config, size: usize) -> kvr_status;
     /// KVR_ALREADY_EXISTS for a registered id; KVR_INVALID_ARGUMENT for a block size mismatch or a
@@ -1023,8 +1062,9 @@ extern "C" {
         opts: *const kvr_request_options,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
-    /// The request produced its first token. Idempotent: an unknown id is no error. May admit
-    /// queued requests. @thread_safety concurrent
+    /// The request produced its first token. Idempotent: an unknown id is no error. The time since
+    /// it was booked calibrates its rank's prefill rate (KVR_COST_PREDICTED_TTFT): call it when the
+    /// first token reaches the gateway. May admit queued requests. @thread_safety concurrent
     pub fn kvr_router_mark_prefill_completed(
         router: *mut kvr_router,
         request_id: *const c_char,
@@ -1387,7 +1427,7 @@ const _: () = {
     assert!(offset_of!(kvr_hash_options, mm_hashes) == 24);
     assert!(offset_of!(kvr_hash_options, mm_counts) == 32);
     assert!(offset_of!(kvr_hash_options, mm_num_blocks) == 40);
-    assert!(size_of::<kvr_router_options>() == 128);
+    assert!(size_of::<kvr_router_options>() == 152);
     assert!(align_of::<kvr_router_options>() == 8);
     assert!(offset_of!(kvr_router_options, struct_size) == 0);
     assert!(offset_of!(kvr_router_options, block_size) == 4);
@@ -1408,6 +1448,10 @@ const _: () = {
     assert!(offset_of!(kvr_router_options, decode_active_request_weight) == 112);
     assert!(offset_of!(kvr_router_options, index_shards) == 120);
     assert!(offset_of!(kvr_router_options, reserved) == 124);
+    assert!(offset_of!(kvr_router_options, cost_function) == 128);
+    assert!(offset_of!(kvr_router_options, reserved2) == 132);
+    assert!(offset_of!(kvr_router_options, prefill_tokens_per_second) == 136);
+    assert!(offset_of!(kvr_router_options, ttft_miss_weight) == 144);
     assert!(size_of::<kvr_worker_config>() == 40);
     assert!(align_of::<kvr_worker_config>() == 8);
     assert!(offset_of!(kvr_worker_config, struct_size) == 0);
@@ -1445,7 +1489,7 @@ const _: () = {
     assert!(offset_of!(kvr_removed_event, reserved) == 28);
     assert!(offset_of!(kvr_removed_event, block_hashes) == 32);
     assert!(offset_of!(kvr_removed_event, num_blocks) == 40);
-    assert!(size_of::<kvr_request_options>() == 160);
+    assert!(size_of::<kvr_request_options>() == 176);
     assert!(align_of::<kvr_request_options>() == 8);
     assert!(offset_of!(kvr_request_options, struct_size) == 0);
     assert!(offset_of!(kvr_request_options, flags) == 4);
@@ -1470,6 +1514,9 @@ const _: () = {
     assert!(offset_of!(kvr_request_options, queue_timeout_ms) == 136);
     assert!(offset_of!(kvr_request_options, overlap_score_credit_decay) == 144);
     assert!(offset_of!(kvr_request_options, decode_active_request_weight) == 152);
+    assert!(offset_of!(kvr_request_options, cost_function) == 160);
+    assert!(offset_of!(kvr_request_options, reserved2) == 164);
+    assert!(offset_of!(kvr_request_options, ttft_miss_weight) == 168);
     assert!(size_of::<kvr_route_result>() == 64);
     assert!(align_of::<kvr_route_result>() == 8);
     assert!(offset_of!(kvr_route_result, struct_size) == 0);

@@ -217,6 +217,17 @@ enum kvr_queue_policy_value {
 #undef KVR_QUEUE_POLICY_ENUM_
 };
 
+/* How the router prices a candidate rank (kvr_router_options.cost_function). */
+typedef uint32_t kvr_cost_function;
+#define KVR_COST_FUNCTION_MAP(X)                                                          \
+  X(CREDIT, 0, "Dynamo's credit form: prefill blocks less the cache credit, plus decode blocks") \
+  X(PREDICTED_TTFT, 1, "seconds to the first token: prefill backlog and uncached tokens / rate")
+enum kvr_cost_function_value {
+#define KVR_COST_FUNCTION_ENUM_(name, value, description) KVR_COST_##name = value,
+  KVR_COST_FUNCTION_MAP(KVR_COST_FUNCTION_ENUM_)
+#undef KVR_COST_FUNCTION_ENUM_
+};
+
 /* Every router-wide setting (Dynamo's KvRouterConfig). */
 typedef struct kvr_router_options {
   uint32_t struct_size;
@@ -248,6 +259,19 @@ typedef struct kvr_router_options {
    * with each other whatever the count. */
   uint32_t index_shards;
   uint32_t reserved;
+  /* KVR_COST_*; default KVR_COST_CREDIT (Dynamo's). KVR_COST_PREDICTED_TTFT prices each rank
+   * as the seconds until this prompt's first token: (its prefill tokens in flight + the
+   * prompt's uncached tokens) / its prefill rate, the rate learnt from the time between booking
+   * and kvr_router_mark_prefill_completed of its requests (each rank's own, shrunk towards the
+   * fleet's while it has few), plus ttft_miss_weight × the uncached tokens' own time: the
+   * delay a miss adds for the requests that will queue behind it. The credit-form weights do
+   * not apply; it needs prefill tracking. */
+  kvr_cost_function cost_function;
+  uint32_t reserved2;
+  /* KVR_COST_PREDICTED_TTFT: the prefill rate (prompt tokens per second) assumed before the
+   * first completion; default 0 = unknown (every rank equally fast until one completes). */
+  double prefill_tokens_per_second;
+  double ttft_miss_weight; /* KVR_COST_PREDICTED_TTFT: default 2; finite, >= 0 */
 } kvr_router_options;
 
 /* Sized initialisation with every default (as kvr_hash_options_init).
@@ -262,6 +286,15 @@ KVR_API kvr_status kvr_router_new(const kvr_router_options *opts, kvr_router **o
 /* Destroys the router. Accepts NULL. No other call on it may be in progress.
  * @thread_safety none */
 KVR_API void kvr_router_free(kvr_router *router);
+
+/* Drives the router's clock by hand from now on, for simulations and tests in which time passes
+ * at their own pace: everything the router times (request expiry, plan deadlines, session
+ * bindings, approximate-mode TTLs, queue order, the prefill rates of KVR_COST_PREDICTED_TTFT)
+ * then sees `now_ns` (nanoseconds from any origin) plus a fixed offset chosen at the first call,
+ * so that the router's time continues from where it was: only differences matter. Until the
+ * first call the router reads the process's monotonic clock. KVR_INVALID_ARGUMENT if `now_ns`
+ * is earlier than the last time set. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_set_time(kvr_router *router, int64_t now_ns, kvr_error **err);
 
 /* ---- Workers ------------------------------------------------------------------------------ */
 
@@ -466,6 +499,9 @@ typedef struct kvr_request_options {
   int64_t queue_timeout_ms;          /* give up waiting in the queue after this long; -1 = never */
   double overlap_score_credit_decay; /* NaN (default) = the router's */
   double decode_active_request_weight; /* NaN (default) = the router's */
+  int32_t cost_function;               /* -1 (default) = the router's; else KVR_COST_* */
+  uint32_t reserved2;
+  double ttft_miss_weight; /* NaN (default) = the router's */
 } kvr_request_options;
 
 /* Sized initialisation (as kvr_hash_options_init); defaults: NaN overrides, -1 tri-states,
@@ -612,8 +648,9 @@ KVR_API kvr_status kvr_router_add_request(kvr_router *router, const uint32_t *to
                                           size_t num_tokens, uint64_t worker_id, uint32_t dp_rank,
                                           const kvr_request_options *opts, kvr_error **err);
 
-/* The request produced its first token. Idempotent: an unknown id is no error.
- * May admit queued requests. @thread_safety concurrent */
+/* The request produced its first token. Idempotent: an unknown id is no error. The time since
+ * it was booked calibrates its rank's prefill rate (KVR_COST_PREDICTED_TTFT): call it when the
+ * first token reaches the gateway. May admit queued requests. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_mark_prefill_completed(kvr_router *router, const char *request_id,
                                                      kvr_error **err);
 

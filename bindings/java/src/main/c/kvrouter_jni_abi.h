@@ -65,7 +65,10 @@ enum {
   ABI_ROUTER_OPTIONS_OVERLAP_SCORE_CREDIT_DECAY = 14,
   ABI_ROUTER_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT = 15,
   ABI_ROUTER_OPTIONS_INDEX_SHARDS = 16,
-  ABI_ROUTER_OPTIONS_LEN = 17
+  ABI_ROUTER_OPTIONS_COST_FUNCTION = 17,
+  ABI_ROUTER_OPTIONS_PREFILL_TOKENS_PER_SECOND = 18,
+  ABI_ROUTER_OPTIONS_TTFT_MISS_WEIGHT = 19,
+  ABI_ROUTER_OPTIONS_LEN = 20
 };
 
 static inline void abi_encode_router_options(const kvr_router_options* c, jlong* v) {
@@ -87,6 +90,9 @@ static inline void abi_encode_router_options(const kvr_router_options* c, jlong*
   v[ABI_ROUTER_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT] =
       abi_double_bits(c->decode_active_request_weight);
   v[ABI_ROUTER_OPTIONS_INDEX_SHARDS] = (jlong)c->index_shards;
+  v[ABI_ROUTER_OPTIONS_COST_FUNCTION] = (jlong)c->cost_function;
+  v[ABI_ROUTER_OPTIONS_PREFILL_TOKENS_PER_SECOND] = abi_double_bits(c->prefill_tokens_per_second);
+  v[ABI_ROUTER_OPTIONS_TTFT_MISS_WEIGHT] = abi_double_bits(c->ttft_miss_weight);
 }
 
 static inline void abi_decode_router_options(const jlong* v, kvr_router_options* c) {
@@ -108,6 +114,9 @@ static inline void abi_decode_router_options(const jlong* v, kvr_router_options*
   c->decode_active_request_weight =
       abi_bits_double(v[ABI_ROUTER_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT]);
   c->index_shards = (uint32_t)v[ABI_ROUTER_OPTIONS_INDEX_SHARDS];
+  c->cost_function = (kvr_cost_function)v[ABI_ROUTER_OPTIONS_COST_FUNCTION];
+  c->prefill_tokens_per_second = abi_bits_double(v[ABI_ROUTER_OPTIONS_PREFILL_TOKENS_PER_SECOND]);
+  c->ttft_miss_weight = abi_bits_double(v[ABI_ROUTER_OPTIONS_TTFT_MISS_WEIGHT]);
 }
 
 /* kvr_worker_config */
@@ -217,7 +226,9 @@ enum {
   ABI_REQUEST_OPTIONS_QUEUE_TIMEOUT_MS = 12,
   ABI_REQUEST_OPTIONS_OVERLAP_SCORE_CREDIT_DECAY = 13,
   ABI_REQUEST_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT = 14,
-  ABI_REQUEST_OPTIONS_LEN = 15
+  ABI_REQUEST_OPTIONS_COST_FUNCTION = 15,
+  ABI_REQUEST_OPTIONS_TTFT_MISS_WEIGHT = 16,
+  ABI_REQUEST_OPTIONS_LEN = 17
 };
 
 static inline void abi_encode_request_options(const kvr_request_options* c, jlong* v) {
@@ -238,6 +249,8 @@ static inline void abi_encode_request_options(const kvr_request_options* c, jlon
       abi_double_bits(c->overlap_score_credit_decay);
   v[ABI_REQUEST_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT] =
       abi_double_bits(c->decode_active_request_weight);
+  v[ABI_REQUEST_OPTIONS_COST_FUNCTION] = (jlong)c->cost_function;
+  v[ABI_REQUEST_OPTIONS_TTFT_MISS_WEIGHT] = abi_double_bits(c->ttft_miss_weight);
 }
 
 static inline void abi_decode_request_options(const jlong* v, kvr_request_options* c) {
@@ -258,6 +271,8 @@ static inline void abi_decode_request_options(const jlong* v, kvr_request_option
       abi_bits_double(v[ABI_REQUEST_OPTIONS_OVERLAP_SCORE_CREDIT_DECAY]);
   c->decode_active_request_weight =
       abi_bits_double(v[ABI_REQUEST_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT]);
+  c->cost_function = (int32_t)v[ABI_REQUEST_OPTIONS_COST_FUNCTION];
+  c->ttft_miss_weight = abi_bits_double(v[ABI_REQUEST_OPTIONS_TTFT_MISS_WEIGHT]);
 }
 
 /* kvr_route_result */

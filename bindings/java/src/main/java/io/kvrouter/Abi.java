@@ -72,7 +72,10 @@ final class Abi {
     static final int OVERLAP_SCORE_CREDIT_DECAY = 14;
     static final int DECODE_ACTIVE_REQUEST_WEIGHT = 15;
     static final int INDEX_SHARDS = 16;
-    static final int LEN = 17;
+    static final int COST_FUNCTION = 17;
+    static final int PREFILL_TOKENS_PER_SECOND = 18;
+    static final int TTFT_MISS_WEIGHT = 19;
+    static final int LEN = 20;
   }
 
   /** {@code kvr_worker_config}. */
@@ -134,7 +137,9 @@ final class Abi {
     static final int QUEUE_TIMEOUT_MS = 12;
     static final int OVERLAP_SCORE_CREDIT_DECAY = 13;
     static final int DECODE_ACTIVE_REQUEST_WEIGHT = 14;
-    static final int LEN = 15;
+    static final int COST_FUNCTION = 15;
+    static final int TTFT_MISS_WEIGHT = 16;
+    static final int LEN = 17;
   }
 
   /** {@code kvr_route_result}. */
