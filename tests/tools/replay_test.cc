@@ -489,6 +489,35 @@ TEST(ReplayCliTest, EveryRouterAndCostModelFlagTakesEffect) {
   }
 }
 
+// The predicted-TTFT policy and its miss weight; the host tier's flags (the tier takes
+// evictions and reloads them, so the hit rate rises). Each flag is echoed and changes results.
+TEST(ReplayCliTest, PredictedTtftAndHostTierFlagsTakeEffect) {
+  const auto outcome = [](const nlohmann::json& j) {
+    const nlohmann::json& policy = j["policies"][0];
+    return std::make_pair(policy["cache_hit_rate"].get<double>(),
+                          policy["ttft_s"]["mean"].get<double>());
+  };
+  const nlohmann::json ttft = LoadedSliceJson("--policies kvrouter-ttft", "ttft");
+  EXPECT_EQ(ttft["policies"][0]["policy"], "kvrouter-ttft");
+  EXPECT_EQ(ttft["router"]["ttft_miss_weight"].get<double>(), 2);
+  const nlohmann::json greedy =
+      LoadedSliceJson("--policies kvrouter-ttft --ttft-miss-weight 0", "ttft_greedy");
+  EXPECT_EQ(greedy["router"]["ttft_miss_weight"].get<double>(), 0);
+  EXPECT_NE(outcome(greedy), outcome(ttft));
+  EXPECT_LT(greedy["policies"][0]["cache_hit_rate"].get<double>(),
+            ttft["policies"][0]["cache_hit_rate"].get<double>())
+      << "a miss that costs only its own delay is taken more often";
+
+  const nlohmann::json small = LoadedSliceJson("--kv-capacity-blocks 8000", "small_cache");
+  const nlohmann::json host = LoadedSliceJson(
+      "--kv-capacity-blocks 8000 --host-capacity-blocks 20000 --host-reload-per-block-s 1e-4",
+      "host_tier");
+  EXPECT_EQ(host["config"]["host_capacity_blocks"].get<uint64_t>(), 20000u);
+  EXPECT_EQ(host["cost_model"]["host_reload_per_block_s"].get<double>(), 1e-4);
+  EXPECT_GT(host["policies"][0]["cache_hit_rate"].get<double>(),
+            small["policies"][0]["cache_hit_rate"].get<double>());
+}
+
 // With a queue threshold the router holds requests while every worker is busy prefilling; the
 // replay keeps them at the gateway and routes them once a prefill completes, and every request
 // still ends.

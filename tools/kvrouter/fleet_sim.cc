@@ -67,18 +67,23 @@ class FleetSimulation final : public EngineObserver, public FleetView {
       const double step_end = engine != nullptr ? engine->step_end() : SimEngine::kIdle;
       if (arrival == SimEngine::kIdle && step_end == SimEngine::kIdle) break;
       if (step_end <= arrival) {
-        now_ = step_end;
+        AdvanceTo(step_end);
         engine->FinishStep();
         engine->MaybeStartStep(step_end);
         if (retry_queued_) DispatchQueued(step_end);
       } else {
-        now_ = arrival;
+        AdvanceTo(arrival);
         Arrive(requests_[next_arrival++]);
       }
     }
     Summarise();
     result_.wall.run_seconds = MicrosSince(started) / 1e6;
     return std::move(result_);
+  }
+
+  void AdvanceTo(double now) {
+    if (now != now_) policy_->SetTime(now);
+    now_ = now;
   }
 
   // FleetView.

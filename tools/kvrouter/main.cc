@@ -30,7 +30,8 @@ ABSL_FLAG(std::string, time_scale, "1",
           "sweep: every policy at each, and a table and plot of TTFT against load");
 ABSL_FLAG(uint64_t, seed, 42, "Seed of every random choice (same seed, same output)");
 ABSL_FLAG(std::string, policies, "all",
-          "Comma list of: kvrouter, kvrouter-softmax, kvrouter-approx, round-robin, random, "
+          "Comma list of: kvrouter, kvrouter-softmax, kvrouter-approx, kvrouter-ttft, round-robin, "
+          "random, "
           "least-loaded, least-tokens, prefix-only (or all)");
 ABSL_FLAG(double, temperature, 0.5, "Router temperature of the kvrouter-softmax policy");
 ABSL_FLAG(std::string, temperatures, "",
@@ -43,6 +44,9 @@ ABSL_FLAG(std::optional<double>, prefill_load_scale, std::nullopt,
           "Router: weight of prefill blocks against decode blocks in the cost (default 1)");
 ABSL_FLAG(std::optional<double>, overlap_score_credit_decay, std::nullopt,
           "Router: discount of a cache hit on a worker with a longer prefill queue (default 0)");
+ABSL_FLAG(std::optional<double>, ttft_miss_weight, std::nullopt,
+          "Router (kvrouter-ttft): extra weight of a cache miss's prefill time, the delay it "
+          "adds for the requests queued behind it (default 2)");
 ABSL_FLAG(std::optional<double>, decode_active_request_weight, std::nullopt,
           "Router: cost per active request on the worker (default 0)");
 ABSL_FLAG(std::optional<double>, queue_threshold, std::nullopt,
@@ -140,6 +144,7 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
   args.router.prefill_load_scale = absl::GetFlag(FLAGS_prefill_load_scale);
   args.router.overlap_score_credit_decay = absl::GetFlag(FLAGS_overlap_score_credit_decay);
   args.router.decode_active_request_weight = absl::GetFlag(FLAGS_decode_active_request_weight);
+  args.router.ttft_miss_weight = absl::GetFlag(FLAGS_ttft_miss_weight);
   args.router.queue_threshold = absl::GetFlag(FLAGS_queue_threshold);
   args.router.assume_kv_reuse = absl::GetFlag(FLAGS_assume_kv_reuse);
   args.router.track_prefill_tokens = absl::GetFlag(FLAGS_track_prefill_tokens);

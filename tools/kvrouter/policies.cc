@@ -21,13 +21,14 @@ class RouterHandle {
   // `gateway` distinguishes router replicas: each draws its own random sequence (replicas
   // seeded alike would break ties and sample identically, a correlation real gateways lack).
   RouterHandle(const PolicyContext& context, uint32_t flags, double temperature,
-               uint32_t gateway = 0) {
+               uint32_t gateway = 0, kvr_cost_function cost_function = KVR_COST_CREDIT) {
     kvr_router_options options;
     kvr_router_options_init(&options, sizeof options);
     ApplyRouterSettings(context.router, options);
     options.block_size = context.limits.block_size;
     options.flags |= flags;
     options.temperature = temperature;
+    options.cost_function = cost_function;
     options.random_seed = context.seed + gateway;
     // The ABI reads the process's steady clock, which runs ~100× faster in simulated time than
     // in wall time here. Wall-clock expiries would fire at run-dependent moments and break
@@ -57,6 +58,13 @@ class RouterHandle {
   RouterHandle& operator=(const RouterHandle&) = delete;
 
   kvr_router* get() const { return router_; }
+
+  // The router's clock follows the simulation's (kvr_router_set_time).
+  void SetTime(double now_s) {
+    CheckAbi("kvr_router_set_time", [&](kvr_error** e) {
+      return kvr_router_set_time(router_, static_cast<int64_t>(std::llround(now_s * 1e9)), e);
+    });
+  }
 
   // The engines' events reach the router over the run's transport (event_path.h).
   EventPath& events() { return *events_; }
@@ -138,7 +146,8 @@ class KvRouterPolicy final : public Policy {
         queues_(context.router.queue_threshold.value_or(-1) >= 0) {
     for (uint32_t g = 0; g < std::max(1u, context.gateways); ++g) {
       gateways_.push_back(std::make_unique<RouterHandle>(
-          context, approximate_ ? KVR_ROUTER_APPROXIMATE : 0u, spec.temperature, g));
+          context, approximate_ ? KVR_ROUTER_APPROXIMATE : 0u, spec.temperature, g,
+          spec.kind == PolicyKind::kKvRouterTtft ? KVR_COST_PREDICTED_TTFT : KVR_COST_CREDIT));
       if (context.replica_sync && context.gateways > 1) bus_.Connect(gateways_.back()->get(), g);
     }
   }
@@ -173,6 +182,9 @@ class KvRouterPolicy final : public Policy {
   }
 
   int64_t predicted_cached_tokens() const override { return predicted_; }
+  void SetTime(double now_s) override {
+    for (auto& gateway : gateways_) gateway->SetTime(now_s);
+  }
   // The other replicas learn of the booking before anything else happens in simulated time.
   void AfterRoute() override { bus_.Deliver(); }
 
@@ -325,6 +337,7 @@ const std::vector<std::pair<std::string, PolicyKind>>& PolicyNames() {
       {"kvrouter", PolicyKind::kKvRouter},
       {"kvrouter-softmax", PolicyKind::kKvRouterSoftmax},
       {"kvrouter-approx", PolicyKind::kKvRouterApprox},
+      {"kvrouter-ttft", PolicyKind::kKvRouterTtft},
       {"round-robin", PolicyKind::kRoundRobin},
       {"random", PolicyKind::kRandom},
       {"least-loaded", PolicyKind::kLeastLoaded},
@@ -336,7 +349,7 @@ const std::vector<std::pair<std::string, PolicyKind>>& PolicyNames() {
 
 bool HasRouterTemperature(PolicyKind kind) {
   return kind == PolicyKind::kKvRouter || kind == PolicyKind::kKvRouterSoftmax ||
-         kind == PolicyKind::kKvRouterApprox;
+         kind == PolicyKind::kKvRouterApprox || kind == PolicyKind::kKvRouterTtft;
 }
 
 PolicyKind KindOf(const std::string& name) {
@@ -412,6 +425,7 @@ void ApplyRouterSettings(const RouterSettings& settings, kvr_router_options& opt
   if (settings.host_cache_hit_weight) {
     options.host_cache_hit_weight = *settings.host_cache_hit_weight;
   }
+  if (settings.ttft_miss_weight) options.ttft_miss_weight = *settings.ttft_miss_weight;
   if (settings.queue_threshold) options.queue_threshold = *settings.queue_threshold;
   if (!settings.assume_kv_reuse) options.flags |= KVR_ROUTER_NO_KV_REUSE;
   if (!settings.track_prefill_tokens) options.flags |= KVR_ROUTER_NO_PREFILL_TRACKING;
@@ -441,6 +455,7 @@ std::unique_ptr<Policy> MakePolicy(const PolicySpec& spec, const PolicyContext& 
     case PolicyKind::kKvRouter:
     case PolicyKind::kKvRouterSoftmax:
     case PolicyKind::kKvRouterApprox:
+    case PolicyKind::kKvRouterTtft:
       return std::make_unique<KvRouterPolicy>(spec, context);
     case PolicyKind::kRoundRobin:
       return std::make_unique<RoundRobinPolicy>(context.workers);

@@ -24,6 +24,7 @@ enum class PolicyKind {
   kKvRouter,         // kvr_find_best_match with KVR_REQUEST_ADMIT, router defaults
   kKvRouterSoftmax,  // same with a temperature
   kKvRouterApprox,   // KVR_ROUTER_APPROXIMATE: no KV events, the router records its decisions
+  kKvRouterTtft,     // KVR_COST_PREDICTED_TTFT: each rank's predicted time to first token
   kRoundRobin,
   kRandom,
   kLeastLoaded,  // fewest requests in flight (waiting or running) on the engine
@@ -38,8 +39,8 @@ struct PolicySpec {
 };
 
 // "all" (or empty) is every policy. Names: kvrouter, kvrouter-softmax, kvrouter-approx,
-// round-robin, random, least-loaded, least-tokens, prefix-only. kvrouter-softmax gets
-// `softmax_temperature`, the other kvrouter policies 0; `temperatures`
+// kvrouter-ttft, round-robin, random, least-loaded, least-tokens, prefix-only. kvrouter-softmax
+// gets `softmax_temperature`, the other kvrouter policies 0; `temperatures`
 // ("kvrouter=0.1,kvrouter-approx=0.2", may be empty) sets any kvrouter policy's. Throws
 // std::invalid_argument naming an unknown policy, a temperature for a policy without a router
 // temperature, or a bad value.
@@ -54,6 +55,7 @@ struct RouterSettings {
   std::optional<double> overlap_score_credit_decay;
   std::optional<double> decode_active_request_weight;
   std::optional<double> host_cache_hit_weight;  // credit of a block on a worker's host tier
+  std::optional<double> ttft_miss_weight;       // the predicted-TTFT cost's (kvrouter-ttft)
   // Requests wait at the gateway while every worker's booked prefill tokens exceed threshold ×
   // max_num_batched_tokens. Unset or negative: never.
   std::optional<double> queue_threshold;
@@ -110,6 +112,9 @@ class Policy {
   // The cached tokens the policy expected on the worker it picked (router policies); -1 if it
   // has no such estimate. Valid after Route.
   virtual int64_t predicted_cached_tokens() const { return -1; }
+  // The simulated time (seconds) moved to `now_s`: routers that time things (the prefill rates
+  // of the predicted-TTFT cost) follow it. Called before whatever happens at that time.
+  virtual void SetTime(double now_s) {}
   // Right after Route, outside the decision's timing: what a gateway does in the background
   // (e.g. other replicas applying the booking it published).
   virtual void AfterRoute() {}

@@ -86,7 +86,7 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
       "step: %g ms + %g us/prefill token + %g ns/attention pair + %g us/decoding seq + %g "
       "ns/context token\n"
       "router: overlap credit %g, prefill load scale %g, credit decay %g, decode request weight "
-      "%g, queue threshold %s%s%s\n"
+      "%g, queue threshold %s%s%s; kvrouter-ttft miss weight %g\n"
       "%s%s%s%s"
       "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
       std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
@@ -97,7 +97,7 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
       m.decode_per_context_token_s * 1e9, r.overlap_score_credit, r.prefill_load_scale,
       r.overlap_score_credit_decay, r.decode_active_request_weight, QueueThresholdText(r),
       c.router.assume_kv_reuse ? "" : ", no KV reuse",
-      c.router.track_prefill_tokens ? "" : ", no prefill tracking",
+      c.router.track_prefill_tokens ? "" : ", no prefill tracking", r.ttft_miss_weight,
       c.gateways > 1 ? absl::StrFormat("gateways: %d router replicas per kvrouter policy, replica "
                                        "sync %s\n",
                                        c.gateways, c.replica_sync ? "on" : "off")
@@ -449,6 +449,7 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"overlap_score_credit_decay", r.overlap_score_credit_decay},
                  {"decode_active_request_weight", r.decode_active_request_weight},
                  {"host_cache_hit_weight", r.host_cache_hit_weight},
+                 {"ttft_miss_weight", r.ttft_miss_weight},
                  {"queue_threshold", r.queue_threshold},
                  {"assume_kv_reuse", c.router.assume_kv_reuse},
                  {"track_prefill_tokens", c.router.track_prefill_tokens}};
