@@ -116,7 +116,7 @@ const (
 	// Dynamo's credit form: prefill blocks less the cache credit, plus decode blocks
 	CostCredit CostFunction = C.KVR_COST_CREDIT
 	// seconds to the first token: prefill backlog and uncached tokens / rate
-	CostPredictedTtft CostFunction = C.KVR_COST_PREDICTED_TTFT
+	CostPredictedTTFT CostFunction = C.KVR_COST_PREDICTED_TTFT
 )
 
 // String returns the C name ("KVR_COST_CREDIT").
@@ -124,7 +124,7 @@ func (v CostFunction) String() string {
 	switch v {
 	case CostCredit:
 		return "KVR_COST_CREDIT"
-	case CostPredictedTtft:
+	case CostPredictedTTFT:
 		return "KVR_COST_PREDICTED_TTFT"
 	}
 	return "KVR_COST(" + strconv.FormatInt(int64(v), 10) + ")"
@@ -419,7 +419,7 @@ type cRouterOptions struct {
 	IndexShards               uint32
 	CostFunction              CostFunction
 	PrefillTokensPerSecond    float64
-	TtftMissWeight            float64
+	TTFTMissWeight            float64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -443,7 +443,7 @@ func (g *cRouterOptions) store(c *C.kvr_router_options) {
 	c.index_shards = C.uint32_t(g.IndexShards)
 	c.cost_function = C.kvr_cost_function(g.CostFunction)
 	c.prefill_tokens_per_second = C.double(g.PrefillTokensPerSecond)
-	c.ttft_miss_weight = C.double(g.TtftMissWeight)
+	c.ttft_miss_weight = C.double(g.TTFTMissWeight)
 }
 
 // load reads the mirrored fields from c.
@@ -467,7 +467,7 @@ func (g *cRouterOptions) load(c *C.kvr_router_options) {
 	g.IndexShards = uint32(c.index_shards)
 	g.CostFunction = CostFunction(c.cost_function)
 	g.PrefillTokensPerSecond = float64(c.prefill_tokens_per_second)
-	g.TtftMissWeight = float64(c.ttft_miss_weight)
+	g.TTFTMissWeight = float64(c.ttft_miss_weight)
 }
 
 // initRouterOptions has the library set c's defaults for the layout of kvr_router_options this
@@ -617,7 +617,7 @@ type cRequestOptions struct {
 	OverlapScoreCreditDecay   float64
 	DecodeActiveRequestWeight float64
 	CostFunction              int32
-	TtftMissWeight            float64
+	TTFTMissWeight            float64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -638,7 +638,7 @@ func (g *cRequestOptions) store(c *C.kvr_request_options) {
 	c.overlap_score_credit_decay = C.double(g.OverlapScoreCreditDecay)
 	c.decode_active_request_weight = C.double(g.DecodeActiveRequestWeight)
 	c.cost_function = C.int32_t(g.CostFunction)
-	c.ttft_miss_weight = C.double(g.TtftMissWeight)
+	c.ttft_miss_weight = C.double(g.TTFTMissWeight)
 }
 
 // load reads the mirrored fields from c.
@@ -659,7 +659,7 @@ func (g *cRequestOptions) load(c *C.kvr_request_options) {
 	g.OverlapScoreCreditDecay = float64(c.overlap_score_credit_decay)
 	g.DecodeActiveRequestWeight = float64(c.decode_active_request_weight)
 	g.CostFunction = int32(c.cost_function)
-	g.TtftMissWeight = float64(c.ttft_miss_weight)
+	g.TTFTMissWeight = float64(c.ttft_miss_weight)
 }
 
 // initRequestOptions has the library set c's defaults for the layout of kvr_request_options this

@@ -21,6 +21,7 @@ _SPELLINGS = {
     "kv": "KV",
     "dp": "DP",
     "ttl": "TTL",
+    "ttft": "TTFT",
 }
 
 
