@@ -249,7 +249,7 @@ func TestDefaultsAreTheLibrarys(t *testing.T) {
 		BlockSize: 16, QueuePolicy: QueueFCFS, OverlapScoreCredit: 1, PrefillLoadScale: 1,
 		HostCacheHitWeight: 0.75, DiskCacheHitWeight: 0.25, QueueThreshold: d.QueueThreshold,
 		ApproxTTL: 120 * time.Second, ApproxMaxBlocks: 1 << 20, ApproxPruneTargetRatio: 0.8,
-		RequestExpiry: 300 * time.Second, IndexShards: 1,
+		RequestExpiry: 300 * time.Second, IndexShards: 1, CostFunction: CostCredit, TTFTMissWeight: 2,
 	}
 	if diff := differing(d, want); len(diff) > 0 {
 		t.Errorf("DefaultRouterOptions differs from the header's defaults in %v: %+v", diff, d)
@@ -295,12 +295,12 @@ func TestDefaultsAreTheLibrarys(t *testing.T) {
 	// The request defaults, as the header states them.
 	rd := initLoaded(initRequestOptions, (*cRequestOptions).load)
 	for _, f := range []float64{rd.OverlapScoreCredit, rd.PrefillLoadScale, rd.HostCacheHitWeight,
-		rd.DiskCacheHitWeight, rd.Temperature, rd.OverlapScoreCreditDecay, rd.DecodeActiveRequestWeight} {
+		rd.DiskCacheHitWeight, rd.Temperature, rd.OverlapScoreCreditDecay, rd.DecodeActiveRequestWeight, rd.TTFTMissWeight} {
 		if !math.IsNaN(f) {
 			t.Errorf("request option defaults: an override is %v, want NaN: %+v", f, rd)
 		}
 	}
-	if rd.AssumeKVReuse != -1 || rd.TrackPrefillTokens != -1 || rd.QueueTimeoutMs != -1 {
+	if rd.AssumeKVReuse != -1 || rd.TrackPrefillTokens != -1 || rd.QueueTimeoutMs != -1 || rd.CostFunction != -1 {
 		t.Errorf("request option defaults: %+v", rd)
 	}
 }
@@ -319,6 +319,7 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 		Temperature: 0.25, QueueThreshold: 3, ApproxTTL: 7 * time.Second, ApproxMaxBlocks: 4096,
 		ApproxPruneTargetRatio: 0.5, RequestExpiry: 90 * time.Second, RandomSeed: 99,
 		OverlapScoreCreditDecay: 0.75, DecodeActiveRequestWeight: 1.5, IndexShards: 4,
+		CostFunction: CostPredictedTTFT, PrefillTokensPerSecond: 5000, TTFTMissWeight: 0.5,
 	}
 	if diff := differing(ro, DefaultRouterOptions()); len(diff) != len(fieldNames(ro)) {
 		t.Fatalf("the test's RouterOptions must differ from the defaults in every field; same in %v",
@@ -367,6 +368,7 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 		OverlapScoreCredit: Ptr(0.5), PrefillLoadScale: Ptr(2.0), HostCacheHitWeight: Ptr(0.25),
 		DiskCacheHitWeight: Ptr(0.125), Temperature: Ptr(0.75), AssumeKVReuse: Ptr(false),
 		TrackPrefillTokens: Ptr(true), OverlapScoreCreditDecay: Ptr(1.25), DecodeActiveRequestWeight: Ptr(1.75),
+		CostFunction: Ptr(CostPredictedTTFT), TTFTMissWeight: Ptr(3.5),
 		PriorityJump: 2.5, ExpectedOutputTokens: 77, QueueTimeout: 1500 * time.Microsecond,
 	}
 	rsent := loaded(rq.toC(&a), (*cRequestOptions).load)

@@ -50,6 +50,20 @@ type RouterOptions struct {
 	// lookup, 4 cost 2.3x). As with the other fields, 0 is passed on and refused
 	// (ErrInvalidArgument), not read as the default.
 	IndexShards uint32
+	// CostFunction is how a candidate rank is priced: CostCredit (the default, Dynamo's credit
+	// form) or CostPredictedTTFT, the seconds until this prompt's first token: (the rank's
+	// prefill tokens in flight + the prompt's uncached tokens) / its prefill rate, the rate
+	// learnt from the time between booking and MarkPrefillCompleted of its requests (each
+	// rank's own, shrunk towards the fleet's while it has few), plus TTFTMissWeight × the
+	// uncached tokens' own time. The credit-form weights do not apply to it, and it needs
+	// prefill tracking (NoPrefillTracking is refused).
+	CostFunction CostFunction
+	// PrefillTokensPerSecond (CostPredictedTTFT) is the prefill rate assumed before the first
+	// completion; 0 (the default) = unknown: every rank equally fast until one completes.
+	PrefillTokensPerSecond float64
+	// TTFTMissWeight (CostPredictedTTFT; default 2, finite, >= 0) weighs the uncached tokens'
+	// own time: the delay a miss adds for the requests that will queue behind it.
+	TTFTMissWeight float64
 }
 
 // DefaultRouterOptions returns every default of kvr_router_options_init (block size 16,
@@ -93,6 +107,9 @@ func (o *RouterOptions) mirror() cRouterOptions {
 		OverlapScoreCreditDecay:   o.OverlapScoreCreditDecay,
 		DecodeActiveRequestWeight: o.DecodeActiveRequestWeight,
 		IndexShards:               o.IndexShards,
+		CostFunction:              o.CostFunction,
+		PrefillTokensPerSecond:    o.PrefillTokensPerSecond,
+		TTFTMissWeight:            o.TTFTMissWeight,
 	}
 }
 
@@ -121,6 +138,9 @@ func routerOptionsFrom(m *cRouterOptions) RouterOptions {
 		OverlapScoreCreditDecay:   m.OverlapScoreCreditDecay,
 		DecodeActiveRequestWeight: m.DecodeActiveRequestWeight,
 		IndexShards:               m.IndexShards,
+		CostFunction:              m.CostFunction,
+		PrefillTokensPerSecond:    m.PrefillTokensPerSecond,
+		TTFTMissWeight:            m.TTFTMissWeight,
 	}
 }
 
@@ -173,6 +193,24 @@ func NewRouter(opts *RouterOptions) (*Router, error) {
 	r.ptr.store(unsafe.Pointer(out))
 	runtime.SetFinalizer(r, (*Router).Close)
 	return r, nil
+}
+
+// SetTime drives the router's clock by hand from now on, for simulations and tests in which
+// time passes at their own pace: everything the router times (request expiry, plan deadlines,
+// session bindings, approximate-mode TTLs, queue order, the prefill rates of CostPredictedTTFT)
+// then sees nanos (nanoseconds from any origin) plus a fixed offset chosen at the first call,
+// so that the router's time continues from where it was: only differences matter. Until the
+// first call the router reads the process's monotonic clock. ErrInvalidArgument if nanos is
+// earlier than the last time set.
+func (r *Router) SetTime(nanos int64) error {
+	h := r.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	var cerr *C.kvr_error
+	st := C.kvr_router_set_time(h, C.int64_t(nanos), &cerr)
+	runtime.KeepAlive(r)
+	return takeError(st, cerr)
 }
 
 // Close destroys the router. It is idempotent; after it every method returns ErrClosed. It

@@ -9,6 +9,7 @@ package kvrouter
 import "C"
 
 import (
+	"math"
 	"runtime"
 	"time"
 	"unsafe"
@@ -43,7 +44,12 @@ type RequestOptions struct {
 	// RouterOptions fields of the same names (nil or NaN: the router's).
 	OverlapScoreCreditDecay   *float64
 	DecodeActiveRequestWeight *float64
-	PriorityJump              float64 // queue priority boost
+	// CostFunction and TTFTMissWeight override the router's RouterOptions fields of the same
+	// names (nil, or a NaN weight: the router's). An unknown CostFunction is refused
+	// (ErrInvalidArgument).
+	CostFunction   *CostFunction
+	TTFTMissWeight *float64
+	PriorityJump   float64 // queue priority boost
 	// ExpectedOutputTokens is the expected decode length (used by the WSPT queue policy).
 	ExpectedOutputTokens uint32
 	// QueueTimeout bounds the wait in the admission queue: 0 waits as long as it takes, a
@@ -99,6 +105,11 @@ func (o *RequestOptions) mirror() cRequestOptions {
 	setTri(&m.TrackPrefillTokens, o.TrackPrefillTokens)
 	setDouble(&m.OverlapScoreCreditDecay, o.OverlapScoreCreditDecay)
 	setDouble(&m.DecodeActiveRequestWeight, o.DecodeActiveRequestWeight)
+	if o.CostFunction != nil {
+		// Past int32 it would wrap to a negative (the router's): pass it on to be refused.
+		m.CostFunction = int32(min(*o.CostFunction, math.MaxInt32))
+	}
+	setDouble(&m.TTFTMissWeight, o.TTFTMissWeight)
 	m.PriorityJump = o.PriorityJump
 	m.ExpectedOutputTokens = o.ExpectedOutputTokens
 	switch {
