@@ -60,7 +60,8 @@ fn rust_layouts() -> Vec<Layout> {
             prefill_load_scale, host_cache_hit_weight, disk_cache_hit_weight, temperature,
             queue_threshold, approx_ttl_seconds, approx_max_blocks, approx_prune_target_ratio,
             request_expiry_seconds, random_seed, overlap_score_credit_decay,
-            decode_active_request_weight, index_shards, reserved }
+            decode_active_request_weight, index_shards, reserved, cost_function, reserved2,
+            prefill_tokens_per_second, ttft_miss_weight }
         kvr_worker_config { struct_size, block_size, worker_id, dp_start, dp_size,
             total_kv_blocks, max_num_batched_tokens }
         kvr_stored_event { struct_size, dp_rank, worker_id, event_id, tier, flags, parent_hash,
@@ -73,7 +74,8 @@ fn rust_layouts() -> Vec<Layout> {
             overlap_score_credit, prefill_load_scale, host_cache_hit_weight,
             disk_cache_hit_weight, temperature, assume_kv_reuse, track_prefill_tokens,
             priority_jump, expected_output_tokens, reserved, queue_timeout_ms,
-            overlap_score_credit_decay, decode_active_request_weight }
+            overlap_score_credit_decay, decode_active_request_weight, cost_function, reserved2,
+            ttft_miss_weight }
         kvr_route_result { struct_size, dp_rank, worker_id, prompt_blocks, device_overlap_blocks,
             effective_overlap_blocks, cached_tokens, prompt_tokens, cost, booked, queued }
         kvr_candidate { worker_id, dp_rank, device_blocks, host_blocks, disk_blocks,
@@ -150,6 +152,7 @@ fn rust_enumerations() -> Vec<Enumeration> {
             KVR_UNIMPLEMENTED, KVR_INTERNAL, KVR_UNAVAILABLE, KVR_BUFFER_TOO_SMALL }
         kvr_tier { KVR_TIER_DEVICE, KVR_TIER_HOST_PINNED, KVR_TIER_DISK, KVR_TIER_EXTERNAL }
         kvr_queue_policy { KVR_QUEUE_FCFS, KVR_QUEUE_LCFS, KVR_QUEUE_WSPT }
+        kvr_cost_function { KVR_COST_CREDIT, KVR_COST_PREDICTED_TTFT }
         kvr_event_kind { KVR_EVENT_STORED, KVR_EVENT_REMOVED, KVR_EVENT_CLEARED }
         kvr_event_outcome { KVR_EVENT_OK, KVR_EVENT_PARENT_BLOCK_NOT_FOUND,
             KVR_EVENT_BLOCK_NOT_FOUND, KVR_EVENT_INVALID_BLOCK_SEQUENCE, KVR_EVENT_INVALID_BLOCK }

@@ -69,7 +69,8 @@ pub use ingest::{
     Engine, EngineWorker, Ingest, IngestOptions, IngestStats, Listener, Publisher, RejectReason,
 };
 pub use options::{
-    Phase, QueuePolicy, RequestOptions, RouterOptions, RoutingHints, SessionMode, WorkerConfig,
+    CostFunction, Phase, QueuePolicy, RequestOptions, RouterOptions, RoutingHints, SessionMode,
+    WorkerConfig,
 };
 pub use router::{
     Candidate, EventKind, EventOutcome, Match, Metrics, Overlap, PotentialLoad, RouteResult,

@@ -61,6 +61,10 @@ macro_rules! router_options_fields {
                 decode_active_request_weight,
                 index_shards,
                 reserved,
+                cost_function,
+                reserved2,
+                prefill_tokens_per_second,
+                ttft_miss_weight,
             }
         )
     };
@@ -118,6 +122,9 @@ fn every_router_option_set() -> RouterOptions {
         overlap_score_credit_decay: 0.3,
         decode_active_request_weight: 0.2,
         index_shards: 4,
+        cost_function: CostFunction::PredictedTtft,
+        prefill_tokens_per_second: 5000.0,
+        ttft_miss_weight: 0.5,
     }
 }
 
@@ -144,6 +151,11 @@ fn router_option_defaults_are_the_librarys_field_by_field() {
     assert_eq!((d.block_size, d.queue_threshold), (16, None));
     assert!(d.assume_kv_reuse && d.track_prefill_tokens && !d.approximate);
     assert_eq!(d.index_shards, 1);
+    assert_eq!(d.cost_function, CostFunction::Credit);
+    assert_eq!(
+        (d.prefill_tokens_per_second, d.ttft_miss_weight),
+        (0.0, 2.0)
+    );
 }
 
 #[test]
@@ -160,7 +172,7 @@ fn every_router_option_reaches_the_c_struct() {
     let left = left_at_default(
         &router_options_fields!(raw),
         &router_options_fields!(library_router_defaults()),
-        &["struct_size", "reserved"],
+        &["struct_size", "reserved", "reserved2"],
     );
     assert!(left.is_empty(), "fields to_raw() does not set: {left:?}");
     // Each flag on its own, on its own bit.
@@ -218,8 +230,25 @@ fn every_router_option_reaches_the_c_struct() {
         };
         assert_eq!(options.to_raw().queue_policy, raw);
     }
-    // The library takes every one of them.
-    Router::new(&set).unwrap();
+    for (cost, raw) in [
+        (CostFunction::Credit, sys::KVR_COST_CREDIT),
+        (CostFunction::PredictedTtft, sys::KVR_COST_PREDICTED_TTFT),
+    ] {
+        let options = RouterOptions {
+            cost_function: cost,
+            ..d()
+        };
+        assert_eq!(options.to_raw().cost_function, raw);
+        assert_eq!(RouterOptions::from_raw(&options.to_raw()), options);
+    }
+    // The library takes every one of them, but for the predicted-TTFT cost, which needs the
+    // prefill tracking `set` turns off.
+    Router::new(&RouterOptions {
+        cost_function: CostFunction::Credit,
+        ..set.clone()
+    })
+    .unwrap();
+    assert_eq!(Router::new(&set).unwrap_err().code(), Code::InvalidArgument);
 }
 
 #[test]
@@ -287,6 +316,8 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         queue_timeout: Some(Duration::from_millis(250)),
         overlap_score_credit_decay: Some(0.25),
         decode_active_request_weight: Some(0.75),
+        cost_function: Some(CostFunction::PredictedTtft),
+        ttft_miss_weight: Some(3.5),
     };
     let lowered = request.lower().unwrap();
     let default: sys::kvr_request_options = init();
@@ -317,7 +348,10 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
                     reserved,
                     queue_timeout_ms,
                     overlap_score_credit_decay,
-                    decode_active_request_weight
+                    decode_active_request_weight,
+                    cost_function,
+                    reserved2,
+                    ttft_miss_weight
                 }
             )
         };
@@ -325,17 +359,22 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
     let left = left_at_default(
         &request_fields!(lowered.raw),
         &request_fields!(default),
-        &["struct_size", "reserved"],
+        &["struct_size", "reserved", "reserved2"],
     );
     assert!(left.is_empty(), "RequestOptions leaves {left:?}");
     let raw = &lowered.raw;
     assert_eq!((raw.assume_kv_reuse, raw.track_prefill_tokens), (0, 1));
     assert_eq!((raw.queue_timeout_ms, raw.mm_num_blocks), (250, 2));
     assert_eq!(raw.decode_active_request_weight, 0.75);
+    assert_eq!(
+        (raw.cost_function, raw.ttft_miss_weight),
+        (sys::KVR_COST_PREDICTED_TTFT as i32, 3.5)
+    );
     // Unset overrides keep the library's "the router's" markers (NaN, -1).
     let unset = RequestOptions::default().lower().unwrap();
     assert_eq!(bytes_of(&unset.raw), bytes_of(&default));
     assert!(default.overlap_score_credit_decay.is_nan() && default.assume_kv_reuse == -1);
+    assert!(default.ttft_miss_weight.is_nan() && default.cost_function == -1);
 }
 
 #[test]

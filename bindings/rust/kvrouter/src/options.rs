@@ -40,6 +40,34 @@ impl QueuePolicy {
     }
 }
 
+/// How the router prices a candidate rank (`kvr_cost_function`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CostFunction {
+    /// Dynamo's credit form: prefill blocks less the cache credit, plus decode blocks (the
+    /// default).
+    #[default]
+    Credit,
+    /// The seconds until the prompt's first token: the rank's prefill backlog and the prompt's
+    /// uncached tokens over its learnt prefill rate
+    /// (see [`RouterOptions::cost_function`]).
+    PredictedTtft,
+}
+
+impl CostFunction {
+    pub(crate) fn raw(self) -> sys::kvr_cost_function {
+        match self {
+            CostFunction::Credit => sys::KVR_COST_CREDIT,
+            CostFunction::PredictedTtft => sys::KVR_COST_PREDICTED_TTFT,
+        }
+    }
+    fn from_raw(raw: sys::kvr_cost_function) -> CostFunction {
+        match raw {
+            sys::KVR_COST_PREDICTED_TTFT => CostFunction::PredictedTtft,
+            _ => CostFunction::Credit,
+        }
+    }
+}
+
 /// Every router-wide setting (`kvr_router_options`; Dynamo's KvRouterConfig).
 /// `Default` is the library's defaults.
 #[derive(Clone, Debug, PartialEq)]
@@ -96,6 +124,22 @@ pub struct RouterOptions {
     /// lookup, 4 cost 2.3x). Passed on as set, like every field: 0 or above 64 makes
     /// [`Router::new`](crate::Router::new) fail with `InvalidArgument` naming `index_shards`.
     pub index_shards: u32,
+    /// How a candidate rank is priced (default [`CostFunction::Credit`], Dynamo's).
+    /// [`CostFunction::PredictedTtft`] prices each rank as the seconds until this prompt's
+    /// first token: (its prefill tokens in flight + the prompt's uncached tokens) / its prefill
+    /// rate, the rate learnt from the time between booking and
+    /// [`mark_prefill_completed`](crate::RouterRef::mark_prefill_completed) of its requests
+    /// (each rank's own, shrunk towards the fleet's while it has few), plus `ttft_miss_weight`
+    /// × the uncached tokens' own time. The credit-form weights do not apply; it needs
+    /// `track_prefill_tokens`.
+    pub cost_function: CostFunction,
+    /// [`CostFunction::PredictedTtft`]: the prefill rate (prompt tokens per second) assumed
+    /// before the first completion; default 0 = unknown (every rank equally fast until one
+    /// completes).
+    pub prefill_tokens_per_second: f64,
+    /// [`CostFunction::PredictedTtft`]: the weight of the uncached tokens' own time, the delay
+    /// a miss adds for the requests that will queue behind it. Default 2; finite, >= 0.
+    pub ttft_miss_weight: f64,
 }
 
 impl Default for RouterOptions {
@@ -130,6 +174,9 @@ impl RouterOptions {
             overlap_score_credit_decay: raw.overlap_score_credit_decay,
             decode_active_request_weight: raw.decode_active_request_weight,
             index_shards: raw.index_shards,
+            cost_function: CostFunction::from_raw(raw.cost_function),
+            prefill_tokens_per_second: raw.prefill_tokens_per_second,
+            ttft_miss_weight: raw.ttft_miss_weight,
         }
     }
 
@@ -179,6 +226,9 @@ impl RouterOptions {
         raw.overlap_score_credit_decay = self.overlap_score_credit_decay;
         raw.decode_active_request_weight = self.decode_active_request_weight;
         raw.index_shards = self.index_shards;
+        raw.cost_function = self.cost_function.raw();
+        raw.prefill_tokens_per_second = self.prefill_tokens_per_second;
+        raw.ttft_miss_weight = self.ttft_miss_weight;
         raw
     }
 }
@@ -255,6 +305,10 @@ pub struct RequestOptions<'a> {
     pub overlap_score_credit_decay: Option<f64>,
     /// [`RouterOptions::decode_active_request_weight`] for this request.
     pub decode_active_request_weight: Option<f64>,
+    /// [`RouterOptions::cost_function`] for this request.
+    pub cost_function: Option<CostFunction>,
+    /// [`RouterOptions::ttft_miss_weight`] for this request.
+    pub ttft_miss_weight: Option<f64>,
 }
 
 impl<'a> RequestOptions<'a> {
@@ -314,6 +368,7 @@ impl<'a> RequestOptions<'a> {
                 self.decode_active_request_weight,
                 &mut raw.decode_active_request_weight,
             ),
+            (self.ttft_miss_weight, &mut raw.ttft_miss_weight),
         ];
         for (value, field) in doubles {
             if let Some(v) = value {
@@ -325,6 +380,10 @@ impl<'a> RequestOptions<'a> {
         }
         if let Some(b) = self.track_prefill_tokens {
             raw.track_prefill_tokens = i32::from(b);
+        }
+        if let Some(f) = self.cost_function {
+            // The two values are 0 and 1: always within i32.
+            raw.cost_function = f.raw() as i32;
         }
         if let Some(n) = self.expected_output_tokens {
             raw.expected_output_tokens = n;

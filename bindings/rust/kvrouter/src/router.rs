@@ -921,6 +921,19 @@ impl RouterRef {
         })
     }
 
+    /// Drives the router's clock by hand from now on, for simulations and tests in which time
+    /// passes at their own pace: everything the router times (request expiry, plan deadlines,
+    /// session bindings, approximate-mode TTLs, queue order, the prefill rates of
+    /// [`CostFunction::PredictedTtft`](crate::CostFunction::PredictedTtft)) then sees `now_ns`
+    /// (nanoseconds from any origin) plus a fixed offset chosen at the first call, so that the
+    /// router's time continues from where it was: only differences matter. Until the first
+    /// call the router reads the process's monotonic clock. `InvalidArgument` if `now_ns` is
+    /// earlier than the last time set.
+    pub fn set_time(&self, now_ns: i64) -> Result<()> {
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe { sys::kvr_router_set_time(self.as_raw(), now_ns, err) })
+    }
+
     /// Drops plans past their deadline now; returns how many.
     pub fn expire_plans(&self) -> Result<usize> {
         let mut expired = 0;
