@@ -1473,6 +1473,13 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_setPlanDeadline(JNIEnv* env, jcla
   check(env, kvr_router_set_plan_deadline(ROUTER(r), seconds, &err), &err);
 }
 
+JNIEXPORT void JNICALL Java_io_kvrouter_Native_setTime(JNIEnv* env, jclass cls, jlong r,
+                                                       jlong nanos) {
+  (void)cls;
+  kvr_error* err = NULL;
+  check(env, kvr_router_set_time(ROUTER(r), (int64_t)nanos, &err), &err);
+}
+
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_expirePlans(JNIEnv* env, jclass cls, jlong r) {
   (void)cls;
   size_t expired = 0;

@@ -152,6 +152,8 @@ final class Native {
 
   static native void setPlanDeadline(long router, double seconds);
 
+  static native void setTime(long router, long nanos);
+
   static native long expirePlans(long router);
 
   /** {worker_id, dp_rank}, or null when the session is unbound or expired (KVR_NOT_FOUND). */

@@ -132,6 +132,17 @@ public final class RequestOptions {
     return Native.dbl(scalars[Abi.RequestOptions.DECODE_ACTIVE_REQUEST_WEIGHT]);
   }
 
+  /** null = the router's setting. */
+  public CostFunction costFunction() {
+    long v = scalars[Abi.RequestOptions.COST_FUNCTION];
+    return v < 0 ? null : CostFunction.of((int) v);
+  }
+
+  /** NaN = the router's setting. */
+  public double ttftMissWeight() {
+    return Native.dbl(scalars[Abi.RequestOptions.TTFT_MISS_WEIGHT]);
+  }
+
   private static Boolean triState(long v) {
     return v < 0 ? null : v != 0;
   }
@@ -266,6 +277,18 @@ public final class RequestOptions {
      */
     public Builder decodeActiveRequestWeight(double v) {
       scalars[Abi.RequestOptions.DECODE_ACTIVE_REQUEST_WEIGHT] = Native.bits(v);
+      return this;
+    }
+
+    /** This request's {@link RouterOptions.Builder#costFunction}; null = the router's. */
+    public Builder costFunction(CostFunction cost) {
+      scalars[Abi.RequestOptions.COST_FUNCTION] = cost == null ? -1 : cost.code();
+      return this;
+    }
+
+    /** This request's {@link RouterOptions.Builder#ttftMissWeight}; NaN = the router's. */
+    public Builder ttftMissWeight(double v) {
+      scalars[Abi.RequestOptions.TTFT_MISS_WEIGHT] = Native.bits(v);
       return this;
     }
 

@@ -591,6 +591,27 @@ public final class Router extends NativeObject {
     }
   }
 
+  /**
+   * Drives the router's clock by hand from now on, for simulations and tests in which time passes
+   * at their own pace: everything the router times (request expiry, plan deadlines, session
+   * bindings, approximate-mode TTLs, queue order, the prefill rates of {@link
+   * CostFunction#PREDICTED_TTFT}) then sees {@code nanos} (nanoseconds from any origin) plus a
+   * fixed offset chosen at the first call, so that the router's time continues from where it
+   * was: only differences matter. Until the first call the router reads the process's monotonic
+   * clock.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} if {@code nanos} is earlier than
+   *     the last time set
+   */
+  public void setTime(long nanos) {
+    long h = acquire();
+    try {
+      Native.setTime(h, nanos);
+    } finally {
+      release();
+    }
+  }
+
   /** Drops plans past their deadline now; returns how many. */
   public long expirePlans() {
     long h = acquire();

@@ -125,6 +125,21 @@ public final class RouterOptions {
     return (int) encoded[Abi.RouterOptions.INDEX_SHARDS];
   }
 
+  /** {@link CostFunction#CREDIT} (default) or {@link CostFunction#PREDICTED_TTFT}. */
+  public CostFunction costFunction() {
+    return CostFunction.of((int) encoded[Abi.RouterOptions.COST_FUNCTION]);
+  }
+
+  /** {@link CostFunction#PREDICTED_TTFT}'s rate before a completion; 0 (default) = unknown. */
+  public double prefillTokensPerSecond() {
+    return Native.dbl(encoded[Abi.RouterOptions.PREFILL_TOKENS_PER_SECOND]);
+  }
+
+  /** {@link CostFunction#PREDICTED_TTFT}'s weight of a miss's own prefill time; default 2. */
+  public double ttftMissWeight() {
+    return Native.dbl(encoded[Abi.RouterOptions.TTFT_MISS_WEIGHT]);
+  }
+
   @Override
   public String toString() {
     return "RouterOptions{blockSize="
@@ -289,6 +304,39 @@ public final class RouterOptions {
      */
     public Builder indexShards(int shards) {
       e[Abi.RouterOptions.INDEX_SHARDS] = Integer.toUnsignedLong(shards);
+      return this;
+    }
+
+    /**
+     * How a candidate rank is priced; default {@link CostFunction#CREDIT} (Dynamo's). {@link
+     * CostFunction#PREDICTED_TTFT} prices each rank as the seconds until this prompt's first
+     * token: (its prefill tokens in flight + the prompt's uncached tokens) / its prefill rate, the
+     * rate learnt from the time between booking and {@link Router#markPrefillCompleted(String)}
+     * of its requests (each rank's own, shrunk towards the fleet's while it has few), plus {@link
+     * #ttftMissWeight} × the uncached tokens' own time. The credit-form weights do not apply; it
+     * needs prefill tracking (the library refuses it with {@code trackPrefillTokens(false)}).
+     */
+    public Builder costFunction(CostFunction cost) {
+      e[Abi.RouterOptions.COST_FUNCTION] = cost.code();
+      return this;
+    }
+
+    /**
+     * {@link CostFunction#PREDICTED_TTFT}: the prefill rate (prompt tokens per second) assumed
+     * before the first completion; default 0 = unknown (every rank equally fast until one
+     * completes). Finite, >= 0.
+     */
+    public Builder prefillTokensPerSecond(double v) {
+      e[Abi.RouterOptions.PREFILL_TOKENS_PER_SECOND] = Native.bits(v);
+      return this;
+    }
+
+    /**
+     * {@link CostFunction#PREDICTED_TTFT}: the weight of the uncached tokens' own time, the delay
+     * a miss adds for the requests that will queue behind it. Default 2; finite, >= 0.
+     */
+    public Builder ttftMissWeight(double v) {
+      e[Abi.RouterOptions.TTFT_MISS_WEIGHT] = Native.bits(v);
       return this;
     }
 

@@ -99,6 +99,9 @@ class AbiTest {
     documented.put("overlap_score_credit_decay", bits(0.0));
     documented.put("decode_active_request_weight", bits(0.0));
     documented.put("index_shards", 1L);
+    documented.put("cost_function", (long) CostFunction.CREDIT.code());
+    documented.put("prefill_tokens_per_second", bits(0.0));
+    documented.put("ttft_miss_weight", bits(2.0));
 
     // A field added to kvr_router_options fails here until it has a default, an accessor and a
     // builder setter (README.md: adding a field).
@@ -138,6 +141,9 @@ class AbiTest {
     assertEquals(0.0, o.overlapScoreCreditDecay());
     assertEquals(0.0, o.decodeActiveRequestWeight());
     assertEquals(1, o.indexShards());
+    assertEquals(CostFunction.CREDIT, o.costFunction());
+    assertEquals(0.0, o.prefillTokensPerSecond());
+    assertEquals(2.0, o.ttftMissWeight());
   }
 
   /** An invalid value of one setter, and the C field the library must name refusing it. */
@@ -174,7 +180,9 @@ class AbiTest {
             new Refused<>("overlap_score_credit_decay", b -> b.overlapScoreCreditDecay(-1)),
             new Refused<>("decode_active_request_weight", b -> b.decodeActiveRequestWeight(-1)),
             new Refused<>("index_shards", b -> b.indexShards(0)),
-            new Refused<>("index_shards", b -> b.indexShards(65)));
+            new Refused<>("index_shards", b -> b.indexShards(65)),
+            new Refused<>("prefill_tokens_per_second", b -> b.prefillTokensPerSecond(-1)),
+            new Refused<>("ttft_miss_weight", b -> b.ttftMissWeight(-1)));
     List<String> fields = new ArrayList<>();
     for (Refused<RouterOptions.Builder> r : refused) fields.add(r.field());
     for (Refused<RouterOptions.Builder> r : refused) {
@@ -223,6 +231,9 @@ class AbiTest {
             .overlapScoreCreditDecay(0.75)
             .decodeActiveRequestWeight(4)
             .indexShards(4)
+            .costFunction(CostFunction.PREDICTED_TTFT)
+            .prefillTokensPerSecond(5000)
+            .ttftMissWeight(0.5)
             .build()
             .toBuilder()
             .build();
@@ -248,6 +259,9 @@ class AbiTest {
     assertEquals(0.75, all.overlapScoreCreditDecay());
     assertEquals(4.0, all.decodeActiveRequestWeight());
     assertEquals(4, all.indexShards());
+    assertEquals(CostFunction.PREDICTED_TTFT, all.costFunction());
+    assertEquals(5000.0, all.prefillTokensPerSecond());
+    assertEquals(0.5, all.ttftMissWeight());
     long flags =
         Abi.ROUTER_APPROXIMATE
             | Abi.ROUTER_NO_KV_REUSE
@@ -256,9 +270,12 @@ class AbiTest {
             | Abi.ROUTER_ENTROPY_SEED
             | Abi.ROUTER_TRACK_OUTPUT_BLOCKS;
     assertEquals(flags, all.encoded()[Abi.RouterOptions.FLAGS]);
-    try (Router router = new Router(all)) {
+    // The predicted-TTFT cost needs prefill tracking, which `all` turns off.
+    try (Router router = new Router(all.toBuilder().costFunction(CostFunction.CREDIT).build())) {
       assertEquals(0, router.metrics().workers());
     }
+    KvRouterException needsTracking = assertThrows(KvRouterException.class, () -> new Router(all));
+    assertEquals(Status.INVALID_ARGUMENT, needsTracking.status());
   }
 
   /** Each per-request override reaches the router as its C field (validated per request). */
@@ -272,7 +289,8 @@ class AbiTest {
             new Refused<>("disk_cache_hit_weight", b -> b.diskCacheHitWeight(2)),
             new Refused<>("temperature", b -> b.temperature(-1)),
             new Refused<>("overlap_score_credit_decay", b -> b.overlapScoreCreditDecay(-1)),
-            new Refused<>("decode_active_request_weight", b -> b.decodeActiveRequestWeight(-1)));
+            new Refused<>("decode_active_request_weight", b -> b.decodeActiveRequestWeight(-1)),
+            new Refused<>("ttft_miss_weight", b -> b.ttftMissWeight(-1)));
     List<String> fields = new ArrayList<>();
     for (Refused<RequestOptions.Builder> r : refused) fields.add(r.field());
     try (Router router = TestSupport.routerWithWorkers(2)) {

@@ -25,7 +25,8 @@ public final class JniExercise {
           DisaggTest.class,
           IngestTest.class,
           ReplicaTest.class,
-          ConcurrencyTest.class);
+          ConcurrencyTest.class,
+          PredictedTtftTest.class);
 
   public static void main(String[] args) throws Exception {
     int ran = 0;
