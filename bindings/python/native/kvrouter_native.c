@@ -1619,6 +1619,24 @@ cleanup:
   return NULL;
 }
 
+static PyObject* router_set_time(RouterObject* self, PyObject* arg) {
+  long long ns;
+  kvr_router* r;
+  kvr_error* err = NULL;
+  kvr_status st = KVR_OK;
+  if (!PyLong_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "the time must be an int (nanoseconds)");
+    return NULL;
+  }
+  ns = PyLong_AsLongLong(arg);
+  if (ns == -1 && PyErr_Occurred()) return NULL;
+  ROUTER_CALL(self, r, st, kvr_router_set_time(r, (int64_t)ns, &err));
+  if (st != KVR_OK) return fail(st, err);
+  Py_RETURN_NONE;
+cleanup:
+  return NULL;
+}
+
 static PyObject* router_count_call(RouterObject* self,
                                    kvr_status (*fn)(kvr_router*, size_t*, kvr_error**)) {
   size_t n = 0;
@@ -1733,6 +1751,7 @@ static PyMethodDef router_methods[] = {
     {"_commit_route", (PyCFunction)router_commit_route, METH_O, NULL},
     {"_abort_route", (PyCFunction)router_abort_route, METH_O, NULL},
     {"_set_plan_deadline", (PyCFunction)router_set_plan_deadline, METH_O, NULL},
+    {"_set_time", (PyCFunction)router_set_time, METH_O, NULL},
     {"_expire_plans", (PyCFunction)router_expire_plans, METH_NOARGS, NULL},
     {"_session_binding", (PyCFunction)router_session_binding, METH_O, NULL},
     {"_close_session", (PyCFunction)router_close_session, METH_O, NULL},

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import _abi
 from ._abi import (
     ABI_VERSION,
+    CostFunction,
     DisaggPolicy,
     Engine,
     EventKind,
@@ -170,6 +171,7 @@ __all__ = [
     "DeadlineExceededError",
     "Disagg",
     "DisaggOptions",
+    "CostFunction",
     "DisaggPolicy",
     "Engine",
     "EngineWorker",

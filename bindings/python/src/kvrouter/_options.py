@@ -25,6 +25,7 @@ from ._abi import (
     STORED_EAGLE,
     STORED_HAS_PARENT,
     WORKER_NONE,
+    CostFunction,
     DisaggPolicy,
     Engine,
     Phase,
@@ -91,6 +92,18 @@ class RouterOptions:
     overlap_score_credit_decay: float = _ROUTER["overlap_score_credit_decay"]
     decode_active_request_weight: float = _ROUTER["decode_active_request_weight"]
     index_shards: int = _ROUTER["index_shards"]
+    #: How a candidate rank is priced: ``CREDIT`` (the default, Dynamo's credit form) or
+    #: ``PREDICTED_TTFT``, the seconds until the prompt's first token: (the rank's prefill tokens
+    #: in flight + the prompt's uncached tokens) / its prefill rate, the rate learnt from the
+    #: time between booking and ``mark_prefill_completed`` of its requests, plus
+    #: ``ttft_miss_weight`` x the uncached tokens' own time. It needs ``track_prefill_tokens``.
+    cost_function: CostFunction = CostFunction(_ROUTER["cost_function"])
+    #: ``PREDICTED_TTFT``: the prefill rate (prompt tokens per second) assumed before the first
+    #: completion; 0 (the default) = unknown, every rank equally fast until one completes.
+    prefill_tokens_per_second: float = _ROUTER["prefill_tokens_per_second"]
+    #: ``PREDICTED_TTFT``: the weight of a miss's own prefill time (the delay it adds for the
+    #: requests queueing behind it); default 2, finite and >= 0.
+    ttft_miss_weight: float = _ROUTER["ttft_miss_weight"]
 
     def _fields(self) -> Dict[str, Any]:
         flags = (
@@ -119,6 +132,9 @@ class RouterOptions:
             "overlap_score_credit_decay": self.overlap_score_credit_decay,
             "decode_active_request_weight": self.decode_active_request_weight,
             "index_shards": self.index_shards,
+            "cost_function": int(self.cost_function),
+            "prefill_tokens_per_second": self.prefill_tokens_per_second,
+            "ttft_miss_weight": self.ttft_miss_weight,
         }
 
 
@@ -183,6 +199,8 @@ class RequestOptions:
     queue_timeout: Optional[float] = None
     overlap_score_credit_decay: Optional[float] = None
     decode_active_request_weight: Optional[float] = None
+    cost_function: Optional[CostFunction] = None
+    ttft_miss_weight: Optional[float] = None
 
     def _fields(self) -> Dict[str, Any]:
         return {
@@ -199,6 +217,8 @@ class RequestOptions:
             "queue_timeout_ms": -1 if self.queue_timeout is None else int(round(self.queue_timeout * 1000)),
             "overlap_score_credit_decay": _override(self.overlap_score_credit_decay),
             "decode_active_request_weight": _override(self.decode_active_request_weight),
+            "cost_function": -1 if self.cost_function is None else int(self.cost_function),
+            "ttft_miss_weight": _override(self.ttft_miss_weight),
         }
 
     @cached_property

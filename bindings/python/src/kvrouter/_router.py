@@ -190,6 +190,16 @@ class Router(_native.Router):
         """How long a plan may wait for commit or abort (default 30 s; later plans)."""
         self._set_plan_deadline(seconds)
 
+    def set_time(self, ns: int) -> None:
+        """Drives the router's clock by hand from now on, for simulations and tests in which
+        time passes at their own pace: everything the router times (request expiry, plan
+        deadlines, session bindings, approximate-mode TTLs, queue order, the prefill rates of
+        ``CostFunction.PREDICTED_TTFT``) then sees ``ns`` (nanoseconds from any origin) plus a
+        fixed offset chosen at the first call, so that the router's time continues from where it
+        was: only differences matter. Until the first call the router reads the process's
+        monotonic clock. InvalidArgumentError if ``ns`` is earlier than the last time set."""
+        self._set_time(ns)
+
     def expire_plans(self) -> int:
         """Drops plans past their deadline now; how many."""
         return self._expire_plans()
