@@ -261,9 +261,9 @@ typedef struct kvr_router_options {
   uint32_t reserved;
   /* KVR_COST_*; default KVR_COST_CREDIT (Dynamo's). KVR_COST_PREDICTED_TTFT prices each rank
    * as the seconds until this prompt's first token: (its prefill tokens in flight + the
-   * prompt's uncached tokens) / its prefill rate, the rate learnt from the time between booking
-   * and kvr_router_mark_prefill_completed of its requests (each rank's own, shrunk towards the
-   * fleet's while it has few), plus ttft_miss_weight × the uncached tokens' own time: the
+   * prompt's uncached tokens) / the prefill rate, learnt from the time between booking and
+   * kvr_router_mark_prefill_completed of every request (one rate for the fleet: per-rank rates
+   * measured worse, docs/replay.md), plus ttft_miss_weight × the uncached tokens' own time: the
    * delay a miss adds for the requests that will queue behind it. The credit-form weights do
    * not apply; it needs prefill tracking. */
   kvr_cost_function cost_function;
@@ -271,7 +271,7 @@ typedef struct kvr_router_options {
   /* KVR_COST_PREDICTED_TTFT: the prefill rate (prompt tokens per second) assumed before the
    * first completion; default 0 = unknown (every rank equally fast until one completes). */
   double prefill_tokens_per_second;
-  double ttft_miss_weight; /* KVR_COST_PREDICTED_TTFT: default 2; finite, >= 0 */
+  double ttft_miss_weight; /* KVR_COST_PREDICTED_TTFT: default 3; finite, >= 0 */
 } kvr_router_options;
 
 /* Sized initialisation with every default (as kvr_hash_options_init).

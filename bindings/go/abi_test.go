@@ -249,7 +249,7 @@ func TestDefaultsAreTheLibrarys(t *testing.T) {
 		BlockSize: 16, QueuePolicy: QueueFCFS, OverlapScoreCredit: 1, PrefillLoadScale: 1,
 		HostCacheHitWeight: 0.75, DiskCacheHitWeight: 0.25, QueueThreshold: d.QueueThreshold,
 		ApproxTTL: 120 * time.Second, ApproxMaxBlocks: 1 << 20, ApproxPruneTargetRatio: 0.8,
-		RequestExpiry: 300 * time.Second, IndexShards: 1, CostFunction: CostCredit, TTFTMissWeight: 2,
+		RequestExpiry: 300 * time.Second, IndexShards: 1, CostFunction: CostCredit, TTFTMissWeight: 3,
 	}
 	if diff := differing(d, want); len(diff) > 0 {
 		t.Errorf("DefaultRouterOptions differs from the header's defaults in %v: %+v", diff, d)

@@ -52,16 +52,16 @@ type RouterOptions struct {
 	IndexShards uint32
 	// CostFunction is how a candidate rank is priced: CostCredit (the default, Dynamo's credit
 	// form) or CostPredictedTTFT, the seconds until this prompt's first token: (the rank's
-	// prefill tokens in flight + the prompt's uncached tokens) / its prefill rate, the rate
-	// learnt from the time between booking and MarkPrefillCompleted of its requests (each
-	// rank's own, shrunk towards the fleet's while it has few), plus TTFTMissWeight × the
+	// prefill tokens in flight + the prompt's uncached tokens) / the prefill rate, learnt from
+	// the time between booking and MarkPrefillCompleted of every request (one rate for the
+	// fleet), plus TTFTMissWeight × the
 	// uncached tokens' own time. The credit-form weights do not apply to it, and it needs
 	// prefill tracking (NoPrefillTracking is refused).
 	CostFunction CostFunction
 	// PrefillTokensPerSecond (CostPredictedTTFT) is the prefill rate assumed before the first
 	// completion; 0 (the default) = unknown: every rank equally fast until one completes.
 	PrefillTokensPerSecond float64
-	// TTFTMissWeight (CostPredictedTTFT; default 2, finite, >= 0) weighs the uncached tokens'
+	// TTFTMissWeight (CostPredictedTTFT; default 3, finite, >= 0) weighs the uncached tokens'
 	// own time: the delay a miss adds for the requests that will queue behind it.
 	TTFTMissWeight float64
 }

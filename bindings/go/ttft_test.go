@@ -11,7 +11,7 @@ import (
 
 func TestPredictedTTFTOptions(t *testing.T) {
 	d := DefaultRouterOptions()
-	if d.CostFunction != CostCredit || d.TTFTMissWeight != 2 || d.PrefillTokensPerSecond != 0 {
+	if d.CostFunction != CostCredit || d.TTFTMissWeight != 3 || d.PrefillTokensPerSecond != 0 {
 		t.Errorf("defaults: cost %v, miss weight %v, rate %v", d.CostFunction, d.TTFTMissWeight, d.PrefillTokensPerSecond)
 	}
 	if s := CostPredictedTTFT.String(); s != "KVR_COST_PREDICTED_TTFT" {

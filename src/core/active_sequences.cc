@@ -47,7 +47,7 @@ ActiveSequences::ActiveSequences(const Clock& clock, ActiveSequencesOptions opti
       expiry_(SecondsToNanos(options.expiry_seconds)),
       expiry_check_interval_(SecondsToNanos(options.expiry_check_seconds)),
       last_expiry_check_(clock.Now()),
-      prefill_rates_(options.prefill_tokens_per_second),
+      prefill_rate_(options.prefill_tokens_per_second),
       root_(std::make_unique<Run>()) {}
 
 ActiveSequences::~ActiveSequences() = default;
@@ -128,8 +128,8 @@ bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
   s.active_prefill_tokens -= record.prefill_tokens;
   record.prefill_tokens = 0;
   const Nanos waited = clock_.Now() - record.started_at;
-  prefill_rates_.Add(s.prefill_rate, static_cast<double>(record.work_ahead),
-                     static_cast<double>(waited) / kNanosPerSecond);
+  prefill_rate_.Add(static_cast<double>(record.work_ahead),
+                    static_cast<double>(waited) / kNanosPerSecond);
   return true;
 }
 
@@ -234,7 +234,7 @@ WorkerLoad ActiveSequences::LoadOf(const Slot& s) const {
                     .active_blocks = s.active_blocks + s.output_blocks,
                     .active_prefill_tokens = s.active_prefill_tokens,
                     .active_requests = s.active_requests,
-                    .prefill_tokens_per_second = prefill_rates_.RateOf(s.prefill_rate)};
+                    .prefill_tokens_per_second = prefill_rate_.tokens_per_second()};
 }
 
 WorkerLoad ActiveSequences::Load(WorkerKey worker) const {

@@ -109,8 +109,8 @@ struct WorkerLoad {
   uint64_t active_blocks = 0;          // distinct blocks held by its active requests
   uint64_t active_prefill_tokens = 0;  // prompt tokens booked and not yet prefilled
   uint64_t active_requests = 0;
-  // Prompt tokens per second it prefills, learnt from its completions (prefill_rate.h); 0 while
-  // nothing is known.
+  // Prompt tokens per second it prefills, learnt from the fleet's completions (prefill_rate.h);
+  // 0 while nothing is known.
   double prefill_tokens_per_second = 0;
 };
 
@@ -155,7 +155,7 @@ class ActiveSequences {
   absl::Status AddRequest(const SequenceRequest& request);
 
   // The request's prompt is prefilled: its prefill tokens stop counting, and the time since it
-  // was booked is a sample of its rank's prefill rate. Idempotent; unknown ids are no error.
+  // was booked is a sample of the prefill rate. Idempotent; unknown ids are no error.
   // Returns whether anything changed.
   bool MarkPrefillCompleted(std::string_view request_id);
 
@@ -235,7 +235,6 @@ class ActiveSequences {
     uint64_t active_prefill_tokens = 0;
     uint64_t active_requests = 0;
     uint64_t output_blocks = 0;  // its requests' output blocks (not in the trie)
-    RateSamples prefill_rate{PrefillRates::kRankKeep};
   };
 
   struct Record {
@@ -276,7 +275,7 @@ class ActiveSequences {
   Nanos expiry_check_interval_;
   Nanos last_expiry_check_;
 
-  PrefillRates prefill_rates_;
+  PrefillRate prefill_rate_;
   std::vector<Slot> slots_;  // indexed by slot number; freed slots are reused
   std::vector<uint32_t> free_slots_;
   absl::flat_hash_map<WorkerKey, uint32_t> slot_of_;

@@ -28,7 +28,7 @@
 // rank counts as 1 token/s). The second term is what the miss costs the requests that will
 // queue behind it: every uncached token is prefill time that later arrivals wait for, so a
 // miss weighs (1 + ttft_miss_weight) times its own delay. 0 is greedy for this request alone;
-// the default 2 was tuned on the Mooncake synthetic trace and validated on others
+// the default 3 was tuned on the Mooncake synthetic trace and validated on others
 // (docs/replay.md). The credit form's knobs do not apply; it needs prefill tracking.
 //
 // Temperature 0 picks the cheapest rank, ties broken uniformly at random (reservoir sampling).
@@ -82,7 +82,7 @@ struct SelectorConfig {
   double overlap_score_credit_decay = 0.0;    // finite, >= 0; 0 = no decay
   double decode_active_request_weight = 0.0;  // finite, >= 0; cost per active request
   CostFunction cost_function = CostFunction::kCredit;
-  double ttft_miss_weight = 2.0;  // finite, >= 0; kPredictedTtft only
+  double ttft_miss_weight = 3.0;  // finite, >= 0; kPredictedTtft only
 };
 
 // InvalidArgument naming the first setting out of range (NaN and infinities included).

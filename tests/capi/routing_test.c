@@ -814,9 +814,9 @@ static void refused_result_books_nothing(void** state) {
 }
 
 /* KVR_COST_PREDICTED_TTFT through the C ABI, on a router whose clock the test drives with
- * kvr_router_set_time: worker 1 prefills ten times faster than the others, so a prompt goes
- * there even behind a backlog, and each candidate's cost is in seconds. */
-static void predicted_ttft_follows_the_calibrated_rates(void** state) {
+ * kvr_router_set_time: every request takes 100 ms from booking to first token, so the prefill
+ * rate is 560 tokens / 0.1 s = 5,600 tokens/s, and each candidate's cost is seconds. */
+static void predicted_ttft_prices_seconds_at_the_learnt_rate(void** state) {
   fixture* f = (fixture*)*state;
   kvr_router_options options;
   kvr_router* router = NULL;
@@ -828,52 +828,57 @@ static void predicted_ttft_follows_the_calibrated_rates(void** state) {
   int i;
   int64_t now = 5000000000;
   char name[32];
-  uint32_t fresh[SYSTEM_BLOCKS * BS]; /* cached nowhere */
+  uint32_t fresh[SYSTEM_BLOCKS * BS];   /* cached nowhere */
+  uint32_t backlog[SYSTEM_BLOCKS * BS]; /* booked on worker 1 */
+  const double rate = REQUEST_TOKENS / 0.1;
   kvt_fill_tokens(fresh, SYSTEM_BLOCKS * BS, 500000);
+  kvt_fill_tokens(backlog, SYSTEM_BLOCKS * BS, 700000);
   KVT_OK(kvr_router_options_init(&options, sizeof options));
   assert_int_equal(KVR_COST_CREDIT, options.cost_function);
-  assert_true(options.ttft_miss_weight == 2.0);
+  assert_true(options.ttft_miss_weight == 3.0);
   assert_true(options.prefill_tokens_per_second == 0.0);
   options.block_size = BS;
   options.cost_function = KVR_COST_PREDICTED_TTFT;
   KVT_OK(kvr_router_new(&options, &router, ERRP));
   for (id = 1; id <= NUM_WORKERS; ++id) kvt_add_worker(router, id);
   KVT_OK(kvr_router_set_time(router, now, ERRP));
-  for (i = 0; i < 16; ++i) {
+  for (i = 0; i < 4; ++i) {
     for (id = 1; id <= NUM_WORKERS; ++id) {
       snprintf(name, sizeof name, "warm-%d-%d", (int)id, i);
       req = kvt_admit(name);
       KVT_OK(kvr_router_add_request(router, f->request, REQUEST_TOKENS, id, 0, &req, ERRP));
-      now += id == 1 ? 10000000 : 100000000; /* 10 ms on worker 1, 100 ms elsewhere */
+      now += 100000000;
       KVT_OK(kvr_router_set_time(router, now, ERRP));
       KVT_OK(kvr_router_mark_prefill_completed(router, name, ERRP));
       KVT_OK(kvr_router_free_request(router, name, ERRP));
     }
   }
   req = kvt_admit("backlog");
-  KVT_OK(kvr_router_add_request(router, f->system, SYSTEM_BLOCKS * BS, 1, 0, &req, ERRP));
+  KVT_OK(kvr_router_add_request(router, backlog, SYSTEM_BLOCKS * BS, 1, 0, &req, ERRP));
   KVT_OK(kvr_request_options_init(&req, sizeof req));
   KVT_OK(kvr_route_result_init(&result, sizeof result));
   KVT_OK(kvr_find_best_match(router, fresh, SYSTEM_BLOCKS * BS, &req, &result, c, NUM_WORKERS, &n,
                              ERRP));
   assert_int_equal(NUM_WORKERS, n);
-  assert_int_equal(1, result.worker_id);
+  assert_int_not_equal(1, result.worker_id);
   for (i = 0; i < (int)n; ++i) {
-    /* Seconds: (backlog + 3 x 512 tokens) at thousands of tokens per second. */
-    assert_true(c[i].cost > 0 && c[i].cost < 1.0);
+    /* (backlog + 512) / rate + 3 x 512 / rate: 0.457 s behind worker 1's backlog, 0.366 s. */
+    const double backlog_tokens = c[i].worker_id == 1 ? SYSTEM_BLOCKS * BS : 0;
+    const double expected = (backlog_tokens + 4.0 * SYSTEM_BLOCKS * BS) / rate;
+    assert_true(fabs(c[i].cost - expected) < 1e-9);
   }
-  /* The credit form, asked for this request only, avoids worker 1's backlog. */
+  /* The credit form, asked for this request only, prices blocks: 512 / 16 + 32 new = 64. */
   req.cost_function = KVR_COST_CREDIT;
   KVT_OK(
       kvr_find_best_match(router, fresh, SYSTEM_BLOCKS * BS, &req, &result, NULL, 0, NULL, ERRP));
-  assert_int_not_equal(1, result.worker_id);
+  assert_true(result.cost == 64.0);
   /* Time never goes back; unknown cost functions are refused. */
   KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "earlier",
                           kvr_router_set_time(router, now - 1, ERRP));
   req.cost_function = 7;
   KVT_EXPECT_FAILS_SAYING(
       KVR_INVALID_ARGUMENT, "cost_function",
-      kvr_find_best_match(router, f->request, REQUEST_TOKENS, &req, &result, NULL, 0, NULL, ERRP));
+      kvr_find_best_match(router, fresh, SYSTEM_BLOCKS * BS, &req, &result, NULL, 0, NULL, ERRP));
   kvr_router_free(router);
   options.cost_function = 9;
   KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "cost_function",
@@ -931,7 +936,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, teardown),
       cmocka_unit_test_setup_teardown(route_result_struct_size_rules, setup, teardown),
       cmocka_unit_test_setup_teardown(refused_result_books_nothing, setup, teardown),
-      cmocka_unit_test_setup_teardown(predicted_ttft_follows_the_calibrated_rates, setup, teardown),
+      cmocka_unit_test_setup_teardown(predicted_ttft_prices_seconds_at_the_learnt_rate, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(null_arguments, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

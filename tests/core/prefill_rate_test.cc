@@ -5,55 +5,35 @@
 namespace kvrouter {
 namespace {
 
-TEST(PrefillRatesTest, UnknownUntilTheFirstCompletionUnlessAPriorIsGiven) {
-  const RateSamples rank = PrefillRates::NewRank();
-  EXPECT_EQ(PrefillRates().RateOf(rank), 0);
-  EXPECT_EQ(PrefillRates(20'000).RateOf(rank), 20'000);
-  EXPECT_EQ(PrefillRates(20'000).fleet_rate(), 20'000);
+TEST(PrefillRateTest, UnknownUntilTheFirstCompletionUnlessAPriorIsGiven) {
+  EXPECT_EQ(PrefillRate().tokens_per_second(), 0);
+  EXPECT_EQ(PrefillRate(20'000).tokens_per_second(), 20'000);
 }
 
-TEST(PrefillRatesTest, ARankWithManySamplesIsPricedAtItsOwnRate) {
-  PrefillRates rates(1'000);
-  RateSamples fast = PrefillRates::NewRank();
-  RateSamples slow = PrefillRates::NewRank();
-  for (int i = 0; i < 200; ++i) {
-    rates.Add(fast, 20'000, 1.0);  // 20k tokens/s
-    rates.Add(slow, 5'000, 1.0);   // 5k tokens/s
-  }
-  EXPECT_NEAR(rates.fleet_rate(), 12'500, 50);  // the last sample (slow) weighs most
-  // Shrunk towards the fleet by kFleetPriorSamples of its mean sample, against ~16 of its own.
-  EXPECT_GT(rates.RateOf(fast), 18'000);
-  EXPECT_LT(rates.RateOf(slow), 6'500);
-  EXPECT_GT(rates.RateOf(fast), rates.RateOf(slow));
+TEST(PrefillRateTest, TheRateIsTheRatioOfTheSamplesSums) {
+  PrefillRate rate(1'000);  // the prior gives way to the first sample
+  rate.Add(8'000, 2.0);
+  EXPECT_DOUBLE_EQ(rate.tokens_per_second(), 4'000);
+  // A long prefill weighs more than a short one: (8,000 + 100) / (2 + 1) ≈ 2,700, not the mean
+  // of 4,000 and 100 tokens/s.
+  rate.Add(100, 1.0);
+  EXPECT_NEAR(rate.tokens_per_second(), 8'100 / 3.0, 10);
 }
 
-TEST(PrefillRatesTest, ARankWithoutSamplesBorrowsTheFleetRate) {
-  PrefillRates rates;
-  RateSamples seen = PrefillRates::NewRank();
-  const RateSamples unseen = PrefillRates::NewRank();
-  rates.Add(seen, 8'000, 2.0);
-  EXPECT_DOUBLE_EQ(rates.RateOf(unseen), 4'000);
-  EXPECT_DOUBLE_EQ(rates.RateOf(seen), 4'000);
+TEST(PrefillRateTest, RecentSamplesOutweighOldOnes) {
+  PrefillRate rate;
+  for (int i = 0; i < 1'000; ++i) rate.Add(10'000, 1.0);
+  EXPECT_NEAR(rate.tokens_per_second(), 10'000, 1e-6);
+  for (int i = 0; i < 512; ++i) rate.Add(2'000, 1.0);  // the fleet slowed down
+  EXPECT_LT(rate.tokens_per_second(), 4'000);
 }
 
-TEST(PrefillRatesTest, RecentSamplesOutweighOldOnes) {
-  PrefillRates rates;
-  RateSamples rank = PrefillRates::NewRank();
-  for (int i = 0; i < 100; ++i) rates.Add(rank, 10'000, 1.0);
-  const double before = rates.RateOf(rank);
-  for (int i = 0; i < 32; ++i) rates.Add(rank, 2'000, 1.0);  // the rank slowed down
-  EXPECT_NEAR(before, 10'000, 1);
-  EXPECT_LT(rates.RateOf(rank), 5'000);
-}
-
-TEST(PrefillRatesTest, SamplesWithoutWorkOrTimeAreIgnored) {
-  PrefillRates rates;
-  RateSamples rank = PrefillRates::NewRank();
-  rates.Add(rank, 0, 1.0);
-  rates.Add(rank, 100, 0);
-  rates.Add(rank, 100, -1);
-  EXPECT_TRUE(rank.empty());
-  EXPECT_EQ(rates.RateOf(rank), 0);
+TEST(PrefillRateTest, SamplesWithoutWorkOrTimeAreIgnored) {
+  PrefillRate rate(500);
+  rate.Add(0, 1.0);
+  rate.Add(100, 0);
+  rate.Add(100, -1);
+  EXPECT_EQ(rate.tokens_per_second(), 500);
 }
 
 }  // namespace

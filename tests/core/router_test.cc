@@ -211,38 +211,44 @@ TEST_F(RouterTest, AdmissionBooksUnderTheRequestIdAndFreeReleases) {
   EXPECT_EQ(router_->active_requests(), 0u);
 }
 
-// KVR_COST_PREDICTED_TTFT end to end: each rank's prefill rate is learnt from the time between
-// booking and MarkPrefillCompleted on the router's clock, and the slow rank is avoided.
-TEST_F(RouterTest, PredictedTtftLearnsEachRanksPrefillRateFromCompletions) {
+// KVR_COST_PREDICTED_TTFT end to end: the prefill rate is learnt from the time between booking
+// and MarkPrefillCompleted on the router's clock, and costs are seconds.
+TEST_F(RouterTest, PredictedTtftLearnsThePrefillRateFromCompletions) {
   RouterOptions options;
   options.selection.cost_function = CostFunction::kPredictedTtft;
-  options.selection.ttft_miss_weight = 0;
   Make(options, 2);
+  EXPECT_EQ(LoadOf(1).prefill_tokens_per_second, 0) << "unknown before the first completion";
   const auto prompt = Tokens(100);  // 400 tokens, nothing cached
-  // Worker 1 prefills 400 tokens in 0.1 s (4,000/s), worker 2 in 1 s (400/s), 16 times each:
-  // enough for each rank's own rate to outweigh the fleet's (prefill_rate.h).
-  for (int i = 0; i < 16; ++i) {
+  // Each worker prefills 400 tokens in 0.1 s: 4,000 tokens/s.
+  for (int i = 0; i < 8; ++i) {
     for (uint64_t worker : {1u, 2u}) {
       const std::string id = "warm-" + std::to_string(worker) + "-" + std::to_string(i);
       ASSERT_TRUE(router_->AddRequest(id, prompt, {.worker_id = worker}).ok());
-      clock_.AdvanceSeconds(worker == 1 ? 0.1 : 1.0);
+      clock_.AdvanceSeconds(0.1);
       EXPECT_TRUE(router_->MarkPrefillCompleted(id));
       EXPECT_TRUE(router_->Free(id));
     }
   }
-  EXPECT_GT(LoadOf(1).prefill_tokens_per_second, 2 * LoadOf(2).prefill_tokens_per_second);
-  // Worker 1 now has 800 tokens queued and worker 2 none, yet worker 1 is sooner.
-  ASSERT_TRUE(router_->AddRequest("queued-1", Tokens(100, 1'000), {.worker_id = 1}).ok());
-  ASSERT_TRUE(router_->AddRequest("queued-2", Tokens(100, 2'000), {.worker_id = 1}).ok());
-  auto decision = router_->FindBestMatch(Tokens(100, 3'000), RouteOptions{});
+  EXPECT_NEAR(LoadOf(1).prefill_tokens_per_second, 4'000, 1e-6);
+  EXPECT_EQ(LoadOf(2).prefill_tokens_per_second, LoadOf(1).prefill_tokens_per_second);
+  // Worker 1 holds the next prompt's first 60 blocks (240 tokens) behind a 400-token backlog:
+  //   worker 1: (400 + 160) / 4,000 + 3 · 160 / 4,000 = 0.26 s
+  //   worker 2: 400 / 4,000 + 3 · 400 / 4,000 = 0.4 s
+  const auto next = Tokens(100, 5'000);
+  ASSERT_TRUE(router_->ApplyEvent(Stored({.worker_id = 1}, Tokens(60, 5'000)))->ok());
+  ASSERT_TRUE(router_->AddRequest("backlog", Tokens(100, 9'000), {.worker_id = 1}).ok());
+  auto decision = router_->FindBestMatch(next, RouteOptions{});
   ASSERT_TRUE(decision.ok()) << decision.status();
   EXPECT_EQ(decision->worker.worker_id, 1u);
-  const CandidateCost& chosen = decision->candidates[decision->chosen];
-  EXPECT_DOUBLE_EQ(chosen.cost, 1'200 / LoadOf(1).prefill_tokens_per_second);
-  // The credit form, asked per request, sees only the backlog: worker 2.
+  for (const CandidateCost& c : decision->candidates) {
+    EXPECT_NEAR(c.cost, c.worker.worker_id == 1 ? 0.26 : 0.4, 1e-9);
+    EXPECT_NEAR(c.predicted_ttft_seconds, c.worker.worker_id == 1 ? 0.14 : 0.1, 1e-9);
+  }
+  // The credit form, asked per request, prices blocks and avoids the backlog (and the blocks it
+  // holds): worker 1 (400 + 400) / 4 - 60 + 100 + 40 = 280, worker 2 100 + 100 = 200.
   RouteOptions credit;
   credit.overrides.cost_function = CostFunction::kCredit;
-  decision = router_->FindBestMatch(Tokens(100, 3'000), credit);
+  decision = router_->FindBestMatch(next, credit);
   ASSERT_TRUE(decision.ok());
   EXPECT_EQ(decision->worker.worker_id, 2u);
 }

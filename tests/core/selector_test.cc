@@ -354,7 +354,7 @@ TEST(SelectorTest, OverridesReplaceOnlyWhatTheySet) {
 namespace kvrouter {
 namespace {
 
-// The predicted-TTFT cost, in seconds. Prompt 1,600 tokens; block size 16.
+// The predicted-TTFT cost, in seconds, with miss weight 2. Prompt 1,600 tokens; block size 16.
 // A: 1,280 cached (80 device blocks), 4,000 tokens queued, 10k tokens/s:
 //    predicted (4,000 + 320) / 10,000 = 0.432 s; cost 0.432 + 2 · 320 / 10,000 = 0.496
 // B: nothing cached, idle, 10k tokens/s: predicted 0.16 s; cost 0.16 + 0.32 = 0.48 → B wins
@@ -371,7 +371,7 @@ TEST(SelectorTest, PredictedTtftPricesBacklogAndMissesAtTheRanksRate) {
   };
   const SelectionInput input{.prompt_tokens = 1'600, .block_size = 16, .candidates = candidates};
   SeededRandomSource random(1);
-  const SelectorConfig ttft{.cost_function = CostFunction::kPredictedTtft};
+  const SelectorConfig ttft{.cost_function = CostFunction::kPredictedTtft, .ttft_miss_weight = 2};
   auto selection = SelectWorker(input, ttft, random);
   ASSERT_TRUE(selection.ok()) << selection.status();
   EXPECT_DOUBLE_EQ(selection->costs[0].predicted_ttft_seconds, 0.432);
@@ -411,7 +411,7 @@ TEST(SelectorTest, PredictedTtftWithoutRatesCountsTokens) {
       SelectWorker(SelectionInput{.prompt_tokens = 32, .block_size = 16, .candidates = candidates},
                    SelectorConfig{.cost_function = CostFunction::kPredictedTtft}, random);
   ASSERT_TRUE(selection.ok());
-  EXPECT_DOUBLE_EQ(selection->costs[0].cost, 100 + 3 * 32);
+  EXPECT_DOUBLE_EQ(selection->costs[0].cost, 100 + (1 + 3) * 32);  // the default weight 3
   EXPECT_EQ(selection->winner().worker, kB);
 }
 

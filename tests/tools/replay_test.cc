@@ -499,7 +499,7 @@ TEST(ReplayCliTest, PredictedTtftAndHostTierFlagsTakeEffect) {
   };
   const nlohmann::json ttft = LoadedSliceJson("--policies kvrouter-ttft", "ttft");
   EXPECT_EQ(ttft["policies"][0]["policy"], "kvrouter-ttft");
-  EXPECT_EQ(ttft["router"]["ttft_miss_weight"].get<double>(), 2);
+  EXPECT_EQ(ttft["router"]["ttft_miss_weight"].get<double>(), 3);
   const nlohmann::json greedy =
       LoadedSliceJson("--policies kvrouter-ttft --ttft-miss-weight 0", "ttft_greedy");
   EXPECT_EQ(greedy["router"]["ttft_miss_weight"].get<double>(), 0);

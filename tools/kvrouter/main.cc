@@ -46,7 +46,7 @@ ABSL_FLAG(std::optional<double>, overlap_score_credit_decay, std::nullopt,
           "Router: discount of a cache hit on a worker with a longer prefill queue (default 0)");
 ABSL_FLAG(std::optional<double>, ttft_miss_weight, std::nullopt,
           "Router (kvrouter-ttft): extra weight of a cache miss's prefill time, the delay it "
-          "adds for the requests queued behind it (default 2)");
+          "adds for the requests queued behind it (default 3)");
 ABSL_FLAG(std::optional<double>, decode_active_request_weight, std::nullopt,
           "Router: cost per active request on the worker (default 0)");
 ABSL_FLAG(std::optional<double>, queue_threshold, std::nullopt,

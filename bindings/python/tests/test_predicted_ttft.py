@@ -17,7 +17,7 @@ WORKERS = 4
 def test_options_defaults_and_bad_values():
     d = RouterOptions()
     assert d.cost_function is CostFunction.CREDIT
-    assert (d.ttft_miss_weight, d.prefill_tokens_per_second) == (2.0, 0.0)
+    assert (d.ttft_miss_weight, d.prefill_tokens_per_second) == (3.0, 0.0)
     r = RequestOptions()
     assert (r.cost_function, r.ttft_miss_weight) == (None, None)
     assert r._fields()["cost_function"] == -1 and math.isnan(r._fields()["ttft_miss_weight"])

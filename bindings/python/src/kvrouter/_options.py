@@ -94,15 +94,15 @@ class RouterOptions:
     index_shards: int = _ROUTER["index_shards"]
     #: How a candidate rank is priced: ``CREDIT`` (the default, Dynamo's credit form) or
     #: ``PREDICTED_TTFT``, the seconds until the prompt's first token: (the rank's prefill tokens
-    #: in flight + the prompt's uncached tokens) / its prefill rate, the rate learnt from the
-    #: time between booking and ``mark_prefill_completed`` of its requests, plus
+    #: in flight + the prompt's uncached tokens) / the fleet's prefill rate, learnt from the
+    #: time between booking and ``mark_prefill_completed`` of every request, plus
     #: ``ttft_miss_weight`` x the uncached tokens' own time. It needs ``track_prefill_tokens``.
     cost_function: CostFunction = CostFunction(_ROUTER["cost_function"])
     #: ``PREDICTED_TTFT``: the prefill rate (prompt tokens per second) assumed before the first
     #: completion; 0 (the default) = unknown, every rank equally fast until one completes.
     prefill_tokens_per_second: float = _ROUTER["prefill_tokens_per_second"]
     #: ``PREDICTED_TTFT``: the weight of a miss's own prefill time (the delay it adds for the
-    #: requests queueing behind it); default 2, finite and >= 0.
+    #: requests queueing behind it); default 3, finite and >= 0.
     ttft_miss_weight: float = _ROUTER["ttft_miss_weight"]
 
     def _fields(self) -> Dict[str, Any]:

@@ -327,17 +327,17 @@ pub struct kvr_router_options {
     pub reserved: u32,
     /// KVR_COST_*; default KVR_COST_CREDIT (Dynamo's). KVR_COST_PREDICTED_TTFT prices each rank as
     /// the seconds until this prompt's first token: (its prefill tokens in flight + the prompt's
-    /// uncached tokens) / its prefill rate, the rate learnt from the time between booking and
-    /// kvr_router_mark_prefill_completed of its requests (each rank's own, shrunk towards the
-    /// fleet's while it has few), plus ttft_miss_weight × the uncached tokens' own time: the delay
-    /// a miss adds for the requests that will queue behind it. The credit-form weights do not
+    /// uncached tokens) / the prefill rate, learnt from the time between booking and
+    /// kvr_router_mark_prefill_completed of every request (one rate for the fleet: per-rank rates
+    /// measured worse, docs/replay.md), plus ttft_miss_weight × the uncached tokens' own time: the
+    /// delay a miss adds for the requests that will queue behind it. The credit-form weights do not
     /// apply; it needs prefill tracking.
     pub cost_function: kvr_cost_function,
     pub reserved2: u32,
     /// KVR_COST_PREDICTED_TTFT: the prefill rate (prompt tokens per second) assumed before the
     /// first completion; default 0 = unknown (every rank equally fast until one completes).
     pub prefill_tokens_per_second: f64,
-    /// KVR_COST_PREDICTED_TTFT: default 2; finite, >= 0
+    /// KVR_COST_PREDICTED_TTFT: default 3; finite, >= 0
     pub ttft_miss_weight: f64,
 }
 

@@ -126,10 +126,10 @@ pub struct RouterOptions {
     pub index_shards: u32,
     /// How a candidate rank is priced (default [`CostFunction::Credit`], Dynamo's).
     /// [`CostFunction::PredictedTtft`] prices each rank as the seconds until this prompt's
-    /// first token: (its prefill tokens in flight + the prompt's uncached tokens) / its prefill
-    /// rate, the rate learnt from the time between booking and
-    /// [`mark_prefill_completed`](crate::RouterRef::mark_prefill_completed) of its requests
-    /// (each rank's own, shrunk towards the fleet's while it has few), plus `ttft_miss_weight`
+    /// first token: (its prefill tokens in flight + the prompt's uncached tokens) / the prefill
+    /// rate, learnt from the time between booking and
+    /// [`mark_prefill_completed`](crate::RouterRef::mark_prefill_completed) of every request
+    /// (one rate for the fleet), plus `ttft_miss_weight`
     /// × the uncached tokens' own time. The credit-form weights do not apply; it needs
     /// `track_prefill_tokens`.
     pub cost_function: CostFunction,

@@ -12,7 +12,7 @@ fn predicted_ttft_options_default_and_refuse_bad_values() {
     assert_eq!(d.cost_function, CostFunction::Credit);
     assert_eq!(
         (d.ttft_miss_weight, d.prefill_tokens_per_second),
-        (2.0, 0.0)
+        (3.0, 0.0)
     );
     let opts = RequestOptions::default();
     assert_eq!((opts.cost_function, opts.ttft_miss_weight), (None, None));

@@ -135,7 +135,7 @@ public final class RouterOptions {
     return Native.dbl(encoded[Abi.RouterOptions.PREFILL_TOKENS_PER_SECOND]);
   }
 
-  /** {@link CostFunction#PREDICTED_TTFT}'s weight of a miss's own prefill time; default 2. */
+  /** {@link CostFunction#PREDICTED_TTFT}'s weight of a miss's own prefill time; default 3. */
   public double ttftMissWeight() {
     return Native.dbl(encoded[Abi.RouterOptions.TTFT_MISS_WEIGHT]);
   }
@@ -310,9 +310,9 @@ public final class RouterOptions {
     /**
      * How a candidate rank is priced; default {@link CostFunction#CREDIT} (Dynamo's). {@link
      * CostFunction#PREDICTED_TTFT} prices each rank as the seconds until this prompt's first
-     * token: (its prefill tokens in flight + the prompt's uncached tokens) / its prefill rate, the
-     * rate learnt from the time between booking and {@link Router#markPrefillCompleted(String)}
-     * of its requests (each rank's own, shrunk towards the fleet's while it has few), plus {@link
+     * token: (its prefill tokens in flight + the prompt's uncached tokens) / the prefill rate,
+     * learnt from the time between booking and {@link Router#markPrefillCompleted(String)} of
+     * every request (one rate for the fleet), plus {@link
      * #ttftMissWeight} × the uncached tokens' own time. The credit-form weights do not apply; it
      * needs prefill tracking (the library refuses it with {@code trackPrefillTokens(false)}).
      */

@@ -101,7 +101,7 @@ class AbiTest {
     documented.put("index_shards", 1L);
     documented.put("cost_function", (long) CostFunction.CREDIT.code());
     documented.put("prefill_tokens_per_second", bits(0.0));
-    documented.put("ttft_miss_weight", bits(2.0));
+    documented.put("ttft_miss_weight", bits(3.0));
 
     // A field added to kvr_router_options fails here until it has a default, an accessor and a
     // builder setter (README.md: adding a field).
@@ -143,7 +143,7 @@ class AbiTest {
     assertEquals(1, o.indexShards());
     assertEquals(CostFunction.CREDIT, o.costFunction());
     assertEquals(0.0, o.prefillTokensPerSecond());
-    assertEquals(2.0, o.ttftMissWeight());
+    assertEquals(3.0, o.ttftMissWeight());
   }
 
   /** An invalid value of one setter, and the C field the library must name refusing it. */

@@ -22,7 +22,7 @@ class PredictedTtftTest {
   void optionsDefaultRoundTripAndRefuseBadValues() {
     RouterOptions d = RouterOptions.defaults();
     assertEquals(CostFunction.CREDIT, d.costFunction());
-    assertEquals(2.0, d.ttftMissWeight());
+    assertEquals(3.0, d.ttftMissWeight());
     assertEquals(0.0, d.prefillTokensPerSecond());
     RequestOptions r = RequestOptions.builder().build();
     assertNull(r.costFunction());
