@@ -269,6 +269,73 @@ TEST(SimEngineTest, RequestWhoseRoomIsItsOwnHitsWaitsInsteadOfAborting) {
   EXPECT_EQ(engine.cache().private_blocks(), 0u);
 }
 
+// Runs one engine until it has nothing left, checking after every step that what it published
+// is what its cache holds (no removal of a block still cached, no store of one it lacks).
+double DrainChecked(SimEngine& engine, double now, const RecordingObserver& observer) {
+  engine.MaybeStartStep(now);
+  while (engine.stepping()) {
+    now = engine.step_end();
+    engine.FinishStep();
+    const std::vector<uint64_t> cached = engine.cache().CachedHashes();
+    EXPECT_EQ(std::set<uint64_t>(cached.begin(), cached.end()), observer.indexed) << now;
+    EXPECT_LE(engine.cache().cached_blocks() + engine.cache().private_blocks(), 10u);
+    engine.MaybeStartStep(now);
+  }
+  return now;
+}
+
+// With preemption, two requests whose prompts fit together but whose outputs do not: both are
+// admitted (4 prompt blocks each of 10), decode side by side taking a block each 16 tokens, and
+// when the older one needs a 6th block and none is free or evictable, the newer one is preempted:
+// its prompt blocks stay cached (evictable, no event), it goes back to the queue, and once the
+// older one ends it is re-admitted, prefills its prompt's uncached tail and the 17 tokens it had
+// generated again, and finishes. Its first token is not emitted twice.
+TEST(SimEngineTest, PreemptionRecomputesTheNewestRequestAndKeepsEventsConsistent) {
+  const trace::TraceRecord first = Record({1}, 64, 40), second = Record({2}, 64, 40);
+  RecordingObserver observer;
+  SimEngine engine(0, EngineLimits{.block_size = 16, .kv_capacity_blocks = 10, .preemption = true},
+                   CostModel{}, observer);
+  Request a = MakeRequest(0, first), b = MakeRequest(1, second);
+  engine.Enqueue(&a);
+  engine.Enqueue(&b);
+  DrainChecked(engine, 0, observer);
+
+  EXPECT_EQ(observer.finished, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(observer.first_tokens, (std::vector<uint32_t>{0, 1})) << "once each";
+  EXPECT_EQ(engine.preemptions(), 1u);
+  EXPECT_EQ(a.preemptions, 0u);
+  EXPECT_EQ(b.preemptions, 1u);
+  // Both prefilled in the first step: the first tokens came together, before the preemption.
+  EXPECT_DOUBLE_EQ(b.first_token_s, a.first_token_s);
+  EXPECT_GT(b.finish_s, a.finish_s);
+  // Admitted, the second had its 4 prompt blocks cached; the first's growth evicted the last of
+  // them (its 7th block), so 3 hit again: 16 prompt tokens and the 17 generated ones recomputed.
+  EXPECT_EQ(engine.recompute_tokens(), 16u + 17u);
+  EXPECT_EQ(engine.prefill_tokens_computed(), 64u + 64u + 33u);
+  EXPECT_EQ(b.cached_tokens, 0u) << "the hit rate counts the first admission";
+  EXPECT_EQ(b.generated, 40u);
+  // Stores: each prompt once, then the evicted block of the second again.
+  EXPECT_EQ(observer.stored_events, 3);
+  EXPECT_EQ(engine.cache().private_blocks(), 0u);
+  EXPECT_EQ(engine.cache().evictable_blocks(), engine.cache().cached_blocks());
+
+  // Without preemption the first reserves its whole output (7 blocks) and the second (7) waits
+  // for it to end.
+  RecordingObserver reserved_observer;
+  SimEngine reserved(0, EngineLimits{.block_size = 16, .kv_capacity_blocks = 10}, CostModel{},
+                     reserved_observer);
+  Request ra = MakeRequest(0, first), rb = MakeRequest(1, second);
+  reserved.Enqueue(&ra);
+  reserved.Enqueue(&rb);
+  DrainChecked(reserved, 0, reserved_observer);
+  EXPECT_EQ(reserved.preemptions(), 0u);
+  EXPECT_GE(rb.first_token_s, ra.finish_s);
+  EXPECT_EQ(rb.preemptions, 0u);
+  // Preemption let the second start at once: a much earlier first token, and here an earlier end.
+  EXPECT_LT(b.first_token_s, rb.first_token_s);
+  EXPECT_LT(b.finish_s, rb.finish_s);
+}
+
 TEST(HostPoolTest, OffloadEvictsLeastRecentlyUsed) {
   HostPool pool(2);
   std::vector<uint64_t> added, evicted;

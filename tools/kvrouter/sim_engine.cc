@@ -55,6 +55,7 @@ void SimEngine::Enqueue(Request* request) {
 bool SimEngine::MaybeStartStep(double now) {
   if (stepping() || (waiting_.empty() && running_.empty())) return false;
   step_.clear();
+  preempted_in_step_ = false;
   StepShape shape;
   uint32_t budget = limits_.max_num_batched_tokens;
   // As vLLM's scheduler: running requests first (decodes, then ongoing prefills), then new ones.
@@ -68,20 +69,62 @@ bool SimEngine::MaybeStartStep(double now) {
 
 void SimEngine::PlanRunning(uint32_t& budget, StepShape& shape) {
   // Decodes first (one token each, and never more sequences than tokens in the budget), so a
-  // long prefill cannot stall the requests that are already streaming.
-  for (Request* request : running_) {
-    if (request->computed_tokens < request->prompt_tokens || budget == 0) continue;
+  // long prefill cannot stall the requests that are already streaming. With preemption a decode
+  // may need a block and preempt the newest running request for it: always one not planned in
+  // this step yet (the later decodes and every prefill come after), or this one.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request* request = running_[i];
+    if (request->computed_tokens < PrefillTarget(*request) || budget == 0) continue;
+    if (limits_.preemption && !AllocateDecodeBlock(*request)) continue;  // preempted itself
     --budget;
     ++shape.decode_sequences;
     shape.decode_context_tokens += request->prompt_tokens + request->generated;
     step_.push_back({request, 0});
   }
   for (Request* request : running_) {
-    if (request->computed_tokens < request->prompt_tokens) PlanPrefill(*request, budget, shape);
+    if (request->computed_tokens < PrefillTarget(*request)) PlanPrefill(*request, budget, shape);
   }
 }
 
+// A decode step computes the KV of the request's last generated token: with preemption, its
+// block is allocated when that token starts one (vLLM's allocate_slots).
+bool SimEngine::AllocateDecodeBlock(Request& request) {
+  const uint64_t needed = CeilDiv(request.prompt_tokens + request.generated, limits_.block_size);
+  if (request.held_blocks + request.private_blocks >= needed) return true;
+  while (!cache_.CanAllocate(1)) {
+    Request& victim = *running_.back();
+    Preempt(victim);
+    if (&victim == &request) return false;
+  }
+  evicted_.clear();
+  cache_.AllocatePrivate(1, evicted_);
+  PublishEvictions();
+  ++request.private_blocks;
+  return true;
+}
+
+// vLLM V1's recompute preemption of the most recently admitted running request (running_'s last).
+// Its cached prompt blocks are only released: they stay cached (and published), evictable once
+// nobody references them, so no event is due; its private blocks (the prompt's uncommitted ones,
+// its output's) were never published.
+void SimEngine::Preempt(Request& request) {
+  cache_.Release(std::span<const uint64_t>(request.block_hashes.data(), request.held_blocks),
+                 request.private_blocks);
+  request.held_blocks = 0;
+  request.private_blocks = 0;
+  request.computed_tokens = 0;
+  request.reload_tokens = 0;
+  request.resumed_tokens = request.generated;
+  ++request.preemptions;
+  ++preemptions_;
+  preempted_in_step_ = true;
+  running_.pop_back();
+  waiting_.push_front(&request);
+}
+
 void SimEngine::PlanAdmissions(uint32_t& budget, StepShape& shape) {
+  // As vLLM's scheduler, a step that had to preempt admits nobody.
+  if (preempted_in_step_) return;
   while (budget > 0 && !waiting_.empty() && running_.size() < limits_.max_num_seqs) {
     Request& request = *waiting_.front();
     if (!TryAdmit(request)) break;  // first come, first served: no overtaking
@@ -100,7 +143,7 @@ void SimEngine::PlanPrefill(Request& request, uint32_t& budget, StepShape& shape
     request.reload_tokens = 0;
     return;
   }
-  const uint32_t chunk = std::min(budget, request.prompt_tokens - request.computed_tokens);
+  const uint32_t chunk = std::min(budget, PrefillTarget(request) - request.computed_tokens);
   if (chunk == 0) return;
   budget -= chunk;
   shape.prefill_tokens += chunk;
@@ -116,9 +159,11 @@ bool SimEngine::TryAdmit(Request& request) {
     trace::ExpandTokensInto(*request.record, block_size, request.tokens);
     EngineBlockHashes(request.tokens, block_size, request.block_hashes);
   }
-  // The last prompt token is always computed (its logits give the first token), so a prompt
-  // cached in full still recomputes its last block.
-  const size_t usable = (request.prompt_tokens - 1) / block_size;
+  // The last token to prefill is always computed (its logits give the next token), so a prompt
+  // cached in full still recomputes its last block; after a preemption that token is an output
+  // one, and every full prompt block can hit.
+  const uint32_t target = PrefillTarget(request);
+  const size_t usable = std::min<size_t>(request.block_hashes.size(), (target - 1) / block_size);
   const size_t hits = std::min(cache_.MatchPrefix(request.block_hashes), usable);
   // The host tier may continue the device hit: those blocks are reloaded into private blocks.
   const size_t host_hits =
@@ -126,12 +171,19 @@ bool SimEngine::TryAdmit(Request& request) {
           ? 0
           : host_.MatchPrefix(
                 std::span<const uint64_t>(request.block_hashes).subspan(hits, usable - hits));
-  const uint64_t needed =
-      BlocksNeeded(request.prompt_tokens, request.output_tokens, block_size) - hits;
+  // With preemption, the blocks of what it prefills (the output's come as it decodes), and a
+  // reserve while others run (vLLM's watermark: room for their next decode blocks). Alone, it
+  // always fits: CheckCapacity made sure its prompt and output do.
+  const uint64_t needed = (limits_.preemption ? CeilDiv(target, block_size)
+                                              : BlocksNeeded(request.prompt_tokens,
+                                                             request.output_tokens, block_size)) -
+                          hits;
+  const uint64_t reserve =
+      limits_.preemption && !running_.empty() ? limits_.kv_capacity_blocks / 100 : 0;
   const std::span<const uint64_t> hit_hashes(request.block_hashes.data(), hits);
   // Its own hits cannot make its room: acquiring them takes them off the evictable pool. If it
   // does not fit it waits (at the head of the queue) for running requests to free blocks.
-  if (!cache_.CanAdmit(hit_hashes, needed)) return false;
+  if (!cache_.CanAdmit(hit_hashes, needed + reserve)) return false;
   cache_.Acquire(hit_hashes);
   // Host hits become the most recently used first, so that offloading this admission's device
   // evictions does not push them out of the host before they are copied back.
@@ -144,9 +196,13 @@ bool SimEngine::TryAdmit(Request& request) {
   request.held_blocks = static_cast<uint32_t>(hits);
   request.private_blocks = needed;
   request.computed_tokens = static_cast<uint32_t>(hits * block_size);
-  request.host_cached_tokens = static_cast<uint32_t>(host_hits * block_size);
-  request.reload_tokens = request.host_cached_tokens;
-  request.cached_tokens = request.computed_tokens + request.host_cached_tokens;
+  request.reload_tokens = static_cast<uint32_t>(host_hits * block_size);
+  // The hit rate is the first admission's (where the router sent it); a re-admission's hits
+  // only spare part of the recompute.
+  if (request.preemptions == 0) {
+    request.host_cached_tokens = request.reload_tokens;
+    request.cached_tokens = request.computed_tokens + request.host_cached_tokens;
+  }
   return true;
 }
 
@@ -175,15 +231,23 @@ void SimEngine::FinishStep() {
       CommitPrefill(request, chunk.tokens);
       if (chunk.reload) {
         prefill_tokens_computed_ -= chunk.tokens;  // copied, not computed
-        continue;                                  // never the last prompt token (always computed)
+        if (request.preemptions > 0) recompute_tokens_ -= chunk.tokens;
+        continue;  // never the last prompt token (always computed)
       }
-      if (request.computed_tokens < request.prompt_tokens) continue;
-      // The step that computes the last prompt token samples the first output token.
+      if (request.computed_tokens < PrefillTarget(request)) continue;
       FreeMemory(request.tokens);
-      request.generated = 1;
-      request.first_token_s = now_;
-      pending_prompt_tokens_ -= request.prompt_tokens;
-      observer_.OnFirstToken(request);
+      if (request.resumed_tokens > 0) {
+        // The recompute after a preemption is done: its step samples the next token, as a
+        // decode would have (the first token was emitted before the preemption).
+        request.resumed_tokens = 0;
+        ++request.generated;
+      } else {
+        // The step that computes the last prompt token samples the first output token.
+        request.generated = 1;
+        request.first_token_s = now_;
+        pending_prompt_tokens_ -= request.prompt_tokens;
+        observer_.OnFirstToken(request);
+      }
     } else {
       ++request.generated;
     }
@@ -195,10 +259,13 @@ void SimEngine::FinishStep() {
 
 void SimEngine::CommitPrefill(Request& request, uint32_t tokens) {
   const uint32_t block_size = limits_.block_size;
-  const size_t first_block = request.computed_tokens / block_size;
+  // Full prompt blocks computed (a recompute's output tokens are never cached).
+  const size_t prompt_blocks = request.block_hashes.size();
+  const size_t first_block = std::min<size_t>(request.computed_tokens / block_size, prompt_blocks);
   request.computed_tokens += tokens;
   prefill_tokens_computed_ += tokens;
-  const size_t end_block = request.computed_tokens / block_size;  // full blocks computed
+  if (request.preemptions > 0) recompute_tokens_ += tokens;
+  const size_t end_block = std::min<size_t>(request.computed_tokens / block_size, prompt_blocks);
   if (end_block > first_block) EmitStored(request, first_block, end_block);
 }
 

@@ -5,8 +5,9 @@
 //   Enqueue → waits (FIFO) → admitted when a step has token budget left, fewer than max_num_seqs
 //   run, and its blocks fit: the cached prefix is referenced (a prefix-cache hit; the last prompt
 //   token is always computed), the rest of the prompt and the whole output get private blocks
-//   (output room is reserved up front, so nothing is ever preempted; vLLM would allocate it as
-//   it goes and preempt under pressure). The private blocks must fit in free blocks plus
+//   (output room is reserved up front, so nothing is ever preempted; with
+//   EngineLimits::preemption, below, it is allocated as it goes). The private blocks must fit in
+//   free blocks plus
 //   unreferenced cached ones other than the request's own hits (referencing those takes them
 //   off the evictable pool); until they do, the request waits at the head of the queue, and
 //   those behind it wait too (FIFO, no overtaking) → prefilled in chunks → each full prompt block
@@ -21,6 +22,18 @@
 // host). At admission the blocks that continue the device prefix hit on the host are reloaded:
 // they take device blocks, cost the cost model's host_reload_per_block_s each in the admitting
 // step instead of a prefill, rejoin the device cache (BlockStored) and count as cached tokens.
+//
+// With preemption (EngineLimits::preemption), blocks are allocated as vLLM V1 allocates them: a
+// request is admitted when its prompt's blocks fit (plus a reserve of 1 % of the capacity while
+// other requests run, like vLLM's watermark), and a decoding request takes one more private block
+// when its next token crosses a block boundary. When none is free or evictable, the most recently
+// admitted running request is preempted (recompute preemption: it may be the one asking): its
+// private blocks are freed, its cached prompt blocks stay cached, evictable once nobody else
+// references them (no event: they are still there), and it goes back to the front of the queue.
+// Re-admitted, it prefills its prompt and the tokens it had generated again (the prompt part can
+// hit the prefix cache, its own blocks included), and the step that ends that prefill samples its
+// next token; its first token is not emitted again. A step that preempted admits nobody (as
+// vLLM's scheduler).
 //
 // Output tokens are not cached: their ids are synthetic, no later request of a trace can hit
 // them, and vLLM would only evict them again.
@@ -61,6 +74,10 @@ struct Request {
   uint32_t held_blocks = 0;            // leading full blocks referenced in the cache
   uint64_t private_blocks = 0;
   uint32_t generated = 0;
+  // With preemption: output tokens to prefill again with the prompt after a preemption (the ones
+  // generated before it), 0 once recomputed; and how often the request was preempted.
+  uint32_t resumed_tokens = 0;
+  uint32_t preemptions = 0;
   double first_token_s = -1;
   double finish_s = -1;
 };
@@ -71,6 +88,9 @@ struct EngineLimits {
   uint32_t max_num_batched_tokens = 8192;
   uint32_t max_num_seqs = 256;
   uint64_t host_capacity_blocks = 0;  // the host-memory tier; 0: none
+  // Allocate output blocks as decoding goes and preempt under pressure (vLLM V1) instead of
+  // reserving the whole output at admission.
+  bool preemption = false;
 };
 
 // Where a block is cached: the GPU, or host memory (with EngineLimits::host_capacity_blocks).
@@ -126,6 +146,10 @@ class SimEngine {
   uint64_t pending_prompt_tokens() const { return pending_prompt_tokens_; }
   uint64_t prefill_tokens_computed() const { return prefill_tokens_computed_; }
   uint64_t steps() const { return steps_; }
+  // With EngineLimits::preemption: requests preempted, and the tokens (prompt and output)
+  // prefilled again by requests re-admitted after a preemption.
+  uint64_t preemptions() const { return preemptions_; }
+  uint64_t recompute_tokens() const { return recompute_tokens_; }
   const PrefixCache& cache() const { return cache_; }
   const HostPool& host() const { return host_; }
 
@@ -136,7 +160,12 @@ class SimEngine {
     bool reload = false;  // tokens copied back from the host tier, not computed
   };
 
+  // Tokens to prefill before the request decodes: its prompt, and after a preemption the output
+  // tokens it had generated.
+  static uint32_t PrefillTarget(const Request& r) { return r.prompt_tokens + r.resumed_tokens; }
   bool TryAdmit(Request& request);
+  bool AllocateDecodeBlock(Request& request);
+  void Preempt(Request& request);
   void PlanRunning(uint32_t& budget, StepShape& shape);
   void PlanAdmissions(uint32_t& budget, StepShape& shape);
   void PlanPrefill(Request& request, uint32_t& budget, StepShape& shape);
@@ -160,6 +189,9 @@ class SimEngine {
   uint64_t prefill_tokens_computed_ = 0;
   uint64_t pending_prompt_tokens_ = 0;
   uint64_t steps_ = 0;
+  uint64_t preemptions_ = 0;
+  uint64_t recompute_tokens_ = 0;
+  bool preempted_in_step_ = false;                  // the step being planned preempted a request
   std::vector<uint64_t> evicted_;                   // scratch
   std::vector<uint64_t> offloaded_, host_evicted_;  // scratch
 };
