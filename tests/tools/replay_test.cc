@@ -396,6 +396,52 @@ TEST(ReplayHostTierTest, HostTierReloadsEvictedPrefixesAndTheRouterSeesThem) {
   EXPECT_NE(unweighted.ttft_s, tiered.ttft_s);
 }
 
+// Long outputs on small caches: with preemption, engines admit prompts as they fit and run out of
+// blocks while decoding, so requests are preempted and recomputed. Every request still ends,
+// after its first token, each once; the router's index takes every KV event (a removal for a
+// block still cached, or a store of one the router already has, would be rejected); and the run
+// is deterministic. Without preemption nothing is preempted.
+TEST(ReplayPreemptionTest, TightCachesPreemptAndEveryEventStillApplies) {
+  std::vector<trace::TraceRecord> trace;
+  for (uint64_t i = 0; i < 120; ++i) {
+    // A shared 1,024-token prefix, a per-request tail; 222 blocks at most each, on 600.
+    trace.push_back({.timestamp_ms = static_cast<int64_t>(i * 100),
+                     .input_length = 2048,
+                     .output_length = 1500,
+                     .hash_ids = {0, 1, 100 + i, 1000 + i}});
+  }
+  ReplayConfig config;
+  config.workers = 2;
+  config.limits.kv_capacity_blocks = 600;
+  const PolicySpec kvrouter = ParsePolicies("kvrouter", 0)[0];
+  const PolicyResult reserved = RunPolicy(trace, kvrouter, config);
+  EXPECT_EQ(reserved.preemptions, 0u);
+  EXPECT_FALSE(reserved.preemption);
+
+  config.limits.preemption = true;
+  const PolicyResult preempting = RunPolicy(trace, kvrouter, config);
+  EXPECT_TRUE(preempting.preemption);
+  EXPECT_GT(preempting.preemptions, 10u);
+  EXPECT_GT(preempting.recompute_tokens, 0u);
+  EXPECT_EQ(preempting.requests, 120u);
+  EXPECT_EQ(preempting.ttft_s.size(), 120u);
+  EXPECT_GT(preempting.router.events_stored, 0u);
+  EXPECT_GT(preempting.router.events_removed, 0u);
+  EXPECT_EQ(preempting.router.events_rejected, 0u);
+  // Admitting on the prompt's blocks alone starts requests sooner.
+  EXPECT_LT(ComputeMetrics(preempting).ttft_mean, ComputeMetrics(reserved).ttft_mean);
+  // The recompute is engine work: computed prompt tokens exceed the prompts' uncached part.
+  uint64_t computed = 0;
+  for (uint64_t tokens : preempting.worker_prefill_tokens) computed += tokens;
+  EXPECT_EQ(computed,
+            preempting.prompt_tokens - preempting.cached_tokens + preempting.recompute_tokens);
+
+  const PolicyResult again = RunPolicy(trace, kvrouter, config);
+  EXPECT_EQ(again.preemptions, preempting.preemptions);
+  EXPECT_EQ(again.ttft_s, preempting.ttft_s);
+  EXPECT_EQ(again.e2e_s, preempting.e2e_s);
+}
+
 // Runs the real binary; returns its exit status and stderr.
 std::pair<int, std::string> RunCli(const std::string& arguments) {
   const fs::path err_file = TempDir("cli") / "stderr.txt";
@@ -674,6 +720,31 @@ TEST(ProgressTest, PlainLinesWhenNotATerminal) {
   EXPECT_NE(text.find("replaying: 10/40 requests (25 %)"), std::string::npos) << text;
   EXPECT_NE(text.find("replaying: 40/40 requests (100 %)"), std::string::npos) << text;
   EXPECT_GE(std::count(text.begin(), text.end(), '\n'), 2) << text;
+}
+
+// --preemption is echoed in results.json with each policy's preemptions, and changes the results
+// of a slice tight enough for it; without it results.json and the table say nothing of it.
+TEST(ReplayCliTest, PreemptionFlagTakesEffect) {
+  const nlohmann::json off = LoadedSliceJson("--kv-capacity-blocks 8000", "preemption_off");
+  EXPECT_FALSE(off["config"].contains("preemption"));
+  EXPECT_FALSE(off["policies"][0].contains("preemptions"));
+  const nlohmann::json on =
+      LoadedSliceJson("--kv-capacity-blocks 8000 --preemption", "preemption_on");
+  EXPECT_EQ(on["config"]["preemption"], true);
+  const nlohmann::json& policy = on["policies"][0];
+  EXPECT_GT(policy["preemptions"].get<int>(), 0);
+  EXPECT_GT(policy["recompute_tokens"].get<int>(), 0);
+  EXPECT_EQ(policy["router_events"]["rejected"].get<int>(), 0);
+  EXPECT_NE(policy["ttft_s"], off["policies"][0]["ttft_s"]);
+  const fs::path dir = fs::path(::testing::TempDir());
+  const std::string on_table = ReadFile(dir / "kvr_replay_flags_preemption_on" / "summary.txt");
+  EXPECT_NE(on_table.find("preemption: on"), std::string::npos) << on_table;
+  EXPECT_NE(on_table.find("\nkvrouter: " + std::to_string(policy["preemptions"].get<int>()) +
+                          " preemption"),
+            std::string::npos)
+      << on_table;
+  const std::string off_table = ReadFile(dir / "kvr_replay_flags_preemption_off" / "summary.txt");
+  EXPECT_EQ(off_table.find("preemption"), std::string::npos) << off_table;
 }
 
 TEST(ReplayCliTest, EventDelayAndLossFlagsAreEchoed) {

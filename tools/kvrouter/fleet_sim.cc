@@ -53,6 +53,7 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     result_.name = spec.name;
     result_.temperature = spec.temperature;
     result_.time_scale = config.time_scale;
+    result_.preemption = config.limits.preemption;
     result_.worker_prefill_tokens.assign(config.workers, 0);
     result_.worker_requests.assign(config.workers, 0);
   }
@@ -239,6 +240,8 @@ class FleetSimulation final : public EngineObserver, public FleetView {
     for (uint32_t w = 0; w < config_.workers; ++w) {
       result_.worker_prefill_tokens[w] = engines_[w]->prefill_tokens_computed();
       result_.engine_steps += engines_[w]->steps();
+      result_.preemptions += engines_[w]->preemptions();
+      result_.recompute_tokens += engines_[w]->recompute_tokens();
     }
     result_.predicted_cached_tokens = has_prediction_ ? predicted_sum_ : -1;
     result_.router = policy_->counters();

@@ -49,6 +49,9 @@ struct PolicyResult {
   int64_t predicted_cached_tokens = -1;         // Σ the policy's own estimate, -1 if it has none
   uint64_t queued_requests = 0;                 // held at the gateway by the router's queue
   uint64_t events_lost = 0;                     // KV events dropped (ReplayConfig::event_loss)
+  bool preemption = false;                      // the engines could preempt (EngineLimits)
+  uint64_t preemptions = 0;                     // requests preempted (recomputed), all engines
+  uint64_t recompute_tokens = 0;                // tokens prefilled again after a preemption
   std::vector<uint64_t> worker_prefill_tokens;  // computed (not cached) prompt tokens
   std::vector<uint64_t> worker_requests;
   std::vector<double> ttft_s;  // sorted

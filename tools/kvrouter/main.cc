@@ -78,6 +78,10 @@ ABSL_FLAG(double, event_delay_ms, 0,
           "KV events reach the router this many ms (simulated) after the engine's change");
 ABSL_FLAG(double, event_loss, 0,
           "Probability that a KV event never reaches the router (seeded draw per event)");
+ABSL_FLAG(bool, preemption, false,
+          "Engines allocate output KV blocks as decoding goes and, out of blocks, preempt the "
+          "newest running request, which is recomputed later (vLLM V1); default: each request "
+          "reserves its whole output at admission and nothing is preempted");
 ABSL_FLAG(std::string, output_dir, "",
           "Write summary.txt, results.csv, results.json, decision_latency.csv and replay.png here");
 ABSL_FLAG(uint32_t, azure_shared_prefix_groups, 0,
@@ -161,6 +165,7 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
   args.router.host_cache_hit_weight = absl::GetFlag(FLAGS_host_cache_hit_weight);
   args.event_delay_ms = absl::GetFlag(FLAGS_event_delay_ms);
   args.event_loss = absl::GetFlag(FLAGS_event_loss);
+  args.preemption = absl::GetFlag(FLAGS_preemption);
   args.output_dir = absl::GetFlag(FLAGS_output_dir);
   args.azure_shared_prefix_groups = absl::GetFlag(FLAGS_azure_shared_prefix_groups);
   args.azure_shared_prefix_tokens = absl::GetFlag(FLAGS_azure_shared_prefix_tokens);

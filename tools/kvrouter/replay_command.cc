@@ -76,6 +76,7 @@ ReplayConfig MakeConfig(const ReplayArgs& args, double time_scale) {
   config.limits.max_num_batched_tokens = args.max_num_batched_tokens;
   config.limits.max_num_seqs = args.max_num_seqs;
   config.limits.host_capacity_blocks = args.host_capacity_blocks;
+  config.limits.preemption = args.preemption;
   config.cost = args.cost;
   config.cost.host_reload_per_block_s =
       args.host_reload_per_block_s.value_or(kHostReloadPerTokenS * args.block_size);

@@ -48,6 +48,7 @@ struct ReplayArgs {
   std::optional<double> host_reload_per_block_s;
   double event_delay_ms = 0;  // KV events reach the router this long after the engine's change
   double event_loss = 0;      // probability that a KV event is lost
+  bool preemption = false;    // engines allocate output blocks as they go and preempt (vLLM)
 };
 
 // "1,1.5,2" → {1, 1.5, 2}: sorted, each finite and > 0, no repeats. Throws

@@ -87,7 +87,7 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
       "ns/context token\n"
       "router: overlap credit %g, prefill load scale %g, credit decay %g, decode request weight "
       "%g, queue threshold %s%s%s; kvrouter-ttft miss weight %g\n"
-      "%s%s%s%s"
+      "%s%s%s%s%s"
       "bound: one infinite cache shared by all workers would hit %.1f %% of prompt tokens\n\n",
       std::filesystem::path(info.trace).filename().string(), info.format, info.requests,
       info.trace_span_s, IsSweep(info) ? "s" : "", ScalesText(info.time_scales), c.seed, c.workers,
@@ -118,6 +118,10 @@ void WriteHeader(std::ostream& out, const RunInfo& info) {
                             "lost\n",
                             c.event_delay_s * 1e3, 100 * c.event_loss)
           : "",
+      c.limits.preemption ? "preemption: on (vLLM-style: output KV blocks allocated as decoding "
+                            "goes; out of blocks, the newest running request is preempted and "
+                            "recomputed)\n"
+                          : "",
       100 * info.infinite_cache_hit_rate);
 }
 
@@ -195,6 +199,14 @@ void WriteTable(std::ostream& out, const RunInfo& info, const std::vector<Policy
                              result.queued_requests);
     }
   }
+  for (const PolicyResult& result : results) {
+    if (result.preemptions > 0) {
+      out << absl::StrFormat(
+          "\n%s%s: %d preemption%s (vLLM-style); %d tokens prefilled again.", result.name,
+          sweep ? absl::StrFormat(" at time scale %g", result.time_scale) : "", result.preemptions,
+          result.preemptions == 1 ? "" : "s", result.recompute_tokens);
+    }
+  }
   for (const PolicyFailure& failure : info.failures) {
     out << absl::StrFormat("\n%s: FAILED, no results: %s", FailedRunName(info, failure),
                            failure.error);
@@ -236,6 +248,10 @@ Json MetricsJson(const PolicyResult& result) {
                         {"removed", result.router.events_removed},
                         {"rejected", result.router.events_rejected},
                         {"lost", result.events_lost}};
+  if (result.preemption) {
+    j["preemptions"] = result.preemptions;
+    j["recompute_tokens"] = result.recompute_tokens;
+  }
   return j;
 }
 
@@ -443,6 +459,8 @@ void WriteJson(std::ostream& out, const RunInfo& info, const std::vector<PolicyR
                  {"replica_sync", c.replica_sync},
                  {"event_delay_ms", c.event_delay_s * 1e3},
                  {"event_loss", c.event_loss}};
+  // Only when on, so that results without it stay as they were.
+  if (c.limits.preemption) j["config"]["preemption"] = true;
   const kvr_router_options r = EffectiveRouterOptions(c.router);
   j["router"] = {{"overlap_score_credit", r.overlap_score_credit},
                  {"prefill_load_scale", r.prefill_load_scale},
