@@ -54,11 +54,18 @@ func TestPredictedTTFTOptions(t *testing.T) {
 	}
 }
 
-// Worker 1 prefills ten times as fast as the others (its requests complete in 10 ms of the
-// router's clock, theirs in 100 ms): with a 512-token backlog it still gives a fresh 512-token
-// prompt its first token soonest, which the predicted-TTFT cost sees and the credit form does not.
-func TestPredictedTTFTFollowsTheCalibratedRates(t *testing.T) {
-	const workers = 4
+// Every request's prefill completes 100 ms after its booking on the router's clock: the fleet's
+// rate is learnt as 560 / 0.1 = 5,600 tokens per second, one rate for every rank. A fresh 512-token
+// prompt is then priced in seconds at that rate, (backlog + 512) / rate + 3 × 512 / rate, so
+// worker 1, with a 512-token backlog, is avoided; the credit form, asked for this request only,
+// prices blocks again.
+func TestPredictedTTFTPricesSecondsAtTheLearntRate(t *testing.T) {
+	const (
+		workers = 4
+		warmLen = 560
+		prefill = 512
+		rate    = warmLen / 0.1
+	)
 	opts := DefaultRouterOptions()
 	opts.BlockSize = bs
 	opts.RandomSeed = 7
@@ -71,37 +78,39 @@ func TestPredictedTTFTFollowsTheCalibratedRates(t *testing.T) {
 	}
 	now := int64(5_000_000_000)
 	must(t, r.SetTime(now))
-	warm := prompt(512, 1)
-	for i := 0; i < 16; i++ {
+	warm := prompt(warmLen, 1)
+	for i := 0; i < 4; i++ {
 		for id := uint64(1); id <= workers; id++ {
 			name := fmt.Sprintf("warm-%d-%d", id, i)
 			must(t, r.AddRequest(warm, id, 0, &RequestOptions{RequestID: name}))
-			if id == 1 {
-				now += 10_000_000
-			} else {
-				now += 100_000_000
-			}
+			now += 100_000_000
 			must(t, r.SetTime(now))
 			must(t, r.MarkPrefillCompleted(name))
 			must(t, r.FreeRequest(name))
 		}
 	}
-	must(t, r.AddRequest(prompt(512, 100_000), 1, 0, &RequestOptions{RequestID: "backlog"}))
-	fresh := prompt(512, 500_000) // cached nowhere
+	must(t, r.AddRequest(prompt(prefill, 100_000), 1, 0, &RequestOptions{RequestID: "backlog"}))
+	fresh := prompt(prefill, 500_000) // cached nowhere
 	res, got := candidatesByWorker(t, r, fresh, nil)
-	if res.WorkerID != 1 || len(got) != workers {
-		t.Fatalf("predicted TTFT: worker %d of %d candidates, want worker 1: %+v", res.WorkerID, len(got), got)
+	if res.WorkerID == 1 || len(got) != workers {
+		t.Fatalf("predicted TTFT: worker %d of %d candidates, want one other than worker 1: %+v", res.WorkerID, len(got), got)
 	}
 	for id, c := range got {
-		// Seconds: (backlog + 3 × 512 tokens) at thousands of tokens per second.
-		if !(c.Cost > 0 && c.Cost < 1) {
-			t.Errorf("worker %d: cost %v, want seconds in (0, 1)", id, c.Cost)
+		// (backlog + 512) / rate + 3 × 512 / rate: 0.457 s behind worker 1's backlog, 0.366 s.
+		backlog := 0.0
+		if id == 1 {
+			backlog = prefill
+		}
+		if want := (backlog + 4*prefill) / rate; math.Abs(c.Cost-want) >= 1e-9 {
+			t.Errorf("worker %d: cost %v, want %v", id, c.Cost, want)
 		}
 	}
-	// The credit form, asked for this request only, avoids worker 1's backlog.
+	// The credit form, asked for this request only, prices blocks: 512 / 16 + 32 new = 64.
 	res, err = r.FindBestMatch(fresh, &RequestOptions{CostFunction: Ptr(CostCredit)})
 	must(t, err)
-	if res.WorkerID == 1 {
-		t.Errorf("credit form: routed to worker 1, whose backlog it should avoid")
+	if res.Cost != 64 {
+		t.Errorf("credit form: cost %v, want 64", res.Cost)
 	}
+	// Time never goes back.
+	wantCode(t, r.SetTime(now-1), ErrInvalidArgument)
 }

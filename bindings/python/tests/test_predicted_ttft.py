@@ -45,31 +45,40 @@ def test_options_defaults_and_bad_values():
             router.set_time(1.5)  # type: ignore[arg-type]
 
 
-def test_predicted_ttft_follows_the_calibrated_rates():
-    """Worker 1 prefills ten times as fast as the others (its requests complete in 10 ms of the
-    router's clock, theirs in 100 ms): with a 512-token backlog it still gives a fresh 512-token
-    prompt its first token soonest, which the predicted-TTFT cost sees and the credit form does
-    not."""
+def test_predicted_ttft_prices_seconds_at_the_learnt_rate():
+    """Every request's prefill completes 100 ms after its booking on the router's clock: the
+    fleet's rate is learnt as 560 / 0.1 = 5,600 tokens per second, one rate for every rank. A
+    fresh 512-token prompt is then priced in seconds at that rate, (backlog + 512) / rate +
+    3 x 512 / rate, so worker 1, with a 512-token backlog, is avoided; the credit form, asked for
+    this request only, prices blocks again."""
+    warm_blocks, prefill_blocks = 35, 32  # 560 and 512 tokens
+    rate = warm_blocks * 16 / 0.1
+    prefill = prefill_blocks * 16
     with kvrouter.Router(block_size=16, random_seed=7, cost_function=CostFunction.PREDICTED_TTFT) as router:
         for w in range(1, WORKERS + 1):
             router.add_worker(w)
         now = 5_000_000_000
         router.set_time(now)
-        warm = prompt(1, 32)
-        for i in range(16):
+        warm = prompt(1, warm_blocks)
+        for i in range(4):
             for w in range(1, WORKERS + 1):
                 name = f"warm-{w}-{i}"
                 router.add_request(warm, w, request_id=name)
-                now += 10_000_000 if w == 1 else 100_000_000
+                now += 100_000_000
                 router.set_time(now)
                 router.mark_prefill_completed(name)
                 router.free_request(name)
-        router.add_request(prompt(100_000, 32), 1, request_id="backlog")
-        fresh = prompt(500_000, 32)  # cached nowhere
+        router.add_request(prompt(100_000, prefill_blocks), 1, request_id="backlog")
+        fresh = prompt(500_000, prefill_blocks)  # cached nowhere
         res, cands, total = router.find_best_match_with_candidates(fresh)
-        assert (res.worker_id, total) == (1, WORKERS)
-        # Seconds: (backlog + 3 x 512 tokens) at thousands of tokens per second.
-        assert all(0 < c.cost < 1 for c in cands), cands
-        # The credit form, asked for this request only, avoids worker 1's backlog.
+        assert total == WORKERS and res.worker_id != 1, cands
+        for c in cands:
+            # (backlog + 512) / rate + 3 x 512 / rate: 0.457 s behind worker 1's backlog, 0.366 s.
+            backlog = prefill if c.worker_id == 1 else 0
+            assert c.cost == pytest.approx((backlog + 4 * prefill) / rate, rel=0, abs=1e-9), c
+        # The credit form, asked for this request only, prices blocks: 512 / 16 + 32 new = 64.
         res = router.find_best_match(fresh, RequestOptions(cost_function=CostFunction.CREDIT))
-        assert res.worker_id != 1
+        assert res.cost == 64.0
+        # Time never goes back.
+        with pytest.raises(kvrouter.InvalidArgumentError, match="earlier"):
+            router.set_time(now - 1)

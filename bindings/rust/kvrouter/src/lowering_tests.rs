@@ -154,7 +154,7 @@ fn router_option_defaults_are_the_librarys_field_by_field() {
     assert_eq!(d.cost_function, CostFunction::Credit);
     assert_eq!(
         (d.prefill_tokens_per_second, d.ttft_miss_weight),
-        (0.0, 2.0)
+        (0.0, 3.0)
     );
 }
 

@@ -66,13 +66,18 @@ fn predicted_ttft_options_default_and_refuse_bad_values() {
     assert_eq!(e.code(), Code::InvalidArgument);
 }
 
-/// Worker 1 prefills ten times as fast as the others (its requests complete in 10 ms of the
-/// router's clock, theirs in 100 ms): with a 512-token backlog it still gives a fresh
-/// 512-token prompt its first token soonest, which the predicted-TTFT cost sees and the credit
-/// form does not.
+/// Every request's prefill completes 100 ms after its booking on the router's clock: the
+/// fleet's rate is learnt as 560 / 0.1 = 5,600 tokens per second, one rate for every rank. A
+/// fresh 512-token prompt is then priced in seconds at that rate, (backlog + 512) / rate +
+/// 3 × 512 / rate, so worker 1, with a 512-token backlog, is avoided; the credit form, asked for
+/// this request only, prices blocks again.
 #[test]
-fn predicted_ttft_follows_the_calibrated_rates() {
+fn predicted_ttft_prices_seconds_at_the_learnt_rate() {
     const WORKERS: u64 = 4;
+    const WARM_BLOCKS: usize = 35; // 560 tokens
+    const PREFILL_BLOCKS: usize = 32; // 512 tokens
+    let rate = (WARM_BLOCKS as f64 * BS as f64) / 0.1;
+    let prefill = PREFILL_BLOCKS as f64 * BS as f64;
     let router = Router::new(&RouterOptions {
         random_seed: 7,
         cost_function: CostFunction::PredictedTtft,
@@ -84,33 +89,41 @@ fn predicted_ttft_follows_the_calibrated_rates() {
     }
     let mut now: i64 = 5_000_000_000;
     router.set_time(now).unwrap();
-    let warm = prompt(1, 32);
-    for i in 0..16 {
+    let warm = prompt(1, WARM_BLOCKS);
+    for i in 0..4 {
         for id in 1..=WORKERS {
             let name = format!("warm-{id}-{i}");
             router
                 .add_request(&warm, id, 0, &RequestOptions::with_id(&name))
                 .unwrap();
-            now += if id == 1 { 10_000_000 } else { 100_000_000 };
+            now += 100_000_000;
             router.set_time(now).unwrap();
             router.mark_prefill_completed(&name).unwrap();
             router.free_request(&name).unwrap();
         }
     }
     router
-        .add_request(&prompt(2, 32), 1, 0, &RequestOptions::with_id("backlog"))
+        .add_request(
+            &prompt(2, PREFILL_BLOCKS),
+            1,
+            0,
+            &RequestOptions::with_id("backlog"),
+        )
         .unwrap();
-    let fresh = prompt(3, 32); // cached nowhere
+    let fresh = prompt(3, PREFILL_BLOCKS); // cached nowhere
     let mut candidates = Vec::new();
     let (r, total) = router
         .find_best_match_with_candidates(&fresh, &RequestOptions::default(), &mut candidates)
         .unwrap();
-    assert_eq!((r.worker_id, total), (1, WORKERS as usize));
+    assert_eq!(total, WORKERS as usize);
+    assert_ne!(r.worker_id, 1, "{candidates:?}");
     for c in &candidates {
-        // Seconds: (backlog + 3 × 512 tokens) at thousands of tokens per second.
-        assert!(c.cost > 0.0 && c.cost < 1.0, "{c:?}");
+        // (backlog + 512) / rate + 3 × 512 / rate: 0.457 s behind worker 1's backlog, 0.366 s.
+        let backlog = if c.worker_id == 1 { prefill } else { 0.0 };
+        let expected = (backlog + 4.0 * prefill) / rate;
+        assert!((c.cost - expected).abs() < 1e-9, "{c:?}: want {expected}");
     }
-    // The credit form, asked for this request only, avoids worker 1's backlog.
+    // The credit form, asked for this request only, prices blocks: 512 / 16 + 32 new = 64.
     let r = router
         .find_best_match(
             &fresh,
@@ -120,5 +133,8 @@ fn predicted_ttft_follows_the_calibrated_rates() {
             },
         )
         .unwrap();
-    assert_ne!(r.worker_id, 1);
+    assert_eq!(r.cost, 64.0);
+    // Time never goes back.
+    let e = router.set_time(now - 1).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
 }

@@ -72,13 +72,17 @@ class PredictedTtftTest {
   }
 
   /**
-   * Worker 1 prefills ten times as fast as the others (its requests complete in 10 ms of the
-   * router's clock, theirs in 100 ms): with a 512-token backlog it still gives a fresh 512-token
-   * prompt its first token soonest, which the predicted-TTFT cost sees and the credit form does
-   * not.
+   * Every request's prefill completes 100 ms after its booking on the router's clock: the fleet's
+   * rate is learnt as 560 / 0.1 = 5,600 tokens per second, one rate for every rank. A fresh
+   * 512-token prompt is then priced in seconds at that rate, (backlog + 512) / rate + 3 × 512 /
+   * rate, so worker 1, with a 512-token backlog, is avoided; the credit form, asked for this
+   * request only, prices blocks again.
    */
   @Test
-  void predictedTtftFollowsTheCalibratedRates() {
+  void predictedTtftPricesSecondsAtTheLearntRate() {
+    final int warmTokens = 560;
+    final int prefill = 512;
+    final double rate = warmTokens / 0.1;
     RouterOptions options =
         RouterOptions.builder()
             .blockSize(BLOCK)
@@ -89,31 +93,36 @@ class PredictedTtftTest {
       for (int w = 1; w <= WORKERS; ++w) router.addWorker(w);
       long now = 5_000_000_000L;
       router.setTime(now);
-      int[] warm = tokens(512, 1);
-      for (int i = 0; i < 16; ++i) {
+      int[] warm = tokens(warmTokens, 1);
+      for (int i = 0; i < 4; ++i) {
         for (int w = 1; w <= WORKERS; ++w) {
           String name = "warm-" + w + "-" + i;
           router.addRequest(warm, w, 0, RequestOptions.withId(name));
-          now += w == 1 ? 10_000_000L : 100_000_000L;
+          now += 100_000_000L;
           router.setTime(now);
           router.markPrefillCompleted(name);
           router.freeRequest(name);
         }
       }
-      router.addRequest(tokens(512, 100_000), 1, 0, RequestOptions.withId("backlog"));
-      int[] fresh = tokens(512, 500_000); // cached nowhere
+      router.addRequest(tokens(prefill, 100_000), 1, 0, RequestOptions.withId("backlog"));
+      int[] fresh = tokens(prefill, 500_000); // cached nowhere
       RouteResult r = router.findBestMatch(fresh, null, WORKERS);
-      assertEquals(1, r.workerId());
+      assertNotEquals(1, r.workerId(), r.toString());
       assertEquals(WORKERS, r.candidates().size());
       for (Candidate c : r.candidates()) {
-        // Seconds: (backlog + 3 × 512 tokens) at thousands of tokens per second.
-        assertTrue(c.cost() > 0 && c.cost() < 1.0, c.toString());
+        // (backlog + 512) / rate + 3 × 512 / rate: 0.457 s behind worker 1's backlog, 0.366 s.
+        double backlog = c.workerId() == 1 ? prefill : 0;
+        assertEquals((backlog + 4.0 * prefill) / rate, c.cost(), 1e-9, c.toString());
       }
-      // The credit form, asked for this request only, avoids worker 1's backlog.
+      // The credit form, asked for this request only, prices blocks: 512 / 16 + 32 new = 64.
       RouteResult credit =
           router.findBestMatch(
               fresh, RequestOptions.builder().costFunction(CostFunction.CREDIT).build());
-      assertNotEquals(1, credit.workerId());
+      assertEquals(64.0, credit.cost());
+      // Time never goes back.
+      final long past = now - 1;
+      KvRouterException e = assertThrows(KvRouterException.class, () -> router.setTime(past));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
     }
   }
 }
