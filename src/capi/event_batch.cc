@@ -3,7 +3,7 @@
 
 #include "capi_internal.h"
 #include "core/clock.h"
-#include "ingest/flatbuffers_codec.h"
+#include "wire/flatbuffers_codec.h"
 
 using namespace kvrouter::capi;
 

@@ -2,8 +2,8 @@
 #include <algorithm>
 
 #include "capi_internal.h"
-#include "ingest/flatbuffers_codec.h"
 #include "ingest/ingest_service.h"
+#include "wire/flatbuffers_codec.h"
 
 using namespace kvrouter::capi;
 

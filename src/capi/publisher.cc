@@ -8,7 +8,7 @@
 #include <cerrno>
 
 #include "capi_internal.h"
-#include "ingest/flatbuffers_codec.h"
+#include "wire/flatbuffers_codec.h"
 
 using namespace kvrouter::capi;
 

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "capi_internal.h"
-#include "ingest/flatbuffers_codec.h"
+#include "wire/flatbuffers_codec.h"
 
 using namespace kvrouter::capi;
 using kvrouter::WorkerKey;

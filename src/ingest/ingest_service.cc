@@ -21,8 +21,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
-#include "ingest/engine_events.h"
-#include "ingest/flatbuffers_codec.h"
+#include "wire/engine_events.h"
+#include "wire/flatbuffers_codec.h"
 
 namespace kvrouter {
 namespace {

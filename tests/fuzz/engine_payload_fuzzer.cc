@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <span>
 
-#include "ingest/engine_events.h"
+#include "wire/engine_events.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto batch = kvrouter::DecodeEnginePayload(std::span(data, size));

@@ -8,7 +8,7 @@
 #include <span>
 
 #include "core/router.h"
-#include "ingest/flatbuffers_codec.h"
+#include "wire/flatbuffers_codec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static std::unique_ptr<kvrouter::Router> router =

@@ -13,9 +13,9 @@
 
 #include "core/hashing.h"
 #include "core/router.h"
-#include "ingest/engine_events.h"
 #include "ingest/ingest_service.h"
 #include "nats_ingest_fixture.h"
+#include "wire/engine_events.h"
 
 namespace kvrouter {
 namespace {

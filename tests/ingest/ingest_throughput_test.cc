@@ -20,10 +20,10 @@
 
 #include "core/clock.h"
 #include "core/router.h"
-#include "ingest/engine_events.h"
-#include "ingest/flatbuffers_codec.h"
 #include "ingest/ingest_service.h"
 #include "nats_server.h"
+#include "wire/engine_events.h"
+#include "wire/flatbuffers_codec.h"
 
 namespace kvrouter {
 namespace {

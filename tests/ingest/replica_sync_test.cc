@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "core/router.h"
-#include "ingest/flatbuffers_codec.h"
 #include "ingest/ingest_service.h"
 #include "nats_server.h"
+#include "wire/flatbuffers_codec.h"
 
 namespace kvrouter {
 namespace {

@@ -1,7 +1,7 @@
 // The FlatBuffers codec: round trips of every event kind and field, rejection of malformed and
 // hostile buffers (always InvalidArgument, never a crash), and index snapshots through a real
 // RadixIndex.
-#include "ingest/flatbuffers_codec.h"
+#include "wire/flatbuffers_codec.h"
 
 #include <gtest/gtest.h>
 
@@ -19,8 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "core/radix_index.h"
 #include "core/types.h"
-#include "ingest/index_snapshot_generated.h"
-#include "ingest/kv_events_generated.h"
+#include "wire/index_snapshot_generated.h"
+#include "wire/kv_events_generated.h"
 
 namespace kvrouter {
 namespace {

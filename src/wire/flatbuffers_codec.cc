@@ -1,4 +1,4 @@
-#include "ingest/flatbuffers_codec.h"
+#include "wire/flatbuffers_codec.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -12,9 +12,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "flatbuffers/flatbuffers.h"
-#include "ingest/index_snapshot_generated.h"
-#include "ingest/kv_events_generated.h"
-#include "ingest/replica_events_generated.h"
+#include "wire/index_snapshot_generated.h"
+#include "wire/kv_events_generated.h"
+#include "wire/replica_events_generated.h"
 
 namespace kvrouter {
 namespace {

@@ -2,7 +2,7 @@
 // shared/data/{vllm,sglang}_kv_events_vectors.json. Each vector's payload is decoded and
 // compared, field by field, with the vector's own "decoded" view (an independent JSON rendering
 // of what the bytes mean), then checked against hand-written expectations of its meaning.
-#include "ingest/engine_events.h"
+#include "wire/engine_events.h"
 
 #include <gtest/gtest.h>
 

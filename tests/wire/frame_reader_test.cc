@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
-#include "ingest/flatbuffers_codec.h"
+#include "wire/flatbuffers_codec.h"
 
 namespace kvrouter {
 namespace {

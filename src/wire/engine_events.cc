@@ -1,4 +1,4 @@
-#include "ingest/engine_events.h"
+#include "wire/engine_events.h"
 
 #include <algorithm>
 #include <cstring>

@@ -21,7 +21,7 @@
 
 #include "core/hashing.h"
 #include "core/radix_index.h"
-#include "ingest/engine_events.h"
+#include "wire/engine_events.h"
 
 namespace kvrouter {
 namespace {
