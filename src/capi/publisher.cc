@@ -8,7 +8,8 @@
 #include <cerrno>
 
 #include "capi_internal.h"
-#include "wire/flatbuffers_codec.h"
+#include "wire/endpoint.h"
+#include "wire/framing.h"
 
 using namespace kvrouter::capi;
 
@@ -84,23 +85,12 @@ KVR_API kvr_status kvr_publisher_connect(const char* endpoint, kvr_publisher** o
     if (kvr_status s = RequireNonNull(err, endpoint, "endpoint")) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     const std::string where = endpoint;
+    auto parsed = kvrouter::ParseStreamEndpoint(where);
+    if (!parsed.ok()) return FromStatus(err, parsed.status());
     std::string why;
-    int fd = -1;
-    if (where.rfind("unix://", 0) == 0) {
-      fd = ConnectUnix(where.substr(7), why);
-    } else if (where.rfind("tcp://", 0) == 0) {
-      const std::string rest = where.substr(6);
-      const size_t colon = rest.rfind(':');
-      if (colon == std::string::npos) {
-        return Fail(err, KVR_INVALID_ARGUMENT, "endpoint '" + where + "' has no port");
-      }
-      std::string host = rest.substr(0, colon);
-      if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-      fd = ConnectTcp(host, rest.substr(colon + 1), why);
-    } else {
-      return Fail(err, KVR_INVALID_ARGUMENT,
-                  "endpoint '" + where + "' is neither tcp://HOST:PORT nor unix://PATH");
-    }
+    const int fd = parsed->unix_socket
+                       ? ConnectUnix(parsed->host_or_path, why)
+                       : ConnectTcp(parsed->host_or_path, std::to_string(parsed->port), why);
     if (fd < 0) return Fail(err, KVR_UNAVAILABLE, "cannot connect to " + where + ": " + why);
     auto publisher = std::make_unique<kvr_publisher>();
     publisher->fd = fd;

@@ -17,10 +17,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
+#include "wire/endpoint.h"
 #include "wire/engine_events.h"
 #include "wire/flatbuffers_codec.h"
 
@@ -97,63 +96,6 @@ void CloseAndDelete(uv_handle_t* handle, Owner* owner) {
   handle->data = owner;
   if (uv_is_closing(handle)) return;
   uv_close(handle, [](uv_handle_t* h) { delete static_cast<Owner*>(h->data); });
-}
-
-struct ParsedEndpoint {
-  bool unix_socket = false;
-  std::string host_or_path;
-  int port = 0;
-};
-
-absl::StatusOr<ParsedEndpoint> ParseListenEndpoint(const std::string& endpoint) {
-  ParsedEndpoint out;
-  if (absl::StartsWith(endpoint, "unix://")) {
-    out.unix_socket = true;
-    out.host_or_path = endpoint.substr(7);
-    if (out.host_or_path.empty()) return absl::InvalidArgumentError("unix:// needs a path");
-    return out;
-  }
-  if (!absl::StartsWith(endpoint, "tcp://")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("endpoint '", endpoint, "' is neither tcp://HOST:PORT nor unix://PATH"));
-  }
-  const std::string rest = endpoint.substr(6);
-  const size_t colon = rest.rfind(':');
-  if (colon == std::string::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &out.port) ||
-      out.port < 0 || out.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("endpoint '", endpoint, "' has no valid port"));
-  }
-  out.host_or_path = rest.substr(0, colon);
-  // tcp://[::1]:PORT: the brackets only delimit an IPv6 address.
-  if (out.host_or_path.size() >= 2 && out.host_or_path.front() == '[' &&
-      out.host_or_path.back() == ']') {
-    out.host_or_path = out.host_or_path.substr(1, out.host_or_path.size() - 2);
-  }
-  return out;
-}
-
-// `url` without the user:password@ part, for reporting where a source is.
-std::string WithoutUserInfo(const std::string& url) {
-  const size_t scheme_end = url.find("://");
-  if (scheme_end == std::string::npos) return url;
-  const size_t host_start = scheme_end + 3;
-  const size_t at = url.find('@', host_start);
-  if (at == std::string::npos || at > url.find('/', host_start)) return url;
-  return url.substr(0, host_start) + url.substr(at + 1);
-}
-
-// The endpoint of rank `offset` of a worker: vLLM binds rank r on port + r (tcp) and appends
-// "_dp<r>" otherwise.
-std::string RankEndpoint(const std::string& endpoint, uint32_t offset) {
-  if (offset == 0) return endpoint;
-  if (absl::StartsWith(endpoint, "tcp://")) {
-    const size_t colon = endpoint.rfind(':');
-    int port = 0;
-    if (colon != std::string::npos && absl::SimpleAtoi(endpoint.substr(colon + 1), &port)) {
-      return absl::StrCat(endpoint.substr(0, colon + 1), port + static_cast<int>(offset));
-    }
-  }
-  return absl::StrCat(endpoint, "_dp", offset);
 }
 
 }  // namespace
@@ -278,7 +220,7 @@ struct IngestService::Impl {
         : impl(i), counters(std::move(c)), reader(max_frame) {}
   };
 
-  absl::Status ListenOnLoop(const ParsedEndpoint& where, std::string* bound, uint64_t& id) {
+  absl::Status ListenOnLoop(const StreamEndpoint& where, std::string* bound, uint64_t& id) {
     auto* listener = new Listener;
     listener->impl = this;
     listener->unix_socket = where.unix_socket;
@@ -1098,7 +1040,7 @@ IngestService::~IngestService() {
 }
 
 absl::StatusOr<uint64_t> IngestService::Listen(const std::string& endpoint, std::string* bound) {
-  auto where = ParseListenEndpoint(endpoint);
+  auto where = ParseStreamEndpoint(endpoint);
   if (!where.ok()) return where.status();
   uint64_t id = 0;
   std::string bound_endpoint;

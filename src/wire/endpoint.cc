@@ -1,0 +1,79 @@
+#include "wire/endpoint.h"
+
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvrouter {
+namespace {
+
+constexpr std::string_view kTcp = "tcp://";
+constexpr std::string_view kUnix = "unix://";
+
+// The port after the last colon of a tcp endpoint, and where that colon is.
+struct TcpPort {
+  size_t colon = 0;
+  int port = 0;
+};
+
+std::optional<TcpPort> FindTcpPort(std::string_view endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  int port = 0;
+  if (colon == std::string_view::npos || colon < kTcp.size() ||
+      !absl::SimpleAtoi(endpoint.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return std::nullopt;
+  }
+  return TcpPort{colon, port};
+}
+
+}  // namespace
+
+absl::StatusOr<StreamEndpoint> ParseStreamEndpoint(std::string_view endpoint) {
+  StreamEndpoint out;
+  if (absl::StartsWith(endpoint, kUnix)) {
+    out.unix_socket = true;
+    out.host_or_path = std::string(endpoint.substr(kUnix.size()));
+    if (out.host_or_path.empty()) return absl::InvalidArgumentError("unix:// needs a path");
+    return out;
+  }
+  if (!absl::StartsWith(endpoint, kTcp)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("endpoint '", endpoint, "' is neither tcp://HOST:PORT nor unix://PATH"));
+  }
+  const std::optional<TcpPort> port = FindTcpPort(endpoint);
+  if (!port) {
+    return absl::InvalidArgumentError(absl::StrCat("endpoint '", endpoint, "' has no valid port"));
+  }
+  out.port = port->port;
+  std::string_view host = endpoint.substr(kTcp.size(), port->colon - kTcp.size());
+  // tcp://[::1]:PORT: the brackets only delimit an IPv6 address.
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  out.host_or_path = std::string(host);
+  return out;
+}
+
+std::string RankEndpoint(const std::string& endpoint, uint32_t offset) {
+  if (offset == 0) return endpoint;
+  if (absl::StartsWith(endpoint, kTcp)) {
+    if (const std::optional<TcpPort> port = FindTcpPort(endpoint)) {
+      return absl::StrCat(endpoint.substr(0, port->colon + 1),
+                          port->port + static_cast<int>(offset));
+    }
+  }
+  return absl::StrCat(endpoint, "_dp", offset);
+}
+
+std::string WithoutUserInfo(const std::string& url) {
+  const size_t scheme_end = url.find("://");
+  if (scheme_end == std::string::npos) return url;
+  const size_t host_start = scheme_end + 3;
+  const size_t at = url.find('@', host_start);
+  if (at == std::string::npos || at > url.find('/', host_start)) return url;
+  return url.substr(0, host_start) + url.substr(at + 1);
+}
+
+}  // namespace kvrouter
