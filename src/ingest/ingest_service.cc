@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
+#include "ingest/block_copies.h"
 #include "wire/endpoint.h"
 #include "wire/engine_events.h"
 #include "wire/flatbuffers_codec.h"

@@ -548,21 +548,6 @@ void SaltedBlocks::Clear() {
   ids_.clear();
 }
 
-void BlockCopies::Add(WorkerKey rank, Tier tier, uint64_t engine_hash) {
-  ++extra_[Key{rank, tier, engine_hash}];
-}
-
-bool BlockCopies::TakeExtra(WorkerKey rank, Tier tier, uint64_t engine_hash) {
-  const auto it = extra_.find(Key{rank, tier, engine_hash});
-  if (it == extra_.end()) return false;
-  if (--it->second == 0) extra_.erase(it);
-  return true;
-}
-
-void BlockCopies::ForgetRank(WorkerKey rank) {
-  absl::erase_if(extra_, [&](const auto& entry) { return entry.first.rank == rank; });
-}
-
 std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes) {
   if (bytes.size() != 8) return std::nullopt;
   uint64_t value = 0;
