@@ -37,5 +37,7 @@ class BlockCopies {
       return H::combine(std::move(h), k.rank, k.tier, k.engine_hash);
     }
   };
+  absl::flat_hash_map<Key, uint32_t> extra_;  // copies beyond the first
+};
 
 }  // namespace kvrouter

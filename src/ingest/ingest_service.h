@@ -2,26 +2,15 @@
 // applies them to a Router, concurrently with routing calls on other threads (the Router is
 // internally synchronised).
 //
-// Sources:
+// Sources, each a unit of its own (src/README.md):
 // - Native stream listeners (TCP, Unix socket): length-prefixed FlatBuffers EventBatches
-//   (flatbuffers_codec.h). A frame header announcing an absurd length loses the stream's frame
-//   boundaries, so that connection is closed; a well-framed payload that fails verification is
-//   rejected alone and the connection goes on (its neighbours' events still apply).
-// - Engine workers (vLLM, SGLang): one ZMQ SUB socket per data-parallel rank (rank r of a tcp
-//   endpoint on port + r, as vLLM binds them), its fd under uv_poll, drained while ZMQ_EVENTS
-//   has ZMQ_POLLIN (the fd is edge-triggered). Messages [topic, 8-byte BE sequence, msgpack].
-// - NATS subscriptions (libnats on its libuv adapter: the connection's socket is polled by this
-//   loop). Each message is one native EventBatch. libnats calls message handlers on its own
-//   delivery thread, so a message is handed to the loop (uv_async) and applied there.
-//
-// Sequence numbers (per worker and rank): the first message sets the baseline; a jump forward
-// is a gap (counted with the number of messages missed); going back to 0 is a publisher restart.
-// A gap is first repaired by replay when the worker has a replay endpoint (vLLM: request the
-// start sequence, receive (seq, payload) up to the end marker -1; live messages are held
-// meanwhile). If there is none, or the replay times out or falls short, the worker's index
-// entries are cleared and the source is flagged state_unknown (the index then under-reports that
-// worker, never over-reports it); the flag drops when the engine itself clears or restarts, i.e.
-// its true state is known again. A restart clears too: a restarted engine has an empty cache.
+//   (stream_listener.h).
+// - Engine workers (vLLM, SGLang) over ZMQ, with sequence gaps, replay and restarts
+//   (engine_subscription.h, sequence_tracker.h). Only in a build with KVR_WITH_ZMQ.
+// - NATS subscriptions: native batches and Dynamo's KV event plane; router replica sync
+//   (nats_subscription.h, replica_sync.h). Only in a build with KVR_WITH_NATS.
+// The loop itself (libuv) is in a build with either transport; without both, Create (and so
+// every kvr_ingest_* function) is Unimplemented. TransportAvailable says what a build has.
 //
 // Every call may come from any thread. Commands made before Start() run on the caller's thread;
 // afterwards they are posted to the loop and waited for.
@@ -146,10 +135,19 @@ class IngestService {
 
  private:
   explicit IngestService(std::unique_ptr<Impl> impl);
-  absl::StatusOr<uint64_t> SubscribeNatsSource(const std::string& url, const std::string& subject,
-                                               const std::string& replica_id);
   std::unique_ptr<Impl> impl_;
 };
+
+// What a build of the library may leave out (CMake options KVR_WITH_ZMQ and KVR_WITH_NATS).
+enum class IngestTransport : uint8_t {
+  kLoop,  // the ingest loop (libuv) and its stream listeners: with either option ON
+  kZmq,   // engine workers (vLLM, SGLang) over ZMQ: KVR_WITH_ZMQ
+  kNats,  // NATS subscriptions and replica sync: KVR_WITH_NATS
+};
+
+// OK when this build has `transport`; otherwise Unimplemented, naming the build option that
+// adds it. The IngestService methods of a transport left out return this error.
+absl::Status TransportAvailable(IngestTransport transport);
 
 constexpr std::string_view IngestRejectName(IngestReject reason) {
   switch (reason) {

@@ -72,7 +72,7 @@ bool SendAll(int fd, const uint8_t* data, size_t size) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StreamPublisher>> StreamPublisher::Connect(
-    std::string_view endpoint) {
+    const std::string& endpoint) {
   auto parsed = ParseStreamEndpoint(endpoint);
   if (!parsed.ok()) return parsed.status();
   std::string why;

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <string_view>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,7 +17,7 @@ class StreamPublisher {
  public:
   // InvalidArgument for an endpoint ParseStreamEndpoint refuses; Unavailable, saying why, when
   // nothing accepts the connection.
-  static absl::StatusOr<std::unique_ptr<StreamPublisher>> Connect(std::string_view endpoint);
+  static absl::StatusOr<std::unique_ptr<StreamPublisher>> Connect(const std::string& endpoint);
   ~StreamPublisher();
   StreamPublisher(const StreamPublisher&) = delete;
   StreamPublisher& operator=(const StreamPublisher&) = delete;

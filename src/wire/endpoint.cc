@@ -1,6 +1,7 @@
 #include "wire/endpoint.h"
 
 #include <optional>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -9,8 +10,8 @@
 namespace kvrouter {
 namespace {
 
-constexpr std::string_view kTcp = "tcp://";
-constexpr std::string_view kUnix = "unix://";
+const std::string kTcp = "tcp://";
+const std::string kUnix = "unix://";
 
 // The port after the last colon of a tcp endpoint, and where that colon is.
 struct TcpPort {
@@ -18,10 +19,10 @@ struct TcpPort {
   int port = 0;
 };
 
-std::optional<TcpPort> FindTcpPort(std::string_view endpoint) {
+std::optional<TcpPort> FindTcpPort(const std::string& endpoint) {
   const size_t colon = endpoint.rfind(':');
   int port = 0;
-  if (colon == std::string_view::npos || colon < kTcp.size() ||
+  if (colon == std::string::npos || colon < kTcp.size() ||
       !absl::SimpleAtoi(endpoint.substr(colon + 1), &port) || port < 0 || port > 65535) {
     return std::nullopt;
   }
@@ -30,11 +31,11 @@ std::optional<TcpPort> FindTcpPort(std::string_view endpoint) {
 
 }  // namespace
 
-absl::StatusOr<StreamEndpoint> ParseStreamEndpoint(std::string_view endpoint) {
+absl::StatusOr<StreamEndpoint> ParseStreamEndpoint(const std::string& endpoint) {
   StreamEndpoint out;
   if (absl::StartsWith(endpoint, kUnix)) {
     out.unix_socket = true;
-    out.host_or_path = std::string(endpoint.substr(kUnix.size()));
+    out.host_or_path = endpoint.substr(kUnix.size());
     if (out.host_or_path.empty()) return absl::InvalidArgumentError("unix:// needs a path");
     return out;
   }
@@ -47,12 +48,12 @@ absl::StatusOr<StreamEndpoint> ParseStreamEndpoint(std::string_view endpoint) {
     return absl::InvalidArgumentError(absl::StrCat("endpoint '", endpoint, "' has no valid port"));
   }
   out.port = port->port;
-  std::string_view host = endpoint.substr(kTcp.size(), port->colon - kTcp.size());
+  std::string host = endpoint.substr(kTcp.size(), port->colon - kTcp.size());
   // tcp://[::1]:PORT: the brackets only delimit an IPv6 address.
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  out.host_or_path = std::string(host);
+  out.host_or_path = std::move(host);
   return out;
 }
 

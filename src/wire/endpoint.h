@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include "absl/status/statusor.h"
 
@@ -21,7 +20,7 @@ struct StreamEndpoint {
 
 // InvalidArgument, naming the endpoint, for anything else (another scheme, no or a bad port,
 // an empty path).
-absl::StatusOr<StreamEndpoint> ParseStreamEndpoint(std::string_view endpoint);
+absl::StatusOr<StreamEndpoint> ParseStreamEndpoint(const std::string& endpoint);
 
 // The endpoint of rank `offset` of an engine publishing on `endpoint`: vLLM binds rank r of a
 // tcp endpoint on port + r and appends "_dp<r>" to any other.

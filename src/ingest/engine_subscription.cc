@@ -1,0 +1,415 @@
+#include "ingest/engine_subscription.h"
+
+#include <zmq.h>
+
+#include <deque>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "ingest/block_copies.h"
+#include "ingest/sequence_tracker.h"
+#include "wire/endpoint.h"
+#include "wire/engine_events.h"
+
+namespace kvrouter {
+namespace {
+
+using Parts = std::vector<std::vector<uint8_t>>;
+
+// An engine's batch timestamp (vLLM: time.time(), float seconds since the Unix epoch) in
+// nanoseconds; 0, meaning unknown, for one that is missing, negative, NaN or past year 2500.
+uint64_t UnixNanosFromSeconds(double seconds) {
+  constexpr double kYear2500 = 16725225600.0;
+  if (!(seconds > 0 && seconds < kYear2500)) return 0;
+  return static_cast<uint64_t>(seconds * 1e9);
+}
+
+bool ReceiveMultipart(void* socket, Parts& parts) {
+  for (;;) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, socket, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&msg);
+      return false;
+    }
+    const auto* data = static_cast<const uint8_t*>(zmq_msg_data(&msg));
+    parts.emplace_back(data, data + zmq_msg_size(&msg));
+    const bool more = zmq_msg_more(&msg);
+    zmq_msg_close(&msg);
+    if (!more) return true;
+  }
+}
+
+// Whether `socket` has a message to read (its fd only signals edges).
+bool Readable(void* socket) {
+  int events = 0;
+  size_t size = sizeof(events);
+  return zmq_getsockopt(socket, ZMQ_EVENTS, &events, &size) == 0 && (events & ZMQ_POLLIN);
+}
+
+}  // namespace
+
+struct EngineSubscriptions::Subscription {
+  EngineSubscriptions* owner = nullptr;
+  std::shared_ptr<SourceCounters> counters;
+  EngineWorker worker;
+  uint32_t socket_rank = 0;  // the rank this socket's publisher serves
+  void* socket = nullptr;
+  uv_poll_t poll{};
+  RankSequence sequence;
+  bool state_unknown = false;
+  Replay* replay = nullptr;  // a replay in progress
+  std::deque<Parts> held;    // live messages received during the replay
+  SaltedBlocks salted;       // the publisher's blocks stored under a cache salt
+  BlockCopies copies;        // the publisher's blocks held more than once
+};
+
+// A request to vLLM's replay socket: a DEALER speaking to its ROUTER, with a deadline.
+struct EngineSubscriptions::Replay {
+  Subscription* sub = nullptr;
+  void* socket = nullptr;
+  uv_poll_t poll{};
+  uv_timer_t timer{};
+  int open_handles = 2;
+};
+
+EngineSubscriptions::~EngineSubscriptions() {
+  if (zmq_context_ != nullptr) zmq_ctx_term(zmq_context_);
+}
+
+absl::StatusOr<uint64_t> EngineSubscriptions::Add(const EngineWorker& worker) {
+  const uint32_t router_block_size = loop_.router->block_size();
+  if (worker.block_size != 0 && worker.block_size != router_block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker.worker_id, " uses block size ", worker.block_size,
+                     " but the router's block size is ", router_block_size,
+                     "; every worker must use the router's block size (start SGLang with "
+                     "--page-size ",
+                     router_block_size, ", vLLM with --block-size ", router_block_size, ")"));
+  }
+  if (worker.dp_size == 0) return absl::InvalidArgumentError("dp_size must be >= 1");
+  if (worker.endpoint.empty()) return absl::InvalidArgumentError("endpoint is empty");
+  uint64_t id = 0;
+  absl::Status status = loop_.Run([&] { return AddOnLoop(worker, id); });
+  if (!status.ok()) return status;
+  return id;
+}
+
+absl::Status EngineSubscriptions::Remove(uint64_t worker_id, bool clear_index) {
+  return loop_.Run([&] { return RemoveOnLoop(worker_id, clear_index); });
+}
+
+absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t& id) {
+  if (workers_.contains(worker.worker_id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("engine worker ", worker.worker_id, " is already subscribed"));
+  }
+  if (zmq_context_ == nullptr) zmq_context_ = zmq_ctx_new();
+  std::vector<Subscription*> subs;
+  for (uint32_t r = 0; r < worker.dp_size; ++r) {
+    auto* sub = new Subscription;
+    sub->owner = this;
+    sub->worker = worker;
+    sub->socket_rank = worker.dp_start + r;
+    sub->socket = zmq_socket(zmq_context_, ZMQ_SUB);
+    const int linger = 0;
+    zmq_setsockopt(sub->socket, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(sub->socket, ZMQ_SUBSCRIBE, worker.topic.data(), worker.topic.size());
+    const std::string endpoint = RankEndpoint(worker.endpoint, r);
+    if (zmq_connect(sub->socket, endpoint.c_str()) != 0) {
+      const std::string why = zmq_strerror(zmq_errno());
+      zmq_close(sub->socket);
+      delete sub;
+      for (Subscription* s : subs) CloseSubscription(s);
+      return absl::InvalidArgumentError(absl::StrCat("cannot connect to ", endpoint, ": ", why));
+    }
+    subs.push_back(sub);
+  }
+  std::shared_ptr<SourceCounters> source = loop_.NewSource(id, worker.endpoint);
+  for (Subscription* sub : subs) {
+    sub->counters = source;
+    int fd = -1;
+    size_t fd_size = sizeof(fd);
+    zmq_getsockopt(sub->socket, ZMQ_FD, &fd, &fd_size);
+    uv_poll_init(&loop_.loop, &sub->poll, fd);
+    sub->poll.data = sub;
+    uv_poll_start(&sub->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+      auto* s = static_cast<Subscription*>(p->data);
+      s->owner->Drain(*s);
+    });
+  }
+  workers_[worker.worker_id] = std::move(subs);
+  return absl::OkStatus();
+}
+
+void EngineSubscriptions::CloseSubscription(Subscription* sub) {
+  if (sub->state_unknown) sub->counters->state_unknown.fetch_sub(1);
+  if (sub->replay != nullptr) {
+    CloseReplay(sub->replay);
+    sub->replay = nullptr;
+  }
+  zmq_close(sub->socket);
+  sub->socket = nullptr;
+  if (sub->poll.loop == nullptr) {  // never polled
+    delete sub;
+    return;
+  }
+  uv_poll_stop(&sub->poll);
+  CloseAndDelete(reinterpret_cast<uv_handle_t*>(&sub->poll), sub);
+}
+
+absl::Status EngineSubscriptions::RemoveOnLoop(uint64_t worker_id, bool clear_index) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("engine worker ", worker_id, " is not subscribed"));
+  }
+  for (Subscription* sub : it->second) {
+    if (clear_index) loop_.ClearRank({worker_id, sub->socket_rank});
+    CloseSubscription(sub);
+  }
+  workers_.erase(it);
+  return absl::OkStatus();
+}
+
+void EngineSubscriptions::CloseAll() {
+  for (auto& [id, subs] : workers_) {
+    for (Subscription* sub : subs) CloseSubscription(sub);
+  }
+  workers_.clear();
+}
+
+// The ZMQ fd only signals edges: read every message queued before returning.
+void EngineSubscriptions::Drain(Subscription& sub) {
+  while (Readable(sub.socket)) {
+    Parts parts;
+    if (!ReceiveMultipart(sub.socket, parts)) return;
+    Process(sub, std::move(parts));
+  }
+}
+
+// Handles a live message, or holds it while a replay is in flight. A message is counted once it
+// has been handled (applied or rejected), not when it arrives, so that a reader who sees N
+// messages counted also sees their effects in the index.
+void EngineSubscriptions::Process(Subscription& sub, Parts parts) {
+  if (sub.replay != nullptr) {
+    sub.held.push_back(std::move(parts));
+    return;
+  }
+  const size_t held_before = sub.held.size();
+  HandleMessage(sub, parts);
+  if (sub.held.size() == held_before) Bump(sub.counters->messages);  // not held for a replay
+}
+
+void EngineSubscriptions::SetUnknown(Subscription& sub, bool unknown) {
+  if (sub.state_unknown == unknown) return;
+  sub.state_unknown = unknown;
+  sub.counters->state_unknown.fetch_add(unknown ? 1 : -1);
+}
+
+void EngineSubscriptions::ClearAndFlag(Subscription& sub) {
+  loop_.ClearRank({sub.worker.worker_id, sub.socket_rank});
+  sub.salted.Clear();
+  sub.copies.Clear();
+  Bump(sub.counters->recoveries);
+  SetUnknown(sub, true);
+}
+
+// Checks the message's sequence number against the rank's expectation.
+EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& sub, uint64_t seq) {
+  SourceCounters& c = *sub.counters;
+  const RankSequence::Verdict verdict = sub.sequence.Observe(seq);
+  switch (verdict.action) {
+    case SequenceAction::kApply:
+      return Verdict::kApply;
+    case SequenceAction::kGap:
+      c.Gap(verdict.missed);
+      if (StartReplay(sub, *sub.sequence.next(), seq)) return Verdict::kHold;
+      // Lost events cannot be recovered: drop what the index believes rather than trust it.
+      ClearAndFlag(sub);
+      sub.sequence.SkipGap(seq);
+      return Verdict::kApply;
+    case SequenceAction::kRestart:  // the publisher restarted, with an empty cache
+      Bump(c.restarts);
+      loop_.ClearRank({sub.worker.worker_id, sub.socket_rank});
+      sub.salted.Clear();
+      sub.copies.Clear();
+      Bump(c.recoveries);
+      SetUnknown(sub, false);
+      return Verdict::kApply;
+    case SequenceAction::kStale:
+      break;
+  }
+  c.Reject(IngestReject::kStaleSequence);
+  return Verdict::kDrop;
+}
+
+void EngineSubscriptions::HandleMessage(Subscription& sub, const Parts& parts) {
+  const std::optional<uint64_t> seq = parts.size() == 3 ? DecodeSequence(parts[1]) : std::nullopt;
+  if (!seq) {
+    sub.counters->Reject(IngestReject::kBadMessage);
+    return;
+  }
+  switch (TrackSequence(sub, *seq)) {
+    case Verdict::kDrop:
+      return;
+    case Verdict::kHold:
+      sub.held.push_front(parts);
+      return;
+    case Verdict::kApply:
+      ApplyPayload(sub, parts[2]);
+      return;
+  }
+}
+
+void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint8_t>& payload) {
+  SourceCounters& c = *sub.counters;
+  auto batch = DecodeEnginePayload(payload);
+  if (!batch.ok()) {
+    c.Reject(IngestReject::kBadMsgpack);
+    return;
+  }
+  ConvertedBatch converted =
+      ToKvEvents(*batch, sub.worker.worker_id, sub.socket_rank, loop_.router->block_size(),
+                 sub.worker.eagle, loop_.next_event_id, &sub.salted);
+  loop_.next_event_id += batch->events.size();
+  c.Reject(IngestReject::kBlockSize, converted.block_size_mismatches.size());
+  for (KvEvent& event : converted.events) {
+    // An engine-side clear makes its state known again.
+    if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
+    ApplyEngineEvent(sub, event);
+  }
+  c.RecordLag(UnixNanosFromSeconds(batch->timestamp));
+}
+
+// Applies one engine event, keeping the publisher's copies in step (event by event: a batch may
+// store a block and then its copy). A removal takes extra copies first, and those blocks stay
+// indexed; the blocks a store repeats (the index reports them) are copies.
+void EngineSubscriptions::ApplyEngineEvent(Subscription& sub, KvEvent& event) {
+  SourceCounters& c = *sub.counters;
+  BlockCopies& copies = sub.copies;
+  if (auto* removed = std::get_if<RemovedEvent>(&event.data)) {
+    std::erase_if(removed->block_hashes,
+                  [&](uint64_t h) { return copies.TakeExtra(event.worker, event.tier, h); });
+    if (removed->block_hashes.empty()) {  // applied: each block it named had another copy
+      Bump(c.events_applied);
+      return;
+    }
+  } else if (std::holds_alternative<ClearedEvent>(event.data)) {
+    copies.ForgetRank(event.worker);
+  }
+  const auto result = loop_.ApplyOne(event, c);
+  if (!result.ok()) return;
+  for (uint64_t h : result->repeated) copies.Add(event.worker, event.tier, h);
+}
+
+// ---- Replay (vLLM's replay ROUTER socket) -------------------------------------------------
+
+// Asks for messages [from, until). False if the worker has no replay endpoint or the request
+// cannot be sent.
+bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t from, uint64_t until) {
+  if (sub.worker.replay_endpoint.empty()) return false;
+  auto* replay = new Replay;
+  replay->sub = &sub;
+  replay->socket = zmq_socket(zmq_context_, ZMQ_DEALER);
+  const int linger = 0;
+  zmq_setsockopt(replay->socket, ZMQ_LINGER, &linger, sizeof(linger));
+  const std::string endpoint =
+      RankEndpoint(sub.worker.replay_endpoint, sub.socket_rank - sub.worker.dp_start);
+  uint8_t start[8];
+  for (int i = 0; i < 8; ++i) start[i] = static_cast<uint8_t>(from >> (56 - 8 * i));
+  // The empty delimiter makes the DEALER look like the REQ client vLLM expects.
+  if (zmq_connect(replay->socket, endpoint.c_str()) != 0 ||
+      zmq_send(replay->socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) != 0 ||
+      zmq_send(replay->socket, start, 8, ZMQ_DONTWAIT) != 8) {
+    zmq_close(replay->socket);
+    delete replay;
+    return false;
+  }
+  int fd = -1;
+  size_t fd_size = sizeof(fd);
+  zmq_getsockopt(replay->socket, ZMQ_FD, &fd, &fd_size);
+  uv_poll_init(&loop_.loop, &replay->poll, fd);
+  replay->poll.data = replay;
+  uv_timer_init(&loop_.loop, &replay->timer);
+  replay->timer.data = replay;
+  sub.replay = replay;
+  sub.sequence.BeginReplay(until);
+  uv_poll_start(&replay->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+    auto* r = static_cast<Replay*>(p->data);
+    r->sub->owner->DrainReplay(*r->sub);
+  });
+  uv_timer_start(
+      &replay->timer,
+      [](uv_timer_t* t) {
+        auto* r = static_cast<Replay*>(t->data);
+        r->sub->owner->FinishReplay(*r->sub);
+      },
+      loop_.options.replay_timeout_ms, 0);
+  DrainReplay(sub);  // the fd signals edges: look once now
+  return true;
+}
+
+void EngineSubscriptions::DrainReplay(Subscription& sub) {
+  while (sub.replay != nullptr && Readable(sub.replay->socket)) {
+    Parts parts;
+    if (!ReceiveMultipart(sub.replay->socket, parts)) return;
+    // [delimiter, (topic,) seq, payload]: newer vLLM adds the topic.
+    if (!parts.empty() && parts.front().empty()) parts.erase(parts.begin());
+    if (parts.size() == 3) parts.erase(parts.begin());
+    const std::optional<uint64_t> seq = parts.size() == 2 ? DecodeSequence(parts[0]) : std::nullopt;
+    if (!seq) {
+      sub.counters->Reject(IngestReject::kBadMessage);
+      continue;
+    }
+    if (*seq == UINT64_MAX) {  // end marker (-1)
+      FinishReplay(sub);
+      return;
+    }
+    // vLLM and SGLang replay their whole buffer from the sequence asked for, so the replies go
+    // on past the hole with messages that arrived live and are held: those count when the held
+    // copy is handled, and a reply counts only if it fills the hole.
+    if (sub.sequence.AcceptReplayed(*seq)) {
+      ApplyPayload(sub, parts[1]);
+      Bump(sub.counters->messages);
+    }
+  }
+}
+
+// Ends the replay (complete, short or timed out), then handles the held live messages.
+void EngineSubscriptions::FinishReplay(Subscription& sub) {
+  Replay* replay = sub.replay;
+  if (replay == nullptr) return;
+  sub.replay = nullptr;
+  Bump(sub.counters->recoveries);
+  if (!sub.sequence.FinishReplay()) {  // still missing some: fall back to the clear
+    loop_.ClearRank({sub.worker.worker_id, sub.socket_rank});
+    sub.salted.Clear();
+    sub.copies.Clear();
+    SetUnknown(sub, true);
+  }
+  CloseReplay(replay);
+  std::deque<Parts> held;
+  held.swap(sub.held);
+  while (!held.empty()) {
+    Parts parts = std::move(held.front());
+    held.pop_front();
+    Process(sub, std::move(parts));  // held again if a new gap started another replay
+  }
+}
+
+void EngineSubscriptions::CloseReplay(Replay* replay) {
+  zmq_close(replay->socket);
+  replay->socket = nullptr;
+  uv_poll_stop(&replay->poll);
+  uv_timer_stop(&replay->timer);
+  auto closed = [](uv_handle_t* h) {
+    auto* r = static_cast<Replay*>(h->data);
+    if (--r->open_handles == 0) delete r;
+  };
+  uv_close(reinterpret_cast<uv_handle_t*>(&replay->poll), closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&replay->timer), closed);
+}
+
+}  // namespace kvrouter

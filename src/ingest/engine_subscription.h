@@ -1,0 +1,66 @@
+// The engine source: vLLM and SGLang workers publishing KV events over ZMQ. One SUB socket per
+// data-parallel rank (rank r of a tcp endpoint on port + r, as vLLM binds them), its fd under
+// uv_poll on the ingest loop, drained while ZMQ_EVENTS has ZMQ_POLLIN (the fd is
+// edge-triggered). Messages are [topic, 8-byte big-endian sequence, msgpack payload]
+// (wire/engine_events.h).
+//
+// Sequence numbers are per rank (RankSequence, sequence_tracker.h). A gap is first repaired by
+// replay when the worker has a replay endpoint (vLLM: request the start sequence, receive (seq,
+// payload) up to the end marker -1; live messages are held meanwhile). If there is none, or the
+// replay times out or falls short, the rank's index entries are cleared and the source is
+// flagged state_unknown (the index then under-reports that worker, never over-reports it); the
+// flag drops when the engine itself clears or restarts, i.e. its true state is known again. A
+// restart clears too: a restarted engine has an empty cache.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ingest/ingest_loop.h"
+
+namespace kvrouter {
+
+class EngineSubscriptions {
+ public:
+  explicit EngineSubscriptions(IngestLoop& loop) : loop_(loop) {}
+  // Terminates the ZMQ context: after CloseAll.
+  ~EngineSubscriptions();
+  EngineSubscriptions(const EngineSubscriptions&) = delete;
+  EngineSubscriptions& operator=(const EngineSubscriptions&) = delete;
+
+  // IngestService::AddEngineWorker and RemoveEngineWorker (ingest_service.h). Any thread.
+  absl::StatusOr<uint64_t> Add(const EngineWorker& worker);
+  absl::Status Remove(uint64_t worker_id, bool clear_index);
+  // Closes every subscription. Loop thread (or before Start).
+  void CloseAll();
+
+ private:
+  struct Subscription;
+  struct Replay;
+  enum class Verdict { kApply, kDrop, kHold };
+
+  absl::Status AddOnLoop(const EngineWorker& worker, uint64_t& id);
+  absl::Status RemoveOnLoop(uint64_t worker_id, bool clear_index);
+  void CloseSubscription(Subscription* sub);
+  void Drain(Subscription& sub);
+  void Process(Subscription& sub, std::vector<std::vector<uint8_t>> parts);
+  void SetUnknown(Subscription& sub, bool unknown);
+  void ClearAndFlag(Subscription& sub);
+  Verdict TrackSequence(Subscription& sub, uint64_t seq);
+  void HandleMessage(Subscription& sub, const std::vector<std::vector<uint8_t>>& parts);
+  void ApplyPayload(Subscription& sub, const std::vector<uint8_t>& payload);
+  void ApplyEngineEvent(Subscription& sub, KvEvent& event);
+  bool StartReplay(Subscription& sub, uint64_t from, uint64_t until);
+  void DrainReplay(Subscription& sub);
+  void FinishReplay(Subscription& sub);
+  static void CloseReplay(Replay* replay);
+
+  IngestLoop& loop_;
+  void* zmq_context_ = nullptr;
+  std::map<uint64_t, std::vector<Subscription*>> workers_;  // by worker id
+};
+
+}  // namespace kvrouter

@@ -1,0 +1,69 @@
+#include "ingest/ingest_loop.h"
+
+#include <future>
+#include <utility>
+
+namespace kvrouter {
+
+std::shared_ptr<SourceCounters> IngestLoop::NewSource(uint64_t& id, std::string endpoint,
+                                                      std::shared_ptr<SourceCounters> live) {
+  std::lock_guard lock(stats_mutex);
+  id = next_source_id++;
+  endpoints[id] = std::move(endpoint);
+  return counters[id] = live ? std::move(live) : std::make_shared<SourceCounters>();
+}
+
+absl::Status IngestLoop::Run(std::function<absl::Status()> command) {
+  std::unique_lock lock(command_mutex);
+  if (stopped) return absl::FailedPreconditionError("the ingest service is stopped");
+  // Before Start, or already on the loop thread (a router callback run by an event this loop
+  // applied, e.g. a request admitted by a replica's free): waiting for the loop would hang.
+  if (!running || std::this_thread::get_id() == thread.get_id()) {
+    lock.unlock();
+    return command();
+  }
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  auto result = done->get_future();
+  commands.push_back([command = std::move(command), done] { done->set_value(command()); });
+  uv_async_send(&wake);
+  lock.unlock();
+  return result.get();
+}
+
+bool IngestLoop::Post(std::function<void()> task) {
+  std::lock_guard lock(command_mutex);
+  if (stopped) return false;
+  commands.push_back(std::move(task));
+  uv_async_send(&wake);
+  return true;
+}
+
+void IngestLoop::RunCommands() {
+  std::deque<std::function<void()>> batch;
+  {
+    std::lock_guard lock(command_mutex);
+    batch.swap(commands);
+  }
+  for (auto& command : batch) command();
+}
+
+void IngestLoop::Apply(std::span<const KvEvent> events, SourceCounters& source) {
+  for (const KvEvent& event : events) (void)ApplyOne(event, source);
+}
+
+absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCounters& source) {
+  auto result = router->ApplyEvent(event);
+  if (result.ok() && result->ok()) {
+    Bump(source.events_applied);
+  } else {
+    source.Reject(IngestReject::kIndexRejected);
+  }
+  return result;
+}
+
+void IngestLoop::ClearRank(WorkerKey rank) {
+  const KvEvent clear{.worker = rank, .event_id = next_event_id++, .data = ClearedEvent{}};
+  (void)router->ApplyEvent(clear);
+}
+
+}  // namespace kvrouter

@@ -1,0 +1,77 @@
+// What every ingest source shares (internal to src/ingest): the libuv loop and its thread,
+// commands run where the loop's state may be touched, the router that events are applied to,
+// and the registry of sources with their counters. The sources are units of their own:
+// stream_listener (native stream), engine_subscription (vLLM/SGLang over ZMQ),
+// nats_subscription (NATS subjects, with replica_sync); ingest_service.cc composes them.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/router.h"
+#include "ingest/ingest_service.h"
+#include "ingest/source_counters.h"
+
+namespace kvrouter {
+
+// Closes a heap-allocated libuv handle and deletes its owner once libuv is done with it.
+template <typename Owner>
+void CloseAndDelete(uv_handle_t* handle, Owner* owner) {
+  handle->data = owner;
+  if (uv_is_closing(handle)) return;
+  uv_close(handle, [](uv_handle_t* h) { delete static_cast<Owner*>(h->data); });
+}
+
+struct IngestLoop {
+  Router* router = nullptr;
+  IngestOptions options;
+  uv_loop_t loop{};
+  uv_async_t wake{};
+
+  // Commands for the loop thread.
+  std::mutex command_mutex;
+  std::deque<std::function<void()>> commands;
+  bool running = false;
+  bool stopped = false;
+  std::thread thread;
+
+  // Source counters by id; the map only grows, so totals include removed sources.
+  mutable std::mutex stats_mutex;
+  std::map<uint64_t, std::shared_ptr<SourceCounters>> counters;
+  std::map<uint64_t, std::string> endpoints;  // as Endpoint() reports them
+  uint64_t next_source_id = 1;
+
+  // Loop-thread state (or caller-thread state before Start).
+  uint64_t next_event_id = 1;
+
+  // A new source id for `endpoint` (what Endpoint(id) reports), with its counters.
+  std::shared_ptr<SourceCounters> NewSource(uint64_t& id, std::string endpoint,
+                                            std::shared_ptr<SourceCounters> live = nullptr);
+
+  // Runs `command` where loop state may be touched: inline before Start, on the loop after.
+  absl::Status Run(std::function<absl::Status()> command);
+  // Hands `task` to the loop from any thread (a transport's own thread); dropped, returning
+  // false, once the service is stopped (the loop is closing).
+  bool Post(std::function<void()> task);
+  // The loop thread's side of Run and Post.
+  void RunCommands();
+
+  // Applies router events, counting each outcome on `source`.
+  void Apply(std::span<const KvEvent> events, SourceCounters& source);
+  absl::StatusOr<ApplyResult> ApplyOne(const KvEvent& event, SourceCounters& source);
+  // Drops everything the index holds for one rank.
+  void ClearRank(WorkerKey rank);
+};
+
+}  // namespace kvrouter

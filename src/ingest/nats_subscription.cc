@@ -1,0 +1,262 @@
+#include "ingest/nats_subscription.h"
+
+#include <nats/adapters/libuv.h>
+#include <nats/nats.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "ingest/replica_sync.h"
+#include "ingest/sequence_tracker.h"
+#include "wire/endpoint.h"
+#include "wire/engine_events.h"
+#include "wire/flatbuffers_codec.h"
+
+namespace kvrouter {
+
+struct NatsSubscriptions::Source {
+  NatsSubscriptions* owner = nullptr;
+  std::shared_ptr<SourceCounters> counters;
+  std::shared_ptr<PublisherSequences> dynamo = std::make_shared<PublisherSequences>();
+  natsConnection* connection = nullptr;
+  natsSubscription* subscription = nullptr;
+  bool replica_sync = false;    // messages are replica changes, not event batches
+  uint64_t observer_token = 0;  // replica sync: the router observer it installed
+  uint64_t source_id = 0;
+  // Set by libnats once the message handler can no longer run (after unsubscribing).
+  std::mutex done_mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+
+  // On libnats' delivery thread: hands the payload to the loop. After Stop, messages are
+  // dropped (the loop is closing).
+  static void OnMessage(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+    auto* source = static_cast<Source*>(closure);
+    NatsSubscriptions* self = source->owner;
+    const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg));
+    std::vector<uint8_t> payload(data, data + natsMsg_GetDataLength(msg));
+    natsMsg_Destroy(msg);
+    self->loop_.Post([self, counters = source->counters, dynamo = source->dynamo,
+                      payload = std::move(payload), replica_sync = source->replica_sync] {
+      if (replica_sync) {
+        ApplyReplicaMessage(*self->loop_.router, payload, *counters);
+      } else {
+        self->HandleEvents(payload, *counters, *dynamo);
+      }
+    });
+  }
+
+  static void OnConnected(natsConnection*, void* closure) {
+    Bump(static_cast<Source*>(closure)->counters->connections);
+  }
+
+  static void OnComplete(void* closure) {
+    auto* source = static_cast<Source*>(closure);
+    std::lock_guard lock(source->done_mutex);
+    source->done = true;
+    source->done_cv.notify_all();
+  }
+};
+
+absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeEvents(const std::string& url,
+                                                            const std::string& subject) {
+  return Subscribe(url, subject, "");
+}
+
+absl::StatusOr<uint64_t> NatsSubscriptions::SyncReplicas(const std::string& url,
+                                                         const std::string& subject,
+                                                         const std::string& replica_id) {
+  if (absl::Status valid = ValidateReplicaId(replica_id); !valid.ok()) return valid;
+  return Subscribe(url, subject, replica_id);
+}
+
+absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
+                                                      const std::string& subject,
+                                                      const std::string& replica_id) {
+  if (url.empty()) return absl::InvalidArgumentError("the NATS url is empty");
+  if (subject.empty()) return absl::InvalidArgumentError("the NATS subject is empty");
+  uint64_t id = 0;
+  Source* added = nullptr;
+  bool running = false;
+  absl::Status status = loop_.Run([&] {
+    running = loop_.running;
+    return SubscribeOnLoop(url, subject, replica_id, id, &added);
+  });
+  if (!status.ok()) return status;
+  // Once a PING round trip completes, the server has the SUB: messages published from now on
+  // are delivered. It is waited for here, as the loop thread must be free to read the PONG.
+  // Before Start, the SUB goes out when the loop starts. (The connection lives until Stop, which
+  // is not to be called concurrently with this.)
+  if (running) {
+    if (natsStatus s = natsConnection_FlushTimeout(added->connection, 5000); s != NATS_OK) {
+      // Not half there: the caller gets no source id, so the source must not outlive this.
+      (void)loop_.Run([&] { return RemoveOnLoop(id); });
+      return absl::UnavailableError(
+          absl::StrCat("NATS subscription to '", subject,
+                       "' not confirmed by the server: ", natsStatus_GetText(s)));
+    }
+  }
+  return id;
+}
+
+// Must run where the loop is (the loop thread, or the caller's before Start): libnats attaches
+// its socket to the loop during the connect.
+absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const std::string& subject,
+                                                const std::string& replica_id, uint64_t& id,
+                                                Source** added) {
+  auto source = std::make_unique<Source>();
+  source->owner = this;
+  source->counters = std::make_shared<SourceCounters>();
+  source->replica_sync = !replica_id.empty();
+  if (source->replica_sync && replica_sync_active_) {
+    return absl::FailedPreconditionError("this ingest object already syncs router replicas");
+  }
+  natsOptions* opts = nullptr;
+  natsStatus s = natsOptions_Create(&opts);
+  // A replica does not need its own changes back.
+  if (s == NATS_OK && source->replica_sync) s = natsOptions_SetNoEcho(opts, true);
+  if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
+  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
+  if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
+  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
+  if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 100);
+  if (s == NATS_OK) s = natsOptions_SetReconnectedCB(opts, &Source::OnConnected, source.get());
+  if (s == NATS_OK) {
+    s = natsOptions_SetEventLoop(opts, &loop_.loop, natsLibuv_Attach, natsLibuv_Read,
+                                 natsLibuv_Write, natsLibuv_Detach);
+  }
+  if (s == NATS_OK) {
+    const bool on_loop_thread = loop_.running;
+    if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(&loop_.loop);
+    s = natsConnection_Connect(&source->connection, opts);
+    if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(nullptr);
+  }
+  natsOptions_Destroy(opts);
+  if (s != NATS_OK) {
+    const std::string why =
+        absl::StrCat("cannot connect to NATS at ", url, ": ", natsStatus_GetText(s), " (",
+                     nats_GetLastError(nullptr), ")");
+    if (source->connection != nullptr) natsConnection_Destroy(source->connection);
+    return absl::UnavailableError(why);
+  }
+  s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
+                               &Source::OnMessage, source.get());
+  if (s == NATS_OK) {
+    s = natsSubscription_SetOnCompleteCB(source->subscription, &Source::OnComplete, source.get());
+  }
+  if (s != NATS_OK) {
+    const std::string why =
+        absl::StrCat("cannot subscribe to '", subject, "' at ", url, ": ", natsStatus_GetText(s));
+    Close(source.release());
+    return absl::InvalidArgumentError(why);
+  }
+  Bump(source->counters->connections);
+  loop_.NewSource(id, WithoutUserInfo(url), source->counters);
+  source->source_id = id;
+  if (source->replica_sync) {
+    // From now on every change to the router's own bookings is published on `subject`, from
+    // the thread that made it (libnats' publish only buffers; its flusher sends).
+    replica_sync_active_ = true;
+    source->observer_token = PublishBookings(
+        *loop_.router, replica_id,
+        [connection = source->connection, subject](std::span<const uint8_t> bytes) {
+          return natsConnection_Publish(connection, subject.c_str(), bytes.data(),
+                                        static_cast<int>(bytes.size())) == NATS_OK;
+        },
+        source->counters);
+  }
+  *added = source.get();
+  sources_.push_back(source.release());
+  return absl::OkStatus();
+}
+
+absl::Status NatsSubscriptions::RemoveOnLoop(uint64_t source_id) {
+  for (auto it = sources_.begin(); it != sources_.end(); ++it) {
+    if ((*it)->source_id != source_id) continue;
+    if ((*it)->replica_sync) replica_sync_active_ = false;
+    Close(*it);
+    sources_.erase(it);
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no NATS source ", source_id));
+}
+
+// Unsubscribes, waits (bounded) until the handler can no longer run, closes the connection.
+void NatsSubscriptions::Close(Source* source) {
+  // The router's threads publish on the connection: stop them first (once this returns, the
+  // observer is not running and will not run again).
+  // (Only its own observer: a later kvr_router_set_replica_publisher may have replaced it.)
+  if (source->replica_sync) loop_.router->ClearSequenceObserver(source->observer_token);
+  if (source->subscription != nullptr) {
+    if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
+      std::unique_lock lock(source->done_mutex);
+      source->done_cv.wait_for(lock, std::chrono::seconds(5), [&] { return source->done; });
+    }
+    natsSubscription_Destroy(source->subscription);
+  }
+  if (source->connection != nullptr) natsConnection_Destroy(source->connection);
+  delete source;
+}
+
+void NatsSubscriptions::InitAdapter() { natsLibuv_Init(); }
+
+// libnats' adapter acts directly on this thread.
+void NatsSubscriptions::BindLoopThread(uv_loop_t* loop) { natsLibuv_SetThreadLocalLoop(loop); }
+
+void NatsSubscriptions::CloseAll() {
+  for (Source* source : sources_) Close(source);
+  sources_.clear();
+}
+
+// ---- KV events: native batches and Dynamo's event plane -------------------------------------
+
+// A NATS message: a native EventBatch or a message of Dynamo's event plane, told apart by
+// content (a batch is verified first; a Dynamo message is a msgpack map, never a valid batch).
+// Neither: counted as a bad batch, or as bad msgpack when it is msgpack of the wrong shape.
+void NatsSubscriptions::HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
+                                     PublisherSequences& dynamo) {
+  ApplyEvents(payload, source, dynamo);
+  Bump(source.messages);  // last: a reader that sees the count sees what it applied
+}
+
+void NatsSubscriptions::ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,
+                                    PublisherSequences& dynamo) {
+  uint64_t publish_time_ns = 0;
+  if (auto events = DecodeEventBatch(payload, &publish_time_ns); events.ok()) {
+    loop_.Apply(*events, source);
+    source.RecordLag(publish_time_ns);
+    return;
+  }
+  auto message = DecodeDynamoEventPlane(payload);
+  if (message.ok()) {
+    ApplyDynamoMessage(*message, source, dynamo);
+  } else {
+    source.Reject(absl::IsDataLoss(message.status()) ? IngestReject::kBadFlatBuffers
+                                                     : IngestReject::kBadMsgpack);
+  }
+}
+
+void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceCounters& source,
+                                           PublisherSequences& dynamo) {
+  const PublisherSequences::Verdict verdict =
+      dynamo.Observe(message.publisher_id, message.sequence);
+  if (verdict.action == SequenceAction::kStale) {
+    source.Reject(IngestReject::kStaleSequence);
+    return;
+  }
+  if (verdict.action == SequenceAction::kGap) {
+    // Messages lost (the event plane has no replay): what the publisher's ranks hold is
+    // unknown, so they are cleared and learnt again, as for an engine without replay.
+    source.Gap(verdict.missed);
+    for (const WorkerKey& rank : verdict.publisher->ranks) loop_.ClearRank(rank);
+    Bump(source.recoveries);
+  }
+  for (const KvEvent& event : message.events) verdict.publisher->ranks.insert(event.worker);
+  loop_.Apply(message.events, source);
+  source.RecordLag(message.published_at_ms * 1'000'000);
+}
+
+}  // namespace kvrouter

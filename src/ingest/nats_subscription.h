@@ -1,0 +1,69 @@
+// The NATS source: subjects (wildcards allowed) on a NATS server, through libnats on its libuv
+// adapter (the connection's socket is polled by the ingest loop). libnats calls message handlers
+// on its own delivery thread, so each message is handed to the loop (IngestLoop::Post) and
+// applied there. A connection reconnects forever and resubscribes after the server restarts.
+//
+// A subscription carries KV events: native EventBatches, or the messages of Dynamo's KV event
+// plane (told apart by content; a Dynamo publisher's gap clears the ranks it wrote to, as
+// nothing replays that plane), or, for replica sync (replica_sync.h), other router replicas'
+// booking changes.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ingest/ingest_loop.h"
+
+namespace kvrouter {
+
+class PublisherSequences;
+struct DynamoMessage;
+
+class NatsSubscriptions {
+ public:
+  explicit NatsSubscriptions(IngestLoop& loop) : loop_(loop) {}
+  NatsSubscriptions(const NatsSubscriptions&) = delete;
+  NatsSubscriptions& operator=(const NatsSubscriptions&) = delete;
+
+  // IngestService::SubscribeNats and SyncReplicas (ingest_service.h). Any thread; not
+  // concurrently with IngestService::Stop.
+  absl::StatusOr<uint64_t> SubscribeEvents(const std::string& url, const std::string& subject);
+  absl::StatusOr<uint64_t> SyncReplicas(const std::string& url, const std::string& subject,
+                                        const std::string& replica_id);
+  // Unsubscribes and closes every connection. Loop thread (or before Start).
+  void CloseAll();
+
+  // libnats' libuv adapter (defined in its header, so used from nats_subscription.cc alone):
+  // once per process before any loop, and on the loop thread before it runs.
+  static void InitAdapter();
+  static void BindLoopThread(uv_loop_t* loop);
+
+ private:
+  struct Source;
+
+  // `replica_id` empty: KV events. Otherwise replica sync under that id.
+  absl::StatusOr<uint64_t> Subscribe(const std::string& url, const std::string& subject,
+                                     const std::string& replica_id);
+  absl::Status SubscribeOnLoop(const std::string& url, const std::string& subject,
+                               const std::string& replica_id, uint64_t& id, Source** added);
+  absl::Status RemoveOnLoop(uint64_t source_id);
+  void Close(Source* source);
+  // Loop thread: one message of an events subscription.
+  void HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
+                    PublisherSequences& dynamo);
+  void ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,
+                   PublisherSequences& dynamo);
+  void ApplyDynamoMessage(const DynamoMessage& message, SourceCounters& source,
+                          PublisherSequences& dynamo);
+
+  IngestLoop& loop_;
+  std::list<Source*> sources_;
+  bool replica_sync_active_ = false;
+};
+
+}  // namespace kvrouter

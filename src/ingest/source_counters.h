@@ -1,0 +1,78 @@
+// The live counters of one ingest source (IngestStats is their copy), updated by the loop thread
+// and read by any thread.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "core/clock.h"
+#include "ingest/ingest_service.h"
+
+namespace kvrouter {
+
+inline void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
+  c.fetch_add(n, std::memory_order_relaxed);
+}
+
+struct SourceCounters {
+  std::atomic<uint64_t> messages{0};
+  std::atomic<uint64_t> events_applied{0};
+  std::atomic<uint64_t> rejected[kNumIngestRejects] = {};
+  std::atomic<uint64_t> gaps{0};
+  std::atomic<uint64_t> missed_messages{0};
+  std::atomic<uint64_t> restarts{0};
+  std::atomic<uint64_t> recoveries{0};
+  std::atomic<uint64_t> connections{0};
+  std::atomic<int64_t> state_unknown{0};
+  std::atomic<uint64_t> lag_samples{0};
+  std::atomic<uint64_t> lag_total_us{0};
+  std::atomic<uint64_t> lag_max_us{0};
+  std::atomic<uint64_t> lag_last_us{0};
+  std::atomic<uint64_t> published{0};
+  std::atomic<uint64_t> publish_failures{0};
+
+  // A message published at `publish_time_ns` (Unix epoch; 0 = unknown) has just been applied.
+  // A publisher whose clock runs ahead of ours shows a lag of 0, not a negative one.
+  void RecordLag(uint64_t publish_time_ns) {
+    if (publish_time_ns == 0) return;
+    const uint64_t now = UnixNowNanos();
+    const uint64_t lag_us = now > publish_time_ns ? (now - publish_time_ns) / 1000 : 0;
+    Bump(lag_samples);
+    Bump(lag_total_us, lag_us);
+    lag_last_us.store(lag_us, std::memory_order_relaxed);
+    uint64_t max = lag_max_us.load(std::memory_order_relaxed);
+    while (lag_us > max && !lag_max_us.compare_exchange_weak(max, lag_us)) {
+    }
+  }
+
+  void Reject(IngestReject reason, uint64_t n = 1) {
+    rejected[static_cast<int>(reason)].fetch_add(n, std::memory_order_relaxed);
+  }
+
+  // A sequence gap of `missed` messages.
+  void Gap(uint64_t missed) {
+    Bump(gaps);
+    Bump(missed_messages, missed);
+  }
+
+  void AddTo(IngestStats& s) const {
+    s.messages += messages.load();
+    s.events_applied += events_applied.load();
+    for (int i = 0; i < kNumIngestRejects; ++i) s.rejected[i] += rejected[i].load();
+    s.gaps += gaps.load();
+    s.missed_messages += missed_messages.load();
+    s.restarts += restarts.load();
+    s.recoveries += recoveries.load();
+    s.connections += connections.load();
+    s.state_unknown += static_cast<uint64_t>(std::max<int64_t>(0, state_unknown.load()));
+    s.lag_samples += lag_samples.load();
+    s.lag_total_us += lag_total_us.load();
+    s.lag_max_us = std::max(s.lag_max_us, lag_max_us.load());
+    s.lag_last_us = std::max(s.lag_last_us, lag_last_us.load());
+    s.published += published.load();
+    s.publish_failures += publish_failures.load();
+  }
+};
+
+}  // namespace kvrouter

@@ -1,0 +1,173 @@
+#include "ingest/stream_listener.h"
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "wire/endpoint.h"
+#include "wire/flatbuffers_codec.h"
+#include "wire/framing.h"
+
+namespace kvrouter {
+
+struct StreamListeners::Listener {
+  StreamListeners* owner = nullptr;
+  uint64_t source_id = 0;
+  std::shared_ptr<SourceCounters> counters;
+  bool unix_socket = false;
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+  };
+};
+
+struct StreamListeners::Connection {
+  StreamListeners* owner;
+  std::shared_ptr<SourceCounters> counters;
+  FrameReader reader;
+  std::vector<char> read_buffer = std::vector<char>(64 * 1024);
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+  };
+  Connection(StreamListeners* o, std::shared_ptr<SourceCounters> c, uint32_t max_frame)
+      : owner(o), counters(std::move(c)), reader(max_frame) {}
+};
+
+absl::StatusOr<uint64_t> StreamListeners::Listen(const std::string& endpoint, std::string* bound) {
+  auto where = ParseStreamEndpoint(endpoint);
+  if (!where.ok()) return where.status();
+  uint64_t id = 0;
+  std::string bound_endpoint;
+  absl::Status status = loop_.Run([&] { return ListenOnLoop(*where, &bound_endpoint, id); });
+  if (!status.ok()) return status;
+  if (bound != nullptr) *bound = bound_endpoint;
+  return id;
+}
+
+absl::Status StreamListeners::ListenOnLoop(const StreamEndpoint& where, std::string* bound,
+                                           uint64_t& id) {
+  auto* listener = new Listener;
+  listener->owner = this;
+  listener->unix_socket = where.unix_socket;
+  int rc = 0;
+  if (where.unix_socket) {
+    uv_pipe_init(&loop_.loop, &listener->pipe, 0);
+    rc = uv_pipe_bind(&listener->pipe, where.host_or_path.c_str());
+  } else {
+    uv_tcp_init(&loop_.loop, &listener->tcp);
+    sockaddr_storage addr{};
+    rc = uv_ip4_addr(where.host_or_path.c_str(), where.port, reinterpret_cast<sockaddr_in*>(&addr));
+    if (rc != 0) {
+      rc = uv_ip6_addr(where.host_or_path.c_str(), where.port,
+                       reinterpret_cast<sockaddr_in6*>(&addr));
+    }
+    if (rc == 0) rc = uv_tcp_bind(&listener->tcp, reinterpret_cast<sockaddr*>(&addr), 0);
+  }
+  listener->handle.data = listener;
+  if (rc == 0) rc = uv_listen(&listener->stream, 128, &StreamListeners::OnConnection);
+  if (rc != 0) {
+    CloseAndDelete(&listener->handle, listener);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", where.host_or_path, ": ", uv_strerror(rc)));
+  }
+  if (where.unix_socket) {
+    *bound = "unix://" + where.host_or_path;
+  } else {
+    sockaddr_storage name{};
+    int len = sizeof(name);
+    uv_tcp_getsockname(&listener->tcp, reinterpret_cast<sockaddr*>(&name), &len);
+    char host[64] = {};
+    int port = 0;
+    bool ipv6 = name.ss_family == AF_INET6;
+    if (ipv6) {
+      auto* a6 = reinterpret_cast<sockaddr_in6*>(&name);
+      uv_ip6_name(a6, host, sizeof(host));
+      port = ntohs(a6->sin6_port);
+    } else {
+      auto* a4 = reinterpret_cast<sockaddr_in*>(&name);
+      uv_ip4_name(a4, host, sizeof(host));
+      port = ntohs(a4->sin_port);
+    }
+    // An IPv6 address is bracketed, so that its colons are not taken for the port's.
+    *bound =
+        ipv6 ? absl::StrCat("tcp://[", host, "]:", port) : absl::StrCat("tcp://", host, ":", port);
+  }
+  listener->counters = loop_.NewSource(id, *bound);
+  listener->source_id = id;
+  listeners_.push_back(listener);
+  return absl::OkStatus();
+}
+
+void StreamListeners::OnConnection(uv_stream_t* server, int status) {
+  auto* listener = static_cast<Listener*>(server->data);
+  StreamListeners* self = listener->owner;
+  if (status < 0) return;
+  auto* conn = new Connection(self, listener->counters, self->loop_.options.max_frame_bytes);
+  if (listener->unix_socket) {
+    uv_pipe_init(&self->loop_.loop, &conn->pipe, 0);
+  } else {
+    uv_tcp_init(&self->loop_.loop, &conn->tcp);
+  }
+  conn->handle.data = conn;
+  if (uv_accept(server, &conn->stream) != 0) {
+    CloseAndDelete(&conn->handle, conn);
+    return;
+  }
+  Bump(conn->counters->connections);
+  self->connections_.push_back(conn);
+  uv_read_start(
+      &conn->stream,
+      [](uv_handle_t* h, size_t, uv_buf_t* buf) {
+        auto* c = static_cast<Connection*>(h->data);
+        *buf = uv_buf_init(c->read_buffer.data(), c->read_buffer.size());
+      },
+      &StreamListeners::OnRead);
+}
+
+void StreamListeners::CloseConnection(Connection* conn) {
+  connections_.remove(conn);
+  CloseAndDelete(&conn->handle, conn);
+}
+
+void StreamListeners::OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+  auto* conn = static_cast<Connection*>(stream->data);
+  if (nread < 0) {  // EOF or error
+    conn->owner->CloseConnection(conn);
+    return;
+  }
+  if (nread == 0) return;
+  const absl::Status status = conn->reader.Append(
+      std::span(reinterpret_cast<const uint8_t*>(buf->base), static_cast<size_t>(nread)));
+  while (auto frame = conn->reader.Next()) conn->owner->HandleFrame(*frame, *conn->counters);
+  if (!status.ok()) {
+    // The frame boundaries are lost: nothing after this header can be trusted.
+    conn->counters->Reject(IngestReject::kFrameTooLarge);
+    conn->owner->CloseConnection(conn);
+  }
+}
+
+void StreamListeners::HandleFrame(const std::vector<uint8_t>& frame, SourceCounters& source) {
+  uint64_t publish_time_ns = 0;
+  auto events = DecodeEventBatch(frame, &publish_time_ns);
+  if (!events.ok()) {
+    source.Reject(IngestReject::kBadFlatBuffers);
+  } else {
+    loop_.Apply(*events, source);
+    source.RecordLag(publish_time_ns);
+  }
+  Bump(source.messages);
+}
+
+void StreamListeners::CloseAll() {
+  for (Listener* l : listeners_) CloseAndDelete(&l->handle, l);
+  listeners_.clear();
+  for (Connection* c : connections_) CloseAndDelete(&c->handle, c);
+  connections_.clear();
+}
+
+}  // namespace kvrouter
