@@ -3,21 +3,31 @@
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
 find_package(absl REQUIRED)
-# nlohmann-json parses traces and test vectors (tests, benchmarks, tools); never the hot path.
-find_package(nlohmann_json REQUIRED)
+# nlohmann-json parses traces and test vectors (tests, benchmarks, tools); never the library.
+if(KVR_BUILD_TESTS OR KVR_BUILD_BENCH OR KVR_BUILD_TOOLS)
+  find_package(nlohmann_json REQUIRED)
+endif()
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 # FlatBuffers is kvrouter's own wire format (schema/): the runtime library, and flatc to compile
 # the schemas at build time.
 find_package(FlatBuffers REQUIRED)
 find_program(KVR_FLATC flatc REQUIRED)
-# KV event ingestion (src/ingest): the libuv loop, ZMQ subscriptions to vLLM/SGLang publishers,
-# and msgpack-c++ (header-only; MSGPACK_NO_BOOST, set on kvrouter_ingest) for their payloads.
-pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
-pkg_check_modules(LIBZMQ REQUIRED IMPORTED_TARGET libzmq)
-find_path(KVR_MSGPACK_INCLUDE_DIR msgpack.hpp REQUIRED)
-# NATS subscriptions (libnats-dev, with its libuv adapter header). Its CMake package config is
-# broken on Debian 12, so pkg-config finds it; it is linked as a shared library.
-pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
+# KV event ingestion (src/ingest), each part only in a build that has it (KVR_WITH_ZMQ,
+# KVR_WITH_NATS): the libuv loop, and msgpack-c++ (header-only; MSGPACK_NO_BOOST, set on
+# kvrouter_wire) for the engines' payloads, with either transport; ZMQ subscriptions to
+# vLLM/SGLang publishers; NATS subscriptions (libnats-dev, with its libuv adapter header: its
+# CMake package config is broken on Debian 12, so pkg-config finds it; linked as a shared
+# library).
+if(KVR_WITH_INGEST)
+  pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+  find_path(KVR_MSGPACK_INCLUDE_DIR msgpack.hpp REQUIRED)
+endif()
+if(KVR_WITH_ZMQ)
+  pkg_check_modules(LIBZMQ REQUIRED IMPORTED_TARGET libzmq)
+endif()
+if(KVR_WITH_NATS)
+  pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
+endif()
 
 if(KVR_BUILD_TESTS)
   find_package(GTest REQUIRED)

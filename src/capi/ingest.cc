@@ -1,4 +1,5 @@
-// KV event ingestion through the C ABI: the ingest object over kvrouter::IngestService.
+// KV event ingestion through the C ABI: the ingest object over kvrouter::IngestService. In a
+// build without a transport (KVR_WITH_ZMQ, KVR_WITH_NATS), its functions return KVR_UNIMPLEMENTED.
 #include <algorithm>
 
 #include "capi_internal.h"
@@ -13,7 +14,14 @@ struct kvr_ingest {
 
 namespace {
 
+// KVR_UNIMPLEMENTED, naming the build option, when this build has no such transport: first,
+// whatever the arguments, so that a caller learns what is missing rather than what it passed.
+kvr_status CheckTransport(kvr_error** err, kvrouter::IngestTransport transport) {
+  return FromStatus(err, kvrouter::TransportAvailable(transport));
+}
+
 kvr_status CheckIngest(kvr_error** err, const kvr_ingest* ingest) {
+  if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kLoop)) return s;
   return RequireNonNull(err, ingest, "ingest");
 }
 
@@ -75,6 +83,7 @@ KVR_API kvr_status kvr_ingest_options_init(kvr_ingest_options* options, size_t s
 KVR_API kvr_status kvr_ingest_new(kvr_router* router, const kvr_ingest_options* opts,
                                   kvr_ingest** out, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kLoop)) return s;
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     kvr_ingest_options in;
@@ -149,6 +158,7 @@ KVR_API kvr_status kvr_engine_worker_init(kvr_engine_worker* worker, size_t size
 KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest* ingest, const kvr_engine_worker* worker,
                                                 uint64_t* source_id, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kZmq)) return s;
     if (kvr_status s = CheckIngest(err, ingest)) return s;
     if (kvr_status s = RequireNonNull(err, worker, "worker")) return s;
     kvr_engine_worker in;
@@ -180,6 +190,7 @@ KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest* ingest, const kvr_en
 KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest* ingest, uint64_t worker_id,
                                                    int clear_index, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kZmq)) return s;
     if (kvr_status s = CheckIngest(err, ingest)) return s;
     return FromStatus(err, ingest->service->RemoveEngineWorker(worker_id, clear_index != 0));
   });
@@ -189,6 +200,7 @@ KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest* ingest, const char* url
                                              const char* subject, uint64_t* source_id,
                                              kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kNats)) return s;
     if (kvr_status s = CheckIngest(err, ingest)) return s;
     if (kvr_status s = RequireNonNull(err, url, "url")) return s;
     if (kvr_status s = RequireNonNull(err, subject, "subject")) return s;
@@ -203,6 +215,7 @@ KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest* ingest, const char* url,
                                             const char* subject, const char* replica_id,
                                             uint64_t* source_id, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kNats)) return s;
     if (kvr_status s = CheckIngest(err, ingest)) return s;
     if (kvr_status s = RequireNonNull(err, url, "url")) return s;
     if (kvr_status s = RequireNonNull(err, subject, "subject")) return s;
