@@ -75,6 +75,8 @@ run_logged() {  # run_logged LOG COMMAND...: quiet unless it fails
 echo "== build: libkvrouter (Release, for /usr) in build/package =="
 source scripts/package-build.sh
 build_package_library  # sets build, version and soversion (0.x: the SONAME carries major.minor)
+# The static library as well (not packaged; installed as the component Static, checked in (a2)).
+cmake --build "$build" -j "${KVR_JOBS:-$(nproc)}" --target kvrouter_static >/dev/null
 deb_release=$(sed -n 's/^set(CPACK_DEBIAN_PACKAGE_RELEASE "\(.*\)")$/\1/p' \
   "$build/CPackConfig.cmake")
 deb_version=$version-$deb_release
@@ -215,6 +217,63 @@ for request in "$soversion:compatible" "$major.$((minor + 1)):incompatible" \
 done
 
 consumers staged "$stage"
+
+# The kvr_* functions the header declares (KVR_API), for (a2) and (b).
+declared_api=$(grep -oE 'KVR_API[^(]*\<kvr_[a-z0-9_]+\(' include/kvrouter.h |
+  grep -oE 'kvr_[a-z0-9_]+\($' | tr -d '(' | LC_ALL=C sort -u)
+
+echo "== (a2) the static library: self-contained, consumed through pkg-config --static and CMake =="
+run_logged "$tmp/install-static.log" cmake --install "$build" --prefix "$stage" --component Static
+static_lib=$stage/$libdir/libkvrouter.a
+expect_same_lines "files of the Static component" \
+  "$(files_under "$stage" | grep -vxF -f <(LC_ALL=C sort <<<"$runtime_files
+$dev_files"))" \
+  "$libdir/cmake/kvrouter/kvrouterStaticTargets-release.cmake
+$libdir/cmake/kvrouter/kvrouterStaticTargets.cmake
+$libdir/libkvrouter.a"
+if grep -lF -e "$src" -e "$tmp" "$stage/$libdir"/cmake/kvrouter/kvrouterStaticTargets*.cmake; then
+  fail "the static CMake targets name the source, build or staging tree"
+fi
+ok "no source, build or staging path in the static CMake targets"
+# Self-contained: every kvrouter symbol the archive refers to, it defines (the core, wire and
+# ingest objects are inside), and so are the kvr_* functions of the header.
+static_defined=$(nm -g --defined-only "$static_lib" 2>/dev/null | awk 'NF == 3 {print $3}' |
+  LC_ALL=C sort -u)
+static_missing=$(nm -g --undefined-only "$static_lib" 2>/dev/null | awk '{print $NF}' |
+  grep -E '^(_ZN8kvrouter|_ZNK8kvrouter|kvr_)' | LC_ALL=C sort -u |
+  LC_ALL=C comm -23 - <(echo "$static_defined"))
+[ -z "$static_missing" ] || fail "libkvrouter.a refers to kvrouter symbols it lacks: $static_missing"
+expect_same_lines "kvr_* functions defined by libkvrouter.a" \
+  "$(grep -E '^kvr_' <<<"$static_defined")" "$declared_api"
+static_pc=(env PKG_CONFIG_PATH="$stage/$libdir/pkgconfig" pkg-config)
+static_flags=$("${static_pc[@]}" --static --libs kvrouter | sed 's/ *$//')
+for dep in -labsl_status -lxxhash -luv -lzmq -lnats -lstdc++; do
+  [[ " $static_flags " == *" $dep "* ]] ||
+    fail "pkg-config --static --libs kvrouter lacks $dep: $static_flags"
+done
+ok "pkg-config --static --libs kvrouter lists the private dependencies (Abseil, xxHash, libuv," \
+  "libzmq, libnats, the C++ runtime)"
+static_out=$tmp/consumer-static
+mkdir -p "$static_out"
+# -l:libkvrouter.a: the archive, although libkvrouter.so is beside it.
+# shellcheck disable=SC2086,SC2046  # pkg-config's flags are meant to be split
+run_logged "$static_out/cc.log" cc -std=c11 -pedantic -Wall -Wextra -Werror tests/package/consumer.c \
+  $("${static_pc[@]}" --cflags kvrouter) ${static_flags/-lkvrouter /-l:libkvrouter.a } \
+  -o "$static_out/consumer-pkgconfig"
+ok "static consumer built with cc \$(pkg-config --static --libs kvrouter), -l:libkvrouter.a"
+run_logged "$static_out/cmake.log" cmake -S tests/package -B "$static_out/cmake" -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release -DKVR_REQUIRED_VERSION="$soversion" -DKVR_LINK_STATIC=ON \
+  -DCMAKE_PREFIX_PATH="$stage"
+run_logged "$static_out/cmake-build.log" cmake --build "$static_out/cmake"
+ok "static consumer built with find_package(kvrouter COMPONENTS Static) + kvrouter::kvrouter_static"
+for exe in "$static_out/consumer-pkgconfig" "$static_out/cmake/consumer"; do
+  if ldd "$exe" | grep -F libkvrouter; then
+    fail "${exe#"$static_out"/} loads libkvrouter.so: it should hold the archive's code"
+  fi
+  output=$("$exe") || fail "${exe#"$static_out"/} (static) exited non-zero"
+  [[ $output == *": OK" ]] || fail "${exe#"$static_out"/} (static) printed '$output'"
+  ok "${exe#"$static_out"/}, linked statically (no libkvrouter.so loaded), runs: $output"
+done
 
 echo "== (b) exported symbols =="
 # nm -D lists the version node of src/capi/kvrouter.map (KVR_<major.minor>, type A) and every
