@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds kvrouter and runs every test suite: once as a plain optimised build (then the packaging
-# test: install, consumers, .deb), once under AddressSanitizer + UndefinedBehaviorSanitizer,
-# the concurrency tests once more under ThreadSanitizer, and the decoders' libFuzzer harnesses
-# for a bounded time (clang).
+# test: install, consumers, .deb; and the routing-only library, without transports), once under
+# AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency tests once more under
+# ThreadSanitizer, and the decoders' libFuzzer harnesses for a bounded time (clang).
 # Each ctest run ends with ctest's own summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +28,9 @@ echo "== packaging: staging install, pkg-config and CMake consumers, Debian pack
 # As root (CI's throwaway machine) the packages are really installed with dpkg, then purged.
 KVR_PACKAGE_INSTALL="${KVR_PACKAGE_INSTALL:-$([ "$(id -u)" = 0 ] && echo 1 || echo 0)}" \
   scripts/test-packaging.sh
+
+echo "== routing-only library: no transport, no libuv/libzmq/libnats; KVR_UNIMPLEMENTED =="
+scripts/test-routing-only.sh
 
 echo "== bindings: against the library of the plain build, staged in build/stage =="
 rm -rf build/stage

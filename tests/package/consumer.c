@@ -1,9 +1,13 @@
 /* A program built against an installed kvrouter (a staging prefix, or the Debian packages), by
  * scripts/test-packaging.sh: once through pkg-config, once through CMake's find_package. It
  * routes one request through the C ABI and exits non-zero, saying what went wrong, unless the
- * header and the library agree on the version and the worker that cached the prompt wins. */
+ * header and the library agree on the version and the worker that cached the prompt wins.
+ * Compiled with -DKVR_CONSUMER_ROUTING_ONLY (scripts/test-routing-only.sh), it also checks that
+ * the library it loaded has no transport: the ingest functions return KVR_UNIMPLEMENTED and
+ * say which build options left them out. */
 #include <kvrouter.h>
 #include <stdio.h>
+#include <string.h>
 
 static int failures = 0;
 
@@ -78,6 +82,35 @@ int main(void) {
     check_status(kvr_router_free_request(router, "package-consumer-1", &err), err,
                  "kvr_router_free_request");
   }
+#ifdef KVR_CONSUMER_ROUTING_ONLY
+  {
+    kvr_ingest* ingest = NULL;
+    kvr_engine_worker worker;
+    const char* message;
+    err = NULL;
+    check(kvr_ingest_new(router, NULL, &ingest, &err) == KVR_UNIMPLEMENTED,
+          "kvr_ingest_new did not return KVR_UNIMPLEMENTED");
+    message = err != NULL ? kvr_error_message(err) : "";
+    check(strstr(message, "-DKVR_WITH_ZMQ=OFF") != NULL && strstr(message, "-DKVR_WITH_NATS=OFF"),
+          "kvr_ingest_new's message does not name both options");
+    printf("consumer: kvr_ingest_new: %s: %s\n", kvr_status_str(KVR_UNIMPLEMENTED), message);
+    kvr_error_free(err);
+    check(ingest == NULL, "kvr_ingest_new made an ingest object");
+    err = NULL;
+    check(kvr_ingest_subscribe_nats(NULL, "nats://127.0.0.1:4222", "kv", NULL, &err) ==
+                  KVR_UNIMPLEMENTED &&
+              err != NULL && strstr(kvr_error_message(err), "-DKVR_WITH_NATS=OFF") != NULL,
+          "kvr_ingest_subscribe_nats is not KVR_UNIMPLEMENTED naming KVR_WITH_NATS");
+    kvr_error_free(err);
+    kvr_engine_worker_init(&worker, sizeof worker);
+    worker.endpoint = "tcp://127.0.0.1:5557";
+    err = NULL;
+    check(kvr_ingest_add_engine_worker(NULL, &worker, NULL, &err) == KVR_UNIMPLEMENTED &&
+              err != NULL && strstr(kvr_error_message(err), "-DKVR_WITH_ZMQ=OFF") != NULL,
+          "kvr_ingest_add_engine_worker is not KVR_UNIMPLEMENTED naming KVR_WITH_ZMQ");
+    kvr_error_free(err);
+  }
+#endif
   kvr_router_free(router);
 
   if (failures != 0) {
