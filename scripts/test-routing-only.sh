@@ -3,7 +3,7 @@
 # library alone, in build/routing-only), then checked:
 #  - the configure step looked for no transport (libuv, libzmq, libnats, msgpack);
 #  - libkvrouter.so needs none of libuv, libzmq, libnats (readelf: only Abseil and the C and
-#    C++ runtimes, xxHash being inlined and FlatBuffers' runtime linked in; ldd: nothing of
+#    C++ runtimes, xxHash being inlined and FlatBuffers header-only; ldd: nothing of
 #    theirs comes in indirectly either), and exports the same kvr_* functions as any build;
 #  - installed into a staging prefix, kvrouter.pc's static flags name no transport;
 #  - tests/package/consumer.c, built with -DKVR_CONSUMER_ROUTING_ONLY against it (shared and
@@ -50,7 +50,7 @@ needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | LC_ALL=C s
 others=$(grep -vE '^(libabsl_[a-z0-9_]+|libstdc\+\+|libm|libgcc_s|libc|ld-linux-[a-z0-9_-]+)\.so(\.[0-9.]+)?$' \
   <<<"$needed" || true)
 [ -z "$others" ] || fail "libkvrouter.so needs more than Abseil and the runtimes: $others"
-# (xxHash is inlined, XXH_INLINE_ALL; FlatBuffers' runtime is linked in statically.)
+# (xxHash is inlined, XXH_INLINE_ALL; of FlatBuffers only headers are used.)
 ok "readelf: libkvrouter.so needs only Abseil, libstdc++, libm, libgcc_s, libc, ld-linux" \
   "($(wc -l <<<"$needed") NEEDED)"
 transports=$(ldd "$lib" | grep -E 'libuv|libzmq|libnats' || true)
