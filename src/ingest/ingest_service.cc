@@ -17,24 +17,57 @@
 #endif
 
 namespace kvrouter {
+namespace {
+
+// A source whose transport this build left out: each of its calls says so.
+template <IngestTransport kTransport>
+struct LeftOut {
+  explicit LeftOut(IngestLoop&) {}
+  template <typename... Args>
+  absl::Status Call(const Args&...) const {
+    return TransportAvailable(kTransport);
+  }
+  void CloseAll() {}
+};
+
+#if KVR_WITH_ZMQ
+using Engines = EngineSubscriptions;
+#else
+struct Engines : LeftOut<IngestTransport::kZmq> {
+  using LeftOut::LeftOut;
+  absl::Status Add(const EngineWorker& w) const { return Call(w); }
+  absl::Status Remove(uint64_t id, bool clear) const { return Call(id, clear); }
+};
+#endif
+
+#if KVR_WITH_NATS
+using Nats = NatsSubscriptions;
+#else
+struct Nats : LeftOut<IngestTransport::kNats> {
+  using LeftOut::LeftOut;
+  absl::Status SubscribeEvents(const std::string& url, const std::string& subject) const {
+    return Call(url, subject);
+  }
+  absl::Status SyncReplicas(const std::string& url, const std::string& subject,
+                            const std::string& replica_id) const {
+    return Call(url, subject, replica_id);
+  }
+  static void InitAdapter() {}
+  static void BindLoopThread(uv_loop_t*) {}
+};
+#endif
+
+}  // namespace
 
 struct IngestService::Impl : IngestLoop {
   StreamListeners listeners{*this};
-#if KVR_WITH_ZMQ
-  EngineSubscriptions engines{*this};
-#endif
-#if KVR_WITH_NATS
-  NatsSubscriptions nats{*this};
-#endif
+  Engines engines{*this};
+  Nats nats{*this};
 
   void CloseEverything() {
     listeners.CloseAll();
-#if KVR_WITH_ZMQ
     engines.CloseAll();
-#endif
-#if KVR_WITH_NATS
     nats.CloseAll();
-#endif
     if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&wake))) {
       uv_close(reinterpret_cast<uv_handle_t*>(&wake), nullptr);
     }
@@ -53,9 +86,7 @@ absl::StatusOr<std::unique_ptr<IngestService>> IngestService::Create(Router* rou
   auto impl = std::make_unique<Impl>();
   impl->router = router;
   impl->options = options;
-#if KVR_WITH_NATS
-  NatsSubscriptions::InitAdapter();
-#endif
+  Nats::InitAdapter();
   if (int rc = uv_loop_init(&impl->loop); rc != 0) {
     return absl::InternalError(absl::StrCat("uv_loop_init: ", uv_strerror(rc)));
   }
@@ -72,9 +103,7 @@ absl::Status IngestService::Start() {
   }
   impl_->running = true;
   impl_->thread = std::thread([impl = impl_.get()] {
-#if KVR_WITH_NATS
-    NatsSubscriptions::BindLoopThread(&impl->loop);
-#endif
+    Nats::BindLoopThread(&impl->loop);
     uv_run(&impl->loop, UV_RUN_DEFAULT);
   });
   return absl::OkStatus();
@@ -107,38 +136,22 @@ absl::StatusOr<uint64_t> IngestService::Listen(const std::string& endpoint, std:
 }
 
 absl::StatusOr<uint64_t> IngestService::AddEngineWorker(const EngineWorker& worker) {
-#if KVR_WITH_ZMQ
   return impl_->engines.Add(worker);
-#else
-  return TransportAvailable(IngestTransport::kZmq);
-#endif
 }
 
 absl::Status IngestService::RemoveEngineWorker(uint64_t worker_id, bool clear_index) {
-#if KVR_WITH_ZMQ
   return impl_->engines.Remove(worker_id, clear_index);
-#else
-  return TransportAvailable(IngestTransport::kZmq);
-#endif
 }
 
 absl::StatusOr<uint64_t> IngestService::SubscribeNats(const std::string& url,
                                                       const std::string& subject) {
-#if KVR_WITH_NATS
   return impl_->nats.SubscribeEvents(url, subject);
-#else
-  return TransportAvailable(IngestTransport::kNats);
-#endif
 }
 
 absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string& url,
                                                      const std::string& subject,
                                                      const std::string& replica_id) {
-#if KVR_WITH_NATS
   return impl_->nats.SyncReplicas(url, subject, replica_id);
-#else
-  return TransportAvailable(IngestTransport::kNats);
-#endif
 }
 
 absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {
