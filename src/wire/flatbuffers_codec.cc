@@ -173,6 +173,22 @@ absl::StatusOr<const Root*> VerifiedRoot(std::span<const uint8_t> bytes, const R
   return fb::GetRoot<Root>(bytes.data());
 }
 
+// The verified root of `bytes` (aligned first, when they are not): valid while this lives.
+template <typename Root>
+class Verified {
+ public:
+  Verified(std::span<const uint8_t> bytes, const RootKind& kind)
+      : aligned_(bytes), root_(VerifiedRoot<Root>(aligned_.view(), kind)) {}
+  bool ok() const { return root_.ok(); }
+  absl::Status status() const { return root_.status(); }
+  const Root& operator*() const { return **root_; }
+  const Root* operator->() const { return *root_; }
+
+ private:
+  AlignedBytes aligned_;
+  absl::StatusOr<const Root*> root_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Decoding (of verified buffers: every offset and length is known to stay inside the buffer)
 
@@ -303,12 +319,10 @@ std::vector<uint8_t> EncodeEventBatch(std::span<const KvEvent> events, uint64_t 
 
 absl::StatusOr<std::vector<KvEvent>> DecodeEventBatch(std::span<const uint8_t> bytes,
                                                       uint64_t* publish_time_ns) {
-  AlignedBytes aligned(bytes);
-  absl::StatusOr<const wire::EventBatch*> batch =
-      VerifiedRoot<wire::EventBatch>(aligned.view(), kEventBatchKind);
+  const Verified<wire::EventBatch> batch(bytes, kEventBatchKind);
   if (!batch.ok()) return batch.status();
-  absl::StatusOr<std::vector<KvEvent>> events = Decoder(bytes.size()).Events((*batch)->events());
-  if (events.ok() && publish_time_ns != nullptr) *publish_time_ns = (*batch)->publish_time_ns();
+  absl::StatusOr<std::vector<KvEvent>> events = Decoder(bytes.size()).Events(batch->events());
+  if (events.ok() && publish_time_ns != nullptr) *publish_time_ns = batch->publish_time_ns();
   return events;
 }
 
@@ -321,11 +335,9 @@ std::vector<uint8_t> EncodeIndexSnapshot(uint32_t block_size, std::span<const Kv
 }
 
 absl::StatusOr<IndexSnapshot> DecodeIndexSnapshot(std::span<const uint8_t> bytes) {
-  AlignedBytes aligned(bytes);
-  absl::StatusOr<const wire::IndexSnapshot*> root =
-      VerifiedRoot<wire::IndexSnapshot>(aligned.view(), kSnapshotKind);
+  const Verified<wire::IndexSnapshot> root(bytes, kSnapshotKind);
   if (!root.ok()) return root.status();
-  const wire::IndexSnapshot& snapshot = **root;
+  const wire::IndexSnapshot& snapshot = *root;
   if (snapshot.format_version() == 0 || snapshot.format_version() > kIndexSnapshotFormatVersion) {
     return absl::InvalidArgumentError(
         absl::StrFormat("index snapshot format version %d: this build reads 1 to %d",
@@ -380,11 +392,9 @@ std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const Sequence
 }
 
 absl::StatusOr<ReplicaChange> DecodeReplicaChange(std::span<const uint8_t> bytes) {
-  AlignedBytes aligned(bytes);
-  absl::StatusOr<const wire::SequenceChange*> root =
-      VerifiedRoot<wire::SequenceChange>(aligned.view(), kReplicaChangeKind);
+  const Verified<wire::SequenceChange> root(bytes, kReplicaChangeKind);
   if (!root.ok()) return root.status();
-  const wire::SequenceChange& in = **root;
+  const wire::SequenceChange& in = *root;
   if (in.kind() > wire::SequenceChangeKind::MAX) {
     return absl::InvalidArgumentError(
         absl::StrFormat("replica change of unknown kind %d", static_cast<int>(in.kind())));
