@@ -98,22 +98,8 @@ static kvr_ingest_stats stats_of(kvr_ingest* ingest, uint64_t source) {
 /* Publishes one stored event of `num_blocks` blocks of `tokens` on `subject`. */
 static void publish_stored(natsConnection* nc, const char* subject, uint64_t worker_id,
                            const uint32_t* tokens, size_t num_blocks, uint64_t first_hash) {
-  kvr_event_batch* batch = NULL;
+  kvr_event_batch* batch = kvt_stored_batch(worker_id, tokens, num_blocks, BS, first_hash);
   kvr_buffer* encoded = NULL;
-  kvr_stored_event event;
-  uint64_t hashes[8];
-  size_t i;
-  assert_true(num_blocks <= 8);
-  for (i = 0; i < num_blocks; ++i) hashes[i] = first_hash + i;
-  KVT_OK(kvr_event_batch_new(&batch, ERRP));
-  kvr_stored_event_init(&event, sizeof event);
-  event.worker_id = worker_id;
-  event.event_id = first_hash;
-  event.block_hashes = hashes;
-  event.num_blocks = num_blocks;
-  event.token_ids = tokens;
-  event.num_tokens = num_blocks * BS;
-  KVT_OK(kvr_event_batch_add_stored(batch, &event, ERRP));
   KVT_OK(kvr_event_batch_encode(batch, &encoded, ERRP));
   assert_int_equal(NATS_OK, natsConnection_Publish(nc, subject, kvr_buffer_data(encoded),
                                                    (int)kvr_buffer_size(encoded)));

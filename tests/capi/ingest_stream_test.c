@@ -82,22 +82,7 @@ static kvr_ingest_stats wait_messages(kvr_ingest* ingest, uint64_t source, uint6
 /* A batch with one stored event: `num_blocks` blocks of `tokens` on `worker_id`. */
 static kvr_event_batch* stored_batch(uint64_t worker_id, const uint32_t* tokens, size_t num_blocks,
                                      uint64_t first_hash) {
-  kvr_event_batch* batch = NULL;
-  kvr_stored_event event;
-  uint64_t hashes[16];
-  size_t i;
-  assert_true(num_blocks <= 16);
-  for (i = 0; i < num_blocks; ++i) hashes[i] = first_hash + i;
-  KVT_OK(kvr_event_batch_new(&batch, ERRP));
-  kvr_stored_event_init(&event, sizeof event);
-  event.worker_id = worker_id;
-  event.event_id = first_hash;
-  event.block_hashes = hashes;
-  event.num_blocks = num_blocks;
-  event.token_ids = tokens;
-  event.num_tokens = num_blocks * BS;
-  KVT_OK(kvr_event_batch_add_stored(batch, &event, ERRP));
-  return batch;
+  return kvt_stored_batch(worker_id, tokens, num_blocks, BS, first_hash);
 }
 
 static uint64_t listen_on(fixture* f, const char* endpoint, char* bound, size_t cap) {

@@ -238,4 +238,27 @@ static inline uint8_t* kvt_read_file(const char* path, size_t* size) {
   return data;
 }
 
+/* A batch with one stored event: `num_blocks` blocks of `block_size` tokens from `tokens` on
+ * `worker_id`, engine hashes first_hash, first_hash + 1, ... (at most 16 blocks). */
+static inline kvr_event_batch* kvt_stored_batch(uint64_t worker_id, const uint32_t* tokens,
+                                                size_t num_blocks, uint32_t block_size,
+                                                uint64_t first_hash) {
+  kvr_event_batch* batch = NULL;
+  kvr_stored_event event;
+  uint64_t hashes[16];
+  size_t i;
+  assert_true(num_blocks <= 16);
+  for (i = 0; i < num_blocks; ++i) hashes[i] = first_hash + i;
+  KVT_OK(kvr_event_batch_new(&batch, ERRP));
+  kvr_stored_event_init(&event, sizeof event);
+  event.worker_id = worker_id;
+  event.event_id = first_hash;
+  event.block_hashes = hashes;
+  event.num_blocks = num_blocks;
+  event.token_ids = tokens;
+  event.num_tokens = num_blocks * block_size;
+  KVT_OK(kvr_event_batch_add_stored(batch, &event, ERRP));
+  return batch;
+}
+
 #endif /* KVR_TESTS_CAPI_TEST_UTIL_H */

@@ -9,6 +9,15 @@ namespace {
 
 using A = SequenceAction;
 
+// A rank that heard `first`, then `gap_at` (a gap), and asked for the messages missing between.
+RankSequence Replaying(uint64_t first, uint64_t gap_at) {
+  RankSequence s;
+  s.Observe(first);
+  EXPECT_EQ(s.Observe(gap_at).action, A::kGap);
+  s.BeginReplay(gap_at);
+  return s;
+}
+
 TEST(RankSequence, TheFirstMessageSetsTheBaselineThenEachMustFollow) {
   RankSequence s;
   EXPECT_FALSE(s.next().has_value());
@@ -54,10 +63,7 @@ TEST(RankSequence, AGapSaysHowManyWereLostAndWaitsForTheCallersDecision) {
 }
 
 TEST(RankSequence, AReplayAcceptsOnlyWhatFillsTheHole) {
-  RankSequence s;
-  s.Observe(10);
-  ASSERT_EQ(s.Observe(14).action, A::kGap);  // 11, 12, 13 missing
-  s.BeginReplay(14);
+  RankSequence s = Replaying(10, 14);  // 11, 12, 13 missing
   EXPECT_TRUE(s.replaying());
   // Engines replay their buffer from the sequence asked for, on past the hole.
   EXPECT_FALSE(s.AcceptReplayed(10));  // before the hole
@@ -73,10 +79,7 @@ TEST(RankSequence, AReplayAcceptsOnlyWhatFillsTheHole) {
 }
 
 TEST(RankSequence, AShortReplayGivesUpOnTheRest) {
-  RankSequence s;
-  s.Observe(1);
-  ASSERT_EQ(s.Observe(5).action, A::kGap);
-  s.BeginReplay(5);
+  RankSequence s = Replaying(1, 5);
   EXPECT_TRUE(s.AcceptReplayed(2));
   EXPECT_FALSE(s.FinishReplay());  // 3 and 4 never came (or the replay timed out): clear
   EXPECT_EQ(s.next(), 5u);
@@ -85,10 +88,7 @@ TEST(RankSequence, AShortReplayGivesUpOnTheRest) {
 }
 
 TEST(RankSequence, AGapDuringTheHeldMessagesStartsAnotherReplay) {
-  RankSequence s;
-  s.Observe(1);
-  ASSERT_EQ(s.Observe(3).action, A::kGap);
-  s.BeginReplay(3);
+  RankSequence s = Replaying(1, 3);
   EXPECT_TRUE(s.AcceptReplayed(2));
   EXPECT_TRUE(s.FinishReplay());
   // Held: 3, 6.
