@@ -150,13 +150,16 @@ void EngineSubscriptions::CloseSubscription(Subscription* sub) {
     CloseReplay(sub->replay);
     sub->replay = nullptr;
   }
+  // Off the loop before the socket closes: zmq_close hands the socket, and the fd the loop
+  // polls, to ZMQ's reaper thread, which may close the fd while epoll still watches it.
+  const bool polled = sub->poll.loop != nullptr;
+  if (polled) uv_poll_stop(&sub->poll);
   zmq_close(sub->socket);
   sub->socket = nullptr;
-  if (sub->poll.loop == nullptr) {  // never polled
+  if (!polled) {
     delete sub;
     return;
   }
-  uv_poll_stop(&sub->poll);
   CloseAndDelete(reinterpret_cast<uv_handle_t*>(&sub->poll), sub);
 }
 
@@ -400,10 +403,10 @@ void EngineSubscriptions::FinishReplay(Subscription& sub) {
 }
 
 void EngineSubscriptions::CloseReplay(Replay* replay) {
+  uv_poll_stop(&replay->poll);  // before the socket closes, as in CloseSubscription
+  uv_timer_stop(&replay->timer);
   zmq_close(replay->socket);
   replay->socket = nullptr;
-  uv_poll_stop(&replay->poll);
-  uv_timer_stop(&replay->timer);
   auto closed = [](uv_handle_t* h) {
     auto* r = static_cast<Replay*>(h->data);
     if (--r->open_handles == 0) delete r;
