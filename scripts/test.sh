@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds kvrouter and runs every test suite: once as a plain optimised build (then the packaging
-# test: install, consumers, .deb; and the routing-only library, without transports), once under
+# test: the Debian packages by dpkg-buildpackage, lintian, installs and consumers; and the
+# routing-only library, without transports), once under
 # AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency tests once more under
 # ThreadSanitizer, and the decoders' libFuzzer harnesses for a bounded time (clang).
 # Each ctest run ends with ctest's own summary line.
@@ -24,8 +25,9 @@ echo "== plain build: every test =="
 build build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ctest --test-dir build/test -j "$jobs" --timeout 600
 
-echo "== packaging: staging install, pkg-config and CMake consumers, Debian packages =="
-# As root (CI's throwaway machine) the packages are really installed with dpkg, then purged.
+echo "== packaging: Debian packages (dpkg-buildpackage, lintian), installs, pkg-config and CMake consumers =="
+# As root (CI's throwaway machine) the packages are really installed with apt-get from the local
+# apt repository, then purged.
 KVR_PACKAGE_INSTALL="${KVR_PACKAGE_INSTALL:-$([ "$(id -u)" = 0 ] && echo 1 || echo 0)}" \
   scripts/test-packaging.sh
 
