@@ -92,10 +92,11 @@ echo "-- built in $((SECONDS - start)) s: $(cd "$deb_dir" && ls -- *.dsc *.deb |
 runtime_pkg=libkvrouter$soversion
 dev_pkg=libkvrouter-dev
 tool_pkg=kvrouter
-packages=("$tool_pkg" "$dev_pkg" "$runtime_pkg")
+data_pkg=kvrouter-data
+packages=("$tool_pkg" "$data_pkg" "$dev_pkg" "$runtime_pkg")
 libdir=lib/$multiarch
-echo "kvrouter $version: SONAME libkvrouter.so.$soversion, packages $runtime_pkg, $dev_pkg and" \
-  "$tool_pkg $deb_version ($arch), libdir $libdir"
+echo "kvrouter $version: SONAME libkvrouter.so.$soversion, packages $runtime_pkg, $dev_pkg," \
+  "$tool_pkg and $data_pkg $deb_version ($arch), libdir $libdir"
 
 # What each CMake install component installs, relative to the prefix, as debian/rules configures
 # the build (the documentation in share/doc/libkvrouter-dev, CMAKE_BUILD_TYPE None).
@@ -116,13 +117,18 @@ $libdir/libkvrouter.so
 $libdir/pkgconfig/kvrouter.pc
 LIST
 )
-traces="mooncake/conversation_trace.jsonl
-azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+# Every bundled trace (data/<dir>/*.jsonl or *.csv) is installed with the kvrouter command
+# (component Tools; the package kvrouter-data).
+traces=$(cd data && ls -- */*.jsonl */*.csv | LC_ALL=C sort)
+data_files=$(LC_ALL=C sort <<LIST
+share/kvrouter/data/README.md
+$(sed 's|^|share/kvrouter/data/|' <<<"$traces")
+LIST
+)
 tools_files=$(LC_ALL=C sort <<LIST
 bin/kvrouter
 share/man/man1/kvrouter.1
-share/kvrouter/data/README.md
-$(sed 's|^|share/kvrouter/data/|' <<<"$traces")
+$data_files
 LIST
 )
 # What each binary package holds under /usr: its components' files, and what debhelper adds
@@ -137,9 +143,16 @@ $(debian_files "$runtime_pkg")")
 dev_deb_files=$(LC_ALL=C sort <<<"$dev_files
 $(debian_files "$dev_pkg")
 $(sed 's|^examples/c/|share/doc/libkvrouter-dev/examples/|' debian/libkvrouter-dev.examples)")
-tool_deb_files=$(LC_ALL=C sort <<<"$(sed 's|\.1$|.1.gz|' <<<"$tools_files")
+tool_deb_files=$(LC_ALL=C sort <<<"bin/kvrouter
+share/man/man1/kvrouter.1.gz
 $(debian_files "$tool_pkg")
 $(sed 's|^docs/|share/doc/kvrouter/|' debian/kvrouter.docs)")
+data_deb_files=$(LC_ALL=C sort <<<"$data_files
+$(debian_files "$data_pkg")")
+all_deb_files=$(LC_ALL=C sort <<<"$runtime_deb_files
+$dev_deb_files
+$tool_deb_files
+$data_deb_files")
 files_under() {  # files_under DIR: every non-directory below DIR, relative, sorted
   (cd "$1" && find . ! -type d | sed 's|^\./||' | LC_ALL=C sort)
 }
@@ -196,7 +209,7 @@ consumers() {
 
 # replay_tool LABEL PREFIX: the kvrouter command installed in PREFIX (bin/, with the library in
 # lib/<multiarch>/ and the traces in share/kvrouter/data/) reports the library's version and
-# replays the first requests of each bundled trace under two policies.
+# replays the first 300 requests of each bundled trace under two policies.
 replay_tool() {
   local label=$1 prefix=$2
   local -a run=()
@@ -461,7 +474,7 @@ ok "lintian: no error, warning or informational tag but the" \
 dsc=$deb_dir/kvrouter_$deb_version.dsc
 expect_eq "source package format" "$(sed -n 's/^Format: //p' "$dsc")" "3.0 (quilt)"
 expect_eq "source package binaries" "$(sed -n 's/^Binary: //p' "$dsc")" \
-  "$runtime_pkg, $dev_pkg, $tool_pkg"
+  "$runtime_pkg, $dev_pkg, $tool_pkg, $data_pkg"
 orig=$deb_dir/kvrouter_$version.orig.tar.xz
 in_orig=$(tar -tJf "$orig" | grep -c "^kvrouter-$version/debian/" || true)
 expect_eq "files under debian/ in $(basename "$orig")" "$in_orig" 0
@@ -489,7 +502,8 @@ ok "the source package unpacks (dpkg-source -x) to exactly the checkout's files"
 runtime_deb=$deb_dir/${runtime_pkg}_${deb_version}_$arch.deb
 dev_deb=$deb_dir/${dev_pkg}_${deb_version}_$arch.deb
 tool_deb=$deb_dir/${tool_pkg}_${deb_version}_$arch.deb
-debs=("$runtime_deb" "$dev_deb" "$tool_deb")
+data_deb=$deb_dir/${data_pkg}_${deb_version}_all.deb
+debs=("$runtime_deb" "$dev_deb" "$tool_deb" "$data_deb")
 for deb in "${debs[@]}"; do
   [ -f "$deb" ] || fail "dpkg-buildpackage did not make $deb"
   echo "-- dpkg-deb --field $(basename "$deb")"
@@ -499,7 +513,8 @@ field() { dpkg-deb --field "$1" "$2"; }
 for deb in "${debs[@]}"; do
   name=$(field "$deb" Package)
   expect_eq "$name Version" "$(field "$deb" Version)" "$deb_version"
-  expect_eq "$name Architecture" "$(field "$deb" Architecture)" "$arch"
+  expect_eq "$name Architecture" "$(field "$deb" Architecture)" \
+    "$([ "$deb" = "$data_deb" ] && echo all || echo "$arch")"
   # (No Source field: the source package has the binary package's name.)
   source_field=$(field "$deb" Source)
   expect_eq "$name Source" "${source_field:-$name}" kvrouter
@@ -520,11 +535,14 @@ done
 expect_eq "runtime Package" "$(field "$runtime_deb" Package)" "$runtime_pkg"
 expect_eq "-dev Package" "$(field "$dev_deb" Package)" "$dev_pkg"
 expect_eq "tool Package" "$(field "$tool_deb" Package)" "$tool_pkg"
+expect_eq "data Package" "$(field "$data_deb" Package)" "$data_pkg"
 expect_eq "runtime Section" "$(field "$runtime_deb" Section)" libs
 expect_eq "-dev Section" "$(field "$dev_deb" Section)" libdevel
 expect_eq "runtime Multi-Arch" "$(field "$runtime_deb" Multi-Arch)" same
 expect_eq "-dev Multi-Arch" "$(field "$dev_deb" Multi-Arch)" same
 expect_eq "tool Multi-Arch" "$(field "$tool_deb" Multi-Arch)" foreign
+expect_eq "data Multi-Arch" "$(field "$data_deb" Multi-Arch)" foreign
+expect_eq "tool Recommends" "$(field "$tool_deb" Recommends)" "$data_pkg (= $deb_version)"
 expect_eq "-dev Depends" "$(field "$dev_deb" Depends)" "$runtime_pkg (= $deb_version)"
 runtime_depends=$(field "$runtime_deb" Depends)
 for dep in 'libabsl[0-9]+' libuv1 libzmq5 'libnats[0-9.]+' 'libstdc\+\+6' libc6; do
@@ -561,10 +579,12 @@ deb_files() {  # deb_files DEB: its non-directory entries, without ./usr/
 expect_same_lines "files of $runtime_pkg" "$(deb_files "$runtime_deb")" "$runtime_deb_files"
 expect_same_lines "files of $dev_pkg" "$(deb_files "$dev_deb")" "$dev_deb_files"
 expect_same_lines "files of $tool_pkg" "$(deb_files "$tool_deb")" "$tool_deb_files"
-# debian/copyright: DEP-5, and the licence of every bundled trace (data/<dir>/LICENSE-<id>.txt):
-# its Files paragraph names it, and its text is either in /usr/share/common-licenses (then the
-# bundled text is that one, and the stand-alone paragraph points there) or in the stand-alone
-# paragraph itself. Texts are compared with spacing and line breaks squeezed.
+expect_same_lines "files of $data_pkg" "$(deb_files "$data_deb")" "$data_deb_files"
+# debian/copyright: DEP-5, and the licence of every bundled trace: each data/<dir> has one
+# licence file, LICENSE-<id>.txt; the Files paragraph of data/<dir>/* names <id>; and the text is
+# either in /usr/share/common-licenses (then the bundled file is that text, and the stand-alone
+# License paragraph points there) or in the stand-alone paragraph itself. Texts are compared
+# with spacing and line breaks squeezed.
 grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' \
   debian/copyright || fail "debian/copyright is not in the machine-readable format (DEP-5)"
 plain_text() { sed '1s/^\xEF\xBB\xBF//; s/\r$//' "$@" | tr -s ' \t\n' ' ' | sed 's/^ //; s/ $//'; }
@@ -574,8 +594,13 @@ licence_paragraph() {  # licence_paragraph ID: the text of debian/copyright's "L
     {blank = ($0 == "")}' debian/copyright
 }
 licences=""
-for license_file in data/*/LICENSE-*.txt; do
-  dir=${license_file%/*}
+for dir in data/*/; do
+  dir=${dir%/}
+  license_files=("$dir"/LICENSE-*.txt)
+  [ ${#license_files[@]} = 1 ] && [ -f "${license_files[0]}" ] ||
+    fail "$dir has no licence file LICENSE-<id>.txt (or more than one): every bundled trace" \
+      "comes with its licence"
+  license_file=${license_files[0]}
   named=${license_file##*/LICENSE-}
   named=${named%.txt}
   id=$(awk -v files="Files: $dir/*" '$0 == files {f = 1; next}
@@ -676,9 +701,7 @@ for p in "${packages[@]}"; do
 done
 expect_same_lines "files in the root" \
   "$(files_under "$root/usr" | uncompressed_docs | LC_ALL=C sort)" \
-  "$(LC_ALL=C sort <<<"$runtime_deb_files
-$dev_deb_files
-$tool_deb_files")"
+  "$all_deb_files"
 consumers root "$root/usr"
 # The C examples libkvrouter-dev installs, built against the root as its documentation says.
 for example in $(sed 's|^examples/c/||' debian/libkvrouter-dev.examples); do
@@ -730,7 +753,8 @@ expect_eq "apt-cache policy: candidate of $dev_pkg" \
   "$(apt-cache "${apt_opts[@]}" policy "$dev_pkg" | sed -n 's/^ *Candidate: //p')" "$deb_version"
 
 if [ "${KVR_PACKAGE_INSTALL:-0}" = 1 ]; then
-  echo "-- apt-get install $dev_pkg $tool_pkg from $repo into the system"
+  echo "-- apt-get install $dev_pkg $tool_pkg from $repo into the system ($runtime_pkg as a" \
+    "dependency, $data_pkg as a recommendation)"
   for p in "${packages[@]}"; do
     state=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
     [ -z "$state" ] || [ "$state" = not-installed ] ||
@@ -739,13 +763,11 @@ if [ "${KVR_PACKAGE_INSTALL:-0}" = 1 ]; then
   while read -r f; do
     [ ! -e "/usr/$f" ] && [ ! -L "/usr/$f" ] ||
       fail "/usr/$f exists already; installing would overwrite it, and removing would delete it"
-  done <<<"$runtime_deb_files
-$dev_deb_files
-$tool_deb_files"
+  done <<<"$all_deb_files"
   ok "none of the packages nor any of their files is on the machine yet"
   installed_by_us=1
   run_logged "$tmp/apt-install.log" env DEBIAN_FRONTEND=noninteractive \
-    apt-get "${apt_opts[@]}" install -y --no-install-recommends "$dev_pkg" "$tool_pkg"
+    apt-get "${apt_opts[@]}" install -y "$dev_pkg" "$tool_pkg"
   for p in "${packages[@]}"; do
     expect_eq "apt-get install: $p" \
       "$(dpkg-query -W -f='${db:Status-Status} ${Version}' "$p")" "installed $deb_version"
@@ -769,9 +791,7 @@ $tool_deb_files"
   done
   while read -r f; do
     [ ! -e "/usr/$f" ] && [ ! -L "/usr/$f" ] || fail "/usr/$f is left after apt-get purge"
-  done <<<"$runtime_deb_files
-$dev_deb_files
-$tool_deb_files"
+  done <<<"$all_deb_files"
   for d in share/doc/libkvrouter-dev share/kvrouter "$libdir/cmake/kvrouter"; do
     [ ! -e "/usr/$d" ] || fail "/usr/$d is left after apt-get purge"
   done
