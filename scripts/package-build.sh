@@ -17,7 +17,8 @@
 #    adds); it checks the Build-Depends first, so a dependency missing from debian/control
 #    fails when its package is not installed.
 # The log is build/deb/dpkg-buildpackage.log. Sets:
-#   deb_dir     build/deb: .dsc, .orig.tar.xz, .debian.tar.xz, .deb, .ddeb, .buildinfo, .changes
+#   deb_dir     build/deb: .dsc, .orig.tar.xz, .debian.tar.xz, the .deb files (-dbgsym ones
+#               too), .buildinfo, .changes
 #   source_dir  build/deb/kvrouter-<version>, the tree that was built
 #   build       the CMake build tree dpkg-buildpackage used (left in place: the packaging test
 #               installs components from it and describes its unstripped library)
