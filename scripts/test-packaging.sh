@@ -654,8 +654,8 @@ for pair in "$runtime_pkg:$packaged_lib" "$tool_pkg:$root/usr/bin/kvrouter"; do
     "lib/debug/.build-id/${id:0:2}/${id:2}.debug
 share/doc/${pkg}-dbgsym"
   dpkg-deb -x "$dbgsym" "$tmp/dbgsym"
-  readelf -S "$tmp/dbgsym/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" | grep -q debug_info ||
-    fail "${pkg}-dbgsym's .debug file has no DWARF"
+  sections=$(readelf -SW "$tmp/dbgsym/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" 2>/dev/null)
+  grep -q ' \.debug_info ' <<<"$sections" || fail "${pkg}-dbgsym's .debug file has no DWARF"
   ok "${pkg}-dbgsym holds the DWARF of ${elf#"$root"/} (build id $id)"
 done
 [ "$(nm -D --defined-only "$packaged_lib")" = "$exports" ] ||
