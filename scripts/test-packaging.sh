@@ -6,28 +6,34 @@
 #      command) are installed from that build tree into a staging prefix; the files and the
 #      exported CMake target are checked, and tests/package/consumer.c is built against the
 #      prefix twice, through pkg-config and through CMake's find_package, and run;
+#  (a2) the component Static likewise: libkvrouter.a must be self-contained (every kvrouter
+#      symbol it refers to, it defines; the header's kvr_* functions), pkg-config --static must
+#      list its private dependencies, and the consumer, linked statically through pkg-config
+#      --static and through CMake's kvrouter::kvrouter_static, must load no libkvrouter.so and
+#      run; the same static consumers are built against the packages in (e) and (f);
 #  (b) the library must export exactly the kvr_* functions of include/kvrouter.h, under the
 #      version node of its SONAME;
 #  (c) abidiff compares the library's ABI with the committed baseline of the last release
 #      (abi/libkvrouter-<major.minor>.abi): any change but new functions and fields appended to
 #      versioned structs fails, and so does a baseline of another SONAME (after a SONAME bump,
 #      scripts/abi-baseline.sh records the new one);
-#  (d) the packages: lintian reports no error, warning or informational tag that the overrides
-#      in debian/ do not justify; the source package unpacks to exactly the tree that was built;
-#      every binary package has the expected fields, dependencies, control files (the symbols
-#      file checked against the library with dpkg-gensymbols, the ldconfig trigger, no
-#      maintainer scripts), contents and hardening, and each -dbgsym package the debug
+#  (d) the packages: lintian reports no error, warning or informational tag that the overrides in
+#      debian/ do not justify; the source package unpacks to exactly the tree that was built;
+#      every binary package has the expected fields, dependencies, control files (the symbols file
+#      checked against the library with dpkg-gensymbols, the ldconfig trigger, no maintainer
+#      scripts; libkvrouter-dev depends on the static library's -dev packages), contents
+#      (libkvrouter.a self-contained) and hardening, and each -dbgsym package the debug
 #      information of its binary;
 #  (e) the binary packages are installed with dpkg --root into a fresh root that holds nothing
-#      else; the consumer (pkg-config and CMake) and the installed C examples are built against
-#      it and run, and so is its kvrouter command; then the packages are purged and nothing may
-#      be left but dpkg's empty database;
+#      else; the consumer (pkg-config and CMake; shared and static) and the installed C examples
+#      are built against it and run, and so is its kvrouter command; then the packages are purged
+#      and nothing may be left but dpkg's empty database;
 #  (f) scripts/apt-repo.sh makes the apt repository (build/apt). As root with
 #      KVR_PACKAGE_INSTALL=1 (CI, on a throwaway machine), apt-get installs libkvrouter-dev and
-#      kvrouter from it into the system; the consumer is built against /usr and run, and
-#      /usr/bin/kvrouter replays a slice of the bundled trace; then apt-get purges them and the
-#      system must be as before. Otherwise apt-get only simulates that installation from the
-#      repository.
+#      kvrouter from it into the system; the consumer (shared and static) is built against /usr
+#      and run, and /usr/bin/kvrouter replays a slice of the bundled trace; then apt-get purges
+#      them and the system must be as before. Otherwise apt-get only simulates that installation
+#      from the repository.
 # Ends with "packaging: N checks passed". Needs dpkg-dev, debhelper, lintian, apt-utils, file,
 # pkg-config, binutils and abigail-tools, and the Build-Depends of debian/control
 # (scripts/install-deps.sh installs them all).
@@ -117,6 +123,10 @@ $libdir/libkvrouter.so
 $libdir/pkgconfig/kvrouter.pc
 LIST
 )
+# The component Static: the archive and its CMake target (in libkvrouter-dev, with Development).
+static_files="$libdir/cmake/kvrouter/kvrouterStaticTargets-none.cmake
+$libdir/cmake/kvrouter/kvrouterStaticTargets.cmake
+$libdir/libkvrouter.a"
 # Every bundled trace (data/<dir>/*.jsonl or *.csv) is installed with the kvrouter command
 # (component Tools; the package kvrouter-data).
 traces=$(cd data && ls -- */*.jsonl */*.csv | LC_ALL=C sort)
@@ -141,6 +151,7 @@ debian_files() {  # debian_files PACKAGE
 runtime_deb_files=$(LC_ALL=C sort <<<"$runtime_files
 $(debian_files "$runtime_pkg")")
 dev_deb_files=$(LC_ALL=C sort <<<"$dev_files
+$static_files
 $(debian_files "$dev_pkg")
 $(sed 's|^examples/c/|share/doc/libkvrouter-dev/examples/|' debian/libkvrouter-dev.examples)")
 tool_deb_files=$(LC_ALL=C sort <<<"bin/kvrouter
@@ -207,6 +218,71 @@ consumers() {
   done
 }
 
+# static_consumers LABEL PREFIX: builds tests/package/consumer.c against the static library
+# libkvrouter.a installed in PREFIX, through pkg-config --static (with -l:libkvrouter.a in place
+# of -lkvrouter, since libkvrouter.so is beside it) and through CMake's
+# find_package(kvrouter COMPONENTS Static) + kvrouter::kvrouter_static; checks that neither
+# program loads a libkvrouter.so, and runs both. Abseil, xxHash, libuv, libzmq and libnats come
+# from the machine's development libraries (libkvrouter-dev depends on their packages).
+static_consumers() {
+  local label=$1 prefix=$2
+  local lib=$prefix/$libdir out=$tmp/consumer-static-$1
+  local -a pc=(pkg-config) cmake_args=()
+  if [ "$prefix" != /usr ]; then
+    pc=(env PKG_CONFIG_PATH="$lib/pkgconfig" pkg-config)
+    [ "$label" = staged ] || pc+=(--define-variable=prefix="$prefix")
+    cmake_args=(-DCMAKE_PREFIX_PATH="$prefix")
+  fi
+  mkdir -p "$out"
+  local flags dep
+  flags=$("${pc[@]}" --static --libs kvrouter | sed 's/ *$//')
+  for dep in -labsl_status -lxxhash -luv -lzmq -lnats -lstdc++; do
+    [[ " $flags " == *" $dep "* ]] ||
+      fail "$label: pkg-config --static --libs kvrouter lacks $dep: $flags"
+  done
+  ok "$label: pkg-config --static --libs kvrouter lists the private dependencies (Abseil," \
+    "xxHash, libuv, libzmq, libnats, the C++ runtime)"
+  # shellcheck disable=SC2086,SC2046  # pkg-config's flags are meant to be split
+  run_logged "$out/cc.log" cc -std=c11 -pedantic -Wall -Wextra -Werror tests/package/consumer.c \
+    $("${pc[@]}" --cflags kvrouter) ${flags/-lkvrouter /-l:libkvrouter.a } \
+    -o "$out/consumer-pkgconfig"
+  ok "$label: static consumer built with cc \$(pkg-config --static --libs kvrouter)," \
+    "-l:libkvrouter.a"
+  run_logged "$out/cmake.log" cmake -S tests/package -B "$out/cmake" -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DKVR_REQUIRED_VERSION="$soversion" -DKVR_LINK_STATIC=ON \
+    "${cmake_args[@]}"
+  expect_eq "$label: find_package(kvrouter $soversion COMPONENTS Static) found" \
+    "$(sed -n 's/^kvrouter_DIR:PATH=//p' "$out/cmake/CMakeCache.txt")" "$lib/cmake/kvrouter"
+  run_logged "$out/cmake-build.log" cmake --build "$out/cmake"
+  ok "$label: static consumer built with find_package(kvrouter COMPONENTS Static) +" \
+    "kvrouter::kvrouter_static"
+  local exe output
+  for exe in "$out/consumer-pkgconfig" "$out/cmake/consumer"; do
+    if ldd "$exe" | grep -F libkvrouter; then
+      fail "$label: ${exe#"$out"/} loads libkvrouter.so: it should hold the archive's code"
+    fi
+    output=$("$exe") || fail "$label: ${exe#"$out"/} (static) exited non-zero"
+    [[ $output == *": OK" ]] || fail "$label: ${exe#"$out"/} (static) printed '$output'"
+    ok "$label: ${exe#"$out"/}, linked statically (no libkvrouter.so loaded), runs: $output"
+  done
+}
+
+# static_archive LABEL ARCHIVE: libkvrouter.a is self-contained: every kvrouter symbol it refers
+# to, it defines (the core, wire and ingest objects are inside), and so are exactly the kvr_*
+# functions the header declares.
+static_archive() {
+  local label=$1 archive=$2 defined missing
+  defined=$(nm -g --defined-only "$archive" 2>/dev/null | awk 'NF == 3 {print $3}' |
+    LC_ALL=C sort -u)
+  missing=$(nm -g --undefined-only "$archive" 2>/dev/null | awk '{print $NF}' |
+    grep -E '^(_ZN8kvrouter|_ZNK8kvrouter|kvr_)' | LC_ALL=C sort -u |
+    LC_ALL=C comm -23 - <(echo "$defined"))
+  [ -z "$missing" ] || fail "$label: libkvrouter.a refers to kvrouter symbols it lacks: $missing"
+  ok "$label: libkvrouter.a defines every kvrouter symbol it refers to"
+  expect_same_lines "$label: kvr_* functions defined by libkvrouter.a" \
+    "$(grep -E '^kvr_' <<<"$defined")" "$declared_api"
+}
+
 # replay_tool LABEL PREFIX: the kvrouter command installed in PREFIX (bin/, with the library in
 # lib/<multiarch>/ and the traces in share/kvrouter/data/) reports the library's version and
 # replays the first 300 requests of each bundled trace under two policies.
@@ -230,6 +306,10 @@ replay_tool() {
     ok "$label: kvrouter replay --trace=$data/$trace (300 requests): a row per policy"
   done <<<"$traces"
 }
+
+# The kvr_* functions the header declares (KVR_API), for the static archive and (b).
+declared_api=$(grep -oE 'KVR_API[^(]*\<kvr_[a-z0-9_]+\(' include/kvrouter.h |
+  grep -oE 'kvr_[a-z0-9_]+\($' | tr -d '(' | LC_ALL=C sort -u)
 
 echo "== (a) CMake components installed into a staging prefix, consumed through pkg-config and CMake =="
 stage=$tmp/stage
@@ -304,6 +384,19 @@ done
 
 consumers staged "$stage"
 
+echo "== (a2) the static library (component Static): self-contained, consumed through pkg-config --static and CMake =="
+run_logged "$tmp/install-static.log" cmake --install "$build" --prefix "$stage" --component Static
+expect_same_lines "files of the Static component" \
+  "$(files_under "$stage" | grep -vxF -f <(LC_ALL=C sort <<<"$runtime_files
+$dev_files
+$tools_files"))" "$static_files"
+if grep -lF -e "$src" -e "$tmp" "$stage/$libdir"/cmake/kvrouter/kvrouterStaticTargets*.cmake; then
+  fail "the static CMake targets name the source, build or staging tree"
+fi
+ok "no source, build or staging path in the static CMake targets"
+static_archive staged "$stage/$libdir/libkvrouter.a"
+static_consumers staged "$stage"
+
 echo "== (b) exported symbols =="
 # nm -D lists the version node of src/capi/kvrouter.map (KVR_<major.minor>, type A) and every
 # function as name@@KVR_<major.minor>: the node must be the SONAME's, and the functions exactly
@@ -314,10 +407,8 @@ others=$(awk -v node="$node" '!($2 == "A" && $3 == node) &&
   !($3 ~ /^kvr_[a-z0-9_]+@@/ && substr($3, index($3, "@@") + 2) == node)' <<<"$exports")
 [ -z "$others" ] || fail "the library exports more than kvr_* functions under $node: $others"
 exported=$(awk '$3 ~ /^kvr_/ {sub(/@.*/, "", $3); print $3}' <<<"$exports" | LC_ALL=C sort)
-declared=$(grep -oE 'KVR_API[^(]*\<kvr_[a-z0-9_]+\(' include/kvrouter.h |
-  grep -oE 'kvr_[a-z0-9_]+\($' | tr -d '(' | LC_ALL=C sort -u)
 expect_same_lines "kvr_* functions exported (all under $node, nothing else) and declared KVR_API" \
-  "$exported" "$declared"
+  "$exported" "$declared_api"
 
 echo "== (c) ABI: abidiff against the baseline of the last release =="
 for tool in abidw abidiff; do
@@ -543,7 +634,10 @@ expect_eq "-dev Multi-Arch" "$(field "$dev_deb" Multi-Arch)" same
 expect_eq "tool Multi-Arch" "$(field "$tool_deb" Multi-Arch)" foreign
 expect_eq "data Multi-Arch" "$(field "$data_deb" Multi-Arch)" foreign
 expect_eq "tool Recommends" "$(field "$tool_deb" Recommends)" "$data_pkg (= $deb_version)"
-expect_eq "-dev Depends" "$(field "$dev_deb" Depends)" "$runtime_pkg (= $deb_version)"
+# The static library's private dependencies come with their development packages (the -l flags
+# of pkg-config --static and of kvrouter::kvrouter_static: Abseil, xxHash, libuv, libzmq, libnats).
+expect_eq "-dev Depends" "$(field "$dev_deb" Depends)" \
+  "libabsl-dev, $runtime_pkg (= $deb_version), libnats-dev, libuv1-dev, libxxhash-dev, libzmq3-dev"
 runtime_depends=$(field "$runtime_deb" Depends)
 for dep in 'libabsl[0-9]+' libuv1 libzmq5 'libnats[0-9.]+' 'libstdc\+\+6' libc6; do
   grep -qE "(^|, )$dep \(>= [^)]+\)(,|$)" <<<"$runtime_depends" ||
@@ -661,6 +755,7 @@ done
 [ "$(nm -D --defined-only "$packaged_lib")" = "$exports" ] ||
   fail "the packaged library's dynamic symbols differ from the installed one's"
 ok "the packaged library exports the same symbols as the installed one"
+static_archive packaged "$root/usr/$libdir/libkvrouter.a"
 # dpkg-gensymbols -c4 fails on any difference between the symbols file and the library: a symbol
 # the file does not list (record it: scripts/abi-baseline.sh --symbols) or one the library lost.
 # (dh_makeshlibs already ran it so while building, debian/rules; this states it.) -v is the
@@ -703,6 +798,7 @@ expect_same_lines "files in the root" \
   "$(files_under "$root/usr" | uncompressed_docs | LC_ALL=C sort)" \
   "$all_deb_files"
 consumers root "$root/usr"
+static_consumers root "$root/usr"
 # The C examples libkvrouter-dev installs, built against the root as its documentation says.
 for example in $(sed 's|^examples/c/||' debian/libkvrouter-dev.examples); do
   src_file=$root/usr/share/doc/$dev_pkg/examples/$example
@@ -779,6 +875,7 @@ if [ "${KVR_PACKAGE_INSTALL:-0}" = 1 ]; then
   ok "ldconfig's cache lists libkvrouter.so.$soversion (the trigger ran)"
 
   consumers system /usr
+  static_consumers system /usr
   replay_tool system /usr
 
   echo "-- removing them again (apt-get purge)"

@@ -25,7 +25,7 @@ echo "== plain build: every test =="
 build build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ctest --test-dir build/test -j "$jobs" --timeout 600
 
-echo "== packaging: Debian packages (dpkg-buildpackage, lintian), installs, pkg-config and CMake consumers =="
+echo "== packaging: Debian packages (dpkg-buildpackage, lintian), installs, pkg-config and CMake consumers (shared and static) =="
 # As root (CI's throwaway machine) the packages are really installed with apt-get from the local
 # apt repository, then purged.
 KVR_PACKAGE_INSTALL="${KVR_PACKAGE_INSTALL:-$([ "$(id -u)" = 0 ] && echo 1 || echo 0)}" \
