@@ -20,12 +20,16 @@ from conftest import ROOT, free_port, prompt, wait_for
 EXAMPLES = os.path.join(ROOT, "examples", "python")
 
 
+class StartFailed(AssertionError):
+    pass
+
+
 def start(args: List[str]) -> Tuple[subprocess.Popen, Dict]:
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line:
         proc.wait(5)
-        raise AssertionError(f"{args[0]} did not start: {proc.stderr.read()}")
+        raise StartFailed(f"{args[0]} did not start: {proc.stderr.read()}")
     return proc, json.loads(line)
 
 
@@ -55,33 +59,50 @@ def metric(url: str, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
+def start_fleet(procs: List[subprocess.Popen]) -> Tuple[str, List[str]]:
+    kv_port = free_port()
+    # The gateway first (it owns the KV listener), pointed at the engines' ports.
+    ports = [free_port(), free_port()]
+    gw, info = start([os.path.join(EXAMPLES, "gateway.py"), "--port", "0", "--kv-listen",
+                      f"tcp://127.0.0.1:{kv_port}", "--engine", f"1=http://127.0.0.1:{ports[0]}",
+                      "--engine", f"2=http://127.0.0.1:{ports[1]}"])
+    procs.append(gw)
+    engines = []
+    for worker, port in zip((1, 2), ports):
+        proc, einfo = start([os.path.join(EXAMPLES, "fake_engine.py"), "--port", str(port), "--worker-id",
+                             str(worker), "--kv-endpoint", info["kv_endpoint"], "--token-delay", "0.01"])
+        procs.append(proc)
+        engines.append(einfo["listening"])
+    return info["listening"], engines
+
+
+def stop(procs: List[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    procs.clear()
+
+
 @pytest.fixture
 def fleet():
-    kv_port = free_port()
-    procs = []
+    # The engines' ports are picked before the gateway that must know them starts, so another
+    # process can take one in between ("address already in use"): start again on fresh ports.
+    procs: List[subprocess.Popen] = []
     try:
-        gw, info = None, None
-        # The gateway first (it owns the KV listener), pointed at the engines' ports.
-        ports = [free_port(), free_port()]
-        gw, info = start([os.path.join(EXAMPLES, "gateway.py"), "--port", "0", "--kv-listen",
-                          f"tcp://127.0.0.1:{kv_port}", "--engine", f"1=http://127.0.0.1:{ports[0]}",
-                          "--engine", f"2=http://127.0.0.1:{ports[1]}"])
-        procs.append(gw)
-        engines = []
-        for worker, port in zip((1, 2), ports):
-            proc, einfo = start([os.path.join(EXAMPLES, "fake_engine.py"), "--port", str(port), "--worker-id",
-                                 str(worker), "--kv-endpoint", info["kv_endpoint"], "--token-delay", "0.01"])
-            procs.append(proc)
-            engines.append(einfo["listening"])
-        yield info["listening"], engines
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
+        for attempt in range(3):
             try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+                yield start_fleet(procs)
+                return
+            except StartFailed as e:
+                stop(procs)
+                if "in use" not in str(e) or attempt == 2:
+                    raise
+    finally:
+        stop(procs)
 
 
 def test_routes_by_cached_prefix_and_streams(fleet):
