@@ -54,7 +54,8 @@ echo "== ThreadSanitizer: concurrency tests =="
 # Only what the concurrency tests need: the TSan build is the slowest of the three.
 cmake -S . -B build/tsan -G Ninja -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF \
   -DKVR_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_SANITIZE=thread >/dev/null
-cmake --build build/tsan -j "$jobs" --target core_concurrency_tests capi_concurrency_test
+cmake --build build/tsan -j "$jobs" --target core_concurrency_tests capi_concurrency_test \
+  router_model_concurrency_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build/tsan -L concurrency -j "$jobs" --timeout 900
 
