@@ -66,10 +66,17 @@ Outcome UpdateWorker(kvr_router* router, uint64_t id, uint32_t dp_size) {
   return Try([&](kvr_error** err) { return kvr_router_update_worker(router, &config, err); });
 }
 
-Outcome StoreBlocks(kvr_router* router, Rank rank, const std::vector<uint32_t>& prompt,
-                    size_t first, size_t count, kvr_tier tier) {
+// The engine hashes of blocks [first, first + count) of the prompt.
+static std::vector<uint64_t> EngineHashes(const std::vector<uint32_t>& prompt, size_t first,
+                                          size_t count) {
   std::vector<uint64_t> hashes;
   for (size_t b = first; b < first + count; ++b) hashes.push_back(EngineHash(prompt, b));
+  return hashes;
+}
+
+Outcome StoreBlocks(kvr_router* router, Rank rank, const std::vector<uint32_t>& prompt,
+                    size_t first, size_t count, kvr_tier tier) {
+  const std::vector<uint64_t> hashes = EngineHashes(prompt, first, count);
   kvr_stored_event event;
   kvr_stored_event_init(&event, sizeof event);
   event.worker_id = rank.worker_id;
@@ -88,8 +95,7 @@ Outcome StoreBlocks(kvr_router* router, Rank rank, const std::vector<uint32_t>& 
 
 Outcome RemoveBlocks(kvr_router* router, Rank rank, const std::vector<uint32_t>& prompt,
                      size_t first, size_t count) {
-  std::vector<uint64_t> hashes;
-  for (size_t b = first; b < first + count; ++b) hashes.push_back(EngineHash(prompt, b));
+  const std::vector<uint64_t> hashes = EngineHashes(prompt, first, count);
   kvr_removed_event event;
   kvr_removed_event_init(&event, sizeof event);
   event.worker_id = rank.worker_id;
