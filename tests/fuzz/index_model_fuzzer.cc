@@ -30,6 +30,13 @@ using testing::MatchesToString;
 using testing::RemovedBlocks;
 using testing::StoredBlocks;
 
+// KVR_FUZZ_VERBOSE=1 prints each event as it is applied (to replay a finding by hand).
+const bool kVerbose = std::getenv("KVR_FUZZ_VERBOSE") != nullptr;
+
+void Log(const std::string& what, WorkerKey rank) {
+  if (kVerbose) std::fprintf(stderr, "%s on %lu.%u\n", what.c_str(), rank.worker_id, rank.dp_rank);
+}
+
 [[noreturn]] void Fail(const std::string& what) {
   std::fprintf(stderr, "index differs from the model: %s\n", what.c_str());
   std::abort();
@@ -102,14 +109,17 @@ class History {
       case 5:
         return StoreUnderUnknownParent(in, rank);
       case 6:
+        Log("clear", rank);
         Expect(index_.Apply(ClearedWorker(rank)).ok(), "a clear is accepted");
         model_.Clear(rank);
         return;
       case 7:
         if (in.Pick(2) == 0) {
+          Log("remove rank", rank);
           index_.RemoveWorkerDpRank(rank);
           model_.ranks.erase(rank);
         } else {
+          Log("remove worker", rank);
           index_.RemoveWorker(rank.worker_id);
           model_.RemoveWorker(rank.worker_id);
         }
@@ -168,6 +178,10 @@ class History {
       engine.push_back(EngineHash(p.path[k], variant));
       local.push_back(p.local[k]);
     }
+    Log("store prompt blocks " + std::to_string(start) + ".." + std::to_string(start + count) +
+            " variant " + std::to_string(variant) + " tier " + std::string(TierName(tier)) +
+            (parent ? " after a held block" : " from the root"),
+        rank);
     Expect(index_.Apply(StoredBlocks(rank, parent, engine, local, tier)).ok(),
            "a store after a held block or from the root is accepted");
     for (size_t k = 0; k < count; ++k) model_.Add(rank, engine[k], p.path[start + k], tier);
@@ -196,6 +210,9 @@ class History {
     } else if (hashes.empty()) {
       return;
     }
+    Log("remove " + std::to_string(hashes.size()) + " blocks" +
+            (with_unknown ? " (one unknown)" : "") + " tier " + std::string(TierName(tier)),
+        rank);
     const ApplyResult result = index_.Apply(RemovedBlocks(rank, hashes, tier));
     Expect(with_unknown ? result.error == EventError::kBlockNotFound : result.ok(),
            "a removal is rejected exactly when it names a block the rank does not hold");
@@ -206,6 +223,7 @@ class History {
 
   void StoreUnderUnknownParent(Input& in, WorkerKey rank) {
     const Prompt& p = Prompts()[in.Pick(Prompts().size())];
+    Log("store under an unknown parent", rank);
     const ApplyResult result = index_.Apply(
         StoredBlocks(rank, kUnknownHash, {EngineHash(p.path[0], 0)}, {p.local[0]}, PickTier(in)));
     Expect(result.error == EventError::kParentBlockNotFound,
