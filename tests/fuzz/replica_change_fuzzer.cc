@@ -59,16 +59,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto decoded = DecodeReplicaChange(again);
     if (!decoded.ok() || !SameChange(*change, *decoded))
       Fail("a replica change does not round-trip");
-    (void)router->ApplyReplicaChange(change->origin, change->View());
+    const auto applied = router->ApplyReplicaChange(change->origin, change->View());
+    if (std::getenv("KVR_FUZZ_VERBOSE") != nullptr) {  // to replay a finding by hand
+      std::string blocks;
+      for (uint64_t b : change->block_ids) blocks += std::to_string(b) + " ";
+      std::fprintf(stderr, "%s: kind %d id '%s' on %lu.%u blocks [%s] prefill %lu -> %s\n",
+                   change->origin.c_str(), static_cast<int>(change->kind),
+                   change->request_id.c_str(), change->worker.worker_id, change->worker.dp_rank,
+                   blocks.c_str(), change->prefill_tokens,
+                   applied.ok() ? (*applied ? "applied" : "ignored")
+                                : std::string(applied.status().message()).c_str());
+    }
     origins.insert(change->origin);
   }
   for (const std::string& origin : origins) {
     SequenceChange reset;
     reset.kind = SequenceChange::Kind::kReset;
-    (void)router->ApplyReplicaChange(origin, reset);
+    const auto applied = router->ApplyReplicaChange(origin, reset);
+    if (std::getenv("KVR_FUZZ_VERBOSE") != nullptr) {
+      std::fprintf(stderr, "%s: reset -> %s\n", origin.c_str(),
+                   applied.ok() ? "ok" : std::string(applied.status().message()).c_str());
+    }
   }
   for (const WorkerLoad& load : router->Loads()) {
     if (load.active_blocks != 0 || load.active_prefill_tokens != 0) {
+      std::fprintf(stderr, "%lu.%u: %lu blocks, %lu prefill tokens\n", load.worker.worker_id,
+                   load.worker.dp_rank, load.active_blocks, load.active_prefill_tokens);
       Fail("bookings of reset replicas remain");
     }
   }
