@@ -1,4 +1,4 @@
-#include "kvrouter/event_path.h"
+#include "replay/event_path.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "kvrouter/abi_call.h"
+#include "replay/abi_call.h"
 
 namespace kvrouter::replay {
 namespace {

@@ -1,4 +1,4 @@
-#include "kvrouter/sim_engine.h"
+#include "replay/sim_engine.h"
 
 #include <xxhash.h>
 

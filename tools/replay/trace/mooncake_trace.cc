@@ -1,4 +1,4 @@
-#include "trace/mooncake_trace.h"
+#include "replay/trace/mooncake_trace.h"
 
 #include <algorithm>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "kvrouter/progress.h"
+#include "replay/progress.h"
 
 #include <unistd.h>
 

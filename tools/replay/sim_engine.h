@@ -49,9 +49,9 @@
 #include <span>
 #include <vector>
 
-#include "kvrouter/cost_model.h"
-#include "kvrouter/kv_cache.h"
-#include "trace/mooncake_trace.h"
+#include "replay/cost_model.h"
+#include "replay/kv_cache.h"
+#include "replay/trace/mooncake_trace.h"
 
 namespace kvrouter::replay {
 

@@ -1,4 +1,4 @@
-#include "kvrouter/report.h"
+#include "replay/report.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "kvrouter/policies.h"
+#include "replay/policies.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "kvrouter.h"
-#include "kvrouter/abi_call.h"
-#include "kvrouter/event_path.h"
+#include "replay/abi_call.h"
+#include "replay/event_path.h"
 
 namespace kvrouter::replay {
 namespace {

@@ -1,4 +1,4 @@
-#include "kvrouter/kv_cache.h"
+#include "replay/kv_cache.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-#include "kvrouter/cost_model.h"
+#include "replay/cost_model.h"
 
 namespace kvrouter::replay {
 

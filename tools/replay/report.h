@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "kvrouter/fleet_sim.h"
+#include "replay/fleet_sim.h"
 
 namespace kvrouter::replay {
 

@@ -20,7 +20,7 @@
 #include <string>
 
 #include "kvrouter.h"
-#include "kvrouter/sim_engine.h"
+#include "replay/sim_engine.h"
 
 namespace kvrouter::replay {
 

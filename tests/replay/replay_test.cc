@@ -12,11 +12,11 @@
 #include <sstream>
 #include <string>
 
-#include "kvrouter/fleet_sim.h"
-#include "kvrouter/progress.h"
-#include "kvrouter/replay_command.h"
-#include "kvrouter/report.h"
-#include "kvrouter/trace_source.h"
+#include "replay/fleet_sim.h"
+#include "replay/progress.h"
+#include "replay/replay_command.h"
+#include "replay/report.h"
+#include "replay/trace_source.h"
 
 namespace kvrouter::replay {
 namespace {

@@ -1,5 +1,5 @@
 // Traces the replay reads, turned into one shape: Mooncake records (arrival, lengths, 512-token
-// prefix block ids; tools/trace/mooncake_trace.h expands ids into token ids).
+// prefix block ids; tools/replay/trace/mooncake_trace.h expands ids into token ids).
 //
 // Mooncake JSONL (kvcache-ai/Mooncake FAST'25): read as is.
 // Azure LLM inference CSV (Splitwise, ISCA'24: TIMESTAMP,ContextTokens,GeneratedTokens): lengths
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/mooncake_trace.h"
+#include "replay/trace/mooncake_trace.h"
 
 namespace kvrouter::replay {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "kvrouter.h"
-#include "kvrouter/event_path.h"
-#include "kvrouter/sim_engine.h"
+#include "replay/event_path.h"
+#include "replay/sim_engine.h"
 
 namespace kvrouter::replay {
 

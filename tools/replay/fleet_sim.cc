@@ -1,4 +1,4 @@
-#include "kvrouter/fleet_sim.h"
+#include "replay/fleet_sim.h"
 
 #include <algorithm>
 #include <chrono>

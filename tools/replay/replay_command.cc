@@ -1,4 +1,4 @@
-#include "kvrouter/replay_command.h"
+#include "replay/replay_command.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,10 +13,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "kvrouter/fleet_sim.h"
-#include "kvrouter/progress.h"
-#include "kvrouter/report.h"
-#include "kvrouter/trace_source.h"
+#include "replay/fleet_sim.h"
+#include "replay/progress.h"
+#include "replay/report.h"
+#include "replay/trace_source.h"
 
 namespace kvrouter::replay {
 namespace {

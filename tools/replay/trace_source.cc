@@ -1,4 +1,4 @@
-#include "kvrouter/trace_source.h"
+#include "replay/trace_source.h"
 
 #include <algorithm>
 #include <fstream>

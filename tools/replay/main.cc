@@ -15,7 +15,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "kvrouter.h"
-#include "kvrouter/replay_command.h"
+#include "replay/replay_command.h"
 
 ABSL_FLAG(std::string, trace, "", "Trace file: Mooncake JSONL or Azure LLM inference CSV");
 ABSL_FLAG(std::string, format, "auto", "Trace format: mooncake, azure, or auto (by extension)");
@@ -54,7 +54,7 @@ ABSL_FLAG(std::optional<double>, queue_threshold, std::nullopt,
           "this x max_num_batched_tokens (default: never)");
 ABSL_FLAG(bool, assume_kv_reuse, true, "Router: a prompt's blocks already booked are shared");
 ABSL_FLAG(bool, track_prefill_tokens, true, "Router: count booked prefill tokens as load");
-// The simulated engines' cost model (tools/kvrouter/cost_model.h).
+// The simulated engines' cost model (tools/replay/cost_model.h).
 ABSL_FLAG(double, step_overhead_s, kvrouter::replay::CostModel{}.step_overhead_s,
           "Engine step: fixed seconds per step (weights read, launches)");
 ABSL_FLAG(double, prefill_per_token_s, kvrouter::replay::CostModel{}.prefill_per_token_s,

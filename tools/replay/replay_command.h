@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "kvrouter/cost_model.h"
-#include "kvrouter/fleet_sim.h"
+#include "replay/cost_model.h"
+#include "replay/fleet_sim.h"
 
 namespace kvrouter::replay {
 

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "kvrouter/cost_model.h"
-#include "kvrouter/policies.h"
-#include "kvrouter/sim_engine.h"
-#include "trace/mooncake_trace.h"
+#include "replay/cost_model.h"
+#include "replay/policies.h"
+#include "replay/sim_engine.h"
+#include "replay/trace/mooncake_trace.h"
 
 namespace kvrouter::replay {
 

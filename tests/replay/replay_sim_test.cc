@@ -6,10 +6,10 @@
 #include <set>
 #include <sstream>
 
-#include "kvrouter/cost_model.h"
-#include "kvrouter/kv_cache.h"
-#include "kvrouter/sim_engine.h"
-#include "kvrouter/trace_source.h"
+#include "replay/cost_model.h"
+#include "replay/kv_cache.h"
+#include "replay/sim_engine.h"
+#include "replay/trace_source.h"
 
 namespace kvrouter::replay {
 namespace {
