@@ -61,34 +61,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "test-packaging: FAILED at line $LINENO: $BASH_COMMAND" >&2' ERR
 
-checks=0
-ok() {
-  checks=$((checks + 1))
-  echo "  ok: $*"
-}
-fail() {
-  echo "test-packaging: FAILED: $*" >&2
-  exit 1
-}
-expect_eq() {  # expect_eq WHAT ACTUAL EXPECTED
-  [ "$2" = "$3" ] || fail "$1: got '$2', expected '$3'"
-  ok "$1: $2"
-}
-expect_same_lines() {  # expect_same_lines WHAT ACTUAL EXPECTED (newline-separated lists)
-  if [ "$2" != "$3" ]; then
-    diff <(echo "$3") <(echo "$2") >&2 || true
-    fail "$1 differ from what is expected (- expected, + got)"
-  fi
-  ok "$1 ($(echo "$2" | wc -l) as expected)"
-}
-run_logged() {  # run_logged LOG COMMAND...: quiet unless it fails
-  local log=$1
-  shift
-  "$@" >"$log" 2>&1 || {
-    cat "$log" >&2
-    fail "$*"
-  }
-}
+# ok, fail, expect_eq, expect_same_lines, run_logged; $checks counts the passed checks.
+source scripts/lib/checks.sh
 
 echo "== build: dpkg-buildpackage (source and binary packages) in build/deb =="
 source scripts/package-build.sh
