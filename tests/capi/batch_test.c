@@ -1,6 +1,6 @@
 /* FlatBuffers event batches: the encoder (kvr_event_batch_*) and kvr_router_apply_event_batch.
  * Valid EventBatch buffers come from two independent sources: the library's own encoder, and
- * flatc, which compiles data/event_batch_*.json against schema/kv_events.fbs at build time.
+ * flatc, which compiles fixtures/event_batch_*.json against schema/kv_events.fbs at build time.
  * Malformed, random, empty and every truncation of a valid buffer must be refused with
  * KVR_INVALID_ARGUMENT with nothing applied (checked through overlap scores and metrics), and
  * counted in kvr_metrics.event_batches_rejected. */
@@ -204,7 +204,7 @@ static void approximate_mode_refuses_batches(void** state) {
   kvr_router_free(router);
 }
 
-/* The events of data/event_batch_valid.json, built with the C encoder. */
+/* The events of fixtures/event_batch_valid.json, built with the C encoder. */
 static kvr_event_batch* build_valid_batch(void) {
   static const uint32_t tokens[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   uint64_t w7[2] = {1001, 1002};

@@ -126,7 +126,7 @@ std::vector<TraceRecord> LoadTrace(const std::string& path) {
 }
 
 std::string DefaultConversationTracePath() {
-  return std::string(KVR_SHARED_DIR) + "/data/mooncake/conversation_trace.jsonl";
+  return std::string(KVR_DATA_DIR) + "/mooncake/conversation_trace.jsonl";
 }
 
 size_t ExpandedLength(const TraceRecord& record) {

@@ -55,7 +55,8 @@ std::vector<TraceRecord> ParseTrace(std::istream& in, std::string_view source = 
 // Reads and parses a JSONL file. Throws std::runtime_error if it cannot be opened.
 std::vector<TraceRecord> LoadTrace(const std::string& path);
 
-// The conversation trace shipped in shared/data (KVR_SHARED_DIR is set by the build).
+// The bundled conversation trace, data/mooncake/conversation_trace.jsonl (KVR_DATA_DIR is set
+// by the build).
 std::string DefaultConversationTracePath();
 
 // Number of prompt tokens the expansion yields: input_length, capped at 512 per hash_id

@@ -46,7 +46,7 @@ fn parse_args() -> Args {
     let mut args = Args {
         trace: concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../../../shared/data/mooncake/conversation_trace.jsonl"
+            "/../../../data/mooncake/conversation_trace.jsonl"
         )
         .to_string(),
         iters: 20_000,

@@ -81,7 +81,7 @@ public final class FindBestMatchBenchmark {
     }
     if (trace == null) {
       Path source = Path.of(System.getProperty("kvrouter.source.dir", "../.."));
-      trace = source.resolve("../shared/data/mooncake/conversation_trace.jsonl").toString();
+      trace = source.resolve("data/mooncake/conversation_trace.jsonl").toString();
     }
 
     KvRouter.load();
