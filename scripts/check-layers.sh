@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fails on any #include in src/ that points up a layer. The layers, lowest first:
+# Fails on any #include in src/ that points up a layer, or outside src/ past what it tests (below). The layers, lowest first:
 #
 #   core (src/core)  <-  wire (src/wire)  <-  ingest (src/ingest)  <-  capi (src/capi)
 #
@@ -65,8 +65,47 @@ for layer in "${layers[@]}"; do
     -o -name '*.cpp' -o -name '*.c' -o -name '*.inc' \) -print0 | sort -z)
 done
 
+# Outside src/: what uses the library sees the layers it tests and no more. A layer's tests may
+# include that layer and those below it; everything that stands for a user of the library (the
+# C ABI's tests, the model test, the soak, the replay tool and its tests, the examples, the
+# header and packaging tests) goes through the public header only. Benchmarks and fuzzers
+# measure and attack internals wherever they are: not listed.
+declare -A consumers=(
+  [tests/core]=core [tests/wire]=wire [tests/ingest]=ingest
+  [tests/capi]=none [tests/model]=none [tests/soak]=none [tests/replay]=none
+  [tests/headers]=none [tests/abi]=none [tests/package]=none [tools/replay]=none [examples]=none
+)
+for dir in "${!consumers[@]}"; do
+  [ -d "$root/$dir" ] || continue
+  top=${consumers[$dir]}
+  top_rank=$([ "$top" = none ] && echo -1 || rank_of "$top")
+  while IFS= read -r -d '' file; do
+    rel=${file#"$root"/}
+    lineno=0
+    while IFS= read -r line; do
+      lineno=$((lineno + 1))
+      [[ $line =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"\<]([^\"\>]+)[\"\>] ]] || continue
+      target=${BASH_REMATCH[1]}
+      first=${target%%/*}
+      [ "$first" != "$target" ] || continue
+      target_rank=$(rank_of "$first")
+      [ "$target_rank" -ge 0 ] || continue
+      checked=$((checked + 1))
+      if [ "$target_rank" -gt "$top_rank" ]; then
+        if [ "$top" = none ]; then
+          report "$rel:$lineno" "#include \"$target\": $dir uses the library as a user does," \
+            "through kvrouter.h only"
+        else
+          report "$rel:$lineno" "#include \"$target\": tests of $top may not include $first"
+        fi
+      fi
+    done <"$file"
+  done < <(find "$root/$dir" -type f \( -name '*.h' -o -name '*.cc' -o -name '*.c' \) -print0 | sort -z)
+done
+
 if [ "$violations" -gt 0 ]; then
   echo "layers: $violations include(s) point up a layer (of $checked checked)" >&2
   exit 1
 fi
-echo "layers: $checked includes checked, none points up a layer (${layers[*]})"
+echo "layers: $checked includes checked, none points up a layer (${layers[*]}), and none" \
+  "outside src/ reaches past what it tests"
