@@ -68,6 +68,26 @@ std::string RankEndpoint(const std::string& endpoint, uint32_t offset) {
   return absl::StrCat(endpoint, "_dp", offset);
 }
 
+absl::Status CheckEngineEndpoint(const std::string& endpoint, uint32_t dp_size,
+                                 const std::string& what) {
+  if (absl::StartsWith(endpoint, "ipc://") && endpoint.size() > 6) return absl::OkStatus();
+  if (!absl::StartsWith(endpoint, kTcp)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", endpoint, "' is neither tcp://HOST:PORT nor ipc://PATH"));
+  }
+  const std::optional<TcpPort> port = FindTcpPort(endpoint);
+  if (!port || port->port == 0 || port->colon == kTcp.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", endpoint, "' needs a host and a port in 1..65535 (tcp://HOST:PORT)"));
+  }
+  if (dp_size > 0 && static_cast<uint64_t>(port->port) + (dp_size - 1) > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", endpoint, "': rank r is on port ",
+                                                   port->port, " + r, and ", dp_size,
+                                                   " ranks would need ports past 65535"));
+  }
+  return absl::OkStatus();
+}
+
 std::string WithoutUserInfo(const std::string& url) {
   const size_t scheme_end = url.find("://");
   if (scheme_end == std::string::npos) return url;

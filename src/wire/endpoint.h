@@ -26,6 +26,13 @@ absl::StatusOr<StreamEndpoint> ParseStreamEndpoint(const std::string& endpoint);
 // tcp endpoint on port + r and appends "_dp<r>" to any other.
 std::string RankEndpoint(const std::string& endpoint, uint32_t offset);
 
+// Whether an engine's ZMQ endpoint (its publisher's or its replay socket's) can be connected to
+// for ranks 0 .. dp_size - 1: "tcp://HOST:PORT" with PORT 1-65535 and PORT + dp_size - 1 no
+// more than 65535 (rank r is on port + r), or "ipc://PATH" (rank r at PATH_dp<r>).
+// InvalidArgument naming `what` and the endpoint otherwise.
+absl::Status CheckEngineEndpoint(const std::string& endpoint, uint32_t dp_size,
+                                 const std::string& what);
+
 // `url` without its user:password@ part, for reporting where a source is.
 std::string WithoutUserInfo(const std::string& url);
 

@@ -311,12 +311,14 @@ std::string_view TagOf(const object& event) {
   Reject("event is neither an array nor a map");
 }
 
-EngineEvent DecodeEvent(const object& event) {
+// nullopt, with `unknown` set to why, for an event of a type this decoder does not know.
+std::optional<EngineEvent> DecodeEvent(const object& event, std::string& unknown) {
   const std::string_view tag = TagOf(event);
   if (tag == "BlockStored") return DecodeStored(event);
   if (tag == "BlockRemoved") return DecodeRemoved(event);
   if (tag == "AllBlocksCleared") return EngineEvent{};  // kind defaults to kCleared
-  Reject(absl::StrCat("unknown event tag '", std::string(tag), "'"));
+  unknown = absl::StrCat("unknown event tag '", std::string(tag), "'");
+  return std::nullopt;
 }
 
 double AsTimestamp(const object& o) {
@@ -355,7 +357,12 @@ EngineBatch DecodeBatch(const object& root) {
   size_t index = 0;
   for (const object& event : AsArray(*events, "events")) {
     try {
-      batch.events.push_back(DecodeEvent(event));
+      std::string unknown;
+      if (std::optional<EngineEvent> decoded = DecodeEvent(event, unknown)) {
+        batch.events.push_back(std::move(*decoded));
+      } else {
+        batch.skipped.push_back(absl::StrCat("event ", index, ": ", unknown));
+      }
     } catch (DecodeError& e) {
       e.message = absl::StrCat("event ", index, ": ", e.message);
       throw;

@@ -57,10 +57,14 @@ struct EngineBatch {
   double timestamp = 0;
   std::optional<uint32_t> dp_rank;  // absent in the oldest layouts, or nil
   std::vector<EngineEvent> events;
+  // Events of a type this decoder does not know (a newer engine's), left out of `events`: why
+  // each was, e.g. "event 1: unknown event tag 'BlockUpdated'". The others still apply.
+  std::vector<std::string> skipped;
 };
 
-// Decodes one msgpack EventBatch payload. InvalidArgument (naming what is wrong) for garbage,
-// a shape no known version produces, or an unknown event tag.
+// Decodes one msgpack EventBatch payload. InvalidArgument (naming what is wrong) for garbage
+// or a shape no known version produces, including a known event of the wrong shape. An event
+// with an unknown tag is skipped (EngineBatch::skipped), not the batch.
 absl::StatusOr<EngineBatch> DecodeEnginePayload(std::span<const uint8_t> payload);
 
 // Dynamo's routing hash of a multimodal identifier from vLLM's extra_keys: a 64-character hex

@@ -50,6 +50,24 @@ TEST(RankEndpoint, TcpRanksBindConsecutivePortsOthersGetASuffix) {
   EXPECT_EQ(RankEndpoint("tcp://host", 1), "tcp://host_dp1");
 }
 
+// Issue 19: port 99999 and a replay endpoint "garbage" were accepted.
+TEST(EngineEndpoint, EveryRanksPortMustExistAndOnlyTcpOrIpcConnect) {
+  EXPECT_TRUE(CheckEngineEndpoint("tcp://127.0.0.1:5557", 1, "endpoint").ok());
+  EXPECT_TRUE(CheckEngineEndpoint("tcp://[::1]:65534", 2, "endpoint").ok());
+  EXPECT_TRUE(CheckEngineEndpoint("ipc:///tmp/kv", 8, "endpoint").ok());
+  const absl::Status port = CheckEngineEndpoint("tcp://127.0.0.1:99999", 1, "endpoint");
+  EXPECT_EQ(absl::StatusCode::kInvalidArgument, port.code());
+  EXPECT_NE(std::string::npos, port.message().find("port in 1..65535")) << port;
+  const absl::Status ranks = CheckEngineEndpoint("tcp://127.0.0.1:65535", 2, "endpoint");
+  EXPECT_NE(std::string::npos, ranks.message().find("past 65535")) << ranks;
+  const absl::Status garbage = CheckEngineEndpoint("garbage", 1, "replay_endpoint");
+  EXPECT_NE(std::string::npos, garbage.message().find("replay_endpoint 'garbage'")) << garbage;
+  for (const char* bad : {"", "tcp://127.0.0.1", "tcp://:5557", "tcp://127.0.0.1:0",
+                          "tcp://127.0.0.1:x", "ipc://", "udp://127.0.0.1:5557"}) {
+    EXPECT_FALSE(CheckEngineEndpoint(bad, 1, "endpoint").ok()) << bad;
+  }
+}
+
 TEST(WithoutUserInfo, DropsCredentialsOnly) {
   EXPECT_EQ(WithoutUserInfo("nats://user:secret@127.0.0.1:4222"), "nats://127.0.0.1:4222");
   EXPECT_EQ(WithoutUserInfo("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");

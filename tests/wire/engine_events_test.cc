@@ -344,12 +344,11 @@ TEST(EngineToRouter, OtherBlockSizesAndNonAttentionGroupsAreNotIndexed) {
 TEST(EngineDecoder, RejectsGarbageWithAReason) {
   const std::vector<std::vector<uint8_t>> bad = {
       {},
-      {0xc1},                                         // never-used msgpack byte
-      {0x93, 0xcb},                                   // truncated float
-      {0xdd, 0xff, 0xff, 0xff, 0xff},                 // array of 4 billion elements, no body
-      {0x92, 0x01, 0x91, 0x91, 0xa3, 'F', 'o', 'o'},  // unknown tag "Foo"
-      {0x92, 0x01, 0x90, 0x00},                       // trailing byte
-      {0x2a},                                         // a bare integer
+      {0xc1},                          // never-used msgpack byte
+      {0x93, 0xcb},                    // truncated float
+      {0xdd, 0xff, 0xff, 0xff, 0xff},  // array of 4 billion elements, no body
+      {0x92, 0x01, 0x90, 0x00},        // trailing byte
+      {0x2a},                          // a bare integer
       {0x92, 0x01, 0x91, 0x92, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd',
        0x90},  // BlockStored without token_ids
   };
@@ -362,6 +361,21 @@ TEST(EngineDecoder, RejectsGarbageWithAReason) {
   EXPECT_FALSE(DecodeSequence(std::vector<uint8_t>(7)).has_value());
   EXPECT_EQ(0x0102030405060708u,
             DecodeSequence(std::vector<uint8_t>{1, 2, 3, 4, 5, 6, 7, 8}).value_or(0));
+}
+
+// Issue 19: one unknown event type rejected the whole batch.
+TEST(EngineDecoder, SkipsAnEventOfAnUnknownTypeAndKeepsTheRest) {
+  // [1, [["Foo"], ["AllBlocksCleared"], {"type": "Bar"}]]
+  std::vector<uint8_t> payload = {0x92, 0x01, 0x93, 0x91, 0xa3, 'F', 'o', 'o', 0x91, 0xb0};
+  for (char c : std::string("AllBlocksCleared")) payload.push_back(static_cast<uint8_t>(c));
+  payload.insert(payload.end(), {0x81, 0xa4, 't', 'y', 'p', 'e', 0xa3, 'B', 'a', 'r'});
+  auto batch = DecodeEnginePayload(payload);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(1u, batch->events.size());
+  EXPECT_EQ(EngineEventKind::kCleared, batch->events[0].kind);
+  EXPECT_EQ((std::vector<std::string>{"event 0: unknown event tag 'Foo'",
+                                      "event 2: unknown event tag 'Bar'"}),
+            batch->skipped);
 }
 
 TEST(EngineDecoder, ToleratesExtraTrailingFields) {
