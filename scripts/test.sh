@@ -51,11 +51,12 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   ctest --test-dir build/asan -j "$jobs" --timeout 900
 
 echo "== ThreadSanitizer: concurrency tests =="
-# Only what the concurrency tests need: the TSan build is the slowest of the three.
+# Only what the concurrency tests need: the TSan build is the slowest of the three. The ingest
+# suite (label concurrency too) runs the loop thread against the callers' and libzmq's threads.
 cmake -S . -B build/tsan -G Ninja -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF \
   -DKVR_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_SANITIZE=thread >/dev/null
 cmake --build build/tsan -j "$jobs" --target core_concurrency_tests capi_concurrency_test \
-  router_model_concurrency_test
+  router_model_concurrency_test ingest_tests
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build/tsan -L concurrency -j "$jobs" --timeout 900
 

@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "core/hashing.h"
 #include "ingest/block_copies.h"
 #include "ingest/sequence_tracker.h"
 #include "wire/endpoint.h"
@@ -49,6 +50,9 @@ bool Readable(void* socket) {
   return zmq_getsockopt(socket, ZMQ_EVENTS, &events, &size) == 0 && (events & ZMQ_POLLIN);
 }
 
+// What tells two payloads apart: a replayed message is compared with the one heard live.
+uint64_t Digest(const std::vector<uint8_t>& payload) { return HashBytes(payload); }
+
 }  // namespace
 
 struct EngineSubscriptions::Subscription {
@@ -89,8 +93,25 @@ absl::StatusOr<uint64_t> EngineSubscriptions::Add(const EngineWorker& worker) {
                      "--page-size ",
                      router_block_size, ", vLLM with --block-size ", router_block_size, ")"));
   }
-  if (worker.dp_size == 0) return absl::InvalidArgumentError("dp_size must be >= 1");
-  if (worker.endpoint.empty()) return absl::InvalidArgumentError("endpoint is empty");
+  if (worker.dp_size == 0 || worker.dp_size > kMaxEngineRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("dp_size is ", worker.dp_size,
+                                                   "; an engine worker has 1..", kMaxEngineRanks,
+                                                   " ranks (one ZMQ socket each)"));
+  }
+  if (worker.dp_start > UINT32_MAX - (worker.dp_size - 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ranks ", worker.dp_start, " + ", worker.dp_size, " overflow 32 bits"));
+  }
+  if (absl::Status s = CheckEngineEndpoint(worker.endpoint, worker.dp_size, "endpoint"); !s.ok()) {
+    return s;
+  }
+  if (!worker.replay_endpoint.empty()) {
+    if (absl::Status s =
+            CheckEngineEndpoint(worker.replay_endpoint, worker.dp_size, "replay_endpoint");
+        !s.ok()) {
+      return s;
+    }
+  }
   uint64_t id = 0;
   absl::Status status = loop_.Run([&] { return AddOnLoop(worker, id); });
   if (!status.ok()) return status;
@@ -114,6 +135,13 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
     sub->worker = worker;
     sub->socket_rank = worker.dp_start + r;
     sub->socket = zmq_socket(zmq_context_, ZMQ_SUB);
+    if (sub->socket == nullptr) {  // e.g. the context's socket limit (ZMQ_MAX_SOCKETS)
+      const std::string why = zmq_strerror(zmq_errno());
+      delete sub;
+      for (Subscription* s : subs) CloseSubscription(s);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot open a ZMQ socket for rank ", worker.dp_start + r, ": ", why));
+    }
     const int linger = 0;
     zmq_setsockopt(sub->socket, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(sub->socket, ZMQ_SUBSCRIBE, worker.topic.data(), worker.topic.size());
@@ -151,16 +179,21 @@ void EngineSubscriptions::CloseSubscription(Subscription* sub) {
     sub->replay = nullptr;
   }
   // Off the loop before the socket closes: zmq_close hands the socket, and the fd the loop
-  // polls, to ZMQ's reaper thread, which may close the fd while epoll still watches it.
-  const bool polled = sub->poll.loop != nullptr;
-  if (polled) uv_poll_stop(&sub->poll);
-  zmq_close(sub->socket);
-  sub->socket = nullptr;
-  if (!polled) {
+  // polls, to ZMQ's reaper thread, which may close the fd while libuv still touches it (uv_close
+  // of a poll handle stops it again, epoll_ctl on the fd). So the socket closes only once libuv
+  // is done with the handle, in its close callback.
+  if (sub->poll.loop == nullptr) {  // never polled
+    zmq_close(sub->socket);
     delete sub;
     return;
   }
-  CloseAndDelete(reinterpret_cast<uv_handle_t*>(&sub->poll), sub);
+  uv_poll_stop(&sub->poll);
+  sub->poll.data = sub;
+  uv_close(reinterpret_cast<uv_handle_t*>(&sub->poll), [](uv_handle_t* h) {
+    auto* s = static_cast<Subscription*>(h->data);
+    zmq_close(s->socket);
+    delete s;
+  });
 }
 
 absl::Status EngineSubscriptions::RemoveOnLoop(uint64_t worker_id, bool clear_index) {
@@ -212,34 +245,47 @@ void EngineSubscriptions::SetUnknown(Subscription& sub, bool unknown) {
 }
 
 void EngineSubscriptions::ClearAndFlag(Subscription& sub) {
-  loop_.ClearRank({sub.worker.worker_id, sub.socket_rank});
-  sub.salted.Clear();
-  sub.copies.Clear();
+  ClearRank(sub);
   Bump(sub.counters->recoveries);
   SetUnknown(sub, true);
 }
 
+void EngineSubscriptions::ClearRank(Subscription& sub) {
+  loop_.ClearRank({sub.worker.worker_id, sub.socket_rank});
+  sub.salted.Clear();
+  sub.copies.Clear();
+}
+
 // Checks the message's sequence number against the rank's expectation.
-EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& sub, uint64_t seq) {
+EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& sub, uint64_t seq,
+                                                                uint64_t digest) {
   SourceCounters& c = *sub.counters;
-  const RankSequence::Verdict verdict = sub.sequence.Observe(seq);
+  const RankSequence::Verdict verdict = sub.sequence.Observe(seq, digest);
   switch (verdict.action) {
     case SequenceAction::kApply:
       return Verdict::kApply;
     case SequenceAction::kGap:
       c.Gap(verdict.missed);
-      if (StartReplay(sub, *sub.sequence.next(), seq)) return Verdict::kHold;
+      if (StartReplay(sub, seq)) return Verdict::kHold;
       // Lost events cannot be recovered: drop what the index believes rather than trust it.
       ClearAndFlag(sub);
-      sub.sequence.SkipGap(seq);
+      sub.sequence.SkipGap(seq, digest);
       return Verdict::kApply;
-    case SequenceAction::kRestart:  // the publisher restarted, with an empty cache
+    case SequenceAction::kRestart:
+      // A new engine process, with an empty cache: the old one's blocks go first, whatever
+      // comes next (its lost first messages replayed, or given up on).
       Bump(c.restarts);
-      loop_.ClearRank({sub.worker.worker_id, sub.socket_rank});
-      sub.salted.Clear();
-      sub.copies.Clear();
       Bump(c.recoveries);
-      SetUnknown(sub, false);
+      ClearRank(sub);
+      if (verdict.missed == 0) {  // heard from its message 0: its state is known
+        SetUnknown(sub, false);
+        return Verdict::kApply;
+      }
+      // Its first messages were lost: unknown until its whole history is replayed.
+      Bump(c.missed_messages, verdict.missed);
+      SetUnknown(sub, true);
+      if (StartReplay(sub, seq)) return Verdict::kHold;
+      sub.sequence.SkipGap(seq, digest);
       return Verdict::kApply;
     case SequenceAction::kStale:
       break;
@@ -254,7 +300,7 @@ void EngineSubscriptions::HandleMessage(Subscription& sub, const Parts& parts) {
     sub.counters->Reject(IngestReject::kBadMessage);
     return;
   }
-  switch (TrackSequence(sub, *seq)) {
+  switch (TrackSequence(sub, *seq, Digest(parts[2]))) {
     case Verdict::kDrop:
       return;
     case Verdict::kHold:
@@ -270,14 +316,18 @@ void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint
   SourceCounters& c = *sub.counters;
   auto batch = DecodeEnginePayload(payload);
   if (!batch.ok()) {
-    c.Reject(IngestReject::kBadMsgpack);
+    c.Reject(IngestReject::kBadMsgpack, std::string(batch.status().message()));
     return;
   }
+  // Events of a type this build does not know are skipped alone: the rest of the batch applies.
+  for (std::string& why : batch->skipped) c.Reject(IngestReject::kBadMsgpack, std::move(why));
   ConvertedBatch converted =
       ToKvEvents(*batch, sub.worker.worker_id, sub.socket_rank, loop_.router->block_size(),
                  sub.worker.eagle, loop_.next_event_id, &sub.salted);
   loop_.next_event_id += batch->events.size();
-  c.Reject(IngestReject::kBlockSize, converted.block_size_mismatches.size());
+  for (ConversionReject& mismatch : converted.block_size_mismatches) {
+    c.Reject(IngestReject::kBlockSize, std::move(mismatch.reason));
+  }
   for (KvEvent& event : converted.events) {
     // An engine-side clear makes its state known again.
     if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
@@ -309,13 +359,17 @@ void EngineSubscriptions::ApplyEngineEvent(Subscription& sub, KvEvent& event) {
 
 // ---- Replay (vLLM's replay ROUTER socket) -------------------------------------------------
 
-// Asks for messages [from, until). False if the worker has no replay endpoint or the request
-// cannot be sent.
-bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t from, uint64_t until) {
+// Asks for the messages before live message `until` from where the rank's sequence says
+// (RankSequence::ReplayFrom), or, `from_start`, for the engine's whole history. False if the worker
+// has no replay endpoint or the request cannot be sent.
+bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool from_start) {
   if (sub.worker.replay_endpoint.empty()) return false;
+  const uint64_t from = from_start ? 0 : sub.sequence.ReplayFrom();
+  void* socket = zmq_socket(zmq_context_, ZMQ_DEALER);
+  if (socket == nullptr) return false;
   auto* replay = new Replay;
   replay->sub = &sub;
-  replay->socket = zmq_socket(zmq_context_, ZMQ_DEALER);
+  replay->socket = socket;
   const int linger = 0;
   zmq_setsockopt(replay->socket, ZMQ_LINGER, &linger, sizeof(linger));
   const std::string endpoint =
@@ -338,7 +392,11 @@ bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t from, uint64_t
   uv_timer_init(&loop_.loop, &replay->timer);
   replay->timer.data = replay;
   sub.replay = replay;
-  sub.sequence.BeginReplay(until);
+  if (from_start) {
+    sub.sequence.BeginReplayFromStart(until);
+  } else {
+    sub.sequence.BeginReplay(until);
+  }
   uv_poll_start(&replay->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
     auto* r = static_cast<Replay*>(p->data);
     r->sub->owner->DrainReplay(*r->sub);
@@ -347,7 +405,7 @@ bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t from, uint64_t
       &replay->timer,
       [](uv_timer_t* t) {
         auto* r = static_cast<Replay*>(t->data);
-        r->sub->owner->FinishReplay(*r->sub);
+        r->sub->owner->FinishReplay(*r->sub, /*ended=*/false);
       },
       loop_.options.replay_timeout_ms, 0);
   DrainReplay(sub);  // the fd signals edges: look once now
@@ -367,32 +425,54 @@ void EngineSubscriptions::DrainReplay(Subscription& sub) {
       continue;
     }
     if (*seq == UINT64_MAX) {  // end marker (-1)
-      FinishReplay(sub);
+      FinishReplay(sub, /*ended=*/true);
       return;
     }
     // vLLM and SGLang replay their whole buffer from the sequence asked for, so the replies go
     // on past the hole with messages that arrived live and are held: those count when the held
     // copy is handled, and a reply counts only if it fills the hole.
-    if (sub.sequence.AcceptReplayed(*seq)) {
-      ApplyPayload(sub, parts[1]);
-      Bump(sub.counters->messages);
+    switch (sub.sequence.AcceptReplayed(*seq, Digest(parts[1]))) {
+      case RankSequence::Replayed::kSkip:
+        break;
+      case RankSequence::Replayed::kApply:
+        ApplyPayload(sub, parts[1]);
+        Bump(sub.counters->messages);
+        break;
+      case RankSequence::Replayed::kRestarted:
+        // Another engine answers for the rank: the one heard before is gone, and so are its
+        // blocks. The rest of this replay is not applied (FinishReplay is then short).
+        Bump(sub.counters->restarts);
+        ClearRank(sub);
+        SetUnknown(sub, true);
+        break;
     }
   }
 }
 
-// Ends the replay (complete, short or timed out), then handles the held live messages.
-void EngineSubscriptions::FinishReplay(Subscription& sub) {
+// Ends the replay (complete, short or timed out), then handles the held live messages. A short
+// replay clears and flags the rank, then asks once for the engine's whole history from message
+// 0: complete, it repairs the rank (unflagged); short again, the rank stays flagged until the
+// engine clears its cache or restarts.
+void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
   Replay* replay = sub.replay;
   if (replay == nullptr) return;
   sub.replay = nullptr;
   Bump(sub.counters->recoveries);
-  if (!sub.sequence.FinishReplay()) {  // still missing some: fall back to the clear
-    loop_.ClearRank({sub.worker.worker_id, sub.socket_rank});
-    sub.salted.Clear();
-    sub.copies.Clear();
-    SetUnknown(sub, true);
-  }
+  const std::optional<uint64_t> until = sub.sequence.replay_until();
+  const bool from_start = sub.sequence.replaying_from_start();
   CloseReplay(replay);
+  switch (sub.sequence.FinishReplay(ended)) {
+    case RankSequence::Outcome::kComplete:
+      break;
+    case RankSequence::Outcome::kCompleteFromStart:  // the engine's whole history: known
+      SetUnknown(sub, false);
+      break;
+    case RankSequence::Outcome::kShort:  // still missing some: fall back to the clear
+      ClearRank(sub);
+      SetUnknown(sub, true);
+      if (until && !from_start) StartReplay(sub, *until, /*from_start=*/true);
+      break;
+  }
   std::deque<Parts> held;
   held.swap(sub.held);
   while (!held.empty()) {
@@ -402,13 +482,17 @@ void EngineSubscriptions::FinishReplay(Subscription& sub) {
   }
 }
 
+// As CloseSubscription: the socket closes once libuv is done with the poll handle.
 void EngineSubscriptions::CloseReplay(Replay* replay) {
-  uv_poll_stop(&replay->poll);  // before the socket closes, as in CloseSubscription
+  uv_poll_stop(&replay->poll);
   uv_timer_stop(&replay->timer);
-  zmq_close(replay->socket);
-  replay->socket = nullptr;
+  replay->sub = nullptr;
   auto closed = [](uv_handle_t* h) {
     auto* r = static_cast<Replay*>(h->data);
+    if (h == reinterpret_cast<uv_handle_t*>(&r->poll)) {
+      zmq_close(r->socket);
+      r->socket = nullptr;
+    }
     if (--r->open_handles == 0) delete r;
   };
   uv_close(reinterpret_cast<uv_handle_t*>(&replay->poll), closed);

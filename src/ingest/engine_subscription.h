@@ -48,14 +48,15 @@ class EngineSubscriptions {
   void Drain(Subscription& sub);
   void Process(Subscription& sub, std::vector<std::vector<uint8_t>> parts);
   void SetUnknown(Subscription& sub, bool unknown);
+  void ClearRank(Subscription& sub);
   void ClearAndFlag(Subscription& sub);
-  Verdict TrackSequence(Subscription& sub, uint64_t seq);
+  Verdict TrackSequence(Subscription& sub, uint64_t seq, uint64_t digest);
   void HandleMessage(Subscription& sub, const std::vector<std::vector<uint8_t>>& parts);
   void ApplyPayload(Subscription& sub, const std::vector<uint8_t>& payload);
   void ApplyEngineEvent(Subscription& sub, KvEvent& event);
-  bool StartReplay(Subscription& sub, uint64_t from, uint64_t until);
+  bool StartReplay(Subscription& sub, uint64_t until, bool from_start = false);
   void DrainReplay(Subscription& sub);
-  void FinishReplay(Subscription& sub);
+  void FinishReplay(Subscription& sub, bool ended);
   static void CloseReplay(Replay* replay);
 
   IngestLoop& loop_;

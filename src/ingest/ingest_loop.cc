@@ -56,7 +56,8 @@ absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCou
   if (result.ok() && result->ok()) {
     Bump(source.events_applied);
   } else {
-    source.Reject(IngestReject::kIndexRejected);
+    source.Reject(IngestReject::kIndexRejected,
+                  result.ok() ? result->message : std::string(result.status().message()));
   }
   return result;
 }

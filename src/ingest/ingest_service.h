@@ -62,6 +62,10 @@ struct IngestStats {
   // Replica sync: changes published, and publications the NATS client refused.
   uint64_t published = 0;
   uint64_t publish_failures = 0;
+  // The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty if
+  // none was given; summed over sources, the most recent of them all.
+  std::string last_reject;
+  uint64_t last_reject_serial = 0;  // orders the detailed rejects of every source
 };
 
 struct IngestOptions {
@@ -70,11 +74,16 @@ struct IngestOptions {
   uint32_t replay_timeout_ms = 2000;
 };
 
+// The most ranks one engine worker may have: each is a ZMQ socket and a file descriptor, and
+// every worker of an ingest object shares one ZMQ context (1023 sockets by default).
+inline constexpr uint32_t kMaxEngineRanks = 256;
+
 struct EngineWorker {
-  std::string endpoint;  // tcp://host:port (rank r on port + r), ipc://path, ...
+  std::string endpoint;  // tcp://host:port (rank r on port + r; port + dp_size - 1 <= 65535) or
+                         // ipc://path (rank r at path_dp<r>)
   uint64_t worker_id = 0;
   uint32_t dp_start = 0;
-  uint32_t dp_size = 1;
+  uint32_t dp_size = 1;     // 1..kMaxEngineRanks
   uint32_t block_size = 0;  // 0 = the router's; otherwise must equal it
   std::string topic;        // ZMQ subscription prefix; "" = every message
   bool eagle = false;
@@ -102,7 +111,9 @@ class IngestService {
   // source id; `bound` receives the endpoint actually bound (with the real port).
   absl::StatusOr<uint64_t> Listen(const std::string& endpoint, std::string* bound);
   // Subscribes to an engine worker's ranks. InvalidArgument for a block size that is not the
-  // router's; AlreadyExists for a worker id already subscribed. Returns the source id.
+  // router's, a dp_size outside 1..kMaxEngineRanks, or an endpoint or replay endpoint that is
+  // not tcp://HOST:PORT (a port every rank can have) or ipc://PATH; AlreadyExists for a worker
+  // id already subscribed. Returns the source id.
   absl::StatusOr<uint64_t> AddEngineWorker(const EngineWorker& worker);
   // Unsubscribes; with `clear_index`, also drops its entries from the index. NotFound if unknown.
   absl::Status RemoveEngineWorker(uint64_t worker_id, bool clear_index);

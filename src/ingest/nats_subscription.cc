@@ -235,7 +235,8 @@ void NatsSubscriptions::ApplyEvents(std::span<const uint8_t> payload, SourceCoun
     ApplyDynamoMessage(*message, source, dynamo);
   } else {
     source.Reject(absl::IsDataLoss(message.status()) ? IngestReject::kBadFlatBuffers
-                                                     : IngestReject::kBadMsgpack);
+                                                     : IngestReject::kBadMsgpack,
+                  std::string(message.status().message()));
   }
 }
 

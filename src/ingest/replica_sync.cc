@@ -11,11 +11,12 @@ namespace kvrouter {
 void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, SourceCounters& source) {
   absl::StatusOr<ReplicaChange> change = DecodeReplicaChange(payload);
   if (!change.ok()) {
-    source.Reject(IngestReject::kBadFlatBuffers);
-  } else if (router.ApplyReplicaChange(change->origin, change->View()).ok()) {
+    source.Reject(IngestReject::kBadFlatBuffers, std::string(change.status().message()));
+  } else if (auto applied = router.ApplyReplicaChange(change->origin, change->View());
+             applied.ok()) {
     Bump(source.events_applied);
-  } else {
-    source.Reject(IngestReject::kIndexRejected);  // an unknown worker, a duplicate booking
+  } else {  // an unknown worker, a duplicate booking
+    source.Reject(IngestReject::kIndexRejected, std::string(applied.status().message()));
   }
   Bump(source.messages);
 }

@@ -2,35 +2,83 @@
 
 namespace kvrouter {
 
-RankSequence::Verdict RankSequence::Observe(uint64_t seq) {
+RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
   if (!next_ || seq == *next_) {
     next_ = seq + 1;
+    digest_ = digest;
     return {SequenceAction::kApply};
   }
   if (seq > *next_) return {SequenceAction::kGap, seq - *next_};
-  if (seq == 0) {  // the publisher restarted, with an empty cache
+  // Back: a new publisher process. Numbered 0, nothing of it was lost; otherwise its messages
+  // before `seq` were, and it is expected from 0.
+  if (seq == 0) {
     next_ = 1;
+    digest_ = digest;
     return {SequenceAction::kRestart};
   }
-  return {SequenceAction::kStale};
+  next_ = 0;
+  digest_.reset();
+  return {SequenceAction::kRestart, seq};
 }
 
-void RankSequence::SkipGap(uint64_t seq) { next_ = seq + 1; }
-
-void RankSequence::BeginReplay(uint64_t until) { replay_until_ = until; }
-
-bool RankSequence::AcceptReplayed(uint64_t seq) {
-  if (!replay_until_ || !next_ || seq != *next_ || seq >= *replay_until_) return false;
+void RankSequence::SkipGap(uint64_t seq, uint64_t digest) {
   next_ = seq + 1;
-  return true;
+  digest_ = digest;
 }
 
-bool RankSequence::FinishReplay() {
+uint64_t RankSequence::ReplayFrom() const {
+  const uint64_t next = next_.value_or(0);
+  return digest_ && next > 0 ? next - 1 : next;
+}
+
+void RankSequence::BeginReplay(uint64_t until) {
+  replay_until_ = until;
+  const uint64_t next = next_.value_or(0);
+  check_.reset();
+  if (digest_ && next > 0) check_ = next - 1;
+  verified_ = false;
+  from_start_ = next == 0;
+  other_engine_ = false;
+}
+
+void RankSequence::BeginReplayFromStart(uint64_t until) {
+  next_ = 0;
+  digest_.reset();
+  BeginReplay(until);
+}
+
+RankSequence::Replayed RankSequence::AcceptReplayed(uint64_t seq, uint64_t digest) {
+  if (!replay_until_ || other_engine_ || !next_) return Replayed::kSkip;
+  if (check_ && seq <= *check_) {
+    if (seq < *check_) return Replayed::kSkip;
+    check_.reset();
+    if (digest != digest_) {
+      other_engine_ = true;
+      return Replayed::kRestarted;
+    }
+    verified_ = true;
+    return Replayed::kSkip;
+  }
+  check_.reset();  // the replay went past the check without it: contiguous replies only
+  if (seq < *next_ || seq >= *replay_until_) return Replayed::kSkip;
+  if (seq != *next_ && !verified_) return Replayed::kSkip;
+  next_ = seq + 1;
+  digest_ = digest;
+  return Replayed::kApply;
+}
+
+RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
   const std::optional<uint64_t> until = replay_until_;
   replay_until_.reset();
-  if (!until || next_ == until) return true;
-  next_ = *until;
-  return false;
+  check_.reset();
+  if (!until) return Outcome::kComplete;
+  const bool complete = !other_engine_ && (next_ == until || (verified_ && ended));
+  if (next_ != until) {
+    next_ = *until;
+    digest_.reset();  // the held message at `until` sets it
+  }
+  if (!complete) return Outcome::kShort;
+  return from_start_ ? Outcome::kCompleteFromStart : Outcome::kComplete;
 }
 
 PublisherSequences::Verdict PublisherSequences::Observe(uint64_t id, uint64_t sequence) {

@@ -17,49 +17,94 @@ namespace kvrouter {
 enum class SequenceAction : uint8_t {
   kApply,    // the expected message (or the first one heard): apply it
   kGap,      // messages were lost before this one: recover, then apply it
-  kRestart,  // the publisher restarted (its sequence went back to 0): clear, then apply it
+  kRestart,  // the publisher restarted (its sequence went back): clear, then apply it
   kStale,    // a sequence number already seen (duplicate or reordered): drop it
 };
 
 // One engine rank's live stream (vLLM and SGLang number their ZMQ messages per rank): the first
-// message sets the baseline; a jump forward is a gap; going back to 0 is a restart.
+// message sets the baseline; a jump forward is a gap; any step back is a restart.
 //
-// A gap is repaired by a replay when the engine has a replay endpoint: BeginReplay, then each
-// replayed message through AcceptReplayed, then FinishReplay. Live messages that arrive during
-// the replay are held by the caller and observed after FinishReplay. Without a replay (none, or
-// it could not be requested), SkipGap: the lost events are given up on and the rank cleared.
+// A step back is a restart however far it goes: on one ZMQ connection messages are neither
+// repeated nor reordered, so a lower number can only come from a new publisher process (an
+// engine restarted while this subscriber was reconnecting loses its first messages to the
+// reconnection, so its first number heard may be anything below the old one). Its messages
+// before the one heard (`missed`, 0 when it is numbered 0) were lost; the caller clears the
+// rank first, then replays them from 0 or gives them up.
+//
+// A gap is repaired by a replay when the engine has a replay endpoint: ReplayFrom (where to
+// ask), BeginReplay, then each replayed message through AcceptReplayed, then FinishReplay. Live
+// messages that arrive during the replay are held by the caller and observed after
+// FinishReplay. Without a replay (none, or it could not be requested), SkipGap: the lost
+// events are given up on and the rank cleared.
+//
+// A gap's replay asks from the last message heard, whose payload digest the tracker keeps: the
+// same digest in the reply proves the same engine answers (a restarted one, whose own
+// numbering has passed the old one's, would otherwise replay its history onto the dead
+// engine's blocks), and that its buffer reaches back past the hole, so that numbers in the
+// hole the replay does not have were skipped by the engine, not lost.
 class RankSequence {
  public:
   struct Verdict {
     SequenceAction action = SequenceAction::kApply;
-    uint64_t missed = 0;  // kGap: how many messages were lost
+    // kGap: how many messages were lost; kRestart: the new publisher's messages before this
+    // one (lost to the reconnection), 0 when it is numbered 0.
+    uint64_t missed = 0;
   };
 
-  // What to do with live message `seq`. kApply and kRestart move the expectation past it; kGap
-  // leaves it for the caller to BeginReplay or SkipGap; kStale changes nothing.
-  Verdict Observe(uint64_t seq);
+  // What to do with live message `seq`, whose payload has digest `digest`. kApply moves the
+  // expectation past it; kRestart with nothing missed too; kRestart with messages missed
+  // expects the new publisher's message 0 (BeginReplay or SkipGap next); kGap leaves the
+  // expectation for the caller to BeginReplay or SkipGap; kStale changes nothing.
+  Verdict Observe(uint64_t seq, uint64_t digest = 0);
 
-  // Gives up on the messages lost before live message `seq` (observed as kGap), which is
-  // applied now: seq + 1 is expected next.
-  void SkipGap(uint64_t seq);
+  // Gives up on the messages lost before live message `seq` (observed as kGap or kRestart),
+  // which is applied now: seq + 1 is expected next.
+  void SkipGap(uint64_t seq, uint64_t digest = 0);
 
-  // Asks for the messages missing before live message `until` (observed as kGap).
+  // The first sequence a replay asks for: the last message heard when its digest is known (the
+  // check), else the first one missing.
+  uint64_t ReplayFrom() const;
+  // Asks for the messages missing before live message `until` (observed as kGap or kRestart).
   void BeginReplay(uint64_t until);
+  // Forgets everything heard to ask the publisher for its whole history, from 0, before live
+  // message `until`: the repair of a rank whose state was lost (the caller has cleared it).
+  void BeginReplayFromStart(uint64_t until);
   bool replaying() const { return replay_until_.has_value(); }
-  // A replayed message: true when it fills the hole (it is the next one missing), and then
-  // applied; the replies also repeat messages before the hole and run on past it.
-  bool AcceptReplayed(uint64_t seq);
-  // Ends the replay (complete, short or timed out). True when every missing message came;
-  // false when some did not: they are given up on, as by SkipGap, and the rank must be
-  // cleared. Either way the held live messages are observed next, the one at `until` first.
-  bool FinishReplay();
+  // The replay in progress: the live message it ends before, and whether it asked from 0.
+  std::optional<uint64_t> replay_until() const { return replay_until_; }
+  bool replaying_from_start() const { return replay_until_.has_value() && from_start_; }
+
+  enum class Replayed : uint8_t {
+    kSkip,       // not needed: before the hole, a repeat, or past it
+    kApply,      // it fills the hole: apply it
+    kRestarted,  // the check message differs: another engine answers; clear, the replay fails
+  };
+  // A replayed message with its payload's digest. Before the check is passed, only a
+  // contiguous run fills the hole; after it, any number in the hole does (the engine skipped
+  // the ones between).
+  Replayed AcceptReplayed(uint64_t seq, uint64_t digest);
+
+  enum class Outcome : uint8_t {
+    kComplete,           // every missing message came, or the check proved the rest never existed
+    kCompleteFromStart,  // as kComplete, and the replay went back to message 0: the whole history
+    kShort,              // some are lost: given up on, as by SkipGap; the rank must be cleared
+  };
+  // Ends the replay: `ended` when the engine sent its end marker (the replay is all it has),
+  // false on a timeout. Either way the held live messages are observed next, `until` first.
+  Outcome FinishReplay(bool ended);
 
   // The sequence expected next; nullopt before the first message.
   std::optional<uint64_t> next() const { return next_; }
 
  private:
   std::optional<uint64_t> next_;
+  std::optional<uint64_t> digest_;  // of message next_ - 1, when known
+  // The replay in progress.
   std::optional<uint64_t> replay_until_;
+  std::optional<uint64_t> check_;  // the message whose digest the reply must repeat
+  bool verified_ = false;
+  bool from_start_ = false;
+  bool other_engine_ = false;
 };
 
 // The publishers heard on one subscription of Dynamo's KV event plane: each numbers its

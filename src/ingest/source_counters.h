@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <string>
 
 #include "core/clock.h"
 #include "ingest/ingest_service.h"
@@ -49,6 +51,15 @@ struct SourceCounters {
   void Reject(IngestReject reason, uint64_t n = 1) {
     rejected[static_cast<int>(reason)].fetch_add(n, std::memory_order_relaxed);
   }
+  // A reject with its reason in words (what the decoder or the index said): the source's
+  // IngestStats::last_reject until the next one.
+  void Reject(IngestReject reason, std::string detail, uint64_t n = 1) {
+    Reject(reason, n);
+    static std::atomic<uint64_t> serials{0};
+    std::lock_guard lock(detail_mutex_);
+    last_reject_ = std::move(detail);
+    last_reject_serial_ = serials.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
 
   // A sequence gap of `missed` messages.
   void Gap(uint64_t missed) {
@@ -72,7 +83,17 @@ struct SourceCounters {
     s.lag_last_us = std::max(s.lag_last_us, lag_last_us.load());
     s.published += published.load();
     s.publish_failures += publish_failures.load();
+    std::lock_guard lock(detail_mutex_);
+    if (last_reject_serial_ > s.last_reject_serial) {  // the most recent over the sources
+      s.last_reject = last_reject_;
+      s.last_reject_serial = last_reject_serial_;
+    }
   }
+
+ private:
+  mutable std::mutex detail_mutex_;
+  std::string last_reject_;
+  uint64_t last_reject_serial_ = 0;  // process-wide order of the detailed rejects
 };
 
 }  // namespace kvrouter

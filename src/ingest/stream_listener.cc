@@ -137,6 +137,12 @@ void StreamListeners::CloseConnection(Connection* conn) {
 void StreamListeners::OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   auto* conn = static_cast<Connection*>(stream->data);
   if (nread < 0) {  // EOF or error
+    // A frame cut by the close (the publisher died or gave up mid-frame) is lost: counted.
+    if (const size_t cut = conn->reader.buffered_bytes(); cut > 0 && conn->reader.status().ok()) {
+      conn->counters->Reject(
+          IngestReject::kBadFlatBuffers,
+          absl::StrCat("the connection closed inside a frame (", cut, " bytes of it received)"));
+    }
     conn->owner->CloseConnection(conn);
     return;
   }
@@ -146,7 +152,7 @@ void StreamListeners::OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t*
   while (auto frame = conn->reader.Next()) conn->owner->HandleFrame(*frame, *conn->counters);
   if (!status.ok()) {
     // The frame boundaries are lost: nothing after this header can be trusted.
-    conn->counters->Reject(IngestReject::kFrameTooLarge);
+    conn->counters->Reject(IngestReject::kFrameTooLarge, std::string(status.message()));
     conn->owner->CloseConnection(conn);
   }
 }
@@ -155,7 +161,7 @@ void StreamListeners::HandleFrame(const std::vector<uint8_t>& frame, SourceCount
   uint64_t publish_time_ns = 0;
   auto events = DecodeEventBatch(frame, &publish_time_ns);
   if (!events.ok()) {
-    source.Reject(IngestReject::kBadFlatBuffers);
+    source.Reject(IngestReject::kBadFlatBuffers, std::string(events.status().message()));
   } else {
     loop_.Apply(*events, source);
     source.RecordLag(publish_time_ns);

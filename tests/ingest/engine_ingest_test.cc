@@ -208,11 +208,28 @@ TEST_F(EngineIngestTest, GapClearsAndFlagsThenEngineClearRestoresTrust) {
   engine.Send(5, VllmPayload("array_all_cleared"));
   stats = WaitForMessages(source, 3);
   EXPECT_EQ(0u, stats.state_unknown);
-  // A duplicate of an old message is dropped.
-  engine.Send(3, VllmPayload("array_store_dp_medium"));
+}
+
+// Issue 19: an engine restarted while the subscriber reconnected, its first messages lost: its
+// lower numbers were dropped as stale and the dead engine's blocks stayed for good.
+TEST_F(EngineIngestTest, RestartIsRecognisedWhenItsFirstMessagesWereLost) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(10, VllmPayload("array_store_dp_medium"));
+  engine.Send(11, VllmPayload("array_store_continuation"));
+  WaitForMessages(source, 2);
+  ASSERT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));
+  // The new engine's 0..3 were lost; its 4 stores the first two blocks.
+  engine.Send(4, VllmPayload("map_store"));
+  IngestStats stats = WaitForMessages(source, 3);
+  EXPECT_EQ(1u, stats.restarts);
+  EXPECT_EQ(4u, stats.missed_messages);
+  EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kStaleSequence)]);
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the old engine's third block is gone
+  EXPECT_EQ(1u, stats.state_unknown);            // what 0..3 did is unknown
+  engine.Send(5, VllmPayload("array_all_cleared"));
   stats = WaitForMessages(source, 4);
-  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kStaleSequence)]);
-  EXPECT_EQ(0u, DeviceBlocks(kPrompt, {5, 0}));
+  EXPECT_EQ(0u, stats.state_unknown);
 }
 
 TEST_F(EngineIngestTest, PublisherRestartIsRecognised) {
@@ -336,8 +353,10 @@ TEST_F(EngineIngestTest, GapIsRepairedByReplay) {
   engine.Send(0, VllmPayload("array_store_dp_medium"));  // blocks 1, 2
   // Lost on the way: 1 = continuation (block 3), 2 = removal of block 3.
   engine.Send(3, VllmPayload("map_store_continuation"));  // block 3 again
-  ASSERT_EQ(1u, replay.ReceiveRequest().value_or(0));
+  // Asked from the last message heard: its copy proves the same engine answers.
+  ASSERT_EQ(0u, replay.ReceiveRequest().value_or(99));
   engine.Send(4, VllmPayload("array_remove_full_schema"));  // live, held during the replay
+  replay.Reply(0, VllmPayload("array_store_dp_medium"));
   replay.Reply(1, VllmPayload("array_store_continuation"));
   replay.Reply(2, VllmPayload("array_remove_full_schema"));
   // The engines replay everything they buffered from the sequence asked for, including what
@@ -377,7 +396,7 @@ TEST_F(EngineIngestTest, ReplayThatNeverAnswersFallsBackToClearing) {
     stats = *(*service)->Stats(*source);
   }
   EXPECT_EQ(1u, stats.gaps);
-  EXPECT_EQ(1u, stats.recoveries);
+  EXPECT_EQ(2u, stats.recoveries);  // the replay, then the repair from message 0, both silent
   EXPECT_EQ(3u, stats.events_applied);
   EXPECT_EQ(0u, stats.state_unknown);  // flagged, then the engine's own clear (3) restored it
   auto scores = (*router)->OverlapScores(kPrompt);
@@ -385,6 +404,124 @@ TEST_F(EngineIngestTest, ReplayThatNeverAnswersFallsBackToClearing) {
   ASSERT_EQ(1u, scores->size());
   EXPECT_EQ(2u, (*scores)[0].overlap.device_blocks);
   service->reset();
+}
+
+// An engine (vLLM, SGLang) publishing a ZMQ replay endpoint, subscribed to by the test's
+// ingest service.
+class ReplayingEngineTest : public EngineIngestTest {
+ protected:
+  // `timeout_ms`: the ingest's replay timeout.
+  void Start(uint32_t timeout_ms = 2000) {
+    auto service = IngestService::Create(router_.get(), {.replay_timeout_ms = timeout_ms});
+    ASSERT_TRUE(service.ok());
+    ingest_ = std::move(*service);
+    ASSERT_TRUE(ingest_->Start().ok());
+    engine_ = &Engine("tcp://127.0.0.1:*");
+    replay_ = std::make_unique<FakeReplayServer>(context_, "tcp://127.0.0.1:*");
+    auto source = ingest_->AddEngineWorker({.endpoint = engine_->endpoint(),
+                                            .worker_id = 5,
+                                            .topic = "kv-events",
+                                            .replay_endpoint = replay_->endpoint()});
+    ASSERT_TRUE(source.ok()) << source.status();
+    source_ = *source;
+    ASSERT_TRUE(engine_->WaitForSubscriber());
+  }
+  void TearDown() override {
+    ingest_.reset();
+    replay_.reset();
+    EngineIngestTest::TearDown();
+  }
+
+  FakeEngine* engine_ = nullptr;
+  std::unique_ptr<FakeReplayServer> replay_;
+  uint64_t source_ = 0;
+};
+
+// [ts, []]: a batch with no events.
+const std::vector<uint8_t> kEmptyBatch = {0x92, 0x01, 0x90};
+
+// Issue 19: a restarted engine whose numbering already passed the old one's looks like a gap;
+// its replay was applied on top of the dead engine's blocks.
+TEST_F(ReplayingEngineTest, ARestartThatLooksLikeAGapIsNotReplayedOntoTheOldBlocks) {
+  Start();
+  engine_->Send(0, VllmPayload("array_store_dp_medium"));     // blocks 1, 2
+  engine_->Send(1, VllmPayload("array_store_continuation"));  // block 3
+  WaitForMessages(source_, 2);
+  ASSERT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));
+  // A new engine: 0 stores blocks 1 and 2, 1 clears, 2 stores them again; 3 arrives live.
+  engine_->Send(3, kEmptyBatch);
+  ASSERT_EQ(1u, replay_->ReceiveRequest().value_or(99));  // the check: message 1
+  replay_->Reply(1, VllmPayload("array_all_cleared"));    // not the 1 heard
+  replay_->Reply(2, VllmPayload("map_store"));
+  replay_->End();
+  // The repair: the new engine's whole history.
+  ASSERT_EQ(0u, replay_->ReceiveRequest().value_or(99));
+  replay_->Reply(0, VllmPayload("map_store"));
+  replay_->Reply(1, VllmPayload("array_all_cleared"));
+  replay_->Reply(2, VllmPayload("map_store"));
+  replay_->Reply(3, kEmptyBatch);
+  replay_->End();
+  const IngestStats stats = WaitForMessages(source_, 6);  // 0, 1, the replayed 0-2, 3
+  EXPECT_EQ(1u, stats.restarts);
+  EXPECT_EQ(0u, stats.state_unknown);            // the whole history came
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the new engine's, without the old block 3
+}
+
+// Issue 19: numbers the engine skipped (nothing lost) made the replay come back short, and the
+// worker was cleared.
+TEST_F(ReplayingEngineTest, ASkipWithNothingLostIsNoLoss) {
+  Start();
+  engine_->Send(0, VllmPayload("array_store_dp_medium"));
+  WaitForMessages(source_, 1);
+  engine_->Send(3, VllmPayload("array_store_continuation"));  // 1 and 2 were never published
+  ASSERT_EQ(0u, replay_->ReceiveRequest().value_or(99));
+  replay_->Reply(0, VllmPayload("array_store_dp_medium"));
+  replay_->Reply(3, VllmPayload("array_store_continuation"));
+  replay_->End();
+  const IngestStats stats = WaitForMessages(source_, 2, 2);
+  EXPECT_EQ(1u, stats.gaps);
+  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));  // nothing cleared
+}
+
+// A replay that fails (here: times out) clears and flags the worker, then the engine's whole
+// history, asked for from message 0, repairs it.
+TEST_F(ReplayingEngineTest, AFlaggedWorkerIsRepairedByAFullReplay) {
+  Start(/*timeout_ms=*/200);
+  engine_->Send(0, VllmPayload("array_store_dp_medium"));
+  WaitForMessages(source_, 1);
+  engine_->Send(2, VllmPayload("array_remove_full_schema"));  // removes block 3, stored by 1
+  ASSERT_EQ(0u, replay_->ReceiveRequest().value_or(99));      // not answered: times out
+  ASSERT_EQ(0u, replay_->ReceiveRequest().value_or(99));      // the repair
+  replay_->Reply(0, VllmPayload("array_store_dp_medium"));
+  replay_->Reply(1, VllmPayload("array_store_continuation"));
+  replay_->Reply(2, VllmPayload("array_remove_full_schema"));
+  replay_->End();
+  const IngestStats stats = WaitForMessages(source_, 4, 4);  // 0, the replayed 0-1, 2
+  EXPECT_EQ(2u, stats.recoveries);
+  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kIndexRejected)]);
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+}
+
+// Issue 19: one unknown event type rejected the whole batch: the clear beside it was lost.
+TEST_F(EngineIngestTest, AnUnknownEventTypeIsSkippedAndTheRestOfTheBatchApplies) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  WaitForMessages(source, 1);
+  ASSERT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+  // [1, [["SomethingNew"], ["AllBlocksCleared"]]]
+  std::vector<uint8_t> payload = {0x92, 0x01, 0x92, 0x91, 0xac};
+  for (char c : std::string("SomethingNew")) payload.push_back(static_cast<uint8_t>(c));
+  payload.insert(payload.end(), {0x91, 0xb0});
+  for (char c : std::string("AllBlocksCleared")) payload.push_back(static_cast<uint8_t>(c));
+  engine.Send(1, payload);
+  const IngestStats stats = WaitForMessages(source, 2, 2);
+  EXPECT_EQ(0u, DeviceBlocks(kPrompt, {5, 0}));
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]);
+  EXPECT_EQ("event 0: unknown event tag 'SomethingNew'", stats.last_reject);
+  EXPECT_EQ(stats.last_reject, ingest_->Stats(0)->last_reject);  // the sum's: the latest
 }
 
 TEST_F(EngineIngestTest, RegistrationRules) {

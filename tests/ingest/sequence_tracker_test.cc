@@ -9,11 +9,19 @@ namespace {
 
 using A = SequenceAction;
 
-// A rank that heard `first`, then `gap_at` (a gap), and asked for the messages missing between.
+using R = RankSequence::Replayed;
+using O = RankSequence::Outcome;
+
+// The digest the tests give message `seq` of the engine they play.
+uint64_t D(uint64_t seq) { return 1000 + seq; }
+
+// A rank that heard `first`, then `gap_at` (a gap), and asked for the messages missing between:
+// from `first`, the check.
 RankSequence Replaying(uint64_t first, uint64_t gap_at) {
   RankSequence s;
-  s.Observe(first);
-  EXPECT_EQ(s.Observe(gap_at).action, A::kGap);
+  s.Observe(first, D(first));
+  EXPECT_EQ(s.Observe(gap_at, D(gap_at)).action, A::kGap);
+  EXPECT_EQ(s.ReplayFrom(), first);
   s.BeginReplay(gap_at);
   return s;
 }
@@ -28,13 +36,24 @@ TEST(RankSequence, TheFirstMessageSetsTheBaselineThenEachMustFollow) {
   EXPECT_EQ(s.next(), 44u);
 }
 
-TEST(RankSequence, DuplicatesAndReorderedMessagesAreStale) {
+// One ZMQ connection neither repeats nor reorders: a lower number is a new publisher whose
+// first messages were lost while the subscriber reconnected (issue 19: they were dropped as
+// stale, and the dead engine's blocks stayed).
+TEST(RankSequence, AnyStepBackIsARestartWhoseEarlierMessagesWereLost) {
   RankSequence s;
-  s.Observe(5);
-  s.Observe(6);
-  EXPECT_EQ(s.Observe(6).action, A::kStale);
-  EXPECT_EQ(s.Observe(3).action, A::kStale);
-  EXPECT_EQ(s.next(), 7u);  // unchanged
+  s.Observe(100);
+  s.Observe(101);
+  RankSequence::Verdict v = s.Observe(5);
+  EXPECT_EQ(v.action, A::kRestart);
+  EXPECT_EQ(v.missed, 5u);  // the new engine's 0..4
+  EXPECT_EQ(s.next(), 0u);  // expected from 0: replayed, or given up on
+  EXPECT_EQ(s.ReplayFrom(), 0u);
+  s.SkipGap(5);
+  EXPECT_EQ(s.Observe(6).action, A::kApply);
+  // Even one step back (the last number again) is a new publisher.
+  v = s.Observe(6);
+  EXPECT_EQ(v.action, A::kRestart);
+  EXPECT_EQ(v.missed, 6u);
 }
 
 TEST(RankSequence, GoingBackToZeroIsARestart) {
@@ -47,6 +66,19 @@ TEST(RankSequence, GoingBackToZeroIsARestart) {
   RankSequence fresh;
   EXPECT_EQ(fresh.Observe(0).action, A::kApply);
   EXPECT_EQ(fresh.Observe(0).action, A::kRestart);
+}
+
+TEST(RankSequence, ARestartsLostMessagesAreReplayedFromZero) {
+  RankSequence s;
+  s.Observe(40, 0x40);
+  ASSERT_EQ(s.Observe(3).action, A::kRestart);
+  s.BeginReplay(3);
+  EXPECT_TRUE(s.replaying_from_start());
+  EXPECT_EQ(s.AcceptReplayed(0, 1), RankSequence::Replayed::kApply);  // no check: from 0
+  EXPECT_EQ(s.AcceptReplayed(1, 2), RankSequence::Replayed::kApply);
+  EXPECT_EQ(s.AcceptReplayed(2, 3), RankSequence::Replayed::kApply);
+  EXPECT_EQ(s.FinishReplay(true), RankSequence::Outcome::kCompleteFromStart);
+  EXPECT_EQ(s.Observe(3).action, A::kApply);
 }
 
 TEST(RankSequence, AGapSaysHowManyWereLostAndWaitsForTheCallersDecision) {
@@ -66,13 +98,14 @@ TEST(RankSequence, AReplayAcceptsOnlyWhatFillsTheHole) {
   RankSequence s = Replaying(10, 14);  // 11, 12, 13 missing
   EXPECT_TRUE(s.replaying());
   // Engines replay their buffer from the sequence asked for, on past the hole.
-  EXPECT_FALSE(s.AcceptReplayed(10));  // before the hole
-  EXPECT_TRUE(s.AcceptReplayed(11));
-  EXPECT_FALSE(s.AcceptReplayed(13));  // out of order: 12 comes first
-  EXPECT_TRUE(s.AcceptReplayed(12));
-  EXPECT_TRUE(s.AcceptReplayed(13));
-  EXPECT_FALSE(s.AcceptReplayed(14));  // the live message held by the caller
-  EXPECT_TRUE(s.FinishReplay());       // complete
+  EXPECT_EQ(s.AcceptReplayed(9, D(9)), R::kSkip);    // before the check
+  EXPECT_EQ(s.AcceptReplayed(10, D(10)), R::kSkip);  // the check: the same engine
+  EXPECT_EQ(s.AcceptReplayed(11, D(11)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(11, D(11)), R::kSkip);  // again
+  EXPECT_EQ(s.AcceptReplayed(12, D(12)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(13, D(13)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(14, D(14)), R::kSkip);  // the live message held by the caller
+  EXPECT_EQ(s.FinishReplay(true), O::kComplete);
   EXPECT_FALSE(s.replaying());
   EXPECT_EQ(s.Observe(14).action, A::kApply);  // the held message, then on
   EXPECT_EQ(s.Observe(15).action, A::kApply);
@@ -80,17 +113,60 @@ TEST(RankSequence, AReplayAcceptsOnlyWhatFillsTheHole) {
 
 TEST(RankSequence, AShortReplayGivesUpOnTheRest) {
   RankSequence s = Replaying(1, 5);
-  EXPECT_TRUE(s.AcceptReplayed(2));
-  EXPECT_FALSE(s.FinishReplay());  // 3 and 4 never came (or the replay timed out): clear
+  EXPECT_EQ(s.AcceptReplayed(1, D(1)), R::kSkip);
+  EXPECT_EQ(s.AcceptReplayed(2, D(2)), R::kApply);
+  EXPECT_EQ(s.FinishReplay(false), O::kShort);  // timed out before 3 and 4: clear
   EXPECT_EQ(s.next(), 5u);
   EXPECT_EQ(s.Observe(5).action, A::kApply);
-  EXPECT_FALSE(s.AcceptReplayed(6));  // no replay in progress
+  EXPECT_EQ(s.AcceptReplayed(6, D(6)), R::kSkip);  // no replay in progress
+}
+
+// Issue 19: an engine that skips numbers (nothing lost) made the replay come back short and the
+// worker was cleared. The check proves the buffer reaches back past the hole, so what the
+// replay does not have never existed.
+TEST(RankSequence, NumbersTheEngineSkippedAreNoLoss) {
+  RankSequence s = Replaying(1, 6);  // 2..5 missing; the engine published 3 and 5 only
+  EXPECT_EQ(s.AcceptReplayed(1, D(1)), R::kSkip);  // the check
+  EXPECT_EQ(s.AcceptReplayed(3, D(3)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(5, D(5)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(6, D(6)), R::kSkip);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kComplete);
+  EXPECT_EQ(s.Observe(6, D(6)).action, A::kApply);
+  // Not when the engine's end marker did not come (timed out): then nothing proves it.
+  RankSequence t = Replaying(1, 6);
+  EXPECT_EQ(t.AcceptReplayed(1, D(1)), R::kSkip);
+  EXPECT_EQ(t.AcceptReplayed(3, D(3)), R::kApply);
+  EXPECT_EQ(t.FinishReplay(/*ended=*/false), O::kShort);
+}
+
+// Without the check message (the buffer no longer has it), only a contiguous run fills.
+TEST(RankSequence, WithoutTheCheckOnlyAContiguousReplayFills) {
+  RankSequence s = Replaying(1, 6);
+  EXPECT_EQ(s.AcceptReplayed(2, D(2)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(4, D(4)), R::kSkip);  // 3 missing: maybe lost
+  EXPECT_EQ(s.FinishReplay(true), O::kShort);
+}
+
+// Issue 19: a restarted engine whose numbering passed the old one's looks like a gap; the
+// replay from the new engine must not be applied on the old one's blocks.
+TEST(RankSequence, AnotherEnginesCheckMessageFailsTheReplay) {
+  RankSequence s = Replaying(3, 7);
+  EXPECT_EQ(s.AcceptReplayed(3, 999), R::kRestarted);  // not what was heard as 3
+  EXPECT_EQ(s.AcceptReplayed(4, D(4)), R::kSkip);
+  EXPECT_EQ(s.AcceptReplayed(5, D(5)), R::kSkip);
+  EXPECT_EQ(s.FinishReplay(true), O::kShort);
+  // The repair: the whole history of the new engine, from 0.
+  s.BeginReplayFromStart(7);
+  EXPECT_EQ(s.AcceptReplayed(0, 1), R::kApply);
+  for (uint64_t seq = 1; seq < 7; ++seq) EXPECT_EQ(s.AcceptReplayed(seq, 1), R::kApply);
+  EXPECT_EQ(s.FinishReplay(true), O::kCompleteFromStart);
+  EXPECT_EQ(s.Observe(7).action, A::kApply);
 }
 
 TEST(RankSequence, AGapDuringTheHeldMessagesStartsAnotherReplay) {
   RankSequence s = Replaying(1, 3);
-  EXPECT_TRUE(s.AcceptReplayed(2));
-  EXPECT_TRUE(s.FinishReplay());
+  EXPECT_EQ(s.AcceptReplayed(2, D(2)), R::kApply);
+  EXPECT_EQ(s.FinishReplay(true), O::kComplete);
   // Held: 3, 6.
   EXPECT_EQ(s.Observe(3).action, A::kApply);
   const RankSequence::Verdict v = s.Observe(6);
