@@ -67,6 +67,22 @@ inline kvr_status RequireNonNull(kvr_error** err, const void* p, const char* nam
   return p != nullptr ? KVR_OK : Fail(err, KVR_INVALID_ARGUMENT, std::string(name) + " is NULL");
 }
 
+// Sets `*len` to `needed`: KVR_OK when a caller buffer of `cap` entries at `out` takes them,
+// KVR_BUFFER_TOO_SMALL (naming `what`) when not. Callers that know the size before computing
+// the entries check first, so that a short buffer costs nothing.
+inline kvr_status CheckCapacity(kvr_error** err, size_t needed, const void* out, size_t cap,
+                                size_t* len, const char* what) {
+  if (kvr_status s = RequireNonNull(err, len, "len")) return s;
+  if (cap > 0 && out == nullptr) return RequireNonNull(err, out, "out");
+  *len = needed;
+  if (needed > cap) {
+    return Fail(err, KVR_BUFFER_TOO_SMALL,
+                std::string(what) + " needs " + std::to_string(needed) +
+                    " entries; the buffer has " + std::to_string(cap));
+  }
+  return KVR_OK;
+}
+
 // Each of `rows`, converted, into a caller buffer of `cap` entries; `*len` is how many there
 // are (KVR_BUFFER_TOO_SMALL, nothing written, when they do not fit). `convert` returns the
 // entry, or fills it in place (convert(row, entry)), which the hot per-rank rows use (passed
@@ -74,14 +90,7 @@ inline kvr_status RequireNonNull(kvr_error** err, const void* p, const char* nam
 template <typename T, typename Rows, typename Convert>
 kvr_status ConvertOut(kvr_error** err, const Rows& rows, const Convert& convert, T* out, size_t cap,
                       size_t* len, const char* what) {
-  if (kvr_status s = RequireNonNull(err, len, "len")) return s;
-  if (cap > 0 && out == nullptr) return RequireNonNull(err, out, "out");
-  *len = rows.size();
-  if (rows.size() > cap) {
-    return Fail(err, KVR_BUFFER_TOO_SMALL,
-                std::string(what) + " needs " + std::to_string(rows.size()) +
-                    " entries; the buffer has " + std::to_string(cap));
-  }
+  if (kvr_status s = CheckCapacity(err, rows.size(), out, cap, len, what)) return s;
   for (size_t i = 0; i < rows.size(); ++i) {
     if constexpr (std::is_invocable_v<const Convert&, decltype(rows[i]), T&>) {
       convert(rows[i], out[i]);
@@ -140,7 +149,10 @@ kvr_status ApplyHints(kvr_error** err, const kvr_routing_hints* in, RouteOptions
 kvr_route_signals ToSignals(const RouteDecision& decision);
 
 // C event structs to core events, with argument checks.
-kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, KvEvent& out);
+// With the router's `block_size` (0: not known, as in a batch), more tokens than the event's
+// blocks need are refused before anything is copied.
+kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, KvEvent& out,
+                         uint32_t block_size = 0);
 kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, KvEvent& out);
 
 }  // namespace kvrouter::capi

@@ -27,6 +27,10 @@ KVR_API kvr_status kvr_compute_block_hashes(const uint32_t* tokens, size_t num_t
     if (kvr_status s = CheckFlags(err, options.flags, kKnownHashFlags, "kvr_hash_options.flags")) {
       return s;
     }
+    // The output's size is known from the counts: a short buffer is refused before hashing.
+    const size_t needed =
+        kvrouter::NumCompleteBlocks(num_tokens, block_size, (options.flags & KVR_HASH_EAGLE) != 0);
+    if (kvr_status s = CheckCapacity(err, needed, out, cap, len, "block hashes")) return s;
     std::vector<std::vector<uint64_t>> mm;
     if (kvr_status s =
             ReadMmHashes(err, options.mm_hashes, options.mm_counts, options.mm_num_blocks, mm)) {

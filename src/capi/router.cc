@@ -6,6 +6,7 @@
 #include <random>
 
 #include "capi_internal.h"
+#include "core/hashing.h"
 #include "wire/flatbuffers_codec.h"
 
 using namespace kvrouter::capi;
@@ -231,7 +232,8 @@ namespace {
 
 namespace kvrouter::capi {
 
-kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvrouter::KvEvent& out) {
+kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvrouter::KvEvent& out,
+                         uint32_t block_size) {
   if (kvr_status s = RequireNonNull(err, event, "event")) return s;
   kvr_stored_event in;
   if (kvr_status s = ReadVersioned(err, event, in)) return s;
@@ -244,6 +246,18 @@ kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvroute
   }
   if (in.num_tokens > 0 && in.token_ids == nullptr) {
     return RequireNonNull(err, in.token_ids, "token_ids");
+  }
+  if (block_size != 0 && in.local_hashes == nullptr) {
+    // Tokens past the blocks' would be copied and hashed only to be refused.
+    const bool eagle = (in.flags & KVR_STORED_EAGLE) != 0;
+    const size_t most = kvrouter::NumCompleteBlocks(SIZE_MAX, block_size, eagle);
+    const size_t usable = in.num_blocks >= most ? SIZE_MAX : in.num_blocks * block_size + eagle;
+    if (in.num_tokens > usable) {
+      return FailInvalid(err, "kvr_stored_event has " + std::to_string(in.num_tokens) +
+                                  " tokens but its " + std::to_string(in.num_blocks) +
+                                  " blocks of " + std::to_string(block_size) + " take at most " +
+                                  std::to_string(usable));
+    }
   }
   kvrouter::StoredEvent stored;
   if (in.flags & KVR_STORED_HAS_PARENT) stored.parent_hash = in.parent_hash;
@@ -495,7 +509,7 @@ KVR_API kvr_status kvr_router_apply_stored(kvr_router* router, const kvr_stored_
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
     kvrouter::KvEvent core;
-    if (kvr_status s = ToStoredEvent(err, event, core)) return s;
+    if (kvr_status s = ToStoredEvent(err, event, core, router->router->block_size())) return s;
     return Apply(err, router, core);
   });
 }

@@ -377,6 +377,10 @@ absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
                   .active_requests = load.current.active_requests,
                   .prefill_tokens_per_second = load.current.prefill_tokens_per_second});
   }
+  if (candidates.empty() && !loads.empty() && !prepared.allowed_worker_ids.empty()) {
+    return absl::UnavailableError(
+        "none of the allowed workers is registered (allowed_worker_ids names only unknown ids)");
+  }
   const SelectionInput input{.prompt_tokens = prepared.prompt_tokens,
                              .block_size = block_size,
                              .candidates = candidates,

@@ -6,6 +6,13 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvrouter {
+namespace {
+
+// The most data-parallel ranks one worker may have (each rank has its own load record, index
+// table and candidate row): checked before anything is allocated for them.
+constexpr uint32_t kMaxDpSize = 1024;
+
+}  // namespace
 
 std::vector<WorkerKey> RanksOf(const WorkerConfig& config) {
   std::vector<WorkerKey> ranks;
@@ -25,6 +32,11 @@ absl::Status WorkerRegistry::Validate(const WorkerConfig& config) const {
   if (config.dp_size == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", config.worker_id, " has dp_size 0; it needs at least one rank"));
+  }
+  if (config.dp_size > kMaxDpSize) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", config.worker_id, " has dp_size ",
+                                                   config.dp_size, "; at most ", kMaxDpSize,
+                                                   " ranks per worker"));
   }
   if (config.dp_start > std::numeric_limits<uint32_t>::max() - (config.dp_size - 1)) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", config.worker_id, " ranks ",

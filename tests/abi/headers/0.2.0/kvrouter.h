@@ -179,7 +179,8 @@ KVR_API kvr_status kvr_hash_options_init(kvr_hash_options *options, size_t size)
 
 /* Local hashes of every complete block of `tokens`. opts may be NULL. block_size 0 is
  * KVR_INVALID_ARGUMENT. Needs floor(num_tokens / block_size) entries (one token fewer with
- * eagle). @thread_safety concurrent */
+ * eagle): a shorter buffer is KVR_BUFFER_TOO_SMALL, with `*len` set, before anything is hashed.
+ * @thread_safety concurrent */
 KVR_API kvr_status kvr_compute_block_hashes(const uint32_t *tokens, size_t num_tokens,
                                             uint32_t block_size, const kvr_hash_options *opts,
                                             uint64_t *out, size_t cap, size_t *len,
@@ -303,7 +304,7 @@ typedef struct kvr_worker_config {
   uint32_t block_size; /* 0 = the router's; otherwise must equal it */
   uint64_t worker_id;
   uint32_t dp_start;               /* first data-parallel rank; default 0 */
-  uint32_t dp_size;                /* number of ranks; default 1 */
+  uint32_t dp_size;                /* number of ranks, 1..1024; default 1 */
   uint64_t total_kv_blocks;        /* 0 = not reported */
   uint64_t max_num_batched_tokens; /* 0 = not reported (queue uses 10,000,000) */
 } kvr_worker_config;
@@ -372,7 +373,9 @@ KVR_API kvr_status kvr_removed_event_init(kvr_removed_event *event, size_t size)
 
 /* Apply one event. A rejected part is reported (KVR_NOT_FOUND: unknown parent or block;
  * KVR_INVALID_ARGUMENT: broken sequence or incomplete block) and counted in the metrics, while
- * the part Dynamo applies despite it is applied. KVR_FAILED_PRECONDITION in approximate mode.
+ * the part Dynamo applies despite it is applied. More tokens than the event's blocks take
+ * (num_blocks * block_size, plus one with eagle) is KVR_INVALID_ARGUMENT before anything is
+ * copied or hashed, and nothing is applied. KVR_FAILED_PRECONDITION in approximate mode.
  * Events for workers not registered are indexed all the same (the index keys on what engines
  * say). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_apply_stored(kvr_router *router, const kvr_stored_event *event,
@@ -1008,11 +1011,13 @@ enum kvr_engine_value {
 /* An engine worker publishing KV events over ZMQ PUB. */
 typedef struct kvr_engine_worker {
   uint32_t struct_size;
-  kvr_engine engine;    /* KVR_ENGINE_*; both share the wire format, this is informational */
-  const char *endpoint; /* e.g. "tcp://10.0.0.5:5557"; rank dp_start + r on port + r */
+  kvr_engine engine; /* KVR_ENGINE_*; both share the wire format, this is informational */
+  /* "tcp://HOST:PORT" (rank dp_start + r on PORT + r: every rank's port in 1..65535) or
+   * "ipc://PATH" (rank r at PATH_dp followed by r) */
+  const char *endpoint;
   uint64_t worker_id;
   uint32_t dp_start;   /* default 0 */
-  uint32_t dp_size;    /* default 1 */
+  uint32_t dp_size;    /* 1..256 (a ZMQ socket each); default 1 */
   uint32_t block_size; /* 0 = the router's; anything else must equal it */
   uint32_t flags;      /* KVR_STORED_EAGLE: the model uses eagle block windows */
   const char *topic;   /* subscription prefix; NULL or "" = every message */
@@ -1025,8 +1030,9 @@ typedef struct kvr_engine_worker {
 KVR_API kvr_status kvr_engine_worker_init(kvr_engine_worker *worker, size_t size);
 /* Subscribes to the worker's ranks (the router's own worker registry is separate: register it
  * there too for routing). KVR_INVALID_ARGUMENT for a block size other than the router's (the
- * message names both), a bad endpoint or dp_size 0; KVR_ALREADY_EXISTS for a worker id already
- * subscribed. `*source_id` may be NULL. @thread_safety concurrent */
+ * message names both), an endpoint or replay endpoint that is not as above, or a dp_size
+ * outside 1..256; KVR_RESOURCE_EXHAUSTED if ZMQ has no socket left; KVR_ALREADY_EXISTS for a
+ * worker id already subscribed. `*source_id` may be NULL. @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest *ingest, const kvr_engine_worker *worker,
                                                 uint64_t *source_id, kvr_error **err);
 /* Unsubscribes; clear_index != 0 also drops the worker's entries from the index.

@@ -1,0 +1,158 @@
+/* The C ABI's documented limits, each checked before anything is allocated, copied or hashed
+ * (issue 19): dp_size, token counts against block counts and output buffers, struct sizes past
+ * anything a header has, engine endpoints; and the message for an allowed set naming only
+ * unknown workers. Several calls pass counts far beyond the buffers given: a library that read
+ * or allocated by them would crash or run out of memory here. */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+/* cmocka.h needs the three headers above first. */
+#include <cmocka.h>
+
+#include "test_util.h"
+
+#define BS 16
+
+static void dp_size_is_bounded(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  kvr_worker_config config;
+  (void)state;
+  kvr_worker_config_init(&config, sizeof config);
+  config.worker_id = 1;
+  config.dp_size = UINT32_MAX; /* reserved 64 GiB before it was refused */
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "at most 1024 ranks",
+                          kvr_router_add_worker(router, &config, ERRP));
+  config.dp_size = 1025;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_add_worker(router, &config, ERRP));
+  config.dp_size = 1024;
+  KVT_OK(kvr_router_add_worker(router, &config, ERRP));
+  config.dp_size = 1u << 24;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_update_worker(router, &config, ERRP));
+  kvr_router_free(router);
+}
+
+static void more_tokens_than_blocks_take_is_refused_before_copying(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  uint32_t tokens[2 * BS + 1];
+  uint64_t engine[2] = {100, 101};
+  kvr_stored_event event;
+  kvr_metrics metrics;
+  (void)state;
+  kvt_fill_tokens(tokens, 2 * BS + 1, 1);
+  kvr_stored_event_init(&event, sizeof event);
+  event.worker_id = 1;
+  event.block_hashes = engine;
+  event.num_blocks = 1;
+  event.token_ids = tokens;
+  event.num_tokens = (size_t)1 << 31; /* far past the buffer: must not be read */
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "take at most 16",
+                          kvr_router_apply_stored(router, &event, ERRP));
+  event.num_tokens = BS + 1; /* one too many */
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(router, &event, ERRP));
+  metrics = kvt_metrics(router);
+  assert_int_equal(0, metrics.index_blocks); /* nothing applied */
+  /* With eagle, one look-ahead token more is the event's own. */
+  event.flags = KVR_STORED_EAGLE;
+  KVT_OK(kvr_router_apply_stored(router, &event, ERRP));
+  /* Fewer tokens are as before: the complete blocks apply, the event is reported. */
+  event.flags = 0;
+  event.num_blocks = 2;
+  event.num_tokens = BS + 5;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(router, &event, ERRP));
+  kvr_router_free(router);
+}
+
+static void a_short_hash_buffer_is_refused_before_hashing(void** state) {
+  uint32_t tokens[BS];
+  uint64_t out[1];
+  size_t len = 0;
+  (void)state;
+  kvt_fill_tokens(tokens, BS, 1);
+  /* 2^31 tokens claimed, 16 given: hashing them would read far past the buffer. */
+  KVT_EXPECT_FAILS_SAYING(
+      KVR_BUFFER_TOO_SMALL, "needs 134217728 entries",
+      kvr_compute_block_hashes(tokens, (size_t)1 << 31, BS, NULL, out, 1, &len, ERRP));
+  assert_int_equal((size_t)1 << 27, len);
+  KVT_OK(kvr_compute_block_hashes(tokens, BS, BS, NULL, out, 1, &len, ERRP));
+  assert_int_equal(1, len);
+}
+
+/* A struct_size far past any header's is refused without reading past the library's struct:
+ * the struct here is exactly as large as this header's (a read past it is an overflow). */
+static void a_huge_struct_size_is_refused_without_reading_past_the_struct(void** state) {
+  kvr_router_options* options = (kvr_router_options*)malloc(sizeof *options);
+  kvr_router* router = NULL;
+  (void)state;
+  assert_non_null(options);
+  kvr_router_options_init(options, sizeof *options);
+  options->struct_size = 1u << 20;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "struct_size is 1048576",
+                          kvr_router_new(options, &router, ERRP));
+  assert_null(router);
+  free(options);
+}
+
+static void an_allowed_set_of_unknown_workers_says_so(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  uint32_t tokens[2 * BS];
+  const uint64_t unknown[1] = {999};
+  kvr_request_options opts;
+  kvr_route_result result;
+  (void)state;
+  kvt_add_worker(router, 1);
+  kvt_fill_tokens(tokens, 2 * BS, 1);
+  kvr_request_options_init(&opts, sizeof opts);
+  opts.allowed_worker_ids = unknown;
+  opts.num_allowed_worker_ids = 1;
+  kvr_route_result_init(&result, sizeof result);
+  KVT_EXPECT_FAILS_SAYING(
+      KVR_UNAVAILABLE, "none of the allowed workers is registered",
+      kvr_find_best_match(router, tokens, 2 * BS, &opts, &result, NULL, 0, NULL, ERRP));
+  kvr_router_free(router);
+}
+
+#if KVR_TEST_WITH_ZMQ
+static void engine_endpoints_ports_and_ranks_are_checked(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  kvr_ingest* ingest = NULL;
+  kvr_engine_worker worker;
+  (void)state;
+  KVT_OK(kvr_ingest_new(router, NULL, &ingest, ERRP));
+  kvr_engine_worker_init(&worker, sizeof worker);
+  worker.worker_id = 3;
+  worker.endpoint = "tcp://127.0.0.1:99999";
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "port in 1..65535",
+                          kvr_ingest_add_engine_worker(ingest, &worker, NULL, ERRP));
+  worker.endpoint = "tcp://127.0.0.1:65535";
+  worker.dp_size = 2; /* rank 1 would be on port 65536 */
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "past 65535",
+                          kvr_ingest_add_engine_worker(ingest, &worker, NULL, ERRP));
+  worker.endpoint = "tcp://127.0.0.1:5557";
+  worker.dp_size = 257;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "1..256",
+                          kvr_ingest_add_engine_worker(ingest, &worker, NULL, ERRP));
+  worker.dp_size = 1;
+  worker.replay_endpoint = "garbage";
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "replay_endpoint 'garbage'",
+                          kvr_ingest_add_engine_worker(ingest, &worker, NULL, ERRP));
+  worker.replay_endpoint = "tcp://127.0.0.1:5558";
+  KVT_OK(kvr_ingest_add_engine_worker(ingest, &worker, NULL, ERRP));
+  kvr_ingest_free(ingest);
+  kvr_router_free(router);
+}
+#endif
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(dp_size_is_bounded),
+    cmocka_unit_test(more_tokens_than_blocks_take_is_refused_before_copying),
+    cmocka_unit_test(a_short_hash_buffer_is_refused_before_hashing),
+    cmocka_unit_test(a_huge_struct_size_is_refused_without_reading_past_the_struct),
+    cmocka_unit_test(an_allowed_set_of_unknown_workers_says_so),
+#if KVR_TEST_WITH_ZMQ
+    cmocka_unit_test(engine_endpoints_ports_and_ranks_are_checked),
+#endif
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
