@@ -112,16 +112,21 @@ static void an_allowed_set_of_unknown_workers_says_so(void** state) {
   kvr_router_free(router);
 }
 
-#if KVR_TEST_WITH_ZMQ
+/* Issue 19: port 99999 and a replay endpoint "garbage" were accepted. */
 static void engine_endpoints_ports_and_ranks_are_checked(void** state) {
   kvr_router* router = kvt_router_new(BS, 0);
   kvr_ingest* ingest = NULL;
   kvr_engine_worker worker;
   (void)state;
-  KVT_OK(kvr_ingest_new(router, NULL, &ingest, ERRP));
   kvr_engine_worker_init(&worker, sizeof worker);
   worker.worker_id = 3;
   worker.endpoint = "tcp://127.0.0.1:99999";
+  if (kvr_ingest_new(router, NULL, &ingest, NULL) != KVR_OK ||
+      kvr_ingest_add_engine_worker(ingest, &worker, NULL, NULL) == KVR_UNIMPLEMENTED) {
+    kvr_ingest_free(ingest); /* a build without ZMQ */
+    kvr_router_free(router);
+    skip();
+  }
   KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "port in 1..65535",
                           kvr_ingest_add_engine_worker(ingest, &worker, NULL, ERRP));
   worker.endpoint = "tcp://127.0.0.1:65535";
@@ -141,18 +146,15 @@ static void engine_endpoints_ports_and_ranks_are_checked(void** state) {
   kvr_ingest_free(ingest);
   kvr_router_free(router);
 }
-#endif
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(dp_size_is_bounded),
-    cmocka_unit_test(more_tokens_than_blocks_take_is_refused_before_copying),
-    cmocka_unit_test(a_short_hash_buffer_is_refused_before_hashing),
-    cmocka_unit_test(a_huge_struct_size_is_refused_without_reading_past_the_struct),
-    cmocka_unit_test(an_allowed_set_of_unknown_workers_says_so),
-#if KVR_TEST_WITH_ZMQ
-    cmocka_unit_test(engine_endpoints_ports_and_ranks_are_checked),
-#endif
+      cmocka_unit_test(dp_size_is_bounded),
+      cmocka_unit_test(more_tokens_than_blocks_take_is_refused_before_copying),
+      cmocka_unit_test(a_short_hash_buffer_is_refused_before_hashing),
+      cmocka_unit_test(a_huge_struct_size_is_refused_without_reading_past_the_struct),
+      cmocka_unit_test(an_allowed_set_of_unknown_workers_says_so),
+      cmocka_unit_test(engine_endpoints_ports_and_ranks_are_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

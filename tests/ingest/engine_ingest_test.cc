@@ -141,6 +141,20 @@ class EngineIngestTest : public ::testing::Test {
     return stats;
   }
 
+  // `engine` (worker 5, `source`) stores the first two blocks of kPrompt in message `first`,
+  // and with `three` the third in message `first` + 1.
+  void StoreBlocks(FakeEngine& engine, uint64_t source, uint64_t first, bool three);
+
+  // The engine clears its cache in message `seq`, the source's `messages`-th: its state is known
+  // (empty) again.
+  void ExpectTheEnginesClearRestoresTrust(FakeEngine& engine, uint64_t source, uint64_t seq,
+                                          uint64_t messages);
+
+  // The engine stores three blocks from message `old_first`, then restarts (empty cache): the
+  // first message heard from the new one is `new_seq`, storing the first two blocks. The
+  // source's counters after it.
+  IngestStats Restart(FakeEngine& engine, uint64_t source, uint64_t old_first, uint64_t new_seq);
+
   uint32_t DeviceBlocks(const std::vector<uint32_t>& prompt, WorkerKey worker) {
     auto scores = router_->OverlapScores(prompt);
     if (!scores.ok()) return 0;
@@ -157,6 +171,33 @@ class EngineIngestTest : public ::testing::Test {
 };
 
 const std::vector<uint32_t> kPrompt = Range(1001, 1048);
+
+void EngineIngestTest::ExpectTheEnginesClearRestoresTrust(FakeEngine& engine, uint64_t source,
+                                                          uint64_t seq, uint64_t messages) {
+  engine.Send(seq, VllmPayload("array_all_cleared"));
+  EXPECT_EQ(0u, WaitForMessages(source, messages).state_unknown);
+  EXPECT_EQ(0u, DeviceBlocks(kPrompt, {5, 0}));
+}
+
+IngestStats EngineIngestTest::Restart(FakeEngine& engine, uint64_t source, uint64_t old_first,
+                                      uint64_t new_seq) {
+  StoreBlocks(engine, source, old_first, /*three=*/true);
+  engine.Send(new_seq, VllmPayload("map_store"));
+  const IngestStats stats = WaitForMessages(source, 3);
+  EXPECT_EQ(1u, stats.restarts);
+  EXPECT_EQ(1u, stats.recoveries);
+  EXPECT_EQ(0u, stats.gaps);
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the new engine's: the old third block is gone
+  return stats;
+}
+
+void EngineIngestTest::StoreBlocks(FakeEngine& engine, uint64_t source, uint64_t first,
+                                   bool three) {
+  engine.Send(first, VllmPayload("array_store_dp_medium"));
+  if (three) engine.Send(first + 1, VllmPayload("array_store_continuation"));
+  WaitForMessages(source, three ? 2 : 1);
+  ASSERT_EQ(three ? 3u : 2u, DeviceBlocks(kPrompt, {5, 0}));
+}
 
 TEST_F(EngineIngestTest, VllmEventsOverTcpReachTheIndex) {
   FakeEngine& engine = Engine("tcp://127.0.0.1:*");
@@ -191,12 +232,10 @@ TEST_F(EngineIngestTest, LagIsMeasuredFromTheEngineTimestamp) {
 TEST_F(EngineIngestTest, GapClearsAndFlagsThenEngineClearRestoresTrust) {
   FakeEngine& engine = Engine("tcp://127.0.0.1:*");
   const uint64_t source = Subscribe(engine, 5);
-  engine.Send(0, VllmPayload("array_store_dp_medium"));
-  WaitForMessages(source, 1);
-  ASSERT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+  StoreBlocks(engine, source, 0, /*three=*/false);
   // Messages 1..3 are lost: the index can no longer vouch for worker 5.
   engine.Send(4, VllmPayload("map_store_continuation"));
-  IngestStats stats = WaitForMessages(source, 2);
+  const IngestStats stats = WaitForMessages(source, 2);
   EXPECT_EQ(1u, stats.gaps);
   EXPECT_EQ(3u, stats.missed_messages);
   EXPECT_EQ(1u, stats.recoveries);
@@ -204,10 +243,7 @@ TEST_F(EngineIngestTest, GapClearsAndFlagsThenEngineClearRestoresTrust) {
   EXPECT_EQ(0u, DeviceBlocks(kPrompt, {5, 0}));  // cleared, not trusted
   // The continuation's parent was cleared with the rest: refused by the index.
   EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kIndexRejected)]);
-  // The engine clears its cache: its state is known (empty) again.
-  engine.Send(5, VllmPayload("array_all_cleared"));
-  stats = WaitForMessages(source, 3);
-  EXPECT_EQ(0u, stats.state_unknown);
+  ExpectTheEnginesClearRestoresTrust(engine, source, 5, 3);
 }
 
 // Issue 19: an engine restarted while the subscriber reconnected, its first messages lost: its
@@ -215,38 +251,17 @@ TEST_F(EngineIngestTest, GapClearsAndFlagsThenEngineClearRestoresTrust) {
 TEST_F(EngineIngestTest, RestartIsRecognisedWhenItsFirstMessagesWereLost) {
   FakeEngine& engine = Engine("tcp://127.0.0.1:*");
   const uint64_t source = Subscribe(engine, 5);
-  engine.Send(10, VllmPayload("array_store_dp_medium"));
-  engine.Send(11, VllmPayload("array_store_continuation"));
-  WaitForMessages(source, 2);
-  ASSERT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));
-  // The new engine's 0..3 were lost; its 4 stores the first two blocks.
-  engine.Send(4, VllmPayload("map_store"));
-  IngestStats stats = WaitForMessages(source, 3);
-  EXPECT_EQ(1u, stats.restarts);
+  const IngestStats stats = Restart(engine, source, 10, 4);  // the new engine's 0..3 were lost
   EXPECT_EQ(4u, stats.missed_messages);
   EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kStaleSequence)]);
-  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the old engine's third block is gone
-  EXPECT_EQ(1u, stats.state_unknown);            // what 0..3 did is unknown
-  engine.Send(5, VllmPayload("array_all_cleared"));
-  stats = WaitForMessages(source, 4);
-  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(1u, stats.state_unknown);  // what 0..3 did is unknown
+  ExpectTheEnginesClearRestoresTrust(engine, source, 5, 4);
 }
 
 TEST_F(EngineIngestTest, PublisherRestartIsRecognised) {
   FakeEngine& engine = Engine("tcp://127.0.0.1:*");
   const uint64_t source = Subscribe(engine, 5);
-  engine.Send(0, VllmPayload("array_store_dp_medium"));
-  engine.Send(1, VllmPayload("array_store_continuation"));
-  WaitForMessages(source, 2);
-  ASSERT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));
-  // The engine restarts (empty cache, sequence from 0) and caches the first two blocks again.
-  engine.Send(0, VllmPayload("map_store"));
-  const IngestStats stats = WaitForMessages(source, 3);
-  EXPECT_EQ(1u, stats.restarts);
-  EXPECT_EQ(1u, stats.recoveries);
-  EXPECT_EQ(0u, stats.gaps);
-  EXPECT_EQ(0u, stats.state_unknown);
-  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the converged true state
+  EXPECT_EQ(0u, Restart(engine, source, 0, 0).state_unknown);  // heard from its message 0
 }
 
 TEST_F(EngineIngestTest, MalformedMessagesAreCountedAndTheNextOnesApply) {
@@ -444,10 +459,7 @@ const std::vector<uint8_t> kEmptyBatch = {0x92, 0x01, 0x90};
 // its replay was applied on top of the dead engine's blocks.
 TEST_F(ReplayingEngineTest, ARestartThatLooksLikeAGapIsNotReplayedOntoTheOldBlocks) {
   Start();
-  engine_->Send(0, VllmPayload("array_store_dp_medium"));     // blocks 1, 2
-  engine_->Send(1, VllmPayload("array_store_continuation"));  // block 3
-  WaitForMessages(source_, 2);
-  ASSERT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));
+  StoreBlocks(*engine_, source_, 0, /*three=*/true);
   // A new engine: 0 stores blocks 1 and 2, 1 clears, 2 stores them again; 3 arrives live.
   engine_->Send(3, kEmptyBatch);
   ASSERT_EQ(1u, replay_->ReceiveRequest().value_or(99));  // the check: message 1
@@ -471,8 +483,7 @@ TEST_F(ReplayingEngineTest, ARestartThatLooksLikeAGapIsNotReplayedOntoTheOldBloc
 // worker was cleared.
 TEST_F(ReplayingEngineTest, ASkipWithNothingLostIsNoLoss) {
   Start();
-  engine_->Send(0, VllmPayload("array_store_dp_medium"));
-  WaitForMessages(source_, 1);
+  StoreBlocks(*engine_, source_, 0, /*three=*/false);
   engine_->Send(3, VllmPayload("array_store_continuation"));  // 1 and 2 were never published
   ASSERT_EQ(0u, replay_->ReceiveRequest().value_or(99));
   replay_->Reply(0, VllmPayload("array_store_dp_medium"));
@@ -488,8 +499,7 @@ TEST_F(ReplayingEngineTest, ASkipWithNothingLostIsNoLoss) {
 // history, asked for from message 0, repairs it.
 TEST_F(ReplayingEngineTest, AFlaggedWorkerIsRepairedByAFullReplay) {
   Start(/*timeout_ms=*/200);
-  engine_->Send(0, VllmPayload("array_store_dp_medium"));
-  WaitForMessages(source_, 1);
+  StoreBlocks(*engine_, source_, 0, /*three=*/false);
   engine_->Send(2, VllmPayload("array_remove_full_schema"));  // removes block 3, stored by 1
   ASSERT_EQ(0u, replay_->ReceiveRequest().value_or(99));      // not answered: times out
   ASSERT_EQ(0u, replay_->ReceiveRequest().value_or(99));      // the repair
@@ -508,9 +518,7 @@ TEST_F(ReplayingEngineTest, AFlaggedWorkerIsRepairedByAFullReplay) {
 TEST_F(EngineIngestTest, AnUnknownEventTypeIsSkippedAndTheRestOfTheBatchApplies) {
   FakeEngine& engine = Engine("tcp://127.0.0.1:*");
   const uint64_t source = Subscribe(engine, 5);
-  engine.Send(0, VllmPayload("array_store_dp_medium"));
-  WaitForMessages(source, 1);
-  ASSERT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+  StoreBlocks(engine, source, 0, /*three=*/false);
   // [1, [["SomethingNew"], ["AllBlocksCleared"]]]
   std::vector<uint8_t> payload = {0x92, 0x01, 0x92, 0x91, 0xac};
   for (char c : std::string("SomethingNew")) payload.push_back(static_cast<uint8_t>(c));
