@@ -57,7 +57,8 @@ cmake -S . -B build/tsan -G Ninja -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF \
   -DKVR_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_SANITIZE=thread >/dev/null
 cmake --build build/tsan -j "$jobs" --target core_concurrency_tests capi_concurrency_test \
   router_model_concurrency_test ingest_tests
-TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+# libzmq is not instrumented: its internal hand-overs are suppressed (tests/ingest/tsan.supp).
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/ingest/tsan.supp \
   ctest --test-dir build/tsan -L concurrency -j "$jobs" --timeout 900
 
 echo "== libFuzzer: every input surface, ${KVR_FUZZ_SECONDS:-20} s each =="
