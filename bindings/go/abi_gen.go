@@ -1233,6 +1233,7 @@ type cIngestStats struct {
 	LagLastUs       uint64
 	Published       uint64
 	PublishFailures uint64
+	LastReject      [128]int8
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -1254,6 +1255,9 @@ func (g *cIngestStats) store(c *C.kvr_ingest_stats) {
 	c.lag_last_us = C.uint64_t(g.LagLastUs)
 	c.published = C.uint64_t(g.Published)
 	c.publish_failures = C.uint64_t(g.PublishFailures)
+	for i := 0; i < 128; i++ {
+		c.last_reject[i] = C.char(g.LastReject[i])
+	}
 }
 
 // load reads the mirrored fields from c.
@@ -1275,6 +1279,9 @@ func (g *cIngestStats) load(c *C.kvr_ingest_stats) {
 	g.LagLastUs = uint64(c.lag_last_us)
 	g.Published = uint64(c.published)
 	g.PublishFailures = uint64(c.publish_failures)
+	for i := 0; i < 128; i++ {
+		g.LastReject[i] = int8(c.last_reject[i])
+	}
 }
 
 // initIngestStats has the library set c's defaults for the layout of kvr_ingest_stats this package
@@ -1307,5 +1314,5 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_prefill_result{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_ingest_options{})) - 16
 	_ = uint64(unsafe.Sizeof(C.kvr_engine_worker{})) - 56
-	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 176
+	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 304
 )

@@ -44,6 +44,17 @@ func number(v reflect.Value) (float64, bool) {
 
 // sameValue compares two fields: numbers by value (NaN equal to NaN), arrays deeply.
 func sameValue(a, b reflect.Value) bool {
+	// A C char buffer (a NUL-terminated string) and its Go string.
+	if a.Kind() == reflect.String && b.Kind() == reflect.Array {
+		a, b = b, a
+	}
+	if a.Kind() == reflect.Array && b.Kind() == reflect.String {
+		chars := make([]int8, a.Len())
+		for i := range chars {
+			chars[i] = int8(a.Index(i).Int())
+		}
+		return text(chars) == b.String()
+	}
 	if a.Kind() == reflect.Array || b.Kind() == reflect.Array {
 		return reflect.DeepEqual(a.Interface(), b.Interface())
 	}

@@ -286,6 +286,9 @@ type IngestStats struct {
 	LagTotal   time.Duration // their lags summed
 	LagMax     time.Duration // the largest
 	LagLast    time.Duration // the most recent message's
+	// The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty
+	// if none was given; for all sources together, the most recent of them all.
+	LastReject string
 }
 
 // MeanLag returns LagTotal / LagSamples (0 without samples).
@@ -297,6 +300,18 @@ func (s IngestStats) MeanLag() time.Duration {
 }
 
 func micros(us uint64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// text reads a NUL-terminated string out of a fixed char buffer of the C ABI.
+func text(chars []int8) string {
+	b := make([]byte, 0, len(chars))
+	for _, c := range chars {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
 
 // Stats returns a source's counters; sourceID 0 sums every source (removed ones included).
 // ErrNotFound for an unknown id.
@@ -333,6 +348,7 @@ func ingestStatsFrom(m *cIngestStats) IngestStats {
 		LagSamples:      m.LagSamples,
 		LagTotal:        micros(m.LagTotalUs),
 		LagMax:          micros(m.LagMaxUs),
+		LastReject:      text(m.LastReject[:]),
 		LagLast:         micros(m.LagLastUs),
 	}
 }

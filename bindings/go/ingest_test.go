@@ -83,6 +83,9 @@ func TestIngestUnixSocketWithPublisher(t *testing.T) {
 	if s.Rejected[RejectBadFlatBuffers] != 1 || s.EventsApplied != 3 || s.Connections != 1 {
 		t.Errorf("stats after a bad frame: %+v", s)
 	}
+	if !strings.Contains(s.LastReject, "file identifier") { // the reason, in words
+		t.Errorf("LastReject after a bad frame: %q", s.LastReject)
+	}
 	res, err = r.FindBestMatch(p, nil)
 	must(t, err)
 	if res.WorkerID == 3 {

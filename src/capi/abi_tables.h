@@ -321,6 +321,7 @@ struct FieldEnds<kvr_ingest_stats> {
       offsetof(kvr_ingest_stats, lag_last_us) + sizeof(kvr_ingest_stats::lag_last_us),
       offsetof(kvr_ingest_stats, published) + sizeof(kvr_ingest_stats::published),
       offsetof(kvr_ingest_stats, publish_failures) + sizeof(kvr_ingest_stats::publish_failures),
+      offsetof(kvr_ingest_stats, last_reject) + sizeof(kvr_ingest_stats::last_reject),
   };
 };
 

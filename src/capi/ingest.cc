@@ -42,6 +42,13 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   out.lag_last_us = s.lag_last_us;
   out.published = s.published;
   out.publish_failures = s.publish_failures;
+  // Cut to fit with its NUL, not inside a UTF-8 sequence (an engine's tag may be any text).
+  size_t n = std::min(s.last_reject.size(), sizeof out.last_reject - 1);
+  if (n < s.last_reject.size()) {
+    while (n > 0 && (static_cast<unsigned char>(s.last_reject[n]) & 0xC0) == 0x80) --n;
+  }
+  std::memcpy(out.last_reject, s.last_reject.data(), n);
+  out.last_reject[n] = '\0';
   return out;
 }
 

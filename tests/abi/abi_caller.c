@@ -954,7 +954,7 @@ static void ingest_options_engine_worker_and_stats(void) {
   X(kvr_prefill_result, cached_tokens)                 \
   X(kvr_ingest_options, reserved)                      \
   X(kvr_engine_worker, replay_endpoint)                \
-  X(kvr_ingest_stats, publish_failures)                \
+  X(kvr_ingest_stats, last_reject)                     \
   X(kvr_candidate, reserved)                           \
   X(kvr_overlap, reserved)                             \
   X(kvr_potential_load, reserved)

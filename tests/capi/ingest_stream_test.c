@@ -229,6 +229,9 @@ static void bad_frames_are_rejected_and_counted(void** state) {
     KVT_OK(kvr_publisher_send(good, orphan, ERRP));
     stats = wait_messages(f->ingest, source, 3);
     assert_int_equal(1, stats.rejected[KVR_INGEST_REJECT_INDEX]);
+    /* The most recent reject's reason, in the index's words (for source 0 too). */
+    assert_non_null(strstr(stats.last_reject, "parent block 424242 not found"));
+    assert_string_equal(stats.last_reject, stats_of(f->ingest, 0).last_reject);
     kvr_event_batch_free(orphan);
   }
   /* The totals (source 0) include this source. */

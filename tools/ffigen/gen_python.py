@@ -302,7 +302,9 @@ def _stubs(m: Model) -> str:
         for f in s.fields:
             if f.name == "struct_size" or f.name.startswith("reserved") or _kind(f.type) == "PTR":
                 continue
-            if f.type.kind == "array":
+            if _kind(f.type) == "TEXT":
+                t = "str"
+            elif f.type.kind == "array":
                 t = "Tuple[Tuple[int, ...], ...]" if len(f.type.dims) == 2 else "Tuple[int, ...]"
             elif f.type.typedef in enums:
                 t = f"Union[{enums[f.type.typedef]}, int]"
@@ -315,9 +317,11 @@ def _stubs(m: Model) -> str:
 def _kind(t: CType) -> str:
     """How the extension reads and writes a field: its C type as one word."""
     if t.kind == "array":
+        if t.element.spelling == "char" and len(t.dims) == 1:
+            return "TEXT"  # a NUL-terminated string in a fixed buffer: a Python str
         element = _kind(t.element)
         if element != "U64":
-            raise SystemExit(f"ffigen: gen_python knows arrays of uint64_t only, not {t.spelling}")
+            raise SystemExit(f"ffigen: gen_python knows arrays of uint64_t and char only, not {t.spelling}")
         return "U64_ARRAY"
     if t.kind in ("pointer", "function_pointer"):
         return "PTR"

@@ -286,7 +286,8 @@
   F(kvr_ingest_stats, lag_max_us, U64, 0, 0)       \
   F(kvr_ingest_stats, lag_last_us, U64, 0, 0)      \
   F(kvr_ingest_stats, published, U64, 0, 0)        \
-  F(kvr_ingest_stats, publish_failures, U64, 0, 0)
+  F(kvr_ingest_stats, publish_failures, U64, 0, 0) \
+  F(kvr_ingest_stats, last_reject, TEXT, 0, 0)
 
 /* Each X-macro list's ENTRY(name, value, description), which names the enumeration
  * constant the list made (the prefixes differ from list to list). */

@@ -82,7 +82,8 @@ static PyObject* closed(const char* what) {
 
 /* ---- Field tables ------------------------------------------------------------------------- */
 
-enum kind { KIND_U32, KIND_I32, KIND_U64, KIND_I64, KIND_F64, KIND_PTR, KIND_U64_ARRAY };
+/* KIND_TEXT: a char array holding a NUL-terminated string (read only: results). */
+enum kind { KIND_U32, KIND_I32, KIND_U64, KIND_I64, KIND_F64, KIND_PTR, KIND_U64_ARRAY, KIND_TEXT };
 
 typedef struct {
   const char* name;
@@ -189,6 +190,11 @@ static PyObject* read_field(const field_desc* f, const char* base) {
       double x;
       memcpy(&x, p, 8);
       v = PyFloat_FromDouble(x);
+      break;
+    }
+    case KIND_TEXT: { /* up to its NUL, or the whole buffer; bytes that are not UTF-8 replaced */
+      const char* end = memchr(p, '\0', f->size);
+      v = PyUnicode_DecodeUTF8(p, end ? (Py_ssize_t)(end - p) : (Py_ssize_t)f->size, "replace");
       break;
     }
     case KIND_U64_ARRAY: {
@@ -346,7 +352,7 @@ static int from_result(const struct_desc* sd, void* c, PyObject* r) {
   }
   for (i = 0; i < sd->num_fields; ++i) {
     if (!is_value_field(&sd->fields[i])) continue;
-    if (sd->fields[i].kind == KIND_U64_ARRAY) {
+    if (sd->fields[i].kind == KIND_U64_ARRAY || sd->fields[i].kind == KIND_TEXT) {
       PyErr_SetString(PyExc_TypeError, "array fields cannot be lowered");
       return -1;
     }

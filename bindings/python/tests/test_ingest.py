@@ -187,6 +187,12 @@ def test_vllm_engine_over_zmq(router):
             seq += 1
             wait_for("the bad payload counted",
                      lambda: ingest.stats(source).rejected[kvrouter.IngestReject.BAD_MSGPACK] == 1)
+            # An event of a type this library does not know is skipped alone, with its reason.
+            send([["SomethingNew", 1], ["BlockRemoved", [12], "GPU"]])
+            wait_for("the removal beside it", lambda: device_blocks(router, p, 3) == 1)
+            stats = ingest.stats(source)
+            assert stats.rejected[kvrouter.IngestReject.BAD_MSGPACK] == 2
+            assert stats.last_reject == "event 0: unknown event tag 'SomethingNew'"
             with pytest.raises(kvrouter.AlreadyExistsError):
                 ingest.add_engine_worker(kvrouter.EngineWorker(f"tcp://127.0.0.1:{port}", 3))
             ingest.remove_engine_worker(3, clear_index=True)

@@ -715,7 +715,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_ingest_stats': (
-        176,
+        304,
         (
             ('struct_size', 0, 4),
             ('state_unknown', 4, 4),
@@ -733,6 +733,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('lag_last_us', 152, 8),
             ('published', 160, 8),
             ('publish_failures', 168, 8),
+            ('last_reject', 176, 128),
         ),
     ),
 }

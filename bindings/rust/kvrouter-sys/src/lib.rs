@@ -350,7 +350,7 @@ pub struct kvr_worker_config {
     pub worker_id: u64,
     /// first data-parallel rank; default 0
     pub dp_start: u32,
-    /// number of ranks; default 1
+    /// number of ranks, 1..1024; default 1
     pub dp_size: u32,
     /// 0 = not reported
     pub total_kv_blocks: u64,
@@ -694,12 +694,13 @@ pub struct kvr_engine_worker {
     pub struct_size: u32,
     /// KVR_ENGINE_*; both share the wire format, this is informational
     pub engine: kvr_engine,
-    /// e.g. "tcp://10.0.0.5:5557"; rank dp_start + r on port + r
+    /// "tcp://HOST:PORT" (rank dp_start + r on PORT + r: every rank's port in 1..65535) or
+    /// "ipc://PATH" (rank r at PATH_dp followed by r)
     pub endpoint: *const c_char,
     pub worker_id: u64,
     /// default 0
     pub dp_start: u32,
-    /// default 1
+    /// 1..256 (a ZMQ socket each); default 1
     pub dp_size: u32,
     /// 0 = the router's; anything else must equal it
     pub block_size: u32,
@@ -745,6 +746,11 @@ pub struct kvr_ingest_stats {
     /// Replica sync (kvr_ingest_sync_replicas): changes published, and those the client refused
     pub published: u64,
     pub publish_failures: u64,
+    /// Appended in 0.2.0: the most recent reject's reason in words, NUL-terminated and cut to fit
+    /// (e.g. "event 1: unknown event tag 'SomethingNew'", "the connection closed inside a frame (14
+    /// bytes of it received)"); empty when none was given. For source 0: the most recent over every
+    /// source. A caller whose struct ends before it does not get it.
+    pub last_reject: [c_char; 128],
 }
 
 // ---- Functions ----------------------------------------------------------------------------
@@ -789,7 +795,8 @@ extern "C" {
     pub fn kvr_hash_options_init(options: *mut kvr_hash_options, size: usize) -> kvr_status;
     /// Local hashes of every complete block of `tokens`. opts may be NULL. block_size 0 is
     /// KVR_INVALID_ARGUMENT. Needs floor(num_tokens / block_size) entries (one token fewer with
-    /// eagle). @thread_safety concurrent
+    /// eagle): a shorter buffer is KVR_BUFFER_TOO_SMALL, with `*len` set, before anything is
+    /// hashed. @thread_safety concurrent
     pub fn kvr_compute_block_hashes(
         tokens: *const u32,
         num_tokens: usize,
@@ -863,7 +870,9 @@ extern "C" {
     pub fn kvr_removed_event_init(event: *mut kvr_removed_event, size: usize) -> kvr_status;
     /// Apply one event. A rejected part is reported (KVR_NOT_FOUND: unknown parent or block;
     /// KVR_INVALID_ARGUMENT: broken sequence or incomplete block) and counted in the metrics, while
-    /// the part Dynamo applies despite it is applied. KVR_FAILED_PRECONDITION in approximate mode.
+    /// the part Dynamo applies despite it is applied. More tokens than the event's blocks take
+    /// (num_blocks * block_size, plus one with eagle) is KVR_INVALID_ARGUMENT before anything is
+    /// copied or hashed, and nothing is applied. KVR_FAILED_PRECONDITION in approximate mode.
     /// Events for workers not registered are indexed all the same (the index keys on what engines
     /// say). @thread_safety concurrent
     pub fn kvr_router_apply_stored(
@@ -1308,8 +1317,9 @@ extern "C" {
     pub fn kvr_engine_worker_init(worker: *mut kvr_engine_worker, size: usize) -> kvr_status;
     /// Subscribes to the worker's ranks (the router's own worker registry is separate: register it
     /// there too for routing). KVR_INVALID_ARGUMENT for a block size other than the router's (the
-    /// message names both), a bad endpoint or dp_size 0; KVR_ALREADY_EXISTS for a worker id already
-    /// subscribed. `*source_id` may be NULL. @thread_safety concurrent
+    /// message names both), an endpoint or replay endpoint that is not as above, or a dp_size
+    /// outside 1..256; KVR_RESOURCE_EXHAUSTED if ZMQ has no socket left; KVR_ALREADY_EXISTS for a
+    /// worker id already subscribed. `*source_id` may be NULL. @thread_safety concurrent
     pub fn kvr_ingest_add_engine_worker(
         ingest: *mut kvr_ingest,
         worker: *const kvr_engine_worker,
@@ -1671,7 +1681,7 @@ const _: () = {
     assert!(offset_of!(kvr_engine_worker, flags) == 36);
     assert!(offset_of!(kvr_engine_worker, topic) == 40);
     assert!(offset_of!(kvr_engine_worker, replay_endpoint) == 48);
-    assert!(size_of::<kvr_ingest_stats>() == 176);
+    assert!(size_of::<kvr_ingest_stats>() == 304);
     assert!(align_of::<kvr_ingest_stats>() == 8);
     assert!(offset_of!(kvr_ingest_stats, struct_size) == 0);
     assert!(offset_of!(kvr_ingest_stats, state_unknown) == 4);
@@ -1689,4 +1699,5 @@ const _: () = {
     assert!(offset_of!(kvr_ingest_stats, lag_last_us) == 152);
     assert!(offset_of!(kvr_ingest_stats, published) == 160);
     assert!(offset_of!(kvr_ingest_stats, publish_failures) == 168);
+    assert!(offset_of!(kvr_ingest_stats, last_reject) == 176);
 };

@@ -109,7 +109,7 @@ fn rust_layouts() -> Vec<Layout> {
             block_size, flags, topic, replay_endpoint }
         kvr_ingest_stats { struct_size, state_unknown, messages, events_applied, rejected, gaps,
             missed_messages, restarts, recoveries, connections, lag_samples, lag_total_us,
-            lag_max_us, lag_last_us, published, publish_failures }
+            lag_max_us, lag_last_us, published, publish_failures, last_reject }
     }
 }
 

@@ -123,7 +123,7 @@ impl RejectReason {
 }
 
 /// Counters of one source, or of every source together (`kvr_ingest_stats`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IngestStats {
     /// Ranks whose state was lost (gap) and not yet re-established.
     pub state_unknown: u32,
@@ -154,6 +154,9 @@ pub struct IngestStats {
     pub published: u64,
     /// Replica sync: changes the NATS client refused.
     pub publish_failures: u64,
+    /// The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty
+    /// if none was given; for every source together, the most recent of them all.
+    pub last_reject: String,
 }
 
 impl IngestStats {
@@ -181,6 +184,12 @@ impl From<sys::kvr_ingest_stats> for IngestStats {
             lag_last_us: s.lag_last_us,
             published: s.published,
             publish_failures: s.publish_failures,
+            // Up to the NUL (the whole buffer if none); bytes that are not UTF-8 replaced.
+            last_reject: {
+                let bytes: Vec<u8> = s.last_reject.iter().map(|&c| c as u8).collect();
+                let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+                String::from_utf8_lossy(&bytes[..end]).into_owned()
+            },
         }
     }
 }

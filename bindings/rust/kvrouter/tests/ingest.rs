@@ -111,6 +111,11 @@ fn unix_socket_events_reach_the_router_and_bad_frames_are_counted() {
     publisher.send_encoded(&encoded).unwrap();
     let stats = wait_messages(&ingest, listener.source_id, 3);
     assert_eq!(stats.rejected(RejectReason::BadFlatbuffers), 1);
+    assert!(
+        stats.last_reject.contains("file identifier"),
+        "{}",
+        stats.last_reject
+    );
     assert_eq!(stats.events_applied, 2);
     assert_eq!(device_blocks(&router, &more, 1), 2);
 

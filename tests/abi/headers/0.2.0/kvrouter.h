@@ -1115,6 +1115,11 @@ typedef struct kvr_ingest_stats {
   /* Replica sync (kvr_ingest_sync_replicas): changes published, and those the client refused */
   uint64_t published;
   uint64_t publish_failures;
+  /* Appended in 0.2.0: the most recent reject's reason in words, NUL-terminated and cut to fit
+   * (e.g. "event 1: unknown event tag 'SomethingNew'", "the connection closed inside a frame
+   * (14 bytes of it received)"); empty when none was given. For source 0: the most recent over
+   * every source. A caller whose struct ends before it does not get it. */
+  char last_reject[128];
 } kvr_ingest_stats;
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an

@@ -747,7 +747,8 @@ enum {
   ABI_INGEST_STATS_LAG_LAST_US = 19,
   ABI_INGEST_STATS_PUBLISHED = 20,
   ABI_INGEST_STATS_PUBLISH_FAILURES = 21,
-  ABI_INGEST_STATS_LEN = 22
+  ABI_INGEST_STATS_LAST_REJECT = 22,
+  ABI_INGEST_STATS_LEN = 150
 };
 
 static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) {
@@ -766,6 +767,7 @@ static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) 
   v[ABI_INGEST_STATS_LAG_LAST_US] = (jlong)c->lag_last_us;
   v[ABI_INGEST_STATS_PUBLISHED] = (jlong)c->published;
   v[ABI_INGEST_STATS_PUBLISH_FAILURES] = (jlong)c->publish_failures;
+  for (int i = 0; i < 128; ++i) v[ABI_INGEST_STATS_LAST_REJECT + i] = (jlong)c->last_reject[i];
 }
 
 static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) {
@@ -784,6 +786,7 @@ static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) 
   c->lag_last_us = (uint64_t)v[ABI_INGEST_STATS_LAG_LAST_US];
   c->published = (uint64_t)v[ABI_INGEST_STATS_PUBLISHED];
   c->publish_failures = (uint64_t)v[ABI_INGEST_STATS_PUBLISH_FAILURES];
+  for (int i = 0; i < 128; ++i) c->last_reject[i] = (char)v[ABI_INGEST_STATS_LAST_REJECT + i];
 }
 
 #endif /* KVROUTER_JNI_ABI_H */

@@ -354,6 +354,8 @@ final class Abi {
     static final int LAG_LAST_US = 19;
     static final int PUBLISHED = 20;
     static final int PUBLISH_FAILURES = 21;
-    static final int LEN = 22;
+    /** The first of 128 slots: [128], row by row. */
+    static final int LAST_REJECT = 22;
+    static final int LEN = 150;
   }
 }

@@ -96,6 +96,20 @@ public final class IngestStats {
     return a[Abi.IngestStats.PUBLISH_FAILURES];
   }
 
+  /**
+   * The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty if none
+   * was given; for every source together, the most recent of them all.
+   */
+  public String lastReject() {
+    byte[] bytes = new byte[Abi.IngestStats.LEN - Abi.IngestStats.LAST_REJECT];
+    int n = 0;
+    while (n < bytes.length && a[Abi.IngestStats.LAST_REJECT + n] != 0) {
+      bytes[n] = (byte) a[Abi.IngestStats.LAST_REJECT + n];
+      ++n;
+    }
+    return new String(bytes, 0, n, java.nio.charset.StandardCharsets.UTF_8);
+  }
+
   /** The mean lag in microseconds, or NaN without samples. */
   public double lagMeanMicros() {
     return lagSamples() == 0 ? Double.NaN : (double) lagTotalMicros() / lagSamples();

@@ -76,6 +76,8 @@ class IngestTest {
       assertEquals(1, stats.rejected(IngestReject.BAD_FLATBUFFERS));
       assertEquals(1, stats.rejected(IngestReject.INDEX));
       assertEquals(2, stats.rejectedTotal());
+      // The most recent reject's reason, in the index's words.
+      assertTrue(stats.lastReject().contains("parent block"), stats.lastReject());
       assertEquals(1, stats.connections());
       assertEquals(0, stats.gaps());
       assertEquals(0, stats.stateUnknown());
