@@ -64,7 +64,7 @@ TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/ing
 echo "== libFuzzer: every input surface, ${KVR_FUZZ_SECONDS:-20} s each =="
 # A build of its own: coverage instrumentation makes the libraries need the fuzzer runtime.
 CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DKVR_BUILD_FUZZERS=ON \
-  -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF \
+  -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=ON -DKVR_BUILD_EXAMPLES=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ_SECONDS="${KVR_FUZZ_SECONDS:-20}" >/dev/null
 cmake --build build/fuzz -j "$jobs" --target kvr_fuzzers
 ctest --test-dir build/fuzz -L fuzz --timeout 300

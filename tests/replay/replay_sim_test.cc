@@ -435,6 +435,50 @@ TEST(TraceSourceTest, BadAzureLineNamesTheLine) {
   }
 }
 
+// Found by trace_file_fuzzer: a number too large for any type escaped as nlohmann's
+// out_of_range instead of a TraceParseError naming the line.
+TEST(TraceSourceTest, AnOverflowingNumberIsAParseErrorWithItsLine) {
+  std::istringstream in(
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [0]}\n"
+      "{\"timestamp\": 0, \"input_length\": 61111111111e111111, \"output_length\": 1, "
+      "\"hash_ids\": [0]}\n");
+  try {
+    trace::ParseTrace(in, "big.jsonl");
+    FAIL() << "no error";
+  } catch (const trace::TraceParseError& e) {
+    EXPECT_EQ(e.line_number(), 2u);
+    EXPECT_NE(std::string(e.what()).find("big.jsonl:2:"), std::string::npos) << e.what();
+  }
+}
+
+// Found by trace_file_fuzzer: an Azure row of 37,395,169,051 context tokens made the reader
+// reserve block ids for all of them (584 GB). Token counts above kMaxRequestTokens are refused in
+// both formats, naming the line.
+TEST(TraceSourceTest, TokenCountsAboveTheMaximumAreParseErrors) {
+  std::istringstream azure(
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+      "2023-11-16 18:15:46.6805900,37395169051,44\n");
+  EXPECT_THROW(
+      {
+        try {
+          ParseAzureCsv(azure, "huge.csv", {});
+        } catch (const trace::TraceParseError& e) {
+          EXPECT_EQ(e.line_number(), 2u);
+          EXPECT_NE(std::string(e.what()).find("ContextTokens"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      trace::TraceParseError);
+  std::istringstream mooncake(
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 16777217, "
+      "\"hash_ids\": [0]}\n");
+  EXPECT_THROW(trace::ParseTrace(mooncake, "long.jsonl"), trace::TraceParseError);
+  std::istringstream at_the_limit(
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 16777216, "
+      "\"hash_ids\": [0]}\n");
+  EXPECT_EQ(trace::ParseTrace(at_the_limit, "ok.jsonl").size(), 1u);
+}
+
 TEST(TraceSourceTest, InfiniteCacheBoundCountsLeadingRepeats) {
   const std::vector<trace::TraceRecord> trace = {Record({0, 1}, 1024, 1), Record({0, 2}, 1024, 1)};
   // Second request: block 0 (512 tokens) hits; 2048 prompt tokens in all.

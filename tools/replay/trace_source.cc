@@ -47,6 +47,7 @@ uint64_t ParseCount(absl::string_view text, const char* column, const std::strin
         source, line,
         std::string(column) + " must be a non-negative integer, got \"" + std::string(text) + "\"");
   }
+  trace::CheckTokenCount(value, column, source, line);
   return value;
 }
 

@@ -36,6 +36,13 @@ uint64_t RequireUnsigned(const json& value, const char* what, std::string_view s
   return value.get<uint64_t>();
 }
 
+uint64_t RequireTokenCount(const json& value, const char* what, std::string_view source,
+                           size_t line) {
+  const uint64_t tokens = RequireUnsigned(value, what, source, line);
+  CheckTokenCount(tokens, what, source, line);
+  return tokens;
+}
+
 int64_t RequireInteger(const json& value, const char* what, std::string_view source, size_t line) {
   if (!value.is_number_integer()) {
     throw TraceParseError(source, line,
@@ -88,21 +95,32 @@ TraceParseError::TraceParseError(std::string_view source, size_t line_number,
     : std::runtime_error(FormatParseError(source, line_number, reason)),
       line_number_(line_number) {}
 
+void CheckTokenCount(uint64_t tokens, std::string_view what, std::string_view source,
+                     size_t line_number) {
+  if (tokens > kMaxRequestTokens) {
+    throw TraceParseError(source, line_number,
+                          std::string(what) + " " + std::to_string(tokens) + " is above " +
+                              std::to_string(kMaxRequestTokens) +
+                              " tokens, the most a request may have");
+  }
+}
+
 TraceRecord ParseTraceLine(std::string_view line, std::string_view source, size_t line_number) {
   json obj;
   try {
     obj = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // Not only syntax (parse_error): a number too large for any type is out_of_range.
     throw TraceParseError(source, line_number, std::string("invalid JSON: ") + e.what());
   }
   if (!obj.is_object()) throw TraceParseError(source, line_number, "not a JSON object");
   TraceRecord record;
   record.timestamp_ms = RequireInteger(RequireKey(obj, "timestamp", source, line_number),
                                        "timestamp", source, line_number);
-  record.input_length = RequireUnsigned(RequireKey(obj, "input_length", source, line_number),
-                                        "input_length", source, line_number);
-  record.output_length = RequireUnsigned(RequireKey(obj, "output_length", source, line_number),
-                                         "output_length", source, line_number);
+  record.input_length = RequireTokenCount(RequireKey(obj, "input_length", source, line_number),
+                                          "input_length", source, line_number);
+  record.output_length = RequireTokenCount(RequireKey(obj, "output_length", source, line_number),
+                                           "output_length", source, line_number);
   record.hash_ids =
       RequireIdArray(RequireKey(obj, "hash_ids", source, line_number), source, line_number);
   return record;

@@ -26,6 +26,11 @@ namespace kvrouter::trace {
 // Tokens per trace block (a hash_id).
 inline constexpr uint32_t kMooncakeBlockTokens = 512;
 
+// The most tokens a request may have as prompt or as output, in any trace format: 16 Mi, far
+// beyond any model's context, and low enough that a damaged trace cannot make the replay
+// allocate block ids for trillions of tokens or decode for ever.
+inline constexpr uint64_t kMaxRequestTokens = uint64_t{1} << 24;
+
 // One request of a trace.
 struct TraceRecord {
   int64_t timestamp_ms = 0;        // arrival, relative to the start of the trace
@@ -43,6 +48,11 @@ class TraceParseError : public std::runtime_error {
  private:
   size_t line_number_;
 };
+
+// Throws TraceParseError unless `tokens` (the field `what` of line `line_number`) is at most
+// kMaxRequestTokens.
+void CheckTokenCount(uint64_t tokens, std::string_view what, std::string_view source,
+                     size_t line_number);
 
 // Parses one JSON line. Unknown keys are ignored; the four known keys are required.
 // Throws TraceParseError naming `source` and `line_number`.
