@@ -120,7 +120,8 @@ Router::Router(RouterOptions options)
       queue_origin_(clock_.Now()),
       random_(options_.random != nullptr
                   ? options_.random
-                  : std::make_shared<SeededRandomSource>(options_.random_seed)),
+                  : std::make_shared<SeededRandomSource>(
+                        options_.seed_from_entropy ? EntropySeed() : options_.random_seed)),
       active_(clock_, ActiveSequencesOptions{.expiry_seconds = options_.request_expiry_seconds,
                                              .prefill_tokens_per_second =
                                                  options_.prefill_tokens_per_second}),
@@ -156,7 +157,18 @@ Router::~Router() {
 // ---------------------------------------------------------------------------------------------
 // Workers and events
 
-absl::Status Router::AddWorker(const WorkerConfig& config) {
+namespace {
+
+// A block size of 0 stands for the router's.
+WorkerConfig WithBlockSize(WorkerConfig config, uint32_t block_size) {
+  if (config.block_size == 0) config.block_size = block_size;
+  return config;
+}
+
+}  // namespace
+
+absl::Status Router::AddWorker(const WorkerConfig& given) {
+  const WorkerConfig config = WithBlockSize(given, options_.block_size);
   Completions completions;
   {
     std::lock_guard lock(gate_);
@@ -172,7 +184,7 @@ absl::Status Router::UpdateWorker(const WorkerConfig& config) {
   Completions completions;
   {
     std::lock_guard lock(gate_);
-    auto changes = registry_.Update(config);
+    auto changes = registry_.Update(WithBlockSize(config, options_.block_size));
     if (!changes.ok()) return changes.status();
     for (const WorkerKey& rank : changes->removed) RemoveRankLocked(rank);
     for (const WorkerKey& rank : changes->added) active_.AddWorker(rank);
@@ -221,6 +233,46 @@ absl::StatusOr<ApplyResult> Router::ApplyEvent(const KvEvent& event) {
   return index_->Apply(event);
 }
 
+absl::Status EventStatus(const ApplyResult& result) {
+  switch (result.error) {
+    case EventError::kNone:
+      return absl::OkStatus();
+    case EventError::kParentBlockNotFound:
+    case EventError::kBlockNotFound:
+      return absl::NotFoundError(result.message);
+    case EventError::kInvalidBlockSequence:
+    case EventError::kInvalidBlock:
+      return absl::InvalidArgumentError(result.message);
+  }
+  return absl::InternalError(result.message);
+}
+
+absl::Status Router::ApplyEvents(std::span<const KvEvent> events) {
+  absl::Status first;
+  size_t rejected = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    absl::StatusOr<ApplyResult> result = ApplyEvent(events[i]);
+    const absl::Status status = result.ok() ? EventStatus(*result) : result.status();
+    if (!status.ok() && rejected++ == 0) {
+      first = absl::Status(status.code(), absl::StrCat("event ", i, ": ", status.message()));
+    }
+    if (!result.ok()) break;  // approximate mode: none can apply
+  }
+  if (first.ok()) return first;
+  return absl::Status(first.code(),
+                      absl::StrCat(first.message(), " (", rejected, " of ", events.size(),
+                                   " events rejected, the others applied)"));
+}
+
+void Router::CountRejectedBatch() {
+  event_batches_rejected_.fetch_add(1, std::memory_order_relaxed);
+}
+
+Router::Counters Router::counters() const {
+  return {.decisions = decisions_.load(std::memory_order_relaxed),
+          .event_batches_rejected = event_batches_rejected_.load(std::memory_order_relaxed)};
+}
+
 kvrouter::IndexStats Router::IndexStats() const {
   return index_ ? index_->Stats() : approx_->Stats().index;
 }
@@ -249,6 +301,20 @@ absl::Status Router::RestoreIndex(std::span<const KvEvent> events) {
                      " snapshot events were rejected; the first: ", first_error));
   }
   return absl::OkStatus();
+}
+
+absl::Status Router::RestoreSnapshot(uint32_t snapshot_block_size,
+                                     std::span<const KvEvent> events) {
+  if (snapshot_block_size != options_.block_size) {
+    return absl::InvalidArgumentError(absl::StrCat("snapshot block size ", snapshot_block_size,
+                                                   " differs from the router's ",
+                                                   options_.block_size));
+  }
+  if (IndexStats().cached_blocks > 0) {
+    return absl::FailedPreconditionError(
+        "the router's index is not empty; restore into a new router");
+  }
+  return RestoreIndex(events);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,7 +366,7 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
 
   const BlockHashOptions hash_options{.lora_name = options.prompt.lora_name,
                                       .cache_namespace = options.prompt.cache_namespace,
-                                      .eagle = options.prompt.eagle,
+                                      .eagle = options.prompt.eagle || options_.eagle,
                                       .block_mm_hashes = options.prompt.block_mm_hashes};
   ComputeLocalBlockHashesInto(tokens, options_.block_size, hash_options, out.local_hashes);
   // Without assumed KV reuse the blocks are booked under random identities instead.
@@ -524,6 +590,7 @@ void Router::DrainQueueLocked(Completions& completions) {
   while (!queue_.empty() && !MustWaitLocked(queue_.Front().item->prepared)) {
     auto entry = queue_.PopFront();
     auto result = DecideLocked(entry.item->prepared);
+    CountDecision(result);
     if (result.ok()) result->queued = true;
     completions.push_back({std::move(entry.item->done), std::move(result)});
   }
@@ -574,7 +641,9 @@ uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& op
       ticket = next_ticket_;
       EnqueueLocked(std::make_unique<Prepared>(std::move(scratch)), std::move(done));
     } else {
-      completions.push_back({std::move(done), DecideLocked(scratch)});
+      auto result = DecideLocked(scratch);
+      CountDecision(result);
+      completions.push_back({std::move(done), std::move(result)});
     }
   }
   Run(completions);
@@ -865,6 +934,7 @@ absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,
     auto it = plans_.find(AsAbsl(options.request_id));
     if (it != plans_.end()) {
       if (it->second->deadline > clock_.Now() && active_.HasRequest(options.request_id)) {
+        decisions_.fetch_add(1, std::memory_order_relaxed);
         return it->second->decision;
       }
       // Stale (past its deadline, or its worker removed): free what is left and plan afresh.
@@ -1225,8 +1295,13 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
 Router::ReplicaStats Router::replica_stats() const {
   std::lock_guard lock(gate_);
   return {.changes_applied = replica_changes_applied_,
-          .changes_rejected = replica_changes_rejected_,
+          .changes_rejected = replica_changes_rejected_ +
+                              replica_changes_undecodable_.load(std::memory_order_relaxed),
           .active_requests = active_.CountRequests(IsReplicaRequestId)};
+}
+
+void Router::CountRejectedReplicaChange() {
+  replica_changes_undecodable_.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace kvrouter

@@ -28,6 +28,7 @@
 // periodic re-checks (e.g. to expire lost requests) calls ExpireStale() or RecheckQueue().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -66,6 +67,10 @@ inline bool IsReplicaRequestId(std::string_view request_id) {
 // InvalidArgument otherwise.
 absl::Status ValidateReplicaId(std::string_view replica_id);
 
+// A KV event's outcome (RadixIndex::Apply) as a status: OK; NotFound for a block or parent the
+// rank does not hold; InvalidArgument for a malformed event. The message is the result's.
+absl::Status EventStatus(const ApplyResult& result);
+
 // Every router-wide setting of §4 the core implements. Validated by Router::Create.
 struct RouterOptions {
   uint32_t block_size = 16;  // tokens per KV block; > 0; every worker must use the same
@@ -94,6 +99,12 @@ struct RouterOptions {
   // deadline if shorter; Commit checks its own plan exactly) and ExpirePlans. > 0.
   double plan_deadline_seconds = 30.0;
   uint64_t random_seed = 0;  // seeds the default random source
+  // Seeds the default random source from the system's entropy (EntropySeed) instead of
+  // random_seed: every router then draws differently.
+  bool seed_from_entropy = false;
+  // The model's blocks use eagle windows: every prompt is hashed so, whatever its
+  // PromptOptions::eagle says (hashing.h).
+  bool eagle = false;
   // Trees the KV index splits the workers over (RadixIndexOptions::shards), 1..64: events of
   // workers in different trees apply in parallel; every lookup walks every tree.
   uint32_t index_shards = 1;
@@ -209,7 +220,8 @@ class Router {
   uint32_t block_size() const { return options_.block_size; }
   bool approximate() const { return !options_.use_kv_events; }
 
-  // --- Workers. Adding or updating a worker may admit waiting requests. ---
+  // --- Workers. Adding or updating a worker may admit waiting requests. A block size of 0 in
+  // `config` stands for the router's. ---
   absl::Status AddWorker(const WorkerConfig& config);
   absl::Status UpdateWorker(const WorkerConfig& config);
   // Drops the worker's ranks, its active requests and its index entries. NotFound when it is not
@@ -219,6 +231,14 @@ class Router {
 
   // --- KV events (FailedPrecondition in approximate mode, which has none). ---
   absl::StatusOr<ApplyResult> ApplyEvent(const KvEvent& event);
+  // A batch's events in order, each on its own: a rejected event does not keep the others from
+  // applying. OK when every event applied (or there are none); otherwise the first rejection's
+  // code (EventStatus) and a message naming it ("event I: why") and how many of the batch were
+  // rejected. In approximate mode the first event's FailedPrecondition ends the batch.
+  absl::Status ApplyEvents(std::span<const KvEvent> events);
+  // A batch that could not be decoded reached the router (nothing of it applied): counted in
+  // counters().event_batches_rejected.
+  void CountRejectedBatch();
 
   // --- The index as a whole (snapshots, metrics). ---
   kvrouter::IndexStats IndexStats() const;
@@ -229,6 +249,10 @@ class Router {
   // many were and why the first was. Routing during a restore sees a partial index.
   // FailedPrecondition in approximate mode (its recorded blocks carry TTLs a dump lacks).
   absl::Status RestoreIndex(std::span<const KvEvent> events);
+  // RestoreIndex for a snapshot taken from another router: InvalidArgument when its block size
+  // is not this router's, FailedPrecondition when this router's index is not empty (restore
+  // into a new router); otherwise RestoreIndex(events).
+  absl::Status RestoreSnapshot(uint32_t snapshot_block_size, std::span<const KvEvent> events);
 
   // --- Routing. ---
   // Blocking: returns once decided (and, with admission, booked), or with an error:
@@ -352,6 +376,17 @@ class Router {
     uint64_t active_requests = 0;   // replicas' bookings active here now
   };
   ReplicaStats replica_stats() const;
+  // A replica change that could not be decoded: counted in replica_stats().changes_rejected.
+  void CountRejectedReplicaChange();
+
+  // --- Counters (monotonic, for metrics). ---
+  struct Counters {
+    // Successful FindBestMatch, FindBestMatchAsync and Plan calls (a plan returned again by
+    // an idempotent Plan counts again); not previews.
+    uint64_t decisions = 0;
+    uint64_t event_batches_rejected = 0;  // CountRejectedBatch
+  };
+  Counters counters() const;
 
   // --- Housekeeping (the core has no timer thread). ---
   // Drops requests older than request_expiry_seconds; may admit waiting requests. (Booking also
@@ -404,6 +439,10 @@ class Router {
                     Completions& completions);
   void RemoveRankLocked(WorkerKey rank);
   static void Run(Completions& completions);
+  // A routed request (Submit, or admitted from the queue) was decided: counters().decisions.
+  void CountDecision(const absl::StatusOr<RouteDecision>& result) {
+    if (result.ok()) decisions_.fetch_add(1, std::memory_order_relaxed);
+  }
   // Every change to a local booking goes through these three, which tell the observer.
   absl::Status AddBookingLocked(const SequenceRequest& request);
   bool MarkPrefillCompletedLocked(std::string_view request_id);
@@ -453,6 +492,9 @@ class Router {
   uint64_t observer_token_ = 0;  // of the current observer; 0 = none
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
+  std::atomic<uint64_t> replica_changes_undecodable_{0};
+  std::atomic<uint64_t> decisions_{0};
+  std::atomic<uint64_t> event_batches_rejected_{0};
 };
 
 }  // namespace kvrouter
