@@ -4,7 +4,6 @@
 
 #include <absl/status/status.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -34,10 +33,6 @@ struct kvr_router {
   // The router's clock (kvr_router_set_time); declared first: the router reads it to the end.
   kvrouter::HandDrivenClock clock;
   std::unique_ptr<kvrouter::Router> router;
-  bool eagle = false;  // the model's blocks use eagle windows: every prompt is hashed so
-  std::atomic<uint64_t> decisions{0};
-  std::atomic<uint64_t> batches_rejected{0};
-  std::atomic<uint64_t> replica_changes_undecodable{0};
 };
 
 namespace kvrouter::capi {
@@ -126,8 +121,7 @@ struct RequestOptions {
 };
 
 // kvr_request_options (NULL = defaults) to core RouteOptions, views into `out`.
-kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
-                          const kvr_request_options* opts, RequestOptions& out);
+kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, RequestOptions& out);
 // KVR_INVALID_ARGUMENT for NULL tokens with a non-zero count.
 kvr_status CheckTokens(kvr_error** err, const uint32_t* tokens, size_t num_tokens);
 

@@ -2,7 +2,6 @@
 // (usable with every kvr_router_* function) and a core DisaggRouter over them.
 #include <cstring>
 #include <memory>
-#include <random>
 #include <span>
 
 #include "capi_internal.h"
@@ -102,7 +101,7 @@ KVR_API kvr_status kvr_disagg_new(const kvr_router_options* prefill,
     if (disagg->prefill->router->block_size() != disagg->decode->router->block_size()) {
       return Fail(err, KVR_INVALID_ARGUMENT, "the prefill and decode pools' block sizes differ");
     }
-    options.random_seed = std::random_device{}();
+    options.random_seed = kvrouter::EntropySeed();
     disagg->core = std::make_unique<kvrouter::DisaggRouter>(*disagg->prefill->router,
                                                             *disagg->decode->router, options);
     *out = disagg.release();
@@ -129,7 +128,7 @@ KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* 
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, disagg->prefill, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     kvrouter::RoutingHints core_hints;
     kvr_routing_hints c;
     if (kvr_status s = ToRoutingHints(err, hints, core_hints, c)) return s;
@@ -140,7 +139,6 @@ KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* 
     result.remote = route->remote() ? 1 : 0;
     result.reason = static_cast<uint32_t>(route->placement);
     if (route->remote()) {
-      disagg->prefill->decisions.fetch_add(1, std::memory_order_relaxed);
       result.worker_id = route->decision.worker.worker_id;
       result.dp_rank = route->decision.worker.dp_rank;
       result.bootstrap_room = route->bootstrap_room;
@@ -159,14 +157,13 @@ KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg* disagg, const uint32_t* t
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, disagg->decode, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     kvrouter::RoutingHints core_hints;
     kvr_routing_hints c;
     if (kvr_status s = ToRoutingHints(err, hints, core_hints, c)) return s;
     auto decision = disagg->core->RouteDecode(std::span(tokens, num_tokens), options.route,
                                               remote_prefill != 0, core_hints);
     if (!decision.ok()) return FromStatus(err, decision.status());
-    disagg->decode->decisions.fetch_add(1, std::memory_order_relaxed);
     return WriteVersioned(err, ToSignals(*decision), out);
   });
 }
@@ -181,7 +178,7 @@ KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg* disagg, const uint
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     if (!(threshold >= 0)) return Fail(err, KVR_INVALID_ARGUMENT, "threshold must be >= 0");
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, disagg->prefill, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     auto result =
         disagg->core->PrefillWorkerBusy(std::span(tokens, num_tokens), options.route, threshold);
     if (!result.ok()) return FromStatus(err, result.status());
