@@ -1,5 +1,9 @@
-// The Router: the KV index, the per-rank load tracker, the selector, the admission queue and the
-// worker registry behind one object (shared/reference/dynamo-router.md §3-§4).
+// The Router: the KV index, the per-rank load tracker, the selector, the admission queue, the
+// worker registry and the session table behind one object (shared/reference/dynamo-router.md
+// §3-§4). Its implementation is split by concern: router.cc (construction, workers, events,
+// snapshots, views, digest), router_selection.cc (prepare, select, book), router_admission.cc
+// (entry points and the queue), router_staged.cc (plans and sessions), router_replicas.cc
+// (replica sync); router_internal.h holds what they share (docs/architecture.md).
 //
 // One request's path: tokens → local block hashes (and sequence hashes) → index lookup: per rank,
 // how much of the prompt's prefix is cached on each tier → per rank, the load it carries and would
@@ -51,6 +55,7 @@
 #include "core/random_source.h"
 #include "core/scheduler_queue.h"
 #include "core/selector.h"
+#include "core/session_table.h"
 #include "core/types.h"
 #include "core/worker_registry.h"
 
@@ -123,25 +128,6 @@ struct PromptOptions {
   bool eagle = false;
   // Multimodal hashes per block index (hashing.h).
   std::span<const std::vector<uint64_t>> block_mm_hashes;
-};
-
-// How a session's binding steers its next requests (reference §6.1, hard vs soft).
-enum class SessionMode : uint8_t {
-  // The bound rank is the exact target. If it is gone (or not allowed), the binding is
-  // dropped, selection runs once more and the session is rebound at commit.
-  kHard = 0,
-  // The bound rank is a preference inside normal selection: kept while eligible; when the
-  // request is dispatched elsewhere, the session is rebound there at commit.
-  kSoft = 1,
-};
-constexpr std::string_view SessionModeName(SessionMode mode) {
-  return mode == SessionMode::kHard ? "hard" : mode == SessionMode::kSoft ? "soft" : "unknown";
-}
-
-// A worker (and optionally one of its ranks) a request must run on.
-struct WorkerPin {
-  uint64_t worker_id = 0;
-  std::optional<uint32_t> dp_rank;  // unset: the best of the worker's ranks
 };
 
 // Per-request options of FindBestMatch and friends. Views are only read during the call.
@@ -404,9 +390,8 @@ class Router {
 
   explicit Router(RouterOptions options);
 
-  // Hashes the prompt and looks it up in the index (no router lock held).
-  absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
-                       bool for_booking, Prepared& out);
+  // router.cc: workers, events, views.
+  void RemoveRankLocked(WorkerKey rank);
   // Sorted by rank, for FindMatch.
   void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
@@ -414,49 +399,58 @@ class Router {
   void ScoresInto(std::span<const WorkerMatch> matches, const SelectorConfig& config,
                   std::vector<OverlapScore>& scores) const;
 
-  // The rest runs under gate_.
+  // router_selection.cc: one request's decision. Prepare runs without a router lock; the rest
+  // (every *Locked method, in every unit) under gate_.
+  // Hashes the prompt and looks it up in the index.
+  absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
+                       bool for_booking, Prepared& out);
+  // The load every rank would carry with the prepared prompt.
+  void PotentialLoadsLocked(const Prepared& prepared, std::vector<PotentialLoad>& out);
   absl::Status SelectLocked(const Prepared& prepared, Selection& out);
   absl::StatusOr<RouteDecision> DecideLocked(const Prepared& prepared);
   absl::Status BookLocked(const Prepared& prepared, const CandidateCost& chosen);
   // What a dispatched decision leaves behind: the approximate-index record and the session
   // binding. The only writer of both.
   void CommitDecisionLocked(const Prepared& prepared, WorkerKey worker);
-  // Resolves the session binding into a pin or a preference (hard / soft). `use` refreshes the
-  // TTL and drops a hard binding whose rank is gone; without it nothing changes.
-  void ApplySessionLocked(Prepared& prepared, bool use);
   bool IsCandidateLocked(const Prepared& prepared, WorkerKey worker) const;
   absl::Status CheckPinLocked(const Prepared& prepared) const;
-  size_t ExpirePlansLocked();
-  // Expires plans and reclaims sessions if the last sweep is old enough; true if a plan's
-  // booking was freed (the caller drains the queue).
-  bool MaybeSweepLocked();
-  size_t ReclaimSessionsLocked();
   absl::Status CheckNewRequestIdLocked(std::string_view request_id) const;
-  bool MustWaitLocked(const Prepared& prepared) const;
-  void EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback done);
-  void DrainQueueLocked(Completions& completions);
-  bool CancelLocked(std::string_view request_id, uint64_t ticket, absl::Status why,
-                    Completions& completions);
-  void RemoveRankLocked(WorkerKey rank);
-  static void Run(Completions& completions);
-  // A routed request (Submit, or admitted from the queue) was decided: counters().decisions.
-  void CountDecision(const absl::StatusOr<RouteDecision>& result) {
-    if (result.ok()) decisions_.fetch_add(1, std::memory_order_relaxed);
-  }
-  // Every change to a local booking goes through these three, which tell the observer.
-  absl::Status AddBookingLocked(const SequenceRequest& request);
-  bool MarkPrefillCompletedLocked(std::string_view request_id);
-  bool FreeBookingLocked(std::string_view request_id);
-  void NotifyLocked(const SequenceChange& change);
-  // Reset, then an Added for every local booking (the observer's full picture of this router).
-  void AnnounceBookingsLocked();
 
+  // router_admission.cc: the entry points' shared path and the admission queue.
   // Shared by the blocking and the non-blocking form: decides at once or enqueues.
   // Returns the ticket of the queued request (0 if `done` already ran or will run inline).
   uint64_t Submit(std::span<const uint32_t> tokens, const RouteOptions& options, RouteCallback done,
                   bool as_plan = false);
   absl::StatusOr<RouteDecision> Route(std::span<const uint32_t> tokens, const RouteOptions& options,
                                       bool as_plan);
+  bool MustWaitLocked(const Prepared& prepared) const;
+  void EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback done);
+  void DrainQueueLocked(Completions& completions);
+  bool CancelLocked(std::string_view request_id, uint64_t ticket, absl::Status why,
+                    Completions& completions);
+  static void Run(Completions& completions);
+  // A routed request (Submit, or admitted from the queue) was decided: counters().decisions.
+  void CountDecision(const absl::StatusOr<RouteDecision>& result) {
+    if (result.ok()) decisions_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // router_staged.cc: plans and sessions.
+  size_t ExpirePlansLocked();
+  // Expires plans and reclaims sessions if the last sweep is old enough; true if a plan's
+  // booking was freed (the caller drains the queue).
+  bool MaybeSweepLocked();
+  // Resolves the session binding into a pin or a preference (SessionTable::Steer). `use`
+  // refreshes the TTL and drops a hard binding whose rank is gone; without it nothing changes.
+  void ApplySessionLocked(Prepared& prepared, bool use);
+
+  // router_replicas.cc: every change to a local booking goes through these three, which tell
+  // the observer.
+  absl::Status AddBookingLocked(const SequenceRequest& request);
+  bool MarkPrefillCompletedLocked(std::string_view request_id);
+  bool FreeBookingLocked(std::string_view request_id);
+  void NotifyLocked(const SequenceChange& change);
+  // Reset, then an Added for every local booking (the observer's full picture of this router).
+  void AnnounceBookingsLocked();
 
   const RouterOptions options_;
   const Clock& clock_;
@@ -477,22 +471,18 @@ class Router {
     Nanos deadline = 0;
     std::unique_ptr<Prepared> prepared;  // hashes and session, for CommitDecisionLocked
   };
-  struct BoundSession {
-    WorkerKey worker;
-    Nanos ttl = 0;
-    Nanos last_used = 0;
-    bool ExpiredAt(Nanos now) const { return now - last_used >= ttl; }
-  };
   Nanos plan_deadline_;  // options_.plan_deadline_seconds until SetPlanDeadline
   Nanos last_sweep_ = 0;
   absl::flat_hash_map<std::string, std::unique_ptr<PlanRecord>> plans_;
-  absl::flat_hash_map<std::string, BoundSession> sessions_;
+  SessionTable sessions_;
+  // Replica sync.
   std::string replica_id_;
   SequenceObserver observer_;
   uint64_t observer_token_ = 0;  // of the current observer; 0 = none
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
   std::atomic<uint64_t> replica_changes_undecodable_{0};
+  // counters(): outside the gate.
   std::atomic<uint64_t> decisions_{0};
   std::atomic<uint64_t> event_batches_rejected_{0};
 };
