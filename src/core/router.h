@@ -428,6 +428,9 @@ class Router {
   void DrainQueueLocked(Completions& completions);
   bool CancelLocked(std::string_view request_id, uint64_t ticket, absl::Status why,
                     Completions& completions);
+  // Cancels the request if it is waiting (its caller gets Cancelled: `why`), else frees its
+  // booking and drains the queue. Whether it did either.
+  bool ReleaseLocked(std::string_view request_id, std::string_view why, Completions& completions);
   static void Run(Completions& completions);
   // A routed request (Submit, or admitted from the queue) was decided: counters().decisions.
   void CountDecision(const absl::StatusOr<RouteDecision>& result) {

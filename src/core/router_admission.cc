@@ -82,6 +82,14 @@ bool Router::CancelLocked(std::string_view request_id, uint64_t ticket, absl::St
   return true;
 }
 
+bool Router::ReleaseLocked(std::string_view request_id, std::string_view why,
+                           Completions& completions) {
+  if (CancelLocked(request_id, 0, absl::CancelledError(AsAbsl(why)), completions)) return true;
+  if (!FreeBookingLocked(request_id)) return false;
+  DrainQueueLocked(completions);
+  return true;
+}
+
 void Router::Run(Completions& completions) {
   for (Completion& c : completions) c.done(std::move(c.result));
   completions.clear();
@@ -232,14 +240,9 @@ bool Router::Free(std::string_view request_id) {
   {
     std::lock_guard lock(gate_);
     // A client that gives up before admission frees a request that is still waiting.
-    freed = CancelLocked(request_id, 0, absl::CancelledError("freed while waiting for admission"),
-                         completions);
+    freed = ReleaseLocked(request_id, "freed while waiting for admission", completions);
     // A request freed before its plan was committed (or aborted) needs no plan any more.
     plans_.erase(AsAbsl(request_id));
-    if (!freed) {
-      freed = FreeBookingLocked(request_id);
-      if (freed) DrainQueueLocked(completions);
-    }
   }
   Run(completions);
   return freed;

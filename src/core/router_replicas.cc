@@ -35,6 +35,16 @@ SequenceChange ChangeOf(SequenceChange::Kind kind, std::string_view request_id) 
   return change;
 }
 
+// A booking, as the change that announces it.
+SequenceChange AddedChange(const SequenceRequest& booking) {
+  return {.kind = SequenceChange::Kind::kAdded,
+          .request_id = booking.request_id,
+          .worker = booking.worker,
+          .block_ids = booking.block_ids,
+          .prefill_tokens = booking.prefill_tokens,
+          .expected_output_tokens = booking.expected_output_tokens};
+}
+
 // The name a replica's booking has here: the mark, the origin, a separator, its own id.
 std::string ReplicaRequestId(std::string_view origin, std::string_view request_id) {
   return absl::StrCat(absl::string_view(&kReplicaRequestIdMark, 1), AsAbsl(origin), "\x1f",
@@ -45,14 +55,7 @@ std::string ReplicaRequestId(std::string_view origin, std::string_view request_i
 
 absl::Status Router::AddBookingLocked(const SequenceRequest& request) {
   absl::Status status = active_.AddRequest(request);
-  if (status.ok()) {
-    NotifyLocked({.kind = SequenceChange::Kind::kAdded,
-                  .request_id = request.request_id,
-                  .worker = request.worker,
-                  .block_ids = request.block_ids,
-                  .prefill_tokens = request.prefill_tokens,
-                  .expected_output_tokens = request.expected_output_tokens});
-  }
+  if (status.ok()) NotifyLocked(AddedChange(request));
   return status;
 }
 
@@ -98,15 +101,9 @@ bool Router::ClearSequenceObserver(uint64_t token) {
 
 void Router::AnnounceBookingsLocked() {
   NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
-  active_.ForEachRequest([](std::string_view id) { return !IsReplicaRequestId(id); },
-                         [&](const SequenceRequest& booking) {
-                           NotifyLocked({.kind = SequenceChange::Kind::kAdded,
-                                         .request_id = booking.request_id,
-                                         .worker = booking.worker,
-                                         .block_ids = booking.block_ids,
-                                         .prefill_tokens = booking.prefill_tokens,
-                                         .expected_output_tokens = booking.expected_output_tokens});
-                         });
+  active_.ForEachRequest(
+      [](std::string_view id) { return !IsReplicaRequestId(id); },
+      [&](const SequenceRequest& booking) { NotifyLocked(AddedChange(booking)); });
 }
 
 absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,

@@ -101,12 +101,7 @@ bool Router::Abort(std::string_view request_id) {
   {
     std::lock_guard lock(gate_);
     const bool had_plan = plans_.erase(AsAbsl(request_id)) > 0;
-    freed = CancelLocked(request_id, 0, absl::CancelledError("aborted while waiting for admission"),
-                         completions);
-    if (!freed && FreeBookingLocked(request_id)) {
-      freed = true;
-      DrainQueueLocked(completions);
-    }
+    freed = ReleaseLocked(request_id, "aborted while waiting for admission", completions);
     freed = freed || had_plan;
   }
   Run(completions);

@@ -10,6 +10,7 @@
 #include "core/clock.h"
 #include "core/hashing.h"
 #include "core/router.h"
+#include "test_data.h"
 
 namespace kvrouter {
 namespace {
@@ -17,9 +18,7 @@ namespace {
 constexpr uint32_t kBlockSize = 4;
 
 std::vector<uint32_t> Tokens(size_t blocks, uint32_t first = 0) {
-  std::vector<uint32_t> tokens(blocks * kBlockSize);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<uint32_t>(i);
-  return tokens;
+  return testing::BlockTokens(blocks, kBlockSize, first);
 }
 
 // `worker` cached `tokens` (whole blocks) as one sequence from the root; engine hashes are the
