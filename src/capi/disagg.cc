@@ -37,15 +37,11 @@ kvr_status ToDisaggOptions(kvr_error** err, const kvr_disagg_options* opts,
                                 "KVR_DISAGG_*")) {
     return s;
   }
-  if (!(c.max_local_prefill_ratio >= 0) || !(c.prefill_busy_threshold >= 0)) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                "max_local_prefill_ratio and prefill_busy_threshold must be >= 0");
-  }
   BindDisaggOptions(c, out, [](const auto& c_field, auto& core_field) { core_field = c_field; });
   out.policy = static_cast<kvrouter::DisaggPolicy>(c.policy);
   out.enforce = c.enforce != 0;
   if (c.decode_busy_threshold >= 0) out.decode_busy_threshold = c.decode_busy_threshold;
-  return KVR_OK;
+  return FromStatus(err, kvrouter::ValidateDisaggOptions(out));
 }
 
 kvr_status CheckDisagg(kvr_error** err, const kvr_disagg* disagg) {
@@ -98,12 +94,11 @@ KVR_API kvr_status kvr_disagg_new(const kvr_router_options* prefill,
     auto disagg = std::make_unique<kvr_disagg>();
     if (kvr_status s = kvr_router_new(prefill, &disagg->prefill, err)) return s;
     if (kvr_status s = kvr_router_new(decode, &disagg->decode, err)) return s;
-    if (disagg->prefill->router->block_size() != disagg->decode->router->block_size()) {
-      return Fail(err, KVR_INVALID_ARGUMENT, "the prefill and decode pools' block sizes differ");
-    }
     options.random_seed = kvrouter::EntropySeed();
-    disagg->core = std::make_unique<kvrouter::DisaggRouter>(*disagg->prefill->router,
-                                                            *disagg->decode->router, options);
+    auto core =
+        kvrouter::DisaggRouter::Create(*disagg->prefill->router, *disagg->decode->router, options);
+    if (!core.ok()) return FromStatus(err, core.status());
+    disagg->core = std::move(*core);
     *out = disagg.release();
     return KVR_OK;
   });
@@ -176,7 +171,6 @@ KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg* disagg, const uint
     if (kvr_status s = CheckDisagg(err, disagg)) return s;
     if (kvr_status s = RequireNonNull(err, busy, "busy")) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
-    if (!(threshold >= 0)) return Fail(err, KVR_INVALID_ARGUMENT, "threshold must be >= 0");
     RequestOptions options;
     if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     auto result =
