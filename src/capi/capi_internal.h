@@ -109,6 +109,18 @@ inline kvr_status CopyOutString(kvr_error** err, const std::string& text, char* 
 
 inline std::string_view OrEmpty(const char* s) { return s == nullptr ? std::string_view() : s; }
 
+// Applies `bind(c_field, core_field)` to the fields a C worker description (kvr_worker_config,
+// kvr_engine_worker) shares with its core counterpart (WorkerConfig, EngineWorker): its id, its
+// data-parallel ranks and its block size (0: the router's). One list for the C defaults (core
+// to C) and the conversion (C to core).
+template <typename CWorker, typename CoreWorker, typename Bind>
+void BindWorkerRanks(CWorker& c, CoreWorker& core, Bind&& bind) {
+  bind(c.worker_id, core.worker_id);
+  bind(c.dp_start, core.dp_start);
+  bind(c.dp_size, core.dp_size);
+  bind(c.block_size, core.block_size);
+}
+
 // Per-block multimodal hashes from the flat C form (values + count per block).
 kvr_status ReadMmHashes(kvr_error** err, const uint64_t* hashes, const size_t* counts,
                         size_t num_blocks, std::vector<std::vector<uint64_t>>& out);

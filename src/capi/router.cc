@@ -104,12 +104,9 @@ kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
 // block size of 0 stands for the router's in both).
 template <typename CConfig, typename CoreConfig, typename Bind>
 void BindWorkerConfig(CConfig& c, CoreConfig& core, Bind&& bind) {
-  bind(c.worker_id, core.worker_id);
-  bind(c.dp_start, core.dp_start);
-  bind(c.dp_size, core.dp_size);
+  BindWorkerRanks(c, core, bind);
   bind(c.total_kv_blocks, core.total_kv_blocks);
   bind(c.max_num_batched_tokens, core.max_num_batched_tokens);
-  bind(c.block_size, core.block_size);
 }
 
 kvr_status ToWorkerConfig(kvr_error** err, const kvr_worker_config* config,
