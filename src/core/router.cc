@@ -74,7 +74,7 @@ Router::Router(RouterOptions options)
                                              .prefill_tokens_per_second =
                                                  options_.prefill_tokens_per_second}),
       registry_(options_.block_size),
-      plan_deadline_(SecondsToNanos(options_.plan_deadline_seconds)),
+      plans_(SecondsToNanos(options_.plan_deadline_seconds)),
       sessions_(clock_) {
   if (options_.use_kv_events) {
     index_ = std::make_unique<RadixIndex>(
@@ -392,12 +392,8 @@ uint64_t Router::StateDigest() const {
   queue_.ForEach([&queue](const auto& entry) {
     queue += absl::HashOf(entry.request_id, entry.prompt_tokens, entry.item->ticket);
   });
-  uint64_t plans = 0;
-  for (const auto& [id, plan] : plans_) {
-    plans += absl::HashOf(id, plan->decision.worker, plan->deadline);
-  }
-  return absl::HashOf(index, active_.StateDigest(), queue, queue_.size(), plans, plans_.size(),
-                      sessions_.StateDigest(), sessions_.size());
+  return absl::HashOf(index, active_.StateDigest(), queue, queue_.size(), plans_.StateDigest(),
+                      plans_.size(), sessions_.StateDigest(), sessions_.size());
 }
 
 }  // namespace kvrouter

@@ -51,6 +51,7 @@
 #include "core/active_sequences.h"
 #include "core/approx_index.h"
 #include "core/clock.h"
+#include "core/plan_table.h"
 #include "core/radix_index.h"
 #include "core/random_source.h"
 #include "core/scheduler_queue.h"
@@ -468,15 +469,11 @@ class Router {
   PendingQueue<std::unique_ptr<Pending>> queue_;
   uint64_t next_ticket_ = 1;
 
-  // A booked request waiting for Commit or Abort, with what Commit needs.
-  struct PlanRecord {
-    RouteDecision decision;  // returned again when the same id is planned twice
-    Nanos deadline = 0;
-    std::unique_ptr<Prepared> prepared;  // hashes and session, for CommitDecisionLocked
-  };
-  Nanos plan_deadline_;  // options_.plan_deadline_seconds until SetPlanDeadline
+  // Booked requests waiting for Commit or Abort: the decision returned again when the same id
+  // is planned twice, and the prepared request (hashes, session) for CommitDecisionLocked. Its
+  // deadline is options_.plan_deadline_seconds until SetPlanDeadline.
+  PlanTable<Prepared, RouteDecision> plans_;
   Nanos last_sweep_ = 0;
-  absl::flat_hash_map<std::string, std::unique_ptr<PlanRecord>> plans_;
   SessionTable sessions_;
   // Replica sync.
   std::string replica_id_;

@@ -242,7 +242,7 @@ bool Router::Free(std::string_view request_id) {
     // A client that gives up before admission frees a request that is still waiting.
     freed = ReleaseLocked(request_id, "freed while waiting for admission", completions);
     // A request freed before its plan was committed (or aborted) needs no plan any more.
-    plans_.erase(AsAbsl(request_id));
+    plans_.Erase(request_id);
   }
   Run(completions);
   return freed;

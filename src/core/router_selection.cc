@@ -219,12 +219,8 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
   decision.chosen = selection.chosen;
   decision.candidates = std::move(selection.costs);
   if (prepared.with_admission && prepared.hold_as_plan) {
-    auto plan = std::make_unique<PlanRecord>();
     decision.planned = true;
-    plan->decision = decision;
-    plan->deadline = clock_.Now() + plan_deadline_;
-    plan->prepared = std::make_unique<Prepared>(prepared);
-    plans_[prepared.request_id] = std::move(plan);
+    plans_.Add(prepared.request_id, decision, clock_.Now(), std::make_unique<Prepared>(prepared));
   } else if (prepared.with_admission) {
     // Booking without a plan is a dispatch at once (FindBestMatch with admission).
     CommitDecisionLocked(prepared, winner.worker);

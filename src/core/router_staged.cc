@@ -39,14 +39,13 @@ absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,
   {
     std::lock_guard lock(gate_);
     // Planning twice (a retried gateway call) returns the plan already booked.
-    auto it = plans_.find(AsAbsl(options.request_id));
-    if (it != plans_.end()) {
-      if (it->second->deadline > clock_.Now() && active_.HasRequest(options.request_id)) {
+    if (const auto* planned = plans_.Find(options.request_id)) {
+      if (!planned->DueAt(clock_.Now()) && active_.HasRequest(options.request_id)) {
         decisions_.fetch_add(1, std::memory_order_relaxed);
-        return it->second->decision;
+        return planned->decision;
       }
       // Stale (past its deadline, or its worker removed): free what is left and plan afresh.
-      plans_.erase(it);
+      plans_.Erase(options.request_id);
       if (FreeBookingLocked(options.request_id)) DrainQueueLocked(completions);
     }
   }
@@ -63,15 +62,15 @@ absl::Status Router::Commit(std::string_view request_id) {
   {
     std::lock_guard lock(gate_);
     if (MaybeSweepLocked()) DrainQueueLocked(completions);
-    auto it = plans_.find(AsAbsl(request_id));
+    auto* planned = plans_.Find(request_id);
     // This plan's own deadline is checked exactly, whenever the last sweep ran.
-    if (it != plans_.end() && it->second->deadline <= clock_.Now()) {
+    if (planned != nullptr && planned->DueAt(clock_.Now())) {
       FreeBookingLocked(request_id);
-      plans_.erase(it);
-      it = plans_.end();
+      plans_.Erase(request_id);
+      planned = nullptr;
       DrainQueueLocked(completions);
     }
-    if (it == plans_.end()) {
+    if (planned == nullptr) {
       // Committed before (or booked without a plan): nothing left to do.
       status = active_.HasRequest(request_id)
                    ? absl::OkStatus()
@@ -86,8 +85,8 @@ absl::Status Router::Commit(std::string_view request_id) {
           absl::StrCat("the plan for request '", AsAbsl(request_id),
                        "' lost its booking (its worker was removed); plan again"));
     } else {
-      CommitDecisionLocked(*it->second->prepared, it->second->decision.worker);
-      plans_.erase(it);
+      CommitDecisionLocked(*planned->payload, planned->decision.worker);
+      plans_.Erase(request_id);
     }
   }
   Run(completions);
@@ -100,7 +99,7 @@ bool Router::Abort(std::string_view request_id) {
   bool freed;
   {
     std::lock_guard lock(gate_);
-    const bool had_plan = plans_.erase(AsAbsl(request_id)) > 0;
+    const bool had_plan = plans_.Erase(request_id);
     freed = ReleaseLocked(request_id, "aborted while waiting for admission", completions);
     freed = freed || had_plan;
   }
@@ -112,7 +111,7 @@ bool Router::MaybeSweepLocked() {
   // Sweeping scans every plan and session, so a busy router does it at most this often; each
   // lookup checks its own entry's deadline or TTL exactly anyway.
   const Nanos now = clock_.Now();
-  const Nanos interval = std::min(plan_deadline_, kNanosPerSecond);
+  const Nanos interval = std::min(plans_.deadline(), kNanosPerSecond);
   if (now - last_sweep_ < interval) return false;
   last_sweep_ = now;
   sessions_.Reclaim();
@@ -120,18 +119,8 @@ bool Router::MaybeSweepLocked() {
 }
 
 size_t Router::ExpirePlansLocked() {
-  const Nanos now = clock_.Now();
-  size_t expired = 0;
-  for (auto it = plans_.begin(); it != plans_.end();) {
-    if (it->second->deadline > now) {
-      ++it;
-      continue;
-    }
-    FreeBookingLocked(it->first);
-    plans_.erase(it++);
-    ++expired;
-  }
-  return expired;
+  return plans_.ExpireDue(clock_.Now(),
+                          [this](std::string_view request_id) { FreeBookingLocked(request_id); });
 }
 
 size_t Router::ExpirePlans() {
@@ -152,7 +141,7 @@ absl::Status Router::SetPlanDeadline(double seconds) {
         absl::StrCat("the plan deadline must be finite and > 0 seconds, got ", seconds));
   }
   std::lock_guard lock(gate_);
-  plan_deadline_ = SecondsToNanos(seconds);
+  plans_.set_deadline(SecondsToNanos(seconds));
   return absl::OkStatus();
 }
 
