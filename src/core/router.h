@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "core/active_sequences.h"
 #include "core/approx_index.h"
+#include "core/booking_observer.h"
 #include "core/clock.h"
 #include "core/plan_table.h"
 #include "core/radix_index.h"
@@ -62,13 +63,6 @@
 
 namespace kvrouter {
 
-using SequenceObserver = std::function<void(const SequenceChange&)>;
-
-// Request ids starting with this byte are reserved: they name bookings of replicas.
-inline constexpr char kReplicaRequestIdMark = '\x1e';
-inline bool IsReplicaRequestId(std::string_view request_id) {
-  return !request_id.empty() && request_id.front() == kReplicaRequestIdMark;
-}
 // A replica id is not empty and has no byte 0x1F (which ends it inside booking names).
 // InvalidArgument otherwise.
 absl::Status ValidateReplicaId(std::string_view replica_id);
@@ -476,9 +470,7 @@ class Router {
   Nanos last_sweep_ = 0;
   SessionTable sessions_;
   // Replica sync.
-  std::string replica_id_;
-  SequenceObserver observer_;
-  uint64_t observer_token_ = 0;  // of the current observer; 0 = none
+  BookingObserver observer_;
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
   std::atomic<uint64_t> replica_changes_undecodable_{0};

@@ -2,7 +2,6 @@
 // this router's own bookings, announcing them to a joining replica, and applying other
 // replicas' changes under names of their own. Encoding and transport are above the core
 // (ingest/replica_sync.*).
-#include <atomic>
 #include <string>
 #include <utility>
 
@@ -71,32 +70,20 @@ bool Router::FreeBookingLocked(std::string_view request_id) {
   return true;
 }
 
-void Router::NotifyLocked(const SequenceChange& change) {
-  // A replica's booking is only ever changed by that replica: never published back.
-  if (observer_ && !IsReplicaRequestId(change.request_id)) observer_(change);
-}
+void Router::NotifyLocked(const SequenceChange& change) { observer_.Notify(change); }
 
 uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver observer) {
-  static std::atomic<uint64_t> next_token{1};
   std::lock_guard lock(gate_);
-  observer_ = std::move(observer);
-  if (!observer_) {
-    observer_token_ = 0;
-    return 0;
-  }
-  replica_id_ = std::move(replica_id);
-  observer_token_ = next_token.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t token = observer_.Set(std::move(replica_id), std::move(observer));
+  if (token == 0) return 0;
   AnnounceBookingsLocked();
   NotifyLocked(ChangeOf(SequenceChange::Kind::kSyncRequest, ""));
-  return observer_token_;
+  return token;
 }
 
 bool Router::ClearSequenceObserver(uint64_t token) {
   std::lock_guard lock(gate_);
-  if (token == 0 || token != observer_token_) return false;
-  observer_ = nullptr;
-  observer_token_ = 0;
-  return true;
+  return observer_.Clear(token);
 }
 
 void Router::AnnounceBookingsLocked() {
@@ -124,7 +111,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
   absl::StatusOr<bool> changed = false;
   {
     std::lock_guard lock(gate_);
-    if (origin == replica_id_) return false;  // our own change, echoed back
+    if (observer_.IsOwnOrigin(origin)) return false;  // our own change, echoed back
     switch (change.kind) {
       case SequenceChange::Kind::kAdded: {
         absl::Status status =
@@ -153,7 +140,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
       }
       case SequenceChange::Kind::kSyncRequest:
         // A replica joined: tell it (and everyone) what this router has booked.
-        if (observer_) AnnounceBookingsLocked();
+        if (observer_.active()) AnnounceBookingsLocked();
         break;
     }
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
