@@ -3,7 +3,7 @@
 # test: the Debian packages by dpkg-buildpackage, lintian, installs and consumers; and the
 # routing-only library, without transports), once under
 # AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency tests once more under
-# ThreadSanitizer, and the decoders' libFuzzer harnesses for a bounded time (clang).
+# ThreadSanitizer, and the libFuzzer harnesses of every input surface for a bounded time (clang).
 # Each ctest run ends with ctest's own summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,14 +54,15 @@ echo "== ThreadSanitizer: concurrency tests =="
 # Only what the concurrency tests need: the TSan build is the slowest of the three.
 cmake -S . -B build/tsan -G Ninja -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF \
   -DKVR_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_SANITIZE=thread >/dev/null
-cmake --build build/tsan -j "$jobs" --target core_concurrency_tests capi_concurrency_test
+cmake --build build/tsan -j "$jobs" --target core_concurrency_tests capi_concurrency_test \
+  router_model_concurrency_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build/tsan -L concurrency -j "$jobs" --timeout 900
 
-echo "== libFuzzer: the ingestion decoders, ${KVR_FUZZ_SECONDS:-20} s each =="
+echo "== libFuzzer: every input surface, ${KVR_FUZZ_SECONDS:-20} s each =="
 # A build of its own: coverage instrumentation makes the libraries need the fuzzer runtime.
 CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DKVR_BUILD_FUZZERS=ON \
   -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ_SECONDS="${KVR_FUZZ_SECONDS:-20}" >/dev/null
-cmake --build build/fuzz -j "$jobs" --target engine_payload_fuzzer native_stream_fuzzer
+cmake --build build/fuzz -j "$jobs" --target kvr_fuzzers
 ctest --test-dir build/fuzz -L fuzz --timeout 300

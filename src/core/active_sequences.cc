@@ -290,21 +290,17 @@ void ActiveSequences::Walk(std::span<const uint64_t> chain, Path& path) const {
     auto child = child_of_.find(std::make_pair(run, chain[depth]));
     if (child == child_of_.end()) return;
     Run* next = child->second;
-    // Identities at the same depth agree exactly as far as the prefixes do, so the matched part
-    // of a run is found by bisection. Matching the whole run is the common case: test it first.
+    // Compared id by id: the router's own chains are sequence hashes, where equal ids at one
+    // depth mean equal prefixes and the last id alone would tell, but another replica's chains
+    // are only what its messages say, and one id may follow two different prefixes there.
+    // Matching the whole run is the common case: std::equal of ids is a memcmp.
     const size_t limit = std::min(next->ids.size(), chain.size() - depth);
+    const auto chain_part = chain.subspan(depth, limit);
     size_t matched = limit;
-    if (next->ids[limit - 1] != chain[depth + limit - 1]) {
-      size_t lo = 1, hi = limit - 1;  // ids[lo - 1] matches, ids[hi] does not
-      while (lo < hi) {
-        const size_t mid = lo + (hi - lo + 1) / 2;
-        if (next->ids[mid - 1] == chain[depth + mid - 1]) {
-          lo = mid;
-        } else {
-          hi = mid - 1;
-        }
-      }
-      matched = lo;
+    if (!std::equal(chain_part.begin(), chain_part.end(), next->ids.begin())) {
+      matched = static_cast<size_t>(
+          std::mismatch(chain_part.begin(), chain_part.end(), next->ids.begin()).first -
+          chain_part.begin());
     }
     depth += matched;
     path.push_back(Step{.run = next, .matched = matched, .depth = depth});

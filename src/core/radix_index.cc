@@ -1176,13 +1176,20 @@ class RadixIndex::Impl {
              blocks[j].offset + (j - i) == blocks[i].offset) {
         ++j;
       }
-      // blocks[j - 1] is the run's first block; resolve it (an equal position dropped before,
-      // the same block under a second engine hash, may have split the node there).
-      const uint32_t count = static_cast<uint32_t>(j - i);
-      const Position first = Resolve(blocks[j - 1]);
-      const NodeId run = Isolate(first.node, first.offset, first.offset + count);
-      RemoveFromNode(run, slot, tier_bit);
-      FreeIfUnused(run);
+      // blocks[j - 1] is the run's first block. An equal position dropped before (the same
+      // block under a second engine hash) may have split the node anywhere in the run, so the
+      // run is dropped piece by piece, each resolved where it now is: one piece per node.
+      Position at = blocks[j - 1];
+      for (uint32_t left = static_cast<uint32_t>(j - i); left > 0;) {
+        const Position p = Resolve(at);
+        const uint32_t n = std::min(left, nodes_[p.node].len - p.offset);
+        const NodeId run = Isolate(p.node, p.offset, p.offset + n);
+        RemoveFromNode(run, slot, tier_bit);
+        // Not freed while a later piece of this run hangs below it.
+        FreeIfUnused(run);
+        at.offset += n;
+        left -= n;
+      }
       i = j;
     }
   }

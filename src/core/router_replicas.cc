@@ -54,7 +54,12 @@ std::string ReplicaRequestId(std::string_view origin, std::string_view request_i
 
 absl::Status Router::AddBookingLocked(const SequenceRequest& request) {
   absl::Status status = active_.AddRequest(request);
-  if (status.ok()) NotifyLocked(AddedChange(request));
+  if (status.ok()) {
+    // A plan left under this id lost its booking with its worker (else the id would still be
+    // active): the new booking is not that plan's, so a retried plan must not answer with it.
+    plans_.Erase(request.request_id);
+    NotifyLocked(AddedChange(request));
+  }
   return status;
 }
 

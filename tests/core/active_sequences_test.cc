@@ -232,6 +232,21 @@ TEST_F(ActiveSequencesTest, PotentialLoadWithRandomIdentitiesOrUntrackedPrefill)
   }
 }
 
+// Found by replica_change_fuzzer: block ids from another replica are not necessarily sequence
+// hashes (a buggy or hostile peer), so one id may follow two different prefixes. Matching a
+// run by its last id then took [16, 13] for the run [X, 13], booked and released the wrong
+// runs, and left blocks counted after every request was freed.
+TEST_F(ActiveSequencesTest, ChainsThatAreNotPrefixHashesAreCountedRight) {
+  ASSERT_TRUE(Add("a", kWorkerA, {11, 51539607552ULL, 13}).ok());
+  ASSERT_TRUE(Add("b", kWorkerA, {11, 16, 13}).ok());
+  ASSERT_TRUE(Add("c", kWorkerA, {11, 12}).ok());
+  EXPECT_EQ(active_.TotalActiveBlocks(), 6u);  // 11, X, 13 | 16, 13 | 12
+  EXPECT_EQ(active_.DistinctBlockIds(), 6u);
+  for (const char* id : {"a", "b", "c"}) EXPECT_TRUE(active_.Free(id));
+  EXPECT_EQ(active_.TotalActiveBlocks(), 0u);
+  EXPECT_EQ(active_.DistinctBlockIds(), 0u);
+}
+
 TEST_F(ActiveSequencesTest, RemovingAWorkerDropsItsRequests) {
   ASSERT_TRUE(Add("a1", kWorkerA, Chain(2, 1, 1), 7).ok());
   ASSERT_TRUE(Add("a2", kWorkerA, Chain(2, 1, 2), 7).ok());
