@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/mooncake_trace.h"
+#include "replay/trace/mooncake_trace.h"
 
 namespace kvrouter::bench {
 

@@ -37,7 +37,7 @@
 #include "core/hashing.h"
 #include "core/radix_index.h"
 #include "core/types.h"
-#include "trace/mooncake_trace.h"
+#include "replay/trace/mooncake_trace.h"
 
 namespace kvrouter::bench {
 namespace {

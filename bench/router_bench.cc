@@ -46,7 +46,7 @@
 #include "core/active_sequences.h"
 #include "core/hashing.h"
 #include "core/router.h"
-#include "trace/mooncake_trace.h"
+#include "replay/trace/mooncake_trace.h"
 
 // Heap allocations made by this thread, counted by the replaced operator new below: a
 // decision's allocations are where its tail latency can come from (a malloc slow path, a page

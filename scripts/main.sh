@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 jobs=${KVR_JOBS:-$(nproc)}
 cmake -S . -B build/main -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/main -j "$jobs" --target kvrouter_cli
-build/main/tools/kvrouter replay \
+build/main/tools/replay/kvrouter replay \
   --trace data/mooncake/conversation_trace.jsonl \
   --workers 8 \
   --policies all \

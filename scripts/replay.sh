@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build/main -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/main -j "${KVR_JOBS:-$(nproc)}" --target kvrouter_cli >/dev/null
-exec build/main/tools/kvrouter replay "$@"
+exec build/main/tools/replay/kvrouter replay "$@"

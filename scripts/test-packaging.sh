@@ -61,34 +61,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "test-packaging: FAILED at line $LINENO: $BASH_COMMAND" >&2' ERR
 
-checks=0
-ok() {
-  checks=$((checks + 1))
-  echo "  ok: $*"
-}
-fail() {
-  echo "test-packaging: FAILED: $*" >&2
-  exit 1
-}
-expect_eq() {  # expect_eq WHAT ACTUAL EXPECTED
-  [ "$2" = "$3" ] || fail "$1: got '$2', expected '$3'"
-  ok "$1: $2"
-}
-expect_same_lines() {  # expect_same_lines WHAT ACTUAL EXPECTED (newline-separated lists)
-  if [ "$2" != "$3" ]; then
-    diff <(echo "$3") <(echo "$2") >&2 || true
-    fail "$1 differ from what is expected (- expected, + got)"
-  fi
-  ok "$1 ($(echo "$2" | wc -l) as expected)"
-}
-run_logged() {  # run_logged LOG COMMAND...: quiet unless it fails
-  local log=$1
-  shift
-  "$@" >"$log" 2>&1 || {
-    cat "$log" >&2
-    fail "$*"
-  }
-}
+# ok, fail, expect_eq, expect_same_lines, run_logged; $checks counts the passed checks.
+source scripts/lib/checks.sh
 
 echo "== build: dpkg-buildpackage (source and binary packages) in build/deb =="
 source scripts/package-build.sh
@@ -674,11 +648,11 @@ expect_same_lines "files of $runtime_pkg" "$(deb_files "$runtime_deb")" "$runtim
 expect_same_lines "files of $dev_pkg" "$(deb_files "$dev_deb")" "$dev_deb_files"
 expect_same_lines "files of $tool_pkg" "$(deb_files "$tool_deb")" "$tool_deb_files"
 expect_same_lines "files of $data_pkg" "$(deb_files "$data_deb")" "$data_deb_files"
-# debian/copyright: DEP-5, and the licence of every bundled trace: each data/<dir> has one
-# licence file, LICENSE-<id>.txt; the Files paragraph of data/<dir>/* names <id>; and the text is
-# either in /usr/share/common-licenses (then the bundled file is that text, and the stand-alone
-# License paragraph points there) or in the stand-alone paragraph itself. Texts are compared
-# with spacing and line breaks squeezed.
+# debian/copyright: DEP-5, and the licence of everything in data/ (the traces, the test vectors):
+# each data/<dir> has one licence file, LICENSE-<id>.txt; the Files paragraph of data/<dir>/*
+# names <id>; and the text is either in /usr/share/common-licenses (then the bundled file is that
+# text, and the stand-alone License paragraph points there) or in the stand-alone paragraph
+# itself. Texts are compared with spacing and line breaks squeezed.
 grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' \
   debian/copyright || fail "debian/copyright is not in the machine-readable format (DEP-5)"
 plain_text() { sed '1s/^\xEF\xBB\xBF//; s/\r$//' "$@" | tr -s ' \t\n' ' ' | sed 's/^ //; s/ $//'; }
@@ -692,7 +666,7 @@ for dir in data/*/; do
   dir=${dir%/}
   license_files=("$dir"/LICENSE-*.txt)
   [ ${#license_files[@]} = 1 ] && [ -f "${license_files[0]}" ] ||
-    fail "$dir has no licence file LICENSE-<id>.txt (or more than one): every bundled trace" \
+    fail "$dir has no licence file LICENSE-<id>.txt (or more than one): everything in data/" \
       "comes with its licence"
   license_file=${license_files[0]}
   named=${license_file##*/LICENSE-}
@@ -715,7 +689,7 @@ for dir in data/*/; do
   fi
   licences+=" $dir/* $id;"
 done
-ok "debian/copyright (DEP-5) gives each bundled trace its licence, with its text:${licences%;}"
+ok "debian/copyright (DEP-5) gives each data/<dir> its licence, with its text:${licences%;}"
 
 root=$tmp/extracted
 for deb in "${debs[@]}"; do dpkg-deb -x "$deb" "$root"; done

@@ -17,23 +17,8 @@ tmp=$(mktemp -d /tmp/routing-only.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 trap 'echo "test-routing-only: FAILED at line $LINENO: $BASH_COMMAND" >&2' ERR
 
-checks=0
-ok() {
-  checks=$((checks + 1))
-  echo "  ok: $*"
-}
-fail() {
-  echo "test-routing-only: FAILED: $*" >&2
-  exit 1
-}
-run_logged() {  # run_logged LOG COMMAND...: quiet unless it fails
-  local log=$1
-  shift
-  "$@" >"$log" 2>&1 || {
-    cat "$log" >&2
-    fail "$*"
-  }
-}
+# ok, fail, run_logged; $checks counts the passed checks.
+source scripts/lib/checks.sh
 
 echo "== build: libkvrouter without transports (Release) in $build =="
 run_logged "$tmp/configure.log" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \

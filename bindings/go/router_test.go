@@ -48,12 +48,12 @@ func TestStatus(t *testing.T) {
 	}
 }
 
-// The hashing functions reproduce every vector of shared/data/dynamo_block_hash_vectors.json.
+// The hashing functions reproduce every vector of data/vectors/dynamo_block_hash_vectors.json.
 func TestHashVectors(t *testing.T) {
-	path := filepath.Join("..", "..", "..", "shared", "data", "dynamo_block_hash_vectors.json")
+	path := filepath.Join("..", "..", "data", "vectors", "dynamo_block_hash_vectors.json")
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		t.Skipf("no hash vectors beside the checkout (%v)", err)
+		t.Skipf("no hash vectors in this tree (%v)", err)
 	}
 	var file struct {
 		Vectors []struct {

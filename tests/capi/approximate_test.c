@@ -11,27 +11,11 @@
 #define BS 16
 #define PROMPT_BLOCKS 8
 
-typedef struct fixture {
-  kvr_router* router;
-  uint32_t prompt[PROMPT_BLOCKS * BS];
-} fixture;
+typedef kvt_fixture fixture;
 
+/* An approximate-mode router with workers 1..3 and a prompt of PROMPT_BLOCKS blocks. */
 static int setup(void** state) {
-  fixture* f = (fixture*)calloc(1, sizeof(fixture));
-  if (f == NULL) return -1;
-  f->router = kvt_router_new(BS, KVR_ROUTER_APPROXIMATE);
-  kvt_add_worker(f->router, 1);
-  kvt_add_worker(f->router, 2);
-  kvt_add_worker(f->router, 3);
-  kvt_fill_tokens(f->prompt, PROMPT_BLOCKS * BS, 4000);
-  *state = f;
-  return 0;
-}
-
-static int teardown(void** state) {
-  fixture* f = (fixture*)*state;
-  kvr_router_free(f->router);
-  free(f);
+  *state = kvt_fixture_new(BS, KVR_ROUTER_APPROXIMATE, 3, PROMPT_BLOCKS * BS, 4000);
   return 0;
 }
 
@@ -107,9 +91,9 @@ static void ttl_option_accepted(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(admission_is_recorded, setup, teardown),
-      cmocka_unit_test_setup_teardown(preview_is_not_recorded, setup, teardown),
-      cmocka_unit_test_setup_teardown(events_are_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(admission_is_recorded, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(preview_is_not_recorded, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(events_are_refused, setup, kvt_teardown),
       cmocka_unit_test(ttl_option_accepted),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,6 @@
 /* FlatBuffers event batches: the encoder (kvr_event_batch_*) and kvr_router_apply_event_batch.
  * Valid EventBatch buffers come from two independent sources: the library's own encoder, and
- * flatc, which compiles data/event_batch_*.json against schema/kv_events.fbs at build time.
+ * flatc, which compiles fixtures/event_batch_*.json against schema/kv_events.fbs at build time.
  * Malformed, random, empty and every truncation of a valid buffer must be refused with
  * KVR_INVALID_ARGUMENT with nothing applied (checked through overlap scores and metrics), and
  * counted in kvr_metrics.event_batches_rejected. */
@@ -15,30 +15,29 @@
 #define BS 4
 
 typedef struct fixture {
-  kvr_router* router;
+  kvt_fixture fx; /* workers 7 and 8; the prompt: tokens 1..12 (3 blocks) */
   uint8_t* valid; /* event_batch_valid.bin */
   size_t valid_size;
   uint8_t* partial; /* event_batch_partial.bin */
   size_t partial_size;
-  uint32_t prompt[3 * BS]; /* tokens 1..12 */
 } fixture;
 
 static int setup(void** state) {
   fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  kvr_router_options opts = kvt_router_options(BS, 0);
   if (f == NULL) return -1;
-  f->router = kvt_router_new(BS, 0);
-  kvt_add_worker(f->router, 7);
-  kvt_add_worker(f->router, 8);
+  kvt_fixture_init(&f->fx, &opts, 0, 3 * BS, 1);
+  kvt_add_worker(f->fx.router, 7);
+  kvt_add_worker(f->fx.router, 8);
   f->valid = kvt_read_file(KVR_CAPI_DATA_DIR "/event_batch_valid.bin", &f->valid_size);
   f->partial = kvt_read_file(KVR_CAPI_DATA_DIR "/event_batch_partial.bin", &f->partial_size);
-  kvt_fill_tokens(f->prompt, 3 * BS, 1);
   *state = f;
   return 0;
 }
 
 static int teardown(void** state) {
   fixture* f = (fixture*)*state;
-  kvr_router_free(f->router);
+  kvt_fixture_release(&f->fx);
   free(f->valid);
   free(f->partial);
   free(f);
@@ -50,7 +49,7 @@ static void assert_untouched(kvr_router* router, const fixture* f) {
   kvr_metrics m = kvt_metrics(router);
   int kind;
   int outcome;
-  assert_int_equal(0, kvt_overlap_count(router, f->prompt, 3 * BS));
+  assert_int_equal(0, kvt_overlap_count(router, f->fx.prompt, 3 * BS));
   assert_int_equal(0, m.index_blocks);
   for (kind = 0; kind < KVR_EVENT_KINDS; ++kind) {
     for (outcome = 0; outcome < KVR_EVENT_OUTCOMES; ++outcome) {
@@ -64,16 +63,16 @@ static void valid_batch_applies_every_event(void** state) {
   kvr_overlap overlap;
   kvr_metrics m;
   assert_memory_equal("KVEB", f->valid + 4, 4);
-  KVT_OK(kvr_router_apply_event_batch(f->router, f->valid, f->valid_size, ERRP));
+  KVT_OK(kvr_router_apply_event_batch(f->fx.router, f->valid, f->valid_size, ERRP));
   /* Worker 7: blocks 1-2, then block 3 chained on engine hash 1002. */
-  assert_true(kvt_overlap_of(f->router, f->prompt, 3 * BS, 7, 0, &overlap));
+  assert_true(kvt_overlap_of(f->fx.router, f->fx.prompt, 3 * BS, 7, 0, &overlap));
   assert_int_equal(3, overlap.device_blocks);
   /* Worker 8: block 1. */
-  assert_true(kvt_overlap_of(f->router, f->prompt, 3 * BS, 8, 0, &overlap));
+  assert_true(kvt_overlap_of(f->fx.router, f->fx.prompt, 3 * BS, 8, 0, &overlap));
   assert_int_equal(1, overlap.device_blocks);
   /* Worker 10 stored its block on the host tier, then removed it. */
-  assert_false(kvt_overlap_of(f->router, f->prompt, 3 * BS, 10, 0, NULL));
-  m = kvt_metrics(f->router);
+  assert_false(kvt_overlap_of(f->fx.router, f->fx.prompt, 3 * BS, 10, 0, NULL));
+  m = kvt_metrics(f->fx.router);
   assert_int_equal(4, m.events[KVR_EVENT_STORED][KVR_EVENT_OK]);
   assert_int_equal(1, m.events[KVR_EVENT_REMOVED][KVR_EVENT_OK]);
   assert_int_equal(1, m.events[KVR_EVENT_CLEARED][KVR_EVENT_OK]);
@@ -87,17 +86,17 @@ static void rejected_event_does_not_stop_the_others(void** state) {
   kvr_metrics m;
   /* Event 0 has an unknown parent; event 1 is fine and is applied all the same. */
   assert_int_equal(KVR_NOT_FOUND,
-                   kvr_router_apply_event_batch(f->router, f->partial, f->partial_size, &err));
+                   kvr_router_apply_event_batch(f->fx.router, f->partial, f->partial_size, &err));
   kvt_expect_error(&err, KVR_NOT_FOUND);
-  assert_false(kvt_overlap_of(f->router, f->prompt, 3 * BS, 7, 0, NULL));
-  assert_true(kvt_overlap_of(f->router, f->prompt, 3 * BS, 8, 0, NULL));
-  m = kvt_metrics(f->router);
+  assert_false(kvt_overlap_of(f->fx.router, f->fx.prompt, 3 * BS, 7, 0, NULL));
+  assert_true(kvt_overlap_of(f->fx.router, f->fx.prompt, 3 * BS, 8, 0, NULL));
+  m = kvt_metrics(f->fx.router);
   assert_int_equal(1, m.events[KVR_EVENT_STORED][KVR_EVENT_PARENT_BLOCK_NOT_FOUND]);
   assert_int_equal(1, m.events[KVR_EVENT_STORED][KVR_EVENT_OK]);
   assert_int_equal(0, m.event_batches_rejected);
   /* err NULL works the same. */
   assert_int_equal(KVR_NOT_FOUND,
-                   kvr_router_apply_event_batch(f->router, f->partial, f->partial_size, NULL));
+                   kvr_router_apply_event_batch(f->fx.router, f->partial, f->partial_size, NULL));
 }
 
 static void every_truncation_is_rejected(void** state) {
@@ -110,18 +109,18 @@ static void every_truncation_is_rejected(void** state) {
     kvr_status status;
     assert_non_null(cut);
     memcpy(cut, f->valid, n);
-    status = kvr_router_apply_event_batch(f->router, cut, n, n % 2 ? &err : NULL);
+    status = kvr_router_apply_event_batch(f->fx.router, cut, n, n % 2 ? &err : NULL);
     if (status != KVR_INVALID_ARGUMENT) {
       fail_msg("truncation to %zu of %zu bytes: %s", n, f->valid_size, kvr_status_str(status));
     }
     if (n % 2) kvt_expect_error(&err, KVR_INVALID_ARGUMENT);
     free(cut);
   }
-  assert_untouched(f->router, f);
-  assert_int_equal(f->valid_size, kvt_metrics(f->router).event_batches_rejected);
+  assert_untouched(f->fx.router, f);
+  assert_int_equal(f->valid_size, kvt_metrics(f->fx.router).event_batches_rejected);
   /* The whole buffer still applies. */
-  KVT_OK(kvr_router_apply_event_batch(f->router, f->valid, f->valid_size, ERRP));
-  assert_true(kvt_overlap_of(f->router, f->prompt, 3 * BS, 7, 0, NULL));
+  KVT_OK(kvr_router_apply_event_batch(f->fx.router, f->valid, f->valid_size, ERRP));
+  assert_true(kvt_overlap_of(f->fx.router, f->fx.prompt, 3 * BS, 7, 0, NULL));
 }
 
 static void malformed_buffers_are_rejected(void** state) {
@@ -133,18 +132,20 @@ static void malformed_buffers_are_rejected(void** state) {
   int round;
 
   /* Empty buffers. */
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_event_batch(f->router, &byte, 0, ERRP));
-  rejected += 2;
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_event_batch(f->router, NULL, 0, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
-                   kvr_router_apply_event_batch(f->router, NULL, f->valid_size, ERRP));
+                   kvr_router_apply_event_batch(f->fx.router, &byte, 0, ERRP));
+  rejected += 2;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_event_batch(f->fx.router, NULL, 0, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_router_apply_event_batch(f->fx.router, NULL, f->valid_size, ERRP));
 
   /* Random bytes, half of them with the right file identifier. */
   for (round = 0; round < 500; ++round) {
     size_t n = 1 + (size_t)(kvt_next_random(&seed) % sizeof noise);
     kvt_random_bytes(noise, n, &seed);
     if (round % 2 && n >= 8) memcpy(noise + 4, "KVEB", 4);
-    assert_int_equal(KVR_INVALID_ARGUMENT, kvr_router_apply_event_batch(f->router, noise, n, NULL));
+    assert_int_equal(KVR_INVALID_ARGUMENT,
+                     kvr_router_apply_event_batch(f->fx.router, noise, n, NULL));
     ++rejected;
   }
 
@@ -152,7 +153,7 @@ static void malformed_buffers_are_rejected(void** state) {
   memcpy(noise, f->valid, f->valid_size);
   memcpy(noise + 4, "KVIS", 4);
   assert_int_equal(KVR_INVALID_ARGUMENT,
-                   kvr_router_apply_event_batch(f->router, noise, f->valid_size, NULL));
+                   kvr_router_apply_event_batch(f->fx.router, noise, f->valid_size, NULL));
   ++rejected;
 
   /* A root offset pointing past the end. */
@@ -162,12 +163,12 @@ static void malformed_buffers_are_rejected(void** state) {
   noise[2] = 0xFF;
   noise[3] = 0x7F;
   assert_int_equal(KVR_INVALID_ARGUMENT,
-                   kvr_router_apply_event_batch(f->router, noise, f->valid_size, NULL));
+                   kvr_router_apply_event_batch(f->fx.router, noise, f->valid_size, NULL));
   ++rejected;
 
-  assert_untouched(f->router, f);
+  assert_untouched(f->fx.router, f);
   /* NULL data is refused before it is a buffer; every real buffer counts. */
-  assert_true(kvt_metrics(f->router).event_batches_rejected >= rejected);
+  assert_true(kvt_metrics(f->fx.router).event_batches_rejected >= rejected);
 }
 
 static void flipped_bytes_never_crash(void** state) {
@@ -199,11 +200,11 @@ static void approximate_mode_refuses_batches(void** state) {
   kvr_router* router = kvt_router_new(BS, KVR_ROUTER_APPROXIMATE);
   KVT_EXPECT_FAILS(KVR_FAILED_PRECONDITION,
                    kvr_router_apply_event_batch(router, f->valid, f->valid_size, ERRP));
-  assert_int_equal(0, kvt_overlap_count(router, f->prompt, 3 * BS));
+  assert_int_equal(0, kvt_overlap_count(router, f->fx.prompt, 3 * BS));
   kvr_router_free(router);
 }
 
-/* The events of data/event_batch_valid.json, built with the C encoder. */
+/* The events of fixtures/event_batch_valid.json, built with the C encoder. */
 static kvr_event_batch* build_valid_batch(void) {
   static const uint32_t tokens[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   uint64_t w7[2] = {1001, 1002};
@@ -276,16 +277,16 @@ static void encoder_round_trip(void** state) {
   assert_int_equal(6, kvr_event_batch_size(batch));
 
   /* Applying the encoder's buffer and flatc's buffer gives the same index. */
-  KVT_OK(kvr_router_apply_event_batch(f->router, kvr_buffer_data(encoded), kvr_buffer_size(encoded),
-                                      ERRP));
+  KVT_OK(kvr_router_apply_event_batch(f->fx.router, kvr_buffer_data(encoded),
+                                      kvr_buffer_size(encoded), ERRP));
   KVT_OK(kvr_router_apply_event_batch(other, f->valid, f->valid_size, ERRP));
   for (worker = 7; worker <= 10; ++worker) {
-    int has_a = kvt_overlap_of(f->router, f->prompt, 3 * BS, worker, 0, &a);
-    int has_b = kvt_overlap_of(other, f->prompt, 3 * BS, worker, 0, &b);
+    int has_a = kvt_overlap_of(f->fx.router, f->fx.prompt, 3 * BS, worker, 0, &a);
+    int has_b = kvt_overlap_of(other, f->fx.prompt, 3 * BS, worker, 0, &b);
     assert_int_equal(has_a, has_b);
     if (has_a) assert_memory_equal(&a, &b, sizeof a);
   }
-  ma = kvt_metrics(f->router);
+  ma = kvt_metrics(f->fx.router);
   mb = kvt_metrics(other);
   assert_memory_equal(ma.events, mb.events, sizeof ma.events);
   assert_int_equal(ma.index_blocks, mb.index_blocks);
@@ -319,13 +320,13 @@ static void encoded_truncations_are_rejected(void** state) {
     kvr_status status;
     assert_non_null(cut);
     memcpy(cut, data, n);
-    status = kvr_router_apply_event_batch(f->router, cut, n, NULL);
+    status = kvr_router_apply_event_batch(f->fx.router, cut, n, NULL);
     if (status != KVR_INVALID_ARGUMENT) {
       fail_msg("truncation to %zu of %zu bytes: %s", n, size, kvr_status_str(status));
     }
     free(cut);
   }
-  assert_untouched(f->router, f);
+  assert_untouched(f->fx.router, f);
   kvr_buffer_free(encoded);
   kvr_event_batch_free(batch);
 }

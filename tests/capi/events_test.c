@@ -11,26 +11,11 @@
 
 #define BS 16
 
-typedef struct fixture {
-  kvr_router* router;
-  uint32_t prompt[64]; /* four blocks */
-} fixture;
+typedef kvt_fixture fixture;
 
+/* Workers 1 and 2 and a prompt of four blocks (64 tokens); nothing cached. */
 static int setup(void** state) {
-  fixture* f = (fixture*)calloc(1, sizeof(fixture));
-  if (f == NULL) return -1;
-  f->router = kvt_router_new(BS, 0);
-  kvt_fill_tokens(f->prompt, 64, 1000);
-  kvt_add_worker(f->router, 1);
-  kvt_add_worker(f->router, 2);
-  *state = f;
-  return 0;
-}
-
-static int teardown(void** state) {
-  fixture* f = (fixture*)*state;
-  kvr_router_free(f->router);
-  free(f);
+  *state = kvt_fixture_new(BS, 0, 2, 64, 1000);
   return 0;
 }
 
@@ -423,23 +408,26 @@ static void event_struct_size_rules(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(stored_with_tokens, setup, teardown),
-      cmocka_unit_test_setup_teardown(stored_with_parent_chain, setup, teardown),
-      cmocka_unit_test_setup_teardown(stored_with_local_hashes, setup, teardown),
-      cmocka_unit_test_setup_teardown(stored_with_lora_namespace_and_multimodal, setup, teardown),
-      cmocka_unit_test_setup_teardown(stored_eagle, setup, teardown),
-      cmocka_unit_test_setup_teardown(lower_tiers, setup, teardown),
-      cmocka_unit_test_setup_teardown(bad_tier_refused, setup, teardown),
-      cmocka_unit_test_setup_teardown(removed_blocks, setup, teardown),
-      cmocka_unit_test_setup_teardown(removed_unknown_block, setup, teardown),
-      cmocka_unit_test_setup_teardown(stored_unknown_parent, setup, teardown),
-      cmocka_unit_test_setup_teardown(stored_incomplete_block, setup, teardown),
-      cmocka_unit_test_setup_teardown(stored_invalid_sequence, setup, teardown),
-      cmocka_unit_test_setup_teardown(cleared, setup, teardown),
-      cmocka_unit_test_setup_teardown(events_for_unregistered_workers_are_indexed, setup, teardown),
-      cmocka_unit_test_setup_teardown(removing_a_worker_drops_its_index_entries, setup, teardown),
-      cmocka_unit_test_setup_teardown(event_null_arguments, setup, teardown),
-      cmocka_unit_test_setup_teardown(event_struct_size_rules, setup, teardown),
+      cmocka_unit_test_setup_teardown(stored_with_tokens, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(stored_with_parent_chain, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(stored_with_local_hashes, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(stored_with_lora_namespace_and_multimodal, setup,
+                                      kvt_teardown),
+      cmocka_unit_test_setup_teardown(stored_eagle, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(lower_tiers, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(bad_tier_refused, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(removed_blocks, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(removed_unknown_block, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(stored_unknown_parent, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(stored_incomplete_block, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(stored_invalid_sequence, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(cleared, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(events_for_unregistered_workers_are_indexed, setup,
+                                      kvt_teardown),
+      cmocka_unit_test_setup_teardown(removing_a_worker_drops_its_index_entries, setup,
+                                      kvt_teardown),
+      cmocka_unit_test_setup_teardown(event_null_arguments, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(event_struct_size_rules, setup, kvt_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 /* Block hashing through the C ABI: kvr_compute_block_hashes and kvr_compute_sequence_hashes
- * reproduce the Dynamo-compatible vectors of shared/data/dynamo_block_hash_vectors.json (hard
+ * reproduce the Dynamo-compatible vectors of data/vectors/dynamo_block_hash_vectors.json (hard
  * coded here, so that the test needs no JSON parser), and follow the buffer and error rules. */
 #include <setjmp.h>
 #include <stdarg.h>

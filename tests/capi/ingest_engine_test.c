@@ -11,15 +11,16 @@
 #include "test_util.h"
 
 typedef struct fixture {
-  kvr_router* router;
+  kvt_fixture fx; /* no workers, no prompt */
   kvr_ingest* ingest;
 } fixture;
 
 static int setup(void** state) {
   fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  kvr_router_options opts = kvt_router_options(16, 0);
   if (f == NULL) return -1;
-  f->router = kvt_router_new(16, 0);
-  KVT_OK(kvr_ingest_new(f->router, NULL, &f->ingest, ERRP));
+  kvt_fixture_init(&f->fx, &opts, 0, 0, 0);
+  KVT_OK(kvr_ingest_new(f->fx.router, NULL, &f->ingest, ERRP));
   KVT_OK(kvr_ingest_start(f->ingest, ERRP));
   *state = f;
   return 0;
@@ -28,7 +29,7 @@ static int setup(void** state) {
 static int teardown(void** state) {
   fixture* f = (fixture*)*state;
   kvr_ingest_free(f->ingest);
-  kvr_router_free(f->router);
+  kvt_fixture_release(&f->fx);
   free(f);
   return 0;
 }

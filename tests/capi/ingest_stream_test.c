@@ -20,18 +20,17 @@
 #define WAIT_MS 10000 /* bound on every wait for the loop thread */
 
 typedef struct fixture {
-  kvr_router* router;
+  kvt_fixture fx; /* workers 1 and 2, no prompt */
   kvr_ingest* ingest;
   char dir[64];
 } fixture;
 
 static int setup(void** state) {
   fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  kvr_router_options opts = kvt_router_options(BS, 0);
   if (f == NULL) return -1;
-  f->router = kvt_router_new(BS, 0);
-  kvt_add_worker(f->router, 1);
-  kvt_add_worker(f->router, 2);
-  KVT_OK(kvr_ingest_new(f->router, NULL, &f->ingest, ERRP));
+  kvt_fixture_init(&f->fx, &opts, 2, 0, 0);
+  KVT_OK(kvr_ingest_new(f->fx.router, NULL, &f->ingest, ERRP));
   KVT_OK(kvr_ingest_start(f->ingest, ERRP));
   strcpy(f->dir, "/tmp/kvr_ingest_XXXXXX");
   assert_non_null(mkdtemp(f->dir));
@@ -42,7 +41,7 @@ static int setup(void** state) {
 static int teardown(void** state) {
   fixture* f = (fixture*)*state;
   kvr_ingest_free(f->ingest);
-  kvr_router_free(f->router);
+  kvt_fixture_release(&f->fx);
   {
     char path[128];
     snprintf(path, sizeof path, "%s/events.sock", f->dir);
@@ -109,7 +108,7 @@ static void publish_and_check(fixture* f, const char* endpoint, uint64_t source,
   stats = wait_messages(f->ingest, source, 1);
   assert_int_equal(1, stats.events_applied);
   assert_int_equal(1, stats.connections);
-  assert_true(kvt_overlap_of(f->router, tokens, 4 * BS, worker_id, 0, &overlap));
+  assert_true(kvt_overlap_of(f->fx.router, tokens, 4 * BS, worker_id, 0, &overlap));
   assert_int_equal(4, overlap.device_blocks);
   kvr_event_batch_free(batch);
   kvr_publisher_free(publisher);
@@ -209,7 +208,7 @@ static void bad_frames_are_rejected_and_counted(void** state) {
   assert_int_equal(1, stats.rejected[KVR_INGEST_REJECT_BAD_FLATBUFFERS]);
   assert_int_equal(1, stats.events_applied);
   assert_int_equal(2, stats.connections);
-  assert_true(kvt_overlap_of(f->router, tokens, 2 * BS, 1, 0, &overlap));
+  assert_true(kvt_overlap_of(f->fx.router, tokens, 2 * BS, 1, 0, &overlap));
   assert_int_equal(2, overlap.device_blocks);
 
   /* An event the index refuses (unknown parent) is counted per reason. */
@@ -260,7 +259,7 @@ static void events_apply_while_routing(void** state) {
   }
   do {
     kvr_route_result_init(&result, sizeof result);
-    KVT_OK(kvr_find_best_match(f->router, tokens[kBatches - 1], BS, NULL, &result, NULL, 0, NULL,
+    KVT_OK(kvr_find_best_match(f->fx.router, tokens[kBatches - 1], BS, NULL, &result, NULL, 0, NULL,
                                ERRP));
     stats = stats_of(f->ingest, source);
     if (stats.messages < kBatches) sleep_ms(1);
@@ -268,8 +267,8 @@ static void events_apply_while_routing(void** state) {
   assert_int_equal(kBatches, stats.events_applied);
   /* Once applied, the last prompt goes to the worker that cached it. */
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(
-      kvr_find_best_match(f->router, tokens[kBatches - 1], BS, NULL, &result, NULL, 0, NULL, ERRP));
+  KVT_OK(kvr_find_best_match(f->fx.router, tokens[kBatches - 1], BS, NULL, &result, NULL, 0, NULL,
+                             ERRP));
   assert_int_equal(2, result.worker_id);
   assert_int_equal(1, result.device_overlap_blocks);
   kvr_publisher_free(publisher);
@@ -360,14 +359,14 @@ static void lifecycle_rules(void** state) {
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_publisher_connect("ftp://x", &publisher, ERRP));
 
   /* Sources may be added before start; an ingest never started frees cleanly. */
-  KVT_OK(kvr_ingest_new(f->router, NULL, &idle, ERRP));
+  KVT_OK(kvr_ingest_new(f->fx.router, NULL, &idle, ERRP));
   KVT_OK(kvr_ingest_listen(idle, "tcp://127.0.0.1:0", NULL, bound, sizeof bound, NULL, ERRP));
   kvr_ingest_free(idle);
 
   /* A newer caller's options with unknown non-zero fields are refused. */
   kvr_ingest_options_init(&opts, sizeof opts);
   opts.max_frame_bytes = 0;
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_ingest_new(f->router, &opts, &idle, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_ingest_new(f->fx.router, &opts, &idle, ERRP));
 
   /* Stop is final and idempotent. */
   KVT_OK(kvr_ingest_stop(f->ingest, ERRP));

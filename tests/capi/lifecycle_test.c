@@ -11,27 +11,14 @@
 
 #define BS 16
 
-typedef struct fixture {
-  kvr_router* router;
-  uint32_t prompt[8 * BS];
-} fixture;
+typedef kvt_fixture fixture;
 
-/* Worker 1 with ranks 0 and 1, worker 2 with rank 0; nothing cached. */
+/* Worker 1 with ranks 0 and 1, worker 2 with rank 0, a prompt of 8 blocks; nothing cached. */
 static int setup(void** state) {
-  fixture* f = (fixture*)calloc(1, sizeof(fixture));
-  if (f == NULL) return -1;
-  f->router = kvt_router_new(BS, 0);
+  fixture* f = kvt_fixture_new(BS, 0, 0, 8 * BS, 300);
   kvt_add_worker_full(f->router, 1, 2, 0);
   kvt_add_worker(f->router, 2);
-  kvt_fill_tokens(f->prompt, 8 * BS, 300);
   *state = f;
-  return 0;
-}
-
-static int teardown(void** state) {
-  fixture* f = (fixture*)*state;
-  kvr_router_free(f->router);
-  free(f);
   return 0;
 }
 
@@ -168,14 +155,14 @@ static void null_request_id(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(add_request_books_the_given_rank, setup, teardown),
-      cmocka_unit_test_setup_teardown(free_without_mark_prefill, setup, teardown),
-      cmocka_unit_test_setup_teardown(shared_blocks_counted_once, setup, teardown),
-      cmocka_unit_test_setup_teardown(add_request_unknown_worker_or_rank, setup, teardown),
-      cmocka_unit_test_setup_teardown(add_request_duplicate_id, setup, teardown),
-      cmocka_unit_test_setup_teardown(add_request_needs_request_id, setup, teardown),
-      cmocka_unit_test_setup_teardown(unknown_ids_are_no_error, setup, teardown),
-      cmocka_unit_test_setup_teardown(null_request_id, setup, teardown),
+      cmocka_unit_test_setup_teardown(add_request_books_the_given_rank, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(free_without_mark_prefill, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(shared_blocks_counted_once, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(add_request_unknown_worker_or_rank, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(add_request_duplicate_id, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(add_request_needs_request_id, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(unknown_ids_are_no_error, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(null_request_id, setup, kvt_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

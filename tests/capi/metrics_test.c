@@ -10,23 +10,15 @@
 
 #define BS 16
 
-typedef struct fixture {
-  kvr_router* router;
-  uint32_t prompt[4 * BS];
-} fixture;
+typedef kvt_fixture fixture;
 
 /* Two workers; worker 1 caches the prompt; one decision booked, one rejected event. */
 static int setup(void** state) {
-  fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  fixture* f = kvt_fixture_new(BS, 0, 2, 4 * BS, 1);
   kvr_request_options opts = kvt_admit("m-1");
   kvr_route_result result;
   uint64_t missing = 12345;
   kvr_removed_event removed;
-  if (f == NULL) return -1;
-  f->router = kvt_router_new(BS, 0);
-  kvt_add_worker(f->router, 1);
-  kvt_add_worker(f->router, 2);
-  kvt_fill_tokens(f->prompt, 4 * BS, 1);
   KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, 4, BS, 100, 0, 0, ERRP));
   kvr_removed_event_init(&removed, sizeof removed);
   removed.worker_id = 2;
@@ -36,13 +28,6 @@ static int setup(void** state) {
   kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, 4 * BS, &opts, &result, NULL, 0, NULL, ERRP));
   *state = f;
-  return 0;
-}
-
-static int teardown(void** state) {
-  fixture* f = (fixture*)*state;
-  kvr_router_free(f->router);
-  free(f);
   return 0;
 }
 
@@ -200,11 +185,11 @@ static void prometheus_null_arguments(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(counters, setup, teardown),
-      cmocka_unit_test_setup_teardown(get_metrics_null_and_struct_size, setup, teardown),
-      cmocka_unit_test_setup_teardown(prometheus_text, setup, teardown),
-      cmocka_unit_test_setup_teardown(prometheus_buffer_too_small_then_retry, setup, teardown),
-      cmocka_unit_test_setup_teardown(prometheus_null_arguments, setup, teardown),
+      cmocka_unit_test_setup_teardown(counters, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(get_metrics_null_and_struct_size, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(prometheus_text, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(prometheus_buffer_too_small_then_retry, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(prometheus_null_arguments, setup, kvt_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

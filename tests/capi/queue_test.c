@@ -16,15 +16,12 @@
 #define BS 16
 #define PROMPT_TOKENS (4 * BS)
 
-typedef struct fixture {
-  kvr_router* router;
-  uint32_t prompt[PROMPT_TOKENS];
-} fixture;
+typedef kvt_fixture fixture;
 
 /* One worker with a tiny batch budget; the router queues as soon as every rank has any prefill
  * tokens in flight (threshold 0). Request "busy" occupies the worker. */
 static int setup(void** state) {
-  fixture* f = (fixture*)calloc(1, sizeof(fixture));
+  fixture* f = (fixture*)malloc(sizeof(fixture));
   kvr_router_options opts;
   kvr_request_options busy = kvt_admit("busy");
   kvr_route_result result;
@@ -32,22 +29,14 @@ static int setup(void** state) {
   kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = BS;
   opts.queue_threshold = 0;
-  f->router = kvt_router_new_opts(&opts);
+  kvt_fixture_init(f, &opts, 0, PROMPT_TOKENS, 1);
   kvt_add_worker_full(f->router, 1, 1, 16);
-  kvt_fill_tokens(f->prompt, PROMPT_TOKENS, 1);
   kvr_route_result_init(&result, sizeof result);
   KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &busy, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, result.booked);
   assert_int_equal(0, result.queued);
   *state = f;
-  return 0;
-}
-
-static int teardown(void** state) {
-  fixture* f = (fixture*)*state;
-  kvr_router_free(f->router);
-  free(f);
   return 0;
 }
 
@@ -205,11 +194,11 @@ static void free_cancels_a_waiting_request(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(busy_worker_times_out, setup, teardown),
-      cmocka_unit_test_setup_teardown(preview_never_waits, setup, teardown),
-      cmocka_unit_test_setup_teardown(allowed_workers_bypass_the_queue, setup, teardown),
-      cmocka_unit_test_setup_teardown(waiter_admitted_when_prefill_completes, setup, teardown),
-      cmocka_unit_test_setup_teardown(free_cancels_a_waiting_request, setup, teardown),
+      cmocka_unit_test_setup_teardown(busy_worker_times_out, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(preview_never_waits, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(allowed_workers_bypass_the_queue, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(waiter_admitted_when_prefill_completes, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(free_cancels_a_waiting_request, setup, kvt_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,36 +14,20 @@
 #define SYSTEM_BLOCKS 32 /* a 512-token system prompt */
 #define CACHING_WORKER 3
 
-typedef struct fixture {
-  kvr_router* router;
-  uint32_t system[SYSTEM_BLOCKS * BS];           /* cached on CACHING_WORKER */
-  uint32_t request[SYSTEM_BLOCKS * BS + 3 * BS]; /* the system prompt + 3 blocks of question */
-} fixture;
+typedef kvt_fixture fixture;
 
-/* Four single-rank workers (ids 1..4); worker 3 caches the whole system prompt. */
+#define REQUEST_TOKENS (SYSTEM_BLOCKS * BS + 3 * BS)
+
+/* Four single-rank workers (ids 1..4). The prompt is a request: a system prompt of
+ * SYSTEM_BLOCKS blocks, which worker 3 caches whole, then 3 blocks of question. */
 static int setup(void** state) {
-  fixture* f = (fixture*)calloc(1, sizeof(fixture));
-  uint64_t id;
-  if (f == NULL) return -1;
-  f->router = kvt_router_new(BS, 0);
-  for (id = 1; id <= NUM_WORKERS; ++id) kvt_add_worker(f->router, id);
-  kvt_fill_tokens(f->system, SYSTEM_BLOCKS * BS, 10000);
-  memcpy(f->request, f->system, sizeof f->system);
-  kvt_fill_tokens(f->request + SYSTEM_BLOCKS * BS, 3 * BS, 90000);
-  KVT_OK(kvt_store(f->router, CACHING_WORKER, 0, KVR_TIER_DEVICE, f->system, SYSTEM_BLOCKS, BS,
+  fixture* f = kvt_fixture_new(BS, 0, NUM_WORKERS, REQUEST_TOKENS, 10000);
+  kvt_fill_tokens(f->prompt + SYSTEM_BLOCKS * BS, 3 * BS, 90000);
+  KVT_OK(kvt_store(f->router, CACHING_WORKER, 0, KVR_TIER_DEVICE, f->prompt, SYSTEM_BLOCKS, BS,
                    1000, 0, 0, ERRP));
   *state = f;
   return 0;
 }
-
-static int teardown(void** state) {
-  fixture* f = (fixture*)*state;
-  kvr_router_free(f->router);
-  free(f);
-  return 0;
-}
-
-#define REQUEST_TOKENS (SYSTEM_BLOCKS * BS + 3 * BS)
 
 static void check_candidates(const kvr_candidate* c, size_t n, const kvr_route_result* result) {
   size_t i;
@@ -82,8 +66,8 @@ static void shared_prefix_lands_on_caching_worker(void** state) {
   size_t n = 0;
   size_t i;
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, candidates, 8,
-                             &n, ERRP));
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, NULL, &result, candidates, 8, &n,
+                             ERRP));
   assert_int_equal(CACHING_WORKER, result.worker_id);
   assert_int_equal(0, result.dp_rank);
   assert_int_equal(SYSTEM_BLOCKS + 3, result.prompt_blocks);
@@ -116,25 +100,25 @@ static void preview_changes_nothing(void** state) {
   size_t len_after = 0;
   kvr_request_options opts;
   int i;
-  KVT_OK(kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, before, 8,
+  KVT_OK(kvr_router_potential_loads(f->router, f->prompt, REQUEST_TOKENS, NULL, before, 8,
                                     &len_before, ERRP));
   kvr_request_options_init(&opts, sizeof opts);
   opts.request_id = "preview"; /* an id without KVR_REQUEST_ADMIT books nothing */
   for (i = 0; i < 5; ++i) {
     kvr_route_result_init(&result, sizeof result);
-    KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, i % 2 ? &opts : NULL, &result,
+    KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, i % 2 ? &opts : NULL, &result,
                                NULL, 0, NULL, ERRP));
     assert_int_equal(0, result.booked);
   }
   assert_int_equal(0, kvt_metrics(f->router).requests_active);
-  KVT_OK(kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, after, 8,
+  KVT_OK(kvr_router_potential_loads(f->router, f->prompt, REQUEST_TOKENS, NULL, after, 8,
                                     &len_after, ERRP));
   assert_int_equal(len_before, len_after);
   assert_memory_equal(before, after, len_before * sizeof(kvr_potential_load));
   /* "preview" was never booked: admitting it now works. */
   opts = kvt_admit("preview");
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, result.booked);
 }
@@ -148,13 +132,13 @@ static void admission_raises_load_and_lifecycle_brings_it_back(void** state) {
   kvr_metrics metrics;
   uint64_t decisions = kvt_metrics(f->router).decisions;
 
-  idle = kvt_load_of(f->router, f->request, REQUEST_TOKENS, CACHING_WORKER, 0);
+  idle = kvt_load_of(f->router, f->prompt, REQUEST_TOKENS, CACHING_WORKER, 0);
   assert_int_equal(0, idle.active_requests);
   assert_int_equal(0, idle.active_prefill_tokens);
   assert_int_equal(0, idle.active_blocks);
 
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(CACHING_WORKER, result.worker_id);
   assert_int_equal(1, result.booked);
@@ -163,7 +147,7 @@ static void admission_raises_load_and_lifecycle_brings_it_back(void** state) {
   assert_int_equal(1, metrics.requests_active);
   assert_int_equal(decisions + 1, metrics.decisions);
 
-  load = kvt_load_of(f->router, f->request, REQUEST_TOKENS, CACHING_WORKER, 0);
+  load = kvt_load_of(f->router, f->prompt, REQUEST_TOKENS, CACHING_WORKER, 0);
   assert_int_equal(1, load.active_requests);
   /* The uncached part of the prompt is being prefilled. */
   assert_int_equal(REQUEST_TOKENS - SYSTEM_BLOCKS * BS, load.active_prefill_tokens);
@@ -171,7 +155,7 @@ static void admission_raises_load_and_lifecycle_brings_it_back(void** state) {
   assert_true(load.potential_prefill_tokens > idle.potential_prefill_tokens);
 
   KVT_OK(kvr_router_mark_prefill_completed(f->router, "req-1", ERRP));
-  load = kvt_load_of(f->router, f->request, REQUEST_TOKENS, CACHING_WORKER, 0);
+  load = kvt_load_of(f->router, f->prompt, REQUEST_TOKENS, CACHING_WORKER, 0);
   assert_int_equal(1, load.active_requests);
   assert_int_equal(0, load.active_prefill_tokens);
   assert_int_equal(SYSTEM_BLOCKS + 3, load.active_blocks);
@@ -179,7 +163,7 @@ static void admission_raises_load_and_lifecycle_brings_it_back(void** state) {
   KVT_OK(kvr_router_mark_prefill_completed(f->router, "req-1", ERRP));
 
   KVT_OK(kvr_router_free_request(f->router, "req-1", ERRP));
-  load = kvt_load_of(f->router, f->request, REQUEST_TOKENS, CACHING_WORKER, 0);
+  load = kvt_load_of(f->router, f->prompt, REQUEST_TOKENS, CACHING_WORKER, 0);
   assert_memory_equal(&idle, &load, sizeof load);
   assert_int_equal(0, kvt_metrics(f->router).requests_active);
   KVT_OK(kvr_router_free_request(f->router, "req-1", ERRP));
@@ -217,8 +201,8 @@ static void candidates_buffer_truncates(void** state) {
   memset(candidates, 0xAB, sizeof candidates);
   kvr_route_result_init(&result, sizeof result);
   /* Room for one: the decision is made all the same, and the total is reported. */
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, candidates, 1,
-                             &n, ERRP));
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, NULL, &result, candidates, 1, &n,
+                             ERRP));
   assert_int_equal(NUM_WORKERS, n);
   assert_int_equal(CACHING_WORKER, result.worker_id);
   {
@@ -227,11 +211,11 @@ static void candidates_buffer_truncates(void** state) {
     assert_memory_equal(sentinel, &candidates[1], sizeof(kvr_candidate));
   }
   /* No buffer at all, and no count wanted. */
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, NULL, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(CACHING_WORKER, result.worker_id);
   /* A NULL buffer with room claimed is an error. */
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              NULL, &result, NULL, 4, &n, ERRP));
 }
 
@@ -248,7 +232,7 @@ static void allowed_workers(void** state) {
   opts.allowed_worker_ids = allowed;
   opts.num_allowed_worker_ids = 2;
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, candidates, 8,
                              &n, ERRP));
   assert_int_equal(2, n);
   assert_true(result.worker_id == 1 || result.worker_id == 2);
@@ -256,11 +240,11 @@ static void allowed_workers(void** state) {
 
   opts.allowed_worker_ids = nobody;
   opts.num_allowed_worker_ids = 1;
-  KVT_EXPECT_FAILS(KVR_UNAVAILABLE, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
-                                                        &opts, &result, NULL, 0, NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_UNAVAILABLE, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts,
+                                                        &result, NULL, 0, NULL, ERRP));
   opts.allowed_worker_ids = NULL;
   opts.num_allowed_worker_ids = 2;
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
 }
 
@@ -285,10 +269,10 @@ static void admission_needs_request_id(void** state) {
   kvr_route_result result;
   kvr_request_options opts = kvt_admit(NULL);
   kvr_route_result_init(&result, sizeof result);
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
   opts.request_id = "";
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
   assert_int_equal(0, kvt_metrics(f->router).requests_active);
 }
@@ -298,17 +282,17 @@ static void duplicate_request_id(void** state) {
   kvr_route_result result;
   kvr_request_options opts = kvt_admit("dup");
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
-  KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                            &opts, &result, NULL, 0, NULL, ERRP));
   /* A chosen-elsewhere booking under the same id is refused too. */
-  KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_router_add_request(f->router, f->request, REQUEST_TOKENS,
-                                                              1, 0, &opts, ERRP));
+  KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS,
+                   kvr_router_add_request(f->router, f->prompt, REQUEST_TOKENS, 1, 0, &opts, ERRP));
   assert_int_equal(1, kvt_metrics(f->router).requests_active);
   /* Once freed, the id may be used again. */
   KVT_OK(kvr_router_free_request(f->router, "dup", ERRP));
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
 }
 
@@ -318,7 +302,7 @@ static void request_ids_are_copied(void** state) {
   char id[16] = "copied-id";
   kvr_request_options opts = kvt_admit(id);
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   /* The caller's buffer is reused: the router kept its own copy of the id. */
   memset(id, 'x', sizeof id - 1);
@@ -337,14 +321,14 @@ static void per_request_overrides(void** state) {
   kvr_request_options_init(&opts, sizeof opts);
   opts.overlap_score_credit = 0;
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, candidates, 8,
                              &n, ERRP));
   for (i = 0; i < n; ++i) assert_true(candidates[i].credit == 0);
 
   /* prefill_load_scale 0: only decode blocks count. */
   kvr_request_options_init(&opts, sizeof opts);
   opts.prefill_load_scale = 0;
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, candidates, 8,
                              &n, ERRP));
   for (i = 0; i < n; ++i) {
     assert_true(candidates[i].prefill_cost == 0);
@@ -354,18 +338,18 @@ static void per_request_overrides(void** state) {
   /* A high temperature gives every worker a chance. */
   kvr_request_options_init(&opts, sizeof opts);
   opts.temperature = 100.0;
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, candidates, 8,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, candidates, 8,
                              &n, ERRP));
   for (i = 0; i < n; ++i) assert_true(candidates[i].probability > 0);
 
   /* An invalid override is refused. */
   kvr_request_options_init(&opts, sizeof opts);
   opts.temperature = -1;
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
   kvr_request_options_init(&opts, sizeof opts);
   opts.host_cache_hit_weight = 3;
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
 
   /* Prefill tracking off: admitted requests add no prefill tokens. */
@@ -376,10 +360,11 @@ static void per_request_overrides(void** state) {
   opts.assume_kv_reuse = 1;
   opts.expected_output_tokens = 100;
   opts.priority_jump = 1;
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
-  assert_int_equal(0, kvt_load_of(f->router, f->request, REQUEST_TOKENS, result.worker_id, 0)
-                          .active_prefill_tokens);
+  assert_int_equal(
+      0,
+      kvt_load_of(f->router, f->prompt, REQUEST_TOKENS, result.worker_id, 0).active_prefill_tokens);
 }
 
 /* Dynamo's newer cost knobs through the options and per request: the request weight charges
@@ -476,8 +461,8 @@ static void overlap_scores(void** state) {
   kvr_overlap scores[4];
   size_t len = 0;
   uint32_t unknown[64];
-  KVT_OK(kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, NULL, scores, 4, &len,
-                                   ERRP));
+  KVT_OK(
+      kvr_router_overlap_scores(f->router, f->prompt, REQUEST_TOKENS, NULL, scores, 4, &len, ERRP));
   assert_int_equal(1, len);
   assert_int_equal(CACHING_WORKER, scores[0].worker_id);
   assert_int_equal(0, scores[0].dp_rank);
@@ -510,10 +495,10 @@ static void overlap_scores_of_hashes(void** state) {
   size_t num_hashes = 0;
   size_t len = 0;
   size_t len_hashed = 0;
-  KVT_OK(kvr_compute_block_hashes(f->request, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
+  KVT_OK(kvr_compute_block_hashes(f->prompt, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
                                   &num_hashes, ERRP));
-  KVT_OK(kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, NULL, from_tokens, 4,
-                                   &len, ERRP));
+  KVT_OK(kvr_router_overlap_scores(f->router, f->prompt, REQUEST_TOKENS, NULL, from_tokens, 4, &len,
+                                   ERRP));
   KVT_OK(kvr_router_overlap_scores_hashed(f->router, hashes, num_hashes, NULL, from_hashes, 4,
                                           &len_hashed, ERRP));
   assert_int_equal(1, len);
@@ -550,11 +535,11 @@ static void find_matches_is_the_walk_of_overlap_scores(void** state) {
   size_t num_hashes = 0, num_scores = 0, len = 0, i, j;
   /* Rank (1, 0) holds the first half of the system prompt on the device, rank (2, 0) all of it
    * on the host tier. */
-  KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->system, SYSTEM_BLOCKS / 2, BS, 5000, 0, 0,
+  KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, SYSTEM_BLOCKS / 2, BS, 5000, 0, 0,
                    ERRP));
-  KVT_OK(kvt_store(f->router, 2, 0, KVR_TIER_HOST_PINNED, f->system, SYSTEM_BLOCKS, BS, 6000, 0, 0,
+  KVT_OK(kvt_store(f->router, 2, 0, KVR_TIER_HOST_PINNED, f->prompt, SYSTEM_BLOCKS, BS, 6000, 0, 0,
                    ERRP));
-  KVT_OK(kvr_compute_block_hashes(f->request, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
+  KVT_OK(kvr_compute_block_hashes(f->prompt, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
                                   &num_hashes, ERRP));
   KVT_OK(kvr_router_overlap_scores_hashed(f->router, hashes, num_hashes, NULL, scores, 4,
                                           &num_scores, ERRP));
@@ -628,7 +613,7 @@ static void stored_event_without_tokens_copies_held_blocks(void** state) {
   removal.block_hashes = engine;
   removal.num_blocks = SYSTEM_BLOCKS;
   KVT_OK(kvr_router_apply_removed(f->router, &removal, ERRP));
-  KVT_OK(kvr_compute_block_hashes(f->request, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
+  KVT_OK(kvr_compute_block_hashes(f->prompt, REQUEST_TOKENS, BS, NULL, hashes, REQUEST_TOKENS / BS,
                                   &num_hashes, ERRP));
   KVT_OK(kvr_router_find_matches(f->router, hashes, num_hashes, matches, NUM_WORKERS, &len, ERRP));
   assert_int_equal(1, len);
@@ -643,12 +628,12 @@ static void overlap_scores_buffer_too_small_then_retry(void** state) {
   kvr_overlap* retry;
   size_t len = 0;
   /* A second rank caches the first half of the system prompt. */
-  KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->system, SYSTEM_BLOCKS / 2, BS, 5000, 0, 0,
+  KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, SYSTEM_BLOCKS / 2, BS, 5000, 0, 0,
                    ERRP));
   memset(one, 0xAB, sizeof one);
   KVT_EXPECT_FAILS(
       KVR_BUFFER_TOO_SMALL,
-      kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, NULL, one, 1, &len, ERRP));
+      kvr_router_overlap_scores(f->router, f->prompt, REQUEST_TOKENS, NULL, one, 1, &len, ERRP));
   assert_int_equal(2, len);
   {
     uint8_t sentinel[sizeof one];
@@ -657,7 +642,7 @@ static void overlap_scores_buffer_too_small_then_retry(void** state) {
   }
   retry = (kvr_overlap*)calloc(len, sizeof(kvr_overlap));
   assert_non_null(retry);
-  KVT_OK(kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, NULL, retry, len, &len,
+  KVT_OK(kvr_router_overlap_scores(f->router, f->prompt, REQUEST_TOKENS, NULL, retry, len, &len,
                                    ERRP));
   assert_int_equal(2, len);
   assert_true((retry[0].worker_id == 1 && retry[0].device_blocks == SYSTEM_BLOCKS / 2) ||
@@ -673,11 +658,11 @@ static void potential_loads_buffer_too_small_then_retry(void** state) {
   size_t i;
   KVT_EXPECT_FAILS(
       KVR_BUFFER_TOO_SMALL,
-      kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, two, 2, &len, ERRP));
+      kvr_router_potential_loads(f->router, f->prompt, REQUEST_TOKENS, NULL, two, 2, &len, ERRP));
   assert_int_equal(NUM_WORKERS, len);
   retry = (kvr_potential_load*)calloc(len, sizeof(kvr_potential_load));
   assert_non_null(retry);
-  KVT_OK(kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, retry, len, &len,
+  KVT_OK(kvr_router_potential_loads(f->router, f->prompt, REQUEST_TOKENS, NULL, retry, len, &len,
                                     ERRP));
   assert_int_equal(NUM_WORKERS, len);
   for (i = 0; i < len; ++i) {
@@ -707,14 +692,14 @@ static void request_options_struct_size_rules(void** state) {
   kvr_request_options_init(&opts, sizeof opts);
   opts.struct_size = 0;
   kvr_route_result_init(&result, sizeof result);
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
-                   kvr_router_overlap_scores(f->router, f->request, REQUEST_TOKENS, &opts, scores,
-                                             4, &len, ERRP));
+                   kvr_router_overlap_scores(f->router, f->prompt, REQUEST_TOKENS, &opts, scores, 4,
+                                             &len, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
-                   kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, &opts, loads,
-                                              4, &len, ERRP));
+                   kvr_router_potential_loads(f->router, f->prompt, REQUEST_TOKENS, &opts, loads, 4,
+                                              &len, ERRP));
 
   /* Older caller: the first released layout ended with queue_timeout_ms; the newer overrides
    * past it are not read (a negative decay would be refused). */
@@ -723,7 +708,7 @@ static void request_options_struct_size_rules(void** state) {
   opts.flags = KVR_REQUEST_ADMIT;
   opts.request_id = "older";
   opts.overlap_score_credit_decay = -3;
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, result.booked);
   assert_int_equal(CACHING_WORKER, result.worker_id);
@@ -732,17 +717,17 @@ static void request_options_struct_size_rules(void** state) {
   opts.request_id = "shorter";
   opts.struct_size = (uint32_t)offsetof(kvr_request_options, overlap_score_credit);
   KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
-                          kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result,
+                          kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result,
                                               NULL, 0, NULL, ERRP));
 
   /* Newer caller. */
   memset(&newer, 0xAB, sizeof newer);
   KVT_OK(kvr_request_options_init(&newer.base, sizeof newer));
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &newer.base, &result, NULL, 0,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &newer.base, &result, NULL, 0,
                              NULL, ERRP));
   newer.tail[0] = 5;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
-                   kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &newer.base, &result,
+                   kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &newer.base, &result,
                                        NULL, 0, NULL, ERRP));
 }
 
@@ -760,8 +745,8 @@ static void route_result_struct_size_rules(void** state) {
   uint8_t sentinel[sizeof(kvr_route_result)];
   memset(&newer, 0xAB, sizeof newer);
   KVT_OK(kvr_route_result_init(&newer.base, sizeof newer));
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &newer.base, NULL, 0,
-                             NULL, ERRP));
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, NULL, &newer.base, NULL, 0, NULL,
+                             ERRP));
   assert_int_equal(sizeof newer, newer.base.struct_size);
   assert_int_equal(CACHING_WORKER, newer.base.worker_id);
   assert_int_equal(SYSTEM_BLOCKS, newer.base.device_overlap_blocks);
@@ -772,7 +757,7 @@ static void route_result_struct_size_rules(void** state) {
   memset(sentinel, 0xAB, sizeof sentinel);
   result.struct_size = (uint32_t)covered;
   KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "first released layout",
-                          kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, NULL, &result,
+                          kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, NULL, &result,
                                               NULL, 0, NULL, ERRP));
   assert_int_equal(covered, result.struct_size);
   assert_memory_equal(sentinel + sizeof(uint32_t), (uint8_t*)&result + sizeof(uint32_t),
@@ -780,7 +765,7 @@ static void route_result_struct_size_rules(void** state) {
 
   kvr_route_result_init(&result, sizeof result);
   result.struct_size = 0;
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              NULL, &result, NULL, 0, NULL, ERRP));
 }
 
@@ -795,20 +780,20 @@ static void refused_result_books_nothing(void** state) {
   opts.request_id = "never-booked";
   kvr_route_result_init(&result, sizeof result);
   result.struct_size = 8;
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              &opts, &result, NULL, 0, NULL, ERRP));
   assert_int_equal(0, kvt_metrics(f->router).requests_active);
   assert_int_equal(0, kvt_metrics(f->router).decisions);
   /* The id is free: booking it now works. */
   kvr_route_result_init(&result, sizeof result);
-  KVT_OK(kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
                              ERRP));
   assert_int_equal(1, kvt_metrics(f->router).requests_active);
   /* An unknown request flag is refused, and books nothing either. */
   opts.request_id = "flagged";
   opts.flags = KVR_REQUEST_ADMIT | 0x10u;
   KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_request_options.flags",
-                          kvr_find_best_match(f->router, f->request, REQUEST_TOKENS, &opts, &result,
+                          kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result,
                                               NULL, 0, NULL, ERRP));
   assert_int_equal(1, kvt_metrics(f->router).requests_active);
 }
@@ -846,7 +831,7 @@ static void predicted_ttft_prices_seconds_at_the_learnt_rate(void** state) {
     for (id = 1; id <= NUM_WORKERS; ++id) {
       snprintf(name, sizeof name, "warm-%d-%d", (int)id, i);
       req = kvt_admit(name);
-      KVT_OK(kvr_router_add_request(router, f->request, REQUEST_TOKENS, id, 0, &req, ERRP));
+      KVT_OK(kvr_router_add_request(router, f->prompt, REQUEST_TOKENS, id, 0, &req, ERRP));
       now += 100000000;
       KVT_OK(kvr_router_set_time(router, now, ERRP));
       KVT_OK(kvr_router_mark_prefill_completed(router, name, ERRP));
@@ -897,7 +882,7 @@ static void null_arguments(void** state) {
   kvr_potential_load loads[4];
   size_t len;
   kvr_route_result_init(&result, sizeof result);
-  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->request, REQUEST_TOKENS,
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS,
                                                              NULL, NULL, NULL, 0, NULL, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, NULL, REQUEST_TOKENS, NULL,
                                                              &result, NULL, 0, NULL, ERRP));
@@ -907,38 +892,41 @@ static void null_arguments(void** state) {
                    kvr_router_potential_loads(f->router, NULL, 5, NULL, loads, 4, &len, ERRP));
   KVT_EXPECT_FAILS(
       KVR_INVALID_ARGUMENT,
-      kvr_router_potential_loads(f->router, f->request, REQUEST_TOKENS, NULL, NULL, 4, &len, ERRP));
+      kvr_router_potential_loads(f->router, f->prompt, REQUEST_TOKENS, NULL, NULL, 4, &len, ERRP));
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(shared_prefix_lands_on_caching_worker, setup, teardown),
-      cmocka_unit_test_setup_teardown(preview_changes_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(shared_prefix_lands_on_caching_worker, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(preview_changes_nothing, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(admission_raises_load_and_lifecycle_brings_it_back, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(distinct_requests_spread, setup, teardown),
-      cmocka_unit_test_setup_teardown(candidates_buffer_truncates, setup, teardown),
-      cmocka_unit_test_setup_teardown(allowed_workers, setup, teardown),
+                                      kvt_teardown),
+      cmocka_unit_test_setup_teardown(distinct_requests_spread, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(candidates_buffer_truncates, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(allowed_workers, setup, kvt_teardown),
       cmocka_unit_test(no_workers_is_unavailable),
       cmocka_unit_test(newer_cost_knobs),
       cmocka_unit_test(output_blocks_are_tracked),
-      cmocka_unit_test_setup_teardown(admission_needs_request_id, setup, teardown),
-      cmocka_unit_test_setup_teardown(duplicate_request_id, setup, teardown),
-      cmocka_unit_test_setup_teardown(request_ids_are_copied, setup, teardown),
-      cmocka_unit_test_setup_teardown(per_request_overrides, setup, teardown),
-      cmocka_unit_test_setup_teardown(overlap_scores, setup, teardown),
-      cmocka_unit_test_setup_teardown(overlap_scores_of_hashes, setup, teardown),
-      cmocka_unit_test_setup_teardown(find_matches_is_the_walk_of_overlap_scores, setup, teardown),
+      cmocka_unit_test_setup_teardown(admission_needs_request_id, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(duplicate_request_id, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(request_ids_are_copied, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(per_request_overrides, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(overlap_scores, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(overlap_scores_of_hashes, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(find_matches_is_the_walk_of_overlap_scores, setup,
+                                      kvt_teardown),
       cmocka_unit_test_setup_teardown(stored_event_without_tokens_copies_held_blocks, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(overlap_scores_buffer_too_small_then_retry, setup, teardown),
-      cmocka_unit_test_setup_teardown(potential_loads_buffer_too_small_then_retry, setup, teardown),
-      cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, teardown),
-      cmocka_unit_test_setup_teardown(route_result_struct_size_rules, setup, teardown),
-      cmocka_unit_test_setup_teardown(refused_result_books_nothing, setup, teardown),
+                                      kvt_teardown),
+      cmocka_unit_test_setup_teardown(overlap_scores_buffer_too_small_then_retry, setup,
+                                      kvt_teardown),
+      cmocka_unit_test_setup_teardown(potential_loads_buffer_too_small_then_retry, setup,
+                                      kvt_teardown),
+      cmocka_unit_test_setup_teardown(request_options_struct_size_rules, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(route_result_struct_size_rules, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(refused_result_books_nothing, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(predicted_ttft_prices_seconds_at_the_learnt_rate, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(null_arguments, setup, teardown),
+                                      kvt_teardown),
+      cmocka_unit_test_setup_teardown(null_arguments, setup, kvt_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -92,14 +92,20 @@ static inline kvr_router* kvt_router_new_opts(const kvr_router_options* opts) {
   return router;
 }
 
-/* A router with the given block size and flags, every other setting at its default (the
+/* Router options with the given block size and flags, every other setting at its default (the
  * random seed fixed, so tie-breaks are reproducible). */
-static inline kvr_router* kvt_router_new(uint32_t block_size, uint32_t flags) {
+static inline kvr_router_options kvt_router_options(uint32_t block_size, uint32_t flags) {
   kvr_router_options opts;
   kvr_router_options_init(&opts, sizeof opts);
   opts.block_size = block_size;
   opts.flags = flags;
   opts.random_seed = 42;
+  return opts;
+}
+
+/* A router with kvt_router_options(block_size, flags). */
+static inline kvr_router* kvt_router_new(uint32_t block_size, uint32_t flags) {
+  kvr_router_options opts = kvt_router_options(block_size, flags);
   return kvt_router_new_opts(&opts);
 }
 
@@ -115,6 +121,58 @@ static inline void kvt_add_worker_full(kvr_router* router, uint64_t worker_id, u
 
 static inline void kvt_add_worker(kvr_router* router, uint64_t worker_id) {
   kvt_add_worker_full(router, worker_id, 1, 0);
+}
+
+/* The fixture the suites share: a router, its workers, and a prompt. A suite whose fixture is
+ * exactly this says `typedef kvt_fixture fixture;` and uses kvt_teardown; one that needs more
+ * (an ingest handle, files) keeps a struct of its own with a kvt_fixture in it, filled by
+ * kvt_fixture_init and emptied by kvt_fixture_release. */
+typedef struct kvt_fixture {
+  kvr_router* router;
+  uint32_t* prompt; /* prompt_tokens tokens: first_token, first_token + 1, ... (NULL if none) */
+  size_t prompt_tokens;
+} kvt_fixture;
+
+/* A router made with `opts`, workers 1..num_workers (one rank each, no batch budget; a suite
+ * adds others itself), and the prompt. */
+static inline void kvt_fixture_init(kvt_fixture* f, const kvr_router_options* opts,
+                                    uint64_t num_workers, size_t prompt_tokens,
+                                    uint32_t first_token) {
+  uint64_t id;
+  memset(f, 0, sizeof *f);
+  f->router = kvt_router_new_opts(opts);
+  for (id = 1; id <= num_workers; ++id) kvt_add_worker(f->router, id);
+  if (prompt_tokens > 0) {
+    f->prompt = (uint32_t*)calloc(prompt_tokens, sizeof(uint32_t));
+    assert_non_null(f->prompt);
+    kvt_fill_tokens(f->prompt, prompt_tokens, first_token);
+  }
+  f->prompt_tokens = prompt_tokens;
+}
+
+static inline void kvt_fixture_release(kvt_fixture* f) {
+  kvr_router_free(f->router);
+  free(f->prompt);
+  memset(f, 0, sizeof *f);
+}
+
+/* A fixture on the heap, with a router of kvt_router_options(block_size, flags), for `*state`. */
+static inline kvt_fixture* kvt_fixture_new(uint32_t block_size, uint32_t flags,
+                                           uint64_t num_workers, size_t prompt_tokens,
+                                           uint32_t first_token) {
+  kvr_router_options opts = kvt_router_options(block_size, flags);
+  kvt_fixture* f = (kvt_fixture*)malloc(sizeof(kvt_fixture));
+  assert_non_null(f);
+  kvt_fixture_init(f, &opts, num_workers, prompt_tokens, first_token);
+  return f;
+}
+
+/* The cmocka teardown of a suite whose `*state` is a kvt_fixture from kvt_fixture_new. */
+static inline int kvt_teardown(void** state) {
+  kvt_fixture* f = (kvt_fixture*)*state;
+  kvt_fixture_release(f);
+  free(f);
+  return 0;
 }
 
 /* Applies a device-tier Stored event for `num_blocks` blocks of `tokens` (block_size tokens

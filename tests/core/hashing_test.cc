@@ -22,7 +22,7 @@ std::vector<uint64_t> U64List(const nlohmann::json& j) {
 
 const nlohmann::json& Vectors() {
   static const nlohmann::json vectors =
-      testing::LoadSharedJson("data/dynamo_block_hash_vectors.json");
+      testing::LoadDataJson("vectors/dynamo_block_hash_vectors.json");
   return vectors;
 }
 

@@ -207,7 +207,9 @@ TEST(RadixIndexChurnTest, MillionCyclesReturnMemoryToTheStart) {
       // worker's prompt is at most kMaxLength long; nor more nodes than blocks.
       EXPECT_LE(s.tree_blocks, static_cast<uint64_t>(kWorkers) * kMaxLength);
       EXPECT_LE(s.nodes, 1u + s.tree_blocks);
-      if (i % 200'000 == 0) EXPECT_EQ(index.CheckInvariants(), "") << "after " << i;
+      if (i % 200'000 == 0) {
+        EXPECT_EQ(index.CheckInvariants(), "") << "after " << i;
+      }
       if (::testing::Test::HasFailure()) break;
     }
   }

@@ -108,7 +108,9 @@ class RandomHistory {
           if (k.worker_id == w.worker_id) expected += rank.blocks.size();
         }
         const size_t dropped = index.RemoveWorker(w.worker_id);
-        if (!any_multi_tier_) EXPECT_EQ(dropped, expected);
+        if (!any_multi_tier_) {
+          EXPECT_EQ(dropped, expected);
+        }
         model_.RemoveWorker(w.worker_id);
       } else if (r < 970) {
         const WorkerKey w = workers_[Uniform(workers_.size())];
@@ -202,7 +204,9 @@ class RandomHistory {
     EXPECT_EQ(index.Apply(RemovedBlocks(w, hashes, tier)).error, EventError::kBlockNotFound);
     ++expected_errors_;
     for (uint64_t h : hashes) {
-      if (h != unknown) ASSERT_TRUE(model_.Remove(w, h, tier));
+      if (h != unknown) {
+        ASSERT_TRUE(model_.Remove(w, h, tier));
+      }
     }
   }
 
@@ -271,7 +275,9 @@ void CheckRandomHistoryAgainstTheModel(uint32_t shards) {
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
     const Model& model = history.model();
     // Shards each hold the prefixes their own workers share.
-    if (shards == 1) EXPECT_EQ(index.Stats().tree_blocks + 1, model.Nodes());
+    if (shards == 1) {
+      EXPECT_EQ(index.Stats().tree_blocks + 1, model.Nodes());
+    }
     EXPECT_EQ(index.CheckInvariants(), "");
     EXPECT_EQ(ErrorCount(index.Stats()), history.expected_errors());
     for (const WorkerKey& w : history.workers()) {

@@ -199,7 +199,9 @@ TEST(RouterConcurrencyTest, EventsAndRoutingRunTogether) {
         auto d = router->FindBestMatch(Prompt(64, static_cast<uint32_t>(i % 16) * 64),
                                        RouteOptions{.with_admission = true, .request_id = id});
         ASSERT_TRUE(d.ok()) << d.status();
-        if (i % 3 == 0) ASSERT_TRUE(router->PotentialLoads(Prompt(32)).ok());
+        if (i % 3 == 0) {
+          ASSERT_TRUE(router->PotentialLoads(Prompt(32)).ok());
+        }
         router->Free(id);
       }
     });

@@ -1,5 +1,5 @@
-// Access to the read-only shared data (traces, vectors) from tests, and small helpers shared by
-// the index suites (event builders, match formatting).
+// Access to the data the tests read (data/ of this tree: traces, data/vectors), and small helpers
+// shared by the index suites (event builders, match formatting).
 #pragma once
 
 #include <algorithm>
@@ -18,13 +18,14 @@
 
 namespace kvrouter::testing {
 
-inline std::string SharedPath(const std::string& relative) {
-  return std::string(KVR_SHARED_DIR) + "/" + relative;
+// `relative` to data/ (KVR_DATA_DIR is set by the build).
+inline std::string DataPath(const std::string& relative) {
+  return std::string(KVR_DATA_DIR) + "/" + relative;
 }
 
-inline nlohmann::json LoadSharedJson(const std::string& relative) {
-  std::ifstream in(SharedPath(relative));
-  if (!in) throw std::runtime_error("cannot open " + SharedPath(relative));
+inline nlohmann::json LoadDataJson(const std::string& relative) {
+  std::ifstream in(DataPath(relative));
+  if (!in) throw std::runtime_error("cannot open " + DataPath(relative));
   return nlohmann::json::parse(in);
 }
 

@@ -1,5 +1,5 @@
 // libFuzzer harness: the vLLM / SGLang msgpack decoder and its conversion to router events must
-// reject, never crash on, any bytes. Seeds: the payloads of shared/data/*_kv_events_vectors.json.
+// reject, never crash on, any bytes. Seeds: the payloads of data/vectors/*_kv_events_vectors.json.
 #include <cstddef>
 #include <cstdint>
 #include <span>

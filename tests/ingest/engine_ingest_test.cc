@@ -30,7 +30,7 @@ std::vector<uint8_t> FromHex(const std::string& hex) {
 }
 
 std::vector<uint8_t> VllmPayload(const std::string& name) {
-  std::ifstream in(std::string(KVR_SHARED_DIR) + "/data/vllm_kv_events_vectors.json");
+  std::ifstream in(std::string(KVR_DATA_DIR) + "/vectors/vllm_kv_events_vectors.json");
   const json vectors = json::parse(in);
   for (const json& v : vectors.at("vectors")) {
     if (v.at("name").get<std::string>() == name) {

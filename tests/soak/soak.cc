@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "kvrouter.h"
-#include "trace/mooncake_trace.h"
+#include "replay/trace/mooncake_trace.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // The vLLM / SGLang msgpack decoder against every wire vector of
-// shared/data/{vllm,sglang}_kv_events_vectors.json. Each vector's payload is decoded and
+// data/vectors/{vllm,sglang}_kv_events_vectors.json. Each vector's payload is decoded and
 // compared, field by field, with the vector's own "decoded" view (an independent JSON rendering
 // of what the bytes mean), then checked against hand-written expectations of its meaning.
 #include "wire/engine_events.h"
@@ -19,7 +19,7 @@ namespace {
 using nlohmann::json;
 
 json LoadVectors(const std::string& file) {
-  std::ifstream in(std::string(KVR_SHARED_DIR) + "/data/" + file);
+  std::ifstream in(std::string(KVR_DATA_DIR) + "/vectors/" + file);
   EXPECT_TRUE(in.good()) << file;
   return json::parse(in);
 }

@@ -1,7 +1,7 @@
 //! The events and queries every indexer is fed: bench/index_bench.cc's, rebuilt in Rust.
 //!
 //! * Trace load (`TraceIndex::Load`): request *i* of the Mooncake conversation trace is
-//!   expanded to tokens as tools/trace/mooncake_trace.cc does (each hash id = 512 tokens from
+//!   expanded to tokens as tools/replay/trace/mooncake_trace.cc does (each hash id = 512 tokens from
 //!   splitmix64 of (id × 256 + pair), truncated to input_length), hashed at block size 16
 //!   (local hashes; engine hashes = their chained sequence hashes) and stored on worker
 //!   *i* mod W, dp rank 0, as one stored event holding only the blocks new to that worker (the
@@ -101,7 +101,7 @@ fn parse_line(line: &str, number: usize) -> (usize, Vec<u64>) {
     (input as usize, ids)
 }
 
-/// tools/trace/mooncake_trace.cc's expansion (`ExpandTokensInto`).
+/// tools/replay/trace/mooncake_trace.cc's expansion (`ExpandTokensInto`).
 fn expand_into(input_length: usize, hash_ids: &[u64], out: &mut Vec<u32>) {
     fn mix64(mut x: u64) -> u64 {
         x = x.wrapping_add(0x9e3779b97f4a7c15);

@@ -3,7 +3,7 @@
 //! read off against the C++ figure.
 //!
 //! The index: the Mooncake conversation trace (expanded at block size 16 as
-//! tools/trace/mooncake_trace.cc does), every request's prompt stored on one of 64 workers
+//! tools/replay/trace/mooncake_trace.cc does), every request's prompt stored on one of 64 workers
 //! round-robin as only the blocks new to that worker, through the C ABI. Queries: the first
 //! 1,024 prompts of at least 512 blocks, cut to 8,192 tokens, each copied into a reused buffer
 //! before the clock starts (as the C++ benchmark does). Every call is timed on its own; p50 /
@@ -46,7 +46,7 @@ fn parse_args() -> Args {
     let mut args = Args {
         trace: concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../../../shared/data/mooncake/conversation_trace.jsonl"
+            "/../../../data/mooncake/conversation_trace.jsonl"
         )
         .to_string(),
         iters: 20_000,
@@ -88,7 +88,7 @@ fn parse_line(line: &str) -> Option<(usize, Vec<u64>)> {
     Some((input, ids))
 }
 
-/// tools/trace/mooncake_trace.cc's token expansion: pairs of tokens from splitmix64 of
+/// tools/replay/trace/mooncake_trace.cc's token expansion: pairs of tokens from splitmix64 of
 /// (hash_id × 256 + pair), truncated to input_length.
 fn expand(input_length: usize, hash_ids: &[u64]) -> Vec<u32> {
     fn mix64(mut x: u64) -> u64 {

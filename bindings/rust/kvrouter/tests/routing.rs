@@ -372,7 +372,7 @@ fn metrics_count_events_workers_and_decisions() {
 
 #[test]
 fn hashing_matches_dynamo_vectors() {
-    // shared/data/dynamo_block_hash_vectors.json
+    // data/vectors/dynamo_block_hash_vectors.json
     let tokens: Vec<u32> = (0..37).collect();
     let local = compute_block_hashes(&tokens, 16, &HashOptions::default()).unwrap();
     assert_eq!(local, [15310707395893867146, 15292316782987903195]);

@@ -192,7 +192,7 @@ class LibraryTest {
 
   @Test
   void hashesMatchDynamoVectorsBitForBit() {
-    // shared/data/dynamo_block_hash_vectors.json
+    // data/vectors/dynamo_block_hash_vectors.json
     assertArrayEquals(
         new long[] {
           Long.parseUnsignedLong("15310707395893867146"),

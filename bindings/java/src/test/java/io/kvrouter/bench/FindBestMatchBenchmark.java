@@ -81,7 +81,7 @@ public final class FindBestMatchBenchmark {
     }
     if (trace == null) {
       Path source = Path.of(System.getProperty("kvrouter.source.dir", "../.."));
-      trace = source.resolve("../shared/data/mooncake/conversation_trace.jsonl").toString();
+      trace = source.resolve("data/mooncake/conversation_trace.jsonl").toString();
     }
 
     KvRouter.load();
@@ -247,7 +247,7 @@ public final class FindBestMatchBenchmark {
     return sorted[sorted.length / 2];
   }
 
-  // ---- The Mooncake trace, expanded as tools/trace/mooncake_trace.cc does ----
+  // ---- The Mooncake trace, expanded as tools/replay/trace/mooncake_trace.cc does ----
 
   private static final Pattern INPUT_LENGTH = Pattern.compile("\"input_length\"\\s*:\\s*(\\d+)");
   private static final Pattern HASH_IDS = Pattern.compile("\"hash_ids\"\\s*:\\s*\\[([^\\]]*)\\]");
