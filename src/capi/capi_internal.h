@@ -4,7 +4,6 @@
 
 #include <absl/status/status.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -34,10 +33,6 @@ struct kvr_router {
   // The router's clock (kvr_router_set_time); declared first: the router reads it to the end.
   kvrouter::HandDrivenClock clock;
   std::unique_ptr<kvrouter::Router> router;
-  bool eagle = false;  // the model's blocks use eagle windows: every prompt is hashed so
-  std::atomic<uint64_t> decisions{0};
-  std::atomic<uint64_t> batches_rejected{0};
-  std::atomic<uint64_t> replica_changes_undecodable{0};
 };
 
 namespace kvrouter::capi {
@@ -123,6 +118,18 @@ inline kvr_status CopyOutString(kvr_error** err, const std::string& text, char* 
 
 inline std::string_view OrEmpty(const char* s) { return s == nullptr ? std::string_view() : s; }
 
+// Applies `bind(c_field, core_field)` to the fields a C worker description (kvr_worker_config,
+// kvr_engine_worker) shares with its core counterpart (WorkerConfig, EngineWorker): its id, its
+// data-parallel ranks and its block size (0: the router's). One list for the C defaults (core
+// to C) and the conversion (C to core).
+template <typename CWorker, typename CoreWorker, typename Bind>
+void BindWorkerRanks(CWorker& c, CoreWorker& core, Bind&& bind) {
+  bind(c.worker_id, core.worker_id);
+  bind(c.dp_start, core.dp_start);
+  bind(c.dp_size, core.dp_size);
+  bind(c.block_size, core.block_size);
+}
+
 // Per-block multimodal hashes from the flat C form (values + count per block).
 kvr_status ReadMmHashes(kvr_error** err, const uint64_t* hashes, const size_t* counts,
                         size_t num_blocks, std::vector<std::vector<uint64_t>>& out);
@@ -135,8 +142,7 @@ struct RequestOptions {
 };
 
 // kvr_request_options (NULL = defaults) to core RouteOptions, views into `out`.
-kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
-                          const kvr_request_options* opts, RequestOptions& out);
+kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, RequestOptions& out);
 // KVR_INVALID_ARGUMENT for NULL tokens with a non-zero count.
 kvr_status CheckTokens(kvr_error** err, const uint32_t* tokens, size_t num_tokens);
 

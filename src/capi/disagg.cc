@@ -2,7 +2,6 @@
 // (usable with every kvr_router_* function) and a core DisaggRouter over them.
 #include <cstring>
 #include <memory>
-#include <random>
 #include <span>
 
 #include "capi_internal.h"
@@ -38,15 +37,11 @@ kvr_status ToDisaggOptions(kvr_error** err, const kvr_disagg_options* opts,
                                 "KVR_DISAGG_*")) {
     return s;
   }
-  if (!(c.max_local_prefill_ratio >= 0) || !(c.prefill_busy_threshold >= 0)) {
-    return Fail(err, KVR_INVALID_ARGUMENT,
-                "max_local_prefill_ratio and prefill_busy_threshold must be >= 0");
-  }
   BindDisaggOptions(c, out, [](const auto& c_field, auto& core_field) { core_field = c_field; });
   out.policy = static_cast<kvrouter::DisaggPolicy>(c.policy);
   out.enforce = c.enforce != 0;
   if (c.decode_busy_threshold >= 0) out.decode_busy_threshold = c.decode_busy_threshold;
-  return KVR_OK;
+  return FromStatus(err, kvrouter::ValidateDisaggOptions(out));
 }
 
 kvr_status CheckDisagg(kvr_error** err, const kvr_disagg* disagg) {
@@ -99,12 +94,11 @@ KVR_API kvr_status kvr_disagg_new(const kvr_router_options* prefill,
     auto disagg = std::make_unique<kvr_disagg>();
     if (kvr_status s = kvr_router_new(prefill, &disagg->prefill, err)) return s;
     if (kvr_status s = kvr_router_new(decode, &disagg->decode, err)) return s;
-    if (disagg->prefill->router->block_size() != disagg->decode->router->block_size()) {
-      return Fail(err, KVR_INVALID_ARGUMENT, "the prefill and decode pools' block sizes differ");
-    }
-    options.random_seed = std::random_device{}();
-    disagg->core = std::make_unique<kvrouter::DisaggRouter>(*disagg->prefill->router,
-                                                            *disagg->decode->router, options);
+    options.random_seed = kvrouter::EntropySeed();
+    auto core =
+        kvrouter::DisaggRouter::Create(*disagg->prefill->router, *disagg->decode->router, options);
+    if (!core.ok()) return FromStatus(err, core.status());
+    disagg->core = std::move(*core);
     *out = disagg.release();
     return KVR_OK;
   });
@@ -129,7 +123,7 @@ KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* 
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, disagg->prefill, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     kvrouter::RoutingHints core_hints;
     kvr_routing_hints c;
     if (kvr_status s = ToRoutingHints(err, hints, core_hints, c)) return s;
@@ -140,7 +134,6 @@ KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* 
     result.remote = route->remote() ? 1 : 0;
     result.reason = static_cast<uint32_t>(route->placement);
     if (route->remote()) {
-      disagg->prefill->decisions.fetch_add(1, std::memory_order_relaxed);
       result.worker_id = route->decision.worker.worker_id;
       result.dp_rank = route->decision.worker.dp_rank;
       result.bootstrap_room = route->bootstrap_room;
@@ -159,14 +152,13 @@ KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg* disagg, const uint32_t* t
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, disagg->decode, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     kvrouter::RoutingHints core_hints;
     kvr_routing_hints c;
     if (kvr_status s = ToRoutingHints(err, hints, core_hints, c)) return s;
     auto decision = disagg->core->RouteDecode(std::span(tokens, num_tokens), options.route,
                                               remote_prefill != 0, core_hints);
     if (!decision.ok()) return FromStatus(err, decision.status());
-    disagg->decode->decisions.fetch_add(1, std::memory_order_relaxed);
     return WriteVersioned(err, ToSignals(*decision), out);
   });
 }
@@ -179,9 +171,8 @@ KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg* disagg, const uint
     if (kvr_status s = CheckDisagg(err, disagg)) return s;
     if (kvr_status s = RequireNonNull(err, busy, "busy")) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
-    if (!(threshold >= 0)) return Fail(err, KVR_INVALID_ARGUMENT, "threshold must be >= 0");
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, disagg->prefill, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     auto result =
         disagg->core->PrefillWorkerBusy(std::span(tokens, num_tokens), options.route, threshold);
     if (!result.ok()) return FromStatus(err, result.status());

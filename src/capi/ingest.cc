@@ -25,6 +25,14 @@ kvr_status CheckIngest(kvr_error** err, const kvr_ingest* ingest) {
   return RequireNonNull(err, ingest, "ingest");
 }
 
+// As BindRouterOptions (router.cc): the fields kvr_ingest_options shares with the core's
+// IngestOptions, for the C defaults (core to C) and kvr_ingest_new (C to core).
+template <typename COptions, typename CoreOptions, typename Bind>
+void BindIngestOptions(COptions& c, CoreOptions& core, Bind&& bind) {
+  bind(c.max_frame_bytes, core.max_frame_bytes);
+  bind(c.replay_timeout_ms, core.replay_timeout_ms);
+}
+
 kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   kvr_ingest_stats out = Defaults<kvr_ingest_stats>();
   out.state_unknown = static_cast<uint32_t>(s.state_unknown);
@@ -61,8 +69,7 @@ kvr_ingest_options Defaults() noexcept {
   const kvrouter::IngestOptions core;
   kvr_ingest_options c{};
   c.struct_size = sizeof c;
-  c.max_frame_bytes = core.max_frame_bytes;
-  c.replay_timeout_ms = core.replay_timeout_ms;
+  BindIngestOptions(c, core, [](auto& c_field, const auto& core_field) { c_field = core_field; });
   return c;
 }
 
@@ -72,10 +79,7 @@ kvr_engine_worker Defaults() noexcept {
   kvr_engine_worker c{};
   c.struct_size = sizeof c;
   c.engine = KVR_ENGINE_VLLM;
-  c.worker_id = core.worker_id;
-  c.dp_start = core.dp_start;
-  c.dp_size = core.dp_size;
-  c.block_size = core.block_size;
+  BindWorkerRanks(c, core, [](auto& c_field, const auto& core_field) { c_field = core_field; });
   return c;
 }
 
@@ -96,8 +100,8 @@ KVR_API kvr_status kvr_ingest_new(kvr_router* router, const kvr_ingest_options* 
     kvr_ingest_options in;
     if (kvr_status s = ReadVersioned(err, opts, in)) return s;
     kvrouter::IngestOptions options;
-    options.max_frame_bytes = in.max_frame_bytes;
-    options.replay_timeout_ms = in.replay_timeout_ms;
+    BindIngestOptions(in, options,
+                      [](const auto& c_field, auto& core_field) { core_field = c_field; });
     auto service = kvrouter::IngestService::Create(router->router.get(), options);
     if (!service.ok()) return FromStatus(err, service.status());
     *out = new kvr_ingest{std::move(*service)};
@@ -180,10 +184,8 @@ KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest* ingest, const kvr_en
     }
     kvrouter::EngineWorker config;
     config.endpoint = in.endpoint;
-    config.worker_id = in.worker_id;
-    config.dp_start = in.dp_start;
-    config.dp_size = in.dp_size;
-    config.block_size = in.block_size;
+    BindWorkerRanks(in, config,
+                    [](const auto& c_field, auto& core_field) { core_field = c_field; });
     config.topic = std::string(OrEmpty(in.topic));
     config.eagle = (in.flags & KVR_STORED_EAGLE) != 0;
     config.replay_endpoint = std::string(OrEmpty(in.replay_endpoint));

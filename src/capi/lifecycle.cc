@@ -114,7 +114,7 @@ KVR_API kvr_status kvr_preview_route(kvr_router* router, const uint32_t* tokens,
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     kvr_routing_hints c;
     if (kvr_status s = ApplyHints(err, hints, options.route, c)) return s;
     auto preview = router->router->Preview(std::span(tokens, num_tokens), options.route);
@@ -132,7 +132,7 @@ KVR_API kvr_status kvr_plan_route(kvr_router* router, const uint32_t* tokens, si
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     kvr_routing_hints c;
     if (kvr_status s = ApplyHints(err, hints, options.route, c)) return s;
     std::optional<WorkerKey> preferred;
@@ -143,7 +143,6 @@ KVR_API kvr_status kvr_plan_route(kvr_router* router, const uint32_t* tokens, si
     }
     auto plan = router->router->Plan(std::span(tokens, num_tokens), options.route, preferred);
     if (!plan.ok()) return FromStatus(err, plan.status());
-    router->decisions.fetch_add(1, std::memory_order_relaxed);
     return WriteVersioned(err, ToSignals(*plan), out);
   });
 }

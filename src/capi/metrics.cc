@@ -15,8 +15,9 @@ kvr_metrics Collect(const kvr_router& router) {
       m.events[kind][outcome] = index.events[kind][outcome];
     }
   }
-  m.event_batches_rejected = router.batches_rejected.load(std::memory_order_relaxed);
-  m.decisions = router.decisions.load(std::memory_order_relaxed);
+  const kvrouter::Router::Counters counters = router.router->counters();
+  m.event_batches_rejected = counters.event_batches_rejected;
+  m.decisions = counters.decisions;
   m.requests_active = router.router->active_requests();
   m.queue_pending = router.router->pending_count();
   m.queue_pending_tokens = router.router->pending_tokens();
@@ -26,8 +27,7 @@ kvr_metrics Collect(const kvr_router& router) {
   m.index_bytes = index.allocated_bytes;
   const kvrouter::Router::ReplicaStats replicas = router.router->replica_stats();
   m.replica_changes_applied = replicas.changes_applied;
-  m.replica_changes_rejected = replicas.changes_rejected +
-                               router.replica_changes_undecodable.load(std::memory_order_relaxed);
+  m.replica_changes_rejected = replicas.changes_rejected;
   m.replica_requests_active = replicas.active_requests;
   return m;
 }
@@ -68,7 +68,8 @@ std::string RenderPrometheus(const kvr_router& router) {
       {"kvrouter_queue_pending_tokens", "gauge", "Prompt tokens of the requests waiting.",
        static_cast<int64_t>(m.queue_pending_tokens)},
       {"kvrouter_workers", "gauge", "Registered workers.", static_cast<int64_t>(m.workers)},
-      {"kvrouter_index_nodes", "gauge", "Radix tree nodes in the KV index (each a run of blocks held alike).",
+      {"kvrouter_index_nodes", "gauge",
+       "Radix tree nodes in the KV index (each a run of blocks held alike).",
        static_cast<int64_t>(m.index_nodes)},
       {"kvrouter_index_blocks", "gauge", "Cached (block, worker rank) entries in the KV index.",
        static_cast<int64_t>(m.index_blocks)},

@@ -3,10 +3,10 @@
 // to core types, and maps absl::Status onto kvr_status; the core does the work.
 #include <cmath>
 #include <limits>
-#include <random>
 
 #include "capi_internal.h"
 #include "core/hashing.h"
+#include "ingest/replica_sync.h"
 #include "wire/flatbuffers_codec.h"
 
 using namespace kvrouter::capi;
@@ -68,6 +68,8 @@ constexpr RouterFlag kRouterFlags[] = {
     {KVR_ROUTER_NO_PREFILL_TRACKING, nullptr, &kvrouter::SelectorConfig::track_prefill_tokens,
      false},
     {KVR_ROUTER_TRACK_OUTPUT_BLOCKS, &kvrouter::RouterOptions::track_output_blocks, nullptr, true},
+    {KVR_ROUTER_EAGLE, &kvrouter::RouterOptions::eagle, nullptr, true},
+    {KVR_ROUTER_ENTROPY_SEED, &kvrouter::RouterOptions::seed_from_entropy, nullptr, true},
 };
 
 bool& FlagOption(kvrouter::RouterOptions& core, const RouterFlag& f) {
@@ -96,32 +98,24 @@ kvr_status ToRouterOptions(kvr_error** err, const kvr_router_options& in,
   }
   out.queue_policy = static_cast<kvrouter::QueuePolicy>(in.queue_policy);
   out.selection.cost_function = static_cast<kvrouter::CostFunction>(in.cost_function);
-  if (in.flags & KVR_ROUTER_ENTROPY_SEED) {
-    std::random_device entropy;
-    out.random_seed = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
-  }
   return KVR_OK;
 }
 
-// As BindRouterOptions, for kvr_worker_config and the core's WorkerConfig (every field; a C
-// block size of 0 then stands for the router's).
+// As BindRouterOptions, for kvr_worker_config and the core's WorkerConfig (every field; a
+// block size of 0 stands for the router's in both).
 template <typename CConfig, typename CoreConfig, typename Bind>
 void BindWorkerConfig(CConfig& c, CoreConfig& core, Bind&& bind) {
-  bind(c.worker_id, core.worker_id);
-  bind(c.dp_start, core.dp_start);
-  bind(c.dp_size, core.dp_size);
+  BindWorkerRanks(c, core, bind);
   bind(c.total_kv_blocks, core.total_kv_blocks);
   bind(c.max_num_batched_tokens, core.max_num_batched_tokens);
-  bind(c.block_size, core.block_size);
 }
 
-kvr_status ToWorkerConfig(kvr_error** err, const kvr_router* router,
-                          const kvr_worker_config* config, kvrouter::WorkerConfig& out) {
+kvr_status ToWorkerConfig(kvr_error** err, const kvr_worker_config* config,
+                          kvrouter::WorkerConfig& out) {
   if (kvr_status s = RequireNonNull(err, config, "config")) return s;
   kvr_worker_config in;
   if (kvr_status s = ReadVersioned(err, config, in)) return s;
   BindWorkerConfig(in, out, [](const auto& c, auto& core) { core = c; });
-  if (in.block_size == 0) out.block_size = router->router->block_size();
   return KVR_OK;
 }
 
@@ -174,8 +168,7 @@ kvr_request_options Defaults() noexcept {
   return c;
 }
 
-kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
-                          const kvr_request_options* opts, RequestOptions& out) {
+kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, RequestOptions& out) {
   if (kvr_status s = ReadVersioned(err, opts, out.c)) return s;
   const kvr_request_options& c = out.c;
   if (kvr_status s = ReadMmHashes(err, c.mm_hashes, c.mm_counts, c.mm_num_blocks, out.mm)) {
@@ -191,7 +184,6 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_router* router,
   r.prompt.lora_name = OrEmpty(c.lora_name);
   r.prompt.cache_namespace = OrEmpty(c.cache_namespace);
   r.prompt.block_mm_hashes = out.mm;
-  r.prompt.eagle = router->eagle;
   r.overrides.overlap_score_credit = UnlessNaN(c.overlap_score_credit);
   r.overrides.prefill_load_scale = UnlessNaN(c.prefill_load_scale);
   r.overrides.host_cache_hit_weight = UnlessNaN(c.host_cache_hit_weight);
@@ -223,12 +215,6 @@ kvr_status CheckTokens(kvr_error** err, const uint32_t* tokens, size_t num_token
 }
 
 }  // namespace kvrouter::capi
-
-namespace {
-
-// ---- Events ------------------------------------------------------------------------------
-
-}  // namespace
 
 namespace kvrouter::capi {
 
@@ -301,25 +287,9 @@ kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, kvrou
 
 namespace {
 
-kvr_status StatusOfEventError(kvrouter::EventError error) {
-  switch (error) {
-    case kvrouter::EventError::kNone:
-      return KVR_OK;
-    case kvrouter::EventError::kParentBlockNotFound:
-    case kvrouter::EventError::kBlockNotFound:
-      return KVR_NOT_FOUND;
-    case kvrouter::EventError::kInvalidBlockSequence:
-    case kvrouter::EventError::kInvalidBlock:
-      return KVR_INVALID_ARGUMENT;
-  }
-  return KVR_INTERNAL;
-}
-
 kvr_status Apply(kvr_error** err, kvr_router* router, const kvrouter::KvEvent& event) {
   auto result = router->router->ApplyEvent(event);
-  if (!result.ok()) return FromStatus(err, result.status());
-  if (result->ok()) return KVR_OK;
-  return Fail(err, StatusOfEventError(result->error), result->message);
+  return FromStatus(err, result.ok() ? kvrouter::EventStatus(*result) : result.status());
 }
 
 // ---- Results -----------------------------------------------------------------------------
@@ -411,7 +381,7 @@ kvr_status PerRankQuery(kvr_error** err, kvr_router* router, const uint32_t* tok
   if (kvr_status s = CheckRouter(err, router)) return s;
   if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
   RequestOptions options;
-  if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+  if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
   auto rows = query(std::span(tokens, num_tokens), options.route);
   if (!rows.ok()) return FromStatus(err, rows.status());
   return ConvertOut(err, *rows, convert, out, cap, len, what);
@@ -440,7 +410,6 @@ KVR_API kvr_status kvr_router_new(const kvr_router_options* opts, kvr_router** o
     auto router = kvrouter::Router::Create(std::move(core));
     if (!router.ok()) return FromStatus(err, router.status());
     handle->router = std::move(*router);
-    handle->eagle = (options.flags & KVR_ROUTER_EAGLE) != 0;
     *out = handle.release();
     return KVR_OK;
   });
@@ -471,7 +440,7 @@ KVR_API kvr_status kvr_router_add_worker(kvr_router* router, const kvr_worker_co
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
     kvrouter::WorkerConfig core;
-    if (kvr_status s = ToWorkerConfig(err, router, config, core)) return s;
+    if (kvr_status s = ToWorkerConfig(err, config, core)) return s;
     return FromStatus(err, router->router->AddWorker(core));
   });
 }
@@ -481,7 +450,7 @@ KVR_API kvr_status kvr_router_update_worker(kvr_router* router, const kvr_worker
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
     kvrouter::WorkerConfig core;
-    if (kvr_status s = ToWorkerConfig(err, router, config, core)) return s;
+    if (kvr_status s = ToWorkerConfig(err, config, core)) return s;
     return FromStatus(err, router->router->UpdateWorker(core));
   });
 }
@@ -542,26 +511,10 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router* router, const void* 
     if (kvr_status s = RequireNonNull(err, data, "data")) return s;
     auto events = kvrouter::DecodeEventBatch(std::span(static_cast<const uint8_t*>(data), size));
     if (!events.ok()) {
-      router->batches_rejected.fetch_add(1, std::memory_order_relaxed);
+      router->router->CountRejectedBatch();
       return FromStatus(err, events.status());
     }
-    kvr_status first = KVR_OK;
-    std::string first_message;
-    size_t rejected = 0;
-    for (size_t i = 0; i < events->size(); ++i) {
-      kvr_error* event_error = nullptr;
-      const kvr_status s = Apply(&event_error, router, (*events)[i]);
-      if (s != KVR_OK && rejected++ == 0) {
-        first = s;
-        first_message = "event " + std::to_string(i) + ": " + kvr_error_message(event_error);
-      }
-      kvr_error_free(event_error);
-      if (s == KVR_FAILED_PRECONDITION) break;  // approximate mode: none can apply
-    }
-    if (first == KVR_OK) return KVR_OK;
-    return Fail(err, first,
-                first_message + " (" + std::to_string(rejected) + " of " +
-                    std::to_string(events->size()) + " events rejected, the others applied)");
+    return FromStatus(err, router->router->ApplyEvents(*events));
   });
 }
 
@@ -580,12 +533,10 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router* router, const ch
     if (absl::Status valid = kvrouter::ValidateReplicaId(replica_id); !valid.ok()) {
       return FromStatus(err, valid);
     }
-    std::string id = replica_id;
-    router->router->SetSequenceObserver(
-        id, [id, publish, user_data](const kvrouter::SequenceChange& change) {
-          const std::vector<uint8_t> bytes = kvrouter::EncodeReplicaChange(id, change);
-          publish(user_data, bytes.data(), bytes.size());
-        });
+    kvrouter::PublishReplicaChanges(*router->router, replica_id,
+                                    [publish, user_data](std::span<const uint8_t> bytes) {
+                                      publish(user_data, bytes.data(), bytes.size());
+                                    });
     return KVR_OK;
   });
 }
@@ -595,13 +546,9 @@ KVR_API kvr_status kvr_router_apply_replica_event(kvr_router* router, const void
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireNonNull(err, data, "data")) return s;
-    auto change = kvrouter::DecodeReplicaChange(std::span(static_cast<const uint8_t*>(data), size));
-    if (!change.ok()) {
-      router->replica_changes_undecodable.fetch_add(1, std::memory_order_relaxed);
-      return FromStatus(err, change.status());
-    }
-    auto applied = router->router->ApplyReplicaChange(change->origin, change->View());
-    return applied.ok() ? KVR_OK : FromStatus(err, applied.status());
+    const kvrouter::ReplicaMessageResult result = kvrouter::ApplyReplicaMessage(
+        *router->router, std::span(static_cast<const uint8_t*>(data), size));
+    return FromStatus(err, result.applied.status());
   });
 }
 
@@ -625,10 +572,9 @@ KVR_API kvr_status kvr_find_best_match(kvr_router* router, const uint32_t* token
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     if (cap > 0 && candidates == nullptr) return RequireNonNull(err, candidates, "candidates");
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     auto decision = router->router->FindBestMatch(std::span(tokens, num_tokens), options.route);
     if (!decision.ok()) return FromStatus(err, decision.status());
-    router->decisions.fetch_add(1, std::memory_order_relaxed);
     const auto& all = decision->candidates;
     for (size_t i = 0; i < all.size() && i < cap; ++i) {
       FillCandidate(all[i], i == decision->chosen, candidates[i]);
@@ -663,7 +609,7 @@ KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router* router,
       return RequireNonNull(err, local_hashes, "local_hashes");
     }
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     // Reused per thread: a thousand-rank answer is 64 KiB, freed and faulted in again on
     // every call otherwise.
     thread_local std::vector<kvrouter::OverlapScore> rows;
@@ -716,7 +662,7 @@ KVR_API kvr_status kvr_router_add_request(kvr_router* router, const uint32_t* to
     if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     if (kvr_status s = RequireNonNull(err, opts, "opts")) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, router, opts, options)) return s;
+    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     if (options.route.request_id.empty()) {
       return Fail(err, KVR_INVALID_ARGUMENT, "opts->request_id is required");
     }
@@ -778,16 +724,7 @@ KVR_API kvr_status kvr_router_restore(kvr_router* router, const void* data, size
     auto snapshot =
         kvrouter::DecodeIndexSnapshot(std::span(static_cast<const uint8_t*>(data), size));
     if (!snapshot.ok()) return FromStatus(err, snapshot.status());
-    if (snapshot->block_size != router->router->block_size()) {
-      return Fail(err, KVR_INVALID_ARGUMENT,
-                  "snapshot block size " + std::to_string(snapshot->block_size) +
-                      " differs from the router's " + std::to_string(router->router->block_size()));
-    }
-    if (router->router->IndexStats().cached_blocks > 0) {
-      return Fail(err, KVR_FAILED_PRECONDITION,
-                  "the router's index is not empty; restore into a new router");
-    }
-    return FromStatus(err, router->router->RestoreIndex(snapshot->events));
+    return FromStatus(err, router->router->RestoreSnapshot(snapshot->block_size, snapshot->events));
   });
 }
 

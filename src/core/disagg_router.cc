@@ -29,8 +29,25 @@ SelectorOverrides DecodeOverrides(SelectorOverrides overrides) {
   return overrides;
 }
 
+absl::Status ValidateDisaggOptions(const DisaggOptions& options) {
+  if (!(options.max_local_prefill_ratio >= 0) || !(options.prefill_busy_threshold >= 0)) {
+    return absl::InvalidArgumentError(
+        "max_local_prefill_ratio and prefill_busy_threshold must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
 DisaggRouter::DisaggRouter(Router& prefill, Router& decode, DisaggOptions options)
     : prefill_(prefill), decode_(decode), options_(options), random_(options.random_seed) {}
+
+absl::StatusOr<std::unique_ptr<DisaggRouter>> DisaggRouter::Create(Router& prefill, Router& decode,
+                                                                   DisaggOptions options) {
+  if (absl::Status valid = ValidateDisaggOptions(options); !valid.ok()) return valid;
+  if (prefill.block_size() != decode.block_size()) {
+    return absl::InvalidArgumentError("the prefill and decode pools' block sizes differ");
+  }
+  return std::make_unique<DisaggRouter>(prefill, decode, options);
+}
 
 int64_t DisaggRouter::NextBootstrapRoom() {
   std::lock_guard lock(random_mu_);
@@ -40,6 +57,7 @@ int64_t DisaggRouter::NextBootstrapRoom() {
 absl::StatusOr<bool> DisaggRouter::PrefillWorkerBusy(std::span<const uint32_t> tokens,
                                                      const RouteOptions& options,
                                                      double threshold) {
+  if (!(threshold >= 0)) return absl::InvalidArgumentError("threshold must be >= 0");
   auto preview = prefill_.Preview(tokens, options);
   // Nowhere to prefill counts as busy (as a queue-rejected preview does in Dynamo).
   if (preview.status().code() == absl::StatusCode::kUnavailable) return true;

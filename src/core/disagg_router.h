@@ -90,6 +90,9 @@ struct DisaggOptions {
   uint64_t random_seed = 0;  // bootstrap room ids
 };
 
+// InvalidArgument unless max_local_prefill_ratio and prefill_busy_threshold are >= 0.
+absl::Status ValidateDisaggOptions(const DisaggOptions& options);
+
 enum class PrefillPlacement : uint8_t {
   kRemote = 0,            // booked on a prefill worker
   kNoPrefillWorkers = 1,  // aggregated on the decode pool
@@ -121,6 +124,10 @@ class DisaggRouter {
  public:
   // Both routers must outlive this object.
   DisaggRouter(Router& prefill, Router& decode, DisaggOptions options);
+  // The same, checked: InvalidArgument for bad options (ValidateDisaggOptions) or pools whose
+  // block sizes differ (a prompt's blocks must be the same blocks in both).
+  static absl::StatusOr<std::unique_ptr<DisaggRouter>> Create(Router& prefill, Router& decode,
+                                                              DisaggOptions options);
 
   Router& prefill() { return prefill_; }
   Router& decode() { return decode_; }
@@ -135,7 +142,8 @@ class DisaggRouter {
   absl::StatusOr<RouteDecision> RouteDecode(std::span<const uint32_t> tokens, RouteOptions options,
                                             bool remote_prefill, const RoutingHints& hints = {});
   // Advisory preview: does the prefill rank selected now exceed threshold ×
-  // max_num_batched_tokens? No eligible rank counts as busy.
+  // max_num_batched_tokens? No eligible rank counts as busy. InvalidArgument unless
+  // threshold >= 0.
   absl::StatusOr<bool> PrefillWorkerBusy(std::span<const uint32_t> tokens,
                                          const RouteOptions& options, double threshold);
 

@@ -39,4 +39,11 @@ class SeededRandomSource final : public RandomSource {
   std::mt19937_64 engine_;
 };
 
+// 64 bits from the system's entropy source (std::random_device), for a seed that differs on
+// every call: RouterOptions::seed_from_entropy, the bootstrap rooms of a DisaggRouter.
+inline uint64_t EntropySeed() {
+  std::random_device entropy;
+  return (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+}
+
 }  // namespace kvrouter

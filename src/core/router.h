@@ -1,5 +1,9 @@
-// The Router: the KV index, the per-rank load tracker, the selector, the admission queue and the
-// worker registry behind one object (shared/reference/dynamo-router.md §3-§4).
+// The Router: the KV index, the per-rank load tracker, the selector, the admission queue, the
+// worker registry and the session table behind one object (shared/reference/dynamo-router.md
+// §3-§4). Its implementation is split by concern: router.cc (construction, workers, events,
+// snapshots, views, digest), router_selection.cc (prepare, select, book), router_admission.cc
+// (entry points and the queue), router_staged.cc (plans and sessions), router_replicas.cc
+// (replica sync); router_internal.h holds what they share (docs/architecture.md).
 //
 // One request's path: tokens → local block hashes (and sequence hashes) → index lookup: per rank,
 // how much of the prompt's prefix is cached on each tier → per rank, the load it carries and would
@@ -28,6 +32,7 @@
 // periodic re-checks (e.g. to expire lost requests) calls ExpireStale() or RecheckQueue().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -45,26 +50,26 @@
 #include "absl/status/statusor.h"
 #include "core/active_sequences.h"
 #include "core/approx_index.h"
+#include "core/booking_observer.h"
 #include "core/clock.h"
+#include "core/plan_table.h"
 #include "core/radix_index.h"
 #include "core/random_source.h"
 #include "core/scheduler_queue.h"
 #include "core/selector.h"
+#include "core/session_table.h"
 #include "core/types.h"
 #include "core/worker_registry.h"
 
 namespace kvrouter {
 
-using SequenceObserver = std::function<void(const SequenceChange&)>;
-
-// Request ids starting with this byte are reserved: they name bookings of replicas.
-inline constexpr char kReplicaRequestIdMark = '\x1e';
-inline bool IsReplicaRequestId(std::string_view request_id) {
-  return !request_id.empty() && request_id.front() == kReplicaRequestIdMark;
-}
 // A replica id is not empty and has no byte 0x1F (which ends it inside booking names).
 // InvalidArgument otherwise.
 absl::Status ValidateReplicaId(std::string_view replica_id);
+
+// A KV event's outcome (RadixIndex::Apply) as a status: OK; NotFound for a block or parent the
+// rank does not hold; InvalidArgument for a malformed event. The message is the result's.
+absl::Status EventStatus(const ApplyResult& result);
 
 // Every router-wide setting of §4 the core implements. Validated by Router::Create.
 struct RouterOptions {
@@ -94,6 +99,12 @@ struct RouterOptions {
   // deadline if shorter; Commit checks its own plan exactly) and ExpirePlans. > 0.
   double plan_deadline_seconds = 30.0;
   uint64_t random_seed = 0;  // seeds the default random source
+  // Seeds the default random source from the system's entropy (EntropySeed) instead of
+  // random_seed: every router then draws differently.
+  bool seed_from_entropy = false;
+  // The model's blocks use eagle windows: every prompt is hashed so, whatever its
+  // PromptOptions::eagle says (hashing.h).
+  bool eagle = false;
   // Trees the KV index splits the workers over (RadixIndexOptions::shards), 1..64: events of
   // workers in different trees apply in parallel; every lookup walks every tree.
   uint32_t index_shards = 1;
@@ -112,25 +123,6 @@ struct PromptOptions {
   bool eagle = false;
   // Multimodal hashes per block index (hashing.h).
   std::span<const std::vector<uint64_t>> block_mm_hashes;
-};
-
-// How a session's binding steers its next requests (reference §6.1, hard vs soft).
-enum class SessionMode : uint8_t {
-  // The bound rank is the exact target. If it is gone (or not allowed), the binding is
-  // dropped, selection runs once more and the session is rebound at commit.
-  kHard = 0,
-  // The bound rank is a preference inside normal selection: kept while eligible; when the
-  // request is dispatched elsewhere, the session is rebound there at commit.
-  kSoft = 1,
-};
-constexpr std::string_view SessionModeName(SessionMode mode) {
-  return mode == SessionMode::kHard ? "hard" : mode == SessionMode::kSoft ? "soft" : "unknown";
-}
-
-// A worker (and optionally one of its ranks) a request must run on.
-struct WorkerPin {
-  uint64_t worker_id = 0;
-  std::optional<uint32_t> dp_rank;  // unset: the best of the worker's ranks
 };
 
 // Per-request options of FindBestMatch and friends. Views are only read during the call.
@@ -209,7 +201,8 @@ class Router {
   uint32_t block_size() const { return options_.block_size; }
   bool approximate() const { return !options_.use_kv_events; }
 
-  // --- Workers. Adding or updating a worker may admit waiting requests. ---
+  // --- Workers. Adding or updating a worker may admit waiting requests. A block size of 0 in
+  // `config` stands for the router's. ---
   absl::Status AddWorker(const WorkerConfig& config);
   absl::Status UpdateWorker(const WorkerConfig& config);
   // Drops the worker's ranks, its active requests and its index entries. NotFound when it is not
@@ -219,6 +212,14 @@ class Router {
 
   // --- KV events (FailedPrecondition in approximate mode, which has none). ---
   absl::StatusOr<ApplyResult> ApplyEvent(const KvEvent& event);
+  // A batch's events in order, each on its own: a rejected event does not keep the others from
+  // applying. OK when every event applied (or there are none); otherwise the first rejection's
+  // code (EventStatus) and a message naming it ("event I: why") and how many of the batch were
+  // rejected. In approximate mode the first event's FailedPrecondition ends the batch.
+  absl::Status ApplyEvents(std::span<const KvEvent> events);
+  // A batch that could not be decoded reached the router (nothing of it applied): counted in
+  // counters().event_batches_rejected.
+  void CountRejectedBatch();
 
   // --- The index as a whole (snapshots, metrics). ---
   kvrouter::IndexStats IndexStats() const;
@@ -229,6 +230,10 @@ class Router {
   // many were and why the first was. Routing during a restore sees a partial index.
   // FailedPrecondition in approximate mode (its recorded blocks carry TTLs a dump lacks).
   absl::Status RestoreIndex(std::span<const KvEvent> events);
+  // RestoreIndex for a snapshot taken from another router: InvalidArgument when its block size
+  // is not this router's, FailedPrecondition when this router's index is not empty (restore
+  // into a new router); otherwise RestoreIndex(events).
+  absl::Status RestoreSnapshot(uint32_t snapshot_block_size, std::span<const KvEvent> events);
 
   // --- Routing. ---
   // Blocking: returns once decided (and, with admission, booked), or with an error:
@@ -352,6 +357,17 @@ class Router {
     uint64_t active_requests = 0;   // replicas' bookings active here now
   };
   ReplicaStats replica_stats() const;
+  // A replica change that could not be decoded: counted in replica_stats().changes_rejected.
+  void CountRejectedReplicaChange();
+
+  // --- Counters (monotonic, for metrics). ---
+  struct Counters {
+    // Successful FindBestMatch, FindBestMatchAsync and Plan calls (a plan returned again by
+    // an idempotent Plan counts again); not previews.
+    uint64_t decisions = 0;
+    uint64_t event_batches_rejected = 0;  // CountRejectedBatch
+  };
+  Counters counters() const;
 
   // --- Housekeeping (the core has no timer thread). ---
   // Drops requests older than request_expiry_seconds; may admit waiting requests. (Booking also
@@ -369,9 +385,8 @@ class Router {
 
   explicit Router(RouterOptions options);
 
-  // Hashes the prompt and looks it up in the index (no router lock held).
-  absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
-                       bool for_booking, Prepared& out);
+  // router.cc: workers, events, views.
+  void RemoveRankLocked(WorkerKey rank);
   // Sorted by rank, for FindMatch.
   void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
@@ -379,45 +394,61 @@ class Router {
   void ScoresInto(std::span<const WorkerMatch> matches, const SelectorConfig& config,
                   std::vector<OverlapScore>& scores) const;
 
-  // The rest runs under gate_.
+  // router_selection.cc: one request's decision. Prepare runs without a router lock; the rest
+  // (every *Locked method, in every unit) under gate_.
+  // Hashes the prompt and looks it up in the index.
+  absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
+                       bool for_booking, Prepared& out);
+  // The load every rank would carry with the prepared prompt.
+  void PotentialLoadsLocked(const Prepared& prepared, std::vector<PotentialLoad>& out);
   absl::Status SelectLocked(const Prepared& prepared, Selection& out);
   absl::StatusOr<RouteDecision> DecideLocked(const Prepared& prepared);
   absl::Status BookLocked(const Prepared& prepared, const CandidateCost& chosen);
   // What a dispatched decision leaves behind: the approximate-index record and the session
   // binding. The only writer of both.
   void CommitDecisionLocked(const Prepared& prepared, WorkerKey worker);
-  // Resolves the session binding into a pin or a preference (hard / soft). `use` refreshes the
-  // TTL and drops a hard binding whose rank is gone; without it nothing changes.
-  void ApplySessionLocked(Prepared& prepared, bool use);
   bool IsCandidateLocked(const Prepared& prepared, WorkerKey worker) const;
   absl::Status CheckPinLocked(const Prepared& prepared) const;
-  size_t ExpirePlansLocked();
-  // Expires plans and reclaims sessions if the last sweep is old enough; true if a plan's
-  // booking was freed (the caller drains the queue).
-  bool MaybeSweepLocked();
-  size_t ReclaimSessionsLocked();
   absl::Status CheckNewRequestIdLocked(std::string_view request_id) const;
-  bool MustWaitLocked(const Prepared& prepared) const;
-  void EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback done);
-  void DrainQueueLocked(Completions& completions);
-  bool CancelLocked(std::string_view request_id, uint64_t ticket, absl::Status why,
-                    Completions& completions);
-  void RemoveRankLocked(WorkerKey rank);
-  static void Run(Completions& completions);
-  // Every change to a local booking goes through these three, which tell the observer.
-  absl::Status AddBookingLocked(const SequenceRequest& request);
-  bool MarkPrefillCompletedLocked(std::string_view request_id);
-  bool FreeBookingLocked(std::string_view request_id);
-  void NotifyLocked(const SequenceChange& change);
-  // Reset, then an Added for every local booking (the observer's full picture of this router).
-  void AnnounceBookingsLocked();
 
+  // router_admission.cc: the entry points' shared path and the admission queue.
   // Shared by the blocking and the non-blocking form: decides at once or enqueues.
   // Returns the ticket of the queued request (0 if `done` already ran or will run inline).
   uint64_t Submit(std::span<const uint32_t> tokens, const RouteOptions& options, RouteCallback done,
                   bool as_plan = false);
   absl::StatusOr<RouteDecision> Route(std::span<const uint32_t> tokens, const RouteOptions& options,
                                       bool as_plan);
+  bool MustWaitLocked(const Prepared& prepared) const;
+  void EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback done);
+  void DrainQueueLocked(Completions& completions);
+  bool CancelLocked(std::string_view request_id, uint64_t ticket, absl::Status why,
+                    Completions& completions);
+  // Cancels the request if it is waiting (its caller gets Cancelled: `why`), else frees its
+  // booking and drains the queue. Whether it did either.
+  bool ReleaseLocked(std::string_view request_id, std::string_view why, Completions& completions);
+  static void Run(Completions& completions);
+  // A routed request (Submit, or admitted from the queue) was decided: counters().decisions.
+  void CountDecision(const absl::StatusOr<RouteDecision>& result) {
+    if (result.ok()) decisions_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // router_staged.cc: plans and sessions.
+  size_t ExpirePlansLocked();
+  // Expires plans and reclaims sessions if the last sweep is old enough; true if a plan's
+  // booking was freed (the caller drains the queue).
+  bool MaybeSweepLocked();
+  // Resolves the session binding into a pin or a preference (SessionTable::Steer). `use`
+  // refreshes the TTL and drops a hard binding whose rank is gone; without it nothing changes.
+  void ApplySessionLocked(Prepared& prepared, bool use);
+
+  // router_replicas.cc: every change to a local booking goes through these three, which tell
+  // the observer.
+  absl::Status AddBookingLocked(const SequenceRequest& request);
+  bool MarkPrefillCompletedLocked(std::string_view request_id);
+  bool FreeBookingLocked(std::string_view request_id);
+  void NotifyLocked(const SequenceChange& change);
+  // Reset, then an Added for every local booking (the observer's full picture of this router).
+  void AnnounceBookingsLocked();
 
   const RouterOptions options_;
   const Clock& clock_;
@@ -432,27 +463,20 @@ class Router {
   PendingQueue<std::unique_ptr<Pending>> queue_;
   uint64_t next_ticket_ = 1;
 
-  // A booked request waiting for Commit or Abort, with what Commit needs.
-  struct PlanRecord {
-    RouteDecision decision;  // returned again when the same id is planned twice
-    Nanos deadline = 0;
-    std::unique_ptr<Prepared> prepared;  // hashes and session, for CommitDecisionLocked
-  };
-  struct BoundSession {
-    WorkerKey worker;
-    Nanos ttl = 0;
-    Nanos last_used = 0;
-    bool ExpiredAt(Nanos now) const { return now - last_used >= ttl; }
-  };
-  Nanos plan_deadline_;  // options_.plan_deadline_seconds until SetPlanDeadline
+  // Booked requests waiting for Commit or Abort: the decision returned again when the same id
+  // is planned twice, and the prepared request (hashes, session) for CommitDecisionLocked. Its
+  // deadline is options_.plan_deadline_seconds until SetPlanDeadline.
+  PlanTable<Prepared, RouteDecision> plans_;
   Nanos last_sweep_ = 0;
-  absl::flat_hash_map<std::string, std::unique_ptr<PlanRecord>> plans_;
-  absl::flat_hash_map<std::string, BoundSession> sessions_;
-  std::string replica_id_;
-  SequenceObserver observer_;
-  uint64_t observer_token_ = 0;  // of the current observer; 0 = none
+  SessionTable sessions_;
+  // Replica sync.
+  BookingObserver observer_;
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
+  std::atomic<uint64_t> replica_changes_undecodable_{0};
+  // counters(): outside the gate.
+  std::atomic<uint64_t> decisions_{0};
+  std::atomic<uint64_t> event_batches_rejected_{0};
 };
 
 }  // namespace kvrouter

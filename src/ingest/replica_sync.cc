@@ -8,27 +8,43 @@
 
 namespace kvrouter {
 
-void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, SourceCounters& source) {
+ReplicaMessageResult ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload) {
   absl::StatusOr<ReplicaChange> change = DecodeReplicaChange(payload);
   if (!change.ok()) {
-    source.Reject(IngestReject::kBadFlatBuffers, std::string(change.status().message()));
-  } else if (auto applied = router.ApplyReplicaChange(change->origin, change->View());
-             applied.ok()) {
+    router.CountRejectedReplicaChange();
+    return {.decoded = false, .applied = change.status()};
+  }
+  return {.decoded = true, .applied = router.ApplyReplicaChange(change->origin, change->View())};
+}
+
+void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, SourceCounters& source) {
+  const ReplicaMessageResult result = ApplyReplicaMessage(router, payload);
+  if (!result.decoded) {
+    source.Reject(IngestReject::kBadFlatBuffers, std::string(result.applied.status().message()));
+  } else if (result.applied.ok()) {
     Bump(source.events_applied);
   } else {  // an unknown worker, a duplicate booking
-    source.Reject(IngestReject::kIndexRejected, std::string(applied.status().message()));
+    source.Reject(IngestReject::kIndexRejected, std::string(result.applied.status().message()));
   }
   Bump(source.messages);
+}
+
+uint64_t PublishReplicaChanges(Router& router, const std::string& replica_id,
+                               std::function<void(std::span<const uint8_t>)> publish) {
+  return router.SetSequenceObserver(
+      replica_id, [replica_id, publish = std::move(publish)](const SequenceChange& c) {
+        const std::vector<uint8_t> bytes = EncodeReplicaChange(replica_id, c);
+        publish(bytes);
+      });
 }
 
 uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::function<bool(std::span<const uint8_t>)> publish,
                          std::shared_ptr<SourceCounters> counters) {
-  return router.SetSequenceObserver(
-      replica_id, [replica_id, publish = std::move(publish),
-                   counters = std::move(counters)](const SequenceChange& c) {
-        const std::vector<uint8_t> bytes = EncodeReplicaChange(replica_id, c);
-        Bump(publish(bytes) ? counters->published : counters->publish_failures);
+  return PublishReplicaChanges(
+      router, replica_id,
+      [publish = std::move(publish), counters = std::move(counters)](std::span<const uint8_t> b) {
+        Bump(publish(b) ? counters->published : counters->publish_failures);
       });
 }
 

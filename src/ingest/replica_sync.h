@@ -11,21 +11,32 @@
 #include <span>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "core/router.h"
 #include "ingest/source_counters.h"
 
 namespace kvrouter {
 
-// One message of another replica (a replica change, wire/flatbuffers_codec.h): applied to
-// `router` and counted on `source` (an undecodable message as kBadFlatBuffers, one the router
-// refuses, such as an unknown worker or a duplicate booking, as kIndexRejected).
+// One message of another replica (a replica change, wire/flatbuffers_codec.h) applied to
+// `router`. An undecodable message is counted on the router (Router::CountRejectedReplicaChange)
+// and its decoding error returned (`decoded` false); otherwise what Router::ApplyReplicaChange
+// returns (an unknown worker or a duplicate booking is an error, counted by the router).
+struct ReplicaMessageResult {
+  bool decoded = false;
+  absl::StatusOr<bool> applied = false;
+};
+ReplicaMessageResult ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload);
+// The same, counted on `source` too (an undecodable message as kBadFlatBuffers, one the router
+// refuses as kIndexRejected).
 void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, SourceCounters& source);
 
 // From now on every change to the router's own bookings is encoded and handed to `publish`,
 // from the thread that made it, as `replica_id` (Router::SetSequenceObserver: joining, the
-// router announces itself). `publish` returns whether the transport took the message; each
-// outcome is counted on `counters` (published, publish_failures). Returns the observer's token
-// for Router::ClearSequenceObserver.
+// router announces itself). Returns the observer's token for Router::ClearSequenceObserver.
+uint64_t PublishReplicaChanges(Router& router, const std::string& replica_id,
+                               std::function<void(std::span<const uint8_t>)> publish);
+// The same with a `publish` that returns whether the transport took the message; each outcome
+// is counted on `counters` (published, publish_failures).
 uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::function<bool(std::span<const uint8_t>)> publish,
                          std::shared_ptr<SourceCounters> counters);

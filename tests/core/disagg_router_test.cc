@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 #include "core/clock.h"
@@ -83,6 +84,40 @@ TEST_F(DisaggRouterTest, RemotePrefillBooksAndGivesABootstrapRoom) {
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(decoded->worker.worker_id, 2u);
   EXPECT_EQ(decode->Loads()[0].active_prefill_tokens, 0u);  // prefill tracking forced off
+}
+
+TEST_F(DisaggRouterTest, CreateChecksOptionsAndBlockSizes) {
+  auto prefill = MakePool();
+  auto decode = MakePool();
+  EXPECT_TRUE(DisaggRouter::Create(*prefill, *decode, DisaggOptions{}).ok());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const DisaggOptions& bad :
+       {DisaggOptions{.max_local_prefill_ratio = -0.5}, DisaggOptions{.prefill_busy_threshold = -1},
+        DisaggOptions{.prefill_busy_threshold = nan}}) {
+    EXPECT_EQ(DisaggRouter::Create(*prefill, *decode, bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  auto other = Router::Create(RouterOptions{.block_size = kBlockSize * 2});
+  ASSERT_TRUE(other.ok());
+  const auto mismatch = DisaggRouter::Create(*prefill, **other, DisaggOptions{});
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mismatch.status().message().find("block sizes differ"), std::string_view::npos);
+}
+
+TEST_F(DisaggRouterTest, PrefillWorkerBusyRefusesANegativeThreshold) {
+  auto prefill = MakePool();
+  auto decode = MakePool();
+  AddWorker(*prefill, 1);
+  DisaggRouter disagg(*prefill, *decode, DisaggOptions{});
+  EXPECT_EQ(disagg.PrefillWorkerBusy(tokens_, {}, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(disagg.PrefillWorkerBusy(tokens_, {}, std::numeric_limits<double>::quiet_NaN())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  auto idle = disagg.PrefillWorkerBusy(tokens_, {}, 0.5);
+  ASSERT_TRUE(idle.ok());
+  EXPECT_FALSE(*idle);
 }
 
 TEST_F(DisaggRouterTest, EmptyPrefillPoolRunsAggregatedUnlessEnforced) {

@@ -29,6 +29,13 @@ inline nlohmann::json LoadDataJson(const std::string& relative) {
   return nlohmann::json::parse(in);
 }
 
+// `blocks` complete blocks of `block_size` tokens, numbered from `first`.
+inline std::vector<uint32_t> BlockTokens(size_t blocks, uint32_t block_size, uint32_t first = 0) {
+  std::vector<uint32_t> tokens(blocks * block_size);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<uint32_t>(i);
+  return tokens;
+}
+
 // ---- Index events and answers ----------------------------------------------------------------
 
 // A stored event with precomputed local hashes (one per engine hash).

@@ -125,6 +125,9 @@ TEST_F(ReplicaSyncTest, GarbageAndUnknownWorkersAreCountedAndTheRestApplies) {
   EXPECT_EQ(stats.rejected[static_cast<int>(IngestReject::kIndexRejected)], 1u);
   EXPECT_EQ(stats.events_applied, 1u);
   EXPECT_EQ(a.RequestsOn(2), 1u);
+  // The router counts both rejections too, the undecodable one included (as its metrics say).
+  EXPECT_EQ(a.router->replica_stats().changes_rejected, 2u);
+  EXPECT_EQ(a.router->replica_stats().changes_applied, 1u);
   natsConnection_Destroy(other);
 }
 

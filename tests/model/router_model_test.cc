@@ -346,7 +346,9 @@ class ModelRun {
     CheckDecision(out, chosen);
     if (!out.ok()) return;
     EXPECT_EQ(signals.booked, 1u);
-    if (bound) EXPECT_TRUE(chosen == *bound) << "a hard session left its bound rank";
+    if (bound) {
+      EXPECT_TRUE(chosen == *bound) << "a hard session left its bound rank";
+    }
     model_.Book(id, chosen, true);
     ++booked_;
   }

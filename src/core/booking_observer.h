@@ -1,0 +1,47 @@
+// Who hears of a router's own booking changes, for router replicas
+// (shared/reference/dynamo-router.md §7.5): the observer Router::SetSequenceObserver installs,
+// the token that names it, and the replica id this router publishes as. Bookings of other
+// replicas (IsReplicaRequestId) are never passed on: only their origin changes them.
+//
+// Thread-safety: none. The Router serialises every call under its admission gate.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "core/active_sequences.h"
+
+namespace kvrouter {
+
+using SequenceObserver = std::function<void(const SequenceChange&)>;
+
+// Request ids starting with this byte are reserved: they name bookings of replicas.
+inline constexpr char kReplicaRequestIdMark = '\x1e';
+inline bool IsReplicaRequestId(std::string_view request_id) {
+  return !request_id.empty() && request_id.front() == kReplicaRequestIdMark;
+}
+
+class BookingObserver {
+ public:
+  // Installs `observer` as `replica_id` and returns a token naming it (unique in the process,
+  // never 0). An empty observer stops notifying and returns 0; the replica id stays, so this
+  // router's own changes echoed back later are still recognised (IsOwnOrigin).
+  uint64_t Set(std::string replica_id, SequenceObserver observer);
+  // Stops the observer `token` names if it is still the current one; whether it did.
+  bool Clear(uint64_t token);
+  bool active() const { return static_cast<bool>(observer_); }
+  bool IsOwnOrigin(std::string_view origin) const { return origin == replica_id_; }
+  // Tells the observer, if any, unless the change is to a replica's booking.
+  void Notify(const SequenceChange& change) const {
+    if (observer_ && !IsReplicaRequestId(change.request_id)) observer_(change);
+  }
+
+ private:
+  std::string replica_id_;
+  SequenceObserver observer_;
+  uint64_t token_ = 0;  // of the current observer; 0 = none
+};
+
+}  // namespace kvrouter

@@ -1,0 +1,173 @@
+// Router replicas (reference §7.5) on the Router: telling the observer of every change to
+// this router's own bookings, announcing them to a joining replica, and applying other
+// replicas' changes under names of their own. Encoding and transport are above the core
+// (ingest/replica_sync.*).
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/router.h"
+#include "core/router_internal.h"
+
+namespace kvrouter {
+
+using router_internal::AsAbsl;
+
+// ---------------------------------------------------------------------------------------------
+// Router replicas
+
+absl::Status ValidateReplicaId(std::string_view replica_id) {
+  if (replica_id.empty()) return absl::InvalidArgumentError("the replica id is empty");
+  if (replica_id.find('\x1f') != std::string_view::npos) {
+    return absl::InvalidArgumentError("a replica id must not contain byte 0x1F");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A change that names only its request (prefill completed, freed).
+SequenceChange ChangeOf(SequenceChange::Kind kind, std::string_view request_id) {
+  SequenceChange change;
+  change.kind = kind;
+  change.request_id = request_id;
+  return change;
+}
+
+// A booking, as the change that announces it.
+SequenceChange AddedChange(const SequenceRequest& booking) {
+  return {.kind = SequenceChange::Kind::kAdded,
+          .request_id = booking.request_id,
+          .worker = booking.worker,
+          .block_ids = booking.block_ids,
+          .prefill_tokens = booking.prefill_tokens,
+          .expected_output_tokens = booking.expected_output_tokens};
+}
+
+// The name a replica's booking has here: the mark, the origin, a separator, its own id.
+std::string ReplicaRequestId(std::string_view origin, std::string_view request_id) {
+  return absl::StrCat(absl::string_view(&kReplicaRequestIdMark, 1), AsAbsl(origin), "\x1f",
+                      AsAbsl(request_id));
+}
+
+}  // namespace
+
+absl::Status Router::AddBookingLocked(const SequenceRequest& request) {
+  absl::Status status = active_.AddRequest(request);
+  if (status.ok()) {
+    // A plan left under this id lost its booking with its worker (else the id would still be
+    // active): the new booking is not that plan's, so a retried plan must not answer with it.
+    plans_.Erase(request.request_id);
+    NotifyLocked(AddedChange(request));
+  }
+  return status;
+}
+
+bool Router::MarkPrefillCompletedLocked(std::string_view request_id) {
+  if (!active_.MarkPrefillCompleted(request_id)) return false;
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kPrefillCompleted, request_id));
+  return true;
+}
+
+bool Router::FreeBookingLocked(std::string_view request_id) {
+  if (!active_.Free(request_id)) return false;
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kFreed, request_id));
+  return true;
+}
+
+void Router::NotifyLocked(const SequenceChange& change) { observer_.Notify(change); }
+
+uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver observer) {
+  std::lock_guard lock(gate_);
+  const uint64_t token = observer_.Set(std::move(replica_id), std::move(observer));
+  if (token == 0) return 0;
+  AnnounceBookingsLocked();
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kSyncRequest, ""));
+  return token;
+}
+
+bool Router::ClearSequenceObserver(uint64_t token) {
+  std::lock_guard lock(gate_);
+  return observer_.Clear(token);
+}
+
+void Router::AnnounceBookingsLocked() {
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
+  active_.ForEachRequest(
+      [](std::string_view id) { return !IsReplicaRequestId(id); },
+      [&](const SequenceRequest& booking) { NotifyLocked(AddedChange(booking)); });
+}
+
+absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
+                                                const SequenceChange& change) {
+  const bool names_a_request = change.kind != SequenceChange::Kind::kReset &&
+                               change.kind != SequenceChange::Kind::kSyncRequest;
+  absl::Status valid = ValidateReplicaId(origin);
+  if (valid.ok() && names_a_request && change.request_id.empty()) {
+    valid = absl::InvalidArgumentError("a replica change needs a request id");
+  }
+  if (!valid.ok()) {
+    std::lock_guard lock(gate_);
+    ++replica_changes_rejected_;
+    return valid;
+  }
+  const std::string id = ReplicaRequestId(origin, change.request_id);
+  Completions completions;
+  absl::StatusOr<bool> changed = false;
+  {
+    std::lock_guard lock(gate_);
+    if (observer_.IsOwnOrigin(origin)) return false;  // our own change, echoed back
+    switch (change.kind) {
+      case SequenceChange::Kind::kAdded: {
+        absl::Status status =
+            active_.AddRequest({.request_id = id,
+                                .worker = change.worker,
+                                .block_ids = change.block_ids,
+                                .prefill_tokens = change.prefill_tokens,
+                                .expected_output_tokens = change.expected_output_tokens,
+                                .prompt_tokens = 0});  // output is not replicated
+        changed = status.ok() ? absl::StatusOr<bool>(true) : status;
+        break;
+      }
+      case SequenceChange::Kind::kPrefillCompleted:
+        changed = active_.MarkPrefillCompleted(id);
+        break;
+      case SequenceChange::Kind::kFreed:
+        changed = active_.Free(id);
+        break;
+      case SequenceChange::Kind::kReset: {
+        // Every booking of this origin: the names that start with its prefix.
+        const std::string prefix = ReplicaRequestId(origin, "");
+        changed = active_.FreeIf([&](std::string_view booking) {
+          return booking.substr(0, prefix.size()) == prefix;
+        }) > 0;
+        break;
+      }
+      case SequenceChange::Kind::kSyncRequest:
+        // A replica joined: tell it (and everyone) what this router has booked.
+        if (observer_.active()) AnnounceBookingsLocked();
+        break;
+    }
+    ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
+    // Capacity a replica released may admit requests waiting here.
+    if (changed.ok() && *changed && change.kind != SequenceChange::Kind::kAdded) {
+      DrainQueueLocked(completions);
+    }
+  }
+  Run(completions);
+  return changed;
+}
+
+Router::ReplicaStats Router::replica_stats() const {
+  std::lock_guard lock(gate_);
+  return {.changes_applied = replica_changes_applied_,
+          .changes_rejected = replica_changes_rejected_ +
+                              replica_changes_undecodable_.load(std::memory_order_relaxed),
+          .active_requests = active_.CountRequests(IsReplicaRequestId)};
+}
+
+void Router::CountRejectedReplicaChange() {
+  replica_changes_undecodable_.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace kvrouter

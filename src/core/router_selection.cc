@@ -1,0 +1,247 @@
+// The Router's decision for one request: Prepare hashes the prompt and looks it up in the
+// index (no router lock held); then, under the admission gate, SelectLocked prices every
+// eligible rank, BookLocked books the winner, CommitDecisionLocked leaves what a dispatch leaves
+// behind (the approximate-index record, the session binding), and DecideLocked composes them
+// into a RouteDecision.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/hashing.h"
+#include "core/router.h"
+#include "core/router_internal.h"
+
+namespace kvrouter {
+
+using router_internal::AsAbsl;
+using router_internal::FindMatch;
+using router_internal::IsAllowed;
+using router_internal::OverlapOf;
+
+// ---------------------------------------------------------------------------------------------
+// Preparing a request (no router lock held)
+
+void Router::LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) {
+  if (index_) {
+    index_->FindMatches(local_hashes, out);
+  } else {
+    approx_->FindMatches(local_hashes, out);
+  }
+}
+
+void Router::FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) {
+  LookUp(local_hashes, out);
+  std::sort(out.begin(), out.end(),
+            [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
+}
+
+absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
+                             bool for_booking, Prepared& out) {
+  auto config = ApplyOverrides(options_.selection, options.overrides);
+  if (!config.ok()) return config.status();
+  if (for_booking && options.request_id.empty()) {
+    return absl::InvalidArgumentError("a request id is required to book a request");
+  }
+  if (!std::isfinite(options.priority_jump)) {
+    return absl::InvalidArgumentError("priority_jump must be finite");
+  }
+  if (!options.session_id.empty() &&
+      !(std::isfinite(options.session_ttl_seconds) && options.session_ttl_seconds > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_ttl_seconds must be > 0, got ", options.session_ttl_seconds));
+  }
+  out.request_id.assign(options.request_id);
+  out.config = *config;
+  out.with_admission = options.with_admission;
+  out.prompt_tokens = tokens.size();
+  out.expected_output_tokens = options.expected_output_tokens;
+  out.priority_jump = options.priority_jump;
+  out.allowed_worker_ids.assign(options.allowed_worker_ids.begin(),
+                                options.allowed_worker_ids.end());
+  out.pin = options.pin;
+  out.preferred = options.preferred;
+  out.session_id.assign(options.session_id);
+  out.session_mode = options.session_mode;
+  out.session_ttl_seconds = options.session_ttl_seconds;
+  out.hold_as_plan = false;
+
+  const BlockHashOptions hash_options{.lora_name = options.prompt.lora_name,
+                                      .cache_namespace = options.prompt.cache_namespace,
+                                      .eagle = options.prompt.eagle || options_.eagle,
+                                      .block_mm_hashes = options.prompt.block_mm_hashes};
+  ComputeLocalBlockHashesInto(tokens, options_.block_size, hash_options, out.local_hashes);
+  // Without assumed KV reuse the blocks are booked under random identities instead.
+  if (out.config.assume_kv_reuse) {
+    ComputeTrackingIdsInto(out.local_hashes, out.tracking_ids);
+  } else {
+    out.tracking_ids.clear();
+  }
+  // The approximate index records a booking as synthetic stored events keyed by sequence hash.
+  if (approx_ && for_booking) {
+    ComputeSequenceHashesInto(out.local_hashes, out.sequence_hashes);
+  } else {
+    out.sequence_hashes.clear();
+  }
+  FindMatches(out.local_hashes, out.matches);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selection and booking (under gate_)
+
+bool Router::IsCandidateLocked(const Prepared& prepared, WorkerKey worker) const {
+  if (!IsAllowed(worker.worker_id, prepared.allowed_worker_ids)) return false;
+  if (!prepared.pin) return true;
+  return worker.worker_id == prepared.pin->worker_id &&
+         (!prepared.pin->dp_rank || worker.dp_rank == *prepared.pin->dp_rank);
+}
+
+absl::Status Router::CheckPinLocked(const Prepared& prepared) const {
+  if (!prepared.pin) return absl::OkStatus();
+  const WorkerPin& pin = *prepared.pin;
+  if (!IsAllowed(pin.worker_id, prepared.allowed_worker_ids)) {
+    return absl::InvalidArgumentError(absl::StrCat("pinned worker ", pin.worker_id,
+                                                   " is not in allowed_worker_ids (the pin and "
+                                                   "the allowed set contradict each other)"));
+  }
+  if (registry_.Find(pin.worker_id) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("pinned worker ", pin.worker_id, " is not registered"));
+  }
+  if (pin.dp_rank && !active_.HasWorker(WorkerKey{pin.worker_id, *pin.dp_rank})) {
+    return absl::NotFoundError(
+        absl::StrCat("pinned worker ", pin.worker_id, " has no dp_rank ", *pin.dp_rank));
+  }
+  return absl::OkStatus();
+}
+
+void Router::PotentialLoadsLocked(const Prepared& prepared, std::vector<PotentialLoad>& out) {
+  const SelectorConfig& config = prepared.config;
+  const PotentialLoadQuery query{.block_ids = prepared.tracking_ids,
+                                 .random_identities = !config.assume_kv_reuse,
+                                 .num_blocks = prepared.local_hashes.size(),
+                                 .prompt_tokens = prepared.prompt_tokens,
+                                 .track_prefill_tokens = config.track_prefill_tokens};
+  const auto cached_tokens = [&](WorkerKey worker) -> uint64_t {
+    const WorkerMatch* match = FindMatch(prepared.matches, worker);
+    if (match == nullptr) return 0;
+    return CachedTokens(EffectiveOverlapBlocks(OverlapOf(*match), config), options_.block_size);
+  };
+  active_.PotentialLoads(query, cached_tokens, out);
+}
+
+absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
+  const SelectorConfig& config = prepared.config;
+  const uint32_t block_size = options_.block_size;
+  std::vector<PotentialLoad> loads;
+  PotentialLoadsLocked(prepared, loads);
+
+  std::vector<Candidate> candidates;
+  candidates.reserve(loads.size());
+  for (const PotentialLoad& load : loads) {
+    if (!IsCandidateLocked(prepared, load.current.worker)) continue;
+    const WorkerMatch* match = FindMatch(prepared.matches, load.current.worker);
+    candidates.push_back(
+        Candidate{.worker = load.current.worker,
+                  .overlap = match ? OverlapOf(*match) : TierOverlap{},
+                  .active_prefill_tokens = load.current.active_prefill_tokens,
+                  .active_blocks = load.current.active_blocks,
+                  .new_blocks = load.new_blocks,
+                  .active_requests = load.current.active_requests,
+                  .prefill_tokens_per_second = load.current.prefill_tokens_per_second});
+  }
+  if (candidates.empty() && !loads.empty() && !prepared.allowed_worker_ids.empty()) {
+    return absl::UnavailableError(
+        "none of the allowed workers is registered (allowed_worker_ids names only unknown ids)");
+  }
+  const SelectionInput input{.prompt_tokens = prepared.prompt_tokens,
+                             .block_size = block_size,
+                             .candidates = candidates,
+                             .allowed_worker_ids = {}};
+  if (auto status = SelectWorker(input, config, *random_, out); !status.ok()) return status;
+  // A preferred rank (previewed, or a soft session binding) wins while it is still a candidate.
+  if (prepared.preferred) {
+    for (size_t i = 0; i < out.costs.size(); ++i) {
+      if (out.costs[i].worker == *prepared.preferred) out.chosen = i;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& chosen) {
+  std::vector<uint64_t> random_ids;
+  std::span<const uint64_t> block_ids = prepared.tracking_ids;
+  if (!prepared.config.assume_kv_reuse) {
+    // Fresh identities: this request's blocks are never counted as shared with another's.
+    random_ids.resize(prepared.local_hashes.size());
+    for (uint64_t& id : random_ids) id = random_->NextU64();
+    block_ids = random_ids;
+  }
+  const uint64_t prefill_tokens =
+      prepared.config.track_prefill_tokens ? prepared.prompt_tokens - chosen.cached_tokens : 0;
+  const SequenceRequest request{.request_id = prepared.request_id,
+                                .worker = chosen.worker,
+                                .block_ids = block_ids,
+                                .prefill_tokens = prefill_tokens,
+                                .expected_output_tokens = prepared.expected_output_tokens,
+                                .prompt_tokens = prepared.prompt_tokens};
+  // Booking writes no approximate-index record: that is left for the dispatch
+  // (CommitDecisionLocked), so a plan that is aborted leaves no trace in the index.
+  return AddBookingLocked(request);
+}
+
+void Router::CommitDecisionLocked(const Prepared& prepared, WorkerKey worker) {
+  if (approx_) {
+    approx_->RecordRoutingDecision(worker, prepared.local_hashes, prepared.sequence_hashes);
+  }
+  if (!prepared.session_id.empty()) {
+    sessions_.Bind(prepared.session_id, worker, prepared.session_ttl_seconds);
+  }
+}
+
+absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
+  if (auto status = CheckPinLocked(prepared); !status.ok()) return status;
+  Selection selection;
+  if (auto status = SelectLocked(prepared, selection); !status.ok()) return status;
+  const CandidateCost& winner = selection.winner();
+  if (prepared.with_admission) {
+    if (auto status = BookLocked(prepared, winner); !status.ok()) return status;
+  }
+  RouteDecision decision;
+  decision.moved_from_preferred = prepared.preferred && winner.worker != *prepared.preferred;
+  decision.potential_decode_blocks = winner.decode_blocks;
+  if (const WorkerConfig* config = registry_.Find(winner.worker.worker_id)) {
+    decision.total_kv_blocks = config->total_kv_blocks;
+  }
+  decision.worker = winner.worker;
+  decision.device_overlap_blocks = winner.overlap.device_blocks;
+  decision.effective_overlap_blocks = winner.effective_overlap_blocks;
+  decision.cached_tokens = winner.cached_tokens;
+  decision.prompt_tokens = prepared.prompt_tokens;
+  decision.prompt_blocks = static_cast<uint32_t>(prepared.local_hashes.size());
+  decision.booked = prepared.with_admission;
+  decision.chosen = selection.chosen;
+  decision.candidates = std::move(selection.costs);
+  if (prepared.with_admission && prepared.hold_as_plan) {
+    decision.planned = true;
+    plans_.Add(prepared.request_id, decision, clock_.Now(), std::make_unique<Prepared>(prepared));
+  } else if (prepared.with_admission) {
+    // Booking without a plan is a dispatch at once (FindBestMatch with admission).
+    CommitDecisionLocked(prepared, winner.worker);
+  }
+  return decision;
+}
+
+absl::Status Router::CheckNewRequestIdLocked(std::string_view request_id) const {
+  if (IsReplicaRequestId(request_id)) {
+    return absl::InvalidArgumentError(
+        "request ids starting with byte 0x1E are reserved (they name replicas' bookings)");
+  }
+  if (active_.HasRequest(request_id) || queue_.Contains(request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request id '", AsAbsl(request_id),
+                                                 "' is already active or waiting for admission"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvrouter
