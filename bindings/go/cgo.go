@@ -86,11 +86,22 @@ func (a *args) u32s(s []uint32) *C.uint32_t {
 	return (*C.uint32_t)(unsafe.Pointer(&s[0]))
 }
 
-// mm flattens per-block multimodal hashes into the ABI's (hashes, counts) form; counts has
-// one entry per block of perBlock. It returns NULLs when no block has any.
+// mm flattens per-block multimodal hashes into the ABI's (hashes, counts) form (flattenMM),
+// pinned for a struct that points at them.
 func (a *args) mm(perBlock [][]uint64) (*C.uint64_t, *C.size_t, int) {
-	if len(perBlock) == 0 {
+	flat, counts := flattenMM(perBlock)
+	if len(counts) == 0 {
 		return nil, nil, 0
+	}
+	a.pin.Pin(&counts[0])
+	return a.u64s(flat), &counts[0], len(counts)
+}
+
+// flattenMM flattens per-block multimodal hashes into the ABI's (hashes, counts) form; counts
+// has one entry per block of perBlock (none for no blocks).
+func flattenMM(perBlock [][]uint64) ([]uint64, []C.size_t) {
+	if len(perBlock) == 0 {
+		return nil, nil
 	}
 	total := 0
 	for _, b := range perBlock {
@@ -102,8 +113,26 @@ func (a *args) mm(perBlock [][]uint64) (*C.uint64_t, *C.size_t, int) {
 		counts[i] = C.size_t(len(b))
 		flat = append(flat, b...)
 	}
-	a.pin.Pin(&counts[0])
-	return a.u64s(flat), &counts[0], len(perBlock)
+	return flat, counts
+}
+
+// strArg passes a string to a shim as (bytes, length) from Go's memory (no copy, no pointers
+// inside, so no pinning); "" is (NULL, 0).
+func strArg(s string) (*C.char, C.size_t) {
+	if s == "" {
+		return nil, 0
+	}
+	return (*C.char)(unsafe.Pointer(unsafe.StringData(s))), C.size_t(len(s))
+}
+
+// emptyCString is "" for a required string argument.
+var emptyCString = [1]C.char{0}
+
+func sizePtr(s []C.size_t) *C.size_t {
+	if len(s) == 0 {
+		return nil
+	}
+	return &s[0]
 }
 
 // tokensPtr passes a token slice as a direct argument (Go memory without pointers may be

@@ -72,10 +72,13 @@ func StatusOf(err error) Status {
 }
 
 // takeError turns a failed call's status and optional error object into an *Error and frees
-// the object.
+// the object. A success costs no C call (the library sets no error object on success; one that
+// did would still be freed).
 func takeError(st C.kvr_status, cerr *C.kvr_error) error {
 	if st == C.KVR_OK {
-		C.kvr_error_free(cerr)
+		if cerr != nil {
+			C.kvr_error_free(cerr)
+		}
 		return nil
 	}
 	e := &Error{code: Status(st)}

@@ -4,7 +4,192 @@ package kvrouter
 
 /*
 #include <stdlib.h>
+#include <string.h>
 #include "kvrouter.h"
+
+// The hot calls go through these shims so that a call costs one cgo crossing and no Go heap
+// allocation: Go passes strings as (bytes, length) straight from its own memory (no C.CString,
+// no malloc for the common case), passes the options by value (its pointer fields NULL: the
+// shim sets them, so no Go pointer sits in Go memory handed to C and nothing needs pinning),
+// and gets the status, the error object and the result back by value, not through pointers to
+// Go memory (which would escape to the heap).
+
+// KVRGO_STRINGS is the stack room for a call's NUL-terminated strings; longer ones are malloc'ed.
+#define KVRGO_STRINGS 256
+
+// kvrgo_cstrs copies up to three Go strings (p NULL = absent, left NULL) into NUL-terminated
+// memory: stack (KVRGO_STRINGS bytes) when they fit, else one malloc'ed block returned in *heap
+// for the caller to free. Returns 0 when that malloc fails.
+static int kvrgo_cstrs(char *stack, char **heap, const char *p[3], const size_t n[3],
+                       const char *out[3]) {
+  size_t total = 0;
+  for (int i = 0; i < 3; ++i) total += p[i] ? n[i] + 1 : 0;
+  char *base = stack;
+  *heap = NULL;
+  if (total > KVRGO_STRINGS) {
+    base = *heap = (char *)malloc(total);
+    if (base == NULL) return 0;
+  }
+  for (int i = 0; i < 3; ++i) {
+    out[i] = NULL;
+    if (p[i] == NULL) continue;
+    memcpy(base, p[i], n[i]);
+    base[n[i]] = 0;
+    out[i] = base;
+    base += n[i] + 1;
+  }
+  return 1;
+}
+
+typedef struct {
+  kvr_status status;
+  kvr_error *error;
+  size_t total;
+  kvr_route_result result;
+} kvrgo_find_out;
+
+// The pointer arguments of kvr_request_options beside the value fields in opts.
+typedef struct {
+  const uint64_t *allowed_worker_ids;
+  const uint64_t *mm_hashes;
+  const size_t *mm_counts;
+} kvrgo_opt_ptrs;
+
+static kvrgo_find_out kvrgo_find_impl(kvr_router *h, const uint32_t *tokens, size_t num_tokens,
+                                      int has_opts, kvr_request_options *opts, const char *id,
+                                      size_t id_n, const char *lora, size_t lora_n,
+                                      const char *ns, size_t ns_n, const uint64_t *allowed,
+                                      const uint64_t *mm, const size_t *mm_counts,
+                                      kvr_candidate *cands, size_t cap) {
+  kvrgo_find_out out;
+  out.error = NULL;
+  out.total = 0;
+  kvr_route_result_init(&out.result, sizeof out.result);
+  char stack[KVRGO_STRINGS], *heap = NULL;
+  if (has_opts) {
+    const char *p[3] = {id, lora, ns}, *s[3];
+    const size_t n[3] = {id_n, lora_n, ns_n};
+    if (!kvrgo_cstrs(stack, &heap, p, n, s)) {
+      out.status = KVR_RESOURCE_EXHAUSTED;
+      return out;
+    }
+    opts->request_id = s[0];
+    opts->lora_name = s[1];
+    opts->cache_namespace = s[2];
+    opts->allowed_worker_ids = allowed;
+    opts->mm_hashes = mm;
+    opts->mm_counts = mm_counts;
+  }
+  out.status = kvr_find_best_match(h, tokens, num_tokens, has_opts ? opts : NULL, &out.result,
+                                   cands, cap, &out.total, &out.error);
+  free(heap);
+  return out;
+}
+
+// kvrgo_find: kvr_find_best_match for any options (it may admit, so may call back into Go
+// through a replica publisher). kvrgo_find_query: the same for a query-only call (no
+// KVR_REQUEST_ADMIT), which never calls back.
+static kvrgo_find_out kvrgo_find(kvr_router *h, const uint32_t *tokens, size_t num_tokens,
+                                 int has_opts, kvr_request_options opts, const char *id,
+                                 size_t id_n, const char *lora, size_t lora_n, const char *ns,
+                                 size_t ns_n, const uint64_t *allowed, const uint64_t *mm,
+                                 const size_t *mm_counts, kvr_candidate *cands, size_t cap) {
+  return kvrgo_find_impl(h, tokens, num_tokens, has_opts, &opts, id, id_n, lora, lora_n, ns,
+                         ns_n, allowed, mm, mm_counts, cands, cap);
+}
+
+static kvrgo_find_out kvrgo_find_query(kvr_router *h, const uint32_t *tokens, size_t num_tokens,
+                                       int has_opts, kvr_request_options opts, const char *lora,
+                                       size_t lora_n, const char *ns, size_t ns_n,
+                                       const uint64_t *allowed, const uint64_t *mm,
+                                       const size_t *mm_counts, kvr_candidate *cands,
+                                       size_t cap) {
+  opts.flags &= ~(uint32_t)KVR_REQUEST_ADMIT;
+  return kvrgo_find_impl(h, tokens, num_tokens, has_opts, &opts, NULL, 0, lora, lora_n, ns, ns_n,
+                         allowed, mm, mm_counts, cands, cap);
+}
+
+// kvrgo_find_plain: a query-only kvr_find_best_match without options (never calls back).
+static kvrgo_find_out kvrgo_find_plain(kvr_router *h, const uint32_t *tokens, size_t num_tokens,
+                                       kvr_candidate *cands, size_t cap) {
+  kvrgo_find_out out;
+  out.error = NULL;
+  out.total = 0;
+  kvr_route_result_init(&out.result, sizeof out.result);
+  out.status = kvr_find_best_match(h, tokens, num_tokens, NULL, &out.result, cands, cap,
+                                   &out.total, &out.error);
+  return out;
+}
+
+// kvrgo_find_simple: kvr_find_best_match with options that set nothing but flags and the
+// strings (the common admitted call: an id, perhaps a LoRA), so that their value fields need
+// not cross by value.
+static kvrgo_find_out kvrgo_find_simple(kvr_router *h, const uint32_t *tokens,
+                                        size_t num_tokens, uint32_t flags, const char *id,
+                                        size_t id_n, const char *lora, size_t lora_n,
+                                        const char *ns, size_t ns_n, kvr_candidate *cands,
+                                        size_t cap) {
+  kvr_request_options opts;
+  kvr_request_options_init(&opts, sizeof opts);
+  opts.flags = flags;
+  return kvrgo_find_impl(h, tokens, num_tokens, 1, &opts, id, id_n, lora, lora_n, ns, ns_n, NULL,
+                         NULL, NULL, cands, cap);
+}
+
+typedef struct {
+  kvr_status status;
+  int freed;          // KVRGO_ABORT's answer
+  uint32_t dp_rank;   // KVRGO_SESSION_BINDING's answer
+  uint64_t worker_id; // KVRGO_SESSION_BINDING's answer
+  kvr_error *error;
+} kvrgo_status;
+
+enum {
+  KVRGO_MARK_PREFILL,
+  KVRGO_RECORD_OUTPUT,
+  KVRGO_FREE,
+  KVRGO_COMMIT,
+  KVRGO_ABORT,
+  KVRGO_SESSION_BINDING,
+  KVRGO_CLOSE_SESSION
+};
+
+// kvrgo_id_call runs one of the calls taking the router and a request id (op: KVRGO_*).
+static kvrgo_status kvrgo_id_call(kvr_router *h, int op, const char *id, size_t id_n,
+                                  uint64_t arg) {
+  kvrgo_status out = {KVR_OK, 0, 0, 0, NULL};
+  char stack[KVRGO_STRINGS], *heap = NULL;
+  const char *p[3] = {id, NULL, NULL}, *s[3];
+  const size_t n[3] = {id_n, 0, 0};
+  if (!kvrgo_cstrs(stack, &heap, p, n, s)) {
+    out.status = KVR_RESOURCE_EXHAUSTED;
+    return out;
+  }
+  switch (op) {
+    case KVRGO_MARK_PREFILL:
+      out.status = kvr_router_mark_prefill_completed(h, s[0], &out.error);
+      break;
+    case KVRGO_RECORD_OUTPUT:
+      out.status = kvr_router_record_output(h, s[0], arg, &out.error);
+      break;
+    case KVRGO_COMMIT:
+      out.status = kvr_commit_route(h, s[0], &out.error);
+      break;
+    case KVRGO_ABORT:
+      out.status = kvr_abort_route(h, s[0], &out.freed, &out.error);
+      break;
+    case KVRGO_SESSION_BINDING:
+      out.status = kvr_router_session_binding(h, s[0], &out.worker_id, &out.dp_rank, &out.error);
+      break;
+    case KVRGO_CLOSE_SESSION:
+      out.status = kvr_router_close_session(h, s[0], &out.error);
+      break;
+    default:
+      out.status = kvr_router_free_request(h, s[0], &out.error);
+  }
+  free(heap);
+  return out;
+}
 */
 import "C"
 
@@ -12,7 +197,6 @@ import (
 	"math"
 	"runtime"
 	"time"
-	"unsafe"
 )
 
 // Ptr returns a pointer to v, for the optional fields of RequestOptions and RoutingHints:
@@ -123,19 +307,32 @@ func (o *RequestOptions) mirror() cRequestOptions {
 
 // fill sets c (any memory: it is overwritten with the initialised template) to o.
 func (o *RequestOptions) fill(c *C.kvr_request_options, a *args) {
-	*c = requestTemplate
-	m := o.mirror()
-	var n int
-	c.mm_hashes, c.mm_counts, n = a.mm(o.MultimodalHashes)
-	m.MmNumBlocks = uint64(n)
-	if o.AllowedWorkerIDs != nil {
-		c.allowed_worker_ids = a.u64s(o.AllowedWorkerIDs)
-		m.NumAllowedWorkerIDs = uint64(len(o.AllowedWorkerIDs))
-	}
-	m.store(c)
+	o.fillValues(c)
+	c.mm_hashes, c.mm_counts, _ = a.mm(o.MultimodalHashes)
+	c.allowed_worker_ids = a.u64s(o.AllowedWorkerIDs)
 	c.request_id = a.optStr(o.RequestID)
 	c.lora_name = a.optStr(o.LoraName)
 	c.cache_namespace = a.optStr(o.CacheNamespace)
+}
+
+// simple says o sets nothing but Admit and the strings (kvrgo_find_simple's case).
+func (o *RequestOptions) simple() bool {
+	return o.MultimodalHashes == nil && o.AllowedWorkerIDs == nil && o.OverlapScoreCredit == nil &&
+		o.PrefillLoadScale == nil && o.HostCacheHitWeight == nil && o.DiskCacheHitWeight == nil &&
+		o.Temperature == nil && o.AssumeKVReuse == nil && o.TrackPrefillTokens == nil &&
+		o.OverlapScoreCreditDecay == nil && o.DecodeActiveRequestWeight == nil &&
+		o.CostFunction == nil && o.TTFTMissWeight == nil && o.PriorityJump == 0 &&
+		o.ExpectedOutputTokens == 0 && o.QueueTimeout == 0
+}
+
+// fillValues sets c to the initialised template with o's value fields, the arrays' counts
+// included; its pointer fields stay NULL.
+func (o *RequestOptions) fillValues(c *C.kvr_request_options) {
+	*c = requestTemplate
+	m := o.mirror()
+	m.MmNumBlocks = uint64(len(o.MultimodalHashes))
+	m.NumAllowedWorkerIDs = uint64(len(o.AllowedWorkerIDs))
+	m.store(c)
 }
 
 func setDouble(dst *float64, v *float64) {
@@ -212,49 +409,58 @@ func (r *Router) FindBestMatchCandidates(tokens []uint32, opts *RequestOptions, 
 	return r.findBestMatch(tokens, opts, candidates)
 }
 
-// findCall holds everything a kvr_find_best_match call passes by address, so that the call
-// allocates once on the Go heap instead of once per out-parameter.
-type findCall struct {
-	opts  C.kvr_request_options
-	out   C.kvr_route_result
-	total C.size_t
-	cerr  *C.kvr_error
-}
-
 func (r *Router) findBestMatch(tokens []uint32, opts *RequestOptions, candidates []Candidate) (RouteResult, int, error) {
 	h := r.handle()
 	if h == nil {
 		return RouteResult{}, 0, ErrClosed
 	}
-	var a args
-	defer a.release()
-	call := new(findCall)
-	var copts *C.kvr_request_options
-	if opts != nil {
-		opts.fill(&call.opts, &a)
-		copts = &call.opts
-	}
 	tp, tn := tokensPtr(tokens)
-	call.out = routeResultTemplate
 	var cands []C.kvr_candidate
 	var candsPtr *C.kvr_candidate
 	if len(candidates) > 0 {
 		cands = make([]C.kvr_candidate, len(candidates))
 		candsPtr = &cands[0]
 	}
-	st := C.kvr_find_best_match(h, tp, tn, copts, &call.out, candsPtr, C.size_t(len(cands)), &call.total, &call.cerr)
+	var out C.kvrgo_find_out
+	if opts == nil {
+		out = C.kvrgo_find_plain(h, tp, tn, candsPtr, C.size_t(len(cands)))
+	} else if opts.simple() {
+		id, idN := strArg(opts.RequestID)
+		lora, loraN := strArg(opts.LoraName)
+		ns, nsN := strArg(opts.CacheNamespace)
+		out = C.kvrgo_find_simple(h, tp, tn, C.uint32_t(flagIf(opts.Admit, C.KVR_REQUEST_ADMIT)),
+			id, idN, lora, loraN, ns, nsN, candsPtr, C.size_t(len(cands)))
+		runtime.KeepAlive(opts)
+	} else {
+		var copts C.kvr_request_options
+		opts.fillValues(&copts)
+		mm, mmCounts := flattenMM(opts.MultimodalHashes)
+		lora, loraN := strArg(opts.LoraName)
+		ns, nsN := strArg(opts.CacheNamespace)
+		allowed := u64Ptr(opts.AllowedWorkerIDs)
+		if opts.Admit {
+			id, idN := strArg(opts.RequestID)
+			out = C.kvrgo_find(h, tp, tn, 1, copts, id, idN, lora, loraN, ns, nsN, allowed,
+				u64Ptr(mm), sizePtr(mmCounts), candsPtr, C.size_t(len(cands)))
+		} else {
+			out = C.kvrgo_find_query(h, tp, tn, 1, copts, lora, loraN, ns, nsN, allowed,
+				u64Ptr(mm), sizePtr(mmCounts), candsPtr, C.size_t(len(cands)))
+		}
+		runtime.KeepAlive(opts)
+	}
 	runtime.KeepAlive(r)
-	if err := takeError(st, call.cerr); err != nil {
+	runtime.KeepAlive(tokens)
+	if err := takeError(out.status, out.error); err != nil {
 		return RouteResult{}, 0, err
 	}
-	total := int(call.total)
+	total := int(out.total)
 	for i := 0; i < len(cands) && i < total; i++ {
 		var m cCandidate
 		m.load(&cands[i])
 		candidates[i] = candidateFrom(&m)
 	}
 	var m cRouteResult
-	m.load(&call.out)
+	m.load(&out.result)
 	return routeResultFrom(&m), total, nil
 }
 
@@ -491,9 +697,8 @@ func (r *Router) AddRequest(tokens []uint32, workerID uint64, dpRank uint32, opt
 // MarkPrefillCompleted says the request produced its first token. Idempotent: an unknown id
 // is no error. It may admit queued requests.
 func (r *Router) MarkPrefillCompleted(requestID string) error {
-	return r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
-		return C.kvr_router_mark_prefill_completed(h, id, e)
-	})
+	_, err := r.callID(idMarkPrefill, requestID, 0)
+	return err
 }
 
 // RecordOutput says the request has generated outputTokens tokens so far (cumulative: call it
@@ -503,29 +708,48 @@ func (r *Router) MarkPrefillCompleted(requestID string) error {
 // ErrFailedPrecondition unless the router was created with RouterOptions.TrackOutputBlocks;
 // an unknown id is no error.
 func (r *Router) RecordOutput(requestID string, outputTokens uint64) error {
-	return r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
-		return C.kvr_router_record_output(h, id, C.uint64_t(outputTokens), e)
-	})
+	_, err := r.callID(idRecordOutput, requestID, outputTokens)
+	return err
 }
 
 // FreeRequest says the request ended (finished, cancelled or failed). Idempotent: an unknown
 // id is no error. It may admit queued requests.
 func (r *Router) FreeRequest(requestID string) error {
-	return r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
-		return C.kvr_router_free_request(h, id, e)
-	})
+	_, err := r.callID(idFree, requestID, 0)
+	return err
 }
 
-// callID runs a call taking the router and one string.
-func (r *Router) callID(id string, call func(*C.kvr_router, *C.char, **C.kvr_error) C.kvr_status) error {
+// The calls of callID.
+const (
+	idMarkPrefill  = C.KVRGO_MARK_PREFILL
+	idRecordOutput = C.KVRGO_RECORD_OUTPUT
+	idFree         = C.KVRGO_FREE
+	idCommit       = C.KVRGO_COMMIT
+	idAbort        = C.KVRGO_ABORT
+	idSession      = C.KVRGO_SESSION_BINDING
+	idCloseSession = C.KVRGO_CLOSE_SESSION
+)
+
+// idAnswer is what a call of callID answers beside its error.
+type idAnswer struct {
+	freed    bool // idAbort
+	workerID uint64
+	dpRank   uint32 // idSession
+}
+
+// callID runs a call taking the router and one request (or session) id (op: id*).
+func (r *Router) callID(op int, id string, arg uint64) (idAnswer, error) {
 	h := r.handle()
 	if h == nil {
-		return ErrClosed
+		return idAnswer{}, ErrClosed
 	}
-	cid := C.CString(id)
-	defer C.free(unsafe.Pointer(cid))
-	var cerr *C.kvr_error
-	st := call(h, cid, &cerr)
+	p, n := strArg(id)
+	if p == nil {
+		p = &emptyCString[0] // "" is passed as "" (not NULL: a request id is required)
+	}
+	out := C.kvrgo_id_call(h, C.int(op), p, n, C.uint64_t(arg))
 	runtime.KeepAlive(r)
-	return takeError(st, cerr)
+	runtime.KeepAlive(id)
+	answer := idAnswer{freed: out.freed != 0, workerID: uint64(out.worker_id), dpRank: uint32(out.dp_rank)}
+	return answer, takeError(out.status, out.error)
 }

@@ -181,19 +181,15 @@ func (r *Router) PlanRoute(tokens []uint32, opts *RequestOptions, hints *Routing
 // session is bound. Idempotent. ErrNotFound: no plan (never made, aborted, freed or past its
 // deadline); ErrFailedPrecondition: its worker was removed (plan again).
 func (r *Router) CommitRoute(requestID string) error {
-	return r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
-		return C.kvr_commit_route(h, id, e)
-	})
+	_, err := r.callID(idCommit, requestID, 0)
+	return err
 }
 
 // AbortRoute frees the plan, its booking or its queue place; freed says whether anything was.
 // Idempotent: an unknown id is no error.
 func (r *Router) AbortRoute(requestID string) (freed bool, err error) {
-	var f C.int
-	err = r.callID(requestID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
-		return C.kvr_abort_route(h, id, &f, e)
-	})
-	return f != 0, err
+	answer, err := r.callID(idAbort, requestID, 0)
+	return answer.freed, err
 }
 
 // SetPlanDeadline sets how long a plan may wait for CommitRoute or AbortRoute before it is
@@ -226,22 +222,17 @@ func (r *Router) ExpirePlans() (int, error) {
 // SessionBinding returns the rank a live session is bound to, without refreshing it.
 // ErrNotFound if unbound or expired.
 func (r *Router) SessionBinding(sessionID string) (workerID uint64, dpRank uint32, err error) {
-	var w C.uint64_t
-	var d C.uint32_t
-	err = r.callID(sessionID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
-		return C.kvr_router_session_binding(h, id, &w, &d, e)
-	})
+	answer, err := r.callID(idSession, sessionID, 0)
 	if err != nil {
 		return 0, 0, err
 	}
-	return uint64(w), uint32(d), nil
+	return answer.workerID, answer.dpRank, nil
 }
 
 // CloseSession unbinds a session (no error if unbound).
 func (r *Router) CloseSession(sessionID string) error {
-	return r.callID(sessionID, func(h *C.kvr_router, id *C.char, e **C.kvr_error) C.kvr_status {
-		return C.kvr_router_close_session(h, id, e)
-	})
+	_, err := r.callID(idCloseSession, sessionID, 0)
+	return err
 }
 
 // ReclaimSessions drops expired session bindings now and returns how many.
