@@ -10,7 +10,7 @@ use crate::error::{call, Code, Error, Result};
 use crate::options::{hints_ptr, lower_hints, RequestOptions, RouterOptions, RoutingHints};
 use crate::raw::init;
 use crate::router::{RouteSignals, RouterRef};
-use crate::util::slice_ptr;
+use crate::util::{slice_ptr, CStrs};
 
 /// When a prompt is prefilled on the decode worker instead of a prefill worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -184,7 +184,8 @@ impl Disagg {
         opts: &RequestOptions<'_>,
         hints: Option<&RoutingHints<'_>>,
     ) -> Result<PrefillResult> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         let hints = lower_hints(hints)?;
         let mut out = init::<sys::kvr_prefill_result>();
         // SAFETY: a live disagg (concurrent); every input lives across the call.
@@ -193,7 +194,7 @@ impl Disagg {
                 self.as_ptr(),
                 slice_ptr(tokens),
                 tokens.len(),
-                &req.raw,
+                &req,
                 hints_ptr(&hints),
                 &mut out,
                 err,
@@ -212,7 +213,8 @@ impl Disagg {
         hints: Option<&RoutingHints<'_>>,
         remote_prefill: bool,
     ) -> Result<RouteSignals> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         let hints = lower_hints(hints)?;
         let mut out = init::<sys::kvr_route_signals>();
         // SAFETY: as route_prefill.
@@ -221,7 +223,7 @@ impl Disagg {
                 self.as_ptr(),
                 slice_ptr(tokens),
                 tokens.len(),
-                &req.raw,
+                &req,
                 hints_ptr(&hints),
                 i32::from(remote_prefill),
                 &mut out,
@@ -239,7 +241,8 @@ impl Disagg {
         opts: &RequestOptions<'_>,
         threshold: f64,
     ) -> Result<bool> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         let mut busy = 0;
         // SAFETY: as route_prefill.
         call(|err| unsafe {
@@ -247,7 +250,7 @@ impl Disagg {
                 self.as_ptr(),
                 slice_ptr(tokens),
                 tokens.len(),
-                &req.raw,
+                &req,
                 threshold,
                 &mut busy,
                 err,

@@ -156,6 +156,16 @@ pub(crate) fn call(f: impl FnOnce(*mut *mut sys::kvr_error) -> sys::kvr_status) 
     result
 }
 
+/// As [`call`] for a call that never runs a replica publisher closure (a query-only one), so
+/// there is no caught panic to look for.
+pub(crate) fn call_without_callbacks(
+    f: impl FnOnce(*mut *mut sys::kvr_error) -> sys::kvr_status,
+) -> Result<()> {
+    let mut err: *mut sys::kvr_error = ptr::null_mut();
+    let status = f(&mut err);
+    status_result(status, err)
+}
+
 /// As [`call`], but a replica publisher closure's panic caught during the call is handed back
 /// instead of resumed, for a caller with something to settle before it unwinds.
 pub(crate) fn call_keeping_panic(

@@ -319,7 +319,8 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         cost_function: Some(CostFunction::PredictedTtft),
         ttft_miss_weight: Some(3.5),
     };
-    let lowered = request.lower().unwrap();
+    let mut strs = crate::util::CStrs::new();
+    let lowered = request.lower(&mut strs).unwrap();
     let default: sys::kvr_request_options = init();
     macro_rules! request_fields {
         ($v:expr) => {
@@ -357,12 +358,12 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         };
     }
     let left = left_at_default(
-        &request_fields!(lowered.raw),
+        &request_fields!(lowered),
         &request_fields!(default),
         &["struct_size", "reserved", "reserved2"],
     );
     assert!(left.is_empty(), "RequestOptions leaves {left:?}");
-    let raw = &lowered.raw;
+    let raw = &lowered;
     assert_eq!((raw.assume_kv_reuse, raw.track_prefill_tokens), (0, 1));
     assert_eq!((raw.queue_timeout_ms, raw.mm_num_blocks), (250, 2));
     assert_eq!(raw.decode_active_request_weight, 0.75);
@@ -371,8 +372,8 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         (sys::KVR_COST_PREDICTED_TTFT as i32, 3.5)
     );
     // Unset overrides keep the library's "the router's" markers (NaN, -1).
-    let unset = RequestOptions::default().lower().unwrap();
-    assert_eq!(bytes_of(&unset.raw), bytes_of(&default));
+    let unset = RequestOptions::default().lower(&mut strs).unwrap();
+    assert_eq!(bytes_of(&unset), bytes_of(&default));
     assert!(default.overlap_score_credit_decay.is_nan() && default.assume_kv_reuse == -1);
     assert!(default.ttft_miss_weight.is_nan() && default.cost_function == -1);
 }

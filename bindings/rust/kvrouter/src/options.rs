@@ -8,8 +8,8 @@ use std::time::Duration;
 use kvrouter_sys as sys;
 
 use crate::error::{Error, Result};
-use crate::raw::init;
-use crate::util::{opt_cstring, opt_ptr, slice_ptr, Multimodal};
+use crate::raw::{init, Template};
+use crate::util::{opt_cstring, opt_ptr, slice_ptr, CStrs, Multimodal};
 
 /// How the admission queue orders waiting requests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -330,19 +330,27 @@ impl<'a> RequestOptions<'a> {
         }
     }
 
-    pub(crate) fn lower(&self) -> Result<LoweredRequest> {
-        let mut raw = init::<sys::kvr_request_options>();
-        let strings = [
-            opt_cstring("request_id", self.request_id)?,
-            opt_cstring("lora_name", self.lora_name)?,
-            opt_cstring("cache_namespace", self.cache_namespace)?,
-        ];
+    /// The options as C reads them; their strings are copied into `strs`, which must outlive
+    /// the call the result is passed to (no heap allocation for the usual short ones).
+    pub(crate) fn lower(&self, strs: &mut CStrs) -> Result<sys::kvr_request_options> {
+        let mut raw = request_template();
+        self.lower_into(&mut raw, strs)?;
+        Ok(raw)
+    }
+
+    /// [`lower`](Self::lower) in place: sets `raw`, a copy of [`request_template`], to the
+    /// options (no copy of the struct on the way back: it is a quarter of a KiB).
+    pub(crate) fn lower_into(
+        &self,
+        raw: &mut sys::kvr_request_options,
+        strs: &mut CStrs,
+    ) -> Result<()> {
         if self.admit {
             raw.flags |= sys::KVR_REQUEST_ADMIT;
         }
-        raw.request_id = opt_ptr(&strings[0]);
-        raw.lora_name = opt_ptr(&strings[1]);
-        raw.cache_namespace = opt_ptr(&strings[2]);
+        raw.request_id = strs.push_opt("request_id", self.request_id)?;
+        raw.lora_name = strs.push_opt("lora_name", self.lora_name)?;
+        raw.cache_namespace = strs.push_opt("cache_namespace", self.cache_namespace)?;
         if let Some(mm) = &self.multimodal {
             mm.check("request options", None)?;
             raw.mm_hashes = slice_ptr(mm.hashes);
@@ -391,17 +399,14 @@ impl<'a> RequestOptions<'a> {
         if let Some(t) = self.queue_timeout {
             raw.queue_timeout_ms = i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
         }
-        Ok(LoweredRequest {
-            raw,
-            _strings: strings,
-        })
+        Ok(())
     }
 }
 
-/// A `kvr_request_options` and the C strings it points into (kept alive with it).
-pub(crate) struct LoweredRequest {
-    pub(crate) raw: sys::kvr_request_options,
-    _strings: [Option<CString>; 3],
+/// `kvr_request_options` as `_init` leaves it (made once, copied afterwards).
+pub(crate) fn request_template() -> sys::kvr_request_options {
+    static TEMPLATE: Template<sys::kvr_request_options> = Template::new();
+    TEMPLATE.get()
 }
 
 /// Which pins of [`RoutingHints`] apply.

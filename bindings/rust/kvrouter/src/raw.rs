@@ -17,6 +17,7 @@
 //! ```
 
 use std::mem::{size_of, MaybeUninit};
+use std::sync::OnceLock;
 
 use kvrouter_sys as sys;
 
@@ -137,6 +138,29 @@ fn init_sized<T: Versioned>(size: usize) -> T {
         T::NAME,
     );
     value
+}
+
+/// An [`init`] result made once per process and copied afterwards (an `_init` result depends on
+/// nothing but the library), so a hot call pays a copy instead of a call into the library.
+pub(crate) struct Template<T>(OnceLock<Shared<T>>);
+
+struct Shared<T>(T);
+
+// SAFETY: what `_init` writes holds no pointer but NULLs (the ABI's defaults), so a copy shares
+// nothing between threads.
+unsafe impl<T> Sync for Shared<T> {}
+// SAFETY: as for Sync.
+unsafe impl<T> Send for Shared<T> {}
+
+impl<T: Versioned + Copy> Template<T> {
+    pub(crate) const fn new() -> Self {
+        Template(OnceLock::new())
+    }
+
+    /// A copy of `init::<T>()` (made on the first call, with its checks and panics).
+    pub(crate) fn get(&self) -> T {
+        self.0.get_or_init(|| Shared(init())).0
+    }
 }
 
 #[cfg(test)]

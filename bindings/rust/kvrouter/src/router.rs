@@ -4,19 +4,21 @@
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::ops::Deref;
 use std::ptr::{self, NonNull};
 use std::time::Duration;
 
 use kvrouter_sys as sys;
 
-use crate::error::{call, fill_vec, Code, Error, Result};
+use crate::error::{call, call_without_callbacks, fill_vec, Code, Error, Result};
 use crate::events::{Buffer, RemovedEvent, StoredEvent};
 use crate::options::{
-    hints_ptr, lower_hints, RequestOptions, RouterOptions, RoutingHints, WorkerConfig,
+    hints_ptr, lower_hints, request_template, RequestOptions, RouterOptions, RoutingHints,
+    WorkerConfig,
 };
-use crate::raw::init;
-use crate::util::{cstring, slice_ptr};
+use crate::raw::{init, Template};
+use crate::util::{slice_ptr, CStrs};
 
 /// An owned router (`kvr_router`), internally synchronised: share it between threads with
 /// `Arc<Router>`. Every method is on [`RouterRef`], which it derefs to.
@@ -578,25 +580,49 @@ impl RouterRef {
         opts: &RequestOptions<'_>,
         candidates: &mut Vec<sys::kvr_candidate>,
     ) -> Result<(RouteResult, usize)> {
-        let req = opts.lower()?;
-        let mut out = init::<sys::kvr_route_result>();
+        static RESULT: Template<sys::kvr_route_result> = Template::new();
+        let mut strs = CStrs::new();
+        // Default options (a plain preview) go as NULL, as a C caller would pass them; others
+        // are lowered in place.
+        let mut raw_opts = MaybeUninit::<sys::kvr_request_options>::uninit();
+        let req: *const sys::kvr_request_options = if *opts == RequestOptions::default() {
+            ptr::null()
+        } else {
+            let raw = raw_opts.write(request_template());
+            opts.lower_into(raw, &mut strs)?;
+            raw
+        };
+        let mut out = RESULT.get();
         let mut total = 0usize;
         let cap = candidates.capacity();
-        // SAFETY: a live router (concurrent); tokens, req and out live across the call;
-        // candidates has room for cap entries.
-        call(|err| unsafe {
+        // No room asks for no candidates (NULL, as a C caller passes): the library then does
+        // not gather them.
+        let (cands, total_ptr) = if cap == 0 {
+            (ptr::null_mut(), ptr::null_mut())
+        } else {
+            (candidates.as_mut_ptr(), &mut total as *mut usize)
+        };
+        // SAFETY: a live router (concurrent); tokens, req, out and total live across the call;
+        // cands is NULL or has room for cap entries.
+        let route = |err| unsafe {
             sys::kvr_find_best_match(
                 self.as_raw(),
                 slice_ptr(tokens),
                 tokens.len(),
-                &req.raw,
+                req,
                 &mut out,
-                candidates.as_mut_ptr(),
+                cands,
                 cap,
-                &mut total,
+                total_ptr,
                 err,
             )
-        })?;
+        };
+        // Only an admitting call can book, and so publish to a replica publisher.
+        if opts.admit {
+            call(route)?;
+        } else {
+            call_without_callbacks(route)?;
+        }
         // SAFETY: the library wrote min(total, cap) candidates.
         unsafe { candidates.set_len(total.min(cap)) };
         Ok((RouteResult::from(out), total))
@@ -639,7 +665,8 @@ impl RouterRef {
         tokens: &[u32],
         opts: &RequestOptions<'_>,
     ) -> Result<Vec<Overlap>> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         let rows = fill_rows(|out, cap, len, err| {
             // SAFETY: a live router (concurrent); out has room for cap rows.
             unsafe {
@@ -647,7 +674,7 @@ impl RouterRef {
                     self.as_raw(),
                     slice_ptr(tokens),
                     tokens.len(),
-                    &req.raw,
+                    &req,
                     out,
                     cap,
                     len,
@@ -667,7 +694,8 @@ impl RouterRef {
         local_hashes: &[u64],
         opts: &RequestOptions<'_>,
     ) -> Result<Vec<Overlap>> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         let rows = fill_rows(|out, cap, len, err| {
             // SAFETY: as overlap_scores; local_hashes is read during the call only.
             unsafe {
@@ -675,7 +703,7 @@ impl RouterRef {
                     self.as_raw(),
                     slice_ptr(local_hashes),
                     local_hashes.len(),
-                    &req.raw,
+                    &req,
                     out,
                     cap,
                     len,
@@ -715,7 +743,8 @@ impl RouterRef {
         tokens: &[u32],
         opts: &RequestOptions<'_>,
     ) -> Result<Vec<PotentialLoad>> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         let rows = fill_rows(|out, cap, len, err| {
             // SAFETY: as overlap_scores.
             unsafe {
@@ -723,7 +752,7 @@ impl RouterRef {
                     self.as_raw(),
                     slice_ptr(tokens),
                     tokens.len(),
-                    &req.raw,
+                    &req,
                     out,
                     cap,
                     len,
@@ -745,7 +774,8 @@ impl RouterRef {
         dp_rank: u32,
         opts: &RequestOptions<'_>,
     ) -> Result<()> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         // SAFETY: a live router (concurrent); tokens and req live across the call.
         call(|err| unsafe {
             sys::kvr_router_add_request(
@@ -754,7 +784,7 @@ impl RouterRef {
                 tokens.len(),
                 worker_id,
                 dp_rank,
-                &req.raw,
+                &req,
                 err,
             )
         })
@@ -762,11 +792,10 @@ impl RouterRef {
 
     /// The request produced its first token. An unknown id is no error.
     pub fn mark_prefill_completed(&self, request_id: &str) -> Result<()> {
-        let id = cstring("request_id", request_id)?;
+        let mut strs = CStrs::new();
+        let id = strs.push("request_id", request_id)?;
         // SAFETY: a live router (concurrent); id lives across the call.
-        call(|err| unsafe {
-            sys::kvr_router_mark_prefill_completed(self.as_raw(), id.as_ptr(), err)
-        })
+        call(|err| unsafe { sys::kvr_router_mark_prefill_completed(self.as_raw(), id, err) })
     }
 
     /// The request has generated `output_tokens` tokens so far (cumulative: call it as the
@@ -776,18 +805,18 @@ impl RouterRef {
     /// [`RouterOptions::track_output_blocks`]; an unknown id is no error. Not published to
     /// router replicas.
     pub fn record_output(&self, request_id: &str, output_tokens: u64) -> Result<()> {
-        let id = cstring("request_id", request_id)?;
+        let mut strs = CStrs::new();
+        let id = strs.push("request_id", request_id)?;
         // SAFETY: as mark_prefill_completed.
-        call(|err| unsafe {
-            sys::kvr_router_record_output(self.as_raw(), id.as_ptr(), output_tokens, err)
-        })
+        call(|err| unsafe { sys::kvr_router_record_output(self.as_raw(), id, output_tokens, err) })
     }
 
     /// The request ended (finished, cancelled or failed). An unknown id is no error.
     pub fn free_request(&self, request_id: &str) -> Result<()> {
-        let id = cstring("request_id", request_id)?;
+        let mut strs = CStrs::new();
+        let id = strs.push("request_id", request_id)?;
         // SAFETY: as mark_prefill_completed.
-        call(|err| unsafe { sys::kvr_router_free_request(self.as_raw(), id.as_ptr(), err) })
+        call(|err| unsafe { sys::kvr_router_free_request(self.as_raw(), id, err) })
     }
 
     // ---- Index snapshot ----
@@ -847,7 +876,8 @@ impl RouterRef {
         opts: &RequestOptions<'_>,
         hints: Option<&RoutingHints<'_>>,
     ) -> Result<RouteSignals> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         let hints = lower_hints(hints)?;
         let mut out = init::<sys::kvr_route_signals>();
         // SAFETY: a live router (concurrent); every input lives across the call.
@@ -856,7 +886,7 @@ impl RouterRef {
                 self.as_raw(),
                 slice_ptr(tokens),
                 tokens.len(),
-                &req.raw,
+                &req,
                 hints_ptr(&hints),
                 &mut out,
                 err,
@@ -875,7 +905,8 @@ impl RouterRef {
         hints: Option<&RoutingHints<'_>>,
         previewed: Option<&RouteSignals>,
     ) -> Result<RouteSignals> {
-        let req = opts.lower()?;
+        let mut strs = CStrs::new();
+        let req = opts.lower(&mut strs)?;
         let hints = lower_hints(hints)?;
         let previewed = previewed.map(|p| p.to_raw());
         let mut out = init::<sys::kvr_route_signals>();
@@ -885,7 +916,7 @@ impl RouterRef {
                 self.as_raw(),
                 slice_ptr(tokens),
                 tokens.len(),
-                &req.raw,
+                &req,
                 hints_ptr(&hints),
                 previewed.as_ref().map_or(ptr::null(), |p| p as *const _),
                 &mut out,
@@ -898,17 +929,19 @@ impl RouterRef {
     /// The plan was dispatched. `NotFound`: no plan (never made, aborted, freed or past its
     /// deadline); `FailedPrecondition`: its worker was removed (plan again).
     pub fn commit_route(&self, request_id: &str) -> Result<()> {
-        let id = cstring("request_id", request_id)?;
+        let mut strs = CStrs::new();
+        let id = strs.push("request_id", request_id)?;
         // SAFETY: a live router (concurrent); id lives across the call.
-        call(|err| unsafe { sys::kvr_commit_route(self.as_raw(), id.as_ptr(), err) })
+        call(|err| unsafe { sys::kvr_commit_route(self.as_raw(), id, err) })
     }
 
     /// Frees the plan, its booking or its queue place; true if anything was freed.
     pub fn abort_route(&self, request_id: &str) -> Result<bool> {
-        let id = cstring("request_id", request_id)?;
+        let mut strs = CStrs::new();
+        let id = strs.push("request_id", request_id)?;
         let mut freed = 0;
         // SAFETY: as commit_route; freed is a valid int.
-        call(|err| unsafe { sys::kvr_abort_route(self.as_raw(), id.as_ptr(), &mut freed, err) })?;
+        call(|err| unsafe { sys::kvr_abort_route(self.as_raw(), id, &mut freed, err) })?;
         Ok(freed != 0)
     }
 
@@ -945,11 +978,12 @@ impl RouterRef {
     /// The `(worker_id, dp_rank)` a live session is bound to (without refreshing it); None if
     /// it is unbound or expired.
     pub fn session_binding(&self, session_id: &str) -> Result<Option<(u64, u32)>> {
-        let id = cstring("session_id", session_id)?;
+        let mut strs = CStrs::new();
+        let id = strs.push("session_id", session_id)?;
         let (mut worker, mut rank) = (0u64, 0u32);
         // SAFETY: a live router (concurrent); id and the out values live across the call.
         let result = call(|err| unsafe {
-            sys::kvr_router_session_binding(self.as_raw(), id.as_ptr(), &mut worker, &mut rank, err)
+            sys::kvr_router_session_binding(self.as_raw(), id, &mut worker, &mut rank, err)
         });
         match result {
             Ok(()) => Ok(Some((worker, rank))),
@@ -960,9 +994,10 @@ impl RouterRef {
 
     /// Unbinds a session (no error if unbound).
     pub fn close_session(&self, session_id: &str) -> Result<()> {
-        let id = cstring("session_id", session_id)?;
+        let mut strs = CStrs::new();
+        let id = strs.push("session_id", session_id)?;
         // SAFETY: a live router (concurrent); id lives across the call.
-        call(|err| unsafe { sys::kvr_router_close_session(self.as_raw(), id.as_ptr(), err) })
+        call(|err| unsafe { sys::kvr_router_close_session(self.as_raw(), id, err) })
     }
 
     /// Drops expired session bindings now; returns how many.

@@ -1,13 +1,19 @@
 //! Borrowed inputs turned into what C reads: NUL-terminated copies of `&str`s, checked slices.
 
 use std::ffi::{c_char, CString};
+use std::mem::MaybeUninit;
 use std::ptr;
 
 use crate::error::{Error, Result};
 
 /// A NUL-terminated copy of `s`; `what` names the argument in the error for an interior NUL.
 pub(crate) fn cstring(what: &str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
+    CString::new(s).map_err(|_| nul_error(what))
+}
+
+#[cold]
+fn nul_error(what: &str) -> Error {
+    Error::invalid(format!("{what} contains a NUL byte"))
 }
 
 pub(crate) fn opt_cstring(what: &str, s: Option<&str>) -> Result<Option<CString>> {
@@ -17,6 +23,58 @@ pub(crate) fn opt_cstring(what: &str, s: Option<&str>) -> Result<Option<CString>
 /// The pointer C reads for an optional string: NULL for None.
 pub(crate) fn opt_ptr(s: &Option<CString>) -> *const c_char {
     s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
+}
+
+/// NUL-terminated copies of a call's strings (ids, names) without a heap allocation: they go
+/// to a buffer on the caller's stack while they fit ([`CStrs::STACK`] bytes in all), else to
+/// `CString`s. The pointers handed out stay valid while the `CStrs` lives and is not moved, so
+/// declare it (`let mut strs = CStrs::new();`) in the frame that makes the C call.
+pub(crate) struct CStrs {
+    stack: MaybeUninit<[u8; CStrs::STACK]>,
+    used: usize,
+    heap: Vec<CString>,
+}
+
+impl CStrs {
+    pub(crate) const STACK: usize = 256;
+
+    pub(crate) fn new() -> Self {
+        CStrs {
+            stack: MaybeUninit::uninit(),
+            used: 0,
+            heap: Vec::new(),
+        }
+    }
+
+    /// A NUL-terminated copy of `s`; `what` names the argument in the error for an interior NUL.
+    pub(crate) fn push(&mut self, what: &str, s: &str) -> Result<*const c_char> {
+        let bytes = s.as_bytes();
+        if self.used + bytes.len() < Self::STACK {
+            // SAFETY: the buffer has STACK bytes; used + len + 1 <= STACK of them are written,
+            // and nothing reads an unwritten byte.
+            let at = unsafe { self.stack.as_mut_ptr().cast::<u8>().add(self.used) };
+            // One pass copies and looks for an interior NUL (ids are short: a byte loop beats
+            // a memchr and a memcpy call).
+            for (i, &b) in bytes.iter().enumerate() {
+                if b == 0 {
+                    return Err(nul_error(what));
+                }
+                // SAFETY: i < len, within the room checked above.
+                unsafe { *at.add(i) = b };
+            }
+            // SAFETY: as above (the NUL's byte is within the room).
+            unsafe { *at.add(bytes.len()) = 0 };
+            self.used += bytes.len() + 1;
+            return Ok(at.cast_const().cast());
+        }
+        self.heap.push(cstring(what, s)?);
+        Ok(self.heap.last().map_or(ptr::null(), |c| c.as_ptr()))
+    }
+
+    /// As [`push`](Self::push) for an optional string: NULL for None.
+    pub(crate) fn push_opt(&mut self, what: &str, s: Option<&str>) -> Result<*const c_char> {
+        s.map_or(Ok(ptr::null()), |s| self.push(what, s))
+    }
 }
 
 /// A pointer to a slice's data, or NULL for an empty slice (C reads no element of either).
