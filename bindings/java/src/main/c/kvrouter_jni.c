@@ -26,6 +26,7 @@
  *   hashed) and come back through String(byte[], "UTF-8") unless they are ASCII.
  * - No global state but class and field references, set once when the library loads.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (the overhead benchmark's C loop) */
 #include <jni.h>
 #include <stdalign.h>
 #include <stddef.h>
@@ -33,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "io_kvrouter_Native.h"
 #include "kvrouter.h"
@@ -146,7 +148,7 @@ static int check(JNIEnv* env, kvr_status status, kvr_error** err) {
   kvr_error* e = *err;
   *err = NULL;
   if (status == KVR_OK) {
-    kvr_error_free(e); /* NULL after a success; freed all the same */
+    if (e != NULL) kvr_error_free(e); /* NULL after a success; freed all the same */
     return 0;
   }
   throw_status(env, status, e);
@@ -235,10 +237,21 @@ static void* scratch_array(JNIEnv* env, scratch* s, size_t count, size_t size) {
 
 /* A Java string as NUL-terminated UTF-8 in scratch memory; NULL for a null string. Refuses
  * embedded NULs (C would cut the string there) and unpaired surrogates. */
+static int utf8_n(JNIEnv* env, scratch* s, jstring str, jsize n, const char** out);
+
 static int utf8(JNIEnv* env, scratch* s, jstring str, const char** out) {
+  if (str == NULL) {
+    *out = NULL;
+    return 0;
+  }
+  return utf8_n(env, s, str, (*env)->GetStringLength(env, str), out);
+}
+
+/* utf8 for a string whose length (in UTF-16 units) the caller passed along from Java: one JNI
+ * call less. */
+static int utf8_n(JNIEnv* env, scratch* s, jstring str, jsize n, const char** out) {
   *out = NULL;
   if (str == NULL) return 0;
-  jsize n = (*env)->GetStringLength(env, str);
   jchar* units = (jchar*)scratch_array(env, s, (size_t)n, sizeof(jchar));
   if (units == NULL) return -1;
   (*env)->GetStringRegion(env, str, 0, n, units);
@@ -319,10 +332,26 @@ typedef struct {
   void* pinned;         /* in place, between tokens_begin and tokens_end */
 } tokens_in;
 
-static int tokens_prepare(JNIEnv* env, scratch* s, jintArray a, int in_place, tokens_in* t) {
+/* With direct != NULL the prompt is the length ints at int offset of a direct IntBuffer (native
+ * order; the Java side checks both): read in place for any call, as direct memory never moves
+ * (no copy, no critical region). Otherwise the array a. */
+static int tokens_prepare(JNIEnv* env, scratch* s, jintArray a, jobject direct, jint offset,
+                          jint length, int in_place, tokens_in* t) {
   t->array = a;
   t->copy = NULL;
   t->pinned = NULL;
+  if (direct != NULL) {
+    /* offset and length are the buffer's position and remaining, so within its capacity (Router
+     * takes them from the buffer itself; asking the capacity again costs more JNI calls). */
+    const uint32_t* base = (const uint32_t*)(*env)->GetDirectBufferAddress(env, direct);
+    if (base == NULL || offset < 0 || length < 0) {
+      return throw_iae(env, "kvrouter: tokens must be a direct IntBuffer");
+    }
+    static const uint32_t none = 0; /* kvrouter refuses NULL, even for no tokens */
+    t->copy = length > 0 ? base + offset : &none;
+    t->n = (size_t)length;
+    return 0;
+  }
   if (a == NULL) return throw_iae(env, "kvrouter: null tokens");
   if (!in_place) return copy_ints(env, s, a, &t->copy, &t->n);
   t->n = (size_t)(*env)->GetArrayLength(env, a);
@@ -1045,11 +1074,9 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_applyReplicaEvent(JNIEnv* env, jc
   scratch_free(&s);
 }
 
-JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(JNIEnv* env, jclass cls, jlong r,
-                                                                   jintArray tokens,
-                                                                   jobject options,
-                                                                   jint max_candidates,
-                                                                   jlongArray out) {
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(
+    JNIEnv* env, jclass cls, jlong r, jintArray tokens, jobject direct, jint offset, jint length,
+    jobject options, jint max_candidates, jlongArray out) {
   (void)cls;
   scratch s;
   scratch_init(&s);
@@ -1057,7 +1084,8 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(JNIEnv* env, 
   tokens_in t;
   kvr_request_options o;
   if (read_request_options(env, &s, options, &o) != 0 ||
-      tokens_prepare(env, &s, tokens, (o.flags & KVR_REQUEST_ADMIT) == 0, &t) != 0) {
+      tokens_prepare(env, &s, tokens, direct, offset, length, (o.flags & KVR_REQUEST_ADMIT) == 0,
+                     &t) != 0) {
     goto done;
   }
   const size_t cap = max_candidates > 0 ? (size_t)max_candidates : 0;
@@ -1092,6 +1120,95 @@ done:
   return result;
 }
 
+/* Native.findBestMatchSimple: findBestMatch for options that set nothing but flags and the
+ * strings (RequestOptions.simpleFlags), given as arguments: no RequestOptions fields to read,
+ * no candidates. The usual admitted call (an id, perhaps a LoRA name) costs the crossing, the
+ * strings' conversion and, for an int[] prompt, its copy; a direct IntBuffer is read in place. */
+JNIEXPORT void JNICALL Java_io_kvrouter_Native_findBestMatchSimple(
+    JNIEnv* env, jclass cls, jlong r, jintArray tokens, jobject direct, jint offset, jint length,
+    jint flags, jstring id, jint id_n, jstring lora, jint lora_n, jstring ns, jint ns_n,
+    jlongArray out) {
+  (void)cls;
+  scratch s;
+  scratch_init(&s);
+  tokens_in t;
+  kvr_request_options o;
+  kvr_route_result rr;
+  if (INIT(env, kvr_request_options_init, &o) != 0 ||
+      INIT(env, kvr_route_result_init, &rr) != 0) {
+    goto done;
+  }
+  o.flags = (uint32_t)flags;
+  if (utf8_n(env, &s, id, id_n, &o.request_id) != 0 ||
+      utf8_n(env, &s, lora, lora_n, &o.lora_name) != 0 ||
+      utf8_n(env, &s, ns, ns_n, &o.cache_namespace) != 0 ||
+      tokens_prepare(env, &s, tokens, direct, offset, length, (o.flags & KVR_REQUEST_ADMIT) == 0,
+                     &t) != 0) {
+    goto done;
+  }
+  kvr_error* err = NULL;
+  const uint32_t* p = tokens_begin(env, &t);
+  if (p == NULL) goto done;
+  kvr_status st = kvr_find_best_match(ROUTER(r), p, t.n, &o, &rr, NULL, 0, NULL, &err);
+  tokens_end(env, &t);
+  if (check(env, st, &err) != 0) goto done;
+  jlong v[ROUTE_RESULT_OUT_LEN];
+  abi_encode_route_result(&rr, v);
+  v[ROUTE_RESULT_TOTAL_CANDIDATES] = 0;
+  put_longs(env, out, v, ROUTE_RESULT_OUT_LEN);
+done:
+  scratch_free(&s);
+}
+
+/* The C side of the overhead benchmark (Native.benchChunk): the same calls as the binding's,
+ * made from a loop in C in the same process, so that the difference is the binding's cost. */
+JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_benchChunk(JNIEnv* env, jclass cls, jlong r,
+                                                           jint op, jintArray tokens, jint nq,
+                                                           jint qlen, jbyteArray ids, jint stride,
+                                                           jint nids, jint iters) {
+  (void)cls;
+  jsize nt = (*env)->GetArrayLength(env, tokens), nb = (*env)->GetArrayLength(env, ids);
+  if (nq <= 0 || qlen <= 0 || nids <= 0 || stride <= 0 || (jlong)nq * qlen > nt ||
+      (jlong)nids * stride > nb) {
+    throw_iae(env, "kvrouter: benchChunk: bad sizes");
+    return -1;
+  }
+  uint32_t* t = (uint32_t*)malloc((size_t)nt * sizeof(uint32_t));
+  char* id = (char*)malloc((size_t)nb);
+  jlong ns = -1;
+  if (t == NULL || id == NULL) goto done;
+  (*env)->GetIntArrayRegion(env, tokens, 0, nt, (jint*)t);
+  (*env)->GetByteArrayRegion(env, ids, 0, nb, (jbyte*)id);
+  kvr_request_options opts;
+  kvr_request_options_init(&opts, sizeof opts);
+  opts.flags = KVR_REQUEST_ADMIT;
+  struct timespec start, end;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (jint i = 0; i < iters; ++i) {
+    const char* rid = id + (size_t)(i % nids) * (size_t)stride;
+    const uint32_t* p = t + (size_t)(i % nq) * (size_t)qlen;
+    kvr_status st;
+    if (op == 0 || op == 1) {
+      kvr_route_result rr;
+      kvr_route_result_init(&rr, sizeof rr);
+      opts.request_id = rid;
+      st = kvr_find_best_match(ROUTER(r), p, (size_t)qlen, op == 1 ? &opts : NULL, &rr, NULL, 0,
+                               NULL, NULL);
+      if (st == KVR_OK && op == 1) st = kvr_router_free_request(ROUTER(r), rid, NULL);
+    } else {
+      st = kvr_router_mark_prefill_completed(ROUTER(r), rid, NULL);
+      if (st == KVR_OK) st = kvr_router_free_request(ROUTER(r), rid, NULL);
+    }
+    if (st != KVR_OK) goto done;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  ns = (jlong)(end.tv_sec - start.tv_sec) * 1000000000 + (end.tv_nsec - start.tv_nsec);
+done:
+  free(t);
+  free(id);
+  return ns;
+}
+
 /* Results that grow: start with a small buffer, retry with the count the library asks for
  * (with room to spare, as workers may be added meanwhile), at most a few times. */
 #define GROW_ATTEMPTS 8
@@ -1124,7 +1241,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, 
   tokens_in t;
   kvr_request_options o;
   if (read_request_options(env, &s, options, &o) != 0 ||
-      tokens_prepare(env, &s, tokens, 1, &t) != 0) {
+      tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) != 0) {
     goto done;
   }
   size_t cap = rank_rows_hint();
@@ -1233,7 +1350,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env,
   tokens_in t;
   kvr_request_options o;
   if (read_request_options(env, &s, options, &o) != 0 ||
-      tokens_prepare(env, &s, tokens, 1, &t) != 0) {
+      tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) != 0) {
     goto done;
   }
   size_t cap = rank_rows_hint();
@@ -1396,7 +1513,7 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_previewRoute(JNIEnv* env, jclass 
   const kvr_routing_hints* hp;
   if (read_request_options(env, &s, options, &o) != 0 ||
       read_routing_hints(env, &s, hints, &h, &hp) != 0 ||
-      tokens_prepare(env, &s, tokens, 1, &t) != 0) {
+      tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) != 0) {
     goto done;
   }
   kvr_route_signals sig;
@@ -1642,7 +1759,7 @@ JNIEXPORT jboolean JNICALL Java_io_kvrouter_Native_disaggPrefillWorkerBusy(
   kvr_request_options o;
   int busy = 0;
   if (read_request_options(env, &s, options, &o) == 0 &&
-      tokens_prepare(env, &s, tokens, 1, &t) == 0) { /* a preview: read in place */
+      tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) == 0) { /* a preview: read in place */
     kvr_error* err = NULL;
     const uint32_t* p = tokens_begin(env, &t);
     if (p != NULL) {

@@ -107,7 +107,46 @@ final class Native {
    * count); returns the candidates (Abi.Candidate.LEN slots each) or null.
    */
   static native long[] findBestMatch(
-      long router, int[] tokens, RequestOptions options, int maxCandidates, long[] out);
+      long router,
+      int[] tokens,
+      java.nio.IntBuffer direct,
+      int offset,
+      int length,
+      RequestOptions options,
+      int maxCandidates,
+      long[] out);
+
+  /**
+   * findBestMatch for options that set nothing but the flags and the strings (RequestOptions
+   * .simpleFlags() >= 0), passed as arguments; no candidates. The prompt is {@code tokens}, or with
+   * {@code direct} non-null the {@code length} ints at {@code offset} of that direct IntBuffer.
+   * Each string comes with its length() (0 for null), which saves the glue a JNI call.
+   */
+  static native void findBestMatchSimple(
+      long router,
+      int[] tokens,
+      java.nio.IntBuffer direct,
+      int offset,
+      int length,
+      int flags,
+      String requestId,
+      int requestIdLength,
+      String loraName,
+      int loraNameLength,
+      String cacheNamespace,
+      int cacheNamespaceLength,
+      long[] out);
+
+  /**
+   * For the overhead benchmark only (OverheadBenchmark, in the tests): runs {@code iters} calls of
+   * kind {@code op} (0 preview, 1 admit + free, 2 mark + free) from a loop in C on the router, over
+   * {@code nq} prompts of {@code qlen} tokens and {@code nids} NUL-terminated ids of {@code stride}
+   * bytes each (both copied before the clock starts), and returns the loop's time in ns (-1 if a
+   * call failed).
+   */
+  static native long benchChunk(
+      long router, int op, int[] tokens, int nq, int qlen, byte[] ids, int stride, int nids,
+      int iters);
 
   static native long[] overlapScores(long router, int[] tokens, RequestOptions options);
 

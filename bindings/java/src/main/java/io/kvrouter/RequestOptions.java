@@ -21,6 +21,9 @@ public final class RequestOptions {
   final long[] mmHashes;
   final int[] mmCounts;
   final long[] allowedWorkerIds;
+  // Not read by the glue: the flags when nothing but they and the strings differ from the
+  // defaults (the options then cross as arguments, not as fields the glue reads one by one), else -1.
+  private final int simpleFlags;
 
   private RequestOptions(Builder b) {
     this.scalars = b.scalars.clone();
@@ -30,6 +33,22 @@ public final class RequestOptions {
     this.mmHashes = b.mmHashes;
     this.mmCounts = b.mmCounts;
     this.allowedWorkerIds = b.allowedWorkerIds;
+    this.simpleFlags = simpleFlags(scalars, mmHashes, allowedWorkerIds);
+  }
+
+  private static int simpleFlags(long[] scalars, long[] mmHashes, long[] allowedWorkerIds) {
+    if (mmHashes != null || allowedWorkerIds != null) return -1;
+    long[] defaults = Defaults.REQUEST_OPTIONS;
+    for (int i = 0; i < scalars.length; ++i) {
+      if (i != Abi.RequestOptions.FLAGS && scalars[i] != defaults[i]) return -1;
+    }
+    long flags = scalars[Abi.RequestOptions.FLAGS];
+    return flags >= 0 && flags <= Integer.MAX_VALUE ? (int) flags : -1;
+  }
+
+  /** See the field. */
+  int simpleFlags() {
+    return simpleFlags;
   }
 
   /** Options that book the request under {@code requestId} (KVR_REQUEST_ADMIT). */

@@ -1,5 +1,7 @@
 package io.kvrouter;
 
+import java.nio.ByteOrder;
+import java.nio.IntBuffer;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -290,12 +292,68 @@ public final class Router extends NativeObject {
    */
   public RouteResult findBestMatch(int[] tokens, RequestOptions options, int maxCandidates) {
     Objects.requireNonNull(tokens, "tokens");
+    return route(tokens, null, 0, tokens.length, options, maxCandidates);
+  }
+
+  /**
+   * As {@link #findBestMatch(int[], RequestOptions)}, for a prompt in a direct {@link IntBuffer}
+   * in native byte order (for example {@code
+   * ByteBuffer.allocateDirect(4 * n).order(ByteOrder.nativeOrder()).asIntBuffer()}): its remaining
+   * ints, read in place. An {@code int[]} prompt has to be copied for an admitted call (the call
+   * may wait in the admission queue or call a replica publisher back, so the array cannot be pinned
+   * meanwhile); a direct buffer never is, whatever the call. The buffer's position is not changed.
+   *
+   * @throws IllegalArgumentException for a heap buffer or one not in native byte order
+   */
+  public RouteResult findBestMatch(IntBuffer tokens, RequestOptions options) {
+    return findBestMatch(tokens, options, 0);
+  }
+
+  /** As {@link #findBestMatch(IntBuffer, RequestOptions)}, with up to {@code maxCandidates}. */
+  public RouteResult findBestMatch(IntBuffer tokens, RequestOptions options, int maxCandidates) {
+    Objects.requireNonNull(tokens, "tokens");
+    if (!tokens.isDirect() || tokens.order() != ByteOrder.nativeOrder()) {
+      throw new IllegalArgumentException("tokens must be a direct IntBuffer in native byte order");
+    }
+    return route(null, tokens, tokens.position(), tokens.remaining(), options, maxCandidates);
+  }
+
+  private static int length(String s) {
+    return s == null ? 0 : s.length();
+  }
+
+  private RouteResult route(
+      int[] tokens,
+      IntBuffer direct,
+      int offset,
+      int length,
+      RequestOptions options,
+      int maxCandidates) {
     if (maxCandidates < 0) throw new IllegalArgumentException("maxCandidates < 0");
     long[] out = new long[RouteResult.ENCODED_LEN];
     long h = acquire();
-    long[] candidates;
+    long[] candidates = null;
     try {
-      candidates = Native.findBestMatch(h, tokens, options, maxCandidates, out);
+      int flags = options == null || maxCandidates > 0 ? -1 : options.simpleFlags();
+      if (flags >= 0) {
+        Native.findBestMatchSimple(
+            h,
+            tokens,
+            direct,
+            offset,
+            length,
+            flags,
+            options.requestId,
+            length(options.requestId),
+            options.loraName,
+            length(options.loraName),
+            options.cacheNamespace,
+            length(options.cacheNamespace),
+            out);
+      } else {
+        candidates =
+            Native.findBestMatch(h, tokens, direct, offset, length, options, maxCandidates, out);
+      }
     } finally {
       release();
     }
