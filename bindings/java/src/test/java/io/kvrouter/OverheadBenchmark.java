@@ -65,24 +65,8 @@ public final class OverheadBenchmark {
             for (int i = 0; i < n; ++i) router.findBestMatch(prompts[i % 64]);
           }
         },
-        new Bench("admit+free", 1) {
-          @Override
-          void run(int n) {
-            for (int i = 0; i < n; ++i) {
-              router.findBestMatch(prompts[i % 64], admits[i % ids.length]);
-              router.freeRequest(ids[i % ids.length]);
-            }
-          }
-        },
-        new Bench("admit+free, direct IntBuffer", 1) {
-          @Override
-          void run(int n) {
-            for (int i = 0; i < n; ++i) {
-              router.findBestMatch(direct[i % 64], admits[i % ids.length]);
-              router.freeRequest(ids[i % ids.length]);
-            }
-          }
-        },
+        admitFree(router, prompts, null, admits),
+        admitFree(router, prompts, direct, admits),
         new Bench("mark+free", 2) {
           @Override
           void run(int n) {
@@ -132,6 +116,25 @@ public final class OverheadBenchmark {
             jp - cp);
       }
     }
+  }
+
+  /** Admitted findBestMatch and freeRequest, the prompt from an int[] or a direct IntBuffer. */
+  private static Bench admitFree(
+      Router router, int[][] prompts, IntBuffer[] direct, RequestOptions[] admits) {
+    return new Bench(direct == null ? "admit+free" : "admit+free, direct IntBuffer", 1) {
+      @Override
+      void run(int n) {
+        for (int i = 0; i < n; ++i) {
+          RequestOptions admit = admits[i % admits.length];
+          if (direct == null) {
+            router.findBestMatch(prompts[i % prompts.length], admit);
+          } else {
+            router.findBestMatch(direct[i % direct.length], admit);
+          }
+          router.freeRequest(admit.requestId);
+        }
+      }
+    };
   }
 
   private abstract static class Bench {
