@@ -1100,7 +1100,9 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(
   kvr_error* err = NULL;
   const uint32_t* p = tokens_begin(env, &t);
   if (p == NULL) goto done;
-  kvr_status st = kvr_find_best_match(ROUTER(r), p, t.n, &o, &rr, candidates, cap, &total, &err);
+  /* No options go as NULL, as a C caller passes them: the library then reads and checks none. */
+  kvr_status st = kvr_find_best_match(ROUTER(r), p, t.n, options == NULL ? NULL : &o, &rr,
+                                      candidates, cap, &total, &err);
   tokens_end(env, &t);
   if (check(env, st, &err) != 0) goto done;
   jlong v[ROUTE_RESULT_OUT_LEN];
