@@ -31,38 +31,44 @@ report() {  # report WHERE MESSAGE...
   violations=$((violations + 1))
 }
 
-for layer in "${layers[@]}"; do
-  [ -d "$root/src/$layer" ] || continue
-  rank=$(rank_of "$layer")
+# includes_of DIR: "FILE:LINE TARGET" for every #include of the C and C++ files under DIR.
+includes_of() {
+  local file rel lineno line
   while IFS= read -r -d '' file; do
     rel=${file#"$root"/}
     lineno=0
     while IFS= read -r line; do
       lineno=$((lineno + 1))
-      [[ $line =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"\<]([^\"\>]+)[\"\>] ]] || continue
-      target=${BASH_REMATCH[1]}
-      checked=$((checked + 1))
-      where="$rel:$lineno"
-      if [[ $target == *../* || $target == ../* ]]; then
-        report "$where" "#include \"$target\": no relative path out of the directory"
-        continue
-      fi
-      if [[ $target == kvrouter.h || $target == kvrouter_version.h ]]; then
-        [ "$layer" = capi ] ||
-          report "$where" "#include \"$target\": only src/capi includes the public C header"
-        continue
-      fi
-      first=${target%%/*}
-      [ "$first" != "$target" ] || continue  # a header beside this file, or a system one
-      target_rank=$(rank_of "$first")
-      [ "$target_rank" -ge 0 ] || continue  # absl/..., flatbuffers/..., nats/..., ...
-      if [ "$target_rank" -gt "$rank" ]; then
-        report "$where" "#include \"$target\": $layer may not include $first (a layer above it;" \
-          "the order is ${layers[*]})"
-      fi
+      [[ $line =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"\<]([^\"\>]+)[\"\>] ]] &&
+        echo "$rel:$lineno ${BASH_REMATCH[1]}"
     done <"$file"
-  done < <(find "$root/src/$layer" -type f \( -name '*.h' -o -name '*.hpp' -o -name '*.cc' \
-    -o -name '*.cpp' -o -name '*.c' -o -name '*.inc' \) -print0 | sort -z)
+  done < <(find "$1" -type f \( -name '*.h' -o -name '*.hpp' -o -name '*.cc' -o -name '*.cpp' \
+    -o -name '*.c' -o -name '*.inc' \) -print0 | sort -z)
+}
+
+for layer in "${layers[@]}"; do
+  [ -d "$root/src/$layer" ] || continue
+  rank=$(rank_of "$layer")
+  while read -r where target; do
+    checked=$((checked + 1))
+    if [[ $target == *../* || $target == ../* ]]; then
+      report "$where" "#include \"$target\": no relative path out of the directory"
+      continue
+    fi
+    if [[ $target == kvrouter.h || $target == kvrouter_version.h ]]; then
+      [ "$layer" = capi ] ||
+        report "$where" "#include \"$target\": only src/capi includes the public C header"
+      continue
+    fi
+    first=${target%%/*}
+    [ "$first" != "$target" ] || continue  # a header beside this file, or a system one
+    target_rank=$(rank_of "$first")
+    [ "$target_rank" -ge 0 ] || continue  # absl/..., flatbuffers/..., nats/..., ...
+    if [ "$target_rank" -gt "$rank" ]; then
+      report "$where" "#include \"$target\": $layer may not include $first (a layer above it;" \
+        "the order is ${layers[*]})"
+    fi
+  done < <(includes_of "$root/src/$layer")
 done
 
 # Outside src/: what uses the library sees the layers it tests and no more. A layer's tests may
@@ -79,28 +85,21 @@ for dir in "${!consumers[@]}"; do
   [ -d "$root/$dir" ] || continue
   top=${consumers[$dir]}
   top_rank=$([ "$top" = none ] && echo -1 || rank_of "$top")
-  while IFS= read -r -d '' file; do
-    rel=${file#"$root"/}
-    lineno=0
-    while IFS= read -r line; do
-      lineno=$((lineno + 1))
-      [[ $line =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"\<]([^\"\>]+)[\"\>] ]] || continue
-      target=${BASH_REMATCH[1]}
-      first=${target%%/*}
-      [ "$first" != "$target" ] || continue
-      target_rank=$(rank_of "$first")
-      [ "$target_rank" -ge 0 ] || continue
-      checked=$((checked + 1))
-      if [ "$target_rank" -gt "$top_rank" ]; then
-        if [ "$top" = none ]; then
-          report "$rel:$lineno" "#include \"$target\": $dir uses the library as a user does," \
-            "through kvrouter.h only"
-        else
-          report "$rel:$lineno" "#include \"$target\": tests of $top may not include $first"
-        fi
+  while read -r where target; do
+    first=${target%%/*}
+    [ "$first" != "$target" ] || continue
+    target_rank=$(rank_of "$first")
+    [ "$target_rank" -ge 0 ] || continue
+    checked=$((checked + 1))
+    if [ "$target_rank" -gt "$top_rank" ]; then
+      if [ "$top" = none ]; then
+        report "$where" "#include \"$target\": $dir uses the library as a user does," \
+          "through kvrouter.h only"
+      else
+        report "$where" "#include \"$target\": tests of $top may not include $first"
       fi
-    done <"$file"
-  done < <(find "$root/$dir" -type f \( -name '*.h' -o -name '*.cc' -o -name '*.c' \) -print0 | sort -z)
+    fi
+  done < <(includes_of "$root/$dir")
 done
 
 if [ "$violations" -gt 0 ]; then
