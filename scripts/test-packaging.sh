@@ -116,11 +116,12 @@ $data_files
 LIST
 )
 # What each binary package holds under /usr: its components' files, and what debhelper adds
-# (changelog, copyright, lintian overrides, compressed manual pages; the documentation pages
-# may be compressed too, and are compared without .gz).
+# (changelog, copyright, the lintian overrides of a package that has debian/PACKAGE.lintian-
+# overrides, compressed manual pages; the documentation pages may be compressed too, and are
+# compared without .gz).
 debian_files() {  # debian_files PACKAGE
-  printf '%s\n' "share/doc/$1/changelog.Debian.gz" "share/doc/$1/copyright" \
-    "share/lintian/overrides/$1"
+  printf '%s\n' "share/doc/$1/changelog.Debian.gz" "share/doc/$1/copyright"
+  [ ! -f "debian/$1.lintian-overrides" ] || printf '%s\n' "share/lintian/overrides/$1"
 }
 runtime_deb_files=$(LC_ALL=C sort <<<"$runtime_files
 $(debian_files "$runtime_pkg")")
