@@ -39,6 +39,7 @@ void RankSequence::BeginReplay(uint64_t until) {
   verified_ = false;
   from_start_ = next == 0;
   other_engine_ = false;
+  unproven_ = false;
 }
 
 void RankSequence::BeginReplayFromStart(uint64_t until) {
@@ -59,7 +60,14 @@ RankSequence::Replayed RankSequence::AcceptReplayed(uint64_t seq, uint64_t diges
     verified_ = true;
     return Replayed::kSkip;
   }
-  check_.reset();  // the replay went past the check without it: contiguous replies only
+  if (check_) {
+    // The reply went past the check message without it: nothing proves that the engine
+    // answering is the one heard before (a restarted engine whose buffer starts right at the
+    // hole replies alike), so the reply fills nothing and the replay comes back short.
+    check_.reset();
+    unproven_ = true;
+  }
+  if (unproven_) return Replayed::kSkip;
   if (seq < *next_ || seq >= *replay_until_) return Replayed::kSkip;
   if (seq != *next_ && !verified_) return Replayed::kSkip;
   next_ = seq + 1;
@@ -72,7 +80,7 @@ RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
   replay_until_.reset();
   check_.reset();
   if (!until) return Outcome::kComplete;
-  const bool complete = !other_engine_ && (next_ == until || (verified_ && ended));
+  const bool complete = !other_engine_ && !unproven_ && (next_ == until || (verified_ && ended));
   if (next_ != until) {
     next_ = *until;
     digest_.reset();  // the held message at `until` sets it

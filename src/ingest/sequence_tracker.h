@@ -79,9 +79,10 @@ class RankSequence {
     kApply,      // it fills the hole: apply it
     kRestarted,  // the check message differs: another engine answers; clear, the replay fails
   };
-  // A replayed message with its payload's digest. Before the check is passed, only a
-  // contiguous run fills the hole; after it, any number in the hole does (the engine skipped
-  // the ones between).
+  // A replayed message with its payload's digest. After the check is passed any number in the
+  // hole fills it (the engine skipped the ones between). A reply that goes past the check
+  // without it fills nothing (nothing proves the same engine answers): the replay is short.
+  // Without a check (a replay from 0, or no digest heard), only a contiguous run fills it.
   Replayed AcceptReplayed(uint64_t seq, uint64_t digest);
 
   enum class Outcome : uint8_t {
@@ -105,6 +106,7 @@ class RankSequence {
   bool verified_ = false;
   bool from_start_ = false;
   bool other_engine_ = false;
+  bool unproven_ = false;  // the reply passed the check message without it
 };
 
 // The publishers heard on one subscription of Dynamo's KV event plane: each numbers its

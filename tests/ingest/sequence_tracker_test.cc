@@ -139,11 +139,27 @@ TEST(RankSequence, NumbersTheEngineSkippedAreNoLoss) {
   EXPECT_EQ(t.FinishReplay(/*ended=*/false), O::kShort);
 }
 
-// Without the check message (the buffer no longer has it), only a contiguous run fills.
-TEST(RankSequence, WithoutTheCheckOnlyAContiguousReplayFills) {
+// Found by rank_sequence_fuzzer: a reply without the check message (the buffer no longer has
+// it) was applied when it ran contiguously from the hole. A restarted engine whose buffer starts
+// right at the hole replies exactly so, and its messages landed on the dead engine's blocks.
+// Nothing proves the same engine answers: the reply fills nothing, the replay is short.
+TEST(RankSequence, AReplyWithoutTheCheckMessageFillsNothing) {
   RankSequence s = Replaying(1, 6);
-  EXPECT_EQ(s.AcceptReplayed(2, D(2)), R::kApply);
-  EXPECT_EQ(s.AcceptReplayed(4, D(4)), R::kSkip);  // 3 missing: maybe lost
+  EXPECT_EQ(s.AcceptReplayed(2, D(2)), R::kSkip);
+  EXPECT_EQ(s.AcceptReplayed(3, D(3)), R::kSkip);
+  EXPECT_EQ(s.AcceptReplayed(4, D(4)), R::kSkip);
+  EXPECT_EQ(s.AcceptReplayed(5, D(5)), R::kSkip);
+  EXPECT_EQ(s.FinishReplay(true), O::kShort);
+  EXPECT_EQ(s.Observe(6).action, A::kApply);
+}
+
+// A replay from message 0 (the repair of a cleared rank) has no check: a contiguous run fills.
+TEST(RankSequence, FromTheStartOnlyAContiguousReplayFills) {
+  RankSequence s = Replaying(1, 6);
+  s.BeginReplayFromStart(6);
+  EXPECT_EQ(s.AcceptReplayed(0, D(0)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(1, D(1)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(3, D(3)), R::kSkip);  // 2 missing: maybe lost
   EXPECT_EQ(s.FinishReplay(true), O::kShort);
 }
 
@@ -165,6 +181,7 @@ TEST(RankSequence, AnotherEnginesCheckMessageFailsTheReplay) {
 
 TEST(RankSequence, AGapDuringTheHeldMessagesStartsAnotherReplay) {
   RankSequence s = Replaying(1, 3);
+  EXPECT_EQ(s.AcceptReplayed(1, D(1)), R::kSkip);  // the check
   EXPECT_EQ(s.AcceptReplayed(2, D(2)), R::kApply);
   EXPECT_EQ(s.FinishReplay(true), O::kComplete);
   // Held: 3, 6.
