@@ -11,7 +11,9 @@
 #    build/deb/kvrouter-<version>;
 #  - the upstream tarball kvrouter_<version>.orig.tar.xz is that tree without debian/, made
 #    reproducibly (sorted, owner 0, every mtime the changelog's date);
-#  - dpkg-buildpackage -us -uc (source and binaries, unsigned) runs there with an empty
+#  - dpkg-buildpackage -us -uc -sa (source and binaries, unsigned; -sa: the .changes lists the
+#    upstream tarball whatever the Debian revision, so that the apt repository, which takes the
+#    files the .changes names, can serve the source package) runs there with an empty
 #    environment but for PATH (no /usr/local), HOME (an empty directory), LC_ALL=C.UTF-8 and
 #    DEB_BUILD_OPTIONS (parallel=KVR_JOBS or nproc, and whatever the caller's DEB_BUILD_OPTIONS
 #    adds); it checks the Build-Depends first, so a dependency missing from debian/control
@@ -65,10 +67,10 @@ build_debian_packages() {
     --exclude="$name-$version/debian" -C "$deb_dir" -cf - "$name-$version" |
     xz -6 -T1 >"$deb_dir/${name}_$version.orig.tar.xz"
 
-  echo "-- dpkg-buildpackage -us -uc in $source_dir (log: $deb_dir/dpkg-buildpackage.log)"
+  echo "-- dpkg-buildpackage -us -uc -sa in $source_dir (log: $deb_dir/dpkg-buildpackage.log)"
   (cd "$source_dir" && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$src/$deb_dir/home" \
     LC_ALL=C.UTF-8 DEB_BUILD_OPTIONS="parallel=$jobs${DEB_BUILD_OPTIONS:+ $DEB_BUILD_OPTIONS}" \
-    "${check_symbols[@]}" dpkg-buildpackage -us -uc) >"$deb_dir/dpkg-buildpackage.log" 2>&1 || {
+    "${check_symbols[@]}" dpkg-buildpackage -us -uc -sa) >"$deb_dir/dpkg-buildpackage.log" 2>&1 || {
     tail -n 60 "$deb_dir/dpkg-buildpackage.log" >&2
     echo "package-build: dpkg-buildpackage failed (the last lines above; the whole log is" \
       "$deb_dir/dpkg-buildpackage.log)" >&2
