@@ -18,20 +18,21 @@
 
 #include "core/hashing.h"
 #include "core/radix_index.h"
+#include "fuzz_input.h"
 #include "index_model.h"
 #include "test_data.h"
 
 namespace kvrouter {
 namespace {
 
+using fuzz::Input;
+using fuzz::kVerbose;
+
 using testing::ClearedWorker;
 using testing::IndexModel;
 using testing::MatchesToString;
 using testing::RemovedBlocks;
 using testing::StoredBlocks;
-
-// KVR_FUZZ_VERBOSE=1 prints each event as it is applied (to replay a finding by hand).
-const bool kVerbose = std::getenv("KVR_FUZZ_VERBOSE") != nullptr;
 
 void Log(const std::string& what, WorkerKey rank) {
   if (kVerbose) std::fprintf(stderr, "%s on %lu.%u\n", what.c_str(), rank.worker_id, rank.dp_rank);
@@ -41,20 +42,6 @@ void Log(const std::string& what, WorkerKey rank) {
   std::fprintf(stderr, "index differs from the model: %s\n", what.c_str());
   std::abort();
 }
-
-// The input, read a byte at a time; zeros once it is used up.
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  bool empty() const { return pos_ >= size_; }
-  uint8_t Byte() { return pos_ < size_ ? data_[pos_++] : 0; }
-  size_t Pick(size_t n) { return Byte() % n; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
 
 struct Prompt {
   std::vector<uint64_t> local;  // the router's hash of each block
@@ -239,7 +226,7 @@ class History {
 }  // namespace kvrouter
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvrouter::Input in(data, size);
+  kvrouter::fuzz::Input in(data, size);
   kvrouter::History history;
   while (!in.empty()) {
     history.Step(in);

@@ -24,31 +24,21 @@
 #include <utility>
 #include <vector>
 
+#include "fuzz_input.h"
 #include "ingest/sequence_tracker.h"
 
 namespace kvrouter {
 namespace {
 
-// KVR_FUZZ_VERBOSE=1 prints what happens (to replay a finding by hand).
-const bool kVerbose = std::getenv("KVR_FUZZ_VERBOSE") != nullptr;
+using fuzz::Input;
+using fuzz::kVerbose;
+
 #define LOG(...) (kVerbose ? std::fprintf(stderr, __VA_ARGS__) : 0)
 
 [[noreturn]] void Fail(const char* what) {
   std::fprintf(stderr, "rank state wrong: %s\n", what);
   std::abort();
 }
-
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  bool empty() const { return pos_ >= size_; }
-  uint8_t Byte() { return pos_ < size_ ? data_[pos_++] : 0; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
 
 uint64_t Digest(uint32_t epoch, uint64_t seq) { return (uint64_t{epoch} << 40) ^ (seq * 0x9e37); }
 
