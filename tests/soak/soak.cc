@@ -1,10 +1,10 @@
 // kvr_soak: the router fed a Mooncake trace in a loop, for a bounded time, through its C ABI,
 // with the churn of a real fleet: every request admitted, its prompt's blocks stored by the
-// chosen worker (a simulated cache with LRU eviction publishing the removals), its prefill
-// completed and the request freed a few requests later; every loop of the trace is new content
-// (its tokens salted with the loop number), so the index keeps turning over; a worker leaves
-// and comes back (its cache lost) every few hundred requests. The process's resident memory and
-// the library's own figure of the index's heap bytes are sampled as it runs. After a warm-up,
+// chosen worker (the replay simulator's prefix cache: LRU eviction, the removals published),
+// its prefill completed and the request freed a few requests later; every loop of the trace is new
+// content (its tokens salted with the loop number), so the index keeps turning over; a worker
+// leaves and comes back (its cache lost) every few hundred requests. The process's resident memory
+// and the library's own figure of the index's heap bytes are sampled as it runs. After a warm-up,
 // both must stay within a tolerance of their warm-up peak: memory is bounded and reclaimed.
 //
 //   kvr_soak [--seconds N] [--warmup-seconds N] [--sample-seconds N] [--tolerance-percent P]
@@ -22,13 +22,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <list>
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "kvrouter.h"
+#include "replay/kv_cache.h"
 #include "replay/trace/mooncake_trace.h"
 
 namespace {
@@ -93,53 +94,6 @@ uint64_t ResidentBytes() {
   return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
-// One worker's KV cache: engine block hashes in LRU order, and what each block's parent is.
-class SimulatedCache {
- public:
-  // Marks the prompt's blocks used; returns the index of the first block the cache did not
-  // hold (the blocks from there on are new and must be stored).
-  size_t Touch(const std::vector<uint64_t>& blocks) {
-    size_t first_new = blocks.size();
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      auto it = where_.find(blocks[i]);
-      if (it == where_.end()) {
-        first_new = i;
-        break;
-      }
-      lru_.splice(lru_.begin(), lru_, it->second);
-    }
-    return first_new;
-  }
-  // A block stored anew; one the cache still holds (its parent was evicted before it) is
-  // only marked used.
-  void Insert(uint64_t block) {
-    if (auto it = where_.find(block); it != where_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second);
-      return;
-    }
-    lru_.push_front(block);
-    where_[block] = lru_.begin();
-  }
-  // Evicts least recently used blocks until the cache fits; returns them.
-  std::vector<uint64_t> Evict() {
-    std::vector<uint64_t> evicted;
-    while (lru_.size() > kCacheBlocks) {
-      evicted.push_back(lru_.back());
-      where_.erase(lru_.back());
-      lru_.pop_back();
-    }
-    return evicted;
-  }
-  void Clear() {
-    lru_.clear();
-    where_.clear();
-  }
-
- private:
-  std::list<uint64_t> lru_;
-  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where_;
-};
-
 class Soak {
  public:
   explicit Soak(const Options& options) : options_(options) {
@@ -150,6 +104,7 @@ class Soak {
     Check(kvr_router_new(&ro, &router_, &err), "kvr_router_new", &err);
     for (uint64_t id = 1; id <= kWorkers; ++id) AddWorker(id);
     caches_.resize(kWorkers + 1);
+    for (auto& cache : caches_) cache.emplace(kCacheBlocks);
     records_ = kvrouter::trace::LoadTrace(options.trace);
   }
   ~Soak() { kvr_router_free(router_); }
@@ -263,29 +218,36 @@ class Soak {
     engine_.resize(n);
     Check(kvr_compute_sequence_hashes(hashes_.data(), n, engine_.data(), n, &n, &err),
           "kvr_compute_sequence_hashes", &err);
-    SimulatedCache& cache = caches_[worker];
-    const size_t first_new = cache.Touch(engine_);
-    if (first_new == engine_.size()) return;
+    // As vLLM's block pool does: the prompt's cached prefix is reused, room for the rest is
+    // made by evicting least recently used blocks (published first), then the rest is stored.
+    kvrouter::replay::PrefixCache& cache = *caches_[worker];
+    const std::span<const uint64_t> prompt(engine_);
+    const size_t hits = cache.MatchPrefix(prompt);
+    if (hits == prompt.size() || !cache.CanAdmit(prompt.first(hits), prompt.size() - hits)) return;
+    cache.Acquire(prompt.first(hits));
+    evicted_.clear();
+    cache.AllocatePrivate(prompt.size() - hits, evicted_);
+    for (uint64_t block : prompt.subspan(hits)) cache.Commit(block);
+    cache.Release(prompt, 0);
+    if (!evicted_.empty()) {
+      kvr_removed_event removed;
+      kvr_removed_event_init(&removed, sizeof removed);
+      removed.worker_id = worker;
+      removed.block_hashes = evicted_.data();
+      removed.num_blocks = evicted_.size();
+      Check(kvr_router_apply_removed(router_, &removed, &err), "kvr_router_apply_removed", &err);
+    }
     kvr_stored_event stored;
     kvr_stored_event_init(&stored, sizeof stored);
     stored.worker_id = worker;
-    if (first_new > 0) {
+    if (hits > 0) {
       stored.flags = KVR_STORED_HAS_PARENT;
-      stored.parent_hash = engine_[first_new - 1];
+      stored.parent_hash = engine_[hits - 1];
     }
-    stored.block_hashes = engine_.data() + first_new;
-    stored.num_blocks = engine_.size() - first_new;
-    stored.local_hashes = hashes_.data() + first_new;
+    stored.block_hashes = engine_.data() + hits;
+    stored.num_blocks = engine_.size() - hits;
+    stored.local_hashes = hashes_.data() + hits;
     Check(kvr_router_apply_stored(router_, &stored, &err), "kvr_router_apply_stored", &err);
-    for (size_t i = first_new; i < engine_.size(); ++i) cache.Insert(engine_[i]);
-    const std::vector<uint64_t> evicted = cache.Evict();
-    if (evicted.empty()) return;
-    kvr_removed_event removed;
-    kvr_removed_event_init(&removed, sizeof removed);
-    removed.worker_id = worker;
-    removed.block_hashes = evicted.data();
-    removed.num_blocks = evicted.size();
-    Check(kvr_router_apply_removed(router_, &removed, &err), "kvr_router_apply_removed", &err);
   }
 
   // A worker leaves (its requests and index entries go with it) and comes back empty.
@@ -293,17 +255,17 @@ class Soak {
     const uint64_t worker = 1 + (requests_ / kChurnEvery) % kWorkers;
     kvr_error* err = nullptr;
     Check(kvr_router_remove_worker(router_, worker, &err), "kvr_router_remove_worker", &err);
-    caches_[worker].Clear();
+    caches_[worker].emplace(kCacheBlocks);
     AddWorker(worker);
   }
 
   Options options_;
   kvr_router* router_ = nullptr;
   std::vector<kvrouter::trace::TraceRecord> records_;
-  std::vector<SimulatedCache> caches_;
+  std::vector<std::optional<kvrouter::replay::PrefixCache>> caches_;  // by worker id
   std::deque<std::string> in_flight_;
   std::vector<uint32_t> tokens_;
-  std::vector<uint64_t> hashes_, engine_;
+  std::vector<uint64_t> hashes_, engine_, evicted_;
   size_t next_record_ = 0;
   uint64_t requests_ = 0, loop_ = 0;
 };
