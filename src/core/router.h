@@ -52,6 +52,7 @@
 #include "core/approx_index.h"
 #include "core/booking_observer.h"
 #include "core/clock.h"
+#include "core/latency_histogram.h"
 #include "core/plan_table.h"
 #include "core/radix_index.h"
 #include "core/random_source.h"
@@ -368,6 +369,11 @@ class Router {
     uint64_t event_batches_rejected = 0;  // CountRejectedBatch
   };
   Counters counters() const;
+  // How long routing calls took from their start (hashing included) to their decision, on
+  // this router's clock: FindBestMatch, FindBestMatchAsync and Plan answered without waiting
+  // in the queue, and Preview. Queued requests are not measured (their wait is not decision
+  // time); failed calls neither.
+  LatencyHistogram::Snapshot decision_latency() const { return decision_latency_.Read(); }
 
   // --- Housekeeping (the core has no timer thread). ---
   // Drops requests older than request_expiry_seconds; may admit waiting requests. (Booking also
@@ -477,6 +483,7 @@ class Router {
   // counters(): outside the gate.
   std::atomic<uint64_t> decisions_{0};
   std::atomic<uint64_t> event_batches_rejected_{0};
+  LatencyHistogram decision_latency_;
 };
 
 }  // namespace kvrouter

@@ -18,6 +18,7 @@ using router_internal::AsAbsl;
 
 absl::StatusOr<RouteDecision> Router::Preview(std::span<const uint32_t> tokens,
                                               const RouteOptions& options) {
+  const Nanos started = clock_.Now();
   RouteOptions look = options;
   look.with_admission = false;
   Prepared prepared;
@@ -26,7 +27,9 @@ absl::StatusOr<RouteDecision> Router::Preview(std::span<const uint32_t> tokens,
   }
   std::lock_guard lock(gate_);
   ApplySessionLocked(prepared, /*use=*/false);
-  return DecideLocked(prepared);
+  auto result = DecideLocked(prepared);
+  if (result.ok()) decision_latency_.Record(clock_.Now() - started);
+  return result;
 }
 
 absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,

@@ -155,7 +155,8 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
     }
     subs.push_back(sub);
   }
-  std::shared_ptr<SourceCounters> source = loop_.NewSource(id, worker.endpoint);
+  std::shared_ptr<SourceCounters> source =
+      loop_.NewSource(id, IngestSourceKind::kEngine, worker.endpoint);
   for (Subscription* sub : subs) {
     sub->counters = source;
     int fd = -1;

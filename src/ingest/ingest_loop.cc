@@ -5,11 +5,13 @@
 
 namespace kvrouter {
 
-std::shared_ptr<SourceCounters> IngestLoop::NewSource(uint64_t& id, std::string endpoint,
+std::shared_ptr<SourceCounters> IngestLoop::NewSource(uint64_t& id, IngestSourceKind kind,
+                                                      std::string endpoint,
                                                       std::shared_ptr<SourceCounters> live) {
   std::lock_guard lock(stats_mutex);
   id = next_source_id++;
   endpoints[id] = std::move(endpoint);
+  kinds[id] = kind;
   return counters[id] = live ? std::move(live) : std::make_shared<SourceCounters>();
 }
 

@@ -50,13 +50,15 @@ struct IngestLoop {
   mutable std::mutex stats_mutex;
   std::map<uint64_t, std::shared_ptr<SourceCounters>> counters;
   std::map<uint64_t, std::string> endpoints;  // as Endpoint() reports them
+  std::map<uint64_t, IngestSourceKind> kinds;
   uint64_t next_source_id = 1;
 
   // Loop-thread state (or caller-thread state before Start).
   uint64_t next_event_id = 1;
 
   // A new source id for `endpoint` (what Endpoint(id) reports), with its counters.
-  std::shared_ptr<SourceCounters> NewSource(uint64_t& id, std::string endpoint,
+  std::shared_ptr<SourceCounters> NewSource(uint64_t& id, IngestSourceKind kind,
+                                            std::string endpoint,
                                             std::shared_ptr<SourceCounters> live = nullptr);
 
   // Runs `command` where loop state may be touched: inline before Start, on the loop after.

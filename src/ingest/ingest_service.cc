@@ -169,6 +169,20 @@ absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {
   return stats;
 }
 
+std::vector<IngestSource> IngestService::Sources() const {
+  std::lock_guard lock(impl_->stats_mutex);
+  std::vector<IngestSource> sources;
+  sources.reserve(impl_->counters.size());
+  for (const auto& [id, counters] : impl_->counters) {
+    IngestSource& source = sources.emplace_back();
+    source.id = id;
+    source.kind = impl_->kinds.at(id);
+    source.endpoint = impl_->endpoints.at(id);
+    counters->AddTo(source.stats);
+  }
+  return sources;
+}
+
 absl::StatusOr<std::string> IngestService::Endpoint(uint64_t source_id) const {
   std::lock_guard lock(impl_->stats_mutex);
   auto it = impl_->endpoints.find(source_id);

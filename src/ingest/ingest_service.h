@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -66,6 +67,22 @@ struct IngestStats {
   // none was given; summed over sources, the most recent of them all.
   std::string last_reject;
   uint64_t last_reject_serial = 0;  // orders the detailed rejects of every source
+};
+
+// What a source is (the `kind` label of the Prometheus text).
+enum class IngestSourceKind : uint8_t {
+  kListener,  // a native stream listener (Listen)
+  kEngine,    // an engine worker's ZMQ ranks (AddEngineWorker)
+  kNats,      // a NATS subscription to native event batches (SubscribeNats)
+  kReplicas,  // router replica sync over NATS (SyncReplicas)
+};
+
+// One source as Sources() lists it.
+struct IngestSource {
+  uint64_t id = 0;
+  IngestSourceKind kind = IngestSourceKind::kListener;
+  std::string endpoint;  // as Endpoint(id)
+  IngestStats stats;     // as Stats(id)
 };
 
 struct IngestOptions {
@@ -141,6 +158,8 @@ class IngestService {
   // Where a source is: a listener's bound endpoint (with its real port), an engine worker's
   // endpoint, a NATS server's url. Kept after the source is removed. NotFound if unknown.
   absl::StatusOr<std::string> Endpoint(uint64_t source_id) const;
+  // Every source ever added (removed ones too, as Stats keeps them), by id.
+  std::vector<IngestSource> Sources() const;
 
   struct Impl;
 

@@ -36,5 +36,6 @@ absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string&, const s
 }
 absl::StatusOr<IngestStats> IngestService::Stats(uint64_t) const { return Unavailable(); }
 absl::StatusOr<std::string> IngestService::Endpoint(uint64_t) const { return Unavailable(); }
+std::vector<IngestSource> IngestService::Sources() const { return {}; }
 
 }  // namespace kvrouter

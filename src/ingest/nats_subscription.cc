@@ -154,7 +154,8 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
     return absl::InvalidArgumentError(why);
   }
   Bump(source->counters->connections);
-  loop_.NewSource(id, WithoutUserInfo(url), source->counters);
+  loop_.NewSource(id, source->replica_sync ? IngestSourceKind::kReplicas : IngestSourceKind::kNats,
+                  WithoutUserInfo(url), source->counters);
   source->source_id = id;
   if (source->replica_sync) {
     // From now on every change to the router's own bookings is published on `subject`, from

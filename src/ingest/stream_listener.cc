@@ -97,7 +97,7 @@ absl::Status StreamListeners::ListenOnLoop(const StreamEndpoint& where, std::str
     *bound =
         ipv6 ? absl::StrCat("tcp://[", host, "]:", port) : absl::StrCat("tcp://", host, ":", port);
   }
-  listener->counters = loop_.NewSource(id, *bound);
+  listener->counters = loop_.NewSource(id, IngestSourceKind::kListener, *bound);
   listener->source_id = id;
   listeners_.push_back(listener);
   return absl::OkStatus();

@@ -517,6 +517,26 @@ TEST_F(RouterTest, IndexSnapshotsRoundTrip) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The decision-latency histogram: routes, plans and previews that decided, on the router's
+// clock (here a manual one, so every call takes 0 ns and lands in the first bucket).
+TEST_F(RouterTest, DecisionLatencyCountsEveryCallThatDecided) {
+  Make();
+  const auto prompt = Tokens(4);
+  ASSERT_TRUE(router_->FindBestMatch(prompt, {}).ok());
+  ASSERT_TRUE(router_->FindBestMatch(prompt, Admit("a")).ok());
+  ASSERT_TRUE(router_->Preview(prompt, {}).ok());
+  ASSERT_TRUE(router_->Plan(prompt, Admit("p")).ok());
+  // Failed calls are not measured: a duplicate request id, a pin to an unknown worker.
+  EXPECT_FALSE(router_->FindBestMatch(prompt, Admit("a")).ok());
+  const uint64_t unknown[] = {99};
+  EXPECT_FALSE(router_->FindBestMatch(prompt, RouteOptions{.allowed_worker_ids = unknown}).ok());
+  const LatencyHistogram::Snapshot latency = router_->decision_latency();
+  EXPECT_EQ(latency.count, 4u);
+  EXPECT_EQ(latency.at_most[0], 4u);
+  EXPECT_EQ(latency.sum_nanos, 0u);
+  EXPECT_EQ(router_->counters().decisions, 3u);  // previews are not decisions
+}
+
 // Admission queue
 
 class RouterQueueTest : public RouterTest {
@@ -571,6 +591,19 @@ TEST_F(RouterQueueTest, WaitsWhileEveryWorkerIsBusyAndAdmitsWhenPrefillCompletes
   EXPECT_EQ(router_->pending_count(), 0u);
   EXPECT_EQ(router_->pending_tokens(), 0u);
   EXPECT_EQ(router_->active_requests(), 2u);
+}
+
+TEST_F(RouterQueueTest, DecisionLatencyLeavesOutTheTimeQueued) {
+  MakeQueued(QueuePolicy::kFcfs);
+  Submit("first");
+  Submit("second", 4);
+  clock_.AdvanceSeconds(2);  // "second" waits two seconds
+  EXPECT_TRUE(router_->MarkPrefillCompleted("first"));
+  ASSERT_EQ(admitted_, (std::vector<std::string>{"first", "second"}));
+  const LatencyHistogram::Snapshot latency = router_->decision_latency();
+  EXPECT_EQ(latency.count, 1u);  // "first" only
+  EXPECT_EQ(latency.sum_nanos, 0u);
+  EXPECT_EQ(router_->counters().decisions, 2u);
 }
 
 TEST_F(RouterQueueTest, FcfsAdmitsInArrivalOrder) {
