@@ -712,13 +712,18 @@ enum kvr_event_outcome_value {
       KVR_EVENT_OUTCOMES = 5 /* the second dimension of kvr_metrics.events, fixed forever */
 };
 
+/* The number of buckets of kvr_metrics' decision-latency histogram, fixed forever. */
+#define KVR_DECISION_LATENCY_BUCKETS 14
+
 typedef struct kvr_metrics {
   uint32_t struct_size;
   uint32_t reserved0;
   /* events[kind][outcome]: applied (KVR_EVENT_OK) or rejected per reason */
   uint64_t events[KVR_EVENT_KINDS][KVR_EVENT_OUTCOMES];
   uint64_t event_batches_rejected; /* buffers that failed verification */
-  uint64_t decisions;              /* kvr_find_best_match calls that picked a worker */
+  uint64_t decisions; /* routing calls that picked a worker: kvr_find_best_match (admitted or
+                        * not), its async form and plans (a plan asked for again counts
+                        * again); not previews */
   uint64_t requests_active;
   uint64_t queue_pending;
   uint64_t queue_pending_tokens;
@@ -731,14 +736,26 @@ typedef struct kvr_metrics {
   uint64_t replica_changes_applied;
   uint64_t replica_changes_rejected;
   uint64_t replica_requests_active; /* of requests_active, those booked by other replicas */
+  /* Appended in 0.2.0: how long routing calls took to decide, as a Prometheus histogram, on
+   * the router's clock from the call's start (hashing included) to its decision: routing and
+   * plans answered without waiting in the admission queue, and previews (so the count can
+   * exceed `decisions`); calls that failed are not measured. decision_latency_le[i] counts
+   * the calls that took at most decision_latency_bounds_ns[i] (cumulative; the bounds rise
+   * and are the library's to choose), decision_latency_count every call (the +Inf bucket). */
+  uint64_t decision_latency_bounds_ns[KVR_DECISION_LATENCY_BUCKETS];
+  uint64_t decision_latency_le[KVR_DECISION_LATENCY_BUCKETS];
+  uint64_t decision_latency_count;
+  uint64_t decision_latency_sum_ns;
 } kvr_metrics;
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
 KVR_API kvr_status kvr_metrics_init(kvr_metrics *metrics, size_t size);
 KVR_API kvr_status kvr_router_get_metrics(kvr_router *router, kvr_metrics *out, kvr_error **err);
 
-/* The metrics in Prometheus text exposition format, NUL-terminated. `*len` is set to the bytes
- * needed including the NUL (also with KVR_BUFFER_TOO_SMALL). @thread_safety concurrent */
+/* The metrics in Prometheus text exposition format, NUL-terminated: kvr_metrics' counters
+ * (kvrouter_*), the decision-latency histogram (kvrouter_decision_duration_seconds) and each
+ * rank's load. `*len` is set to the bytes needed including the NUL (also with
+ * KVR_BUFFER_TOO_SMALL). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router *router, char *buf, size_t cap,
                                                  size_t *len, kvr_error **err);
 
@@ -1136,6 +1153,15 @@ KVR_API kvr_status kvr_ingest_stats_init(kvr_ingest_stats *stats, size_t size);
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_get_stats(kvr_ingest *ingest, uint64_t source_id,
                                         kvr_ingest_stats *out, kvr_error **err);
+
+/* Added in 0.2.0: every source's counters in Prometheus text exposition format, NUL-terminated
+ * (kvrouter_ingest_*, one series per source labelled source_id, kind - listener, engine, nats
+ * or replicas - and endpoint; removed sources included, as in kvr_ingest_get_stats). The names
+ * differ from kvr_router_metrics_prometheus's, so a /metrics page may serve both texts one
+ * after the other. `*len` is set to the bytes needed including the NUL (also with
+ * KVR_BUFFER_TOO_SMALL). @thread_safety concurrent */
+KVR_API kvr_status kvr_ingest_metrics_prometheus(kvr_ingest *ingest, char *buf, size_t cap,
+                                                 size_t *len, kvr_error **err);
 
 /* ---- Publishing native event streams ------------------------------------------------------- */
 

@@ -904,19 +904,23 @@ func (g *cPotentialLoad) load(c *C.kvr_potential_load) {
 
 // cMetrics holds the value fields of kvr_metrics, in Go types.
 type cMetrics struct {
-	Events                 [3][5]uint64
-	EventBatchesRejected   uint64
-	Decisions              uint64
-	RequestsActive         uint64
-	QueuePending           uint64
-	QueuePendingTokens     uint64
-	Workers                uint64
-	IndexNodes             uint64
-	IndexBlocks            uint64
-	IndexBytes             int64
-	ReplicaChangesApplied  uint64
-	ReplicaChangesRejected uint64
-	ReplicaRequestsActive  uint64
+	Events                  [3][5]uint64
+	EventBatchesRejected    uint64
+	Decisions               uint64
+	RequestsActive          uint64
+	QueuePending            uint64
+	QueuePendingTokens      uint64
+	Workers                 uint64
+	IndexNodes              uint64
+	IndexBlocks             uint64
+	IndexBytes              int64
+	ReplicaChangesApplied   uint64
+	ReplicaChangesRejected  uint64
+	ReplicaRequestsActive   uint64
+	DecisionLatencyBoundsNs [14]uint64
+	DecisionLatencyLe       [14]uint64
+	DecisionLatencyCount    uint64
+	DecisionLatencySumNs    uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -938,6 +942,14 @@ func (g *cMetrics) store(c *C.kvr_metrics) {
 	c.replica_changes_applied = C.uint64_t(g.ReplicaChangesApplied)
 	c.replica_changes_rejected = C.uint64_t(g.ReplicaChangesRejected)
 	c.replica_requests_active = C.uint64_t(g.ReplicaRequestsActive)
+	for i := 0; i < 14; i++ {
+		c.decision_latency_bounds_ns[i] = C.uint64_t(g.DecisionLatencyBoundsNs[i])
+	}
+	for i := 0; i < 14; i++ {
+		c.decision_latency_le[i] = C.uint64_t(g.DecisionLatencyLe[i])
+	}
+	c.decision_latency_count = C.uint64_t(g.DecisionLatencyCount)
+	c.decision_latency_sum_ns = C.uint64_t(g.DecisionLatencySumNs)
 }
 
 // load reads the mirrored fields from c.
@@ -959,6 +971,14 @@ func (g *cMetrics) load(c *C.kvr_metrics) {
 	g.ReplicaChangesApplied = uint64(c.replica_changes_applied)
 	g.ReplicaChangesRejected = uint64(c.replica_changes_rejected)
 	g.ReplicaRequestsActive = uint64(c.replica_requests_active)
+	for i := 0; i < 14; i++ {
+		g.DecisionLatencyBoundsNs[i] = uint64(c.decision_latency_bounds_ns[i])
+	}
+	for i := 0; i < 14; i++ {
+		g.DecisionLatencyLe[i] = uint64(c.decision_latency_le[i])
+	}
+	g.DecisionLatencyCount = uint64(c.decision_latency_count)
+	g.DecisionLatencySumNs = uint64(c.decision_latency_sum_ns)
 }
 
 // initMetrics has the library set c's defaults for the layout of kvr_metrics this package was
@@ -1307,7 +1327,7 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_overlap{})) - 72
 	_ = uint64(unsafe.Sizeof(C.kvr_match{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_potential_load{})) - 72
-	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 224
+	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 464
 	_ = uint64(unsafe.Sizeof(C.kvr_routing_hints{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_route_signals{})) - 80
 	_ = uint64(unsafe.Sizeof(C.kvr_disagg_options{})) - 48

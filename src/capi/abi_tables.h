@@ -202,6 +202,11 @@ struct FieldEnds<kvr_metrics> {
       offsetof(kvr_metrics, replica_changes_rejected) +
           sizeof(kvr_metrics::replica_changes_rejected),
       offsetof(kvr_metrics, replica_requests_active) + sizeof(kvr_metrics::replica_requests_active),
+      offsetof(kvr_metrics, decision_latency_bounds_ns) +
+          sizeof(kvr_metrics::decision_latency_bounds_ns),
+      offsetof(kvr_metrics, decision_latency_le) + sizeof(kvr_metrics::decision_latency_le),
+      offsetof(kvr_metrics, decision_latency_count) + sizeof(kvr_metrics::decision_latency_count),
+      offsetof(kvr_metrics, decision_latency_sum_ns) + sizeof(kvr_metrics::decision_latency_sum_ns),
   };
 };
 

@@ -4,6 +4,7 @@
 
 #include "capi_internal.h"
 #include "ingest/ingest_service.h"
+#include "prometheus_text.h"
 #include "wire/flatbuffers_codec.h"
 
 using namespace kvrouter::capi;
@@ -58,6 +59,98 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   std::memcpy(out.last_reject, s.last_reject.data(), n);
   out.last_reject[n] = '\0';
   return out;
+}
+
+std::string_view SourceKindName(kvrouter::IngestSourceKind kind) {
+  switch (kind) {
+    case kvrouter::IngestSourceKind::kListener:
+      return "listener";
+    case kvrouter::IngestSourceKind::kEngine:
+      return "engine";
+    case kvrouter::IngestSourceKind::kNats:
+      return "nats";
+    case kvrouter::IngestSourceKind::kReplicas:
+      return "replicas";
+  }
+  return "unknown";
+}
+
+// One family: its HELP and TYPE, then a sample per source from `value_of(stats)`.
+template <typename ValueOf>
+void AppendPerSource(PrometheusText& text, const std::vector<kvrouter::IngestSource>& sources,
+                     std::string_view name, std::string_view type, std::string_view help,
+                     ValueOf value_of) {
+  text.Family(name, type, help);
+  for (const kvrouter::IngestSource& source : sources) {
+    const std::string id = absl::StrCat(source.id);
+    text.Sample(
+        name,
+        {{"source_id", id}, {"kind", SourceKindName(source.kind)}, {"endpoint", source.endpoint}},
+        value_of(source.stats));
+  }
+}
+
+std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
+  using Stats = kvrouter::IngestStats;
+  const std::vector<kvrouter::IngestSource> sources = service.Sources();
+  PrometheusText text;
+  const auto counter = [&](std::string_view name, std::string_view help, auto value_of) {
+    AppendPerSource(text, sources, name, "counter", help, value_of);
+  };
+  counter("kvrouter_ingest_messages_total", "Frames or ZMQ messages received.",
+          [](const Stats& s) { return s.messages; });
+  counter("kvrouter_ingest_events_applied_total", "KV events applied to the index.",
+          [](const Stats& s) { return s.events_applied; });
+  text.Family("kvrouter_ingest_rejected_total", "counter",
+              "Messages or events not applied, by reason.");
+  for (const kvrouter::IngestSource& source : sources) {
+    const std::string id = absl::StrCat(source.id);
+    for (int r = 0; r < kvrouter::kNumIngestRejects; ++r) {
+      text.Sample("kvrouter_ingest_rejected_total",
+                  {{"source_id", id},
+                   {"kind", SourceKindName(source.kind)},
+                   {"endpoint", source.endpoint},
+                   {"reason", kvrouter::IngestRejectName(static_cast<kvrouter::IngestReject>(r))}},
+                  source.stats.rejected[r]);
+    }
+  }
+  counter("kvrouter_ingest_gaps_total", "Sequence jumps forward (messages lost in transit).",
+          [](const Stats& s) { return s.gaps; });
+  counter("kvrouter_ingest_missed_messages_total", "Messages lost in those jumps.",
+          [](const Stats& s) { return s.missed_messages; });
+  counter("kvrouter_ingest_restarts_total", "Publisher restarts recognised.",
+          [](const Stats& s) { return s.restarts; });
+  counter("kvrouter_ingest_recoveries_total",
+          "Worker ranks cleared because their state was lost (gap or restart).",
+          [](const Stats& s) { return s.recoveries; });
+  counter("kvrouter_ingest_connections_total",
+          "Stream connections accepted; NATS connections and reconnections.",
+          [](const Stats& s) { return s.connections; });
+  AppendPerSource(text, sources, "kvrouter_ingest_state_unknown_ranks", "gauge",
+                  "Worker ranks whose state was lost and is not yet re-established.",
+                  [](const Stats& s) { return s.state_unknown; });
+  // The lag as a summary without quantiles: its sum and count give the mean over any window.
+  text.Family("kvrouter_ingest_lag_seconds", "summary",
+              "From a message's publication to its events applied, for messages that carry "
+              "their publication time.");
+  for (const kvrouter::IngestSource& source : sources) {
+    const std::string id = absl::StrCat(source.id);
+    const PrometheusText::Labels labels = {
+        {"source_id", id}, {"kind", SourceKindName(source.kind)}, {"endpoint", source.endpoint}};
+    text.Sample("kvrouter_ingest_lag_seconds_sum", labels, source.stats.lag_total_us / 1e6);
+    text.Sample("kvrouter_ingest_lag_seconds_count", labels, source.stats.lag_samples);
+  }
+  AppendPerSource(text, sources, "kvrouter_ingest_lag_max_seconds", "gauge",
+                  "The largest lag seen.", [](const Stats& s) { return s.lag_max_us / 1e6; });
+  AppendPerSource(text, sources, "kvrouter_ingest_lag_last_seconds", "gauge",
+                  "The most recent message's lag.",
+                  [](const Stats& s) { return s.lag_last_us / 1e6; });
+  counter("kvrouter_ingest_published_total", "Replica sync: booking changes published.",
+          [](const Stats& s) { return s.published; });
+  counter("kvrouter_ingest_publish_failures_total",
+          "Replica sync: publications the NATS client refused.",
+          [](const Stats& s) { return s.publish_failures; });
+  return std::move(text).Take();
 }
 
 }  // namespace
@@ -248,6 +341,15 @@ KVR_API kvr_status kvr_ingest_get_stats(kvr_ingest* ingest, uint64_t source_id,
     auto stats = ingest->service->Stats(source_id);
     if (!stats.ok()) return FromStatus(err, stats.status());
     return WriteVersioned(err, ToCStats(*stats), out);
+  });
+}
+
+KVR_API kvr_status kvr_ingest_metrics_prometheus(kvr_ingest* ingest, char* buf, size_t cap,
+                                                 size_t* len, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    return CopyOutString(err, RenderIngestPrometheus(*ingest->service), buf, cap, len,
+                         "Prometheus text");
   });
 }
 

@@ -2,6 +2,7 @@
 #include <absl/strings/str_format.h>
 
 #include "capi_internal.h"
+#include "prometheus_text.h"
 
 using namespace kvrouter::capi;
 
@@ -29,84 +30,91 @@ kvr_metrics Collect(const kvr_router& router) {
   m.replica_changes_applied = replicas.changes_applied;
   m.replica_changes_rejected = replicas.changes_rejected;
   m.replica_requests_active = replicas.active_requests;
+  const kvrouter::LatencyHistogram::Snapshot latency = router.router->decision_latency();
+  static_assert(kvrouter::LatencyHistogram::kBuckets == KVR_DECISION_LATENCY_BUCKETS);
+  for (int i = 0; i < KVR_DECISION_LATENCY_BUCKETS; ++i) {
+    m.decision_latency_bounds_ns[i] =
+        static_cast<uint64_t>(kvrouter::LatencyHistogram::kBoundsNanos[i]);
+    m.decision_latency_le[i] = latency.at_most[i];
+  }
+  m.decision_latency_count = latency.count;
+  m.decision_latency_sum_ns = latency.sum_nanos;
   return m;
 }
 
-void AppendMetric(std::string& out, std::string_view name, std::string_view type,
-                  std::string_view help) {
-  absl::StrAppendFormat(&out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+// The decision-latency histogram in seconds, as Prometheus names its buckets.
+void AppendDecisionLatency(PrometheusText& text, const kvr_metrics& m) {
+  constexpr std::string_view kName = "kvrouter_decision_duration_seconds";
+  text.Family(kName, "histogram",
+              "Time from a routing call's start to its decision (queued requests excluded).");
+  const std::string bucket = std::string(kName) + "_bucket";
+  for (int i = 0; i < KVR_DECISION_LATENCY_BUCKETS; ++i) {
+    const std::string le = absl::StrFormat("%g", m.decision_latency_bounds_ns[i] / 1e9);
+    text.Sample(bucket, {{"le", le}}, m.decision_latency_le[i]);
+  }
+  text.Sample(bucket, {{"le", "+Inf"}}, m.decision_latency_count);
+  text.Sample(std::string(kName) + "_sum", {}, m.decision_latency_sum_ns / 1e9);
+  text.Sample(std::string(kName) + "_count", {}, m.decision_latency_count);
 }
 
 std::string RenderPrometheus(const kvr_router& router) {
   const kvr_metrics m = Collect(router);
-  std::string out;
-  AppendMetric(out, "kvrouter_kv_events_total", "counter",
-               "KV events by kind and outcome (ok, or the reason they were rejected).");
+  PrometheusText text;
+  text.Family("kvrouter_kv_events_total", "counter",
+              "KV events by kind and outcome (ok, or the reason they were rejected).");
   for (int kind = 0; kind < KVR_EVENT_KINDS; ++kind) {
     for (int outcome = 0; outcome < KVR_EVENT_OUTCOMES; ++outcome) {
-      absl::StrAppendFormat(&out, "kvrouter_kv_events_total{kind=\"%s\",outcome=\"%s\"} %u\n",
-                            kvrouter::EventKindName(static_cast<kvrouter::EventKind>(kind)),
-                            kvrouter::EventErrorName(static_cast<kvrouter::EventError>(outcome)),
-                            m.events[kind][outcome]);
+      text.Sample(
+          "kvrouter_kv_events_total",
+          {{"kind", kvrouter::EventKindName(static_cast<kvrouter::EventKind>(kind))},
+           {"outcome", kvrouter::EventErrorName(static_cast<kvrouter::EventError>(outcome))}},
+          m.events[kind][outcome]);
     }
   }
-  const struct {
-    const char* name;
-    const char* type;
-    const char* help;
-    int64_t value;
-  } scalars[] = {
-      {"kvrouter_event_batches_rejected_total", "counter",
-       "Event batches that failed verification; nothing of them was applied.",
-       static_cast<int64_t>(m.event_batches_rejected)},
-      {"kvrouter_decisions_total", "counter", "Routing decisions made.",
-       static_cast<int64_t>(m.decisions)},
-      {"kvrouter_requests_active", "gauge", "Requests booked and not yet freed.",
-       static_cast<int64_t>(m.requests_active)},
-      {"kvrouter_queue_pending_requests", "gauge", "Requests waiting for admission.",
-       static_cast<int64_t>(m.queue_pending)},
-      {"kvrouter_queue_pending_tokens", "gauge", "Prompt tokens of the requests waiting.",
-       static_cast<int64_t>(m.queue_pending_tokens)},
-      {"kvrouter_workers", "gauge", "Registered workers.", static_cast<int64_t>(m.workers)},
-      {"kvrouter_index_nodes", "gauge",
-       "Radix tree nodes in the KV index (each a run of blocks held alike).",
-       static_cast<int64_t>(m.index_nodes)},
-      {"kvrouter_index_blocks", "gauge", "Cached (block, worker rank) entries in the KV index.",
-       static_cast<int64_t>(m.index_blocks)},
-      {"kvrouter_index_bytes", "gauge", "Heap bytes held by the KV index.", m.index_bytes},
-      {"kvrouter_replica_changes_applied_total", "counter",
-       "Booking changes of other router replicas applied here.",
-       static_cast<int64_t>(m.replica_changes_applied)},
-      {"kvrouter_replica_changes_rejected_total", "counter",
-       "Booking changes of other router replicas rejected (undecodable, unknown worker rank, "
-       "duplicate booking).",
-       static_cast<int64_t>(m.replica_changes_rejected)},
-      {"kvrouter_replica_requests_active", "gauge",
-       "Requests booked by other router replicas, counted as load here.",
-       static_cast<int64_t>(m.replica_requests_active)},
-  };
-  for (const auto& s : scalars) {
-    AppendMetric(out, s.name, s.type, s.help);
-    absl::StrAppendFormat(&out, "%s %d\n", s.name, s.value);
-  }
-  AppendMetric(out, "kvrouter_worker_active_prefill_tokens", "gauge",
-               "Prompt tokens booked on the rank and not yet prefilled.");
+  text.Scalar("kvrouter_event_batches_rejected_total", "counter",
+              "Event batches that failed verification; nothing of them was applied.",
+              m.event_batches_rejected);
+  text.Scalar("kvrouter_decisions_total", "counter",
+              "Routing calls that picked a worker (routes and plans; not previews).", m.decisions);
+  AppendDecisionLatency(text, m);
+  text.Scalar("kvrouter_requests_active", "gauge", "Requests booked and not yet freed.",
+              m.requests_active);
+  text.Scalar("kvrouter_queue_pending_requests", "gauge", "Requests waiting for admission.",
+              m.queue_pending);
+  text.Scalar("kvrouter_queue_pending_tokens", "gauge", "Prompt tokens of the requests waiting.",
+              m.queue_pending_tokens);
+  text.Scalar("kvrouter_workers", "gauge", "Registered workers.", m.workers);
+  text.Scalar("kvrouter_index_nodes", "gauge",
+              "Radix tree nodes in the KV index (each a run of blocks held alike).", m.index_nodes);
+  text.Scalar("kvrouter_index_blocks", "gauge",
+              "Cached (block, worker rank) entries in the KV index.", m.index_blocks);
+  text.Scalar("kvrouter_index_bytes", "gauge", "Heap bytes held by the KV index.", m.index_bytes);
+  text.Scalar("kvrouter_replica_changes_applied_total", "counter",
+              "Booking changes of other router replicas applied here.", m.replica_changes_applied);
+  text.Scalar("kvrouter_replica_changes_rejected_total", "counter",
+              "Booking changes of other router replicas rejected (undecodable, unknown worker "
+              "rank, duplicate booking).",
+              m.replica_changes_rejected);
+  text.Scalar("kvrouter_replica_requests_active", "gauge",
+              "Requests booked by other router replicas, counted as load here.",
+              m.replica_requests_active);
   const auto loads = router.router->Loads();
-  for (const auto& l : loads) {
-    absl::StrAppendFormat(&out,
-                          "kvrouter_worker_active_prefill_tokens{worker_id=\"%u\",dp_rank=\"%u\"} "
-                          "%u\n",
-                          l.worker.worker_id, l.worker.dp_rank, l.active_prefill_tokens);
-  }
-  AppendMetric(out, "kvrouter_worker_active_decode_blocks", "gauge",
-               "Distinct KV blocks held by the rank's active requests.");
-  for (const auto& l : loads) {
-    absl::StrAppendFormat(&out,
-                          "kvrouter_worker_active_decode_blocks{worker_id=\"%u\",dp_rank=\"%u\"} "
-                          "%u\n",
-                          l.worker.worker_id, l.worker.dp_rank, l.active_blocks);
-  }
-  return out;
+  const auto per_rank = [&](std::string_view name, std::string_view help, auto value_of) {
+    text.Family(name, "gauge", help);
+    for (const auto& l : loads) {
+      text.Sample(name,
+                  {{"worker_id", absl::StrCat(l.worker.worker_id)},
+                   {"dp_rank", absl::StrCat(l.worker.dp_rank)}},
+                  static_cast<uint64_t>(value_of(l)));
+    }
+  };
+  per_rank("kvrouter_worker_active_prefill_tokens",
+           "Prompt tokens booked on the rank and not yet prefilled.",
+           [](const auto& l) { return l.active_prefill_tokens; });
+  per_rank("kvrouter_worker_active_decode_blocks",
+           "Distinct KV blocks held by the rank's active requests.",
+           [](const auto& l) { return l.active_blocks; });
+  return std::move(text).Take();
 }
 
 }  // namespace

@@ -947,7 +947,7 @@ static void ingest_options_engine_worker_and_stats(void) {
   X(kvr_removed_event, num_blocks)                     \
   X(kvr_request_options, ttft_miss_weight)             \
   X(kvr_route_result, queued)                          \
-  X(kvr_metrics, replica_requests_active)              \
+  X(kvr_metrics, decision_latency_sum_ns)               \
   X(kvr_routing_hints, session_ttl_seconds)            \
   X(kvr_route_signals, reserved)                       \
   X(kvr_disagg_options, decode_busy_threshold)         \

@@ -174,6 +174,42 @@ static int raw_connect(const char* bound) {
   return fd;
 }
 
+/* The ingest's Prometheus text has this listener's series with the counters above: three
+ * messages, one event applied, one reject per reason seen, two connections. */
+static void expect_in_prometheus_text(kvr_ingest* ingest, uint64_t source, const char* bound) {
+  char labels[256];
+  char line[512];
+  size_t len = 0;
+  char* text;
+  KVT_EXPECT_FAILS(KVR_BUFFER_TOO_SMALL,
+                   kvr_ingest_metrics_prometheus(ingest, NULL, 0, &len, ERRP));
+  text = (char*)malloc(len);
+  assert_non_null(text);
+  KVT_OK(kvr_ingest_metrics_prometheus(ingest, text, len, &len, ERRP));
+  assert_int_equal(len - 1, strlen(text));
+  snprintf(labels, sizeof labels, "source_id=\"%llu\",kind=\"listener\",endpoint=\"%s\"",
+           (unsigned long long)source, bound);
+  snprintf(line, sizeof line, "\nkvrouter_ingest_messages_total{%s} 3\n", labels);
+  assert_non_null(strstr(text, line));
+  snprintf(line, sizeof line, "\nkvrouter_ingest_events_applied_total{%s} 1\n", labels);
+  assert_non_null(strstr(text, line));
+  snprintf(line, sizeof line, "\nkvrouter_ingest_connections_total{%s} 2\n", labels);
+  assert_non_null(strstr(text, line));
+  snprintf(line, sizeof line, "\nkvrouter_ingest_rejected_total{%s,reason=\"frame_too_large\"} 1\n",
+           labels);
+  assert_non_null(strstr(text, line));
+  snprintf(line, sizeof line, "\nkvrouter_ingest_rejected_total{%s,reason=\"index\"} 1\n", labels);
+  assert_non_null(strstr(text, line));
+  snprintf(line, sizeof line, "\nkvrouter_ingest_rejected_total{%s,reason=\"stale_sequence\"} 0\n",
+           labels);
+  assert_non_null(strstr(text, line));
+  assert_non_null(strstr(text, "# TYPE kvrouter_ingest_lag_seconds summary\n"));
+  assert_non_null(strstr(text, "# TYPE kvrouter_ingest_state_unknown_ranks gauge\n"));
+  free(text);
+  /* Buffer rules as the router's text. */
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_ingest_metrics_prometheus(NULL, NULL, 0, &len, ERRP));
+}
+
 static void bad_frames_are_rejected_and_counted(void** state) {
   fixture* f = (fixture*)*state;
   char bound[128];
@@ -236,6 +272,7 @@ static void bad_frames_are_rejected_and_counted(void** state) {
   }
   /* The totals (source 0) include this source. */
   assert_true(stats_of(f->ingest, 0).rejected[KVR_INGEST_REJECT_FRAME_TOO_LARGE] >= 1);
+  expect_in_prometheus_text(f->ingest, source, bound);
   kvr_event_batch_free(batch);
   kvr_publisher_free(good);
 }

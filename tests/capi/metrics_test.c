@@ -57,6 +57,34 @@ static void counters(void** state) {
   assert_int_equal(0, m.index_blocks);
 }
 
+/* The decision-latency histogram (0.2): the setup's one decision, then a preview and a
+ * failed call; on the real clock, so only its shape and counts are known. */
+static void decision_latency_histogram(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_route_signals signals;
+  kvr_request_options again = kvt_admit("m-1");
+  kvr_metrics m = kvt_metrics(f->router);
+  int i;
+  assert_int_equal(1, m.decision_latency_count);
+  assert_int_equal(500, m.decision_latency_bounds_ns[0]);
+  for (i = 1; i < KVR_DECISION_LATENCY_BUCKETS; ++i) {
+    assert_true(m.decision_latency_bounds_ns[i] > m.decision_latency_bounds_ns[i - 1]);
+    assert_true(m.decision_latency_le[i] >= m.decision_latency_le[i - 1]);
+  }
+  assert_true(m.decision_latency_le[KVR_DECISION_LATENCY_BUCKETS - 1] <= 1);
+  assert_true(m.decision_latency_sum_ns > 0 || m.decision_latency_le[0] == 1);
+
+  kvr_route_result_init(&result, sizeof result);
+  kvr_route_signals_init(&signals, sizeof signals);
+  KVT_OK(kvr_preview_route(f->router, f->prompt, 4 * BS, NULL, NULL, &signals, ERRP));
+  KVT_EXPECT_FAILS(KVR_ALREADY_EXISTS, kvr_find_best_match(f->router, f->prompt, 4 * BS, &again,
+                                                           &result, NULL, 0, NULL, ERRP));
+  m = kvt_metrics(f->router);
+  assert_int_equal(2, m.decision_latency_count); /* the preview counts, the failure does not */
+  assert_int_equal(1, m.decisions);
+}
+
 static void get_metrics_null_and_struct_size(void** state) {
   fixture* f = (fixture*)*state;
   kvr_metrics m;
@@ -142,6 +170,13 @@ static void prometheus_text(void** state) {
   assert_non_null(strstr(text, "\nkvrouter_queue_pending_requests 0\n"));
   assert_non_null(strstr(text, "\nkvrouter_index_blocks 4\n"));
   assert_non_null(strstr(text, "kvrouter_kv_events_total{"));
+  /* The decision-latency histogram: buckets in seconds, +Inf, sum and count. */
+  assert_non_null(strstr(text, "# TYPE kvrouter_decision_duration_seconds histogram\n"));
+  assert_non_null(strstr(text, "\nkvrouter_decision_duration_seconds_bucket{le=\"5e-07\"} "));
+  assert_non_null(strstr(text, "\nkvrouter_decision_duration_seconds_bucket{le=\"0.01\"} "));
+  assert_non_null(strstr(text, "\nkvrouter_decision_duration_seconds_bucket{le=\"+Inf\"} 1\n"));
+  assert_non_null(strstr(text, "\nkvrouter_decision_duration_seconds_count 1\n"));
+  assert_non_null(strstr(text, "\nkvrouter_decision_duration_seconds_sum "));
   free(text);
 
   /* The text follows the router's state. */
@@ -186,6 +221,7 @@ static void prometheus_null_arguments(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(counters, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(decision_latency_histogram, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(get_metrics_null_and_struct_size, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(prometheus_text, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(prometheus_buffer_too_small_then_retry, setup, kvt_teardown),

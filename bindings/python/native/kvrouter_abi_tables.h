@@ -194,22 +194,26 @@
   F(kvr_potential_load, active_blocks, U64, 0, 0)            \
   F(kvr_potential_load, active_requests, U64, 0, 0)          \
   F(kvr_potential_load, reserved, U64_ARRAY, 0, 0)
-#define KVRPY_FIELDS_kvr_metrics(F)                   \
-  F(kvr_metrics, struct_size, U32, 0, 0)              \
-  F(kvr_metrics, reserved0, U32, 0, 0)                \
-  F(kvr_metrics, events, U64_ARRAY, 0, 5)             \
-  F(kvr_metrics, event_batches_rejected, U64, 0, 0)   \
-  F(kvr_metrics, decisions, U64, 0, 0)                \
-  F(kvr_metrics, requests_active, U64, 0, 0)          \
-  F(kvr_metrics, queue_pending, U64, 0, 0)            \
-  F(kvr_metrics, queue_pending_tokens, U64, 0, 0)     \
-  F(kvr_metrics, workers, U64, 0, 0)                  \
-  F(kvr_metrics, index_nodes, U64, 0, 0)              \
-  F(kvr_metrics, index_blocks, U64, 0, 0)             \
-  F(kvr_metrics, index_bytes, I64, 0, 0)              \
-  F(kvr_metrics, replica_changes_applied, U64, 0, 0)  \
-  F(kvr_metrics, replica_changes_rejected, U64, 0, 0) \
-  F(kvr_metrics, replica_requests_active, U64, 0, 0)
+#define KVRPY_FIELDS_kvr_metrics(F)                           \
+  F(kvr_metrics, struct_size, U32, 0, 0)                      \
+  F(kvr_metrics, reserved0, U32, 0, 0)                        \
+  F(kvr_metrics, events, U64_ARRAY, 0, 5)                     \
+  F(kvr_metrics, event_batches_rejected, U64, 0, 0)           \
+  F(kvr_metrics, decisions, U64, 0, 0)                        \
+  F(kvr_metrics, requests_active, U64, 0, 0)                  \
+  F(kvr_metrics, queue_pending, U64, 0, 0)                    \
+  F(kvr_metrics, queue_pending_tokens, U64, 0, 0)             \
+  F(kvr_metrics, workers, U64, 0, 0)                          \
+  F(kvr_metrics, index_nodes, U64, 0, 0)                      \
+  F(kvr_metrics, index_blocks, U64, 0, 0)                     \
+  F(kvr_metrics, index_bytes, I64, 0, 0)                      \
+  F(kvr_metrics, replica_changes_applied, U64, 0, 0)          \
+  F(kvr_metrics, replica_changes_rejected, U64, 0, 0)         \
+  F(kvr_metrics, replica_requests_active, U64, 0, 0)          \
+  F(kvr_metrics, decision_latency_bounds_ns, U64_ARRAY, 0, 0) \
+  F(kvr_metrics, decision_latency_le, U64_ARRAY, 0, 0)        \
+  F(kvr_metrics, decision_latency_count, U64, 0, 0)           \
+  F(kvr_metrics, decision_latency_sum_ns, U64, 0, 0)
 #define KVRPY_FIELDS_kvr_routing_hints(F)                        \
   F(kvr_routing_hints, struct_size, U32, 0, 0)                   \
   F(kvr_routing_hints, phase, U32, "kvr_phase", 0)               \

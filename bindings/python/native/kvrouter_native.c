@@ -2093,8 +2093,13 @@ static PyObject* ingest_stop(IngestObject* self, PyObject* unused) {
   return ingest_simple(self, kvr_ingest_stop);
 }
 
-static PyObject* ingest_source_endpoint_impl(IngestObject* self, uint64_t source) {
-  size_t cap = 256, len = 0;
+/* A text the library writes into a caller's buffer (kvr_ingest_source_endpoint,
+ * kvr_ingest_metrics_prometheus), read whole: asked again with the size it says it needs. */
+typedef kvr_status (*ingest_text_fn)(kvr_ingest* i, uint64_t arg, char* buf, size_t cap,
+                                     size_t* len, kvr_error** err);
+
+static PyObject* ingest_text(IngestObject* self, ingest_text_fn fn, uint64_t arg, size_t cap) {
+  size_t len = 0;
   char* buf = NULL;
   kvr_ingest* i;
   kvr_error* err = NULL;
@@ -2107,7 +2112,7 @@ static PyObject* ingest_source_endpoint_impl(IngestObject* self, uint64_t source
       PyErr_NoMemory();
       goto cleanup;
     }
-    INGEST_CALL(self, i, st, kvr_ingest_source_endpoint(i, source, buf, cap, &len, &err));
+    INGEST_CALL(self, i, st, fn(i, arg, buf, cap, &len, &err));
     if (st == KVR_BUFFER_TOO_SMALL && len > cap) {
       kvr_error_free(err);
       err = NULL;
@@ -2124,6 +2129,25 @@ static PyObject* ingest_source_endpoint_impl(IngestObject* self, uint64_t source
 cleanup:
   PyMem_Free(buf);
   return s;
+}
+
+static kvr_status source_endpoint_text(kvr_ingest* i, uint64_t source, char* buf, size_t cap,
+                                       size_t* len, kvr_error** err) {
+  return kvr_ingest_source_endpoint(i, source, buf, cap, len, err);
+}
+
+static kvr_status metrics_text(kvr_ingest* i, uint64_t unused, char* buf, size_t cap, size_t* len,
+                               kvr_error** err) {
+  (void)unused;
+  return kvr_ingest_metrics_prometheus(i, buf, cap, len, err);
+}
+
+static PyObject* ingest_source_endpoint_impl(IngestObject* self, uint64_t source) {
+  return ingest_text(self, source_endpoint_text, source, 256);
+}
+
+static PyObject* ingest_metrics_prometheus(IngestObject* self, PyObject* unused) {
+  return ingest_text(self, metrics_text, 0, 4096);
 }
 
 /* listen(endpoint) -> (source_id, bound endpoint) */
@@ -2259,6 +2283,7 @@ static PyMethodDef ingest_methods[] = {
     {"subscribe_nats", (PyCFunction)ingest_subscribe_nats, METH_VARARGS, NULL},
     {"sync_replicas", (PyCFunction)ingest_sync_replicas, METH_VARARGS, NULL},
     {"get_stats", (PyCFunction)ingest_get_stats, METH_O, NULL},
+    {"metrics_prometheus", (PyCFunction)ingest_metrics_prometheus, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

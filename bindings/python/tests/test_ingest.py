@@ -48,6 +48,11 @@ def test_stream_listener_and_publisher(router, kind):
         stats = ingest.stats(listener.source_id)
         assert stats.messages == 3 and stats.events_applied == 2 and stats.connections == 1
         assert stats.lag_samples >= 1
+        labels = f'source_id="{listener.source_id}",kind="listener",endpoint="{listener.endpoint}"'
+        text = ingest.metrics_prometheus()
+        assert f"\nkvrouter_ingest_messages_total{{{labels}}} 3\n" in text
+        assert f'\nkvrouter_ingest_rejected_total{{{labels},reason="bad_flatbuffers"}} 1\n' in text
+        assert f"\nkvrouter_ingest_lag_seconds_count{{{labels}}} {stats.lag_samples}\n" in text
         with pytest.raises(kvrouter.FailedPreconditionError):
             router.close()  # fed by an open ingest
         with pytest.raises(kvrouter.NotFoundError):

@@ -611,7 +611,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_metrics': (
-        224,
+        464,
         (
             ('struct_size', 0, 4),
             ('reserved0', 4, 4),
@@ -628,6 +628,10 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('replica_changes_applied', 200, 8),
             ('replica_changes_rejected', 208, 8),
             ('replica_requests_active', 216, 8),
+            ('decision_latency_bounds_ns', 224, 112),
+            ('decision_latency_le', 336, 112),
+            ('decision_latency_count', 448, 8),
+            ('decision_latency_sum_ns', 456, 8),
         ),
     ),
     'kvr_routing_hints': (

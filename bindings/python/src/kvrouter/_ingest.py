@@ -106,6 +106,11 @@ class Ingest:
         """One source's counters, or (0) the sum over every source."""
         return self._h.get_stats(source_id)
 
+    def metrics_prometheus(self) -> str:
+        """Every source's counters in Prometheus text format (``kvrouter_ingest_*``, labelled
+        ``source_id``, ``kind`` and ``endpoint``); serve it after ``Router.metrics_prometheus``."""
+        return self._h.metrics_prometheus()
+
 
 class EventBatch:
     """Events collected and encoded as one FlatBuffers EventBatch (``kvr_event_batch``), the

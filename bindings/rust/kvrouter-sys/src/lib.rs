@@ -562,7 +562,8 @@ pub struct kvr_metrics {
     pub events: [[u64; 5]; 3],
     /// buffers that failed verification
     pub event_batches_rejected: u64,
-    /// kvr_find_best_match calls that picked a worker
+    /// routing calls that picked a worker: kvr_find_best_match (admitted or not), its async form
+    /// and plans (a plan asked for again counts again); not previews
     pub decisions: u64,
     pub requests_active: u64,
     pub queue_pending: u64,
@@ -579,6 +580,16 @@ pub struct kvr_metrics {
     pub replica_changes_rejected: u64,
     /// of requests_active, those booked by other replicas
     pub replica_requests_active: u64,
+    /// Appended in 0.2.0: how long routing calls took to decide, as a Prometheus histogram, on the
+    /// router's clock from the call's start (hashing included) to its decision: routing and plans
+    /// answered without waiting in the admission queue, and previews (so the count can exceed
+    /// `decisions`); calls that failed are not measured. decision_latency_le[i] counts the calls
+    /// that took at most decision_latency_bounds_ns[i] (cumulative; the bounds rise and are the
+    /// library's to choose), decision_latency_count every call (the +Inf bucket).
+    pub decision_latency_bounds_ns: [u64; 14],
+    pub decision_latency_le: [u64; 14],
+    pub decision_latency_count: u64,
+    pub decision_latency_sum_ns: u64,
 }
 
 /// Where a request may or should run. Pins by phase, as Dynamo's RoutingHints: aggregated:
@@ -1122,8 +1133,10 @@ extern "C" {
         out: *mut kvr_metrics,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
-    /// The metrics in Prometheus text exposition format, NUL-terminated. `*len` is set to the bytes
-    /// needed including the NUL (also with KVR_BUFFER_TOO_SMALL). @thread_safety concurrent
+    /// The metrics in Prometheus text exposition format, NUL-terminated: kvr_metrics' counters
+    /// (kvrouter_*), the decision-latency histogram (kvrouter_decision_duration_seconds) and each
+    /// rank's load. `*len` is set to the bytes needed including the NUL (also with
+    /// KVR_BUFFER_TOO_SMALL). @thread_safety concurrent
     pub fn kvr_router_metrics_prometheus(
         router: *mut kvr_router,
         buf: *mut c_char,
@@ -1399,6 +1412,19 @@ extern "C" {
         out: *mut kvr_ingest_stats,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
+    /// Added in 0.2.0: every source's counters in Prometheus text exposition format, NUL-terminated
+    /// (kvrouter_ingest_*, one series per source labelled source_id, kind - listener, engine, nats
+    /// or replicas - and endpoint; removed sources included, as in kvr_ingest_get_stats). The names
+    /// differ from kvr_router_metrics_prometheus's, so a /metrics page may serve both texts one
+    /// after the other. `*len` is set to the bytes needed including the NUL (also with
+    /// KVR_BUFFER_TOO_SMALL). @thread_safety concurrent
+    pub fn kvr_ingest_metrics_prometheus(
+        ingest: *mut kvr_ingest,
+        buf: *mut c_char,
+        cap: usize,
+        len: *mut usize,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
     /// Connects to "tcp://HOST:PORT" or "unix://PATH". KVR_UNAVAILABLE if the connection fails.
     /// @thread_safety concurrent
     pub fn kvr_publisher_connect(
@@ -1598,7 +1624,7 @@ const _: () = {
     assert!(offset_of!(kvr_potential_load, active_blocks) == 40);
     assert!(offset_of!(kvr_potential_load, active_requests) == 48);
     assert!(offset_of!(kvr_potential_load, reserved) == 56);
-    assert!(size_of::<kvr_metrics>() == 224);
+    assert!(size_of::<kvr_metrics>() == 464);
     assert!(align_of::<kvr_metrics>() == 8);
     assert!(offset_of!(kvr_metrics, struct_size) == 0);
     assert!(offset_of!(kvr_metrics, reserved0) == 4);
@@ -1615,6 +1641,10 @@ const _: () = {
     assert!(offset_of!(kvr_metrics, replica_changes_applied) == 200);
     assert!(offset_of!(kvr_metrics, replica_changes_rejected) == 208);
     assert!(offset_of!(kvr_metrics, replica_requests_active) == 216);
+    assert!(offset_of!(kvr_metrics, decision_latency_bounds_ns) == 224);
+    assert!(offset_of!(kvr_metrics, decision_latency_le) == 336);
+    assert!(offset_of!(kvr_metrics, decision_latency_count) == 448);
+    assert!(offset_of!(kvr_metrics, decision_latency_sum_ns) == 456);
     assert!(size_of::<kvr_routing_hints>() == 64);
     assert!(align_of::<kvr_routing_hints>() == 8);
     assert!(offset_of!(kvr_routing_hints, struct_size) == 0);

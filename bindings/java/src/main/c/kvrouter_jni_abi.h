@@ -507,7 +507,11 @@ enum {
   ABI_METRICS_REPLICA_CHANGES_APPLIED = 24,
   ABI_METRICS_REPLICA_CHANGES_REJECTED = 25,
   ABI_METRICS_REPLICA_REQUESTS_ACTIVE = 26,
-  ABI_METRICS_LEN = 27
+  ABI_METRICS_DECISION_LATENCY_BOUNDS_NS = 27,
+  ABI_METRICS_DECISION_LATENCY_LE = 41,
+  ABI_METRICS_DECISION_LATENCY_COUNT = 55,
+  ABI_METRICS_DECISION_LATENCY_SUM_NS = 56,
+  ABI_METRICS_LEN = 57
 };
 
 static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
@@ -525,6 +529,12 @@ static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
   v[ABI_METRICS_REPLICA_CHANGES_APPLIED] = (jlong)c->replica_changes_applied;
   v[ABI_METRICS_REPLICA_CHANGES_REJECTED] = (jlong)c->replica_changes_rejected;
   v[ABI_METRICS_REPLICA_REQUESTS_ACTIVE] = (jlong)c->replica_requests_active;
+  for (int i = 0; i < 14; ++i)
+    v[ABI_METRICS_DECISION_LATENCY_BOUNDS_NS + i] = (jlong)c->decision_latency_bounds_ns[i];
+  for (int i = 0; i < 14; ++i)
+    v[ABI_METRICS_DECISION_LATENCY_LE + i] = (jlong)c->decision_latency_le[i];
+  v[ABI_METRICS_DECISION_LATENCY_COUNT] = (jlong)c->decision_latency_count;
+  v[ABI_METRICS_DECISION_LATENCY_SUM_NS] = (jlong)c->decision_latency_sum_ns;
 }
 
 static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
@@ -542,6 +552,12 @@ static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
   c->replica_changes_applied = (uint64_t)v[ABI_METRICS_REPLICA_CHANGES_APPLIED];
   c->replica_changes_rejected = (uint64_t)v[ABI_METRICS_REPLICA_CHANGES_REJECTED];
   c->replica_requests_active = (uint64_t)v[ABI_METRICS_REPLICA_REQUESTS_ACTIVE];
+  for (int i = 0; i < 14; ++i)
+    c->decision_latency_bounds_ns[i] = (uint64_t)v[ABI_METRICS_DECISION_LATENCY_BOUNDS_NS + i];
+  for (int i = 0; i < 14; ++i)
+    c->decision_latency_le[i] = (uint64_t)v[ABI_METRICS_DECISION_LATENCY_LE + i];
+  c->decision_latency_count = (uint64_t)v[ABI_METRICS_DECISION_LATENCY_COUNT];
+  c->decision_latency_sum_ns = (uint64_t)v[ABI_METRICS_DECISION_LATENCY_SUM_NS];
 }
 
 /* kvr_routing_hints */

@@ -249,7 +249,13 @@ final class Abi {
     static final int REPLICA_CHANGES_APPLIED = 24;
     static final int REPLICA_CHANGES_REJECTED = 25;
     static final int REPLICA_REQUESTS_ACTIVE = 26;
-    static final int LEN = 27;
+    /** The first of 14 slots: [14], row by row. */
+    static final int DECISION_LATENCY_BOUNDS_NS = 27;
+    /** The first of 14 slots: [14], row by row. */
+    static final int DECISION_LATENCY_LE = 41;
+    static final int DECISION_LATENCY_COUNT = 55;
+    static final int DECISION_LATENCY_SUM_NS = 56;
+    static final int LEN = 57;
   }
 
   /** {@code kvr_routing_hints}. */
