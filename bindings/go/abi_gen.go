@@ -367,6 +367,8 @@ const (
 	EventOutcomes = C.KVR_EVENT_OUTCOMES
 	// the length of kvr_ingest_stats.rejected, fixed forever
 	IngestRejectReasons = C.KVR_INGEST_REJECT_REASONS
+	// The number of buckets of kvr_metrics' decision-latency histogram, fixed forever.
+	DecisionLatencyBuckets = C.KVR_DECISION_LATENCY_BUCKETS
 	// no pin
 	WorkerNone = C.KVR_WORKER_NONE
 )

@@ -35,6 +35,7 @@ _GO_CONSTANTS = {
     "KVR_EVENT_OUTCOMES": "EventOutcomes",
     "KVR_INGEST_REJECT_REASONS": "IngestRejectReasons",
     "KVR_WORKER_NONE": "WorkerNone",
+    "KVR_DECISION_LATENCY_BUCKETS": "DecisionLatencyBuckets",
 }
 
 

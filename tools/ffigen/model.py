@@ -317,6 +317,12 @@ class _Reader:
             if name == "KVR_WORKER_NONE":
                 doc_m = re.search(rf"#define {name} .*?/\* (.*?) \*/", self.text)
                 constants.append(Constant(name, 2**64 - 1, 64, False, doc_m.group(1) if doc_m else ""))
+            elif re.fullmatch(r"\d+", body) and re.search(rf"^#define {name} {body}$", self.text, re.M):
+                # A decimal macro of the header itself (an array dimension), with the comment
+                # on the line before it.
+                doc_m = re.search(rf"/\* ((?:(?!\*/).)*?) \*/\n#define {name} ", self.text, re.S)
+                doc = re.sub(r"\s*\n\s*\*?\s*", " ", doc_m.group(1)) if doc_m else ""
+                constants.append(Constant(name, int(body), 32, True, doc))
         return enumerations, flags, constants
 
     def flags(self, macros: dict) -> list[Flags]:

@@ -384,6 +384,8 @@ EVENT_KINDS = 3
 EVENT_OUTCOMES = 5
 #: the length of kvr_ingest_stats.rejected, fixed forever
 INGEST_REJECT_REASONS = 8
+#: The number of buckets of kvr_metrics' decision-latency histogram, fixed forever.
+DECISION_LATENCY_BUCKETS = 14
 #: no pin
 WORKER_NONE = 18446744073709551615
 
@@ -402,6 +404,7 @@ CONSTANTS: Dict[str, int] = {
     'KVR_EVENT_KINDS': EVENT_KINDS,
     'KVR_EVENT_OUTCOMES': EVENT_OUTCOMES,
     'KVR_INGEST_REJECT_REASONS': INGEST_REJECT_REASONS,
+    'KVR_DECISION_LATENCY_BUCKETS': DECISION_LATENCY_BUCKETS,
     'KVR_WORKER_NONE': WORKER_NONE,
 }
 
@@ -772,5 +775,6 @@ __all__ = [
     'EVENT_KINDS',
     'EVENT_OUTCOMES',
     'INGEST_REJECT_REASONS',
+    'DECISION_LATENCY_BUCKETS',
     'WORKER_NONE',
 ]

@@ -241,6 +241,8 @@ pub const KVR_EVENT_KINDS: usize = 3;
 pub const KVR_EVENT_OUTCOMES: usize = 5;
 /// the length of kvr_ingest_stats.rejected, fixed forever
 pub const KVR_INGEST_REJECT_REASONS: usize = 8;
+/// The number of buckets of kvr_metrics' decision-latency histogram, fixed forever.
+pub const KVR_DECISION_LATENCY_BUCKETS: usize = 14;
 /// no pin
 pub const KVR_WORKER_NONE: u64 = u64::MAX;
 

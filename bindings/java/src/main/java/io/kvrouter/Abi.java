@@ -39,6 +39,8 @@ final class Abi {
   static final int EVENT_OUTCOMES = 5;
   // the length of kvr_ingest_stats.rejected, fixed forever
   static final int INGEST_REJECT_REASONS = 8;
+  // The number of buckets of kvr_metrics' decision-latency histogram, fixed forever.
+  static final int DECISION_LATENCY_BUCKETS = 14;
   // no pin
   static final long WORKER_NONE = -1L;
 
