@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,10 +18,39 @@
 
 namespace kvrouter {
 
+// What the connection callbacks need, owned by the connection: libnats runs its callbacks on
+// a thread of its own, possibly after the Source is gone (a disconnection noticed while the
+// source is removed), and the closed callback is the connection's last, so it frees this.
+struct ConnectionCallbacks {
+  NatsSubscriptions* owner = nullptr;
+  std::shared_ptr<SourceCounters> counters;
+  std::shared_ptr<SourceRanks> ranks;
+  bool replica_sync = false;
+
+  static void OnReconnected(natsConnection*, void* closure) {
+    Bump(static_cast<ConnectionCallbacks*>(closure)->counters->connections);
+  }
+
+  // When the connection is lost (not when it is closed): what is published until the
+  // reconnection is lost. Posted now, the clear comes after every message received before and
+  // before every one received after. Replica bookings are re-announced by the replicas' own
+  // sync.
+  static void OnDisconnected(natsConnection* connection, void* closure) {
+    auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
+    if (callbacks->replica_sync || !natsConnection_IsReconnecting(connection)) return;
+    callbacks->owner->LoseEveryRankLater(callbacks->counters, callbacks->ranks);
+  }
+
+  static void OnClosed(natsConnection*, void* closure) {
+    delete static_cast<ConnectionCallbacks*>(closure);
+  }
+};
+
 struct NatsSubscriptions::Source {
   NatsSubscriptions* owner = nullptr;
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<PublisherSequences> dynamo = std::make_shared<PublisherSequences>();
+  std::shared_ptr<SourceRanks> ranks = std::make_shared<SourceRanks>();
   natsConnection* connection = nullptr;
   natsSubscription* subscription = nullptr;
   bool replica_sync = false;    // messages are replica changes, not event batches
@@ -40,17 +70,14 @@ struct NatsSubscriptions::Source {
     std::vector<uint8_t> payload(data, data + natsMsg_GetDataLength(msg));
     natsMsg_Destroy(msg);
     self->loop_.Post([self, counters = source->counters, dynamo = source->dynamo,
-                      payload = std::move(payload), replica_sync = source->replica_sync] {
+                      ranks = source->ranks, payload = std::move(payload),
+                      replica_sync = source->replica_sync] {
       if (replica_sync) {
         ApplyReplicaMessage(*self->loop_.router, payload, *counters);
       } else {
-        self->HandleEvents(payload, *counters, *dynamo);
+        self->HandleEvents(payload, *counters, *dynamo, *ranks);
       }
     });
-  }
-
-  static void OnConnected(natsConnection*, void* closure) {
-    Bump(static_cast<Source*>(closure)->counters->connections);
   }
 
   static void OnComplete(void* closure) {
@@ -123,7 +150,20 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
   if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 100);
-  if (s == NATS_OK) s = natsOptions_SetReconnectedCB(opts, &Source::OnConnected, source.get());
+  auto callbacks = std::make_unique<ConnectionCallbacks>(
+      ConnectionCallbacks{.owner = this,
+                          .counters = source->counters,
+                          .ranks = source->ranks,
+                          .replica_sync = source->replica_sync});
+  if (s == NATS_OK) {
+    s = natsOptions_SetReconnectedCB(opts, &ConnectionCallbacks::OnReconnected, callbacks.get());
+  }
+  if (s == NATS_OK) {
+    s = natsOptions_SetDisconnectedCB(opts, &ConnectionCallbacks::OnDisconnected, callbacks.get());
+  }
+  if (s == NATS_OK) {
+    s = natsOptions_SetClosedCB(opts, &ConnectionCallbacks::OnClosed, callbacks.get());
+  }
   if (s == NATS_OK) {
     s = natsOptions_SetEventLoop(opts, &loop_.loop, natsLibuv_Attach, natsLibuv_Read,
                                  natsLibuv_Write, natsLibuv_Detach);
@@ -139,9 +179,13 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
     const std::string why =
         absl::StrCat("cannot connect to NATS at ", url, ": ", natsStatus_GetText(s), " (",
                      nats_GetLastError(nullptr), ")");
-    if (source->connection != nullptr) natsConnection_Destroy(source->connection);
+    if (source->connection != nullptr) {
+      (void)callbacks.release();  // the connection's closed callback frees them
+      natsConnection_Destroy(source->connection);
+    }
     return absl::UnavailableError(why);
   }
+  (void)callbacks.release();  // the connection owns them now
   s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
                                &Source::OnMessage, source.get());
   if (s == NATS_OK) {
@@ -218,22 +262,22 @@ void NatsSubscriptions::CloseAll() {
 // content (a batch is verified first; a Dynamo message is a msgpack map, never a valid batch).
 // Neither: counted as a bad batch, or as bad msgpack when it is msgpack of the wrong shape.
 void NatsSubscriptions::HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
-                                     PublisherSequences& dynamo) {
-  ApplyEvents(payload, source, dynamo);
+                                     PublisherSequences& dynamo, SourceRanks& ranks) {
+  ApplyEvents(payload, source, dynamo, ranks);
   Bump(source.messages);  // last: a reader that sees the count sees what it applied
 }
 
 void NatsSubscriptions::ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,
-                                    PublisherSequences& dynamo) {
+                                    PublisherSequences& dynamo, SourceRanks& ranks) {
   uint64_t publish_time_ns = 0;
   if (auto events = DecodeEventBatch(payload, &publish_time_ns); events.ok()) {
-    loop_.Apply(*events, source);
+    ApplyHeard(*events, SourceRanks::kNoPublisher, source, ranks);
     source.RecordLag(publish_time_ns);
     return;
   }
   auto message = DecodeDynamoEventPlane(payload);
   if (message.ok()) {
-    ApplyDynamoMessage(*message, source, dynamo);
+    ApplyDynamoMessage(*message, source, dynamo, ranks);
   } else {
     source.Reject(absl::IsDataLoss(message.status()) ? IngestReject::kBadFlatBuffers
                                                      : IngestReject::kBadMsgpack,
@@ -242,7 +286,7 @@ void NatsSubscriptions::ApplyEvents(std::span<const uint8_t> payload, SourceCoun
 }
 
 void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceCounters& source,
-                                           PublisherSequences& dynamo) {
+                                           PublisherSequences& dynamo, SourceRanks& ranks) {
   const PublisherSequences::Verdict verdict =
       dynamo.Observe(message.publisher_id, message.sequence);
   if (verdict.action == SequenceAction::kStale) {
@@ -253,12 +297,47 @@ void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceC
     // Messages lost (the event plane has no replay): what the publisher's ranks hold is
     // unknown, so they are cleared and learnt again, as for an engine without replay.
     source.Gap(verdict.missed);
-    for (const WorkerKey& rank : verdict.publisher->ranks) loop_.ClearRank(rank);
-    Bump(source.recoveries);
+    for (const WorkerKey& rank : verdict.publisher->ranks) LoseRank(rank, source, ranks);
   }
   for (const KvEvent& event : message.events) verdict.publisher->ranks.insert(event.worker);
-  loop_.Apply(message.events, source);
+  ApplyHeard(message.events, message.publisher_id, source, ranks);
   source.RecordLag(message.published_at_ms * 1'000'000);
+}
+
+void NatsSubscriptions::ApplyHeard(std::span<const KvEvent> events, uint64_t publisher,
+                                   SourceCounters& source, SourceRanks& ranks) {
+  for (const KvEvent& event : events) {
+    if (ranks.Heard(event.worker, publisher)) {
+      // Another publisher had this rank: the worker restarted, its old blocks are gone.
+      loop_.ClearRank(event.worker);
+      Bump(source.restarts);
+    }
+    const bool known_again =
+        std::holds_alternative<ClearedEvent>(event.data) && ranks.Cleared(event.worker);
+    (void)loop_.ApplyOne(event, source);
+    if (known_again) source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
+  }
+}
+
+// The rank's state was lost: cleared (the index must not keep what the engine may have
+// evicted meanwhile) and flagged until the engine clears it itself.
+void NatsSubscriptions::LoseRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks) {
+  loop_.ClearRank(rank);
+  Bump(source.recoveries);
+  ranks.Lose(rank);
+  source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
+}
+
+void NatsSubscriptions::LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
+                                           std::shared_ptr<SourceRanks> ranks) {
+  loop_.Post([this, source = std::move(source), ranks = std::move(ranks)] {
+    LoseEveryRank(*source, *ranks);
+  });
+}
+
+void NatsSubscriptions::LoseEveryRank(SourceCounters& source, SourceRanks& ranks) {
+  Bump(source.gaps);  // an outage: how many messages it took is unknowable
+  for (const WorkerKey& rank : ranks.Ranks()) LoseRank(rank, source, ranks);
 }
 
 }  // namespace kvrouter

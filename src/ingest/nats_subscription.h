@@ -22,10 +22,14 @@
 namespace kvrouter {
 
 class PublisherSequences;
+class SourceRanks;
 struct DynamoMessage;
 
 class NatsSubscriptions {
  public:
+  // From libnats' callback thread (a lost connection): LoseEveryRank, on the loop.
+  void LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
+                          std::shared_ptr<SourceRanks> ranks);
   explicit NatsSubscriptions(IngestLoop& loop) : loop_(loop) {}
   NatsSubscriptions(const NatsSubscriptions&) = delete;
   NatsSubscriptions& operator=(const NatsSubscriptions&) = delete;
@@ -55,11 +59,18 @@ class NatsSubscriptions {
   void Close(Source* source);
   // Loop thread: one message of an events subscription.
   void HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
-                    PublisherSequences& dynamo);
+                    PublisherSequences& dynamo, SourceRanks& ranks);
   void ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,
-                   PublisherSequences& dynamo);
+                   PublisherSequences& dynamo, SourceRanks& ranks);
   void ApplyDynamoMessage(const DynamoMessage& message, SourceCounters& source,
-                          PublisherSequences& dynamo);
+                          PublisherSequences& dynamo, SourceRanks& ranks);
+  // Applies events heard from `publisher` (SourceRanks::kNoPublisher for native batches),
+  // clearing first a rank that another publisher had, and unflagging a rank the engine clears.
+  void ApplyHeard(std::span<const KvEvent> events, uint64_t publisher, SourceCounters& source,
+                  SourceRanks& ranks);
+  void LoseRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks);
+  // The connection was lost: every rank heard may miss events until it is back.
+  void LoseEveryRank(SourceCounters& source, SourceRanks& ranks);
 
   IngestLoop& loop_;
   std::list<Source*> sources_;

@@ -125,4 +125,33 @@ void PublisherSequences::ForgetLongestSilent(uint64_t keep) {
   by_id_.erase(oldest);
 }
 
+bool SourceRanks::Heard(WorkerKey rank, uint64_t publisher) {
+  auto [it, added] = ranks_.try_emplace(rank);
+  const bool other_publisher = !added && it->second.publisher != publisher;
+  it->second.publisher = publisher;
+  it->second.last_heard = ++events_;
+  if (added && ranks_.size() > kMaxRanks) ForgetOldest();
+  return other_publisher;
+}
+
+std::vector<WorkerKey> SourceRanks::Ranks() const {
+  std::vector<WorkerKey> ranks;
+  ranks.reserve(ranks_.size());
+  for (const auto& [rank, state] : ranks_) ranks.push_back(rank);
+  return ranks;
+}
+
+bool SourceRanks::Lose(WorkerKey rank) { return unknown_.insert(rank).second; }
+
+bool SourceRanks::Cleared(WorkerKey rank) { return unknown_.erase(rank) > 0; }
+
+void SourceRanks::ForgetOldest() {
+  auto oldest = ranks_.begin();
+  for (auto it = ranks_.begin(); it != ranks_.end(); ++it) {
+    if (it->second.last_heard < oldest->second.last_heard) oldest = it;
+  }
+  unknown_.erase(oldest->first);
+  ranks_.erase(oldest);
+}
+
 }  // namespace kvrouter

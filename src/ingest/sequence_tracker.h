@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -140,6 +141,45 @@ class PublisherSequences {
 
   absl::flat_hash_map<uint64_t, Publisher> by_id_;
   uint64_t messages_ = 0;
+};
+
+// The ranks a NATS source has heard, who publishes each, and which ones it has lost track of.
+// Core NATS drops what is published while a subscriber is disconnected, with nothing to replay
+// it from: when the connection is lost every rank heard before is cleared and flagged unknown (the
+// index then under-reports it, never over-reports), until the engine clears the rank itself,
+// after which the index is exact again. A rank whose events come from another Dynamo
+// publisher than before belongs to a restarted worker (a new process, a new publisher id): its
+// old blocks are the dead process's, so it is cleared first, as an engine restart is.
+class SourceRanks {
+ public:
+  static constexpr uint64_t kNoPublisher = 0;  // native batches: no publisher identity
+  // Beyond this many ranks, the rank heard longest ago is forgotten (bounded memory when
+  // workers churn); a forgotten rank is cleared on no reconnection.
+  static constexpr size_t kMaxRanks = 1 << 16;
+
+  // An event for `rank` from `publisher`: true when another publisher had the rank (the
+  // caller clears it before applying the event).
+  bool Heard(WorkerKey rank, uint64_t publisher);
+  // Every rank heard (when the connection is lost, the caller loses each).
+  std::vector<WorkerKey> Ranks() const;
+  // The caller cleared `rank` because its state was lost (a gap, an outage): flagged unknown.
+  // Whether it was not flagged already.
+  bool Lose(WorkerKey rank);
+  // The engine cleared `rank` itself: known again. Whether it was flagged.
+  bool Cleared(WorkerKey rank);
+  size_t unknown() const { return unknown_.size(); }
+  size_t size() const { return ranks_.size(); }
+
+ private:
+  struct Rank {
+    uint64_t publisher = kNoPublisher;
+    uint64_t last_heard = 0;
+  };
+  void ForgetOldest();
+
+  absl::flat_hash_map<WorkerKey, Rank> ranks_;
+  absl::flat_hash_set<WorkerKey> unknown_;
+  uint64_t events_ = 0;
 };
 
 }  // namespace kvrouter

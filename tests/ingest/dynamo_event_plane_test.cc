@@ -52,6 +52,13 @@ constexpr std::string_view kRemoved =
     "5f696407ac73746f726167655f74696572a6646576696365b07265736964656e63795f646f6d61696ea6776f72"
     "6b6572a56576656e7483a86576656e745f696403a46461746181a772656d6f76656481ac626c6f636b5f686173"
     "68657391cd014da764705f72616e6b01";
+// Derived from kRemoved, not sent by the wheel: its event's data replaced by "cleared" (what
+// the decoder takes for an AllBlocksCleared), event id 4; WithSequence renumbers it.
+constexpr std::string_view kCleared =
+    "85ac7075626c69736865725f6964cf0002f73c6780987fa873657175656e636502ac7075626c69736865645f6174"
+    "cf000001a234567b69a5746f706963a96b762d6576656e7473a77061796c6f6164c4609184a9776f726b65725f69"
+    "6407ac73746f726167655f74696572a6646576696365b07265736964656e63795f646f6d61696ea6776f726b6572"
+    "a56576656e7483a86576656e745f696404a464617461a7636c6561726564a764705f72616e6b01";
 
 constexpr WorkerKey kRank{7, 1};
 
@@ -110,6 +117,16 @@ TEST(DynamoEventPlane, RejectsWhatIsNotOneWithAReason) {
   const std::vector<uint8_t> no_sequence = FromHex("81ac7075626c69736865725f696401");
   const auto missing = DecodeDynamoEventPlane(no_sequence);
   EXPECT_NE(missing.status().message().find("missing field sequence"), std::string::npos);
+}
+
+// The message as another publisher (a restarted worker's new process) sends it.
+std::vector<uint8_t> FromAnotherPublisher(std::string_view hex) {
+  std::vector<uint8_t> bytes = FromHex(hex);
+  const std::vector<uint8_t> key = FromHex("ac7075626c69736865725f6964cf");  // "publisher_id", u64
+  auto it = std::search(bytes.begin(), bytes.end(), key.begin(), key.end());
+  EXPECT_NE(it, bytes.end());
+  *(it + static_cast<std::ptrdiff_t>(key.size()) + 7) ^= 0x5a;  // its lowest byte
+  return bytes;
 }
 
 class DynamoNatsTest : public NatsIngestFixture {
@@ -180,6 +197,34 @@ TEST_F(DynamoNatsTest, AGapClearsThePublishersRanksAndAnOldSequenceIsStale) {
   stats = WaitForMessages(3);
   EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kStaleSequence)]);
   EXPECT_EQ(0u, Depth());
+}
+
+TEST_F(DynamoNatsTest, ARankHeardFromANewPublisherIsClearedFirst) {
+  Publish(FromHex(kStored));
+  Publish(FromHex(kStoredLora));
+  WaitForMessages(2);
+  EXPECT_EQ(3u, MatchOfRank().tree_size);
+  // The worker restarted: its new process publishes under a new id from sequence 0. What the
+  // old process held is gone (the LoRA block above), so the rank is cleared before the new
+  // one's events apply.
+  Publish(FromAnotherPublisher(kStored));
+  const IngestStats stats = WaitForMessages(3);
+  EXPECT_EQ(1u, stats.restarts);
+  EXPECT_EQ(0u, stats.gaps);
+  EXPECT_EQ(2u, Depth());
+  EXPECT_EQ(2u, MatchOfRank().tree_size);
+}
+
+TEST_F(DynamoNatsTest, AGapFlagsTheRanksUntilTheEngineClearsThem) {
+  Publish(FromHex(kStored));
+  Publish(WithSequence(kRemoved, 5));  // 1..4 lost
+  IngestStats stats = WaitForMessages(2);
+  EXPECT_EQ(1u, stats.state_unknown);
+  // The engine clears the rank (e.g. it reset its prefix cache): the index is exact again.
+  Publish(WithSequence(kCleared, 6));
+  stats = WaitForMessages(3);
+  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(1u, stats.gaps);
 }
 
 TEST_F(DynamoNatsTest, BadMessagesAreCountedAndTheGoodOnesAroundThemApplied) {

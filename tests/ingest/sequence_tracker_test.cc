@@ -237,5 +237,37 @@ TEST(PublisherSequences, ForgetsTheLongestSilentPublisherPastTheLimit) {
   EXPECT_EQ(p.Observe(0, 5).action, A::kGap);
 }
 
+TEST(SourceRanks, ARankChangingPublisherIsARestart) {
+  SourceRanks ranks;
+  const WorkerKey rank{7, 1};
+  EXPECT_FALSE(ranks.Heard(rank, 10));  // first heard
+  EXPECT_FALSE(ranks.Heard(rank, 10));
+  EXPECT_TRUE(ranks.Heard(rank, 11));  // a new process
+  EXPECT_FALSE(ranks.Heard(rank, 11));
+  EXPECT_FALSE(ranks.Heard({7, 0}, 11));  // another rank of the same process
+  EXPECT_EQ(ranks.size(), 2u);
+}
+
+TEST(SourceRanks, LostRanksStayUnknownUntilTheEngineClearsThem) {
+  SourceRanks ranks;
+  ranks.Heard({1, 0}, SourceRanks::kNoPublisher);
+  ranks.Heard({2, 0}, SourceRanks::kNoPublisher);
+  for (const WorkerKey& rank : ranks.Ranks()) EXPECT_TRUE(ranks.Lose(rank));
+  EXPECT_FALSE(ranks.Lose({1, 0}));  // already flagged
+  EXPECT_EQ(ranks.unknown(), 2u);
+  ranks.Heard({1, 0}, SourceRanks::kNoPublisher);  // hearing it is not enough
+  EXPECT_EQ(ranks.unknown(), 2u);
+  EXPECT_TRUE(ranks.Cleared({1, 0}));
+  EXPECT_FALSE(ranks.Cleared({1, 0}));
+  EXPECT_EQ(ranks.unknown(), 1u);
+}
+
+TEST(SourceRanks, MemoryIsBoundedWhenWorkersChurn) {
+  SourceRanks ranks;
+  for (uint64_t w = 0; w < SourceRanks::kMaxRanks + 10; ++w) ranks.Heard({w, 0}, 1);
+  EXPECT_EQ(ranks.size(), SourceRanks::kMaxRanks);
+  EXPECT_FALSE(ranks.Heard({0, 0}, 2));  // the oldest was forgotten: heard anew
+}
+
 }  // namespace
 }  // namespace kvrouter
