@@ -2,7 +2,10 @@
 # Builds kvrouter and stages it in build/java/stage (or takes the install prefix in
 # KVR_STAGE), then builds the Java binding (bindings/java: the JNI glue through CMake, the
 # classes and jar through Maven) against it and runs its JUnit tests, every one of them with
-# the JVM's JNI checks on (-Xcheck:jni).
+# the JVM's JNI checks on (-Xcheck:jni). Then it checks the jar's native (linked with
+# libkvrouter.a: no run path, JNI symbols only, no shared library but those the binding's README
+# names) and runs a consumer from the jar alone (bindings/java/src/it/consumer), with no
+# LD_LIBRARY_PATH.
 # Maven's output goes to bindings/java/target/test-java.log; this prints the test results and
 # ends with surefire's own summary line. Needs a JDK (17 or newer), Maven, CMake, pkg-config;
 # the NATS tests run when nats-server is installed and are skipped otherwise.
@@ -29,7 +32,8 @@ mvn -B -ntp -Dstyle.color=never -Dkvr.jobs="$jobs" \
   -Dkvr.cmake.args="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVRJ_WERROR=ON" \
   verify >"$log" 2>&1 || status=$?
 
-# Surefire's line per test class and per failing test, then its summary line last.
+# Surefire's line per test class and per failing test, then its summary line last (printed
+# after the checks below, which run only when the build passed).
 grep -E 'Tests run: .* -- in |<<< (FAILURE|ERROR)!' "$log" || true
 summary=$(grep -E '^\[(INFO|WARNING|ERROR)\] Tests run: [0-9]+, Failures: [0-9]+, Errors: [0-9]+, Skipped: [0-9]+$' "$log" | tail -n 1 || true)
 if [ "$status" -ne 0 ]; then
@@ -41,5 +45,48 @@ if [ -z "$summary" ]; then
   echo "no surefire summary in bindings/java/$log" >&2
   exit 1
 fi
+if [ "$status" -ne 0 ]; then
+  echo "$summary"
+  exit "$status"
+fi
+
+echo "== bindings/java: the jar's native (linux/x86_64/libkvrouter_jni.so) =="
+# Linked with libkvrouter.a: no run path, only the JNI entry points exported, and no shared
+# library but glibc's and those README.md names (no static archive, or one that cannot go into a
+# shared object: libnats, Debian's Abseil, libuv, libzmq).
+jar=target/kvrouter-0.2.0.jar
+native=target/classes/linux/x86_64/libkvrouter_jni.so
+unzip -l "$jar" linux/x86_64/libkvrouter_jni.so | grep -q libkvrouter_jni.so
+if readelf -d "$native" | grep -E 'R(UN)?PATH'; then
+  echo "the glue has a run path" >&2
+  exit 1
+fi
+needed=$(readelf -d "$native" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+allowed='^(libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|ld-linux-x86-64\.so\.2|libnats\.so\..*|libzmq\.so\.5|libuv\.so\.1|libabsl_[a-z0-9_]+\.so\..*)$'
+unexpected=$(grep -Ev "$allowed" <<<"$needed" || true)
+if [ -n "$unexpected" ]; then
+  echo "the glue needs shared libraries README.md does not name:" $unexpected >&2
+  exit 1
+fi
+exported=$(nm -D --defined-only "$native" | awk '{print $3}' | grep -Ev '^(Java_io_kvrouter_|JNI_On(Load|Unload)$)' || true)
+if [ -n "$exported" ]; then
+  echo "the glue exports more than its JNI entry points:" $exported >&2
+  exit 1
+fi
+echo "NEEDED:" $needed
+echo "no run path; exports $(nm -D --defined-only "$native" | wc -l) symbols, all JNI entry points"
+
+echo "== bindings/java: a consumer with the jar alone (module path, no LD_LIBRARY_PATH) =="
+# src/it/consumer: compiled and run as a named module requiring io.kvrouter (the manifest's
+# Automatic-Module-Name), in an environment without LD_LIBRARY_PATH, so that the glue and the
+# library can only come from the jar.
+if ldconfig -p | grep -q 'libkvrouter\.so'; then
+  echo "note: a libkvrouter is installed on the system library path; Main checks it stays unmapped"
+fi
+consumer=target/consumer
+rm -rf "$consumer" && mkdir -p "$consumer"
+javac -d "$consumer" --module-path "$jar" $(find src/it/consumer/src -name '*.java')
+env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH java -Djava.library.path=/nonexistent \
+  --enable-native-access=io.kvrouter --module-path "$jar:$consumer" -m consumer/consumer.Main
+
 echo "$summary"
-exit "$status"
