@@ -1,0 +1,169 @@
+package io.kvrouter.micrometer;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.kvrouter.EventBatch;
+import io.kvrouter.Ingest;
+import io.kvrouter.KvRouterException;
+import io.kvrouter.Listener;
+import io.kvrouter.Publisher;
+import io.kvrouter.RequestOptions;
+import io.kvrouter.Router;
+import io.kvrouter.RouterOptions;
+import io.kvrouter.StoredEvent;
+import io.micrometer.core.instrument.FunctionCounter;
+import io.micrometer.core.instrument.FunctionTimer;
+import io.micrometer.core.instrument.Gauge;
+import io.micrometer.core.instrument.Tags;
+import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
+import io.micrometer.prometheusmetrics.PrometheusConfig;
+import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
+import java.util.Arrays;
+import java.util.TreeSet;
+import java.util.concurrent.TimeUnit;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.junit.jupiter.api.Test;
+
+/** The Micrometer binder: its meters follow the router and the ingest object. */
+class KvRouterMetricsTest {
+  private static final int BLOCK = 16;
+
+  private static int[] tokens(int n, int base) {
+    int[] t = new int[n];
+    for (int i = 0; i < n; ++i) t[i] = base + i;
+    return t;
+  }
+
+  private static Router router() {
+    Router router = new Router(RouterOptions.builder().blockSize(BLOCK).build());
+    router.addWorker(1);
+    router.addWorker(2);
+    return router;
+  }
+
+  private static double counter(SimpleMeterRegistry registry, String name, String... tags) {
+    return registry.get(name).tags(tags).functionCounter().count();
+  }
+
+  private static double gauge(SimpleMeterRegistry registry, String name, String... tags) {
+    return registry.get(name).tags(tags).gauge().value();
+  }
+
+  @Test
+  void routerMetersFollowTheRouter() {
+    SimpleMeterRegistry registry = new SimpleMeterRegistry();
+    try (Router router = router()) {
+      new KvRouterMetrics(router, Tags.of("router", "main")).bindTo(registry);
+      assertEquals(2.0, gauge(registry, "kvrouter.workers", "router", "main"));
+      assertEquals(0.0, counter(registry, "kvrouter.decisions"));
+
+      int[] prompt = tokens(64, 100);
+      router.applyStored(
+          StoredEvent.builder(2)
+              .blockHashes(11, 12)
+              .tokenIds(Arrays.copyOf(prompt, 2 * BLOCK))
+              .build());
+      StoredEvent orphan = // an unknown parent: rejected, and counted
+          StoredEvent.builder(1).parentHash(999).blockHashes(21).tokenIds(tokens(BLOCK, 7)).build();
+      assertThrows(KvRouterException.class, () -> router.applyStored(orphan));
+      assertEquals(1.0, counter(registry, "kvrouter.kv.events", "kind", "stored", "outcome", "ok"));
+      assertEquals(
+          1.0,
+          counter(
+              registry, "kvrouter.kv.events", "kind", "stored", "outcome", "parent_block_not_found"));
+      assertEquals(2.0, gauge(registry, "kvrouter.index.blocks"));
+      assertTrue(gauge(registry, "kvrouter.index.bytes") > 0);
+
+      assertEquals(2, router.findBestMatch(prompt, RequestOptions.admit("r1")).workerId());
+      router.findBestMatch(prompt, RequestOptions.admit("r2"));
+      assertEquals(2.0, counter(registry, "kvrouter.decisions"));
+      assertEquals(2.0, gauge(registry, "kvrouter.requests.active"));
+      router.freeRequest("r1");
+      router.freeRequest("r2");
+      assertEquals(0.0, gauge(registry, "kvrouter.requests.active"));
+      assertEquals(2.0, counter(registry, "kvrouter.decisions"));
+
+      // Every meter carries the binder's tags; 3 kinds x 5 outcomes of events.
+      assertEquals(15, registry.get("kvrouter.kv.events").tag("router", "main").meters().size());
+    }
+    // A closed router reads NaN, not an exception.
+    assertTrue(Double.isNaN(gauge(registry, "kvrouter.workers")));
+  }
+
+  /** Under a Prometheus registry the names are those of the library's own text. */
+  @Test
+  void prometheusNamesAreTheLibrarys() {
+    PrometheusMeterRegistry registry = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
+    try (Router router = router()) {
+      new KvRouterMetrics(router).bindTo(registry);
+      router.findBestMatch(tokens(32, 5));
+      String ours = registry.scrape();
+      assertTrue(ours.contains("kvrouter_decisions_total 1.0"), ours);
+      TreeSet<String> missing = new TreeSet<>();
+      TreeSet<String> library = names(router.metricsPrometheus());
+      // The per-rank loads are left out (see the class's documentation).
+      library.removeIf(n -> n.startsWith("kvrouter_worker_"));
+      for (String name : library) {
+        if (!names(ours).contains(name)) missing.add(name);
+      }
+      assertEquals(new TreeSet<String>(), missing, ours);
+    }
+  }
+
+  private static TreeSet<String> names(String text) {
+    TreeSet<String> names = new TreeSet<>();
+    Matcher m = Pattern.compile("(?m)^# TYPE (\\S+) ").matcher(text);
+    while (m.find()) names.add(m.group(1));
+    // The text format names a counter family without _total; the samples carry it.
+    Matcher s = Pattern.compile("(?m)^([a-z_]+_total)[{ ]").matcher(text);
+    while (s.find()) names.add(s.group(1));
+    names.removeIf(n -> !n.endsWith("_total") && names.contains(n + "_total"));
+    return names;
+  }
+
+  @Test
+  void ingestMetersCountPerSourceAndInTotal() throws Exception {
+    SimpleMeterRegistry registry = new SimpleMeterRegistry();
+    try (Router router = router();
+        Ingest ingest = new Ingest(router)) {
+      Listener listener = ingest.listen("tcp://127.0.0.1:0");
+      ingest.start();
+      new KvRouterMetrics(router).ingest(ingest).ingestSource(listener.sourceId()).bindTo(registry);
+      String source = Long.toString(listener.sourceId());
+      try (Publisher publisher = Publisher.connect(listener.endpoint());
+          EventBatch batch = new EventBatch()) {
+        batch.addStored(
+            StoredEvent.builder(1).blockHashes(31).tokenIds(tokens(BLOCK, 50)).build());
+        batch.setPublishTime(System.currentTimeMillis() * 1_000_000L);
+        publisher.send(batch);
+      }
+      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+      while (counter(registry, "kvrouter.ingest.events.applied", "source", source) < 1) {
+        assertTrue(System.nanoTime() < deadline, "the event was never applied");
+        Thread.sleep(2);
+      }
+      assertEquals(1.0, counter(registry, "kvrouter.ingest.messages", "source", source));
+      assertEquals(1.0, counter(registry, "kvrouter.ingest.messages", "source", "all"));
+      assertEquals(
+          listener.endpoint(),
+          registry.get("kvrouter.ingest.messages").tags("source", source).meter().getId()
+              .getTag("endpoint"));
+      assertEquals(
+          0.0,
+          counter(registry, "kvrouter.ingest.rejected", "source", source, "reason", "bad_flatbuffers"));
+      assertEquals(1.0, counter(registry, "kvrouter.ingest.connections", "source", "all"));
+      FunctionTimer lag =
+          registry.get("kvrouter.ingest.lag").tags("source", source).functionTimer();
+      assertEquals(1.0, lag.count());
+      assertTrue(lag.totalTime(TimeUnit.MICROSECONDS) >= 0);
+      Gauge unknown = registry.get("kvrouter.ingest.state.unknown").tags("source", "all").gauge();
+      assertEquals(0.0, unknown.value());
+      FunctionCounter applied =
+          registry.get("kvrouter.kv.events").tags("kind", "stored", "outcome", "ok").functionCounter();
+      assertEquals(1.0, applied.count());
+    }
+  }
+}
