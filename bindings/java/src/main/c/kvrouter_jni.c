@@ -1474,9 +1474,9 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_metrics(JNIEnv* env, jclass
   return new_longs(env, v, ABI_METRICS_LEN);
 }
 
-JNIEXPORT jstring JNICALL Java_io_kvrouter_Native_metricsPrometheus(JNIEnv* env, jclass cls,
-                                                                    jlong r) {
-  (void)cls;
+/* Prometheus text from the router's or (router NULL) the ingest object's renderer, in a buffer
+ * grown as the library asks. */
+static jstring prometheus_text(JNIEnv* env, kvr_router* router, kvr_ingest* ingest) {
   scratch s;
   scratch_init(&s);
   jstring result = NULL;
@@ -1486,10 +1486,11 @@ JNIEXPORT jstring JNICALL Java_io_kvrouter_Native_metricsPrometheus(JNIEnv* env,
     if (buf == NULL) goto done;
     size_t len = 0;
     kvr_error* err = NULL;
-    kvr_status st = kvr_router_metrics_prometheus(ROUTER(r), buf, cap, &len, &err);
+    kvr_status st = router != NULL ? kvr_router_metrics_prometheus(router, buf, cap, &len, &err)
+                                   : kvr_ingest_metrics_prometheus(ingest, buf, cap, &len, &err);
     if (st == KVR_BUFFER_TOO_SMALL && attempt + 1 < GROW_ATTEMPTS) {
       kvr_error_free(err);
-      cap = len + len / 4 + 256; /* gauges may appear meanwhile */
+      cap = len + len / 4 + 256; /* gauges and sources may appear meanwhile */
       continue;
     }
     if (check(env, st, &err) != 0) goto done;
@@ -1499,6 +1500,18 @@ JNIEXPORT jstring JNICALL Java_io_kvrouter_Native_metricsPrometheus(JNIEnv* env,
 done:
   scratch_free(&s);
   return result;
+}
+
+JNIEXPORT jstring JNICALL Java_io_kvrouter_Native_metricsPrometheus(JNIEnv* env, jclass cls,
+                                                                    jlong r) {
+  (void)cls;
+  return prometheus_text(env, ROUTER(r), NULL);
+}
+
+JNIEXPORT jstring JNICALL Java_io_kvrouter_Native_ingestMetricsPrometheus(JNIEnv* env, jclass cls,
+                                                                          jlong i) {
+  (void)cls;
+  return prometheus_text(env, NULL, INGEST(i));
 }
 
 /* ---- Staged routing ------------------------------------------------------------------------- */

@@ -219,6 +219,21 @@ public final class Ingest extends NativeObject {
     }
   }
 
+  /**
+   * Every source's counters in Prometheus text exposition format ({@code kvrouter_ingest_*}, one
+   * series per source labelled {@code source_id}, {@code kind} and {@code endpoint}; removed
+   * sources included). The names differ from {@link Router#metricsPrometheus()}'s, so a /metrics
+   * page may serve both texts one after the other.
+   */
+  public String metricsPrometheus() {
+    long h = acquire();
+    try {
+      return Native.ingestMetricsPrometheus(h);
+    } finally {
+      release();
+    }
+  }
+
   /** Stops if needed, closes every source and frees the object; then releases the router. */
   @Override
   public void close() {

@@ -81,6 +81,41 @@ public final class Metrics {
     return a[Abi.Metrics.REPLICA_REQUESTS_ACTIVE];
   }
 
+  /** The number of buckets of the decision-latency histogram ({@code KVR_DECISION_LATENCY_BUCKETS}). */
+  public static final int DECISION_LATENCY_BUCKETS =
+      Abi.Metrics.DECISION_LATENCY_LE - Abi.Metrics.DECISION_LATENCY_BOUNDS_NS;
+
+  /**
+   * The upper bounds of the decision-latency histogram's buckets, in nanoseconds, rising (the
+   * library's choice; the +Inf bucket is {@link #decisionLatencyCount()}).
+   */
+  public long[] decisionLatencyBoundsNanos() {
+    long[] b = new long[DECISION_LATENCY_BUCKETS];
+    System.arraycopy(a, Abi.Metrics.DECISION_LATENCY_BOUNDS_NS, b, 0, b.length);
+    return b;
+  }
+
+  /**
+   * The decision-latency histogram's cumulative bucket counts: element i counts the routing calls
+   * (routes, plans and previews answered without queueing) that took at most {@code
+   * decisionLatencyBoundsNanos()[i]}.
+   */
+  public long[] decisionLatencyBuckets() {
+    long[] b = new long[DECISION_LATENCY_BUCKETS];
+    System.arraycopy(a, Abi.Metrics.DECISION_LATENCY_LE, b, 0, b.length);
+    return b;
+  }
+
+  /** Routing calls measured by the decision-latency histogram (its +Inf bucket). */
+  public long decisionLatencyCount() {
+    return a[Abi.Metrics.DECISION_LATENCY_COUNT];
+  }
+
+  /** Their decision latencies summed, in nanoseconds. */
+  public long decisionLatencySumNanos() {
+    return a[Abi.Metrics.DECISION_LATENCY_SUM_NS];
+  }
+
   @Override
   public String toString() {
     return "Metrics{decisions="

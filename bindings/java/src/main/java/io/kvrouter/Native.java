@@ -274,6 +274,8 @@ final class Native {
 
   static native String ingestSourceEndpoint(long ingest, long sourceId);
 
+  static native String ingestMetricsPrometheus(long ingest);
+
   // ---- Publisher ----
 
   static native long publisherConnect(String endpoint);

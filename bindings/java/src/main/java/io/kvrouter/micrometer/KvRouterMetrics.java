@@ -42,6 +42,10 @@ import java.util.function.ToLongFunction;
  * router and the ingest object weakly (the application holds them to use them); once either is
  * closed (or collected) its meters read NaN, and {@link MeterRegistry#remove} takes them away.
  *
+ * <p>The decision-latency histogram, pre-aggregated by the library, is a FunctionTimer (count and
+ * sum) and a cumulative FunctionCounter per bucket tagged {@code le} (see {@link
+ * #bindDecisionLatency}).
+ *
  * <p>Left out: the per-rank loads ({@code kvrouter_worker_active_*{worker_id,dp_rank}}), whose set
  * of series changes as workers come and go, which a binder registered once cannot follow; the
  * library's text ({@link Router#metricsPrometheus()}) has them.
@@ -67,36 +71,32 @@ public final class KvRouterMetrics implements MeterBinder {
   }
 
   /**
-   * Also the ingest counters of {@code ingest}, summed over its sources ({@code kvrouter.ingest.*}
-   * with tag {@code source="all"}).
+   * Also the counters of {@code ingest}'s sources ({@code kvrouter.ingest.*}): one series per
+   * source id given (what {@link Ingest#listen}, {@link Ingest#addEngineWorker}, {@link
+   * Ingest#subscribeNats} returned), tagged {@code source_id} and {@code endpoint} (its {@link
+   * Ingest#sourceEndpoint}); with no id, one series summed over every source, tagged {@code
+   * source_id="0"} (the library's id for the sum) and an empty {@code endpoint}. Sources added
+   * later need a binder of their own (or {@link Ingest#metricsPrometheus()}, which has them all).
    */
-  public KvRouterMetrics ingest(Ingest ingest) {
+  public KvRouterMetrics ingest(Ingest ingest, long... sourceIds) {
     this.ingest = Objects.requireNonNull(ingest, "ingest");
-    return this;
-  }
-
-  /**
-   * Also the counters of one source of the ingest object (the id that {@link Ingest#listen}, {@link
-   * Ingest#addEngineWorker} or {@link Ingest#subscribeNats} returned), tagged {@code
-   * source="<id>"} and {@code endpoint} (its {@link Ingest#sourceEndpoint}).
-   */
-  public KvRouterMetrics ingestSource(long sourceId) {
-    if (ingest == null) throw new IllegalStateException("ingest(...) first");
-    sources.add(sourceId);
+    sources.clear();
+    for (long id : sourceIds) sources.add(id);
     return this;
   }
 
   @Override
   public void bindTo(MeterRegistry registry) {
     bindRouter(registry);
-    if (ingest != null) {
-      bindIngest(registry, 0, Tags.of("source", "all"));
-      for (long id : sources) {
-        bindIngest(
-            registry,
-            id,
-            Tags.of("source", Long.toUnsignedString(id), "endpoint", ingest.sourceEndpoint(id)));
-      }
+    if (ingest == null) return;
+    if (sources.isEmpty()) {
+      bindIngest(registry, 0, Tags.of("source_id", "0", "endpoint", ""));
+    }
+    for (long id : sources) {
+      bindIngest(
+          registry,
+          id,
+          Tags.of("source_id", Long.toUnsignedString(id), "endpoint", ingest.sourceEndpoint(id)));
     }
   }
 
@@ -211,6 +211,59 @@ public final class KvRouterMetrics implements MeterBinder {
         null,
         "Requests booked by other router replicas, counted as load here.",
         Metrics::replicaRequestsActive);
+    bindDecisionLatency(registry);
+  }
+
+  /**
+   * The decision-latency histogram, pre-aggregated by the library, which Micrometer has no meter
+   * for (its histograms are of values it records itself): a FunctionTimer for the count and the
+   * sum ({@code kvrouter.decision.duration}: Prometheus {@code
+   * kvrouter_decision_duration_seconds_count} and {@code _sum}, as in the library's text), and
+   * a FunctionCounter per bucket with the {@code le} tag as the library's text spells it, the
+   * last one {@code +Inf} ({@code kvrouter.decision.duration.buckets}: Prometheus {@code
+   * kvrouter_decision_duration_buckets_total{le}}, cumulative, which {@code histogram_quantile}
+   * reads as it reads {@code _bucket} series).
+   */
+  private void bindDecisionLatency(MeterRegistry registry) {
+    FunctionTimer.builder(
+            "kvrouter.decision.duration",
+            router,
+            r -> (long) read(r, Metrics::decisionLatencyCount),
+            r -> read(r, Metrics::decisionLatencySumNanos),
+            TimeUnit.NANOSECONDS)
+        .description(
+            "Time from a routing call's start to its decision (queued requests excluded).")
+        .tags(tags)
+        .register(registry);
+    long[] bounds = router.metrics().decisionLatencyBoundsNanos(); // fixed by the library
+    for (int i = 0; i <= bounds.length; ++i) {
+      int bucket = i;
+      String le = i == bounds.length ? "+Inf" : formatG(bounds[i] / 1e9);
+      counter(
+          registry,
+          "kvrouter.decision.duration.buckets",
+          "Routing calls that decided within le seconds (cumulative).",
+          Tags.of("le", le),
+          m -> bucket == bounds.length ? m.decisionLatencyCount() : m.decisionLatencyBuckets()[bucket]);
+    }
+  }
+
+  /** A positive number as C's printf %g writes it (6 significant digits, no trailing zeros). */
+  static String formatG(double v) {
+    if (v == 0) return "0";
+    String e = String.format(Locale.ROOT, "%.5e", v); // d.ddddde[+-]XX
+    int exponent = Integer.parseInt(e.substring(e.indexOf('e') + 1));
+    if (exponent < -4 || exponent >= 6) {
+      String mantissa = stripZeros(e.substring(0, e.indexOf('e')));
+      return mantissa + "e" + (exponent < 0 ? "-" : "+") + String.format(Locale.ROOT, "%02d", Math.abs(exponent));
+    }
+    return stripZeros(String.format(Locale.ROOT, "%." + (5 - exponent) + "f", v));
+  }
+
+  private static String stripZeros(String s) {
+    if (s.indexOf('.') < 0) return s;
+    s = s.replaceAll("0+$", "");
+    return s.endsWith(".") ? s.substring(0, s.length() - 1) : s;
   }
 
   // ---- the ingest object
@@ -283,10 +336,20 @@ public final class KvRouterMetrics implements MeterBinder {
         Tags.empty(),
         IngestStats::connections);
     c.gauge(
-        "kvrouter.ingest.state.unknown",
+        "kvrouter.ingest.state.unknown.ranks",
         null,
         "Worker ranks whose state was lost (a gap) and not yet re-established.",
         IngestStats::stateUnknown);
+    c.counter(
+        "kvrouter.ingest.published",
+        "Replica sync: booking changes published.",
+        Tags.empty(),
+        IngestStats::published);
+    c.counter(
+        "kvrouter.ingest.publish.failures",
+        "Replica sync: publications the NATS client refused.",
+        Tags.empty(),
+        IngestStats::publishFailures);
     // The lag: a count and a sum, which is what a FunctionTimer reads (Prometheus:
     // kvrouter_ingest_lag_seconds_count and _sum), and its largest and most recent values.
     FunctionTimer.builder(

@@ -6,8 +6,10 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.kvrouter.EventBatch;
 import io.kvrouter.Ingest;
+import io.kvrouter.IngestReject;
 import io.kvrouter.KvRouterException;
 import io.kvrouter.Listener;
+import io.kvrouter.Metrics;
 import io.kvrouter.Publisher;
 import io.kvrouter.RequestOptions;
 import io.kvrouter.Router;
@@ -126,12 +128,14 @@ class KvRouterMetricsTest {
 
   @Test
   void ingestMetersCountPerSourceAndInTotal() throws Exception {
-    SimpleMeterRegistry registry = new SimpleMeterRegistry();
+    SimpleMeterRegistry perSource = new SimpleMeterRegistry();
+    SimpleMeterRegistry summed = new SimpleMeterRegistry();
     try (Router router = router();
         Ingest ingest = new Ingest(router)) {
       Listener listener = ingest.listen("tcp://127.0.0.1:0");
       ingest.start();
-      new KvRouterMetrics(router).ingest(ingest).ingestSource(listener.sourceId()).bindTo(registry);
+      new KvRouterMetrics(router).ingest(ingest, listener.sourceId()).bindTo(perSource);
+      new KvRouterMetrics(router).ingest(ingest).bindTo(summed);
       String source = Long.toString(listener.sourceId());
       try (Publisher publisher = Publisher.connect(listener.endpoint());
           EventBatch batch = new EventBatch()) {
@@ -141,29 +145,74 @@ class KvRouterMetricsTest {
         publisher.send(batch);
       }
       long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
-      while (counter(registry, "kvrouter.ingest.events.applied", "source", source) < 1) {
+      while (counter(perSource, "kvrouter.ingest.events.applied", "source_id", source) < 1) {
         assertTrue(System.nanoTime() < deadline, "the event was never applied");
         Thread.sleep(2);
       }
-      assertEquals(1.0, counter(registry, "kvrouter.ingest.messages", "source", source));
-      assertEquals(1.0, counter(registry, "kvrouter.ingest.messages", "source", "all"));
+      assertEquals(1.0, counter(perSource, "kvrouter.ingest.messages", "source_id", source));
+      assertEquals(1.0, counter(summed, "kvrouter.ingest.messages", "source_id", "0"));
       assertEquals(
           listener.endpoint(),
-          registry.get("kvrouter.ingest.messages").tags("source", source).meter().getId()
+          perSource.get("kvrouter.ingest.messages").tags("source_id", source).meter().getId()
               .getTag("endpoint"));
       assertEquals(
           0.0,
-          counter(registry, "kvrouter.ingest.rejected", "source", source, "reason", "bad_flatbuffers"));
-      assertEquals(1.0, counter(registry, "kvrouter.ingest.connections", "source", "all"));
+          counter(perSource, "kvrouter.ingest.rejected", "source_id", source, "reason", "bad_flatbuffers"));
+      assertEquals(IngestReject.values().length,
+          perSource.get("kvrouter.ingest.rejected").meters().size());
+      assertEquals(1.0, counter(summed, "kvrouter.ingest.connections"));
       FunctionTimer lag =
-          registry.get("kvrouter.ingest.lag").tags("source", source).functionTimer();
+          perSource.get("kvrouter.ingest.lag").tags("source_id", source).functionTimer();
       assertEquals(1.0, lag.count());
       assertTrue(lag.totalTime(TimeUnit.MICROSECONDS) >= 0);
-      Gauge unknown = registry.get("kvrouter.ingest.state.unknown").tags("source", "all").gauge();
+      Gauge unknown = summed.get("kvrouter.ingest.state.unknown.ranks").gauge();
       assertEquals(0.0, unknown.value());
       FunctionCounter applied =
-          registry.get("kvrouter.kv.events").tags("kind", "stored", "outcome", "ok").functionCounter();
+          perSource.get("kvrouter.kv.events").tags("kind", "stored", "outcome", "ok").functionCounter();
       assertEquals(1.0, applied.count());
+
+      // Under a Prometheus registry: the names of the library's ingest text.
+      PrometheusMeterRegistry prometheus = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
+      new KvRouterMetrics(router).ingest(ingest, listener.sourceId()).bindTo(prometheus);
+      String ours = prometheus.scrape();
+      TreeSet<String> missing = names(ingest.metricsPrometheus());
+      missing.removeAll(names(ours));
+      assertEquals(new TreeSet<String>(), missing, ours);
+      assertTrue(
+          ours.contains("kvrouter_ingest_messages_total{endpoint=\"" + listener.endpoint()
+              + "\",source_id=\"" + source + "\"} 1"), ours);
+    }
+  }
+
+  @Test
+  void decisionLatencyIsTheLibrarysHistogram() {
+    SimpleMeterRegistry registry = new SimpleMeterRegistry();
+    try (Router router = router()) {
+      new KvRouterMetrics(router).bindTo(registry);
+      for (int i = 0; i < 5; ++i) router.findBestMatch(tokens(64, 10 * i));
+      FunctionTimer timer = registry.get("kvrouter.decision.duration").functionTimer();
+      assertEquals(5.0, timer.count());
+      Metrics m = router.metrics();
+      assertEquals(m.decisionLatencySumNanos(), timer.totalTime(TimeUnit.NANOSECONDS), 0.5);
+      // The same buckets, le for le, as the library's own text.
+      String text = router.metricsPrometheus();
+      Matcher b =
+          Pattern.compile("(?m)^kvrouter_decision_duration_seconds_bucket\\{le=\"([^\"]+)\"\\} (\\d+)$")
+              .matcher(text);
+      int buckets = 0;
+      double previous = 0;
+      while (b.find()) {
+        ++buckets;
+        double ours = counter(registry, "kvrouter.decision.duration.buckets", "le", b.group(1));
+        assertEquals(Double.parseDouble(b.group(2)), ours, b.group(1) + " in\n" + text);
+        assertTrue(ours >= previous, "cumulative");
+        previous = ours;
+      }
+      assertEquals(Metrics.DECISION_LATENCY_BUCKETS + 1, buckets, text);
+      assertEquals(5.0, counter(registry, "kvrouter.decision.duration.buckets", "le", "+Inf"));
+      assertEquals("2.56e-07", KvRouterMetrics.formatG(256e-9));
+      assertEquals("0.000524288", KvRouterMetrics.formatG(524288e-9));
+      assertEquals("0.00209715", KvRouterMetrics.formatG(2097152e-9));
     }
   }
 }
