@@ -5,7 +5,7 @@
 # the JVM's JNI checks on (-Xcheck:jni). Then it checks the jar's native (linked with
 # libkvrouter.a: no run path, JNI symbols only, no shared library but those the binding's README
 # names) and runs a consumer from the jar alone (bindings/java/src/it/consumer), with no
-# LD_LIBRARY_PATH.
+# LD_LIBRARY_PATH, and the gateway example (examples/java) against fake engines.
 # Maven's output goes to bindings/java/target/test-java.log; this prints the test results and
 # ends with surefire's own summary line. Needs a JDK (17 or newer), Maven, CMake, pkg-config;
 # the NATS tests run when nats-server is installed and are skipped otherwise.
@@ -56,7 +56,11 @@ echo "== bindings/java: the jar's native (linux/x86_64/libkvrouter_jni.so) =="
 # shared object: libnats, Debian's Abseil, libuv, libzmq).
 jar=target/kvrouter-0.2.0.jar
 native=target/classes/linux/x86_64/libkvrouter_jni.so
-unzip -l "$jar" linux/x86_64/libkvrouter_jni.so | grep -q libkvrouter_jni.so
+# (no grep -q after a pipe: with pipefail, the writer's SIGPIPE would fail the line)
+if ! unzip -l "$jar" linux/x86_64/libkvrouter_jni.so >/dev/null; then
+  echo "$jar has no linux/x86_64/libkvrouter_jni.so" >&2
+  exit 1
+fi
 if readelf -d "$native" | grep -E 'R(UN)?PATH'; then
   echo "the glue has a run path" >&2
   exit 1
@@ -80,7 +84,7 @@ echo "== bindings/java: a consumer with the jar alone (module path, no LD_LIBRAR
 # src/it/consumer: compiled and run as a named module requiring io.kvrouter (the manifest's
 # Automatic-Module-Name), in an environment without LD_LIBRARY_PATH, so that the glue and the
 # library can only come from the jar.
-if ldconfig -p | grep -q 'libkvrouter\.so'; then
+if [[ $(ldconfig -p) == *libkvrouter.so* ]]; then
   echo "note: a libkvrouter is installed on the system library path; Main checks it stays unmapped"
 fi
 consumer=target/consumer
@@ -88,5 +92,16 @@ rm -rf "$consumer" && mkdir -p "$consumer"
 javac -d "$consumer" --module-path "$jar" $(find src/it/consumer/src -name '*.java')
 env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH java -Djava.library.path=/nonexistent \
   --enable-native-access=io.kvrouter --module-path "$jar:$consumer" -m consumer/consumer.Main
+
+echo "== examples/java: the gateway against two fake engines (the jar alone, no LD_LIBRARY_PATH) =="
+# GatewayExampleTest starts the gateway and two fake engines as processes on 127.0.0.1 and checks
+# routing, prefix affinity from the engines' KV events, loads back to zero after complete answers
+# and after a client leaving mid-stream, /metrics.
+examples=target/examples
+rm -rf "$examples" && mkdir -p "$examples"
+javac -Xlint:all -Werror -d "$examples" -cp "$jar" \
+  $(find ../../examples/java/src ../../examples/java/test -name '*.java')
+env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH timeout 300 java --enable-native-access=ALL-UNNAMED \
+  -cp "$jar:$examples" io.kvrouter.examples.GatewayExampleTest
 
 echo "$summary"
