@@ -359,7 +359,7 @@ public final class Gateway implements AutoCloseable {
       StringBuilder text = new StringBuilder();
       Object finish = null;
       String line;
-      while ((line = lines.readLine()) != null) {
+      while ((line = readEngine(lines)) != null) {
         if (!line.startsWith("data:")) continue;
         String data = line.substring(5).trim();
         if (first) {
@@ -404,6 +404,16 @@ public final class Gateway implements AutoCloseable {
         }
       }
       completed.incrementAndGet();
+    }
+  }
+
+  /** A line of the engine's stream; an engine that fails mid-stream counts as an engine error. */
+  private String readEngine(BufferedReader lines) throws IOException {
+    try {
+      return lines.readLine();
+    } catch (IOException e) {
+      engineErrors.incrementAndGet();
+      throw e;
     }
   }
 
