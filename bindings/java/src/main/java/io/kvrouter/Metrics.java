@@ -82,8 +82,7 @@ public final class Metrics {
   }
 
   /** The number of buckets of the decision-latency histogram ({@code KVR_DECISION_LATENCY_BUCKETS}). */
-  public static final int DECISION_LATENCY_BUCKETS =
-      Abi.Metrics.DECISION_LATENCY_LE - Abi.Metrics.DECISION_LATENCY_BOUNDS_NS;
+  public static final int DECISION_LATENCY_BUCKETS = Abi.DECISION_LATENCY_BUCKETS;
 
   /**
    * The upper bounds of the decision-latency histogram's buckets, in nanoseconds, rising (the
