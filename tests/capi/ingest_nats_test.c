@@ -181,7 +181,12 @@ static void nats_batches_wildcards_garbage_and_restart(void** state) {
   assert_true(stats.events_applied >= 3);
   assert_true(stats.connections >= 2);
   assert_int_equal(2, device_blocks(router, c, 2 * BS, 1));
-  assert_int_equal(2, device_blocks(router, a, 2 * BS, 1)); /* applied before the restart */
+  /* What was published during the outage is lost without a trace: the ranks heard before it
+   * were cleared and stay flagged until their engines clear them. */
+  assert_int_equal(0, device_blocks(router, a, 2 * BS, 1));
+  assert_int_equal(0, device_blocks(router, b, 2 * BS, 2));
+  assert_int_equal(2, stats.state_unknown);
+  assert_true(stats.gaps >= 1);
 
   natsConnection_Destroy(nc);
   kvr_ingest_free(ingest);
