@@ -46,7 +46,8 @@ kvr_metrics Collect(const kvr_router& router) {
 void AppendDecisionLatency(PrometheusText& text, const kvr_metrics& m) {
   constexpr std::string_view kName = "kvrouter_decision_duration_seconds";
   text.Family(kName, "histogram",
-              "Time from a routing call's start to its decision (queued requests excluded).");
+              "Time from a routing call's start to its decision, one call in 16 (queued requests "
+              "excluded).");
   const std::string bucket = std::string(kName) + "_bucket";
   for (int i = 0; i < KVR_DECISION_LATENCY_BUCKETS; ++i) {
     const std::string le = absl::StrFormat("%g", m.decision_latency_bounds_ns[i] / 1e9);

@@ -50,6 +50,9 @@ absl::Status ValidateRouterOptions(const RouterOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("index_shards must be in [1, ", kMaxIndexShards,
                                                    "], got ", options.index_shards));
   }
+  if (options.decision_latency_sampling < 1) {
+    return absl::InvalidArgumentError("decision_latency_sampling must be >= 1");
+  }
   if (!std::isfinite(options.plan_deadline_seconds) || options.plan_deadline_seconds <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan_deadline_seconds must be > 0, got ", options.plan_deadline_seconds));

@@ -103,7 +103,7 @@ uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& op
   // Reused per thread so the hot path does not allocate its hash and match buffers. It is only
   // used until the decision is made, before any callback runs.
   thread_local Prepared scratch;
-  const Nanos started = clock_.Now();
+  const std::optional<Nanos> started = StartTimingIfSampled();
   if (auto status = Prepare(tokens, options, options.with_admission, scratch); !status.ok()) {
     done(status);
     return 0;
@@ -129,7 +129,7 @@ uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& op
     } else {
       auto result = DecideLocked(scratch);
       CountDecision(result);
-      if (result.ok()) decision_latency_.Record(clock_.Now() - started);
+      if (result.ok()) FinishTiming(started);
       completions.push_back({std::move(done), std::move(result)});
     }
   }

@@ -18,7 +18,7 @@ using router_internal::AsAbsl;
 
 absl::StatusOr<RouteDecision> Router::Preview(std::span<const uint32_t> tokens,
                                               const RouteOptions& options) {
-  const Nanos started = clock_.Now();
+  const std::optional<Nanos> started = StartTimingIfSampled();
   RouteOptions look = options;
   look.with_admission = false;
   Prepared prepared;
@@ -28,7 +28,7 @@ absl::StatusOr<RouteDecision> Router::Preview(std::span<const uint32_t> tokens,
   std::lock_guard lock(gate_);
   ApplySessionLocked(prepared, /*use=*/false);
   auto result = DecideLocked(prepared);
-  if (result.ok()) decision_latency_.Record(clock_.Now() - started);
+  if (result.ok()) FinishTiming(started);
   return result;
 }
 

@@ -517,10 +517,19 @@ TEST_F(RouterTest, IndexSnapshotsRoundTrip) {
 }
 
 // ---------------------------------------------------------------------------------------------
+TEST_F(RouterTest, DecisionLatencyTimesTheFirstCallThenEveryNth) {
+  Make();  // the default: one call in 16
+  const auto prompt = Tokens(4);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(router_->Preview(prompt, {}).ok());
+  EXPECT_EQ(router_->decision_latency().count, 3u);  // calls 0, 16 and 32
+  EXPECT_EQ(Router::Create(RouterOptions{.decision_latency_sampling = 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // The decision-latency histogram: routes, plans and previews that decided, on the router's
 // clock (here a manual one, so every call takes 0 ns and lands in the first bucket).
 TEST_F(RouterTest, DecisionLatencyCountsEveryCallThatDecided) {
-  Make();
+  Make(RouterOptions{.decision_latency_sampling = 1});
   const auto prompt = Tokens(4);
   ASSERT_TRUE(router_->FindBestMatch(prompt, {}).ok());
   ASSERT_TRUE(router_->FindBestMatch(prompt, Admit("a")).ok());
@@ -546,8 +555,9 @@ class RouterQueueTest : public RouterTest {
 
   // One worker; threshold 1.0 × 10 batched tokens: a worker with more than 10 prefill tokens in
   // flight is busy. Every prompt here is 12+ tokens, so one request in prefill makes it busy.
-  void MakeQueued(QueuePolicy policy) {
+  void MakeQueued(QueuePolicy policy, uint32_t decision_latency_sampling = 16) {
     RouterOptions options;
+    options.decision_latency_sampling = decision_latency_sampling;
     options.queue_threshold = 1.0;
     options.queue_policy = policy;
     Make(options, 0);
@@ -594,7 +604,7 @@ TEST_F(RouterQueueTest, WaitsWhileEveryWorkerIsBusyAndAdmitsWhenPrefillCompletes
 }
 
 TEST_F(RouterQueueTest, DecisionLatencyLeavesOutTheTimeQueued) {
-  MakeQueued(QueuePolicy::kFcfs);
+  MakeQueued(QueuePolicy::kFcfs, /*decision_latency_sampling=*/1);
   Submit("first");
   Submit("second", 4);
   clock_.AdvanceSeconds(2);  // "second" waits two seconds

@@ -583,11 +583,12 @@ pub struct kvr_metrics {
     /// of requests_active, those booked by other replicas
     pub replica_requests_active: u64,
     /// Appended in 0.2.0: how long routing calls took to decide, as a Prometheus histogram, on the
-    /// router's clock from the call's start (hashing included) to its decision: routing and plans
-    /// answered without waiting in the admission queue, and previews (so the count can exceed
-    /// `decisions`); calls that failed are not measured. decision_latency_le[i] counts the calls
-    /// that took at most decision_latency_bounds_ns[i] (cumulative; the bounds rise and are the
-    /// library's to choose), decision_latency_count every call (the +Inf bucket).
+    /// router's clock from the call's start (hashing included) to its decision, over a sample of
+    /// the calls (the first, then one in 16: timing every call would cost 5-8 % of it): routing and
+    /// plans answered without waiting in the admission queue, and previews; calls that failed are
+    /// not measured. decision_latency_le[i] counts the sampled calls that took at most
+    /// decision_latency_bounds_ns[i] (cumulative; the bounds rise and are the library's to choose),
+    /// decision_latency_count every sampled call (the +Inf bucket).
     pub decision_latency_bounds_ns: [u64; 14],
     pub decision_latency_le: [u64; 14],
     pub decision_latency_count: u64,
