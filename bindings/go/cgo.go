@@ -4,9 +4,15 @@ package kvrouter
 
 // The whole binding is cgo over include/kvrouter.h and libkvrouter.so, found with pkg-config
 // (set PKG_CONFIG_PATH to the install's lib/pkgconfig for a staged or non-system install).
+// With the build tag kvrouter_static it links the static libkvrouter.a instead: the link
+// flags are `pkg-config --static --libs kvrouter` (the library's own dependencies) with the
+// archive named first, and --as-needed keeps the -lkvrouter that pkg-config also prints from
+// recording libkvrouter.so as needed (every kvr_ symbol is then defined by the archive).
 
 /*
-#cgo pkg-config: kvrouter
+#cgo !kvrouter_static pkg-config: kvrouter
+#cgo kvrouter_static pkg-config: --static kvrouter
+#cgo kvrouter_static LDFLAGS: -l:libkvrouter.a -Wl,--as-needed
 #include <stdlib.h>
 #include "kvrouter.h"
 
