@@ -27,6 +27,7 @@ type workerSpec struct {
 	URL    string // the engine's OpenAI-compatible server, e.g. http://10.0.0.5:8000
 	ZMQ    string // its ZMQ KV event publisher (rank 0's), or "" (events over -kv-listen, or none)
 	Replay string // its ZMQ replay endpoint, or ""
+	Topic  string // its KV event topic (vLLM's kv-events-config "topic"), or "" for every message
 	DP     uint32 // data-parallel ranks (vLLM --data-parallel-size); 0 = 1
 }
 
@@ -84,7 +85,7 @@ func newGateway(cfg config) (*gateway, error) {
 		}
 		if w.ZMQ != "" {
 			_, err := g.ingest.AddEngineWorker(kvrouter.EngineWorker{Engine: cfg.Engine, Endpoint: w.ZMQ,
-				WorkerID: w.ID, DPSize: w.DP, ReplayEndpoint: w.Replay})
+				WorkerID: w.ID, DPSize: w.DP, ReplayEndpoint: w.Replay, Topic: w.Topic})
 			if err != nil {
 				return fail(fmt.Errorf("worker %d's KV events (%s): %w", w.ID, w.ZMQ, err))
 			}

@@ -307,8 +307,8 @@ func TestEngineDown(t *testing.T) {
 // The -worker flag's forms, and a ZMQ event source per worker (vLLM's publisher; subscribing
 // needs no publisher to be up yet).
 func TestWorkerFlag(t *testing.T) {
-	w, err := parseWorker("id=3,url=http://h:8000/,zmq=tcp://127.0.0.1:5557,dp=2,replay=tcp://127.0.0.1:5558")
-	if err != nil || w != (workerSpec{ID: 3, URL: "http://h:8000", ZMQ: "tcp://127.0.0.1:5557", DP: 2, Replay: "tcp://127.0.0.1:5558"}) {
+	w, err := parseWorker("id=3,url=http://h:8000/,zmq=tcp://127.0.0.1:5557,dp=2,replay=tcp://127.0.0.1:5558,topic=kv-events")
+	if err != nil || w != (workerSpec{ID: 3, URL: "http://h:8000", ZMQ: "tcp://127.0.0.1:5557", DP: 2, Replay: "tcp://127.0.0.1:5558", Topic: "kv-events"}) {
 		t.Fatalf("%+v %v", w, err)
 	}
 	for _, bad := range []string{"url=http://h", "id=1", "id=x,url=http://h", "id=1,url=http://h,dp=0", "id=1,url=http://h,port=3", "id"} {

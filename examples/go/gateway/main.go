@@ -43,7 +43,7 @@ type workerFlags []workerSpec
 
 func (f *workerFlags) String() string { return fmt.Sprint(len(*f), " workers") }
 
-// Set parses "id=1,url=http://host:port[,zmq=tcp://host:port][,dp=N][,replay=tcp://host:port]".
+// Set parses "id=1,url=http://host:port[,zmq=ENDPOINT][,replay=ENDPOINT][,topic=T][,dp=N]".
 func (f *workerFlags) Set(s string) error {
 	w, err := parseWorker(s)
 	if err != nil {
@@ -59,7 +59,7 @@ func parseWorker(s string) (workerSpec, error) {
 	for _, field := range strings.Split(s, ",") {
 		key, value, ok := strings.Cut(field, "=")
 		if !ok {
-			return w, fmt.Errorf("%q: want key=value fields (id, url, zmq, dp, replay)", field)
+			return w, fmt.Errorf("%q: want key=value fields (id, url, zmq, replay, topic, dp)", field)
 		}
 		switch key {
 		case "id":
@@ -74,6 +74,8 @@ func parseWorker(s string) (workerSpec, error) {
 			w.ZMQ = value
 		case "replay":
 			w.Replay = value
+		case "topic":
+			w.Topic = value
 		case "dp":
 			n, err := strconv.ParseUint(value, 10, 32)
 			if err != nil || n == 0 {
@@ -81,7 +83,7 @@ func parseWorker(s string) (workerSpec, error) {
 			}
 			w.DP = uint32(n)
 		default:
-			return w, fmt.Errorf("unknown field %q (id, url, zmq, dp, replay)", key)
+			return w, fmt.Errorf("unknown field %q (id, url, zmq, replay, topic, dp)", key)
 		}
 	}
 	if !hasID || w.URL == "" {
@@ -97,7 +99,7 @@ func main() {
 	kvListen := flag.String("kv-listen", "", "kvrouter native KV event stream listener (tcp://HOST:PORT or unix://PATH), for engines publishing with kvrouter's Publisher")
 	engine := flag.String("engine", "vllm", "the engines' ZMQ KV event format: vllm or sglang")
 	verbose := flag.Bool("v", false, "log every routing decision")
-	flag.Var(&workers, "worker", "an engine: id=N,url=http://HOST:PORT[,zmq=tcp://HOST:PORT][,dp=RANKS][,replay=tcp://HOST:PORT] (repeat per engine)")
+	flag.Var(&workers, "worker", "an engine: id=N,url=http://HOST:PORT[,zmq=ENDPOINT][,replay=ENDPOINT][,topic=TOPIC][,dp=RANKS] (repeat per engine); zmq, replay and topic as in vLLM's --kv-events-config")
 	flag.Parse()
 	if len(workers) == 0 {
 		fmt.Fprintln(os.Stderr, "gateway: at least one -worker id=N,url=... is needed")
