@@ -506,7 +506,17 @@ func TestEveryResultFieldReachesGo(t *testing.T) {
 	pr := distinct[cPrefillResult]()
 	wantNames(t, "PrefillResult", sameByName(t, "PrefillResult", prefillResultFrom(&pr), pr))
 	me := distinct[cMetrics]()
-	wantNames(t, "Metrics", sameByName(t, "Metrics", metricsFrom(&me), me))
+	mf := metricsFrom(&me)
+	wantNames(t, "Metrics", sameByName(t, "Metrics", mf, me),
+		"DecisionLatencyBoundsNs", "DecisionLatencyLe", "DecisionLatencyCount", "DecisionLatencySumNs")
+	for i := range me.DecisionLatencyBoundsNs {
+		if mf.DecisionLatency.Bounds[i] != time.Duration(me.DecisionLatencyBoundsNs[i]) || mf.DecisionLatency.Counts[i] != me.DecisionLatencyLe[i] {
+			t.Errorf("Metrics.DecisionLatency bucket %d: %+v from %+v", i, mf.DecisionLatency, me)
+		}
+	}
+	if mf.DecisionLatency.Count != me.DecisionLatencyCount || mf.DecisionLatency.Sum != time.Duration(me.DecisionLatencySumNs) {
+		t.Errorf("Metrics.DecisionLatency: %+v from %+v", mf.DecisionLatency, me)
+	}
 	is := distinct[cIngestStats]()
 	st := ingestStatsFrom(&is)
 	wantNames(t, "IngestStats", sameByName(t, "IngestStats", st, is), "LagTotalUs", "LagMaxUs", "LagLastUs")

@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"runtime"
+	"time"
 )
 
 // Snapshot returns the whole KV index as a FlatBuffers IndexSnapshot
@@ -63,6 +64,19 @@ type Metrics struct {
 	ReplicaChangesApplied  uint64
 	ReplicaChangesRejected uint64
 	ReplicaRequestsActive  uint64
+	// How long routing calls took to decide (routing and plans answered without queueing,
+	// and previews; failed calls are not measured), from the call's start to its decision.
+	DecisionLatency LatencyHistogram
+}
+
+// LatencyHistogram is a cumulative histogram, as Prometheus keeps one: Counts[i] calls took at
+// most Bounds[i] (the bounds rise, and are the library's to choose); Count is every call
+// measured (the +Inf bucket) and Sum their durations added up.
+type LatencyHistogram struct {
+	Bounds [DecisionLatencyBuckets]time.Duration
+	Counts [DecisionLatencyBuckets]uint64
+	Count  uint64
+	Sum    time.Duration
 }
 
 // Metrics returns the router's counters.
@@ -100,7 +114,17 @@ func metricsFrom(g *cMetrics) Metrics {
 		ReplicaChangesApplied:  g.ReplicaChangesApplied,
 		ReplicaChangesRejected: g.ReplicaChangesRejected,
 		ReplicaRequestsActive:  g.ReplicaRequestsActive,
+
+		DecisionLatency: latencyFrom(&g.DecisionLatencyBoundsNs, &g.DecisionLatencyLe, g.DecisionLatencyCount, g.DecisionLatencySumNs),
 	}
+}
+
+func latencyFrom(boundsNs, le *[DecisionLatencyBuckets]uint64, count, sumNs uint64) LatencyHistogram {
+	h := LatencyHistogram{Counts: *le, Count: count, Sum: time.Duration(sumNs)}
+	for i, b := range boundsNs {
+		h.Bounds[i] = time.Duration(b)
+	}
+	return h
 }
 
 // MetricsPrometheus returns the metrics, plus per-worker load gauges, in the Prometheus text
@@ -117,6 +141,26 @@ func (r *Router) metricsPrometheus(capHint int) (string, error) {
 	defer runtime.KeepAlive(r)
 	text, err := fillGrowing(capHint, func(p *C.char, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_router_metrics_prometheus(h, p, cap, n, cerr)
+	})
+	return cText(text), err
+}
+
+// MetricsPrometheus returns every source's counters (kvrouter_ingest_*, one series per source
+// labelled with its source_id, kind and endpoint; removed sources included, as in Stats) in
+// the Prometheus text exposition format. The names differ from Router.MetricsPrometheus's, so
+// a /metrics page may serve both (kvrouterprom.NewCollector(router, ingest) does).
+func (in *Ingest) MetricsPrometheus() (string, error) {
+	return in.metricsPrometheus(4096)
+}
+
+func (in *Ingest) metricsPrometheus(capHint int) (string, error) {
+	h := in.handle()
+	if h == nil {
+		return "", ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	text, err := fillGrowing(capHint, func(p *C.char, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_ingest_metrics_prometheus(h, p, cap, n, cerr)
 	})
 	return cText(text), err
 }

@@ -1,0 +1,89 @@
+package kvrouter
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// The decision-latency histogram: every routing call and preview is measured, the buckets are
+// cumulative under rising bounds, and the Prometheus text has it as a histogram.
+func TestDecisionLatencyHistogram(t *testing.T) {
+	r := newTestRouter(t, 2)
+	p := prompt(64, 1)
+	for i := 0; i < 5; i++ {
+		_, err := r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: fmt.Sprint("h", i)})
+		must(t, err)
+	}
+	_, err := r.FindBestMatch(p, nil) // not admitted: a decision all the same
+	must(t, err)
+	_, err = r.PreviewRoute(p, nil, nil)
+	must(t, err)
+	m, err := r.Metrics()
+	must(t, err)
+	h := m.DecisionLatency
+	if m.Decisions != 6 || h.Count < m.Decisions || h.Count > m.Decisions+1 {
+		t.Errorf("%d decisions, %d measured", m.Decisions, h.Count)
+	}
+	for i := range h.Bounds {
+		if h.Bounds[i] <= 0 || i > 0 && (h.Bounds[i] <= h.Bounds[i-1] || h.Counts[i] < h.Counts[i-1]) || h.Counts[i] > h.Count {
+			t.Fatalf("not a cumulative histogram under rising bounds: %+v", h)
+		}
+	}
+	if h.Sum < 0 {
+		t.Errorf("sum %v", h.Sum)
+	}
+	text, err := r.MetricsPrometheus()
+	must(t, err)
+	for _, want := range []string{"# TYPE kvrouter_decision_duration_seconds histogram",
+		`kvrouter_decision_duration_seconds_bucket{le="+Inf"} ` + fmt.Sprint(h.Count),
+		"kvrouter_decision_duration_seconds_count " + fmt.Sprint(h.Count)} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in\n%s", want, text)
+		}
+	}
+}
+
+// An Ingest's Prometheus text: every source's counters labelled with its id, kind and
+// endpoint; the growth path gives the same text; a closed Ingest is ErrClosed.
+func TestIngestMetricsPrometheus(t *testing.T) {
+	r := newTestRouter(t, 1)
+	in := newIngest(t, r)
+	src, bound, err := in.Listen("tcp://127.0.0.1:0")
+	must(t, err)
+	must(t, in.Start())
+	pub, err := ConnectPublisher(bound)
+	must(t, err)
+	defer pub.Close()
+	b, err := NewEventBatch()
+	must(t, err)
+	defer b.Close()
+	must(t, b.AddStored(&StoredEvent{WorkerID: 1, BlockHashes: []uint64{7}, TokenIDs: prompt(16, 1)}))
+	must(t, pub.Send(b))
+	waitStats(t, in, src, func(s IngestStats) bool { return s.EventsApplied == 1 })
+
+	text, err := in.MetricsPrometheus()
+	must(t, err)
+	labels := fmt.Sprintf(`source_id="%d",kind="listener",endpoint="%s"`, src, bound)
+	for _, want := range []string{"# TYPE kvrouter_ingest_", labels} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "kvrouter_decisions_total") {
+		t.Error("the ingest's text repeats the router's metrics")
+	}
+	small, err := in.metricsPrometheus(1)
+	must(t, err)
+	if small != text {
+		t.Errorf("grown buffer: other text\n%s\nthen\n%s", text, small)
+	}
+	must(t, in.Close())
+	if _, err := in.MetricsPrometheus(); err != ErrClosed {
+		t.Errorf("after Close: %v", err)
+	}
+	var none *Ingest
+	if _, err := none.MetricsPrometheus(); err != ErrClosed {
+		t.Errorf("nil Ingest: %v", err)
+	}
+}
