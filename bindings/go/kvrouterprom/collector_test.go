@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	kvrouter "github.com/kvrouter/kvrouter/bindings/go"
 	"github.com/kvrouter/kvrouter/bindings/go/kvrouterprom"
@@ -66,6 +67,41 @@ func busyRouter(t *testing.T) *kvrouter.Router {
 	return r
 }
 
+// busyIngest is an ingest feeding r with two sources: a native stream listener that received
+// events (one applied, one rejected) and a vLLM ZMQ subscription with no publisher.
+func busyIngest(t *testing.T, r *kvrouter.Router) *kvrouter.Ingest {
+	t.Helper()
+	in, err := kvrouter.NewIngest(r, nil)
+	must(t, err)
+	t.Cleanup(func() { in.Close() })
+	src, bound, err := in.Listen("tcp://127.0.0.1:0")
+	must(t, err)
+	_, err = in.AddEngineWorker(kvrouter.EngineWorker{Engine: kvrouter.EngineVLLM, Endpoint: "tcp://127.0.0.1:1", WorkerID: 1})
+	must(t, err)
+	must(t, in.Start())
+	pub, err := kvrouter.ConnectPublisher(bound)
+	must(t, err)
+	defer pub.Close()
+	b, err := kvrouter.NewEventBatch()
+	must(t, err)
+	defer b.Close()
+	must(t, b.AddStored(&kvrouter.StoredEvent{WorkerID: 1, BlockHashes: []uint64{31}, TokenIDs: prompt(bs, 7000)}))
+	must(t, b.AddStored(&kvrouter.StoredEvent{WorkerID: 1, HasParent: true, ParentHash: 4242, BlockHashes: []uint64{32}, TokenIDs: prompt(bs, 8000)}))
+	must(t, b.SetPublishTime(time.Now()))
+	must(t, pub.Send(b))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		s, err := in.Stats(src)
+		must(t, err)
+		if s.EventsApplied == 1 && s.Rejected[kvrouter.RejectIndex] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the events did not arrive: %+v", s)
+		}
+	}
+	return in
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -77,11 +113,14 @@ func must(t *testing.T, err error) {
 // every sample with its labels and value.
 func TestCollectorMatchesLibraryText(t *testing.T) {
 	r := busyRouter(t)
+	in := busyIngest(t, r)
 	reg := prometheus.NewPedanticRegistry()
-	must(t, reg.Register(kvrouterprom.NewCollector(r)))
+	must(t, reg.Register(kvrouterprom.NewCollector(r, in)))
 	text, err := r.MetricsPrometheus()
 	must(t, err)
-	must(t, testutil.GatherAndCompare(reg, strings.NewReader(sortedLabels(t, text))))
+	ingestText, err := in.MetricsPrometheus()
+	must(t, err)
+	must(t, testutil.GatherAndCompare(reg, strings.NewReader(sortedLabels(t, text+ingestText))))
 
 	families, err := reg.Gather()
 	must(t, err)
@@ -90,7 +129,9 @@ func TestCollectorMatchesLibraryText(t *testing.T) {
 		got[mf.GetName()] = mf
 	}
 	for _, name := range []string{"kvrouter_kv_events_total", "kvrouter_decisions_total", "kvrouter_requests_active",
-		"kvrouter_workers", "kvrouter_worker_active_prefill_tokens", "kvrouter_worker_active_decode_blocks"} {
+		"kvrouter_workers", "kvrouter_worker_active_prefill_tokens", "kvrouter_worker_active_decode_blocks",
+		"kvrouter_decision_duration_seconds", "kvrouter_ingest_messages_total", "kvrouter_ingest_events_applied_total",
+		"kvrouter_ingest_rejected_total", "kvrouter_ingest_gaps_total", "kvrouter_ingest_lag_seconds"} {
 		if got[name] == nil {
 			t.Errorf("no %s among %d families", name, len(families))
 		}
@@ -103,6 +144,12 @@ func TestCollectorMatchesLibraryText(t *testing.T) {
 	}
 	if n := len(got["kvrouter_worker_active_prefill_tokens"].GetMetric()); n != 3 {
 		t.Errorf("%d ranks with a prefill gauge, want 3", n)
+	}
+	if h := got["kvrouter_decision_duration_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleCount() < 4 || len(h.GetBucket()) < 2 {
+		t.Errorf("decision latency histogram %v, want the 4 decisions and a preview in buckets", h)
+	}
+	if n := len(got["kvrouter_ingest_messages_total"].GetMetric()); n != 2 {
+		t.Errorf("%d sources in kvrouter_ingest_messages_total, want 2", n)
 	}
 	// The figures move with the router: one more decision is one more at the next scrape.
 	before := testutil.ToFloat64(metricOf(t, reg, "kvrouter_decisions_total"))
@@ -161,17 +208,21 @@ func value(m *dto.Metric) float64 {
 	return m.GetUntyped().GetValue()
 }
 
-// The "passing promlint": the library's own Prometheus text, from a router with
-// workers, events and decisions, has no problem promlint reports, and neither has what the
-// collector serves.
+// The "passing promlint": the library's own Prometheus texts, a router's with workers,
+// events and decisions and an ingest's with sources that received events, have no problem
+// promlint reports, and neither has what the collector serves.
 func TestLibraryTextPassesPromlint(t *testing.T) {
 	r := busyRouter(t)
+	in := busyIngest(t, r)
 	text, err := r.MetricsPrometheus()
 	must(t, err)
 	lint(t, "kvr_router_metrics_prometheus", text)
+	ingestText, err := in.MetricsPrometheus()
+	must(t, err)
+	lint(t, "kvr_ingest_metrics_prometheus", ingestText)
 
 	reg := prometheus.NewRegistry()
-	must(t, reg.Register(kvrouterprom.NewCollector(r)))
+	must(t, reg.Register(kvrouterprom.NewCollector(r, in)))
 	families, err := reg.Gather()
 	must(t, err)
 	problems, err := promlint.NewWithMetricFamilies(families).Lint()
@@ -207,7 +258,7 @@ func TestCollectorReportsAClosedSource(t *testing.T) {
 // Nil sources (an optional ingest left out) are skipped; a TextFunc is a source; a source whose
 // text does not parse fails the scrape with the parser's error.
 func TestCollectorSources(t *testing.T) {
-	var ingest *kvrouter.Router // an optional source left out
+	var ingest *kvrouter.Ingest // an optional source left out
 	text := "# HELP x_total X.\n# TYPE x_total counter\nx_total{a=\"1\"} 3\n"
 	reg := prometheus.NewPedanticRegistry()
 	must(t, reg.Register(kvrouterprom.NewCollector(nil, ingest, kvrouterprom.TextFunc(func() (string, error) { return text, nil }))))

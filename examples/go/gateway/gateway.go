@@ -110,7 +110,7 @@ func newGateway(cfg config) (*gateway, error) {
 	g.firstToken = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvrouter_gateway_first_token_seconds",
 		Help: "Time from a request's arrival to its first token.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)})
 	g.registry = prometheus.NewRegistry()
-	g.registry.MustRegister(kvrouterprom.NewCollector(router), // INGEST-METRICS: add g.ingest
+	g.registry.MustRegister(kvrouterprom.NewCollector(router, g.ingest),
 		g.requests, g.completed, g.disconnects, g.engineErrors, g.firstToken)
 	return g, nil
 }

@@ -232,8 +232,8 @@ func TestStreamingAndDisconnect(t *testing.T) {
 	waitFor(t, "the engine's request to be cancelled", func() bool { return engines[worker].Stats().Cancelled == 1 })
 }
 
-// /metrics serves the router's metrics under the library's names, the gateway's counters, and
-// passes promlint; /health answers; bad requests are refused.
+// /metrics serves the router's and the ingest's metrics under the library's names and the
+// gateway's counters, and passes promlint; /health answers; bad requests are refused.
 func TestMetricsHealthAndErrors(t *testing.T) {
 	g, gw, _ := setup(t, time.Millisecond)
 	complete(t, gw.URL, prompt(48, 100), true)
@@ -249,6 +249,7 @@ func TestMetricsHealthAndErrors(t *testing.T) {
 		"kvrouter_decisions_total 1", `kvrouter_kv_events_total{kind="stored",outcome="ok"} 1`, "kvrouter_workers 2",
 		`kvrouter_worker_active_prefill_tokens{dp_rank="0",worker_id="1"}`, "kvrouter_requests_active",
 		"kvrouter_gateway_requests_total 1", "kvrouter_gateway_completed_total 1", "kvrouter_gateway_first_token_seconds_count 1",
+		"kvrouter_decision_duration_seconds_count 1", `kvrouter_ingest_events_applied_total{endpoint="` + g.kvEndpoint + `",kind="listener",source_id="1"} 1`,
 	} {
 		if !bytes.Contains(text, []byte(want)) {
 			t.Errorf("/metrics has no %q:\n%s", want, text)
