@@ -239,7 +239,7 @@ func (g *gateway) completions(w http.ResponseWriter, r *http.Request) {
 	var text strings.Builder
 	var finish, usage json.RawMessage
 	model := req["model"]
-	first := true
+	first, finished := true, false
 	lines := bufio.NewReaderSize(eresp.Body, 64<<10)
 	for {
 		line, err := lines.ReadBytes('\n')
@@ -247,10 +247,8 @@ func (g *gateway) completions(w http.ResponseWriter, r *http.Request) {
 			if g.gone(r) {
 				return
 			}
-			if err != io.EOF || len(bytes.TrimSpace(line)) > 0 {
-				g.engineErrors.Inc()
-			}
-			break // the engine ended the stream (without [DONE]: it failed)
+			g.engineErrors.Inc() // the engine ended the stream without [DONE]: it failed
+			break
 		}
 		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
 		if !ok {
@@ -297,11 +295,16 @@ func (g *gateway) completions(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if done {
+			finished = true
 			g.completed.Inc()
 			break
 		}
 	}
 	if stream {
+		return
+	}
+	if !finished {
+		httpError(w, http.StatusBadGateway, "engine %d ended its stream early", res.WorkerID)
 		return
 	}
 	if finish == nil {

@@ -15,6 +15,7 @@ import (
 
 	kvrouter "github.com/kvrouter/kvrouter/bindings/go"
 	"github.com/kvrouter/kvrouter/examples/go/internal/fakeengine"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
@@ -283,25 +284,46 @@ func TestMetricsHealthAndErrors(t *testing.T) {
 	}
 }
 
-// An engine that cannot be reached is a 502, and the booking is freed.
-func TestEngineDown(t *testing.T) {
+// An engine that cannot be reached is a 502; one that refuses the request has its answer passed
+// on; one that ends its stream before [DONE] is a 502 for a non-streamed request. Each frees the
+// booking and counts as an engine error.
+func TestEngineFailures(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
-	url := dead.URL
+	deadURL := dead.URL
 	dead.Close()
-	g, err := newGateway(config{BlockSize: blockSize, Workers: []workerSpec{{ID: 7, URL: url}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.close()
-	gw := httptest.NewServer(g.handler())
-	defer gw.Close()
-	resp := post(context.Background(), t, gw.URL, map[string]any{"prompt": prompt(20, 1), "stream": true})
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Errorf("status %d, want 502", resp.StatusCode)
-	}
-	if m := metrics(t, g); m.RequestsActive != 0 {
-		t.Errorf("%d requests active after the engine failed", m.RequestsActive)
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":{"message":"prompt too long"}}`, http.StatusBadRequest)
+	}))
+	defer refusing.Close()
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"choices":[{"index":0,"text":" t0","finish_reason":null}]}`+"\n\n")
+	}))
+	defer cut.Close()
+	for i, c := range []struct {
+		url    string
+		stream bool
+		status int
+	}{{deadURL, true, http.StatusBadGateway}, {refusing.URL, false, http.StatusBadRequest}, {cut.URL, false, http.StatusBadGateway}} {
+		g, err := newGateway(config{BlockSize: blockSize, Workers: []workerSpec{{ID: 7, URL: c.url}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw := httptest.NewServer(g.handler())
+		resp := post(context.Background(), t, gw.URL, map[string]any{"prompt": prompt(20, 1), "stream": c.stream})
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("case %d: status %d (%s), want %d", i, resp.StatusCode, body, c.status)
+		}
+		if m := metrics(t, g); m.RequestsActive != 0 {
+			t.Errorf("case %d: %d requests active after the engine failed", i, m.RequestsActive)
+		}
+		if n := testutil.ToFloat64(g.engineErrors); n != 1 {
+			t.Errorf("case %d: %v engine errors counted, want 1", i, n)
+		}
+		gw.Close()
+		g.close()
 	}
 }
 
