@@ -45,9 +45,9 @@ echo "== example: go run ./examples/route =="
 echo "== consumer project: tests/go-consumer, shared and static =="
 (
   cd "$root/tests/go-consumer"
-  GOFLAGS=-mod=mod GOPROXY=off "$go" build -o "$tmp/consumer" .
+  GOPROXY=off "$go" build -o "$tmp/consumer" .
   "$tmp/consumer"
-  GOFLAGS=-mod=mod GOPROXY=off "$go" build -tags kvrouter_static -o "$tmp/consumer-static" .
+  GOPROXY=off "$go" build -tags kvrouter_static -o "$tmp/consumer-static" .
   if readelf -d "$tmp/consumer-static" | grep -q 'NEEDED.*libkvrouter'; then
     echo "the static build still needs libkvrouter.so" >&2
     exit 1
