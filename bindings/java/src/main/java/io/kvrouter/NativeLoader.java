@@ -2,9 +2,9 @@ package io.kvrouter;
 
 import java.io.IOException;
 import java.io.InputStream;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.StandardCopyOption;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
@@ -16,20 +16,33 @@ import java.util.Locale;
  * <p>Where from, in order:
  *
  * <ol>
- *   <li>the file named by the system property {@code kvrouter.jni.library}, if set;
- *   <li>the jar (or class directory): {@code /<os>/<arch>/libkvrouter_jni.so}, copied to a
- *       temporary file that is deleted once loaded (Unix) or on exit;
+ *   <li>the file named by the system property {@code kvrouter.jni.library}, if set (its shared
+ *       libraries come from the system);
+ *   <li>the jar (or class directory): {@code /<os>/<arch>/libkvrouter_jni.so}. If the index {@code
+ *       /<os>/<arch>/libkvrouter_jni.libs} is there too, it lists the shared libraries the glue
+ *       needs (all but glibc's and the C++ runtime), dependencies first: they and the glue are
+ *       copied into one new private temporary directory and loaded from there in that order, then
+ *       the glue. The dynamic linker satisfies each {@code NEEDED} entry with the library already
+ *       loaded under that soname, so the copies are used with no run path and no {@code
+ *       LD_LIBRARY_PATH}, whatever the system has. The directory is deleted once they are loaded
+ *       (Unix; on exit elsewhere). The system property {@code kvrouter.jni.vendored=false} loads
+ *       the glue alone, its libraries then coming from the system; {@code kvrouter.jni.tmpdir}
+ *       names the directory the temporary one is made in (default {@code java.io.tmpdir}: one
+ *       that allows mapping executable code);
  *   <li>{@code java.library.path} ({@code System.loadLibrary("kvrouter_jni")}).
  * </ol>
  *
- * <p>The glue needs libkvrouter itself: found by the dynamic linker as usual (system library
- * directories, {@code LD_LIBRARY_PATH}, the glue's run path), or loaded first from the file named
- * by the system property {@code kvrouter.library}.
+ * <p>A glue linked with libkvrouter.so (a development build) needs that library: found by the
+ * dynamic linker as usual (system library directories, {@code LD_LIBRARY_PATH}, the glue's run
+ * path), or loaded first from the file named by the system property {@code kvrouter.library}.
  */
 final class NativeLoader {
   static final String LIBRARY = "kvrouter_jni";
 
   private static boolean loaded;
+
+  /** The directory the glue and its libraries were extracted to and loaded from, or null. */
+  private static Path extractedTo;
 
   private NativeLoader() {}
 
@@ -58,9 +71,24 @@ final class NativeLoader {
     }
   }
 
+  /** The glue's directory inside the jar. */
+  static String resourceDir() {
+    return "/" + os() + "/" + arch() + "/";
+  }
+
   /** The glue's path inside the jar. */
   static String resourcePath() {
-    return "/" + os() + "/" + arch() + "/" + System.mapLibraryName(LIBRARY);
+    return resourceDir() + System.mapLibraryName(LIBRARY);
+  }
+
+  /** The index of the shared libraries the jar carries for the glue, inside the jar. */
+  static String indexPath() {
+    return resourceDir() + System.mapLibraryName(LIBRARY).replaceFirst("\\.[^.]*$", "") + ".libs";
+  }
+
+  /** Where the jar's native libraries were loaded from (deleted by now on Unix), or null. */
+  static synchronized Path extractedTo() {
+    return extractedTo;
   }
 
   static synchronized void load() {
@@ -84,25 +112,7 @@ final class NativeLoader {
       System.load(explicit); // an explicit choice: its failure is the answer
       return true;
     }
-    String resource = resourcePath();
-    try (InputStream in = NativeLoader.class.getResourceAsStream(resource)) {
-      if (in == null) {
-        tried.add(resource + " is not in the jar");
-      } else {
-        Path file = Files.createTempFile("libkvrouter_jni-", ".so");
-        try {
-          Files.copy(in, file, StandardCopyOption.REPLACE_EXISTING);
-          System.load(file.toAbsolutePath().toString());
-          return true;
-        } catch (UnsatisfiedLinkError e) {
-          tried.add(resource + ": " + e.getMessage());
-        } finally {
-          deleteLoaded(file);
-        }
-      }
-    } catch (IOException e) {
-      tried.add(resource + ": " + e);
-    }
+    if (loadFromJar(tried)) return true;
     try {
       System.loadLibrary(LIBRARY);
       return true;
@@ -114,6 +124,79 @@ final class NativeLoader {
               + e.getMessage());
     }
     return false;
+  }
+
+  /** The glue and the libraries of its index, from the jar; false (and why in tried) if not. */
+  private static boolean loadFromJar(List<String> tried) {
+    String resource = resourcePath();
+    if (NativeLoader.class.getResource(resource) == null) {
+      tried.add(resource + " is not in the jar");
+      return false;
+    }
+    List<String> libraries;
+    try {
+      libraries =
+          "false".equalsIgnoreCase(System.getProperty("kvrouter.jni.vendored"))
+              ? List.of()
+              : readIndex(indexPath());
+    } catch (IOException e) {
+      tried.add(indexPath() + ": " + e);
+      return false;
+    }
+    String tmp = System.getProperty("kvrouter.jni.tmpdir");
+    Path dir = null;
+    List<Path> files = new ArrayList<>();
+    String current = resource;
+    try {
+      dir =
+          tmp != null && !tmp.isEmpty()
+              ? Files.createTempDirectory(Path.of(tmp), "kvrouter-native-")
+              : Files.createTempDirectory("kvrouter-native-"); // owner-only on POSIX
+      dir = dir.toRealPath(); // as /proc/self/maps will show it
+      List<String> names = new ArrayList<>(libraries);
+      names.add(System.mapLibraryName(LIBRARY));
+      for (String name : names) {
+        current = resourceDir() + name;
+        Path file = dir.resolve(name);
+        try (InputStream in = NativeLoader.class.getResourceAsStream(current)) {
+          if (in == null) throw new IOException("not in the jar (listed in " + indexPath() + ")");
+          files.add(file);
+          Files.copy(in, file);
+        }
+      }
+      for (Path file : files) {
+        current = resourceDir() + file.getFileName();
+        System.load(file.toAbsolutePath().toString());
+      }
+      extractedTo = dir;
+      return true;
+    } catch (IOException e) {
+      tried.add(current + ": " + e);
+    } catch (UnsatisfiedLinkError e) {
+      tried.add(current + ": " + e.getMessage());
+    } finally {
+      // deleteOnExit (Windows) deletes in reverse order: the directory is registered first.
+      boolean windows = os().equals("windows");
+      if (dir != null && windows) deleteLoaded(dir);
+      for (Path file : files) deleteLoaded(file);
+      if (dir != null && !windows) deleteLoaded(dir);
+    }
+    return false;
+  }
+
+  /** The index's file names (lines but blank ones and # comments), or none if it is absent. */
+  static List<String> readIndex(String index) throws IOException {
+    List<String> names = new ArrayList<>();
+    try (InputStream in = NativeLoader.class.getResourceAsStream(index)) {
+      if (in == null) return names;
+      for (String line : new String(in.readAllBytes(), StandardCharsets.UTF_8).split("\n")) {
+        String name = line.strip();
+        if (name.isEmpty() || name.startsWith("#")) continue;
+        if (name.contains("/") || name.startsWith(".")) throw new IOException("bad entry " + name);
+        names.add(name);
+      }
+    }
+    return names;
   }
 
   /** A loaded library's file can go at once on Unix (the mapping stays); not on Windows. */
