@@ -5,7 +5,10 @@
 # the JVM's JNI checks on (-Xcheck:jni). Then it checks the jar's native (linked with
 # libkvrouter.a: no run path, JNI symbols only, no shared library but those the binding's README
 # names) and runs a consumer from the jar alone (bindings/java/src/it/consumer), with no
-# LD_LIBRARY_PATH, and the gateway example (examples/java) against fake engines.
+# LD_LIBRARY_PATH, and the gateway example (examples/java) against fake engines. The jar carries
+# the glue's shared dependencies too (its index, linux/x86_64/libkvrouter_jni.libs): checked for
+# completeness, load order and run paths, and the consumer checks that the process maps them from
+# the jar, not from the system.
 # Maven's output goes to bindings/java/target/test-java.log; this prints the test results and
 # ends with surefire's own summary line. Needs a JDK (17 or newer), Maven, CMake, pkg-config;
 # the NATS tests run when nats-server is installed and are skipped otherwise.
@@ -80,10 +83,61 @@ fi
 echo "NEEDED:" $needed
 echo "no run path; exports $(nm -D --defined-only "$native" | wc -l) symbols, all JNI entry points"
 
+echo "== bindings/java: the shared libraries the jar carries for the glue (linux/x86_64/) =="
+# What the jar holds (unzipped from it): the index lists, dependencies first, every library the
+# glue needs directly or not, but glibc's and the C++ runtime (README.md says why those stay the
+# system's); none of them has a run path; the notice names each one.
+shipped=target/jar-natives
+rm -rf "$shipped" && mkdir -p "$shipped"
+unzip -q "$jar" 'linux/x86_64/*' 'META-INF/kvrouter-native-*' -d "$shipped"
+index=$shipped/linux/x86_64/libkvrouter_jni.libs
+notice=$shipped/META-INF/kvrouter-native-NOTICE
+for f in "$index" "$notice"; do
+  [[ -s $f ]] || { echo "$jar has no ${f#"$shipped"/}" >&2; exit 1; }
+done
+mapfile -t vendored < <(grep -Ev '^(#|$)' "$index")
+system='^(libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|libresolv\.so\.2|libutil\.so\.1|libanl\.so\.1|libmvec\.so\.1|ld-linux-x86-64\.so\.2|libstdc\+\+\.so\.6|libgcc_s\.so\.1)$'
+placed=()
+for lib in "${vendored[@]}" libkvrouter_jni.so; do
+  file=$shipped/linux/x86_64/$lib
+  [[ -f $file ]] || { echo "the index lists $lib, which the jar lacks" >&2; exit 1; }
+  dynamic=$(readelf -d "$file")
+  if grep -E 'R(UN)?PATH' <<<"$dynamic"; then
+    echo "$lib has a run path" >&2
+    exit 1
+  fi
+  for dep in $(sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' <<<"$dynamic"); do
+    [[ $dep =~ $system ]] && continue
+    if [[ " ${placed[*]} " != *" $dep "* ]]; then
+      echo "$lib needs $dep, which the index does not list before it" >&2
+      exit 1
+    fi
+  done
+  if [[ $lib != libkvrouter_jni.so ]] && ! grep -qx "$lib" "$notice"; then
+    echo "META-INF/kvrouter-native-NOTICE does not name $lib" >&2
+    exit 1
+  fi
+  placed+=("$lib")
+done
+glibc=$(for lib in "${vendored[@]}" libkvrouter_jni.so; do
+  readelf -V --wide "$shipped/linux/x86_64/$lib" | sed -n '/Version needs section/,/Version definition section/p'
+done | grep -oE 'Name: (GLIBC|GLIBCXX)_[0-9.]+' | awk '{print $2}' | sort -u -V)
+glibc_needed=$(grep '^GLIBC_' <<<"$glibc" | tail -n 1 | cut -d_ -f2)
+# README.md promises glibc 2.36 (Debian 12's): a build on a newer glibc would need more.
+if [[ $(printf '%s\n' "$glibc_needed" 2.36 | sort -V | tail -n 1) != 2.36 ]]; then
+  echo "the jar's natives need glibc $glibc_needed; README.md says 2.36" >&2
+  exit 1
+fi
+echo "${#vendored[@]} libraries, $(du -cb "${vendored[@]/#/$shipped/linux/x86_64/}" | tail -n 1 | cut -f1) bytes, in load order, no run path;" \
+  "needs glibc $glibc_needed+, libstdc++ $(grep '^GLIBCXX_' <<<"$glibc" | tail -n 1)+"
+echo "$jar: $(du -b "$jar" | cut -f1) bytes"
+
 echo "== bindings/java: a consumer with the jar alone (module path, no LD_LIBRARY_PATH) =="
 # src/it/consumer: compiled and run as a named module requiring io.kvrouter (the manifest's
 # Automatic-Module-Name), in an environment without LD_LIBRARY_PATH, so that the glue and the
-# library can only come from the jar.
+# library can only come from the jar. It reads /proc/self/maps: every library of the jar's index
+# (libnats, libzmq, libuv, Abseil, ..., all installed on this machine too) must be mapped from
+# the directory the glue was loaded from, and no system copy of any of them.
 if [[ $(ldconfig -p) == *libkvrouter.so* ]]; then
   echo "note: a libkvrouter is installed on the system library path; Main checks it stays unmapped"
 fi
