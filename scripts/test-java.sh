@@ -8,7 +8,8 @@
 # LD_LIBRARY_PATH, and the gateway example (examples/java) against fake engines. The jar carries
 # the glue's shared dependencies too (its index, linux/x86_64/libkvrouter_jni.libs): checked for
 # completeness, load order and run paths, and the consumer checks that the process maps them from
-# the jar, not from the system.
+# the jar, not from the system, then runs again with the system's copies hidden (a private mount
+# namespace, when unshare can make one).
 # Maven's output goes to bindings/java/target/test-java.log; this prints the test results and
 # ends with surefire's own summary line. Needs a JDK (17 or newer), Maven, CMake, pkg-config;
 # the NATS tests run when nats-server is installed and are skipped otherwise.
@@ -146,6 +147,40 @@ rm -rf "$consumer" && mkdir -p "$consumer"
 javac -d "$consumer" --module-path "$jar" $(find src/it/consumer/src -name '*.java')
 env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH java -Djava.library.path=/nonexistent \
   --enable-native-access=io.kvrouter --module-path "$jar:$consumer" -m consumer/consumer.Main
+
+echo "== bindings/java: the consumer again, the system's copies of the jar's libraries hidden =="
+# As on a machine without those packages: in a private mount namespace (unshare, as root or in an
+# unprivileged user namespace), /dev/null is bind-mounted over the system's file of each library
+# the index lists, so that the glue no longer loads with the system's libraries (ldd fails) and
+# the consumer runs only if every one comes from the jar. Skipped where no mount namespace can be
+# made (a container without the capability); the /proc/self/maps check above still ran.
+hide=()
+while read -r name path; do
+  if [[ " ${vendored[*]} " == *" $name "* ]]; then hide+=("$(readlink -f "$path")"); fi
+done < <(ldd "$native" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}')
+userns=()
+if unshare -m true 2>/dev/null; then
+  userns=(unshare -m --propagation private)
+elif unshare -rm true 2>/dev/null; then
+  userns=(unshare -rm --propagation private)
+fi
+if [[ ${#hide[@]} -eq 0 ]]; then
+  echo "skipped: the system has none of the jar's libraries"
+elif [[ ${#userns[@]} -eq 0 ]]; then
+  echo "skipped: unshare cannot make a mount namespace here"
+else
+  env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH "${userns[@]}" bash -euc '
+    native=$1 jar=$2 consumer=$3; shift 3
+    for f; do mount --bind /dev/null "$f"; done
+    if ldd "$native" >/dev/null 2>&1; then
+      echo "the glue still loads with the system libraries hidden" >&2
+      exit 1
+    fi
+    echo "$# system files hidden; ldd: $(ldd "$native" 2>&1 | head -n 1 | sed "s/^[^:]*: //")"
+    java -Djava.library.path=/nonexistent --enable-native-access=io.kvrouter \
+      --module-path "$jar:$consumer" -m consumer/consumer.Main' \
+    _ "$native" "$jar" "$consumer" "${hide[@]}"
+fi
 
 echo "== examples/java: the gateway against two fake engines (the jar alone, no LD_LIBRARY_PATH) =="
 # GatewayExampleTest starts the gateway and two fake engines as processes on 127.0.0.1 and checks
