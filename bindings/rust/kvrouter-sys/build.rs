@@ -1,18 +1,23 @@
-//! Finds libkvrouter for linking, with no third-party crates:
+//! Finds libkvrouter for linking:
 //!
 //! * `KVROUTER_LIB_DIR` set: link from that directory (headers in `KVROUTER_INCLUDE_DIR`, else
 //!   `$KVROUTER_LIB_DIR/../include`); pkg-config is not consulted, and the headers'
 //!   `kvrouter_version.h`, when there is one, must name the same major.minor (without it the
-//!   only check is the safe crate's at run time).
-//! * otherwise: runs `pkg-config` itself (the `PKG_CONFIG` variable names another binary) and
-//!   requires `0.2 <= version < 0.3`, the major.minor these declarations mirror.
+//!   only check is the safe crate's at run time). With the `static` feature, libkvrouter.a is
+//!   linked from there, and its private dependencies are named by `KVROUTER_STATIC_LIBS`
+//!   (space-separated library names, e.g. the `-l` names of kvrouter.pc's `Libs.private`).
+//! * otherwise: the `pkg-config` crate probes `kvrouter.pc` for `0.2 <= version < 0.3`, the
+//!   major.minor these declarations mirror (the usual `PKG_CONFIG*` variables apply, and
+//!   `KVROUTER_NO_PKG_CONFIG` turns the probe off). Shared: the crate prints the link flags.
+//!   With the `static` feature: `pkg-config --static`, so `Libs.private` comes too; libkvrouter.a
+//!   is linked from the `.pc` file's `libdir` and every other library dynamically (they are the
+//!   system's: Abseil, libzmq, libuv, NATS, libstdc++).
 //!
 //! It also publishes the include directory: `DEP_KVROUTER_INCLUDE` for dependents, and
 //! `KVROUTER_SYS_INCLUDE_DIR` for this crate's layout test.
 
 use std::env;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The C library's major.minor that `src/lib.rs` mirrors; the probe accepts any patch of it.
 const MIN_VERSION: &str = "0.2";
@@ -23,25 +28,33 @@ fn main() {
     for var in [
         "KVROUTER_LIB_DIR",
         "KVROUTER_INCLUDE_DIR",
-        "PKG_CONFIG",
-        "PKG_CONFIG_PATH",
-        "PKG_CONFIG_LIBDIR",
-        "PKG_CONFIG_SYSROOT_DIR",
+        "KVROUTER_STATIC_LIBS",
     ] {
         println!("cargo::rerun-if-env-changed={var}");
     }
     println!("cargo::rerun-if-changed=build.rs");
+    let statik = env::var_os("CARGO_FEATURE_STATIC").is_some();
 
     let include_dir = match env::var_os("KVROUTER_LIB_DIR") {
         Some(lib_dir) => {
             let lib_dir = PathBuf::from(lib_dir);
             println!("cargo::rustc-link-search=native={}", lib_dir.display());
-            println!("cargo::rustc-link-lib=dylib=kvrouter");
+            if statik {
+                require_archive(&lib_dir, "KVROUTER_LIB_DIR");
+                println!("cargo::rustc-link-lib=static=kvrouter");
+                let private = env::var("KVROUTER_STATIC_LIBS").unwrap_or_default();
+                for lib in private.split_whitespace() {
+                    println!("cargo::rustc-link-lib=dylib={lib}");
+                }
+            } else {
+                println!("cargo::rustc-link-lib=dylib=kvrouter");
+            }
             env::var_os("KVROUTER_INCLUDE_DIR")
                 .map(PathBuf::from)
                 .or_else(|| Some(lib_dir.join("..").join("include")))
         }
-        None => probe_pkg_config(),
+        None if statik => probe_static(),
+        None => probe_shared(),
     };
 
     let header = include_dir
@@ -94,63 +107,98 @@ fn check_header_version(path: &Path) {
     }
 }
 
-fn pkg_config() -> Command {
-    Command::new(env::var_os("PKG_CONFIG").unwrap_or_else(|| "pkg-config".into()))
-}
-
-/// Runs `pkg-config ARGS kvrouter`: Some(stdout) on success, None when it exits non-zero.
-fn run_pkg_config(args: &[&str]) -> Option<String> {
-    let output = pkg_config()
-        .args(args)
-        .arg("kvrouter")
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "kvrouter-sys: cannot run pkg-config ({e}); install it, or set KVROUTER_LIB_DIR \
-                 to the directory holding libkvrouter.so"
-            )
-        });
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-fn probe_pkg_config() -> Option<PathBuf> {
-    // Two invocations: pkgconf honours only the last of --atleast-version / --max-version when
-    // both are given, so a combined probe would silently skip one bound.
-    if run_pkg_config(&["--atleast-version", MIN_VERSION]).is_none() {
-        let found = run_pkg_config(&["--modversion"]);
-        panic!(
-            "kvrouter-sys: kvrouter {MIN_VERSION}.x is required, pkg-config found {}; set \
-             PKG_CONFIG_PATH to the directory holding kvrouter.pc (e.g. \
-             <prefix>/lib/pkgconfig), or KVROUTER_LIB_DIR to the library's directory",
-            found.map_or("none".to_string(), |v| v.trim().to_string()),
-        );
-    }
-    if run_pkg_config(&["--atleast-version", NEXT_MINOR]).is_some() {
-        let found = run_pkg_config(&["--modversion"]).unwrap_or_default();
-        panic!(
-            "kvrouter-sys: kvrouter {} is installed, but these declarations mirror {MIN_VERSION}.x \
-             (the ABI may change between 0.x minor releases); use a matching kvrouter-sys",
-            found.trim()
-        );
-    }
-    let libs = run_pkg_config(&["--libs"]).expect("pkg-config --libs kvrouter failed");
-    let mut linked = false;
-    for flag in libs.split_whitespace() {
-        if let Some(dir) = flag.strip_prefix("-L") {
-            println!("cargo::rustc-link-search=native={dir}");
-        } else if let Some(lib) = flag.strip_prefix("-l") {
-            println!("cargo::rustc-link-lib=dylib={lib}");
-            linked |= lib == "kvrouter";
+/// `kvrouter` with the version range: pkg-config gets `kvrouter >= 0.2` and `kvrouter < 0.3`
+/// as two constraints, which pkgconf and pkg-config both enforce. A failure panics naming the
+/// version found, if any.
+fn probe(statik: bool) -> pkg_config::Library {
+    let mut config = pkg_config::Config::new();
+    config
+        .range_version(MIN_VERSION..NEXT_MINOR)
+        .statik(statik)
+        // Static: the link flags are printed below (see probe_static).
+        .cargo_metadata(!statik);
+    match config.probe("kvrouter") {
+        Ok(library) => library,
+        Err(e) => {
+            // Again without the range, only to name what was found.
+            let found = pkg_config::Config::new()
+                .cargo_metadata(false)
+                .env_metadata(false)
+                .probe("kvrouter")
+                .ok();
+            match found {
+                Some(lib) if major_minor(&lib.version) >= major_minor(NEXT_MINOR) => panic!(
+                    "kvrouter-sys: kvrouter {} is installed, but these declarations mirror \
+                     {MIN_VERSION}.x (the ABI may change between 0.x minor releases); use a \
+                     matching kvrouter-sys",
+                    lib.version
+                ),
+                found => panic!(
+                    "kvrouter-sys: kvrouter {MIN_VERSION}.x is required, pkg-config found {}; \
+                     set PKG_CONFIG_PATH to the directory holding kvrouter.pc (e.g. \
+                     <prefix>/lib/pkgconfig), or KVROUTER_LIB_DIR to the library's directory\n\
+                     {e}",
+                    found.map_or("none".to_string(), |lib| lib.version),
+                ),
+            }
         }
     }
-    if !linked {
-        println!("cargo::rustc-link-lib=dylib=kvrouter");
-    }
-    run_pkg_config(&["--variable=includedir"])
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
+}
+
+/// The include directory of a probed library: the first `-I` of its Cflags (a `.pc` in a
+/// system prefix has none, since pkg-config leaves out system directories), else its
+/// `includedir` variable.
+fn include_dir(library: &pkg_config::Library) -> Option<PathBuf> {
+    library.include_paths.first().cloned().or_else(|| {
+        pkg_config::get_variable("kvrouter", "includedir")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
+/// libkvrouter.so: the pkg-config crate prints `-L` and `-lkvrouter` as cargo directives.
+fn probe_shared() -> Option<PathBuf> {
+    include_dir(&probe(false))
+}
+
+/// libkvrouter.a and its private dependencies (`pkg-config --static --libs`). The link flags
+/// are printed here rather than by the pkg-config crate, which links a library statically only
+/// when its archive lies outside the system prefix: the Debian package's libkvrouter.a is in
+/// /usr/lib/<triplet>, which it would link as the shared library without a word. Here
+/// libkvrouter.a is required in the `.pc` file's `libdir`, and the rest (`Libs.private`:
+/// Abseil, libzmq, libuv, NATS, libstdc++, libm) is linked dynamically, in pkg-config's order.
+fn probe_static() -> Option<PathBuf> {
+    let library = probe(true);
+    let libdir = pkg_config::get_variable("kvrouter", "libdir")
         .map(PathBuf::from)
+        .unwrap_or_else(|e| panic!("kvrouter-sys: kvrouter.pc has no libdir: {e}"));
+    require_archive(&libdir, "kvrouter.pc's libdir");
+    println!("cargo::rustc-link-search=native={}", libdir.display());
+    for dir in library.link_paths.iter().filter(|d| **d != libdir) {
+        println!("cargo::rustc-link-search=native={}", dir.display());
+    }
+    println!("cargo::rustc-link-lib=static=kvrouter");
+    for lib in library.libs.iter().filter(|l| *l != "kvrouter") {
+        println!("cargo::rustc-link-lib=dylib={lib}");
+    }
+    include_dir(&library)
+}
+
+/// "MAJOR.MINOR[.PATCH...]" as numbers, for comparing versions (None sorts first).
+fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut parts = version.trim().split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
+fn require_archive(dir: &Path, what: &str) {
+    let archive = dir.join("libkvrouter.a");
+    if !archive.is_file() {
+        panic!(
+            "kvrouter-sys: the `static` feature needs {} ({what}); install the static library \
+             (libkvrouter-dev, or a build with KVR_BUILD_STATIC=ON)",
+            archive.display()
+        );
+    }
+    println!("cargo::rerun-if-changed={}", archive.display());
 }

@@ -51,6 +51,8 @@ mod ingest;
 #[cfg(test)]
 mod lowering_tests;
 mod options;
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
 pub mod raw;
 mod replica;
 mod router;
