@@ -94,7 +94,8 @@ fn rust_layouts() -> Vec<Layout> {
         kvr_metrics { struct_size, reserved0, events, event_batches_rejected, decisions,
             requests_active, queue_pending, queue_pending_tokens, workers, index_nodes,
             index_blocks, index_bytes, replica_changes_applied, replica_changes_rejected,
-            replica_requests_active }
+            replica_requests_active, decision_latency_bounds_ns, decision_latency_le,
+            decision_latency_count, decision_latency_sum_ns }
         kvr_routing_hints { struct_size, phase, worker_id, prefill_worker_id, decode_worker_id,
             dp_rank, prefill_dp_rank, session_id, session_mode, reserved, session_ttl_seconds }
         kvr_route_signals { struct_size, dp_rank, worker_id, overlap_blocks, prompt_blocks,
@@ -181,6 +182,16 @@ macro_rules! constants {
     };
 }
 
+/// Not generated: tools/ffigen emits no plain integer macro but KVR_WORKER_NONE, and writes the
+/// arrays it sizes with their length. Their length stands in for it (both arrays', checked
+/// against each other), so the header's value is still compared.
+const KVR_DECISION_LATENCY_BUCKETS: usize = {
+    // SAFETY: kvr_metrics is integers only, for which all-zero bytes are a valid value.
+    let m: kvr_metrics = unsafe { std::mem::zeroed() };
+    assert!(m.decision_latency_bounds_ns.len() == m.decision_latency_le.len());
+    m.decision_latency_le.len()
+};
+
 fn rust_constants() -> Vec<(&'static str, u64)> {
     constants! {
         u32 { KVR_VERSION_MAJOR, KVR_VERSION_MINOR }
@@ -189,7 +200,8 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
             KVR_ROUTER_EAGLE, KVR_ROUTER_ENTROPY_SEED, KVR_ROUTER_TRACK_OUTPUT_BLOCKS }
         u32 { KVR_STORED_HAS_PARENT, KVR_STORED_EAGLE }
         u32 { KVR_REQUEST_ADMIT }
-        usize { KVR_EVENT_KINDS, KVR_EVENT_OUTCOMES, KVR_INGEST_REJECT_REASONS }
+        usize { KVR_EVENT_KINDS, KVR_EVENT_OUTCOMES, KVR_INGEST_REJECT_REASONS,
+            KVR_DECISION_LATENCY_BUCKETS }
         u64 { KVR_WORKER_NONE }
     }
 }

@@ -424,6 +424,23 @@ impl<'r> Ingest<'r> {
     pub fn total_stats(&self) -> Result<IngestStats> {
         self.stats(0)
     }
+
+    /// Every source's counters in Prometheus text exposition format
+    /// (`kvr_ingest_metrics_prometheus`): `kvrouter_ingest_*`, one series per source labelled
+    /// `source_id`, `kind` (`listener`, `engine`, `nats`, `replicas`) and `endpoint`, removed
+    /// sources included. Its names differ from [`RouterRef::metrics_prometheus`]'s, so a
+    /// `/metrics` page may serve both texts one after the other.
+    pub fn metrics_prometheus(&self) -> Result<String> {
+        let mut bytes = fill_vec::<u8>(4096, |out, cap, len, err| {
+            // SAFETY: a live ingest object (concurrent); out has room for cap bytes.
+            unsafe { sys::kvr_ingest_metrics_prometheus(self.as_ptr(), out.cast(), cap, len, err) }
+        })?;
+        if bytes.last() == Some(&0) {
+            bytes.pop();
+        }
+        String::from_utf8(bytes)
+            .map_err(|_| Error::new(Code::Internal, "the Prometheus text is not UTF-8"))
+    }
 }
 
 impl Ingest<'static> {

@@ -75,8 +75,8 @@ pub use options::{
     WorkerConfig,
 };
 pub use router::{
-    Candidate, EventKind, EventOutcome, Match, Metrics, Overlap, PotentialLoad, RouteResult,
-    RouteSignals, Router, RouterRef,
+    Candidate, DecisionLatency, EventKind, EventOutcome, Match, Metrics, Overlap, PotentialLoad,
+    RouteResult, RouteSignals, Router, RouterRef, DECISION_LATENCY_BUCKETS,
 };
 pub use util::Multimodal;
 

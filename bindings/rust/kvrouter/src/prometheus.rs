@@ -1,4 +1,4 @@
-//! A collector for the [`prometheus`](::prometheus) crate (the `prometheus` feature): the
+//! A collector for the `prometheus` crate (the `prometheus` feature): the
 //! router's metrics, and an ingest's, as `MetricFamily` protos for a `prometheus::Registry`.
 //!
 //! ```
@@ -22,9 +22,11 @@
 //! The families are the library's own, read from its Prometheus text
 //! ([`RouterRef::metrics_prometheus`]) at every collection: the same names, help texts, types
 //! and labels as a scrape of that text, and whatever a newer 0.2.x library adds without a
-//! change here. Counter, gauge and histogram families become `COUNTER`, `GAUGE` and
-//! `HISTOGRAM` protos (a histogram's `_bucket` / `_sum` / `_count` series one metric per label
-//! set); a family of any other type (none so far) is passed on as gauges.
+//! change here. Counter, gauge, histogram and summary families become `COUNTER`, `GAUGE`,
+//! `HISTOGRAM` and `SUMMARY` protos (a histogram's `_bucket` / `_sum` / `_count` series, or a
+//! summary's quantiles, `_sum` and `_count`, one metric per label set; the `+Inf` bucket is the
+//! count, as the encoders write it); a family of any other type (none so far) is passed on as
+//! gauges.
 //!
 //! Works with prometheus 0.13.4 and 0.14, with or without their `protobuf` feature.
 
@@ -36,6 +38,7 @@ use ::prometheus::core::{Collector, Desc};
 use ::prometheus::proto;
 
 use crate::error::{Code, Error, Result};
+use crate::ingest::Ingest;
 use crate::router::Router;
 #[cfg(doc)]
 use crate::router::RouterRef;
@@ -43,7 +46,7 @@ use crate::router::RouterRef;
 type Labels = Vec<(String, String)>;
 type TextSource = Box<dyn Fn() -> Result<String> + Send + Sync>;
 
-/// A `prometheus::core::Collector` of a router's metrics from the
+/// A `prometheus::core::Collector` of a router's metrics, and optionally an ingest's, from the
 /// library's Prometheus text (see the [module documentation](self)).
 ///
 /// Its descriptors name every family the text had when the collector was made, with the
@@ -90,6 +93,12 @@ impl RouterCollector {
         collector.sources.push(Box::new(text));
         collector.describe()?;
         Ok(collector)
+    }
+
+    /// Also collects `ingest`'s counters, one series per source
+    /// ([`Ingest::metrics_prometheus`]: `kvrouter_ingest_*`).
+    pub fn with_ingest(self, ingest: Arc<Ingest<'static>>) -> Result<RouterCollector> {
+        self.with_text(move || ingest.metrics_prometheus())
     }
 
     /// Also collects what `text` returns (as [`from_text`](Self::from_text)).
@@ -198,7 +207,8 @@ enum Kind {
     Counter,
     Gauge,
     Histogram,
-    /// untyped, summary, ...
+    Summary,
+    /// untyped, ...
     #[default]
     Other,
 }
@@ -232,6 +242,12 @@ impl Family {
                     family.mut_metric().push(metric);
                 }
             }
+            Kind::Summary => {
+                family.set_field_type(proto::MetricType::SUMMARY);
+                for metric in self.summaries(const_labels) {
+                    family.mut_metric().push(metric);
+                }
+            }
             Kind::Counter => {
                 family.set_field_type(proto::MetricType::COUNTER);
                 for sample in &self.series {
@@ -258,52 +274,104 @@ impl Family {
         family
     }
 
-    /// One histogram per label set (without `le`), in the order they first appear.
-    fn histograms(&self, const_labels: &[(String, String)]) -> Vec<proto::Metric> {
-        let mut sets: Vec<(Labels, proto::Histogram, Vec<proto::Bucket>)> = Vec::new();
+    /// A histogram's or a summary's samples per label set (without `key`: `le`, `quantile`),
+    /// in the order the sets first appear.
+    fn groups(&self, key: &str) -> Vec<Group> {
+        let mut groups: Vec<Group> = Vec::new();
         for sample in &self.series {
-            let labels: Vec<(String, String)> = sample
+            let labels: Labels = sample
                 .labels
                 .iter()
-                .filter(|(n, _)| n != "le")
+                .filter(|(n, _)| n != key)
                 .cloned()
                 .collect();
-            let index = match sets.iter().position(|(l, _, _)| *l == labels) {
+            let index = match groups.iter().position(|g| g.labels == labels) {
                 Some(i) => i,
                 None => {
-                    sets.push((labels, proto::Histogram::default(), Vec::new()));
-                    sets.len() - 1
+                    groups.push(Group {
+                        labels,
+                        ..Default::default()
+                    });
+                    groups.len() - 1
                 }
             };
-            let (_, histogram, buckets) = &mut sets[index];
-            let suffix = &sample.name[self.name.len()..];
-            match suffix {
-                "_bucket" => {
-                    let Some(bound) = sample.labels.iter().find(|(n, _)| n == "le") else {
-                        continue;
-                    };
-                    let Ok(bound) = parse_value(&bound.1) else {
-                        continue;
-                    };
-                    let mut bucket = proto::Bucket::default();
-                    bucket.set_upper_bound(bound);
-                    bucket.set_cumulative_count(sample.value as u64);
-                    buckets.push(bucket);
+            let group = &mut groups[index];
+            match &sample.name[self.name.len()..] {
+                "_sum" => group.sum = sample.value,
+                "_count" => group.count = sample.value as u64,
+                "_bucket" | "" => {
+                    let point = sample.labels.iter().find(|(n, _)| n == key);
+                    if let Some(Ok(at)) = point.map(|(_, v)| parse_value(v)) {
+                        group.points.push((at, sample.value));
+                    }
                 }
-                "_sum" => histogram.set_sample_sum(sample.value),
-                "_count" => histogram.set_sample_count(sample.value as u64),
                 _ => {}
             }
         }
-        sets.into_iter()
-            .map(|(labels, mut histogram, buckets)| {
+        groups
+    }
+
+    fn histograms(&self, const_labels: &[(String, String)]) -> Vec<proto::Metric> {
+        self.groups("le")
+            .into_iter()
+            .map(|group| {
+                let buckets: Vec<proto::Bucket> = group
+                    .points
+                    .iter()
+                    // The +Inf bucket is the count, which the encoders write as that bucket.
+                    .filter(|(bound, _)| bound.is_finite())
+                    .map(|&(bound, count)| {
+                        let mut bucket = proto::Bucket::default();
+                        bucket.set_upper_bound(bound);
+                        bucket.set_cumulative_count(count as u64);
+                        bucket
+                    })
+                    .collect();
+                let mut histogram = proto::Histogram::default();
                 histogram.set_bucket(repeated(buckets));
-                let mut metric = metric(&labels, const_labels);
+                histogram.set_sample_sum(group.sum);
+                histogram.set_sample_count(group.count);
+                let mut metric = metric(&group.labels, const_labels);
                 metric.set_histogram(histogram);
                 metric
             })
             .collect()
     }
+
+    fn summaries(&self, const_labels: &[(String, String)]) -> Vec<proto::Metric> {
+        self.groups("quantile")
+            .into_iter()
+            .map(|group| {
+                let quantiles: Vec<proto::Quantile> = group
+                    .points
+                    .iter()
+                    .map(|&(at, value)| {
+                        let mut quantile = proto::Quantile::default();
+                        quantile.set_quantile(at);
+                        quantile.set_value(value);
+                        quantile
+                    })
+                    .collect();
+                let mut summary = proto::Summary::default();
+                summary.set_quantile(repeated(quantiles));
+                summary.set_sample_sum(group.sum);
+                summary.set_sample_count(group.count);
+                let mut metric = metric(&group.labels, const_labels);
+                metric.set_summary(summary);
+                metric
+            })
+            .collect()
+    }
+}
+
+/// A histogram's or summary's series of one label set.
+#[derive(Default)]
+struct Group {
+    labels: Labels,
+    /// (`le` or `quantile`, value)
+    points: Vec<(f64, f64)>,
+    sum: f64,
+    count: u64,
 }
 
 /// A `Vec` as the proto setters take it: a `Vec` in the plain model and protobuf 3
@@ -370,6 +438,7 @@ fn parse(text: &str) -> Result<Vec<Family>> {
                         "counter" => Kind::Counter,
                         "gauge" => Kind::Gauge,
                         "histogram" => Kind::Histogram,
+                        "summary" => Kind::Summary,
                         _ => Kind::Other,
                     };
                 }
@@ -378,15 +447,19 @@ fn parse(text: &str) -> Result<Vec<Family>> {
             continue;
         }
         let sample = parse_sample(line)?;
-        // A histogram's series belong to the family they extend; anything else is its own.
+        // A histogram's or summary's series belong to the family they extend; anything else
+        // is its own.
         let family = ["_bucket", "_sum", "_count"]
             .iter()
-            .filter_map(|suffix| sample.name.strip_suffix(suffix))
-            .find(|base| {
-                families
-                    .iter()
-                    .any(|f| f.name == *base && f.kind == Kind::Histogram)
+            .filter_map(|suffix| Some((sample.name.strip_suffix(suffix)?, *suffix)))
+            .find(|(base, suffix)| {
+                families.iter().any(|f| {
+                    f.name == *base
+                        && (f.kind == Kind::Histogram
+                            || (f.kind == Kind::Summary && *suffix != "_bucket"))
+                })
             })
+            .map(|(base, _)| base)
             .unwrap_or(&sample.name)
             .to_string();
         let i = family_index(&mut families, &family);
@@ -498,10 +571,16 @@ mod tests {
                     h_sum 2000\n\
                     h_count 4\n\
                     h_other 1\n\
-                    loose 7\n";
+                    loose 7\n\
+                    # TYPE s summary\n\
+                    s{src=\"a\",quantile=\"0.5\"} 2\n\
+                    s_sum{src=\"a\"} 9\n\
+                    s_count{src=\"a\"} 3\n\
+                    s_sum{src=\"b\"} 1\n\
+                    s_count{src=\"b\"} 1\n";
         let families = parse(text).unwrap();
         let names: Vec<&str> = families.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(names, ["a_total", "g", "h", "h_other", "loose"]);
+        assert_eq!(names, ["a_total", "g", "h", "h_other", "loose", "s"]);
         let a = &families[0];
         assert_eq!(a.help, "Things, with a \\ and a\nnew line.");
         assert_eq!(a.kind, Kind::Counter);
@@ -510,8 +589,19 @@ mod tests {
         assert_eq!(families[1].series[0].value, -2.5);
         let h = &families[2];
         assert_eq!((h.kind, h.series.len()), (Kind::Histogram, 5));
-        let metrics = h.histograms(&[]);
-        assert_eq!(metrics.len(), 1);
+        let groups = h.groups("le");
+        assert_eq!(groups.len(), 1);
+        let inf = f64::INFINITY;
+        assert_eq!(groups[0].points, [(256.0, 1.0), (512.0, 3.0), (inf, 4.0)]);
+        assert_eq!((groups[0].sum, groups[0].count), (2000.0, 4));
+        let s = &families[5];
+        assert_eq!((s.kind, s.series.len()), (Kind::Summary, 5));
+        let groups = s.groups("quantile");
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].labels, [("src".to_string(), "a".to_string())]);
+        assert_eq!(groups[0].points, [(0.5, 2.0)]);
+        assert_eq!((groups[0].sum, groups[0].count), (9.0, 3));
+        assert_eq!((groups[1].points.len(), groups[1].count), (0, 1));
         assert_eq!(families[4].kind, Kind::Other);
         for bad in ["novalue", "x{a=\"b} 1", "x{a=b} 1", "x{a} 1", "x one"] {
             assert!(parse(bad).is_err(), "{bad}");

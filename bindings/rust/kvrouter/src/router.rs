@@ -377,6 +377,38 @@ pub struct Metrics {
     pub replica_changes_rejected: u64,
     /// Of `requests_active`, those booked by other replicas.
     pub replica_requests_active: u64,
+    /// How long routing calls took to decide.
+    pub decision_latency: DecisionLatency,
+}
+
+/// The number of buckets of [`DecisionLatency`] (`KVR_DECISION_LATENCY_BUCKETS`, fixed forever).
+pub const DECISION_LATENCY_BUCKETS: usize = 14;
+
+/// How long routing calls took to decide, as a Prometheus histogram (`kvr_metrics`'
+/// `decision_latency_*`): on the router's clock from the call's start (hashing included) to its
+/// decision, for routing and plans answered without waiting in the admission queue, and
+/// previews (so `count` can exceed [`Metrics::decisions`]); failed calls are not measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecisionLatency {
+    /// The buckets' upper bounds in nanoseconds, rising (the library's to choose).
+    pub bounds_ns: [u64; DECISION_LATENCY_BUCKETS],
+    /// `le[i]`: the calls that took at most `bounds_ns[i]` (cumulative).
+    pub le: [u64; DECISION_LATENCY_BUCKETS],
+    /// Every call measured (the +Inf bucket).
+    pub count: u64,
+    /// Their durations summed, in nanoseconds.
+    pub sum_ns: u64,
+}
+
+impl DecisionLatency {
+    /// The mean decision time in nanoseconds (0 before any call).
+    pub fn mean_ns(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum_ns as f64 / self.count as f64
+        }
+    }
 }
 
 impl Metrics {
@@ -415,6 +447,12 @@ impl From<sys::kvr_metrics> for Metrics {
             replica_changes_applied: m.replica_changes_applied,
             replica_changes_rejected: m.replica_changes_rejected,
             replica_requests_active: m.replica_requests_active,
+            decision_latency: DecisionLatency {
+                bounds_ns: m.decision_latency_bounds_ns,
+                le: m.decision_latency_le,
+                count: m.decision_latency_count,
+                sum_ns: m.decision_latency_sum_ns,
+            },
         }
     }
 }

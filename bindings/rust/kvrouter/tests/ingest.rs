@@ -180,6 +180,26 @@ fn tcp_port_zero_binds_a_free_port_and_lag_is_measured() {
     assert!(stats.lag_last_us < three_s.as_micros() as u64);
     assert!(stats.lag_max_us >= three_s.as_micros() as u64);
     assert_eq!(stats.events_applied, 3);
+
+    // The same counters in the Prometheus text, labelled by source.
+    let text = ingest.metrics_prometheus().unwrap();
+    let labels = format!(
+        "{{source_id=\"{}\",kind=\"listener\",endpoint=\"{}\"}}",
+        listener.source_id, listener.endpoint
+    );
+    for (name, value) in [
+        ("kvrouter_ingest_messages_total", 3),
+        ("kvrouter_ingest_events_applied_total", 3),
+        ("kvrouter_ingest_connections_total", 1),
+        ("kvrouter_ingest_lag_seconds_count", 2),
+    ] {
+        let line = format!("{name}{labels} {value}\n");
+        assert!(text.contains(&line), "no {line:?} in\n{text}");
+    }
+    assert!(
+        text.contains("# TYPE kvrouter_ingest_lag_seconds summary\n"),
+        "{text}"
+    );
 }
 
 #[test]

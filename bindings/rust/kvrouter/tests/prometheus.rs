@@ -7,10 +7,13 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::SystemTime;
 
-use common::{prompt, router, store};
+use common::{prompt, router, store, wait_for};
 use kvrouter::prometheus::RouterCollector;
-use kvrouter::{RemovedEvent, RequestOptions, StoredEvent};
+use kvrouter::{
+    EventBatch, Ingest, IngestOptions, Publisher, RemovedEvent, RequestOptions, StoredEvent,
+};
 use prometheus::{Encoder, Registry, TextEncoder};
 
 /// Series of a text: "name{labels}" (labels sorted, `extra` added) to value; and every
@@ -31,7 +34,7 @@ fn series(text: &str, extra: &[(&str, &str)]) -> (BTreeMap<String, f64>, Vec<Str
         let mut labels: Vec<String> = labels
             .split(',')
             .filter(|l| !l.is_empty())
-            .map(String::from)
+            .map(normalize)
             .chain(extra.iter().map(|(n, v)| format!("{n}=\"{v}\"")))
             .collect();
         labels.sort();
@@ -42,6 +45,17 @@ fn series(text: &str, extra: &[(&str, &str)]) -> (BTreeMap<String, f64>, Vec<Str
     }
     headers.sort();
     (out, headers)
+}
+
+/// A bucket bound as a number (`le="2.5e-05"` and `le="0.000025"` are one bucket; `+Inf`).
+fn normalize(label: &str) -> String {
+    match label.strip_prefix("le=") {
+        Some(bound) => {
+            let bound: f64 = bound.trim_matches('"').parse().unwrap();
+            format!("le=\"{bound:?}\"")
+        }
+        None => label.to_string(),
+    }
 }
 
 fn encode(registry: &Registry) -> String {
@@ -131,6 +145,22 @@ fn the_registry_exposes_the_librarys_metrics_after_events_and_decisions() {
         second.worker_id
     );
     assert_eq!(value(&prefill), fresh.len() as f64);
+    // The decision-latency histogram: the two routing calls, bucketed as kvr_metrics says.
+    assert!(text.contains("# TYPE kvrouter_decision_duration_seconds histogram\n"));
+    let latency = &m.decision_latency;
+    assert_eq!(latency.count, 2);
+    let histogram = |series: &str, le: Option<f64>| {
+        let le = le.map_or(String::new(), |b| format!("le=\"{b:?}\","));
+        value(&format!(
+            "kvrouter_decision_duration_seconds_{series}{{{le}router=\"main\"}}"
+        ))
+    };
+    assert_eq!(histogram("count", None), 2.0);
+    assert_eq!(histogram("bucket", Some(f64::INFINITY)), 2.0);
+    for (bound_ns, le) in latency.bounds_ns.iter().zip(latency.le) {
+        assert_eq!(histogram("bucket", Some(*bound_ns as f64 / 1e9)), le as f64);
+    }
+    assert!((histogram("sum", None) - latency.sum_ns as f64 / 1e9).abs() < 1e-9);
     assert!(text.contains("# TYPE kvrouter_decisions_total counter\n"));
     assert!(text.contains("# TYPE kvrouter_requests_active gauge\n"));
 
@@ -139,6 +169,75 @@ fn the_registry_exposes_the_librarys_metrics_after_events_and_decisions() {
     let (after, _) = series(&encode(&registry), &[]);
     assert_eq!(after["kvrouter_requests_active{router=\"main\"}"], 0.0);
     assert_eq!(after[&prefill], 0.0);
+}
+
+#[test]
+fn an_ingests_sources_are_collected_beside_the_router() {
+    let router = Arc::new(router(2));
+    let ingest =
+        Arc::new(Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap());
+    let listener = ingest.listen("tcp://127.0.0.1:0").unwrap();
+    ingest.start().unwrap();
+    let collector = RouterCollector::new(router.clone())
+        .unwrap()
+        .with_ingest(ingest.clone())
+        .unwrap();
+    let registry = Registry::new();
+    registry.register(Box::new(collector)).unwrap();
+
+    // A publisher sends one good batch (carrying its publication time) and one bad frame.
+    let tokens = prompt(5, 2);
+    let mut batch = EventBatch::new().unwrap();
+    batch
+        .add_stored(&StoredEvent {
+            worker_id: 1,
+            block_hashes: &[11, 12],
+            token_ids: &tokens,
+            ..Default::default()
+        })
+        .unwrap();
+    batch.set_publish_time(Some(SystemTime::now())).unwrap();
+    let mut publisher = Publisher::connect(&listener.endpoint).unwrap();
+    publisher.send(&batch).unwrap();
+    publisher.send_encoded(b"not flatbuffers").unwrap();
+    wait_for("both frames", || {
+        (ingest.total_stats().unwrap().messages == 2).then_some(())
+    });
+
+    let text = encode(&registry);
+    let (got, got_headers) = series(&text, &[]);
+    let library = router.metrics_prometheus().unwrap() + &ingest.metrics_prometheus().unwrap();
+    let (want, want_headers) = series(&library, &[]);
+    assert_eq!(got_headers, want_headers, "{text}");
+    assert_eq!(got, want, "{text}");
+
+    let source = format!(
+        "endpoint=\"{}\",kind=\"listener\",source_id=\"{}\"",
+        listener.endpoint, listener.source_id
+    );
+    let value = |name: &str, extra: &str| {
+        let key = format!("{name}{{{extra}{source}}}");
+        *got.get(&key)
+            .unwrap_or_else(|| panic!("no {key} in\n{text}"))
+    };
+    assert_eq!(value("kvrouter_ingest_messages_total", ""), 2.0);
+    assert_eq!(value("kvrouter_ingest_events_applied_total", ""), 1.0);
+    assert_eq!(value("kvrouter_ingest_connections_total", ""), 1.0);
+    let rejected: Vec<(&String, &f64)> = got
+        .iter()
+        .filter(|(k, v)| k.starts_with("kvrouter_ingest_rejected_total{") && **v > 0.0)
+        .collect();
+    assert_eq!(rejected.len(), 1, "{text}");
+    assert!(
+        rejected[0].0.contains("reason=\"bad_flatbuffers\""),
+        "{rejected:?}"
+    );
+    assert!(
+        text.contains("# TYPE kvrouter_ingest_lag_seconds summary\n"),
+        "{text}"
+    );
+    assert_eq!(value("kvrouter_ingest_lag_seconds_count", ""), 1.0);
+    assert_eq!(got["kvrouter_index_blocks{}"], 2.0);
 }
 
 #[test]

@@ -800,3 +800,38 @@ fn index_shards_out_of_range_are_refused_naming_the_field() {
         assert!(e.message().contains("index_shards"), "{e}");
     }
 }
+
+#[test]
+fn the_decision_latency_histogram_counts_routing_calls() {
+    let router = router(2);
+    let before = router.metrics().unwrap().decision_latency;
+    assert_eq!((before.count, before.sum_ns, before.mean_ns()), (0, 0, 0.0));
+    assert!(before.bounds_ns[0] > 0, "{before:?}");
+    assert!(
+        before.bounds_ns.windows(2).all(|w| w[0] < w[1]),
+        "{before:?}"
+    );
+
+    let tokens = prompt(9, 4);
+    for i in 0..3 {
+        router
+            .find_best_match(&tokens, &RequestOptions::admit(&format!("r{i}")))
+            .unwrap();
+    }
+    router
+        .find_best_match(&tokens, &RequestOptions::default())
+        .unwrap();
+    let m = router.metrics().unwrap();
+    let latency = m.decision_latency;
+    assert_eq!((latency.count, m.decisions), (4, 4));
+    assert_eq!(latency.bounds_ns, before.bounds_ns);
+    assert!(latency.le.windows(2).all(|w| w[0] <= w[1]), "{latency:?}");
+    assert!(latency.le[latency.le.len() - 1] <= latency.count);
+    assert!(latency.sum_ns > 0 && latency.mean_ns() > 0.0, "{latency:?}");
+    let text = router.metrics_prometheus().unwrap();
+    assert!(
+        text.contains("kvrouter_decision_duration_seconds_count 4\n"),
+        "{text}"
+    );
+    assert!(text.contains("# TYPE kvrouter_decision_duration_seconds histogram\n"));
+}
