@@ -52,7 +52,17 @@ echo "== cargo test =="
 cargo test --offline --locked --workspace "${features[@]}"
 
 echo "== cargo package: kvrouter-sys, then kvrouter against the packaged kvrouter-sys =="
-cargo package --offline --locked --workspace --allow-dirty
+# kvrouter depends on kvrouter-sys by path and version, and kvrouter-sys is not on crates.io:
+# only a cargo that packages a workspace through a local registry (1.95 here) can make and
+# verify kvrouter's package before kvrouter-sys is published; an older one cannot even with
+# --no-verify (its lockfile needs kvrouter-sys from the registry), so it packages -sys alone.
+cargo_version=$(cargo --version | awk '{print $2}')
+if [[ $(printf '%s\n' 1.95 "$cargo_version" | sort -V | head -n 1) == 1.95 ]]; then
+  cargo package --offline --locked --workspace --allow-dirty
+else
+  echo "cargo $cargo_version: kvrouter-sys only (kvrouter needs cargo >= 1.95 before -sys is published)"
+  cargo package --offline --locked -p kvrouter-sys --allow-dirty
+fi
 
 echo "== consumer project (bindings/rust/consumer-test): libkvrouter.so, then libkvrouter.a =="
 cd consumer-test
