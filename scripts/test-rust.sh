@@ -58,7 +58,13 @@ echo "== cargo package: kvrouter-sys, then kvrouter against the packaged kvroute
 # --no-verify (its lockfile needs kvrouter-sys from the registry), so it packages -sys alone.
 cargo_version=$(cargo --version | awk '{print $2}')
 if [[ $(printf '%s\n' 1.95 "$cargo_version" | sort -V | head -n 1) == 1.95 ]]; then
-  cargo package --offline --locked --workspace --allow-dirty
+  # Cargo takes a registry crate of a given version for immutable: it reuses the packaged
+  # kvrouter-sys it unpacked from its temporary registry into $CARGO_HOME/registry/src/-HASH/,
+  # and its build, on the next run. Both go, so that kvrouter is verified against this
+  # kvrouter-sys (in a build directory of its own: a few seconds of compiling).
+  rm -rf "$CARGO_TARGET_DIR/package-check" "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/kvrouter-sys-*
+  cargo package --offline --locked --workspace --allow-dirty \
+    --target-dir "$CARGO_TARGET_DIR/package-check"
 else
   echo "cargo $cargo_version: kvrouter-sys only (kvrouter needs cargo >= 1.95 before -sys is published)"
   cargo package --offline --locked -p kvrouter-sys --allow-dirty

@@ -182,16 +182,6 @@ macro_rules! constants {
     };
 }
 
-/// Not generated: tools/ffigen emits no plain integer macro but KVR_WORKER_NONE, and writes the
-/// arrays it sizes with their length. Their length stands in for it (both arrays', checked
-/// against each other), so the header's value is still compared.
-const KVR_DECISION_LATENCY_BUCKETS: usize = {
-    // SAFETY: kvr_metrics is integers only, for which all-zero bytes are a valid value.
-    let m: kvr_metrics = unsafe { std::mem::zeroed() };
-    assert!(m.decision_latency_bounds_ns.len() == m.decision_latency_le.len());
-    m.decision_latency_le.len()
-};
-
 fn rust_constants() -> Vec<(&'static str, u64)> {
     constants! {
         u32 { KVR_VERSION_MAJOR, KVR_VERSION_MINOR }

@@ -382,7 +382,7 @@ pub struct Metrics {
 }
 
 /// The number of buckets of [`DecisionLatency`] (`KVR_DECISION_LATENCY_BUCKETS`, fixed forever).
-pub const DECISION_LATENCY_BUCKETS: usize = 14;
+pub const DECISION_LATENCY_BUCKETS: usize = sys::KVR_DECISION_LATENCY_BUCKETS;
 
 /// How long routing calls took to decide, as a Prometheus histogram (`kvr_metrics`'
 /// `decision_latency_*`): on the router's clock from the call's start (hashing included) to its
