@@ -112,8 +112,8 @@ impl RouterCollector {
     }
 
     /// Adds a label with a fixed value to every series (`router="prefill"`).
-    /// `InvalidArgument` for a name that is not a valid label name, or one of the library's
-    /// own labels or a constant label already given.
+    /// `InvalidArgument` for a name that is not a valid label name, a label the library's text
+    /// has at that time (`kind`, `worker_id`, ...), or a constant label already given.
     pub fn with_const_label(mut self, name: &str, value: &str) -> Result<RouterCollector> {
         if self.const_labels.iter().any(|(n, _)| n == name) {
             return Err(Error::new(
