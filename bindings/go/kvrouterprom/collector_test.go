@@ -145,8 +145,8 @@ func TestCollectorMatchesLibraryText(t *testing.T) {
 	if n := len(got["kvrouter_worker_active_prefill_tokens"].GetMetric()); n != 3 {
 		t.Errorf("%d ranks with a prefill gauge, want 3", n)
 	}
-	if h := got["kvrouter_decision_duration_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleCount() < 4 || len(h.GetBucket()) < 2 {
-		t.Errorf("decision latency histogram %v, want the 4 decisions and a preview in buckets", h)
+	if h := got["kvrouter_decision_duration_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleCount() < 1 || len(h.GetBucket()) < 2 {
+		t.Errorf("decision latency histogram %v, want the first routing call (one in 16 is timed) in buckets", h)
 	}
 	if n := len(got["kvrouter_ingest_messages_total"].GetMetric()); n != 2 {
 		t.Errorf("%d sources in kvrouter_ingest_messages_total, want 2", n)
