@@ -264,7 +264,7 @@ EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& su
   const RankSequence::Verdict verdict = sub.sequence.Observe(seq, digest);
   switch (verdict.action) {
     case SequenceAction::kApply:
-      return Verdict::kApply;
+      return verdict.joined ? Join(sub, seq) : Verdict::kApply;
     case SequenceAction::kGap:
       c.Gap(verdict.missed);
       if (StartReplay(sub, seq)) return Verdict::kHold;
@@ -293,6 +293,19 @@ EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& su
   }
   c.Reject(IngestReject::kStaleSequence);
   return Verdict::kDrop;
+}
+
+// The engine ran before this router heard it (its first message heard is numbered above 0):
+// what it stored before is unknown, so the rank is flagged. A replay of its whole history from
+// 0 makes it exact (the rank cleared first: blocks a restored snapshot holds of an older
+// engine must not stay); without one the rank keeps what it holds (a restored snapshot's warm
+// blocks) and stays flagged until the engine clears it or restarts.
+EngineSubscriptions::Verdict EngineSubscriptions::Join(Subscription& sub, uint64_t seq) {
+  SetUnknown(sub, true);
+  if (sub.worker.replay_endpoint.empty()) return Verdict::kApply;
+  ClearRank(sub);
+  if (StartReplay(sub, seq, /*from_start=*/true)) return Verdict::kHold;
+  return Verdict::kApply;
 }
 
 void EngineSubscriptions::HandleMessage(Subscription& sub, const Parts& parts) {

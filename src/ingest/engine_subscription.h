@@ -51,6 +51,7 @@ class EngineSubscriptions {
   void ClearRank(Subscription& sub);
   void ClearAndFlag(Subscription& sub);
   Verdict TrackSequence(Subscription& sub, uint64_t seq, uint64_t digest);
+  Verdict Join(Subscription& sub, uint64_t seq);
   void HandleMessage(Subscription& sub, const std::vector<std::vector<uint8_t>>& parts);
   void ApplyPayload(Subscription& sub, const std::vector<uint8_t>& payload);
   void ApplyEngineEvent(Subscription& sub, KvEvent& event);

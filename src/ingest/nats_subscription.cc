@@ -299,7 +299,12 @@ void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceC
     source.Gap(verdict.missed);
     for (const WorkerKey& rank : verdict.publisher->ranks) LoseRank(rank, source, ranks);
   }
-  for (const KvEvent& event : message.events) verdict.publisher->ranks.insert(event.worker);
+  for (const KvEvent& event : message.events) {
+    // A publisher first heard above its message 0 ran before this router: what each rank it
+    // speaks for held then is unknown, until the engine clears it.
+    const bool first_heard = verdict.publisher->ranks.insert(event.worker).second;
+    if (first_heard && verdict.publisher->joined) FlagRank(event.worker, source, ranks);
+  }
   ApplyHeard(message.events, message.publisher_id, source, ranks);
   source.RecordLag(message.published_at_ms * 1'000'000);
 }
@@ -324,6 +329,10 @@ void NatsSubscriptions::ApplyHeard(std::span<const KvEvent> events, uint64_t pub
 void NatsSubscriptions::LoseRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks) {
   loop_.ClearRank(rank);
   Bump(source.recoveries);
+  FlagRank(rank, source, ranks);
+}
+
+void NatsSubscriptions::FlagRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks) {
   ranks.Lose(rank);
   source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
 }

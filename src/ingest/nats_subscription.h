@@ -69,6 +69,8 @@ class NatsSubscriptions {
   void ApplyHeard(std::span<const KvEvent> events, uint64_t publisher, SourceCounters& source,
                   SourceRanks& ranks);
   void LoseRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks);
+  // Flags `rank` unknown (without clearing it) until its engine clears it.
+  void FlagRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks);
   // The connection was lost: every rank heard may miss events until it is back.
   void LoseEveryRank(SourceCounters& source, SourceRanks& ranks);
 

@@ -4,9 +4,10 @@ namespace kvrouter {
 
 RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
   if (!next_ || seq == *next_) {
+    const bool joined = !next_ && seq > 0;
     next_ = seq + 1;
     digest_ = digest;
-    return {SequenceAction::kApply};
+    return {.action = SequenceAction::kApply, .joined = joined};
   }
   if (seq > *next_) return {SequenceAction::kGap, seq - *next_};
   // Back: a new publisher process. Numbered 0, nothing of it was lost; otherwise its messages
@@ -94,6 +95,7 @@ PublisherSequences::Verdict PublisherSequences::Observe(uint64_t id, uint64_t se
   auto [it, added] = by_id_.try_emplace(id);
   if (added) {
     it->second.next_sequence = sequence;
+    it->second.joined = sequence > 0;
     if (by_id_.size() > kMaxPublishers) {
       ForgetLongestSilent(id);
       it = by_id_.find(id);

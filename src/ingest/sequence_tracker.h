@@ -23,7 +23,8 @@ enum class SequenceAction : uint8_t {
 };
 
 // One engine rank's live stream (vLLM and SGLang number their ZMQ messages per rank): the first
-// message sets the baseline; a jump forward is a gap; any step back is a restart.
+// message sets the baseline (`joined` when it is not message 0); a jump forward is a gap; any
+// step back is a restart.
 //
 // A step back is a restart however far it goes: on one ZMQ connection messages are neither
 // repeated nor reordered, so a lower number can only come from a new publisher process (an
@@ -50,6 +51,10 @@ class RankSequence {
     // kGap: how many messages were lost; kRestart: the new publisher's messages before this
     // one (lost to the reconnection), 0 when it is numbered 0.
     uint64_t missed = 0;
+    // kApply of the first message heard, numbered above 0: the publisher ran before this
+    // subscriber heard it, and what it published before is unknown here (the caller flags the
+    // rank, or replays the publisher's history from 0).
+    bool joined = false;
   };
 
   // What to do with live message `seq`, whose payload has digest `digest`. kApply moves the
@@ -122,6 +127,9 @@ class PublisherSequences {
     uint64_t next_sequence = 0;
     uint64_t last_heard = 0;               // the message count when it was last heard
     absl::flat_hash_set<WorkerKey> ranks;  // where its events went: what a gap must clear
+    // First heard above its message 0: it ran before this subscriber, and what its ranks held
+    // then is unknown here.
+    bool joined = false;
   };
   struct Verdict {
     SequenceAction action = SequenceAction::kApply;  // kApply, kGap or kStale

@@ -480,33 +480,38 @@ TEST_F(FaultTest, EngineKilledDuringAReplayIsRepairedByItsRestart) {
   Report("engine killed during a replay, restarted", Figures(s));
 }
 
-// Also out of reach: a router that subscribes to an engine already running hears it first at
-// some number above 0, its baseline (docs/ingest.md): what the engine stored before is unknown
-// to the index, which under-reports (never over-reports) without flagging the rank, even when
-// a replay endpoint could give the engine's history from 0. The engine's next clear or restart
-// makes it exact. Pinned down here as the known limit it is.
-TEST_F(FaultTest, KnownLimitRouterJoiningLateUnderReportsUnflagged) {
+// A router that subscribes to an engine already running hears it first at some number above
+// 0: what the engine stored before is unknown. With a replay endpoint the engine's whole
+// history is asked from 0 (the rank cleared first): exact. Without one the rank is flagged,
+// under-reporting, until the engine clears it.
+TEST_F(FaultTest, RouterJoiningLateReplaysTheEnginesHistoryFromZero) {
   const int port = FreePort(), replay_port = FreePort();
   Engine engine(ZmqArgs(1, port, 1, replay_port));
   engine.Publish(100);  // nobody listens yet
   const uint64_t source = AddEngineWorker(1, port, replay_port);
   engine.Do("wait-sub 60000");
   engine.Publish(50);
+  ExpectExact(source, 1, engine.State(), 50);
+  engine.Quit();
+  Report("router joining late, replay", Figures(Stats(source)));
+}
+
+TEST_F(FaultTest, RouterJoiningLateWithoutReplayIsFlaggedUntilTheEngineClears) {
+  const int port = FreePort();
+  Engine engine(ZmqArgs(1, port, 1));
+  engine.Publish(100);  // nobody listens yet
+  const uint64_t source = AddEngineWorker(1, port);
+  engine.Do("wait-sub 60000");
+  engine.Publish(50);
   const Hashes truth = engine.State();
-  ASSERT_TRUE(WaitUntil([&] { return Stats(source).messages >= 50; }));
-  const Hashes index = Index(1);
-  kvr_ingest_stats s = Stats(source);
-  EXPECT_TRUE(IsSubset(index, truth));
-  EXPECT_GT(CountMissing(truth, index), 0u);
-  EXPECT_EQ(0u, s.state_unknown);
-  const std::string figures = std::to_string(CountMissing(truth, index)) + " of " +
-                              std::to_string(truth.size()) + " blocks missing, unflagged; " +
-                              Figures(s);
+  const size_t missing = ExpectFlaggedSubset(source, 1, truth, 50);
+  const std::string figures = std::to_string(missing) + " of " + std::to_string(truth.size()) +
+                              " blocks missing, flagged; " + Figures(Stats(source));
   engine.Do("clear");
   engine.Publish(20);
   ExpectExact(source, 1, engine.State(), 71);
   engine.Quit();
-  Report("router joining late (known limit)", figures);
+  Report("router joining late, no replay", figures);
 }
 
 // ---- 2. Sequence numbers skipped: messages lost, or numbers merely skipped ---------------------

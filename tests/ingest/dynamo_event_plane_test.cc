@@ -227,6 +227,20 @@ TEST_F(DynamoNatsTest, AGapFlagsTheRanksUntilTheEngineClearsThem) {
   EXPECT_EQ(1u, stats.gaps);
 }
 
+TEST_F(DynamoNatsTest, APublisherFirstHeardAboveZeroFlagsItsRanksUntilTheyAreCleared) {
+  // The worker ran before this router subscribed: its messages 0..4 were never heard, so what
+  // its rank held then is unknown; what is heard applies, flagged.
+  Publish(WithSequence(kStored, 5));
+  IngestStats stats = WaitForMessages(1);
+  EXPECT_EQ(1u, stats.state_unknown);
+  EXPECT_EQ(0u, stats.gaps);  // nothing was lost in transit
+  EXPECT_EQ(2u, Depth());
+  Publish(WithSequence(kCleared, 6));
+  stats = WaitForMessages(2);
+  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(0u, Depth());
+}
+
 TEST_F(DynamoNatsTest, BadMessagesAreCountedAndTheGoodOnesAroundThemApplied) {
   std::vector<uint8_t> cut = FromHex(kStored);
   cut.resize(40);

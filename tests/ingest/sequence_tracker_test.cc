@@ -29,9 +29,11 @@ RankSequence Replaying(uint64_t first, uint64_t gap_at) {
 TEST(RankSequence, TheFirstMessageSetsTheBaselineThenEachMustFollow) {
   RankSequence s;
   EXPECT_FALSE(s.next().has_value());
-  EXPECT_EQ(s.Observe(41).action, A::kApply);  // heard from the middle of the stream
+  const RankSequence::Verdict first = s.Observe(41);  // heard from the middle of the stream
+  EXPECT_EQ(first.action, A::kApply);
+  EXPECT_TRUE(first.joined);  // what came before is unknown here
   EXPECT_EQ(s.next(), 42u);
-  EXPECT_EQ(s.Observe(42).action, A::kApply);
+  EXPECT_FALSE(s.Observe(42).joined);
   EXPECT_EQ(s.Observe(43).action, A::kApply);
   EXPECT_EQ(s.next(), 44u);
 }
@@ -64,7 +66,9 @@ TEST(RankSequence, GoingBackToZeroIsARestart) {
   EXPECT_EQ(s.Observe(1).action, A::kApply);
   // A first message numbered 0 is no restart; a 0 after it is one (as any 0 that goes back).
   RankSequence fresh;
-  EXPECT_EQ(fresh.Observe(0).action, A::kApply);
+  const RankSequence::Verdict first = fresh.Observe(0);
+  EXPECT_EQ(first.action, A::kApply);
+  EXPECT_FALSE(first.joined);  // heard from the start
   EXPECT_EQ(fresh.Observe(0).action, A::kRestart);
 }
 
