@@ -177,7 +177,19 @@ pub(crate) fn call_keeping_panic(
 }
 
 /// A C call's status and error object (freed here) as a `Result`.
+#[inline]
 fn status_result(status: sys::kvr_status, err: *mut sys::kvr_error) -> Result<()> {
+    // The usual success, inline; anything else (an error, or an error object on success) in
+    // a call of its own.
+    if status == sys::KVR_OK && err.is_null() {
+        return Ok(());
+    }
+    status_result_slow(status, err)
+}
+
+#[cold]
+#[inline(never)]
+fn status_result_slow(status: sys::kvr_status, err: *mut sys::kvr_error) -> Result<()> {
     if status == sys::KVR_OK {
         if !err.is_null() {
             // SAFETY: a caller-owned error object, freed once.

@@ -13,6 +13,7 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use kvrouter_sys as sys;
@@ -32,7 +33,16 @@ thread_local! {
     static PANIC: Cell<Option<Box<dyn Any + Send>>> = const { Cell::new(None) };
 }
 
+/// Set (for good) by the first panic caught in a callback, on any thread, before it is stored
+/// in that thread's `PANIC`: until then no thread's `PANIC` can hold one, and `take_panic` skips
+/// the thread-local. A thread reading false after its kvr_* call returned ran no callback that
+/// panicked during it (its own store would precede its load).
+static ANY_PANIC: AtomicBool = AtomicBool::new(false);
+
 pub(crate) fn take_panic() -> Option<Box<dyn Any + Send>> {
+    if !ANY_PANIC.load(Ordering::Relaxed) {
+        return None;
+    }
     PANIC.with(Cell::take)
 }
 
@@ -49,6 +59,7 @@ unsafe extern "C" fn trampoline(user_data: *mut c_void, data: *const c_void, siz
     if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| callback(bytes))) {
         // The panic hook has printed it already; the thread's next return from a kvr_* call
         // in this crate resumes it (a library thread never does: it is then only printed).
+        ANY_PANIC.store(true, Ordering::Relaxed);
         PANIC.with(|p| p.set(Some(payload)));
     }
 }

@@ -621,15 +621,16 @@ impl RouterRef {
         static RESULT: Template<sys::kvr_route_result> = Template::new();
         let mut strs = CStrs::new();
         // Default options (a plain preview) go as NULL, as a C caller would pass them; others
-        // are lowered in place.
+        // are lowered in place. (An admitted call is never the default: no comparison.)
         let mut raw_opts = MaybeUninit::<sys::kvr_request_options>::uninit();
-        let req: *const sys::kvr_request_options = if *opts == RequestOptions::default() {
-            ptr::null()
-        } else {
-            let raw = raw_opts.write(request_template());
-            opts.lower_into(raw, &mut strs)?;
-            raw
-        };
+        let req: *const sys::kvr_request_options =
+            if !opts.admit && *opts == RequestOptions::default() {
+                ptr::null()
+            } else {
+                let raw = raw_opts.write(request_template());
+                opts.lower_into(raw, &mut strs)?;
+                raw
+            };
         let mut out = RESULT.get();
         let mut total = 0usize;
         let cap = candidates.capacity();
