@@ -36,6 +36,8 @@
 //!   and functions tagged `none` take `&mut self`.
 //! * Inputs are borrowed as slices and `&str` (copied to NUL-terminated strings for the call);
 //!   array results come back as `Vec`s, grown and retried on `KVR_BUFFER_TOO_SMALL`.
+//! * A hot loop of admitted calls can lower its options once: a [`PreparedRequest`] holds the
+//!   C struct, and [`RouterRef::find_best_match_prepared`] writes only the id into it.
 //! * The first constructor call checks that the library's major.minor version matches the one
 //!   this binding was generated for, 0.2 ([`check_version`]).
 //! * [`raw::init`] initialises a [`kvrouter_sys`] struct with its sized `_init` function, for
@@ -51,6 +53,7 @@ mod ingest;
 #[cfg(test)]
 mod lowering_tests;
 mod options;
+mod prepared;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 pub mod raw;
@@ -74,6 +77,7 @@ pub use options::{
     CostFunction, Phase, QueuePolicy, RequestOptions, RouterOptions, RoutingHints, SessionMode,
     WorkerConfig,
 };
+pub use prepared::PreparedRequest;
 pub use router::{
     Candidate, DecisionLatency, EventKind, EventOutcome, Match, Metrics, Overlap, PotentialLoad,
     RouteResult, RouteSignals, Router, RouterRef, DECISION_LATENCY_BUCKETS,

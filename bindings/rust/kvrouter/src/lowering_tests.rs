@@ -371,6 +371,47 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         (raw.cost_function, raw.ttft_miss_weight),
         (sys::KVR_COST_PREDICTED_TTFT as i32, 3.5)
     );
+    // A prepared request lowers the same options to the same struct, but for the id (set per
+    // call) and the pointers, which point at its own copies of the same data.
+    let prepared = PreparedRequest::new(&request).unwrap();
+    let pointers = [
+        "request_id",
+        "lora_name",
+        "cache_namespace",
+        "mm_hashes",
+        "mm_counts",
+        "allowed_worker_ids",
+    ];
+    let same = left_at_default(
+        &request_fields!(*prepared.raw()),
+        &request_fields!(lowered),
+        &[],
+    );
+    let differ: Vec<&str> = request_fields!(*prepared.raw())
+        .iter()
+        .map(|(f, _)| *f)
+        .filter(|f| !same.contains(f))
+        .collect();
+    assert_eq!(
+        differ, pointers,
+        "fields a prepared request lowers otherwise"
+    );
+    let p = prepared.raw();
+    assert!(p.request_id.is_null());
+    // SAFETY: NUL-terminated strings and arrays of the stated lengths, owned by `prepared`.
+    unsafe {
+        assert_eq!(std::ffi::CStr::from_ptr(p.lora_name).to_str(), Ok("lora"));
+        assert_eq!(
+            std::ffi::CStr::from_ptr(p.cache_namespace).to_str(),
+            Ok("ns")
+        );
+        assert_eq!(std::slice::from_raw_parts(p.mm_hashes, 3), &mm_hashes);
+        assert_eq!(std::slice::from_raw_parts(p.mm_counts, 2), &mm_counts);
+        assert_eq!(std::slice::from_raw_parts(p.allowed_worker_ids, 2), &ids);
+    }
+    let unset = PreparedRequest::new(&RequestOptions::default()).unwrap();
+    assert_eq!(bytes_of(unset.raw()), bytes_of(&default));
+
     // Unset overrides keep the library's "the router's" markers (NaN, -1).
     let unset = RequestOptions::default().lower(&mut strs).unwrap();
     assert_eq!(bytes_of(&unset), bytes_of(&default));

@@ -17,6 +17,7 @@ use crate::options::{
     hints_ptr, lower_hints, request_template, RequestOptions, RouterOptions, RoutingHints,
     WorkerConfig,
 };
+use crate::prepared::PreparedRequest;
 use crate::raw::{init, Template};
 use crate::util::{slice_ptr, CStrs};
 
@@ -107,6 +108,12 @@ pub struct RouteResult {
     pub booked: bool,
     /// It waited in the admission queue first.
     pub queued: bool,
+}
+
+/// `kvr_route_result` as `_init` leaves it (made once, copied afterwards).
+fn result_template() -> sys::kvr_route_result {
+    static RESULT: Template<sys::kvr_route_result> = Template::new();
+    RESULT.get()
 }
 
 impl From<sys::kvr_route_result> for RouteResult {
@@ -618,7 +625,6 @@ impl RouterRef {
         opts: &RequestOptions<'_>,
         candidates: &mut Vec<sys::kvr_candidate>,
     ) -> Result<(RouteResult, usize)> {
-        static RESULT: Template<sys::kvr_route_result> = Template::new();
         let mut strs = CStrs::new();
         // Default options (a plain preview) go as NULL, as a C caller would pass them; others
         // are lowered in place. (An admitted call is never the default: no comparison.)
@@ -631,7 +637,7 @@ impl RouterRef {
                 opts.lower_into(raw, &mut strs)?;
                 raw
             };
-        let mut out = RESULT.get();
+        let mut out = result_template();
         let mut total = 0usize;
         let cap = candidates.capacity();
         // No room asks for no candidates (NULL, as a C caller passes): the library then does
@@ -696,6 +702,62 @@ impl RouterRef {
         candidates.clear();
         candidates.extend(raw.iter().map(Candidate::from));
         Ok((result, total))
+    }
+
+    /// [`find_best_match`](Self::find_best_match) with options lowered beforehand: `prepared`
+    /// holds the C options struct, made once by [`PreparedRequest::new`], and this call only
+    /// writes `request_id` into it (a NUL-terminated copy in the prepared request's own buffer:
+    /// no allocation) before calling `kvr_find_best_match`. The decision, the booking and every
+    /// error are those of `find_best_match(tokens, &RequestOptions { request_id:
+    /// Some(request_id), ..options })` for the options `prepared` was made from
+    /// (`InvalidArgument` for an id with a NUL byte, or an empty one when admitting,
+    /// `AlreadyExists` for an id active or waiting, `Unavailable` when no allowed worker is
+    /// registered, ...), and, like it, an admitted call on a queueing router may block this
+    /// thread. No candidates are returned (use `find_best_match_with_candidates` for those).
+    ///
+    /// ```
+    /// # use kvrouter::{PreparedRequest, RequestOptions, Router, RouterOptions, WorkerConfig};
+    /// # let router = Router::new(&RouterOptions::default())?;
+    /// # router.add_worker(&WorkerConfig::new(1))?;
+    /// let mut prepared = PreparedRequest::new(&RequestOptions::admit(""))?;
+    /// let prompt: Vec<u32> = (0..48).collect();
+    /// let decision = router.find_best_match_prepared(&prompt, &mut prepared, "req-17")?;
+    /// assert_eq!((decision.worker_id, decision.booked), (1, true));
+    /// router.free_request("req-17")?;
+    /// # Ok::<(), kvrouter::Error>(())
+    /// ```
+    pub fn find_best_match_prepared(
+        &self,
+        tokens: &[u32],
+        prepared: &mut PreparedRequest,
+        request_id: &str,
+    ) -> Result<RouteResult> {
+        let admit = prepared.admits();
+        let req = prepared.with_id(request_id)?;
+        let mut out = result_template();
+        // SAFETY: a live router (concurrent); tokens, req (and the buffers it points into,
+        // owned by `prepared`, borrowed for the call) and out live across the call; no
+        // candidate buffer (NULL, cap 0).
+        let route = |err| unsafe {
+            sys::kvr_find_best_match(
+                self.as_raw(),
+                slice_ptr(tokens),
+                tokens.len(),
+                req,
+                &mut out,
+                ptr::null_mut(),
+                0,
+                ptr::null_mut(),
+                err,
+            )
+        };
+        // Only an admitting call can book, and so publish to a replica publisher.
+        if admit {
+            call(route)?;
+        } else {
+            call_without_callbacks(route)?;
+        }
+        Ok(RouteResult::from(out))
     }
 
     /// Every rank holding at least the prompt's first block, with what it holds per tier.

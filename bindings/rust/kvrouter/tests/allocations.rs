@@ -1,14 +1,14 @@
-//! The hot calls allocate nothing on the Rust heap per call (issue 16): counted by a global
-//! allocator, which is exact where times are not. (The library's own C++ allocations are not
-//! seen here: this is the binding's share.) Also: ids too long for the stack buffer and ids
-//! with a NUL byte still work and fail as before.
+//! The hot calls allocate nothing on the Rust heap per call (issue 16), prepared ones included:
+//! counted by a global allocator, which is exact where times are not. (The library's own C++
+//! allocations are not seen here: this is the binding's share.) Also: ids too long for the
+//! stack buffer and ids with a NUL byte still work and fail as before.
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use kvrouter::{Code, RequestOptions};
+use kvrouter::{Code, PreparedRequest, RequestOptions};
 
 struct Counting;
 
@@ -71,6 +71,68 @@ fn hot_calls_do_not_allocate() {
             router.free_request(id).unwrap();
         });
         assert_eq!(n, 0, "admit + mark + free allocated {n} times");
+    }
+}
+
+#[test]
+fn prepared_calls_do_not_allocate() {
+    let router = common::router(4);
+    let prompts: Vec<Vec<u32>> = (0..8).map(|s| common::prompt(s, 4)).collect();
+    let ids: Vec<String> = (0..8).map(|i| format!("request-{i}")).collect();
+    let allowed = [1u64, 2, 3, 4];
+    let mut prepared = PreparedRequest::new(&RequestOptions {
+        lora_name: Some("adapter"),
+        cache_namespace: Some("tenant"),
+        allowed_worker_ids: Some(&allowed),
+        ..RequestOptions::admit("")
+    })
+    .unwrap();
+    let mut preview = PreparedRequest::new(&RequestOptions {
+        lora_name: Some("adapter"),
+        ..Default::default()
+    })
+    .unwrap();
+    // Warm up: one-time set-up (templates, version check) is not per call.
+    router
+        .find_best_match_prepared(&prompts[0], &mut prepared, &ids[0])
+        .unwrap();
+    router.free_request(&ids[0]).unwrap();
+    for i in 0..100 {
+        let (p, id) = (&prompts[i % 8], ids[i % 8].as_str());
+        let n = allocations(|| {
+            let r = router
+                .find_best_match_prepared(p, &mut preview, id)
+                .unwrap();
+            assert!(!r.booked);
+            let r = router
+                .find_best_match_prepared(p, &mut prepared, id)
+                .unwrap();
+            assert!(r.booked);
+            router.mark_prefill_completed(id).unwrap();
+            router.free_request(id).unwrap();
+        });
+        assert_eq!(
+            n, 0,
+            "prepared preview + admit + mark + free allocated {n} times"
+        );
+    }
+    // An id longer than any before grows the id buffer once; then it is reused again.
+    let long = "x".repeat(100);
+    let n = allocations(|| {
+        router
+            .find_best_match_prepared(&prompts[1], &mut prepared, &long)
+            .unwrap();
+    });
+    assert_eq!(n, 1, "the first long id");
+    router.free_request(&long).unwrap();
+    for id in [long.as_str(), "short", long.as_str()] {
+        let n = allocations(|| {
+            router
+                .find_best_match_prepared(&prompts[2], &mut prepared, id)
+                .unwrap();
+        });
+        assert_eq!(n, 0, "{id} allocated {n} times");
+        router.free_request(id).unwrap();
     }
 }
 
