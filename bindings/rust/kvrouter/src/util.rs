@@ -74,7 +74,7 @@ pub(crate) unsafe fn copy_with_nul(src: &[u8], dst: *mut u8) -> bool {
 ///
 /// `repr(C)` with the buffer last, after `heap`: in Rust's own layout `used` (0) came right
 /// after the uninitialised buffer, and LLVM merged the two into one `memset` of 264 bytes per
-/// `CStrs::new()` (a libc call, then a stalled load of `used`: ~10 ns of every call taking an
+/// `CStrs::new()` (a libc call, then a stalled load of `used`: 3-7 ns of every call taking an
 /// id). Check `memset` in the release disassembly of `RouterRef::free_request` after a change.
 #[repr(C)]
 pub(crate) struct CStrs {
