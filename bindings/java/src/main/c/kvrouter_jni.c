@@ -1136,8 +1136,7 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_findBestMatchSimple(
   tokens_in t;
   kvr_request_options o;
   kvr_route_result rr;
-  if (INIT(env, kvr_request_options_init, &o) != 0 ||
-      INIT(env, kvr_route_result_init, &rr) != 0) {
+  if (INIT(env, kvr_request_options_init, &o) != 0 || INIT(env, kvr_route_result_init, &rr) != 0) {
     goto done;
   }
   o.flags = (uint32_t)flags;
@@ -1209,6 +1208,67 @@ done:
   free(t);
   free(id);
   return ns;
+}
+
+/* ---- The Java 22+ path (src/main/java22/io/kvrouter/HotPath.java) ------------------------- */
+
+/* Native.ffmTable: what the java.lang.foreign path of the hot calls needs from this library, in
+ * the order of HotPath's T_* constants: the addresses of the C functions it calls and the sizes
+ * and field offsets of the structs it fills and reads, as this glue was compiled (so the FFM path
+ * states no layout of its own). The functions are this glue's own copy of libkvrouter (linked in
+ * statically, not exported: see kvrouter_jni.map) or, linked shared, the libkvrouter.so it uses:
+ * the same code the JNI calls run, on the same router objects. */
+JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_ffmTable(JNIEnv* env, jclass cls) {
+  (void)cls;
+#define FN(f) ((jlong)(intptr_t)(f))
+  const jlong v[] = {
+      FN(kvr_find_best_match),
+      FN(kvr_preview_route),
+      FN(kvr_router_free_request),
+      FN(kvr_router_mark_prefill_completed),
+      FN(kvr_request_options_init),
+      FN(kvr_route_result_init),
+      FN(kvr_route_signals_init),
+      sizeof(kvr_request_options),
+      offsetof(kvr_request_options, flags),
+      offsetof(kvr_request_options, request_id),
+      offsetof(kvr_request_options, lora_name),
+      offsetof(kvr_request_options, cache_namespace),
+      sizeof(kvr_route_result),
+      offsetof(kvr_route_result, dp_rank),
+      offsetof(kvr_route_result, worker_id),
+      offsetof(kvr_route_result, prompt_blocks),
+      offsetof(kvr_route_result, device_overlap_blocks),
+      offsetof(kvr_route_result, effective_overlap_blocks),
+      offsetof(kvr_route_result, cached_tokens),
+      offsetof(kvr_route_result, prompt_tokens),
+      offsetof(kvr_route_result, cost),
+      offsetof(kvr_route_result, booked),
+      offsetof(kvr_route_result, queued),
+      sizeof(kvr_route_signals),
+      offsetof(kvr_route_signals, dp_rank),
+      offsetof(kvr_route_signals, worker_id),
+      offsetof(kvr_route_signals, overlap_blocks),
+      offsetof(kvr_route_signals, prompt_blocks),
+      offsetof(kvr_route_signals, cached_tokens),
+      offsetof(kvr_route_signals, potential_decode_blocks),
+      offsetof(kvr_route_signals, total_kv_blocks),
+      offsetof(kvr_route_signals, cost),
+      offsetof(kvr_route_signals, prompt_tokens),
+      offsetof(kvr_route_signals, booked),
+      offsetof(kvr_route_signals, moved),
+      offsetof(kvr_route_signals, queued),
+  };
+#undef FN
+  return new_longs(env, v, sizeof v / sizeof v[0]);
+}
+
+/* Native.throwStatus: a failed FFM call's status and error object (or 0) become the exception
+ * the JNI calls throw (throw_status), which frees the error. */
+JNIEXPORT void JNICALL Java_io_kvrouter_Native_throwStatus(JNIEnv* env, jclass cls, jint status,
+                                                           jlong err) {
+  (void)cls;
+  throw_status(env, (kvr_status)status, (kvr_error*)(intptr_t)err);
 }
 
 /* Results that grow: start with a small buffer, retry with the count the library asks for

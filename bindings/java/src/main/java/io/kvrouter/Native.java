@@ -148,6 +148,19 @@ final class Native {
       long router, int op, int[] tokens, int nq, int qlen, byte[] ids, int stride, int nids,
       int iters);
 
+  /**
+   * For the Java 22+ path of the hot calls (META-INF/versions/22/io/kvrouter/HotPath): the
+   * addresses of the C functions it calls and the sizes and offsets of the structs it uses, as
+   * the glue was compiled (the order of that class's T_* constants).
+   */
+  static native long[] ffmTable();
+
+  /**
+   * Throws the {@link KvRouterException} a JNI call would for {@code status} and the error object
+   * {@code err} (a {@code kvr_error*}, or 0), and frees the error object.
+   */
+  static native void throwStatus(int status, long err);
+
   static native long[] overlapScores(long router, int[] tokens, RequestOptions options);
 
   static native long[] overlapScoresHashed(long router, long[] localHashes, RequestOptions options);

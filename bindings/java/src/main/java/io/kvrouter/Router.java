@@ -318,10 +318,6 @@ public final class Router extends NativeObject {
     return route(null, tokens, tokens.position(), tokens.remaining(), options, maxCandidates);
   }
 
-  private static int length(String s) {
-    return s == null ? 0 : s.length();
-  }
-
   private RouteResult route(
       int[] tokens,
       IntBuffer direct,
@@ -330,30 +326,21 @@ public final class Router extends NativeObject {
       RequestOptions options,
       int maxCandidates) {
     if (maxCandidates < 0) throw new IllegalArgumentException("maxCandidates < 0");
+    if (maxCandidates == 0 && (options == null || options.simpleFlags() >= 0)) {
+      // The usual calls: a preview, or an admission with an id (LoRA, namespace).
+      long h = acquire();
+      try {
+        return HotPath.findBestMatch(h, tokens, direct, offset, length, options);
+      } finally {
+        release();
+      }
+    }
     long[] out = new long[RouteResult.ENCODED_LEN];
     long h = acquire();
-    long[] candidates = null;
+    long[] candidates;
     try {
-      int flags = options == null || maxCandidates > 0 ? -1 : options.simpleFlags();
-      if (flags >= 0) {
-        Native.findBestMatchSimple(
-            h,
-            tokens,
-            direct,
-            offset,
-            length,
-            flags,
-            options.requestId,
-            length(options.requestId),
-            options.loraName,
-            length(options.loraName),
-            options.cacheNamespace,
-            length(options.cacheNamespace),
-            out);
-      } else {
-        candidates =
-            Native.findBestMatch(h, tokens, direct, offset, length, options, maxCandidates, out);
-      }
+      candidates =
+          Native.findBestMatch(h, tokens, direct, offset, length, options, maxCandidates, out);
     } finally {
       release();
     }
@@ -469,7 +456,7 @@ public final class Router extends NativeObject {
     Objects.requireNonNull(requestId, "requestId");
     long h = acquire();
     try {
-      Native.markPrefillCompleted(h, requestId);
+      HotPath.markPrefillCompleted(h, requestId);
     } finally {
       release();
     }
@@ -501,7 +488,7 @@ public final class Router extends NativeObject {
     Objects.requireNonNull(requestId, "requestId");
     long h = acquire();
     try {
-      Native.freeRequest(h, requestId);
+      HotPath.freeRequest(h, requestId);
     } finally {
       release();
     }
@@ -572,14 +559,12 @@ public final class Router extends NativeObject {
    */
   public RouteSignals previewRoute(int[] tokens, RequestOptions options, RoutingHints hints) {
     Objects.requireNonNull(tokens, "tokens");
-    long[] out = new long[Abi.RouteSignals.LEN];
     long h = acquire();
     try {
-      Native.previewRoute(h, tokens, options, hints, out);
+      return HotPath.previewRoute(h, tokens, options, hints);
     } finally {
       release();
     }
-    return RouteSignals.decode(out);
   }
 
   /**
