@@ -10,13 +10,26 @@
 # completeness, load order and run paths, and the consumer checks that the process maps them from
 # the jar, not from the system, then runs again with the system's copies hidden (a private mount
 # namespace, when unshare can make one).
+# The jar is multi-release: on JDK 22+ the hot calls go through java.lang.foreign
+# (META-INF/versions/22/io/kvrouter/HotPath): Maven compiles those sources with the javac of the
+# JDK in KVR_FFM_JDK (default: Temurin 25 under /usr/lib/jvm), and its failsafe runs their tests
+# (HotPathFfmIT: the FFM path against JNI on the same routers) on that JDK's java, against the
+# jar; the consumer runs on it too and must load the FFM class.
 # Maven's output goes to bindings/java/target/test-java.log; this prints the test results and
-# ends with surefire's own summary line. Needs a JDK (17 or newer), Maven, CMake, pkg-config;
-# the NATS tests run when nats-server is installed and are skipped otherwise.
+# ends with surefire's and failsafe's summary lines. Needs a JDK (17 or newer) for Maven, a JDK
+# 22+ (KVR_FFM_JDK), Maven, CMake, pkg-config; the NATS tests run when nats-server is installed
+# and are skipped otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 jobs=${KVR_JOBS:-$(nproc)}
+ffm_jdk=${KVR_FFM_JDK:-/usr/lib/jvm/temurin-25-jdk-amd64}
+ffm_feature=$("$ffm_jdk/bin/java" -XshowSettings:properties -version 2>&1 |
+  sed -n 's/^ *java\.specification\.version = //p' || true)
+if [[ -z $ffm_feature || $ffm_feature -lt 22 ]]; then
+  echo "KVR_FFM_JDK=$ffm_jdk: not a JDK 22 or newer (the jar's FFM path needs one to build and test)" >&2
+  exit 1
+fi
 
 source scripts/staged-library.sh
 use_staged_library java
@@ -27,19 +40,24 @@ mkdir -p bindings/java/target
 cc -std=c11 -O2 -Wall -Wextra -Werror -o bindings/java/target/capi_find_best_match_bench \
   bindings/java/src/test/c/capi_find_best_match_bench.c $(pkg-config --cflags --libs kvrouter) -lm
 
-echo "== bindings/java: JNI glue, jar and tests (mvn verify, -Xcheck:jni) =="
+echo "== bindings/java: JNI glue, jar and tests (mvn verify, -Xcheck:jni; the FFM path's on JDK $ffm_feature) =="
 cd bindings/java
 mkdir -p target
 log=target/test-java.log
 status=0
-mvn -B -ntp -Dstyle.color=never -Dkvr.jobs="$jobs" \
+mvn -B -ntp -Dstyle.color=never -Dkvr.jobs="$jobs" -Dkvr.ffm.jdk="$ffm_jdk" \
   -Dkvr.cmake.args="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVRJ_WERROR=ON" \
   verify >"$log" 2>&1 || status=$?
 
-# Surefire's line per test class and per failing test, then its summary line last (printed
-# after the checks below, which run only when the build passed).
+# Surefire's and failsafe's line per test class and per failing test, then their summary lines
+# last (printed after the checks below, which run only when the build passed): surefire's (the
+# JDK Maven runs on, the JNI classes), then failsafe's (KVR_FFM_JDK, the jar's FFM path).
 grep -E 'Tests run: .* -- in |<<< (FAILURE|ERROR)!' "$log" || true
-summary=$(grep -E '^\[(INFO|WARNING|ERROR)\] Tests run: [0-9]+, Failures: [0-9]+, Errors: [0-9]+, Skipped: [0-9]+$' "$log" | tail -n 1 || true)
+summaries=$(grep -E '^\[(INFO|WARNING|ERROR)\] Tests run: [0-9]+, Failures: [0-9]+, Errors: [0-9]+, Skipped: [0-9]+$' "$log" || true)
+summary=$(head -n 1 <<<"$summaries")
+if [[ $(wc -l <<<"$summaries") -ge 2 ]]; then
+  summary="$summary (surefire, $(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java\.vm\.version = //p'))"$'\n'"$(tail -n 1 <<<"$summaries") (failsafe: the FFM path, $("$ffm_jdk/bin/java" -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java\.vm\.version = //p'))"
+fi
 if [ "$status" -ne 0 ]; then
   echo "mvn failed (exit $status); the last lines of bindings/java/$log:" >&2
   tail -n 60 "$log" >&2
@@ -147,6 +165,21 @@ rm -rf "$consumer" && mkdir -p "$consumer"
 javac -d "$consumer" --module-path "$jar" $(find src/it/consumer/src -name '*.java')
 env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH java -Djava.library.path=/nonexistent \
   --enable-native-access=io.kvrouter --module-path "$jar:$consumer" -m consumer/consumer.Main
+
+echo "== bindings/java: the consumer on JDK $ffm_feature: the jar's FFM path (META-INF/versions/22) =="
+# The same, on KVR_FFM_JDK: the JVM must load the FFM implementation of io.kvrouter.HotPath (its
+# nested HotPath$Buffer exists only there) and make a downcall.
+classes=$(env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH "$ffm_jdk/bin/java" -Xlog:class+load=info \
+  -Djava.library.path=/nonexistent --enable-native-access=io.kvrouter \
+  --module-path "$jar:$consumer" -m consumer/consumer.Main)
+grep -v '\[class,load\]' <<<"$classes"
+for class in 'io\.kvrouter\.HotPath\$Buffer' 'jdk\.internal\.foreign\.abi\.DowncallLinker'; do
+  if ! grep -qE "\\[class,load\\] $class " <<<"$classes"; then
+    echo "JDK $ffm_feature did not load $class: the jar's FFM path was not used" >&2
+    exit 1
+  fi
+done
+echo "loaded io.kvrouter.HotPath from META-INF/versions/22 (FFM)"
 
 echo "== bindings/java: the consumer again, the system's copies of the jar's libraries hidden =="
 # As on a machine without those packages: in a private mount namespace (unshare, as root or in an

@@ -81,10 +81,11 @@ public final class OverheadBenchmark {
       router.release(); // the router stays open for the whole run
       System.out.printf(
           Locale.ROOT,
-          "%d pairs of chunks of %d calls; ns per call (min / p10 of chunk means), %s%n",
+          "%d pairs of chunks of %d calls; ns per call (min / p10 of chunk means), %s, %s path%n",
           rounds,
           chunk,
-          System.getProperty("java.vm.version"));
+          System.getProperty("java.vm.version"),
+          HotPath.kind());
       for (Bench b : benches) {
         for (int w = 0; w < 20; ++w) { // warm-up: JIT
           b.run(chunk);

@@ -1,0 +1,377 @@
+package io.kvrouter;
+
+import static io.kvrouter.TestSupport.BLOCK;
+import static io.kvrouter.TestSupport.stored;
+import static io.kvrouter.TestSupport.tokens;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.IntBuffer;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.LongFunction;
+import java.util.function.Supplier;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * The Java 22+ path of the hot calls (META-INF/versions/22/io/kvrouter/HotPath, java.lang.foreign)
+ * against the JNI path ({@link JniHotPath}) on the same routers: the same results, the same state
+ * changes, the same exceptions. Run by failsafe on a JDK 22+ with the jar on the class path (so
+ * that the versioned class is the one loaded); see pom.xml.
+ */
+@Timeout(120)
+class HotPathFfmIT {
+  private static final int[] PROMPT = tokens(4 * BLOCK + 5, 1000);
+
+  /** A call's outcome: its result, or the exception it threw. */
+  private record Outcome(Object result, Class<?> thrown, String message, int code) {
+    static Outcome of(Supplier<?> call) {
+      try {
+        return new Outcome(call.get(), null, null, 0);
+      } catch (KvRouterException e) {
+        return new Outcome(null, e.getClass(), e.getMessage(), e.code());
+      } catch (RuntimeException e) {
+        return new Outcome(null, e.getClass(), e.getMessage(), 0);
+      }
+    }
+  }
+
+  private static void same(Supplier<?> ffm, Supplier<?> jni) {
+    Outcome f = Outcome.of(ffm);
+    Outcome j = Outcome.of(jni);
+    assertEquals(j, f, "FFM path (left: JNI)");
+  }
+
+  private static Router router() {
+    Router r = TestSupport.routerWithWorkers(4);
+    for (int w = 1; w <= 4; ++w) {
+      r.applyStored(stored(w, tokens(8 * BLOCK, 1000), w, w * 100L));
+    }
+    return r;
+  }
+
+  /**
+   * Two routers built alike and given the same calls in the same order, one through each path:
+   * ties between ranks are broken by the router's seeded random draws, so the calls of the two
+   * paths are compared on twins rather than one after the other on one router (whose draws
+   * would differ between the two calls).
+   */
+  private static final class Twins implements AutoCloseable {
+    final Router ffm = router();
+    final Router jni = router();
+    final long f = handle(ffm);
+    final long j = handle(jni);
+
+    void same(LongFunction<?> ffmCall, LongFunction<?> jniCall) {
+      HotPathFfmIT.same(() -> ffmCall.apply(f), () -> jniCall.apply(j));
+      // The bookings as the cost model sees them (per rank: active requests, blocks, prefill
+      // tokens), and the counters the calls move. (stateDigest covers the booking times too,
+      // which differ between two routers' clocks.)
+      assertEquals(jni.potentialLoads(PROMPT), ffm.potentialLoads(PROMPT));
+      Metrics mf = ffm.metrics();
+      Metrics mj = jni.metrics();
+      assertEquals(mj.requestsActive(), mf.requestsActive());
+      assertEquals(mj.decisions(), mf.decisions());
+    }
+
+    @Override
+    public void close() {
+      ffm.close();
+      jni.close();
+    }
+  }
+
+  private static long handle(Router r) {
+    long h = r.acquire();
+    r.release(); // the tests keep the router open while they use the handle
+    return h;
+  }
+
+  private static IntBuffer direct(int[] tokens, int position) {
+    IntBuffer b =
+        ByteBuffer.allocateDirect(4 * (tokens.length + position))
+            .order(ByteOrder.nativeOrder())
+            .asIntBuffer();
+    b.position(position);
+    b.put(tokens);
+    b.position(position);
+    return b;
+  }
+
+  @Test
+  void theJarServesTheHotCallsThroughFfm() {
+    assertTrue(Runtime.version().feature() >= 22, "run on JDK 22+: " + Runtime.version());
+    assertEquals("ffm", HotPath.kind());
+  }
+
+  @Test
+  void previewsAgree() {
+    try (Twins t = new Twins()) {
+      List<RequestOptions> options = new ArrayList<>();
+      options.add(null);
+      options.add(RequestOptions.withId("p-1"));
+      options.add(RequestOptions.builder().loraName("adapter").build());
+      options.add(RequestOptions.builder().requestId("p-2").cacheNamespace("tenant-é").build());
+      for (int[] prompt :
+          new int[][] {PROMPT, tokens(0, 0), tokens(3, 7), tokens(8192, 1000), tokens(64, 9)}) {
+        for (RequestOptions o : options) {
+          t.same(
+              h -> HotPath.findBestMatch(h, prompt, null, 0, prompt.length, o),
+              h -> JniHotPath.findBestMatch(h, prompt, null, 0, prompt.length, o));
+          IntBuffer d = direct(prompt, 3);
+          t.same(
+              h -> HotPath.findBestMatch(h, null, d, d.position(), d.remaining(), o),
+              h -> JniHotPath.findBestMatch(h, null, d, d.position(), d.remaining(), o));
+          assertEquals(3, d.position());
+          t.same(
+              h -> HotPath.previewRoute(h, prompt, o, null),
+              h -> JniHotPath.previewRoute(h, prompt, o, null));
+        }
+      }
+      // Through Router, the public calls.
+      t.same(h -> t.ffm.findBestMatch(PROMPT), h -> t.jni.findBestMatch(PROMPT));
+      t.same(
+          h -> t.ffm.previewRoute(PROMPT, RequestOptions.withId("q"), null),
+          h -> t.jni.previewRoute(PROMPT, RequestOptions.withId("q"), null));
+      assertEquals(0, t.ffm.metrics().requestsActive());
+    }
+  }
+
+  @Test
+  void admittedCallsMarksAndFreesAgree() {
+    try (Twins t = new Twins()) {
+      t.ffm.setTime(1_000_000_000L); // clocks that stand still
+      t.jni.setTime(1_000_000_000L);
+      int[] big = tokens(8192, 1000); // larger than the first native prompt buffer
+      String longId = "x".repeat(1000); // longer than the first string buffer
+      for (String id : new String[] {"a-1", "ré-中-😀", longId}) {
+        for (int[] prompt : new int[][] {PROMPT, big, tokens(0, 0)}) {
+          for (RequestOptions o :
+              new RequestOptions[] {
+                RequestOptions.admit(id),
+                RequestOptions.builder().requestId(id).admit(true).loraName("l").build()
+              }) {
+            t.same(
+                h -> HotPath.findBestMatch(h, prompt, null, 0, prompt.length, o),
+                h -> JniHotPath.findBestMatch(h, prompt, null, 0, prompt.length, o));
+            t.same(
+                h -> run(() -> HotPath.markPrefillCompleted(h, id)),
+                h -> run(() -> JniHotPath.markPrefillCompleted(h, id)));
+            t.same(
+                h -> run(() -> HotPath.freeRequest(h, id)),
+                h -> run(() -> JniHotPath.freeRequest(h, id)));
+            IntBuffer d = direct(prompt, 5);
+            t.same(
+                h -> HotPath.findBestMatch(h, null, d, 5, prompt.length, o),
+                h -> JniHotPath.findBestMatch(h, null, d, 5, prompt.length, o));
+            t.same(h -> run(() -> t.ffm.freeRequest(id)), h -> run(() -> t.jni.freeRequest(id)));
+          }
+        }
+        // On one router: an id booked through one path is the id the other path frees.
+        try (Router r = router()) {
+          long h = handle(r);
+          r.findBestMatch(PROMPT, RequestOptions.admit(id));
+          assertEquals(1, r.metrics().requestsActive());
+          JniHotPath.freeRequest(h, id);
+          assertEquals(0, r.metrics().requestsActive());
+          JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, RequestOptions.admit(id));
+          HotPath.markPrefillCompleted(h, id);
+          r.freeRequest(id);
+          assertEquals(0, r.metrics().requestsActive());
+        }
+      }
+      // Frees and marks of unknown ids are no error on either path.
+      t.same(
+          h -> run(() -> HotPath.freeRequest(h, "nobody")),
+          h -> run(() -> JniHotPath.freeRequest(h, "nobody")));
+      t.same(
+          h -> run(() -> HotPath.markPrefillCompleted(h, "nobody")),
+          h -> run(() -> JniHotPath.markPrefillCompleted(h, "nobody")));
+      assertEquals(0, t.ffm.metrics().requestsActive());
+    }
+  }
+
+  private static String run(Runnable call) {
+    call.run();
+    return "ok";
+  }
+
+  @Test
+  void errorsAgree() {
+    try (Twins t = new Twins()) {
+      // A duplicate request id.
+      RequestOptions dup = RequestOptions.admit("dup");
+      t.same(
+          h -> HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, dup),
+          h -> JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, dup));
+      t.same(
+          h -> HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, dup),
+          h -> JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, dup));
+      IntBuffer d = direct(PROMPT, 0);
+      t.same(
+          h -> HotPath.findBestMatch(h, null, d, 0, PROMPT.length, dup),
+          h -> JniHotPath.findBestMatch(h, null, d, 0, PROMPT.length, dup));
+      KvRouterException e =
+          assertThrows(KvRouterException.class, () -> t.ffm.findBestMatch(PROMPT, dup));
+      assertEquals(Status.ALREADY_EXISTS, e.status());
+      t.ffm.freeRequest("dup");
+      t.jni.freeRequest("dup");
+      // Admission without an id.
+      RequestOptions noId = RequestOptions.builder().admit(true).build();
+      t.same(
+          h -> HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, noId),
+          h -> JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, noId));
+      // Strings the library cannot take: the glue's checks, the glue's messages.
+      for (String bad : new String[] {"a\0b", "x\uD800", "\uDC00y", "\uD800\uD800"}) {
+        RequestOptions o = RequestOptions.admit(bad);
+        t.same(
+            h -> HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, o),
+            h -> JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, o));
+        RequestOptions lora = RequestOptions.builder().loraName(bad).build();
+        t.same(
+            h -> HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, lora),
+            h -> JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, lora));
+        t.same(
+            h -> HotPath.previewRoute(h, PROMPT, lora, null),
+            h -> JniHotPath.previewRoute(h, PROMPT, lora, null));
+        t.same(
+            h -> run(() -> HotPath.freeRequest(h, bad)),
+            h -> run(() -> JniHotPath.freeRequest(h, bad)));
+        t.same(
+            h -> run(() -> HotPath.markPrefillCompleted(h, bad)),
+            h -> run(() -> JniHotPath.markPrefillCompleted(h, bad)));
+      }
+      // A pin to an unknown worker (routing hints: the JNI path on both sides).
+      RoutingHints pin = RoutingHints.builder().workerId(99).build();
+      t.same(
+          h -> HotPath.previewRoute(h, PROMPT, null, pin),
+          h -> JniHotPath.previewRoute(h, PROMPT, null, pin));
+      // No eligible worker.
+      for (long w = 1; w <= 4; ++w) {
+        t.ffm.removeWorker(w);
+        t.jni.removeWorker(w);
+      }
+      t.same(
+          h -> HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, null),
+          h -> JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, null));
+      t.same(
+          h -> HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, dup),
+          h -> JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, dup));
+      t.same(
+          h -> HotPath.previewRoute(h, PROMPT, null, null),
+          h -> JniHotPath.previewRoute(h, PROMPT, null, null));
+      e = assertThrows(KvRouterException.class, () -> t.ffm.findBestMatch(PROMPT));
+      assertEquals(Status.UNAVAILABLE, e.status());
+    }
+  }
+
+  @Test
+  void aClosedRouterRefusesEveryHotCall() {
+    Router r = router();
+    r.close();
+    List<Runnable> calls =
+        List.of(
+            () -> r.findBestMatch(PROMPT),
+            () -> r.findBestMatch(PROMPT, RequestOptions.admit("c")),
+            () -> r.findBestMatch(direct(PROMPT, 0), RequestOptions.admit("c")),
+            () -> r.previewRoute(PROMPT, null, null),
+            () -> r.markPrefillCompleted("c"),
+            () -> r.freeRequest("c"));
+    for (Runnable call : calls) {
+      IllegalStateException e = assertThrows(IllegalStateException.class, call::run);
+      assertEquals("Router is closed", e.getMessage());
+    }
+  }
+
+  @Test
+  void aPublisherCallingBackOnTheSameThreadGetsABufferOfItsOwn() {
+    try (Router a = router();
+        Router b = router()) {
+      AtomicLong nested = new AtomicLong();
+      // Called inside a's admitted call and free (ordinary downcalls), on the same thread: each
+      // hot call made here must not disturb the buffer the outer call is using.
+      a.setReplicaPublisher(
+          "a",
+          change -> {
+            b.applyReplicaEvent(change);
+            RouteResult p = b.findBestMatch(tokens(3 * BLOCK, 77));
+            assertNotNull(p);
+            b.findBestMatch(PROMPT, RequestOptions.admit("nested-" + nested.incrementAndGet()));
+            b.freeRequest("nested-" + nested.get());
+            b.markPrefillCompleted("elsewhere");
+          });
+      for (int i = 0; i < 20; ++i) {
+        String id = "outer-" + i + "-" + "é".repeat(i * 40);
+        RouteResult r = a.findBestMatch(PROMPT, RequestOptions.admit(id));
+        assertTrue(r.booked());
+        assertEquals(PROMPT.length, r.promptTokens());
+        assertEquals(1, b.metrics().replicaRequestsActive());
+        a.freeRequest(id);
+        assertEquals(0, b.metrics().replicaRequestsActive());
+        assertEquals(0, a.metrics().requestsActive());
+      }
+      assertTrue(nested.get() >= 40);
+      a.setReplicaPublisher(null, null);
+    }
+  }
+
+  @Test
+  void manyThreadsAndACloseKeepTheGuard() throws Exception {
+    for (int round = 0; round < 5; ++round) {
+      Router r = router();
+      ExecutorService pool = Executors.newFixedThreadPool(6);
+      CountDownLatch started = new CountDownLatch(6);
+      AtomicBoolean wrong = new AtomicBoolean();
+      AtomicLong calls = new AtomicLong();
+      List<Future<?>> futures = new ArrayList<>();
+      for (int t = 0; t < 6; ++t) {
+        final int thread = t;
+        futures.add(
+            pool.submit(
+                () -> {
+                  started.countDown();
+                  IntBuffer d = direct(PROMPT, 0);
+                  for (int i = 0; ; ++i) {
+                    String id = "t" + thread + "-" + i;
+                    try {
+                      RouteResult p = r.findBestMatch(PROMPT);
+                      if (p.booked()) wrong.set(true);
+                      RouteResult a =
+                          thread % 2 == 0
+                              ? r.findBestMatch(PROMPT, RequestOptions.admit(id))
+                              : r.findBestMatch(d, RequestOptions.admit(id));
+                      if (!a.booked()) wrong.set(true);
+                      r.previewRoute(PROMPT, null, null);
+                      r.markPrefillCompleted(id);
+                      r.freeRequest(id);
+                      calls.incrementAndGet();
+                    } catch (IllegalStateException e) {
+                      if (!r.isClosed()) wrong.set(true);
+                      return null;
+                    }
+                  }
+                }));
+      }
+      started.await();
+      while (calls.get() < 200) Thread.onSpinWait();
+      r.close();
+      for (Future<?> f : futures) assertNull(f.get(60, TimeUnit.SECONDS));
+      pool.shutdown();
+      assertTrue(pool.awaitTermination(10, TimeUnit.SECONDS));
+      assertEquals(false, wrong.get());
+    }
+  }
+}
