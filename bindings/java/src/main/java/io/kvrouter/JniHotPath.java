@@ -5,7 +5,7 @@ import java.nio.IntBuffer;
 /**
  * The JNI implementation of {@link HotPath}'s calls: what {@link HotPath} is on JDK 17 to 21, and
  * what the Java 22+ one falls back to for the calls it does not make itself (options or hints
- * beyond the simple ones, native access not enabled, {@code -Dkvrouter.ffm=false}).
+ * beyond the simple ones, no native access for the module, {@code -Dkvrouter.ffm=false}).
  */
 final class JniHotPath {
   private JniHotPath() {}

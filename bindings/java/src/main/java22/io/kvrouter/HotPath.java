@@ -37,9 +37,10 @@ import java.util.Collections;
  *   <li>A failure becomes its exception in the glue ({@link Native#throwStatus}), so it is the
  *       JNI path's to the message.
  *   <li>Everything else goes through JNI ({@link JniHotPath}): options beyond the simple ones,
- *       routing hints, and every call when the module has no native access enabled (then the
- *       JVM would warn about the restricted methods this uses; JDK 24 and newer warn about JNI
- *       anyway) or {@code -Dkvrouter.ffm=false} is set.
+ *       routing hints, and every call when this module may not use restricted methods
+ *       (native access denied to it: JDK 22 and 23 with {@code --enable-native-access} naming
+ *       other modules only, JDK 24+ with {@code --illegal-native-access=deny}) or
+ *       {@code -Dkvrouter.ffm=false} is set.
  * </ul>
  */
 final class HotPath {
