@@ -135,6 +135,19 @@ final class HotPath {
           JAVA_LONG, // cap
           JAVA_LONG, // num_candidates
           JAVA_LONG); // err
+  // The same, the prompt as an address (a direct buffer's, kept alive by the caller).
+  private static final FunctionDescriptor FIND_BEST_MATCH_AT_D =
+      FunctionDescriptor.of(
+          JAVA_INT,
+          JAVA_LONG,
+          JAVA_LONG,
+          JAVA_LONG,
+          JAVA_LONG,
+          JAVA_LONG,
+          JAVA_LONG,
+          JAVA_LONG,
+          JAVA_LONG,
+          JAVA_LONG);
   private static final FunctionDescriptor PREVIEW_ROUTE_D =
       FunctionDescriptor.of(
           JAVA_INT, JAVA_LONG, ADDRESS, JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG);
@@ -145,6 +158,8 @@ final class HotPath {
 
   private static final MethodHandle FIND_BEST_MATCH_CRITICAL;
   private static final MethodHandle FIND_BEST_MATCH;
+  private static final MethodHandle FIND_BEST_MATCH_AT_CRITICAL;
+  private static final MethodHandle FIND_BEST_MATCH_AT;
   private static final MethodHandle PREVIEW_ROUTE_CRITICAL;
   private static final MethodHandle FREE_REQUEST;
   private static final MethodHandle MARK_PREFILL_COMPLETED;
@@ -158,6 +173,9 @@ final class HotPath {
       Linker.Option critical = Linker.Option.critical(true);
       FIND_BEST_MATCH_CRITICAL = downcall(linker, T_FIND_BEST_MATCH, FIND_BEST_MATCH_D, critical);
       FIND_BEST_MATCH = downcall(linker, T_FIND_BEST_MATCH, FIND_BEST_MATCH_D);
+      FIND_BEST_MATCH_AT_CRITICAL =
+          downcall(linker, T_FIND_BEST_MATCH, FIND_BEST_MATCH_AT_D, critical);
+      FIND_BEST_MATCH_AT = downcall(linker, T_FIND_BEST_MATCH, FIND_BEST_MATCH_AT_D);
       PREVIEW_ROUTE_CRITICAL = downcall(linker, T_PREVIEW_ROUTE, PREVIEW_ROUTE_D, critical);
       FREE_REQUEST = downcall(linker, T_FREE_REQUEST, ID_CALL_D);
       MARK_PREFILL_COMPLETED = downcall(linker, T_MARK_PREFILL_COMPLETED, ID_CALL_D);
@@ -167,6 +185,8 @@ final class HotPath {
     } else {
       FIND_BEST_MATCH_CRITICAL = null;
       FIND_BEST_MATCH = null;
+      FIND_BEST_MATCH_AT_CRITICAL = null;
+      FIND_BEST_MATCH_AT = null;
       PREVIEW_ROUTE_CRITICAL = null;
       FREE_REQUEST = null;
       MARK_PREFILL_COMPLETED = null;
@@ -214,16 +234,18 @@ final class HotPath {
       }
       int status;
       if (direct != null) {
-        MemorySegment prompt = MemorySegment.ofBuffer(direct); // position to limit, in place
+        // In place: the address of its position (the segment object does not escape, so it
+        // costs no allocation), the buffer kept reachable until the call returned.
+        long prompt = MemorySegment.ofBuffer(direct).address();
         if (admit) {
           status =
               (int)
-                  FIND_BEST_MATCH.invokeExact(
+                  FIND_BEST_MATCH_AT.invokeExact(
                       router, prompt, (long) length, opts, out, 0L, 0L, total, err);
         } else {
           status =
               (int)
-                  FIND_BEST_MATCH_CRITICAL.invokeExact(
+                  FIND_BEST_MATCH_AT_CRITICAL.invokeExact(
                       router, prompt, (long) length, opts, out, 0L, 0L, total, err);
         }
         Reference.reachabilityFence(direct);

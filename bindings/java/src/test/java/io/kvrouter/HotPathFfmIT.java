@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.lang.management.ManagementFactory;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.IntBuffer;
@@ -136,6 +137,10 @@ class HotPathFfmIT {
               h -> HotPath.findBestMatch(h, null, d, d.position(), d.remaining(), o),
               h -> JniHotPath.findBestMatch(h, null, d, d.position(), d.remaining(), o));
           assertEquals(3, d.position());
+          IntBuffer readOnly = d.asReadOnlyBuffer();
+          t.same(
+              h -> HotPath.findBestMatch(h, null, readOnly, 3, prompt.length, o),
+              h -> JniHotPath.findBestMatch(h, null, readOnly, 3, prompt.length, o));
           t.same(
               h -> HotPath.previewRoute(h, prompt, o, null),
               h -> JniHotPath.previewRoute(h, prompt, o, null));
@@ -177,6 +182,11 @@ class HotPathFfmIT {
             t.same(
                 h -> HotPath.findBestMatch(h, null, d, 5, prompt.length, o),
                 h -> JniHotPath.findBestMatch(h, null, d, 5, prompt.length, o));
+            t.same(h -> run(() -> t.ffm.freeRequest(id)), h -> run(() -> t.jni.freeRequest(id)));
+            IntBuffer readOnly = d.asReadOnlyBuffer();
+            t.same(
+                h -> HotPath.findBestMatch(h, null, readOnly, 5, prompt.length, o),
+                h -> JniHotPath.findBestMatch(h, null, readOnly, 5, prompt.length, o));
             t.same(h -> run(() -> t.ffm.freeRequest(id)), h -> run(() -> t.jni.freeRequest(id)));
           }
         }
@@ -275,6 +285,63 @@ class HotPathFfmIT {
           h -> JniHotPath.previewRoute(h, PROMPT, null, null));
       e = assertThrows(KvRouterException.class, () -> t.ffm.findBestMatch(PROMPT));
       assertEquals(Status.UNAVAILABLE, e.status());
+    }
+  }
+
+  /** Bytes the current thread allocated (HotSpot's counter). */
+  private static long allocated() {
+    return ((com.sun.management.ThreadMXBean) ManagementFactory.getThreadMXBean())
+        .getCurrentThreadAllocatedBytes();
+  }
+
+  /** The least mean of bytes allocated per call over a few rounds (once the JIT has run). */
+  private static double bytesPerCall(Runnable call) {
+    double least = Double.MAX_VALUE;
+    for (int round = 0; round < 6; ++round) {
+      int n = 50_000;
+      long before = allocated();
+      for (int i = 0; i < n; ++i) call.run();
+      least = Math.min(least, (double) (allocated() - before) / n);
+    }
+    return least;
+  }
+
+  @Test
+  void theHotCallsAllocateNothingButTheirResult() {
+    try (Router r = router()) {
+      IntBuffer d = direct(PROMPT, 0);
+      RequestOptions admit = RequestOptions.admit("alloc-é");
+      // The result record: 80 bytes (RouteResult, RouteSignals) with HotSpot's default compressed
+      // pointers. The JNI path allocates a long[] besides: 184 bytes per call on JDK 25.
+      double result = 96;
+      double[] perCall = {
+        bytesPerCall(() -> r.findBestMatch(PROMPT)),
+        bytesPerCall(() -> r.findBestMatch(d, null)),
+        bytesPerCall(() -> r.previewRoute(PROMPT, null, null)),
+      };
+      for (double b : perCall) assertTrue(b <= result, b + " bytes per preview");
+      double admitFree =
+          bytesPerCall(
+              () -> {
+                r.findBestMatch(PROMPT, admit);
+                r.freeRequest("alloc-é");
+              });
+      double directAdmitFree =
+          bytesPerCall(
+              () -> {
+                r.findBestMatch(d, admit);
+                r.freeRequest("alloc-é");
+              });
+      assertTrue(admitFree <= result, admitFree + " bytes per admit+free");
+      assertTrue(
+          directAdmitFree <= result, directAdmitFree + " bytes per admit+free");
+      double markFree =
+          bytesPerCall(
+              () -> {
+                r.markPrefillCompleted("alloc-é");
+                r.freeRequest("alloc-é");
+              });
+      assertTrue(markFree < 1, markFree + " bytes per mark+free");
     }
   }
 
