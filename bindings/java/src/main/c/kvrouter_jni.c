@@ -1148,14 +1148,15 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_findBestMatchSimple(
     goto done;
   }
   kvr_error* err = NULL;
+  size_t total = 0;
   const uint32_t* p = tokens_begin(env, &t);
   if (p == NULL) goto done;
-  kvr_status st = kvr_find_best_match(ROUTER(r), p, t.n, &o, &rr, NULL, 0, NULL, &err);
+  kvr_status st = kvr_find_best_match(ROUTER(r), p, t.n, &o, &rr, NULL, 0, &total, &err);
   tokens_end(env, &t);
   if (check(env, st, &err) != 0) goto done;
   jlong v[ROUTE_RESULT_OUT_LEN];
   abi_encode_route_result(&rr, v);
-  v[ROUTE_RESULT_TOTAL_CANDIDATES] = 0;
+  v[ROUTE_RESULT_TOTAL_CANDIDATES] = (jlong)total;
   put_longs(env, out, v, ROUTE_RESULT_OUT_LEN);
 done:
   scratch_free(&s);

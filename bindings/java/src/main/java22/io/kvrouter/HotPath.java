@@ -225,13 +225,9 @@ final class HotPath {
       MemorySegment.copy(m, B_RESULT_DEFAULTS, m, B_RESULT, RESULT_SIZE);
       long out = b.address + B_RESULT;
       long err = b.address + B_ERROR;
-      // As the JNI calls: the total number of candidates is asked for with default options
-      // (the general JNI call) and not with simple ones (its lean call).
-      long total = 0;
-      if (options == null) {
-        m.set(JAVA_LONG, B_TOTAL, 0L);
-        total = b.address + B_TOTAL;
-      }
+      // The total number of candidates is asked for whatever the options (as the JNI calls).
+      m.set(JAVA_LONG, B_TOTAL, 0L);
+      final long total = b.address + B_TOTAL;
       int status;
       if (direct != null) {
         // In place: the address of its position (the segment object does not escape, so it
@@ -282,7 +278,7 @@ final class HotPath {
           m.get(JAVA_INT, B_RESULT + R_BOOKED) != 0,
           m.get(JAVA_INT, B_RESULT + R_QUEUED) != 0,
           Collections.emptyList(),
-          total == 0 ? 0L : m.get(JAVA_LONG, B_TOTAL));
+          m.get(JAVA_LONG, B_TOTAL));
     } catch (RuntimeException | Error e) {
       throw e;
     } catch (Throwable t) {

@@ -49,6 +49,16 @@ class RouterTest {
     }
   }
 
+  // The lean call (simple options, no candidates asked for) says how many there were, as the
+  // general one does (it said 0).
+  @Test
+  void everyCallCountsTheCandidates() {
+    try (Router router = routerWithWorkers(4)) {
+      assertEquals(4, router.findBestMatch(PROMPT).totalCandidates());
+      assertEquals(4, router.findBestMatch(PROMPT, RequestOptions.admit("lean")).totalCandidates());
+    }
+  }
+
   @Test
   void loadChangesTheChoice() {
     try (Router router = routerWithWorkers(4)) {
