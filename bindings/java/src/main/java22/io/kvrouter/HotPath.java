@@ -337,6 +337,8 @@ final class HotPath {
     }
   }
 
+  // markPrefillCompleted and freeRequest repeat each other on purpose: a method handle passed
+  // as an argument is not a constant, so its invokeExact would not be inlined.
   static void markPrefillCompleted(long router, String requestId) {
     if (!ENABLED) {
       JniHotPath.markPrefillCompleted(router, requestId);
