@@ -1142,22 +1142,26 @@ typedef struct kvr_ingest_stats {
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an
  * engine worker's endpoint, a NATS server's url (without user:password@); kept after the source
- * is removed. An IPv6 listener reads "tcp://[ADDR]:PORT", which kvr_ingest_listen takes too. `*len`
- * (not NULL) is set to the bytes needed including the NUL (also with KVR_BUFFER_TOO_SMALL).
- * KVR_NOT_FOUND for an unknown id. @thread_safety concurrent */
+ * is removed, for the 1,024 most recently removed sources (older ones are forgotten, so that
+ * workers coming and going do not grow memory without limit). An IPv6 listener reads
+ * "tcp://[ADDR]:PORT", which kvr_ingest_listen takes too. `*len` (not NULL) is set to the bytes
+ * needed including the NUL (also with KVR_BUFFER_TOO_SMALL). KVR_NOT_FOUND for an unknown or
+ * forgotten id. @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_source_endpoint(kvr_ingest *ingest, uint64_t source_id, char *buf,
                                               size_t cap, size_t *len, kvr_error **err);
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_stats_init(kvr_ingest_stats *stats, size_t size);
-/* source_id 0 = the sum over every source. KVR_NOT_FOUND for an unknown id.
+/* source_id 0 = the sum over every source ever added (forgotten ones included). KVR_NOT_FOUND
+ * for an unknown id, or a removed source forgotten since (as kvr_ingest_source_endpoint).
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_get_stats(kvr_ingest *ingest, uint64_t source_id,
                                         kvr_ingest_stats *out, kvr_error **err);
 
 /* Added in 0.2.0: every source's counters in Prometheus text exposition format, NUL-terminated
  * (kvrouter_ingest_*, one series per source labelled source_id, kind - listener, engine, nats
- * or replicas - and endpoint; removed sources included, as in kvr_ingest_get_stats). The names
+ * or replicas - and endpoint; removed sources not yet forgotten included, as in
+ * kvr_ingest_get_stats). The names
  * differ from kvr_router_metrics_prometheus's, so a /metrics page may serve both texts one
  * after the other. `*len` is set to the bytes needed including the NUL (also with
  * KVR_BUFFER_TOO_SMALL). @thread_safety concurrent */

@@ -58,6 +58,7 @@ uint64_t Digest(const std::vector<uint8_t>& payload) { return HashBytes(payload)
 struct EngineSubscriptions::Subscription {
   EngineSubscriptions* owner = nullptr;
   std::shared_ptr<SourceCounters> counters;
+  uint64_t source_id = 0;  // of the worker, shared by its ranks
   EngineWorker worker;
   uint32_t socket_rank = 0;  // the rank this socket's publisher serves
   void* socket = nullptr;
@@ -159,6 +160,7 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
       loop_.NewSource(id, IngestSourceKind::kEngine, worker.endpoint);
   for (Subscription* sub : subs) {
     sub->counters = source;
+    sub->source_id = id;
     int fd = -1;
     size_t fd_size = sizeof(fd);
     zmq_getsockopt(sub->socket, ZMQ_FD, &fd, &fd_size);
@@ -202,11 +204,13 @@ absl::Status EngineSubscriptions::RemoveOnLoop(uint64_t worker_id, bool clear_in
   if (it == workers_.end()) {
     return absl::NotFoundError(absl::StrCat("engine worker ", worker_id, " is not subscribed"));
   }
+  const uint64_t source_id = it->second.front()->source_id;
   for (Subscription* sub : it->second) {
     if (clear_index) loop_.ClearRank({worker_id, sub->socket_rank});
     CloseSubscription(sub);
   }
   workers_.erase(it);
+  loop_.RetireSource(source_id);
   return absl::OkStatus();
 }
 

@@ -10,9 +10,23 @@ std::shared_ptr<SourceCounters> IngestLoop::NewSource(uint64_t& id, IngestSource
                                                       std::shared_ptr<SourceCounters> live) {
   std::lock_guard lock(stats_mutex);
   id = next_source_id++;
-  endpoints[id] = std::move(endpoint);
-  kinds[id] = kind;
-  return counters[id] = live ? std::move(live) : std::make_shared<SourceCounters>();
+  SourceRecord& record = sources[id];
+  record.kind = kind;
+  record.endpoint = std::move(endpoint);
+  record.counters = live ? std::move(live) : std::make_shared<SourceCounters>();
+  return record.counters;
+}
+
+void IngestLoop::RetireSource(uint64_t id) {
+  std::lock_guard lock(stats_mutex);
+  removed_sources.push_back(id);
+  if (removed_sources.size() <= kRemovedSourcesKept) return;
+  const uint64_t oldest = removed_sources.front();
+  removed_sources.pop_front();
+  auto it = sources.find(oldest);
+  if (it == sources.end()) return;
+  it->second.counters->AddTo(forgotten_totals);
+  sources.erase(it);
 }
 
 absl::Status IngestLoop::Run(std::function<absl::Status()> command) {

@@ -46,11 +46,20 @@ struct IngestLoop {
   bool stopped = false;
   std::thread thread;
 
-  // Source counters by id; the map only grows, so totals include removed sources.
+  // The registry of sources, under stats_mutex: every live source and the most recently removed
+  // ones (their counters and endpoint still readable), by id. Older removed sources are
+  // forgotten, their counters folded into `forgotten_totals`: workers that come and go do not
+  // grow it without limit, and the totals (source 0) still count everything.
+  static constexpr size_t kRemovedSourcesKept = 1024;
+  struct SourceRecord {
+    IngestSourceKind kind = IngestSourceKind::kListener;
+    std::string endpoint;  // as Endpoint() reports it
+    std::shared_ptr<SourceCounters> counters;
+  };
   mutable std::mutex stats_mutex;
-  std::map<uint64_t, std::shared_ptr<SourceCounters>> counters;
-  std::map<uint64_t, std::string> endpoints;  // as Endpoint() reports them
-  std::map<uint64_t, IngestSourceKind> kinds;
+  std::map<uint64_t, SourceRecord> sources;
+  std::deque<uint64_t> removed_sources;  // still in `sources`, oldest first
+  IngestStats forgotten_totals;
   uint64_t next_source_id = 1;
 
   // Loop-thread state (or caller-thread state before Start).
@@ -60,6 +69,8 @@ struct IngestLoop {
   std::shared_ptr<SourceCounters> NewSource(uint64_t& id, IngestSourceKind kind,
                                             std::string endpoint,
                                             std::shared_ptr<SourceCounters> live = nullptr);
+  // The source was removed: still listed until kRemovedSourcesKept newer ones were.
+  void RetireSource(uint64_t id);
 
   // Runs `command` where loop state may be touched: inline before Start, on the loop after.
   absl::Status Run(std::function<absl::Status()> command);

@@ -156,40 +156,41 @@ absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string& url,
 
 absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {
   std::lock_guard lock(impl_->stats_mutex);
-  IngestStats stats;
   if (source_id == 0) {
-    for (const auto& [id, c] : impl_->counters) c->AddTo(stats);
+    IngestStats stats = impl_->forgotten_totals;
+    for (const auto& [id, source] : impl_->sources) source.counters->AddTo(stats);
     return stats;
   }
-  auto it = impl_->counters.find(source_id);
-  if (it == impl_->counters.end()) {
+  auto it = impl_->sources.find(source_id);
+  if (it == impl_->sources.end()) {
     return absl::NotFoundError(absl::StrCat("no ingest source ", source_id));
   }
-  it->second->AddTo(stats);
+  IngestStats stats;
+  it->second.counters->AddTo(stats);
   return stats;
 }
 
 std::vector<IngestSource> IngestService::Sources() const {
   std::lock_guard lock(impl_->stats_mutex);
   std::vector<IngestSource> sources;
-  sources.reserve(impl_->counters.size());
-  for (const auto& [id, counters] : impl_->counters) {
+  sources.reserve(impl_->sources.size());
+  for (const auto& [id, record] : impl_->sources) {
     IngestSource& source = sources.emplace_back();
     source.id = id;
-    source.kind = impl_->kinds.at(id);
-    source.endpoint = impl_->endpoints.at(id);
-    counters->AddTo(source.stats);
+    source.kind = record.kind;
+    source.endpoint = record.endpoint;
+    record.counters->AddTo(source.stats);
   }
   return sources;
 }
 
 absl::StatusOr<std::string> IngestService::Endpoint(uint64_t source_id) const {
   std::lock_guard lock(impl_->stats_mutex);
-  auto it = impl_->endpoints.find(source_id);
-  if (it == impl_->endpoints.end()) {
+  auto it = impl_->sources.find(source_id);
+  if (it == impl_->sources.end()) {
     return absl::NotFoundError(absl::StrCat("no ingest source ", source_id));
   }
-  return it->second;
+  return it->second.endpoint;
 }
 
 }  // namespace kvrouter

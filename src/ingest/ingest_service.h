@@ -153,12 +153,14 @@ class IngestService {
   absl::StatusOr<uint64_t> SyncReplicas(const std::string& url, const std::string& subject,
                                         const std::string& replica_id);
 
-  // One source's counters; source_id 0 = the sum over every source ever added.
+  // One source's counters (NotFound if unknown or forgotten, as Endpoint); source_id 0 = the
+  // sum over every source ever added.
   absl::StatusOr<IngestStats> Stats(uint64_t source_id) const;
   // Where a source is: a listener's bound endpoint (with its real port), an engine worker's
-  // endpoint, a NATS server's url. Kept after the source is removed. NotFound if unknown.
+  // endpoint, a NATS server's url. Kept after the source is removed, for the
+  // IngestLoop::kRemovedSourcesKept most recently removed. NotFound if unknown or forgotten.
   absl::StatusOr<std::string> Endpoint(uint64_t source_id) const;
-  // Every source ever added (removed ones too, as Stats keeps them), by id.
+  // Every live source and the most recently removed ones (as Endpoint keeps them), by id.
   std::vector<IngestSource> Sources() const;
 
   struct Impl;

@@ -224,6 +224,7 @@ absl::Status NatsSubscriptions::RemoveOnLoop(uint64_t source_id) {
     if ((*it)->replica_sync) replica_sync_active_ = false;
     Close(*it);
     sources_.erase(it);
+    loop_.RetireSource(source_id);
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("no NATS source ", source_id));

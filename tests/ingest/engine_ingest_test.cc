@@ -215,6 +215,32 @@ TEST_F(EngineIngestTest, VllmEventsOverTcpReachTheIndex) {
   EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
 }
 
+// Workers that come and go: a removed worker's source stays readable until 1,024 newer ones
+// were removed, then is forgotten (bounded memory), its counters kept in the totals.
+TEST_F(EngineIngestTest, RemovedWorkersAreForgottenBeyondTheLastThousandTheirCountsKept) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t first = Subscribe(engine, 1);
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  WaitForMessages(first, 1, 1);
+  ASSERT_TRUE(ingest_->RemoveEngineWorker(1, /*clear_index=*/false).ok());
+  EXPECT_TRUE(ingest_->Stats(first).ok());  // removed, still readable
+  uint64_t last = 0;
+  for (uint64_t w = 2; w <= 1100; ++w) {
+    // Nothing listens there: the ZMQ connection is attempted in the background.
+    auto id = ingest_->AddEngineWorker({.endpoint = "tcp://127.0.0.1:9", .worker_id = w});
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_TRUE(ingest_->RemoveEngineWorker(w, /*clear_index=*/false).ok());
+    last = *id;
+  }
+  EXPECT_EQ(ingest_->Sources().size(), 1024u);
+  EXPECT_EQ(ingest_->Stats(first).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ingest_->Endpoint(first).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(ingest_->Stats(last).ok());
+  const IngestStats totals = *ingest_->Stats(0);
+  EXPECT_EQ(totals.messages, 1u);  // the forgotten worker's message still counts
+  EXPECT_EQ(totals.events_applied, 1u);
+}
+
 // The vectors were published at ts 1750000000.25 (June 2025), so the lag measured from that
 // `ts` is at least the time since then: proof that the engine's timestamp is the one used.
 TEST_F(EngineIngestTest, LagIsMeasuredFromTheEngineTimestamp) {
