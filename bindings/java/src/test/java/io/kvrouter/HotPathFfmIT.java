@@ -294,10 +294,14 @@ class HotPathFfmIT {
         .getCurrentThreadAllocatedBytes();
   }
 
-  /** The least mean of bytes allocated per call over a few rounds (once the JIT has run). */
-  private static double bytesPerCall(Runnable call) {
+  /**
+   * The least mean of bytes allocated per call over rounds of calls, once the JIT has compiled
+   * them (escape analysis removes the temporaries): at least 6 rounds, up to 40 until one is down
+   * to {@code enough} (a loaded machine may starve the JIT's threads for a while).
+   */
+  private static double bytesPerCall(Runnable call, double enough) {
     double least = Double.MAX_VALUE;
-    for (int round = 0; round < 6; ++round) {
+    for (int round = 0; round < 40 && (round < 6 || least > enough); ++round) {
       int n = 50_000;
       long before = allocated();
       for (int i = 0; i < n; ++i) call.run();
@@ -315,9 +319,9 @@ class HotPathFfmIT {
       // pointers. The JNI path allocates a long[] besides: 184 bytes per call on JDK 25.
       double result = 96;
       double[] perCall = {
-        bytesPerCall(() -> r.findBestMatch(PROMPT)),
-        bytesPerCall(() -> r.findBestMatch(d, null)),
-        bytesPerCall(() -> r.previewRoute(PROMPT, null, null)),
+        bytesPerCall(() -> r.findBestMatch(PROMPT), result),
+        bytesPerCall(() -> r.findBestMatch(d, null), result),
+        bytesPerCall(() -> r.previewRoute(PROMPT, null, null), result),
       };
       for (double b : perCall) assertTrue(b <= result, b + " bytes per preview");
       double admitFree =
@@ -325,13 +329,15 @@ class HotPathFfmIT {
               () -> {
                 r.findBestMatch(PROMPT, admit);
                 r.freeRequest("alloc-é");
-              });
+              },
+              result);
       double directAdmitFree =
           bytesPerCall(
               () -> {
                 r.findBestMatch(d, admit);
                 r.freeRequest("alloc-é");
-              });
+              },
+              result);
       assertTrue(admitFree <= result, admitFree + " bytes per admit+free");
       assertTrue(
           directAdmitFree <= result, directAdmitFree + " bytes per admit+free");
@@ -340,7 +346,8 @@ class HotPathFfmIT {
               () -> {
                 r.markPrefillCompleted("alloc-é");
                 r.freeRequest("alloc-é");
-              });
+              },
+              0.5);
       assertTrue(markFree < 1, markFree + " bytes per mark+free");
     }
   }
