@@ -11,7 +11,7 @@ use_staged_library() {
     echo "== libkvrouter: build and stage in build/$name/stage =="
     cmake -S . -B "build/$name" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_BUILD_TESTS=OFF \
       -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF >/dev/null
-    cmake --build "build/$name" -j "${KVR_JOBS:-$(nproc)}" --target kvrouter
+    cmake --build "build/$name" -j "${KVR_JOBS:-$(nproc)}" --target kvrouter kvrouter_static
     cmake --install "build/$name" --prefix "$stage" >/dev/null
   fi
   pcdir=$(find "$stage" -name kvrouter.pc -path '*/pkgconfig/*' -printf '%h\n' | head -n 1)
