@@ -11,26 +11,51 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
 namespace kvrouter {
 
-// A port nothing listens on right now (the kernel's choice for an ephemeral bind).
-inline int FreePort() {
+// Whether 127.0.0.1:port can be bound now.
+inline bool Bindable(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return -1;
-  }
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return ok;
+}
+
+// The lowest port the kernel hands out by itself (ip_local_port_range; 32768 by default).
+inline int EphemeralPortsStart() {
+  FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  int low = 32768, high = 60999;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return low;
+}
+
+// A port for a test's server, below the ephemeral range: a port the kernel chose for a bind
+// to port 0 may be handed out again at once, to a listener of the same test bound to port 0 or
+// as the local port of an outgoing connection (a ZMQ subscriber reconnecting), so the server
+// then fails to bind ("Address already in use"). Each process walks its own stretch from a
+// start drawn from its pid, skipping ports bound now.
+inline int FreePort() {
+  static int next = -1;
+  const int top = EphemeralPortsStart();
+  const int bottom = top > 12000 ? top - 12000 : 1024;
+  if (next < 0) next = bottom + static_cast<int>(getpid() * 997L % (top - bottom));
+  for (int tries = 0; tries < top - bottom; ++tries) {
+    const int port = next;
+    next = next + 1 < top ? next + 1 : bottom;
+    if (Bindable(port)) return port;
+  }
+  return -1;
 }
 
 // Whether something accepts TCP connections on 127.0.0.1:port.
