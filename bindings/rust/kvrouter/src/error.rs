@@ -166,6 +166,19 @@ pub(crate) fn call_without_callbacks(
     status_result(status, err)
 }
 
+/// A routing call: [`call`] when it admits (only an admitting call can book, and so publish to
+/// a replica publisher), else [`call_without_callbacks`].
+pub(crate) fn call_routing(
+    admits: bool,
+    f: impl FnOnce(*mut *mut sys::kvr_error) -> sys::kvr_status,
+) -> Result<()> {
+    if admits {
+        call(f)
+    } else {
+        call_without_callbacks(f)
+    }
+}
+
 /// As [`call`], but a replica publisher closure's panic caught during the call is handed back
 /// instead of resumed, for a caller with something to settle before it unwinds.
 pub(crate) fn call_keeping_panic(

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kvrouter_sys as sys;
 
-use crate::error::{call, call_without_callbacks, fill_vec, Code, Error, Result};
+use crate::error::{call, call_routing, fill_vec, Code, Error, Result};
 use crate::events::{Buffer, RemovedEvent, StoredEvent};
 use crate::options::{
     hints_ptr, lower_hints, request_template, RequestOptions, RouterOptions, RoutingHints,
@@ -662,12 +662,7 @@ impl RouterRef {
                 err,
             )
         };
-        // Only an admitting call can book, and so publish to a replica publisher.
-        if opts.admit {
-            call(route)?;
-        } else {
-            call_without_callbacks(route)?;
-        }
+        call_routing(opts.admit, route)?;
         // SAFETY: the library wrote min(total, cap) candidates.
         unsafe { candidates.set_len(total.min(cap)) };
         Ok((RouteResult::from(out), total))
@@ -751,12 +746,7 @@ impl RouterRef {
                 err,
             )
         };
-        // Only an admitting call can book, and so publish to a replica publisher.
-        if admit {
-            call(route)?;
-        } else {
-            call_without_callbacks(route)?;
-        }
+        call_routing(admit, route)?;
         Ok(RouteResult::from(out))
     }
 
