@@ -65,7 +65,8 @@ type Metrics struct {
 	ReplicaChangesRejected uint64
 	ReplicaRequestsActive  uint64
 	// How long routing calls took to decide (routing and plans answered without queueing,
-	// and previews; failed calls are not measured), from the call's start to its decision.
+	// and previews; failed calls are not measured), from the call's start to its decision,
+	// over a sample of the calls (the first, then one in 16: Count is not Decisions).
 	DecisionLatency LatencyHistogram
 }
 
@@ -146,7 +147,8 @@ func (r *Router) metricsPrometheus(capHint int) (string, error) {
 }
 
 // MetricsPrometheus returns every source's counters (kvrouter_ingest_*, one series per source
-// labelled with its source_id, kind and endpoint; removed sources included, as in Stats) in
+// labelled with its source_id, kind and endpoint; the sources Stats still knows, removed ones
+// included until 1,024 newer ones were removed) in
 // the Prometheus text exposition format. The names differ from Router.MetricsPrometheus's, so
 // a /metrics page may serve both (kvrouterprom.NewCollector(router, ingest) does).
 func (in *Ingest) MetricsPrometheus() (string, error) {

@@ -394,7 +394,8 @@ pub const DECISION_LATENCY_BUCKETS: usize = sys::KVR_DECISION_LATENCY_BUCKETS;
 /// How long routing calls took to decide, as a Prometheus histogram (`kvr_metrics`'
 /// `decision_latency_*`): on the router's clock from the call's start (hashing included) to its
 /// decision, for routing and plans answered without waiting in the admission queue, and
-/// previews (so `count` can exceed [`Metrics::decisions`]); failed calls are not measured.
+/// previews, over a sample of them (the first call, then one in 16: `count` is not
+/// [`Metrics::decisions`]); failed calls are not measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecisionLatency {
     /// The buckets' upper bounds in nanoseconds, rising (the library's to choose).
