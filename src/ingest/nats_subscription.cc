@@ -19,13 +19,22 @@
 namespace kvrouter {
 
 // What the connection callbacks need, owned by the connection: libnats runs its callbacks on
-// a thread of its own, possibly after the Source is gone (a disconnection noticed while the
-// source is removed), and the closed callback is the connection's last, so it frees this.
+// a thread of its own, possibly after the Source and its NatsSubscriptions are gone (a
+// disconnection queued while the source is removed), and the closed callback is the
+// connection's last, so it frees this. Detach, before the connection is destroyed, makes sure
+// no callback reaches the owner afterwards.
 struct ConnectionCallbacks {
-  NatsSubscriptions* owner = nullptr;
+  std::mutex owner_mutex;
+  NatsSubscriptions* owner = nullptr;  // guarded by owner_mutex; null once detached
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<SourceRanks> ranks;
   bool replica_sync = false;
+
+  // Returns once no callback uses the owner, nor will.
+  void Detach() {
+    std::lock_guard lock(owner_mutex);
+    owner = nullptr;
+  }
 
   static void OnReconnected(natsConnection*, void* closure) {
     Bump(static_cast<ConnectionCallbacks*>(closure)->counters->connections);
@@ -38,6 +47,8 @@ struct ConnectionCallbacks {
   static void OnDisconnected(natsConnection* connection, void* closure) {
     auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
     if (callbacks->replica_sync || !natsConnection_IsReconnecting(connection)) return;
+    std::lock_guard lock(callbacks->owner_mutex);
+    if (callbacks->owner == nullptr) return;  // the source is being closed
     callbacks->owner->LoseEveryRankLater(callbacks->counters, callbacks->ranks);
   }
 
@@ -52,6 +63,7 @@ struct NatsSubscriptions::Source {
   std::shared_ptr<PublisherSequences> dynamo = std::make_shared<PublisherSequences>();
   std::shared_ptr<SourceRanks> ranks = std::make_shared<SourceRanks>();
   natsConnection* connection = nullptr;
+  ConnectionCallbacks* callbacks = nullptr;  // owned by the connection
   natsSubscription* subscription = nullptr;
   bool replica_sync = false;    // messages are replica changes, not event batches
   uint64_t observer_token = 0;  // replica sync: the router observer it installed
@@ -150,11 +162,11 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
   if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 100);
-  auto callbacks = std::make_unique<ConnectionCallbacks>(
-      ConnectionCallbacks{.owner = this,
-                          .counters = source->counters,
-                          .ranks = source->ranks,
-                          .replica_sync = source->replica_sync});
+  auto callbacks = std::make_unique<ConnectionCallbacks>();
+  callbacks->owner = this;
+  callbacks->counters = source->counters;
+  callbacks->ranks = source->ranks;
+  callbacks->replica_sync = source->replica_sync;
   if (s == NATS_OK) {
     s = natsOptions_SetReconnectedCB(opts, &ConnectionCallbacks::OnReconnected, callbacks.get());
   }
@@ -180,12 +192,13 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
         absl::StrCat("cannot connect to NATS at ", url, ": ", natsStatus_GetText(s), " (",
                      nats_GetLastError(nullptr), ")");
     if (source->connection != nullptr) {
+      callbacks->Detach();
       (void)callbacks.release();  // the connection's closed callback frees them
       natsConnection_Destroy(source->connection);
     }
     return absl::UnavailableError(why);
   }
-  (void)callbacks.release();  // the connection owns them now
+  source->callbacks = callbacks.release();  // the connection owns them now
   s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
                                &Source::OnMessage, source.get());
   if (s == NATS_OK) {
@@ -243,7 +256,10 @@ void NatsSubscriptions::Close(Source* source) {
     }
     natsSubscription_Destroy(source->subscription);
   }
-  if (source->connection != nullptr) natsConnection_Destroy(source->connection);
+  if (source->connection != nullptr) {
+    source->callbacks->Detach();  // they may run after this object is gone
+    natsConnection_Destroy(source->connection);
+  }
   delete source;
 }
 
