@@ -923,6 +923,8 @@ type cMetrics struct {
 	DecisionLatencyLe       [14]uint64
 	DecisionLatencyCount    uint64
 	DecisionLatencySumNs    uint64
+	ReplicasLive            uint64
+	ReplicasExpired         uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -952,6 +954,8 @@ func (g *cMetrics) store(c *C.kvr_metrics) {
 	}
 	c.decision_latency_count = C.uint64_t(g.DecisionLatencyCount)
 	c.decision_latency_sum_ns = C.uint64_t(g.DecisionLatencySumNs)
+	c.replicas_live = C.uint64_t(g.ReplicasLive)
+	c.replicas_expired = C.uint64_t(g.ReplicasExpired)
 }
 
 // load reads the mirrored fields from c.
@@ -981,6 +985,8 @@ func (g *cMetrics) load(c *C.kvr_metrics) {
 	}
 	g.DecisionLatencyCount = uint64(c.decision_latency_count)
 	g.DecisionLatencySumNs = uint64(c.decision_latency_sum_ns)
+	g.ReplicasLive = uint64(c.replicas_live)
+	g.ReplicasExpired = uint64(c.replicas_expired)
 }
 
 // initMetrics has the library set c's defaults for the layout of kvr_metrics this package was
@@ -1174,20 +1180,26 @@ func initPrefillResult(c *C.kvr_prefill_result) {
 
 // cIngestOptions holds the value fields of kvr_ingest_options, in Go types.
 type cIngestOptions struct {
-	MaxFrameBytes   uint32
-	ReplayTimeoutMs uint32
+	MaxFrameBytes      uint32
+	ReplayTimeoutMs    uint32
+	ReplicaHeartbeatMs uint32
+	ReplicaTimeoutMs   uint32
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
 func (g *cIngestOptions) store(c *C.kvr_ingest_options) {
 	c.max_frame_bytes = C.uint32_t(g.MaxFrameBytes)
 	c.replay_timeout_ms = C.uint32_t(g.ReplayTimeoutMs)
+	c.replica_heartbeat_ms = C.uint32_t(g.ReplicaHeartbeatMs)
+	c.replica_timeout_ms = C.uint32_t(g.ReplicaTimeoutMs)
 }
 
 // load reads the mirrored fields from c.
 func (g *cIngestOptions) load(c *C.kvr_ingest_options) {
 	g.MaxFrameBytes = uint32(c.max_frame_bytes)
 	g.ReplayTimeoutMs = uint32(c.replay_timeout_ms)
+	g.ReplicaHeartbeatMs = uint32(c.replica_heartbeat_ms)
+	g.ReplicaTimeoutMs = uint32(c.replica_timeout_ms)
 }
 
 // initIngestOptions has the library set c's defaults for the layout of kvr_ingest_options this
@@ -1329,12 +1341,12 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_overlap{})) - 72
 	_ = uint64(unsafe.Sizeof(C.kvr_match{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_potential_load{})) - 72
-	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 464
+	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 480
 	_ = uint64(unsafe.Sizeof(C.kvr_routing_hints{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_route_signals{})) - 80
 	_ = uint64(unsafe.Sizeof(C.kvr_disagg_options{})) - 48
 	_ = uint64(unsafe.Sizeof(C.kvr_prefill_result{})) - 40
-	_ = uint64(unsafe.Sizeof(C.kvr_ingest_options{})) - 16
+	_ = uint64(unsafe.Sizeof(C.kvr_ingest_options{})) - 24
 	_ = uint64(unsafe.Sizeof(C.kvr_engine_worker{})) - 56
 	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 304
 )

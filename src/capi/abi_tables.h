@@ -207,6 +207,8 @@ struct FieldEnds<kvr_metrics> {
       offsetof(kvr_metrics, decision_latency_le) + sizeof(kvr_metrics::decision_latency_le),
       offsetof(kvr_metrics, decision_latency_count) + sizeof(kvr_metrics::decision_latency_count),
       offsetof(kvr_metrics, decision_latency_sum_ns) + sizeof(kvr_metrics::decision_latency_sum_ns),
+      offsetof(kvr_metrics, replicas_live) + sizeof(kvr_metrics::replicas_live),
+      offsetof(kvr_metrics, replicas_expired) + sizeof(kvr_metrics::replicas_expired),
   };
 };
 
@@ -288,6 +290,10 @@ struct FieldEnds<kvr_ingest_options> {
       offsetof(kvr_ingest_options, replay_timeout_ms) +
           sizeof(kvr_ingest_options::replay_timeout_ms),
       offsetof(kvr_ingest_options, reserved) + sizeof(kvr_ingest_options::reserved),
+      offsetof(kvr_ingest_options, replica_heartbeat_ms) +
+          sizeof(kvr_ingest_options::replica_heartbeat_ms),
+      offsetof(kvr_ingest_options, replica_timeout_ms) +
+          sizeof(kvr_ingest_options::replica_timeout_ms),
   };
 };
 

@@ -32,6 +32,8 @@ template <typename COptions, typename CoreOptions, typename Bind>
 void BindIngestOptions(COptions& c, CoreOptions& core, Bind&& bind) {
   bind(c.max_frame_bytes, core.max_frame_bytes);
   bind(c.replay_timeout_ms, core.replay_timeout_ms);
+  bind(c.replica_heartbeat_ms, core.replica_heartbeat_ms);
+  bind(c.replica_timeout_ms, core.replica_timeout_ms);
 }
 
 kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {

@@ -30,6 +30,8 @@ kvr_metrics Collect(const kvr_router& router) {
   m.replica_changes_applied = replicas.changes_applied;
   m.replica_changes_rejected = replicas.changes_rejected;
   m.replica_requests_active = replicas.active_requests;
+  m.replicas_live = replicas.live;
+  m.replicas_expired = replicas.expired;
   const kvrouter::LatencyHistogram::Snapshot latency = router.router->decision_latency();
   static_assert(kvrouter::LatencyHistogram::kBuckets == KVR_DECISION_LATENCY_BUCKETS);
   for (int i = 0; i < KVR_DECISION_LATENCY_BUCKETS; ++i) {
@@ -99,6 +101,11 @@ std::string RenderPrometheus(const kvr_router& router) {
   text.Scalar("kvrouter_replica_requests_active", "gauge",
               "Requests booked by other router replicas, counted as load here.",
               m.replica_requests_active);
+  text.Scalar("kvrouter_replicas_live", "gauge",
+              "Other router replicas sending heartbeats and not expired.", m.replicas_live);
+  text.Scalar("kvrouter_replicas_expired_total", "counter",
+              "Other router replicas whose bookings were dropped here because they fell silent.",
+              m.replicas_expired);
   const auto loads = router.router->Loads();
   const auto per_rank = [&](std::string_view name, std::string_view help, auto value_of) {
     text.Family(name, "gauge", help);

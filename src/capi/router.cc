@@ -533,10 +533,11 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router* router, const ch
     if (absl::Status valid = kvrouter::ValidateReplicaId(replica_id); !valid.ok()) {
       return FromStatus(err, valid);
     }
-    kvrouter::PublishReplicaChanges(*router->router, replica_id,
-                                    [publish, user_data](std::span<const uint8_t> bytes) {
-                                      publish(user_data, bytes.data(), bytes.size());
-                                    });
+    kvrouter::PublishReplicaChanges(
+        *router->router, replica_id,
+        [publish, user_data](std::span<const uint8_t> bytes, kvrouter::SequenceChange::Kind) {
+          publish(user_data, bytes.data(), bytes.size());
+        });
     return KVR_OK;
   });
 }
@@ -549,6 +550,38 @@ KVR_API kvr_status kvr_router_apply_replica_event(kvr_router* router, const void
     const kvrouter::ReplicaMessageResult result = kvrouter::ApplyReplicaMessage(
         *router->router, std::span(static_cast<const uint8_t*>(data), size));
     return FromStatus(err, result.applied.status());
+  });
+}
+
+KVR_API kvr_status kvr_router_replica_heartbeat(kvr_router* router, uint32_t interval_ms,
+                                                kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (interval_ms == 0 || interval_ms > kvrouter::kMaxReplicaLivenessMs) {
+      return FromStatus(err, absl::InvalidArgumentError(
+                                 absl::StrCat("interval_ms ", interval_ms, " is outside 1..",
+                                              kvrouter::kMaxReplicaLivenessMs)));
+    }
+    if (!router->router->PublishHeartbeat(interval_ms)) {
+      return FromStatus(err, absl::FailedPreconditionError(
+                                 "the router has no replica publisher to send a heartbeat"));
+    }
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_router_expire_replicas(kvr_router* router, double timeout_seconds,
+                                              size_t* expired, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    if (!(std::isfinite(timeout_seconds) && timeout_seconds > 0)) {
+      return FromStatus(
+          err, absl::InvalidArgumentError("timeout_seconds must be finite and greater than 0"));
+    }
+    const size_t n =
+        router->router->ExpireSilentReplicas(kvrouter::SecondsToNanos(timeout_seconds));
+    if (expired != nullptr) *expired = n;
+    return KVR_OK;
   });
 }
 

@@ -93,15 +93,25 @@ struct SequenceChange {
     // The origin asks every replica to Reset and announce its bookings again (it has just
     // joined and knows none).
     kSyncRequest = 4,
+    // The origin is alive; its bookings are dropped where it stays silent past the liveness
+    // timeout (Router::ExpireSilentReplicas).
+    kHeartbeat = 5,
   };
   Kind kind = Kind::kAdded;
-  std::string_view request_id;  // empty for kReset and kSyncRequest
+  std::string_view request_id;  // empty for kReset, kSyncRequest and kHeartbeat
   // kAdded only: the booking, as SequenceRequest has it.
   WorkerKey worker;
   std::span<const uint64_t> block_ids;
   uint64_t prefill_tokens = 0;
   uint32_t expected_output_tokens = 0;
+  uint32_t heartbeat_interval_ms = 0;  // kHeartbeat only
 };
+
+// Whether a change of this kind names one request (the others speak for the whole origin).
+inline bool NamesARequest(SequenceChange::Kind kind) {
+  return kind == SequenceChange::Kind::kAdded || kind == SequenceChange::Kind::kPrefillCompleted ||
+         kind == SequenceChange::Kind::kFreed;
+}
 
 // What a rank is serving now.
 struct WorkerLoad {

@@ -56,6 +56,7 @@
 #include "core/plan_table.h"
 #include "core/radix_index.h"
 #include "core/random_source.h"
+#include "core/replica_liveness.h"
 #include "core/scheduler_queue.h"
 #include "core/selector.h"
 #include "core/session_table.h"
@@ -354,11 +355,23 @@ class Router {
   // kAdded: InvalidArgument (empty origin or request id), NotFound (a rank this router does
   // not know), AlreadyExists (booked already). kPrefillCompleted and kFreed are idempotent and
   // may admit waiting requests. Returns whether anything changed.
+  // kHeartbeat marks the origin alive (see ExpireSilentReplicas) and changes nothing.
   absl::StatusOr<bool> ApplyReplicaChange(std::string_view origin, const SequenceChange& change);
+  // Tells the replicas this router is alive: a kHeartbeat promising the next within
+  // `interval_ms`, through the observer. False if there is no observer.
+  bool PublishHeartbeat(uint32_t interval_ms);
+  // Drops the bookings held here from every replica that has sent heartbeats and has been
+  // silent (no change of any kind) for longer than `timeout`, or than three of its heartbeat
+  // intervals if that is longer: a replica that died for good. Its capacity may admit waiting
+  // requests. Returns how many replicas were dropped; one that comes back announces its
+  // bookings again (Reset, Added...) as any joining replica does.
+  size_t ExpireSilentReplicas(Nanos timeout);
   struct ReplicaStats {
     uint64_t changes_applied = 0;   // ApplyReplicaChange calls that succeeded
     uint64_t changes_rejected = 0;  // and those that returned an error
     uint64_t active_requests = 0;   // replicas' bookings active here now
+    uint64_t live = 0;              // replicas sending heartbeats and not yet expired
+    uint64_t expired = 0;           // replicas ExpireSilentReplicas dropped
   };
   ReplicaStats replica_stats() const;
   // A replica change that could not be decoded: counted in replica_stats().changes_rejected.
@@ -459,6 +472,8 @@ class Router {
   void NotifyLocked(const SequenceChange& change);
   // Reset, then an Added for every local booking (the observer's full picture of this router).
   void AnnounceBookingsLocked();
+  // Frees every booking held here from `origin`; returns whether there was any.
+  bool DropReplicaBookingsLocked(std::string_view origin);
 
   const RouterOptions options_;
   const Clock& clock_;
@@ -481,6 +496,8 @@ class Router {
   SessionTable sessions_;
   // Replica sync.
   BookingObserver observer_;
+  ReplicaLiveness liveness_;
+  uint64_t replicas_expired_ = 0;
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
   std::atomic<uint64_t> replica_changes_undecodable_{0};

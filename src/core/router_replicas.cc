@@ -98,10 +98,17 @@ void Router::AnnounceBookingsLocked() {
       [&](const SequenceRequest& booking) { NotifyLocked(AddedChange(booking)); });
 }
 
+bool Router::DropReplicaBookingsLocked(std::string_view origin) {
+  // Every booking of this origin: the names that start with its prefix.
+  const std::string prefix = ReplicaRequestId(origin, "");
+  return active_.FreeIf([&](std::string_view booking) {
+    return booking.substr(0, prefix.size()) == prefix;
+  }) > 0;
+}
+
 absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
                                                 const SequenceChange& change) {
-  const bool names_a_request = change.kind != SequenceChange::Kind::kReset &&
-                               change.kind != SequenceChange::Kind::kSyncRequest;
+  const bool names_a_request = NamesARequest(change.kind);
   absl::Status valid = ValidateReplicaId(origin);
   if (valid.ok() && names_a_request && change.request_id.empty()) {
     valid = absl::InvalidArgumentError("a replica change needs a request id");
@@ -117,6 +124,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
   {
     std::lock_guard lock(gate_);
     if (observer_.IsOwnOrigin(origin)) return false;  // our own change, echoed back
+    liveness_.Heard(origin, clock_.Now());
     switch (change.kind) {
       case SequenceChange::Kind::kAdded: {
         absl::Status status =
@@ -135,17 +143,16 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
       case SequenceChange::Kind::kFreed:
         changed = active_.Free(id);
         break;
-      case SequenceChange::Kind::kReset: {
-        // Every booking of this origin: the names that start with its prefix.
-        const std::string prefix = ReplicaRequestId(origin, "");
-        changed = active_.FreeIf([&](std::string_view booking) {
-          return booking.substr(0, prefix.size()) == prefix;
-        }) > 0;
+      case SequenceChange::Kind::kReset:
+        changed = DropReplicaBookingsLocked(origin);
         break;
-      }
       case SequenceChange::Kind::kSyncRequest:
         // A replica joined: tell it (and everyone) what this router has booked.
         if (observer_.active()) AnnounceBookingsLocked();
+        break;
+      case SequenceChange::Kind::kHeartbeat:
+        liveness_.Beat(origin, static_cast<Nanos>(change.heartbeat_interval_ms) * 1'000'000,
+                       clock_.Now());
         break;
     }
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
@@ -158,12 +165,40 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
   return changed;
 }
 
+bool Router::PublishHeartbeat(uint32_t interval_ms) {
+  std::lock_guard lock(gate_);
+  if (!observer_.active()) return false;
+  SequenceChange beat = ChangeOf(SequenceChange::Kind::kHeartbeat, "");
+  beat.heartbeat_interval_ms = interval_ms;
+  NotifyLocked(beat);
+  return true;
+}
+
+size_t Router::ExpireSilentReplicas(Nanos timeout) {
+  Completions completions;
+  size_t expired = 0;
+  {
+    std::lock_guard lock(gate_);
+    for (const std::string& origin : liveness_.TakeSilent(clock_.Now(), timeout)) {
+      DropReplicaBookingsLocked(origin);
+      ++expired;
+    }
+    replicas_expired_ += expired;
+    // Capacity a dead replica held may admit requests waiting here.
+    if (expired > 0) DrainQueueLocked(completions);
+  }
+  Run(completions);
+  return expired;
+}
+
 Router::ReplicaStats Router::replica_stats() const {
   std::lock_guard lock(gate_);
   return {.changes_applied = replica_changes_applied_,
           .changes_rejected = replica_changes_rejected_ +
                               replica_changes_undecodable_.load(std::memory_order_relaxed),
-          .active_requests = active_.CountRequests(IsReplicaRequestId)};
+          .active_requests = active_.CountRequests(IsReplicaRequestId),
+          .live = liveness_.live(),
+          .expired = replicas_expired_};
 }
 
 void Router::CountRejectedReplicaChange() {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ingest/ingest_loop.h"
+#include "ingest/replica_sync.h"
 #include "ingest/stream_listener.h"
 #include "wire/framing.h"
 #if KVR_WITH_ZMQ
@@ -82,6 +83,11 @@ absl::StatusOr<std::unique_ptr<IngestService>> IngestService::Create(Router* rou
   if (options.max_frame_bytes == 0 || options.max_frame_bytes > kMaxFrameBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_frame_bytes must be in 1..", kMaxFrameBytes));
+  }
+  if (options.replica_heartbeat_ms > kMaxReplicaLivenessMs ||
+      options.replica_timeout_ms > kMaxReplicaLivenessMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica_heartbeat_ms and replica_timeout_ms must be at most ", kMaxReplicaLivenessMs));
   }
   auto impl = std::make_unique<Impl>();
   impl->router = router;

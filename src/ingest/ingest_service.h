@@ -89,6 +89,10 @@ struct IngestOptions {
   uint32_t max_frame_bytes = 64u << 20;
   // How long a replay request may take before the worker is cleared and flagged instead.
   uint32_t replay_timeout_ms = 2000;
+  // Replica sync: a heartbeat every replica_heartbeat_ms (0 = none), and the bookings of
+  // replicas silent for replica_timeout_ms dropped (0 = never). At most kMaxReplicaLivenessMs.
+  uint32_t replica_heartbeat_ms = 1000;
+  uint32_t replica_timeout_ms = 10'000;
 };
 
 // The most ranks one engine worker may have: each is a ZMQ socket and a file descriptor, and

@@ -3,6 +3,7 @@
 #include <nats/adapters/libuv.h>
 #include <nats/nats.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -65,8 +66,9 @@ struct NatsSubscriptions::Source {
   natsConnection* connection = nullptr;
   ConnectionCallbacks* callbacks = nullptr;  // owned by the connection
   natsSubscription* subscription = nullptr;
-  bool replica_sync = false;    // messages are replica changes, not event batches
-  uint64_t observer_token = 0;  // replica sync: the router observer it installed
+  bool replica_sync = false;             // messages are replica changes, not event batches
+  uint64_t observer_token = 0;           // replica sync: the router observer it installed
+  uv_timer_t* liveness_timer = nullptr;  // replica sync: StartLiveness
   uint64_t source_id = 0;
   // Set by libnats once the message handler can no longer run (after unsubscribing).
   std::mutex done_mutex;
@@ -225,6 +227,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
                                         static_cast<int>(bytes.size())) == NATS_OK;
         },
         source->counters);
+    StartLiveness(*source);
   }
   *added = source.get();
   sources_.push_back(source.release());
@@ -249,6 +252,11 @@ void NatsSubscriptions::Close(Source* source) {
   // observer is not running and will not run again).
   // (Only its own observer: a later kvr_router_set_replica_publisher may have replaced it.)
   if (source->replica_sync) loop_.router->ClearSequenceObserver(source->observer_token);
+  if (source->liveness_timer != nullptr) {
+    uv_timer_stop(source->liveness_timer);
+    uv_close(reinterpret_cast<uv_handle_t*>(source->liveness_timer),
+             [](uv_handle_t* timer) { delete reinterpret_cast<uv_timer_t*>(timer); });
+  }
   if (source->subscription != nullptr) {
     if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
       std::unique_lock lock(source->done_mutex);
@@ -261,6 +269,33 @@ void NatsSubscriptions::Close(Source* source) {
     natsConnection_Destroy(source->connection);
   }
   delete source;
+}
+
+void NatsSubscriptions::StartLiveness(Source& source) {
+  const IngestOptions& options = loop_.options;
+  if (options.replica_heartbeat_ms == 0 && options.replica_timeout_ms == 0) return;
+  // Without heartbeats of its own, the sync still checks four times per timeout.
+  const uint64_t period_ms = options.replica_heartbeat_ms > 0
+                                 ? options.replica_heartbeat_ms
+                                 : std::max<uint64_t>(options.replica_timeout_ms / 4, 1);
+  source.liveness_timer = new uv_timer_t;
+  uv_timer_init(&loop_.loop, source.liveness_timer);
+  source.liveness_timer->data = this;
+  uv_timer_start(
+      source.liveness_timer,
+      [](uv_timer_t* timer) { static_cast<NatsSubscriptions*>(timer->data)->OnLivenessTick(); },
+      period_ms, period_ms);
+}
+
+void NatsSubscriptions::OnLivenessTick() {
+  const IngestOptions& options = loop_.options;
+  if (options.replica_heartbeat_ms > 0) {
+    (void)loop_.router->PublishHeartbeat(options.replica_heartbeat_ms);
+  }
+  if (options.replica_timeout_ms > 0) {
+    (void)loop_.router->ExpireSilentReplicas(static_cast<Nanos>(options.replica_timeout_ms) *
+                                             1'000'000);
+  }
 }
 
 void NatsSubscriptions::InitAdapter() { natsLibuv_Init(); }

@@ -57,6 +57,10 @@ class NatsSubscriptions {
                                const std::string& replica_id, uint64_t& id, Source** added);
   absl::Status RemoveOnLoop(uint64_t source_id);
   void Close(Source* source);
+  // Replica sync: heartbeats published and silent replicas dropped on a timer
+  // (IngestOptions::replica_heartbeat_ms and replica_timeout_ms).
+  void StartLiveness(Source& source);
+  void OnLivenessTick();
   // Loop thread: one message of an events subscription.
   void HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
                     PublisherSequences& dynamo, SourceRanks& ranks);

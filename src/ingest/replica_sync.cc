@@ -14,7 +14,9 @@ ReplicaMessageResult ApplyReplicaMessage(Router& router, std::span<const uint8_t
     router.CountRejectedReplicaChange();
     return {.decoded = false, .applied = change.status()};
   }
-  return {.decoded = true, .applied = router.ApplyReplicaChange(change->origin, change->View())};
+  return {.decoded = true,
+          .kind = change->kind,
+          .applied = router.ApplyReplicaChange(change->origin, change->View())};
 }
 
 void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, SourceCounters& source) {
@@ -22,30 +24,35 @@ void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, Sourc
   if (!result.decoded) {
     source.Reject(IngestReject::kBadFlatBuffers, std::string(result.applied.status().message()));
   } else if (result.applied.ok()) {
-    Bump(source.events_applied);
+    if (result.kind != SequenceChange::Kind::kHeartbeat) Bump(source.events_applied);
   } else {  // an unknown worker, a duplicate booking
     source.Reject(IngestReject::kIndexRejected, std::string(result.applied.status().message()));
   }
   Bump(source.messages);
 }
 
-uint64_t PublishReplicaChanges(Router& router, const std::string& replica_id,
-                               std::function<void(std::span<const uint8_t>)> publish) {
+uint64_t PublishReplicaChanges(
+    Router& router, const std::string& replica_id,
+    std::function<void(std::span<const uint8_t>, SequenceChange::Kind)> publish) {
   return router.SetSequenceObserver(
       replica_id, [replica_id, publish = std::move(publish)](const SequenceChange& c) {
         const std::vector<uint8_t> bytes = EncodeReplicaChange(replica_id, c);
-        publish(bytes);
+        publish(bytes, c.kind);
       });
 }
 
 uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::function<bool(std::span<const uint8_t>)> publish,
                          std::shared_ptr<SourceCounters> counters) {
-  return PublishReplicaChanges(
-      router, replica_id,
-      [publish = std::move(publish), counters = std::move(counters)](std::span<const uint8_t> b) {
-        Bump(publish(b) ? counters->published : counters->publish_failures);
-      });
+  return PublishReplicaChanges(router, replica_id,
+                               [publish = std::move(publish), counters = std::move(counters)](
+                                   std::span<const uint8_t> bytes, SequenceChange::Kind kind) {
+                                 if (!publish(bytes)) {
+                                   Bump(counters->publish_failures);
+                                 } else if (kind != SequenceChange::Kind::kHeartbeat) {
+                                   Bump(counters->published);
+                                 }
+                               });
 }
 
 }  // namespace kvrouter

@@ -17,26 +17,32 @@
 
 namespace kvrouter {
 
+// The longest heartbeat interval and liveness timeout accepted (one hour), in milliseconds.
+inline constexpr uint32_t kMaxReplicaLivenessMs = 3'600'000;
+
 // One message of another replica (a replica change, wire/flatbuffers_codec.h) applied to
 // `router`. An undecodable message is counted on the router (Router::CountRejectedReplicaChange)
 // and its decoding error returned (`decoded` false); otherwise what Router::ApplyReplicaChange
 // returns (an unknown worker or a duplicate booking is an error, counted by the router).
 struct ReplicaMessageResult {
   bool decoded = false;
+  SequenceChange::Kind kind = SequenceChange::Kind::kAdded;  // when decoded
   absl::StatusOr<bool> applied = false;
 };
 ReplicaMessageResult ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload);
 // The same, counted on `source` too (an undecodable message as kBadFlatBuffers, one the router
-// refuses as kIndexRejected).
+// refuses as kIndexRejected; a heartbeat is a message but not an event applied).
 void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, SourceCounters& source);
 
 // From now on every change to the router's own bookings is encoded and handed to `publish`,
 // from the thread that made it, as `replica_id` (Router::SetSequenceObserver: joining, the
 // router announces itself). Returns the observer's token for Router::ClearSequenceObserver.
-uint64_t PublishReplicaChanges(Router& router, const std::string& replica_id,
-                               std::function<void(std::span<const uint8_t>)> publish);
+uint64_t PublishReplicaChanges(
+    Router& router, const std::string& replica_id,
+    std::function<void(std::span<const uint8_t>, SequenceChange::Kind)> publish);
 // The same with a `publish` that returns whether the transport took the message; each outcome
-// is counted on `counters` (published, publish_failures).
+// is counted on `counters` (published, publish_failures), heartbeats' only when they fail:
+// `published` counts booking changes.
 uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::function<bool(std::span<const uint8_t>)> publish,
                          std::shared_ptr<SourceCounters> counters);

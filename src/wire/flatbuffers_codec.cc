@@ -366,6 +366,8 @@ static_assert(static_cast<int>(wire::SequenceChangeKind::Reset) ==
               static_cast<int>(SequenceChange::Kind::kReset));
 static_assert(static_cast<int>(wire::SequenceChangeKind::SyncRequest) ==
               static_cast<int>(SequenceChange::Kind::kSyncRequest));
+static_assert(static_cast<int>(wire::SequenceChangeKind::Heartbeat) ==
+              static_cast<int>(SequenceChange::Kind::kHeartbeat));
 
 SequenceChange ReplicaChange::View() const {
   return {.kind = kind,
@@ -373,7 +375,8 @@ SequenceChange ReplicaChange::View() const {
           .worker = worker,
           .block_ids = block_ids,
           .prefill_tokens = prefill_tokens,
-          .expected_output_tokens = expected_output_tokens};
+          .expected_output_tokens = expected_output_tokens,
+          .heartbeat_interval_ms = heartbeat_interval_ms};
 }
 
 std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const SequenceChange& change) {
@@ -387,7 +390,7 @@ std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const Sequence
       fbb, wire::CreateSequenceChange(
                fbb, origin_offset, static_cast<wire::SequenceChangeKind>(change.kind), request_id,
                change.worker.worker_id, change.worker.dp_rank, block_ids, change.prefill_tokens,
-               change.expected_output_tokens));
+               change.expected_output_tokens, change.heartbeat_interval_ms));
   return Bytes(fbb);
 }
 
@@ -399,8 +402,7 @@ absl::StatusOr<ReplicaChange> DecodeReplicaChange(std::span<const uint8_t> bytes
     return absl::InvalidArgumentError(
         absl::StrFormat("replica change of unknown kind %d", static_cast<int>(in.kind())));
   }
-  const bool names_a_request = in.kind() != wire::SequenceChangeKind::Reset &&
-                               in.kind() != wire::SequenceChangeKind::SyncRequest;
+  const bool names_a_request = NamesARequest(static_cast<SequenceChange::Kind>(in.kind()));
   if (in.origin() == nullptr || in.origin()->size() == 0 ||
       (names_a_request && (in.request_id() == nullptr || in.request_id()->size() == 0))) {
     return absl::InvalidArgumentError("replica change without its origin or request id");
@@ -411,7 +413,8 @@ absl::StatusOr<ReplicaChange> DecodeReplicaChange(std::span<const uint8_t> bytes
                     .worker = {in.worker_id(), in.dp_rank()},
                     .block_ids = {},
                     .prefill_tokens = in.prefill_tokens(),
-                    .expected_output_tokens = in.expected_output_tokens()};
+                    .expected_output_tokens = in.expected_output_tokens(),
+                    .heartbeat_interval_ms = in.heartbeat_interval_ms()};
   if (in.block_ids() != nullptr) {
     out.block_ids.assign(in.block_ids()->begin(), in.block_ids()->end());
   }

@@ -63,6 +63,7 @@ struct ReplicaChange {
   std::vector<uint64_t> block_ids;
   uint64_t prefill_tokens = 0;
   uint32_t expected_output_tokens = 0;
+  uint32_t heartbeat_interval_ms = 0;
 
   // A view for Router::ApplyReplicaChange, valid while this lives.
   SequenceChange View() const;

@@ -445,6 +445,10 @@ static void defaults_kvr_prefill_result(const kvr_prefill_result* o) {
 static void defaults_kvr_ingest_options(const kvr_ingest_options* o) {
   EXPECT_U64(64u << 20, o->max_frame_bytes);
   EXPECT_U64(2000, o->replay_timeout_ms);
+#if KVR_VERSION_NUMBER >= 200
+  EXPECT_U64(1000, o->replica_heartbeat_ms);
+  EXPECT_U64(10000, o->replica_timeout_ms);
+#endif
 }
 
 static void defaults_kvr_engine_worker(const kvr_engine_worker* o) {
@@ -939,24 +943,24 @@ static void ingest_options_engine_worker_and_stats(void) {
  * leave sizeof unchanged, and the library could not tell the two layouts apart. When you
  * append a field, name it here; the check fails until you do. */
 #ifdef KVR_ABI_LIVE_HEADER
-#define KVR_ABI_LAST_FIELDS(X)                         \
-  X(kvr_hash_options, mm_num_blocks)                   \
-  X(kvr_router_options, ttft_miss_weight)              \
-  X(kvr_worker_config, max_num_batched_tokens)         \
-  X(kvr_stored_event, mm_counts)                       \
-  X(kvr_removed_event, num_blocks)                     \
-  X(kvr_request_options, ttft_miss_weight)             \
-  X(kvr_route_result, queued)                          \
-  X(kvr_metrics, decision_latency_sum_ns)               \
-  X(kvr_routing_hints, session_ttl_seconds)            \
-  X(kvr_route_signals, reserved)                       \
-  X(kvr_disagg_options, decode_busy_threshold)         \
-  X(kvr_prefill_result, cached_tokens)                 \
-  X(kvr_ingest_options, reserved)                      \
-  X(kvr_engine_worker, replay_endpoint)                \
-  X(kvr_ingest_stats, last_reject)                     \
-  X(kvr_candidate, reserved)                           \
-  X(kvr_overlap, reserved)                             \
+#define KVR_ABI_LAST_FIELDS(X)                 \
+  X(kvr_hash_options, mm_num_blocks)           \
+  X(kvr_router_options, ttft_miss_weight)      \
+  X(kvr_worker_config, max_num_batched_tokens) \
+  X(kvr_stored_event, mm_counts)               \
+  X(kvr_removed_event, num_blocks)             \
+  X(kvr_request_options, ttft_miss_weight)     \
+  X(kvr_route_result, queued)                  \
+  X(kvr_metrics, replicas_expired)             \
+  X(kvr_routing_hints, session_ttl_seconds)    \
+  X(kvr_route_signals, reserved)               \
+  X(kvr_disagg_options, decode_busy_threshold) \
+  X(kvr_prefill_result, cached_tokens)         \
+  X(kvr_ingest_options, replica_timeout_ms)    \
+  X(kvr_engine_worker, replay_endpoint)        \
+  X(kvr_ingest_stats, last_reject)             \
+  X(kvr_candidate, reserved)                   \
+  X(kvr_overlap, reserved)                     \
   X(kvr_potential_load, reserved)
 
 static void versioned_structs_end_without_padding(void) {

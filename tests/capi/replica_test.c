@@ -154,11 +154,55 @@ static void reserved_ids_and_stopping(void** state) {
   assert_int_equal(0, f->bus.count);
 }
 
+/* A replica that sent heartbeats and falls silent loses its bookings at its peers, on the
+ * peer's clock (driven by hand here); before its first heartbeat it is never expired. */
+static void a_silent_replica_is_expired_once_it_sent_heartbeats(void** state) {
+  fixture* f = (fixture*)*state;
+  size_t expired = 99;
+  kvr_metrics metrics;
+  char text[16384];
+  size_t len = 0;
+  KVT_OK(kvr_router_set_time(f->b, 0, ERRP));
+  book(f->a, "r1", 1, 2, 0);
+  deliver(&f->bus, f->b);
+  KVT_OK(kvr_router_set_time(f->b, 60000000000LL, ERRP)); /* 60 s: no heartbeat yet */
+  KVT_OK(kvr_router_expire_replicas(f->b, 10.0, &expired, ERRP));
+  assert_int_equal(0, expired);
+
+  KVT_OK(kvr_router_replica_heartbeat(f->a, 1000, ERRP));
+  assert_int_equal(1, f->bus.count);
+  deliver(&f->bus, f->b);
+  metrics = kvt_metrics(f->b);
+  assert_int_equal(1, metrics.replicas_live);
+  assert_int_equal(1, metrics.replica_requests_active);
+  KVT_OK(kvr_router_set_time(f->b, 71000000000LL, ERRP)); /* 11 s of silence */
+  KVT_OK(kvr_router_expire_replicas(f->b, 10.0, &expired, ERRP));
+  assert_int_equal(1, expired);
+  metrics = kvt_metrics(f->b);
+  assert_int_equal(0, metrics.replicas_live);
+  assert_int_equal(1, metrics.replicas_expired);
+  assert_int_equal(0, metrics.requests_active);
+  KVT_OK(kvr_router_metrics_prometheus(f->b, text, sizeof text, &len, ERRP));
+  assert_non_null(strstr(text, "\nkvrouter_replicas_expired_total 1\n"));
+  assert_non_null(strstr(text, "\nkvrouter_replicas_live 0\n"));
+
+  /* Bad arguments, and a router with no publisher to send through. */
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_replica_heartbeat(f->a, 0, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_replica_heartbeat(f->a, 3600001, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_replica_heartbeat(NULL, 1000, ERRP));
+  KVT_EXPECT_FAILS(KVR_FAILED_PRECONDITION, kvr_router_replica_heartbeat(f->b, 1000, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_expire_replicas(f->b, 0.0, NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_expire_replicas(f->b, -1.0, NULL, ERRP));
+  KVT_OK(kvr_router_expire_replicas(f->b, 10.0, NULL, ERRP));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(a_booking_is_load_on_the_other_replica, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_changes_are_rejected_and_counted, setup, teardown),
       cmocka_unit_test_setup_teardown(reserved_ids_and_stopping, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_silent_replica_is_expired_once_it_sent_heartbeats, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

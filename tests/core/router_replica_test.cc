@@ -37,6 +37,7 @@ struct Published {
   std::vector<uint64_t> block_ids;
   uint64_t prefill_tokens;
   uint32_t expected_output_tokens;
+  uint32_t heartbeat_interval_ms;
 
   SequenceChange View() const {
     return {.kind = kind,
@@ -44,7 +45,8 @@ struct Published {
             .worker = worker,
             .block_ids = block_ids,
             .prefill_tokens = prefill_tokens,
-            .expected_output_tokens = expected_output_tokens};
+            .expected_output_tokens = expected_output_tokens,
+            .heartbeat_interval_ms = heartbeat_interval_ms};
   }
 };
 
@@ -70,7 +72,7 @@ class RouterReplicaTest : public ::testing::Test {
   void Record(const SequenceChange& c) {
     from_a_.push_back({c.kind, std::string(c.request_id), c.worker,
                        std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
-                       c.prefill_tokens, c.expected_output_tokens});
+                       c.prefill_tokens, c.expected_output_tokens, c.heartbeat_interval_ms});
   }
 
   // Delivers what `a` published so far to `b`; returns how many changes applied.
@@ -312,6 +314,100 @@ TEST_F(RouterReplicaTest, ReplicaBookingsExpireLikeLocalOnes) {
   clock_.AdvanceSeconds(301);  // a replica that died never frees: expiry reclaims its load
   EXPECT_EQ(b_->ExpireStale(), 1u);
   EXPECT_EQ(b_->active_requests(), 0u);
+}
+
+// ---- Liveness: a replica that dies for good has its bookings dropped by its peers ----------
+
+constexpr Nanos kTimeout = 10 * kNanosPerSecond;
+
+TEST_F(RouterReplicaTest, ASilentReplicaThatSentHeartbeatsLosesItsBookings) {
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_EQ(from_a_.size(), 1u);
+  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kHeartbeat);
+  EXPECT_EQ(from_a_.front().heartbeat_interval_ms, 1000u);
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  EXPECT_EQ(b_->replica_stats().live, 1u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+
+  clock_.AdvanceSeconds(10);  // silent for exactly the timeout: still alive
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 0u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  clock_.AdvanceSeconds(0.5);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+  EXPECT_EQ(b_->active_requests(), 0u);
+  const Router::ReplicaStats stats = b_->replica_stats();
+  EXPECT_EQ(stats.live, 0u);
+  EXPECT_EQ(stats.expired, 1u);
+  EXPECT_EQ(stats.active_requests, 0u);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 0u);  // counted once
+}
+
+TEST_F(RouterReplicaTest, AnyChangeFromAReplicaKeepsItAlive) {
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  clock_.AdvanceSeconds(8);
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();  // heard 0 s ago
+  clock_.AdvanceSeconds(8);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 0u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+}
+
+TEST_F(RouterReplicaTest, AReplicaThatNeverSentAHeartbeatIsNeverExpired) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  clock_.AdvanceSeconds(100);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 0u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  EXPECT_EQ(b_->replica_stats().live, 0u);
+}
+
+TEST_F(RouterReplicaTest, ASlowSendersOwnIntervalStretchesTheTimeout) {
+  ASSERT_TRUE(a_->PublishHeartbeat(5000));  // three intervals (15 s) exceed the 10 s timeout
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  clock_.AdvanceSeconds(14);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 0u);
+  clock_.AdvanceSeconds(2);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+}
+
+TEST_F(RouterReplicaTest, AnExpiredReplicaThatComesBackIsLoadAgain) {
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  clock_.AdvanceSeconds(11);
+  ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+  // a was only cut off: it joins again (a new observer announces its bookings) and beats.
+  a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  EXPECT_EQ(b_->replica_stats().live, 1u);
+}
+
+TEST_F(RouterReplicaTest, ADeadReplicasCapacityAdmitsRequestsWaitingHere) {
+  RouterOptions options;  // as AReplicaFreeingCapacityAdmitsWaitingRequests
+  options.queue_threshold = 1.0;
+  Make(options, /*max_batched=*/10);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  ASSERT_TRUE(a_->AddRequest("r2", Tokens(3, 100), {2, 0}, {}).ok());
+  Deliver();
+  bool admitted = false;
+  b_->FindBestMatchAsync(Tokens(3, 500), {.with_admission = true, .request_id = "waits"},
+                         [&](absl::StatusOr<RouteDecision> d) { admitted = d.ok(); });
+  EXPECT_FALSE(admitted);
+  clock_.AdvanceSeconds(11);  // a died: its bookings go, and b's request is admitted
+  ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+  EXPECT_TRUE(admitted);
+  EXPECT_EQ(b_->pending_count(), 0u);
+}
+
+TEST_F(RouterReplicaTest, NoHeartbeatWithoutAnObserver) {
+  EXPECT_FALSE(b_->PublishHeartbeat(1000));
 }
 
 }  // namespace

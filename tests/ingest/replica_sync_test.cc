@@ -40,12 +40,14 @@ struct Replica {
   std::unique_ptr<IngestService> ingest;
   uint64_t source = 0;
 
-  explicit Replica(const NatsServer& server, const std::string& id) {
+  // Heartbeats off unless asked for: the other tests count every message.
+  explicit Replica(const NatsServer& server, const std::string& id,
+                   IngestOptions options = {.replica_heartbeat_ms = 0, .replica_timeout_ms = 0}) {
     router = *Router::Create(RouterOptions{.block_size = kBlockSize});
     for (uint64_t w : {1, 2}) {
       EXPECT_TRUE(router->AddWorker({.worker_id = w, .block_size = kBlockSize}).ok());
     }
-    ingest = *IngestService::Create(router.get(), {});
+    ingest = *IngestService::Create(router.get(), options);
     EXPECT_TRUE(ingest->Start().ok());
     auto synced = ingest->SyncReplicas(server.url(), "kvrouter.replicas", id);
     EXPECT_TRUE(synced.ok()) << synced.status();
@@ -143,6 +145,33 @@ TEST_F(ReplicaSyncTest, OneSyncPerIngestObject) {
   a.ingest->Stop();
   EXPECT_TRUE(a.router->AddRequest("after", Tokens(1, 0), {1, 0}).ok());
   EXPECT_EQ(a.Stats().published, published);
+}
+
+// Liveness: with heartbeats every 50 ms and a 400 ms timeout, a replica that only books once
+// stays alive for as long as it runs (its heartbeats keep it so), and its bookings go within
+// the timeout once it is gone, without any message saying so.
+TEST_F(ReplicaSyncTest, ADeadReplicasBookingsAreDroppedAfterTheTimeout) {
+  const IngestOptions live{.replica_heartbeat_ms = 50, .replica_timeout_ms = 400};
+  Replica b(*server_, "b", live);
+  auto a = std::make_unique<Replica>(*server_, "a", live);
+  ASSERT_TRUE(a->router->AddRequest("r1", Tokens(4, 0), {1, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1; }));
+  ASSERT_TRUE(Eventually([&] { return b.router->replica_stats().live == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // three timeouts
+  EXPECT_EQ(b.RequestsOn(1), 1u);
+  EXPECT_EQ(b.router->replica_stats().expired, 0u);
+  // Reset and SyncRequest on joining, a Reset answering a's: heartbeats are not counted.
+  EXPECT_EQ(b.Stats().published, 3u);
+
+  const auto killed = std::chrono::steady_clock::now();
+  a.reset();  // stops its sync: silence, and no Free
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 0; }));
+  const auto took = std::chrono::steady_clock::now() - killed;
+  EXPECT_GE(took, std::chrono::milliseconds(400));
+  const Router::ReplicaStats stats = b.router->replica_stats();
+  EXPECT_EQ(stats.expired, 1u);
+  EXPECT_EQ(stats.live, 0u);
+  EXPECT_EQ(stats.active_requests, 0u);
 }
 
 }  // namespace

@@ -229,6 +229,18 @@ TEST(ReplicaChangeTest, RoundTripsEveryField) {
   }
 }
 
+TEST(ReplicaChangeTest, AHeartbeatCarriesItsIntervalAndNoRequest) {
+  SequenceChange beat;
+  beat.kind = SequenceChange::Kind::kHeartbeat;
+  beat.heartbeat_interval_ms = 250;
+  absl::StatusOr<ReplicaChange> decoded = DecodeReplicaChange(EncodeReplicaChange("gw-a", beat));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->kind, SequenceChange::Kind::kHeartbeat);
+  EXPECT_EQ(decoded->heartbeat_interval_ms, 250u);
+  EXPECT_TRUE(decoded->request_id.empty());
+  EXPECT_EQ(decoded->View().heartbeat_interval_ms, 250u);
+}
+
 TEST(ReplicaChangeTest, RejectsWhatIsNotAUsableChange) {
   SequenceChange change;
   change.request_id = "r";

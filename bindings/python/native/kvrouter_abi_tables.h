@@ -213,7 +213,9 @@
   F(kvr_metrics, decision_latency_bounds_ns, U64_ARRAY, 0, 0) \
   F(kvr_metrics, decision_latency_le, U64_ARRAY, 0, 0)        \
   F(kvr_metrics, decision_latency_count, U64, 0, 0)           \
-  F(kvr_metrics, decision_latency_sum_ns, U64, 0, 0)
+  F(kvr_metrics, decision_latency_sum_ns, U64, 0, 0)          \
+  F(kvr_metrics, replicas_live, U64, 0, 0)                    \
+  F(kvr_metrics, replicas_expired, U64, 0, 0)
 #define KVRPY_FIELDS_kvr_routing_hints(F)                        \
   F(kvr_routing_hints, struct_size, U32, 0, 0)                   \
   F(kvr_routing_hints, phase, U32, "kvr_phase", 0)               \
@@ -258,11 +260,13 @@
   F(kvr_prefill_result, worker_id, U64, 0, 0)                 \
   F(kvr_prefill_result, bootstrap_room, I64, 0, 0)            \
   F(kvr_prefill_result, cached_tokens, U64, 0, 0)
-#define KVRPY_FIELDS_kvr_ingest_options(F)            \
-  F(kvr_ingest_options, struct_size, U32, 0, 0)       \
-  F(kvr_ingest_options, max_frame_bytes, U32, 0, 0)   \
-  F(kvr_ingest_options, replay_timeout_ms, U32, 0, 0) \
-  F(kvr_ingest_options, reserved, U32, 0, 0)
+#define KVRPY_FIELDS_kvr_ingest_options(F)               \
+  F(kvr_ingest_options, struct_size, U32, 0, 0)          \
+  F(kvr_ingest_options, max_frame_bytes, U32, 0, 0)      \
+  F(kvr_ingest_options, replay_timeout_ms, U32, 0, 0)    \
+  F(kvr_ingest_options, reserved, U32, 0, 0)             \
+  F(kvr_ingest_options, replica_heartbeat_ms, U32, 0, 0) \
+  F(kvr_ingest_options, replica_timeout_ms, U32, 0, 0)
 #define KVRPY_FIELDS_kvr_engine_worker(F)            \
   F(kvr_engine_worker, struct_size, U32, 0, 0)       \
   F(kvr_engine_worker, engine, U32, "kvr_engine", 0) \

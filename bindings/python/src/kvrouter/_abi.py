@@ -614,7 +614,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_metrics': (
-        464,
+        480,
         (
             ('struct_size', 0, 4),
             ('reserved0', 4, 4),
@@ -635,6 +635,8 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('decision_latency_le', 336, 112),
             ('decision_latency_count', 448, 8),
             ('decision_latency_sum_ns', 456, 8),
+            ('replicas_live', 464, 8),
+            ('replicas_expired', 472, 8),
         ),
     ),
     'kvr_routing_hints': (
@@ -698,12 +700,14 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_ingest_options': (
-        16,
+        24,
         (
             ('struct_size', 0, 4),
             ('max_frame_bytes', 4, 4),
             ('replay_timeout_ms', 8, 4),
             ('reserved', 12, 4),
+            ('replica_heartbeat_ms', 16, 4),
+            ('replica_timeout_ms', 20, 4),
         ),
     ),
     'kvr_engine_worker': (

@@ -593,6 +593,11 @@ pub struct kvr_metrics {
     pub decision_latency_le: [u64; 14],
     pub decision_latency_count: u64,
     pub decision_latency_sum_ns: u64,
+    /// Appended in 0.2.0: replica liveness (kvr_router_replica_heartbeat). Replicas heard sending
+    /// heartbeats and not expired, and replicas whose bookings kvr_router_expire_replicas dropped
+    /// because they fell silent.
+    pub replicas_live: u64,
+    pub replicas_expired: u64,
 }
 
 /// Where a request may or should run. Pins by phase, as Dynamo's RoutingHints: aggregated:
@@ -699,6 +704,13 @@ pub struct kvr_ingest_options {
     /// a replay taking longer falls back to clearing; default 2000
     pub replay_timeout_ms: u32,
     pub reserved: u32,
+    /// Appended in 0.2.0: replica liveness for kvr_ingest_sync_replicas. Every replica_heartbeat_ms
+    /// the sync publishes a heartbeat (kvr_router_replica_heartbeat) and drops the bookings of
+    /// replicas silent for replica_timeout_ms (kvr_router_expire_replicas). Defaults 1000 and
+    /// 10000; replica_heartbeat_ms 0 = send none, replica_timeout_ms 0 = drop none; at most
+    /// 3,600,000 each.
+    pub replica_heartbeat_ms: u32,
+    pub replica_timeout_ms: u32,
 }
 
 /// An engine worker publishing KV events over ZMQ PUB.
@@ -948,6 +960,31 @@ extern "C" {
         router: *mut kvr_router,
         data: *const c_void,
         size: usize,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
+    /// Replica liveness (since 0.2.0). A replica that dies for good stops freeing its bookings;
+    /// heartbeats let its peers notice. This publishes a Heartbeat through the router's replica
+    /// publisher, promising the next within `interval_ms` (1..3,600,000). Once a peer has heard a
+    /// heartbeat from a replica, kvr_router_expire_replicas there drops that replica's bookings
+    /// when it falls silent. KVR_FAILED_PRECONDITION if the router has no replica publisher.
+    /// kvr_ingest_sync_replicas calls both on a timer (kvr_ingest_options.replica_heartbeat_ms).
+    /// @thread_safety concurrent
+    pub fn kvr_router_replica_heartbeat(
+        router: *mut kvr_router,
+        interval_ms: u32,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
+    /// Drops the bookings held from every replica that has sent heartbeats and has heard nothing
+    /// (no change of any kind) for longer than `timeout_seconds` on the router's clock, or than
+    /// three of its own heartbeat intervals if that is longer; they may admit waiting requests. A
+    /// dropped replica that comes back announces its bookings again. Replicas that never sent a
+    /// heartbeat keep their bookings until request_expiry_seconds. `expired` (may be NULL) gets how
+    /// many replicas were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT
+    /// unless `timeout_seconds` is finite and > 0. @thread_safety concurrent
+    pub fn kvr_router_expire_replicas(
+        router: *mut kvr_router,
+        timeout_seconds: f64,
+        expired: *mut usize,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
     /// @thread_safety concurrent
@@ -1630,7 +1667,7 @@ const _: () = {
     assert!(offset_of!(kvr_potential_load, active_blocks) == 40);
     assert!(offset_of!(kvr_potential_load, active_requests) == 48);
     assert!(offset_of!(kvr_potential_load, reserved) == 56);
-    assert!(size_of::<kvr_metrics>() == 464);
+    assert!(size_of::<kvr_metrics>() == 480);
     assert!(align_of::<kvr_metrics>() == 8);
     assert!(offset_of!(kvr_metrics, struct_size) == 0);
     assert!(offset_of!(kvr_metrics, reserved0) == 4);
@@ -1651,6 +1688,8 @@ const _: () = {
     assert!(offset_of!(kvr_metrics, decision_latency_le) == 336);
     assert!(offset_of!(kvr_metrics, decision_latency_count) == 448);
     assert!(offset_of!(kvr_metrics, decision_latency_sum_ns) == 456);
+    assert!(offset_of!(kvr_metrics, replicas_live) == 464);
+    assert!(offset_of!(kvr_metrics, replicas_expired) == 472);
     assert!(size_of::<kvr_routing_hints>() == 64);
     assert!(align_of::<kvr_routing_hints>() == 8);
     assert!(offset_of!(kvr_routing_hints, struct_size) == 0);
@@ -1699,12 +1738,14 @@ const _: () = {
     assert!(offset_of!(kvr_prefill_result, worker_id) == 16);
     assert!(offset_of!(kvr_prefill_result, bootstrap_room) == 24);
     assert!(offset_of!(kvr_prefill_result, cached_tokens) == 32);
-    assert!(size_of::<kvr_ingest_options>() == 16);
+    assert!(size_of::<kvr_ingest_options>() == 24);
     assert!(align_of::<kvr_ingest_options>() == 4);
     assert!(offset_of!(kvr_ingest_options, struct_size) == 0);
     assert!(offset_of!(kvr_ingest_options, max_frame_bytes) == 4);
     assert!(offset_of!(kvr_ingest_options, replay_timeout_ms) == 8);
     assert!(offset_of!(kvr_ingest_options, reserved) == 12);
+    assert!(offset_of!(kvr_ingest_options, replica_heartbeat_ms) == 16);
+    assert!(offset_of!(kvr_ingest_options, replica_timeout_ms) == 20);
     assert!(size_of::<kvr_engine_worker>() == 56);
     assert!(align_of::<kvr_engine_worker>() == 8);
     assert!(offset_of!(kvr_engine_worker, struct_size) == 0);

@@ -436,6 +436,26 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router *router, const ch
 KVR_API kvr_status kvr_router_apply_replica_event(kvr_router *router, const void *data, size_t size,
                                                   kvr_error **err);
 
+/* Replica liveness (since 0.2.0). A replica that dies for good stops freeing its bookings;
+ * heartbeats let its peers notice. This publishes a Heartbeat through the router's replica
+ * publisher, promising the next within `interval_ms` (1..3,600,000). Once a peer has heard a
+ * heartbeat from a replica, kvr_router_expire_replicas there drops that replica's bookings when
+ * it falls silent. KVR_FAILED_PRECONDITION if the router has no replica publisher.
+ * kvr_ingest_sync_replicas calls both on a timer (kvr_ingest_options.replica_heartbeat_ms).
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_replica_heartbeat(kvr_router *router, uint32_t interval_ms,
+                                                kvr_error **err);
+
+/* Drops the bookings held from every replica that has sent heartbeats and has heard nothing
+ * (no change of any kind) for longer than `timeout_seconds` on the router's clock, or than
+ * three of its own heartbeat intervals if that is longer; they may admit waiting requests. A
+ * dropped replica that comes back announces its bookings again. Replicas that never sent a
+ * heartbeat keep their bookings until request_expiry_seconds. `expired` (may be NULL) gets how
+ * many replicas were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT
+ * unless `timeout_seconds` is finite and > 0. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_expire_replicas(kvr_router *router, double timeout_seconds,
+                                              size_t *expired, kvr_error **err);
+
 /* ---- Encoding event batches (for publishers in any language) ------------------------------ */
 
 /* Collects events and encodes them as one FlatBuffers EventBatch, the format that
@@ -747,6 +767,11 @@ typedef struct kvr_metrics {
   uint64_t decision_latency_le[KVR_DECISION_LATENCY_BUCKETS];
   uint64_t decision_latency_count;
   uint64_t decision_latency_sum_ns;
+  /* Appended in 0.2.0: replica liveness (kvr_router_replica_heartbeat). Replicas heard sending
+   * heartbeats and not expired, and replicas whose bookings kvr_router_expire_replicas dropped
+   * because they fell silent. */
+  uint64_t replicas_live;
+  uint64_t replicas_expired;
 } kvr_metrics;
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
@@ -987,6 +1012,13 @@ typedef struct kvr_ingest_options {
   uint32_t max_frame_bytes;   /* largest stream frame accepted; default (and maximum) 64 MiB */
   uint32_t replay_timeout_ms; /* a replay taking longer falls back to clearing; default 2000 */
   uint32_t reserved;
+  /* Appended in 0.2.0: replica liveness for kvr_ingest_sync_replicas. Every
+   * replica_heartbeat_ms the sync publishes a heartbeat (kvr_router_replica_heartbeat) and drops
+   * the bookings of replicas silent for replica_timeout_ms (kvr_router_expire_replicas).
+   * Defaults 1000 and 10000; replica_heartbeat_ms 0 = send none, replica_timeout_ms 0 = drop
+   * none; at most 3,600,000 each. */
+  uint32_t replica_heartbeat_ms;
+  uint32_t replica_timeout_ms;
 } kvr_ingest_options;
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */

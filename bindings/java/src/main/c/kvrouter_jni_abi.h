@@ -511,7 +511,9 @@ enum {
   ABI_METRICS_DECISION_LATENCY_LE = 41,
   ABI_METRICS_DECISION_LATENCY_COUNT = 55,
   ABI_METRICS_DECISION_LATENCY_SUM_NS = 56,
-  ABI_METRICS_LEN = 57
+  ABI_METRICS_REPLICAS_LIVE = 57,
+  ABI_METRICS_REPLICAS_EXPIRED = 58,
+  ABI_METRICS_LEN = 59
 };
 
 static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
@@ -535,6 +537,8 @@ static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
     v[ABI_METRICS_DECISION_LATENCY_LE + i] = (jlong)c->decision_latency_le[i];
   v[ABI_METRICS_DECISION_LATENCY_COUNT] = (jlong)c->decision_latency_count;
   v[ABI_METRICS_DECISION_LATENCY_SUM_NS] = (jlong)c->decision_latency_sum_ns;
+  v[ABI_METRICS_REPLICAS_LIVE] = (jlong)c->replicas_live;
+  v[ABI_METRICS_REPLICAS_EXPIRED] = (jlong)c->replicas_expired;
 }
 
 static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
@@ -558,6 +562,8 @@ static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
     c->decision_latency_le[i] = (uint64_t)v[ABI_METRICS_DECISION_LATENCY_LE + i];
   c->decision_latency_count = (uint64_t)v[ABI_METRICS_DECISION_LATENCY_COUNT];
   c->decision_latency_sum_ns = (uint64_t)v[ABI_METRICS_DECISION_LATENCY_SUM_NS];
+  c->replicas_live = (uint64_t)v[ABI_METRICS_REPLICAS_LIVE];
+  c->replicas_expired = (uint64_t)v[ABI_METRICS_REPLICAS_EXPIRED];
 }
 
 /* kvr_routing_hints */
@@ -704,17 +710,23 @@ static inline void abi_decode_prefill_result(const jlong* v, kvr_prefill_result*
 enum {
   ABI_INGEST_OPTIONS_MAX_FRAME_BYTES = 0,
   ABI_INGEST_OPTIONS_REPLAY_TIMEOUT_MS = 1,
-  ABI_INGEST_OPTIONS_LEN = 2
+  ABI_INGEST_OPTIONS_REPLICA_HEARTBEAT_MS = 2,
+  ABI_INGEST_OPTIONS_REPLICA_TIMEOUT_MS = 3,
+  ABI_INGEST_OPTIONS_LEN = 4
 };
 
 static inline void abi_encode_ingest_options(const kvr_ingest_options* c, jlong* v) {
   v[ABI_INGEST_OPTIONS_MAX_FRAME_BYTES] = (jlong)c->max_frame_bytes;
   v[ABI_INGEST_OPTIONS_REPLAY_TIMEOUT_MS] = (jlong)c->replay_timeout_ms;
+  v[ABI_INGEST_OPTIONS_REPLICA_HEARTBEAT_MS] = (jlong)c->replica_heartbeat_ms;
+  v[ABI_INGEST_OPTIONS_REPLICA_TIMEOUT_MS] = (jlong)c->replica_timeout_ms;
 }
 
 static inline void abi_decode_ingest_options(const jlong* v, kvr_ingest_options* c) {
   c->max_frame_bytes = (uint32_t)v[ABI_INGEST_OPTIONS_MAX_FRAME_BYTES];
   c->replay_timeout_ms = (uint32_t)v[ABI_INGEST_OPTIONS_REPLAY_TIMEOUT_MS];
+  c->replica_heartbeat_ms = (uint32_t)v[ABI_INGEST_OPTIONS_REPLICA_HEARTBEAT_MS];
+  c->replica_timeout_ms = (uint32_t)v[ABI_INGEST_OPTIONS_REPLICA_TIMEOUT_MS];
 }
 
 /* kvr_engine_worker */

@@ -257,7 +257,9 @@ final class Abi {
     static final int DECISION_LATENCY_LE = 41;
     static final int DECISION_LATENCY_COUNT = 55;
     static final int DECISION_LATENCY_SUM_NS = 56;
-    static final int LEN = 57;
+    static final int REPLICAS_LIVE = 57;
+    static final int REPLICAS_EXPIRED = 58;
+    static final int LEN = 59;
   }
 
   /** {@code kvr_routing_hints}. */
@@ -326,7 +328,9 @@ final class Abi {
 
     static final int MAX_FRAME_BYTES = 0;
     static final int REPLAY_TIMEOUT_MS = 1;
-    static final int LEN = 2;
+    static final int REPLICA_HEARTBEAT_MS = 2;
+    static final int REPLICA_TIMEOUT_MS = 3;
+    static final int LEN = 4;
   }
 
   /** {@code kvr_engine_worker}. */
