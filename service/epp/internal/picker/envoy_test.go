@@ -1,10 +1,12 @@
 package picker_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -29,7 +31,7 @@ func startPicker(t *testing.T, kvrouterdURL string, configure func(*picker.Confi
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.NewJSONHandler(newTestLog(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	srv := grpc.NewServer(grpc.WaitForHandlers(true))
 	extprocv3.RegisterExternalProcessorServer(srv, picker.NewServer(picker.NewClient(kvrouterdURL, nil), cfg, log))
 	go func() { _ = srv.Serve(lis) }()
@@ -42,12 +44,29 @@ func startPicker(t *testing.T, kvrouterdURL string, configure func(*picker.Confi
 	return extprocv3.NewExternalProcessorClient(conn)
 }
 
-// testWriter sends the picker's logs to the test's log, shown when a test fails.
-type testWriter struct{ t *testing.T }
+// testLog keeps the picker's logs and shows them when the test fails (go test -v would show
+// every t.Log of passing tests too).
+type testLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
 
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
+func newTestLog(t *testing.T) *testLog {
+	l := &testLog{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			t.Logf("picker's log:\n%s", l.buf.String())
+		}
+	})
+	return l
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
 }
 
 // envoy plays Envoy's part of one ext_proc stream.
