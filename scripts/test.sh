@@ -38,6 +38,7 @@ echo "== bindings: against the library of the plain build, staged in build/stage
 rm -rf build/stage
 cmake --install build/test --prefix build/stage >/dev/null
 KVR_STAGE=$PWD/build/stage scripts/test-go.sh
+scripts/test-epp.sh
 KVR_STAGE=$PWD/build/stage scripts/test-rust.sh
 KVR_STAGE=$PWD/build/stage scripts/test-java.sh
 KVR_STAGE=$PWD/build/stage scripts/test-python.sh
