@@ -92,10 +92,8 @@ func TestFullDuplexChunkedBody(t *testing.T) {
 		t.Fatalf("first answer: got %v, want the (held) request headers answer", headersResp)
 	}
 	checkDestination(t, headersResp, headersResp.GetRequestHeaders().GetResponse().GetHeaderMutation(), "10.0.0.1:8000")
-	bodyResp := e.recv()
-	streamed := bodyResp.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
-	if got := string(streamed.GetBody()); got != strings.Join(chunks, "") || !streamed.GetEndOfStream() {
-		t.Fatalf("body sent back = %q (end %v), want the whole body with end of stream", got, streamed.GetEndOfStream())
+	if got := receiveBodyBack(e); got != strings.Join(chunks, "") {
+		t.Fatalf("body sent back = %q, want the whole body", got)
 	}
 	if routes := fake.callsOf("route"); len(routes) != 1 || !slices.Equal(routes[0].Route.TokenIDs, []uint32{5, 6, 7}) {
 		t.Fatalf("route calls = %+v, want one with tokens [5 6 7]", routes)
@@ -354,5 +352,66 @@ func TestModelAsLora(t *testing.T) {
 	routeBuffered(t, e, "req-lora", `{"model": "adapter-a", "prompt": [1]}`, "10.0.0.1:8000")
 	if routes := fake.callsOf("route"); len(routes) != 1 || routes[0].Route.LoraName != "adapter-a" {
 		t.Fatalf("route calls = %+v, want lora_name adapter-a", routes)
+	}
+}
+
+// receiveBodyBack collects the request body a full-duplex picker sends back, up to its end of
+// stream, checking that no piece is larger than Envoy's recommended 64 KiB.
+func receiveBodyBack(e *envoy) string {
+	e.t.Helper()
+	var body strings.Builder
+	for {
+		resp := e.recv()
+		streamed := resp.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if streamed == nil {
+			e.t.Fatalf("got %v, want a streamed request body", resp)
+		}
+		if len(streamed.GetBody()) > 64<<10 {
+			e.t.Fatalf("a body piece of %d bytes: more than 64 KiB", len(streamed.GetBody()))
+		}
+		body.Write(streamed.GetBody())
+		if streamed.GetEndOfStream() {
+			return body.String()
+		}
+	}
+}
+
+// A body larger than 64 KiB goes back to Envoy in pieces of at most 64 KiB; a body that ends
+// with trailers (no end of stream on its last chunk) is routed when they arrive.
+func TestFullDuplexLargeBodyWithTrailers(t *testing.T) {
+	fake := newFakeKvrouterd(t)
+	e := openStream(t, startPicker(t, fake.URL, nil))
+	duplex := filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	ids := make([]string, 30000)
+	for i := range ids {
+		ids[i] = fmt.Sprint(100000 + i)
+	}
+	body := `{"prompt": [` + strings.Join(ids, ", ") + `]}` // about 240 KB
+
+	e.send(withModes(requestHeaders("req-large", false), duplex, duplex))
+	for i := 0; i < len(body); i += 50000 {
+		e.send(requestBody(body[i:min(i+50000, len(body))], false))
+	}
+	e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+		RequestTrailers: &extprocv3.HttpTrailers{},
+	}})
+	resp := e.recv()
+	checkDestination(t, resp, resp.GetRequestHeaders().GetResponse().GetHeaderMutation(), "10.0.0.1:8000")
+	var got strings.Builder
+	for got.Len() < len(body) {
+		streamed := e.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if n := len(streamed.GetBody()); n == 0 || n > 64<<10 || streamed.GetEndOfStream() {
+			t.Fatalf("body piece of %d bytes, end of stream %v: want 1..64 KiB, no end (trailers follow)", n, streamed.GetEndOfStream())
+		}
+		got.Write(streamed.GetBody())
+	}
+	if got.String() != body {
+		t.Fatal("the body sent back differs from the body received")
+	}
+	if e.recv().GetRequestTrailers() == nil {
+		t.Fatal("want the trailers answer after the body")
+	}
+	if routes := fake.callsOf("route"); len(routes) != 1 || len(routes[0].Route.TokenIDs) != len(ids) {
+		t.Fatalf("want one route with %d tokens, got %d routes", len(ids), len(routes))
 	}
 }

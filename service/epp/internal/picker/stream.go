@@ -151,11 +151,29 @@ func (st *streamState) finishRequestBody(endOfStream bool) error {
 	}
 	body := st.body
 	st.body = nil
-	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-		RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-			BodyMutation: streamedBody(body, endOfStream),
-		}},
-	}})
+	return st.sendBodyBack(body, endOfStream)
+}
+
+// duplexChunkBytes bounds the body chunks sent back in full-duplex mode: Envoy recommends at
+// most 64 KiB per streamed response (its gRPC client's message limit may be no larger).
+const duplexChunkBytes = 64 << 10
+
+// sendBodyBack returns the held request body to Envoy in full-duplex mode, which forwards
+// upstream only what the processor sends back.
+func (st *streamState) sendBodyBack(body []byte, endOfStream bool) error {
+	for {
+		n := min(len(body), duplexChunkBytes)
+		last := n == len(body)
+		err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+				BodyMutation: streamedBody(body[:n], last && endOfStream),
+			}},
+		}})
+		if err != nil || last {
+			return err
+		}
+		body = body[n:]
+	}
 }
 
 // route asks kvrouterd for the request's worker. It returns the worker's address, or an HTTP
