@@ -102,7 +102,9 @@ func run(o options, log *slog.Logger) error {
 		IdleConnTimeout:     90 * time.Second,
 	}}
 	// WaitForHandlers: Stop returns once the cut streams have freed their bookings.
-	srv := grpc.NewServer(grpc.WaitForHandlers(true))
+	// MaxRecvMsgSize: a BUFFERED body comes in one message, and gRPC's default limit (4 MiB)
+	// is below --max-body-bytes' default.
+	srv := grpc.NewServer(grpc.WaitForHandlers(true), grpc.MaxRecvMsgSize(o.picker.MaxBodyBytes+64<<10))
 	extprocv3.RegisterExternalProcessorServer(srv, picker.NewServer(picker.NewClient(o.kvrouterd, httpClient), o.picker, log))
 	healthSrv := health.NewServer()
 	healthpb.RegisterHealthServer(srv, healthSrv)
