@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -69,6 +70,10 @@ Flags:
 	}
 	if o.picker.MaxBodyBytes <= 0 || o.picker.RouteTimeout <= 0 || o.picker.CallTimeout <= 0 {
 		return o, errors.New("--max-body-bytes, --route-timeout and --call-timeout must be positive")
+	}
+	// Checked here: a bad URL would otherwise show only as a 503 on every request.
+	if u, err := url.Parse(o.kvrouterd); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return o, fmt.Errorf("--kvrouterd %q: want a base URL like http://127.0.0.1:8080", o.kvrouterd)
 	}
 	return o, nil
 }

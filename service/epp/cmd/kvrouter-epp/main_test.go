@@ -31,7 +31,9 @@ func TestFlags(t *testing.T) {
 	if err != nil || o.picker.RouteTimeout != 250*time.Millisecond || o.picker.MaxBodyBytes != 1024 || !o.picker.ModelAsLora {
 		t.Fatalf("parsed: %+v, %v", o, err)
 	}
-	if _, err := parseFlags([]string{"--max-body-bytes=0"}, &bytes.Buffer{}); err == nil {
-		t.Fatal("--max-body-bytes=0 accepted")
+	for _, bad := range []string{"--max-body-bytes=0", "--kvrouterd=127.0.0.1:8080", "--kvrouterd=http://"} {
+		if _, err := parseFlags([]string{bad}, &bytes.Buffer{}); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
 	}
 }
