@@ -88,16 +88,16 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: o.logLevel}))
-	if err := run(o, log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, o, log); err != nil {
 		log.Error("exiting", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(o options, log *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-
+// run serves until ctx is done (SIGTERM or SIGINT), then drains and stops.
+func run(ctx context.Context, o options, log *slog.Logger) error {
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
