@@ -73,6 +73,8 @@ std::string_view SourceKindName(kvrouter::IngestSourceKind kind) {
       return "nats";
     case kvrouter::IngestSourceKind::kReplicas:
       return "replicas";
+    case kvrouter::IngestSourceKind::kJetStream:
+      return "jetstream";
   }
   return "unknown";
 }

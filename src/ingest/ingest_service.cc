@@ -53,6 +53,7 @@ struct Nats : LeftOut<IngestTransport::kNats> {
                             const std::string& replica_id) const {
     return Call(url, subject, replica_id);
   }
+  absl::Status SubscribeJetStream(const JetStreamSource& source) const { return Call(source); }
   static void InitAdapter() {}
   static void BindLoopThread(uv_loop_t*) {}
 };
@@ -158,6 +159,10 @@ absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string& url,
                                                      const std::string& subject,
                                                      const std::string& replica_id) {
   return impl_->nats.SyncReplicas(url, subject, replica_id);
+}
+
+absl::StatusOr<uint64_t> IngestService::SubscribeJetStream(const JetStreamSource& source) {
+  return impl_->nats.SubscribeJetStream(source);
 }
 
 absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {

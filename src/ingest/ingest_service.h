@@ -63,6 +63,10 @@ struct IngestStats {
   // Replica sync: changes published, and publications the NATS client refused.
   uint64_t published = 0;
   uint64_t publish_failures = 0;
+  // JetStream: the stream sequence of the last message applied (and acknowledged); the
+  // position to start from after restoring a snapshot taken after it. Over sources: the
+  // largest.
+  uint64_t stream_sequence = 0;
   // The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty if
   // none was given; summed over sources, the most recent of them all.
   std::string last_reject;
@@ -71,10 +75,11 @@ struct IngestStats {
 
 // What a source is (the `kind` label of the Prometheus text).
 enum class IngestSourceKind : uint8_t {
-  kListener,  // a native stream listener (Listen)
-  kEngine,    // an engine worker's ZMQ ranks (AddEngineWorker)
-  kNats,      // a NATS subscription to native event batches (SubscribeNats)
-  kReplicas,  // router replica sync over NATS (SyncReplicas)
+  kListener,   // a native stream listener (Listen)
+  kEngine,     // an engine worker's ZMQ ranks (AddEngineWorker)
+  kNats,       // a NATS subscription to native event batches (SubscribeNats)
+  kReplicas,   // router replica sync over NATS (SyncReplicas)
+  kJetStream,  // a JetStream consumer of KV events (SubscribeJetStream)
 };
 
 // One source as Sources() lists it.
@@ -111,6 +116,21 @@ struct EngineWorker {
   // vLLM's replay ROUTER socket (rank r as for `endpoint`); "" = none. On a gap, the missed
   // messages are asked for here first; live messages wait until the replay ends.
   std::string replay_endpoint;
+};
+
+// KV events from a NATS JetStream stream (SubscribeJetStream): messages as SubscribeNats takes
+// them, kept by the server until this consumer acknowledges each one after applying it.
+struct JetStreamSource {
+  std::string url;
+  std::string stream;   // the stream's name
+  std::string subject;  // the subjects to consume (wildcards allowed); the stream's subjects
+                        // when it is created
+  std::string durable;  // the consumer's name, unique per router; "" = an ephemeral consumer
+  uint64_t start_sequence = 0;    // the first stream sequence to deliver; 0 = the stream's first
+  bool resume = false;            // an existing durable consumer keeps its position
+  bool create_stream = false;     // create the stream if it does not exist, with these limits:
+  double max_age_seconds = 3600;  // messages older than this are dropped; 0 = no limit
+  int64_t max_bytes = int64_t{1} << 30;  // the oldest messages are dropped beyond; -1 = none
 };
 
 class IngestService {
@@ -156,6 +176,13 @@ class IngestService {
   // rejected, published).
   absl::StatusOr<uint64_t> SyncReplicas(const std::string& url, const std::string& subject,
                                         const std::string& replica_id);
+  // Consumes KV events from a JetStream stream (JetStreamSource). Each message is acknowledged
+  // once applied, so nothing is lost while this router or the server is away: the consumer
+  // resumes where it was (unacknowledged messages come again; applying a stretch of events
+  // again in order leaves the index as it was). Connects and creates the consumer on the
+  // calling thread (not the loop's). InvalidArgument for a bad name, NotFound for a missing
+  // stream (without create_stream), Unavailable if the server cannot be reached.
+  absl::StatusOr<uint64_t> SubscribeJetStream(const JetStreamSource& source);
 
   // One source's counters (NotFound if unknown or forgotten, as Endpoint); source_id 0 = the
   // sum over every source ever added.

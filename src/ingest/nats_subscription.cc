@@ -29,7 +29,9 @@ struct ConnectionCallbacks {
   NatsSubscriptions* owner = nullptr;  // guarded by owner_mutex; null once detached
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<SourceRanks> ranks;
-  bool replica_sync = false;
+  // Core NATS event subscriptions only: what is published while disconnected is lost. (Replica
+  // bookings are re-announced by the replicas' own sync; JetStream keeps the messages.)
+  bool disconnection_loses_events = false;
 
   // Returns once no callback uses the owner, nor will.
   void Detach() {
@@ -43,11 +45,12 @@ struct ConnectionCallbacks {
 
   // When the connection is lost (not when it is closed): what is published until the
   // reconnection is lost. Posted now, the clear comes after every message received before and
-  // before every one received after. Replica bookings are re-announced by the replicas' own
-  // sync.
+  // before every one received after.
   static void OnDisconnected(natsConnection* connection, void* closure) {
     auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
-    if (callbacks->replica_sync || !natsConnection_IsReconnecting(connection)) return;
+    if (!callbacks->disconnection_loses_events || !natsConnection_IsReconnecting(connection)) {
+      return;
+    }
     std::lock_guard lock(callbacks->owner_mutex);
     if (callbacks->owner == nullptr) return;  // the source is being closed
     callbacks->owner->LoseEveryRankLater(callbacks->counters, callbacks->ranks);
@@ -58,6 +61,60 @@ struct ConnectionCallbacks {
   }
 };
 
+namespace {
+
+std::unique_ptr<ConnectionCallbacks> NewCallbacks(NatsSubscriptions* owner,
+                                                  std::shared_ptr<SourceCounters> counters,
+                                                  std::shared_ptr<SourceRanks> ranks,
+                                                  bool disconnection_loses_events) {
+  auto callbacks = std::make_unique<ConnectionCallbacks>();
+  callbacks->owner = owner;
+  callbacks->counters = std::move(counters);
+  callbacks->ranks = std::move(ranks);
+  callbacks->disconnection_loses_events = disconnection_loses_events;
+  return callbacks;
+}
+
+// What every connection shares: `url`, a connect timeout, reconnecting forever, `callbacks`.
+natsStatus CreateOptions(const std::string& url, ConnectionCallbacks& callbacks,
+                         natsOptions** out) {
+  natsOptions* opts = nullptr;
+  natsStatus s = natsOptions_Create(&opts);
+  if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
+  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
+  if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
+  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
+  if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 100);
+  if (s == NATS_OK) {
+    s = natsOptions_SetReconnectedCB(opts, &ConnectionCallbacks::OnReconnected, &callbacks);
+  }
+  if (s == NATS_OK) {
+    s = natsOptions_SetDisconnectedCB(opts, &ConnectionCallbacks::OnDisconnected, &callbacks);
+  }
+  if (s == NATS_OK) s = natsOptions_SetClosedCB(opts, &ConnectionCallbacks::OnClosed, &callbacks);
+  if (s != NATS_OK && opts != nullptr) natsOptions_Destroy(opts);
+  *out = s == NATS_OK ? opts : nullptr;
+  return s;
+}
+
+// The first connection failed: a connection half made is destroyed (its closed callback frees
+// the callbacks, which no longer reach their owner).
+absl::Status ConnectFailed(const std::string& url, natsStatus s, natsConnection*& connection,
+                           std::unique_ptr<ConnectionCallbacks> callbacks) {
+  const std::string why =
+      absl::StrCat("cannot connect to NATS at ", url, ": ", natsStatus_GetText(s), " (",
+                   nats_GetLastError(nullptr), ")");
+  if (connection != nullptr) {
+    callbacks->Detach();
+    (void)callbacks.release();
+    natsConnection_Destroy(connection);
+    connection = nullptr;
+  }
+  return absl::UnavailableError(why);
+}
+
+}  // namespace
+
 struct NatsSubscriptions::Source {
   NatsSubscriptions* owner = nullptr;
   std::shared_ptr<SourceCounters> counters;
@@ -67,6 +124,7 @@ struct NatsSubscriptions::Source {
   ConnectionCallbacks* callbacks = nullptr;  // owned by the connection
   natsSubscription* subscription = nullptr;
   bool replica_sync = false;             // messages are replica changes, not event batches
+  bool jetstream = false;                // messages are acknowledged once applied
   uint64_t observer_token = 0;           // replica sync: the router observer it installed
   uv_timer_t* liveness_timer = nullptr;  // replica sync: StartLiveness
   uint64_t source_id = 0;
@@ -79,6 +137,7 @@ struct NatsSubscriptions::Source {
   // dropped (the loop is closing).
   static void OnMessage(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
     auto* source = static_cast<Source*>(closure);
+    if (source->jetstream) return OnJetStreamMessage(source, msg);
     NatsSubscriptions* self = source->owner;
     const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg));
     std::vector<uint8_t> payload(data, data + natsMsg_GetDataLength(msg));
@@ -92,6 +151,25 @@ struct NatsSubscriptions::Source {
         self->HandleEvents(payload, *counters, *dynamo, *ranks);
       }
     });
+  }
+
+  // Applied on the loop, then acknowledged: the server delivers it again if this router goes
+  // away first. A message the closing loop drops is not acknowledged either.
+  static void OnJetStreamMessage(Source* source, natsMsg* raw) {
+    std::shared_ptr<natsMsg> msg(raw, natsMsg_Destroy);
+    NatsSubscriptions* self = source->owner;
+    self->loop_.Post(
+        [self, msg, counters = source->counters, dynamo = source->dynamo, ranks = source->ranks] {
+          const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
+          self->HandleEvents(std::span(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get()))),
+                             *counters, *dynamo, *ranks);
+          jsMsgMetaData* meta = nullptr;
+          if (natsMsg_GetMetaData(&meta, msg.get()) == NATS_OK) {
+            counters->stream_sequence.store(meta->Sequence.Stream, std::memory_order_relaxed);
+            jsMsgMetaData_Destroy(meta);
+          }
+          (void)natsMsg_Ack(msg.get(), nullptr);
+        });
   }
 
   static void OnComplete(void* closure) {
@@ -156,28 +234,11 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
     return absl::FailedPreconditionError("this ingest object already syncs router replicas");
   }
   natsOptions* opts = nullptr;
-  natsStatus s = natsOptions_Create(&opts);
+  auto callbacks = NewCallbacks(this, source->counters, source->ranks,
+                                /*disconnection_loses_events=*/!source->replica_sync);
+  natsStatus s = CreateOptions(url, *callbacks, &opts);
   // A replica does not need its own changes back.
   if (s == NATS_OK && source->replica_sync) s = natsOptions_SetNoEcho(opts, true);
-  if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
-  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
-  if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
-  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
-  if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 100);
-  auto callbacks = std::make_unique<ConnectionCallbacks>();
-  callbacks->owner = this;
-  callbacks->counters = source->counters;
-  callbacks->ranks = source->ranks;
-  callbacks->replica_sync = source->replica_sync;
-  if (s == NATS_OK) {
-    s = natsOptions_SetReconnectedCB(opts, &ConnectionCallbacks::OnReconnected, callbacks.get());
-  }
-  if (s == NATS_OK) {
-    s = natsOptions_SetDisconnectedCB(opts, &ConnectionCallbacks::OnDisconnected, callbacks.get());
-  }
-  if (s == NATS_OK) {
-    s = natsOptions_SetClosedCB(opts, &ConnectionCallbacks::OnClosed, callbacks.get());
-  }
   if (s == NATS_OK) {
     s = natsOptions_SetEventLoop(opts, &loop_.loop, natsLibuv_Attach, natsLibuv_Read,
                                  natsLibuv_Write, natsLibuv_Detach);
@@ -189,17 +250,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
     if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(nullptr);
   }
   natsOptions_Destroy(opts);
-  if (s != NATS_OK) {
-    const std::string why =
-        absl::StrCat("cannot connect to NATS at ", url, ": ", natsStatus_GetText(s), " (",
-                     nats_GetLastError(nullptr), ")");
-    if (source->connection != nullptr) {
-      callbacks->Detach();
-      (void)callbacks.release();  // the connection's closed callback frees them
-      natsConnection_Destroy(source->connection);
-    }
-    return absl::UnavailableError(why);
-  }
+  if (s != NATS_OK) return ConnectFailed(url, s, source->connection, std::move(callbacks));
   source->callbacks = callbacks.release();  // the connection owns them now
   s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
                                &Source::OnMessage, source.get());
@@ -306,6 +357,186 @@ void NatsSubscriptions::BindLoopThread(uv_loop_t* loop) { natsLibuv_SetThreadLoc
 void NatsSubscriptions::CloseAll() {
   for (Source* source : sources_) Close(source);
   sources_.clear();
+}
+
+// ---- JetStream ------------------------------------------------------------------------------
+
+namespace {
+
+// Stream and consumer names become subject tokens in JetStream's API.
+absl::Status ValidateJetStreamName(const std::string& what, const std::string& name) {
+  if (name.find_first_of(" \t\r\n.*>") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("the JetStream ", what, " '", name,
+                                                   "' must not contain spaces, '.', '*' or '>'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateJetStream(const JetStreamSource& config) {
+  if (config.url.empty()) return absl::InvalidArgumentError("the NATS url is empty");
+  if (config.stream.empty()) return absl::InvalidArgumentError("the JetStream stream is empty");
+  if (config.subject.empty()) return absl::InvalidArgumentError("the NATS subject is empty");
+  if (absl::Status s = ValidateJetStreamName("stream", config.stream); !s.ok()) return s;
+  if (absl::Status s = ValidateJetStreamName("consumer", config.durable); !s.ok()) return s;
+  if (!(config.max_age_seconds >= 0 && config.max_age_seconds <= 1e9)) {
+    return absl::InvalidArgumentError("the stream's max age must be 0 (none) or positive");
+  }
+  if (config.max_bytes < -1 || config.max_bytes == 0) {
+    return absl::InvalidArgumentError("the stream's max bytes must be -1 (none) or positive");
+  }
+  return absl::OkStatus();
+}
+
+// A JetStream API call that failed, in words (the server's error code when it gave one).
+absl::Status JetStreamError(const std::string& what, natsStatus s, jsErrCode code) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", natsStatus_GetText(s), " (",
+                                             nats_GetLastError(nullptr), ", error code ",
+                                             static_cast<int>(code), ")"));
+}
+
+bool IsNotFound(natsStatus s, jsErrCode code, jsErrCode not_found) {
+  return s == NATS_NOT_FOUND || code == not_found;
+}
+
+// The stream exists afterwards, or NotFound (when it may not be created).
+absl::Status EnsureStream(jsCtx* js, const JetStreamSource& config) {
+  jsStreamInfo* info = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&info, js, config.stream.c_str(), nullptr, &code);
+  if (s == NATS_OK) {
+    jsStreamInfo_Destroy(info);
+    return absl::OkStatus();
+  }
+  if (!IsNotFound(s, code, JSStreamNotFoundErr)) {
+    return JetStreamError(absl::StrCat("looking up stream '", config.stream, "'"), s, code);
+  }
+  if (!config.create_stream) {
+    return absl::NotFoundError(
+        absl::StrCat("no JetStream stream '", config.stream, "' at ", WithoutUserInfo(config.url)));
+  }
+  jsStreamConfig stream;
+  jsStreamConfig_Init(&stream);
+  const char* subjects[] = {config.subject.c_str()};
+  stream.Name = config.stream.c_str();
+  stream.Subjects = subjects;
+  stream.SubjectsLen = 1;
+  stream.Storage = js_FileStorage;
+  stream.MaxAge = static_cast<int64_t>(config.max_age_seconds * 1e9);
+  stream.MaxBytes = config.max_bytes;
+  s = js_AddStream(&info, js, &stream, nullptr, &code);
+  if (s != NATS_OK) {
+    return JetStreamError(absl::StrCat("creating stream '", config.stream, "'"), s, code);
+  }
+  jsStreamInfo_Destroy(info);
+  return absl::OkStatus();
+}
+
+// Where a new consumer starts: the stream's first message, or start_sequence.
+void SetStart(jsConsumerConfig& consumer, const JetStreamSource& config) {
+  consumer.AckPolicy = js_AckExplicit;
+  consumer.DeliverPolicy = config.start_sequence > 0 ? js_DeliverByStartSequence : js_DeliverAll;
+  consumer.OptStartSeq = config.start_sequence;
+}
+
+// The durable consumer exists afterwards: kept as it was with `resume`, else (re)created at
+// the start asked for.
+absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config) {
+  const char* stream = config.stream.c_str();
+  const char* durable = config.durable.c_str();
+  jsConsumerInfo* info = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetConsumerInfo(&info, js, stream, durable, nullptr, &code);
+  if (s == NATS_OK) {
+    jsConsumerInfo_Destroy(info);
+    if (config.resume) return absl::OkStatus();
+    s = js_DeleteConsumer(js, stream, durable, nullptr, &code);
+    if (s != NATS_OK) return JetStreamError("replacing the durable consumer", s, code);
+  } else if (!IsNotFound(s, code, JSConsumerNotFoundErr)) {
+    return JetStreamError(absl::StrCat("looking up consumer '", config.durable, "'"), s, code);
+  }
+  natsInbox* deliver = nullptr;
+  if (natsInbox_Create(&deliver) != NATS_OK) return absl::ResourceExhaustedError("no inbox");
+  jsConsumerConfig consumer;
+  jsConsumerConfig_Init(&consumer);
+  consumer.Durable = durable;
+  consumer.DeliverSubject = deliver;
+  consumer.FilterSubject = config.subject.c_str();
+  SetStart(consumer, config);
+  s = js_AddConsumer(&info, js, stream, &consumer, nullptr, &code);
+  natsInbox_Destroy(deliver);
+  if (s != NATS_OK) {
+    return JetStreamError(absl::StrCat("creating consumer '", config.durable, "'"), s, code);
+  }
+  jsConsumerInfo_Destroy(info);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSource& config) {
+  if (absl::Status valid = ValidateJetStream(config); !valid.ok()) return valid;
+  auto source = std::make_unique<Source>();
+  source->owner = this;
+  source->counters = std::make_shared<SourceCounters>();
+  source->jetstream = true;
+  // libnats' own threads, not the loop: setting up the consumer takes request-reply round
+  // trips on this thread, which may be the loop's caller while the loop runs.
+  natsOptions* opts = nullptr;
+  auto callbacks = NewCallbacks(this, source->counters, source->ranks,
+                                /*disconnection_loses_events=*/false);
+  natsStatus s = CreateOptions(config.url, *callbacks, &opts);
+  if (s == NATS_OK) s = natsConnection_Connect(&source->connection, opts);
+  natsOptions_Destroy(opts);
+  if (s != NATS_OK) return ConnectFailed(config.url, s, source->connection, std::move(callbacks));
+  source->callbacks = callbacks.release();  // the connection owns them now
+  if (absl::Status consuming = Consume(config, *source); !consuming.ok()) {
+    Close(source.release());
+    return consuming;
+  }
+  uint64_t id = 0;
+  absl::Status added = loop_.Run([&] {
+    Bump(source->counters->connections);
+    loop_.NewSource(id, IngestSourceKind::kJetStream, WithoutUserInfo(config.url),
+                    source->counters);
+    source->source_id = id;
+    sources_.push_back(source.get());
+    return absl::OkStatus();
+  });
+  if (!added.ok()) {
+    Close(source.release());
+    return added;
+  }
+  (void)source.release();  // sources_ owns it
+  return id;
+}
+
+// Ensures the stream and consumer, then subscribes with acknowledgements by hand.
+absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& source) {
+  jsCtx* js = nullptr;
+  natsStatus s = natsConnection_JetStream(&js, source.connection, nullptr);
+  if (s != NATS_OK) return JetStreamError("JetStream context", s, static_cast<jsErrCode>(0));
+  absl::Status status = EnsureStream(js, config);
+  if (status.ok() && !config.durable.empty()) status = EnsureDurable(js, config);
+  if (status.ok()) {
+    jsSubOptions options;
+    jsSubOptions_Init(&options);
+    options.Stream = config.stream.c_str();
+    options.ManualAck = true;
+    if (!config.durable.empty()) {
+      options.Consumer = config.durable.c_str();  // bound: unsubscribing keeps it
+    } else {
+      SetStart(options.Config, config);
+    }
+    jsErrCode code = static_cast<jsErrCode>(0);
+    s = js_Subscribe(&source.subscription, js, config.subject.c_str(), &Source::OnMessage, &source,
+                     nullptr, &options, &code);
+    if (s == NATS_OK) {
+      s = natsSubscription_SetOnCompleteCB(source.subscription, &Source::OnComplete, &source);
+    }
+    if (s != NATS_OK) status = JetStreamError("subscribing to the stream", s, code);
+  }
+  jsCtx_Destroy(js);
+  return status;
 }
 
 // ---- KV events: native batches and Dynamo's event plane -------------------------------------

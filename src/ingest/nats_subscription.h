@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ingest/ingest_loop.h"
+#include "ingest/ingest_service.h"
 
 namespace kvrouter {
 
@@ -39,6 +40,8 @@ class NatsSubscriptions {
   absl::StatusOr<uint64_t> SubscribeEvents(const std::string& url, const std::string& subject);
   absl::StatusOr<uint64_t> SyncReplicas(const std::string& url, const std::string& subject,
                                         const std::string& replica_id);
+  // IngestService::SubscribeJetStream. Any thread but the loop's; not concurrently with Stop.
+  absl::StatusOr<uint64_t> SubscribeJetStream(const JetStreamSource& config);
   // Unsubscribes and closes every connection. Loop thread (or before Start).
   void CloseAll();
 
@@ -57,6 +60,7 @@ class NatsSubscriptions {
                                const std::string& replica_id, uint64_t& id, Source** added);
   absl::Status RemoveOnLoop(uint64_t source_id);
   void Close(Source* source);
+  absl::Status Consume(const JetStreamSource& config, Source& source);
   // Replica sync: heartbeats published and silent replicas dropped on a timer
   // (IngestOptions::replica_heartbeat_ms and replica_timeout_ms).
   void StartLiveness(Source& source);

@@ -33,6 +33,7 @@ struct SourceCounters {
   std::atomic<uint64_t> lag_last_us{0};
   std::atomic<uint64_t> published{0};
   std::atomic<uint64_t> publish_failures{0};
+  std::atomic<uint64_t> stream_sequence{0};
 
   // A message published at `publish_time_ns` (Unix epoch; 0 = unknown) has just been applied.
   // A publisher whose clock runs ahead of ours shows a lag of 0, not a negative one.
@@ -83,6 +84,7 @@ struct SourceCounters {
     s.lag_last_us = std::max(s.lag_last_us, lag_last_us.load());
     s.published += published.load();
     s.publish_failures += publish_failures.load();
+    s.stream_sequence = std::max(s.stream_sequence, stream_sequence.load());
     std::lock_guard lock(detail_mutex_);
     if (last_reject_serial_ > s.last_reject_serial) {  // the most recent over the sources
       s.last_reject = last_reject_;

@@ -73,7 +73,9 @@ inline bool Accepts(int port) {
 // A nats-server child process on 127.0.0.1:port.
 class NatsServer {
  public:
-  explicit NatsServer(int port) : port_(port) {}
+  // `store_dir` not empty: JetStream on, its streams kept there (so they survive a restart).
+  explicit NatsServer(int port, std::string store_dir = "")
+      : port_(port), store_dir_(std::move(store_dir)) {}
   ~NatsServer() { Stop(); }
 
   // Starts the server and waits (bounded) until it accepts connections.
@@ -84,8 +86,13 @@ class NatsServer {
       const int devnull = open("/dev/null", O_WRONLY);
       dup2(devnull, 1);
       dup2(devnull, 2);
-      execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port.c_str(),
-            static_cast<char*>(nullptr));
+      if (store_dir_.empty()) {
+        execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port.c_str(),
+              static_cast<char*>(nullptr));
+      } else {
+        execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port.c_str(), "-js",
+              "-sd", store_dir_.c_str(), static_cast<char*>(nullptr));
+      }
       _exit(127);
     }
     if (pid_ < 0) return false;
@@ -112,6 +119,7 @@ class NatsServer {
 
  private:
   int port_;
+  std::string store_dir_;
   pid_t pid_ = -1;
 };
 
