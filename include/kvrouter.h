@@ -1109,6 +1109,48 @@ KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest *ingest, const char *url
                                              const char *subject, uint64_t *source_id,
                                              kvr_error **err);
 
+/* KV events from a NATS JetStream stream (since 0.2.0; docs/ingest.md): the messages
+ * kvr_ingest_subscribe_nats takes (native EventBatches, Dynamo's event plane), kept by the
+ * server until this router acknowledges each one after applying it, so that nothing is lost
+ * while the router's ingest or the server is away. */
+/* kvr_jetstream_source.flags */
+#define KVR_JETSTREAM_RESUME 0x1u        /* an existing durable consumer keeps its position */
+#define KVR_JETSTREAM_CREATE_STREAM 0x2u /* create the stream if absent, with the limits below */
+
+typedef struct kvr_jetstream_source {
+  uint32_t struct_size;
+  uint32_t flags;      /* KVR_JETSTREAM_* */
+  const char *url;     /* "nats://HOST:PORT" */
+  const char *stream;  /* the stream's name (no spaces, '.', '*' or '>') */
+  const char *subject; /* the subjects consumed (wildcards allowed); the stream's own subjects
+                          when KVR_JETSTREAM_CREATE_STREAM creates it */
+  /* The durable consumer's name, one per router (rules as the stream's); NULL or "" = an
+   * ephemeral consumer, deleted when the source is removed. */
+  const char *durable;
+  /* The first stream sequence delivered; 0 (default) = the stream's first message. After
+   * kvr_router_restore of a snapshot taken after kvr_ingest_stats.stream_sequence was N: N + 1
+   * (events applied twice, in order, leave the index as it was). Without
+   * KVR_JETSTREAM_RESUME, an existing durable consumer of that name is replaced. */
+  uint64_t start_sequence;
+  double max_age_seconds; /* KVR_JETSTREAM_CREATE_STREAM: default 3600; 0 = no limit */
+  int64_t max_bytes;      /* KVR_JETSTREAM_CREATE_STREAM: default 1 GiB; -1 = no limit */
+} kvr_jetstream_source;
+
+/* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
+KVR_API kvr_status kvr_jetstream_source_init(kvr_jetstream_source *source, size_t size);
+/* Consumes `source`'s stream: each message is applied, then acknowledged (a message not
+ * acknowledged, because the ingest stopped first, is delivered again). The source's counters
+ * are those of kvr_ingest_subscribe_nats, and `stream_sequence` the last message applied.
+ * The connection reconnects forever, and the consumer continues where it was. Connects and
+ * sets up the consumer on the calling thread. KVR_INVALID_ARGUMENT for a missing url, stream
+ * or subject, a bad name, unknown flags or bad limits; KVR_NOT_FOUND if the stream does not
+ * exist (without KVR_JETSTREAM_CREATE_STREAM); KVR_UNAVAILABLE if the server cannot be reached
+ * or refuses (the message says why). `*source_id` may be NULL.
+ * @thread_safety as kvr_ingest_subscribe_nats */
+KVR_API kvr_status kvr_ingest_subscribe_jetstream(kvr_ingest *ingest,
+                                                  const kvr_jetstream_source *source,
+                                                  uint64_t *source_id, kvr_error **err);
+
 /* Router replica sync over NATS: publishes the ingest's router's booking changes on `subject`
  * as `replica_id` (see kvr_router_set_replica_publisher for the id's rules) and applies the
  * changes the other replicas publish there. The source's counters: `messages` received,
@@ -1170,6 +1212,9 @@ typedef struct kvr_ingest_stats {
    * (14 bytes of it received)"); empty when none was given. For source 0: the most recent over
    * every source. A caller whose struct ends before it does not get it. */
   char last_reject[128];
+  /* Appended in 0.2.0: a JetStream source's last stream sequence applied (and acknowledged);
+   * for source 0, the largest over the sources; 0 for other sources. */
+  uint64_t stream_sequence;
 } kvr_ingest_stats;
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an

@@ -1250,6 +1250,39 @@ func initEngineWorker(c *C.kvr_engine_worker) {
 	}
 }
 
+// cJetstreamSource holds the value fields of kvr_jetstream_source, in Go types.
+type cJetstreamSource struct {
+	Flags         uint32
+	StartSequence uint64
+	MaxAgeSeconds float64
+	MaxBytes      int64
+}
+
+// store writes the mirrored fields into c (its other fields are left as they are).
+func (g *cJetstreamSource) store(c *C.kvr_jetstream_source) {
+	c.flags = C.uint32_t(g.Flags)
+	c.start_sequence = C.uint64_t(g.StartSequence)
+	c.max_age_seconds = C.double(g.MaxAgeSeconds)
+	c.max_bytes = C.int64_t(g.MaxBytes)
+}
+
+// load reads the mirrored fields from c.
+func (g *cJetstreamSource) load(c *C.kvr_jetstream_source) {
+	g.Flags = uint32(c.flags)
+	g.StartSequence = uint64(c.start_sequence)
+	g.MaxAgeSeconds = float64(c.max_age_seconds)
+	g.MaxBytes = int64(c.max_bytes)
+}
+
+// initJetstreamSource has the library set c's defaults for the layout of kvr_jetstream_source this
+// package was compiled with (its size). That size is never refused by a library this package
+// accepts (the version check), so a refusal is a broken library: it panics.
+func initJetstreamSource(c *C.kvr_jetstream_source) {
+	if st := C.kvr_jetstream_source_init(c, C.size_t(unsafe.Sizeof(*c))); st != C.KVR_OK {
+		panic("kvrouter: kvr_jetstream_source_init refused this package's layout: " + Status(st).String())
+	}
+}
+
 // cIngestStats holds the value fields of kvr_ingest_stats, in Go types.
 type cIngestStats struct {
 	StateUnknown    uint32
@@ -1268,6 +1301,7 @@ type cIngestStats struct {
 	Published       uint64
 	PublishFailures uint64
 	LastReject      [128]int8
+	StreamSequence  uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -1292,6 +1326,7 @@ func (g *cIngestStats) store(c *C.kvr_ingest_stats) {
 	for i := 0; i < 128; i++ {
 		c.last_reject[i] = C.char(g.LastReject[i])
 	}
+	c.stream_sequence = C.uint64_t(g.StreamSequence)
 }
 
 // load reads the mirrored fields from c.
@@ -1316,6 +1351,7 @@ func (g *cIngestStats) load(c *C.kvr_ingest_stats) {
 	for i := 0; i < 128; i++ {
 		g.LastReject[i] = int8(c.last_reject[i])
 	}
+	g.StreamSequence = uint64(c.stream_sequence)
 }
 
 // initIngestStats has the library set c's defaults for the layout of kvr_ingest_stats this package
@@ -1348,5 +1384,6 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_prefill_result{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_ingest_options{})) - 24
 	_ = uint64(unsafe.Sizeof(C.kvr_engine_worker{})) - 56
-	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 304
+	_ = uint64(unsafe.Sizeof(C.kvr_jetstream_source{})) - 64
+	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 312
 )

@@ -314,6 +314,22 @@ struct FieldEnds<kvr_engine_worker> {
 };
 
 template <>
+struct FieldEnds<kvr_jetstream_source> {
+  static constexpr size_t kEnds[] = {
+      offsetof(kvr_jetstream_source, struct_size) + sizeof(kvr_jetstream_source::struct_size),
+      offsetof(kvr_jetstream_source, flags) + sizeof(kvr_jetstream_source::flags),
+      offsetof(kvr_jetstream_source, url) + sizeof(kvr_jetstream_source::url),
+      offsetof(kvr_jetstream_source, stream) + sizeof(kvr_jetstream_source::stream),
+      offsetof(kvr_jetstream_source, subject) + sizeof(kvr_jetstream_source::subject),
+      offsetof(kvr_jetstream_source, durable) + sizeof(kvr_jetstream_source::durable),
+      offsetof(kvr_jetstream_source, start_sequence) + sizeof(kvr_jetstream_source::start_sequence),
+      offsetof(kvr_jetstream_source, max_age_seconds) +
+          sizeof(kvr_jetstream_source::max_age_seconds),
+      offsetof(kvr_jetstream_source, max_bytes) + sizeof(kvr_jetstream_source::max_bytes),
+  };
+};
+
+template <>
 struct FieldEnds<kvr_ingest_stats> {
   static constexpr size_t kEnds[] = {
       offsetof(kvr_ingest_stats, struct_size) + sizeof(kvr_ingest_stats::struct_size),
@@ -333,6 +349,7 @@ struct FieldEnds<kvr_ingest_stats> {
       offsetof(kvr_ingest_stats, published) + sizeof(kvr_ingest_stats::published),
       offsetof(kvr_ingest_stats, publish_failures) + sizeof(kvr_ingest_stats::publish_failures),
       offsetof(kvr_ingest_stats, last_reject) + sizeof(kvr_ingest_stats::last_reject),
+      offsetof(kvr_ingest_stats, stream_sequence) + sizeof(kvr_ingest_stats::stream_sequence),
   };
 };
 
@@ -343,5 +360,6 @@ inline constexpr uint32_t kKnownRouterFlags =
     KVR_ROUTER_EAGLE | KVR_ROUTER_ENTROPY_SEED | KVR_ROUTER_TRACK_OUTPUT_BLOCKS;
 inline constexpr uint32_t kKnownStoredFlags = KVR_STORED_HAS_PARENT | KVR_STORED_EAGLE;
 inline constexpr uint32_t kKnownRequestFlags = KVR_REQUEST_ADMIT;
+inline constexpr uint32_t kKnownJetstreamFlags = KVR_JETSTREAM_RESUME | KVR_JETSTREAM_CREATE_STREAM;
 
 }  // namespace kvrouter::capi

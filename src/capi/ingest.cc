@@ -60,6 +60,7 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   }
   std::memcpy(out.last_reject, s.last_reject.data(), n);
   out.last_reject[n] = '\0';
+  out.stream_sequence = s.stream_sequence;
   return out;
 }
 
@@ -167,6 +168,17 @@ kvr_ingest_options Defaults() noexcept {
   kvr_ingest_options c{};
   c.struct_size = sizeof c;
   BindIngestOptions(c, core, [](auto& c_field, const auto& core_field) { c_field = core_field; });
+  return c;
+}
+
+template <>
+kvr_jetstream_source Defaults() noexcept {
+  const kvrouter::JetStreamSource core;
+  kvr_jetstream_source c{};
+  c.struct_size = sizeof c;
+  c.start_sequence = core.start_sequence;
+  c.max_age_seconds = core.max_age_seconds;
+  c.max_bytes = core.max_bytes;
   return c;
 }
 
@@ -311,6 +323,43 @@ KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest* ingest, const char* url
     if (kvr_status s = RequireNonNull(err, url, "url")) return s;
     if (kvr_status s = RequireNonNull(err, subject, "subject")) return s;
     auto id = ingest->service->SubscribeNats(url, subject);
+    if (!id.ok()) return FromStatus(err, id.status());
+    if (source_id != nullptr) *source_id = *id;
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_jetstream_source_init(kvr_jetstream_source* source, size_t size) {
+  return InitVersioned(source, size);
+}
+
+KVR_API kvr_status kvr_ingest_subscribe_jetstream(kvr_ingest* ingest,
+                                                  const kvr_jetstream_source* source,
+                                                  uint64_t* source_id, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kNats)) return s;
+    if (kvr_status s = CheckIngest(err, ingest)) return s;
+    if (kvr_status s = RequireNonNull(err, source, "source")) return s;
+    kvr_jetstream_source in;
+    if (kvr_status s = ReadVersioned(err, source, in)) return s;
+    if (kvr_status s = RequireNonNull(err, in.url, "source->url")) return s;
+    if (kvr_status s = RequireNonNull(err, in.stream, "source->stream")) return s;
+    if (kvr_status s = RequireNonNull(err, in.subject, "source->subject")) return s;
+    if (kvr_status s =
+            CheckFlags(err, in.flags, kKnownJetstreamFlags, "kvr_jetstream_source.flags")) {
+      return s;
+    }
+    const kvrouter::JetStreamSource config{
+        .url = in.url,
+        .stream = in.stream,
+        .subject = in.subject,
+        .durable = std::string(OrEmpty(in.durable)),
+        .start_sequence = in.start_sequence,
+        .resume = (in.flags & KVR_JETSTREAM_RESUME) != 0,
+        .create_stream = (in.flags & KVR_JETSTREAM_CREATE_STREAM) != 0,
+        .max_age_seconds = in.max_age_seconds,
+        .max_bytes = in.max_bytes};
+    auto id = ingest->service->SubscribeJetStream(config);
     if (!id.ok()) return FromStatus(err, id.status());
     if (source_id != nullptr) *source_id = *id;
     return KVR_OK;

@@ -42,7 +42,8 @@ namespace kvrouter::capi {
   X(kvr_prefill_result, cached_tokens)         \
   X(kvr_ingest_options, reserved)              \
   X(kvr_engine_worker, replay_endpoint)        \
-  X(kvr_ingest_stats, connections)
+  X(kvr_ingest_stats, connections)             \
+  X(kvr_jetstream_source, max_bytes)
 
 template <typename T>
 struct StructTraits;  // name and first released size, for each versioned struct
@@ -69,10 +70,11 @@ T Defaults() noexcept {
   defaults.struct_size = sizeof(T);
   return defaults;
 }
-#define KVR_STRUCTS_WITH_DEFAULTS(X)                                                     \
-  X(kvr_router_options)                                                                  \
-  X(kvr_worker_config) X(kvr_request_options) X(kvr_routing_hints) X(kvr_disagg_options) \
-      X(kvr_prefill_result) X(kvr_ingest_options) X(kvr_engine_worker)
+#define KVR_STRUCTS_WITH_DEFAULTS(X)                                                      \
+  X(kvr_router_options)                                                                   \
+  X(kvr_worker_config)                                                                    \
+  X(kvr_request_options) X(kvr_routing_hints) X(kvr_disagg_options) X(kvr_prefill_result) \
+      X(kvr_ingest_options) X(kvr_engine_worker) X(kvr_jetstream_source)
 #define KVR_DECLARE_DEFAULTS_(T) \
   template <>                    \
   T Defaults<T>() noexcept;

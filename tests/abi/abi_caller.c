@@ -57,6 +57,13 @@
   X(kvr_engine_worker)     \
   X(kvr_ingest_stats)
 
+/* The versioned structs a release added: from 0.2.0 on, each has its sized kvr_X_init. */
+#if KVR_VERSION_NUMBER >= 200
+#define KVR_ABI_STRUCTS_SINCE_0_2(X) X(kvr_jetstream_source)
+#else
+#define KVR_ABI_STRUCTS_SINCE_0_2(X)
+#endif
+
 #if KVR_VERSION_MAJOR == 0 && KVR_VERSION_MINOR < 2
 /* A 0.1 header declares `void kvr_X_init(kvr_X *)`, which no 0.2 library exports: the library
  * cannot know how large a 0.1 binary's struct is, hence the SONAME bump to 0.2 (0.1 binaries
@@ -451,6 +458,16 @@ static void defaults_kvr_ingest_options(const kvr_ingest_options* o) {
 #endif
 }
 
+#if KVR_VERSION_NUMBER >= 200
+static void defaults_kvr_jetstream_source(const kvr_jetstream_source* o) {
+  EXPECT_U64(0, o->flags);
+  EXPECT(o->url == NULL && o->stream == NULL && o->subject == NULL && o->durable == NULL);
+  EXPECT_U64(0, o->start_sequence);
+  EXPECT(o->max_age_seconds == 3600.0);
+  EXPECT(o->max_bytes == (int64_t)1 << 30);
+}
+#endif
+
 static void defaults_kvr_engine_worker(const kvr_engine_worker* o) {
   EXPECT_U64(KVR_ENGINE_VLLM, o->engine);
   EXPECT(o->endpoint == NULL && o->topic == NULL && o->replay_endpoint == NULL);
@@ -502,6 +519,7 @@ static void check_init(const char* type, size_t size, kvr_status (*init)(void*, 
   static void abi_defaults_##T(const void* p) { defaults_##T((const T*)p); }             \
   static void case_init_##T(void) { check_init(#T, sizeof(T), abi_init_##T, abi_defaults_##T); }
 KVR_ABI_STRUCTS(KVR_ABI_INIT_CASE_)
+KVR_ABI_STRUCTS_SINCE_0_2(KVR_ABI_INIT_CASE_)
 #undef KVR_ABI_INIT_CASE_
 
 /* ---- The reproductions ------------------------------------------------------------- */
@@ -957,8 +975,9 @@ static void ingest_options_engine_worker_and_stats(void) {
   X(kvr_disagg_options, decode_busy_threshold) \
   X(kvr_prefill_result, cached_tokens)         \
   X(kvr_ingest_options, replica_timeout_ms)    \
+  X(kvr_jetstream_source, max_bytes)           \
   X(kvr_engine_worker, replay_endpoint)        \
-  X(kvr_ingest_stats, last_reject)             \
+  X(kvr_ingest_stats, stream_sequence)         \
   X(kvr_candidate, reserved)                   \
   X(kvr_overlap, reserved)                     \
   X(kvr_potential_load, reserved)
@@ -987,7 +1006,7 @@ typedef struct abi_case {
 
 static const abi_case kCases[] = {
 #define KVR_ABI_INIT_ENTRY_(T) {"init." #T, case_init_##T, 1, NULL},
-    KVR_ABI_STRUCTS(KVR_ABI_INIT_ENTRY_)
+    KVR_ABI_STRUCTS(KVR_ABI_INIT_ENTRY_) KVR_ABI_STRUCTS_SINCE_0_2(KVR_ABI_INIT_ENTRY_)
 #undef KVR_ABI_INIT_ENTRY_
         {"router_options_104_bytes_not_overrun", router_options_104_bytes_not_overrun,
          sizeof(kvr_router_options) == 104, "this header's kvr_router_options is not 104 bytes"},

@@ -58,8 +58,9 @@ static int accepts(int port) {
   return ok;
 }
 
-/* Starts nats-server on 127.0.0.1:port and waits (bounded) until it accepts connections. */
-static pid_t start_server(int port) {
+/* Starts nats-server on 127.0.0.1:port and waits (bounded) until it accepts connections;
+ * `store_dir` not NULL: with JetStream, its streams kept there. */
+static pid_t start_server_with(int port, const char* store_dir) {
   int waited;
   const pid_t pid = fork();
   if (pid == 0) {
@@ -68,7 +69,13 @@ static pid_t start_server(int port) {
     dup2(devnull, 1);
     dup2(devnull, 2);
     snprintf(port_text, sizeof port_text, "%d", port);
-    execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port_text, (char*)NULL);
+    if (store_dir == NULL) {
+      execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port_text,
+            (char*)NULL);
+    } else {
+      execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port_text, "-js",
+            "-sd", store_dir, (char*)NULL);
+    }
     _exit(127);
   }
   assert_true(pid > 0);
@@ -82,6 +89,8 @@ static pid_t start_server(int port) {
   fail_msg("nats-server did not accept connections in time");
   return -1;
 }
+
+static pid_t start_server(int port) { return start_server_with(port, NULL); }
 
 static void stop_server(pid_t pid) {
   kill(pid, SIGKILL);
@@ -212,6 +221,67 @@ static void nats_bad_arguments(void** state) {
   kvr_router_free(router);
 }
 
+/* A JetStream stream created by the source, a stored event published into it, applied and
+ * acknowledged (stream_sequence); bad sources refused. */
+static void jetstream_source(void** state) {
+  const int port = free_port();
+  char url[64], store[] = "/tmp/kvr-capi-js-XXXXXX", remove_store[64];
+  pid_t server;
+  kvr_router* router = kvt_router_new(BS, 0);
+  kvr_ingest* ingest = NULL;
+  natsConnection* nc = NULL;
+  kvr_jetstream_source js;
+  uint64_t source = 0;
+  uint32_t tokens[2 * BS];
+  kvr_ingest_stats stats;
+  int waited;
+  (void)state;
+  assert_non_null(mkdtemp(store));
+  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
+  server = start_server_with(port, store);
+  kvt_add_worker(router, 1);
+  KVT_OK(kvr_ingest_new(router, NULL, &ingest, ERRP));
+  KVT_OK(kvr_ingest_start(ingest, ERRP));
+  KVT_OK(kvr_jetstream_source_init(&js, sizeof js));
+  js.url = url;
+  js.stream = "KV";
+  js.subject = "kv.>";
+  js.durable = "gateway-1";
+  KVT_EXPECT_FAILS(KVR_NOT_FOUND, kvr_ingest_subscribe_jetstream(ingest, &js, &source, ERRP));
+  js.flags = 0x80;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_subscribe_jetstream(ingest, &js, &source, ERRP));
+  js.flags = KVR_JETSTREAM_CREATE_STREAM;
+  js.stream = NULL;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_subscribe_jetstream(ingest, &js, &source, ERRP));
+  js.stream = "K.V";
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_subscribe_jetstream(ingest, &js, &source, ERRP));
+  js.stream = "KV";
+  KVT_OK(kvr_ingest_subscribe_jetstream(ingest, &js, &source, ERRP));
+
+  assert_int_equal(NATS_OK, natsConnection_ConnectTo(&nc, url));
+  kvt_fill_tokens(tokens, 2 * BS, 0);
+  publish_stored(nc, "kv.w1", 1, tokens, 2, 500);
+  stats = stats_of(ingest, source);
+  for (waited = 0; stats.stream_sequence < 1 && waited < WAIT_MS; waited += 5) {
+    sleep_ms(5);
+    stats = stats_of(ingest, source);
+  }
+  assert_int_equal(1, stats.stream_sequence);
+  assert_int_equal(1, stats.events_applied);
+  assert_int_equal(2, device_blocks(router, tokens, 2 * BS, 1));
+  assert_int_equal(1, stats_of(ingest, 0).stream_sequence); /* the largest over sources */
+
+  natsConnection_Destroy(nc);
+  kvr_ingest_free(ingest);
+  kvr_router_free(router);
+  stop_server(server);
+  snprintf(remove_store, sizeof remove_store, "rm -rf %s", store);
+  assert_int_equal(0, system(remove_store));
+}
+
 /* A router replica with its ingest object syncing on "replicas" at `url`. */
 typedef struct replica {
   kvr_router* router;
@@ -302,6 +372,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(nats_batches_wildcards_garbage_and_restart),
       cmocka_unit_test(nats_bad_arguments),
+      cmocka_unit_test(jetstream_source),
       cmocka_unit_test(replicas_sync_bookings_over_nats),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

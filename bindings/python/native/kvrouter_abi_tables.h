@@ -24,6 +24,7 @@
   S(kvr_prefill_result)            \
   S(kvr_ingest_options)            \
   S(kvr_engine_worker)             \
+  S(kvr_jetstream_source)          \
   S(kvr_ingest_stats)
 
 /* The fixed-layout array elements: S(struct) */
@@ -278,6 +279,16 @@
   F(kvr_engine_worker, flags, U32, 0, 0)             \
   F(kvr_engine_worker, topic, PTR, 0, 0)             \
   F(kvr_engine_worker, replay_endpoint, PTR, 0, 0)
+#define KVRPY_FIELDS_kvr_jetstream_source(F)          \
+  F(kvr_jetstream_source, struct_size, U32, 0, 0)     \
+  F(kvr_jetstream_source, flags, U32, 0, 0)           \
+  F(kvr_jetstream_source, url, PTR, 0, 0)             \
+  F(kvr_jetstream_source, stream, PTR, 0, 0)          \
+  F(kvr_jetstream_source, subject, PTR, 0, 0)         \
+  F(kvr_jetstream_source, durable, PTR, 0, 0)         \
+  F(kvr_jetstream_source, start_sequence, U64, 0, 0)  \
+  F(kvr_jetstream_source, max_age_seconds, F64, 0, 0) \
+  F(kvr_jetstream_source, max_bytes, I64, 0, 0)
 #define KVRPY_FIELDS_kvr_ingest_stats(F)           \
   F(kvr_ingest_stats, struct_size, U32, 0, 0)      \
   F(kvr_ingest_stats, state_unknown, U32, 0, 0)    \
@@ -295,7 +306,8 @@
   F(kvr_ingest_stats, lag_last_us, U64, 0, 0)      \
   F(kvr_ingest_stats, published, U64, 0, 0)        \
   F(kvr_ingest_stats, publish_failures, U64, 0, 0) \
-  F(kvr_ingest_stats, last_reject, TEXT, 0, 0)
+  F(kvr_ingest_stats, last_reject, TEXT, 0, 0)     \
+  F(kvr_ingest_stats, stream_sequence, U64, 0, 0)
 
 /* Each X-macro list's ENTRY(name, value, description), which names the enumeration
  * constant the list made (the prefixes differ from list to list). */
@@ -339,6 +351,8 @@
   C(KVR_STORED_HAS_PARENT)          \
   C(KVR_STORED_EAGLE)               \
   C(KVR_REQUEST_ADMIT)              \
+  C(KVR_JETSTREAM_RESUME)           \
+  C(KVR_JETSTREAM_CREATE_STREAM)    \
   C(KVR_EVENT_KINDS)                \
   C(KVR_EVENT_OUTCOMES)             \
   C(KVR_INGEST_REJECT_REASONS)      \

@@ -376,6 +376,10 @@ STORED_HAS_PARENT = 0x1
 STORED_EAGLE = 0x2
 #: book the request under request_id
 REQUEST_ADMIT = 0x1
+#: an existing durable consumer keeps its position
+JETSTREAM_RESUME = 0x1
+#: create the stream if absent, with the limits below
+JETSTREAM_CREATE_STREAM = 0x2
 
 # Other constants.
 #: the first dimension of kvr_metrics.events, fixed forever
@@ -401,6 +405,8 @@ CONSTANTS: Dict[str, int] = {
     'KVR_STORED_HAS_PARENT': STORED_HAS_PARENT,
     'KVR_STORED_EAGLE': STORED_EAGLE,
     'KVR_REQUEST_ADMIT': REQUEST_ADMIT,
+    'KVR_JETSTREAM_RESUME': JETSTREAM_RESUME,
+    'KVR_JETSTREAM_CREATE_STREAM': JETSTREAM_CREATE_STREAM,
     'KVR_EVENT_KINDS': EVENT_KINDS,
     'KVR_EVENT_OUTCOMES': EVENT_OUTCOMES,
     'KVR_INGEST_REJECT_REASONS': INGEST_REJECT_REASONS,
@@ -725,8 +731,22 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('replay_endpoint', 48, 8),
         ),
     ),
+    'kvr_jetstream_source': (
+        64,
+        (
+            ('struct_size', 0, 4),
+            ('flags', 4, 4),
+            ('url', 8, 8),
+            ('stream', 16, 8),
+            ('subject', 24, 8),
+            ('durable', 32, 8),
+            ('start_sequence', 40, 8),
+            ('max_age_seconds', 48, 8),
+            ('max_bytes', 56, 8),
+        ),
+    ),
     'kvr_ingest_stats': (
-        304,
+        312,
         (
             ('struct_size', 0, 4),
             ('state_unknown', 4, 4),
@@ -745,6 +765,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('published', 160, 8),
             ('publish_failures', 168, 8),
             ('last_reject', 176, 128),
+            ('stream_sequence', 304, 8),
         ),
     ),
 }
@@ -776,6 +797,8 @@ __all__ = [
     'STORED_HAS_PARENT',
     'STORED_EAGLE',
     'REQUEST_ADMIT',
+    'JETSTREAM_RESUME',
+    'JETSTREAM_CREATE_STREAM',
     'EVENT_KINDS',
     'EVENT_OUTCOMES',
     'INGEST_REJECT_REASONS',

@@ -235,6 +235,12 @@ pub const KVR_STORED_EAGLE: u32 = 0x2;
 /// book the request under request_id
 pub const KVR_REQUEST_ADMIT: u32 = 0x1;
 
+/// kvr_jetstream_source.flags
+/// an existing durable consumer keeps its position
+pub const KVR_JETSTREAM_RESUME: u32 = 0x1;
+/// create the stream if absent, with the limits below
+pub const KVR_JETSTREAM_CREATE_STREAM: u32 = 0x2;
+
 /// the first dimension of kvr_metrics.events, fixed forever
 pub const KVR_EVENT_KINDS: usize = 3;
 /// the second dimension of kvr_metrics.events, fixed forever
@@ -739,6 +745,34 @@ pub struct kvr_engine_worker {
     pub replay_endpoint: *const c_char,
 }
 
+/// create the stream if absent, with the limits below
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvr_jetstream_source {
+    pub struct_size: u32,
+    /// KVR_JETSTREAM_*
+    pub flags: u32,
+    /// "nats://HOST:PORT"
+    pub url: *const c_char,
+    /// the stream's name (no spaces, '.', '*' or '>')
+    pub stream: *const c_char,
+    /// the subjects consumed (wildcards allowed); the stream's own subjects when
+    /// KVR_JETSTREAM_CREATE_STREAM creates it
+    pub subject: *const c_char,
+    /// The durable consumer's name, one per router (rules as the stream's); NULL or "" = an
+    /// ephemeral consumer, deleted when the source is removed.
+    pub durable: *const c_char,
+    /// The first stream sequence delivered; 0 (default) = the stream's first message. After
+    /// kvr_router_restore of a snapshot taken after kvr_ingest_stats.stream_sequence was N: N + 1
+    /// (events applied twice, in order, leave the index as it was). Without KVR_JETSTREAM_RESUME,
+    /// an existing durable consumer of that name is replaced.
+    pub start_sequence: u64,
+    /// KVR_JETSTREAM_CREATE_STREAM: default 3600; 0 = no limit
+    pub max_age_seconds: f64,
+    /// KVR_JETSTREAM_CREATE_STREAM: default 1 GiB; -1 = no limit
+    pub max_bytes: i64,
+}
+
 /// Counters of one source, or of every source together.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -777,6 +811,9 @@ pub struct kvr_ingest_stats {
     /// bytes of it received)"); empty when none was given. For source 0: the most recent over every
     /// source. A caller whose struct ends before it does not get it.
     pub last_reject: [c_char; 128],
+    /// Appended in 0.2.0: a JetStream source's last stream sequence applied (and acknowledged); for
+    /// source 0, the largest over the sources; 0 for other sources.
+    pub stream_sequence: u64,
 }
 
 // ---- Functions ----------------------------------------------------------------------------
@@ -1408,6 +1445,23 @@ extern "C" {
         source_id: *mut u64,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
+    /// Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent
+    pub fn kvr_jetstream_source_init(source: *mut kvr_jetstream_source, size: usize) -> kvr_status;
+    /// Consumes `source`'s stream: each message is applied, then acknowledged (a message not
+    /// acknowledged, because the ingest stopped first, is delivered again). The source's counters
+    /// are those of kvr_ingest_subscribe_nats, and `stream_sequence` the last message applied. The
+    /// connection reconnects forever, and the consumer continues where it was. Connects and sets up
+    /// the consumer on the calling thread. KVR_INVALID_ARGUMENT for a missing url, stream or
+    /// subject, a bad name, unknown flags or bad limits; KVR_NOT_FOUND if the stream does not exist
+    /// (without KVR_JETSTREAM_CREATE_STREAM); KVR_UNAVAILABLE if the server cannot be reached or
+    /// refuses (the message says why). `*source_id` may be NULL. @thread_safety as
+    /// kvr_ingest_subscribe_nats
+    pub fn kvr_ingest_subscribe_jetstream(
+        ingest: *mut kvr_ingest,
+        source: *const kvr_jetstream_source,
+        source_id: *mut u64,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
     /// Router replica sync over NATS: publishes the ingest's router's booking changes on `subject`
     /// as `replica_id` (see kvr_router_set_replica_publisher for the id's rules) and applies the
     /// changes the other replicas publish there. The source's counters: `messages` received,
@@ -1758,7 +1812,18 @@ const _: () = {
     assert!(offset_of!(kvr_engine_worker, flags) == 36);
     assert!(offset_of!(kvr_engine_worker, topic) == 40);
     assert!(offset_of!(kvr_engine_worker, replay_endpoint) == 48);
-    assert!(size_of::<kvr_ingest_stats>() == 304);
+    assert!(size_of::<kvr_jetstream_source>() == 64);
+    assert!(align_of::<kvr_jetstream_source>() == 8);
+    assert!(offset_of!(kvr_jetstream_source, struct_size) == 0);
+    assert!(offset_of!(kvr_jetstream_source, flags) == 4);
+    assert!(offset_of!(kvr_jetstream_source, url) == 8);
+    assert!(offset_of!(kvr_jetstream_source, stream) == 16);
+    assert!(offset_of!(kvr_jetstream_source, subject) == 24);
+    assert!(offset_of!(kvr_jetstream_source, durable) == 32);
+    assert!(offset_of!(kvr_jetstream_source, start_sequence) == 40);
+    assert!(offset_of!(kvr_jetstream_source, max_age_seconds) == 48);
+    assert!(offset_of!(kvr_jetstream_source, max_bytes) == 56);
+    assert!(size_of::<kvr_ingest_stats>() == 312);
     assert!(align_of::<kvr_ingest_stats>() == 8);
     assert!(offset_of!(kvr_ingest_stats, struct_size) == 0);
     assert!(offset_of!(kvr_ingest_stats, state_unknown) == 4);
@@ -1777,4 +1842,5 @@ const _: () = {
     assert!(offset_of!(kvr_ingest_stats, published) == 160);
     assert!(offset_of!(kvr_ingest_stats, publish_failures) == 168);
     assert!(offset_of!(kvr_ingest_stats, last_reject) == 176);
+    assert!(offset_of!(kvr_ingest_stats, stream_sequence) == 304);
 };

@@ -758,6 +758,29 @@ static inline void abi_decode_engine_worker(const jlong* v, kvr_engine_worker* c
   c->flags = (uint32_t)v[ABI_ENGINE_WORKER_FLAGS];
 }
 
+/* kvr_jetstream_source */
+enum {
+  ABI_JETSTREAM_SOURCE_FLAGS = 0,
+  ABI_JETSTREAM_SOURCE_START_SEQUENCE = 1,
+  ABI_JETSTREAM_SOURCE_MAX_AGE_SECONDS = 2,
+  ABI_JETSTREAM_SOURCE_MAX_BYTES = 3,
+  ABI_JETSTREAM_SOURCE_LEN = 4
+};
+
+static inline void abi_encode_jetstream_source(const kvr_jetstream_source* c, jlong* v) {
+  v[ABI_JETSTREAM_SOURCE_FLAGS] = (jlong)c->flags;
+  v[ABI_JETSTREAM_SOURCE_START_SEQUENCE] = (jlong)c->start_sequence;
+  v[ABI_JETSTREAM_SOURCE_MAX_AGE_SECONDS] = abi_double_bits(c->max_age_seconds);
+  v[ABI_JETSTREAM_SOURCE_MAX_BYTES] = (jlong)c->max_bytes;
+}
+
+static inline void abi_decode_jetstream_source(const jlong* v, kvr_jetstream_source* c) {
+  c->flags = (uint32_t)v[ABI_JETSTREAM_SOURCE_FLAGS];
+  c->start_sequence = (uint64_t)v[ABI_JETSTREAM_SOURCE_START_SEQUENCE];
+  c->max_age_seconds = abi_bits_double(v[ABI_JETSTREAM_SOURCE_MAX_AGE_SECONDS]);
+  c->max_bytes = (int64_t)v[ABI_JETSTREAM_SOURCE_MAX_BYTES];
+}
+
 /* kvr_ingest_stats */
 enum {
   ABI_INGEST_STATS_STATE_UNKNOWN = 0,
@@ -776,7 +799,8 @@ enum {
   ABI_INGEST_STATS_PUBLISHED = 20,
   ABI_INGEST_STATS_PUBLISH_FAILURES = 21,
   ABI_INGEST_STATS_LAST_REJECT = 22,
-  ABI_INGEST_STATS_LEN = 150
+  ABI_INGEST_STATS_STREAM_SEQUENCE = 150,
+  ABI_INGEST_STATS_LEN = 151
 };
 
 static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) {
@@ -796,6 +820,7 @@ static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) 
   v[ABI_INGEST_STATS_PUBLISHED] = (jlong)c->published;
   v[ABI_INGEST_STATS_PUBLISH_FAILURES] = (jlong)c->publish_failures;
   for (int i = 0; i < 128; ++i) v[ABI_INGEST_STATS_LAST_REJECT + i] = (jlong)c->last_reject[i];
+  v[ABI_INGEST_STATS_STREAM_SEQUENCE] = (jlong)c->stream_sequence;
 }
 
 static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) {
@@ -815,6 +840,7 @@ static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) 
   c->published = (uint64_t)v[ABI_INGEST_STATS_PUBLISHED];
   c->publish_failures = (uint64_t)v[ABI_INGEST_STATS_PUBLISH_FAILURES];
   for (int i = 0; i < 128; ++i) c->last_reject[i] = (char)v[ABI_INGEST_STATS_LAST_REJECT + i];
+  c->stream_sequence = (uint64_t)v[ABI_INGEST_STATS_STREAM_SEQUENCE];
 }
 
 #endif /* KVROUTER_JNI_ABI_H */

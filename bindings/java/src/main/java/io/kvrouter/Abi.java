@@ -33,6 +33,10 @@ final class Abi {
   // the request is booked (after waiting in the queue if the router queues).
   static final int REQUEST_ADMIT = 0x1;
 
+  // kvr_jetstream_source.flags
+  static final int JETSTREAM_RESUME = 0x1;
+  static final int JETSTREAM_CREATE_STREAM = 0x2;
+
   // the first dimension of kvr_metrics.events, fixed forever
   static final int EVENT_KINDS = 3;
   // the second dimension of kvr_metrics.events, fixed forever
@@ -346,6 +350,17 @@ final class Abi {
     static final int LEN = 6;
   }
 
+  /** {@code kvr_jetstream_source}. */
+  static final class JetstreamSource {
+    private JetstreamSource() {}
+
+    static final int FLAGS = 0;
+    static final int START_SEQUENCE = 1;
+    static final int MAX_AGE_SECONDS = 2;
+    static final int MAX_BYTES = 3;
+    static final int LEN = 4;
+  }
+
   /** {@code kvr_ingest_stats}. */
   static final class IngestStats {
     private IngestStats() {}
@@ -368,6 +383,7 @@ final class Abi {
     static final int PUBLISH_FAILURES = 21;
     /** The first of 128 slots: [128], row by row. */
     static final int LAST_REJECT = 22;
-    static final int LEN = 150;
+    static final int STREAM_SEQUENCE = 150;
+    static final int LEN = 151;
   }
 }
