@@ -287,7 +287,8 @@ JSON
 # ---- the run
 rm -f "$work"/engine-*.log "$work"/*.kv-events
 if [[ $mode == go ]]; then
-  go=$(command -v go || ls /usr/local/go/bin/go /usr/lib/go-1.2*/bin/go 2>/dev/null | tail -n1 || true)
+  source scripts/lib/go.sh
+  find_go test-engines.sh
   source scripts/staged-library.sh
   use_staged_library go
   step "setup done in $(( $(date +%s) - began )) s; examples/go: go test -run TestVLLMEngines"

@@ -8,12 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# On PATH, the official tarball's place, or Debian's golang-1.2x-go (scripts/install-deps.sh).
-go=$(command -v go || ls /usr/local/go/bin/go /usr/lib/go-1.2*/bin/go 2>/dev/null | tail -n1 || true)
-if [[ -z $go ]]; then
-  echo "test-epp.sh: no Go toolchain found (need go >= 1.21 on PATH or in /usr/local/go)" >&2
-  exit 1
-fi
+source scripts/lib/go.sh
+find_go test-epp.sh
 # auto: a go older than go.mod's directive downloads and runs that toolchain (cached in the
 # module cache), even where a distribution's go.env says local (which refuses the module).
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}

@@ -9,12 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# On PATH, the official tarball's place, or Debian's golang-1.2x-go (scripts/install-deps.sh).
-go=$(command -v go || ls /usr/local/go/bin/go /usr/lib/go-1.2*/bin/go 2>/dev/null | tail -n1 || true)
-if [[ -z $go ]]; then
-  echo "test-go.sh: no Go toolchain found (need go >= 1.21 on PATH or in /usr/local/go)" >&2
-  exit 1
-fi
+source scripts/lib/go.sh
+find_go test-go.sh
 
 source scripts/staged-library.sh
 use_staged_library go
