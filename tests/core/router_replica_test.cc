@@ -93,6 +93,20 @@ class RouterReplicaTest : public ::testing::Test {
     return {};
   }
 
+  // a books both workers past the busy rule (more than 10 prefill tokens in flight), then b
+  // routes a request that must wait in its queue; `admitted` is set once b admits it.
+  void QueueBehindTheOthersBookings(bool& admitted, bool heartbeat = false) {
+    RouterOptions options;
+    options.queue_threshold = 1.0;
+    Make(options, /*max_batched=*/10);
+    if (heartbeat) ASSERT_TRUE(a_->PublishHeartbeat(1000));
+    ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+    ASSERT_TRUE(a_->AddRequest("r2", Tokens(3, 100), {2, 0}, {}).ok());
+    Deliver();
+    b_->FindBestMatchAsync(Tokens(3, 500), {.with_admission = true, .request_id = "waits"},
+                           [&](absl::StatusOr<RouteDecision> d) { admitted = d.ok(); });
+  }
+
   ManualClock clock_;
   std::unique_ptr<Router> a_, b_;
   std::deque<Published> from_a_;
@@ -290,16 +304,8 @@ TEST_F(RouterReplicaTest, BadChangesAreRefusedAndChangeNothing) {
 }
 
 TEST_F(RouterReplicaTest, AReplicaFreeingCapacityAdmitsWaitingRequests) {
-  // One busy rule for both: a worker with more than 10 prefill tokens in flight is busy.
-  RouterOptions options;
-  options.queue_threshold = 1.0;
-  Make(options, /*max_batched=*/10);
-  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
-  ASSERT_TRUE(a_->AddRequest("r2", Tokens(3, 100), {2, 0}, {}).ok());
-  Deliver();
   bool admitted = false;
-  b_->FindBestMatchAsync(Tokens(3, 500), {.with_admission = true, .request_id = "waits"},
-                         [&](absl::StatusOr<RouteDecision> d) { admitted = d.ok(); });
+  QueueBehindTheOthersBookings(admitted);
   EXPECT_FALSE(admitted);
   EXPECT_EQ(b_->pending_count(), 1u);
   EXPECT_TRUE(a_->MarkPrefillCompleted("r2"));
@@ -389,16 +395,8 @@ TEST_F(RouterReplicaTest, AnExpiredReplicaThatComesBackIsLoadAgain) {
 }
 
 TEST_F(RouterReplicaTest, ADeadReplicasCapacityAdmitsRequestsWaitingHere) {
-  RouterOptions options;  // as AReplicaFreeingCapacityAdmitsWaitingRequests
-  options.queue_threshold = 1.0;
-  Make(options, /*max_batched=*/10);
-  ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
-  ASSERT_TRUE(a_->AddRequest("r2", Tokens(3, 100), {2, 0}, {}).ok());
-  Deliver();
   bool admitted = false;
-  b_->FindBestMatchAsync(Tokens(3, 500), {.with_admission = true, .request_id = "waits"},
-                         [&](absl::StatusOr<RouteDecision> d) { admitted = d.ok(); });
+  QueueBehindTheOthersBookings(admitted, /*heartbeat=*/true);
   EXPECT_FALSE(admitted);
   clock_.AdvanceSeconds(11);  // a died: its bookings go, and b's request is admitted
   ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
