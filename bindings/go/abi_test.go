@@ -409,13 +409,26 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 	checkAllSet(t, "WorkerConfig", wsent, initLoaded(initWorkerConfig, (*cWorkerConfig).load))
 	wantNames(t, "WorkerConfig fields without a Go namesake", sameByName(t, "WorkerConfig", wc, wsent))
 
-	io := IngestOptions{MaxFrameBytes: 1 << 20, ReplayTimeout: 1500 * time.Millisecond}
+	io := IngestOptions{MaxFrameBytes: 1 << 20, ReplayTimeout: 1500 * time.Millisecond,
+		ReplicaHeartbeat: 250 * time.Millisecond, ReplicaTimeout: 2500*time.Millisecond + 1}
 	isent := loaded(io.toC(), (*cIngestOptions).load)
 	checkAllSet(t, "IngestOptions", isent, initLoaded(initIngestOptions, (*cIngestOptions).load))
 	wantNames(t, "IngestOptions fields without a Go namesake", sameByName(t, "IngestOptions", io, isent),
-		"ReplayTimeoutMs")
-	if isent.ReplayTimeoutMs != 1500 {
+		"ReplayTimeoutMs", "ReplicaHeartbeatMs", "ReplicaTimeoutMs")
+	if isent.ReplayTimeoutMs != 1500 || isent.ReplicaHeartbeatMs != 250 || isent.ReplicaTimeoutMs != 2501 {
 		t.Errorf("IngestOptions: %+v", isent)
+	}
+	// 0 keeps the library's default, a negative duration turns liveness off (0 in C), and a
+	// duration too long for a uint32 of milliseconds stays out of range.
+	idef := initLoaded(initIngestOptions, (*cIngestOptions).load)
+	if m := loaded((&IngestOptions{}).toC(), (*cIngestOptions).load); m != idef {
+		t.Errorf("IngestOptions{} gives %+v, the library's defaults are %+v", m, idef)
+	}
+	if m := loaded((&IngestOptions{ReplicaHeartbeat: -1, ReplicaTimeout: -time.Second}).toC(), (*cIngestOptions).load); m.ReplicaHeartbeatMs != 0 || m.ReplicaTimeoutMs != 0 {
+		t.Errorf("negative replica durations: %+v", m)
+	}
+	if m := loaded((&IngestOptions{ReplicaTimeout: 50 * 24 * time.Hour}).toC(), (*cIngestOptions).load); m.ReplicaTimeoutMs != math.MaxUint32 {
+		t.Errorf("a 50-day replica timeout: %+v", m)
 	}
 
 	ew := EngineWorker{Engine: EngineSGLang, Endpoint: "tcp://127.0.0.1:1", WorkerID: 4, DPStart: 1, DPSize: 2,

@@ -8,6 +8,7 @@ package kvrouter
 import "C"
 
 import (
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -18,6 +19,12 @@ import (
 type IngestOptions struct {
 	MaxFrameBytes uint32        // largest stream frame accepted; 0 = the default (and maximum) 64 MiB
 	ReplayTimeout time.Duration // a vLLM replay taking longer falls back to clearing; 0 = 2 s
+	// Replica liveness for SyncReplicas (docs/replicas.md): a heartbeat is published every
+	// ReplicaHeartbeat (0 = 1 s; negative = none), and the bookings of a replica silent for
+	// ReplicaTimeout are dropped (0 = 10 s; negative = never). At most 1 h each (rounded up to
+	// whole milliseconds); NewIngest refuses more with ErrInvalidArgument.
+	ReplicaHeartbeat time.Duration
+	ReplicaTimeout   time.Duration
 }
 
 func (o *IngestOptions) toC() *C.kvr_ingest_options {
@@ -34,8 +41,22 @@ func (o *IngestOptions) toC() *C.kvr_ingest_options {
 	if o.ReplayTimeout > 0 {
 		m.ReplayTimeoutMs = uint32(ceilMillis(o.ReplayTimeout))
 	}
+	m.ReplicaHeartbeatMs = optionalMillis(o.ReplicaHeartbeat, m.ReplicaHeartbeatMs)
+	m.ReplicaTimeoutMs = optionalMillis(o.ReplicaTimeout, m.ReplicaTimeoutMs)
 	m.store(c)
 	return c
+}
+
+// optionalMillis is d in whole milliseconds rounded up for a positive d, def for 0 and 0 (off)
+// for a negative d; more than fits a uint32 stays out of range, for the library to refuse.
+func optionalMillis(d time.Duration, def uint32) uint32 {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return uint32(min(ceilMillis(d), math.MaxUint32))
 }
 
 // Ingest receives KV events from its sources on one event-loop thread of its own and applies

@@ -38,6 +38,21 @@ func newIngest(t *testing.T, r *Router) *Ingest {
 	return in
 }
 
+// The replica liveness settings reach the library, which refuses more than an hour.
+func TestIngestReplicaLivenessOptions(t *testing.T) {
+	r := newTestRouter(t, 1)
+	for _, o := range []IngestOptions{{ReplicaHeartbeat: time.Hour + time.Millisecond}, {ReplicaTimeout: 2 * time.Hour}} {
+		in, err := NewIngest(r, &o)
+		wantCode(t, err, ErrInvalidArgument)
+		if in != nil {
+			in.Close()
+		}
+	}
+	in, err := NewIngest(r, &IngestOptions{ReplicaHeartbeat: time.Hour, ReplicaTimeout: -1})
+	must(t, err)
+	must(t, in.Close())
+}
+
 // Events published over a Unix socket reach the index; bad frames are counted and the
 // connection goes on.
 func TestIngestUnixSocketWithPublisher(t *testing.T) {

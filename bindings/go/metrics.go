@@ -64,6 +64,10 @@ type Metrics struct {
 	ReplicaChangesApplied  uint64
 	ReplicaChangesRejected uint64
 	ReplicaRequestsActive  uint64
+	// Replica liveness: the other replicas heard sending heartbeats and not expired, and those
+	// whose bookings ExpireReplicas dropped because they fell silent.
+	ReplicasLive    uint64
+	ReplicasExpired uint64
 	// How long routing calls took to decide (routing and plans answered without queueing,
 	// and previews; failed calls are not measured), from the call's start to its decision,
 	// over a sample of the calls (the first, then one in 16: Count is not Decisions).
@@ -115,6 +119,8 @@ func metricsFrom(g *cMetrics) Metrics {
 		ReplicaChangesApplied:  g.ReplicaChangesApplied,
 		ReplicaChangesRejected: g.ReplicaChangesRejected,
 		ReplicaRequestsActive:  g.ReplicaRequestsActive,
+		ReplicasLive:           g.ReplicasLive,
+		ReplicasExpired:        g.ReplicasExpired,
 
 		DecisionLatency: latencyFrom(&g.DecisionLatencyBoundsNs, &g.DecisionLatencyLe, g.DecisionLatencyCount, g.DecisionLatencySumNs),
 	}

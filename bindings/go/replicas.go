@@ -27,6 +27,7 @@ import (
 	"runtime"
 	"runtime/cgo"
 	"sync"
+	"time"
 )
 
 // replicaPublishers holds, per router, the handle of its current publish callback, so that a
@@ -100,6 +101,41 @@ func (r *Router) ApplyReplicaEvent(data []byte) error {
 	runtime.KeepAlive(r)
 	runtime.KeepAlive(data)
 	return takeError(st, cerr)
+}
+
+// ReplicaHeartbeat publishes a heartbeat through the router's replica publisher, promising
+// the next within intervalMs (1..3,600,000; else ErrInvalidArgument): a peer that has heard one
+// from this replica drops its bookings there (ExpireReplicas) once it falls silent. Over a bus
+// of your own, call it every interval; Ingest.SyncReplicas does it on a timer
+// (IngestOptions.ReplicaHeartbeat). ErrFailedPrecondition if the router has no publisher
+// (SetReplicaPublisher).
+func (r *Router) ReplicaHeartbeat(intervalMs uint32) error {
+	h := r.handle()
+	if h == nil {
+		return ErrClosed
+	}
+	var cerr *C.kvr_error
+	st := C.kvr_router_replica_heartbeat(h, C.uint32_t(intervalMs), &cerr)
+	runtime.KeepAlive(r)
+	return takeError(st, cerr)
+}
+
+// ExpireReplicas drops the bookings held from every replica that has sent heartbeats and has
+// been heard from (any change) no later than timeout ago on the router's clock (or three of
+// its own heartbeat intervals, if longer), and returns how many replicas it dropped (counted in
+// Metrics.ReplicasExpired); the freed capacity may admit queued requests. A replica that never
+// sent a heartbeat keeps its bookings until the request expiry. ErrInvalidArgument unless
+// timeout > 0. Ingest.SyncReplicas does it on a timer (IngestOptions.ReplicaTimeout).
+func (r *Router) ExpireReplicas(timeout time.Duration) (int, error) {
+	h := r.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	var n C.size_t
+	var cerr *C.kvr_error
+	st := C.kvr_router_expire_replicas(h, C.double(timeout.Seconds()), &n, &cerr)
+	runtime.KeepAlive(r)
+	return int(n), takeError(st, cerr)
 }
 
 // SyncReplicas syncs the router's bookings with the other router replicas over NATS: every

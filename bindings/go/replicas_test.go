@@ -162,3 +162,77 @@ func TestReplicaPublisherAnnouncesExistingBookings(t *testing.T) {
 	}
 	wantCode(t, a.SetReplicaPublisher("bad\x1fid", func([]byte) {}), ErrInvalidArgument)
 }
+
+// Liveness over a bus of the test's own: a's heartbeat makes it a live replica at b; on b's
+// clock, driven by hand, ExpireReplicas keeps it while it is within the timeout and drops it
+// (with its booking) once it is past it.
+func TestReplicaHeartbeatAndExpiry(t *testing.T) {
+	a := newTestRouter(t, 2)
+	b := newTestRouter(t, 2)
+	var bus [][]byte
+	// The publisher runs synchronously on this goroutine: no lock needed.
+	must(t, a.SetReplicaPublisher("gateway-a", func(data []byte) {
+		bus = append(bus, append([]byte(nil), data...))
+	}))
+	deliver := func() {
+		for _, m := range bus {
+			must(t, b.ApplyReplicaEvent(m))
+		}
+		bus = nil
+	}
+	must(t, b.SetTime(0))
+	deliver() // a's Reset and SyncRequest
+	must(t, a.AddRequest(prompt(64, 0), 1, 0, &RequestOptions{RequestID: "r1"}))
+	must(t, a.ReplicaHeartbeat(1000))
+	if len(bus) != 2 {
+		t.Fatalf("published %d changes for a booking and a heartbeat, want 2", len(bus))
+	}
+	deliver()
+	m, err := b.Metrics()
+	must(t, err)
+	// A heartbeat is not a booking change: not counted as applied.
+	if m.ReplicasLive != 1 || m.ReplicasExpired != 0 || m.ReplicaRequestsActive != 1 || m.ReplicaChangesApplied != 3 {
+		t.Fatalf("after a's heartbeat, b's metrics %+v", m)
+	}
+
+	// 9 s of silence is within a 10 s timeout (and three 1 s intervals are less).
+	must(t, b.SetTime(9_000_000_000))
+	n, err := b.ExpireReplicas(10 * time.Second)
+	must(t, err)
+	if n != 0 {
+		t.Fatalf("ExpireReplicas after 9 s of silence dropped %d replicas, want 0", n)
+	}
+	must(t, b.SetTime(11_000_000_000))
+	n, err = b.ExpireReplicas(10 * time.Second)
+	must(t, err)
+	if n != 1 {
+		t.Fatalf("ExpireReplicas after 11 s of silence dropped %d replicas, want 1", n)
+	}
+	m, err = b.Metrics()
+	must(t, err)
+	if m.ReplicasLive != 0 || m.ReplicasExpired != 1 || m.ReplicaRequestsActive != 0 || m.RequestsActive != 0 {
+		t.Errorf("after expiry, b's metrics %+v", m)
+	}
+	// Nothing is left to drop; a's own booking is untouched.
+	if n, err := b.ExpireReplicas(10 * time.Second); err != nil || n != 0 {
+		t.Errorf("ExpireReplicas again: %d, %v", n, err)
+	}
+	if m, _ := a.Metrics(); m.RequestsActive != 1 {
+		t.Errorf("a's metrics %+v", m)
+	}
+
+	wantCode(t, a.ReplicaHeartbeat(0), ErrInvalidArgument)
+	wantCode(t, b.ReplicaHeartbeat(1000), ErrFailedPrecondition) // b has no publisher
+	_, err = b.ExpireReplicas(0)
+	wantCode(t, err, ErrInvalidArgument)
+	if len(bus) != 0 {
+		t.Errorf("refused heartbeats published %d changes", len(bus))
+	}
+	must(t, a.Close())
+	if err := a.ReplicaHeartbeat(1000); err != ErrClosed {
+		t.Errorf("ReplicaHeartbeat after Close: %v", err)
+	}
+	if _, err := a.ExpireReplicas(time.Second); err != ErrClosed {
+		t.Errorf("ExpireReplicas after Close: %v", err)
+	}
+}
