@@ -21,6 +21,12 @@ pub struct IngestOptions {
     pub max_frame_bytes: u32,
     /// A vLLM replay taking longer falls back to clearing the worker; default 2000.
     pub replay_timeout_ms: u32,
+    /// How often [`Ingest::sync_replicas`] publishes a heartbeat
+    /// ([`RouterRef::replica_heartbeat`]); default 1000, 0 = none, at most 3,600,000.
+    pub replica_heartbeat_ms: u32,
+    /// How long a replica that sent heartbeats may stay silent before its bookings are dropped
+    /// ([`RouterRef::expire_replicas`]); default 10000, 0 = never, at most 3,600,000.
+    pub replica_timeout_ms: u32,
 }
 
 impl Default for IngestOptions {
@@ -29,6 +35,8 @@ impl Default for IngestOptions {
         IngestOptions {
             max_frame_bytes: raw.max_frame_bytes,
             replay_timeout_ms: raw.replay_timeout_ms,
+            replica_heartbeat_ms: raw.replica_heartbeat_ms,
+            replica_timeout_ms: raw.replica_timeout_ms,
         }
     }
 }
@@ -38,6 +46,8 @@ impl IngestOptions {
         let mut raw = init::<sys::kvr_ingest_options>();
         raw.max_frame_bytes = self.max_frame_bytes;
         raw.replay_timeout_ms = self.replay_timeout_ms;
+        raw.replica_heartbeat_ms = self.replica_heartbeat_ms;
+        raw.replica_timeout_ms = self.replica_timeout_ms;
         raw
     }
 }

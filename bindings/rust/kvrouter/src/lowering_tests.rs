@@ -503,6 +503,8 @@ fn every_hint_and_pool_setting_reaches_the_c_struct() {
     let ingest = IngestOptions {
         max_frame_bytes: 1 << 20,
         replay_timeout_ms: 10,
+        replica_heartbeat_ms: 250,
+        replica_timeout_ms: 2500,
     };
     let default: sys::kvr_ingest_options = init();
     macro_rules! ingest_fields {
@@ -513,7 +515,9 @@ fn every_hint_and_pool_setting_reaches_the_c_struct() {
                     struct_size,
                     max_frame_bytes,
                     replay_timeout_ms,
-                    reserved
+                    reserved,
+                    replica_heartbeat_ms,
+                    replica_timeout_ms
                 }
             )
         };

@@ -384,6 +384,10 @@ pub struct Metrics {
     pub replica_changes_rejected: u64,
     /// Of `requests_active`, those booked by other replicas.
     pub replica_requests_active: u64,
+    /// Other replicas heard sending heartbeats and not expired.
+    pub replicas_live: u64,
+    /// Replicas whose bookings [`RouterRef::expire_replicas`] dropped because they fell silent.
+    pub replicas_expired: u64,
     /// How long routing calls took to decide.
     pub decision_latency: DecisionLatency,
 }
@@ -455,6 +459,8 @@ impl From<sys::kvr_metrics> for Metrics {
             replica_changes_applied: m.replica_changes_applied,
             replica_changes_rejected: m.replica_changes_rejected,
             replica_requests_active: m.replica_requests_active,
+            replicas_live: m.replicas_live,
+            replicas_expired: m.replicas_expired,
             decision_latency: DecisionLatency {
                 bounds_ns: m.decision_latency_bounds_ns,
                 le: m.decision_latency_le,
@@ -616,6 +622,33 @@ impl RouterRef {
                 err,
             )
         })
+    }
+
+    /// Publishes a heartbeat through this router's replica publisher, promising the next
+    /// within `interval_ms` (1..=3,600,000; else `InvalidArgument`). A peer that has heard one
+    /// from this replica drops its bookings there ([`expire_replicas`](Self::expire_replicas))
+    /// once it falls silent. Over a bus of your own, call it every interval;
+    /// [`Ingest::sync_replicas`](crate::Ingest::sync_replicas) does it on a timer
+    /// ([`IngestOptions::replica_heartbeat_ms`](crate::IngestOptions::replica_heartbeat_ms)).
+    /// `FailedPrecondition` if the router has no replica publisher.
+    pub fn replica_heartbeat(&self, interval_ms: u32) -> Result<()> {
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe { sys::kvr_router_replica_heartbeat(self.as_raw(), interval_ms, err) })
+    }
+
+    /// Drops the bookings held from every replica that has sent heartbeats and has been heard
+    /// from (any change) no later than `timeout` ago on the router's clock (or three of its own
+    /// heartbeat intervals, if longer); returns how many replicas were dropped (counted in
+    /// [`Metrics::replicas_expired`]). The freed capacity may admit queued requests. A replica
+    /// that never sent a heartbeat keeps its bookings until the request expiry.
+    /// `InvalidArgument` for a zero timeout.
+    pub fn expire_replicas(&self, timeout: Duration) -> Result<usize> {
+        let mut expired = 0;
+        // SAFETY: a live router (concurrent); expired is a valid usize.
+        call(|err| unsafe {
+            sys::kvr_router_expire_replicas(self.as_raw(), timeout.as_secs_f64(), &mut expired, err)
+        })?;
+        Ok(expired)
     }
 
     // ---- Routing ----

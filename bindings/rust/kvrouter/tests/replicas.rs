@@ -1,12 +1,14 @@
 //! Router replicas: booking changes published through a Rust closure and applied at a peer,
 //! the announcement a publisher makes when installed (Reset, bookings, SyncRequest), a peer
 //! answering a SyncRequest, a restarted replica replacing its stale bookings, replica ids,
-//! a panicking publisher. Sync over NATS is in ingest.rs.
+//! a panicking publisher, liveness (a heartbeat, then the silent replica's bookings dropped on
+//! a clock driven by hand). Sync over NATS is in ingest.rs.
 
 mod common;
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::{prompt, router};
 use kvrouter::{Code, RequestOptions, RouterRef};
@@ -351,4 +353,50 @@ fn a_panicking_publisher_unwinds_in_the_caller_not_through_c() {
     router.clear_replica_publisher().unwrap();
     assert_eq!(Arc::strong_count(&alive), 1, "freed once cleared");
     router.free_request("p").unwrap();
+}
+
+#[test]
+fn a_silent_replica_that_sent_heartbeats_is_expired_with_its_bookings() {
+    let (a, b) = (router(2), router(2));
+    let (publish, rx) = bus();
+    a.set_replica_publisher("replica-a", publish).unwrap();
+    b.set_time(0).unwrap();
+    deliver(&b, &drain(&rx)); // the Reset and the SyncRequest
+    a.find_best_match(&prompt(1, 4), &RequestOptions::admit("r1"))
+        .unwrap();
+    a.replica_heartbeat(1000).unwrap();
+    let changes = drain(&rx);
+    assert_eq!(changes.len(), 2, "the booking and the heartbeat");
+    deliver(&b, &changes);
+    let m = b.metrics().unwrap();
+    assert_eq!((m.replicas_live, m.replicas_expired), (1, 0));
+    // A heartbeat is no booking change: not counted as applied.
+    assert_eq!(replica_counts(&b), (3, 0, 1, 1));
+
+    // 9 s of silence is within a 10 s timeout (three 1 s intervals are less).
+    b.set_time(9_000_000_000).unwrap();
+    assert_eq!(b.expire_replicas(Duration::from_secs(10)).unwrap(), 0);
+    b.set_time(11_000_000_000).unwrap();
+    assert_eq!(b.expire_replicas(Duration::from_secs(10)).unwrap(), 1);
+    let m = b.metrics().unwrap();
+    assert_eq!((m.replicas_live, m.replicas_expired), (0, 1));
+    assert_eq!(replica_counts(&b), (3, 0, 0, 0), "a's booking is gone at b");
+    assert_eq!(active_by_worker(&b), [(1, 0), (2, 0)]);
+    assert_eq!(b.expire_replicas(Duration::from_secs(10)).unwrap(), 0);
+    assert_eq!(a.metrics().unwrap().requests_active, 1, "a keeps its own");
+
+    assert_eq!(
+        a.replica_heartbeat(0).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        b.replica_heartbeat(1000).unwrap_err().code(),
+        Code::FailedPrecondition,
+        "b has no publisher"
+    );
+    assert_eq!(
+        b.expire_replicas(Duration::ZERO).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert!(rx.try_recv().is_err(), "refused heartbeats publish nothing");
 }
