@@ -1074,6 +1074,25 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_applyReplicaEvent(JNIEnv* env, jc
   scratch_free(&s);
 }
 
+JNIEXPORT void JNICALL Java_io_kvrouter_Native_replicaHeartbeat(JNIEnv* env, jclass cls, jlong r,
+                                                                jint interval_ms) {
+  (void)cls;
+  kvr_error* err = NULL;
+  /* The heartbeat is published through the callback, into Java, on this thread. A negative
+   * interval becomes one above the maximum, which the library refuses. */
+  check(env, kvr_router_replica_heartbeat(ROUTER(r), (uint32_t)interval_ms, &err), &err);
+}
+
+JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_expireReplicas(JNIEnv* env, jclass cls, jlong r,
+                                                              jdouble timeout_seconds) {
+  (void)cls;
+  size_t expired = 0;
+  kvr_error* err = NULL;
+  /* A dropped replica's frees may admit queued requests, whose bookings are published. */
+  check(env, kvr_router_expire_replicas(ROUTER(r), timeout_seconds, &expired, &err), &err);
+  return (jlong)expired;
+}
+
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(
     JNIEnv* env, jclass cls, jlong r, jintArray tokens, jobject direct, jint offset, jint length,
     jobject options, jint max_candidates, jlongArray out) {

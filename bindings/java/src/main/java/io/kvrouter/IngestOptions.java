@@ -30,6 +30,22 @@ public final class IngestOptions {
     return (int) encoded[Abi.IngestOptions.REPLAY_TIMEOUT_MS];
   }
 
+  /**
+   * How often {@link Ingest#syncReplicas} publishes a heartbeat ({@link
+   * Router#replicaHeartbeat}); default 1000, 0 = none, at most 3,600,000.
+   */
+  public int replicaHeartbeatMs() {
+    return (int) encoded[Abi.IngestOptions.REPLICA_HEARTBEAT_MS];
+  }
+
+  /**
+   * How long a replica that sent heartbeats may stay silent before its bookings are dropped
+   * ({@link Router#expireReplicas}); default 10000, 0 = never, at most 3,600,000.
+   */
+  public int replicaTimeoutMs() {
+    return (int) encoded[Abi.IngestOptions.REPLICA_TIMEOUT_MS];
+  }
+
   /** Builds {@link IngestOptions}. */
   public static final class Builder {
     private final long[] e;
@@ -45,6 +61,16 @@ public final class IngestOptions {
 
     public Builder replayTimeoutMs(int ms) {
       e[Abi.IngestOptions.REPLAY_TIMEOUT_MS] = Integer.toUnsignedLong(ms);
+      return this;
+    }
+
+    public Builder replicaHeartbeatMs(int ms) {
+      e[Abi.IngestOptions.REPLICA_HEARTBEAT_MS] = Integer.toUnsignedLong(ms);
+      return this;
+    }
+
+    public Builder replicaTimeoutMs(int ms) {
+      e[Abi.IngestOptions.REPLICA_TIMEOUT_MS] = Integer.toUnsignedLong(ms);
       return this;
     }
 

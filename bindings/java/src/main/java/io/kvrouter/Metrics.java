@@ -81,6 +81,16 @@ public final class Metrics {
     return a[Abi.Metrics.REPLICA_REQUESTS_ACTIVE];
   }
 
+  /** Other replicas heard sending heartbeats and not expired. */
+  public long replicasLive() {
+    return a[Abi.Metrics.REPLICAS_LIVE];
+  }
+
+  /** Replicas whose bookings {@link Router#expireReplicas} dropped because they fell silent. */
+  public long replicasExpired() {
+    return a[Abi.Metrics.REPLICAS_EXPIRED];
+  }
+
   /** The number of buckets of the decision-latency histogram ({@code KVR_DECISION_LATENCY_BUCKETS}). */
   public static final int DECISION_LATENCY_BUCKETS = Abi.DECISION_LATENCY_BUCKETS;
 

@@ -102,6 +102,11 @@ final class Native {
 
   static native void applyReplicaEvent(long router, byte[] data, int offset, int length);
 
+  static native void replicaHeartbeat(long router, int intervalMs);
+
+  /** Returns how many replicas were dropped. */
+  static native long expireReplicas(long router, double timeoutSeconds);
+
   /**
    * Fills {@code out} ({@link RouteResult#ENCODED_LEN}: Abi.RouteResult's slots, then the candidate
    * count); returns the candidates (Abi.Candidate.LEN slots each) or null.

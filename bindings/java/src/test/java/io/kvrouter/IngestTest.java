@@ -139,6 +139,24 @@ class IngestTest {
     assertThrows(IllegalStateException.class, ingest::stats);
   }
 
+  /** The replica liveness settings reach the library, which refuses more than an hour. */
+  @Test
+  void replicaLivenessSettingsReachTheLibrary() {
+    try (Router router = TestSupport.routerWithWorkers(1)) {
+      for (IngestOptions o :
+          List.of(
+              IngestOptions.builder().replicaHeartbeatMs(3_600_001).build(),
+              IngestOptions.builder().replicaTimeoutMs(-1).build())) {
+        KvRouterException e = assertThrows(KvRouterException.class, () -> new Ingest(router, o));
+        assertEquals(Status.INVALID_ARGUMENT, e.status());
+      }
+      new Ingest(
+              router,
+              IngestOptions.builder().replicaHeartbeatMs(3_600_000).replicaTimeoutMs(0).build())
+          .close();
+    }
+  }
+
   @Test
   void badEndpointsAndEngineWorkers() {
     try (Router router = TestSupport.routerWithWorkers(1);

@@ -113,6 +113,13 @@ class LibraryTest {
     IngestOptions i = IngestOptions.defaults();
     assertEquals(64 << 20, i.maxFrameBytes());
     assertEquals(2000, i.replayTimeoutMs());
+    assertEquals(1000, i.replicaHeartbeatMs());
+    assertEquals(10000, i.replicaTimeoutMs());
+    IngestOptions liveness =
+        IngestOptions.builder().replicaHeartbeatMs(250).replicaTimeoutMs(0).build();
+    assertEquals(250, liveness.replicaHeartbeatMs());
+    assertEquals(0, liveness.replicaTimeoutMs());
+    assertEquals(2000, liveness.replayTimeoutMs()); // the other settings kept
 
     RouterOptions changed = o.toBuilder().approximate(true).assumeKvReuse(false).build();
     assertTrue(changed.approximate());

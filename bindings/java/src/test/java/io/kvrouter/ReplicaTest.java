@@ -38,7 +38,8 @@ class ReplicaTest {
     PREFILL_COMPLETED,
     FREED,
     RESET,
-    SYNC_REQUEST
+    SYNC_REQUEST,
+    HEARTBEAT
   }
 
   /**
@@ -152,6 +153,57 @@ class ReplicaTest {
       assertEquals(0, bus.size());
       a.findBestMatch(PROMPT, RequestOptions.admit("req-2"));
       assertEquals(0, bus.size());
+    }
+  }
+
+  @Test
+  void aSilentReplicaThatSentHeartbeatsIsExpiredWithItsBookings() {
+    try (Router a = routerWithWorkers(2);
+        Router b = routerWithWorkers(2)) {
+      ConcurrentLinkedQueue<byte[]> bus = new ConcurrentLinkedQueue<>();
+      a.setReplicaPublisher("replica-a", bus::add);
+      b.setTime(0);
+      deliver(bus, b); // the Reset and the SyncRequest
+      a.findBestMatch(PROMPT, RequestOptions.admit("req-1"));
+      a.replicaHeartbeat(1000);
+      assertEquals(
+          List.of(
+              new Change("replica-a", Kind.ADDED, "req-1"),
+              new Change("replica-a", Kind.HEARTBEAT, "")),
+          decode(bus));
+      deliver(bus, b);
+      Metrics mb = b.metrics();
+      assertEquals(1, mb.replicasLive());
+      assertEquals(0, mb.replicasExpired());
+      assertEquals(1, mb.replicaRequestsActive());
+      assertEquals(3, mb.replicaChangesApplied(), "a heartbeat is no booking change");
+
+      // 9 s of silence is within a 10 s timeout (three 1 s intervals are less); 11 s is not.
+      b.setTime(9_000_000_000L);
+      assertEquals(0, b.expireReplicas(Duration.ofSeconds(10)));
+      b.setTime(11_000_000_000L);
+      assertEquals(1, b.expireReplicas(Duration.ofSeconds(10)));
+      mb = b.metrics();
+      assertEquals(0, mb.replicasLive());
+      assertEquals(1, mb.replicasExpired());
+      assertEquals(0, mb.replicaRequestsActive());
+      assertEquals(0, mb.requestsActive());
+      assertEquals(0, b.expireReplicas(Duration.ofSeconds(10)));
+      assertEquals(1, a.metrics().requestsActive(), "a keeps its own booking");
+
+      assertEquals(
+          Status.INVALID_ARGUMENT,
+          assertThrows(KvRouterException.class, () -> a.replicaHeartbeat(0)).status());
+      assertEquals(
+          Status.INVALID_ARGUMENT,
+          assertThrows(KvRouterException.class, () -> a.replicaHeartbeat(-1)).status());
+      assertEquals( // b has no publisher
+          Status.FAILED_PRECONDITION,
+          assertThrows(KvRouterException.class, () -> b.replicaHeartbeat(1000)).status());
+      assertEquals(
+          Status.INVALID_ARGUMENT,
+          assertThrows(KvRouterException.class, () -> b.expireReplicas(Duration.ZERO)).status());
+      assertEquals(0, bus.size(), "refused heartbeats publish nothing");
     }
   }
 

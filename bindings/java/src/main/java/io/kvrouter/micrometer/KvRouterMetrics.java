@@ -211,6 +211,18 @@ public final class KvRouterMetrics implements MeterBinder {
         null,
         "Requests booked by other router replicas, counted as load here.",
         Metrics::replicaRequestsActive);
+    gauge(
+        registry,
+        "kvrouter.replicas.live",
+        null,
+        "Other router replicas sending heartbeats and not expired.",
+        Metrics::replicasLive);
+    counter(
+        registry,
+        "kvrouter.replicas.expired",
+        "Other router replicas whose bookings were dropped here because they fell silent.",
+        Tags.empty(),
+        Metrics::replicasExpired);
     bindDecisionLatency(registry);
   }
 
