@@ -1124,6 +1124,44 @@ static PyObject* router_apply_replica_event(RouterObject* self, PyObject* arg) {
   return router_bytes_call(self, arg, kvr_router_apply_replica_event);
 }
 
+/* replica_heartbeat(interval_ms: int): publishes through the publisher (which takes the GIL). */
+static PyObject* router_replica_heartbeat(RouterObject* self, PyObject* arg) {
+  unsigned long ms;
+  kvr_router* r;
+  kvr_error* err = NULL;
+  kvr_status st = KVR_OK;
+  if (!PyLong_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "the heartbeat interval must be an int (milliseconds)");
+    return NULL;
+  }
+  ms = PyLong_AsUnsignedLong(arg); /* OverflowError if negative */
+  if (ms == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+  if (ms > UINT32_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "the heartbeat interval does not fit a uint32");
+    return NULL;
+  }
+  ROUTER_CALL(self, r, st, kvr_router_replica_heartbeat(r, (uint32_t)ms, &err));
+  if (st != KVR_OK) return fail(st, err);
+  Py_RETURN_NONE;
+cleanup:
+  return NULL;
+}
+
+/* expire_replicas(timeout_seconds: float) -> int */
+static PyObject* router_expire_replicas(RouterObject* self, PyObject* arg) {
+  double s = PyFloat_AsDouble(arg);
+  size_t n = 0;
+  kvr_router* r;
+  kvr_error* err = NULL;
+  kvr_status st = KVR_OK;
+  if (s == -1.0 && PyErr_Occurred()) return NULL;
+  ROUTER_CALL(self, r, st, kvr_router_expire_replicas(r, s, &n, &err));
+  if (st != KVR_OK) return fail(st, err);
+  return PyLong_FromSize_t(n);
+cleanup:
+  return NULL;
+}
+
 /* set_replica_publisher(replica_id, callable | None) */
 static PyObject* router_set_replica_publisher(RouterObject* self, PyObject* args) {
   PyObject *rid, *fn, *old;
@@ -1736,6 +1774,8 @@ static PyMethodDef router_methods[] = {
     {"_apply_event_batch", (PyCFunction)router_apply_event_batch, METH_O, NULL},
     {"_set_replica_publisher", (PyCFunction)router_set_replica_publisher, METH_VARARGS, NULL},
     {"_apply_replica_event", (PyCFunction)router_apply_replica_event, METH_O, NULL},
+    {"_replica_heartbeat", (PyCFunction)router_replica_heartbeat, METH_O, NULL},
+    {"_expire_replicas", (PyCFunction)router_expire_replicas, METH_O, NULL},
     {"find_best_match", (PyCFunction)(void (*)(void))router_find_best_match_public,
      METH_FASTCALL | METH_KEYWORDS, find_best_match_doc},
     {"_find_best_match", (PyCFunction)(void (*)(void))router_find_best_match, METH_FASTCALL, NULL},

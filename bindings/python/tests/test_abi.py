@@ -108,7 +108,8 @@ def _value_fields(struct: str) -> set:
         ("kvr_disagg_options", kvrouter.DisaggOptions(
             policy=kvrouter.DisaggPolicy.ISL_OR_LOAD, enforce=True, max_local_prefill_tokens=9,
             max_local_prefill_ratio=0.5, prefill_busy_threshold=0.25, decode_busy_threshold=0.75)),
-        ("kvr_ingest_options", kvrouter.IngestOptions(max_frame_bytes=1 << 20, replay_timeout_ms=50)),
+        ("kvr_ingest_options", kvrouter.IngestOptions(max_frame_bytes=1 << 20, replay_timeout_ms=50,
+                                                       replica_heartbeat_ms=250, replica_timeout_ms=2500)),
         ("kvr_engine_worker", kvrouter.EngineWorker("tcp://127.0.0.1:1", 4, engine=kvrouter.Engine.SGLANG,
                                                     dp_start=1, dp_size=2, block_size=32, eagle=True)),
     ],

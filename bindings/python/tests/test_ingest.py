@@ -121,6 +121,64 @@ def test_replica_sync_through_a_python_callback():
         a.set_replica_publisher("gw-a", None)
 
 
+def test_a_silent_replica_that_sent_heartbeats_is_expired_with_its_bookings():
+    with kvrouter.Router(block_size=16) as a, kvrouter.Router(block_size=16) as b:
+        for r in (a, b):
+            r.add_worker(1)
+            r.add_worker(2)
+        sent = []
+        a.set_replica_publisher("gw-a", sent.append)
+        b.set_time(0)
+
+        def deliver():
+            for change in sent:
+                b.apply_replica_event(change)
+            del sent[:]
+
+        deliver()  # the Reset and the SyncRequest
+        a.find_best_match(prompt(1, 8), request_id="r1")
+        a.replica_heartbeat(1000)
+        assert len(sent) == 2  # the booking and the heartbeat
+        deliver()
+        m = b.metrics()
+        assert (m.replicas_live, m.replicas_expired, m.replica_requests_active) == (1, 0, 1)
+        assert m.replica_changes_applied == 3  # a heartbeat is no booking change
+
+        # 9 s of silence is within a 10 s timeout (three 1 s intervals are less); 11 s is not.
+        b.set_time(9_000_000_000)
+        assert b.expire_replicas(10.0) == 0
+        b.set_time(11_000_000_000)
+        assert b.expire_replicas(10.0) == 1
+        m = b.metrics()
+        assert (m.replicas_live, m.replicas_expired, m.replica_requests_active, m.requests_active) == (0, 1, 0, 0)
+        assert b.expire_replicas(10.0) == 0
+        assert a.metrics().requests_active == 1  # a keeps its own booking
+
+        with pytest.raises(kvrouter.InvalidArgumentError):
+            a.replica_heartbeat(0)
+        with pytest.raises(OverflowError):
+            a.replica_heartbeat(-1)
+        with pytest.raises(kvrouter.FailedPreconditionError):
+            b.replica_heartbeat(1000)  # b has no publisher
+        with pytest.raises(kvrouter.InvalidArgumentError):
+            b.expire_replicas(0.0)
+        assert sent == []  # refused heartbeats publish nothing
+    with pytest.raises(kvrouter.ClosedError):
+        a.replica_heartbeat(1000)
+    with pytest.raises(kvrouter.ClosedError):
+        a.expire_replicas(1.0)
+
+
+def test_replica_liveness_settings_reach_the_library():
+    assert (kvrouter.IngestOptions().replica_heartbeat_ms, kvrouter.IngestOptions().replica_timeout_ms) == (1000, 10000)
+    with kvrouter.Router(block_size=16) as router:
+        for options in (kvrouter.IngestOptions(replica_heartbeat_ms=3_600_001),
+                        kvrouter.IngestOptions(replica_timeout_ms=3_600_001)):
+            with pytest.raises(kvrouter.InvalidArgumentError):
+                kvrouter.Ingest(router, options)
+        kvrouter.Ingest(router, kvrouter.IngestOptions(replica_heartbeat_ms=3_600_000, replica_timeout_ms=0)).close()
+
+
 def test_a_raising_callback_is_reported_not_lost(monkeypatch):
     seen = []
     monkeypatch.setattr("sys.unraisablehook", lambda u: seen.append(u.exc_value))

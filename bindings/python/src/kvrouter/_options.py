@@ -295,9 +295,15 @@ class IngestOptions:
 
     max_frame_bytes: int = _INGEST["max_frame_bytes"]
     replay_timeout_ms: int = _INGEST["replay_timeout_ms"]
+    # Replica liveness for Ingest.sync_replicas: a heartbeat every replica_heartbeat_ms (default
+    # 1000, 0 = none), and the bookings of a replica silent for replica_timeout_ms dropped
+    # (default 10000, 0 = never); at most 3,600,000 each.
+    replica_heartbeat_ms: int = _INGEST["replica_heartbeat_ms"]
+    replica_timeout_ms: int = _INGEST["replica_timeout_ms"]
 
     def _fields(self) -> Dict[str, Any]:
-        return {"max_frame_bytes": self.max_frame_bytes, "replay_timeout_ms": self.replay_timeout_ms}
+        return {"max_frame_bytes": self.max_frame_bytes, "replay_timeout_ms": self.replay_timeout_ms,
+                "replica_heartbeat_ms": self.replica_heartbeat_ms, "replica_timeout_ms": self.replica_timeout_ms}
 
 
 @dataclass

@@ -255,6 +255,22 @@ class Router(_native.Router):
         """Applies one change another replica published."""
         self._apply_replica_event(data)
 
+    def replica_heartbeat(self, interval_ms: int) -> None:
+        """Publishes a heartbeat through the replica publisher, promising the next within
+        ``interval_ms`` (1..3,600,000, else InvalidArgumentError): a peer that has heard one from
+        this replica drops its bookings there (``expire_replicas``) once it falls silent. Over a
+        bus of your own, call it every interval; ``Ingest.sync_replicas`` does it on a timer
+        (``IngestOptions.replica_heartbeat_ms``). FailedPreconditionError without a publisher."""
+        self._replica_heartbeat(interval_ms)
+
+    def expire_replicas(self, timeout_seconds: float) -> int:
+        """Drops the bookings held from every replica that has sent heartbeats and has been
+        heard from (any change) no later than ``timeout_seconds`` ago on the router's clock (or
+        three of its own heartbeat intervals, if longer); how many replicas were dropped
+        (``Metrics.replicas_expired`` counts them). A replica that never sent a heartbeat keeps
+        its bookings until the request expiry. InvalidArgumentError unless the timeout is > 0."""
+        return self._expire_replicas(timeout_seconds)
+
 
 class Disagg:
     """Disaggregated prefill and decode (``kvr_disagg``): two pools, each a full router
