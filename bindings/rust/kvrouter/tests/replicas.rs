@@ -370,8 +370,8 @@ fn a_silent_replica_that_sent_heartbeats_is_expired_with_its_bookings() {
     deliver(&b, &changes);
     let m = b.metrics().unwrap();
     assert_eq!((m.replicas_live, m.replicas_expired), (1, 0));
-    // A heartbeat is no booking change: not counted as applied.
-    assert_eq!(replica_counts(&b), (3, 0, 1, 1));
+    // The router counts a heartbeat as an applied change, as it counts a Reset or a SyncRequest.
+    assert_eq!(replica_counts(&b), (4, 0, 1, 1));
 
     // 9 s of silence is within a 10 s timeout (three 1 s intervals are less).
     b.set_time(9_000_000_000).unwrap();
@@ -380,7 +380,7 @@ fn a_silent_replica_that_sent_heartbeats_is_expired_with_its_bookings() {
     assert_eq!(b.expire_replicas(Duration::from_secs(10)).unwrap(), 1);
     let m = b.metrics().unwrap();
     assert_eq!((m.replicas_live, m.replicas_expired), (0, 1));
-    assert_eq!(replica_counts(&b), (3, 0, 0, 0), "a's booking is gone at b");
+    assert_eq!(replica_counts(&b), (4, 0, 0, 0), "a's booking is gone at b");
     assert_eq!(active_by_worker(&b), [(1, 0), (2, 0)]);
     assert_eq!(b.expire_replicas(Duration::from_secs(10)).unwrap(), 0);
     assert_eq!(a.metrics().unwrap().requests_active, 1, "a keeps its own");
