@@ -95,7 +95,7 @@ fn rust_layouts() -> Vec<Layout> {
             requests_active, queue_pending, queue_pending_tokens, workers, index_nodes,
             index_blocks, index_bytes, replica_changes_applied, replica_changes_rejected,
             replica_requests_active, decision_latency_bounds_ns, decision_latency_le,
-            decision_latency_count, decision_latency_sum_ns }
+            decision_latency_count, decision_latency_sum_ns, replicas_live, replicas_expired }
         kvr_routing_hints { struct_size, phase, worker_id, prefill_worker_id, decode_worker_id,
             dp_rank, prefill_dp_rank, session_id, session_mode, reserved, session_ttl_seconds }
         kvr_route_signals { struct_size, dp_rank, worker_id, overlap_blocks, prompt_blocks,
@@ -105,7 +105,8 @@ fn rust_layouts() -> Vec<Layout> {
             max_local_prefill_ratio, prefill_busy_threshold, decode_busy_threshold }
         kvr_prefill_result { struct_size, remote, reason, dp_rank, worker_id, bootstrap_room,
             cached_tokens }
-        kvr_ingest_options { struct_size, max_frame_bytes, replay_timeout_ms, reserved }
+        kvr_ingest_options { struct_size, max_frame_bytes, replay_timeout_ms, reserved,
+            replica_heartbeat_ms, replica_timeout_ms }
         kvr_engine_worker { struct_size, engine, endpoint, worker_id, dp_start, dp_size,
             block_size, flags, topic, replay_endpoint }
         kvr_ingest_stats { struct_size, state_unknown, messages, events_applied, rejected, gaps,
