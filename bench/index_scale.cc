@@ -24,6 +24,7 @@
 // max_rss_gib (stop before the process passes it), min_avail_gib (stop when the machine's
 // MemAvailable falls below it), lookups, churn_requests, seed, and the workload's shape above.
 #include <kvrouter.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <atomic>
@@ -69,6 +70,7 @@ struct Flags {
   uint32_t output_blocks_max = 42;  // uniform 0..max: mean 21 blocks = 336 tokens (Mooncake 343)
   uint32_t chunk_blocks = 128;      // 2,048-token prefill chunks
   uint32_t remove_blocks = 1;
+  uint32_t trim = 0;  // 1: malloc_trim(0) at each checkpoint, after reading RSS (docs/scale.md)
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -90,7 +92,8 @@ Flags ParseFlags(int argc, char** argv) {
                                            {"tail_blocks_max", &f.tail_blocks_max},
                                            {"output_blocks_max", &f.output_blocks_max},
                                            {"chunk_blocks", &f.chunk_blocks},
-                                           {"remove_blocks", &f.remove_blocks}};
+                                           {"remove_blocks", &f.remove_blocks},
+                                           {"trim", &f.trim}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     const size_t eq = arg.find('=');
@@ -132,6 +135,17 @@ double ProcGiB(const char* file, const char* name) {
 }
 double RssGiB() { return ProcGiB("/proc/self/status", "VmRSS:"); }
 double AvailGiB() { return ProcGiB("/proc/meminfo", "MemAvailable:"); }
+
+// Where RSS beyond the index's own byte count goes: glibc's view of the heap (bytes in use,
+// including per-allocation headers; bytes freed but kept; mmapped blocks).
+void PrintMalloc(double entries) {
+  const struct mallinfo2 mi = mallinfo2();
+  const double mib = 1024.0 * 1024.0;
+  std::fprintf(stderr,
+               "# malloc at %.2f M entries: in use %.0f MiB, free in heap %.0f MiB, mmapped %.0f "
+               "MiB\n",
+               entries / 1e6, mi.uordblks / mib, mi.fordblks / mib, mi.hblkhd / mib);
+}
 
 // ---- Hashes ---------------------------------------------------------------------------------
 
@@ -575,6 +589,11 @@ int main(int argc, char** argv) {
     kvr_error* err = nullptr;
     Check(kvr_router_get_metrics(router, &m, &err), err, "get_metrics");
     const double rss = RssGiB();
+    PrintMalloc(static_cast<double>(m.index_blocks));
+    if (f.trim) {
+      malloc_trim(0);  // gives the free pages inside the heap back to the system
+      std::fprintf(stderr, "# RSS after malloc_trim: %.0f MiB\n", RssGiB() * 1024);
+    }
     const LookupStats look = MeasureLookups(router, wl, f.lookups, f.seed + target);
 
     const auto t1 = Clock::now();
