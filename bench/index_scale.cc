@@ -229,12 +229,14 @@ class Workload {
     return p;
   }
 
-  // The prompt's blocks (prompt only: generated blocks are not part of what is looked up).
-  Blocks PromptBlocks(const Prompt& p) const {
+  // The prompt's blocks, and with `with_output` the generated blocks after them (they continue
+  // the unique tail, so the prompt's blocks are a prefix of these).
+  Blocks PromptBlocks(const Prompt& p, bool with_output = false) const {
     Blocks b;
     AppendSegment(kSys, p.sys, f_.sys_blocks, 0, b);
     AppendSegment(kDoc, p.doc, p.doc_blocks, b.engine.back(), b);
-    AppendSegment(kTail, p.tail_id, p.tail_blocks, b.engine.back(), b);
+    AppendSegment(kTail, p.tail_id, p.tail_blocks + (with_output ? p.output_blocks : 0),
+                  b.engine.back(), b);
     return b;
   }
 
@@ -302,20 +304,9 @@ struct EventBuffer {
 // Appends the events a worker publishes when it serves `p`: what is new to it.
 void ServeRequest(const Workload& wl, const Prompt& p, WorkerState& w, EventBuffer& out) {
   const Flags& f = wl.flags();
-  Blocks all = wl.PromptBlocks(p);
-  // Generated blocks continue the tail (unique to this request).
-  const uint32_t prompt_blocks = static_cast<uint32_t>(all.local.size());
+  const Blocks all = wl.PromptBlocks(p, /*with_output=*/true);
   const uint32_t tail_start = f.sys_blocks + p.doc_blocks;
-  Blocks gen;
-  {
-    Blocks whole_tail;
-    AppendSegment(kTail, p.tail_id, p.tail_blocks + p.output_blocks, all.engine[tail_start - 1],
-                  whole_tail);
-    for (uint32_t i = p.tail_blocks; i < p.tail_blocks + p.output_blocks; ++i) {
-      all.local.push_back(whole_tail.local[i]);
-      all.engine.push_back(whole_tail.engine[i]);
-    }
-  }
+  const uint32_t prompt_blocks = tail_start + p.tail_blocks;
   if (!(w.sys_held >> p.sys & 1)) {
     out.Store(w.id, all, 0, f.sys_blocks, false, 0, f.chunk_blocks);
     w.sys_held |= uint64_t{1} << p.sys;
