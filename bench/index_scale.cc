@@ -11,7 +11,7 @@
 //
 // The workload (docs/scale.md, "The workload", says why these numbers): every prompt is
 //   system prompt (one of --sys_prompts, 32 blocks) + shared document (Zipf over --docs,
-//   64..448 blocks) + unique tail (16..928 blocks), then --output_blocks of generated blocks,
+//   64..448 blocks) + unique tail (16..928 blocks), then 0..--output_blocks_max generated blocks,
 // at block size 16: on average 32 + 256 + 472 = 760 prompt blocks (12 k tokens, Mooncake's
 // conversation mean), 38 % of them shared (Mooncake's infinite-cache bound is 37 %). A request
 // goes to a uniformly random worker, which publishes what is new to it as vLLM does: the system
@@ -22,7 +22,8 @@
 // Flags (--name=value): workers, shards, threads (appliers: thread t applies the workers with
 // id mod threads = t, which with shards a multiple of threads never share a tree), max_entries,
 // max_rss_gib (stop before the process passes it), min_avail_gib (stop when the machine's
-// MemAvailable falls below it), lookups, churn_requests, seed, and the workload's shape above.
+// MemAvailable falls below it), lookups, churn_requests, seed, trim (1: malloc_trim(0) at each
+// checkpoint, printing the RSS after it), and the workload's shape above.
 #include <kvrouter.h>
 #include <malloc.h>
 
