@@ -4,7 +4,8 @@ find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
 find_package(absl REQUIRED)
 # nlohmann-json parses traces and test vectors (tests, benchmarks, tools); never the library.
-if(KVR_BUILD_TESTS OR KVR_BUILD_BENCH OR KVR_BUILD_TOOLS)
+# kvrouterd (KVR_BUILD_SERVICE) speaks JSON with it too.
+if(KVR_BUILD_TESTS OR KVR_BUILD_BENCH OR KVR_BUILD_TOOLS OR KVR_BUILD_SERVICE)
   find_package(nlohmann_json REQUIRED)
 endif()
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
@@ -21,6 +22,12 @@ find_program(KVR_FLATC flatc REQUIRED)
 if(KVR_WITH_INGEST)
   pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
   find_path(KVR_MSGPACK_INCLUDE_DIR msgpack.hpp REQUIRED)
+endif()
+# kvrouterd parses HTTP/1.1 with Node's http_parser 2.9 (libhttp-parser-dev; no pkg-config
+# module nor CMake package on Debian 12, hence find_path/find_library).
+if(KVR_BUILD_SERVICE)
+  find_path(KVR_HTTP_PARSER_INCLUDE_DIR http_parser.h REQUIRED)
+  find_library(KVR_HTTP_PARSER_LIBRARY http_parser REQUIRED)
 endif()
 if(KVR_WITH_ZMQ)
   pkg_check_modules(LIBZMQ REQUIRED IMPORTED_TARGET libzmq)

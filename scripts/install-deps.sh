@@ -9,6 +9,8 @@ packages=(
   build-essential cmake ninja-build pkg-config clang-format python3
   # core
   libabsl-dev libxxhash-dev nlohmann-json3-dev
+  # kvrouterd (service/kvrouterd): its HTTP/1.1 parser (nlohmann-json above is its JSON)
+  libhttp-parser-dev
   # wire formats and ingestion
   libflatbuffers-dev flatbuffers-compiler libuv1-dev libnats-dev nats-server
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev

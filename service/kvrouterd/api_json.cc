@@ -1,0 +1,427 @@
+#include "kvrouterd/api_json.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+namespace kvrouterd {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMaxExactJsonInteger = 1ull << 53;
+
+[[noreturn]] void Invalid(const std::string& message) {
+  throw ApiError(KVR_INVALID_ARGUMENT, message);
+}
+
+const json* Find(const json& object, const char* key) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+uint64_t UnsignedField(const json& value, const std::string& field, uint64_t max) {
+  if (!value.is_number_unsigned() && !(value.is_number_integer() && value.get<int64_t>() >= 0)) {
+    Invalid(field + ": expected an unsigned integer");
+  }
+  const uint64_t number = value.get<uint64_t>();
+  if (number > max) Invalid(field + ": " + std::to_string(number) + " is out of range");
+  return number;
+}
+
+double DoubleField(const json& value, const std::string& field) {
+  if (!value.is_number()) Invalid(field + ": expected a number");
+  return value.get<double>();
+}
+
+bool BoolField(const json& value, const std::string& field) {
+  if (!value.is_boolean()) Invalid(field + ": expected true or false");
+  return value.get<bool>();
+}
+
+std::string StringField(const json& value, const std::string& field) {
+  if (!value.is_string()) Invalid(field + ": expected a string");
+  return value.get<std::string>();
+}
+
+template <typename T>
+void SetUnsigned(const json& object, const char* key, const std::string& prefix, T* out) {
+  if (const json* value = Find(object, key)) {
+    *out = static_cast<T>(UnsignedField(*value, prefix + key, std::numeric_limits<T>::max()));
+  }
+}
+
+void SetDouble(const json& object, const char* key, const std::string& prefix, double* out) {
+  if (const json* value = Find(object, key)) *out = DoubleField(*value, prefix + key);
+}
+
+void SetTriState(const json& object, const char* key, const std::string& prefix, int32_t* out) {
+  if (const json* value = Find(object, key)) *out = BoolField(*value, prefix + key) ? 1 : 0;
+}
+
+int32_t RankField(const json& value, const std::string& field) {
+  return static_cast<int32_t>(UnsignedField(value, field, INT32_MAX));
+}
+
+void ParseOverrides(const json& overrides, kvr_request_options* options) {
+  if (!overrides.is_object()) Invalid("overrides: expected an object");
+  const std::string prefix = "overrides.";
+  SetDouble(overrides, "overlap_score_credit", prefix, &options->overlap_score_credit);
+  SetDouble(overrides, "prefill_load_scale", prefix, &options->prefill_load_scale);
+  SetDouble(overrides, "temperature", prefix, &options->temperature);
+  SetDouble(overrides, "host_cache_hit_weight", prefix, &options->host_cache_hit_weight);
+  SetDouble(overrides, "disk_cache_hit_weight", prefix, &options->disk_cache_hit_weight);
+  SetTriState(overrides, "assume_kv_reuse", prefix, &options->assume_kv_reuse);
+  SetTriState(overrides, "track_prefill_tokens", prefix, &options->track_prefill_tokens);
+  SetDouble(overrides, "overlap_score_credit_decay", prefix, &options->overlap_score_credit_decay);
+  SetDouble(overrides, "decode_active_request_weight", prefix,
+            &options->decode_active_request_weight);
+  SetDouble(overrides, "ttft_miss_weight", prefix, &options->ttft_miss_weight);
+  if (const json* value = Find(overrides, "cost_function")) {
+    const auto function = ParseCostFunction(StringField(*value, prefix + "cost_function"));
+    if (!function) Invalid("overrides.cost_function: expected \"credit\" or \"predicted_ttft\"");
+    options->cost_function = static_cast<int32_t>(*function);
+  }
+}
+
+void ParseHints(const json& hints, RouteInput* input) {
+  if (!hints.is_object()) Invalid("hints: expected an object");
+  kvr_routing_hints& out = input->hints;
+  if (const json* v = Find(hints, "worker_id")) out.worker_id = IdFromJson(*v, "hints.worker_id");
+  if (const json* v = Find(hints, "prefill_worker_id")) {
+    out.prefill_worker_id = IdFromJson(*v, "hints.prefill_worker_id");
+  }
+  if (const json* v = Find(hints, "decode_worker_id")) {
+    out.decode_worker_id = IdFromJson(*v, "hints.decode_worker_id");
+  }
+  if (const json* v = Find(hints, "dp_rank")) out.dp_rank = RankField(*v, "hints.dp_rank");
+  if (const json* v = Find(hints, "prefill_dp_rank")) {
+    out.prefill_dp_rank = RankField(*v, "hints.prefill_dp_rank");
+  }
+  if (const json* v = Find(hints, "session_id")) {
+    input->session_id = StringField(*v, "hints.session_id");
+  }
+  if (const json* v = Find(hints, "session_mode")) {
+    const std::string mode = StringField(*v, "hints.session_mode");
+    if (mode == "hard") {
+      out.session_mode = KVR_SESSION_HARD;
+    } else if (mode == "soft") {
+      out.session_mode = KVR_SESSION_SOFT;
+    } else {
+      Invalid("hints.session_mode: expected \"hard\" or \"soft\"");
+    }
+  }
+  SetDouble(hints, "session_ttl_seconds", "hints.", &out.session_ttl_seconds);
+  if (const json* v = Find(hints, "phase")) {
+    const std::string phase = StringField(*v, "hints.phase");
+    if (phase == "aggregated") {
+      out.phase = KVR_PHASE_AGGREGATED;
+    } else if (phase == "prefill") {
+      out.phase = KVR_PHASE_PREFILL;
+    } else if (phase == "decode") {
+      out.phase = KVR_PHASE_DECODE;
+    } else {
+      Invalid("hints.phase: expected \"aggregated\", \"prefill\" or \"decode\"");
+    }
+  }
+}
+
+std::vector<std::string> SplitPath(const std::string& path) {
+  std::vector<std::string> segments;
+  size_t pos = 1;  // after the leading '/'
+  while (pos <= path.size()) {
+    const size_t slash = std::min(path.find('/', pos), path.size());
+    segments.push_back(path.substr(pos, slash - pos));
+    pos = slash + 1;
+  }
+  return segments;
+}
+
+}  // namespace
+
+void ThrowIfError(kvr_status status, kvr_error* err) {
+  if (status == KVR_OK) {
+    kvr_error_free(err);
+    return;
+  }
+  const std::string message = err ? kvr_error_message(err) : kvr_status_str(status);
+  kvr_error_free(err);
+  throw ApiError(status, message);
+}
+
+int HttpStatusFor(kvr_status status) {
+  switch (status) {
+    case KVR_INVALID_ARGUMENT:
+    case KVR_BUFFER_TOO_SMALL:
+      return 400;
+    case KVR_NOT_FOUND:
+      return 404;
+    case KVR_ALREADY_EXISTS:
+    case KVR_FAILED_PRECONDITION:
+    case KVR_CANCELLED:
+      return 409;
+    case KVR_RESOURCE_EXHAUSTED:
+      return 429;
+    case KVR_UNAVAILABLE:
+      return 503;
+    case KVR_DEADLINE_EXCEEDED:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+// The status names as the contract spells them: kvr_status's names without KVR_.
+static const char* StatusName(kvr_status status) {
+  switch (status) {
+#define KVRD_STATUS_NAME_(name, value, description) \
+  case value:                                       \
+    return #name;
+    KVR_STATUS_MAP(KVRD_STATUS_NAME_)
+#undef KVRD_STATUS_NAME_
+  }
+  return "INTERNAL";
+}
+
+HttpResponse ErrorAnswer(const ApiError& error) {
+  return ErrorResponse(HttpStatusFor(error.status()), StatusName(error.status()), error.what());
+}
+
+HttpResponse JsonAnswer(const json& body, int status) {
+  HttpResponse response;
+  response.status = status;
+  response.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  return response;
+}
+
+json ParseJsonObject(std::string_view body) {
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) Invalid("the body is not JSON");
+  if (!parsed.is_object()) Invalid("the body must be a JSON object");
+  return parsed;
+}
+
+void RouteInput::Bind() {
+  options.request_id = request_id.empty() ? nullptr : request_id.c_str();
+  options.lora_name = lora_name ? lora_name->c_str() : nullptr;
+  options.cache_namespace = cache_namespace ? cache_namespace->c_str() : nullptr;
+  options.allowed_worker_ids = allowed_worker_ids.empty() ? nullptr : allowed_worker_ids.data();
+  options.num_allowed_worker_ids = allowed_worker_ids.size();
+  hints.session_id = session_id ? session_id->c_str() : nullptr;
+}
+
+RouteInput ParseRouteInput(const json& body, bool need_request_id) {
+  RouteInput input;
+  kvr_request_options_init(&input.options, sizeof input.options);
+  kvr_routing_hints_init(&input.hints, sizeof input.hints);
+  if (const json* v = Find(body, "request_id")) {
+    input.request_id = StringField(*v, "request_id");
+  }
+  if (need_request_id && input.request_id.empty()) Invalid("request_id: required");
+  const json* tokens = Find(body, "token_ids");
+  if (!tokens) Invalid("token_ids: required");
+  if (!tokens->is_array()) Invalid("token_ids: expected an array of token ids");
+  input.token_ids.reserve(tokens->size());
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    input.token_ids.push_back(static_cast<uint32_t>(
+        UnsignedField((*tokens)[i], "token_ids[" + std::to_string(i) + "]", UINT32_MAX)));
+  }
+  if (const json* v = Find(body, "lora_name")) input.lora_name = StringField(*v, "lora_name");
+  if (const json* v = Find(body, "cache_namespace")) {
+    input.cache_namespace = StringField(*v, "cache_namespace");
+  }
+  if (const json* ids = Find(body, "allowed_worker_ids")) {
+    if (!ids->is_array()) Invalid("allowed_worker_ids: expected an array of worker ids");
+    for (size_t i = 0; i < ids->size(); ++i) {
+      input.allowed_worker_ids.push_back(
+          IdFromJson((*ids)[i], "allowed_worker_ids[" + std::to_string(i) + "]"));
+    }
+  }
+  SetUnsigned(body, "expected_output_tokens", "", &input.options.expected_output_tokens);
+  SetDouble(body, "priority_jump", "", &input.options.priority_jump);
+  if (const json* v = Find(body, "queue_timeout_ms")) {
+    input.options.queue_timeout_ms =
+        static_cast<int64_t>(UnsignedField(*v, "queue_timeout_ms", INT64_MAX));
+  }
+  if (const json* v = Find(body, "overrides")) ParseOverrides(*v, &input.options);
+  if (const json* v = Find(body, "hints")) ParseHints(*v, &input);
+  if (const json* v = Find(body, "previewed")) {
+    if (!v->is_object()) Invalid("previewed: expected {\"worker_id\", \"dp_rank\"}");
+    kvr_route_signals previewed;
+    kvr_route_signals_init(&previewed, sizeof previewed);
+    const json* worker = Find(*v, "worker_id");
+    if (!worker) Invalid("previewed.worker_id: required");
+    previewed.worker_id = IdFromJson(*worker, "previewed.worker_id");
+    SetUnsigned(*v, "dp_rank", "previewed.", &previewed.dp_rank);
+    input.previewed = previewed;
+  }
+  input.Bind();
+  return input;
+}
+
+json DecisionJson(const std::string& request_id, const kvr_route_signals& s,
+                  const std::string& address, bool replayed) {
+  json decision;
+  decision["request_id"] = request_id.empty() ? json(nullptr) : json(request_id);
+  decision["worker_id"] = s.worker_id;
+  decision["dp_rank"] = s.dp_rank;
+  decision["address"] = address.empty() ? json(nullptr) : json(address);
+  decision["prompt_tokens"] = s.prompt_tokens;
+  decision["prompt_blocks"] = s.prompt_blocks;
+  decision["overlap_blocks"] = s.overlap_blocks;
+  decision["cached_tokens"] = s.cached_tokens;
+  decision["cost"] = std::isfinite(s.cost) ? json(s.cost) : json(nullptr);
+  decision["booked"] = s.booked != 0;
+  decision["queued"] = s.queued != 0;
+  decision["moved"] = s.moved != 0;
+  decision["replayed"] = replayed;
+  return decision;
+}
+
+WorkerSpec WorkerFromJson(const json& body) {
+  WorkerSpec worker;
+  const json* id = Find(body, "worker_id");
+  if (!id) Invalid("worker_id: required");
+  worker.worker_id = IdFromJson(*id, "worker_id");
+  if (const json* v = Find(body, "address")) worker.address = StringField(*v, "address");
+  SetUnsigned(body, "dp_start", "", &worker.dp_start);
+  SetUnsigned(body, "dp_size", "", &worker.dp_size);
+  SetUnsigned(body, "total_kv_blocks", "", &worker.total_kv_blocks);
+  SetUnsigned(body, "max_num_batched_tokens", "", &worker.max_num_batched_tokens);
+  if (const json* events = Find(body, "events")) {
+    if (!events->is_object()) Invalid("events: expected an object");
+    EventsSpec spec;
+    if (const json* v = Find(*events, "engine")) {
+      const auto engine = ParseEngine(StringField(*v, "events.engine"));
+      if (!engine) Invalid("events.engine: expected \"vllm\" or \"sglang\"");
+      spec.engine = *engine;
+    }
+    const json* endpoint = Find(*events, "endpoint");
+    if (!endpoint) Invalid("events.endpoint: required");
+    spec.endpoint = StringField(*endpoint, "events.endpoint");
+    if (const json* v = Find(*events, "replay_endpoint")) {
+      spec.replay_endpoint = StringField(*v, "events.replay_endpoint");
+    }
+    if (const json* v = Find(*events, "topic")) spec.topic = StringField(*v, "events.topic");
+    worker.events = spec;
+  }
+  return worker;
+}
+
+json WorkerToJson(const WorkerSpec& worker) {
+  json out;
+  out["worker_id"] = worker.worker_id;
+  out["address"] = worker.address.empty() ? json(nullptr) : json(worker.address);
+  out["dp_start"] = worker.dp_start;
+  out["dp_size"] = worker.dp_size;
+  out["total_kv_blocks"] = worker.total_kv_blocks;
+  out["max_num_batched_tokens"] = worker.max_num_batched_tokens;
+  if (worker.events) {
+    out["events"] = {{"engine", EngineName(worker.events->engine)},
+                     {"endpoint", worker.events->endpoint},
+                     {"replay_endpoint", worker.events->replay_endpoint.empty()
+                                             ? json(nullptr)
+                                             : json(worker.events->replay_endpoint)},
+                     {"topic", worker.events->topic}};
+  } else {
+    out["events"] = nullptr;
+  }
+  return out;
+}
+
+uint64_t IdFromJson(const json& value, const std::string& field) {
+  if (value.is_string()) return IdFromPath(value.get<std::string>(), field);
+  return UnsignedField(value, field, kMaxExactJsonInteger);
+}
+
+uint64_t IdFromPath(const std::string& segment, const std::string& field) {
+  uint64_t id = 0;
+  const char* begin = segment.data();
+  const char* end = begin + segment.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, id);
+  if (segment.empty() || ec != std::errc() || ptr != end) {
+    Invalid(field + ": expected a decimal 64-bit id, got '" + segment + "'");
+  }
+  return id;
+}
+
+std::string PercentDecode(std::string_view segment) {
+  std::string out;
+  out.reserve(segment.size());
+  for (size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] != '%') {
+      out.push_back(segment[i]);
+      continue;
+    }
+    const auto hex = [](char c) {
+      return std::isxdigit(static_cast<unsigned char>(c))
+                 ? (c <= '9' ? c - '0' : (std::tolower(static_cast<unsigned char>(c)) - 'a' + 10))
+                 : -1;
+    };
+    if (i + 2 >= segment.size() || hex(segment[i + 1]) < 0 || hex(segment[i + 2]) < 0) {
+      Invalid("bad percent-encoding in the path");
+    }
+    const int value = hex(segment[i + 1]) * 16 + hex(segment[i + 2]);
+    out.push_back(static_cast<char>(value));
+    i += 2;
+  }
+  return out;
+}
+
+const std::vector<RouteSpec>& Routes() {
+  static const std::vector<RouteSpec> routes = {
+      {"POST", "/v1/route", Endpoint::kRoute, true},
+      {"POST", "/v1/preview", Endpoint::kPreview, false},
+      {"POST", "/v1/plan", Endpoint::kPlan, true},
+      {"POST", "/v1/requests/{id}/commit", Endpoint::kCommit, false},
+      {"POST", "/v1/requests/{id}/abort", Endpoint::kAbort, false},
+      {"POST", "/v1/requests/{id}/prefill_completed", Endpoint::kPrefillCompleted, false},
+      {"POST", "/v1/requests/{id}/output", Endpoint::kOutput, false},
+      {"DELETE", "/v1/requests/{id}", Endpoint::kFree, false},
+      {"GET", "/v1/workers", Endpoint::kListWorkers, false},
+      {"POST", "/v1/workers", Endpoint::kAddWorker, false},
+      {"GET", "/v1/workers/{id}", Endpoint::kGetWorker, false},
+      {"PUT", "/v1/workers/{id}", Endpoint::kUpdateWorker, false},
+      {"DELETE", "/v1/workers/{id}", Endpoint::kRemoveWorker, false},
+      {"GET", "/v1/snapshot", Endpoint::kGetSnapshot, true},
+      {"PUT", "/v1/snapshot", Endpoint::kPutSnapshot, true},
+      {"GET", "/v1/digest", Endpoint::kDigest, false},
+      {"GET", "/metrics", Endpoint::kMetrics, false},
+      {"GET", "/healthz", Endpoint::kHealthz, false},
+  };
+  return routes;
+}
+
+RouteMatch MatchRoute(const std::string& method, const std::string& path) {
+  RouteMatch match;
+  if (path.empty() || path[0] != '/') return match;
+  const std::vector<std::string> segments = SplitPath(path);
+  for (const RouteSpec& route : Routes()) {
+    const std::vector<std::string> pattern = SplitPath(route.pattern);
+    if (pattern.size() != segments.size()) continue;
+    std::string param;
+    bool same = true;
+    for (size_t i = 0; i < pattern.size() && same; ++i) {
+      if (pattern[i] == "{id}") {
+        same = !segments[i].empty();
+        param = segments[i];
+      } else {
+        same = pattern[i] == segments[i];
+      }
+    }
+    if (!same) continue;
+    if (method != route.method) {
+      match.miss_status = 405;
+      match.allow += (match.allow.empty() ? "" : ", ") + std::string(route.method);
+      continue;
+    }
+    match.route = &route;
+    match.param = PercentDecode(param);
+    return match;
+  }
+  return match;
+}
+
+}  // namespace kvrouterd

@@ -1,0 +1,121 @@
+// The HTTP/JSON mapping of docs/kvrouterd.md, with no state: request bodies to the C ABI's
+// structs, results to JSON, kvr_status to HTTP statuses, URL paths to routes. Kept apart from
+// the daemon's state so that tests check it directly.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvrouter.h"
+#include "kvrouterd/http_server.h"
+#include "kvrouterd/options.h"
+
+namespace kvrouterd {
+
+// An error for the client: a kvr_status (the library's or the daemon's) and its message.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(kvr_status status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  kvr_status status() const { return status_; }
+
+ private:
+  kvr_status status_;
+};
+
+// Throws ApiError with the library's status and message unless `status` is KVR_OK; frees `err`.
+void ThrowIfError(kvr_status status, kvr_error* err);
+
+// The HTTP status of a kvr_status (docs/kvrouterd.md, the error table).
+int HttpStatusFor(kvr_status status);
+
+// The one error mapper: an ApiError's answer.
+HttpResponse ErrorAnswer(const ApiError& error);
+
+// A JSON answer.
+HttpResponse JsonAnswer(const nlohmann::json& body, int status = 200);
+
+// Parses a JSON body; ApiError INVALID_ARGUMENT if it is not JSON or not an object.
+nlohmann::json ParseJsonObject(std::string_view body);
+
+// A routing request body (route, preview, plan), with the storage its C structs point into.
+struct RouteInput {
+  std::string request_id;
+  std::vector<uint32_t> token_ids;
+  std::optional<std::string> lora_name;
+  std::optional<std::string> cache_namespace;
+  std::vector<uint64_t> allowed_worker_ids;
+  std::optional<std::string> session_id;
+  kvr_request_options options{};  // pointers set by Bind()
+  kvr_routing_hints hints{};
+  std::optional<kvr_route_signals> previewed;  // plan's "previewed"
+
+  // Points the structs' string and array fields at this object's storage. Call after any copy.
+  void Bind();
+};
+
+// Parses a routing body. `need_request_id`: route and plan require one; preview ignores it.
+RouteInput ParseRouteInput(const nlohmann::json& body, bool need_request_id);
+
+// The decision (docs/kvrouterd.md, "The decision"). `address` empty = null.
+nlohmann::json DecisionJson(const std::string& request_id, const kvr_route_signals& signals,
+                            const std::string& address, bool replayed);
+
+// Workers as the API spells them.
+WorkerSpec WorkerFromJson(const nlohmann::json& body);
+nlohmann::json WorkerToJson(const WorkerSpec& worker);
+
+// A 64-bit id from JSON: a number up to 2^53 or a decimal string. `field` names it in errors.
+uint64_t IdFromJson(const nlohmann::json& value, const std::string& field);
+// A 64-bit id from a URL path segment.
+uint64_t IdFromPath(const std::string& segment, const std::string& field);
+
+// Percent-decodes a URL path segment; ApiError INVALID_ARGUMENT on a bad escape.
+std::string PercentDecode(std::string_view segment);
+
+// The endpoints. `pattern` is what the metrics call the path.
+enum class Endpoint {
+  kRoute,
+  kPreview,
+  kPlan,
+  kCommit,
+  kAbort,
+  kPrefillCompleted,
+  kOutput,
+  kFree,
+  kListWorkers,
+  kGetWorker,
+  kAddWorker,
+  kUpdateWorker,
+  kRemoveWorker,
+  kGetSnapshot,
+  kPutSnapshot,
+  kDigest,
+  kMetrics,
+  kHealthz,
+};
+
+struct RouteSpec {
+  const char* method;
+  const char* pattern;  // segments; "{id}" matches one segment
+  Endpoint endpoint;
+  bool off_loop;  // may wait in the admission queue: runs on the thread pool
+};
+
+const std::vector<RouteSpec>& Routes();
+
+struct RouteMatch {
+  const RouteSpec* route = nullptr;  // nullptr: no match
+  std::string param;                 // the {id} segment, percent-decoded
+  int miss_status = 404;             // without a route: 404 (unknown path) or 405
+  std::string allow;                 // with 405: the methods the path takes
+};
+
+RouteMatch MatchRoute(const std::string& method, const std::string& path);
+
+}  // namespace kvrouterd

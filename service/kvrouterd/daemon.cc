@@ -1,0 +1,205 @@
+#include "kvrouterd/daemon.h"
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+
+#include "kvrouterd/log.h"
+
+namespace kvrouterd {
+namespace {
+
+constexpr int kSignals[] = {SIGHUP, SIGTERM, SIGINT};
+
+// A routing call handed to the thread pool; answered on the loop when done.
+struct OffLoopWork {
+  uv_work_t work{};
+  Daemon* daemon = nullptr;
+  Service* service = nullptr;
+  const RouteSpec* route = nullptr;
+  HttpRequest request;
+  std::string param;
+  Responder responder{nullptr};
+  HttpResponse response;
+  std::function<void(OffLoopWork*)> done;
+};
+
+}  // namespace
+
+Daemon::Daemon(std::vector<std::string> args, Config config)
+    : args_(std::move(args)), config_(std::move(config)) {
+  uv_loop_init(&loop_);
+}
+
+Daemon::~Daemon() {
+  server_.reset();
+  uv_loop_close(&loop_);
+}
+
+int Daemon::Run() {
+  std::string error;
+  service_ = Service::Create(config_, &error);
+  if (!service_) {
+    Log(LogLevel::kError, "cannot start", {{"error", error}});
+    return 1;
+  }
+  HttpLimits limits{config_.max_header_bytes, config_.max_body_bytes};
+  server_ = std::make_unique<HttpServer>(&loop_, limits,
+                                         [this](HttpRequest request, Responder responder) {
+                                           HandleRequest(std::move(request), std::move(responder));
+                                         });
+  error = server_->Listen(config_.listen_host, config_.listen_port);
+  if (error.empty()) error = WritePortFile();
+  if (!error.empty()) {
+    Log(LogLevel::kError, "cannot start", {{"error", error}});
+    server_->Shutdown([] {});
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    return 1;
+  }
+  for (size_t i = 0; i < std::size(kSignals); ++i) {
+    uv_signal_init(&loop_, &signals_[i]);
+    signals_[i].data = this;
+    uv_signal_start(
+        &signals_[i],
+        [](uv_signal_t* handle, int signum) {
+          static_cast<Daemon*>(handle->data)->OnSignal(signum);
+        },
+        kSignals[i]);
+  }
+  uv_timer_init(&loop_, &shutdown_timer_);
+  shutdown_timer_.data = this;
+  Log(LogLevel::kInfo, "kvrouterd listening",
+      {{"host", config_.listen_host},
+       {"port", server_->port()},
+       {"version", kvr_version_string()}});
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  service_->StopIngest();
+  service_.reset();
+  Log(LogLevel::kInfo, "kvrouterd stopped");
+  return 0;
+}
+
+// Written to a temporary name and renamed, so that a reader never sees a partial port.
+std::string Daemon::WritePortFile() {
+  if (config_.port_file.empty()) return {};
+  const std::string temporary = config_.port_file + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << server_->port() << "\n";
+    if (!out) return "port-file: cannot write '" + temporary + "'";
+  }
+  if (std::rename(temporary.c_str(), config_.port_file.c_str()) != 0) {
+    return "port-file: cannot write '" + config_.port_file + "'";
+  }
+  return {};
+}
+
+void Daemon::HandleRequest(HttpRequest request, Responder responder) {
+  RouteMatch match;
+  try {
+    match = MatchRoute(request.method, request.path);
+  } catch (const ApiError& e) {  // a bad percent-escape
+    service_->CountAnswer("unmatched", 400);
+    responder.Respond(ErrorAnswer(e));
+    return;
+  }
+  if (!match.route) {
+    HttpResponse response =
+        match.miss_status == 405
+            ? ErrorResponse(405, "INVALID_ARGUMENT",
+                            request.method + " is not allowed on " + request.path)
+            : ErrorResponse(404, "NOT_FOUND", "no such path: " + request.path);
+    if (match.miss_status == 405) response.headers.emplace_back("Allow", match.allow);
+    service_->CountAnswer("unmatched", response.status);
+    responder.Respond(std::move(response));
+    return;
+  }
+  if (match.route->off_loop) {
+    RunOffLoop(*match.route, std::move(request), std::move(match.param), std::move(responder));
+    return;
+  }
+  HttpResponse response = service_->Handle(*match.route, request, match.param);
+  service_->CountAnswer(match.route->pattern, response.status);
+  responder.Respond(std::move(response));
+}
+
+void Daemon::RunOffLoop(const RouteSpec& route, HttpRequest request, std::string param,
+                        Responder responder) {
+  auto* job = new OffLoopWork();
+  job->work.data = job;
+  job->daemon = this;
+  job->service = service_.get();
+  job->route = &route;
+  job->request = std::move(request);
+  job->param = std::move(param);
+  job->responder = std::move(responder);
+  ++work_in_flight_;
+  uv_queue_work(
+      &loop_, &job->work,
+      [](uv_work_t* work) {  // on a thread-pool thread: may wait in the admission queue
+        auto* job = static_cast<OffLoopWork*>(work->data);
+        job->response = job->service->Handle(*job->route, job->request, job->param);
+      },
+      [](uv_work_t* work, int) {  // back on the loop
+        std::unique_ptr<OffLoopWork> job(static_cast<OffLoopWork*>(work->data));
+        Daemon* daemon = job->daemon;
+        daemon->service_->CountAnswer(job->route->pattern, job->response.status);
+        job->responder.Respond(std::move(job->response));
+        --daemon->work_in_flight_;
+        daemon->MaybeFinish();
+      });
+}
+
+void Daemon::OnSignal(int signum) {
+  if (signum == SIGHUP) {
+    ReloadConfig();
+  } else if (!stopping_) {
+    Log(LogLevel::kInfo, "stopping", {{"signal", signum == SIGTERM ? "SIGTERM" : "SIGINT"}});
+    BeginShutdown();
+  }
+}
+
+void Daemon::ReloadConfig() {
+  if (config_.config_file.empty()) {
+    Log(LogLevel::kWarn, "SIGHUP: no config file to reload (--config)");
+    return;
+  }
+  Config next;
+  const std::string error = ParseCommandLine(args_, &next);
+  if (!error.empty()) {
+    service_->CountReload(false);
+    Log(LogLevel::kError, "reload: the configuration is invalid; nothing changed",
+        {{"error", error}});
+    return;
+  }
+  Log(LogLevel::kInfo, "reloading", {{"config", next.config_file}});
+  service_->Reload(next);
+  service_->CountReload(true);
+  config_ = next;
+}
+
+// Stop accepting, let the requests in flight finish (cancelling those still queued after
+// shutdown-timeout-seconds), then leave the loop: Run() stops the ingest.
+void Daemon::BeginShutdown() {
+  stopping_ = true;
+  service_->BeginShutdown();
+  const auto timeout_ms =
+      static_cast<uint64_t>(std::max(0.0, config_.shutdown_timeout_seconds) * 1000);
+  uv_timer_start(
+      &shutdown_timer_,
+      [](uv_timer_t* timer) { static_cast<Daemon*>(timer->data)->service_->CancelWaiting(); },
+      timeout_ms, 0);
+  server_->Shutdown([this] {
+    server_closed_ = true;
+    MaybeFinish();
+  });
+}
+
+void Daemon::MaybeFinish() {
+  if (!stopping_ || !server_closed_ || work_in_flight_ > 0 || finished_) return;
+  finished_ = true;
+  uv_close(reinterpret_cast<uv_handle_t*>(&shutdown_timer_), nullptr);
+  for (uv_signal_t& signal : signals_) uv_close(reinterpret_cast<uv_handle_t*>(&signal), nullptr);
+}
+
+}  // namespace kvrouterd

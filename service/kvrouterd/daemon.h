@@ -1,0 +1,49 @@
+// The process around the Service: the libuv loop, the HTTP server, the signals (SIGHUP
+// reloads, SIGTERM/SIGINT stop gracefully) and the thread-pool hand-off of routing calls.
+#pragma once
+
+#include <uv.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvrouterd/http_server.h"
+#include "kvrouterd/options.h"
+#include "kvrouterd/service.h"
+
+namespace kvrouterd {
+
+class Daemon {
+ public:
+  // `args` are the command line (without argv[0]), parsed again on every reload.
+  Daemon(std::vector<std::string> args, Config config);
+  ~Daemon();
+
+  // Runs until stopped by a signal. Returns the process's exit code.
+  int Run();
+
+ private:
+  void HandleRequest(HttpRequest request, Responder responder);
+  void RunOffLoop(const RouteSpec& route, HttpRequest request, std::string param,
+                  Responder responder);
+  void OnSignal(int signum);
+  void ReloadConfig();
+  void BeginShutdown();
+  void MaybeFinish();
+  std::string WritePortFile();
+
+  std::vector<std::string> args_;
+  Config config_;
+  uv_loop_t loop_{};
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<HttpServer> server_;
+  uv_signal_t signals_[3]{};
+  uv_timer_t shutdown_timer_{};
+  bool stopping_ = false;
+  bool server_closed_ = false;
+  bool finished_ = false;
+  size_t work_in_flight_ = 0;  // routing calls on the thread pool
+};
+
+}  // namespace kvrouterd

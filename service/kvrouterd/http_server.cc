@@ -1,0 +1,451 @@
+#include "kvrouterd/http_server.h"
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "kvrouterd/log.h"
+
+namespace kvrouterd {
+
+// One client connection. Its uv_tcp_t's data points back here; the server's set owns it until
+// the socket has closed, and a pending Responder shares that ownership.
+struct Connection : std::enable_shared_from_this<Connection> {
+  HttpServer* server = nullptr;
+  HttpLimits limits;
+  uv_tcp_t socket{};
+  http_parser parser{};
+  std::string input;    // bytes read and not yet parsed
+  HttpRequest request;  // the request being parsed
+  std::string header_field;
+  bool header_value_last = false;  // the parser alternates fields and values
+  uint64_t header_bytes = 0;
+  int reject_status = 0;  // a limit the request broke: answered with this, then closed
+  bool request_complete = false;
+  bool busy = false;
+  bool parsing = false;  // inside ParseInput (an answer given synchronously returns to it) // a
+                         // request is being handled: parsing waits for its answer
+  bool reading = false;
+  bool closing = false;  // uv_close called
+  bool close_after_answer = false;
+  uint64_t started_ns = 0;    // when the busy request was complete (access log)
+  std::string active_method;  // the busy request's method and path (access log)
+  std::string active_path;
+
+  void StartReading();
+  void StopReading();
+  void ParseInput();
+  void Dispatch();
+  void RefuseMalformed(http_errno error);
+  void Answer(HttpResponse response, bool keep_alive);
+  void Close();
+};
+
+const std::string* HttpRequest::Header(const std::string& name) const {
+  for (const auto& [key, value] : headers) {
+    if (key == name) return &value;
+  }
+  return nullptr;
+}
+
+const char* ReasonPhrase(int status) {
+  switch (status) {
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 409:
+      return "Conflict";
+    case 411:
+      return "Length Required";
+    case 413:
+      return "Content Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "Unknown";
+  }
+}
+
+HttpResponse ErrorResponse(int http_status, std::string_view status_name,
+                           std::string_view message) {
+  nlohmann::json body;
+  body["error"] = {{"status", status_name}, {"message", message}};
+  HttpResponse response;
+  response.status = http_status;
+  response.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return response;
+}
+
+std::string SerializeResponse(const HttpResponse& response, bool keep_alive) {
+  std::string out =
+      "HTTP/1.1 " + std::to_string(response.status) + " " + ReasonPhrase(response.status) + "\r\n";
+  out += "Content-Type: " + response.content_type + "\r\n";
+  out += "Content-Length: " + std::to_string(response.body.size()) + "\r\n";
+  for (const auto& [name, value] : response.headers) out += name + ": " + value + "\r\n";
+  if (!keep_alive) out += "Connection: close\r\n";
+  out += "\r\n";
+  out += response.body;
+  return out;
+}
+
+namespace {
+
+Connection* ConnectionOf(http_parser* parser) { return static_cast<Connection*>(parser->data); }
+
+uint64_t NowNs() { return uv_hrtime(); }
+
+// Counts request line and header bytes against the limit; a callback's non-zero return stops
+// the parser (HPE_CB_*), and reject_status says why.
+int CountHeaderBytes(Connection* c, size_t length) {
+  c->header_bytes += length;
+  if (c->header_bytes <= c->limits.max_header_bytes) return 0;
+  c->reject_status = 431;
+  return -1;
+}
+
+int OnMessageBegin(http_parser* parser) {
+  Connection* c = ConnectionOf(parser);
+  c->request = HttpRequest();
+  c->header_field.clear();
+  c->header_value_last = false;
+  c->header_bytes = 0;
+  return 0;
+}
+
+int OnUrl(http_parser* parser, const char* at, size_t length) {
+  Connection* c = ConnectionOf(parser);
+  c->request.path.append(at, length);  // the whole URL until headers complete, split then
+  return CountHeaderBytes(c, length);
+}
+
+int OnHeaderField(http_parser* parser, const char* at, size_t length) {
+  Connection* c = ConnectionOf(parser);
+  if (c->header_value_last) {
+    c->header_field.clear();
+    c->header_value_last = false;
+  }
+  c->header_field.append(at, length);
+  return CountHeaderBytes(c, length);
+}
+
+int OnHeaderValue(http_parser* parser, const char* at, size_t length) {
+  Connection* c = ConnectionOf(parser);
+  if (!c->header_value_last) {
+    std::string name = c->header_field;
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    c->request.headers.emplace_back(std::move(name), std::string());
+    c->header_value_last = true;
+  }
+  c->request.headers.back().second.append(at, length);
+  return CountHeaderBytes(c, length);
+}
+
+void WriteRaw(Connection* c, std::string bytes);
+
+int OnHeadersComplete(http_parser* parser) {
+  Connection* c = ConnectionOf(parser);
+  c->request.method = http_method_str(static_cast<http_method>(parser->method));
+  std::string url = std::move(c->request.path);
+  const size_t question = url.find('?');
+  c->request.path = url.substr(0, question);
+  if (question != std::string::npos) c->request.query = url.substr(question + 1);
+  // A chunked body is refused: every client of this API knows its body's length.
+  if (parser->flags & F_CHUNKED) {
+    c->reject_status = 411;
+    return -1;
+  }
+  if (parser->content_length != ULLONG_MAX && parser->content_length > c->limits.max_body_bytes) {
+    c->reject_status = 413;
+    return -1;
+  }
+  const std::string* expect = c->request.Header("expect");
+  if (expect && (*expect == "100-continue" || *expect == "100-Continue")) {
+    WriteRaw(c, "HTTP/1.1 100 Continue\r\n\r\n");
+  }
+  return 0;
+}
+
+int OnBody(http_parser* parser, const char* at, size_t length) {
+  ConnectionOf(parser)->request.body.append(at, length);
+  return 0;
+}
+
+int OnMessageComplete(http_parser* parser) {
+  Connection* c = ConnectionOf(parser);
+  c->request_complete = true;
+  http_parser_pause(parser, 1);  // the next pipelined request waits for this one's answer
+  return 0;
+}
+
+const http_parser_settings& ParserSettings() {
+  static const http_parser_settings settings = [] {
+    http_parser_settings s;
+    http_parser_settings_init(&s);
+    s.on_message_begin = OnMessageBegin;
+    s.on_url = OnUrl;
+    s.on_header_field = OnHeaderField;
+    s.on_header_value = OnHeaderValue;
+    s.on_headers_complete = OnHeadersComplete;
+    s.on_body = OnBody;
+    s.on_message_complete = OnMessageComplete;
+    return s;
+  }();
+  return settings;
+}
+
+struct WriteRequest {
+  uv_write_t request{};
+  std::string bytes;
+  std::shared_ptr<Connection> connection;  // alive until the write completes
+  bool close_after = false;
+};
+
+void WriteBytes(Connection* c, std::string bytes, bool close_after) {
+  if (c->closing) return;
+  auto* write = new WriteRequest();
+  write->bytes = std::move(bytes);
+  write->connection = c->shared_from_this();
+  write->close_after = close_after;
+  uv_buf_t buffer = uv_buf_init(write->bytes.data(), static_cast<unsigned>(write->bytes.size()));
+  const int rc = uv_write(&write->request, reinterpret_cast<uv_stream_t*>(&c->socket), &buffer, 1,
+                          [](uv_write_t* request, int status) {
+                            auto* done = reinterpret_cast<WriteRequest*>(request);
+                            if (status < 0 || done->close_after) done->connection->Close();
+                            delete done;
+                          });
+  if (rc < 0) {
+    delete write;
+    c->Close();
+  }
+}
+
+void WriteRaw(Connection* c, std::string bytes) { WriteBytes(c, std::move(bytes), false); }
+
+// The input a connection buffers while a request is handled, before it stops reading.
+size_t MaxBufferedInput(const HttpLimits& limits) {
+  return static_cast<size_t>(limits.max_header_bytes + limits.max_body_bytes) + 4096;
+}
+
+}  // namespace
+
+void Connection::StartReading() {
+  if (reading || closing) return;
+  reading = true;
+  uv_read_start(
+      reinterpret_cast<uv_stream_t*>(&socket),
+      [](uv_handle_t*, size_t suggested, uv_buf_t* buffer) {
+        buffer->base = new char[suggested];
+        buffer->len = suggested;
+      },
+      [](uv_stream_t* stream, ssize_t nread, const uv_buf_t* buffer) {
+        auto* c = static_cast<Connection*>(stream->data);
+        std::shared_ptr<Connection> keep = c->shared_from_this();
+        if (nread > 0) c->input.append(buffer->base, static_cast<size_t>(nread));
+        delete[] buffer->base;
+        if (nread < 0) {
+          // The client closed or the socket failed: an answer in progress is dropped.
+          c->Close();
+          return;
+        }
+        if (c->busy && c->input.size() > MaxBufferedInput(c->limits)) c->StopReading();
+        c->ParseInput();
+      });
+}
+
+void Connection::StopReading() {
+  if (!reading) return;
+  reading = false;
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(&socket));
+}
+
+void Connection::ParseInput() {
+  if (parsing) return;  // an answer given inside Dispatch: the loop below goes on
+  parsing = true;
+  while (!busy && !closing && !input.empty()) {
+    const size_t parsed =
+        http_parser_execute(&parser, &ParserSettings(), input.data(), input.size());
+    input.erase(0, parsed);
+    const http_errno error = HTTP_PARSER_ERRNO(&parser);
+    if (request_complete) {
+      request_complete = false;
+      http_parser_pause(&parser, 0);
+      Dispatch();
+      continue;
+    }
+    if (error != HPE_OK) {
+      RefuseMalformed(error);
+      return;
+    }
+    if (parsed == 0) break;  // needs more bytes
+  }
+  parsing = false;
+  if (!busy && !closing) StartReading();
+}
+
+void Connection::RefuseMalformed(http_errno error) {
+  HttpResponse response;
+  switch (reject_status) {
+    case 411:
+      response = ErrorResponse(411, "INVALID_ARGUMENT",
+                               "a chunked request body is not accepted: send Content-Length");
+      break;
+    case 413:
+      response =
+          ErrorResponse(413, "INVALID_ARGUMENT", "the request body is larger than max-body-bytes");
+      break;
+    case 431:
+      response = ErrorResponse(431, "INVALID_ARGUMENT",
+                               "the request line and headers are larger than max-header-bytes");
+      break;
+    default:
+      response = ErrorResponse(400, "INVALID_ARGUMENT",
+                               std::string("malformed HTTP: ") + http_errno_description(error));
+  }
+  Log(LogLevel::kDebug, "http request refused",
+      {{"status", response.status}, {"parser_error", http_errno_name(error)}});
+  input.clear();
+  parsing = false;
+  StopReading();
+  WriteBytes(this, SerializeResponse(response, false), true);
+}
+
+void Connection::Dispatch() {
+  busy = true;
+  started_ns = NowNs();
+  close_after_answer = !http_should_keep_alive(&parser) || server->shutting_down_;
+  server->handler_(std::move(request), Responder(shared_from_this()));
+}
+
+void Connection::Answer(HttpResponse response, bool keep_alive) {
+  if (LogEnabled(LogLevel::kDebug)) {
+    Log(LogLevel::kDebug, "http request",
+        {{"method", active_method},
+         {"path", active_path},
+         {"status", response.status},
+         {"duration_ms", static_cast<double>(NowNs() - started_ns) / 1e6}});
+  }
+  WriteBytes(this, SerializeResponse(response, keep_alive), !keep_alive);
+  busy = false;
+  if (keep_alive) ParseInput();
+}
+
+void Connection::Close() {
+  if (closing) return;
+  closing = true;
+  reading = false;
+  uv_close(reinterpret_cast<uv_handle_t*>(&socket), [](uv_handle_t* handle) {
+    auto* c = static_cast<Connection*>(handle->data);
+    c->server->Forget(c);
+  });
+}
+
+void Responder::Respond(HttpResponse response) {
+  Connection* c = connection_.get();
+  if (!c || c->closing) return;  // the client went away meanwhile
+  const bool keep_alive = !c->close_after_answer && !c->server->shutting_down();
+  c->Answer(std::move(response), keep_alive);
+  connection_.reset();
+}
+
+HttpServer::HttpServer(uv_loop_t* loop, HttpLimits limits, Handler handler)
+    : loop_(loop), limits_(limits), handler_(std::move(handler)) {}
+
+HttpServer::~HttpServer() = default;
+
+std::string HttpServer::Listen(const std::string& host, int port) {
+  sockaddr_storage address{};
+  if (uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&address)) != 0 &&
+      uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&address)) != 0) {
+    return "listen: '" + host + "' is not an IP address";
+  }
+  uv_tcp_init(loop_, &listener_);
+  listener_.data = this;
+  listening_ = true;
+  int rc = uv_tcp_bind(&listener_, reinterpret_cast<const sockaddr*>(&address), 0);
+  if (rc == 0) rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 511, OnConnection);
+  if (rc != 0) {
+    return "listen: cannot listen on " + host + ":" + std::to_string(port) + ": " + uv_strerror(rc);
+  }
+  sockaddr_storage bound{};
+  int length = sizeof bound;
+  uv_tcp_getsockname(&listener_, reinterpret_cast<sockaddr*>(&bound), &length);
+  port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return {};
+}
+
+void HttpServer::OnConnection(uv_stream_t* listener, int status) {
+  auto* server = static_cast<HttpServer*>(listener->data);
+  if (status < 0 || server->shutting_down_) return;
+  auto connection = std::make_shared<Connection>();
+  connection->server = server;
+  connection->limits = server->limits_;
+  uv_tcp_init(server->loop_, &connection->socket);
+  connection->socket.data = connection.get();
+  http_parser_init(&connection->parser, HTTP_REQUEST);
+  connection->parser.data = connection.get();
+  server->connections_.insert(connection);
+  if (uv_accept(listener, reinterpret_cast<uv_stream_t*>(&connection->socket)) != 0) {
+    connection->Close();
+    return;
+  }
+  uv_tcp_nodelay(&connection->socket, 1);
+  connection->StartReading();
+}
+
+void HttpServer::Forget(Connection* connection) {
+  for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+    if (it->get() == connection) {
+      connections_.erase(it);
+      break;
+    }
+  }
+  MaybeFinishShutdown();
+}
+
+void HttpServer::Shutdown(std::function<void()> done) {
+  shutting_down_ = true;
+  shutdown_done_ = std::move(done);
+  if (listening_) {
+    listening_ = false;
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener_), [](uv_handle_t* handle) {
+      static_cast<HttpServer*>(handle->data)->MaybeFinishShutdown();
+    });
+  }
+  // Idle connections close now; busy ones after their answer (which says Connection: close).
+  std::vector<std::shared_ptr<Connection>> idle;
+  for (const auto& connection : connections_) {
+    if (!connection->busy) idle.push_back(connection);
+  }
+  for (const auto& connection : idle) connection->Close();
+  MaybeFinishShutdown();
+}
+
+void HttpServer::MaybeFinishShutdown() {
+  if (!shutting_down_ || !connections_.empty() || !shutdown_done_) return;
+  auto done = std::move(shutdown_done_);
+  shutdown_done_ = nullptr;
+  done();
+}
+
+}  // namespace kvrouterd

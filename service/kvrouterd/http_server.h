@@ -1,0 +1,105 @@
+// A small HTTP/1.1 server on a libuv loop: keep-alive, pipelined requests answered in order
+// (the parser pauses after each request until its answer is written), Content-Length bodies
+// with size limits (a chunked request body is refused with 411), Expect: 100-continue. Requests
+// go to one handler, which answers once through the Responder it gets, on the loop thread, now
+// or later (after work off the loop).
+#pragma once
+
+#include <http_parser.h>
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace kvrouterd {
+
+struct HttpRequest {
+  std::string method;
+  std::string path;  // the URL's path, still percent-encoded
+  std::string query;
+  std::vector<std::pair<std::string, std::string>> headers;  // names lowercased
+  std::string body;
+
+  // The value of header `name` (lowercase), or nullptr.
+  const std::string* Header(const std::string& name) const;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra headers (e.g. Allow)
+};
+
+// The standard reason phrase of a status code ("Not Found").
+const char* ReasonPhrase(int status);
+
+// An error answer: {"error": {"status": STATUS_NAME, "message": MESSAGE}} (docs/kvrouterd.md).
+HttpResponse ErrorResponse(int http_status, std::string_view status_name, std::string_view message);
+
+// Serialises a response (status line, headers, body). The one writer of every answer.
+std::string SerializeResponse(const HttpResponse& response, bool keep_alive);
+
+struct Connection;
+
+// Answers one request; holds its connection alive until called. Call once, on the loop thread.
+class Responder {
+ public:
+  explicit Responder(std::shared_ptr<Connection> connection) : connection_(std::move(connection)) {}
+  void Respond(HttpResponse response);
+
+ private:
+  std::shared_ptr<Connection> connection_;
+};
+
+struct HttpLimits {
+  uint64_t max_header_bytes = 64 << 10;
+  uint64_t max_body_bytes = 64 << 20;
+};
+
+class HttpServer {
+ public:
+  using Handler = std::function<void(HttpRequest request, Responder responder)>;
+
+  HttpServer(uv_loop_t* loop, HttpLimits limits, Handler handler);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and listens. Returns an error message, empty on success; port() is then the bound
+  // port (useful with port 0).
+  std::string Listen(const std::string& host, int port);
+  int port() const { return port_; }
+
+  // Graceful stop: closes the listener, closes idle connections, lets each busy one finish its
+  // request (answered with Connection: close), then calls `done` once no connection is left.
+  void Shutdown(std::function<void()> done);
+
+  size_t open_connections() const { return connections_.size(); }
+  bool shutting_down() const { return shutting_down_; }
+
+ private:
+  friend struct Connection;
+  static void OnConnection(uv_stream_t* listener, int status);
+  void Forget(Connection* connection);
+  void MaybeFinishShutdown();
+
+  uv_loop_t* loop_;
+  HttpLimits limits_;
+  Handler handler_;
+  uv_tcp_t listener_{};
+  bool listening_ = false;
+  bool shutting_down_ = false;
+  int port_ = 0;
+  std::function<void()> shutdown_done_;
+  // Owned here while their socket is open; a Responder may keep one alive a little longer.
+  std::unordered_set<std::shared_ptr<Connection>> connections_;
+};
+
+}  // namespace kvrouterd

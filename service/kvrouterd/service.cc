@@ -1,0 +1,513 @@
+#include "kvrouterd/service.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "kvrouterd/log.h"
+
+namespace kvrouterd {
+namespace {
+
+using nlohmann::json;
+using Clock = BookingTable::Clock;
+
+Clock::time_point After(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+json RequestIdAnswer(const std::string& id) { return {{"request_id", id}}; }
+
+// A Prometheus text from one of the library's *_prometheus functions, sized by a first call.
+template <typename Object>
+std::string PrometheusText(Object* object,
+                           kvr_status (*render)(Object*, char*, size_t, size_t*, kvr_error**)) {
+  std::string text;
+  size_t needed = 0;
+  kvr_status status = render(object, nullptr, 0, &needed, nullptr);
+  for (int attempt = 0; attempt < 4 && status == KVR_BUFFER_TOO_SMALL; ++attempt) {
+    text.resize(needed + 4096);  // room for a few more series appearing meanwhile
+    status = render(object, text.data(), text.size(), &needed, nullptr);
+  }
+  if (status != KVR_OK) return {};
+  text.resize(needed > 0 ? needed - 1 : 0);  // without the NUL
+  return text;
+}
+
+kvr_worker_config RouterWorker(const WorkerSpec& worker) {
+  kvr_worker_config config;
+  kvr_worker_config_init(&config, sizeof config);
+  config.worker_id = worker.worker_id;
+  config.dp_start = worker.dp_start;
+  config.dp_size = worker.dp_size;
+  config.total_kv_blocks = worker.total_kv_blocks;
+  config.max_num_batched_tokens = worker.max_num_batched_tokens;
+  return config;
+}
+
+bool SameRouterConfig(const WorkerSpec& a, const WorkerSpec& b) {
+  return a.dp_start == b.dp_start && a.dp_size == b.dp_size &&
+         a.total_kv_blocks == b.total_kv_blocks &&
+         a.max_num_batched_tokens == b.max_num_batched_tokens;
+}
+
+std::string WorkerNotFound(uint64_t id) {
+  return "worker " + std::to_string(id) + " is not registered";
+}
+
+}  // namespace
+
+Service::Service(const Config& config)
+    : request_expiry_seconds_(config.router.request_expiry_seconds),
+      plan_deadline_seconds_(config.plan_deadline_seconds),
+      bookings_(config.max_tracked_requests),
+      config_(config) {}
+
+std::unique_ptr<Service> Service::Create(const Config& config, std::string* error) {
+  std::unique_ptr<Service> service(new Service(config));
+  *error = service->Open(config);
+  if (!error->empty()) return nullptr;
+  return service;
+}
+
+// Everything the config asks for at startup; the first failure is the error.
+std::string Service::Open(const Config& config) {
+  try {
+    kvr_error* err = nullptr;
+    ThrowIfError(kvr_router_new(&config.router, &router_, &err), err);
+    ThrowIfError(kvr_router_set_plan_deadline(router_, config.plan_deadline_seconds, &err), err);
+    ThrowIfError(kvr_ingest_new(router_, &config.ingest, &ingest_, &err), err);
+    ThrowIfError(kvr_ingest_start(ingest_, &err), err);
+    for (const std::string& endpoint : config.listen_events) {
+      char bound[512] = {0};
+      ThrowIfError(
+          kvr_ingest_listen(ingest_, endpoint.c_str(), nullptr, bound, sizeof bound, nullptr, &err),
+          err);
+      Log(LogLevel::kInfo, "listening for KV event streams", {{"endpoint", bound}});
+    }
+    for (const NatsEventsSpec& nats : config.nats_events) {
+      ThrowIfError(
+          kvr_ingest_subscribe_nats(ingest_, nats.url.c_str(), nats.subject.c_str(), nullptr, &err),
+          err);
+      Log(LogLevel::kInfo, "subscribed to KV events on NATS",
+          {{"url", nats.url}, {"subject", nats.subject}});
+    }
+    if (const auto& sync = config.replica_sync) {
+      ThrowIfError(kvr_ingest_sync_replicas(ingest_, sync->url.c_str(), sync->subject.c_str(),
+                                            sync->replica_id.c_str(), nullptr, &err),
+                   err);
+      Log(LogLevel::kInfo, "syncing bookings with replicas",
+          {{"url", sync->url}, {"subject", sync->subject}, {"replica_id", sync->replica_id}});
+    }
+    for (const WorkerSpec& worker : config.workers) AddWorker(worker);
+  } catch (const ApiError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+Service::~Service() {
+  StopIngest();
+  kvr_ingest_free(ingest_);
+  kvr_router_free(router_);
+}
+
+void Service::StopIngest() {
+  if (ingest_) kvr_ingest_stop(ingest_, nullptr);
+}
+
+HttpResponse Service::Handle(const RouteSpec& route, const HttpRequest& request,
+                             const std::string& param) {
+  try {
+    return Dispatch(route.endpoint, request, param);
+  } catch (const ApiError& e) {
+    return ErrorAnswer(e);
+  } catch (const std::exception& e) {
+    return ErrorAnswer(ApiError(KVR_INTERNAL, e.what()));
+  }
+}
+
+HttpResponse Service::Dispatch(Endpoint endpoint, const HttpRequest& request,
+                               const std::string& param) {
+  switch (endpoint) {
+    case Endpoint::kRoute:
+      return Book(request, /*commit=*/true);
+    case Endpoint::kPlan:
+      return Book(request, /*commit=*/false);
+    case Endpoint::kPreview:
+      return Preview(request);
+    case Endpoint::kCommit:
+      return Commit(param);
+    case Endpoint::kAbort:
+      return Abort(param);
+    case Endpoint::kPrefillCompleted:
+      return PrefillCompleted(param);
+    case Endpoint::kOutput:
+      return RecordOutput(param, request);
+    case Endpoint::kFree:
+      return Free(param);
+    case Endpoint::kListWorkers:
+      return ListWorkers();
+    case Endpoint::kGetWorker:
+      return GetWorker(param);
+    case Endpoint::kAddWorker:
+      return JsonAnswer(AddWorker(WorkerFromJson(ParseJsonObject(request.body))), 201);
+    case Endpoint::kUpdateWorker:
+      return PutWorker(param, request);
+    case Endpoint::kRemoveWorker: {
+      const uint64_t id = IdFromPath(param, "worker id");
+      RemoveWorker(id);
+      return JsonAnswer({{"worker_id", id}});
+    }
+    case Endpoint::kGetSnapshot:
+      return GetSnapshot();
+    case Endpoint::kPutSnapshot:
+      return PutSnapshot(request);
+    case Endpoint::kDigest:
+      return Digest();
+    case Endpoint::kMetrics:
+      return Metrics();
+    case Endpoint::kHealthz:
+      return Healthz();
+  }
+  throw ApiError(KVR_INTERNAL, "unhandled endpoint");
+}
+
+// route (plan + commit) and plan: idempotent by request id while booked.
+HttpResponse Service::Book(const HttpRequest& request, bool commit) {
+  RouteInput input = ParseRouteInput(ParseJsonObject(request.body), /*need_request_id=*/true);
+  const std::string& id = input.request_id;
+  if (std::optional<json> first = bookings_.Claim(id, Clock::now())) {
+    (*first)["replayed"] = true;
+    return JsonAnswer(*first);
+  }
+  try {
+    kvr_route_signals signals;
+    kvr_route_signals_init(&signals, sizeof signals);
+    kvr_error* err = nullptr;
+    ThrowIfError(
+        kvr_plan_route(router_, input.token_ids.data(), input.token_ids.size(), &input.options,
+                       &input.hints, input.previewed ? &*input.previewed : nullptr, &signals, &err),
+        err);
+    if (commit) {
+      const kvr_status status = kvr_commit_route(router_, id.c_str(), &err);
+      if (status != KVR_OK) kvr_abort_route(router_, id.c_str(), nullptr, nullptr);
+      ThrowIfError(status, err);
+    }
+    json decision = DecisionJson(id, signals, AddressOf(signals.worker_id), false);
+    bookings_.Complete(id, decision, signals.worker_id,
+                       After(commit ? request_expiry_seconds_ : plan_deadline_seconds_));
+    return JsonAnswer(decision);
+  } catch (...) {
+    bookings_.Fail(id);
+    throw;
+  }
+}
+
+HttpResponse Service::Preview(const HttpRequest& request) {
+  RouteInput input = ParseRouteInput(ParseJsonObject(request.body), /*need_request_id=*/false);
+  kvr_route_signals signals;
+  kvr_route_signals_init(&signals, sizeof signals);
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_preview_route(router_, input.token_ids.data(), input.token_ids.size(),
+                                 &input.options, &input.hints, &signals, &err),
+               err);
+  return JsonAnswer(DecisionJson(input.request_id, signals, AddressOf(signals.worker_id), false));
+}
+
+HttpResponse Service::Commit(const std::string& id) {
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_commit_route(router_, id.c_str(), &err), err);
+  bookings_.Extend(id, After(request_expiry_seconds_));
+  return JsonAnswer(RequestIdAnswer(id));
+}
+
+HttpResponse Service::Abort(const std::string& id) {
+  kvr_error* err = nullptr;
+  int freed = 0;
+  ThrowIfError(kvr_abort_route(router_, id.c_str(), &freed, &err), err);
+  bookings_.Drop(id);
+  json answer = RequestIdAnswer(id);
+  answer["freed"] = freed != 0;
+  return JsonAnswer(answer);
+}
+
+HttpResponse Service::PrefillCompleted(const std::string& id) {
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_mark_prefill_completed(router_, id.c_str(), &err), err);
+  return JsonAnswer(RequestIdAnswer(id));
+}
+
+HttpResponse Service::RecordOutput(const std::string& id, const HttpRequest& request) {
+  const json body = ParseJsonObject(request.body);
+  const auto tokens = body.find("tokens");
+  if (tokens == body.end() || !tokens->is_number_unsigned()) {
+    throw ApiError(KVR_INVALID_ARGUMENT, "tokens: required, an unsigned integer");
+  }
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_record_output(router_, id.c_str(), tokens->get<uint64_t>(), &err), err);
+  return JsonAnswer(RequestIdAnswer(id));
+}
+
+// kvr_router_free_request says nothing of what it freed: "freed" is whether the daemon had the
+// id booked (every booking of this router is made through the daemon).
+HttpResponse Service::Free(const std::string& id) {
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_free_request(router_, id.c_str(), &err), err);
+  json answer = RequestIdAnswer(id);
+  answer["freed"] = bookings_.Drop(id);
+  return JsonAnswer(answer);
+}
+
+HttpResponse Service::ListWorkers() {
+  json list = json::array();
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  for (const auto& [id, worker] : workers_) list.push_back(WorkerToJson(worker));
+  return JsonAnswer({{"workers", list}});
+}
+
+HttpResponse Service::GetWorker(const std::string& param) {
+  const uint64_t id = IdFromPath(param, "worker id");
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  const auto it = workers_.find(id);
+  if (it == workers_.end()) throw ApiError(KVR_NOT_FOUND, WorkerNotFound(id));
+  return JsonAnswer(WorkerToJson(it->second));
+}
+
+HttpResponse Service::PutWorker(const std::string& param, const HttpRequest& request) {
+  const uint64_t id = IdFromPath(param, "worker id");
+  json body = ParseJsonObject(request.body);
+  if (!body.contains("worker_id") || body["worker_id"].is_null()) body["worker_id"] = id;
+  const WorkerSpec worker = WorkerFromJson(body);
+  if (worker.worker_id != id) {
+    throw ApiError(KVR_INVALID_ARGUMENT, "worker_id: the body's id differs from the path's");
+  }
+  return JsonAnswer(UpdateWorker(worker));
+}
+
+json Service::AddWorker(const WorkerSpec& worker) {
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  const kvr_worker_config config = RouterWorker(worker);
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_add_worker(router_, &config, &err), err);
+  try {
+    Subscribe(worker);
+  } catch (const ApiError&) {
+    kvr_router_remove_worker(router_, worker.worker_id, nullptr);
+    throw;
+  }
+  workers_[worker.worker_id] = worker;
+  Log(LogLevel::kInfo, "worker added", WorkerToJson(worker));
+  return WorkerToJson(worker);
+}
+
+json Service::UpdateWorker(const WorkerSpec& worker) {
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  const auto it = workers_.find(worker.worker_id);
+  if (it == workers_.end()) throw ApiError(KVR_NOT_FOUND, WorkerNotFound(worker.worker_id));
+  WorkerSpec& current = it->second;
+  // Only what changed is touched: a worker whose ranks stay keeps its requests.
+  if (!SameRouterConfig(current, worker)) {
+    const kvr_worker_config config = RouterWorker(worker);
+    kvr_error* err = nullptr;
+    ThrowIfError(kvr_router_update_worker(router_, &config, &err), err);
+  }
+  if (current.events != worker.events) {
+    if (current.events) Unsubscribe(worker.worker_id);
+    WorkerSpec unsubscribed = worker;  // what holds if the new subscription fails
+    unsubscribed.events.reset();
+    current = unsubscribed;
+    Subscribe(worker);
+  }
+  current = worker;
+  Log(LogLevel::kInfo, "worker updated", WorkerToJson(worker));
+  return WorkerToJson(worker);
+}
+
+void Service::RemoveWorker(uint64_t worker_id) {
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  const auto it = workers_.find(worker_id);
+  if (it == workers_.end()) throw ApiError(KVR_NOT_FOUND, WorkerNotFound(worker_id));
+  // Unsubscribed first, so that no event re-indexes the worker after it is gone.
+  if (it->second.events) Unsubscribe(worker_id);
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_remove_worker(router_, worker_id, &err), err);
+  workers_.erase(it);
+  bookings_.DropWorker(worker_id);
+  Log(LogLevel::kInfo, "worker removed", {{"worker_id", worker_id}});
+}
+
+void Service::Subscribe(const WorkerSpec& worker) {
+  if (!worker.events) return;
+  kvr_engine_worker engine;
+  kvr_engine_worker_init(&engine, sizeof engine);
+  engine.engine = worker.events->engine;
+  engine.endpoint = worker.events->endpoint.c_str();
+  engine.worker_id = worker.worker_id;
+  engine.dp_start = worker.dp_start;
+  engine.dp_size = worker.dp_size;
+  engine.topic = worker.events->topic.empty() ? nullptr : worker.events->topic.c_str();
+  engine.replay_endpoint =
+      worker.events->replay_endpoint.empty() ? nullptr : worker.events->replay_endpoint.c_str();
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_ingest_add_engine_worker(ingest_, &engine, nullptr, &err), err);
+}
+
+void Service::Unsubscribe(uint64_t worker_id) {
+  kvr_error* err = nullptr;
+  const kvr_status status = kvr_ingest_remove_engine_worker(ingest_, worker_id, 1, &err);
+  if (status != KVR_OK) {
+    Log(LogLevel::kWarn, "unsubscribing a worker's events failed",
+        {{"worker_id", worker_id}, {"error", err ? kvr_error_message(err) : ""}});
+  }
+  kvr_error_free(err);
+}
+
+std::string Service::AddressOf(uint64_t worker_id) {
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  const auto it = workers_.find(worker_id);
+  return it == workers_.end() ? std::string() : it->second.address;
+}
+
+HttpResponse Service::GetSnapshot() {
+  kvr_buffer* buffer = nullptr;
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_snapshot(router_, &buffer, &err), err);
+  HttpResponse response;
+  response.content_type = "application/octet-stream";
+  response.body.assign(reinterpret_cast<const char*>(kvr_buffer_data(buffer)),
+                       kvr_buffer_size(buffer));
+  kvr_buffer_free(buffer);
+  return response;
+}
+
+HttpResponse Service::PutSnapshot(const HttpRequest& request) {
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_restore(router_, request.body.data(), request.body.size(), &err), err);
+  Log(LogLevel::kInfo, "snapshot restored", {{"bytes", request.body.size()}});
+  return Digest();
+}
+
+HttpResponse Service::Digest() {
+  uint64_t digest = 0;
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_state_digest(router_, &digest, &err), err);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016" PRIx64, digest);
+  return JsonAnswer({{"digest", hex}});
+}
+
+HttpResponse Service::Metrics() {
+  HttpResponse response;
+  response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  response.body = PrometheusText(router_, kvr_router_metrics_prometheus) +
+                  PrometheusText(ingest_, kvr_ingest_metrics_prometheus) + OwnMetrics();
+  return response;
+}
+
+std::string Service::OwnMetrics() {
+  std::string text =
+      "# HELP kvrouterd_http_requests_total HTTP requests answered, by route pattern and status "
+      "code.\n# TYPE kvrouterd_http_requests_total counter\n";
+  {
+    std::lock_guard<std::mutex> lock(counters_mutex_);
+    for (const auto& [key, count] : http_requests_) {
+      text += "kvrouterd_http_requests_total{path=\"" + key.first + "\",code=\"" +
+              std::to_string(key.second) + "\"} " + std::to_string(count) + "\n";
+    }
+    text +=
+        "# HELP kvrouterd_reloads_total Configuration reloads (SIGHUP), by result.\n"
+        "# TYPE kvrouterd_reloads_total counter\n"
+        "kvrouterd_reloads_total{result=\"ok\"} " +
+        std::to_string(reloads_ok_) + "\n" + "kvrouterd_reloads_total{result=\"error\"} " +
+        std::to_string(reloads_failed_) + "\n";
+  }
+  text +=
+      "# HELP kvrouterd_tracked_requests Booked request ids remembered for idempotent retries.\n"
+      "# TYPE kvrouterd_tracked_requests gauge\nkvrouterd_tracked_requests " +
+      std::to_string(bookings_.size()) + "\n";
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  text +=
+      "# HELP kvrouterd_workers Workers registered.\n# TYPE kvrouterd_workers gauge\n"
+      "kvrouterd_workers " +
+      std::to_string(workers_.size()) + "\n";
+  return text;
+}
+
+HttpResponse Service::Healthz() {
+  size_t workers = 0;
+  {
+    std::lock_guard<std::mutex> lock(workers_mutex_);
+    workers = workers_.size();
+  }
+  if (stopping_) return JsonAnswer({{"status", "stopping"}, {"workers", workers}}, 503);
+  return JsonAnswer({{"status", "ok"}, {"workers", workers}});
+}
+
+void Service::CountAnswer(const std::string& pattern, int status) {
+  std::lock_guard<std::mutex> lock(counters_mutex_);
+  ++http_requests_[{pattern, status}];
+}
+
+void Service::CountReload(bool ok) {
+  std::lock_guard<std::mutex> lock(counters_mutex_);
+  ++(ok ? reloads_ok_ : reloads_failed_);
+}
+
+void Service::CancelWaiting() {
+  for (const std::string& id : bookings_.PendingIds()) {
+    kvr_abort_route(router_, id.c_str(), nullptr, nullptr);
+    Log(LogLevel::kWarn, "cancelled a request still waiting at shutdown", {{"request_id", id}});
+  }
+}
+
+void Service::Reload(const Config& next) {
+  std::map<uint64_t, const WorkerSpec*> before, after;
+  for (const WorkerSpec& w : config_.workers) before[w.worker_id] = &w;
+  for (const WorkerSpec& w : next.workers) after[w.worker_id] = &w;
+  const auto apply = [](const char* what, uint64_t id, auto&& change) {
+    try {
+      change();
+    } catch (const ApiError& e) {
+      Log(LogLevel::kError, std::string("reload: ") + what + " failed",
+          {{"worker_id", id}, {"error", e.what()}});
+    }
+  };
+  for (const auto& [id, worker] : before) {
+    if (!after.count(id)) apply("removing a worker", id, [&] { RemoveWorker(id); });
+  }
+  for (const auto& [id, worker] : after) {
+    const auto old = before.find(id);
+    if (old == before.end()) {
+      apply("adding a worker", id, [&, w = worker] { AddWorker(*w); });
+    } else if (!(*old->second == *worker)) {
+      apply("updating a worker", id, [&, w = worker] { UpdateWorker(*w); });
+    }
+  }
+  if (next.log_level != config_.log_level) {
+    SetLogLevel(next.log_level);
+    Log(LogLevel::kInfo, "log level changed", {{"log_level", LogLevelName(next.log_level)}});
+  }
+  std::vector<std::string> need_restart;
+  const auto differs = [&](const char* name, bool changed) {
+    if (changed) need_restart.push_back(name);
+  };
+  differs("listen",
+          next.listen_host != config_.listen_host || next.listen_port != config_.listen_port);
+  differs("router options", std::memcmp(&next.router, &config_.router, sizeof next.router) != 0 ||
+                                next.plan_deadline_seconds != config_.plan_deadline_seconds);
+  differs("ingest options", std::memcmp(&next.ingest, &config_.ingest, sizeof next.ingest) != 0);
+  differs("listen-events", next.listen_events != config_.listen_events);
+  differs("nats-events", next.nats_events.size() != config_.nats_events.size());
+  differs("replica-sync", next.replica_sync.has_value() != config_.replica_sync.has_value());
+  if (!need_restart.empty()) {
+    Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",
+        {{"settings", need_restart}});
+  }
+  config_ = next;
+  Log(LogLevel::kInfo, "configuration reloaded", {{"workers", next.workers.size()}});
+}
+
+}  // namespace kvrouterd

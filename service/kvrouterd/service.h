@@ -1,0 +1,96 @@
+// The daemon's state behind the API: one router and its ingest (through the public C ABI
+// only), the workers as configured (with their addresses and event subscriptions), the booked
+// request ids, and the daemon's own counters. Every endpoint of docs/kvrouterd.md is one method
+// here; they may run on any thread (routing calls run on the thread pool).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvrouter.h"
+#include "kvrouterd/api_json.h"
+#include "kvrouterd/booking_table.h"
+#include "kvrouterd/http_server.h"
+#include "kvrouterd/options.h"
+
+namespace kvrouterd {
+
+class Service {
+ public:
+  // Creates the router and its ingest, opens the event sources and adds the configured
+  // workers. nullptr with `*error` set if any of it fails.
+  static std::unique_ptr<Service> Create(const Config& config, std::string* error);
+  ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+  // Answers one matched request; never throws (errors become error answers).
+  HttpResponse Handle(const RouteSpec& route, const HttpRequest& request, const std::string& param);
+  // Counts an answer for kvrouterd_http_requests_total; `pattern` is the route's.
+  void CountAnswer(const std::string& pattern, int status);
+
+  // SIGHUP: applies the new config's worker set as a diff against the previous config's,
+  // and its log level; logs what changed and what needs a restart.
+  void Reload(const Config& next);
+  // Counts a reload for kvrouterd_reloads_total (a config that does not parse is a failure).
+  void CountReload(bool ok);
+  // SIGTERM: /healthz answers 503 from now on.
+  void BeginShutdown() { stopping_ = true; }
+  // Cancels the requests still waiting in the admission queue (their callers get 409).
+  void CancelWaiting();
+  // Closes every event source and joins the ingest thread.
+  void StopIngest();
+
+  // The endpoints, as the routes table names them. Public for the unit tests.
+  nlohmann::json AddWorker(const WorkerSpec& worker);
+  nlohmann::json UpdateWorker(const WorkerSpec& worker);
+  void RemoveWorker(uint64_t worker_id);
+
+ private:
+  explicit Service(const Config& config);
+  std::string Open(const Config& config);
+
+  HttpResponse Dispatch(Endpoint endpoint, const HttpRequest& request, const std::string& param);
+  HttpResponse Book(const HttpRequest& request, bool commit);
+  HttpResponse Preview(const HttpRequest& request);
+  HttpResponse Commit(const std::string& id);
+  HttpResponse Abort(const std::string& id);
+  HttpResponse PrefillCompleted(const std::string& id);
+  HttpResponse RecordOutput(const std::string& id, const HttpRequest& request);
+  HttpResponse Free(const std::string& id);
+  HttpResponse ListWorkers();
+  HttpResponse GetWorker(const std::string& param);
+  HttpResponse PutWorker(const std::string& param, const HttpRequest& request);
+  HttpResponse GetSnapshot();
+  HttpResponse PutSnapshot(const HttpRequest& request);
+  HttpResponse Digest();
+  HttpResponse Metrics();
+  HttpResponse Healthz();
+
+  std::string AddressOf(uint64_t worker_id);
+  void Subscribe(const WorkerSpec& worker);
+  void Unsubscribe(uint64_t worker_id);
+  std::string OwnMetrics();
+
+  kvr_router* router_ = nullptr;
+  kvr_ingest* ingest_ = nullptr;
+  double request_expiry_seconds_;
+  double plan_deadline_seconds_;
+  BookingTable bookings_;
+  std::atomic<bool> stopping_{false};
+
+  std::mutex workers_mutex_;  // held across a worker change's library calls: one at a time
+  std::map<uint64_t, WorkerSpec> workers_;
+  Config config_;  // the last config applied (Reload diffs against its workers)
+
+  std::mutex counters_mutex_;
+  std::map<std::pair<std::string, int>, uint64_t> http_requests_;
+  uint64_t reloads_ok_ = 0;
+  uint64_t reloads_failed_ = 0;
+};
+
+}  // namespace kvrouterd
