@@ -1,0 +1,271 @@
+// The HTTP/JSON mapping of docs/kvrouterd.md: bodies to the C ABI's structs, decisions and
+// workers to JSON, statuses to HTTP, paths to routes; and the booking table's idempotence and
+// bounds.
+#include "kvrouterd/api_json.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "kvrouterd/booking_table.h"
+
+namespace kvrouterd {
+namespace {
+
+using nlohmann::json;
+
+// The ApiError a call throws, as (status, message).
+template <typename F>
+std::pair<kvr_status, std::string> ErrorOf(F&& call) {
+  try {
+    call();
+  } catch (const ApiError& e) {
+    return {e.status(), e.what()};
+  }
+  return {KVR_OK, ""};
+}
+
+TEST(ApiJsonTest, StatusTable) {
+  EXPECT_EQ(HttpStatusFor(KVR_INVALID_ARGUMENT), 400);
+  EXPECT_EQ(HttpStatusFor(KVR_BUFFER_TOO_SMALL), 400);
+  EXPECT_EQ(HttpStatusFor(KVR_NOT_FOUND), 404);
+  EXPECT_EQ(HttpStatusFor(KVR_ALREADY_EXISTS), 409);
+  EXPECT_EQ(HttpStatusFor(KVR_FAILED_PRECONDITION), 409);
+  EXPECT_EQ(HttpStatusFor(KVR_CANCELLED), 409);
+  EXPECT_EQ(HttpStatusFor(KVR_RESOURCE_EXHAUSTED), 429);
+  EXPECT_EQ(HttpStatusFor(KVR_UNAVAILABLE), 503);
+  EXPECT_EQ(HttpStatusFor(KVR_DEADLINE_EXCEEDED), 504);
+  EXPECT_EQ(HttpStatusFor(KVR_INTERNAL), 500);
+  EXPECT_EQ(HttpStatusFor(KVR_UNIMPLEMENTED), 500);
+}
+
+TEST(ApiJsonTest, ErrorBodyNamesTheStatus) {
+  const HttpResponse response = ErrorAnswer(ApiError(KVR_ALREADY_EXISTS, "worker 1 exists"));
+  EXPECT_EQ(response.status, 409);
+  EXPECT_EQ(response.content_type, "application/json");
+  EXPECT_EQ(
+      json::parse(response.body),
+      json::parse(R"({"error": {"status": "ALREADY_EXISTS", "message": "worker 1 exists"}})"));
+}
+
+TEST(ApiJsonTest, LibraryErrorsKeepTheirMessage) {
+  kvr_router* router = nullptr;
+  ASSERT_EQ(kvr_router_new(nullptr, &router, nullptr), KVR_OK);
+  kvr_error* err = nullptr;
+  const kvr_status status = kvr_router_remove_worker(router, 42, &err);
+  const std::string message = kvr_error_message(err);
+  const auto [thrown, text] = ErrorOf([&] { ThrowIfError(status, err); });
+  EXPECT_EQ(thrown, KVR_NOT_FOUND);
+  EXPECT_EQ(text, message);
+  kvr_router_free(router);
+}
+
+TEST(ApiJsonTest, RouteBodyToOptions) {
+  const json body = json::parse(R"({
+    "request_id": "req-1", "token_ids": [1, 2, 3], "lora_name": "a", "cache_namespace": "t",
+    "allowed_worker_ids": [1, "2"], "expected_output_tokens": 256, "priority_jump": 1.5,
+    "queue_timeout_ms": 2000,
+    "overrides": {"temperature": 0.5, "assume_kv_reuse": false, "cost_function": "predicted_ttft",
+                  "ttft_miss_weight": 2},
+    "hints": {"worker_id": 3, "dp_rank": 1, "session_id": "s", "session_mode": "soft",
+              "session_ttl_seconds": 60, "phase": "decode"},
+    "previewed": {"worker_id": 3, "dp_rank": 1}})");
+  RouteInput input = ParseRouteInput(body, true);
+  const RouteInput copy = input;  // the structs point into the object they are bound to
+  EXPECT_STREQ(input.options.request_id, "req-1");
+  EXPECT_EQ(input.token_ids, (std::vector<uint32_t>{1, 2, 3}));
+  EXPECT_STREQ(input.options.lora_name, "a");
+  EXPECT_STREQ(input.options.cache_namespace, "t");
+  ASSERT_EQ(input.options.num_allowed_worker_ids, 2u);
+  EXPECT_EQ(input.options.allowed_worker_ids[1], 2u);
+  EXPECT_EQ(input.options.expected_output_tokens, 256u);
+  EXPECT_EQ(input.options.priority_jump, 1.5);
+  EXPECT_EQ(input.options.queue_timeout_ms, 2000);
+  EXPECT_EQ(input.options.temperature, 0.5);
+  EXPECT_EQ(input.options.assume_kv_reuse, 0);
+  EXPECT_EQ(input.options.track_prefill_tokens, -1);  // not given: the router's
+  EXPECT_TRUE(std::isnan(input.options.overlap_score_credit));
+  EXPECT_EQ(input.options.cost_function, static_cast<int32_t>(KVR_COST_PREDICTED_TTFT));
+  EXPECT_EQ(input.options.ttft_miss_weight, 2.0);
+  EXPECT_EQ(input.hints.worker_id, 3u);
+  EXPECT_EQ(input.hints.dp_rank, 1);
+  EXPECT_STREQ(input.hints.session_id, "s");
+  EXPECT_EQ(input.hints.session_mode, static_cast<uint32_t>(KVR_SESSION_SOFT));
+  EXPECT_EQ(input.hints.session_ttl_seconds, 60.0);
+  EXPECT_EQ(input.hints.phase, static_cast<uint32_t>(KVR_PHASE_DECODE));
+  ASSERT_TRUE(input.previewed.has_value());
+  EXPECT_EQ(input.previewed->worker_id, 3u);
+  EXPECT_EQ(input.previewed->dp_rank, 1u);
+}
+
+TEST(ApiJsonTest, RouteBodyDefaults) {
+  const RouteInput input = ParseRouteInput(json::parse(R"({"token_ids": []})"), false);
+  EXPECT_EQ(input.options.request_id, nullptr);
+  EXPECT_EQ(input.options.queue_timeout_ms, -1);
+  EXPECT_EQ(input.hints.worker_id, KVR_WORKER_NONE);
+  EXPECT_EQ(input.hints.session_id, nullptr);
+  EXPECT_FALSE(input.previewed.has_value());
+}
+
+TEST(ApiJsonTest, BadBodiesNameTheField) {
+  const auto error = [](const char* text, bool need_id = true) {
+    return ErrorOf([&] { ParseRouteInput(ParseJsonObject(text), need_id); });
+  };
+  EXPECT_EQ(error("{").first, KVR_INVALID_ARGUMENT);
+  EXPECT_EQ(error("{").second, "the body is not JSON");
+  EXPECT_EQ(error("[1]").second, "the body must be a JSON object");
+  EXPECT_EQ(error(R"({"token_ids": [1]})").second, "request_id: required");
+  EXPECT_EQ(error(R"({"token_ids": [1]})", false).first, KVR_OK);
+  EXPECT_EQ(error(R"({"request_id": "r"})").second, "token_ids: required");
+  EXPECT_EQ(error(R"({"request_id": "r", "token_ids": [1, -2]})").second,
+            "token_ids[1]: expected an unsigned integer");
+  EXPECT_EQ(error(R"({"request_id": "r", "token_ids": [4294967296]})").second,
+            "token_ids[0]: 4294967296 is out of range");
+  EXPECT_EQ(error(R"({"request_id": 5, "token_ids": []})").second, "request_id: expected a string");
+  EXPECT_EQ(
+      error(R"({"request_id": "r", "token_ids": [], "overrides": {"temperature": "hot"}})").second,
+      "overrides.temperature: expected a number");
+  EXPECT_EQ(
+      error(R"({"request_id": "r", "token_ids": [], "hints": {"session_mode": "loose"}})").second,
+      "hints.session_mode: expected \"hard\" or \"soft\"");
+  EXPECT_EQ(
+      error(R"({"request_id": "r", "token_ids": [], "allowed_worker_ids": [9007199254740993]})")
+          .second,
+      "allowed_worker_ids[0]: 9007199254740993 is out of range");
+  EXPECT_EQ(
+      error(
+          R"({"request_id": "r", "token_ids": [], "allowed_worker_ids": ["18446744073709551615"]})")
+          .first,
+      KVR_OK);  // as a string, any 64-bit id
+}
+
+TEST(ApiJsonTest, Decision) {
+  kvr_route_signals signals;
+  kvr_route_signals_init(&signals, sizeof signals);
+  signals.worker_id = 2;
+  signals.dp_rank = 1;
+  signals.prompt_tokens = 48;
+  signals.prompt_blocks = 3;
+  signals.overlap_blocks = 2;
+  signals.cached_tokens = 32;
+  signals.cost = 1.5;
+  signals.booked = 1;
+  EXPECT_EQ(DecisionJson("r", signals, "h:1", true), json::parse(R"({
+    "request_id": "r", "worker_id": 2, "dp_rank": 1, "address": "h:1", "prompt_tokens": 48,
+    "prompt_blocks": 3, "overlap_blocks": 2, "cached_tokens": 32, "cost": 1.5, "booked": true,
+    "queued": false, "moved": false, "replayed": true})"));
+  EXPECT_TRUE(DecisionJson("", signals, "", false)["address"].is_null());
+}
+
+TEST(ApiJsonTest, WorkerRoundTrip) {
+  const json body = json::parse(R"({"worker_id": "7", "address": "h:1", "dp_start": 2,
+    "dp_size": 4, "total_kv_blocks": 9, "max_num_batched_tokens": 8,
+    "events": {"engine": "sglang", "endpoint": "tcp://h:5557", "topic": "t"}})");
+  const WorkerSpec worker = WorkerFromJson(body);
+  EXPECT_EQ(worker.worker_id, 7u);
+  ASSERT_TRUE(worker.events.has_value());
+  EXPECT_EQ(worker.events->engine, static_cast<kvr_engine>(KVR_ENGINE_SGLANG));
+  const json out = WorkerToJson(worker);
+  EXPECT_EQ(out["worker_id"], 7);
+  EXPECT_EQ(out["events"]["endpoint"], "tcp://h:5557");
+  EXPECT_TRUE(out["events"]["replay_endpoint"].is_null());
+  EXPECT_EQ(WorkerFromJson(out), worker);
+  EXPECT_EQ(ErrorOf([] { WorkerFromJson(json::object()); }).second, "worker_id: required");
+  EXPECT_EQ(
+      ErrorOf([] { WorkerFromJson(json::parse(R"({"worker_id": 1, "events": {}})")); }).second,
+      "events.endpoint: required");
+}
+
+TEST(ApiJsonTest, Routes) {
+  RouteMatch match = MatchRoute("POST", "/v1/requests/a%2Fb%20c/commit");
+  ASSERT_NE(match.route, nullptr);
+  EXPECT_EQ(match.route->endpoint, Endpoint::kCommit);
+  EXPECT_EQ(match.param, "a/b c");
+  EXPECT_STREQ(match.route->pattern, "/v1/requests/{id}/commit");
+
+  match = MatchRoute("DELETE", "/v1/requests/r1");
+  ASSERT_NE(match.route, nullptr);
+  EXPECT_EQ(match.route->endpoint, Endpoint::kFree);
+
+  match = MatchRoute("PATCH", "/v1/workers/3");
+  EXPECT_EQ(match.route, nullptr);
+  EXPECT_EQ(match.miss_status, 405);
+  EXPECT_EQ(match.allow, "GET, PUT, DELETE");
+
+  match = MatchRoute("GET", "/v1/nothing");
+  EXPECT_EQ(match.route, nullptr);
+  EXPECT_EQ(match.miss_status, 404);
+  EXPECT_EQ(MatchRoute("GET", "/v1/workers/").route, nullptr);  // an empty id is no id
+
+  EXPECT_TRUE(MatchRoute("POST", "/v1/route").route->off_loop);
+  EXPECT_TRUE(MatchRoute("POST", "/v1/plan").route->off_loop);
+  EXPECT_FALSE(MatchRoute("GET", "/healthz").route->off_loop);
+  EXPECT_EQ(ErrorOf([] { MatchRoute("DELETE", "/v1/requests/bad%zz"); }).second,
+            "bad percent-encoding in the path");
+}
+
+TEST(ApiJsonTest, PathIds) {
+  EXPECT_EQ(IdFromPath("18446744073709551615", "id"), UINT64_MAX);
+  EXPECT_EQ(ErrorOf([] { IdFromPath("12x", "worker id"); }).second,
+            "worker id: expected a decimal 64-bit id, got '12x'");
+}
+
+TEST(BookingTableTest, ReplaysUntilDropped) {
+  BookingTable table(10);
+  const auto now = BookingTable::Clock::now();
+  EXPECT_FALSE(table.Claim("a", now).has_value());
+  table.Complete("a", json{{"worker_id", 2}}, 2, now + std::chrono::seconds(60));
+  const auto replay = table.Claim("a", now);
+  ASSERT_TRUE(replay.has_value());
+  EXPECT_EQ((*replay)["worker_id"], 2);
+  EXPECT_TRUE(table.Drop("a"));
+  EXPECT_FALSE(table.Drop("a"));
+  EXPECT_FALSE(table.Claim("a", now).has_value());  // free again
+  table.Fail("a");
+  EXPECT_EQ(table.size(), 0u);
+}
+
+TEST(BookingTableTest, AgesOutAndStaysBounded) {
+  BookingTable table(3);
+  const auto now = BookingTable::Clock::now();
+  for (int i = 0; i < 10; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    ASSERT_FALSE(table.Claim(id, now).has_value());
+    table.Complete(id, json::object(), 1, now + std::chrono::seconds(60));
+    EXPECT_LE(table.size(), 3u);
+  }
+  EXPECT_TRUE(table.Claim("r9", now).has_value());  // the newest are kept
+  // Past its expiry an entry is gone: the router dropped its request by then.
+  const auto later = now + std::chrono::seconds(61);
+  EXPECT_FALSE(table.Claim("r9", later).has_value());
+}
+
+TEST(BookingTableTest, DropWorkerForgetsItsRequests) {
+  BookingTable table(10);
+  const auto now = BookingTable::Clock::now();
+  table.Claim("a", now);
+  table.Complete("a", json::object(), 1, now + std::chrono::seconds(60));
+  table.Claim("b", now);
+  table.Complete("b", json::object(), 2, now + std::chrono::seconds(60));
+  table.DropWorker(1);
+  EXPECT_FALSE(table.Claim("a", now).has_value());
+  EXPECT_TRUE(table.Claim("b", now).has_value());
+}
+
+// A retry that arrives while the first attempt is still booking waits for its answer.
+TEST(BookingTableTest, ConcurrentClaimWaitsForTheFirst) {
+  BookingTable table(10);
+  const auto now = BookingTable::Clock::now();
+  ASSERT_FALSE(table.Claim("a", now).has_value());
+  EXPECT_EQ(table.PendingIds(), std::vector<std::string>{"a"});
+  std::optional<json> second;
+  std::thread retry([&] { second = table.Claim("a", now); });
+  table.Complete("a", json{{"worker_id", 5}}, 5, now + std::chrono::seconds(60));
+  retry.join();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ((*second)["worker_id"], 5);
+}
+
+}  // namespace
+}  // namespace kvrouterd

@@ -1,0 +1,374 @@
+// kvrouterd end to end: the real binary as a child process on 127.0.0.1 (port 0, told through
+// its port file), workers added over HTTP and from its config file, KV events published to its
+// event listener with kvr_publisher_*, requests routed through a plain-socket HTTP client.
+// Everything that waits polls with a deadline.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "e2e_support.h"
+#include "kvrouter.h"
+#include "nats_server.h"  // FreePort (tests/ingest)
+
+namespace {
+
+using kvrouter::FreePort;
+using kvrouterd_test::DaemonProcess;
+using kvrouterd_test::Http;
+using kvrouterd_test::HttpAnswer;
+using kvrouterd_test::WaitFor;
+using nlohmann::json;
+
+constexpr uint32_t kBlockSize = 16;
+
+// A prompt of 48 tokens (3 blocks); worker 2's engine caches its first two blocks.
+std::vector<uint32_t> Prompt() {
+  std::vector<uint32_t> tokens;
+  for (uint32_t i = 0; i < 3 * kBlockSize; ++i) tokens.push_back(1000 + i);
+  return tokens;
+}
+
+std::string RouteBody(const std::string& id, const json& extra = json::object()) {
+  json body = {{"request_id", id}, {"token_ids", Prompt()}};
+  body.update(extra);
+  return body.dump();
+}
+
+json Body(const HttpAnswer& answer) { return json::parse(answer.body, nullptr, false); }
+
+class KvrouterdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/kvrouterd-e2e-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    events_port_ = FreePort();
+    ASSERT_GT(events_port_, 0);
+    WriteConfig({"id=1,address=10.0.0.1:8000", "id=2,address=10.0.0.2:8000"});
+  }
+
+  void TearDown() override {
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::string ConfigPath() const { return dir_ + "/kvrouterd.conf"; }
+  std::string PortFile() const { return dir_ + "/port"; }
+
+  void WriteConfig(const std::vector<std::string>& workers, const std::string& extra = "") {
+    std::string text =
+        "# written by kvrouterd_e2e_test\n"
+        "listen = 127.0.0.1:0\n"
+        "port-file = " +
+        PortFile() +
+        "\n"
+        "listen-events = tcp://127.0.0.1:" +
+        std::to_string(events_port_) +
+        "\n"
+        "block-size = 16\n"
+        "max-body-bytes = 65536\n"
+        "log-level = debug\n" +
+        extra;
+    for (const std::string& worker : workers) text += "worker = " + worker + "\n";
+    const std::string temporary = ConfigPath() + ".tmp";
+    { std::ofstream(temporary) << text; }
+    std::filesystem::rename(temporary, ConfigPath());
+  }
+
+  // Starts the daemon on the config and waits for its port file.
+  void Start() {
+    std::filesystem::remove(PortFile());
+    daemon_ = std::make_unique<DaemonProcess>(KVRD_BINARY,
+                                              std::vector<std::string>{"--config", ConfigPath()});
+    ASSERT_GT(daemon_->pid(), 0);
+    ASSERT_TRUE(WaitFor([&] { return !kvrouterd_test::ReadFile(PortFile()).empty(); }))
+        << "kvrouterd wrote no port file";
+    port_ = std::stoi(kvrouterd_test::ReadFile(PortFile()));
+  }
+
+  // SIGTERM: it must exit 0.
+  void Stop() {
+    daemon_->Signal(SIGTERM);
+    EXPECT_EQ(daemon_->WaitExit(), std::optional<int>(0));
+    daemon_.reset();
+  }
+
+  HttpAnswer Get(const std::string& path) { return Http(port_, "GET", path); }
+  HttpAnswer Post(const std::string& path, const std::string& body) {
+    return Http(port_, "POST", path, body);
+  }
+
+  // Worker 2's engine reports the prompt's first two blocks cached, over the native stream.
+  void PublishCachedPrefix() {
+    kvr_publisher* publisher = nullptr;
+    const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(events_port_);
+    ASSERT_TRUE(WaitFor(
+        [&] { return kvr_publisher_connect(endpoint.c_str(), &publisher, nullptr) == KVR_OK; }));
+    const std::vector<uint32_t> prompt = Prompt();
+    const uint64_t engine_hashes[2] = {0xA1, 0xA2};
+    kvr_stored_event stored;
+    kvr_stored_event_init(&stored, sizeof stored);
+    stored.worker_id = 2;
+    stored.block_hashes = engine_hashes;
+    stored.num_blocks = 2;
+    stored.token_ids = prompt.data();
+    stored.num_tokens = 2 * kBlockSize;
+    kvr_event_batch* batch = nullptr;
+    ASSERT_EQ(kvr_event_batch_new(&batch, nullptr), KVR_OK);
+    ASSERT_EQ(kvr_event_batch_add_stored(batch, &stored, nullptr), KVR_OK);
+    EXPECT_EQ(kvr_publisher_send(publisher, batch, nullptr), KVR_OK);
+    kvr_event_batch_free(batch);
+    kvr_publisher_free(publisher);
+  }
+
+  // Waits until a preview sees worker 2's cached blocks.
+  bool PreviewSeesCachedPrefix() {
+    return WaitFor([&] {
+      const json decision = Body(Post("/v1/preview", RouteBody("")));
+      return decision.is_object() && decision.value("worker_id", 0) == 2 &&
+             decision.value("overlap_blocks", 0) == 2;
+    });
+  }
+
+  std::string Digest() { return Body(Get("/v1/digest")).value("digest", ""); }
+
+  std::string dir_;
+  int events_port_ = 0;
+  int port_ = 0;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(KvrouterdTest, CachedPrefixWins) {
+  Start();
+  PublishCachedPrefix();
+  ASSERT_TRUE(PreviewSeesCachedPrefix());
+  const HttpAnswer answer = Post("/v1/route", RouteBody("req-1"));
+  ASSERT_EQ(answer.status, 200) << answer.body;
+  const json decision = Body(answer);
+  EXPECT_EQ(decision["request_id"], "req-1");
+  EXPECT_EQ(decision["worker_id"], 2);
+  EXPECT_EQ(decision["address"], "10.0.0.2:8000");
+  EXPECT_EQ(decision["prompt_tokens"], 48);
+  EXPECT_EQ(decision["prompt_blocks"], 3);
+  EXPECT_EQ(decision["overlap_blocks"], 2);
+  EXPECT_EQ(decision["cached_tokens"], 32);
+  EXPECT_EQ(decision["booked"], true);
+  EXPECT_EQ(decision["replayed"], false);
+  EXPECT_EQ(Body(Post("/v1/requests/req-1/prefill_completed", "")),
+            json::parse(R"({"request_id": "req-1"})"));
+  EXPECT_EQ(Body(Http(port_, "DELETE", "/v1/requests/req-1")),
+            json::parse(R"({"request_id": "req-1", "freed": true})"));
+  Stop();
+}
+
+TEST_F(KvrouterdTest, RouteAndPlanAreIdempotentByRequestId) {
+  Start();
+  const json first = Body(Post("/v1/route", RouteBody("r")));
+  ASSERT_TRUE(first.contains("worker_id")) << first;
+  const std::string booked = Digest();
+  // The same id again, whatever the body: the first decision, booked once.
+  const json again = Body(Post("/v1/route", RouteBody("r", {{"token_ids", {1, 2, 3}}})));
+  EXPECT_EQ(again["worker_id"], first["worker_id"]);
+  EXPECT_EQ(again["prompt_tokens"], first["prompt_tokens"]);
+  EXPECT_EQ(again["replayed"], true);
+  EXPECT_EQ(Digest(), booked) << "a replay changed the router's state";
+  EXPECT_EQ(Body(Http(port_, "DELETE", "/v1/requests/r"))["freed"], true);
+  EXPECT_EQ(Body(Http(port_, "DELETE", "/v1/requests/r"))["freed"], false);
+  EXPECT_EQ(Body(Post("/v1/route", RouteBody("r")))["replayed"], false);  // free to reuse
+
+  // plan, then commit and abort, each safe to repeat; an id with a percent-escape.
+  const json plan = Body(Post("/v1/plan", RouteBody("p 1")));
+  EXPECT_EQ(plan["booked"], true);
+  EXPECT_EQ(Body(Post("/v1/plan", RouteBody("p 1")))["replayed"], true);
+  EXPECT_EQ(Post("/v1/requests/p%201/commit", "").status, 200);
+  EXPECT_EQ(Post("/v1/requests/p%201/commit", "").status, 200);
+  EXPECT_EQ(Body(Post("/v1/requests/p%201/abort", "")),
+            json::parse(R"({"request_id": "p 1", "freed": true})"));
+  EXPECT_EQ(Body(Post("/v1/requests/p%201/abort", ""))["freed"], false);
+  const HttpAnswer unknown = Post("/v1/requests/never/commit", "");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(Body(unknown)["error"]["status"], "NOT_FOUND");
+  Stop();
+}
+
+TEST_F(KvrouterdTest, ErrorsFollowTheContract) {
+  Start();
+  const auto expect_error = [&](const HttpAnswer& answer, int status, const std::string& name) {
+    EXPECT_EQ(answer.status, status) << answer.head << answer.body;
+    const json body = Body(answer);
+    EXPECT_EQ(body["error"]["status"], name) << answer.body;
+    EXPECT_TRUE(body["error"]["message"].is_string()) << answer.body;
+    return body["error"].value("message", "");
+  };
+  expect_error(Post("/v1/route", "{not json"), 400, "INVALID_ARGUMENT");
+  EXPECT_EQ(expect_error(Post("/v1/route", R"({"request_id": "x"})"), 400, "INVALID_ARGUMENT"),
+            "token_ids: required");
+  expect_error(Get("/v1/workers/99"), 404, "NOT_FOUND");
+  expect_error(Http(port_, "DELETE", "/v1/workers/99"), 404, "NOT_FOUND");
+  expect_error(Post("/v1/workers", R"({"worker_id": 1})"), 409, "ALREADY_EXISTS");
+  expect_error(Post("/v1/preview", RouteBody("", {{"hints", {{"worker_id", 99}}}})), 404,
+               "NOT_FOUND");
+  const HttpAnswer wrong_method = Get("/v1/route");
+  expect_error(wrong_method, 405, "INVALID_ARGUMENT");
+  EXPECT_NE(wrong_method.head.find("Allow: POST"), std::string::npos);
+  expect_error(Get("/v1/nowhere"), 404, "NOT_FOUND");
+  expect_error(Post("/v1/route", std::string(70000, ' ')), 413, "INVALID_ARGUMENT");
+
+  // A chunked body is refused (411), and the connection closed.
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  kvrouterd_test::SendAll(fd,
+                          "POST /v1/route HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          "2\r\n{}\r\n0\r\n\r\n");
+  const auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
+  close(fd);
+  ASSERT_EQ(answers.size(), 1u);
+  expect_error(answers[0], 411, "INVALID_ARGUMENT");
+  EXPECT_EQ(Get("/healthz").status, 200);  // still serving
+  Stop();
+}
+
+TEST_F(KvrouterdTest, WorkersOverHttp) {
+  Start();
+  const std::string events = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  const json worker = {{"worker_id", 3},
+                       {"address", "10.0.0.3:8000"},
+                       {"total_kv_blocks", 1000},
+                       {"events", {{"engine", "vllm"}, {"endpoint", events}}}};
+  const HttpAnswer added = Post("/v1/workers", worker.dump());
+  ASSERT_EQ(added.status, 201) << added.body;
+  EXPECT_EQ(Body(added)["events"]["endpoint"], events);
+  EXPECT_EQ(Body(Get("/v1/workers"))["workers"].size(), 3u);
+  EXPECT_EQ(Body(Get("/v1/workers/3"))["total_kv_blocks"], 1000);
+
+  const HttpAnswer updated =
+      Http(port_, "PUT", "/v1/workers/3", R"({"address": "10.0.0.33:8000", "dp_size": 2})");
+  ASSERT_EQ(updated.status, 200) << updated.body;
+  const json now = Body(Get("/v1/workers/3"));
+  EXPECT_EQ(now["address"], "10.0.0.33:8000");
+  EXPECT_EQ(now["dp_size"], 2);
+  EXPECT_TRUE(now["events"].is_null());  // PUT takes the whole worker
+  EXPECT_EQ(Http(port_, "PUT", "/v1/workers/4", R"({"worker_id": 4})").status, 404);
+
+  EXPECT_EQ(Body(Http(port_, "DELETE", "/v1/workers/3")), json::parse(R"({"worker_id": 3})"));
+  EXPECT_EQ(Get("/v1/workers/3").status, 404);
+  EXPECT_EQ(Body(Get("/healthz")), json::parse(R"({"status": "ok", "workers": 2})"));
+  Stop();
+}
+
+TEST_F(KvrouterdTest, MetricsAndHealth) {
+  Start();
+  EXPECT_EQ(Body(Get("/healthz")), json::parse(R"({"status": "ok", "workers": 2})"));
+  ASSERT_EQ(Post("/v1/route", RouteBody("m")).status, 200);
+  const HttpAnswer metrics = Get("/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.head.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
+  for (const char* expected :
+       {"kvrouterd_http_requests_total{path=\"/v1/route\",code=\"200\"} 1\n",
+        "kvrouterd_http_requests_total{path=\"/healthz\",code=\"200\"} 1\n", "kvrouter_",
+        "kvrouter_ingest_", "kvrouterd_workers 2\n", "kvrouterd_tracked_requests 1\n"}) {
+    EXPECT_NE(metrics.body.find(expected), std::string::npos) << expected;
+  }
+  Stop();
+}
+
+// Keep-alive and pipelining: three requests in one write, answered in order on one connection,
+// the routing one (off the loop) in the middle.
+TEST_F(KvrouterdTest, PipelinedRequestsAreAnsweredInOrder) {
+  Start();
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      fd, kvrouterd_test::RequestText("GET", "/healthz", "") +
+              kvrouterd_test::RequestText("POST", "/v1/route", RouteBody("pipelined")) +
+              kvrouterd_test::RequestText("GET", "/v1/workers/1", "", "Connection: close\r\n")));
+  const auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
+  close(fd);
+  ASSERT_EQ(answers.size(), 3u);
+  EXPECT_EQ(Body(answers[0])["status"], "ok");
+  EXPECT_EQ(Body(answers[1])["request_id"], "pipelined");
+  EXPECT_EQ(Body(answers[2])["worker_id"], 1);
+  Stop();
+}
+
+TEST_F(KvrouterdTest, ReloadAppliesTheConfigsWorkerChanges) {
+  Start();
+  ASSERT_EQ(Post("/v1/route", RouteBody("on-1", {{"allowed_worker_ids", {1}}})).status, 200);
+  ASSERT_EQ(Post("/v1/route", RouteBody("on-2", {{"allowed_worker_ids", {2}}})).status, 200);
+  // Worker 1 moves (same ranks: its requests stay), 2 goes, 3 comes.
+  WriteConfig({"id=1,address=10.0.0.11:8000", "id=3,address=10.0.0.3:8000"});
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitFor([&] { return Get("/v1/workers/3").status == 200; }));
+  EXPECT_EQ(Get("/v1/workers/2").status, 404);
+  EXPECT_EQ(Body(Get("/v1/workers/1"))["address"], "10.0.0.11:8000");
+  EXPECT_EQ(Body(Post("/v1/route", RouteBody("on-1")))["replayed"], true);  // still booked
+  const json moved = Body(Post("/v1/route", RouteBody("on-2")));
+  EXPECT_EQ(moved["replayed"], false);  // its worker is gone, and its booking with it
+  EXPECT_NE(Get("/metrics").body.find("kvrouterd_reloads_total{result=\"ok\"} 1\n"),
+            std::string::npos);
+
+  // A config that does not parse changes nothing.
+  WriteConfig({"id=1,address=10.0.0.11:8000", "oops"});
+  daemon_->Signal(SIGHUP);
+  EXPECT_TRUE(WaitFor([&] {
+    return Get("/metrics").body.find("kvrouterd_reloads_total{result=\"error\"} 1\n") !=
+           std::string::npos;
+  }));
+  EXPECT_EQ(Get("/v1/workers/3").status, 200);
+  Stop();
+}
+
+TEST_F(KvrouterdTest, SigtermStopsGracefully) {
+  Start();
+  ASSERT_EQ(Post("/v1/route", RouteBody("t")).status, 200);
+  daemon_->Signal(SIGTERM);
+  EXPECT_EQ(daemon_->WaitExit(), std::optional<int>(0));
+  EXPECT_EQ(Get("/healthz").status, 0);  // no longer listening
+}
+
+// The index survives a restart through the snapshot endpoints.
+TEST_F(KvrouterdTest, RestartRestoresTheSnapshot) {
+  Start();
+  PublishCachedPrefix();
+  ASSERT_TRUE(PreviewSeesCachedPrefix());
+  const HttpAnswer snapshot = Get("/v1/snapshot");
+  ASSERT_EQ(snapshot.status, 200);
+  EXPECT_NE(snapshot.head.find("Content-Type: application/octet-stream"), std::string::npos);
+  ASSERT_FALSE(snapshot.body.empty());
+  Stop();
+
+  Start();
+  EXPECT_EQ(Body(Post("/v1/preview", RouteBody("")))["overlap_blocks"], 0);
+  const HttpAnswer restored = Http(port_, "PUT", "/v1/snapshot", snapshot.body);
+  ASSERT_EQ(restored.status, 200) << restored.body;
+  EXPECT_EQ(Body(restored)["digest"].get<std::string>().size(), 16u);
+  const json decision = Body(Post("/v1/preview", RouteBody("")));
+  EXPECT_EQ(decision["worker_id"], 2);
+  EXPECT_EQ(decision["overlap_blocks"], 2);
+  const int refused = Http(port_, "PUT", "/v1/snapshot", "garbage").status;
+  EXPECT_TRUE(refused == 400 || refused == 409) << refused;  // not a snapshot; index not empty
+  Stop();
+}
+
+// The command line: --help and --version exit 0; bad settings exit non-zero with a message.
+TEST(KvrouterdCommandLineTest, ExitCodes) {
+  const auto run = [](const std::vector<std::string>& args) {
+    DaemonProcess process(KVRD_BINARY, args);
+    return process.WaitExit();
+  };
+  EXPECT_EQ(run({"--help"}), std::optional<int>(0));
+  EXPECT_EQ(run({"--version"}), std::optional<int>(0));
+  EXPECT_EQ(run({"--block-size", "sixteen"}), std::optional<int>(2));
+  EXPECT_EQ(run({"--no-such-option"}), std::optional<int>(2));
+  // Refused by the library: a block size of 0, a worker twice.
+  EXPECT_EQ(run({"--listen=127.0.0.1:0", "--block-size=0"}), std::optional<int>(1));
+  EXPECT_EQ(run({"--listen=127.0.0.1:0", "--worker=id=1", "--worker=id=1"}), std::optional<int>(1));
+}
+
+}  // namespace

@@ -1,0 +1,202 @@
+// The option table: command line and config file parsing, their precedence, --help's
+// completeness, and the example config (service/kvrouterd/kvrouterd.conf.example).
+#include "kvrouterd/options.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace kvrouterd {
+namespace {
+
+std::string WriteTempFile(const std::string& text) {
+  char path[] = "/tmp/kvrouterd-options-XXXXXX";
+  const int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(OptionsTest, DefaultsAreTheLibrarys) {
+  Config config;
+  kvr_router_options defaults;
+  kvr_router_options_init(&defaults, sizeof defaults);
+  EXPECT_EQ(config.router.block_size, defaults.block_size);
+  EXPECT_EQ(config.router.request_expiry_seconds, defaults.request_expiry_seconds);
+  EXPECT_EQ(config.listen_host, "127.0.0.1");
+  EXPECT_EQ(config.listen_port, 8080);
+}
+
+TEST(OptionsTest, FlagsTakeTheirValueEitherWay) {
+  Config config;
+  ASSERT_EQ(ParseCommandLine({"--listen", "0.0.0.0:0", "--block-size=32", "--temperature", "0.5",
+                              "--queue-policy=wspt", "--cost-function=predicted_ttft",
+                              "--approximate=true", "--track-output-blocks", "yes"},
+                             &config),
+            "");
+  EXPECT_EQ(config.listen_host, "0.0.0.0");
+  EXPECT_EQ(config.listen_port, 0);
+  EXPECT_EQ(config.router.block_size, 32u);
+  EXPECT_EQ(config.router.temperature, 0.5);
+  EXPECT_EQ(config.router.queue_policy, static_cast<uint32_t>(KVR_QUEUE_WSPT));
+  EXPECT_EQ(config.router.cost_function, static_cast<uint32_t>(KVR_COST_PREDICTED_TTFT));
+  EXPECT_EQ(config.router.flags, KVR_ROUTER_APPROXIMATE | KVR_ROUTER_TRACK_OUTPUT_BLOCKS);
+}
+
+TEST(OptionsTest, IpV6ListenAddress) {
+  Config config;
+  ASSERT_EQ(ParseCommandLine({"--listen=[::1]:9000"}, &config), "");
+  EXPECT_EQ(config.listen_host, "::1");
+  EXPECT_EQ(config.listen_port, 9000);
+}
+
+TEST(OptionsTest, ConfigFileThenFlagsOverrideIt) {
+  const std::string path = WriteTempFile(
+      "# a comment\n"
+      "block-size = 64   # trailing comment\n"
+      "\n"
+      "temperature=0.25\n"
+      "worker = id=1,address=a:1\n"
+      "worker = id=2\n"
+      "listen-events = tcp://127.0.0.1:0\n");
+  Config config;
+  ASSERT_EQ(ParseCommandLine({"--config", path, "--block-size", "8", "--worker", "id=3"}, &config),
+            "");
+  EXPECT_EQ(config.config_file, path);
+  EXPECT_EQ(config.router.block_size, 8u);  // the flag wins, wherever it stands
+  EXPECT_EQ(config.router.temperature, 0.25);
+  ASSERT_EQ(config.workers.size(), 3u);  // repeatable keys add up
+  EXPECT_EQ(config.workers[0].address, "a:1");
+  EXPECT_EQ(config.workers[2].worker_id, 3u);
+  EXPECT_EQ(config.listen_events, std::vector<std::string>{"tcp://127.0.0.1:0"});
+  std::remove(path.c_str());
+}
+
+TEST(OptionsTest, ErrorsNameTheOptionAndTheLine) {
+  Config config;
+  EXPECT_EQ(ParseCommandLine({"--no-such-thing"}, &config),
+            "unknown option --no-such-thing (see --help)");
+  EXPECT_EQ(ParseCommandLine({"--block-size", "sixteen"}, &config),
+            "block-size: expected an unsigned integer, got 'sixteen'");
+  EXPECT_EQ(ParseCommandLine({"--temperature"}, &config), "--temperature needs a value (X)");
+  EXPECT_EQ(ParseCommandLine({"--help=yes"}, &config), "--help takes no value");
+  EXPECT_EQ(ParseCommandLine({"stray"}, &config), "unexpected argument 'stray' (see --help)");
+  EXPECT_EQ(ParseCommandLine({"--queue-policy=fifo"}, &config),
+            "queue-policy: expected fcfs, lcfs or wspt, got 'fifo'");
+  EXPECT_EQ(ParseCommandLine({"--listen=localhost"}, &config),
+            "listen: expected HOST:PORT, got 'localhost'");
+  EXPECT_EQ(ParseCommandLine({"--nats-events=nats://x"}, &config),
+            "nats-events: expected URL SUBJECT, got 'nats://x'");
+  EXPECT_NE(ParseCommandLine({"--config", "/nonexistent/kvrouterd.conf"}, &config)
+                .find("cannot read the config file"),
+            std::string::npos);
+
+  EXPECT_EQ(ParseConfigText("block-size = 16\nbogus\n", "f.conf", &config),
+            "f.conf:2: expected `name = value`");
+  EXPECT_EQ(ParseConfigText("colour = blue\n", "f.conf", &config),
+            "f.conf:1: unknown setting 'colour'");
+  EXPECT_EQ(ParseConfigText("help = 1\n", "f.conf", &config),
+            "f.conf:1: 'help' is a command-line option only");
+  EXPECT_EQ(ParseConfigText("\n\ntemperature = hot\n", "f.conf", &config),
+            "f.conf:3: temperature: expected a number, got 'hot'");
+}
+
+TEST(OptionsTest, HelpAndVersionAreSwitches) {
+  Config config;
+  ASSERT_EQ(ParseCommandLine({"--help", "--version"}, &config), "");
+  EXPECT_TRUE(config.help);
+  EXPECT_TRUE(config.version);
+}
+
+TEST(OptionsTest, WorkerSpec) {
+  WorkerSpec worker;
+  ASSERT_EQ(ParseWorkerSpec("id=7, address=h:1, dp-start=2, dp-size=4, total-kv-blocks=100, "
+                            "max-num-batched-tokens=8192, engine=sglang, events=tcp://h:5557, "
+                            "replay=tcp://h:5558, topic=kv",
+                            &worker),
+            "");
+  EXPECT_EQ(worker.worker_id, 7u);
+  EXPECT_EQ(worker.address, "h:1");
+  EXPECT_EQ(worker.dp_start, 2u);
+  EXPECT_EQ(worker.dp_size, 4u);
+  EXPECT_EQ(worker.total_kv_blocks, 100u);
+  EXPECT_EQ(worker.max_num_batched_tokens, 8192u);
+  ASSERT_TRUE(worker.events.has_value());
+  EXPECT_EQ(worker.events->engine, static_cast<kvr_engine>(KVR_ENGINE_SGLANG));
+  EXPECT_EQ(worker.events->endpoint, "tcp://h:5557");
+  EXPECT_EQ(worker.events->replay_endpoint, "tcp://h:5558");
+  EXPECT_EQ(worker.events->topic, "kv");
+
+  EXPECT_EQ(ParseWorkerSpec("address=h:1", &worker), "worker: id=N is required");
+  EXPECT_EQ(ParseWorkerSpec("id=1,replay=tcp://h:1", &worker), "worker: replay= needs events=");
+  EXPECT_EQ(ParseWorkerSpec("id=x", &worker), "worker: id: expected an unsigned integer, got 'x'");
+  EXPECT_NE(ParseWorkerSpec("id=1,colour=red", &worker).find("unknown key 'colour'"),
+            std::string::npos);
+  EXPECT_EQ(ParseWorkerSpec("id=1,engine=trt", &worker),
+            "worker: engine must be vllm or sglang, got 'trt'");
+}
+
+// --help is the manual: every option of the table appears in it, with its value's name.
+TEST(OptionsTest, HelpDocumentsEveryOption) {
+  const std::string help = HelpText();
+  for (const OptionSpec& option : Options()) {
+    std::string flag = std::string("--") + option.name;
+    if (option.value_name) flag += std::string(" ") + option.value_name;
+    EXPECT_NE(help.find(flag + "\n"), std::string::npos) << flag;
+    EXPECT_GT(std::string(option.help).size(), 10u) << option.name;
+  }
+}
+
+// Every field of kvr_router_options has its option, named after the field with dashes (the
+// flags word is split into one switch per bit).
+TEST(OptionsTest, EveryRouterSettingHasAnOption) {
+  const char* const names[] = {"block-size",
+                               "queue-policy",
+                               "overlap-score-credit",
+                               "prefill-load-scale",
+                               "host-cache-hit-weight",
+                               "disk-cache-hit-weight",
+                               "temperature",
+                               "queue-threshold",
+                               "approx-ttl-seconds",
+                               "approx-max-blocks",
+                               "approx-prune-target-ratio",
+                               "request-expiry-seconds",
+                               "random-seed",
+                               "overlap-score-credit-decay",
+                               "decode-active-request-weight",
+                               "index-shards",
+                               "cost-function",
+                               "prefill-tokens-per-second",
+                               "ttft-miss-weight",
+                               "approximate",
+                               "no-kv-reuse",
+                               "no-prefill-tracking",
+                               "eagle",
+                               "entropy-seed",
+                               "track-output-blocks",
+                               "max-frame-bytes",
+                               "replay-timeout-ms"};
+  for (const char* name : names) {
+    bool found = false;
+    for (const OptionSpec& option : Options()) found = found || std::string(option.name) == name;
+    EXPECT_TRUE(found) << name;
+  }
+}
+
+TEST(OptionsTest, ExampleConfigParses) {
+  Config config;
+  ASSERT_EQ(ParseConfigFile(KVRD_EXAMPLE_CONFIG, &config), "");
+  EXPECT_EQ(config.listen_port, 8080);
+  ASSERT_EQ(config.workers.size(), 2u);
+  EXPECT_EQ(config.workers[1].dp_size, 2u);
+  ASSERT_TRUE(config.workers[1].events.has_value());
+  EXPECT_EQ(config.listen_events.size(), 1u);
+}
+
+}  // namespace
+}  // namespace kvrouterd
