@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,18 @@ TEST(OptionsTest, HelpDocumentsEveryOption) {
     if (option.value_name) flag += std::string(" ") + option.value_name;
     EXPECT_NE(help.find(flag + "\n"), std::string::npos) << flag;
     EXPECT_GT(std::string(option.help).size(), 10u) << option.name;
+  }
+}
+
+// docs/kvrouterd.md ("Running it") lists every option too.
+TEST(OptionsTest, DocsListEveryOption) {
+  std::ifstream file(KVRD_DOC);
+  std::ostringstream text;
+  text << file.rdbuf();
+  ASSERT_FALSE(text.str().empty());
+  for (const OptionSpec& option : Options()) {
+    EXPECT_NE(text.str().find(std::string("| `--") + option.name), std::string::npos)
+        << option.name;
   }
 }
 
