@@ -38,12 +38,14 @@ struct WorkerSpec {
 struct NatsEventsSpec {
   std::string url;
   std::string subject;
+  bool operator==(const NatsEventsSpec&) const = default;
 };
 
 struct ReplicaSyncSpec {
   std::string url;
   std::string subject;
   std::string replica_id;
+  bool operator==(const ReplicaSyncSpec&) const = default;
 };
 
 struct Config {

@@ -314,7 +314,9 @@ json Service::UpdateWorker(const WorkerSpec& worker) {
     kvr_error* err = nullptr;
     ThrowIfError(kvr_router_update_worker(router_, &config, &err), err);
   }
-  if (current.events != worker.events) {
+  // The subscription covers the worker's ranks: new ranks need a new one too.
+  const bool same_ranks = current.dp_start == worker.dp_start && current.dp_size == worker.dp_size;
+  if (current.events != worker.events || (worker.events && !same_ranks)) {
     if (current.events) Unsubscribe(worker.worker_id);
     WorkerSpec unsubscribed = worker;  // what holds if the new subscription fails
     unsubscribed.events.reset();
@@ -500,8 +502,8 @@ void Service::Reload(const Config& next) {
                                 next.plan_deadline_seconds != config_.plan_deadline_seconds);
   differs("ingest options", std::memcmp(&next.ingest, &config_.ingest, sizeof next.ingest) != 0);
   differs("listen-events", next.listen_events != config_.listen_events);
-  differs("nats-events", next.nats_events.size() != config_.nats_events.size());
-  differs("replica-sync", next.replica_sync.has_value() != config_.replica_sync.has_value());
+  differs("nats-events", next.nats_events != config_.nats_events);
+  differs("replica-sync", next.replica_sync != config_.replica_sync);
   if (!need_restart.empty()) {
     Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",
         {{"settings", need_restart}});

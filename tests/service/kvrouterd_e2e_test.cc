@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "e2e_support.h"
@@ -330,6 +331,33 @@ TEST_F(KvrouterdTest, SigtermStopsGracefully) {
   daemon_->Signal(SIGTERM);
   EXPECT_EQ(daemon_->WaitExit(), std::optional<int>(0));
   EXPECT_EQ(Get("/healthz").status, 0);  // no longer listening
+}
+
+// With a queue (threshold 0: a rank with any prefill in flight is busy), a request waits off the
+// loop while others are served; a queue timeout is 504; at SIGTERM the daemon waits for the
+// queued request, cancels it after shutdown-timeout-seconds (409 CANCELLED) and exits 0.
+TEST_F(KvrouterdTest, QueuedRequestsTimeOutOrAreCancelledAtShutdown) {
+  WriteConfig({"id=1,max-num-batched-tokens=1", "id=2,max-num-batched-tokens=1"},
+              "queue-threshold = 0\nshutdown-timeout-seconds = 0.5\n");
+  Start();
+  ASSERT_EQ(Post("/v1/route", RouteBody("a1")).status, 200);
+  ASSERT_EQ(Post("/v1/route", RouteBody("a2")).status, 200);  // both ranks busy now
+  const HttpAnswer timed_out = Post("/v1/route", RouteBody("c", {{"queue_timeout_ms", 100}}));
+  EXPECT_EQ(timed_out.status, 504) << timed_out.body;
+  EXPECT_EQ(Body(timed_out)["error"]["status"], "DEADLINE_EXCEEDED");
+
+  HttpAnswer queued;
+  std::thread waiter([&] { queued = Post("/v1/route", RouteBody("b")); });
+  // While "b" waits in the queue, the loop still answers.
+  EXPECT_TRUE(WaitFor([&] {
+    return Get("/metrics").body.find("kvrouterd_tracked_requests 3\n") != std::string::npos;
+  }));
+  EXPECT_EQ(Get("/healthz").status, 200);
+  daemon_->Signal(SIGTERM);
+  waiter.join();
+  EXPECT_EQ(queued.status, 409) << queued.body;
+  EXPECT_EQ(Body(queued)["error"]["status"], "CANCELLED");
+  EXPECT_EQ(daemon_->WaitExit(), std::optional<int>(0));
 }
 
 // The index survives a restart through the snapshot endpoints.
