@@ -141,13 +141,15 @@ std::vector<std::string> SplitPath(const std::string& path) {
 
 }  // namespace
 
-void ThrowIfError(kvr_status status, kvr_error* err) {
+void ThrowIfError(kvr_status status, kvr_error*& err) {
+  kvr_error* owned = err;
+  err = nullptr;
   if (status == KVR_OK) {
-    kvr_error_free(err);
+    kvr_error_free(owned);
     return;
   }
-  const std::string message = err ? kvr_error_message(err) : kvr_status_str(status);
-  kvr_error_free(err);
+  const std::string message = owned ? kvr_error_message(owned) : kvr_status_str(status);
+  kvr_error_free(owned);
   throw ApiError(status, message);
 }
 

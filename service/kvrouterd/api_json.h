@@ -28,8 +28,10 @@ class ApiError : public std::runtime_error {
   kvr_status status_;
 };
 
-// Throws ApiError with the library's status and message unless `status` is KVR_OK; frees `err`.
-void ThrowIfError(kvr_status status, kvr_error* err);
+// Throws ApiError with the library's status and message unless `status` is KVR_OK; frees `err`
+// and resets it. `err` is taken by reference so that `ThrowIfError(kvr_call(..., &err), err)`
+// reads it after the call (a copy could be taken before: argument order is unspecified).
+void ThrowIfError(kvr_status status, kvr_error*& err);
 
 // The HTTP status of a kvr_status (docs/kvrouterd.md, the error table).
 int HttpStatusFor(kvr_status status);
