@@ -30,6 +30,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool reading = false;
   bool closing = false;  // uv_close called
   bool close_after_answer = false;
+  bool draining = false;      // refused: our side is shut down, input is discarded until EOF
   uint64_t started_ns = 0;    // when the busy request was complete (access log)
   std::string active_method;  // the busy request's method and path (access log)
   std::string active_path;
@@ -39,6 +40,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   void ParseInput();
   void Dispatch();
   void RefuseMalformed(http_errno error);
+  void ShutdownAndDrain();
   void Answer(HttpResponse response, bool keep_alive);
   void Close();
 };
@@ -260,7 +262,7 @@ void Connection::StartReading() {
       [](uv_stream_t* stream, ssize_t nread, const uv_buf_t* buffer) {
         auto* c = static_cast<Connection*>(stream->data);
         std::shared_ptr<Connection> keep = c->shared_from_this();
-        if (nread > 0) c->input.append(buffer->base, static_cast<size_t>(nread));
+        if (nread > 0 && !c->draining) c->input.append(buffer->base, static_cast<size_t>(nread));
         delete[] buffer->base;
         if (nread < 0) {
           // The client closed or the socket failed: an answer in progress is dropped.
@@ -279,7 +281,7 @@ void Connection::StopReading() {
 }
 
 void Connection::ParseInput() {
-  if (parsing) return;  // an answer given inside Dispatch: the loop below goes on
+  if (parsing || draining) return;  // parsing: an answer given inside Dispatch, the loop goes on
   parsing = true;
   while (!busy && !closing && !input.empty()) {
     const size_t parsed =
@@ -325,8 +327,31 @@ void Connection::RefuseMalformed(http_errno error) {
       {{"status", response.status}, {"parser_error", http_errno_name(error)}});
   input.clear();
   parsing = false;
-  StopReading();
-  WriteBytes(this, SerializeResponse(response, false), true);
+  WriteBytes(this, SerializeResponse(response, false), false);
+  ShutdownAndDrain();
+}
+
+// After a refusal the rest of what the client sent is unread: closing now would reset the
+// connection (RST) and could destroy the answer before the client reads it. So send FIN after
+// the answer, discard input, and close when the client does.
+void Connection::ShutdownAndDrain() {
+  draining = true;
+  auto* request = new uv_shutdown_t();
+  request->data = new std::shared_ptr<Connection>(shared_from_this());
+  const int rc = uv_shutdown(request, reinterpret_cast<uv_stream_t*>(&socket),
+                             [](uv_shutdown_t* done, int status) {
+                               auto* keep = static_cast<std::shared_ptr<Connection>*>(done->data);
+                               if (status < 0) (*keep)->Close();
+                               delete keep;
+                               delete done;
+                             });
+  if (rc < 0) {
+    delete static_cast<std::shared_ptr<Connection>*>(request->data);
+    delete request;
+    Close();
+    return;
+  }
+  StartReading();
 }
 
 void Connection::Dispatch() {

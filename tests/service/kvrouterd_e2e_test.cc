@@ -223,13 +223,29 @@ TEST_F(KvrouterdTest, ErrorsFollowTheContract) {
   expect_error(Get("/v1/nowhere"), 404, "NOT_FOUND");
   expect_error(Post("/v1/route", std::string(70000, ' ')), 413, "INVALID_ARGUMENT");
 
+  // Headers over max-header-bytes (default 64 KiB) are 431; bytes that are not HTTP are 400.
+  const auto raw_exchange = [&](const std::string& bytes) {
+    const int fd = kvrouterd_test::Connect(port_);
+    kvrouterd_test::SendAll(fd, bytes);
+    auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
+    close(fd);
+    return answers;
+  };
+  auto answers =
+      raw_exchange("GET /healthz HTTP/1.1\r\nX-Big: " + std::string(70000, 'x') + "\r\n\r\n");
+  ASSERT_EQ(answers.size(), 1u);
+  expect_error(answers[0], 431, "INVALID_ARGUMENT");
+  answers = raw_exchange("HELLO\r\n\r\n");
+  ASSERT_EQ(answers.size(), 1u);
+  expect_error(answers[0], 400, "INVALID_ARGUMENT");
+
   // A chunked body is refused (411), and the connection closed.
   const int fd = kvrouterd_test::Connect(port_);
   ASSERT_GE(fd, 0);
   kvrouterd_test::SendAll(fd,
                           "POST /v1/route HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                           "2\r\n{}\r\n0\r\n\r\n");
-  const auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
+  answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
   close(fd);
   ASSERT_EQ(answers.size(), 1u);
   expect_error(answers[0], 411, "INVALID_ARGUMENT");
@@ -248,6 +264,9 @@ TEST_F(KvrouterdTest, WorkersOverHttp) {
   ASSERT_EQ(added.status, 201) << added.body;
   EXPECT_EQ(Body(added)["events"]["endpoint"], events);
   EXPECT_EQ(Body(Get("/v1/workers"))["workers"].size(), 3u);
+  // Subscribed to the engine's KV events (kvr_ingest_add_engine_worker): an ingest source.
+  EXPECT_NE(Get("/metrics").body.find("kind=\"engine\",endpoint=\"" + events + "\"}"),
+            std::string::npos);
   EXPECT_EQ(Body(Get("/v1/workers/3"))["total_kv_blocks"], 1000);
 
   const HttpAnswer updated =
@@ -305,11 +324,15 @@ TEST_F(KvrouterdTest, ReloadAppliesTheConfigsWorkerChanges) {
   ASSERT_EQ(Post("/v1/route", RouteBody("on-1", {{"allowed_worker_ids", {1}}})).status, 200);
   ASSERT_EQ(Post("/v1/route", RouteBody("on-2", {{"allowed_worker_ids", {2}}})).status, 200);
   // Worker 1 moves (same ranks: its requests stay), 2 goes, 3 comes.
-  WriteConfig({"id=1,address=10.0.0.11:8000", "id=3,address=10.0.0.3:8000"});
+  const std::string events = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  WriteConfig({"id=1,address=10.0.0.11:8000", "id=3,address=10.0.0.3:8000,events=" + events});
   daemon_->Signal(SIGHUP);
   ASSERT_TRUE(WaitFor([&] { return Get("/v1/workers/3").status == 200; }));
   EXPECT_EQ(Get("/v1/workers/2").status, 404);
   EXPECT_EQ(Body(Get("/v1/workers/1"))["address"], "10.0.0.11:8000");
+  EXPECT_EQ(Body(Get("/v1/workers/3"))["events"]["endpoint"], events);
+  EXPECT_NE(Get("/metrics").body.find("kind=\"engine\",endpoint=\"" + events + "\"}"),
+            std::string::npos);
   EXPECT_EQ(Body(Post("/v1/route", RouteBody("on-1")))["replayed"], true);  // still booked
   const json moved = Body(Post("/v1/route", RouteBody("on-2")));
   EXPECT_EQ(moved["replayed"], false);  // its worker is gone, and its booking with it
