@@ -465,29 +465,51 @@ void Service::CancelWaiting() {
   }
 }
 
-void Service::Reload(const Config& next) {
-  std::map<uint64_t, const WorkerSpec*> before, after;
-  for (const WorkerSpec& w : config_.workers) before[w.worker_id] = &w;
-  for (const WorkerSpec& w : next.workers) after[w.worker_id] = &w;
-  const auto apply = [](const char* what, uint64_t id, auto&& change) {
+// The config's worker lines applied as a diff against the previous config's. Returns the lines
+// now in effect: a change that failed keeps the old line (an add that failed: none), so that the
+// next reload tries it again.
+std::vector<WorkerSpec> Service::ApplyWorkerDiff(const std::vector<WorkerSpec>& wanted) {
+  std::map<uint64_t, WorkerSpec> in_effect;
+  for (const WorkerSpec& worker : config_.workers) in_effect[worker.worker_id] = worker;
+  std::map<uint64_t, const WorkerSpec*> target;
+  for (const WorkerSpec& worker : wanted) target[worker.worker_id] = &worker;
+  const auto attempt = [](const char* what, uint64_t id, auto&& change) {
     try {
       change();
+      return true;
     } catch (const ApiError& e) {
       Log(LogLevel::kError, std::string("reload: ") + what + " failed",
           {{"worker_id", id}, {"error", e.what()}});
+      return false;
     }
   };
-  for (const auto& [id, worker] : before) {
-    if (!after.count(id)) apply("removing a worker", id, [&] { RemoveWorker(id); });
+  for (auto it = in_effect.begin(); it != in_effect.end();) {
+    const uint64_t id = it->first;
+    if (target.count(id)) {
+      ++it;
+      continue;
+    }
+    // A removal that fails found the worker gone already (removed over HTTP): forgotten too.
+    attempt("removing a worker", id, [&] { RemoveWorker(id); });
+    it = in_effect.erase(it);
   }
-  for (const auto& [id, worker] : after) {
-    const auto old = before.find(id);
-    if (old == before.end()) {
-      apply("adding a worker", id, [&, w = worker] { AddWorker(*w); });
-    } else if (!(*old->second == *worker)) {
-      apply("updating a worker", id, [&, w = worker] { UpdateWorker(*w); });
+  for (const auto& [id, worker] : target) {
+    const auto current = in_effect.find(id);
+    if (current == in_effect.end()) {
+      if (attempt("adding a worker", id, [&] { AddWorker(*worker); })) in_effect[id] = *worker;
+    } else if (!(current->second == *worker)) {
+      if (attempt("updating a worker", id, [&] { UpdateWorker(*worker); })) {
+        current->second = *worker;
+      }
     }
   }
+  std::vector<WorkerSpec> lines;
+  for (auto& [id, worker] : in_effect) lines.push_back(std::move(worker));
+  return lines;
+}
+
+void Service::Reload(const Config& next) {
+  std::vector<WorkerSpec> workers = ApplyWorkerDiff(next.workers);
   if (next.log_level != config_.log_level) {
     SetLogLevel(next.log_level);
     Log(LogLevel::kInfo, "log level changed", {{"log_level", LogLevelName(next.log_level)}});
@@ -509,7 +531,8 @@ void Service::Reload(const Config& next) {
         {{"settings", need_restart}});
   }
   config_ = next;
-  Log(LogLevel::kInfo, "configuration reloaded", {{"workers", next.workers.size()}});
+  config_.workers = std::move(workers);
+  Log(LogLevel::kInfo, "configuration reloaded", {{"workers", config_.workers.size()}});
 }
 
 }  // namespace kvrouterd

@@ -71,6 +71,7 @@ class Service {
   HttpResponse Metrics();
   HttpResponse Healthz();
 
+  std::vector<WorkerSpec> ApplyWorkerDiff(const std::vector<WorkerSpec>& wanted);
   std::string AddressOf(uint64_t worker_id);
   void Subscribe(const WorkerSpec& worker);
   void Unsubscribe(uint64_t worker_id);

@@ -221,6 +221,9 @@ TEST_F(KvrouterdTest, ErrorsFollowTheContract) {
   expect_error(wrong_method, 405, "INVALID_ARGUMENT");
   EXPECT_NE(wrong_method.head.find("Allow: POST"), std::string::npos);
   expect_error(Get("/v1/nowhere"), 404, "NOT_FOUND");
+  // Output tracking is off (no track-output-blocks): the library's FAILED_PRECONDITION.
+  expect_error(Post("/v1/requests/x/output", R"({"tokens": 5})"), 409, "FAILED_PRECONDITION");
+  expect_error(Post("/v1/requests/x/output", R"({"tokens": -5})"), 400, "INVALID_ARGUMENT");
   expect_error(Post("/v1/route", std::string(70000, ' ')), 413, "INVALID_ARGUMENT");
 
   // Headers over max-header-bytes (default 64 KiB) are 431; bytes that are not HTTP are 400.
@@ -347,6 +350,15 @@ TEST_F(KvrouterdTest, ReloadAppliesTheConfigsWorkerChanges) {
            std::string::npos;
   }));
   EXPECT_EQ(Get("/v1/workers/3").status, 200);
+
+  // A worker the library refuses is not recorded as applied: the next reload tries it again.
+  WriteConfig({"id=1,address=10.0.0.11:8000", "id=4,dp-size=0"});
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitFor([&] { return Get("/v1/workers/3").status == 404; }));
+  EXPECT_EQ(Get("/v1/workers/4").status, 404);
+  WriteConfig({"id=1,address=10.0.0.11:8000", "id=4"});
+  daemon_->Signal(SIGHUP);
+  EXPECT_TRUE(WaitFor([&] { return Get("/v1/workers/4").status == 200; }));
   Stop();
 }
 
