@@ -1,5 +1,6 @@
 #include "kvrouterd/daemon.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -21,7 +22,6 @@ struct OffLoopWork {
   std::string param;
   Responder responder{nullptr};
   HttpResponse response;
-  std::function<void(OffLoopWork*)> done;
 };
 
 }  // namespace

@@ -81,7 +81,6 @@ class HttpServer {
   // request (answered with Connection: close), then calls `done` once no connection is left.
   void Shutdown(std::function<void()> done);
 
-  size_t open_connections() const { return connections_.size(); }
   bool shutting_down() const { return shutting_down_; }
 
  private:
