@@ -305,6 +305,8 @@ void Connection::ParseInput() {
 }
 
 void Connection::RefuseMalformed(http_errno error) {
+  // http_parser's own header limit (80 KiB) counts as ours when max-header-bytes is larger.
+  if (error == HPE_HEADER_OVERFLOW) reject_status = 431;
   HttpResponse response;
   switch (reject_status) {
     case 411:

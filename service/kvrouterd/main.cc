@@ -16,7 +16,9 @@ namespace {
 // What the library cannot check for the daemon's own settings.
 std::string Validate(const kvrouterd::Config& config) {
   if (config.max_body_bytes == 0) return "max-body-bytes: must be > 0";
-  if (config.max_header_bytes < 1024) return "max-header-bytes: must be >= 1024";
+  if (config.max_header_bytes < 1024 || config.max_header_bytes > 80 * 1024) {
+    return "max-header-bytes: must be 1024..81920 (http_parser stops at 80 KiB)";
+  }
   if (config.max_tracked_requests == 0) return "max-tracked-requests: must be > 0";
   if (!(config.shutdown_timeout_seconds >= 0)) return "shutdown-timeout-seconds: must be >= 0";
   if (config.routing_threads < 1 || config.routing_threads > 1024) {

@@ -205,8 +205,8 @@ const std::vector<OptionSpec>& Options() {
      }},
     {"max-body-bytes", "N", "largest request body accepted (default 64 MiB); larger is 413",
      false, true, [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_body_bytes); }},
-    {"max-header-bytes", "N", "largest request line and headers accepted (default 64 KiB); "
-     "larger is 431", false, true,
+    {"max-header-bytes", "N", "largest request line and headers accepted, 1024..81920 (default "
+     "64 KiB; http_parser's own limit is 80 KiB); larger is 431", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_header_bytes); }},
     {"max-tracked-requests", "N", "booked request ids remembered for idempotent retries "
      "(default 1000000; the oldest are forgotten first)", false, true,

@@ -431,6 +431,7 @@ TEST(KvrouterdCommandLineTest, ExitCodes) {
   EXPECT_EQ(run({"--version"}), std::optional<int>(0));
   EXPECT_EQ(run({"--block-size", "sixteen"}), std::optional<int>(2));
   EXPECT_EQ(run({"--no-such-option"}), std::optional<int>(2));
+  EXPECT_EQ(run({"--max-header-bytes=1000000"}), std::optional<int>(2));
   // Refused by the library: a block size of 0, a worker twice.
   EXPECT_EQ(run({"--listen=127.0.0.1:0", "--block-size=0"}), std::optional<int>(1));
   EXPECT_EQ(run({"--listen=127.0.0.1:0", "--worker=id=1", "--worker=id=1"}), std::optional<int>(1));
