@@ -127,59 +127,114 @@ const char* EngineName(kvr_engine engine) {
   return engine == KVR_ENGINE_SGLANG ? "sglang" : "vllm";
 }
 
+// Calls `item(key, value)` for each comma-separated KEY=VALUE of `text`; the first error (from
+// the text or from `item`) is returned, prefixed with `what` and the key.
+template <typename Item>
+std::string ForEachKeyValue(std::string_view text, std::string_view what, Item item) {
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string_view entry = Trim(text.substr(pos, comma - pos));
+    pos = comma + 1;
+    if (entry.empty()) continue;
+    const size_t eq = entry.find('=');
+    if (eq == std::string_view::npos) {
+      return std::string(what) + ": expected KEY=VALUE, got " + Quoted(entry);
+    }
+    const std::string_view key = Trim(entry.substr(0, eq));
+    if (std::string error = item(key, Trim(entry.substr(eq + 1))); !error.empty()) {
+      return std::string(what) + ": " + std::string(key) + ": " + error;
+    }
+  }
+  return {};
+}
+
 std::string ParseWorkerSpec(std::string_view text, WorkerSpec* out) {
   WorkerSpec worker;
   EventsSpec events;
   bool has_id = false;
   bool has_events_key = false;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string_view item = Trim(text.substr(pos, comma - pos));
-    pos = comma + 1;
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string_view::npos) return "worker: expected KEY=VALUE, got " + Quoted(item);
-    const std::string_view key = Trim(item.substr(0, eq));
-    const std::string_view value = Trim(item.substr(eq + 1));
-    std::string error;
-    if (key == "id") {
-      error = ParseUnsigned(value, &worker.worker_id);
-      has_id = true;
-    } else if (key == "address") {
-      worker.address = value;
-    } else if (key == "dp-start") {
-      error = ParseUnsigned(value, &worker.dp_start);
-    } else if (key == "dp-size") {
-      error = ParseUnsigned(value, &worker.dp_size);
-    } else if (key == "total-kv-blocks") {
-      error = ParseUnsigned(value, &worker.total_kv_blocks);
-    } else if (key == "max-num-batched-tokens") {
-      error = ParseUnsigned(value, &worker.max_num_batched_tokens);
-    } else if (key == "engine") {
-      const auto engine = ParseEngine(value);
-      if (!engine) return "worker: engine must be vllm or sglang, got " + Quoted(value);
-      events.engine = *engine;
-    } else if (key == "events") {
-      events.endpoint = value;
-      has_events_key = true;
-    } else if (key == "replay") {
-      events.replay_endpoint = value;
-    } else if (key == "topic") {
-      events.topic = value;
-    } else {
-      return "worker: unknown key " + Quoted(key) +
-             " (id, address, dp-start, dp-size, total-kv-blocks, max-num-batched-tokens, engine, "
-             "events, replay, topic)";
-    }
-    if (!error.empty()) return "worker: " + std::string(key) + ": " + error;
-  }
+  std::string error =
+      ForEachKeyValue(text, "worker", [&](std::string_view key, std::string_view value) {
+        std::string error;
+        if (key == "id") {
+          error = ParseUnsigned(value, &worker.worker_id);
+          has_id = true;
+        } else if (key == "address") {
+          worker.address = value;
+        } else if (key == "dp-start") {
+          error = ParseUnsigned(value, &worker.dp_start);
+        } else if (key == "dp-size") {
+          error = ParseUnsigned(value, &worker.dp_size);
+        } else if (key == "total-kv-blocks") {
+          error = ParseUnsigned(value, &worker.total_kv_blocks);
+        } else if (key == "max-num-batched-tokens") {
+          error = ParseUnsigned(value, &worker.max_num_batched_tokens);
+        } else if (key == "engine") {
+          const auto engine = ParseEngine(value);
+          if (!engine) return "must be vllm or sglang, got " + Quoted(value);
+          events.engine = *engine;
+        } else if (key == "events") {
+          events.endpoint = value;
+          has_events_key = true;
+        } else if (key == "replay") {
+          events.replay_endpoint = value;
+        } else if (key == "topic") {
+          events.topic = value;
+        } else {
+          return std::string(
+              "unknown key (id, address, dp-start, dp-size, total-kv-blocks, "
+              "max-num-batched-tokens, engine, events, replay, topic)");
+        }
+        return error;
+      });
+  if (!error.empty()) return error;
   if (!has_id) return "worker: id=N is required";
   if (!has_events_key && !events.replay_endpoint.empty()) {
     return "worker: replay= needs events=";
   }
   if (has_events_key) worker.events = events;
   *out = worker;
+  return {};
+}
+
+std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out) {
+  JetStreamSpec spec;
+  std::string error =
+      ForEachKeyValue(text, "jetstream-events", [&](std::string_view key, std::string_view value) {
+        if (key == "url") {
+          spec.url = value;
+        } else if (key == "stream") {
+          spec.stream = value;
+        } else if (key == "subject") {
+          spec.subject = value;
+        } else if (key == "durable") {
+          spec.durable = value;
+        } else if (key == "start") {
+          return ParseUnsigned(value, &spec.start_sequence);
+        } else if (key == "resume") {
+          return ParseBool(value, &spec.resume);
+        } else if (key == "create") {
+          return ParseBool(value, &spec.create);
+        } else if (key == "max-age-seconds") {
+          return ParseDouble(value, &spec.max_age_seconds);
+        } else if (key == "max-bytes") {
+          const std::string parsed = std::string(value);
+          char* end = nullptr;
+          spec.max_bytes = std::strtoll(parsed.c_str(), &end, 10);
+          if (parsed.empty() || *end != '\0') return "expected an integer, got " + Quoted(value);
+        } else {
+          return std::string(
+              "unknown key (url, stream, subject, durable, start, resume, create, "
+              "max-age-seconds, max-bytes)");
+        }
+        return std::string();
+      });
+  if (!error.empty()) return error;
+  if (spec.url.empty() || spec.stream.empty() || spec.subject.empty()) {
+    return "jetstream-events: url=, stream= and subject= are required";
+  }
+  *out = spec;
   return {};
 }
 
@@ -315,6 +370,22 @@ const std::vector<OptionSpec>& Options() {
        c.nats_events.push_back({std::string(words[0]), std::string(words[1])});
        return std::string();
      }},
+    {"jetstream-events", "SPEC", "consume KV events from a NATS JetStream stream, each message "
+     "acknowledged once applied (repeatable): url=URL,stream=NAME,subject=SUBJECT[,durable=NAME]"
+     "[,start=SEQ][,resume=BOOL][,create=BOOL][,max-age-seconds=S][,max-bytes=N]; durable names "
+     "this router's consumer, create makes the stream with that retention", true, true,
+     [](Config& c, std::string_view v) {
+       JetStreamSpec spec;
+       std::string error = ParseJetStreamSpec(v, &spec);
+       if (error.empty()) c.jetstream_events.push_back(std::move(spec));
+       return error;
+     }},
+    {"replica-heartbeat-ms", "MS", "replica sync: send a heartbeat every MS (default 1000; 0 = "
+     "none)", false, true,
+     [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.ingest.replica_heartbeat_ms); }},
+    {"replica-timeout-ms", "MS", "replica sync: drop the bookings of a replica that sent "
+     "heartbeats and has been silent for MS (default 10000; 0 = never)", false, true,
+     [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.ingest.replica_timeout_ms); }},
     {"replica-sync", "URL SUBJECT REPLICA_ID", "share this router's bookings with other replicas "
      "over NATS", false, true,
      [](Config& c, std::string_view v) {

@@ -48,6 +48,20 @@ struct ReplicaSyncSpec {
   bool operator==(const ReplicaSyncSpec&) const = default;
 };
 
+// A JetStream stream of KV events (kvr_jetstream_source; docs/ingest.md).
+struct JetStreamSpec {
+  std::string url;
+  std::string stream;
+  std::string subject;
+  std::string durable;  // empty = an ephemeral consumer
+  uint64_t start_sequence = 0;
+  bool resume = false;
+  bool create = false;
+  double max_age_seconds = 3600;
+  int64_t max_bytes = int64_t{1} << 30;
+  bool operator==(const JetStreamSpec&) const = default;
+};
+
 struct Config {
   // The daemon
   std::string listen_host = "127.0.0.1";
@@ -67,6 +81,7 @@ struct Config {
   kvr_ingest_options ingest{};
   std::vector<std::string> listen_events;
   std::vector<NatsEventsSpec> nats_events;
+  std::vector<JetStreamSpec> jetstream_events;
   std::optional<ReplicaSyncSpec> replica_sync;
   std::vector<WorkerSpec> workers;
   // Commands
@@ -109,6 +124,9 @@ std::string ParseConfigFile(const std::string& path, Config* config);
 
 // Parses a worker's description "id=1,address=h:p,dp-size=2,..." (the `worker` option).
 std::string ParseWorkerSpec(std::string_view text, WorkerSpec* out);
+// "url=URL,stream=NAME,subject=SUBJECT[,durable=NAME][,start=N][,resume=BOOL][,create=BOOL]
+// [,max-age-seconds=S][,max-bytes=N]" (the value of --jetstream-events).
+std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out);
 
 // The names of the enumerations as the options and the API spell them.
 std::optional<kvr_queue_policy> ParseQueuePolicy(std::string_view text);

@@ -94,6 +94,7 @@ std::string Service::Open(const Config& config) {
       Log(LogLevel::kInfo, "subscribed to KV events on NATS",
           {{"url", nats.url}, {"subject", nats.subject}});
     }
+    for (const JetStreamSpec& js : config.jetstream_events) SubscribeJetStream(js);
     if (const auto& sync = config.replica_sync) {
       ThrowIfError(kvr_ingest_sync_replicas(ingest_, sync->url.c_str(), sync->subject.c_str(),
                                             sync->replica_id.c_str(), nullptr, &err),
@@ -367,6 +368,27 @@ void Service::Unsubscribe(uint64_t worker_id) {
   kvr_error_free(err);
 }
 
+void Service::SubscribeJetStream(const JetStreamSpec& spec) {
+  kvr_jetstream_source source;
+  kvr_jetstream_source_init(&source, sizeof source);
+  source.url = spec.url.c_str();
+  source.stream = spec.stream.c_str();
+  source.subject = spec.subject.c_str();
+  source.durable = spec.durable.c_str();
+  source.start_sequence = spec.start_sequence;
+  source.flags =
+      (spec.resume ? KVR_JETSTREAM_RESUME : 0u) | (spec.create ? KVR_JETSTREAM_CREATE_STREAM : 0u);
+  source.max_age_seconds = spec.max_age_seconds;
+  source.max_bytes = spec.max_bytes;
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_ingest_subscribe_jetstream(ingest_, &source, nullptr, &err), err);
+  Log(LogLevel::kInfo, "consuming KV events from JetStream",
+      {{"url", spec.url},
+       {"stream", spec.stream},
+       {"subject", spec.subject},
+       {"durable", spec.durable}});
+}
+
 std::string Service::AddressOf(uint64_t worker_id) {
   std::lock_guard<std::mutex> lock(workers_mutex_);
   const auto it = workers_.find(worker_id);
@@ -526,6 +548,7 @@ void Service::Reload(const Config& next) {
   differs("listen-events", next.listen_events != config_.listen_events);
   differs("nats-events", next.nats_events != config_.nats_events);
   differs("replica-sync", next.replica_sync != config_.replica_sync);
+  differs("jetstream-events", next.jetstream_events != config_.jetstream_events);
   if (!need_restart.empty()) {
     Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",
         {{"settings", need_restart}});

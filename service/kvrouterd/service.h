@@ -74,6 +74,8 @@ class Service {
   std::vector<WorkerSpec> ApplyWorkerDiff(const std::vector<WorkerSpec>& wanted);
   std::string AddressOf(uint64_t worker_id);
   void Subscribe(const WorkerSpec& worker);
+  // Consumes a JetStream stream of KV events (throws ApiError as the other calls do).
+  void SubscribeJetStream(const JetStreamSpec& spec);
   void Unsubscribe(uint64_t worker_id);
   std::string OwnMetrics();
 

@@ -135,10 +135,10 @@ TEST(OptionsTest, WorkerSpec) {
   EXPECT_EQ(ParseWorkerSpec("address=h:1", &worker), "worker: id=N is required");
   EXPECT_EQ(ParseWorkerSpec("id=1,replay=tcp://h:1", &worker), "worker: replay= needs events=");
   EXPECT_EQ(ParseWorkerSpec("id=x", &worker), "worker: id: expected an unsigned integer, got 'x'");
-  EXPECT_NE(ParseWorkerSpec("id=1,colour=red", &worker).find("unknown key 'colour'"),
+  EXPECT_NE(ParseWorkerSpec("id=1,colour=red", &worker).find("worker: colour: unknown key"),
             std::string::npos);
   EXPECT_EQ(ParseWorkerSpec("id=1,engine=trt", &worker),
-            "worker: engine must be vllm or sglang, got 'trt'");
+            "worker: engine: must be vllm or sglang, got 'trt'");
 }
 
 // --help is the manual: every option of the table appears in it, with its value's name.
@@ -153,6 +153,30 @@ TEST(OptionsTest, HelpDocumentsEveryOption) {
 }
 
 // docs/kvrouterd.md ("Running it") lists every option too.
+TEST(OptionsTest, JetStreamSpec) {
+  JetStreamSpec spec;
+  ASSERT_EQ(ParseJetStreamSpec("url=nats://127.0.0.1:4222, stream=KV,subject=kv.>,durable=a,"
+                               "start=42,resume=true,create=yes,max-age-seconds=60,max-bytes=-1",
+                               &spec),
+            "");
+  EXPECT_EQ(spec.url, "nats://127.0.0.1:4222");
+  EXPECT_EQ(spec.stream, "KV");
+  EXPECT_EQ(spec.subject, "kv.>");
+  EXPECT_EQ(spec.durable, "a");
+  EXPECT_EQ(spec.start_sequence, 42u);
+  EXPECT_TRUE(spec.resume);
+  EXPECT_TRUE(spec.create);
+  EXPECT_EQ(spec.max_age_seconds, 60);
+  EXPECT_EQ(spec.max_bytes, -1);
+  EXPECT_NE(ParseJetStreamSpec("url=nats://h:1,stream=KV", &spec).find("required"),
+            std::string::npos);
+  EXPECT_NE(ParseJetStreamSpec("url=nats://h:1,stream=KV,subject=s,start=x", &spec).find("start"),
+            std::string::npos);
+  EXPECT_NE(ParseJetStreamSpec("url=nats://h:1,stream=KV,subject=s,colour=red", &spec)
+                .find("unknown key"),
+            std::string::npos);
+}
+
 TEST(OptionsTest, DocsListEveryOption) {
   std::ifstream file(KVRD_DOC);
   std::ostringstream text;
