@@ -173,7 +173,6 @@ class PositionTable {
   // Places `carry` (absent) in one of its buckets, moving residents to their other bucket when
   // both are full; grows the table when a chain of moves gets long.
   void Insert(Slot carry) {
-    size_t came_from = num_buckets_;  // the bucket `carry` was just moved out of; none yet
     for (int kick = 0; kick < kMaxKicks; ++kick) {
       const uint64_t h = Mix(carry.key);
       const size_t first = First(h), second = Second(h);
@@ -185,13 +184,9 @@ class PositionTable {
           }
         }
       }
-      // Both full: `carry` takes a resident's place (rotating over the ways) in its bucket other
-      // than the one it was just moved out of, and that resident moves on in turn. Going back
-      // to that bucket would only put back the key moved out of it, and the chain would run
-      // between two buckets until the table grew, far from full (it did: at 63 % instead of 90).
-      const size_t into = first == came_from ? second : first;
-      std::swap(buckets_[into].slots[kick % kWays], carry);
-      came_from = into;
+      // Both full: evict a resident (rotating over the ways) and place it in turn.
+      Slot& victim = buckets_[kick % 2 == 0 ? first : second].slots[(kick / 2) % kWays];
+      std::swap(victim, carry);
     }
     Grow();
     Insert(carry);

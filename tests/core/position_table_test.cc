@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <random>
 #include <unordered_map>
 
@@ -36,25 +35,6 @@ TEST(PositionTableTest, TryInsertRefusesAPresentKeyAndKeepsItsValue) {
   EXPECT_TRUE(t.Erase(0));
   EXPECT_TRUE(t.Erase(5));
   EXPECT_EQ(bytes, 0);  // an emptied table gives its buckets back
-}
-
-// A table grows when it reaches 90 % full, not before: with two buckets of four ways per key,
-// an insert finds room by moving a few keys up to there. (An insert whose chain of moves ran
-// back and forth between two buckets gave up early, and tables grew at 80-89 % full.)
-TEST(PositionTableTest, GrowsOnlyWhenNearlyFull) {
-  int64_t bytes = 0;
-  std::mt19937_64 rng(11);
-  PositionTable t(&bytes);
-  double lowest = 1.0;
-  for (int i = 0; i < 200'000; ++i) {
-    const size_t before = t.capacity();
-    const size_t size_before = t.size();
-    ASSERT_TRUE(t.TryInsert(rng(), 1 + static_cast<uint64_t>(i)));
-    if (t.capacity() != before && before >= 4096) {
-      lowest = std::min(lowest, static_cast<double>(size_before) / static_cast<double>(before));
-    }
-  }
-  EXPECT_GT(lowest, 0.899) << "a table grew at " << lowest * 100 << " % full";
 }
 
 // Keys as engines make them (sequential, and random), values never 0.
