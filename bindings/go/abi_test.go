@@ -218,6 +218,7 @@ func TestGeneratedMirrorsStoreAndLoad(t *testing.T) {
 	check("cPrefillResult", distinct[cPrefillResult](), storeLoaded(distinct[cPrefillResult](), (*cPrefillResult).store, (*cPrefillResult).load))
 	check("cIngestOptions", distinct[cIngestOptions](), storeLoaded(distinct[cIngestOptions](), (*cIngestOptions).store, (*cIngestOptions).load))
 	check("cEngineWorker", distinct[cEngineWorker](), storeLoaded(distinct[cEngineWorker](), (*cEngineWorker).store, (*cEngineWorker).load))
+	check("cJetstreamSource", distinct[cJetstreamSource](), storeLoaded(distinct[cJetstreamSource](), (*cJetstreamSource).store, (*cJetstreamSource).load))
 	check("cIngestStats", distinct[cIngestStats](), storeLoaded(distinct[cIngestStats](), (*cIngestStats).store, (*cIngestStats).load))
 }
 
@@ -296,6 +297,7 @@ func TestDefaultsAreTheLibrarys(t *testing.T) {
 		{"WorkerConfig", loaded((&WorkerConfig{}).toC(), (*cWorkerConfig).load), initLoaded(initWorkerConfig, (*cWorkerConfig).load)},
 		{"IngestOptions", loaded((&IngestOptions{}).toC(), (*cIngestOptions).load), initLoaded(initIngestOptions, (*cIngestOptions).load)},
 		{"EngineWorker", loaded((&EngineWorker{}).toC(&a), (*cEngineWorker).load), initLoaded(initEngineWorker, (*cEngineWorker).load)},
+		{"JetStreamSource", loaded((&JetStreamSource{}).toC(&a), (*cJetstreamSource).load), initLoaded(initJetstreamSource, (*cJetstreamSource).load)},
 		{"HashOptions", loaded((&HashOptions{}).toC(&a), (*cHashOptions).load), initLoaded(initHashOptions, (*cHashOptions).load)},
 	}
 	for _, z := range zero {
@@ -438,6 +440,29 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 	wantNames(t, "EngineWorker fields without a Go namesake", sameByName(t, "EngineWorker", ew, esent), "Flags")
 	if esent.Flags != 2 { // KVR_STORED_EAGLE
 		t.Errorf("EngineWorker: %+v", esent)
+	}
+
+	js := JetStreamSource{URL: "nats://127.0.0.1:1", Stream: "KV", Subject: "kv.>", Durable: "gw-1",
+		StartSequence: 7, Resume: true, CreateStream: true, MaxAge: 90 * time.Second, MaxBytes: 1 << 20}
+	jsent := loaded(js.toC(&a), (*cJetstreamSource).load)
+	checkAllSet(t, "JetStreamSource", jsent, initLoaded(initJetstreamSource, (*cJetstreamSource).load))
+	wantNames(t, "JetStreamSource fields without a Go namesake", sameByName(t, "JetStreamSource", js, jsent),
+		"Flags", "MaxAgeSeconds")
+	if jsent.Flags != 3 || jsent.MaxAgeSeconds != 90 { // KVR_JETSTREAM_RESUME | _CREATE_STREAM
+		t.Errorf("JetStreamSource: %+v", jsent)
+	}
+	// Each flag alone, and negative limits: no limit (0 s, -1 bytes).
+	if m := loaded((&JetStreamSource{CreateStream: true}).toC(&a), (*cJetstreamSource).load); m.Flags != 2 {
+		t.Errorf("CreateStream alone: flags %#x, want KVR_JETSTREAM_CREATE_STREAM", m.Flags)
+	}
+	if m := loaded((&JetStreamSource{Resume: true}).toC(&a), (*cJetstreamSource).load); m.Flags != 1 {
+		t.Errorf("Resume alone: flags %#x, want KVR_JETSTREAM_RESUME", m.Flags)
+	}
+	if m := loaded((&JetStreamSource{MaxAge: -1, MaxBytes: -5}).toC(&a), (*cJetstreamSource).load); m.MaxAgeSeconds != 0 || m.MaxBytes != -1 {
+		t.Errorf("negative limits: %+v, want 0 s and -1 bytes (no limit)", m)
+	}
+	if d := initLoaded(initJetstreamSource, (*cJetstreamSource).load); d.MaxAgeSeconds != 3600 || d.MaxBytes != 1<<30 || d.Flags != 0 || d.StartSequence != 0 {
+		t.Errorf("kvr_jetstream_source_init's defaults: %+v, want 3600 s, 1 GiB", d)
 	}
 
 	se := StoredEvent{WorkerID: 1, DPRank: 2, EventID: 3, Tier: TierDisk, HasParent: true, ParentHash: 4,

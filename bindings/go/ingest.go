@@ -61,16 +61,17 @@ func optionalMillis(d time.Duration, def uint32) uint32 {
 
 // Ingest receives KV events from its sources on one event-loop thread of its own and applies
 // them to a Router, concurrently with routing. Sources: native stream listeners (Listen),
-// NATS subscriptions (SubscribeNATS) and vLLM / SGLang ZMQ publishers (AddEngineWorker); they
-// may be added before or after Start. Its methods may be called from any goroutine
-// concurrently, except Close, which must not run concurrently with other calls on the Ingest
-// (Stop may: it is the way to end ingestion while other goroutines still use the object).
+// NATS subscriptions (SubscribeNATS), JetStream streams (SubscribeJetStream) and vLLM / SGLang
+// ZMQ publishers (AddEngineWorker); they may be added before or after Start. Its methods may be
+// called from any goroutine concurrently, except Close, which must not run concurrently with
+// other calls on the Ingest (Stop may: it is the way to end ingestion while other goroutines
+// still use the object).
 type Ingest struct {
 	ptr    handlePtr
 	router *Router // kept reachable: the router must outlive the ingest object
-	// natsMu keeps Stop and Close from running during a SubscribeNATS, whose confirmation round
-	// trip runs on the caller's thread (the one exclusion the header states besides the free).
-	// SubscribeNATS calls share it; nothing else takes it.
+	// natsMu keeps Stop and Close from running during a SubscribeNATS or SubscribeJetStream,
+	// whose round trips run on the caller's thread (the one exclusion the header states besides
+	// the free). Those calls share it; nothing else takes it.
 	natsMu sync.RWMutex
 }
 
@@ -286,6 +287,81 @@ func (in *Ingest) SubscribeNATS(url, subject string) (uint64, error) {
 	return uint64(id), nil
 }
 
+// JetStreamSource is a NATS JetStream stream to consume KV events from (the messages
+// SubscribeNATS takes), through a durable consumer: each message is acknowledged once applied,
+// so nothing is lost while the ingest or the server is away. The zero value of every optional
+// field is the library's default.
+type JetStreamSource struct {
+	URL     string // "nats://HOST:PORT"
+	Stream  string // the stream's name (no spaces, '.', '*' or '>')
+	Subject string // the subjects consumed (wildcards allowed); the stream's when CreateStream creates it
+	// Durable is the consumer's name, one per router (rules as the stream's); "" = an ephemeral
+	// consumer, deleted when the source goes away.
+	Durable string
+	// StartSequence is the first stream sequence delivered; 0 = the stream's first message.
+	// After restoring a snapshot taken when IngestStats.StreamSequence was N: N + 1. Without
+	// Resume an existing durable consumer of that name is replaced.
+	StartSequence uint64
+	Resume        bool // an existing durable consumer keeps its position (StartSequence unused)
+	CreateStream  bool // create the stream if absent, with the limits below
+	// MaxAge: with CreateStream, messages older than this are dropped; 0 = the default (1 h),
+	// negative = no limit.
+	MaxAge time.Duration
+	// MaxBytes: with CreateStream, the oldest messages are dropped beyond this size; 0 = the
+	// default (1 GiB), negative = no limit.
+	MaxBytes int64
+}
+
+func (s *JetStreamSource) toC(a *args) *C.kvr_jetstream_source {
+	c := new(C.kvr_jetstream_source)
+	initJetstreamSource(c)
+	var m cJetstreamSource
+	m.load(c) // the defaults (retention limits)
+	m.Flags = flagIf(s.Resume, C.KVR_JETSTREAM_RESUME) | flagIf(s.CreateStream, C.KVR_JETSTREAM_CREATE_STREAM)
+	m.StartSequence = s.StartSequence
+	if s.MaxAge > 0 {
+		m.MaxAgeSeconds = s.MaxAge.Seconds()
+	} else if s.MaxAge < 0 {
+		m.MaxAgeSeconds = 0 // no limit
+	}
+	if s.MaxBytes > 0 {
+		m.MaxBytes = s.MaxBytes
+	} else if s.MaxBytes < 0 {
+		m.MaxBytes = -1 // no limit
+	}
+	m.store(c)
+	c.url = a.str(s.URL)
+	c.stream = a.str(s.Stream)
+	c.subject = a.str(s.Subject)
+	c.durable = a.optStr(s.Durable)
+	return c
+}
+
+// SubscribeJetStream consumes a JetStream stream (see JetStreamSource) and returns the source's
+// id; IngestStats.StreamSequence is then the last stream sequence applied. It connects and sets
+// up the consumer on the calling goroutine; the connection then reconnects forever and the
+// consumer continues where it was. ErrInvalidArgument for a missing URL, Stream or Subject, a
+// bad name or bad limits; ErrNotFound if the stream does not exist (without CreateStream);
+// ErrUnavailable if the server cannot be reached or refuses.
+func (in *Ingest) SubscribeJetStream(s JetStreamSource) (uint64, error) {
+	in.natsMu.RLock()
+	defer in.natsMu.RUnlock()
+	h := in.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	defer runtime.KeepAlive(in)
+	var a args
+	defer a.release()
+	c := s.toC(&a)
+	var id C.uint64_t
+	var cerr *C.kvr_error
+	if err := takeError(C.kvr_ingest_subscribe_jetstream(h, c, &id, &cerr), cerr); err != nil {
+		return 0, err
+	}
+	return uint64(id), nil
+}
+
 // IngestStats are the counters of one source, or of every source together.
 type IngestStats struct {
 	StateUnknown   uint32 // ranks whose state was lost (gap) and not yet re-established
@@ -310,6 +386,9 @@ type IngestStats struct {
 	// The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty
 	// if none was given; for all sources together, the most recent of them all.
 	LastReject string
+	// A JetStream source's last stream sequence applied (and acknowledged); for all sources
+	// together, the largest; 0 for other sources.
+	StreamSequence uint64
 }
 
 // MeanLag returns LagTotal / LagSamples (0 without samples).
@@ -370,6 +449,7 @@ func ingestStatsFrom(m *cIngestStats) IngestStats {
 		LagTotal:        micros(m.LagTotalUs),
 		LagMax:          micros(m.LagMaxUs),
 		LastReject:      text(m.LastReject[:]),
+		StreamSequence:  m.StreamSequence,
 		LagLast:         micros(m.LagLastUs),
 	}
 }

@@ -299,9 +299,74 @@ func TestIngestNATS(t *testing.T) {
 	must(t, in.Stop())
 }
 
+// JetStream: a stream created by the source (CreateStream), a batch published into it with a
+// plain NATS publish, applied and acknowledged (StreamSequence); the refusals: a missing stream
+// without CreateStream, a stream name with '.', an unreachable server.
+func TestIngestJetStream(t *testing.T) {
+	addr := startNATSServerWith(t, true)
+	url := "nats://" + addr
+	r := newTestRouter(t, 2)
+	in := newIngest(t, r)
+	must(t, in.Start())
+
+	src := JetStreamSource{URL: url, Stream: "KV", Subject: "kv.>", Durable: "gw-1"}
+	_, err := in.SubscribeJetStream(src)
+	wantCode(t, err, ErrNotFound) // no stream yet, and not asked to create it
+	bad := src
+	bad.Stream, bad.CreateStream = "K.V", true
+	_, err = in.SubscribeJetStream(bad)
+	wantCode(t, err, ErrInvalidArgument)
+	away := src
+	away.URL, away.CreateStream = "nats://127.0.0.1:1", true
+	_, err = in.SubscribeJetStream(away)
+	wantCode(t, err, ErrUnavailable)
+
+	src.CreateStream = true
+	id, err := in.SubscribeJetStream(src)
+	must(t, err)
+	if ep, err := in.SourceEndpoint(id); err != nil || ep != url {
+		t.Errorf("SourceEndpoint(%d) = %q, %v; want %q", id, ep, err, url)
+	}
+
+	b, err := NewEventBatch()
+	must(t, err)
+	defer b.Close()
+	p := prompt(48, 5)
+	must(t, b.AddStored(storedPrefix(2, p, 3)))
+	enc, err := b.Encode()
+	must(t, err)
+	conn, err := net.Dial("tcp", addr)
+	must(t, err)
+	defer conn.Close()
+	nats := newNATSClient(t, conn)
+	nats.publish("kv.w1", enc) // a core publish: the stream stores it
+	nats.flush()
+
+	s := waitStats(t, in, id, func(s IngestStats) bool { return s.StreamSequence >= 1 })
+	if s.StreamSequence != 1 || s.Messages != 1 || s.EventsApplied != 1 {
+		t.Errorf("JetStream stats %+v, want stream sequence 1 and one batch applied", s)
+	}
+	if total, err := in.Stats(0); err != nil || total.StreamSequence != 1 {
+		t.Errorf("total StreamSequence %d (%v), want 1 (the largest over the sources)", total.StreamSequence, err)
+	}
+	res, err := r.FindBestMatch(p, nil)
+	must(t, err)
+	if res.WorkerID != 2 || res.DeviceOverlapBlocks != 3 {
+		t.Errorf("routing after JetStream: %+v", res)
+	}
+	must(t, in.Stop())
+}
+
 // startNATSServer starts nats-server on a free port of 127.0.0.1 for the test (killed when it
 // ends) and returns its address once it accepts connections; skips the test without one.
 func startNATSServer(t *testing.T) string {
+	t.Helper()
+	return startNATSServerWith(t, false)
+}
+
+// startNATSServerWith is startNATSServer, with JetStream on (its store in a temporary
+// directory of the test) when jetstream is true.
+func startNATSServerWith(t *testing.T, jetstream bool) string {
 	t.Helper()
 	server, err := exec.LookPath("nats-server")
 	if err != nil {
@@ -314,7 +379,11 @@ func startNATSServer(t *testing.T) string {
 	must(t, err)
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	cmd := exec.Command(server, "-a", "127.0.0.1", "-p", fmt.Sprint(port))
+	argv := []string{"-a", "127.0.0.1", "-p", fmt.Sprint(port)}
+	if jetstream {
+		argv = append(argv, "-js", "-sd", t.TempDir())
+	}
+	cmd := exec.Command(server, argv...)
 	must(t, cmd.Start())
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
