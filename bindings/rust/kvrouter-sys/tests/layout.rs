@@ -109,9 +109,11 @@ fn rust_layouts() -> Vec<Layout> {
             replica_heartbeat_ms, replica_timeout_ms }
         kvr_engine_worker { struct_size, engine, endpoint, worker_id, dp_start, dp_size,
             block_size, flags, topic, replay_endpoint }
+        kvr_jetstream_source { struct_size, flags, url, stream, subject, durable, start_sequence,
+            max_age_seconds, max_bytes }
         kvr_ingest_stats { struct_size, state_unknown, messages, events_applied, rejected, gaps,
             missed_messages, restarts, recoveries, connections, lag_samples, lag_total_us,
-            lag_max_us, lag_last_us, published, publish_failures, last_reject }
+            lag_max_us, lag_last_us, published, publish_failures, last_reject, stream_sequence }
     }
 }
 
@@ -191,6 +193,7 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
             KVR_ROUTER_EAGLE, KVR_ROUTER_ENTROPY_SEED, KVR_ROUTER_TRACK_OUTPUT_BLOCKS }
         u32 { KVR_STORED_HAS_PARENT, KVR_STORED_EAGLE }
         u32 { KVR_REQUEST_ADMIT }
+        u32 { KVR_JETSTREAM_RESUME, KVR_JETSTREAM_CREATE_STREAM }
         usize { KVR_EVENT_KINDS, KVR_EVENT_OUTCOMES, KVR_INGEST_REJECT_REASONS,
             KVR_DECISION_LATENCY_BUCKETS }
         u64 { KVR_WORKER_NONE }
@@ -758,7 +761,7 @@ fn every_versioned_struct_has_a_sized_init() {
         .filter(|(_, fields)| fields.first().map(String::as_str) == Some("struct_size"))
         .map(|(name, _)| name)
         .collect();
-    assert_eq!(versioned.len(), 15, "versioned structs: {versioned:?}");
+    assert_eq!(versioned.len(), 16, "versioned structs: {versioned:?}");
     for name in &versioned {
         let init = format!("{name}_init");
         let want = (

@@ -1,5 +1,5 @@
-//! Live KV event ingestion (`kvr_ingest`: native streams over TCP / Unix sockets, NATS, vLLM
-//! and SGLang ZMQ publishers) and the native-stream publisher (`kvr_publisher`).
+//! Live KV event ingestion (`kvr_ingest`: native streams over TCP / Unix sockets, NATS, NATS
+//! JetStream, vLLM and SGLang ZMQ publishers) and the native-stream publisher (`kvr_publisher`).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -97,6 +97,105 @@ impl<'a> EngineWorker<'a> {
     }
 }
 
+/// A NATS JetStream stream to consume KV events from (`kvr_jetstream_source`), for
+/// [`Ingest::subscribe_jetstream`]: the messages [`Ingest::subscribe_nats`] takes, through a
+/// durable consumer, each acknowledged once applied, so nothing is lost while the ingest or the
+/// server is away. `Default` is the library's (with empty `url`, `stream` and `subject`, which
+/// must be set): `JetStreamSource { url, stream: "KV", subject: "kv.>", ..Default::default() }`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct JetStreamSource<'a> {
+    /// `nats://HOST:PORT`.
+    pub url: &'a str,
+    /// The stream's name (no spaces, `.`, `*` or `>`).
+    pub stream: &'a str,
+    /// The subjects consumed (wildcards allowed); the stream's own when `create_stream`
+    /// creates it.
+    pub subject: &'a str,
+    /// The durable consumer's name, one per router (rules as the stream's); None = an ephemeral
+    /// consumer, deleted when the source goes away.
+    pub durable: Option<&'a str>,
+    /// The first stream sequence delivered; 0 (default) = the stream's first message. After
+    /// restoring a snapshot taken when [`IngestStats::stream_sequence`] was N: N + 1. Without
+    /// `resume`, an existing durable consumer of that name is replaced.
+    pub start_sequence: u64,
+    /// An existing durable consumer keeps its position (`KVR_JETSTREAM_RESUME`).
+    pub resume: bool,
+    /// Creates the stream if absent, with the limits below (`KVR_JETSTREAM_CREATE_STREAM`).
+    pub create_stream: bool,
+    /// With `create_stream`: messages older than this are dropped; default 3600; 0 = no limit.
+    pub max_age_seconds: f64,
+    /// With `create_stream`: the oldest messages are dropped beyond this many bytes; default
+    /// 1 GiB; -1 = no limit.
+    pub max_bytes: i64,
+}
+
+impl Default for JetStreamSource<'_> {
+    fn default() -> Self {
+        let raw = init::<sys::kvr_jetstream_source>();
+        JetStreamSource {
+            url: "",
+            stream: "",
+            subject: "",
+            durable: None,
+            start_sequence: raw.start_sequence,
+            resume: raw.flags & sys::KVR_JETSTREAM_RESUME != 0,
+            create_stream: raw.flags & sys::KVR_JETSTREAM_CREATE_STREAM != 0,
+            max_age_seconds: raw.max_age_seconds,
+            max_bytes: raw.max_bytes,
+        }
+    }
+}
+
+impl<'a> JetStreamSource<'a> {
+    /// The stream `stream` on the server at `url`, consuming `subject`, with the library's
+    /// defaults.
+    pub fn new(url: &'a str, stream: &'a str, subject: &'a str) -> Self {
+        JetStreamSource {
+            url,
+            stream,
+            subject,
+            ..Default::default()
+        }
+    }
+
+    /// The C struct, pointing into the returned strings (kept alive with it).
+    pub(crate) fn lower(&self) -> Result<LoweredJetStream> {
+        let strings = [
+            Some(cstring("url", self.url)?),
+            Some(cstring("stream", self.stream)?),
+            Some(cstring("subject", self.subject)?),
+            opt_cstring("durable", self.durable)?,
+        ];
+        let mut raw = init::<sys::kvr_jetstream_source>();
+        raw.flags = (if self.resume {
+            sys::KVR_JETSTREAM_RESUME
+        } else {
+            0
+        }) | (if self.create_stream {
+            sys::KVR_JETSTREAM_CREATE_STREAM
+        } else {
+            0
+        });
+        raw.url = opt_ptr(&strings[0]);
+        raw.stream = opt_ptr(&strings[1]);
+        raw.subject = opt_ptr(&strings[2]);
+        raw.durable = opt_ptr(&strings[3]);
+        raw.start_sequence = self.start_sequence;
+        raw.max_age_seconds = self.max_age_seconds;
+        raw.max_bytes = self.max_bytes;
+        Ok(LoweredJetStream {
+            raw,
+            _strings: strings,
+        })
+    }
+}
+
+/// A lowered [`JetStreamSource`]: the C struct and the strings it points into.
+pub(crate) struct LoweredJetStream {
+    pub(crate) raw: sys::kvr_jetstream_source,
+    _strings: [Option<std::ffi::CString>; 4],
+}
+
 /// Why ingest rejected a message or an event (`KVR_INGEST_REJECT_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RejectReason {
@@ -167,6 +266,9 @@ pub struct IngestStats {
     /// The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty
     /// if none was given; for every source together, the most recent of them all.
     pub last_reject: String,
+    /// A JetStream source's last stream sequence applied (and acknowledged); for every source
+    /// together, the largest; 0 for other sources.
+    pub stream_sequence: u64,
 }
 
 impl IngestStats {
@@ -200,6 +302,7 @@ impl From<sys::kvr_ingest_stats> for IngestStats {
                 let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
                 String::from_utf8_lossy(&bytes[..end]).into_owned()
             },
+            stream_sequence: s.stream_sequence,
         }
     }
 }
@@ -224,7 +327,8 @@ pub struct Ingest<'r> {
 }
 
 // SAFETY: every kvr_ingest function is tagged `concurrent` except kvr_ingest_free (only Drop
-// calls it, with ownership) and kvr_ingest_subscribe_nats / kvr_ingest_sync_replicas, which
+// calls it, with ownership) and kvr_ingest_subscribe_nats / _subscribe_jetstream /
+// kvr_ingest_sync_replicas, which
 // must not overlap kvr_ingest_stop on the same object: stop takes &mut self here, so it cannot
 // run while any &self call is in progress. The router it feeds is Sync.
 unsafe impl Send for Ingest<'_> {}
@@ -259,7 +363,8 @@ impl<'r> Ingest<'r> {
     }
 
     /// Closes every source and joins the loop thread. Final (no restart); idempotent. Dropping
-    /// the object stops it too. `&mut self`: it must not overlap `subscribe_nats`.
+    /// the object stops it too. `&mut self`: it must not overlap `subscribe_nats` or
+    /// `subscribe_jetstream`.
     pub fn stop(&mut self) -> Result<()> {
         // SAFETY: a live ingest object, exclusively borrowed.
         call(|err| unsafe { sys::kvr_ingest_stop(self.as_ptr(), err) })
@@ -381,6 +486,22 @@ impl<'r> Ingest<'r> {
                 &mut source_id,
                 err,
             )
+        })?;
+        Ok(source_id)
+    }
+
+    /// Consumes a JetStream stream (see [`JetStreamSource`]); returns the source id, whose
+    /// [`IngestStats::stream_sequence`] is the last stream sequence applied. Connects and sets
+    /// up the consumer on the calling thread; the connection then reconnects forever and the
+    /// consumer continues where it was. `InvalidArgument` for a missing url, stream or subject,
+    /// a bad name or bad limits; `NotFound` if the stream does not exist (without
+    /// `create_stream`); `Unavailable` if the server cannot be reached or refuses.
+    pub fn subscribe_jetstream(&self, source: &JetStreamSource<'_>) -> Result<u64> {
+        let lowered = source.lower()?;
+        let mut source_id = 0u64;
+        // SAFETY: as subscribe_nats; the lowered struct's strings live across the call.
+        call(|err| unsafe {
+            sys::kvr_ingest_subscribe_jetstream(self.as_ptr(), &lowered.raw, &mut source_id, err)
         })?;
         Ok(source_id)
     }

@@ -71,7 +71,8 @@ pub use error::{status_name, Code, Error, Result};
 pub use events::{tier_from_medium, Buffer, EventBatch, RemovedEvent, StoredEvent, Tier};
 pub use hashing::{compute_block_hashes, compute_sequence_hashes, HashOptions};
 pub use ingest::{
-    Engine, EngineWorker, Ingest, IngestOptions, IngestStats, Listener, Publisher, RejectReason,
+    Engine, EngineWorker, Ingest, IngestOptions, IngestStats, JetStreamSource, Listener, Publisher,
+    RejectReason,
 };
 pub use options::{
     CostFunction, Phase, QueuePolicy, RequestOptions, RouterOptions, RoutingHints, SessionMode,

@@ -625,3 +625,170 @@ fn every_event_field_reaches_the_c_struct() {
     );
     assert!(left.is_empty(), "RemovedEvent leaves {left:?}");
 }
+
+#[test]
+fn every_jetstream_setting_reaches_the_c_struct() {
+    let source = JetStreamSource {
+        url: "nats://127.0.0.1:1",
+        stream: "KV",
+        subject: "kv.>",
+        durable: Some("gw-1"),
+        start_sequence: 7,
+        resume: true,
+        create_stream: true,
+        max_age_seconds: 90.0,
+        max_bytes: 1 << 20,
+    };
+    let lowered = source.lower().unwrap();
+    let default: sys::kvr_jetstream_source = init();
+    macro_rules! jetstream_fields {
+        ($v:expr) => {
+            fields!(
+                $v,
+                kvr_jetstream_source {
+                    struct_size,
+                    flags,
+                    url,
+                    stream,
+                    subject,
+                    durable,
+                    start_sequence,
+                    max_age_seconds,
+                    max_bytes
+                }
+            )
+        };
+    }
+    let left = left_at_default(
+        &jetstream_fields!(lowered.raw),
+        &jetstream_fields!(default),
+        &["struct_size"],
+    );
+    assert!(left.is_empty(), "JetStreamSource leaves {left:?}");
+    assert_eq!(
+        lowered.raw.flags,
+        sys::KVR_JETSTREAM_RESUME | sys::KVR_JETSTREAM_CREATE_STREAM
+    );
+    // SAFETY: the lowered strings live as long as `lowered`.
+    let text =
+        |p: *const std::ffi::c_char| unsafe { std::ffi::CStr::from_ptr(p) }.to_str().unwrap();
+    assert_eq!(
+        (text(lowered.raw.url), text(lowered.raw.stream)),
+        ("nats://127.0.0.1:1", "KV")
+    );
+    assert_eq!(
+        (text(lowered.raw.subject), text(lowered.raw.durable)),
+        ("kv.>", "gw-1")
+    );
+    // Each flag alone, from its own field.
+    let only_create = JetStreamSource {
+        create_stream: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        only_create.lower().unwrap().raw.flags,
+        sys::KVR_JETSTREAM_CREATE_STREAM
+    );
+    let only_resume = JetStreamSource {
+        resume: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        only_resume.lower().unwrap().raw.flags,
+        sys::KVR_JETSTREAM_RESUME
+    );
+
+    // Default is the library's (the header's 1 h and 1 GiB), and lowers to its bytes but for
+    // the strings (empty ones, set, and no durable).
+    let d = JetStreamSource::default();
+    assert_eq!((d.max_age_seconds, d.max_bytes), (3600.0, 1 << 30));
+    assert_eq!(
+        (d.start_sequence, d.resume, d.create_stream),
+        (0, false, false)
+    );
+    let unset = d.lower().unwrap();
+    let left = left_at_default(
+        &jetstream_fields!(unset.raw),
+        &jetstream_fields!(default),
+        &["url", "stream", "subject"],
+    );
+    assert_eq!(left.len(), 6, "{left:?}");
+    assert!(unset.raw.durable.is_null());
+}
+
+#[test]
+fn every_ingest_stats_field_reaches_the_safe_struct() {
+    // SAFETY: all-zero bytes are a valid kvr_ingest_stats.
+    let mut raw: sys::kvr_ingest_stats = unsafe { std::mem::zeroed() };
+    // Listed to fail here when the header gains a field (the struct literal below must then
+    // set it too).
+    let _ = fields!(
+        raw,
+        kvr_ingest_stats {
+            struct_size,
+            state_unknown,
+            messages,
+            events_applied,
+            rejected,
+            gaps,
+            missed_messages,
+            restarts,
+            recoveries,
+            connections,
+            lag_samples,
+            lag_total_us,
+            lag_max_us,
+            lag_last_us,
+            published,
+            publish_failures,
+            last_reject,
+            stream_sequence
+        }
+    );
+    raw.state_unknown = 1;
+    raw.messages = 2;
+    raw.events_applied = 3;
+    for (i, r) in raw.rejected.iter_mut().enumerate() {
+        *r = 100 + i as u64;
+    }
+    raw.gaps = 4;
+    raw.missed_messages = 5;
+    raw.restarts = 6;
+    raw.recoveries = 7;
+    raw.connections = 8;
+    raw.lag_samples = 9;
+    raw.lag_total_us = 10;
+    raw.lag_max_us = 11;
+    raw.lag_last_us = 12;
+    raw.published = 13;
+    raw.publish_failures = 14;
+    raw.last_reject[0] = b'x' as std::ffi::c_char;
+    raw.stream_sequence = 15;
+    let s = IngestStats::from(raw);
+    assert_eq!(
+        (
+            s.state_unknown,
+            s.messages,
+            s.events_applied,
+            s.gaps,
+            s.missed_messages
+        ),
+        (1, 2, 3, 4, 5)
+    );
+    assert_eq!(
+        (
+            s.restarts,
+            s.recoveries,
+            s.connections,
+            s.lag_samples,
+            s.lag_total_us
+        ),
+        (6, 7, 8, 9, 10)
+    );
+    assert_eq!(
+        (s.lag_max_us, s.lag_last_us, s.published, s.publish_failures),
+        (11, 12, 13, 14)
+    );
+    assert_eq!((s.last_reject.as_str(), s.stream_sequence), ("x", 15));
+    assert_eq!(s.rejected, raw.rejected);
+}

@@ -82,6 +82,7 @@ versioned! {
     kvr_prefill_result => kvr_prefill_result_init,
     kvr_ingest_options => kvr_ingest_options_init,
     kvr_engine_worker => kvr_engine_worker_init,
+    kvr_jetstream_source => kvr_jetstream_source_init,
     kvr_ingest_stats => kvr_ingest_stats_init,
 }
 
@@ -170,7 +171,7 @@ mod tests {
     #[test]
     fn every_init_records_the_compiled_size() {
         let all = every_versioned();
-        assert_eq!(all.len(), 15, "one entry per kvr_X_init of the header");
+        assert_eq!(all.len(), 16, "one entry per kvr_X_init of the header");
         for (name, struct_size, size) in all {
             assert_eq!(struct_size as usize, size, "{name}");
         }

@@ -1,6 +1,7 @@
 //! Live ingestion: a Unix-socket and a TCP listener fed by the publisher, bad frames counted,
 //! lag measured from the publish time, engine-worker registration rules, the lifecycle, and
-//! NATS (subjects, replica sync and a replica joining late) when `nats-server` is installed.
+//! NATS (subjects, a JetStream stream, replica sync and a replica joining late) when
+//! `nats-server` is installed.
 
 mod common;
 
@@ -14,8 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use common::{prompt, router, wait_for, BS};
 use kvrouter::{
-    Code, EngineWorker, EventBatch, Ingest, IngestOptions, IngestStats, Publisher, RejectReason,
-    RequestOptions, StoredEvent,
+    Code, EngineWorker, EventBatch, Ingest, IngestOptions, IngestStats, JetStreamSource, Publisher,
+    RejectReason, RequestOptions, StoredEvent,
 };
 
 /// A fresh directory under the system temp dir, removed on drop.
@@ -330,10 +331,18 @@ fn free_port() -> u16 {
 struct NatsServer {
     child: Child,
     port: u16,
+    /// JetStream's store, when on (removed after the server is killed: fields drop after
+    /// Drop::drop).
+    _store: Option<TempDir>,
 }
 
 impl NatsServer {
     fn start() -> Option<NatsServer> {
+        NatsServer::start_with(false)
+    }
+
+    /// With `jetstream`: JetStream on, its store in a temporary directory.
+    fn start_with(jetstream: bool) -> Option<NatsServer> {
         let binary = [
             "nats-server",
             "/usr/sbin/nats-server",
@@ -345,16 +354,25 @@ impl NatsServer {
             Command::new(b).arg("--version").output().is_ok()
         })?;
         let port = free_port();
+        let store = jetstream.then(TempDir::new);
         let child = {
             let _guard = fork_guard();
-            Command::new(binary)
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            let mut command = Command::new(binary);
+            command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+            if let Some(store) = &store {
+                command.arg("-js").arg("-sd").arg(&store.0);
+            }
+            command
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .ok()?
         };
-        let server = NatsServer { child, port };
+        let server = NatsServer {
+            child,
+            port,
+            _store: store,
+        };
         wait_for("nats-server to accept connections", || {
             TcpStream::connect(("127.0.0.1", port)).ok()
         });
@@ -442,6 +460,61 @@ fn nats_subjects_feed_the_router() {
         .subscribe_nats(&format!("nats://127.0.0.1:{}", free_port()), "kv.>")
         .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable);
+}
+
+#[test]
+fn jetstream_stream_created_consumed_and_acknowledged() {
+    let Some(server) = NatsServer::start_with(true) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "jetstream_stream_created_consumed_and_acknowledged: skipped, no nats-server"
+        );
+        return;
+    };
+    let router = router(2);
+    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    ingest.start().unwrap();
+    let url = server.url();
+    let mut source = JetStreamSource {
+        durable: Some("gw-1"),
+        ..JetStreamSource::new(&url, "KV", "kv.>")
+    };
+
+    // The refusals: no stream yet (and not asked to create it), a name with '.', no server.
+    let e = ingest.subscribe_jetstream(&source).unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e}");
+    let bad = JetStreamSource {
+        stream: "K.V",
+        create_stream: true,
+        ..source
+    };
+    let e = ingest.subscribe_jetstream(&bad).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    let nowhere = format!("nats://127.0.0.1:{}", free_port());
+    let away = JetStreamSource {
+        url: &nowhere,
+        create_stream: true,
+        ..source
+    };
+    let e = ingest.subscribe_jetstream(&away).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+
+    source.create_stream = true;
+    let id = ingest.subscribe_jetstream(&source).unwrap();
+    assert_eq!(ingest.source_endpoint(id).unwrap(), url);
+    let a = prompt(12, 3);
+    let batch = stored_batch(1, &a, 3, 100).encode().unwrap();
+    server.publish(&[("kv.w1", &batch)]); // a core publish: the stream stores it
+    let stats = wait_for("the stream's first message applied", || {
+        let s = ingest.stats(id).unwrap();
+        (s.stream_sequence >= 1).then_some(s)
+    });
+    assert_eq!(
+        (stats.stream_sequence, stats.messages, stats.events_applied),
+        (1, 1, 1)
+    );
+    assert_eq!(ingest.total_stats().unwrap().stream_sequence, 1);
+    assert_eq!(device_blocks(&router, &a, 1), 3);
 }
 
 #[test]
