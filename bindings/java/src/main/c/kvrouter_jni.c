@@ -784,6 +784,7 @@ DEFAULTS_NATIVE(routingHints, routing_hints, ABI_ROUTING_HINTS_LEN)
 DEFAULTS_NATIVE(disaggOptions, disagg_options, ABI_DISAGG_OPTIONS_LEN)
 DEFAULTS_NATIVE(ingestOptions, ingest_options, ABI_INGEST_OPTIONS_LEN)
 DEFAULTS_NATIVE(engineWorker, engine_worker, ABI_ENGINE_WORKER_LEN)
+DEFAULTS_NATIVE(jetstreamSource, jetstream_source, ABI_JETSTREAM_SOURCE_LEN)
 DEFAULTS_NATIVE(storedEvent, stored_event, ABI_STORED_EVENT_LEN)
 DEFAULTS_NATIVE(removedEvent, removed_event, ABI_REMOVED_EVENT_LEN)
 #undef DEFAULTS_NATIVE
@@ -2101,6 +2102,31 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestSubscribeNats(JNIEnv* env,
     kvr_error* err = NULL;
     check(env, kvr_ingest_subscribe_nats(INGEST(i), c_url, c_subject, &source, &err), &err);
   }
+  scratch_free(&s);
+  return (jlong)source;
+}
+
+JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestSubscribeJetStream(
+    JNIEnv* env, jclass cls, jlong i, jlongArray scalars, jstring url, jstring stream,
+    jstring subject, jstring durable) {
+  (void)cls;
+  scratch s;
+  scratch_init(&s);
+  uint64_t source = 0;
+  jlong v[ABI_JETSTREAM_SOURCE_LEN];
+  kvr_jetstream_source js;
+  if (INIT(env, kvr_jetstream_source_init, &js) != 0 ||
+      read_scalars(env, scalars, v, ABI_JETSTREAM_SOURCE_LEN) != 0) {
+    goto done;
+  }
+  abi_decode_jetstream_source(v, &js);
+  if (utf8(env, &s, url, &js.url) != 0 || utf8(env, &s, stream, &js.stream) != 0 ||
+      utf8(env, &s, subject, &js.subject) != 0 || utf8(env, &s, durable, &js.durable) != 0) {
+    goto done;
+  }
+  kvr_error* err = NULL;
+  check(env, kvr_ingest_subscribe_jetstream(INGEST(i), &js, &source, &err), &err);
+done:
   scratch_free(&s);
   return (jlong)source;
 }

@@ -7,16 +7,16 @@ import java.util.concurrent.locks.ReentrantReadWriteLock;
 /**
  * Live KV event ingestion ({@code kvr_ingest}): one event-loop thread of its own receives the
  * events engines publish and applies them to a {@link Router}, while other threads route. Sources:
- * native stream listeners (TCP, Unix sockets), NATS subjects, vLLM / SGLang ZMQ publishers; they
- * may be added before or after {@link #start()}.
+ * native stream listeners (TCP, Unix sockets), NATS subjects, NATS JetStream streams, vLLM / SGLang
+ * ZMQ publishers; they may be added before or after {@link #start()}.
  *
  * <p>Thread-safe. The router is kept alive (natively) until this object is closed, even if the
  * {@code Router} is closed first. {@link #stop()} is final: create a new object to restart.
  */
 public final class Ingest extends NativeObject {
-  // kvr_ingest_subscribe_nats and kvr_ingest_sync_replicas may not run concurrently with
-  // kvr_ingest_stop: they share the read side (they run concurrently with each other), stop
-  // takes the write side.
+  // kvr_ingest_subscribe_nats, kvr_ingest_subscribe_jetstream and kvr_ingest_sync_replicas may
+  // not run concurrently with kvr_ingest_stop: they share the read side (they run concurrently
+  // with each other), stop takes the write side.
   private final ReadWriteLock stopLock = new ReentrantReadWriteLock();
 
   /** A stopped ingest object feeding {@code router}, with default options. */
@@ -143,6 +143,33 @@ public final class Ingest extends NativeObject {
       stopLock.readLock().lock();
       try {
         return Native.ingestSubscribeNats(h, url, subject);
+      } finally {
+        stopLock.readLock().unlock();
+      }
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Consumes a NATS JetStream stream (see {@link JetStreamSource}): each message is applied, then
+   * acknowledged; {@link IngestStats#streamSequence()} of the source is the last stream sequence
+   * applied. Connects and sets up the consumer on the calling thread; the connection then
+   * reconnects forever and the consumer continues where it was. Returns the source id.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for an empty url, stream or subject,
+   *     a bad name or bad limits; {@link Status#NOT_FOUND} if the stream does not exist (without
+   *     {@link JetStreamSource.Builder#createStream}); {@link Status#UNAVAILABLE} if the server
+   *     cannot be reached or refuses
+   */
+  public long subscribeJetStream(JetStreamSource source) {
+    Objects.requireNonNull(source, "source");
+    long h = acquire();
+    try {
+      stopLock.readLock().lock();
+      try {
+        return Native.ingestSubscribeJetStream(
+            h, source.scalars, source.url, source.stream, source.subject, source.durable);
       } finally {
         stopLock.readLock().unlock();
       }

@@ -6,6 +6,7 @@ package io.kvrouter;
  */
 public final class IngestStats {
   private final long[] a; // kvr_ingest_stats in the slots of Abi.IngestStats
+  private static final int LAST_REJECT_CHARS = 128;
 
   IngestStats(long[] encoded) {
     this.a = encoded;
@@ -101,13 +102,22 @@ public final class IngestStats {
    * was given; for every source together, the most recent of them all.
    */
   public String lastReject() {
-    byte[] bytes = new byte[Abi.IngestStats.LEN - Abi.IngestStats.LAST_REJECT];
+    // kvr_ingest_stats.last_reject[128] (fields appended after it: not LEN - LAST_REJECT).
+    byte[] bytes = new byte[LAST_REJECT_CHARS];
     int n = 0;
     while (n < bytes.length && a[Abi.IngestStats.LAST_REJECT + n] != 0) {
       bytes[n] = (byte) a[Abi.IngestStats.LAST_REJECT + n];
       ++n;
     }
     return new String(bytes, 0, n, java.nio.charset.StandardCharsets.UTF_8);
+  }
+
+  /**
+   * A JetStream source's ({@link Ingest#subscribeJetStream}) last stream sequence applied (and
+   * acknowledged); for every source together, the largest; 0 for other sources.
+   */
+  public long streamSequence() {
+    return a[Abi.IngestStats.STREAM_SEQUENCE];
   }
 
   /** The mean lag in microseconds, or NaN without samples. */

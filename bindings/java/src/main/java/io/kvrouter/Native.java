@@ -55,6 +55,8 @@ final class Native {
 
   static native long[] engineWorkerDefaults();
 
+  static native long[] jetstreamSourceDefaults();
+
   static native long[] storedEventDefaults();
 
   static native long[] removedEventDefaults();
@@ -285,6 +287,9 @@ final class Native {
   static native void ingestRemoveEngineWorker(long ingest, long workerId, boolean clearIndex);
 
   static native long ingestSubscribeNats(long ingest, String url, String subject);
+
+  static native long ingestSubscribeJetStream(
+      long ingest, long[] scalars, String url, String stream, String subject, String durable);
 
   static native long ingestSyncReplicas(long ingest, String url, String subject, String replicaId);
 

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -19,6 +20,7 @@ import java.util.EnumMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
 import java.util.function.UnaryOperator;
 import java.util.regex.Pattern;
@@ -59,6 +61,7 @@ class AbiTest {
     assertEquals(Abi.DisaggOptions.LEN, Native.disaggOptionsDefaults().length);
     assertEquals(Abi.IngestOptions.LEN, Native.ingestOptionsDefaults().length);
     assertEquals(Abi.EngineWorker.LEN, Native.engineWorkerDefaults().length);
+    assertEquals(Abi.JetstreamSource.LEN, Native.jetstreamSourceDefaults().length);
     assertEquals(Abi.StoredEvent.LEN, Native.storedEventDefaults().length);
     assertEquals(Abi.RemovedEvent.LEN, Native.removedEventDefaults().length);
     assertEquals(
@@ -522,6 +525,7 @@ class AbiTest {
       assertEquals(1, stats.connections());
       assertEquals(0, stats.published());
       assertEquals(0, stats.publishFailures());
+      assertEquals(0, stats.streamSequence()); // not a JetStream source
       IngestStats total = ingest.stats(0);
       assertEquals(stats.rejectedTotal(), total.rejectedTotal());
       assertEquals(2, router.overlapScores(PROMPT).get(0).deviceBlocks());
@@ -529,6 +533,60 @@ class AbiTest {
       long[] hashes = Hashing.blockHashes(PROMPT, BLOCK);
       assertEquals(router.overlapScores(PROMPT), router.overlapScoresHashed(hashes, null));
     }
+  }
+
+  /**
+   * kvr_jetstream_source: the builder starts from the library's defaults (the header's 1 h and 1
+   * GiB), and every setter lands in its own slot (each flag alone too). A field added to the struct
+   * fails here until it has a setter.
+   */
+  @Test
+  void jetStreamSourceSettersLandInTheirSlots() throws IllegalAccessException {
+    assertEquals(
+        Set.of("flags", "start_sequence", "max_age_seconds", "max_bytes"),
+        slots(Abi.JetstreamSource.class).keySet());
+    long[] defaults = Native.jetstreamSourceDefaults();
+    JetStreamSource d = JetStreamSource.builder("nats://127.0.0.1:1", "KV", "kv.>").build();
+    assertArrayEquals(defaults, d.scalars);
+    assertEquals(0, d.startSequence());
+    assertFalse(d.resume());
+    assertFalse(d.createStream());
+    assertEquals(3600.0, d.maxAgeSeconds());
+    assertEquals(1L << 30, d.maxBytes());
+    assertNull(d.durable());
+
+    JetStreamSource all =
+        JetStreamSource.builder("nats://127.0.0.1:1", "KV", "kv.>")
+            .durable("gw-1")
+            .startSequence(7)
+            .resume(true)
+            .createStream(true)
+            .maxAgeSeconds(90)
+            .maxBytes(1 << 20)
+            .build();
+    long[] want = defaults.clone();
+    want[Abi.JetstreamSource.FLAGS] = Abi.JETSTREAM_RESUME | Abi.JETSTREAM_CREATE_STREAM;
+    want[Abi.JetstreamSource.START_SEQUENCE] = 7;
+    want[Abi.JetstreamSource.MAX_AGE_SECONDS] = bits(90.0);
+    want[Abi.JetstreamSource.MAX_BYTES] = 1 << 20;
+    assertArrayEquals(want, all.scalars);
+    assertEquals("gw-1", all.durable());
+    assertEquals(
+        Abi.JETSTREAM_RESUME,
+        JetStreamSource.builder("u", "s", "x").resume(true).build().scalars[Abi.JetstreamSource.FLAGS]);
+    assertEquals(
+        Abi.JETSTREAM_CREATE_STREAM,
+        JetStreamSource.builder("u", "s", "x")
+            .createStream(true)
+            .build()
+            .scalars[Abi.JetstreamSource.FLAGS]);
+    assertEquals(
+        0,
+        JetStreamSource.builder("u", "s", "x")
+            .resume(true)
+            .resume(false)
+            .build()
+            .scalars[Abi.JetstreamSource.FLAGS]);
   }
 
   /** The library versions the binding loads: its ABI's major.minor, from its header's patch. */

@@ -239,6 +239,69 @@ class IngestTest {
     } // the ingest object closes (unsubscribes) before the server stops
   }
 
+  /**
+   * JetStream: the stream created by the source, a batch published into it with a plain NATS
+   * publish, applied and acknowledged (streamSequence), and in the index; the refusals: a missing
+   * stream without createStream, a stream name with '.', no server.
+   */
+  @Test
+  void jetStreamStreamCreatedConsumedAndAcknowledged() throws Exception {
+    try (NatsServer nats = NatsServer.startOrSkip(true);
+        Router router = TestSupport.routerWithWorkers(4);
+        Ingest ingest = new Ingest(router)) {
+      ingest.start();
+      KvRouterException e =
+          assertThrows(
+              KvRouterException.class,
+              () ->
+                  ingest.subscribeJetStream(
+                      JetStreamSource.builder(nats.url(), "KV", "kv.>").durable("gw-1").build()));
+      assertEquals(Status.NOT_FOUND, e.status(), e.getMessage());
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () ->
+                  ingest.subscribeJetStream(
+                      JetStreamSource.builder(nats.url(), "K.V", "kv.>")
+                          .createStream(true)
+                          .build()));
+      assertEquals(Status.INVALID_ARGUMENT, e.status(), e.getMessage());
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () ->
+                  ingest.subscribeJetStream(
+                      JetStreamSource.builder("nats://127.0.0.1:1", "KV", "kv.>")
+                          .createStream(true)
+                          .build()));
+      assertEquals(Status.UNAVAILABLE, e.status(), e.getMessage());
+
+      long source =
+          ingest.subscribeJetStream(
+              JetStreamSource.builder(nats.url(), "KV", "kv.>")
+                  .durable("gw-1")
+                  .createStream(true)
+                  .build());
+      assertEquals(nats.url(), ingest.sourceEndpoint(source));
+      byte[] good;
+      try (EventBatch batch = new EventBatch()) {
+        good = batch.addStored(cached(3)).encode();
+      }
+      try (MiniNats client = new MiniNats(nats.port())) {
+        client.publish("kv.w1", good); // a core publish: the stream stores it
+        client.flush();
+      }
+      await("stream sequence 1", WAIT, () -> ingest.stats(source).streamSequence() >= 1);
+      IngestStats stats = ingest.stats(source);
+      assertEquals(1, stats.streamSequence());
+      assertEquals(1, stats.messages());
+      assertEquals(1, stats.eventsApplied());
+      assertEquals(1, ingest.stats().streamSequence()); // the largest over the sources
+      assertEquals(3, router.findBestMatch(PROMPT).workerId());
+      assertEquals(4, router.overlapScores(PROMPT).get(0).deviceBlocks());
+    }
+  }
+
   /** Just enough of the NATS client protocol to publish: CONNECT, PUB, PING/PONG. */
   private static final class MiniNats implements AutoCloseable {
     private final Socket socket;

@@ -10,19 +10,32 @@ import java.net.Socket;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
 import java.util.concurrent.TimeUnit;
 
-/** A nats-server on 127.0.0.1 and a free port, for one test; skips the test without one. */
+/**
+ * A nats-server on 127.0.0.1 and a free port (JetStream on if asked), for one test; skips the test
+ * without one.
+ */
 final class NatsServer implements AutoCloseable {
   private final Process process;
   private final int port;
+  private final Path store; // JetStream's, or null
 
-  private NatsServer(Process process, int port) {
+  private NatsServer(Process process, int port, Path store) {
     this.process = process;
     this.port = port;
+    this.store = store;
   }
 
   static NatsServer startOrSkip() throws IOException {
+    return startOrSkip(false);
+  }
+
+  /** With {@code jetstream}: JetStream on, its store in a temporary directory. */
+  static NatsServer startOrSkip(boolean jetstream) throws IOException {
     Path server = null;
     for (String candidate : new String[] {"/usr/sbin/nats-server", "/usr/bin/nats-server"}) {
       if (Files.isExecutable(Path.of(candidate))) server = Path.of(candidate);
@@ -32,12 +45,19 @@ final class NatsServer implements AutoCloseable {
     try (ServerSocket probe = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
       port = probe.getLocalPort();
     }
+    List<String> command =
+        new ArrayList<>(List.of(server.toString(), "-a", "127.0.0.1", "-p", Integer.toString(port)));
+    Path store = null;
+    if (jetstream) {
+      store = Files.createTempDirectory("kvr-java-js");
+      command.addAll(List.of("-js", "-sd", store.toString()));
+    }
     Process process =
-        new ProcessBuilder(server.toString(), "-a", "127.0.0.1", "-p", Integer.toString(port))
+        new ProcessBuilder(command)
             .redirectErrorStream(true)
             .redirectOutput(ProcessBuilder.Redirect.DISCARD)
             .start();
-    NatsServer nats = new NatsServer(process, port);
+    NatsServer nats = new NatsServer(process, port, store);
     try {
       TestSupport.await("nats-server on port " + port, Duration.ofSeconds(10), nats::accepts);
     } catch (AssertionError e) {
@@ -72,6 +92,13 @@ final class NatsServer implements AutoCloseable {
     } catch (InterruptedException e) {
       process.destroyForcibly();
       Thread.currentThread().interrupt();
+    }
+    if (store != null) {
+      try (var files = Files.walk(store)) {
+        files.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+      } catch (IOException e) {
+        // a temporary directory left behind
+      }
     }
   }
 }
