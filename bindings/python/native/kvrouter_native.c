@@ -2278,6 +2278,28 @@ cleanup:
   return NULL;
 }
 
+/* subscribe_jetstream(fields, url, stream, subject, durable) -> source_id */
+static PyObject* ingest_subscribe_jetstream(IngestObject* self, PyObject* args) {
+  PyObject *fields, *url, *stream, *subject, *durable;
+  kvr_jetstream_source js;
+  uint64_t source = 0;
+  kvr_ingest* i;
+  kvr_error* err = NULL;
+  kvr_status st = KVR_OK;
+  if (!PyArg_ParseTuple(args, "OUUUO", &fields, &url, &stream, &subject, &durable)) return NULL;
+  if (init_struct(DESC(kvr_jetstream_source), &js) < 0 ||
+      lower_fields(DESC(kvr_jetstream_source), &js, fields) < 0 ||
+      get_cstr(url, "url", &js.url) < 0 || get_cstr(stream, "stream", &js.stream) < 0 ||
+      get_cstr(subject, "subject", &js.subject) < 0 ||
+      get_cstr(durable, "durable", &js.durable) < 0)
+    return NULL;
+  INGEST_CALL(self, i, st, kvr_ingest_subscribe_jetstream(i, &js, &source, &err));
+  if (st != KVR_OK) return fail(st, err);
+  return PyLong_FromUnsignedLongLong(source);
+cleanup:
+  return NULL;
+}
+
 /* sync_replicas(url, subject, replica_id) -> source_id */
 static PyObject* ingest_sync_replicas(IngestObject* self, PyObject* args) {
   PyObject *url, *subject, *rid;
@@ -2321,6 +2343,7 @@ static PyMethodDef ingest_methods[] = {
     {"add_engine_worker", (PyCFunction)ingest_add_engine_worker, METH_VARARGS, NULL},
     {"remove_engine_worker", (PyCFunction)ingest_remove_engine_worker, METH_VARARGS, NULL},
     {"subscribe_nats", (PyCFunction)ingest_subscribe_nats, METH_VARARGS, NULL},
+    {"subscribe_jetstream", (PyCFunction)ingest_subscribe_jetstream, METH_VARARGS, NULL},
     {"sync_replicas", (PyCFunction)ingest_sync_replicas, METH_VARARGS, NULL},
     {"get_stats", (PyCFunction)ingest_get_stats, METH_O, NULL},
     {"metrics_prometheus", (PyCFunction)ingest_metrics_prometheus, METH_NOARGS, NULL},

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from typing import Callable, Iterator, List
 
@@ -44,28 +45,41 @@ def router() -> Iterator[kvrouter.Router]:
         yield r
 
 
-@pytest.fixture
-def nats_url() -> Iterator[str]:
-    """A nats-server on 127.0.0.1 (skips when none is installed)."""
+def _nats_server(jetstream: bool) -> Iterator[str]:
+    """A nats-server on 127.0.0.1, with JetStream (its store in a temporary directory) if
+    asked; skips when none is installed."""
     binary = shutil.which("nats-server") or next(
         (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(p)), None
     )
     if binary is None:
         pytest.skip("no nats-server installed")
     port = free_port()
-    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory(prefix="kvr-py-js-") as store:
+        argv = [binary, "-a", "127.0.0.1", "-p", str(port)] + (["-js", "-sd", store] if jetstream else [])
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def accepting() -> bool:
+        def accepting() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
+            wait_for("nats-server", accepting)
+            yield f"nats://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
 
-    try:
-        wait_for("nats-server", accepting)
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+
+@pytest.fixture
+def nats_url() -> Iterator[str]:
+    """A nats-server on 127.0.0.1 (skips when none is installed)."""
+    yield from _nats_server(False)
+
+
+@pytest.fixture
+def nats_jetstream_url() -> Iterator[str]:
+    """A nats-server on 127.0.0.1 with JetStream on (skips when none is installed)."""
+    yield from _nats_server(True)

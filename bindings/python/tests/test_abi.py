@@ -10,6 +10,7 @@ import pytest
 
 import kvrouter
 from kvrouter import _abi, _native
+from kvrouter._options import _JetStreamSource
 
 
 def test_struct_tables_match_the_generated_layouts():
@@ -112,6 +113,9 @@ def _value_fields(struct: str) -> set:
                                                        replica_heartbeat_ms=250, replica_timeout_ms=2500)),
         ("kvr_engine_worker", kvrouter.EngineWorker("tcp://127.0.0.1:1", 4, engine=kvrouter.Engine.SGLANG,
                                                     dp_start=1, dp_size=2, block_size=32, eagle=True)),
+        # Ingest.subscribe_jetstream's keyword arguments.
+        ("kvr_jetstream_source", _JetStreamSource(start_sequence=7, resume=True, create_stream=True,
+                                                  max_age_seconds=90.0, max_bytes=1 << 20)),
     ],
 )
 def test_every_option_reaches_its_own_c_field(struct, options):

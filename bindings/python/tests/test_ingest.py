@@ -1,5 +1,5 @@
-"""Live KV events: stream listeners with the publisher, NATS subjects, a vLLM engine over ZMQ,
-router replica sync through a Python callback and over NATS."""
+"""Live KV events: stream listeners with the publisher, NATS subjects, a JetStream stream, a vLLM
+engine over ZMQ, router replica sync through a Python callback and over NATS."""
 
 from __future__ import annotations
 
@@ -90,6 +90,53 @@ def test_nats_subjects(router, nats_url):
             s.recv(4096)  # PONG
         wait_for("the NATS batch applied", lambda: device_blocks(router, p, 4) == 2)
         assert ingest.stats(source).connections >= 1
+
+
+def _nats_publish(url: str, subject: str, data: bytes) -> None:
+    """One message, published by a minimal NATS client (the text protocol), flushed."""
+    import socket
+
+    host, port = url.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.recv(4096)  # INFO
+        s.sendall(b"CONNECT {\"verbose\":false}\r\n" + f"PUB {subject} {len(data)}\r\n".encode() + data
+                  + b"\r\nPING\r\n")
+        s.recv(4096)  # PONG
+
+
+def test_jetstream_stream_created_consumed_and_acknowledged(router, nats_jetstream_url):
+    url = nats_jetstream_url
+    p = prompt(300, 3)
+    with kvrouter.Ingest(router) as ingest:
+        ingest.start()
+        # The refusals: no stream yet (and not asked to create it), a name with '.', no server.
+        with pytest.raises(kvrouter.NotFoundError):
+            ingest.subscribe_jetstream(url, "KV", "kv.>", durable="gw-1")
+        with pytest.raises(kvrouter.InvalidArgumentError):
+            ingest.subscribe_jetstream(url, "K.V", "kv.>", create_stream=True)
+        with pytest.raises(kvrouter.UnavailableError):
+            ingest.subscribe_jetstream(f"nats://127.0.0.1:{free_port()}", "KV", "kv.>", create_stream=True)
+
+        source = ingest.subscribe_jetstream(url, "KV", "kv.>", durable="gw-1", create_stream=True)
+        assert ingest.source_endpoint(source) == url
+        _nats_publish(url, "kv.w1", batch_of(2, p).encode())  # a core publish: the stream stores it
+        wait_for("stream sequence 1", lambda: ingest.stats(source).stream_sequence >= 1)
+        stats = ingest.stats(source)
+        assert (stats.stream_sequence, stats.messages, stats.events_applied) == (1, 1, 1)
+        assert ingest.stats().stream_sequence == 1  # the largest over the sources
+        assert device_blocks(router, p, 2) == 3
+
+
+def test_jetstream_defaults_are_the_librarys():
+    from kvrouter import _abi, _native
+    from kvrouter._options import _JetStreamSource
+
+    lowered = _native.lower("kvr_jetstream_source", _JetStreamSource()._fields())
+    assert lowered == _native.defaults("kvr_jetstream_source")
+    assert (lowered["max_age_seconds"], lowered["max_bytes"]) == (3600.0, 1 << 30)
+    # Each flag from its own argument.
+    assert _JetStreamSource(resume=True)._fields()["flags"] == _abi.JETSTREAM_RESUME
+    assert _JetStreamSource(create_stream=True)._fields()["flags"] == _abi.JETSTREAM_CREATE_STREAM
 
 
 def test_replica_sync_through_a_python_callback():

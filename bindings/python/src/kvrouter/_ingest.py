@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 from . import _native
 from ._native import IngestStats
-from ._options import EngineWorker, IngestOptions, RemovedEvent, StoredEvent
+from ._options import _JETSTREAM, EngineWorker, IngestOptions, RemovedEvent, StoredEvent, _JetStreamSource
 from ._router import Router
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -37,7 +37,8 @@ def _close_open_ingests() -> None:
 class Ingest:
     """One event loop thread that receives KV events and applies them to ``router`` while
     other threads route (``kvr_ingest``; docs/ingest.md). Sources: native stream listeners
-    (:meth:`listen`), NATS subjects (:meth:`subscribe_nats`), vLLM/SGLang ZMQ publishers
+    (:meth:`listen`), NATS subjects (:meth:`subscribe_nats`), NATS JetStream streams
+    (:meth:`subscribe_jetstream`), vLLM/SGLang ZMQ publishers
     (:meth:`add_engine_worker`), and router replica sync (:meth:`sync_replicas`); they may be
     added before or after :meth:`start`. The router cannot be closed while this is open.
     Every method may be called from any thread."""
@@ -96,6 +97,39 @@ class Ingest:
         """Subscribes to a NATS subject (wildcards allowed) carrying native EventBatches;
         returns the source id. UnavailableError if the first connection fails."""
         return self._h.subscribe_nats(url, subject)
+
+    def subscribe_jetstream(
+        self,
+        url: str,
+        stream: str,
+        subject: str,
+        *,
+        durable: Optional[str] = None,
+        start_sequence: int = _JETSTREAM["start_sequence"],
+        resume: bool = False,
+        create_stream: bool = False,
+        max_age_seconds: float = _JETSTREAM["max_age_seconds"],
+        max_bytes: int = _JETSTREAM["max_bytes"],
+    ) -> int:
+        """Consumes the NATS JetStream stream ``stream`` (no spaces, ``.``, ``*`` or ``>``) on
+        the server at ``url``, subjects ``subject`` (wildcards allowed), through a durable
+        consumer named ``durable`` (one per router; None: an ephemeral one): the messages
+        :meth:`subscribe_nats` takes, each acknowledged once applied, so nothing is lost while
+        the ingest or the server is away (``kvr_ingest_subscribe_jetstream``). Returns the
+        source id, whose ``stats().stream_sequence`` is the last stream sequence applied.
+
+        ``start_sequence``: the first sequence delivered (0: the stream's first; after
+        restoring a snapshot taken at ``stream_sequence`` N, N + 1); without ``resume`` an
+        existing durable consumer is replaced, with it it keeps its position.
+        ``create_stream`` creates the stream if absent, keeping ``max_age_seconds`` (default
+        3600; 0: no limit) and ``max_bytes`` (default 1 GiB; -1: no limit).
+
+        Connects and sets up the consumer on the calling thread (the GIL released).
+        InvalidArgumentError for a missing url, stream or subject, a bad name or bad limits;
+        NotFoundError if the stream does not exist (without ``create_stream``);
+        UnavailableError if the server cannot be reached or refuses."""
+        fields = _JetStreamSource(start_sequence, resume, create_stream, max_age_seconds, max_bytes)._fields()
+        return self._h.subscribe_jetstream(fields, url, stream, subject, durable)
 
     def sync_replicas(self, url: str, subject: str, replica_id: str) -> int:
         """Router replica sync over NATS: publishes this router's booking changes on

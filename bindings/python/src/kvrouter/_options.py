@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _native
 from ._abi import (
+    JETSTREAM_CREATE_STREAM,
+    JETSTREAM_RESUME,
     REQUEST_ADMIT,
     ROUTER_APPROXIMATE,
     ROUTER_EAGLE,
@@ -44,6 +46,7 @@ _HINTS = _native.defaults("kvr_routing_hints")
 _DISAGG = _native.defaults("kvr_disagg_options")
 _INGEST = _native.defaults("kvr_ingest_options")
 _ENGINE = _native.defaults("kvr_engine_worker")
+_JETSTREAM = _native.defaults("kvr_jetstream_source")
 
 
 def _flatten_mm(
@@ -330,6 +333,26 @@ class EngineWorker:
             "dp_size": self.dp_size,
             "block_size": self.block_size,
             "flags": STORED_EAGLE if self.eagle else 0,
+        }
+
+
+@dataclass
+class _JetStreamSource:
+    """The value fields of a ``kvr_jetstream_source`` (:meth:`Ingest.subscribe_jetstream`'s
+    keyword arguments; its strings are passed apart), from the library's defaults."""
+
+    start_sequence: int = _JETSTREAM["start_sequence"]
+    resume: bool = False
+    create_stream: bool = False
+    max_age_seconds: float = _JETSTREAM["max_age_seconds"]
+    max_bytes: int = _JETSTREAM["max_bytes"]
+
+    def _fields(self) -> Dict[str, Any]:
+        return {
+            "flags": (JETSTREAM_RESUME if self.resume else 0) | (JETSTREAM_CREATE_STREAM if self.create_stream else 0),
+            "start_sequence": self.start_sequence,
+            "max_age_seconds": self.max_age_seconds,
+            "max_bytes": self.max_bytes,
         }
 
 
