@@ -131,6 +131,10 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
   counter("kvrouter_ingest_connections_total",
           "Stream connections accepted; NATS connections and reconnections.",
           [](const Stats& s) { return s.connections; });
+  AppendPerSource(text, sources, "kvrouter_ingest_stream_sequence", "gauge",
+                  "JetStream: the stream sequence of the last message applied (0 for other "
+                  "sources): a snapshot taken after reading it holds the stream up to there.",
+                  [](const Stats& s) { return s.stream_sequence; });
   AppendPerSource(text, sources, "kvrouter_ingest_state_unknown_ranks", "gauge",
                   "Worker ranks whose state was lost and is not yet re-established.",
                   [](const Stats& s) { return s.state_unknown; });

@@ -348,6 +348,11 @@ public final class KvRouterMetrics implements MeterBinder {
         Tags.empty(),
         IngestStats::connections);
     c.gauge(
+        "kvrouter.ingest.stream.sequence",
+        null,
+        "JetStream: the stream sequence of the last message applied (0 for other sources).",
+        IngestStats::streamSequence);
+    c.gauge(
         "kvrouter.ingest.state.unknown.ranks",
         null,
         "Worker ranks whose state was lost (a gap) and not yet re-established.",
