@@ -253,6 +253,10 @@ const std::vector<OptionSpec>& Options() {
      [](Config& c, std::string_view v) { return ParseHostPort(v, &c.listen_host, &c.listen_port); }},
     {"port-file", "PATH", "write the bound HTTP port to PATH once listening", false, true,
      [](Config& c, std::string_view v) { c.port_file = v; return std::string(); }},
+    {"snapshot-file", "PATH", "restore the KV index from PATH (the body of a GET /v1/snapshot, "
+     "e.g. a peer's) at startup, before any event source starts; with --jetstream-events, start "
+     "at the peer's kvrouter_ingest_stream_sequence + 1, read before taking the snapshot",
+     false, true, [](Config& c, std::string_view v) { c.snapshot_file = v; return std::string(); }},
     {"log-level", "LEVEL", "debug, info (default), warn or error; debug logs every HTTP request",
      false, true, [](Config& c, std::string_view v) {
        return ParseLogLevel(v, &c.log_level) ? std::string()

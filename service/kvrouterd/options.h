@@ -67,6 +67,7 @@ struct Config {
   std::string listen_host = "127.0.0.1";
   int listen_port = 8080;
   std::string port_file;
+  std::string snapshot_file;  // restored at startup, before any event source
   std::string config_file;
   LogLevel log_level = LogLevel::kInfo;
   uint64_t max_body_bytes = 64ull << 20;

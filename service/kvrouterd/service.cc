@@ -3,6 +3,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <set>
 
 #include "kvrouterd/log.h"
@@ -78,6 +80,7 @@ std::string Service::Open(const Config& config) {
     kvr_error* err = nullptr;
     ThrowIfError(kvr_router_new(&config.router, &router_, &err), err);
     ThrowIfError(kvr_router_set_plan_deadline(router_, config.plan_deadline_seconds, &err), err);
+    if (!config.snapshot_file.empty()) RestoreSnapshotFile(config.snapshot_file);
     ThrowIfError(kvr_ingest_new(router_, &config.ingest, &ingest_, &err), err);
     ThrowIfError(kvr_ingest_start(ingest_, &err), err);
     for (const std::string& endpoint : config.listen_events) {
@@ -366,6 +369,16 @@ void Service::Unsubscribe(uint64_t worker_id) {
         {{"worker_id", worker_id}, {"error", err ? kvr_error_message(err) : ""}});
   }
   kvr_error_free(err);
+}
+
+void Service::RestoreSnapshotFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw ApiError(KVR_NOT_FOUND, "cannot read the snapshot file " + path);
+  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_restore(router_, bytes.data(), bytes.size(), &err), err);
+  Log(LogLevel::kInfo, "restored the KV index from a snapshot",
+      {{"file", path}, {"bytes", std::to_string(bytes.size())}});
 }
 
 void Service::SubscribeJetStream(const JetStreamSpec& spec) {

@@ -76,6 +76,8 @@ class Service {
   void Subscribe(const WorkerSpec& worker);
   // Consumes a JetStream stream of KV events (throws ApiError as the other calls do).
   void SubscribeJetStream(const JetStreamSpec& spec);
+  // Loads a snapshot file into the (empty) index (throws ApiError as the other calls do).
+  void RestoreSnapshotFile(const std::string& path);
   void Unsubscribe(uint64_t worker_id);
   std::string OwnMetrics();
 

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -83,10 +84,11 @@ class KvrouterdTest : public ::testing::Test {
   }
 
   // Starts the daemon on the config and waits for its port file.
-  void Start() {
+  void Start(std::vector<std::string> extra_args = {}) {
     std::filesystem::remove(PortFile());
-    daemon_ = std::make_unique<DaemonProcess>(KVRD_BINARY,
-                                              std::vector<std::string>{"--config", ConfigPath()});
+    std::vector<std::string> args{"--config", ConfigPath()};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    daemon_ = std::make_unique<DaemonProcess>(KVRD_BINARY, args);
     ASSERT_GT(daemon_->pid(), 0);
     ASSERT_TRUE(WaitFor([&] { return !kvrouterd_test::ReadFile(PortFile()).empty(); }))
         << "kvrouterd wrote no port file";
@@ -419,6 +421,16 @@ TEST_F(KvrouterdTest, RestartRestoresTheSnapshot) {
   const int refused = Http(port_, "PUT", "/v1/snapshot", "garbage").status;
   EXPECT_TRUE(refused == 400 || refused == 409) << refused;  // not a snapshot; index not empty
   Stop();
+
+  // A new replica starts warm from a file holding that snapshot.
+  const std::string file = ConfigPath() + ".snapshot";
+  std::ofstream(file, std::ios::binary) << snapshot.body;
+  Start({"--snapshot-file", file});
+  const json warm = Body(Post("/v1/preview", RouteBody("")));
+  EXPECT_EQ(warm["worker_id"], 2);
+  EXPECT_EQ(warm["overlap_blocks"], 2);
+  Stop();
+  std::filesystem::remove(file);
 }
 
 // The command line: --help and --version exit 0; bad settings exit non-zero with a message.
