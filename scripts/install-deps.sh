@@ -9,8 +9,10 @@ packages=(
   build-essential cmake ninja-build pkg-config clang-format python3
   # core
   libabsl-dev libxxhash-dev nlohmann-json3-dev
-  # kvrouterd (service/kvrouterd): its HTTP/1.1 parser (nlohmann-json above is its JSON)
-  libhttp-parser-dev
+  # kvrouterd (service/kvrouterd): its HTTP/1.1 parser (nlohmann-json above is its JSON), and
+  # help2man for its manual page; systemd for its package's test (the postinst's
+  # systemd-sysusers, systemd-analyze verify on the unit)
+  libhttp-parser-dev help2man systemd
   # wire formats and ingestion
   libflatbuffers-dev flatbuffers-compiler libuv1-dev libnats-dev nats-server
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev

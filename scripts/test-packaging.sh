@@ -34,6 +34,13 @@
 #      and run, and /usr/bin/kvrouter replays a slice of the bundled trace; then apt-get purges
 #      them and the system must be as before. Otherwise apt-get only simulates that installation
 #      from the repository.
+#  (g) kvrouterd's package: its fields, files, conffile, maintainer scripts (the system user
+#      from its sysusers.d file, the systemd unit enabled), hardening and -dbgsym; then the
+#      unit's ExecStart is run as the unit says (its User and Group, its RuntimeDirectory, the
+#      packaged configuration with a free port): the API answers /healthz and routes, SIGHUP
+#      (ExecReload) reloads, SIGTERM stops it with status 0. As root with KVR_PACKAGE_INSTALL=1
+#      that is the package apt-get installed (systemd-analyze verify checks the unit; then it is
+#      purged); otherwise the extracted package, as the calling user.
 # Ends with "packaging: N checks passed". Needs dpkg-dev, debhelper, lintian, apt-utils, file,
 # pkg-config, binutils and abigail-tools, and the Build-Depends of debian/control
 # (scripts/install-deps.sh installs them all).
@@ -73,7 +80,10 @@ runtime_pkg=libkvrouter$soversion
 dev_pkg=libkvrouter-dev
 tool_pkg=kvrouter
 data_pkg=kvrouter-data
+# The library's and the tool's packages; kvrouterd's (a service, with maintainer scripts) is
+# checked on its own in (g).
 packages=("$tool_pkg" "$data_pkg" "$dev_pkg" "$runtime_pkg")
+service_pkg=kvrouterd
 libdir=lib/$multiarch
 echo "kvrouter $version: SONAME libkvrouter.so.$soversion, packages $runtime_pkg, $dev_pkg," \
   "$tool_pkg and $data_pkg $deb_version ($arch), libdir $libdir"
@@ -540,7 +550,7 @@ ok "lintian: no error, warning or informational tag but the" \
 dsc=$deb_dir/kvrouter_$deb_version.dsc
 expect_eq "source package format" "$(sed -n 's/^Format: //p' "$dsc")" "3.0 (quilt)"
 expect_eq "source package binaries" "$(sed -n 's/^Binary: //p' "$dsc")" \
-  "$runtime_pkg, $dev_pkg, $tool_pkg, $data_pkg"
+  "$runtime_pkg, $dev_pkg, $tool_pkg, $data_pkg, $service_pkg"
 orig=$deb_dir/kvrouter_$version.orig.tar.xz
 in_orig=$(tar -tJf "$orig" | grep -c "^kvrouter-$version/debian/" || true)
 expect_eq "files under debian/ in $(basename "$orig")" "$in_orig" 0
@@ -806,7 +816,8 @@ for f in Packages Packages.gz Sources Sources.gz Release kvrouter.sources; do
 done
 expect_same_lines "packages in the repository's Packages" \
   "$(sed -n 's/^Package: //p' "$repo/Packages" | LC_ALL=C sort)" \
-  "$(printf '%s\n' "${packages[@]}" "$runtime_pkg-dbgsym" "$tool_pkg-dbgsym" | LC_ALL=C sort)"
+  "$(printf '%s\n' "${packages[@]}" "$runtime_pkg-dbgsym" "$tool_pkg-dbgsym" "$service_pkg" \
+    "$service_pkg-dbgsym" | LC_ALL=C sort)"
 expect_eq "source package in the repository's Sources" \
   "$(sed -n 's/^Package: //p; s/^Version: //p' "$repo/Sources" | tr '\n' ' ')" \
   "kvrouter $deb_version "
@@ -879,6 +890,168 @@ else
   expect_same_lines "packages apt-get would install from $repo" \
     "$(sed -n 's/^Inst \([^ ]*\) .*/\1/p' "$tmp/apt-simulate.log" | LC_ALL=C sort)" \
     "$(printf '%s\n' "${packages[@]}" | LC_ALL=C sort)"
+fi
+
+echo "== (g) kvrouterd: the service package and its systemd unit's ExecStart =="
+service_deb=$deb_dir/${service_pkg}_${deb_version}_$arch.deb
+[ -f "$service_deb" ] || fail "dpkg-buildpackage did not make $service_deb"
+expect_eq "$service_pkg Section" "$(field "$service_deb" Section)" net
+grep -qE "(^|, )$runtime_pkg \(>= $version\)(,|$)" <<<"$(field "$service_deb" Depends)" ||
+  fail "$service_pkg's Depends lacks $runtime_pkg (>= $version): $(field "$service_deb" Depends)"
+ok "$service_pkg depends on $runtime_pkg (>= $version)"
+long=$(field "$service_deb" Description | awk 'length > 79')
+[ -z "$long" ] || fail "$service_pkg: description lines over 79 characters: $long"
+# What it holds: the daemon, its manual page, its configuration (a conffile), the unit, the
+# sysusers.d file, the API documentation and the example configuration.
+service_files=$(dpkg-deb --contents "$service_deb" | awk '$1 !~ /^d/ {print $6}' |
+  sed 's|^\./||' | uncompressed_docs | sed -E 's|^usr/(share/doc/[^/]+/[^/]+\.md)\.gz$|usr/\1|' |
+  LC_ALL=C sort)
+expect_same_lines "files of $service_pkg" "$service_files" "$(LC_ALL=C sort <<LIST
+etc/kvrouterd/kvrouterd.conf
+lib/systemd/system/kvrouterd.service
+usr/lib/sysusers.d/kvrouterd.conf
+usr/sbin/kvrouterd
+usr/share/doc/kvrouterd/changelog.Debian.gz
+usr/share/doc/kvrouterd/copyright
+usr/share/doc/kvrouterd/examples/kvrouterd.conf.example
+usr/share/doc/kvrouterd/kvrouterd.md
+usr/share/lintian/overrides/kvrouterd
+usr/share/man/man8/kvrouterd.8.gz
+LIST
+)"
+expect_eq "$service_pkg conffiles" "$(dpkg-deb --info "$service_deb" conffiles)" \
+  /etc/kvrouterd/kvrouterd.conf
+control=$tmp/control-service
+dpkg-deb --control "$service_deb" "$control"
+grep -q 'systemd-sysusers' "$control/postinst" ||
+  fail "$service_pkg's postinst does not create its user with systemd-sysusers"
+grep -q 'deb-systemd-helper' "$control/postinst" ||
+  fail "$service_pkg's postinst does not enable its unit (deb-systemd-helper)"
+ok "$service_pkg's postinst creates the system user (systemd-sysusers) and enables the unit"
+extracted=$tmp/service
+dpkg-deb -x "$service_deb" "$extracted"
+daemon=$extracted/usr/sbin/kvrouterd
+[[ $(file -L "$daemon") == *", stripped"* ]] || fail "usr/sbin/kvrouterd is not stripped"
+grep -qE '\(FLAGS_1\).*\bNOW\b.*\bPIE\b|\(FLAGS_1\).*\bPIE\b' <(readelf -dW "$daemon") ||
+  fail "usr/sbin/kvrouterd is not a position-independent executable linked with -z now"
+readelf -lW "$daemon" | grep -q GNU_RELRO || fail "usr/sbin/kvrouterd has no RELRO segment"
+grep -q ' __stack_chk_fail@' <(nm -D --undefined-only "$daemon") ||
+  fail "usr/sbin/kvrouterd: no stack protector"
+ok "usr/sbin/kvrouterd: stripped, PIE, bindnow, RELRO, stack protector"
+id=$(readelf -n "$daemon" 2>/dev/null | sed -n 's/^ *Build ID: //p')
+[ -n "$(dpkg-deb --contents "$deb_dir/${service_pkg}-dbgsym_${deb_version}_$arch.deb" |
+  grep -F "${id:0:2}/${id:2}.debug")" ] || fail "$service_pkg-dbgsym lacks the daemon's debug file"
+ok "$service_pkg-dbgsym holds the daemon's debug information (build id $id)"
+# The manual page lists every option --help prints.
+man_page=$tmp/kvrouterd.8
+gunzip -c "$extracted/usr/share/man/man8/kvrouterd.8.gz" >"$man_page"
+# (help2man writes each option as \fB\-\-name\fR; the page's dashes are all escaped first.)
+packaged_libs=$tmp/extracted/usr/$libdir  # (d)'s extracted packages
+escaped_page=$(sed 's/\\-/-/g; s/-/\\-/g' "$man_page")
+for option in $(LD_LIBRARY_PATH=$packaged_libs "$daemon" --help | grep -oE '^  --[a-z-]+'); do
+  grep -qF -- "\\fB${option//-/\\-}" <<<"$escaped_page" ||
+    fail "the manual page does not document $option"
+done
+ok "the manual page documents every option of kvrouterd --help"
+
+unit=$extracted/lib/systemd/system/kvrouterd.service
+unit_value() { sed -n "s/^$1=//p" "$unit"; }  # unit_value KEY: the unit's setting
+exec_start=$(unit_value ExecStart)
+expect_eq "the unit's ExecStart" "$exec_start" \
+  "/usr/sbin/kvrouterd --config /etc/kvrouterd/kvrouterd.conf"
+expect_eq "the unit's User" "$(unit_value User)" kvrouterd
+expect_eq "the unit's sysusers.d user" \
+  "$(awk '$1 == "u" {print $2}' "$extracted/usr/lib/sysusers.d/kvrouterd.conf")" kvrouterd
+
+# free_port: a port on 127.0.0.1 nothing listens on now.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# http METHOD URL [BODY]: the response's status and body ("000" when nothing answers).
+http() {
+  python3 - "$@" <<'PY'
+import sys, urllib.request, urllib.error
+method, url = sys.argv[1], sys.argv[2]
+data = sys.argv[3].encode() if len(sys.argv) > 3 else None
+request = urllib.request.Request(url, data=data, method=method)
+try:
+    with urllib.request.urlopen(request, timeout=5) as r:
+        print(r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+except OSError:
+    print("000")
+PY
+}
+# run_unit LABEL CONFIG COMMAND...: runs the daemon as COMMAND (the unit's ExecStart, with its
+# user) with CONFIG's API on a free port; checks /healthz, a worker added and a route, SIGHUP
+# (ExecReload) and SIGTERM (exit status 0).
+run_unit() {
+  local label=$1 config=$2 port pid status answer
+  shift 2
+  port=$(free_port)
+  sed -i "s/^listen = .*/listen = 127.0.0.1:$port/" "$config"
+  "$@" 2>"$tmp/kvrouterd-$label.log" &
+  pid=$!
+  for _ in $(seq 100); do
+    answer=$(http GET "http://127.0.0.1:$port/healthz")
+    [[ $answer == 200* ]] && break
+    sleep 0.1
+  done
+  [[ $answer == 200* ]] || fail "$label: /healthz did not answer 200: $answer" \
+    "$(cat "$tmp/kvrouterd-$label.log")"
+  ok "$label: kvrouterd started by the unit's ExecStart answers /healthz on 127.0.0.1:$port"
+  answer=$(http POST "http://127.0.0.1:$port/v1/workers" '{"worker_id": 7, "address": "127.0.0.1:9"}')
+  [[ $answer == 201* ]] || fail "$label: adding a worker: $answer"
+  answer=$(http POST "http://127.0.0.1:$port/v1/route" '{"request_id": "r1", "token_ids": [1, 2, 3]}')
+  [[ $answer == 200*'"worker_id":7'* ]] || fail "$label: routing: $answer"
+  ok "$label: a worker added and a request routed to it over the API"
+  kill -HUP "$pid"  # the unit's ExecReload
+  sleep 0.5
+  [[ $(http GET "http://127.0.0.1:$port/healthz") == 200* ]] ||
+    fail "$label: not healthy after SIGHUP: $(cat "$tmp/kvrouterd-$label.log")"
+  grep -q reload "$tmp/kvrouterd-$label.log" || fail "$label: SIGHUP logged no reload"
+  kill -TERM "$pid"
+  status=0
+  wait "$pid" || status=$?
+  expect_eq "$label: exit status after SIGTERM" "$status" 0
+}
+
+if [ "${KVR_PACKAGE_INSTALL:-0}" = 1 ]; then
+  echo "-- apt-get install $service_pkg from $repo into the system"
+  [ ! -e /usr/sbin/kvrouterd ] || fail "/usr/sbin/kvrouterd exists already"
+  installed_by_us=1
+  packages=("$service_pkg" "$runtime_pkg")  # what cleanup() purges if this fails
+  run_logged "$tmp/apt-install-service.log" env DEBIAN_FRONTEND=noninteractive \
+    apt-get "${apt_opts[@]}" install -y "$service_pkg"
+  user=$(getent passwd kvrouterd) || fail "the package did not create the user kvrouterd"
+  IFS=: read -r _ _ uid _ _ home shell <<<"$user"
+  [ "$uid" -lt 1000 ] && [ "$home" = /nonexistent ] && [[ $shell == */nologin ]] ||
+    fail "kvrouterd is not a system user without home or shell: $user"
+  ok "the system user kvrouterd exists (uid $uid, home $home, shell $shell)"
+  run_logged "$tmp/systemd-analyze.log" systemd-analyze verify /lib/systemd/system/kvrouterd.service
+  ok "systemd-analyze verify accepts the installed unit"
+  # As systemd would: RuntimeDirectory= made for the user, then ExecStart as User/Group.
+  install -d -o kvrouterd -g kvrouterd /run/kvrouterd
+  read -r -a command <<<"$exec_start"
+  run_unit installed /etc/kvrouterd/kvrouterd.conf \
+    setpriv --reuid=kvrouterd --regid=kvrouterd --init-groups --no-new-privs -- "${command[@]}"
+  rmdir /run/kvrouterd
+  run_logged "$tmp/apt-purge-service.log" env DEBIAN_FRONTEND=noninteractive \
+    apt-get "${apt_opts[@]}" purge -y "$service_pkg" "$runtime_pkg"
+  installed_by_us=0
+  for f in /usr/sbin/kvrouterd /etc/kvrouterd /lib/systemd/system/kvrouterd.service; do
+    [ ! -e "$f" ] || fail "$f is left after apt-get purge"
+  done
+  ok "kvrouterd purged: its files and its configuration are gone"
+else
+  echo "-- not installing into the system (that needs root and KVR_PACKAGE_INSTALL=1): the" \
+    "unit's ExecStart runs from the extracted package, as $(id -un)"
+  config=$tmp/kvrouterd.conf
+  cp "$extracted/etc/kvrouterd/kvrouterd.conf" "$config"
+  read -r -a command <<<"${exec_start//\/etc\/kvrouterd\/kvrouterd.conf/$config}"
+  command[0]=$extracted${command[0]}
+  run_unit extracted "$config" env LD_LIBRARY_PATH="$packaged_libs" "${command[@]}"
 fi
 
 echo "packaging: $checks checks passed"
