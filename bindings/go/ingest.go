@@ -231,6 +231,14 @@ func (w *EngineWorker) toC(a *args) *C.kvr_engine_worker {
 // router's, a bad endpoint or a bad rank count; ErrAlreadyExists for a worker id already
 // subscribed.
 func (in *Ingest) AddEngineWorker(w EngineWorker) (uint64, error) {
+	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_ingest_add_engine_worker(h, w.toC(a), id, cerr)
+	})
+}
+
+// addSource makes one of the C calls that add a source (call gets the handle, the arguments'
+// allocator, and where to put the source's id and the error) and returns the source's id.
+func (in *Ingest) addSource(call func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status) (uint64, error) {
 	h := in.handle()
 	if h == nil {
 		return 0, ErrClosed
@@ -238,10 +246,9 @@ func (in *Ingest) AddEngineWorker(w EngineWorker) (uint64, error) {
 	defer runtime.KeepAlive(in)
 	var a args
 	defer a.release()
-	c := w.toC(&a)
 	var id C.uint64_t
 	var cerr *C.kvr_error
-	if err := takeError(C.kvr_ingest_add_engine_worker(h, c, &id, &cerr), cerr); err != nil {
+	if err := takeError(call(h, &a, &id, &cerr), cerr); err != nil {
 		return 0, err
 	}
 	return uint64(id), nil
@@ -271,20 +278,9 @@ func (in *Ingest) RemoveEngineWorker(workerID uint64, clearIndex bool) error {
 func (in *Ingest) SubscribeNATS(url, subject string) (uint64, error) {
 	in.natsMu.RLock()
 	defer in.natsMu.RUnlock()
-	h := in.handle()
-	if h == nil {
-		return 0, ErrClosed
-	}
-	defer runtime.KeepAlive(in)
-	var a args
-	defer a.release()
-	var id C.uint64_t
-	var cerr *C.kvr_error
-	st := C.kvr_ingest_subscribe_nats(h, a.str(url), a.str(subject), &id, &cerr)
-	if err := takeError(st, cerr); err != nil {
-		return 0, err
-	}
-	return uint64(id), nil
+	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_ingest_subscribe_nats(h, a.str(url), a.str(subject), id, cerr)
+	})
 }
 
 // JetStreamSource is a NATS JetStream stream to consume KV events from (the messages
@@ -346,20 +342,9 @@ func (s *JetStreamSource) toC(a *args) *C.kvr_jetstream_source {
 func (in *Ingest) SubscribeJetStream(s JetStreamSource) (uint64, error) {
 	in.natsMu.RLock()
 	defer in.natsMu.RUnlock()
-	h := in.handle()
-	if h == nil {
-		return 0, ErrClosed
-	}
-	defer runtime.KeepAlive(in)
-	var a args
-	defer a.release()
-	c := s.toC(&a)
-	var id C.uint64_t
-	var cerr *C.kvr_error
-	if err := takeError(C.kvr_ingest_subscribe_jetstream(h, c, &id, &cerr), cerr); err != nil {
-		return 0, err
-	}
-	return uint64(id), nil
+	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_ingest_subscribe_jetstream(h, s.toC(a), id, cerr)
+	})
 }
 
 // IngestStats are the counters of one source, or of every source together.

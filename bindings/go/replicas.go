@@ -147,18 +147,7 @@ func (r *Router) ExpireReplicas(timeout time.Duration) (int, error) {
 func (in *Ingest) SyncReplicas(url, subject, replicaID string) (uint64, error) {
 	in.natsMu.RLock()
 	defer in.natsMu.RUnlock()
-	h := in.handle()
-	if h == nil {
-		return 0, ErrClosed
-	}
-	defer runtime.KeepAlive(in)
-	var a args
-	defer a.release()
-	var id C.uint64_t
-	var cerr *C.kvr_error
-	st := C.kvr_ingest_sync_replicas(h, a.str(url), a.str(subject), a.str(replicaID), &id, &cerr)
-	if err := takeError(st, cerr); err != nil {
-		return 0, err
-	}
-	return uint64(id), nil
+	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_ingest_sync_replicas(h, a.str(url), a.str(subject), a.str(replicaID), id, cerr)
+	})
 }
