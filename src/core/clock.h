@@ -17,6 +17,9 @@ inline constexpr Nanos kNanosPerSecond = 1'000'000'000;
 inline constexpr Nanos SecondsToNanos(double seconds) {
   return static_cast<Nanos>(seconds * static_cast<double>(kNanosPerSecond));
 }
+inline constexpr Nanos MillisToNanos(uint64_t millis) {
+  return static_cast<Nanos>(millis) * 1'000'000;
+}
 
 // Wall-clock nanoseconds since the Unix epoch. Only for timestamps that cross machines (a
 // publisher's publish time, the lag measured from it); never for ageing state.

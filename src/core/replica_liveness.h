@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "core/clock.h"
 
 namespace kvrouter {
@@ -26,7 +27,9 @@ class ReplicaLiveness {
 
   // Any other change from `origin`: alive too, if it is tracked.
   void Heard(std::string_view origin, Nanos now) {
-    if (auto it = origins_.find(std::string(origin)); it != origins_.end()) {
+    // (absl::string_view: a lookup without copying the name; Debian's Abseil has its own.)
+    if (auto it = origins_.find(absl::string_view(origin.data(), origin.size()));
+        it != origins_.end()) {
       it->second.last_heard = now;
     }
   }

@@ -151,8 +151,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
         if (observer_.active()) AnnounceBookingsLocked();
         break;
       case SequenceChange::Kind::kHeartbeat:
-        liveness_.Beat(origin, static_cast<Nanos>(change.heartbeat_interval_ms) * 1'000'000,
-                       clock_.Now());
+        liveness_.Beat(origin, MillisToNanos(change.heartbeat_interval_ms), clock_.Now());
         break;
     }
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);

@@ -344,8 +344,7 @@ void NatsSubscriptions::OnLivenessTick() {
     (void)loop_.router->PublishHeartbeat(options.replica_heartbeat_ms);
   }
   if (options.replica_timeout_ms > 0) {
-    (void)loop_.router->ExpireSilentReplicas(static_cast<Nanos>(options.replica_timeout_ms) *
-                                             1'000'000);
+    (void)loop_.router->ExpireSilentReplicas(MillisToNanos(options.replica_timeout_ms));
   }
 }
 
