@@ -385,10 +385,14 @@ void Router::RecheckQueue() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// State digest
+// State and index digests
+
+uint64_t Router::IndexDigest() const {
+  return index_ ? index_->StateDigest() : approx_->index().StateDigest();
+}
 
 uint64_t Router::StateDigest() const {
-  const uint64_t index = index_ ? index_->StateDigest() : approx_->index().StateDigest();
+  const uint64_t index = IndexDigest();
   std::lock_guard lock(gate_);
   // Sums of per-item hashes: independent of the hash tables' iteration order.
   uint64_t queue = 0;

@@ -306,6 +306,11 @@ class Router {
   // An order-independent digest of all routing state: the index, active requests, the queue,
   // plans and session bindings. Equal digests: every future answer is the same.
   uint64_t StateDigest() const;
+  // A digest of the KV index alone: which ranks it knows and which blocks each holds, on which
+  // tiers, under which prefix. Unlike StateDigest it is the same in every process (fixed mixing,
+  // no per-process hash seed), so replicas fed the same events can compare their views. In
+  // approximate mode the index is the one routing decisions record into.
+  uint64_t IndexDigest() const;
 
   // --- Read-only views. ---
   // The load every rank would carry with this prompt (options.prompt and overrides apply).

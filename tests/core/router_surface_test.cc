@@ -1,7 +1,7 @@
 // What the Router does for every front end that the C layer used to do itself: applying a batch
 // of events with one aggregated error, counting decisions and rejected inputs, the preconditions
-// of restoring a snapshot, and the router-wide options (eagle hashing, entropy seeding, a
-// worker's block size of 0).
+// of restoring a snapshot, the index digest replicas compare, and the router-wide options (eagle
+// hashing, entropy seeding, a worker's block size of 0).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -209,6 +209,53 @@ TEST_F(RouterSurfaceTest, RestoringASnapshotChecksItsBlockSizeAndAnEmptyIndex) {
   ASSERT_TRUE(approximate.ok());
   EXPECT_EQ((*approximate)->RestoreSnapshot(kBlockSize, dump).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index digest
+
+// Replicas compare IndexDigest across processes, so it may depend only on which blocks each
+// rank holds: not on the order workers were registered or events of different workers arrived,
+// nor on how many trees the index is split over.
+TEST_F(RouterSurfaceTest, TheIndexDigestDependsOnlyOnWhichRankHoldsWhichBlocks) {
+  auto one = Router::Create({.block_size = kBlockSize, .index_shards = 1});
+  auto four = Router::Create({.block_size = kBlockSize, .index_shards = 4});
+  ASSERT_TRUE(one.ok() && four.ok());
+  for (uint64_t w : {1, 2, 3}) ASSERT_TRUE((*one)->AddWorker({.worker_id = w}).ok());
+  for (uint64_t w : {3, 1, 2}) ASSERT_TRUE((*four)->AddWorker({.worker_id = w}).ok());
+  const std::vector<KvEvent> events = {Stored(1, Tokens(3)), Stored(2, Tokens(2)),
+                                       Stored(3, Tokens(4, 100))};
+  ASSERT_TRUE((*one)->ApplyEvents(events).ok());
+  const std::vector<KvEvent> reversed(events.rbegin(), events.rend());
+  ASSERT_TRUE((*four)->ApplyEvents(reversed).ok());
+  EXPECT_EQ((*one)->IndexDigest(), (*four)->IndexDigest());
+
+  // One block fewer on worker 2 is another index.
+  const uint64_t last_of_two = std::get<StoredEvent>(events[1].data).block_hashes.back();
+  ASSERT_TRUE((*four)->ApplyEvent(Removed(2, last_of_two)).ok());
+  EXPECT_NE((*one)->IndexDigest(), (*four)->IndexDigest());
+}
+
+TEST_F(RouterSurfaceTest, AnIndexRestoredFromASnapshotHasTheSameIndexDigest) {
+  Make();
+  ASSERT_TRUE(
+      router_->ApplyEvents(std::vector<KvEvent>{Stored(1, Tokens(3)), Stored(2, Tokens(5, 40))})
+          .ok());
+  auto fresh = Router::Create({.block_size = kBlockSize, .index_shards = 3});
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE((*fresh)->RestoreSnapshot(kBlockSize, router_->DumpIndexEvents()).ok());
+  EXPECT_EQ((*fresh)->IndexDigest(), router_->IndexDigest());
+}
+
+TEST_F(RouterSurfaceTest, ABookingChangesTheStateDigestButNotTheIndexDigest) {
+  Make();
+  ASSERT_TRUE(router_->ApplyEvents(std::vector<KvEvent>{Stored(1, Tokens(3))}).ok());
+  const uint64_t index = router_->IndexDigest();
+  const uint64_t state = router_->StateDigest();
+  ASSERT_TRUE(router_->FindBestMatch(Tokens(4), {.with_admission = true, .request_id = "r"}).ok());
+  EXPECT_EQ(router_->active_requests(), 1u);
+  EXPECT_NE(router_->StateDigest(), state);
+  EXPECT_EQ(router_->IndexDigest(), index);
 }
 
 // ---------------------------------------------------------------------------------------------
