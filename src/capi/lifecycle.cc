@@ -1,6 +1,6 @@
 // Staged routing through the C ABI: preview, plan, commit and abort, per-phase pins, session
-// affinity and the state digest. The core (Router::Preview / Plan / Commit / Abort) does the
-// work; this file converts the C structs and maps statuses.
+// affinity and the state and index digests. The core (Router::Preview / Plan / Commit / Abort)
+// does the work; this file converts the C structs and maps statuses.
 #include <cstring>
 #include <optional>
 #include <span>
@@ -225,6 +225,15 @@ KVR_API kvr_status kvr_router_state_digest(kvr_router* router, uint64_t* out, kv
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     *out = router->router->StateDigest();
+    return KVR_OK;
+  });
+}
+
+KVR_API kvr_status kvr_router_index_digest(kvr_router* router, uint64_t* out, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = RequireNonNull(err, out, "out")) return s;
+    *out = router->router->IndexDigest();
     return KVR_OK;
   });
 }

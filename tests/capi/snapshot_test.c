@@ -1,7 +1,9 @@
 /* Index snapshots: kvr_router_snapshot (a library-owned kvr_buffer read with kvr_buffer_data /
  * kvr_buffer_size, released with kvr_buffer_free) and kvr_router_restore, including malformed
  * and truncated buffers (rejected with KVR_INVALID_ARGUMENT, nothing applied). The valid
- * IndexSnapshot inputs come from kvr_router_snapshot itself. */
+ * IndexSnapshot inputs come from kvr_router_snapshot itself. Also kvr_router_index_digest, by
+ * which replicas compare their indexes: equal after a restore, blind to bookings, and fixed for
+ * a fixed index. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -268,6 +270,78 @@ static void snapshot_null_arguments(void** state) {
   kvr_buffer_free(NULL);
 }
 
+static uint64_t index_digest(kvr_router* router) {
+  uint64_t digest = 0;
+  KVT_OK(kvr_router_index_digest(router, &digest, ERRP));
+  return digest;
+}
+
+static uint64_t state_digest(kvr_router* router) {
+  uint64_t digest = 0;
+  KVT_OK(kvr_router_state_digest(router, &digest, ERRP));
+  return digest;
+}
+
+/* Replicas compare index digests: a restored snapshot has the source's, another block set
+ * has another. */
+static void index_digest_of_a_restored_snapshot(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_router* copy = empty_router();
+  uint64_t hashes[1] = {17}; /* the last block of prompt a on worker 1 */
+  kvr_removed_event removed;
+  assert_int_not_equal(index_digest(f->source), index_digest(copy));
+  KVT_OK(
+      kvr_router_restore(copy, kvr_buffer_data(f->snapshot), kvr_buffer_size(f->snapshot), ERRP));
+  assert_int_equal(index_digest(f->source), index_digest(copy));
+
+  kvr_removed_event_init(&removed, sizeof removed);
+  removed.worker_id = 1;
+  removed.block_hashes = hashes;
+  removed.num_blocks = 1;
+  KVT_OK(kvr_router_apply_removed(copy, &removed, ERRP));
+  assert_int_not_equal(index_digest(f->source), index_digest(copy));
+  kvr_router_free(copy);
+}
+
+/* A booking is routing state but not the index: the state digest moves, the index digest
+ * stays. */
+static void index_digest_ignores_bookings(void** state) {
+  fixture* f = (fixture*)*state;
+  const uint64_t index_before = index_digest(f->source);
+  const uint64_t state_before = state_digest(f->source);
+  kvr_request_options admit = kvt_admit("booked");
+  kvr_route_result result;
+  kvr_route_result_init(&result, sizeof result);
+  KVT_OK(kvr_find_best_match(f->source, f->a, 8 * BS, &admit, &result, NULL, 0, NULL, ERRP));
+  assert_int_not_equal(state_before, state_digest(f->source));
+  assert_int_equal(index_before, index_digest(f->source));
+}
+
+/* The digest is defined independently of the process (unlike the state digest), so a fixed
+ * index has a fixed digest. The constant was worked out by hand from the definition in
+ * RadixIndex::StateDigest (splitmix64 over the rank, the engine hashes, the tier bits and the
+ * path of local hashes, from kvr_compute_block_hashes), not read off the library. It changes
+ * only with a documented change of the digest's definition (or of local block hashing) in
+ * docs/api-stability.md. */
+static void index_digest_of_a_fixed_index(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  uint32_t tokens[2 * BS];
+  (void)state;
+  kvt_add_worker(router, 1);
+  kvt_fill_tokens(tokens, 2 * BS, 0);
+  /* Worker 1, rank 0, device tier: blocks 0-3 and 4-7 with engine hashes 10 and 11. */
+  KVT_OK(kvt_store(router, 1, 0, KVR_TIER_DEVICE, tokens, 2, BS, 10, 0, 0, ERRP));
+  assert_int_equal(UINT64_C(0x4f6fc79668578e72), index_digest(router));
+  kvr_router_free(router);
+}
+
+static void index_digest_null_arguments(void** state) {
+  fixture* f = (fixture*)*state;
+  uint64_t digest = 0;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_index_digest(NULL, &digest, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_index_digest(f->source, NULL, ERRP));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(snapshot_and_restore, setup, teardown),
@@ -280,6 +354,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(restore_flipped_bytes_never_crash, setup, teardown),
       cmocka_unit_test_setup_teardown(future_format_version_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(snapshot_null_arguments, setup, teardown),
+      cmocka_unit_test_setup_teardown(index_digest_of_a_restored_snapshot, setup, teardown),
+      cmocka_unit_test_setup_teardown(index_digest_ignores_bookings, setup, teardown),
+      cmocka_unit_test(index_digest_of_a_fixed_index),
+      cmocka_unit_test_setup_teardown(index_digest_null_arguments, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1312,6 +1312,18 @@ extern "C" {
         out: *mut u64,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
+    /// A digest of the KV index alone: which worker and rank holds which block, on which tier,
+    /// under which prefix (ranks the index knows of that hold nothing count too). Unlike
+    /// kvr_router_state_digest it is equal across processes and machines running the same library
+    /// version when their indexes hold the same blocks, so replicas can compare their views.
+    /// Bookings, the queue, plans and sessions do not enter it (in approximate mode, committed
+    /// routing decisions are what the index holds). It may change between library versions.
+    /// @thread_safety concurrent
+    pub fn kvr_router_index_digest(
+        router: *mut kvr_router,
+        out: *mut u64,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
     /// Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent
     pub fn kvr_disagg_options_init(options: *mut kvr_disagg_options, size: usize) -> kvr_status;
     /// prefill and decode: each pool's router options (NULL = defaults); opts may be NULL.

@@ -906,6 +906,14 @@ KVR_API kvr_status kvr_router_reclaim_sessions(kvr_router *router, size_t *recla
 /* A digest of all routing state (index, active requests, queue, plans, sessions): equal
  * digests mean nothing changed. Stable within one process only. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_state_digest(kvr_router *router, uint64_t *out, kvr_error **err);
+/* A digest of the KV index alone: which worker and rank holds which block, on which tier, under
+ * which prefix (ranks the index knows of that hold nothing count too). Unlike
+ * kvr_router_state_digest it is equal across processes and machines running the same library
+ * version when their indexes hold the same blocks, so replicas can compare their views.
+ * Bookings, the queue, plans and sessions do not enter it (in approximate mode, committed
+ * routing decisions are what the index holds). It may change between library versions.
+ * @thread_safety concurrent */
+KVR_API kvr_status kvr_router_index_digest(kvr_router *router, uint64_t *out, kvr_error **err);
 /* ---- Disaggregated prefill / decode --------------------------------------------------------- */
 /* A prefill pool and a decode pool, each a full router (workers, events, request lifecycle
  * through the kvr_router_* functions on the handles below). */
