@@ -79,6 +79,39 @@ func TestPreviewPlanCommitAbort(t *testing.T) {
 	}
 }
 
+// Replicas compare index digests: two routers holding the same blocks agree, and a booking
+// moves the state digest but not the index digest.
+func TestIndexDigest(t *testing.T) {
+	a := newTestRouter(t, 2)
+	b := newTestRouter(t, 2)
+	p := prompt(48, 3)
+	must(t, a.ApplyStored(storedPrefix(1, p, 3)))
+	must(t, a.ApplyStored(storedPrefix(2, p, 1)))
+	must(t, b.ApplyStored(storedPrefix(2, p, 1))) // the other order
+	must(t, b.ApplyStored(storedPrefix(1, p, 3)))
+	da, err := a.IndexDigest()
+	must(t, err)
+	if db, _ := b.IndexDigest(); db != da {
+		t.Fatalf("index digests %x and %x of the same blocks", da, db)
+	}
+
+	state, err := a.StateDigest()
+	must(t, err)
+	_, err = a.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: "booked"})
+	must(t, err)
+	if after, _ := a.StateDigest(); after == state {
+		t.Error("a booking left the state digest unchanged")
+	}
+	if after, _ := a.IndexDigest(); after != da {
+		t.Error("a booking changed the index digest")
+	}
+
+	must(t, b.Close())
+	if _, err := b.IndexDigest(); err != ErrClosed {
+		t.Errorf("IndexDigest after Close: %v", err)
+	}
+}
+
 func TestPlanDeadline(t *testing.T) {
 	r := newTestRouter(t, 2)
 	p := prompt(32, 1)

@@ -264,3 +264,23 @@ func (r *Router) StateDigest() (uint64, error) {
 	}
 	return uint64(d), nil
 }
+
+// IndexDigest returns a digest of the KV index alone: which worker and rank holds which block,
+// on which tier, under which prefix. Unlike StateDigest it is equal across processes and
+// machines running the same library version when their indexes hold the same blocks, so
+// replicas can compare their views; bookings, the queue, plans and sessions do not enter it. It
+// may change between library versions.
+func (r *Router) IndexDigest() (uint64, error) {
+	h := r.handle()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	var d C.uint64_t
+	var cerr *C.kvr_error
+	st := C.kvr_router_index_digest(h, &d, &cerr)
+	runtime.KeepAlive(r)
+	if err := takeError(st, cerr); err != nil {
+		return 0, err
+	}
+	return uint64(d), nil
+}
