@@ -1143,4 +1143,16 @@ impl RouterRef {
         call(|err| unsafe { sys::kvr_router_state_digest(self.as_raw(), &mut digest, err) })?;
         Ok(digest)
     }
+
+    /// A digest of the KV index alone: which worker and rank holds which block, on which tier,
+    /// under which prefix. Unlike [`state_digest`](Self::state_digest) it is equal across
+    /// processes and machines running the same library version when their indexes hold the same
+    /// blocks, so replicas can compare their views; bookings, the queue, plans and sessions do
+    /// not enter it. It may change between library versions.
+    pub fn index_digest(&self) -> Result<u64> {
+        let mut digest = 0;
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe { sys::kvr_router_index_digest(self.as_raw(), &mut digest, err) })?;
+        Ok(digest)
+    }
 }

@@ -11,6 +11,26 @@ use kvrouter::{
     RouterOptions, RoutingHints, SessionMode, WorkerConfig,
 };
 
+/// Replicas compare index digests: two routers holding the same blocks agree, and a booking
+/// moves the state digest but not the index digest.
+#[test]
+fn the_index_digest_is_the_blocks_alone() {
+    let (a, b) = (router(2), router(2));
+    let tokens = prompt(4, 3);
+    store(&a, 1, &tokens, 3, 10);
+    store(&a, 2, &tokens, 1, 20);
+    store(&b, 2, &tokens, 1, 20); // the other order
+    store(&b, 1, &tokens, 3, 10);
+    let digest = a.index_digest().unwrap();
+    assert_eq!(b.index_digest().unwrap(), digest);
+
+    let state = a.state_digest().unwrap();
+    a.find_best_match(&tokens, &RequestOptions::admit("booked"))
+        .unwrap();
+    assert_ne!(a.state_digest().unwrap(), state);
+    assert_eq!(a.index_digest().unwrap(), digest);
+}
+
 #[test]
 fn a_preview_changes_nothing_and_a_plan_books() {
     let router = router(3);
