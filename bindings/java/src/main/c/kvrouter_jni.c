@@ -1747,6 +1747,14 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_stateDigest(JNIEnv* env, jclass 
   return (jlong)digest;
 }
 
+JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_indexDigest(JNIEnv* env, jclass cls, jlong r) {
+  (void)cls;
+  uint64_t digest = 0;
+  kvr_error* err = NULL;
+  check(env, kvr_router_index_digest(ROUTER(r), &digest, &err), &err);
+  return (jlong)digest;
+}
+
 /* ---- Disaggregated prefill / decode --------------------------------------------------------- */
 
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_disaggNew(JNIEnv* env, jclass cls,

@@ -224,6 +224,8 @@ final class Native {
 
   static native long stateDigest(long router);
 
+  static native long indexDigest(long router);
+
   // ---- Disaggregated prefill / decode ----
 
   static native long disaggNew(long[] prefill, long[] decode, long[] options);

@@ -752,6 +752,22 @@ public final class Router extends NativeObject {
   }
 
   /**
+   * A digest of the KV index alone: which worker and rank holds which block, on which tier, under
+   * which prefix. Unlike {@link #stateDigest} it is equal across processes and machines running the
+   * same library version when their indexes hold the same blocks, so replicas can compare their
+   * views; bookings, the queue, plans and sessions do not enter it. It may change between library
+   * versions.
+   */
+  public long indexDigest() {
+    long h = acquire();
+    try {
+      return Native.indexDigest(h);
+    } finally {
+      release();
+    }
+  }
+
+  /**
    * Frees the router once calls in progress returned. An {@link Ingest} still feeding it keeps the
    * native router alive until the ingest object is closed too. On a pool of a {@link DisaggRouter},
    * only this handle is closed.

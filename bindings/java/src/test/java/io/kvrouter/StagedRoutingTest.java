@@ -12,7 +12,7 @@ import java.time.Duration;
 import java.util.Optional;
 import org.junit.jupiter.api.Test;
 
-/** Preview, plan, commit, abort; pins; deadlines; sessions; the state digest. */
+/** Preview, plan, commit, abort; pins; deadlines; sessions; the state and index digests. */
 class StagedRoutingTest {
   private static final int[] PROMPT = tokens(64, 7000);
 
@@ -37,6 +37,25 @@ class StagedRoutingTest {
       assertEquals(1, router.metrics().requestsActive());
       router.freeRequest("busy");
       assertTrue(digest != router.stateDigest());
+    }
+  }
+
+  /** Replicas compare index digests: the blocks alone, blind to bookings. */
+  @Test
+  void indexDigestIsTheBlocksAlone() {
+    try (Router a = routerWithWorkers(2);
+        Router b = routerWithWorkers(2)) {
+      a.applyStored(stored(1, PROMPT, 4, 0x10));
+      a.applyStored(stored(2, PROMPT, 2, 0x20));
+      b.applyStored(stored(2, PROMPT, 2, 0x20)); // the other order
+      b.applyStored(stored(1, PROMPT, 4, 0x10));
+      long index = a.indexDigest();
+      assertEquals(index, b.indexDigest());
+
+      long state = a.stateDigest();
+      a.findBestMatch(PROMPT, RequestOptions.admit("booked"));
+      assertTrue(state != a.stateDigest());
+      assertEquals(index, a.indexDigest());
     }
   }
 
