@@ -1732,6 +1732,18 @@ cleanup:
   return NULL;
 }
 
+static PyObject* router_index_digest(RouterObject* self, PyObject* unused) {
+  uint64_t d = 0;
+  kvr_router* r;
+  kvr_error* err = NULL;
+  kvr_status st = KVR_OK;
+  ROUTER_CALL(self, r, st, kvr_router_index_digest(r, &d, &err));
+  if (st != KVR_OK) return fail(st, err);
+  return PyLong_FromUnsignedLongLong(d);
+cleanup:
+  return NULL;
+}
+
 /* _time_find_best_match(tokens, request, request_id) -> ns: the same kvr_find_best_match call
  * as find_best_match, timed in C around the library call alone (no GIL release, no argument
  * conversion, no result object). bindings/python/bench/bench_find_best_match.py interleaves it
@@ -1803,6 +1815,7 @@ static PyMethodDef router_methods[] = {
     {"_close_session", (PyCFunction)router_close_session, METH_O, NULL},
     {"_reclaim_sessions", (PyCFunction)router_reclaim_sessions, METH_NOARGS, NULL},
     {"_state_digest", (PyCFunction)router_state_digest, METH_NOARGS, NULL},
+    {"_index_digest", (PyCFunction)router_index_digest, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -300,6 +300,25 @@ def test_metrics_prometheus_and_digest(router):
     assert router.state_digest() != d
 
 
+def test_index_digest_is_the_blocks_alone(router):
+    # Replicas compare index digests: two routers holding the same blocks agree, and a
+    # booking moves the state digest but not the index digest.
+    p = prompt(3, 4)
+    store(router, 1, p)
+    store(router, 2, p[:32])
+    with kvrouter.Router(block_size=16) as other:
+        for worker in (4, 3, 2, 1):
+            other.add_worker(worker)
+        store(other, 2, p[:32])  # the other order
+        store(other, 1, p)
+        digest = router.index_digest()
+        assert other.index_digest() == digest
+    state = router.state_digest()
+    router.find_best_match(p, request_id="booked")
+    assert router.state_digest() != state
+    assert router.index_digest() == digest
+
+
 def test_enums_and_helpers():
     assert kvrouter.tier_from_medium("CPU_PINNED") is kvrouter.Tier.HOST_PINNED
     assert kvrouter.tier_from_medium(None) is kvrouter.Tier.DEVICE

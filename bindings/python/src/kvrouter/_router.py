@@ -223,6 +223,14 @@ class Router(_native.Router):
         """A digest of all routing state: equal digests mean nothing changed (this process only)."""
         return self._state_digest()
 
+    def index_digest(self) -> int:
+        """A digest of the KV index alone: which worker and rank holds which block, on which
+        tier, under which prefix. Unlike state_digest it is equal across processes and machines
+        running the same library version when their indexes hold the same blocks, so replicas
+        can compare their views; bookings, the queue, plans and sessions do not enter it. It may
+        change between library versions."""
+        return self._index_digest()
+
     # ---- snapshots and metrics
 
     def snapshot(self) -> bytes:
