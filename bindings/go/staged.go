@@ -268,8 +268,9 @@ func (r *Router) StateDigest() (uint64, error) {
 // IndexDigest returns a digest of the KV index alone: which worker and rank holds which block,
 // on which tier, under which prefix. Unlike StateDigest it is equal across processes and
 // machines running the same library version when their indexes hold the same blocks, so
-// replicas can compare their views; bookings, the queue, plans and sessions do not enter it. It
-// may change between library versions.
+// replicas can compare their views; bookings, the queue, plans and sessions do not enter it
+// (except in approximate mode, where the index is the routing decisions recorded when admitted
+// or committed). It may change between library versions.
 func (r *Router) IndexDigest() (uint64, error) {
 	h := r.handle()
 	if h == nil {

@@ -258,6 +258,17 @@ TEST_F(RouterSurfaceTest, ABookingChangesTheStateDigestButNotTheIndexDigest) {
   EXPECT_EQ(router_->IndexDigest(), index);
 }
 
+// Without KV events the index is the decisions the router recorded, so there an admitted
+// decision is index content (a query-only one is not).
+TEST_F(RouterSurfaceTest, InApproximateModeAnAdmittedDecisionEntersTheIndexDigest) {
+  Make(RouterOptions{.use_kv_events = false});
+  const uint64_t empty = router_->IndexDigest();
+  ASSERT_TRUE(router_->FindBestMatch(Tokens(3), {}).ok());
+  EXPECT_EQ(router_->IndexDigest(), empty);
+  ASSERT_TRUE(router_->FindBestMatch(Tokens(3), {.with_admission = true, .request_id = "r"}).ok());
+  EXPECT_NE(router_->IndexDigest(), empty);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Router-wide options
 

@@ -227,8 +227,9 @@ class Router(_native.Router):
         """A digest of the KV index alone: which worker and rank holds which block, on which
         tier, under which prefix. Unlike state_digest it is equal across processes and machines
         running the same library version when their indexes hold the same blocks, so replicas
-        can compare their views; bookings, the queue, plans and sessions do not enter it. It may
-        change between library versions."""
+        can compare their views; bookings, the queue, plans and sessions do not enter it (except
+        in approximate mode, where the index is the routing decisions recorded when admitted or
+        committed). It may change between library versions."""
         return self._index_digest()
 
     # ---- snapshots and metrics

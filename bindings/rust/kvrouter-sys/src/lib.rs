@@ -1316,9 +1316,9 @@ extern "C" {
     /// under which prefix (ranks the index knows of that hold nothing count too). Unlike
     /// kvr_router_state_digest it is equal across processes and machines running the same library
     /// version when their indexes hold the same blocks, so replicas can compare their views.
-    /// Bookings, the queue, plans and sessions do not enter it (in approximate mode, committed
-    /// routing decisions are what the index holds). It may change between library versions.
-    /// @thread_safety concurrent
+    /// Bookings, the queue, plans and sessions do not enter it. With KVR_ROUTER_APPROXIMATE the
+    /// index is the routing decisions recorded when admitted or committed (until their TTL), so
+    /// those do change it. It may change between library versions. @thread_safety concurrent
     pub fn kvr_router_index_digest(
         router: *mut kvr_router,
         out: *mut u64,

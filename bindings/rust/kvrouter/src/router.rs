@@ -1148,7 +1148,8 @@ impl RouterRef {
     /// under which prefix. Unlike [`state_digest`](Self::state_digest) it is equal across
     /// processes and machines running the same library version when their indexes hold the same
     /// blocks, so replicas can compare their views; bookings, the queue, plans and sessions do
-    /// not enter it. It may change between library versions.
+    /// not enter it (except in approximate mode, where the index is the routing decisions
+    /// recorded when admitted or committed). It may change between library versions.
     pub fn index_digest(&self) -> Result<u64> {
         let mut digest = 0;
         // SAFETY: a live router (concurrent).

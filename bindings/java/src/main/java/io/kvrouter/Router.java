@@ -755,8 +755,9 @@ public final class Router extends NativeObject {
    * A digest of the KV index alone: which worker and rank holds which block, on which tier, under
    * which prefix. Unlike {@link #stateDigest} it is equal across processes and machines running the
    * same library version when their indexes hold the same blocks, so replicas can compare their
-   * views; bookings, the queue, plans and sessions do not enter it. It may change between library
-   * versions.
+   * views; bookings, the queue, plans and sessions do not enter it (except in approximate mode,
+   * where the index is the routing decisions recorded when admitted or committed). It may change
+   * between library versions.
    */
   public long indexDigest() {
     long h = acquire();
