@@ -1434,7 +1434,10 @@ uint64_t RadixIndex::Impl::StateDigest() const {
   };
   uint64_t digest = 0;
   for (const WorkerState& w : workers_) {
-    if (!w.in_use) continue;
+    // A rank holding nothing is left out: whether this index ever heard of it (a replica that
+    // saw a worker's blocks come and go, one restored from a snapshot without them) changes no
+    // answer, and replicas comparing digests must agree.
+    if (!w.in_use || w.blocks.empty()) continue;
     const uint64_t worker = Combine(w.key.worker_id, w.key.dp_rank);
     digest += Mix(worker);
     w.blocks.ForEach([&](uint64_t engine_hash, uint64_t entry) {

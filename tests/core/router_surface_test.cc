@@ -236,6 +236,20 @@ TEST_F(RouterSurfaceTest, TheIndexDigestDependsOnlyOnWhichRankHoldsWhichBlocks) 
   EXPECT_NE((*one)->IndexDigest(), (*four)->IndexDigest());
 }
 
+// A rank whose blocks all went is as one never heard of: a replica that saw them come and go
+// agrees with one that started later from a snapshot.
+TEST_F(RouterSurfaceTest, ARankHoldingNothingLeavesTheIndexDigestAlone) {
+  Make();
+  const uint64_t empty = router_->IndexDigest();
+  const std::vector<KvEvent> stored = {Stored(1, Tokens(2))};
+  ASSERT_TRUE(router_->ApplyEvents(stored).ok());
+  EXPECT_NE(router_->IndexDigest(), empty);
+  for (uint64_t hash : std::get<StoredEvent>(stored[0].data).block_hashes) {
+    ASSERT_TRUE(router_->ApplyEvent(Removed(1, hash)).ok());
+  }
+  EXPECT_EQ(router_->IndexDigest(), empty);
+}
+
 TEST_F(RouterSurfaceTest, AnIndexRestoredFromASnapshotHasTheSameIndexDigest) {
   Make();
   ASSERT_TRUE(

@@ -811,8 +811,10 @@ pub struct kvr_ingest_stats {
     /// bytes of it received)"); empty when none was given. For source 0: the most recent over every
     /// source. A caller whose struct ends before it does not get it.
     pub last_reject: [c_char; 128],
-    /// Appended in 0.2.0: a JetStream source's last stream sequence applied (and acknowledged); for
-    /// source 0, the largest over the sources; 0 for other sources.
+    /// Appended in 0.2.0: a JetStream source's last stream sequence applied (and acknowledged);
+    /// before its first message, where it starts after (start_sequence - 1, or a resumed durable
+    /// consumer's acknowledged floor); for source 0, the largest over the sources; 0 for other
+    /// sources.
     pub stream_sequence: u64,
 }
 
@@ -1313,7 +1315,7 @@ extern "C" {
         err: *mut *mut kvr_error,
     ) -> kvr_status;
     /// A digest of the KV index alone: which worker and rank holds which block, on which tier,
-    /// under which prefix (ranks the index knows of that hold nothing count too). Unlike
+    /// under which prefix (a rank holding nothing counts as one never heard of). Unlike
     /// kvr_router_state_digest it is equal across processes and machines running the same library
     /// version when their indexes hold the same blocks, so replicas can compare their views.
     /// Bookings, the queue, plans and sessions do not enter it. With KVR_ROUTER_APPROXIMATE the

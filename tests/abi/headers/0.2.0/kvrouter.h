@@ -907,7 +907,7 @@ KVR_API kvr_status kvr_router_reclaim_sessions(kvr_router *router, size_t *recla
  * digests mean nothing changed. Stable within one process only. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_state_digest(kvr_router *router, uint64_t *out, kvr_error **err);
 /* A digest of the KV index alone: which worker and rank holds which block, on which tier, under
- * which prefix (ranks the index knows of that hold nothing count too). Unlike
+ * which prefix (a rank holding nothing counts as one never heard of). Unlike
  * kvr_router_state_digest it is equal across processes and machines running the same library
  * version when their indexes hold the same blocks, so replicas can compare their views.
  * Bookings, the queue, plans and sessions do not enter it. With KVR_ROUTER_APPROXIMATE the index
@@ -1221,7 +1221,9 @@ typedef struct kvr_ingest_stats {
    * every source. A caller whose struct ends before it does not get it. */
   char last_reject[128];
   /* Appended in 0.2.0: a JetStream source's last stream sequence applied (and acknowledged);
-   * for source 0, the largest over the sources; 0 for other sources. */
+   * before its first message, where it starts after (start_sequence - 1, or a resumed durable
+   * consumer's acknowledged floor); for source 0, the largest over the sources; 0 for other
+   * sources. */
   uint64_t stream_sequence;
 } kvr_ingest_stats;
 
