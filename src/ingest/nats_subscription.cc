@@ -438,16 +438,20 @@ void SetStart(jsConsumerConfig& consumer, const JetStreamSource& config) {
 }
 
 // The durable consumer exists afterwards: kept as it was with `resume`, else (re)created at
-// the start asked for.
-absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config) {
+// the start asked for. `*resumed_at`: a kept consumer's acknowledged floor (0 otherwise).
+absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* resumed_at) {
   const char* stream = config.stream.c_str();
   const char* durable = config.durable.c_str();
   jsConsumerInfo* info = nullptr;
   jsErrCode code = static_cast<jsErrCode>(0);
   natsStatus s = js_GetConsumerInfo(&info, js, stream, durable, nullptr, &code);
   if (s == NATS_OK) {
+    const uint64_t ack_floor = info->AckFloor.Stream;
     jsConsumerInfo_Destroy(info);
-    if (config.resume) return absl::OkStatus();
+    if (config.resume) {
+      *resumed_at = ack_floor;
+      return absl::OkStatus();
+    }
     s = js_DeleteConsumer(js, stream, durable, nullptr, &code);
     if (s != NATS_OK) return JetStreamError("replacing the durable consumer", s, code);
   } else if (!IsNotFound(s, code, JSConsumerNotFoundErr)) {
@@ -515,7 +519,16 @@ absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& s
   natsStatus s = natsConnection_JetStream(&js, source.connection, nullptr);
   if (s != NATS_OK) return JetStreamError("JetStream context", s, static_cast<jsErrCode>(0));
   absl::Status status = EnsureStream(js, config);
-  if (status.ok() && !config.durable.empty()) status = EnsureDurable(js, config);
+  // Until a message comes, the source stands where it starts: just before start_sequence (a
+  // router restored from a snapshot holds everything up to there), or at a resumed consumer's
+  // acknowledged floor. A snapshot of this router then names a position it really holds.
+  uint64_t position = config.start_sequence > 0 ? config.start_sequence - 1 : 0;
+  if (status.ok() && !config.durable.empty()) {
+    uint64_t resumed_at = 0;
+    status = EnsureDurable(js, config, &resumed_at);
+    if (resumed_at > 0) position = resumed_at;
+  }
+  source.counters->stream_sequence.store(position, std::memory_order_relaxed);
   if (status.ok()) {
     jsSubOptions options;
     jsSubOptions_Init(&options);
