@@ -99,7 +99,9 @@ class RouterReplicaTest : public ::testing::Test {
     RouterOptions options;
     options.queue_threshold = 1.0;
     Make(options, /*max_batched=*/10);
-    if (heartbeat) ASSERT_TRUE(a_->PublishHeartbeat(1000));
+    if (heartbeat) {
+      ASSERT_TRUE(a_->PublishHeartbeat(1000));
+    }
     ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
     ASSERT_TRUE(a_->AddRequest("r2", Tokens(3, 100), {2, 0}, {}).ok());
     Deliver();

@@ -11,13 +11,18 @@
 //                  can be cut;
 //   --mode nats    a NATS subject, each message a native EventBatch (--format native) or a
 //                  message of Dynamo's KV event plane (--format dynamo: numbered per publisher).
+//   --mode jetstream  the same native EventBatches published to a subject of a JetStream stream,
+//                  each one retried (with the same Nats-Msg-Id, so the server keeps one copy)
+//                  until the server acknowledges it has stored it: what a publisher must do for
+//                  nothing to be lost while nats-server restarts. "publish" waits meanwhile.
 //
 // Commands come one per line on stdin; each is answered with one line on stdout, "ok ..." or
 // "err ...":
 //
 //   publish N [PACE_US]  N messages (PACE_US apart, serving replays meanwhile); "ok sent=S
 //                        unheard=U errors=E": U were sent while no subscriber was there (ZMQ:
-//                        lost for sure), E refused by the transport
+//                        lost for sure), E refused by the transport; "retries=R": JetStream
+//                        publications repeated so far because no acknowledgement came
 //   drop N               N messages the engine makes (its cache changes, its replay buffer has
 //                        them) whose publication is lost: their numbers are never sent (ZMQ)
 //   skip N               N sequence numbers skipped, nothing published (ZMQ)
@@ -310,7 +315,7 @@ class Publisher {
       OpenZmq();
     } else if (o_.mode == "stream") {
       OpenStream();
-    } else if (o_.mode == "nats") {
+    } else if (o_.mode == "nats" || o_.mode == "jetstream") {
       OpenNats();
     } else {
       Die("unknown --mode " + o_.mode);
@@ -321,6 +326,7 @@ class Publisher {
     if (pub_ != nullptr) zmq_close(pub_);
     if (replay_ != nullptr) zmq_close(replay_);
     if (context_ != nullptr) zmq_ctx_term(context_);
+    if (js_ != nullptr) jsCtx_Destroy(js_);
     if (nats_ != nullptr) {
       natsConnection_FlushTimeout(nats_, 2000);
       natsConnection_Destroy(nats_);
@@ -369,7 +375,7 @@ class Publisher {
         if (pace_us > 0) Serve(std::chrono::microseconds(pace_us));
       }
       return "ok sent=" + std::to_string(n) + " unheard=" + std::to_string(unheard) +
-             " errors=" + std::to_string(errors);
+             " errors=" + std::to_string(errors) + " retries=" + std::to_string(retries_);
     }
     if (verb == "drop") {
       in >> n;
@@ -455,6 +461,8 @@ class Publisher {
     }
     const uint64_t seq = seq_++;
     Journal(seq, m);
+    if (o_.mode == "jetstream")
+      return PublishStored(seq, NativePayload(m, o_.worker, o_.rank, event_id_));
     const Bytes data = o_.format == "dynamo"
                            ? DynamoMessage(m, publisher_id_, seq, o_.worker, o_.rank, event_id_)
                            : NativePayload(m, o_.worker, o_.rank, event_id_);
@@ -626,6 +634,32 @@ class Publisher {
     }
     natsOptions_Destroy(opts);
     if (s != NATS_OK) Die("cannot connect to " + o_.endpoint);
+    if (o_.mode == "jetstream" && natsConnection_JetStream(&js_, nats_, nullptr) != NATS_OK) {
+      Die("natsConnection_JetStream");
+    }
+  }
+
+  // JetStream: publishes until the server says it stored the message (1), or gives up after a
+  // minute (-1). Every attempt carries the same message id: a retry of a message the server
+  // stored but whose acknowledgement was lost is dropped as a duplicate.
+  int PublishStored(uint64_t seq, const Bytes& data) {
+    const std::string id = "w" + std::to_string(o_.worker) + "-r" + std::to_string(o_.rank) + "-g" +
+                           std::to_string(o_.generation) + "-" + std::to_string(seq);
+    jsPubOptions options;
+    jsPubOptions_Init(&options);
+    options.MsgId = id.c_str();
+    options.MaxWait = 1000;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    while (std::chrono::steady_clock::now() < give_up) {
+      jsPubAck* ack = nullptr;
+      const natsStatus s = js_Publish(&ack, js_, o_.subject.c_str(), data.data(),
+                                      static_cast<int>(data.size()), &options, nullptr);
+      jsPubAck_Destroy(ack);
+      if (s == NATS_OK) return 1;
+      ++retries_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
   }
 
   // Whether stdin has a line to read within `timeout_ms` (-1 = forever), serving ZMQ meanwhile.
@@ -667,6 +701,9 @@ class Publisher {
   // NATS
   natsConnection* nats_ = nullptr;
   uint64_t publisher_id_ = 0;
+  // JetStream
+  jsCtx* js_ = nullptr;
+  uint64_t retries_ = 0;  // publications repeated because the server did not acknowledge
 };
 
 }  // namespace
@@ -711,6 +748,6 @@ int main(int argc, char** argv) {
     Publisher publisher(o);
     publisher.Run();
   }
-  if (o.mode == "nats") nats_Close();
+  if (o.mode == "nats" || o.mode == "jetstream") nats_Close();
   return 0;
 }

@@ -33,96 +33,14 @@
 
 #include "child_process.h"
 #include "fault_model.h"
-#include "index_snapshot_generated.h"  // flatc of the installed schema, as a user compiles it
-#include "nats_server.h"               // tests/ingest: a nats-server child on a free port
+#include "fault_support.h"
+#include "nats_server.h"  // tests/ingest: a nats-server child on a free port
 
 namespace kvr_fault {
 namespace {
 
-using Hashes = std::set<uint64_t>;
 using kvrouter::FreePort;
 using kvrouter::NatsServer;
-
-constexpr auto kPatience = std::chrono::seconds(60);
-
-// The test writes commands to its children; one that died must not kill it with SIGPIPE.
-const bool kSigpipeIgnored = [] {
-  signal(SIGPIPE, SIG_IGN);
-  return true;
-}();
-
-bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit = kPatience) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
-std::string Tcp(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
-
-size_t CountMissing(const Hashes& from, const Hashes& in) {
-  size_t n = 0;
-  for (uint64_t h : from) n += in.count(h) == 0;
-  return n;
-}
-
-bool IsSubset(const Hashes& small, const Hashes& big) { return CountMissing(small, big) == 0; }
-
-// The reply of "publish": how many were sent, sent to nobody, refused.
-struct Published {
-  uint64_t sent = 0, unheard = 0, errors = 0;
-};
-
-Published ParsePublished(const std::string& reply) {
-  Published p;
-  std::sscanf(reply.c_str(), "ok sent=%lu unheard=%lu errors=%lu", &p.sent, &p.unheard, &p.errors);
-  return p;
-}
-
-// A fault_publisher child.
-class Engine {
- public:
-  explicit Engine(const std::vector<std::string>& args) : process_(KVR_FAULT_PUBLISHER, args) {
-    EXPECT_TRUE(process_.alive()) << "cannot start " << KVR_FAULT_PUBLISHER;
-  }
-
-  // Runs a command; a failure unless it answers "ok".
-  std::string Do(const std::string& command) {
-    const auto reply = process_.Command(command);
-    EXPECT_TRUE(reply && reply->rfind("ok", 0) == 0)
-        << "'" << command << "' answered: " << reply.value_or("(nothing)");
-    return reply.value_or("");
-  }
-  Published Publish(uint64_t n, uint64_t pace_us = 0) {
-    return ParsePublished(Do("publish " + std::to_string(n) + " " + std::to_string(pace_us)));
-  }
-
-  // The engine's true state: the hashes it holds.
-  Hashes State() {
-    std::istringstream in(Do("state"));
-    std::string ok;
-    size_t n = 0;
-    in >> ok >> n;
-    Hashes out;
-    uint64_t h;
-    while (in >> h) out.insert(h);
-    EXPECT_EQ(n, out.size());
-    return out;
-  }
-
-  ChildProcess& process() { return process_; }
-  void Kill() { process_.Kill(); }
-  // Exits by itself: its status must be 0 (under ASan, no leak either).
-  void Quit() {
-    Do("quit");
-    EXPECT_EQ(0, process_.Wait());
-  }
-
- private:
-  ChildProcess process_;
-};
 
 // The state after the first `n` messages of a journal (fault_publisher --journal).
 Hashes JournalState(const std::string& path, uint64_t n, uint64_t* lines = nullptr) {
@@ -217,26 +135,7 @@ class FaultTest : public ::testing::Test {
   Hashes Index(uint64_t worker) {
     kvr_buffer* buffer = nullptr;
     EXPECT_EQ(KVR_OK, kvr_router_snapshot(router_, &buffer, nullptr));
-    Hashes out;
-    flatbuffers::Verifier verifier(kvr_buffer_data(buffer), kvr_buffer_size(buffer));
-    EXPECT_TRUE(kvrouter::wire::VerifyIndexSnapshotBuffer(verifier));
-    const auto* snapshot = kvrouter::wire::GetIndexSnapshot(kvr_buffer_data(buffer));
-    if (snapshot->events() != nullptr) {
-      for (const auto* e : *snapshot->events()) {
-        if (e->worker_id() != worker || e->dp_rank() != 0) continue;
-        switch (e->data_type()) {
-          case kvrouter::wire::EventData::Stored:
-            for (uint64_t h : *e->data_as_Stored()->block_hashes()) out.insert(h);
-            break;
-          case kvrouter::wire::EventData::Removed:
-            for (uint64_t h : *e->data_as_Removed()->block_hashes()) out.erase(h);
-            break;
-          default:
-            out.clear();
-            break;
-        }
-      }
-    }
+    Hashes out = SnapshotBlocks(kvr_buffer_data(buffer), kvr_buffer_size(buffer), worker);
     kvr_buffer_free(buffer);
     return out;
   }
@@ -747,8 +646,10 @@ TEST_P(NatsOutage, LossIsCountedAndTheIndexRepairedByAResync) {
   kvr_ingest_stats s = Stats(source);
   const size_t missing = CountMissing(truth, index), stale = CountMissing(index, truth);
   EXPECT_LE(delivered, published);
-  if (format == "dynamo") EXPECT_EQ(published - delivered, s.missed_messages);  // each loss
-  EXPECT_GE(s.gaps, 1u);                                                        // the outage itself
+  if (format == "dynamo") {
+    EXPECT_EQ(published - delivered, s.missed_messages);  // each loss
+  }
+  EXPECT_GE(s.gaps, 1u);           // the outage itself
   EXPECT_EQ(1u, s.state_unknown);  // the engine's rank, flagged
   EXPECT_EQ(0u, stale);            // cleared when the connection was lost: never over-reports
   const std::string figures =
