@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kvrouter_version.h"
+#include "kvrouterd/bootstrap.h"
 
 namespace kvrouterd {
 namespace {
@@ -76,6 +77,10 @@ std::string SetFlag(std::string_view text, uint32_t* flags, uint32_t bit) {
   return {};
 }
 
+std::string NoValue(Config&, std::string_view) { return {}; }
+
+}  // namespace
+
 // "HOST:PORT" or "[IPV6]:PORT".
 std::string ParseHostPort(std::string_view text, std::string* host, int* port) {
   const size_t colon = text.rfind(':');
@@ -94,10 +99,6 @@ std::string ParseHostPort(std::string_view text, std::string* host, int* port) {
   *port = static_cast<int>(value);
   return {};
 }
-
-std::string NoValue(Config&, std::string_view) { return {}; }
-
-}  // namespace
 
 Config::Config() {
   kvr_router_options_init(&router, sizeof router);
@@ -257,6 +258,18 @@ const std::vector<OptionSpec>& Options() {
      "e.g. a peer's) at startup, before any event source starts; with --jetstream-events, start "
      "at the peer's kvrouter_ingest_stream_sequence + 1, read before taking the snapshot",
      false, true, [](Config& c, std::string_view v) { c.snapshot_file = v; return std::string(); }},
+    {"bootstrap-from", "URL", "start warm from a running peer, http://HOST:PORT (repeatable: the "
+     "first that answers within 30 s): restore its GET /v1/snapshot before any event source "
+     "starts, and consume each --jetstream-events stream from the position after the one the "
+     "peer had applied (replacing this router's durable consumer); with no peer answering, start "
+     "cold from the configured positions (logged). Not with --snapshot-file", true, true,
+     [](Config& c, std::string_view v) {
+       std::string host;
+       int port = 0;
+       std::string error = ParsePeerUrl(v, &host, &port);
+       if (error.empty()) c.bootstrap_from.emplace_back(v);
+       return error;
+     }},
     {"log-level", "LEVEL", "debug, info (default), warn or error; debug logs every HTTP request",
      false, true, [](Config& c, std::string_view v) {
        return ParseLogLevel(v, &c.log_level) ? std::string()

@@ -68,6 +68,7 @@ struct Config {
   int listen_port = 8080;
   std::string port_file;
   std::string snapshot_file;  // restored at startup, before any event source
+  std::vector<std::string> bootstrap_from;  // peers' http://HOST:PORT, tried in order
   std::string config_file;
   LogLevel log_level = LogLevel::kInfo;
   uint64_t max_body_bytes = 64ull << 20;
@@ -122,6 +123,9 @@ std::string ParseConfigText(std::string_view text, std::string_view origin, Conf
 
 // Reads and parses the file at `path`.
 std::string ParseConfigFile(const std::string& path, Config* config);
+
+// "HOST:PORT" (HOST may be "[v6]"): "" and the parts set, or why it is not.
+std::string ParseHostPort(std::string_view text, std::string* host, int* port);
 
 // Parses a worker's description "id=1,address=h:p,dp-size=2,..." (the `worker` option).
 std::string ParseWorkerSpec(std::string_view text, WorkerSpec* out);

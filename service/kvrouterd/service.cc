@@ -1,5 +1,7 @@
 #include "kvrouterd/service.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -81,6 +83,8 @@ std::string Service::Open(const Config& config) {
     ThrowIfError(kvr_router_new(&config.router, &router_, &err), err);
     ThrowIfError(kvr_router_set_plan_deadline(router_, config.plan_deadline_seconds, &err), err);
     if (!config.snapshot_file.empty()) RestoreSnapshotFile(config.snapshot_file);
+    std::vector<JetStreamSpec> streams = config.jetstream_events;
+    if (!config.bootstrap_from.empty()) BootstrapFromPeer(config.bootstrap_from, &streams);
     ThrowIfError(kvr_ingest_new(router_, &config.ingest, &ingest_, &err), err);
     ThrowIfError(kvr_ingest_start(ingest_, &err), err);
     for (const std::string& endpoint : config.listen_events) {
@@ -97,7 +101,7 @@ std::string Service::Open(const Config& config) {
       Log(LogLevel::kInfo, "subscribed to KV events on NATS",
           {{"url", nats.url}, {"subject", nats.subject}});
     }
-    for (const JetStreamSpec& js : config.jetstream_events) SubscribeJetStream(js);
+    for (const JetStreamSpec& js : streams) SubscribeJetStream(js);
     if (const auto& sync = config.replica_sync) {
       ThrowIfError(kvr_ingest_sync_replicas(ingest_, sync->url.c_str(), sync->subject.c_str(),
                                             sync->replica_id.c_str(), nullptr, &err),
@@ -381,6 +385,36 @@ void Service::RestoreSnapshotFile(const std::string& path) {
       {{"file", path}, {"bytes", std::to_string(bytes.size())}});
 }
 
+void Service::BootstrapFromPeer(const std::vector<std::string>& peers,
+                                std::vector<JetStreamSpec>* streams) {
+  for (const std::string& peer : peers) {
+    std::string error;
+    const std::optional<PeerSnapshot> snapshot =
+        FetchPeerSnapshot(peer, std::chrono::seconds(30), &error);
+    if (!snapshot) {
+      Log(LogLevel::kWarn, "bootstrap: no snapshot from this peer",
+          {{"peer", peer}, {"error", error}});
+      continue;
+    }
+    kvr_error* err = nullptr;
+    ThrowIfError(kvr_router_restore(router_, snapshot->bytes.data(), snapshot->bytes.size(), &err),
+                 err);
+    for (JetStreamSpec& spec : *streams) {
+      const auto position = snapshot->sequences.find(spec.stream);
+      if (position == snapshot->sequences.end()) continue;
+      spec.start_sequence = position->second + 1;
+      spec.resume = false;  // this router's own consumer stopped elsewhere: replaced
+    }
+    Log(LogLevel::kInfo, "bootstrap: restored a peer's snapshot",
+        {{"peer", peer},
+         {"bytes", snapshot->bytes.size()},
+         {"stream_sequences", FormatStreamSequences(snapshot->sequences)}});
+    return;
+  }
+  Log(LogLevel::kWarn, "bootstrap: no peer answered; starting cold from the configured positions",
+      {{"peers", peers}});
+}
+
 void Service::SubscribeJetStream(const JetStreamSpec& spec) {
   kvr_jetstream_source source;
   kvr_jetstream_source_init(&source, sizeof source);
@@ -394,7 +428,9 @@ void Service::SubscribeJetStream(const JetStreamSpec& spec) {
   source.max_age_seconds = spec.max_age_seconds;
   source.max_bytes = spec.max_bytes;
   kvr_error* err = nullptr;
-  ThrowIfError(kvr_ingest_subscribe_jetstream(ingest_, &source, nullptr, &err), err);
+  uint64_t source_id = 0;
+  ThrowIfError(kvr_ingest_subscribe_jetstream(ingest_, &source, &source_id, &err), err);
+  jetstream_sources_.emplace_back(spec.stream, source_id);
   Log(LogLevel::kInfo, "consuming KV events from JetStream",
       {{"url", spec.url},
        {"stream", spec.stream},
@@ -408,11 +444,31 @@ std::string Service::AddressOf(uint64_t worker_id) {
   return it == workers_.end() ? std::string() : it->second.address;
 }
 
+// Each consumed stream's last sequence applied; a stream consumed twice, the lower.
+StreamSequences Service::AppliedStreamSequences() {
+  StreamSequences sequences;
+  for (const auto& [stream, source_id] : jetstream_sources_) {
+    kvr_ingest_stats stats;
+    kvr_ingest_stats_init(&stats, sizeof stats);
+    kvr_error* err = nullptr;
+    ThrowIfError(kvr_ingest_get_stats(ingest_, source_id, &stats, &err), err);
+    const auto [it, added] = sequences.emplace(stream, stats.stream_sequence);
+    if (!added) it->second = std::min(it->second, stats.stream_sequence);
+  }
+  return sequences;
+}
+
 HttpResponse Service::GetSnapshot() {
+  // The positions first: events applied after them and already in the snapshot are applied
+  // again, in order, by a replica starting from it, which leaves its index as it was.
+  const StreamSequences sequences = AppliedStreamSequences();
   kvr_buffer* buffer = nullptr;
   kvr_error* err = nullptr;
   ThrowIfError(kvr_router_snapshot(router_, &buffer, &err), err);
   HttpResponse response;
+  if (!sequences.empty()) {
+    response.headers.emplace_back(kStreamSequencesHeader, FormatStreamSequences(sequences));
+  }
   response.content_type = "application/octet-stream";
   response.body.assign(reinterpret_cast<const char*>(kvr_buffer_data(buffer)),
                        kvr_buffer_size(buffer));
@@ -428,12 +484,16 @@ HttpResponse Service::PutSnapshot(const HttpRequest& request) {
 }
 
 HttpResponse Service::Digest() {
-  uint64_t digest = 0;
+  uint64_t state = 0, index = 0;
   kvr_error* err = nullptr;
-  ThrowIfError(kvr_router_state_digest(router_, &digest, &err), err);
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016" PRIx64, digest);
-  return JsonAnswer({{"digest", hex}});
+  ThrowIfError(kvr_router_state_digest(router_, &state, &err), err);
+  ThrowIfError(kvr_router_index_digest(router_, &index, &err), err);
+  const auto hex = [](uint64_t value) {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016" PRIx64, value);
+    return std::string(text);
+  };
+  return JsonAnswer({{"digest", hex(state)}, {"index_digest", hex(index)}});
 }
 
 HttpResponse Service::Metrics() {

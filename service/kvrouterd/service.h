@@ -14,6 +14,7 @@
 #include "kvrouter.h"
 #include "kvrouterd/api_json.h"
 #include "kvrouterd/booking_table.h"
+#include "kvrouterd/bootstrap.h"
 #include "kvrouterd/http_server.h"
 #include "kvrouterd/options.h"
 
@@ -78,6 +79,11 @@ class Service {
   void SubscribeJetStream(const JetStreamSpec& spec);
   // Loads a snapshot file into the (empty) index (throws ApiError as the other calls do).
   void RestoreSnapshotFile(const std::string& path);
+  // --bootstrap-from: restores the first answering peer's snapshot and sets `streams` to
+  // start after the peer's positions (throws ApiError if the library refuses the snapshot).
+  void BootstrapFromPeer(const std::vector<std::string>& peers,
+                         std::vector<JetStreamSpec>* streams);
+  StreamSequences AppliedStreamSequences();
   void Unsubscribe(uint64_t worker_id);
   std::string OwnMetrics();
 
@@ -87,6 +93,9 @@ class Service {
   double plan_deadline_seconds_;
   BookingTable bookings_;
   std::atomic<bool> stopping_{false};
+  // (stream, source id) of every JetStream source, for the snapshot's positions. Written
+  // only while the service opens, before any request.
+  std::vector<std::pair<std::string, uint64_t>> jetstream_sources_;
 
   std::mutex workers_mutex_;  // held across a worker change's library calls: one at a time
   std::map<uint64_t, WorkerSpec> workers_;

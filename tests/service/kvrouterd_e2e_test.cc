@@ -433,6 +433,33 @@ TEST_F(KvrouterdTest, RestartRestoresTheSnapshot) {
   std::filesystem::remove(file);
 }
 
+// --bootstrap-from: a second daemon starts warm from the first one's snapshot; a peer that does
+// not answer leaves it cold, and running.
+TEST_F(KvrouterdTest, BootstrapFromAPeerStartsWarm) {
+  Start();
+  PublishCachedPrefix();
+  ASSERT_TRUE(PreviewSeesCachedPrefix());
+  const std::string peer = "http://127.0.0.1:" + std::to_string(port_);
+  const std::string dead_peer = "http://127.0.0.1:" + std::to_string(FreePort());
+  for (const bool warm : {true, false}) {
+    const std::string port_file = dir_ + "/second.port";
+    std::filesystem::remove(port_file);
+    DaemonProcess second(KVRD_BINARY,
+                         {"--listen=127.0.0.1:0", "--port-file", port_file, "--block-size=16",
+                          "--worker=id=1", "--worker=id=2", "--bootstrap-from", dead_peer,
+                          "--bootstrap-from", warm ? peer : dead_peer});
+    ASSERT_TRUE(WaitFor([&] { return !kvrouterd_test::ReadFile(port_file).empty(); }));
+    const int second_port = std::stoi(kvrouterd_test::ReadFile(port_file));
+    const json decision = Body(Http(second_port, "POST", "/v1/preview", RouteBody("")));
+    EXPECT_EQ(decision["overlap_blocks"], warm ? 2 : 0) << decision;
+    const json digests = Body(Http(second_port, "GET", "/v1/digest"));
+    EXPECT_EQ(digests["index_digest"] == Body(Get("/v1/digest"))["index_digest"], warm) << digests;
+    second.Signal(SIGTERM);
+    EXPECT_EQ(second.WaitExit(), std::optional<int>(0));
+  }
+  Stop();
+}
+
 // The command line: --help and --version exit 0; bad settings exit non-zero with a message.
 TEST(KvrouterdCommandLineTest, ExitCodes) {
   const auto run = [](const std::vector<std::string>& args) {
@@ -444,6 +471,9 @@ TEST(KvrouterdCommandLineTest, ExitCodes) {
   EXPECT_EQ(run({"--block-size", "sixteen"}), std::optional<int>(2));
   EXPECT_EQ(run({"--no-such-option"}), std::optional<int>(2));
   EXPECT_EQ(run({"--max-header-bytes=1000000"}), std::optional<int>(2));
+  EXPECT_EQ(run({"--bootstrap-from=router-a:8080"}), std::optional<int>(2));
+  EXPECT_EQ(run({"--bootstrap-from=http://a:1", "--snapshot-file=/dev/null"}),
+            std::optional<int>(2));
   // Refused by the library: a block size of 0, a worker twice.
   EXPECT_EQ(run({"--listen=127.0.0.1:0", "--block-size=0"}), std::optional<int>(1));
   EXPECT_EQ(run({"--listen=127.0.0.1:0", "--worker=id=1", "--worker=id=1"}), std::optional<int>(1));
