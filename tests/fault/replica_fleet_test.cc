@@ -1,0 +1,374 @@
+// A fleet of router replicas under faults, with real processes on 127.0.0.1 (issue 18, point 4):
+// three kvrouterd replicas consuming one JetStream stream (a durable consumer each) and sharing
+// their bookings over NATS with heartbeats; a nats-server with JetStream on; three
+// fault_publisher engines publishing native event batches into the stream, each retried until
+// the server acknowledges it. Faults: a replica killed with SIGKILL and restarted warm from a
+// peer, nats-server killed and restarted on the same store, a publisher paused. After each, every
+// replica must hold exactly each engine's true blocks (its snapshot decoded with the public
+// schema), the replicas' index digests must be equal, and the dead replica's bookings must be
+// gone from its peers. Nothing asserts on elapsed time; each test prints a "[figures]" line
+// (docs/replicas.md records them).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "e2e_support.h"  // tests/service: kvrouterd as a child process, a small HTTP client
+#include "fault_model.h"
+#include "fault_support.h"
+#include "nats_server.h"  // tests/ingest: a nats-server child on a free port
+
+namespace kvr_fault {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using kvrouter::FreePort;
+using kvrouter::NatsServer;
+using kvrouterd_test::DaemonProcess;
+using kvrouterd_test::Http;
+using kvrouterd_test::HttpAnswer;
+
+constexpr int kReplicas = 3;
+constexpr int kEngines = 3;  // workers 1..3, one publisher each
+constexpr int kHeartbeatMs = 100;
+constexpr int kReplicaTimeoutMs = 1000;
+constexpr const char* kStream = "KV";
+
+double MillisSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// The largest value of a Prometheus family's samples in `text` whose line contains `label`
+// (0 if it has none).
+double MetricMax(const std::string& text, const std::string& name, const std::string& label) {
+  double best = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if ((next != ' ' && next != '{') || line.find(label) == std::string::npos) continue;
+    best = std::max(best, std::stod(line.substr(line.rfind(' ') + 1)));
+  }
+  return best;
+}
+
+// One kvrouterd replica: its config file, its process, its HTTP port.
+class Replica {
+ public:
+  Replica(std::string dir, int index) : dir_(std::move(dir)), index_(index) {}
+
+  std::string Name() const { return "replica-" + std::to_string(index_); }
+  std::string Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  bool Running() const { return process_ != nullptr; }
+
+  void WriteConfig(const std::string& nats_url) const {
+    std::ofstream config(ConfigPath());
+    config << "listen = 127.0.0.1:0\n"
+           << "port-file = " << PortFile() << "\n"
+           << "block-size = " << kBlockSize << "\n"
+           << "log-level = warn\n"
+           << "jetstream-events = url=" << nats_url << ",stream=" << kStream
+           << ",subject=kv.>,durable=" << Name() << ",create=true\n"
+           << "replica-sync = " << nats_url << " kvrouter.replicas " << Name() << "\n"
+           << "replica-heartbeat-ms = " << kHeartbeatMs << "\n"
+           << "replica-timeout-ms = " << kReplicaTimeoutMs << "\n";
+    for (int w = 1; w <= kEngines; ++w) config << "worker = id=" << w << "\n";
+  }
+
+  // Starts the daemon (warm from `peer` if given) and waits for its port.
+  void Start(const std::string& peer = "") {
+    std::filesystem::remove(PortFile());
+    std::vector<std::string> args{"--config", ConfigPath()};
+    if (!peer.empty()) args.insert(args.end(), {"--bootstrap-from", peer});
+    process_ = std::make_unique<DaemonProcess>(KVRD_BINARY, args);
+    ASSERT_GT(process_->pid(), 0);
+    ASSERT_TRUE(WaitUntil([&] { return !kvrouterd_test::ReadFile(PortFile()).empty(); }))
+        << Name() << " wrote no port file";
+    port_ = std::stoi(kvrouterd_test::ReadFile(PortFile()));
+  }
+
+  void Kill() {
+    process_->Signal(SIGKILL);
+    process_->WaitExit();
+    process_.reset();
+  }
+
+  // SIGTERM: it must exit 0.
+  void Stop() {
+    process_->Signal(SIGTERM);
+    EXPECT_EQ(process_->WaitExit(), std::optional<int>(0)) << Name();
+    process_.reset();
+  }
+
+  HttpAnswer Get(const std::string& path) const { return Http(port_, "GET", path); }
+  HttpAnswer Post(const std::string& path, const std::string& body) const {
+    return Http(port_, "POST", path, body);
+  }
+  double Metric(const std::string& name, const std::string& label = "") const {
+    return MetricMax(Get("/metrics").body, name, label);
+  }
+  std::string IndexDigest() const {
+    const auto body = nlohmann::json::parse(Get("/v1/digest").body, nullptr, false);
+    return body.is_object() ? body.value("index_digest", "") : "";
+  }
+
+ private:
+  std::string ConfigPath() const { return dir_ + "/" + Name() + ".conf"; }
+  std::string PortFile() const { return dir_ + "/" + Name() + ".port"; }
+
+  std::string dir_;
+  int index_;
+  int port_ = 0;
+  std::unique_ptr<DaemonProcess> process_;
+};
+
+class ReplicaFleetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/kvr_fleet_XXXXXX";
+    ASSERT_NE(nullptr, mkdtemp(dir));
+    dir_ = dir;
+    nats_port_ = FreePort();
+    nats_ = std::make_unique<NatsServer>(nats_port_, dir_ + "/jetstream");
+    ASSERT_TRUE(nats_->Start());
+    for (int i = 0; i < kReplicas; ++i) {
+      replicas_.push_back(std::make_unique<Replica>(dir_, i + 1));
+      replicas_.back()->WriteConfig(nats_->url());
+      replicas_.back()->Start();
+    }
+    for (int w = 1; w <= kEngines; ++w) {
+      engines_.push_back(std::make_unique<Engine>(std::vector<std::string>{
+          "--mode", "jetstream", "--endpoint", nats_->url(), "--subject",
+          "kv.worker" + std::to_string(w), "--worker", std::to_string(w), "--generation",
+          std::to_string(w), "--seed", std::to_string(7919 * w)}));
+    }
+  }
+
+  void TearDown() override {
+    for (auto& replica : replicas_) {
+      if (replica->Running()) replica->Stop();
+    }
+    for (auto& engine : engines_) engine->Quit();
+    nats_->Stop();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Every engine publishes `n` messages, `pace_us` apart, at once; the figures summed.
+  Published PublishAll(uint64_t n, uint64_t pace_us = 0) {
+    for (auto& engine : engines_) engine->StartPublish(n, pace_us);
+    return FinishAll();
+  }
+  Published FinishAll() {
+    Published total;
+    for (auto& engine : engines_) {
+      const Published p = engine->FinishPublish();
+      total.sent += p.sent;
+      total.errors += p.errors;
+      total.retries += p.retries;
+    }
+    published_ += total.sent;
+    return total;
+  }
+
+  std::array<Hashes, kEngines + 1> Truth() {
+    std::array<Hashes, kEngines + 1> truth;
+    for (int w = 1; w <= kEngines; ++w) truth[w] = engines_[w - 1]->State();
+    return truth;
+  }
+
+  // Whether `replica` holds exactly the engines' blocks.
+  static bool HoldsExactly(const Replica& replica, const std::array<Hashes, kEngines + 1>& truth,
+                           std::string* why) {
+    const HttpAnswer snapshot = replica.Get("/v1/snapshot");
+    if (snapshot.status != 200) {
+      *why = replica.Name() + ": GET /v1/snapshot answered " + std::to_string(snapshot.status);
+      return false;
+    }
+    const auto* data = reinterpret_cast<const uint8_t*>(snapshot.body.data());
+    for (int w = 1; w <= kEngines; ++w) {
+      const Hashes index = SnapshotBlocks(data, snapshot.body.size(), w);
+      if (index != truth[w]) {
+        *why = replica.Name() + ", worker " + std::to_string(w) + ": " +
+               std::to_string(CountMissing(truth[w], index)) + " blocks missing, " +
+               std::to_string(CountMissing(index, truth[w])) + " the engine does not hold";
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Waits until every running replica holds exactly the engines' true blocks, has applied the
+  // whole stream, and all index digests agree: the milliseconds it took from `since`.
+  double ExpectConverged(Clock::time_point since) {
+    const auto truth = Truth();
+    std::string why;
+    const bool converged = WaitUntil([&] {
+      std::string digest;
+      for (const auto& replica : replicas_) {
+        if (!replica->Running()) continue;
+        const double position = replica->Metric("kvrouter_ingest_stream_sequence");
+        if (position < static_cast<double>(published_)) {
+          why = replica->Name() + " has applied the stream up to " + std::to_string(position) +
+                " of " + std::to_string(published_);
+          return false;
+        }
+        const std::string mine = replica->IndexDigest();
+        if (mine.empty() || (!digest.empty() && mine != digest)) {
+          why = "index digests differ: " + digest + " and " + mine + " (" + replica->Name() + ")";
+          return false;
+        }
+        digest = mine;
+      }
+      for (const auto& replica : replicas_) {
+        if (replica->Running() && !HoldsExactly(*replica, truth, &why)) return false;
+      }
+      return true;
+    });
+    EXPECT_TRUE(converged) << why;
+    return MillisSince(since);
+  }
+
+  // Books `n` requests on `replica` (each routed and admitted, never freed).
+  void Book(Replica& replica, int n) {
+    for (int i = 0; i < n; ++i) {
+      nlohmann::json body = {{"request_id", replica.Name() + "-" + std::to_string(i)},
+                             {"token_ids", std::vector<uint32_t>(3 * kBlockSize, 7 + i)}};
+      const HttpAnswer answer = replica.Post("/v1/route", body.dump());
+      ASSERT_EQ(answer.status, 200) << answer.body;
+    }
+  }
+
+  // Messages the engines had acknowledged that some replica has not applied: the stream lost
+  // them (a replica behind was waited for by ExpectConverged).
+  uint64_t Lost() {
+    double position = static_cast<double>(published_);
+    for (const auto& replica : replicas_) {
+      position = std::min(position, replica->Metric("kvrouter_ingest_stream_sequence"));
+    }
+    return published_ - static_cast<uint64_t>(position);
+  }
+
+  void Report(const std::string& scenario, const std::string& figures) {
+    std::printf("[figures] %s: %s\n", scenario.c_str(), figures.c_str());
+    std::fflush(stdout);
+    RecordProperty("figures", figures);
+  }
+
+  std::string dir_;
+  int nats_port_ = 0;
+  std::unique_ptr<NatsServer> nats_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+  uint64_t published_ = 0;  // messages the server acknowledged: the stream's last sequence
+};
+
+// A replica killed with SIGKILL while it holds bookings and the engines publish: its peers drop
+// its bookings once its heartbeats stop for the timeout; restarted warm from a peer's snapshot,
+// it consumes the stream from the peer's position and converges with the others.
+TEST_F(ReplicaFleetTest, ReplicaKilledAndRestartedWarmConverges) {
+  PublishAll(100);
+  const double first = ExpectConverged(Clock::now());
+
+  Replica& victim = *replicas_[2];
+  constexpr int kBooked = 20;
+  Book(victim, kBooked);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(WaitUntil([&] {
+      return replicas_[i]->Metric("kvrouter_replica_requests_active") == kBooked;
+    })) << replicas_[i]->Name()
+        << " did not hear the bookings";
+  }
+
+  // 150 messages 20 ms apart each: the engines still publish when the victim comes back.
+  for (auto& engine : engines_) engine->StartPublish(150, 20000);
+  victim.Kill();
+  const auto killed = Clock::now();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(WaitUntil([&] {
+      return replicas_[i]->Metric("kvrouter_replica_requests_active") == 0 &&
+             replicas_[i]->Metric("kvrouter_replicas_expired_total") == 1;
+    })) << replicas_[i]->Name()
+        << " kept the dead replica's bookings";
+  }
+  const double bookings_dropped = MillisSince(killed);
+
+  victim.Start(replicas_[0]->Url());
+  const auto restarted = Clock::now();
+  const Published during = FinishAll();
+  EXPECT_EQ(during.errors, 0u);
+  const double converged = ExpectConverged(restarted);
+  EXPECT_EQ(Lost(), 0u);
+  // It took the snapshot's blocks and only the messages after the peer's position.
+  const auto after_restart =
+      static_cast<uint64_t>(victim.Metric("kvrouter_ingest_messages_total", "kind=\"jetstream\""));
+  EXPECT_LT(after_restart, published_);
+  Report("replica killed and restarted warm",
+         "messages=" + std::to_string(published_) + " lost=" + std::to_string(Lost()) +
+             " first_convergence_ms=" + std::to_string(static_cast<int>(first)) +
+             " bookings_dropped_after_ms=" + std::to_string(static_cast<int>(bookings_dropped)) +
+             " (timeout " + std::to_string(kReplicaTimeoutMs) +
+             ") messages_consumed_after_restart=" + std::to_string(after_restart) +
+             " converged_after_restart_ms=" + std::to_string(static_cast<int>(converged)));
+}
+
+// nats-server killed with SIGKILL and restarted on the same store while the engines publish:
+// the engines retry until the stream has each message, the replicas' consumers resume, and
+// nothing is lost.
+TEST_F(ReplicaFleetTest, NatsServerRestartLosesNothing) {
+  PublishAll(50);
+  ExpectConverged(Clock::now());
+
+  for (auto& engine : engines_) engine->StartPublish(200, 3000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  nats_->Stop();
+  const auto down = Clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(nats_->Start());
+  const double outage = MillisSince(down);
+  const auto back = Clock::now();
+  const Published during = FinishAll();
+  EXPECT_EQ(during.errors, 0u);
+  const double converged = ExpectConverged(back);
+  EXPECT_EQ(Lost(), 0u);
+  Report("nats-server killed and restarted",
+         "messages=" + std::to_string(published_) + " lost=" + std::to_string(Lost()) +
+             " outage_ms=" + std::to_string(static_cast<int>(outage)) +
+             " publisher_retries=" + std::to_string(during.retries) +
+             " converged_after_restart_ms=" + std::to_string(static_cast<int>(converged)));
+}
+
+// A publisher stopped (SIGSTOP) mid-stream while the others go on, then continued: the replicas
+// hold its blocks as of its pause meanwhile, and all converge once it resumes.
+TEST_F(ReplicaFleetTest, PausedPublisherIsCaughtUpEverywhere) {
+  PublishAll(50);
+  ExpectConverged(Clock::now());
+
+  for (auto& engine : engines_) engine->StartPublish(150, 2000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t paused = engines_[1]->process().pid();
+  kill(paused, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  kill(paused, SIGCONT);
+  const auto resumed = Clock::now();
+  const Published during = FinishAll();
+  EXPECT_EQ(during.errors, 0u);
+  const double converged = ExpectConverged(resumed);
+  EXPECT_EQ(Lost(), 0u);
+  Report("publisher paused 1.5 s",
+         "messages=" + std::to_string(published_) + " lost=" + std::to_string(Lost()) +
+             " converged_after_resume_ms=" + std::to_string(static_cast<int>(converged)));
+}
+
+}  // namespace
+}  // namespace kvr_fault
