@@ -58,7 +58,10 @@ stage "peers: differential check against Dynamo's indexers"
 KVR_STAGE=$PWD/build/stage scripts/bench-peers.sh --check
 
 stage "AddressSanitizer + UndefinedBehaviorSanitizer: every test"
-build build/asan -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=address,undefined
+# -O1, as AddressSanitizer's authors advise: the library and tools run the long trace replays
+# several times faster than at -O0, with reports as precise (the tests stay -O0: tests/).
+build build/asan -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=address,undefined \
+  -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g -O1"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan -j "$jobs" --timeout 900
 
@@ -79,4 +82,4 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DKVR_BUILD_FUZZERS
   -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=ON -DKVR_BUILD_EXAMPLES=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ_SECONDS="${KVR_FUZZ_SECONDS:-20}" >/dev/null
 cmake --build build/fuzz -j "$jobs" --target kvr_fuzzers
-ctest --test-dir build/fuzz -L fuzz --timeout 300
+ctest --test-dir build/fuzz -L fuzz -j "$jobs" --timeout 300
