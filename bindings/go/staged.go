@@ -250,20 +250,7 @@ func (r *Router) ReclaimSessions() (int, error) {
 
 // StateDigest returns a digest of all routing state (index, active requests, queue, plans,
 // sessions): equal digests mean nothing changed. Stable within one process only.
-func (r *Router) StateDigest() (uint64, error) {
-	h := r.handle()
-	if h == nil {
-		return 0, ErrClosed
-	}
-	var d C.uint64_t
-	var cerr *C.kvr_error
-	st := C.kvr_router_state_digest(h, &d, &cerr)
-	runtime.KeepAlive(r)
-	if err := takeError(st, cerr); err != nil {
-		return 0, err
-	}
-	return uint64(d), nil
-}
+func (r *Router) StateDigest() (uint64, error) { return r.digest(false) }
 
 // IndexDigest returns a digest of the KV index alone: which worker and rank holds which block,
 // on which tier, under which prefix. Unlike StateDigest it is equal across processes and
@@ -271,14 +258,22 @@ func (r *Router) StateDigest() (uint64, error) {
 // replicas can compare their views; bookings, the queue, plans and sessions do not enter it
 // (except in approximate mode, where the index is the routing decisions recorded when admitted
 // or committed). It may change between library versions.
-func (r *Router) IndexDigest() (uint64, error) {
+func (r *Router) IndexDigest() (uint64, error) { return r.digest(true) }
+
+// digest is StateDigest, or IndexDigest when indexOnly.
+func (r *Router) digest(indexOnly bool) (uint64, error) {
 	h := r.handle()
 	if h == nil {
 		return 0, ErrClosed
 	}
 	var d C.uint64_t
 	var cerr *C.kvr_error
-	st := C.kvr_router_index_digest(h, &d, &cerr)
+	var st C.kvr_status
+	if indexOnly {
+		st = C.kvr_router_index_digest(h, &d, &cerr)
+	} else {
+		st = C.kvr_router_state_digest(h, &d, &cerr)
+	}
 	runtime.KeepAlive(r)
 	if err := takeError(st, cerr); err != nil {
 		return 0, err

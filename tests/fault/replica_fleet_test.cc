@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -68,6 +69,7 @@ class Replica {
  public:
   Replica(std::string dir, int index) : dir_(std::move(dir)), index_(index) {}
 
+  int Index() const { return index_; }  // 1-based
   std::string Name() const { return "replica-" + std::to_string(index_); }
   std::string Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   bool Running() const { return process_ != nullptr; }
@@ -164,12 +166,12 @@ class ReplicaFleetTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  // Every engine publishes `n` messages, `pace_us` apart, at once; the figures summed.
-  Published PublishAll(uint64_t n, uint64_t pace_us = 0) {
-    for (auto& engine : engines_) engine->StartPublish(n, pace_us);
-    return FinishAll();
-  }
-  Published FinishAll() {
+  // Waits for every engine's publish reply (after starting `n` messages `pace_us` apart each,
+  // if n > 0): the figures summed.
+  Published FinishAll(uint64_t n = 0, uint64_t pace_us = 0) {
+    if (n > 0) {
+      for (auto& engine : engines_) engine->StartPublish(n, pace_us);
+    }
     Published total;
     for (auto& engine : engines_) {
       const Published p = engine->FinishPublish();
@@ -178,6 +180,7 @@ class ReplicaFleetTest : public ::testing::Test {
       total.retries += p.retries;
     }
     published_ += total.sent;
+    retries_ = total.retries;  // each engine counts over its life: the sum so far
     return total;
   }
 
@@ -239,6 +242,51 @@ class ReplicaFleetTest : public ::testing::Test {
     return MillisSince(since);
   }
 
+  // The engines publish `n` messages each and every replica converges: the milliseconds that
+  // took.
+  double Warm(uint64_t n) {
+    const auto start = Clock::now();
+    FinishAll(n, 0);
+    return ExpectConverged(start);
+  }
+
+  // The engines publish `n` messages each, `pace_us` apart, while `fault` runs; once it returns
+  // (the fault over), every replica must converge with nothing lost: the milliseconds from the
+  // fault's end (the engines' remaining publications included).
+  double PublishThrough(uint64_t n, uint64_t pace_us, const std::function<void()>& fault) {
+    for (auto& engine : engines_) engine->StartPublish(n, pace_us);
+    fault();
+    const auto over = Clock::now();
+    EXPECT_EQ(FinishAll().errors, 0u);
+    const double converged = ExpectConverged(over);
+    EXPECT_EQ(Lost(), 0u);
+    return converged;
+  }
+
+  // Waits until `holds` for every replica but `about`.
+  void ExpectAtPeers(const Replica& about, const std::string& what,
+                     const std::function<bool(const Replica&)>& holds) {
+    for (const auto& peer : replicas_) {
+      if (peer.get() == &about) continue;
+      EXPECT_TRUE(WaitUntil([&] { return holds(*peer); }))
+          << peer->Name() << " never " << what << "; its replica metrics:\n"
+          << ReplicaMetrics(*peer);
+    }
+  }
+
+  // The replica-sync lines of `replica`'s /metrics (what a failed wait shows).
+  static std::string ReplicaMetrics(const Replica& replica) {
+    std::istringstream lines(replica.Get("/metrics").body);
+    std::string line, found;
+    while (std::getline(lines, line)) {
+      if (line.rfind("kvrouter_replica", 0) == 0) found += line + "\n";
+    }
+    return found;
+  }
+
+  // JetStream publications the engines repeated for want of an acknowledgement, so far.
+  uint64_t TotalRetries() const { return retries_; }
+
   // Books `n` requests on `replica` (each routed and admitted, never freed).
   void Book(Replica& replica, int n) {
     for (int i = 0; i < n; ++i) {
@@ -259,7 +307,12 @@ class ReplicaFleetTest : public ::testing::Test {
     return published_ - static_cast<uint64_t>(position);
   }
 
-  void Report(const std::string& scenario, const std::string& figures) {
+  static std::string Millis(double ms) { return std::to_string(static_cast<int>(ms)); }
+
+  // One "[figures]" line: the scenario's own figures after the messages and the loss.
+  void Report(const std::string& scenario, const std::string& own) {
+    const std::string figures =
+        "messages=" + std::to_string(published_) + " lost=" + std::to_string(Lost()) + " " + own;
     std::printf("[figures] %s: %s\n", scenario.c_str(), figures.c_str());
     std::fflush(stdout);
     RecordProperty("figures", figures);
@@ -271,103 +324,83 @@ class ReplicaFleetTest : public ::testing::Test {
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::vector<std::unique_ptr<Engine>> engines_;
   uint64_t published_ = 0;  // messages the server acknowledged: the stream's last sequence
+  uint64_t retries_ = 0;
 };
 
 // A replica killed with SIGKILL while it holds bookings and the engines publish: its peers drop
 // its bookings once its heartbeats stop for the timeout; restarted warm from a peer's snapshot,
 // it consumes the stream from the peer's position and converges with the others.
 TEST_F(ReplicaFleetTest, ReplicaKilledAndRestartedWarmConverges) {
-  PublishAll(100);
-  const double first = ExpectConverged(Clock::now());
-
+  const double first = Warm(100);
   Replica& victim = *replicas_[2];
   constexpr int kBooked = 20;
   Book(victim, kBooked);
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_TRUE(WaitUntil([&] {
-      return replicas_[i]->Metric("kvrouter_replica_requests_active") == kBooked;
-    })) << replicas_[i]->Name()
-        << " did not hear the bookings";
-  }
+  ExpectAtPeers(victim, "heard the bookings", [&](const Replica& peer) {
+    return peer.Metric("kvrouter_replica_requests_active") == kBooked;
+  });
 
+  double bookings_dropped = 0;
   // 150 messages 20 ms apart each: the engines still publish when the victim comes back.
-  for (auto& engine : engines_) engine->StartPublish(150, 20000);
-  victim.Kill();
-  const auto killed = Clock::now();
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_TRUE(WaitUntil([&] {
-      return replicas_[i]->Metric("kvrouter_replica_requests_active") == 0 &&
-             replicas_[i]->Metric("kvrouter_replicas_expired_total") == 1;
-    })) << replicas_[i]->Name()
-        << " kept the dead replica's bookings";
-  }
-  const double bookings_dropped = MillisSince(killed);
-
-  victim.Start(replicas_[0]->Url());
-  const auto restarted = Clock::now();
-  const Published during = FinishAll();
-  EXPECT_EQ(during.errors, 0u);
-  const double converged = ExpectConverged(restarted);
-  EXPECT_EQ(Lost(), 0u);
+  const double converged = PublishThrough(150, 20000, [&] {
+    // (Counted from here: a peer that once missed a live replica's beats counted it already.)
+    std::vector<double> expired_before;
+    for (const auto& peer : replicas_) {
+      expired_before.push_back(peer->Metric("kvrouter_replicas_expired_total"));
+    }
+    victim.Kill();
+    const auto killed = Clock::now();
+    ExpectAtPeers(victim, "dropped the dead replica's bookings", [&](const Replica& peer) {
+      const double before = expired_before[peer.Index() - 1];
+      return peer.Metric("kvrouter_replica_requests_active") == 0 &&
+             peer.Metric("kvrouter_replicas_expired_total") > before;
+    });
+    bookings_dropped = MillisSince(killed);
+    victim.Start(replicas_[0]->Url());
+  });
   // It took the snapshot's blocks and only the messages after the peer's position.
   const auto after_restart =
       static_cast<uint64_t>(victim.Metric("kvrouter_ingest_messages_total", "kind=\"jetstream\""));
   EXPECT_LT(after_restart, published_);
   Report("replica killed and restarted warm",
-         "messages=" + std::to_string(published_) + " lost=" + std::to_string(Lost()) +
-             " first_convergence_ms=" + std::to_string(static_cast<int>(first)) +
-             " bookings_dropped_after_ms=" + std::to_string(static_cast<int>(bookings_dropped)) +
-             " (timeout " + std::to_string(kReplicaTimeoutMs) +
+         "first_convergence_ms=" + Millis(first) + " bookings_dropped_after_ms=" +
+             Millis(bookings_dropped) + " (timeout " + std::to_string(kReplicaTimeoutMs) +
              ") messages_consumed_after_restart=" + std::to_string(after_restart) +
-             " converged_after_restart_ms=" + std::to_string(static_cast<int>(converged)));
+             " converged_after_restart_ms=" + Millis(converged));
 }
 
 // nats-server killed with SIGKILL and restarted on the same store while the engines publish:
 // the engines retry until the stream has each message, the replicas' consumers resume, and
 // nothing is lost.
 TEST_F(ReplicaFleetTest, NatsServerRestartLosesNothing) {
-  PublishAll(50);
-  ExpectConverged(Clock::now());
-
-  for (auto& engine : engines_) engine->StartPublish(200, 3000);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  nats_->Stop();
-  const auto down = Clock::now();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  ASSERT_TRUE(nats_->Start());
-  const double outage = MillisSince(down);
-  const auto back = Clock::now();
-  const Published during = FinishAll();
-  EXPECT_EQ(during.errors, 0u);
-  const double converged = ExpectConverged(back);
-  EXPECT_EQ(Lost(), 0u);
+  Warm(50);
+  double outage = 0;
+  const uint64_t retries_before = TotalRetries();
+  const double converged = PublishThrough(200, 3000, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    nats_->Stop();
+    const auto down = Clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ASSERT_TRUE(nats_->Start());
+    outage = MillisSince(down);
+  });
   Report("nats-server killed and restarted",
-         "messages=" + std::to_string(published_) + " lost=" + std::to_string(Lost()) +
-             " outage_ms=" + std::to_string(static_cast<int>(outage)) +
-             " publisher_retries=" + std::to_string(during.retries) +
-             " converged_after_restart_ms=" + std::to_string(static_cast<int>(converged)));
+         "outage_ms=" + Millis(outage) +
+             " publisher_retries=" + std::to_string(TotalRetries() - retries_before) +
+             " converged_after_restart_ms=" + Millis(converged));
 }
 
 // A publisher stopped (SIGSTOP) mid-stream while the others go on, then continued: the replicas
 // hold its blocks as of its pause meanwhile, and all converge once it resumes.
 TEST_F(ReplicaFleetTest, PausedPublisherIsCaughtUpEverywhere) {
-  PublishAll(50);
-  ExpectConverged(Clock::now());
-
-  for (auto& engine : engines_) engine->StartPublish(150, 2000);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const pid_t paused = engines_[1]->process().pid();
-  kill(paused, SIGSTOP);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  kill(paused, SIGCONT);
-  const auto resumed = Clock::now();
-  const Published during = FinishAll();
-  EXPECT_EQ(during.errors, 0u);
-  const double converged = ExpectConverged(resumed);
-  EXPECT_EQ(Lost(), 0u);
-  Report("publisher paused 1.5 s",
-         "messages=" + std::to_string(published_) + " lost=" + std::to_string(Lost()) +
-             " converged_after_resume_ms=" + std::to_string(static_cast<int>(converged)));
+  Warm(50);
+  const double converged = PublishThrough(150, 2000, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const pid_t paused = engines_[1]->process().pid();
+    kill(paused, SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    kill(paused, SIGCONT);
+  });
+  Report("publisher paused 1.5 s", "converged_after_resume_ms=" + Millis(converged));
 }
 
 }  // namespace

@@ -1739,20 +1739,24 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_reclaimSessions(JNIEnv* env, jcl
   return (jlong)reclaimed;
 }
 
+/* kvr_router_state_digest or kvr_router_index_digest, as a jlong (0 with an exception pending
+ * on error). */
+static jlong digest_of(JNIEnv* env, jlong r,
+                      kvr_status (*digest)(kvr_router*, uint64_t*, kvr_error**)) {
+  uint64_t value = 0;
+  kvr_error* err = NULL;
+  check(env, digest(ROUTER(r), &value, &err), &err);
+  return (jlong)value;
+}
+
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_stateDigest(JNIEnv* env, jclass cls, jlong r) {
   (void)cls;
-  uint64_t digest = 0;
-  kvr_error* err = NULL;
-  check(env, kvr_router_state_digest(ROUTER(r), &digest, &err), &err);
-  return (jlong)digest;
+  return digest_of(env, r, kvr_router_state_digest);
 }
 
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_indexDigest(JNIEnv* env, jclass cls, jlong r) {
   (void)cls;
-  uint64_t digest = 0;
-  kvr_error* err = NULL;
-  check(env, kvr_router_index_digest(ROUTER(r), &digest, &err), &err);
-  return (jlong)digest;
+  return digest_of(env, r, kvr_router_index_digest);
 }
 
 /* ---- Disaggregated prefill / decode --------------------------------------------------------- */
