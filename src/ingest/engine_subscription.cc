@@ -2,6 +2,8 @@
 
 #include <zmq.h>
 
+#include <algorithm>
+#include <cstring>
 #include <deque>
 #include <optional>
 #include <string>
@@ -62,6 +64,10 @@ struct EngineSubscriptions::Subscription {
   EngineWorker worker;
   uint32_t socket_rank = 0;  // the rank this socket's publisher serves
   void* socket = nullptr;
+  // The socket's connection events (zmq_socket_monitor): a handshake after the first is a
+  // reconnection, after which the publisher may be another process (RankSequence::Reconnected).
+  void* monitor = nullptr;
+  uint64_t handshakes = 0;
   uv_poll_t poll{};
   RankSequence sequence;
   bool state_unknown = false;
@@ -128,7 +134,13 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
     return absl::AlreadyExistsError(
         absl::StrCat("engine worker ", worker.worker_id, " is already subscribed"));
   }
-  if (zmq_context_ == nullptr) zmq_context_ = zmq_ctx_new();
+  if (zmq_context_ == nullptr) {
+    zmq_context_ = zmq_ctx_new();
+    // Two sockets a rank (its SUB and the SUB's connection monitor): lift libzmq's default cap
+    // of 1023 (a select() era limit; Linux polls with epoll), within what it allows.
+    const int limit = zmq_ctx_get(zmq_context_, ZMQ_SOCKET_LIMIT);
+    zmq_ctx_set(zmq_context_, ZMQ_MAX_SOCKETS, limit > 0 ? std::min(limit, 16384) : 1023);
+  }
   std::vector<Subscription*> subs;
   for (uint32_t r = 0; r < worker.dp_size; ++r) {
     auto* sub = new Subscription;
@@ -153,6 +165,12 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
       delete sub;
       for (Subscription* s : subs) CloseSubscription(s);
       return absl::InvalidArgumentError(absl::StrCat("cannot connect to ", endpoint, ": ", why));
+    }
+    if (absl::Status watched = WatchConnections(*sub); !watched.ok()) {
+      zmq_close(sub->socket);
+      delete sub;
+      for (Subscription* s : subs) CloseSubscription(s);
+      return watched;
     }
     subs.push_back(sub);
   }
@@ -186,17 +204,13 @@ void EngineSubscriptions::CloseSubscription(Subscription* sub) {
   // of a poll handle stops it again, epoll_ctl on the fd). So the socket closes only once libuv
   // is done with the handle, in its close callback.
   if (sub->poll.loop == nullptr) {  // never polled
-    zmq_close(sub->socket);
-    delete sub;
+    CloseSockets(sub);
     return;
   }
   uv_poll_stop(&sub->poll);
   sub->poll.data = sub;
-  uv_close(reinterpret_cast<uv_handle_t*>(&sub->poll), [](uv_handle_t* h) {
-    auto* s = static_cast<Subscription*>(h->data);
-    zmq_close(s->socket);
-    delete s;
-  });
+  uv_close(reinterpret_cast<uv_handle_t*>(&sub->poll),
+           [](uv_handle_t* h) { CloseSockets(static_cast<Subscription*>(h->data)); });
 }
 
 absl::Status EngineSubscriptions::RemoveOnLoop(uint64_t worker_id, bool clear_index) {
@@ -221,9 +235,57 @@ void EngineSubscriptions::CloseAll() {
   workers_.clear();
 }
 
+// Monitors `sub`'s socket for completed handshakes, over a PAIR socket of its own. The monitor
+// is read just before each message (ReadConnectionEvents): a reconnection's handshake is
+// reported before any message of the new connection can be read.
+absl::Status EngineSubscriptions::WatchConnections(Subscription& sub) {
+  const std::string address = absl::StrCat("inproc://kvr-engine-monitor-", next_monitor_++);
+  if (zmq_socket_monitor(sub.socket, address.c_str(), ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot monitor the ZMQ socket: ", zmq_strerror(zmq_errno())));
+  }
+  sub.monitor = zmq_socket(zmq_context_, ZMQ_PAIR);
+  if (sub.monitor == nullptr || zmq_connect(sub.monitor, address.c_str()) != 0) {
+    const std::string why = zmq_strerror(zmq_errno());
+    if (sub.monitor != nullptr) zmq_close(sub.monitor);
+    sub.monitor = nullptr;
+    zmq_socket_monitor(sub.socket, nullptr, 0);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot monitor the ZMQ socket: ", why));
+  }
+  const int linger = 0;
+  zmq_setsockopt(sub.monitor, ZMQ_LINGER, &linger, sizeof(linger));
+  return absl::OkStatus();
+}
+
+void EngineSubscriptions::ReadConnectionEvents(Subscription& sub) {
+  Parts event;  // [event id (2 bytes) + value (4 bytes), endpoint]
+  while (ReceiveMultipart(sub.monitor, event)) {
+    uint16_t id = 0;
+    if (!event.empty() && event.front().size() >= sizeof id) {
+      std::memcpy(&id, event.front().data(), sizeof id);
+    }
+    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      Bump(sub.counters->connections);
+      if (++sub.handshakes > 1) sub.sequence.Reconnected();
+    }
+    event.clear();
+  }
+}
+
+void EngineSubscriptions::CloseSockets(Subscription* sub) {
+  if (sub->monitor != nullptr) {
+    zmq_socket_monitor(sub->socket, nullptr, 0);
+    zmq_close(sub->monitor);
+  }
+  zmq_close(sub->socket);
+  delete sub;
+}
+
 // The ZMQ fd only signals edges: read every message queued before returning.
 void EngineSubscriptions::Drain(Subscription& sub) {
-  while (Readable(sub.socket)) {
+  for (;;) {
+    ReadConnectionEvents(sub);
+    if (!Readable(sub.socket)) return;
     Parts parts;
     if (!ReceiveMultipart(sub.socket, parts)) return;
     Process(sub, std::move(parts));

@@ -46,6 +46,9 @@ class EngineSubscriptions {
   absl::Status RemoveOnLoop(uint64_t worker_id, bool clear_index);
   void CloseSubscription(Subscription* sub);
   void Drain(Subscription& sub);
+  absl::Status WatchConnections(Subscription& sub);
+  void ReadConnectionEvents(Subscription& sub);
+  static void CloseSockets(Subscription* sub);
   void Process(Subscription& sub, std::vector<std::vector<uint8_t>> parts);
   void SetUnknown(Subscription& sub, bool unknown);
   void ClearRank(Subscription& sub);
@@ -62,6 +65,7 @@ class EngineSubscriptions {
 
   IngestLoop& loop_;
   void* zmq_context_ = nullptr;
+  uint64_t next_monitor_ = 0;  // names each socket monitor's inproc endpoint
   std::map<uint64_t, std::vector<Subscription*>> workers_;  // by worker id
 };
 

@@ -1,8 +1,15 @@
 #include "ingest/sequence_tracker.h"
 
+#include <utility>
+
 namespace kvrouter {
 
 RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
+  const bool reconnected = std::exchange(reconnected_, false);
+  if (reconnected && next_ && seq == *next_) {
+    needs_check_ = true;
+    return {SequenceAction::kGap, 0};
+  }
   if (!next_ || seq == *next_) {
     const bool joined = !next_ && seq > 0;
     next_ = seq + 1;
@@ -23,6 +30,7 @@ RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
 }
 
 void RankSequence::SkipGap(uint64_t seq, uint64_t digest) {
+  needs_check_ = false;
   next_ = seq + 1;
   digest_ = digest;
 }
@@ -44,6 +52,7 @@ void RankSequence::BeginReplay(uint64_t until) {
 }
 
 void RankSequence::BeginReplayFromStart(uint64_t until) {
+  needs_check_ = false;  // the whole history from 0 proves itself, message by message
   next_ = 0;
   digest_.reset();
   BeginReplay(until);
@@ -81,7 +90,10 @@ RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
   replay_until_.reset();
   check_.reset();
   if (!until) return Outcome::kComplete;
-  const bool complete = !other_engine_ && !unproven_ && (next_ == until || (verified_ && ended));
+  const bool needed_check = std::exchange(needs_check_, false);
+  const bool proven = verified_ || !needed_check;
+  const bool complete =
+      proven && !other_engine_ && !unproven_ && (next_ == until || (verified_ && ended));
   if (next_ != until) {
     next_ = *until;
     digest_.reset();  // the held message at `until` sets it

@@ -63,6 +63,17 @@ class RankSequence {
   // expectation for the caller to BeginReplay or SkipGap; kStale changes nothing.
   Verdict Observe(uint64_t seq, uint64_t digest = 0);
 
+  // The connection to the publisher was made again (the socket's handshake, after the first).
+  // The next message may then come from a new publisher process even when it carries the
+  // number expected: the old engine died, and the new one's first messages, published while
+  // nobody was connected, took it exactly there. So Observe reports that message as a gap of
+  // 0 (missed 0), which only a replay's check can prove continuous (FinishReplay is short
+  // without it); the caller otherwise gives up on it as on any gap. Nothing before the first
+  // message heard.
+  void Reconnected() {
+    if (next_) reconnected_ = true;
+  }
+
   // Gives up on the messages lost before live message `seq` (observed as kGap or kRestart),
   // which is applied now: seq + 1 is expected next.
   void SkipGap(uint64_t seq, uint64_t digest = 0);
@@ -112,7 +123,9 @@ class RankSequence {
   bool verified_ = false;
   bool from_start_ = false;
   bool other_engine_ = false;
-  bool unproven_ = false;  // the reply passed the check message without it
+  bool unproven_ = false;     // the reply passed the check message without it
+  bool reconnected_ = false;  // Reconnected() since the last message observed
+  bool needs_check_ = false;  // the gap in hand is a reconnection's: only the check proves it
 };
 
 // The publishers heard on one subscription of Dynamo's KV event plane: each numbers its

@@ -34,6 +34,8 @@
 //   wait-sub MS          waits until a subscriber is there (ZMQ)
 //   bind                 binds the sockets of a publisher started with --unbound (ZMQ): what it
 //                        published before reached nobody
+//   rebind               unbinds the PUB socket and binds it again: every subscriber's
+//                        connection drops and comes back, the engine unchanged (ZMQ)
 //   mute-replay          stops answering replay requests (they are read and ignored)
 //   state                "ok N h1 h2 ...": the engine's true state, the hashes it holds
 //   quit                 exits (0)
@@ -426,6 +428,16 @@ class Publisher {
       BindZmq();
       return "ok";
     }
+    if (verb == "rebind") {
+      if (pub_ == nullptr || !bound_) return "err rebind needs a bound --mode zmq publisher";
+      // The same engine, its subscribers' connections dropped: unbinding a TCP endpoint closes
+      // the connections it accepted; they connect again once it is bound again.
+      zmq_unbind(pub_, o_.endpoint.c_str());
+      subscribers_ = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      BindPub();
+      return "ok";
+    }
     if (verb == "mute-replay") {
       mute_replay_ = true;
       return "ok";
@@ -501,13 +513,17 @@ class Publisher {
     if (!o_.unbound) BindZmq();
   }
 
-  void BindZmq() {
-    if (bound_) return;
-    // The port a killed predecessor held may take a moment to be free again.
+  // The port a killed predecessor held may take a moment to be free again.
+  void BindPub() {
     for (int attempt = 0; zmq_bind(pub_, o_.endpoint.c_str()) != 0; ++attempt) {
       if (attempt == 200) Die("cannot bind " + o_.endpoint + ": " + zmq_strerror(zmq_errno()));
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
+  }
+
+  void BindZmq() {
+    if (bound_) return;
+    BindPub();
     for (int attempt = 0; replay_ != nullptr && zmq_bind(replay_, o_.replay.c_str()) != 0;
          ++attempt) {
       if (attempt == 200) Die("cannot bind " + o_.replay + ": " + zmq_strerror(zmq_errno()));

@@ -38,6 +38,56 @@ TEST(RankSequence, TheFirstMessageSetsTheBaselineThenEachMustFollow) {
   EXPECT_EQ(s.next(), 44u);
 }
 
+// After a reconnection the expected number proves nothing (a restarted engine may have reached
+// it unheard): it is a gap of 0, which only the check message coming back unchanged proves.
+TEST(RankSequence, AfterAReconnectionTheExpectedNumberIsAGapOfZeroToProve) {
+  RankSequence s;
+  s.Reconnected();  // before anything is heard: nothing to doubt
+  EXPECT_EQ(s.Observe(0, D(0)).action, A::kApply);
+  EXPECT_EQ(s.Observe(1, D(1)).action, A::kApply);
+  s.Reconnected();
+  const RankSequence::Verdict v = s.Observe(2, D(2));
+  EXPECT_EQ(v.action, A::kGap);
+  EXPECT_EQ(v.missed, 0u);
+  EXPECT_EQ(s.ReplayFrom(), 1u);  // the check: the last message heard
+  s.BeginReplay(2);
+  EXPECT_EQ(s.AcceptReplayed(1, D(1)), R::kSkip);  // unchanged: the same engine
+  EXPECT_EQ(s.AcceptReplayed(2, D(2)), R::kSkip);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kComplete);
+  EXPECT_EQ(s.Observe(2, D(2)).action, A::kApply);  // the held message, once
+  EXPECT_EQ(s.Observe(3, D(3)).action, A::kApply);  // doubt is for one message only
+}
+
+TEST(RankSequence, AReconnectionsGapIsShortUnlessTheCheckComesBack) {
+  RankSequence s;
+  s.Observe(0, D(0));
+  s.Reconnected();
+  EXPECT_EQ(s.Observe(1, D(1)).action, A::kGap);
+  s.BeginReplay(1);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kShort);  // nothing came back: unproven
+
+  s.Observe(1, D(1));
+  s.Reconnected();
+  EXPECT_EQ(s.Observe(2, D(2)).action, A::kGap);
+  s.BeginReplay(2);
+  EXPECT_EQ(s.AcceptReplayed(1, 7777), R::kRestarted);  // another engine's message 1
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kShort);
+}
+
+TEST(RankSequence, AfterAReconnectionOtherNumbersMeanWhatTheyAlwaysDo) {
+  RankSequence s;
+  s.Observe(10, D(10));
+  s.Reconnected();
+  RankSequence::Verdict v = s.Observe(14, D(14));
+  EXPECT_EQ(v.action, A::kGap);
+  EXPECT_EQ(v.missed, 3u);
+  s.SkipGap(14, D(14));
+  s.Reconnected();
+  v = s.Observe(3, D(3));
+  EXPECT_EQ(v.action, A::kRestart);
+  EXPECT_EQ(v.missed, 3u);
+}
+
 // One ZMQ connection neither repeats nor reorders: a lower number is a new publisher whose
 // first messages were lost while the subscriber reconnected (issue 19: they were dropped as
 // stale, and the dead engine's blocks stayed).

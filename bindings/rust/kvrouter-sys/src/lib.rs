@@ -741,7 +741,11 @@ pub struct kvr_engine_worker {
     /// subscription prefix; NULL or "" = every message
     pub topic: *const c_char,
     /// vLLM's replay socket (--kv-events-config replay_endpoint; rank r as for endpoint), or NULL:
-    /// missed messages are then unrecoverable and the worker is cleared and flagged.
+    /// missed messages are then unrecoverable and the worker is cleared and flagged. A reconnection
+    /// to a rank's publisher (a restarted engine, or the network) is checked there too, since a
+    /// restarted engine may carry on the old one's numbers: the last message heard must come back
+    /// unchanged. Without a replay socket the rank is cleared and flagged (since 0.2.0;
+    /// state_unknown in kvr_ingest_stats) until the engine clears its cache.
     pub replay_endpoint: *const c_char,
 }
 
@@ -793,7 +797,8 @@ pub struct kvr_ingest_stats {
     pub restarts: u64,
     /// worker states cleared because they were lost
     pub recoveries: u64,
-    /// stream connections accepted; NATS connections and reconnections
+    /// stream connections accepted; NATS connections and reconnections; engine workers: ZMQ
+    /// handshakes with a rank's publisher, the first and every reconnection (counted since 0.2.0)
     pub connections: u64,
     /// messages measured
     pub lag_samples: u64,

@@ -1080,7 +1080,11 @@ typedef struct kvr_engine_worker {
   uint32_t flags;      /* KVR_STORED_EAGLE: the model uses eagle block windows */
   const char *topic;   /* subscription prefix; NULL or "" = every message */
   /* vLLM's replay socket (--kv-events-config replay_endpoint; rank r as for endpoint), or
-   * NULL: missed messages are then unrecoverable and the worker is cleared and flagged. */
+   * NULL: missed messages are then unrecoverable and the worker is cleared and flagged. A
+   * reconnection to a rank's publisher (a restarted engine, or the network) is checked there
+   * too, since a restarted engine may carry on the old one's numbers: the last message heard
+   * must come back unchanged. Without a replay socket the rank is cleared and flagged (since
+   * 0.2.0; state_unknown in kvr_ingest_stats) until the engine clears its cache. */
   const char *replay_endpoint;
 } kvr_engine_worker;
 
@@ -1204,7 +1208,9 @@ typedef struct kvr_ingest_stats {
   uint64_t missed_messages;                     /* messages lost in those jumps */
   uint64_t restarts;                            /* publisher sequence resets to 0 */
   uint64_t recoveries;                          /* worker states cleared because they were lost */
-  uint64_t connections; /* stream connections accepted; NATS connections and reconnections */
+  uint64_t connections; /* stream connections accepted; NATS connections and reconnections;
+                         * engine workers: ZMQ handshakes with a rank's publisher, the first
+                         * and every reconnection (counted since 0.2.0) */
   /* Lag: from a message's publication time (vLLM's batch `ts`, a native batch's publish time)
    * to its events being applied, in microseconds; messages without one are not measured. A
    * publisher clock ahead of this machine's counts as 0. For source 0: sums and the maxima. */
