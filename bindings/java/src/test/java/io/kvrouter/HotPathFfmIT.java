@@ -9,7 +9,6 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import java.lang.management.ManagementFactory;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.IntBuffer;
@@ -35,7 +34,7 @@ import org.junit.jupiter.api.Timeout;
  */
 @Timeout(120)
 class HotPathFfmIT {
-  private static final int[] PROMPT = tokens(4 * BLOCK + 5, 1000);
+  static final int[] PROMPT = tokens(4 * BLOCK + 5, 1000);
 
   /** A call's outcome: its result, or the exception it threw. */
   private record Outcome(Object result, Class<?> thrown, String message, int code) {
@@ -56,7 +55,7 @@ class HotPathFfmIT {
     assertEquals(j, f, "FFM path (left: JNI)");
   }
 
-  private static Router router() {
+  static Router router() {
     Router r = TestSupport.routerWithWorkers(4);
     for (int w = 1; w <= 4; ++w) {
       r.applyStored(stored(w, tokens(8 * BLOCK, 1000), w, w * 100L));
@@ -101,7 +100,7 @@ class HotPathFfmIT {
     return h;
   }
 
-  private static IntBuffer direct(int[] tokens, int position) {
+  static IntBuffer direct(int[] tokens, int position) {
     IntBuffer b =
         ByteBuffer.allocateDirect(4 * (tokens.length + position))
             .order(ByteOrder.nativeOrder())
@@ -285,70 +284,6 @@ class HotPathFfmIT {
           h -> JniHotPath.previewRoute(h, PROMPT, null, null));
       e = assertThrows(KvRouterException.class, () -> t.ffm.findBestMatch(PROMPT));
       assertEquals(Status.UNAVAILABLE, e.status());
-    }
-  }
-
-  /** Bytes the current thread allocated (HotSpot's counter). */
-  private static long allocated() {
-    return ((com.sun.management.ThreadMXBean) ManagementFactory.getThreadMXBean())
-        .getCurrentThreadAllocatedBytes();
-  }
-
-  /**
-   * The least mean of bytes allocated per call over rounds of calls, once the JIT has compiled
-   * them (escape analysis removes the temporaries): at least 6 rounds, up to 40 until one is down
-   * to {@code enough} (a loaded machine may starve the JIT's threads for a while).
-   */
-  private static double bytesPerCall(Runnable call, double enough) {
-    double least = Double.MAX_VALUE;
-    for (int round = 0; round < 40 && (round < 6 || least > enough); ++round) {
-      int n = 50_000;
-      long before = allocated();
-      for (int i = 0; i < n; ++i) call.run();
-      least = Math.min(least, (double) (allocated() - before) / n);
-    }
-    return least;
-  }
-
-  @Test
-  void theHotCallsAllocateNothingButTheirResult() {
-    try (Router r = router()) {
-      IntBuffer d = direct(PROMPT, 0);
-      RequestOptions admit = RequestOptions.admit("alloc-é");
-      // The result record: 80 bytes (RouteResult, RouteSignals) with HotSpot's default compressed
-      // pointers. The JNI path allocates a long[] besides: 184 bytes per call on JDK 25.
-      double result = 96;
-      double[] perCall = {
-        bytesPerCall(() -> r.findBestMatch(PROMPT), result),
-        bytesPerCall(() -> r.findBestMatch(d, null), result),
-        bytesPerCall(() -> r.previewRoute(PROMPT, null, null), result),
-      };
-      for (double b : perCall) assertTrue(b <= result, b + " bytes per preview");
-      double admitFree =
-          bytesPerCall(
-              () -> {
-                r.findBestMatch(PROMPT, admit);
-                r.freeRequest("alloc-é");
-              },
-              result);
-      double directAdmitFree =
-          bytesPerCall(
-              () -> {
-                r.findBestMatch(d, admit);
-                r.freeRequest("alloc-é");
-              },
-              result);
-      assertTrue(admitFree <= result, admitFree + " bytes per admit+free");
-      assertTrue(
-          directAdmitFree <= result, directAdmitFree + " bytes per admit+free");
-      double markFree =
-          bytesPerCall(
-              () -> {
-                r.markPrefillCompleted("alloc-é");
-                r.freeRequest("alloc-é");
-              },
-              0.5);
-      assertTrue(markFree < 1, markFree + " bytes per mark+free");
     }
   }
 
