@@ -76,6 +76,8 @@ std::string_view SourceKindName(kvrouter::IngestSourceKind kind) {
       return "replicas";
     case kvrouter::IngestSourceKind::kJetStream:
       return "jetstream";
+    case kvrouter::IngestSourceKind::kJetStreamRelay:
+      return "jetstream_relay";
   }
   return "unknown";
 }
@@ -160,6 +162,39 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
           "Replica sync: publications the NATS client refused.",
           [](const Stats& s) { return s.publish_failures; });
   return std::move(text).Take();
+}
+
+// A kvr_jetstream_source, checked and converted; `id` receives the source id of `connect`'s
+// result.
+template <typename Connect>
+kvr_status WithJetStream(kvr_error** err, kvr_ingest* ingest, const kvr_jetstream_source* source,
+                         uint64_t* source_id, Connect connect) {
+  if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kNats)) return s;
+  if (kvr_status s = CheckIngest(err, ingest)) return s;
+  if (kvr_status s = RequireNonNull(err, source, "source")) return s;
+  kvr_jetstream_source in;
+  if (kvr_status s = ReadVersioned(err, source, in)) return s;
+  if (kvr_status s = RequireNonNull(err, in.url, "source->url")) return s;
+  if (kvr_status s = RequireNonNull(err, in.stream, "source->stream")) return s;
+  if (kvr_status s = RequireNonNull(err, in.subject, "source->subject")) return s;
+  if (kvr_status s =
+          CheckFlags(err, in.flags, kKnownJetstreamFlags, "kvr_jetstream_source.flags")) {
+    return s;
+  }
+  const kvrouter::JetStreamSource config{
+      .url = in.url,
+      .stream = in.stream,
+      .subject = in.subject,
+      .durable = std::string(OrEmpty(in.durable)),
+      .start_sequence = in.start_sequence,
+      .resume = (in.flags & KVR_JETSTREAM_RESUME) != 0,
+      .create_stream = (in.flags & KVR_JETSTREAM_CREATE_STREAM) != 0,
+      .max_age_seconds = in.max_age_seconds,
+      .max_bytes = in.max_bytes};
+  absl::StatusOr<uint64_t> id = connect(*ingest->service, config);
+  if (!id.ok()) return FromStatus(err, id.status());
+  if (source_id != nullptr) *source_id = *id;
+  return KVR_OK;
 }
 
 }  // namespace
@@ -341,32 +376,23 @@ KVR_API kvr_status kvr_ingest_subscribe_jetstream(kvr_ingest* ingest,
                                                   const kvr_jetstream_source* source,
                                                   uint64_t* source_id, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kNats)) return s;
-    if (kvr_status s = CheckIngest(err, ingest)) return s;
-    if (kvr_status s = RequireNonNull(err, source, "source")) return s;
-    kvr_jetstream_source in;
-    if (kvr_status s = ReadVersioned(err, source, in)) return s;
-    if (kvr_status s = RequireNonNull(err, in.url, "source->url")) return s;
-    if (kvr_status s = RequireNonNull(err, in.stream, "source->stream")) return s;
-    if (kvr_status s = RequireNonNull(err, in.subject, "source->subject")) return s;
-    if (kvr_status s =
-            CheckFlags(err, in.flags, kKnownJetstreamFlags, "kvr_jetstream_source.flags")) {
-      return s;
-    }
-    const kvrouter::JetStreamSource config{
-        .url = in.url,
-        .stream = in.stream,
-        .subject = in.subject,
-        .durable = std::string(OrEmpty(in.durable)),
-        .start_sequence = in.start_sequence,
-        .resume = (in.flags & KVR_JETSTREAM_RESUME) != 0,
-        .create_stream = (in.flags & KVR_JETSTREAM_CREATE_STREAM) != 0,
-        .max_age_seconds = in.max_age_seconds,
-        .max_bytes = in.max_bytes};
-    auto id = ingest->service->SubscribeJetStream(config);
-    if (!id.ok()) return FromStatus(err, id.status());
-    if (source_id != nullptr) *source_id = *id;
-    return KVR_OK;
+    return WithJetStream(
+        err, ingest, source, source_id,
+        [](kvrouter::IngestService& service, const kvrouter::JetStreamSource& config) {
+          return service.SubscribeJetStream(config);
+        });
+  });
+}
+
+KVR_API kvr_status kvr_ingest_relay_jetstream(kvr_ingest* ingest,
+                                              const kvr_jetstream_source* target,
+                                              uint64_t* source_id, kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    return WithJetStream(
+        err, ingest, target, source_id,
+        [](kvrouter::IngestService& service, const kvrouter::JetStreamSource& config) {
+          return service.RelayToJetStream(config);
+        });
   });
 }
 

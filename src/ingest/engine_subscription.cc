@@ -220,7 +220,7 @@ absl::Status EngineSubscriptions::RemoveOnLoop(uint64_t worker_id, bool clear_in
   }
   const uint64_t source_id = it->second.front()->source_id;
   for (Subscription* sub : it->second) {
-    if (clear_index) loop_.ClearRank({worker_id, sub->socket_rank});
+    if (clear_index) loop_.ClearRank({worker_id, sub->socket_rank}, *sub->counters);
     CloseSubscription(sub);
   }
   workers_.erase(it);
@@ -318,7 +318,7 @@ void EngineSubscriptions::ClearAndFlag(Subscription& sub) {
 }
 
 void EngineSubscriptions::ClearRank(Subscription& sub) {
-  loop_.ClearRank({sub.worker.worker_id, sub.socket_rank});
+  loop_.ClearRank({sub.worker.worker_id, sub.socket_rank}, *sub.counters);
   sub.salted.Clear();
   sub.copies.Clear();
 }

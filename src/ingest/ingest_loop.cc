@@ -71,6 +71,7 @@ absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCou
   auto result = router->ApplyEvent(event);
   if (result.ok() && result->ok()) {
     Bump(source.events_applied);
+    Tap(event, source);
   } else {
     source.Reject(IngestReject::kIndexRejected,
                   result.ok() ? result->message : std::string(result.status().message()));
@@ -78,9 +79,10 @@ absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCou
   return result;
 }
 
-void IngestLoop::ClearRank(WorkerKey rank) {
+void IngestLoop::ClearRank(WorkerKey rank, const SourceCounters& source) {
   const KvEvent clear{.worker = rank, .event_id = next_event_id++, .data = ClearedEvent{}};
   (void)router->ApplyEvent(clear);
+  Tap(clear, source);
 }
 
 }  // namespace kvrouter

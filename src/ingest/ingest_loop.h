@@ -33,8 +33,18 @@ void CloseAndDelete(uv_handle_t* handle, Owner* owner) {
   uv_close(handle, [](uv_handle_t* h) { delete static_cast<Owner*>(h->data); });
 }
 
+// Told of every change an ingest source made to the index, in the order applied (a JetStream
+// relay republishes them: jetstream_relay.h). Loop thread; must not block.
+class IndexChangeTap {
+ public:
+  virtual ~IndexChangeTap() = default;
+  virtual void Changed(const KvEvent& event) = 0;
+};
+
 struct IngestLoop {
   Router* router = nullptr;
+  // Loop-thread state: the relay, if one was started (owned by its transport's unit).
+  IndexChangeTap* tap = nullptr;
   IngestOptions options;
   uv_loop_t loop{};
   uv_async_t wake{};
@@ -80,11 +90,16 @@ struct IngestLoop {
   // The loop thread's side of Run and Post.
   void RunCommands();
 
-  // Applies router events, counting each outcome on `source`.
+  // Applies router events, counting each outcome on `source`; the tap hears those applied.
   void Apply(std::span<const KvEvent> events, SourceCounters& source);
   absl::StatusOr<ApplyResult> ApplyOne(const KvEvent& event, SourceCounters& source);
-  // Drops everything the index holds for one rank.
-  void ClearRank(WorkerKey rank);
+  // Drops everything the index holds for one rank, for `source`.
+  void ClearRank(WorkerKey rank, const SourceCounters& source);
+
+ private:
+  void Tap(const KvEvent& event, const SourceCounters& source) {
+    if (tap != nullptr && source.relayed) tap->Changed(event);
+  }
 };
 
 }  // namespace kvrouter

@@ -54,6 +54,7 @@ struct Nats : LeftOut<IngestTransport::kNats> {
     return Call(url, subject, replica_id);
   }
   absl::Status SubscribeJetStream(const JetStreamSource& source) const { return Call(source); }
+  absl::Status RelayToJetStream(const JetStreamSource& target) const { return Call(target); }
   static void InitAdapter() {}
   static void BindLoopThread(uv_loop_t*) {}
 };
@@ -163,6 +164,10 @@ absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string& url,
 
 absl::StatusOr<uint64_t> IngestService::SubscribeJetStream(const JetStreamSource& source) {
   return impl_->nats.SubscribeJetStream(source);
+}
+
+absl::StatusOr<uint64_t> IngestService::RelayToJetStream(const JetStreamSource& target) {
+  return impl_->nats.RelayToJetStream(target);
 }
 
 absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {

@@ -75,11 +75,12 @@ struct IngestStats {
 
 // What a source is (the `kind` label of the Prometheus text).
 enum class IngestSourceKind : uint8_t {
-  kListener,   // a native stream listener (Listen)
-  kEngine,     // an engine worker's ZMQ ranks (AddEngineWorker)
-  kNats,       // a NATS subscription to native event batches (SubscribeNats)
-  kReplicas,   // router replica sync over NATS (SyncReplicas)
-  kJetStream,  // a JetStream consumer of KV events (SubscribeJetStream)
+  kListener,        // a native stream listener (Listen)
+  kEngine,          // an engine worker's ZMQ ranks (AddEngineWorker)
+  kNats,            // a NATS subscription to native event batches (SubscribeNats)
+  kReplicas,        // router replica sync over NATS (SyncReplicas)
+  kJetStream,       // a JetStream consumer of KV events (SubscribeJetStream)
+  kJetStreamRelay,  // the relay of the index's changes into a JetStream stream
 };
 
 // One source as Sources() lists it.
@@ -98,6 +99,8 @@ struct IngestOptions {
   // replicas silent for replica_timeout_ms dropped (0 = never). At most kMaxReplicaLivenessMs.
   uint32_t replica_heartbeat_ms = 1000;
   uint32_t replica_timeout_ms = 10'000;
+  // The JetStream relay's queue, while the server is away: beyond it, the relay resyncs.
+  size_t relay_backlog_bytes = size_t{64} << 20;
 };
 
 // The most ranks one engine worker may have: each is a ZMQ socket and a file descriptor, and
@@ -183,6 +186,20 @@ class IngestService {
   // calling thread (not the loop's). InvalidArgument for a bad name, NotFound for a missing
   // stream (without create_stream), Unavailable if the server cannot be reached.
   absl::StatusOr<uint64_t> SubscribeJetStream(const JetStreamSource& source);
+  // Republishes every change the other sources make to the index (not a JetStream source's:
+  // those are in a stream already) into a JetStream stream, on "<subject>.<worker id>", in
+  // order, each message retried until the server acknowledges it (jetstream_relay.h). The
+  // stream's consumers (SubscribeJetStream on "<subject>.>") then hold what this router's
+  // index holds of those workers. One relay per ingest object (FailedPrecondition for a
+  // second); it lasts until Stop, which waits up to JetStreamRelay::kFlushMs for the queue.
+  // Errors as SubscribeJetStream; InvalidArgument also for a consumer's settings (durable,
+  // start_sequence, resume) or a subject with wildcards. Its counters: `messages` changes
+  // handed to it, `events_applied` those acknowledged, `published` messages acknowledged,
+  // `publish_failures` attempts retried, `gaps`/`missed_messages` queue overflows and the
+  // changes they dropped (a resync sends them again: `recoveries`), `state_unknown` 1 until
+  // that resync is acknowledged, `stream_sequence` the last message's position, lag from a
+  // change to its acknowledgement.
+  absl::StatusOr<uint64_t> RelayToJetStream(const JetStreamSource& target);
 
   // One source's counters (NotFound if unknown or forgotten, as Endpoint); source_id 0 = the
   // sum over every source ever added.

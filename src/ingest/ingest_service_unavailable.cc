@@ -37,6 +37,9 @@ absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string&, const s
 absl::StatusOr<uint64_t> IngestService::SubscribeJetStream(const JetStreamSource&) {
   return TransportAvailable(IngestTransport::kNats);
 }
+absl::StatusOr<uint64_t> IngestService::RelayToJetStream(const JetStreamSource&) {
+  return TransportAvailable(IngestTransport::kNats);
+}
 absl::StatusOr<IngestStats> IngestService::Stats(uint64_t) const { return Unavailable(); }
 absl::StatusOr<std::string> IngestService::Endpoint(uint64_t) const { return Unavailable(); }
 std::vector<IngestSource> IngestService::Sources() const { return {}; }

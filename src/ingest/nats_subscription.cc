@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ingest/jetstream_relay.h"
+#include "ingest/jetstream_stream.h"
 #include "ingest/replica_sync.h"
 #include "ingest/sequence_tracker.h"
 #include "wire/endpoint.h"
@@ -353,17 +355,24 @@ void NatsSubscriptions::InitAdapter() { natsLibuv_Init(); }
 // libnats' adapter acts directly on this thread.
 void NatsSubscriptions::BindLoopThread(uv_loop_t* loop) { natsLibuv_SetThreadLocalLoop(loop); }
 
+NatsSubscriptions::NatsSubscriptions(IngestLoop& loop) : loop_(loop) {}
+NatsSubscriptions::~NatsSubscriptions() = default;
+
 void NatsSubscriptions::CloseAll() {
+  // The relay first: it publishes what the index's last changes queued (up to its deadline).
+  loop_.tap = nullptr;
+  {
+    std::lock_guard lock(relay_mutex_);
+    relay_.reset();
+  }
   for (Source* source : sources_) Close(source);
   sources_.clear();
 }
 
 // ---- JetStream ------------------------------------------------------------------------------
 
-namespace {
-
 // Stream and consumer names become subject tokens in JetStream's API.
-absl::Status ValidateJetStreamName(const std::string& what, const std::string& name) {
+static absl::Status ValidateJetStreamName(const std::string& what, const std::string& name) {
   if (name.find_first_of(" \t\r\n.*>") != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("the JetStream ", what, " '", name,
                                                    "' must not contain spaces, '.', '*' or '>'"));
@@ -386,18 +395,16 @@ absl::Status ValidateJetStream(const JetStreamSource& config) {
   return absl::OkStatus();
 }
 
-// A JetStream API call that failed, in words (the server's error code when it gave one).
 absl::Status JetStreamError(const std::string& what, natsStatus s, jsErrCode code) {
   return absl::UnavailableError(absl::StrCat(what, ": ", natsStatus_GetText(s), " (",
                                              nats_GetLastError(nullptr), ", error code ",
                                              static_cast<int>(code), ")"));
 }
 
-bool IsNotFound(natsStatus s, jsErrCode code, jsErrCode not_found) {
+static bool IsNotFound(natsStatus s, jsErrCode code, jsErrCode not_found) {
   return s == NATS_NOT_FOUND || code == not_found;
 }
 
-// The stream exists afterwards, or NotFound (when it may not be created).
 absl::Status EnsureStream(jsCtx* js, const JetStreamSource& config) {
   jsStreamInfo* info = nullptr;
   jsErrCode code = static_cast<jsErrCode>(0);
@@ -429,6 +436,8 @@ absl::Status EnsureStream(jsCtx* js, const JetStreamSource& config) {
   jsStreamInfo_Destroy(info);
   return absl::OkStatus();
 }
+
+namespace {
 
 // Where a new consumer starts: the stream's first message, or start_sequence.
 void SetStart(jsConsumerConfig& consumer, const JetStreamSource& config) {
@@ -482,6 +491,7 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
   source->owner = this;
   source->counters = std::make_shared<SourceCounters>();
   source->jetstream = true;
+  source->counters->relayed = false;  // the events are in a stream already
   // libnats' own threads, not the loop: setting up the consumer takes request-reply round
   // trips on this thread, which may be the loop's caller while the loop runs.
   natsOptions* opts = nullptr;
@@ -510,6 +520,26 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
     return added;
   }
   (void)source.release();  // sources_ owns it
+  return id;
+}
+
+absl::StatusOr<uint64_t> NatsSubscriptions::RelayToJetStream(const JetStreamSource& target) {
+  std::lock_guard lock(relay_mutex_);
+  if (relay_ != nullptr) {
+    return absl::FailedPreconditionError("this ingest object relays into a stream already");
+  }
+  auto counters = std::make_shared<SourceCounters>();
+  auto relay =
+      JetStreamRelay::Start(target, loop_.options.relay_backlog_bytes, *loop_.router, counters);
+  if (!relay.ok()) return relay.status();
+  uint64_t id = 0;
+  absl::Status added = loop_.Run([&] {
+    loop_.NewSource(id, IngestSourceKind::kJetStreamRelay, WithoutUserInfo(target.url), counters);
+    loop_.tap = relay->get();
+    return absl::OkStatus();
+  });
+  if (!added.ok()) return added;
+  relay_ = std::move(*relay);
   return id;
 }
 
@@ -609,7 +639,7 @@ void NatsSubscriptions::ApplyHeard(std::span<const KvEvent> events, uint64_t pub
   for (const KvEvent& event : events) {
     if (ranks.Heard(event.worker, publisher)) {
       // Another publisher had this rank: the worker restarted, its old blocks are gone.
-      loop_.ClearRank(event.worker);
+      loop_.ClearRank(event.worker, source);
       Bump(source.restarts);
     }
     const bool known_again =
@@ -622,7 +652,7 @@ void NatsSubscriptions::ApplyHeard(std::span<const KvEvent> events, uint64_t pub
 // The rank's state was lost: cleared (the index must not keep what the engine may have
 // evicted meanwhile) and flagged until the engine clears it itself.
 void NatsSubscriptions::LoseRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks) {
-  loop_.ClearRank(rank);
+  loop_.ClearRank(rank, source);
   Bump(source.recoveries);
   FlagRank(rank, source, ranks);
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -22,6 +23,7 @@
 
 namespace kvrouter {
 
+class JetStreamRelay;
 class PublisherSequences;
 class SourceRanks;
 struct DynamoMessage;
@@ -31,7 +33,8 @@ class NatsSubscriptions {
   // From libnats' callback thread (a lost connection): LoseEveryRank, on the loop.
   void LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
                           std::shared_ptr<SourceRanks> ranks);
-  explicit NatsSubscriptions(IngestLoop& loop) : loop_(loop) {}
+  explicit NatsSubscriptions(IngestLoop& loop);
+  ~NatsSubscriptions();  // after CloseAll
   NatsSubscriptions(const NatsSubscriptions&) = delete;
   NatsSubscriptions& operator=(const NatsSubscriptions&) = delete;
 
@@ -42,6 +45,8 @@ class NatsSubscriptions {
                                         const std::string& replica_id);
   // IngestService::SubscribeJetStream. Any thread but the loop's; not concurrently with Stop.
   absl::StatusOr<uint64_t> SubscribeJetStream(const JetStreamSource& config);
+  // IngestService::RelayToJetStream. Any thread but the loop's; not concurrently with Stop.
+  absl::StatusOr<uint64_t> RelayToJetStream(const JetStreamSource& target);
   // Unsubscribes and closes every connection. Loop thread (or before Start).
   void CloseAll();
 
@@ -85,6 +90,8 @@ class NatsSubscriptions {
   IngestLoop& loop_;
   std::list<Source*> sources_;
   bool replica_sync_active_ = false;
+  std::mutex relay_mutex_;  // one relay: RelayToJetStream may run on several threads
+  std::unique_ptr<JetStreamRelay> relay_;
 };
 
 }  // namespace kvrouter

@@ -34,6 +34,9 @@ struct SourceCounters {
   std::atomic<uint64_t> published{0};
   std::atomic<uint64_t> publish_failures{0};
   std::atomic<uint64_t> stream_sequence{0};
+  // Whether a JetStream relay republishes what this source applies: not what a JetStream
+  // source consumed (it is in a stream already). Set before the source is shared.
+  bool relayed = true;
 
   // A message published at `publish_time_ns` (Unix epoch; 0 = unknown) has just been applied.
   // A publisher whose clock runs ahead of ours shows a lag of 0, not a negative one.

@@ -282,6 +282,78 @@ static void jetstream_source(void** state) {
   assert_int_equal(0, system(remove_store));
 }
 
+/* The relay: what one router's ingest applies from a NATS subject, republished into a
+ * JetStream stream that a second router consumes; a consumer's settings, a wildcard subject
+ * and a second relay refused. */
+static void jetstream_relay(void** state) {
+  const int port = free_port();
+  char url[64], store[] = "/tmp/kvr-capi-relay-XXXXXX", remove_store[64];
+  pid_t server;
+  kvr_router* relay = kvt_router_new(BS, 0);
+  kvr_router* consumer = kvt_router_new(BS, 0);
+  kvr_ingest *relay_ingest = NULL, *consumer_ingest = NULL;
+  natsConnection* nc = NULL;
+  kvr_jetstream_source js;
+  uint64_t relayed = 0, consumed = 0;
+  uint32_t tokens[2 * BS];
+  int waited;
+  (void)state;
+  assert_non_null(mkdtemp(store));
+  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
+  server = start_server_with(port, store);
+  kvt_add_worker(relay, 1);
+  kvt_add_worker(consumer, 1);
+  KVT_OK(kvr_ingest_new(relay, NULL, &relay_ingest, ERRP));
+  KVT_OK(kvr_ingest_start(relay_ingest, ERRP));
+  KVT_OK(kvr_ingest_subscribe_nats(relay_ingest, url, "raw.>", NULL, ERRP));
+  KVT_OK(kvr_jetstream_source_init(&js, sizeof js));
+  js.url = url;
+  js.stream = "KV";
+  js.subject = "kv.relay";
+  js.flags = KVR_JETSTREAM_CREATE_STREAM;
+  js.durable = "gateway-1";
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_relay_jetstream(relay_ingest, &js, &relayed, ERRP));
+  js.durable = NULL;
+  js.subject = "kv.>";
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_relay_jetstream(relay_ingest, &js, &relayed, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_ingest_relay_jetstream(relay_ingest, NULL, &relayed, ERRP));
+  js.subject = "kv.relay";
+  KVT_OK(kvr_ingest_relay_jetstream(relay_ingest, &js, &relayed, ERRP));
+  KVT_EXPECT_FAILS(KVR_FAILED_PRECONDITION,
+                   kvr_ingest_relay_jetstream(relay_ingest, &js, NULL, ERRP));
+
+  KVT_OK(kvr_ingest_new(consumer, NULL, &consumer_ingest, ERRP));
+  KVT_OK(kvr_ingest_start(consumer_ingest, ERRP));
+  js.subject = "kv.relay.>";
+  js.flags = 0;
+  js.durable = "gateway-2";
+  KVT_OK(kvr_ingest_subscribe_jetstream(consumer_ingest, &js, &consumed, ERRP));
+
+  assert_int_equal(NATS_OK, natsConnection_ConnectTo(&nc, url));
+  kvt_fill_tokens(tokens, 2 * BS, 0);
+  publish_stored(nc, "raw.w1", 1, tokens, 2, 500);
+  for (waited = 0; stats_of(consumer_ingest, consumed).stream_sequence < 1 && waited < WAIT_MS;
+       waited += 5) {
+    sleep_ms(5);
+  }
+  assert_int_equal(1, stats_of(relay_ingest, relayed).events_applied);
+  assert_int_equal(1, stats_of(relay_ingest, relayed).stream_sequence);
+  assert_int_equal(1, stats_of(consumer_ingest, consumed).stream_sequence);
+  assert_int_equal(2, device_blocks(consumer, tokens, 2 * BS, 1));
+
+  natsConnection_Destroy(nc);
+  kvr_ingest_free(consumer_ingest);
+  kvr_ingest_free(relay_ingest);
+  kvr_router_free(consumer);
+  kvr_router_free(relay);
+  stop_server(server);
+  snprintf(remove_store, sizeof remove_store, "rm -rf %s", store);
+  assert_int_equal(0, system(remove_store));
+}
+
 /* A router replica with its ingest object syncing on "replicas" at `url`. */
 typedef struct replica {
   kvr_router* router;
@@ -373,6 +445,7 @@ int main(void) {
       cmocka_unit_test(nats_batches_wildcards_garbage_and_restart),
       cmocka_unit_test(nats_bad_arguments),
       cmocka_unit_test(jetstream_source),
+      cmocka_unit_test(jetstream_relay),
       cmocka_unit_test(replicas_sync_bookings_over_nats),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

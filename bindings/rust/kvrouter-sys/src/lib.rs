@@ -1481,6 +1481,32 @@ extern "C" {
         source_id: *mut u64,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
+    /// The JetStream relay (since 0.2.0; docs/ingest.md): republishes every change this ingest's
+    /// other sources make to the router's index (after their sequence checks, replays, restarts and
+    /// copies; not what a JetStream source consumed) into `target`'s stream as native EventBatches,
+    /// on subject `<subject>.<worker id>` (`subject` is a prefix: no wildcards), in order, each
+    /// message retried until the server acknowledges it. A router consuming the stream
+    /// (kvr_ingest_subscribe_jetstream on `<subject>.>`) then holds what this router's index holds
+    /// of those workers: this is how engines that publish over ZMQ (vLLM, SGLang) feed a durable
+    /// stream. KVR_JETSTREAM_CREATE_STREAM creates the stream on `<subject>.>` with the limits
+    /// given; `durable`, `start_sequence` and KVR_JETSTREAM_RESUME are a consumer's and must be
+    /// unset. Changes wait in a bounded queue while the server is away (64 MiB); past it the relay
+    /// resyncs once the server is back: a clear of every rank it relays, what the index holds of
+    /// them, then the changes since. One relay per ingest object (KVR_FAILED_PRECONDITION for a
+    /// second); it lasts until kvr_ingest_stop, which waits up to 2 s for the queue. The source's
+    /// counters: `messages` changes handed to the relay, `events_applied` those acknowledged,
+    /// `published` messages acknowledged, `publish_failures` attempts retried, `gaps` and
+    /// `missed_messages` queue overflows and the changes they dropped (sent again by the resync,
+    /// counted in `recoveries`), `state_unknown` 1 until then, `stream_sequence` the last message's
+    /// stream sequence, the lag from a change to its acknowledgement. Errors as
+    /// kvr_ingest_subscribe_jetstream. `*source_id` may be NULL. @thread_safety as
+    /// kvr_ingest_subscribe_nats
+    pub fn kvr_ingest_relay_jetstream(
+        ingest: *mut kvr_ingest,
+        target: *const kvr_jetstream_source,
+        source_id: *mut u64,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
     /// Router replica sync over NATS: publishes the ingest's router's booking changes on `subject`
     /// as `replica_id` (see kvr_router_set_replica_publisher for the id's rules) and applies the
     /// changes the other replicas publish there. The source's counters: `messages` received,
