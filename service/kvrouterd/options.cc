@@ -199,10 +199,10 @@ std::string ParseWorkerSpec(std::string_view text, WorkerSpec* out) {
   return {};
 }
 
-std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out) {
+std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out, std::string_view option) {
   JetStreamSpec spec;
   std::string error =
-      ForEachKeyValue(text, "jetstream-events", [&](std::string_view key, std::string_view value) {
+      ForEachKeyValue(text, option, [&](std::string_view key, std::string_view value) {
         if (key == "url") {
           spec.url = value;
         } else if (key == "stream") {
@@ -233,7 +233,7 @@ std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out) {
       });
   if (!error.empty()) return error;
   if (spec.url.empty() || spec.stream.empty() || spec.subject.empty()) {
-    return "jetstream-events: url=, stream= and subject= are required";
+    return std::string(option) + ": url=, stream= and subject= are required";
   }
   *out = spec;
   return {};
@@ -395,6 +395,20 @@ const std::vector<OptionSpec>& Options() {
        JetStreamSpec spec;
        std::string error = ParseJetStreamSpec(v, &spec);
        if (error.empty()) c.jetstream_events.push_back(std::move(spec));
+       return error;
+     }},
+    {"jetstream-relay", "SPEC", "republish every change the other event sources make to the KV "
+     "index into a NATS JetStream stream, on SUBJECT.<worker id>, for routers that consume it "
+     "with --jetstream-events on SUBJECT.> (how vLLM and SGLang engines feed a stream): "
+     "url=URL,stream=NAME,subject=SUBJECT[,create=BOOL][,max-age-seconds=S][,max-bytes=N]; "
+     "SUBJECT is a prefix without wildcards", false, true,
+     [](Config& c, std::string_view v) {
+       JetStreamSpec spec;
+       std::string error = ParseJetStreamSpec(v, &spec, "jetstream-relay");
+       if (error.empty() && (!spec.durable.empty() || spec.start_sequence != 0 || spec.resume)) {
+         error = "jetstream-relay: durable=, start= and resume= are a consumer's";
+       }
+       if (error.empty()) c.jetstream_relay = std::move(spec);
        return error;
      }},
     {"replica-heartbeat-ms", "MS", "replica sync: send a heartbeat every MS (default 1000; 0 = "

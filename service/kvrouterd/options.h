@@ -67,7 +67,7 @@ struct Config {
   std::string listen_host = "127.0.0.1";
   int listen_port = 8080;
   std::string port_file;
-  std::string snapshot_file;  // restored at startup, before any event source
+  std::string snapshot_file;                // restored at startup, before any event source
   std::vector<std::string> bootstrap_from;  // peers' http://HOST:PORT, tried in order
   std::string config_file;
   LogLevel log_level = LogLevel::kInfo;
@@ -84,6 +84,7 @@ struct Config {
   std::vector<std::string> listen_events;
   std::vector<NatsEventsSpec> nats_events;
   std::vector<JetStreamSpec> jetstream_events;
+  std::optional<JetStreamSpec> jetstream_relay;  // no durable, start or resume
   std::optional<ReplicaSyncSpec> replica_sync;
   std::vector<WorkerSpec> workers;
   // Commands
@@ -131,7 +132,9 @@ std::string ParseHostPort(std::string_view text, std::string* host, int* port);
 std::string ParseWorkerSpec(std::string_view text, WorkerSpec* out);
 // "url=URL,stream=NAME,subject=SUBJECT[,durable=NAME][,start=N][,resume=BOOL][,create=BOOL]
 // [,max-age-seconds=S][,max-bytes=N]" (the value of --jetstream-events).
-std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out);
+// `option` names the option in errors.
+std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out,
+                               std::string_view option = "jetstream-events");
 
 // The names of the enumerations as the options and the API spell them.
 std::optional<kvr_queue_policy> ParseQueuePolicy(std::string_view text);

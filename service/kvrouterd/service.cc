@@ -86,6 +86,8 @@ std::string Service::Open(const Config& config) {
     std::vector<JetStreamSpec> streams = config.jetstream_events;
     if (!config.bootstrap_from.empty()) BootstrapFromPeer(config.bootstrap_from, &streams);
     ThrowIfError(kvr_ingest_new(router_, &config.ingest, &ingest_, &err), err);
+    // The relay before any source: it must see every change they make.
+    if (config.jetstream_relay) RelayToJetStream(*config.jetstream_relay);
     ThrowIfError(kvr_ingest_start(ingest_, &err), err);
     for (const std::string& endpoint : config.listen_events) {
       char bound[512] = {0};
@@ -415,7 +417,10 @@ void Service::BootstrapFromPeer(const std::vector<std::string>& peers,
       {{"peers", peers}});
 }
 
-void Service::SubscribeJetStream(const JetStreamSpec& spec) {
+namespace {
+
+// `spec` as the C ABI takes it; valid while `spec` lives.
+kvr_jetstream_source ToSource(const JetStreamSpec& spec) {
   kvr_jetstream_source source;
   kvr_jetstream_source_init(&source, sizeof source);
   source.url = spec.url.c_str();
@@ -427,6 +432,21 @@ void Service::SubscribeJetStream(const JetStreamSpec& spec) {
       (spec.resume ? KVR_JETSTREAM_RESUME : 0u) | (spec.create ? KVR_JETSTREAM_CREATE_STREAM : 0u);
   source.max_age_seconds = spec.max_age_seconds;
   source.max_bytes = spec.max_bytes;
+  return source;
+}
+
+}  // namespace
+
+void Service::RelayToJetStream(const JetStreamSpec& spec) {
+  const kvr_jetstream_source target = ToSource(spec);
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_ingest_relay_jetstream(ingest_, &target, nullptr, &err), err);
+  Log(LogLevel::kInfo, "relaying the index's changes into JetStream",
+      {{"url", spec.url}, {"stream", spec.stream}, {"subject", spec.subject + ".<worker id>"}});
+}
+
+void Service::SubscribeJetStream(const JetStreamSpec& spec) {
+  const kvr_jetstream_source source = ToSource(spec);
   kvr_error* err = nullptr;
   uint64_t source_id = 0;
   ThrowIfError(kvr_ingest_subscribe_jetstream(ingest_, &source, &source_id, &err), err);
@@ -622,6 +642,7 @@ void Service::Reload(const Config& next) {
   differs("nats-events", next.nats_events != config_.nats_events);
   differs("replica-sync", next.replica_sync != config_.replica_sync);
   differs("jetstream-events", next.jetstream_events != config_.jetstream_events);
+  differs("jetstream-relay", next.jetstream_relay != config_.jetstream_relay);
   if (!need_restart.empty()) {
     Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",
         {{"settings", need_restart}});

@@ -77,6 +77,7 @@ class Service {
   void Subscribe(const WorkerSpec& worker);
   // Consumes a JetStream stream of KV events (throws ApiError as the other calls do).
   void SubscribeJetStream(const JetStreamSpec& spec);
+  void RelayToJetStream(const JetStreamSpec& spec);
   // Loads a snapshot file into the (empty) index (throws ApiError as the other calls do).
   void RestoreSnapshotFile(const std::string& path);
   // --bootstrap-from: restores the first answering peer's snapshot and sets `streams` to
