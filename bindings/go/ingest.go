@@ -62,16 +62,17 @@ func optionalMillis(d time.Duration, def uint32) uint32 {
 // Ingest receives KV events from its sources on one event-loop thread of its own and applies
 // them to a Router, concurrently with routing. Sources: native stream listeners (Listen),
 // NATS subscriptions (SubscribeNATS), JetStream streams (SubscribeJetStream) and vLLM / SGLang
-// ZMQ publishers (AddEngineWorker); they may be added before or after Start. Its methods may be
-// called from any goroutine concurrently, except Close, which must not run concurrently with
-// other calls on the Ingest (Stop may: it is the way to end ingestion while other goroutines
-// still use the object).
+// ZMQ publishers (AddEngineWorker); they may be added before or after Start (RelayJetStream
+// republishes what they change into a JetStream stream). Its methods may be called from any
+// goroutine concurrently, except Close, which must not run concurrently with other calls on
+// the Ingest (Stop may: it is the way to end ingestion while other goroutines still use the
+// object).
 type Ingest struct {
 	ptr    handlePtr
 	router *Router // kept reachable: the router must outlive the ingest object
-	// natsMu keeps Stop and Close from running during a SubscribeNATS or SubscribeJetStream,
-	// whose round trips run on the caller's thread (the one exclusion the header states besides
-	// the free). Those calls share it; nothing else takes it.
+	// natsMu keeps Stop and Close from running during a SubscribeNATS, SubscribeJetStream or
+	// RelayJetStream, whose round trips run on the caller's thread (the one exclusion the header
+	// states besides the free). Those calls share it; nothing else takes it.
 	natsMu sync.RWMutex
 }
 
@@ -344,6 +345,27 @@ func (in *Ingest) SubscribeJetStream(s JetStreamSource) (uint64, error) {
 	defer in.natsMu.RUnlock()
 	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_ingest_subscribe_jetstream(h, s.toC(a), id, cerr)
+	})
+}
+
+// RelayJetStream republishes every change the ingest's other sources make to the router's
+// index into a JetStream stream (see JetStreamSource), each change as a native EventBatch on
+// target.Subject + "." + the worker id (Subject is a prefix, without wildcards), and returns
+// the relay's source id; a router consuming that stream (SubscribeJetStream on Subject + ".>")
+// then holds what this router's index holds of those workers. Not relayed: what a JetStream
+// source consumed, and events applied on the Router directly (ApplyStored, ApplyEventBatch,
+// ...). Durable, StartSequence and Resume must be unset; CreateStream creates the stream on
+// Subject + ".>". One relay per Ingest (ErrFailedPrecondition for a second); it lasts until
+// Stop. Its IngestStats: Messages the changes handed to the relay, EventsApplied those the
+// stream acknowledged, Published the messages acknowledged, StreamSequence the last message's
+// stream sequence, MissedMessages the changes dropped while the server was away (sent again
+// by a resync; StateUnknown is 1 until then); it has caught up when Messages ==
+// EventsApplied + MissedMessages and StateUnknown == 0. Errors as SubscribeJetStream.
+func (in *Ingest) RelayJetStream(target JetStreamSource) (uint64, error) {
+	in.natsMu.RLock()
+	defer in.natsMu.RUnlock()
+	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+		return C.kvr_ingest_relay_jetstream(h, target.toC(a), id, cerr)
 	})
 }
 

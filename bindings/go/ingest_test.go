@@ -357,6 +357,74 @@ func TestIngestJetStream(t *testing.T) {
 	must(t, in.Stop())
 }
 
+// The JetStream relay: a router fed by a stream listener relays its index changes into stream
+// KV on kv.relay.<worker>; a second router consuming kv.relay.> ends with the same index. The
+// refusals: a consumer's field (Durable) and a second relay.
+func TestIngestRelayJetStream(t *testing.T) {
+	addr := startNATSServerWith(t, true)
+	url := "nats://" + addr
+	r := newTestRouter(t, 2)
+	in := newIngest(t, r)
+	listener, bound, err := in.Listen("unix://" + filepath.Join(t.TempDir(), "relay.sock"))
+	must(t, err)
+	must(t, in.Start())
+
+	target := JetStreamSource{URL: url, Stream: "KV", Subject: "kv.relay", CreateStream: true}
+	durable := target
+	durable.Durable = "relay-1"
+	_, err = in.RelayJetStream(durable)
+	wantCode(t, err, ErrInvalidArgument)
+	relay, err := in.RelayJetStream(target)
+	must(t, err)
+	if relay == 0 || relay == listener {
+		t.Errorf("relay source id %d (listener %d)", relay, listener)
+	}
+	_, err = in.RelayJetStream(target)
+	wantCode(t, err, ErrFailedPrecondition)
+
+	r2 := newTestRouter(t, 2)
+	in2 := newIngest(t, r2)
+	must(t, in2.Start())
+	consumer, err := in2.SubscribeJetStream(JetStreamSource{URL: url, Stream: "KV", Subject: "kv.relay.>", Durable: "gw-2"})
+	must(t, err)
+
+	pub, err := ConnectPublisher(bound)
+	must(t, err)
+	defer pub.Close()
+	b, err := NewEventBatch()
+	must(t, err)
+	defer b.Close()
+	p := prompt(48, 9)
+	must(t, b.AddStored(storedPrefix(2, p, 3)))
+	must(t, pub.Send(b))
+
+	waitStats(t, in, listener, func(s IngestStats) bool { return s.EventsApplied >= 1 })
+	rs := waitStats(t, in, relay, func(s IngestStats) bool {
+		return s.Messages >= 1 && s.Messages == s.EventsApplied+s.MissedMessages && s.StateUnknown == 0
+	})
+	if rs.StreamSequence == 0 || rs.Published == 0 || rs.MissedMessages != 0 {
+		t.Fatalf("relay stats %+v, want acknowledged messages", rs)
+	}
+	cs := waitStats(t, in2, consumer, func(s IngestStats) bool { return s.StreamSequence >= rs.StreamSequence })
+	if cs.StreamSequence != rs.StreamSequence || cs.EventsApplied == 0 {
+		t.Errorf("consumer stats %+v, want stream sequence %d", cs, rs.StreamSequence)
+	}
+	d1, err := r.IndexDigest()
+	must(t, err)
+	d2, err := r2.IndexDigest()
+	must(t, err)
+	if d1 != d2 {
+		t.Errorf("index digests differ after the relay: %#x vs %#x", d1, d2)
+	}
+	res, err := r2.FindBestMatch(p, nil)
+	must(t, err)
+	if res.WorkerID != 2 || res.DeviceOverlapBlocks != 3 {
+		t.Errorf("routing on the consuming router: %+v", res)
+	}
+	must(t, in.Stop())
+	must(t, in2.Stop())
+}
+
 // startNATSServer starts nats-server on a free port of 127.0.0.1 for the test (killed when it
 // ends) and returns its address once it accepts connections; skips the test without one.
 func startNATSServer(t *testing.T) string {

@@ -2291,8 +2291,11 @@ cleanup:
   return NULL;
 }
 
-/* subscribe_jetstream(fields, url, stream, subject, durable) -> source_id */
-static PyObject* ingest_subscribe_jetstream(IngestObject* self, PyObject* args) {
+/* subscribe_jetstream / relay_jetstream (fields, url, stream, subject, durable) -> source_id:
+ * `fn` with the kvr_jetstream_source they describe. */
+static PyObject* ingest_jetstream(IngestObject* self, PyObject* args,
+                                  kvr_status (*fn)(kvr_ingest*, const kvr_jetstream_source*,
+                                                   uint64_t*, kvr_error**)) {
   PyObject *fields, *url, *stream, *subject, *durable;
   kvr_jetstream_source js;
   uint64_t source = 0;
@@ -2306,11 +2309,21 @@ static PyObject* ingest_subscribe_jetstream(IngestObject* self, PyObject* args) 
       get_cstr(subject, "subject", &js.subject) < 0 ||
       get_cstr(durable, "durable", &js.durable) < 0)
     return NULL;
-  INGEST_CALL(self, i, st, kvr_ingest_subscribe_jetstream(i, &js, &source, &err));
+  INGEST_CALL(self, i, st, fn(i, &js, &source, &err));
   if (st != KVR_OK) return fail(st, err);
   return PyLong_FromUnsignedLongLong(source);
 cleanup:
   return NULL;
+}
+
+/* subscribe_jetstream(fields, url, stream, subject, durable) -> source_id */
+static PyObject* ingest_subscribe_jetstream(IngestObject* self, PyObject* args) {
+  return ingest_jetstream(self, args, kvr_ingest_subscribe_jetstream);
+}
+
+/* relay_jetstream(fields, url, stream, subject, durable) -> source_id */
+static PyObject* ingest_relay_jetstream(IngestObject* self, PyObject* args) {
+  return ingest_jetstream(self, args, kvr_ingest_relay_jetstream);
 }
 
 /* sync_replicas(url, subject, replica_id) -> source_id */
@@ -2357,6 +2370,7 @@ static PyMethodDef ingest_methods[] = {
     {"remove_engine_worker", (PyCFunction)ingest_remove_engine_worker, METH_VARARGS, NULL},
     {"subscribe_nats", (PyCFunction)ingest_subscribe_nats, METH_VARARGS, NULL},
     {"subscribe_jetstream", (PyCFunction)ingest_subscribe_jetstream, METH_VARARGS, NULL},
+    {"relay_jetstream", (PyCFunction)ingest_relay_jetstream, METH_VARARGS, NULL},
     {"sync_replicas", (PyCFunction)ingest_sync_replicas, METH_VARARGS, NULL},
     {"get_stats", (PyCFunction)ingest_get_stats, METH_O, NULL},
     {"metrics_prometheus", (PyCFunction)ingest_metrics_prometheus, METH_NOARGS, NULL},

@@ -127,6 +127,44 @@ def test_jetstream_stream_created_consumed_and_acknowledged(router, nats_jetstre
         assert device_blocks(router, p, 2) == 3
 
 
+def test_jetstream_relay_feeds_another_router(router, nats_jetstream_url):
+    # A router fed by a stream listener relays its index changes into stream KV on
+    # kv.relay.<worker>; a second router consuming kv.relay.> ends with the same index.
+    url = nats_jetstream_url
+    p = prompt(400, 3)
+    with tempfile.TemporaryDirectory() as tmp, kvrouter.Router(block_size=16, random_seed=7) as second:
+        for worker in (1, 2, 3, 4):
+            second.add_worker(worker)
+        with kvrouter.Ingest(router) as ingest, kvrouter.Ingest(second) as consumer:
+            listener = ingest.listen(f"unix://{tmp}/relay.sock")
+            ingest.start()
+            # The refusals: a consumer's field (a durable name), a second relay.
+            with pytest.raises(kvrouter.InvalidArgumentError):
+                ingest.relay_jetstream(url, "KV", "kv.relay", durable="relay-1", create_stream=True)
+            relay = ingest.relay_jetstream(url, "KV", "kv.relay", create_stream=True)
+            assert relay not in (0, listener.source_id)
+            with pytest.raises(kvrouter.FailedPreconditionError):
+                ingest.relay_jetstream(url, "KV", "kv.relay", create_stream=True)
+
+            consumer.start()
+            consumed = consumer.subscribe_jetstream(url, "KV", "kv.relay.>", durable="gw-2")
+            with kvrouter.Publisher(listener.endpoint) as pub:
+                pub.send(batch_of(2, p))
+
+            def caught_up() -> bool:
+                s = ingest.stats(relay)
+                return s.messages >= 1 and s.messages == s.events_applied + s.missed_messages and s.state_unknown == 0
+
+            wait_for("the relay caught up", caught_up)
+            relayed = ingest.stats(relay)
+            assert relayed.stream_sequence > 0 and relayed.published > 0 and relayed.missed_messages == 0
+            wait_for("the consumer at the relay's last message",
+                     lambda: consumer.stats(consumed).stream_sequence >= relayed.stream_sequence)
+            assert consumer.stats(consumed).stream_sequence == relayed.stream_sequence
+            assert router.index_digest() == second.index_digest()
+            assert device_blocks(second, p, 2) == 3
+
+
 def test_jetstream_defaults_are_the_librarys():
     from kvrouter import _abi, _native
     from kvrouter._options import _JetStreamSource

@@ -40,7 +40,8 @@ class Ingest:
     (:meth:`listen`), NATS subjects (:meth:`subscribe_nats`), NATS JetStream streams
     (:meth:`subscribe_jetstream`), vLLM/SGLang ZMQ publishers
     (:meth:`add_engine_worker`), and router replica sync (:meth:`sync_replicas`); they may be
-    added before or after :meth:`start`. The router cannot be closed while this is open.
+    added before or after :meth:`start` (:meth:`relay_jetstream` republishes what they change
+    into a JetStream stream). The router cannot be closed while this is open.
     Every method may be called from any thread."""
 
     __slots__ = ("_h", "router", "__weakref__")
@@ -130,6 +131,43 @@ class Ingest:
         UnavailableError if the server cannot be reached or refuses."""
         fields = _JetStreamSource(start_sequence, resume, create_stream, max_age_seconds, max_bytes)._fields()
         return self._h.subscribe_jetstream(fields, url, stream, subject, durable)
+
+    def relay_jetstream(
+        self,
+        url: str,
+        stream: str,
+        subject: str,
+        *,
+        durable: Optional[str] = None,
+        start_sequence: int = _JETSTREAM["start_sequence"],
+        resume: bool = False,
+        create_stream: bool = False,
+        max_age_seconds: float = _JETSTREAM["max_age_seconds"],
+        max_bytes: int = _JETSTREAM["max_bytes"],
+    ) -> int:
+        """The JetStream relay (``kvr_ingest_relay_jetstream``): republishes every change this
+        ingest's other sources make to the router's index into the stream ``stream`` on the
+        server at ``url``, each as a native EventBatch on subject ``<subject>.<worker id>``
+        (``subject`` is a prefix, without wildcards); returns the relay's source id. A router
+        consuming that stream (:meth:`subscribe_jetstream` on ``<subject>.>``) then holds what
+        this router's index holds of those workers. Not relayed: what a JetStream source
+        consumed, and events applied on the router directly.
+
+        ``durable``, ``start_sequence`` and ``resume`` are a consumer's and must be left unset
+        (InvalidArgumentError otherwise); ``create_stream`` creates the stream on
+        ``<subject>.>`` with ``max_age_seconds`` and ``max_bytes`` as in
+        :meth:`subscribe_jetstream`. One relay per ingest object (FailedPreconditionError for
+        a second); it lasts until :meth:`stop`. Its ``stats()``: ``messages`` the changes
+        handed to the relay, ``events_applied`` those the stream acknowledged, ``published``
+        the messages acknowledged, ``stream_sequence`` the last message's stream sequence,
+        ``missed_messages`` the changes dropped while the server was away (sent again by a
+        resync; ``state_unknown`` is 1 until then): it has caught up when ``messages ==
+        events_applied + missed_messages`` and ``state_unknown == 0``.
+
+        Connects (and creates the stream) on the calling thread (the GIL released). Errors
+        otherwise as :meth:`subscribe_jetstream`."""
+        fields = _JetStreamSource(start_sequence, resume, create_stream, max_age_seconds, max_bytes)._fields()
+        return self._h.relay_jetstream(fields, url, stream, subject, durable)
 
     def sync_replicas(self, url: str, subject: str, replica_id: str) -> int:
         """Router replica sync over NATS: publishes this router's booking changes on

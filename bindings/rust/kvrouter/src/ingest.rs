@@ -328,7 +328,7 @@ pub struct Ingest<'r> {
 
 // SAFETY: every kvr_ingest function is tagged `concurrent` except kvr_ingest_free (only Drop
 // calls it, with ownership) and kvr_ingest_subscribe_nats / _subscribe_jetstream /
-// kvr_ingest_sync_replicas, which
+// _relay_jetstream / kvr_ingest_sync_replicas, which
 // must not overlap kvr_ingest_stop on the same object: stop takes &mut self here, so it cannot
 // run while any &self call is in progress. The router it feeds is Sync.
 unsafe impl Send for Ingest<'_> {}
@@ -363,8 +363,8 @@ impl<'r> Ingest<'r> {
     }
 
     /// Closes every source and joins the loop thread. Final (no restart); idempotent. Dropping
-    /// the object stops it too. `&mut self`: it must not overlap `subscribe_nats` or
-    /// `subscribe_jetstream`.
+    /// the object stops it too. `&mut self`: it must not overlap `subscribe_nats`,
+    /// `subscribe_jetstream` or `relay_jetstream`.
     pub fn stop(&mut self) -> Result<()> {
         // SAFETY: a live ingest object, exclusively borrowed.
         call(|err| unsafe { sys::kvr_ingest_stop(self.as_ptr(), err) })
@@ -502,6 +502,33 @@ impl<'r> Ingest<'r> {
         // SAFETY: as subscribe_nats; the lowered struct's strings live across the call.
         call(|err| unsafe {
             sys::kvr_ingest_subscribe_jetstream(self.as_ptr(), &lowered.raw, &mut source_id, err)
+        })?;
+        Ok(source_id)
+    }
+
+    /// The JetStream relay: republishes every change this ingest's other sources make to the
+    /// router's index into `target`'s stream, each as a native EventBatch on subject
+    /// `<subject>.<worker id>` (`target.subject` is a prefix, without wildcards); returns the
+    /// relay's source id. A router consuming that stream ([`subscribe_jetstream`] on
+    /// `<subject>.>`) then holds what this router's index holds of those workers. Not relayed:
+    /// what a JetStream source consumed, and events applied on the router directly.
+    /// `target.durable`, `start_sequence` and `resume` must be unset (`InvalidArgument`);
+    /// `create_stream` creates the stream on `<subject>.>`. One relay per ingest object
+    /// (`FailedPrecondition` for a second); it lasts until [`stop`](Self::stop). Its
+    /// [`IngestStats`]: `messages` the changes handed to the relay, `events_applied` those the
+    /// stream acknowledged, `published` the messages acknowledged, `stream_sequence` the last
+    /// message's stream sequence, `missed_messages` the changes dropped while the server was
+    /// away (sent again by a resync; `state_unknown` is 1 until then): it has caught up when
+    /// `messages == events_applied + missed_messages` and `state_unknown == 0`. Errors as
+    /// `subscribe_jetstream`.
+    ///
+    /// [`subscribe_jetstream`]: Self::subscribe_jetstream
+    pub fn relay_jetstream(&self, target: &JetStreamSource<'_>) -> Result<u64> {
+        let lowered = target.lower()?;
+        let mut source_id = 0u64;
+        // SAFETY: as subscribe_nats; the lowered struct's strings live across the call.
+        call(|err| unsafe {
+            sys::kvr_ingest_relay_jetstream(self.as_ptr(), &lowered.raw, &mut source_id, err)
         })?;
         Ok(source_id)
     }

@@ -518,6 +518,77 @@ fn jetstream_stream_created_consumed_and_acknowledged() {
 }
 
 #[test]
+fn jetstream_relay_feeds_another_router() {
+    let Some(server) = NatsServer::start_with(true) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "jetstream_relay_feeds_another_router: skipped, no nats-server"
+        );
+        return;
+    };
+    let dir = TempDir::new();
+    let url = server.url();
+    let (first, second) = (router(2), router(2));
+    let ingest = Ingest::new(&first, &IngestOptions::default()).unwrap();
+    let listener = ingest
+        .listen(&format!("unix://{}/relay.sock", dir.0.display()))
+        .unwrap();
+    ingest.start().unwrap();
+
+    // A consumer's field is refused; then the relay, and no second one.
+    let target = JetStreamSource {
+        create_stream: true,
+        ..JetStreamSource::new(&url, "KV", "kv.relay")
+    };
+    let durable = JetStreamSource {
+        durable: Some("relay-1"),
+        ..target
+    };
+    let e = ingest.relay_jetstream(&durable).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    let relay = ingest.relay_jetstream(&target).unwrap();
+    assert_ne!(relay, 0);
+    assert_ne!(relay, listener.source_id);
+    let e = ingest.relay_jetstream(&target).unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+
+    // The second router consumes what the relay publishes.
+    let ingest2 = Ingest::new(&second, &IngestOptions::default()).unwrap();
+    ingest2.start().unwrap();
+    let consumer = ingest2
+        .subscribe_jetstream(&JetStreamSource {
+            durable: Some("gw-2"),
+            ..JetStreamSource::new(&url, "KV", "kv.relay.>")
+        })
+        .unwrap();
+
+    let tokens = prompt(14, 3);
+    let mut publisher = Publisher::connect(&listener.endpoint).unwrap();
+    publisher.send(&stored_batch(1, &tokens, 3, 100)).unwrap();
+    wait_messages(&ingest, listener.source_id, 1);
+    let relayed = wait_for("the relay caught up", || {
+        let s = ingest.stats(relay).unwrap();
+        (s.messages >= 1
+            && s.messages == s.events_applied + s.missed_messages
+            && s.state_unknown == 0)
+            .then_some(s)
+    });
+    assert!(relayed.stream_sequence > 0, "{relayed:?}");
+    assert!(relayed.published > 0, "{relayed:?}");
+    assert_eq!(relayed.missed_messages, 0);
+    let consumed = wait_for("the consumer at the relay's last message", || {
+        let s = ingest2.stats(consumer).unwrap();
+        (s.stream_sequence >= relayed.stream_sequence).then_some(s)
+    });
+    assert_eq!(consumed.stream_sequence, relayed.stream_sequence);
+    assert_eq!(
+        first.index_digest().unwrap(),
+        second.index_digest().unwrap()
+    );
+    assert_eq!(device_blocks(&second, &tokens, 1), 3);
+}
+
+#[test]
 fn replicas_sync_their_bookings_over_nats() {
     let Some(server) = NatsServer::start() else {
         let _ = writeln!(

@@ -1085,7 +1085,7 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_replicaHeartbeat(JNIEnv* env, jcl
 }
 
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_expireReplicas(JNIEnv* env, jclass cls, jlong r,
-                                                              jdouble timeout_seconds) {
+                                                               jdouble timeout_seconds) {
   (void)cls;
   size_t expired = 0;
   kvr_error* err = NULL;
@@ -1742,7 +1742,7 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_reclaimSessions(JNIEnv* env, jcl
 /* kvr_router_state_digest or kvr_router_index_digest, as a jlong (0 with an exception pending
  * on error). */
 static jlong digest_of(JNIEnv* env, jlong r,
-                      kvr_status (*digest)(kvr_router*, uint64_t*, kvr_error**)) {
+                       kvr_status (*digest)(kvr_router*, uint64_t*, kvr_error**)) {
   uint64_t value = 0;
   kvr_error* err = NULL;
   check(env, digest(ROUTER(r), &value, &err), &err);
@@ -2118,6 +2118,24 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestSubscribeNats(JNIEnv* env,
   return (jlong)source;
 }
 
+/* Fills a kvr_jetstream_source from JetStreamSource's fields (the strings in `s`); nonzero with
+ * a Java exception pending if one does not convert. */
+static int jetstream_source(JNIEnv* env, scratch* s, jlongArray scalars, jstring url,
+                            jstring stream, jstring subject, jstring durable,
+                            kvr_jetstream_source* js) {
+  jlong v[ABI_JETSTREAM_SOURCE_LEN];
+  if (INIT(env, kvr_jetstream_source_init, js) != 0 ||
+      read_scalars(env, scalars, v, ABI_JETSTREAM_SOURCE_LEN) != 0) {
+    return -1;
+  }
+  abi_decode_jetstream_source(v, js);
+  if (utf8(env, s, url, &js->url) != 0 || utf8(env, s, stream, &js->stream) != 0 ||
+      utf8(env, s, subject, &js->subject) != 0 || utf8(env, s, durable, &js->durable) != 0) {
+    return -1;
+  }
+  return 0;
+}
+
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestSubscribeJetStream(
     JNIEnv* env, jclass cls, jlong i, jlongArray scalars, jstring url, jstring stream,
     jstring subject, jstring durable) {
@@ -2125,20 +2143,29 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestSubscribeJetStream(
   scratch s;
   scratch_init(&s);
   uint64_t source = 0;
-  jlong v[ABI_JETSTREAM_SOURCE_LEN];
   kvr_jetstream_source js;
-  if (INIT(env, kvr_jetstream_source_init, &js) != 0 ||
-      read_scalars(env, scalars, v, ABI_JETSTREAM_SOURCE_LEN) != 0) {
-    goto done;
+  if (jetstream_source(env, &s, scalars, url, stream, subject, durable, &js) == 0) {
+    kvr_error* err = NULL;
+    check(env, kvr_ingest_subscribe_jetstream(INGEST(i), &js, &source, &err), &err);
   }
-  abi_decode_jetstream_source(v, &js);
-  if (utf8(env, &s, url, &js.url) != 0 || utf8(env, &s, stream, &js.stream) != 0 ||
-      utf8(env, &s, subject, &js.subject) != 0 || utf8(env, &s, durable, &js.durable) != 0) {
-    goto done;
+  scratch_free(&s);
+  return (jlong)source;
+}
+
+JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestRelayJetStream(JNIEnv* env, jclass cls,
+                                                                     jlong i, jlongArray scalars,
+                                                                     jstring url, jstring stream,
+                                                                     jstring subject,
+                                                                     jstring durable) {
+  (void)cls;
+  scratch s;
+  scratch_init(&s);
+  uint64_t source = 0;
+  kvr_jetstream_source js;
+  if (jetstream_source(env, &s, scalars, url, stream, subject, durable, &js) == 0) {
+    kvr_error* err = NULL;
+    check(env, kvr_ingest_relay_jetstream(INGEST(i), &js, &source, &err), &err);
   }
-  kvr_error* err = NULL;
-  check(env, kvr_ingest_subscribe_jetstream(INGEST(i), &js, &source, &err), &err);
-done:
   scratch_free(&s);
   return (jlong)source;
 }

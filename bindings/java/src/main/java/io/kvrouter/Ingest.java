@@ -8,14 +8,15 @@ import java.util.concurrent.locks.ReentrantReadWriteLock;
  * Live KV event ingestion ({@code kvr_ingest}): one event-loop thread of its own receives the
  * events engines publish and applies them to a {@link Router}, while other threads route. Sources:
  * native stream listeners (TCP, Unix sockets), NATS subjects, NATS JetStream streams, vLLM / SGLang
- * ZMQ publishers; they may be added before or after {@link #start()}.
+ * ZMQ publishers; they may be added before or after {@link #start()}. {@link #relayJetStream}
+ * republishes what they change into a JetStream stream.
  *
  * <p>Thread-safe. The router is kept alive (natively) until this object is closed, even if the
  * {@code Router} is closed first. {@link #stop()} is final: create a new object to restart.
  */
 public final class Ingest extends NativeObject {
-  // kvr_ingest_subscribe_nats, kvr_ingest_subscribe_jetstream and kvr_ingest_sync_replicas may
-  // not run concurrently with kvr_ingest_stop: they share the read side (they run concurrently
+  // kvr_ingest_subscribe_nats, kvr_ingest_subscribe_jetstream, kvr_ingest_relay_jetstream and
+  // kvr_ingest_sync_replicas may not run concurrently with kvr_ingest_stop: they share the read side (they run concurrently
   // with each other), stop takes the write side.
   private final ReadWriteLock stopLock = new ReentrantReadWriteLock();
 
@@ -170,6 +171,44 @@ public final class Ingest extends NativeObject {
       try {
         return Native.ingestSubscribeJetStream(
             h, source.scalars, source.url, source.stream, source.subject, source.durable);
+      } finally {
+        stopLock.readLock().unlock();
+      }
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * The JetStream relay: republishes every change this ingest's other sources make to the
+   * router's index into {@code target}'s stream, each as a native EventBatch on subject {@code
+   * <subject>.<worker id>} ({@code target}'s subject is a prefix, without wildcards); a router
+   * consuming that stream ({@link #subscribeJetStream} on {@code <subject>.>}) then holds what
+   * this router's index holds of those workers. Not relayed: what a JetStream source consumed,
+   * and events applied on the router directly. {@link JetStreamSource.Builder#createStream}
+   * creates the stream on {@code <subject>.>}; the durable name, start sequence and resume flag
+   * must be unset. One relay per ingest object; it lasts until {@link #stop()}. Its {@link
+   * IngestStats}: {@code messages} the changes handed to the relay, {@code eventsApplied} those
+   * the stream acknowledged, {@code published} the messages acknowledged, {@code streamSequence}
+   * the last message's stream sequence, {@code missedMessages} the changes dropped while the
+   * server was away (sent again by a resync; {@code stateUnknown} is 1 until then): it has caught
+   * up when {@code messages == eventsApplied + missedMessages} and {@code stateUnknown == 0}.
+   * Returns the source id.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for an empty url, stream or subject,
+   *     a bad name or bad limits, or a durable name, start sequence or resume flag; {@link
+   *     Status#FAILED_PRECONDITION} for a second relay; {@link Status#NOT_FOUND} if the stream
+   *     does not exist (without {@link JetStreamSource.Builder#createStream}); {@link
+   *     Status#UNAVAILABLE} if the server cannot be reached or refuses
+   */
+  public long relayJetStream(JetStreamSource target) {
+    Objects.requireNonNull(target, "target");
+    long h = acquire();
+    try {
+      stopLock.readLock().lock();
+      try {
+        return Native.ingestRelayJetStream(
+            h, target.scalars, target.url, target.stream, target.subject, target.durable);
       } finally {
         stopLock.readLock().unlock();
       }

@@ -293,6 +293,9 @@ final class Native {
   static native long ingestSubscribeJetStream(
       long ingest, long[] scalars, String url, String stream, String subject, String durable);
 
+  static native long ingestRelayJetStream(
+      long ingest, long[] scalars, String url, String stream, String subject, String durable);
+
   static native long ingestSyncReplicas(long ingest, String url, String subject, String replicaId);
 
   static native long[] ingestStats(long ingest, long sourceId);

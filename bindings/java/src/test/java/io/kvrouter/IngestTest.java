@@ -302,6 +302,70 @@ class IngestTest {
     }
   }
 
+  /**
+   * The JetStream relay: a router fed by a stream listener relays its index changes into stream KV
+   * on kv.relay.&lt;worker&gt;; a second router consuming kv.relay.&gt; ends with the same index.
+   * The refusals: a consumer's field (a durable name) and a second relay.
+   */
+  @Test
+  void jetStreamRelayFeedsAnotherRouter(@TempDir Path dir) throws Exception {
+    try (NatsServer nats = NatsServer.startOrSkip(true);
+        Router first = TestSupport.routerWithWorkers(4);
+        Router second = TestSupport.routerWithWorkers(4);
+        Ingest ingest = new Ingest(first);
+        Ingest consumer = new Ingest(second)) {
+      Listener listener = ingest.listen("unix://" + dir.resolve("relay.sock"));
+      ingest.start();
+      JetStreamSource target =
+          JetStreamSource.builder(nats.url(), "KV", "kv.relay").createStream(true).build();
+      KvRouterException e =
+          assertThrows(
+              KvRouterException.class,
+              () ->
+                  ingest.relayJetStream(
+                      JetStreamSource.builder(nats.url(), "KV", "kv.relay")
+                          .durable("relay-1")
+                          .createStream(true)
+                          .build()));
+      assertEquals(Status.INVALID_ARGUMENT, e.status(), e.getMessage());
+      long relay = ingest.relayJetStream(target);
+      assertTrue(relay != 0 && relay != listener.sourceId(), "relay source id " + relay);
+      e = assertThrows(KvRouterException.class, () -> ingest.relayJetStream(target));
+      assertEquals(Status.FAILED_PRECONDITION, e.status(), e.getMessage());
+
+      consumer.start();
+      long consumed =
+          consumer.subscribeJetStream(
+              JetStreamSource.builder(nats.url(), "KV", "kv.relay.>").durable("gw-2").build());
+
+      try (Publisher publisher = Publisher.connect(listener.endpoint());
+          EventBatch batch = new EventBatch()) {
+        publisher.send(batch.addStored(cached(3)));
+      }
+      await(
+          "the relay caught up",
+          WAIT,
+          () -> {
+            IngestStats s = ingest.stats(relay);
+            return s.messages() >= 1
+                && s.messages() == s.eventsApplied() + s.missedMessages()
+                && s.stateUnknown() == 0;
+          });
+      IngestStats relayed = ingest.stats(relay);
+      assertTrue(relayed.streamSequence() > 0, relayed.toString());
+      assertTrue(relayed.published() > 0, relayed.toString());
+      assertEquals(0, relayed.missedMessages());
+      await(
+          "the consumer at the relay's last message",
+          WAIT,
+          () -> consumer.stats(consumed).streamSequence() >= relayed.streamSequence());
+      assertEquals(relayed.streamSequence(), consumer.stats(consumed).streamSequence());
+      assertEquals(first.indexDigest(), second.indexDigest());
+      assertEquals(3, second.findBestMatch(PROMPT).workerId());
+      assertEquals(4, second.overlapScores(PROMPT).get(0).deviceBlocks());
+    }
+  }
+
   /** Just enough of the NATS client protocol to publish: CONNECT, PUB, PING/PONG. */
   private static final class MiniNats implements AutoCloseable {
     private final Socket socket;
