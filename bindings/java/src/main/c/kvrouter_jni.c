@@ -2118,38 +2118,36 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestSubscribeNats(JNIEnv* env,
   return (jlong)source;
 }
 
-/* Fills a kvr_jetstream_source from JetStreamSource's fields (the strings in `s`); nonzero with
- * a Java exception pending if one does not convert. */
-static int jetstream_source(JNIEnv* env, scratch* s, jlongArray scalars, jstring url,
-                            jstring stream, jstring subject, jstring durable,
-                            kvr_jetstream_source* js) {
+/* kvr_ingest_subscribe_jetstream or kvr_ingest_relay_jetstream of a kvr_jetstream_source filled
+ * from JetStreamSource's fields: the source id (0 with a Java exception pending on error). */
+static jlong with_jetstream(JNIEnv* env, jlong i, jlongArray scalars, jstring url, jstring stream,
+                            jstring subject, jstring durable,
+                            kvr_status (*call)(kvr_ingest*, const kvr_jetstream_source*, uint64_t*,
+                                               kvr_error**)) {
+  scratch s;
+  scratch_init(&s);
+  uint64_t source = 0;
   jlong v[ABI_JETSTREAM_SOURCE_LEN];
-  if (INIT(env, kvr_jetstream_source_init, js) != 0 ||
-      read_scalars(env, scalars, v, ABI_JETSTREAM_SOURCE_LEN) != 0) {
-    return -1;
+  kvr_jetstream_source js;
+  if (INIT(env, kvr_jetstream_source_init, &js) == 0 &&
+      read_scalars(env, scalars, v, ABI_JETSTREAM_SOURCE_LEN) == 0) {
+    abi_decode_jetstream_source(v, &js);
+    if (utf8(env, &s, url, &js.url) == 0 && utf8(env, &s, stream, &js.stream) == 0 &&
+        utf8(env, &s, subject, &js.subject) == 0 && utf8(env, &s, durable, &js.durable) == 0) {
+      kvr_error* err = NULL;
+      check(env, call(INGEST(i), &js, &source, &err), &err);
+    }
   }
-  abi_decode_jetstream_source(v, js);
-  if (utf8(env, s, url, &js->url) != 0 || utf8(env, s, stream, &js->stream) != 0 ||
-      utf8(env, s, subject, &js->subject) != 0 || utf8(env, s, durable, &js->durable) != 0) {
-    return -1;
-  }
-  return 0;
+  scratch_free(&s);
+  return (jlong)source;
 }
 
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestSubscribeJetStream(
     JNIEnv* env, jclass cls, jlong i, jlongArray scalars, jstring url, jstring stream,
     jstring subject, jstring durable) {
   (void)cls;
-  scratch s;
-  scratch_init(&s);
-  uint64_t source = 0;
-  kvr_jetstream_source js;
-  if (jetstream_source(env, &s, scalars, url, stream, subject, durable, &js) == 0) {
-    kvr_error* err = NULL;
-    check(env, kvr_ingest_subscribe_jetstream(INGEST(i), &js, &source, &err), &err);
-  }
-  scratch_free(&s);
-  return (jlong)source;
+  return with_jetstream(env, i, scalars, url, stream, subject, durable,
+                        kvr_ingest_subscribe_jetstream);
 }
 
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestRelayJetStream(JNIEnv* env, jclass cls,
@@ -2158,16 +2156,7 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestRelayJetStream(JNIEnv* env
                                                                      jstring subject,
                                                                      jstring durable) {
   (void)cls;
-  scratch s;
-  scratch_init(&s);
-  uint64_t source = 0;
-  kvr_jetstream_source js;
-  if (jetstream_source(env, &s, scalars, url, stream, subject, durable, &js) == 0) {
-    kvr_error* err = NULL;
-    check(env, kvr_ingest_relay_jetstream(INGEST(i), &js, &source, &err), &err);
-  }
-  scratch_free(&s);
-  return (jlong)source;
+  return with_jetstream(env, i, scalars, url, stream, subject, durable, kvr_ingest_relay_jetstream);
 }
 
 JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_ingestSyncReplicas(JNIEnv* env, jclass cls, jlong i,
