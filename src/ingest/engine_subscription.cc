@@ -300,9 +300,7 @@ void EngineSubscriptions::Process(Subscription& sub, Parts parts) {
     sub.held.push_back(std::move(parts));
     return;
   }
-  const size_t held_before = sub.held.size();
-  HandleMessage(sub, parts);
-  if (sub.held.size() == held_before) Bump(sub.counters->messages);  // not held for a replay
+  if (!HandleMessage(sub, parts)) Bump(sub.counters->messages);  // not held for a replay
 }
 
 void EngineSubscriptions::SetUnknown(Subscription& sub, bool unknown) {
@@ -325,15 +323,16 @@ void EngineSubscriptions::ClearRank(Subscription& sub) {
 
 // Checks the message's sequence number against the rank's expectation.
 EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& sub, uint64_t seq,
-                                                                uint64_t digest) {
+                                                                uint64_t digest,
+                                                                const Parts& parts) {
   SourceCounters& c = *sub.counters;
   const RankSequence::Verdict verdict = sub.sequence.Observe(seq, digest);
   switch (verdict.action) {
     case SequenceAction::kApply:
-      return verdict.joined ? Join(sub, seq) : Verdict::kApply;
+      return verdict.joined ? Join(sub, seq, parts) : Verdict::kApply;
     case SequenceAction::kGap:
       c.Gap(verdict.missed);
-      if (StartReplay(sub, seq)) return Verdict::kHold;
+      if (StartReplay(sub, seq, /*from_start=*/false, &parts)) return Verdict::kHold;
       // Lost events cannot be recovered: drop what the index believes rather than trust it.
       ClearAndFlag(sub);
       sub.sequence.SkipGap(seq, digest);
@@ -351,7 +350,7 @@ EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& su
       // Its first messages were lost: unknown until its whole history is replayed.
       Bump(c.missed_messages, verdict.missed);
       SetUnknown(sub, true);
-      if (StartReplay(sub, seq)) return Verdict::kHold;
+      if (StartReplay(sub, seq, /*from_start=*/false, &parts)) return Verdict::kHold;
       sub.sequence.SkipGap(seq, digest);
       return Verdict::kApply;
     case SequenceAction::kStale:
@@ -366,30 +365,31 @@ EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& su
 // 0 makes it exact (the rank cleared first: blocks a restored snapshot holds of an older
 // engine must not stay); without one the rank keeps what it holds (a restored snapshot's warm
 // blocks) and stays flagged until the engine clears it or restarts.
-EngineSubscriptions::Verdict EngineSubscriptions::Join(Subscription& sub, uint64_t seq) {
+EngineSubscriptions::Verdict EngineSubscriptions::Join(Subscription& sub, uint64_t seq,
+                                                       const Parts& parts) {
   SetUnknown(sub, true);
   if (sub.worker.replay_endpoint.empty()) return Verdict::kApply;
   ClearRank(sub);
-  if (StartReplay(sub, seq, /*from_start=*/true)) return Verdict::kHold;
+  if (StartReplay(sub, seq, /*from_start=*/true, &parts)) return Verdict::kHold;
   return Verdict::kApply;
 }
 
-void EngineSubscriptions::HandleMessage(Subscription& sub, const Parts& parts) {
+bool EngineSubscriptions::HandleMessage(Subscription& sub, const Parts& parts) {
   const std::optional<uint64_t> seq = parts.size() == 3 ? DecodeSequence(parts[1]) : std::nullopt;
   if (!seq) {
     sub.counters->Reject(IngestReject::kBadMessage);
-    return;
+    return false;
   }
-  switch (TrackSequence(sub, *seq, Digest(parts[2]))) {
+  switch (TrackSequence(sub, *seq, Digest(parts[2]), parts)) {
     case Verdict::kDrop:
-      return;
-    case Verdict::kHold:
-      sub.held.push_front(parts);
-      return;
+      return false;
+    case Verdict::kHold:  // StartReplay holds it
+      return true;
     case Verdict::kApply:
       ApplyPayload(sub, parts[2]);
-      return;
+      return false;
   }
+  return false;
 }
 
 void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint8_t>& payload) {
@@ -442,7 +442,8 @@ void EngineSubscriptions::ApplyEngineEvent(Subscription& sub, KvEvent& event) {
 // Asks for the messages before live message `until` from where the rank's sequence says
 // (RankSequence::ReplayFrom), or, `from_start`, for the engine's whole history. False if the worker
 // has no replay endpoint or the request cannot be sent.
-bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool from_start) {
+bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool from_start,
+                                      const Parts* trigger) {
   if (sub.worker.replay_endpoint.empty()) return false;
   const uint64_t from = from_start ? 0 : sub.sequence.ReplayFrom();
   void* socket = zmq_socket(zmq_context_, ZMQ_DEALER);
@@ -488,6 +489,7 @@ bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool fr
         r->sub->owner->FinishReplay(*r->sub, /*ended=*/false);
       },
       loop_.options.replay_timeout_ms, 0);
+  if (trigger != nullptr) sub.held.push_front(*trigger);
   DrainReplay(sub);  // the fd signals edges: look once now
   return true;
 }

@@ -53,12 +53,18 @@ class EngineSubscriptions {
   void SetUnknown(Subscription& sub, bool unknown);
   void ClearRank(Subscription& sub);
   void ClearAndFlag(Subscription& sub);
-  Verdict TrackSequence(Subscription& sub, uint64_t seq, uint64_t digest);
-  Verdict Join(Subscription& sub, uint64_t seq);
-  void HandleMessage(Subscription& sub, const std::vector<std::vector<uint8_t>>& parts);
+  // `parts`: the message, which a replay started for it holds (Verdict::kHold).
+  Verdict TrackSequence(Subscription& sub, uint64_t seq, uint64_t digest,
+                        const std::vector<std::vector<uint8_t>>& parts);
+  Verdict Join(Subscription& sub, uint64_t seq, const std::vector<std::vector<uint8_t>>& parts);
+  // Whether the message was held for a replay (it counts once handled).
+  bool HandleMessage(Subscription& sub, const std::vector<std::vector<uint8_t>>& parts);
   void ApplyPayload(Subscription& sub, const std::vector<uint8_t>& payload);
   void ApplyEngineEvent(Subscription& sub, KvEvent& event);
-  bool StartReplay(Subscription& sub, uint64_t until, bool from_start = false);
+  // `trigger`: the live message the replay is for, held first (before the reply is read: a
+  // reply already queued may end the replay at once, and the held messages then go on).
+  bool StartReplay(Subscription& sub, uint64_t until, bool from_start = false,
+                   const std::vector<std::vector<uint8_t>>* trigger = nullptr);
   void DrainReplay(Subscription& sub);
   void FinishReplay(Subscription& sub, bool ended);
   static void CloseReplay(Replay* replay);
