@@ -29,20 +29,40 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-static int free_port(void) {
+/* Whether a TCP socket can bind 127.0.0.1:port now. */
+static int bindable(int port) {
   struct sockaddr_in addr;
-  socklen_t len = sizeof addr;
-  int port = -1;
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int ok;
   memset(&addr, 0, sizeof addr);
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, (struct sockaddr*)&addr, sizeof addr) == 0 &&
-      getsockname(fd, (struct sockaddr*)&addr, &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
+  addr.sin_port = htons((uint16_t)port);
+  ok = bind(fd, (struct sockaddr*)&addr, sizeof addr) == 0;
   close(fd);
-  return port;
+  return ok;
+}
+
+/* A port for a nats-server, below the kernel's ephemeral range (as tests/ingest/nats_server.h's
+ * FreePort): a port the kernel picked for a bind to port 0 may be handed out again at once, as
+ * the local port of a client's connection, and the server then cannot bind it. Each process
+ * walks its own stretch from a start drawn from its pid, skipping ports bound now. */
+static int free_port(void) {
+  static int next = -1;
+  int top = 32768, high = 60999, bottom, tries;
+  FILE* range = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (range != NULL) {
+    if (fscanf(range, "%d %d", &top, &high) != 2) top = 32768;
+    fclose(range);
+  }
+  bottom = top > 12000 ? top - 12000 : 1024;
+  if (next < 0) next = bottom + (int)((long)getpid() * 997L % (top - bottom));
+  for (tries = 0; tries < top - bottom; ++tries) {
+    const int port = next;
+    next = next + 1 < top ? next + 1 : bottom;
+    if (bindable(port)) return port;
+  }
+  return -1;
 }
 
 static int accepts(int port) {
