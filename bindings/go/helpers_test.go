@@ -70,3 +70,18 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+// sendStored publishes one batch of stored events to the ingest listener at bound.
+func sendStored(t *testing.T, bound string, events ...*StoredEvent) {
+	t.Helper()
+	pub, err := ConnectPublisher(bound)
+	must(t, err)
+	defer pub.Close()
+	b, err := NewEventBatch()
+	must(t, err)
+	defer b.Close()
+	for _, e := range events {
+		must(t, b.AddStored(e))
+	}
+	must(t, pub.Send(b))
+}

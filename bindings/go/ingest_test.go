@@ -388,15 +388,8 @@ func TestIngestRelayJetStream(t *testing.T) {
 	consumer, err := in2.SubscribeJetStream(JetStreamSource{URL: url, Stream: "KV", Subject: "kv.relay.>", Durable: "gw-2"})
 	must(t, err)
 
-	pub, err := ConnectPublisher(bound)
-	must(t, err)
-	defer pub.Close()
-	b, err := NewEventBatch()
-	must(t, err)
-	defer b.Close()
 	p := prompt(48, 9)
-	must(t, b.AddStored(storedPrefix(2, p, 3)))
-	must(t, pub.Send(b))
+	sendStored(t, bound, storedPrefix(2, p, 3))
 
 	waitStats(t, in, listener, func(s IngestStats) bool { return s.EventsApplied >= 1 })
 	rs := waitStats(t, in, relay, func(s IngestStats) bool {
