@@ -31,6 +31,7 @@ class BookingObserver {
   uint64_t Set(std::string replica_id, SequenceObserver observer);
   // Stops the observer `token` names if it is still the current one; whether it did.
   bool Clear(uint64_t token);
+  bool IsCurrent(uint64_t token) const { return token != 0 && token == token_; }
   bool active() const { return static_cast<bool>(observer_); }
   bool IsOwnOrigin(std::string_view origin) const { return origin == replica_id_; }
   // Tells the observer, if any, unless the change is to a replica's booking.

@@ -354,7 +354,9 @@ class Router {
   uint64_t SetSequenceObserver(std::string replica_id, SequenceObserver observer);
   // Stops the observer `token` names if it is still the current one (a later
   // SetSequenceObserver may have replaced it: then nothing changes). Returns whether it did.
-  bool ClearSequenceObserver(uint64_t token);
+  // With `farewell`, the observer is first told a Reset: peers drop this replica's bookings at
+  // once (a graceful stop), instead of when its heartbeats have been missing for the timeout.
+  bool ClearSequenceObserver(uint64_t token, bool farewell = false);
   // Applies a change published by the replica `origin`: its bookings count as load here, under
   // names of their own (local request ids cannot collide with them; see IsReplicaRequestId).
   // kAdded: InvalidArgument (empty origin or request id), NotFound (a rank this router does

@@ -86,8 +86,11 @@ uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver ob
   return token;
 }
 
-bool Router::ClearSequenceObserver(uint64_t token) {
+bool Router::ClearSequenceObserver(uint64_t token, bool farewell) {
   std::lock_guard lock(gate_);
+  if (farewell && observer_.IsCurrent(token)) {
+    NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
+  }
   return observer_.Clear(token);
 }
 
@@ -144,6 +147,8 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
         changed = active_.Free(id);
         break;
       case SequenceChange::Kind::kReset:
+        // A replica joining (its bookings follow) or leaving: either way its bookings so far
+        // go. (Its liveness stays: one that left is dropped, holding nothing, at the timeout.)
         changed = DropReplicaBookingsLocked(origin);
         break;
       case SequenceChange::Kind::kSyncRequest:

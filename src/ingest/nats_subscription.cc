@@ -302,14 +302,54 @@ absl::Status NatsSubscriptions::RemoveOnLoop(uint64_t source_id) {
 // Unsubscribes, waits (bounded) until the handler can no longer run, closes the connection.
 void NatsSubscriptions::Close(Source* source) {
   // The router's threads publish on the connection: stop them first (once this returns, the
-  // observer is not running and will not run again).
-  // (Only its own observer: a later kvr_router_set_replica_publisher may have replaced it.)
-  if (source->replica_sync) loop_.router->ClearSequenceObserver(source->observer_token);
+  // observer is not running and will not run again). Only its own observer (a later
+  // kvr_router_set_replica_publisher may have replaced it), which says farewell first: a Reset,
+  // so that the peers drop this replica's bookings now, not a liveness timeout later.
+  const bool farewell = source->replica_sync && loop_.router->ClearSequenceObserver(
+                                                    source->observer_token, /*farewell=*/true);
   if (source->liveness_timer != nullptr) {
     uv_timer_stop(source->liveness_timer);
     uv_close(reinterpret_cast<uv_handle_t*>(source->liveness_timer),
              [](uv_handle_t* timer) { delete reinterpret_cast<uv_timer_t*>(timer); });
+    source->liveness_timer = nullptr;
   }
+  if (farewell && source->connection != nullptr) {
+    CloseOnceWritten(source);
+  } else {
+    CloseNow(source);
+  }
+}
+
+// The connection's socket is written by this loop (libnats' libuv adapter): the farewell goes
+// out only once the loop runs, so the rest of the close waits, polling every few milliseconds,
+// until libnats has nothing buffered or kFarewellMs passed (the server may be gone).
+void NatsSubscriptions::CloseOnceWritten(Source* source) {
+  struct Wait {
+    NatsSubscriptions* owner;
+    Source* source;
+    int polls_left;
+  };
+  constexpr int kPollMs = 5, kFarewellMs = 500;
+  auto* timer = new uv_timer_t;
+  uv_timer_init(&loop_.loop, timer);
+  timer->data = new Wait{this, source, kFarewellMs / kPollMs};
+  uv_timer_start(
+      timer,
+      [](uv_timer_t* t) {
+        auto* wait = static_cast<Wait*>(t->data);
+        if (natsConnection_Buffered(wait->source->connection) > 0 && --wait->polls_left > 0) {
+          return;
+        }
+        wait->owner->CloseNow(wait->source);
+        delete wait;
+        uv_timer_stop(t);
+        uv_close(reinterpret_cast<uv_handle_t*>(t),
+                 [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+      },
+      kPollMs, kPollMs);
+}
+
+void NatsSubscriptions::CloseNow(Source* source) {
   if (source->subscription != nullptr) {
     if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
       std::unique_lock lock(source->done_mutex);

@@ -139,17 +139,20 @@ TEST_F(ReplicaSyncTest, OneSyncPerIngestObject) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(a.ingest->SyncReplicas(server_->url(), "other", "").status().code(),
             absl::StatusCode::kInvalidArgument);
-  // Once stopped, the router keeps working and publishes nothing more.
+  // Once stopped (a farewell Reset published), the router keeps working and publishes
+  // nothing more.
   const uint64_t published = a.Stats().published;  // Reset and SyncRequest, on joining
   EXPECT_EQ(published, 2u);
   a.ingest->Stop();
+  EXPECT_EQ(a.Stats().published, published + 1);
   EXPECT_TRUE(a.router->AddRequest("after", Tokens(1, 0), {1, 0}).ok());
-  EXPECT_EQ(a.Stats().published, published);
+  EXPECT_EQ(a.Stats().published, published + 1);
 }
 
 // Liveness: with heartbeats every 50 ms and a 400 ms timeout, a replica that only books once
 // stays alive for as long as it runs (its heartbeats keep it so), and its bookings go within
-// the timeout once it is gone, without any message saying so.
+// the timeout once it is gone, without any message saying so (it dies: its publisher is
+// removed first, so that stopping its ingest says no farewell).
 TEST_F(ReplicaSyncTest, ADeadReplicasBookingsAreDroppedAfterTheTimeout) {
   const IngestOptions live{.replica_heartbeat_ms = 50, .replica_timeout_ms = 400};
   Replica b(*server_, "b", live);
@@ -164,7 +167,8 @@ TEST_F(ReplicaSyncTest, ADeadReplicasBookingsAreDroppedAfterTheTimeout) {
   EXPECT_EQ(b.Stats().published, 3u);
 
   const auto killed = std::chrono::steady_clock::now();
-  a.reset();  // stops its sync: silence, and no Free
+  a->router->SetSequenceObserver("a", {});  // silence: no heartbeat, no farewell, no Free
+  a.reset();
   ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 0; }));
   const auto took = std::chrono::steady_clock::now() - killed;
   EXPECT_GE(took, std::chrono::milliseconds(400));
@@ -172,6 +176,21 @@ TEST_F(ReplicaSyncTest, ADeadReplicasBookingsAreDroppedAfterTheTimeout) {
   EXPECT_EQ(stats.expired, 1u);
   EXPECT_EQ(stats.live, 0u);
   EXPECT_EQ(stats.active_requests, 0u);
+}
+
+// A replica stopped gracefully (its ingest stopped) says farewell: its peers drop its
+// bookings at once, long before the liveness timeout (60 s here) could.
+TEST_F(ReplicaSyncTest, AStoppedReplicasBookingsGoAtOnce) {
+  const IngestOptions live{.replica_heartbeat_ms = 50, .replica_timeout_ms = 60'000};
+  Replica b(*server_, "b", live);
+  auto a = std::make_unique<Replica>(*server_, "a", live);
+  ASSERT_TRUE(a->router->AddRequest("r1", Tokens(4, 0), {1, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1; }));
+  a->ingest->Stop();
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 0; }));
+  EXPECT_EQ(b.router->replica_stats().active_requests, 0u);
+  EXPECT_EQ(b.router->replica_stats().expired, 0u);  // dropped by the farewell, not expired
+  EXPECT_EQ(a->RequestsOn(1), 1u);                   // its own booking is its own business
 }
 
 }  // namespace

@@ -1518,8 +1518,10 @@ extern "C" {
     /// object's sync), which is not running once this returns; a later one replaces it in turn.
     /// When the ingest stops, its sync stops publishing, unless it was replaced. KVR_UNAVAILABLE if
     /// the server does not confirm the subscription: the sync is removed and the router is left
-    /// publishing nothing (a publisher it had replaced is not restored). @thread_safety as
-    /// kvr_ingest_subscribe_nats
+    /// publishing nothing (a publisher it had replaced is not restored). Stopping, a sync that
+    /// still publishes for the router first publishes a Reset (since 0.2.0), so that the other
+    /// replicas drop this one's bookings at once rather than after their liveness timeout; the stop
+    /// waits up to 0.5 s for it to be written. @thread_safety as kvr_ingest_subscribe_nats
     pub fn kvr_ingest_sync_replicas(
         ingest: *mut kvr_ingest,
         url: *const c_char,

@@ -1198,7 +1198,10 @@ KVR_API kvr_status kvr_ingest_relay_jetstream(kvr_ingest *ingest,
  * object's sync), which is not running once this returns; a later one replaces it in turn.
  * When the ingest stops, its sync stops publishing, unless it was replaced. KVR_UNAVAILABLE
  * if the server does not confirm the subscription: the sync is removed and the router is left
- * publishing nothing (a publisher it had replaced is not restored).
+ * publishing nothing (a publisher it had replaced is not restored). Stopping, a sync that
+ * still publishes for the router first publishes a Reset (since 0.2.0), so that the other
+ * replicas drop this one's bookings at once rather than after their liveness timeout; the
+ * stop waits up to 0.5 s for it to be written.
  * @thread_safety as kvr_ingest_subscribe_nats */
 KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest *ingest, const char *url,
                                             const char *subject, const char *replica_id,
