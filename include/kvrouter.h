@@ -1174,8 +1174,10 @@ KVR_API kvr_status kvr_ingest_subscribe_jetstream(kvr_ingest *ingest,
  * given; `durable`, `start_sequence` and KVR_JETSTREAM_RESUME are a consumer's and must be
  * unset. Changes wait in a bounded queue while the server is away (64 MiB); past it the relay
  * resyncs once the server is back: a clear of every rank it relays, what the index holds of
- * them, then the changes since. One relay per ingest object (KVR_FAILED_PRECONDITION for a
- * second); it lasts until kvr_ingest_stop, which waits up to 2 s for the queue. The source's
+ * them, then the changes since; what the index holds when the relay starts goes out first
+ * that way. The stream must take those subjects (KVR_INVALID_ARGUMENT otherwise). One relay
+ * per ingest object (KVR_FAILED_PRECONDITION for a second); it lasts until kvr_ingest_stop,
+ * which waits up to 2 s for the queue. The source's
  * counters: `messages` changes handed to the relay, `events_applied` those acknowledged,
  * `published` messages acknowledged, `publish_failures` attempts retried, `gaps` and
  * `missed_messages` queue overflows and the changes they dropped (sent again by the resync,

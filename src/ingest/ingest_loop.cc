@@ -69,9 +69,11 @@ void IngestLoop::Apply(std::span<const KvEvent> events, SourceCounters& source) 
 
 absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCounters& source) {
   auto result = router->ApplyEvent(event);
+  // The tap hears what the index applied, even in part (a removal naming blocks the rank does
+  // not hold removes the others): the same event does the same to an index in the same state.
+  if (result.ok()) Tap(event, source);
   if (result.ok() && result->ok()) {
     Bump(source.events_applied);
-    Tap(event, source);
   } else {
     source.Reject(IngestReject::kIndexRejected,
                   result.ok() ? result->message : std::string(result.status().message()));

@@ -2,6 +2,7 @@
 
 #include <nats/nats.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -15,6 +16,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "ingest/jetstream_stream.h"
 #include "wire/endpoint.h"
 #include "wire/flatbuffers_codec.h"
@@ -25,6 +28,7 @@ namespace {
 constexpr int kPublishWaitMs = 2000;  // for the server's acknowledgement of one message
 constexpr int kRetryMs = 100;         // between attempts while the server is away
 constexpr size_t kMaxEventsPerMessage = 1024;
+constexpr size_t kHeaderRoom = 1024;  // the message id header js_Publish adds
 
 // What a queued change costs, roughly: the bound on the queue is in these bytes.
 size_t QueuedBytes(const KvEvent& event) {
@@ -64,6 +68,84 @@ absl::Status ValidateTarget(const JetStreamSource& target) {
   return absl::OkStatus();
 }
 
+// `event` as two changes of about half its blocks each, in order (the second's parent the
+// first's last block), or false if it has fewer than two blocks (or tokens that do not divide
+// by block).
+bool SplitInHalf(const KvEvent& event, uint32_t block_size, KvEvent& first, KvEvent& second) {
+  first = event;
+  second = event;
+  if (const auto* removed = std::get_if<RemovedEvent>(&event.data)) {
+    const auto& hashes = removed->block_hashes;
+    if (hashes.size() < 2) return false;
+    const auto middle = hashes.begin() + static_cast<std::ptrdiff_t>(hashes.size() / 2);
+    std::get<RemovedEvent>(first.data).block_hashes.assign(hashes.begin(), middle);
+    std::get<RemovedEvent>(second.data).block_hashes.assign(middle, hashes.end());
+    return true;
+  }
+  const auto* stored = std::get_if<StoredEvent>(&event.data);
+  if (stored == nullptr || stored->block_hashes.size() < 2) return false;
+  const size_t blocks = stored->block_hashes.size(), half = blocks / 2;
+  const size_t lookahead = stored->eagle ? 1 : 0;  // eagle windows end one token further
+  const bool tokens = !stored->token_ids.empty();
+  if (tokens && stored->token_ids.size() != blocks * block_size + lookahead) return false;
+  auto slice = [](const auto& all, size_t from, size_t to) {
+    return std::decay_t<decltype(all)>(all.begin() + static_cast<std::ptrdiff_t>(from),
+                                       all.begin() + static_cast<std::ptrdiff_t>(to));
+  };
+  auto& a = std::get<StoredEvent>(first.data);
+  auto& b = std::get<StoredEvent>(second.data);
+  a.block_hashes = slice(stored->block_hashes, 0, half);
+  b.block_hashes = slice(stored->block_hashes, half, blocks);
+  b.parent_hash = stored->block_hashes[half - 1];
+  if (stored->local_hashes.size() == blocks) {
+    a.local_hashes = slice(stored->local_hashes, 0, half);
+    b.local_hashes = slice(stored->local_hashes, half, blocks);
+  }
+  if (stored->block_mm_hashes.size() == blocks) {
+    a.block_mm_hashes = slice(stored->block_mm_hashes, 0, half);
+    b.block_mm_hashes = slice(stored->block_mm_hashes, half, blocks);
+  }
+  if (tokens) {
+    a.token_ids = slice(stored->token_ids, 0, half * block_size + lookahead);
+    b.token_ids = slice(stored->token_ids, half * block_size, blocks * block_size + lookahead);
+  }
+  return true;
+}
+
+// Whether a NATS subject pattern (`*` one token, `>` the rest) matches `subject`.
+bool SubjectMatches(std::string_view pattern, std::string_view subject) {
+  // (Debian's Abseil has a string_view of its own: strings in, strings out.)
+  const std::vector<std::string> p = absl::StrSplit(std::string(pattern), '.');
+  const std::vector<std::string> s = absl::StrSplit(std::string(subject), '.');
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == ">") return s.size() > i;
+    if (i >= s.size() || (p[i] != "*" && p[i] != s[i])) return false;
+  }
+  return p.size() == s.size();
+}
+
+// The stream takes every "<prefix>.<worker id>" (one of its subjects matches two of them: no
+// pattern names worker ids one by one), or InvalidArgument naming its subjects.
+absl::Status CheckStreamTakes(jsCtx* js, const JetStreamSource& target) {
+  jsStreamInfo* info = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&info, js, target.stream.c_str(), nullptr, &code);
+  if (s != NATS_OK) return JetStreamError("looking up the stream", s, code);
+  bool takes = false;
+  std::vector<std::string> subjects;
+  for (int i = 0; i < info->Config->SubjectsLen; ++i) {
+    const std::string_view pattern = info->Config->Subjects[i];
+    subjects.emplace_back(pattern);
+    takes = takes || (SubjectMatches(pattern, absl::StrCat(target.subject, ".0")) &&
+                      SubjectMatches(pattern, absl::StrCat(target.subject, ".1")));
+  }
+  jsStreamInfo_Destroy(info);
+  if (takes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("the JetStream stream '", target.stream,
+                                                 "' takes ", absl::StrJoin(subjects, ", "),
+                                                 ", not ", target.subject, ".<worker id>"));
+}
+
 // A random token that tells this relay's message ids from any earlier relay's.
 std::string BootToken() {
   std::random_device random;
@@ -78,7 +160,9 @@ struct JetStreamRelay::Impl {
   std::string subject_prefix;
   std::string boot = BootToken();
   uint64_t next_message = 1;  // publisher thread
-  size_t max_payload = 0;     // the server's limit on one message
+  size_t max_payload = 0;     // the server's limit on one message, less the header's room
+  uint32_t block_size = 0;
+  size_t acknowledged = 0;  // publisher thread: events of the current run acknowledged
   natsConnection* connection = nullptr;
   jsCtx* js = nullptr;
   std::thread publisher;
@@ -107,10 +191,23 @@ struct JetStreamRelay::Impl {
   // Publishes `events` (one worker's, in order) in as many messages as they need.
   bool PublishRun(const std::vector<Queued>& run);
   // Retries until the server acknowledges or the relay gives up (closing, past its deadline).
-  bool Publish(uint64_t worker_id, const std::vector<KvEvent>& events, uint64_t queued_ns);
+  // `changes`: how many of the run's changes its acknowledgement completes.
+  bool Publish(uint64_t worker_id, const std::vector<KvEvent>& events, uint64_t queued_ns,
+               size_t changes);
+  bool PublishInParts(uint64_t worker_id, const std::vector<KvEvent>& events, uint64_t queued_ns,
+                      size_t changes);
   bool GivingUp() {
     std::lock_guard lock(mutex);
     return closing && std::chrono::steady_clock::now() >= flush_deadline;
+  }
+  // How long the server may take to acknowledge: less, closing, than what is left of the
+  // deadline.
+  int64_t PublishWaitMs() {
+    std::lock_guard lock(mutex);
+    if (!closing) return kPublishWaitMs;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        flush_deadline - std::chrono::steady_clock::now());
+    return std::clamp<int64_t>(left.count(), 1, kPublishWaitMs);
   }
 };
 
@@ -167,9 +264,10 @@ bool JetStreamRelay::Impl::Next(std::vector<Queued>& run) {
 void JetStreamRelay::Impl::Run() {
   std::vector<Queued> run;
   while (Next(run)) {
-    const bool published = run.empty() ? Resync() : PublishRun(run);
+    acknowledged = 0;
+    const bool published = !GivingUp() && (run.empty() ? Resync() : PublishRun(run));
     if (!published) {  // giving up: closing past the deadline
-      Bump(counters->missed_messages, run.size());
+      Bump(counters->missed_messages, run.size() - acknowledged);
       break;
     }
   }
@@ -211,8 +309,10 @@ bool JetStreamRelay::Impl::Resync() {
     const bool last_of_worker = i + 1 == events.size() || events[i + 1].worker.worker_id !=
                                                               run.front().event.worker.worker_id;
     if (last_of_worker || run.size() == kMaxEventsPerMessage) {
-      if (!PublishRun(run)) {
-        Bump(counters->missed_messages, events.size() - i - 1 + run.size());
+      acknowledged = 0;
+      if (GivingUp() || !PublishRun(run)) {
+        Bump(counters->missed_messages, events.size() - i - 1 + run.size() - acknowledged);
+        acknowledged = 0;
         return false;
       }
       run.clear();
@@ -228,37 +328,20 @@ bool JetStreamRelay::Impl::PublishRun(const std::vector<Queued>& run) {
   std::vector<KvEvent> events;
   events.reserve(run.size());
   for (const Queued& q : run) events.push_back(q.event);
-  return Publish(run.front().event.worker.worker_id, events, run.front().queued_ns);
+  return Publish(run.front().event.worker.worker_id, events, run.front().queued_ns, events.size());
 }
 
 bool JetStreamRelay::Impl::Publish(uint64_t worker_id, const std::vector<KvEvent>& events,
-                                   uint64_t queued_ns) {
+                                   uint64_t queued_ns, size_t changes) {
   const std::vector<uint8_t> bytes = EncodeEventBatch(events, UnixNowNanos());
-  if (bytes.size() > max_payload && events.size() > 1) {
-    // Too big for one message: halves, in order.
-    const auto middle = events.begin() + static_cast<std::ptrdiff_t>(events.size() / 2);
-    return Publish(worker_id, {events.begin(), middle}, queued_ns) &&
-           Publish(worker_id, {middle, events.end()}, queued_ns);
-  }
-  if (bytes.size() > max_payload) {
-    // One change bigger than a message can be (a store of very many blocks): the stream
-    // cannot carry it as is; a resync's dump does, one block per change.
-    counters->Reject(
-        IngestReject::kFrameTooLarge,
-        absl::StrCat("a change of ", bytes.size(), " bytes is over the server's message limit of ",
-                     max_payload, ": resyncing"));
-    Bump(counters->missed_messages);
-    std::lock_guard lock(mutex);
-    StartResyncLocked();
-    return true;
-  }
+  if (bytes.size() > max_payload) return PublishInParts(worker_id, events, queued_ns, changes);
   const std::string subject = absl::StrCat(subject_prefix, ".", worker_id);
   const std::string id = absl::StrCat(boot, "-", next_message++);
   jsPubOptions options;
   jsPubOptions_Init(&options);
   options.MsgId = id.c_str();
-  options.MaxWait = kPublishWaitMs;
   for (;;) {
+    options.MaxWait = PublishWaitMs();
     jsPubAck* ack = nullptr;
     const natsStatus s = js_Publish(&ack, js, subject.c_str(), bytes.data(),
                                     static_cast<int>(bytes.size()), &options, nullptr);
@@ -266,7 +349,8 @@ bool JetStreamRelay::Impl::Publish(uint64_t worker_id, const std::vector<KvEvent
       counters->stream_sequence.store(ack->Sequence, std::memory_order_relaxed);
       jsPubAck_Destroy(ack);
       Bump(counters->published);
-      Bump(counters->events_applied, events.size());
+      Bump(counters->events_applied, changes);
+      acknowledged += changes;
       counters->RecordLag(queued_ns);
       return true;
     }
@@ -275,6 +359,36 @@ bool JetStreamRelay::Impl::Publish(uint64_t worker_id, const std::vector<KvEvent
     if (GivingUp()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(kRetryMs));
   }
+}
+
+// Too big for one message: two halves of the run, in order, or of its one change (a store or
+// removal of very many blocks, split by blocks). A change counts once, when its last part is
+// acknowledged: `changes` are the run's last ones.
+bool JetStreamRelay::Impl::PublishInParts(uint64_t worker_id, const std::vector<KvEvent>& events,
+                                          uint64_t queued_ns, size_t changes) {
+  std::vector<KvEvent> first, second;
+  if (events.size() > 1) {
+    const size_t half = events.size() / 2;
+    first.assign(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(half));
+    second.assign(events.begin() + static_cast<std::ptrdiff_t>(half), events.end());
+  } else {
+    first.resize(1);
+    second.resize(1);
+    if (!SplitInHalf(events.front(), block_size, first.front(), second.front())) {
+      // One block over the limit: it cannot be carried at all.
+      counters->Reject(IngestReject::kFrameTooLarge,
+                       absl::StrCat("a change of one block is over the server's message limit "
+                                    "of ",
+                                    max_payload, " bytes: not relayed"));
+      Bump(counters->missed_messages, changes);
+      return true;
+    }
+  }
+  const size_t counted_in_first =
+      first.size() > events.size() - changes ? first.size() - (events.size() - changes) : 0;
+  const size_t parts_of_one = events.size() == 1 ? 0 : counted_in_first;
+  return Publish(worker_id, first, queued_ns, parts_of_one) &&
+         Publish(worker_id, second, queued_ns, changes - parts_of_one);
 }
 
 JetStreamRelay::JetStreamRelay(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -307,12 +421,25 @@ absl::StatusOr<std::unique_ptr<JetStreamRelay>> JetStreamRelay::Start(
   }
   JetStreamSource stream = target;
   stream.subject = absl::StrCat(target.subject, ".>");
-  if (absl::Status ensured = EnsureStream(impl->js, stream); !ensured.ok()) {
+  absl::Status ready = EnsureStream(impl->js, stream);
+  if (ready.ok()) ready = CheckStreamTakes(impl->js, target);
+  if (!ready.ok()) {
     jsCtx_Destroy(impl->js);
     natsConnection_Destroy(impl->connection);
-    return ensured;
+    return ready;
   }
-  impl->max_payload = static_cast<size_t>(natsConnection_GetMaxPayload(impl->connection));
+  const auto limit = static_cast<size_t>(natsConnection_GetMaxPayload(impl->connection));
+  impl->max_payload = limit > 2 * kHeaderRoom ? limit - kHeaderRoom : limit / 2;
+  impl->block_size = router.block_size();
+  // What the index holds already (a restored snapshot, sources added first) goes out first,
+  // as a resync: the stream's consumers hold it too, whatever they held of those ranks.
+  for (const KvEvent& event : router.DumpIndexEvents()) {
+    if (std::holds_alternative<StoredEvent>(event.data)) impl->ranks.insert(event.worker);
+  }
+  if (!impl->ranks.empty()) {
+    impl->resync = true;
+    impl->counters->state_unknown.store(1);
+  }
   Bump(impl->counters->connections);
   impl->publisher = std::thread([impl = impl.get()] { impl->Run(); });
   return std::unique_ptr<JetStreamRelay>(new JetStreamRelay(std::move(impl)));

@@ -89,15 +89,21 @@ class JetStreamRelayTest : public ::testing::Test {
 
   // The relay: a stream listener (its events are what the test sends) relayed into "KV".
   void StartRelay(Node& relay) {
+    Listen(relay);
+    Relay(relay);
+  }
+  void Listen(Node& relay) {
     auto listener = relay.ingest->Listen("tcp://127.0.0.1:0", &endpoint_);
     ASSERT_TRUE(listener.ok()) << listener.status();
     listener_ = *listener;
-    auto relayed = relay.ingest->RelayToJetStream(Target());
-    ASSERT_TRUE(relayed.ok()) << relayed.status();
-    relay_source_ = *relayed;
     auto publisher = StreamPublisher::Connect(endpoint_);
     ASSERT_TRUE(publisher.ok()) << publisher.status();
     publisher_ = std::move(*publisher);
+  }
+  void Relay(Node& relay) {
+    auto relayed = relay.ingest->RelayToJetStream(Target());
+    ASSERT_TRUE(relayed.ok()) << relayed.status();
+    relay_source_ = *relayed;
   }
   JetStreamSource Target() const {
     return {.url = server_->url(), .stream = "KV", .subject = "kv.relay", .create_stream = true};
@@ -158,13 +164,13 @@ TEST_F(JetStreamRelayTest, TheConsumerHoldsWhatTheRelaysIndexApplied) {
   Consume(consumer);
   SendChains(0, 10);
   Send({Remove({1, 0}, 1009), Remove({2, 1}, 5009)});
-  // Refused by the relay's index (no such parent): not relayed.
+  // Refused by the relay's index (no such parent): relayed all the same, and refused there.
   Send({Store({1, 0}, 90000, 5)});
   Send({{.worker = {2, 1}, .data = ClearedEvent{}}, Store({2, 1}, 7000, 0)});
   ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 13); }));
   ExpectSameIndex(relay, consumer);
   const IngestStats relayed = relay.Stats(relay_source_);
-  EXPECT_EQ(relayed.messages, 24u);  // 20 stores, 2 removals, the clear and the last store
+  EXPECT_EQ(relayed.messages, 25u);  // 21 stores, 2 removals, the clear
   EXPECT_EQ(relay.Stats(listener_).rejected[static_cast<int>(IngestReject::kIndexRejected)], 1u);
   EXPECT_GE(relayed.published, 13u);  // at least one message per frame (one worker each)
   EXPECT_EQ(relayed.gaps, 0u);
@@ -227,6 +233,73 @@ TEST_F(JetStreamRelayTest, AJetStreamSourcesEventsAreNotRelayedBack) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(relay.Stats(relay_source_).messages, 10u);
   EXPECT_EQ(relay.Stats(relay_source_).stream_sequence, position);
+}
+
+// A change the index applies in part (a removal naming a block the rank does not hold removes
+// the others) is relayed: the consumer, in the same state, applies the same part.
+TEST_F(JetStreamRelayTest, APartlyAppliedChangeIsRelayed) {
+  Node relay;
+  StartRelay(relay);
+  Node consumer;
+  Consume(consumer);
+  SendChains(0, 5);
+  Send({{.worker = {1, 0}, .data = RemovedEvent{.block_hashes = {1004, 424242}}}});
+  ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 6); }));
+  ExpectSameIndex(relay, consumer);
+  EXPECT_EQ(Blocks(*consumer.router), 9u);
+}
+
+// A store too big for one NATS message (the server's limit is 1 MiB) goes in parts, each the
+// next stretch of its blocks, and counts as one change.
+TEST_F(JetStreamRelayTest, AChangeTooBigForOneMessageGoesInParts) {
+  Node relay;
+  StartRelay(relay);
+  Node consumer;
+  Consume(consumer);
+  constexpr uint64_t kBlocks = 30'000;  // 1.9 MB of tokens
+  StoredEvent stored;
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    stored.block_hashes.push_back(1'000'000 + i);
+    for (uint32_t t = 0; t < kBlockSize; ++t) stored.token_ids.push_back(i * kBlockSize + t);
+  }
+  Send({{.worker = {1, 0}, .data = std::move(stored)}});
+  ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 1); }));
+  const IngestStats relayed = relay.Stats(relay_source_);
+  EXPECT_EQ(relayed.messages, 1u);
+  EXPECT_EQ(relayed.events_applied, 1u);
+  EXPECT_GE(relayed.published, 2u);
+  EXPECT_EQ(relayed.missed_messages, 0u);
+  ExpectSameIndex(relay, consumer);
+  EXPECT_EQ(Blocks(*consumer.router), kBlocks);
+}
+
+// What the index held before the relay started (sources added first, a restored snapshot)
+// goes out first, as a resync.
+TEST_F(JetStreamRelayTest, WhatTheIndexHeldBeforeTheRelayGoesOutFirst) {
+  Node relay;
+  Listen(relay);
+  SendChains(0, 8);
+  ASSERT_TRUE(Eventually([&] { return relay.Stats(listener_).messages == 8; }));
+  Relay(relay);
+  SendChains(8, 2);
+  ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 10); }));
+  EXPECT_EQ(relay.Stats(relay_source_).recoveries, 1u);
+  Node consumer;
+  Consume(consumer);
+  ExpectSameIndex(relay, consumer);
+  EXPECT_EQ(Blocks(*consumer.router), 20u);
+}
+
+// A stream that does not take the relay's subjects is refused at once, not retried forever.
+TEST_F(JetStreamRelayTest, AStreamThatDoesNotTakeTheSubjectsIsRefused) {
+  Node relay;
+  JetStreamSource other = Target();
+  other.subject = "elsewhere";
+  ASSERT_TRUE(relay.ingest->RelayToJetStream(other).ok());  // creates KV on elsewhere.>
+  Node second;
+  const auto refused = second.ingest->RelayToJetStream(Target());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("elsewhere.>"), std::string::npos) << refused.status();
 }
 
 TEST_F(JetStreamRelayTest, BadConfigurationsAreRefusedClearly) {

@@ -1492,15 +1492,16 @@ extern "C" {
     /// given; `durable`, `start_sequence` and KVR_JETSTREAM_RESUME are a consumer's and must be
     /// unset. Changes wait in a bounded queue while the server is away (64 MiB); past it the relay
     /// resyncs once the server is back: a clear of every rank it relays, what the index holds of
-    /// them, then the changes since. One relay per ingest object (KVR_FAILED_PRECONDITION for a
-    /// second); it lasts until kvr_ingest_stop, which waits up to 2 s for the queue. The source's
-    /// counters: `messages` changes handed to the relay, `events_applied` those acknowledged,
-    /// `published` messages acknowledged, `publish_failures` attempts retried, `gaps` and
-    /// `missed_messages` queue overflows and the changes they dropped (sent again by the resync,
-    /// counted in `recoveries`), `state_unknown` 1 until then, `stream_sequence` the last message's
-    /// stream sequence, the lag from a change to its acknowledgement. Errors as
-    /// kvr_ingest_subscribe_jetstream. `*source_id` may be NULL. @thread_safety as
-    /// kvr_ingest_subscribe_nats
+    /// them, then the changes since; what the index holds when the relay starts goes out first that
+    /// way. The stream must take those subjects (KVR_INVALID_ARGUMENT otherwise). One relay per
+    /// ingest object (KVR_FAILED_PRECONDITION for a second); it lasts until kvr_ingest_stop, which
+    /// waits up to 2 s for the queue. The source's counters: `messages` changes handed to the
+    /// relay, `events_applied` those acknowledged, `published` messages acknowledged,
+    /// `publish_failures` attempts retried, `gaps` and `missed_messages` queue overflows and the
+    /// changes they dropped (sent again by the resync, counted in `recoveries`), `state_unknown` 1
+    /// until then, `stream_sequence` the last message's stream sequence, the lag from a change to
+    /// its acknowledgement. Errors as kvr_ingest_subscribe_jetstream. `*source_id` may be NULL.
+    /// @thread_safety as kvr_ingest_subscribe_nats
     pub fn kvr_ingest_relay_jetstream(
         ingest: *mut kvr_ingest,
         target: *const kvr_jetstream_source,
