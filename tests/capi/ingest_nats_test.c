@@ -355,7 +355,11 @@ static void jetstream_relay(void** state) {
   assert_int_equal(NATS_OK, natsConnection_ConnectTo(&nc, url));
   kvt_fill_tokens(tokens, 2 * BS, 0);
   publish_stored(nc, "raw.w1", 1, tokens, 2, 500);
-  for (waited = 0; stats_of(consumer_ingest, consumed).stream_sequence < 1 && waited < WAIT_MS;
+  /* The consumer may apply the message before the relay has read the server's
+   * acknowledgement of it: both are waited for. */
+  for (waited = 0; (stats_of(relay_ingest, relayed).events_applied < 1 ||
+                    stats_of(consumer_ingest, consumed).stream_sequence < 1) &&
+                   waited < WAIT_MS;
        waited += 5) {
     sleep_ms(5);
   }
