@@ -403,12 +403,7 @@ absl::StatusOr<std::unique_ptr<JetStreamRelay>> JetStreamRelay::Start(
   impl->subject_prefix = target.subject;
   impl->backlog_limit = backlog_bytes;
   natsOptions* opts = nullptr;
-  natsStatus s = natsOptions_Create(&opts);
-  if (s == NATS_OK) s = natsOptions_SetURL(opts, target.url.c_str());
-  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
-  if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
-  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
-  if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, kRetryMs);
+  natsStatus s = ReconnectingOptions(target.url, &opts);
   if (s == NATS_OK) s = natsConnection_Connect(&impl->connection, opts);
   natsOptions_Destroy(opts);
   if (s == NATS_OK) s = natsConnection_JetStream(&impl->js, impl->connection, nullptr);

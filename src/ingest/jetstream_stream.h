@@ -12,6 +12,10 @@
 
 namespace kvrouter {
 
+// New connection options every NATS connection of the ingest shares: `url`, a 2 s connect
+// timeout, reconnecting forever every 100 ms. NATS_OK, or the failure (nothing allocated).
+natsStatus ReconnectingOptions(const std::string& url, natsOptions** out);
+
 // The url, stream and subject are given and the names and limits are valid (the durable
 // consumer's name too, when there is one).
 absl::Status ValidateJetStream(const JetStreamSource& config);

@@ -81,12 +81,7 @@ std::unique_ptr<ConnectionCallbacks> NewCallbacks(NatsSubscriptions* owner,
 natsStatus CreateOptions(const std::string& url, ConnectionCallbacks& callbacks,
                          natsOptions** out) {
   natsOptions* opts = nullptr;
-  natsStatus s = natsOptions_Create(&opts);
-  if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
-  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
-  if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
-  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
-  if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 100);
+  natsStatus s = ReconnectingOptions(url, &opts);
   if (s == NATS_OK) {
     s = natsOptions_SetReconnectedCB(opts, &ConnectionCallbacks::OnReconnected, &callbacks);
   }
@@ -407,6 +402,19 @@ void NatsSubscriptions::CloseAll() {
   }
   for (Source* source : sources_) Close(source);
   sources_.clear();
+}
+
+natsStatus ReconnectingOptions(const std::string& url, natsOptions** out) {
+  natsOptions* opts = nullptr;
+  natsStatus s = natsOptions_Create(&opts);
+  if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
+  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
+  if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, true);
+  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
+  if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 100);
+  if (s != NATS_OK && opts != nullptr) natsOptions_Destroy(opts);
+  *out = s == NATS_OK ? opts : nullptr;
+  return s;
 }
 
 // ---- JetStream ------------------------------------------------------------------------------
