@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The libFuzzer harnesses (tests/fuzz) for a long time each, one after another, keeping every
-# harness's corpus in build/fuzz-corpus/<harness> from run to run, so that long runs add up.
-# Prints one line per harness: executions, coverage (edges and features), corpus size, and what
-# it found (crash, leak, timeout or out-of-memory files are left in build/fuzz-findings).
+# The libFuzzer harnesses (tests/fuzz) for a long time each, keeping every harness's corpus in
+# build/fuzz-corpus/<harness> from run to run, so that long runs add up. Each run is recorded as
+# a line of build/fuzz-corpus/ledger.tsv, and the line printed per harness gives this run's
+# executions, coverage (edges and features), corpus size, what it found (crash, leak, timeout or
+# out-of-memory files are left in build/fuzz-findings) and the executions of every run so far.
 # Figures of the runs so far: docs/testing.md.
 #
 #   scripts/fuzz-long.sh [SECONDS_EACH] [HARNESS...]     (default: 3600 s, every harness)
 #
-# KVR_FUZZ_JOBS=N runs N processes per harness (libFuzzer's -fork; default 1: two cores are
-# shared by everything here).
+# KVR_FUZZ_PARALLEL=N runs N harnesses at a time (default 1: two cores are shared by everything
+# here); KVR_FUZZ_JOBS=N runs N processes per harness (libFuzzer's -fork); KVR_FUZZ_RUNS=N
+# stops a harness after N executions if its time is not up first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,24 +25,41 @@ harnesses=("$@")
 if [ ${#harnesses[@]} -eq 0 ]; then
   mapfile -t harnesses < <(ls tests/fuzz/seeds)
 fi
-mkdir -p build/fuzz-findings
-printf '%-28s %12s %8s %8s %8s  %s\n' harness executions edges features corpus findings
-for name in "${harnesses[@]}"; do
-  corpus=build/fuzz-corpus/$name
-  log=build/fuzz-findings/$name.log
+mkdir -p build/fuzz-findings build/fuzz-corpus
+ledger=build/fuzz-corpus/ledger.tsv
+[ -f "$ledger" ] ||
+  printf 'finished\tharness\tseconds\texecutions\tedges\tfeatures\tcorpus\tfindings\tcommit\n' >"$ledger"
+
+# The last figure a libFuzzer log gives for a field ("cov: 123" -> 123).
+last_figure() { grep -o "$1: [0-9]*" "$2" | tail -1 | awk '{print $2}'; }
+
+fuzz_one() {
+  local name=$1 corpus=build/fuzz-corpus/$1 log=build/fuzz-findings/$1.log
+  local fork=() runs=() status=0
   mkdir -p "$corpus"
-  fork=()
+  [ -z "${KVR_FUZZ_RUNS:-}" ] || runs=(-runs="$KVR_FUZZ_RUNS")
   [ "${KVR_FUZZ_JOBS:-1}" -le 1 ] || fork=(-fork="$KVR_FUZZ_JOBS" -ignore_crashes=1)
-  status=0
-  "build/fuzz/tests/fuzz/$name" -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix="build/fuzz-findings/$name-" "${fork[@]}" "$corpus" "tests/fuzz/seeds/$name" \
-    >"$log" 2>&1 || status=$?
+  "build/fuzz/tests/fuzz/$name" -max_total_time="$seconds" -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="build/fuzz-findings/$name-" "${fork[@]}" "${runs[@]}" \
+    "$corpus" "tests/fuzz/seeds/$name" >"$log" 2>&1 || status=$?
+  local execs cov ft findings size total
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | awk '{print $2}')
-  ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+  cov=$(last_figure cov "$log")
+  ft=$(last_figure ft "$log")
   findings=$(ls build/fuzz-findings | grep -c "^$name-" || true)
   [ "$status" -eq 0 ] || findings="$findings (exit $status: $log)"
-  printf '%-28s %12s %8s %8s %8s  %s\n' "$name" "${execs:-?}" "${cov:-?}" "${ft:-?}" \
-    "$(ls "$corpus" | wc -l)" "$findings"
-done
+  size=$(ls "$corpus" | wc -l)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" "$seconds" \
+    "${execs:-0}" "${cov:-?}" "${ft:-?}" "$size" "$findings" \
+    "$(git rev-parse --short HEAD)" >>"$ledger"
+  total=$(awk -F'\t' -v n="$name" '$2 == n { s += $4 } END { print s }' "$ledger")
+  printf '%-28s %12s %8s %8s %8s %14s  %s\n' "$name" "${execs:-?}" "${cov:-?}" "${ft:-?}" \
+    "$size" "$total" "$findings"
+}
+export -f fuzz_one last_figure
+export seconds ledger
+
+printf '%-28s %12s %8s %8s %8s %14s  %s\n' harness executions edges features corpus \
+  'all runs' findings
+printf '%s\n' "${harnesses[@]}" | xargs -P "${KVR_FUZZ_PARALLEL:-1}" -I{} bash -c 'fuzz_one {}'
