@@ -158,19 +158,20 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
     const int linger = 0;
     zmq_setsockopt(sub->socket, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(sub->socket, ZMQ_SUBSCRIBE, worker.topic.data(), worker.topic.size());
-    const std::string endpoint = RankEndpoint(worker.endpoint, r);
-    if (zmq_connect(sub->socket, endpoint.c_str()) != 0) {
-      const std::string why = zmq_strerror(zmq_errno());
-      zmq_close(sub->socket);
-      delete sub;
-      for (Subscription* s : subs) CloseSubscription(s);
-      return absl::InvalidArgumentError(absl::StrCat("cannot connect to ", endpoint, ": ", why));
-    }
+    // Watched before it connects: libzmq reports a handshake only to a monitor already there,
+    // and a first handshake missed would make the first reconnection look like it.
     if (absl::Status watched = WatchConnections(*sub); !watched.ok()) {
       zmq_close(sub->socket);
       delete sub;
       for (Subscription* s : subs) CloseSubscription(s);
       return watched;
+    }
+    const std::string endpoint = RankEndpoint(worker.endpoint, r);
+    if (zmq_connect(sub->socket, endpoint.c_str()) != 0) {
+      const std::string why = zmq_strerror(zmq_errno());
+      CloseSockets(sub);
+      for (Subscription* s : subs) CloseSubscription(s);
+      return absl::InvalidArgumentError(absl::StrCat("cannot connect to ", endpoint, ": ", why));
     }
     subs.push_back(sub);
   }
@@ -235,9 +236,10 @@ void EngineSubscriptions::CloseAll() {
   workers_.clear();
 }
 
-// Monitors `sub`'s socket for completed handshakes, over a PAIR socket of its own. The monitor
-// is read just before each message (ReadConnectionEvents): a reconnection's handshake is
-// reported before any message of the new connection can be read.
+// Monitors `sub`'s socket for completed handshakes, over a PAIR socket of its own. libzmq
+// queues a connection's handshake event before any of its messages, so the monitor is read
+// after each message is received and before it is handled (Drain): a message of a new
+// connection is always handled as one.
 absl::Status EngineSubscriptions::WatchConnections(Subscription& sub) {
   const std::string address = absl::StrCat("inproc://kvr-engine-monitor-", next_monitor_++);
   if (zmq_socket_monitor(sub.socket, address.c_str(), ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
@@ -281,13 +283,19 @@ void EngineSubscriptions::CloseSockets(Subscription* sub) {
   delete sub;
 }
 
-// The ZMQ fd only signals edges: read every message queued before returning.
+// The ZMQ fd only signals edges: read every message queued before returning. Connection events
+// are read between receiving a message and handling it: read before receiving, a handshake
+// that completed in between would go unseen and its connection's first message be handled as
+// the old connection's next.
 void EngineSubscriptions::Drain(Subscription& sub) {
   for (;;) {
-    ReadConnectionEvents(sub);
-    if (!Readable(sub.socket)) return;
+    if (!Readable(sub.socket)) {
+      ReadConnectionEvents(sub);  // counted even while the engine says nothing
+      return;
+    }
     Parts parts;
     if (!ReceiveMultipart(sub.socket, parts)) return;
+    ReadConnectionEvents(sub);
     Process(sub, std::move(parts));
   }
 }
