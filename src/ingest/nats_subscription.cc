@@ -308,17 +308,20 @@ void NatsSubscriptions::Close(Source* source) {
              [](uv_handle_t* timer) { delete reinterpret_cast<uv_timer_t*>(timer); });
     source->liveness_timer = nullptr;
   }
+  // Unsubscribed at once either way: a retired source must not apply anything more (a sync
+  // retried meanwhile would otherwise apply the peers' stream twice, in any order).
+  Unsubscribe(source);
   if (farewell && source->connection != nullptr) {
-    CloseOnceWritten(source);
+    DisconnectOnceWritten(source);
   } else {
-    CloseNow(source);
+    Disconnect(source);
   }
 }
 
 // The connection's socket is written by this loop (libnats' libuv adapter): the farewell goes
-// out only once the loop runs, so the rest of the close waits, polling every few milliseconds,
-// until libnats has nothing buffered or kFarewellMs passed (the server may be gone).
-void NatsSubscriptions::CloseOnceWritten(Source* source) {
+// out only once the loop runs, so the connection is closed once libnats has nothing buffered
+// or kFarewellMs passed (the server may be gone), polling every few milliseconds.
+void NatsSubscriptions::DisconnectOnceWritten(Source* source) {
   struct Wait {
     NatsSubscriptions* owner;
     Source* source;
@@ -335,7 +338,7 @@ void NatsSubscriptions::CloseOnceWritten(Source* source) {
         if (natsConnection_Buffered(wait->source->connection) > 0 && --wait->polls_left > 0) {
           return;
         }
-        wait->owner->CloseNow(wait->source);
+        wait->owner->Disconnect(wait->source);
         delete wait;
         uv_timer_stop(t);
         uv_close(reinterpret_cast<uv_handle_t*>(t),
@@ -344,14 +347,18 @@ void NatsSubscriptions::CloseOnceWritten(Source* source) {
       kPollMs, kPollMs);
 }
 
-void NatsSubscriptions::CloseNow(Source* source) {
-  if (source->subscription != nullptr) {
-    if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
-      std::unique_lock lock(source->done_mutex);
-      source->done_cv.wait_for(lock, std::chrono::seconds(5), [&] { return source->done; });
-    }
-    natsSubscription_Destroy(source->subscription);
+// Waits (bounded) until the handler can no longer run.
+void NatsSubscriptions::Unsubscribe(Source* source) {
+  if (source->subscription == nullptr) return;
+  if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
+    std::unique_lock lock(source->done_mutex);
+    source->done_cv.wait_for(lock, std::chrono::seconds(5), [&] { return source->done; });
   }
+  natsSubscription_Destroy(source->subscription);
+  source->subscription = nullptr;
+}
+
+void NatsSubscriptions::Disconnect(Source* source) {
   if (source->connection != nullptr) {
     source->callbacks->Detach();  // they may run after this object is gone
     natsConnection_Destroy(source->connection);

@@ -65,8 +65,9 @@ class NatsSubscriptions {
                                const std::string& replica_id, uint64_t& id, Source** added);
   absl::Status RemoveOnLoop(uint64_t source_id);
   void Close(Source* source);
-  void CloseOnceWritten(Source* source);
-  void CloseNow(Source* source);
+  void Unsubscribe(Source* source);
+  void DisconnectOnceWritten(Source* source);
+  void Disconnect(Source* source);
   absl::Status Consume(const JetStreamSource& config, Source& source);
   // Replica sync: heartbeats published and silent replicas dropped on a timer
   // (IngestOptions::replica_heartbeat_ms and replica_timeout_ms).
