@@ -35,7 +35,8 @@ last_figure() { grep -o "$1: [0-9]*" "$2" | tail -1 | awk '{print $2}'; }
 
 fuzz_one() {
   local name=$1 corpus=build/fuzz-corpus/$1 log=build/fuzz-findings/$1.log
-  local fork=() runs=() status=0
+  local fork=() runs=() status=0 commit
+  commit=$(git rev-parse --short HEAD)  # what the harness was built from (this script builds)
   mkdir -p "$corpus"
   [ -z "${KVR_FUZZ_RUNS:-}" ] || runs=(-runs="$KVR_FUZZ_RUNS")
   [ "${KVR_FUZZ_JOBS:-1}" -le 1 ] || fork=(-fork="$KVR_FUZZ_JOBS" -ignore_crashes=1)
@@ -52,7 +53,7 @@ fuzz_one() {
   size=$(ls "$corpus" | wc -l)
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" "$seconds" \
     "${execs:-0}" "${cov:-?}" "${ft:-?}" "$size" "$findings" \
-    "$(git rev-parse --short HEAD)" >>"$ledger"
+    "$commit" >>"$ledger"
   total=$(awk -F'\t' -v n="$name" '$2 == n { s += $4 } END { print s }' "$ledger")
   printf '%-28s %12s %8s %8s %8s %14s  %s\n' "$name" "${execs:-?}" "${cov:-?}" "${ft:-?}" \
     "$size" "$total" "$findings"
