@@ -45,19 +45,18 @@ configure_sanitizer_and_fuzz_builds() {
     -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=ON -DKVR_BUILD_EXAMPLES=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ_SECONDS="${KVR_FUZZ_SECONDS:-20}" >/dev/null
 }
-background_builds() {
-  local dir status
-  for dir in asan tsan fuzz; do
-    status=0
-    case $dir in
-      asan) nice -n 10 cmake --build build/asan -j "$jobs" ;;
-      tsan) nice -n 10 cmake --build build/tsan -j "$jobs" --target core_concurrency_tests \
-              capi_concurrency_test router_model_concurrency_test ingest_tests ;;
-      fuzz) nice -n 10 cmake --build build/fuzz -j "$jobs" --target kvr_fuzzers ;;
-    esac >"build/$dir.log" 2>&1 || status=$?
-    echo "$status" >"build/$dir.status"
-    [ "$status" -eq 0 ] || return 0  # its stage reports the failure; the others would wait
-  done
+background_build() {  # background_build DIR [cmake --build args...]: records its exit status
+  local dir=$1 status=0
+  shift
+  nice -n 10 cmake --build "build/$dir" -j "$jobs" "$@" >"build/$dir.log" 2>&1 || status=$?
+  echo "$status" >"build/$dir.status"
+  return "$status"
+}
+background_builds() {  # stops at a failed build: its stage reports it
+  background_build asan &&
+    background_build tsan --target core_concurrency_tests capi_concurrency_test \
+      router_model_concurrency_test ingest_tests &&
+    background_build fuzz --target kvr_fuzzers
 }
 await_build() {  # await_build DIR: waits for the background build of DIR, shows its end
   local dir=$1
