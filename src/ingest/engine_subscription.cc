@@ -73,8 +73,11 @@ struct EngineSubscriptions::Subscription {
   bool state_unknown = false;
   Replay* replay = nullptr;  // a replay in progress
   std::deque<Parts> held;    // live messages received during the replay
-  SaltedBlocks salted;       // the publisher's blocks stored under a cache salt
-  BlockCopies copies;        // the publisher's blocks held more than once
+  // How many of the held messages, from the front, were received before the replay was asked
+  // for (RankSequence::JudgeHeld).
+  size_t held_before_request = 0;
+  SaltedBlocks salted;  // the publisher's blocks stored under a cache salt
+  BlockCopies copies;   // the publisher's blocks held more than once
 };
 
 // A request to vLLM's replay socket: a DEALER speaking to its ROUTER, with a deadline.
@@ -302,12 +305,14 @@ void EngineSubscriptions::Drain(Subscription& sub) {
 
 // Handles a live message, or holds it while a replay is in flight. A message is counted once it
 // has been handled (applied or rejected), not when it arrives, so that a reader who sees N
-// messages counted also sees their effects in the index.
-void EngineSubscriptions::Process(Subscription& sub, Parts parts) {
+// messages counted also sees their effects in the index. `before_request`: a held message
+// received before the replay that held it was asked for.
+void EngineSubscriptions::Process(Subscription& sub, Parts parts, bool before_request) {
   if (sub.replay != nullptr) {
     sub.held.push_back(std::move(parts));
     return;
   }
+  if (DropJudged(sub, parts, before_request)) return;
   if (!HandleMessage(sub, parts)) Bump(sub.counters->messages);  // not held for a replay
 }
 
@@ -337,7 +342,12 @@ EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& su
   const RankSequence::Verdict verdict = sub.sequence.Observe(seq, digest);
   switch (verdict.action) {
     case SequenceAction::kApply:
-      return verdict.joined ? Join(sub, seq, parts) : Verdict::kApply;
+      if (verdict.joined) return Join(sub, seq, parts);
+      // Heard first, from message 0, but after two connections: which one's? The reply tells.
+      if (verdict.after_reconnection && StartReplay(sub, seq, /*from_start=*/true, &parts)) {
+        return Verdict::kHold;
+      }
+      return Verdict::kApply;
     case SequenceAction::kGap:
       c.Gap(verdict.missed);
       if (StartReplay(sub, seq, /*from_start=*/false, &parts)) return Verdict::kHold;
@@ -352,6 +362,10 @@ EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& su
       Bump(c.recoveries);
       ClearRank(sub);
       if (verdict.missed == 0) {  // heard from its message 0: its state is known
+        // Unless a dead engine's message 0 was still queued: the reply tells.
+        if (verdict.after_reconnection && StartReplay(sub, seq, /*from_start=*/true, &parts)) {
+          return Verdict::kHold;
+        }
         SetUnknown(sub, false);
         return Verdict::kApply;
       }
@@ -449,30 +463,26 @@ void EngineSubscriptions::ApplyEngineEvent(Subscription& sub, KvEvent& event) {
 
 // Asks for the messages before live message `until` from where the rank's sequence says
 // (RankSequence::ReplayFrom), or, `from_start`, for the engine's whole history. False if the worker
-// has no replay endpoint or the request cannot be sent.
+// has no replay endpoint or the replay socket cannot be opened. Every message already queued on
+// the rank's socket is held before the request goes out: what the engine had published by then
+// is in its reply, which is how a held message can be told to be a dead engine's.
 bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool from_start,
                                       const Parts* trigger) {
   if (sub.worker.replay_endpoint.empty()) return false;
   const uint64_t from = from_start ? 0 : sub.sequence.ReplayFrom();
   void* socket = zmq_socket(zmq_context_, ZMQ_DEALER);
   if (socket == nullptr) return false;
+  const int linger = 0;
+  zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger));
+  const std::string endpoint =
+      RankEndpoint(sub.worker.replay_endpoint, sub.socket_rank - sub.worker.dp_start);
+  if (zmq_connect(socket, endpoint.c_str()) != 0) {
+    zmq_close(socket);
+    return false;
+  }
   auto* replay = new Replay;
   replay->sub = &sub;
   replay->socket = socket;
-  const int linger = 0;
-  zmq_setsockopt(replay->socket, ZMQ_LINGER, &linger, sizeof(linger));
-  const std::string endpoint =
-      RankEndpoint(sub.worker.replay_endpoint, sub.socket_rank - sub.worker.dp_start);
-  uint8_t start[8];
-  for (int i = 0; i < 8; ++i) start[i] = static_cast<uint8_t>(from >> (56 - 8 * i));
-  // The empty delimiter makes the DEALER look like the REQ client vLLM expects.
-  if (zmq_connect(replay->socket, endpoint.c_str()) != 0 ||
-      zmq_send(replay->socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) != 0 ||
-      zmq_send(replay->socket, start, 8, ZMQ_DONTWAIT) != 8) {
-    zmq_close(replay->socket);
-    delete replay;
-    return false;
-  }
   int fd = -1;
   size_t fd_size = sizeof(fd);
   zmq_getsockopt(replay->socket, ZMQ_FD, &fd, &fd_size);
@@ -486,6 +496,17 @@ bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool fr
   } else {
     sub.sequence.BeginReplay(until);
   }
+  if (trigger != nullptr) sub.held.push_front(*trigger);
+  Drain(sub);  // held, the replay being in flight
+  sub.held_before_request = sub.held.size();
+  uint8_t start[8];
+  for (int i = 0; i < 8; ++i) start[i] = static_cast<uint8_t>(from >> (56 - 8 * i));
+  // The empty delimiter makes the DEALER look like the REQ client vLLM expects.
+  if (zmq_send(replay->socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) != 0 ||
+      zmq_send(replay->socket, start, 8, ZMQ_DONTWAIT) != 8) {
+    FinishReplay(sub, /*ended=*/false);  // as a replay that timed out: the held messages go on
+    return true;
+  }
   uv_poll_start(&replay->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
     auto* r = static_cast<Replay*>(p->data);
     r->sub->owner->DrainReplay(*r->sub);
@@ -497,7 +518,6 @@ bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool fr
         r->sub->owner->FinishReplay(*r->sub, /*ended=*/false);
       },
       loop_.options.replay_timeout_ms, 0);
-  if (trigger != nullptr) sub.held.push_front(*trigger);
   DrainReplay(sub);  // the fd signals edges: look once now
   return true;
 }
@@ -541,8 +561,8 @@ void EngineSubscriptions::DrainReplay(Subscription& sub) {
 
 // Ends the replay (complete, short or timed out), then handles the held live messages. A short
 // replay clears and flags the rank, then asks once for the engine's whole history from message
-// 0: complete, it repairs the rank (unflagged); short again, the rank stays flagged until the
-// engine clears its cache or restarts.
+// 0 (the held messages wait for it): complete, it repairs the rank (unflagged); short again,
+// the rank stays flagged until the engine clears its cache or restarts.
 void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
   Replay* replay = sub.replay;
   if (replay == nullptr) return;
@@ -560,16 +580,49 @@ void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
     case RankSequence::Outcome::kShort:  // still missing some: fall back to the clear
       ClearRank(sub);
       SetUnknown(sub, true);
-      if (until && !from_start) StartReplay(sub, *until, /*from_start=*/true);
+      if (until && !from_start && StartReplay(sub, *until, /*from_start=*/true)) return;
       break;
   }
-  std::deque<Parts> held;
-  held.swap(sub.held);
-  while (!held.empty()) {
-    Parts parts = std::move(held.front());
-    held.pop_front();
-    Process(sub, std::move(parts));  // held again if a new gap started another replay
+  HandleHeld(sub);
+}
+
+// The live messages held during a replay, in order, until one starts another replay: that one
+// holds it first, the rest after it, then what it reads from the socket.
+void EngineSubscriptions::HandleHeld(Subscription& sub) {
+  while (sub.replay == nullptr && !sub.held.empty()) {
+    const bool before_request = sub.held_before_request > 0;
+    if (before_request) --sub.held_before_request;
+    Parts parts = std::move(sub.held.front());
+    sub.held.pop_front();
+    Process(sub, std::move(parts), before_request);
   }
+}
+
+// After a repair that took a restarted engine's whole reply (RankSequence::JudgeHeld): whether
+// the message is dropped, as a repeat of the reply (applied and counted from it: the live copy
+// may come after the reply, on another connection) or as the dead engine's, still queued
+// across the reconnection.
+bool EngineSubscriptions::DropJudged(Subscription& sub, const Parts& parts, bool before_request) {
+  if (!sub.sequence.judging_held()) return false;
+  const std::optional<uint64_t> seq = parts.size() == 3 ? DecodeSequence(parts[1]) : std::nullopt;
+  if (!seq) return false;
+  switch (sub.sequence.JudgeHeld(*seq, Digest(parts[2]), before_request)) {
+    case RankSequence::Held::kObserve:
+      return false;
+    case RankSequence::Held::kRepeat:
+      return true;
+    case RankSequence::Held::kDeadEngineRestarted:
+      Bump(sub.counters->restarts);
+      [[fallthrough]];
+    case RankSequence::Held::kDeadEngine:
+      Bump(sub.counters->messages);
+      sub.counters->Reject(IngestReject::kStaleSequence,
+                           absl::StrCat("message ", *seq, " of rank ", sub.socket_rank,
+                                        " is the restarted engine's predecessor's, read after "
+                                        "the reconnection: dropped"));
+      return true;
+  }
+  return false;
 }
 
 // As CloseSubscription: the socket closes once libuv is done with the poll handle.

@@ -49,7 +49,8 @@ class EngineSubscriptions {
   absl::Status WatchConnections(Subscription& sub);
   void ReadConnectionEvents(Subscription& sub);
   static void CloseSockets(Subscription* sub);
-  void Process(Subscription& sub, std::vector<std::vector<uint8_t>> parts);
+  void Process(Subscription& sub, std::vector<std::vector<uint8_t>> parts,
+               bool before_request = false);
   void SetUnknown(Subscription& sub, bool unknown);
   void ClearRank(Subscription& sub);
   void ClearAndFlag(Subscription& sub);
@@ -67,6 +68,9 @@ class EngineSubscriptions {
                    const std::vector<std::vector<uint8_t>>* trigger = nullptr);
   void DrainReplay(Subscription& sub);
   void FinishReplay(Subscription& sub, bool ended);
+  void HandleHeld(Subscription& sub);
+  bool DropJudged(Subscription& sub, const std::vector<std::vector<uint8_t>>& parts,
+                  bool before_request);
   static void CloseReplay(Replay* replay);
 
   IngestLoop& loop_;

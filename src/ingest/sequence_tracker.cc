@@ -6,23 +6,32 @@ namespace kvrouter {
 
 RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
   const bool reconnected = std::exchange(reconnected_, false);
+  after_reconnection_ = false;  // set below for a gap or a restart: the replay it needs
   if (reconnected && next_ && seq == *next_) {
     needs_check_ = true;
+    after_reconnection_ = true;
     return {SequenceAction::kGap, 0};
   }
   if (!next_ || seq == *next_) {
-    const bool joined = !next_ && seq > 0;
+    const bool first = !next_;
+    after_reconnection_ = first && reconnected;
     next_ = seq + 1;
     digest_ = digest;
-    return {.action = SequenceAction::kApply, .joined = joined};
+    return {.action = SequenceAction::kApply,
+            .joined = first && seq > 0,
+            .after_reconnection = after_reconnection_};
   }
-  if (seq > *next_) return {SequenceAction::kGap, seq - *next_};
+  if (seq > *next_) {
+    after_reconnection_ = reconnected;
+    return {SequenceAction::kGap, seq - *next_};
+  }
   // Back: a new publisher process. Numbered 0, nothing of it was lost; otherwise its messages
   // before `seq` were, and it is expected from 0.
+  after_reconnection_ = reconnected;
   if (seq == 0) {
     next_ = 1;
     digest_ = digest;
-    return {SequenceAction::kRestart};
+    return {.action = SequenceAction::kRestart, .after_reconnection = reconnected};
   }
   next_ = 0;
   digest_.reset();
@@ -31,6 +40,8 @@ RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
 
 void RankSequence::SkipGap(uint64_t seq, uint64_t digest) {
   needs_check_ = false;
+  after_reconnection_ = false;
+  check_failed_ = false;
   next_ = seq + 1;
   digest_ = digest;
 }
@@ -41,12 +52,17 @@ uint64_t RankSequence::ReplayFrom() const {
 }
 
 void RankSequence::BeginReplay(uint64_t until) {
+  EndJudging();
   replay_until_ = until;
   const uint64_t next = next_.value_or(0);
   check_.reset();
   if (digest_ && next > 0) check_ = next - 1;
   verified_ = false;
   from_start_ = next == 0;
+  const bool check_failed = std::exchange(check_failed_, false);
+  whole_reply_ = from_start_ && (check_failed || after_reconnection_);
+  if (!check_failed) restart_proven_ = false;
+  reply_broken_ = false;
   other_engine_ = false;
   unproven_ = false;
 }
@@ -60,6 +76,17 @@ void RankSequence::BeginReplayFromStart(uint64_t until) {
 
 RankSequence::Replayed RankSequence::AcceptReplayed(uint64_t seq, uint64_t digest) {
   if (!replay_until_ || other_engine_ || !next_) return Replayed::kSkip;
+  if (whole_reply_) {  // the new engine's whole history, from 0, every message in turn
+    if (reply_broken_ || seq < *next_) return Replayed::kSkip;
+    if (seq > *next_ || reply_digests_.size() == kMaxReplyDigests) {
+      reply_broken_ = true;
+      return Replayed::kSkip;
+    }
+    next_ = seq + 1;
+    digest_ = digest;
+    reply_digests_.push_back(digest);
+    return Replayed::kApply;
+  }
   if (check_ && seq <= *check_) {
     if (seq < *check_) return Replayed::kSkip;
     check_.reset();
@@ -90,6 +117,11 @@ RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
   replay_until_.reset();
   check_.reset();
   if (!until) return Outcome::kComplete;
+  const bool after_reconnection = std::exchange(after_reconnection_, false);
+  if (std::exchange(whole_reply_, false)) {
+    check_failed_ = after_reconnection;  // a retry from 0 takes the whole reply again
+    return FinishWholeReply(*until, ended);
+  }
   const bool needed_check = std::exchange(needs_check_, false);
   const bool proven = verified_ || !needed_check;
   const bool complete =
@@ -98,8 +130,41 @@ RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
     next_ = *until;
     digest_.reset();  // the held message at `until` sets it
   }
-  if (!complete) return Outcome::kShort;
+  if (!complete) {
+    check_failed_ = after_reconnection;
+    restart_proven_ = other_engine_;
+    return Outcome::kShort;
+  }
   return from_start_ ? Outcome::kCompleteFromStart : Outcome::kComplete;
+}
+
+// Complete only with the end marker: the reply is then everything the engine had published
+// when it answered, which is what proves a held message it lacks is not the engine's.
+RankSequence::Outcome RankSequence::FinishWholeReply(uint64_t until, bool ended) {
+  if (!ended || reply_broken_) {
+    reply_digests_ = {};
+    next_ = until;
+    digest_.reset();  // the held message at `until` sets it
+    return Outcome::kShort;
+  }
+  check_failed_ = false;
+  judging_ = true;  // next_ and digest_ follow the reply's last message
+  return Outcome::kCompleteFromStart;
+}
+
+RankSequence::Held RankSequence::JudgeHeld(uint64_t seq, uint64_t digest, bool before_request) {
+  if (!judging_) return Held::kObserve;
+  if (seq < reply_digests_.size() && reply_digests_[seq] == digest) return Held::kRepeat;
+  if (!before_request) {
+    EndJudging();
+    return Held::kObserve;
+  }
+  return std::exchange(restart_proven_, true) ? Held::kDeadEngine : Held::kDeadEngineRestarted;
+}
+
+void RankSequence::EndJudging() {
+  judging_ = false;
+  reply_digests_ = {};  // its memory too
 }
 
 PublisherSequences::Verdict PublisherSequences::Observe(uint64_t id, uint64_t sequence) {

@@ -44,8 +44,24 @@ enum class SequenceAction : uint8_t {
 // numbering has passed the old one's, would otherwise replay its history onto the dead
 // engine's blocks), and that its buffer reaches back past the hole, so that numbers in the
 // hole the replay does not have were skipped by the engine, not lost.
+//
+// A replay for the first message read after a reconnection (a gap, or the gap of 0 to prove)
+// that fails (another engine answers, or the reply does not reach back to the check) means the
+// held messages may include the dead engine's: the socket keeps the messages it had not read
+// across the reconnection, ahead of the new engine's, and the trigger may be one of them. So the
+// repair that follows (from 0) applies the new engine's whole reply, not only up to the trigger,
+// and remembers its digests (so does a replay from 0 for a restart read first after a
+// reconnection); then each held message is judged (JudgeHeld) before it is observed:
+// one the reply holds with the same digest is a repeat; one received before the repair was asked
+// for that the reply does not hold as it is cannot be the new engine's (everything it had published
+// by then is in its reply) and is dropped. The caller must have read every queued message into its
+// held queue before asking: the dead engine's all came before the new connection's handshake.
 class RankSequence {
  public:
+  // The most messages a repair from 0 may carry when its digests are remembered (vLLM buffers
+  // 10,000 by default); a longer reply is short.
+  static constexpr size_t kMaxReplyDigests = size_t{1} << 17;
+
   struct Verdict {
     SequenceAction action = SequenceAction::kApply;
     // kGap: how many messages were lost; kRestart: the new publisher's messages before this
@@ -55,6 +71,11 @@ class RankSequence {
     // subscriber heard it, and what it published before is unknown here (the caller flags the
     // rank, or replays the publisher's history from 0).
     bool joined = false;
+    // kRestart numbered 0, or kApply of the first message heard, read first after a
+    // reconnection: it may be a message of an engine that is gone, still queued; the caller
+    // proves it by a replay from 0 when the engine has a replay endpoint (its whole reply is
+    // taken and the held messages judged).
+    bool after_reconnection = false;
   };
 
   // What to do with live message `seq`, whose payload has digest `digest`. kApply moves the
@@ -68,11 +89,9 @@ class RankSequence {
   // number expected: the old engine died, and the new one's first messages, published while
   // nobody was connected, took it exactly there. So Observe reports that message as a gap of
   // 0 (missed 0), which only a replay's check can prove continuous (FinishReplay is short
-  // without it); the caller otherwise gives up on it as on any gap. Nothing before the first
-  // message heard.
-  void Reconnected() {
-    if (next_) reconnected_ = true;
-  }
+  // without it); the caller otherwise gives up on it as on any gap. Before the first message
+  // heard, the first one may be of either connection (Verdict::after_reconnection).
+  void Reconnected() { reconnected_ = true; }
 
   // Gives up on the messages lost before live message `seq` (observed as kGap or kRestart),
   // which is applied now: seq + 1 is expected next.
@@ -108,8 +127,25 @@ class RankSequence {
     kShort,              // some are lost: given up on, as by SkipGap; the rank must be cleared
   };
   // Ends the replay: `ended` when the engine sent its end marker (the replay is all it has),
-  // false on a timeout. Either way the held live messages are observed next, `until` first.
+  // false on a timeout. Either way the held live messages are observed next, `until` first
+  // (after the repair of a replay that failed after a reconnection, judged first: JudgeHeld).
   Outcome FinishReplay(bool ended);
+
+  enum class Held : uint8_t {
+    kObserve,     // observe it as usual
+    kRepeat,      // the repair's reply applied it already: drop it, it was counted
+    kDeadEngine,  // queued from the engine that is gone: drop it as stale
+    // As kDeadEngine, and the first proof that the engine restarted (the failed check only
+    // showed that the reply did not reach back to it): count the restart.
+    kDeadEngineRestarted,
+  };
+  // A held message, or a live one, after a repair that applied the new engine's whole reply.
+  // `before_request`: it was held, received before the repair was asked for. The judging goes
+  // on past the held messages, as the live copies of the reply's last messages may arrive after
+  // it; it ends with the first live message that is not a repeat (the engine's stream is in
+  // order: every copy of the reply's messages came before it) or with the next replay.
+  Held JudgeHeld(uint64_t seq, uint64_t digest, bool before_request);
+  bool judging_held() const { return judging_; }
 
   // The sequence expected next; nullopt before the first message.
   std::optional<uint64_t> next() const { return next_; }
@@ -126,6 +162,18 @@ class RankSequence {
   bool unproven_ = false;     // the reply passed the check message without it
   bool reconnected_ = false;  // Reconnected() since the last message observed
   bool needs_check_ = false;  // the gap in hand is a reconnection's: only the check proves it
+  bool after_reconnection_ = false;  // the gap in hand was the first message after one
+  // The replay after a reconnection failed: the held messages may include the dead engine's,
+  // so the repair from 0 that follows takes the whole reply (whole_reply_) and then judges them.
+  bool check_failed_ = false;
+  bool restart_proven_ = false;  // the failed check's reply was another engine's (kRestarted)
+  bool whole_reply_ = false;
+  bool reply_broken_ = false;            // the whole reply skipped a number or was too long
+  std::vector<uint64_t> reply_digests_;  // the whole reply's, by sequence (it runs from 0)
+  bool judging_ = false;
+
+  Outcome FinishWholeReply(uint64_t until, bool ended);
+  void EndJudging();
 };
 
 // The publishers heard on one subscription of Dynamo's KV event plane: each numbers its

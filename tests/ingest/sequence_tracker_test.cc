@@ -245,6 +245,125 @@ TEST(RankSequence, AGapDuringTheHeldMessagesStartsAnotherReplay) {
   EXPECT_EQ(v.missed, 2u);
 }
 
+// The dead engine's messages are still queued when the reconnection is seen, so the check
+// lands on one of them (old 5) while the new engine (digests 2000 + n) has published 0..7
+// unheard. Its check reply differs: another engine. The repair from 0 takes its whole reply,
+// past the trigger, and the held messages are judged: the old ones, received before the repair
+// was asked for, are dropped; the new engine's live copies are repeats; what it publishes
+// after the reply is observed as usual.
+uint64_t NewEngine(uint64_t seq) { return 2000 + seq; }
+
+RankSequence RepairingAfterAFailedReconnectionCheck(uint64_t heard, uint64_t until) {
+  RankSequence s;
+  for (uint64_t i = 0; i < heard; ++i) s.Observe(i, D(i));
+  s.Reconnected();
+  EXPECT_EQ(s.Observe(until, D(until)).action, A::kGap);  // the dead engine's, still queued
+  s.BeginReplay(until);
+  EXPECT_EQ(s.AcceptReplayed(until - 1, NewEngine(until - 1)), R::kRestarted);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kShort);
+  s.BeginReplayFromStart(until);
+  return s;
+}
+
+TEST(RankSequence, ARepairAfterAFailedReconnectionCheckTakesTheWholeReply) {
+  RankSequence s = RepairingAfterAFailedReconnectionCheck(5, 5);
+  for (uint64_t i = 0; i <= 7; ++i) EXPECT_EQ(s.AcceptReplayed(i, NewEngine(i)), R::kApply) << i;
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kCompleteFromStart);
+  EXPECT_EQ(s.next(), 8u);  // past the reply, not rewound to the trigger
+  EXPECT_TRUE(s.judging_held());
+  using H = RankSequence::Held;
+  // Held: old 5 (the trigger), old 6..9, then the new engine's live 6, 7 and 8.
+  EXPECT_EQ(s.JudgeHeld(5, D(5), true), H::kDeadEngine);  // the check proved the restart
+  for (uint64_t i = 6; i <= 9; ++i) EXPECT_EQ(s.JudgeHeld(i, D(i), true), H::kDeadEngine) << i;
+  EXPECT_EQ(s.JudgeHeld(6, NewEngine(6), true), H::kRepeat);
+  EXPECT_EQ(s.JudgeHeld(7, NewEngine(7), false), H::kRepeat);
+  EXPECT_TRUE(s.judging_held());  // the held messages are handled: live copies may follow
+  EXPECT_EQ(s.JudgeHeld(8, NewEngine(8), false), H::kObserve);  // published after its reply
+  EXPECT_FALSE(s.judging_held());  // every copy of the reply came before it
+  EXPECT_EQ(s.Observe(8, NewEngine(8)).action, A::kApply);
+  EXPECT_EQ(s.JudgeHeld(9, D(9), true), H::kObserve);
+}
+
+// The new engine has published fewer messages than the check's number: its reply does not reach
+// back to it (short, not proven another engine). The repair's reply is then all it has: every
+// old message held is above it, dropped, and the first proves the restart.
+TEST(RankSequence, AYoungerEnginesRepairDropsEveryOldMessageHeldAndCountsTheRestartOnce) {
+  RankSequence s;
+  for (uint64_t i = 0; i < 20; ++i) s.Observe(i, D(i));
+  s.Reconnected();
+  EXPECT_EQ(s.Observe(20, D(20)).action, A::kGap);
+  s.BeginReplay(20);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kShort);  // nothing from 19 on: unproven
+  s.BeginReplayFromStart(20);
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(s.AcceptReplayed(i, NewEngine(i)), R::kApply);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kCompleteFromStart);
+  using H = RankSequence::Held;
+  EXPECT_EQ(s.JudgeHeld(20, D(20), true), H::kDeadEngineRestarted);
+  EXPECT_EQ(s.JudgeHeld(21, D(21), true), H::kDeadEngine);
+  EXPECT_EQ(s.JudgeHeld(3, NewEngine(3), false), H::kObserve);
+  EXPECT_EQ(s.Observe(3, NewEngine(3)).action, A::kApply);
+}
+
+// Without its end marker, or with a number skipped, the whole reply proves nothing about what
+// the engine had: short, rewound to the trigger as any short repair (the caller clears and
+// flags the rank), and nothing is judged.
+TEST(RankSequence, AWholeReplyWithoutItsEndOrWithAHoleIsShort) {
+  RankSequence timed_out = RepairingAfterAFailedReconnectionCheck(5, 5);
+  for (uint64_t i = 0; i <= 7; ++i) timed_out.AcceptReplayed(i, NewEngine(i));
+  EXPECT_EQ(timed_out.FinishReplay(/*ended=*/false), O::kShort);
+  EXPECT_FALSE(timed_out.judging_held());
+  EXPECT_EQ(timed_out.next(), 5u);
+
+  RankSequence holed = RepairingAfterAFailedReconnectionCheck(5, 5);
+  EXPECT_EQ(holed.AcceptReplayed(0, NewEngine(0)), R::kApply);
+  EXPECT_EQ(holed.AcceptReplayed(2, NewEngine(2)), R::kSkip);  // 1 is not in its buffer
+  EXPECT_EQ(holed.AcceptReplayed(3, NewEngine(3)), R::kSkip);
+  EXPECT_EQ(holed.FinishReplay(/*ended=*/true), O::kShort);
+  EXPECT_FALSE(holed.judging_held());
+}
+
+// The dead engine lost messages on the way before it died (its publisher's queue was full): the
+// first message read after the reconnection is then a gap, not the number expected. Its replay
+// failing makes the repair take the whole reply all the same.
+TEST(RankSequence, AGapReadFirstAfterAReconnectionIsRepairedLikeTheCheck) {
+  RankSequence s;
+  for (uint64_t i = 0; i < 5; ++i) s.Observe(i, D(i));
+  s.Reconnected();
+  EXPECT_EQ(s.Observe(7, D(7)).action, A::kGap);  // the dead engine's 7, 5 and 6 lost
+  s.BeginReplay(7);
+  EXPECT_EQ(s.AcceptReplayed(4, NewEngine(4)), R::kRestarted);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kShort);
+  s.BeginReplayFromStart(7);
+  for (uint64_t i = 0; i <= 8; ++i) EXPECT_EQ(s.AcceptReplayed(i, NewEngine(i)), R::kApply);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kCompleteFromStart);
+  EXPECT_EQ(s.JudgeHeld(7, D(7), true), RankSequence::Held::kDeadEngine);
+  EXPECT_EQ(s.next(), 9u);
+}
+
+// Only a failed reconnection check makes the next repair take the whole reply: a repair after an
+// ordinary gap (its held messages are the engine's own) stops at the trigger, as before.
+TEST(RankSequence, OtherRepairsStopAtTheTrigger) {
+  RankSequence s = Replaying(1, 5);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/false), O::kShort);
+  s.BeginReplayFromStart(5);
+  for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(s.AcceptReplayed(i, D(i)), R::kApply);
+  EXPECT_EQ(s.AcceptReplayed(5, D(5)), R::kSkip);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kCompleteFromStart);
+  EXPECT_FALSE(s.judging_held());
+  EXPECT_EQ(s.Observe(5, D(5)).action, A::kApply);
+}
+
+// A starting replay ends the judging, and its memory: bounded however the engines restart.
+TEST(RankSequence, ANewReplayEndsTheJudging) {
+  RankSequence s = RepairingAfterAFailedReconnectionCheck(5, 5);
+  for (uint64_t i = 0; i <= 7; ++i) s.AcceptReplayed(i, NewEngine(i));
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kCompleteFromStart);
+  EXPECT_EQ(s.Observe(10, NewEngine(10)).action, A::kGap);
+  s.BeginReplay(10);
+  EXPECT_FALSE(s.judging_held());
+  EXPECT_EQ(s.JudgeHeld(6, D(6), true), RankSequence::Held::kObserve);
+}
+
 TEST(PublisherSequences, EachPublisherStartsWhereItIsFirstHeard) {
   PublisherSequences p;
   EXPECT_EQ(p.Observe(7, 100).action, A::kApply);
