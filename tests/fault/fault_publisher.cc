@@ -32,6 +32,11 @@
 //   cut BYTES            the next message's frame, only its first BYTES bytes (stream); the
 //                        test then kills the process: the frame is never completed
 //   wait-sub MS          waits until a subscriber is there (ZMQ)
+//   wait-peer MS         waits until a connection to the PUB socket has completed its ZMTP
+//                        handshake since it was last bound (ZMQ). Unlike wait-sub, this needs
+//                        nothing of the subscriber's application thread: libzmq's I/O threads
+//                        shake hands, while a SUB sends its subscription again only once its
+//                        owner touches the socket
 //   bind                 binds the sockets of a publisher started with --unbound (ZMQ): what it
 //                        published before reached nobody
 //   rebind               unbinds the PUB socket and binds it again: every subscriber's
@@ -325,6 +330,10 @@ class Publisher {
   }
 
   ~Publisher() {
+    if (handshakes_monitor_ != nullptr) {
+      zmq_socket_monitor(pub_, nullptr, 0);
+      zmq_close(handshakes_monitor_);
+    }
     if (pub_ != nullptr) zmq_close(pub_);
     if (replay_ != nullptr) zmq_close(replay_);
     if (context_ != nullptr) zmq_ctx_term(context_);
@@ -424,6 +433,16 @@ class Publisher {
       }
       return subscribers_ > 0 ? "ok" : "err no subscriber";
     }
+    if (verb == "wait-peer") {
+      in >> n;
+      if (handshakes_monitor_ == nullptr) return "err wait-peer needs a bound --mode zmq publisher";
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(n);
+      while (handshakes_ == 0 && std::chrono::steady_clock::now() < deadline) {
+        Serve(std::chrono::microseconds(0));
+        CountHandshakes(5);
+      }
+      return handshakes_ > 0 ? "ok" : "err no handshake";
+    }
     if (verb == "bind") {
       BindZmq();
       return "ok";
@@ -434,6 +453,8 @@ class Publisher {
       // the connections it accepted; they connect again once it is bound again.
       zmq_unbind(pub_, o_.endpoint.c_str());
       subscribers_ = 0;
+      CountHandshakes(0);  // the old connections', forgotten
+      handshakes_ = 0;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       BindPub();
       return "ok";
@@ -515,6 +536,7 @@ class Publisher {
 
   // The port a killed predecessor held may take a moment to be free again.
   void BindPub() {
+    WatchHandshakes();
     for (int attempt = 0; zmq_bind(pub_, o_.endpoint.c_str()) != 0; ++attempt) {
       if (attempt == 200) Die("cannot bind " + o_.endpoint + ": " + zmq_strerror(zmq_errno()));
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
@@ -530,6 +552,39 @@ class Publisher {
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
     bound_ = true;
+  }
+
+  // Watches the PUB socket's completed handshakes ("wait-peer") over a PAIR socket, from before
+  // it is first bound: libzmq reports events only to a monitor already there.
+  void WatchHandshakes() {
+    if (handshakes_monitor_ != nullptr) return;
+    const char* address = "inproc://fault-publisher-handshakes";
+    if (zmq_socket_monitor(pub_, address, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
+      Die(std::string("zmq_socket_monitor: ") + zmq_strerror(zmq_errno()));
+    }
+    handshakes_monitor_ = zmq_socket(context_, ZMQ_PAIR);
+    const int linger = 0;
+    zmq_setsockopt(handshakes_monitor_, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_connect(handshakes_monitor_, address) != 0) {
+      Die(std::string("cannot connect to the PUB socket's monitor: ") + zmq_strerror(zmq_errno()));
+    }
+  }
+
+  // Counts the handshakes reported, waiting up to `timeout_ms` for the first.
+  void CountHandshakes(long timeout_ms) {
+    zmq_pollitem_t item{handshakes_monitor_, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, timeout_ms) <= 0) return;
+    for (;;) {
+      // [event id (2 bytes) + value (4 bytes), endpoint]
+      uint8_t event[6];
+      const int n = zmq_recv(handshakes_monitor_, event, sizeof event, ZMQ_DONTWAIT);
+      if (n < 0) return;
+      char endpoint[256];  // the second frame, unused
+      zmq_recv(handshakes_monitor_, endpoint, sizeof endpoint, 0);
+      uint16_t id = 0;
+      if (n >= static_cast<int>(sizeof id)) std::memcpy(&id, event, sizeof id);
+      if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) ++handshakes_;
+    }
   }
 
   // Serves subscriptions and replay requests for `d` (at least one look).
@@ -711,6 +766,8 @@ class Publisher {
   bool bound_ = false;
   bool mute_replay_ = false;
   int subscribers_ = 0;
+  void* handshakes_monitor_ = nullptr;  // the PUB socket's completed handshakes
+  int handshakes_ = 0;                  // counted so far, since the PUB socket was last bound
   std::deque<std::pair<uint64_t, Bytes>> history_;
   // stream
   int stream_ = -1;

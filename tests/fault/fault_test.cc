@@ -11,13 +11,18 @@
 //
 // Each test prints one "[figures]" line: what was published, lost, flagged and repaired
 // (docs/testing.md, "Fault tests", records them).
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <kvrouter.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -57,6 +62,100 @@ Hashes JournalState(const std::string& path, uint64_t n, uint64_t* lines = nullp
   return cache.Hashes();
 }
 
+// The ids of this process's threads.
+std::set<pid_t> ThreadIds() {
+  std::set<pid_t> out;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return out;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') out.insert(static_cast<pid_t>(std::atoi(entry->d_name)));
+  }
+  closedir(dir);
+  return out;
+}
+
+// A thread held in a signal handler (ThreadStall) and the word that lets it go. Lock-free
+// atomics, nanosleep and errno are all the handler touches: async-signal-safe.
+std::atomic<bool> stall_holding{false};
+std::atomic<bool> stall_released{true};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void HoldUntilReleased(int) {
+  const int saved_errno = errno;
+  stall_holding = true;
+  const timespec pause{0, 1000000};
+  while (!stall_released) nanosleep(&pause, nullptr);
+  stall_holding = false;
+  errno = saved_errno;
+}
+
+// Stalls one thread of this process, as a busy thread: held in a SIGUSR2 handler until Release
+// (or the end of the scope, so that a failing test cannot leave it held). Meant for the ingest
+// loop while it is idle in epoll_wait, holding no lock; everything else in the process (libzmq's
+// I/O threads among them) goes on. The handler installed stays installed if the thread was never
+// seen held: a signal still pending must not meet the default action (the process's end); once
+// released it returns at once.
+class ThreadStall {
+ public:
+  static constexpr int kSignal = SIGUSR2;
+
+  explicit ThreadStall(pid_t tid) : tid_(tid) {
+    struct sigaction action {};
+    action.sa_handler = HoldUntilReleased;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // the thread's interrupted calls go on as if nothing happened
+    installed_ = sigaction(kSignal, &action, &previous_) == 0;
+  }
+  ~ThreadStall() {
+    Release();
+    if (installed_ && held_) sigaction(kSignal, &previous_, nullptr);
+  }
+  ThreadStall(const ThreadStall&) = delete;
+  ThreadStall& operator=(const ThreadStall&) = delete;
+
+  // Stops the thread; true once it is held.
+  bool Hold() {
+    if (!installed_) return false;
+    stall_released = false;
+    if (syscall(SYS_tgkill, getpid(), tid_, kSignal) != 0) return false;
+    held_ = WaitUntil([] { return stall_holding.load(); });
+    return held_;
+  }
+  // Lets it go on, and waits until it has left the handler.
+  void Release() {
+    stall_released = true;
+    WaitUntil([] { return !stall_holding.load(); });
+  }
+
+ private:
+  pid_t tid_;
+  bool installed_ = false;
+  bool held_ = false;
+  struct sigaction previous_ {};
+};
+
+// Whether a TCP connection to 127.0.0.1:`port` is established with nothing left unread in it
+// (/proc/net/tcp): whoever connected has read everything the listener sent.
+bool ConnectionToPortReadUp(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    // "  7: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 ...": local, remote, state, queues
+    unsigned remote_port = 0, state = 0;
+    unsigned long tx_queue = 0, rx_queue = 0;
+    if (std::sscanf(line.c_str(), " %*u: %*x:%*x %*x:%x %x %lx:%lx", &remote_port, &state,
+                    &tx_queue, &rx_queue) != 4) {
+      continue;
+    }
+    const unsigned kEstablished = 1;
+    if (remote_port == static_cast<unsigned>(port) && state == kEstablished && rx_queue == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 class FaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -76,15 +175,25 @@ class FaultTest : public ::testing::Test {
     (void)std::system(rm.c_str());
   }
 
-  // A new ingest object (the old one freed), started; replay_timeout_ms 0 = the default.
-  void NewIngest(uint32_t replay_timeout_ms) {
+  // A new ingest object (the old one freed), started; replay_timeout_ms 0 = the default. With
+  // `loop_thread`, the id of the thread that runs its loop: the one thread kvr_ingest_start adds
+  // (libzmq starts its own only with the first engine worker).
+  void NewIngest(uint32_t replay_timeout_ms, pid_t* loop_thread = nullptr) {
     kvr_ingest_free(ingest_);
     ingest_ = nullptr;
     kvr_ingest_options io;
     kvr_ingest_options_init(&io, sizeof io);
     if (replay_timeout_ms > 0) io.replay_timeout_ms = replay_timeout_ms;
     ASSERT_EQ(KVR_OK, kvr_ingest_new(router_, &io, &ingest_, nullptr));
+    const std::set<pid_t> before = loop_thread != nullptr ? ThreadIds() : std::set<pid_t>{};
     ASSERT_EQ(KVR_OK, kvr_ingest_start(ingest_, nullptr));
+    if (loop_thread == nullptr) return;
+    std::vector<pid_t> started;
+    for (pid_t tid : ThreadIds()) {
+      if (before.count(tid) == 0) started.push_back(tid);
+    }
+    ASSERT_EQ(1u, started.size()) << "kvr_ingest_start started " << started.size() << " threads";
+    *loop_thread = started.front();
   }
 
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
@@ -359,6 +468,54 @@ TEST_P(RestartNumberedAsTheOldNext, IsCaughtByTheReconnection) {
 
 INSTANTIATE_TEST_SUITE_P(Fault, RestartNumberedAsTheOldNext, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Replay" : "NoReplay"; });
+
+// As RestartNumberedAsTheOldNext with a replay socket, the router's loop behind: the dead
+// engine's last messages are still queued in the router's socket when the restarted engine's
+// connection is made, and libzmq keeps them, ahead of the new connection's. So the
+// reconnection's check lands on one of the dead engine's messages, the replay comes back from
+// another engine, and the repair asks the new engine's whole history from 0. The dead engine's
+// queued messages must then be dropped (stale), not applied as the new engine's numbers 50..59:
+// exact and unflagged in the end. The loop is held in a signal handler (ThreadStall) from before
+// the old engine's last messages until the router's side of the new connection's handshake is
+// done, which libzmq's I/O threads do meanwhile.
+TEST_F(FaultTest, OldEnginesQueuedMessagesAreNotAppliedAsTheNewOnes) {
+  pid_t loop_thread = 0;
+  ASSERT_NO_FATAL_FAILURE(NewIngest(0, &loop_thread));
+  const int port = FreePort(), replay_port = FreePort();
+  const uint64_t source = AddEngineWorker(1, port, replay_port);
+  Engine first(ZmqArgs(1, port, 1, replay_port));
+  first.Do("wait-sub 60000");
+  first.Publish(50);
+  ExpectExact(source, 1, first.State(), 50);
+
+  ThreadStall stall(loop_thread);
+  ASSERT_TRUE(stall.Hold());  // idle: everything published is handled
+  first.Publish(10);          // 50..59, queued in the router's socket
+  first.Quit();  // its socket lingers until they are sent: they are in before the connection ends
+
+  std::vector<std::string> args = ZmqArgs(1, port, 2, replay_port);
+  args.push_back("--unbound");
+  Engine second(args);
+  EXPECT_EQ(60u, second.Publish(60).unheard);  // 0..59 reach nobody; 60 is the router's next
+  second.Do("bind");
+  // The new connection's handshake done on both sides: the engine's, then the router's (its I/O
+  // thread has read all the engine sent). The loop, released, then reads the handshake along with
+  // the dead engine's first queued message, and takes that message for the new connection's
+  // first. Released before, it would read the dead engine's messages as the old connection's:
+  // applied as they should be, nothing tested.
+  second.Do("wait-peer 60000");
+  ASSERT_TRUE(WaitUntil([&] { return ConnectionToPortReadUp(port); }));
+  stall.Release();
+  second.Do("wait-sub 60000");  // the subscription goes out once the loop touches its socket
+  second.Publish(30);
+  ExpectExact(source, 1, second.State(), 150);  // 50, the 10 dropped, the new engine's 90
+  const kvr_ingest_stats s = Stats(source);
+  EXPECT_EQ(10u, s.rejected[KVR_INGEST_REJECT_STALE_SEQUENCE]);  // the dead engine's 50..59
+  EXPECT_GE(s.restarts, 1u);
+  second.Quit();
+  Report("the dead engine's messages queued across the restart's reconnection",
+         "its last 10 read after the new engine's handshake; " + Figures(s));
+}
 
 // The same engine, its connection dropped and made again: with a replay socket the check proves
 // it is the same engine and nothing is cleared; without one the rank is cleared and flagged
