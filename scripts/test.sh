@@ -43,7 +43,7 @@ configure_sanitizer_and_fuzz_builds() {
   # A build of its own: coverage instrumentation makes the libraries need the fuzzer runtime.
   CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DKVR_BUILD_FUZZERS=ON \
     -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=ON -DKVR_BUILD_EXAMPLES=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ_SECONDS="${KVR_FUZZ_SECONDS:-20}" >/dev/null
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ_SECONDS="${KVR_FUZZ_SECONDS:-10}" >/dev/null
 }
 background_build() {  # background_build DIR [cmake --build args...]: records its exit status
   local dir=$1 status=0
@@ -121,7 +121,7 @@ await_build tsan
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/ingest/tsan.supp \
   ctest --test-dir build/tsan -L concurrency -j "$jobs" --timeout 900
 
-stage "libFuzzer: every input surface, ${KVR_FUZZ_SECONDS:-20} s each"
+stage "libFuzzer: every input surface, ${KVR_FUZZ_SECONDS:-10} s each"
 await_build fuzz
 wait "$background"
 ctest --test-dir build/fuzz -L fuzz -j "$jobs" --timeout 300
