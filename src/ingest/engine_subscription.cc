@@ -546,7 +546,9 @@ void EngineSubscriptions::DrainReplay(Subscription& sub) {
         break;
       case RankSequence::Replayed::kApply:
         ApplyPayload(sub, parts[1]);
-        Bump(sub.counters->messages);
+        // Past the trigger, a whole reply from 0 counts once complete (FinishReplay): short,
+        // the held copies are handled and counted instead.
+        if (*seq < *sub.sequence.replay_until()) Bump(sub.counters->messages);
         break;
       case RankSequence::Replayed::kRestarted:
         // Another engine answers for the rank: the one heard before is gone, and so are its
@@ -576,6 +578,10 @@ void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
       break;
     case RankSequence::Outcome::kCompleteFromStart:  // the engine's whole history: known
       SetUnknown(sub, false);
+      // Its messages past the trigger, applied from the reply (their held copies are repeats).
+      if (until && sub.sequence.next() > *until) {
+        Bump(sub.counters->messages, *sub.sequence.next() - *until);
+      }
       break;
     case RankSequence::Outcome::kShort:  // still missing some: fall back to the clear
       ClearRank(sub);

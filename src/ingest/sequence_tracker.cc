@@ -6,28 +6,21 @@ namespace kvrouter {
 
 RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
   const bool reconnected = std::exchange(reconnected_, false);
-  after_reconnection_ = false;  // set below for a gap or a restart: the replay it needs
   if (reconnected && next_ && seq == *next_) {
     needs_check_ = true;
-    after_reconnection_ = true;
     return {SequenceAction::kGap, 0};
   }
   if (!next_ || seq == *next_) {
     const bool first = !next_;
-    after_reconnection_ = first && reconnected;
     next_ = seq + 1;
     digest_ = digest;
     return {.action = SequenceAction::kApply,
             .joined = first && seq > 0,
-            .after_reconnection = after_reconnection_};
+            .after_reconnection = first && reconnected};
   }
-  if (seq > *next_) {
-    after_reconnection_ = reconnected;
-    return {SequenceAction::kGap, seq - *next_};
-  }
+  if (seq > *next_) return {SequenceAction::kGap, seq - *next_};
   // Back: a new publisher process. Numbered 0, nothing of it was lost; otherwise its messages
   // before `seq` were, and it is expected from 0.
-  after_reconnection_ = reconnected;
   if (seq == 0) {
     next_ = 1;
     digest_ = digest;
@@ -40,8 +33,6 @@ RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
 
 void RankSequence::SkipGap(uint64_t seq, uint64_t digest) {
   needs_check_ = false;
-  after_reconnection_ = false;
-  check_failed_ = false;
   next_ = seq + 1;
   digest_ = digest;
 }
@@ -59,9 +50,8 @@ void RankSequence::BeginReplay(uint64_t until) {
   if (digest_ && next > 0) check_ = next - 1;
   verified_ = false;
   from_start_ = next == 0;
-  const bool check_failed = std::exchange(check_failed_, false);
-  whole_reply_ = from_start_ && (check_failed || after_reconnection_);
-  if (!check_failed) restart_proven_ = false;
+  whole_reply_ = from_start_;
+  restart_counted_ = std::exchange(found_other_engine_, false);
   reply_broken_ = false;
   other_engine_ = false;
   unproven_ = false;
@@ -117,11 +107,7 @@ RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
   replay_until_.reset();
   check_.reset();
   if (!until) return Outcome::kComplete;
-  const bool after_reconnection = std::exchange(after_reconnection_, false);
-  if (std::exchange(whole_reply_, false)) {
-    check_failed_ = after_reconnection;  // a retry from 0 takes the whole reply again
-    return FinishWholeReply(*until, ended);
-  }
+  if (std::exchange(whole_reply_, false)) return FinishWholeReply(*until, ended);
   const bool needed_check = std::exchange(needs_check_, false);
   const bool proven = verified_ || !needed_check;
   const bool complete =
@@ -131,8 +117,7 @@ RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
     digest_.reset();  // the held message at `until` sets it
   }
   if (!complete) {
-    check_failed_ = after_reconnection;
-    restart_proven_ = other_engine_;
+    found_other_engine_ = other_engine_;  // the repair that follows needs not count it again
     return Outcome::kShort;
   }
   return from_start_ ? Outcome::kCompleteFromStart : Outcome::kComplete;
@@ -147,7 +132,6 @@ RankSequence::Outcome RankSequence::FinishWholeReply(uint64_t until, bool ended)
     digest_.reset();  // the held message at `until` sets it
     return Outcome::kShort;
   }
-  check_failed_ = false;
   judging_ = true;  // next_ and digest_ follow the reply's last message
   return Outcome::kCompleteFromStart;
 }
@@ -159,7 +143,7 @@ RankSequence::Held RankSequence::JudgeHeld(uint64_t seq, uint64_t digest, bool b
     EndJudging();
     return Held::kObserve;
   }
-  return std::exchange(restart_proven_, true) ? Held::kDeadEngine : Held::kDeadEngineRestarted;
+  return std::exchange(restart_counted_, true) ? Held::kDeadEngine : Held::kDeadEngineRestarted;
 }
 
 void RankSequence::EndJudging() {

@@ -45,21 +45,21 @@ enum class SequenceAction : uint8_t {
 // engine's blocks), and that its buffer reaches back past the hole, so that numbers in the
 // hole the replay does not have were skipped by the engine, not lost.
 //
-// A replay for the first message read after a reconnection (a gap, or the gap of 0 to prove)
-// that fails (another engine answers, or the reply does not reach back to the check) means the
-// held messages may include the dead engine's: the socket keeps the messages it had not read
-// across the reconnection, ahead of the new engine's, and the trigger may be one of them. So the
-// repair that follows (from 0) applies the new engine's whole reply, not only up to the trigger,
-// and remembers its digests (so does a replay from 0 for a restart read first after a
-// reconnection); then each held message is judged (JudgeHeld) before it is observed:
-// one the reply holds with the same digest is a repeat; one received before the repair was asked
-// for that the reply does not hold as it is cannot be the new engine's (everything it had published
-// by then is in its reply) and is dropped. The caller must have read every queued message into its
-// held queue before asking: the dead engine's all came before the new connection's handshake.
+// A replay from message 0 (a repair, a join, a restart's lost messages) takes the engine's whole
+// reply, not only up to the trigger, and remembers its digests; then each held message is
+// judged (JudgeHeld) before it is observed. That is for a router that was behind: the socket
+// keeps the messages it had not read across a reconnection, ahead of the new connection's, so
+// the held ones (the trigger among them) may be a dead engine's. One the reply holds with the
+// same digest is a repeat; one received before the replay was asked for that the reply does not
+// hold as it is cannot be the answering engine's (everything it had published by then is in its
+// reply) and is dropped. The caller must have read every queued message into its held queue
+// before asking: a dead engine's all came before the new connection's handshake. A restart
+// numbered 0, or the first message ever heard, read first after a reconnection is proven so too
+// (Verdict::after_reconnection).
 class RankSequence {
  public:
-  // The most messages a repair from 0 may carry when its digests are remembered (vLLM buffers
-  // 10,000 by default); a longer reply is short.
+  // The most messages a replay from 0 may carry, its digests remembered (vLLM buffers 10,000 by
+  // default); a longer reply is short.
   static constexpr size_t kMaxReplyDigests = size_t{1} << 17;
 
   struct Verdict {
@@ -128,19 +128,19 @@ class RankSequence {
   };
   // Ends the replay: `ended` when the engine sent its end marker (the replay is all it has),
   // false on a timeout. Either way the held live messages are observed next, `until` first
-  // (after the repair of a replay that failed after a reconnection, judged first: JudgeHeld).
+  // (after a replay from 0, judged first: JudgeHeld).
   Outcome FinishReplay(bool ended);
 
   enum class Held : uint8_t {
     kObserve,     // observe it as usual
-    kRepeat,      // the repair's reply applied it already: drop it, it was counted
-    kDeadEngine,  // queued from the engine that is gone: drop it as stale
-    // As kDeadEngine, and the first proof that the engine restarted (the failed check only
-    // showed that the reply did not reach back to it): count the restart.
+    kRepeat,      // the reply applied it already: drop it, it was counted with the reply
+    kDeadEngine,  // queued from an engine that is gone: drop it as stale
+    // As kDeadEngine, and the first proof of that restart (unless the failed replay before
+    // this one found the other engine, and the restart was counted then): count it.
     kDeadEngineRestarted,
   };
-  // A held message, or a live one, after a repair that applied the new engine's whole reply.
-  // `before_request`: it was held, received before the repair was asked for. The judging goes
+  // A held message, or a live one, after a replay from 0 that applied the engine's whole reply.
+  // `before_request`: it was held, received before the replay was asked for. The judging goes
   // on past the held messages, as the live copies of the reply's last messages may arrive after
   // it; it ends with the first live message that is not a repeat (the engine's stream is in
   // order: every copy of the reply's messages came before it) or with the next replay.
@@ -162,13 +162,12 @@ class RankSequence {
   bool unproven_ = false;     // the reply passed the check message without it
   bool reconnected_ = false;  // Reconnected() since the last message observed
   bool needs_check_ = false;  // the gap in hand is a reconnection's: only the check proves it
-  bool after_reconnection_ = false;  // the gap in hand was the first message after one
-  // The replay after a reconnection failed: the held messages may include the dead engine's,
-  // so the repair from 0 that follows takes the whole reply (whole_reply_) and then judges them.
-  bool check_failed_ = false;
-  bool restart_proven_ = false;  // the failed check's reply was another engine's (kRestarted)
-  bool whole_reply_ = false;
-  bool reply_broken_ = false;            // the whole reply skipped a number or was too long
+  // The replay just short found another engine (kRestarted, counted): the repair from 0 that
+  // follows must not count the restart again when it finds the dead engine's messages held.
+  bool found_other_engine_ = false;
+  bool restart_counted_ = false;
+  bool whole_reply_ = false;   // a replay from 0: the whole reply, then the held messages judged
+  bool reply_broken_ = false;  // the whole reply skipped a number or was too long
   std::vector<uint64_t> reply_digests_;  // the whole reply's, by sequence (it runs from 0)
   bool judging_ = false;
 

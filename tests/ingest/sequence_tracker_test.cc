@@ -340,17 +340,35 @@ TEST(RankSequence, AGapReadFirstAfterAReconnectionIsRepairedLikeTheCheck) {
   EXPECT_EQ(s.next(), 9u);
 }
 
-// Only a failed reconnection check makes the next repair take the whole reply: a repair after an
-// ordinary gap (its held messages are the engine's own) stops at the trigger, as before.
-TEST(RankSequence, OtherRepairsStopAtTheTrigger) {
-  RankSequence s = Replaying(1, 5);
-  EXPECT_EQ(s.FinishReplay(/*ended=*/false), O::kShort);
-  s.BeginReplayFromStart(5);
-  for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(s.AcceptReplayed(i, D(i)), R::kApply);
-  EXPECT_EQ(s.AcceptReplayed(5, D(5)), R::kSkip);
+// Every replay from 0 takes the whole reply: held messages may be a dead engine's even when no
+// reconnection was seen with the trigger (the handshake read only during the replay: review of
+// b797327). Here an ordinary gap's check finds another engine; the dead engine's held 14 and 15
+// are dropped, the new engine's live copies are repeats.
+TEST(RankSequence, EveryReplayFromZeroTakesTheWholeReply) {
+  RankSequence s = Replaying(11, 14);  // 12, 13 lost; the engine died meanwhile
+  EXPECT_EQ(s.AcceptReplayed(11, NewEngine(11)), R::kRestarted);
+  EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kShort);
+  s.BeginReplayFromStart(14);
+  for (uint64_t i = 0; i <= 15; ++i) EXPECT_EQ(s.AcceptReplayed(i, NewEngine(i)), R::kApply) << i;
   EXPECT_EQ(s.FinishReplay(/*ended=*/true), O::kCompleteFromStart);
-  EXPECT_FALSE(s.judging_held());
-  EXPECT_EQ(s.Observe(5, D(5)).action, A::kApply);
+  EXPECT_EQ(s.next(), 16u);
+  using H = RankSequence::Held;
+  // The check found the other engine, and its restart was counted then: not again.
+  EXPECT_EQ(s.JudgeHeld(14, D(14), true), H::kDeadEngine);
+  EXPECT_EQ(s.JudgeHeld(15, D(15), true), H::kDeadEngine);
+  EXPECT_EQ(s.JudgeHeld(15, NewEngine(15), false), H::kRepeat);
+  EXPECT_EQ(s.JudgeHeld(16, NewEngine(16), false), H::kObserve);
+  EXPECT_EQ(s.Observe(16, NewEngine(16)).action, A::kApply);
+  // The engine's own held messages are repeats: a join's replay from 0 changes nothing else.
+  RankSequence join;
+  EXPECT_TRUE(join.Observe(3, D(3)).joined);
+  join.BeginReplayFromStart(3);
+  for (uint64_t i = 0; i <= 4; ++i) EXPECT_EQ(join.AcceptReplayed(i, D(i)), R::kApply);
+  EXPECT_EQ(join.FinishReplay(/*ended=*/true), O::kCompleteFromStart);
+  EXPECT_EQ(join.JudgeHeld(3, D(3), true), H::kRepeat);
+  EXPECT_EQ(join.JudgeHeld(4, D(4), false), H::kRepeat);
+  EXPECT_EQ(join.JudgeHeld(5, D(5), false), H::kObserve);
+  EXPECT_EQ(join.Observe(5, D(5)).action, A::kApply);
 }
 
 // A starting replay ends the judging, and its memory: bounded however the engines restart.
