@@ -10,7 +10,8 @@
 #
 # KVR_FUZZ_PARALLEL=N runs N harnesses at a time (default 1: two cores are shared by everything
 # here); KVR_FUZZ_JOBS=N runs N processes per harness (libFuzzer's -fork); KVR_FUZZ_RUNS=N
-# stops a harness after N executions if its time is not up first.
+# stops a harness after N executions if its time is not up first. A run stopped early with
+# SIGINT to its fuzzer process (not to this script) is recorded like a finished one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +36,7 @@ last_figure() { grep -o "$1: [0-9]*" "$2" | tail -1 | awk '{print $2}'; }
 
 fuzz_one() {
   local name=$1 corpus=build/fuzz-corpus/$1 log=build/fuzz-findings/$1.log
-  local fork=() runs=() status=0 commit
+  local fork=() runs=() status=0 commit started=$SECONDS
   commit=$(git rev-parse --short HEAD)  # what the harness was built from (this script builds)
   mkdir -p "$corpus"
   [ -z "${KVR_FUZZ_RUNS:-}" ] || runs=(-runs="$KVR_FUZZ_RUNS")
@@ -49,10 +50,11 @@ fuzz_one() {
   cov=$(last_figure cov "$log")
   ft=$(last_figure ft "$log")
   findings=$(ls build/fuzz-findings | grep -c "^$name-" || true)
-  [ "$status" -eq 0 ] || findings="$findings (exit $status: $log)"
+  # 72: libFuzzer's exit when interrupted (SIGINT to the fuzzer): the executions so far count.
+  [ "$status" -eq 0 ] || [ "$status" -eq 72 ] || findings="$findings (exit $status: $log)"
   size=$(ls "$corpus" | wc -l)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" "$seconds" \
-    "${execs:-0}" "${cov:-?}" "${ft:-?}" "$size" "$findings" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" \
+    "$((SECONDS - started))" "${execs:-0}" "${cov:-?}" "${ft:-?}" "$size" "$findings" \
     "$commit" >>"$ledger"
   total=$(awk -F'\t' -v n="$name" '$2 == n { s += $4 } END { print s }' "$ledger")
   printf '%-28s %12s %8s %8s %8s %14s  %s\n' "$name" "${execs:-?}" "${cov:-?}" "${ft:-?}" \
