@@ -49,7 +49,9 @@ fuzz_one() {
   [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
   cov=$(last_figure cov "$log")
   ft=$(last_figure ft "$log")
-  findings=$(ls build/fuzz-findings | grep -c "^$name-" || true)
+  # Crashes, leaks, timeouts, out-of-memory; not slow-unit-* (inputs over 10 s of wall time,
+  # which a starved background run writes too).
+  findings=$(ls build/fuzz-findings | grep -Ec "^$name-(crash|leak|timeout|oom)-" || true)
   # 72: libFuzzer's exit when interrupted (SIGINT to the fuzzer): the executions so far count.
   [ "$status" -eq 0 ] || [ "$status" -eq 72 ] || findings="$findings (exit $status: $log)"
   size=$(ls "$corpus" | wc -l)
