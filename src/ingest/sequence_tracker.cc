@@ -50,7 +50,6 @@ void RankSequence::BeginReplay(uint64_t until) {
   if (digest_ && next > 0) check_ = next - 1;
   verified_ = false;
   from_start_ = next == 0;
-  whole_reply_ = from_start_;
   restart_counted_ = std::exchange(found_other_engine_, false);
   reply_broken_ = false;
   other_engine_ = false;
@@ -66,7 +65,7 @@ void RankSequence::BeginReplayFromStart(uint64_t until) {
 
 RankSequence::Replayed RankSequence::AcceptReplayed(uint64_t seq, uint64_t digest) {
   if (!replay_until_ || other_engine_ || !next_) return Replayed::kSkip;
-  if (whole_reply_) {  // the new engine's whole history, from 0, every message in turn
+  if (from_start_) {  // the engine's whole history, from 0, every message in turn
     if (reply_broken_ || seq < *next_) return Replayed::kSkip;
     if (seq > *next_ || reply_digests_.size() == kMaxReplyDigests) {
       reply_broken_ = true;
@@ -107,7 +106,7 @@ RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
   replay_until_.reset();
   check_.reset();
   if (!until) return Outcome::kComplete;
-  if (std::exchange(whole_reply_, false)) return FinishWholeReply(*until, ended);
+  if (from_start_) return FinishWholeReply(*until, ended);
   const bool needed_check = std::exchange(needs_check_, false);
   const bool proven = verified_ || !needed_check;
   const bool complete =
@@ -120,7 +119,7 @@ RankSequence::Outcome RankSequence::FinishReplay(bool ended) {
     found_other_engine_ = other_engine_;  // the repair that follows needs not count it again
     return Outcome::kShort;
   }
-  return from_start_ ? Outcome::kCompleteFromStart : Outcome::kComplete;
+  return Outcome::kComplete;
 }
 
 // Complete only with the end marker: the reply is then everything the engine had published

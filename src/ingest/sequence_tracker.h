@@ -157,7 +157,7 @@ class RankSequence {
   std::optional<uint64_t> replay_until_;
   std::optional<uint64_t> check_;  // the message whose digest the reply must repeat
   bool verified_ = false;
-  bool from_start_ = false;
+  bool from_start_ = false;  // a replay from 0: the whole reply, then the held messages judged
   bool other_engine_ = false;
   bool unproven_ = false;     // the reply passed the check message without it
   bool reconnected_ = false;  // Reconnected() since the last message observed
@@ -166,8 +166,7 @@ class RankSequence {
   // follows must not count the restart again when it finds the dead engine's messages held.
   bool found_other_engine_ = false;
   bool restart_counted_ = false;
-  bool whole_reply_ = false;   // a replay from 0: the whole reply, then the held messages judged
-  bool reply_broken_ = false;  // the whole reply skipped a number or was too long
+  bool reply_broken_ = false;            // the whole reply skipped a number or was too long
   std::vector<uint64_t> reply_digests_;  // the whole reply's, by sequence (it runs from 0)
   bool judging_ = false;
 
