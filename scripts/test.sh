@@ -19,6 +19,13 @@ stage() {
   echo "== $* == (at $((spent / 60)) min $((spent % 60)) s)"
 }
 
+# Line tables only (-g1, clang's -gline-tables-only): all that the tests' and sanitizers' stack
+# traces use, and every object compiles about 20 % faster than with full debug information (-g)
+# (radix_index.cc: 12.1 -> 9.4 s plain, 23.8 -> 17.9 s under ASan). The packages' builds
+# (debian/rules) keep dpkg's -g: abidiff reads their DWARF.
+optimised=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+
 build() {  # build DIR [cmake args...]
   local dir=$1; shift
   cmake -S . -B "$dir" -G Ninja -DKVR_BUILD_BENCH=OFF "$@" >/dev/null
@@ -35,15 +42,15 @@ configure_sanitizer_and_fuzz_builds() {
   # trace replays several times faster than at -O0, with reports as precise (the tests stay
   # -O0: tests/).
   cmake -S . -B build/asan -G Ninja -DKVR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug \
-    -DKVR_SANITIZE=address,undefined -DCMAKE_C_FLAGS_DEBUG="-g -O1" \
-    -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" >/dev/null
+    -DKVR_SANITIZE=address,undefined -DCMAKE_C_FLAGS_DEBUG="-g1 -O1" \
+    -DCMAKE_CXX_FLAGS_DEBUG="-g1 -O1" >/dev/null
   # Only what the concurrency tests need: the TSan build is the slowest of the three.
   cmake -S . -B build/tsan -G Ninja -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF \
-    -DKVR_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_SANITIZE=thread >/dev/null
+    -DKVR_BUILD_EXAMPLES=OFF "${optimised[@]}" -DKVR_SANITIZE=thread >/dev/null
   # A build of its own: coverage instrumentation makes the libraries need the fuzzer runtime.
   CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DKVR_BUILD_FUZZERS=ON \
     -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=ON -DKVR_BUILD_EXAMPLES=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ_SECONDS="${KVR_FUZZ_SECONDS:-10}" >/dev/null
+    "${optimised[@]}" -DKVR_FUZZ_SECONDS="${KVR_FUZZ_SECONDS:-10}" >/dev/null
 }
 background_build() {  # background_build DIR [cmake --build args...]: records its exit status
   local dir=$1 status=0
@@ -73,7 +80,7 @@ python3 -m unittest discover -s tools/ffigen -t tools/ffigen
 python3 tools/ffigen/ffigen.py --check
 
 stage "plain build: every test"
-build build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo
+build build/test "${optimised[@]}"
 rm -f build/asan.status build/tsan.status build/fuzz.status
 configure_sanitizer_and_fuzz_builds
 set -m  # the background builds in a process group of their own, stopped if this script stops
