@@ -10,8 +10,10 @@
 #
 # KVR_FUZZ_PARALLEL=N runs N harnesses at a time (default 1: two cores are shared by everything
 # here); KVR_FUZZ_JOBS=N runs N processes per harness (libFuzzer's -fork); KVR_FUZZ_RUNS=N
-# stops a harness after N executions if its time is not up first. A run stopped early with
-# SIGINT to its fuzzer process (not to this script) is recorded like a finished one.
+# stops a harness after N executions if its time is not up first; KVR_FUZZ_AIM=N stops it once
+# the ledger's runs of it add up to N executions (a harness already there is skipped). A run
+# stopped early with SIGINT to its fuzzer process (not to this script) is recorded like a
+# finished one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +33,9 @@ ledger=build/fuzz-corpus/ledger.tsv
 [ -f "$ledger" ] ||
   printf 'finished\tharness\tseconds\texecutions\tedges\tfeatures\tcorpus\tfindings\tcommit\n' >"$ledger"
 
+# The executions of every run of a harness recorded in the ledger.
+ledger_total() { awk -F'\t' -v n="$1" '$2 == n { s += $4 } END { print s + 0 }' "$ledger"; }
+
 # The last figure a libFuzzer log gives for a field ("cov: 123" -> 123).
 last_figure() { grep -o "$1: [0-9]*" "$2" | tail -1 | awk '{print $2}'; }
 
@@ -40,6 +45,14 @@ fuzz_one() {
   commit=$(git rev-parse --short HEAD)  # what the harness was built from (this script builds)
   mkdir -p "$corpus"
   [ -z "${KVR_FUZZ_RUNS:-}" ] || runs=(-runs="$KVR_FUZZ_RUNS")
+  if [ -n "${KVR_FUZZ_AIM:-}" ]; then
+    local left=$((KVR_FUZZ_AIM - $(ledger_total "$name")))
+    if [ "$left" -le 0 ]; then
+      echo "$name: $(ledger_total "$name") executions recorded, the aim of $KVR_FUZZ_AIM reached"
+      return 0
+    fi
+    [ -n "${KVR_FUZZ_RUNS:-}" ] && [ "$KVR_FUZZ_RUNS" -lt "$left" ] || runs=(-runs="$left")
+  fi
   [ "${KVR_FUZZ_JOBS:-1}" -le 1 ] || fork=(-fork="$KVR_FUZZ_JOBS" -ignore_crashes=1)
   "build/fuzz/tests/fuzz/$name" -max_total_time="$seconds" -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="build/fuzz-findings/$name-" "${fork[@]}" "${runs[@]}" \
@@ -58,11 +71,11 @@ fuzz_one() {
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" \
     "$((SECONDS - started))" "${execs:-0}" "${cov:-?}" "${ft:-?}" "$size" "$findings" \
     "$commit" >>"$ledger"
-  total=$(awk -F'\t' -v n="$name" '$2 == n { s += $4 } END { print s }' "$ledger")
+  total=$(ledger_total "$name")
   printf '%-28s %12s %8s %8s %8s %14s  %s\n' "$name" "${execs:-?}" "${cov:-?}" "${ft:-?}" \
     "$size" "$total" "$findings"
 }
-export -f fuzz_one last_figure
+export -f fuzz_one last_figure ledger_total
 export seconds ledger
 
 printf '%-28s %12s %8s %8s %8s %14s  %s\n' harness executions edges features corpus \
