@@ -46,12 +46,17 @@ fuzz_one() {
   mkdir -p "$corpus"
   [ -z "${KVR_FUZZ_RUNS:-}" ] || runs=(-runs="$KVR_FUZZ_RUNS")
   if [ -n "${KVR_FUZZ_AIM:-}" ]; then
-    local left=$((KVR_FUZZ_AIM - $(ledger_total "$name")))
+    local recorded left
+    recorded=$(ledger_total "$name")
+    left=$((KVR_FUZZ_AIM - recorded))
     if [ "$left" -le 0 ]; then
-      echo "$name: $(ledger_total "$name") executions recorded, the aim of $KVR_FUZZ_AIM reached"
+      echo "$name: $recorded executions recorded, the aim of $KVR_FUZZ_AIM reached"
       return 0
     fi
-    [ -n "${KVR_FUZZ_RUNS:-}" ] && [ "$KVR_FUZZ_RUNS" -lt "$left" ] || runs=(-runs="$left")
+    # The fewer of KVR_FUZZ_RUNS and what the aim still needs.
+    if [ -z "${KVR_FUZZ_RUNS:-}" ] || [ "$left" -lt "$KVR_FUZZ_RUNS" ]; then
+      runs=(-runs="$left")
+    fi
   fi
   [ "${KVR_FUZZ_JOBS:-1}" -le 1 ] || fork=(-fork="$KVR_FUZZ_JOBS" -ignore_crashes=1)
   "build/fuzz/tests/fuzz/$name" -max_total_time="$seconds" -rss_limit_mb=2048 \

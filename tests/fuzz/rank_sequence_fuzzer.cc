@@ -118,8 +118,8 @@ class Subscriber {
     std::optional<uint64_t> last;         // the running engine's highest message handled or applied
     if (last_heard_epoch_ == engine_.epoch) last = last_heard_;
     if (!applied_.empty()) {
-      // Ordered by epoch first: the lowest and highest tell whether one is a dead engine's.
-      if (applied_.begin()->epoch != engine_.epoch || applied_.rbegin()->epoch != engine_.epoch) {
+      // Ordered by epoch first, and a dead engine's epoch is lower than the running one's.
+      if (applied_.begin()->epoch != engine_.epoch) {
         Fail("a dead engine's message is applied, unflagged");
       }
       last = std::max(last.value_or(0), applied_.rbegin()->seq);
