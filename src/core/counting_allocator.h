@@ -1,6 +1,13 @@
 // An allocator that adds every byte it hands out to a counter, so a container family (the
-// index's nodes, child maps, member lists, per-worker tables) can report exactly how much heap
+// index's nodes, child maps, member lists, per-worker tables) can report exactly how much memory
 // it owns. The counter is not atomic: the owner updates it under its own writer lock.
+//
+// Arrays of kMappedBytes or more are mapped from the kernel and unmapped when freed, instead of
+// coming from the C heap. The index's large arrays grow step by step (a worker's table by 1.25x
+// at a time); in glibc's heap each step leaves the old array behind as a hole too small for the
+// next, larger one, and the holes stay resident: the process held 845 MiB for a 250 MiB index
+// after loading the Mooncake trace (BENCHMARKS.md, "Resident memory"). Mapped, a freed array
+// leaves the process at once, whatever the allocator's thresholds at the time.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +15,19 @@
 #include <memory>
 
 namespace kvrouter {
+
+// Arrays at least this large are mapped (glibc's own starting mmap threshold; it rises as
+// mapped blocks are freed, which is what lets the holes above build up).
+inline constexpr size_t kMappedBytes = size_t{128} << 10;
+
+// Whole pages of zeros for `bytes` (>= kMappedBytes) or std::bad_alloc; the bytes past `bytes`
+// in the last page are poisoned under AddressSanitizer. The pages taken: MappedSize(bytes).
+void* MapArray(size_t bytes);
+void UnmapArray(void* p, size_t bytes) noexcept;
+// Resizes a mapped array (both sizes >= kMappedBytes), keeping its bytes: the kernel moves the
+// pages, copying nothing; the added bytes are zeros. std::bad_alloc leaves it as it was.
+void* RemapArray(void* p, size_t old_bytes, size_t new_bytes);
+size_t MappedSize(size_t bytes) noexcept;
 
 template <typename T>
 class CountingAllocator {
@@ -19,13 +39,38 @@ class CountingAllocator {
   CountingAllocator(const CountingAllocator<U>& other) noexcept : counter_(other.counter()) {}
 
   T* allocate(size_t n) {
-    *counter_ += static_cast<int64_t>(n * sizeof(T));
-    return std::allocator<T>{}.allocate(n);
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kMappedBytes) {
+      *counter_ += static_cast<int64_t>(bytes);
+      return std::allocator<T>{}.allocate(n);
+    }
+    T* p = static_cast<T*>(MapArray(bytes));
+    *counter_ += static_cast<int64_t>(MappedSize(bytes));
+    return p;
   }
   void deallocate(T* p, size_t n) noexcept {
-    *counter_ -= static_cast<int64_t>(n * sizeof(T));
-    std::allocator<T>{}.deallocate(p, n);
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kMappedBytes) {
+      *counter_ -= static_cast<int64_t>(bytes);
+      std::allocator<T>{}.deallocate(p, n);
+      return;
+    }
+    *counter_ -= static_cast<int64_t>(MappedSize(bytes));
+    UnmapArray(p, bytes);
   }
+
+  // A mapped array of `old_n` resized to `new_n` (both mapped: see AllocatesZeroed), contents
+  // kept, the rest zeros; it may move.
+  T* remap(T* p, size_t old_n, size_t new_n) {
+    T* moved = static_cast<T*>(RemapArray(p, old_n * sizeof(T), new_n * sizeof(T)));
+    *counter_ += static_cast<int64_t>(MappedSize(new_n * sizeof(T))) -
+                 static_cast<int64_t>(MappedSize(old_n * sizeof(T)));
+    return moved;
+  }
+
+  // Whether allocate(n) returns zeroed memory (a mapped array does), so a caller that needs
+  // zeros need not write them, touching every page before it is used.
+  static bool AllocatesZeroed(size_t n) noexcept { return n * sizeof(T) >= kMappedBytes; }
 
   int64_t* counter() const noexcept { return counter_; }
 

@@ -195,10 +195,15 @@ class PositionTable {
   void Grow() { Rehash(std::max<size_t>(2, num_buckets_ + num_buckets_ / 4 + 1)); }
 
   void Rehash(size_t num_buckets) {
+    if (num_buckets > num_buckets_ && alloc_.AllocatesZeroed(num_buckets_)) {
+      return Stretch(num_buckets);
+    }
     Bucket* old = buckets_;
     const size_t old_buckets = num_buckets_;
     buckets_ = alloc_.allocate(num_buckets);
-    std::memset(static_cast<void*>(buckets_), 0, num_buckets * sizeof(Bucket));
+    if (!alloc_.AllocatesZeroed(num_buckets)) {
+      std::memset(static_cast<void*>(buckets_), 0, num_buckets * sizeof(Bucket));
+    }
     num_buckets_ = num_buckets;
     for (size_t b = 0; b < old_buckets; ++b) {
       for (const Slot& s : old[b].slots) {
@@ -206,6 +211,26 @@ class PositionTable {
       }
     }
     if (old != nullptr) alloc_.deallocate(old, old_buckets);
+  }
+
+  // Grows a mapped table in place. The kernel moves its pages to a larger mapping, so only
+  // the added pages are new: a new array would fault every page in again (page faults were a
+  // third of loading the Mooncake trace, BENCHMARKS.md "Resident memory"). Then every entry is
+  // placed again under the new bucket count, the highest buckets first: with more buckets a
+  // key's first bucket is never lower, so entries mostly land in buckets already done. Placing
+  // one may move others (each then sits in one of its buckets under the new count) or grow the
+  // table again; either way an entry met again is just placed once more, so the walk goes by
+  // index, not by reference.
+  void Stretch(size_t num_buckets) {
+    const size_t old_buckets = num_buckets_;
+    buckets_ = alloc_.remap(buckets_, old_buckets, num_buckets);
+    num_buckets_ = num_buckets;
+    for (size_t b = std::min(old_buckets, num_buckets_); b-- > 0;) {
+      for (int way = 0; way < kWays; ++way) {
+        const Slot slot = std::exchange(buckets_[b].slots[way], Slot{0, 0});
+        if (slot.value != 0) Insert(slot);
+      }
+    }
   }
 
   void Release() {

@@ -6,6 +6,8 @@
 
 #include <random>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace kvrouter {
 namespace {
@@ -87,6 +89,32 @@ TEST(PositionTableTest, MatchesAModelUnderRandomChurn) {
   for (const auto& [k, v] : model) ASSERT_EQ(t.Get(k), v);
   for (const auto& [k, v] : model) ASSERT_TRUE(t.Erase(k));
   EXPECT_TRUE(t.empty());
+  EXPECT_EQ(bytes, 0);
+}
+
+// Past kMappedBytes a table is mapped and grows in place (PositionTable::Stretch): every entry
+// must be found after each growth, the load stays in bounds, and the memory is whole pages.
+TEST(PositionTableTest, AMappedTableGrowsInPlaceKeepingEveryEntry) {
+  int64_t bytes = 0;
+  std::mt19937_64 rng(11);
+  PositionTable t(&bytes);
+  std::vector<std::pair<uint64_t, uint64_t>> entries;
+  size_t growths = 0;
+  for (uint64_t i = 0; i < 300'000; ++i) {
+    const uint64_t key = i % 2 ? rng() : i;  // random and sequential keys, as engines make
+    const uint64_t value = 1 + rng() % PositionTable::kValueMask;
+    const size_t capacity = t.capacity();
+    ASSERT_TRUE(t.TryInsert(key, value));
+    entries.emplace_back(key, value);
+    if (t.capacity() != capacity && capacity * 16 >= kMappedBytes) {
+      ++growths;
+      for (const auto& [k, v] : entries) ASSERT_EQ(t.Get(k), v) << "after a growth at " << i;
+      EXPECT_LE(t.size() * 10, t.capacity() * 9);
+      EXPECT_EQ(bytes, static_cast<int64_t>(MappedSize(t.capacity() * 16)));
+    }
+  }
+  EXPECT_GE(growths, 5u);
+  for (const auto& [k, v] : entries) ASSERT_TRUE(t.Erase(k));
   EXPECT_EQ(bytes, 0);
 }
 

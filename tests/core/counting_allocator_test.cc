@@ -1,0 +1,83 @@
+// CountingAllocator: small arrays from the heap, large ones mapped from the kernel; both counted
+// exactly (mapped ones in whole pages), mapped ones zeroed, resized in place keeping their
+// contents, and given back to the kernel when freed.
+#include "core/counting_allocator.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+
+namespace kvrouter {
+namespace {
+
+// Resident pages of this process (/proc/self/statm's second field).
+int64_t ResidentPages() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident;
+}
+
+TEST(CountingAllocatorTest, SmallArraysAreCountedByTheByte) {
+  int64_t bytes = 0;
+  CountingAllocator<uint64_t> alloc(&bytes);
+  const size_t n = 100;
+  ASSERT_FALSE(alloc.AllocatesZeroed(n));
+  uint64_t* p = alloc.allocate(n);
+  EXPECT_EQ(bytes, static_cast<int64_t>(n * sizeof(uint64_t)));
+  alloc.deallocate(p, n);
+  EXPECT_EQ(bytes, 0);
+}
+
+TEST(CountingAllocatorTest, LargeArraysAreMappedZeroedAndCountedInWholePages) {
+  int64_t bytes = 0;
+  CountingAllocator<uint64_t> alloc(&bytes);
+  const size_t n = kMappedBytes / sizeof(uint64_t) + 3;  // not a whole number of pages
+  ASSERT_TRUE(alloc.AllocatesZeroed(n));
+  ASSERT_FALSE(alloc.AllocatesZeroed(n - 4));
+  uint64_t* p = alloc.allocate(n);
+  const auto page = static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(bytes, (static_cast<int64_t>(n * sizeof(uint64_t)) + page - 1) / page * page);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], 0u) << i;
+  p[n - 1] = 7;  // the last element is the caller's
+  alloc.deallocate(p, n);
+  EXPECT_EQ(bytes, 0);
+}
+
+TEST(CountingAllocatorTest, RemapKeepsTheContentsAndZeroesTheRest) {
+  int64_t bytes = 0;
+  CountingAllocator<uint64_t> alloc(&bytes);
+  const size_t small = kMappedBytes / sizeof(uint64_t), large = small * 5 / 2 + 1;
+  uint64_t* p = alloc.allocate(small);
+  for (size_t i = 0; i < small; ++i) p[i] = i + 1;
+  p = alloc.remap(p, small, large);
+  EXPECT_EQ(bytes, static_cast<int64_t>(MappedSize(large * sizeof(uint64_t))));
+  for (size_t i = 0; i < small; ++i) ASSERT_EQ(p[i], i + 1) << i;
+  for (size_t i = small; i < large; ++i) ASSERT_EQ(p[i], 0u) << i;
+  p = alloc.remap(p, large, small);  // shrinking keeps the front
+  for (size_t i = 0; i < small; ++i) ASSERT_EQ(p[i], i + 1) << i;
+  alloc.deallocate(p, small);
+  EXPECT_EQ(bytes, 0);
+}
+
+// What mapping is for: a freed large array leaves the process at once. (From the C heap it
+// would stay resident wherever it left a hole that later, larger arrays do not fit.)
+TEST(CountingAllocatorTest, AFreedLargeArrayIsGivenBackToTheKernel) {
+  int64_t bytes = 0;
+  CountingAllocator<char> alloc(&bytes);
+  const size_t n = size_t{64} << 20;
+  const int64_t pages = static_cast<int64_t>(n / static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  char* p = alloc.allocate(n);
+  std::memset(p, 1, n);  // resident now
+  const int64_t with = ResidentPages();
+  alloc.deallocate(p, n);
+  const int64_t without = ResidentPages();
+  EXPECT_GE(with - without, pages * 9 / 10) << "resident pages " << with << " -> " << without;
+  EXPECT_EQ(bytes, 0);
+}
+
+}  // namespace
+}  // namespace kvrouter
