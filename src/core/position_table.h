@@ -220,12 +220,21 @@ class PositionTable {
   // key's first bucket is never lower, so entries mostly land in buckets already done. Placing
   // one may move others (each then sits in one of its buckets under the new count) or grow the
   // table again; either way an entry met again is just placed once more, so the walk goes by
-  // index, not by reference.
+  // index, not by reference. The walk goes down, which hardware prefetchers follow less well
+  // than the old path's walk up into a new array: it prefetches the first buckets of a bucket
+  // kAhead below (without, growing 1,000 tables to 20 K entries took 1.25x the old path; with,
+  // 1.0-1.05x).
   void Stretch(size_t num_buckets) {
+    constexpr size_t kAhead = 8;
     const size_t old_buckets = num_buckets_;
     buckets_ = alloc_.remap(buckets_, old_buckets, num_buckets);
     num_buckets_ = num_buckets;
     for (size_t b = std::min(old_buckets, num_buckets_); b-- > 0;) {
+      if (b >= kAhead) {
+        for (const Slot& s : buckets_[b - kAhead].slots) {
+          if (s.value != 0) PrefetchLine(&buckets_[First(Mix(s.key))]);
+        }
+      }
       for (int way = 0; way < kWays; ++way) {
         const Slot slot = std::exchange(buckets_[b].slots[way], Slot{0, 0});
         if (slot.value != 0) Insert(slot);
