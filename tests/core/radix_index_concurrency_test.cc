@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -243,6 +244,71 @@ TEST(RadixIndexConcurrencyTest, WritersAndReaders) { WritersAndReadersOn(1); }
 
 // The writers' workers spread over four trees: events of different shards apply in parallel.
 TEST(RadixIndexConcurrencyTest, WritersAndReadersOnShards) { WritersAndReadersOn(4); }
+
+// One rank's chain grows, 64 blocks an event, until its table is far past kMappedBytes (mapped
+// and grown in place several times) and then shrinks again, while readers look the chain up:
+// every answer is a prefix the rank held at some moment, never more than was stored.
+TEST(RadixIndexConcurrencyTest, ReadersWhileATableGrowsInPlaceAndShrinks) {
+  constexpr uint32_t kEvent = 64, kBlocks = 40'000;  // 40 K entries: a table of ~800 KiB
+  RadixIndex index;
+  const WorkerKey rank{7, 0};
+  Rng rng(31);
+  std::vector<uint64_t> local(kBlocks), engine(kBlocks);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    local[i] = rng.Next();
+    engine[i] = rng.Next();
+  }
+  // Blocks stored for certain (set after an event applies) and at most (set before it).
+  std::atomic<uint32_t> stored{0}, at_most{0};
+  std::atomic<bool> shrinking{false}, done{false};
+  std::vector<std::string> errors(2);
+  std::vector<uint64_t> lookups(2);
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      std::vector<WorkerMatch> out;
+      Rng pick(100 + r);
+      while (!done.load()) {
+        const uint32_t length = 1 + pick.Below(kBlocks);
+        const uint32_t before = stored.load();
+        index.FindMatches(std::span<const uint64_t>(local.data(), length), out);
+        const uint32_t after = at_most.load();
+        const uint32_t depth = out.empty() ? 0 : out[0].device_blocks;
+        ++lookups[r];
+        if (out.size() > 1 || (!out.empty() && out[0].worker != rank)) {
+          errors[r] = "an answer about another rank";
+        } else if (depth > std::min(length, after)) {
+          errors[r] = "more matched than was stored";
+        } else if (!shrinking.load() && depth < std::min(length, before)) {
+          errors[r] = "less matched than was stored before the lookup";
+        }
+      }
+    });
+  }
+  for (uint32_t at = 0; at < kBlocks; at += kEvent) {
+    at_most.store(at + kEvent);
+    const std::optional<uint64_t> parent =
+        at == 0 ? std::nullopt : std::optional<uint64_t>(engine[at - 1]);
+    ASSERT_TRUE(
+        index
+            .Apply(StoredBlocks(rank, parent, {engine.begin() + at, engine.begin() + at + kEvent},
+                                {local.begin() + at, local.begin() + at + kEvent}))
+            .ok());
+    stored.store(at + kEvent);
+  }
+  ASSERT_GE(index.Stats().allocated_bytes, static_cast<int64_t>(kBlocks) * 16);
+  shrinking.store(true);
+  for (uint32_t end = kBlocks; end > 0; end -= kEvent) {  // deepest first, as engines evict
+    ASSERT_TRUE(
+        index.Apply(RemovedBlocks(rank, {engine.begin() + end - kEvent, engine.begin() + end}))
+            .ok());
+  }
+  done.store(true);
+  for (std::thread& t : readers) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_GT(lookups[0] + lookups[1], 0u);
+  EXPECT_EQ(index.TreeSize(rank), 0u);
+}
 
 // The lock itself: writers keep two plain counters equal, readers check they always are (a
 // torn view means a reader overlapped a writer), and the total counts every write. Under
