@@ -56,7 +56,9 @@ void* MapArray(size_t bytes) {
 void UnmapArray(void* p, size_t bytes) noexcept {
   const size_t mapped = MappedSize(bytes);
 #ifdef KVR_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(p, mapped);  // the next mapping there may be anyone's
+  // The next mapping there may be anyone's. Only the slack was poisoned: unpoisoning the whole
+  // range would write (and make resident) shadow for all of it.
+  ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(p) + bytes, mapped - bytes);
 #endif
   munmap(p, mapped);
 }
@@ -73,7 +75,7 @@ void* RemapArray(void* p, size_t old_bytes, size_t new_bytes) {
 #else
   const size_t old_mapped = MappedSize(old_bytes), new_mapped = MappedSize(new_bytes);
 #ifdef KVR_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(p, old_mapped);
+  ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(p) + old_bytes, old_mapped - old_bytes);
 #endif
   void* moved = mremap(p, old_mapped, new_mapped, MREMAP_MAYMOVE);
   if (moved == MAP_FAILED) {

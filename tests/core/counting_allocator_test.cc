@@ -79,5 +79,32 @@ TEST(CountingAllocatorTest, AFreedLargeArrayIsGivenBackToTheKernel) {
   EXPECT_EQ(bytes, 0);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define KVR_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVR_TEST_ASAN 1
+#endif
+#endif
+
+// A mapped array has no heap redzone; the rest of its last page stands in for one.
+TEST(CountingAllocatorTest, AnOverrunOfAMappedArrayIsCaughtUnderAddressSanitizer) {
+#ifndef KVR_TEST_ASAN
+  GTEST_SKIP() << "only AddressSanitizer can see it";
+#else
+  int64_t bytes = 0;
+  CountingAllocator<char> alloc(&bytes);
+  const size_t n = kMappedBytes + 100;  // 3,996 bytes of slack in the last page
+  char* p = alloc.allocate(n);
+  EXPECT_DEATH(
+      {
+        volatile char* v = p;
+        v[n] = 1;
+      },
+      "AddressSanitizer");
+  alloc.deallocate(p, n);
+#endif
+}
+
 }  // namespace
 }  // namespace kvrouter
