@@ -40,7 +40,8 @@ fi
 if [[ -z ${KVR_STAGE:-} ]]; then
   echo "== libkvrouter: Release build, staged in build/peers/stage =="
   cmake -S . -B build/peers -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVR_BUILD_TESTS=OFF \
-    -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF >/dev/null
+    -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF -DKVR_BUILD_SERVICE=OFF \
+    >/dev/null
   cmake --build build/peers -j "$jobs" --target kvrouter kvrouter_static
   cmake --install build/peers --prefix build/peers/stage >/dev/null
   export KVR_STAGE=$root/build/peers/stage
