@@ -477,42 +477,59 @@ INSTANTIATE_TEST_SUITE_P(Fault, RestartNumberedAsTheOldNext, ::testing::Bool(),
 // queued messages must then be dropped (stale), not applied as the new engine's numbers 50..59:
 // exact and unflagged in the end. The loop is held in a signal handler (ThreadStall) from before
 // the old engine's last messages until the router's side of the new connection's handshake is
-// done, which libzmq's I/O threads do meanwhile.
-TEST_F(FaultTest, OldEnginesQueuedMessagesAreNotAppliedAsTheNewOnes) {
-  pid_t loop_thread = 0;
-  ASSERT_NO_FATAL_FAILURE(NewIngest(0, &loop_thread));
-  const int port = FreePort(), replay_port = FreePort();
-  const uint64_t source = AddEngineWorker(1, port, replay_port);
-  Engine first(ZmqArgs(1, port, 1, replay_port));
-  first.Do("wait-sub 60000");
-  first.Publish(50);
-  ExpectExact(source, 1, first.State(), 50);
+// done, which libzmq's I/O threads do meanwhile. One run on engine worker `worker`; its stats.
+class QueuedAcrossAReconnection : public FaultTest {
+ protected:
+  void Run(uint64_t worker, kvr_ingest_stats* stats) {
+    pid_t loop_thread = 0;
+    ASSERT_NO_FATAL_FAILURE(NewIngest(0, &loop_thread));
+    const int port = FreePort(), replay_port = FreePort();
+    const uint64_t source = AddEngineWorker(worker, port, replay_port);
+    Engine first(ZmqArgs(worker, port, 1, replay_port));
+    first.Do("wait-sub 60000");
+    first.Publish(50);
+    ExpectExact(source, worker, first.State(), 50);
 
-  ThreadStall stall(loop_thread);
-  ASSERT_TRUE(stall.Hold());  // idle: everything published is handled
-  first.Publish(10);          // 50..59, queued in the router's socket
-  first.Quit();  // its socket lingers until they are sent: they are in before the connection ends
+    ThreadStall stall(loop_thread);
+    ASSERT_TRUE(stall.Hold());  // idle: everything published is handled
+    first.Publish(10);          // 50..59, queued in the router's socket
+    first.Quit();  // its socket lingers until they are sent: they are in before the connection ends
 
-  std::vector<std::string> args = ZmqArgs(1, port, 2, replay_port);
-  args.push_back("--unbound");
-  Engine second(args);
-  EXPECT_EQ(60u, second.Publish(60).unheard);  // 0..59 reach nobody; 60 is the router's next
-  second.Do("bind");
-  // The new connection's handshake done on both sides: the engine's, then the router's (its I/O
-  // thread has read all the engine sent). The loop, released, then reads the handshake along with
-  // the dead engine's first queued message, and takes that message for the new connection's
-  // first. Released before, it would read the dead engine's messages as the old connection's:
-  // applied as they should be, nothing tested.
-  second.Do("wait-peer 60000");
-  ASSERT_TRUE(WaitUntil([&] { return ConnectionToPortReadUp(port); }));
-  stall.Release();
-  second.Do("wait-sub 60000");  // the subscription goes out once the loop touches its socket
-  second.Publish(30);
-  ExpectExact(source, 1, second.State(), 150);  // 50, the 10 dropped, the new engine's 90
-  const kvr_ingest_stats s = Stats(source);
+    std::vector<std::string> args = ZmqArgs(worker, port, 2, replay_port);
+    args.push_back("--unbound");
+    Engine second(args);
+    EXPECT_EQ(60u, second.Publish(60).unheard);  // 0..59 reach nobody; 60 is the router's next
+    second.Do("bind");
+    // The new connection's handshake done on both sides: the engine's, then the router's (its
+    // I/O thread has read all the engine sent). The loop, released, then reads the handshake
+    // along with the dead engine's first queued message, and takes that message for the new
+    // connection's first. Released before, it would read the dead engine's messages as the old
+    // connection's: applied as they should be, nothing tested.
+    second.Do("wait-peer 60000");
+    ASSERT_TRUE(WaitUntil([&] { return ConnectionToPortReadUp(port); }));
+    stall.Release();
+    second.Do("wait-sub 60000");  // the subscription goes out once the loop touches its socket
+    second.Publish(30);
+    ExpectExact(source, worker, second.State(), 150);  // 50, the 10 dropped, the new engine's 90
+    *stats = Stats(source);
+    second.Quit();
+  }
+};
+
+// Released, the loop meets the data socket's and the monitor's events in one poll, and takes
+// them in the order libuv gives; rarely (once in CI, 0 of 80 runs alone or beside three busy
+// loops) it read the dead engine's messages before the handshake: they were the old
+// connection's then, applied and repaired from 0 as they should be, but the case was not
+// reached. That run is made again on another worker (at most three); the index must be exact
+// after every one.
+TEST_F(QueuedAcrossAReconnection, OldEnginesQueuedMessagesAreNotAppliedAsTheNewOnes) {
+  kvr_ingest_stats s{};
+  for (uint64_t worker = 1; worker <= 3; ++worker) {
+    ASSERT_NO_FATAL_FAILURE(Run(worker, &s));
+    if (s.rejected[KVR_INGEST_REJECT_STALE_SEQUENCE] != 0) break;
+  }
   EXPECT_EQ(10u, s.rejected[KVR_INGEST_REJECT_STALE_SEQUENCE]);  // the dead engine's 50..59
   EXPECT_GE(s.restarts, 1u);
-  second.Quit();
   Report("the dead engine's messages queued across the restart's reconnection",
          "its last 10 read after the new engine's handshake; " + Figures(s));
 }
