@@ -3,28 +3,24 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <cassert>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
-#if defined(__has_feature)
+#if defined(__SANITIZE_ADDRESS__)
+#define KVR_ASAN 1
+#elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define KVR_ASAN 1
 #endif
 #endif
-#if defined(__SANITIZE_ADDRESS__)
-#define KVR_ASAN 1
-#endif
-#ifdef KVR_ASAN
-#include <sanitizer/asan_interface.h>
-#endif
-#if defined(__has_feature)
+#if defined(__SANITIZE_THREAD__)
+#define KVR_TSAN 1
+#elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #define KVR_TSAN 1
 #endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define KVR_TSAN 1
 #endif
 
 namespace kvrouter {
@@ -35,6 +31,16 @@ size_t PageSize() noexcept {
   return page;
 }
 
+#if defined(KVR_ASAN) || defined(KVR_TSAN)
+// A larger array with the old one's bytes and zeros after them, the old one freed.
+void* GrowByCopy(void* p, size_t old_bytes, size_t new_bytes) {
+  void* copy = MapArray(new_bytes);
+  std::memcpy(copy, p, old_bytes);
+  UnmapArray(p, old_bytes);
+  return copy;
+}
+#endif
+
 }  // namespace
 
 size_t MappedSize(size_t bytes) noexcept {
@@ -42,53 +48,44 @@ size_t MappedSize(size_t bytes) noexcept {
   return (bytes + page - 1) / page * page;
 }
 
-void* MapArray(size_t bytes) {
-  const size_t mapped = MappedSize(bytes);
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
 #ifdef KVR_ASAN
-  // The heap's redzones do not exist here: an overrun into the rest of the last page is caught.
-  ASAN_POISON_MEMORY_REGION(static_cast<char*>(p) + bytes, mapped - bytes);
-#endif
+// Under AddressSanitizer large arrays stay on its heap: a mapping has no redzone when its size
+// is whole pages, and an unmapped address comes straight back to the next mapping, so overruns
+// and uses after a growth would go unseen. The memory count is the same as mapped.
+void* MapArray(size_t bytes) {
+  constexpr size_t kAlign = 64;  // a cache line, as PositionTable's buckets need; pages are more
+  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, size);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, size);
   return p;
 }
-
-void UnmapArray(void* p, size_t bytes) noexcept {
-  const size_t mapped = MappedSize(bytes);
-#ifdef KVR_ASAN
-  // The next mapping there may be anyone's. Only the slack was poisoned: unpoisoning the whole
-  // range would write (and make resident) shadow for all of it.
-  ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(p) + bytes, mapped - bytes);
-#endif
-  munmap(p, mapped);
+void UnmapArray(void* p, size_t) noexcept { std::free(p); }
+void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
+  assert(new_bytes >= old_bytes);
+  return GrowByCopy(p, old_bytes, new_bytes);
 }
-
-void* RemapArray(void* p, size_t old_bytes, size_t new_bytes) {
+#else
+void* MapArray(size_t bytes) {
+  void* p =
+      mmap(nullptr, MappedSize(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+void UnmapArray(void* p, size_t bytes) noexcept { munmap(p, MappedSize(bytes)); }
+void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
+  assert(new_bytes >= old_bytes);
 #ifdef KVR_TSAN
   // ThreadSanitizer does not follow mremap (google/sanitizers#1099): moved pages would keep the
   // race-detection state of whatever was mapped at their new address before, and it would
   // report races that are not. Under it, a copy it sees instead.
-  void* copy = MapArray(new_bytes);
-  std::memcpy(copy, p, std::min(old_bytes, new_bytes));
-  UnmapArray(p, old_bytes);
-  return copy;
+  return GrowByCopy(p, old_bytes, new_bytes);
 #else
-  const size_t old_mapped = MappedSize(old_bytes), new_mapped = MappedSize(new_bytes);
-#ifdef KVR_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(p) + old_bytes, old_mapped - old_bytes);
-#endif
-  void* moved = mremap(p, old_mapped, new_mapped, MREMAP_MAYMOVE);
-  if (moved == MAP_FAILED) {
-#ifdef KVR_ASAN
-    ASAN_POISON_MEMORY_REGION(static_cast<char*>(p) + old_bytes, old_mapped - old_bytes);
-#endif
-    throw std::bad_alloc();
-  }
-#ifdef KVR_ASAN
-  ASAN_POISON_MEMORY_REGION(static_cast<char*>(moved) + new_bytes, new_mapped - new_bytes);
-#endif
+  void* moved = mremap(p, MappedSize(old_bytes), MappedSize(new_bytes), MREMAP_MAYMOVE);
+  if (moved == MAP_FAILED) throw std::bad_alloc();
   return moved;
 #endif
 }
+#endif
 
 }  // namespace kvrouter

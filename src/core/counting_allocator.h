@@ -10,6 +10,7 @@
 // leaves the process at once, whatever the allocator's thresholds at the time.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,13 +21,15 @@ namespace kvrouter {
 // mapped blocks are freed, which is what lets the holes above build up).
 inline constexpr size_t kMappedBytes = size_t{128} << 10;
 
-// Whole pages of zeros for `bytes` (>= kMappedBytes) or std::bad_alloc; the bytes past `bytes`
-// in the last page are poisoned under AddressSanitizer. The pages taken: MappedSize(bytes).
+// Whole pages of zeros for `bytes` (>= kMappedBytes), or std::bad_alloc; MappedSize(bytes) is
+// what they count as. UnmapArray gives them back. GrowArray makes a mapped array larger
+// (`new_bytes` >= `old_bytes`), keeping its bytes, zeros after them; std::bad_alloc leaves it as
+// it was. In a plain build the kernel moves the pages (mremap), copying nothing; under
+// ThreadSanitizer it copies (see the .cc), and under AddressSanitizer large arrays come from its
+// heap, so that its redzones and quarantine still watch them.
 void* MapArray(size_t bytes);
 void UnmapArray(void* p, size_t bytes) noexcept;
-// Resizes a mapped array (both sizes >= kMappedBytes), keeping its bytes: the kernel moves the
-// pages, copying nothing; the added bytes are zeros. std::bad_alloc leaves it as it was.
-void* RemapArray(void* p, size_t old_bytes, size_t new_bytes);
+void* GrowArray(void* p, size_t old_bytes, size_t new_bytes);
 size_t MappedSize(size_t bytes) noexcept;
 
 template <typename T>
@@ -59,10 +62,11 @@ class CountingAllocator {
     UnmapArray(p, bytes);
   }
 
-  // A mapped array of `old_n` resized to `new_n` (both mapped: see AllocatesZeroed), contents
-  // kept, the rest zeros; it may move.
-  T* remap(T* p, size_t old_n, size_t new_n) {
-    T* moved = static_cast<T*>(RemapArray(p, old_n * sizeof(T), new_n * sizeof(T)));
+  // A mapped array of `old_n` grown to `new_n` >= `old_n` (both mapped: see AllocatesZeroed),
+  // contents kept, zeros after them; it may move.
+  T* grow(T* p, size_t old_n, size_t new_n) {
+    assert(AllocatesZeroed(old_n) && new_n >= old_n);
+    T* moved = static_cast<T*>(GrowArray(p, old_n * sizeof(T), new_n * sizeof(T)));
     *counter_ += static_cast<int64_t>(MappedSize(new_n * sizeof(T))) -
                  static_cast<int64_t>(MappedSize(old_n * sizeof(T)));
     return moved;

@@ -213,21 +213,21 @@ class PositionTable {
     if (old != nullptr) alloc_.deallocate(old, old_buckets);
   }
 
-  // Grows a mapped table in place. The kernel moves its pages to a larger mapping, so only
-  // the added pages are new: a new array would fault every page in again (page faults were a
-  // third of loading the Mooncake trace, BENCHMARKS.md "Resident memory"). Then every entry is
-  // placed again under the new bucket count, the highest buckets first: with more buckets a
-  // key's first bucket is never lower, so entries mostly land in buckets already done. Placing
-  // one may move others (each then sits in one of its buckets under the new count) or grow the
-  // table again; either way an entry met again is just placed once more, so the walk goes by
-  // index, not by reference. The walk goes down, which hardware prefetchers follow less well
-  // than the old path's walk up into a new array: it prefetches the first buckets of a bucket
-  // kAhead below (without, growing 1,000 tables to 20 K entries took 1.25x the old path; with,
-  // 1.0-1.05x).
+  // Grows a mapped table in place. The kernel moves its pages to a larger mapping (in a plain
+  // build: counting_allocator.h), so only the added pages are new: a new array would fault every
+  // page in again (page faults were a third of loading the Mooncake trace, BENCHMARKS.md "Resident
+  // memory"). Then every entry is placed again under the new bucket count, the highest buckets
+  // first: with more buckets a key's first bucket is never lower, so entries mostly land in buckets
+  // already done. Placing one may move others (each then sits in one of its buckets under the new
+  // count) or grow the table again; either way an entry met again is just placed once more, so the
+  // walk goes by index, not by reference. The walk goes down, which hardware prefetchers follow
+  // less well than the old path's walk up into a new array: it prefetches the first buckets of a
+  // bucket kAhead below (without, growing 1,000 tables to 20 K entries took 1.25x the old path;
+  // with, 1.0-1.05x).
   void Stretch(size_t num_buckets) {
     constexpr size_t kAhead = 8;
     const size_t old_buckets = num_buckets_;
-    buckets_ = alloc_.remap(buckets_, old_buckets, num_buckets);
+    buckets_ = alloc_.grow(buckets_, old_buckets, num_buckets);
     num_buckets_ = num_buckets;
     for (size_t b = std::min(old_buckets, num_buckets_); b-- > 0;) {
       if (b >= kAhead) {

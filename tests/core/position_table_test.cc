@@ -114,6 +114,10 @@ TEST(PositionTableTest, AMappedTableGrowsInPlaceKeepingEveryEntry) {
     }
   }
   EXPECT_GE(growths, 5u);
+  EXPECT_EQ(t.size(), entries.size());
+  size_t seen = 0;
+  t.ForEach([&](uint64_t, uint64_t) { ++seen; });
+  EXPECT_EQ(seen, entries.size());  // no entry placed twice
   for (const auto& [k, v] : entries) ASSERT_TRUE(t.Erase(k));
   EXPECT_EQ(bytes, 0);
 }

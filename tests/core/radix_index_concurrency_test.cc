@@ -245,11 +245,13 @@ TEST(RadixIndexConcurrencyTest, WritersAndReaders) { WritersAndReadersOn(1); }
 // The writers' workers spread over four trees: events of different shards apply in parallel.
 TEST(RadixIndexConcurrencyTest, WritersAndReadersOnShards) { WritersAndReadersOn(4); }
 
-// One rank's chain grows, 64 blocks an event, until its table is far past kMappedBytes (mapped
-// and grown in place several times) and then shrinks again, while readers look the chain up:
-// every answer is a prefix the rank held at some moment, never more than was stored.
+// One rank's chain grows, 64 blocks an event, until its position table is far past
+// kMappedBytes (40 K entries at 16 bytes, at most 90 % full: over 700 KiB, so mapped and grown
+// in place several times) and then shrinks again, while readers look the chain up both ways:
+// FindMatches walks the tree, HeldPrefix searches the rank's table. Every answer is a prefix
+// the rank held at some moment of the lookup, never more than was stored.
 TEST(RadixIndexConcurrencyTest, ReadersWhileATableGrowsInPlaceAndShrinks) {
-  constexpr uint32_t kEvent = 64, kBlocks = 40'000;  // 40 K entries: a table of ~800 KiB
+  constexpr uint32_t kEvent = 64, kBlocks = 40'000;
   RadixIndex index;
   const WorkerKey rank{7, 0};
   Rng rng(31);
@@ -270,41 +272,54 @@ TEST(RadixIndexConcurrencyTest, ReadersWhileATableGrowsInPlaceAndShrinks) {
       Rng pick(100 + r);
       while (!done.load()) {
         const uint32_t length = 1 + pick.Below(kBlocks);
+        const bool in_table = pick.Below(2) == 0;
         const uint32_t before = stored.load();
-        index.FindMatches(std::span<const uint64_t>(local.data(), length), out);
+        uint64_t depth = 0;
+        if (in_table) {
+          depth = index.HeldPrefix(rank, std::span<const uint64_t>(engine.data(), length));
+        } else {
+          index.FindMatches(std::span<const uint64_t>(local.data(), length), out);
+          if (out.size() > 1 || (!out.empty() && out[0].worker != rank)) {
+            errors[r] = "an answer about another rank";
+          }
+          depth = out.empty() ? 0 : out[0].device_blocks;
+        }
         const uint32_t after = at_most.load();
-        const uint32_t depth = out.empty() ? 0 : out[0].device_blocks;
         ++lookups[r];
-        if (out.size() > 1 || (!out.empty() && out[0].worker != rank)) {
-          errors[r] = "an answer about another rank";
-        } else if (depth > std::min(length, after)) {
-          errors[r] = "more matched than was stored";
+        if (depth > std::min(length, after)) {
+          errors[r] = std::string(in_table ? "HeldPrefix" : "FindMatches") +
+                      ": more matched than was stored";
         } else if (!shrinking.load() && depth < std::min(length, before)) {
-          errors[r] = "less matched than was stored before the lookup";
+          errors[r] = std::string(in_table ? "HeldPrefix" : "FindMatches") +
+                      ": less matched than was stored before the lookup";
         }
       }
     });
   }
-  for (uint32_t at = 0; at < kBlocks; at += kEvent) {
-    at_most.store(at + kEvent);
+  bool applied = true;  // no ASSERT until the readers are joined
+  for (uint32_t at = 0; applied && at < kBlocks; at += kEvent) {
     const std::optional<uint64_t> parent =
         at == 0 ? std::nullopt : std::optional<uint64_t>(engine[at - 1]);
-    ASSERT_TRUE(
+    at_most.store(at + kEvent);
+    applied =
         index
             .Apply(StoredBlocks(rank, parent, {engine.begin() + at, engine.begin() + at + kEvent},
                                 {local.begin() + at, local.begin() + at + kEvent}))
-            .ok());
+            .ok();
     stored.store(at + kEvent);
   }
-  ASSERT_GE(index.Stats().allocated_bytes, static_cast<int64_t>(kBlocks) * 16);
+  const uint64_t held = index.TreeSize(rank);
   shrinking.store(true);
-  for (uint32_t end = kBlocks; end > 0; end -= kEvent) {  // deepest first, as engines evict
-    ASSERT_TRUE(
+  for (uint32_t end = kBlocks; applied && end > 0;
+       end -= kEvent) {  // deepest first, as engines evict
+    applied =
         index.Apply(RemovedBlocks(rank, {engine.begin() + end - kEvent, engine.begin() + end}))
-            .ok());
+            .ok();
   }
   done.store(true);
   for (std::thread& t : readers) t.join();
+  EXPECT_TRUE(applied);
+  EXPECT_EQ(held, kBlocks);
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   EXPECT_GT(lookups[0] + lookups[1], 0u);
   EXPECT_EQ(index.TreeSize(rank), 0u);
