@@ -2,12 +2,13 @@
 // (engine block hash -> where the block is): bucketized cuckoo hashing. Every key may live in
 // one of two buckets of four 16-byte slots (one cache line each), so a lookup reads at most two
 // lines, both known up front and prefetchable, and an insert or an erase moves nothing in the
-// common case (an insert into two full buckets moves a few entries to their other bucket).
+// common case (an insert into two full buckets usually moves one entry to its other bucket).
 // A value of 0 marks an empty slot, so there is no control byte, and the bucket count is any
-// integer, so growing by 1.25x keeps the load between 0.7 and 0.9. Against absl's
-// flat_hash_map (load between 0.44 and 0.875 across doublings, plus a control byte per slot)
-// that is about a third less memory per entry, and these tables are most of the index's memory.
-// (Robin Hood probing at that load moved tens of entries per insert and erase.)
+// integer, so growing by 1.5x keeps the load between 0.6 and 0.9 (0.74 on average over sizes).
+// Against absl's flat_hash_map (load between 0.44 and 0.875 across doublings, plus a control
+// byte per slot) that is about a quarter less memory per entry, and these tables are most of
+// the index's memory. (Robin Hood probing at that load moved tens of entries per insert and
+// erase.)
 //
 // Not thread-safe: the index synchronises. Memory is counted through CountingAllocator.
 #pragma once
@@ -121,8 +122,9 @@ class PositionTable {
   }
   // The key's two buckets, from the two halves of its mixed hash by a multiply-shift range
   // reduction (so any bucket count works).
-  size_t First(uint64_t h) const {
-    return static_cast<size_t>(((h & 0xffffffffu) * num_buckets_) >> 32);
+  size_t First(uint64_t h) const { return FirstOf(h, num_buckets_); }
+  static size_t FirstOf(uint64_t h, size_t num_buckets) {
+    return static_cast<size_t>(((h & 0xffffffffu) * num_buckets) >> 32);
   }
   size_t Second(uint64_t h) const {
     const size_t b = static_cast<size_t>(((h >> 32) * num_buckets_) >> 32);
@@ -166,33 +168,87 @@ class PositionTable {
     return 0;
   }
 
-  // Places an absent key when both its buckets are full: moves residents to their other
-  // bucket in turn; grows the table when the chain of moves gets long.
+  // Places an absent key when both its buckets are full.
   [[gnu::noinline]] void Displace(uint64_t key, uint64_t value) { Insert(Slot{key, value}); }
 
-  // Places `carry` (absent) in one of its buckets, moving residents to their other bucket when
-  // both are full; grows the table when a chain of moves gets long.
-  void Insert(Slot carry) {
+  // A free slot in bucket `b`, or null.
+  Slot* FreeSlotIn(size_t b) {
+    for (Slot& s : buckets_[b].slots) {
+      if (s.value == 0) return &s;
+    }
+    return nullptr;
+  }
+
+  // The bucket other than `b` that `key` (in bucket `b`) may live in.
+  size_t OtherBucket(uint64_t key, size_t b) const {
+    const uint64_t h = Mix(key);
+    const size_t first = First(h);
+    return first == b ? Second(h) : first;
+  }
+
+  // Places `carry` (absent) in one of its buckets, `preferred` (0: first, 1: second) tried first.
+  void Insert(Slot carry, int preferred = 0) {
+    const uint64_t h = Mix(carry.key);
+    const size_t buckets[2] = {First(h), Second(h)};
+    for (size_t b : {buckets[preferred], buckets[1 - preferred]}) {
+      if (Slot* free = FreeSlotIn(b)) {
+        *free = carry;
+        return;
+      }
+    }
+    if (Slot* freed = MoveAResidentAside(buckets[0], buckets[1])) {
+      *freed = carry;
+      return;
+    }
+    Walk(carry, buckets[0]);
+  }
+
+  // Both buckets full: frees a slot in one of them by moving one of their eight residents to
+  // its other bucket, if one of those has room; null if none has. The eight other buckets are
+  // loaded at once (prefetched), so this costs one memory round trip, where a walk of moves one
+  // resident at a time pays one per move. Filling 64 tables with random keys, one of the eight
+  // had room for 92 % of the inserts that found both buckets full; without this, loading the
+  // Mooncake trace took 1.3-1.4x as long.
+  Slot* MoveAResidentAside(size_t first, size_t second) {
+    size_t others[2 * kWays];
+    for (int i = 0; i < 2 * kWays; ++i) {
+      const size_t b = i < kWays ? first : second;
+      others[i] = OtherBucket(buckets_[b].slots[i % kWays].key, b);
+      PrefetchLine(&buckets_[others[i]]);
+    }
+    for (int i = 0; i < 2 * kWays; ++i) {
+      Slot* room = FreeSlotIn(others[i]);
+      if (room == nullptr) continue;
+      Slot& resident = buckets_[i < kWays ? first : second].slots[i % kWays];
+      *room = resident;
+      return &resident;
+    }
+    return nullptr;
+  }
+
+  // Places `carry` by a random walk: it takes a resident's slot in one of its buckets, the
+  // resident goes to its other bucket (never back where it came from), and so on; the table
+  // grows when the walk gets long. `into` is the bucket `carry` takes a slot in first. The
+  // victim's way varies with the carried key and the step, so the walk does not cycle.
+  void Walk(Slot carry, size_t into) {
     for (int kick = 0; kick < kMaxKicks; ++kick) {
       const uint64_t h = Mix(carry.key);
-      const size_t first = First(h), second = Second(h);
-      for (size_t b : {first, second}) {
-        for (Slot& s : buckets_[b].slots) {
-          if (s.value == 0) {
-            s = carry;
-            return;
-          }
-        }
+      std::swap(buckets_[into].slots[((h >> 58) + static_cast<uint64_t>(kick)) % kWays], carry);
+      into = OtherBucket(carry.key, into);
+      if (Slot* free = FreeSlotIn(into)) {
+        *free = carry;
+        return;
       }
-      // Both full: evict a resident (rotating over the ways) and place it in turn.
-      Slot& victim = buckets_[kick % 2 == 0 ? first : second].slots[(kick / 2) % kWays];
-      std::swap(victim, carry);
     }
     Grow();
     Insert(carry);
   }
 
-  void Grow() { Rehash(std::max<size_t>(2, num_buckets_ + num_buckets_ / 4 + 1)); }
+  // By 1.5x: each growth places every entry again, so a table that grows by a factor g has
+  // placed each entry about 1 / (g - 1) times more on its way to any size (4 times at 1.25x, which
+  // was half of loading the Mooncake trace), while its average load is 0.9 (1 - 1/g) / ln g
+  // (0.81 at 1.25x, 0.74 at 1.5x, 0.65 at 2x). BENCHMARKS.md, "The per-worker tables".
+  void Grow() { Rehash(std::max<size_t>(2, num_buckets_ + num_buckets_ / 2 + 1)); }
 
   void Rehash(size_t num_buckets) {
     if (num_buckets > num_buckets_ && alloc_.AllocatesZeroed(num_buckets_)) {
@@ -223,7 +279,10 @@ class PositionTable {
   // walk goes by index, not by reference. The walk goes down, which hardware prefetchers follow
   // less well than the old path's walk up into a new array: it prefetches the first buckets of a
   // bucket kAhead below (without, growing 1,000 tables to 20 K entries took 1.25x the old path;
-  // with, 1.0-1.05x).
+  // with, 1.0-1.05x). An entry is placed in the same one of its two buckets as before (its
+  // second if it was in its second) when that has room: both bucket numbers only scale up, so
+  // its new bucket is near the walk, where its other one is anywhere in the table (placing
+  // every entry first-bucket-first made loading the trace 1.1-1.25x slower).
   void Stretch(size_t num_buckets) {
     constexpr size_t kAhead = 8;
     const size_t old_buckets = num_buckets_;
@@ -237,7 +296,9 @@ class PositionTable {
       }
       for (int way = 0; way < kWays; ++way) {
         const Slot slot = std::exchange(buckets_[b].slots[way], Slot{0, 0});
-        if (slot.value != 0) Insert(slot);
+        if (slot.value == 0) continue;
+        const bool in_first = FirstOf(Mix(slot.key), old_buckets) == b;
+        Insert(slot, in_first ? 0 : 1);
       }
     }
   }

@@ -122,6 +122,29 @@ TEST(PositionTableTest, AMappedTableGrowsInPlaceKeepingEveryEntry) {
   EXPECT_EQ(bytes, 0);
 }
 
+// A table grows because it is nearly full, never because an insert gave up early: a walk that
+// moved keys back and forth between the same two buckets made tables grow at loads of 0.6-0.8,
+// leaving them a third larger than needed (docs/scale.md, "A slow path"). Below and above
+// kMappedBytes (a fresh array, then growth in place), with random and sequential keys.
+TEST(PositionTableTest, GrowsOnlyWhenNearlyFull) {
+  for (const bool sequential : {false, true}) {
+    int64_t bytes = 0;
+    std::mt19937_64 rng(5);
+    PositionTable t(&bytes);
+    size_t growths = 0;
+    for (uint64_t i = 0; i < 400'000; ++i) {
+      const size_t size = t.size(), capacity = t.capacity();
+      ASSERT_TRUE(t.TryInsert(sequential ? i : rng(), i + 1));
+      if (t.capacity() == capacity || size < 1000) continue;
+      ++growths;
+      const double load = static_cast<double>(size) / static_cast<double>(capacity);
+      EXPECT_GE(load, 0.88) << "grew at size " << size << (sequential ? ", sequential" : "");
+      EXPECT_LE(t.size() * 10, t.capacity() * 9);
+    }
+    EXPECT_GE(growths, 8u);
+  }
+}
+
 TEST(PositionTableTest, MovesTransferOwnership) {
   int64_t bytes = 0;
   PositionTable a(&bytes);
