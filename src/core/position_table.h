@@ -6,7 +6,7 @@
 // A value of 0 marks an empty slot, so there is no control byte, and the bucket count is any
 // integer, so growing by 1.5x keeps the load between 0.6 and 0.9 (0.74 on average over sizes).
 // Against absl's flat_hash_map (load between 0.44 and 0.875 across doublings, plus a control
-// byte per slot) that is about a quarter less memory per entry, and these tables are most of
+// byte per slot) that is about a fifth less memory per entry, and these tables are most of
 // the index's memory. (Robin Hood probing at that load moved tens of entries per insert and
 // erase.)
 //
@@ -229,7 +229,8 @@ class PositionTable {
   // Places `carry` by a random walk: it takes a resident's slot in one of its buckets, the
   // resident goes to its other bucket (never back where it came from), and so on; the table
   // grows when the walk gets long. `into` is the bucket `carry` takes a slot in first. The
-  // victim's way varies with the carried key and the step, so the walk does not cycle.
+  // victim's way varies with the carried key and the step, so the walk seldom retraces itself
+  // (more than eight keys sharing two buckets always would: kMaxKicks bounds it).
   void Walk(Slot carry, size_t into) {
     for (int kick = 0; kick < kMaxKicks; ++kick) {
       const uint64_t h = Mix(carry.key);
@@ -263,7 +264,7 @@ class PositionTable {
     num_buckets_ = num_buckets;
     for (size_t b = 0; b < old_buckets; ++b) {
       for (const Slot& s : old[b].slots) {
-        if (s.value != 0) Insert(s);
+        if (s.value != 0) Insert(s, ChoiceIn(s.key, b, old_buckets));
       }
     }
     if (old != nullptr) alloc_.deallocate(old, old_buckets);
@@ -279,10 +280,8 @@ class PositionTable {
   // walk goes by index, not by reference. The walk goes down, which hardware prefetchers follow
   // less well than the old path's walk up into a new array: it prefetches the first buckets of a
   // bucket kAhead below (without, growing 1,000 tables to 20 K entries took 1.25x the old path;
-  // with, 1.0-1.05x). An entry is placed in the same one of its two buckets as before (its
-  // second if it was in its second) when that has room: both bucket numbers only scale up, so
-  // its new bucket is near the walk, where its other one is anywhere in the table (placing
-  // every entry first-bucket-first made loading the trace 1.1-1.25x slower).
+  // with, 1.0-1.05x). An entry tries the same one of its two buckets as before (ChoiceIn):
+  // placing every entry first-bucket-first made loading the trace 1.1-1.25x slower.
   void Stretch(size_t num_buckets) {
     constexpr size_t kAhead = 8;
     const size_t old_buckets = num_buckets_;
@@ -296,11 +295,18 @@ class PositionTable {
       }
       for (int way = 0; way < kWays; ++way) {
         const Slot slot = std::exchange(buckets_[b].slots[way], Slot{0, 0});
-        if (slot.value == 0) continue;
-        const bool in_first = FirstOf(Mix(slot.key), old_buckets) == b;
-        Insert(slot, in_first ? 0 : 1);
+        if (slot.value != 0) Insert(slot, ChoiceIn(slot.key, b, old_buckets));
       }
     }
+  }
+
+  // Which of its two buckets (0: first, 1: second) an entry found in bucket `b` of a table of
+  // `num_buckets` buckets sits in. Placed again under a new count, the entry tries the same one
+  // first: both bucket numbers scale with the count (but for a second bucket moved off its
+  // first), so a sweep over the old buckets in order fills the new ones in order too, where its
+  // other bucket is anywhere in the table.
+  static int ChoiceIn(uint64_t key, size_t b, size_t num_buckets) {
+    return FirstOf(Mix(key), num_buckets) == b ? 0 : 1;
   }
 
   void Release() {
