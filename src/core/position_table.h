@@ -179,9 +179,8 @@ class PositionTable {
     return nullptr;
   }
 
-  // The bucket other than `b` that `key` (in bucket `b`) may live in.
-  size_t OtherBucket(uint64_t key, size_t b) const {
-    const uint64_t h = Mix(key);
+  // The bucket other than `b` that a key (mixed hash `h`, in bucket `b`) may live in.
+  size_t OtherBucket(uint64_t h, size_t b) const {
     const size_t first = First(h);
     return first == b ? Second(h) : first;
   }
@@ -213,7 +212,7 @@ class PositionTable {
     size_t others[2 * kWays];
     for (int i = 0; i < 2 * kWays; ++i) {
       const size_t b = i < kWays ? first : second;
-      others[i] = OtherBucket(buckets_[b].slots[i % kWays].key, b);
+      others[i] = OtherBucket(Mix(buckets_[b].slots[i % kWays].key), b);
       PrefetchLine(&buckets_[others[i]]);
     }
     for (int i = 0; i < 2 * kWays; ++i) {
@@ -232,10 +231,11 @@ class PositionTable {
   // victim's way varies with the carried key and the step, so the walk seldom retraces itself
   // (more than eight keys sharing two buckets always would: kMaxKicks bounds it).
   void Walk(Slot carry, size_t into) {
+    uint64_t h = Mix(carry.key);
     for (int kick = 0; kick < kMaxKicks; ++kick) {
-      const uint64_t h = Mix(carry.key);
       std::swap(buckets_[into].slots[((h >> 58) + static_cast<uint64_t>(kick)) % kWays], carry);
-      into = OtherBucket(carry.key, into);
+      h = Mix(carry.key);
+      into = OtherBucket(h, into);
       if (Slot* free = FreeSlotIn(into)) {
         *free = carry;
         return;
