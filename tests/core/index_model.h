@@ -89,8 +89,15 @@ class IndexModel {
 
   std::vector<WorkerMatch> FindMatches(const std::vector<uint64_t>& local) const {
     std::vector<WorkerMatch> out;
-    if (local.empty()) return out;
-    const std::vector<uint64_t> seq = ComputeSequenceHashes(local);
+    FindMatchesAlong(ComputeSequenceHashes(local), out);
+    return out;
+  }
+
+  // The matches of a prompt given by its blocks' sequence hashes `seq`, into `out` (cleared
+  // first; reused by callers that check many prompts).
+  void FindMatchesAlong(const std::vector<uint64_t>& seq, std::vector<WorkerMatch>& out) const {
+    out.clear();
+    if (seq.empty()) return;
     for (const auto& [w, r] : ranks) {
       if (!HoldsAny(r, seq[0])) continue;
       WorkerMatch m;
@@ -110,7 +117,6 @@ class IndexModel {
       m.tree_size = r.blocks.size();
       out.push_back(m);
     }
-    return out;
   }
 
   uint64_t TreeSize(WorkerKey w) const {
