@@ -367,6 +367,15 @@ fn print_table(args: &Args, r: &Results) {
             threads: &[1],
             ratio: true,
         },
+        Row {
+            label: "memory without `malloc_trim`: RSS growth per cached (block, worker), B",
+            field: "untrimmed_rss_bytes_per_entry",
+            scale: 1.0,
+            digits: 1,
+            higher_better: false,
+            threads: &[1],
+            ratio: true,
+        },
     ];
     for &workers in &args.workers {
         let first = r
