@@ -22,7 +22,7 @@ namespace kvrouter {
 // mapped blocks are freed, which is what lets the holes above build up).
 inline constexpr size_t kMappedBytes = size_t{128} << 10;
 
-// Whole pages of zeros for `bytes` (>= kMappedBytes), or std::bad_alloc; MappedSize(bytes) is
+// Whole pages of zeros for `bytes`, or std::bad_alloc; MappedSize(bytes) is
 // what they count as. UnmapArray gives them back. GrowArray makes a mapped array larger
 // (`new_bytes` >= `old_bytes`), keeping its bytes, zeros after them; std::bad_alloc leaves it as
 // it was. In a plain build the kernel moves the pages (mremap), copying nothing; under
@@ -33,18 +33,25 @@ void UnmapArray(void* p, size_t bytes) noexcept;
 void* GrowArray(void* p, size_t old_bytes, size_t new_bytes);
 size_t MappedSize(size_t bytes) noexcept;
 
-template <typename T>
+// kMapFrom: the size from which arrays are mapped, kMappedBytes unless an owner whose arrays
+// grow step by step wants its smaller steps mapped too (PositionTable).
+template <typename T, size_t kMapFrom = kMappedBytes>
 class CountingAllocator {
  public:
   using value_type = T;
+  template <typename U>
+  struct rebind {
+    using other = CountingAllocator<U, kMapFrom>;
+  };
 
   explicit CountingAllocator(int64_t* counter) noexcept : counter_(counter) {}
   template <typename U>
-  CountingAllocator(const CountingAllocator<U>& other) noexcept : counter_(other.counter()) {}
+  CountingAllocator(const CountingAllocator<U, kMapFrom>& other) noexcept
+      : counter_(other.counter()) {}
 
   T* allocate(size_t n) {
     const size_t bytes = n * sizeof(T);
-    if (bytes < kMappedBytes) {
+    if (bytes < kMapFrom) {
       *counter_ += static_cast<int64_t>(bytes);
       return std::allocator<T>{}.allocate(n);
     }
@@ -54,7 +61,7 @@ class CountingAllocator {
   }
   void deallocate(T* p, size_t n) noexcept {
     const size_t bytes = n * sizeof(T);
-    if (bytes < kMappedBytes) {
+    if (bytes < kMapFrom) {
       *counter_ -= static_cast<int64_t>(bytes);
       std::allocator<T>{}.deallocate(p, n);
       return;
@@ -75,12 +82,13 @@ class CountingAllocator {
 
   // Whether allocate(n) returns zeroed memory (a mapped array does), so a caller that needs
   // zeros need not write them, touching every page before it is used.
-  static bool AllocatesZeroed(size_t n) noexcept { return n * sizeof(T) >= kMappedBytes; }
+  static bool AllocatesZeroed(size_t n) noexcept { return n * sizeof(T) >= kMapFrom; }
 
   int64_t* counter() const noexcept { return counter_; }
 
   template <typename U>
-  friend bool operator==(const CountingAllocator& a, const CountingAllocator<U>& b) noexcept {
+  friend bool operator==(const CountingAllocator& a,
+                         const CountingAllocator<U, kMapFrom>& b) noexcept {
     return a.counter() == b.counter();
   }
 

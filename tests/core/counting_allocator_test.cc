@@ -8,26 +8,13 @@
 
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KVR_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KVR_TEST_ASAN 1
-#endif
-#endif
+#include "process_memory.h"
 
 namespace kvrouter {
 namespace {
 
-// Resident pages of this process (/proc/self/statm's second field).
-int64_t ResidentPages() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident;
-}
+using testing::ResidentPages;
 
 TEST(CountingAllocatorTest, SmallArraysAreCountedByTheByte) {
   int64_t bytes = 0;

@@ -246,10 +246,10 @@ TEST(RadixIndexConcurrencyTest, WritersAndReaders) { WritersAndReadersOn(1); }
 TEST(RadixIndexConcurrencyTest, WritersAndReadersOnShards) { WritersAndReadersOn(4); }
 
 // One rank's chain grows, 64 blocks an event, until its position table is far past
-// kMappedBytes (40 K entries at 16 bytes, at most 90 % full: over 700 KiB, so mapped and grown
-// in place several times) and then shrinks again, while readers look the chain up both ways:
-// FindMatches walks the tree, HeldPrefix searches the rank's table. Every answer is a prefix
-// the rank held at some moment of the lookup, never more than was stored.
+// PositionTable::kMapFromBytes (40 K entries at 16 bytes, at most 90 % full: over 700 KiB, so
+// mapped and grown in place several times) and then shrinks again, while readers look the chain up
+// both ways: FindMatches walks the tree, HeldPrefix searches the rank's table. Every answer is a
+// prefix the rank held at some moment of the lookup, never more than was stored.
 TEST(RadixIndexConcurrencyTest, ReadersWhileATableGrowsInPlaceAndShrinks) {
   constexpr uint32_t kEvent = 64, kBlocks = 40'000;
   RadixIndex index;

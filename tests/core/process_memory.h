@@ -1,0 +1,27 @@
+// What tests of memory use need to know about their own process: its resident pages, and
+// whether AddressSanitizer is on (its heap quarantines freed memory, so resident figures do not
+// fall when memory is freed).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KVR_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVR_TEST_ASAN 1
+#endif
+#endif
+
+namespace kvrouter::testing {
+
+// Resident pages of this process (/proc/self/statm's second field).
+inline int64_t ResidentPages() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident;
+}
+
+}  // namespace kvrouter::testing
