@@ -2,13 +2,13 @@
 // index's nodes, child maps, member lists, per-worker tables) can report exactly how much memory
 // it owns. The counter is not atomic: the owner updates it under its own writer lock.
 //
-// Arrays of kMappedBytes or more are mapped from the kernel and unmapped when freed, instead of
-// coming from the C heap. The index's large arrays grow step by step (a worker's table by 1.5x
-// at a time); in glibc's heap each step leaves the old array behind as a hole too small for the
-// next, larger one, and the holes stay resident: the process held 845 MiB for a 250 MiB index
-// after loading the Mooncake trace when tables grew by 1.25x (BENCHMARKS.md, "Resident memory").
-// Mapped, a freed array leaves the process at once, whatever the allocator's thresholds at the
-// time.
+// Arrays of kMappedBytes or more (by default: see kMapFrom) are mapped from the kernel and unmapped
+// when freed, instead of coming from the C heap. The index's large arrays grow step by step (a
+// worker's table by 1.5x at a time); in glibc's heap each step leaves the old array behind as a
+// hole too small for the next, larger one, and the holes stay resident: the process held 845 MiB
+// for a 250 MiB index after loading the Mooncake trace when tables grew by 1.25x (BENCHMARKS.md,
+// "Resident memory"). Mapped, a freed array leaves the process at once, whatever the allocator's
+// thresholds at the time.
 #pragma once
 
 #include <cassert>
@@ -18,8 +18,8 @@
 
 namespace kvrouter {
 
-// Arrays at least this large are mapped (glibc's own starting mmap threshold; it rises as
-// mapped blocks are freed, which is what lets the holes above build up).
+// Arrays at least this large are mapped by default (glibc's own starting mmap threshold; it rises
+// as mapped blocks are freed, which is what lets the holes above build up).
 inline constexpr size_t kMappedBytes = size_t{128} << 10;
 
 // Whole pages of zeros for `bytes`, or std::bad_alloc; MappedSize(bytes) is

@@ -31,7 +31,9 @@ class PositionTable {
   // hole that no later, larger step fits. With many workers most steps are below 128 KiB (at
   // 1,000 workers on the Mooncake trace, tables of about 8,700 entries): the holes were 88 MiB
   // resident beside a 228 MiB index. Mapping also grows a table in place (Stretch). Below
-  // 32 KiB a table is at most a few pages, where whole pages would waste more than holes do.
+  // 32 KiB a table is at most a few pages, where whole pages would waste more than holes do (with
+  // 64 KiB pages, as on some arm64 and ppc64le kernels, a table just past 32 KiB wastes up to
+  // half its mapping).
   static constexpr size_t kMapFromBytes = size_t{32} << 10;
 
   explicit PositionTable(int64_t* byte_counter) : alloc_(byte_counter) {}
