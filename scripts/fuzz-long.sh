@@ -59,9 +59,11 @@ fuzz_one() {
     fi
   fi
   [ "${KVR_FUZZ_JOBS:-1}" -le 1 ] || fork=(-fork="$KVR_FUZZ_JOBS" -ignore_crashes=1)
+  local kept=()  # what earlier long runs kept (scripts/fuzz-keep.sh), on any machine
+  [ ! -d "tests/fuzz/corpus/$name" ] || kept=("tests/fuzz/corpus/$name")
   "build/fuzz/tests/fuzz/$name" -max_total_time="$seconds" -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="build/fuzz-findings/$name-" "${fork[@]}" "${runs[@]}" \
-    "$corpus" "tests/fuzz/seeds/$name" >"$log" 2>&1 || status=$?
+    "$corpus" "tests/fuzz/seeds/$name" "${kept[@]}" >"$log" 2>&1 || status=$?
   local execs cov ft findings size total
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
