@@ -3,10 +3,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_set>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KVR_ASAN 1
@@ -31,15 +34,13 @@ size_t PageSize() noexcept {
   return page;
 }
 
-#if defined(KVR_ASAN) || defined(KVR_TSAN)
 // A larger array with the old one's bytes and zeros after them, the old one freed.
-void* GrowByCopy(void* p, size_t old_bytes, size_t new_bytes) {
+[[maybe_unused]] void* GrowByCopy(void* p, size_t old_bytes, size_t new_bytes) {
   void* copy = MapArray(new_bytes);
   std::memcpy(copy, p, old_bytes);
   UnmapArray(p, old_bytes);
   return copy;
 }
-#endif
 
 }  // namespace
 
@@ -65,14 +66,71 @@ void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
   assert(new_bytes >= old_bytes);
   return GrowByCopy(p, old_bytes, new_bytes);
 }
+void RefuseMappingsForTesting(bool) noexcept {}  // nothing is mapped here
 #else
-void* MapArray(size_t bytes) {
-  void* p =
-      mmap(nullptr, MappedSize(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
+namespace {
+
+// Arrays the kernel would not map, taken from the C heap instead. A process may hold 65,530
+// mappings (vm.max_map_count) and every large array is one: an index of that many large
+// per-rank tables would otherwise fail to grow. Rare, so a locked set; `heap_array_count` lets the
+// common path skip the lock.
+std::mutex heap_arrays_mutex;
+std::unordered_set<void*>* heap_arrays = nullptr;  // never freed: arrays may outlive statics
+std::atomic<size_t> heap_array_count{0};
+std::atomic<bool> refuse_mappings{false};
+
+void* Map(size_t bytes) noexcept {
+  if (refuse_mappings.load(std::memory_order_relaxed)) return MAP_FAILED;
+  return mmap(nullptr, MappedSize(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+              0);
+}
+
+void* HeapArray(size_t bytes) {
+  constexpr size_t kAlign = 64;  // a cache line, as PositionTable's buckets need
+  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, size);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, size);
+  std::lock_guard lock(heap_arrays_mutex);
+  try {
+    if (heap_arrays == nullptr) heap_arrays = new std::unordered_set<void*>();
+    heap_arrays->insert(p);
+  } catch (...) {
+    std::free(p);
+    throw;
+  }
+  heap_array_count.fetch_add(1, std::memory_order_relaxed);
   return p;
 }
-void UnmapArray(void* p, size_t bytes) noexcept { munmap(p, MappedSize(bytes)); }
+
+// Whether `p` came from HeapArray; if so it is forgotten, as it is about to be freed.
+bool ForgetHeapArray(void* p) noexcept {
+  if (heap_array_count.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard lock(heap_arrays_mutex);
+  if (heap_arrays->erase(p) == 0) return false;
+  heap_array_count.fetch_sub(1, std::memory_order_relaxed);
+  return true;
+}
+
+bool IsHeapArray(void* p) noexcept {
+  if (heap_array_count.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard lock(heap_arrays_mutex);
+  return heap_arrays->count(p) > 0;
+}
+
+}  // namespace
+
+void* MapArray(size_t bytes) {
+  void* p = Map(bytes);
+  return p != MAP_FAILED ? p : HeapArray(bytes);
+}
+void UnmapArray(void* p, size_t bytes) noexcept {
+  if (ForgetHeapArray(p)) {
+    std::free(p);
+  } else {
+    munmap(p, MappedSize(bytes));
+  }
+}
 void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
   assert(new_bytes >= old_bytes);
 #ifdef KVR_TSAN
@@ -81,11 +139,16 @@ void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
   // report races that are not. Under it, a copy it sees instead.
   return GrowByCopy(p, old_bytes, new_bytes);
 #else
+  if (IsHeapArray(p) || refuse_mappings.load(std::memory_order_relaxed)) {
+    return GrowByCopy(p, old_bytes, new_bytes);
+  }
   void* moved = mremap(p, MappedSize(old_bytes), MappedSize(new_bytes), MREMAP_MAYMOVE);
-  if (moved == MAP_FAILED) throw std::bad_alloc();
-  return moved;
+  // Refused (a move needs a mapping too): a copy, in a mapping if one is left, else the heap.
+  return moved != MAP_FAILED ? moved : GrowByCopy(p, old_bytes, new_bytes);
 #endif
 }
+
+void RefuseMappingsForTesting(bool refuse) noexcept { refuse_mappings.store(refuse); }
 #endif
 
 }  // namespace kvrouter

@@ -27,11 +27,18 @@ inline constexpr size_t kMappedBytes = size_t{128} << 10;
 // (`new_bytes` >= `old_bytes`), keeping its bytes, zeros after them; std::bad_alloc leaves it as
 // it was. In a plain build the kernel moves the pages (mremap), copying nothing; under
 // ThreadSanitizer it copies (see the .cc), and under AddressSanitizer large arrays come from its
-// heap, so that its redzones and quarantine still watch them.
+// heap, so that its redzones and quarantine still watch them. When the kernel refuses a mapping
+// (past vm.max_map_count, 65,530 a process by default) the array comes from the C heap instead,
+// 64-byte aligned and zeroed all the same, and a growth copies: std::bad_alloc only when the
+// heap refuses too. Thread-safe.
 void* MapArray(size_t bytes);
 void UnmapArray(void* p, size_t bytes) noexcept;
 void* GrowArray(void* p, size_t old_bytes, size_t new_bytes);
 size_t MappedSize(size_t bytes) noexcept;
+
+// Tests: while `refuse` is set, every mapping and every growth of one is refused as past the
+// kernel's limit (no effect under AddressSanitizer, where nothing is mapped).
+void RefuseMappingsForTesting(bool refuse) noexcept;
 
 // kMapFrom: the size from which arrays are mapped, kMappedBytes unless an owner whose arrays
 // grow step by step wants its smaller steps mapped too (PositionTable).

@@ -56,6 +56,48 @@ TEST(CountingAllocatorTest, GrowKeepsTheContentsAndZeroesTheRest) {
   EXPECT_EQ(bytes, 0);
 }
 
+// Past vm.max_map_count the kernel refuses mappings: a large array then comes from the heap,
+// zeroed, aligned and counted as a mapped one, grows by copying (into a mapping again once the
+// kernel allows), and is freed where it came from.
+TEST(CountingAllocatorTest, ArraysTheKernelWillNotMapComeFromTheHeap) {
+  struct Refusing {
+    Refusing() { RefuseMappingsForTesting(true); }
+    ~Refusing() { RefuseMappingsForTesting(false); }
+  };
+  int64_t bytes = 0;
+  CountingAllocator<uint64_t> alloc(&bytes);
+  const size_t small = kMappedBytes / sizeof(uint64_t) + 5, large = small * 2, larger = large * 2;
+  const int64_t heap_before = testing::HeapBytesInUse();
+  uint64_t* p = nullptr;
+  {
+    Refusing refusing;
+    p = alloc.allocate(small);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    EXPECT_EQ(bytes, static_cast<int64_t>(MappedSize(small * sizeof(uint64_t))));
+    for (size_t i = 0; i < small; ++i) ASSERT_EQ(p[i], 0u) << i;
+    for (size_t i = 0; i < small; ++i) p[i] = i + 1;
+    p = alloc.grow(p, small, large);  // heap to heap
+    for (size_t i = 0; i < small; ++i) ASSERT_EQ(p[i], i + 1) << i;
+    for (size_t i = small; i < large; ++i) ASSERT_EQ(p[i], 0u) << i;
+  }
+  p = alloc.grow(p, large, larger);  // heap to a mapping
+  for (size_t i = 0; i < small; ++i) ASSERT_EQ(p[i], i + 1) << i;
+  for (size_t i = small; i < larger; ++i) ASSERT_EQ(p[i], 0u) << i;
+  EXPECT_EQ(bytes, static_cast<int64_t>(MappedSize(larger * sizeof(uint64_t))));
+  {
+    Refusing refusing;
+    p = alloc.grow(p, larger, larger + 1);  // a mapping to the heap
+    for (size_t i = 0; i < small; ++i) ASSERT_EQ(p[i], i + 1) << i;
+    uint64_t* q = alloc.allocate(small);
+    alloc.deallocate(q, small);
+  }
+  alloc.deallocate(p, larger + 1);
+  EXPECT_EQ(bytes, 0);
+  if (heap_before >= 0) {  // every array from the heap went back to it
+    EXPECT_LT(testing::HeapBytesInUse() - heap_before, static_cast<int64_t>(kMappedBytes));
+  }
+}
+
 // What mapping is for: a freed large array leaves the process at once. (From the C heap it
 // would stay resident wherever it left a hole that later, larger arrays do not fit.)
 TEST(CountingAllocatorTest, AFreedLargeArrayIsGivenBackToTheKernel) {

@@ -127,6 +127,27 @@ TEST(PositionTableTest, AMappedTableGrowsInPlaceKeepingEveryEntry) {
   EXPECT_EQ(bytes, 0);
 }
 
+// A table the kernel will not map (past vm.max_map_count) grows in the heap instead, then in a
+// mapping again once the kernel allows: every entry stays found, and every byte is given back.
+TEST(PositionTableTest, GrowsWhenTheKernelRefusesMappings) {
+  int64_t bytes = 0;
+  std::mt19937_64 rng(17);
+  PositionTable t(&bytes);
+  std::vector<uint64_t> keys;
+  for (const bool refuse : {true, false, true}) {
+    RefuseMappingsForTesting(refuse);
+    for (int i = 0; i < 30'000; ++i) {
+      keys.push_back(rng());
+      ASSERT_TRUE(t.TryInsert(keys.back(), keys.size()));
+    }
+    for (size_t k = 0; k < keys.size(); ++k) ASSERT_EQ(t.Get(keys[k]), k + 1);
+  }
+  RefuseMappingsForTesting(false);
+  EXPECT_GE(t.capacity() * 16, 8 * kMappedBytes);
+  for (uint64_t k : keys) ASSERT_TRUE(t.Erase(k));  // shrinking through both kinds of array
+  EXPECT_EQ(bytes, 0);
+}
+
 // A table grows because it is nearly full, never because an insert gave up early: a walk that
 // moved keys back and forth between the same two buckets made tables grow at loads of 0.6-0.8,
 // leaving them a third larger than needed (docs/scale.md, "A slow path"). Below and above

@@ -36,4 +36,15 @@ inline void TrimHeap() {
 #endif
 }
 
+// Bytes the C heap has handed out and not had back (its own mappings included), or -1 where
+// that is not known (not glibc).
+inline int64_t HeapBytesInUse() {
+#ifdef __GLIBC__
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<int64_t>(info.uordblks + info.hblkhd);
+#else
+  return -1;
+#endif
+}
+
 }  // namespace kvrouter::testing
