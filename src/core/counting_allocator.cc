@@ -3,10 +3,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <new>
 #include <unordered_set>
@@ -67,22 +69,72 @@ void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
   return GrowByCopy(p, old_bytes, new_bytes);
 }
 void RefuseMappingsForTesting(bool) noexcept {}  // nothing is mapped here
+void SetMappingBudgetForTesting(size_t) noexcept {}
+size_t MappedArrays() noexcept { return 0; }
 #else
 namespace {
 
-// Arrays the kernel would not map, taken from the C heap instead. A process may hold 65,530
-// mappings (vm.max_map_count) and every large array is one: an index of that many large
-// per-rank tables would otherwise fail to grow. Rare, so a locked set; `heap_array_count` lets the
-// common path skip the lock.
-std::mutex heap_arrays_mutex;
-std::unordered_set<void*>* heap_arrays = nullptr;  // never freed: arrays may outlive statics
-std::atomic<size_t> heap_array_count{0};
+// Every mapped array is a mapping of the process, and the kernel allows vm.max_map_count of
+// them (65,530 on Debian 12). At that limit it refuses brk too, so the C heap cannot stand in
+// then; large arrays therefore stop being mapped at half the limit, leaving the other half to
+// the rest of the process (libraries, thread stacks, the heap's own mappings), and past it come
+// from the heap: an index of that many large tables keeps growing, with the heap's holes.
+std::atomic<size_t> mapped_arrays{0};
+std::atomic<size_t> mapping_budget{0};  // 0: the system's, read on first use
 std::atomic<bool> refuse_mappings{false};
 
+size_t SystemMappingBudget() {
+  size_t limit = 65'530;
+  std::ifstream("/proc/sys/vm/max_map_count") >> limit;
+  return std::max<size_t>(limit / 2, 1);
+}
+
+size_t MappingBudget() {
+  size_t budget = mapping_budget.load(std::memory_order_relaxed);
+  if (budget == 0) {
+    budget = SystemMappingBudget();
+    mapping_budget.store(budget, std::memory_order_relaxed);
+  }
+  return budget;
+}
+
+// Arrays that came from the heap (past the budget, or refused by the kernel), so that they are
+// freed, not unmapped. Rare, so a locked set; `heap_arrays` counts them so that the common
+// path takes no lock. Never destroyed: arrays may be freed while the process exits.
+std::atomic<size_t> heap_arrays{0};
+struct HeapArraySet {
+  std::mutex mutex;
+  std::unordered_set<void*> arrays;
+};
+HeapArraySet& HeapArrays() {
+  static HeapArraySet* set = new HeapArraySet();
+  return *set;
+}
+
 void* Map(size_t bytes) noexcept {
+  if (refuse_mappings.load(std::memory_order_relaxed) ||
+      mapped_arrays.load(std::memory_order_relaxed) >= MappingBudget()) {
+    return MAP_FAILED;
+  }
+  void* p =
+      mmap(nullptr, MappedSize(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p != MAP_FAILED) mapped_arrays.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+
+void* Remap(void* p, size_t old_bytes, size_t new_bytes) noexcept {
   if (refuse_mappings.load(std::memory_order_relaxed)) return MAP_FAILED;
-  return mmap(nullptr, MappedSize(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-              0);
+  return mremap(p, MappedSize(old_bytes), MappedSize(new_bytes), MREMAP_MAYMOVE);
+}
+
+void Unmap(void* p, size_t bytes) noexcept {
+  if (munmap(p, MappedSize(bytes)) == 0) {
+    mapped_arrays.fetch_sub(1, std::memory_order_relaxed);
+  } else {
+    // Unmapping the middle of a run of merged mappings needs a mapping more, refused at the
+    // limit: the address range stays, its pages at least go back.
+    madvise(p, MappedSize(bytes), MADV_DONTNEED);
+  }
 }
 
 void* HeapArray(size_t bytes) {
@@ -91,31 +143,33 @@ void* HeapArray(size_t bytes) {
   void* p = std::aligned_alloc(kAlign, size);
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, size);
-  std::lock_guard lock(heap_arrays_mutex);
+  HeapArraySet& set = HeapArrays();
+  std::lock_guard lock(set.mutex);
   try {
-    if (heap_arrays == nullptr) heap_arrays = new std::unordered_set<void*>();
-    heap_arrays->insert(p);
+    set.arrays.insert(p);
   } catch (...) {
     std::free(p);
     throw;
   }
-  heap_array_count.fetch_add(1, std::memory_order_relaxed);
+  heap_arrays.fetch_add(1, std::memory_order_relaxed);
   return p;
 }
 
 // Whether `p` came from HeapArray; if so it is forgotten, as it is about to be freed.
 bool ForgetHeapArray(void* p) noexcept {
-  if (heap_array_count.load(std::memory_order_relaxed) == 0) return false;
-  std::lock_guard lock(heap_arrays_mutex);
-  if (heap_arrays->erase(p) == 0) return false;
-  heap_array_count.fetch_sub(1, std::memory_order_relaxed);
+  if (heap_arrays.load(std::memory_order_relaxed) == 0) return false;
+  HeapArraySet& set = HeapArrays();
+  std::lock_guard lock(set.mutex);
+  if (set.arrays.erase(p) == 0) return false;
+  heap_arrays.fetch_sub(1, std::memory_order_relaxed);
   return true;
 }
 
 bool IsHeapArray(void* p) noexcept {
-  if (heap_array_count.load(std::memory_order_relaxed) == 0) return false;
-  std::lock_guard lock(heap_arrays_mutex);
-  return heap_arrays->count(p) > 0;
+  if (heap_arrays.load(std::memory_order_relaxed) == 0) return false;
+  HeapArraySet& set = HeapArrays();
+  std::lock_guard lock(set.mutex);
+  return set.arrays.count(p) > 0;
 }
 
 }  // namespace
@@ -128,7 +182,7 @@ void UnmapArray(void* p, size_t bytes) noexcept {
   if (ForgetHeapArray(p)) {
     std::free(p);
   } else {
-    munmap(p, MappedSize(bytes));
+    Unmap(p, bytes);
   }
 }
 void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
@@ -139,16 +193,16 @@ void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
   // report races that are not. Under it, a copy it sees instead.
   return GrowByCopy(p, old_bytes, new_bytes);
 #else
-  if (IsHeapArray(p) || refuse_mappings.load(std::memory_order_relaxed)) {
-    return GrowByCopy(p, old_bytes, new_bytes);
-  }
-  void* moved = mremap(p, MappedSize(old_bytes), MappedSize(new_bytes), MREMAP_MAYMOVE);
+  if (IsHeapArray(p)) return GrowByCopy(p, old_bytes, new_bytes);
+  void* moved = Remap(p, old_bytes, new_bytes);
   // Refused (a move needs a mapping too): a copy, in a mapping if one is left, else the heap.
   return moved != MAP_FAILED ? moved : GrowByCopy(p, old_bytes, new_bytes);
 #endif
 }
 
 void RefuseMappingsForTesting(bool refuse) noexcept { refuse_mappings.store(refuse); }
+void SetMappingBudgetForTesting(size_t budget) noexcept { mapping_budget.store(budget); }
+size_t MappedArrays() noexcept { return mapped_arrays.load(std::memory_order_relaxed); }
 #endif
 
 }  // namespace kvrouter

@@ -27,18 +27,31 @@ inline constexpr size_t kMappedBytes = size_t{128} << 10;
 // (`new_bytes` >= `old_bytes`), keeping its bytes, zeros after them; std::bad_alloc leaves it as
 // it was. In a plain build the kernel moves the pages (mremap), copying nothing; under
 // ThreadSanitizer it copies (see the .cc), and under AddressSanitizer large arrays come from its
-// heap, so that its redzones and quarantine still watch them. When the kernel refuses a mapping
-// (past vm.max_map_count, 65,530 a process by default) the array comes from the C heap instead,
-// 64-byte aligned and zeroed all the same, and a growth copies: std::bad_alloc only when the
-// heap refuses too. Thread-safe.
+// heap, so that its redzones and quarantine still watch them. Mapped arrays take at most half of
+// the mappings the kernel allows a process (vm.max_map_count); past that, or when the kernel
+// refuses one, an array comes from the C heap instead, 64-byte aligned and zeroed all the same,
+// and a growth copies: std::bad_alloc only when the heap refuses too. Thread-safe.
 void* MapArray(size_t bytes);
 void UnmapArray(void* p, size_t bytes) noexcept;
 void* GrowArray(void* p, size_t old_bytes, size_t new_bytes);
 size_t MappedSize(size_t bytes) noexcept;
 
-// Tests: while `refuse` is set, every mapping and every growth of one is refused as past the
-// kernel's limit (no effect under AddressSanitizer, where nothing is mapped).
+// The arrays mapped now (0 under AddressSanitizer, where nothing is mapped).
+size_t MappedArrays() noexcept;
+
+// Tests. RefuseMappingsForTesting: while set, every mapping and every growth of one is refused
+// as by the kernel at its limit. SetMappingBudgetForTesting: the mapped arrays allowed before
+// the heap takes over (0: half of vm.max_map_count). Neither has an effect under
+// AddressSanitizer. MappingsRefusedForTesting sets the first for its lifetime.
 void RefuseMappingsForTesting(bool refuse) noexcept;
+void SetMappingBudgetForTesting(size_t budget) noexcept;
+class MappingsRefusedForTesting {
+ public:
+  MappingsRefusedForTesting() noexcept { RefuseMappingsForTesting(true); }
+  ~MappingsRefusedForTesting() { RefuseMappingsForTesting(false); }
+  MappingsRefusedForTesting(const MappingsRefusedForTesting&) = delete;
+  MappingsRefusedForTesting& operator=(const MappingsRefusedForTesting&) = delete;
+};
 
 // kMapFrom: the size from which arrays are mapped, kMappedBytes unless an owner whose arrays
 // grow step by step wants its smaller steps mapped too (PositionTable).

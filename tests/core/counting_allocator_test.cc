@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "process_memory.h"
 
@@ -60,17 +61,13 @@ TEST(CountingAllocatorTest, GrowKeepsTheContentsAndZeroesTheRest) {
 // zeroed, aligned and counted as a mapped one, grows by copying (into a mapping again once the
 // kernel allows), and is freed where it came from.
 TEST(CountingAllocatorTest, ArraysTheKernelWillNotMapComeFromTheHeap) {
-  struct Refusing {
-    Refusing() { RefuseMappingsForTesting(true); }
-    ~Refusing() { RefuseMappingsForTesting(false); }
-  };
   int64_t bytes = 0;
   CountingAllocator<uint64_t> alloc(&bytes);
   const size_t small = kMappedBytes / sizeof(uint64_t) + 5, large = small * 2, larger = large * 2;
   const int64_t heap_before = testing::HeapBytesInUse();
   uint64_t* p = nullptr;
   {
-    Refusing refusing;
+    MappingsRefusedForTesting refusing;
     p = alloc.allocate(small);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
     EXPECT_EQ(bytes, static_cast<int64_t>(MappedSize(small * sizeof(uint64_t))));
@@ -85,7 +82,7 @@ TEST(CountingAllocatorTest, ArraysTheKernelWillNotMapComeFromTheHeap) {
   for (size_t i = small; i < larger; ++i) ASSERT_EQ(p[i], 0u) << i;
   EXPECT_EQ(bytes, static_cast<int64_t>(MappedSize(larger * sizeof(uint64_t))));
   {
-    Refusing refusing;
+    MappingsRefusedForTesting refusing;
     p = alloc.grow(p, larger, larger + 1);  // a mapping to the heap
     for (size_t i = 0; i < small; ++i) ASSERT_EQ(p[i], i + 1) << i;
     uint64_t* q = alloc.allocate(small);
@@ -96,6 +93,48 @@ TEST(CountingAllocatorTest, ArraysTheKernelWillNotMapComeFromTheHeap) {
   if (heap_before >= 0) {  // every array from the heap went back to it
     EXPECT_LT(testing::HeapBytesInUse() - heap_before, static_cast<int64_t>(kMappedBytes));
   }
+}
+
+// An array the heap stands in for is zeroed like a mapping, even where the heap hands back
+// memory it had before (small arrays here, so that they come from the heap's own chunks).
+TEST(CountingAllocatorTest, AnArrayFromTheHeapIsZeroedLikeAMapping) {
+  int64_t bytes = 0;
+  CountingAllocator<uint64_t, 4096> alloc(&bytes);
+  const size_t n = 1024;  // 8 KiB
+  MappingsRefusedForTesting refusing;
+  for (int round = 0; round < 4; ++round) {
+    uint64_t* p = alloc.allocate(n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], 0u) << "round " << round << ", " << i;
+    std::memset(p, 0xff, n * sizeof(uint64_t));  // what the next round may get back
+    alloc.deallocate(p, n);
+  }
+  EXPECT_EQ(bytes, 0);
+}
+
+// Mapped arrays stop at the budget (half of vm.max_map_count), where the kernel would soon
+// refuse brk as well as mmap; past it they come from the heap, and freeing them gives the
+// budget back.
+TEST(CountingAllocatorTest, MappedArraysStopAtTheBudget) {
+#ifdef KVR_TEST_ASAN
+  GTEST_SKIP() << "under AddressSanitizer nothing is mapped";
+#endif
+  struct Budget {
+    explicit Budget(size_t n) { SetMappingBudgetForTesting(n); }
+    ~Budget() { SetMappingBudgetForTesting(0); }
+  } budget(MappedArrays() + 2);
+  int64_t bytes = 0;
+  CountingAllocator<uint64_t> alloc(&bytes);
+  const size_t n = kMappedBytes / sizeof(uint64_t);
+  const size_t mapped_before = MappedArrays();
+  std::vector<uint64_t*> arrays;
+  for (int i = 0; i < 5; ++i) arrays.push_back(alloc.allocate(n));
+  EXPECT_EQ(MappedArrays(), mapped_before + 2);  // the other three from the heap
+  for (uint64_t* p : arrays) {
+    p[n - 1] = 1;
+    alloc.deallocate(p, n);
+  }
+  EXPECT_EQ(MappedArrays(), mapped_before);
+  EXPECT_EQ(bytes, 0);
 }
 
 // What mapping is for: a freed large array leaves the process at once. (From the C heap it

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <utility>
@@ -135,14 +136,14 @@ TEST(PositionTableTest, GrowsWhenTheKernelRefusesMappings) {
   PositionTable t(&bytes);
   std::vector<uint64_t> keys;
   for (const bool refuse : {true, false, true}) {
-    RefuseMappingsForTesting(refuse);
+    std::optional<MappingsRefusedForTesting> refusing;
+    if (refuse) refusing.emplace();
     for (int i = 0; i < 30'000; ++i) {
       keys.push_back(rng());
       ASSERT_TRUE(t.TryInsert(keys.back(), keys.size()));
     }
     for (size_t k = 0; k < keys.size(); ++k) ASSERT_EQ(t.Get(keys[k]), k + 1);
   }
-  RefuseMappingsForTesting(false);
   EXPECT_GE(t.capacity() * 16, 8 * kMappedBytes);
   for (uint64_t k : keys) ASSERT_TRUE(t.Erase(k));  // shrinking through both kinds of array
   EXPECT_EQ(bytes, 0);
