@@ -30,24 +30,8 @@ if [[ ${1:-} == --check ]]; then
   shift
 fi
 
-# dynamo-kv-router is edition 2024: Rust 1.85 or later.
-cargo_version=$(cargo --version | awk '{print $2}')
-if [[ $(printf '%s\n' 1.85.0 "$cargo_version" | sort -V | head -n 1) != 1.85.0 ]]; then
-  echo "bench/peers needs Rust >= 1.85 (dynamo-kv-router is edition 2024); cargo is $cargo_version" >&2
-  exit 1
-fi
-
-if [[ -z ${KVR_STAGE:-} ]]; then
-  echo "== libkvrouter: Release build, staged in build/peers/stage =="
-  cmake -S . -B build/peers -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVR_BUILD_TESTS=OFF \
-    -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=OFF -DKVR_BUILD_EXAMPLES=OFF -DKVR_BUILD_SERVICE=OFF \
-    >/dev/null
-  cmake --build build/peers -j "$jobs" --target kvrouter kvrouter_static
-  cmake --install build/peers --prefix build/peers/stage >/dev/null
-  export KVR_STAGE=$root/build/peers/stage
-fi
 source scripts/staged-library.sh
-use_staged_library peers
+use_release_library_for_dynamo_benches bench/peers
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/build/peers-target}
 export CARGO_BUILD_JOBS=$jobs

@@ -30,11 +30,13 @@
 mod check;
 mod drivers;
 mod measure;
+mod sampling;
 mod workload;
 
 use std::process::Command;
 
 use measure::{median, Kind, RunArgs};
+use sampling::loadavg;
 use serde_json::Value;
 
 struct Args {
@@ -103,12 +105,6 @@ fn parse_args() -> Args {
         }
     }
     a
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 fn main() {

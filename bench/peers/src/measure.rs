@@ -26,6 +26,7 @@ use dynamo_kv_router::protocols::{LocalBlockHash, RouterEvent};
 use serde_json::json;
 
 use crate::drivers::{removed_event, stored_event, Crtc, Kvr, Radix};
+use crate::sampling::{cpu_seconds, percentile, CLOCK_PROCESS_CPUTIME_ID};
 use crate::workload::{Workload, QUERY_BLOCKS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,36 +95,6 @@ pub fn untrimmed_rss_bytes() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
-}
-
-/// CPU time used by this process so far (CLOCK_PROCESS_CPUTIME_ID), in seconds.
-fn process_cpu_seconds() -> f64 {
-    #[repr(C)]
-    struct Timespec {
-        tv_sec: i64,
-        tv_nsec: i64,
-    }
-    extern "C" {
-        fn clock_gettime(clock: i32, out: *mut Timespec) -> i32;
-    }
-    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
-    let mut t = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: t is a valid timespec (64-bit Linux layout) for the call to write.
-    unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-}
-
-/// Nearest-rank percentile (bench_common.h's `Percentile`).
-pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
-    if samples.is_empty() {
-        return 0.0;
-    }
-    let k = ((p * samples.len() as f64) as usize).min(samples.len() - 1);
-    samples.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
-    samples[k]
 }
 
 pub fn median(v: &mut [f64]) -> f64 {
@@ -293,7 +264,7 @@ pub fn run(w: &Workload, args: &RunArgs) -> serde_json::Value {
     }
     let iters = args.iters;
     let find_start = Instant::now();
-    let find_cpu_start = process_cpu_seconds();
+    let find_cpu_start = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
     let mut latencies: Vec<f64> = match &index {
         Index::Kvr(k) => std::thread::scope(|scope| {
             let handles: Vec<_> = (0..threads)
@@ -356,7 +327,8 @@ pub fn run(w: &Workload, args: &RunArgs) -> serde_json::Value {
     let find_wall = find_start.elapsed().as_secs_f64();
     // Idle threads (CRTC's event lanes wait in recv) use no CPU, so this is the lookup
     // threads' share of the cores they asked for: < 1 when something else ran on them.
-    let find_cpu_share = (process_cpu_seconds() - find_cpu_start) / (threads as f64 * find_wall);
+    let find_cpu_share =
+        (cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - find_cpu_start) / (threads as f64 * find_wall);
     let lookups_per_s = latencies.len() as f64 / find_wall;
     let p50 = percentile(&mut latencies, 0.50) * 1e6;
     let p99 = percentile(&mut latencies, 0.99) * 1e6;

@@ -83,7 +83,7 @@ impl Workload {
 }
 
 /// One trace line: (input_length, hash_ids).
-fn parse_line(line: &str, number: usize) -> (usize, Vec<u64>) {
+pub fn parse_line(line: &str, number: usize) -> (usize, Vec<u64>) {
     let v: serde_json::Value = serde_json::from_str(line)
         .unwrap_or_else(|e| panic!("trace line {number}: invalid JSON: {e}"));
     let input = v["input_length"]
@@ -102,7 +102,7 @@ fn parse_line(line: &str, number: usize) -> (usize, Vec<u64>) {
 }
 
 /// tools/replay/trace/mooncake_trace.cc's expansion (`ExpandTokensInto`).
-fn expand_into(input_length: usize, hash_ids: &[u64], out: &mut Vec<u32>) {
+pub fn expand_into(input_length: usize, hash_ids: &[u64], out: &mut Vec<u32>) {
     fn mix64(mut x: u64) -> u64 {
         x = x.wrapping_add(0x9e3779b97f4a7c15);
         x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
