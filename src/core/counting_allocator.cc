@@ -36,8 +36,19 @@ size_t PageSize() noexcept {
   return page;
 }
 
+// Zeros for `bytes` from the C heap, on a cache line as PositionTable's buckets need (a
+// mapping's are on a page), or std::bad_alloc. Freed with std::free.
+void* ZeroedHeapArray(size_t bytes) {
+  constexpr size_t kAlign = 64;
+  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, size);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, size);
+  return p;
+}
+
 // A larger array with the old one's bytes and zeros after them, the old one freed.
-[[maybe_unused]] void* GrowByCopy(void* p, size_t old_bytes, size_t new_bytes) {
+void* GrowByCopy(void* p, size_t old_bytes, size_t new_bytes) {
   void* copy = MapArray(new_bytes);
   std::memcpy(copy, p, old_bytes);
   UnmapArray(p, old_bytes);
@@ -55,14 +66,7 @@ size_t MappedSize(size_t bytes) noexcept {
 // Under AddressSanitizer large arrays stay on its heap: a mapping has no redzone when its size
 // is whole pages, and an unmapped address comes straight back to the next mapping, so overruns
 // and uses after a growth would go unseen. The memory count is the same as mapped.
-void* MapArray(size_t bytes) {
-  constexpr size_t kAlign = 64;  // a cache line, as PositionTable's buckets need; pages are more
-  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, size);
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, size);
-  return p;
-}
+void* MapArray(size_t bytes) { return ZeroedHeapArray(bytes); }
 void UnmapArray(void* p, size_t) noexcept { std::free(p); }
 void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
   assert(new_bytes >= old_bytes);
@@ -138,11 +142,7 @@ void Unmap(void* p, size_t bytes) noexcept {
 }
 
 void* HeapArray(size_t bytes) {
-  constexpr size_t kAlign = 64;  // a cache line, as PositionTable's buckets need
-  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, size);
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, size);
+  void* p = ZeroedHeapArray(bytes);
   HeapArraySet& set = HeapArrays();
   std::lock_guard lock(set.mutex);
   try {
@@ -155,21 +155,18 @@ void* HeapArray(size_t bytes) {
   return p;
 }
 
-// Whether `p` came from HeapArray; if so it is forgotten, as it is about to be freed.
-bool ForgetHeapArray(void* p) noexcept {
+// Whether `p` came from HeapArray; `forget`: it is about to be freed, so the set lets it go.
+bool CameFromHeap(void* p, bool forget) noexcept {
   if (heap_arrays.load(std::memory_order_relaxed) == 0) return false;
   HeapArraySet& set = HeapArrays();
   std::lock_guard lock(set.mutex);
-  if (set.arrays.erase(p) == 0) return false;
-  heap_arrays.fetch_sub(1, std::memory_order_relaxed);
+  const auto it = set.arrays.find(p);
+  if (it == set.arrays.end()) return false;
+  if (forget) {
+    set.arrays.erase(it);
+    heap_arrays.fetch_sub(1, std::memory_order_relaxed);
+  }
   return true;
-}
-
-bool IsHeapArray(void* p) noexcept {
-  if (heap_arrays.load(std::memory_order_relaxed) == 0) return false;
-  HeapArraySet& set = HeapArrays();
-  std::lock_guard lock(set.mutex);
-  return set.arrays.count(p) > 0;
 }
 
 }  // namespace
@@ -179,7 +176,7 @@ void* MapArray(size_t bytes) {
   return p != MAP_FAILED ? p : HeapArray(bytes);
 }
 void UnmapArray(void* p, size_t bytes) noexcept {
-  if (ForgetHeapArray(p)) {
+  if (CameFromHeap(p, /*forget=*/true)) {
     std::free(p);
   } else {
     Unmap(p, bytes);
@@ -193,7 +190,7 @@ void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
   // report races that are not. Under it, a copy it sees instead.
   return GrowByCopy(p, old_bytes, new_bytes);
 #else
-  if (IsHeapArray(p)) return GrowByCopy(p, old_bytes, new_bytes);
+  if (CameFromHeap(p, /*forget=*/false)) return GrowByCopy(p, old_bytes, new_bytes);
   void* moved = Remap(p, old_bytes, new_bytes);
   // Refused (a move needs a mapping too): a copy, in a mapping if one is left, else the heap.
   return moved != MAP_FAILED ? moved : GrowByCopy(p, old_bytes, new_bytes);
