@@ -35,8 +35,8 @@ mod workload;
 
 use std::process::Command;
 
-use measure::{median, Kind, RunArgs};
-use sampling::loadavg;
+use measure::{Kind, RunArgs};
+use sampling::{loadavg, median};
 use serde_json::Value;
 
 struct Args {

@@ -26,7 +26,7 @@ use dynamo_kv_router::protocols::{LocalBlockHash, RouterEvent};
 use serde_json::json;
 
 use crate::drivers::{removed_event, stored_event, Crtc, Kvr, Radix};
-use crate::sampling::{cpu_seconds, percentile, CLOCK_PROCESS_CPUTIME_ID};
+use crate::sampling::{cpu_seconds, median, percentile, CLOCK_PROCESS_CPUTIME_ID};
 use crate::workload::{Workload, QUERY_BLOCKS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,10 +95,6 @@ pub fn untrimmed_rss_bytes() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
-}
-
-pub fn median(v: &mut [f64]) -> f64 {
-    percentile(v, 0.5)
 }
 
 /// Thread of a worker for `threads` threads: first-appearance round robin. Workers appear in

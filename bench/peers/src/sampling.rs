@@ -40,3 +40,7 @@ pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
     samples.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
     samples[k]
 }
+
+pub fn median(samples: &mut [f64]) -> f64 {
+    percentile(samples, 0.5)
+}

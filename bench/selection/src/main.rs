@@ -44,7 +44,7 @@ mod trace;
 use std::time::Instant;
 
 use sampling::{
-    cpu_seconds, loadavg, percentile, CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID,
+    cpu_seconds, loadavg, median, percentile, CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID,
 };
 use workload::BLOCK_SIZE;
 
@@ -165,6 +165,16 @@ impl Round {
     }
 }
 
+/// Adds a call's failures (a decision's, a release's) to `errors`, printing the first five.
+fn count_failures(side: &str, failures: [Option<String>; 2], errors: &mut usize) {
+    for e in failures.into_iter().flatten() {
+        if *errors < 5 {
+            eprintln!("{side} failed: {e}");
+        }
+        *errors += 1;
+    }
+}
+
 /// `iters` requests through `side`, cycling over `prompts` from `start`; request ids are
 /// `{prefix}-{n}`, made before the clock starts.
 fn run_round<S: Side>(
@@ -194,12 +204,7 @@ fn run_round<S: Side>(
         let t1 = Instant::now();
         let f = side.release(id);
         let t2 = Instant::now();
-        for e in [d.err(), f.err()].into_iter().flatten() {
-            if *errors < 5 {
-                eprintln!("{} failed: {e}", side.name());
-            }
-            *errors += 1;
-        }
+        count_failures(side.name(), [d.err(), f.err()], errors);
         r.decide_us.push((t1 - t0).as_secs_f64() * 1e6);
         r.release_us.push((t2 - t1).as_secs_f64() * 1e6);
         r.total_us.push((t2 - t0).as_secs_f64() * 1e6);
@@ -234,12 +239,7 @@ fn decisions<S: Side>(
         let prepared = side.prepare(tokens, &id);
         let d = side.decide(tokens, &id, prepared);
         let f = side.release(&id);
-        for e in [d.as_ref().err(), f.as_ref().err()].into_iter().flatten() {
-            if *errors < 5 {
-                eprintln!("{} failed: {e}", side.name());
-            }
-            *errors += 1;
-        }
+        count_failures(side.name(), [d.as_ref().err().cloned(), f.err()], errors);
         out.push(d.ok());
     }
     out
@@ -259,10 +259,6 @@ struct Variant {
 
 /// A table row: label, the figure of a round, digits, whether higher is better.
 type Row<'a> = (&'a str, &'a dyn Fn(&Stats) -> f64, usize, bool);
-
-fn median(mut v: Vec<f64>) -> f64 {
-    percentile(&mut v, 0.5)
-}
 
 fn main() {
     let args = parse_args();
@@ -428,8 +424,8 @@ fn main() {
         for v in results {
             let col = |f: &dyn Fn(&Stats) -> f64| {
                 (
-                    median(v.rounds.iter().map(|(k, _)| f(k)).collect()),
-                    median(v.rounds.iter().map(|(_, d)| f(d)).collect()),
+                    median(&mut v.rounds.iter().map(|(k, _)| f(k)).collect::<Vec<_>>()),
+                    median(&mut v.rounds.iter().map(|(_, d)| f(d)).collect::<Vec<_>>()),
                 )
             };
             let per_round = |f: &dyn Fn(&Stats) -> f64, digits: usize| {
