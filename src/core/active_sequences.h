@@ -124,6 +124,13 @@ struct WorkerLoad {
   double prefill_tokens_per_second = 0;
 };
 
+// A rank's load now and the prompt's blocks it does not hold yet: what booking the prompt
+// there would add, as far as bookings tell (the selector prices the prefill itself).
+struct LoadWithPrompt {
+  WorkerLoad current;
+  uint64_t new_blocks = 0;
+};
+
 // The load a rank would carry if a new request were booked on it.
 struct PotentialLoad {
   WorkerLoad current;
@@ -199,11 +206,30 @@ class ActiveSequences {
   WorkerLoad Load(WorkerKey worker) const;
   std::vector<WorkerLoad> Loads() const;
 
-  // For every rank (stable order, the order of Loads()), the load it would carry with the new
-  // request. `cached_tokens(worker)` gives the prompt tokens already cached on that rank.
+  // For every rank (stable order, the order of Loads()), its load and the prompt's new blocks.
+  void LoadsWithPrompt(const PotentialLoadQuery& query, std::vector<LoadWithPrompt>& out) const;
+  // For every rank (the same order), the load it would carry with the new request.
+  // `cached_tokens(position, worker)` gives the prompt tokens already cached on the rank at
+  // that position of the order (as AlignToRanks numbers them).
   void PotentialLoads(const PotentialLoadQuery& query,
-                      absl::FunctionRef<uint64_t(WorkerKey)> cached_tokens,
+                      absl::FunctionRef<uint64_t(size_t position, WorkerKey worker)> cached_tokens,
                       std::vector<PotentialLoad>& out) const;
+
+  // Lines `items` up with the ranks in the order of Loads() and PotentialLoads(): `out` gets one
+  // element per rank, the item whose key_of(item) names that rank or nullptr. Items naming no
+  // registered rank are left out. One hash lookup per item and no sorting: a decision at a
+  // thousand ranks joins its index matches to the loads this way.
+  template <typename Item, typename KeyOf>
+  void AlignToRanks(std::span<const Item> items, KeyOf key_of,
+                    std::vector<const Item*>& out) const {
+    out.assign(slot_of_.size(), nullptr);
+    const std::span<const uint32_t> position = PositionOfSlot();
+    for (const Item& item : items) {
+      auto found = slot_of_.find(key_of(item));
+      if (found == slot_of_.end()) continue;
+      out[position.empty() ? found->second : position[found->second]] = &item;
+    }
+  }
 
   // (rank, block) pairs held, over all ranks; and distinct blocks stored. For tests and memory
   // checks.
@@ -262,6 +288,11 @@ class ActiveSequences {
 
   // A rank's load as the router sees it: trie blocks plus output blocks.
   WorkerLoad LoadOf(const Slot& s) const;
+  static void LoadInto(const Slot& s, double prefill_tokens_per_second, WorkerLoad& out);
+  // Each slot's position among the ranks in use (the order of Loads()); empty while every slot
+  // is in use, when a slot's number is its position.
+  std::span<const uint32_t> PositionOfSlot() const;
+  void NumberPositions();
 
   // Follows `chain` down the trie as far as it matches.
   void Walk(std::span<const uint64_t> chain, Path& path) const;
@@ -289,6 +320,8 @@ class ActiveSequences {
   std::vector<Slot> slots_;  // indexed by slot number; freed slots are reused
   std::vector<uint32_t> free_slots_;
   absl::flat_hash_map<WorkerKey, uint32_t> slot_of_;
+  // PositionOfSlot's answer while slots are free, rebuilt when a rank is added or removed.
+  std::vector<uint32_t> position_of_slot_;
   // The trie of booked chains, and its edges: (run, first id of a child run) -> that child.
   std::unique_ptr<Run> root_;
   absl::flat_hash_map<std::pair<const Run*, uint64_t>, Run*> child_of_;

@@ -417,8 +417,6 @@ class Router {
 
   // router.cc: workers, events, views.
   void RemoveRankLocked(WorkerKey rank);
-  // Sorted by rank, for FindMatch.
-  void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
                                      const SelectorConfig& config) const;
   void ScoresInto(std::span<const WorkerMatch> matches, const SelectorConfig& config,
@@ -429,6 +427,10 @@ class Router {
   // Hashes the prompt and looks it up in the index.
   absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
                        bool for_booking, Prepared& out);
+  static PotentialLoadQuery LoadQueryOf(const Prepared& prepared);
+  // Each rank's index match (nullptr: none), in the order of ActiveSequences::Loads.
+  void AlignMatchesLocked(const Prepared& prepared,
+                          std::vector<const WorkerMatch*>& match_of_rank) const;
   // The load every rank would carry with the prepared prompt.
   void PotentialLoadsLocked(const Prepared& prepared, std::vector<PotentialLoad>& out);
   absl::Status SelectLocked(const Prepared& prepared, Selection& out);

@@ -27,7 +27,7 @@ struct Router::Prepared {
   std::vector<uint64_t> local_hashes;
   std::vector<uint64_t> tracking_ids;     // chained block identities; empty without KV reuse
   std::vector<uint64_t> sequence_hashes;  // only to record a booking in approximate mode
-  std::vector<WorkerMatch> matches;       // sorted by worker
+  std::vector<WorkerMatch> matches;       // in the index's order
   std::vector<uint64_t> allowed_worker_ids;
   std::optional<WorkerPin> pin;
   std::optional<WorkerKey> preferred;
@@ -63,10 +63,12 @@ inline TierOverlap OverlapOf(const WorkerMatch& match) {
                      .external_blocks = match.external_hits};
 }
 
-inline const WorkerMatch* FindMatch(std::span<const WorkerMatch> sorted_matches, WorkerKey worker) {
-  auto it = std::lower_bound(sorted_matches.begin(), sorted_matches.end(), worker,
-                             [](const WorkerMatch& m, const WorkerKey& w) { return m.worker < w; });
-  return it != sorted_matches.end() && it->worker == worker ? &*it : nullptr;
+// A linear search: for one rank (a decision over every rank aligns them instead, with
+// ActiveSequences::AlignToRanks).
+inline const WorkerMatch* FindMatch(std::span<const WorkerMatch> matches, WorkerKey worker) {
+  auto it = std::find_if(matches.begin(), matches.end(),
+                         [&](const WorkerMatch& m) { return m.worker == worker; });
+  return it != matches.end() ? &*it : nullptr;
 }
 
 inline bool IsAllowed(uint64_t worker_id, std::span<const uint64_t> allowed) {

@@ -15,7 +15,6 @@
 namespace kvrouter {
 
 using router_internal::AsAbsl;
-using router_internal::FindMatch;
 using router_internal::IsAllowed;
 using router_internal::OverlapOf;
 
@@ -28,12 +27,6 @@ void Router::LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMa
   } else {
     approx_->FindMatches(local_hashes, out);
   }
-}
-
-void Router::FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) {
-  LookUp(local_hashes, out);
-  std::sort(out.begin(), out.end(),
-            [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
 }
 
 absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
@@ -83,7 +76,7 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
   } else {
     out.sequence_hashes.clear();
   }
-  FindMatches(out.local_hashes, out.matches);
+  LookUp(out.local_hashes, out.matches);
   return absl::OkStatus();
 }
 
@@ -115,40 +108,56 @@ absl::Status Router::CheckPinLocked(const Prepared& prepared) const {
   return absl::OkStatus();
 }
 
+PotentialLoadQuery Router::LoadQueryOf(const Prepared& prepared) {
+  return PotentialLoadQuery{.block_ids = prepared.tracking_ids,
+                            .random_identities = !prepared.config.assume_kv_reuse,
+                            .num_blocks = prepared.local_hashes.size(),
+                            .prompt_tokens = prepared.prompt_tokens,
+                            .track_prefill_tokens = prepared.config.track_prefill_tokens};
+}
+
+void Router::AlignMatchesLocked(const Prepared& prepared,
+                                std::vector<const WorkerMatch*>& match_of_rank) const {
+  active_.AlignToRanks(
+      std::span<const WorkerMatch>(prepared.matches),
+      [](const WorkerMatch& match) { return match.worker; }, match_of_rank);
+}
+
 void Router::PotentialLoadsLocked(const Prepared& prepared, std::vector<PotentialLoad>& out) {
-  const SelectorConfig& config = prepared.config;
-  const PotentialLoadQuery query{.block_ids = prepared.tracking_ids,
-                                 .random_identities = !config.assume_kv_reuse,
-                                 .num_blocks = prepared.local_hashes.size(),
-                                 .prompt_tokens = prepared.prompt_tokens,
-                                 .track_prefill_tokens = config.track_prefill_tokens};
-  const auto cached_tokens = [&](WorkerKey worker) -> uint64_t {
-    const WorkerMatch* match = FindMatch(prepared.matches, worker);
+  std::vector<const WorkerMatch*> match_of_rank;
+  AlignMatchesLocked(prepared, match_of_rank);
+  const auto cached_tokens = [&](size_t position, WorkerKey) -> uint64_t {
+    const WorkerMatch* match = match_of_rank[position];
     if (match == nullptr) return 0;
-    return CachedTokens(EffectiveOverlapBlocks(OverlapOf(*match), config), options_.block_size);
+    return CachedTokens(EffectiveOverlapBlocks(OverlapOf(*match), prepared.config),
+                        options_.block_size);
   };
-  active_.PotentialLoads(query, cached_tokens, out);
+  active_.PotentialLoads(LoadQueryOf(prepared), cached_tokens, out);
 }
 
 absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
   const SelectorConfig& config = prepared.config;
   const uint32_t block_size = options_.block_size;
-  std::vector<PotentialLoad> loads;
-  PotentialLoadsLocked(prepared, loads);
+  std::vector<const WorkerMatch*> match_of_rank;
+  AlignMatchesLocked(prepared, match_of_rank);
+  std::vector<LoadWithPrompt> loads;
+  active_.LoadsWithPrompt(LoadQueryOf(prepared), loads);
 
   std::vector<Candidate> candidates;
   candidates.reserve(loads.size());
-  for (const PotentialLoad& load : loads) {
+  for (size_t position = 0; position < loads.size(); ++position) {
+    const LoadWithPrompt& load = loads[position];
     if (!IsCandidateLocked(prepared, load.current.worker)) continue;
-    const WorkerMatch* match = FindMatch(prepared.matches, load.current.worker);
-    candidates.push_back(
-        Candidate{.worker = load.current.worker,
-                  .overlap = match ? OverlapOf(*match) : TierOverlap{},
-                  .active_prefill_tokens = load.current.active_prefill_tokens,
-                  .active_blocks = load.current.active_blocks,
-                  .new_blocks = load.new_blocks,
-                  .active_requests = load.current.active_requests,
-                  .prefill_tokens_per_second = load.current.prefill_tokens_per_second});
+    const WorkerMatch* match = match_of_rank[position];
+    // Field by field, in place (as in LoadsWithPrompt: no copy to stall on).
+    Candidate& candidate = candidates.emplace_back();
+    candidate.worker = load.current.worker;
+    candidate.overlap = match ? OverlapOf(*match) : TierOverlap{};
+    candidate.active_prefill_tokens = load.current.active_prefill_tokens;
+    candidate.active_blocks = load.current.active_blocks;
+    candidate.new_blocks = load.new_blocks;
+    candidate.active_requests = load.current.active_requests;
+    candidate.prefill_tokens_per_second = load.current.prefill_tokens_per_second;
   }
   if (candidates.empty() && !loads.empty() && !prepared.allowed_worker_ids.empty()) {
     return absl::UnavailableError(

@@ -186,6 +186,10 @@ struct Selection {
 CandidateCost ScoreCandidate(const Candidate& candidate, uint64_t prompt_tokens,
                              uint32_t block_size, const SelectorConfig& config,
                              uint64_t min_active_prefill_tokens);
+// The same, written into `out` (every field).
+void ScoreCandidateInto(const Candidate& candidate, uint64_t prompt_tokens, uint32_t block_size,
+                        const SelectorConfig& config, uint64_t min_active_prefill_tokens,
+                        CandidateCost& out);
 
 // Prices every eligible candidate and picks one. Errors: InvalidArgument (block size 0, or an
 // invalid config), Unavailable (no eligible candidate). `out` is overwritten (its capacity is

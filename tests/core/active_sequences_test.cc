@@ -49,7 +49,7 @@ class ActiveSequencesTest : public ::testing::Test {
     std::vector<PotentialLoad> out;
     active_.PotentialLoads(
         PotentialLoadQuery{.block_ids = chain, .prompt_tokens = prompt_tokens},
-        [&](WorkerKey w) { return w == kWorkerA ? cached_on_a : 0; }, out);
+        [&](size_t, WorkerKey w) { return w == kWorkerA ? cached_on_a : 0; }, out);
     return out;
   }
 
@@ -195,6 +195,40 @@ TEST_F(ActiveSequencesTest, AddingARequestExpiresStaleOnesLazily) {
   EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 1u);
 }
 
+// A decision joins the index's matches to the loads by AlignToRanks: once a rank has left, slot
+// numbers and positions in the order of Loads() differ, and a reused slot moves a rank up.
+TEST_F(ActiveSequencesTest, AlignToRanksFollowsTheOrderOfLoadsAcrossLeavingAndReuse) {
+  struct Item {
+    WorkerKey worker;
+    int tag;
+  };
+  const auto key_of = [](const Item& item) { return item.worker; };
+  const auto tags_in_load_order = [&](const std::vector<Item>& items) {
+    std::vector<const Item*> aligned;
+    active_.AlignToRanks(std::span<const Item>(items), key_of, aligned);
+    const auto loads = active_.Loads();
+    EXPECT_EQ(aligned.size(), loads.size());
+    std::vector<std::pair<uint64_t, int>> tags;  // (rank's worker id, its item's tag or -1)
+    for (size_t i = 0; i < loads.size() && i < aligned.size(); ++i) {
+      if (aligned[i] != nullptr) EXPECT_EQ(aligned[i]->worker, loads[i].worker);
+      tags.emplace_back(loads[i].worker.worker_id, aligned[i] ? aligned[i]->tag : -1);
+    }
+    return tags;
+  };
+  using Tags = std::vector<std::pair<uint64_t, int>>;
+  const WorkerKey unknown{.worker_id = 99};
+  const std::vector<Item> items{{kWorkerC, 30}, {unknown, 990}, {kWorkerA, 10}};
+  EXPECT_EQ(tags_in_load_order(items), (Tags{{1, 10}, {2, -1}, {3, 30}}));
+
+  active_.RemoveWorker(kWorkerA);  // its slot, the first, is free now
+  EXPECT_EQ(tags_in_load_order(items), (Tags{{2, -1}, {3, 30}}));
+
+  const WorkerKey d{.worker_id = 4};
+  active_.AddWorker(d);  // takes the free first slot
+  EXPECT_EQ(tags_in_load_order({{d, 40}, {kWorkerB, 20}, {kWorkerC, 30}}),
+            (Tags{{4, 40}, {2, 20}, {3, 30}}));
+}
+
 TEST_F(ActiveSequencesTest, PotentialLoadCountsOnlyBlocksTheWorkerLacks) {
   const auto prompt = Chain(6, 0, 0);  // 6 blocks, 24 tokens
   ASSERT_TRUE(Add("a", kWorkerA, {prompt.begin(), prompt.begin() + 4}, 5).ok());
@@ -225,7 +259,7 @@ TEST_F(ActiveSequencesTest, PotentialLoadWithRandomIdentitiesOrUntrackedPrefill)
                          .num_blocks = 3,
                          .prompt_tokens = 12,
                          .track_prefill_tokens = false},
-      [](WorkerKey) { return uint64_t{0}; }, loads);
+      [](size_t, WorkerKey) { return uint64_t{0}; }, loads);
   for (const auto& l : loads) {
     EXPECT_EQ(l.new_blocks, 3u) << "random identities are never shared";
     EXPECT_EQ(l.potential_prefill_tokens, l.current.active_prefill_tokens);

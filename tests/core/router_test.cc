@@ -124,6 +124,32 @@ TEST_F(RouterTest, PrefersTheWorkerHoldingThePrefixAndExplainsWhy) {
   }
 }
 
+// Each candidate is priced with its own rank's overlap however the ranks were added and
+// removed (slots reused, positions shifted).
+TEST_F(RouterTest, CandidatesKeepTheirOwnOverlapAfterRanksLeaveAndJoin) {
+  Make(RouterOptions{}, 4);
+  const auto prompt = Tokens(8);
+  ASSERT_TRUE(router_->ApplyEvent(Stored({.worker_id = 4}, prompt))->ok());
+  const std::vector<uint32_t> half(prompt.begin(), prompt.begin() + 4 * kBlockSize);
+  ASSERT_TRUE(router_->ApplyEvent(Stored({.worker_id = 3}, half))->ok());
+  ASSERT_TRUE(router_->RemoveWorker(1).ok());
+  for (int round = 0; round < 2; ++round) {
+    auto decision = router_->FindBestMatch(prompt, {});
+    ASSERT_TRUE(decision.ok()) << decision.status();
+    EXPECT_EQ(decision->worker, (WorkerKey{.worker_id = 4}));
+    EXPECT_EQ(decision->device_overlap_blocks, 8u);
+    std::map<uint64_t, uint32_t> overlap;
+    for (const CandidateCost& c : decision->candidates) {
+      overlap[c.worker.worker_id] = c.overlap.device_blocks;
+    }
+    const std::map<uint64_t, uint32_t> expected =
+        round == 0 ? std::map<uint64_t, uint32_t>{{2, 0}, {3, 4}, {4, 8}}
+                   : std::map<uint64_t, uint32_t>{{2, 0}, {3, 4}, {4, 8}, {5, 0}};
+    EXPECT_EQ(overlap, expected) << "round " << round;
+    if (round == 0) ASSERT_TRUE(router_->AddWorker(Worker(5)).ok());  // takes worker 1's slot
+  }
+}
+
 TEST_F(RouterTest, LowerTierHitsCountWithTheirWeights) {
   Make();
   const auto prompt = Tokens(6);
