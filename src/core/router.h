@@ -278,7 +278,8 @@ class Router {
   // Selection with admission under options.request_id, keeping `previewed` while it is still a
   // candidate (else picking again: moved_from_preferred), then booking it as a plan. Waits in
   // the queue like FindBestMatch. Idempotent: planning an id that already has a plan returns
-  // that plan. A plan must be committed or aborted within plan_deadline_seconds.
+  // that plan (its decision with the chosen candidate alone: a plan does not keep the others).
+  // A plan must be committed or aborted within plan_deadline_seconds.
   absl::StatusOr<RouteDecision> Plan(std::span<const uint32_t> tokens, const RouteOptions& options,
                                      std::optional<WorkerKey> previewed = std::nullopt);
   // The plan was dispatched: records the decision in approximate mode and binds the session.
@@ -435,6 +436,9 @@ class Router {
   void PotentialLoadsLocked(const Prepared& prepared, std::vector<PotentialLoad>& out);
   absl::Status SelectLocked(const Prepared& prepared, Selection& out);
   absl::StatusOr<RouteDecision> DecideLocked(const Prepared& prepared);
+  // What a plan keeps (DecideLocked): `decision` is unchanged when this returns.
+  static RouteDecision PlanRecordOf(RouteDecision& decision);
+  std::unique_ptr<Prepared> WhatCommitNeeds(const Prepared& prepared) const;
   absl::Status BookLocked(const Prepared& prepared, const CandidateCost& chosen);
   // What a dispatched decision leaves behind: the approximate-index record and the session
   // binding. The only writer of both.

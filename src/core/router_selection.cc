@@ -208,6 +208,31 @@ void Router::CommitDecisionLocked(const Prepared& prepared, WorkerKey worker) {
   }
 }
 
+// A plan is kept until it is committed or aborted, so it keeps only what a retried Plan and
+// a Commit read: the decision with its chosen candidate alone (a thousand candidates of 160
+// bytes each at 1,000 ranks), and of the prepared request what the dispatch leaves behind.
+RouteDecision Router::PlanRecordOf(RouteDecision& decision) {
+  std::vector<CandidateCost> all = std::move(decision.candidates);
+  RouteDecision kept = decision;
+  kept.candidates.assign(1, all[decision.chosen]);
+  kept.chosen = 0;
+  decision.candidates = std::move(all);
+  return kept;
+}
+
+std::unique_ptr<Router::Prepared> Router::WhatCommitNeeds(const Prepared& prepared) const {
+  auto kept = std::make_unique<Prepared>();
+  kept->request_id = prepared.request_id;
+  if (approx_) {
+    kept->local_hashes = prepared.local_hashes;
+    kept->sequence_hashes = prepared.sequence_hashes;
+  }
+  kept->session_id = prepared.session_id;
+  kept->session_mode = prepared.session_mode;
+  kept->session_ttl_seconds = prepared.session_ttl_seconds;
+  return kept;
+}
+
 absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
   if (auto status = CheckPinLocked(prepared); !status.ok()) return status;
   Selection selection;
@@ -233,7 +258,8 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
   decision.candidates = std::move(selection.costs);
   if (prepared.with_admission && prepared.hold_as_plan) {
     decision.planned = true;
-    plans_.Add(prepared.request_id, decision, clock_.Now(), std::make_unique<Prepared>(prepared));
+    plans_.Add(prepared.request_id, PlanRecordOf(decision), clock_.Now(),
+               WhatCommitNeeds(prepared));
   } else if (prepared.with_admission) {
     // Booking without a plan is a dispatch at once (FindBestMatch with admission).
     CommitDecisionLocked(prepared, winner.worker);

@@ -13,6 +13,7 @@
 
 #include "core/clock.h"
 #include "core/hashing.h"
+#include "process_memory.h"
 
 namespace kvrouter {
 namespace {
@@ -148,6 +149,39 @@ TEST_F(RouterTest, CandidatesKeepTheirOwnOverlapAfterRanksLeaveAndJoin) {
     EXPECT_EQ(overlap, expected) << "round " << round;
     if (round == 0) ASSERT_TRUE(router_->AddWorker(Worker(5)).ok());  // takes worker 1's slot
   }
+}
+
+// A plan lives until it is committed or aborted, so it keeps the chosen candidate and what the
+// commit needs, not every candidate and index match: about 200 KB per plan at 1,000 ranks.
+TEST_F(RouterTest, PlansAtAThousandRanksKeepNeitherEveryCandidateNorTheMatches) {
+  if (testing::HeapBytesInUse() < 0) GTEST_SKIP() << "needs glibc's mallinfo2";
+  constexpr int kRanks = 1000, kPlans = 64;
+  Make(RouterOptions{}, kRanks);
+  const auto prompt = Tokens(16);
+  for (uint64_t w = 1; w <= kRanks; ++w) {
+    ASSERT_TRUE(router_->ApplyEvent(Stored({.worker_id = w}, prompt))->ok());
+  }
+  std::vector<std::string> ids;
+  for (int i = 0; i < kPlans; ++i) ids.push_back("plan-" + std::to_string(i));
+  std::vector<WorkerKey> planned_on;
+  const int64_t before = testing::HeapBytesInUse();
+  for (const std::string& id : ids) {
+    auto plan = router_->Plan(prompt, RouteOptions{.request_id = id});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->candidates.size(), static_cast<size_t>(kRanks));
+    planned_on.push_back(plan->worker);
+  }
+  const int64_t per_plan = (testing::HeapBytesInUse() - before) / kPlans;
+  EXPECT_LT(per_plan, 16 * 1024) << "bytes kept per plan";
+
+  auto again = router_->Plan(prompt, RouteOptions{.request_id = ids[0]});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->worker, planned_on[0]);
+  ASSERT_EQ(again->candidates.size(), 1u);
+  EXPECT_EQ(again->candidates[again->chosen].worker, planned_on[0]);
+  EXPECT_EQ(again->candidates[again->chosen].overlap.device_blocks, 16u);
+  for (const std::string& id : ids) EXPECT_TRUE(router_->Commit(id).ok());
+  EXPECT_EQ(router_->active_requests(), static_cast<size_t>(kPlans));
 }
 
 TEST_F(RouterTest, LowerTierHitsCountWithTheirWeights) {
