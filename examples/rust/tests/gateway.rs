@@ -218,7 +218,10 @@ fn the_gateway_routes_by_cached_prefix_and_frees_every_request() {
     assert_eq!(token["choices"][0]["text"], " t0");
 
     // Another prompt while the first worker is busy streaming a long request: the other one
-    // takes it (the load counts), and then holds its prefix.
+    // takes it (the load counts), and then holds its prefix. The gateway frees a request after
+    // its last byte is out, so the client can see [DONE] before the booking is gone: on a loaded
+    // machine the previous request, still booked, once sent both new ones to the same worker.
+    wait_idle(&gw);
     let busy = send(
         &gw,
         "POST",
