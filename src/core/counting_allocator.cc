@@ -57,6 +57,22 @@ void* GrowByCopy(void* p, size_t old_bytes, size_t new_bytes) {
 
 }  // namespace
 
+namespace internal {
+std::atomic<uint64_t> allocation_failure_countdown{0};
+}  // namespace internal
+
+uint64_t FailAllocationForTesting(uint64_t n) noexcept {
+  return internal::allocation_failure_countdown.exchange(n);
+}
+
+bool CountAllocationForTesting() noexcept {
+  std::atomic<uint64_t>& countdown = internal::allocation_failure_countdown;
+  uint64_t n = countdown.load(std::memory_order_relaxed);
+  while (n != 0 && !countdown.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) {
+  }
+  return n == 1;
+}
+
 size_t MappedSize(size_t bytes) noexcept {
   const size_t page = PageSize();
   return (bytes + page - 1) / page * page;

@@ -11,10 +11,12 @@
 // thresholds at the time.
 #pragma once
 
+#include <atomic>
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 
 namespace kvrouter {
 
@@ -53,6 +55,26 @@ class MappingsRefusedForTesting {
   MappingsRefusedForTesting& operator=(const MappingsRefusedForTesting&) = delete;
 };
 
+// Tests of what a refused allocation leaves behind. FailAllocationForTesting(n): the n-th
+// allocation from now by a CountingAllocator (allocate or grow, 1: the next one) throws
+// std::bad_alloc, as the heap's refusal does, and only that one; 0 disarms. Returns the count
+// it replaces: 0 when the armed failure has happened (or none was armed). Works in every build.
+// CountAllocationForTesting: counts one allocation against it, true for the one to fail (a
+// test's own operator new can share the count so).
+uint64_t FailAllocationForTesting(uint64_t n) noexcept;
+bool CountAllocationForTesting() noexcept;
+
+namespace internal {
+// The armed count; 0 (not armed) costs an allocation one relaxed load.
+extern std::atomic<uint64_t> allocation_failure_countdown;
+inline void MaybeFailAllocationForTesting() {
+  if (allocation_failure_countdown.load(std::memory_order_relaxed) != 0 &&
+      CountAllocationForTesting()) {
+    throw std::bad_alloc();
+  }
+}
+}  // namespace internal
+
 // kMapFrom: the size from which arrays are mapped, kMappedBytes unless an owner whose arrays
 // grow step by step wants its smaller steps mapped too (PositionTable).
 template <typename T, size_t kMapFrom = kMappedBytes>
@@ -70,10 +92,12 @@ class CountingAllocator {
       : counter_(other.counter()) {}
 
   T* allocate(size_t n) {
+    internal::MaybeFailAllocationForTesting();
     const size_t bytes = n * sizeof(T);
     if (bytes < kMapFrom) {
+      T* p = std::allocator<T>{}.allocate(n);  // counted once given: the heap may refuse
       *counter_ += static_cast<int64_t>(bytes);
-      return std::allocator<T>{}.allocate(n);
+      return p;
     }
     T* p = static_cast<T*>(MapArray(bytes));
     *counter_ += static_cast<int64_t>(MappedSize(bytes));
@@ -94,6 +118,7 @@ class CountingAllocator {
   // contents kept, zeros after them; it may move.
   T* grow(T* p, size_t old_n, size_t new_n) {
     assert(AllocatesZeroed(old_n) && new_n >= old_n);
+    internal::MaybeFailAllocationForTesting();
     T* moved = static_cast<T*>(GrowArray(p, old_n * sizeof(T), new_n * sizeof(T)));
     *counter_ += static_cast<int64_t>(MappedSize(new_n * sizeof(T))) -
                  static_cast<int64_t>(MappedSize(old_n * sizeof(T)));
