@@ -21,6 +21,10 @@
 //     and Free, items/s = bookings.
 // (e) BM_FindBestMatchApprox/budget:N — as (a) with 0 in flight, in approximate mode (see
 //     below).
+// (f) BM_FindBestMatchThreads/threads:T — T threads deciding at once on the one router, each
+//     admitting requests of its own and freeing each at once; items/s = the decisions of all
+//     threads together over real time: how the admission gate (the router's lock around
+//     pricing and booking) holds up when a gateway calls from several threads.
 //
 // Extra flags, stripped before Google Benchmark parses the rest:
 //   --trace=PATH            Mooncake JSONL trace (default: the shared conversation trace)
@@ -343,6 +347,30 @@ void BM_RouterAddRequestFree(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+void BM_FindBestMatchThreads(benchmark::State& state) {
+  TraceRouter& trace = TraceRouter::Get();
+  const auto& queries = trace.queries();
+  if (queries.empty()) {
+    state.SkipWithError("no trace prompt has 512 blocks");
+    return;
+  }
+  std::vector<std::string> ids = RequestIds(4096);
+  for (std::string& id : ids) id.insert(0, "t" + std::to_string(state.thread_index()) + "-");
+  size_t q = queries.size() * state.thread_index() / state.threads(), next_id = 0;
+  for (auto _ : state) {
+    const RouteOptions options{.with_admission = true, .request_id = ids[next_id]};
+    auto decision = trace.router().FindBestMatch(queries[q], options);
+    if (!decision.ok()) {
+      state.SkipWithError(std::string(decision.status().message()).c_str());
+      break;
+    }
+    trace.router().Free(ids[next_id]);
+    q = (q + 1) % queries.size();
+    next_id = (next_id + 1) % ids.size();
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 BENCHMARK(BM_FindBestMatch)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
@@ -362,6 +390,11 @@ BENCHMARK(BM_ActiveSequencesAddFree)
     ->Arg(0)
     ->Arg(256);
 BENCHMARK(BM_RouterAddRequestFree)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FindBestMatchThreads)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime()
+    ->Threads(1)
+    ->Threads(2);
 
 }  // namespace
 }  // namespace kvrouter::bench

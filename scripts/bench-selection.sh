@@ -6,7 +6,9 @@
 # SelectionCore"):
 #   scripts/bench-selection.sh [flags...]      a minute or two once built
 # Extra flags go to the bench binary (bench/selection/src/main.rs lists them, e.g. --workers 64,
-# --rounds 3, --iters 1024, --short-tokens 0, --dynamo-indexer-threads 1).
+# --rounds 3, --iters 1024, --short-tokens 0, --dynamo-indexer-threads 1, --callers 1,2,4: after
+# the one-caller rounds, rounds of 2 and of 4 threads calling each router at once, and their
+# table).
 #
 # Not part of CI: bench/selection is a workspace of its own, apart from bench/peers (which
 # scripts/bench-peers.sh --check builds in CI), because Dynamo's selection features pull in

@@ -23,13 +23,23 @@
 //!    worker; same cached blocks on the chosen worker);
 //! 4. `--rounds` rounds per prompt length (8,192 tokens, and the first `--short-tokens` of each
 //!    prompt), each round running `--iters` requests through one router then the other (the
-//!    order alternating from round to round), every call timed on its own.
+//!    order alternating from round to round), every call timed on its own;
+//! 5. then, for each caller count C > 1 in `--callers`, `--rounds` rounds in which C threads
+//!    call the one router concurrently (the same order alternating): each caller runs
+//!    `--iters` requests of its own (its own request ids, its own start in the cycle of
+//!    prompts), each freed right after its decision, every call timed on its own; a round's
+//!    throughput is all its requests over its wall time, from the callers' common start (a
+//!    barrier) to the last one's end. Dynamo's callers all `block_on` the core's one
+//!    current_thread runtime, the one its tasks (the partition's scheduler queue actor) were
+//!    spawned on: whichever caller holds the runtime's core runs them.
 //!
 //! Flags: `--trace PATH`, `--trace-requests N` (first N requests; 0 = all), `--workers LIST`,
 //! `--rounds N` (default 5), `--iters N` (requests per router per round, default 4096),
 //! `--short-tokens N` (default 1024; 0 = only the full prompts), `--dynamo-indexer-threads N`
 //! (default 2: Dynamo's concurrent indexer, lookups inline on the caller's thread; 1 = its
-//! single-threaded `KvIndexer`, lookups sent to the indexer's task).
+//! single-threaded `KvIndexer`, lookups sent to the indexer's task), `--callers LIST` (default
+//! 1: one caller only; e.g. `1,2,4` adds rounds of 2 and of 4 concurrent callers, and a table
+//! of them).
 
 #[path = "../../peers/src/sampling.rs"]
 mod sampling;
@@ -41,6 +51,7 @@ mod dynamo;
 mod kvr;
 mod trace;
 
+use std::sync::Barrier;
 use std::time::Instant;
 
 use sampling::{
@@ -56,6 +67,7 @@ pub struct Args {
     iters: usize,
     short_tokens: usize,
     dynamo_indexer_threads: usize,
+    callers: Vec<usize>,
 }
 
 fn parse_args() -> Args {
@@ -67,6 +79,7 @@ fn parse_args() -> Args {
         iters: 4096,
         short_tokens: 1024,
         dynamo_indexer_threads: 2,
+        callers: vec![1],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,20 +92,12 @@ fn parse_args() -> Args {
         match flag.as_str() {
             "--trace" => a.trace = value.clone(),
             "--trace-requests" => a.trace_requests = number(),
-            "--workers" => {
-                a.workers = value
-                    .split(',')
-                    .map(|x| {
-                        x.trim()
-                            .parse()
-                            .unwrap_or_else(|_| panic!("bad number {x}"))
-                    })
-                    .collect()
-            }
+            "--workers" => a.workers = list(&flag, &value),
             "--rounds" => a.rounds = number(),
             "--iters" => a.iters = number(),
             "--short-tokens" => a.short_tokens = number(),
             "--dynamo-indexer-threads" => a.dynamo_indexer_threads = number(),
+            "--callers" => a.callers = list(&flag, &value),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -100,7 +105,23 @@ fn parse_args() -> Args {
         a.rounds > 0 && a.iters > 0,
         "--rounds and --iters must be > 0"
     );
+    assert!(
+        a.callers.iter().all(|&c| c > 0),
+        "--callers: every count must be > 0"
+    );
     a
+}
+
+/// A flag's comma-separated numbers.
+fn list<T: std::str::FromStr>(flag: &str, value: &str) -> Vec<T> {
+    value
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{flag}: bad number {x}"))
+        })
+        .collect()
 }
 
 /// What one routed request came to: the rank chosen and its cached prefix in blocks.
@@ -127,15 +148,17 @@ pub trait Side {
     fn active(&self) -> u64;
 }
 
-/// One round of one router: per-call times in µs and what the calling thread and the others
-/// used of the CPU meanwhile.
+/// One round of one router: per-call times in µs (of every caller) and what the calling
+/// threads and the others used of the CPU meanwhile.
 struct Round {
     total_us: Vec<f64>,
     decide_us: Vec<f64>,
     release_us: Vec<f64>,
+    /// Wall time of the loop, s (C callers: from their common start to the last one's end).
+    wall: f64,
     /// CPU time of the process's other threads during the loop / loop wall time.
     others_cpu: f64,
-    /// CPU time of the calling thread / loop wall time (1 = never preempted).
+    /// CPU time of the calling threads / loop wall time (1 caller: 1 = never preempted).
     own_cpu: f64,
 }
 
@@ -146,11 +169,28 @@ struct Stats {
     release_p50: f64,
     /// Calls / (sum of the timed calls): the rate of one caller doing nothing else.
     per_s: f64,
+    /// Calls / the loop's wall time (what each request takes outside the calls included: for
+    /// Dynamo, making its request): the rate of all the callers together.
+    wall_per_s: f64,
+    /// The timed calls' summed time / the loop's wall time: how many callers were inside a
+    /// call on average (at most the number of callers).
+    in_calls: f64,
     others_cpu: f64,
     own_cpu: f64,
 }
 
 impl Round {
+    fn with_capacity(calls: usize) -> Round {
+        Round {
+            total_us: Vec::with_capacity(calls),
+            decide_us: Vec::with_capacity(calls),
+            release_us: Vec::with_capacity(calls),
+            wall: 0.0,
+            others_cpu: 0.0,
+            own_cpu: 0.0,
+        }
+    }
+
     fn stats(&self) -> Stats {
         let sum: f64 = self.total_us.iter().sum();
         Stats {
@@ -159,6 +199,8 @@ impl Round {
             decide_p50: percentile(&mut self.decide_us.clone(), 0.5),
             release_p50: percentile(&mut self.release_us.clone(), 0.5),
             per_s: self.total_us.len() as f64 / (sum * 1e-6),
+            wall_per_s: self.total_us.len() as f64 / self.wall,
+            in_calls: sum * 1e-6 / self.wall,
             others_cpu: self.others_cpu,
             own_cpu: self.own_cpu,
         }
@@ -175,27 +217,21 @@ fn count_failures(side: &str, failures: [Option<String>; 2], errors: &mut usize)
     }
 }
 
-/// `iters` requests through `side`, cycling over `prompts` from `start`; request ids are
-/// `{prefix}-{n}`, made before the clock starts.
-fn run_round<S: Side>(
+/// Request ids `{prefix}-{n}` for n < `iters` (made before the clock starts).
+fn request_ids(prefix: &str, iters: usize) -> Vec<String> {
+    (0..iters).map(|n| format!("{prefix}-{n}")).collect()
+}
+
+/// One request per id through `side`, cycling over `prompts` from `start`: each decided then
+/// released at once, both calls timed into `r`.
+fn time_calls<S: Side>(
     side: &S,
     prompts: &[Vec<u32>],
     start: usize,
-    iters: usize,
-    prefix: &str,
+    ids: &[String],
+    r: &mut Round,
     errors: &mut usize,
-) -> Round {
-    let ids: Vec<String> = (0..iters).map(|n| format!("{prefix}-{n}")).collect();
-    let mut r = Round {
-        total_us: Vec::with_capacity(iters),
-        decide_us: Vec::with_capacity(iters),
-        release_us: Vec::with_capacity(iters),
-        others_cpu: 0.0,
-        own_cpu: 0.0,
-    };
-    let wall = Instant::now();
-    let proc0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
-    let thread0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+) {
     for (n, id) in ids.iter().enumerate() {
         let tokens = &prompts[(start + n) % prompts.len()];
         let prepared = side.prepare(tokens, id);
@@ -209,9 +245,10 @@ fn run_round<S: Side>(
         r.release_us.push((t2 - t1).as_secs_f64() * 1e6);
         r.total_us.push((t2 - t0).as_secs_f64() * 1e6);
     }
-    let wall = wall.elapsed().as_secs_f64();
-    let own = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread0;
-    let all = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - proc0;
+}
+
+/// After a round every request has been released: a booked one is an error.
+fn check_released<S: Side>(side: &S, errors: &mut usize) {
     let active = side.active();
     if active != 0 {
         eprintln!(
@@ -220,8 +257,165 @@ fn run_round<S: Side>(
         );
         *errors += 1;
     }
+}
+
+/// What a round runs: `iters` requests per caller, cycling over `prompts` from `start`, with
+/// `callers` threads calling at once.
+#[derive(Clone, Copy)]
+struct Plan<'a> {
+    prompts: &'a [Vec<u32>],
+    start: usize,
+    iters: usize,
+    callers: usize,
+}
+
+impl<'a> Plan<'a> {
+    /// Round `round`'s: its start moves 257 prompts a round.
+    fn new(prompts: &'a [Vec<u32>], round: usize, iters: usize, callers: usize) -> Plan<'a> {
+        Plan {
+            prompts,
+            start: round * 257 % prompts.len(),
+            iters,
+            callers,
+        }
+    }
+
+    fn run<S: Side + Sync>(self, side: &S, prefix: &str, errors: &mut usize) -> Stats {
+        if self.callers == 1 {
+            run_round(side, self.prompts, self.start, self.iters, prefix, errors).stats()
+        } else {
+            run_concurrent_round(side, self, prefix, errors).stats()
+        }
+    }
+}
+
+/// Both routers' round `round` of `plan` (request ids `k{tag}-…`, `d{tag}-…`): kvrouter first
+/// in even rounds, Dynamo first in odd ones. Their stats, kvrouter's first.
+fn both_rounds<K: Side + Sync, D: Side + Sync>(
+    k: &K,
+    d: &D,
+    plan: Plan,
+    round: usize,
+    tag: &str,
+    errors: &mut usize,
+) -> (Stats, Stats) {
+    let run_k = |errors: &mut usize| plan.run(k, &format!("k{tag}"), errors);
+    let run_d = |errors: &mut usize| plan.run(d, &format!("d{tag}"), errors);
+    if round % 2 == 0 {
+        let ks = run_k(errors);
+        (ks, run_d(errors))
+    } else {
+        let ds = run_d(errors);
+        (run_k(errors), ds)
+    }
+}
+
+/// `iters` requests through `side`, cycling over `prompts` from `start`; request ids are
+/// `{prefix}-{n}`, made before the clock starts.
+fn run_round<S: Side>(
+    side: &S,
+    prompts: &[Vec<u32>],
+    start: usize,
+    iters: usize,
+    prefix: &str,
+    errors: &mut usize,
+) -> Round {
+    let ids = request_ids(prefix, iters);
+    let mut r = Round::with_capacity(iters);
+    let wall = Instant::now();
+    let proc0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+    let thread0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    time_calls(side, prompts, start, &ids, &mut r, errors);
+    let wall = wall.elapsed().as_secs_f64();
+    let own = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread0;
+    let all = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - proc0;
+    check_released(side, errors);
+    r.wall = wall;
     r.own_cpu = own / wall;
     r.others_cpu = (all - own).max(0.0) / wall;
+    r
+}
+
+/// What one concurrent caller measured: its calls, when it started and ended (wall clock,
+/// process CPU), the CPU its thread used and its failures.
+struct Caller {
+    round: Round,
+    start: Instant,
+    end: Instant,
+    process_cpu: (f64, f64),
+    own_cpu: f64,
+    errors: usize,
+}
+
+/// `plan.callers` threads calling `side` at once, each `plan.iters` requests (ids
+/// `{prefix}-t{thread}-{n}`, made before the common start) cycling over the prompts from its
+/// own start, the callers' starts spread evenly over the cycle from `plan.start`. The round's
+/// wall time runs from the earliest caller's start (right after the barrier) to the last
+/// caller's end.
+fn run_concurrent_round<S: Side + Sync>(
+    side: &S,
+    plan: Plan,
+    prefix: &str,
+    errors: &mut usize,
+) -> Round {
+    let Plan {
+        prompts,
+        start,
+        iters,
+        callers,
+    } = plan;
+    let barrier = Barrier::new(callers);
+    let done: Vec<Caller> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..callers)
+            .map(|t| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let ids = request_ids(&format!("{prefix}-t{t}"), iters);
+                    let first = start + t * prompts.len() / callers;
+                    let mut round = Round::with_capacity(iters);
+                    let mut errors = 0;
+                    barrier.wait();
+                    let begin = Instant::now();
+                    let process0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+                    let thread0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+                    time_calls(side, prompts, first, &ids, &mut round, &mut errors);
+                    let own_cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread0;
+                    let process1 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+                    Caller {
+                        round,
+                        start: begin,
+                        end: Instant::now(),
+                        process_cpu: (process0, process1),
+                        own_cpu,
+                        errors,
+                    }
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a caller thread panicked"))
+            .collect()
+    });
+    check_released(side, errors);
+    let mut r = Round::with_capacity(iters * callers);
+    let first = done.iter().map(|c| c.start).min().expect("callers > 0");
+    let last = done.iter().map(|c| c.end).max().expect("callers > 0");
+    r.wall = (last - first).as_secs_f64();
+    let process0 = done
+        .iter()
+        .map(|c| c.process_cpu.0)
+        .fold(f64::MAX, f64::min);
+    let process1 = done.iter().map(|c| c.process_cpu.1).fold(0.0, f64::max);
+    let own: f64 = done.iter().map(|c| c.own_cpu).sum();
+    r.own_cpu = own / r.wall;
+    r.others_cpu = (process1 - process0 - own).max(0.0) / r.wall;
+    for c in done {
+        *errors += c.errors;
+        r.total_us.extend(c.round.total_us);
+        r.decide_us.extend(c.round.decide_us);
+        r.release_us.extend(c.round.release_us);
+    }
     r
 }
 
@@ -250,6 +444,8 @@ struct Variant {
     tokens: usize,
     /// Per round, kvrouter's then Dynamo's stats.
     rounds: Vec<(Stats, Stats)>,
+    /// Per caller count above 1, the same for its concurrent rounds.
+    concurrent: Vec<(usize, Vec<(Stats, Stats)>)>,
     same_worker: usize,
     same_cached: usize,
     queries: usize,
@@ -333,36 +529,9 @@ fn main() {
             );
             let mut rounds = Vec::new();
             for round in 0..args.rounds {
-                let start = round * 257 % prompts.len();
-                let run_k = |errors: &mut usize| {
-                    run_round(
-                        &k,
-                        prompts,
-                        start,
-                        args.iters,
-                        &format!("k{v}-{round}"),
-                        errors,
-                    )
-                    .stats()
-                };
-                let run_d = |errors: &mut usize| {
-                    run_round(
-                        &d,
-                        prompts,
-                        start,
-                        args.iters,
-                        &format!("d{v}-{round}"),
-                        errors,
-                    )
-                    .stats()
-                };
-                let (ks, ds) = if round % 2 == 0 {
-                    let ks = run_k(&mut errors);
-                    (ks, run_d(&mut errors))
-                } else {
-                    let ds = run_d(&mut errors);
-                    (run_k(&mut errors), ds)
-                };
+                let plan = Plan::new(prompts, round, args.iters, 1);
+                let (ks, ds) =
+                    both_rounds(&k, &d, plan, round, &format!("{v}-{round}"), &mut errors);
                 for (s, name) in [(&ks, k.name()), (&ds, d.name())] {
                     eprintln!(
                         "[{workers} workers, {tokens} tokens, round {}/{}] {name:<8} p50 {:.2} µs \
@@ -382,6 +551,34 @@ fn main() {
                 }
                 rounds.push((ks, ds));
             }
+            let mut concurrent = Vec::new();
+            for &callers in args.callers.iter().filter(|&&c| c > 1) {
+                let mut by_round = Vec::new();
+                for round in 0..args.rounds {
+                    let plan = Plan::new(prompts, round, args.iters, callers);
+                    let tag = format!("{v}-c{callers}-{round}");
+                    let (ks, ds) = both_rounds(&k, &d, plan, round, &tag, &mut errors);
+                    for (s, name) in [(&ks, k.name()), (&ds, d.name())] {
+                        eprintln!(
+                            "[{workers} workers, {tokens} tokens, {callers} callers, round {}/{}] \
+                             {name:<8} {:.0} decisions/s, p50 {:.2} µs, p99 {:.2} µs, in calls \
+                             {:.2} callers, callers' CPU {:.2} cores, other threads {:.3} cores \
+                             (load {})",
+                            round + 1,
+                            args.rounds,
+                            s.wall_per_s,
+                            s.p50,
+                            s.p99,
+                            s.in_calls,
+                            s.own_cpu,
+                            s.others_cpu,
+                            loadavg()
+                        );
+                    }
+                    by_round.push((ks, ds));
+                }
+                concurrent.push((callers, by_round));
+            }
             results.push(Variant {
                 label: format!(
                     "{tokens}-token prompts ({} blocks)",
@@ -389,6 +586,7 @@ fn main() {
                 ),
                 tokens,
                 rounds,
+                concurrent,
                 same_worker,
                 same_cached,
                 queries: prompts.len(),
@@ -412,6 +610,26 @@ fn main() {
          the medians, > 1 when kvrouter is faster.",
         args.dynamo_indexer_threads, args.rounds, args.iters
     );
+    if args.callers.iter().any(|&c| c > 1) {
+        println!();
+        println!(
+            "Concurrent callers: C threads share each side's one router, each caller running {} \
+             requests a round of its own (its own request ids, its own start in the cycle of \
+             prompts), each freed right after its decision (so at most C are booked at once), \
+             all starting together at a barrier; kvrouter then Dynamo or the other way round, \
+             alternating. kvrouter's callers call its `Router` (Send + Sync) directly; Dynamo's \
+             all `block_on` the core's one current_thread runtime, the one its partition's tasks \
+             (the scheduler queue actor among them) run on: whichever caller holds the \
+             runtime's core runs them, so neither side adds a thread. decisions/s = all the \
+             round's requests / its wall time, from the barrier to the last caller's end (what \
+             a request takes outside the calls counts: for Dynamo, making its request, a copy of \
+             the prompt); p50 and p99 over every caller's calls; scaling = decisions/s over the \
+             same router's with 1 caller, counted the same way (requests / the loop's wall time \
+             in the rounds above: the `1 caller` rows; the first table's decisions/s count only \
+             the calls' time). Medians over {} rounds.",
+            args.iters, args.rounds
+        );
+    }
     for (workers, (requests, events, entries), results) in &sections {
         println!();
         println!(
@@ -422,25 +640,6 @@ fn main() {
         println!("| prompt | measure | kvrouter | Dynamo SelectionCore | kvrouter's advantage |");
         println!("| --- | --- | ---: | ---: | ---: |");
         for v in results {
-            let col = |f: &dyn Fn(&Stats) -> f64| {
-                (
-                    median(&mut v.rounds.iter().map(|(k, _)| f(k)).collect::<Vec<_>>()),
-                    median(&mut v.rounds.iter().map(|(_, d)| f(d)).collect::<Vec<_>>()),
-                )
-            };
-            let per_round = |f: &dyn Fn(&Stats) -> f64, digits: usize| {
-                let k: Vec<String> = v
-                    .rounds
-                    .iter()
-                    .map(|(k, _)| format!("{:.*}", digits, f(k)))
-                    .collect();
-                let d: Vec<String> = v
-                    .rounds
-                    .iter()
-                    .map(|(_, d)| format!("{:.*}", digits, f(d)))
-                    .collect();
-                (k.join(" / "), d.join(" / "))
-            };
             let rows: [Row; 5] = [
                 ("decision + booking + release, p50 µs", &|s| s.p50, 2, false),
                 ("decision + booking + release, p99 µs", &|s| s.p99, 2, false),
@@ -453,22 +652,16 @@ fn main() {
                 ),
                 ("of which release, p50 µs", &|s| s.release_p50, 2, false),
             ];
-            for (label, f, digits, higher_better) in rows {
-                let (k, d) = col(f);
-                let ratio = if higher_better { k / d } else { d / k };
-                println!(
-                    "| {} | {label} | {:.*} | {:.*} | **{ratio:.2}×** |",
-                    v.label, digits, k, digits, d
-                );
-            }
-            let (k, d) = per_round(&|s| s.p50, 2);
-            println!("| {} | p50 per round, µs | {k} | {d} | |", v.label);
-            let (k, d) = per_round(&|s| s.per_s, 0);
-            println!("| {} | decisions/s per round | {k} | {d} | |", v.label);
-            let (k, d) = per_round(&|s| s.others_cpu, 2);
-            println!(
-                "| {} | CPU of the process's other threads while timing, cores, per round | {k} | {d} | |",
-                v.label
+            print_medians(&v.label, &v.rounds, &rows);
+            let each = |measure, f: &dyn Fn(&Stats) -> f64, digits| {
+                print_per_round(&v.label, measure, &v.rounds, f, digits)
+            };
+            each("p50 per round, µs", &|s| s.p50, 2);
+            each("decisions/s per round", &|s| s.per_s, 0);
+            each(
+                "CPU of the process's other threads while timing, cores, per round",
+                &|s| s.others_cpu,
+                2,
             );
             println!(
                 "| {} | decisions agreeing, of {}: same worker / same cached blocks on it | {} / {} (both routers) | | |",
@@ -482,6 +675,9 @@ fn main() {
                 v.dyn_cached_mean
             );
         }
+        if results.iter().any(|v| !v.concurrent.is_empty()) {
+            print_concurrent(*workers, results);
+        }
     }
     println!();
     println!(
@@ -493,6 +689,98 @@ fn main() {
     if errors > 0 {
         eprintln!("{errors} calls failed");
         std::process::exit(1);
+    }
+}
+
+/// Kvrouter's and Dynamo's medians of a figure over the rounds.
+fn medians(rounds: &[(Stats, Stats)], f: &dyn Fn(&Stats) -> f64) -> (f64, f64) {
+    (
+        median(&mut rounds.iter().map(|(k, _)| f(k)).collect::<Vec<_>>()),
+        median(&mut rounds.iter().map(|(_, d)| f(d)).collect::<Vec<_>>()),
+    )
+}
+
+/// Table rows of medians: `| label | measure | kvrouter | Dynamo | kvrouter's advantage |`,
+/// the advantage the ratio of the medians, > 1 when kvrouter is better.
+fn print_medians(label: &str, rounds: &[(Stats, Stats)], rows: &[Row]) {
+    for &(measure, f, digits, higher_better) in rows {
+        let (k, d) = medians(rounds, f);
+        let ratio = if higher_better { k / d } else { d / k };
+        println!("| {label} | {measure} | {k:.digits$} | {d:.digits$} | **{ratio:.2}×** |");
+    }
+}
+
+/// A table row of a figure in every round, kvrouter's and Dynamo's joined with " / ".
+fn print_per_round(
+    label: &str,
+    measure: &str,
+    rounds: &[(Stats, Stats)],
+    f: &dyn Fn(&Stats) -> f64,
+    digits: usize,
+) {
+    let each = |x: &dyn Fn(&(Stats, Stats)) -> &Stats| {
+        let v: Vec<String> = rounds
+            .iter()
+            .map(|r| format!("{:.*}", digits, f(x(r))))
+            .collect();
+        v.join(" / ")
+    };
+    let (k, d) = (each(&|r| &r.0), each(&|r| &r.1));
+    println!("| {label} | {measure} | {k} | {d} | |");
+}
+
+/// The table of a worker count's concurrent rounds: per prompt length and caller count.
+fn print_concurrent(workers: u32, results: &[Variant]) {
+    println!();
+    println!("**{workers} workers, concurrent callers** (the same workload).");
+    println!();
+    println!("| prompt | measure | kvrouter | Dynamo SelectionCore | kvrouter's advantage |");
+    println!("| --- | --- | ---: | ---: | ---: |");
+    let throughput: Row = (
+        "decisions/s, all callers (requests / wall time)",
+        &|s| s.wall_per_s,
+        0,
+        true,
+    );
+    for v in results {
+        // The base of the scaling: the one-caller rounds, counted by wall time as here.
+        print_medians(&format!("{}, 1 caller", v.label), &v.rounds, &[throughput]);
+        let (k1, d1) = medians(&v.rounds, &|s| s.wall_per_s);
+        for (callers, rounds) in &v.concurrent {
+            let label = format!("{}, {callers} callers", v.label);
+            let rows: [Row; 3] = [
+                throughput,
+                ("decision + booking + release, p50 µs", &|s| s.p50, 2, false),
+                ("decision + booking + release, p99 µs", &|s| s.p99, 2, false),
+            ];
+            print_medians(&label, rounds, &rows);
+            let (k, d) = medians(rounds, &|s| s.wall_per_s);
+            println!(
+                "| {label} | scaling: decisions/s ÷ 1 caller's (requests / wall time both) | \
+                 {:.2}× | {:.2}× | |",
+                k / k1,
+                d / d1
+            );
+            let (k, d) = medians(rounds, &|s| s.in_calls);
+            println!(
+                "| {label} | callers inside a timed call, on average (of {callers}) | {k:.2} | \
+                 {d:.2} | |"
+            );
+            let each = |measure, f: &dyn Fn(&Stats) -> f64, digits| {
+                print_per_round(&label, measure, rounds, f, digits)
+            };
+            each("decisions/s per round", &|s| s.wall_per_s, 0);
+            each(
+                "CPU of the calling threads while timing, cores, per round",
+                &|s| s.own_cpu,
+                2,
+            );
+            each(
+                "CPU of the process's other threads while timing, cores, per round",
+                &|s| s.others_cpu,
+                2,
+            );
+        }
     }
 }
 
