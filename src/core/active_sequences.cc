@@ -70,6 +70,13 @@ void ActiveSequences::AddWorker(WorkerKey worker) {
 size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
   auto found = slot_of_.find(worker);
   if (found == slot_of_.end()) return 0;
+  // Room for the freed slot and its positions first: once the slot is freed, a refused
+  // allocation would leave it neither in use nor free, or numbered as if every slot were in
+  // use (AlignToRanks would then write past its output).
+  if (free_slots_.size() == free_slots_.capacity()) {
+    free_slots_.reserve(std::max<size_t>(4, 2 * free_slots_.capacity()));
+  }
+  position_of_slot_.reserve(slots_.size());
   const uint32_t slot = found->second;
   size_t dropped = 0;
   for (auto it = requests_.begin(); it != requests_.end();) {
@@ -91,6 +98,8 @@ size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
 }
 
 void ActiveSequences::NumberPositions() {
+  // Allocates nothing: RemoveWorker reserved a position per slot, and slots are only added
+  // while none is free.
   position_of_slot_.clear();
   if (free_slots_.empty()) return;
   position_of_slot_.resize(slots_.size());

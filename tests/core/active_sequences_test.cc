@@ -210,7 +210,9 @@ TEST_F(ActiveSequencesTest, AlignToRanksFollowsTheOrderOfLoadsAcrossLeavingAndRe
     EXPECT_EQ(aligned.size(), loads.size());
     std::vector<std::pair<uint64_t, int>> tags;  // (rank's worker id, its item's tag or -1)
     for (size_t i = 0; i < loads.size() && i < aligned.size(); ++i) {
-      if (aligned[i] != nullptr) EXPECT_EQ(aligned[i]->worker, loads[i].worker);
+      if (aligned[i] != nullptr) {
+        EXPECT_EQ(aligned[i]->worker, loads[i].worker);
+      }
       tags.emplace_back(loads[i].worker.worker_id, aligned[i] ? aligned[i]->tag : -1);
     }
     return tags;

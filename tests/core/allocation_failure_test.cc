@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "core/active_sequences.h"
 #include "core/clock.h"
 #include "core/counting_allocator.h"
 #include "core/hashing.h"
@@ -719,6 +720,69 @@ void RouterRun(uint64_t n, int fd) {
 
 TEST(AllocationFailureTest, DISABLED_ARoutingDecisionBooksWholeOrNotAtAll) {
   Sweep(kRouterOps, RouterRun, 30);
+}
+
+// ---- Ranks joining and leaving the load tracker ---------------------------------------------
+
+// A decision joins the index's matches to the ranks with ActiveSequences::AlignToRanks, which
+// trusts the slot table and the positions numbered from it. A rank's removal whose allocation is
+// refused must leave the two consistent (the rank removed or still there), never a free slot
+// numbered as if every slot were in use: AlignToRanks would then write past its output.
+const std::vector<std::string> kRankOps = {"remove rank 1", "remove rank 3",
+                                           "add rank 4 (a free slot)", "remove rank 2",
+                                           "add rank 5 (a free slot)"};
+
+void RankOp(ActiveSequences& active, size_t op) {
+  constexpr uint64_t kWorkerOf[] = {1, 3, 4, 2, 5};
+  const WorkerKey rank{.worker_id = kWorkerOf[op]};
+  if (op == 2 || op == 4) {
+    active.AddWorker(rank);
+  } else {
+    active.RemoveWorker(rank);
+  }
+}
+
+// "" when AlignToRanks puts every registered rank's item at that rank's place in Loads().
+std::string CheckAligned(const ActiveSequences& active) {
+  std::vector<WorkerKey> items;
+  for (uint64_t w = 1; w <= 6; ++w) items.push_back(WorkerKey{.worker_id = w});
+  std::vector<const WorkerKey*> aligned;
+  aligned.reserve(items.size());  // room for a write past the end: seen below, not a crash
+  active.AlignToRanks(
+      std::span<const WorkerKey>(items), [](const WorkerKey& k) { return k; }, aligned);
+  const std::vector<WorkerLoad> loads = active.Loads();
+  if (aligned.size() != loads.size() || active.num_workers() != loads.size()) {
+    return "aligned " + std::to_string(aligned.size()) + " items to " +
+           std::to_string(loads.size()) + " ranks (" + std::to_string(active.num_workers()) +
+           " registered)";
+  }
+  for (size_t i = 0; i < loads.size(); ++i) {
+    if (aligned[i] == nullptr || *aligned[i] != loads[i].worker) {
+      return "rank " + std::to_string(loads[i].worker.worker_id) + " at place " +
+             std::to_string(i) + " got " +
+             (aligned[i] ? "rank " + std::to_string(aligned[i]->worker_id) : "no item");
+    }
+  }
+  return "";
+}
+
+void RankRun(uint64_t n, int fd) {
+  ManualClock clock;
+  ActiveSequences active(clock);
+  for (uint64_t w = 1; w <= 3; ++w) active.AddWorker(WorkerKey{.worker_id = w});
+  auto fail = [&](const std::string& problem) { Report(fd, "P" + problem); };
+  if (RunArmed(n, kRankOps.size(), fd, [&](size_t op) { RankOp(active, op); }) == kRankOps.size()) {
+    return;
+  }
+  if (std::string problem = CheckAligned(active); !problem.empty()) return fail(problem);
+  for (size_t op = 0; op < kRankOps.size(); ++op) RankOp(active, op);
+  if (std::string problem = CheckAligned(active); !problem.empty()) {
+    return fail("after the operations again, " + problem);
+  }
+}
+
+TEST(AllocationFailureTest, RanksLeavingWhenTheHeapRefusesStayAlignedWithTheirMatches) {
+  Sweep(kRankOps, RankRun, 2);
 }
 
 // ---- The real limit, through the C ABI ---------------------------------------------------------

@@ -147,7 +147,9 @@ TEST_F(RouterTest, CandidatesKeepTheirOwnOverlapAfterRanksLeaveAndJoin) {
         round == 0 ? std::map<uint64_t, uint32_t>{{2, 0}, {3, 4}, {4, 8}}
                    : std::map<uint64_t, uint32_t>{{2, 0}, {3, 4}, {4, 8}, {5, 0}};
     EXPECT_EQ(overlap, expected) << "round " << round;
-    if (round == 0) ASSERT_TRUE(router_->AddWorker(Worker(5)).ok());  // takes worker 1's slot
+    if (round == 0) {
+      ASSERT_TRUE(router_->AddWorker(Worker(5)).ok());  // takes worker 1's slot
+    }
   }
 }
 
