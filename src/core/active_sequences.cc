@@ -109,8 +109,6 @@ void ActiveSequences::NumberPositions() {
   }
 }
 
-std::span<const uint32_t> ActiveSequences::PositionOfSlot() const { return position_of_slot_; }
-
 bool ActiveSequences::HasWorker(WorkerKey worker) const { return slot_of_.contains(worker); }
 
 absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {

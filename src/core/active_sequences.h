@@ -223,11 +223,11 @@ class ActiveSequences {
   void AlignToRanks(std::span<const Item> items, KeyOf key_of,
                     std::vector<const Item*>& out) const {
     out.assign(slot_of_.size(), nullptr);
-    const std::span<const uint32_t> position = PositionOfSlot();
     for (const Item& item : items) {
       auto found = slot_of_.find(key_of(item));
       if (found == slot_of_.end()) continue;
-      out[position.empty() ? found->second : position[found->second]] = &item;
+      const uint32_t slot = found->second;
+      out[position_of_slot_.empty() ? slot : position_of_slot_[slot]] = &item;
     }
   }
 
@@ -289,9 +289,7 @@ class ActiveSequences {
   // A rank's load as the router sees it: trie blocks plus output blocks.
   WorkerLoad LoadOf(const Slot& s) const;
   static void LoadInto(const Slot& s, double prefill_tokens_per_second, WorkerLoad& out);
-  // Each slot's position among the ranks in use (the order of Loads()); empty while every slot
-  // is in use, when a slot's number is its position.
-  std::span<const uint32_t> PositionOfSlot() const;
+  // Rebuilds position_of_slot_.
   void NumberPositions();
 
   // Follows `chain` down the trie as far as it matches.
@@ -320,7 +318,8 @@ class ActiveSequences {
   std::vector<Slot> slots_;  // indexed by slot number; freed slots are reused
   std::vector<uint32_t> free_slots_;
   absl::flat_hash_map<WorkerKey, uint32_t> slot_of_;
-  // PositionOfSlot's answer while slots are free, rebuilt when a rank is added or removed.
+  // Each slot's position among the ranks in use (the order of Loads()), rebuilt when a rank
+  // is added or removed; empty while every slot is in use, when a slot's number is its position.
   std::vector<uint32_t> position_of_slot_;
   // The trie of booked chains, and its edges: (run, first id of a child run) -> that child.
   std::unique_ptr<Run> root_;

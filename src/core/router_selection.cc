@@ -228,7 +228,6 @@ std::unique_ptr<Router::Prepared> Router::WhatCommitNeeds(const Prepared& prepar
     kept->sequence_hashes = prepared.sequence_hashes;
   }
   kept->session_id = prepared.session_id;
-  kept->session_mode = prepared.session_mode;
   kept->session_ttl_seconds = prepared.session_ttl_seconds;
   return kept;
 }
