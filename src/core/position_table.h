@@ -10,12 +10,14 @@
 // the index's memory. (Robin Hood probing at that load moved tens of entries per insert and
 // erase.)
 //
-// Not thread-safe: the index synchronises. Memory is counted through CountingAllocator.
+// Not thread-safe: the index synchronises. Memory is counted through CountingAllocator. A refused
+// allocation (std::bad_alloc) leaves the table as it was; an erase never throws.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "core/counting_allocator.h"
@@ -73,7 +75,9 @@ class PositionTable {
   void Update(uint64_t key, uint64_t value) { const_cast<Slot*>(FindSlot(key))->value = value; }
 
   // Inserts unless `key` is present; returns whether it inserted. One pass over the key's two
-  // buckets finds it or a free slot; only two full buckets take the slow path.
+  // buckets finds it or a free slot; only two full buckets take the slow path. If the table
+  // must grow and the heap refuses, std::bad_alloc leaves the table as it was (so do Set and
+  // Exchange): a caller that allocates first and then inserts can undo what it did before.
   bool TryInsert(uint64_t key, uint64_t value) {
     return Upsert(key, value, /*overwrite=*/false) == 0;
   }
@@ -94,7 +98,12 @@ class PositionTable {
     if (size_ == 0) {
       Release();
     } else if (size_ * 10 < capacity() * 4 && num_buckets_ > 2) {
-      Rehash(BucketsFor(size_ + size_ / 4 + 1));  // back to a load of about 0.8
+      // Back to a load of about 0.8. Shrinking is optional: if the heap refuses the smaller
+      // array the table stays as large as it was, so an erase never fails.
+      try {
+        Rehash(BucketsFor(size_ + size_ / 4 + 1));
+      } catch (const std::bad_alloc&) {
+      }
     }
     return true;
   }
@@ -168,12 +177,12 @@ class PositionTable {
         }
       }
     }
-    ++size_;
     if (free != nullptr) {
       *free = Slot{key, value};
     } else {
-      Displace(key, value);
+      Displace(key, value);  // may grow, and throw with nothing changed
     }
+    ++size_;
     return 0;
   }
 
@@ -239,16 +248,26 @@ class PositionTable {
   // grows when the walk gets long. `into` is the bucket `carry` takes a slot in first. The
   // victim's way varies with the carried key and the step, so the walk seldom retraces itself
   // (more than eight keys sharing two buckets always would: kMaxKicks bounds it).
+  //
+  // A walk that fails is undone before the table grows (every resident back in its slot, the
+  // carried entry the one that came in), so a growth the heap refuses loses nothing. Inside a
+  // growth (placing the old entries again) there is nothing to undo to: Rehash keeps its old
+  // array until it has placed everything, and returns to it if anything throws.
   void Walk(Slot carry, size_t into) {
+    Slot* kicked[kMaxKicks];
     uint64_t h = Mix(carry.key);
     for (int kick = 0; kick < kMaxKicks; ++kick) {
-      std::swap(buckets_[into].slots[((h >> 58) + static_cast<uint64_t>(kick)) % kWays], carry);
+      kicked[kick] = &buckets_[into].slots[((h >> 58) + static_cast<uint64_t>(kick)) % kWays];
+      std::swap(*kicked[kick], carry);
       h = Mix(carry.key);
       into = OtherBucket(h, into);
       if (Slot* free = FreeSlotIn(into)) {
         *free = carry;
         return;
       }
+    }
+    if (!placing_again_) {
+      for (int kick = kMaxKicks; kick-- > 0;) std::swap(*kicked[kick], carry);
     }
     Grow();
     Insert(carry);
@@ -260,22 +279,37 @@ class PositionTable {
   // (0.81 at 1.25x, 0.74 at 1.5x, 0.65 at 2x). BENCHMARKS.md, "The per-worker tables".
   void Grow() { Rehash(std::max<size_t>(2, num_buckets_ + num_buckets_ / 2 + 1)); }
 
+  // Places every entry again in a new array of `num_buckets`. The old array is kept until all
+  // are placed: if the heap refuses the new array, or a larger one a walk may need on the way
+  // (a growth within this one), the table is left on the old array, as it was.
   void Rehash(size_t num_buckets) {
     if (num_buckets > num_buckets_ && alloc_.AllocatesZeroed(num_buckets_)) {
       return Stretch(num_buckets);
     }
     Bucket* old = buckets_;
     const size_t old_buckets = num_buckets_;
-    buckets_ = alloc_.allocate(num_buckets);
+    Bucket* fresh = alloc_.allocate(num_buckets);
     if (!alloc_.AllocatesZeroed(num_buckets)) {
-      std::memset(static_cast<void*>(buckets_), 0, num_buckets * sizeof(Bucket));
+      std::memset(static_cast<void*>(fresh), 0, num_buckets * sizeof(Bucket));
     }
+    buckets_ = fresh;
     num_buckets_ = num_buckets;
-    for (size_t b = 0; b < old_buckets; ++b) {
-      for (const Slot& s : old[b].slots) {
-        if (s.value != 0) Insert(s, ChoiceIn(s.key, b, old_buckets));
+    const bool outermost = !placing_again_;
+    placing_again_ = true;
+    try {
+      for (size_t b = 0; b < old_buckets; ++b) {
+        for (const Slot& s : old[b].slots) {
+          if (s.value != 0) Insert(s, ChoiceIn(s.key, b, old_buckets));
+        }
       }
+    } catch (...) {
+      alloc_.deallocate(buckets_, num_buckets_);  // `fresh`, or the array a growth within made
+      buckets_ = old;
+      num_buckets_ = old_buckets;
+      placing_again_ = !outermost;
+      throw;
     }
+    placing_again_ = !outermost;
     if (old != nullptr) alloc_.deallocate(old, old_buckets);
   }
 
@@ -291,6 +325,12 @@ class PositionTable {
   // bucket kAhead below (without, growing 1,000 tables to 20 K entries took 1.25x the old path;
   // with, 1.0-1.05x). An entry tries the same one of its two buckets as before (ChoiceIn):
   // placing every entry first-bucket-first made loading the trace 1.1-1.25x slower.
+  // A refused growth leaves the table as it was. What is not failure-safe: a walk that fails
+  // while the entries are placed again here (eight keys sharing both their buckets under the
+  // larger count as well) grows once more from inside, and if the kernel refuses that growth
+  // the entry the walk carried is lost, as there is no old array to go back to.
+  // Such a failing walk was never seen on real or random keys (TryInsert's callers fall back
+  // to the copying path only under sanitizers or without mappings).
   void Stretch(size_t num_buckets) {
     constexpr size_t kAhead = 8;
     const size_t old_buckets = num_buckets_;
@@ -337,6 +377,7 @@ class PositionTable {
   Bucket* buckets_ = nullptr;
   size_t num_buckets_ = 0;
   size_t size_ = 0;
+  bool placing_again_ = false;  // a growth is placing the entries again (Walk, Rehash)
 };
 
 }  // namespace kvrouter

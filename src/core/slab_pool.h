@@ -6,6 +6,7 @@
 // exactly under churn. Not thread-safe: the owner synchronises.
 #pragma once
 
+#include <algorithm>
 #include <cassert>
 #include <cstdint>
 #include <cstring>
@@ -91,8 +92,17 @@ class SlabPool {
   static bool HasSpace(const Chunk& c) { return c.free_head != kNone || c.bump < kChunkSize; }
 
   // Index of a chunk with a free slot, left on top of with_space_; creates one if needed.
+  // Everything is allocated before anything changes, so a refusal (std::bad_alloc) leaves the
+  // pool as it was; and with_space_ and vacant_ keep room for every chunk, so Free never
+  // allocates.
   uint32_t ChunkWithSpace() {
     if (!with_space_.empty()) return with_space_.back();
+    const size_t chunks = chunks_.size() + (vacant_.empty() ? 1 : 0);
+    ReserveGeometrically(chunks, chunks_);
+    ReserveGeometrically(chunks, with_space_);
+    ReserveGeometrically(chunks, vacant_);
+    CountingAllocator<Chunk> alloc(counter_);
+    Chunk* chunk = new (alloc.allocate(1)) Chunk;  // default-init: slots stay uninitialised
     uint32_t c;
     if (!vacant_.empty()) {
       c = vacant_.back();
@@ -101,11 +111,15 @@ class SlabPool {
       c = static_cast<uint32_t>(chunks_.size());
       chunks_.push_back(nullptr);
     }
-    CountingAllocator<Chunk> alloc(counter_);
-    chunks_[c] = new (alloc.allocate(1)) Chunk;  // default-init: slots stay uninitialised
+    chunks_[c] = chunk;
     chunks_[c]->listed = true;
     with_space_.push_back(c);
     return c;
+  }
+
+  template <typename Vector>
+  static void ReserveGeometrically(size_t n, Vector& v) {
+    if (v.capacity() < n) v.reserve(std::max(n, 2 * v.capacity()));
   }
 
   void ReleaseChunk(uint32_t c) {
@@ -122,8 +136,8 @@ class SlabPool {
     while (!chunks_.empty() && chunks_.back() == nullptr) chunks_.pop_back();
     std::erase_if(vacant_, [&](uint32_t i) { return i >= chunks_.size(); });
     ShrinkIfSparse(chunks_);
-    ShrinkIfSparse(vacant_);
-    ShrinkIfSparse(with_space_);
+    ShrinkKeepingRoomFor(chunks_.size(), vacant_);
+    ShrinkKeepingRoomFor(chunks_.size(), with_space_);
   }
 
   void DeleteChunk(Chunk* c) {

@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <memory>
+#include <new>
 #include <optional>
 #include <random>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/counting_allocator.h"
 #include "process_memory.h"
 
 namespace kvrouter {
@@ -220,6 +222,109 @@ TEST(PositionTableTest, MovesTransferOwnership) {
   EXPECT_EQ(c.Get(100), 100u);
   c.Clear();
   EXPECT_EQ(bytes, 0);
+}
+
+// ---- A refused allocation leaves the table as it was --------------------------------------
+
+// Inverse of the table's key mix (splitmix64's finaliser), to make keys whose two buckets are
+// chosen: the table does not expose its mix, so this copy must agree with it (checked below by
+// what the keys do).
+uint64_t UnXorShift(uint64_t y, int shift) {
+  uint64_t x = y;
+  for (int i = 0; i < 64 / shift + 1; ++i) x = y ^ (x >> shift);
+  return x;
+}
+uint64_t InverseOdd(uint64_t c) {
+  uint64_t inv = c;
+  for (int i = 0; i < 6; ++i) inv *= 2 - c * inv;
+  return inv;
+}
+uint64_t KeyMixingTo(uint64_t h) {
+  uint64_t x = UnXorShift(h, 31);
+  x *= InverseOdd(0x94d049bb133111ebull);
+  x = UnXorShift(x, 27);
+  x *= InverseOdd(0xbf58476d1ce4e5b9ull);
+  x = UnXorShift(x, 30);
+  return x - 0x9e3779b97f4a7c15ull;
+}
+
+// Keys whose two buckets are the first and the last while the table has fewer than 28 buckets:
+// nine of them fill both and the ninth's walk cannot succeed, so the table must grow.
+std::vector<uint64_t> KeysSharingTwoBuckets(int n) {
+  std::vector<uint64_t> keys;
+  for (uint64_t j = 1; j <= static_cast<uint64_t>(n); ++j) {
+    const uint64_t lo = j << 24, hi = 0xffffffffull - (j << 24);
+    keys.push_back(KeyMixingTo((hi << 32) | lo));
+  }
+  return keys;
+}
+
+TEST(PositionTableTest, AFailedWalkIsUndoneWhenTheHeapRefusesTheGrowth) {
+  int64_t bytes = 0;
+  PositionTable table(&bytes);
+  const std::vector<uint64_t> keys = KeysSharingTwoBuckets(9);
+  for (size_t k = 0; k < 8; ++k) ASSERT_TRUE(table.TryInsert(keys[k], 100 + k));
+  const size_t capacity = table.capacity();
+  ASSERT_LT(9 * 10, static_cast<int>(capacity) * 9) << "the ninth must not grow the table first";
+  const int64_t held = bytes;
+  FailAllocationForTesting(1);
+  EXPECT_THROW(table.TryInsert(keys[8], 108), std::bad_alloc);  // only a walk's growth allocates
+  EXPECT_EQ(FailAllocationForTesting(0), 0u);
+  // Before the fix the walk had moved the eight about and lost one of them (the one it carried
+  // when the growth failed), and counted the ninth.
+  EXPECT_EQ(table.size(), 8u);
+  EXPECT_EQ(table.capacity(), capacity);
+  EXPECT_EQ(bytes, held);
+  for (size_t k = 0; k < 8; ++k) EXPECT_EQ(table.Get(keys[k]), 100 + k) << k;
+  EXPECT_FALSE(table.Contains(keys[8]));
+  // With memory back the insert grows the table and goes in.
+  ASSERT_TRUE(table.TryInsert(keys[8], 108));
+  for (size_t k = 0; k < 9; ++k) EXPECT_EQ(table.Get(keys[k]), 100 + k) << k;
+  EXPECT_GT(table.capacity(), capacity);
+}
+
+// Every growth and every shrink of a table, each with the heap refusing: an insert throws and
+// changes nothing, an erase still erases (keeping its larger array).
+TEST(PositionTableTest, GrowthsAndShrinksTheHeapRefusesChangeNothing) {
+  int64_t bytes = 0;
+  PositionTable table(&bytes);
+  std::unordered_map<uint64_t, uint64_t> model;
+  std::mt19937_64 rng(0x5afe);
+  auto check = [&] {
+    ASSERT_EQ(table.size(), model.size());
+    for (const auto& [k, v] : model) ASSERT_EQ(table.Get(k), v);
+  };
+  size_t refused = 0;
+  for (uint64_t i = 0; i < 6000; ++i) {
+    const uint64_t key = rng() | 1;
+    FailAllocationForTesting(1);
+    try {
+      ASSERT_TRUE(table.TryInsert(key, i + 1));
+      model[key] = i + 1;
+    } catch (const std::bad_alloc&) {
+      ++refused;
+      check();
+      ASSERT_FALSE(table.Contains(key));
+      FailAllocationForTesting(0);
+      ASSERT_TRUE(table.TryInsert(key, i + 1));
+      model[key] = i + 1;
+    }
+    FailAllocationForTesting(0);
+  }
+  check();
+  EXPECT_GE(refused, 10u);  // every growth on the way to 6,000 entries
+  const int64_t full = bytes;
+  while (!model.empty()) {
+    const uint64_t key = model.begin()->first;
+    model.erase(model.begin());
+    FailAllocationForTesting(1);
+    ASSERT_TRUE(table.Erase(key));
+    FailAllocationForTesting(0);
+    if (model.size() % 500 == 0) check();
+  }
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_LE(bytes, full);
+  EXPECT_EQ(bytes, 0);  // the last erase releases the array, which allocates nothing
 }
 
 }  // namespace
