@@ -39,7 +39,10 @@
  *   NULL only with `cap` 0; `len` is required): `*len` is set to the count written, or, when
  *   `cap` is too small, to the count needed, with KVR_BUFFER_TOO_SMALL.
  * - Every _free function accepts NULL. Nothing returned is to be passed to free().
- * - Every entry point catches every C++ exception and returns KVR_INTERNAL with its message.
+ * - Every entry point catches every C++ exception: running out of memory returns
+ *   KVR_RESOURCE_EXHAUSTED ("out of memory"; what the call had changed is undone, or, for a KV
+ *   event refused midway, its rank is left holding nothing), any other KVR_INTERNAL with its
+ *   message.
  * - Thread-safety is stated per function: "concurrent" = any thread, any time, concurrently
  *   with any other call on the same handle; "none" = no other call on that handle may run
  *   concurrently (only the _free functions).

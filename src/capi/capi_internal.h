@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -41,11 +42,19 @@ namespace kvrouter::capi {
 kvr_status Fail(kvr_error** err, kvr_status status, std::string message);
 kvr_status FromStatus(kvr_error** err, const absl::Status& status);
 
-// Runs `body` with every exception turned into KVR_INTERNAL: nothing unwinds into C.
+// Runs `body` with every exception turned into a status: nothing unwinds into C. Running out of
+// memory is KVR_RESOURCE_EXHAUSTED (the core leaves its state whole: RadixIndex::Apply), any
+// other exception KVR_INTERNAL. The error object itself needs memory: without it, the status.
 template <typename Body>
 kvr_status Guard(kvr_error** err, Body&& body) noexcept {
   try {
     return body();
+  } catch (const std::bad_alloc&) {
+    try {
+      return Fail(err, KVR_RESOURCE_EXHAUSTED, "out of memory");
+    } catch (...) {
+      return KVR_RESOURCE_EXHAUSTED;
+    }
   } catch (const std::exception& e) {
     try {
       return Fail(err, KVR_INTERNAL, std::string("internal error: ") + e.what());

@@ -1,18 +1,22 @@
 #include "core/radix_index.h"
 
-#include <absl/container/flat_hash_map.h>
 #include <absl/container/inlined_vector.h>
-#include <absl/strings/str_format.h>
+#include <absl/hash/hash.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "core/child_table.h"
 #include "core/counting_allocator.h"
 #include "core/hashing.h"
 #include "core/position_table.h"
@@ -48,6 +52,25 @@ void PrefetchAhead(const PositionTable& table, std::span<const uint64_t> keys, s
 }
 
 uint8_t TierBit(Tier tier) { return static_cast<uint8_t>(1u << static_cast<int>(tier)); }
+
+// Messages are built with std::string, never absl::StrFormat, which cannot pass a
+// std::bad_alloc on through Debian's libabsl (std::terminate). And an event must not fail for
+// its message: if the heap refuses, the message is "out of memory" (short enough for
+// std::string's inline buffer, so that needs no allocation).
+void AppendPart(std::string& s, std::string_view part) { s += part; }
+template <typename N>
+requires std::is_integral_v<N>
+void AppendPart(std::string& s, N n) { s += std::to_string(n); }
+template <typename... Parts>
+std::string Message(const Parts&... parts) {
+  try {
+    std::string s;
+    (AppendPart(s, parts), ...);
+    return s;
+  } catch (const std::bad_alloc&) {
+    return "out of memory";
+  }
+}
 
 // ---- Membership of one worker rank in one node ---------------------------------------------
 // One 64-bit word: the worker's slot in the high half, then one byte per tier counting the
@@ -112,11 +135,17 @@ class MemberList {
     return it;
   }
 
+  // Never fails: giving back spare room is optional (a refused smaller array keeps this one).
   void Erase(Member* it, Alloc alloc) {
     Member* first = data();
     std::memmove(it, it + 1, (first + size_ - it - 1) * sizeof(Member));
     --size_;
-    if (capacity_ > 0 && size_ <= capacity_ / 4) Reallocate(size_ <= 1 ? 0 : capacity_ / 2, alloc);
+    if (capacity_ > 0 && size_ <= capacity_ / 4) {
+      try {
+        Reallocate(size_ <= 1 ? 0 : capacity_ / 2, alloc);
+      } catch (const std::bad_alloc&) {
+      }
+    }
   }
 
   // An independent copy (a node split gives both halves the same holders).
@@ -142,7 +171,7 @@ class MemberList {
  private:
   uint32_t Capacity() const { return capacity_ == 0 ? 1 : capacity_; }
 
-  // capacity 0 means the single inline slot.
+  // capacity 0 means the single inline slot. Allocates before it changes anything.
   void Reallocate(uint32_t capacity, Alloc alloc) {
     if (capacity == 1) capacity = 0;
     Member* old = data();
@@ -168,9 +197,6 @@ class MemberList {
   uint32_t capacity_ = 0;
 };
 
-using ChildMap = absl::flat_hash_map<uint64_t, NodeId, absl::Hash<uint64_t>, std::equal_to<>,
-                                     CountingAllocator<std::pair<const uint64_t, NodeId>>>;
-
 // A run of consecutive blocks of one path that every holder holds alike (path compression):
 // the blocks' local hashes in order, and their holders. Children hang off the run's last block,
 // keyed by their first block's local hash. Membership is uniform over the run by construction:
@@ -189,8 +215,8 @@ struct Node {
   };
   uint32_t num_children;
   union {
-    NodeId only_child;   // num_children == 1
-    ChildMap* children;  // num_children >= 2
+    NodeId only_child;    // num_children == 1
+    ChildTable children;  // num_children >= 2
   };
   MemberList members;
 };
@@ -289,7 +315,8 @@ class RadixIndex::Impl {
         workers_(CountingAllocator<WorkerState>(&bytes_)),
         slot_of_(0, absl::Hash<WorkerKey>(), std::equal_to<>(),
                  CountingAllocator<std::pair<const WorkerKey, uint32_t>>(&bytes_)),
-        free_slots_(CountingAllocator<uint32_t>(&bytes_)) {
+        free_slots_(CountingAllocator<uint32_t>(&bytes_)),
+        held_(CountingAllocator<NodeId>(&bytes_)) {
     const NodeId root = nodes_.Allocate();
     InitNode(root, kNoNode, {});
   }
@@ -463,11 +490,22 @@ class RadixIndex::Impl {
         p = Position{parent, nodes_[parent].len - 1};
       }
     }
+    size_t cut_blocks = 0;         // the path's last blocks that the cuts so far took off
     for (const Cut& cut : cuts) {  // deepest first: isolating one never moves a shallower one
-      const NodeId run = Isolate(cut.node, cut.from, cut.to);
+      NodeId run;
+      try {
+        run = Isolate(cut.node, cut.from, cut.to);
+      } catch (const std::bad_alloc&) {
+        // The blocks cut so far may be freed: their entries go before the rank is cleared.
+        for (uint64_t engine_hash : path.last(cut_blocks)) blocks.Erase(engine_hash);
+        cached_blocks_ -= cut_blocks;
+        DropAfterRefusal(worker);
+        throw;
+      }
       const Member* m = nodes_[run].members.Find(slot);
       RemoveFromNode(run, slot, MemberTiers(*m));
       FreeIfUnused(run);
+      cut_blocks += cut.to - cut.from;
     }
     const auto dropped = path.last(count);
     for (size_t k = 0; k < count; ++k) {
@@ -506,6 +544,7 @@ class RadixIndex::Impl {
     s.events = events_;
     s.duplicate_stores = duplicate_stores_;
     s.rekeyed_blocks = rekeyed_blocks_;
+    s.refused_events = refused_events_;
     return s;
   }
 
@@ -569,10 +608,16 @@ class RadixIndex::Impl {
     tree_blocks_ += hashes.size();
   }
 
-  // Shortens a run to its first `len` hashes, giving back spare room.
+  // Shortens a run to its first `len` hashes, giving back spare room. Never fails: if the heap
+  // refuses the smaller array the run keeps its room.
   void TruncateRun(Node& n, uint32_t len) {
     n.len = len;
-    if (n.capacity > 0 && (len <= 1 || len * 2 <= n.capacity)) ResizeRun(n, len, len);
+    if (n.capacity > 0 && (len <= 1 || len * 2 <= n.capacity)) {
+      try {
+        ResizeRun(n, len, len);
+      } catch (const std::bad_alloc&) {
+      }
+    }
   }
 
   NodeId FindChild(NodeId parent, uint64_t local_hash) const {
@@ -581,82 +626,101 @@ class RadixIndex::Impl {
       return Hashes(nodes_[p.only_child])[0] == local_hash ? p.only_child : kNoNode;
     }
     if (p.num_children == 0) return kNoNode;
-    auto it = p.children->find(local_hash);
-    return it == p.children->end() ? kNoNode : it->second;
+    const uint64_t child = p.children.Get(local_hash);
+    return child == 0 ? kNoNode : static_cast<NodeId>(child);
   }
 
   template <typename F>
   void ForEachChild(const Node& n, F&& f) const {
     if (n.num_children == 1) f(n.only_child);
     if (n.num_children >= 2) {
-      for (const auto& [hash, child] : *n.children) f(child);
+      n.children.ForEach([&](uint64_t, uint64_t child) { f(static_cast<NodeId>(child)); });
     }
   }
 
+  // Throws std::bad_alloc with nothing changed.
   void LinkChild(NodeId parent, NodeId child) {
     Node& p = nodes_[parent];
     const uint64_t key = Hashes(nodes_[child])[0];
     if (p.num_children == 0) {
       p.only_child = child;
+    } else if (p.num_children == 1) {
+      p.children = ChildTable::Make(ChildAlloc(), {Hashes(nodes_[p.only_child])[0], p.only_child},
+                                    {key, child});
     } else {
-      if (p.num_children == 1) {
-        const NodeId first = p.only_child;
-        CountingAllocator<ChildMap> alloc(&bytes_);
-        p.children = new (alloc.allocate(1))
-            ChildMap(0, absl::Hash<uint64_t>(), std::equal_to<>(),
-                     CountingAllocator<std::pair<const uint64_t, NodeId>>(&bytes_));
-        p.children->emplace(Hashes(nodes_[first])[0], first);
-      }
-      p.children->emplace(key, child);
+      p.children.Insert(key, child, ChildAlloc());
     }
     ++p.num_children;
   }
 
-  void DeleteChildMap(ChildMap* map) {
-    map->~ChildMap();
-    CountingAllocator<ChildMap>(&bytes_).deallocate(map, 1);
-  }
+  ChildTable::Alloc ChildAlloc() { return ChildTable::Alloc(&bytes_); }
 
   void UnlinkChild(NodeId parent, NodeId child) {
     Node& p = nodes_[parent];
     if (p.num_children == 1) {
       p.only_child = kNoNode;
     } else {
-      p.children->erase(Hashes(nodes_[child])[0]);
+      p.children.Erase(Hashes(nodes_[child])[0], ChildAlloc());  // never fails
       if (p.num_children == 2) {
-        ChildMap* map = p.children;
-        p.only_child = map->begin()->second;
-        DeleteChildMap(map);
-      } else {
-        ShrinkTableIfSparse(*p.children);
+        ChildTable table = p.children;
+        table.ForEach([&](uint64_t, uint64_t other) { p.only_child = static_cast<NodeId>(other); });
+        table.Release(ChildAlloc());
       }
     }
     --p.num_children;
   }
 
-  // A new node under `parent` with the run `hashes`, holding nothing yet.
-  NodeId NewChild(NodeId parent, std::span<const uint64_t> hashes) {
+  // A node with the run `hashes` and no holders, in the tree under `parent` or not yet linked
+  // anywhere. Each throws std::bad_alloc with nothing changed; DiscardNode takes back one not
+  // yet linked.
+  NodeId NewNode(NodeId parent, std::span<const uint64_t> hashes) {
     const NodeId id = nodes_.Allocate();
-    InitNode(id, parent, hashes);
-    LinkChild(parent, id);
+    try {
+      InitNode(id, parent, hashes);
+    } catch (const std::bad_alloc&) {
+      nodes_.Free(id);
+      throw;
+    }
+    return id;
+  }
+  NodeId NewChild(NodeId parent, std::span<const uint64_t> hashes) {
+    const NodeId id = NewNode(parent, hashes);
+    try {
+      LinkChild(parent, id);
+    } catch (const std::bad_alloc&) {
+      DiscardNode(id);
+      throw;
+    }
     tree_blocks_ += hashes.size();
     return id;
+  }
+  void DiscardNode(NodeId id) {
+    Node& n = nodes_[id];
+    if (n.capacity > 0) HashAlloc().deallocate(n.hashes, n.capacity);
+    n.members.Release(MemberList::Alloc(&bytes_));
+    nodes_.Free(id);
   }
 
   // Splits node `id` before its block `at` (0 < at < len): the node keeps blocks [0, at) and a
   // new node, its only child, takes the rest with the node's holders and children. The new
-  // node is the old one's continuation, so positions past `at` still resolve.
+  // node is the old one's continuation, so positions past `at` still resolve. The new node is
+  // made whole before anything is relinked, so a refused allocation changes nothing.
   NodeId Split(NodeId id, uint32_t at) {
-    const NodeId tail = nodes_.Allocate();  // slab chunks never move: references stay valid
-    Node& n = nodes_[id];
+    const NodeId tail =
+        NewNode(id, std::span<const uint64_t>(Hashes(nodes_[id]) + at, nodes_[id].len - at));
+    Node& n = nodes_[id];  // slab chunks never move: references stay valid
     Node& t = nodes_[tail];
-    InitNode(tail, id, std::span<const uint64_t>(Hashes(n) + at, n.len - at));
+    try {
+      t.members = n.members.Clone(MemberList::Alloc(&bytes_));
+    } catch (const std::bad_alloc&) {
+      DiscardNode(tail);
+      throw;
+    }
     t.continuation = n.continuation;
     t.num_children = n.num_children;
     if (n.num_children == 1) t.only_child = n.only_child;
     if (n.num_children >= 2) t.children = n.children;
     ForEachChild(t, [&](NodeId c) { nodes_[c].parent = tail; });
-    t.members = n.members.Clone(MemberList::Alloc(&bytes_));
     n.continuation = tail;
     n.num_children = 1;
     n.only_child = tail;
@@ -701,12 +765,8 @@ class RadixIndex::Impl {
   }
 
   void ReleaseNode(NodeId id) {
-    Node& n = nodes_[id];
-    tree_blocks_ -= n.len;
-    if (n.capacity > 0) HashAlloc().deallocate(n.hashes, n.capacity);
-    n.capacity = 0;
-    n.members.Release(MemberList::Alloc(&bytes_));
-    nodes_.Free(id);
+    tree_blocks_ -= nodes_[id].len;
+    DiscardNode(id);
   }
 
   void ReleaseSubtree(NodeId root) {  // destructor only: no unlinking needed
@@ -716,7 +776,7 @@ class RadixIndex::Impl {
       stack.pop_back();
       Node& n = nodes_[id];
       ForEachChild(n, [&](NodeId c) { stack.push_back(c); });
-      if (n.num_children >= 2) DeleteChildMap(n.children);
+      if (n.num_children >= 2) n.children.Release(ChildAlloc());
       ReleaseNode(id);
     }
   }
@@ -760,21 +820,27 @@ class RadixIndex::Impl {
     return it == slot_of_.end() ? nullptr : &workers_[it->second].blocks;
   }
 
+  // The worker's slot, a new one if it is new. Allocates first (room for the slot, and for its
+  // number in free_slots_ when it goes, so that a removal never allocates), so a refused
+  // allocation leaves the workers as they were.
   uint32_t SlotFor(WorkerKey key) {
-    auto [it, inserted] = slot_of_.try_emplace(key, 0);
-    if (!inserted) return it->second;
-    uint32_t slot;
-    if (!free_slots_.empty()) {
-      slot = free_slots_.back();
+    if (auto it = slot_of_.find(key); it != slot_of_.end()) return it->second;
+    const bool reuse = !free_slots_.empty();
+    const uint32_t slot = reuse ? free_slots_.back() : static_cast<uint32_t>(workers_.size());
+    if (!reuse) {
+      const size_t room = std::max<size_t>(4, 2 * workers_.size());
+      if (workers_.capacity() == workers_.size()) workers_.reserve(room);
+      if (free_slots_.capacity() <= workers_.size()) free_slots_.reserve(room);
+    }
+    slot_of_.emplace(key, slot);  // strongly exception-safe: the last thing that may throw
+    if (reuse) {
       free_slots_.pop_back();
     } else {
-      slot = static_cast<uint32_t>(workers_.size());
       workers_.push_back(
           WorkerState{.key = key, .in_use = false, .blocks = PositionTable(&bytes_)});
     }
     workers_[slot].key = key;
     workers_[slot].in_use = true;
-    it->second = slot;
     return slot;
   }
 
@@ -786,44 +852,84 @@ class RadixIndex::Impl {
     return slots;
   }
 
-  // Drops every block of the slot; the worker stays known. Returns the blocks dropped.
-  size_t ClearSlot(uint32_t slot) {
+  // Drops every block of the slot; the worker stays known. Returns the blocks dropped. Never
+  // allocates, so it cannot fail: it is also how an event the heap refused is undone
+  // (DropAfterRefusal), and a removed event passes the positions whose entries it had already
+  // taken off the table in `also_held`.
+  size_t ClearSlot(uint32_t slot, std::span<const Position> also_held = {}) {
     PositionTable& blocks = workers_[slot].blocks;
     const size_t dropped = blocks.size();
     // A worker holds whole nodes (membership is uniform over a run): drop it from each node
     // once. Resolve every entry first: freeing nodes breaks the links stale entries follow.
-    std::vector<NodeId> held;
-    held.reserve(blocks.size());
+    // held_ has room for the largest table and a removed event's blocks (ReserveToClear).
+    held_.clear();
     blocks.ForEach(
-        [&](uint64_t, uint64_t entry) { held.push_back(Resolve(EntryPosition(entry)).node); });
-    std::sort(held.begin(), held.end());
-    held.erase(std::unique(held.begin(), held.end()), held.end());
-    for (NodeId node : held) {
+        [&](uint64_t, uint64_t entry) { held_.push_back(Resolve(EntryPosition(entry)).node); });
+    for (Position p : also_held) held_.push_back(Resolve(p).node);
+    std::sort(held_.begin(), held_.end());
+    held_.erase(std::unique(held_.begin(), held_.end()), held_.end());
+    for (NodeId node : held_) {
       MemberList& members = nodes_[node].members;
       if (Member* m = members.Find(slot)) members.Erase(m, MemberList::Alloc(&bytes_));
       FreeIfUnused(node);
     }
+    held_.clear();
     blocks.Clear();
     cached_blocks_ -= dropped;
     return dropped;
+  }
+
+  // Room in held_ for clearing a table of `entries` entries (and `more` positions): taken before
+  // an event makes a table larger, so that clearing it later never allocates.
+  void ReserveToClear(size_t entries, size_t more = 0) {
+    if (held_.capacity() < entries + more) {
+      held_.reserve(std::max(entries + more, held_.capacity() + held_.capacity() / 2));
+    }
+  }
+
+  // An event the heap refused part of: its rank is left holding nothing (known, as after a
+  // cleared event), which understates its cache but never claims a block it lacks, and the
+  // refusal goes on to the caller. `also_held`: see ClearSlot.
+  void DropAfterRefusal(WorkerKey worker, std::span<const Position> also_held = {}) {
+    repeated_.clear();
+    auto it = slot_of_.find(worker);
+    if (it == slot_of_.end()) return;
+    ClearSlot(it->second, also_held);
+    ++refused_events_;
   }
 
   size_t ReleaseSlot(uint32_t slot) {
     const size_t dropped = ClearSlot(slot);
     slot_of_.erase(workers_[slot].key);
     workers_[slot].in_use = false;
-    free_slots_.push_back(slot);
+    free_slots_.push_back(slot);  // SlotFor kept room for it
     CompactWorkers();
     return dropped;
   }
 
-  // Gives back the slots of removed workers at the end of the slot array, and spare capacity.
+  // Gives back the slots of removed workers at the end of the slot array, and spare capacity
+  // (all optional: nothing here fails).
   void CompactWorkers() {
     while (!workers_.empty() && !workers_.back().in_use) workers_.pop_back();
     std::erase_if(free_slots_, [&](uint32_t slot) { return slot >= workers_.size(); });
     ShrinkIfSparse(workers_);
-    ShrinkIfSparse(free_slots_);
-    ShrinkTableIfSparse(slot_of_);
+    ShrinkKeepingRoomFor(workers_.size(), free_slots_);
+    size_t largest = 0;
+    for (const WorkerState& w : workers_) largest = std::max(largest, w.blocks.size());
+    ShrinkKeepingRoomFor(largest, held_);
+    if (workers_.empty()) {  // nothing kept for workers that are all gone
+      held_ = decltype(held_)(held_.get_allocator());
+      free_slots_ = decltype(free_slots_)(free_slots_.get_allocator());
+    }
+    try {
+      if (slot_of_.empty()) {
+        slot_of_ = decltype(slot_of_)(0, slot_of_.hash_function(), slot_of_.key_eq(),
+                                      slot_of_.get_allocator());
+      } else if (slot_of_.size() * 8 < slot_of_.bucket_count()) {
+        slot_of_.rehash(0);  // strongly exception-safe
+      }
+    } catch (const std::bad_alloc&) {
+    }
   }
 
   // ---- Events ------------------------------------------------------------------------------
@@ -854,28 +960,35 @@ class RadixIndex::Impl {
       locals = computed;
     }
     std::unique_lock lock(mu_);
-    ApplyResult result = Store(event.worker, event.tier, stored, locals);
-    result.repeated.swap(repeated_);  // repeated_ is left empty for the next store
-    return result;
+    // What may be refused before anything changes: the rank's slot, and room to clear it.
+    const uint32_t slot = SlotFor(event.worker);
+    ReserveToClear(workers_[slot].blocks.size() + stored.block_hashes.size());
+    try {
+      ApplyResult result = Store(slot, event.worker, event.tier, stored, locals);
+      result.repeated.swap(repeated_);  // repeated_ is left empty for the next store
+      return result;
+    } catch (const std::bad_alloc&) {
+      DropAfterRefusal(event.worker);
+      throw;
+    }
   }
 
   // One stored event, a run of blocks at a time: blocks the tree already has are joined as one
   // run per node (one split at most at each end), blocks it lacks become one new node (or
   // extend the worker's own leaf). Never a node per block.
-  ApplyResult Store(WorkerKey worker, Tier tier, const StoredEvent& stored,
+  ApplyResult Store(uint32_t slot, WorkerKey worker, Tier tier, const StoredEvent& stored,
                     std::span<const uint64_t> locals) {
     if (locals.empty() && stored.token_ids.empty() && !stored.parent_hash) {
-      return StoreCopies(worker, tier, stored.block_hashes);
+      return StoreCopies(slot, worker, tier, stored.block_hashes);
     }
-    const uint32_t slot = SlotFor(worker);
     PositionTable& blocks = workers_[slot].blocks;
     StoreCursor cursor;
     if (stored.parent_hash) {
       const uint64_t entry = blocks.Get(*stored.parent_hash);
       if (entry == 0) {
         return Fail(EventKind::kStored, EventError::kParentBlockNotFound,
-                    absl::StrFormat("parent block %u not found for worker %u rank %u",
-                                    *stored.parent_hash, worker.worker_id, worker.dp_rank));
+                    Message("parent block ", *stored.parent_hash, " not found for worker ",
+                            worker.worker_id, " rank ", worker.dp_rank));
       }
       cursor.Advance(ResolveEntry(blocks, *stored.parent_hash, entry), 1);
     }
@@ -886,9 +999,9 @@ class RadixIndex::Impl {
         const Position known = ResolveEntry(blocks, engine[i], entry);
         if (cursor.OnPath(known, *this)) {
           return Fail(EventKind::kStored, EventError::kInvalidBlockSequence,
-                      absl::StrFormat("block %u (index %u) repeats an earlier block of its "
-                                      "sequence; %u of %u blocks applied",
-                                      engine[i], i, i, engine.size()));
+                      Message("block ", engine[i], " (index ", i,
+                              ") repeats an earlier block of its sequence; ", i, " of ",
+                              engine.size(), " blocks applied"));
         }
         if (Next(cursor, locals[i]) == known) {
           i = StoreAgain(slot, tier, engine, locals, i, cursor);
@@ -902,17 +1015,17 @@ class RadixIndex::Impl {
       }
       if (nodes_.live() >= kMaxNodes) {
         return Fail(EventKind::kStored, EventError::kInvalidBlock,
-                    "index is full (2^31 nodes); block not stored");
+                    Message("index is full (2^31 nodes); block not stored"));
       }
       const std::optional<Position> next = Next(cursor, locals[i]);
       i = next ? JoinRun(slot, tier, engine, locals, i, n, *next, cursor)
                : AddNewRun(slot, tier, engine, locals, i, n, cursor);
     }
     if (engine.size() != locals.size()) {
-      return Fail(EventKind::kStored, EventError::kInvalidBlock,
-                  absl::StrFormat("%u block hashes but %u complete blocks of %u tokens; the "
-                                  "first %u blocks applied",
-                                  engine.size(), locals.size(), options_.block_size, n));
+      return Fail(
+          EventKind::kStored, EventError::kInvalidBlock,
+          Message(engine.size(), " block hashes but ", locals.size(), " complete blocks of ",
+                  options_.block_size, " tokens; the first ", n, " blocks applied"));
     }
     return Succeed(EventKind::kStored);
   }
@@ -972,20 +1085,27 @@ class RadixIndex::Impl {
     const Node& node = nodes_[at.node];
     const auto candidates = engine.subspan(i, std::min<size_t>(n - i, node.len - at.offset));
     uint32_t count = 0;
-    while (count < candidates.size() && Hashes(node)[at.offset + count] == locals[i + count]) {
-      PrefetchAhead(blocks, candidates, count);
-      if (!blocks.TryInsert(candidates[count],
-                            PackEntry({at.node, at.offset + count}, TierBit(tier)))) {
-        break;
+    try {
+      while (count < candidates.size() && Hashes(node)[at.offset + count] == locals[i + count]) {
+        PrefetchAhead(blocks, candidates, count);
+        if (!blocks.TryInsert(candidates[count],
+                              PackEntry({at.node, at.offset + count}, TierBit(tier)))) {
+          break;
+        }
+        ++count;
       }
-      ++count;
+    } catch (const std::bad_alloc&) {
+      cached_blocks_ += count;  // every entry is counted, also those of a refused event
+      throw;
     }
+    cached_blocks_ += count;
     // The entries name positions in the node as it was; once the run is isolated they resolve
-    // (and are repaired) through the split links.
+    // (and are repaired) through the split links. (If the heap refuses a split, the rank is
+    // cleared: ClearSlot finds each node through the entries, and skips those it is not a
+    // member of yet.)
     const NodeId run = Isolate(at.node, at.offset, at.offset + count);
     AddToNode(run, slot, tier);
     cursor.Advance({run, 0}, count);
-    cached_blocks_ += count;
     return i + count;
   }
 
@@ -1008,18 +1128,26 @@ class RadixIndex::Impl {
     if (extend) {
       ExtendRun(nodes_[node], run);
     } else {
-      AddToNode(node, slot, tier);
+      AddToNode(node, slot, tier);  // a new node's one member is inline: nothing to allocate
     }
     const auto keys = engine.subspan(i, run.size());
     uint32_t count = 0;
-    while (count < keys.size()) {
-      PrefetchAhead(blocks, keys, count);
-      if (!blocks.TryInsert(keys[count], PackEntry({node, first + count}, TierBit(tier)))) break;
-      ++count;
+    try {
+      while (count < keys.size()) {
+        PrefetchAhead(blocks, keys, count);
+        if (!blocks.TryInsert(keys[count], PackEntry({node, first + count}, TierBit(tier)))) {
+          break;
+        }
+        ++count;
+      }
+    } catch (const std::bad_alloc&) {
+      cached_blocks_ += count;
+      DropRunTail(node, first + count);  // keeps the blocks whose entries went in
+      throw;
     }
-    if (count > 0) cursor.Advance({node, first}, count);
-    if (count < run.size()) DropRunTail(node, first + count);
     cached_blocks_ += count;
+    if (count < run.size()) DropRunTail(node, first + count);
+    if (count > 0) cursor.Advance({node, first}, count);
     return i + count;
   }
 
@@ -1082,8 +1210,8 @@ class RadixIndex::Impl {
   // A store that names blocks by engine hash alone, without tokens, local hashes or parent
   // (vLLM's offloading connector reports its copies so): each is a copy, on `tier`, of a block
   // the worker already holds on another tier. Hashes it does not hold are skipped and reported.
-  ApplyResult StoreCopies(WorkerKey worker, Tier tier, std::span<const uint64_t> engine) {
-    const uint32_t slot = SlotFor(worker);
+  ApplyResult StoreCopies(uint32_t slot, WorkerKey worker, Tier tier,
+                          std::span<const uint64_t> engine) {
     PositionTable& blocks = workers_[slot].blocks;
     size_t missing = 0;
     uint64_t first_missing = 0;
@@ -1100,11 +1228,10 @@ class RadixIndex::Impl {
     }
     if (missing > 0) {
       return Fail(EventKind::kStored, EventError::kBlockNotFound,
-                  absl::StrFormat("%u of %u blocks stored without tokens are not held by worker "
-                                  "%u rank %u on any tier (first: %u); the others were added to "
-                                  "tier %s",
-                                  missing, engine.size(), worker.worker_id, worker.dp_rank,
-                                  first_missing, TierName(tier)));
+                  Message(missing, " of ", engine.size(),
+                          " blocks stored without tokens are not held by worker ", worker.worker_id,
+                          " rank ", worker.dp_rank, " on any tier (first: ", first_missing,
+                          "); the others were added to tier ", TierName(tier)));
     }
     return Succeed(EventKind::kStored);
   }
@@ -1117,31 +1244,43 @@ class RadixIndex::Impl {
 
   ApplyResult ApplyData(const KvEvent& event, const RemovedEvent& removed) {
     std::unique_lock lock(mu_);
-    auto slot_it = slot_of_.find(event.worker);
-    std::string first_missing;
-    size_t missing = 0;
-    std::vector<Position> dropped;
     const std::span<const uint64_t> hashes = removed.block_hashes;
-    for (size_t k = 0; k < hashes.size(); ++k) {
-      const uint64_t engine_hash = hashes[k];
-      std::optional<Position> p;
-      if (slot_it != slot_of_.end()) {
-        PrefetchAhead(workers_[slot_it->second].blocks, hashes, k);
-        p = ForgetBlock(slot_it->second, event.tier, engine_hash);
-      }
-      if (p) {
-        dropped.push_back(*p);
-      } else if (missing++ == 0) {
-        first_missing = absl::StrFormat("%u", engine_hash);
+    size_t missing = 0;
+    uint64_t first_missing = 0;
+    auto slot_it = slot_of_.find(event.worker);
+    if (slot_it == slot_of_.end()) {
+      missing = hashes.size();
+      if (missing > 0) first_missing = hashes[0];
+    } else {
+      const uint32_t slot = slot_it->second;
+      PositionTable& blocks = workers_[slot].blocks;
+      // Allocated before anything changes: the positions, and the room to clear the rank.
+      std::vector<Position> dropped;
+      dropped.reserve(hashes.size());
+      ReserveToClear(blocks.size(), hashes.size());
+      try {
+        for (size_t k = 0; k < hashes.size(); ++k) {
+          PrefetchAhead(blocks, hashes, k);
+          if (std::optional<Position> p = ForgetBlock(slot, event.tier, hashes[k])) {
+            dropped.push_back(*p);
+          } else if (missing++ == 0) {
+            first_missing = hashes[k];
+          }
+        }
+        if (!dropped.empty()) DropBlocks(slot, TierBit(event.tier), dropped);
+      } catch (const std::bad_alloc&) {
+        // The entries of `dropped` are off the table already; DropBlocks left in it the blocks
+        // the rank still holds.
+        DropAfterRefusal(event.worker, dropped);
+        throw;
       }
     }
-    if (!dropped.empty()) DropBlocks(slot_it->second, TierBit(event.tier), dropped);
     if (missing > 0) {
-      return Fail(EventKind::kRemoved, EventError::kBlockNotFound,
-                  absl::StrFormat("%u of %u removed blocks not found on tier %s for worker %u "
-                                  "rank %u (first: %s); the others were removed",
-                                  missing, removed.block_hashes.size(), TierName(event.tier),
-                                  event.worker.worker_id, event.worker.dp_rank, first_missing));
+      return Fail(
+          EventKind::kRemoved, EventError::kBlockNotFound,
+          Message(missing, " of ", hashes.size(), " removed blocks not found on tier ",
+                  TierName(event.tier), " for worker ", event.worker.worker_id, " rank ",
+                  event.worker.dp_rank, " (first: ", first_missing, "); the others were removed"));
     }
     return Succeed(EventKind::kRemoved);
   }
@@ -1166,6 +1305,10 @@ class RadixIndex::Impl {
   // taken off as one run (one isolation), nodes from their last blocks down, so that
   // splitting off a later run never moves an earlier one. An evicted sequence costs a split,
   // not a node per block.
+  //
+  // If the heap refuses a split, `blocks` is left holding the blocks still held (where the run
+  // being dropped had got to, and the runs after it: those before may be freed) and the
+  // std::bad_alloc goes on.
   void DropBlocks(uint32_t slot, uint8_t tier_bit, std::vector<Position>& blocks) {
     std::sort(blocks.begin(), blocks.end(), [](const Position& a, const Position& b) {
       return a.node != b.node ? a.node < b.node : a.offset > b.offset;
@@ -1183,7 +1326,16 @@ class RadixIndex::Impl {
       for (uint32_t left = static_cast<uint32_t>(j - i); left > 0;) {
         const Position p = Resolve(at);
         const uint32_t n = std::min(left, nodes_[p.node].len - p.offset);
-        const NodeId run = Isolate(p.node, p.offset, p.offset + n);
+        NodeId run;
+        try {
+          run = Isolate(p.node, p.offset, p.offset + n);
+        } catch (const std::bad_alloc&) {
+          blocks[i] = at;  // the earlier pieces hang above this one: `at` still resolves
+          blocks.erase(blocks.begin() + static_cast<ptrdiff_t>(i) + 1,
+                       blocks.begin() + static_cast<ptrdiff_t>(j));
+          blocks.erase(blocks.begin(), blocks.begin() + static_cast<ptrdiff_t>(i));
+          throw;
+        }
         RemoveFromNode(run, slot, tier_bit);
         // Not freed while a later piece of this run hangs below it.
         FreeIfUnused(run);
@@ -1247,10 +1399,15 @@ class RadixIndex::Impl {
   int64_t bytes_ = 0;  // declared before every container that counts into it
   SlabPool<Node> nodes_;
   std::vector<WorkerState, CountingAllocator<WorkerState>> workers_;
-  absl::flat_hash_map<WorkerKey, uint32_t, absl::Hash<WorkerKey>, std::equal_to<>,
-                      CountingAllocator<std::pair<const WorkerKey, uint32_t>>>
+  // std::unordered_map: an insert the heap refuses leaves it as it was (not so Debian's abseil
+  // flat_hash_map, see child_table.h). Looked up once per event, never per block.
+  std::unordered_map<WorkerKey, uint32_t, absl::Hash<WorkerKey>, std::equal_to<>,
+                     CountingAllocator<std::pair<const WorkerKey, uint32_t>>>
       slot_of_;
-  std::vector<uint32_t, CountingAllocator<uint32_t>> free_slots_;
+  std::vector<uint32_t, CountingAllocator<uint32_t>> free_slots_;  // room for every slot
+  // ClearSlot's scratch: room for the largest table's nodes (ReserveToClear).
+  std::vector<NodeId, CountingAllocator<NodeId>> held_;
+  uint64_t refused_events_ = 0;  // events the heap refused part of (DropAfterRefusal)
   uint64_t cached_blocks_ = 0;
   uint64_t tree_blocks_ = 0;
   std::array<std::array<uint64_t, kNumEventErrors>, kNumEventKinds> events_{};
@@ -1284,7 +1441,9 @@ KvEvent StoredBlocks(WorkerKey worker, Tier tier, uint64_t event_id, std::option
 std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
   std::shared_lock lock(mu_);
   // Every worker's blocks by position, each with its engine hashes (almost always one).
-  absl::flat_hash_map<uint64_t, HeldBlocks> held;
+  // (std::unordered_map here and below: a growth the heap refuses must leave a map that can
+  // still be destroyed, which Debian's abseil does not, see child_table.h.)
+  std::unordered_map<uint64_t, HeldBlocks> held;
   for (uint32_t slot = 0; slot < workers_.size(); ++slot) {
     if (!workers_[slot].in_use) continue;
     workers_[slot].blocks.ForEach([&](uint64_t engine_hash, uint64_t entry) {
@@ -1413,7 +1572,7 @@ uint64_t RadixIndex::Impl::StateDigest() const {
   std::shared_lock lock(mu_);
   // The path hash of every block a worker holds (its local hashes from the root), which does
   // not depend on how the runs happen to be split: a restored index has the same digest.
-  absl::flat_hash_map<NodeId, std::vector<uint64_t>> block_paths;
+  std::unordered_map<NodeId, std::vector<uint64_t>> block_paths;
   std::vector<NodeId> pending;
   auto paths_of = [&](NodeId id) -> const std::vector<uint64_t>& {
     for (NodeId n = id; n != kRoot && !block_paths.contains(n); n = nodes_[n].parent) {
@@ -1453,7 +1612,7 @@ uint64_t RadixIndex::Impl::StateDigest() const {
 std::string RadixIndex::Impl::CheckInvariants() const {
   std::shared_lock lock(mu_);
   // Per (node, slot, tier): how many of the slot's engine hashes name each block of the run.
-  absl::flat_hash_map<uint64_t, std::vector<std::array<uint32_t, kNumTiers>>> counts;
+  std::unordered_map<uint64_t, std::vector<std::array<uint32_t, kNumTiers>>> counts;
   uint64_t entries = 0;
   for (uint32_t slot = 0; slot < workers_.size(); ++slot) {
     if (!workers_[slot].in_use) continue;
@@ -1462,7 +1621,7 @@ std::string RadixIndex::Impl::CheckInvariants() const {
       ++entries;
       const Position p = Resolve(EntryPosition(entry));
       if (p.node == kNoNode || p.offset >= nodes_[p.node].len) {
-        problem = absl::StrFormat("entry %u of slot %u resolves nowhere", engine_hash, slot);
+        problem = Message("entry ", engine_hash, " of slot ", slot, " resolves nowhere");
         return;
       }
       auto& per_block = counts[Combine(p.node, slot)];
@@ -1474,7 +1633,7 @@ std::string RadixIndex::Impl::CheckInvariants() const {
     if (!problem.empty()) return problem;
   }
   if (entries != cached_blocks_) {
-    return absl::StrFormat("%u table entries, %u cached blocks counted", entries, cached_blocks_);
+    return Message(entries, " table entries, ", cached_blocks_, " cached blocks counted");
   }
   uint64_t nodes = 0;
   std::vector<NodeId> stack{kRoot};
@@ -1488,25 +1647,24 @@ std::string RadixIndex::Impl::CheckInvariants() const {
       stack.push_back(c);
       linked = linked && nodes_[c].parent == id && FindChild(id, Hashes(nodes_[c])[0]) == c;
     });
-    if (!linked) return absl::StrFormat("a child of node %u is not linked both ways", id);
-    if (id != kRoot && n.len == 0) return absl::StrFormat("node %u has an empty run", id);
+    if (!linked) return Message("a child of node ", id, " is not linked both ways");
+    if (id != kRoot && n.len == 0) return Message("node ", id, " has an empty run");
     if (id != kRoot && n.members.empty() && n.num_children == 0) {
-      return absl::StrFormat("node %u holds nothing and leads nowhere", id);
+      return Message("node ", id, " holds nothing and leads nowhere");
     }
     // Each member holds every block of the run with the same counts its word records.
     for (Member m : n.members) {
       auto it = counts.find(Combine(id, MemberSlot(m)));
       if (it == counts.end()) {
-        return absl::StrFormat("slot %u is a member of node %u but names none of its blocks",
-                               MemberSlot(m), id);
+        return Message("slot ", MemberSlot(m), " is a member of node ", id,
+                       " but names none of its blocks");
       }
       for (uint32_t k = 0; k < n.len; ++k) {
         for (int t = 0; t < kNumTiers; ++t) {
           if (it->second[k][t] != MemberCount(m, t)) {
-            return absl::StrFormat(
-                "node %u block %u: slot %u holds it %u times on tier %d, "
-                "its member word says %u",
-                id, k, MemberSlot(m), it->second[k][t], t, MemberCount(m, t));
+            return Message("node ", id, " block ", k, ": slot ", MemberSlot(m), " holds it ",
+                           it->second[k][t], " times on tier ", t, ", its member word says ",
+                           MemberCount(m, t));
           }
         }
       }
@@ -1515,7 +1673,7 @@ std::string RadixIndex::Impl::CheckInvariants() const {
   }
   if (!counts.empty()) return "a worker names blocks of a node it is not a member of";
   if (nodes != nodes_.live()) {
-    return absl::StrFormat("%u nodes reachable, %u allocated", nodes, nodes_.live());
+    return Message(nodes, " nodes reachable, ", nodes_.live(), " allocated");
   }
   return {};
 }
@@ -1610,6 +1768,7 @@ IndexStats RadixIndex::Stats() const {
     }
     total.duplicate_stores += s.duplicate_stores;
     total.rekeyed_blocks += s.rekeyed_blocks;
+    total.refused_events += s.refused_events;
   }
   return total;
 }

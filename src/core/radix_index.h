@@ -115,6 +115,9 @@ struct IndexStats {
   std::array<std::array<uint64_t, kNumEventErrors>, kNumEventKinds> events{};
   uint64_t duplicate_stores = 0;  // a block stored again on a tier that already held it
   uint64_t rekeyed_blocks = 0;    // an engine hash reused for a different prefix
+  // Events the heap refused an allocation for midway: each left its rank holding nothing (see
+  // Apply) and threw std::bad_alloc. Counted in no `events` cell.
+  uint64_t refused_events = 0;
 };
 
 // Most trees an index may be split into (RadixIndexOptions::shards).
@@ -144,6 +147,14 @@ class RadixIndex {
 
   // Applies one event. Never fails fatally: an error is returned and counted, and the part of
   // the event that Dynamo applies despite that error is applied (see EventError).
+  //
+  // Running out of memory: if the heap refuses an allocation midway, the event's rank is left
+  // holding nothing (known, as after a cleared event: the rank's cache is understated, never a
+  // block claimed that it lacks), the rest of the index is as it was, it is counted
+  // (IndexStats::refused_events) and std::bad_alloc goes on to the caller. An event refused
+  // before it changed anything (hashing its tokens, a new rank's slot) leaves the index as it
+  // was. The same holds for DropPathTail. Queries that run out of memory throw and change
+  // nothing; RemoveWorker and RemoveWorkerDpRank allocate before they change anything.
   ApplyResult Apply(const KvEvent& event);
 
   // Per worker rank that holds at least the first block (on any tier), what it holds of the
