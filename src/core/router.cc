@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <utility>
 
 #include "absl/hash/hash.h"
@@ -201,19 +202,34 @@ absl::Status EventStatus(const ApplyResult& result) {
 
 absl::Status Router::ApplyEvents(std::span<const KvEvent> events) {
   absl::Status first;
-  size_t rejected = 0;
+  size_t first_index = 0, rejected = 0;
   for (size_t i = 0; i < events.size(); ++i) {
-    absl::StatusOr<ApplyResult> result = ApplyEvent(events[i]);
+    absl::StatusOr<ApplyResult> result;
+    try {
+      result = ApplyEvent(events[i]);
+    } catch (const std::bad_alloc&) {  // the index is whole (RadixIndex::Apply): go on
+      result = absl::Status(absl::StatusCode::kResourceExhausted, "out of memory");
+    }
     const absl::Status status = result.ok() ? EventStatus(*result) : result.status();
     if (!status.ok() && rejected++ == 0) {
-      first = absl::Status(status.code(), absl::StrCat("event ", i, ": ", status.message()));
+      first = status;
+      first_index = i;
     }
-    if (!result.ok()) break;  // approximate mode: none can apply
+    if (!result.ok() && !absl::IsResourceExhausted(result.status())) {
+      break;  // approximate mode: none can apply
+    }
   }
   if (first.ok()) return first;
-  return absl::Status(first.code(),
-                      absl::StrCat(first.message(), " (", rejected, " of ", events.size(),
-                                   " events rejected, the others applied)"));
+  // With std::string, which passes a refused allocation on (absl::StrCat's may not unwind
+  // through Debian's libabsl); without memory for it, the first rejection's own status.
+  try {
+    return absl::Status(
+        first.code(), "event " + std::to_string(first_index) + ": " + std::string(first.message()) +
+                          " (" + std::to_string(rejected) + " of " + std::to_string(events.size()) +
+                          " events rejected, the others applied)");
+  } catch (const std::bad_alloc&) {
+    return first;
+  }
 }
 
 void Router::CountRejectedBatch() {

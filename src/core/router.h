@@ -220,7 +220,8 @@ class Router {
   // A batch's events in order, each on its own: a rejected event does not keep the others from
   // applying. OK when every event applied (or there are none); otherwise the first rejection's
   // code (EventStatus) and a message naming it ("event I: why") and how many of the batch were
-  // rejected. In approximate mode the first event's FailedPrecondition ends the batch.
+  // rejected. In approximate mode the first event's FailedPrecondition ends the batch. An
+  // event refused for memory (RadixIndex::Apply) is a ResourceExhausted rejection like another.
   absl::Status ApplyEvents(std::span<const KvEvent> events);
   // A batch that could not be decoded reached the router (nothing of it applied): counted in
   // counters().event_batches_rejected.

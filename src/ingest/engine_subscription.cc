@@ -455,6 +455,15 @@ void EngineSubscriptions::ApplyEngineEvent(Subscription& sub, KvEvent& event) {
     copies.ForgetRank(event.worker);
   }
   const auto result = loop_.ApplyOne(event, c);
+  if (absl::IsResourceExhausted(result.status())) {
+    // Out of memory: the index dropped the rank's blocks, so what it holds is unknown now, as
+    // after a gap without replay (repaired when the engine clears its cache or restarts).
+    sub.salted.Clear();
+    copies.Clear();
+    Bump(c.recoveries);
+    SetUnknown(sub, true);
+    return;
+  }
   if (!result.ok()) return;
   for (uint64_t h : result->repeated) copies.Add(event.worker, event.tier, h);
 }

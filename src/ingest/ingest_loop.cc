@@ -1,6 +1,7 @@
 #include "ingest/ingest_loop.h"
 
 #include <future>
+#include <new>
 #include <utility>
 
 namespace kvrouter {
@@ -68,7 +69,14 @@ void IngestLoop::Apply(std::span<const KvEvent> events, SourceCounters& source) 
 }
 
 absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCounters& source) {
-  auto result = router->ApplyEvent(event);
+  absl::StatusOr<ApplyResult> result;
+  try {
+    result = router->ApplyEvent(event);
+  } catch (const std::bad_alloc&) {
+    RefusedForMemory(event.worker, source);
+    // No message: making one may need the memory that just ran out.
+    return absl::Status(absl::StatusCode::kResourceExhausted, "");
+  }
   // The tap hears what the index applied, even in part (a removal naming blocks the rank does
   // not hold removes the others): the same event does the same to an index in the same state.
   if (result.ok()) Tap(event, source);
@@ -79,6 +87,19 @@ absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCou
                   result.ok() ? result->message : std::string(result.status().message()));
   }
   return result;
+}
+
+// The heap refused an allocation for an event: the index left the rank as it was, or (refused
+// midway) holding nothing (RadixIndex::Apply). Either way the event is lost, so the rank is
+// cleared (a clear of a known rank allocates nothing in the index) and the tap hears the clear;
+// the source is told by the ResourceExhausted status (an engine source flags the rank unknown,
+// as after a gap).
+void IngestLoop::RefusedForMemory(WorkerKey rank, SourceCounters& source) {
+  source.Reject(IngestReject::kIndexRejected, "out of memory");  // fits std::string's own buffer
+  try {
+    ClearRank(rank, source);
+  } catch (const std::bad_alloc&) {  // an unknown rank (it holds nothing), or the tap's copy
+  }
 }
 
 void IngestLoop::ClearRank(WorkerKey rank, const SourceCounters& source) {

@@ -95,6 +95,7 @@ struct IngestLoop {
   absl::StatusOr<ApplyResult> ApplyOne(const KvEvent& event, SourceCounters& source);
   // Drops everything the index holds for one rank, for `source`.
   void ClearRank(WorkerKey rank, const SourceCounters& source);
+  void RefusedForMemory(WorkerKey rank, SourceCounters& source);
 
  private:
   void Tap(const KvEvent& event, const SourceCounters& source) {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/clock.h"
+#include "core/counting_allocator.h"
 #include "core/router.h"
 #include "ingest/ingest_service.h"
 
@@ -270,6 +271,25 @@ TEST_F(EngineIngestTest, GapClearsAndFlagsThenEngineClearRestoresTrust) {
   // The continuation's parent was cleared with the rest: refused by the index.
   EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kIndexRejected)]);
   ExpectTheEnginesClearRestoresTrust(engine, source, 5, 3);
+}
+
+// An event the heap refuses (FailAllocationForTesting refuses the index's next allocation: the
+// third block extends the rank's run) neither ends the ingest thread nor leaves part of the
+// event: the rank is cleared and flagged unknown, as after a gap, until the engine clears.
+TEST_F(EngineIngestTest, AnEventRefusedForMemoryClearsAndFlagsTheRank) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  StoreBlocks(engine, source, 0, /*three=*/false);
+  FailAllocationForTesting(1);
+  engine.Send(1, VllmPayload("array_store_continuation"));
+  const IngestStats stats = WaitForMessages(source, 2);
+  EXPECT_EQ(0u, FailAllocationForTesting(0));  // the refusal came
+  EXPECT_EQ(1u, stats.state_unknown);
+  EXPECT_EQ(1u, stats.recoveries);
+  EXPECT_EQ(0u, stats.gaps);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kIndexRejected)]);
+  EXPECT_EQ(0u, DeviceBlocks(kPrompt, {5, 0}));
+  ExpectTheEnginesClearRestoresTrust(engine, source, 2, 3);
 }
 
 // Issue 19: an engine restarted while the subscriber reconnected, its first messages lost: its
