@@ -755,13 +755,22 @@ class RadixIndex::Impl {
   }
 
   // Frees `id` and every ancestor that is left holding nothing and leading nowhere.
-  void FreeIfUnused(NodeId id) {
+  // `freed`, if given: ids sorted (ignoring kFreedMark) in which each node freed here is marked.
+  void FreeIfUnused(NodeId id, std::span<NodeId> freed = {}) {
     while (id != kRoot && nodes_[id].members.empty() && nodes_[id].num_children == 0) {
       const NodeId parent = nodes_[id].parent;
       UnlinkChild(parent, id);
       ReleaseNode(id);
+      if (!freed.empty()) MarkFreed(freed, id);
       id = parent;
     }
+  }
+
+  static constexpr NodeId kFreedMark = NodeId{1} << 31;  // above every id (kMaxNodes)
+  static void MarkFreed(std::span<NodeId> ids, NodeId id) {
+    auto it = std::lower_bound(ids.begin(), ids.end(), id,
+                               [](NodeId a, NodeId b) { return (a & ~kFreedMark) < b; });
+    if (it != ids.end() && (*it & ~kFreedMark) == id) *it |= kFreedMark;
   }
 
   void ReleaseNode(NodeId id) {
@@ -868,10 +877,16 @@ class RadixIndex::Impl {
     for (Position p : also_held) held_.push_back(Resolve(p).node);
     std::sort(held_.begin(), held_.end());
     held_.erase(std::unique(held_.begin(), held_.end()), held_.end());
-    for (NodeId node : held_) {
+    // Dropping the rank from a node may free it and its ancestors. An ancestor the rank named in
+    // its table but was not yet a member of (an event refused midway) is freed that way if it
+    // is left empty, and must not be visited after: freed nodes are marked in held_.
+    for (NodeId& node : held_) {
+      if (node & kFreedMark) continue;
       MemberList& members = nodes_[node].members;
-      if (Member* m = members.Find(slot)) members.Erase(m, MemberList::Alloc(&bytes_));
-      FreeIfUnused(node);
+      Member* m = members.Find(slot);
+      if (m == nullptr) continue;  // not the rank's: left as it is
+      members.Erase(m, MemberList::Alloc(&bytes_));
+      FreeIfUnused(node, held_);
     }
     held_.clear();
     blocks.Clear();
@@ -960,9 +975,11 @@ class RadixIndex::Impl {
       locals = computed;
     }
     std::unique_lock lock(mu_);
-    // What may be refused before anything changes: the rank's slot, and room to clear it.
+    // What may be refused before anything changes: room to clear the rank, and its slot.
+    const auto known = slot_of_.find(event.worker);
+    ReserveToClear((known == slot_of_.end() ? 0 : workers_[known->second].blocks.size()) +
+                   stored.block_hashes.size());
     const uint32_t slot = SlotFor(event.worker);
-    ReserveToClear(workers_[slot].blocks.size() + stored.block_hashes.size());
     try {
       ApplyResult result = Store(slot, event.worker, event.tier, stored, locals);
       result.repeated.swap(repeated_);  // repeated_ is left empty for the next store
@@ -1330,8 +1347,9 @@ class RadixIndex::Impl {
         try {
           run = Isolate(p.node, p.offset, p.offset + n);
         } catch (const std::bad_alloc&) {
-          blocks[i] = at;  // the earlier pieces hang above this one: `at` still resolves
-          blocks.erase(blocks.begin() + static_cast<ptrdiff_t>(i) + 1,
+          // blocks[i, i + left) are the run's blocks from `at` on (offsets descending): still
+          // held, and maybe in later nodes (a duplicate's earlier drop may have split the run).
+          blocks.erase(blocks.begin() + static_cast<ptrdiff_t>(i + left),
                        blocks.begin() + static_cast<ptrdiff_t>(j));
           blocks.erase(blocks.begin(), blocks.begin() + static_cast<ptrdiff_t>(i));
           throw;

@@ -208,7 +208,8 @@ absl::Status Router::ApplyEvents(std::span<const KvEvent> events) {
     try {
       result = ApplyEvent(events[i]);
     } catch (const std::bad_alloc&) {  // the index is whole (RadixIndex::Apply): go on
-      result = absl::Status(absl::StatusCode::kResourceExhausted, "out of memory");
+      // No message: a status's message takes memory (the one below says "event I: ...").
+      result = absl::Status(absl::StatusCode::kResourceExhausted, "");
     }
     const absl::Status status = result.ok() ? EventStatus(*result) : result.status();
     if (!status.ok() && rejected++ == 0) {

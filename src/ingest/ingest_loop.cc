@@ -69,24 +69,23 @@ void IngestLoop::Apply(std::span<const KvEvent> events, SourceCounters& source) 
 }
 
 absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCounters& source) {
-  absl::StatusOr<ApplyResult> result;
   try {
-    result = router->ApplyEvent(event);
-  } catch (const std::bad_alloc&) {
+    absl::StatusOr<ApplyResult> result = router->ApplyEvent(event);
+    // The tap hears what the index applied, even in part (a removal naming blocks the rank does
+    // not hold removes the others): the same event does the same to an index in the same state.
+    if (result.ok()) Tap(event, source);
+    if (result.ok() && result->ok()) {
+      Bump(source.events_applied);
+    } else {
+      source.Reject(IngestReject::kIndexRejected,
+                    result.ok() ? result->message : std::string(result.status().message()));
+    }
+    return result;
+  } catch (const std::bad_alloc&) {  // in the index, or in telling the tap or the counters
     RefusedForMemory(event.worker, source);
     // No message: making one may need the memory that just ran out.
     return absl::Status(absl::StatusCode::kResourceExhausted, "");
   }
-  // The tap hears what the index applied, even in part (a removal naming blocks the rank does
-  // not hold removes the others): the same event does the same to an index in the same state.
-  if (result.ok()) Tap(event, source);
-  if (result.ok() && result->ok()) {
-    Bump(source.events_applied);
-  } else {
-    source.Reject(IngestReject::kIndexRejected,
-                  result.ok() ? result->message : std::string(result.status().message()));
-  }
-  return result;
 }
 
 // The heap refused an allocation for an event: the index left the rank as it was, or (refused

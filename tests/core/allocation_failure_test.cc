@@ -176,10 +176,15 @@ TEST(AllocationFailureTest, AnArrayTheHeapRefusesIsNotCounted) {
 // ---- A representative history --------------------------------------------------------------
 
 // One step: an event, or the removal of a worker (every rank) when `event` is empty.
+// One step: an event; or the removal of a worker (every rank) when `event` is empty; or, with a
+// `tail_of` path, approximate mode's eviction of up to `tail_limit` of its deepest blocks.
 struct Action {
   std::string what;
   std::optional<KvEvent> event;
   uint64_t removed_worker = 0;
+  std::vector<uint64_t> tail_of;  // engine hashes, root first
+  WorkerKey tail_worker{};
+  size_t tail_limit = 0;
 };
 
 struct Prompt {
@@ -298,12 +303,22 @@ History MakeHistory() {
   a.push_back({"A is removed", std::nullopt, kA.worker_id});
   a.push_back(Store("E stores p0[0,4) (a new worker)", WorkerKey{5, 0}, p0, 0, 4));
   a.push_back(Store("B stores p3[0,11)", kB, p3, 0, 11));
+  {
+    Action drop{"B drops the tail p3[2,11) of its path (three cuts: [5,11), [4,5), [2,4))"};
+    for (size_t k = 0; k < 11; ++k) drop.tail_of.push_back(Engine(kB, p3.seq[k]));
+    drop.tail_worker = kB;
+    drop.tail_limit = 9;
+    a.push_back(std::move(drop));
+  }
   return h;
 }
 
 void Do(RadixIndex& index, const Action& action) {
   if (action.event) {
     index.Apply(*action.event);
+  } else if (!action.tail_of.empty()) {
+    (void)index.DropPathTail(action.tail_worker, action.tail_of, action.tail_limit,
+                             [](uint64_t) { return false; });
   } else {
     index.RemoveWorker(action.removed_worker);
   }
@@ -317,13 +332,15 @@ struct Answers {
   uint64_t tree_blocks = 0;
   std::string matches;  // every prompt's (each prefix of p0, p1, p3, p4; p2 whole)
   std::string tree_sizes;
+  std::string workers;  // the ranks it knows, holding blocks or not
   friend bool operator==(const Answers&, const Answers&) = default;
 };
 
 std::string ToString(const Answers& a) {
   return "digest " + std::to_string(a.digest) + ", " + std::to_string(a.cached_blocks) +
          " cached blocks, " + std::to_string(a.tree_blocks) + " tree blocks, tree sizes " +
-         a.tree_sizes + ", matches #" + std::to_string(std::hash<std::string>()(a.matches) % 10000);
+         a.tree_sizes + ", workers " + a.workers + ", matches #" +
+         std::to_string(std::hash<std::string>()(a.matches) % 10000);
 }
 
 Answers Observe(const RadixIndex& index, const History& h) {
@@ -340,6 +357,9 @@ Answers Observe(const RadixIndex& index, const History& h) {
   }
   for (WorkerKey w : {kA, kB, kC, kD, WorkerKey{5, 0}}) {
     a.tree_sizes += std::to_string(index.TreeSize(w)) + " ";
+  }
+  for (WorkerKey w : index.Workers()) {
+    a.workers += std::to_string(w.worker_id) + "." + std::to_string(w.dp_rank) + " ";
   }
   return a;
 }
@@ -361,6 +381,9 @@ struct Effect {
 std::vector<Effect> PossibleEffects(const Action& a) {
   std::vector<Effect> effects{{"before", std::nullopt}, {"after", a}};
   if (a.event) effects.push_back({"its rank cleared", Action{"", ClearedWorker(a.event->worker)}});
+  if (!a.tail_of.empty()) {
+    effects.push_back({"its rank cleared", Action{"", ClearedWorker(a.tail_worker)}});
+  }
   return effects;
 }
 
@@ -576,6 +599,62 @@ TEST(AllocationFailureTest, AnIndexUpdateAppliesWholeOrNotAtAllWithoutMappings) 
   if (kAsan) GTEST_SKIP() << "nothing is mapped under AddressSanitizer";
   MappingsRefusedForTesting refused;
   SweepIndexUpdates();
+}
+
+// Two states the history above never builds, each found by a review. Every allocation of each
+// history is refused in turn, as above.
+// 1. A refused split leaves the rank's new entries in a node it is not yet a member of, whose
+//    only child is the rank's: clearing the rank frees the child and then that node, which the
+//    clear must not visit afterwards (it crashed).
+History ClearingFreesANodeTheRankNamesButDoesNotHold() {
+  const WorkerKey r{7, 0}, w{9, 0};
+  History h;
+  h.prompts = {MakePrompt({1, 2, 3, 4, 5, 6}), MakePrompt({1000})};
+  h.actions = {
+      {"W stores block 1000", StoredBlocks(w, std::nullopt, {9000}, {1000})},
+      {"R stores 1..6",
+       StoredBlocks(r, std::nullopt, {101, 102, 103, 104, 105, 106}, {1, 2, 3, 4, 5, 6})},
+      {"W removes it (its node goes)", RemovedBlocks(w, {9000})},
+      {"R removes 1..4 (their node is left holding nothing, over R's 5..6)",
+       RemovedBlocks(r, {101, 102, 103, 104})},
+      {"R stores 1..2 again under new hashes (joins that node: a split)",
+       StoredBlocks(r, std::nullopt, {201, 202}, {1, 2})},
+  };
+  return h;
+}
+
+// 2. A removal naming the same blocks under two engine hashes: a split refused partway through
+//    the second run must leave the rank's membership of the rest of the run to be cleared (it
+//    stayed, naming no block).
+History ARemovalOfBlocksHeldTwice() {
+  const WorkerKey r{7, 0}, w{9, 0};
+  History h;
+  h.prompts = {MakePrompt({1, 2, 3, 4, 5, 6})};
+  h.actions = {
+      {"R stores 1..6",
+       StoredBlocks(r, std::nullopt, {101, 102, 103, 104, 105, 106}, {1, 2, 3, 4, 5, 6})},
+      {"W stores 1..6 (member lists on the heap)",
+       StoredBlocks(w, std::nullopt, {901, 902, 903, 904, 905, 906}, {1, 2, 3, 4, 5, 6})},
+      {"R stores 2..6 again under new hashes",
+       StoredBlocks(r, 101, {202, 203, 204, 205, 206}, {2, 3, 4, 5, 6})},
+      {"R removes 4, 5 under both hashes", RemovedBlocks(r, {104, 105, 204, 205})},
+  };
+  return h;
+}
+
+void SweepHistory(const History& h, size_t at_least) {
+  std::vector<std::string> ops;
+  for (const Action& a : h.actions) ops.push_back(a.what);
+  Sweep(
+      ops, [&](uint64_t n, int fd) { IndexRun(h, n, fd); }, at_least);
+}
+
+TEST(AllocationFailureTest, ClearingARankSkipsTheNodesItFreesOnTheWay) {
+  SweepHistory(ClearingFreesANodeTheRankNamesButDoesNotHold(), 5);
+}
+
+TEST(AllocationFailureTest, ARefusedRemovalOfBlocksHeldTwiceLeavesNoMembership) {
+  SweepHistory(ARemovalOfBlocksHeldTwice(), 5);
 }
 
 // ---- Queries ---------------------------------------------------------------------------------
