@@ -221,14 +221,11 @@ absl::Status Router::ApplyEvents(std::span<const KvEvent> events) {
     }
   }
   if (first.ok()) return first;
-  // With std::string, which passes a refused allocation on (absl::StrCat's may not unwind
-  // through Debian's libabsl); without memory for it, the first rejection's own status.
   try {
     return absl::Status(
-        first.code(), "event " + std::to_string(first_index) + ": " + std::string(first.message()) +
-                          " (" + std::to_string(rejected) + " of " + std::to_string(events.size()) +
-                          " events rejected, the others applied)");
-  } catch (const std::bad_alloc&) {
+        first.code(), absl::StrCat("event ", first_index, ": ", first.message(), " (", rejected,
+                                   " of ", events.size(), " events rejected, the others applied)"));
+  } catch (const std::bad_alloc&) {  // no memory for the message: the first rejection's own
     return first;
   }
 }
