@@ -1,0 +1,186 @@
+// A hash map of small, trivially copyable keys and values whose every change is whole or not
+// at all when the heap refuses an allocation. It grows and shrinks by allocating the new table
+// first, so a refused allocation throws std::bad_alloc and leaves the map as it was; erasing
+// never allocates and leaves no tombstones (backward-shift deletion), so a key inserted after an
+// erase never grows the table either. absl::flat_hash_map gives neither: in Debian 12's Abseil
+// (20220623) raw_hash_set::resize sets the new capacity before it allocates, and a refused
+// growth leaves a map that even its destructor cannot walk (abseil issue #1581).
+//
+// Open addressing with linear probing over a power-of-two table at most 3/4 full; a control
+// byte per slot (0: empty, else 0x80 | the hash's top 7 bits) keeps most probes off the keys.
+// For the load tracker's small tables (ranks, the booking trie's edges), read on every decision.
+//
+// Thread-safety: none.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "absl/hash/hash.h"
+
+namespace kvrouter {
+
+template <typename K, typename V, typename Hash = absl::Hash<K>>
+class FailSafeMap {
+  static_assert(std::is_trivially_copyable_v<K> && std::is_trivially_copyable_v<V>,
+                "slots are moved by copying and never destroyed");
+
+ public:
+  FailSafeMap() = default;
+  ~FailSafeMap() { Release(block_); }
+  FailSafeMap(const FailSafeMap&) = delete;
+  FailSafeMap& operator=(const FailSafeMap&) = delete;
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  size_t capacity() const { return capacity_; }
+
+  // The value under `key`, or null.
+  const V* Find(const K& key) const {
+    if (capacity_ == 0) return nullptr;
+    const size_t h = Hash{}(key);
+    const uint8_t tag = TagOf(h);
+    const size_t mask = capacity_ - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      const uint8_t c = ctrl_[i];
+      if (c == kEmpty) return nullptr;
+      if (c == tag && slots_[i].key == key) return &slots_[i].value;
+    }
+  }
+  V* Find(const K& key) { return const_cast<V*>(std::as_const(*this).Find(key)); }
+  bool Contains(const K& key) const { return Find(key) != nullptr; }
+
+  // Inserts `key` or overwrites its value. Throws std::bad_alloc, the map unchanged, when a new
+  // key needs a larger table and the heap refuses it; never throws after Reserve(size() + 1).
+  void Set(const K& key, const V& value) {
+    if (V* existing = Find(key)) {
+      *existing = value;
+      return;
+    }
+    if (size_ + 1 > MaxLoad(capacity_)) Rehash(CapacityFor(size_ + 1));
+    Place(key, value);
+    ++size_;
+  }
+
+  // Room for `n` entries: until the map holds that many, Set allocates nothing. Throws
+  // std::bad_alloc, the map unchanged, when the heap refuses the larger table.
+  void Reserve(size_t n) {
+    if (n > MaxLoad(capacity_)) Rehash(CapacityFor(n));
+  }
+
+  // Removes `key`; whether it was there. Allocates nothing.
+  bool Erase(const K& key) {
+    if (capacity_ == 0) return false;
+    const size_t h = Hash{}(key);
+    const uint8_t tag = TagOf(h);
+    const size_t mask = capacity_ - 1;
+    size_t hole = h & mask;
+    for (;; hole = (hole + 1) & mask) {
+      const uint8_t c = ctrl_[hole];
+      if (c == kEmpty) return false;
+      if (c == tag && slots_[hole].key == key) break;
+    }
+    // Backward shift: each later entry of the probe run whose home is not between the hole and
+    // itself moves into the hole, so no lookup ever has to step over a removed slot.
+    for (size_t j = (hole + 1) & mask; ctrl_[j] != kEmpty; j = (j + 1) & mask) {
+      const size_t home = Hash{}(slots_[j].key) & mask;
+      if (((j - home) & mask) >= ((j - hole) & mask)) {
+        ctrl_[hole] = ctrl_[j];
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    ctrl_[hole] = kEmpty;
+    --size_;
+    return true;
+  }
+
+  // Calls f(key, value) for every entry, in no particular order.
+  template <typename F>
+  void ForEach(F f) const {
+    for (size_t i = 0; i < capacity_; ++i) {
+      if (ctrl_[i] != kEmpty) f(slots_[i].key, slots_[i].value);
+    }
+  }
+
+  // Moves the entries to the smallest table that holds them when the map is larger than
+  // `min_capacity` and less than 1/8 full (the factor keeps a map that hovers around one size
+  // from being resized back and forth). A refused allocation keeps the larger table: whether
+  // it shrank. Never throws.
+  bool ShrinkIfMostlyEmpty(size_t min_capacity) noexcept {
+    if (capacity_ <= min_capacity || size_ * 8 >= capacity_) return false;
+    try {
+      Rehash(size_ == 0 ? 0 : CapacityFor(size_));
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  struct Slot {
+    K key;
+    V value;
+  };
+  static constexpr uint8_t kEmpty = 0;
+  static constexpr size_t kMinCapacity = 16;
+  static_assert(alignof(Slot) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+
+  static uint8_t TagOf(size_t h) { return static_cast<uint8_t>(0x80 | (h >> (8 * sizeof(h) - 7))); }
+  static size_t MaxLoad(size_t capacity) { return capacity - capacity / 4; }
+  static size_t CapacityFor(size_t n) {
+    size_t capacity = kMinCapacity;
+    while (MaxLoad(capacity) < n) capacity *= 2;
+    return capacity;
+  }
+  // The control bytes, then the slots, in one block.
+  static size_t SlotsOffset(size_t capacity) {
+    return (capacity + alignof(Slot) - 1) / alignof(Slot) * alignof(Slot);
+  }
+  static void Release(void* block) { ::operator delete(block); }
+
+  // Into a table with room (the key absent).
+  void Place(const K& key, const V& value) {
+    const size_t h = Hash{}(key);
+    const size_t mask = capacity_ - 1;
+    size_t i = h & mask;
+    while (ctrl_[i] != kEmpty) i = (i + 1) & mask;
+    ctrl_[i] = TagOf(h);
+    slots_[i] = Slot{key, value};
+  }
+
+  // The only allocation: before anything changes.
+  void Rehash(size_t capacity) {
+    void* block = nullptr;
+    if (capacity > 0) {
+      block = ::operator new(SlotsOffset(capacity) + capacity * sizeof(Slot));
+      std::memset(block, kEmpty, capacity);
+    }
+    void* old_block = block_;
+    const uint8_t* old_ctrl = ctrl_;
+    const Slot* old_slots = slots_;
+    const size_t old_capacity = capacity_;
+    block_ = block;
+    ctrl_ = static_cast<uint8_t*>(block);
+    slots_ = capacity > 0
+                 ? reinterpret_cast<Slot*>(static_cast<char*>(block) + SlotsOffset(capacity))
+                 : nullptr;
+    capacity_ = capacity;
+    for (size_t i = 0; i < old_capacity; ++i) {
+      if (old_ctrl[i] != kEmpty) Place(old_slots[i].key, old_slots[i].value);
+    }
+    Release(old_block);
+  }
+
+  void* block_ = nullptr;
+  uint8_t* ctrl_ = nullptr;
+  Slot* slots_ = nullptr;
+  size_t capacity_ = 0;  // 0 or a power of two
+  size_t size_ = 0;
+};
+
+}  // namespace kvrouter
