@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <new>
+#include <string>
 #include <utility>
 
 #include "absl/hash/hash.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 
 namespace kvrouter {
 namespace {
@@ -15,16 +15,6 @@ namespace {
 // is shrunk so memory follows the live requests (and the factor of 8 keeps a table that hovers
 // around one size from being resized back and forth).
 constexpr size_t kMinCapacityToShrink = 1024;
-
-template <typename Table>
-void ShrinkIfMostlyEmpty(Table& table) {
-  if (table.capacity() > kMinCapacityToShrink && table.size() * 8 < table.capacity()) {
-    table.rehash(0);
-  }
-}
-
-// Debian's Abseil has its own string_view type, which its string hash requires.
-absl::string_view AsKey(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 }  // namespace
 
@@ -53,23 +43,25 @@ ActiveSequences::ActiveSequences(const Clock& clock, ActiveSequencesOptions opti
 ActiveSequences::~ActiveSequences() = default;
 
 void ActiveSequences::AddWorker(WorkerKey worker) {
-  if (slot_of_.contains(worker)) return;
+  if (slot_of_.Contains(worker)) return;
+  // What can be refused first (the rank's entry, a new slot); nothing below them throws.
+  slot_of_.Reserve(slot_of_.size() + 1);
+  if (free_slots_.empty()) slots_.emplace_back();
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
     free_slots_.pop_back();
   } else {
-    slot = static_cast<uint32_t>(slots_.size());
-    slots_.emplace_back();
+    slot = static_cast<uint32_t>(slots_.size() - 1);
   }
   slots_[slot] = Slot{.worker = worker, .in_use = true};
-  slot_of_[worker] = slot;
+  slot_of_.Set(worker, slot);
   NumberPositions();
 }
 
 size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
-  auto found = slot_of_.find(worker);
-  if (found == slot_of_.end()) return 0;
+  const uint32_t* found = slot_of_.Find(worker);
+  if (found == nullptr) return 0;
   // Room for the freed slot and its positions first: once the slot is freed, a refused
   // allocation would leave it neither in use nor free, or numbered as if every slot were in
   // use (AlignToRanks would then write past its output).
@@ -77,7 +69,7 @@ size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
     free_slots_.reserve(std::max<size_t>(4, 2 * free_slots_.capacity()));
   }
   position_of_slot_.reserve(slots_.size());
-  const uint32_t slot = found->second;
+  const uint32_t slot = *found;
   size_t dropped = 0;
   for (auto it = requests_.begin(); it != requests_.end();) {
     auto current = it++;
@@ -91,7 +83,7 @@ size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
   if (slots_[slot].active_blocks != 0) SweepSlot(slot);
   slots_[slot] = Slot{};
   free_slots_.push_back(slot);
-  slot_of_.erase(found);
+  slot_of_.Erase(worker);
   NumberPositions();
   MaybeShrinkTables();
   return dropped;
@@ -109,40 +101,50 @@ void ActiveSequences::NumberPositions() {
   }
 }
 
-bool ActiveSequences::HasWorker(WorkerKey worker) const { return slot_of_.contains(worker); }
+bool ActiveSequences::HasWorker(WorkerKey worker) const { return slot_of_.Contains(worker); }
 
 absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
   if (request.request_id.empty()) {
     return absl::InvalidArgumentError("request id must not be empty");
   }
   MaybeExpire();
+  // Messages by std::string: absl::StrCat cannot pass a refused allocation on through Debian's
+  // libabsl (std::terminate).
   if (requests_.contains(request.request_id)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("request id '", request.request_id, "' is already active"));
+    return absl::AlreadyExistsError("request id '" + request.request_id + "' is already active");
   }
-  auto found = slot_of_.find(request.worker);
-  if (found == slot_of_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown worker ", request.worker.worker_id,
-                                            " dp_rank ", request.worker.dp_rank));
+  const uint32_t* found = slot_of_.Find(request.worker);
+  if (found == nullptr) {
+    return absl::NotFoundError("unknown worker " + std::to_string(request.worker.worker_id) +
+                               " dp_rank " + std::to_string(request.worker.dp_rank));
   }
-  const uint32_t slot = found->second;
-  Record record{.slot = slot,
-                .block_ids = {request.block_ids.begin(), request.block_ids.end()},
-                .prefill_tokens = request.prefill_tokens,
-                .work_ahead = slots_[slot].active_prefill_tokens + request.prefill_tokens,
-                .started_at = clock_.Now(),
-                .expected_output_tokens = request.expected_output_tokens,
-                .prompt_tokens = request.prompt_tokens};
-  BookBlocks(record.block_ids, slot);
+  const uint32_t slot = *found;
+  // The record first (its ids, its node in the table), then the blocks, which book all or
+  // nothing: a refused allocation in either leaves nothing booked.
+  auto [it, inserted] = requests_.try_emplace(
+      request.request_id,
+      Record{.slot = slot,
+             .block_ids = {request.block_ids.begin(), request.block_ids.end()},
+             .prefill_tokens = request.prefill_tokens,
+             .work_ahead = slots_[slot].active_prefill_tokens + request.prefill_tokens,
+             .started_at = clock_.Now(),
+             .expected_output_tokens = request.expected_output_tokens,
+             .prompt_tokens = request.prompt_tokens});
+  const Record& record = it->second;
+  try {
+    BookBlocks(record.block_ids, slot);
+  } catch (...) {
+    requests_.erase(it);
+    throw;
+  }
   Slot& s = slots_[slot];
   s.active_prefill_tokens += record.prefill_tokens;
   ++s.active_requests;
-  requests_.emplace(request.request_id, std::move(record));
   return absl::OkStatus();
 }
 
 bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
-  auto it = requests_.find(AsKey(request_id));
+  auto it = requests_.find(request_id);
   if (it == requests_.end() || it->second.prefill_tokens == 0) return false;
   Record& record = it->second;
   Slot& s = slots_[record.slot];
@@ -156,7 +158,7 @@ bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
 
 bool ActiveSequences::SetOutputTokens(std::string_view request_id, uint64_t output_tokens,
                                       uint32_t block_size) {
-  auto it = requests_.find(AsKey(request_id));
+  auto it = requests_.find(request_id);
   if (it == requests_.end() || block_size == 0) return false;
   Record& record = it->second;
   // Clamped so that no sum below can wrap (a caller passing UINT64_MAX for "unknown").
@@ -173,20 +175,20 @@ bool ActiveSequences::SetOutputTokens(std::string_view request_id, uint64_t outp
 }
 
 bool ActiveSequences::Free(std::string_view request_id) {
-  auto it = requests_.find(AsKey(request_id));
+  auto it = requests_.find(request_id);
   if (it == requests_.end()) return false;
   EraseRecord(it);
   MaybeShrinkTables();
   return true;
 }
 
-void ActiveSequences::EraseRecord(absl::node_hash_map<std::string, Record>::iterator it) {
+void ActiveSequences::EraseRecord(RequestTable::iterator it) {
   Record& record = it->second;
+  ReleaseBlocks(record.block_ids, record.slot);
   Slot& s = slots_[record.slot];
   s.active_prefill_tokens -= record.prefill_tokens;
   s.output_blocks -= record.output_blocks;
   --s.active_requests;
-  ReleaseBlocks(record.block_ids, record.slot);
   requests_.erase(it);
 }
 
@@ -241,11 +243,11 @@ void ActiveSequences::ForEachRequest(absl::FunctionRef<bool(std::string_view)> p
 }
 
 bool ActiveSequences::HasRequest(std::string_view request_id) const {
-  return requests_.contains(AsKey(request_id));
+  return requests_.contains(request_id);
 }
 
 std::optional<WorkerKey> ActiveSequences::WorkerOf(std::string_view request_id) const {
-  auto it = requests_.find(AsKey(request_id));
+  auto it = requests_.find(request_id);
   if (it == requests_.end()) return std::nullopt;
   return slots_[it->second.slot].worker;
 }
@@ -265,9 +267,9 @@ void ActiveSequences::LoadInto(const Slot& s, double prefill_tokens_per_second, 
 }
 
 WorkerLoad ActiveSequences::Load(WorkerKey worker) const {
-  auto found = slot_of_.find(worker);
-  if (found == slot_of_.end()) return WorkerLoad{.worker = worker};
-  return LoadOf(slots_[found->second]);
+  const uint32_t* found = slot_of_.Find(worker);
+  if (found == nullptr) return WorkerLoad{.worker = worker};
+  return LoadOf(slots_[*found]);
 }
 
 std::vector<WorkerLoad> ActiveSequences::Loads() const {
@@ -326,14 +328,16 @@ size_t ActiveSequences::TotalActiveBlocks() const {
   return total;
 }
 
-void ActiveSequences::Walk(std::span<const uint64_t> chain, Path& path) const {
-  path.clear();
+template <typename OnStep>
+ActiveSequences::Step ActiveSequences::Descend(std::span<const uint64_t> chain,
+                                               OnStep on_step) const {
+  Step last{.run = nullptr, .matched = 0, .depth = 0};
   const Run* run = root_.get();
   size_t depth = 0;
   while (depth < chain.size()) {
-    auto child = child_of_.find(std::make_pair(run, chain[depth]));
-    if (child == child_of_.end()) return;
-    Run* next = child->second;
+    Run* const* child = child_of_.Find(Edge{run, chain[depth]});
+    if (child == nullptr) return last;
+    Run* next = *child;
     // Compared id by id: the router's own chains are sequence hashes, where equal ids at one
     // depth mean equal prefixes and the last id alone would tell, but another replica's chains
     // are only what its messages say, and one id may follow two different prefixes there.
@@ -347,10 +351,17 @@ void ActiveSequences::Walk(std::span<const uint64_t> chain, Path& path) const {
           chain_part.begin());
     }
     depth += matched;
-    path.push_back(Step{.run = next, .matched = matched, .depth = depth});
-    if (matched < next->ids.size()) return;
+    last = Step{.run = next, .matched = matched, .depth = depth};
+    on_step(last);
+    if (matched < next->ids.size()) return last;
     run = next;
   }
+  return last;
+}
+
+void ActiveSequences::Walk(std::span<const uint64_t> chain, Path& path) const {
+  path.clear();
+  Descend(chain, [&path](const Step& step) { path.push_back(step); });
 }
 
 void ActiveSequences::HeldDepthPerSlot(std::span<const uint64_t> chain,
@@ -370,74 +381,107 @@ void ActiveSequences::BookBlocks(std::span<const uint64_t> chain, uint32_t slot)
   Walk(chain, path);
   Run* end = root_.get();
   size_t depth = 0;
+  // The chain ends or leaves the trie inside this run: it is split there, so that a run is
+  // always covered entirely or not at all by each request.
+  Run* split = nullptr;
   if (!path.empty()) {
-    Step& last = path.back();
-    // The chain ends or leaves the trie inside a run: split it there, so that a run is always
-    // covered entirely or not at all by each request.
-    if (last.matched < last.run->ids.size()) last.run = Split(last.run, last.matched);
+    const Step& last = path.back();
+    if (last.matched < last.run->ids.size()) split = last.run;
     end = last.run;
     depth = last.depth;
   }
-  if (depth < chain.size()) {
-    Run* added = AddRun(end, chain.subspan(depth));
-    path.push_back(Step{.run = added, .matched = added->ids.size(), .depth = chain.size()});
+  const bool extend = depth < chain.size();
+
+  // Everything the booking needs is allocated first: new runs, room in the lists and tables
+  // they join, room for this rank among each run's holders. A refused allocation here leaves
+  // the trie as it was; nothing below this block allocates.
+  std::unique_ptr<Run> upper;
+  if (split != nullptr) {
+    upper = std::make_unique<Run>();
+    const auto keep = static_cast<ptrdiff_t>(path.back().matched);
+    upper->ids.assign(split->ids.begin(), split->ids.begin() + keep);
+    upper->holders = split->holders;
+    upper->children.reserve(extend ? 2 : 1);
+    ReserveHolder(upper.get(), slot);
+  }
+  std::unique_ptr<Run> added;
+  if (extend) {
+    added = std::make_unique<Run>();
+    added->ids.assign(chain.begin() + static_cast<ptrdiff_t>(depth), chain.end());
+    if (split == nullptr) end->children.reserve(end->children.size() + 1);
+    path.reserve(path.size() + 1);
+  }
+  child_of_.Reserve(child_of_.size() + (split != nullptr ? 1 : 0) + (extend ? 1 : 0));
+  for (const Step& step : path) {
+    if (step.run != split) ReserveHolder(step.run, slot);
+  }
+
+  if (split != nullptr) {
+    end = Split(split, path.back().matched, std::move(upper));
+    path.back().run = end;
+  }
+  if (extend) {
+    Run* run = AddRun(end, std::move(added));
+    path.push_back(Step{.run = run, .matched = run->ids.size(), .depth = chain.size()});
   }
   for (const Step& step : path) AddHolder(step.run, slot);
 }
 
 void ActiveSequences::ReleaseBlocks(std::span<const uint64_t> chain, uint32_t slot) {
   if (chain.empty()) return;
-  Path path;
-  Walk(chain, path);
-  for (const Step& step : path) RemoveHolder(step.run, slot);
+  // Up from the chain's last run by parent links: no path to allocate.
+  Run* const last = Descend(chain, [](const Step&) {}).run;
+  if (last == nullptr) return;
+  Run* const root = root_.get();
+  for (Run* run = last; run != root; run = run->parent) RemoveHolder(run, slot);
   // Runs no request covers any more go, deepest first.
-  while (!path.empty()) {
-    Run* run = path.back().run;
-    if (!run->holders.empty() || !run->children.empty()) break;
+  Run* run = last;
+  while (run != root && run->holders.empty() && run->children.empty()) {
+    Run* parent = run->parent;
     DeleteRun(run);
-    path.pop_back();
+    run = parent;
   }
   // This request may have been the reason a run was split: join what no longer differs.
   // Deepest first, because merging a run into its parent destroys it.
-  for (size_t i = path.size(); i-- > 0;) MergeSingleChild(path[i].run);
+  while (run != root) {
+    Run* parent = run->parent;
+    MergeSingleChild(run);
+    run = parent;
+  }
 }
 
-ActiveSequences::Run* ActiveSequences::Split(Run* run, size_t keep) {
-  // The upper part takes the run's place under its parent; the run itself becomes the lower
-  // part (its children stay keyed by it). Both keep the same holders: every request covering
-  // the run covers both parts.
+ActiveSequences::Run* ActiveSequences::Split(Run* run, size_t keep, std::unique_ptr<Run> upper) {
+  // The upper part takes the run's place under its parent (the same first id: its entry in
+  // child_of_ is rewritten, not added); the run itself becomes the lower part (its children
+  // stay keyed by it). Both keep the same holders: every request covering the run covers both
+  // parts.
   Run* parent = run->parent;
-  auto upper = std::make_unique<Run>();
-  upper->ids.assign(run->ids.begin(), run->ids.begin() + static_cast<ptrdiff_t>(keep));
   upper->parent = parent;
-  upper->holders = run->holders;
   Run* up = upper.get();
   auto owned = std::find_if(parent->children.begin(), parent->children.end(),
                             [run](const std::unique_ptr<Run>& c) { return c.get() == run; });
   std::unique_ptr<Run> lower = std::move(*owned);
   *owned = std::move(upper);
-  child_of_[std::make_pair(parent, up->ids[0])] = up;
+  child_of_.Set(Edge{parent, up->ids[0]}, up);
   lower->ids.erase(lower->ids.begin(), lower->ids.begin() + static_cast<ptrdiff_t>(keep));
   lower->parent = up;
-  child_of_[std::make_pair(up, lower->ids[0])] = lower.get();
+  child_of_.Set(Edge{up, lower->ids[0]}, lower.get());
   up->children.push_back(std::move(lower));
   return up;
 }
 
-ActiveSequences::Run* ActiveSequences::AddRun(Run* parent, std::span<const uint64_t> ids) {
-  auto run = std::make_unique<Run>();
-  run->ids.assign(ids.begin(), ids.end());
+ActiveSequences::Run* ActiveSequences::AddRun(Run* parent, std::unique_ptr<Run> run) {
   run->parent = parent;
   Run* added = run.get();
-  child_of_[std::make_pair(parent, ids[0])] = added;
+  child_of_.Set(Edge{parent, added->ids[0]}, added);
   parent->children.push_back(std::move(run));
-  stored_blocks_ += ids.size();
+  stored_blocks_ += added->ids.size();
   return added;
 }
 
 void ActiveSequences::DeleteRun(Run* run) {
   Run* parent = run->parent;
-  child_of_.erase(std::make_pair(parent, run->ids[0]));
+  child_of_.Erase(Edge{parent, run->ids[0]});
   stored_blocks_ -= run->ids.size();
   auto owned = std::find_if(parent->children.begin(), parent->children.end(),
                             [run](const std::unique_ptr<Run>& c) { return c.get() == run; });
@@ -457,17 +501,31 @@ void ActiveSequences::MergeSingleChild(Run* run) {
   // Equal holders mean no request ends between the two runs and nothing branches off: they are
   // one run again. Each holder's block count is unchanged.
   while (run != root_.get() && run->children.size() == 1 && same_holders(*run, *run->children[0])) {
+    // Room for the child's ids first. Refused, the two runs stay apart: the trie allows that
+    // (merging only saves memory), and a release must not fail.
+    try {
+      run->ids.reserve(run->ids.size() + run->children[0]->ids.size());
+    } catch (const std::bad_alloc&) {
+      return;
+    }
     std::unique_ptr<Run> child = std::move(run->children[0]);
-    child_of_.erase(std::make_pair(static_cast<const Run*>(run), child->ids[0]));
+    child_of_.Erase(Edge{run, child->ids[0]});
     run->ids.insert(run->ids.end(), child->ids.begin(), child->ids.end());
+    // Each new edge follows an erased one, so child_of_ does not grow.
     for (auto& grandchild : child->children) {
-      child_of_.erase(std::make_pair(static_cast<const Run*>(child.get()), grandchild->ids[0]));
-      child_of_[std::make_pair(static_cast<const Run*>(run), grandchild->ids[0])] =
-          grandchild.get();
+      child_of_.Erase(Edge{child.get(), grandchild->ids[0]});
+      child_of_.Set(Edge{run, grandchild->ids[0]}, grandchild.get());
       grandchild->parent = run;
     }
     run->children = std::move(child->children);
   }
+}
+
+void ActiveSequences::ReserveHolder(Run* run, uint32_t slot) {
+  for (const Holder& h : run->holders) {
+    if (h.slot == slot) return;
+  }
+  run->holders.reserve(run->holders.size() + 1);
 }
 
 void ActiveSequences::AddHolder(Run* run, uint32_t slot) {
@@ -515,8 +573,15 @@ void ActiveSequences::SweepSlot(uint32_t slot) {
 }
 
 void ActiveSequences::MaybeShrinkTables() {
-  ShrinkIfMostlyEmpty(child_of_);
-  ShrinkIfMostlyEmpty(requests_);
+  // Neither throws: a refused allocation keeps the larger table.
+  child_of_.ShrinkIfMostlyEmpty(kMinCapacityToShrink);
+  if (requests_.bucket_count() > kMinCapacityToShrink &&
+      requests_.size() * 8 < requests_.bucket_count()) {
+    try {
+      requests_.rehash(0);  // all or nothing in libstdc++
+    } catch (const std::bad_alloc&) {
+    }
+  }
 }
 
 uint64_t ActiveSequences::StateDigest() const {
@@ -528,11 +593,11 @@ uint64_t ActiveSequences::StateDigest() const {
         record.expected_output_tokens, record.prompt_tokens, record.output_blocks);
   }
   uint64_t ranks = 0;
-  for (const auto& [worker, slot] : slot_of_) {
+  slot_of_.ForEach([&](WorkerKey worker, uint32_t slot) {
     const Slot& s = slots_[slot];
     ranks += absl::HashOf(worker, s.active_blocks, s.active_prefill_tokens, s.active_requests,
                           s.output_blocks);
-  }
+  });
   return absl::HashOf(requests, ranks, requests_.size(), stored_blocks_);
 }
 

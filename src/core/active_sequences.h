@@ -20,6 +20,12 @@
 // erased at once, and the hash tables shrink when they become mostly empty. (Identities are
 // trusted to be prefix-chained as described; a 64-bit collision could only miscount load.)
 //
+// A refused allocation (std::bad_alloc) changes nothing: AddRequest and AddWorker allocate all
+// they need before they change anything, and Free, ExpireStale, FreeIf and the requests'
+// removal in RemoveWorker allocate nothing (a release merges runs only when the merged run's
+// ids fit; shrinking a table is skipped when refused). Hence tables that grow all or nothing:
+// FailSafeMap and std::unordered_map, not absl's raw_hash_set (fail_safe_map.h).
+//
 // Requests older than the expiry (300 s by default, on the injectable clock) are dropped: a lost
 // free() must not leave load behind forever. Expiry runs lazily from AddRequest at most once per
 // check interval (30 s), or whenever ExpireStale() is called.
@@ -29,20 +35,21 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
-#include "absl/container/node_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "core/clock.h"
+#include "core/fail_safe_map.h"
 #include "core/prefill_rate.h"
 #include "core/types.h"
 
@@ -168,7 +175,7 @@ class ActiveSequences {
   size_t num_workers() const { return slot_of_.size(); }
 
   // Books a request. Errors: InvalidArgument (empty id), AlreadyExists (the id is active),
-  // NotFound (unknown rank). On error nothing changes.
+  // NotFound (unknown rank). On error nothing changes, nor when it throws std::bad_alloc.
   absl::Status AddRequest(const SequenceRequest& request);
 
   // The request's prompt is prefilled: its prefill tokens stop counting, and the time since it
@@ -183,7 +190,8 @@ class ActiveSequences {
   bool SetOutputTokens(std::string_view request_id, uint64_t output_tokens, uint32_t block_size);
 
   // The request is done (or cancelled): its prefill tokens and its blocks are released.
-  // Idempotent; unknown ids are no error. Returns whether a request was freed.
+  // Idempotent; unknown ids are no error. Returns whether a request was freed. Allocates
+  // nothing, so it never fails.
   bool Free(std::string_view request_id);
 
   // Drops every request older than the expiry; returns how many.
@@ -224,10 +232,9 @@ class ActiveSequences {
                     std::vector<const Item*>& out) const {
     out.assign(slot_of_.size(), nullptr);
     for (const Item& item : items) {
-      auto found = slot_of_.find(key_of(item));
-      if (found == slot_of_.end()) continue;
-      const uint32_t slot = found->second;
-      out[position_of_slot_.empty() ? slot : position_of_slot_[slot]] = &item;
+      const uint32_t* slot = slot_of_.Find(key_of(item));
+      if (slot == nullptr) continue;
+      out[position_of_slot_.empty() ? *slot : position_of_slot_[*slot]] = &item;
     }
   }
 
@@ -264,6 +271,17 @@ class ActiveSequences {
   };
   using Path = absl::InlinedVector<Step, 8>;
 
+  // A key of child_of_: a run, and the first id of one of its children.
+  struct Edge {
+    const Run* parent;
+    uint64_t first_id;
+    friend bool operator==(const Edge&, const Edge&) = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const Edge& e) {
+      return H::combine(std::move(h), e.parent, e.first_id);
+    }
+  };
+
   struct Slot {
     WorkerKey worker;
     bool in_use = false;
@@ -286,26 +304,45 @@ class ActiveSequences {
     uint64_t output_blocks = 0;
   };
 
+  // Request ids, looked up by std::string_view too.
+  struct IdHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
+  };
+  // Node-based: records do not move, so their ids stay valid while they are active.
+  using RequestTable = std::unordered_map<std::string, Record, IdHash, std::equal_to<>>;
+
   // A rank's load as the router sees it: trie blocks plus output blocks.
   WorkerLoad LoadOf(const Slot& s) const;
   static void LoadInto(const Slot& s, double prefill_tokens_per_second, WorkerLoad& out);
   // Rebuilds position_of_slot_.
   void NumberPositions();
 
-  // Follows `chain` down the trie as far as it matches.
+  // Follows `chain` down the trie as far as it matches, calling on_step(step) for each run it
+  // enters; returns the last step (run null if none).
+  template <typename OnStep>
+  Step Descend(std::span<const uint64_t> chain, OnStep on_step) const;
+  // Every step of Descend (allocates for paths deeper than eight runs).
   void Walk(std::span<const uint64_t> chain, Path& path) const;
+  // Books the chain on `slot`: all or nothing (it allocates what it needs first).
   void BookBlocks(std::span<const uint64_t> chain, uint32_t slot);
+  // Allocates nothing.
   void ReleaseBlocks(std::span<const uint64_t> chain, uint32_t slot);
-  Run* Split(Run* run, size_t keep);
-  Run* AddRun(Run* parent, std::span<const uint64_t> ids);
+  // Splits `run` after `keep` ids: `upper` (its first `keep` ids and holders, room for its
+  // children) takes its place; returns it. `upper` and child_of_'s room come from the caller.
+  Run* Split(Run* run, size_t keep, std::unique_ptr<Run> upper);
+  // Adds `run` (its ids set) under `parent`, which has room for it, as has child_of_.
+  Run* AddRun(Run* parent, std::unique_ptr<Run> run);
   void DeleteRun(Run* run);
   void MergeSingleChild(Run* run);
+  // Room for `slot` among the run's holders, so that AddHolder allocates nothing.
+  static void ReserveHolder(Run* run, uint32_t slot);
   void AddHolder(Run* run, uint32_t slot);
   void RemoveHolder(Run* run, uint32_t slot);
   void SweepSlot(uint32_t slot);
   // Depth of `chain` on every slot.
   void HeldDepthPerSlot(std::span<const uint64_t> chain, std::vector<uint32_t>& depth) const;
-  void EraseRecord(absl::node_hash_map<std::string, Record>::iterator it);
+  void EraseRecord(RequestTable::iterator it);
   void MaybeExpire();
   void MaybeShrinkTables();
 
@@ -317,16 +354,15 @@ class ActiveSequences {
   PrefillRate prefill_rate_;
   std::vector<Slot> slots_;  // indexed by slot number; freed slots are reused
   std::vector<uint32_t> free_slots_;
-  absl::flat_hash_map<WorkerKey, uint32_t> slot_of_;
+  FailSafeMap<WorkerKey, uint32_t> slot_of_;
   // Each slot's position among the ranks in use (the order of Loads()), rebuilt when a rank
   // is added or removed; empty while every slot is in use, when a slot's number is its position.
   std::vector<uint32_t> position_of_slot_;
   // The trie of booked chains, and its edges: (run, first id of a child run) -> that child.
   std::unique_ptr<Run> root_;
-  absl::flat_hash_map<std::pair<const Run*, uint64_t>, Run*> child_of_;
+  FailSafeMap<Edge, Run*> child_of_;
   size_t stored_blocks_ = 0;
-  // Node map: records do not move, so their ids stay valid while they are active.
-  absl::node_hash_map<std::string, Record> requests_;
+  RequestTable requests_;
 };
 
 }  // namespace kvrouter
