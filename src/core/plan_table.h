@@ -4,18 +4,22 @@
 // bookings: the Router frees a plan's booking when it drops an expired plan (ExpireDue's
 // callback), aborts one or commits one.
 //
+// A refused allocation (std::bad_alloc) leaves the table as it was: its plans are in a
+// std::unordered_map (a single insert is all or nothing in libstdc++), not in absl's
+// raw_hash_set, whose refused growth corrupts the map in Debian's Abseil (fail_safe_map.h).
+//
 // Thread-safety: none. The Router serialises every call under its admission gate.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/hash/hash.h"
-#include "absl/strings/string_view.h"
 #include "core/clock.h"
 
 namespace kvrouter {
@@ -35,20 +39,32 @@ class PlanTable {
   Nanos deadline() const { return deadline_; }
   void set_deadline(Nanos deadline) { deadline_ = deadline; }
 
-  // Records the plan of `id`, made at `now` (replacing any other plan of `id`).
+  // Records the plan of `id`, made at `now` (replacing any other plan of `id`). Throws
+  // std::bad_alloc with the table unchanged when the heap refuses; replacing allocates only
+  // the entry.
   void Add(std::string_view id, Decision decision, Nanos now, std::unique_ptr<Payload> payload) {
     auto entry = std::make_unique<Entry>();
     entry->decision = std::move(decision);
     entry->deadline = now + deadline_;
     entry->payload = std::move(payload);
-    plans_[Key(id)] = std::move(entry);
+    if (auto it = plans_.find(id); it != plans_.end()) {
+      it->second = std::move(entry);
+    } else {
+      plans_.emplace(std::string(id), std::move(entry));
+    }
   }
   // The plan of `id`, due or not; null when there is none.
   Entry* Find(std::string_view id) {
-    auto it = plans_.find(Key(id));
+    auto it = plans_.find(id);
     return it == plans_.end() ? nullptr : it->second.get();
   }
-  bool Erase(std::string_view id) { return plans_.erase(Key(id)) > 0; }
+  // Allocates nothing.
+  bool Erase(std::string_view id) {
+    auto it = plans_.find(id);
+    if (it == plans_.end()) return false;
+    plans_.erase(it);
+    return true;
+  }
   // Drops every plan due at `now`, telling `expired` its id first; returns how many.
   size_t ExpireDue(Nanos now, absl::FunctionRef<void(std::string_view id)> expired) {
     size_t dropped = 0;
@@ -58,7 +74,7 @@ class PlanTable {
         continue;
       }
       expired(it->first);
-      plans_.erase(it++);
+      it = plans_.erase(it);
       ++dropped;
     }
     return dropped;
@@ -75,12 +91,14 @@ class PlanTable {
   }
 
  private:
-  static absl::string_view Key(std::string_view id) {
-    return absl::string_view(id.data(), id.size());
-  }
+  // Plan ids, looked up by std::string_view too.
+  struct IdHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
+  };
 
   Nanos deadline_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Entry>> plans_;
+  std::unordered_map<std::string, std::unique_ptr<Entry>, IdHash, std::equal_to<>> plans_;
 };
 
 }  // namespace kvrouter

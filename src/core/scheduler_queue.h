@@ -13,21 +13,25 @@
 // The queue admits from its head only (head-of-line blocking, as in Dynamo): when load drops, the
 // head is admitted while some rank it may use is under the threshold.
 //
+// A refused allocation (std::bad_alloc) leaves a queue as it was: its tables are std::map and
+// std::unordered_map (a single insert is all or nothing in libstdc++), not absl's btree or
+// raw_hash_set (whose refused growth corrupts the map in Debian's Abseil, fail_safe_map.h).
+//
 // Thread-safety: none. The Router guards its queue with its admission gate; the waiting itself
 // (condition variables, callbacks) lives in the Router.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 
-#include "absl/container/btree_map.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 
 namespace kvrouter {
 
@@ -77,26 +81,31 @@ class PendingQueue {
     T item;
   };
 
-  // Returns false (and keeps nothing) when `request_id` is already waiting.
+  // Returns false (and keeps nothing) when `request_id` is already waiting. Throws
+  // std::bad_alloc, the queue unchanged, when the heap refuses.
   bool Push(std::string request_id, double key, uint64_t prompt_tokens, T item) {
     if (position_.contains(request_id)) return false;
-    const Position position{.key = key, .arrival = next_arrival_++};
-    position_.emplace(request_id, position);
+    const Position position{.key = key, .arrival = next_arrival_};
+    auto at = position_.emplace(request_id, position).first;
+    try {
+      order_.emplace(position, Entry{std::move(request_id), prompt_tokens, std::move(item)});
+    } catch (...) {
+      position_.erase(at);
+      throw;
+    }
+    ++next_arrival_;
     pending_tokens_ += prompt_tokens;
-    order_.emplace(position, Entry{std::move(request_id), prompt_tokens, std::move(item)});
     return true;
   }
 
   bool empty() const { return order_.empty(); }
   size_t size() const { return order_.size(); }
   uint64_t pending_tokens() const { return pending_tokens_; }
-  bool Contains(std::string_view request_id) const {
-    return position_.contains(absl::string_view(request_id.data(), request_id.size()));
-  }
+  bool Contains(std::string_view request_id) const { return position_.contains(request_id); }
 
   // The waiting request with this id, or null.
   const Entry* Find(std::string_view request_id) const {
-    auto found = position_.find(absl::string_view(request_id.data(), request_id.size()));
+    auto found = position_.find(request_id);
     if (found == position_.end()) return nullptr;
     return &order_.find(found->second)->second;
   }
@@ -117,7 +126,7 @@ class PendingQueue {
 
   // Takes a waiting request out, if it is waiting.
   std::optional<Entry> Remove(std::string_view request_id) {
-    auto found = position_.find(absl::string_view(request_id.data(), request_id.size()));
+    auto found = position_.find(request_id);
     if (found == position_.end()) return std::nullopt;
     return Take(order_.find(found->second));
   }
@@ -132,7 +141,8 @@ class PendingQueue {
     }
   };
 
-  Entry Take(typename absl::btree_map<Position, Entry>::iterator it) {
+  // Allocates nothing.
+  Entry Take(typename std::map<Position, Entry>::iterator it) {
     Entry entry = std::move(it->second);
     order_.erase(it);
     position_.erase(entry.request_id);
@@ -140,8 +150,14 @@ class PendingQueue {
     return entry;
   }
 
-  absl::btree_map<Position, Entry> order_;
-  absl::flat_hash_map<std::string, Position> position_;
+  // Request ids, looked up by std::string_view too.
+  struct IdHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
+  };
+
+  std::map<Position, Entry> order_;
+  std::unordered_map<std::string, Position, IdHash, std::equal_to<>> position_;
   uint64_t next_arrival_ = 0;
   uint64_t pending_tokens_ = 0;
 };

@@ -1,25 +1,38 @@
 #include "core/session_table.h"
 
 #include "absl/hash/hash.h"
-#include "absl/strings/string_view.h"
 
 namespace kvrouter {
-namespace {
 
-absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+SessionTable::Previous SessionTable::Bind(std::string_view session_id, WorkerKey worker,
+                                          double ttl_seconds) {
+  const Bound bound{
+      .worker = worker, .ttl = SecondsToNanos(ttl_seconds), .last_used = clock_.Now()};
+  Previous previous;
+  if (auto it = sessions_.find(session_id); it != sessions_.end()) {
+    previous.bound = it->second;
+    it->second = bound;
+  } else {
+    sessions_.emplace(std::string(session_id), bound);
+  }
+  return previous;
+}
 
-}  // namespace
-
-void SessionTable::Bind(std::string_view session_id, WorkerKey worker, double ttl_seconds) {
-  sessions_[AsAbsl(session_id)] =
-      Bound{.worker = worker, .ttl = SecondsToNanos(ttl_seconds), .last_used = clock_.Now()};
+void SessionTable::Restore(std::string_view session_id, const Previous& previous) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  if (previous.bound) {
+    it->second = *previous.bound;
+  } else {
+    sessions_.erase(it);
+  }
 }
 
 void SessionTable::Steer(std::string_view session_id, SessionMode mode, bool use,
                          absl::FunctionRef<bool(WorkerKey)> usable, std::optional<WorkerPin>& pin,
                          std::optional<WorkerKey>& preferred) {
   if (session_id.empty()) return;
-  auto it = sessions_.find(AsAbsl(session_id));
+  auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
   const Nanos now = clock_.Now();
   if (it->second.ExpiredAt(now)) {
@@ -42,19 +55,21 @@ void SessionTable::Steer(std::string_view session_id, SessionMode mode, bool use
 }
 
 std::optional<WorkerKey> SessionTable::Binding(std::string_view session_id) const {
-  auto it = sessions_.find(AsAbsl(session_id));
+  auto it = sessions_.find(session_id);
   if (it == sessions_.end() || it->second.ExpiredAt(clock_.Now())) return std::nullopt;
   return it->second.worker;
 }
 
 bool SessionTable::Close(std::string_view session_id) {
-  return sessions_.erase(AsAbsl(session_id)) > 0;
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return false;
+  sessions_.erase(it);
+  return true;
 }
 
 size_t SessionTable::Reclaim() {
   const Nanos now = clock_.Now();
-  return absl::erase_if(sessions_,
-                        [now](const auto& entry) { return entry.second.ExpiredAt(now); });
+  return std::erase_if(sessions_, [now](const auto& entry) { return entry.second.ExpiredAt(now); });
 }
 
 uint64_t SessionTable::StateDigest() const {

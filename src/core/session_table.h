@@ -7,15 +7,20 @@
 // TTLs slide: every use of a binding restarts it. An expired binding is dropped when it is
 // next used, or by Reclaim.
 //
+// A refused allocation (std::bad_alloc) leaves the table as it was: its bindings are in a
+// std::unordered_map (a single insert is all or nothing in libstdc++), not in absl's
+// raw_hash_set, whose refused growth corrupts the map in Debian's Abseil (fail_safe_map.h).
+//
 // Thread-safety: none. The Router serialises every call under its admission gate.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "core/clock.h"
 #include "core/types.h"
@@ -42,11 +47,30 @@ struct WorkerPin {
 };
 
 class SessionTable {
+ private:
+  struct Bound {
+    WorkerKey worker;
+    Nanos ttl = 0;
+    Nanos last_used = 0;
+    bool ExpiredAt(Nanos now) const { return now - last_used >= ttl; }
+  };
+
  public:
   explicit SessionTable(const Clock& clock) : clock_(clock) {}
 
-  // Binds `session_id` to `worker` from now, for `ttl_seconds` (> 0) after each use.
-  void Bind(std::string_view session_id, WorkerKey worker, double ttl_seconds);
+  // What a session's binding was before Bind: what Restore puts back.
+  class Previous {
+   private:
+    friend class SessionTable;
+    std::optional<Bound> bound;
+  };
+
+  // Binds `session_id` to `worker` from now, for `ttl_seconds` (> 0) after each use. Throws
+  // std::bad_alloc, the table unchanged, when the heap refuses a new binding.
+  Previous Bind(std::string_view session_id, WorkerKey worker, double ttl_seconds);
+  // Undoes the Bind of `session_id` that returned `previous` (nothing changed the session
+  // since). Allocates nothing.
+  void Restore(std::string_view session_id, const Previous& previous);
 
   // Steers a request of `session_id` by its live binding: in kHard mode the bound rank becomes
   // `pin` (unless the request has one), in kSoft mode `preferred` (unless it has one); a binding
@@ -68,15 +92,14 @@ class SessionTable {
   uint64_t StateDigest() const;
 
  private:
-  struct Bound {
-    WorkerKey worker;
-    Nanos ttl = 0;
-    Nanos last_used = 0;
-    bool ExpiredAt(Nanos now) const { return now - last_used >= ttl; }
+  // Session ids, looked up by std::string_view too.
+  struct IdHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
   };
 
   const Clock& clock_;
-  absl::flat_hash_map<std::string, Bound> sessions_;
+  std::unordered_map<std::string, Bound, IdHash, std::equal_to<>> sessions_;
 };
 
 }  // namespace kvrouter
