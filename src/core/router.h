@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/active_sequences.h"
@@ -440,9 +441,13 @@ class Router {
   // What a plan keeps (DecideLocked): `decision` is unchanged when this returns.
   static RouteDecision PlanRecordOf(RouteDecision& decision);
   std::unique_ptr<Prepared> WhatCommitNeeds(const Prepared& prepared) const;
-  absl::Status BookLocked(const Prepared& prepared, const CandidateCost& chosen);
+  // Books `prepared` on the chosen rank and runs `complete`; if that throws, the booking is
+  // undone before the exception goes on (AddBookingLocked).
+  absl::Status BookLocked(const Prepared& prepared, const CandidateCost& chosen,
+                          absl::FunctionRef<void()> complete);
   // What a dispatched decision leaves behind: the approximate-index record and the session
-  // binding. The only writer of both.
+  // binding. The only writer of both. Throws std::bad_alloc with neither left when refused (as
+  // far as the approximate index itself is safe against a refused allocation).
   void CommitDecisionLocked(const Prepared& prepared, WorkerKey worker);
   bool IsCandidateLocked(const Prepared& prepared, WorkerKey worker) const;
   absl::Status CheckPinLocked(const Prepared& prepared) const;
@@ -474,13 +479,18 @@ class Router {
   // Expires plans and reclaims sessions if the last sweep is old enough; true if a plan's
   // booking was freed (the caller drains the queue).
   bool MaybeSweepLocked();
-  // Resolves the session binding into a pin or a preference (SessionTable::Steer). `use`
-  // refreshes the TTL and drops a hard binding whose rank is gone; without it nothing changes.
-  void ApplySessionLocked(Prepared& prepared, bool use);
+  // Resolves the session binding into a pin or a preference (SessionTable::Steer); changes
+  // nothing.
+  void ApplySessionLocked(Prepared& prepared);
+  // The request is booked: its binding's TTL restarts, or the binding is dropped if it expired
+  // or is hard and its rank is gone (a dispatch rebinds it). Allocates nothing: the last step
+  // of a booking.
+  void UseSessionLocked(const Prepared& prepared);
 
   // router_replicas.cc: every change to a local booking goes through these three, which tell
-  // the observer.
-  absl::Status AddBookingLocked(const SequenceRequest& request);
+  // the observer. AddBookingLocked books, runs `complete`, and only then tells the observer;
+  // if `complete` throws, the booking is freed before the exception goes on, untold.
+  absl::Status AddBookingLocked(const SequenceRequest& request, absl::FunctionRef<void()> complete);
   bool MarkPrefillCompletedLocked(std::string_view request_id);
   bool FreeBookingLocked(std::string_view request_id);
   void NotifyLocked(const SequenceChange& change);

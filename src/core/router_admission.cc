@@ -2,11 +2,17 @@
 // AddRequest, MarkPrefillCompleted, Free, ...) and the admission queue behind them: whether a
 // request must wait, enqueueing it, draining the queue when capacity frees up, cancelling a
 // waiting request, and running the callbacks once the gate is released.
+//
+// A refused allocation (std::bad_alloc) leaves the router as if the call had not been made: a
+// decision books whole or not at all (router_selection.cc), a callback's place among the
+// completions is made before the decision or the dequeue it reports, and a queued request stays
+// queued until its decision succeeds.
 #include <algorithm>
 #include <condition_variable>
+#include <new>
+#include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "core/router.h"
 #include "core/router_internal.h"
 
@@ -54,22 +60,31 @@ void Router::EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback don
                                                      .prompt_tokens = prepared->prompt_tokens,
                                                      .best_cached_tokens = best_cached});
   auto pending = std::make_unique<Pending>();
-  pending->ticket = next_ticket_++;
+  pending->ticket = next_ticket_;
   pending->prepared = std::move(*prepared);
   pending->done = std::move(done);
-  const std::string id = pending->prepared.request_id;
+  std::string id = pending->prepared.request_id;
   const uint64_t tokens = pending->prepared.prompt_tokens;
-  queue_.Push(id, key, tokens, std::move(pending));
+  queue_.Push(std::move(id), key, tokens, std::move(pending));  // all or nothing
+  ++next_ticket_;
 }
 
 void Router::DrainQueueLocked(Completions& completions) {
-  // Head-of-line: stop at the first request that still has to wait (as Dynamo does).
-  while (!queue_.empty() && !MustWaitLocked(queue_.Front().item->prepared)) {
-    auto entry = queue_.PopFront();
-    auto result = DecideLocked(entry.item->prepared);
-    CountDecision(result);
-    if (result.ok()) result->queued = true;
-    completions.push_back({std::move(entry.item->done), std::move(result)});
+  try {
+    // Head-of-line: stop at the first request that still has to wait (as Dynamo does).
+    while (!queue_.empty() && !MustWaitLocked(queue_.Front().item->prepared)) {
+      // Decided in place, dequeued once decided: nothing from the reserve on allocates but
+      // the decision, which books whole or not at all.
+      completions.reserve(completions.size() + 1);
+      auto result = DecideLocked(queue_.Front().item->prepared);
+      auto entry = queue_.PopFront();
+      CountDecision(result);
+      if (result.ok()) result->queued = true;
+      completions.push_back({std::move(entry.item->done), std::move(result)});
+    }
+  } catch (const std::bad_alloc&) {
+    // The head stays queued, its decision not taken: the next drain (a release, a new worker,
+    // RecheckQueue) tries again. The call that drained has done what it was asked.
   }
 }
 
@@ -77,6 +92,7 @@ bool Router::CancelLocked(std::string_view request_id, uint64_t ticket, absl::St
                           Completions& completions) {
   const auto* entry = queue_.Find(request_id);
   if (entry == nullptr || (ticket != 0 && entry->item->ticket != ticket)) return false;
+  completions.reserve(completions.size() + 1);
   auto removed = queue_.Remove(request_id);
   completions.push_back({std::move(removed->item->done), std::move(why)});
   return true;
@@ -84,7 +100,10 @@ bool Router::CancelLocked(std::string_view request_id, uint64_t ticket, absl::St
 
 bool Router::ReleaseLocked(std::string_view request_id, std::string_view why,
                            Completions& completions) {
-  if (CancelLocked(request_id, 0, absl::CancelledError(AsAbsl(why)), completions)) return true;
+  // The status only for a waiting request: a release of a booking allocates nothing.
+  if (queue_.Contains(request_id)) {
+    return CancelLocked(request_id, 0, absl::CancelledError(AsAbsl(why)), completions);
+  }
   if (!FreeBookingLocked(request_id)) return false;
   DrainQueueLocked(completions);
   return true;
@@ -111,13 +130,14 @@ uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& op
   scratch.hold_as_plan = as_plan;
   Completions completions;
   uint64_t ticket = 0;
-  {
+  try {
     std::lock_guard lock(gate_);
     // Only a request that books may age plans and sessions: a preview changes nothing.
     if (options.with_admission) {
       if (MaybeSweepLocked()) DrainQueueLocked(completions);
     }
-    ApplySessionLocked(scratch, /*use=*/options.with_admission);
+    // Steering changes nothing; a booking uses the binding once it is made (DecideLocked).
+    ApplySessionLocked(scratch);
     absl::Status id_status =
         options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
     if (id_status.ok()) id_status = CheckPinLocked(scratch);
@@ -127,11 +147,17 @@ uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& op
       ticket = next_ticket_;
       EnqueueLocked(std::make_unique<Prepared>(std::move(scratch)), std::move(done));
     } else {
+      // The callback's place first: once booked, a decision must reach its caller.
+      completions.reserve(completions.size() + 1);
       auto result = DecideLocked(scratch);
       CountDecision(result);
       if (result.ok()) FinishTiming(started);
       completions.push_back({std::move(done), std::move(result)});
     }
+  } catch (...) {
+    // Refused: this request is neither booked nor queued, but those the sweep admitted are.
+    Run(completions);
+    throw;
   }
   Run(completions);
   return ticket;
@@ -211,15 +237,17 @@ absl::Status Router::AddRequest(std::string_view request_id, std::span<const uin
   std::lock_guard lock(gate_);
   if (auto status = CheckNewRequestIdLocked(request_id); !status.ok()) return status;
   if (!active_.HasWorker(worker)) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown worker ", worker.worker_id, " dp_rank ", worker.dp_rank));
+    return absl::NotFoundError("unknown worker " + std::to_string(worker.worker_id) + " dp_rank " +
+                               std::to_string(worker.dp_rank));
   }
   const WorkerMatch* match = FindMatch(prepared.matches, worker);
   const Candidate candidate{.worker = worker, .overlap = match ? OverlapOf(*match) : TierOverlap{}};
   const CandidateCost priced =
       ScoreCandidate(candidate, prepared.prompt_tokens, options_.block_size, prepared.config,
                      candidate.active_prefill_tokens);
-  return BookLocked(prepared, priced);
+  // A plan left under this id lost its booking with its worker: this booking is not that
+  // plan's.
+  return BookLocked(prepared, priced, [&] { plans_.Erase(request_id); });
 }
 
 bool Router::MarkPrefillCompleted(std::string_view request_id) {

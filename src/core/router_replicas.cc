@@ -52,15 +52,17 @@ std::string ReplicaRequestId(std::string_view origin, std::string_view request_i
 
 }  // namespace
 
-absl::Status Router::AddBookingLocked(const SequenceRequest& request) {
-  absl::Status status = active_.AddRequest(request);
-  if (status.ok()) {
-    // A plan left under this id lost its booking with its worker (else the id would still be
-    // active): the new booking is not that plan's, so a retried plan must not answer with it.
-    plans_.Erase(request.request_id);
-    NotifyLocked(AddedChange(request));
+absl::Status Router::AddBookingLocked(const SequenceRequest& request,
+                                      absl::FunctionRef<void()> complete) {
+  if (absl::Status status = active_.AddRequest(request); !status.ok()) return status;
+  try {
+    complete();
+  } catch (...) {
+    active_.Free(request.request_id);  // allocates nothing
+    throw;
   }
-  return status;
+  NotifyLocked(AddedChange(request));
+  return absl::OkStatus();
 }
 
 bool Router::MarkPrefillCompletedLocked(std::string_view request_id) {

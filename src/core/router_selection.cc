@@ -3,18 +3,23 @@
 // eligible rank, BookLocked books the winner, CommitDecisionLocked leaves what a dispatch leaves
 // behind (the approximate-index record, the session binding), and DecideLocked composes them
 // into a RouteDecision.
+//
+// A refused allocation (std::bad_alloc) leaves the router as if the decision had not been asked
+// for: everything that can be refused comes before the booking or is undone with it
+// (DecideLocked), and messages are built with std::string, since absl::StrCat cannot pass a
+// bad_alloc on through Debian's libabsl (std::terminate).
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "core/hashing.h"
 #include "core/router.h"
 #include "core/router_internal.h"
 
 namespace kvrouter {
 
-using router_internal::AsAbsl;
+using router_internal::FormatDouble;
 using router_internal::IsAllowed;
 using router_internal::OverlapOf;
 
@@ -41,8 +46,8 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
   }
   if (!options.session_id.empty() &&
       !(std::isfinite(options.session_ttl_seconds) && options.session_ttl_seconds > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session_ttl_seconds must be > 0, got ", options.session_ttl_seconds));
+    return absl::InvalidArgumentError("session_ttl_seconds must be > 0, got " +
+                                      FormatDouble(options.session_ttl_seconds));
   }
   out.request_id.assign(options.request_id);
   out.config = *config;
@@ -94,16 +99,17 @@ absl::Status Router::CheckPinLocked(const Prepared& prepared) const {
   if (!prepared.pin) return absl::OkStatus();
   const WorkerPin& pin = *prepared.pin;
   if (!IsAllowed(pin.worker_id, prepared.allowed_worker_ids)) {
-    return absl::InvalidArgumentError(absl::StrCat("pinned worker ", pin.worker_id,
-                                                   " is not in allowed_worker_ids (the pin and "
-                                                   "the allowed set contradict each other)"));
+    return absl::InvalidArgumentError("pinned worker " + std::to_string(pin.worker_id) +
+                                      " is not in allowed_worker_ids (the pin and the allowed "
+                                      "set contradict each other)");
   }
   if (registry_.Find(pin.worker_id) == nullptr) {
-    return absl::NotFoundError(absl::StrCat("pinned worker ", pin.worker_id, " is not registered"));
+    return absl::NotFoundError("pinned worker " + std::to_string(pin.worker_id) +
+                               " is not registered");
   }
   if (pin.dp_rank && !active_.HasWorker(WorkerKey{pin.worker_id, *pin.dp_rank})) {
-    return absl::NotFoundError(
-        absl::StrCat("pinned worker ", pin.worker_id, " has no dp_rank ", *pin.dp_rank));
+    return absl::NotFoundError("pinned worker " + std::to_string(pin.worker_id) +
+                               " has no dp_rank " + std::to_string(*pin.dp_rank));
   }
   return absl::OkStatus();
 }
@@ -177,7 +183,8 @@ absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
   return absl::OkStatus();
 }
 
-absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& chosen) {
+absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& chosen,
+                                absl::FunctionRef<void()> complete) {
   std::vector<uint64_t> random_ids;
   std::span<const uint64_t> block_ids = prepared.tracking_ids;
   if (!prepared.config.assume_kv_reuse) {
@@ -196,15 +203,22 @@ absl::Status Router::BookLocked(const Prepared& prepared, const CandidateCost& c
                                 .prompt_tokens = prepared.prompt_tokens};
   // Booking writes no approximate-index record: that is left for the dispatch
   // (CommitDecisionLocked), so a plan that is aborted leaves no trace in the index.
-  return AddBookingLocked(request);
+  return AddBookingLocked(request, complete);
 }
 
 void Router::CommitDecisionLocked(const Prepared& prepared, WorkerKey worker) {
-  if (approx_) {
-    approx_->RecordRoutingDecision(worker, prepared.local_hashes, prepared.sequence_hashes);
-  }
+  // The binding first: undone when the approximate index's record is refused.
+  std::optional<SessionTable::Previous> previous;
   if (!prepared.session_id.empty()) {
-    sessions_.Bind(prepared.session_id, worker, prepared.session_ttl_seconds);
+    previous = sessions_.Bind(prepared.session_id, worker, prepared.session_ttl_seconds);
+  }
+  if (approx_) {
+    try {
+      approx_->RecordRoutingDecision(worker, prepared.local_hashes, prepared.sequence_hashes);
+    } catch (...) {
+      if (previous) sessions_.Restore(prepared.session_id, *previous);
+      throw;
+    }
   }
 }
 
@@ -236,10 +250,8 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
   if (auto status = CheckPinLocked(prepared); !status.ok()) return status;
   Selection selection;
   if (auto status = SelectLocked(prepared, selection); !status.ok()) return status;
+  // Stays valid when the costs move into the decision (their buffer moves with them).
   const CandidateCost& winner = selection.winner();
-  if (prepared.with_admission) {
-    if (auto status = BookLocked(prepared, winner); !status.ok()) return status;
-  }
   RouteDecision decision;
   decision.moved_from_preferred = prepared.preferred && winner.worker != *prepared.preferred;
   decision.potential_decode_blocks = winner.decode_blocks;
@@ -255,14 +267,30 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
   decision.booked = prepared.with_admission;
   decision.chosen = selection.chosen;
   decision.candidates = std::move(selection.costs);
-  if (prepared.with_admission && prepared.hold_as_plan) {
+  if (!prepared.with_admission) return decision;
+  // Booked whole or not at all: the booking, then what completes it, which a refused
+  // allocation undoes with the booking (BookLocked); what a plan keeps is made before either.
+  absl::Status status;
+  if (prepared.hold_as_plan) {
     decision.planned = true;
-    plans_.Add(prepared.request_id, PlanRecordOf(decision), clock_.Now(),
-               WhatCommitNeeds(prepared));
-  } else if (prepared.with_admission) {
+    RouteDecision record = PlanRecordOf(decision);
+    std::unique_ptr<Prepared> payload = WhatCommitNeeds(prepared);
+    status = BookLocked(prepared, winner, [&] {
+      // Replaces a plan that lost its booking (its worker removed) under the same id.
+      plans_.Add(prepared.request_id, std::move(record), clock_.Now(), std::move(payload));
+      UseSessionLocked(prepared);
+    });
+  } else {
     // Booking without a plan is a dispatch at once (FindBestMatch with admission).
-    CommitDecisionLocked(prepared, winner.worker);
+    status = BookLocked(prepared, winner, [&] {
+      CommitDecisionLocked(prepared, winner.worker);
+      // A plan left under this id lost its booking with its worker (else the id would still
+      // be active): the new booking is not that plan's, so a retried plan must not answer
+      // with it.
+      plans_.Erase(prepared.request_id);
+    });
   }
+  if (!status.ok()) return status;
   return decision;
 }
 
@@ -272,8 +300,8 @@ absl::Status Router::CheckNewRequestIdLocked(std::string_view request_id) const 
         "request ids starting with byte 0x1E are reserved (they name replicas' bookings)");
   }
   if (active_.HasRequest(request_id) || queue_.Contains(request_id)) {
-    return absl::AlreadyExistsError(absl::StrCat("request id '", AsAbsl(request_id),
-                                                 "' is already active or waiting for admission"));
+    return absl::AlreadyExistsError("request id '" + std::string(request_id) +
+                                    "' is already active or waiting for admission");
   }
   return absl::OkStatus();
 }

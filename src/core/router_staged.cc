@@ -3,6 +3,8 @@
 // session bindings themselves are a SessionTable (session_table.h).
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,8 +12,6 @@
 #include "core/router_internal.h"
 
 namespace kvrouter {
-
-using router_internal::AsAbsl;
 
 // ---------------------------------------------------------------------------------------------
 // Staged routing: preview, plan, commit, abort (reference §6.2)
@@ -26,7 +26,7 @@ absl::StatusOr<RouteDecision> Router::Preview(std::span<const uint32_t> tokens,
     return status;
   }
   std::lock_guard lock(gate_);
-  ApplySessionLocked(prepared, /*use=*/false);
+  ApplySessionLocked(prepared);
   auto result = DecideLocked(prepared);
   if (result.ok()) FinishTiming(started);
   return result;
@@ -62,7 +62,7 @@ absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,
 absl::Status Router::Commit(std::string_view request_id) {
   Completions completions;
   absl::Status status;
-  {
+  try {
     std::lock_guard lock(gate_);
     if (MaybeSweepLocked()) DrainQueueLocked(completions);
     auto* planned = plans_.Find(request_id);
@@ -73,24 +73,30 @@ absl::Status Router::Commit(std::string_view request_id) {
       planned = nullptr;
       DrainQueueLocked(completions);
     }
+    // Messages by std::string: absl::StrCat cannot pass a bad_alloc on through Debian's
+    // libabsl.
     if (planned == nullptr) {
       // Committed before (or booked without a plan): nothing left to do.
       status = active_.HasRequest(request_id)
                    ? absl::OkStatus()
-                   : absl::NotFoundError(
-                         absl::StrCat("no plan for request '", AsAbsl(request_id),
-                                      "' (never planned, aborted, freed, or past its deadline)"));
+                   : absl::NotFoundError("no plan for request '" + std::string(request_id) +
+                                         "' (never planned, aborted, freed, or past its "
+                                         "deadline)");
     } else if (!active_.HasRequest(request_id)) {
       // The booking went with its worker (removed) or expired: nothing to dispatch to. The
       // record stays (so a retried commit says the same) until abort, free, a new plan or
       // the deadline.
-      status = absl::FailedPreconditionError(
-          absl::StrCat("the plan for request '", AsAbsl(request_id),
-                       "' lost its booking (its worker was removed); plan again"));
+      status = absl::FailedPreconditionError("the plan for request '" + std::string(request_id) +
+                                             "' lost its booking (its worker was removed); "
+                                             "plan again");
     } else {
+      // Throws with nothing left when refused; the plan stays, to be committed again.
       CommitDecisionLocked(*planned->payload, planned->decision.worker);
       plans_.Erase(request_id);
     }
+  } catch (...) {
+    Run(completions);  // requests the sweep admitted still hear of it
+    throw;
   }
   Run(completions);
   return status;
@@ -156,14 +162,26 @@ size_t Router::plan_count() const {
 // ---------------------------------------------------------------------------------------------
 // Session affinity (reference §6.1): the SessionTable under gate_
 
-void Router::ApplySessionLocked(Prepared& prepared, bool use) {
+void Router::ApplySessionLocked(Prepared& prepared) {
   // An explicit pin outranks the session; a binding the request may not use is no target.
   sessions_.Steer(
-      prepared.session_id, prepared.session_mode, use,
+      prepared.session_id, prepared.session_mode, /*use=*/false,
       [&](WorkerKey bound) {
         return active_.HasWorker(bound) && IsCandidateLocked(prepared, bound);
       },
       prepared.pin, prepared.preferred);
+}
+
+void Router::UseSessionLocked(const Prepared& prepared) {
+  // Steer with `use` only erases or rewrites the binding (and resolves into copies here).
+  std::optional<WorkerPin> pin = prepared.pin;
+  std::optional<WorkerKey> preferred = prepared.preferred;
+  sessions_.Steer(
+      prepared.session_id, prepared.session_mode, /*use=*/true,
+      [&](WorkerKey bound) {
+        return active_.HasWorker(bound) && IsCandidateLocked(prepared, bound);
+      },
+      pin, preferred);
 }
 
 std::optional<WorkerKey> Router::SessionBinding(std::string_view session_id) const {
