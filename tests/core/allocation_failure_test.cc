@@ -23,9 +23,8 @@
 // are free again.
 //
 // The commit that added this suite lists where each of these broke at first (195 of 208 index
-// refusals left a half-applied update; queries and decisions crashed). The routing-decision
-// sweep is DISABLED_ until the bookings are made safe too; --gtest_also_run_disabled_tests
-// runs it.
+// refusals left a half-applied update; queries and decisions crashed); the bookings' commit,
+// what a routing decision left half-booked.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -712,20 +711,24 @@ TEST(AllocationFailureTest, AQueryThatRunsOutOfMemoryChangesNothing) {
 // ---- Routing decisions and bookings ------------------------------------------------------------
 
 // A router with three workers and some cached prefixes; the ops below book, plan, commit and
-// free requests on it.
+// free requests on it. With a queue threshold, a fourth worker of one rank, for requests pinned
+// to it to wait for it.
 struct RouterFixture {
   ManualClock clock;
   std::unique_ptr<Router> router;
   std::vector<uint32_t> prompt_a, prompt_b;
 
-  RouterFixture() {
+  explicit RouterFixture(std::optional<double> queue_threshold = std::nullopt) {
     RouterOptions options;
     options.block_size = 4;
     options.clock = &clock;
     options.random_seed = 7;
+    options.queue_threshold = queue_threshold;
     router = std::move(Router::Create(options).value());
-    for (uint64_t w = 1; w <= 3; ++w) {
-      if (!router->AddWorker(WorkerConfig{.worker_id = w, .dp_size = 2, .total_kv_blocks = 1000})
+    for (uint64_t w = 1; w <= (queue_threshold ? 4 : 3); ++w) {
+      if (!router
+               ->AddWorker(WorkerConfig{
+                   .worker_id = w, .dp_size = w == 4 ? 1u : 2u, .total_kv_blocks = 1000})
                .ok()) {
         std::abort();
       }
@@ -801,17 +804,45 @@ std::string CheckLoads(const Router& router) {
   return "";
 }
 
-// The operations with the n-th allocation refused: after the one it came in, the ranks' loads
-// agree with the bookings; once every request is freed the router is as it was before them, and
-// the operations run again from there leave it so too.
+// Runs op(i) with the router's digest taken first, the armed refusal held meanwhile (the
+// digest's own allocations are not the operation's). Records whether op(i) threw.
+struct DigestedOp {
+  uint64_t before = 0;
+  bool threw = false;
+  template <typename Op>
+  void Run(const Router& router, Op op) {
+    const uint64_t left = FailAllocationForTesting(0);
+    before = router.StateDigest();
+    FailAllocationForTesting(left);
+    threw = false;
+    try {
+      op();
+    } catch (const std::bad_alloc&) {
+      threw = true;
+      throw;
+    }
+  }
+  // "" unless the operation threw and changed the router anyway.
+  std::string Check(const Router& router) const {
+    if (threw && router.StateDigest() != before) return "it threw, yet the state changed";
+    return "";
+  }
+};
+
+// The operations with the n-th allocation refused: the one it came in threw and changed
+// nothing, or completed; the ranks' loads agree with the bookings; once every request is freed
+// the router is as it was before them, and the operations run again from there leave it so too.
 void RouterRun(uint64_t n, int fd) {
   RouterFixture f;
   const uint64_t initial = f.router->StateDigest();
   auto fail = [&](const std::string& problem) { Report(fd, "P" + problem); };
-  if (RunArmed(n, kRouterOps.size(), fd, [&](size_t op) { RouterOp(f, op); }) ==
-      kRouterOps.size()) {
+  DigestedOp armed;
+  if (RunArmed(n, kRouterOps.size(), fd, [&](size_t op) {
+        armed.Run(*f.router, [&] { RouterOp(f, op); });
+      }) == kRouterOps.size()) {
     return;
   }
+  if (std::string changed = armed.Check(*f.router); !changed.empty()) return fail(changed);
   if (std::string loads = CheckLoads(*f.router); !loads.empty()) return fail(loads);
   f.router->Free("r1");
   f.router->Abort("p1");
@@ -826,8 +857,122 @@ void RouterRun(uint64_t n, int fd) {
   if (f.router->StateDigest() != initial) return fail("the operations again leave a state");
 }
 
-TEST(AllocationFailureTest, DISABLED_ARoutingDecisionBooksWholeOrNotAtAll) {
+TEST(AllocationFailureTest, ARoutingDecisionBooksWholeOrNotAtAll) {
   Sweep(kRouterOps, RouterRun, 30);
+}
+
+// The same through what else a booking touches: session bindings (a dispatch binds, a plan
+// uses the binding, its commit rebinds), the admission queue (a request pinned to a busy rank
+// waits; the rank's completed prefill admits it, in that call's drain), an abort.
+const std::vector<std::string> kSessionQueueOps = {"book s1 (session A, hard)",
+                                                   "plan s2 (session A, soft)",
+                                                   "commit s2",
+                                                   "book w1 (pinned to worker 4)",
+                                                   "submit w2 (pinned to worker 4: it waits)",
+                                                   "prefill of w1 done (admits w2)",
+                                                   "abort s2",
+                                                   "free s1",
+                                                   "free w1",
+                                                   "free w2",
+                                                   "close session A"};
+
+struct SessionQueueFixture : RouterFixture {
+  SessionQueueFixture() : RouterFixture(/*queue_threshold=*/0.0) {}
+  // w2's answer, once its callback ran; whether it was submitted (queued or answered).
+  std::optional<absl::StatusOr<RouteDecision>> w2_result;
+  bool w2_submitted = false;
+};
+
+void SessionQueueOp(SessionQueueFixture& f, size_t op) {
+  static constexpr uint64_t kFirstThree[] = {1, 2, 3};
+  RouteOptions o;
+  o.with_admission = true;
+  o.session_ttl_seconds = 60;
+  switch (op) {
+    case 0:
+      o.request_id = "s1";
+      o.session_id = "A";
+      o.allowed_worker_ids = kFirstThree;  // worker 4 stays free for the queue
+      (void)f.router->FindBestMatch(f.prompt_a, o);
+      return;
+    case 1:
+      o.request_id = "s2";
+      o.session_id = "A";
+      o.session_mode = SessionMode::kSoft;
+      o.allowed_worker_ids = kFirstThree;
+      (void)f.router->Plan(f.prompt_b, o);
+      return;
+    case 2:
+      (void)f.router->Commit("s2");
+      return;
+    case 3:
+      o.request_id = "w1";
+      o.pin = WorkerPin{.worker_id = 4};
+      (void)f.router->FindBestMatch(f.prompt_b, o);
+      return;
+    case 4:
+      o.request_id = "w2";
+      o.pin = WorkerPin{.worker_id = 4};
+      f.router->FindBestMatchAsync(f.prompt_a, o, [&f](absl::StatusOr<RouteDecision> result) {
+        f.w2_result = std::move(result);
+      });
+      f.w2_submitted = true;
+      return;
+    case 5:
+      f.router->MarkPrefillCompleted("w1");
+      return;
+    case 6:
+      f.router->Abort("s2");
+      return;
+    case 7:
+      f.router->Free("s1");
+      return;
+    case 8:
+      f.router->Free("w1");
+      return;
+    case 9:
+      f.router->Free("w2");
+      return;
+    case 10:
+      f.router->CloseSession("A");
+      return;
+  }
+}
+
+void SessionQueueRun(uint64_t n, int fd) {
+  SessionQueueFixture f;
+  const uint64_t initial = f.router->StateDigest();
+  auto fail = [&](const std::string& problem) { Report(fd, "P" + problem); };
+  DigestedOp armed;
+  if (RunArmed(n, kSessionQueueOps.size(), fd, [&](size_t op) {
+        armed.Run(*f.router, [&] { SessionQueueOp(f, op); });
+      }) == kSessionQueueOps.size()) {
+    return;
+  }
+  if (std::string changed = armed.Check(*f.router); !changed.empty()) return fail(changed);
+  if (std::string loads = CheckLoads(*f.router); !loads.empty()) return fail(loads);
+  if (f.w2_submitted && !f.w2_result && f.router->pending_count() != 1) {
+    return fail("w2 is neither waiting nor answered");
+  }
+  for (const char* id : {"s1", "s2", "w1", "w2"}) f.router->Abort(id);
+  f.router->CloseSession("A");
+  if (std::string loads = CheckLoads(*f.router); !loads.empty()) return fail(loads);
+  if (f.w2_submitted && !f.w2_result) return fail("w2's caller never heard");
+  if (f.router->active_requests() != 0 || f.router->plan_count() != 0 ||
+      f.router->pending_count() != 0 || f.router->session_count() != 0) {
+    return fail("requests, plans, waiting requests or sessions left after freeing them all");
+  }
+  if (f.router->StateDigest() != initial) return fail("freed, the state is not the initial one");
+  f.w2_result.reset();
+  for (size_t op = 0; op < kSessionQueueOps.size(); ++op) SessionQueueOp(f, op);
+  if (!f.w2_result || !f.w2_result->ok() || !(*f.w2_result)->queued) {
+    return fail("the operations again: w2 was not admitted from the queue");
+  }
+  if (f.router->StateDigest() != initial) return fail("the operations again leave a state");
+}
+
+TEST(AllocationFailureTest, ABookingWithSessionsAndTheQueueIsWholeOrNotAtAll) {
+  Sweep(kSessionQueueOps, SessionQueueRun, 60);
 }
 
 // ---- Ranks joining and leaving the load tracker ---------------------------------------------
