@@ -21,6 +21,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/hash/hash.h"
 #include "core/clock.h"
+#include "core/id_hash.h"
 
 namespace kvrouter {
 
@@ -91,12 +92,6 @@ class PlanTable {
   }
 
  private:
-  // Plan ids, looked up by std::string_view too.
-  struct IdHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
-  };
-
   Nanos deadline_;
   std::unordered_map<std::string, std::unique_ptr<Entry>, IdHash, std::equal_to<>> plans_;
 };

@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "core/id_hash.h"
 
 namespace kvrouter {
 
@@ -149,12 +150,6 @@ class PendingQueue {
     pending_tokens_ -= entry.prompt_tokens;
     return entry;
   }
-
-  // Request ids, looked up by std::string_view too.
-  struct IdHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
-  };
 
   std::map<Position, Entry> order_;
   std::unordered_map<std::string, Position, IdHash, std::equal_to<>> position_;

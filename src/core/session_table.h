@@ -23,6 +23,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "core/clock.h"
+#include "core/id_hash.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -92,12 +93,6 @@ class SessionTable {
   uint64_t StateDigest() const;
 
  private:
-  // Session ids, looked up by std::string_view too.
-  struct IdHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
-  };
-
   const Clock& clock_;
   std::unordered_map<std::string, Bound, IdHash, std::equal_to<>> sessions_;
 };
