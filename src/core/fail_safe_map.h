@@ -7,8 +7,11 @@
 // growth leaves a map that even its destructor cannot walk (abseil issue #1581).
 //
 // Open addressing with linear probing over a power-of-two table at most 3/4 full; a control
-// byte per slot (0: empty, else 0x80 | the hash's top 7 bits) keeps most probes off the keys.
-// For the load tracker's small tables (ranks, the booking trie's edges), read on every decision.
+// byte per slot (0: empty, else 0x80 | the hash's top 7 bits) keeps most probes off the keys,
+// and each entry keeps its hash, so that neither an erase nor a growth hashes a key again.
+// For the load tracker's tables (ranks, the booking trie's edges, requests by id), read on
+// every decision. Lookups take any type Hash hashes and K compares with (a std::string_view
+// key is looked up by std::string too).
 //
 // Thread-safety: none.
 #pragma once
@@ -17,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -40,29 +44,31 @@ class FailSafeMap {
   size_t capacity() const { return capacity_; }
 
   // The value under `key`, or null.
-  const V* Find(const K& key) const {
-    if (capacity_ == 0) return nullptr;
-    const size_t h = Hash{}(key);
-    const uint8_t tag = TagOf(h);
-    const size_t mask = capacity_ - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-      const uint8_t c = ctrl_[i];
-      if (c == kEmpty) return nullptr;
-      if (c == tag && slots_[i].key == key) return &slots_[i].value;
-    }
+  template <typename Q>
+  const V* Find(const Q& key) const {
+    const size_t i = IndexOf(key);
+    return i == kNone ? nullptr : &slots_[i].value;
   }
-  V* Find(const K& key) { return const_cast<V*>(std::as_const(*this).Find(key)); }
-  bool Contains(const K& key) const { return Find(key) != nullptr; }
+  template <typename Q>
+  V* Find(const Q& key) {
+    const size_t i = IndexOf(key);
+    return i == kNone ? nullptr : &slots_[i].value;
+  }
+  template <typename Q>
+  bool Contains(const Q& key) const {
+    return IndexOf(key) != kNone;
+  }
 
   // Inserts `key` or overwrites its value. Throws std::bad_alloc, the map unchanged, when a new
   // key needs a larger table and the heap refuses it; never throws after Reserve(size() + 1).
   void Set(const K& key, const V& value) {
-    if (V* existing = Find(key)) {
-      *existing = value;
+    const size_t h = Hash{}(key);
+    if (const size_t i = IndexOf(key, h); i != kNone) {
+      slots_[i].value = value;
       return;
     }
     if (size_ + 1 > MaxLoad(capacity_)) Rehash(CapacityFor(size_ + 1));
-    Place(key, value);
+    Place(Slot{key, value, h});
     ++size_;
   }
 
@@ -73,30 +79,22 @@ class FailSafeMap {
   }
 
   // Removes `key`; whether it was there. Allocates nothing.
-  bool Erase(const K& key) {
-    if (capacity_ == 0) return false;
-    const size_t h = Hash{}(key);
-    const uint8_t tag = TagOf(h);
-    const size_t mask = capacity_ - 1;
-    size_t hole = h & mask;
-    for (;; hole = (hole + 1) & mask) {
-      const uint8_t c = ctrl_[hole];
-      if (c == kEmpty) return false;
-      if (c == tag && slots_[hole].key == key) break;
-    }
-    // Backward shift: each later entry of the probe run whose home is not between the hole and
-    // itself moves into the hole, so no lookup ever has to step over a removed slot.
-    for (size_t j = (hole + 1) & mask; ctrl_[j] != kEmpty; j = (j + 1) & mask) {
-      const size_t home = Hash{}(slots_[j].key) & mask;
-      if (((j - home) & mask) >= ((j - hole) & mask)) {
-        ctrl_[hole] = ctrl_[j];
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
-    ctrl_[hole] = kEmpty;
-    --size_;
+  template <typename Q>
+  bool Erase(const Q& key) {
+    const size_t i = IndexOf(key);
+    if (i == kNone) return false;
+    EraseAt(i);
     return true;
+  }
+
+  // Removes `key` and returns its value (nullopt if absent). Allocates nothing.
+  template <typename Q>
+  std::optional<V> Take(const Q& key) {
+    const size_t i = IndexOf(key);
+    if (i == kNone) return std::nullopt;
+    const V value = slots_[i].value;
+    EraseAt(i);
+    return value;
   }
 
   // Calls f(key, value) for every entry, in no particular order.
@@ -105,6 +103,23 @@ class FailSafeMap {
     for (size_t i = 0; i < capacity_; ++i) {
       if (ctrl_[i] != kEmpty) f(slots_[i].key, slots_[i].value);
     }
+  }
+
+  // Calls f(key, value) for every entry and erases those it returns true for; how many.
+  // Allocates nothing. The key of an entry f erases is not read again (f may free what it
+  // refers to).
+  template <typename F>
+  size_t EraseIf(F f) {
+    size_t erased = 0;
+    for (size_t i = 0; i < capacity_; ++i) {
+      // An erase may shift a later entry into slot i: look at it again. (One shifted there
+      // from the table's start, after the wrap, is looked at twice; f said false to it.)
+      while (ctrl_[i] != kEmpty && f(slots_[i].key, slots_[i].value)) {
+        EraseAt(i);
+        ++erased;
+      }
+    }
+    return erased;
   }
 
   // Moves the entries to the smallest table that holds them when the map is larger than
@@ -125,8 +140,10 @@ class FailSafeMap {
   struct Slot {
     K key;
     V value;
+    size_t hash;
   };
   static constexpr uint8_t kEmpty = 0;
+  static constexpr size_t kNone = ~size_t{0};
   static constexpr size_t kMinCapacity = 16;
   static_assert(alignof(Slot) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
 
@@ -143,14 +160,45 @@ class FailSafeMap {
   }
   static void Release(void* block) { ::operator delete(block); }
 
-  // Into a table with room (the key absent).
-  void Place(const K& key, const V& value) {
-    const size_t h = Hash{}(key);
+  template <typename Q>
+  size_t IndexOf(const Q& key) const {
+    return capacity_ == 0 ? kNone : IndexOf(key, Hash{}(key));
+  }
+  template <typename Q>
+  size_t IndexOf(const Q& key, size_t h) const {
+    if (capacity_ == 0) return kNone;
+    const uint8_t tag = TagOf(h);
     const size_t mask = capacity_ - 1;
-    size_t i = h & mask;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      const uint8_t c = ctrl_[i];
+      if (c == kEmpty) return kNone;
+      if (c == tag && slots_[i].key == key) return i;
+    }
+  }
+
+  // Backward shift: each later entry of the probe run whose home is not between the hole and
+  // itself moves into the hole, so no lookup ever has to step over a removed slot.
+  void EraseAt(size_t hole) {
+    const size_t mask = capacity_ - 1;
+    for (size_t j = (hole + 1) & mask; ctrl_[j] != kEmpty; j = (j + 1) & mask) {
+      const size_t home = slots_[j].hash & mask;
+      if (((j - home) & mask) >= ((j - hole) & mask)) {
+        ctrl_[hole] = ctrl_[j];
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    ctrl_[hole] = kEmpty;
+    --size_;
+  }
+
+  // Into a table with room (the key absent).
+  void Place(const Slot& slot) {
+    const size_t mask = capacity_ - 1;
+    size_t i = slot.hash & mask;
     while (ctrl_[i] != kEmpty) i = (i + 1) & mask;
-    ctrl_[i] = TagOf(h);
-    slots_[i] = Slot{key, value};
+    ctrl_[i] = TagOf(slot.hash);
+    slots_[i] = slot;
   }
 
   // The only allocation: before anything changes.
@@ -171,7 +219,7 @@ class FailSafeMap {
                  : nullptr;
     capacity_ = capacity;
     for (size_t i = 0; i < old_capacity; ++i) {
-      if (old_ctrl[i] != kEmpty) Place(old_slots[i].key, old_slots[i].value);
+      if (old_ctrl[i] != kEmpty) Place(old_slots[i]);
     }
     Release(old_block);
   }

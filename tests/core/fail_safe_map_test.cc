@@ -1,14 +1,18 @@
-// FailSafeMap alone: it answers as std::unordered_map does through random inserts, overwrites
-// and erases (colliding keys included, so that backward-shift deletion moves entries across the
-// table's end), reserves, and shrinks only when mostly empty. Refused allocations are exercised
-// through the load tracker by allocation_failure_test.cc.
+// FailSafeMap alone: it answers as std::unordered_map does through random inserts, overwrites,
+// erases and erasures by predicate (colliding keys included, so that backward-shift deletion
+// moves entries across the table's end), reserves, shrinks only when mostly empty, and looks
+// string_view keys up by std::string. Refused allocations are exercised through the load
+// tracker by allocation_failure_test.cc.
 #include "core/fail_safe_map.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 
+#include "core/id_hash.h"
 #include "test_data.h"
 
 namespace kvrouter {
@@ -51,14 +55,27 @@ void RandomOperations(uint64_t seed, uint64_t key_range) {
   for (int step = 0; step < 20000; ++step) {
     const uint64_t key = rng.Below(static_cast<uint32_t>(key_range));
     const uint32_t value = static_cast<uint32_t>(rng.Next());
-    switch (rng.Below(3)) {
-      case 0:
-      case 1:
-        map.Set(key, value);
-        want[key] = value;
+    switch (rng.Below(40)) {
+      case 0: {
+        // Every key of one residue: runs of erasures, shifts across the end included.
+        const uint64_t residue = rng.Below(3);
+        size_t calls = 0;
+        const size_t erased = map.EraseIf([&](uint64_t k, uint32_t) {
+          ++calls;
+          return k % 3 == residue;
+        });
+        EXPECT_EQ(erased,
+                  std::erase_if(want, [&](const auto& e) { return e.first % 3 == residue; }));
+        EXPECT_GE(calls, want.size() + erased);
         break;
-      case 2:
-        EXPECT_EQ(map.Erase(key), want.erase(key) > 0);
+      }
+      default:
+        if (rng.Below(3) < 2) {
+          map.Set(key, value);
+          want[key] = value;
+        } else {
+          EXPECT_EQ(map.Erase(key), want.erase(key) > 0);
+        }
         break;
     }
     if (step % 997 == 0) CheckSame(map, want, key_range);
@@ -84,18 +101,18 @@ TEST(FailSafeMapTest, AnswersAsAnUnorderedMapWhenHashesCollide) {
 TEST(FailSafeMapTest, ReservedRoomTakesNewKeysWithoutGrowing) {
   FailSafeMap<uint64_t, uint32_t> map;
   EXPECT_EQ(map.capacity(), 0u);
-  EXPECT_EQ(map.Find(7), nullptr);
-  EXPECT_FALSE(map.Erase(7));
+  EXPECT_EQ(map.Find(uint64_t{7}), nullptr);
+  EXPECT_FALSE(map.Erase(uint64_t{7}));
   map.Reserve(100);
   const size_t capacity = map.capacity();
   EXPECT_GE(capacity * 3 / 4, 100u);
   for (uint32_t k = 0; k < 100; ++k) map.Set(k, k);
   EXPECT_EQ(map.capacity(), capacity);
   // An erase, then a new key: still no growth, however full.
-  EXPECT_TRUE(map.Erase(5));
+  EXPECT_TRUE(map.Erase(uint64_t{5}));
   map.Set(1000, 1);
   EXPECT_EQ(map.capacity(), capacity);
-  EXPECT_EQ(*map.Find(1000), 1u);
+  EXPECT_EQ(*map.Find(uint64_t{1000}), 1u);
 }
 
 TEST(FailSafeMapTest, ShrinksOnlyWhenMostlyEmpty) {
@@ -114,6 +131,19 @@ TEST(FailSafeMapTest, ShrinksOnlyWhenMostlyEmpty) {
   EXPECT_FALSE(map.ShrinkIfMostlyEmpty(1024));  // already small
   for (uint32_t k = 3990; k < 4000; ++k) map.Erase(k);
   EXPECT_FALSE(map.ShrinkIfMostlyEmpty(1024));
+}
+
+TEST(FailSafeMapTest, LooksStringViewKeysUpByString) {
+  const std::string a = "request-a", b = "request-b";
+  FailSafeMap<std::string_view, int, IdHash> map;
+  map.Set(a, 1);
+  map.Set(b, 2);
+  EXPECT_EQ(*map.Find(std::string("request-a")), 1);
+  EXPECT_EQ(*map.Find(std::string_view("request-b")), 2);
+  EXPECT_FALSE(map.Contains(std::string("request-c")));
+  EXPECT_TRUE(map.Erase(std::string("request-a")));
+  EXPECT_FALSE(map.Contains(a));
+  EXPECT_EQ(map.size(), 1u);
 }
 
 }  // namespace
