@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
@@ -40,7 +41,9 @@ ActiveSequences::ActiveSequences(const Clock& clock, ActiveSequencesOptions opti
       prefill_rate_(options.prefill_tokens_per_second),
       root_(std::make_unique<Run>()) {}
 
-ActiveSequences::~ActiveSequences() = default;
+ActiveSequences::~ActiveSequences() {
+  requests_.ForEach([](std::string_view, Record* record) { delete record; });
+}
 
 void ActiveSequences::AddWorker(WorkerKey worker) {
   if (slot_of_.Contains(worker)) return;
@@ -70,14 +73,12 @@ size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
   }
   position_of_slot_.reserve(slots_.size());
   const uint32_t slot = *found;
-  size_t dropped = 0;
-  for (auto it = requests_.begin(); it != requests_.end();) {
-    auto current = it++;
-    if (current->second.slot == slot) {
-      EraseRecord(current);
-      ++dropped;
-    }
-  }
+  const size_t dropped = requests_.EraseIf([&](std::string_view, Record* record) {
+    if (record->slot != slot) return false;
+    ReleaseRecord(*record);
+    delete record;
+    return true;
+  });
   // Every run a rank holds is covered by one of its requests, so none should be left; sweep
   // anyway so a reused slot number can never inherit a stale holder.
   if (slots_[slot].active_blocks != 0) SweepSlot(slot);
@@ -110,7 +111,7 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
   MaybeExpire();
   // Messages by std::string: absl::StrCat cannot pass a refused allocation on through Debian's
   // libabsl (std::terminate).
-  if (requests_.contains(request.request_id)) {
+  if (requests_.Contains(request.request_id)) {
     return absl::AlreadyExistsError("request id '" + request.request_id + "' is already active");
   }
   const uint32_t* found = slot_of_.Find(request.worker);
@@ -119,34 +120,31 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
                                " dp_rank " + std::to_string(request.worker.dp_rank));
   }
   const uint32_t slot = *found;
-  // The record first (its ids, its node in the table), then the blocks, which book all or
-  // nothing: a refused allocation in either leaves nothing booked.
-  auto [it, inserted] = requests_.try_emplace(
-      request.request_id,
-      Record{.slot = slot,
+  // What can be refused first (the record with its id and ids, room in the table); then the
+  // blocks, which book all or nothing; then nothing allocates.
+  auto record = std::make_unique<Record>(
+      Record{.id = request.request_id,
+             .slot = slot,
              .block_ids = {request.block_ids.begin(), request.block_ids.end()},
              .prefill_tokens = request.prefill_tokens,
              .work_ahead = slots_[slot].active_prefill_tokens + request.prefill_tokens,
              .started_at = clock_.Now(),
              .expected_output_tokens = request.expected_output_tokens,
              .prompt_tokens = request.prompt_tokens});
-  const Record& record = it->second;
-  try {
-    BookBlocks(record.block_ids, slot);
-  } catch (...) {
-    requests_.erase(it);
-    throw;
-  }
+  requests_.Reserve(requests_.size() + 1);
+  BookBlocks(record->block_ids, slot);
+  requests_.Set(record->id, record.get());
   Slot& s = slots_[slot];
-  s.active_prefill_tokens += record.prefill_tokens;
+  s.active_prefill_tokens += record->prefill_tokens;
   ++s.active_requests;
+  record.release();  // owned by requests_
   return absl::OkStatus();
 }
 
 bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end() || it->second.prefill_tokens == 0) return false;
-  Record& record = it->second;
+  Record* const* found = requests_.Find(request_id);
+  if (found == nullptr || (*found)->prefill_tokens == 0) return false;
+  Record& record = **found;
   Slot& s = slots_[record.slot];
   s.active_prefill_tokens -= record.prefill_tokens;
   record.prefill_tokens = 0;
@@ -158,9 +156,9 @@ bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
 
 bool ActiveSequences::SetOutputTokens(std::string_view request_id, uint64_t output_tokens,
                                       uint32_t block_size) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end() || block_size == 0) return false;
-  Record& record = it->second;
+  Record* const* found = requests_.Find(request_id);
+  if (found == nullptr || block_size == 0) return false;
+  Record& record = **found;
   // Clamped so that no sum below can wrap (a caller passing UINT64_MAX for "unknown").
   const uint64_t limit = std::numeric_limits<uint64_t>::max() - record.prompt_tokens - block_size;
   output_tokens = std::min(output_tokens, limit);
@@ -175,34 +173,31 @@ bool ActiveSequences::SetOutputTokens(std::string_view request_id, uint64_t outp
 }
 
 bool ActiveSequences::Free(std::string_view request_id) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return false;
-  EraseRecord(it);
+  const std::optional<Record*> record = requests_.Take(request_id);
+  if (!record) return false;
+  ReleaseRecord(**record);
+  delete *record;
   MaybeShrinkTables();
   return true;
 }
 
-void ActiveSequences::EraseRecord(RequestTable::iterator it) {
-  Record& record = it->second;
+void ActiveSequences::ReleaseRecord(const Record& record) {
   ReleaseBlocks(record.block_ids, record.slot);
   Slot& s = slots_[record.slot];
   s.active_prefill_tokens -= record.prefill_tokens;
   s.output_blocks -= record.output_blocks;
   --s.active_requests;
-  requests_.erase(it);
 }
 
 size_t ActiveSequences::ExpireStale() {
   const Nanos now = clock_.Now();
   last_expiry_check_ = now;
-  size_t expired = 0;
-  for (auto it = requests_.begin(); it != requests_.end();) {
-    auto current = it++;
-    if (now - current->second.started_at > expiry_) {
-      EraseRecord(current);
-      ++expired;
-    }
-  }
+  const size_t expired = requests_.EraseIf([&](std::string_view, Record* record) {
+    if (now - record->started_at <= expiry_) return false;
+    ReleaseRecord(*record);
+    delete record;
+    return true;
+  });
   if (expired > 0) MaybeShrinkTables();
   return expired;
 }
@@ -213,43 +208,42 @@ void ActiveSequences::MaybeExpire() {
 
 size_t ActiveSequences::CountRequests(absl::FunctionRef<bool(std::string_view)> pred) const {
   size_t n = 0;
-  for (const auto& [id, record] : requests_) n += pred(id) ? 1 : 0;
+  requests_.ForEach([&](std::string_view id, const Record*) { n += pred(id) ? 1 : 0; });
   return n;
 }
 
 size_t ActiveSequences::FreeIf(absl::FunctionRef<bool(std::string_view)> pred) {
-  size_t freed = 0;
-  for (auto it = requests_.begin(); it != requests_.end();) {
-    auto current = it++;
-    if (!pred(current->first)) continue;
-    EraseRecord(current);
-    ++freed;
-  }
+  const size_t freed = requests_.EraseIf([&](std::string_view id, Record* record) {
+    if (!pred(id)) return false;
+    ReleaseRecord(*record);
+    delete record;
+    return true;
+  });
   if (freed > 0) MaybeShrinkTables();
   return freed;
 }
 
 void ActiveSequences::ForEachRequest(absl::FunctionRef<bool(std::string_view)> pred,
                                      absl::FunctionRef<void(const SequenceRequest&)> visit) const {
-  for (const auto& [id, record] : requests_) {
-    if (!pred(id)) continue;
-    visit(SequenceRequest{.request_id = id,
-                          .worker = slots_[record.slot].worker,
-                          .block_ids = record.block_ids,
-                          .prefill_tokens = record.prefill_tokens,
-                          .expected_output_tokens = record.expected_output_tokens,
-                          .prompt_tokens = record.prompt_tokens});
-  }
+  requests_.ForEach([&](std::string_view id, const Record* record) {
+    if (!pred(id)) return;
+    visit(SequenceRequest{.request_id = record->id,
+                          .worker = slots_[record->slot].worker,
+                          .block_ids = record->block_ids,
+                          .prefill_tokens = record->prefill_tokens,
+                          .expected_output_tokens = record->expected_output_tokens,
+                          .prompt_tokens = record->prompt_tokens});
+  });
 }
 
 bool ActiveSequences::HasRequest(std::string_view request_id) const {
-  return requests_.contains(request_id);
+  return requests_.Contains(request_id);
 }
 
 std::optional<WorkerKey> ActiveSequences::WorkerOf(std::string_view request_id) const {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return std::nullopt;
-  return slots_[it->second.slot].worker;
+  Record* const* found = requests_.Find(request_id);
+  if (found == nullptr) return std::nullopt;
+  return slots_[(*found)->slot].worker;
 }
 
 WorkerLoad ActiveSequences::LoadOf(const Slot& s) const {
@@ -402,29 +396,33 @@ void ActiveSequences::BookBlocks(std::span<const uint64_t> chain, uint32_t slot)
     upper->ids.assign(split->ids.begin(), split->ids.begin() + keep);
     upper->holders = split->holders;
     upper->children.reserve(extend ? 2 : 1);
-    ReserveHolder(upper.get(), slot);
   }
   std::unique_ptr<Run> added;
   if (extend) {
     added = std::make_unique<Run>();
     added->ids.assign(chain.begin() + static_cast<ptrdiff_t>(depth), chain.end());
-    if (split == nullptr) end->children.reserve(end->children.size() + 1);
-    path.reserve(path.size() + 1);
+    if (split == nullptr && end->children.size() == end->children.capacity()) {
+      end->children.reserve(std::max<size_t>(4, 2 * end->children.capacity()));
+    }
   }
   child_of_.Reserve(child_of_.size() + (split != nullptr ? 1 : 0) + (extend ? 1 : 0));
+  // This rank's holder in each run of the path (the split run's upper part in its place), or
+  // null where it is new and room is made for it: each run's holders are scanned once.
+  absl::InlinedVector<Holder*, 8> held;
+  held.reserve(path.size());
   for (const Step& step : path) {
-    if (step.run != split) ReserveHolder(step.run, slot);
+    Run* run = step.run == split ? upper.get() : step.run;
+    Holder* holder = FindHolder(run, slot);
+    if (holder == nullptr) run->holders.reserve(run->holders.size() + 1);
+    held.push_back(holder);
   }
 
   if (split != nullptr) {
     end = Split(split, path.back().matched, std::move(upper));
     path.back().run = end;
   }
-  if (extend) {
-    Run* run = AddRun(end, std::move(added));
-    path.push_back(Step{.run = run, .matched = run->ids.size(), .depth = chain.size()});
-  }
-  for (const Step& step : path) AddHolder(step.run, slot);
+  for (size_t i = 0; i < path.size(); ++i) AddHolder(path[i].run, slot, held[i]);
+  if (extend) AddHolder(AddRun(end, std::move(added)), slot, nullptr);
 }
 
 void ActiveSequences::ReleaseBlocks(std::span<const uint64_t> chain, uint32_t slot) {
@@ -521,19 +519,17 @@ void ActiveSequences::MergeSingleChild(Run* run) {
   }
 }
 
-void ActiveSequences::ReserveHolder(Run* run, uint32_t slot) {
-  for (const Holder& h : run->holders) {
-    if (h.slot == slot) return;
+ActiveSequences::Holder* ActiveSequences::FindHolder(Run* run, uint32_t slot) {
+  for (Holder& h : run->holders) {
+    if (h.slot == slot) return &h;
   }
-  run->holders.reserve(run->holders.size() + 1);
+  return nullptr;
 }
 
-void ActiveSequences::AddHolder(Run* run, uint32_t slot) {
-  for (Holder& h : run->holders) {
-    if (h.slot == slot) {
-      ++h.requests;
-      return;
-    }
+void ActiveSequences::AddHolder(Run* run, uint32_t slot, Holder* held) {
+  if (held != nullptr) {
+    ++held->requests;
+    return;
   }
   run->holders.push_back(Holder{.slot = slot, .requests = 1});
   slots_[slot].active_blocks += run->ids.size();
@@ -575,23 +571,17 @@ void ActiveSequences::SweepSlot(uint32_t slot) {
 void ActiveSequences::MaybeShrinkTables() {
   // Neither throws: a refused allocation keeps the larger table.
   child_of_.ShrinkIfMostlyEmpty(kMinCapacityToShrink);
-  if (requests_.bucket_count() > kMinCapacityToShrink &&
-      requests_.size() * 8 < requests_.bucket_count()) {
-    try {
-      requests_.rehash(0);  // all or nothing in libstdc++
-    } catch (const std::bad_alloc&) {
-    }
-  }
+  requests_.ShrinkIfMostlyEmpty(kMinCapacityToShrink);
 }
 
 uint64_t ActiveSequences::StateDigest() const {
   // Sums of per-item hashes, so the hash tables' iteration order does not matter.
   uint64_t requests = 0;
-  for (const auto& [id, record] : requests_) {
-    requests += absl::HashOf(
-        id, slots_[record.slot].worker, record.block_ids, record.prefill_tokens, record.started_at,
-        record.expected_output_tokens, record.prompt_tokens, record.output_blocks);
-  }
+  requests_.ForEach([&](std::string_view, const Record* r) {
+    requests +=
+        absl::HashOf(r->id, slots_[r->slot].worker, r->block_ids, r->prefill_tokens, r->started_at,
+                     r->expected_output_tokens, r->prompt_tokens, r->output_blocks);
+  });
   uint64_t ranks = 0;
   slot_of_.ForEach([&](WorkerKey worker, uint32_t slot) {
     const Slot& s = slots_[slot];

@@ -23,8 +23,8 @@
 // A refused allocation (std::bad_alloc) changes nothing: AddRequest and AddWorker allocate all
 // they need before they change anything, and Free, ExpireStale, FreeIf and the requests'
 // removal in RemoveWorker allocate nothing (a release merges runs only when the merged run's
-// ids fit; shrinking a table is skipped when refused). Hence tables that grow all or nothing:
-// FailSafeMap and std::unordered_map, not absl's raw_hash_set (fail_safe_map.h).
+// ids fit; shrinking a table is skipped when refused). Hence tables that grow all or nothing
+// (FailSafeMap), not absl's raw_hash_set (fail_safe_map.h).
 //
 // Requests older than the expiry (300 s by default, on the injectable clock) are dropped: a lost
 // free() must not leave load behind forever. Expiry runs lazily from AddRequest at most once per
@@ -41,7 +41,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -50,6 +49,7 @@
 #include "absl/status/status.h"
 #include "core/clock.h"
 #include "core/fail_safe_map.h"
+#include "core/id_hash.h"
 #include "core/prefill_rate.h"
 #include "core/types.h"
 
@@ -291,7 +291,9 @@ class ActiveSequences {
     uint64_t output_blocks = 0;  // its requests' output blocks (not in the trie)
   };
 
+  // Owned by requests_ (a FailSafeMap holds plain values), keyed by a view of its own id.
   struct Record {
+    std::string id;
     uint32_t slot;
     std::vector<uint64_t> block_ids;
     uint64_t prefill_tokens;  // 0 once prefilled
@@ -303,14 +305,6 @@ class ActiveSequences {
     uint64_t prompt_tokens;
     uint64_t output_blocks = 0;
   };
-
-  // Request ids, looked up by std::string_view too.
-  struct IdHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
-  };
-  // Node-based: records do not move, so their ids stay valid while they are active.
-  using RequestTable = std::unordered_map<std::string, Record, IdHash, std::equal_to<>>;
 
   // A rank's load as the router sees it: trie blocks plus output blocks.
   WorkerLoad LoadOf(const Slot& s) const;
@@ -335,14 +329,18 @@ class ActiveSequences {
   Run* AddRun(Run* parent, std::unique_ptr<Run> run);
   void DeleteRun(Run* run);
   void MergeSingleChild(Run* run);
-  // Room for `slot` among the run's holders, so that AddHolder allocates nothing.
-  static void ReserveHolder(Run* run, uint32_t slot);
-  void AddHolder(Run* run, uint32_t slot);
+  // The slot's holder among the run's, or null.
+  static Holder* FindHolder(Run* run, uint32_t slot);
+  // Counts one more request of `slot` in the run: on `held`, its holder (FindHolder), or as
+  // a new holder when null (the caller made room).
+  void AddHolder(Run* run, uint32_t slot, Holder* held);
   void RemoveHolder(Run* run, uint32_t slot);
   void SweepSlot(uint32_t slot);
   // Depth of `chain` on every slot.
   void HeldDepthPerSlot(std::span<const uint64_t> chain, std::vector<uint32_t>& depth) const;
-  void EraseRecord(RequestTable::iterator it);
+  // Releases the record's blocks and load; the caller erases it from requests_ and deletes
+  // it. Allocates nothing.
+  void ReleaseRecord(const Record& record);
   void MaybeExpire();
   void MaybeShrinkTables();
 
@@ -362,7 +360,8 @@ class ActiveSequences {
   std::unique_ptr<Run> root_;
   FailSafeMap<Edge, Run*> child_of_;
   size_t stored_blocks_ = 0;
-  RequestTable requests_;
+  // Active requests by id; the records do not move, so their ids stay valid while active.
+  FailSafeMap<std::string_view, Record*, IdHash> requests_;
 };
 
 }  // namespace kvrouter
