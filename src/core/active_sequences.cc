@@ -4,10 +4,10 @@
 #include <limits>
 #include <memory>
 #include <new>
-#include <string>
 #include <utility>
 
 #include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvrouter {
 namespace {
@@ -109,15 +109,14 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
     return absl::InvalidArgumentError("request id must not be empty");
   }
   MaybeExpire();
-  // Messages by std::string: absl::StrCat cannot pass a refused allocation on through Debian's
-  // libabsl (std::terminate).
   if (requests_.Contains(request.request_id)) {
-    return absl::AlreadyExistsError("request id '" + request.request_id + "' is already active");
+    return absl::AlreadyExistsError(
+        absl::StrCat("request id '", request.request_id, "' is already active"));
   }
   const uint32_t* found = slot_of_.Find(request.worker);
   if (found == nullptr) {
-    return absl::NotFoundError("unknown worker " + std::to_string(request.worker.worker_id) +
-                               " dp_rank " + std::to_string(request.worker.dp_rank));
+    return absl::NotFoundError(absl::StrCat("unknown worker ", request.worker.worker_id,
+                                            " dp_rank ", request.worker.dp_rank));
   }
   const uint32_t slot = *found;
   // What can be refused first (the record with its id and ids, room in the table); then the

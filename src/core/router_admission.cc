@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <condition_variable>
 #include <new>
-#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/router.h"
 #include "core/router_internal.h"
 
@@ -237,8 +237,8 @@ absl::Status Router::AddRequest(std::string_view request_id, std::span<const uin
   std::lock_guard lock(gate_);
   if (auto status = CheckNewRequestIdLocked(request_id); !status.ok()) return status;
   if (!active_.HasWorker(worker)) {
-    return absl::NotFoundError("unknown worker " + std::to_string(worker.worker_id) + " dp_rank " +
-                               std::to_string(worker.dp_rank));
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker ", worker.worker_id, " dp_rank ", worker.dp_rank));
   }
   const WorkerMatch* match = FindMatch(prepared.matches, worker);
   const Candidate candidate{.worker = worker, .overlap = match ? OverlapOf(*match) : TierOverlap{}};

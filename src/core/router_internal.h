@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdio>
 #include <optional>
 #include <span>
 #include <string>
@@ -55,14 +54,6 @@ namespace router_internal {
 
 inline absl::string_view AsAbsl(std::string_view s) {
   return absl::string_view(s.data(), s.size());
-}
-
-// A double as absl::StrCat writes it (six significant digits), for messages on paths that may
-// run out of memory: absl::StrCat cannot pass a bad_alloc on through Debian's libabsl.
-inline std::string FormatDouble(double value) {
-  char buffer[32];
-  const int n = std::snprintf(buffer, sizeof buffer, "%g", value);
-  return std::string(buffer, n > 0 ? static_cast<size_t>(n) : 0);
 }
 
 inline TierOverlap OverlapOf(const WorkerMatch& match) {

@@ -6,20 +6,20 @@
 //
 // A refused allocation (std::bad_alloc) leaves the router as if the decision had not been asked
 // for: everything that can be refused comes before the booking or is undone with it
-// (DecideLocked), and messages are built with std::string, since absl::StrCat cannot pass a
-// bad_alloc on through Debian's libabsl (std::terminate).
+// (DecideLocked). (Messages may use absl::StrCat, which passes a bad_alloc on; not
+// absl::StrFormat, which cannot through Debian's libabsl: std::terminate.)
 #include <algorithm>
 #include <cmath>
-#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/hashing.h"
 #include "core/router.h"
 #include "core/router_internal.h"
 
 namespace kvrouter {
 
-using router_internal::FormatDouble;
+using router_internal::AsAbsl;
 using router_internal::IsAllowed;
 using router_internal::OverlapOf;
 
@@ -46,8 +46,8 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
   }
   if (!options.session_id.empty() &&
       !(std::isfinite(options.session_ttl_seconds) && options.session_ttl_seconds > 0)) {
-    return absl::InvalidArgumentError("session_ttl_seconds must be > 0, got " +
-                                      FormatDouble(options.session_ttl_seconds));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_ttl_seconds must be > 0, got ", options.session_ttl_seconds));
   }
   out.request_id.assign(options.request_id);
   out.config = *config;
@@ -99,17 +99,16 @@ absl::Status Router::CheckPinLocked(const Prepared& prepared) const {
   if (!prepared.pin) return absl::OkStatus();
   const WorkerPin& pin = *prepared.pin;
   if (!IsAllowed(pin.worker_id, prepared.allowed_worker_ids)) {
-    return absl::InvalidArgumentError("pinned worker " + std::to_string(pin.worker_id) +
-                                      " is not in allowed_worker_ids (the pin and the allowed "
-                                      "set contradict each other)");
+    return absl::InvalidArgumentError(absl::StrCat("pinned worker ", pin.worker_id,
+                                                   " is not in allowed_worker_ids (the pin and "
+                                                   "the allowed set contradict each other)"));
   }
   if (registry_.Find(pin.worker_id) == nullptr) {
-    return absl::NotFoundError("pinned worker " + std::to_string(pin.worker_id) +
-                               " is not registered");
+    return absl::NotFoundError(absl::StrCat("pinned worker ", pin.worker_id, " is not registered"));
   }
   if (pin.dp_rank && !active_.HasWorker(WorkerKey{pin.worker_id, *pin.dp_rank})) {
-    return absl::NotFoundError("pinned worker " + std::to_string(pin.worker_id) +
-                               " has no dp_rank " + std::to_string(*pin.dp_rank));
+    return absl::NotFoundError(
+        absl::StrCat("pinned worker ", pin.worker_id, " has no dp_rank ", *pin.dp_rank));
   }
   return absl::OkStatus();
 }
@@ -300,8 +299,8 @@ absl::Status Router::CheckNewRequestIdLocked(std::string_view request_id) const 
         "request ids starting with byte 0x1E are reserved (they name replicas' bookings)");
   }
   if (active_.HasRequest(request_id) || queue_.Contains(request_id)) {
-    return absl::AlreadyExistsError("request id '" + std::string(request_id) +
-                                    "' is already active or waiting for admission");
+    return absl::AlreadyExistsError(absl::StrCat("request id '", AsAbsl(request_id),
+                                                 "' is already active or waiting for admission"));
   }
   return absl::OkStatus();
 }

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +11,8 @@
 #include "core/router_internal.h"
 
 namespace kvrouter {
+
+using router_internal::AsAbsl;
 
 // ---------------------------------------------------------------------------------------------
 // Staged routing: preview, plan, commit, abort (reference §6.2)
@@ -73,22 +74,20 @@ absl::Status Router::Commit(std::string_view request_id) {
       planned = nullptr;
       DrainQueueLocked(completions);
     }
-    // Messages by std::string: absl::StrCat cannot pass a bad_alloc on through Debian's
-    // libabsl.
     if (planned == nullptr) {
       // Committed before (or booked without a plan): nothing left to do.
       status = active_.HasRequest(request_id)
                    ? absl::OkStatus()
-                   : absl::NotFoundError("no plan for request '" + std::string(request_id) +
-                                         "' (never planned, aborted, freed, or past its "
-                                         "deadline)");
+                   : absl::NotFoundError(
+                         absl::StrCat("no plan for request '", AsAbsl(request_id),
+                                      "' (never planned, aborted, freed, or past its deadline)"));
     } else if (!active_.HasRequest(request_id)) {
       // The booking went with its worker (removed) or expired: nothing to dispatch to. The
       // record stays (so a retried commit says the same) until abort, free, a new plan or
       // the deadline.
-      status = absl::FailedPreconditionError("the plan for request '" + std::string(request_id) +
-                                             "' lost its booking (its worker was removed); "
-                                             "plan again");
+      status = absl::FailedPreconditionError(
+          absl::StrCat("the plan for request '", AsAbsl(request_id),
+                       "' lost its booking (its worker was removed); plan again"));
     } else {
       // Throws with nothing left when refused; the plan stays, to be committed again.
       CommitDecisionLocked(*planned->payload, planned->decision.worker);
