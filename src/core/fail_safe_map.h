@@ -13,6 +13,11 @@
 // every decision. Lookups take any type Hash hashes and K compares with (a std::string_view
 // key is looked up by std::string too).
 //
+// The radix index's child maps are the same idea but not this class (child_table.h): there a
+// table must be one pointer inside a node's union, allocated through the index's counting
+// allocator passed in per call, with no control bytes (most nodes have two children); this one
+// owns its block and keeps its size and capacity beside it, as a member table should.
+//
 // Thread-safety: none.
 #pragma once
 
