@@ -45,33 +45,57 @@ ActiveSequences::~ActiveSequences() {
   requests_.ForEach([](std::string_view, Record* record) { delete record; });
 }
 
-void ActiveSequences::AddWorker(WorkerKey worker) {
+namespace {
+
+// Room for `n` elements, growing geometrically so that ranks added one at a time do not copy
+// the vector each time.
+template <typename Vector>
+void ReserveGrowing(Vector& v, size_t n) {
+  if (n > v.capacity()) v.reserve(std::max({n, 2 * v.capacity(), size_t{4}}));
+}
+
+}  // namespace
+
+void ActiveSequences::AddWorker(WorkerKey worker) { ChangeRanks({}, std::span(&worker, 1)); }
+
+size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
+  return ChangeRanks(std::span(&worker, 1), {});
+}
+
+size_t ActiveSequences::ChangeRanks(std::span<const WorkerKey> removed,
+                                    std::span<const WorkerKey> added) {
+  // Room for everything first, for as many ranks as could be new: once a slot is freed or
+  // taken, a refused allocation would leave it neither in use nor free, or numbered as if
+  // every slot were in use (AlignToRanks would then write past its output).
+  slot_of_.Reserve(slot_of_.size() + added.size());
+  ReserveGrowing(slots_, slots_.size() + added.size());
+  ReserveGrowing(free_slots_, free_slots_.size() + removed.size());
+  ReserveGrowing(position_of_slot_, slots_.size() + added.size());
+  size_t dropped = 0;
+  for (const WorkerKey& worker : removed) dropped += DropRank(worker);
+  for (const WorkerKey& worker : added) TakeSlot(worker);
+  NumberPositions();
+  if (!removed.empty()) MaybeShrinkTables();
+  return dropped;
+}
+
+void ActiveSequences::TakeSlot(WorkerKey worker) {
   if (slot_of_.Contains(worker)) return;
-  // What can be refused first (the rank's entry, a new slot); nothing below them throws.
-  slot_of_.Reserve(slot_of_.size() + 1);
-  if (free_slots_.empty()) slots_.emplace_back();
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
     free_slots_.pop_back();
   } else {
-    slot = static_cast<uint32_t>(slots_.size() - 1);
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.emplace_back();
   }
   slots_[slot] = Slot{.worker = worker, .in_use = true};
   slot_of_.Set(worker, slot);
-  NumberPositions();
 }
 
-size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
+size_t ActiveSequences::DropRank(WorkerKey worker) {
   const uint32_t* found = slot_of_.Find(worker);
   if (found == nullptr) return 0;
-  // Room for the freed slot and its positions first: once the slot is freed, a refused
-  // allocation would leave it neither in use nor free, or numbered as if every slot were in
-  // use (AlignToRanks would then write past its output).
-  if (free_slots_.size() == free_slots_.capacity()) {
-    free_slots_.reserve(std::max<size_t>(4, 2 * free_slots_.capacity()));
-  }
-  position_of_slot_.reserve(slots_.size());
   const uint32_t slot = *found;
   const size_t dropped = requests_.EraseIf([&](std::string_view, Record* record) {
     if (record->slot != slot) return false;
@@ -85,14 +109,11 @@ size_t ActiveSequences::RemoveWorker(WorkerKey worker) {
   slots_[slot] = Slot{};
   free_slots_.push_back(slot);
   slot_of_.Erase(worker);
-  NumberPositions();
-  MaybeShrinkTables();
   return dropped;
 }
 
 void ActiveSequences::NumberPositions() {
-  // Allocates nothing: RemoveWorker reserved a position per slot, and slots are only added
-  // while none is free.
+  // Allocates nothing: ChangeRanks reserved a position per slot it could leave.
   position_of_slot_.clear();
   if (free_slots_.empty()) return;
   position_of_slot_.resize(slots_.size());
@@ -455,10 +476,9 @@ ActiveSequences::Run* ActiveSequences::Split(Run* run, size_t keep, std::unique_
   Run* parent = run->parent;
   upper->parent = parent;
   Run* up = upper.get();
-  auto owned = std::find_if(parent->children.begin(), parent->children.end(),
-                            [run](const std::unique_ptr<Run>& c) { return c.get() == run; });
-  std::unique_ptr<Run> lower = std::move(*owned);
-  *owned = std::move(upper);
+  auto& owned = parent->children[PlaceAmongSiblings(run)];
+  std::unique_ptr<Run> lower = std::move(owned);
+  owned = std::move(upper);
   child_of_.Set(Edge{parent, up->ids[0]}, up);
   lower->ids.erase(lower->ids.begin(), lower->ids.begin() + static_cast<ptrdiff_t>(keep));
   lower->parent = up;
@@ -480,9 +500,8 @@ void ActiveSequences::DeleteRun(Run* run) {
   Run* parent = run->parent;
   child_of_.Erase(Edge{parent, run->ids[0]});
   stored_blocks_ -= run->ids.size();
-  auto owned = std::find_if(parent->children.begin(), parent->children.end(),
-                            [run](const std::unique_ptr<Run>& c) { return c.get() == run; });
-  *owned = std::move(parent->children.back());
+  auto& owned = parent->children[PlaceAmongSiblings(run)];
+  owned = std::move(parent->children.back());
   parent->children.pop_back();  // destroys `run`
 }
 
@@ -547,24 +566,34 @@ void ActiveSequences::RemoveHolder(Run* run, uint32_t slot) {
 }
 
 void ActiveSequences::SweepSlot(uint32_t slot) {
-  std::vector<Run*> runs;
-  for (auto& child : root_->children) runs.push_back(child.get());
-  std::vector<Run*> emptied;
-  while (!runs.empty()) {
-    Run* run = runs.back();
-    runs.pop_back();
+  // Every run after its subtree (children last to first), without a stack: a rank's removal
+  // must not allocate. A run is found again from its parent by its place among the siblings;
+  // a deleted run's place is taken by the last sibling, which was already visited.
+  Run* const root = root_.get();
+  const auto deepest_last = [](Run* run) {
+    while (!run->children.empty()) run = run->children.back().get();
+    return run;
+  };
+  Run* run = deepest_last(root);
+  while (run != root) {
+    Run* const parent = run->parent;
+    const size_t place = PlaceAmongSiblings(run);
     auto& holders = run->holders;
     holders.erase(std::remove_if(holders.begin(), holders.end(),
                                  [slot](const Holder& h) { return h.slot == slot; }),
                   holders.end());
-    if (holders.empty()) emptied.push_back(run);
-    for (auto& child : run->children) runs.push_back(child.get());
-  }
-  // Children were listed after their parents: delete in reverse, leaves first.
-  for (auto it = emptied.rbegin(); it != emptied.rend(); ++it) {
-    if ((*it)->children.empty()) DeleteRun(*it);
+    if (run->holders.empty() && run->children.empty()) DeleteRun(run);
+    run = place > 0 ? deepest_last(parent->children[place - 1].get()) : parent;
   }
   slots_[slot].active_blocks = 0;
+}
+
+size_t ActiveSequences::PlaceAmongSiblings(const Run* run) {
+  const auto& siblings = run->parent->children;
+  return static_cast<size_t>(
+      std::find_if(siblings.begin(), siblings.end(),
+                   [run](const std::unique_ptr<Run>& c) { return c.get() == run; }) -
+      siblings.begin());
 }
 
 void ActiveSequences::MaybeShrinkTables() {

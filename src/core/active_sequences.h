@@ -20,9 +20,9 @@
 // erased at once, and the hash tables shrink when they become mostly empty. (Identities are
 // trusted to be prefix-chained as described; a 64-bit collision could only miscount load.)
 //
-// A refused allocation (std::bad_alloc) changes nothing: AddRequest and AddWorker allocate all
-// they need before they change anything, and Free, ExpireStale, FreeIf and the requests'
-// removal in RemoveWorker allocate nothing (a release merges runs only when the merged run's
+// A refused allocation (std::bad_alloc) changes nothing: AddRequest and ChangeRanks (AddWorker,
+// RemoveWorker) allocate all they need before they change anything, and Free, ExpireStale and
+// FreeIf allocate nothing (a release merges runs only when the merged run's
 // ids fit; shrinking a table is skipped when refused). Hence tables that grow all or nothing
 // (FailSafeMap), not absl's raw_hash_set (fail_safe_map.h).
 //
@@ -171,6 +171,10 @@ class ActiveSequences {
   // Drops the rank and every request booked on it; returns how many requests were dropped.
   // Unknown ranks are no error (0).
   size_t RemoveWorker(WorkerKey worker);
+  // Drops the `removed` ranks (as RemoveWorker), then adds the `added` ones (as AddWorker),
+  // all or nothing: a refused allocation (std::bad_alloc) changes none of them. Returns how
+  // many requests were dropped.
+  size_t ChangeRanks(std::span<const WorkerKey> removed, std::span<const WorkerKey> added);
   bool HasWorker(WorkerKey worker) const;
   size_t num_workers() const { return slot_of_.size(); }
 
@@ -335,7 +339,14 @@ class ActiveSequences {
   // a new holder when null (the caller made room).
   void AddHolder(Run* run, uint32_t slot, Holder* held);
   void RemoveHolder(Run* run, uint32_t slot);
+  // Takes `slot` out of every run (and the runs left empty out of the trie). Allocates
+  // nothing; O(runs × siblings), but only ever needed if a rank's runs outlived its requests.
   void SweepSlot(uint32_t slot);
+  // Where `run` is among its parent's children.
+  static size_t PlaceAmongSiblings(const Run* run);
+  // ChangeRanks' steps, once it has made room: neither allocates.
+  size_t DropRank(WorkerKey worker);
+  void TakeSlot(WorkerKey worker);
   // Depth of `chain` on every slot.
   void HeldDepthPerSlot(std::span<const uint64_t> chain, std::vector<uint32_t>& depth) const;
   // Releases the record's blocks and load; the caller erases it from requests_ and deletes

@@ -384,8 +384,15 @@ class RadixIndex::Impl {
 
   size_t RemoveWorker(uint64_t worker_id) {
     std::unique_lock lock(mu_);
+    // From the last slot down: a release gives back trailing free slots only, so the slots
+    // still to visit keep their numbers. Allocates nothing.
     size_t dropped = 0;
-    for (uint32_t slot : SlotsOf(worker_id)) dropped += ReleaseSlot(slot);
+    for (size_t slot = workers_.size(); slot-- > 0;) {
+      if (slot < workers_.size() && workers_[slot].in_use &&
+          workers_[slot].key.worker_id == worker_id) {
+        dropped += ReleaseSlot(static_cast<uint32_t>(slot));
+      }
+    }
     return dropped;
   }
 
@@ -851,14 +858,6 @@ class RadixIndex::Impl {
     workers_[slot].key = key;
     workers_[slot].in_use = true;
     return slot;
-  }
-
-  std::vector<uint32_t> SlotsOf(uint64_t worker_id) const {
-    std::vector<uint32_t> slots;
-    for (const auto& [key, slot] : slot_of_) {
-      if (key.worker_id == worker_id) slots.push_back(slot);
-    }
-    return slots;
   }
 
   // Drops every block of the slot; the worker stays known. Returns the blocks dropped. Never

@@ -154,7 +154,7 @@ class RadixIndex {
   // (IndexStats::refused_events) and std::bad_alloc goes on to the caller. An event refused
   // before it changed anything (hashing its tokens, a new rank's slot) leaves the index as it
   // was. The same holds for DropPathTail. Queries that run out of memory throw and change
-  // nothing; RemoveWorker and RemoveWorkerDpRank allocate before they change anything.
+  // nothing; RemoveWorker and RemoveWorkerDpRank allocate nothing, so they cannot fail.
   ApplyResult Apply(const KvEvent& event);
 
   // Per worker rank that holds at least the first block (on any tier), what it holds of the

@@ -125,22 +125,32 @@ absl::Status Router::AddWorker(const WorkerConfig& given) {
   Completions completions;
   {
     std::lock_guard lock(gate_);
+    if (auto status = registry_.Validate(config); !status.ok()) return status;
+    const std::vector<WorkerKey> ranks = RanksOf(config);
     if (auto status = registry_.Add(config); !status.ok()) return status;
-    for (const WorkerKey& rank : RanksOf(config)) active_.AddWorker(rank);
+    try {
+      active_.ChangeRanks({}, ranks);  // all or nothing
+    } catch (...) {
+      registry_.Remove(config.worker_id).IgnoreError();  // allocates nothing
+      throw;
+    }
     DrainQueueLocked(completions);
   }
   Run(completions);
   return absl::OkStatus();
 }
 
-absl::Status Router::UpdateWorker(const WorkerConfig& config) {
+absl::Status Router::UpdateWorker(const WorkerConfig& given) {
+  const WorkerConfig config = WithBlockSize(given, options_.block_size);
   Completions completions;
   {
     std::lock_guard lock(gate_);
-    auto changes = registry_.Update(WithBlockSize(config, options_.block_size));
+    auto changes = registry_.ChangesOf(config);
     if (!changes.ok()) return changes.status();
-    for (const WorkerKey& rank : changes->removed) RemoveRankLocked(rank);
-    for (const WorkerKey& rank : changes->added) active_.AddWorker(rank);
+    // The load tracker whole or not at all, then what allocates nothing.
+    active_.ChangeRanks(changes->removed, changes->added);
+    registry_.Replace(config);
+    for (const WorkerKey& rank : changes->removed) ForgetRankLocked(rank);
     DrainQueueLocked(completions);  // a larger max_num_batched_tokens may admit
   }
   Run(completions);
@@ -152,11 +162,10 @@ absl::Status Router::RemoveWorker(uint64_t worker_id) {
   absl::Status status;
   {
     std::lock_guard lock(gate_);
-    auto removed = registry_.Remove(worker_id);
-    status = removed.status();
-    if (removed.ok()) {
-      for (const WorkerKey& rank : RanksOf(*removed)) active_.RemoveWorker(rank);
+    if (const WorkerConfig* config = registry_.Find(worker_id); config != nullptr) {
+      active_.ChangeRanks(RanksOf(*config), {});  // all or nothing; nothing below allocates
     }
+    status = registry_.Remove(worker_id).status();
     // Events may have arrived for a worker never registered: forget them too.
     if (index_) index_->RemoveWorker(worker_id);
     if (approx_) approx_->RemoveWorker(worker_id);
@@ -167,8 +176,7 @@ absl::Status Router::RemoveWorker(uint64_t worker_id) {
   return status;
 }
 
-void Router::RemoveRankLocked(WorkerKey rank) {
-  active_.RemoveWorker(rank);
+void Router::ForgetRankLocked(WorkerKey rank) {
   if (index_) index_->RemoveWorkerDpRank(rank);
   if (approx_) approx_->RemoveWorkerDpRank(rank);
 }

@@ -208,7 +208,8 @@ class Router {
   bool approximate() const { return !options_.use_kv_events; }
 
   // --- Workers. Adding or updating a worker may admit waiting requests. A block size of 0 in
-  // `config` stands for the router's. ---
+  // `config` stands for the router's. A refused allocation (std::bad_alloc) leaves the worker
+  // registered as before, with the ranks, bookings and cache it had. ---
   absl::Status AddWorker(const WorkerConfig& config);
   absl::Status UpdateWorker(const WorkerConfig& config);
   // Drops the worker's ranks, its active requests and its index entries. NotFound when it is not
@@ -419,7 +420,8 @@ class Router {
   explicit Router(RouterOptions options);
 
   // router.cc: workers, events, views.
-  void RemoveRankLocked(WorkerKey rank);
+  // Drops a removed rank's cache from the index (the load tracker dropped the rank itself).
+  void ForgetRankLocked(WorkerKey rank);
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
                                      const SelectorConfig& config) const;
   void ScoresInto(std::span<const WorkerMatch> matches, const SelectorConfig& config,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -48,47 +49,47 @@ absl::Status WorkerRegistry::Validate(const WorkerConfig& config) const {
 
 absl::Status WorkerRegistry::Add(const WorkerConfig& config) {
   if (auto status = Validate(config); !status.ok()) return status;
-  if (workers_.contains(config.worker_id)) {
+  if (workers_.Contains(config.worker_id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("worker ", config.worker_id, " is already registered; use update"));
   }
-  workers_.emplace(config.worker_id, config);
+  workers_.Set(config.worker_id, config);
   return absl::OkStatus();
 }
 
-absl::StatusOr<RankChanges> WorkerRegistry::Update(const WorkerConfig& config) {
+absl::StatusOr<RankChanges> WorkerRegistry::ChangesOf(const WorkerConfig& config) const {
   if (auto status = Validate(config); !status.ok()) return status;
-  auto it = workers_.find(config.worker_id);
-  if (it == workers_.end()) {
+  const WorkerConfig* current = Find(config.worker_id);
+  if (current == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker ", config.worker_id, " is not registered"));
   }
   RankChanges changes;
   const auto in_range = [](const WorkerConfig& c, uint32_t rank) {
     return rank >= c.dp_start && rank - c.dp_start < c.dp_size;
   };
-  for (const WorkerKey& rank : RanksOf(it->second)) {
+  for (const WorkerKey& rank : RanksOf(*current)) {
     if (!in_range(config, rank.dp_rank)) changes.removed.push_back(rank);
   }
   for (const WorkerKey& rank : RanksOf(config)) {
-    if (!in_range(it->second, rank.dp_rank)) changes.added.push_back(rank);
+    if (!in_range(*current, rank.dp_rank)) changes.added.push_back(rank);
   }
-  it->second = config;
   return changes;
 }
 
+void WorkerRegistry::Replace(const WorkerConfig& config) {
+  *workers_.Find(config.worker_id) = config;
+}
+
 absl::StatusOr<WorkerConfig> WorkerRegistry::Remove(uint64_t worker_id) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) {
+  std::optional<WorkerConfig> removed = workers_.Take(worker_id);
+  if (!removed) {
     return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
   }
-  WorkerConfig removed = it->second;
-  workers_.erase(it);
-  return removed;
+  return *removed;
 }
 
 const WorkerConfig* WorkerRegistry::Find(uint64_t worker_id) const {
-  auto it = workers_.find(worker_id);
-  return it == workers_.end() ? nullptr : &it->second;
+  return workers_.Find(worker_id);
 }
 
 bool WorkerRegistry::HasRank(WorkerKey rank) const {
@@ -100,7 +101,7 @@ bool WorkerRegistry::HasRank(WorkerKey rank) const {
 std::vector<WorkerConfig> WorkerRegistry::Workers() const {
   std::vector<WorkerConfig> out;
   out.reserve(workers_.size());
-  for (const auto& [id, config] : workers_) out.push_back(config);
+  workers_.ForEach([&out](uint64_t, const WorkerConfig& config) { out.push_back(config); });
   std::sort(out.begin(), out.end(),
             [](const WorkerConfig& a, const WorkerConfig& b) { return a.worker_id < b.worker_id; });
   return out;

@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/fail_safe_map.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -46,11 +46,16 @@ class WorkerRegistry {
   // dp_size 0, rank range overflowing 32 bits).
   absl::Status Validate(const WorkerConfig& config) const;
 
-  // AlreadyExists when the worker id is registered.
+  // AlreadyExists when the worker id is registered. A refused allocation (std::bad_alloc)
+  // leaves the registry as it was.
   absl::Status Add(const WorkerConfig& config);
-  // NotFound when the worker id is not registered.
-  absl::StatusOr<RankChanges> Update(const WorkerConfig& config);
+  // The ranks an update to `config` would remove and add; NotFound when the worker id is not
+  // registered. Changes nothing: Replace makes the update.
+  absl::StatusOr<RankChanges> ChangesOf(const WorkerConfig& config) const;
+  // Puts `config` in place of a registered worker's. Allocates nothing.
+  void Replace(const WorkerConfig& config);
   // NotFound when the worker id is not registered; otherwise the removed configuration.
+  // Allocates nothing when the worker is registered.
   absl::StatusOr<WorkerConfig> Remove(uint64_t worker_id);
 
   const WorkerConfig* Find(uint64_t worker_id) const;
@@ -62,7 +67,8 @@ class WorkerRegistry {
 
  private:
   uint32_t block_size_;
-  absl::flat_hash_map<uint64_t, WorkerConfig> workers_;
+  // Grows whole or not at all, and erases without allocating (fail_safe_map.h).
+  FailSafeMap<uint64_t, WorkerConfig> workers_;
 };
 
 }  // namespace kvrouter

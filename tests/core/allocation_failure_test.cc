@@ -975,30 +975,125 @@ TEST(AllocationFailureTest, ABookingWithSessionsAndTheQueueIsWholeOrNotAtAll) {
   Sweep(kSessionQueueOps, SessionQueueRun, 60);
 }
 
+// Workers joining, changing and leaving the router: the registry and the load tracker's ranks
+// must agree after any refusal (a rank booked on that no worker registers, or a registered
+// rank nothing can be booked on, would be either a wrong route or a crash in AlignToRanks).
+const std::vector<std::string> kWorkerOps = {"add worker 5 (ranks 0 to 3)",
+                                             "book b1 on worker 5 rank 1",
+                                             "update worker 5 to ranks 2 to 5 (rank 1 and b1 go)",
+                                             "add worker 6 (ranks 0 and 1)",
+                                             "update worker 6's batch size",
+                                             "remove worker 5",
+                                             "remove worker 2 (it holds blocks)"};
+
+void WorkerOp(RouterFixture& f, size_t op) {
+  switch (op) {
+    case 0:
+      (void)f.router->AddWorker(WorkerConfig{.worker_id = 5, .dp_size = 4});
+      return;
+    case 1:
+      (void)f.router->AddRequest("b1", f.prompt_a, WorkerKey{.worker_id = 5, .dp_rank = 1});
+      return;
+    case 2:
+      (void)f.router->UpdateWorker(WorkerConfig{.worker_id = 5, .dp_start = 2, .dp_size = 4});
+      return;
+    case 3:
+      (void)f.router->AddWorker(WorkerConfig{.worker_id = 6, .dp_size = 2});
+      return;
+    case 4:
+      (void)f.router->UpdateWorker(
+          WorkerConfig{.worker_id = 6, .dp_size = 2, .max_num_batched_tokens = 4096});
+      return;
+    case 5:
+      (void)f.router->RemoveWorker(5);
+      return;
+    case 6:
+      (void)f.router->RemoveWorker(2);
+      return;
+  }
+}
+
+// "" when the registered workers' ranks are exactly the ranks loads are tracked for.
+std::string CheckRanksRegistered(const Router& router) {
+  std::vector<std::pair<uint64_t, uint32_t>> registered, tracked;
+  for (const WorkerConfig& config : router.Workers()) {
+    for (const WorkerKey& rank : RanksOf(config))
+      registered.emplace_back(rank.worker_id, rank.dp_rank);
+  }
+  for (const WorkerLoad& load : router.Loads()) {
+    tracked.emplace_back(load.worker.worker_id, load.worker.dp_rank);
+  }
+  std::sort(registered.begin(), registered.end());
+  std::sort(tracked.begin(), tracked.end());
+  if (registered != tracked) {
+    return std::to_string(registered.size()) + " ranks registered, loads tracked for " +
+           std::to_string(tracked.size()) + " (or other) ranks";
+  }
+  return "";
+}
+
+// The operations with the n-th allocation refused: the one it came in threw and changed
+// nothing, or completed; the registry and the ranks agree; then the refused operation and the
+// rest, run again, end where a run without refusals ends.
+void WorkerRun(uint64_t n, int fd) {
+  RouterFixture f;
+  auto fail = [&](const std::string& problem) { Report(fd, "P" + problem); };
+  DigestedOp armed;
+  const size_t refused = RunArmed(
+      n, kWorkerOps.size(), fd, [&](size_t op) { armed.Run(*f.router, [&] { WorkerOp(f, op); }); });
+  if (refused == kWorkerOps.size()) return;
+  if (std::string changed = armed.Check(*f.router); !changed.empty()) return fail(changed);
+  if (std::string ranks = CheckRanksRegistered(*f.router); !ranks.empty()) return fail(ranks);
+  if (std::string loads = CheckLoads(*f.router); !loads.empty()) return fail(loads);
+  for (size_t op = refused; op < kWorkerOps.size(); ++op) WorkerOp(f, op);
+  RouterFixture unrefused;
+  for (size_t op = 0; op < kWorkerOps.size(); ++op) WorkerOp(unrefused, op);
+  if (f.router->StateDigest() != unrefused.router->StateDigest() ||
+      f.router->Workers() != unrefused.router->Workers()) {
+    return fail("the operations run again end elsewhere than a run without refusals");
+  }
+}
+
+TEST(AllocationFailureTest, WorkersJoinChangeAndLeaveWholeOrNotAtAll) {
+  Sweep(kWorkerOps, WorkerRun, 10);
+}
+
 // ---- Ranks joining and leaving the load tracker ---------------------------------------------
 
 // A decision joins the index's matches to the ranks with ActiveSequences::AlignToRanks, which
 // trusts the slot table and the positions numbered from it. A rank's removal whose allocation is
 // refused must leave the two consistent (the rank removed or still there), never a free slot
 // numbered as if every slot were in use: AlignToRanks would then write past its output.
-const std::vector<std::string> kRankOps = {"remove rank 1", "remove rank 3",
-                                           "add rank 4 (a free slot)", "remove rank 2",
-                                           "add rank 5 (a free slot)"};
+const std::vector<std::string> kRankOps = {"remove rank 1",
+                                           "remove rank 3",
+                                           "add rank 4 (a free slot)",
+                                           "remove rank 2",
+                                           "add rank 5 (a free slot)",
+                                           "add ranks 6 to 12 (new slots)",
+                                           "remove ranks 4, 6 and 8 and add 13 and 14 (an update)"};
+
+WorkerKey Rank(uint64_t worker_id) { return WorkerKey{.worker_id = worker_id}; }
 
 void RankOp(ActiveSequences& active, size_t op) {
   constexpr uint64_t kWorkerOf[] = {1, 3, 4, 2, 5};
-  const WorkerKey rank{.worker_id = kWorkerOf[op]};
-  if (op == 2 || op == 4) {
-    active.AddWorker(rank);
+  if (op < std::size(kWorkerOf)) {
+    const WorkerKey rank = Rank(kWorkerOf[op]);
+    (op == 2 || op == 4) ? active.AddWorker(rank) : static_cast<void>(active.RemoveWorker(rank));
+  } else if (op == 5) {
+    std::vector<WorkerKey> added;
+    for (uint64_t w = 6; w <= 12; ++w) added.push_back(Rank(w));
+    active.ChangeRanks({}, added);
   } else {
-    active.RemoveWorker(rank);
+    const WorkerKey removed[] = {Rank(4), Rank(6), Rank(8)};
+    const WorkerKey added[] = {Rank(13), Rank(14)};
+    active.ChangeRanks(removed, added);
   }
 }
 
 // "" when AlignToRanks puts every registered rank's item at that rank's place in Loads().
 std::string CheckAligned(const ActiveSequences& active) {
   std::vector<WorkerKey> items;
-  for (uint64_t w = 1; w <= 6; ++w) items.push_back(WorkerKey{.worker_id = w});
+  for (uint64_t w = 1; w <= 15; ++w) items.push_back(WorkerKey{.worker_id = w});
   std::vector<const WorkerKey*> aligned;
   aligned.reserve(items.size());  // room for a write past the end: seen below, not a crash
   active.AlignToRanks(
@@ -1019,13 +1114,32 @@ std::string CheckAligned(const ActiveSequences& active) {
   return "";
 }
 
+// The ranks of `active`, by worker id.
+std::vector<uint64_t> RankIds(const ActiveSequences& active) {
+  std::vector<uint64_t> ids;
+  for (const WorkerLoad& load : active.Loads()) ids.push_back(load.worker.worker_id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 void RankRun(uint64_t n, int fd) {
   ManualClock clock;
-  ActiveSequences active(clock);
-  for (uint64_t w = 1; w <= 3; ++w) active.AddWorker(WorkerKey{.worker_id = w});
+  ActiveSequences active(clock), expected(clock);
+  for (uint64_t w = 1; w <= 3; ++w) {
+    active.AddWorker(Rank(w));
+    expected.AddWorker(Rank(w));
+  }
   auto fail = [&](const std::string& problem) { Report(fd, "P" + problem); };
-  if (RunArmed(n, kRankOps.size(), fd, [&](size_t op) { RankOp(active, op); }) == kRankOps.size()) {
-    return;
+  const size_t refused = RunArmed(n, kRankOps.size(), fd, [&](size_t op) { RankOp(active, op); });
+  if (refused == kRankOps.size()) return;
+  // Whole or not at all: the ranks as before the refused operation, or as after it (when the
+  // refusal was of something optional, such as a shrink).
+  for (size_t op = 0; op < refused; ++op) RankOp(expected, op);
+  const std::vector<uint64_t> before = RankIds(expected);
+  RankOp(expected, refused);
+  const std::vector<uint64_t> got = RankIds(active);
+  if (got != before && got != RankIds(expected)) {
+    return fail("a refused change of ranks left part of it: " + kRankOps[refused]);
   }
   if (std::string problem = CheckAligned(active); !problem.empty()) return fail(problem);
   for (size_t op = 0; op < kRankOps.size(); ++op) RankOp(active, op);

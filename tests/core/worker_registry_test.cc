@@ -58,7 +58,7 @@ TEST(WorkerRegistryTest, DuplicateAddAndUnknownUpdateOrRemoveAreErrors) {
   WorkerRegistry registry(16);
   ASSERT_TRUE(registry.Add(Config(1)).ok());
   EXPECT_EQ(registry.Add(Config(1)).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(registry.Update(Config(2)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.ChangesOf(Config(2)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry.Remove(2).status().code(), absl::StatusCode::kNotFound);
   auto removed = registry.Remove(1);
   ASSERT_TRUE(removed.ok());
@@ -66,21 +66,24 @@ TEST(WorkerRegistryTest, DuplicateAddAndUnknownUpdateOrRemoveAreErrors) {
   EXPECT_EQ(registry.Remove(1).status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST(WorkerRegistryTest, UpdateReportsRanksThatCameAndWent) {
+TEST(WorkerRegistryTest, AnUpdatesChangesAreReportedThenMadeByReplace) {
   WorkerRegistry registry(16);
-  ASSERT_TRUE(registry.Add(Config(5, 0, 3)).ok());  // ranks 0 1 2
-  auto changes = registry.Update(Config(5, 2, 2));  // ranks 2 3
+  ASSERT_TRUE(registry.Add(Config(5, 0, 3)).ok());     // ranks 0 1 2
+  auto changes = registry.ChangesOf(Config(5, 2, 2));  // ranks 2 3
   ASSERT_TRUE(changes.ok());
   EXPECT_EQ(changes->removed, (std::vector<WorkerKey>{{.worker_id = 5, .dp_rank = 0},
                                                       {.worker_id = 5, .dp_rank = 1}}));
   EXPECT_EQ(changes->added, (std::vector<WorkerKey>{{.worker_id = 5, .dp_rank = 3}}));
+  EXPECT_EQ(registry.Find(5)->dp_start, 0u);  // nothing changed yet
+  registry.Replace(Config(5, 2, 2));
   EXPECT_EQ(registry.Find(5)->dp_start, 2u);
 
   WorkerConfig bigger = Config(5, 2, 2);
   bigger.max_num_batched_tokens = 1 << 20;
-  changes = registry.Update(bigger);
+  changes = registry.ChangesOf(bigger);
   ASSERT_TRUE(changes.ok());
   EXPECT_TRUE(changes->removed.empty() && changes->added.empty());
+  registry.Replace(bigger);
   EXPECT_EQ(registry.Find(5)->max_num_batched_tokens, 1u << 20);
 }
 
