@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -34,9 +35,18 @@ class BookingObserver {
   bool IsCurrent(uint64_t token) const { return token != 0 && token == token_; }
   bool active() const { return static_cast<bool>(observer_); }
   bool IsOwnOrigin(std::string_view origin) const { return origin == replica_id_; }
-  // Tells the observer, if any, unless the change is to a replica's booking.
-  void Notify(const SequenceChange& change) const {
-    if (observer_ && !IsReplicaRequestId(change.request_id)) observer_(change);
+  // Tells the observer, if any, unless the change is to a replica's booking. False when the
+  // observer ran out of memory (std::bad_alloc, e.g. encoding the change): the change is lost
+  // to the other replicas, and the caller must not fail for it, since what it reports has
+  // already happened.
+  bool Notify(const SequenceChange& change) const {
+    if (!observer_ || IsReplicaRequestId(change.request_id)) return true;
+    try {
+      observer_(change);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    return true;
   }
 
  private:

@@ -383,6 +383,9 @@ class Router {
     uint64_t active_requests = 0;   // replicas' bookings active here now
     uint64_t live = 0;              // replicas sending heartbeats and not yet expired
     uint64_t expired = 0;           // replicas ExpireSilentReplicas dropped
+    // Own booking changes the observer could not publish for want of memory (each followed by
+    // announcing every booking again, once a change gets through).
+    uint64_t changes_unpublished = 0;
   };
   ReplicaStats replica_stats() const;
   // A replica change that could not be decoded: counted in replica_stats().changes_rejected.
@@ -496,8 +499,11 @@ class Router {
   bool MarkPrefillCompletedLocked(std::string_view request_id);
   bool FreeBookingLocked(std::string_view request_id);
   void NotifyLocked(const SequenceChange& change);
-  // Reset, then an Added for every local booking (the observer's full picture of this router).
+  // Reset, then an Added for every local booking (the observer's full picture of this router):
+  // what a joining replica, or one whose change the observer lost, tells the others.
   void AnnounceBookingsLocked();
+  // Counts a change the observer lost and has every booking announced again.
+  void LostNotificationLocked();
   // Frees every booking held here from `origin`; returns whether there was any.
   bool DropReplicaBookingsLocked(std::string_view origin);
 
@@ -524,6 +530,8 @@ class Router {
   BookingObserver observer_;
   ReplicaLiveness liveness_;
   uint64_t replicas_expired_ = 0;
+  uint64_t replica_changes_unpublished_ = 0;
+  bool reannounce_pending_ = false;  // a change was lost: announce every booking again
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
   std::atomic<uint64_t> replica_changes_undecodable_{0};

@@ -77,7 +77,21 @@ bool Router::FreeBookingLocked(std::string_view request_id) {
   return true;
 }
 
-void Router::NotifyLocked(const SequenceChange& change) { observer_.Notify(change); }
+void Router::NotifyLocked(const SequenceChange& change) {
+  if (!observer_.Notify(change)) {
+    LostNotificationLocked();
+  } else if (reannounce_pending_) {
+    // A change the observer lost left the other replicas with a wrong view of this one's
+    // bookings: announcing them all again (a Reset, then each booking) repairs it, once a
+    // change or a heartbeat gets through.
+    AnnounceBookingsLocked();
+  }
+}
+
+void Router::LostNotificationLocked() {
+  ++replica_changes_unpublished_;
+  reannounce_pending_ = true;
+}
 
 uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver observer) {
   std::lock_guard lock(gate_);
@@ -97,10 +111,18 @@ bool Router::ClearSequenceObserver(uint64_t token, bool farewell) {
 }
 
 void Router::AnnounceBookingsLocked() {
-  NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
+  reannounce_pending_ = false;
+  if (!observer_.Notify(ChangeOf(SequenceChange::Kind::kReset, ""))) {
+    LostNotificationLocked();
+    return;
+  }
   active_.ForEachRequest(
       [](std::string_view id) { return !IsReplicaRequestId(id); },
-      [&](const SequenceRequest& booking) { NotifyLocked(AddedChange(booking)); });
+      [&](const SequenceRequest& booking) {
+        if (!reannounce_pending_ && !observer_.Notify(AddedChange(booking))) {
+          LostNotificationLocked();
+        }
+      });
 }
 
 bool Router::DropReplicaBookingsLocked(std::string_view origin) {
@@ -204,7 +226,8 @@ Router::ReplicaStats Router::replica_stats() const {
                               replica_changes_undecodable_.load(std::memory_order_relaxed),
           .active_requests = active_.CountRequests(IsReplicaRequestId),
           .live = liveness_.live(),
-          .expired = replicas_expired_};
+          .expired = replicas_expired_,
+          .changes_unpublished = replica_changes_unpublished_};
 }
 
 void Router::CountRejectedReplicaChange() {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -63,7 +64,13 @@ class RouterReplicaTest : public ::testing::Test {
       ASSERT_TRUE(a_->AddWorker(Worker(w, max_batched)).ok());
       ASSERT_TRUE(b_->AddWorker(Worker(w, max_batched)).ok());
     }
-    a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+    a_->SetSequenceObserver("a", [this](const SequenceChange& c) {
+      if (refuse_to_publish_ > 0) {
+        --refuse_to_publish_;
+        throw std::bad_alloc();  // as encoding the change would when memory runs out
+      }
+      Record(c);
+    });
     // A new observer first announces: Reset, a's bookings (none yet), SyncRequest.
     EXPECT_EQ(from_a_.size(), 2u);
     Deliver();
@@ -112,7 +119,38 @@ class RouterReplicaTest : public ::testing::Test {
   ManualClock clock_;
   std::unique_ptr<Router> a_, b_;
   std::deque<Published> from_a_;
+  int refuse_to_publish_ = 0;  // a's observer throws std::bad_alloc this many times
 };
+
+TEST_F(RouterReplicaTest, AChangeLostForMemoryIsCountedAndRepairedByTheNextOneThatGetsThrough) {
+  // The booking is made; only its publication is lost. The call must not fail for it.
+  refuse_to_publish_ = 1;
+  ASSERT_TRUE(a_->FindBestMatch(Tokens(5, 0), {.with_admission = true, .request_id = "r1"}).ok());
+  EXPECT_TRUE(from_a_.empty());
+  EXPECT_EQ(a_->replica_stats().changes_unpublished, 1u);
+  EXPECT_EQ(b_->replica_stats().active_requests, 0u);
+
+  // The next change gets through, then a's whole picture: Reset, r1, r2.
+  ASSERT_TRUE(a_->FindBestMatch(Tokens(5, 100), {.with_admission = true, .request_id = "r2"}).ok());
+  ASSERT_EQ(from_a_.size(), 4u);
+  EXPECT_EQ(from_a_[1].kind, SequenceChange::Kind::kReset);
+  Deliver();
+  EXPECT_EQ(b_->replica_stats().active_requests, 2u);
+
+  // A lost free: b keeps r1 until the next change repairs it.
+  refuse_to_publish_ = 1;
+  EXPECT_TRUE(a_->Free("r1"));
+  EXPECT_EQ(a_->replica_stats().changes_unpublished, 2u);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  EXPECT_EQ(b_->replica_stats().active_requests, 1u);
+  for (uint64_t w : {1, 2}) {
+    EXPECT_EQ(LoadOf(*b_, w).active_blocks, LoadOf(*a_, w).active_blocks) << "worker " << w;
+  }
+  // Repaired: the next change is sent alone.
+  EXPECT_TRUE(a_->Free("r2"));
+  EXPECT_EQ(from_a_.size(), 1u);
+}
 
 TEST_F(RouterReplicaTest, ABookingOnOneReplicaIsLoadOnTheOther) {
   auto decision = a_->FindBestMatch(Tokens(5, 0), {.with_admission = true, .request_id = "r1"});
