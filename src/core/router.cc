@@ -208,6 +208,14 @@ absl::Status EventStatus(const ApplyResult& result) {
   return absl::InternalError(result.message);
 }
 
+absl::Status OutOfMemoryStatus() noexcept {
+  try {
+    return absl::ResourceExhaustedError("out of memory");
+  } catch (const std::bad_alloc&) {
+    return absl::Status(absl::StatusCode::kResourceExhausted, "");  // holds no message
+  }
+}
+
 absl::Status Router::ApplyEvents(std::span<const KvEvent> events) {
   absl::Status first;
   size_t first_index = 0, rejected = 0;
@@ -216,8 +224,7 @@ absl::Status Router::ApplyEvents(std::span<const KvEvent> events) {
     try {
       result = ApplyEvent(events[i]);
     } catch (const std::bad_alloc&) {  // the index is whole (RadixIndex::Apply): go on
-      // No message: a status's message takes memory (the one below says "event I: ...").
-      result = absl::Status(absl::StatusCode::kResourceExhausted, "");
+      result = OutOfMemoryStatus();
     }
     const absl::Status status = result.ok() ? EventStatus(*result) : result.status();
     if (!status.ok() && rejected++ == 0) {

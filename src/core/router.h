@@ -74,6 +74,10 @@ absl::Status ValidateReplicaId(std::string_view replica_id);
 // rank does not hold; InvalidArgument for a malformed event. The message is the result's.
 absl::Status EventStatus(const ApplyResult& result);
 
+// What a call answers when the heap refused it memory (std::bad_alloc): ResourceExhausted "out
+// of memory", or without a message when there is no memory even for that.
+absl::Status OutOfMemoryStatus() noexcept;
+
 // Every router-wide setting of §4 the core implements. Validated by Router::Create.
 struct RouterOptions {
   uint32_t block_size = 16;  // tokens per KV block; > 0; every worker must use the same
@@ -461,12 +465,19 @@ class Router {
   // router_admission.cc: the entry points' shared path and the admission queue.
   // Shared by the blocking and the non-blocking form: decides at once or enqueues.
   // Returns the ticket of the queued request (0 if `done` already ran or will run inline).
+  // `done` runs exactly once: refused memory, it runs with ResourceExhausted before the
+  // std::bad_alloc goes on.
   uint64_t Submit(std::span<const uint32_t> tokens, const RouteOptions& options, RouteCallback done,
                   bool as_plan = false);
+  // Submit's work: hands `done` over (to `completions` or the queue) once the request is
+  // answered or queued, and not before, so that a refusal leaves it with the caller.
+  uint64_t Admit(std::span<const uint32_t> tokens, const RouteOptions& options, RouteCallback& done,
+                 bool as_plan, Completions& completions);
   absl::StatusOr<RouteDecision> Route(std::span<const uint32_t> tokens, const RouteOptions& options,
                                       bool as_plan);
   bool MustWaitLocked(const Prepared& prepared) const;
-  void EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback done);
+  // Takes `done` only once the request is queued (all or nothing).
+  void EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback& done);
   void DrainQueueLocked(Completions& completions);
   bool CancelLocked(std::string_view request_id, uint64_t ticket, absl::Status why,
                     Completions& completions);

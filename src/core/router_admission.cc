@@ -40,7 +40,7 @@ bool Router::MustWaitLocked(const Prepared& prepared) const {
   return AllOverThreshold(ranks, *options_.queue_threshold);
 }
 
-void Router::EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback done) {
+void Router::EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback& done) {
   // WSPT favours the request with the least uncached work on its best rank.
   uint64_t best_cached = 0;
   for (const WorkerMatch& match : prepared->matches) {
@@ -59,13 +59,19 @@ void Router::EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback don
                                                      .arrival_offset_seconds = arrival,
                                                      .prompt_tokens = prepared->prompt_tokens,
                                                      .best_cached_tokens = best_cached});
+  std::string id = prepared->request_id;
   auto pending = std::make_unique<Pending>();
   pending->ticket = next_ticket_;
   pending->prepared = std::move(*prepared);
   pending->done = std::move(done);
-  std::string id = pending->prepared.request_id;
   const uint64_t tokens = pending->prepared.prompt_tokens;
-  queue_.Push(std::move(id), key, tokens, std::move(pending));  // all or nothing
+  try {
+    queue_.Push(std::move(id), key, tokens, std::move(pending));  // all or nothing
+  } catch (...) {
+    done = std::move(pending->done);  // the caller answers the request
+    throw;
+  }
+  done = nullptr;
   ++next_ticket_;
 }
 
@@ -119,48 +125,59 @@ void Router::Run(Completions& completions) {
 
 uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& options,
                         RouteCallback done, bool as_plan) {
-  // Reused per thread so the hot path does not allocate its hash and match buffers. It is only
-  // used until the decision is made, before any callback runs.
-  thread_local Prepared scratch;
-  const std::optional<Nanos> started = StartTimingIfSampled();
-  if (auto status = Prepare(tokens, options, options.with_admission, scratch); !status.ok()) {
-    done(status);
-    return 0;
-  }
-  scratch.hold_as_plan = as_plan;
   Completions completions;
   uint64_t ticket = 0;
   try {
-    std::lock_guard lock(gate_);
-    // Only a request that books may age plans and sessions: a preview changes nothing.
-    if (options.with_admission) {
-      if (MaybeSweepLocked()) DrainQueueLocked(completions);
-    }
-    // Steering changes nothing; a booking uses the binding once it is made (DecideLocked).
-    ApplySessionLocked(scratch);
-    absl::Status id_status =
-        options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
-    if (id_status.ok()) id_status = CheckPinLocked(scratch);
-    if (!id_status.ok()) {
-      completions.push_back({std::move(done), std::move(id_status)});
-    } else if (options.with_admission && MustWaitLocked(scratch)) {
-      ticket = next_ticket_;
-      EnqueueLocked(std::make_unique<Prepared>(std::move(scratch)), std::move(done));
-    } else {
-      // The callback's place first: once booked, a decision must reach its caller.
-      completions.reserve(completions.size() + 1);
-      auto result = DecideLocked(scratch);
-      CountDecision(result);
-      if (result.ok()) FinishTiming(started);
-      completions.push_back({std::move(done), std::move(result)});
-    }
-  } catch (...) {
-    // Refused: this request is neither booked nor queued, but those the sweep admitted are.
+    ticket = Admit(tokens, options, done, as_plan, completions);
+  } catch (...) {  // std::bad_alloc: nothing else is thrown here
+    // Refused: this request is neither booked nor queued, and hears so; those the sweep
+    // admitted hear of it too.
     Run(completions);
+    if (done) done(OutOfMemoryStatus());
     throw;
   }
   Run(completions);
   return ticket;
+}
+
+uint64_t Router::Admit(std::span<const uint32_t> tokens, const RouteOptions& options,
+                       RouteCallback& done, bool as_plan, Completions& completions) {
+  // Reused per thread so the hot path does not allocate its hash and match buffers. It is only
+  // used until the decision is made, before any callback runs.
+  thread_local Prepared scratch;
+  const std::optional<Nanos> started = StartTimingIfSampled();
+  // The callback's place first: once booked, a decision must reach its caller.
+  completions.reserve(1);
+  if (auto status = Prepare(tokens, options, options.with_admission, scratch); !status.ok()) {
+    completions.push_back({std::exchange(done, nullptr), std::move(status)});
+    return 0;
+  }
+  scratch.hold_as_plan = as_plan;
+  std::lock_guard lock(gate_);
+  // Only a request that books may age plans and sessions: a preview changes nothing.
+  if (options.with_admission) {
+    if (MaybeSweepLocked()) DrainQueueLocked(completions);
+  }
+  // Steering changes nothing; a booking uses the binding once it is made (DecideLocked).
+  ApplySessionLocked(scratch);
+  absl::Status id_status =
+      options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
+  if (id_status.ok()) id_status = CheckPinLocked(scratch);
+  completions.reserve(completions.size() + 1);
+  if (!id_status.ok()) {
+    completions.push_back({std::exchange(done, nullptr), std::move(id_status)});
+    return 0;
+  }
+  if (options.with_admission && MustWaitLocked(scratch)) {
+    const uint64_t ticket = next_ticket_;
+    EnqueueLocked(std::make_unique<Prepared>(std::move(scratch)), done);
+    return ticket;
+  }
+  auto result = DecideLocked(scratch);
+  CountDecision(result);
+  if (result.ok()) FinishTiming(started);
+  completions.push_back({std::exchange(done, nullptr), std::move(result)});
+  return 0;
 }
 
 absl::StatusOr<RouteDecision> Router::FindBestMatch(std::span<const uint32_t> tokens,
@@ -210,7 +227,11 @@ absl::StatusOr<RouteDecision> Router::Route(std::span<const uint32_t> tokens,
 
 void Router::FindBestMatchAsync(std::span<const uint32_t> tokens, const RouteOptions& options,
                                 RouteCallback done) {
-  Submit(tokens, options, std::move(done));
+  try {
+    Submit(tokens, options, std::move(done));
+  } catch (const std::bad_alloc&) {
+    // Submit has answered `done` with ResourceExhausted: the callback is the only answer.
+  }
 }
 
 bool Router::CancelPending(std::string_view request_id) {

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -77,19 +78,24 @@ template <typename T>
 class PendingQueue {
  public:
   struct Entry {
+    Entry(std::string id, uint64_t tokens, T&& it)
+        : request_id(std::move(id)), prompt_tokens(tokens), item(std::move(it)) {}
     std::string request_id;
     uint64_t prompt_tokens = 0;
     T item;
   };
 
   // Returns false (and keeps nothing) when `request_id` is already waiting. Throws
-  // std::bad_alloc, the queue unchanged, when the heap refuses.
-  bool Push(std::string request_id, double key, uint64_t prompt_tokens, T item) {
+  // std::bad_alloc, the queue unchanged, when the heap refuses. `item` is moved from only
+  // when it is queued (a refused caller keeps it, to answer the request).
+  bool Push(std::string request_id, double key, uint64_t prompt_tokens, T&& item) {
     if (position_.contains(request_id)) return false;
     const Position position{.key = key, .arrival = next_arrival_};
     auto at = position_.emplace(request_id, position).first;
     try {
-      order_.emplace(position, Entry{std::move(request_id), prompt_tokens, std::move(item)});
+      // Built in the node once it is allocated: a refused node leaves `item` where it was.
+      order_.emplace(std::piecewise_construct, std::forward_as_tuple(position),
+                     std::forward_as_tuple(std::move(request_id), prompt_tokens, std::move(item)));
     } catch (...) {
       position_.erase(at);
       throw;

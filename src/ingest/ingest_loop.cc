@@ -83,8 +83,7 @@ absl::StatusOr<ApplyResult> IngestLoop::ApplyOne(const KvEvent& event, SourceCou
     return result;
   } catch (const std::bad_alloc&) {  // in the index, or in telling the tap or the counters
     RefusedForMemory(event.worker, source);
-    // No message: making one may need the memory that just ran out.
-    return absl::Status(absl::StatusCode::kResourceExhausted, "");
+    return OutOfMemoryStatus();
   }
 }
 

@@ -913,10 +913,12 @@ void SessionQueueOp(SessionQueueFixture& f, size_t op) {
     case 4:
       o.request_id = "w2";
       o.pin = WorkerPin{.worker_id = 4};
+      // Set first: a FindBestMatchAsync that throws has still submitted w2, whose callback
+      // must then have run (its only answer).
+      f.w2_submitted = true;
       f.router->FindBestMatchAsync(f.prompt_a, o, [&f](absl::StatusOr<RouteDecision> result) {
         f.w2_result = std::move(result);
       });
-      f.w2_submitted = true;
       return;
     case 5:
       f.router->MarkPrefillCompleted("w1");

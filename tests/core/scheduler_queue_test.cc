@@ -18,7 +18,7 @@ TEST(SchedulerQueueTest, FcfsAdmitsEarliestArrivalFirst) {
   PendingQueue<int> queue;
   for (int i : {0, 1, 2}) {
     queue.Push("r" + std::to_string(i),
-               QueueKey(QueuePolicy::kFcfs, {.arrival_offset_seconds = double(i)}), 10, i);
+               QueueKey(QueuePolicy::kFcfs, {.arrival_offset_seconds = double(i)}), 10, int{i});
   }
   EXPECT_EQ(DrainIds(queue), (std::vector<std::string>{"r0", "r1", "r2"}));
 }
@@ -27,7 +27,7 @@ TEST(SchedulerQueueTest, LcfsAdmitsLatestArrivalFirst) {
   PendingQueue<int> queue;
   for (int i : {0, 1, 2}) {
     queue.Push("r" + std::to_string(i),
-               QueueKey(QueuePolicy::kLcfs, {.arrival_offset_seconds = double(i)}), 10, i);
+               QueueKey(QueuePolicy::kLcfs, {.arrival_offset_seconds = double(i)}), 10, int{i});
   }
   EXPECT_EQ(DrainIds(queue), (std::vector<std::string>{"r2", "r1", "r0"}));
 }
