@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/strings/string_view.h"
 #include "core/clock.h"
+#include "core/id_hash.h"
 
 namespace kvrouter {
 
@@ -27,9 +27,7 @@ class ReplicaLiveness {
 
   // Any other change from `origin`: alive too, if it is tracked.
   void Heard(std::string_view origin, Nanos now) {
-    // (absl::string_view: a lookup without copying the name; Debian's Abseil has its own.)
-    if (auto it = origins_.find(absl::string_view(origin.data(), origin.size()));
-        it != origins_.end()) {
+    if (auto it = origins_.find(origin); it != origins_.end()) {  // not copying the name
       it->second.last_heard = now;
     }
   }
@@ -58,7 +56,9 @@ class ReplicaLiveness {
     Nanos last_heard = 0;
     Nanos interval = 0;
   };
-  absl::flat_hash_map<std::string, Entry> origins_;
+  // Not absl's table: one refused growth corrupts it (core/fail_safe_map.h); a single insert
+  // into libstdc++'s is all or nothing.
+  std::unordered_map<std::string, Entry, IdHash, std::equal_to<>> origins_;
 };
 
 }  // namespace kvrouter

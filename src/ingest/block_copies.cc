@@ -16,7 +16,7 @@ bool BlockCopies::TakeExtra(WorkerKey rank, Tier tier, uint64_t engine_hash) {
 }
 
 void BlockCopies::ForgetRank(WorkerKey rank) {
-  absl::erase_if(extra_, [&](const auto& entry) { return entry.first.rank == rank; });
+  std::erase_if(extra_, [&](const auto& entry) { return entry.first.rank == rank; });
 }
 
 }  // namespace kvrouter

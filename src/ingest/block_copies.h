@@ -3,9 +3,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -37,7 +38,9 @@ class BlockCopies {
       return H::combine(std::move(h), k.rank, k.tier, k.engine_hash);
     }
   };
-  absl::flat_hash_map<Key, uint32_t> extra_;  // copies beyond the first
+  // Not absl's table: one refused growth corrupts it (core/fail_safe_map.h); a single insert
+  // into libstdc++'s is all or nothing.
+  std::unordered_map<Key, uint32_t, absl::Hash<Key>> extra_;  // copies beyond the first
 };
 
 }  // namespace kvrouter

@@ -10,11 +10,12 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -177,7 +178,7 @@ struct JetStreamRelay::Impl {
   bool closing = false;
   std::chrono::steady_clock::time_point flush_deadline;
   // Every rank a change was queued for since its last clear: what a resync clears.
-  absl::flat_hash_set<WorkerKey> ranks;
+  std::unordered_set<WorkerKey, absl::Hash<WorkerKey>> ranks;  // not absl's: see block_copies.h
 
   void Queue(const KvEvent& event);
   // The stream is behind the index: what waits is dropped (counted), and the next thing
@@ -282,7 +283,7 @@ bool JetStreamRelay::Impl::Resync() {
     if (GivingUp()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(kRetryMs));
   }
-  absl::flat_hash_set<WorkerKey> relayed;
+  std::unordered_set<WorkerKey, absl::Hash<WorkerKey>> relayed;
   {
     std::lock_guard lock(mutex);
     relayed = ranks;

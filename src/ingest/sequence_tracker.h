@@ -4,13 +4,15 @@
 // these decisions; the tests drive them with plain numbers (tests/ingest/sequence_tracker_test.cc).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -184,8 +186,8 @@ class PublisherSequences {
 
   struct Publisher {
     uint64_t next_sequence = 0;
-    uint64_t last_heard = 0;               // the message count when it was last heard
-    absl::flat_hash_set<WorkerKey> ranks;  // where its events went: what a gap must clear
+    uint64_t last_heard = 0;  // the message count when it was last heard
+    std::unordered_set<WorkerKey, absl::Hash<WorkerKey>> ranks;  // what a gap must clear
     // First heard above its message 0: it ran before this subscriber, and what its ranks held
     // then is unknown here.
     bool joined = false;
@@ -206,7 +208,9 @@ class PublisherSequences {
  private:
   void ForgetLongestSilent(uint64_t keep);
 
-  absl::flat_hash_map<uint64_t, Publisher> by_id_;
+  // Not absl's tables (here and below): one refused growth corrupts them (core/fail_safe_map.h); a
+  // single insert into libstdc++'s is all or nothing.
+  std::unordered_map<uint64_t, Publisher> by_id_;
   uint64_t messages_ = 0;
 };
 
@@ -244,8 +248,9 @@ class SourceRanks {
   };
   void ForgetOldest();
 
-  absl::flat_hash_map<WorkerKey, Rank> ranks_;
-  absl::flat_hash_set<WorkerKey> unknown_;
+  std::unordered_map<WorkerKey, Rank, absl::Hash<WorkerKey>> ranks_;
+  std::unordered_set<WorkerKey, absl::Hash<WorkerKey>> unknown_;
+  std::atomic<bool> loss_for_later_{false};
   uint64_t events_ = 0;
 };
 

@@ -15,9 +15,9 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "core/types.h"
 
@@ -108,9 +108,11 @@ class SaltedBlocks {
   size_t size() const { return salt_of_.size(); }
 
  private:
-  absl::flat_hash_map<uint64_t, uint32_t> salt_of_;  // engine hash -> index in salts_
+  // Not absl's tables: one refused growth corrupts them (core/fail_safe_map.h); a single insert
+  // into libstdc++'s is all or nothing.
+  std::unordered_map<uint64_t, uint32_t> salt_of_;  // engine hash -> index in salts_
   std::vector<std::string> salts_;
-  absl::flat_hash_map<std::string, uint32_t> ids_;
+  std::unordered_map<std::string, uint32_t> ids_;
 };
 
 // One message of Dynamo's KV event plane, as dynamo.llm.KvEventPublisher (ai-dynamo-runtime
