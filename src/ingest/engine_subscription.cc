@@ -190,7 +190,7 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
     sub->poll.data = sub;
     uv_poll_start(&sub->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
       auto* s = static_cast<Subscription*>(p->data);
-      s->owner->Drain(*s);
+      s->owner->OnReadable(*s);
     });
   }
   workers_[worker.worker_id] = std::move(subs);
@@ -290,6 +290,23 @@ void EngineSubscriptions::CloseSockets(Subscription* sub) {
 // are read between receiving a message and handling it: read before receiving, a handshake
 // that completed in between would go unseen and its connection's first message be handled as
 // the old connection's next.
+void EngineSubscriptions::OnReadable(Subscription& sub) {
+  // ZMQ's descriptor signals edges: a drain a refusal cut short goes on, or the messages behind
+  // it would wait for the next edge. Each refusal costs a message read (at most a few per
+  // wakeup, so that a heap refusing everything cannot hold the loop here).
+  constexpr int kRefusalsPerWakeup = 16;
+  for (int refusals = 0; refusals < kRefusalsPerWakeup; ++refusals) {
+    if (ContainRefusal([&] { Drain(sub); }, [&] { LostForMemory(sub); })) return;
+  }
+}
+
+// A message the heap refused memory to (read, then lost while decoded or applied): what it did
+// to the rank is unknown, so the rank is cleared and flagged, as after a gap without replay.
+void EngineSubscriptions::LostForMemory(Subscription& sub) {
+  sub.counters->Gap(1);
+  ClearAndFlag(sub);
+}
+
 void EngineSubscriptions::Drain(Subscription& sub) {
   for (;;) {
     if (!Readable(sub.socket)) {
@@ -518,13 +535,14 @@ bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool fr
   }
   uv_poll_start(&replay->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
     auto* r = static_cast<Replay*>(p->data);
-    r->sub->owner->DrainReplay(*r->sub);
+    r->sub->owner->ContainReplay(*r->sub, [r] { r->sub->owner->DrainReplay(*r->sub); });
   });
   uv_timer_start(
       &replay->timer,
       [](uv_timer_t* t) {
         auto* r = static_cast<Replay*>(t->data);
-        r->sub->owner->FinishReplay(*r->sub, /*ended=*/false);
+        r->sub->owner->ContainReplay(
+            *r->sub, [r] { r->sub->owner->FinishReplay(*r->sub, /*ended=*/false); });
       },
       loop_.options.replay_timeout_ms, 0);
   DrainReplay(sub);  // the fd signals edges: look once now
@@ -574,6 +592,16 @@ void EngineSubscriptions::DrainReplay(Subscription& sub) {
 // replay clears and flags the rank, then asks once for the engine's whole history from message
 // 0 (the held messages wait for it): complete, it repairs the rank (unflagged); short again,
 // the rank stays flagged until the engine clears its cache or restarts.
+template <typename Work>
+void EngineSubscriptions::ContainReplay(Subscription& sub, Work work) {
+  // A reply the heap refused: the replay cannot be trusted to fill the hole. The rank is
+  // cleared and flagged, and the replay ends as one that timed out (its held messages go on).
+  ContainRefusal(work, [&] {
+    LostForMemory(sub);
+    FinishReplay(sub, /*ended=*/false);
+  });
+}
+
 void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
   Replay* replay = sub.replay;
   if (replay == nullptr) return;

@@ -45,7 +45,10 @@ class EngineSubscriptions {
   absl::Status AddOnLoop(const EngineWorker& worker, uint64_t& id);
   absl::Status RemoveOnLoop(uint64_t worker_id, bool clear_index);
   void CloseSubscription(Subscription* sub);
+  // The live socket's poll callback: Drain, contained (ContainRefusal).
+  void OnReadable(Subscription& sub);
   void Drain(Subscription& sub);
+  void LostForMemory(Subscription& sub);
   absl::Status WatchConnections(Subscription& sub);
   void ReadConnectionEvents(Subscription& sub);
   static void CloseSockets(Subscription* sub);
@@ -67,6 +70,9 @@ class EngineSubscriptions {
   bool StartReplay(Subscription& sub, uint64_t until, bool from_start = false,
                    const std::vector<std::vector<uint8_t>>* trigger = nullptr);
   void DrainReplay(Subscription& sub);
+  // Runs the replay socket's or timer's `work` (DrainReplay, FinishReplay), contained.
+  template <typename Work>
+  void ContainReplay(Subscription& sub, Work work);
   void FinishReplay(Subscription& sub, bool ended);
   void HandleHeld(Subscription& sub);
   bool DropJudged(Subscription& sub, const std::vector<std::vector<uint8_t>>& parts,

@@ -41,7 +41,12 @@ absl::Status IngestLoop::Run(std::function<absl::Status()> command) {
   }
   auto done = std::make_shared<std::promise<absl::Status>>();
   auto result = done->get_future();
-  commands.push_back([command = std::move(command), done] { done->set_value(command()); });
+  commands.push_back([command = std::move(command), done] {
+    // A refused command still answers: its caller waits on the promise.
+    absl::Status status;
+    ContainRefusal([&] { status = command(); }, [&] { status = OutOfMemoryStatus(); });
+    done->set_value(std::move(status));
+  });
   uv_async_send(&wake);
   lock.unlock();
   return result.get();
@@ -61,7 +66,9 @@ void IngestLoop::RunCommands() {
     std::lock_guard lock(command_mutex);
     batch.swap(commands);
   }
-  for (auto& command : batch) command();
+  // A command that handles a message counts what a refusal lost itself; this only keeps the
+  // refusal out of libuv and the other commands running.
+  for (auto& command : batch) ContainRefusal(command, [] {});
 }
 
 void IngestLoop::Apply(std::span<const KvEvent> events, SourceCounters& source) {

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 #include <thread>
@@ -31,6 +32,25 @@ void CloseAndDelete(uv_handle_t* handle, Owner* owner) {
   handle->data = owner;
   if (uv_is_closing(handle)) return;
   uv_close(handle, [](uv_handle_t* h) { delete static_cast<Owner*>(h->data); });
+}
+
+// Runs `work` where a C library (libuv, libnats) called into the ingest. A std::bad_alloc must
+// not unwind into its frames: libuv's loop would be left inside its poll, and on libnats'
+// threads it ends in std::terminate. When the heap refused `work`, runs `lost`, which counts
+// what the refusal cost (a message lost, a rank cleared and flagged where the index can no
+// longer be trusted), contained too. Whether `work` completed.
+template <typename Work, typename Lost>
+bool ContainRefusal(Work&& work, Lost&& lost) noexcept {
+  try {
+    work();
+    return true;
+  } catch (const std::bad_alloc&) {
+    try {
+      lost();
+    } catch (const std::bad_alloc&) {  // the count above it is all there is
+    }
+    return false;
+  }
 }
 
 // Told of every change an ingest source made to the index, in the order applied (a JetStream

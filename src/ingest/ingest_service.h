@@ -31,6 +31,9 @@
 
 namespace kvrouter {
 
+// The name of the ingest loop's thread (at most 15 characters: the kernel's limit).
+inline constexpr char kIngestThreadName[] = "kvr-ingest";
+
 // Why a message or event was not applied.
 enum class IngestReject : uint8_t {
   kFrameTooLarge = 0,   // a stream frame header over the limit (connection closed)

@@ -55,7 +55,10 @@ struct ConnectionCallbacks {
     }
     std::lock_guard lock(callbacks->owner_mutex);
     if (callbacks->owner == nullptr) return;  // the source is being closed
-    callbacks->owner->LoseEveryRankLater(callbacks->counters, callbacks->ranks);
+    // Refused memory to post the clear, the next message the loop handles does it.
+    ContainRefusal(
+        [&] { callbacks->owner->LoseEveryRankLater(callbacks->counters, callbacks->ranks); },
+        [&] { callbacks->ranks->LoseEveryRankLater(); });
   }
 
   static void OnClosed(natsConnection*, void* closure) {
@@ -135,31 +138,52 @@ struct NatsSubscriptions::Source {
   static void OnMessage(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
     auto* source = static_cast<Source*>(closure);
     if (source->jetstream) return OnJetStreamMessage(source, msg);
+    // A message the heap refused memory to is lost, as in an outage: its ranks are lost on the
+    // loop, with the next message (a replica change lost is only counted).
+    ContainRefusal([&] { PostMessage(source, msg); },
+                   [&] {
+                     Bump(source->counters->gaps);
+                     source->ranks->LoseEveryRankLater();
+                   });
+    natsMsg_Destroy(msg);
+  }
+
+  static void PostMessage(Source* source, natsMsg* msg) {
     NatsSubscriptions* self = source->owner;
     const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg));
     std::vector<uint8_t> payload(data, data + natsMsg_GetDataLength(msg));
-    natsMsg_Destroy(msg);
     self->loop_.Post([self, counters = source->counters, dynamo = source->dynamo,
                       ranks = source->ranks, payload = std::move(payload),
                       replica_sync = source->replica_sync] {
       if (replica_sync) {
-        ApplyReplicaMessage(*self->loop_.router, payload, *counters);
+        ContainRefusal([&] { ApplyReplicaMessage(*self->loop_.router, payload, *counters); },
+                       [&] { Bump(counters->gaps); });
       } else {
-        self->HandleEvents(payload, *counters, *dynamo, *ranks);
+        self->HandleEventsContained(payload, *counters, *dynamo, *ranks);
       }
     });
   }
 
   // Applied on the loop, then acknowledged: the server delivers it again if this router goes
   // away first. A message the closing loop drops is not acknowledged either.
+  // A message the heap refused memory to, here or on the loop, is not acknowledged: the server
+  // delivers it again.
   static void OnJetStreamMessage(Source* source, natsMsg* raw) {
+    // (The shared_ptr destroys the message, also when its own allocation is refused.)
+    ContainRefusal([&] { PostJetStreamMessage(source, raw); }, [] {});
+  }
+
+  static void PostJetStreamMessage(Source* source, natsMsg* raw) {
     std::shared_ptr<natsMsg> msg(raw, natsMsg_Destroy);
     NatsSubscriptions* self = source->owner;
     self->loop_.Post(
         [self, msg, counters = source->counters, dynamo = source->dynamo, ranks = source->ranks] {
           const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
-          self->HandleEvents(std::span(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get()))),
-                             *counters, *dynamo, *ranks);
+          const std::span payload(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get())));
+          if (!ContainRefusal([&] { self->HandleEvents(payload, *counters, *dynamo, *ranks); },
+                              [] {})) {
+            return;  // not acknowledged
+          }
           jsMsgMetaData* meta = nullptr;
           if (natsMsg_GetMetaData(&meta, msg.get()) == NATS_OK) {
             counters->stream_sequence.store(meta->Sequence.Stream, std::memory_order_relaxed);
@@ -383,6 +407,11 @@ void NatsSubscriptions::StartLiveness(Source& source) {
 }
 
 void NatsSubscriptions::OnLivenessTick() {
+  // Refused memory, a tick is skipped: the next one does the same.
+  ContainRefusal([&] { LivenessTick(); }, [] {});
+}
+
+void NatsSubscriptions::LivenessTick() {
   const IngestOptions& options = loop_.options;
   if (options.replica_heartbeat_ms > 0) {
     (void)loop_.router->PublishHeartbeat(options.replica_heartbeat_ms);
@@ -641,8 +670,18 @@ absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& s
 // A NATS message: a native EventBatch or a message of Dynamo's event plane, told apart by
 // content (a batch is verified first; a Dynamo message is a msgpack map, never a valid batch).
 // Neither: counted as a bad batch, or as bad msgpack when it is msgpack of the wrong shape.
+void NatsSubscriptions::HandleEventsContained(std::span<const uint8_t> payload,
+                                              SourceCounters& source, PublisherSequences& dynamo,
+                                              SourceRanks& ranks) {
+  // A message the heap refused memory to is lost, as in an outage.
+  ContainRefusal([&] { HandleEvents(payload, source, dynamo, ranks); },
+                 [&] { LoseEveryRank(source, ranks); });
+}
+
 void NatsSubscriptions::HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
                                      PublisherSequences& dynamo, SourceRanks& ranks) {
+  // A message lost for memory where the loop could not be told (libnats' thread): now.
+  if (ranks.TakeLossForLater()) ForgetEveryRank(source, ranks);
   ApplyEvents(payload, source, dynamo, ranks);
   Bump(source.messages);  // last: a reader that sees the count sees what it applied
 }
@@ -726,6 +765,10 @@ void NatsSubscriptions::LoseEveryRankLater(std::shared_ptr<SourceCounters> sourc
 
 void NatsSubscriptions::LoseEveryRank(SourceCounters& source, SourceRanks& ranks) {
   Bump(source.gaps);  // an outage: how many messages it took is unknowable
+  ForgetEveryRank(source, ranks);
+}
+
+void NatsSubscriptions::ForgetEveryRank(SourceCounters& source, SourceRanks& ranks) {
   for (const WorkerKey& rank : ranks.Ranks()) LoseRank(rank, source, ranks);
 }
 

@@ -73,7 +73,11 @@ class NatsSubscriptions {
   // (IngestOptions::replica_heartbeat_ms and replica_timeout_ms).
   void StartLiveness(Source& source);
   void OnLivenessTick();
+  void LivenessTick();
   // Loop thread: one message of an events subscription.
+  // HandleEvents, with a message the heap refused memory to lost as in an outage.
+  void HandleEventsContained(std::span<const uint8_t> payload, SourceCounters& source,
+                             PublisherSequences& dynamo, SourceRanks& ranks);
   void HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
                     PublisherSequences& dynamo, SourceRanks& ranks);
   void ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,
@@ -89,6 +93,8 @@ class NatsSubscriptions {
   void FlagRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks);
   // The connection was lost: every rank heard may miss events until it is back.
   void LoseEveryRank(SourceCounters& source, SourceRanks& ranks);
+  // LoseEveryRank without counting a gap (it was counted when the loss happened).
+  void ForgetEveryRank(SourceCounters& source, SourceRanks& ranks);
 
   IngestLoop& loop_;
   std::list<Source*> sources_;

@@ -241,6 +241,12 @@ class SourceRanks {
   size_t unknown() const { return unknown_.size(); }
   size_t size() const { return ranks_.size(); }
 
+  // From any thread, allocating nothing: a message was lost where the loop could not be told
+  // (libnats' thread, refused memory). The loop takes it with the next message and loses
+  // every rank then.
+  void LoseEveryRankLater() { loss_for_later_.store(true, std::memory_order_relaxed); }
+  bool TakeLossForLater() { return loss_for_later_.exchange(false, std::memory_order_relaxed); }
+
  private:
   struct Rank {
     uint64_t publisher = kNoPublisher;

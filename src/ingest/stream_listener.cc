@@ -107,19 +107,31 @@ void StreamListeners::OnConnection(uv_stream_t* server, int status) {
   auto* listener = static_cast<Listener*>(server->data);
   StreamListeners* self = listener->owner;
   if (status < 0) return;
-  auto* conn = new Connection(self, listener->counters, self->loop_.options.max_frame_bytes);
-  if (listener->unix_socket) {
+  // Refused memory for the connection, it is not accepted, and libuv listens again only once
+  // one is: the listener stalls (a known limit, docs/ingest.md). Counted as a gap.
+  ContainRefusal([&] { self->Accept(server, *listener); }, [&] { listener->counters->Gap(1); });
+}
+
+void StreamListeners::Accept(uv_stream_t* server, Listener& listener) {
+  StreamListeners* self = this;
+  auto* conn = new Connection(self, listener.counters, self->loop_.options.max_frame_bytes);
+  try {  // tracked before it is accepted: nothing below allocates
+    self->connections_.push_back(conn);
+  } catch (...) {
+    delete conn;
+    throw;
+  }
+  if (listener.unix_socket) {
     uv_pipe_init(&self->loop_.loop, &conn->pipe, 0);
   } else {
     uv_tcp_init(&self->loop_.loop, &conn->tcp);
   }
   conn->handle.data = conn;
   if (uv_accept(server, &conn->stream) != 0) {
-    CloseAndDelete(&conn->handle, conn);
+    self->CloseConnection(conn);
     return;
   }
   Bump(conn->counters->connections);
-  self->connections_.push_back(conn);
   uv_read_start(
       &conn->stream,
       [](uv_handle_t* h, size_t, uv_buf_t* buf) {
@@ -136,6 +148,16 @@ void StreamListeners::CloseConnection(Connection* conn) {
 
 void StreamListeners::OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   auto* conn = static_cast<Connection*>(stream->data);
+  // A frame the heap refused memory to is lost, and with it maybe the frame boundaries (a chunk
+  // not appended): counted as a gap, and the connection closed as after a bad header.
+  ContainRefusal([&] { conn->owner->Read(conn, nread, buf); },
+                 [&] {
+                   conn->counters->Gap(1);
+                   conn->owner->CloseConnection(conn);
+                 });
+}
+
+void StreamListeners::Read(Connection* conn, ssize_t nread, const uv_buf_t* buf) {
   if (nread < 0) {  // EOF or error
     // A frame cut by the close (the publisher died or gave up mid-frame) is lost: counted.
     if (const size_t cut = conn->reader.buffered_bytes(); cut > 0 && conn->reader.status().ok()) {

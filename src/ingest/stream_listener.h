@@ -35,7 +35,10 @@ class StreamListeners {
 
   absl::Status ListenOnLoop(const StreamEndpoint& where, std::string* bound, uint64_t& id);
   static void OnConnection(uv_stream_t* server, int status);
+  void Accept(uv_stream_t* server, Listener& listener);
   static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
+  // OnRead's work, which a refused allocation may cut short (OnRead contains it).
+  void Read(Connection* conn, ssize_t nread, const uv_buf_t* buf);
   void CloseConnection(Connection* conn);
   // Applies one frame's batch; counted after it is handled, as engine messages are.
   void HandleFrame(const std::vector<uint8_t>& frame, SourceCounters& source);

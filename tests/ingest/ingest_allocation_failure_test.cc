@@ -1,0 +1,276 @@
+// What a refused allocation on the ingest loop leaves behind. The loop runs inside libuv's
+// callbacks (and libnats' threads hand it messages): a std::bad_alloc that unwound into them
+// would leave libuv mid-poll or end the process (std::terminate). Here an engine publishes over
+// ZMQ on 127.0.0.1 while the n-th allocation of the loop thread is refused, for n = 1, 2, ...
+// (FailAllocationForTesting, each run in a child process so that a crash is a finding like any
+// other): the process must survive, the loop go on taking messages, what was lost be counted
+// (a gap, the rank cleared and flagged unknown), and the engine's next clear make the rank
+// known again, with what it stores after it in the index.
+//
+// Counted: the index's own allocations and operator new on the loop thread (named
+// kIngestThreadName), except libzmq's: libzmq aborts on a refused allocation by design
+// (alloc_assert), which no caller can contain. This binary replaces operator new, so it is
+// a binary of its own (the others keep AddressSanitizer's checks of new against delete).
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/counting_allocator.h"
+#include "core/router.h"
+#include "ingest/ingest_service.h"
+
+// ---- operator new counts against FailAllocationForTesting on the loop thread ---------------
+
+namespace {
+
+std::atomic<bool> count_loop_allocations{false};
+
+bool OnLoopThread() {
+  thread_local int on_loop = -1;  // unknown until first asked (the name is set at its start)
+  if (on_loop < 0) {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    on_loop = std::strcmp(name, kvrouter::kIngestThreadName) == 0 ? 1 : 0;
+  }
+  return on_loop == 1;
+}
+
+bool CalledFromZmq(const void* caller) {
+  Dl_info info;
+  return dladdr(caller, &info) != 0 && info.dli_fname != nullptr &&
+         std::strstr(info.dli_fname, "libzmq") != nullptr;
+}
+
+void* AllocateOrNull(std::size_t n, std::size_t align, const void* caller) noexcept {
+  if (kvrouter::internal::allocation_failure_countdown.load(std::memory_order_relaxed) != 0 &&
+      count_loop_allocations.load(std::memory_order_relaxed) && OnLoopThread() &&
+      !CalledFromZmq(caller) && kvrouter::CountAllocationForTesting()) {
+    return nullptr;
+  }
+  if (n == 0) n = 1;
+  if (align <= alignof(std::max_align_t)) return std::malloc(n);
+  void* p = nullptr;
+  return posix_memalign(&p, align, n) == 0 ? p : nullptr;
+}
+
+void* AllocateOrThrow(std::size_t n, std::size_t align, const void* caller) {
+  void* p = AllocateOrNull(n, align, caller);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) { return AllocateOrThrow(n, 0, __builtin_return_address(0)); }
+void* operator new[](std::size_t n) { return AllocateOrThrow(n, 0, __builtin_return_address(0)); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  return AllocateOrThrow(n, static_cast<std::size_t>(a), __builtin_return_address(0));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return AllocateOrThrow(n, static_cast<std::size_t>(a), __builtin_return_address(0));
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  return AllocateOrNull(n, 0, __builtin_return_address(0));
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  return AllocateOrNull(n, 0, __builtin_return_address(0));
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace kvrouter {
+namespace {
+
+constexpr auto kWait = std::chrono::seconds(5);
+
+std::vector<uint8_t> VllmPayload(const std::string& name) {
+  std::ifstream in(std::string(KVR_DATA_DIR) + "/vectors/vllm_kv_events_vectors.json");
+  const nlohmann::json vectors = nlohmann::json::parse(in);
+  for (const nlohmann::json& v : vectors.at("vectors")) {
+    if (v.at("name").get<std::string>() != name) continue;
+    const std::string hex = v.at("zmq_frames").at("payload_hex").get<std::string>();
+    std::vector<uint8_t> out;
+    for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+      out.push_back(static_cast<uint8_t>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+    }
+    return out;
+  }
+  std::abort();
+}
+
+// The prompt whose first two blocks "array_store_dp_medium" stores (and the third
+// "array_store_continuation"), as in engine_ingest_test.cc.
+std::vector<uint32_t> Prompt() {
+  std::vector<uint32_t> tokens;
+  for (uint32_t t = 1001; t <= 1048; ++t) tokens.push_back(t);
+  return tokens;
+}
+
+// One run, in a child: "" or the problem it found; `refused` says whether the refusal came.
+std::string Run(uint64_t n, bool& refused) {
+  void* context = zmq_ctx_new();
+  void* engine = zmq_socket(context, ZMQ_XPUB);
+  const int linger = 0;
+  zmq_setsockopt(engine, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_bind(engine, "tcp://127.0.0.1:*") != 0) return "cannot bind the engine";
+  char endpoint[256] = {};
+  size_t size = sizeof(endpoint);
+  zmq_getsockopt(engine, ZMQ_LAST_ENDPOINT, endpoint, &size);
+  auto send = [&](uint64_t seq, const std::string& vector) {
+    const std::vector<uint8_t> payload = VllmPayload(vector);
+    uint8_t seq_bytes[8];
+    for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
+    zmq_send(engine, "kv-events", 9, ZMQ_SNDMORE);
+    zmq_send(engine, seq_bytes, 8, ZMQ_SNDMORE);
+    zmq_send(engine, payload.data(), payload.size(), 0);
+  };
+
+  std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = 16});
+  std::unique_ptr<IngestService> ingest = *IngestService::Create(router.get(), {});
+  if (!ingest->Start().ok()) return "the ingest did not start";
+  const absl::StatusOr<uint64_t> source = ingest->AddEngineWorker(
+      EngineWorker{.endpoint = endpoint, .worker_id = 5, .topic = "kv-events"});
+  if (!source.ok()) return "cannot subscribe: " + source.status().ToString();
+  zmq_pollitem_t item{engine, 0, ZMQ_POLLIN, 0};
+  char subscription[64];
+  if (zmq_poll(&item, 1, 5000) != 1 ||
+      zmq_recv(engine, subscription, sizeof(subscription), 0) < 1) {
+    return "no subscriber";
+  }
+  // Until the source has taken `messages` (handled, or lost and counted as missed).
+  auto wait_for = [&](uint64_t messages) -> absl::StatusOr<IngestStats> {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    for (;;) {
+      absl::StatusOr<IngestStats> stats = ingest->Stats(*source);
+      if (!stats.ok()) return stats.status();
+      if (stats->messages + stats->missed_messages >= messages) return stats;
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError("the loop stopped taking messages");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  auto device_blocks = [&] {
+    const absl::StatusOr<std::vector<OverlapScore>> scores = router->OverlapScores(Prompt());
+    if (!scores.ok()) return 0u;
+    for (const OverlapScore& s : *scores) {
+      if (s.worker == WorkerKey{.worker_id = 5}) return s.overlap.device_blocks;
+    }
+    return 0u;
+  };
+
+  count_loop_allocations = true;
+  FailAllocationForTesting(n);
+  send(0, "array_store_dp_medium");
+  send(1, "array_store_continuation");
+  absl::StatusOr<IngestStats> armed = wait_for(2);
+  refused = FailAllocationForTesting(0) == 0;
+  count_loop_allocations = false;
+  if (!armed.ok()) return std::string(armed.status().message());
+  if (!refused && (armed->missed_messages != 0 || device_blocks() != 3)) {
+    return "no refusal, yet the two stores did not both apply (" + std::to_string(armed->messages) +
+           " messages, " + std::to_string(armed->events_applied) + " events, " +
+           std::to_string(armed->missed_messages) + " missed, " + std::to_string(device_blocks()) +
+           " blocks)";
+  }
+  // The engine clears its cache and stores again: its rank is known, and holds what it stored.
+  send(2, "array_all_cleared");
+  send(3, "array_store_dp_medium");
+  // (Waited for by what it must lead to: a lost message may be counted as missed and then as
+  // taken too, so counts cannot tell when the last one was handled.)
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  for (;;) {
+    absl::StatusOr<IngestStats> after = ingest->Stats(*source);
+    if (!after.ok()) return "after the refusal, " + after.status().ToString();
+    const uint32_t blocks = device_blocks();
+    if (after->state_unknown == 0 && blocks == 2) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return "after the engine's clear and a store of 2 blocks, the rank holds " +
+             std::to_string(blocks) + (after->state_unknown != 0 ? " and is still flagged" : "") +
+             " (" + std::to_string(after->messages) + " messages, " +
+             std::to_string(after->missed_messages) + " missed)";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ingest.reset();
+  zmq_close(engine);
+  zmq_ctx_term(context);
+  return "";
+}
+
+// The outcome of run n in a child: 0 (fine, refused), 1 (fine, nothing left to refuse), or a
+// problem (its text, or how the child died).
+struct Outcome {
+  int code = 0;
+  std::string problem;
+};
+
+Outcome InChild(uint64_t n) {
+  int fds[2];
+  if (pipe(fds) != 0) std::abort();
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    bool refused = false;
+    const std::string problem = Run(n, refused);
+    if (!problem.empty()) {
+      (void)!write(fds[1], problem.data(), problem.size());
+      _exit(2);
+    }
+    _exit(refused ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string text;
+  char buffer[512];
+  for (ssize_t got; (got = read(fds[0], buffer, sizeof(buffer))) > 0;) text.append(buffer, got);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) return {2, "died of signal " + std::to_string(WTERMSIG(status))};
+  const int code = WEXITSTATUS(status);
+  return {code, code == 2 ? text : ""};
+}
+
+TEST(IngestAllocationFailureTest, TheLoopSurvivesEveryRefusalAndTheEnginesClearRestoresTrust) {
+  constexpr uint64_t kMostRuns = 2000;
+  uint64_t refused = 0;
+  std::vector<std::string> problems;
+  for (uint64_t n = 1; n <= kMostRuns; ++n) {
+    const Outcome outcome = InChild(n);
+    if (outcome.code == 1) break;  // the run made fewer than n allocations
+    ++refused;
+    if (outcome.code != 0) {
+      problems.push_back("allocation " + std::to_string(n) + " refused: " + outcome.problem);
+    }
+  }
+  std::printf("%llu allocations of the loop refused in turn; %zu left a problem\n",
+              static_cast<unsigned long long>(refused), problems.size());
+  for (const std::string& p : problems) ADD_FAILURE() << p;
+  EXPECT_GE(refused, 20u);  // the sweep reached decoding and applying, not only the wakeup
+  EXPECT_LT(refused, kMostRuns);
+}
+
+}  // namespace
+}  // namespace kvrouter
