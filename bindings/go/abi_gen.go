@@ -906,25 +906,27 @@ func (g *cPotentialLoad) load(c *C.kvr_potential_load) {
 
 // cMetrics holds the value fields of kvr_metrics, in Go types.
 type cMetrics struct {
-	Events                  [3][5]uint64
-	EventBatchesRejected    uint64
-	Decisions               uint64
-	RequestsActive          uint64
-	QueuePending            uint64
-	QueuePendingTokens      uint64
-	Workers                 uint64
-	IndexNodes              uint64
-	IndexBlocks             uint64
-	IndexBytes              int64
-	ReplicaChangesApplied   uint64
-	ReplicaChangesRejected  uint64
-	ReplicaRequestsActive   uint64
-	DecisionLatencyBoundsNs [14]uint64
-	DecisionLatencyLe       [14]uint64
-	DecisionLatencyCount    uint64
-	DecisionLatencySumNs    uint64
-	ReplicasLive            uint64
-	ReplicasExpired         uint64
+	Events                    [3][5]uint64
+	EventBatchesRejected      uint64
+	Decisions                 uint64
+	RequestsActive            uint64
+	QueuePending              uint64
+	QueuePendingTokens        uint64
+	Workers                   uint64
+	IndexNodes                uint64
+	IndexBlocks               uint64
+	IndexBytes                int64
+	ReplicaChangesApplied     uint64
+	ReplicaChangesRejected    uint64
+	ReplicaRequestsActive     uint64
+	DecisionLatencyBoundsNs   [14]uint64
+	DecisionLatencyLe         [14]uint64
+	DecisionLatencyCount      uint64
+	DecisionLatencySumNs      uint64
+	ReplicasLive              uint64
+	ReplicasExpired           uint64
+	EventsRefusedForMemory    uint64
+	ReplicaChangesUnpublished uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -956,6 +958,8 @@ func (g *cMetrics) store(c *C.kvr_metrics) {
 	c.decision_latency_sum_ns = C.uint64_t(g.DecisionLatencySumNs)
 	c.replicas_live = C.uint64_t(g.ReplicasLive)
 	c.replicas_expired = C.uint64_t(g.ReplicasExpired)
+	c.events_refused_for_memory = C.uint64_t(g.EventsRefusedForMemory)
+	c.replica_changes_unpublished = C.uint64_t(g.ReplicaChangesUnpublished)
 }
 
 // load reads the mirrored fields from c.
@@ -987,6 +991,8 @@ func (g *cMetrics) load(c *C.kvr_metrics) {
 	g.DecisionLatencySumNs = uint64(c.decision_latency_sum_ns)
 	g.ReplicasLive = uint64(c.replicas_live)
 	g.ReplicasExpired = uint64(c.replicas_expired)
+	g.EventsRefusedForMemory = uint64(c.events_refused_for_memory)
+	g.ReplicaChangesUnpublished = uint64(c.replica_changes_unpublished)
 }
 
 // initMetrics has the library set c's defaults for the layout of kvr_metrics this package was
@@ -1377,7 +1383,7 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_overlap{})) - 72
 	_ = uint64(unsafe.Sizeof(C.kvr_match{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_potential_load{})) - 72
-	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 480
+	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 496
 	_ = uint64(unsafe.Sizeof(C.kvr_routing_hints{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_route_signals{})) - 80
 	_ = uint64(unsafe.Sizeof(C.kvr_disagg_options{})) - 48

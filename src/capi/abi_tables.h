@@ -209,6 +209,10 @@ struct FieldEnds<kvr_metrics> {
       offsetof(kvr_metrics, decision_latency_sum_ns) + sizeof(kvr_metrics::decision_latency_sum_ns),
       offsetof(kvr_metrics, replicas_live) + sizeof(kvr_metrics::replicas_live),
       offsetof(kvr_metrics, replicas_expired) + sizeof(kvr_metrics::replicas_expired),
+      offsetof(kvr_metrics, events_refused_for_memory) +
+          sizeof(kvr_metrics::events_refused_for_memory),
+      offsetof(kvr_metrics, replica_changes_unpublished) +
+          sizeof(kvr_metrics::replica_changes_unpublished),
   };
 };
 

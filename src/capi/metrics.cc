@@ -32,6 +32,8 @@ kvr_metrics Collect(const kvr_router& router) {
   m.replica_requests_active = replicas.active_requests;
   m.replicas_live = replicas.live;
   m.replicas_expired = replicas.expired;
+  m.events_refused_for_memory = index.refused_events;
+  m.replica_changes_unpublished = replicas.changes_unpublished;
   const kvrouter::LatencyHistogram::Snapshot latency = router.router->decision_latency();
   static_assert(kvrouter::LatencyHistogram::kBuckets == KVR_DECISION_LATENCY_BUCKETS);
   for (int i = 0; i < KVR_DECISION_LATENCY_BUCKETS; ++i) {
@@ -77,6 +79,10 @@ std::string RenderPrometheus(const kvr_router& router) {
   text.Scalar("kvrouter_event_batches_rejected_total", "counter",
               "Event batches that failed verification; nothing of them was applied.",
               m.event_batches_rejected);
+  text.Scalar("kvrouter_events_refused_for_memory_total", "counter",
+              "KV events the heap refused memory to midway; each left its worker rank holding "
+              "nothing.",
+              m.events_refused_for_memory);
   text.Scalar("kvrouter_decisions_total", "counter",
               "Routing calls that picked a worker (routes and plans; not previews).", m.decisions);
   AppendDecisionLatency(text, m);
@@ -106,6 +112,10 @@ std::string RenderPrometheus(const kvr_router& router) {
   text.Scalar("kvrouter_replicas_expired_total", "counter",
               "Other router replicas whose bookings were dropped here because they fell silent.",
               m.replicas_expired);
+  text.Scalar("kvrouter_replica_changes_unpublished_total", "counter",
+              "Own booking changes the replica publisher lost for want of memory (each repaired "
+              "by announcing every booking again).",
+              m.replica_changes_unpublished);
   const auto loads = router.router->Loads();
   const auto per_rank = [&](std::string_view name, std::string_view help, auto value_of) {
     text.Family(name, "gauge", help);

@@ -48,6 +48,9 @@ static void counters(void** state) {
   assert_int_equal(4, m.index_blocks);
   assert_true(m.index_nodes >= 2); /* the root and at least one run */
   assert_true(m.index_bytes > 0);
+  /* Nothing was refused memory: no event, no replica change (there is no publisher). */
+  assert_int_equal(0, m.events_refused_for_memory);
+  assert_int_equal(0, m.replica_changes_unpublished);
 
   KVT_OK(kvr_router_free_request(f->router, "m-1", ERRP));
   KVT_OK(kvr_router_apply_cleared(f->router, 1, 0, 2, ERRP));
@@ -117,6 +120,17 @@ static void get_metrics_null_and_struct_size(void** state) {
   assert_int_equal(2, m.workers);
   assert_memory_equal(sentinel + covered, (uint8_t*)&m + covered, sizeof m - covered);
 
+  /* The layout before the refusal counters (0.2.0's, ending at replicas_expired): the counters
+   * up to there are written, the two it lacks are not. */
+  memset(&m, 0xAB, sizeof m);
+  KVT_OK(kvr_metrics_init(&m, KVT_LAYOUT_END(kvr_metrics, replicas_expired)));
+  KVT_OK(kvr_router_get_metrics(f->router, &m, ERRP));
+  assert_int_equal(480, m.struct_size);
+  assert_int_equal(2, m.workers);
+  assert_int_equal(0, m.replicas_expired);
+  assert_int_equal(0xABABABABABABABABull, m.events_refused_for_memory);
+  assert_int_equal(0xABABABABABABABABull, m.replica_changes_unpublished);
+
   /* Shorter than that: refused, nothing written. */
   memset(&m, 0xAB, sizeof m);
   m.struct_size = (uint32_t)offsetof(kvr_metrics, decisions);
@@ -174,6 +188,10 @@ static void prometheus_text(void** state) {
   assert_non_null(strstr(text, "\nkvrouter_queue_pending_requests 0\n"));
   assert_non_null(strstr(text, "\nkvrouter_index_blocks 4\n"));
   assert_non_null(strstr(text, "kvrouter_kv_events_total{"));
+  assert_non_null(strstr(text, "# TYPE kvrouter_events_refused_for_memory_total counter\n"));
+  assert_non_null(strstr(text, "\nkvrouter_events_refused_for_memory_total 0\n"));
+  assert_non_null(strstr(text, "# TYPE kvrouter_replica_changes_unpublished_total counter\n"));
+  assert_non_null(strstr(text, "\nkvrouter_replica_changes_unpublished_total 0\n"));
   /* The decision-latency histogram: buckets in seconds, +Inf, sum and count. */
   assert_non_null(strstr(text, "# TYPE kvrouter_decision_duration_seconds histogram\n"));
   assert_non_null(strstr(text, "\nkvrouter_decision_duration_seconds_bucket{le=\"5e-07\"} "));

@@ -620,7 +620,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_metrics': (
-        480,
+        496,
         (
             ('struct_size', 0, 4),
             ('reserved0', 4, 4),
@@ -643,6 +643,8 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('decision_latency_sum_ns', 456, 8),
             ('replicas_live', 464, 8),
             ('replicas_expired', 472, 8),
+            ('events_refused_for_memory', 480, 8),
+            ('replica_changes_unpublished', 488, 8),
         ),
     ),
     'kvr_routing_hints': (

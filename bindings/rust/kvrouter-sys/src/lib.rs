@@ -604,6 +604,15 @@ pub struct kvr_metrics {
     /// because they fell silent.
     pub replicas_live: u64,
     pub replicas_expired: u64,
+    /// Appended in 0.2.0: what the heap refused. KV events refused memory midway, each leaving its
+    /// rank holding nothing (kvr_router_apply_* returned KVR_RESOURCE_EXHAUSTED; an ingest source
+    /// flags the rank state_unknown); an event refused before it changed anything is not counted.
+    /// In approximate mode, which has no events, the router's records of its own decisions refused
+    /// so. And this router's own booking changes its replica publisher lost for want of memory (the
+    /// booking stands; each loss is repaired by announcing every booking again once a later change
+    /// or heartbeat gets through).
+    pub events_refused_for_memory: u64,
+    pub replica_changes_unpublished: u64,
 }
 
 /// Where a request may or should run. Pins by phase, as Dynamo's RoutingHints: aggregated:
@@ -1769,7 +1778,7 @@ const _: () = {
     assert!(offset_of!(kvr_potential_load, active_blocks) == 40);
     assert!(offset_of!(kvr_potential_load, active_requests) == 48);
     assert!(offset_of!(kvr_potential_load, reserved) == 56);
-    assert!(size_of::<kvr_metrics>() == 480);
+    assert!(size_of::<kvr_metrics>() == 496);
     assert!(align_of::<kvr_metrics>() == 8);
     assert!(offset_of!(kvr_metrics, struct_size) == 0);
     assert!(offset_of!(kvr_metrics, reserved0) == 4);
@@ -1792,6 +1801,8 @@ const _: () = {
     assert!(offset_of!(kvr_metrics, decision_latency_sum_ns) == 456);
     assert!(offset_of!(kvr_metrics, replicas_live) == 464);
     assert!(offset_of!(kvr_metrics, replicas_expired) == 472);
+    assert!(offset_of!(kvr_metrics, events_refused_for_memory) == 480);
+    assert!(offset_of!(kvr_metrics, replica_changes_unpublished) == 488);
     assert!(size_of::<kvr_routing_hints>() == 64);
     assert!(align_of::<kvr_routing_hints>() == 8);
     assert!(offset_of!(kvr_routing_hints, struct_size) == 0);

@@ -39,7 +39,10 @@
  *   NULL only with `cap` 0; `len` is required): `*len` is set to the count written, or, when
  *   `cap` is too small, to the count needed, with KVR_BUFFER_TOO_SMALL.
  * - Every _free function accepts NULL. Nothing returned is to be passed to free().
- * - Every entry point catches every C++ exception and returns KVR_INTERNAL with its message.
+ * - Every entry point catches every C++ exception: running out of memory returns
+ *   KVR_RESOURCE_EXHAUSTED ("out of memory"; what the call had changed is undone, or, for a KV
+ *   event refused midway, its rank is left holding nothing), any other KVR_INTERNAL with its
+ *   message.
  * - Thread-safety is stated per function: "concurrent" = any thread, any time, concurrently
  *   with any other call on the same handle; "none" = no other call on that handle may run
  *   concurrently (only the _free functions).
@@ -772,6 +775,15 @@ typedef struct kvr_metrics {
    * because they fell silent. */
   uint64_t replicas_live;
   uint64_t replicas_expired;
+  /* Appended in 0.2.0: what the heap refused. KV events refused memory midway, each leaving
+   * its rank holding nothing (kvr_router_apply_* returned KVR_RESOURCE_EXHAUSTED; an ingest
+   * source flags the rank state_unknown); an event refused before it changed anything is not
+   * counted. In approximate mode, which has no events, the router's records of its own
+   * decisions refused so. And this router's own booking changes its replica publisher lost
+   * for want of memory (the booking stands; each loss is repaired by announcing every booking
+   * again once a later change or heartbeat gets through). */
+  uint64_t events_refused_for_memory;
+  uint64_t replica_changes_unpublished;
 } kvr_metrics;
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */

@@ -513,7 +513,9 @@ enum {
   ABI_METRICS_DECISION_LATENCY_SUM_NS = 56,
   ABI_METRICS_REPLICAS_LIVE = 57,
   ABI_METRICS_REPLICAS_EXPIRED = 58,
-  ABI_METRICS_LEN = 59
+  ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY = 59,
+  ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED = 60,
+  ABI_METRICS_LEN = 61
 };
 
 static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
@@ -539,6 +541,8 @@ static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
   v[ABI_METRICS_DECISION_LATENCY_SUM_NS] = (jlong)c->decision_latency_sum_ns;
   v[ABI_METRICS_REPLICAS_LIVE] = (jlong)c->replicas_live;
   v[ABI_METRICS_REPLICAS_EXPIRED] = (jlong)c->replicas_expired;
+  v[ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY] = (jlong)c->events_refused_for_memory;
+  v[ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED] = (jlong)c->replica_changes_unpublished;
 }
 
 static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
@@ -564,6 +568,8 @@ static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
   c->decision_latency_sum_ns = (uint64_t)v[ABI_METRICS_DECISION_LATENCY_SUM_NS];
   c->replicas_live = (uint64_t)v[ABI_METRICS_REPLICAS_LIVE];
   c->replicas_expired = (uint64_t)v[ABI_METRICS_REPLICAS_EXPIRED];
+  c->events_refused_for_memory = (uint64_t)v[ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY];
+  c->replica_changes_unpublished = (uint64_t)v[ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED];
 }
 
 /* kvr_routing_hints */

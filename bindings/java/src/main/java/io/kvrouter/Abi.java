@@ -263,7 +263,9 @@ final class Abi {
     static final int DECISION_LATENCY_SUM_NS = 56;
     static final int REPLICAS_LIVE = 57;
     static final int REPLICAS_EXPIRED = 58;
-    static final int LEN = 59;
+    static final int EVENTS_REFUSED_FOR_MEMORY = 59;
+    static final int REPLICA_CHANGES_UNPUBLISHED = 60;
+    static final int LEN = 61;
   }
 
   /** {@code kvr_routing_hints}. */
