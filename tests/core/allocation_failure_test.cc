@@ -1200,7 +1200,19 @@ enum ChildExit : int {
   kBadStatus = 21,       // an event ended with a status other than OK or RESOURCE_EXHAUSTED
   kHalfApplied = 22,     // the index holds part of a refused event (or lost an applied one)
   kNoRecovery = 23,      // with memory back, the refused events did not apply
+  kMiscounted = 24,      // kvr_metrics' event counts disagree with the statuses
 };
+
+// The router's counts of stored events applied and refused midway (kvr_metrics).
+struct EventCounts {
+  uint64_t applied = 0, refused_for_memory = 0;
+};
+EventCounts CountsOf(kvr_router* router) {
+  kvr_metrics m;
+  kvr_metrics_init(&m, sizeof m);
+  if (kvr_router_get_metrics(router, &m, nullptr) != KVR_OK) _exit(30);
+  return {m.events[KVR_EVENT_STORED][KVR_EVENT_OK], m.events_refused_for_memory};
+}
 
 // Uses up the process's mappings (vm.max_map_count) with its own, then has the router's index
 // grow: each event applies whole (the C heap standing in for mappings) or is refused
@@ -1269,7 +1281,24 @@ int RealLimitChild(size_t max_map_count) {
     }
     if (held == 1) held_digest += share[w];
   }
-  std::fprintf(stderr, "at the limit: %zu of %zu events refused\n", refused.size(), stores.size());
+  // kvr_metrics counts an event refused midway (its rank left holding nothing) in
+  // events_refused_for_memory, one refused before it changed anything nowhere, and one applied
+  // whole (whatever its status) as applied: never one event twice, never more refused than
+  // statuses said so, and not one more once memory is back.
+  const EventCounts at_limit = CountsOf(router);
+  std::fprintf(stderr,
+               "at the limit: %zu of %zu events refused, %llu of them midway "
+               "(kvr_metrics.events_refused_for_memory)\n",
+               refused.size(), stores.size(),
+               static_cast<unsigned long long>(at_limit.refused_for_memory));
+  const uint64_t ok_statuses = stores.size() - refused.size();
+  if (at_limit.refused_for_memory > refused.size() || at_limit.applied < ok_statuses ||
+      at_limit.applied + at_limit.refused_for_memory > stores.size()) {
+    std::fprintf(stderr, "kvr_metrics: %llu applied, %llu refused for memory\n",
+                 static_cast<unsigned long long>(at_limit.applied),
+                 static_cast<unsigned long long>(at_limit.refused_for_memory));
+    return kMiscounted;
+  }
   consistent = consistent && IndexDigest(router) == held_digest;
   if (!consistent) return kHalfApplied;
   for (size_t w : refused) {
@@ -1280,6 +1309,11 @@ int RealLimitChild(size_t max_map_count) {
     }
   }
   if (IndexDigest(router) != total) return kNoRecovery;
+  const EventCounts after = CountsOf(router);
+  if (after.refused_for_memory != at_limit.refused_for_memory ||
+      after.applied != at_limit.applied + refused.size()) {
+    return kMiscounted;
+  }
   kvr_router_free(router);
   return refused.empty() ? kAllApplied : kSomeRefused;
 }
@@ -1304,6 +1338,7 @@ TEST(AllocationFailureTest, AtTheRealMappingLimitEventsApplyOrAreRefusedCleanly)
                         : code == kBadStatus    ? "an event ended with another status"
                         : code == kHalfApplied  ? "the index holds part of a refused event"
                         : code == kNoRecovery   ? "with mappings back, refused events did not apply"
+                        : code == kMiscounted   ? "kvr_metrics miscounts the events"
                                                 : "set-up failed";
   ASSERT_TRUE(code == kAllApplied || code == kSomeRefused)
       << "child exit " << code << ": " << meaning;
