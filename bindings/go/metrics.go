@@ -68,6 +68,13 @@ type Metrics struct {
 	// whose bookings ExpireReplicas dropped because they fell silent.
 	ReplicasLive    uint64
 	ReplicasExpired uint64
+	// What the heap refused: KV events refused memory midway (ErrResourceExhausted), each
+	// leaving its rank holding nothing (an event refused before it changed anything is not
+	// counted; in approximate mode, the router's records of its own decisions), and this
+	// router's own booking changes its replica publisher lost for want of memory (each repaired
+	// by announcing every booking again).
+	EventsRefusedForMemory    uint64
+	ReplicaChangesUnpublished uint64
 	// How long routing calls took to decide (routing and plans answered without queueing,
 	// and previews; failed calls are not measured), from the call's start to its decision,
 	// over a sample of the calls (the first, then one in 16: Count is not Decisions).
@@ -121,6 +128,9 @@ func metricsFrom(g *cMetrics) Metrics {
 		ReplicaRequestsActive:  g.ReplicaRequestsActive,
 		ReplicasLive:           g.ReplicasLive,
 		ReplicasExpired:        g.ReplicasExpired,
+
+		EventsRefusedForMemory:    g.EventsRefusedForMemory,
+		ReplicaChangesUnpublished: g.ReplicaChangesUnpublished,
 
 		DecisionLatency: latencyFrom(&g.DecisionLatencyBoundsNs, &g.DecisionLatencyLe, g.DecisionLatencyCount, g.DecisionLatencySumNs),
 	}

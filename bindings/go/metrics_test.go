@@ -83,3 +83,32 @@ func TestIngestMetricsPrometheus(t *testing.T) {
 		t.Errorf("nil Ingest: %v", err)
 	}
 }
+
+// The counts of what the heap refused (a KV event refused midway, a replica change lost) are
+// there, 0 on a router that was never short of memory, also after events and a publisher's
+// bookings, and in the Prometheus text as counters.
+func TestRefusedForMemoryCountersAreZeroWithoutARefusal(t *testing.T) {
+	r := newTestRouter(t, 2)
+	var published int
+	must(t, r.SetReplicaPublisher("a", func([]byte) { published++ }))
+	_, err := r.FindBestMatch(prompt(64, 1), &RequestOptions{Admit: true, RequestID: "m-1"})
+	must(t, err)
+	m, err := r.Metrics()
+	must(t, err)
+	if published == 0 || m.RequestsActive != 1 {
+		t.Fatalf("%d published, %d active: the booking did not go through the publisher", published, m.RequestsActive)
+	}
+	if m.EventsRefusedForMemory != 0 || m.ReplicaChangesUnpublished != 0 {
+		t.Errorf("refused for memory: %d events, %d replica changes (want 0 and 0)", m.EventsRefusedForMemory, m.ReplicaChangesUnpublished)
+	}
+	text, err := r.MetricsPrometheus()
+	must(t, err)
+	for _, want := range []string{"# TYPE kvrouter_events_refused_for_memory_total counter\n",
+		"\nkvrouter_events_refused_for_memory_total 0\n",
+		"# TYPE kvrouter_replica_changes_unpublished_total counter\n",
+		"\nkvrouter_replica_changes_unpublished_total 0\n"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in\n%s", want, text)
+		}
+	}
+}
