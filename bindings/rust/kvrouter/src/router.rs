@@ -388,6 +388,13 @@ pub struct Metrics {
     pub replicas_live: u64,
     /// Replicas whose bookings [`RouterRef::expire_replicas`] dropped because they fell silent.
     pub replicas_expired: u64,
+    /// KV events the heap refused memory to midway (`ResourceExhausted`), each leaving its rank
+    /// holding nothing; an event refused before it changed anything is not counted (in
+    /// approximate mode: the router's records of its own decisions).
+    pub events_refused_for_memory: u64,
+    /// This router's own booking changes its replica publisher lost for want of memory (the
+    /// booking stands; each loss is repaired by announcing every booking again).
+    pub replica_changes_unpublished: u64,
     /// How long routing calls took to decide.
     pub decision_latency: DecisionLatency,
 }
@@ -461,6 +468,8 @@ impl From<sys::kvr_metrics> for Metrics {
             replica_requests_active: m.replica_requests_active,
             replicas_live: m.replicas_live,
             replicas_expired: m.replicas_expired,
+            events_refused_for_memory: m.events_refused_for_memory,
+            replica_changes_unpublished: m.replica_changes_unpublished,
             decision_latency: DecisionLatency {
                 bounds_ns: m.decision_latency_bounds_ns,
                 le: m.decision_latency_le,

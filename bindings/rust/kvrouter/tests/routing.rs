@@ -368,6 +368,18 @@ fn metrics_count_events_workers_and_decisions() {
     // and 2, blocks 3-4 by worker 1 only (plus any root).
     assert!(m.index_nodes >= 2, "{m:?}");
     assert!(m.index_bytes > 0);
+    // Nothing was refused memory; the Prometheus text counts both all the same.
+    assert_eq!(m.events_refused_for_memory, 0);
+    assert_eq!(m.replica_changes_unpublished, 0);
+    let text = router.metrics_prometheus().unwrap();
+    for line in [
+        "# TYPE kvrouter_events_refused_for_memory_total counter\n",
+        "\nkvrouter_events_refused_for_memory_total 0\n",
+        "# TYPE kvrouter_replica_changes_unpublished_total counter\n",
+        "\nkvrouter_replica_changes_unpublished_total 0\n",
+    ] {
+        assert!(text.contains(line), "no {line:?} in\n{text}");
+    }
 }
 
 #[test]
