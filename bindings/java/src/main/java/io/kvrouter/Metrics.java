@@ -91,6 +91,24 @@ public final class Metrics {
     return a[Abi.Metrics.REPLICAS_EXPIRED];
   }
 
+  /**
+   * KV events the heap refused memory to midway (a {@link KvRouterException} with {@code
+   * RESOURCE_EXHAUSTED}), each leaving its rank holding nothing; an event refused before it
+   * changed anything is not counted (in approximate mode: the router's records of its own
+   * decisions).
+   */
+  public long eventsRefusedForMemory() {
+    return a[Abi.Metrics.EVENTS_REFUSED_FOR_MEMORY];
+  }
+
+  /**
+   * This router's own booking changes its replica publisher lost for want of memory (the booking
+   * stands; each loss is repaired by announcing every booking again).
+   */
+  public long replicaChangesUnpublished() {
+    return a[Abi.Metrics.REPLICA_CHANGES_UNPUBLISHED];
+  }
+
   /** The number of buckets of the decision-latency histogram ({@code KVR_DECISION_LATENCY_BUCKETS}). */
   public static final int DECISION_LATENCY_BUCKETS = Abi.DECISION_LATENCY_BUCKETS;
 

@@ -476,6 +476,9 @@ class AbiTest {
       assertEquals(3, m.workers());
       assertEquals(0, m.indexBlocks());
       assertEquals(0, m.replicaChangesApplied());
+      // Rejected events are not refusals for memory; nothing was refused memory here.
+      assertEquals(0, m.eventsRefusedForMemory());
+      assertEquals(0, m.replicaChangesUnpublished());
     }
   }
 

@@ -223,6 +223,19 @@ public final class KvRouterMetrics implements MeterBinder {
         "Other router replicas whose bookings were dropped here because they fell silent.",
         Tags.empty(),
         Metrics::replicasExpired);
+    counter(
+        registry,
+        "kvrouter.events.refused.for.memory",
+        "KV events the heap refused memory to midway; each left its worker rank holding nothing.",
+        Tags.empty(),
+        Metrics::eventsRefusedForMemory);
+    counter(
+        registry,
+        "kvrouter.replica.changes.unpublished",
+        "Own booking changes the replica publisher lost for want of memory (each repaired by "
+            + "announcing every booking again).",
+        Tags.empty(),
+        Metrics::replicaChangesUnpublished);
     bindDecisionLatency(registry);
   }
 

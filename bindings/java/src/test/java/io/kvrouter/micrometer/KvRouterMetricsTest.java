@@ -78,6 +78,8 @@ class KvRouterMetricsTest {
               registry, "kvrouter.kv.events", "kind", "stored", "outcome", "parent_block_not_found"));
       assertEquals(2.0, gauge(registry, "kvrouter.index.blocks"));
       assertTrue(gauge(registry, "kvrouter.index.bytes") > 0);
+      assertEquals(0.0, counter(registry, "kvrouter.events.refused.for.memory"));
+      assertEquals(0.0, counter(registry, "kvrouter.replica.changes.unpublished"));
 
       assertEquals(2, router.findBestMatch(prompt, RequestOptions.admit("r1")).workerId());
       router.findBestMatch(prompt, RequestOptions.admit("r2"));
