@@ -300,6 +300,30 @@ def test_metrics_prometheus_and_digest(router):
     assert router.state_digest() != d
 
 
+def test_refused_for_memory_counters_are_zero_without_a_refusal(router):
+    # What the heap refused (kvr_metrics' last fields): 0 on a router never short of memory,
+    # also after events, a rejected one and a booking published to a replica bus.
+    sent = []
+    router.set_replica_publisher("gw-a", sent.append)
+    store(router, 1, prompt(5, 2))
+    with pytest.raises(kvrouter.KvRouterError):
+        router.apply_stored(StoredEvent(worker_id=1, parent_hash=999, block_hashes=[7],
+                                        token_ids=prompt(9, 1)))
+    router.find_best_match(prompt(5, 2), request_id="booked")
+    assert len(sent) > 2  # the announcement, then the booking
+    m = router.metrics()
+    assert (m.events_refused_for_memory, m.replica_changes_unpublished) == (0, 0)
+    assert "events_refused_for_memory" in m.__match_args__
+    assert "replica_changes_unpublished" in m.__match_args__
+    text = router.metrics_prometheus()
+    for line in ("# TYPE kvrouter_events_refused_for_memory_total counter\n",
+                 "\nkvrouter_events_refused_for_memory_total 0\n",
+                 "# TYPE kvrouter_replica_changes_unpublished_total counter\n",
+                 "\nkvrouter_replica_changes_unpublished_total 0\n"):
+        assert line in text
+    router.set_replica_publisher("gw-a", None)
+
+
 def test_index_digest_is_the_blocks_alone(router):
     # Replicas compare index digests: two routers holding the same blocks agree, and a
     # booking moves the state digest but not the index digest.
