@@ -68,9 +68,9 @@ type Metrics struct {
 	// whose bookings ExpireReplicas dropped because they fell silent.
 	ReplicasLive    uint64
 	ReplicasExpired uint64
-	// What the heap refused: KV events refused memory midway (ErrResourceExhausted), each
-	// leaving its rank holding nothing (an event refused before it changed anything is not
-	// counted; in approximate mode, the router's records of its own decisions), and this
+	// What the heap refused: KV events the index could not apply for want of memory
+	// (ErrResourceExhausted), before they changed anything or midway, the rank then left
+	// holding nothing (0 in approximate mode, which takes no events), and this
 	// router's own booking changes its replica publisher lost for want of memory (each repaired
 	// by announcing every booking again).
 	EventsRefusedForMemory    uint64

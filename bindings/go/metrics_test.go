@@ -84,7 +84,7 @@ func TestIngestMetricsPrometheus(t *testing.T) {
 	}
 }
 
-// The counts of what the heap refused (a KV event refused midway, a replica change lost) are
+// The counts of what the heap refused (a KV event the index could not apply, a replica change lost) are
 // there, 0 on a router that was never short of memory, also after events and a publisher's
 // bookings, and in the Prometheus text as counters.
 func TestRefusedForMemoryCountersAreZeroWithoutARefusal(t *testing.T) {

@@ -32,7 +32,7 @@ kvr_metrics Collect(const kvr_router& router) {
   m.replica_requests_active = replicas.active_requests;
   m.replicas_live = replicas.live;
   m.replicas_expired = replicas.expired;
-  m.events_refused_for_memory = index.refused_events;
+  m.events_refused_for_memory = counters.events_refused_for_memory;
   m.replica_changes_unpublished = replicas.changes_unpublished;
   const kvrouter::LatencyHistogram::Snapshot latency = router.router->decision_latency();
   static_assert(kvrouter::LatencyHistogram::kBuckets == KVR_DECISION_LATENCY_BUCKETS);
@@ -80,8 +80,8 @@ std::string RenderPrometheus(const kvr_router& router) {
               "Event batches that failed verification; nothing of them was applied.",
               m.event_batches_rejected);
   text.Scalar("kvrouter_events_refused_for_memory_total", "counter",
-              "KV events the heap refused memory to midway; each left its worker rank holding "
-              "nothing.",
+              "KV events the index could not apply for want of memory (a rank refused midway "
+              "is left holding nothing).",
               m.events_refused_for_memory);
   text.Scalar("kvrouter_decisions_total", "counter",
               "Routing calls that picked a worker (routes and plans; not previews).", m.decisions);

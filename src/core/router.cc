@@ -191,7 +191,12 @@ absl::StatusOr<ApplyResult> Router::ApplyEvent(const KvEvent& event) {
     return absl::FailedPreconditionError(
         "the router runs in approximate mode (use_kv_events = false) and takes no KV events");
   }
-  return index_->Apply(event);
+  try {
+    return index_->Apply(event);
+  } catch (const std::bad_alloc&) {  // before the event changed anything, or midway
+    events_refused_for_memory_.fetch_add(1, std::memory_order_relaxed);
+    throw;
+  }
 }
 
 absl::Status EventStatus(const ApplyResult& result) {
@@ -251,7 +256,8 @@ void Router::CountRejectedBatch() {
 
 Router::Counters Router::counters() const {
   return {.decisions = decisions_.load(std::memory_order_relaxed),
-          .event_batches_rejected = event_batches_rejected_.load(std::memory_order_relaxed)};
+          .event_batches_rejected = event_batches_rejected_.load(std::memory_order_relaxed),
+          .events_refused_for_memory = events_refused_for_memory_.load(std::memory_order_relaxed)};
 }
 
 kvrouter::IndexStats Router::IndexStats() const {

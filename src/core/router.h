@@ -400,6 +400,9 @@ class Router {
     // an idempotent Plan counts again); not previews.
     uint64_t decisions = 0;
     uint64_t event_batches_rejected = 0;  // CountRejectedBatch
+    // KV events ApplyEvent could not apply for want of memory (std::bad_alloc from the index:
+    // refused before the event changed anything, or midway, its rank then cleared).
+    uint64_t events_refused_for_memory = 0;
   };
   Counters counters() const;
   // How long routing calls took from their start (hashing included) to their decision, on
@@ -548,6 +551,7 @@ class Router {
   // counters(): outside the gate.
   std::atomic<uint64_t> decisions_{0};
   std::atomic<uint64_t> event_batches_rejected_{0};
+  std::atomic<uint64_t> events_refused_for_memory_{0};
   LatencyHistogram decision_latency_;
   // Calls left until the next one is timed (1: the next one).
   std::atomic<uint32_t> calls_until_timed_{1};

@@ -1203,7 +1203,7 @@ enum ChildExit : int {
   kMiscounted = 24,      // kvr_metrics' event counts disagree with the statuses
 };
 
-// The router's counts of stored events applied and refused midway (kvr_metrics).
+// The router's counts of stored events applied and refused for memory (kvr_metrics).
 struct EventCounts {
   uint64_t applied = 0, refused_for_memory = 0;
 };
@@ -1281,13 +1281,13 @@ int RealLimitChild(size_t max_map_count) {
     }
     if (held == 1) held_digest += share[w];
   }
-  // kvr_metrics counts an event refused midway (its rank left holding nothing) in
-  // events_refused_for_memory, one refused before it changed anything nowhere, and one applied
-  // whole (whatever its status) as applied: never one event twice, never more refused than
+  // kvr_metrics counts an event the index refused (before it changed anything, or midway) in
+  // events_refused_for_memory, and one applied whole (whatever its status: the C ABI may be
+  // refused its status after) as applied: never one event twice, never more refused than
   // statuses said so, and not one more once memory is back.
   const EventCounts at_limit = CountsOf(router);
   std::fprintf(stderr,
-               "at the limit: %zu of %zu events refused, %llu of them midway "
+               "at the limit: %zu of %zu events refused, %llu of them by the index "
                "(kvr_metrics.events_refused_for_memory)\n",
                refused.size(), stores.size(),
                static_cast<unsigned long long>(at_limit.refused_for_memory));

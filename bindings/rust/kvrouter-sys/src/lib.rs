@@ -604,13 +604,12 @@ pub struct kvr_metrics {
     /// because they fell silent.
     pub replicas_live: u64,
     pub replicas_expired: u64,
-    /// Appended in 0.2.0: what the heap refused. KV events refused memory midway, each leaving its
-    /// rank holding nothing (kvr_router_apply_* returned KVR_RESOURCE_EXHAUSTED; an ingest source
-    /// flags the rank state_unknown); an event refused before it changed anything is not counted.
-    /// In approximate mode, which has no events, the router's records of its own decisions refused
-    /// so. And this router's own booking changes its replica publisher lost for want of memory (the
-    /// booking stands; each loss is repaired by announcing every booking again once a later change
-    /// or heartbeat gets through).
+    /// Appended in 0.2.0: what the heap refused. KV events the index could not apply for want of
+    /// memory, refused before they changed anything or midway (their rank then left holding
+    /// nothing; kvr_router_apply_* returned KVR_RESOURCE_EXHAUSTED, an ingest source flags the rank
+    /// state_unknown); 0 in approximate mode, which takes no events. And this router's own booking
+    /// changes its replica publisher lost for want of memory (the booking stands; each loss is
+    /// repaired by announcing every booking again once a later change or heartbeat gets through).
     pub events_refused_for_memory: u64,
     pub replica_changes_unpublished: u64,
 }

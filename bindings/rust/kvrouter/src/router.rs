@@ -388,9 +388,9 @@ pub struct Metrics {
     pub replicas_live: u64,
     /// Replicas whose bookings [`RouterRef::expire_replicas`] dropped because they fell silent.
     pub replicas_expired: u64,
-    /// KV events the heap refused memory to midway (`ResourceExhausted`), each leaving its rank
-    /// holding nothing; an event refused before it changed anything is not counted (in
-    /// approximate mode: the router's records of its own decisions).
+    /// KV events the index could not apply for want of memory (`ResourceExhausted`), before
+    /// they changed anything or midway, the rank then left holding nothing; 0 in approximate
+    /// mode, which takes no events.
     pub events_refused_for_memory: u64,
     /// This router's own booking changes its replica publisher lost for want of memory (the
     /// booking stands; each loss is repaired by announcing every booking again).

@@ -92,10 +92,9 @@ public final class Metrics {
   }
 
   /**
-   * KV events the heap refused memory to midway (a {@link KvRouterException} with {@code
-   * RESOURCE_EXHAUSTED}), each leaving its rank holding nothing; an event refused before it
-   * changed anything is not counted (in approximate mode: the router's records of its own
-   * decisions).
+   * KV events the index could not apply for want of memory (a {@link KvRouterException} with
+   * {@code RESOURCE_EXHAUSTED}), before they changed anything or midway, the rank then left
+   * holding nothing; 0 in approximate mode, which takes no events.
    */
   public long eventsRefusedForMemory() {
     return a[Abi.Metrics.EVENTS_REFUSED_FOR_MEMORY];

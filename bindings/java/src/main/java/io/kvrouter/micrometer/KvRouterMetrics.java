@@ -226,7 +226,8 @@ public final class KvRouterMetrics implements MeterBinder {
     counter(
         registry,
         "kvrouter.events.refused.for.memory",
-        "KV events the heap refused memory to midway; each left its worker rank holding nothing.",
+        "KV events the index could not apply for want of memory (a rank refused midway is left"
+            + " holding nothing).",
         Tags.empty(),
         Metrics::eventsRefusedForMemory);
     counter(
