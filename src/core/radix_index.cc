@@ -429,12 +429,12 @@ class RadixIndex::Impl {
     return held;
   }
 
-  std::vector<uint64_t> PathTo(WorkerKey worker, uint64_t engine_hash) const {
+  void PathTo(WorkerKey worker, uint64_t engine_hash, std::vector<uint64_t>& path) const {
     std::shared_lock lock(mu_);
-    std::vector<uint64_t> path;
+    path.clear();
     const PositionTable* blocks = BlocksOf(worker);
     const uint64_t entry = blocks ? blocks->Get(engine_hash) : 0;
-    if (entry == 0) return path;
+    if (entry == 0) return;
     Position p = Resolve(EntryPosition(entry));
     for (NodeId node = p.node; node != kRoot; node = nodes_[node].parent) {
       const uint64_t* hashes = Hashes(nodes_[node]);
@@ -442,7 +442,6 @@ class RadixIndex::Impl {
       for (uint32_t k = end; k-- > 0;) path.push_back(hashes[k]);
     }
     std::reverse(path.begin(), path.end());
-    return path;
   }
 
   // Drops the deepest blocks of a path the worker holds, as long as nothing else it holds
@@ -462,7 +461,10 @@ class RadixIndex::Impl {
       NodeId node;
       uint32_t from, to;  // the node's blocks [from, to) go
     };
-    absl::InlinedVector<Cut, 8> cuts;
+    // At most kMaxCuts runs a call, so that the cuts never go to the heap: approximate mode's
+    // expiry must be able to give memory back when the heap refuses more.
+    constexpr size_t kMaxCuts = 32;
+    absl::InlinedVector<Cut, kMaxCuts> cuts;
     NodeId below = kNoNode;  // the path's node under p's, once the walk has left one
     bool finished = false;
     size_t count = 0;
@@ -477,8 +479,10 @@ class RadixIndex::Impl {
         finished = true;
         break;
       }
-      if (cuts.empty() || cuts.back().node != p.node)
+      if (cuts.empty() || cuts.back().node != p.node) {
+        if (cuts.size() == kMaxCuts) break;  // not finished: the caller resumes from here
         cuts.push_back({p.node, p.offset, p.offset + 1});
+      }
       cuts.back().from = p.offset;
       ++count;
       if (count == path.size()) {
@@ -1756,7 +1760,12 @@ size_t RadixIndex::HeldPrefix(WorkerKey worker, std::span<const uint64_t> engine
   return Shard(worker.worker_id).HeldPrefix(worker, engine_hashes);
 }
 std::vector<uint64_t> RadixIndex::PathTo(WorkerKey worker, uint64_t engine_hash) const {
-  return Shard(worker.worker_id).PathTo(worker, engine_hash);
+  std::vector<uint64_t> path;
+  Shard(worker.worker_id).PathTo(worker, engine_hash, path);
+  return path;
+}
+void RadixIndex::PathTo(WorkerKey worker, uint64_t engine_hash, std::vector<uint64_t>& path) const {
+  Shard(worker.worker_id).PathTo(worker, engine_hash, path);
 }
 RadixIndex::TailDrop RadixIndex::DropPathTail(WorkerKey worker,
                                               std::span<const uint64_t> engine_hashes, size_t limit,

@@ -179,12 +179,16 @@ class RadixIndex {
   // The local hashes of the path from the root to the worker's block `engine_hash`, root
   // first; empty if the worker does not hold it.
   std::vector<uint64_t> PathTo(WorkerKey worker, uint64_t engine_hash) const;
+  // The same into `path` (cleared first), which goes to the heap only if its capacity is short.
+  void PathTo(WorkerKey worker, uint64_t engine_hash, std::vector<uint64_t>& path) const;
   // Approximate mode's eviction. `engine_hashes` is a path the worker holds, root first (a
   // chain, as PathTo's local hashes give it): drops up to `limit` of its deepest blocks,
   // deepest first, stopping before a block that is still in use: one for which `keep` is
   // true, or below which the worker holds a block off the path. `finished`: it stopped for
   // good (a block in use, the whole path dropped, or a path the worker does not hold) rather
-  // than at the limit; otherwise the caller resumes with the path minus the dropped blocks.
+  // than at the limit, or after 32 runs (tree nodes) of the path; otherwise the caller resumes
+  // with the path minus the dropped blocks. The only allocations it needs are the splits of a
+  // run it drops part of (a refusal there clears the rank, as for Apply).
   struct TailDrop {
     size_t dropped = 0;
     bool finished = false;
