@@ -16,6 +16,27 @@
 // The sequence hashes must be the chain of the local hashes (ComputeSequenceHashes): blocks
 // are taken apart along paths rebuilt from the tree's local hashes.
 //
+// Running out of memory (the heap refuses an allocation, std::bad_alloc): every block the
+// index holds stays on the path of a live decision, which expires it in time; nothing tracked
+// is ever left behind to match forever.
+// - RecordRoutingDecision records the decision whole, or throws std::bad_alloc having recorded
+//   nothing: the refusal came before the index changed (nothing changed), or in the store of
+//   the prompt's new blocks, which then leaves that worker holding nothing (RadixIndex::Apply;
+//   counted in IndexStats::refused_events): understated, never a block without a decision.
+//   Either way the index stays consistent and takes later decisions normally. Expiry and
+//   pruning run before and after it (see below), so blocks that were due may be gone. (If
+//   the heap refuses only the decision's entry in its worker's table of endpoints, once the
+//   blocks are stored, the decision is recorded without it: an earlier decision ending at the
+//   same block then stays too, and an earlier decision's expiry may drop blocks this one
+//   still covers. Understated, never left behind.)
+// - Expiry and pruning (in RecordRoutingDecision, FindMatches and ExpireDue) never throw and
+//   allocate nothing of their own: what taking a decision apart needs is reserved when it is
+//   recorded. The index may need to split a run to drop part of it; if the heap refuses that,
+//   the decision's worker is left holding nothing (RadixIndex::DropPathTail, counted) and the
+//   rest goes on. So memory can always be reclaimed, however short the heap is.
+// - FindMatches throws only from its lookup, which changes nothing; RemoveWorker and
+//   RemoveWorkerDpRank throw only before they change anything.
+//
 // Thread-safety: internally synchronised; every method may be called from any thread.
 // Lookups share the index's reader lock; recording and expiry serialise on a writer mutex.
 #pragma once
@@ -23,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/clock.h"
@@ -71,6 +93,11 @@ class ApproxIndex {
 
   ApproxIndexStats Stats() const;
   const RadixIndex& index() const;
+
+  // Checks the index's invariants (RadixIndex::CheckInvariants), the decisions' own, and that
+  // every block a worker holds is on the path of one of its live decisions (so it will
+  // expire): "" when all hold, else the first broken one. For tests; walks everything.
+  std::string CheckInvariants() const;
 
  private:
   class Impl;

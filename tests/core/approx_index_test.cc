@@ -448,5 +448,33 @@ TEST(ApproxIndexTest, RemovedWorkerRecordedAgainKeepsItsNewTtl) {
   EXPECT_EQ(Depth(index, p, kW0), -1);
 }
 
+// A decision whose path others' prompts split into many runs is still taken apart whole: the
+// index drops at most 32 runs a call (so that expiry needs nothing from the heap) and the
+// decision resumes where that stopped.
+TEST(ApproxIndexTest, APathSplitIntoManyRunsExpiresWhole) {
+  ManualClock clock;
+  ApproxIndex index(Options(), clock);
+  const Prompt stem = MakePrompt(80, 0, 0);
+  index.RecordRoutingDecision(kW0, stem.local, stem.seq);
+  clock.AdvanceSeconds(1);
+  for (uint32_t at = 2; at <= 70; at += 2) {
+    const Prompt branch = MakePrompt(at, 2, at);
+    index.RecordRoutingDecision(kW1, branch.local, branch.seq);
+  }
+  EXPECT_EQ(index.Stats().index.nodes, 72u);  // the root, the stem in 36 runs, 35 branches
+  EXPECT_EQ(index.CheckInvariants(), "");
+
+  clock.AdvanceSeconds(119.5);  // W0's decision is due, W1's are not
+  EXPECT_EQ(index.ExpireDue(), 80u);
+  EXPECT_EQ(index.index().TreeSize(kW0), 0u);
+  EXPECT_EQ(index.index().TreeSize(kW1), 140u);
+  EXPECT_EQ(index.CheckInvariants(), "");
+
+  clock.AdvanceSeconds(1);
+  EXPECT_EQ(index.ExpireDue(), 140u);
+  EXPECT_EQ(index.Stats().index.tree_blocks, 0u);
+  EXPECT_EQ(index.CheckInvariants(), "");
+}
+
 }  // namespace
 }  // namespace kvrouter
