@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "core/active_sequences.h"
+#include "core/approx_index.h"
 #include "core/clock.h"
 #include "core/counting_allocator.h"
 #include "core/hashing.h"
@@ -1344,6 +1345,243 @@ TEST(AllocationFailureTest, AtTheRealMappingLimitEventsApplyOrAreRefusedCleanly)
       << "child exit " << code << ": " << meaning;
   std::printf("at the limit: %s\n", code == kAllApplied ? "every event applied (the heap stood in)"
                                                         : "some events refused cleanly");
+}
+
+// ---- Approximate mode --------------------------------------------------------------------------
+
+// Approximate mode records each routing decision as stored blocks and expires them per
+// decision (ApproxIndex). Whatever allocation is refused, every block the index holds must stay
+// on the path of a live decision, or it would match forever: the key check is that once the
+// clock passes every TTL, ExpireDue empties the index. A decision records whole, or throws with
+// nothing recorded (its worker left holding nothing if the store was refused midway); expiry,
+// pruning and removals never leave a block behind.
+struct ApproxStep {
+  enum Kind { kRecord, kFindMatches, kExpireDue, kRemoveWorker, kRemoveRank };
+  std::string what;
+  Kind kind;
+  double at_seconds;  // the clock is set to this first
+  WorkerKey worker{};
+  size_t prompt = 0;  // in ApproxHistory::prompts (kRecord, kFindMatches)
+};
+
+struct ApproxHistory {
+  std::vector<Prompt> prompts;
+  std::vector<ApproxStep> steps;
+};
+
+constexpr WorkerKey kApproxA{1, 0}, kApproxB{2, 0}, kApproxC{3, 1};
+
+ApproxIndexOptions ApproxOptions() {
+  return ApproxIndexOptions{
+      .block_size = 4, .ttl_seconds = 10, .max_blocks = 280, .prune_target_ratio = 0.75};
+}
+
+// Overlapping prompts on three workers; a branch every two blocks off one prompt, so that
+// its path crosses more runs than the index drops in one call when it is taken apart; a prompt
+// recorded again, superseding its earlier decision; expiry through FindMatches and ExpireDue; a
+// decision over the budget (a prune); a rank's and a worker's removal.
+ApproxHistory MakeApproxHistory() {
+  Rng rng(0xa9910c);
+  ApproxHistory h;
+  auto& p = h.prompts;
+  const Prompt p0 = MakePrompt(Fresh(rng, 80));
+  p.push_back(p0);  // 0
+  p.push_back(MakePrompt(Concat({p0.local.begin(), p0.local.begin() + 12}, Fresh(rng, 10))));
+  p.push_back(MakePrompt(Fresh(rng, 20)));  // 2
+  p.push_back(MakePrompt(Concat({p0.local.begin(), p0.local.begin() + 5}, Fresh(rng, 6))));
+  p.push_back(MakePrompt(Fresh(rng, 50)));  // 4
+  p.push_back(MakePrompt(Concat({p[2].local.begin(), p[2].local.begin() + 10}, Fresh(rng, 5))));
+  p.push_back(MakePrompt(Fresh(rng, 8)));  // 6: the decision after the refusal
+  const size_t first_branch = p.size();
+  for (size_t at = 2; at <= 70; at += 2) {
+    p.push_back(MakePrompt(Concat({p0.local.begin(), p0.local.begin() + at}, Fresh(rng, 2))));
+  }
+  using S = ApproxStep;
+  auto& s = h.steps;
+  s.push_back({"A records p0", S::kRecord, 0, kApproxA, 0});
+  s.push_back({"B records p1 (p0's first 12 blocks, then its own)", S::kRecord, 0, kApproxB, 1});
+  s.push_back({"A records p1 (stores the 10 blocks it lacks)", S::kRecord, 0, kApproxA, 1});
+  for (size_t b = first_branch; b < p.size(); ++b) {
+    s.push_back({"B records a branch off p0 after " + std::to_string(p[b].local.size() - 2) +
+                     " blocks (a split)",
+                 S::kRecord, 1, kApproxB, b});
+  }
+  s.push_back({"C records p2", S::kRecord, 2, kApproxC, 2});
+  s.push_back({"A records p0 again (supersedes its first decision)", S::kRecord, 3, kApproxA, 0});
+  s.push_back({"A records p3 (a branch off p0)", S::kRecord, 3, kApproxA, 3});
+  s.push_back({"FindMatches past the first TTLs (expires A's and B's p1)", S::kFindMatches, 10.5,
+               kApproxA, 0});
+  s.push_back({"C records p5 (p2's first 10 blocks)", S::kRecord, 10.5, kApproxC, 5});
+  s.push_back({"B records p4 (over the budget: a prune)", S::kRecord, 10.5, kApproxB, 4});
+  s.push_back({"ExpireDue past the branches' TTL", S::kExpireDue, 11.5});
+  s.push_back({"rank C is removed", S::kRemoveRank, 11.5, kApproxC});
+  s.push_back({"A records p2 (C's prompt)", S::kRecord, 11.5, kApproxA, 2});
+  s.push_back({"worker B is removed", S::kRemoveWorker, 12, kApproxB});
+  s.push_back(
+      {"ExpireDue past A's p0 (its path crosses the branches' splits)", S::kExpireDue, 13.5});
+  s.push_back({"A records p1 again", S::kRecord, 13.5, kApproxA, 1});
+  return h;
+}
+
+void DoApprox(ApproxIndex& approx, ManualClock& clock, const ApproxHistory& h, size_t k) {
+  const ApproxStep& step = h.steps[k];
+  clock.Set(SecondsToNanos(step.at_seconds));
+  const Prompt& prompt = h.prompts[step.prompt];
+  switch (step.kind) {
+    case ApproxStep::kRecord:
+      approx.RecordRoutingDecision(step.worker, prompt.local, prompt.seq);
+      return;
+    case ApproxStep::kFindMatches: {
+      std::vector<WorkerMatch> out;
+      approx.FindMatches(prompt.local, out);
+      return;
+    }
+    case ApproxStep::kExpireDue:
+      (void)approx.ExpireDue();
+      return;
+    case ApproxStep::kRemoveWorker:
+      (void)approx.RemoveWorker(step.worker.worker_id);
+      return;
+    case ApproxStep::kRemoveRank:
+      (void)approx.RemoveWorkerDpRank(step.worker);
+      return;
+  }
+}
+
+// What the index answers for every prompt, leaving out one worker if `except` is given (the
+// index's own lookups: ApproxIndex::FindMatches would expire).
+std::string ObserveApprox(const ApproxIndex& approx, const ApproxHistory& h,
+                          std::optional<WorkerKey> except = std::nullopt) {
+  std::string out;
+  for (const Prompt& p : h.prompts) {
+    std::vector<WorkerMatch> matches = approx.index().FindMatches(p.local);
+    std::erase_if(matches, [&](const WorkerMatch& m) { return except && m.worker == *except; });
+    out += MatchesToString(std::move(matches)) + "|";
+  }
+  return out;
+}
+
+// "" when the approximate index is consistent: its invariants (the radix index's among them)
+// and its stats.
+std::string CheckApprox(const ApproxIndex& approx) {
+  if (std::string broken = approx.CheckInvariants(); !broken.empty()) return broken;
+  const ApproxIndexStats stats = approx.Stats();
+  if (stats.tracked_blocks != stats.index.cached_blocks ||
+      stats.tracked_blocks != approx.index().CachedBlocks()) {
+    return "Stats: " + std::to_string(stats.tracked_blocks) + " tracked blocks, the index " +
+           std::to_string(stats.index.cached_blocks);
+  }
+  if (stats.tracked_blocks > 0 && stats.decisions == 0) return "Stats: blocks without decisions";
+  return "";
+}
+
+// What the step the refusal came in may have left. A decision that returned is recorded whole
+// (or, if a prune after it had a split refused, its worker holds nothing); one that threw
+// recorded nothing (or left its worker holding nothing); a removal that threw changed nothing;
+// expiry never throws.
+std::string CheckStep(const ApproxIndex& approx, const ApproxHistory& h, const ApproxStep& step,
+                      bool threw, const std::string& before, const std::string& before_except) {
+  const auto cleared = [&] {
+    return approx.index().TreeSize(step.worker) == 0 &&
+           ObserveApprox(approx, h, step.worker) == before_except;
+  };
+  switch (step.kind) {
+    case ApproxStep::kRecord: {
+      if (threw) {
+        if (ObserveApprox(approx, h) == before || cleared()) return "";
+        return "a decision that threw changed the index";
+      }
+      const Prompt& p = h.prompts[step.prompt];
+      for (const WorkerMatch& m : approx.index().FindMatches(p.local)) {
+        if (m.worker == step.worker && m.device_blocks == p.local.size()) return "";
+      }
+      if (approx.index().TreeSize(step.worker) == 0) return "";
+      return "a decision that returned is not recorded whole";
+    }
+    case ApproxStep::kRemoveWorker:
+    case ApproxStep::kRemoveRank:
+      if (threw && ObserveApprox(approx, h) != before) return "a removal that threw changed things";
+      return "";
+    case ApproxStep::kExpireDue:
+      return threw ? "ExpireDue threw" : "";
+    case ApproxStep::kFindMatches:
+      return "";  // may throw from its lookup, which changes nothing
+  }
+  return "";
+}
+
+// The history with its n-th allocation refused: after the step it came in, the index is
+// consistent and every block on a live decision's path; the rest of the history and a later
+// decision run normally; past every TTL, ExpireDue empties the index.
+void ApproxRun(const ApproxHistory& h, uint64_t n, int fd) {
+  auto fail = [&](const std::string& problem) { Report(fd, "P" + problem); };
+  ManualClock clock;
+  ApproxIndex approx(ApproxOptions(), clock);
+  std::string before, before_except;
+  bool threw = false;
+  const size_t i = RunArmed(n, h.steps.size(), fd, [&](size_t k) {
+    const uint64_t left = FailAllocationForTesting(0);  // the observation's are not the step's
+    before = ObserveApprox(approx, h);
+    before_except = ObserveApprox(approx, h, h.steps[k].worker);
+    FailAllocationForTesting(left);
+    threw = false;
+    try {
+      DoApprox(approx, clock, h, k);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+      throw;
+    }
+  });
+  if (i == h.steps.size()) return;
+  if (std::string broken = CheckApprox(approx); !broken.empty()) return fail(broken);
+  if (std::string wrong = CheckStep(approx, h, h.steps[i], threw, before, before_except);
+      !wrong.empty()) {
+    return fail(wrong);
+  }
+  for (size_t k = i + 1; k < h.steps.size(); ++k) DoApprox(approx, clock, h, k);
+  if (std::string broken = CheckApprox(approx); !broken.empty())
+    return fail("at the end, " + broken);
+  // A later decision records normally.
+  const Prompt& later = h.prompts[6];
+  approx.RecordRoutingDecision(kApproxA, later.local, later.seq);
+  bool recorded = false;
+  for (const WorkerMatch& m : approx.index().FindMatches(later.local)) {
+    recorded = recorded || (m.worker == kApproxA && m.device_blocks == later.local.size());
+  }
+  if (!recorded) return fail("a later decision is not recorded");
+  // Past every TTL nothing is left: no block was left without a decision to expire it.
+  clock.Advance(SecondsToNanos(ApproxOptions().ttl_seconds + 1));
+  approx.ExpireDue();
+  const ApproxIndexStats stats = approx.Stats();
+  if (stats.tracked_blocks != 0 || stats.index.tree_blocks != 0 || stats.decisions != 0) {
+    return fail("past every TTL, ExpireDue leaves " + std::to_string(stats.tracked_blocks) +
+                " blocks (" + std::to_string(stats.index.tree_blocks) + " in the tree) and " +
+                std::to_string(stats.decisions) + " decisions");
+  }
+  if (std::string broken = CheckApprox(approx); !broken.empty()) return fail("emptied, " + broken);
+  for (WorkerKey w : approx.index().Workers()) approx.RemoveWorkerDpRank(w);
+  if (const int64_t bytes = approx.Stats().index.allocated_bytes;
+      bytes != RadixIndex().Stats().allocated_bytes) {
+    return fail("every worker removed, the index holds " + std::to_string(bytes) + " bytes");
+  }
+}
+
+TEST(AllocationFailureTest, ApproximateModeLeavesNoBlockWithoutADecision) {
+  const ApproxHistory h = MakeApproxHistory();
+  {
+    ManualClock clock;  // the history itself, nothing refused
+    ApproxIndex approx(ApproxOptions(), clock);
+    for (size_t k = 0; k < h.steps.size(); ++k) {
+      DoApprox(approx, clock, h, k);
+      ASSERT_EQ(CheckApprox(approx), "") << "after " << h.steps[k].what;
+    }
+    EXPECT_GT(approx.Stats().pruned_blocks, 0u);
+    EXPECT_GT(approx.Stats().expired_blocks, 0u);
+  }
+  std::vector<std::string> ops;
+  for (const ApproxStep& step : h.steps) ops.push_back(step.what);
+  Sweep(
+      ops, [&](uint64_t n, int fd) { ApproxRun(h, n, fd); }, 500);
 }
 
 }  // namespace
