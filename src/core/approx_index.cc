@@ -389,9 +389,9 @@ class ApproxIndex::Impl {
 
   // Prunes toward the target, at most `limit` blocks now. A prune to 80 % of a large budget is
   // hundreds of thousands of removals; done at once it would stall the routing decision that
-  // triggered it, so it is spread over the next decisions. Each decision prunes twice what it
-  // records, so the index still shrinks to the target and never grows past the budget by
-  // more than one prompt.
+  // triggered it, so it is spread over the next decisions. Each decision prunes a quarter
+  // more than it records (DropStep), so the index still shrinks to the target and never grows
+  // past the budget by more than one prompt.
   void PruneLocked(size_t limit) {
     const auto target = static_cast<uint64_t>(static_cast<double>(options_.max_blocks) *
                                               options_.prune_target_ratio);

@@ -9,7 +9,7 @@
 // expiries, deepest block first (a prompt's tail goes before its shared prefix).
 // Recording costs O(log n) lookups for the blocks already tracked (whatever their number) plus
 // the store of the new ones; expiry and pruning are spread over the following calls (at least
-// 512 blocks, or 2 per recorded block, each), so no single decision pays for a large prune or
+// 256 blocks, or 1.25 per recorded block, each), so no single decision pays for a large prune or
 // a mass expiry; ExpireDue drops everything due at once (for idle reclamation). Time comes
 // from an injectable Clock, so tests advance it by hand.
 //
