@@ -303,8 +303,8 @@ class ApproxIndex::Impl {
     try {
       previous = endpoints.Exchange(endpoint, uint64_t{slot} + 1);
     } catch (const std::bad_alloc&) {
-      // As if already started: it supersedes no decision and keeps no other's expiry from
-      // dropping its blocks, but covers them all until its own.
+      // As if already started: it supersedes no decision, and an earlier decision's expiry
+      // may drop its blocks; what is left of them goes at its own.
       decisions_[slot].started = true;
       return;
     }
@@ -370,7 +370,9 @@ class ApproxIndex::Impl {
   // if the worker no longer holds its tail. path_ keeps the path taken apart last, which is
   // usually this decision's (resumed by the next call) or shares its prefix: a chain's hash
   // names its whole prefix, so a match at the tail's depth is the path. Otherwise it is
-  // rebuilt from the tree, into path_'s capacity (reserved for the longest prompt recorded).
+  // rebuilt from the tree into path_, which never needs the heap for it: its capacity was
+  // reserved for the longest prompt recorded, the tree holds nothing deeper, and it is given
+  // back only when no decision is left (so no block either).
   std::span<const uint64_t> PathOf(const Decision& d) {
     if (d.depth > 0 && d.depth <= path_.size() && path_[d.depth - 1] == d.tail) {
       return std::span<const uint64_t>(path_).first(d.depth);
