@@ -35,7 +35,8 @@
 //   the decision's worker is left holding nothing (RadixIndex::DropPathTail, counted) and the
 //   rest goes on. So memory can always be reclaimed, however short the heap is.
 // - FindMatches throws only from its lookup, which changes nothing; RemoveWorker and
-//   RemoveWorkerDpRank throw only before they change anything.
+//   RemoveWorkerDpRank allocate nothing (nor do the radix index's), so a worker's removal from
+//   the Router cannot stop halfway.
 //
 // Thread-safety: internally synchronised; every method may be called from any thread.
 // Lookups share the index's reader lock; recording and expiry serialise on a writer mutex.
