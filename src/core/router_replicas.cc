@@ -80,10 +80,10 @@ bool Router::FreeBookingLocked(std::string_view request_id) {
 void Router::NotifyLocked(const SequenceChange& change) {
   if (!observer_.Notify(change)) {
     LostNotificationLocked();
-  } else if (reannounce_pending_) {
+  } else if (reannounce_pending_ && change.kind != SequenceChange::Kind::kReset) {
     // A change the observer lost left the other replicas with a wrong view of this one's
     // bookings: announcing them all again (a Reset, then each booking) repairs it, once a
-    // change or a heartbeat gets through.
+    // change or a heartbeat gets through. Not after a Reset: a farewell says there are none.
     AnnounceBookingsLocked();
   }
 }
@@ -107,22 +107,30 @@ bool Router::ClearSequenceObserver(uint64_t token, bool farewell) {
   if (farewell && observer_.IsCurrent(token)) {
     NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
   }
-  return observer_.Clear(token);
+  const bool cleared = observer_.Clear(token);
+  if (!observer_.active()) reannounce_pending_ = false;  // nobody to repair
+  return cleared;
 }
 
 void Router::AnnounceBookingsLocked() {
+  // Never throws: it runs after the change it follows was committed. Refused memory on the
+  // way (a booking's copy), the announcement is lost like any change, and made again later.
   reannounce_pending_ = false;
-  if (!observer_.Notify(ChangeOf(SequenceChange::Kind::kReset, ""))) {
+  try {
+    if (!observer_.Notify(ChangeOf(SequenceChange::Kind::kReset, ""))) {
+      LostNotificationLocked();
+      return;
+    }
+    active_.ForEachRequest(
+        [](std::string_view id) { return !IsReplicaRequestId(id); },
+        [&](const SequenceRequest& booking) {
+          if (!reannounce_pending_ && !observer_.Notify(AddedChange(booking))) {
+            LostNotificationLocked();
+          }
+        });
+  } catch (const std::bad_alloc&) {
     LostNotificationLocked();
-    return;
   }
-  active_.ForEachRequest(
-      [](std::string_view id) { return !IsReplicaRequestId(id); },
-      [&](const SequenceRequest& booking) {
-        if (!reannounce_pending_ && !observer_.Notify(AddedChange(booking))) {
-          LostNotificationLocked();
-        }
-      });
 }
 
 bool Router::DropReplicaBookingsLocked(std::string_view origin) {

@@ -1586,3 +1586,150 @@ TEST(AllocationFailureTest, ApproximateModeLeavesNoBlockWithoutADecision) {
 
 }  // namespace
 }  // namespace kvrouter
+
+// ---- Replica notifications lost for memory: the re-announce that repairs them ---------------
+// A booking change the observer loses is repaired by announcing every booking again; that
+// announcement copies ids (allocates) after the change it follows was committed, so it must
+// never throw, and a refusal in it must leave the repair pending.
+namespace kvrouter {
+namespace {
+
+struct SeenChange {
+  SequenceChange::Kind kind;
+  char id[64];
+};
+
+TEST(AllocationFailureTest, AReannounceRefusedAfterAFreeNeitherThrowsNorForgetsTheRepair) {
+  RouterFixture f;
+  std::vector<SeenChange> seen;
+  seen.reserve(64);  // the observer allocates nothing
+  int refuse = 0;
+  f.router->SetSequenceObserver("a", [&](const SequenceChange& c) {
+    if (refuse > 0) {
+      --refuse;
+      throw std::bad_alloc();
+    }
+    SeenChange s{c.kind, {}};
+    std::memcpy(s.id, c.request_id.data(), std::min<size_t>(c.request_id.size(), 63));
+    seen.push_back(s);
+  });
+  const std::string keep(40, 'k');  // longer than std::string's own buffer
+  const std::string lost(40, 'l');
+  ASSERT_TRUE(
+      f.router->FindBestMatch(f.prompt_a, {.with_admission = true, .request_id = keep}).ok());
+  refuse = 1;  // the observer loses this one: a re-announce is pending
+  ASSERT_TRUE(
+      f.router->FindBestMatch(f.prompt_b, {.with_admission = true, .request_id = lost}).ok());
+  ASSERT_EQ(f.router->replica_stats().changes_unpublished, 1u);
+  seen.clear();
+
+  // Free `lost`: the Freed gets through, then the re-announce copies `keep`'s id (allocates).
+  count_operator_new = true;
+  FailAllocationForTesting(1);
+  bool threw = false;
+  bool freed = false;
+  try {
+    freed = f.router->Free(lost);
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  FailAllocationForTesting(0);
+  count_operator_new = false;
+  EXPECT_FALSE(threw) << "Free threw std::bad_alloc although the booking was freed";
+  EXPECT_FALSE(f.router->MarkPrefillCompleted(lost)) << "(the booking is gone either way)";
+  (void)freed;
+  // What the peer saw: Freed, Reset, and then?
+  std::string kinds;
+  for (const SeenChange& s : seen) kinds += std::to_string(static_cast<int>(s.kind)) + " ";
+  // The next change that gets through must repair the peer's view (re-announce `keep`).
+  seen.clear();
+  ASSERT_TRUE(f.router->MarkPrefillCompleted(keep));
+  bool reannounced = false;
+  for (const SeenChange& s : seen) reannounced |= s.kind == SequenceChange::Kind::kReset;
+  EXPECT_TRUE(reannounced) << "the peer saw [" << kinds
+                           << "] (Reset without `keep`) and nothing repairs it any more";
+}
+
+TEST(AllocationFailureTest, AFarewellAfterALostNotificationIsTheLastWord) {
+  RouterFixture f;
+  std::vector<SequenceChange::Kind> seen;
+  int refuse = 0;
+  const uint64_t token = f.router->SetSequenceObserver("a", [&](const SequenceChange& c) {
+    if (refuse > 0) {
+      --refuse;
+      throw std::bad_alloc();
+    }
+    seen.push_back(c.kind);
+  });
+  refuse = 1;
+  ASSERT_TRUE(
+      f.router->FindBestMatch(f.prompt_a, {.with_admission = true, .request_id = "r1"}).ok());
+  seen.clear();
+  ASSERT_TRUE(f.router->ClearSequenceObserver(token, /*farewell=*/true));
+  // The farewell must be the last word: a Reset, nothing after it.
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back(), SequenceChange::Kind::kReset)
+      << seen.size()
+      << " changes after the farewell's Reset re-booked this router's requests on "
+         "every peer";
+}
+
+TEST(AllocationFailureTest, AReannounceRefusedAfterABookingDoesNotAnswerOutOfMemory) {
+  RouterFixture f;
+  std::vector<SeenChange> seen;
+  seen.reserve(64);
+  int refuse = 0;
+  f.router->SetSequenceObserver("a", [&](const SequenceChange& c) {
+    if (refuse > 0) {
+      --refuse;
+      throw std::bad_alloc();
+    }
+    seen.push_back(SeenChange{c.kind, {}});
+  });
+  const std::string keep(40, 'k');
+  ASSERT_TRUE(
+      f.router->FindBestMatch(f.prompt_a, {.with_admission = true, .request_id = keep}).ok());
+  refuse = 1;
+  ASSERT_TRUE(f.router->Free(keep));  // lost: a re-announce is pending
+  ASSERT_TRUE(
+      f.router->FindBestMatch(f.prompt_b, {.with_admission = true, .request_id = keep + "2"}).ok());
+  // (that booking's Added got through and re-announced: pending again only after a new loss)
+  refuse = 1;
+  ASSERT_TRUE(f.router->Free(keep + "2"));
+  ASSERT_TRUE(
+      f.router->FindBestMatch(f.prompt_a, {.with_admission = true, .request_id = keep + "3"}).ok());
+  refuse = 1;
+  ASSERT_TRUE(f.router->MarkPrefillCompleted(keep + "3"));  // lost: pending, keep3 booked
+  // Book r4 asynchronously with the n-th allocation refused: find the n at which the booking
+  // is made and only the re-announce (copying keep3's id) is refused.
+  for (uint64_t n = 1; n <= 200; ++n) {
+    RouterFixture g;
+    int refuse_g = 0;
+    g.router->SetSequenceObserver("a", [&](const SequenceChange&) {
+      if (refuse_g > 0) {
+        --refuse_g;
+        throw std::bad_alloc();
+      }
+    });
+    ASSERT_TRUE(
+        g.router->FindBestMatch(g.prompt_a, {.with_admission = true, .request_id = keep}).ok());
+    refuse_g = 1;
+    ASSERT_TRUE(g.router->MarkPrefillCompleted(keep));  // lost: pending
+    std::optional<absl::Status> answer;
+    count_operator_new = true;
+    FailAllocationForTesting(n);
+    g.router->FindBestMatchAsync(g.prompt_b, {.with_admission = true, .request_id = "r4"},
+                                 [&](absl::StatusOr<RouteDecision> r) { answer = r.status(); });
+    const bool refused = FailAllocationForTesting(0) == 0;
+    count_operator_new = false;
+    if (!refused) break;
+    const bool booked = g.router->MarkPrefillCompleted("r4");  // true: r4 is booked
+    if (answer && !answer->ok() && booked) {
+      ADD_FAILURE() << "allocation " << n << " refused: r4 answered " << answer->ToString()
+                    << " yet it is booked (load nobody will free until it expires)";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvrouter
