@@ -129,11 +129,14 @@ uint64_t Router::Submit(std::span<const uint32_t> tokens, const RouteOptions& op
   uint64_t ticket = 0;
   try {
     ticket = Admit(tokens, options, done, as_plan, completions);
-  } catch (...) {  // std::bad_alloc: nothing else is thrown here
+  } catch (const std::bad_alloc&) {
     // Refused: this request is neither booked nor queued, and hears so; those the sweep
     // admitted hear of it too.
     Run(completions);
     if (done) done(OutOfMemoryStatus());
+    throw;
+  } catch (...) {  // not expected here: those admitted still hear of it
+    Run(completions);
     throw;
   }
   Run(completions);
