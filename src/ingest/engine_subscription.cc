@@ -38,8 +38,13 @@ bool ReceiveMultipart(void* socket, Parts& parts) {
       return false;
     }
     const auto* data = static_cast<const uint8_t*>(zmq_msg_data(&msg));
-    parts.emplace_back(data, data + zmq_msg_size(&msg));
     const bool more = zmq_msg_more(&msg);
+    try {
+      parts.emplace_back(data, data + zmq_msg_size(&msg));
+    } catch (...) {  // refused: the part goes back to libzmq all the same
+      zmq_msg_close(&msg);
+      throw;
+    }
     zmq_msg_close(&msg);
     if (!more) return true;
   }
@@ -144,7 +149,33 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
     const int limit = zmq_ctx_get(zmq_context_, ZMQ_SOCKET_LIMIT);
     zmq_ctx_set(zmq_context_, ZMQ_MAX_SOCKETS, limit > 0 ? std::min(limit, 16384) : 1023);
   }
-  std::vector<Subscription*> subs;
+  // Its place first, and room for every rank's subscription: a refused allocation below
+  // (the command then answers ResourceExhausted) closes what was opened and leaves no entry.
+  auto [entry, added] = workers_.try_emplace(worker.worker_id);
+  std::vector<Subscription*>& subs = entry->second;
+  absl::Status status;
+  try {
+    subs.reserve(worker.dp_size);
+    status = OpenRanks(worker, subs);
+    if (status.ok()) {
+      std::shared_ptr<SourceCounters> source =
+          loop_.NewSource(id, IngestSourceKind::kEngine, worker.endpoint);
+      for (Subscription* sub : subs) Poll(*sub, source, id);  // allocates nothing
+      return absl::OkStatus();
+    }
+  } catch (...) {
+    for (Subscription* s : subs) CloseSubscription(s);
+    workers_.erase(entry);
+    throw;
+  }
+  for (Subscription* s : subs) CloseSubscription(s);
+  workers_.erase(entry);
+  return status;
+}
+
+// A subscription per rank, each connected, into `subs` (reserved); the first failure's status.
+absl::Status EngineSubscriptions::OpenRanks(const EngineWorker& worker,
+                                            std::vector<Subscription*>& subs) {
   for (uint32_t r = 0; r < worker.dp_size; ++r) {
     auto* sub = new Subscription;
     sub->owner = this;
@@ -154,47 +185,38 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
     if (sub->socket == nullptr) {  // e.g. the context's socket limit (ZMQ_MAX_SOCKETS)
       const std::string why = zmq_strerror(zmq_errno());
       delete sub;
-      for (Subscription* s : subs) CloseSubscription(s);
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot open a ZMQ socket for rank ", worker.dp_start + r, ": ", why));
     }
+    subs.push_back(sub);  // reserved; closed by the caller from here on
     const int linger = 0;
     zmq_setsockopt(sub->socket, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(sub->socket, ZMQ_SUBSCRIBE, worker.topic.data(), worker.topic.size());
     // Watched before it connects: libzmq reports a handshake only to a monitor already there,
     // and a first handshake missed would make the first reconnection look like it.
-    if (absl::Status watched = WatchConnections(*sub); !watched.ok()) {
-      zmq_close(sub->socket);
-      delete sub;
-      for (Subscription* s : subs) CloseSubscription(s);
-      return watched;
-    }
+    if (absl::Status watched = WatchConnections(*sub); !watched.ok()) return watched;
     const std::string endpoint = RankEndpoint(worker.endpoint, r);
     if (zmq_connect(sub->socket, endpoint.c_str()) != 0) {
-      const std::string why = zmq_strerror(zmq_errno());
-      CloseSockets(sub);
-      for (Subscription* s : subs) CloseSubscription(s);
-      return absl::InvalidArgumentError(absl::StrCat("cannot connect to ", endpoint, ": ", why));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot connect to ", endpoint, ": ", zmq_strerror(zmq_errno())));
     }
-    subs.push_back(sub);
   }
-  std::shared_ptr<SourceCounters> source =
-      loop_.NewSource(id, IngestSourceKind::kEngine, worker.endpoint);
-  for (Subscription* sub : subs) {
-    sub->counters = source;
-    sub->source_id = id;
-    int fd = -1;
-    size_t fd_size = sizeof(fd);
-    zmq_getsockopt(sub->socket, ZMQ_FD, &fd, &fd_size);
-    uv_poll_init(&loop_.loop, &sub->poll, fd);
-    sub->poll.data = sub;
-    uv_poll_start(&sub->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
-      auto* s = static_cast<Subscription*>(p->data);
-      s->owner->OnReadable(*s);
-    });
-  }
-  workers_[worker.worker_id] = std::move(subs);
   return absl::OkStatus();
+}
+
+void EngineSubscriptions::Poll(Subscription& sub, std::shared_ptr<SourceCounters> source,
+                               uint64_t id) {
+  sub.counters = std::move(source);
+  sub.source_id = id;
+  int fd = -1;
+  size_t fd_size = sizeof(fd);
+  zmq_getsockopt(sub.socket, ZMQ_FD, &fd, &fd_size);
+  uv_poll_init(&loop_.loop, &sub.poll, fd);
+  sub.poll.data = &sub;
+  uv_poll_start(&sub.poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+    auto* s = static_cast<Subscription*>(p->data);
+    s->owner->OnReadable(*s);
+  });
 }
 
 void EngineSubscriptions::CloseSubscription(Subscription* sub) {

@@ -45,6 +45,9 @@ class EngineSubscriptions {
   absl::Status AddOnLoop(const EngineWorker& worker, uint64_t& id);
   absl::Status RemoveOnLoop(uint64_t worker_id, bool clear_index);
   void CloseSubscription(Subscription* sub);
+  absl::Status OpenRanks(const EngineWorker& worker, std::vector<Subscription*>& subs);
+  // Starts polling a subscription's socket, as part of `source` `id`. Allocates nothing.
+  void Poll(Subscription& sub, std::shared_ptr<SourceCounters> source, uint64_t id);
   // The live socket's poll callback: Drain, contained (ContainRefusal).
   void OnReadable(Subscription& sub);
   void Drain(Subscription& sub);

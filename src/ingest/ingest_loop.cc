@@ -61,14 +61,14 @@ bool IngestLoop::Post(std::function<void()> task) {
 }
 
 void IngestLoop::RunCommands() {
-  std::deque<std::function<void()>> batch;
   {
     std::lock_guard lock(command_mutex);
-    batch.swap(commands);
+    commands_running.swap(commands);
   }
   // A command that handles a message counts what a refusal lost itself; this only keeps the
   // refusal out of libuv and the other commands running.
-  for (auto& command : batch) ContainRefusal(command, [] {});
+  for (auto& command : commands_running) ContainRefusal(command, [] {});
+  commands_running.clear();  // keeps a node: allocates nothing
 }
 
 void IngestLoop::Apply(std::span<const KvEvent> events, SourceCounters& source) {

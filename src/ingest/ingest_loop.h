@@ -72,6 +72,9 @@ struct IngestLoop {
   // Commands for the loop thread.
   std::mutex command_mutex;
   std::deque<std::function<void()>> commands;
+  // Loop thread: the commands being run, swapped out of `commands`. A member, so that taking
+  // them allocates nothing (a deque's default constructor does).
+  std::deque<std::function<void()>> commands_running;
   bool running = false;
   bool stopped = false;
   std::thread thread;

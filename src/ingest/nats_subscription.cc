@@ -166,11 +166,16 @@ struct NatsSubscriptions::Source {
 
   // Applied on the loop, then acknowledged: the server delivers it again if this router goes
   // away first. A message the closing loop drops is not acknowledged either.
-  // A message the heap refused memory to, here or on the loop, is not acknowledged: the server
-  // delivers it again.
+  // A message the heap refused memory to on the loop is lost as in an outage (and acknowledged,
+  // HandleEventsContained); here, it is not acknowledged (the shared_ptr destroys it, also when
+  // its own allocation is refused) and comes again after AckWait, maybe after later ones: its
+  // ranks are lost with the next message, so what it restores is flagged unknown, not trusted.
   static void OnJetStreamMessage(Source* source, natsMsg* raw) {
-    // (The shared_ptr destroys the message, also when its own allocation is refused.)
-    ContainRefusal([&] { PostJetStreamMessage(source, raw); }, [] {});
+    ContainRefusal([&] { PostJetStreamMessage(source, raw); },
+                   [&] {
+                     Bump(source->counters->gaps);
+                     source->ranks->LoseEveryRankLater();
+                   });
   }
 
   static void PostJetStreamMessage(Source* source, natsMsg* raw) {
@@ -180,10 +185,9 @@ struct NatsSubscriptions::Source {
         [self, msg, counters = source->counters, dynamo = source->dynamo, ranks = source->ranks] {
           const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
           const std::span payload(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get())));
-          if (!ContainRefusal([&] { self->HandleEvents(payload, *counters, *dynamo, *ranks); },
-                              [] {})) {
-            return;  // not acknowledged
-          }
+          // Refused memory, the message is lost as in an outage, and acknowledged all the same:
+          // delivered again after later ones, it could restore blocks they removed.
+          self->HandleEventsContained(payload, *counters, *dynamo, *ranks);
           jsMsgMetaData* meta = nullptr;
           if (natsMsg_GetMetaData(&meta, msg.get()) == NATS_OK) {
             counters->stream_sequence.store(meta->Sequence.Stream, std::memory_order_relaxed);
@@ -673,15 +677,27 @@ absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& s
 void NatsSubscriptions::HandleEventsContained(std::span<const uint8_t> payload,
                                               SourceCounters& source, PublisherSequences& dynamo,
                                               SourceRanks& ranks) {
-  // A message the heap refused memory to is lost, as in an outage.
+  // A message the heap refused memory to is lost, as in an outage: its ranks are lost with the
+  // next message (the flag allocates nothing; losing them now might be refused too).
   ContainRefusal([&] { HandleEvents(payload, source, dynamo, ranks); },
-                 [&] { LoseEveryRank(source, ranks); });
+                 [&] {
+                   Bump(source.gaps);
+                   ranks.LoseEveryRankLater();
+                 });
 }
 
 void NatsSubscriptions::HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
                                      PublisherSequences& dynamo, SourceRanks& ranks) {
-  // A message lost for memory where the loop could not be told (libnats' thread): now.
-  if (ranks.TakeLossForLater()) ForgetEveryRank(source, ranks);
+  // A message lost for memory where the loop could not handle it: its ranks are lost now (the
+  // flag stays set until that is done).
+  if (ranks.TakeLossForLater()) {
+    try {
+      ForgetEveryRank(source, ranks);
+    } catch (...) {
+      ranks.LoseEveryRankLater();  // still to do
+      throw;
+    }
+  }
   ApplyEvents(payload, source, dynamo, ranks);
   Bump(source.messages);  // last: a reader that sees the count sees what it applied
 }
@@ -759,7 +775,7 @@ void NatsSubscriptions::FlagRank(WorkerKey rank, SourceCounters& source, SourceR
 void NatsSubscriptions::LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
                                            std::shared_ptr<SourceRanks> ranks) {
   loop_.Post([this, source = std::move(source), ranks = std::move(ranks)] {
-    LoseEveryRank(*source, *ranks);
+    ContainRefusal([&] { LoseEveryRank(*source, *ranks); }, [&] { ranks->LoseEveryRankLater(); });
   });
 }
 

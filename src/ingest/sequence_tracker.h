@@ -241,9 +241,9 @@ class SourceRanks {
   size_t unknown() const { return unknown_.size(); }
   size_t size() const { return ranks_.size(); }
 
-  // From any thread, allocating nothing: a message was lost where the loop could not be told
-  // (libnats' thread, refused memory). The loop takes it with the next message and loses
-  // every rank then.
+  // From any thread, allocating nothing: a message was lost for memory where its ranks could
+  // not be lost at once (libnats' thread, or the loss itself refused). The loop loses every
+  // rank with the next message (and sets the flag again if that is refused).
   void LoseEveryRankLater() { loss_for_later_.store(true, std::memory_order_relaxed); }
   bool TakeLossForLater() { return loss_for_later_.exchange(false, std::memory_order_relaxed); }
 

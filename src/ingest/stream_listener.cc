@@ -75,12 +75,25 @@ absl::Status StreamListeners::ListenOnLoop(const StreamEndpoint& where, std::str
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", where.host_or_path, ": ", uv_strerror(rc)));
   }
+  // Refused memory from here on, the listener closes again before the loop can hear a
+  // connection on it: a refused command leaves nothing behind (a source may stay registered).
+  try {
+    Register(*listener, where, *bound, id);
+  } catch (...) {
+    CloseAndDelete(&listener->handle, listener);
+    throw;
+  }
+  return absl::OkStatus();
+}
+
+void StreamListeners::Register(Listener& listener, const StreamEndpoint& where, std::string& bound,
+                               uint64_t& id) {
   if (where.unix_socket) {
-    *bound = "unix://" + where.host_or_path;
+    bound = "unix://" + where.host_or_path;
   } else {
     sockaddr_storage name{};
     int len = sizeof(name);
-    uv_tcp_getsockname(&listener->tcp, reinterpret_cast<sockaddr*>(&name), &len);
+    uv_tcp_getsockname(&listener.tcp, reinterpret_cast<sockaddr*>(&name), &len);
     char host[64] = {};
     int port = 0;
     bool ipv6 = name.ss_family == AF_INET6;
@@ -94,13 +107,12 @@ absl::Status StreamListeners::ListenOnLoop(const StreamEndpoint& where, std::str
       port = ntohs(a4->sin_port);
     }
     // An IPv6 address is bracketed, so that its colons are not taken for the port's.
-    *bound =
+    bound =
         ipv6 ? absl::StrCat("tcp://[", host, "]:", port) : absl::StrCat("tcp://", host, ":", port);
   }
-  listener->counters = loop_.NewSource(id, IngestSourceKind::kListener, *bound);
-  listener->source_id = id;
-  listeners_.push_back(listener);
-  return absl::OkStatus();
+  listener.counters = loop_.NewSource(id, IngestSourceKind::kListener, bound);
+  listener.source_id = id;
+  listeners_.push_back(&listener);
 }
 
 void StreamListeners::OnConnection(uv_stream_t* server, int status) {

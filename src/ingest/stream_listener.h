@@ -34,6 +34,9 @@ class StreamListeners {
   struct Connection;
 
   absl::Status ListenOnLoop(const StreamEndpoint& where, std::string* bound, uint64_t& id);
+  // ListenOnLoop's bookkeeping once the listener listens: its bound endpoint, its source, its
+  // place in the list. May throw std::bad_alloc (the caller then closes the listener).
+  void Register(Listener& listener, const StreamEndpoint& where, std::string& bound, uint64_t& id);
   static void OnConnection(uv_stream_t* server, int status);
   void Accept(uv_stream_t* server, Listener& listener);
   static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);

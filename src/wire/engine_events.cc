@@ -539,9 +539,17 @@ std::string_view SaltedBlocks::Of(uint64_t engine_hash) const {
 }
 
 void SaltedBlocks::Record(std::span<const uint64_t> engine_hashes, std::string_view salt) {
-  auto [it, added] = ids_.try_emplace(std::string(salt), static_cast<uint32_t>(salts_.size()));
-  if (added) salts_.emplace_back(salt);
-  for (uint64_t h : engine_hashes) salt_of_[h] = it->second;
+  // The salt first, then its id: an id never names a salt that is not there (a refused
+  // allocation may leave an unnamed salt behind, which costs only its bytes).
+  uint32_t id;
+  if (auto known = ids_.find(salt); known != ids_.end()) {
+    id = known->second;
+  } else {
+    id = static_cast<uint32_t>(salts_.size());
+    salts_.emplace_back(salt);
+    ids_.emplace(salts_.back(), id);
+  }
+  for (uint64_t h : engine_hashes) salt_of_[h] = id;
 }
 
 void SaltedBlocks::Forget(std::span<const uint64_t> engine_hashes) {

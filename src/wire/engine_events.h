@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/id_hash.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -112,7 +113,7 @@ class SaltedBlocks {
   // into libstdc++'s is all or nothing.
   std::unordered_map<uint64_t, uint32_t> salt_of_;  // engine hash -> index in salts_
   std::vector<std::string> salts_;
-  std::unordered_map<std::string, uint32_t> ids_;
+  std::unordered_map<std::string, uint32_t, IdHash, std::equal_to<>> ids_;
 };
 
 // One message of Dynamo's KV event plane, as dynamo.llm.KvEventPublisher (ai-dynamo-runtime

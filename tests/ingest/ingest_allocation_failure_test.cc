@@ -8,12 +8,15 @@
 // known again, with what it stores after it in the index.
 //
 // Counted: the index's own allocations and operator new on the loop thread (named
-// kIngestThreadName), except libzmq's: libzmq aborts on a refused allocation by design
-// (alloc_assert), which no caller can contain. This binary replaces operator new, so it is
-// a binary of its own (the others keep AddressSanitizer's checks of new against delete).
+// kIngestThreadName), except inside libzmq (InsideZmq), which no caller can make safe. This binary
+// replaces operator new, so it is a binary of its own (the others keep AddressSanitizer's checks of
+// new against delete).
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -50,16 +53,33 @@ bool OnLoopThread() {
   return on_loop == 1;
 }
 
-bool CalledFromZmq(const void* caller) {
-  Dl_info info;
-  return dladdr(caller, &info) != 0 && info.dli_fname != nullptr &&
-         std::strstr(info.dli_fname, "libzmq") != nullptr;
+// Whether libzmq is on the stack: it is not exception-safe (a refusal inside zmq_connect, in a
+// std::string it builds, leaves a socket the context never lets go of), nor meant to be (its
+// own allocations abort when refused, alloc_assert). Its frames are in its own library even
+// when the allocation is made by std::string code emitted into this binary.
+// backtrace() loads its unwinder on first use: done before any sweep is armed.
+const int kBacktraceReady = [] {
+  void* frame[1];
+  return backtrace(frame, 1);
+}();
+
+bool InsideZmq() {
+  void* frames[32];
+  const int depth = backtrace(frames, 32);
+  for (int i = 1; i < depth; ++i) {
+    Dl_info info;
+    if (dladdr(frames[i], &info) != 0 && info.dli_fname != nullptr &&
+        std::strstr(info.dli_fname, "libzmq") != nullptr) {
+      return true;
+    }
+  }
+  return false;
 }
 
-void* AllocateOrNull(std::size_t n, std::size_t align, const void* caller) noexcept {
+void* AllocateOrNull(std::size_t n, std::size_t align) noexcept {
   if (kvrouter::internal::allocation_failure_countdown.load(std::memory_order_relaxed) != 0 &&
-      count_loop_allocations.load(std::memory_order_relaxed) && OnLoopThread() &&
-      !CalledFromZmq(caller) && kvrouter::CountAllocationForTesting()) {
+      count_loop_allocations.load(std::memory_order_relaxed) && OnLoopThread() && !InsideZmq() &&
+      kvrouter::CountAllocationForTesting()) {
     return nullptr;
   }
   if (n == 0) n = 1;
@@ -68,28 +88,24 @@ void* AllocateOrNull(std::size_t n, std::size_t align, const void* caller) noexc
   return posix_memalign(&p, align, n) == 0 ? p : nullptr;
 }
 
-void* AllocateOrThrow(std::size_t n, std::size_t align, const void* caller) {
-  void* p = AllocateOrNull(n, align, caller);
+void* AllocateOrThrow(std::size_t n, std::size_t align) {
+  void* p = AllocateOrNull(n, align);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
 
 }  // namespace
 
-void* operator new(std::size_t n) { return AllocateOrThrow(n, 0, __builtin_return_address(0)); }
-void* operator new[](std::size_t n) { return AllocateOrThrow(n, 0, __builtin_return_address(0)); }
+void* operator new(std::size_t n) { return AllocateOrThrow(n, 0); }
+void* operator new[](std::size_t n) { return AllocateOrThrow(n, 0); }
 void* operator new(std::size_t n, std::align_val_t a) {
-  return AllocateOrThrow(n, static_cast<std::size_t>(a), __builtin_return_address(0));
+  return AllocateOrThrow(n, static_cast<std::size_t>(a));
 }
 void* operator new[](std::size_t n, std::align_val_t a) {
-  return AllocateOrThrow(n, static_cast<std::size_t>(a), __builtin_return_address(0));
+  return AllocateOrThrow(n, static_cast<std::size_t>(a));
 }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  return AllocateOrNull(n, 0, __builtin_return_address(0));
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  return AllocateOrNull(n, 0, __builtin_return_address(0));
-}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return AllocateOrNull(n, 0); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return AllocateOrNull(n, 0); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
@@ -128,7 +144,7 @@ std::vector<uint32_t> Prompt() {
 }
 
 // One run, in a child: "" or the problem it found; `refused` says whether the refusal came.
-std::string Run(uint64_t n, bool& refused) {
+std::string EngineRun(uint64_t n, bool& refused) {
   void* context = zmq_ctx_new();
   void* engine = zmq_socket(context, ZMQ_XPUB);
   const int linger = 0;
@@ -220,21 +236,24 @@ std::string Run(uint64_t n, bool& refused) {
 }
 
 // The outcome of run n in a child: 0 (fine, refused), 1 (fine, nothing left to refuse), or a
-// problem (its text, or how the child died).
+// problem (its text, or how the child died: a hang ends in SIGALRM).
 struct Outcome {
   int code = 0;
   std::string problem;
 };
 
-Outcome InChild(uint64_t n) {
+using RunFn = std::string (*)(uint64_t n, bool& refused);
+
+Outcome InChild(uint64_t n, RunFn run) {
   int fds[2];
   if (pipe(fds) != 0) std::abort();
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
+    alarm(30);
     bool refused = false;
-    const std::string problem = Run(n, refused);
+    const std::string problem = run(n, refused);
     if (!problem.empty()) {
       (void)!write(fds[1], problem.data(), problem.size());
       _exit(2);
@@ -253,23 +272,109 @@ Outcome InChild(uint64_t n) {
   return {code, code == 2 ? text : ""};
 }
 
-TEST(IngestAllocationFailureTest, TheLoopSurvivesEveryRefusalAndTheEnginesClearRestoresTrust) {
+// Runs `run` with n = 1, 2, ... until a run makes fewer than n allocations; how many were
+// refused. Each problem is a test failure.
+uint64_t Sweep(const char* what, RunFn run) {
+  // KVR_ALLOCATION_FAILURE=n runs only the n-th, in the test's own process (for a debugger).
+  if (const char* only = std::getenv("KVR_ALLOCATION_FAILURE")) {
+    bool refused = false;
+    const std::string problem = run(std::strtoull(only, nullptr, 10), refused);
+    EXPECT_EQ(problem, "");
+    return refused ? 1 : 0;
+  }
   constexpr uint64_t kMostRuns = 2000;
   uint64_t refused = 0;
   std::vector<std::string> problems;
   for (uint64_t n = 1; n <= kMostRuns; ++n) {
-    const Outcome outcome = InChild(n);
+    const Outcome outcome = InChild(n, run);
     if (outcome.code == 1) break;  // the run made fewer than n allocations
     ++refused;
     if (outcome.code != 0) {
       problems.push_back("allocation " + std::to_string(n) + " refused: " + outcome.problem);
     }
   }
-  std::printf("%llu allocations of the loop refused in turn; %zu left a problem\n",
-              static_cast<unsigned long long>(refused), problems.size());
+  std::printf("%llu allocations of %s refused in turn; %zu left a problem\n",
+              static_cast<unsigned long long>(refused), what, problems.size());
   for (const std::string& p : problems) ADD_FAILURE() << p;
-  EXPECT_GE(refused, 20u);  // the sweep reached decoding and applying, not only the wakeup
   EXPECT_LT(refused, kMostRuns);
+  return refused;
+}
+
+TEST(IngestAllocationFailureTest, TheLoopSurvivesEveryRefusalAndTheEnginesClearRestoresTrust) {
+  // At least decoding and applying were reached, not only the wakeup.
+  EXPECT_GE(Sweep("the loop", EngineRun), 20u);
+}
+
+// A listener whose Listen was refused (on the loop: its bound name, its source) must not be
+// left listening: nobody could close it, and the ingest could not stop (libuv would keep
+// running for it). Connecting after the answer shows whether anything listens.
+std::string ListenRun(uint64_t n, bool& refused) {
+  std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = 16});
+  std::unique_ptr<IngestService> ingest = *IngestService::Create(router.get(), {});
+  if (!ingest->Start().ok()) return "the ingest did not start";
+  const std::string path = "/tmp/kvr-listen-refused-" + std::to_string(getpid()) + ".sock";
+  unlink(path.c_str());
+  std::string bound;
+  count_loop_allocations = true;
+  FailAllocationForTesting(n);
+  const absl::StatusOr<uint64_t> id = ingest->Listen("unix://" + path, &bound);
+  refused = FailAllocationForTesting(0) == 0;
+  count_loop_allocations = false;
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the loop accepts, if it listens
+  close(fd);
+  std::string problem;
+  if (!id.ok() && connected) {
+    problem = "Listen answered " + id.status().ToString() + ", yet the path accepts connections";
+  }
+  ingest.reset();  // a listener left behind would hang this (SIGALRM)
+  unlink(path.c_str());
+  return problem;
+}
+
+TEST(IngestAllocationFailureTest, ARefusedListenLeavesNothingListening) {
+  Sweep("Listen", ListenRun);
+}
+
+// The same for an engine worker's subscription: a refused AddEngineWorker leaves no socket
+// polled for it (its events would apply for a worker the caller was told failed), and the
+// same worker can be added once memory is back.
+std::string AddEngineRun(uint64_t n, bool& refused) {
+  void* context = zmq_ctx_new();
+  void* engine = zmq_socket(context, ZMQ_XPUB);
+  const int linger = 0;
+  zmq_setsockopt(engine, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_bind(engine, "tcp://127.0.0.1:*") != 0) return "cannot bind the engine";
+  char endpoint[256] = {};
+  size_t size = sizeof(endpoint);
+  zmq_getsockopt(engine, ZMQ_LAST_ENDPOINT, endpoint, &size);
+  std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = 16});
+  std::unique_ptr<IngestService> ingest = *IngestService::Create(router.get(), {});
+  if (!ingest->Start().ok()) return "the ingest did not start";
+  const EngineWorker worker{.endpoint = endpoint, .worker_id = 5, .dp_size = 2, .topic = ""};
+  count_loop_allocations = true;
+  FailAllocationForTesting(n);
+  const absl::StatusOr<uint64_t> first = ingest->AddEngineWorker(worker);
+  refused = FailAllocationForTesting(0) == 0;
+  count_loop_allocations = false;
+  std::string problem;
+  if (!first.ok()) {
+    const absl::StatusOr<uint64_t> again = ingest->AddEngineWorker(worker);
+    if (!again.ok())
+      problem = "refused once, the worker cannot be added: " + again.status().ToString();
+  }
+  ingest.reset();  // a subscription left polling would hang this (SIGALRM)
+  zmq_close(engine);
+  zmq_ctx_term(context);
+  return problem;
+}
+
+TEST(IngestAllocationFailureTest, ARefusedEngineWorkerLeavesNothingSubscribed) {
+  Sweep("AddEngineWorker", AddEngineRun);
 }
 
 }  // namespace
