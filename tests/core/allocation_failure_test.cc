@@ -51,6 +51,7 @@
 #include "core/radix_index.h"
 #include "core/router.h"
 #include "kvrouter.h"
+#include "refusing_operator_new.h"
 #include "test_data.h"
 
 // ---- operator new counts against FailAllocationForTesting during a sweep -----------------------
@@ -61,53 +62,13 @@ namespace {
 // malloc's (so that the allocator's own test counts its allocations alone).
 std::atomic<bool> count_operator_new{false};
 
-void* AllocateOrNull(std::size_t n, std::size_t align) noexcept {
-  if (kvrouter::internal::allocation_failure_countdown.load(std::memory_order_relaxed) != 0 &&
-      count_operator_new.load(std::memory_order_relaxed) && kvrouter::CountAllocationForTesting()) {
-    return nullptr;
-  }
-  if (n == 0) n = 1;
-  if (align <= alignof(std::max_align_t)) return std::malloc(n);
-  void* p = nullptr;
-  return posix_memalign(&p, align, n) == 0 ? p : nullptr;
-}
-
-void* AllocateOrThrow(std::size_t n, std::size_t align) {
-  void* p = AllocateOrNull(n, align);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
 }  // namespace
 
-void* operator new(std::size_t n) { return AllocateOrThrow(n, 0); }
-void* operator new[](std::size_t n) { return AllocateOrThrow(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  return AllocateOrThrow(n, static_cast<std::size_t>(a));
+bool RefuseThisAllocation() noexcept {
+  return kvrouter::internal::allocation_failure_countdown.load(std::memory_order_relaxed) != 0 &&
+         count_operator_new.load(std::memory_order_relaxed) &&
+         kvrouter::CountAllocationForTesting();
 }
-void* operator new[](std::size_t n, std::align_val_t a) {
-  return AllocateOrThrow(n, static_cast<std::size_t>(a));
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return AllocateOrNull(n, 0); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return AllocateOrNull(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
-  return AllocateOrNull(n, static_cast<std::size_t>(a));
-}
-void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
-  return AllocateOrNull(n, static_cast<std::size_t>(a));
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace kvrouter {
 namespace {

@@ -36,12 +36,19 @@
 #include "core/counting_allocator.h"
 #include "core/router.h"
 #include "ingest/ingest_service.h"
+#include "refusing_operator_new.h"
 
 // ---- operator new counts against FailAllocationForTesting on the loop thread ---------------
 
 namespace {
 
 std::atomic<bool> count_loop_allocations{false};
+
+// backtrace() (InsideZmq) loads its unwinder on first use: done before any sweep is armed.
+const int kBacktraceReady = [] {
+  void* frame[1];
+  return backtrace(frame, 1);
+}();
 
 bool OnLoopThread() {
   thread_local int on_loop = -1;  // unknown until first asked (the name is set at its start)
@@ -57,12 +64,6 @@ bool OnLoopThread() {
 // std::string it builds, leaves a socket the context never lets go of), nor meant to be (its
 // own allocations abort when refused, alloc_assert). Its frames are in its own library even
 // when the allocation is made by std::string code emitted into this binary.
-// backtrace() loads its unwinder on first use: done before any sweep is armed.
-const int kBacktraceReady = [] {
-  void* frame[1];
-  return backtrace(frame, 1);
-}();
-
 bool InsideZmq() {
   void* frames[32];
   const int depth = backtrace(frames, 32);
@@ -76,44 +77,13 @@ bool InsideZmq() {
   return false;
 }
 
-void* AllocateOrNull(std::size_t n, std::size_t align) noexcept {
-  if (kvrouter::internal::allocation_failure_countdown.load(std::memory_order_relaxed) != 0 &&
-      count_loop_allocations.load(std::memory_order_relaxed) && OnLoopThread() && !InsideZmq() &&
-      kvrouter::CountAllocationForTesting()) {
-    return nullptr;
-  }
-  if (n == 0) n = 1;
-  if (align <= alignof(std::max_align_t)) return std::malloc(n);
-  void* p = nullptr;
-  return posix_memalign(&p, align, n) == 0 ? p : nullptr;
-}
-
-void* AllocateOrThrow(std::size_t n, std::size_t align) {
-  void* p = AllocateOrNull(n, align);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
 }  // namespace
 
-void* operator new(std::size_t n) { return AllocateOrThrow(n, 0); }
-void* operator new[](std::size_t n) { return AllocateOrThrow(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  return AllocateOrThrow(n, static_cast<std::size_t>(a));
+bool RefuseThisAllocation() noexcept {
+  return kvrouter::internal::allocation_failure_countdown.load(std::memory_order_relaxed) != 0 &&
+         count_loop_allocations.load(std::memory_order_relaxed) && OnLoopThread() && !InsideZmq() &&
+         kvrouter::CountAllocationForTesting();
 }
-void* operator new[](std::size_t n, std::align_val_t a) {
-  return AllocateOrThrow(n, static_cast<std::size_t>(a));
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return AllocateOrNull(n, 0); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return AllocateOrNull(n, 0); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace kvrouter {
 namespace {
@@ -143,16 +113,25 @@ std::vector<uint32_t> Prompt() {
   return tokens;
 }
 
-// One run, in a child: "" or the problem it found; `refused` says whether the refusal came.
-std::string EngineRun(uint64_t n, bool& refused) {
-  void* context = zmq_ctx_new();
+// An engine's XPUB socket bound to a free port on 127.0.0.1 (null if it cannot be), and where.
+void* BindEngine(void* context, std::string& endpoint) {
   void* engine = zmq_socket(context, ZMQ_XPUB);
   const int linger = 0;
   zmq_setsockopt(engine, ZMQ_LINGER, &linger, sizeof(linger));
-  if (zmq_bind(engine, "tcp://127.0.0.1:*") != 0) return "cannot bind the engine";
-  char endpoint[256] = {};
-  size_t size = sizeof(endpoint);
-  zmq_getsockopt(engine, ZMQ_LAST_ENDPOINT, endpoint, &size);
+  if (zmq_bind(engine, "tcp://127.0.0.1:*") != 0) return nullptr;
+  char bound[256] = {};
+  size_t size = sizeof(bound);
+  zmq_getsockopt(engine, ZMQ_LAST_ENDPOINT, bound, &size);
+  endpoint = bound;
+  return engine;
+}
+
+// One run, in a child: "" or the problem it found; `refused` says whether the refusal came.
+std::string EngineRun(uint64_t n, bool& refused) {
+  void* context = zmq_ctx_new();
+  std::string endpoint;
+  void* engine = BindEngine(context, endpoint);
+  if (engine == nullptr) return "cannot bind the engine";
   auto send = [&](uint64_t seq, const std::string& vector) {
     const std::vector<uint8_t> payload = VllmPayload(vector);
     uint8_t seq_bytes[8];
@@ -345,13 +324,9 @@ TEST(IngestAllocationFailureTest, ARefusedListenLeavesNothingListening) {
 // same worker can be added once memory is back.
 std::string AddEngineRun(uint64_t n, bool& refused) {
   void* context = zmq_ctx_new();
-  void* engine = zmq_socket(context, ZMQ_XPUB);
-  const int linger = 0;
-  zmq_setsockopt(engine, ZMQ_LINGER, &linger, sizeof(linger));
-  if (zmq_bind(engine, "tcp://127.0.0.1:*") != 0) return "cannot bind the engine";
-  char endpoint[256] = {};
-  size_t size = sizeof(endpoint);
-  zmq_getsockopt(engine, ZMQ_LAST_ENDPOINT, endpoint, &size);
+  std::string endpoint;
+  void* engine = BindEngine(context, endpoint);
+  if (engine == nullptr) return "cannot bind the engine";
   std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = 16});
   std::unique_ptr<IngestService> ingest = *IngestService::Create(router.get(), {});
   if (!ingest->Start().ok()) return "the ingest did not start";
