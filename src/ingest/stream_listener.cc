@@ -10,17 +10,38 @@
 
 namespace kvrouter {
 
+// A libuv stream handle of either kind, TCP or Unix socket.
+union StreamHandle {
+  uv_handle_t handle;
+  uv_stream_t stream;
+  uv_tcp_t tcp;
+  uv_pipe_t pipe;
+
+  // Initialized on `loop` (allocates nothing), owned by `owner`.
+  void Init(uv_loop_t* loop, bool unix_socket, void* owner) {
+    if (unix_socket) {
+      uv_pipe_init(loop, &pipe, 0);
+    } else {
+      uv_tcp_init(loop, &tcp);
+    }
+    handle.data = owner;
+  }
+};
+
 struct StreamListeners::Listener {
   StreamListeners* owner = nullptr;
   uint64_t source_id = 0;
   std::shared_ptr<SourceCounters> counters;
   bool unix_socket = false;
-  union {
-    uv_handle_t handle;
-    uv_stream_t stream;
-    uv_tcp_t tcp;
-    uv_pipe_t pipe;
-  };
+  StreamHandle io;
+  // A connection the heap had no memory for is accepted into this and closed at once: libuv
+  // listens again only once a connection is accepted, so leaving it unaccepted would stall the
+  // listener for good. Allocated with the listener, so turning away allocates nothing.
+  StreamHandle turn_away{};
+  bool turning_away = false;        // turn_away is closing
+  bool connection_waiting = false;  // one arrived meanwhile (libuv holds it until accepted)
+  bool closing = false;
+  int open_handles = 1;  // deleted when the last of its handles has closed
 };
 
 struct StreamListeners::Connection {
@@ -28,12 +49,7 @@ struct StreamListeners::Connection {
   std::shared_ptr<SourceCounters> counters;
   FrameReader reader;
   std::vector<char> read_buffer = std::vector<char>(64 * 1024);
-  union {
-    uv_handle_t handle;
-    uv_stream_t stream;
-    uv_tcp_t tcp;
-    uv_pipe_t pipe;
-  };
+  StreamHandle io;
   Connection(StreamListeners* o, std::shared_ptr<SourceCounters> c, uint32_t max_frame)
       : owner(o), counters(std::move(c)), reader(max_frame) {}
 };
@@ -55,23 +71,21 @@ absl::Status StreamListeners::ListenOnLoop(const StreamEndpoint& where, std::str
   listener->owner = this;
   listener->unix_socket = where.unix_socket;
   int rc = 0;
+  listener->io.Init(&loop_.loop, where.unix_socket, listener);
   if (where.unix_socket) {
-    uv_pipe_init(&loop_.loop, &listener->pipe, 0);
-    rc = uv_pipe_bind(&listener->pipe, where.host_or_path.c_str());
+    rc = uv_pipe_bind(&listener->io.pipe, where.host_or_path.c_str());
   } else {
-    uv_tcp_init(&loop_.loop, &listener->tcp);
     sockaddr_storage addr{};
     rc = uv_ip4_addr(where.host_or_path.c_str(), where.port, reinterpret_cast<sockaddr_in*>(&addr));
     if (rc != 0) {
       rc = uv_ip6_addr(where.host_or_path.c_str(), where.port,
                        reinterpret_cast<sockaddr_in6*>(&addr));
     }
-    if (rc == 0) rc = uv_tcp_bind(&listener->tcp, reinterpret_cast<sockaddr*>(&addr), 0);
+    if (rc == 0) rc = uv_tcp_bind(&listener->io.tcp, reinterpret_cast<sockaddr*>(&addr), 0);
   }
-  listener->handle.data = listener;
-  if (rc == 0) rc = uv_listen(&listener->stream, 128, &StreamListeners::OnConnection);
+  if (rc == 0) rc = uv_listen(&listener->io.stream, 128, &StreamListeners::OnConnection);
   if (rc != 0) {
-    CloseAndDelete(&listener->handle, listener);
+    CloseListener(listener);
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", where.host_or_path, ": ", uv_strerror(rc)));
   }
@@ -80,7 +94,7 @@ absl::Status StreamListeners::ListenOnLoop(const StreamEndpoint& where, std::str
   try {
     Register(*listener, where, *bound, id);
   } catch (...) {
-    CloseAndDelete(&listener->handle, listener);
+    CloseListener(listener);
     throw;
   }
   return absl::OkStatus();
@@ -93,7 +107,7 @@ void StreamListeners::Register(Listener& listener, const StreamEndpoint& where, 
   } else {
     sockaddr_storage name{};
     int len = sizeof(name);
-    uv_tcp_getsockname(&listener.tcp, reinterpret_cast<sockaddr*>(&name), &len);
+    uv_tcp_getsockname(&listener.io.tcp, reinterpret_cast<sockaddr*>(&name), &len);
     char host[64] = {};
     int port = 0;
     bool ipv6 = name.ss_family == AF_INET6;
@@ -117,35 +131,68 @@ void StreamListeners::Register(Listener& listener, const StreamEndpoint& where, 
 
 void StreamListeners::OnConnection(uv_stream_t* server, int status) {
   auto* listener = static_cast<Listener*>(server->data);
-  StreamListeners* self = listener->owner;
   if (status < 0) return;
-  // Refused memory for the connection, it is not accepted, and libuv listens again only once
-  // one is: the listener stalls (a known limit, docs/ingest.md). Counted as a gap.
-  ContainRefusal([&] { self->Accept(server, *listener); }, [&] { listener->counters->Gap(1); });
+  listener->owner->Arrive(*listener);
 }
 
-void StreamListeners::Accept(uv_stream_t* server, Listener& listener) {
-  StreamListeners* self = this;
-  auto* conn = new Connection(self, listener.counters, self->loop_.options.max_frame_bytes);
+void StreamListeners::Arrive(Listener& listener) {
+  if (listener.turning_away) {  // accepted once the one before it has closed (OnTurnedAway)
+    listener.connection_waiting = true;
+    return;
+  }
+  // Refused memory for the connection, its events are lost (counted as a gap) and it is turned
+  // away, so that the next one is heard.
+  if (!ContainRefusal([&] { Accept(listener); }, [&] { listener.counters->Gap(1); })) {
+    TurnAway(listener);
+  }
+}
+
+void StreamListeners::TurnAway(Listener& listener) {
+  listener.turn_away.Init(&loop_.loop, listener.unix_socket, &listener);
+  uv_accept(&listener.io.stream, &listener.turn_away.stream);  // closed whether or not it took
+  listener.turning_away = true;
+  ++listener.open_handles;
+  uv_close(&listener.turn_away.handle, &StreamListeners::OnTurnedAway);
+}
+
+void StreamListeners::OnTurnedAway(uv_handle_t* handle) {
+  auto* listener = static_cast<Listener*>(handle->data);
+  listener->turning_away = false;
+  if (ListenerHandleClosed(listener)) return;  // it was closed meanwhile: deleted
+  if (listener->closing || !listener->connection_waiting) return;
+  listener->connection_waiting = false;
+  listener->owner->Arrive(*listener);
+}
+
+void StreamListeners::CloseListener(Listener* listener) {
+  if (listener->closing) return;
+  listener->closing = true;
+  uv_close(&listener->io.handle,
+           [](uv_handle_t* handle) { ListenerHandleClosed(static_cast<Listener*>(handle->data)); });
+}
+
+bool StreamListeners::ListenerHandleClosed(Listener* listener) {
+  if (--listener->open_handles > 0) return false;
+  delete listener;
+  return true;
+}
+
+void StreamListeners::Accept(Listener& listener) {
+  auto* conn = new Connection(this, listener.counters, loop_.options.max_frame_bytes);
   try {  // tracked before it is accepted: nothing below allocates
-    self->connections_.push_back(conn);
+    connections_.push_back(conn);
   } catch (...) {
     delete conn;
     throw;
   }
-  if (listener.unix_socket) {
-    uv_pipe_init(&self->loop_.loop, &conn->pipe, 0);
-  } else {
-    uv_tcp_init(&self->loop_.loop, &conn->tcp);
-  }
-  conn->handle.data = conn;
-  if (uv_accept(server, &conn->stream) != 0) {
-    self->CloseConnection(conn);
+  conn->io.Init(&loop_.loop, listener.unix_socket, conn);
+  if (uv_accept(&listener.io.stream, &conn->io.stream) != 0) {
+    CloseConnection(conn);
     return;
   }
   Bump(conn->counters->connections);
   uv_read_start(
-      &conn->stream,
+      &conn->io.stream,
       [](uv_handle_t* h, size_t, uv_buf_t* buf) {
         auto* c = static_cast<Connection*>(h->data);
         *buf = uv_buf_init(c->read_buffer.data(), c->read_buffer.size());
@@ -155,7 +202,7 @@ void StreamListeners::Accept(uv_stream_t* server, Listener& listener) {
 
 void StreamListeners::CloseConnection(Connection* conn) {
   connections_.remove(conn);
-  CloseAndDelete(&conn->handle, conn);
+  CloseAndDelete(&conn->io.handle, conn);
 }
 
 void StreamListeners::OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
@@ -204,9 +251,9 @@ void StreamListeners::HandleFrame(const std::vector<uint8_t>& frame, SourceCount
 }
 
 void StreamListeners::CloseAll() {
-  for (Listener* l : listeners_) CloseAndDelete(&l->handle, l);
+  for (Listener* l : listeners_) CloseListener(l);
   listeners_.clear();
-  for (Connection* c : connections_) CloseAndDelete(&c->handle, c);
+  for (Connection* c : connections_) CloseAndDelete(&c->io.handle, c);
   connections_.clear();
 }
 

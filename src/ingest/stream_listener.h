@@ -38,7 +38,16 @@ class StreamListeners {
   // place in the list. May throw std::bad_alloc (the caller then closes the listener).
   void Register(Listener& listener, const StreamEndpoint& where, std::string& bound, uint64_t& id);
   static void OnConnection(uv_stream_t* server, int status);
-  void Accept(uv_stream_t* server, Listener& listener);
+  // A connection arrived on `listener`: accepted, or turned away if the heap refuses it memory.
+  void Arrive(Listener& listener);
+  // Accepts the waiting connection into the listener's own spare handle and closes it at once.
+  void TurnAway(Listener& listener);
+  static void OnTurnedAway(uv_handle_t* handle);
+  // Closes the listener; it is deleted once every handle of it has closed.
+  static void CloseListener(Listener* listener);
+  // One of its handles has closed: whether that was the last (the listener is then deleted).
+  static bool ListenerHandleClosed(Listener* listener);
+  void Accept(Listener& listener);
   static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
   // OnRead's work, which a refused allocation may cut short (OnRead contains it).
   void Read(Connection* conn, ssize_t nread, const uv_buf_t* buf);

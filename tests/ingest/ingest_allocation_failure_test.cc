@@ -37,6 +37,8 @@
 #include "core/router.h"
 #include "ingest/ingest_service.h"
 #include "refusing_operator_new.h"
+#include "wire/flatbuffers_codec.h"
+#include "wire/framing.h"
 
 // ---- operator new counts against FailAllocationForTesting on the loop thread ---------------
 
@@ -284,6 +286,17 @@ TEST(IngestAllocationFailureTest, TheLoopSurvivesEveryRefusalAndTheEnginesClearR
   EXPECT_GE(Sweep("the loop", EngineRun), 20u);
 }
 
+// A socket connected to the Unix socket at `path`, or -1.
+int ConnectUnix(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+  close(fd);
+  return -1;
+}
+
 // A listener whose Listen was refused (on the loop: its bound name, its source) must not be
 // left listening: nobody could close it, and the ingest could not stop (libuv would keep
 // running for it). Connecting after the answer shows whether anything listens.
@@ -299,13 +312,10 @@ std::string ListenRun(uint64_t n, bool& refused) {
   const absl::StatusOr<uint64_t> id = ingest->Listen("unix://" + path, &bound);
   refused = FailAllocationForTesting(0) == 0;
   count_loop_allocations = false;
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const int fd = ConnectUnix(path);
+  const bool connected = fd >= 0;
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the loop accepts, if it listens
-  close(fd);
+  if (connected) close(fd);
   std::string problem;
   if (!id.ok() && connected) {
     problem = "Listen answered " + id.status().ToString() + ", yet the path accepts connections";
@@ -317,6 +327,90 @@ std::string ListenRun(uint64_t n, bool& refused) {
 
 TEST(IngestAllocationFailureTest, ARefusedListenLeavesNothingListening) {
   Sweep("Listen", ListenRun);
+}
+
+// A connection the heap refuses memory to (or its frame, or the frame's events) is lost and
+// counted, and the listener goes on: a later publisher's frame applies. libuv listens again
+// only once a connection is accepted, so one left unaccepted would stall the listener for good.
+// `at_once`: two publishers connect before the loop starts, so that libuv hands both over in
+// one go and the second arrives while the first, turned away, is still closing.
+std::string StreamRun(uint64_t n, bool& refused, bool at_once) {
+  std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = 16});
+  std::unique_ptr<IngestService> ingest = *IngestService::Create(router.get(), {});
+  const std::string path = "/tmp/kvr-stream-refused-" + std::to_string(getpid()) + ".sock";
+  unlink(path.c_str());
+  const absl::StatusOr<uint64_t> source = ingest->Listen("unix://" + path, nullptr);
+  if (!source.ok()) return "cannot listen: " + source.status().ToString();
+  // A publisher storing the prompt's 3 blocks on `worker_id`, then gone.
+  auto publish = [&](uint64_t worker_id) {
+    StoredEvent stored{.block_hashes = {1, 2, 3}, .token_ids = Prompt()};
+    const KvEvent event{.worker = {.worker_id = worker_id}, .data = std::move(stored)};
+    const std::vector<uint8_t> frame = *FrameBatch(EncodeEventBatch(std::span(&event, 1)));
+    const int fd = ConnectUnix(path);
+    if (fd < 0) return false;
+    (void)!send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);  // a turned-away one may fail
+    close(fd);
+    return true;
+  };
+  auto missing = [&](std::initializer_list<uint64_t> workers) {
+    uint64_t count = workers.size();
+    const absl::StatusOr<std::vector<OverlapScore>> scores = router->OverlapScores(Prompt());
+    for (const OverlapScore& s : scores.ok() ? *scores : std::vector<OverlapScore>{}) {
+      for (const uint64_t w : workers) {
+        if (s.worker == WorkerKey{.worker_id = w} && s.overlap.device_blocks == 3) --count;
+      }
+    }
+    return count;
+  };
+  auto losses_counted = [](const IngestStats& stats) {
+    uint64_t losses = stats.gaps;
+    for (const uint64_t r : stats.rejected) losses += r;
+    return losses;
+  };
+  // Whether `done()` held within kWait.
+  auto within_wait = [](auto done) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  };
+  // Every publisher's frame applied, or each one missing counted as lost.
+  auto accounted_for = [&](std::initializer_list<uint64_t> workers) {
+    return within_wait([&] {
+      const absl::StatusOr<IngestStats> stats = ingest->Stats(*source);
+      return stats.ok() && missing(workers) <= losses_counted(*stats);
+    });
+  };
+
+  bool connected = !at_once || (publish(5) && publish(7));
+  count_loop_allocations = true;
+  FailAllocationForTesting(n);
+  if (!ingest->Start().ok()) return "the ingest did not start";
+  if (!at_once) connected = publish(5);
+  const bool first_accounted_for =
+      connected && (at_once ? accounted_for({5, 7}) : accounted_for({5}));
+  refused = FailAllocationForTesting(0) == 0;
+  count_loop_allocations = false;
+  std::string problem;
+  if (!connected) {
+    problem = "a publisher could not connect";
+  } else if (!first_accounted_for) {
+    problem = "a publisher's frame was neither applied nor counted as lost";
+  } else if (!publish(9) || !within_wait([&] { return missing({9}) == 0; })) {
+    problem = "the listener stopped taking connections (the last publisher's blocks are missing)";
+  }
+  ingest.reset();  // a handle left open would hang this (SIGALRM)
+  unlink(path.c_str());
+  return problem;
+}
+
+TEST(IngestAllocationFailureTest, ARefusedConnectionIsTurnedAwayAndTheListenerGoesOn) {
+  const RunFn one = [](uint64_t n, bool& refused) { return StreamRun(n, refused, false); };
+  EXPECT_GE(Sweep("a stream connection", one), 3u);  // the connection, its list node, ...
+  const RunFn two = [](uint64_t n, bool& refused) { return StreamRun(n, refused, true); };
+  EXPECT_GE(Sweep("two stream connections at once", two), 6u);
 }
 
 // The same for an engine worker's subscription: a refused AddEngineWorker leaves no socket
