@@ -90,6 +90,7 @@ void ActiveSequences::TakeSlot(WorkerKey worker) {
     slots_.emplace_back();
   }
   slots_[slot] = Slot{.worker = worker, .in_use = true};
+  Changed(slots_[slot]);  // a rank taking a dropped one's slot is not that rank
   slot_of_.Set(worker, slot);
 }
 
@@ -157,6 +158,7 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
   Slot& s = slots_[slot];
   s.active_prefill_tokens += record->prefill_tokens;
   ++s.active_requests;
+  Changed(s);
   record.release();  // owned by requests_
   return absl::OkStatus();
 }
@@ -168,6 +170,7 @@ bool ActiveSequences::MarkPrefillCompleted(std::string_view request_id) {
   Slot& s = slots_[record.slot];
   s.active_prefill_tokens -= record.prefill_tokens;
   record.prefill_tokens = 0;
+  Changed(s);
   const Nanos waited = clock_.Now() - record.started_at;
   prefill_rate_.Add(static_cast<double>(record.work_ahead),
                     static_cast<double>(waited) / kNanosPerSecond);
@@ -189,6 +192,7 @@ bool ActiveSequences::SetOutputTokens(std::string_view request_id, uint64_t outp
   Slot& s = slots_[record.slot];
   s.output_blocks = s.output_blocks - record.output_blocks + output_blocks;
   record.output_blocks = output_blocks;
+  Changed(s);
   return true;
 }
 
@@ -207,6 +211,7 @@ void ActiveSequences::ReleaseRecord(const Record& record) {
   s.active_prefill_tokens -= record.prefill_tokens;
   s.output_blocks -= record.output_blocks;
   --s.active_requests;
+  Changed(s);
 }
 
 size_t ActiveSequences::ExpireStale() {
@@ -311,7 +316,13 @@ void ActiveSequences::LoadsWithPrompt(const PotentialLoadQuery& query,
     LoadWithPrompt& load = out.emplace_back();
     LoadInto(s, rate, load.current);
     load.new_blocks = prompt_blocks - (depth.empty() ? 0 : depth[slot]);
+    load.version = s.version;
   }
+}
+
+bool ActiveSequences::LoadUnchanged(WorkerKey worker, uint64_t version) const {
+  const uint32_t* slot = slot_of_.Find(worker);
+  return slot != nullptr && slots_[*slot].version == version;
 }
 
 void ActiveSequences::PotentialLoads(

@@ -136,6 +136,8 @@ struct WorkerLoad {
 struct LoadWithPrompt {
   WorkerLoad current;
   uint64_t new_blocks = 0;
+  // Changes whenever the rank's load does (ActiveSequences::LoadUnchanged).
+  uint64_t version = 0;
 };
 
 // The load a rank would carry if a new request were booked on it.
@@ -220,6 +222,9 @@ class ActiveSequences {
 
   // For every rank (stable order, the order of Loads()), its load and the prompt's new blocks.
   void LoadsWithPrompt(const PotentialLoadQuery& query, std::vector<LoadWithPrompt>& out) const;
+  // Whether `worker` is still a rank and nothing booked, freed, prefilled or grew on it since
+  // LoadsWithPrompt gave it `version` (what it would report is the same).
+  bool LoadUnchanged(WorkerKey worker, uint64_t version) const;
   // For every rank (the same order), the load it would carry with the new request.
   // `cached_tokens(position, worker)` gives the prompt tokens already cached on the rank at
   // that position of the order (as AlignToRanks numbers them).
@@ -293,6 +298,7 @@ class ActiveSequences {
     uint64_t active_prefill_tokens = 0;
     uint64_t active_requests = 0;
     uint64_t output_blocks = 0;  // its requests' output blocks (not in the trie)
+    uint64_t version = 0;        // changed_ when its load last changed (Changed)
   };
 
   // Owned by requests_ (a FailSafeMap holds plain values), keyed by a view of its own id.
@@ -354,6 +360,8 @@ class ActiveSequences {
   void ReleaseRecord(const Record& record);
   void MaybeExpire();
   void MaybeShrinkTables();
+  // `s`'s load changed: a version no slot had before.
+  void Changed(Slot& s) { s.version = ++changes_; }
 
   const Clock& clock_;
   Nanos expiry_;
@@ -362,6 +370,7 @@ class ActiveSequences {
 
   PrefillRate prefill_rate_;
   std::vector<Slot> slots_;  // indexed by slot number; freed slots are reused
+  uint64_t changes_ = 0;     // the last version given (Changed)
   std::vector<uint32_t> free_slots_;
   FailSafeMap<WorkerKey, uint32_t> slot_of_;
   // Each slot's position among the ranks in use (the order of Loads()), rebuilt when a rank

@@ -18,10 +18,13 @@
 // Thread-safety: a Router is internally synchronised; every method may be called from any thread
 // concurrently, except that the destructor must not run while another call is in progress or a
 // request is waiting in the queue. Hashing and the index lookup run outside any router lock (the
-// index has its own reader/writer lock), so requests hash and match in parallel. Selection,
-// booking, load changes (MarkPrefillCompleted, Free, expiry), the queue and the registry share
-// one mutex, the admission gate: a selection always sees every booking made before it, so
-// concurrent identical requests spread instead of piling onto one rank.
+// index has its own reader/writer lock), so requests hash and match in parallel. Booking, load
+// changes (MarkPrefillCompleted, Free, expiry), the queue and the registry share one mutex, the
+// admission gate. A decision takes its candidates' loads under it, prices them outside it (in
+// parallel with other callers), and picks and books under it again only if the winner's load
+// is still the one priced, else decides again wholly under it (router_selection.cc): a booking
+// always sees every booking made before it on its rank, so concurrent identical requests
+// spread instead of piling onto one rank.
 //
 // Waiting for admission: FindBestMatch (with admission and a queue threshold) blocks the calling
 // thread on a condition variable until the request is admitted, its timeout passes, or its
@@ -420,6 +423,11 @@ class Router {
   // Admits whatever waiting requests now fit.
   void RecheckQueue();
 
+  // Testing only: runs `pause` on the deciding thread while a decision is priced outside the
+  // gate, so that a test can change what it priced (from another thread: this one is inside
+  // the call). Set before any concurrent call.
+  void SetPricingPauseForTesting(std::function<void()> pause) { pricing_pause_ = std::move(pause); }
+
  private:
   struct Prepared;
   struct Pending;
@@ -447,8 +455,28 @@ class Router {
                           std::vector<const WorkerMatch*>& match_of_rank) const;
   // The load every rank would carry with the prepared prompt.
   void PotentialLoadsLocked(const Prepared& prepared, std::vector<PotentialLoad>& out);
+  // The ranks a request may go to, as the selector takes them, with each one's load version
+  // (ActiveSequences::LoadUnchanged).
+  struct RankCandidates {
+    std::vector<Candidate> candidates;
+    std::vector<uint64_t> versions;
+  };
+  absl::Status CandidatesLocked(const Prepared& prepared, RankCandidates& out) const;
+  // Prices them: a pure function, run without the gate by DecidePricedOutsideLocked.
+  absl::Status PriceRanks(const Prepared& prepared, const RankCandidates& ranks,
+                          Selection& out) const;
+  // Draws the pick (the random source is the gate's), then lets a preferred rank win.
+  void PickLocked(const Prepared& prepared, Selection& priced);
   absl::Status SelectLocked(const Prepared& prepared, Selection& out);
   absl::StatusOr<RouteDecision> DecideLocked(const Prepared& prepared);
+  // DecideLocked with the pricing done outside the gate: `gate` is released while pricing and
+  // held again on return. nullopt when what was priced changed meanwhile in a way that matters
+  // (the winner's load, the queue, the request id taken): the caller decides again, wholly
+  // under the gate, from its checks on.
+  std::optional<absl::StatusOr<RouteDecision>> DecidePricedOutsideLocked(
+      const Prepared& prepared, std::unique_lock<std::mutex>& gate);
+  // The decision for the selection's winner, booked when `prepared` asks for admission.
+  absl::StatusOr<RouteDecision> BookSelectionLocked(const Prepared& prepared, Selection& selection);
   // What a plan keeps (DecideLocked): `decision` is unchanged when this returns.
   static RouteDecision PlanRecordOf(RouteDecision& decision);
   std::unique_ptr<Prepared> WhatCommitNeeds(const Prepared& prepared) const;
@@ -553,6 +581,7 @@ class Router {
   std::atomic<uint64_t> event_batches_rejected_{0};
   std::atomic<uint64_t> events_refused_for_memory_{0};
   LatencyHistogram decision_latency_;
+  std::function<void()> pricing_pause_;  // SetPricingPauseForTesting
   // Calls left until the next one is timed (1: the next one).
   std::atomic<uint32_t> calls_until_timed_{1};
 

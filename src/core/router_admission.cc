@@ -156,31 +156,37 @@ uint64_t Router::Admit(std::span<const uint32_t> tokens, const RouteOptions& opt
     return 0;
   }
   scratch.hold_as_plan = as_plan;
-  std::lock_guard lock(gate_);
+  std::unique_lock lock(gate_);
   // Only a request that books may age plans and sessions: a preview changes nothing.
   if (options.with_admission) {
     if (MaybeSweepLocked()) DrainQueueLocked(completions);
   }
   // Steering changes nothing; a booking uses the binding once it is made (DecideLocked).
   ApplySessionLocked(scratch);
-  absl::Status id_status =
-      options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
-  if (id_status.ok()) id_status = CheckPinLocked(scratch);
-  completions.reserve(completions.size() + 1);
-  if (!id_status.ok()) {
-    completions.push_back({std::exchange(done, nullptr), std::move(id_status)});
+  // Priced outside the gate first; if what was priced changed meanwhile, decided again wholly
+  // under it, from the checks on.
+  for (bool outside = true;; outside = false) {
+    absl::Status id_status =
+        options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
+    if (id_status.ok()) id_status = CheckPinLocked(scratch);
+    completions.reserve(completions.size() + 1);
+    if (!id_status.ok()) {
+      completions.push_back({std::exchange(done, nullptr), std::move(id_status)});
+      return 0;
+    }
+    if (options.with_admission && MustWaitLocked(scratch)) {
+      const uint64_t ticket = next_ticket_;
+      EnqueueLocked(std::make_unique<Prepared>(std::move(scratch)), done);
+      return ticket;
+    }
+    std::optional<absl::StatusOr<RouteDecision>> result =
+        outside ? DecidePricedOutsideLocked(scratch, lock) : DecideLocked(scratch);
+    if (!result) continue;
+    CountDecision(*result);
+    if (result->ok()) FinishTiming(started);
+    completions.push_back({std::exchange(done, nullptr), std::move(*result)});
     return 0;
   }
-  if (options.with_admission && MustWaitLocked(scratch)) {
-    const uint64_t ticket = next_ticket_;
-    EnqueueLocked(std::make_unique<Prepared>(std::move(scratch)), done);
-    return ticket;
-  }
-  auto result = DecideLocked(scratch);
-  CountDecision(result);
-  if (result.ok()) FinishTiming(started);
-  completions.push_back({std::exchange(done, nullptr), std::move(result)});
-  return 0;
 }
 
 absl::StatusOr<RouteDecision> Router::FindBestMatch(std::span<const uint32_t> tokens,

@@ -4,6 +4,12 @@
 // behind (the approximate-index record, the session binding), and DecideLocked composes them
 // into a RouteDecision.
 //
+// Pricing is most of a decision at a thousand ranks, and it needs no lock: the entry points
+// (Admit, Preview) take the candidates under the gate, price them outside it, and pick and
+// book under it again, if the winner's load has not changed meanwhile
+// (DecidePricedOutsideLocked); else they decide again wholly under the gate. One caller
+// decides exactly as under the gate alone; concurrent callers price in parallel.
+//
 // A refused allocation (std::bad_alloc) leaves the router as if the decision had not been asked
 // for: everything that can be refused comes before the booking or is undone with it
 // (DecideLocked). (Messages may use absl::StrCat, which passes a bad_alloc on; not
@@ -140,22 +146,22 @@ void Router::PotentialLoadsLocked(const Prepared& prepared, std::vector<Potentia
   active_.PotentialLoads(LoadQueryOf(prepared), cached_tokens, out);
 }
 
-absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
-  const SelectorConfig& config = prepared.config;
-  const uint32_t block_size = options_.block_size;
+absl::Status Router::CandidatesLocked(const Prepared& prepared, RankCandidates& out) const {
   std::vector<const WorkerMatch*> match_of_rank;
   AlignMatchesLocked(prepared, match_of_rank);
   std::vector<LoadWithPrompt> loads;
   active_.LoadsWithPrompt(LoadQueryOf(prepared), loads);
 
-  std::vector<Candidate> candidates;
-  candidates.reserve(loads.size());
+  out.candidates.clear();
+  out.versions.clear();
+  out.candidates.reserve(loads.size());
+  out.versions.reserve(loads.size());
   for (size_t position = 0; position < loads.size(); ++position) {
     const LoadWithPrompt& load = loads[position];
     if (!IsCandidateLocked(prepared, load.current.worker)) continue;
     const WorkerMatch* match = match_of_rank[position];
     // Field by field, in place (as in LoadsWithPrompt: no copy to stall on).
-    Candidate& candidate = candidates.emplace_back();
+    Candidate& candidate = out.candidates.emplace_back();
     candidate.worker = load.current.worker;
     candidate.overlap = match ? OverlapOf(*match) : TierOverlap{};
     candidate.active_prefill_tokens = load.current.active_prefill_tokens;
@@ -163,22 +169,39 @@ absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
     candidate.new_blocks = load.new_blocks;
     candidate.active_requests = load.current.active_requests;
     candidate.prefill_tokens_per_second = load.current.prefill_tokens_per_second;
+    out.versions.push_back(load.version);
   }
-  if (candidates.empty() && !loads.empty() && !prepared.allowed_worker_ids.empty()) {
+  if (out.candidates.empty() && !loads.empty() && !prepared.allowed_worker_ids.empty()) {
     return absl::UnavailableError(
         "none of the allowed workers is registered (allowed_worker_ids names only unknown ids)");
   }
+  return absl::OkStatus();
+}
+
+absl::Status Router::PriceRanks(const Prepared& prepared, const RankCandidates& ranks,
+                                Selection& out) const {
   const SelectionInput input{.prompt_tokens = prepared.prompt_tokens,
-                             .block_size = block_size,
-                             .candidates = candidates,
+                             .block_size = options_.block_size,
+                             .candidates = ranks.candidates,
                              .allowed_worker_ids = {}};
-  if (auto status = SelectWorker(input, config, *random_, out); !status.ok()) return status;
+  return PriceCandidates(input, prepared.config, out);
+}
+
+void Router::PickLocked(const Prepared& prepared, Selection& priced) {
+  PickCandidate(prepared.config, *random_, priced);
   // A preferred rank (previewed, or a soft session binding) wins while it is still a candidate.
   if (prepared.preferred) {
-    for (size_t i = 0; i < out.costs.size(); ++i) {
-      if (out.costs[i].worker == *prepared.preferred) out.chosen = i;
+    for (size_t i = 0; i < priced.costs.size(); ++i) {
+      if (priced.costs[i].worker == *prepared.preferred) priced.chosen = i;
     }
   }
+}
+
+absl::Status Router::SelectLocked(const Prepared& prepared, Selection& out) {
+  RankCandidates ranks;
+  if (auto status = CandidatesLocked(prepared, ranks); !status.ok()) return status;
+  if (auto status = PriceRanks(prepared, ranks, out); !status.ok()) return status;
+  PickLocked(prepared, out);
   return absl::OkStatus();
 }
 
@@ -249,6 +272,38 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
   if (auto status = CheckPinLocked(prepared); !status.ok()) return status;
   Selection selection;
   if (auto status = SelectLocked(prepared, selection); !status.ok()) return status;
+  return BookSelectionLocked(prepared, selection);
+}
+
+std::optional<absl::StatusOr<RouteDecision>> Router::DecidePricedOutsideLocked(
+    const Prepared& prepared, std::unique_lock<std::mutex>& gate) {
+  // Reused per thread, as Admit's Prepared is: only until this decision is made.
+  thread_local RankCandidates ranks;
+  thread_local Selection selection;
+  if (auto status = CheckPinLocked(prepared); !status.ok()) return status;
+  if (auto status = CandidatesLocked(prepared, ranks); !status.ok()) return status;
+  const size_t queued = queue_.size();
+  gate.unlock();
+  const absl::Status priced = PriceRanks(prepared, ranks, selection);
+  if (pricing_pause_) pricing_pause_();
+  gate.lock();
+  // A failure may be stale (a worker added meanwhile), as may a request id now taken or a
+  // request now waiting that this one must not overtake: decided again under the gate.
+  if (!priced.ok() || queue_.size() != queued ||
+      (prepared.with_admission && !CheckNewRequestIdLocked(prepared.request_id).ok())) {
+    return std::nullopt;
+  }
+  PickLocked(prepared, selection);
+  // Only the winner's load matters: another rank that grew meanwhile would lose anyway, and
+  // one that shrank is missed as if this request had come a moment earlier.
+  if (!active_.LoadUnchanged(selection.winner().worker, ranks.versions[selection.chosen])) {
+    return std::nullopt;
+  }
+  return BookSelectionLocked(prepared, selection);
+}
+
+absl::StatusOr<RouteDecision> Router::BookSelectionLocked(const Prepared& prepared,
+                                                          Selection& selection) {
   // Stays valid when the costs move into the decision (their buffer moves with them).
   const CandidateCost& winner = selection.winner();
   RouteDecision decision;

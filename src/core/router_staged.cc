@@ -26,11 +26,12 @@ absl::StatusOr<RouteDecision> Router::Preview(std::span<const uint32_t> tokens,
   if (auto status = Prepare(tokens, look, /*for_booking=*/false, prepared); !status.ok()) {
     return status;
   }
-  std::lock_guard lock(gate_);
+  std::unique_lock lock(gate_);
   ApplySessionLocked(prepared);
-  auto result = DecideLocked(prepared);
-  if (result.ok()) FinishTiming(started);
-  return result;
+  std::optional<absl::StatusOr<RouteDecision>> result = DecidePricedOutsideLocked(prepared, lock);
+  if (!result) result = DecideLocked(prepared);
+  if (result->ok()) FinishTiming(started);
+  return *std::move(result);
 }
 
 absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,

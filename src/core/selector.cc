@@ -191,8 +191,8 @@ void ScoreCandidateInto(const Candidate& candidate, uint64_t prompt_tokens, uint
   c.probability = 0;
 }
 
-absl::Status SelectWorker(const SelectionInput& input, const SelectorConfig& config,
-                          RandomSource& random, Selection& out) {
+absl::Status PriceCandidates(const SelectionInput& input, const SelectorConfig& config,
+                             Selection& out) {
   out.costs.clear();
   out.chosen = 0;
   if (input.block_size == 0) return absl::InvalidArgumentError("block_size must be > 0");
@@ -215,8 +215,18 @@ absl::Status SelectWorker(const SelectionInput& input, const SelectorConfig& con
                                       ? "no worker is registered"
                                       : "no registered worker is in the allowed set");
   }
-  out.chosen = config.temperature == 0 ? PickCheapest(out.costs, random)
-                                       : PickSoftmax(out.costs, config.temperature, random);
+  return absl::OkStatus();
+}
+
+void PickCandidate(const SelectorConfig& config, RandomSource& random, Selection& priced) {
+  priced.chosen = config.temperature == 0 ? PickCheapest(priced.costs, random)
+                                          : PickSoftmax(priced.costs, config.temperature, random);
+}
+
+absl::Status SelectWorker(const SelectionInput& input, const SelectorConfig& config,
+                          RandomSource& random, Selection& out) {
+  if (auto status = PriceCandidates(input, config, out); !status.ok()) return status;
+  PickCandidate(config, random, out);
   return absl::OkStatus();
 }
 

@@ -191,6 +191,13 @@ void ScoreCandidateInto(const Candidate& candidate, uint64_t prompt_tokens, uint
                         const SelectorConfig& config, uint64_t min_active_prefill_tokens,
                         CandidateCost& out);
 
+// SelectWorker's two halves: pricing is a pure function of the candidates (the router runs it
+// outside its lock), the pick draws from the random source. PriceCandidates fails as
+// SelectWorker does; PickCandidate needs `priced` as PriceCandidates left it (not empty).
+absl::Status PriceCandidates(const SelectionInput& input, const SelectorConfig& config,
+                             Selection& out);
+void PickCandidate(const SelectorConfig& config, RandomSource& random, Selection& priced);
+
 // Prices every eligible candidate and picks one. Errors: InvalidArgument (block size 0, or an
 // invalid config), Unavailable (no eligible candidate). `out` is overwritten (its capacity is
 // reused).

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/hashing.h"
@@ -80,6 +81,56 @@ TEST(RouterConcurrencyTest, ThousandConcurrentIdenticalRequestsSpread) {
     EXPECT_GT(per_worker[w].load(), 0) << "worker " << w;
   }
   EXPECT_EQ(total, kRequests);
+}
+
+// A decision is priced outside the gate, then picked and booked under it. Here a second
+// request is booked while the first is being priced: both prompts are the same and both
+// workers idle, so the first's pick is a coin toss, and had it booked what it priced it would
+// join the second on its worker about half the time. The winner's load changed, so it
+// decides again under the gate and goes to the other worker.
+TEST(RouterConcurrencyTest, ARequestBookedWhileAnotherIsPricedIsSeenByIt) {
+  const auto prompt = Prompt(64);
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    auto router = Router::Create(RouterOptions{.block_size = kBlockSize, .random_seed = seed});
+    ASSERT_TRUE(router.ok());
+    for (uint64_t id : {0, 1}) ASSERT_TRUE((*router)->AddWorker({.worker_id = id}).ok());
+    absl::StatusOr<RouteDecision> second = absl::UnknownError("not run");
+    std::latch priced(1), booked(1);
+    std::thread other([&] {
+      priced.wait();
+      second = (*router)->FindBestMatch(prompt, {.with_admission = true, .request_id = "b"});
+      booked.count_down();
+    });
+    bool paused = false;
+    (*router)->SetPricingPauseForTesting([&] {
+      if (std::exchange(paused, true)) return;  // the first decision only
+      priced.count_down();
+      booked.wait();
+    });
+    auto first = (*router)->FindBestMatch(prompt, {.with_admission = true, .request_id = "a"});
+    other.join();
+    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_NE(first->worker, second->worker) << "seed " << seed;
+    EXPECT_EQ((*router)->active_requests(), 2u);
+  }
+}
+
+// A worker removed while a request is priced is never booked: the request goes to a worker
+// still there (had it booked what it priced, it would have failed half the time).
+TEST(RouterConcurrencyTest, AWorkerRemovedWhileARequestIsPricedIsNotChosen) {
+  const auto prompt = Prompt(64);
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    auto router = Router::Create(RouterOptions{.block_size = kBlockSize, .random_seed = seed});
+    ASSERT_TRUE(router.ok());
+    for (uint64_t id : {0, 1}) ASSERT_TRUE((*router)->AddWorker({.worker_id = id}).ok());
+    (*router)->SetPricingPauseForTesting(
+        [&] { std::thread([&] { EXPECT_TRUE((*router)->RemoveWorker(0).ok()); }).join(); });
+    auto decision = (*router)->FindBestMatch(prompt, {.with_admission = true, .request_id = "a"});
+    ASSERT_TRUE(decision.ok()) << decision.status();
+    EXPECT_EQ(decision->worker.worker_id, 1u) << "seed " << seed;
+    EXPECT_EQ((*router)->active_requests(), 1u);
+  }
 }
 
 // Many callers block in the queue while others finish their requests: everyone is admitted
