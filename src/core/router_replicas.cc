@@ -121,13 +121,12 @@ void Router::AnnounceBookingsLocked() {
       LostNotificationLocked();
       return;
     }
-    active_.ForEachRequest(
-        [](std::string_view id) { return !IsReplicaRequestId(id); },
-        [&](const SequenceRequest& booking) {
-          if (!reannounce_pending_ && !observer_.Notify(AddedChange(booking))) {
-            LostNotificationLocked();
-          }
-        });
+    active_.ForEachRequest([](std::string_view id) { return !IsReplicaRequestId(id); },
+                           [&](const SequenceRequest& booking) {
+                             if (!reannounce_pending_ && !observer_.Notify(AddedChange(booking))) {
+                               LostNotificationLocked();
+                             }
+                           });
   } catch (const std::bad_alloc&) {
     LostNotificationLocked();
   }
