@@ -83,6 +83,14 @@ TEST(RouterConcurrencyTest, ThousandConcurrentIdenticalRequestsSpread) {
   EXPECT_EQ(total, kRequests);
 }
 
+// Workers 0 and 1, idle, on a router drawing from `seed`.
+std::unique_ptr<Router> TwoIdleWorkers(uint64_t seed) {
+  auto router = Router::Create(RouterOptions{.block_size = kBlockSize, .random_seed = seed});
+  EXPECT_TRUE(router.ok()) << router.status();
+  for (uint64_t id : {0, 1}) EXPECT_TRUE((*router)->AddWorker({.worker_id = id}).ok());
+  return std::move(*router);
+}
+
 // A decision is priced outside the gate, then picked and booked under it. Here a second
 // request is booked while the first is being priced: both prompts are the same and both
 // workers idle, so the first's pick is a coin toss, and had it booked what it priced it would
@@ -91,28 +99,26 @@ TEST(RouterConcurrencyTest, ThousandConcurrentIdenticalRequestsSpread) {
 TEST(RouterConcurrencyTest, ARequestBookedWhileAnotherIsPricedIsSeenByIt) {
   const auto prompt = Prompt(64);
   for (uint64_t seed = 1; seed <= 16; ++seed) {
-    auto router = Router::Create(RouterOptions{.block_size = kBlockSize, .random_seed = seed});
-    ASSERT_TRUE(router.ok());
-    for (uint64_t id : {0, 1}) ASSERT_TRUE((*router)->AddWorker({.worker_id = id}).ok());
+    const std::unique_ptr<Router> router = TwoIdleWorkers(seed);
     absl::StatusOr<RouteDecision> second = absl::UnknownError("not run");
     std::latch priced(1), booked(1);
     std::thread other([&] {
       priced.wait();
-      second = (*router)->FindBestMatch(prompt, {.with_admission = true, .request_id = "b"});
+      second = router->FindBestMatch(prompt, {.with_admission = true, .request_id = "b"});
       booked.count_down();
     });
     bool paused = false;
-    (*router)->SetPricingPauseForTesting([&] {
+    router->SetPricingPauseForTesting([&] {
       if (std::exchange(paused, true)) return;  // the first decision only
       priced.count_down();
       booked.wait();
     });
-    auto first = (*router)->FindBestMatch(prompt, {.with_admission = true, .request_id = "a"});
+    auto first = router->FindBestMatch(prompt, {.with_admission = true, .request_id = "a"});
     other.join();
     ASSERT_TRUE(first.ok()) << first.status();
     ASSERT_TRUE(second.ok()) << second.status();
     EXPECT_NE(first->worker, second->worker) << "seed " << seed;
-    EXPECT_EQ((*router)->active_requests(), 2u);
+    EXPECT_EQ(router->active_requests(), 2u);
   }
 }
 
@@ -121,15 +127,13 @@ TEST(RouterConcurrencyTest, ARequestBookedWhileAnotherIsPricedIsSeenByIt) {
 TEST(RouterConcurrencyTest, AWorkerRemovedWhileARequestIsPricedIsNotChosen) {
   const auto prompt = Prompt(64);
   for (uint64_t seed = 1; seed <= 16; ++seed) {
-    auto router = Router::Create(RouterOptions{.block_size = kBlockSize, .random_seed = seed});
-    ASSERT_TRUE(router.ok());
-    for (uint64_t id : {0, 1}) ASSERT_TRUE((*router)->AddWorker({.worker_id = id}).ok());
-    (*router)->SetPricingPauseForTesting(
-        [&] { std::thread([&] { EXPECT_TRUE((*router)->RemoveWorker(0).ok()); }).join(); });
-    auto decision = (*router)->FindBestMatch(prompt, {.with_admission = true, .request_id = "a"});
+    const std::unique_ptr<Router> router = TwoIdleWorkers(seed);
+    router->SetPricingPauseForTesting(
+        [&] { std::thread([&] { EXPECT_TRUE(router->RemoveWorker(0).ok()); }).join(); });
+    auto decision = router->FindBestMatch(prompt, {.with_admission = true, .request_id = "a"});
     ASSERT_TRUE(decision.ok()) << decision.status();
     EXPECT_EQ(decision->worker.worker_id, 1u) << "seed " << seed;
-    EXPECT_EQ((*router)->active_requests(), 1u);
+    EXPECT_EQ(router->active_requests(), 1u);
   }
 }
 
