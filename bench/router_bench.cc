@@ -357,6 +357,7 @@ void BM_FindBestMatchThreads(benchmark::State& state) {
   std::vector<std::string> ids = RequestIds(4096);
   for (std::string& id : ids) id.insert(0, "t" + std::to_string(state.thread_index()) + "-");
   size_t q = queries.size() * state.thread_index() / state.threads(), next_id = 0;
+  const Router::Counters start = trace.router().counters();
   for (auto _ : state) {
     const RouteOptions options{.with_admission = true, .request_id = ids[next_id]};
     auto decision = trace.router().FindBestMatch(queries[q], options);
@@ -369,6 +370,18 @@ void BM_FindBestMatchThreads(benchmark::State& state) {
     next_id = (next_id + 1) % ids.size();
   }
   state.SetItemsProcessed(state.iterations());
+  // How often a caller's winner changed while it priced (decided again under the gate), per
+  // 1,000 decisions of every thread while this one ran.
+  if (state.thread_index() == 0) {
+    const Router::Counters end = trace.router().counters();
+    const double decisions = static_cast<double>(end.decisions - start.decisions);
+    state.counters["priced_again_per_1k"] =
+        decisions > 0
+            ? 1000.0 *
+                  static_cast<double>(end.decisions_priced_again - start.decisions_priced_again) /
+                  decisions
+            : 0;
+  }
 }
 
 BENCHMARK(BM_FindBestMatch)

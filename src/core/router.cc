@@ -257,7 +257,8 @@ void Router::CountRejectedBatch() {
 Router::Counters Router::counters() const {
   return {.decisions = decisions_.load(std::memory_order_relaxed),
           .event_batches_rejected = event_batches_rejected_.load(std::memory_order_relaxed),
-          .events_refused_for_memory = events_refused_for_memory_.load(std::memory_order_relaxed)};
+          .events_refused_for_memory = events_refused_for_memory_.load(std::memory_order_relaxed),
+          .decisions_priced_again = decisions_priced_again_.load(std::memory_order_relaxed)};
 }
 
 kvrouter::IndexStats Router::IndexStats() const {

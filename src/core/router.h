@@ -406,6 +406,10 @@ class Router {
     // KV events ApplyEvent could not apply for want of memory (std::bad_alloc from the index:
     // refused before the event changed anything, or midway, its rank then cleared).
     uint64_t events_refused_for_memory = 0;
+    // Decisions priced outside the gate whose winner (or the queue, or the request id) changed
+    // before they could book, and that were decided again under it: how often concurrent
+    // callers collide.
+    uint64_t decisions_priced_again = 0;
   };
   Counters counters() const;
   // How long routing calls took from their start (hashing included) to their decision, on
@@ -580,6 +584,7 @@ class Router {
   std::atomic<uint64_t> decisions_{0};
   std::atomic<uint64_t> event_batches_rejected_{0};
   std::atomic<uint64_t> events_refused_for_memory_{0};
+  std::atomic<uint64_t> decisions_priced_again_{0};
   LatencyHistogram decision_latency_;
   std::function<void()> pricing_pause_;  // SetPricingPauseForTesting
   // Calls left until the next one is timed (1: the next one).

@@ -289,15 +289,19 @@ std::optional<absl::StatusOr<RouteDecision>> Router::DecidePricedOutsideLocked(
   gate.lock();
   // A failure may be stale (a worker added meanwhile), as may a request id now taken or a
   // request now waiting that this one must not overtake: decided again under the gate.
+  const auto again = [this] {
+    decisions_priced_again_.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  };
   if (!priced.ok() || queue_.size() != queued ||
       (prepared.with_admission && !CheckNewRequestIdLocked(prepared.request_id).ok())) {
-    return std::nullopt;
+    return again();
   }
   PickLocked(prepared, selection);
   // Only the winner's load matters: another rank that grew meanwhile would lose anyway, and
   // one that shrank is missed as if this request had come a moment earlier.
   if (!active_.LoadUnchanged(selection.winner().worker, ranks.versions[selection.chosen])) {
-    return std::nullopt;
+    return again();
   }
   return BookSelectionLocked(prepared, selection);
 }
