@@ -50,6 +50,7 @@
 #include "core/hashing.h"
 #include "core/radix_index.h"
 #include "core/router.h"
+#include "in_child.h"
 #include "kvrouter.h"
 #include "refusing_operator_new.h"
 #include "test_data.h"
@@ -413,22 +414,9 @@ size_t RunArmed(uint64_t n, size_t count, int fd, Op op) {
 // "P<problem>" if it found one (multi-line).
 template <typename Body>
 Outcome InChild(Body body) {
-  int fds[2];
-  if (pipe(fds) != 0) std::abort();
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    body(fds[1]);
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[4096];
-  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(r));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  const ChildRun child = RunInChild(body);
+  const std::string& out = child.output;
+  const int status = child.wait_status;
   Outcome run;
   const size_t problem = out.find("\nP") != std::string::npos ? out.find("\nP") + 1 : out.size();
   if (problem < out.size()) run.problem = out.substr(problem + 1);

@@ -35,6 +35,7 @@
 
 #include "core/counting_allocator.h"
 #include "core/router.h"
+#include "in_child.h"
 #include "ingest/ingest_service.h"
 #include "refusing_operator_new.h"
 #include "wire/flatbuffers_codec.h"
@@ -226,31 +227,21 @@ struct Outcome {
 using RunFn = std::string (*)(uint64_t n, bool& refused);
 
 Outcome InChild(uint64_t n, RunFn run) {
-  int fds[2];
-  if (pipe(fds) != 0) std::abort();
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
+  const ChildRun child = RunInChild([&](int fd) {
     alarm(30);
     bool refused = false;
     const std::string problem = run(n, refused);
     if (!problem.empty()) {
-      (void)!write(fds[1], problem.data(), problem.size());
+      (void)!write(fd, problem.data(), problem.size());
       _exit(2);
     }
     _exit(refused ? 0 : 1);
+  });
+  if (WIFSIGNALED(child.wait_status)) {
+    return {2, "died of signal " + std::to_string(WTERMSIG(child.wait_status))};
   }
-  close(fds[1]);
-  std::string text;
-  char buffer[512];
-  for (ssize_t got; (got = read(fds[0], buffer, sizeof(buffer))) > 0;) text.append(buffer, got);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status)) return {2, "died of signal " + std::to_string(WTERMSIG(status))};
-  const int code = WEXITSTATUS(status);
-  return {code, code == 2 ? text : ""};
+  const int code = WEXITSTATUS(child.wait_status);
+  return {code, code == 2 ? child.output : ""};
 }
 
 // Runs `run` with n = 1, 2, ... until a run makes fewer than n allocations; how many were
