@@ -223,7 +223,8 @@ class ActiveSequences {
   // For every rank (stable order, the order of Loads()), its load and the prompt's new blocks.
   void LoadsWithPrompt(const PotentialLoadQuery& query, std::vector<LoadWithPrompt>& out) const;
   // Whether `worker` is still a rank and nothing booked, freed, prefilled or grew on it since
-  // LoadsWithPrompt gave it `version` (what it would report is the same).
+  // LoadsWithPrompt gave it `version` (what it would report is the same, but for the
+  // fleet-wide prefill rate, which scales every rank's predicted time alike).
   bool LoadUnchanged(WorkerKey worker, uint64_t version) const;
   // For every rank (the same order), the load it would carry with the new request.
   // `cached_tokens(position, worker)` gives the prompt tokens already cached on the rank at

@@ -475,8 +475,8 @@ class Router {
   absl::StatusOr<RouteDecision> DecideLocked(const Prepared& prepared);
   // DecideLocked with the pricing done outside the gate: `gate` is released while pricing and
   // held again on return. nullopt when what was priced changed meanwhile in a way that matters
-  // (the winner's load, the queue, the request id taken): the caller decides again, wholly
-  // under the gate, from its checks on.
+  // (the winner's load, the queue, the request id taken, the session's binding) or the pricing
+  // failed: the caller decides again, wholly under the gate, from its steering and checks on.
   std::optional<absl::StatusOr<RouteDecision>> DecidePricedOutsideLocked(
       const Prepared& prepared, std::unique_lock<std::mutex>& gate);
   // The decision for the selection's winner, booked when `prepared` asks for admission.
@@ -529,9 +529,10 @@ class Router {
   // Expires plans and reclaims sessions if the last sweep is old enough; true if a plan's
   // booking was freed (the caller drains the queue).
   bool MaybeSweepLocked();
-  // Resolves the session binding into a pin or a preference (SessionTable::Steer); changes
-  // nothing.
-  void ApplySessionLocked(Prepared& prepared);
+  // Resolves the session binding into a pin or a preference (SessionTable::Steer), from the
+  // request's own pin and preference (`options`), so that a decision made again after the
+  // binding changed steers by the new one; changes nothing.
+  void ApplySessionLocked(const RouteOptions& options, Prepared& prepared);
   // The request is booked: its binding's TTL restarts, or the binding is dropped if it expired
   // or is hard and its rank is gone (a dispatch rebinds it). Allocates nothing: the last step
   // of a booking.

@@ -161,11 +161,11 @@ uint64_t Router::Admit(std::span<const uint32_t> tokens, const RouteOptions& opt
   if (options.with_admission) {
     if (MaybeSweepLocked()) DrainQueueLocked(completions);
   }
-  // Steering changes nothing; a booking uses the binding once it is made (DecideLocked).
-  ApplySessionLocked(scratch);
   // Priced outside the gate first; if what was priced changed meanwhile, decided again wholly
-  // under it, from the checks on.
+  // under it, from the steering and the checks on.
   for (bool outside = true;; outside = false) {
+    // Steering changes nothing; a booking uses the binding once it is made (DecideLocked).
+    ApplySessionLocked(options, scratch);
     absl::Status id_status =
         options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
     if (id_status.ok()) id_status = CheckPinLocked(scratch);

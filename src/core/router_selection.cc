@@ -282,24 +282,33 @@ std::optional<absl::StatusOr<RouteDecision>> Router::DecidePricedOutsideLocked(
   thread_local Selection selection;
   if (auto status = CheckPinLocked(prepared); !status.ok()) return status;
   if (auto status = CandidatesLocked(prepared, ranks); !status.ok()) return status;
-  const size_t queued = queue_.size();
+  // What must be as it was for the pick to stand (beside the winner's load): nothing queued or
+  // dequeued meanwhile (a request now waiting must not be overtaken), the session bound where
+  // it was (it steered this request).
+  const auto queue_state = std::make_pair(next_ticket_, queue_.size());
+  const std::optional<WorkerKey> binding =
+      prepared.session_id.empty() ? std::nullopt : sessions_.Binding(prepared.session_id);
   gate.unlock();
   const absl::Status priced = PriceRanks(prepared, ranks, selection);
   if (pricing_pause_) pricing_pause_();
   gate.lock();
-  // A failure may be stale (a worker added meanwhile), as may a request id now taken or a
-  // request now waiting that this one must not overtake: decided again under the gate.
+  // A failure may be stale (a worker added meanwhile): decided again under the gate, as is a
+  // decision that collided with another caller's.
+  if (!priced.ok()) return std::nullopt;
   const auto again = [this] {
     decisions_priced_again_.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   };
-  if (!priced.ok() || queue_.size() != queued ||
+  if (std::make_pair(next_ticket_, queue_.size()) != queue_state ||
+      (!prepared.session_id.empty() && sessions_.Binding(prepared.session_id) != binding) ||
       (prepared.with_admission && !CheckNewRequestIdLocked(prepared.request_id).ok())) {
     return again();
   }
   PickLocked(prepared, selection);
-  // Only the winner's load matters: another rank that grew meanwhile would lose anyway, and
-  // one that shrank is missed as if this request had come a moment earlier.
+  // The winner's load must be the one priced. Other ranks' loads may have moved: one that grew
+  // rarely matters (it was already dearer; only the credit decay's baseline, the least prefill
+  // in flight, can shift with it), and one that shrank is missed as if this request had come a
+  // moment earlier. Under softmax (temperature > 0) the draw is from the distribution priced.
   if (!active_.LoadUnchanged(selection.winner().worker, ranks.versions[selection.chosen])) {
     return again();
   }

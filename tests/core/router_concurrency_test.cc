@@ -85,10 +85,10 @@ TEST(RouterConcurrencyTest, ThousandConcurrentIdenticalRequestsSpread) {
 
 // Workers 0 and 1, idle, on a router drawing from `seed`.
 std::unique_ptr<Router> TwoIdleWorkers(uint64_t seed) {
-  auto router = Router::Create(RouterOptions{.block_size = kBlockSize, .random_seed = seed});
-  EXPECT_TRUE(router.ok()) << router.status();
-  for (uint64_t id : {0, 1}) EXPECT_TRUE((*router)->AddWorker({.worker_id = id}).ok());
-  return std::move(*router);
+  std::unique_ptr<Router> router =
+      Router::Create(RouterOptions{.block_size = kBlockSize, .random_seed = seed}).value();
+  for (uint64_t id : {0, 1}) EXPECT_TRUE(router->AddWorker({.worker_id = id}).ok());
+  return router;
 }
 
 // A decision is priced outside the gate, then picked and booked under it. Here a second
@@ -134,6 +134,58 @@ TEST(RouterConcurrencyTest, AWorkerRemovedWhileARequestIsPricedIsNotChosen) {
     ASSERT_TRUE(decision.ok()) << decision.status();
     EXPECT_EQ(decision->worker.worker_id, 1u) << "seed " << seed;
     EXPECT_EQ(router->active_requests(), 1u);
+  }
+}
+
+// A hard session's request whose bound worker leaves while it is priced goes where it would
+// had the worker left before it came: the binding is dropped, the request routed to the other
+// worker, and the session bound there (it failed with "pinned worker is not registered" when
+// the steering priced first was kept).
+TEST(RouterConcurrencyTest, ASessionsWorkerRemovedWhileItsRequestIsPricedIsSteeredAround) {
+  const auto prompt = Prompt(64);
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    const std::unique_ptr<Router> router = TwoIdleWorkers(seed);
+    const RouteOptions first{.with_admission = true, .request_id = "a", .session_id = "s"};
+    auto bound = router->FindBestMatch(prompt, first);
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    router->SetPricingPauseForTesting([&] {
+      std::thread([&] { EXPECT_TRUE(router->RemoveWorker(bound->worker.worker_id).ok()); }).join();
+    });
+    const RouteOptions next{.with_admission = true, .request_id = "b", .session_id = "s"};
+    auto decision = router->FindBestMatch(prompt, next);
+    ASSERT_TRUE(decision.ok()) << decision.status() << " (seed " << seed << ")";
+    EXPECT_NE(decision->worker, bound->worker);
+    EXPECT_EQ(router->SessionBinding("s"), decision->worker);
+  }
+}
+
+// Two requests of one session at once: the one that books second follows the binding the
+// first made while it was priced, as it would had it come after (agents' parallel calls).
+TEST(RouterConcurrencyTest, ASessionBoundWhileItsNextRequestIsPricedSteersIt) {
+  const auto prompt = Prompt(64);
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    const std::unique_ptr<Router> router = TwoIdleWorkers(seed);
+    absl::StatusOr<RouteDecision> other = absl::UnknownError("not run");
+    std::latch priced(1), booked(1);
+    std::thread binder([&] {
+      priced.wait();
+      other = router->FindBestMatch(prompt,
+                                    {.with_admission = true, .request_id = "b", .session_id = "s"});
+      booked.count_down();
+    });
+    bool paused = false;
+    router->SetPricingPauseForTesting([&] {
+      if (std::exchange(paused, true)) return;  // the first decision only
+      priced.count_down();
+      booked.wait();
+    });
+    auto decision = router->FindBestMatch(
+        prompt, {.with_admission = true, .request_id = "a", .session_id = "s"});
+    binder.join();
+    ASSERT_TRUE(decision.ok()) << decision.status();
+    ASSERT_TRUE(other.ok()) << other.status();
+    EXPECT_EQ(decision->worker, other->worker) << "seed " << seed;
+    EXPECT_EQ(router->SessionBinding("s"), other->worker);
   }
 }
 
