@@ -52,6 +52,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/active_sequences.h"
+#include "core/adaptive_mutex.h"
 #include "core/approx_index.h"
 #include "core/booking_observer.h"
 #include "core/clock.h"
@@ -478,7 +479,7 @@ class Router {
   // (the winner's load, the queue, the request id taken, the session's binding) or the pricing
   // failed: the caller decides again, wholly under the gate, from its steering and checks on.
   std::optional<absl::StatusOr<RouteDecision>> DecidePricedOutsideLocked(
-      const Prepared& prepared, std::unique_lock<std::mutex>& gate);
+      const Prepared& prepared, std::unique_lock<AdaptiveMutex>& gate);
   // The decision for the selection's winner, booked when `prepared` asks for admission.
   absl::StatusOr<RouteDecision> BookSelectionLocked(const Prepared& prepared, Selection& selection);
   // What a plan keeps (DecideLocked): `decision` is unchanged when this returns.
@@ -559,7 +560,7 @@ class Router {
   std::unique_ptr<RadixIndex> index_;    // with KV events
   std::unique_ptr<ApproxIndex> approx_;  // approximate mode
 
-  mutable std::mutex gate_;
+  mutable AdaptiveMutex gate_;
   std::shared_ptr<RandomSource> random_;
   ActiveSequences active_;
   WorkerRegistry registry_;

@@ -276,7 +276,7 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
 }
 
 std::optional<absl::StatusOr<RouteDecision>> Router::DecidePricedOutsideLocked(
-    const Prepared& prepared, std::unique_lock<std::mutex>& gate) {
+    const Prepared& prepared, std::unique_lock<AdaptiveMutex>& gate) {
   // Reused per thread, as Admit's Prepared is: only until this decision is made.
   thread_local RankCandidates ranks;
   thread_local Selection selection;
