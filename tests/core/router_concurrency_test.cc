@@ -7,6 +7,7 @@
 #include <deque>
 #include <latch>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -91,6 +92,30 @@ std::unique_ptr<Router> TwoIdleWorkers(uint64_t seed) {
   return router;
 }
 
+// Decides `first` on `router`, and, while it is priced outside the gate, `meanwhile` on
+// another thread (booked before `first` picks): the two decisions, in that order.
+std::pair<absl::StatusOr<RouteDecision>, absl::StatusOr<RouteDecision>> DecideWhileAnotherBooks(
+    Router& router, std::span<const uint32_t> prompt, const RouteOptions& first,
+    const RouteOptions& meanwhile) {
+  absl::StatusOr<RouteDecision> other = absl::UnknownError("not run");
+  std::latch priced(1), booked(1);
+  std::thread other_caller([&] {
+    priced.wait();
+    other = router.FindBestMatch(prompt, meanwhile);
+    booked.count_down();
+  });
+  bool paused = false;
+  router.SetPricingPauseForTesting([&] {
+    if (std::exchange(paused, true)) return;  // the first decision only
+    priced.count_down();
+    booked.wait();
+  });
+  absl::StatusOr<RouteDecision> decided = router.FindBestMatch(prompt, first);
+  other_caller.join();
+  router.SetPricingPauseForTesting(nullptr);
+  return {std::move(decided), std::move(other)};
+}
+
 // A decision is priced outside the gate, then picked and booked under it. Here a second
 // request is booked while the first is being priced: both prompts are the same and both
 // workers idle, so the first's pick is a coin toss, and had it booked what it priced it would
@@ -100,21 +125,9 @@ TEST(RouterConcurrencyTest, ARequestBookedWhileAnotherIsPricedIsSeenByIt) {
   const auto prompt = Prompt(64);
   for (uint64_t seed = 1; seed <= 16; ++seed) {
     const std::unique_ptr<Router> router = TwoIdleWorkers(seed);
-    absl::StatusOr<RouteDecision> second = absl::UnknownError("not run");
-    std::latch priced(1), booked(1);
-    std::thread other([&] {
-      priced.wait();
-      second = router->FindBestMatch(prompt, {.with_admission = true, .request_id = "b"});
-      booked.count_down();
-    });
-    bool paused = false;
-    router->SetPricingPauseForTesting([&] {
-      if (std::exchange(paused, true)) return;  // the first decision only
-      priced.count_down();
-      booked.wait();
-    });
-    auto first = router->FindBestMatch(prompt, {.with_admission = true, .request_id = "a"});
-    other.join();
+    const auto [first, second] =
+        DecideWhileAnotherBooks(*router, prompt, {.with_admission = true, .request_id = "a"},
+                                {.with_admission = true, .request_id = "b"});
     ASSERT_TRUE(first.ok()) << first.status();
     ASSERT_TRUE(second.ok()) << second.status();
     EXPECT_NE(first->worker, second->worker) << "seed " << seed;
@@ -165,23 +178,9 @@ TEST(RouterConcurrencyTest, ASessionBoundWhileItsNextRequestIsPricedSteersIt) {
   const auto prompt = Prompt(64);
   for (uint64_t seed = 1; seed <= 16; ++seed) {
     const std::unique_ptr<Router> router = TwoIdleWorkers(seed);
-    absl::StatusOr<RouteDecision> other = absl::UnknownError("not run");
-    std::latch priced(1), booked(1);
-    std::thread binder([&] {
-      priced.wait();
-      other = router->FindBestMatch(prompt,
-                                    {.with_admission = true, .request_id = "b", .session_id = "s"});
-      booked.count_down();
-    });
-    bool paused = false;
-    router->SetPricingPauseForTesting([&] {
-      if (std::exchange(paused, true)) return;  // the first decision only
-      priced.count_down();
-      booked.wait();
-    });
-    auto decision = router->FindBestMatch(
-        prompt, {.with_admission = true, .request_id = "a", .session_id = "s"});
-    binder.join();
+    const auto [decision, other] = DecideWhileAnotherBooks(
+        *router, prompt, {.with_admission = true, .request_id = "a", .session_id = "s"},
+        {.with_admission = true, .request_id = "b", .session_id = "s"});
     ASSERT_TRUE(decision.ok()) << decision.status();
     ASSERT_TRUE(other.ok()) << other.status();
     EXPECT_EQ(decision->worker, other->worker) << "seed " << seed;
