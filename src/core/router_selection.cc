@@ -277,9 +277,10 @@ absl::StatusOr<RouteDecision> Router::DecideLocked(const Prepared& prepared) {
 
 std::optional<absl::StatusOr<RouteDecision>> Router::DecidePricedOutsideLocked(
     const Prepared& prepared, std::unique_lock<AdaptiveMutex>& gate) {
-  // Reused per thread, as Admit's Prepared is: only until this decision is made.
+  // Reused per thread, as Admit's Prepared is: only until this decision is made. (The costs
+  // are not: they move into the decision.)
   thread_local RankCandidates ranks;
-  thread_local Selection selection;
+  Selection selection;
   if (auto status = CheckPinLocked(prepared); !status.ok()) return status;
   if (auto status = CandidatesLocked(prepared, ranks); !status.ok()) return status;
   // What must be as it was for the pick to stand (beside the winner's load): nothing queued or
