@@ -18,6 +18,10 @@
 #include "replay/report.h"
 #include "replay/trace_source.h"
 
+#if KVR_TEST_WITH_NATS
+#include "nats_server.h"
+#endif
+
 namespace kvrouter::replay {
 namespace {
 
@@ -168,22 +172,34 @@ TEST(ReplayCommandTest, SameSeedGivesByteIdenticalOutput) {
   EXPECT_NE(ReadFile(a / "summary.txt").find("kvrouter-approx"), std::string::npos);
 }
 
-// The wire paths (a kvr_ingest fed over a Unix socket with FlatBuffers batches, or subscribed
-// to every engine as a vLLM ZMQ publisher) must deliver exactly what the in-process calls do:
-// same decisions, same cache hits, same latencies, same event counts, byte for byte.
+// The wire paths (a kvr_ingest fed over a Unix socket with FlatBuffers batches, subscribed to
+// every engine as a vLLM ZMQ publisher, or subscribed on a real nats-server to the engines'
+// subjects) must deliver exactly what the in-process calls do: same decisions, same cache hits,
+// same latencies, same event counts, byte for byte.
 TEST(ReplayCommandTest, EveryTransportGivesTheSameResults) {
+  std::vector<std::string> wire = {"stream", "zmq"};
+#if KVR_TEST_WITH_NATS
+  NatsServer server(FreePort());
+  ASSERT_TRUE(server.Start()) << "nats-server did not start";
+  wire.push_back("nats");
+#endif
   std::map<std::string, fs::path> dirs;
-  for (const char* transport : {"inprocess", "stream", "zmq"}) {
-    ReplayArgs args = SmallRun(TempDir(std::string("transport_") + transport));
+  std::vector<std::string> transports = {"inprocess"};
+  transports.insert(transports.end(), wire.begin(), wire.end());
+  for (const std::string& transport : transports) {
+    ReplayArgs args = SmallRun(TempDir("transport_" + transport));
     args.policies = "kvrouter,prefix-only";
     args.transport = transport;
+#if KVR_TEST_WITH_NATS
+    args.nats_url = server.url();
+#endif
     std::ostringstream out, err;
     ASSERT_EQ(RunReplay(args, out, err), 0) << transport << ": " << err.str();
     dirs[transport] = args.output_dir;
   }
   const std::string events = ReadFile(dirs["inprocess"] / "results.csv");
   EXPECT_NE(events.find("kvrouter"), std::string::npos);
-  for (const char* transport : {"stream", "zmq"}) {
+  for (const std::string& transport : wire) {
     for (const char* file :
          {"summary.txt", "results.csv", "results.json", "ttft_cdf.dat", "load.dat", "replay.gp"}) {
       EXPECT_EQ(ReadFile(dirs[transport] / file), ReadFile(dirs["inprocess"] / file))
@@ -197,10 +213,35 @@ TEST(ReplayCommandTest, UnknownTransportIsRefused) {
   args.transport = "carrier-pigeon";
   std::ostringstream out, err;
   EXPECT_EQ(RunReplay(args, out, err), 1);
-  EXPECT_NE(err.str().find("unknown --transport \"carrier-pigeon\" (inprocess, stream or zmq)"),
-            std::string::npos)
+  EXPECT_NE(
+      err.str().find("unknown --transport \"carrier-pigeon\" (inprocess, stream, zmq or nats)"),
+      std::string::npos)
       << err.str();
 }
+
+TEST(ReplayCommandTest, NatsTransportNeedsAServer) {
+  ReplayArgs args = SmallRun(TempDir("nats_without_url"));
+  args.transport = "nats";
+  std::ostringstream out, err;
+  EXPECT_EQ(RunReplay(args, out, err), 1);
+  EXPECT_NE(err.str().find("--transport nats needs --nats_url"), std::string::npos) << err.str();
+}
+
+#if KVR_TEST_WITH_NATS
+// A server that is not there fails each kvrouter policy with the subscription's own message;
+// the baselines, which take no events, still come out.
+TEST(ReplayCommandTest, NatsServerThatIsNotThereFailsThePoliciesThatNeedIt) {
+  ReplayArgs args = SmallRun(TempDir("nats_not_there"));
+  args.policies = "kvrouter,round-robin";
+  args.transport = "nats";
+  args.nats_url = "nats://127.0.0.1:" + std::to_string(FreePort());  // nothing listens there
+  std::ostringstream out, err;
+  EXPECT_EQ(RunReplay(args, out, err), 1);
+  EXPECT_NE(err.str().find("kvr_ingest_subscribe_nats failed: KVR_UNAVAILABLE"), std::string::npos)
+      << err.str();
+  EXPECT_NE(out.str().find("round-robin"), std::string::npos) << out.str();
+}
+#endif
 
 // A policy whose replay fails is named in the error, and the other policies' results still
 // come out (printed, and written to the output directory) with exit status 1.
@@ -669,7 +710,9 @@ class FixedFleet final : public FleetView {
 // first token, then requests: one long prompt outweighs several short decodes.
 TEST(LeastLoadedTest, TokensOrRequests) {
   const FixedFleet fleet({1, 3, 1, 5}, {50'000, 0, 100, 0});
-  const PolicyContext context{.workers = 4, .fleet = &fleet};
+  PolicyContext context;
+  context.workers = 4;
+  context.fleet = &fleet;
   const Request request;
   const auto by_requests = MakePolicy(ParsePolicies("least-loaded", 0)[0], context);
   const auto by_tokens = MakePolicy(ParsePolicies("least-tokens", 0)[0], context);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <msgpack.hpp>
@@ -13,6 +14,10 @@
 #include <vector>
 
 #include "replay/abi_call.h"
+
+#if KVR_REPLAY_WITH_NATS
+#include <nats/nats.h>
+#endif
 
 namespace kvrouter::replay {
 namespace {
@@ -154,28 +159,20 @@ class IngestPath : public EventPath {
 
 // ---- stream: FlatBuffers batches over a Unix socket ----------------------------------------
 
-class StreamPath final : public IngestPath {
+// The paths that carry kvrouter's own FlatBuffers EventBatches: one batch per event, as an
+// engine publishing as it goes would, handed to Send (which leaves the batch to be cleared).
+class BatchPath : public IngestPath {
  public:
-  explicit StreamPath(kvr_router* router) : IngestPath(router) {
-    const std::string endpoint = "unix://" + dir_.path() + "/events.sock";
-    CheckAbi("kvr_ingest_listen", [&](kvr_error** e) {
-      return kvr_ingest_listen(ingest_, endpoint.c_str(), nullptr, nullptr, 0, nullptr, e);
-    });
-    CheckAbi("kvr_publisher_connect", [&](kvr_error** e) {
-      return kvr_publisher_connect(endpoint.c_str(), &publisher_, e);
-    });
+  explicit BatchPath(kvr_router* router) : IngestPath(router) {
     CheckAbi("kvr_event_batch_new", [&](kvr_error** e) { return kvr_event_batch_new(&batch_, e); });
   }
-  ~StreamPath() override {
-    kvr_publisher_free(publisher_);
-    kvr_event_batch_free(batch_);
-  }
+  ~BatchPath() override { kvr_event_batch_free(batch_); }
 
   void Stored(uint32_t worker, const StoredRun& run) override {
     const kvr_stored_event event = StoredEventOf(worker, run, next_event_id_++);
     CheckAbi("kvr_event_batch_add_stored",
              [&](kvr_error** e) { return kvr_event_batch_add_stored(batch_, &event, e); });
-    Send();
+    SendBatch(worker);
     ++counts_.stored;
   }
 
@@ -183,23 +180,96 @@ class StreamPath final : public IngestPath {
     const kvr_removed_event event = RemovedEventOf(worker, block_hashes, tier, next_event_id_++);
     CheckAbi("kvr_event_batch_add_removed",
              [&](kvr_error** e) { return kvr_event_batch_add_removed(batch_, &event, e); });
-    Send();
+    SendBatch(worker);
     ++counts_.removed;
   }
 
+ protected:
+  // Sends `batch` as engine `worker` publishes it.
+  virtual void Send(uint32_t worker, const kvr_event_batch* batch) = 0;
+
  private:
-  // One frame per event, as an engine publishing as it goes would.
-  void Send() {
-    CheckAbi("kvr_publisher_send",
-             [&](kvr_error** e) { return kvr_publisher_send(publisher_, batch_, e); });
+  void SendBatch(uint32_t worker) {
+    Send(worker, batch_);
     kvr_event_batch_clear(batch_);
     ++sent_messages_;
   }
 
-  kvr_publisher* publisher_ = nullptr;
   kvr_event_batch* batch_ = nullptr;
   uint64_t next_event_id_ = 1;
 };
+
+class StreamPath final : public BatchPath {
+ public:
+  explicit StreamPath(kvr_router* router) : BatchPath(router) {
+    const std::string endpoint = "unix://" + dir_.path() + "/events.sock";
+    CheckAbi("kvr_ingest_listen", [&](kvr_error** e) {
+      return kvr_ingest_listen(ingest_, endpoint.c_str(), nullptr, nullptr, 0, nullptr, e);
+    });
+    CheckAbi("kvr_publisher_connect", [&](kvr_error** e) {
+      return kvr_publisher_connect(endpoint.c_str(), &publisher_, e);
+    });
+  }
+  ~StreamPath() override { kvr_publisher_free(publisher_); }
+
+ private:
+  // One stream (one connection) for every engine: the batches name their worker.
+  void Send(uint32_t, const kvr_event_batch* batch) override {
+    CheckAbi("kvr_publisher_send",
+             [&](kvr_error** e) { return kvr_publisher_send(publisher_, batch, e); });
+  }
+
+  kvr_publisher* publisher_ = nullptr;
+};
+
+// ---- nats: FlatBuffers batches on a NATS server, a subject per engine ----------------------
+
+#if KVR_REPLAY_WITH_NATS
+class NatsPath final : public BatchPath {
+ public:
+  NatsPath(kvr_router* router, const std::string& url) : BatchPath(router) {
+    // The subjects are this path's own, so that replays (and the policies of one replay, each
+    // with its router) can share a server without hearing each other's engines.
+    static std::atomic<uint64_t> paths{0};
+    subjects_ =
+        "kvrouter.replay." + std::to_string(getpid()) + "." + std::to_string(paths++) + ".engine.";
+    const std::string wildcard = subjects_ + "*";
+    CheckAbi("kvr_ingest_subscribe_nats", [&](kvr_error** e) {
+      return kvr_ingest_subscribe_nats(ingest_, url.c_str(), wildcard.c_str(), nullptr, e);
+    });
+    // The engines' side: one connection, so the server keeps their messages in publishing order
+    // (a router subscribed once then hears them in that order too).
+    const natsStatus status = natsConnection_ConnectTo(&publisher_, url.c_str());
+    if (status != NATS_OK) {
+      throw std::runtime_error("the engines cannot connect to the NATS server at " + url + ": " +
+                               natsStatus_GetText(status));
+    }
+  }
+  ~NatsPath() override {
+    kvr_ingest_stop(ingest_, nullptr);  // the subscription goes before the engines' connection
+    natsConnection_Destroy(publisher_);
+  }
+
+ private:
+  void Send(uint32_t worker, const kvr_event_batch* batch) override {
+    kvr_buffer* encoded = nullptr;
+    CheckAbi("kvr_event_batch_encode",
+             [&](kvr_error** e) { return kvr_event_batch_encode(batch, &encoded, e); });
+    const std::string subject = subjects_ + std::to_string(worker);
+    const natsStatus status =
+        natsConnection_Publish(publisher_, subject.c_str(), kvr_buffer_data(encoded),
+                               static_cast<int>(kvr_buffer_size(encoded)));
+    kvr_buffer_free(encoded);
+    if (status != NATS_OK) {
+      throw std::runtime_error("publishing on " + subject +
+                               " failed: " + natsStatus_GetText(status));
+    }
+  }
+
+  std::string subjects_;  // "kvrouter.replay.<pid>.<path>.engine.", then the worker
+  natsConnection* publisher_ = nullptr;
+};
+#endif
 
 // ---- zmq: every engine a vLLM-style ZMQ publisher ------------------------------------------
 
@@ -326,18 +396,26 @@ Transport ParseTransport(const std::string& name) {
   if (name == "inprocess") return Transport::kInProcess;
   if (name == "stream") return Transport::kStream;
   if (name == "zmq") return Transport::kZmq;
-  throw std::invalid_argument("unknown --transport \"" + name + "\" (inprocess, stream or zmq)");
+  if (name == "nats") return Transport::kNats;
+  throw std::invalid_argument("unknown --transport \"" + name +
+                              "\" (inprocess, stream, zmq or nats)");
 }
 
-std::unique_ptr<EventPath> MakeEventPath(Transport transport, kvr_router* router, uint32_t workers,
-                                         uint32_t block_size) {
-  switch (transport) {
+std::unique_ptr<EventPath> MakeEventPath(const EventTransport& transport, kvr_router* router,
+                                         uint32_t workers, uint32_t block_size) {
+  switch (transport.kind) {
     case Transport::kInProcess:
       return std::make_unique<InProcessPath>(router);
     case Transport::kStream:
       return std::make_unique<StreamPath>(router);
     case Transport::kZmq:
       return std::make_unique<ZmqPath>(router, workers, block_size);
+    case Transport::kNats:
+#if KVR_REPLAY_WITH_NATS
+      return std::make_unique<NatsPath>(router, transport.nats_url);
+#else
+      throw std::runtime_error("--transport nats: this build has no NATS (KVR_WITH_NATS=OFF)");
+#endif
   }
   throw std::invalid_argument("unknown transport");
 }

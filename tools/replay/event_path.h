@@ -5,7 +5,10 @@
 //              over a Unix socket to a kvr_ingest listener (what a custom engine does);
 //   zmq        vLLM's wire format: each engine publishes msgpack KV event batches on a ZMQ PUB
 //              socket, [topic, 8-byte sequence, payload], and the router's kvr_ingest
-//              subscribes to every engine as a vLLM worker (what a real vLLM fleet does).
+//              subscribes to every engine as a vLLM worker (what a real vLLM fleet does);
+//   nats       FlatBuffers event batches published on a NATS server, each engine on a subject
+//              of its own, and the router's kvr_ingest subscribed to them all with one
+//              wildcard (what engines sharing a message bus with several gateways do).
 //
 // The wire paths are asynchronous (the ingest loop applies events on its own thread), so
 // before every routing decision the policy calls Sync(), which waits until the router has
@@ -24,10 +27,16 @@
 
 namespace kvrouter::replay {
 
-enum class Transport { kInProcess, kStream, kZmq };
+enum class Transport { kInProcess, kStream, kZmq, kNats };
 
-// "inprocess", "stream" or "zmq"; throws std::invalid_argument naming the known ones.
+// "inprocess", "stream", "zmq" or "nats"; throws std::invalid_argument naming the known ones.
 Transport ParseTransport(const std::string& name);
+
+// A transport and where it goes: the NATS server's url ("nats://127.0.0.1:4222") for kNats.
+struct EventTransport {
+  Transport kind = Transport::kInProcess;
+  std::string nats_url;
+};
 
 // What the router made of the events (counted the same way on every path).
 struct EventCounts {
@@ -47,8 +56,9 @@ class EventPath {
 };
 
 // `router` (with the fleet's workers 0..workers-1 registered) must outlive the path. Throws
-// std::runtime_error if the transport cannot be set up.
-std::unique_ptr<EventPath> MakeEventPath(Transport transport, kvr_router* router, uint32_t workers,
-                                         uint32_t block_size);
+// std::runtime_error if the transport cannot be set up (a NATS server that cannot be reached,
+// or a build without NATS).
+std::unique_ptr<EventPath> MakeEventPath(const EventTransport& transport, kvr_router* router,
+                                         uint32_t workers, uint32_t block_size);
 
 }  // namespace kvrouter::replay

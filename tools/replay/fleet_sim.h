@@ -26,10 +26,10 @@ struct ReplayConfig {
   CostModel cost;
   double time_scale = 1.0;  // arrival speed-up: 2 replays the trace twice as fast
   uint64_t seed = 42;
-  Transport transport = Transport::kInProcess;  // how engines' KV events reach the router
-  uint32_t gateways = 1;                        // router replicas per kvrouter policy
-  bool replica_sync = true;                     // replicas share their bookings
-  RouterSettings router;                        // the kvrouter policies' router options
+  EventTransport transport;  // how engines' KV events reach the router
+  uint32_t gateways = 1;     // router replicas per kvrouter policy
+  bool replica_sync = true;  // replicas share their bookings
+  RouterSettings router;     // the kvrouter policies' router options
   // KV events reach the policy this long (simulated) after the engine's change, and each is
   // lost with this probability (drawn from `seed`): a lagging or lossy event plane.
   double event_delay_s = 0;

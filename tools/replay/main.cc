@@ -94,7 +94,11 @@ ABSL_FLAG(uint64_t, max_model_len, 0,
           "replayed (0 = no limit)");
 ABSL_FLAG(std::string, transport, "inprocess",
           "How KV events reach the router: inprocess (direct ABI calls), stream (FlatBuffers "
-          "batches over a Unix socket to kvr_ingest), zmq (every engine a vLLM ZMQ publisher)");
+          "batches over a Unix socket to kvr_ingest), zmq (every engine a vLLM ZMQ publisher), "
+          "nats (FlatBuffers batches on a NATS server, a subject per engine; see --nats_url)");
+ABSL_FLAG(std::string, nats_url, "",
+          "With --transport nats: the NATS server the engines publish on and the router "
+          "subscribes to, e.g. nats://127.0.0.1:4222");
 ABSL_FLAG(uint32_t, gateways, 1,
           "Router replicas (gateways) per kvrouter policy; requests arrive at them in turn");
 ABSL_FLAG(bool, replica_sync, true,
@@ -172,6 +176,7 @@ kvrouter::replay::ReplayArgs ArgsFromFlags() {
   args.max_requests = absl::GetFlag(FLAGS_max_requests);
   args.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   args.transport = absl::GetFlag(FLAGS_transport);
+  args.nats_url = absl::GetFlag(FLAGS_nats_url);
   args.gateways = absl::GetFlag(FLAGS_gateways);
   args.replica_sync = absl::GetFlag(FLAGS_replica_sync);
   args.jobs = absl::GetFlag(FLAGS_jobs);

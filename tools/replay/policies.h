@@ -84,7 +84,7 @@ struct PolicyContext {
   EngineLimits limits;
   uint64_t seed = 0;
   const FleetView* fleet = nullptr;
-  Transport transport = Transport::kInProcess;  // how KV events reach the router
+  EventTransport transport;  // how KV events reach the router
   // kvrouter policies: requests arrive at `gateways` router replicas in turn (each with its own
   // router, each ingesting every KV event); with replica_sync they publish their bookings to
   // each other (kvr_router_set_replica_publisher / kvr_router_apply_replica_event).

@@ -23,7 +23,10 @@ namespace {
 
 void Validate(const ReplayArgs& args) {
   if (args.trace.empty()) throw std::invalid_argument("--trace is required");
-  ParseTransport(args.transport);  // throws for an unknown one
+  if (ParseTransport(args.transport) == Transport::kNats && args.nats_url.empty()) {
+    throw std::invalid_argument(
+        "--transport nats needs --nats_url, a NATS server's (e.g. nats://127.0.0.1:4222)");
+  }
   if (args.gateways == 0) throw std::invalid_argument("--gateways must be at least 1");
   if (args.workers == 0) throw std::invalid_argument("--workers must be at least 1");
   if (args.block_size == 0 || trace::kMooncakeBlockTokens % args.block_size != 0) {
@@ -82,7 +85,7 @@ ReplayConfig MakeConfig(const ReplayArgs& args, double time_scale) {
       args.host_reload_per_block_s.value_or(kHostReloadPerTokenS * args.block_size);
   config.time_scale = time_scale;
   config.seed = args.seed;
-  config.transport = ParseTransport(args.transport);
+  config.transport = {.kind = ParseTransport(args.transport), .nats_url = args.nats_url};
   config.gateways = args.gateways;
   config.replica_sync = args.replica_sync;
   config.router = args.router;

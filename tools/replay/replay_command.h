@@ -37,6 +37,7 @@ struct ReplayArgs {
   uint64_t max_requests = 0;   // 0: all
   uint64_t max_model_len = 0;  // requests with longer prompts are rejected; 0: no limit
   std::string transport = "inprocess";
+  std::string nats_url;      // the NATS server of --transport nats
   uint32_t gateways = 1;     // router replicas (gateways) per kvrouter policy
   bool replica_sync = true;  // with gateways > 1: replicas publish their bookings to each other
   uint32_t jobs = 0;         // 0: one per core
