@@ -784,6 +784,12 @@ typedef struct kvr_metrics {
    * through). */
   uint64_t events_refused_for_memory;
   uint64_t replica_changes_unpublished;
+  /* Appended in 0.2.0: routing decisions decided a second time. A decision prices its
+   * candidates outside the router's lock and books under it; when another call changed what
+   * it priced meanwhile (the chosen rank's load, the queue, the session's binding, the request
+   * id's use), it decides again under the lock. Of `decisions` and previews; 0 with one
+   * caller at a time. What concurrent callers cost each other. */
+  uint64_t decisions_priced_again;
 } kvr_metrics;
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */

@@ -927,6 +927,7 @@ type cMetrics struct {
 	ReplicasExpired           uint64
 	EventsRefusedForMemory    uint64
 	ReplicaChangesUnpublished uint64
+	DecisionsPricedAgain      uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -960,6 +961,7 @@ func (g *cMetrics) store(c *C.kvr_metrics) {
 	c.replicas_expired = C.uint64_t(g.ReplicasExpired)
 	c.events_refused_for_memory = C.uint64_t(g.EventsRefusedForMemory)
 	c.replica_changes_unpublished = C.uint64_t(g.ReplicaChangesUnpublished)
+	c.decisions_priced_again = C.uint64_t(g.DecisionsPricedAgain)
 }
 
 // load reads the mirrored fields from c.
@@ -993,6 +995,7 @@ func (g *cMetrics) load(c *C.kvr_metrics) {
 	g.ReplicasExpired = uint64(c.replicas_expired)
 	g.EventsRefusedForMemory = uint64(c.events_refused_for_memory)
 	g.ReplicaChangesUnpublished = uint64(c.replica_changes_unpublished)
+	g.DecisionsPricedAgain = uint64(c.decisions_priced_again)
 }
 
 // initMetrics has the library set c's defaults for the layout of kvr_metrics this package was
@@ -1383,7 +1386,7 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_overlap{})) - 72
 	_ = uint64(unsafe.Sizeof(C.kvr_match{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_potential_load{})) - 72
-	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 496
+	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 504
 	_ = uint64(unsafe.Sizeof(C.kvr_routing_hints{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_route_signals{})) - 80
 	_ = uint64(unsafe.Sizeof(C.kvr_disagg_options{})) - 48

@@ -75,6 +75,11 @@ type Metrics struct {
 	// by announcing every booking again).
 	EventsRefusedForMemory    uint64
 	ReplicaChangesUnpublished uint64
+	// Routing decisions decided a second time: priced outside the router's lock while another
+	// call changed what they priced (the chosen rank's load, the queue, the session's binding),
+	// then decided again under it. 0 with one caller at a time; what concurrent callers cost
+	// each other.
+	DecisionsPricedAgain uint64
 	// How long routing calls took to decide (routing and plans answered without queueing,
 	// and previews; failed calls are not measured), from the call's start to its decision,
 	// over a sample of the calls (the first, then one in 16: Count is not Decisions).
@@ -131,6 +136,7 @@ func metricsFrom(g *cMetrics) Metrics {
 
 		EventsRefusedForMemory:    g.EventsRefusedForMemory,
 		ReplicaChangesUnpublished: g.ReplicaChangesUnpublished,
+		DecisionsPricedAgain:      g.DecisionsPricedAgain,
 
 		DecisionLatency: latencyFrom(&g.DecisionLatencyBoundsNs, &g.DecisionLatencyLe, g.DecisionLatencyCount, g.DecisionLatencySumNs),
 	}

@@ -101,12 +101,17 @@ func TestRefusedForMemoryCountersAreZeroWithoutARefusal(t *testing.T) {
 	if m.EventsRefusedForMemory != 0 || m.ReplicaChangesUnpublished != 0 {
 		t.Errorf("refused for memory: %d events, %d replica changes (want 0 and 0)", m.EventsRefusedForMemory, m.ReplicaChangesUnpublished)
 	}
+	if m.DecisionsPricedAgain != 0 {
+		t.Errorf("%d decisions priced again with one caller (want 0)", m.DecisionsPricedAgain)
+	}
 	text, err := r.MetricsPrometheus()
 	must(t, err)
 	for _, want := range []string{"# TYPE kvrouter_events_refused_for_memory_total counter\n",
 		"\nkvrouter_events_refused_for_memory_total 0\n",
 		"# TYPE kvrouter_replica_changes_unpublished_total counter\n",
-		"\nkvrouter_replica_changes_unpublished_total 0\n"} {
+		"\nkvrouter_replica_changes_unpublished_total 0\n",
+		"# TYPE kvrouter_decisions_priced_again_total counter\n",
+		"\nkvrouter_decisions_priced_again_total 0\n"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %q in\n%s", want, text)
 		}

@@ -213,6 +213,7 @@ struct FieldEnds<kvr_metrics> {
           sizeof(kvr_metrics::events_refused_for_memory),
       offsetof(kvr_metrics, replica_changes_unpublished) +
           sizeof(kvr_metrics::replica_changes_unpublished),
+      offsetof(kvr_metrics, decisions_priced_again) + sizeof(kvr_metrics::decisions_priced_again),
   };
 };
 

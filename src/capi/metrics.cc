@@ -34,6 +34,7 @@ kvr_metrics Collect(const kvr_router& router) {
   m.replicas_expired = replicas.expired;
   m.events_refused_for_memory = counters.events_refused_for_memory;
   m.replica_changes_unpublished = replicas.changes_unpublished;
+  m.decisions_priced_again = counters.decisions_priced_again;
   const kvrouter::LatencyHistogram::Snapshot latency = router.router->decision_latency();
   static_assert(kvrouter::LatencyHistogram::kBuckets == KVR_DECISION_LATENCY_BUCKETS);
   for (int i = 0; i < KVR_DECISION_LATENCY_BUCKETS; ++i) {
@@ -116,6 +117,10 @@ std::string RenderPrometheus(const kvr_router& router) {
               "Own booking changes the replica publisher lost for want of memory (each repaired "
               "by announcing every booking again).",
               m.replica_changes_unpublished);
+  text.Scalar("kvrouter_decisions_priced_again_total", "counter",
+              "Routing decisions decided again under the router's lock because another call "
+              "changed what they priced outside it.",
+              m.decisions_priced_again);
   const auto loads = router.router->Loads();
   const auto per_rank = [&](std::string_view name, std::string_view help, auto value_of) {
     text.Family(name, "gauge", help);

@@ -341,12 +341,14 @@ static kvr_metrics* get_metrics(kvr_router* router) {
 #if KVR_VERSION_NUMBER >= 200
   metrics->events_refused_for_memory = 12345; /* and the last fields, 0 without a refusal */
   metrics->replica_changes_unpublished = 12345;
+  metrics->decisions_priced_again = 12345; /* 0: one caller at a time */
 #endif
   OK(kvr_router_get_metrics(router, metrics, ERR));
   EXPECT_U64(sizeof *metrics, metrics->struct_size);
 #if KVR_VERSION_NUMBER >= 200
   EXPECT_U64(0, metrics->events_refused_for_memory);
   EXPECT_U64(0, metrics->replica_changes_unpublished);
+  EXPECT_U64(0, metrics->decisions_priced_again);
 #endif
   return metrics;
 }
@@ -977,7 +979,7 @@ static void ingest_options_engine_worker_and_stats(void) {
   X(kvr_removed_event, num_blocks)             \
   X(kvr_request_options, ttft_miss_weight)     \
   X(kvr_route_result, queued)                  \
-  X(kvr_metrics, replica_changes_unpublished)  \
+  X(kvr_metrics, decisions_priced_again)       \
   X(kvr_routing_hints, session_ttl_seconds)    \
   X(kvr_route_signals, reserved)               \
   X(kvr_disagg_options, decode_busy_threshold) \

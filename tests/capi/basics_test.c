@@ -261,7 +261,7 @@ enum { kGuard = 32 };
 
 static void check_sized_init(const char* name, size_t size,
                              kvr_status (*init)(void* p, size_t size)) {
-  unsigned char buf[512 + 2 * kGuard];
+  unsigned char buf[1024 + 2 * kGuard];
   unsigned char* p = buf + kGuard;
   size_t i;
   uint32_t recorded;

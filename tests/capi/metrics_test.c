@@ -51,6 +51,9 @@ static void counters(void** state) {
   /* Nothing was refused memory: no event, no replica change (there is no publisher). */
   assert_int_equal(0, m.events_refused_for_memory);
   assert_int_equal(0, m.replica_changes_unpublished);
+  /* One caller at a time: no decision collided with another
+   * (metrics_collision_test.cc makes one). */
+  assert_int_equal(0, m.decisions_priced_again);
 
   KVT_OK(kvr_router_free_request(f->router, "m-1", ERRP));
   KVT_OK(kvr_router_apply_cleared(f->router, 1, 0, 2, ERRP));
@@ -130,6 +133,15 @@ static void get_metrics_null_and_struct_size(void** state) {
   assert_int_equal(0, m.replicas_expired);
   assert_int_equal(0xABABABABABABABABull, m.events_refused_for_memory);
   assert_int_equal(0xABABABABABABABABull, m.replica_changes_unpublished);
+  assert_int_equal(0xABABABABABABABABull, m.decisions_priced_again);
+
+  /* The layout before decisions_priced_again (ending at replica_changes_unpublished). */
+  memset(&m, 0xAB, sizeof m);
+  KVT_OK(kvr_metrics_init(&m, KVT_LAYOUT_END(kvr_metrics, replica_changes_unpublished)));
+  KVT_OK(kvr_router_get_metrics(f->router, &m, ERRP));
+  assert_int_equal(496, m.struct_size);
+  assert_int_equal(0, m.replica_changes_unpublished);
+  assert_int_equal(0xABABABABABABABABull, m.decisions_priced_again);
 
   /* Shorter than that: refused, nothing written. */
   memset(&m, 0xAB, sizeof m);
@@ -192,6 +204,8 @@ static void prometheus_text(void** state) {
   assert_non_null(strstr(text, "\nkvrouter_events_refused_for_memory_total 0\n"));
   assert_non_null(strstr(text, "# TYPE kvrouter_replica_changes_unpublished_total counter\n"));
   assert_non_null(strstr(text, "\nkvrouter_replica_changes_unpublished_total 0\n"));
+  assert_non_null(strstr(text, "# TYPE kvrouter_decisions_priced_again_total counter\n"));
+  assert_non_null(strstr(text, "\nkvrouter_decisions_priced_again_total 0\n"));
   /* The decision-latency histogram: buckets in seconds, +Inf, sum and count. */
   assert_non_null(strstr(text, "# TYPE kvrouter_decision_duration_seconds histogram\n"));
   assert_non_null(strstr(text, "\nkvrouter_decision_duration_seconds_bucket{le=\"5e-07\"} "));

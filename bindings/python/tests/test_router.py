@@ -315,11 +315,14 @@ def test_refused_for_memory_counters_are_zero_without_a_refusal(router):
     assert (m.events_refused_for_memory, m.replica_changes_unpublished) == (0, 0)
     assert "events_refused_for_memory" in m.__match_args__
     assert "replica_changes_unpublished" in m.__match_args__
+    assert m.decisions_priced_again == 0  # one caller at a time
     text = router.metrics_prometheus()
     for line in ("# TYPE kvrouter_events_refused_for_memory_total counter\n",
                  "\nkvrouter_events_refused_for_memory_total 0\n",
                  "# TYPE kvrouter_replica_changes_unpublished_total counter\n",
-                 "\nkvrouter_replica_changes_unpublished_total 0\n"):
+                 "\nkvrouter_replica_changes_unpublished_total 0\n",
+                 "# TYPE kvrouter_decisions_priced_again_total counter\n",
+                 "\nkvrouter_decisions_priced_again_total 0\n"):
         assert line in text
     router.set_replica_publisher("gw-a", None)
 

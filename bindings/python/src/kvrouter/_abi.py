@@ -620,7 +620,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_metrics': (
-        496,
+        504,
         (
             ('struct_size', 0, 4),
             ('reserved0', 4, 4),
@@ -645,6 +645,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('replicas_expired', 472, 8),
             ('events_refused_for_memory', 480, 8),
             ('replica_changes_unpublished', 488, 8),
+            ('decisions_priced_again', 496, 8),
         ),
     ),
     'kvr_routing_hints': (

@@ -612,6 +612,12 @@ pub struct kvr_metrics {
     /// repaired by announcing every booking again once a later change or heartbeat gets through).
     pub events_refused_for_memory: u64,
     pub replica_changes_unpublished: u64,
+    /// Appended in 0.2.0: routing decisions decided a second time. A decision prices its candidates
+    /// outside the router's lock and books under it; when another call changed what it priced
+    /// meanwhile (the chosen rank's load, the queue, the session's binding, the request id's use),
+    /// it decides again under the lock. Of `decisions` and previews; 0 with one caller at a time.
+    /// What concurrent callers cost each other.
+    pub decisions_priced_again: u64,
 }
 
 /// Where a request may or should run. Pins by phase, as Dynamo's RoutingHints: aggregated:
@@ -1777,7 +1783,7 @@ const _: () = {
     assert!(offset_of!(kvr_potential_load, active_blocks) == 40);
     assert!(offset_of!(kvr_potential_load, active_requests) == 48);
     assert!(offset_of!(kvr_potential_load, reserved) == 56);
-    assert!(size_of::<kvr_metrics>() == 496);
+    assert!(size_of::<kvr_metrics>() == 504);
     assert!(align_of::<kvr_metrics>() == 8);
     assert!(offset_of!(kvr_metrics, struct_size) == 0);
     assert!(offset_of!(kvr_metrics, reserved0) == 4);
@@ -1802,6 +1808,7 @@ const _: () = {
     assert!(offset_of!(kvr_metrics, replicas_expired) == 472);
     assert!(offset_of!(kvr_metrics, events_refused_for_memory) == 480);
     assert!(offset_of!(kvr_metrics, replica_changes_unpublished) == 488);
+    assert!(offset_of!(kvr_metrics, decisions_priced_again) == 496);
     assert!(size_of::<kvr_routing_hints>() == 64);
     assert!(align_of::<kvr_routing_hints>() == 8);
     assert!(offset_of!(kvr_routing_hints, struct_size) == 0);

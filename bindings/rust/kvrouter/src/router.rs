@@ -395,6 +395,11 @@ pub struct Metrics {
     /// This router's own booking changes its replica publisher lost for want of memory (the
     /// booking stands; each loss is repaired by announcing every booking again).
     pub replica_changes_unpublished: u64,
+    /// Routing decisions decided a second time: priced outside the router's lock while another
+    /// call changed what they priced (the chosen rank's load, the queue, the session's binding),
+    /// then decided again under it. 0 with one caller at a time; what concurrent callers cost
+    /// each other.
+    pub decisions_priced_again: u64,
     /// How long routing calls took to decide.
     pub decision_latency: DecisionLatency,
 }
@@ -470,6 +475,7 @@ impl From<sys::kvr_metrics> for Metrics {
             replicas_expired: m.replicas_expired,
             events_refused_for_memory: m.events_refused_for_memory,
             replica_changes_unpublished: m.replica_changes_unpublished,
+            decisions_priced_again: m.decisions_priced_again,
             decision_latency: DecisionLatency {
                 bounds_ns: m.decision_latency_bounds_ns,
                 le: m.decision_latency_le,

@@ -371,12 +371,16 @@ fn metrics_count_events_workers_and_decisions() {
     // Nothing was refused memory; the Prometheus text counts both all the same.
     assert_eq!(m.events_refused_for_memory, 0);
     assert_eq!(m.replica_changes_unpublished, 0);
+    // One caller at a time: no decision collided with another.
+    assert_eq!(m.decisions_priced_again, 0);
     let text = router.metrics_prometheus().unwrap();
     for line in [
         "# TYPE kvrouter_events_refused_for_memory_total counter\n",
         "\nkvrouter_events_refused_for_memory_total 0\n",
         "# TYPE kvrouter_replica_changes_unpublished_total counter\n",
         "\nkvrouter_replica_changes_unpublished_total 0\n",
+        "# TYPE kvrouter_decisions_priced_again_total counter\n",
+        "\nkvrouter_decisions_priced_again_total 0\n",
     ] {
         assert!(text.contains(line), "no {line:?} in\n{text}");
     }

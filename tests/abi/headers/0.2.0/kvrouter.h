@@ -775,15 +775,21 @@ typedef struct kvr_metrics {
    * because they fell silent. */
   uint64_t replicas_live;
   uint64_t replicas_expired;
-  /* Appended in 0.2.0: what the heap refused. KV events refused memory midway, each leaving
-   * its rank holding nothing (kvr_router_apply_* returned KVR_RESOURCE_EXHAUSTED; an ingest
-   * source flags the rank state_unknown); an event refused before it changed anything is not
-   * counted. In approximate mode, which has no events, the router's records of its own
-   * decisions refused so. And this router's own booking changes its replica publisher lost
-   * for want of memory (the booking stands; each loss is repaired by announcing every booking
-   * again once a later change or heartbeat gets through). */
+  /* Appended in 0.2.0: what the heap refused. KV events the index could not apply for want of
+   * memory, refused before they changed anything or midway (their rank then left holding
+   * nothing; kvr_router_apply_* returned KVR_RESOURCE_EXHAUSTED, an ingest source flags the
+   * rank state_unknown); 0 in approximate mode, which takes no events. And this router's own
+   * booking changes its replica publisher lost for want of memory (the booking stands; each
+   * loss is repaired by announcing every booking again once a later change or heartbeat gets
+   * through). */
   uint64_t events_refused_for_memory;
   uint64_t replica_changes_unpublished;
+  /* Appended in 0.2.0: routing decisions decided a second time. A decision prices its
+   * candidates outside the router's lock and books under it; when another call changed what
+   * it priced meanwhile (the chosen rank's load, the queue, the session's binding, the request
+   * id's use), it decides again under the lock. Of `decisions` and previews; 0 with one
+   * caller at a time. What concurrent callers cost each other. */
+  uint64_t decisions_priced_again;
 } kvr_metrics;
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */

@@ -515,7 +515,8 @@ enum {
   ABI_METRICS_REPLICAS_EXPIRED = 58,
   ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY = 59,
   ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED = 60,
-  ABI_METRICS_LEN = 61
+  ABI_METRICS_DECISIONS_PRICED_AGAIN = 61,
+  ABI_METRICS_LEN = 62
 };
 
 static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
@@ -543,6 +544,7 @@ static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
   v[ABI_METRICS_REPLICAS_EXPIRED] = (jlong)c->replicas_expired;
   v[ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY] = (jlong)c->events_refused_for_memory;
   v[ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED] = (jlong)c->replica_changes_unpublished;
+  v[ABI_METRICS_DECISIONS_PRICED_AGAIN] = (jlong)c->decisions_priced_again;
 }
 
 static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
@@ -570,6 +572,7 @@ static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
   c->replicas_expired = (uint64_t)v[ABI_METRICS_REPLICAS_EXPIRED];
   c->events_refused_for_memory = (uint64_t)v[ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY];
   c->replica_changes_unpublished = (uint64_t)v[ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED];
+  c->decisions_priced_again = (uint64_t)v[ABI_METRICS_DECISIONS_PRICED_AGAIN];
 }
 
 /* kvr_routing_hints */

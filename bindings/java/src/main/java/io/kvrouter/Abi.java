@@ -265,7 +265,8 @@ final class Abi {
     static final int REPLICAS_EXPIRED = 58;
     static final int EVENTS_REFUSED_FOR_MEMORY = 59;
     static final int REPLICA_CHANGES_UNPUBLISHED = 60;
-    static final int LEN = 61;
+    static final int DECISIONS_PRICED_AGAIN = 61;
+    static final int LEN = 62;
   }
 
   /** {@code kvr_routing_hints}. */

@@ -108,6 +108,15 @@ public final class Metrics {
     return a[Abi.Metrics.REPLICA_CHANGES_UNPUBLISHED];
   }
 
+  /**
+   * Routing decisions decided a second time: priced outside the router's lock while another call
+   * changed what they priced (the chosen rank's load, the queue, the session's binding), then
+   * decided again under it. 0 with one caller at a time; what concurrent callers cost each other.
+   */
+  public long decisionsPricedAgain() {
+    return a[Abi.Metrics.DECISIONS_PRICED_AGAIN];
+  }
+
   /** The number of buckets of the decision-latency histogram ({@code KVR_DECISION_LATENCY_BUCKETS}). */
   public static final int DECISION_LATENCY_BUCKETS = Abi.DECISION_LATENCY_BUCKETS;
 

@@ -479,6 +479,7 @@ class AbiTest {
       // Rejected events are not refusals for memory; nothing was refused memory here.
       assertEquals(0, m.eventsRefusedForMemory());
       assertEquals(0, m.replicaChangesUnpublished());
+      assertEquals(0, m.decisionsPricedAgain()); // one caller at a time
     }
   }
 

@@ -237,6 +237,13 @@ public final class KvRouterMetrics implements MeterBinder {
             + "announcing every booking again).",
         Tags.empty(),
         Metrics::replicaChangesUnpublished);
+    counter(
+        registry,
+        "kvrouter.decisions.priced.again",
+        "Routing decisions decided again under the router's lock because another call changed"
+            + " what they priced outside it.",
+        Tags.empty(),
+        Metrics::decisionsPricedAgain);
     bindDecisionLatency(registry);
   }
 

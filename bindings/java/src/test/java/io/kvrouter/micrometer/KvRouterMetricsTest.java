@@ -80,6 +80,7 @@ class KvRouterMetricsTest {
       assertTrue(gauge(registry, "kvrouter.index.bytes") > 0);
       assertEquals(0.0, counter(registry, "kvrouter.events.refused.for.memory"));
       assertEquals(0.0, counter(registry, "kvrouter.replica.changes.unpublished"));
+      assertEquals(0.0, counter(registry, "kvrouter.decisions.priced.again"));
 
       assertEquals(2, router.findBestMatch(prompt, RequestOptions.admit("r1")).workerId());
       router.findBestMatch(prompt, RequestOptions.admit("r2"));
