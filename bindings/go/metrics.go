@@ -77,8 +77,9 @@ type Metrics struct {
 	ReplicaChangesUnpublished uint64
 	// Routing decisions decided a second time: priced outside the router's lock while another
 	// call changed what they priced (the chosen rank's load, the queue, the session's binding),
-	// then decided again under it. 0 with one caller at a time; what concurrent callers cost
-	// each other.
+	// then decided again under it. Such a change comes from another thread (another routing
+	// call, a release, another replica's booking); 0 while nothing else calls the router. What
+	// concurrent callers cost each other.
 	DecisionsPricedAgain uint64
 	// How long routing calls took to decide (routing and plans answered without queueing,
 	// and previews; failed calls are not measured), from the call's start to its decision,

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace kvrouter {
 
@@ -74,25 +75,26 @@ inline bool Accepts(int port) {
 class NatsServer {
  public:
   // `store_dir` not empty: JetStream on, its streams kept there (so they survive a restart).
-  explicit NatsServer(int port, std::string store_dir = "")
-      : port_(port), store_dir_(std::move(store_dir)) {}
+  // `config_file` not empty: the server's configuration file (-c), e.g. a smaller max_payload.
+  explicit NatsServer(int port, std::string store_dir = "", std::string config_file = "")
+      : port_(port), store_dir_(std::move(store_dir)), config_file_(std::move(config_file)) {}
   ~NatsServer() { Stop(); }
 
   // Starts the server and waits (bounded) until it accepts connections.
   bool Start() {
+    // The command line is built before the fork: the child of a process with threads must not
+    // allocate (another thread may have held the heap's lock at the fork).
+    const std::string port = std::to_string(port_);
+    std::vector<const char*> argv = {"nats-server", "-a", "127.0.0.1", "-p", port.c_str()};
+    if (!store_dir_.empty()) argv.insert(argv.end(), {"-js", "-sd", store_dir_.c_str()});
+    if (!config_file_.empty()) argv.insert(argv.end(), {"-c", config_file_.c_str()});
+    argv.push_back(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
-      const std::string port = std::to_string(port_);
       const int devnull = open("/dev/null", O_WRONLY);
       dup2(devnull, 1);
       dup2(devnull, 2);
-      if (store_dir_.empty()) {
-        execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port.c_str(),
-              static_cast<char*>(nullptr));
-      } else {
-        execl("/usr/sbin/nats-server", "nats-server", "-a", "127.0.0.1", "-p", port.c_str(), "-js",
-              "-sd", store_dir_.c_str(), static_cast<char*>(nullptr));
-      }
+      execv("/usr/sbin/nats-server", const_cast<char* const*>(argv.data()));
       _exit(127);
     }
     if (pid_ < 0) return false;
@@ -120,6 +122,7 @@ class NatsServer {
  private:
   int port_;
   std::string store_dir_;
+  std::string config_file_;
   pid_t pid_ = -1;
 };
 

@@ -228,6 +228,32 @@ TEST(ReplayCommandTest, NatsTransportNeedsAServer) {
 }
 
 #if KVR_TEST_WITH_NATS
+// A server whose messages are at most 4 KiB (the default is 1 MiB): the engines' events, up to
+// 32 KiB of token ids each here, go in parts (stores chained by parent), and the router ends with
+// the same view: the table is the in-process one, byte for byte. Without the parts, publishing
+// fails ("Maximum Payload Exceeded").
+TEST(ReplayCommandTest, NatsEventsLargerThanTheServersMessagesGoInParts) {
+  const fs::path config = TempDir("nats_small_payload") / "nats.conf";
+  std::ofstream(config) << "max_payload: 4096\n";
+  NatsServer server(FreePort(), "", config.string());
+  ASSERT_TRUE(server.Start()) << "nats-server did not start";
+  std::map<std::string, fs::path> dirs;
+  for (const char* transport : {"inprocess", "nats"}) {
+    ReplayArgs args = SmallRun(TempDir(std::string("small_payload_") + transport));
+    args.policies = "kvrouter";
+    args.kv_capacity_blocks = 8'000;  // evictions: removals, copies to the host tier
+    args.host_capacity_blocks = 16'000;
+    args.transport = transport;
+    args.nats_url = server.url();
+    std::ostringstream out, err;
+    ASSERT_EQ(RunReplay(args, out, err), 0) << transport << ": " << err.str();
+    dirs[transport] = args.output_dir;
+  }
+  for (const char* file : {"summary.txt", "results.csv", "results.json"}) {
+    EXPECT_EQ(ReadFile(dirs["nats"] / file), ReadFile(dirs["inprocess"] / file)) << file;
+  }
+}
+
 // A server that is not there fails each kvrouter policy with the subscription's own message;
 // the baselines, which take no events, still come out.
 TEST(ReplayCommandTest, NatsServerThatIsNotThereFailsThePoliciesThatNeedIt) {

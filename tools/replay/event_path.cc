@@ -4,10 +4,13 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <msgpack.hpp>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -118,19 +121,34 @@ class IngestPath : public EventPath {
   explicit IngestPath(kvr_router* router) {
     CheckAbi("kvr_ingest_new",
              [&](kvr_error** e) { return kvr_ingest_new(router, nullptr, &ingest_, e); });
-    CheckAbi("kvr_ingest_start", [&](kvr_error** e) { return kvr_ingest_start(ingest_, e); });
+    try {
+      CheckAbi("kvr_ingest_start", [&](kvr_error** e) { return kvr_ingest_start(ingest_, e); });
+    } catch (...) {
+      kvr_ingest_free(ingest_);  // no destructor runs for a constructor that throws
+      throw;
+    }
   }
   ~IngestPath() override { kvr_ingest_free(ingest_); }
 
-  // Waits until the ingest has handled (applied or rejected) as many messages as were sent.
+  // Waits until the ingest has handled (applied or rejected) as many messages as were sent. A
+  // message that never comes (a transport that lost it) fails the run after kSyncTimeout, and
+  // one more than was sent (someone else's, on a shared bus) fails it at once: either way the
+  // router's view is not the engines'.
   void Sync() override {
     const auto deadline = std::chrono::steady_clock::now() + kSyncTimeout;
-    while (Stats().messages < sent_messages_) {
+    uint64_t handled;
+    while ((handled = Stats().messages) < sent_messages_) {
       if (std::chrono::steady_clock::now() > deadline) {
-        throw std::runtime_error("the router's ingest did not catch up with " +
-                                 std::to_string(sent_messages_) + " messages in 30 s");
+        throw std::runtime_error("the router's ingest handled " + std::to_string(handled) +
+                                 " of the " + std::to_string(sent_messages_) +
+                                 " messages sent in 30 s: the transport lost some");
       }
       std::this_thread::yield();
+    }
+    if (handled > sent_messages_) {
+      throw std::runtime_error("the router's ingest handled " + std::to_string(handled) +
+                               " messages where " + std::to_string(sent_messages_) +
+                               " were sent: another publisher shares its subjects");
     }
   }
 
@@ -160,7 +178,12 @@ class IngestPath : public EventPath {
 // ---- stream: FlatBuffers batches over a Unix socket ----------------------------------------
 
 // The paths that carry kvrouter's own FlatBuffers EventBatches: one batch per event, as an
-// engine publishing as it goes would, handed to Send (which leaves the batch to be cleared).
+// engine publishing as it goes would, handed to Send (which leaves the batch to be cleared). An
+// event too large for one message of the transport goes in parts, as an engine would send it:
+// a store as consecutive stores, each part's parent the previous part's last block (a copy to
+// another tier, without tokens or parent, as copies of fewer blocks), a removal as removals of
+// fewer blocks. The router's index ends the same; an event the router rejects counts once per
+// part.
 class BatchPath : public IngestPath {
  public:
   explicit BatchPath(kvr_router* router) : IngestPath(router) {
@@ -169,26 +192,64 @@ class BatchPath : public IngestPath {
   ~BatchPath() override { kvr_event_batch_free(batch_); }
 
   void Stored(uint32_t worker, const StoredRun& run) override {
-    const kvr_stored_event event = StoredEventOf(worker, run, next_event_id_++);
-    CheckAbi("kvr_event_batch_add_stored",
-             [&](kvr_error** e) { return kvr_event_batch_add_stored(batch_, &event, e); });
-    SendBatch(worker);
+    SendStored(worker, run);
     ++counts_.stored;
   }
 
   void Removed(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) override {
-    const kvr_removed_event event = RemovedEventOf(worker, block_hashes, tier, next_event_id_++);
-    CheckAbi("kvr_event_batch_add_removed",
-             [&](kvr_error** e) { return kvr_event_batch_add_removed(batch_, &event, e); });
-    SendBatch(worker);
+    SendRemoved(worker, block_hashes, tier);
     ++counts_.removed;
   }
 
  protected:
   // Sends `batch` as engine `worker` publishes it.
   virtual void Send(uint32_t worker, const kvr_event_batch* batch) = 0;
+  // The largest message the transport carries, in bytes.
+  virtual size_t MaxMessageBytes() const { return std::numeric_limits<size_t>::max(); }
 
  private:
+  // An encoded batch of one event is its token ids and hashes plus a few hundred bytes of
+  // FlatBuffers tables and offsets; 1 KiB covers those with room to spare.
+  bool FitsOneMessage(size_t tokens, size_t blocks) const {
+    return tokens * sizeof(uint32_t) + blocks * sizeof(uint64_t) + 1024 <= MaxMessageBytes();
+  }
+
+  void SendStored(uint32_t worker, const StoredRun& run) {
+    const size_t blocks = run.block_hashes.size();
+    if (blocks > 1 && !FitsOneMessage(run.token_ids.size(), blocks)) {
+      const size_t half = blocks / 2, half_tokens = run.token_ids.size() / blocks * half;
+      StoredRun first = run, rest = run;
+      first.block_hashes = run.block_hashes.first(half);
+      first.token_ids = run.token_ids.first(half_tokens);
+      rest.block_hashes = run.block_hashes.subspan(half);
+      rest.token_ids = run.token_ids.subspan(half_tokens);
+      if (!run.token_ids.empty()) {  // a store continues the previous part
+        rest.has_parent = true;
+        rest.parent_hash = first.block_hashes.back();
+      }
+      SendStored(worker, first);
+      SendStored(worker, rest);
+      return;
+    }
+    const kvr_stored_event event = StoredEventOf(worker, run, next_event_id_++);
+    CheckAbi("kvr_event_batch_add_stored",
+             [&](kvr_error** e) { return kvr_event_batch_add_stored(batch_, &event, e); });
+    SendBatch(worker);
+  }
+
+  void SendRemoved(uint32_t worker, std::span<const uint64_t> block_hashes, Tier tier) {
+    if (block_hashes.size() > 1 && !FitsOneMessage(0, block_hashes.size())) {
+      const size_t half = block_hashes.size() / 2;
+      SendRemoved(worker, block_hashes.first(half), tier);
+      SendRemoved(worker, block_hashes.subspan(half), tier);
+      return;
+    }
+    const kvr_removed_event event = RemovedEventOf(worker, block_hashes, tier, next_event_id_++);
+    CheckAbi("kvr_event_batch_add_removed",
+             [&](kvr_error** e) { return kvr_event_batch_add_removed(batch_, &event, e); });
+    SendBatch(worker);
+  }
+
   void SendBatch(uint32_t worker) {
     Send(worker, batch_);
     kvr_event_batch_clear(batch_);
@@ -228,11 +289,7 @@ class StreamPath final : public BatchPath {
 class NatsPath final : public BatchPath {
  public:
   NatsPath(kvr_router* router, const std::string& url) : BatchPath(router) {
-    // The subjects are this path's own, so that replays (and the policies of one replay, each
-    // with its router) can share a server without hearing each other's engines.
-    static std::atomic<uint64_t> paths{0};
-    subjects_ =
-        "kvrouter.replay." + std::to_string(getpid()) + "." + std::to_string(paths++) + ".engine.";
+    subjects_ = "kvrouter.replay." + UniqueToken() + ".engine.";
     const std::string wildcard = subjects_ + "*";
     CheckAbi("kvr_ingest_subscribe_nats", [&](kvr_error** e) {
       return kvr_ingest_subscribe_nats(ingest_, url.c_str(), wildcard.c_str(), nullptr, e);
@@ -241,9 +298,11 @@ class NatsPath final : public BatchPath {
     // (a router subscribed once then hears them in that order too).
     const natsStatus status = natsConnection_ConnectTo(&publisher_, url.c_str());
     if (status != NATS_OK) {
-      throw std::runtime_error("the engines cannot connect to the NATS server at " + url + ": " +
+      throw std::runtime_error(std::string("the engines cannot connect to the NATS server: ") +
                                natsStatus_GetText(status));
     }
+    max_payload_ =
+        static_cast<size_t>(std::max<int64_t>(natsConnection_GetMaxPayload(publisher_), 0));
   }
   ~NatsPath() override {
     kvr_ingest_stop(ingest_, nullptr);  // the subscription goes before the engines' connection
@@ -266,8 +325,21 @@ class NatsPath final : public BatchPath {
     }
   }
 
-  std::string subjects_;  // "kvrouter.replay.<pid>.<path>.engine.", then the worker
+  size_t MaxMessageBytes() const override { return max_payload_; }
+
+  // 128 random bits in hex: the subjects are this path's own, so that replays (and the
+  // policies of one replay, each with its router) can share a server without hearing each
+  // other's engines, whatever their process ids (containers each have a pid 1).
+  static std::string UniqueToken() {
+    std::random_device entropy;
+    char token[33];
+    for (int i = 0; i < 4; ++i) std::snprintf(token + 8 * i, 9, "%08x", entropy());
+    return token;
+  }
+
+  std::string subjects_;  // "kvrouter.replay.<token>.engine.", then the worker
   natsConnection* publisher_ = nullptr;
+  size_t max_payload_ = 0;  // the server's, in bytes
 };
 #endif
 

@@ -787,8 +787,10 @@ typedef struct kvr_metrics {
   /* Appended in 0.2.0: routing decisions decided a second time. A decision prices its
    * candidates outside the router's lock and books under it; when another call changed what
    * it priced meanwhile (the chosen rank's load, the queue, the session's binding, the request
-   * id's use), it decides again under the lock. Of `decisions` and previews; 0 with one
-   * caller at a time. What concurrent callers cost each other. */
+   * id's use), it decides again under the lock. Of `decisions` and previews. Such a change
+   * comes from another thread: another routing call, a release (kvr_router_free_request,
+   * prefill completion), another replica's booking; 0 while nothing else calls the router.
+   * What concurrent callers cost each other. */
   uint64_t decisions_priced_again;
 } kvr_metrics;
 

@@ -111,7 +111,9 @@ public final class Metrics {
   /**
    * Routing decisions decided a second time: priced outside the router's lock while another call
    * changed what they priced (the chosen rank's load, the queue, the session's binding), then
-   * decided again under it. 0 with one caller at a time; what concurrent callers cost each other.
+   * decided again under it. Such a change comes from another thread (another routing call, a
+   * release, another replica's booking); 0 while nothing else calls the router. What concurrent
+   * callers cost each other.
    */
   public long decisionsPricedAgain() {
     return a[Abi.Metrics.DECISIONS_PRICED_AGAIN];
