@@ -72,12 +72,13 @@ for layer in "${layers[@]}"; do
 done
 
 # Outside src/: what uses the library sees the layers it tests and no more. A layer's tests may
-# include that layer and those below it; everything that stands for a user of the library (the
+# include that layer and those below it (tests/capi_internal: the C ABI's white-box tests, which
+# reach behind a handle to bring about what only the insides can); everything that stands for a user of the library (the
 # C ABI's tests, the model test, the fault tests, the soak, the replay tool and its tests,
 # kvrouterd and its tests, the examples, the header and packaging tests) goes through the public
 # header only. Benchmarks and fuzzers measure and attack internals wherever they are: not listed.
 declare -A consumers=(
-  [tests/core]=core [tests/wire]=wire [tests/ingest]=ingest
+  [tests/core]=core [tests/wire]=wire [tests/ingest]=ingest [tests/capi_internal]=capi
   [tests/capi]=none [tests/model]=none [tests/fault]=none [tests/soak]=none [tests/replay]=none
   [tests/headers]=none [tests/abi]=none [tests/package]=none [tools/replay]=none [examples]=none
   [service/kvrouterd]=none [tests/service]=none

@@ -52,7 +52,7 @@ static void counters(void** state) {
   assert_int_equal(0, m.events_refused_for_memory);
   assert_int_equal(0, m.replica_changes_unpublished);
   /* One caller at a time: no decision collided with another
-   * (metrics_collision_test.cc makes one). */
+   * (tests/capi_internal makes one). */
   assert_int_equal(0, m.decisions_priced_again);
 
   KVT_OK(kvr_router_free_request(f->router, "m-1", ERRP));
