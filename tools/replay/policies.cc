@@ -39,16 +39,24 @@ class RouterHandle {
     options.approx_max_blocks = context.limits.kv_capacity_blocks * context.workers;
     CheckAbi("kvr_router_new",
              [&](kvr_error** e) { return kvr_router_new(&options, &router_, e); });
-    for (uint32_t w = 0; w < context.workers; ++w) {
-      kvr_worker_config config;
-      kvr_worker_config_init(&config, sizeof config);
-      config.worker_id = w;
-      config.total_kv_blocks = context.limits.kv_capacity_blocks;
-      config.max_num_batched_tokens = context.limits.max_num_batched_tokens;
-      CheckAbi("kvr_router_add_worker",
-               [&](kvr_error** e) { return kvr_router_add_worker(router_, &config, e); });
+    try {
+      for (uint32_t w = 0; w < context.workers; ++w) {
+        kvr_worker_config config;
+        kvr_worker_config_init(&config, sizeof config);
+        config.worker_id = w;
+        config.total_kv_blocks = context.limits.kv_capacity_blocks;
+        config.max_num_batched_tokens = context.limits.max_num_batched_tokens;
+        CheckAbi("kvr_router_add_worker",
+                 [&](kvr_error** e) { return kvr_router_add_worker(router_, &config, e); });
+      }
+      events_ =
+          MakeEventPath(context.transport, router_, context.workers, context.limits.block_size);
+    } catch (...) {
+      // A transport that cannot be set up (a NATS server not there) fails the policy; no
+      // destructor runs for a constructor that throws.
+      kvr_router_free(router_);
+      throw;
     }
-    events_ = MakeEventPath(context.transport, router_, context.workers, context.limits.block_size);
   }
   ~RouterHandle() {
     events_.reset();  // an ingest feeding the router goes first
