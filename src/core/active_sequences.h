@@ -111,7 +111,10 @@ struct SequenceChange {
   std::span<const uint64_t> block_ids;
   uint64_t prefill_tokens = 0;
   uint32_t expected_output_tokens = 0;
-  uint32_t heartbeat_interval_ms = 0;  // kHeartbeat only
+  // kHeartbeat: how often the origin promises one. Any other kind: that of the origin's last
+  // heartbeat through its current publisher (0 = none), so that a receiver that missed the
+  // heartbeats still expires the origin when it falls silent.
+  uint32_t heartbeat_interval_ms = 0;
 };
 
 // Whether a change of this kind names one request (the others speak for the whole origin).

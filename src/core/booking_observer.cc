@@ -8,6 +8,7 @@ namespace kvrouter {
 uint64_t BookingObserver::Set(std::string replica_id, SequenceObserver observer) {
   static std::atomic<uint64_t> next_token{1};
   observer_ = std::move(observer);
+  promised_interval_ms_ = 0;  // a new publisher promises nothing until it beats
   if (!observer_) {
     token_ = 0;
     return 0;
@@ -21,6 +22,7 @@ bool BookingObserver::Clear(uint64_t token) {
   if (token == 0 || token != token_) return false;
   observer_ = nullptr;
   token_ = 0;
+  promised_interval_ms_ = 0;
   return true;
 }
 

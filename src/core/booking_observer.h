@@ -39,20 +39,28 @@ class BookingObserver {
   // observer ran out of memory (std::bad_alloc, e.g. encoding the change): the change is lost
   // to the other replicas, and the caller must not fail for it, since what it reports has
   // already happened.
+  // Every change notified carries the interval of the last heartbeat (see Promise).
   bool Notify(const SequenceChange& change) const {
     if (!observer_ || IsReplicaRequestId(change.request_id)) return true;
+    SequenceChange stamped = change;  // views: nothing is copied but the fields
+    stamped.heartbeat_interval_ms = promised_interval_ms_;
     try {
-      observer_(change);
+      observer_(stamped);
     } catch (const std::bad_alloc&) {
       return false;
     }
     return true;
   }
+  // This router promises a heartbeat every `interval_ms` from now on: every change the
+  // current observer is told carries the interval, so that a peer that missed the heartbeats
+  // (it joined later, or this router died before its next) still knows to expire it.
+  void Promise(uint32_t interval_ms) { promised_interval_ms_ = interval_ms; }
 
  private:
   std::string replica_id_;
   SequenceObserver observer_;
-  uint64_t token_ = 0;  // of the current observer; 0 = none
+  uint64_t token_ = 0;                 // of the current observer; 0 = none
+  uint32_t promised_interval_ms_ = 0;  // of the current observer's last heartbeat; 0 = none
 };
 
 }  // namespace kvrouter

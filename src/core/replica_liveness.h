@@ -1,6 +1,7 @@
 // Which router replicas are alive, from their heartbeats (SequenceChange::Kind::kHeartbeat).
-// Only an origin that has sent a heartbeat is tracked: a replica that never sends one (an
-// older build, a bus without heartbeats) keeps its bookings until they expire as requests do.
+// Only an origin that has sent a heartbeat, or a change carrying the interval it beats at, is
+// tracked: a replica that never sends one (an older build, a bus without heartbeats) keeps its
+// bookings until they expire as requests do.
 // Every change heard from a tracked origin counts as a sign of life. Not thread-safe: the
 // router holds its lock.
 #pragma once
@@ -20,9 +21,10 @@ class ReplicaLiveness {
  public:
   // A heartbeat from `origin`, which promises one every `interval`.
   void Beat(std::string_view origin, Nanos interval, Nanos now) {
-    Entry& entry = origins_[std::string(origin)];
-    entry.last_heard = now;
-    entry.interval = interval;
+    auto it = origins_.find(origin);  // not copying the name of a tracked origin
+    if (it == origins_.end()) it = origins_.emplace(std::string(origin), Entry{}).first;
+    it->second.last_heard = now;
+    it->second.interval = interval;
   }
 
   // Any other change from `origin`: alive too, if it is tracked.

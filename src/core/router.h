@@ -376,13 +376,15 @@ class Router {
   // kHeartbeat marks the origin alive (see ExpireSilentReplicas) and changes nothing.
   absl::StatusOr<bool> ApplyReplicaChange(std::string_view origin, const SequenceChange& change);
   // Tells the replicas this router is alive: a kHeartbeat promising the next within
-  // `interval_ms`, through the observer. False if there is no observer.
+  // `interval_ms`, through the observer. Every change the observer publishes after it carries
+  // the interval too (a peer that missed the heartbeats still expires this router when it
+  // falls silent). False if there is no observer.
   bool PublishHeartbeat(uint32_t interval_ms);
-  // Drops the bookings held here from every replica that has sent heartbeats and has been
-  // silent (no change of any kind) for longer than `timeout`, or than three of its heartbeat
-  // intervals if that is longer: a replica that died for good. Its capacity may admit waiting
-  // requests. Returns how many replicas were dropped; one that comes back announces its
-  // bookings again (Reset, Added...) as any joining replica does.
+  // Drops the bookings held here from every replica that has sent a heartbeat (or a change
+  // carrying its interval) and has been silent (no change of any kind) for longer than
+  // `timeout`, or than three of its heartbeat intervals if that is longer: a replica that died
+  // for good. Its capacity may admit waiting requests. Returns how many replicas were dropped; one
+  // that comes back announces its bookings again (Reset, Added...) as any joining replica does.
   size_t ExpireSilentReplicas(Nanos timeout);
   struct ReplicaStats {
     uint64_t changes_applied = 0;   // ApplyReplicaChange calls that succeeded

@@ -158,7 +158,13 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
   {
     std::lock_guard lock(gate_);
     if (observer_.IsOwnOrigin(origin)) return false;  // our own change, echoed back
-    liveness_.Heard(origin, clock_.Now());
+    // A heartbeat, or any change carrying the interval its origin beats at (one that missed
+    // the heartbeats still learns to expire the origin), tracks the origin's liveness.
+    if (change.kind == SequenceChange::Kind::kHeartbeat || change.heartbeat_interval_ms > 0) {
+      liveness_.Beat(origin, MillisToNanos(change.heartbeat_interval_ms), clock_.Now());
+    } else {
+      liveness_.Heard(origin, clock_.Now());
+    }
     switch (change.kind) {
       case SequenceChange::Kind::kAdded: {
         absl::Status status =
@@ -186,8 +192,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
         // A replica joined: tell it (and everyone) what this router has booked.
         if (observer_.active()) AnnounceBookingsLocked();
         break;
-      case SequenceChange::Kind::kHeartbeat:
-        liveness_.Beat(origin, MillisToNanos(change.heartbeat_interval_ms), clock_.Now());
+      case SequenceChange::Kind::kHeartbeat:  // its liveness above is all it changes
         break;
     }
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
@@ -203,9 +208,8 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
 bool Router::PublishHeartbeat(uint32_t interval_ms) {
   std::lock_guard lock(gate_);
   if (!observer_.active()) return false;
-  SequenceChange beat = ChangeOf(SequenceChange::Kind::kHeartbeat, "");
-  beat.heartbeat_interval_ms = interval_ms;
-  NotifyLocked(beat);
+  observer_.Promise(interval_ms);
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kHeartbeat, ""));
   return true;
 }
 

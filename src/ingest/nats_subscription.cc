@@ -408,6 +408,12 @@ void NatsSubscriptions::StartLiveness(Source& source) {
       source.liveness_timer,
       [](uv_timer_t* timer) { static_cast<NatsSubscriptions*>(timer->data)->OnLivenessTick(); },
       period_ms, period_ms);
+  // The first heartbeat at once, not a period later: the peers track this replica from now
+  // on, and every change it publishes carries the interval (one that dies before its second
+  // heartbeat still has its bookings dropped).
+  if (options.replica_heartbeat_ms > 0) {
+    (void)loop_.router->PublishHeartbeat(options.replica_heartbeat_ms);
+  }
 }
 
 void NatsSubscriptions::OnLivenessTick() {

@@ -378,7 +378,8 @@ static void jetstream_relay(void** state) {
   assert_int_equal(0, system(remove_store));
 }
 
-/* A router replica with its ingest object syncing on "replicas" at `url`. */
+/* A router replica with its ingest object syncing on "replicas" at `url`; without heartbeats
+ * (the first would go out at once), so that the counts of messages below are exact. */
 typedef struct replica {
   kvr_router* router;
   kvr_ingest* ingest;
@@ -387,9 +388,12 @@ typedef struct replica {
 
 static replica replica_new(const char* url, const char* id) {
   replica r;
+  kvr_ingest_options options;
+  KVT_OK(kvr_ingest_options_init(&options, sizeof options));
+  options.replica_heartbeat_ms = 0;
   r.router = kvt_router_new(BS, 0);
   kvt_add_worker(r.router, 1);
-  KVT_OK(kvr_ingest_new(r.router, NULL, &r.ingest, ERRP));
+  KVT_OK(kvr_ingest_new(r.router, &options, &r.ingest, ERRP));
   KVT_OK(kvr_ingest_start(r.ingest, ERRP));
   KVT_OK(kvr_ingest_sync_replicas(r.ingest, url, "replicas", id, &r.source, ERRP));
   return r;

@@ -410,6 +410,34 @@ TEST_F(RouterReplicaTest, AReplicaThatNeverSentAHeartbeatIsNeverExpired) {
   EXPECT_EQ(b_->replica_stats().live, 0u);
 }
 
+TEST_F(RouterReplicaTest, EveryChangeAfterAHeartbeatCarriesItsInterval) {
+  ASSERT_TRUE(a_->AddRequest("r0", Tokens(3, 0), {1, 0}, {}).ok());
+  ASSERT_TRUE(a_->PublishHeartbeat(700));
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 100), {1, 0}, {}).ok());
+  ASSERT_TRUE(a_->Free("r1"));
+  ASSERT_EQ(from_a_.size(), 4u);
+  EXPECT_EQ(from_a_[0].heartbeat_interval_ms, 0u);  // promised nothing yet
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(from_a_[i].heartbeat_interval_ms, 700u) << i;
+  from_a_.clear();
+  // A new publisher promises nothing until it beats: its announcement carries no interval.
+  a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+  ASSERT_FALSE(from_a_.empty());
+  for (const Published& change : from_a_) EXPECT_EQ(change.heartbeat_interval_ms, 0u);
+}
+
+// b never heard a's heartbeat (lost, or b joined after it); a's booking carries the interval,
+// so a's bookings still go when a falls silent.
+TEST_F(RouterReplicaTest, AReplicaWhoseHeartbeatWasMissedIsExpiredFromItsChanges) {
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  from_a_.clear();  // lost on the way
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  EXPECT_EQ(b_->replica_stats().live, 1u);
+  clock_.AdvanceSeconds(11);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+}
+
 TEST_F(RouterReplicaTest, ASlowSendersOwnIntervalStretchesTheTimeout) {
   ASSERT_TRUE(a_->PublishHeartbeat(5000));  // three intervals (15 s) exceed the 10 s timeout
   ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());

@@ -178,6 +178,24 @@ TEST_F(ReplicaSyncTest, ADeadReplicasBookingsAreDroppedAfterTheTimeout) {
   EXPECT_EQ(stats.active_requests, 0u);
 }
 
+// A replica's first heartbeat goes out as soon as its sync starts, and every change it
+// publishes after it carries its interval: one that dies before its second heartbeat (within
+// the 1 s interval here) still has its bookings dropped, three intervals after it fell silent.
+TEST_F(ReplicaSyncTest, AReplicaThatDiesBeforeItsSecondHeartbeatIsStillExpired) {
+  Replica b(*server_, "b", {.replica_heartbeat_ms = 0, .replica_timeout_ms = 400});
+  auto a = std::make_unique<Replica>(
+      *server_, "a", IngestOptions{.replica_heartbeat_ms = 1000, .replica_timeout_ms = 0});
+  ASSERT_TRUE(a->router->AddRequest("r1", Tokens(4, 0), {1, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1; }));
+  EXPECT_EQ(b.router->replica_stats().live, 1u);  // the heartbeat came before the booking
+
+  a->router->SetSequenceObserver("a", {});  // dies: no heartbeat, no farewell, no Free
+  a.reset();
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 0; }));
+  EXPECT_EQ(b.router->replica_stats().expired, 1u);
+  EXPECT_EQ(b.router->replica_stats().active_requests, 0u);
+}
+
 // A replica stopped gracefully (its ingest stopped) says farewell: its peers drop its
 // bookings at once, long before the liveness timeout (60 s here) could.
 TEST_F(ReplicaSyncTest, AStoppedReplicasBookingsGoAtOnce) {

@@ -1024,23 +1024,26 @@ extern "C" {
     ) -> kvr_status;
     /// Replica liveness (since 0.2.0). A replica that dies for good stops freeing its bookings;
     /// heartbeats let its peers notice. This publishes a Heartbeat through the router's replica
-    /// publisher, promising the next within `interval_ms` (1..3,600,000). Once a peer has heard a
-    /// heartbeat from a replica, kvr_router_expire_replicas there drops that replica's bookings
-    /// when it falls silent. KVR_FAILED_PRECONDITION if the router has no replica publisher.
-    /// kvr_ingest_sync_replicas calls both on a timer (kvr_ingest_options.replica_heartbeat_ms).
-    /// @thread_safety concurrent
+    /// publisher, promising the next within `interval_ms` (1..3,600,000); every change the same
+    /// publisher is given afterwards carries the interval too. Once a peer has heard a heartbeat or
+    /// such a change from a replica, kvr_router_expire_replicas there drops that replica's bookings
+    /// when it falls silent (also one that died before its second heartbeat, or whose heartbeats
+    /// that peer missed). KVR_FAILED_PRECONDITION if the router has no replica publisher.
+    /// kvr_ingest_sync_replicas calls both on a timer, its first heartbeat at once
+    /// (kvr_ingest_options.replica_heartbeat_ms). @thread_safety concurrent
     pub fn kvr_router_replica_heartbeat(
         router: *mut kvr_router,
         interval_ms: u32,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
-    /// Drops the bookings held from every replica that has sent heartbeats and has heard nothing
-    /// (no change of any kind) for longer than `timeout_seconds` on the router's clock, or than
-    /// three of its own heartbeat intervals if that is longer; they may admit waiting requests. A
-    /// dropped replica that comes back announces its bookings again. Replicas that never sent a
-    /// heartbeat keep their bookings until request_expiry_seconds. `expired` (may be NULL) gets how
-    /// many replicas were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT
-    /// unless `timeout_seconds` is finite and > 0. @thread_safety concurrent
+    /// Drops the bookings held from every replica that has sent a heartbeat (or a change carrying
+    /// its interval: kvr_router_replica_heartbeat) and from which nothing (no change of any kind)
+    /// has been heard for longer than `timeout_seconds` on the router's clock, or than three of its
+    /// own heartbeat intervals if that is longer; they may admit waiting requests. A dropped
+    /// replica that comes back announces its bookings again. Replicas that never sent a heartbeat
+    /// keep their bookings until request_expiry_seconds. `expired` (may be NULL) gets how many
+    /// replicas were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT unless
+    /// `timeout_seconds` is finite and > 0. @thread_safety concurrent
     pub fn kvr_router_expire_replicas(
         router: *mut kvr_router,
         timeout_seconds: f64,

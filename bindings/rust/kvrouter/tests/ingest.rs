@@ -588,6 +588,15 @@ fn jetstream_relay_feeds_another_router() {
     assert_eq!(device_blocks(&second, &tokens, 1), 3);
 }
 
+// Replica sync without heartbeats: the first goes out as a sync starts, and the tests below
+// count every message.
+fn without_heartbeats() -> IngestOptions {
+    IngestOptions {
+        replica_heartbeat_ms: 0,
+        ..IngestOptions::default()
+    }
+}
+
 #[test]
 fn replicas_sync_their_bookings_over_nats() {
     let Some(server) = NatsServer::start() else {
@@ -598,8 +607,8 @@ fn replicas_sync_their_bookings_over_nats() {
         return;
     };
     let (a, b) = (router(2), router(2));
-    let ingest_a = Ingest::new(&a, &IngestOptions::default()).unwrap();
-    let ingest_b = Ingest::new(&b, &IngestOptions::default()).unwrap();
+    let ingest_a = Ingest::new(&a, &without_heartbeats()).unwrap();
+    let ingest_b = Ingest::new(&b, &without_heartbeats()).unwrap();
     ingest_a.start().unwrap();
     ingest_b.start().unwrap();
     let source_a = ingest_a
@@ -670,7 +679,7 @@ fn a_replica_joining_over_nats_learns_the_bookings_made_before_it() {
         .find_best_match(&prompt(31, 2), &RequestOptions::admit("later"))
         .unwrap();
     assert_ne!(first.worker_id, second.worker_id);
-    let ingest_a = Ingest::new(&a, &IngestOptions::default()).unwrap();
+    let ingest_a = Ingest::new(&a, &without_heartbeats()).unwrap();
     ingest_a.start().unwrap();
     let source_a = ingest_a.sync_replicas(&server.url(), subject, "a").unwrap();
     assert_eq!(ingest_a.stats(source_a).unwrap().published, 4);
@@ -679,7 +688,7 @@ fn a_replica_joining_over_nats_learns_the_bookings_made_before_it() {
     // both of a's from a's answer to its SyncRequest, without a booking anything more.
     b.find_best_match(&prompt(32, 1), &RequestOptions::admit("b-own"))
         .unwrap();
-    let ingest_b = Ingest::new(&b, &IngestOptions::default()).unwrap();
+    let ingest_b = Ingest::new(&b, &without_heartbeats()).unwrap();
     ingest_b.start().unwrap();
     let source_b = ingest_b.sync_replicas(&server.url(), subject, "b").unwrap();
     // b published Reset, Added, SyncRequest; a applied them and answered, while applying the
