@@ -105,8 +105,9 @@ func (r *Router) ApplyReplicaEvent(data []byte) error {
 
 // ReplicaHeartbeat publishes a heartbeat through the router's replica publisher, promising
 // the next within intervalMs (1..3,600,000; else ErrInvalidArgument): a peer that has heard one
-// from this replica drops its bookings there (ExpireReplicas) once it falls silent. Over a bus
-// of your own, call it every interval; Ingest.SyncReplicas does it on a timer
+// from this replica (or a change published after it: each carries the interval) drops its
+// bookings there (ExpireReplicas) once it falls silent. Over a bus of your own, call it every
+// interval; Ingest.SyncReplicas does it on a timer, the first at once
 // (IngestOptions.ReplicaHeartbeat). ErrFailedPrecondition if the router has no publisher
 // (SetReplicaPublisher).
 func (r *Router) ReplicaHeartbeat(intervalMs uint32) error {
@@ -124,7 +125,8 @@ func (r *Router) ReplicaHeartbeat(intervalMs uint32) error {
 // been heard from (any change) no later than timeout ago on the router's clock (or three of
 // its own heartbeat intervals, if longer), and returns how many replicas it dropped (counted in
 // Metrics.ReplicasExpired); the freed capacity may admit queued requests. A replica that never
-// sent a heartbeat keeps its bookings until the request expiry. ErrInvalidArgument unless
+// sent a heartbeat keeps its bookings until the request expiry; one dropped but heard again is
+// asked (if this router publishes) to announce its bookings again. ErrInvalidArgument unless
 // timeout > 0. Ingest.SyncReplicas does it on a timer (IngestOptions.ReplicaTimeout).
 func (r *Router) ExpireReplicas(timeout time.Duration) (int, error) {
 	h := r.handle()

@@ -98,14 +98,16 @@ struct SequenceChange {
     // (Added) right after: a replica (re)joining replaces whatever its peers held from it.
     kReset = 3,
     // The origin asks every replica to Reset and announce its bookings again (it has just
-    // joined and knows none).
+    // joined and knows none), or the one request_id names (it had expired that one).
     kSyncRequest = 4,
     // The origin is alive; its bookings are dropped where it stays silent past the liveness
     // timeout (Router::ExpireSilentReplicas).
     kHeartbeat = 5,
   };
   Kind kind = Kind::kAdded;
-  std::string_view request_id;  // empty for kReset, kSyncRequest and kHeartbeat
+  // Empty for kReset and kHeartbeat; for kSyncRequest, the replica asked to announce its
+  // bookings again (empty: every replica).
+  std::string_view request_id;
   // kAdded only: the booking, as SequenceRequest has it.
   WorkerKey worker;
   std::span<const uint64_t> block_ids;

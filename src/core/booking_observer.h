@@ -41,7 +41,9 @@ class BookingObserver {
   // already happened.
   // Every change notified carries the interval of the last heartbeat (see Promise).
   bool Notify(const SequenceChange& change) const {
-    if (!observer_ || IsReplicaRequestId(change.request_id)) return true;
+    if (!observer_ || (NamesARequest(change.kind) && IsReplicaRequestId(change.request_id))) {
+      return true;
+    }
     SequenceChange stamped = change;  // views: nothing is copied but the fields
     stamped.heartbeat_interval_ms = promised_interval_ms_;
     try {

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <algorithm>
+#include <new>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/clock.h"
@@ -19,12 +21,24 @@ namespace kvrouter {
 
 class ReplicaLiveness {
  public:
-  // A heartbeat from `origin`, which promises one every `interval`.
-  void Beat(std::string_view origin, Nanos interval, Nanos now) {
+  // A heartbeat from `origin`, or a change carrying the interval it promises one at. Returns
+  // whether `origin` had been expired here (TakeSilent) and is heard again: a replica that was
+  // only cut off or stalled, whose bookings were dropped and must be announced again.
+  // Refused memory for a new origin leaves it untracked until its next change.
+  bool Beat(std::string_view origin, Nanos interval, Nanos now) {
     auto it = origins_.find(origin);  // not copying the name of a tracked origin
-    if (it == origins_.end()) it = origins_.emplace(std::string(origin), Entry{}).first;
+    bool came_back = false;
+    if (it == origins_.end()) {
+      try {
+        it = origins_.emplace(std::string(origin), Entry{}).first;
+      } catch (const std::bad_alloc&) {
+        return false;
+      }
+      came_back = Unremember(origin);
+    }
     it->second.last_heard = now;
     it->second.interval = interval;
+    return came_back;
   }
 
   // Any other change from `origin`: alive too, if it is tracked.
@@ -34,33 +48,73 @@ class ReplicaLiveness {
     }
   }
 
+  // `origin` announced its whole state from scratch (a Reset): whether it was expired here no
+  // longer matters. Without a promised interval (a replica leaving, or joining before its first
+  // heartbeat), it is not tracked either: one that left is not counted as expired later.
+  void Restarted(std::string_view origin, bool promises_heartbeats) {
+    Unremember(origin);
+    if (auto it = origins_.find(origin); it != origins_.end() && !promises_heartbeats) {
+      origins_.erase(it);
+    }
+  }
+
   // Removes and returns the origins silent for longer than `timeout`, or than three of their
   // own heartbeat intervals if that is longer (a timeout shorter than the sender's period
-  // would drop a live replica between two beats).
+  // would drop a live replica between two beats). They are remembered (up to kRemembered of
+  // them) so that Beat can tell when one comes back.
   std::vector<std::string> TakeSilent(Nanos now, Nanos timeout) {
+    size_t count = 0;
+    for (const auto& [origin, entry] : origins_) count += IsSilent(entry, now, timeout) ? 1 : 0;
     std::vector<std::string> silent;
+    silent.reserve(count);  // the only allocation before anything is taken
     for (auto it = origins_.begin(); it != origins_.end();) {
-      const Nanos allowed = std::max(timeout, 3 * it->second.interval);
-      if (now - it->second.last_heard > allowed) {
-        silent.push_back(it->first);
-        origins_.erase(it++);
+      if (IsSilent(it->second, now, timeout)) {
+        silent.push_back(std::move(origins_.extract(it++).key()));
       } else {
         ++it;
       }
     }
+    for (const std::string& origin : silent) Remember(origin);
     return silent;
   }
 
   size_t live() const { return origins_.size(); }
+
+  // Expired origins remembered at most: beyond it, the forgotten ones' return goes unnoticed
+  // (their bookings come back when they next restart).
+  static constexpr size_t kRemembered = 1024;
 
  private:
   struct Entry {
     Nanos last_heard = 0;
     Nanos interval = 0;
   };
-  // Not absl's table: one refused growth corrupts it (core/fail_safe_map.h); a single insert
-  // into libstdc++'s is all or nothing.
+
+  static bool IsSilent(const Entry& entry, Nanos now, Nanos timeout) {
+    return now - entry.last_heard > std::max(timeout, 3 * entry.interval);
+  }
+
+  // Whether `origin` was remembered as expired; it no longer is.
+  bool Unremember(std::string_view origin) {
+    const auto it = expired_.find(origin);
+    if (it == expired_.end()) return false;
+    expired_.erase(it);
+    return true;
+  }
+
+  void Remember(const std::string& origin) {
+    try {
+      if (expired_.size() >= kRemembered) expired_.erase(expired_.begin());
+      expired_.insert(origin);
+    } catch (const std::bad_alloc&) {
+      // Forgotten: as beyond kRemembered.
+    }
+  }
+
+  // Not absl's tables: one refused growth corrupts them (core/fail_safe_map.h); a single
+  // insert into libstdc++'s is all or nothing.
   std::unordered_map<std::string, Entry, IdHash, std::equal_to<>> origins_;
+  std::unordered_set<std::string, IdHash, std::equal_to<>> expired_;
 };
 
 }  // namespace kvrouter

@@ -548,6 +548,14 @@ class Router {
   bool MarkPrefillCompletedLocked(std::string_view request_id);
   bool FreeBookingLocked(std::string_view request_id);
   void NotifyLocked(const SequenceChange& change);
+  // Replica liveness from a change of `origin`; whether the origin came back after this router
+  // expired it (and did not say Reset).
+  bool TrackLivenessLocked(std::string_view origin, const SequenceChange& change);
+  // A targeted SyncRequest: the replica `origin` alone announces its bookings again.
+  void AskToAnnounceAgainLocked(std::string_view origin);
+  // A SyncRequest: empty `asked`, every replica announces at once; this one's id, it announces
+  // with its next change or heartbeat; another's, nothing.
+  void AnswerSyncRequestLocked(std::string_view asked);
   // Reset, then an Added for every local booking (the observer's full picture of this router):
   // what a joining replica, or one whose change the observer lost, tells the others.
   void AnnounceBookingsLocked();

@@ -105,6 +105,7 @@ uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver ob
 bool Router::ClearSequenceObserver(uint64_t token, bool farewell) {
   std::lock_guard lock(gate_);
   if (farewell && observer_.IsCurrent(token)) {
+    observer_.Promise(0);  // a Reset promising nothing: its peers stop tracking it at once
     NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
   }
   const bool cleared = observer_.Clear(token);
@@ -158,13 +159,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
   {
     std::lock_guard lock(gate_);
     if (observer_.IsOwnOrigin(origin)) return false;  // our own change, echoed back
-    // A heartbeat, or any change carrying the interval its origin beats at (one that missed
-    // the heartbeats still learns to expire the origin), tracks the origin's liveness.
-    if (change.kind == SequenceChange::Kind::kHeartbeat || change.heartbeat_interval_ms > 0) {
-      liveness_.Beat(origin, MillisToNanos(change.heartbeat_interval_ms), clock_.Now());
-    } else {
-      liveness_.Heard(origin, clock_.Now());
-    }
+    const bool came_back = TrackLivenessLocked(origin, change);
     switch (change.kind) {
       case SequenceChange::Kind::kAdded: {
         absl::Status status =
@@ -184,17 +179,17 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
         changed = active_.Free(id);
         break;
       case SequenceChange::Kind::kReset:
-        // A replica joining (its bookings follow) or leaving: either way its bookings so far
-        // go. (Its liveness stays: one that left is dropped, holding nothing, at the timeout.)
+        // A replica joining or announcing again (its bookings follow) or leaving: either way
+        // its bookings so far go.
         changed = DropReplicaBookingsLocked(origin);
         break;
       case SequenceChange::Kind::kSyncRequest:
-        // A replica joined: tell it (and everyone) what this router has booked.
-        if (observer_.active()) AnnounceBookingsLocked();
+        AnswerSyncRequestLocked(change.request_id);
         break;
-      case SequenceChange::Kind::kHeartbeat:  // its liveness above is all it changes
+      case SequenceChange::Kind::kHeartbeat:  // its liveness is all it changes
         break;
     }
+    if (came_back) AskToAnnounceAgainLocked(origin);
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
     // Capacity a replica released may admit requests waiting here.
     if (changed.ok() && *changed && change.kind != SequenceChange::Kind::kAdded) {
@@ -203,6 +198,44 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
   }
   Run(completions);
   return changed;
+}
+
+bool Router::TrackLivenessLocked(std::string_view origin, const SequenceChange& change) {
+  const Nanos now = clock_.Now();
+  const Nanos interval = MillisToNanos(change.heartbeat_interval_ms);
+  const bool promises_heartbeats = change.heartbeat_interval_ms > 0;
+  if (change.kind == SequenceChange::Kind::kReset) {
+    // Its whole state follows (or it left): an expiry here no longer matters.
+    liveness_.Restarted(origin, promises_heartbeats);
+    if (promises_heartbeats) liveness_.Beat(origin, interval, now);
+    return false;
+  }
+  // A heartbeat, or any change carrying the interval its origin beats at: a receiver that
+  // missed the heartbeats still learns to expire the origin.
+  if (change.kind == SequenceChange::Kind::kHeartbeat || promises_heartbeats) {
+    return liveness_.Beat(origin, interval, now);
+  }
+  liveness_.Heard(origin, now);
+  return false;
+}
+
+void Router::AskToAnnounceAgainLocked(std::string_view origin) {
+  // This router dropped the origin's bookings (it expired it), but the origin lives on: it was
+  // cut off or stalled past the timeout. Without a publisher here, they stay dropped until the
+  // origin announces them for a reason of its own (it restarts, or another replica asks).
+  if (observer_.active()) NotifyLocked(ChangeOf(SequenceChange::Kind::kSyncRequest, origin));
+}
+
+void Router::AnswerSyncRequestLocked(std::string_view asked) {
+  if (!observer_.active()) return;
+  if (asked.empty()) {
+    AnnounceBookingsLocked();  // a replica joined: tell it (and everyone) what is booked here
+  } else if (observer_.IsOwnOrigin(asked)) {
+    // A peer had expired this router. Announced with the next heartbeat or change, not now:
+    // after an outage every peer asks at about the same time, and one announcement answers
+    // them all.
+    reannounce_pending_ = true;
+  }
 }
 
 bool Router::PublishHeartbeat(uint32_t interval_ms) {

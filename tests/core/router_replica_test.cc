@@ -64,7 +64,7 @@ class RouterReplicaTest : public ::testing::Test {
       ASSERT_TRUE(a_->AddWorker(Worker(w, max_batched)).ok());
       ASSERT_TRUE(b_->AddWorker(Worker(w, max_batched)).ok());
     }
-    a_->SetSequenceObserver("a", [this](const SequenceChange& c) {
+    a_token_ = a_->SetSequenceObserver("a", [this](const SequenceChange& c) {
       if (refuse_to_publish_ > 0) {
         --refuse_to_publish_;
         throw std::bad_alloc();  // as encoding the change would when memory runs out
@@ -116,9 +116,21 @@ class RouterReplicaTest : public ::testing::Test {
                            [&](absl::StatusOr<RouteDecision> d) { admitted = d.ok(); });
   }
 
+  // b publishes too (what it says is kept in from_b_, never delivered on its own); the
+  // announcement it makes on joining is dropped.
+  void LetBPublish() {
+    b_->SetSequenceObserver("b", [this](const SequenceChange& c) {
+      from_b_.push_back({c.kind, std::string(c.request_id), c.worker,
+                         std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
+                         c.prefill_tokens, c.expected_output_tokens, c.heartbeat_interval_ms});
+    });
+    from_b_.clear();
+  }
+
   ManualClock clock_;
   std::unique_ptr<Router> a_, b_;
-  std::deque<Published> from_a_;
+  uint64_t a_token_ = 0;
+  std::deque<Published> from_a_, from_b_;
   int refuse_to_publish_ = 0;  // a's observer throws std::bad_alloc this many times
 };
 
@@ -460,6 +472,83 @@ TEST_F(RouterReplicaTest, AnExpiredReplicaThatComesBackIsLoadAgain) {
   Deliver();
   EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
   EXPECT_EQ(b_->replica_stats().live, 1u);
+}
+
+// a stalled (or was cut off) past b's timeout: b dropped its bookings, and when a is heard
+// again b asks a alone to announce them, which a does with its next heartbeat.
+TEST_F(RouterReplicaTest, AReplicaExpiredWhileAliveIsAskedToAnnounceItsBookingsAgain) {
+  LetBPublish();
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  clock_.AdvanceSeconds(11);
+  ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+  ASSERT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  ASSERT_EQ(from_b_.size(), 1u);
+  EXPECT_EQ(from_b_.front().kind, SequenceChange::Kind::kSyncRequest);
+  EXPECT_EQ(from_b_.front().request_id, "a");
+  // Asked twice (every peer asks after an outage), a announces once, with its next heartbeat.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(a_->ApplyReplicaChange("b", from_b_.front().View()).ok());
+  }
+  from_b_.clear();
+  EXPECT_TRUE(from_a_.empty());
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_EQ(from_a_.size(), 3u);  // Heartbeat, Reset, Added r1
+  EXPECT_EQ(from_a_[1].kind, SequenceChange::Kind::kReset);
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  EXPECT_EQ(b_->replica_stats().live, 1u);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  EXPECT_EQ(from_a_.size(), 1u);  // answered: the next heartbeat goes alone
+  Deliver();
+  EXPECT_TRUE(from_b_.empty());  // b asks once per expiry
+}
+
+TEST_F(RouterReplicaTest, ASyncRequestNamingAnotherReplicaIsNotAnswered) {
+  const Published ask_c{SequenceChange::Kind::kSyncRequest, "c", {}, {}, 0, 0, 0};
+  ASSERT_TRUE(a_->ApplyReplicaChange("b", ask_c.View()).ok());
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  EXPECT_EQ(from_a_.size(), 1u);  // the heartbeat alone
+}
+
+// A replica that restarts announces everything itself (Reset first): a peer that had expired
+// it does not ask it again.
+TEST_F(RouterReplicaTest, AnExpiredReplicaThatRestartsIsNotAskedAgain) {
+  LetBPublish();
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  clock_.AdvanceSeconds(11);
+  ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+  a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  ASSERT_EQ(from_b_.size(), 1u);  // its answer to a's SyncRequest: a Reset, nothing booked
+  EXPECT_EQ(from_b_.front().kind, SequenceChange::Kind::kReset);
+}
+
+// A replica that stops publishing says farewell with a Reset promising nothing: its peers drop
+// its bookings and stop tracking it, and never count it as expired.
+TEST_F(RouterReplicaTest, AFarewellIsNotCountedAsAnExpiry) {
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  ASSERT_EQ(b_->replica_stats().live, 1u);
+  ASSERT_TRUE(a_->ClearSequenceObserver(a_token_, /*farewell=*/true));
+  ASSERT_EQ(from_a_.size(), 1u);
+  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_a_.front().heartbeat_interval_ms, 0u);
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+  EXPECT_EQ(b_->replica_stats().live, 0u);
+  clock_.AdvanceSeconds(100);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 0u);
+  EXPECT_EQ(b_->replica_stats().expired, 0u);
 }
 
 TEST_F(RouterReplicaTest, ADeadReplicasCapacityAdmitsRequestsWaitingHere) {

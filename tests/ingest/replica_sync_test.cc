@@ -196,6 +196,35 @@ TEST_F(ReplicaSyncTest, AReplicaThatDiesBeforeItsSecondHeartbeatIsStillExpired) 
   EXPECT_EQ(b.router->replica_stats().active_requests, 0u);
 }
 
+// nats-server gone for longer than the timeout: each replica expires the other and drops its
+// bookings, though both live on. Once the server is back, each hears the other again, asks it
+// to announce its bookings, and holds them again.
+TEST_F(ReplicaSyncTest, BookingsDroppedDuringAnOutageComeBackAfterIt) {
+  const IngestOptions live{.replica_heartbeat_ms = 50, .replica_timeout_ms = 400};
+  Replica a(*server_, "a", live);
+  Replica b(*server_, "b", live);
+  ASSERT_TRUE(a.router->AddRequest("ra", Tokens(4, 0), {1, 0}).ok());
+  ASSERT_TRUE(b.router->AddRequest("rb", Tokens(4, 100), {2, 0}).ok());
+  const auto holds_the_others = [](const Replica& r) {
+    return r.router->replica_stats().active_requests == 1;
+  };
+  ASSERT_TRUE(Eventually([&] { return holds_the_others(a) && holds_the_others(b); }));
+
+  server_->Stop();
+  ASSERT_TRUE(Eventually([&] {
+    return a.router->replica_stats().active_requests == 0 &&
+           b.router->replica_stats().active_requests == 0;
+  }));
+  ASSERT_TRUE(server_->Start());
+  EXPECT_TRUE(Eventually([&] { return holds_the_others(a) && holds_the_others(b); }))
+      << "a holds " << a.router->replica_stats().active_requests << ", b holds "
+      << b.router->replica_stats().active_requests << " of the other's bookings";
+  EXPECT_EQ(a.RequestsOn(2), 1u);
+  EXPECT_EQ(b.RequestsOn(1), 1u);
+  EXPECT_EQ(a.router->replica_stats().expired, 1u);
+  EXPECT_EQ(b.router->replica_stats().expired, 1u);
+}
+
 // A replica stopped gracefully (its ingest stopped) says farewell: its peers drop its
 // bookings at once, long before the liveness timeout (60 s here) could.
 TEST_F(ReplicaSyncTest, AStoppedReplicasBookingsGoAtOnce) {
@@ -208,6 +237,7 @@ TEST_F(ReplicaSyncTest, AStoppedReplicasBookingsGoAtOnce) {
   ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 0; }));
   EXPECT_EQ(b.router->replica_stats().active_requests, 0u);
   EXPECT_EQ(b.router->replica_stats().expired, 0u);  // dropped by the farewell, not expired
+  EXPECT_EQ(b.router->replica_stats().live, 0u);     // and never will be: no longer tracked
   EXPECT_EQ(a->RequestsOn(1), 1u);                   // its own booking is its own business
 }
 

@@ -267,8 +267,9 @@ class Router(_native.Router):
     def replica_heartbeat(self, interval_ms: int) -> None:
         """Publishes a heartbeat through the replica publisher, promising the next within
         ``interval_ms`` (1..3,600,000, else InvalidArgumentError): a peer that has heard one from
-        this replica drops its bookings there (``expire_replicas``) once it falls silent. Over a
-        bus of your own, call it every interval; ``Ingest.sync_replicas`` does it on a timer
+        this replica (or a change published after it: each carries the interval) drops its
+        bookings there (``expire_replicas``) once it falls silent. Over a bus of your own, call
+        it every interval; ``Ingest.sync_replicas`` does it on a timer, the first at once
         (``IngestOptions.replica_heartbeat_ms``). FailedPreconditionError without a publisher."""
         self._replica_heartbeat(interval_ms)
 
@@ -277,7 +278,9 @@ class Router(_native.Router):
         heard from (any change) no later than ``timeout_seconds`` ago on the router's clock (or
         three of its own heartbeat intervals, if longer); how many replicas were dropped
         (``Metrics.replicas_expired`` counts them). A replica that never sent a heartbeat keeps
-        its bookings until the request expiry. InvalidArgumentError unless the timeout is > 0."""
+        its bookings until the request expiry; one dropped but heard again is asked (if this
+        router publishes) to announce its bookings again. InvalidArgumentError unless the
+        timeout is > 0."""
         return self._expire_replicas(timeout_seconds)
 
 

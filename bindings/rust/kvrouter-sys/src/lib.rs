@@ -1012,10 +1012,12 @@ extern "C" {
     /// of their own: they never collide with local request ids) and its frees and prefill
     /// completions may admit requests waiting here. A Reset drops every booking held from its
     /// origin; a SyncRequest makes this router publish (if it has a publisher) a Reset and its own
-    /// bookings. Changes from this router's own replica id are ignored (buses that echo).
-    /// KVR_INVALID_ARGUMENT for bytes that are not a SequenceChange, KVR_NOT_FOUND for a worker
-    /// rank this router does not know, KVR_ALREADY_EXISTS for a booking applied twice; nothing
-    /// changes then. @thread_safety concurrent
+    /// bookings, at once, or with its next change or heartbeat if the request names this router
+    /// (see kvr_router_expire_replicas); one naming another replica is ignored. Changes from this
+    /// router's own replica id are ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that
+    /// are not a SequenceChange, KVR_NOT_FOUND for a worker rank this router does not know,
+    /// KVR_ALREADY_EXISTS for a booking applied twice; nothing changes then. @thread_safety
+    /// concurrent
     pub fn kvr_router_apply_replica_event(
         router: *mut kvr_router,
         data: *const c_void,
@@ -1040,9 +1042,13 @@ extern "C" {
     /// its interval: kvr_router_replica_heartbeat) and from which nothing (no change of any kind)
     /// has been heard for longer than `timeout_seconds` on the router's clock, or than three of its
     /// own heartbeat intervals if that is longer; they may admit waiting requests. A dropped
-    /// replica that comes back announces its bookings again. Replicas that never sent a heartbeat
-    /// keep their bookings until request_expiry_seconds. `expired` (may be NULL) gets how many
-    /// replicas were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT unless
+    /// replica heard again (it was cut off or stalled, not dead) is asked, if this router has a
+    /// replica publisher, to announce its bookings again (a SyncRequest naming it), and they count
+    /// here again; one that restarts announces them itself. A replica whose
+    /// kvr_ingest_sync_replicas stops says farewell (a Reset promising no heartbeat): it is not
+    /// tracked after it, and never counted as expired. Replicas that never sent a heartbeat keep
+    /// their bookings until request_expiry_seconds. `expired` (may be NULL) gets how many replicas
+    /// were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT unless
     /// `timeout_seconds` is finite and > 0. @thread_safety concurrent
     pub fn kvr_router_expire_replicas(
         router: *mut kvr_router,

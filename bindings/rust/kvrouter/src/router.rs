@@ -642,10 +642,11 @@ impl RouterRef {
 
     /// Publishes a heartbeat through this router's replica publisher, promising the next
     /// within `interval_ms` (1..=3,600,000; else `InvalidArgument`). A peer that has heard one
-    /// from this replica drops its bookings there ([`expire_replicas`](Self::expire_replicas))
-    /// once it falls silent. Over a bus of your own, call it every interval;
-    /// [`Ingest::sync_replicas`](crate::Ingest::sync_replicas) does it on a timer
-    /// ([`IngestOptions::replica_heartbeat_ms`](crate::IngestOptions::replica_heartbeat_ms)).
+    /// from this replica (or a change published after it: each carries the interval) drops its
+    /// bookings there ([`expire_replicas`](Self::expire_replicas)) once it falls silent. Over a
+    /// bus of your own, call it every interval;
+    /// [`Ingest::sync_replicas`](crate::Ingest::sync_replicas) does it on a timer, the first at
+    /// once ([`IngestOptions::replica_heartbeat_ms`](crate::IngestOptions::replica_heartbeat_ms)).
     /// `FailedPrecondition` if the router has no replica publisher.
     pub fn replica_heartbeat(&self, interval_ms: u32) -> Result<()> {
         // SAFETY: a live router (concurrent).
@@ -656,7 +657,8 @@ impl RouterRef {
     /// from (any change) no later than `timeout` ago on the router's clock (or three of its own
     /// heartbeat intervals, if longer); returns how many replicas were dropped (counted in
     /// [`Metrics::replicas_expired`]). The freed capacity may admit queued requests. A replica
-    /// that never sent a heartbeat keeps its bookings until the request expiry.
+    /// that never sent a heartbeat keeps its bookings until the request expiry; one dropped but
+    /// heard again is asked (if this router publishes) to announce its bookings again.
     /// `InvalidArgument` for a zero timeout.
     pub fn expire_replicas(&self, timeout: Duration) -> Result<usize> {
         let mut expired = 0;

@@ -268,9 +268,10 @@ public final class Router extends NativeObject {
   /**
    * Publishes a heartbeat through this router's {@link #setReplicaPublisher publisher}, on the
    * calling thread, promising the next within {@code intervalMs}: a peer that has heard one from
-   * this replica drops its bookings there ({@link #expireReplicas}) once it falls silent. Over a
-   * bus of your own, call it every interval; {@link Ingest#syncReplicas} does it on a timer
-   * ({@link IngestOptions#replicaHeartbeatMs()}).
+   * this replica (or a change published after it: each carries the interval) drops its bookings
+   * there ({@link #expireReplicas}) once it falls silent. Over a bus of your own, call it every
+   * interval; {@link Ingest#syncReplicas} does it on a timer, the first at once ({@link
+   * IngestOptions#replicaHeartbeatMs()}).
    *
    * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code intervalMs} is in
    *     1..3,600,000, {@link Status#FAILED_PRECONDITION} if the router has no replica publisher
@@ -288,7 +289,8 @@ public final class Router extends NativeObject {
    * Drops the bookings held from every replica that has sent heartbeats and has been heard from
    * (any change) no later than {@code timeout} ago on the router's clock (or three of its own
    * heartbeat intervals, if longer); the freed capacity may admit waiting requests. A replica
-   * that never sent a heartbeat keeps its bookings until the request expiry. {@link
+   * that never sent a heartbeat keeps its bookings until the request expiry; one dropped but
+   * heard again is asked (if this router publishes) to announce its bookings again. {@link
    * Ingest#syncReplicas} does it on a timer ({@link IngestOptions#replicaTimeoutMs()}).
    *
    * @return how many replicas were dropped (counted in {@link Metrics#replicasExpired()})
