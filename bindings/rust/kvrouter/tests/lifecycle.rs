@@ -109,7 +109,10 @@ fn plans_expire_after_their_deadline() {
         router.set_plan_deadline(Duration::ZERO).unwrap_err().code(),
         Code::InvalidArgument
     );
-    router.set_plan_deadline(Duration::from_millis(30)).unwrap();
+    // Long enough that a stalled test thread does not see the plans expire before it checks.
+    router
+        .set_plan_deadline(Duration::from_millis(300))
+        .unwrap();
     router
         .plan_route(&tokens, &RequestOptions::with_id("late"), None, None)
         .unwrap();
@@ -117,7 +120,7 @@ fn plans_expire_after_their_deadline() {
         .plan_route(&tokens, &RequestOptions::with_id("later"), None, None)
         .unwrap();
     assert_eq!(router.expire_plans().unwrap(), 0);
-    std::thread::sleep(Duration::from_millis(80));
+    std::thread::sleep(Duration::from_millis(400));
     assert_eq!(router.expire_plans().unwrap(), 2);
     assert_eq!(
         router.commit_route("late").unwrap_err().code(),
@@ -210,7 +213,7 @@ fn sessions_bind_at_commit() {
     // A short TTL lapses and is reclaimed.
     let short = RoutingHints {
         session_id: Some("brief"),
-        session_ttl: Some(Duration::from_millis(20)),
+        session_ttl: Some(Duration::from_millis(300)), // not lapsed before it is checked
         ..Default::default()
     };
     router
@@ -218,7 +221,7 @@ fn sessions_bind_at_commit() {
         .unwrap();
     router.commit_route("b").unwrap();
     assert!(router.session_binding("brief").unwrap().is_some());
-    std::thread::sleep(Duration::from_millis(60));
+    std::thread::sleep(Duration::from_millis(400));
     assert_eq!(router.session_binding("brief").unwrap(), None);
     assert_eq!(router.reclaim_sessions().unwrap(), 1);
 }

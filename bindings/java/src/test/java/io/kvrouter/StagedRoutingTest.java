@@ -138,11 +138,12 @@ class StagedRoutingTest {
       assertEquals(Status.INVALID_ARGUMENT, e.status());
       e = assertThrows(KvRouterException.class, () -> router.setPlanDeadlineSeconds(Double.NaN));
       assertEquals(Status.INVALID_ARGUMENT, e.status());
-      router.setPlanDeadline(Duration.ofMillis(30));
+      // Long enough that a stalled test thread does not see the plans expire before it checks.
+      router.setPlanDeadline(Duration.ofMillis(300));
       router.planRoute(PROMPT, RequestOptions.withId("late"), null, null);
       router.planRoute(PROMPT, RequestOptions.withId("late2"), null, null);
       assertEquals(0, router.expirePlans());
-      Thread.sleep(80);
+      Thread.sleep(400);
       assertEquals(2, router.expirePlans());
       assertEquals(0, router.metrics().requestsActive());
       e = assertThrows(KvRouterException.class, () -> router.commitRoute("late"));
@@ -172,7 +173,7 @@ class StagedRoutingTest {
           RoutingHints.builder()
               .sessionId("brief")
               .sessionMode(SessionMode.SOFT)
-              .sessionTtlSeconds(0.03)
+              .sessionTtlSeconds(0.3) // not lapsed before it is checked
               .build();
       router.planRoute(PROMPT, RequestOptions.withId("t2"), shortLived, null);
       router.commitRoute("t2");
@@ -180,7 +181,7 @@ class StagedRoutingTest {
       router.planRoute(PROMPT, RequestOptions.withId("t3"), shortLived2, null);
       router.commitRoute("t3");
       assertTrue(router.sessionBinding("brief").isPresent());
-      Thread.sleep(80);
+      Thread.sleep(400);
       assertEquals(2, router.reclaimSessions());
       assertEquals(Optional.empty(), router.sessionBinding("brief"));
       assertEquals(0, router.reclaimSessions());
