@@ -51,6 +51,9 @@ struct Published {
   }
 };
 
+// The liveness timeout b applies.
+constexpr Nanos kTimeout = 10 * kNanosPerSecond;
+
 class RouterReplicaTest : public ::testing::Test {
  protected:
   void SetUp() override { Make(RouterOptions{}); }
@@ -125,6 +128,16 @@ class RouterReplicaTest : public ::testing::Test {
                          c.prefill_tokens, c.expected_output_tokens, c.heartbeat_interval_ms});
     });
     from_b_.clear();
+  }
+
+  // a beats and books r1, b hears both, then a falls silent past b's timeout.
+  void ExpireAHoldingR1() {
+    ASSERT_TRUE(a_->PublishHeartbeat(1000));
+    ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+    Deliver();
+    clock_.AdvanceSeconds(11);
+    ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+    ASSERT_EQ(LoadOf(*b_, 1).active_requests, 0u);
   }
 
   ManualClock clock_;
@@ -376,8 +389,6 @@ TEST_F(RouterReplicaTest, ReplicaBookingsExpireLikeLocalOnes) {
 
 // ---- Liveness: a replica that dies for good has its bookings dropped by its peers ----------
 
-constexpr Nanos kTimeout = 10 * kNanosPerSecond;
-
 TEST_F(RouterReplicaTest, ASilentReplicaThatSentHeartbeatsLosesItsBookings) {
   ASSERT_TRUE(a_->PublishHeartbeat(1000));
   ASSERT_EQ(from_a_.size(), 1u);
@@ -460,30 +471,25 @@ TEST_F(RouterReplicaTest, ASlowSendersOwnIntervalStretchesTheTimeout) {
   EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
 }
 
-TEST_F(RouterReplicaTest, AnExpiredReplicaThatComesBackIsLoadAgain) {
-  ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
-  Deliver();
-  clock_.AdvanceSeconds(11);
-  ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
-  // a was only cut off: it joins again (a new observer announces its bookings) and beats.
+// a restarts (a new observer announces its bookings, Reset first) and beats: b holds them
+// again, and does not ask a for them (a restart announces everything itself).
+TEST_F(RouterReplicaTest, AnExpiredReplicaThatRestartsIsLoadAgain) {
+  LetBPublish();
+  ExpireAHoldingR1();
   a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
   ASSERT_TRUE(a_->PublishHeartbeat(1000));
   Deliver();
   EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
   EXPECT_EQ(b_->replica_stats().live, 1u);
+  ASSERT_EQ(from_b_.size(), 1u);  // its answer to a's SyncRequest: a Reset, nothing booked
+  EXPECT_EQ(from_b_.front().kind, SequenceChange::Kind::kReset);
 }
 
 // a stalled (or was cut off) past b's timeout: b dropped its bookings, and when a is heard
 // again b asks a alone to announce them, which a does with its next heartbeat.
 TEST_F(RouterReplicaTest, AReplicaExpiredWhileAliveIsAskedToAnnounceItsBookingsAgain) {
   LetBPublish();
-  ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
-  Deliver();
-  clock_.AdvanceSeconds(11);
-  ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
-  ASSERT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+  ExpireAHoldingR1();
 
   ASSERT_TRUE(a_->PublishHeartbeat(1000));
   Deliver();
@@ -513,23 +519,6 @@ TEST_F(RouterReplicaTest, ASyncRequestNamingAnotherReplicaIsNotAnswered) {
   ASSERT_TRUE(a_->ApplyReplicaChange("b", ask_c.View()).ok());
   ASSERT_TRUE(a_->PublishHeartbeat(1000));
   EXPECT_EQ(from_a_.size(), 1u);  // the heartbeat alone
-}
-
-// A replica that restarts announces everything itself (Reset first): a peer that had expired
-// it does not ask it again.
-TEST_F(RouterReplicaTest, AnExpiredReplicaThatRestartsIsNotAskedAgain) {
-  LetBPublish();
-  ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
-  Deliver();
-  clock_.AdvanceSeconds(11);
-  ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
-  a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
-  ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  Deliver();
-  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
-  ASSERT_EQ(from_b_.size(), 1u);  // its answer to a's SyncRequest: a Reset, nothing booked
-  EXPECT_EQ(from_b_.front().kind, SequenceChange::Kind::kReset);
 }
 
 // A replica that stops publishing says farewell with a Reset promising nothing: its peers drop
