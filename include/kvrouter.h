@@ -1179,8 +1179,11 @@ typedef struct kvr_jetstream_source {
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
 KVR_API kvr_status kvr_jetstream_source_init(kvr_jetstream_source *source, size_t size);
 /* Consumes `source`'s stream: each message is applied, then acknowledged (a message not
- * acknowledged, because the ingest stopped first, is delivered again). The source's counters
- * are those of kvr_ingest_subscribe_nats, and `stream_sequence` the last message applied.
+ * acknowledged, because the ingest stopped first, is delivered again). A message at or below
+ * the last one applied (delivered again after later ones: a server restarted before it stored
+ * the acknowledgement) is acknowledged, not applied again, and counted as STALE_SEQUENCE. The
+ * source's counters are those of kvr_ingest_subscribe_nats, and `stream_sequence` the highest
+ * message applied.
  * The connection reconnects forever, and the consumer continues where it was. Connects and
  * sets up the consumer on the calling thread. KVR_INVALID_ARGUMENT for a missing url, stream
  * or subject, a bad name, unknown flags or bad limits; KVR_NOT_FOUND if the stream does not

@@ -181,20 +181,36 @@ struct NatsSubscriptions::Source {
   static void PostJetStreamMessage(Source* source, natsMsg* raw) {
     std::shared_ptr<natsMsg> msg(raw, natsMsg_Destroy);
     NatsSubscriptions* self = source->owner;
-    self->loop_.Post(
-        [self, msg, counters = source->counters, dynamo = source->dynamo, ranks = source->ranks] {
-          const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
-          const std::span payload(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get())));
-          // Refused memory, the message is lost as in an outage, and acknowledged all the same:
-          // delivered again after later ones, it could restore blocks they removed.
-          self->HandleEventsContained(payload, *counters, *dynamo, *ranks);
-          jsMsgMetaData* meta = nullptr;
-          if (natsMsg_GetMetaData(&meta, msg.get()) == NATS_OK) {
-            counters->stream_sequence.store(meta->Sequence.Stream, std::memory_order_relaxed);
-            jsMsgMetaData_Destroy(meta);
-          }
-          (void)natsMsg_Ack(msg.get(), nullptr);
-        });
+    self->loop_.Post([self, msg, counters = source->counters, dynamo = source->dynamo,
+                      ranks = source->ranks] {
+      const uint64_t position = StreamSequenceOf(msg.get());
+      if (position != 0 && position <= counters->stream_sequence.load(std::memory_order_relaxed)) {
+        // Delivered again after later ones: applied already, its acknowledgement lost (a
+        // server killed before it stored it redelivers it an AckWait later). Applied
+        // again it could restore blocks they removed, and the position would go back.
+        counters->Reject(IngestReject::kStaleSequence);
+        Bump(counters->messages);
+      } else {
+        const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
+        const std::span payload(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get())));
+        // Refused memory, the message is lost as in an outage, and acknowledged all the
+        // same: delivered again after later ones, it could restore blocks they removed.
+        self->HandleEventsContained(payload, *counters, *dynamo, *ranks);
+        if (position != 0) {
+          counters->stream_sequence.store(position, std::memory_order_relaxed);
+        }
+      }
+      (void)natsMsg_Ack(msg.get(), nullptr);
+    });
+  }
+
+  // A JetStream message's sequence in its stream (0 if it has none).
+  static uint64_t StreamSequenceOf(natsMsg* msg) {
+    jsMsgMetaData* meta = nullptr;
+    if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) return 0;
+    const uint64_t position = meta->Sequence.Stream;
+    jsMsgMetaData_Destroy(meta);
+    return position;
   }
 
   static void OnComplete(void* closure) {
