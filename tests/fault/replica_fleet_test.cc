@@ -377,9 +377,18 @@ TEST_F(ReplicaFleetTest, ReplicaKilledAndRestartedWarmConverges) {
 
 // nats-server killed with SIGKILL and restarted on the same store while the engines publish:
 // the engines retry until the stream has each message, the replicas' consumers resume, and
-// nothing is lost.
+// nothing is lost. The outage outlasts the replicas' liveness timeout, so each expires the
+// others and drops their bookings; once the server is back, each hears the others again and
+// they announce their bookings again: the peers of the replica that booked hold them again.
 TEST_F(ReplicaFleetTest, NatsServerRestartLosesNothing) {
   Warm(50);
+  Replica& booker = *replicas_[0];
+  constexpr int kBooked = 5;
+  Book(booker, kBooked);
+  const auto hold_the_bookings = [&](const Replica& peer) {
+    return peer.Metric("kvrouter_replica_requests_active") == kBooked;
+  };
+  ExpectAtPeers(booker, "heard the bookings", hold_the_bookings);
   double outage = 0;
   const uint64_t retries_before = TotalRetries();
   const double converged = PublishThrough(200, 3000, [&] {
@@ -390,10 +399,21 @@ TEST_F(ReplicaFleetTest, NatsServerRestartLosesNothing) {
     ASSERT_TRUE(nats_->Start());
     outage = MillisSince(down);
   });
+  ExpectAtPeers(booker, "held the bookings again", hold_the_bookings);
+  double expired = 0, redelivered = 0;
+  for (const auto& replica : replicas_) {
+    expired += replica->Metric("kvrouter_replicas_expired_total");
+    // Messages the restarted server delivered again (their acknowledgements died with it):
+    // dropped as stale, not applied twice.
+    redelivered += replica->Metric("kvrouter_ingest_rejected_total", "stale_sequence");
+  }
   Report("nats-server killed and restarted",
          "outage_ms=" + Millis(outage) +
              " publisher_retries=" + std::to_string(TotalRetries() - retries_before) +
-             " converged_after_restart_ms=" + Millis(converged));
+             " converged_after_restart_ms=" + Millis(converged) +
+             " replicas_expired=" + std::to_string(static_cast<int>(expired)) +
+             " redeliveries_dropped=" + std::to_string(static_cast<int>(redelivered)) +
+             " bookings_held_again=yes");
 }
 
 // A publisher stopped (SIGSTOP) mid-stream while the others go on, then continued: the replicas
