@@ -1181,9 +1181,11 @@ KVR_API kvr_status kvr_jetstream_source_init(kvr_jetstream_source *source, size_
 /* Consumes `source`'s stream: each message is applied, then acknowledged (a message not
  * acknowledged, because the ingest stopped first, is delivered again). A message at or below
  * the last one applied (delivered again after later ones: a server restarted before it stored
- * the acknowledgement) is acknowledged, not applied again, and counted as STALE_SEQUENCE. The
- * source's counters are those of kvr_ingest_subscribe_nats, and `stream_sequence` the highest
- * message applied.
+ * the acknowledgement) is acknowledged, not applied again, and counted as STALE_SEQUENCE;
+ * deliveries that never came (the consumer's delivery numbers skip them) count in `gaps` and
+ * `missed_messages`, and every rank the source fed is cleared and flagged (`state_unknown`), as
+ * for a NATS source's lost connection. The source's counters are those of
+ * kvr_ingest_subscribe_nats, and `stream_sequence` the highest message applied.
  * The connection reconnects forever, and the consumer continues where it was. Connects and
  * sets up the consumer on the calling thread. KVR_INVALID_ARGUMENT for a missing url, stream
  * or subject, a bad name, unknown flags or bad limits; KVR_NOT_FOUND if the stream does not

@@ -113,6 +113,21 @@ absl::Status ConnectFailed(const std::string& url, natsStatus s, natsConnection*
   return absl::UnavailableError(why);
 }
 
+// A JetStream message's place: its stream sequence and its consumer's delivery number (0 and 0
+// if it has no metadata).
+struct JetStreamPlace {
+  uint64_t stream = 0;
+  uint64_t delivery = 0;
+
+  static JetStreamPlace Of(natsMsg* msg) {
+    jsMsgMetaData* meta = nullptr;
+    if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) return {};
+    const JetStreamPlace place{meta->Sequence.Stream, meta->Sequence.Consumer};
+    jsMsgMetaData_Destroy(meta);
+    return place;
+  }
+};
+
 }  // namespace
 
 struct NatsSubscriptions::Source {
@@ -120,6 +135,8 @@ struct NatsSubscriptions::Source {
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<PublisherSequences> dynamo = std::make_shared<PublisherSequences>();
   std::shared_ptr<SourceRanks> ranks = std::make_shared<SourceRanks>();
+  // JetStream only; on the loop.
+  std::shared_ptr<ConsumerDeliveries> deliveries = std::make_shared<ConsumerDeliveries>();
   natsConnection* connection = nullptr;
   ConnectionCallbacks* callbacks = nullptr;  // owned by the connection
   natsSubscription* subscription = nullptr;
@@ -182,12 +199,21 @@ struct NatsSubscriptions::Source {
     std::shared_ptr<natsMsg> msg(raw, natsMsg_Destroy);
     NatsSubscriptions* self = source->owner;
     self->loop_.Post([self, msg, counters = source->counters, dynamo = source->dynamo,
-                      ranks = source->ranks] {
-      const uint64_t position = StreamSequenceOf(msg.get());
+                      ranks = source->ranks, deliveries = source->deliveries] {
+      const JetStreamPlace place = JetStreamPlace::Of(msg.get());
+      const uint64_t position = place.stream;
+      if (const uint64_t missed = deliveries->Missed(place.delivery); missed > 0) {
+        // Messages that never came: which ranks they spoke for is unknown, so every rank
+        // is lost (cleared and flagged) before this message applies. They may come again
+        // later, below the position: then they are dropped, as below.
+        counters->Gap(missed);
+        ranks->LoseEveryRankLater();
+      }
       if (position != 0 && position <= counters->stream_sequence.load(std::memory_order_relaxed)) {
         // Delivered again after later ones: applied already, its acknowledgement lost (a
-        // server killed before it stored it redelivers it an AckWait later). Applied
-        // again it could restore blocks they removed, and the position would go back.
+        // server killed before it stored it redelivers it), or its first delivery lost (a
+        // gap, above). Applied now it could restore blocks later ones removed, and the
+        // position would go back.
         counters->Reject(IngestReject::kStaleSequence);
         Bump(counters->messages);
       } else {
@@ -202,15 +228,6 @@ struct NatsSubscriptions::Source {
       }
       (void)natsMsg_Ack(msg.get(), nullptr);
     });
-  }
-
-  // A JetStream message's sequence in its stream (0 if it has none).
-  static uint64_t StreamSequenceOf(natsMsg* msg) {
-    jsMsgMetaData* meta = nullptr;
-    if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) return 0;
-    const uint64_t position = meta->Sequence.Stream;
-    jsMsgMetaData_Destroy(meta);
-    return position;
   }
 
   static void OnComplete(void* closure) {

@@ -260,4 +260,23 @@ class SourceRanks {
   uint64_t events_ = 0;
 };
 
+// A JetStream consumer's deliveries to one source. The consumer numbers them one by one,
+// redeliveries included (seen with nats-server 2.9: a message delivered again gets the next
+// number), so a number skipped is a message lost on the way: as the connection broke, or
+// dropped by the client as a slow consumer. A number that goes back (the server restarted on an
+// older copy of the consumer's state, or the consumer was made again) starts afresh.
+class ConsumerDeliveries {
+ public:
+  // Delivery `number` (0: unknown, ignored) came: how many before it never did.
+  uint64_t Missed(uint64_t number) {
+    if (number == 0) return 0;
+    const uint64_t missed = last_ != 0 && number > last_ + 1 ? number - last_ - 1 : 0;
+    last_ = number;
+    return missed;
+  }
+
+ private:
+  uint64_t last_ = 0;
+};
+
 }  // namespace kvrouter

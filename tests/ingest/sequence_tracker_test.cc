@@ -460,5 +460,30 @@ TEST(SourceRanks, MemoryIsBoundedWhenWorkersChurn) {
   EXPECT_FALSE(ranks.Heard({0, 0}, 2));  // the oldest was forgotten: heard anew
 }
 
+// ---- A JetStream consumer's deliveries ----------------------------------------------------
+
+TEST(ConsumerDeliveries, ANumberSkippedIsADeliveryLost) {
+  ConsumerDeliveries deliveries;
+  EXPECT_EQ(deliveries.Missed(41), 0u);  // the first sets the baseline (a resumed consumer)
+  EXPECT_EQ(deliveries.Missed(42), 0u);
+  EXPECT_EQ(deliveries.Missed(45), 2u);  // 43 and 44 never came
+  EXPECT_EQ(deliveries.Missed(46), 0u);
+}
+
+TEST(ConsumerDeliveries, ANumberGoingBackStartsAfresh) {
+  ConsumerDeliveries deliveries;
+  EXPECT_EQ(deliveries.Missed(750), 0u);
+  EXPECT_EQ(deliveries.Missed(701), 0u);  // a restarted server's older copy of the consumer
+  EXPECT_EQ(deliveries.Missed(702), 0u);
+  EXPECT_EQ(deliveries.Missed(704), 1u);
+}
+
+TEST(ConsumerDeliveries, AMessageWithoutANumberIsIgnored) {
+  ConsumerDeliveries deliveries;
+  EXPECT_EQ(deliveries.Missed(5), 0u);
+  EXPECT_EQ(deliveries.Missed(0), 0u);
+  EXPECT_EQ(deliveries.Missed(6), 0u);
+}
+
 }  // namespace
 }  // namespace kvrouter
