@@ -567,26 +567,34 @@ absl::Status EnsureStream(jsCtx* js, const JetStreamSource& config) {
 namespace {
 
 // Where a new consumer starts: the stream's first message, or start_sequence.
-void SetStart(jsConsumerConfig& consumer, const JetStreamSource& config) {
+// From stream sequence `start` (0: the stream's first message).
+void SetStart(jsConsumerConfig& consumer, uint64_t start) {
   consumer.AckPolicy = js_AckExplicit;
-  consumer.DeliverPolicy = config.start_sequence > 0 ? js_DeliverByStartSequence : js_DeliverAll;
-  consumer.OptStartSeq = config.start_sequence;
+  consumer.DeliverPolicy = start > 0 ? js_DeliverByStartSequence : js_DeliverAll;
+  consumer.OptStartSeq = start;
 }
 
 // The durable consumer exists afterwards: kept as it was with `resume`, else (re)created at
 // the start asked for. `*resumed_at`: a kept consumer's acknowledged floor (0 otherwise).
+// A consumer to resume that has delivered messages it holds unacknowledged (the ingest before
+// stopped before it applied them) is made again from just after its floor: kept, it would
+// deliver the messages after them first and them an AckWait later, below the position,
+// where they are dropped as redeliveries.
 absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* resumed_at) {
   const char* stream = config.stream.c_str();
   const char* durable = config.durable.c_str();
   jsConsumerInfo* info = nullptr;
   jsErrCode code = static_cast<jsErrCode>(0);
+  uint64_t start = config.start_sequence;
   natsStatus s = js_GetConsumerInfo(&info, js, stream, durable, nullptr, &code);
   if (s == NATS_OK) {
     const uint64_t ack_floor = info->AckFloor.Stream;
+    const bool unacknowledged = info->NumAckPending > 0;
     jsConsumerInfo_Destroy(info);
     if (config.resume) {
       *resumed_at = ack_floor;
-      return absl::OkStatus();
+      if (!unacknowledged) return absl::OkStatus();
+      if (ack_floor > 0) start = ack_floor + 1;
     }
     s = js_DeleteConsumer(js, stream, durable, nullptr, &code);
     if (s != NATS_OK) return JetStreamError("replacing the durable consumer", s, code);
@@ -600,7 +608,7 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* r
   consumer.Durable = durable;
   consumer.DeliverSubject = deliver;
   consumer.FilterSubject = config.subject.c_str();
-  SetStart(consumer, config);
+  SetStart(consumer, start);
   s = js_AddConsumer(&info, js, stream, &consumer, nullptr, &code);
   natsInbox_Destroy(deliver);
   if (s != NATS_OK) {
@@ -694,7 +702,7 @@ absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& s
     if (!config.durable.empty()) {
       options.Consumer = config.durable.c_str();  // bound: unsubscribing keeps it
     } else {
-      SetStart(options.Config, config);
+      SetStart(options.Config, config.start_sequence);
     }
     jsErrCode code = static_cast<jsErrCode>(0);
     s = js_Subscribe(&source.subscription, js, config.subject.c_str(), &Source::OnMessage, &source,

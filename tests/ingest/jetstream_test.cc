@@ -139,6 +139,42 @@ TEST_F(JetStreamTest, AppliesTheStreamAndResumesWhereItLeftOff) {
   EXPECT_EQ(node.Cached(15), 15u);
 }
 
+// The ingest stopped with messages delivered that it had not applied (nor acknowledged): the
+// resumed source applies them, in order, before those published after. (Kept as it was, the
+// consumer would deliver the later ones first and these an AckWait later, below the position,
+// where they are dropped as redeliveries.)
+TEST_F(JetStreamTest, AResumedSourceAppliesWhatTheStoppedOneReceivedButDidNotApply) {
+  Node node;
+  ASSERT_TRUE(node.Consume(Config("router-a")).ok());
+  Publish(0, 5);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  node.ingest.reset();
+  Publish(5, 5);
+  {  // delivered to the consumer, never acknowledged: as received by an ingest that stopped
+    jsSubOptions options;
+    jsSubOptions_Init(&options);
+    options.Stream = "KV";
+    options.Consumer = "router-a";
+    options.ManualAck = true;
+    natsSubscription* taken = nullptr;
+    ASSERT_EQ(NATS_OK, js_SubscribeSync(&taken, js_, "kv.events.>", nullptr, &options, nullptr));
+    for (int i = 0; i < 5; ++i) {
+      natsMsg* msg = nullptr;
+      ASSERT_EQ(NATS_OK, natsSubscription_NextMsg(&msg, taken, 5000));
+      natsMsg_Destroy(msg);
+    }
+    natsSubscription_Destroy(taken);
+  }
+  Publish(10, 5);
+  JetStreamSource resume = Config("router-a");
+  resume.resume = true;
+  ASSERT_TRUE(node.Consume(resume).ok());
+  EXPECT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 15; }));
+  EXPECT_EQ(node.Stats().messages, 10u);
+  EXPECT_EQ(node.Stats().rejected[static_cast<int>(IngestReject::kStaleSequence)], 0u);
+  EXPECT_EQ(node.Cached(15), 15u);
+}
+
 TEST_F(JetStreamTest, NothingIsLostWhileTheServerRestarts) {
   Node node;
   ASSERT_TRUE(node.Consume(Config("router-a")).ok());
