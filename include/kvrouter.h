@@ -1181,7 +1181,8 @@ KVR_API kvr_status kvr_jetstream_source_init(kvr_jetstream_source *source, size_
 /* Consumes `source`'s stream: each message is applied, then acknowledged (a message not
  * acknowledged, because the ingest stopped first, is delivered again). A message at or below
  * the last one applied (delivered again after later ones: a server restarted before it stored
- * the acknowledgement) is acknowledged, not applied again, and counted as STALE_SEQUENCE;
+ * the acknowledgement), unless stored after it (a stream that lost its tail numbers new
+ * messages again), is acknowledged, not applied again, and counted as STALE_SEQUENCE;
  * deliveries that never came (the consumer's delivery numbers skip them) count in `gaps` and
  * `missed_messages`, and every rank the source fed is cleared and flagged (`state_unknown`), as
  * for a NATS source's lost connection. The source's counters are those of

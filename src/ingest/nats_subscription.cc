@@ -113,16 +113,17 @@ absl::Status ConnectFailed(const std::string& url, natsStatus s, natsConnection*
   return absl::UnavailableError(why);
 }
 
-// A JetStream message's place: its stream sequence and its consumer's delivery number (0 and 0
-// if it has no metadata).
+// A JetStream message's place: its stream sequence, its consumer's delivery number and when
+// the server stored it (all 0 if it has no metadata).
 struct JetStreamPlace {
   uint64_t stream = 0;
   uint64_t delivery = 0;
+  int64_t stored_ns = 0;
 
   static JetStreamPlace Of(natsMsg* msg) {
     jsMsgMetaData* meta = nullptr;
     if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) return {};
-    const JetStreamPlace place{meta->Sequence.Stream, meta->Sequence.Consumer};
+    const JetStreamPlace place{meta->Sequence.Stream, meta->Sequence.Consumer, meta->Timestamp};
     jsMsgMetaData_Destroy(meta);
     return place;
   }
@@ -135,8 +136,7 @@ struct NatsSubscriptions::Source {
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<PublisherSequences> dynamo = std::make_shared<PublisherSequences>();
   std::shared_ptr<SourceRanks> ranks = std::make_shared<SourceRanks>();
-  // JetStream only; on the loop.
-  std::shared_ptr<ConsumerDeliveries> deliveries = std::make_shared<ConsumerDeliveries>();
+  std::shared_ptr<JetStreamOrder> order = std::make_shared<JetStreamOrder>();  // JetStream
   natsConnection* connection = nullptr;
   ConnectionCallbacks* callbacks = nullptr;  // owned by the connection
   natsSubscription* subscription = nullptr;
@@ -199,17 +199,17 @@ struct NatsSubscriptions::Source {
     std::shared_ptr<natsMsg> msg(raw, natsMsg_Destroy);
     NatsSubscriptions* self = source->owner;
     self->loop_.Post([self, msg, counters = source->counters, dynamo = source->dynamo,
-                      ranks = source->ranks, deliveries = source->deliveries] {
+                      ranks = source->ranks, order = source->order] {
       const JetStreamPlace place = JetStreamPlace::Of(msg.get());
-      const uint64_t position = place.stream;
-      if (const uint64_t missed = deliveries->Missed(place.delivery); missed > 0) {
+      if (const uint64_t missed = order->MissedDeliveries(place.delivery); missed > 0) {
         // Messages that never came: which ranks they spoke for is unknown, so every rank
         // is lost (cleared and flagged) before this message applies. They may come again
         // later, below the position: then they are dropped, as below.
         counters->Gap(missed);
         ranks->LoseEveryRankLater();
       }
-      if (position != 0 && position <= counters->stream_sequence.load(std::memory_order_relaxed)) {
+      if (order->IsRedelivery(place.stream, place.stored_ns,
+                              counters->stream_sequence.load(std::memory_order_relaxed))) {
         // Delivered again after later ones: applied already, its acknowledgement lost (a
         // server killed before it stored it redelivers it), or its first delivery lost (a
         // gap, above). Applied now it could restore blocks later ones removed, and the
@@ -222,8 +222,9 @@ struct NatsSubscriptions::Source {
         // Refused memory, the message is lost as in an outage, and acknowledged all the
         // same: delivered again after later ones, it could restore blocks they removed.
         self->HandleEventsContained(payload, *counters, *dynamo, *ranks);
-        if (position != 0) {
-          counters->stream_sequence.store(position, std::memory_order_relaxed);
+        if (place.stream != 0) {
+          counters->stream_sequence.store(place.stream, std::memory_order_relaxed);
+          order->Applied(place.stored_ns);
         }
       }
       (void)natsMsg_Ack(msg.get(), nullptr);

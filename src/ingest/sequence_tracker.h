@@ -4,6 +4,7 @@
 // these decisions; the tests drive them with plain numbers (tests/ingest/sequence_tracker_test.cc).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -260,23 +261,41 @@ class SourceRanks {
   uint64_t events_ = 0;
 };
 
-// A JetStream consumer's deliveries to one source. The consumer numbers them one by one,
-// redeliveries included (seen with nats-server 2.9: a message delivered again gets the next
-// number), so a number skipped is a message lost on the way: as the connection broke, or
-// dropped by the client as a slow consumer. A number that goes back (the server restarted on an
-// older copy of the consumer's state, or the consumer was made again) starts afresh.
-class ConsumerDeliveries {
+// The order of a JetStream source's messages, on its loop.
+//
+// Deliveries: the consumer numbers them one by one, redeliveries included (seen with
+// nats-server 2.9: a message delivered again gets the next number), so a number skipped is a
+// message lost on the way: as the connection broke, or dropped by the client as a slow
+// consumer. A number that goes back (the server restarted on an older copy of the consumer's
+// state, or the consumer was made again) starts afresh.
+//
+// Redeliveries: a message at or below the source's position was applied already (its
+// acknowledgement lost) or its first delivery was lost (a skipped number), unless it was
+// stored after the newest message applied: a stream that lost its tail (its server crashed
+// before the tail reached the disk) numbers new messages again from there, and those are new.
+class JetStreamOrder {
  public:
   // Delivery `number` (0: unknown, ignored) came: how many before it never did.
-  uint64_t Missed(uint64_t number) {
+  uint64_t MissedDeliveries(uint64_t number) {
     if (number == 0) return 0;
-    const uint64_t missed = last_ != 0 && number > last_ + 1 ? number - last_ - 1 : 0;
-    last_ = number;
+    const uint64_t missed =
+        last_delivery_ != 0 && number > last_delivery_ + 1 ? number - last_delivery_ - 1 : 0;
+    last_delivery_ = number;
     return missed;
   }
 
+  // Whether the message at `stream_sequence`, stored at `stored_ns` (the server's clock), is
+  // one the source must not apply, its position being `position`.
+  bool IsRedelivery(uint64_t stream_sequence, int64_t stored_ns, uint64_t position) const {
+    return stream_sequence != 0 && stream_sequence <= position && stored_ns <= newest_stored_ns_;
+  }
+
+  // A message stored at `stored_ns` was applied.
+  void Applied(int64_t stored_ns) { newest_stored_ns_ = std::max(newest_stored_ns_, stored_ns); }
+
  private:
-  uint64_t last_ = 0;
+  uint64_t last_delivery_ = 0;
+  int64_t newest_stored_ns_ = 0;
 };
 
 }  // namespace kvrouter

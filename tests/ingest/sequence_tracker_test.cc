@@ -460,29 +460,35 @@ TEST(SourceRanks, MemoryIsBoundedWhenWorkersChurn) {
   EXPECT_FALSE(ranks.Heard({0, 0}, 2));  // the oldest was forgotten: heard anew
 }
 
-// ---- A JetStream consumer's deliveries ----------------------------------------------------
+// ---- A JetStream source's order ----------------------------------------------------------
 
-TEST(ConsumerDeliveries, ANumberSkippedIsADeliveryLost) {
-  ConsumerDeliveries deliveries;
-  EXPECT_EQ(deliveries.Missed(41), 0u);  // the first sets the baseline (a resumed consumer)
-  EXPECT_EQ(deliveries.Missed(42), 0u);
-  EXPECT_EQ(deliveries.Missed(45), 2u);  // 43 and 44 never came
-  EXPECT_EQ(deliveries.Missed(46), 0u);
+TEST(JetStreamOrder, ASkippedDeliveryNumberIsADeliveryLost) {
+  JetStreamOrder order;
+  EXPECT_EQ(order.MissedDeliveries(41), 0u);  // the first sets the baseline (a resumed consumer)
+  EXPECT_EQ(order.MissedDeliveries(42), 0u);
+  EXPECT_EQ(order.MissedDeliveries(45), 2u);  // 43 and 44 never came
+  EXPECT_EQ(order.MissedDeliveries(46), 0u);
 }
 
-TEST(ConsumerDeliveries, ANumberGoingBackStartsAfresh) {
-  ConsumerDeliveries deliveries;
-  EXPECT_EQ(deliveries.Missed(750), 0u);
-  EXPECT_EQ(deliveries.Missed(701), 0u);  // a restarted server's older copy of the consumer
-  EXPECT_EQ(deliveries.Missed(702), 0u);
-  EXPECT_EQ(deliveries.Missed(704), 1u);
+TEST(JetStreamOrder, ADeliveryNumberGoingBackStartsAfresh) {
+  JetStreamOrder order;
+  EXPECT_EQ(order.MissedDeliveries(750), 0u);
+  EXPECT_EQ(order.MissedDeliveries(701), 0u);  // a restarted server's older copy of the consumer
+  EXPECT_EQ(order.MissedDeliveries(702), 0u);
+  EXPECT_EQ(order.MissedDeliveries(704), 1u);
+  EXPECT_EQ(order.MissedDeliveries(0), 0u);  // no metadata: ignored
+  EXPECT_EQ(order.MissedDeliveries(705), 0u);
 }
 
-TEST(ConsumerDeliveries, AMessageWithoutANumberIsIgnored) {
-  ConsumerDeliveries deliveries;
-  EXPECT_EQ(deliveries.Missed(5), 0u);
-  EXPECT_EQ(deliveries.Missed(0), 0u);
-  EXPECT_EQ(deliveries.Missed(6), 0u);
+TEST(JetStreamOrder, AMessageAtOrBelowThePositionIsARedeliveryUnlessStoredLater) {
+  JetStreamOrder order;
+  order.Applied(1'000);  // stream sequence 10, stored at 1,000 ns
+  EXPECT_TRUE(order.IsRedelivery(10, 1'000, 10));
+  EXPECT_TRUE(order.IsRedelivery(7, 700, 10));
+  EXPECT_FALSE(order.IsRedelivery(11, 1'100, 10));
+  // The stream lost its tail and numbers new messages again from 8: stored later, they are new.
+  EXPECT_FALSE(order.IsRedelivery(8, 5'000, 10));
+  EXPECT_FALSE(order.IsRedelivery(0, 0, 10));  // no metadata
 }
 
 }  // namespace
