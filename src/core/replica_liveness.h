@@ -11,7 +11,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "core/clock.h"
@@ -22,23 +21,23 @@ namespace kvrouter {
 class ReplicaLiveness {
  public:
   // A heartbeat from `origin`, or a change carrying the interval it promises one at. Returns
-  // whether `origin` had been expired here (TakeSilent) and is heard again: a replica that was
-  // only cut off or stalled, whose bookings were dropped and must be announced again.
+  // whether to ask `origin` to announce its bookings again: it had been expired here
+  // (TakeSilent) and is heard again, a replica that was only cut off or stalled, and it has
+  // not announced them since (Restarted) nor been asked within the last kAskAgainAfter or
+  // three of its intervals (the request, or the answer, may have been lost).
   // Refused memory for a new origin leaves it untracked until its next change.
   bool Beat(std::string_view origin, Nanos interval, Nanos now) {
     auto it = origins_.find(origin);  // not copying the name of a tracked origin
-    bool came_back = false;
     if (it == origins_.end()) {
       try {
         it = origins_.emplace(std::string(origin), Entry{}).first;
       } catch (const std::bad_alloc&) {
         return false;
       }
-      came_back = Unremember(origin);
     }
     it->second.last_heard = now;
     it->second.interval = interval;
-    return came_back;
+    return !expired_.empty() && TimeToAsk(origin, std::max(kAskAgainAfter, 3 * interval), now);
   }
 
   // Any other change from `origin`: alive too, if it is tracked.
@@ -83,6 +82,7 @@ class ReplicaLiveness {
   // Expired origins remembered at most: beyond it, the forgotten ones' return goes unnoticed
   // (their bookings come back when they next restart).
   static constexpr size_t kRemembered = 1024;
+  static constexpr Nanos kAskAgainAfter = kNanosPerSecond;
 
  private:
   struct Entry {
@@ -92,6 +92,22 @@ class ReplicaLiveness {
 
   static bool IsSilent(const Entry& entry, Nanos now, Nanos timeout) {
     return now - entry.last_heard > std::max(timeout, 3 * entry.interval);
+  }
+
+  struct Expired {
+    uint64_t order = 0;  // when it was expired, among the others (the oldest is forgotten first)
+    Nanos asked = 0;     // when it was last asked to announce its bookings; 0 = never
+  };
+
+  // Whether `origin` is remembered as expired and was not asked within `wait`; if so, it is
+  // asked now.
+  bool TimeToAsk(std::string_view origin, Nanos wait, Nanos now) {
+    const auto it = expired_.find(origin);
+    if (it == expired_.end() || (it->second.asked != 0 && now - it->second.asked <= wait)) {
+      return false;
+    }
+    it->second.asked = now;
+    return true;
   }
 
   // Whether `origin` was remembered as expired; it no longer is.
@@ -104,8 +120,12 @@ class ReplicaLiveness {
 
   void Remember(const std::string& origin) {
     try {
-      if (expired_.size() >= kRemembered) expired_.erase(expired_.begin());
-      expired_.insert(origin);
+      if (expired_.size() >= kRemembered) {
+        expired_.erase(std::min_element(
+            expired_.begin(), expired_.end(),
+            [](const auto& a, const auto& b) { return a.second.order < b.second.order; }));
+      }
+      expired_.insert_or_assign(origin, Expired{.order = ++expiries_});
     } catch (const std::bad_alloc&) {
       // Forgotten: as beyond kRemembered.
     }
@@ -114,7 +134,8 @@ class ReplicaLiveness {
   // Not absl's tables: one refused growth corrupts them (core/fail_safe_map.h); a single
   // insert into libstdc++'s is all or nothing.
   std::unordered_map<std::string, Entry, IdHash, std::equal_to<>> origins_;
-  std::unordered_set<std::string, IdHash, std::equal_to<>> expired_;
+  std::unordered_map<std::string, Expired, IdHash, std::equal_to<>> expired_;
+  uint64_t expiries_ = 0;
 };
 
 }  // namespace kvrouter

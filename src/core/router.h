@@ -548,8 +548,8 @@ class Router {
   bool MarkPrefillCompletedLocked(std::string_view request_id);
   bool FreeBookingLocked(std::string_view request_id);
   void NotifyLocked(const SequenceChange& change);
-  // Replica liveness from a change of `origin`; whether the origin came back after this router
-  // expired it (and did not say Reset).
+  // Replica liveness from a change of `origin`; whether to ask it to announce its bookings
+  // again (this router expired it, and it has not announced them since: ReplicaLiveness::Beat).
   bool TrackLivenessLocked(std::string_view origin, const SequenceChange& change);
   // A targeted SyncRequest: the replica `origin` alone announces its bookings again.
   void AskToAnnounceAgainLocked(std::string_view origin);

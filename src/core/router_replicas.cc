@@ -134,10 +134,12 @@ void Router::AnnounceBookingsLocked() {
 }
 
 bool Router::DropReplicaBookingsLocked(std::string_view origin) {
-  // Every booking of this origin: the names that start with its prefix.
-  const std::string prefix = ReplicaRequestId(origin, "");
+  // Every booking of this origin: the names that start with its prefix (the mark, the origin,
+  // the separator), matched without building it: dropping allocates nothing, so an expiry
+  // under refused memory never leaves an origin untracked with its bookings still held.
   return active_.FreeIf([&](std::string_view booking) {
-    return booking.substr(0, prefix.size()) == prefix;
+    return booking.size() > origin.size() + 1 && booking.front() == kReplicaRequestIdMark &&
+           booking.substr(1, origin.size()) == origin && booking[origin.size() + 1] == '\x1f';
   }) > 0;
 }
 
@@ -159,7 +161,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
   {
     std::lock_guard lock(gate_);
     if (observer_.IsOwnOrigin(origin)) return false;  // our own change, echoed back
-    const bool came_back = TrackLivenessLocked(origin, change);
+    const bool ask_again = TrackLivenessLocked(origin, change);
     switch (change.kind) {
       case SequenceChange::Kind::kAdded: {
         absl::Status status =
@@ -189,7 +191,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
       case SequenceChange::Kind::kHeartbeat:  // its liveness is all it changes
         break;
     }
-    if (came_back) AskToAnnounceAgainLocked(origin);
+    if (ask_again) AskToAnnounceAgainLocked(origin);
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
     // Capacity a replica released may admit requests waiting here.
     if (changed.ok() && *changed && change.kind != SequenceChange::Kind::kAdded) {

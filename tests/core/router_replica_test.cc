@@ -514,6 +514,35 @@ TEST_F(RouterReplicaTest, AReplicaExpiredWhileAliveIsAskedToAnnounceItsBookingsA
   EXPECT_TRUE(from_b_.empty());  // b asks once per expiry
 }
 
+// b's request is lost on the way (core NATS keeps nothing), or refused for memory: b asks
+// again once a has not answered for three of its heartbeat intervals.
+TEST_F(RouterReplicaTest, AReplicaAskedInVainIsAskedAgain) {
+  LetBPublish();
+  ExpireAHoldingR1();
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  ASSERT_EQ(from_b_.size(), 1u);
+  from_b_.clear();  // lost
+  clock_.AdvanceSeconds(2);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  EXPECT_TRUE(from_b_.empty());  // asked 2 s ago: not yet
+  clock_.AdvanceSeconds(1.5);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  ASSERT_EQ(from_b_.size(), 1u);
+  EXPECT_EQ(from_b_.front().kind, SequenceChange::Kind::kSyncRequest);
+  ASSERT_TRUE(a_->ApplyReplicaChange("b", from_b_.front().View()).ok());
+  from_b_.clear();
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  clock_.AdvanceSeconds(10);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  EXPECT_TRUE(from_b_.empty());  // answered: never asked again
+}
+
 TEST_F(RouterReplicaTest, ASyncRequestNamingAnotherReplicaIsNotAnswered) {
   const Published ask_c{SequenceChange::Kind::kSyncRequest, "c", {}, {}, 0, 0, 0};
   ASSERT_TRUE(a_->ApplyReplicaChange("b", ask_c.View()).ok());

@@ -1043,13 +1043,14 @@ extern "C" {
     /// has been heard for longer than `timeout_seconds` on the router's clock, or than three of its
     /// own heartbeat intervals if that is longer; they may admit waiting requests. A dropped
     /// replica heard again (it was cut off or stalled, not dead) is asked, if this router has a
-    /// replica publisher, to announce its bookings again (a SyncRequest naming it), and they count
-    /// here again; one that restarts announces them itself. A replica whose
-    /// kvr_ingest_sync_replicas stops says farewell (a Reset promising no heartbeat): it is not
-    /// tracked after it, and never counted as expired. Replicas that never sent a heartbeat keep
-    /// their bookings until request_expiry_seconds. `expired` (may be NULL) gets how many replicas
-    /// were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT unless
-    /// `timeout_seconds` is finite and > 0. @thread_safety concurrent
+    /// replica publisher, to announce its bookings again (a SyncRequest naming it; again after
+    /// three of its heartbeat intervals, at least 1 s, until it does; the 1,024 replicas expired
+    /// last are remembered for it), and they count here again; one that restarts announces them
+    /// itself. A replica whose kvr_ingest_sync_replicas stops says farewell (a Reset promising no
+    /// heartbeat): it is not tracked after it, and never counted as expired. Replicas that never
+    /// sent a heartbeat keep their bookings until request_expiry_seconds. `expired` (may be NULL)
+    /// gets how many replicas were dropped (counted in kvr_metrics.replicas_expired).
+    /// KVR_INVALID_ARGUMENT unless `timeout_seconds` is finite and > 0. @thread_safety concurrent
     pub fn kvr_router_expire_replicas(
         router: *mut kvr_router,
         timeout_seconds: f64,
