@@ -185,14 +185,12 @@ struct NatsSubscriptions::Source {
   // away first. A message the closing loop drops is not acknowledged either.
   // A message the heap refused memory to on the loop is lost as in an outage (and acknowledged,
   // HandleEventsContained); here, it is not acknowledged (the shared_ptr destroys it, also when
-  // its own allocation is refused) and comes again after AckWait, maybe after later ones: its
-  // ranks are lost with the next message, so what it restores is flagged unknown, not trusted.
+  // its own allocation is refused) and comes again after AckWait, after later ones, below the
+  // position, where it is dropped: every rank is lost with the next message (counted as a gap
+  // there, its delivery number skipped), so nothing it would have changed is trusted.
   static void OnJetStreamMessage(Source* source, natsMsg* raw) {
     ContainRefusal([&] { PostJetStreamMessage(source, raw); },
-                   [&] {
-                     Bump(source->counters->gaps);
-                     source->ranks->LoseEveryRankLater();
-                   });
+                   [&] { source->ranks->LoseEveryRankLater(); });
   }
 
   static void PostJetStreamMessage(Source* source, natsMsg* raw) {
