@@ -462,7 +462,7 @@ KVR_API kvr_status kvr_router_replica_heartbeat(kvr_router *router, uint32_t int
  * last are remembered for it), and they count here again; one that restarts announces them
  * itself. A replica whose
  * kvr_ingest_sync_replicas stops says farewell (a Reset promising no heartbeat): it is not
- * tracked after it, and never counted as expired. Replicas that never sent a heartbeat keep
+ * tracked after it, nor counted as expired (unless the farewell is lost). Replicas that never sent a heartbeat keep
  * their bookings until request_expiry_seconds. `expired` (may be NULL) gets how many replicas
  * were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT unless
  * `timeout_seconds` is finite and > 0. @thread_safety concurrent */

@@ -1047,10 +1047,11 @@ extern "C" {
     /// three of its heartbeat intervals, at least 1 s, until it does; the 1,024 replicas expired
     /// last are remembered for it), and they count here again; one that restarts announces them
     /// itself. A replica whose kvr_ingest_sync_replicas stops says farewell (a Reset promising no
-    /// heartbeat): it is not tracked after it, and never counted as expired. Replicas that never
-    /// sent a heartbeat keep their bookings until request_expiry_seconds. `expired` (may be NULL)
-    /// gets how many replicas were dropped (counted in kvr_metrics.replicas_expired).
-    /// KVR_INVALID_ARGUMENT unless `timeout_seconds` is finite and > 0. @thread_safety concurrent
+    /// heartbeat): it is not tracked after it, nor counted as expired (unless the farewell is
+    /// lost). Replicas that never sent a heartbeat keep their bookings until
+    /// request_expiry_seconds. `expired` (may be NULL) gets how many replicas were dropped (counted
+    /// in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT unless `timeout_seconds` is finite
+    /// and > 0. @thread_safety concurrent
     pub fn kvr_router_expire_replicas(
         router: *mut kvr_router,
         timeout_seconds: f64,
