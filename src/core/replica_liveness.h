@@ -110,12 +110,9 @@ class ReplicaLiveness {
     return true;
   }
 
-  // Whether `origin` was remembered as expired; it no longer is.
-  bool Unremember(std::string_view origin) {
-    const auto it = expired_.find(origin);
-    if (it == expired_.end()) return false;
-    expired_.erase(it);
-    return true;
+  // `origin` is no longer remembered as expired.
+  void Unremember(std::string_view origin) {
+    if (const auto it = expired_.find(origin); it != expired_.end()) expired_.erase(it);
   }
 
   void Remember(const std::string& origin) {

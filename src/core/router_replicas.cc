@@ -45,9 +45,17 @@ SequenceChange AddedChange(const SequenceRequest& booking) {
 }
 
 // The name a replica's booking has here: the mark, the origin, a separator, its own id.
+constexpr char kReplicaIdSeparator = '\x1f';
 std::string ReplicaRequestId(std::string_view origin, std::string_view request_id) {
-  return absl::StrCat(absl::string_view(&kReplicaRequestIdMark, 1), AsAbsl(origin), "\x1f",
-                      AsAbsl(request_id));
+  return absl::StrCat(absl::string_view(&kReplicaRequestIdMark, 1), AsAbsl(origin),
+                      absl::string_view(&kReplicaIdSeparator, 1), AsAbsl(request_id));
+}
+
+// Whether `booking` is a name ReplicaRequestId gave a booking of `origin`; allocates nothing.
+bool IsBookingOf(std::string_view booking, std::string_view origin) {
+  return booking.size() > origin.size() + 1 && booking.front() == kReplicaRequestIdMark &&
+         booking.substr(1, origin.size()) == origin &&
+         booking[origin.size() + 1] == kReplicaIdSeparator;
 }
 
 }  // namespace
@@ -134,13 +142,9 @@ void Router::AnnounceBookingsLocked() {
 }
 
 bool Router::DropReplicaBookingsLocked(std::string_view origin) {
-  // Every booking of this origin: the names that start with its prefix (the mark, the origin,
-  // the separator), matched without building it: dropping allocates nothing, so an expiry
-  // under refused memory never leaves an origin untracked with its bookings still held.
-  return active_.FreeIf([&](std::string_view booking) {
-    return booking.size() > origin.size() + 1 && booking.front() == kReplicaRequestIdMark &&
-           booking.substr(1, origin.size()) == origin && booking[origin.size() + 1] == '\x1f';
-  }) > 0;
+  // Allocates nothing: an expiry under refused memory never leaves an origin untracked with
+  // its bookings still held.
+  return active_.FreeIf([&](std::string_view booking) { return IsBookingOf(booking, origin); }) > 0;
 }
 
 absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,

@@ -113,21 +113,14 @@ absl::Status ConnectFailed(const std::string& url, natsStatus s, natsConnection*
   return absl::UnavailableError(why);
 }
 
-// A JetStream message's place: its stream sequence, its consumer's delivery number and when
-// the server stored it (all 0 if it has no metadata).
-struct JetStreamPlace {
-  uint64_t stream = 0;
-  uint64_t delivery = 0;
-  int64_t stored_ns = 0;
-
-  static JetStreamPlace Of(natsMsg* msg) {
-    jsMsgMetaData* meta = nullptr;
-    if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) return {};
-    const JetStreamPlace place{meta->Sequence.Stream, meta->Sequence.Consumer, meta->Timestamp};
-    jsMsgMetaData_Destroy(meta);
-    return place;
-  }
-};
+// A JetStream message's place (all 0 if it has no metadata).
+JetStreamPlace PlaceOf(natsMsg* msg) {
+  jsMsgMetaData* meta = nullptr;
+  if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) return {};
+  const JetStreamPlace place{meta->Sequence.Stream, meta->Sequence.Consumer, meta->Timestamp};
+  jsMsgMetaData_Destroy(meta);
+  return place;
+}
 
 }  // namespace
 
@@ -198,33 +191,11 @@ struct NatsSubscriptions::Source {
     NatsSubscriptions* self = source->owner;
     self->loop_.Post([self, msg, counters = source->counters, dynamo = source->dynamo,
                       ranks = source->ranks, order = source->order] {
-      const JetStreamPlace place = JetStreamPlace::Of(msg.get());
-      if (const uint64_t missed = order->MissedDeliveries(place.delivery); missed > 0) {
-        // Messages that never came: which ranks they spoke for is unknown, so every rank
-        // is lost (cleared and flagged) before this message applies. They may come again
-        // later, below the position: then they are dropped, as below.
-        counters->Gap(missed);
-        ranks->LoseEveryRankLater();
-      }
-      if (order->IsRedelivery(place.stream, place.stored_ns,
-                              counters->stream_sequence.load(std::memory_order_relaxed))) {
-        // Delivered again after later ones: applied already, its acknowledgement lost (a
-        // server killed before it stored it redelivers it), or its first delivery lost (a
-        // gap, above). Applied now it could restore blocks later ones removed, and the
-        // position would go back.
-        counters->Reject(IngestReject::kStaleSequence);
-        Bump(counters->messages);
-      } else {
-        const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
-        const std::span payload(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get())));
-        // Refused memory, the message is lost as in an outage, and acknowledged all the
-        // same: delivered again after later ones, it could restore blocks they removed.
-        self->HandleEventsContained(payload, *counters, *dynamo, *ranks);
-        if (place.stream != 0) {
-          counters->stream_sequence.store(place.stream, std::memory_order_relaxed);
-          order->Applied(place.stored_ns);
-        }
-      }
+      const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
+      self->HandleJetStreamMessage(
+          PlaceOf(msg.get()),
+          std::span(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get()))), *counters,
+          *dynamo, *ranks, *order);
       (void)natsMsg_Ack(msg.get(), nullptr);
     });
   }
@@ -746,6 +717,37 @@ void NatsSubscriptions::HandleEvents(std::span<const uint8_t> payload, SourceCou
   }
   ApplyEvents(payload, source, dynamo, ranks);
   Bump(source.messages);  // last: a reader that sees the count sees what it applied
+}
+
+// Applies a JetStream message (the caller acknowledges it), unless the source applied it
+// already. A delivery number skipped before it is a gap.
+void NatsSubscriptions::HandleJetStreamMessage(const JetStreamPlace& place,
+                                               std::span<const uint8_t> payload,
+                                               SourceCounters& source, PublisherSequences& dynamo,
+                                               SourceRanks& ranks, JetStreamOrder& order) {
+  if (const uint64_t missed = order.MissedDeliveries(place.delivery); missed > 0) {
+    // Messages that never came: which ranks they spoke for is unknown, so every rank is lost
+    // (cleared and flagged) before this message applies. They may come again later, below
+    // the position: then they are dropped, as below.
+    source.Gap(missed);
+    ranks.LoseEveryRankLater();
+  }
+  if (order.IsRedelivery(place.stream, place.stored_ns,
+                         source.stream_sequence.load(std::memory_order_relaxed))) {
+    // Delivered again after later ones: applied already, its acknowledgement lost (a server
+    // killed before it stored it redelivers it), or its first delivery lost (a gap, above).
+    // Applied now it could restore blocks later ones removed, and the position would go back.
+    source.Reject(IngestReject::kStaleSequence);
+    Bump(source.messages);
+    return;
+  }
+  // Refused memory, the message is lost as in an outage, and acknowledged all the same:
+  // delivered again after later ones, it could restore blocks they removed.
+  HandleEventsContained(payload, source, dynamo, ranks);
+  if (place.stream != 0) {
+    source.stream_sequence.store(place.stream, std::memory_order_relaxed);
+    order.Applied(place.stored_ns);
+  }
 }
 
 void NatsSubscriptions::ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,

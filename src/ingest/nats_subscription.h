@@ -23,10 +23,12 @@
 
 namespace kvrouter {
 
+class JetStreamOrder;
 class JetStreamRelay;
 class PublisherSequences;
 class SourceRanks;
 struct DynamoMessage;
+struct JetStreamPlace;
 
 class NatsSubscriptions {
  public:
@@ -80,6 +82,10 @@ class NatsSubscriptions {
                              PublisherSequences& dynamo, SourceRanks& ranks);
   void HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
                     PublisherSequences& dynamo, SourceRanks& ranks);
+  // Loop thread: one message of a JetStream source, at `place`, unless applied already.
+  void HandleJetStreamMessage(const JetStreamPlace& place, std::span<const uint8_t> payload,
+                              SourceCounters& source, PublisherSequences& dynamo,
+                              SourceRanks& ranks, JetStreamOrder& order);
   void ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,
                    PublisherSequences& dynamo, SourceRanks& ranks);
   void ApplyDynamoMessage(const DynamoMessage& message, SourceCounters& source,

@@ -273,6 +273,14 @@ class SourceRanks {
 // acknowledgement lost) or its first delivery was lost (a skipped number), unless it was
 // stored after the newest message applied: a stream that lost its tail (its server crashed
 // before the tail reached the disk) numbers new messages again from there, and those are new.
+// Where a JetStream message stands: its stream sequence, its consumer's delivery number, and
+// when the server stored it (ns on the server's clock).
+struct JetStreamPlace {
+  uint64_t stream = 0;
+  uint64_t delivery = 0;
+  int64_t stored_ns = 0;
+};
+
 class JetStreamOrder {
  public:
   // Delivery `number` (0: unknown, ignored) came: how many before it never did.
