@@ -196,6 +196,41 @@ static void a_silent_replica_is_expired_once_it_sent_heartbeats(void** state) {
   KVT_OK(kvr_router_expire_replicas(f->b, 10.0, NULL, ERRP));
 }
 
+/* b never hears a's heartbeat, only a booking published after it, which carries the interval:
+ * b still expires a when it falls silent. Heard again, a is asked (b publishes a SyncRequest
+ * naming it) and announces its booking with its next heartbeat. */
+static void a_replica_whose_heartbeat_was_missed_is_expired_and_asked_again(void** state) {
+  fixture* f = (fixture*)*state;
+  bus from_b = {{NULL}, {0}, 0};
+  size_t expired = 99, i;
+  KVT_OK(kvr_router_set_time(f->b, 0, ERRP));
+  KVT_OK(kvr_router_replica_heartbeat(f->a, 1000, ERRP));
+  for (i = 0; i < f->bus.count; ++i) free(f->bus.messages[i]);
+  f->bus.count = 0; /* the heartbeat is lost */
+  book(f->a, "r1", 1, 2, 0);
+  deliver(&f->bus, f->b);
+  assert_int_equal(1, kvt_metrics(f->b).replicas_live);
+  KVT_OK(kvr_router_set_time(f->b, 11000000000LL, ERRP));
+  KVT_OK(kvr_router_expire_replicas(f->b, 10.0, &expired, ERRP));
+  assert_int_equal(1, expired);
+  assert_int_equal(0, kvt_metrics(f->b).replica_requests_active);
+
+  KVT_OK(kvr_router_set_replica_publisher(f->b, "gateway-b", publish_to_bus, &from_b, ERRP));
+  for (i = 0; i < from_b.count; ++i) free(from_b.messages[i]);
+  from_b.count = 0; /* b's own joining announcement */
+  KVT_OK(kvr_router_replica_heartbeat(f->a, 1000, ERRP));
+  deliver(&f->bus, f->b);
+  assert_int_equal(1, from_b.count); /* the request naming a */
+  deliver(&from_b, f->a);
+  assert_int_equal(0, f->bus.count); /* answered with the next heartbeat, not at once */
+  KVT_OK(kvr_router_replica_heartbeat(f->a, 1000, ERRP));
+  assert_int_equal(3, f->bus.count); /* Heartbeat, Reset, Added r1 */
+  deliver(&f->bus, f->b);
+  assert_int_equal(1, kvt_metrics(f->b).replica_requests_active);
+  KVT_OK(kvr_router_set_replica_publisher(f->b, "gateway-b", NULL, NULL, ERRP));
+  for (i = 0; i < from_b.count; ++i) free(from_b.messages[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(a_booking_is_load_on_the_other_replica, setup, teardown),
@@ -203,6 +238,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(reserved_ids_and_stopping, setup, teardown),
       cmocka_unit_test_setup_teardown(a_silent_replica_is_expired_once_it_sent_heartbeats, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(
+          a_replica_whose_heartbeat_was_missed_is_expired_and_asked_again, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
