@@ -90,6 +90,16 @@ class JetStreamTest : public ::testing::Test {
     server_.reset();
     std::filesystem::remove_all(store_);
   }
+  // Whether no subscription receives the durable's deliveries any more: the server learns of a
+  // stopped ingest's unsubscription after the stop returns, and deliveries it makes meanwhile go
+  // to the dead subscription, unacknowledged until the AckWait (30 s) ends.
+  bool Unbound(const char* durable) {
+    jsConsumerInfo* info = nullptr;
+    if (js_GetConsumerInfo(&info, js_, "KV", durable, nullptr, nullptr) != NATS_OK) return false;
+    const bool unbound = !info->PushBound;
+    jsConsumerInfo_Destroy(info);
+    return unbound;
+  }
   void Connect() {
     ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
     ASSERT_EQ(NATS_OK, natsConnection_JetStream(&js_, publisher_, nullptr));
@@ -149,6 +159,7 @@ TEST_F(JetStreamTest, AResumedSourceAppliesWhatTheStoppedOneReceivedButDidNotApp
   Publish(0, 5);
   ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
   node.ingest.reset();
+  ASSERT_TRUE(Eventually([&] { return Unbound("router-a"); }));  // so this test takes all five
   Publish(5, 5);
   {  // delivered to the consumer, never acknowledged: as received by an ingest that stopped
     jsSubOptions options;
