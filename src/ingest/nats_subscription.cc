@@ -7,6 +7,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -124,12 +126,51 @@ JetStreamPlace PlaceOf(natsMsg* msg) {
 
 }  // namespace
 
+// The loop asks a JetStream source's own thread (NatsSubscriptions::RemakeConsumers) to make
+// its consumer again from a stream sequence: the JetStream API's request-reply round trips
+// must not hold the loop.
+struct ConsumerRemaking {
+  std::mutex mutex;
+  std::condition_variable wake;
+  uint64_t from = 0;      // guarded by mutex: the stream sequence asked for (0: none)
+  bool stopping = false;  // guarded by mutex
+  std::thread thread;     // started and joined with its source
+
+  // Any thread; allocates nothing.
+  void Ask(uint64_t sequence) {
+    std::lock_guard lock(mutex);
+    from = sequence;
+    wake.notify_one();
+  }
+  // The sequence asked for next, once asked; 0 once stopping.
+  uint64_t Next() {
+    std::unique_lock lock(mutex);
+    wake.wait(lock, [&] { return stopping || from != 0; });
+    return stopping ? 0 : std::exchange(from, 0);
+  }
+  // Waits `delay` unless stopping meanwhile: whether to go on.
+  bool Pause(std::chrono::milliseconds delay) {
+    std::unique_lock lock(mutex);
+    return !wake.wait_for(lock, delay, [&] { return stopping; });
+  }
+  void Stop() {
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (thread.joinable()) thread.join();
+  }
+};
+
 struct NatsSubscriptions::Source {
   NatsSubscriptions* owner = nullptr;
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<PublisherSequences> dynamo = std::make_shared<PublisherSequences>();
   std::shared_ptr<SourceRanks> ranks = std::make_shared<SourceRanks>();
   std::shared_ptr<JetStreamOrder> order = std::make_shared<JetStreamOrder>();  // JetStream
+  std::shared_ptr<ConsumerRemaking> remaking;                                  // JetStream
+  JetStreamSource jetstream_config;  // JetStream: how its consumer is made again
   natsConnection* connection = nullptr;
   ConnectionCallbacks* callbacks = nullptr;  // owned by the connection
   natsSubscription* subscription = nullptr;
@@ -178,25 +219,24 @@ struct NatsSubscriptions::Source {
   // away first. A message the closing loop drops is not acknowledged either.
   // A message the heap refused memory to on the loop is lost as in an outage (and acknowledged,
   // HandleEventsContained); here, it is not acknowledged (the shared_ptr destroys it, also when
-  // its own allocation is refused) and comes again after AckWait, after later ones, below the
-  // position, where it is dropped: every rank is lost with the next message (counted as a gap
-  // there, its delivery number skipped), so nothing it would have changed is trusted.
+  // its own allocation is refused): the next message's delivery number skips it, so the
+  // consumer is made again from before it, and it comes again in order.
   static void OnJetStreamMessage(Source* source, natsMsg* raw) {
-    ContainRefusal([&] { PostJetStreamMessage(source, raw); },
-                   [&] { source->ranks->LoseEveryRankLater(); });
+    ContainRefusal([&] { PostJetStreamMessage(source, raw); }, [] {});
   }
 
   static void PostJetStreamMessage(Source* source, natsMsg* raw) {
     std::shared_ptr<natsMsg> msg(raw, natsMsg_Destroy);
     NatsSubscriptions* self = source->owner;
     self->loop_.Post([self, msg, counters = source->counters, dynamo = source->dynamo,
-                      ranks = source->ranks, order = source->order] {
+                      ranks = source->ranks, order = source->order, remaking = source->remaking] {
       const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
-      self->HandleJetStreamMessage(
-          PlaceOf(msg.get()),
-          std::span(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get()))), *counters,
-          *dynamo, *ranks, *order);
-      (void)natsMsg_Ack(msg.get(), nullptr);
+      if (self->HandleJetStreamMessage(
+              PlaceOf(msg.get()),
+              std::span(data, static_cast<size_t>(natsMsg_GetDataLength(msg.get()))), *counters,
+              *dynamo, *ranks, *order, *remaking)) {
+        (void)natsMsg_Ack(msg.get(), nullptr);
+      }
     });
   }
 
@@ -340,7 +380,9 @@ void NatsSubscriptions::Close(Source* source) {
     source->liveness_timer = nullptr;
   }
   // Unsubscribed at once either way: a retired source must not apply anything more (a sync
-  // retried meanwhile would otherwise apply the peers' stream twice, in any order).
+  // retried meanwhile would otherwise apply the peers' stream twice, in any order). A JetStream
+  // source's own thread subscribes too: it is stopped first.
+  if (source->remaking != nullptr) source->remaking->Stop();
   Unsubscribe(source);
   if (farewell && source->connection != nullptr) {
     DisconnectOnceWritten(source);
@@ -588,6 +630,19 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* r
   return absl::OkStatus();
 }
 
+// How many messages from stream sequence `from` on the stream no longer holds (its limits
+// removed them): a consumer made from `from` starts after them.
+absl::Status CountGoneBefore(jsCtx* js, const std::string& stream, uint64_t from, uint64_t* gone) {
+  jsStreamInfo* info = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&info, js, stream.c_str(), nullptr, &code);
+  if (s != NATS_OK)
+    return JetStreamError(absl::StrCat("looking up stream '", stream, "'"), s, code);
+  *gone = info->State.FirstSeq > from ? info->State.FirstSeq - from : 0;
+  jsStreamInfo_Destroy(info);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSource& config) {
@@ -597,6 +652,8 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
   source->counters = std::make_shared<SourceCounters>();
   source->jetstream = true;
   source->counters->relayed = false;  // the events are in a stream already
+  source->remaking = std::make_shared<ConsumerRemaking>();
+  source->jetstream_config = config;
   // libnats' own threads, not the loop: setting up the consumer takes request-reply round
   // trips on this thread, which may be the loop's caller while the loop runs.
   natsOptions* opts = nullptr;
@@ -607,7 +664,15 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
   natsOptions_Destroy(opts);
   if (s != NATS_OK) return ConnectFailed(config.url, s, source->connection, std::move(callbacks));
   source->callbacks = callbacks.release();  // the connection owns them now
-  if (absl::Status consuming = Consume(config, *source); !consuming.ok()) {
+  absl::Status consuming = Consume(config, *source);
+  if (consuming.ok()) {
+    try {
+      source->remaking->thread = std::thread([this, s = source.get()] { RemakeConsumers(*s); });
+    } catch (const std::exception& e) {
+      consuming = absl::ResourceExhaustedError(absl::StrCat("no JetStream thread: ", e.what()));
+    }
+  }
+  if (!consuming.ok()) {
     Close(source.release());
     return consuming;
   }
@@ -664,26 +729,80 @@ absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& s
     if (resumed_at > 0) position = resumed_at;
   }
   source.counters->stream_sequence.store(position, std::memory_order_relaxed);
-  if (status.ok()) {
-    jsSubOptions options;
-    jsSubOptions_Init(&options);
-    options.Stream = config.stream.c_str();
-    options.ManualAck = true;
-    if (!config.durable.empty()) {
-      options.Consumer = config.durable.c_str();  // bound: unsubscribing keeps it
-    } else {
-      SetStart(options.Config, config.start_sequence);
-    }
-    jsErrCode code = static_cast<jsErrCode>(0);
-    s = js_Subscribe(&source.subscription, js, config.subject.c_str(), &Source::OnMessage, &source,
-                     nullptr, &options, &code);
-    if (s == NATS_OK) {
-      s = natsSubscription_SetOnCompleteCB(source.subscription, &Source::OnComplete, &source);
-    }
-    if (s != NATS_OK) status = JetStreamError("subscribing to the stream", s, code);
+  jsCtx_Destroy(js);
+  return status.ok() ? SubscribeConsumer(config, source) : status;
+}
+
+// Subscribes to the durable consumer (made before), or to an ephemeral one made now from
+// config.start_sequence, with acknowledgements by hand.
+absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config, Source& source) {
+  jsCtx* js = nullptr;
+  natsStatus s = natsConnection_JetStream(&js, source.connection, nullptr);
+  if (s != NATS_OK) return JetStreamError("JetStream context", s, static_cast<jsErrCode>(0));
+  jsSubOptions options;
+  jsSubOptions_Init(&options);
+  options.Stream = config.stream.c_str();
+  options.ManualAck = true;
+  if (!config.durable.empty()) {
+    options.Consumer = config.durable.c_str();  // bound: unsubscribing keeps it
+  } else {
+    SetStart(options.Config, config.start_sequence);
+  }
+  jsErrCode code = static_cast<jsErrCode>(0);
+  s = js_Subscribe(&source.subscription, js, config.subject.c_str(), &Source::OnMessage, &source,
+                   nullptr, &options, &code);
+  if (s == NATS_OK) {
+    s = natsSubscription_SetOnCompleteCB(source.subscription, &Source::OnComplete, &source);
   }
   jsCtx_Destroy(js);
-  return status;
+  return s == NATS_OK ? absl::OkStatus() : JetStreamError("subscribing to the stream", s, code);
+}
+
+// Retried until it is done or the source closes: meanwhile nothing is delivered and nothing
+// lost, as in an outage (the server unreachable, say).
+void NatsSubscriptions::RemakeConsumers(Source& source) {
+  for (uint64_t from; (from = source.remaking->Next()) != 0;) {
+    std::chrono::milliseconds delay(50);
+    while (!RemakeConsumer(source, from).ok()) {
+      if (!source.remaking->Pause(delay)) return;
+      delay = std::min(delay * 2, std::chrono::milliseconds(2000));
+    }
+  }
+}
+
+// The consumer, made again to deliver from stream sequence `from`: everything its deliveries
+// skipped comes again, in order. The old subscription ends first, so the loop hears, in
+// order, every message it handed over (not applied, the loop awaiting the new consumer), then
+// that the new consumer is there (JetStreamOrder::NewConsumer), then what it delivers.
+absl::Status NatsSubscriptions::RemakeConsumer(Source& source, uint64_t from) {
+  Unsubscribe(&source);
+  {
+    std::lock_guard lock(source.done_mutex);
+    source.done = false;
+  }
+  JetStreamSource config = source.jetstream_config;
+  config.start_sequence = from;
+  config.resume = false;  // a durable is made again
+  jsCtx* js = nullptr;
+  natsStatus s = natsConnection_JetStream(&js, source.connection, nullptr);
+  if (s != NATS_OK) return JetStreamError("JetStream context", s, static_cast<jsErrCode>(0));
+  uint64_t unused = 0;
+  absl::Status status =
+      config.durable.empty() ? absl::OkStatus() : EnsureDurable(js, config, &unused);
+  uint64_t gone = 0;  // messages from `from` on that the stream no longer holds
+  if (status.ok()) status = CountGoneBefore(js, config.stream, from, &gone);
+  jsCtx_Destroy(js);
+  if (!status.ok()) return status;
+  const bool told = loop_.Post(
+      [this, order = source.order, counters = source.counters, ranks = source.ranks, gone] {
+        order->NewConsumer();
+        if (gone > 0) {  // some may have been this source's: nothing it heard is trusted
+          ContainRefusal([&] { LoseEveryRank(*counters, *ranks); },
+                         [&] { ranks->LoseEveryRankLater(); });
+        }
+      });
+  if (!told) return absl::OkStatus();  // stopped: nothing more is applied
+  return SubscribeConsumer(config, source);
 }
 
 // ---- KV events: native batches and Dynamo's event plane -------------------------------------
@@ -719,27 +838,28 @@ void NatsSubscriptions::HandleEvents(std::span<const uint8_t> payload, SourceCou
   Bump(source.messages);  // last: a reader that sees the count sees what it applied
 }
 
-// Applies a JetStream message (the caller acknowledges it), unless the source applied it
-// already. A delivery number skipped before it is a gap.
-void NatsSubscriptions::HandleJetStreamMessage(const JetStreamPlace& place,
+// Applies a JetStream message, unless the source applied it already. A delivery number
+// skipped before it: deliveries were lost, so this one and all after it are not applied until
+// the consumer is made again from just after the position, to deliver the lost ones first.
+bool NatsSubscriptions::HandleJetStreamMessage(const JetStreamPlace& place,
                                                std::span<const uint8_t> payload,
                                                SourceCounters& source, PublisherSequences& dynamo,
-                                               SourceRanks& ranks, JetStreamOrder& order) {
-  if (const uint64_t missed = order.MissedDeliveries(place.delivery); missed > 0) {
-    // Messages that never came: which ranks they spoke for is unknown, so every rank is lost
-    // (cleared and flagged) before this message applies. They may come again later, below
-    // the position: then they are dropped, as below.
-    source.Gap(missed);
-    ranks.LoseEveryRankLater();
+                                               SourceRanks& ranks, JetStreamOrder& order,
+                                               ConsumerRemaking& remaking) {
+  const uint64_t position = source.stream_sequence.load(std::memory_order_relaxed);
+  if (order.AwaitingNewConsumer()) return false;  // comes again from the new consumer
+  if (order.MissedDeliveries(place.delivery) > 0) {
+    order.AwaitNewConsumer();
+    remaking.Ask(position + 1);
+    return false;
   }
-  if (order.IsRedelivery(place.stream, place.stored_ns,
-                         source.stream_sequence.load(std::memory_order_relaxed))) {
+  if (order.IsRedelivery(place.stream, place.stored_ns, position)) {
     // Delivered again after later ones: applied already, its acknowledgement lost (a server
-    // killed before it stored it redelivers it), or its first delivery lost (a gap, above).
-    // Applied now it could restore blocks later ones removed, and the position would go back.
+    // killed before it stored it redelivers it). Applied now it could restore blocks later
+    // ones removed, and the position would go back.
     source.Reject(IngestReject::kStaleSequence);
     Bump(source.messages);
-    return;
+    return true;
   }
   // Refused memory, the message is lost as in an outage, and acknowledged all the same:
   // delivered again after later ones, it could restore blocks they removed.
@@ -748,6 +868,7 @@ void NatsSubscriptions::HandleJetStreamMessage(const JetStreamPlace& place,
     source.stream_sequence.store(place.stream, std::memory_order_relaxed);
     order.Applied(place.stored_ns);
   }
+  return true;
 }
 
 void NatsSubscriptions::ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,

@@ -24,6 +24,7 @@
 namespace kvrouter {
 
 class JetStreamOrder;
+struct ConsumerRemaking;
 class JetStreamRelay;
 class PublisherSequences;
 class SourceRanks;
@@ -71,6 +72,11 @@ class NatsSubscriptions {
   void DisconnectOnceWritten(Source* source);
   void Disconnect(Source* source);
   absl::Status Consume(const JetStreamSource& config, Source& source);
+  absl::Status SubscribeConsumer(const JetStreamSource& config, Source& source);
+  // A JetStream source's thread: makes its consumer again when the loop asks (deliveries were
+  // lost), until the source closes.
+  void RemakeConsumers(Source& source);
+  absl::Status RemakeConsumer(Source& source, uint64_t from);
   // Replica sync: heartbeats published and silent replicas dropped on a timer
   // (IngestOptions::replica_heartbeat_ms and replica_timeout_ms).
   void StartLiveness(Source& source);
@@ -83,9 +89,11 @@ class NatsSubscriptions {
   void HandleEvents(std::span<const uint8_t> payload, SourceCounters& source,
                     PublisherSequences& dynamo, SourceRanks& ranks);
   // Loop thread: one message of a JetStream source, at `place`, unless applied already.
-  void HandleJetStreamMessage(const JetStreamPlace& place, std::span<const uint8_t> payload,
+  // Whether to acknowledge it (not if it is to come again).
+  bool HandleJetStreamMessage(const JetStreamPlace& place, std::span<const uint8_t> payload,
                               SourceCounters& source, PublisherSequences& dynamo,
-                              SourceRanks& ranks, JetStreamOrder& order);
+                              SourceRanks& ranks, JetStreamOrder& order,
+                              ConsumerRemaking& remaking);
   void ApplyEvents(std::span<const uint8_t> payload, SourceCounters& source,
                    PublisherSequences& dynamo, SourceRanks& ranks);
   void ApplyDynamoMessage(const DynamoMessage& message, SourceCounters& source,

@@ -267,7 +267,9 @@ class SourceRanks {
 // nats-server 2.9: a message delivered again gets the next number), so a number skipped is a
 // message lost on the way: as the connection broke, or dropped by the client as a slow
 // consumer. A number that goes back (the server restarted on an older copy of the consumer's
-// state, or the consumer was made again) starts afresh.
+// state, or the consumer was made again) starts afresh. After a loss the source makes its
+// consumer again (NewConsumer), whose numbers start at 1; meanwhile what the consumer it
+// replaces delivers is not applied.
 //
 // Redeliveries: a message at or below the source's position was applied already (its
 // acknowledgement lost) or its first delivery was lost (a skipped number), unless it was
@@ -286,10 +288,23 @@ class JetStreamOrder {
   // Delivery `number` (0: unknown, ignored) came: how many before it never did.
   uint64_t MissedDeliveries(uint64_t number) {
     if (number == 0) return 0;
+    const bool numbered = last_delivery_ != 0 || numbered_from_one_;
     const uint64_t missed =
-        last_delivery_ != 0 && number > last_delivery_ + 1 ? number - last_delivery_ - 1 : 0;
+        numbered && number > last_delivery_ + 1 ? number - last_delivery_ - 1 : 0;
     last_delivery_ = number;
+    numbered_from_one_ = false;
     return missed;
+  }
+
+  // Deliveries were lost: the consumer is being made again, and until NewConsumer what the one
+  // it replaces delivers is not to be applied.
+  void AwaitNewConsumer() { awaiting_new_consumer_ = true; }
+  bool AwaitingNewConsumer() const { return awaiting_new_consumer_; }
+  // What comes from here on comes from a new consumer, numbering its deliveries from 1.
+  void NewConsumer() {
+    awaiting_new_consumer_ = false;
+    last_delivery_ = 0;
+    numbered_from_one_ = true;
   }
 
   // Whether the message at `stream_sequence`, stored at `stored_ns` (the server's clock), is
@@ -303,6 +318,8 @@ class JetStreamOrder {
 
  private:
   uint64_t last_delivery_ = 0;
+  bool numbered_from_one_ = false;  // else the first number seen is the baseline (resumed)
+  bool awaiting_new_consumer_ = false;
   int64_t newest_stored_ns_ = 0;
 };
 

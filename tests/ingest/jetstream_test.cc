@@ -14,6 +14,7 @@
 #include "core/router.h"
 #include "ingest/ingest_service.h"
 #include "nats_server.h"
+#include "tcp_proxy.h"
 #include "wire/flatbuffers_codec.h"
 
 namespace kvrouter {
@@ -99,6 +100,41 @@ class JetStreamTest : public ::testing::Test {
     const bool unbound = !info->PushBound;
     jsConsumerInfo_Destroy(info);
     return unbound;
+  }
+  // How many messages the durable's consumer has delivered (0 if it cannot say).
+  uint64_t Delivered(const char* durable) {
+    jsConsumerInfo* info = nullptr;
+    if (js_GetConsumerInfo(&info, js_, "KV", durable, nullptr, nullptr) != NATS_OK) return 0;
+    const uint64_t delivered = info->Delivered.Consumer;
+    jsConsumerInfo_Destroy(info);
+    return delivered;
+  }
+  // `config` through `proxy` to the server.
+  static JetStreamSource Through(const TcpProxy& proxy, JetStreamSource config) {
+    EXPECT_NE(proxy.port(), 0);
+    config.url = "nats://127.0.0.1:" + std::to_string(proxy.port());
+    return config;
+  }
+  // Publishes `count` messages from `first` whose deliveries to `node` are lost on the way
+  // (`delivered` says when the server has sent them), then breaks the connection, which the
+  // source makes again.
+  void LoseOnTheWay(TcpProxy& proxy, const Node& node, uint64_t first, uint64_t count,
+                    const std::function<bool()>& delivered) {
+    const uint64_t connections = node.Stats().connections;
+    proxy.LoseServerBytes(true);
+    Publish(first, count);
+    ASSERT_TRUE(Eventually(delivered));
+    proxy.LoseServerBytes(false);
+    proxy.CutConnections();
+    ASSERT_TRUE(Eventually([&] { return node.Stats().connections > connections; }));
+  }
+  // How many messages the stream's only consumer has delivered (0 if it cannot say).
+  uint64_t StreamDelivered() {
+    jsConsumerNamesList* names = nullptr;
+    if (js_ConsumerNames(&names, js_, "KV", nullptr, nullptr) != NATS_OK) return 0;
+    const std::string name = names->Count == 1 ? names->List[0] : "";
+    jsConsumerNamesList_Destroy(names);
+    return name.empty() ? 0 : Delivered(name.c_str());
   }
   void Connect() {
     ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
@@ -260,6 +296,67 @@ TEST_F(JetStreamTest, NothingIsLostWhileTheServerRestarts) {
   EXPECT_EQ(node.Cached(40), 40u);
   EXPECT_GE(node.Stats().connections, 2u);
   EXPECT_EQ(node.Stats().state_unknown, 0u);  // nothing was lost: nothing is flagged
+}
+
+// Deliveries lost on the way (the server sent them, the connection broke before they came):
+// the next message's delivery number skips them. The source makes its consumer again from
+// just after its position, so they come again, in order, and nothing is lost or flagged.
+TEST_F(JetStreamTest, DeliveriesLostOnTheWayComeAgainInOrder) {
+  TcpProxy proxy(port_);
+  Node node;
+  ASSERT_TRUE(node.Consume(Through(proxy, Config("router-a"))).ok());
+  Publish(0, 5);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  LoseOnTheWay(proxy, node, 5, 5, [&] { return Delivered("router-a") == 10; });
+  Publish(10, 5);  // delivered as numbers 11 to 15: 6 to 10 were skipped
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 15; }));
+  const IngestStats stats = node.Stats();
+  EXPECT_EQ(node.Cached(15), 15u);
+  EXPECT_EQ(stats.state_unknown, 0u);
+  EXPECT_EQ(stats.gaps, 0u);
+  Publish(15, 5);  // and the new consumer goes on
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 20; }));
+  EXPECT_EQ(node.Cached(20), 20u);
+}
+
+// The same with an ephemeral consumer (no durable name): made again as well.
+TEST_F(JetStreamTest, DeliveriesLostOnTheWayToAnEphemeralConsumerComeAgainInOrder) {
+  TcpProxy proxy(port_);
+  Node node;
+  ASSERT_TRUE(node.Consume(Through(proxy, Config(""))).ok());
+  Publish(0, 5);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  LoseOnTheWay(proxy, node, 5, 5, [&] { return StreamDelivered() == 10; });
+  Publish(10, 5);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 15; }));
+  EXPECT_EQ(node.Cached(15), 15u);
+  EXPECT_EQ(node.Stats().state_unknown, 0u);
+  EXPECT_EQ(node.Stats().gaps, 0u);
+}
+
+// Deliveries lost on the way while the stream's limits removed them: the consumer made again
+// starts after them, so that loss is counted and every rank the source fed flagged.
+TEST_F(JetStreamTest, DeliveriesLostAndGoneFromTheStreamAreAGap) {
+  jsStreamConfig stream;
+  jsStreamConfig_Init(&stream);
+  stream.Name = "KV";
+  const char* subjects[] = {"kv.events.>"};
+  stream.Subjects = subjects;
+  stream.SubjectsLen = 1;
+  stream.MaxMsgs = 5;  // the oldest are removed
+  ASSERT_EQ(NATS_OK, js_AddStream(nullptr, js_, &stream, nullptr, nullptr));
+  TcpProxy proxy(port_);
+  Node node;
+  ASSERT_TRUE(node.Consume(Through(proxy, Config("router-a"))).ok());
+  Publish(0, 5);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  // The stream keeps the last five (11 to 15).
+  LoseOnTheWay(proxy, node, 5, 10, [&] { return Delivered("router-a") == 15; });
+  Publish(15, 1);  // delivery 16 after 5: made again from 6, the stream starts at 12
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 16; }));
+  const IngestStats stats = node.Stats();
+  EXPECT_EQ(stats.gaps, 1u);
+  EXPECT_EQ(stats.state_unknown, 1u);  // worker 1's rank 0, until its engine clears it
 }
 
 TEST_F(JetStreamTest, ARestoredSnapshotCatchesUpFromItsStreamPosition) {

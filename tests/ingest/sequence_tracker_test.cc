@@ -480,6 +480,21 @@ TEST(JetStreamOrder, ADeliveryNumberGoingBackStartsAfresh) {
   EXPECT_EQ(order.MissedDeliveries(705), 0u);
 }
 
+TEST(JetStreamOrder, AConsumerMadeAgainNumbersFromOne) {
+  JetStreamOrder order;
+  EXPECT_EQ(order.MissedDeliveries(5), 0u);
+  EXPECT_EQ(order.MissedDeliveries(8), 2u);
+  EXPECT_FALSE(order.AwaitingNewConsumer());
+  order.AwaitNewConsumer();
+  EXPECT_TRUE(order.AwaitingNewConsumer());
+  order.NewConsumer();
+  EXPECT_FALSE(order.AwaitingNewConsumer());
+  EXPECT_EQ(order.MissedDeliveries(3), 2u);  // its first two never came
+  order.NewConsumer();
+  EXPECT_EQ(order.MissedDeliveries(1), 0u);
+  EXPECT_EQ(order.MissedDeliveries(2), 0u);
+}
+
 TEST(JetStreamOrder, AMessageAtOrBelowThePositionIsARedeliveryUnlessStoredLater) {
   JetStreamOrder order;
   order.Applied(1'000);  // stream sequence 10, stored at 1,000 ns
