@@ -713,11 +713,24 @@ absl::StatusOr<uint64_t> NatsSubscriptions::RelayToJetStream(const JetStreamSour
   return id;
 }
 
+namespace {
+
+using JetStreamContext = std::unique_ptr<jsCtx, decltype(&jsCtx_Destroy)>;
+
+absl::StatusOr<JetStreamContext> JetStreamOf(natsConnection* connection) {
+  jsCtx* js = nullptr;
+  natsStatus s = natsConnection_JetStream(&js, connection, nullptr);
+  if (s != NATS_OK) return JetStreamError("JetStream context", s, static_cast<jsErrCode>(0));
+  return JetStreamContext(js, &jsCtx_Destroy);
+}
+
+}  // namespace
+
 // Ensures the stream and consumer, then subscribes with acknowledgements by hand.
 absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& source) {
-  jsCtx* js = nullptr;
-  natsStatus s = natsConnection_JetStream(&js, source.connection, nullptr);
-  if (s != NATS_OK) return JetStreamError("JetStream context", s, static_cast<jsErrCode>(0));
+  absl::StatusOr<JetStreamContext> context = JetStreamOf(source.connection);
+  if (!context.ok()) return context.status();
+  jsCtx* js = context->get();
   absl::Status status = EnsureStream(js, config);
   // Until a message comes, the source stands where it starts: just before start_sequence (a
   // router restored from a snapshot holds everything up to there), or at a resumed consumer's
@@ -729,16 +742,14 @@ absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& s
     if (resumed_at > 0) position = resumed_at;
   }
   source.counters->stream_sequence.store(position, std::memory_order_relaxed);
-  jsCtx_Destroy(js);
   return status.ok() ? SubscribeConsumer(config, source) : status;
 }
 
 // Subscribes to the durable consumer (made before), or to an ephemeral one made now from
 // config.start_sequence, with acknowledgements by hand.
 absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config, Source& source) {
-  jsCtx* js = nullptr;
-  natsStatus s = natsConnection_JetStream(&js, source.connection, nullptr);
-  if (s != NATS_OK) return JetStreamError("JetStream context", s, static_cast<jsErrCode>(0));
+  absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
+  if (!js.ok()) return js.status();
   jsSubOptions options;
   jsSubOptions_Init(&options);
   options.Stream = config.stream.c_str();
@@ -749,23 +760,23 @@ absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config,
     SetStart(options.Config, config.start_sequence);
   }
   jsErrCode code = static_cast<jsErrCode>(0);
-  s = js_Subscribe(&source.subscription, js, config.subject.c_str(), &Source::OnMessage, &source,
-                   nullptr, &options, &code);
+  natsStatus s = js_Subscribe(&source.subscription, js->get(), config.subject.c_str(),
+                              &Source::OnMessage, &source, nullptr, &options, &code);
   if (s == NATS_OK) {
     s = natsSubscription_SetOnCompleteCB(source.subscription, &Source::OnComplete, &source);
   }
-  jsCtx_Destroy(js);
   return s == NATS_OK ? absl::OkStatus() : JetStreamError("subscribing to the stream", s, code);
 }
 
 // Retried until it is done or the source closes: meanwhile nothing is delivered and nothing
-// lost, as in an outage (the server unreachable, say).
+// lost, as in an outage (the server unreachable, or the heap refusing memory).
 void NatsSubscriptions::RemakeConsumers(Source& source) {
+  constexpr std::chrono::milliseconds kLongestPause(2000);
   for (uint64_t from; (from = source.remaking->Next()) != 0;) {
     std::chrono::milliseconds delay(50);
-    while (!RemakeConsumer(source, from).ok()) {
-      if (!source.remaking->Pause(delay)) return;
-      delay = std::min(delay * 2, std::chrono::milliseconds(2000));
+    for (bool remade = false; !remade; delay = std::min(delay * 2, kLongestPause)) {
+      ContainRefusal([&] { remade = RemakeConsumer(source, from).ok(); }, [] {});
+      if (!remade && !source.remaking->Pause(delay)) return;
     }
   }
 }
@@ -783,15 +794,13 @@ absl::Status NatsSubscriptions::RemakeConsumer(Source& source, uint64_t from) {
   JetStreamSource config = source.jetstream_config;
   config.start_sequence = from;
   config.resume = false;  // a durable is made again
-  jsCtx* js = nullptr;
-  natsStatus s = natsConnection_JetStream(&js, source.connection, nullptr);
-  if (s != NATS_OK) return JetStreamError("JetStream context", s, static_cast<jsErrCode>(0));
+  absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
+  if (!js.ok()) return js.status();
   uint64_t unused = 0;
   absl::Status status =
-      config.durable.empty() ? absl::OkStatus() : EnsureDurable(js, config, &unused);
+      config.durable.empty() ? absl::OkStatus() : EnsureDurable(js->get(), config, &unused);
   uint64_t gone = 0;  // messages from `from` on that the stream no longer holds
-  if (status.ok()) status = CountGoneBefore(js, config.stream, from, &gone);
-  jsCtx_Destroy(js);
+  if (status.ok()) status = CountGoneBefore(js->get(), config.stream, from, &gone);
   if (!status.ok()) return status;
   const bool told = loop_.Post(
       [this, order = source.order, counters = source.counters, ranks = source.ranks, gone] {
