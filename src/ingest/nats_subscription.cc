@@ -371,8 +371,9 @@ void NatsSubscriptions::Close(Source* source) {
   // observer is not running and will not run again). Only its own observer (a later
   // kvr_router_set_replica_publisher may have replaced it), which says farewell first: a Reset,
   // so that the peers drop this replica's bookings now, not a liveness timeout later.
-  const bool farewell = source->replica_sync && loop_.router->ClearSequenceObserver(
-                                                    source->observer_token, /*farewell=*/true);
+  if (source->replica_sync) {
+    (void)loop_.router->ClearSequenceObserver(source->observer_token, /*farewell=*/true);
+  }
   if (source->liveness_timer != nullptr) {
     uv_timer_stop(source->liveness_timer);
     uv_close(reinterpret_cast<uv_handle_t*>(source->liveness_timer),
@@ -384,16 +385,20 @@ void NatsSubscriptions::Close(Source* source) {
   // source's own thread subscribes too: it is stopped first.
   if (source->remaking != nullptr) source->remaking->Stop();
   Unsubscribe(source);
-  if (farewell && source->connection != nullptr) {
+  // A connection the loop drives (all but JetStream's) goes once what it buffered (the
+  // unsubscription, a farewell) is written: destroying it sooner would flush it with a PING
+  // and wait for the PONG, which this thread reads, so for all of libnats' 500 ms.
+  if (!source->jetstream && source->connection != nullptr) {
     DisconnectOnceWritten(source);
   } else {
     Disconnect(source);
   }
 }
 
-// The connection's socket is written by this loop (libnats' libuv adapter): the farewell goes
-// out only once the loop runs, so the connection is closed once libnats has nothing buffered
-// or kFarewellMs passed (the server may be gone), polling every few milliseconds.
+// The connection's socket is written by this loop (libnats' libuv adapter): what it buffered
+// (the unsubscription, a farewell) goes out only once the loop runs, so the connection is
+// closed once libnats has nothing buffered or kFarewellMs passed (the server may be gone),
+// polling every few milliseconds.
 void NatsSubscriptions::DisconnectOnceWritten(Source* source) {
   struct Wait {
     NatsSubscriptions* owner;
