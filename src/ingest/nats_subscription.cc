@@ -129,36 +129,56 @@ JetStreamPlace PlaceOf(natsMsg* msg) {
 // The loop asks a JetStream source's own thread (NatsSubscriptions::RemakeConsumers) to make
 // its consumer again from a stream sequence: the JetStream API's request-reply round trips
 // must not hold the loop.
+// Deliver everything from stream sequence `from` (one past the source's position) or, if the
+// stream numbers messages anew since, everything stored after `applied_ns` (when the newest
+// message the source applied was stored).
+struct RemakeRequest {
+  uint64_t from = 0;  // 0: none
+  int64_t applied_ns = 0;
+};
+
 struct ConsumerRemaking {
+  using Request = RemakeRequest;
   std::mutex mutex;
   std::condition_variable wake;
-  uint64_t from = 0;      // guarded by mutex: the stream sequence asked for (0: none)
+  Request asked;          // guarded by mutex
+  bool busy = false;      // guarded by mutex: a request is being carried out
   bool stopping = false;  // guarded by mutex
   std::thread thread;     // started and joined with its source
 
   // Any thread; allocates nothing.
-  void Ask(uint64_t sequence) {
+  void Ask(Request request) {
     std::lock_guard lock(mutex);
-    from = sequence;
+    asked = request;
     wake.notify_one();
   }
-  // The sequence asked for next, once asked; 0 once stopping.
-  uint64_t Next() {
+  // The request to carry out next, once asked (busy until Next is called again); from 0 once
+  // stopping.
+  Request Next() {
     std::unique_lock lock(mutex);
-    wake.wait(lock, [&] { return stopping || from != 0; });
-    return stopping ? 0 : std::exchange(from, 0);
+    busy = false;
+    wake.wait(lock, [&] { return stopping || asked.from != 0; });
+    if (stopping) return {};
+    busy = true;
+    return std::exchange(asked, Request{});
   }
   // Waits `delay` unless stopping meanwhile: whether to go on.
   bool Pause(std::chrono::milliseconds delay) {
     std::unique_lock lock(mutex);
     return !wake.wait_for(lock, delay, [&] { return stopping; });
   }
-  void Stop() {
+  // Asks the thread to stop: whether it was carrying out a request (it may be waiting for the
+  // server then: a JetStream request waits up to 5 s).
+  bool StopAsking() {
     {
       std::lock_guard lock(mutex);
       stopping = true;
     }
     wake.notify_all();
+    std::lock_guard lock(mutex);
+    return busy;
+  }
+  void Join() {
     if (thread.joinable()) thread.join();
   }
 };
@@ -383,7 +403,11 @@ void NatsSubscriptions::Close(Source* source) {
   // Unsubscribed at once either way: a retired source must not apply anything more (a sync
   // retried meanwhile would otherwise apply the peers' stream twice, in any order). A JetStream
   // source's own thread subscribes too: it is stopped first.
-  if (source->remaking != nullptr) source->remaking->Stop();
+  if (source->remaking != nullptr) {
+    // Busy, its thread may be waiting for a silent server: closing the connection ends that.
+    if (source->remaking->StopAsking()) CloseConnectionNow(source);
+    source->remaking->Join();
+  }
   Unsubscribe(source);
   // A connection the loop drives (all but JetStream's) goes once what it buffered (the
   // unsubscription, a farewell) is written: destroying it sooner would flush it with a PING
@@ -428,7 +452,9 @@ void NatsSubscriptions::DisconnectOnceWritten(Source* source) {
 // Waits (bounded) until the handler can no longer run.
 void NatsSubscriptions::Unsubscribe(Source* source) {
   if (source->subscription == nullptr) return;
-  if (natsSubscription_Unsubscribe(source->subscription) == NATS_OK) {
+  // A closed connection closes its subscriptions too: OnComplete still comes.
+  const natsStatus s = natsSubscription_Unsubscribe(source->subscription);
+  if (s == NATS_OK || s == NATS_CONNECTION_CLOSED) {
     std::unique_lock lock(source->done_mutex);
     source->done_cv.wait_for(lock, std::chrono::seconds(5), [&] { return source->done; });
   }
@@ -438,10 +464,19 @@ void NatsSubscriptions::Unsubscribe(Source* source) {
 
 void NatsSubscriptions::Disconnect(Source* source) {
   if (source->connection != nullptr) {
-    source->callbacks->Detach();  // they may run after this object is gone
+    if (source->callbacks != nullptr) source->callbacks->Detach();  // may run after we are gone
     natsConnection_Destroy(source->connection);
   }
   delete source;
+}
+
+// The connection closed at once; Disconnect still destroys it. Its callbacks are detached
+// first: once closed, it frees them (ConnectionCallbacks::OnClosed).
+void NatsSubscriptions::CloseConnectionNow(Source* source) {
+  if (source->connection == nullptr) return;
+  source->callbacks->Detach();
+  source->callbacks = nullptr;
+  natsConnection_Close(source->connection);
 }
 
 void NatsSubscriptions::StartLiveness(Source& source) {
@@ -583,10 +618,15 @@ absl::Status EnsureStream(jsCtx* js, const JetStreamSource& config) {
 
 namespace {
 
-// Where a new consumer starts: the stream's first message, or start_sequence.
-// From stream sequence `start` (0: the stream's first message).
-void SetStart(jsConsumerConfig& consumer, uint64_t start) {
+// Where a new consumer starts: from stream sequence `start` (0: the stream's first message),
+// or, `after_ns` non-zero, from the first message stored after that time.
+void SetStart(jsConsumerConfig& consumer, uint64_t start, int64_t after_ns = 0) {
   consumer.AckPolicy = js_AckExplicit;
+  if (after_ns != 0) {
+    consumer.DeliverPolicy = js_DeliverByStartTime;
+    consumer.OptStartTime = after_ns + 1;
+    return;
+  }
   consumer.DeliverPolicy = start > 0 ? js_DeliverByStartSequence : js_DeliverAll;
   consumer.OptStartSeq = start;
 }
@@ -597,7 +637,8 @@ void SetStart(jsConsumerConfig& consumer, uint64_t start) {
 // stopped before it applied them) is made again from just after its floor: kept, it would
 // deliver the messages after them first and them an AckWait later, below the position,
 // where they are dropped as redeliveries.
-absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* resumed_at) {
+absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* resumed_at,
+                           int64_t start_after_ns = 0) {
   const char* stream = config.stream.c_str();
   const char* durable = config.durable.c_str();
   jsConsumerInfo* info = nullptr;
@@ -625,7 +666,7 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* r
   consumer.Durable = durable;
   consumer.DeliverSubject = deliver;
   consumer.FilterSubject = config.subject.c_str();
-  SetStart(consumer, start);
+  SetStart(consumer, start, start_after_ns);
   s = js_AddConsumer(&info, js, stream, &consumer, nullptr, &code);
   natsInbox_Destroy(deliver);
   if (s != NATS_OK) {
@@ -635,16 +676,41 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* r
   return absl::OkStatus();
 }
 
-// How many messages from stream sequence `from` on the stream no longer holds (its limits
-// removed them): a consumer made from `from` starts after them.
-absl::Status CountGoneBefore(jsCtx* js, const std::string& stream, uint64_t from, uint64_t* gone) {
+// Where a consumer made again after lost deliveries starts (RemakeRequest): from
+// `from`, and `gone` of the messages from there the stream no longer holds (its limits removed
+// them: lost). Unless the message at the position is not the one the source applied (not
+// stored when that was) or is past the stream's end: the stream numbers messages anew (a
+// server that lost its tail), so it starts after the newest message applied, by time.
+struct RemakeStart {
+  uint64_t sequence = 0;
+  int64_t after_ns = 0;
+  uint64_t gone = 0;
+};
+
+absl::Status FindRemakeStart(jsCtx* js, const std::string& stream, const RemakeRequest& request,
+                             RemakeStart* start) {
   jsStreamInfo* info = nullptr;
   jsErrCode code = static_cast<jsErrCode>(0);
   natsStatus s = js_GetStreamInfo(&info, js, stream.c_str(), nullptr, &code);
   if (s != NATS_OK)
     return JetStreamError(absl::StrCat("looking up stream '", stream, "'"), s, code);
-  *gone = info->State.FirstSeq > from ? info->State.FirstSeq - from : 0;
+  const uint64_t first = info->State.FirstSeq, last = info->State.LastSeq;
   jsStreamInfo_Destroy(info);
+  *start = {.sequence = request.from, .gone = first > request.from ? first - request.from : 0};
+  const uint64_t position = request.from - 1;
+  if (request.applied_ns == 0 || position == 0 || position < first) return absl::OkStatus();
+  bool renumbered = position > last;
+  if (!renumbered) {
+    natsMsg* applied = nullptr;
+    s = js_GetMsg(&applied, js, stream.c_str(), position, nullptr, &code);
+    if (s == NATS_OK) {
+      renumbered = natsMsg_GetTime(applied) != request.applied_ns;
+      natsMsg_Destroy(applied);
+    } else if (!IsNotFound(s, code, JSNoMessageFoundErr)) {  // deleted: numbering unknown
+      return JetStreamError(absl::StrCat("reading message ", position), s, code);
+    }
+  }
+  if (renumbered) *start = {.after_ns = request.applied_ns};
   return absl::OkStatus();
 }
 
@@ -752,7 +818,8 @@ absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& s
 
 // Subscribes to the durable consumer (made before), or to an ephemeral one made now from
 // config.start_sequence, with acknowledgements by hand.
-absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config, Source& source) {
+absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config, Source& source,
+                                                  int64_t start_after_ns) {
   absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
   if (!js.ok()) return js.status();
   jsSubOptions options;
@@ -762,7 +829,7 @@ absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config,
   if (!config.durable.empty()) {
     options.Consumer = config.durable.c_str();  // bound: unsubscribing keeps it
   } else {
-    SetStart(options.Config, config.start_sequence);
+    SetStart(options.Config, config.start_sequence, start_after_ns);
   }
   jsErrCode code = static_cast<jsErrCode>(0);
   natsStatus s = js_Subscribe(&source.subscription, js->get(), config.subject.c_str(),
@@ -773,50 +840,71 @@ absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config,
   return s == NATS_OK ? absl::OkStatus() : JetStreamError("subscribing to the stream", s, code);
 }
 
-// Retried until it is done or the source closes: meanwhile nothing is delivered and nothing
-// lost, as in an outage (the server unreachable, or the heap refusing memory).
+// Retried until it is done or the source closes: meanwhile nothing is delivered, as in an
+// outage (the server unreachable, the heap refusing memory). After kFlagAfter of failures
+// (the server refusing, say: the user may not make consumers) every rank the source fed is
+// flagged once, as what it misses is unknown; the messages still come once a remake succeeds.
 void NatsSubscriptions::RemakeConsumers(Source& source) {
   constexpr std::chrono::milliseconds kLongestPause(2000);
-  for (uint64_t from; (from = source.remaking->Next()) != 0;) {
+  constexpr std::chrono::seconds kFlagAfter(10);
+  for (RemakeRequest request; (request = source.remaking->Next()).from != 0;) {
+    const auto since = std::chrono::steady_clock::now();
     std::chrono::milliseconds delay(50);
+    bool loss_told = false;  // told the loop once: ranks lost (gone from the stream, or failing)
     for (bool remade = false; !remade; delay = std::min(delay * 2, kLongestPause)) {
-      ContainRefusal([&] { remade = RemakeConsumer(source, from).ok(); }, [] {});
-      if (!remade && !source.remaking->Pause(delay)) return;
+      ContainRefusal([&] { remade = RemakeConsumer(source, request, loss_told).ok(); }, [] {});
+      if (remade) break;
+      if (!loss_told && std::chrono::steady_clock::now() - since > kFlagAfter) {
+        ContainRefusal(
+            [&] {
+              loss_told = loop_.Post([this, counters = source.counters, ranks = source.ranks] {
+                ContainRefusal([&] { LoseEveryRank(*counters, *ranks); },
+                               [&] { ranks->LoseEveryRankLater(); });
+              });
+            },
+            [] {});
+      }
+      if (!source.remaking->Pause(delay)) return;
     }
   }
 }
 
-// The consumer, made again to deliver from stream sequence `from`: everything its deliveries
-// skipped comes again, in order. The old subscription ends first, so the loop hears, in
-// order, every message it handed over (not applied, the loop awaiting the new consumer), then
-// that the new consumer is there (JetStreamOrder::NewConsumer), then what it delivers.
-absl::Status NatsSubscriptions::RemakeConsumer(Source& source, uint64_t from) {
+// The consumer, made again to deliver what the source has not applied (FindRemakeStart): all
+// that its lost deliveries skipped comes again, in order. The old subscription ends first, so
+// the loop hears, in order, every message it handed over (not applied, the loop awaiting the
+// new consumer), then that the new consumer is there (JetStreamOrder::NewConsumer), then what
+// it delivers.
+absl::Status NatsSubscriptions::RemakeConsumer(Source& source, const RemakeRequest& request,
+                                               bool& loss_told) {
   Unsubscribe(&source);
   {
     std::lock_guard lock(source.done_mutex);
     source.done = false;
   }
-  JetStreamSource config = source.jetstream_config;
-  config.start_sequence = from;
-  config.resume = false;  // a durable is made again
   absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
   if (!js.ok()) return js.status();
+  JetStreamSource config = source.jetstream_config;
+  RemakeStart start;
+  absl::Status status = FindRemakeStart(js->get(), config.stream, request, &start);
+  config.start_sequence = start.sequence;
+  config.resume = false;  // a durable is made again
   uint64_t unused = 0;
-  absl::Status status =
-      config.durable.empty() ? absl::OkStatus() : EnsureDurable(js->get(), config, &unused);
-  uint64_t gone = 0;  // messages from `from` on that the stream no longer holds
-  if (status.ok()) status = CountGoneBefore(js->get(), config.stream, from, &gone);
+  if (status.ok() && !config.durable.empty()) {
+    status = EnsureDurable(js->get(), config, &unused, start.after_ns);
+  }
   if (!status.ok()) return status;
+  const bool lost = start.gone > 0 && !loss_told;  // some may have been this source's
   const bool told = loop_.Post(
-      [this, order = source.order, counters = source.counters, ranks = source.ranks, gone] {
+      [this, order = source.order, counters = source.counters, ranks = source.ranks, lost] {
         order->NewConsumer();
-        if (gone > 0) {  // some may have been this source's: nothing it heard is trusted
+        if (lost) {
           ContainRefusal([&] { LoseEveryRank(*counters, *ranks); },
                          [&] { ranks->LoseEveryRankLater(); });
         }
       });
   if (!told) return absl::OkStatus();  // stopped: nothing more is applied
-  return SubscribeConsumer(config, source);
+  loss_told = loss_told || lost;
+  return SubscribeConsumer(config, source, start.after_ns);
 }
 
 // ---- KV events: native batches and Dynamo's event plane -------------------------------------
@@ -864,7 +952,7 @@ bool NatsSubscriptions::HandleJetStreamMessage(const JetStreamPlace& place,
   if (order.AwaitingNewConsumer()) return false;  // comes again from the new consumer
   if (order.MissedDeliveries(place.delivery) > 0) {
     order.AwaitNewConsumer();
-    remaking.Ask(position + 1);
+    remaking.Ask({.from = position + 1, .applied_ns = order.newest_applied_ns()});
     return false;
   }
   if (order.IsRedelivery(place.stream, place.stored_ns, position)) {

@@ -25,6 +25,7 @@ namespace kvrouter {
 
 class JetStreamOrder;
 struct ConsumerRemaking;
+struct RemakeRequest;
 class JetStreamRelay;
 class PublisherSequences;
 class SourceRanks;
@@ -71,12 +72,16 @@ class NatsSubscriptions {
   void Unsubscribe(Source* source);
   void DisconnectOnceWritten(Source* source);
   void Disconnect(Source* source);
+  void CloseConnectionNow(Source* source);
   absl::Status Consume(const JetStreamSource& config, Source& source);
-  absl::Status SubscribeConsumer(const JetStreamSource& config, Source& source);
+  // `start_after_ns` non-zero: an ephemeral consumer starts after that time, not at
+  // config.start_sequence.
+  absl::Status SubscribeConsumer(const JetStreamSource& config, Source& source,
+                                 int64_t start_after_ns = 0);
   // A JetStream source's thread: makes its consumer again when the loop asks (deliveries were
   // lost), until the source closes.
   void RemakeConsumers(Source& source);
-  absl::Status RemakeConsumer(Source& source, uint64_t from);
+  absl::Status RemakeConsumer(Source& source, const RemakeRequest& request, bool& loss_told);
   // Replica sync: heartbeats published and silent replicas dropped on a timer
   // (IngestOptions::replica_heartbeat_ms and replica_timeout_ms).
   void StartLiveness(Source& source);

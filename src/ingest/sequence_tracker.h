@@ -313,6 +313,9 @@ class JetStreamOrder {
     return stream_sequence != 0 && stream_sequence <= position && stored_ns <= newest_stored_ns_;
   }
 
+  // When the newest message applied was stored (0: none yet).
+  int64_t newest_applied_ns() const { return newest_stored_ns_; }
+
   // A message stored at `stored_ns` was applied.
   void Applied(int64_t stored_ns) { newest_stored_ns_ = std::max(newest_stored_ns_, stored_ns); }
 

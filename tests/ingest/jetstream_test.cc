@@ -359,6 +359,72 @@ TEST_F(JetStreamTest, DeliveriesLostAndGoneFromTheStreamAreAGap) {
   EXPECT_EQ(stats.state_unknown, 1u);  // worker 1's rank 0, until its engine clears it
 }
 
+// A stream that lost its tail (its server crashed before the tail reached the disk) numbers
+// new messages again from below the source's position; deliveries of those lost on the way:
+// the consumer made again starts after the newest message applied, by the time it was stored,
+// so the new messages numbered below the position come too. Emulated: the stream made again,
+// and the durable on the same deliver subject, as a restarted server keeps it.
+TEST_F(JetStreamTest, AfterTheStreamNumbersAnewLostDeliveriesComeAgainByTime) {
+  TcpProxy proxy(port_);
+  Node node;
+  ASSERT_TRUE(node.Consume(Through(proxy, Config("router-a"))).ok());
+  Publish(0, 5);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  jsConsumerInfo* info = nullptr;
+  ASSERT_EQ(NATS_OK, js_GetConsumerInfo(&info, js_, "KV", "router-a", nullptr, nullptr));
+  const std::string deliver = info->Config->DeliverSubject;
+  jsConsumerInfo_Destroy(info);
+  ASSERT_EQ(NATS_OK, js_DeleteStream(js_, "KV", nullptr, nullptr));
+  jsStreamConfig stream;
+  jsStreamConfig_Init(&stream);
+  stream.Name = "KV";
+  const char* subjects[] = {"kv.events.>"};
+  stream.Subjects = subjects;
+  stream.SubjectsLen = 1;
+  ASSERT_EQ(NATS_OK, js_AddStream(nullptr, js_, &stream, nullptr, nullptr));
+  jsConsumerConfig consumer;
+  jsConsumerConfig_Init(&consumer);
+  consumer.Durable = "router-a";
+  consumer.DeliverSubject = deliver.c_str();
+  consumer.FilterSubject = "kv.events.>";
+  consumer.AckPolicy = js_AckExplicit;
+  ASSERT_EQ(NATS_OK, js_AddConsumer(nullptr, js_, "KV", &consumer, nullptr, nullptr));
+  // Stream sequences 1 to 6, their deliveries lost; then 7, delivered after 5 (a skip).
+  LoseOnTheWay(proxy, node, 5, 6, [&] { return Delivered("router-a") == 6; });
+  Publish(11, 1);
+  ASSERT_TRUE(Eventually([&] { return node.Cached(12) == 12; }))
+      << "cached " << node.Cached(12) << " of 12";
+  const IngestStats stats = node.Stats();
+  EXPECT_EQ(stats.stream_sequence, 7u);
+  EXPECT_EQ(stats.gaps, 0u);
+  EXPECT_EQ(stats.state_unknown, 0u);
+}
+
+// The source stops while making its consumer again against a server that no longer answers
+// (a JetStream request waits up to 5 s): the connection is closed first, which ends the wait.
+// Under the sanitizers, nothing of the source is used after it is gone.
+TEST_F(JetStreamTest, StoppingWhileTheConsumerIsMadeAgainAgainstASilentServer) {
+  TcpProxy proxy(port_);
+  Node node;
+  ASSERT_TRUE(node.Consume(Through(proxy, Config("router-a"))).ok());
+  Publish(0, 5);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  LoseOnTheWay(proxy, node, 5, 5, [&] { return Delivered("router-a") == 10; });
+  proxy.HoldServerBytes();
+  Publish(10, 1);  // delivery 11, held
+  ASSERT_TRUE(Eventually([&] { return Delivered("router-a") == 11; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // all of it held
+  proxy.ReleaseThenLose();  // the source sees the skip; its requests go unanswered
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  node.ingest->Stop();
+  std::printf("[figures] stopped during a consumer's remake in %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - start)
+                                         .count()));
+  EXPECT_EQ(node.Stats().stream_sequence, 5u);  // nothing past the skip applied
+}
+
 TEST_F(JetStreamTest, ARestoredSnapshotCatchesUpFromItsStreamPosition) {
   Node a;
   ASSERT_TRUE(a.Consume(Config("router-a")).ok());

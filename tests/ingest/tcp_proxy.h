@@ -46,6 +46,19 @@ class TcpProxy {
   int port() const { return port_; }  // 0: it could not listen
   // While set, what the server sends is read and thrown away.
   void LoseServerBytes(bool lose) { losing_ = lose; }
+  // From now on what the server sends is kept, not forwarded, until ReleaseThenLose.
+  void HoldServerBytes() {
+    std::lock_guard lock(hold_mutex_);
+    holding_ = true;
+  }
+  // Forwards what was kept, then loses what the server sends (LoseServerBytes).
+  void ReleaseThenLose() {
+    std::lock_guard lock(hold_mutex_);
+    if (held_for_ >= 0) WriteAll(held_for_, held_.data(), held_.size());
+    held_.clear();
+    holding_ = false;
+    losing_ = true;
+  }
   // Every connection made so far is closed at both ends (new ones are forwarded).
   void CutConnections() {
     std::lock_guard lock(mutex_);
@@ -89,7 +102,7 @@ class TcpProxy {
         const ssize_t n = read(fds[from].fd, buffer, sizeof(buffer));
         if (n <= 0) {
           open = false;
-        } else if (!(from == 1 && losing_)) {
+        } else if (from == 0 || !(Held(buffer, n, fds[0].fd) || losing_)) {
           open = WriteAll(fds[1 - from].fd, buffer, static_cast<size_t>(n));
         }
       }
@@ -99,6 +112,15 @@ class TcpProxy {
     std::erase(open_, server);
     close(client);
     close(server);
+  }
+
+  // Keeps what the server sent for `client` while holding: whether it did.
+  bool Held(const char* data, ssize_t n, int client) {
+    std::lock_guard lock(hold_mutex_);
+    if (!holding_) return false;
+    held_.insert(held_.end(), data, data + n);
+    held_for_ = client;
+    return true;
   }
 
   static bool WriteAll(int fd, const char* data, size_t size) {
@@ -120,6 +142,10 @@ class TcpProxy {
   std::mutex mutex_;
   std::vector<int> open_;           // guarded by mutex_
   std::vector<std::thread> pumps_;  // guarded by mutex_ (joined after the acceptor stops)
+  std::mutex hold_mutex_;
+  bool holding_ = false;    // guarded by hold_mutex_
+  std::vector<char> held_;  // guarded by hold_mutex_
+  int held_for_ = -1;       // guarded by hold_mutex_: the client it was sent to
 };
 
 }  // namespace kvrouter
