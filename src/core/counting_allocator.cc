@@ -28,6 +28,10 @@
 #endif
 #endif
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; an older kernel refuses it (EINVAL), harmlessly
+#endif
+
 namespace kvrouter {
 namespace {
 
@@ -84,6 +88,7 @@ size_t MappedSize(size_t bytes) noexcept {
 // and uses after a growth would go unseen. The memory count is the same as mapped.
 void* MapArray(size_t bytes) { return ZeroedHeapArray(bytes); }
 void UnmapArray(void* p, size_t) noexcept { std::free(p); }
+void PopulateArray(void*, size_t, size_t) noexcept {}  // zeroed on the heap: present already
 void* GrowArray(void* p, size_t old_bytes, size_t new_bytes) {
   assert(new_bytes >= old_bytes);
   return GrowByCopy(p, old_bytes, new_bytes);
@@ -190,6 +195,11 @@ bool CameFromHeap(void* p, bool forget) noexcept {
 void* MapArray(size_t bytes) {
   void* p = Map(bytes);
   return p != MAP_FAILED ? p : HeapArray(bytes);
+}
+void PopulateArray(void* p, size_t from_bytes, size_t to_bytes) noexcept {
+  const size_t end = MappedSize(to_bytes);
+  if (from_bytes >= end || CameFromHeap(p, /*forget=*/false)) return;
+  (void)madvise(static_cast<char*>(p) + from_bytes, end - from_bytes, MADV_POPULATE_WRITE);
 }
 void UnmapArray(void* p, size_t bytes) noexcept {
   if (CameFromHeap(p, /*forget=*/true)) {

@@ -37,6 +37,12 @@ void* MapArray(size_t bytes);
 void UnmapArray(void* p, size_t bytes) noexcept;
 void* GrowArray(void* p, size_t old_bytes, size_t new_bytes);
 size_t MappedSize(size_t bytes) noexcept;
+// Makes the pages of bytes [from_bytes, to_bytes) of a mapped array present and writable now,
+// in one system call, for an owner that writes all of them soon (a hash table filled evenly):
+// left to fault, each page costs two faults when first read and then written (the shared zero
+// page, then a copy of it). `from_bytes` is whole pages. Nothing for an array from the heap
+// (its pages were written when zeroed), nor on a kernel without MADV_POPULATE_WRITE (5.14).
+void PopulateArray(void* p, size_t from_bytes, size_t to_bytes) noexcept;
 
 // The arrays mapped now (0 under AddressSanitizer, where nothing is mapped).
 size_t MappedArrays() noexcept;
@@ -123,6 +129,11 @@ class CountingAllocator {
     *counter_ += static_cast<int64_t>(MappedSize(new_n * sizeof(T))) -
                  static_cast<int64_t>(MappedSize(old_n * sizeof(T)));
     return moved;
+  }
+
+  // PopulateArray for elements [from_n, to_n) of a mapped array of `to_n`.
+  static void populate(T* p, size_t from_n, size_t to_n) noexcept {
+    if (AllocatesZeroed(to_n)) PopulateArray(p, MappedSize(from_n * sizeof(T)), to_n * sizeof(T));
   }
 
   // Whether allocate(n) returns zeroed memory (a mapped array does), so a caller that needs
