@@ -109,6 +109,24 @@ class JetStreamTest : public ::testing::Test {
     jsConsumerInfo_Destroy(info);
     return delivered;
   }
+  // Stream KV on kv.events.>, keeping at most `max_msgs` (-1: no limit).
+  void AddStream(int64_t max_msgs = -1) {
+    jsStreamConfig stream;
+    jsStreamConfig_Init(&stream);
+    stream.Name = "KV";
+    const char* subjects[] = {"kv.events.>"};
+    stream.Subjects = subjects;
+    stream.SubjectsLen = 1;
+    stream.MaxMsgs = max_msgs;
+    ASSERT_EQ(NATS_OK, js_AddStream(nullptr, js_, &stream, nullptr, nullptr));
+  }
+  // `node` consumes through `proxy` (with `durable`, or an ephemeral consumer if empty), and
+  // has applied messages 0 to 4.
+  void ConsumeFiveThrough(const TcpProxy& proxy, Node& node, const std::string& durable) {
+    ASSERT_TRUE(node.Consume(Through(proxy, Config(durable))).ok());
+    Publish(0, 5);
+    ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  }
   // `config` through `proxy` to the server.
   static JetStreamSource Through(const TcpProxy& proxy, JetStreamSource config) {
     EXPECT_NE(proxy.port(), 0);
@@ -304,9 +322,7 @@ TEST_F(JetStreamTest, NothingIsLostWhileTheServerRestarts) {
 TEST_F(JetStreamTest, DeliveriesLostOnTheWayComeAgainInOrder) {
   TcpProxy proxy(port_);
   Node node;
-  ASSERT_TRUE(node.Consume(Through(proxy, Config("router-a"))).ok());
-  Publish(0, 5);
-  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, "router-a"));
   LoseOnTheWay(proxy, node, 5, 5, [&] { return Delivered("router-a") == 10; });
   Publish(10, 5);  // delivered as numbers 11 to 15: 6 to 10 were skipped
   ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 15; }));
@@ -323,9 +339,7 @@ TEST_F(JetStreamTest, DeliveriesLostOnTheWayComeAgainInOrder) {
 TEST_F(JetStreamTest, DeliveriesLostOnTheWayToAnEphemeralConsumerComeAgainInOrder) {
   TcpProxy proxy(port_);
   Node node;
-  ASSERT_TRUE(node.Consume(Through(proxy, Config(""))).ok());
-  Publish(0, 5);
-  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, ""));
   LoseOnTheWay(proxy, node, 5, 5, [&] { return StreamDelivered() == 10; });
   Publish(10, 5);
   ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 15; }));
@@ -337,19 +351,10 @@ TEST_F(JetStreamTest, DeliveriesLostOnTheWayToAnEphemeralConsumerComeAgainInOrde
 // Deliveries lost on the way while the stream's limits removed them: the consumer made again
 // starts after them, so that loss is counted and every rank the source fed flagged.
 TEST_F(JetStreamTest, DeliveriesLostAndGoneFromTheStreamAreAGap) {
-  jsStreamConfig stream;
-  jsStreamConfig_Init(&stream);
-  stream.Name = "KV";
-  const char* subjects[] = {"kv.events.>"};
-  stream.Subjects = subjects;
-  stream.SubjectsLen = 1;
-  stream.MaxMsgs = 5;  // the oldest are removed
-  ASSERT_EQ(NATS_OK, js_AddStream(nullptr, js_, &stream, nullptr, nullptr));
+  ASSERT_NO_FATAL_FAILURE(AddStream(/*max_msgs=*/5));  // the oldest are removed
   TcpProxy proxy(port_);
   Node node;
-  ASSERT_TRUE(node.Consume(Through(proxy, Config("router-a"))).ok());
-  Publish(0, 5);
-  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, "router-a"));
   // The stream keeps the last five (11 to 15).
   LoseOnTheWay(proxy, node, 5, 10, [&] { return Delivered("router-a") == 15; });
   Publish(15, 1);  // delivery 16 after 5: made again from 6, the stream starts at 12
@@ -367,21 +372,13 @@ TEST_F(JetStreamTest, DeliveriesLostAndGoneFromTheStreamAreAGap) {
 TEST_F(JetStreamTest, AfterTheStreamNumbersAnewLostDeliveriesComeAgainByTime) {
   TcpProxy proxy(port_);
   Node node;
-  ASSERT_TRUE(node.Consume(Through(proxy, Config("router-a"))).ok());
-  Publish(0, 5);
-  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, "router-a"));
   jsConsumerInfo* info = nullptr;
   ASSERT_EQ(NATS_OK, js_GetConsumerInfo(&info, js_, "KV", "router-a", nullptr, nullptr));
   const std::string deliver = info->Config->DeliverSubject;
   jsConsumerInfo_Destroy(info);
   ASSERT_EQ(NATS_OK, js_DeleteStream(js_, "KV", nullptr, nullptr));
-  jsStreamConfig stream;
-  jsStreamConfig_Init(&stream);
-  stream.Name = "KV";
-  const char* subjects[] = {"kv.events.>"};
-  stream.Subjects = subjects;
-  stream.SubjectsLen = 1;
-  ASSERT_EQ(NATS_OK, js_AddStream(nullptr, js_, &stream, nullptr, nullptr));
+  ASSERT_NO_FATAL_FAILURE(AddStream());
   jsConsumerConfig consumer;
   jsConsumerConfig_Init(&consumer);
   consumer.Durable = "router-a";
@@ -406,9 +403,7 @@ TEST_F(JetStreamTest, AfterTheStreamNumbersAnewLostDeliveriesComeAgainByTime) {
 TEST_F(JetStreamTest, StoppingWhileTheConsumerIsMadeAgainAgainstASilentServer) {
   TcpProxy proxy(port_);
   Node node;
-  ASSERT_TRUE(node.Consume(Through(proxy, Config("router-a"))).ok());
-  Publish(0, 5);
-  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 5; }));
+  ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, "router-a"));
   LoseOnTheWay(proxy, node, 5, 5, [&] { return Delivered("router-a") == 10; });
   proxy.HoldServerBytes();
   Publish(10, 1);  // delivery 11, held
