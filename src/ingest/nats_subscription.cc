@@ -129,9 +129,47 @@ JetStreamPlace PlaceOf(natsMsg* msg) {
 // The loop asks a JetStream source's own thread (NatsSubscriptions::RemakeConsumers) to make
 // its consumer again from a stream sequence: the JetStream API's request-reply round trips
 // must not hold the loop.
+// When a subscription's message handler can no longer run: libnats calls OnComplete once the
+// subscription is closed (unsubscribed, or its connection closed) and the handler's last call
+// has returned. One per subscription, shared with that callback, which may come after the
+// source has moved on to another subscription (a JetStream consumer made again) or is gone.
+struct SubscriptionEnd {
+  std::mutex mutex;
+  std::condition_variable ended_cv;
+  bool ended = false;  // guarded by mutex
+
+  // Has the end of `subscription` told to `*end` (left null if libnats refuses).
+  static natsStatus Watch(natsSubscription* subscription, std::shared_ptr<SubscriptionEnd>* end) {
+    auto watched = std::make_shared<SubscriptionEnd>();
+    auto* closure = new std::shared_ptr<SubscriptionEnd>(watched);
+    const natsStatus s = natsSubscription_SetOnCompleteCB(subscription, &OnComplete, closure);
+    if (s != NATS_OK) {
+      delete closure;
+      return s;
+    }
+    *end = std::move(watched);
+    return s;
+  }
+  void Wait(std::chrono::seconds at_most) {
+    std::unique_lock lock(mutex);
+    ended_cv.wait_for(lock, at_most, [&] { return ended; });
+  }
+
+ private:
+  static void OnComplete(void* closure) {
+    auto* end = static_cast<std::shared_ptr<SubscriptionEnd>*>(closure);
+    {
+      std::lock_guard lock((*end)->mutex);
+      (*end)->ended = true;
+      (*end)->ended_cv.notify_all();
+    }
+    delete end;
+  }
+};
+
 // Deliver everything from stream sequence `from` (one past the source's position) or, if the
-// stream numbers messages anew since, everything stored after `applied_ns` (when the newest
-// message the source applied was stored).
+// stream numbers messages anew since, everything stored from `applied_ns` on (when the last
+// message the source applied, the one at the position, was stored).
 struct RemakeRequest {
   uint64_t from = 0;  // 0: none
   int64_t applied_ns = 0;
@@ -141,10 +179,11 @@ struct ConsumerRemaking {
   using Request = RemakeRequest;
   std::mutex mutex;
   std::condition_variable wake;
-  Request asked;          // guarded by mutex
-  bool busy = false;      // guarded by mutex: a request is being carried out
-  bool stopping = false;  // guarded by mutex
-  std::thread thread;     // started and joined with its source
+  Request asked;           // guarded by mutex
+  bool busy = false;       // guarded by mutex: a request is being carried out
+  bool replacing = false;  // guarded by mutex: between deleting a durable and creating it
+  bool stopping = false;   // guarded by mutex
+  std::thread thread;      // started and joined with its source
 
   // Any thread; allocates nothing.
   void Ask(Request request) {
@@ -167,8 +206,13 @@ struct ConsumerRemaking {
     std::unique_lock lock(mutex);
     return !wake.wait_for(lock, delay, [&] { return stopping; });
   }
-  // Asks the thread to stop: whether it was carrying out a request (it may be waiting for the
-  // server then: a JetStream request waits up to 5 s).
+  void Replacing(bool now) {
+    std::lock_guard lock(mutex);
+    replacing = now;
+  }
+  // Asks the thread to stop: whether its wait for the server (a JetStream request waits up to
+  // 5 s) may be cut short by closing the connection. Not while it replaces a durable: cut
+  // there, it would leave no durable, and a later resume would start from the stream's start.
   bool StopAsking() {
     {
       std::lock_guard lock(mutex);
@@ -176,7 +220,7 @@ struct ConsumerRemaking {
     }
     wake.notify_all();
     std::lock_guard lock(mutex);
-    return busy;
+    return busy && !replacing;
   }
   void Join() {
     if (thread.joinable()) thread.join();
@@ -199,10 +243,7 @@ struct NatsSubscriptions::Source {
   uint64_t observer_token = 0;           // replica sync: the router observer it installed
   uv_timer_t* liveness_timer = nullptr;  // replica sync: StartLiveness
   uint64_t source_id = 0;
-  // Set by libnats once the message handler can no longer run (after unsubscribing).
-  std::mutex done_mutex;
-  std::condition_variable done_cv;
-  bool done = false;
+  std::shared_ptr<SubscriptionEnd> end;  // of `subscription`, if libnats tells it
 
   // On libnats' delivery thread: hands the payload to the loop. After Stop, messages are
   // dropped (the loop is closing).
@@ -258,13 +299,6 @@ struct NatsSubscriptions::Source {
         (void)natsMsg_Ack(msg.get(), nullptr);
       }
     });
-  }
-
-  static void OnComplete(void* closure) {
-    auto* source = static_cast<Source*>(closure);
-    std::lock_guard lock(source->done_mutex);
-    source->done = true;
-    source->done_cv.notify_all();
   }
 };
 
@@ -342,9 +376,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   source->callbacks = callbacks.release();  // the connection owns them now
   s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
                                &Source::OnMessage, source.get());
-  if (s == NATS_OK) {
-    s = natsSubscription_SetOnCompleteCB(source->subscription, &Source::OnComplete, source.get());
-  }
+  if (s == NATS_OK) s = SubscriptionEnd::Watch(source->subscription, &source->end);
   if (s != NATS_OK) {
     const std::string why =
         absl::StrCat("cannot subscribe to '", subject, "' at ", url, ": ", natsStatus_GetText(s));
@@ -449,17 +481,16 @@ void NatsSubscriptions::DisconnectOnceWritten(Source* source) {
       kPollMs, kPollMs);
 }
 
-// Waits (bounded) until the handler can no longer run.
+// Waits (bounded) until the handler can no longer run. Whatever unsubscribing returns (the
+// connection closed, an ephemeral consumer's deletion timed out), the subscription is closed
+// or closing, and its end comes.
 void NatsSubscriptions::Unsubscribe(Source* source) {
   if (source->subscription == nullptr) return;
-  // A closed connection closes its subscriptions too: OnComplete still comes.
-  const natsStatus s = natsSubscription_Unsubscribe(source->subscription);
-  if (s == NATS_OK || s == NATS_CONNECTION_CLOSED) {
-    std::unique_lock lock(source->done_mutex);
-    source->done_cv.wait_for(lock, std::chrono::seconds(5), [&] { return source->done; });
-  }
+  (void)natsSubscription_Unsubscribe(source->subscription);
+  if (source->end != nullptr) source->end->Wait(std::chrono::seconds(5));
   natsSubscription_Destroy(source->subscription);
   source->subscription = nullptr;
+  source->end.reset();
 }
 
 void NatsSubscriptions::Disconnect(Source* source) {
@@ -637,8 +668,15 @@ void SetStart(jsConsumerConfig& consumer, uint64_t start, int64_t after_ns = 0) 
 // stopped before it applied them) is made again from just after its floor: kept, it would
 // deliver the messages after them first and them an AckWait later, below the position,
 // where they are dropped as redeliveries.
-absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* resumed_at,
-                           int64_t start_after_ns = 0) {
+struct DurableState {
+  uint64_t resumed_at = 0;  // a resumed consumer's acknowledged floor
+  uint64_t delivered = 0;   // the deliveries a consumer kept had made (0: made now)
+};
+
+// `remaking`: a consumer made again after lost deliveries; its thread must not be cut short
+// between deleting the durable and creating it.
+absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, DurableState* state,
+                           int64_t start_after_ns = 0, ConsumerRemaking* remaking = nullptr) {
   const char* stream = config.stream.c_str();
   const char* durable = config.durable.c_str();
   jsConsumerInfo* info = nullptr;
@@ -647,15 +685,23 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* r
   natsStatus s = js_GetConsumerInfo(&info, js, stream, durable, nullptr, &code);
   if (s == NATS_OK) {
     const uint64_t ack_floor = info->AckFloor.Stream;
+    const uint64_t delivered = info->Delivered.Consumer;
     const bool unacknowledged = info->NumAckPending > 0;
     jsConsumerInfo_Destroy(info);
     if (config.resume) {
-      *resumed_at = ack_floor;
-      if (!unacknowledged) return absl::OkStatus();
+      state->resumed_at = ack_floor;
+      if (!unacknowledged) {
+        state->delivered = delivered;
+        return absl::OkStatus();
+      }
       if (ack_floor > 0) start = ack_floor + 1;
     }
+    if (remaking != nullptr) remaking->Replacing(true);
     s = js_DeleteConsumer(js, stream, durable, nullptr, &code);
-    if (s != NATS_OK) return JetStreamError("replacing the durable consumer", s, code);
+    if (s != NATS_OK) {
+      if (remaking != nullptr) remaking->Replacing(false);
+      return JetStreamError("replacing the durable consumer", s, code);
+    }
   } else if (!IsNotFound(s, code, JSConsumerNotFoundErr)) {
     return JetStreamError(absl::StrCat("looking up consumer '", config.durable, "'"), s, code);
   }
@@ -668,6 +714,7 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* r
   consumer.FilterSubject = config.subject.c_str();
   SetStart(consumer, start, start_after_ns);
   s = js_AddConsumer(&info, js, stream, &consumer, nullptr, &code);
+  if (remaking != nullptr) remaking->Replacing(false);
   natsInbox_Destroy(deliver);
   if (s != NATS_OK) {
     return JetStreamError(absl::StrCat("creating consumer '", config.durable, "'"), s, code);
@@ -676,11 +723,12 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, uint64_t* r
   return absl::OkStatus();
 }
 
-// Where a consumer made again after lost deliveries starts (RemakeRequest): from
-// `from`, and `gone` of the messages from there the stream no longer holds (its limits removed
-// them: lost). Unless the message at the position is not the one the source applied (not
-// stored when that was) or is past the stream's end: the stream numbers messages anew (a
-// server that lost its tail), so it starts after the newest message applied, by time.
+// Where a consumer made again after lost deliveries starts (RemakeRequest): from `from`, and
+// `gone` of the messages from there the stream no longer holds (its limits removed them: lost).
+// Unless the message at the position is not the one the source applied (not stored when that
+// was) or is past the stream's end: the stream numbers messages anew (a server that lost its
+// tail), so it starts by time, from when the last message applied was stored, and that is a
+// loss too (the lost tail may have held messages not applied).
 struct RemakeStart {
   uint64_t sequence = 0;
   int64_t after_ns = 0;
@@ -710,7 +758,13 @@ absl::Status FindRemakeStart(jsCtx* js, const std::string& stream, const RemakeR
       return JetStreamError(absl::StrCat("reading message ", position), s, code);
     }
   }
-  if (renumbered) *start = {.after_ns = request.applied_ns};
+  if (renumbered) {
+    // From the whole second (libnats 3.4 encodes a start time's fraction without its leading
+    // zeros: up to 0.9 s late); what it delivers again that was applied is dropped
+    // (JetStreamOrder::IsRedelivery). What the lost tail held that was not applied is gone.
+    constexpr int64_t kSecond = 1'000'000'000;
+    *start = {.after_ns = request.applied_ns / kSecond * kSecond - 1, .gone = 1};
+  }
   return absl::OkStatus();
 }
 
@@ -807,12 +861,14 @@ absl::Status NatsSubscriptions::Consume(const JetStreamSource& config, Source& s
   // router restored from a snapshot holds everything up to there), or at a resumed consumer's
   // acknowledged floor. A snapshot of this router then names a position it really holds.
   uint64_t position = config.start_sequence > 0 ? config.start_sequence - 1 : 0;
+  DurableState durable;
   if (status.ok() && !config.durable.empty()) {
-    uint64_t resumed_at = 0;
-    status = EnsureDurable(js, config, &resumed_at);
-    if (resumed_at > 0) position = resumed_at;
+    status = EnsureDurable(js, config, &durable);
+    if (durable.resumed_at > 0) position = durable.resumed_at;
   }
   source.counters->stream_sequence.store(position, std::memory_order_relaxed);
+  // The first delivery's number is known: a delivery lost before it is seen as such.
+  source.order->NumberedAfter(durable.delivered);
   return status.ok() ? SubscribeConsumer(config, source) : status;
 }
 
@@ -834,9 +890,7 @@ absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config,
   jsErrCode code = static_cast<jsErrCode>(0);
   natsStatus s = js_Subscribe(&source.subscription, js->get(), config.subject.c_str(),
                               &Source::OnMessage, &source, nullptr, &options, &code);
-  if (s == NATS_OK) {
-    s = natsSubscription_SetOnCompleteCB(source.subscription, &Source::OnComplete, &source);
-  }
+  if (s == NATS_OK) s = SubscriptionEnd::Watch(source.subscription, &source.end);
   return s == NATS_OK ? absl::OkStatus() : JetStreamError("subscribing to the stream", s, code);
 }
 
@@ -877,10 +931,6 @@ void NatsSubscriptions::RemakeConsumers(Source& source) {
 absl::Status NatsSubscriptions::RemakeConsumer(Source& source, const RemakeRequest& request,
                                                bool& loss_told) {
   Unsubscribe(&source);
-  {
-    std::lock_guard lock(source.done_mutex);
-    source.done = false;
-  }
   absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
   if (!js.ok()) return js.status();
   JetStreamSource config = source.jetstream_config;
@@ -888,9 +938,9 @@ absl::Status NatsSubscriptions::RemakeConsumer(Source& source, const RemakeReque
   absl::Status status = FindRemakeStart(js->get(), config.stream, request, &start);
   config.start_sequence = start.sequence;
   config.resume = false;  // a durable is made again
-  uint64_t unused = 0;
+  DurableState unused;
   if (status.ok() && !config.durable.empty()) {
-    status = EnsureDurable(js->get(), config, &unused, start.after_ns);
+    status = EnsureDurable(js->get(), config, &unused, start.after_ns, source.remaking.get());
   }
   if (!status.ok()) return status;
   const bool lost = start.gone > 0 && !loss_told;  // some may have been this source's
@@ -952,7 +1002,7 @@ bool NatsSubscriptions::HandleJetStreamMessage(const JetStreamPlace& place,
   if (order.AwaitingNewConsumer()) return false;  // comes again from the new consumer
   if (order.MissedDeliveries(place.delivery) > 0) {
     order.AwaitNewConsumer();
-    remaking.Ask({.from = position + 1, .applied_ns = order.newest_applied_ns()});
+    remaking.Ask({.from = position + 1, .applied_ns = order.last_applied_ns()});
     return false;
   }
   if (order.IsRedelivery(place.stream, place.stored_ns, position)) {

@@ -285,15 +285,20 @@ struct JetStreamPlace {
 
 class JetStreamOrder {
  public:
-  // Delivery `number` (0: unknown, ignored) came: how many before it never did.
+  // Delivery `number` (0: unknown, ignored) came: how many before it never did. Until a
+  // baseline is known (NumberedAfter, NewConsumer), the first number seen is taken as one.
   uint64_t MissedDeliveries(uint64_t number) {
     if (number == 0) return 0;
-    const bool numbered = last_delivery_ != 0 || numbered_from_one_;
     const uint64_t missed =
-        numbered && number > last_delivery_ + 1 ? number - last_delivery_ - 1 : 0;
+        numbered_ && number > last_delivery_ + 1 ? number - last_delivery_ - 1 : 0;
     last_delivery_ = number;
-    numbered_from_one_ = false;
+    numbered_ = true;
     return missed;
+  }
+  // The consumer has delivered `delivered` messages before this source (0: a new one).
+  void NumberedAfter(uint64_t delivered) {
+    last_delivery_ = delivered;
+    numbered_ = true;
   }
 
   // Deliveries were lost: the consumer is being made again, and until NewConsumer what the one
@@ -303,8 +308,7 @@ class JetStreamOrder {
   // What comes from here on comes from a new consumer, numbering its deliveries from 1.
   void NewConsumer() {
     awaiting_new_consumer_ = false;
-    last_delivery_ = 0;
-    numbered_from_one_ = true;
+    NumberedAfter(0);
   }
 
   // Whether the message at `stream_sequence`, stored at `stored_ns` (the server's clock), is
@@ -313,17 +317,21 @@ class JetStreamOrder {
     return stream_sequence != 0 && stream_sequence <= position && stored_ns <= newest_stored_ns_;
   }
 
-  // When the newest message applied was stored (0: none yet).
-  int64_t newest_applied_ns() const { return newest_stored_ns_; }
+  // When the last message applied (the one at the position) was stored (0: none yet).
+  int64_t last_applied_ns() const { return last_stored_ns_; }
 
   // A message stored at `stored_ns` was applied.
-  void Applied(int64_t stored_ns) { newest_stored_ns_ = std::max(newest_stored_ns_, stored_ns); }
+  void Applied(int64_t stored_ns) {
+    newest_stored_ns_ = std::max(newest_stored_ns_, stored_ns);
+    last_stored_ns_ = stored_ns;
+  }
 
  private:
   uint64_t last_delivery_ = 0;
-  bool numbered_from_one_ = false;  // else the first number seen is the baseline (resumed)
+  bool numbered_ = false;
   bool awaiting_new_consumer_ = false;
   int64_t newest_stored_ns_ = 0;
+  int64_t last_stored_ns_ = 0;
 };
 
 }  // namespace kvrouter

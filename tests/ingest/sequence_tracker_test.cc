@@ -495,6 +495,25 @@ TEST(JetStreamOrder, AConsumerMadeAgainNumbersFromOne) {
   EXPECT_EQ(order.MissedDeliveries(2), 0u);
 }
 
+TEST(JetStreamOrder, AKnownBaselineCountsDeliveriesLostBeforeTheFirstSeen) {
+  JetStreamOrder made;
+  made.NumberedAfter(0);  // a consumer made now: its first delivery is number 1
+  EXPECT_EQ(made.MissedDeliveries(3), 2u);
+  JetStreamOrder kept;
+  kept.NumberedAfter(40);  // a durable kept, 40 deliveries made before
+  EXPECT_EQ(kept.MissedDeliveries(41), 0u);
+  EXPECT_EQ(kept.MissedDeliveries(44), 2u);
+}
+
+TEST(JetStreamOrder, TheLastMessageAppliedIsRememberedBesideTheNewest) {
+  JetStreamOrder order;
+  EXPECT_EQ(order.last_applied_ns(), 0);
+  order.Applied(2'000);
+  order.Applied(1'500);  // a server whose clock is behind
+  EXPECT_EQ(order.last_applied_ns(), 1'500);
+  EXPECT_TRUE(order.IsRedelivery(3, 1'900, 5));  // the newest still bounds what was applied
+}
+
 TEST(JetStreamOrder, AMessageAtOrBelowThePositionIsARedeliveryUnlessStoredLater) {
   JetStreamOrder order;
   order.Applied(1'000);  // stream sequence 10, stored at 1,000 ns
