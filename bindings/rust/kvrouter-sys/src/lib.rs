@@ -1501,17 +1501,17 @@ extern "C" {
     /// Deliveries that never came (the consumer's delivery numbers skip them: lost as the
     /// connection broke) are not a loss: nothing after them is applied until the source, on a
     /// thread of its own, has made its consumer again from just after the last message applied, so
-    /// they come again, in order (after a stream that numbers messages anew, from the first one
-    /// stored after the newest applied). Only if the stream no longer holds some of them (its
-    /// limits removed them), or the consumer cannot be made again for 10 s (it is still retried),
-    /// does that count in `gaps` and clear and flag every rank the source fed (`state_unknown`), as
-    /// for a NATS source's lost connection. The source's counters are those of
-    /// kvr_ingest_subscribe_nats, and `stream_sequence` the highest message applied. The connection
-    /// reconnects forever, and the consumer continues where it was. Connects and sets up the
-    /// consumer on the calling thread. KVR_INVALID_ARGUMENT for a missing url, stream or subject, a
-    /// bad name, unknown flags or bad limits; KVR_NOT_FOUND if the stream does not exist (without
-    /// KVR_JETSTREAM_CREATE_STREAM); KVR_UNAVAILABLE if the server cannot be reached or refuses
-    /// (the message says why). `*source_id` may be NULL. @thread_safety as
+    /// they come again, in order. Only if the stream no longer holds some of them (its limits
+    /// removed them), numbers messages anew (its server lost its tail: the consumer then starts by
+    /// the time the last message applied was stored), or the consumer cannot be made again for 10 s
+    /// (it is still retried), does that count in `gaps` and clear and flag every rank the source
+    /// fed (`state_unknown`), as for a NATS source's lost connection. The source's counters are
+    /// those of kvr_ingest_subscribe_nats, and `stream_sequence` the highest message applied. The
+    /// connection reconnects forever, and the consumer continues where it was. Connects and sets up
+    /// the consumer on the calling thread. KVR_INVALID_ARGUMENT for a missing url, stream or
+    /// subject, a bad name, unknown flags or bad limits; KVR_NOT_FOUND if the stream does not exist
+    /// (without KVR_JETSTREAM_CREATE_STREAM); KVR_UNAVAILABLE if the server cannot be reached or
+    /// refuses (the message says why). `*source_id` may be NULL. @thread_safety as
     /// kvr_ingest_subscribe_nats
     pub fn kvr_ingest_subscribe_jetstream(
         ingest: *mut kvr_ingest,
