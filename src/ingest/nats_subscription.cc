@@ -138,16 +138,23 @@ struct SubscriptionEnd {
   std::condition_variable ended_cv;
   bool ended = false;  // guarded by mutex
 
-  // Has the end of `subscription` told to `*end` (left null if libnats refuses).
-  static natsStatus Watch(natsSubscription* subscription, std::shared_ptr<SubscriptionEnd>* end) {
-    auto watched = std::make_shared<SubscriptionEnd>();
-    auto* closure = new std::shared_ptr<SubscriptionEnd>(watched);
-    const natsStatus s = natsSubscription_SetOnCompleteCB(subscription, &OnComplete, closure);
-    if (s != NATS_OK) {
-      delete closure;
-      return s;
+  // An end and the callback's share of it, made before subscribing: once the subscription
+  // exists, nothing may fail for memory before its end is watched.
+  struct Watcher {
+    std::shared_ptr<SubscriptionEnd> end = std::make_shared<SubscriptionEnd>();
+    std::unique_ptr<std::shared_ptr<SubscriptionEnd>> closure =
+        std::make_unique<std::shared_ptr<SubscriptionEnd>>(end);
+  };
+  // Has the end of `subscription` told to `*end` (left null if libnats refuses). Allocates
+  // nothing.
+  static natsStatus Watch(natsSubscription* subscription, Watcher& watcher,
+                          std::shared_ptr<SubscriptionEnd>* end) {
+    const natsStatus s =
+        natsSubscription_SetOnCompleteCB(subscription, &OnComplete, watcher.closure.get());
+    if (s == NATS_OK) {
+      (void)watcher.closure.release();  // the callback's now
+      *end = std::move(watcher.end);
     }
-    *end = std::move(watched);
     return s;
   }
   void Wait(std::chrono::seconds at_most) {
@@ -179,11 +186,12 @@ struct ConsumerRemaking {
   using Request = RemakeRequest;
   std::mutex mutex;
   std::condition_variable wake;
-  Request asked;           // guarded by mutex
-  bool busy = false;       // guarded by mutex: a request is being carried out
-  bool replacing = false;  // guarded by mutex: between deleting a durable and creating it
-  bool stopping = false;   // guarded by mutex
-  std::thread thread;      // started and joined with its source
+  Request asked;                 // guarded by mutex
+  bool busy = false;             // guarded by mutex: a request is being carried out
+  bool uncuttable = false;       // guarded by mutex: in a step Close must not cut short
+  bool durable_missing = false;  // guarded by mutex: deleted, not yet created again
+  bool stopping = false;         // guarded by mutex
+  std::thread thread;            // started and joined with its source
 
   // Any thread; allocates nothing.
   void Ask(Request request) {
@@ -206,13 +214,28 @@ struct ConsumerRemaking {
     std::unique_lock lock(mutex);
     return !wake.wait_for(lock, delay, [&] { return stopping; });
   }
-  void Replacing(bool now) {
+  // A step the connection must not be closed under (deleting and creating a durable: cut in
+  // between, no durable is left and a later resume starts from the stream's start; subscribing
+  // and watching the subscription's end). Refused once stopping.
+  bool BeginUncuttable() {
     std::lock_guard lock(mutex);
-    replacing = now;
+    uncuttable = !stopping;
+    return uncuttable;
+  }
+  void EndUncuttable() {
+    std::lock_guard lock(mutex);
+    uncuttable = false;
+  }
+  void DurableMissing(bool missing) {
+    std::lock_guard lock(mutex);
+    durable_missing = missing;
+  }
+  bool IsDurableMissing() {
+    std::lock_guard lock(mutex);
+    return durable_missing;
   }
   // Asks the thread to stop: whether its wait for the server (a JetStream request waits up to
-  // 5 s) may be cut short by closing the connection. Not while it replaces a durable: cut
-  // there, it would leave no durable, and a later resume would start from the stream's start.
+  // 5 s) may be cut short by closing the connection.
   bool StopAsking() {
     {
       std::lock_guard lock(mutex);
@@ -220,11 +243,28 @@ struct ConsumerRemaking {
     }
     wake.notify_all();
     std::lock_guard lock(mutex);
-    return busy && !replacing;
+    return busy && !uncuttable && !durable_missing;
   }
   void Join() {
     if (thread.joinable()) thread.join();
   }
+};
+
+// ConsumerRemaking::BeginUncuttable and EndUncuttable around a scope (nothing without one).
+class UncuttableStep {
+ public:
+  explicit UncuttableStep(ConsumerRemaking* remaking)
+      : remaking_(remaking), taken_(remaking == nullptr || remaking->BeginUncuttable()) {}
+  ~UncuttableStep() {
+    if (remaking_ != nullptr && taken_) remaking_->EndUncuttable();
+  }
+  UncuttableStep(const UncuttableStep&) = delete;
+  UncuttableStep& operator=(const UncuttableStep&) = delete;
+  bool taken() const { return taken_; }
+
+ private:
+  ConsumerRemaking* remaking_;
+  bool taken_;
 };
 
 struct NatsSubscriptions::Source {
@@ -374,9 +414,10 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   natsOptions_Destroy(opts);
   if (s != NATS_OK) return ConnectFailed(url, s, source->connection, std::move(callbacks));
   source->callbacks = callbacks.release();  // the connection owns them now
+  SubscriptionEnd::Watcher watcher;
   s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
                                &Source::OnMessage, source.get());
-  if (s == NATS_OK) s = SubscriptionEnd::Watch(source->subscription, &source->end);
+  if (s == NATS_OK) s = SubscriptionEnd::Watch(source->subscription, watcher, &source->end);
   if (s != NATS_OK) {
     const std::string why =
         absl::StrCat("cannot subscribe to '", subject, "' at ", url, ": ", natsStatus_GetText(s));
@@ -668,6 +709,9 @@ void SetStart(jsConsumerConfig& consumer, uint64_t start, int64_t after_ns = 0) 
 // stopped before it applied them) is made again from just after its floor: kept, it would
 // deliver the messages after them first and them an AckWait later, below the position,
 // where they are dropped as redeliveries.
+absl::Status CreateDurable(jsCtx* js, const JetStreamSource& config, uint64_t start,
+                           int64_t start_after_ns, ConsumerRemaking* remaking);
+
 struct DurableState {
   uint64_t resumed_at = 0;  // a resumed consumer's acknowledged floor
   uint64_t delivered = 0;   // the deliveries a consumer kept had made (0: made now)
@@ -696,30 +740,37 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, DurableStat
       }
       if (ack_floor > 0) start = ack_floor + 1;
     }
-    if (remaking != nullptr) remaking->Replacing(true);
+    UncuttableStep step(remaking);
+    if (!step.taken()) return absl::CancelledError("the source is stopping");
     s = js_DeleteConsumer(js, stream, durable, nullptr, &code);
-    if (s != NATS_OK) {
-      if (remaking != nullptr) remaking->Replacing(false);
-      return JetStreamError("replacing the durable consumer", s, code);
-    }
+    if (s != NATS_OK) return JetStreamError("replacing the durable consumer", s, code);
+    if (remaking != nullptr) remaking->DurableMissing(true);
+    return CreateDurable(js, config, start, start_after_ns, remaking);
   } else if (!IsNotFound(s, code, JSConsumerNotFoundErr)) {
     return JetStreamError(absl::StrCat("looking up consumer '", config.durable, "'"), s, code);
   }
+  return CreateDurable(js, config, start, start_after_ns, remaking);
+}
+
+absl::Status CreateDurable(jsCtx* js, const JetStreamSource& config, uint64_t start,
+                           int64_t start_after_ns, ConsumerRemaking* remaking) {
   natsInbox* deliver = nullptr;
   if (natsInbox_Create(&deliver) != NATS_OK) return absl::ResourceExhaustedError("no inbox");
   jsConsumerConfig consumer;
   jsConsumerConfig_Init(&consumer);
-  consumer.Durable = durable;
+  consumer.Durable = config.durable.c_str();
   consumer.DeliverSubject = deliver;
   consumer.FilterSubject = config.subject.c_str();
   SetStart(consumer, start, start_after_ns);
-  s = js_AddConsumer(&info, js, stream, &consumer, nullptr, &code);
-  if (remaking != nullptr) remaking->Replacing(false);
+  jsConsumerInfo* info = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  const natsStatus s = js_AddConsumer(&info, js, config.stream.c_str(), &consumer, nullptr, &code);
   natsInbox_Destroy(deliver);
   if (s != NATS_OK) {
     return JetStreamError(absl::StrCat("creating consumer '", config.durable, "'"), s, code);
   }
   jsConsumerInfo_Destroy(info);
+  if (remaking != nullptr) remaking->DurableMissing(false);
   return absl::OkStatus();
 }
 
@@ -878,6 +929,7 @@ absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config,
                                                   int64_t start_after_ns) {
   absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
   if (!js.ok()) return js.status();
+  SubscriptionEnd::Watcher watcher;
   jsSubOptions options;
   jsSubOptions_Init(&options);
   options.Stream = config.stream.c_str();
@@ -890,7 +942,7 @@ absl::Status NatsSubscriptions::SubscribeConsumer(const JetStreamSource& config,
   jsErrCode code = static_cast<jsErrCode>(0);
   natsStatus s = js_Subscribe(&source.subscription, js->get(), config.subject.c_str(),
                               &Source::OnMessage, &source, nullptr, &options, &code);
-  if (s == NATS_OK) s = SubscriptionEnd::Watch(source.subscription, &source.end);
+  if (s == NATS_OK) s = SubscriptionEnd::Watch(source.subscription, watcher, &source.end);
   return s == NATS_OK ? absl::OkStatus() : JetStreamError("subscribing to the stream", s, code);
 }
 
@@ -918,9 +970,27 @@ void NatsSubscriptions::RemakeConsumers(Source& source) {
             },
             [] {});
       }
-      if (!source.remaking->Pause(delay)) return;
+      if (!source.remaking->Pause(delay)) return RecreateMissingDurable(source, request);
     }
   }
+}
+
+// Stopping after a remake deleted the durable and could not create it again: one more try, so
+// that a later resume finds it (else it starts from the stream's start).
+void NatsSubscriptions::RecreateMissingDurable(Source& source, const RemakeRequest& request) {
+  if (!source.remaking->IsDurableMissing()) return;
+  ContainRefusal(
+      [&] {
+        absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
+        RemakeStart start;
+        if (!js.ok() ||
+            !FindRemakeStart(js->get(), source.jetstream_config.stream, request, &start).ok()) {
+          return;
+        }
+        (void)CreateDurable(js->get(), source.jetstream_config, start.sequence, start.after_ns,
+                            source.remaking.get());
+      },
+      [] {});
 }
 
 // The consumer, made again to deliver what the source has not applied (FindRemakeStart): all
@@ -943,6 +1013,10 @@ absl::Status NatsSubscriptions::RemakeConsumer(Source& source, const RemakeReque
     status = EnsureDurable(js->get(), config, &unused, start.after_ns, source.remaking.get());
   }
   if (!status.ok()) return status;
+  // From here to the end, the connection is not cut short (Close waits): the marker and the
+  // subscription go together, and the subscription's end is watched before Close may look.
+  UncuttableStep step(source.remaking.get());
+  if (!step.taken()) return absl::CancelledError("the source is stopping");
   const bool lost = start.gone > 0 && !loss_told;  // some may have been this source's
   const bool told = loop_.Post(
       [this, order = source.order, counters = source.counters, ranks = source.ranks, lost] {

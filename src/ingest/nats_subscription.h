@@ -82,6 +82,7 @@ class NatsSubscriptions {
   // lost), until the source closes.
   void RemakeConsumers(Source& source);
   absl::Status RemakeConsumer(Source& source, const RemakeRequest& request, bool& loss_told);
+  void RecreateMissingDurable(Source& source, const RemakeRequest& request);
   // Replica sync: heartbeats published and silent replicas dropped on a timer
   // (IngestOptions::replica_heartbeat_ms and replica_timeout_ms).
   void StartLiveness(Source& source);
