@@ -544,7 +544,8 @@ TEST_F(ReplayingEngineTest, ASkipWithNothingLostIsNoLoss) {
 // A replay that fails (here: times out) clears and flags the worker, then the engine's whole
 // history, asked for from message 0, repairs it.
 TEST_F(ReplayingEngineTest, AFlaggedWorkerIsRepairedByAFullReplay) {
-  Start(/*timeout_ms=*/200);
+  // Each replay has this long, the repair too: 200 ms could end it as well under a sanitizer.
+  Start(/*timeout_ms=*/2000);
   StoreBlocks(*engine_, source_, 0, /*three=*/false);
   engine_->Send(2, VllmPayload("array_remove_full_schema"));  // removes block 3, stored by 1
   ASSERT_EQ(0u, replay_->ReceiveRequest().value_or(99));      // not answered: times out

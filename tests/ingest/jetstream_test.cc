@@ -193,6 +193,7 @@ TEST_F(JetStreamTest, AppliesTheStreamAndResumesWhereItLeftOff) {
 
   // The ingest goes away (the router stays); what is published meanwhile waits in the stream.
   node.ingest.reset();
+  ASSERT_TRUE(Eventually([&] { return Unbound("router-a"); }));  // else resuming may bind first
   Publish(10, 5);
   JetStreamSource resume = Config("router-a");
   resume.resume = true;
