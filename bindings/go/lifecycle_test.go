@@ -117,10 +117,11 @@ func TestPlanDeadline(t *testing.T) {
 	p := prompt(32, 1)
 	wantCode(t, r.SetPlanDeadline(0), ErrInvalidArgument)
 	wantCode(t, r.SetPlanDeadline(-time.Second), ErrInvalidArgument)
+	must(t, r.SetTime(0)) // time passes when the test says: a stalled test sees no expiry early
 	must(t, r.SetPlanDeadline(time.Millisecond))
 	_, err := r.PlanRoute(p, &RequestOptions{RequestID: "late"}, nil, nil)
 	must(t, err)
-	time.Sleep(20 * time.Millisecond)
+	must(t, r.SetTime(int64(20*time.Millisecond)))
 	n, err := r.ExpirePlans()
 	must(t, err)
 	if n != 1 {
@@ -189,7 +190,8 @@ func TestPinsAndSessions(t *testing.T) {
 	_, _, err = r.SessionBinding("conv-1")
 	wantCode(t, err, ErrNotFound)
 
-	// A short TTL expires; reclaiming drops it.
+	// A short TTL expires; reclaiming drops it. Time passes when the test says.
+	must(t, r.SetTime(0))
 	short := &RoutingHints{SessionID: "conv-2", SessionMode: SessionSoft, SessionTTL: 250 * time.Millisecond}
 	_, err = r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: "t2"})
 	must(t, err)
@@ -199,7 +201,7 @@ func TestPinsAndSessions(t *testing.T) {
 	if _, _, err := r.SessionBinding("conv-2"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	must(t, r.SetTime(int64(400*time.Millisecond)))
 	_, _, err = r.SessionBinding("conv-2")
 	wantCode(t, err, ErrNotFound)
 	n, err := r.ReclaimSessions()

@@ -109,7 +109,8 @@ fn plans_expire_after_their_deadline() {
         router.set_plan_deadline(Duration::ZERO).unwrap_err().code(),
         Code::InvalidArgument
     );
-    // Long enough that a stalled test thread does not see the plans expire before it checks.
+    // Time passes when the test says: a stalled test thread sees no plan expire early.
+    router.set_time(0).unwrap();
     router
         .set_plan_deadline(Duration::from_millis(300))
         .unwrap();
@@ -120,7 +121,7 @@ fn plans_expire_after_their_deadline() {
         .plan_route(&tokens, &RequestOptions::with_id("later"), None, None)
         .unwrap();
     assert_eq!(router.expire_plans().unwrap(), 0);
-    std::thread::sleep(Duration::from_millis(400));
+    router.set_time(400_000_000).unwrap();
     assert_eq!(router.expire_plans().unwrap(), 2);
     assert_eq!(
         router.commit_route("late").unwrap_err().code(),
@@ -210,7 +211,8 @@ fn sessions_bind_at_commit() {
     router.close_session("conversation-7").unwrap();
     assert_eq!(router.session_binding("conversation-7").unwrap(), None);
 
-    // A short TTL lapses and is reclaimed.
+    // A short TTL lapses and is reclaimed. Time passes when the test says.
+    router.set_time(0).unwrap();
     let short = RoutingHints {
         session_id: Some("brief"),
         session_ttl: Some(Duration::from_millis(300)), // not lapsed before it is checked
@@ -221,7 +223,7 @@ fn sessions_bind_at_commit() {
         .unwrap();
     router.commit_route("b").unwrap();
     assert!(router.session_binding("brief").unwrap().is_some());
-    std::thread::sleep(Duration::from_millis(400));
+    router.set_time(400_000_000).unwrap();
     assert_eq!(router.session_binding("brief").unwrap(), None);
     assert_eq!(router.reclaim_sessions().unwrap(), 1);
 }

@@ -138,12 +138,13 @@ class StagedRoutingTest {
       assertEquals(Status.INVALID_ARGUMENT, e.status());
       e = assertThrows(KvRouterException.class, () -> router.setPlanDeadlineSeconds(Double.NaN));
       assertEquals(Status.INVALID_ARGUMENT, e.status());
-      // Long enough that a stalled test thread does not see the plans expire before it checks.
+      // Time passes when the test says: a stalled test thread sees no plan expire early.
+      router.setTime(0);
       router.setPlanDeadline(Duration.ofMillis(300));
       router.planRoute(PROMPT, RequestOptions.withId("late"), null, null);
       router.planRoute(PROMPT, RequestOptions.withId("late2"), null, null);
       assertEquals(0, router.expirePlans());
-      Thread.sleep(400);
+      router.setTime(400_000_000L);
       assertEquals(2, router.expirePlans());
       assertEquals(0, router.metrics().requestsActive());
       e = assertThrows(KvRouterException.class, () -> router.commitRoute("late"));
@@ -169,6 +170,7 @@ class StagedRoutingTest {
       router.closeSession("chat-1"); // no error
       assertEquals(Optional.empty(), router.sessionBinding("chat-1"));
 
+      router.setTime(0); // time passes when the test says
       RoutingHints shortLived =
           RoutingHints.builder()
               .sessionId("brief")
@@ -181,7 +183,7 @@ class StagedRoutingTest {
       router.planRoute(PROMPT, RequestOptions.withId("t3"), shortLived2, null);
       router.commitRoute("t3");
       assertTrue(router.sessionBinding("brief").isPresent());
-      Thread.sleep(400);
+      router.setTime(400_000_000L);
       assertEquals(2, router.reclaimSessions());
       assertEquals(Optional.empty(), router.sessionBinding("brief"));
       assertEquals(0, router.reclaimSessions());
