@@ -583,6 +583,20 @@ def test_candidate_figures_agree_with_dynamos_selection_service(vllm):
             await asyncio.sleep(0.02)
         assert await theirs(service, tokens) == ours(router, tokens), what
 
+    async def heard(service: Any, workers: List[Any]) -> None:
+        # Its ZMQ subscriptions reach the publishers when they do (replay off: what is published
+        # before is lost to it): each worker stores a probe block until the service has it.
+        probe = prompt(29, 1)
+        for w in workers:
+            for _ in range(500):
+                w.send(0, [stored(hashes(1, 29), None, probe)])
+                await asyncio.sleep(0.02)
+                scores = (await service.overlap_scores({"token_ids": probe}))["workers"]
+                if any(o["worker_id"] == w.worker_id for o in scores):
+                    break
+            else:
+                raise AssertionError(f"Dynamo's service never heard worker {w.worker_id}")
+
     async def run(router: kvrouter.Router, workers: List[Any]) -> None:
         service = dl.SelectionService(indexer_threads=1)
         try:
@@ -591,7 +605,7 @@ def test_candidate_figures_agree_with_dynamos_selection_service(vllm):
                     "worker_id": w.worker_id, "endpoint": f"tcp://127.0.0.1:{free_port()}",
                     "kv_events_endpoint": w.engine_endpoint, "block_size": BS, "data_parallel_size": 1,
                     "total_kv_blocks": 1000, "max_num_batched_tokens": 8192})
-            await asyncio.sleep(0.5)  # its ZMQ subscriptions reach the publishers
+            await heard(service, workers)
             one, two = workers
             one.send(0, [stored(p, None, P)])
             two.send(0, [stored(p[:2], None, P[:2 * BS]), stored(q, None, Q)])
