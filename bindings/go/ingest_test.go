@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -186,14 +187,50 @@ func TestIngestTCPAndErrors(t *testing.T) {
 	}
 }
 
+var (
+	portMu   sync.Mutex
+	nextPort int // guarded by portMu
+)
+
+// freePort is a free port on 127.0.0.1 below the ephemeral range, as tests/ingest/nats_server.h
+// picks: a port the kernel chose for a listener on port 0 may be handed out again at once (the
+// local port of a reconnecting ZMQ socket, say), and the server meant for it then fails to
+// bind. Each process walks its own stretch, from a start drawn from its pid.
+func freePort(t *testing.T) int {
+	portMu.Lock()
+	defer portMu.Unlock()
+	top := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if fields := strings.Fields(string(b)); len(fields) > 0 {
+			fmt.Sscan(fields[0], &top)
+		}
+	}
+	bottom := top - 12000
+	if bottom < 1024 {
+		bottom = 1024
+	}
+	if nextPort == 0 {
+		nextPort = bottom + os.Getpid()*997%(top-bottom)
+	}
+	for tries := 0; tries < top-bottom; tries++ {
+		port := nextPort
+		if nextPort++; nextPort >= top {
+			nextPort = bottom
+		}
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			l.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port below the ephemeral range")
+	return 0
+}
+
 func TestIngestEngineWorkers(t *testing.T) {
 	r := newTestRouter(t, 1)
 	in := newIngest(t, r)
 	must(t, in.Start())
-	l, err := net.Listen("tcp", "127.0.0.1:0") // a free port nobody publishes on
-	must(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := freePort(t) // nobody publishes on it
 	w := EngineWorker{Engine: EngineVLLM, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), WorkerID: 5, DPSize: 2, Topic: "kv"}
 	src, err := in.AddEngineWorker(w)
 	must(t, err)
@@ -437,10 +474,7 @@ func startNATSServerWith(t *testing.T, jetstream bool) string {
 		}
 		server = "/usr/sbin/nats-server"
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := freePort(t)
 	argv := []string{"-a", "127.0.0.1", "-p", fmt.Sprint(port)}
 	if jetstream {
 		argv = append(argv, "-js", "-sd", t.TempDir())

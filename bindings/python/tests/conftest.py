@@ -31,10 +31,37 @@ def wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def ephemeral_ports() -> int:
+    """Where the kernel's ephemeral ports start (outgoing connections' local ports)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_next_port: List[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port on 127.0.0.1 below the ephemeral range, as tests/ingest/nats_server.h picks:
+    a port the kernel chose for a bind to port 0 may be handed out again at once (the local port
+    of a reconnecting ZMQ socket, say), and the server meant for it then fails to bind. Each
+    process walks its own stretch, from a start drawn from its pid."""
+    top = ephemeral_ports()
+    bottom = max(1024, top - 12000)
+    if not _next_port:
+        _next_port.append(bottom + os.getpid() * 997 % (top - bottom))
+    for _ in range(top - bottom):
+        port = _next_port[0]
+        _next_port[0] = bottom if port + 1 >= top else port + 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 import kvrouter
-from conftest import free_port, wait_for
+from conftest import ephemeral_ports, free_port, wait_for
 from engines import SGLANG_VERSION, VLLM_VERSION, Link, load_sglang, load_vllm
 
 REQUIRED = os.environ.get("KVR_REQUIRE_ENGINES") == "1"
@@ -57,10 +57,11 @@ def vllm() -> Any:
 
 
 def free_port_block(n: int) -> int:
-    """The first of n consecutive free ports on 127.0.0.1."""
+    """The first of n consecutive free ports on 127.0.0.1, below the ephemeral range (free_port)."""
     rng = random.Random()
+    top = ephemeral_ports()
     for _ in range(200):
-        base = rng.randrange(20000, 60000 - n)
+        base = rng.randrange(max(1024, top - 12000), top - n)
         socks = []
         try:
             for p in range(base, base + n):
