@@ -139,7 +139,13 @@ class Worker:
                 if self.stats().messages > before:
                     break
                 assert time.monotonic() < deadline, f"rank {r}: no message reached kvrouter"
-        time.sleep(0.1)  # a clear still on its way would count after `expected` is read
+        # A clear resent while the first was only late would count after `expected` is read:
+        # the count settles (unchanged for 0.3 s) first.
+        settled, last = time.monotonic(), self.stats().messages
+        while time.monotonic() - settled < 0.3:
+            time.sleep(0.02)
+            if self.stats().messages != last:
+                settled, last = time.monotonic(), self.stats().messages
         # A rank first heard above its message 0 (ZMQ subscriptions take a moment) is a join:
         # with a replay endpoint its history is replayed from 0, which counts as a recovery.
         wait_for("the joins settled", lambda: self.stats().state_unknown == 0)
