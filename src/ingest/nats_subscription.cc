@@ -424,25 +424,33 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
     Close(source.release());
     return absl::InvalidArgumentError(why);
   }
-  Bump(source->counters->connections);
-  loop_.NewSource(id, source->replica_sync ? IngestSourceKind::kReplicas : IngestSourceKind::kNats,
-                  WithoutUserInfo(url), source->counters);
-  source->source_id = id;
-  if (source->replica_sync) {
-    // From now on every change to the router's own bookings is published on `subject`, from
-    // the thread that made it (libnats' publish only buffers; its flusher sends).
-    replica_sync_active_ = true;
-    source->observer_token = PublishBookings(
-        *loop_.router, replica_id,
-        [connection = source->connection, subject](std::span<const uint8_t> bytes) {
-          return natsConnection_Publish(connection, subject.c_str(), bytes.data(),
-                                        static_cast<int>(bytes.size())) == NATS_OK;
-        },
-        source->counters);
-    StartLiveness(*source);
+  // Subscribed: refused memory from here on, the source is closed (its handler and connection
+  // would otherwise outlive it) before the refusal goes on.
+  try {
+    Bump(source->counters->connections);
+    loop_.NewSource(id,
+                    source->replica_sync ? IngestSourceKind::kReplicas : IngestSourceKind::kNats,
+                    WithoutUserInfo(url), source->counters);
+    source->source_id = id;
+    if (source->replica_sync) {
+      // From now on every change to the router's own bookings is published on `subject`, from
+      // the thread that made it (libnats' publish only buffers; its flusher sends).
+      source->observer_token = PublishBookings(
+          *loop_.router, replica_id,
+          [connection = source->connection, subject](std::span<const uint8_t> bytes) {
+            return natsConnection_Publish(connection, subject.c_str(), bytes.data(),
+                                          static_cast<int>(bytes.size())) == NATS_OK;
+          },
+          source->counters);
+      StartLiveness(*source);
+    }
+    sources_.push_back(source.get());
+  } catch (...) {
+    Close(source.release());
+    throw;
   }
-  *added = source.get();
-  sources_.push_back(source.release());
+  replica_sync_active_ = replica_sync_active_ || source->replica_sync;
+  *added = source.release();
   return absl::OkStatus();
 }
 
@@ -486,6 +494,8 @@ void NatsSubscriptions::Close(Source* source) {
   // unsubscription, a farewell) is written: destroying it sooner would flush it with a PING
   // and wait for the PONG, which this thread reads, so for all of libnats' 500 ms.
   if (!source->jetstream && source->connection != nullptr) {
+    // Detached now: a disconnection in the meantime must not clear ranks for a source gone.
+    source->callbacks->Detach();
     DisconnectOnceWritten(source);
   } else {
     Disconnect(source);
@@ -503,9 +513,17 @@ void NatsSubscriptions::DisconnectOnceWritten(Source* source) {
     int polls_left;
   };
   constexpr int kPollMs = 5, kFarewellMs = 500;
-  auto* timer = new uv_timer_t;
+  std::unique_ptr<uv_timer_t> owned_timer;
+  std::unique_ptr<Wait> wait;
+  try {
+    owned_timer = std::make_unique<uv_timer_t>();
+    wait = std::make_unique<Wait>(Wait{this, source, kFarewellMs / kPollMs});
+  } catch (const std::bad_alloc&) {
+    return Disconnect(source);  // at once: libnats' flush may then wait its 500 ms
+  }
+  auto* timer = owned_timer.release();
   uv_timer_init(&loop_.loop, timer);
-  timer->data = new Wait{this, source, kFarewellMs / kPollMs};
+  timer->data = wait.release();
   uv_timer_start(
       timer,
       [](uv_timer_t* t) {
@@ -742,13 +760,15 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, DurableStat
     }
     UncuttableStep step(remaking);
     if (!step.taken()) return absl::CancelledError("the source is stopping");
+    // Missing from the request on: its reply may be lost after the server deleted it.
+    if (remaking != nullptr) remaking->DurableMissing(true);
     s = js_DeleteConsumer(js, stream, durable, nullptr, &code);
     if (s != NATS_OK) return JetStreamError("replacing the durable consumer", s, code);
-    if (remaking != nullptr) remaking->DurableMissing(true);
     return CreateDurable(js, config, start, start_after_ns, remaking);
   } else if (!IsNotFound(s, code, JSConsumerNotFoundErr)) {
     return JetStreamError(absl::StrCat("looking up consumer '", config.durable, "'"), s, code);
   }
+  if (remaking != nullptr) remaking->DurableMissing(true);
   return CreateDurable(js, config, start, start_after_ns, remaking);
 }
 
@@ -853,14 +873,19 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
     return consuming;
   }
   uint64_t id = 0;
-  absl::Status added = loop_.Run([&] {
-    Bump(source->counters->connections);
-    loop_.NewSource(id, IngestSourceKind::kJetStream, WithoutUserInfo(config.url),
-                    source->counters);
-    source->source_id = id;
-    sources_.push_back(source.get());
-    return absl::OkStatus();
-  });
+  absl::Status added;
+  try {  // before Start, Run runs the command here, and a refusal comes out of it
+    added = loop_.Run([&] {
+      Bump(source->counters->connections);
+      loop_.NewSource(id, IngestSourceKind::kJetStream, WithoutUserInfo(config.url),
+                      source->counters);
+      source->source_id = id;
+      sources_.push_back(source.get());
+      return absl::OkStatus();
+    });
+  } catch (const std::bad_alloc&) {
+    added = absl::ResourceExhaustedError("no memory to add the JetStream source");
+  }
   if (!added.ok()) {
     Close(source.release());
     return added;
@@ -982,13 +1007,18 @@ void NatsSubscriptions::RecreateMissingDurable(Source& source, const RemakeReque
   ContainRefusal(
       [&] {
         absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
-        RemakeStart start;
-        if (!js.ok() ||
-            !FindRemakeStart(js->get(), source.jetstream_config.stream, request, &start).ok()) {
+        if (!js.ok()) return;
+        const JetStreamSource& config = source.jetstream_config;
+        jsConsumerInfo* info = nullptr;
+        if (js_GetConsumerInfo(&info, js->get(), config.stream.c_str(), config.durable.c_str(),
+                               nullptr, nullptr) == NATS_OK) {
+          jsConsumerInfo_Destroy(info);  // there after all (a reply was lost, not the create)
           return;
         }
-        (void)CreateDurable(js->get(), source.jetstream_config, start.sequence, start.after_ns,
-                            source.remaking.get());
+        RemakeStart start;
+        if (FindRemakeStart(js->get(), config.stream, request, &start).ok()) {
+          (void)CreateDurable(js->get(), config, start.sequence, start.after_ns, nullptr);
+        }
       },
       [] {});
 }
