@@ -986,14 +986,8 @@ void NatsSubscriptions::RemakeConsumers(Source& source) {
       ContainRefusal([&] { remade = RemakeConsumer(source, request, loss_told).ok(); }, [] {});
       if (remade) break;
       if (!loss_told && std::chrono::steady_clock::now() - since > kFlagAfter) {
-        ContainRefusal(
-            [&] {
-              loss_told = loop_.Post([this, counters = source.counters, ranks = source.ranks] {
-                ContainRefusal([&] { LoseEveryRank(*counters, *ranks); },
-                               [&] { ranks->LoseEveryRankLater(); });
-              });
-            },
-            [] {});
+        ContainRefusal([&] { loss_told = LoseEveryRankLater(source.counters, source.ranks); },
+                       [] {});
       }
       if (!source.remaking->Pause(delay)) return RecreateMissingDurable(source, request);
     }
@@ -1051,10 +1045,7 @@ absl::Status NatsSubscriptions::RemakeConsumer(Source& source, const RemakeReque
   const bool told = loop_.Post(
       [this, order = source.order, counters = source.counters, ranks = source.ranks, lost] {
         order->NewConsumer();
-        if (lost) {
-          ContainRefusal([&] { LoseEveryRank(*counters, *ranks); },
-                         [&] { ranks->LoseEveryRankLater(); });
-        }
+        if (lost) LoseEveryRankContained(*counters, *ranks);
       });
   if (!told) return absl::OkStatus();  // stopped: nothing more is applied
   loss_told = loss_told || lost;
@@ -1197,11 +1188,15 @@ void NatsSubscriptions::FlagRank(WorkerKey rank, SourceCounters& source, SourceR
   source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
 }
 
-void NatsSubscriptions::LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
+bool NatsSubscriptions::LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
                                            std::shared_ptr<SourceRanks> ranks) {
-  loop_.Post([this, source = std::move(source), ranks = std::move(ranks)] {
-    ContainRefusal([&] { LoseEveryRank(*source, *ranks); }, [&] { ranks->LoseEveryRankLater(); });
+  return loop_.Post([this, source = std::move(source), ranks = std::move(ranks)] {
+    LoseEveryRankContained(*source, *ranks);
   });
+}
+
+void NatsSubscriptions::LoseEveryRankContained(SourceCounters& source, SourceRanks& ranks) {
+  ContainRefusal([&] { LoseEveryRank(source, ranks); }, [&] { ranks.LoseEveryRankLater(); });
 }
 
 void NatsSubscriptions::LoseEveryRank(SourceCounters& source, SourceRanks& ranks) {

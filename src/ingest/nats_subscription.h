@@ -34,8 +34,9 @@ struct JetStreamPlace;
 
 class NatsSubscriptions {
  public:
-  // From libnats' callback thread (a lost connection): LoseEveryRank, on the loop.
-  void LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
+  // From any thread (a lost connection, on libnats'): LoseEveryRank, on the loop; false once
+  // the loop is stopped.
+  bool LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
                           std::shared_ptr<SourceRanks> ranks);
   explicit NatsSubscriptions(IngestLoop& loop);
   ~NatsSubscriptions();  // after CloseAll
@@ -112,6 +113,8 @@ class NatsSubscriptions {
   // Flags `rank` unknown (without clearing it) until its engine clears it.
   void FlagRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks);
   // The connection was lost: every rank heard may miss events until it is back.
+  // LoseEveryRank, a refusal of memory left for the next message (SourceRanks::LoseEveryRankLater).
+  void LoseEveryRankContained(SourceCounters& source, SourceRanks& ranks);
   void LoseEveryRank(SourceCounters& source, SourceRanks& ranks);
   // LoseEveryRank without counting a gap (it was counted when the loss happened).
   void ForgetEveryRank(SourceCounters& source, SourceRanks& ranks);
