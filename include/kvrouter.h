@@ -1301,6 +1301,13 @@ typedef struct kvr_ingest_stats {
    * consumer's acknowledged floor); for source 0, the largest over the sources; 0 for other
    * sources. */
   uint64_t stream_sequence;
+  /* Appended in 0.2.0: a JetStream source's consumer made again because deliveries were lost
+   * on the way (a delivery number skipped: the lost ones and all after them come again, in
+   * order, from the new consumer; docs/ingest.md), counted once the new consumer is in place;
+   * and the attempts to make it that failed and were retried (the server unreachable, or
+   * refusing). For source 0: sums; 0 for sources that are not JetStream. */
+  uint64_t consumer_remakes;
+  uint64_t consumer_remake_failures;
 } kvr_ingest_stats;
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an

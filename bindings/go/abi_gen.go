@@ -1294,23 +1294,25 @@ func initJetstreamSource(c *C.kvr_jetstream_source) {
 
 // cIngestStats holds the value fields of kvr_ingest_stats, in Go types.
 type cIngestStats struct {
-	StateUnknown    uint32
-	Messages        uint64
-	EventsApplied   uint64
-	Rejected        [8]uint64
-	Gaps            uint64
-	MissedMessages  uint64
-	Restarts        uint64
-	Recoveries      uint64
-	Connections     uint64
-	LagSamples      uint64
-	LagTotalUs      uint64
-	LagMaxUs        uint64
-	LagLastUs       uint64
-	Published       uint64
-	PublishFailures uint64
-	LastReject      [128]int8
-	StreamSequence  uint64
+	StateUnknown           uint32
+	Messages               uint64
+	EventsApplied          uint64
+	Rejected               [8]uint64
+	Gaps                   uint64
+	MissedMessages         uint64
+	Restarts               uint64
+	Recoveries             uint64
+	Connections            uint64
+	LagSamples             uint64
+	LagTotalUs             uint64
+	LagMaxUs               uint64
+	LagLastUs              uint64
+	Published              uint64
+	PublishFailures        uint64
+	LastReject             [128]int8
+	StreamSequence         uint64
+	ConsumerRemakes        uint64
+	ConsumerRemakeFailures uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -1336,6 +1338,8 @@ func (g *cIngestStats) store(c *C.kvr_ingest_stats) {
 		c.last_reject[i] = C.char(g.LastReject[i])
 	}
 	c.stream_sequence = C.uint64_t(g.StreamSequence)
+	c.consumer_remakes = C.uint64_t(g.ConsumerRemakes)
+	c.consumer_remake_failures = C.uint64_t(g.ConsumerRemakeFailures)
 }
 
 // load reads the mirrored fields from c.
@@ -1361,6 +1365,8 @@ func (g *cIngestStats) load(c *C.kvr_ingest_stats) {
 		g.LastReject[i] = int8(c.last_reject[i])
 	}
 	g.StreamSequence = uint64(c.stream_sequence)
+	g.ConsumerRemakes = uint64(c.consumer_remakes)
+	g.ConsumerRemakeFailures = uint64(c.consumer_remake_failures)
 }
 
 // initIngestStats has the library set c's defaults for the layout of kvr_ingest_stats this package
@@ -1394,5 +1400,5 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_ingest_options{})) - 24
 	_ = uint64(unsafe.Sizeof(C.kvr_engine_worker{})) - 56
 	_ = uint64(unsafe.Sizeof(C.kvr_jetstream_source{})) - 64
-	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 312
+	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 328
 )

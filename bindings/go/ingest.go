@@ -396,6 +396,11 @@ type IngestStats struct {
 	// A JetStream source's last stream sequence applied (and acknowledged); for all sources
 	// together, the largest; 0 for other sources.
 	StreamSequence uint64
+	// A JetStream source's consumer made again because deliveries were lost on the way (they
+	// come again, in order, from the new consumer), and the attempts to make it that failed
+	// and were retried; for all sources together, sums; 0 for sources that are not JetStream.
+	ConsumerRemakes        uint64
+	ConsumerRemakeFailures uint64
 }
 
 // MeanLag returns LagTotal / LagSamples (0 without samples).
@@ -441,22 +446,24 @@ func (in *Ingest) Stats(sourceID uint64) (IngestStats, error) {
 
 func ingestStatsFrom(m *cIngestStats) IngestStats {
 	return IngestStats{
-		StateUnknown:    m.StateUnknown,
-		Messages:        m.Messages,
-		EventsApplied:   m.EventsApplied,
-		Rejected:        m.Rejected,
-		Gaps:            m.Gaps,
-		MissedMessages:  m.MissedMessages,
-		Restarts:        m.Restarts,
-		Recoveries:      m.Recoveries,
-		Connections:     m.Connections,
-		Published:       m.Published,
-		PublishFailures: m.PublishFailures,
-		LagSamples:      m.LagSamples,
-		LagTotal:        micros(m.LagTotalUs),
-		LagMax:          micros(m.LagMaxUs),
-		LastReject:      text(m.LastReject[:]),
-		StreamSequence:  m.StreamSequence,
-		LagLast:         micros(m.LagLastUs),
+		StateUnknown:           m.StateUnknown,
+		Messages:               m.Messages,
+		EventsApplied:          m.EventsApplied,
+		Rejected:               m.Rejected,
+		Gaps:                   m.Gaps,
+		MissedMessages:         m.MissedMessages,
+		Restarts:               m.Restarts,
+		Recoveries:             m.Recoveries,
+		Connections:            m.Connections,
+		Published:              m.Published,
+		PublishFailures:        m.PublishFailures,
+		LagSamples:             m.LagSamples,
+		LagTotal:               micros(m.LagTotalUs),
+		LagMax:                 micros(m.LagMaxUs),
+		LastReject:             text(m.LastReject[:]),
+		StreamSequence:         m.StreamSequence,
+		LagLast:                micros(m.LagLastUs),
+		ConsumerRemakes:        m.ConsumerRemakes,
+		ConsumerRemakeFailures: m.ConsumerRemakeFailures,
 	}
 }

@@ -384,6 +384,9 @@ func TestIngestJetStream(t *testing.T) {
 	if s.StreamSequence != 1 || s.Messages != 1 || s.EventsApplied != 1 {
 		t.Errorf("JetStream stats %+v, want stream sequence 1 and one batch applied", s)
 	}
+	if s.ConsumerRemakes != 0 || s.ConsumerRemakeFailures != 0 {
+		t.Errorf("JetStream stats %+v, want no consumer made again (nothing was lost)", s)
+	}
 	if total, err := in.Stats(0); err != nil || total.StreamSequence != 1 {
 		t.Errorf("total StreamSequence %d (%v), want 1 (the largest over the sources)", total.StreamSequence, err)
 	}

@@ -355,6 +355,9 @@ struct FieldEnds<kvr_ingest_stats> {
       offsetof(kvr_ingest_stats, publish_failures) + sizeof(kvr_ingest_stats::publish_failures),
       offsetof(kvr_ingest_stats, last_reject) + sizeof(kvr_ingest_stats::last_reject),
       offsetof(kvr_ingest_stats, stream_sequence) + sizeof(kvr_ingest_stats::stream_sequence),
+      offsetof(kvr_ingest_stats, consumer_remakes) + sizeof(kvr_ingest_stats::consumer_remakes),
+      offsetof(kvr_ingest_stats, consumer_remake_failures) +
+          sizeof(kvr_ingest_stats::consumer_remake_failures),
   };
 };
 

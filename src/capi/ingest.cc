@@ -61,6 +61,8 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   std::memcpy(out.last_reject, s.last_reject.data(), n);
   out.last_reject[n] = '\0';
   out.stream_sequence = s.stream_sequence;
+  out.consumer_remakes = s.consumer_remakes;
+  out.consumer_remake_failures = s.consumer_remake_failures;
   return out;
 }
 
@@ -133,6 +135,13 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
   counter("kvrouter_ingest_connections_total",
           "Stream connections accepted; NATS connections and reconnections.",
           [](const Stats& s) { return s.connections; });
+  counter("kvrouter_ingest_consumer_remakes_total",
+          "JetStream: the consumer made again because deliveries were lost on the way (they "
+          "come again from the new one).",
+          [](const Stats& s) { return s.consumer_remakes; });
+  counter("kvrouter_ingest_consumer_remake_failures_total",
+          "JetStream: attempts to make the consumer again that failed and were retried.",
+          [](const Stats& s) { return s.consumer_remake_failures; });
   AppendPerSource(text, sources, "kvrouter_ingest_stream_sequence", "gauge",
                   "JetStream: the stream sequence of the last message applied (0 for other "
                   "sources): a snapshot taken after reading it holds the stream up to there.",

@@ -70,6 +70,10 @@ struct IngestStats {
   // position to start from after restoring a snapshot taken after it. Over sources: the
   // largest.
   uint64_t stream_sequence = 0;
+  // JetStream: the consumer made again after deliveries were lost on the way (counted once
+  // the new one is in place), and the attempts that failed and were retried.
+  uint64_t consumer_remakes = 0;
+  uint64_t consumer_remake_failures = 0;
   // The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty if
   // none was given; summed over sources, the most recent of them all.
   std::string last_reject;

@@ -209,6 +209,10 @@ struct ConsumerRemaking {
     busy = true;
     return std::exchange(asked, Request{});
   }
+  bool Stopping() {
+    std::lock_guard lock(mutex);
+    return stopping;
+  }
   // Waits `delay` unless stopping meanwhile: whether to go on.
   bool Pause(std::chrono::milliseconds delay) {
     std::unique_lock lock(mutex);
@@ -982,9 +986,14 @@ void NatsSubscriptions::RemakeConsumers(Source& source) {
     const auto since = std::chrono::steady_clock::now();
     std::chrono::milliseconds delay(50);
     bool loss_told = false;  // told the loop once: ranks lost (gone from the stream, or failing)
-    for (bool remade = false; !remade; delay = std::min(delay * 2, kLongestPause)) {
-      ContainRefusal([&] { remade = RemakeConsumer(source, request, loss_told).ok(); }, [] {});
-      if (remade) break;
+    for (;; delay = std::min(delay * 2, kLongestPause)) {
+      absl::Status status;
+      const bool completed =
+          ContainRefusal([&] { status = RemakeConsumer(source, request, loss_told); }, [] {});
+      if (completed && status.ok()) break;
+      // Not when stopping: the stop closed the connection under the attempt (set before it
+      // closes), and no attempt follows.
+      if (!source.remaking->Stopping()) Bump(source.counters->consumer_remake_failures);
       if (!loss_told && std::chrono::steady_clock::now() - since > kFlagAfter) {
         ContainRefusal([&] { loss_told = LoseEveryRankLater(source.counters, source.ranks); },
                        [] {});
@@ -1049,7 +1058,9 @@ absl::Status NatsSubscriptions::RemakeConsumer(Source& source, const RemakeReque
       });
   if (!told) return absl::OkStatus();  // stopped: nothing more is applied
   loss_told = loss_told || lost;
-  return SubscribeConsumer(config, source, start.after_ns);
+  absl::Status subscribed = SubscribeConsumer(config, source, start.after_ns);
+  if (subscribed.ok()) Bump(source.counters->consumer_remakes);
+  return subscribed;
 }
 
 // ---- KV events: native batches and Dynamo's event plane -------------------------------------

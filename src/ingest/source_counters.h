@@ -34,6 +34,8 @@ struct SourceCounters {
   std::atomic<uint64_t> published{0};
   std::atomic<uint64_t> publish_failures{0};
   std::atomic<uint64_t> stream_sequence{0};
+  std::atomic<uint64_t> consumer_remakes{0};
+  std::atomic<uint64_t> consumer_remake_failures{0};
   // Whether a JetStream relay republishes what this source applies: not what a JetStream
   // source consumed (it is in a stream already). Set before the source is shared.
   bool relayed = true;
@@ -88,6 +90,8 @@ struct SourceCounters {
     s.published += published.load();
     s.publish_failures += publish_failures.load();
     s.stream_sequence = std::max(s.stream_sequence, stream_sequence.load());
+    s.consumer_remakes += consumer_remakes.load();
+    s.consumer_remake_failures += consumer_remake_failures.load();
     std::lock_guard lock(detail_mutex_);
     if (last_reject_serial_ > s.last_reject_serial) {  // the most recent over the sources
       s.last_reject = last_reject_;

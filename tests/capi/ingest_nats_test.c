@@ -290,6 +290,8 @@ static void jetstream_source(void** state) {
     stats = stats_of(ingest, source);
   }
   assert_int_equal(1, stats.stream_sequence);
+  assert_int_equal(0, stats.consumer_remakes); /* nothing was lost */
+  assert_int_equal(0, stats.consumer_remake_failures);
   assert_int_equal(1, stats.events_applied);
   assert_int_equal(2, device_blocks(router, tokens, 2 * BS, 1));
   assert_int_equal(1, stats_of(ingest, 0).stream_sequence); /* the largest over sources */

@@ -334,6 +334,8 @@ TEST_F(JetStreamTest, DeliveriesLostOnTheWayComeAgainInOrder) {
   Publish(15, 5);  // and the new consumer goes on
   ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 20; }));
   EXPECT_EQ(node.Cached(20), 20u);
+  // Counted once the new consumer is subscribed, which its first deliveries may overtake.
+  EXPECT_TRUE(Eventually([&] { return node.Stats().consumer_remakes == 1; }));
 }
 
 // The same with an ephemeral consumer (no durable name): made again as well.
@@ -347,6 +349,7 @@ TEST_F(JetStreamTest, DeliveriesLostOnTheWayToAnEphemeralConsumerComeAgainInOrde
   EXPECT_EQ(node.Cached(15), 15u);
   EXPECT_EQ(node.Stats().state_unknown, 0u);
   EXPECT_EQ(node.Stats().gaps, 0u);
+  EXPECT_TRUE(Eventually([&] { return node.Stats().consumer_remakes == 1; }));
 }
 
 // Deliveries lost on the way while the stream's limits removed them: the consumer made again
@@ -421,9 +424,41 @@ TEST_F(JetStreamTest, StoppingWhileTheConsumerIsMadeAgainAgainstASilentServer) {
                                          std::chrono::steady_clock::now() - start)
                                          .count()));
   EXPECT_EQ(node.Stats().stream_sequence, 5u);  // nothing past the skip applied
+  // The attempt the stop cut short is no failure (none follows it), and no remake was made.
+  EXPECT_EQ(node.Stats().consumer_remake_failures, 0u);
+  EXPECT_EQ(node.Stats().consumer_remakes, 0u);
   // Cut short before it changed the durable (it was reading the stream's state): a later
   // resume finds it where it was.
   EXPECT_EQ(Delivered("router-a"), 11u);
+}
+
+// A remake the server refuses (the stream deleted between the lost deliveries and the skip
+// seen, then made again, as by an operator) is retried with backoff, each failed attempt
+// counted; once the stream is back the consumer is made again (by time: the new stream numbers
+// from 1) and counted, the loss flagged, and the new stream's messages applied.
+TEST_F(JetStreamTest, ARemakeTheServerRefusesIsRetriedAndCounted) {
+  TcpProxy proxy(port_);
+  Node node;
+  ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, "router-a"));
+  LoseOnTheWay(proxy, node, 5, 5, [&] { return Delivered("router-a") == 10; });
+  proxy.HoldServerBytes();
+  Publish(10, 1);  // delivery 11, held
+  ASSERT_TRUE(Eventually([&] { return Delivered("router-a") == 11; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // all of it held
+  ASSERT_EQ(NATS_OK, js_DeleteStream(js_, "KV", nullptr, nullptr));
+  proxy.Release();  // the source sees the skip
+  ASSERT_TRUE(Eventually([&] { return node.Stats().consumer_remake_failures >= 2; }));
+  EXPECT_EQ(node.Stats().consumer_remakes, 0u);
+  ASSERT_NO_FATAL_FAILURE(AddStream());
+  ASSERT_TRUE(Eventually([&] { return node.Stats().consumer_remakes == 1; }));
+  const uint64_t messages = node.Stats().messages;
+  Publish(11, 1);  // the new stream's first message
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 1; }));
+  const IngestStats stats = node.Stats();
+  EXPECT_EQ(stats.messages - messages, 1u);
+  EXPECT_EQ(stats.rejected[static_cast<int>(IngestReject::kStaleSequence)], 0u);
+  EXPECT_EQ(stats.gaps, 1u);
+  EXPECT_EQ(stats.state_unknown, 1u);
 }
 
 TEST_F(JetStreamTest, ARestoredSnapshotCatchesUpFromItsStreamPosition) {

@@ -51,14 +51,10 @@ class TcpProxy {
     std::lock_guard lock(hold_mutex_);
     holding_ = true;
   }
-  // Forwards what was kept, then loses what the server sends (LoseServerBytes).
-  void ReleaseThenLose() {
-    std::lock_guard lock(hold_mutex_);
-    if (held_for_ >= 0) WriteAll(held_for_, held_.data(), held_.size());
-    held_.clear();
-    holding_ = false;
-    losing_ = true;
-  }
+  // Forwards what was kept, then forwards again (Release) or loses (ReleaseThenLose) what the
+  // server sends.
+  void Release() { Forward(/*then_lose=*/false); }
+  void ReleaseThenLose() { Forward(/*then_lose=*/true); }
   // Every connection made so far is closed at both ends (new ones are forwarded).
   void CutConnections() {
     std::lock_guard lock(mutex_);
@@ -114,6 +110,13 @@ class TcpProxy {
     close(server);
   }
 
+  void Forward(bool then_lose) {
+    std::lock_guard lock(hold_mutex_);
+    if (held_for_ >= 0) WriteAll(held_for_, held_.data(), held_.size());
+    held_.clear();
+    holding_ = false;
+    losing_ = then_lose;
+  }
   // Keeps what the server sent for `client` while holding: whether it did.
   bool Held(const char* data, ssize_t n, int client) {
     std::lock_guard lock(hold_mutex_);

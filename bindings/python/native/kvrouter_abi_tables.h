@@ -292,25 +292,27 @@
   F(kvr_jetstream_source, start_sequence, U64, 0, 0)  \
   F(kvr_jetstream_source, max_age_seconds, F64, 0, 0) \
   F(kvr_jetstream_source, max_bytes, I64, 0, 0)
-#define KVRPY_FIELDS_kvr_ingest_stats(F)           \
-  F(kvr_ingest_stats, struct_size, U32, 0, 0)      \
-  F(kvr_ingest_stats, state_unknown, U32, 0, 0)    \
-  F(kvr_ingest_stats, messages, U64, 0, 0)         \
-  F(kvr_ingest_stats, events_applied, U64, 0, 0)   \
-  F(kvr_ingest_stats, rejected, U64_ARRAY, 0, 0)   \
-  F(kvr_ingest_stats, gaps, U64, 0, 0)             \
-  F(kvr_ingest_stats, missed_messages, U64, 0, 0)  \
-  F(kvr_ingest_stats, restarts, U64, 0, 0)         \
-  F(kvr_ingest_stats, recoveries, U64, 0, 0)       \
-  F(kvr_ingest_stats, connections, U64, 0, 0)      \
-  F(kvr_ingest_stats, lag_samples, U64, 0, 0)      \
-  F(kvr_ingest_stats, lag_total_us, U64, 0, 0)     \
-  F(kvr_ingest_stats, lag_max_us, U64, 0, 0)       \
-  F(kvr_ingest_stats, lag_last_us, U64, 0, 0)      \
-  F(kvr_ingest_stats, published, U64, 0, 0)        \
-  F(kvr_ingest_stats, publish_failures, U64, 0, 0) \
-  F(kvr_ingest_stats, last_reject, TEXT, 0, 0)     \
-  F(kvr_ingest_stats, stream_sequence, U64, 0, 0)
+#define KVRPY_FIELDS_kvr_ingest_stats(F)                   \
+  F(kvr_ingest_stats, struct_size, U32, 0, 0)              \
+  F(kvr_ingest_stats, state_unknown, U32, 0, 0)            \
+  F(kvr_ingest_stats, messages, U64, 0, 0)                 \
+  F(kvr_ingest_stats, events_applied, U64, 0, 0)           \
+  F(kvr_ingest_stats, rejected, U64_ARRAY, 0, 0)           \
+  F(kvr_ingest_stats, gaps, U64, 0, 0)                     \
+  F(kvr_ingest_stats, missed_messages, U64, 0, 0)          \
+  F(kvr_ingest_stats, restarts, U64, 0, 0)                 \
+  F(kvr_ingest_stats, recoveries, U64, 0, 0)               \
+  F(kvr_ingest_stats, connections, U64, 0, 0)              \
+  F(kvr_ingest_stats, lag_samples, U64, 0, 0)              \
+  F(kvr_ingest_stats, lag_total_us, U64, 0, 0)             \
+  F(kvr_ingest_stats, lag_max_us, U64, 0, 0)               \
+  F(kvr_ingest_stats, lag_last_us, U64, 0, 0)              \
+  F(kvr_ingest_stats, published, U64, 0, 0)                \
+  F(kvr_ingest_stats, publish_failures, U64, 0, 0)         \
+  F(kvr_ingest_stats, last_reject, TEXT, 0, 0)             \
+  F(kvr_ingest_stats, stream_sequence, U64, 0, 0)          \
+  F(kvr_ingest_stats, consumer_remakes, U64, 0, 0)         \
+  F(kvr_ingest_stats, consumer_remake_failures, U64, 0, 0)
 
 /* Each X-macro list's ENTRY(name, value, description), which names the enumeration
  * constant the list made (the prefixes differ from list to list). */

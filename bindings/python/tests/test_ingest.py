@@ -123,6 +123,7 @@ def test_jetstream_stream_created_consumed_and_acknowledged(router, nats_jetstre
         wait_for("stream sequence 1", lambda: ingest.stats(source).stream_sequence >= 1)
         stats = ingest.stats(source)
         assert (stats.stream_sequence, stats.messages, stats.events_applied) == (1, 1, 1)
+        assert (stats.consumer_remakes, stats.consumer_remake_failures) == (0, 0)  # nothing lost
         assert ingest.stats().stream_sequence == 1  # the largest over the sources
         assert device_blocks(router, p, 2) == 3
 

@@ -749,7 +749,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_ingest_stats': (
-        312,
+        328,
         (
             ('struct_size', 0, 4),
             ('state_unknown', 4, 4),
@@ -769,6 +769,8 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('publish_failures', 168, 8),
             ('last_reject', 176, 128),
             ('stream_sequence', 304, 8),
+            ('consumer_remakes', 312, 8),
+            ('consumer_remake_failures', 320, 8),
         ),
     ),
 }

@@ -837,6 +837,13 @@ pub struct kvr_ingest_stats {
     /// consumer's acknowledged floor); for source 0, the largest over the sources; 0 for other
     /// sources.
     pub stream_sequence: u64,
+    /// Appended in 0.2.0: a JetStream source's consumer made again because deliveries were lost on
+    /// the way (a delivery number skipped: the lost ones and all after them come again, in order,
+    /// from the new consumer; docs/ingest.md), counted once the new consumer is in place; and the
+    /// attempts to make it that failed and were retried (the server unreachable, or refusing). For
+    /// source 0: sums; 0 for sources that are not JetStream.
+    pub consumer_remakes: u64,
+    pub consumer_remake_failures: u64,
 }
 
 // ---- Functions ----------------------------------------------------------------------------
@@ -1912,7 +1919,7 @@ const _: () = {
     assert!(offset_of!(kvr_jetstream_source, start_sequence) == 40);
     assert!(offset_of!(kvr_jetstream_source, max_age_seconds) == 48);
     assert!(offset_of!(kvr_jetstream_source, max_bytes) == 56);
-    assert!(size_of::<kvr_ingest_stats>() == 312);
+    assert!(size_of::<kvr_ingest_stats>() == 328);
     assert!(align_of::<kvr_ingest_stats>() == 8);
     assert!(offset_of!(kvr_ingest_stats, struct_size) == 0);
     assert!(offset_of!(kvr_ingest_stats, state_unknown) == 4);
@@ -1932,4 +1939,6 @@ const _: () = {
     assert!(offset_of!(kvr_ingest_stats, publish_failures) == 168);
     assert!(offset_of!(kvr_ingest_stats, last_reject) == 176);
     assert!(offset_of!(kvr_ingest_stats, stream_sequence) == 304);
+    assert!(offset_of!(kvr_ingest_stats, consumer_remakes) == 312);
+    assert!(offset_of!(kvr_ingest_stats, consumer_remake_failures) == 320);
 };

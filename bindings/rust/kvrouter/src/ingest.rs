@@ -269,6 +269,13 @@ pub struct IngestStats {
     /// A JetStream source's last stream sequence applied (and acknowledged); for every source
     /// together, the largest; 0 for other sources.
     pub stream_sequence: u64,
+    /// A JetStream source's consumer made again because deliveries were lost on the way (they
+    /// come again, in order, from the new consumer); for every source together, the sum; 0 for
+    /// sources that are not JetStream.
+    pub consumer_remakes: u64,
+    /// A JetStream source's attempts to make its consumer again that failed and were retried;
+    /// for every source together, the sum.
+    pub consumer_remake_failures: u64,
 }
 
 impl IngestStats {
@@ -303,6 +310,8 @@ impl From<sys::kvr_ingest_stats> for IngestStats {
                 String::from_utf8_lossy(&bytes[..end]).into_owned()
             },
             stream_sequence: s.stream_sequence,
+            consumer_remakes: s.consumer_remakes,
+            consumer_remake_failures: s.consumer_remake_failures,
         }
     }
 }

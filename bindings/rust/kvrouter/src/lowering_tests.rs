@@ -742,7 +742,9 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
             published,
             publish_failures,
             last_reject,
-            stream_sequence
+            stream_sequence,
+            consumer_remakes,
+            consumer_remake_failures
         }
     );
     raw.state_unknown = 1;
@@ -764,6 +766,8 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
     raw.publish_failures = 14;
     raw.last_reject[0] = b'x' as std::ffi::c_char;
     raw.stream_sequence = 15;
+    raw.consumer_remakes = 16;
+    raw.consumer_remake_failures = 17;
     let s = IngestStats::from(raw);
     assert_eq!(
         (
@@ -790,5 +794,6 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
         (11, 12, 13, 14)
     );
     assert_eq!((s.last_reject.as_str(), s.stream_sequence), ("x", 15));
+    assert_eq!((s.consumer_remakes, s.consumer_remake_failures), (16, 17));
     assert_eq!(s.rejected, raw.rejected);
 }

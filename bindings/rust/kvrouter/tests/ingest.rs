@@ -513,6 +513,11 @@ fn jetstream_stream_created_consumed_and_acknowledged() {
         (stats.stream_sequence, stats.messages, stats.events_applied),
         (1, 1, 1)
     );
+    // Nothing was lost: the consumer was never made again.
+    assert_eq!(
+        (stats.consumer_remakes, stats.consumer_remake_failures),
+        (0, 0)
+    );
     assert_eq!(ingest.total_stats().unwrap().stream_sequence, 1);
     assert_eq!(device_blocks(&router, &a, 1), 3);
 }

@@ -432,8 +432,9 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router *router, const ch
  * of their own: they never collide with local request ids) and its frees and prefill
  * completions may admit requests waiting here. A Reset drops every booking held from its
  * origin; a SyncRequest makes this router publish (if it has a publisher) a Reset and its own
- * bookings. Changes from this router's own replica id are
- * ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that are not a SequenceChange,
+ * bookings, at once, or with its next change or heartbeat if the request names this router
+ * (see kvr_router_expire_replicas); one naming another replica is ignored. Changes from this
+ * router's own replica id are ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that are not a SequenceChange,
  * KVR_NOT_FOUND for a worker rank this router does not know, KVR_ALREADY_EXISTS for a booking
  * applied twice; nothing changes then. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_apply_replica_event(kvr_router *router, const void *data, size_t size,
@@ -441,21 +442,30 @@ KVR_API kvr_status kvr_router_apply_replica_event(kvr_router *router, const void
 
 /* Replica liveness (since 0.2.0). A replica that dies for good stops freeing its bookings;
  * heartbeats let its peers notice. This publishes a Heartbeat through the router's replica
- * publisher, promising the next within `interval_ms` (1..3,600,000). Once a peer has heard a
- * heartbeat from a replica, kvr_router_expire_replicas there drops that replica's bookings when
- * it falls silent. KVR_FAILED_PRECONDITION if the router has no replica publisher.
- * kvr_ingest_sync_replicas calls both on a timer (kvr_ingest_options.replica_heartbeat_ms).
- * @thread_safety concurrent */
+ * publisher, promising the next within `interval_ms` (1..3,600,000); every change the same
+ * publisher is given afterwards carries the interval too. Once a peer has heard a heartbeat
+ * or such a change from a replica, kvr_router_expire_replicas there drops that replica's
+ * bookings when it falls silent (also one that died before its second heartbeat, or whose
+ * heartbeats that peer missed). KVR_FAILED_PRECONDITION if the router has no replica
+ * publisher. kvr_ingest_sync_replicas calls both on a timer, its first heartbeat at once
+ * (kvr_ingest_options.replica_heartbeat_ms). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_replica_heartbeat(kvr_router *router, uint32_t interval_ms,
                                                 kvr_error **err);
 
-/* Drops the bookings held from every replica that has sent heartbeats and has heard nothing
- * (no change of any kind) for longer than `timeout_seconds` on the router's clock, or than
- * three of its own heartbeat intervals if that is longer; they may admit waiting requests. A
- * dropped replica that comes back announces its bookings again. Replicas that never sent a
- * heartbeat keep their bookings until request_expiry_seconds. `expired` (may be NULL) gets how
- * many replicas were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT
- * unless `timeout_seconds` is finite and > 0. @thread_safety concurrent */
+/* Drops the bookings held from every replica that has sent a heartbeat (or a change carrying
+ * its interval: kvr_router_replica_heartbeat) and from which nothing (no change of any kind)
+ * has been heard for longer than `timeout_seconds` on the router's clock, or than three of its
+ * own heartbeat intervals if that is longer; they may admit waiting requests. A dropped
+ * replica heard again (it was cut off or stalled, not dead) is asked, if this router has a
+ * replica publisher, to announce its bookings again (a SyncRequest naming it; again after
+ * three of its heartbeat intervals, at least 1 s, until it does; the 1,024 replicas expired
+ * last are remembered for it), and they count here again; one that restarts announces them
+ * itself. A replica whose
+ * kvr_ingest_sync_replicas stops says farewell (a Reset promising no heartbeat): it is not
+ * tracked after it, nor counted as expired (unless the farewell is lost). Replicas that never sent a heartbeat keep
+ * their bookings until request_expiry_seconds. `expired` (may be NULL) gets how many replicas
+ * were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT unless
+ * `timeout_seconds` is finite and > 0. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_expire_replicas(kvr_router *router, double timeout_seconds,
                                               size_t *expired, kvr_error **err);
 
@@ -1171,8 +1181,19 @@ typedef struct kvr_jetstream_source {
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
 KVR_API kvr_status kvr_jetstream_source_init(kvr_jetstream_source *source, size_t size);
 /* Consumes `source`'s stream: each message is applied, then acknowledged (a message not
- * acknowledged, because the ingest stopped first, is delivered again). The source's counters
- * are those of kvr_ingest_subscribe_nats, and `stream_sequence` the last message applied.
+ * acknowledged, because the ingest stopped first, is delivered again). A message at or below
+ * the last one applied (delivered again after later ones: a server restarted before it stored
+ * the acknowledgement), unless stored after it (a stream that lost its tail numbers new
+ * messages again), is acknowledged, not applied again, and counted as STALE_SEQUENCE.
+ * Deliveries that never came (the consumer's delivery numbers skip them: lost as the
+ * connection broke) are not a loss: nothing after them is applied until the source, on a
+ * thread of its own, has made its consumer again from just after the last message applied, so
+ * they come again, in order. Only if the stream no longer holds some of them (its limits
+ * removed them), numbers messages anew (its server lost its tail: the consumer then starts by
+ * the time the last message applied was stored), or the consumer cannot be made again for 10 s
+ * (it is still retried), does that count in `gaps` and clear and flag every rank the source
+ * fed (`state_unknown`), as for a NATS source's lost connection. The source's counters are those of
+ * kvr_ingest_subscribe_nats, and `stream_sequence` the highest message applied.
  * The connection reconnects forever, and the consumer continues where it was. Connects and
  * sets up the consumer on the calling thread. KVR_INVALID_ARGUMENT for a missing url, stream
  * or subject, a bad name, unknown flags or bad limits; KVR_NOT_FOUND if the stream does not
@@ -1280,6 +1301,13 @@ typedef struct kvr_ingest_stats {
    * consumer's acknowledged floor); for source 0, the largest over the sources; 0 for other
    * sources. */
   uint64_t stream_sequence;
+  /* Appended in 0.2.0: a JetStream source's consumer made again because deliveries were lost
+   * on the way (a delivery number skipped: the lost ones and all after them come again, in
+   * order, from the new consumer; docs/ingest.md), counted once the new consumer is in place;
+   * and the attempts to make it that failed and were retried (the server unreachable, or
+   * refusing). For source 0: sums; 0 for sources that are not JetStream. */
+  uint64_t consumer_remakes;
+  uint64_t consumer_remake_failures;
 } kvr_ingest_stats;
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an

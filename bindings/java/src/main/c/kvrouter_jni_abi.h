@@ -809,7 +809,9 @@ enum {
   ABI_INGEST_STATS_PUBLISH_FAILURES = 21,
   ABI_INGEST_STATS_LAST_REJECT = 22,
   ABI_INGEST_STATS_STREAM_SEQUENCE = 150,
-  ABI_INGEST_STATS_LEN = 151
+  ABI_INGEST_STATS_CONSUMER_REMAKES = 151,
+  ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES = 152,
+  ABI_INGEST_STATS_LEN = 153
 };
 
 static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) {
@@ -830,6 +832,8 @@ static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) 
   v[ABI_INGEST_STATS_PUBLISH_FAILURES] = (jlong)c->publish_failures;
   for (int i = 0; i < 128; ++i) v[ABI_INGEST_STATS_LAST_REJECT + i] = (jlong)c->last_reject[i];
   v[ABI_INGEST_STATS_STREAM_SEQUENCE] = (jlong)c->stream_sequence;
+  v[ABI_INGEST_STATS_CONSUMER_REMAKES] = (jlong)c->consumer_remakes;
+  v[ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES] = (jlong)c->consumer_remake_failures;
 }
 
 static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) {
@@ -850,6 +854,8 @@ static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) 
   c->publish_failures = (uint64_t)v[ABI_INGEST_STATS_PUBLISH_FAILURES];
   for (int i = 0; i < 128; ++i) c->last_reject[i] = (char)v[ABI_INGEST_STATS_LAST_REJECT + i];
   c->stream_sequence = (uint64_t)v[ABI_INGEST_STATS_STREAM_SEQUENCE];
+  c->consumer_remakes = (uint64_t)v[ABI_INGEST_STATS_CONSUMER_REMAKES];
+  c->consumer_remake_failures = (uint64_t)v[ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES];
 }
 
 #endif /* KVROUTER_JNI_ABI_H */

@@ -387,6 +387,8 @@ final class Abi {
     /** The first of 128 slots: [128], row by row. */
     static final int LAST_REJECT = 22;
     static final int STREAM_SEQUENCE = 150;
-    static final int LEN = 151;
+    static final int CONSUMER_REMAKES = 151;
+    static final int CONSUMER_REMAKE_FAILURES = 152;
+    static final int LEN = 153;
   }
 }

@@ -120,6 +120,23 @@ public final class IngestStats {
     return a[Abi.IngestStats.STREAM_SEQUENCE];
   }
 
+  /**
+   * A JetStream source's consumer made again because deliveries were lost on the way (they come
+   * again, in order, from the new consumer); for every source together, the sum; 0 for sources
+   * that are not JetStream.
+   */
+  public long consumerRemakes() {
+    return a[Abi.IngestStats.CONSUMER_REMAKES];
+  }
+
+  /**
+   * A JetStream source's attempts to make its consumer again that failed and were retried; for
+   * every source together, the sum.
+   */
+  public long consumerRemakeFailures() {
+    return a[Abi.IngestStats.CONSUMER_REMAKE_FAILURES];
+  }
+
   /** The mean lag in microseconds, or NaN without samples. */
   public double lagMeanMicros() {
     return lagSamples() == 0 ? Double.NaN : (double) lagTotalMicros() / lagSamples();

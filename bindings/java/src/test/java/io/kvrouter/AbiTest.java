@@ -530,6 +530,8 @@ class AbiTest {
       assertEquals(0, stats.published());
       assertEquals(0, stats.publishFailures());
       assertEquals(0, stats.streamSequence()); // not a JetStream source
+      assertEquals(0, stats.consumerRemakes());
+      assertEquals(0, stats.consumerRemakeFailures());
       IngestStats total = ingest.stats(0);
       assertEquals(stats.rejectedTotal(), total.rejectedTotal());
       assertEquals(2, router.overlapScores(PROMPT).get(0).deviceBlocks());

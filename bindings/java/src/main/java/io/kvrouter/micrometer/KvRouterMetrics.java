@@ -373,6 +373,16 @@ public final class KvRouterMetrics implements MeterBinder {
         null,
         "JetStream: the stream sequence of the last message applied (0 for other sources).",
         IngestStats::streamSequence);
+    c.counter(
+        "kvrouter.ingest.consumer.remakes",
+        "JetStream: the consumer made again because deliveries were lost on the way.",
+        Tags.empty(),
+        IngestStats::consumerRemakes);
+    c.counter(
+        "kvrouter.ingest.consumer.remake.failures",
+        "JetStream: attempts to make the consumer again that failed and were retried.",
+        Tags.empty(),
+        IngestStats::consumerRemakeFailures);
     c.gauge(
         "kvrouter.ingest.state.unknown.ranks",
         null,

@@ -164,6 +164,8 @@ class KvRouterMetricsTest {
       assertEquals(IngestReject.values().length,
           perSource.get("kvrouter.ingest.rejected").meters().size());
       assertEquals(1.0, counter(summed, "kvrouter.ingest.connections"));
+      assertEquals(0.0, counter(summed, "kvrouter.ingest.consumer.remakes"));
+      assertEquals(0.0, counter(summed, "kvrouter.ingest.consumer.remake.failures"));
       FunctionTimer lag =
           perSource.get("kvrouter.ingest.lag").tags("source_id", source).functionTimer();
       assertEquals(1.0, lag.count());
