@@ -146,6 +146,17 @@ class JetStreamTest : public ::testing::Test {
     proxy.LoseServerBytes(false);  // the reconnection is forwarded (it waits 100 ms)
     ASSERT_TRUE(Eventually([&] { return node.Stats().connections > connections; }));
   }
+  // `node` consumes the durable "router-a" through `proxy` and has applied messages 0 to 4;
+  // the deliveries of 5 to 9 were lost on the way, and that of 10 (number 11: the skip) is
+  // held by the proxy, not yet seen.
+  void HoldTheSkip(TcpProxy& proxy, Node& node) {
+    ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, "router-a"));
+    LoseOnTheWay(proxy, node, 5, 5, [&] { return Delivered("router-a") == 10; });
+    proxy.HoldServerBytes();
+    Publish(10, 1);
+    ASSERT_TRUE(Eventually([&] { return Delivered("router-a") == 11; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // all of it held
+  }
   // How many messages the stream's only consumer has delivered (0 if it cannot say).
   uint64_t StreamDelivered() {
     jsConsumerNamesList* names = nullptr;
@@ -409,12 +420,7 @@ TEST_F(JetStreamTest, AfterTheStreamNumbersAnewLostDeliveriesComeAgainByTime) {
 TEST_F(JetStreamTest, StoppingWhileTheConsumerIsMadeAgainAgainstASilentServer) {
   TcpProxy proxy(port_);
   Node node;
-  ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, "router-a"));
-  LoseOnTheWay(proxy, node, 5, 5, [&] { return Delivered("router-a") == 10; });
-  proxy.HoldServerBytes();
-  Publish(10, 1);  // delivery 11, held
-  ASSERT_TRUE(Eventually([&] { return Delivered("router-a") == 11; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // all of it held
+  ASSERT_NO_FATAL_FAILURE(HoldTheSkip(proxy, node));
   proxy.ReleaseThenLose();  // the source sees the skip; its requests go unanswered
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto start = std::chrono::steady_clock::now();
@@ -439,12 +445,7 @@ TEST_F(JetStreamTest, StoppingWhileTheConsumerIsMadeAgainAgainstASilentServer) {
 TEST_F(JetStreamTest, ARemakeTheServerRefusesIsRetriedAndCounted) {
   TcpProxy proxy(port_);
   Node node;
-  ASSERT_NO_FATAL_FAILURE(ConsumeFiveThrough(proxy, node, "router-a"));
-  LoseOnTheWay(proxy, node, 5, 5, [&] { return Delivered("router-a") == 10; });
-  proxy.HoldServerBytes();
-  Publish(10, 1);  // delivery 11, held
-  ASSERT_TRUE(Eventually([&] { return Delivered("router-a") == 11; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // all of it held
+  ASSERT_NO_FATAL_FAILURE(HoldTheSkip(proxy, node));
   ASSERT_EQ(NATS_OK, js_DeleteStream(js_, "KV", nullptr, nullptr));
   proxy.Release();  // the source sees the skip
   ASSERT_TRUE(Eventually([&] { return node.Stats().consumer_remake_failures >= 2; }));
