@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The libFuzzer harnesses (tests/fuzz) for a long time each, keeping every harness's corpus in
 # build/fuzz-corpus/<harness> from run to run, so that long runs add up. Each run is recorded as
-# a line of build/fuzz-corpus/ledger.tsv, and the line printed per harness gives this run's
+# a line of tests/fuzz/ledger.tsv (committed with the corpus scripts/fuzz-keep.sh keeps, so that
+# the runs of every machine add up), and the line printed per harness gives this run's
 # executions, coverage (edges and features), corpus size, what it found (crash, leak, timeout or
 # out-of-memory files are left in build/fuzz-findings) and the executions of every run so far.
 # Figures of the runs so far: docs/testing.md.
@@ -29,7 +30,7 @@ if [ ${#harnesses[@]} -eq 0 ]; then
   mapfile -t harnesses < <(ls tests/fuzz/seeds)
 fi
 mkdir -p build/fuzz-findings build/fuzz-corpus
-ledger=build/fuzz-corpus/ledger.tsv
+ledger=tests/fuzz/ledger.tsv
 [ -f "$ledger" ] ||
   printf 'finished\tharness\tseconds\texecutions\tedges\tfeatures\tcorpus\tfindings\tcommit\n' >"$ledger"
 
