@@ -14,8 +14,19 @@ namespace kvrouter {
 using Nanos = int64_t;
 inline constexpr Nanos kNanosPerSecond = 1'000'000'000;
 
+// The longest duration a conversion gives, about 146 years: any "never" a caller passes in
+// seconds (1e10, DBL_MAX) becomes this, not an out-of-range conversion (undefined; on x86-64 it
+// gave INT64_MIN, so a timeout meant to be endless expired everything at once), and a time plus
+// one such duration cannot overflow.
+inline constexpr Nanos kLongestNanos = Nanos{1} << 62;
+
+// Saturating at +-kLongestNanos; NaN gives 0.
 inline constexpr Nanos SecondsToNanos(double seconds) {
-  return static_cast<Nanos>(seconds * static_cast<double>(kNanosPerSecond));
+  const double nanos = seconds * static_cast<double>(kNanosPerSecond);
+  if (!(nanos == nanos)) return 0;
+  if (nanos >= static_cast<double>(kLongestNanos)) return kLongestNanos;
+  if (nanos <= -static_cast<double>(kLongestNanos)) return -kLongestNanos;
+  return static_cast<Nanos>(nanos);
 }
 inline constexpr Nanos MillisToNanos(uint64_t millis) {
   return static_cast<Nanos>(millis) * 1'000'000;

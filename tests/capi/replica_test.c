@@ -176,6 +176,12 @@ static void a_silent_replica_is_expired_once_it_sent_heartbeats(void** state) {
   assert_int_equal(1, metrics.replicas_live);
   assert_int_equal(1, metrics.replica_requests_active);
   KVT_OK(kvr_router_set_time(f->b, 71000000000LL, ERRP)); /* 11 s of silence */
+  /* A timeout past int64 nanoseconds ("never") keeps it: it used to convert to INT64_MIN, which
+   * left only three heartbeat intervals (3 s) as the timeout. */
+  KVT_OK(kvr_router_expire_replicas(f->b, 1e10, &expired, ERRP));
+  assert_int_equal(0, expired);
+  KVT_OK(kvr_router_expire_replicas(f->b, 1.7e308, &expired, ERRP));
+  assert_int_equal(0, expired);
   KVT_OK(kvr_router_expire_replicas(f->b, 10.0, &expired, ERRP));
   assert_int_equal(1, expired);
   metrics = kvt_metrics(f->b);

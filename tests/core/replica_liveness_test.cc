@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 namespace kvrouter {
@@ -17,6 +18,22 @@ void ExpireOrigins(ReplicaLiveness& liveness, int first, int n, Nanos& now) {
   for (int i = first; i < first + n; ++i) liveness.Beat("r" + std::to_string(i), kSecond, now);
   now += kTimeout + kSecond;
   ASSERT_EQ(liveness.TakeSilent(now, kTimeout).size(), static_cast<size_t>(n));
+}
+
+// A timeout given in seconds past int64 nanoseconds (a caller's "never") converts to the longest
+// duration, not to an out-of-range value (it became INT64_MIN, and three heartbeat intervals
+// were left as the timeout).
+TEST(ReplicaLivenessTest, ATimeoutOfSecondsBeyondNanosecondsExpiresNothing) {
+  EXPECT_EQ(SecondsToNanos(1e10), kLongestNanos);
+  EXPECT_EQ(SecondsToNanos(1.7e308), kLongestNanos);
+  EXPECT_EQ(SecondsToNanos(-1e300), -kLongestNanos);
+  EXPECT_EQ(SecondsToNanos(std::numeric_limits<double>::quiet_NaN()), 0);
+  EXPECT_EQ(SecondsToNanos(1.5), 1'500'000'000);
+  ReplicaLiveness liveness;
+  liveness.Beat("r0", kSecond, kSecond);
+  const Nanos later = kSecond + 100 * kSecond;
+  EXPECT_TRUE(liveness.TakeSilent(later, SecondsToNanos(1e10)).empty());
+  EXPECT_EQ(liveness.TakeSilent(later, kTimeout).size(), 1u);
 }
 
 TEST(ReplicaLivenessTest, AnExpiredOriginHeardAgainIsAskedUntilItAnnounces) {
