@@ -18,6 +18,12 @@
 
 namespace kvrouter {
 
+// The longest heartbeat interval a replica may promise (one hour), in milliseconds; a peer's
+// longer one counts as this.
+inline constexpr uint32_t kMaxHeartbeatIntervalMs = 3'600'000;
+// The most prefill tokens a peer's booking may carry (its rank's load sums them).
+inline constexpr uint64_t kMaxReplicaPrefillTokens = uint64_t{1} << 32;
+
 class ReplicaLiveness {
  public:
   // A heartbeat from `origin`, or a change carrying the interval it promises one at. Returns

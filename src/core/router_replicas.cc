@@ -2,6 +2,7 @@
 // this router's own bookings, announcing them to a joining replica, and applying other
 // replicas' changes under names of their own. Encoding and transport are above the core
 // (ingest/replica_sync.*).
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -154,6 +155,12 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
   if (valid.ok() && names_a_request && change.request_id.empty()) {
     valid = absl::InvalidArgumentError("a replica change needs a request id");
   }
+  // Summed into its rank's load: a peer's absurd figure must not wrap the sum (two of 2^63
+  // made the rank look idle).
+  if (valid.ok() && change.prefill_tokens > kMaxReplicaPrefillTokens) {
+    valid = absl::InvalidArgumentError(absl::StrCat("a replica booking of ", change.prefill_tokens,
+                                                    " prefill tokens (at most 2^32)"));
+  }
   if (!valid.ok()) {
     std::lock_guard lock(gate_);
     ++replica_changes_rejected_;
@@ -208,7 +215,10 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
 
 bool Router::TrackLivenessLocked(std::string_view origin, const SequenceChange& change) {
   const Nanos now = clock_.Now();
-  const Nanos interval = MillisToNanos(change.heartbeat_interval_ms);
+  // A peer promising a longer interval than any replica may keep (UINT32_MAX ms: 149 days,
+  // never expired in practice) is held to the longest.
+  const Nanos interval =
+      MillisToNanos(std::min(change.heartbeat_interval_ms, kMaxHeartbeatIntervalMs));
   const bool promises_heartbeats = change.heartbeat_interval_ms > 0;
   if (change.kind == SequenceChange::Kind::kReset) {
     // Its whole state follows (or it left): an expiry here no longer matters.

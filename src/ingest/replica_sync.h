@@ -18,7 +18,7 @@
 namespace kvrouter {
 
 // The longest heartbeat interval and liveness timeout accepted (one hour), in milliseconds.
-inline constexpr uint32_t kMaxReplicaLivenessMs = 3'600'000;
+inline constexpr uint32_t kMaxReplicaLivenessMs = kMaxHeartbeatIntervalMs;
 
 // One message of another replica (a replica change, wire/flatbuffers_codec.h) applied to
 // `router`. An undecodable message is counted on the router (Router::CountRejectedReplicaChange)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <limits>
 #include <new>
 #include <string>
 #include <vector>
@@ -224,6 +225,32 @@ TEST_F(RouterReplicaTest, PrefillCompletedAndFreeFollow) {
   // Idempotent: the same free again changes nothing.
   EXPECT_FALSE(
       *b_->ApplyReplicaChange("a", {.kind = SequenceChange::Kind::kFreed, .request_id = "r1"}));
+}
+
+// What a peer says is bounded: a booking of more prefill tokens than any request has is
+// refused (two of 2^63 wrapped the rank's sum to 0, the rank looking idle), and an interval
+// longer than an hour counts as an hour (UINT32_MAX ms kept a dead peer for 149 days).
+TEST_F(RouterReplicaTest, APeersAbsurdFiguresAreRefusedOrBounded) {
+  SequenceChange huge{.kind = SequenceChange::Kind::kAdded,
+                      .request_id = "big",
+                      .worker = {1, 0},
+                      .prefill_tokens = uint64_t{1} << 63};
+  const absl::StatusOr<bool> refused = b_->ApplyReplicaChange("a", huge);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+  EXPECT_EQ(b_->replica_stats().changes_rejected, 1u);
+  huge.prefill_tokens = kMaxReplicaPrefillTokens;  // the most: taken
+  EXPECT_TRUE(*b_->ApplyReplicaChange("a", huge));
+  EXPECT_EQ(LoadOf(*b_, 1).active_prefill_tokens, kMaxReplicaPrefillTokens);
+
+  SequenceChange beat{.kind = SequenceChange::Kind::kHeartbeat,
+                      .heartbeat_interval_ms = std::numeric_limits<uint32_t>::max()};
+  ASSERT_TRUE(b_->ApplyReplicaChange("a", beat).ok());
+  clock_.AdvanceSeconds(3 * 3600);  // three of the longest intervals: still alive
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 0u);
+  clock_.AdvanceSeconds(1);
+  EXPECT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
 }
 
 TEST_F(RouterReplicaTest, PlansPublishTheirBookingAndTheirRelease) {
