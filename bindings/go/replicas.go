@@ -42,8 +42,9 @@ var replicaPublishers sync.Map // *Router -> cgo.Handle
 // so peers drop what they held from this id and answer with their own bookings. publish runs
 // synchronously on the goroutine (or library thread) that made the change, under the router's
 // lock, in order: it must be quick (send to a channel or an asynchronous client), must not
-// call any router, and must copy data to keep it. nil stops publishing; once this returns, the
-// previous callback is not running and will not run again. Ingest.SyncReplicas does all of
+// call any router, and must copy data to keep it. nil stops publishing. A callback replaced
+// (or stopped by nil) first receives a farewell Reset, so peers drop what they hold from its
+// id; once this returns, the previous callback is not running and will not run again. Ingest.SyncReplicas does all of
 // this over NATS.
 func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)) error {
 	h := r.handle()

@@ -354,14 +354,14 @@ class Router {
   // itself. It runs synchronously under the router's lock, in the order of the changes, so it
   // must be quick and must not call the router. `replica_id` names this router to its
   // replicas: ApplyReplicaChange ignores changes from that origin (its own, echoed back). An
-  // empty observer stops publishing. Once this returns, the previous observer is not running
-  // and will not run again. A new observer first receives a Reset, an Added for every booking
-  // this router holds, and a SyncRequest: peers replace whatever they held from this replica
-  // id (a restart's stale bookings) and announce theirs, so a joining replica converges at
-  // once instead of after the request expiry.
-  // Returns a token naming this observer for ClearSequenceObserver. Clearing (an empty
-  // observer) keeps the replica id, so this router's own changes echoed back later are still
-  // recognised.
+  // empty observer stops publishing. The previous observer, if any, first says farewell (a
+  // Reset promising no heartbeat: peers drop the bookings they hold under its replica id); once
+  // this returns, it is not running and will not run again. A new observer first receives a Reset,
+  // an Added for every booking this router holds, and a SyncRequest: peers replace whatever they
+  // held from this replica id (a restart's stale bookings) and announce theirs, so a joining
+  // replica converges at once instead of after the request expiry. Returns a token naming this
+  // observer for ClearSequenceObserver. Clearing (an empty observer) keeps the replica id, so this
+  // router's own changes echoed back later are still recognised.
   uint64_t SetSequenceObserver(std::string replica_id, SequenceObserver observer);
   // Stops the observer `token` names if it is still the current one (a later
   // SetSequenceObserver may have replaced it: then nothing changes). Returns whether it did.
@@ -434,6 +434,9 @@ class Router {
   // gate, so that a test can change what it priced (from another thread: this one is inside
   // the call). Set before any concurrent call.
   void SetPricingPauseForTesting(std::function<void()> pause) { pricing_pause_ = std::move(pause); }
+  // Stops the current observer without a farewell, as a crash would: for tests of what the
+  // peers do with a replica that falls silent.
+  void SilenceSequenceObserverForTesting();
 
  private:
   struct Prepared;
@@ -559,6 +562,9 @@ class Router {
   // Reset, then an Added for every local booking (the observer's full picture of this router):
   // what a joining replica, or one whose change the observer lost, tells the others.
   void AnnounceBookingsLocked();
+  // A Reset promising no heartbeat through the current observer: the peers drop this replica's
+  // bookings and stop tracking it (an observer stopped or replaced).
+  void SayFarewellLocked();
   // Counts a change the observer lost and has every booking announced again.
   void LostNotificationLocked();
   // Frees every booking held here from `origin`; returns whether there was any.

@@ -104,22 +104,37 @@ void Router::LostNotificationLocked() {
 
 uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver observer) {
   std::lock_guard lock(gate_);
+  // The observer replaced or cleared says farewell first, on its own transport: its peers drop
+  // what they hold under its replica id, which nothing would free once it is gone (the new one
+  // publishes under its own id, or nothing is published).
+  if (observer_.active()) SayFarewellLocked();
   const uint64_t token = observer_.Set(std::move(replica_id), std::move(observer));
-  if (token == 0) return 0;
+  if (token == 0) {
+    reannounce_pending_ = false;  // nobody to repair
+    return 0;
+  }
   AnnounceBookingsLocked();
   NotifyLocked(ChangeOf(SequenceChange::Kind::kSyncRequest, ""));
   return token;
 }
 
+void Router::SilenceSequenceObserverForTesting() {
+  std::lock_guard lock(gate_);
+  (void)observer_.Set("", nullptr);  // keeps the replica id, as clearing does
+  reannounce_pending_ = false;
+}
+
 bool Router::ClearSequenceObserver(uint64_t token, bool farewell) {
   std::lock_guard lock(gate_);
-  if (farewell && observer_.IsCurrent(token)) {
-    observer_.Promise(0);  // a Reset promising nothing: its peers stop tracking it at once
-    NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
-  }
+  if (farewell && observer_.IsCurrent(token)) SayFarewellLocked();
   const bool cleared = observer_.Clear(token);
   if (!observer_.active()) reannounce_pending_ = false;  // nobody to repair
   return cleared;
+}
+
+void Router::SayFarewellLocked() {
+  observer_.Promise(0);  // a Reset promising nothing: its peers stop tracking it at once
+  NotifyLocked(ChangeOf(SequenceChange::Kind::kReset, ""));
 }
 
 void Router::AnnounceBookingsLocked() {

@@ -253,6 +253,35 @@ TEST_F(RouterReplicaTest, APeersAbsurdFiguresAreRefusedOrBounded) {
   EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
 }
 
+// An observer replaced or cleared says farewell on its way out: peers drop what they hold under
+// its replica id, which nothing would free once it is gone (the new observer books under
+// another id; none publishes nothing). Before, b held r1 twice after a's rename, and for good
+// (until the request expiry) after a stopped publishing.
+TEST_F(RouterReplicaTest, AReplacedOrClearedObserverSaysFarewellFirst) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  Deliver();
+  ASSERT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  std::deque<Published> from_a2;
+  a_->SetSequenceObserver("a2", [&](const SequenceChange& c) {
+    from_a2.push_back({c.kind, std::string(c.request_id), c.worker,
+                       std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
+                       c.prefill_tokens, c.expected_output_tokens, c.heartbeat_interval_ms});
+  });
+  ASSERT_EQ(from_a_.size(), 1u);  // the farewell, through the old observer
+  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_a_.front().heartbeat_interval_ms, 0u);
+  Deliver();
+  for (const Published& c : from_a2) ASSERT_TRUE(b_->ApplyReplicaChange("a2", c.View()).ok());
+  from_a2.clear();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);  // once, under a2
+  a_->SetSequenceObserver("", nullptr);
+  ASSERT_EQ(from_a2.size(), 1u);
+  EXPECT_EQ(from_a2.front().kind, SequenceChange::Kind::kReset);
+  ASSERT_TRUE(b_->ApplyReplicaChange("a2", from_a2.front().View()).ok());
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+  EXPECT_EQ(a_->active_requests(), 1u);  // a's own booking stays
+}
+
 TEST_F(RouterReplicaTest, PlansPublishTheirBookingAndTheirRelease) {
   auto plan = a_->Plan(Tokens(2, 0), {.with_admission = true, .request_id = "p"});
   ASSERT_TRUE(plan.ok()) << plan.status();

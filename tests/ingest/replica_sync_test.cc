@@ -168,7 +168,7 @@ TEST_F(ReplicaSyncTest, ADeadReplicasBookingsAreDroppedAfterTheTimeout) {
   EXPECT_EQ(b.Stats().published, 3u);
 
   const auto killed = std::chrono::steady_clock::now();
-  a->router->SetSequenceObserver("a", {});  // silence: no heartbeat, no farewell, no Free
+  a->router->SilenceSequenceObserverForTesting();  // no heartbeat, no farewell, no Free
   a.reset();
   ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 0; }));
   const auto took = std::chrono::steady_clock::now() - killed;
@@ -192,7 +192,7 @@ TEST_F(ReplicaSyncTest, AReplicaThatDiesBeforeItsSecondHeartbeatIsStillExpired) 
   ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1; }));
   EXPECT_EQ(b.router->replica_stats().live, 1u);  // the heartbeat came before the booking
 
-  a->router->SetSequenceObserver("a", {});  // dies: no heartbeat, no farewell, no Free
+  a->router->SilenceSequenceObserverForTesting();  // dies: no heartbeat, farewell or Free
   a.reset();
   ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 0; }));
   EXPECT_EQ(b.router->replica_stats().expired, 1u);

@@ -256,8 +256,10 @@ class Router(_native.Router):
         """Publishes this router's booking changes through ``publish(change: bytes)`` under
         ``replica_id`` (None stops). ``publish`` runs on the thread that made the change,
         under the router's lock: it must be quick and must not call any router. Before this
-        returns it receives a Reset, an Added change per booking and a SyncRequest. An
-        exception it raises is reported through ``sys.unraisablehook``."""
+        returns it receives a Reset, an Added change per booking and a SyncRequest; a publisher
+        replaced (or stopped by None) first receives a farewell Reset, so peers drop what they
+        hold from its id. An exception it raises is reported through
+        ``sys.unraisablehook``."""
         self._set_replica_publisher(replica_id, publish)
 
     def apply_replica_event(self, data: Buffer) -> None:

@@ -1004,10 +1004,12 @@ extern "C" {
     /// `publish` first receives a Reset, an Added change for every booking the router holds, and a
     /// SyncRequest: peers drop whatever they held from this replica id (a restarted replica's stale
     /// bookings) and answer with their own bookings, so a joining replica converges at once.
-    /// `publish` NULL stops publishing; once this returns, the previous callback is not running and
-    /// will not run again. Not every change is published: expiry and worker removal are not, as
-    /// every replica does those itself. Request ids starting with byte 0x1E are reserved for
-    /// replicas' bookings (KVR_INVALID_ARGUMENT). @thread_safety concurrent
+    /// `publish` NULL stops publishing. A callback replaced (or stopped by NULL) first receives a
+    /// farewell, a Reset promising no heartbeat: its peers drop the bookings they hold under its
+    /// replica id, which nothing would free once it is gone; once this returns, the previous
+    /// callback is not running and will not run again. Not every change is published: expiry and
+    /// worker removal are not, as every replica does those itself. Request ids starting with byte
+    /// 0x1E are reserved for replicas' bookings (KVR_INVALID_ARGUMENT). @thread_safety concurrent
     pub fn kvr_router_set_replica_publisher(
         router: *mut kvr_router,
         replica_id: *const c_char,

@@ -607,7 +607,8 @@ impl RouterRef {
     /// A panic in it is caught at the C boundary and resumed when the call that made the
     /// change returns; one raised during the announcement is resumed from this call, with
     /// the publisher installed. Replaces any previous publisher (or
-    /// [`Ingest::sync_replicas`](crate::Ingest::sync_replicas)); see docs/replicas.md.
+    /// [`Ingest::sync_replicas`](crate::Ingest::sync_replicas)), which first receives a
+    /// farewell Reset (peers drop what they hold from its id); see docs/replicas.md.
     pub fn set_replica_publisher<F>(&self, replica_id: &str, publish: F) -> Result<()>
     where
         F: Fn(&[u8]) + Send + Sync + 'static,
@@ -615,8 +616,9 @@ impl RouterRef {
         crate::replica::set(self.as_raw(), Some(replica_id), Some(Box::new(publish)))
     }
 
-    /// Stops publishing booking changes; once this returns the previous publisher has finished
-    /// and is dropped.
+    /// Stops publishing booking changes, after a farewell Reset through the publisher (peers drop
+    /// what they hold from this replica); once this returns the publisher has finished and is
+    /// dropped.
     pub fn clear_replica_publisher(&self) -> Result<()> {
         crate::replica::set(self.as_raw(), None, None)
     }

@@ -80,14 +80,15 @@ fn installing_a_publisher_announces_a_reset_then_a_sync_request() {
     assert_eq!(replica_counts(&b), (2, 0, 0, 0));
     assert_eq!(active_by_worker(&b), [(1, 0), (2, 0)]);
 
-    // Replacing the publisher announces again, through the new closure only.
+    // Replacing the publisher says farewell through the old closure (a Reset), then announces
+    // again through the new one.
     let (publish, rx2) = bus();
     a.set_replica_publisher("replica-a", publish).unwrap();
-    assert!(rx.try_recv().is_err(), "the replaced closure is not called");
+    assert_eq!(drain(&rx).len(), 1, "the replaced closure's farewell");
     assert_eq!(drain(&rx2).len(), 2);
-    // Clearing announces nothing.
+    // Clearing says farewell, and then nothing more.
     a.clear_replica_publisher().unwrap();
-    assert!(rx2.try_recv().is_err());
+    assert_eq!(drain(&rx2).len(), 1);
 }
 
 #[test]
@@ -130,8 +131,9 @@ fn a_peer_counts_the_other_replicas_bookings_as_load() {
     b.apply_replica_event(&rx.try_recv().unwrap()).unwrap();
     assert_eq!(b.metrics().unwrap().replica_requests_active, 0);
 
-    // Cleared: nothing more is published. Previews never are.
+    // Cleared: a farewell, then nothing more is published. Previews never are.
     a.clear_replica_publisher().unwrap();
+    assert_eq!(drain(&rx).len(), 1);
     a.find_best_match(&tokens, &RequestOptions::admit("r2"))
         .unwrap();
     assert!(rx.try_recv().is_err());
@@ -350,7 +352,13 @@ fn a_panicking_publisher_unwinds_in_the_caller_not_through_c() {
     assert_eq!(*calls.lock().unwrap(), 3);
     // The router is intact: the booking was made before the callback ran.
     assert_eq!(router.metrics().unwrap().requests_active, 1);
-    router.clear_replica_publisher().unwrap();
+    // Clearing offers the farewell to the closure, whose panic comes out of the call; cleared
+    // all the same.
+    let cleared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        router.clear_replica_publisher()
+    }));
+    assert!(cleared.is_err(), "the farewell's panic reaches the caller");
+    assert_eq!(*calls.lock().unwrap(), 4);
     assert_eq!(Arc::strong_count(&alive), 1, "freed once cleared");
     router.free_request("p").unwrap();
 }

@@ -217,6 +217,9 @@ public final class Router extends NativeObject {
    * with a Reset and their bookings, so a joining replica converges at once. Expiry and worker
    * removal are not published, as every replica does those itself.
    *
+   * <p>A publisher replaced (or cleared with null) first receives a farewell Reset, so the peers
+   * drop what they hold from its replica id.
+   *
    * <p>The publisher is held until replaced, cleared or the router closed (so one that refers to
    * this router keeps it reachable: close it).
    *

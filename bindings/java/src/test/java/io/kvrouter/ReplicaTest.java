@@ -146,11 +146,12 @@ class ReplicaTest {
       assertEquals(0, b.metrics().replicaRequestsActive());
       assertEquals(0, activeOn(b, r.workerId()));
 
-      // previews publish nothing; a cleared publisher is no longer called
+      // previews publish nothing; a cleared publisher says farewell, then is no longer called
       a.findBestMatch(PROMPT);
       assertEquals(0, bus.size());
       a.setReplicaPublisher(null, null);
-      assertEquals(0, bus.size());
+      assertEquals(List.of(new Change("replica-a", Kind.RESET, "")), decode(bus));
+      bus.clear();
       a.findBestMatch(PROMPT, RequestOptions.admit("req-2"));
       assertEquals(0, bus.size());
     }
@@ -245,12 +246,14 @@ class ReplicaTest {
       assertEquals(0, b.metrics().replicaChangesRejected());
       assertEquals(a.potentialLoads(PROMPT), b.potentialLoads(PROMPT));
 
-      // Reinstalling the publisher announces what a holds now.
+      // Reinstalling the publisher says farewell through the old one (a Reset), then announces
+      // what a holds now.
       a.freeRequest("r2");
       assertEquals(List.of(Kind.FREED), kinds(bus));
       bus.clear();
       a.setReplicaPublisher("a", bus::add);
-      assertEquals(List.of(Kind.RESET, Kind.ADDED, Kind.ADDED, Kind.SYNC_REQUEST), kinds(bus));
+      assertEquals(
+          List.of(Kind.RESET, Kind.RESET, Kind.ADDED, Kind.ADDED, Kind.SYNC_REQUEST), kinds(bus));
       assertEquals(Set.of("r1", "on-2"), added(bus));
       deliver(bus, b);
       assertEquals(2, b.metrics().replicaRequestsActive());
@@ -433,8 +436,9 @@ class ReplicaTest {
     t.setUncaughtExceptionHandler((thread, e) -> reported.add(e));
     t.start();
     t.join();
-    assertEquals(22, calls.get());
-    assertEquals(22, reported.size());
+    // 2 on installing, 2 per request (booked, freed), 1 farewell when first replaced
+    assertEquals(23, calls.get());
+    assertEquals(23, reported.size());
     assertTrue(reported.get(0) instanceof IllegalStateException);
   }
 
