@@ -1247,7 +1247,8 @@ KVR_API kvr_status kvr_ingest_relay_jetstream(kvr_ingest *ingest,
  * publishing nothing (a publisher it had replaced is not restored). Stopping, a sync that
  * still publishes for the router first publishes a Reset (since 0.2.0), so that the other
  * replicas drop this one's bookings at once rather than after their liveness timeout; the
- * stop waits up to 0.5 s for it to be written.
+ * stop waits up to 0.5 s for it to be written. And it drops the other replicas' bookings it
+ * held (their frees would no longer reach it) and stops tracking them.
  * @thread_safety as kvr_ingest_subscribe_nats */
 KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest *ingest, const char *url,
                                             const char *subject, const char *replica_id,

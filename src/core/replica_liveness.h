@@ -85,6 +85,12 @@ class ReplicaLiveness {
 
   size_t live() const { return origins_.size(); }
 
+  // Every origin, tracked or remembered as expired, forgotten (their changes no longer come).
+  void Forget() noexcept {
+    origins_.clear();
+    expired_.clear();
+  }
+
   // Expired origins remembered at most: beyond it, the forgotten ones' return goes unnoticed
   // (their bookings come back when they next restart).
   static constexpr size_t kRemembered = 1024;

@@ -386,6 +386,10 @@ class Router {
   // for good. Its capacity may admit waiting requests. Returns how many replicas were dropped; one
   // that comes back announces its bookings again (Reset, Added...) as any joining replica does.
   size_t ExpireSilentReplicas(Nanos timeout);
+  // Drops every booking held here from other replicas and stops tracking them: this router no
+  // longer hears them (its replica sync stopped), so their frees and heartbeats would never
+  // come. Their capacity may admit waiting requests. Returns how many bookings were dropped.
+  size_t ForgetReplicas();
   struct ReplicaStats {
     uint64_t changes_applied = 0;   // ApplyReplicaChange calls that succeeded
     uint64_t changes_rejected = 0;  // and those that returned an error

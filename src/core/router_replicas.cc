@@ -294,6 +294,19 @@ size_t Router::ExpireSilentReplicas(Nanos timeout) {
   return expired;
 }
 
+size_t Router::ForgetReplicas() {
+  Completions completions;
+  size_t dropped = 0;
+  {
+    std::lock_guard lock(gate_);
+    dropped = active_.FreeIf(IsReplicaRequestId);  // allocates nothing
+    liveness_.Forget();
+    if (dropped > 0) DrainQueueLocked(completions);
+  }
+  Run(completions);
+  return dropped;
+}
+
 Router::ReplicaStats Router::replica_stats() const {
   std::lock_guard lock(gate_);
   return {.changes_applied = replica_changes_applied_,

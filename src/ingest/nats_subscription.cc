@@ -476,8 +476,11 @@ void NatsSubscriptions::Close(Source* source) {
   // observer is not running and will not run again). Only its own observer (a later
   // kvr_router_set_replica_publisher may have replaced it), which says farewell first: a Reset,
   // so that the peers drop this replica's bookings now, not a liveness timeout later.
-  if (source->replica_sync) {
-    (void)loop_.router->ClearSequenceObserver(source->observer_token, /*farewell=*/true);
+  // And, this router no longer hearing its peers, what it holds from them goes: their frees
+  // would never come (they stayed until the request expiry).
+  if (source->replica_sync &&
+      loop_.router->ClearSequenceObserver(source->observer_token, /*farewell=*/true)) {
+    loop_.router->ForgetReplicas();
   }
   if (source->liveness_timer != nullptr) {
     uv_timer_stop(source->liveness_timer);

@@ -149,6 +149,19 @@ TEST_F(ReplicaSyncTest, OneSyncPerIngestObject) {
   EXPECT_EQ(a.Stats().published, published + 1);
 }
 
+// A replica whose sync stops no longer hears its peers: what it held from them goes at once
+// (their frees would never come: they stayed until the request expiry), and it tracks none.
+TEST_F(ReplicaSyncTest, AReplicaWhoseSyncStopsForgetsThePeersBookings) {
+  Replica a(*server_, "a"), b(*server_, "b");
+  ASSERT_TRUE(b.router->AddRequest("r1", Tokens(4, 0), {1, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return a.RequestsOn(1) == 1; }));
+  a.ingest->Stop();
+  EXPECT_EQ(a.RequestsOn(1), 0u);
+  EXPECT_EQ(a.router->replica_stats().active_requests, 0u);
+  EXPECT_EQ(a.router->replica_stats().live, 0u);
+  EXPECT_EQ(b.router->active_requests(), 1u);  // b's own booking stays
+}
+
 // Liveness: with heartbeats every 100 ms and a 1 s timeout, a replica that only books once
 // stays alive for as long as it runs (its heartbeats keep it so), and its bookings go within
 // the timeout once it is gone, without any message saying so (it dies: its publisher is

@@ -1570,7 +1570,9 @@ extern "C" {
     /// publishing nothing (a publisher it had replaced is not restored). Stopping, a sync that
     /// still publishes for the router first publishes a Reset (since 0.2.0), so that the other
     /// replicas drop this one's bookings at once rather than after their liveness timeout; the stop
-    /// waits up to 0.5 s for it to be written. @thread_safety as kvr_ingest_subscribe_nats
+    /// waits up to 0.5 s for it to be written. And it drops the other replicas' bookings it held
+    /// (their frees would no longer reach it) and stops tracking them. @thread_safety as
+    /// kvr_ingest_subscribe_nats
     pub fn kvr_ingest_sync_replicas(
         ingest: *mut kvr_ingest,
         url: *const c_char,
