@@ -71,8 +71,8 @@ type Metrics struct {
 	// What the heap refused: KV events the index could not apply for want of memory
 	// (ErrResourceExhausted), before they changed anything or midway, the rank then left
 	// holding nothing (0 in approximate mode, which takes no events), and this
-	// router's own booking changes its replica publisher lost for want of memory (each repaired
-	// by announcing every booking again).
+	// router's own booking changes its replica publisher lost for want of memory or its
+	// transport refused (each repaired by announcing every booking again).
 	EventsRefusedForMemory    uint64
 	ReplicaChangesUnpublished uint64
 	// Routing decisions decided a second time: priced outside the router's lock while another

@@ -114,8 +114,8 @@ std::string RenderPrometheus(const kvr_router& router) {
               "Other router replicas whose bookings were dropped here because they fell silent.",
               m.replicas_expired);
   text.Scalar("kvrouter_replica_changes_unpublished_total", "counter",
-              "Own booking changes the replica publisher lost for want of memory (each repaired "
-              "by announcing every booking again).",
+              "Own booking changes the replica publisher lost for want of memory or its "
+              "transport refused (each repaired by announcing every booking again).",
               m.replica_changes_unpublished);
   text.Scalar("kvrouter_decisions_priced_again_total", "counter",
               "Routing decisions decided again under the router's lock because another call "

@@ -18,6 +18,11 @@ namespace kvrouter {
 
 using SequenceObserver = std::function<void(const SequenceChange&)>;
 
+// What an observer throws when its transport refused the change (a NATS client's buffer full
+// while reconnecting, a closed connection): the change is lost to the other replicas, as one
+// refused memory, and every booking is announced again once a later change gets through.
+struct ChangeNotPublished {};
+
 // Request ids starting with this byte are reserved: they name bookings of replicas.
 inline constexpr char kReplicaRequestIdMark = '\x1e';
 inline bool IsReplicaRequestId(std::string_view request_id) {
@@ -36,9 +41,9 @@ class BookingObserver {
   bool active() const { return static_cast<bool>(observer_); }
   bool IsOwnOrigin(std::string_view origin) const { return origin == replica_id_; }
   // Tells the observer, if any, unless the change is to a replica's booking. False when the
-  // observer ran out of memory (std::bad_alloc, e.g. encoding the change): the change is lost
-  // to the other replicas, and the caller must not fail for it, since what it reports has
-  // already happened.
+  // observer ran out of memory (std::bad_alloc, e.g. encoding the change) or its transport
+  // refused the change (ChangeNotPublished): the change is lost to the other replicas, and the
+  // caller must not fail for it, since what it reports has already happened.
   // Every change notified carries the interval of the last heartbeat (see Promise).
   bool Notify(const SequenceChange& change) const {
     if (!observer_ || (NamesARequest(change.kind) && IsReplicaRequestId(change.request_id))) {
@@ -49,6 +54,8 @@ class BookingObserver {
     try {
       observer_(stamped);
     } catch (const std::bad_alloc&) {
+      return false;
+    } catch (const ChangeNotPublished&) {
       return false;
     }
     return true;

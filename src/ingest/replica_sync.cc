@@ -49,6 +49,9 @@ uint64_t PublishBookings(Router& router, const std::string& replica_id,
                                    std::span<const uint8_t> bytes, SequenceChange::Kind kind) {
                                  if (!publish(bytes)) {
                                    Bump(counters->publish_failures);
+                                   // Lost to the peers: the router announces every booking
+                                   // again once a later change gets through.
+                                   throw ChangeNotPublished{};
                                  } else if (kind != SequenceChange::Kind::kHeartbeat) {
                                    Bump(counters->published);
                                  }

@@ -1,6 +1,8 @@
 // Router replica sync over a real nats-server on 127.0.0.1: two routers, each with an ingest
 // object syncing on the same subject, see each other's bookings as load; garbage on the subject
 // is counted and ignored; one sync per ingest object.
+#include "ingest/replica_sync.h"
+
 #include <gtest/gtest.h>
 #include <nats/nats.h>
 
@@ -72,6 +74,46 @@ class ReplicaSyncTest : public ::testing::Test {
   }
   std::unique_ptr<NatsServer> server_;
 };
+
+// A change the transport refuses (the NATS client's buffer full while reconnecting, its
+// connection closed: publish returns false) is counted, and repaired as one lost for memory:
+// every booking announced again once a later change gets through. Before, the peer kept a
+// freed booking until the request expiry.
+TEST(ReplicaPublishTest, AChangeTheTransportRefusesIsRepairedByTheNextOneThatGetsThrough) {
+  std::unique_ptr<Router> a = *Router::Create(RouterOptions{.block_size = kBlockSize});
+  std::unique_ptr<Router> b = *Router::Create(RouterOptions{.block_size = kBlockSize});
+  for (Router* r : {a.get(), b.get()}) {
+    ASSERT_TRUE(r->AddWorker({.worker_id = 1, .block_size = kBlockSize}).ok());
+  }
+  auto counters = std::make_shared<SourceCounters>();
+  SourceCounters heard;
+  std::vector<std::vector<uint8_t>> sent;
+  int refuse = 0;
+  (void)PublishBookings(
+      *a, "a",
+      [&](std::span<const uint8_t> bytes) {
+        if (refuse > 0) return --refuse, false;
+        sent.emplace_back(bytes.begin(), bytes.end());
+        return true;
+      },
+      counters);
+  const auto deliver = [&] {
+    for (const std::vector<uint8_t>& message : sent) ApplyReplicaMessage(*b, message, heard);
+    sent.clear();
+  };
+  deliver();  // the announcement
+  ASSERT_TRUE(a->AddRequest("r1", Tokens(2, 0), {1, 0}).ok());
+  deliver();
+  ASSERT_EQ(b->replica_stats().active_requests, 1u);
+  refuse = 1;
+  ASSERT_TRUE(a->Free("r1"));  // refused on the way
+  EXPECT_TRUE(sent.empty());
+  EXPECT_EQ(counters->publish_failures.load(), 1u);
+  EXPECT_EQ(a->replica_stats().changes_unpublished, 1u);
+  ASSERT_TRUE(a->PublishHeartbeat(1000));  // gets through: a's whole picture follows
+  deliver();
+  EXPECT_EQ(b->replica_stats().active_requests, 0u);
+}
 
 TEST_F(ReplicaSyncTest, EachReplicaSeesTheOthersBookings) {
   Replica a(*server_, "a"), b(*server_, "b");

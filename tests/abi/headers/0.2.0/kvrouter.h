@@ -792,9 +792,9 @@ typedef struct kvr_metrics {
    * memory, refused before they changed anything or midway (their rank then left holding
    * nothing; kvr_router_apply_* returned KVR_RESOURCE_EXHAUSTED, an ingest source flags the
    * rank state_unknown); 0 in approximate mode, which takes no events. And this router's own
-   * booking changes its replica publisher lost for want of memory (the booking stands; each
-   * loss is repaired by announcing every booking again once a later change or heartbeat gets
-   * through). */
+   * booking changes its replica publisher lost for want of memory, or (kvr_ingest_sync_replicas)
+   * that the NATS client refused to send (the booking stands; each loss is repaired by
+   * announcing every booking again once a later change or heartbeat gets through). */
   uint64_t events_refused_for_memory;
   uint64_t replica_changes_unpublished;
   /* Appended in 0.2.0: routing decisions decided a second time. A decision prices its

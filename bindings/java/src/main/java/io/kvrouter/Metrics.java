@@ -101,8 +101,9 @@ public final class Metrics {
   }
 
   /**
-   * This router's own booking changes its replica publisher lost for want of memory (the booking
-   * stands; each loss is repaired by announcing every booking again).
+   * This router's own booking changes its replica publisher lost for want of memory or its
+   * transport refused (the booking stands; each loss is repaired by announcing every booking
+   * again).
    */
   public long replicaChangesUnpublished() {
     return a[Abi.Metrics.REPLICA_CHANGES_UNPUBLISHED];

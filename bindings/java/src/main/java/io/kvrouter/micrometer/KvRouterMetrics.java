@@ -233,8 +233,8 @@ public final class KvRouterMetrics implements MeterBinder {
     counter(
         registry,
         "kvrouter.replica.changes.unpublished",
-        "Own booking changes the replica publisher lost for want of memory (each repaired by "
-            + "announcing every booking again).",
+        "Own booking changes the replica publisher lost for want of memory or its transport "
+            + "refused (each repaired by announcing every booking again).",
         Tags.empty(),
         Metrics::replicaChangesUnpublished);
     counter(
