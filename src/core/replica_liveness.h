@@ -35,6 +35,7 @@ class ReplicaLiveness {
   bool Beat(std::string_view origin, Nanos interval, Nanos now) {
     auto it = origins_.find(origin);  // not copying the name of a tracked origin
     if (it == origins_.end()) {
+      if (origins_.size() >= kTracked) ForgetLongestSilent();
       try {
         it = origins_.emplace(std::string(origin), Entry{}).first;
       } catch (const std::bad_alloc&) {
@@ -94,6 +95,10 @@ class ReplicaLiveness {
   // Expired origins remembered at most: beyond it, the forgotten ones' return goes unnoticed
   // (their bookings come back when they next restart).
   static constexpr size_t kRemembered = 1024;
+  // Origins tracked at most: without expiry (no timeout), every replica id ever heard would
+  // stay (ids that name a process change at every restart); beyond it the longest silent one
+  // is no longer tracked (its bookings stay; it is expired no more).
+  static constexpr size_t kTracked = 4096;
   static constexpr Nanos kAskAgainAfter = kNanosPerSecond;
 
  private:
@@ -110,6 +115,12 @@ class ReplicaLiveness {
     uint64_t order = 0;  // when it was expired, among the others (the oldest is forgotten first)
     Nanos asked = 0;     // when it was last asked to announce its bookings; 0 = never
   };
+
+  void ForgetLongestSilent() {
+    origins_.erase(std::min_element(
+        origins_.begin(), origins_.end(),
+        [](const auto& a, const auto& b) { return a.second.last_heard < b.second.last_heard; }));
+  }
 
   // Whether `origin` is remembered as expired and was not asked within `wait`; if so, it is
   // asked now.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -34,6 +35,22 @@ TEST(ReplicaLivenessTest, ATimeoutOfSecondsBeyondNanosecondsExpiresNothing) {
   const Nanos later = kSecond + 100 * kSecond;
   EXPECT_TRUE(liveness.TakeSilent(later, SecondsToNanos(1e10)).empty());
   EXPECT_EQ(liveness.TakeSilent(later, kTimeout).size(), 1u);
+}
+
+// Without expiry, replica ids that change at every restart would be tracked for ever: past
+// kTracked the longest silent one goes.
+TEST(ReplicaLivenessTest, TheOriginsTrackedAreBounded) {
+  ReplicaLiveness liveness;
+  Nanos now = kSecond;
+  for (size_t i = 0; i < ReplicaLiveness::kTracked + 10; ++i) {
+    liveness.Beat("r" + std::to_string(i), kSecond, now);
+    now += kSecond;
+  }
+  EXPECT_EQ(liveness.live(), ReplicaLiveness::kTracked);
+  // The first ten, silent longest, went: past the timeout only the next ones are silent.
+  const std::vector<std::string> silent = liveness.TakeSilent(now + kTimeout, kTimeout);
+  EXPECT_EQ(std::count(silent.begin(), silent.end(), "r0"), 0);
+  EXPECT_EQ(std::count(silent.begin(), silent.end(), "r10"), 1);
 }
 
 TEST(ReplicaLivenessTest, AnExpiredOriginHeardAgainIsAskedUntilItAnnounces) {
