@@ -520,6 +520,9 @@ class Router {
   absl::StatusOr<RouteDecision> Route(std::span<const uint32_t> tokens, const RouteOptions& options,
                                       bool as_plan);
   bool MustWaitLocked(const Prepared& prepared) const;
+  // The decision of `request_id`'s plan if it is live (not past its deadline, its booking
+  // still held), else null.
+  const RouteDecision* LivePlanLocked(std::string_view request_id);
   // Takes `done` only once the request is queued (all or nothing).
   void EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback& done);
   void DrainQueueLocked(Completions& completions);

@@ -166,10 +166,18 @@ uint64_t Router::Admit(std::span<const uint32_t> tokens, const RouteOptions& opt
   for (bool outside = true;; outside = false) {
     // Steering changes nothing; a booking uses the binding once it is made (DecideLocked).
     ApplySessionLocked(options, scratch);
+    completions.reserve(completions.size() + 1);
+    // A plan retried while this call decided (a gateway's retry racing the first): the plan
+    // booked meanwhile is the answer, as Plan gives it once booked.
+    if (const RouteDecision* planned =
+            scratch.hold_as_plan ? LivePlanLocked(options.request_id) : nullptr) {
+      decisions_.fetch_add(1, std::memory_order_relaxed);
+      completions.push_back({std::exchange(done, nullptr), *planned});
+      return 0;
+    }
     absl::Status id_status =
         options.with_admission ? CheckNewRequestIdLocked(options.request_id) : absl::OkStatus();
     if (id_status.ok()) id_status = CheckPinLocked(scratch);
-    completions.reserve(completions.size() + 1);
     if (!id_status.ok()) {
       completions.push_back({std::exchange(done, nullptr), std::move(id_status)});
       return 0;

@@ -47,11 +47,11 @@ absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,
   {
     std::lock_guard lock(gate_);
     // Planning twice (a retried gateway call) returns the plan already booked.
-    if (const auto* planned = plans_.Find(options.request_id)) {
-      if (!planned->DueAt(clock_.Now()) && active_.HasRequest(options.request_id)) {
-        decisions_.fetch_add(1, std::memory_order_relaxed);
-        return planned->decision;
-      }
+    if (const RouteDecision* planned = LivePlanLocked(options.request_id)) {
+      decisions_.fetch_add(1, std::memory_order_relaxed);
+      return *planned;
+    }
+    if (plans_.Find(options.request_id) != nullptr) {
       // Stale (past its deadline, or its worker removed): free what is left and plan afresh.
       plans_.Erase(options.request_id);
       if (FreeBookingLocked(options.request_id)) DrainQueueLocked(completions);
@@ -62,6 +62,14 @@ absl::StatusOr<RouteDecision> Router::Plan(std::span<const uint32_t> tokens,
   plan.with_admission = true;
   if (previewed) plan.preferred = previewed;
   return Route(tokens, plan, /*as_plan=*/true);
+}
+
+const RouteDecision* Router::LivePlanLocked(std::string_view request_id) {
+  const auto* planned = plans_.Find(request_id);
+  if (planned == nullptr || planned->DueAt(clock_.Now()) || !active_.HasRequest(request_id)) {
+    return nullptr;
+  }
+  return &planned->decision;
 }
 
 absl::Status Router::Commit(std::string_view request_id) {

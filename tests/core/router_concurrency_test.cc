@@ -135,6 +135,30 @@ TEST(RouterConcurrencyTest, ARequestBookedWhileAnotherIsPricedIsSeenByIt) {
   }
 }
 
+// A plan retried while the first call is being priced (a gateway's retry racing it): the retry
+// books first, and the first call answers with that plan, as a retry after it would; it answered
+// ALREADY_EXISTS for an id with a live plan.
+TEST(RouterConcurrencyTest, APlanRetriedWhileTheFirstIsPricedAnswersBothWithThePlan) {
+  const auto prompt = Prompt(64);
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    const std::unique_ptr<Router> router = TwoIdleWorkers(seed);
+    const RouteOptions plan{.with_admission = true, .request_id = "r"};
+    absl::StatusOr<RouteDecision> retried = absl::UnknownError("not run");
+    bool paused = false;
+    router->SetPricingPauseForTesting([&] {
+      if (std::exchange(paused, true)) return;  // the first call only
+      std::thread([&] { retried = router->Plan(prompt, plan); }).join();
+    });
+    const absl::StatusOr<RouteDecision> first = router->Plan(prompt, plan);
+    router->SetPricingPauseForTesting(nullptr);
+    ASSERT_TRUE(retried.ok()) << retried.status();
+    ASSERT_TRUE(first.ok()) << "seed " << seed << ": " << first.status();
+    EXPECT_EQ(first->worker, retried->worker);
+    EXPECT_EQ(router->active_requests(), 1u);
+    EXPECT_TRUE(router->Commit("r").ok());
+  }
+}
+
 // A worker removed while a request is priced is never booked: the request goes to a worker
 // still there (had it booked what it priced, it would have failed half the time).
 TEST(RouterConcurrencyTest, AWorkerRemovedWhileARequestIsPricedIsNotChosen) {
