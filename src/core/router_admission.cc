@@ -75,10 +75,16 @@ void Router::EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback& do
   ++next_ticket_;
 }
 
+Router::Prepared& Router::SteeredNow(Prepared& prepared) {
+  ApplySessionLocked(prepared);
+  return prepared;
+}
+
 void Router::DrainQueueLocked(Completions& completions) {
   try {
-    // Head-of-line: stop at the first request that still has to wait (as Dynamo does).
-    while (!queue_.empty() && !MustWaitLocked(queue_.Front().item->prepared)) {
+    // Head-of-line: stop at the first request that still has to wait (as Dynamo does). Its
+    // session steers it as the binding stands now (bound, rebound or dropped since it came).
+    while (!queue_.empty() && !MustWaitLocked(SteeredNow(queue_.Front().item->prepared))) {
       // Decided in place, dequeued once decided: nothing from the reserve on allocates but
       // the decision, which books whole or not at all.
       completions.reserve(completions.size() + 1);
@@ -165,7 +171,7 @@ uint64_t Router::Admit(std::span<const uint32_t> tokens, const RouteOptions& opt
   // under it, from the steering and the checks on.
   for (bool outside = true;; outside = false) {
     // Steering changes nothing; a booking uses the binding once it is made (DecideLocked).
-    ApplySessionLocked(options, scratch);
+    ApplySessionLocked(scratch);
     completions.reserve(completions.size() + 1);
     // A plan retried while this call decided (a gateway's retry racing the first): the plan
     // booked meanwhile is the answer, as Plan gives it once booked.

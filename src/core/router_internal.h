@@ -29,8 +29,10 @@ struct Router::Prepared {
   std::vector<uint64_t> sequence_hashes;  // only to record a booking in approximate mode
   std::vector<WorkerMatch> matches;       // in the index's order
   std::vector<uint64_t> allowed_worker_ids;
-  std::optional<WorkerPin> pin;
-  std::optional<WorkerKey> preferred;
+  std::optional<WorkerPin> pin;        // the caller's, or its session's (ApplySessionLocked)
+  std::optional<WorkerKey> preferred;  // likewise
+  std::optional<WorkerPin> own_pin;    // the caller's own, steered from again each time
+  std::optional<WorkerKey> own_preferred;
   std::string session_id;
   SessionMode session_mode = SessionMode::kHard;
   double session_ttl_seconds = 0;

@@ -63,8 +63,8 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
   out.priority_jump = options.priority_jump;
   out.allowed_worker_ids.assign(options.allowed_worker_ids.begin(),
                                 options.allowed_worker_ids.end());
-  out.pin = options.pin;
-  out.preferred = options.preferred;
+  out.pin = out.own_pin = options.pin;
+  out.preferred = out.own_preferred = options.preferred;
   out.session_id.assign(options.session_id);
   out.session_mode = options.session_mode;
   out.session_ttl_seconds = options.session_ttl_seconds;

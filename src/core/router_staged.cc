@@ -27,10 +27,10 @@ absl::StatusOr<RouteDecision> Router::Preview(std::span<const uint32_t> tokens,
     return status;
   }
   std::unique_lock lock(gate_);
-  ApplySessionLocked(look, prepared);
+  ApplySessionLocked(prepared);
   std::optional<absl::StatusOr<RouteDecision>> result = DecidePricedOutsideLocked(prepared, lock);
   if (!result) {
-    ApplySessionLocked(look, prepared);
+    ApplySessionLocked(prepared);
     result = DecideLocked(prepared);
   }
   if (result->ok()) FinishTiming(started);
@@ -173,9 +173,9 @@ size_t Router::plan_count() const {
 // ---------------------------------------------------------------------------------------------
 // Session affinity (reference §6.1): the SessionTable under gate_
 
-void Router::ApplySessionLocked(const RouteOptions& options, Prepared& prepared) {
-  prepared.pin = options.pin;
-  prepared.preferred = options.preferred;
+void Router::ApplySessionLocked(Prepared& prepared) {
+  prepared.pin = prepared.own_pin;
+  prepared.preferred = prepared.own_preferred;
   // An explicit pin outranks the session; a binding the request may not use is no target.
   sessions_.Steer(
       prepared.session_id, prepared.session_mode, /*use=*/false,

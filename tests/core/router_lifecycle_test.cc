@@ -314,6 +314,38 @@ TEST_F(RouterLifecycleTest, HardSessionBindsAtCommitAndPinsLaterRequests) {
   }
 }
 
+// A request of a hard session waiting in the queue is steered by the binding as it stands
+// when it is admitted: its bound worker removed meanwhile, it waits for and goes to another
+// and the session is bound there, as a request arriving after the removal would. It kept the
+// pin it had when queued and failed with "pinned worker ... is not registered" at once.
+TEST_F(RouterLifecycleTest, AQueuedSessionRequestIsSteeredByTheBindingWhenAdmitted) {
+  Make(RouterOptions{.queue_threshold = 0.0}, 2);  // a worker with any prefill in flight is busy
+  RouteOptions first = Request("a");
+  first.with_admission = true;
+  first.session_id = "s";
+  auto bound = router_->FindBestMatch(Tokens(3), first);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  ASSERT_EQ(router_->SessionBinding("s"), bound->worker);
+  auto other = router_->FindBestMatch(Tokens(4, 50),
+                                      RouteOptions{.with_admission = true, .request_id = "busy"});
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_NE(other->worker, bound->worker);
+  std::optional<absl::StatusOr<RouteDecision>> answer;
+  RouteOptions waits = first;
+  waits.request_id = "q";
+  router_->FindBestMatchAsync(Tokens(3, 300), waits,
+                              [&](absl::StatusOr<RouteDecision> d) { answer = std::move(d); });
+  ASSERT_EQ(router_->pending_count(), 1u);
+  ASSERT_TRUE(router_->RemoveWorker(bound->worker.worker_id).ok());
+  EXPECT_FALSE(answer.has_value()) << answer->status();  // the other worker is busy: it waits
+  EXPECT_EQ(router_->pending_count(), 1u);
+  ASSERT_TRUE(router_->Free("busy"));
+  ASSERT_TRUE(answer.has_value());
+  ASSERT_TRUE(answer->ok()) << answer->status();
+  EXPECT_EQ((*answer)->worker, other->worker);
+  EXPECT_EQ(router_->SessionBinding("s"), other->worker);
+}
+
 TEST_F(RouterLifecycleTest, HardSessionWhoseWorkerIsGoneRebinds) {
   Make();
   RouteOptions options = Request("a");
