@@ -41,6 +41,16 @@ struct Published {
   uint32_t expected_output_tokens;
   uint32_t heartbeat_interval_ms;
 
+  // A copy of what an observer was told (its views end with the call).
+  static Published Of(const SequenceChange& c) {
+    return {c.kind,
+            std::string(c.request_id),
+            c.worker,
+            std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
+            c.prefill_tokens,
+            c.expected_output_tokens,
+            c.heartbeat_interval_ms};
+  }
   SequenceChange View() const {
     return {.kind = kind,
             .request_id = request_id,
@@ -80,11 +90,7 @@ class RouterReplicaTest : public ::testing::Test {
     Deliver();
   }
 
-  void Record(const SequenceChange& c) {
-    from_a_.push_back({c.kind, std::string(c.request_id), c.worker,
-                       std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
-                       c.prefill_tokens, c.expected_output_tokens, c.heartbeat_interval_ms});
-  }
+  void Record(const SequenceChange& c) { from_a_.push_back(Published::Of(c)); }
 
   // Delivers what `a` published so far to `b`; returns how many changes applied.
   int Deliver() {
@@ -123,11 +129,8 @@ class RouterReplicaTest : public ::testing::Test {
   // b publishes too (what it says is kept in from_b_, never delivered on its own); the
   // announcement it makes on joining is dropped.
   void LetBPublish() {
-    b_->SetSequenceObserver("b", [this](const SequenceChange& c) {
-      from_b_.push_back({c.kind, std::string(c.request_id), c.worker,
-                         std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
-                         c.prefill_tokens, c.expected_output_tokens, c.heartbeat_interval_ms});
-    });
+    b_->SetSequenceObserver(
+        "b", [this](const SequenceChange& c) { from_b_.push_back(Published::Of(c)); });
     from_b_.clear();
   }
 
@@ -262,11 +265,8 @@ TEST_F(RouterReplicaTest, AReplacedOrClearedObserverSaysFarewellFirst) {
   Deliver();
   ASSERT_EQ(LoadOf(*b_, 1).active_requests, 1u);
   std::deque<Published> from_a2;
-  a_->SetSequenceObserver("a2", [&](const SequenceChange& c) {
-    from_a2.push_back({c.kind, std::string(c.request_id), c.worker,
-                       std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
-                       c.prefill_tokens, c.expected_output_tokens, c.heartbeat_interval_ms});
-  });
+  a_->SetSequenceObserver("a2",
+                          [&](const SequenceChange& c) { from_a2.push_back(Published::Of(c)); });
   ASSERT_EQ(from_a_.size(), 1u);  // the farewell, through the old observer
   EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
   EXPECT_EQ(from_a_.front().heartbeat_interval_ms, 0u);
