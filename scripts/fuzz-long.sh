@@ -14,7 +14,8 @@
 # stops a harness after N executions if its time is not up first; KVR_FUZZ_AIM=N stops it once
 # the ledger's runs of it add up to N executions (a harness already there is skipped). A run
 # stopped early with SIGINT to its fuzzer process (not to this script) is recorded like a
-# finished one.
+# finished one; with KVR_FUZZ_JOBS, SIGTERM to the fuzzer parent (it ignores SIGINT, and
+# counts the job the stop interrupts as a crash, writing no input).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,7 +68,9 @@ fuzz_one() {
     "$corpus" "tests/fuzz/seeds/$name" "${kept[@]}" >"$log" 2>&1 || status=$?
   local execs cov ft findings size total
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
+  # In fork mode the parent runs no input itself (its stat is 0): its progress lines count the
+  # jobs' executions.
+  [ -n "$execs" ] && [ "$execs" != 0 ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
   cov=$(last_figure cov "$log")
   ft=$(last_figure ft "$log")
   # Crashes, leaks, timeouts, out-of-memory; not slow-unit-* (inputs over 10 s of wall time,
