@@ -546,8 +546,6 @@ class Router {
   // request's own pin and preference, so that a decision made again after the binding changed
   // (priced again, or waiting in the queue) steers by the new one; changes nothing.
   void ApplySessionLocked(Prepared& prepared);
-  // `prepared` after ApplySessionLocked.
-  Prepared& SteeredNow(Prepared& prepared);
   // The request is booked: its binding's TTL restarts, or the binding is dropped if it expired
   // or is hard and its rank is gone (a dispatch rebinds it). Allocates nothing: the last step
   // of a booking.

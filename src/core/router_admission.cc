@@ -75,20 +75,18 @@ void Router::EnqueueLocked(std::unique_ptr<Prepared> prepared, RouteCallback& do
   ++next_ticket_;
 }
 
-Router::Prepared& Router::SteeredNow(Prepared& prepared) {
-  ApplySessionLocked(prepared);
-  return prepared;
-}
-
 void Router::DrainQueueLocked(Completions& completions) {
   try {
     // Head-of-line: stop at the first request that still has to wait (as Dynamo does). Its
     // session steers it as the binding stands now (bound, rebound or dropped since it came).
-    while (!queue_.empty() && !MustWaitLocked(SteeredNow(queue_.Front().item->prepared))) {
+    while (!queue_.empty()) {
+      Prepared& head = queue_.Front().item->prepared;
+      ApplySessionLocked(head);
+      if (MustWaitLocked(head)) break;
       // Decided in place, dequeued once decided: nothing from the reserve on allocates but
       // the decision, which books whole or not at all.
       completions.reserve(completions.size() + 1);
-      auto result = DecideLocked(queue_.Front().item->prepared);
+      auto result = DecideLocked(head);
       auto entry = queue_.PopFront();
       CountDecision(result);
       if (result.ok()) result->queued = true;
