@@ -141,17 +141,21 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
                                             " dp_rank ", request.worker.dp_rank));
   }
   const uint32_t slot = *found;
+  // A booking learnt after the fact: what its rank had queued then is unknown, and today's
+  // queue is not it.
+  const bool booked_now = request.booked_ago <= 0;
+  const Nanos booked_ago = std::min(request.booked_ago, kLongestNanos);  // no overflow below
   // What can be refused first (the record with its id and ids, room in the table); then the
   // blocks, which book all or nothing; then nothing allocates.
-  auto record = std::make_unique<Record>(
-      Record{.id = request.request_id,
-             .slot = slot,
-             .block_ids = {request.block_ids.begin(), request.block_ids.end()},
-             .prefill_tokens = request.prefill_tokens,
-             .work_ahead = slots_[slot].active_prefill_tokens + request.prefill_tokens,
-             .started_at = clock_.Now(),
-             .expected_output_tokens = request.expected_output_tokens,
-             .prompt_tokens = request.prompt_tokens});
+  auto record = std::make_unique<Record>(Record{
+      .id = request.request_id,
+      .slot = slot,
+      .block_ids = {request.block_ids.begin(), request.block_ids.end()},
+      .prefill_tokens = request.prefill_tokens,
+      .work_ahead = booked_now ? slots_[slot].active_prefill_tokens + request.prefill_tokens : 0,
+      .started_at = clock_.Now() - (booked_now ? 0 : booked_ago),
+      .expected_output_tokens = request.expected_output_tokens,
+      .prompt_tokens = request.prompt_tokens});
   requests_.Reserve(requests_.size() + 1);
   BookBlocks(record->block_ids, slot);
   requests_.Set(record->id, record.get());
@@ -250,6 +254,7 @@ size_t ActiveSequences::FreeIf(absl::FunctionRef<bool(std::string_view)> pred) {
 
 void ActiveSequences::ForEachRequest(absl::FunctionRef<bool(std::string_view)> pred,
                                      absl::FunctionRef<void(const SequenceRequest&)> visit) const {
+  const Nanos now = clock_.Now();
   requests_.ForEach([&](std::string_view id, const Record* record) {
     if (!pred(id)) return;
     visit(SequenceRequest{.request_id = record->id,
@@ -257,7 +262,8 @@ void ActiveSequences::ForEachRequest(absl::FunctionRef<bool(std::string_view)> p
                           .block_ids = record->block_ids,
                           .prefill_tokens = record->prefill_tokens,
                           .expected_output_tokens = record->expected_output_tokens,
-                          .prompt_tokens = record->prompt_tokens});
+                          .prompt_tokens = record->prompt_tokens,
+                          .booked_ago = now - record->started_at});
   });
 }
 

@@ -83,6 +83,10 @@ struct SequenceRequest {
   uint32_t expected_output_tokens = 0;
   // The prompt's length in tokens, for output-block tracking (SetOutputTokens); 0 = unknown.
   uint64_t prompt_tokens = 0;
+  // How long ago it was booked: 0 for a booking made now; more for one learnt after the fact
+  // (a replica's, announced again), which expires that much sooner and, its work ahead unknown,
+  // gives no prefill-rate sample. ForEachRequest reports each booking's age here.
+  Nanos booked_ago = 0;
 };
 
 // A change to the requests one router has booked, as its replicas learn of it (router replica
@@ -117,6 +121,9 @@ struct SequenceChange {
   // heartbeat through its current publisher (0 = none), so that a receiver that missed the
   // heartbeats still expires the origin when it falls silent.
   uint32_t heartbeat_interval_ms = 0;
+  // kAdded: how long before this change the booking was made (SequenceRequest::booked_ago),
+  // in milliseconds; 0 when the change announces it as it is made.
+  uint32_t booked_ms_ago = 0;
 };
 
 // Whether a change of this kind names one request (the others speak for the whole origin).
@@ -314,7 +321,7 @@ class ActiveSequences {
     std::vector<uint64_t> block_ids;
     uint64_t prefill_tokens;  // 0 once prefilled
     // The rank's prefill tokens when it was booked, its own included: the work its first token
-    // waits for (a prefill-rate sample at MarkPrefillCompleted).
+    // waits for (a prefill-rate sample at MarkPrefillCompleted); 0 when unknown (no sample).
     uint64_t work_ahead;
     Nanos started_at;
     uint32_t expected_output_tokens;

@@ -3,6 +3,7 @@
 // replicas' changes under names of their own. Encoding and transport are above the core
 // (ingest/replica_sync.*).
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -35,14 +36,18 @@ SequenceChange ChangeOf(SequenceChange::Kind kind, std::string_view request_id) 
   return change;
 }
 
-// A booking, as the change that announces it.
+// A booking, as the change that announces it (with its age when announced again: its peers
+// expire it when this router does).
 SequenceChange AddedChange(const SequenceRequest& booking) {
+  constexpr Nanos kNanosPerMilli = 1'000'000;
+  const Nanos age_ms = std::max<Nanos>(booking.booked_ago, 0) / kNanosPerMilli;
   return {.kind = SequenceChange::Kind::kAdded,
           .request_id = booking.request_id,
           .worker = booking.worker,
           .block_ids = booking.block_ids,
           .prefill_tokens = booking.prefill_tokens,
-          .expected_output_tokens = booking.expected_output_tokens};
+          .expected_output_tokens = booking.expected_output_tokens,
+          .booked_ms_ago = static_cast<uint32_t>(std::min<Nanos>(age_ms, UINT32_MAX))};
 }
 
 // The name a replica's booking has here: the mark, the origin, a separator, its own id.
@@ -196,7 +201,8 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
                                 .block_ids = change.block_ids,
                                 .prefill_tokens = change.prefill_tokens,
                                 .expected_output_tokens = change.expected_output_tokens,
-                                .prompt_tokens = 0});  // output is not replicated
+                                .prompt_tokens = 0,  // output is not replicated
+                                .booked_ago = MillisToNanos(change.booked_ms_ago)});
         changed = status.ok() ? absl::StatusOr<bool>(true) : status;
         break;
       }

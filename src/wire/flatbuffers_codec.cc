@@ -376,7 +376,8 @@ SequenceChange ReplicaChange::View() const {
           .block_ids = block_ids,
           .prefill_tokens = prefill_tokens,
           .expected_output_tokens = expected_output_tokens,
-          .heartbeat_interval_ms = heartbeat_interval_ms};
+          .heartbeat_interval_ms = heartbeat_interval_ms,
+          .booked_ms_ago = booked_ms_ago};
 }
 
 std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const SequenceChange& change) {
@@ -390,7 +391,7 @@ std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const Sequence
       fbb, wire::CreateSequenceChange(
                fbb, origin_offset, static_cast<wire::SequenceChangeKind>(change.kind), request_id,
                change.worker.worker_id, change.worker.dp_rank, block_ids, change.prefill_tokens,
-               change.expected_output_tokens, change.heartbeat_interval_ms));
+               change.expected_output_tokens, change.heartbeat_interval_ms, change.booked_ms_ago));
   return Bytes(fbb);
 }
 
@@ -414,7 +415,8 @@ absl::StatusOr<ReplicaChange> DecodeReplicaChange(std::span<const uint8_t> bytes
                     .block_ids = {},
                     .prefill_tokens = in.prefill_tokens(),
                     .expected_output_tokens = in.expected_output_tokens(),
-                    .heartbeat_interval_ms = in.heartbeat_interval_ms()};
+                    .heartbeat_interval_ms = in.heartbeat_interval_ms(),
+                    .booked_ms_ago = in.booked_ms_ago()};
   if (in.block_ids() != nullptr) {
     out.block_ids.assign(in.block_ids()->begin(), in.block_ids()->end());
   }

@@ -64,6 +64,7 @@ struct ReplicaChange {
   uint64_t prefill_tokens = 0;
   uint32_t expected_output_tokens = 0;
   uint32_t heartbeat_interval_ms = 0;
+  uint32_t booked_ms_ago = 0;
 
   // A view for Router::ApplyReplicaChange, valid while this lives.
   SequenceChange View() const;

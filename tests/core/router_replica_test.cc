@@ -40,6 +40,7 @@ struct Published {
   uint64_t prefill_tokens;
   uint32_t expected_output_tokens;
   uint32_t heartbeat_interval_ms;
+  uint32_t booked_ms_ago = 0;
 
   // A copy of what an observer was told (its views end with the call).
   static Published Of(const SequenceChange& c) {
@@ -49,7 +50,8 @@ struct Published {
             std::vector<uint64_t>(c.block_ids.begin(), c.block_ids.end()),
             c.prefill_tokens,
             c.expected_output_tokens,
-            c.heartbeat_interval_ms};
+            c.heartbeat_interval_ms,
+            c.booked_ms_ago};
   }
   SequenceChange View() const {
     return {.kind = kind,
@@ -58,7 +60,8 @@ struct Published {
             .block_ids = block_ids,
             .prefill_tokens = prefill_tokens,
             .expected_output_tokens = expected_output_tokens,
-            .heartbeat_interval_ms = heartbeat_interval_ms};
+            .heartbeat_interval_ms = heartbeat_interval_ms,
+            .booked_ms_ago = booked_ms_ago};
   }
 };
 
@@ -441,6 +444,50 @@ TEST_F(RouterReplicaTest, ReplicaBookingsExpireLikeLocalOnes) {
   clock_.AdvanceSeconds(301);  // a replica that died never frees: expiry reclaims its load
   EXPECT_EQ(b_->ExpireStale(), 1u);
   EXPECT_EQ(b_->active_requests(), 0u);
+}
+
+// A booking a peer learns late (announced again, here to a replica that missed it) carries its
+// age: the peer expires it when its origin does, not a whole expiry after hearing of it.
+TEST_F(RouterReplicaTest, ABookingAnnouncedAgainKeepsItsAge) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(2, 0), {1, 0}, {}).ok());
+  ASSERT_EQ(from_a_.size(), 1u);
+  EXPECT_EQ(from_a_.front().booked_ms_ago, 0u);  // announced as it is made
+  from_a_.clear();                               // b missed it
+  clock_.AdvanceSeconds(200);
+  EXPECT_FALSE(*a_->ApplyReplicaChange("b", {.kind = SequenceChange::Kind::kSyncRequest}));
+  ASSERT_EQ(from_a_.size(), 2u);  // Reset, r1
+  EXPECT_EQ(from_a_[1].booked_ms_ago, 200'000u);
+  Deliver();
+  ASSERT_EQ(b_->active_requests(), 1u);
+  clock_.AdvanceSeconds(101);  // 301 s after a booked it, 101 s after b heard of it
+  EXPECT_EQ(a_->ExpireStale(), 1u);
+  EXPECT_EQ(b_->ExpireStale(), 1u);
+  EXPECT_EQ(b_->active_requests(), 0u);
+}
+
+// The prefill rate is learnt from the time between booking and first token, given the work
+// queued ahead. A booking a peer hears of only later, announced again, has neither: its
+// completion teaches the peer nothing (it made the peer's rate 400 times too fast: its prompt
+// "prefilled" in the 10 ms since the re-announcement). One heard of at once teaches as usual.
+TEST_F(RouterReplicaTest, ABookingAnnouncedAgainTeachesNoPrefillRate) {
+  ASSERT_TRUE(a_->AddRequest("late", Tokens(3, 0), {1, 0}, {}).ok());
+  from_a_.clear();  // b missed it
+  clock_.AdvanceSeconds(4);
+  EXPECT_FALSE(*a_->ApplyReplicaChange("b", {.kind = SequenceChange::Kind::kSyncRequest}));
+  Deliver();
+  clock_.AdvanceSeconds(0.01);
+  EXPECT_TRUE(a_->MarkPrefillCompleted("late"));
+  EXPECT_EQ(Deliver(), 1);
+  EXPECT_EQ(LoadOf(*b_, 1).active_prefill_tokens, 0u);
+  EXPECT_EQ(LoadOf(*b_, 1).prefill_tokens_per_second, 0);
+  EXPECT_DOUBLE_EQ(LoadOf(*a_, 1).prefill_tokens_per_second, 12 / 4.01);
+
+  ASSERT_TRUE(a_->AddRequest("heard", Tokens(3, 100), {2, 0}, {}).ok());
+  Deliver();
+  clock_.AdvanceSeconds(2);
+  EXPECT_TRUE(a_->MarkPrefillCompleted("heard"));
+  Deliver();
+  EXPECT_DOUBLE_EQ(LoadOf(*b_, 2).prefill_tokens_per_second, 12 / 2.0);
 }
 
 // ---- Liveness: a replica that dies for good has its bookings dropped by its peers ----------

@@ -37,7 +37,8 @@ bool SameChange(const ReplicaChange& a, const ReplicaChange& b) {
   return a.origin == b.origin && a.kind == b.kind && a.request_id == b.request_id &&
          a.worker == b.worker && a.block_ids == b.block_ids &&
          a.prefill_tokens == b.prefill_tokens &&
-         a.expected_output_tokens == b.expected_output_tokens;
+         a.expected_output_tokens == b.expected_output_tokens &&
+         a.heartbeat_interval_ms == b.heartbeat_interval_ms && a.booked_ms_ago == b.booked_ms_ago;
 }
 
 }  // namespace

@@ -208,7 +208,8 @@ TEST(ReplicaChangeTest, RoundTripsEveryField) {
                               .worker = {42, 3},
                               .block_ids = ids,
                               .prefill_tokens = 123,
-                              .expected_output_tokens = 456};
+                              .expected_output_tokens = 456,
+                              .booked_ms_ago = 789};
   absl::StatusOr<ReplicaChange> decoded = DecodeReplicaChange(EncodeReplicaChange("gw-a", change));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->origin, "gw-a");
@@ -218,6 +219,8 @@ TEST(ReplicaChangeTest, RoundTripsEveryField) {
   EXPECT_EQ(decoded->block_ids, ids);
   EXPECT_EQ(decoded->prefill_tokens, 123u);
   EXPECT_EQ(decoded->expected_output_tokens, 456u);
+  EXPECT_EQ(decoded->booked_ms_ago, 789u);
+  EXPECT_EQ(decoded->View().booked_ms_ago, 789u);
   for (auto kind : {SequenceChange::Kind::kPrefillCompleted, SequenceChange::Kind::kFreed}) {
     SequenceChange release;
     release.kind = kind;
