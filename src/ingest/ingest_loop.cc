@@ -30,14 +30,29 @@ void IngestLoop::RetireSource(uint64_t id) {
   sources.erase(it);
 }
 
+absl::Status IngestLoop::StoppedStatus() {
+  return absl::FailedPreconditionError("the ingest service is stopped");
+}
+
 absl::Status IngestLoop::Run(std::function<absl::Status()> command) {
   std::unique_lock lock(command_mutex);
-  if (stopped) return absl::FailedPreconditionError("the ingest service is stopped");
-  // Before Start, or already on the loop thread (a router callback run by an event this loop
-  // applied, e.g. a request admitted by a replica's free): waiting for the loop would hang.
-  if (!running || std::this_thread::get_id() == thread.get_id()) {
+  if (stopped) return StoppedStatus();
+  // Already on the loop thread (a router callback run by an event this loop applied, e.g. a
+  // request admitted by a replica's free): waiting for the loop would hang.
+  if (running && std::this_thread::get_id() == thread.get_id()) {
     lock.unlock();
     return command();
+  }
+  if (!running) {
+    lock.unlock();
+    std::unique_lock before_start(before_start_mutex);
+    lock.lock();
+    if (stopped) return StoppedStatus();
+    if (!running) {  // still not started: Start waits for this command
+      lock.unlock();
+      return command();
+    }
+    before_start.unlock();  // started meanwhile: the loop runs it
   }
   auto done = std::make_shared<std::promise<absl::Status>>();
   auto result = done->get_future();

@@ -78,6 +78,10 @@ struct IngestLoop {
   bool running = false;
   bool stopped = false;
   std::thread thread;
+  // Before Start, commands run on their callers' threads: one at a time (callers may be on
+  // several threads), and never while Start hands the loop to its thread or Stop closes it.
+  // Taken before command_mutex. Recursive: a command may run another (a router callback).
+  std::recursive_mutex before_start_mutex;
 
   // The registry of sources, under stats_mutex: every live source and the most recently removed
   // ones (their counters and endpoint still readable), by id. Older removed sources are
@@ -105,8 +109,10 @@ struct IngestLoop {
   // The source was removed: still listed until kRemovedSourcesKept newer ones were.
   void RetireSource(uint64_t id);
 
-  // Runs `command` where loop state may be touched: inline before Start, on the loop after.
+  // Runs `command` where loop state may be touched: inline before Start (one caller at a
+  // time), on the loop after.
   absl::Status Run(std::function<absl::Status()> command);
+  static absl::Status StoppedStatus();
   // Hands `task` to the loop from any thread (a transport's own thread); dropped, returning
   // false, once the service is stopped (the loop is closing).
   bool Post(std::function<void()> task);

@@ -107,6 +107,8 @@ absl::StatusOr<std::unique_ptr<IngestService>> IngestService::Create(Router* rou
 }
 
 absl::Status IngestService::Start() {
+  // Not while a command runs on its caller's thread (IngestLoop::Run before Start).
+  std::lock_guard before_start(impl_->before_start_mutex);
   std::lock_guard lock(impl_->command_mutex);
   if (impl_->running || impl_->stopped) {
     return absl::FailedPreconditionError("the ingest service was already started");
@@ -122,6 +124,8 @@ absl::Status IngestService::Start() {
 }
 
 void IngestService::Stop() {
+  // Not while a command runs on its caller's thread (IngestLoop::Run before Start).
+  std::unique_lock before_start(impl_->before_start_mutex);
   std::unique_lock lock(impl_->command_mutex);
   if (impl_->stopped) return;
   impl_->stopped = true;
