@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "capi_internal.h"
+#include "core/clock.h"
 #include "core/hashing.h"
 #include "ingest/replica_sync.h"
 #include "wire/flatbuffers_codec.h"
@@ -206,7 +207,12 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, Requ
   r.request_id = OrEmpty(c.request_id);
   r.expected_output_tokens = c.expected_output_tokens;
   r.priority_jump = c.priority_jump;
-  if (c.queue_timeout_ms >= 0) r.queue_timeout = std::chrono::milliseconds(c.queue_timeout_ms);
+  // A wait past kLongestNanos (about 146 years; INT64_MAX ms is a caller's "never") has no
+  // limit: its conversion to nanoseconds overflowed to a negative wait, timed out at once.
+  constexpr int64_t kLongestMillis = kvrouter::kLongestNanos / 1'000'000;
+  if (c.queue_timeout_ms >= 0 && c.queue_timeout_ms <= kLongestMillis) {
+    r.queue_timeout = std::chrono::milliseconds(c.queue_timeout_ms);
+  }
   return KVR_OK;
 }
 

@@ -114,12 +114,13 @@ typedef struct waiter {
   const uint32_t* prompt;
   kvr_route_result result;
   kvr_status status;
+  int64_t timeout_ms; /* 0: 10 s */
 } waiter;
 
 static void* wait_for_admission(void* arg) {
   waiter* w = (waiter*)arg;
   kvr_request_options opts = kvt_admit("queued");
-  opts.queue_timeout_ms = 10000;
+  opts.queue_timeout_ms = w->timeout_ms != 0 ? w->timeout_ms : 10000;
   kvr_route_result_init(&w->result, sizeof w->result);
   w->status = kvr_find_best_match(w->router, w->prompt, PROMPT_TOKENS, &opts, &w->result, NULL, 0,
                                   NULL, NULL);
@@ -192,6 +193,32 @@ static void free_cancels_a_waiting_request(void** state) {
   assert_int_equal(1, kvt_metrics(f->router).requests_active);
 }
 
+/* A timeout longer than nanoseconds can count (INT64_MAX ms: meant as "never") waits: its
+ * conversion overflowed to a negative wait, which timed out at once. */
+static void a_timeout_past_any_clock_waits(void** state) {
+  fixture* f = (fixture*)*state;
+  waiter w;
+  pthread_t thread;
+  int spins;
+  memset(&w, 0, sizeof w);
+  w.router = f->router;
+  w.prompt = f->prompt;
+  w.status = -1;
+  w.timeout_ms = INT64_MAX;
+  assert_int_equal(0, pthread_create(&thread, NULL, wait_for_admission, &w));
+  for (spins = 0; spins < 5000; ++spins) {
+    struct timespec ms = {0, 1000000};
+    if (kvt_metrics(f->router).queue_pending == 1) break;
+    nanosleep(&ms, NULL);
+  }
+  assert_int_equal(1, kvt_metrics(f->router).queue_pending);
+  KVT_OK(kvr_router_mark_prefill_completed(f->router, "busy", ERRP));
+  assert_int_equal(0, pthread_join(thread, NULL));
+  assert_int_equal(KVR_OK, w.status);
+  assert_int_equal(1, w.result.booked);
+  assert_int_equal(1, w.result.queued);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(busy_worker_times_out, setup, kvt_teardown),
@@ -199,6 +226,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(allowed_workers_bypass_the_queue, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(waiter_admitted_when_prefill_completes, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(free_cancels_a_waiting_request, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(a_timeout_past_any_clock_waits, setup, kvt_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
