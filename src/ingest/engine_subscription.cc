@@ -382,9 +382,15 @@ EngineSubscriptions::Verdict EngineSubscriptions::TrackSequence(Subscription& su
   switch (verdict.action) {
     case SequenceAction::kApply:
       if (verdict.joined) return Join(sub, seq, parts);
-      // Heard first, from message 0, but after two connections: which one's? The reply tells.
-      if (verdict.after_reconnection && StartReplay(sub, seq, /*from_start=*/true, &parts)) {
-        return Verdict::kHold;
+      if (verdict.from_zero) {
+        // Heard from its start: a fresh engine holds nothing else, so whatever the rank holds
+        // (a restored snapshot's blocks of an older engine, a worker removed without clearing
+        // and added again) goes before its history applies.
+        ClearRank(sub);
+        // Heard first but after two connections: which one's? The reply tells.
+        if (verdict.after_reconnection && StartReplay(sub, seq, /*from_start=*/true, &parts)) {
+          return Verdict::kHold;
+        }
       }
       return Verdict::kApply;
     case SequenceAction::kGap:

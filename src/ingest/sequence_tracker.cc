@@ -16,6 +16,7 @@ RankSequence::Verdict RankSequence::Observe(uint64_t seq, uint64_t digest) {
     digest_ = digest;
     return {.action = SequenceAction::kApply,
             .joined = first && seq > 0,
+            .from_zero = first && seq == 0,
             .after_reconnection = first && reconnected};
   }
   if (seq > *next_) return {SequenceAction::kGap, seq - *next_};

@@ -74,6 +74,11 @@ class RankSequence {
     // subscriber heard it, and what it published before is unknown here (the caller flags the
     // rank, or replays the publisher's history from 0).
     bool joined = false;
+    // kApply of the first message heard, numbered 0: the publisher is heard from its start, so
+    // it holds nothing but what its messages store. Whatever the rank holds before them (a
+    // restored snapshot's blocks of an older engine, a worker removed and added again without
+    // clearing its index) is not this publisher's: the caller clears the rank first.
+    bool from_zero = false;
     // kRestart numbered 0, or kApply of the first message heard, read first after a
     // reconnection: it may be a message of an engine that is gone, still queued; the caller
     // proves it by a replay from 0 when the engine has a replay endpoint (its whole reply is

@@ -310,6 +310,23 @@ TEST_F(EngineIngestTest, PublisherRestartIsRecognised) {
   EXPECT_EQ(0u, Restart(engine, source, 0, 0).state_unknown);  // heard from its message 0
 }
 
+// An engine heard from its message 0 holds nothing but what its messages store: blocks the
+// rank held before (here stored on the router directly, as a snapshot restored from before the
+// engines restarted would hold them) are an older engine's and must go. They stayed, unflagged.
+TEST_F(EngineIngestTest, AFirstMessageNumberedZeroClearsWhatTheRankHeldBefore) {
+  const std::vector<uint32_t> old_prompt = Range(2001, 2032);
+  StoredEvent old_blocks{.block_hashes = {901, 902}, .token_ids = old_prompt};
+  ASSERT_TRUE(router_->ApplyEvent({.worker = {5, 0}, .data = std::move(old_blocks)}).ok());
+  ASSERT_EQ(2u, DeviceBlocks(old_prompt, {5, 0}));
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  const IngestStats stats = WaitForMessages(source, 1, 1);
+  EXPECT_EQ(0u, stats.state_unknown);  // heard from its start: exact
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+  EXPECT_EQ(0u, DeviceBlocks(old_prompt, {5, 0}));
+}
+
 TEST_F(EngineIngestTest, MalformedMessagesAreCountedAndTheNextOnesApply) {
   FakeEngine& engine = Engine("tcp://127.0.0.1:*");
   const uint64_t source = Subscribe(engine, 5);

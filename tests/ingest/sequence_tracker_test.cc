@@ -32,6 +32,7 @@ TEST(RankSequence, TheFirstMessageSetsTheBaselineThenEachMustFollow) {
   const RankSequence::Verdict first = s.Observe(41);  // heard from the middle of the stream
   EXPECT_EQ(first.action, A::kApply);
   EXPECT_TRUE(first.joined);  // what came before is unknown here
+  EXPECT_FALSE(first.from_zero);
   EXPECT_EQ(s.next(), 42u);
   EXPECT_FALSE(s.Observe(42).joined);
   EXPECT_EQ(s.Observe(43).action, A::kApply);
@@ -118,7 +119,8 @@ TEST(RankSequence, GoingBackToZeroIsARestart) {
   RankSequence fresh;
   const RankSequence::Verdict first = fresh.Observe(0);
   EXPECT_EQ(first.action, A::kApply);
-  EXPECT_FALSE(first.joined);  // heard from the start
+  EXPECT_FALSE(first.joined);    // heard from the start
+  EXPECT_TRUE(first.from_zero);  // the caller clears what the rank held before it
   EXPECT_EQ(fresh.Observe(0).action, A::kRestart);
 }
 
