@@ -60,6 +60,21 @@ bool Readable(void* socket) {
 // What tells two payloads apart: a replayed message is compared with the one heard live.
 uint64_t Digest(const std::vector<uint8_t>& payload) { return HashBytes(payload); }
 
+// ZMTP heartbeats (libzmq 4.2 and later; a peer's libzmq answers them by itself, whatever its
+// application does). A SUB socket sends nothing once it has subscribed, so without them a
+// connection whose peer is gone without a word (its host died, a partition outlived TCP's
+// retransmissions) stays established for good: no reconnection, no gap, no flag, and the index
+// keeps the engine's blocks. With them, a connection that answers neither a PING nor with
+// anything else for kHeartbeatTimeoutMs is closed and made again, which the socket monitor
+// sees as a reconnection (RankSequence::Reconnected).
+constexpr int kHeartbeatIntervalMs = 1000;
+constexpr int kHeartbeatTimeoutMs = 5000;
+
+void SetHeartbeats(void* socket) {
+  zmq_setsockopt(socket, ZMQ_HEARTBEAT_IVL, &kHeartbeatIntervalMs, sizeof(kHeartbeatIntervalMs));
+  zmq_setsockopt(socket, ZMQ_HEARTBEAT_TIMEOUT, &kHeartbeatTimeoutMs, sizeof(kHeartbeatTimeoutMs));
+}
+
 }  // namespace
 
 struct EngineSubscriptions::Subscription {
@@ -191,6 +206,7 @@ absl::Status EngineSubscriptions::OpenRanks(const EngineWorker& worker,
     subs.push_back(sub);  // reserved; closed by the caller from here on
     const int linger = 0;
     zmq_setsockopt(sub->socket, ZMQ_LINGER, &linger, sizeof(linger));
+    SetHeartbeats(sub->socket);
     zmq_setsockopt(sub->socket, ZMQ_SUBSCRIBE, worker.topic.data(), worker.topic.size());
     // Watched before it connects: libzmq reports a handshake only to a monitor already there,
     // and a first handshake missed would make the first reconnection look like it.

@@ -15,6 +15,7 @@
 #include "core/counting_allocator.h"
 #include "core/router.h"
 #include "ingest/ingest_service.h"
+#include "tcp_proxy.h"
 
 namespace kvrouter {
 namespace {
@@ -325,6 +326,46 @@ TEST_F(EngineIngestTest, AFirstMessageNumberedZeroClearsWhatTheRankHeldBefore) {
   EXPECT_EQ(0u, stats.state_unknown);  // heard from its start: exact
   EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
   EXPECT_EQ(0u, DeviceBlocks(old_prompt, {5, 0}));
+}
+
+// An engine whose connection goes silent (its host died, or a partition outlived TCP's
+// retransmissions; here a proxy that throws away what the engine sends while the connection
+// stays up) is noticed: the subscriber's heartbeats go unanswered, so the connection is closed
+// and made again, and the first message after it is checked as any reconnection's. Without
+// heartbeats the SUB socket, which sends nothing once subscribed, kept the dead connection for
+// good: no reconnection, no gap, no flag.
+TEST_F(EngineIngestTest, ASilentEngineConnectionIsClosedAndMadeAgain) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const std::string& bound = engine.endpoint();
+  TcpProxy proxy(std::stoi(bound.substr(bound.rfind(':') + 1)));
+  ASSERT_NE(0, proxy.port());
+  auto source =
+      ingest_->AddEngineWorker({.endpoint = "tcp://127.0.0.1:" + std::to_string(proxy.port()),
+                                .worker_id = 5,
+                                .topic = "kv-events"});
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE(engine.WaitForSubscriber());
+  engine.Send(0, VllmPayload("array_store_dp_medium"));
+  ASSERT_EQ(1u, WaitForMessages(*source, 1, 1).connections);
+  proxy.LoseServerBytesOfOpenConnections();
+  // Heartbeats every second, the connection given up after 5 s without an answer: the
+  // subscriber connects again (through the proxy, which forwards new connections).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (proxy.accepted() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(2, proxy.accepted()) << "the silent connection was never given up";
+  // The engine's next message comes over the new connection: what it published meanwhile may
+  // be lost, and without a replay endpoint the rank is cleared and flagged (a gap of 0).
+  bool subscribed = false;  // the XPUB may hear the old connection's unsubscription first
+  for (int i = 0; i < 3 && !subscribed; ++i) subscribed = engine.WaitForSubscriber();
+  ASSERT_TRUE(subscribed);
+  engine.Send(1, VllmPayload("map_store"));
+  const IngestStats stats = WaitForMessages(*source, 2);
+  EXPECT_EQ(2u, stats.connections);
+  EXPECT_EQ(1u, stats.gaps);
+  EXPECT_EQ(0u, stats.missed_messages);
+  EXPECT_EQ(1u, stats.state_unknown);
 }
 
 TEST_F(EngineIngestTest, MalformedMessagesAreCountedAndTheNextOnesApply) {
