@@ -887,13 +887,40 @@ static void publish_trampoline(void* user_data, const void* data, size_t size) {
   PyGILState_Release(g);
 }
 
+/* Whether the C router is there to call: a pool router's goes with its Disagg. */
+static int router_alive(RouterObject* self) { return self->r && (!self->owner || self->owner->d); }
+
+/* Stops the C router calling the publisher callable, then drops it (and its id). Calls the
+ * library with the GIL released (the farewell runs the callable, which takes the GIL). */
+static void router_drop_publisher(RouterObject* self) {
+  PyObject *fn, *id_obj;
+  const char* id = NULL;
+  kvr_router* r = router_alive(self) ? self->r : NULL;
+  PyThreadState* save;
+  if (!self->publisher) return;
+  if (r) {
+    id = PyUnicode_AsUTF8(self->publisher_id);
+    if (!id) PyErr_Clear(); /* cannot fail: it was converted when set */
+  }
+  save = PyEval_SaveThread();
+  if (id) kvr_router_set_replica_publisher(r, id, NULL, NULL, NULL);
+  PyEval_RestoreThread(save);
+  fn = self->publisher;
+  id_obj = self->publisher_id;
+  self->publisher = self->publisher_id = NULL;
+  Py_XDECREF(fn); /* C calls it no more */
+  Py_XDECREF(id_obj);
+}
+
 static void router_destroy(RouterObject* self) {
   kvr_router* r = self->r;
-  self->r = NULL;
-  if (r && !self->owner) {
+  if (self->owner) { /* the Disagg frees r, and may call it until then */
+    router_drop_publisher(self);
+  } else if (r) {
     Py_BEGIN_ALLOW_THREADS kvr_router_free(r);
     Py_END_ALLOW_THREADS
   }
+  self->r = NULL;
   Py_CLEAR(self->publisher); /* C calls it no more */
   Py_CLEAR(self->publisher_id);
 }
@@ -919,22 +946,12 @@ static int router_traverse(RouterObject* self, visitproc visit, void* arg) {
   return 0;
 }
 
-/* Breaks a cycle through the publisher callable (one holding the router): stop publishing,
- * then drop the references. A router in a call is referenced by it, so never collected. */
+/* Breaks a cycle through the publisher callable (one holding the router, perhaps through an
+ * Ingest feeding it): stops publishing, then drops the callable. Never frees the C router: an
+ * Ingest in the same cycle may still be feeding it from its loop thread (it keeps the router
+ * entered for its whole life); dealloc frees it, once nothing refers to the router. */
 static int router_clear(RouterObject* self) {
-  if (self->publisher && self->r) {
-    const char* id = self->publisher_id ? PyUnicode_AsUTF8(self->publisher_id) : NULL;
-    kvr_router* r = self->r;
-    if (id) {
-      Py_BEGIN_ALLOW_THREADS kvr_router_set_replica_publisher(r, id, NULL, NULL, NULL);
-      Py_END_ALLOW_THREADS
-    } else {
-      PyErr_Clear();
-    }
-  }
-  if (!self->owner) router_destroy(self);
-  Py_CLEAR(self->publisher);
-  Py_CLEAR(self->publisher_id);
+  router_drop_publisher(self);
   return 0;
 }
 

@@ -370,3 +370,103 @@ def test_a_router_in_a_cycle_with_its_publisher_is_collected():
     del bus
     gc.collect()
     assert ref() is None
+
+
+
+def test_a_pool_router_in_a_cycle_with_its_publisher_is_collected_after_its_disagg_closed():
+    # The collector once unset the publisher of a Disagg pool's router whose Disagg had freed it.
+    import gc
+    import weakref
+
+    sent = []
+    for _ in range(10):
+        d = kvrouter.Disagg()
+        pool = d.prefill_router
+        pool.set_replica_publisher("gw", lambda change, pool=pool: sent.append(change))
+        d.close()  # frees both pools' C routers
+        ref = weakref.ref(pool)
+        del d, pool
+        gc.collect()
+        assert ref() is None
+    assert len(sent) == 20  # each publisher's Reset and SyncRequest; no farewell: its router is gone
+
+_CYCLE_THROUGH_AN_INGEST = r"""
+import gc, sys, threading, time, weakref
+import kvrouter
+
+def encoded_batches():
+    out = []
+    for n in range(1, 9):
+        b = kvrouter.EventBatch()
+        b.add_stored(kvrouter.StoredEvent(worker_id=1, block_hashes=list(range(1, n + 1)),
+                                          token_ids=list(range(n * 16))))
+        out.append(b.encode())
+    return out
+
+def feed(endpoint, stop):
+    # Until told to stop, or until the ingest goes away (its connection closed).
+    try:
+        with kvrouter.Publisher(endpoint) as pub:
+            batches = encoded_batches()
+            while not stop.is_set():
+                for data in batches:
+                    pub.send_encoded(data)
+    except kvrouter.UnavailableError:
+        pass
+
+
+def cycle(n, collected):
+    # A router and an ingest feeding it, in a cycle and held nowhere else: their weak
+    # references, and the feeder's stop event and thread.
+    r = kvrouter.Router(block_size=16)
+    r.add_worker(1)
+    if n % 2 == 0:  # router -> publisher -> ingest -> router
+        i = kvrouter.Ingest(r)
+        r.set_replica_publisher("b", lambda b, i=i: None)
+    else:  # the same cycle, its objects made in another order (the collector clears in order)
+        box = []
+        r.set_replica_publisher("b", lambda b, box=box: None)
+        i = kvrouter.Ingest(r)
+        box.append(i)
+    endpoint = i.listen("tcp://127.0.0.1:0").endpoint
+    i.start()
+    stop = threading.Event()
+    feeder = threading.Thread(target=feed, args=(endpoint, stop))
+    feeder.start()
+    while i.stats().events_applied < 100:  # events flowing into the router
+        time.sleep(0.001)
+    refs = (weakref.ref(r, lambda _: collected.append(("router", n))),
+            weakref.ref(i, lambda _: collected.append(("ingest", n))))
+    return refs, stop, feeder
+
+
+collected = []
+for n in range(int(sys.argv[1])):
+    refs, stop, feeder = cycle(n, collected)
+    try:
+        # The ingest's loop keeps applying events meanwhile. (A collection the feeder's
+        # allocations started may be under way, and gc.collect() then returns at once: again.)
+        deadline = time.monotonic() + 60
+        while len(collected) < 2 * (n + 1) and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.001)
+        assert sorted(collected[-2:]) == [("ingest", n), ("router", n)], collected
+    finally:
+        stop.set()
+        feeder.join()
+print("collected", len(collected))
+"""
+
+
+def test_a_router_in_a_cycle_through_an_ingest_is_collected_while_it_feeds_the_router():
+    # router -> replica publisher -> Ingest -> router: the collector once freed the C router
+    # (the router's tp_clear) while the ingest's loop thread was still applying events to it, and
+    # later stopped the ingest against the freed router. A crash kills the child, not the tests.
+    import subprocess
+    import sys
+
+    rounds = 10
+    child = subprocess.run([sys.executable, "-c", _CYCLE_THROUGH_AN_INGEST, str(rounds)],
+                           capture_output=True, text=True)
+    assert child.returncode == 0 and child.stdout == f"collected {2 * rounds}\n", (
+        f"exit status {child.returncode}\n{child.stdout}{child.stderr}")
