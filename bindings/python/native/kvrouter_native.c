@@ -843,7 +843,10 @@ typedef struct {
   DisaggObject* owner;    /* a pool of a Disagg (which frees it), or NULL: this object frees it */
   PyObject* publisher;    /* the replica publisher callable C may call, or NULL */
   PyObject* publisher_id; /* the replica id it publishes as (a str), with it */
-  int ingests;            /* open Ingest objects feeding this router */
+  /* Held, taken without the GIL, from a change of the C router's publisher until `publisher`
+   * matches it: two threads setting publishers must leave C calling the callable kept here. */
+  PyThread_type_lock publish_lock;
+  int ingests; /* open Ingest objects feeding this router */
   PyObject* weakrefs;
 } RouterObject;
 
@@ -903,11 +906,13 @@ static void router_drop_publisher(RouterObject* self) {
     if (!id) PyErr_Clear(); /* cannot fail: it was converted when set */
   }
   save = PyEval_SaveThread();
+  PyThread_acquire_lock(self->publish_lock, WAIT_LOCK);
   if (id) kvr_router_set_replica_publisher(r, id, NULL, NULL, NULL);
   PyEval_RestoreThread(save);
   fn = self->publisher;
   id_obj = self->publisher_id;
   self->publisher = self->publisher_id = NULL;
+  PyThread_release_lock(self->publish_lock);
   Py_XDECREF(fn); /* C calls it no more */
   Py_XDECREF(id_obj);
 }
@@ -960,7 +965,23 @@ static void router_dealloc(RouterObject* self) {
   if (self->weakrefs) PyObject_ClearWeakRefs((PyObject*)self);
   router_destroy(self);
   Py_CLEAR(self->owner);
+  if (self->publish_lock) PyThread_free_lock(self->publish_lock);
   Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+/* A new Router object (of `type`, a subtype of RouterType) for `r`, or NULL with an exception;
+ * does not take r. */
+static RouterObject* router_alloc(PyTypeObject* type, kvr_router* r) {
+  RouterObject* self = (RouterObject*)type->tp_alloc(type, 0);
+  if (!self) return NULL;
+  self->publish_lock = PyThread_allocate_lock();
+  if (!self->publish_lock) {
+    Py_DECREF(self);
+    PyErr_NoMemory();
+    return NULL;
+  }
+  self->r = r;
+  return self;
 }
 
 /* Router(fields: dict | None) */
@@ -977,12 +998,11 @@ static PyObject* router_new(PyTypeObject* type, PyObject* args, PyObject* kwds) 
     return NULL;
   st = kvr_router_new(&o, &r, &err);
   if (st != KVR_OK) return fail(st, err);
-  self = (RouterObject*)type->tp_alloc(type, 0);
+  self = router_alloc(type, r);
   if (!self) {
     kvr_router_free(r);
     return NULL;
   }
-  self->r = r;
   return (PyObject*)self;
 }
 
@@ -1179,31 +1199,41 @@ cleanup:
   return NULL;
 }
 
-/* set_replica_publisher(replica_id, callable | None) */
+/* set_replica_publisher(replica_id, callable | None). The C call and the swap of `publisher`
+ * happen under the publish lock, so that the callable kept is the one C calls whatever other
+ * threads set meanwhile. The lock is taken without the GIL: its holder needs the GIL to
+ * return (and the farewell to the previous callable runs Python). */
 static PyObject* router_set_replica_publisher(RouterObject* self, PyObject* args) {
-  PyObject *rid, *fn, *old;
+  PyObject *rid, *fn, *old = NULL, *old_id = NULL;
   const char* id;
   kvr_router* r;
   kvr_error* err = NULL;
-  kvr_status st = KVR_OK;
+  kvr_status st;
+  PyThreadState* save;
   if (!PyArg_ParseTuple(args, "OO", &rid, &fn)) return NULL;
   if (get_cstr(rid, "replica_id", &id) < 0) return NULL;
   if (fn != Py_None && !PyCallable_Check(fn)) {
     PyErr_SetString(PyExc_TypeError, "publish must be callable or None");
     return NULL;
   }
-  ROUTER_CALL(self, r, st,
-              kvr_router_set_replica_publisher(r, id, fn == Py_None ? NULL : publish_trampoline,
-                                               fn == Py_None ? NULL : fn, &err));
-  if (st != KVR_OK) return fail(st, err);
-  /* The previous callback is not running and will not run again. */
-  old = self->publisher;
-  self->publisher = fn == Py_None ? NULL : Py_NewRef(fn);
+  if (!(r = router_enter(self))) return NULL;
+  save = PyEval_SaveThread();
+  PyThread_acquire_lock(self->publish_lock, WAIT_LOCK);
+  st = kvr_router_set_replica_publisher(r, id, fn == Py_None ? NULL : publish_trampoline,
+                                        fn == Py_None ? NULL : fn, &err);
+  PyEval_RestoreThread(save);
+  if (st == KVR_OK) { /* the previous callback is not running and will not run again */
+    old = self->publisher;
+    old_id = self->publisher_id;
+    self->publisher = fn == Py_None ? NULL : Py_NewRef(fn);
+    self->publisher_id = fn == Py_None ? NULL : Py_NewRef(rid);
+  }
+  PyThread_release_lock(self->publish_lock);
+  router_leave(self);
   Py_XDECREF(old);
-  Py_XSETREF(self->publisher_id, fn == Py_None ? NULL : Py_NewRef(rid));
+  Py_XDECREF(old_id);
+  if (st != KVR_OK) return fail(st, err);
   Py_RETURN_NONE;
-cleanup:
-  return NULL;
 }
 
 /* find_best_match(tokens, request, request_id, max_candidates) -> RouteResult, or
@@ -1913,9 +1943,9 @@ static PyObject* disagg_pool_router(DisaggObject* self, PyObject* args) {
     return NULL;
   }
   if (!self->d || self->h.closing) return closed("Disagg");
-  ro = (RouterObject*)cls->tp_alloc(cls, 0);
+  ro = router_alloc(
+      cls, prefill ? kvr_disagg_prefill_router(self->d) : kvr_disagg_decode_router(self->d));
   if (!ro) return NULL;
-  ro->r = prefill ? kvr_disagg_prefill_router(self->d) : kvr_disagg_decode_router(self->d);
   ro->owner = (DisaggObject*)Py_NewRef(self);
   return (PyObject*)ro;
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import gc
+import sys
 import threading
 import time
 import weakref
@@ -417,6 +418,62 @@ def test_threads_share_one_router(router):
         t.join()
     assert not errors
     assert router.metrics().requests_active == 0
+
+
+def test_publishers_set_from_two_threads_leave_the_router_calling_the_one_kept(router):
+    # 3,000 rounds: two threads each install a fresh publisher at once. The callable the library
+    # calls must be the one the Router object keeps a reference to: the library once got A then
+    # B while the Router object stored B then A and released B, which the library went on
+    # calling. Every publisher is kept alive here, so that such a mismatch shows in the
+    # reference counts rather than as a crash.
+    rounds = 3000
+    calls = []
+
+    class Publish:
+        def __call__(self, change: bytes) -> None:
+            calls.append(self)
+
+    start, done = threading.Barrier(3), threading.Barrier(3)
+
+    def install(mine) -> None:
+        try:
+            for _ in range(rounds):
+                start.wait()
+                router.set_replica_publisher("gw", mine[-1])
+                done.wait()
+        except threading.BrokenBarrierError:  # the test failed
+            pass
+
+    mine = ([], [])
+    threads = [threading.Thread(target=install, args=(m,)) for m in mine]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(rounds):
+            for m in mine:
+                m.append(Publish())
+            start.wait()
+            done.wait()
+            del calls[:]
+            router.replica_heartbeat(1000)  # through the publisher the library has
+            assert len(calls) == 1
+            called = calls.pop()
+            other = mine[1][-1] if called is mine[0][-1] else mine[0][-1]
+            assert called in (mine[0][-1], mine[1][-1])
+            assert sys.getrefcount(called) == sys.getrefcount(other) + 1  # the router's reference
+            kept = called
+            del called, other
+    except BaseException:
+        start.abort()  # the threads too stop waiting
+        done.abort()
+        raise
+    finally:
+        for t in threads:
+            t.join()
+    router.find_best_match(prompt(1, 4), request_id="booked")  # a booking goes to it too
+    assert calls and all(c is kept for c in calls)
+    router.free_request("booked")
+    router.set_replica_publisher("gw", None)
 
 
 def test_close_while_another_thread_waits_frees_after_it():
