@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <msgpack.hpp>  // MSGPACK_NO_BOOST is set by the build
+#include <new>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -465,7 +466,9 @@ DynamoMessage DecodeDynamo(std::span<const uint8_t> message) {
     envelope_handle = Unpack(message, "envelope");
   } catch (const DecodeError& e) {
     throw NotMsgpack{e.message};
-  } catch (const std::exception& e) {
+  } catch (const std::bad_alloc&) {  // not bad input: the caller's containment counts the loss
+    throw;
+  } catch (const std::exception& e) {  // msgpack's own errors (parse_error, ...)
     throw NotMsgpack{e.what()};
   }
   const Fields envelope(AsMap(envelope_handle.get(), "envelope"), {});
@@ -495,6 +498,8 @@ absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> me
     return absl::DataLossError(absl::StrCat("not msgpack: ", e.message));
   } catch (const DecodeError& e) {
     return absl::InvalidArgumentError(absl::StrCat("Dynamo event plane: ", e.message));
+  } catch (const std::bad_alloc&) {
+    throw;
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat("not msgpack: ", e.what()));
   }
@@ -514,6 +519,8 @@ absl::StatusOr<EngineBatch> DecodeEnginePayload(std::span<const uint8_t> payload
     return DecodeBatch(Unpack(payload, "batch").get());
   } catch (const DecodeError& e) {
     return absl::InvalidArgumentError(absl::StrCat("engine batch: ", e.message));
+  } catch (const std::bad_alloc&) {
+    throw;
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("msgpack: ", e.what()));
   }

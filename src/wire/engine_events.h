@@ -65,7 +65,9 @@ struct EngineBatch {
 
 // Decodes one msgpack EventBatch payload. InvalidArgument (naming what is wrong) for garbage
 // or a shape no known version produces, including a known event of the wrong shape. An event
-// with an unknown tag is skipped (EngineBatch::skipped), not the batch.
+// with an unknown tag is skipped (EngineBatch::skipped), not the batch. A refused allocation
+// is no verdict on the bytes: std::bad_alloc propagates, for the caller to count the message
+// lost (as it does when applying it is refused).
 absl::StatusOr<EngineBatch> DecodeEnginePayload(std::span<const uint8_t> payload);
 
 // Dynamo's routing hash of a multimodal identifier from vLLM's extra_keys: a 64-character hex
@@ -131,7 +133,7 @@ struct DynamoMessage {
 };
 
 // DataLoss when `message` is not one msgpack value; InvalidArgument, naming what is wrong, for
-// msgpack of another shape.
+// msgpack of another shape. std::bad_alloc propagates (as DecodeEnginePayload's).
 absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> message);
 
 // Router events of `batch` for `worker_id`. The rank is the batch's dp rank when it has one,

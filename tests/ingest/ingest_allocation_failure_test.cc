@@ -169,6 +169,15 @@ std::string EngineRun(uint64_t n, bool& refused) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   };
+  // Whether `done()` held within kWait.
+  auto within_wait = [](auto done) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return absl::DeadlineExceededError("");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return absl::OkStatus();
+  };
   auto device_blocks = [&] {
     const absl::StatusOr<std::vector<OverlapScore>> scores = router->OverlapScores(Prompt());
     if (!scores.ok()) return 0u;
@@ -191,6 +200,22 @@ std::string EngineRun(uint64_t n, bool& refused) {
            " messages, " + std::to_string(armed->events_applied) + " events, " +
            std::to_string(armed->missed_messages) + " missed, " + std::to_string(device_blocks()) +
            " blocks)";
+  }
+  // Whatever the refusal hit (reading, decoding, applying, counting), a message's effect on the
+  // rank is unknown: the rank is flagged, before the engine's clear. (A refusal while decoding
+  // was taken for bad input, and the message lost unflagged.)
+  if (refused) {
+    const absl::Status flagged = within_wait([&] {
+      const absl::StatusOr<IngestStats> stats = ingest->Stats(*source);
+      return stats.ok() && stats->state_unknown == 1;
+    });
+    if (!flagged.ok()) {
+      const IngestStats stats = ingest->Stats(*source).value_or(IngestStats{});
+      return "refused, yet the rank is not flagged (" + std::to_string(stats.gaps) + " gaps, " +
+             std::to_string(stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]) +
+             " bad msgpack, last reject '" + stats.last_reject + "', " +
+             std::to_string(device_blocks()) + " blocks)";
+    }
   }
   // The engine clears its cache and stores again: its rank is known, and holds what it stored.
   send(2, "array_all_cleared");
