@@ -26,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -2075,6 +2076,11 @@ typedef struct {
   handle h;
   kvr_ingest* i;
   RouterObject* router; /* kept alive, and kept from closing, while this is open */
+  /* kvrouter.h: subscribe_nats, subscribe_jetstream, relay_jetstream and sync_replicas are
+   * concurrent "except with kvr_ingest_stop" (their NATS round trip runs on the caller's
+   * thread, on a connection stop closes). They hold this shared, stop exclusively; taken
+   * without the GIL, which a holder may need (a replica publisher's farewell, or to return). */
+  pthread_rwlock_t stop_lock;
   PyObject* weakrefs;
 } IngestObject;
 
@@ -2115,6 +2121,7 @@ static void ingest_dealloc(IngestObject* self) {
   PyObject_GC_UnTrack(self);
   if (self->weakrefs) PyObject_ClearWeakRefs((PyObject*)self);
   ingest_destroy(self);
+  pthread_rwlock_destroy(&self->stop_lock);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -2145,6 +2152,7 @@ static PyObject* ingest_new(PyTypeObject* type, PyObject* args, PyObject* kwds) 
     router_leave(router);
     return NULL;
   }
+  pthread_rwlock_init(&self->stop_lock, NULL);
   self->i = i;
   self->router = (RouterObject*)Py_NewRef(router);
   router->ingests++;
@@ -2186,11 +2194,39 @@ cleanup:
   return NULL;
 }
 
+/* As INGEST_CALL, holding the stop lock: exclusively for kvr_ingest_stop, shared for the calls
+ * that must not run with it. Taken after the GIL is released. */
+#define INGEST_STOP_LOCKED_CALL(self, i, st, exclusive, call)                       \
+  do {                                                                              \
+    if (!((i) = ingest_enter(self))) {                                              \
+      goto cleanup;                                                                 \
+    }                                                                               \
+    {                                                                               \
+      PyThreadState* save_ = PyEval_SaveThread();                                   \
+      int locked_ = ((exclusive) ? pthread_rwlock_wrlock(&(self)->stop_lock)        \
+                                 : pthread_rwlock_rdlock(&(self)->stop_lock)) == 0; \
+      (st) = (call);                                                                \
+      if (locked_) pthread_rwlock_unlock(&(self)->stop_lock);                       \
+      PyEval_RestoreThread(save_);                                                  \
+    }                                                                               \
+    ingest_leave(self);                                                             \
+  } while (0)
+
 static PyObject* ingest_start(IngestObject* self, PyObject* unused) {
   return ingest_simple(self, kvr_ingest_start);
 }
+
+/* Waits for the subscribe_nats, subscribe_jetstream, relay_jetstream and sync_replicas calls in
+ * flight, and holds off new ones until it returns. */
 static PyObject* ingest_stop(IngestObject* self, PyObject* unused) {
-  return ingest_simple(self, kvr_ingest_stop);
+  kvr_ingest* i;
+  kvr_error* err = NULL;
+  kvr_status st = KVR_OK;
+  INGEST_STOP_LOCKED_CALL(self, i, st, 1, kvr_ingest_stop(i, &err));
+  if (st != KVR_OK) return fail(st, err);
+  Py_RETURN_NONE;
+cleanup:
+  return NULL;
 }
 
 /* A text the library writes into a caller's buffer (kvr_ingest_source_endpoint,
@@ -2331,7 +2367,7 @@ static PyObject* ingest_subscribe_nats(IngestObject* self, PyObject* args) {
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "UU", &url, &subject)) return NULL;
   if (get_cstr(url, "url", &u) < 0 || get_cstr(subject, "subject", &s) < 0) return NULL;
-  INGEST_CALL(self, i, st, kvr_ingest_subscribe_nats(i, u, s, &source, &err));
+  INGEST_STOP_LOCKED_CALL(self, i, st, 0, kvr_ingest_subscribe_nats(i, u, s, &source, &err));
   if (st != KVR_OK) return fail(st, err);
   return PyLong_FromUnsignedLongLong(source);
 cleanup:
@@ -2356,7 +2392,7 @@ static PyObject* ingest_jetstream(IngestObject* self, PyObject* args,
       get_cstr(subject, "subject", &js.subject) < 0 ||
       get_cstr(durable, "durable", &js.durable) < 0)
     return NULL;
-  INGEST_CALL(self, i, st, fn(i, &js, &source, &err));
+  INGEST_STOP_LOCKED_CALL(self, i, st, 0, fn(i, &js, &source, &err));
   if (st != KVR_OK) return fail(st, err);
   return PyLong_FromUnsignedLongLong(source);
 cleanup:
@@ -2385,7 +2421,7 @@ static PyObject* ingest_sync_replicas(IngestObject* self, PyObject* args) {
   if (get_cstr(url, "url", &u) < 0 || get_cstr(subject, "subject", &s) < 0 ||
       get_cstr(rid, "replica_id", &id) < 0)
     return NULL;
-  INGEST_CALL(self, i, st, kvr_ingest_sync_replicas(i, u, s, id, &source, &err));
+  INGEST_STOP_LOCKED_CALL(self, i, st, 0, kvr_ingest_sync_replicas(i, u, s, id, &source, &err));
   if (st != KVR_OK) return fail(st, err);
   return PyLong_FromUnsignedLongLong(source);
 cleanup:

@@ -3,7 +3,9 @@ engine over ZMQ, router replica sync through a Python callback and over NATS."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import struct
 import tempfile
 import threading
@@ -470,3 +472,99 @@ def test_a_router_in_a_cycle_through_an_ingest_is_collected_while_it_feeds_the_r
                            capture_output=True, text=True)
     assert child.returncode == 0 and child.stdout == f"collected {2 * rounds}\n", (
         f"exit status {child.returncode}\n{child.stdout}{child.stderr}")
+
+
+class _HeldNatsServer:
+    """A NATS server on 127.0.0.1 that answers a client's handshake, then holds its answer to
+    the next PING (a subscription's confirmation round trip: kvr_ingest_subscribe_nats waits for
+    it on the caller's thread) until `release` is set."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1)
+        self.port = self.listener.getsockname()[1]
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            info = {"server_id": "held", "version": "2.10.0", "go": "go1.21", "host": "127.0.0.1",
+                    "port": self.port, "max_payload": 1 << 20, "proto": 1}
+            conn.sendall(b"INFO " + json.dumps(info).encode() + b"\r\n")
+            pending, pings = b"", 0
+            try:
+                while True:
+                    data = conn.recv(4096)
+                    if not data:
+                        return
+                    pending += data
+                    while b"\r\n" in pending:
+                        line, pending = pending.split(b"\r\n", 1)
+                        if line == b"PING":
+                            pings += 1
+                            if pings == 2:  # the first is the handshake's
+                                self.holding.set()
+                                self.release.wait()
+                            conn.sendall(b"PONG\r\n")
+            except OSError:  # the client closed the connection
+                return
+
+    def close(self) -> None:
+        self.release.set()
+        self.listener.close()
+        self.thread.join(60)
+
+
+@pytest.mark.parametrize("call", ["subscribe_nats", "sync_replicas"])
+def test_stop_waits_for_a_nats_subscription_in_flight(router, call):
+    # kvrouter.h: subscribe_nats and sync_replicas (as subscribe_jetstream and relay_jetstream)
+    # are concurrent "except with kvr_ingest_stop": the confirmation round trip runs on the
+    # caller's thread, on the connection stop closes. stop() once went ahead, closing the
+    # connection under the subscription (which then failed, when it did not touch the freed
+    # connection); it now waits for the call in flight.
+    server = _HeldNatsServer()
+    events = []  # in the order they happened
+    stop_called, stopped = threading.Event(), threading.Event()
+    try:
+        with kvrouter.Ingest(router) as ingest:
+            ingest.start()
+
+            def subscribe() -> None:
+                try:
+                    if call == "subscribe_nats":
+                        source = ingest.subscribe_nats(server.url, "kv.>")
+                    else:
+                        source = ingest.sync_replicas(server.url, "kv.replicas", "gw-a")
+                    events.append(("subscribed", source))
+                except kvrouter.KvRouterError as e:
+                    events.append(("refused", str(e)))
+
+            def stop() -> None:
+                stop_called.set()
+                ingest.stop()
+                events.append("stopped")
+                stopped.set()
+
+            subscriber = threading.Thread(target=subscribe)
+            subscriber.start()
+            assert server.holding.wait(60), "the subscription's round trip never came"
+            stopper = threading.Thread(target=stop)
+            stopper.start()
+            assert stop_called.wait(60)
+            # A stop that does not wait returns in a few milliseconds; give it a second (the
+            # client gives up on the answer after 5 s) before answering the subscription.
+            stopped.wait(1.0)
+            events.append("answered")
+            server.release.set()
+            subscriber.join(60)
+            stopper.join(60)
+            assert not subscriber.is_alive() and not stopper.is_alive()
+            assert [e[0] if isinstance(e, tuple) else e for e in events] == ["answered", "subscribed", "stopped"], events
+            assert ingest.stats(events[1][1]).connections == 1
+    finally:
+        server.close()

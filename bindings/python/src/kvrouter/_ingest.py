@@ -57,7 +57,10 @@ class Ingest:
         self._h.start()
 
     def stop(self) -> None:
-        """Closes every source and joins the loop thread; final and idempotent."""
+        """Closes every source and joins the loop thread; final and idempotent. Waits for the
+        :meth:`subscribe_nats`, :meth:`subscribe_jetstream`, :meth:`relay_jetstream` and
+        :meth:`sync_replicas` calls other threads have in flight (their server round trips run
+        on the caller's thread, over connections this closes)."""
         self._h.stop()
 
     def close(self) -> None:
