@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -339,10 +340,17 @@ void EngineSubscriptions::OnReadable(Subscription& sub) {
 }
 
 // A message the heap refused memory to (read, then lost while decoded or applied): what it did
-// to the rank is unknown, so the rank is cleared and flagged, as after a gap without replay.
+// to the rank is unknown, so the rank is cleared and flagged, as after a gap without replay. A
+// replay in flight ends as one that timed out: what it applied before the clear is gone, so it
+// cannot make the rank exact any more (its short outcome asks for the whole history again), and
+// its held messages go on in order. Allocates nothing but what the clear may.
 void EngineSubscriptions::LostForMemory(Subscription& sub) {
   sub.counters->Gap(1);
-  ClearAndFlag(sub);
+  Bump(sub.counters->recoveries);
+  SetUnknown(sub, true);
+  // A clear of a rank the index knows allocates nothing there; the relay's copy may be refused.
+  ContainRefusal([&] { ClearRank(sub); }, [] {});
+  FinishReplay(sub, /*ended=*/false);
 }
 
 void EngineSubscriptions::Drain(Subscription& sub) {
@@ -536,60 +544,82 @@ void EngineSubscriptions::ApplyEngineEvent(Subscription& sub, KvEvent& event) {
 // has no replay endpoint or the replay socket cannot be opened. Every message already queued on
 // the rank's socket is held before the request goes out: what the engine had published by then
 // is in its reply, which is how a held message can be told to be a dead engine's.
+//
+// A refused allocation leaves a consistent state: refused before the replay is under way, it
+// propagates with nothing opened or changed (the caller's containment counts the trigger lost);
+// once under way (its socket, poll and timer in `sub.replay`), refusals are contained, and the
+// replay either runs to its end marker or deadline, or ends at once as one that timed out
+// (LostForMemory), its held messages handed on in order.
 bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool from_start,
                                       const Parts* trigger) {
   if (sub.worker.replay_endpoint.empty()) return false;
   const uint64_t from = from_start ? 0 : sub.sequence.ReplayFrom();
-  void* socket = zmq_socket(zmq_context_, ZMQ_DEALER);
-  if (socket == nullptr) return false;
-  const int linger = 0;
-  zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger));
   const std::string endpoint =
       RankEndpoint(sub.worker.replay_endpoint, sub.socket_rank - sub.worker.dp_start);
-  if (zmq_connect(socket, endpoint.c_str()) != 0) {
-    zmq_close(socket);
+  auto replay = std::make_unique<Replay>();
+  // The trigger is held first (a reply already queued may end the replay at once, and the held
+  // messages then go on), before the socket opens: taken back if it cannot.
+  if (trigger != nullptr) sub.held.push_front(*trigger);
+  auto unhold = [&] {
+    if (trigger != nullptr) sub.held.pop_front();
+  };
+  void* socket = zmq_socket(zmq_context_, ZMQ_DEALER);
+  if (socket == nullptr) {
+    unhold();
     return false;
   }
-  auto* replay = new Replay;
-  replay->sub = &sub;
-  replay->socket = socket;
+  const int linger = 0;
+  zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_connect(socket, endpoint.c_str()) != 0) {
+    zmq_close(socket);
+    unhold();
+    return false;
+  }
+  // Under way: nothing below throws (refusals are contained), and the replay ends through
+  // FinishReplay, which closes it.
+  Replay* r = replay.release();
+  r->sub = &sub;
+  r->socket = socket;
   int fd = -1;
   size_t fd_size = sizeof(fd);
-  zmq_getsockopt(replay->socket, ZMQ_FD, &fd, &fd_size);
-  uv_poll_init(&loop_.loop, &replay->poll, fd);
-  replay->poll.data = replay;
-  uv_timer_init(&loop_.loop, &replay->timer);
-  replay->timer.data = replay;
-  sub.replay = replay;
+  zmq_getsockopt(r->socket, ZMQ_FD, &fd, &fd_size);
+  uv_poll_init(&loop_.loop, &r->poll, fd);
+  r->poll.data = r;
+  uv_timer_init(&loop_.loop, &r->timer);
+  r->timer.data = r;
+  sub.replay = r;
   if (from_start) {
     sub.sequence.BeginReplayFromStart(until);
   } else {
     sub.sequence.BeginReplay(until);
   }
-  if (trigger != nullptr) sub.held.push_front(*trigger);
-  Drain(sub);  // held, the replay being in flight
+  // Held, the replay being in flight. A message the heap refuses on the way is lost: the replay
+  // ends at once (LostForMemory), and so does this request (CloseReplay unset r->sub; the
+  // handle is freed by libuv's close callbacks, later).
+  ContainRefusal([&] { Drain(sub); }, [&] { LostForMemory(sub); });
+  if (r->sub == nullptr) return true;
   sub.held_before_request = sub.held.size();
   uint8_t start[8];
   for (int i = 0; i < 8; ++i) start[i] = static_cast<uint8_t>(from >> (56 - 8 * i));
   // The empty delimiter makes the DEALER look like the REQ client vLLM expects.
-  if (zmq_send(replay->socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) != 0 ||
-      zmq_send(replay->socket, start, 8, ZMQ_DONTWAIT) != 8) {
+  if (zmq_send(r->socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) != 0 ||
+      zmq_send(r->socket, start, 8, ZMQ_DONTWAIT) != 8) {
     FinishReplay(sub, /*ended=*/false);  // as a replay that timed out: the held messages go on
     return true;
   }
-  uv_poll_start(&replay->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+  uv_poll_start(&r->poll, UV_READABLE, [](uv_poll_t* p, int, int) {
     auto* r = static_cast<Replay*>(p->data);
     r->sub->owner->ContainReplay(*r->sub, [r] { r->sub->owner->DrainReplay(*r->sub); });
   });
   uv_timer_start(
-      &replay->timer,
+      &r->timer,
       [](uv_timer_t* t) {
         auto* r = static_cast<Replay*>(t->data);
         r->sub->owner->ContainReplay(
             *r->sub, [r] { r->sub->owner->FinishReplay(*r->sub, /*ended=*/false); });
       },
       loop_.options.replay_timeout_ms, 0);
-  DrainReplay(sub);  // the fd signals edges: look once now
+  ContainReplay(sub, [&] { DrainReplay(sub); });  // the fd signals edges: look once now
   return true;
 }
 
@@ -640,10 +670,7 @@ template <typename Work>
 void EngineSubscriptions::ContainReplay(Subscription& sub, Work work) {
   // A reply the heap refused: the replay cannot be trusted to fill the hole. The rank is
   // cleared and flagged, and the replay ends as one that timed out (its held messages go on).
-  ContainRefusal(work, [&] {
-    LostForMemory(sub);
-    FinishReplay(sub, /*ended=*/false);
-  });
+  ContainRefusal(work, [&] { LostForMemory(sub); });
 }
 
 void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
@@ -664,24 +691,36 @@ void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
         Bump(sub.counters->messages, *sub.sequence.next() - *until);
       }
       break;
-    case RankSequence::Outcome::kShort:  // still missing some: fall back to the clear
-      ClearRank(sub);
+    case RankSequence::Outcome::kShort: {  // still missing some: fall back to the clear
       SetUnknown(sub, true);
-      if (until && !from_start && StartReplay(sub, *until, /*from_start=*/true)) return;
+      bool repairing = false;
+      // Refused, the rank stays flagged (cleared, or holding nothing the index could keep) and
+      // the held messages go on: nothing may leave them behind.
+      ContainRefusal(
+          [&] {
+            ClearRank(sub);
+            repairing = until && !from_start && StartReplay(sub, *until, /*from_start=*/true);
+          },
+          [] {});
+      if (repairing) return;
       break;
+    }
   }
   HandleHeld(sub);
 }
 
 // The live messages held during a replay, in order, until one starts another replay: that one
-// holds it first, the rest after it, then what it reads from the socket.
+// holds it first, the rest after it, then what it reads from the socket. A message the heap
+// refuses is lost as a live one is (LostForMemory) and the others go on, in order: none is left
+// behind to be handled after later ones.
 void EngineSubscriptions::HandleHeld(Subscription& sub) {
   while (sub.replay == nullptr && !sub.held.empty()) {
     const bool before_request = sub.held_before_request > 0;
     if (before_request) --sub.held_before_request;
     Parts parts = std::move(sub.held.front());
     sub.held.pop_front();
-    Process(sub, std::move(parts), before_request);
+    ContainRefusal([&] { Process(sub, std::move(parts), before_request); },
+                   [&] { LostForMemory(sub); });
   }
 }
 

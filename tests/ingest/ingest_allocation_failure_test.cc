@@ -27,6 +27,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -300,6 +302,193 @@ uint64_t Sweep(const char* what, RunFn run) {
 TEST(IngestAllocationFailureTest, TheLoopSurvivesEveryRefusalAndTheEnginesClearRestoresTrust) {
   // At least decoding and applying were reached, not only the wakeup.
   EXPECT_GE(Sweep("the loop", EngineRun), 20u);
+}
+
+// vLLM's replay socket (a ROUTER bound on 127.0.0.1), served by a thread of its own from the
+// engine's whole history: every request for a start sequence gets each message from there on,
+// then the end marker -1.
+class ReplayServer {
+ public:
+  explicit ReplayServer(void* context) {
+    socket_ = zmq_socket(context, ZMQ_ROUTER);
+    const int linger = 0;
+    zmq_setsockopt(socket_, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_bind(socket_, "tcp://127.0.0.1:*") != 0) return;
+    char bound[256] = {};
+    size_t size = sizeof(bound);
+    zmq_getsockopt(socket_, ZMQ_LAST_ENDPOINT, bound, &size);
+    endpoint_ = bound;
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ReplayServer() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    zmq_close(socket_);
+  }
+  const std::string& endpoint() const { return endpoint_; }  // empty: it could not bind
+  // The engine published message `seq` (whether or not it reached anybody).
+  void Published(uint64_t seq, std::vector<uint8_t> payload) {
+    std::lock_guard lock(mutex_);
+    history_.emplace_back(seq, std::move(payload));
+  }
+
+ private:
+  static std::string Sequence(uint64_t seq) {
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(seq >> (56 - 8 * i));
+    return bytes;
+  }
+  void Send(const std::vector<std::string>& parts) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      zmq_send(socket_, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0);
+    }
+  }
+  void Serve() {
+    while (!stop_) {
+      zmq_pollitem_t item{socket_, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 20) != 1) continue;
+      std::vector<std::string> parts;
+      for (int more = 1; more;) {
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        zmq_msg_recv(&msg, socket_, 0);
+        parts.emplace_back(static_cast<char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+        more = zmq_msg_more(&msg);
+        zmq_msg_close(&msg);
+      }
+      if (parts.size() != 3 || parts[2].size() != 8) continue;
+      uint64_t start = 0;
+      for (unsigned char c : parts[2]) start = (start << 8) | c;
+      std::vector<std::pair<uint64_t, std::vector<uint8_t>>> history;
+      {
+        std::lock_guard lock(mutex_);
+        history = history_;
+      }
+      for (const auto& [seq, payload] : history) {
+        if (seq >= start) {
+          Send({parts[0], "", Sequence(seq), std::string(payload.begin(), payload.end())});
+        }
+      }
+      Send({parts[0], "", Sequence(UINT64_MAX), ""});
+    }
+  }
+
+  void* socket_ = nullptr;
+  std::string endpoint_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mutex_;
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> history_;  // guarded by mutex_
+};
+
+// A worker with a replay endpoint loses a message: the gap is repaired by a replay while the
+// loop's n-th allocation is refused (opening the replay, holding the live messages, reading the
+// reply, handling the held messages after it). Whatever the refusal hit, the replay must end
+// (a replay left in flight for good holds every later live message), leave no socket behind
+// (the ZMQ context would never terminate: the ingest could not be freed) and hand on the held
+// messages in order: the engine's next clear makes the rank known again, with what it stores.
+std::string ReplayRun(uint64_t n, bool& refused) {
+  void* context = zmq_ctx_new();
+  std::string endpoint;
+  void* engine = BindEngine(context, endpoint);
+  if (engine == nullptr) return "cannot bind the engine";
+  auto replay = std::make_unique<ReplayServer>(context);
+  if (replay->endpoint().empty()) return "cannot bind the replay socket";
+  // `reaches`: published and heard; else published and lost on the way.
+  auto publish = [&](uint64_t seq, const std::string& vector, bool reaches = true) {
+    const std::vector<uint8_t> payload = VllmPayload(vector);
+    replay->Published(seq, payload);
+    if (!reaches) return;
+    uint8_t seq_bytes[8];
+    for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
+    zmq_send(engine, "kv-events", 9, ZMQ_SNDMORE);
+    zmq_send(engine, seq_bytes, 8, ZMQ_SNDMORE);
+    zmq_send(engine, payload.data(), payload.size(), 0);
+  };
+
+  std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = 16});
+  std::unique_ptr<IngestService> ingest =
+      *IngestService::Create(router.get(), {.replay_timeout_ms = 1000});
+  if (!ingest->Start().ok()) return "the ingest did not start";
+  const absl::StatusOr<uint64_t> source =
+      ingest->AddEngineWorker(EngineWorker{.endpoint = endpoint,
+                                           .worker_id = 5,
+                                           .topic = "kv-events",
+                                           .replay_endpoint = replay->endpoint()});
+  if (!source.ok()) return "cannot subscribe: " + source.status().ToString();
+  zmq_pollitem_t item{engine, 0, ZMQ_POLLIN, 0};
+  char subscription[64];
+  if (zmq_poll(&item, 1, 5000) != 1 ||
+      zmq_recv(engine, subscription, sizeof(subscription), 0) < 1) {
+    return "no subscriber";
+  }
+  auto device_blocks = [&] {
+    const absl::StatusOr<std::vector<OverlapScore>> scores = router->OverlapScores(Prompt());
+    if (!scores.ok()) return 0u;
+    for (const OverlapScore& s : *scores) {
+      if (s.worker == WorkerKey{.worker_id = 5}) return s.overlap.device_blocks;
+    }
+    return 0u;
+  };
+
+  count_loop_allocations = true;
+  FailAllocationForTesting(n);
+  publish(0, "array_store_dp_medium");                        // blocks 1 and 2
+  publish(1, "array_store_continuation", /*reaches=*/false);  // block 3, lost
+  publish(2, "array_remove_full_schema");                     // block 3 removed: a gap, replayed
+  publish(3, "array_store_continuation");  // held with 2 (several held: handed on in order)
+  publish(4, "array_remove_full_schema");
+  // Until the refusal, or the replay done (0, the replayed 1, the held 2-4) when none came.
+  const auto armed_deadline = std::chrono::steady_clock::now() + kWait;
+  bool repaired = false;
+  while (internal::allocation_failure_countdown.load() != 0 && !repaired &&
+         std::chrono::steady_clock::now() < armed_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const absl::StatusOr<IngestStats> stats = ingest->Stats(*source);
+    repaired = stats.ok() && stats->messages >= 5 && stats->recoveries >= 1;
+  }
+  refused = FailAllocationForTesting(0) == 0;
+  count_loop_allocations = false;
+  if (!refused && !repaired) return "no refusal, yet the replay did not repair the gap";
+  if (!refused && (device_blocks() != 2 || ingest->Stats(*source)->state_unknown != 0)) {
+    return "no refusal, yet the replay left " + std::to_string(device_blocks()) + " blocks";
+  }
+  // The engine clears its cache, and stores three blocks in two messages, the first lost: a
+  // replay repairs it. Held messages a refusal left behind would be handed on after this
+  // replay, out of order, where their numbers going back look like a restart.
+  publish(5, "array_all_cleared");
+  publish(6, "array_store_dp_medium", /*reaches=*/false);
+  publish(7, "array_store_continuation");
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  for (;;) {
+    absl::StatusOr<IngestStats> after = ingest->Stats(*source);
+    if (!after.ok()) return "after the refusal, " + after.status().ToString();
+    const uint32_t blocks = device_blocks();
+    if (after->state_unknown == 0 && blocks == 3 && after->gaps >= 2) {
+      if (after->restarts != 0) {
+        return "messages were handed on out of order (" + std::to_string(after->restarts) +
+               " restarts)";
+      }
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return "after the engine's clear and a store of 3 blocks, the rank holds " +
+             std::to_string(blocks) + (after->state_unknown != 0 ? " and is still flagged" : "") +
+             " (" + std::to_string(after->messages) + " messages, " +
+             std::to_string(after->missed_messages) + " missed, " +
+             std::to_string(after->recoveries) + " recoveries)";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ingest.reset();  // a replay socket left open would hang this in zmq_ctx_term (SIGALRM)
+  replay.reset();
+  zmq_close(engine);
+  zmq_ctx_term(context);
+  return "";
+}
+
+TEST(IngestAllocationFailureTest, AReplayEndsAndHandsOnItsHeldMessagesWhateverIsRefused) {
+  EXPECT_GE(Sweep("a gap's replay", ReplayRun), 20u);
 }
 
 // A socket connected to the Unix socket at `path`, or -1.
