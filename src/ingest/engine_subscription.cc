@@ -490,6 +490,20 @@ void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint
     c.Reject(IngestReject::kBadMsgpack, std::string(batch.status().message()));
     return;
   }
+  // Each rank publishes on a socket of its own, and a gap, a restart or a replay of this
+  // socket's sequence clears and flags this socket's rank: a batch that names another rank
+  // would put its blocks where nothing here keeps track of them. Such a batch is a
+  // misconfiguration (the worker's dp_start, or its endpoint's port, not the engine's), so it
+  // is dropped whole, and says why.
+  if (batch->dp_rank && *batch->dp_rank != sub.socket_rank) {
+    c.Reject(
+        IngestReject::kBadMsgpack,
+        absl::StrCat("a batch of data-parallel rank ", *batch->dp_rank, " on the socket of rank ",
+                     sub.socket_rank, " (worker ", sub.worker.worker_id,
+                     "): dropped; rank dp_start + r publishes on port + r, so check the "
+                     "worker's dp_start and endpoint"));
+    return;
+  }
   // Events of a type this build does not know are skipped alone: the rest of the batch applies.
   for (std::string& why : batch->skipped) c.Reject(IngestReject::kBadMsgpack, std::move(why));
   ConvertedBatch converted =

@@ -137,7 +137,8 @@ struct DynamoMessage {
 absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> message);
 
 // Router events of `batch` for `worker_id`. The rank is the batch's dp rank when it has one,
-// else `default_dp_rank` (the publisher's socket). Stored events carry token ids and no local
+// else `default_dp_rank` (the publisher's socket; the engine subscription drops a batch that
+// names another rank than its socket's before it gets here). Stored events carry token ids and no local
 // hashes, so the router computes its own hashes from the tokens (dual key: engine hashes link
 // blocks, local hashes match prompts). A stored event announcing a block size other than
 // `router_block_size` is not converted but listed as a mismatch. `eagle`: the model's blocks

@@ -404,6 +404,29 @@ TEST_F(EngineIngestTest, EachRankHasItsOwnSocketAndSequence) {
   unlink((base.substr(6) + "_dp1").c_str());
 }
 
+// A batch naming another data-parallel rank than its socket's (a worker registered with the
+// wrong dp_start, or the wrong port) is dropped and says why: its events went to the batch's
+// rank, while a gap, restart or replay of the socket's sequence cleared and flagged the
+// socket's rank, so the blocks stayed where nothing repaired them.
+TEST_F(EngineIngestTest, ABatchOfAnotherRankThanItsSocketsIsRejected) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);          // one rank: 0
+  engine.Send(0, VllmPayload("map_store_salted_dp1"));   // data_parallel_rank 1
+  engine.Send(1, VllmPayload("array_store_dp_medium"));  // rank 0
+  const IngestStats stats = WaitForMessages(source, 2, 1);
+  EXPECT_EQ(1u, stats.events_applied);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]);
+  EXPECT_NE(std::string::npos,
+            stats.last_reject.find("a batch of data-parallel rank 1 on the socket of rank 0"))
+      << stats.last_reject;
+  EXPECT_EQ(0u, stats.gaps);  // it still counts in the sequence
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));
+  const auto scores =
+      router_->OverlapScores(Range(1001, 1016), {.prompt = {.cache_namespace = "tenant-a"}});
+  ASSERT_TRUE(scores.ok());
+  for (const OverlapScore& s : *scores) EXPECT_NE(s.worker, (WorkerKey{5, 1}));
+}
+
 // vLLM's replay socket: a ROUTER that answers a start sequence with (seq, payload) messages
 // and the end marker -1.
 class FakeReplayServer {
