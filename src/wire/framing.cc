@@ -33,7 +33,7 @@ FrameReader::FrameReader(uint32_t max_frame_bytes) : max_frame_bytes_(max_frame_
 
 absl::Status FrameReader::Append(std::span<const uint8_t> chunk) {
   if (!status_.ok()) return status_;
-  Compact();
+  Compact(chunk.size());
   buffer_.insert(buffer_.end(), chunk.begin(), chunk.end());
   status_ = CheckHeaders();
   return status_;
@@ -48,8 +48,19 @@ std::optional<std::vector<uint8_t>> FrameReader::Next() {
   const size_t begin = read_pos_ + kFrameHeaderBytes;
   const size_t end = begin + LoadLe32(&buffer_[read_pos_]);
   if (end > buffer_.size()) return std::nullopt;
+  std::vector<uint8_t> frame(buffer_.begin() + begin, buffer_.begin() + end);
   read_pos_ = end;
-  return std::vector<uint8_t>(buffer_.begin() + begin, buffer_.begin() + end);
+  if (read_pos_ == buffer_.size()) {  // drained (so checked_end_ == read_pos_ too): start over
+    stream_offset_ += read_pos_;
+    read_pos_ = 0;
+    checked_end_ = 0;
+    if (buffer_.capacity() > kKeptCapacity) {
+      std::vector<uint8_t>().swap(buffer_);  // a large frame's room, given back
+    } else {
+      buffer_.clear();
+    }
+  }
+  return frame;
 }
 
 // Checks each header as soon as it is complete, so an absurd length is reported before its
@@ -67,14 +78,23 @@ absl::Status FrameReader::CheckHeaders() {
   return absl::OkStatus();
 }
 
-// Drops the frames already returned. Done before appending rather than after each Next(), so
-// the bytes of a partial frame move at most once per frame returned.
-void FrameReader::Compact() {
-  if (read_pos_ == 0) return;
-  buffer_.erase(buffer_.begin(), buffer_.begin() + read_pos_);
-  stream_offset_ += read_pos_;
-  checked_end_ -= read_pos_;
-  read_pos_ = 0;
+// Drops the frames already returned, before `incoming` more bytes are appended. Done before
+// appending rather than after each Next(), so the bytes of a partial frame move at most once per
+// frame returned. Room a large frame needed that the rest no longer does is given back.
+void FrameReader::Compact(size_t incoming) {
+  if (read_pos_ != 0) {
+    buffer_.erase(buffer_.begin(), buffer_.begin() + read_pos_);
+    stream_offset_ += read_pos_;
+    checked_end_ -= read_pos_;
+    read_pos_ = 0;
+  }
+  const size_t needed = buffer_.size() + incoming;
+  if (buffer_.capacity() > kKeptCapacity && buffer_.capacity() / 4 > needed) {
+    std::vector<uint8_t> smaller;
+    smaller.reserve(std::max(needed, kKeptCapacity / 4));
+    smaller.assign(buffer_.begin(), buffer_.end());
+    buffer_.swap(smaller);
+  }
 }
 
 }  // namespace kvrouter

@@ -33,7 +33,10 @@ absl::StatusOr<std::vector<uint8_t>> FrameBatch(std::span<const uint8_t> payload
 //
 // A header announcing more than the limit fails the stream for good: the bytes that follow
 // cannot be trusted to be a frame boundary. Frames completed before that bad header are still
-// returned by Next(). Drained after every Append(), it holds at most one frame plus one chunk.
+// returned by Next(). Drained after every Append(), it holds at most one frame plus one chunk,
+// and keeps no more room than that for long: room a large frame needed (up to the limit) is
+// given back once its frame is returned and the buffer is empty, or on the next Append, so one
+// large frame does not pin its size for the connection's life (kKeptCapacity is kept).
 class FrameReader {
  public:
   explicit FrameReader(uint32_t max_frame_bytes = kMaxFrameBytes);
@@ -45,13 +48,19 @@ class FrameReader {
   // The payload of the next complete frame, or nullopt when more bytes are needed.
   std::optional<std::vector<uint8_t>> Next();
 
+  // Room kept for reuse however much a frame needed before: a buffer larger than this and
+  // four times what it must hold is given back.
+  static constexpr size_t kKeptCapacity = size_t{1} << 20;
+
   // Bytes received but not yet returned as frames.
   size_t buffered_bytes() const { return buffer_.size() - read_pos_; }
+  // The buffer's room (its capacity), what the reader costs in memory.
+  size_t capacity_bytes() const { return buffer_.capacity(); }
   const absl::Status& status() const { return status_; }
 
  private:
   absl::Status CheckHeaders();
-  void Compact();
+  void Compact(size_t incoming);
 
   uint32_t max_frame_bytes_;
   std::vector<uint8_t> buffer_;

@@ -2,6 +2,7 @@
 // absurd lengths rejected.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -128,6 +129,39 @@ TEST(FrameReaderTest, HoldsAPartialFrameUntilItCompletes) {
   ASSERT_TRUE(reader.Append(std::span(frame).subspan(5)).ok());
   EXPECT_EQ(reader.Next(), (Bytes{7, 8, 9}));
   EXPECT_FALSE(reader.Next().has_value());
+}
+
+// One large frame must not pin its size for the connection's life: the room it needed is given
+// back once it is returned, at once when nothing else is buffered, else when the next bytes
+// come (then only what the rest needs is kept). It was kept until the connection closed.
+TEST(FrameReaderTest, GivesBackTheRoomOfALargeFrame) {
+  Bytes large(8u << 20);
+  for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<uint8_t>(i * 7);
+  const Bytes frame = Frame(large);
+  const Bytes small = Frame(Bytes{1, 2, 3});
+  constexpr size_t kChunk = 64 * 1024;
+
+  FrameReader alone;  // the large frame, then nothing: given back as it is returned
+  for (size_t at = 0; at < frame.size(); at += kChunk) {
+    const size_t end = std::min(frame.size(), at + kChunk);
+    ASSERT_TRUE(alone.Append(std::span(frame).subspan(at, end - at)).ok());
+  }
+  EXPECT_GE(alone.capacity_bytes(), large.size());
+  EXPECT_EQ(alone.Next(), large);
+  EXPECT_LE(alone.capacity_bytes(), FrameReader::kKeptCapacity);
+  ASSERT_TRUE(alone.Append(small).ok());  // and it goes on
+  EXPECT_EQ(alone.Next(), (Bytes{1, 2, 3}));
+
+  FrameReader followed;  // the large frame and the start of a small one in the same chunk
+  Bytes stream = frame;
+  stream.insert(stream.end(), small.begin(), small.begin() + 5);
+  ASSERT_TRUE(followed.Append(stream).ok());
+  EXPECT_EQ(followed.Next(), large);
+  EXPECT_FALSE(followed.Next().has_value());
+  ASSERT_TRUE(followed.Append(std::span(small).subspan(5)).ok());
+  EXPECT_LE(followed.capacity_bytes(), FrameReader::kKeptCapacity);
+  EXPECT_EQ(followed.Next(), (Bytes{1, 2, 3}));
+  EXPECT_EQ(followed.buffered_bytes(), 0u);
 }
 
 TEST(FrameReaderTest, RejectsAnAbsurdLengthAndStaysFailed) {
