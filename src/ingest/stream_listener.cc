@@ -1,5 +1,12 @@
 #include "ingest/stream_listener.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -9,6 +16,34 @@
 #include "wire/framing.h"
 
 namespace kvrouter {
+
+namespace {
+
+// A Unix socket's file outlives a listener that never closed it (a process killed by SIGKILL,
+// a crash: libuv removes it on a close), and binding the path again then fails with EADDRINUSE
+// though nobody listens. Such a file is removed: a socket to which a connection is refused.
+// Anything else at the path (a socket someone listens on, a regular file) is left alone, and
+// the bind fails as before.
+void RemoveStaleUnixSocket(const std::string& path) {
+  struct stat st {};
+  sockaddr_un addr{};
+  if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) ||
+      path.size() >= sizeof(addr.sun_path)) {
+    return;
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  // Non-blocking: a listener whose backlog is full answers EAGAIN, and is left alone.
+  const bool nobody_listens =
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 &&
+      errno == ECONNREFUSED;
+  close(fd);
+  if (nobody_listens) unlink(path.c_str());
+}
+
+}  // namespace
 
 // A libuv stream handle of either kind, TCP or Unix socket.
 union StreamHandle {
@@ -73,6 +108,7 @@ absl::Status StreamListeners::ListenOnLoop(const StreamEndpoint& where, std::str
   int rc = 0;
   listener->io.Init(&loop_.loop, where.unix_socket, listener);
   if (where.unix_socket) {
+    RemoveStaleUnixSocket(where.host_or_path);
     rc = uv_pipe_bind(&listener->io.pipe, where.host_or_path.c_str());
   } else {
     sockaddr_storage addr{};

@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "core/router.h"
@@ -72,6 +76,79 @@ TEST(StreamListener, AFrameCutByTheCloseIsCountedWithItsReason) {
   stats = *(*ingest)->Stats(*source);
   EXPECT_EQ(2u, stats.connections);
   EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBadFlatBuffers)]);
+}
+
+// A Unix socket bound to `path` (listening if `listen_on_it`), or -1.
+int BindUnix(const std::string& path, bool listen_on_it) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      (listen_on_it && listen(fd, 4) != 0)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool ConnectsToUnix(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return connected;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// A listener killed without closing (SIGKILL, a crash) leaves its socket file behind, and
+// binding the path again failed with EADDRINUSE: the router could not listen where it did until
+// someone removed the file. A stale socket (nobody listens) is removed; a socket someone listens
+// on, or a file that is no socket, is left alone and the listen fails as before.
+TEST(StreamListener, AStaleUnixSocketFileIsReplacedButNothingElse) {
+  auto router = Router::Create(RouterOptions{.block_size = 16});
+  ASSERT_TRUE(router.ok());
+  auto ingest = IngestService::Create(router->get(), {});
+  ASSERT_TRUE(ingest.ok()) << ingest.status();
+  ASSERT_TRUE((*ingest)->Start().ok());
+  const std::string base = "/tmp/kvr-stale-" + std::to_string(getpid());
+
+  const std::string stale = base + "-stale.sock";  // bound, then closed without unlinking
+  unlink(stale.c_str());
+  const int dead = BindUnix(stale, /*listen_on_it=*/true);
+  ASSERT_GE(dead, 0);
+  close(dead);
+  ASSERT_TRUE(Exists(stale));
+  ASSERT_FALSE(ConnectsToUnix(stale));
+  auto source = (*ingest)->Listen("unix://" + stale, nullptr);
+  EXPECT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(ConnectsToUnix(stale));
+
+  const std::string live = base + "-live.sock";  // another process's listener: not ours
+  unlink(live.c_str());
+  const int other = BindUnix(live, /*listen_on_it=*/true);
+  ASSERT_GE(other, 0);
+  EXPECT_EQ(absl::StatusCode::kUnavailable,
+            (*ingest)->Listen("unix://" + live, nullptr).status().code());
+  EXPECT_TRUE(ConnectsToUnix(live));  // still its own
+  close(other);
+
+  const std::string file = base + "-file";
+  std::ofstream(file) << "not a socket";
+  EXPECT_EQ(absl::StatusCode::kUnavailable,
+            (*ingest)->Listen("unix://" + file, nullptr).status().code());
+  EXPECT_TRUE(Exists(file));
+
+  ingest->reset();
+  unlink(stale.c_str());
+  unlink(live.c_str());
+  unlink(file.c_str());
 }
 
 }  // namespace
