@@ -530,6 +530,9 @@ void EngineSubscriptions::ApplyEngineEvent(Subscription& sub, KvEvent& event) {
   if (auto* removed = std::get_if<RemovedEvent>(&event.data)) {
     std::erase_if(removed->block_hashes,
                   [&](uint64_t h) { return copies.TakeExtra(event.worker, event.tier, h); });
+    // A block that left the device can no longer be the parent of a block computed anew, so its
+    // salt is forgotten; one with another copy stays, salt and all.
+    if (event.tier == Tier::kDevice) sub.salted.Forget(removed->block_hashes);
     if (removed->block_hashes.empty()) {  // applied: each block it named had another copy
       Bump(c.events_applied);
       return;

@@ -542,31 +542,71 @@ std::optional<uint64_t> MmHashOfIdentifier(std::string_view identifier) {
 
 std::string_view SaltedBlocks::Of(uint64_t engine_hash) const {
   const auto it = salt_of_.find(engine_hash);
-  return it == salt_of_.end() ? std::string_view() : std::string_view(salts_[it->second]);
+  return it == salt_of_.end() ? std::string_view() : std::string_view(salts_[it->second].text);
+}
+
+// The id of `salt`, named first if it is new (in a free slot, or a new one). Refused, nothing
+// changed but capacity.
+uint32_t SaltedBlocks::IdOf(std::string_view salt) {
+  if (auto known = ids_.find(salt); known != ids_.end()) return known->second;
+  if (free_.empty()) {
+    free_.reserve(salts_.size() + 1);  // so that Release never allocates
+    salts_.emplace_back();
+    free_.push_back(static_cast<uint32_t>(salts_.size() - 1));
+  }
+  const uint32_t id = free_.back();
+  std::string text(salt);
+  ids_.emplace(text, id);
+  salts_[id].text = std::move(text);  // moves into an empty string: allocates nothing
+  free_.pop_back();
+  return id;
+}
+
+void SaltedBlocks::Release(uint32_t id) noexcept {
+  Salt& salt = salts_[id];
+  if (--salt.blocks > 0) return;
+  ids_.erase(ids_.find(std::string_view(salt.text)));
+  std::string().swap(salt.text);
+  free_.push_back(id);  // reserved
 }
 
 void SaltedBlocks::Record(std::span<const uint64_t> engine_hashes, std::string_view salt) {
-  // The salt first, then its id: an id never names a salt that is not there (a refused
-  // allocation may leave an unnamed salt behind, which costs only its bytes).
-  uint32_t id;
-  if (auto known = ids_.find(salt); known != ids_.end()) {
-    id = known->second;
-  } else {
-    id = static_cast<uint32_t>(salts_.size());
-    salts_.emplace_back(salt);
-    ids_.emplace(salts_.back(), id);
+  const uint32_t id = IdOf(salt);
+  ++salts_[id].blocks;  // held while the blocks are recorded: Release below cannot free it
+  for (uint64_t h : engine_hashes) {
+    // A refused insert leaves the blocks recorded so far; the salt is released below if it has
+    // none.
+    try {
+      auto [it, added] = salt_of_.try_emplace(h, id);
+      if (!added) {
+        if (it->second == id) continue;
+        Release(it->second);
+        it->second = id;
+      }
+      ++salts_[id].blocks;
+    } catch (...) {
+      Release(id);
+      throw;
+    }
   }
-  for (uint64_t h : engine_hashes) salt_of_[h] = id;
+  Release(id);
 }
 
-void SaltedBlocks::Forget(std::span<const uint64_t> engine_hashes) {
+void SaltedBlocks::Forget(std::span<const uint64_t> engine_hashes) noexcept {
   if (salt_of_.empty()) return;
-  for (uint64_t h : engine_hashes) salt_of_.erase(h);
+  for (uint64_t h : engine_hashes) {
+    const auto it = salt_of_.find(h);
+    if (it == salt_of_.end()) continue;
+    const uint32_t id = it->second;
+    salt_of_.erase(it);
+    Release(id);
+  }
 }
 
 void SaltedBlocks::Clear() {
   salt_of_.clear();
   salts_.clear();
+  free_.clear();
   ids_.clear();
 }
 
@@ -620,8 +660,8 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
         break;
       }
       case EngineEventKind::kRemoved:
-        // A block evicted from the device can no longer be a parent of newly computed blocks.
-        if (salted != nullptr && e.tier == Tier::kDevice) salted->Forget(e.block_hashes);
+        // The salts of the blocks it removes are the caller's to forget (SaltedBlocks): a
+        // removal of one of two copies leaves the block, and its salt with it.
         event.data = RemovedEvent{.block_hashes = e.block_hashes};
         break;
       case EngineEventKind::kCleared:

@@ -100,21 +100,35 @@ struct ConvertedBatch {
 // inherit it through the parent chain), so a store that continues a salted sequence carries no
 // salt. The router's namespace salts every block (as Dynamo's does), so each publisher
 // remembers which of its engine blocks were stored salted, and a continuation takes its
-// parent's salt. Only salted blocks are kept; a device-tier removal or a clear forgets them.
+// parent's salt. Only salted blocks are kept, and only the salts some kept block has; a clear
+// forgets them all, and the caller forgets the blocks that leave the device (Forget): a removal
+// of one of several copies of a block (engine_subscription's BlockCopies) leaves it, salt and
+// all, so ToKvEvents, which cannot tell, forgets nothing.
 class SaltedBlocks {
  public:
   // The salt block `engine_hash` was stored under; empty if none is known.
   std::string_view Of(uint64_t engine_hash) const;
   void Record(std::span<const uint64_t> engine_hashes, std::string_view salt);
-  void Forget(std::span<const uint64_t> engine_hashes);
+  // Allocates nothing.
+  void Forget(std::span<const uint64_t> engine_hashes) noexcept;
   void Clear();
   size_t size() const { return salt_of_.size(); }
+  // Distinct salts held: those of the blocks kept, no more.
+  size_t salts() const { return ids_.size(); }
 
  private:
+  struct Salt {
+    std::string text;
+    uint64_t blocks = 0;  // in salt_of_; a free slot has none
+  };
+  uint32_t IdOf(std::string_view salt);
+  void Release(uint32_t id) noexcept;
+
   // Not absl's tables: one refused growth corrupts them (core/fail_safe_map.h); a single insert
   // into libstdc++'s is all or nothing.
   std::unordered_map<uint64_t, uint32_t> salt_of_;  // engine hash -> index in salts_
-  std::vector<std::string> salts_;
+  std::vector<Salt> salts_;
+  std::vector<uint32_t> free_;  // slots of salts_ no block has; room for every slot reserved
   std::unordered_map<std::string, uint32_t, IdHash, std::equal_to<>> ids_;
 };
 
@@ -138,8 +152,8 @@ absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> me
 
 // Router events of `batch` for `worker_id`. The rank is the batch's dp rank when it has one,
 // else `default_dp_rank` (the publisher's socket; the engine subscription drops a batch that
-// names another rank than its socket's before it gets here). Stored events carry token ids and no local
-// hashes, so the router computes its own hashes from the tokens (dual key: engine hashes link
+// names another rank than its socket's before it gets here). Stored events carry token ids and no
+// local hashes, so the router computes its own hashes from the tokens (dual key: engine hashes link
 // blocks, local hashes match prompts). A stored event announcing a block size other than
 // `router_block_size` is not converted but listed as a mismatch. `eagle`: the model's blocks
 // use eagle windows (each block's tokens include one look-ahead token, the bigram form); bigram

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "core/clock.h"
@@ -429,6 +430,74 @@ TEST_F(EngineIngestTest, ABatchOfAnotherRankThanItsSocketsIsRejected) {
       router_->OverlapScores(Range(1001, 1016), {.prompt = {.cache_namespace = "tenant-a"}});
   ASSERT_TRUE(scores.ok());
   for (const OverlapScore& s : *scores) EXPECT_NE(s.worker, (WorkerKey{5, 1}));
+}
+
+// vLLM batches [ts, [event]] of one event, packed by hand (msgpack).
+class VllmBatch {
+ public:
+  // ["BlockStored", hashes, parent, tokens, 16, nil, "GPU", nil, extra_keys]: `salt` in the
+  // first block's extra keys, as vLLM folds a request's cache salt into its first block only.
+  static std::vector<uint8_t> Stored(uint64_t hash, std::optional<uint64_t> parent,
+                                     const std::vector<uint32_t>& tokens,
+                                     const std::string& salt = "") {
+    VllmBatch b;
+    b.Byte(0x99).Str("BlockStored").Byte(0x91).Uint(hash);
+    parent ? b.Uint(*parent) : b.Byte(0xc0);
+    b.Byte(0xdc).Be(tokens.size(), 2);
+    for (uint32_t t : tokens) b.Uint(t);
+    b.Uint(16).Byte(0xc0).Str("GPU").Byte(0xc0);
+    salt.empty() ? b.Byte(0xc0) : b.Byte(0x91).Byte(0x91).Str(salt);
+    return b.bytes_;
+  }
+  static std::vector<uint8_t> Removed(uint64_t hash) {
+    VllmBatch b;
+    b.Byte(0x93).Str("BlockRemoved").Byte(0x91).Uint(hash).Str("GPU");
+    return b.bytes_;
+  }
+
+ private:
+  VllmBatch() { Byte(0x92).Byte(0x01).Byte(0x91); }  // [1, [ ...
+  VllmBatch& Byte(uint8_t b) {
+    bytes_.push_back(b);
+    return *this;
+  }
+  VllmBatch& Be(uint64_t v, int n) {
+    for (int i = n - 1; i >= 0; --i) Byte(static_cast<uint8_t>(v >> (8 * i)));
+    return *this;
+  }
+  VllmBatch& Uint(uint64_t v) {
+    if (v < 128) return Byte(static_cast<uint8_t>(v));
+    if (v <= 0xffff) return Byte(0xcd).Be(v, 2);
+    return Byte(0xcf).Be(v, 8);
+  }
+  VllmBatch& Str(const std::string& s) {
+    Byte(static_cast<uint8_t>(0xa0 | s.size()));  // under 32 bytes
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+    return *this;
+  }
+  std::vector<uint8_t> bytes_;
+};
+
+// vLLM holds the last block of a fully cached prompt twice and removes each copy in turn; the
+// first removal leaves the block indexed (BlockCopies), and with it its cache salt: a later
+// block continuing it is salted too. The salt was forgotten with the first removal, so the
+// continuation was indexed unsalted and a salted prompt matched only its first block.
+TEST_F(EngineIngestTest, ARemovedCopyOfASaltedBlockKeepsItsSalt) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  const std::vector<uint32_t> first = Range(1001, 1016);
+  engine.Send(0, VllmBatch::Stored(21, std::nullopt, first, "tenant-a"));
+  engine.Send(1, VllmBatch::Stored(21, std::nullopt, first, "tenant-a"));  // its copy
+  engine.Send(2, VllmBatch::Removed(21));                                  // one copy goes
+  engine.Send(3, VllmBatch::Stored(22, 21, Range(1017, 1032)));            // salted by its parent
+  const IngestStats stats = WaitForMessages(source, 4, 4);
+  EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]) << stats.last_reject;
+  const RouteOptions salted{.prompt = {.cache_namespace = "tenant-a"}};
+  const auto scores = router_->OverlapScores(Range(1001, 1032), salted);
+  ASSERT_TRUE(scores.ok());
+  ASSERT_EQ(1u, scores->size());
+  EXPECT_EQ(2u, (*scores)[0].overlap.device_blocks);
+  EXPECT_EQ(0u, DeviceBlocks(Range(1001, 1032), {5, 0}));  // unsalted: no match
 }
 
 // vLLM's replay socket: a ROUTER that answers a start sequence with (seq, payload) messages

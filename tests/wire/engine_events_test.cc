@@ -341,6 +341,45 @@ TEST(EngineToRouter, OtherBlockSizesAndNonAttentionGroupsAreNotIndexed) {
 
 // ---- Malformed input. ----------------------------------------------------------------------
 
+// A salt is held while some block has it: the salts of blocks forgotten went with them only at
+// the engine's clear, so an engine serving a stream of tenants grew a string per tenant for good.
+// Slots are reused, and a block recorded again under another salt moves to it.
+TEST(SaltedBlocksTest, KeepsOnlyTheSaltsItsBlocksHave) {
+  SaltedBlocks salted;
+  for (uint64_t tenant = 0; tenant < 1000; ++tenant) {
+    const uint64_t blocks[] = {2 * tenant, 2 * tenant + 1};
+    salted.Record(blocks, "tenant-" + std::to_string(tenant));
+    salted.Forget(blocks);
+  }
+  EXPECT_EQ(0u, salted.size());
+  EXPECT_EQ(0u, salted.salts());
+
+  const uint64_t a[] = {1, 2};
+  const uint64_t b[] = {3};
+  salted.Record(a, "a");
+  salted.Record(b, "b");
+  EXPECT_EQ(2u, salted.salts());
+  salted.Forget(std::span<const uint64_t>(a, 1));  // block 1 goes, block 2 keeps "a"
+  EXPECT_EQ("a", salted.Of(2));
+  EXPECT_EQ("", salted.Of(1));
+  salted.Forget(std::span<const uint64_t>(a + 1, 1));
+  EXPECT_EQ(1u, salted.salts());
+  const uint64_t c[] = {4};
+  salted.Record(c, "c");  // in the slot "a" had
+  EXPECT_EQ("b", salted.Of(3));
+  EXPECT_EQ("c", salted.Of(4));
+  salted.Record(b, "c");  // block 3 moves to "c": "b" has no block left
+  EXPECT_EQ("c", salted.Of(3));
+  EXPECT_EQ(1u, salted.salts());
+  salted.Record(b, "c");  // the same again changes nothing
+  salted.Forget(c);
+  EXPECT_EQ("c", salted.Of(3));
+  EXPECT_EQ(1u, salted.salts());
+  salted.Clear();
+  EXPECT_EQ(0u, salted.salts());
+  EXPECT_EQ("", salted.Of(3));
+}
+
 TEST(EngineDecoder, RejectsGarbageWithAReason) {
   const std::vector<std::vector<uint8_t>> bad = {
       {},
