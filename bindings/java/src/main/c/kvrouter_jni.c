@@ -12,11 +12,14 @@
  *   scratch area: a fixed block on the stack, then malloc'd blocks freed on every return path.
  *   Library-owned results (kvr_buffer) are freed as soon as they are copied.
  * - Inputs are borrowed for the call only (kvrouter.h copies what it keeps). Arrays that feed
- *   calls that neither block nor call back into Java (hashing, event batches, snapshots,
- *   previews, overlap scores) are read in place with GetPrimitiveArrayCritical; arrays passed
- *   to calls that may (admitted routing can wait in the admission queue and publish to a
- *   replica publisher in Java, a publisher waits on its socket) are copied with
- *   Get*ArrayRegion, since a critical region must not block nor call JNI.
+ *   calls that take no lock a thread calling into Java can hold (hashing, event batches,
+ *   snapshots, overlap scores: the index's lock at most) are read in place with
+ *   GetPrimitiveArrayCritical; every other array is copied with Get*ArrayRegion. A critical
+ *   region must not block nor call JNI, nor wait for a thread that does: every routing
+ *   decision, previews included, takes the router's admission lock, which a booking thread
+ *   holds while it calls the replica publisher in Java (an allocation there may need a
+ *   collection, which waits for every critical region to end), and admitted routing can wait
+ *   in the admission queue.
  * - Structs cross JNI as long[] arrays in the slots of the generated kvrouter_jni_abi.h, through
  *   its codecs (abi_encode_* / abi_decode_*); no field is counted by hand here. Every struct
  *   handed to the library, options and results alike, is first initialised by its _init with
@@ -320,11 +323,14 @@ static int copy_longs(JNIEnv* env, scratch* s, jlongArray a, const uint64_t** ou
   return 0;
 }
 
-/* A prompt's tokens for one library call. Calls that only look (previews, overlap scores,
- * potential loads) read the Java array in place with GetPrimitiveArrayCritical: no copy (an
- * 8,192-token prompt is 32 KiB) and no allocation. Calls that may book copy it: they may wait
- * in the admission queue, or call a replica publisher back in Java, and neither is allowed
- * inside a critical region. Between tokens_begin and tokens_end: the library call only. */
+/* A prompt's tokens for one library call. Calls that take only the index's lock (overlap
+ * scores) read the Java array in place with GetPrimitiveArrayCritical: no copy (an 8,192-token
+ * prompt is 32 KiB) and no allocation. Every call that takes the router's admission lock copies
+ * it, previews and potential loads included: a booking thread holds that lock while it calls the
+ * replica publisher in Java, whose allocations may need a collection, and a collection waits for
+ * every critical region (a preview waiting in one for the lock would deadlock the process);
+ * admitted calls may also wait in the admission queue. Between tokens_begin and tokens_end: the
+ * library call only. */
 typedef struct {
   jintArray array;
   size_t n;
@@ -1103,9 +1109,10 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(
   jlongArray result = NULL;
   tokens_in t;
   kvr_request_options o;
+  /* An int[] prompt is copied, for previews too: every decision takes the router's admission
+   * lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) != 0 ||
-      tokens_prepare(env, &s, tokens, direct, offset, length, (o.flags & KVR_REQUEST_ADMIT) == 0,
-                     &t) != 0) {
+      tokens_prepare(env, &s, tokens, direct, offset, length, 0, &t) != 0) {
     goto done;
   }
   const size_t cap = max_candidates > 0 ? (size_t)max_candidates : 0;
@@ -1145,7 +1152,8 @@ done:
 /* Native.findBestMatchSimple: findBestMatch for options that set nothing but flags and the
  * strings (RequestOptions.simpleFlags), given as arguments: no RequestOptions fields to read,
  * no candidates. The usual admitted call (an id, perhaps a LoRA name) costs the crossing, the
- * strings' conversion and, for an int[] prompt, its copy; a direct IntBuffer is read in place. */
+ * strings' conversion and, for an int[] prompt, its copy (a preview's too: see tokens_in); a
+ * direct IntBuffer is read in place. */
 JNIEXPORT void JNICALL Java_io_kvrouter_Native_findBestMatchSimple(
     JNIEnv* env, jclass cls, jlong r, jintArray tokens, jobject direct, jint offset, jint length,
     jint flags, jstring id, jint id_n, jstring lora, jint lora_n, jstring ns, jint ns_n,
@@ -1163,8 +1171,7 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_findBestMatchSimple(
   if (utf8_n(env, &s, id, id_n, &o.request_id) != 0 ||
       utf8_n(env, &s, lora, lora_n, &o.lora_name) != 0 ||
       utf8_n(env, &s, ns, ns_n, &o.cache_namespace) != 0 ||
-      tokens_prepare(env, &s, tokens, direct, offset, length, (o.flags & KVR_REQUEST_ADMIT) == 0,
-                     &t) != 0) {
+      tokens_prepare(env, &s, tokens, direct, offset, length, 0, &t) != 0) {
     goto done;
   }
   kvr_error* err = NULL;
@@ -1323,6 +1330,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, 
   jlongArray result = NULL;
   tokens_in t;
   kvr_request_options o;
+  /* In place: hashing and the index's lookup take no router lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) != 0 ||
       tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) != 0) {
     goto done;
@@ -1432,8 +1440,9 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env,
   jlongArray result = NULL;
   tokens_in t;
   kvr_request_options o;
+  /* Copied: the loads are read under the router's admission lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) != 0 ||
-      tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) != 0) {
+      tokens_prepare(env, &s, tokens, NULL, 0, 0, 0, &t) != 0) {
     goto done;
   }
   size_t cap = rank_rows_hint();
@@ -1607,9 +1616,10 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_previewRoute(JNIEnv* env, jclass 
   kvr_request_options o;
   kvr_routing_hints h;
   const kvr_routing_hints* hp;
+  /* Copied: a preview takes the router's admission lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) != 0 ||
       read_routing_hints(env, &s, hints, &h, &hp) != 0 ||
-      tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) != 0) {
+      tokens_prepare(env, &s, tokens, NULL, 0, 0, 0, &t) != 0) {
     goto done;
   }
   kvr_route_signals sig;
@@ -1866,8 +1876,9 @@ JNIEXPORT jboolean JNICALL Java_io_kvrouter_Native_disaggPrefillWorkerBusy(
   tokens_in t;
   kvr_request_options o;
   int busy = 0;
+  /* Copied: a preview takes the router's admission lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) == 0 &&
-      tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) == 0) { /* a preview: read in place */
+      tokens_prepare(env, &s, tokens, NULL, 0, 0, 0, &t) == 0) {
     kvr_error* err = NULL;
     const uint32_t* p = tokens_begin(env, &t);
     if (p != NULL) {

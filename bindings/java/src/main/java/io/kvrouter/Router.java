@@ -343,9 +343,11 @@ public final class Router extends NativeObject {
    * As {@link #findBestMatch(int[], RequestOptions)}, for a prompt in a direct {@link IntBuffer}
    * in native byte order (for example {@code
    * ByteBuffer.allocateDirect(4 * n).order(ByteOrder.nativeOrder()).asIntBuffer()}): its remaining
-   * ints, read in place. An {@code int[]} prompt has to be copied for an admitted call (the call
-   * may wait in the admission queue or call a replica publisher back, so the array cannot be pinned
-   * meanwhile); a direct buffer never is, whatever the call. The buffer's position is not changed.
+   * ints, read in place. An {@code int[]} prompt has to be copied, for a preview too (every
+   * decision takes the router's admission lock, which a thread booking a request holds while it
+   * calls a replica publisher back in Java, and an admitted call may wait in the admission queue,
+   * so the array cannot be pinned meanwhile); a direct buffer never is, whatever the call. The
+   * buffer's position is not changed.
    *
    * @throws IllegalArgumentException for a heap buffer or one not in native byte order
    */

@@ -24,12 +24,13 @@ import java.util.Collections;
  *   <li>The C functions are those of the glue's own libkvrouter (the JNI calls' copy), whose
  *       addresses, struct sizes and field offsets the glue hands over once ({@link
  *       Native#ffmTable()}); the glue exports no C symbol for a lookup to find.
- *   <li>Previews (findBestMatch without admission, previewRoute) cannot block or call back into
- *       Java, so they are critical downcalls ({@code Linker.Option.critical(true)}) given an
- *       {@code int[]} prompt in place, as a heap segment: no copy. An admitted call may wait in
- *       the admission queue or call a replica publisher, and so may a free or a prefill
- *       completion (they publish to replicas): ordinary downcalls, an {@code int[]} prompt
- *       copied to native memory (a direct IntBuffer is read in place, whatever the call).
+ *   <li>Every call is an ordinary downcall, an {@code int[]} prompt copied to native memory (a
+ *       direct IntBuffer is read in place, whatever the call). None can be a critical downcall
+ *       ({@code Linker.Option.critical}), which stays in the Java thread state, so that every
+ *       safepoint waits for it to return: previews too take the router's admission lock, which
+ *       a thread booking a request holds while it calls the replica publisher, in Java, where it
+ *       stops at a safepoint; a preview waiting for that lock in a critical downcall would stop
+ *       the whole JVM. (An admitted call may also wait in the admission queue.)
  *   <li>The options, the result, the error slot and the strings (ids, LoRA name, namespace,
  *       UTF-8 with a NUL) live in a per-thread native buffer reused from call to call: no
  *       allocation but the result object. A call made on the same thread while one is in
@@ -121,8 +122,7 @@ final class HotPath {
   }
 
   // Pointers this class computes cross as longs (a pointer and a 64-bit integer are passed
-  // alike on every 64-bit ABI the linker supports); the prompt crosses as a segment, a heap one
-  // only in critical calls.
+  // alike on every 64-bit ABI the linker supports); a copied prompt crosses as a segment.
   private static final FunctionDescriptor FIND_BEST_MATCH_D =
       FunctionDescriptor.of(
           JAVA_INT, // kvr_status
@@ -156,11 +156,9 @@ final class HotPath {
   private static final FunctionDescriptor INIT_D =
       FunctionDescriptor.of(JAVA_INT, JAVA_LONG, JAVA_LONG);
 
-  private static final MethodHandle FIND_BEST_MATCH_CRITICAL;
   private static final MethodHandle FIND_BEST_MATCH;
-  private static final MethodHandle FIND_BEST_MATCH_AT_CRITICAL;
   private static final MethodHandle FIND_BEST_MATCH_AT;
-  private static final MethodHandle PREVIEW_ROUTE_CRITICAL;
+  private static final MethodHandle PREVIEW_ROUTE;
   private static final MethodHandle FREE_REQUEST;
   private static final MethodHandle MARK_PREFILL_COMPLETED;
   private static final MethodHandle REQUEST_OPTIONS_INIT;
@@ -170,24 +168,18 @@ final class HotPath {
   static {
     if (ENABLED) {
       Linker linker = Linker.nativeLinker();
-      Linker.Option critical = Linker.Option.critical(true);
-      FIND_BEST_MATCH_CRITICAL = downcall(linker, T_FIND_BEST_MATCH, FIND_BEST_MATCH_D, critical);
       FIND_BEST_MATCH = downcall(linker, T_FIND_BEST_MATCH, FIND_BEST_MATCH_D);
-      FIND_BEST_MATCH_AT_CRITICAL =
-          downcall(linker, T_FIND_BEST_MATCH, FIND_BEST_MATCH_AT_D, critical);
       FIND_BEST_MATCH_AT = downcall(linker, T_FIND_BEST_MATCH, FIND_BEST_MATCH_AT_D);
-      PREVIEW_ROUTE_CRITICAL = downcall(linker, T_PREVIEW_ROUTE, PREVIEW_ROUTE_D, critical);
+      PREVIEW_ROUTE = downcall(linker, T_PREVIEW_ROUTE, PREVIEW_ROUTE_D);
       FREE_REQUEST = downcall(linker, T_FREE_REQUEST, ID_CALL_D);
       MARK_PREFILL_COMPLETED = downcall(linker, T_MARK_PREFILL_COMPLETED, ID_CALL_D);
       REQUEST_OPTIONS_INIT = downcall(linker, T_REQUEST_OPTIONS_INIT, INIT_D);
       ROUTE_RESULT_INIT = downcall(linker, T_ROUTE_RESULT_INIT, INIT_D);
       ROUTE_SIGNALS_INIT = downcall(linker, T_ROUTE_SIGNALS_INIT, INIT_D);
     } else {
-      FIND_BEST_MATCH_CRITICAL = null;
       FIND_BEST_MATCH = null;
-      FIND_BEST_MATCH_AT_CRITICAL = null;
       FIND_BEST_MATCH_AT = null;
-      PREVIEW_ROUTE_CRITICAL = null;
+      PREVIEW_ROUTE = null;
       FREE_REQUEST = null;
       MARK_PREFILL_COMPLETED = null;
       REQUEST_OPTIONS_INIT = null;
@@ -214,11 +206,9 @@ final class HotPath {
     Buffer b = Buffer.enter();
     try {
       long opts = 0;
-      boolean admit = false;
       if (options != null) {
-        int flags = options.simpleFlags();
-        admit = (flags & Abi.REQUEST_ADMIT) != 0;
-        b.options(flags, options.requestId, options.loraName, options.cacheNamespace);
+        b.options(
+            options.simpleFlags(), options.requestId, options.loraName, options.cacheNamespace);
         opts = b.address + B_OPTIONS;
       }
       MemorySegment m = b.memory;
@@ -233,37 +223,18 @@ final class HotPath {
         // In place: the address of its position (the segment object does not escape, so it
         // costs no allocation), the buffer kept reachable until the call returned.
         long prompt = MemorySegment.ofBuffer(direct).address();
-        if (admit) {
-          status =
-              (int)
-                  FIND_BEST_MATCH_AT.invokeExact(
-                      router, prompt, (long) length, opts, out, 0L, 0L, total, err);
-        } else {
-          status =
-              (int)
-                  FIND_BEST_MATCH_AT_CRITICAL.invokeExact(
-                      router, prompt, (long) length, opts, out, 0L, 0L, total, err);
-        }
+        status =
+            (int)
+                FIND_BEST_MATCH_AT.invokeExact(
+                    router, prompt, (long) length, opts, out, 0L, 0L, total, err);
         Reference.reachabilityFence(direct);
-      } else if (admit) {
+      } else {
+        // Copied, for previews too (see the class comment: no critical downcall).
         MemorySegment prompt = b.tokens(tokens);
         status =
             (int)
                 FIND_BEST_MATCH.invokeExact(
                     router, prompt, (long) tokens.length, opts, out, 0L, 0L, total, err);
-      } else {
-        status =
-            (int)
-                FIND_BEST_MATCH_CRITICAL.invokeExact(
-                    router,
-                    MemorySegment.ofArray(tokens),
-                    (long) tokens.length,
-                    opts,
-                    out,
-                    0L,
-                    0L,
-                    total,
-                    err);
       }
       if (status != 0) throw b.failure(status);
       return new RouteResult(
@@ -303,12 +274,13 @@ final class HotPath {
       }
       MemorySegment m = b.memory;
       MemorySegment.copy(m, B_SIGNALS_DEFAULTS, m, B_SIGNALS, SIGNALS_SIZE);
-      // Never blocks nor calls back (KVR_REQUEST_ADMIT is ignored): critical, the prompt in place.
+      // Never books (KVR_REQUEST_ADMIT is ignored) but takes the router's admission lock: an
+      // ordinary downcall, the prompt copied (see the class comment).
       int status =
           (int)
-              PREVIEW_ROUTE_CRITICAL.invokeExact(
+              PREVIEW_ROUTE.invokeExact(
                   router,
-                  MemorySegment.ofArray(tokens),
+                  b.tokens(tokens),
                   (long) tokens.length,
                   opts,
                   0L,
@@ -379,7 +351,7 @@ final class HotPath {
 
   /**
    * A thread's native memory for its calls: the structs and the error slot ({@code memory}), the
-   * strings of a call, and a copy of an admitted call's {@code int[]} prompt. Freed with its
+   * strings of a call, and a copy of a call's {@code int[]} prompt. Freed with its
    * arena when the thread (and so the buffer) is gone.
    */
   private static final class Buffer {
@@ -503,7 +475,7 @@ final class HotPath {
       return at;
     }
 
-    /** A copy of {@code tokens} in native memory (for calls that cannot be critical). */
+    /** A copy of {@code tokens} in native memory (no call is critical: see the class comment). */
     MemorySegment tokens(int[] tokens) {
       long bytes = 4L * tokens.length;
       if (bytes > prompt.byteSize()) {
