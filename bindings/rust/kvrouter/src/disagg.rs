@@ -275,10 +275,11 @@ impl Drop for Disagg {
                 sys::kvr_disagg_decode_router(self.as_ptr()),
             ]
         };
+        // The pools' publisher closures leave the table first, while the addresses are still
+        // the pools' (as for a Router: replica::take_before_free).
+        let closures = crate::replica::take_before_free(&pools);
         // SAFETY: as above.
         unsafe { sys::kvr_disagg_free(self.as_ptr()) }
-        for pool in pools {
-            crate::replica::forget(pool);
-        }
+        drop(closures);
     }
 }

@@ -6,7 +6,8 @@
 //! or cleared (the C call returns only after the previous callback has finished and will not
 //! run again) or when its router is freed. A new closure runs before the installing call
 //! returns (the router announces itself: Reset, its bookings, SyncRequest), so it is
-//! registered even when it panicked there.
+//! registered even when it panicked there. A router's closure leaves the table before the
+//! router is freed (`take_before_free`), since its address may be reused at once.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -110,15 +111,22 @@ pub(crate) fn set(
     result
 }
 
-/// Drops the closure of a router that has been freed.
-pub(crate) fn forget(router: *mut sys::kvr_router) {
-    let key = router as usize;
-    let old = {
-        let mut table = CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
-        table
-            .iter()
-            .position(|(k, _)| *k == key)
-            .map(|i| table.swap_remove(i))
-    };
-    drop(old);
+/// Takes the closures of routers about to be freed out of the table; the caller drops what
+/// this returns once they are freed. The table is keyed by address, and as soon as a router is
+/// freed another thread's new router may get its address and install a publisher under it:
+/// removed after the free, the entry found could be that router's (its closure dropped while C
+/// still calls it). Before the free the address is still this router's, so the entries taken
+/// are its own. The closures stay alive until after the free, in case freeing calls them (the
+/// owner has exclusive access, so no other call can).
+#[must_use = "drop the closures after the routers are freed"]
+pub(crate) fn take_before_free(routers: &[*mut sys::kvr_router]) -> Vec<(usize, Box<Callback>)> {
+    let mut table = CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut taken = Vec::new();
+    for &router in routers {
+        let key = router as usize;
+        if let Some(i) = table.iter().position(|(k, _)| *k == key) {
+            taken.push(table.swap_remove(i));
+        }
+    }
+    taken
 }

@@ -56,10 +56,14 @@ impl Deref for Router {
 
 impl Drop for Router {
     fn drop(&mut self) {
+        let router = self.0.as_ptr();
+        // Its publisher's closure leaves the table first, while the address is still this
+        // router's (replica::take_before_free), and is dropped once C is done with it.
+        let closures = crate::replica::take_before_free(&[router]);
         // SAFETY: owned; Drop has exclusive access, so no other call is in progress
         // (kvr_router_free is `none`). Ingest objects borrowing it are gone (lifetimes).
-        unsafe { sys::kvr_router_free(self.0.as_ptr()) }
-        crate::replica::forget(self.0.as_ptr());
+        unsafe { sys::kvr_router_free(router) }
+        drop(closures);
     }
 }
 

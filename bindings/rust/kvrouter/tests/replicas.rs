@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{prompt, router};
-use kvrouter::{Code, RequestOptions, RouterRef};
+use kvrouter::{Code, Disagg, DisaggOptions, RequestOptions, RouterOptions, RouterRef};
 
 /// A publisher closure sending every change to a channel, and that channel's receiver.
 fn bus() -> (
@@ -316,6 +316,34 @@ fn replacing_a_publisher_drops_the_old_closure() {
         .unwrap();
     drop(router);
     assert_eq!(Arc::strong_count(&second), 1, "freed with its router");
+}
+
+#[test]
+fn a_disaggs_pools_free_their_closures_with_it() {
+    let opts = RouterOptions::with_block_size(common::BS);
+    let d = Disagg::new(&opts, &opts, &DisaggOptions::default()).unwrap();
+    let (prefill, decode) = (Arc::new(()), Arc::new(()));
+    let held = prefill.clone();
+    d.prefill_router()
+        .set_replica_publisher("p", move |_| {
+            let _ = &held;
+        })
+        .unwrap();
+    let held = decode.clone();
+    d.decode_router()
+        .set_replica_publisher("d", move |_| {
+            let _ = &held;
+        })
+        .unwrap();
+    assert_eq!(Arc::strong_count(&prefill), 2);
+    assert_eq!(Arc::strong_count(&decode), 2);
+    drop(d);
+    assert_eq!(
+        Arc::strong_count(&prefill),
+        1,
+        "freed with the prefill pool"
+    );
+    assert_eq!(Arc::strong_count(&decode), 1, "freed with the decode pool");
 }
 
 #[test]
