@@ -198,7 +198,36 @@ HttpResponse JsonAnswer(const json& body, int status) {
   return response;
 }
 
+// Refuses a body nesting arrays and objects deeper than kMaxJsonDepth before it is parsed: a
+// parse tree costs tens of bytes per level, and no body of the API nests more than 3 deep.
+static void CheckJsonDepth(std::string_view body) {
+  size_t depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (const char ch : body) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > kMaxJsonDepth) {
+        Invalid("the body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) +
+                " levels");
+      }
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
 json ParseJsonObject(std::string_view body) {
+  CheckJsonDepth(body);
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) Invalid("the body is not JSON");
   if (!parsed.is_object()) Invalid("the body must be a JSON object");
@@ -245,7 +274,7 @@ RouteInput ParseRouteInput(const json& body, bool need_request_id) {
   SetDouble(body, "priority_jump", "", &input.options.priority_jump);
   if (const json* v = Find(body, "queue_timeout_ms")) {
     input.options.queue_timeout_ms =
-        static_cast<int64_t>(UnsignedField(*v, "queue_timeout_ms", INT64_MAX));
+        static_cast<int64_t>(UnsignedField(*v, "queue_timeout_ms", kMaxQueueTimeoutMs));
   }
   if (const json* v = Find(body, "overrides")) ParseOverrides(*v, &input.options);
   if (const json* v = Find(body, "hints")) ParseHints(*v, &input);
@@ -414,9 +443,11 @@ RouteMatch MatchRoute(const std::string& method, const std::string& path) {
       }
     }
     if (!same) continue;
-    if (method != route.method) {
+    const bool get = std::string_view(route.method) == "GET";
+    if (method != route.method && !(get && method == "HEAD")) {  // HEAD: GET without the body
       match.miss_status = 405;
       match.allow += (match.allow.empty() ? "" : ", ") + std::string(route.method);
+      if (get) match.allow += ", HEAD";
       continue;
     }
     match.route = &route;

@@ -42,8 +42,16 @@ HttpResponse ErrorAnswer(const ApiError& error);
 // A JSON answer.
 HttpResponse JsonAnswer(const nlohmann::json& body, int status = 200);
 
-// Parses a JSON body; ApiError INVALID_ARGUMENT if it is not JSON or not an object.
+// The deepest nesting of arrays and objects a JSON body may have.
+inline constexpr size_t kMaxJsonDepth = 32;
+
+// Parses a JSON body; ApiError INVALID_ARGUMENT if it is not JSON, not an object, or nested
+// deeper than kMaxJsonDepth.
 nlohmann::json ParseJsonObject(std::string_view body);
+
+// The longest queue_timeout_ms a request may give: 2^62 ns (about 146 years), the longest span
+// the library's clock takes (a longer one would overflow its nanoseconds).
+inline constexpr uint64_t kMaxQueueTimeoutMs = (uint64_t{1} << 62) / 1000000;
 
 // A routing request body (route, preview, plan), with the storage its C structs point into.
 struct RouteInput {

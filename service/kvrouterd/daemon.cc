@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "kvrouterd/log.h"
 
@@ -11,6 +12,14 @@ namespace kvrouterd {
 namespace {
 
 constexpr int kSignals[] = {SIGHUP, SIGTERM, SIGINT};
+
+// `seconds` as a timer's milliseconds; nullopt for a span no timer needs (infinite, or past
+// 2^62 ns: "never"). `seconds` >= 0 (checked at startup).
+std::optional<uint64_t> TimerMillis(double seconds) {
+  const double ms = seconds * 1000;
+  if (!(ms >= 0) || ms >= 4611686018427.0) return std::nullopt;  // 2^62 ns
+  return static_cast<uint64_t>(ms);
+}
 
 // A routing call handed to the thread pool; answered on the loop when done.
 struct OffLoopWork {
@@ -43,7 +52,19 @@ int Daemon::Run() {
     Log(LogLevel::kError, "cannot start", {{"error", error}});
     return 1;
   }
-  HttpLimits limits{config_.max_header_bytes, config_.max_body_bytes};
+  HttpLimits limits;
+  limits.max_header_bytes = config_.max_header_bytes;
+  limits.max_body_bytes = config_.max_body_bytes;
+  // Every body is JSON but a snapshot's, and a JSON body costs several times its size parsed.
+  limits.body_limit = [max_body = config_.max_body_bytes,
+                       max_json = config_.max_json_body_bytes](const HttpRequest& request) {
+    if (request.method == "PUT" && request.path == "/v1/snapshot") {
+      return BodyLimit{max_body, "max-body-bytes"};
+    }
+    return max_json < max_body ? BodyLimit{max_json, "max-json-body-bytes"}
+                               : BodyLimit{max_body, "max-body-bytes"};
+  };
+  limits.read_timeout_ms = TimerMillis(config_.request_read_timeout_seconds).value_or(0);
   server_ = std::make_unique<HttpServer>(&loop_, limits,
                                          [this](HttpRequest request, Responder responder) {
                                            HandleRequest(std::move(request), std::move(responder));

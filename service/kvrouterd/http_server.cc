@@ -1,6 +1,7 @@
 #include "kvrouterd/http_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <climits>
 #include <cstring>
@@ -16,26 +17,32 @@ struct Connection : std::enable_shared_from_this<Connection> {
   HttpServer* server = nullptr;
   HttpLimits limits;
   uv_tcp_t socket{};
+  uv_timer_t read_timer{};  // limits.read_timeout_ms: a request arriving too slowly, a drain
+  int open_handles = 0;     // the socket and the timer until both closed
   http_parser parser{};
   std::string input;    // bytes read and not yet parsed
   HttpRequest request;  // the request being parsed
   std::string header_field;
   bool header_value_last = false;  // the parser alternates fields and values
   uint64_t header_bytes = 0;
-  int reject_status = 0;  // a limit the request broke: answered with this, then closed
+  int reject_status = 0;            // a limit the request broke: answered with this, then closed
+  const char* reject_setting = "";  // with 413: the setting that limits this body
   bool request_complete = false;
   bool busy = false;
   bool parsing = false;  // inside ParseInput (an answer given synchronously returns to it) // a
                          // request is being handled: parsing waits for its answer
   bool reading = false;
-  bool closing = false;  // uv_close called
+  bool closing = false;           // uv_close called
+  std::atomic<bool> gone{false};  // closing, for other threads (Responder::ClientGoneProbe)
   bool close_after_answer = false;
   bool draining = false;      // refused: our side is shut down, input is discarded until EOF
   uint64_t started_ns = 0;    // when the busy request was complete (access log)
   std::string active_method;  // the busy request's method and path (access log)
   std::string active_path;
+  bool head_request = false;  // the busy request is HEAD: its answer has no body
 
   void StartReading();
+  void ArmReadTimer();
   void StopReading();
   void ParseInput();
   void Dispatch();
@@ -66,6 +73,8 @@ const char* ReasonPhrase(int status) {
       return "Not Found";
     case 405:
       return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
     case 409:
       return "Conflict";
     case 411:
@@ -97,7 +106,7 @@ HttpResponse ErrorResponse(int http_status, std::string_view status_name,
   return response;
 }
 
-std::string SerializeResponse(const HttpResponse& response, bool keep_alive) {
+std::string SerializeResponse(const HttpResponse& response, bool keep_alive, bool with_body) {
   std::string out =
       "HTTP/1.1 " + std::to_string(response.status) + " " + ReasonPhrase(response.status) + "\r\n";
   out += "Content-Type: " + response.content_type + "\r\n";
@@ -105,7 +114,7 @@ std::string SerializeResponse(const HttpResponse& response, bool keep_alive) {
   for (const auto& [name, value] : response.headers) out += name + ": " + value + "\r\n";
   if (!keep_alive) out += "Connection: close\r\n";
   out += "\r\n";
-  out += response.body;
+  if (with_body) out += response.body;
   return out;
 }
 
@@ -130,6 +139,7 @@ int OnMessageBegin(http_parser* parser) {
   c->header_field.clear();
   c->header_value_last = false;
   c->header_bytes = 0;
+  c->ArmReadTimer();  // the whole request must arrive within the read timeout
   return 0;
 }
 
@@ -176,8 +186,13 @@ int OnHeadersComplete(http_parser* parser) {
     c->reject_status = 411;
     return -1;
   }
-  if (parser->content_length != ULLONG_MAX && parser->content_length > c->limits.max_body_bytes) {
+  const BodyLimit limit = c->limits.body_limit
+                              ? c->limits.body_limit(c->request)
+                              : BodyLimit{c->limits.max_body_bytes, "max-body-bytes"};
+  if (parser->content_length != ULLONG_MAX &&
+      parser->content_length > std::min(limit.bytes, c->limits.max_body_bytes)) {
     c->reject_status = 413;
+    c->reject_setting = limit.setting;
     return -1;
   }
   const std::string* expect = c->request.Header("expect");
@@ -195,6 +210,7 @@ int OnBody(http_parser* parser, const char* at, size_t length) {
 int OnMessageComplete(http_parser* parser) {
   Connection* c = ConnectionOf(parser);
   c->request_complete = true;
+  uv_timer_stop(&c->read_timer);
   http_parser_pause(parser, 1);  // the next pipelined request waits for this one's answer
   return 0;
 }
@@ -249,6 +265,24 @@ size_t MaxBufferedInput(const HttpLimits& limits) {
 }
 
 }  // namespace
+
+void Connection::ArmReadTimer() {
+  if (limits.read_timeout_ms == 0 || closing) return;
+  uv_timer_start(
+      &read_timer,
+      [](uv_timer_t* timer) {
+        auto* c = static_cast<Connection*>(timer->data);
+        std::shared_ptr<Connection> keep = c->shared_from_this();
+        if (c->closing || c->busy) return;
+        if (c->draining) {  // the client never closed after a refusal
+          c->Close();
+          return;
+        }
+        c->reject_status = 408;
+        c->RefuseMalformed(HPE_OK);
+      },
+      limits.read_timeout_ms, 0);
+}
 
 void Connection::StartReading() {
   if (reading || closing) return;
@@ -313,9 +347,14 @@ void Connection::RefuseMalformed(http_errno error) {
       response = ErrorResponse(411, "INVALID_ARGUMENT",
                                "a chunked request body is not accepted: send Content-Length");
       break;
+    case 408:
+      response = ErrorResponse(408, "INVALID_ARGUMENT",
+                               "the request did not arrive within request-read-timeout-seconds");
+      break;
     case 413:
-      response =
-          ErrorResponse(413, "INVALID_ARGUMENT", "the request body is larger than max-body-bytes");
+      response = ErrorResponse(
+          413, "INVALID_ARGUMENT",
+          std::string("the request body is larger than ") + reject_setting + " allows");
       break;
     case 431:
       response = ErrorResponse(431, "INVALID_ARGUMENT",
@@ -338,6 +377,7 @@ void Connection::RefuseMalformed(http_errno error) {
 // the answer, discard input, and close when the client does.
 void Connection::ShutdownAndDrain() {
   draining = true;
+  ArmReadTimer();  // a client that never closes is closed after the read timeout
   auto* request = new uv_shutdown_t();
   request->data = new std::shared_ptr<Connection>(shared_from_this());
   const int rc = uv_shutdown(request, reinterpret_cast<uv_stream_t*>(&socket),
@@ -359,6 +399,9 @@ void Connection::ShutdownAndDrain() {
 void Connection::Dispatch() {
   busy = true;
   started_ns = NowNs();
+  active_method = request.method;
+  active_path = request.path;
+  head_request = request.method == "HEAD";
   close_after_answer = !http_should_keep_alive(&parser) || server->shutting_down_;
   server->handler_(std::move(request), Responder(shared_from_this()));
 }
@@ -371,7 +414,7 @@ void Connection::Answer(HttpResponse response, bool keep_alive) {
          {"status", response.status},
          {"duration_ms", static_cast<double>(NowNs() - started_ns) / 1e6}});
   }
-  WriteBytes(this, SerializeResponse(response, keep_alive), !keep_alive);
+  WriteBytes(this, SerializeResponse(response, keep_alive, !head_request), !keep_alive);
   busy = false;
   if (keep_alive) ParseInput();
 }
@@ -379,11 +422,18 @@ void Connection::Answer(HttpResponse response, bool keep_alive) {
 void Connection::Close() {
   if (closing) return;
   closing = true;
+  gone = true;
   reading = false;
-  uv_close(reinterpret_cast<uv_handle_t*>(&socket), [](uv_handle_t* handle) {
+  const auto closed = [](uv_handle_t* handle) {
     auto* c = static_cast<Connection*>(handle->data);
-    c->server->Forget(c);
-  });
+    if (--c->open_handles == 0) c->server->Forget(c);
+  };
+  uv_close(reinterpret_cast<uv_handle_t*>(&read_timer), closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&socket), closed);
+}
+
+std::function<bool()> Responder::ClientGoneProbe() const {
+  return [connection = connection_] { return !connection || connection->gone.load(); };
 }
 
 void Responder::Respond(HttpResponse response) {
@@ -429,6 +479,9 @@ void HttpServer::OnConnection(uv_stream_t* listener, int status) {
   connection->limits = server->limits_;
   uv_tcp_init(server->loop_, &connection->socket);
   connection->socket.data = connection.get();
+  uv_timer_init(server->loop_, &connection->read_timer);
+  connection->read_timer.data = connection.get();
+  connection->open_handles = 2;
   http_parser_init(&connection->parser, HTTP_REQUEST);
   connection->parser.data = connection.get();
   server->connections_.insert(connection);

@@ -1,6 +1,7 @@
 // A small HTTP/1.1 server on a libuv loop: keep-alive, pipelined requests answered in order
 // (the parser pauses after each request until its answer is written), Content-Length bodies
-// with size limits (a chunked request body is refused with 411), Expect: 100-continue. Requests
+// with size limits (a chunked request body is refused with 411), a read timeout for requests
+// that arrive too slowly (408), Expect: 100-continue, HEAD answered without a body. Requests
 // go to one handler, which answers once through the Responder it gets, on the loop thread, now
 // or later (after work off the loop).
 #pragma once
@@ -43,8 +44,9 @@ const char* ReasonPhrase(int status);
 // An error answer: {"error": {"status": STATUS_NAME, "message": MESSAGE}} (docs/kvrouterd.md).
 HttpResponse ErrorResponse(int http_status, std::string_view status_name, std::string_view message);
 
-// Serialises a response (status line, headers, body). The one writer of every answer.
-std::string SerializeResponse(const HttpResponse& response, bool keep_alive);
+// Serialises a response (status line, headers, body). The one writer of every answer. Without
+// `with_body` (the answer to HEAD) the body is left out, its Content-Length kept.
+std::string SerializeResponse(const HttpResponse& response, bool keep_alive, bool with_body = true);
 
 struct Connection;
 
@@ -53,14 +55,30 @@ class Responder {
  public:
   explicit Responder(std::shared_ptr<Connection> connection) : connection_(std::move(connection)) {}
   void Respond(HttpResponse response);
+  // True once the client closed the connection (its answer would go nowhere); callable from
+  // any thread, also after Respond.
+  std::function<bool()> ClientGoneProbe() const;
 
  private:
   std::shared_ptr<Connection> connection_;
 };
 
+// The largest body a request may have, and the setting that says so (named in the 413 answer).
+struct BodyLimit {
+  uint64_t bytes;
+  const char* setting;
+};
+
 struct HttpLimits {
   uint64_t max_header_bytes = 64 << 10;
-  uint64_t max_body_bytes = 64 << 20;
+  uint64_t max_body_bytes = 64 << 20;  // the largest of any request (and "max-body-bytes")
+  // A request's own limit, from its method, path and headers (at most max_body_bytes); empty:
+  // max_body_bytes for every request.
+  std::function<BodyLimit(const HttpRequest& request)> body_limit;
+  // A request whose line, headers and body have not all arrived this long after its first
+  // byte is answered 408 and its connection closed; a refused connection is drained this long
+  // at most. 0 = no limit.
+  uint64_t read_timeout_ms = 0;
 };
 
 class HttpServer {
@@ -82,6 +100,7 @@ class HttpServer {
   void Shutdown(std::function<void()> done);
 
   bool shutting_down() const { return shutting_down_; }
+  size_t connection_count() const { return connections_.size(); }
 
  private:
   friend struct Connection;

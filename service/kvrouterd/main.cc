@@ -16,6 +16,10 @@ namespace {
 // What the library cannot check for the daemon's own settings.
 std::string Validate(const kvrouterd::Config& config) {
   if (config.max_body_bytes == 0) return "max-body-bytes: must be > 0";
+  if (config.max_json_body_bytes == 0) return "max-json-body-bytes: must be > 0";
+  if (!(config.request_read_timeout_seconds >= 0)) {
+    return "request-read-timeout-seconds: must be >= 0";
+  }
   if (config.max_header_bytes < 1024 || config.max_header_bytes > 80 * 1024) {
     return "max-header-bytes: must be 1024..81920 (http_parser stops at 80 KiB)";
   }

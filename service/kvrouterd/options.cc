@@ -275,8 +275,18 @@ const std::vector<OptionSpec>& Options() {
        return ParseLogLevel(v, &c.log_level) ? std::string()
                                              : "expected debug, info, warn or error, got " + Quoted(v);
      }},
-    {"max-body-bytes", "N", "largest request body accepted (default 64 MiB); larger is 413",
-     false, true, [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_body_bytes); }},
+    {"max-body-bytes", "N", "largest request body accepted (default 64 MiB: a PUT /v1/snapshot); "
+     "larger is 413", false, true,
+     [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_body_bytes); }},
+    {"max-json-body-bytes", "N", "largest JSON request body accepted, every body but a snapshot's "
+     "(default 4 MiB: a prompt of about 600,000 token ids; parsed, a body takes 4 to 32 times its "
+     "size); larger is 413", false, true,
+     [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_json_body_bytes); }},
+    {"request-read-timeout-seconds", "S", "a request whose line, headers and body have not all "
+     "arrived S after its first byte is answered 408 and its connection closed; also how long a "
+     "refused connection is drained at most (default 60; 0 = no limit). Idle keep-alive "
+     "connections are not timed out", false, true,
+     [](Config& c, std::string_view v) { return ParseDouble(v, &c.request_read_timeout_seconds); }},
     {"max-header-bytes", "N", "largest request line and headers accepted, 1024..81920 (default "
      "64 KiB; http_parser's own limit is 80 KiB); larger is 431", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_header_bytes); }},

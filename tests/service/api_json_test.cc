@@ -147,6 +147,36 @@ TEST(ApiJsonTest, BadBodiesNameTheField) {
       KVR_OK);  // as a string, any 64-bit id
 }
 
+// The library takes queue_timeout_ms as int64 milliseconds and counts in int64 nanoseconds:
+// more than 2^62 ns is refused here, so that it never overflows there.
+TEST(ApiJsonTest, QueueTimeoutIsBounded) {
+  const auto parse = [](uint64_t ms) {
+    return ParseRouteInput(json{{"token_ids", json::array()}, {"queue_timeout_ms", ms}}, false);
+  };
+  EXPECT_EQ(parse(kMaxQueueTimeoutMs).options.queue_timeout_ms,
+            static_cast<int64_t>(kMaxQueueTimeoutMs));
+  EXPECT_EQ(kMaxQueueTimeoutMs, 4611686018427u);
+  for (const uint64_t ms : {kMaxQueueTimeoutMs + 1, uint64_t{INT64_MAX}, uint64_t{UINT64_MAX}}) {
+    const auto [status, message] = ErrorOf([&] { parse(ms); });
+    EXPECT_EQ(status, KVR_INVALID_ARGUMENT) << ms;
+    EXPECT_EQ(message, "queue_timeout_ms: " + std::to_string(ms) + " is out of range") << ms;
+  }
+}
+
+// Nesting is refused before the parse tree is built; brackets in strings do not count.
+TEST(ApiJsonTest, DeepNestingIsRefused) {
+  const auto nested = [](size_t depth) {  // the object itself is one level
+    return R"({"x": )" + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
+  };
+  EXPECT_EQ(ErrorOf([&] { ParseJsonObject(nested(kMaxJsonDepth)); }).first, KVR_OK);
+  const auto [status, message] = ErrorOf([&] { ParseJsonObject(nested(kMaxJsonDepth + 1)); });
+  EXPECT_EQ(status, KVR_INVALID_ARGUMENT);
+  EXPECT_EQ(message, "the body nests arrays and objects deeper than 32 levels");
+  EXPECT_EQ(ErrorOf([&] { ParseJsonObject(nested(100000)); }).second, message);
+  const std::string in_string = R"({"x": "\"[[[[)" + std::string(100, '[') + R"("})";
+  EXPECT_EQ(ErrorOf([&] { ParseJsonObject(in_string); }).first, KVR_OK);
+}
+
 TEST(ApiJsonTest, Decision) {
   kvr_route_signals signals;
   kvr_route_signals_init(&signals, sizeof signals);
@@ -198,7 +228,16 @@ TEST(ApiJsonTest, Routes) {
   match = MatchRoute("PATCH", "/v1/workers/3");
   EXPECT_EQ(match.route, nullptr);
   EXPECT_EQ(match.miss_status, 405);
-  EXPECT_EQ(match.allow, "GET, PUT, DELETE");
+  EXPECT_EQ(match.allow, "GET, HEAD, PUT, DELETE");
+
+  // HEAD is GET without the body: it matches GET routes only.
+  match = MatchRoute("HEAD", "/healthz");
+  ASSERT_NE(match.route, nullptr);
+  EXPECT_EQ(match.route->endpoint, Endpoint::kHealthz);
+  match = MatchRoute("HEAD", "/v1/route");
+  EXPECT_EQ(match.route, nullptr);
+  EXPECT_EQ(match.miss_status, 405);
+  EXPECT_EQ(match.allow, "POST");
 
   match = MatchRoute("GET", "/v1/nothing");
   EXPECT_EQ(match.route, nullptr);

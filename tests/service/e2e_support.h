@@ -4,6 +4,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -38,16 +39,24 @@ inline bool WaitFor(const std::function<bool()>& done, double seconds = 30) {
 
 class DaemonProcess {
  public:
-  // Starts `binary args...`; pid() is -1 if that failed.
-  DaemonProcess(const std::string& binary, const std::vector<std::string>& args) {
+  // Starts `binary args...`, its stderr into `stderr_path` if given; pid() is -1 if that failed.
+  DaemonProcess(const std::string& binary, const std::vector<std::string>& args,
+                const std::string& stderr_path = "") {
     std::vector<std::string> storage{binary};
     storage.insert(storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& a : storage) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    if (!stderr_path.empty()) {
+      posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(),
+                                       O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    }
+    if (posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
       pid_ = -1;
     }
+    posix_spawn_file_actions_destroy(&actions);
   }
   ~DaemonProcess() {
     if (pid_ > 0 && !exit_status_) {
@@ -161,6 +170,18 @@ inline HttpAnswer Http(int port, const std::string& method, const std::string& p
   const std::vector<HttpAnswer> answers = ParseAnswers(ReadToEnd(fd));
   close(fd);
   return answers.empty() ? HttpAnswer{} : answers.front();
+}
+
+// The value of an unlabelled series in a Prometheus text ("name value" lines); -1 if absent.
+inline double MetricValue(const std::string& text, const std::string& name) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.size() > name.size() && line.compare(0, name.size() + 1, name + " ") == 0) {
+      return std::stod(line.substr(name.size() + 1));
+    }
+  }
+  return -1;
 }
 
 inline std::string ReadFile(const std::string& path) {

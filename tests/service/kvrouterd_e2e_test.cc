@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -83,12 +84,13 @@ class KvrouterdTest : public ::testing::Test {
     std::filesystem::rename(temporary, ConfigPath());
   }
 
-  // Starts the daemon on the config and waits for its port file.
-  void Start(std::vector<std::string> extra_args = {}) {
+  // Starts the daemon on the config and waits for its port file. Its log goes to `log_path` if
+  // given, else to the test's stderr.
+  void Start(std::vector<std::string> extra_args = {}, const std::string& log_path = "") {
     std::filesystem::remove(PortFile());
     std::vector<std::string> args{"--config", ConfigPath()};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
-    daemon_ = std::make_unique<DaemonProcess>(KVRD_BINARY, args);
+    daemon_ = std::make_unique<DaemonProcess>(KVRD_BINARY, args, log_path);
     ASSERT_GT(daemon_->pid(), 0);
     ASSERT_TRUE(WaitFor([&] { return !kvrouterd_test::ReadFile(PortFile()).empty(); }))
         << "kvrouterd wrote no port file";
@@ -105,6 +107,19 @@ class KvrouterdTest : public ::testing::Test {
   HttpAnswer Get(const std::string& path) { return Http(port_, "GET", path); }
   HttpAnswer Post(const std::string& path, const std::string& body) {
     return Http(port_, "POST", path, body);
+  }
+  // A request answered on another thread (one that may wait in the daemon).
+  std::future<HttpAnswer> PostAsync(const std::string& path, const std::string& body) {
+    return std::async(std::launch::async,
+                      [port = port_, path, body] { return Http(port, "POST", path, body); });
+  }
+  HttpAnswer Delete(const std::string& path) { return Http(port_, "DELETE", path); }
+  // An unlabelled series of /metrics; -1 if absent.
+  double Metric(const std::string& name) {
+    return kvrouterd_test::MetricValue(Get("/metrics").body, name);
+  }
+  bool MetricIs(const std::string& name, double value) {
+    return WaitFor([&] { return Metric(name) == value; });
   }
 
   // Worker 2's engine reports the prompt's first two blocks cached, over the native stream.
@@ -457,6 +472,107 @@ TEST_F(KvrouterdTest, BootstrapFromAPeerStartsWarm) {
     second.Signal(SIGTERM);
     EXPECT_EQ(second.WaitExit(), std::optional<int>(0));
   }
+  Stop();
+}
+
+// A JSON body beyond max-json-body-bytes is 413 (a snapshot keeps max-body-bytes), one nested
+// too deep 400, and neither is parsed.
+TEST_F(KvrouterdTest, JsonBodiesAreBoundedInSizeAndDepth) {
+  WriteConfig({"id=1", "id=2"}, "max-json-body-bytes = 4096\n");  // max-body-bytes = 65536
+  Start();
+  const std::string deep =
+      R"({"token_ids": [1, 2, 3], "x": )" + std::string(1000, '[') + std::string(1000, ']') + "}";
+  ASSERT_LT(deep.size(), 4096u);
+  ASSERT_TRUE(json::accept(deep));
+  HttpAnswer answer = Post("/v1/preview", deep);
+  EXPECT_EQ(answer.status, 400) << answer.body;
+  EXPECT_EQ(Body(answer)["error"]["message"],
+            "the body nests arrays and objects deeper than 32 levels");
+
+  std::string large = RouteBody("");
+  large += std::string(5000 - large.size(), ' ');
+  answer = Post("/v1/preview", large);
+  EXPECT_EQ(answer.status, 413) << answer.body;
+  EXPECT_EQ(Body(answer)["error"]["message"],
+            "the request body is larger than max-json-body-bytes allows");
+  answer = Http(port_, "PUT", "/v1/snapshot", std::string(5000, 'x'));  // not JSON: not limited so
+  EXPECT_TRUE(answer.status == 400 || answer.status == 409) << answer.status << answer.body;
+  EXPECT_EQ(Post("/v1/preview", RouteBody("")).status, 200);
+  EXPECT_EQ(Get("/healthz").status, 200);
+  Stop();
+}
+
+// A request that does not arrive within request-read-timeout-seconds is answered 408 and its
+// connection closed.
+TEST_F(KvrouterdTest, ARequestArrivingTooSlowlyIsAnswered408) {
+  WriteConfig({"id=1", "id=2"}, "request-read-timeout-seconds = 0.2\n");
+  Start();
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      fd, "POST /v1/preview HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"token_ids\""));
+  const auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
+  close(fd);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].status, 408);
+  EXPECT_EQ(Body(answers[0])["error"]["status"], "INVALID_ARGUMENT");
+  EXPECT_EQ(Get("/healthz").status, 200);
+  Stop();
+}
+
+// HEAD is answered without a body (GET's headers), so that a keep-alive client reads the next
+// answer where it starts; a HEAD where GET is not allowed too.
+TEST_F(KvrouterdTest, HeadAnswersCarryNoBody) {
+  Start();
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      fd, kvrouterd_test::RequestText("HEAD", "/healthz", "") +
+              kvrouterd_test::RequestText("HEAD", "/v1/route", "") +
+              kvrouterd_test::RequestText("GET", "/healthz", "", "Connection: close\r\n")));
+  const std::string bytes = kvrouterd_test::ReadToEnd(fd);
+  close(fd);
+  std::vector<std::string> heads;
+  size_t pos = 0;
+  for (int i = 0; i < 2; ++i) {  // the two HEAD answers: a head each, nothing after it
+    const size_t end = bytes.find("\r\n\r\n", pos);
+    ASSERT_NE(end, std::string::npos) << bytes;
+    heads.push_back(bytes.substr(pos, end - pos));
+    pos = end + 4;
+  }
+  EXPECT_EQ(heads[0].rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << heads[0];
+  EXPECT_NE(heads[0].find("Content-Length: "), std::string::npos) << heads[0];
+  EXPECT_EQ(heads[1].rfind("HTTP/1.1 405 ", 0), 0u) << heads[1];
+  EXPECT_NE(heads[1].find("Allow: POST"), std::string::npos) << heads[1];
+  const auto last = kvrouterd_test::ParseAnswers(bytes.substr(pos));
+  ASSERT_EQ(last.size(), 1u) << bytes.substr(pos);
+  EXPECT_EQ(last[0].status, 200);
+  EXPECT_EQ(Body(last[0])["status"], "ok");
+  Stop();
+}
+
+// At log-level debug, one line per request names its method, path and status.
+TEST_F(KvrouterdTest, DebugLogNamesEachRequest) {
+  const std::string log = dir_ + "/kvrouterd.log";
+  Start({}, log);
+  ASSERT_EQ(Get("/healthz").status, 200);
+  ASSERT_EQ(Delete("/v1/requests/x%20y").status, 200);
+  const auto logged = [&](const std::string& method, const std::string& path, int status) {
+    std::istringstream lines(kvrouterd_test::ReadFile(log));
+    std::string text;
+    while (std::getline(lines, text)) {
+      const json line = json::parse(text, nullptr, false);
+      if (line.is_object() && line.value("msg", "") == "http request" &&
+          line.value("method", "") == method && line.value("path", "") == path &&
+          line.value("status", 0) == status) {
+        return true;
+      }
+    }
+    return false;
+  };
+  EXPECT_TRUE(WaitFor([&] { return logged("GET", "/healthz", 200); }))
+      << kvrouterd_test::ReadFile(log);
+  EXPECT_TRUE(WaitFor([&] { return logged("DELETE", "/v1/requests/x%20y", 200); }));
   Stop();
 }
 
