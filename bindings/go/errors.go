@@ -73,8 +73,17 @@ func StatusOf(err error) Status {
 
 // takeError turns a failed call's status and optional error object into an *Error and frees
 // the object. A success costs no C call (the library sets no error object on success; one that
-// did would still be freed).
+// did would still be freed). Every call into the library that may run a replica publish
+// callback returns through it, so it also raises again, on this goroutine, a panic such a
+// callback recovered during the call (raisePublishPanic: one atomic load when there is none).
 func takeError(st C.kvr_status, cerr *C.kvr_error) error {
+	err := errorOf(st, cerr)
+	raisePublishPanic()
+	return err
+}
+
+// errorOf is takeError without raising a callback's panic.
+func errorOf(st C.kvr_status, cerr *C.kvr_error) error {
 	if st == C.KVR_OK {
 		if cerr != nil {
 			C.kvr_error_free(cerr)

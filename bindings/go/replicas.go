@@ -46,6 +46,17 @@ var replicaPublishers sync.Map // *Router -> cgo.Handle
 // (or stopped by nil) first receives a farewell Reset, so peers drop what they hold from its
 // id; once this returns, the previous callback is not running and will not run again. Ingest.SyncReplicas does all of
 // this over NATS.
+//
+// A panic in publish does not unwind through the library (that would leave the router's lock
+// held, and every later call on the router blocked). When publish ran inside a call made from
+// Go (this one, for the announcement and the farewell; FindBestMatch, AddRequest, FreeRequest,
+// ApplyReplicaEvent, ...), the panic is recovered there and raised again, with the same value,
+// on that goroutine when the library returns: the change was made (a booking is held, a free
+// done) and peers may have missed it; of several panics in one call, the first is raised.
+// When publish ran on a library thread, with no goroutine waiting for it (an Ingest's loop:
+// a SyncRequest or heartbeat it handles), the panic is not recovered: as any panic no goroutine
+// recovers, it ends the program, with its stack. publish must not call runtime.Goexit
+// (t.FailNow), which cannot be stopped before the library's frames.
 func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)) error {
 	h := r.handle()
 	if h == nil {
@@ -60,10 +71,11 @@ func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)
 	}
 	var cerr *C.kvr_error
 	st := C.kvr_go_set_replica_publisher(h, a.str(replicaID), C.uintptr_t(handle), &cerr)
-	if err := takeError(st, cerr); err != nil {
+	if err := errorOf(st, cerr); err != nil {
 		if handle != 0 {
 			handle.Delete()
 		}
+		raisePublishPanic()
 		return err
 	}
 	// The previous callback can no longer run: release it.
@@ -76,6 +88,7 @@ func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)
 	if old, ok := previous.(cgo.Handle); ok {
 		old.Delete()
 	}
+	raisePublishPanic() // of the announcement or the farewell, now that the handles are in order
 	return nil
 }
 
