@@ -87,6 +87,8 @@ type Disagg struct {
 	// at them, so no cycle keeps its finalizer from running.
 	ptr     handlePtr
 	ingests atomic.Int32 // open Ingests feeding either pool
+	// The pools' replica publish callbacks, released with the pools (Close, or the finalizer).
+	prefillReplica, decodeReplica replicaSlot
 }
 
 // NewDisagg creates both pools. prefill and decode are each pool's router options and opts
@@ -107,7 +109,7 @@ func NewDisagg(prefill, decode *RouterOptions, opts *DisaggOptions) (*Disagg, er
 	return d, nil
 }
 
-// Close frees both pools; idempotent. Their Routers then return ErrClosed. Like Router.Close
+// Close frees both pools, and releases their replica publish callbacks; idempotent. Their Routers then return ErrClosed. Like Router.Close
 // it must not run concurrently with other calls, and refuses while an Ingest feeds a pool.
 func (d *Disagg) Close() error {
 	if d == nil {
@@ -119,6 +121,8 @@ func (d *Disagg) Close() error {
 	if p := (*C.kvr_disagg)(d.ptr.swap(nil)); p != nil {
 		runtime.SetFinalizer(d, nil)
 		C.kvr_disagg_free(p)
+		d.prefillReplica.release()
+		d.decodeReplica.release()
 	}
 	return nil
 }
@@ -126,20 +130,20 @@ func (d *Disagg) Close() error {
 // PrefillRouter returns the prefill pool's router, which belongs to d: its Close does nothing,
 // and after d.Close its methods return ErrClosed. Nil after d.Close.
 func (d *Disagg) PrefillRouter() *Router {
-	return d.pool(func(p *C.kvr_disagg) *C.kvr_router { return C.kvr_disagg_prefill_router(p) })
+	return d.pool(&d.prefillReplica, func(p *C.kvr_disagg) *C.kvr_router { return C.kvr_disagg_prefill_router(p) })
 }
 
 // DecodeRouter returns the decode pool's router (as PrefillRouter).
 func (d *Disagg) DecodeRouter() *Router {
-	return d.pool(func(p *C.kvr_disagg) *C.kvr_router { return C.kvr_disagg_decode_router(p) })
+	return d.pool(&d.decodeReplica, func(p *C.kvr_disagg) *C.kvr_router { return C.kvr_disagg_decode_router(p) })
 }
 
-func (d *Disagg) pool(get func(*C.kvr_disagg) *C.kvr_router) *Router {
+func (d *Disagg) pool(replica *replicaSlot, get func(*C.kvr_disagg) *C.kvr_router) *Router {
 	h := d.handle()
 	if h == nil {
 		return nil
 	}
-	r := &Router{owner: d}
+	r := &Router{owner: d, replica: replica}
 	r.ptr.store(unsafe.Pointer(get(h)))
 	runtime.KeepAlive(d)
 	return r

@@ -30,9 +30,28 @@ import (
 	"time"
 )
 
-// replicaPublishers holds, per router, the handle of its current publish callback, so that a
-// replaced or closed router's callback is released.
-var replicaPublishers sync.Map // *Router -> cgo.Handle
+// replicaSlot is the Go side of one C router's replica publisher: the handle of the callback
+// the library holds, and a lock that makes installing a callback in the library and recording
+// its handle here one step (two setters racing would otherwise leave the library holding a
+// handle Go had deleted). A Router owns its slot; a Disagg owns its pools' (PrefillRouter and
+// DecodeRouter return a new *Router per call, all sharing the pool's slot), so a callback is
+// released when the C router that calls it is freed (Close, or the finalizer), and nothing
+// but that owner keeps the slot alive.
+type replicaSlot struct {
+	mu     sync.Mutex
+	handle cgo.Handle // 0: no callback
+}
+
+// release drops the callback of a C router that has been freed (which no longer calls it).
+func (s *replicaSlot) release() {
+	s.mu.Lock()
+	old := s.handle
+	s.handle = 0
+	s.mu.Unlock()
+	if old != 0 {
+		old.Delete()
+	}
+}
 
 // SetReplicaPublisher makes the router hand every change to its own bookings (booked, prefill
 // completed, freed) to publish, encoded, for the other router replicas, which apply them with
@@ -44,8 +63,13 @@ var replicaPublishers sync.Map // *Router -> cgo.Handle
 // lock, in order: it must be quick (send to a channel or an asynchronous client), must not
 // call any router, and must copy data to keep it. nil stops publishing. A callback replaced
 // (or stopped by nil) first receives a farewell Reset, so peers drop what they hold from its
-// id; once this returns, the previous callback is not running and will not run again. Ingest.SyncReplicas does all of
-// this over NATS.
+// id; once this returns, the previous callback is not running and will not run again.
+// Ingest.SyncReplicas does all of this over NATS. Like the other methods it may run
+// concurrently with any but Close, also with itself: calls on one router (or pool) take
+// effect one at a time, the last one's callback staying. The callback is released when it is
+// replaced or stopped, or when the router is freed (Close, or the finalizer of a Router never
+// closed; for a pool router, its Disagg's). A callback that refers to its router (or Disagg)
+// keeps it from being collected: close that one.
 //
 // A panic in publish does not unwind through the library (that would leave the router's lock
 // held, and every later call on the router blocked). When publish ran inside a call made from
@@ -65,38 +89,26 @@ func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)
 	defer runtime.KeepAlive(r)
 	var a args
 	defer a.release()
+	id := a.str(replicaID)
 	var handle cgo.Handle
 	if publish != nil {
 		handle = cgo.NewHandle(publish)
 	}
+	slot := r.replica
+	slot.mu.Lock()
 	var cerr *C.kvr_error
-	st := C.kvr_go_set_replica_publisher(h, a.str(replicaID), C.uintptr_t(handle), &cerr)
-	if err := errorOf(st, cerr); err != nil {
-		if handle != 0 {
-			handle.Delete()
-		}
-		raisePublishPanic()
-		return err
+	st := C.kvr_go_set_replica_publisher(h, id, C.uintptr_t(handle), &cerr)
+	err := errorOf(st, cerr)
+	previous := handle // refused: the library kept its callback and never saw this one
+	if err == nil {
+		previous, slot.handle = slot.handle, handle
 	}
-	// The previous callback can no longer run: release it.
-	var previous any
-	if handle != 0 {
-		previous, _ = replicaPublishers.Swap(r, handle)
-	} else {
-		previous, _ = replicaPublishers.LoadAndDelete(r)
-	}
-	if old, ok := previous.(cgo.Handle); ok {
-		old.Delete()
+	slot.mu.Unlock()
+	if previous != 0 {
+		previous.Delete() // the library no longer calls it
 	}
 	raisePublishPanic() // of the announcement or the farewell, now that the handles are in order
-	return nil
-}
-
-// releaseReplicaPublisher drops the callback of a router being freed.
-func releaseReplicaPublisher(r *Router) {
-	if old, ok := replicaPublishers.LoadAndDelete(r); ok {
-		old.(cgo.Handle).Delete()
-	}
+	return err
 }
 
 // ApplyReplicaEvent applies one change another replica published (the bytes its

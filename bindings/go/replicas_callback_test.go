@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -173,6 +174,118 @@ func TestReplicaPublisherPanicStaysWithItsGoroutine(t *testing.T) {
 	if n := publishPanics.pending.Load(); n != 0 {
 		t.Errorf("%d recovered panics left waiting for their caller", n)
 	}
+}
+
+// Two goroutines replacing the publisher at once: the callback the library holds at the end
+// must still be alive in Go (its handle not deleted), and be the last one installed.
+func TestReplicaPublisherSetConcurrently(t *testing.T) {
+	// Closed only if the test passes: a callback's panic unwinding through the library would
+	// leave its lock held, and Close would block.
+	r, err := NewRouter(nil)
+	must(t, err)
+	must(t, r.AddWorker(WorkerConfig{WorkerID: 1}))
+	const n = 5000
+	var last [2]atomic.Int64 // per setter: the number of its publisher last installed
+	var called atomic.Int64  // which publisher the booking reached: setter<<32 | number
+	var wg sync.WaitGroup
+	errs := make(chan string, 2)
+	for s := int64(0); s < 2; s++ {
+		wg.Add(1)
+		s := s
+		go func() {
+			defer wg.Done()
+			for i := int64(0); i < n; i++ {
+				me := s<<32 | i
+				var err error
+				if got := callRecovering(func() {
+					err = r.SetReplicaPublisher(fmt.Sprint("setter-", s), func([]byte) { called.Store(me) })
+				}); got != nil || err != nil {
+					errs <- fmt.Sprintf("setter %d, publisher %d: panic %v, error %v", s, i, got, err)
+					return
+				}
+				last[s].Store(i)
+			}
+		}()
+	}
+	within(t, "the setters", func() error { wg.Wait(); return nil })
+	close(errs)
+	for e := range errs {
+		t.Fatal(e)
+	}
+	called.Store(-1)
+	within(t, "the booking", func() error {
+		if got := callRecovering(func() {
+			err = r.AddRequest(prompt(32, 0), 1, 0, &RequestOptions{RequestID: "r1"})
+		}); got != nil {
+			return fmt.Errorf("the booking panicked: %v", got)
+		}
+		return err
+	})
+	c := called.Load()
+	if c < 0 || c&(1<<32-1) != n-1 || last[c>>32].Load() != n-1 {
+		t.Errorf("the booking reached publisher %d of setter %d, want the last (%d) of either", c&(1<<32-1), c>>32, n-1)
+	}
+	must(t, r.Close())
+}
+
+// A publisher set on a pool router of a Disagg is released when the Disagg is closed, and
+// one set on a Router that is never closed when the Router is collected: neither keeps its
+// owner, nor its closure, alive.
+func TestReplicaPublisherIsReleasedWithItsOwner(t *testing.T) {
+	// sentinel is big enough to have an allocation (and a finalizer) of its own.
+	type sentinel struct{ _ [64]byte }
+	watch := func() (*sentinel, <-chan struct{}) {
+		s, freed := new(sentinel), make(chan struct{})
+		runtime.SetFinalizer(s, func(*sentinel) { close(freed) })
+		return s, freed
+	}
+	collected := func(t *testing.T, freed <-chan struct{}) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; {
+			runtime.GC()
+			select {
+			case <-freed:
+				return
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the publisher's closure is still alive after a minute of garbage collections")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	t.Run("DisaggClosed", func(t *testing.T) {
+		freed := func() <-chan struct{} {
+			d, err := NewDisagg(nil, nil, nil)
+			must(t, err)
+			s, freed := watch()
+			must(t, d.PrefillRouter().SetReplicaPublisher("prefill", func([]byte) { runtime.KeepAlive(s) }))
+			must(t, d.DecodeRouter().SetReplicaPublisher("decode", func([]byte) {}))
+			must(t, d.Close())
+			return freed
+		}()
+		collected(t, freed)
+	})
+	t.Run("DisaggDropped", func(t *testing.T) {
+		freed := func() <-chan struct{} {
+			d, err := NewDisagg(nil, nil, nil)
+			must(t, err)
+			s, freed := watch()
+			must(t, d.DecodeRouter().SetReplicaPublisher("decode", func([]byte) { runtime.KeepAlive(s) }))
+			return freed
+		}()
+		collected(t, freed)
+	})
+	t.Run("RouterDropped", func(t *testing.T) {
+		freed := func() <-chan struct{} {
+			r, err := NewRouter(nil)
+			must(t, err)
+			s, freed := watch()
+			must(t, r.SetReplicaPublisher("gateway-a", func([]byte) { runtime.KeepAlive(s) }))
+			return freed
+		}()
+		collected(t, freed)
+	})
 }
 
 // A publisher that panics on a thread of the library's (an Ingest's loop: here the heartbeat

@@ -166,6 +166,9 @@ type Router struct {
 	owner *Disagg
 	// ingests counts the open Ingests feeding this router (for a pool router: its Disagg's).
 	ingests atomic.Int32
+	// replica holds the replica publish callback (SetReplicaPublisher): the Router's own, or
+	// for a pool router its Disagg's for that pool, shared by every *Router of the pool.
+	replica *replicaSlot
 	// rows is how many rows the last per-rank query returned: the next one starts with room
 	// for as many, as the library walks the index before it can say a buffer was short.
 	rows atomic.Int32
@@ -189,7 +192,7 @@ func NewRouter(opts *RouterOptions) (*Router, error) {
 	if err := takeError(C.kvr_router_new(opts.toC(), &out, &cerr), cerr); err != nil {
 		return nil, err
 	}
-	r := &Router{}
+	r := &Router{replica: new(replicaSlot)}
 	r.ptr.store(unsafe.Pointer(out))
 	runtime.SetFinalizer(r, (*Router).Close)
 	return r, nil
@@ -227,7 +230,7 @@ func (r *Router) Close() error {
 	if p := (*C.kvr_router)(r.ptr.swap(nil)); p != nil {
 		runtime.SetFinalizer(r, nil)
 		C.kvr_router_free(p)
-		releaseReplicaPublisher(r)
+		r.replica.release()
 	}
 	return nil
 }
