@@ -1,38 +1,78 @@
 #include "kvrouterd/booking_table.h"
 
+#include <iterator>
+
 namespace kvrouterd {
 
-std::optional<nlohmann::json> BookingTable::Claim(const std::string& id, Clock::time_point now) {
+uint64_t BookingTable::Arrive() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t arrival = next_arrival_++;
+  arrivals_.insert(arrival);
+  return arrival;
+}
+
+void BookingTable::Depart(uint64_t arrival) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  arrivals_.erase(arrival);
+  PruneCancellationsLocked();
+}
+
+bool BookingTable::CancelledLocked(const std::string& id, uint64_t arrival) const {
+  if (arrival == kNoArrival) return false;
+  const auto it = cancelled_.find(id);
+  return it != cancelled_.end() && arrival < it->second;
+}
+
+// A cancellation matters while a call that arrived before it is in flight.
+void BookingTable::PruneCancellationsLocked() {
+  const uint64_t oldest = arrivals_.empty() ? UINT64_MAX : *arrivals_.begin();
+  while (!cancel_order_.empty() &&
+         (cancel_order_.front().first <= oldest || cancel_order_.size() > capacity_)) {
+    const auto& [before, id] = cancel_order_.front();
+    const auto it = cancelled_.find(id);
+    if (it != cancelled_.end() && it->second == before) cancelled_.erase(it);
+    cancel_order_.pop_front();
+  }
+}
+
+BookingTable::Claimed BookingTable::Claim(const std::string& id, Clock::time_point now,
+                                          uint64_t arrival) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
+    if (CancelledLocked(id, arrival)) return {Outcome::kCancelled, nullptr};
     auto it = entries_.find(id);
     if (it != entries_.end() && it->second.pending) {
       settled_.wait(lock);
       continue;
     }
-    if (it != entries_.end() && it->second.expires > now) return it->second.decision;
+    if (it != entries_.end() && it->second.expires > now) {
+      return {Outcome::kReplay, it->second.decision};
+    }
     if (it != entries_.end()) entries_.erase(it);  // the router dropped it by now
     EvictLocked(now);
     Entry entry;
     entry.sequence = next_sequence_++;
     order_.emplace_back(entry.sequence, id);
     entries_.emplace(id, std::move(entry));
-    return std::nullopt;
+    return {Outcome::kBook, nullptr};
   }
 }
 
-void BookingTable::Complete(const std::string& id, nlohmann::json decision, uint64_t worker_id,
-                            Clock::time_point expires) {
+bool BookingTable::Complete(const std::string& id, nlohmann::json decision, uint64_t worker_id,
+                            uint32_t dp_rank, Clock::time_point expires, uint64_t arrival) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(id);
-    if (it == entries_.end()) return;
+    if (it == entries_.end()) return false;
+    if (CancelledLocked(id, arrival)) return false;  // still claimed: Fail follows
     it->second.decision = std::move(decision);
     it->second.worker_id = worker_id;
+    it->second.dp_rank = dp_rank;
     it->second.expires = expires;
     it->second.pending = false;
   }
   settled_.notify_all();
+  return true;
 }
 
 void BookingTable::Fail(const std::string& id) {
@@ -49,11 +89,27 @@ void BookingTable::Extend(const std::string& id, Clock::time_point expires) {
   if (it != entries_.end() && !it->second.pending) it->second.expires = expires;
 }
 
-bool BookingTable::Drop(const std::string& id) {
+void BookingTable::RecordCancellationLocked(const std::string& id) {
+  if (arrivals_.empty()) return;  // no call can be waiting to book it
+  cancelled_[id] = next_arrival_;
+  cancel_order_.emplace_back(next_arrival_, id);
+  PruneCancellationsLocked();
+}
+
+bool BookingTable::Cancel(const std::string& id) {
   std::lock_guard<std::mutex> lock(mutex_);
+  RecordCancellationLocked(id);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.pending) return false;
   entries_.erase(it);
+  return true;
+}
+
+bool BookingTable::CancelPending(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || !it->second.pending) return false;
+  RecordCancellationLocked(id);
   return true;
 }
 
@@ -65,6 +121,16 @@ void BookingTable::DropWorker(uint64_t worker_id) {
     } else {
       ++it;
     }
+  }
+}
+
+void BookingTable::DropRanksOutside(uint64_t worker_id, uint32_t dp_start, uint32_t dp_size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const Entry& entry = it->second;
+    const bool dropped = !entry.pending && entry.worker_id == worker_id &&
+                         (entry.dp_rank < dp_start || entry.dp_rank - dp_start >= dp_size);
+    it = dropped ? entries_.erase(it) : std::next(it);
   }
 }
 
@@ -80,6 +146,11 @@ std::vector<std::string> BookingTable::PendingIds() const {
 size_t BookingTable::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return entries_.size();
+}
+
+size_t BookingTable::cancellations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cancelled_.size();
 }
 
 // Forgets expired entries at the front, then the oldest settled ones while over capacity; also

@@ -13,6 +13,10 @@ namespace {
 
 constexpr int kSignals[] = {SIGHUP, SIGTERM, SIGINT};
 
+// Once shutdown-timeout-seconds have passed, the requests still being booked are cancelled, and
+// again this often: a call may enter the admission queue just after a round.
+constexpr uint64_t kCancelRoundMs = 100;
+
 // `seconds` as a timer's milliseconds; nullopt for a span no timer needs (infinite, or past
 // 2^62 ns: "never"). `seconds` >= 0 (checked at startup).
 std::optional<uint64_t> TimerMillis(double seconds) {
@@ -31,6 +35,7 @@ struct OffLoopWork {
   std::string param;
   Responder responder{nullptr};
   HttpResponse response;
+  std::optional<RoutingCall> call;  // route and plan
 };
 
 }  // namespace
@@ -69,6 +74,7 @@ int Daemon::Run() {
                                          [this](HttpRequest request, Responder responder) {
                                            HandleRequest(std::move(request), std::move(responder));
                                          });
+  service_->SetConnectionCount([this] { return server_->connection_count(); });
   error = server_->Listen(config_.listen_host, config_.listen_port);
   if (error.empty()) error = WritePortFile();
   if (!error.empty()) {
@@ -154,16 +160,22 @@ void Daemon::RunOffLoop(const RouteSpec& route, HttpRequest request, std::string
   job->request = std::move(request);
   job->param = std::move(param);
   job->responder = std::move(responder);
+  if (route.endpoint == Endpoint::kRoute || route.endpoint == Endpoint::kPlan) {
+    // Known from now on, while it waits for a routing thread: a free of its id cancels it.
+    job->call = service_->ArriveRouting(job->responder.ClientGoneProbe());
+  }
   ++work_in_flight_;
   uv_queue_work(
       &loop_, &job->work,
       [](uv_work_t* work) {  // on a thread-pool thread: may wait in the admission queue
         auto* job = static_cast<OffLoopWork*>(work->data);
-        job->response = job->service->Handle(*job->route, job->request, job->param);
+        job->response = job->service->Handle(*job->route, job->request, job->param,
+                                             job->call ? &*job->call : nullptr);
       },
       [](uv_work_t* work, int) {  // back on the loop
         std::unique_ptr<OffLoopWork> job(static_cast<OffLoopWork*>(work->data));
         Daemon* daemon = job->daemon;
+        if (job->call) daemon->service_->DepartRouting(*job->call);
         daemon->service_->CountAnswer(job->route->pattern, job->response.status);
         job->responder.Respond(std::move(job->response));
         --daemon->work_in_flight_;
@@ -200,16 +212,17 @@ void Daemon::ReloadConfig() {
 }
 
 // Stop accepting, let the requests in flight finish (cancelling those still queued after
-// shutdown-timeout-seconds), then leave the loop: Run() stops the ingest.
+// shutdown-timeout-seconds, and refusing routing calls that had not started), then leave the
+// loop: Run() stops the ingest.
 void Daemon::BeginShutdown() {
   stopping_ = true;
   service_->BeginShutdown();
-  const auto timeout_ms =
-      static_cast<uint64_t>(std::max(0.0, config_.shutdown_timeout_seconds) * 1000);
-  uv_timer_start(
-      &shutdown_timer_,
-      [](uv_timer_t* timer) { static_cast<Daemon*>(timer->data)->service_->CancelWaiting(); },
-      timeout_ms, 0);
+  if (const std::optional<uint64_t> timeout_ms = TimerMillis(config_.shutdown_timeout_seconds)) {
+    uv_timer_start(
+        &shutdown_timer_,
+        [](uv_timer_t* timer) { static_cast<Daemon*>(timer->data)->service_->CancelWaiting(); },
+        *timeout_ms, kCancelRoundMs);
+  }
   server_->Shutdown([this] {
     server_closed_ = true;
     MaybeFinish();

@@ -17,10 +17,25 @@ namespace {
 using nlohmann::json;
 using Clock = BookingTable::Clock;
 
+// `seconds` from now. Saturates at 2^62 ns (about 146 years), the library's rule
+// (SecondsToNanos): a longer span (1e10 s meant as "never") would not fit int64 nanoseconds.
 Clock::time_point After(double seconds) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  constexpr double kLongestNanos = 4611686018427387904.0;  // 2^62
+  double nanos = seconds * 1e9;
+  if (!(nanos == nanos)) nanos = 0;  // NaN
+  nanos = std::clamp(nanos, -kLongestNanos, kLongestNanos);
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::nanoseconds(static_cast<int64_t>(nanos)));
 }
+
+// Runs `f` when it goes out of scope.
+template <typename F>
+struct AtExit {
+  F f;
+  ~AtExit() { f(); }
+};
+template <typename F>
+AtExit(F) -> AtExit<F>;
 
 json RequestIdAnswer(const std::string& id) { return {{"request_id", id}}; }
 
@@ -129,9 +144,9 @@ void Service::StopIngest() {
 }
 
 HttpResponse Service::Handle(const RouteSpec& route, const HttpRequest& request,
-                             const std::string& param) {
+                             const std::string& param, RoutingCall* call) {
   try {
-    return Dispatch(route.endpoint, request, param);
+    return Dispatch(route.endpoint, request, param, call);
   } catch (const ApiError& e) {
     return ErrorAnswer(e);
   } catch (const std::exception& e) {
@@ -139,13 +154,27 @@ HttpResponse Service::Handle(const RouteSpec& route, const HttpRequest& request,
   }
 }
 
+RoutingCall Service::ArriveRouting(std::function<bool()> client_gone) {
+  RoutingCall call;
+  call.arrival = bookings_.Arrive();
+  call.arrived = Clock::now();
+  call.client_gone = std::move(client_gone);
+  ++routing_waiting_;
+  return call;
+}
+
+void Service::DepartRouting(const RoutingCall& call) {
+  if (!call.started) --routing_waiting_;
+  bookings_.Depart(call.arrival);
+}
+
 HttpResponse Service::Dispatch(Endpoint endpoint, const HttpRequest& request,
-                               const std::string& param) {
+                               const std::string& param, RoutingCall* call) {
   switch (endpoint) {
     case Endpoint::kRoute:
-      return Book(request, /*commit=*/true);
+      return Book(request, /*commit=*/true, call);
     case Endpoint::kPlan:
-      return Book(request, /*commit=*/false);
+      return Book(request, /*commit=*/false, call);
     case Endpoint::kPreview:
       return Preview(request);
     case Endpoint::kCommit:
@@ -185,15 +214,56 @@ HttpResponse Service::Dispatch(Endpoint endpoint, const HttpRequest& request,
   throw ApiError(KVR_INTERNAL, "unhandled endpoint");
 }
 
-// route (plan + commit) and plan: idempotent by request id while booked.
-HttpResponse Service::Book(const HttpRequest& request, bool commit) {
+// route (plan + commit) and plan: idempotent by request id while booked. A call that was freed
+// or aborted (by id) after it arrived, whose client left, or that starts while the daemon
+// stops, books nothing.
+HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall* call) {
+  RoutingCall arrived_now;
+  if (call == nullptr) {
+    arrived_now = ArriveRouting(nullptr);
+    call = &arrived_now;
+  }
+  AtExit depart{[&] {
+    if (call == &arrived_now) DepartRouting(arrived_now);
+  }};
+  if (!call->started) {
+    call->started = true;
+    --routing_waiting_;
+  }
   RouteInput input = ParseRouteInput(ParseJsonObject(request.body), /*need_request_id=*/true);
   const std::string& id = input.request_id;
-  if (std::optional<json> first = bookings_.Claim(id, Clock::now())) {
-    (*first)["replayed"] = true;
-    return JsonAnswer(*first);
+  // Checked before booking, and again once the id is claimed (the claim may wait for another
+  // call booking the same id).
+  const auto refuse_if_stale = [&] {
+    if (stopping_) throw ApiError(KVR_UNAVAILABLE, "kvrouterd is stopping");
+    if (call->client_gone && call->client_gone()) {
+      throw ApiError(KVR_CANCELLED,
+                     "request '" + id + "': the client closed its connection before it was routed");
+    }
+  };
+  refuse_if_stale();
+  BookingTable::Claimed claimed = bookings_.Claim(id, Clock::now(), call->arrival);
+  if (claimed.outcome == BookingTable::Outcome::kReplay) {
+    claimed.decision["replayed"] = true;
+    return JsonAnswer(claimed.decision);
+  }
+  const std::string cancelled =
+      "request '" + id + "' was freed or aborted before it was routed (it waited for a routing " +
+      "thread or in the admission queue)";
+  if (claimed.outcome == BookingTable::Outcome::kCancelled) {
+    throw ApiError(KVR_CANCELLED, cancelled);
   }
   try {
+    refuse_if_stale();
+    // The queue timeout runs from the arrival: time spent waiting for a routing thread (or for
+    // another call of this id) counts. Once spent, the request is routed only if admitted at once.
+    if (input.options.queue_timeout_ms >= 0) {
+      const int64_t waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - call->arrived)
+              .count();
+      input.options.queue_timeout_ms =
+          std::max<int64_t>(0, input.options.queue_timeout_ms - std::max<int64_t>(0, waited));
+    }
     kvr_route_signals signals;
     kvr_route_signals_init(&signals, sizeof signals);
     kvr_error* err = nullptr;
@@ -207,8 +277,13 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit) {
       ThrowIfError(status, err);
     }
     json decision = DecisionJson(id, signals, AddressOf(signals.worker_id), false);
-    bookings_.Complete(id, decision, signals.worker_id,
-                       After(commit ? request_expiry_seconds_ : plan_deadline_seconds_));
+    if (!bookings_.Complete(id, decision, signals.worker_id, signals.dp_rank,
+                            After(commit ? request_expiry_seconds_ : plan_deadline_seconds_),
+                            call->arrival)) {
+      // Freed or aborted while it was booking: released here, then the id is free (Fail).
+      kvr_abort_route(router_, id.c_str(), nullptr, nullptr);
+      throw ApiError(KVR_CANCELLED, cancelled);
+    }
     return JsonAnswer(decision);
   } catch (...) {
     bookings_.Fail(id);
@@ -235,10 +310,11 @@ HttpResponse Service::Commit(const std::string& id) {
 }
 
 HttpResponse Service::Abort(const std::string& id) {
+  // The table first: a call booking this id meanwhile is then caught by its Complete.
+  bookings_.Cancel(id);
   kvr_error* err = nullptr;
   int freed = 0;
   ThrowIfError(kvr_abort_route(router_, id.c_str(), &freed, &err), err);
-  bookings_.Drop(id);
   json answer = RequestIdAnswer(id);
   answer["freed"] = freed != 0;
   return JsonAnswer(answer);
@@ -262,12 +338,14 @@ HttpResponse Service::RecordOutput(const std::string& id, const HttpRequest& req
 }
 
 // kvr_router_free_request says nothing of what it freed: "freed" is whether the daemon had the
-// id booked (every booking of this router is made through the daemon).
+// id booked (every booking of this router is made through the daemon). The table first: a call
+// still waiting to book this id (for a routing thread, in the queue) then never books.
 HttpResponse Service::Free(const std::string& id) {
+  const bool booked = bookings_.Cancel(id);
   kvr_error* err = nullptr;
   ThrowIfError(kvr_router_free_request(router_, id.c_str(), &err), err);
   json answer = RequestIdAnswer(id);
-  answer["freed"] = bookings_.Drop(id);
+  answer["freed"] = booked;
   return JsonAnswer(answer);
 }
 
@@ -323,6 +401,8 @@ json Service::UpdateWorker(const WorkerSpec& worker) {
     const kvr_worker_config config = RouterWorker(worker);
     kvr_error* err = nullptr;
     ThrowIfError(kvr_router_update_worker(router_, &config, &err), err);
+    // Ranks that disappeared lost their requests in the router: their ids are free again.
+    bookings_.DropRanksOutside(worker.worker_id, worker.dp_start, worker.dp_size);
   }
   // The subscription covers the worker's ranks: new ranks need a new one too.
   const bool same_ranks = current.dp_start == worker.dp_start && current.dp_size == worker.dp_size;
@@ -545,6 +625,17 @@ std::string Service::OwnMetrics() {
       "# HELP kvrouterd_tracked_requests Booked request ids remembered for idempotent retries.\n"
       "# TYPE kvrouterd_tracked_requests gauge\nkvrouterd_tracked_requests " +
       std::to_string(bookings_.size()) + "\n";
+  text +=
+      "# HELP kvrouterd_routing_calls_waiting Routing calls (route, plan) received and waiting for "
+      "a routing thread.\n# TYPE kvrouterd_routing_calls_waiting gauge\n"
+      "kvrouterd_routing_calls_waiting " +
+      std::to_string(std::max<int64_t>(0, routing_waiting_.load())) + "\n";
+  if (connection_count_) {
+    text +=
+        "# HELP kvrouterd_http_connections Open HTTP connections.\n"
+        "# TYPE kvrouterd_http_connections gauge\nkvrouterd_http_connections " +
+        std::to_string(connection_count_()) + "\n";
+  }
   std::lock_guard<std::mutex> lock(workers_mutex_);
   text +=
       "# HELP kvrouterd_workers Workers registered.\n# TYPE kvrouterd_workers gauge\n"
@@ -575,6 +666,8 @@ void Service::CountReload(bool ok) {
 
 void Service::CancelWaiting() {
   for (const std::string& id : bookings_.PendingIds()) {
+    // Marked first, so that a call booking it meanwhile releases what it booked.
+    if (!bookings_.CancelPending(id)) continue;
     kvr_abort_route(router_, id.c_str(), nullptr, nullptr);
     Log(LogLevel::kWarn, "cancelled a request still waiting at shutdown", {{"request_id", id}});
   }

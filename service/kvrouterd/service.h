@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,16 @@
 
 namespace kvrouterd {
 
+// A routing call (route, plan) from its arrival on, for Service::Handle: it may wait for a
+// routing thread before it runs, and that wait counts (a free or abort meanwhile cancels it,
+// its queue timeout runs from the arrival).
+struct RoutingCall {
+  uint64_t arrival = BookingTable::kNoArrival;
+  BookingTable::Clock::time_point arrived = BookingTable::Clock::now();
+  std::function<bool()> client_gone;  // thread-safe; true once the client closed the connection
+  bool started = false;               // Book began (on a routing thread)
+};
+
 class Service {
  public:
   // Creates the router and its ingest, opens the event sources and adds the configured
@@ -29,8 +40,16 @@ class Service {
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
 
-  // Answers one matched request; never throws (errors become error answers).
-  HttpResponse Handle(const RouteSpec& route, const HttpRequest& request, const std::string& param);
+  // Answers one matched request; never throws (errors become error answers). `call`: a route
+  // or plan's arrival (ArriveRouting); without one it arrives now.
+  HttpResponse Handle(const RouteSpec& route, const HttpRequest& request, const std::string& param,
+                      RoutingCall* call = nullptr);
+  // A route or plan arrived (on the loop, before it waits for a routing thread); DepartRouting
+  // once it is answered.
+  RoutingCall ArriveRouting(std::function<bool()> client_gone);
+  void DepartRouting(const RoutingCall& call);
+  // The daemon's open HTTP connections, for kvrouterd_http_connections (called on the loop).
+  void SetConnectionCount(std::function<size_t()> count) { connection_count_ = std::move(count); }
   // Counts an answer for kvrouterd_http_requests_total; `pattern` is the route's.
   void CountAnswer(const std::string& pattern, int status);
 
@@ -39,9 +58,12 @@ class Service {
   void Reload(const Config& next);
   // Counts a reload for kvrouterd_reloads_total (a config that does not parse is a failure).
   void CountReload(bool ok);
-  // SIGTERM: /healthz answers 503 from now on.
+  // SIGTERM: /healthz answers 503 from now on, and routing calls that have not started yet
+  // (waiting for a routing thread) are refused (503).
   void BeginShutdown() { stopping_ = true; }
-  // Cancels the requests still waiting in the admission queue (their callers get 409).
+  // Cancels the requests being booked now, e.g. waiting in the admission queue (their callers
+  // get 409). The daemon calls it repeatedly once shutdown-timeout-seconds have passed, so that
+  // a call that entered the queue after one round is cancelled by the next.
   void CancelWaiting();
   // Closes every event source and joins the ingest thread.
   void StopIngest();
@@ -55,8 +77,9 @@ class Service {
   explicit Service(const Config& config);
   std::string Open(const Config& config);
 
-  HttpResponse Dispatch(Endpoint endpoint, const HttpRequest& request, const std::string& param);
-  HttpResponse Book(const HttpRequest& request, bool commit);
+  HttpResponse Dispatch(Endpoint endpoint, const HttpRequest& request, const std::string& param,
+                        RoutingCall* call);
+  HttpResponse Book(const HttpRequest& request, bool commit, RoutingCall* call);
   HttpResponse Preview(const HttpRequest& request);
   HttpResponse Commit(const std::string& id);
   HttpResponse Abort(const std::string& id);
@@ -94,6 +117,8 @@ class Service {
   double plan_deadline_seconds_;
   BookingTable bookings_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> routing_waiting_{0};  // calls arrived and not started: for a thread
+  std::function<size_t()> connection_count_;
   // (stream, source id) of every JetStream source, for the snapshot's positions. Written
   // only while the service opens, before any request.
   std::vector<std::pair<std::string, uint64_t>> jetstream_sources_;

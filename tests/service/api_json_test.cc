@@ -257,17 +257,19 @@ TEST(ApiJsonTest, PathIds) {
             "worker id: expected a decimal 64-bit id, got '12x'");
 }
 
-TEST(BookingTableTest, ReplaysUntilDropped) {
+using Outcome = BookingTable::Outcome;
+
+TEST(BookingTableTest, ReplaysUntilCancelled) {
   BookingTable table(10);
   const auto now = BookingTable::Clock::now();
-  EXPECT_FALSE(table.Claim("a", now).has_value());
-  table.Complete("a", json{{"worker_id", 2}}, 2, now + std::chrono::seconds(60));
-  const auto replay = table.Claim("a", now);
-  ASSERT_TRUE(replay.has_value());
-  EXPECT_EQ((*replay)["worker_id"], 2);
-  EXPECT_TRUE(table.Drop("a"));
-  EXPECT_FALSE(table.Drop("a"));
-  EXPECT_FALSE(table.Claim("a", now).has_value());  // free again
+  EXPECT_EQ(table.Claim("a", now).outcome, Outcome::kBook);
+  EXPECT_TRUE(table.Complete("a", json{{"worker_id", 2}}, 2, 0, now + std::chrono::seconds(60)));
+  const BookingTable::Claimed replay = table.Claim("a", now);
+  ASSERT_EQ(replay.outcome, Outcome::kReplay);
+  EXPECT_EQ(replay.decision["worker_id"], 2);
+  EXPECT_TRUE(table.Cancel("a"));
+  EXPECT_FALSE(table.Cancel("a"));
+  EXPECT_EQ(table.Claim("a", now).outcome, Outcome::kBook);  // free again
   table.Fail("a");
   EXPECT_EQ(table.size(), 0u);
 }
@@ -277,40 +279,105 @@ TEST(BookingTableTest, AgesOutAndStaysBounded) {
   const auto now = BookingTable::Clock::now();
   for (int i = 0; i < 10; ++i) {
     const std::string id = "r" + std::to_string(i);
-    ASSERT_FALSE(table.Claim(id, now).has_value());
-    table.Complete(id, json::object(), 1, now + std::chrono::seconds(60));
+    ASSERT_EQ(table.Claim(id, now).outcome, Outcome::kBook);
+    table.Complete(id, json::object(), 1, 0, now + std::chrono::seconds(60));
     EXPECT_LE(table.size(), 3u);
   }
-  EXPECT_TRUE(table.Claim("r9", now).has_value());  // the newest are kept
+  EXPECT_EQ(table.Claim("r9", now).outcome, Outcome::kReplay);  // the newest are kept
   // Past its expiry an entry is gone: the router dropped its request by then.
   const auto later = now + std::chrono::seconds(61);
-  EXPECT_FALSE(table.Claim("r9", later).has_value());
+  EXPECT_EQ(table.Claim("r9", later).outcome, Outcome::kBook);
 }
 
 TEST(BookingTableTest, DropWorkerForgetsItsRequests) {
   BookingTable table(10);
   const auto now = BookingTable::Clock::now();
   table.Claim("a", now);
-  table.Complete("a", json::object(), 1, now + std::chrono::seconds(60));
+  table.Complete("a", json::object(), 1, 0, now + std::chrono::seconds(60));
   table.Claim("b", now);
-  table.Complete("b", json::object(), 2, now + std::chrono::seconds(60));
+  table.Complete("b", json::object(), 2, 0, now + std::chrono::seconds(60));
   table.DropWorker(1);
-  EXPECT_FALSE(table.Claim("a", now).has_value());
-  EXPECT_TRUE(table.Claim("b", now).has_value());
+  EXPECT_EQ(table.Claim("a", now).outcome, Outcome::kBook);
+  EXPECT_EQ(table.Claim("b", now).outcome, Outcome::kReplay);
+}
+
+// A worker shrunk to ranks 4..4 (dp_start 4, dp_size 1): its requests on rank 5 went with it.
+TEST(BookingTableTest, DropRanksOutsideForgetsTheDroppedRanks) {
+  BookingTable table(10);
+  const auto now = BookingTable::Clock::now();
+  const auto book = [&](const std::string& id, uint64_t worker, uint32_t rank) {
+    ASSERT_EQ(table.Claim(id, now).outcome, Outcome::kBook);
+    table.Complete(id, json::object(), worker, rank, now + std::chrono::seconds(60));
+  };
+  book("on-4", 1, 4);
+  book("on-5", 1, 5);
+  book("on-3", 1, 3);
+  book("other-5", 2, 5);
+  table.DropRanksOutside(1, 4, 1);
+  EXPECT_EQ(table.Claim("on-4", now).outcome, Outcome::kReplay);
+  EXPECT_EQ(table.Claim("on-5", now).outcome, Outcome::kBook);
+  EXPECT_EQ(table.Claim("on-3", now).outcome, Outcome::kBook);
+  EXPECT_EQ(table.Claim("other-5", now).outcome, Outcome::kReplay);
 }
 
 // A retry that arrives while the first attempt is still booking waits for its answer.
 TEST(BookingTableTest, ConcurrentClaimWaitsForTheFirst) {
   BookingTable table(10);
   const auto now = BookingTable::Clock::now();
-  ASSERT_FALSE(table.Claim("a", now).has_value());
+  ASSERT_EQ(table.Claim("a", now).outcome, Outcome::kBook);
   EXPECT_EQ(table.PendingIds(), std::vector<std::string>{"a"});
-  std::optional<json> second;
+  BookingTable::Claimed second{Outcome::kBook, nullptr};
   std::thread retry([&] { second = table.Claim("a", now); });
-  table.Complete("a", json{{"worker_id", 5}}, 5, now + std::chrono::seconds(60));
+  table.Complete("a", json{{"worker_id", 5}}, 5, 0, now + std::chrono::seconds(60));
   retry.join();
-  ASSERT_TRUE(second.has_value());
-  EXPECT_EQ((*second)["worker_id"], 5);
+  ASSERT_EQ(second.outcome, Outcome::kReplay);
+  EXPECT_EQ(second.decision["worker_id"], 5);
+}
+
+// A free or abort cancels the calls for its id that arrived before it, not those after.
+TEST(BookingTableTest, CancelReachesCallsThatArrivedBefore) {
+  BookingTable table(10);
+  const auto now = BookingTable::Clock::now();
+  const uint64_t before = table.Arrive();
+  EXPECT_FALSE(table.Cancel("c"));  // nothing booked yet
+  const uint64_t after = table.Arrive();
+  ASSERT_EQ(table.Claim("c", now, before).outcome, Outcome::kCancelled);  // (else c is claimed)
+  EXPECT_EQ(table.Claim("c", now, after).outcome, Outcome::kBook);
+  EXPECT_TRUE(table.Complete("c", json::object(), 1, 0, now + std::chrono::seconds(60), after));
+  table.Depart(before);
+  table.Depart(after);
+  EXPECT_EQ(table.cancellations(), 0u);  // no call left that it could cancel
+}
+
+// Cancelled while it books: Complete refuses, the id stays claimed until Fail.
+TEST(BookingTableTest, CancelWhileBookingFailsComplete) {
+  BookingTable table(10);
+  const auto now = BookingTable::Clock::now();
+  const uint64_t arrival = table.Arrive();
+  ASSERT_EQ(table.Claim("c", now, arrival).outcome, Outcome::kBook);
+  EXPECT_FALSE(table.Cancel("c"));  // pending: not booked here yet
+  EXPECT_FALSE(table.Complete("c", json::object(), 1, 0, now + std::chrono::seconds(60), arrival));
+  EXPECT_EQ(table.PendingIds(), std::vector<std::string>{"c"});
+  table.Fail("c");
+  EXPECT_EQ(table.size(), 0u);
+  // CancelPending (shutdown) marks only a call booking now.
+  const uint64_t next = table.Arrive();
+  EXPECT_FALSE(table.CancelPending("d"));
+  ASSERT_EQ(table.Claim("d", now, next).outcome, Outcome::kBook);
+  EXPECT_TRUE(table.CancelPending("d"));
+  EXPECT_FALSE(table.Complete("d", json::object(), 1, 0, now + std::chrono::seconds(60), next));
+}
+
+TEST(BookingTableTest, CancellationsAreBounded) {
+  BookingTable table(3);
+  const uint64_t waiting = table.Arrive();
+  for (int i = 0; i < 10; ++i) table.Cancel("x" + std::to_string(i));
+  EXPECT_LE(table.cancellations(), 3u);
+  EXPECT_EQ(table.Claim("x9", BookingTable::Clock::now(), waiting).outcome, Outcome::kCancelled);
+  table.Depart(waiting);
+  EXPECT_EQ(table.cancellations(), 0u);
+  table.Cancel("y");  // no call in flight: nothing to remember
+  EXPECT_EQ(table.cancellations(), 0u);
 }
 
 }  // namespace

@@ -475,6 +475,128 @@ TEST_F(KvrouterdTest, BootstrapFromAPeerStartsWarm) {
   Stop();
 }
 
+// One routing thread, one worker that is busy as soon as it has any prefill in flight: a1 is
+// booked, b waits in the admission queue on the only routing thread, c waits for that thread.
+class RoutingThreadTest : public KvrouterdTest {
+ protected:
+  void StartBusy(const std::string& extra = "") {
+    WriteConfig({"id=1,max-num-batched-tokens=1"},
+                "queue-threshold = 0\nrouting-threads = 1\n" + extra);
+    Start();
+    ASSERT_EQ(Post("/v1/route", RouteBody("a1")).status, 200);
+    b_ = PostAsync("/v1/route", RouteBody("b"));
+    ASSERT_TRUE(MetricIs("kvrouterd_tracked_requests", 2));  // b is in the admission queue
+  }
+  bool Ready(const std::future<HttpAnswer>& answer) {
+    return answer.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  std::future<HttpAnswer> b_;
+};
+
+// A free of an id whose route still waits for a routing thread cancels it: it never books.
+TEST_F(RoutingThreadTest, FreedWhileWaitingForAThreadNeverBooks) {
+  StartBusy();
+  std::future<HttpAnswer> c = PostAsync("/v1/route", RouteBody("c"));
+  ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_waiting", 1));
+  EXPECT_EQ(Body(Delete("/v1/requests/c"))["freed"], false);  // not booked (yet)
+  EXPECT_EQ(Body(Delete("/v1/requests/a1"))["freed"], true);  // b is admitted
+  const HttpAnswer b = b_.get();
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(Body(Delete("/v1/requests/b"))["freed"], true);
+  const HttpAnswer cancelled = c.get();
+  EXPECT_EQ(cancelled.status, 409) << cancelled.body;
+  EXPECT_EQ(Body(cancelled)["error"]["status"], "CANCELLED");
+  EXPECT_EQ(Metric("kvrouterd_tracked_requests"), 0);
+  const json again = Body(Post("/v1/route", RouteBody("c")));
+  EXPECT_EQ(again["replayed"], false) << again;  // booked by this call, the id was free
+  EXPECT_EQ(again["booked"], true) << again;
+  Stop();
+}
+
+// A route whose client left before a routing thread took it is not routed at all.
+TEST_F(RoutingThreadTest, ClientGoneWhileWaitingForAThreadNeverBooks) {
+  StartBusy();
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      fd, kvrouterd_test::RequestText("POST", "/v1/route", RouteBody("c"))));
+  ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_waiting", 1));
+  close(fd);
+  // The daemon saw it leave: b's connection and the one asking are left.
+  ASSERT_TRUE(MetricIs("kvrouterd_http_connections", 2));
+  EXPECT_EQ(Body(Delete("/v1/requests/a1"))["freed"], true);
+  ASSERT_EQ(b_.get().status, 200);
+  EXPECT_EQ(Body(Delete("/v1/requests/b"))["freed"], true);
+  // c's call ends: refused (409), or, booked, once b's booking is freed (200, a third one).
+  std::string metrics;
+  ASSERT_TRUE(WaitFor([&] {
+    metrics = Get("/metrics").body;
+    return metrics.find("{path=\"/v1/route\",code=\"409\"} 1\n") != std::string::npos ||
+           metrics.find("{path=\"/v1/route\",code=\"200\"} 3\n") != std::string::npos;
+  }));
+  EXPECT_NE(metrics.find("{path=\"/v1/route\",code=\"409\"} 1\n"), std::string::npos) << metrics;
+  EXPECT_EQ(kvrouterd_test::MetricValue(metrics, "kvrouterd_tracked_requests"), 0);
+  EXPECT_EQ(Body(Post("/v1/route", RouteBody("c")))["replayed"], false);
+  Stop();
+}
+
+// queue_timeout_ms runs from the request's arrival: a route that spent it waiting for a routing
+// thread is admitted only at once, not after a whole timeout more in the queue.
+TEST_F(RoutingThreadTest, QueueTimeoutCountsTheWaitForAThread) {
+  StartBusy();
+  std::future<HttpAnswer> c = PostAsync("/v1/route", RouteBody("c", {{"queue_timeout_ms", 1000}}));
+  ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_waiting", 1));
+  // c's whole timeout passes while it waits for the thread (a lower bound: slower is fine).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(Body(Post("/v1/requests/b/abort", ""))["request_id"], "b");  // b leaves the queue
+  EXPECT_EQ(b_.get().status, 409);
+  // Now c has the thread and a1 still holds the worker: c is answered at once. Had it got a new
+  // timeout, it would be waiting in the queue (booking, so tracked), and a1's free admits it.
+  ASSERT_TRUE(WaitFor([&] { return Ready(c) || Metric("kvrouterd_tracked_requests") == 2; }));
+  if (!Ready(c)) Delete("/v1/requests/a1");
+  const HttpAnswer timed_out = c.get();
+  EXPECT_EQ(timed_out.status, 504) << timed_out.body;
+  EXPECT_EQ(Body(timed_out)["error"]["status"], "DEADLINE_EXCEEDED");
+  Stop();
+}
+
+// SIGTERM with a route waiting in the queue and another waiting for the routing thread: the
+// first is cancelled after shutdown-timeout-seconds, the second refused, and the daemon exits.
+TEST_F(KvrouterdTest, SigtermDoesNotWaitForeverForRoutesWaitingForAThread) {
+  WriteConfig({"id=1,max-num-batched-tokens=1", "id=2,max-num-batched-tokens=1"},
+              "queue-threshold = 0\nshutdown-timeout-seconds = 0.5\nrouting-threads = 1\n");
+  Start();
+  ASSERT_EQ(Post("/v1/route", RouteBody("a1")).status, 200);
+  ASSERT_EQ(Post("/v1/route", RouteBody("a2")).status, 200);  // both ranks busy now
+  std::future<HttpAnswer> b = PostAsync("/v1/route", RouteBody("b"));
+  ASSERT_TRUE(MetricIs("kvrouterd_tracked_requests", 3));
+  std::future<HttpAnswer> c = PostAsync("/v1/route", RouteBody("c"));
+  ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_waiting", 1));
+  daemon_->Signal(SIGTERM);
+  const HttpAnswer queued = b.get();
+  EXPECT_EQ(queued.status, 409) << queued.body;
+  const HttpAnswer waiting = c.get();
+  EXPECT_TRUE(waiting.status == 409 || waiting.status == 503) << waiting.head << waiting.body;
+  EXPECT_EQ(daemon_->WaitExit(120), std::optional<int>(0));
+}
+
+// shutdown-timeout-seconds = inf: queued requests are never cancelled (it was undefined, and in
+// practice 0 ms: cancelled at once).
+TEST_F(KvrouterdTest, InfiniteShutdownTimeoutNeverCancels) {
+  WriteConfig({"id=1,max-num-batched-tokens=1"},
+              "queue-threshold = 0\nshutdown-timeout-seconds = inf\n");
+  Start();
+  ASSERT_EQ(Post("/v1/route", RouteBody("a1")).status, 200);
+  std::future<HttpAnswer> b = PostAsync("/v1/route", RouteBody("b"));
+  ASSERT_TRUE(MetricIs("kvrouterd_tracked_requests", 2));
+  daemon_->Signal(SIGTERM);
+  // Not a deadline: had the timer fired at once, b would be answered within this.
+  EXPECT_EQ(b.wait_for(std::chrono::seconds(2)), std::future_status::timeout);
+  EXPECT_EQ(daemon_->WaitExit(0.1), std::nullopt);  // still stopping, waiting for b
+  daemon_.reset();                                  // SIGKILL
+  b.get();
+}
+
 // A JSON body beyond max-json-body-bytes is 413 (a snapshot keeps max-body-bytes), one nested
 // too deep 400, and neither is parsed.
 TEST_F(KvrouterdTest, JsonBodiesAreBoundedInSizeAndDepth) {
@@ -517,6 +639,36 @@ TEST_F(KvrouterdTest, ARequestArrivingTooSlowlyIsAnswered408) {
   EXPECT_EQ(answers[0].status, 408);
   EXPECT_EQ(Body(answers[0])["error"]["status"], "INVALID_ARGUMENT");
   EXPECT_EQ(Get("/healthz").status, 200);
+  Stop();
+}
+
+// PUT dp_size 2 -> 1: the request booked on rank 1 went with the rank, and its id with it.
+TEST_F(KvrouterdTest, ShrinkingAWorkersRanksForgetsTheirRequests) {
+  WriteConfig({"id=1,dp-size=2", "id=2"});
+  Start();
+  const json on_rank_1 =
+      Body(Post("/v1/route", RouteBody("on-1", {{"hints", {{"worker_id", 1}, {"dp_rank", 1}}}})));
+  ASSERT_EQ(on_rank_1["dp_rank"], 1) << on_rank_1;
+  const json on_rank_0 =
+      Body(Post("/v1/route", RouteBody("on-0", {{"hints", {{"worker_id", 1}, {"dp_rank", 0}}}})));
+  ASSERT_EQ(on_rank_0["dp_rank"], 0) << on_rank_0;
+  ASSERT_EQ(Http(port_, "PUT", "/v1/workers/1", R"({"dp_size": 1})").status, 200);
+  const json retried = Body(Post("/v1/route", RouteBody("on-1")));
+  EXPECT_EQ(retried["replayed"], false) << retried;
+  EXPECT_FALSE(retried["worker_id"] == 1 && retried["dp_rank"] == 1) << retried;
+  EXPECT_EQ(Body(Post("/v1/route", RouteBody("on-0")))["replayed"], true);  // its rank stays
+  Stop();
+}
+
+// request-expiry-seconds = 1e10 (meant as never) saturates: it was undefined (INT64_MIN, every
+// booking born expired, so a retry was refused 409 instead of replayed).
+TEST_F(KvrouterdTest, AVeryLongRequestExpiryKeepsRetriesReplayed) {
+  WriteConfig({"id=1", "id=2"}, "request-expiry-seconds = 1e10\n");
+  Start();
+  ASSERT_EQ(Body(Post("/v1/route", RouteBody("r1")))["replayed"], false);
+  const HttpAnswer retry = Post("/v1/route", RouteBody("r1"));
+  EXPECT_EQ(retry.status, 200) << retry.body;
+  EXPECT_EQ(Body(retry)["replayed"], true) << retry.body;
   Stop();
 }
 
