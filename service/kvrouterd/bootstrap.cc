@@ -98,13 +98,17 @@ std::optional<std::string_view> HeaderValue(std::string_view head, std::string_v
   return std::nullopt;
 }
 
+}  // namespace
+
 // Splits a whole HTTP/1.1 answer into the snapshot: "" on success, else why not.
 std::string ParseSnapshotAnswer(const std::string& answer, PeerSnapshot* out) {
   const size_t head_end = answer.find("\r\n\r\n");
-  if (head_end == std::string::npos || answer.rfind("HTTP/1.", 0) != 0 || answer.size() < 12) {
+  if (head_end == std::string::npos || answer.rfind("HTTP/1.", 0) != 0) {
     return "not an HTTP answer";
   }
   const std::string_view head(answer.data(), head_end);
+  // "HTTP/1.x NNN": the status line must hold a status before we read it.
+  if (head.size() < 12 || head[8] != ' ') return "not an HTTP answer";
   if (head.substr(9, 3) != "200") return "answered " + std::string(head.substr(9, 3));
   size_t body_size = answer.size() - head_end - 4;
   if (const auto length = HeaderValue(head, "Content-Length")) {
@@ -124,8 +128,6 @@ std::string ParseSnapshotAnswer(const std::string& answer, PeerSnapshot* out) {
   out->bytes = answer.substr(head_end + 4, body_size);
   return {};
 }
-
-}  // namespace
 
 std::string FormatStreamSequences(const StreamSequences& sequences) {
   std::string text;

@@ -33,6 +33,10 @@ struct PeerSnapshot {
 // or why it is not such a URL.
 std::string ParsePeerUrl(std::string_view url, std::string* host, int* port);
 
+// Splits a whole HTTP/1.1 answer to GET /v1/snapshot into the snapshot: "" on success, else
+// why not (not HTTP, not 200, cut short, a bad positions header).
+std::string ParseSnapshotAnswer(const std::string& answer, PeerSnapshot* out);
+
 // GET `peer_url`/v1/snapshot over HTTP/1.1 within `timeout` per connect and read: the snapshot,
 // or nullopt with `*error` saying why (unreachable, not 200, bad header).
 std::optional<PeerSnapshot> FetchPeerSnapshot(const std::string& peer_url,

@@ -35,6 +35,11 @@ std::vector<std::string_view> SplitWords(std::string_view text) {
 
 std::string Quoted(std::string_view value) { return "'" + std::string(value) + "'"; }
 
+// How many words an option's value has: "URL SUBJECT" 2, "N" 1.
+size_t ValueWords(const char* value_name) {
+  return value_name == nullptr ? 0 : SplitWords(value_name).size();
+}
+
 template <typename T>
 std::string ParseUnsigned(std::string_view text, T* out) {
   T value{};
@@ -513,6 +518,11 @@ std::string ParseCommandLine(const std::vector<std::string>& args, Config* confi
       value = args[++i];
     } else {
       return "--" + name + " needs a value (" + option->value_name + ")";
+    }
+    // A value of several words (--nats-events URL SUBJECT) is one argument or several.
+    while (SplitWords(value).size() < ValueWords(option->value_name) && i + 1 < args.size() &&
+           args[i + 1].rfind("--", 0) != 0) {
+      value += " " + args[++i];
     }
     settings.push_back({option, value});
   }

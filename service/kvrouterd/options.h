@@ -114,7 +114,8 @@ const std::vector<OptionSpec>& Options();
 // The --help text: usage and every option of Options().
 std::string HelpText();
 
-// Parses the command line (argv[0] excluded). `--name value` and `--name=value`. When it names
+// Parses the command line (argv[0] excluded). `--name value` and `--name=value`; a value of
+// several words (`--nats-events URL SUBJECT`) as one argument or as consecutive ones. When it names
 // a config file (--config), the file is read first and the flags then override its settings;
 // repeatable keys (worker, listen-events, nats-events) add to the file's. Returns an error
 // message, empty on success.

@@ -127,7 +127,7 @@ std::string Service::Open(const Config& config) {
           {{"url", sync->url}, {"subject", sync->subject}, {"replica_id", sync->replica_id}});
     }
     for (const WorkerSpec& worker : config.workers) AddWorker(worker);
-  } catch (const ApiError& e) {
+  } catch (const std::exception& e) {  // ApiError, or anything else that stops the start
     return e.what();
   }
   return {};
@@ -471,8 +471,12 @@ void Service::BootstrapFromPeer(const std::vector<std::string>& peers,
                                 std::vector<JetStreamSpec>* streams) {
   for (const std::string& peer : peers) {
     std::string error;
-    const std::optional<PeerSnapshot> snapshot =
-        FetchPeerSnapshot(peer, std::chrono::seconds(30), &error);
+    std::optional<PeerSnapshot> snapshot;
+    try {
+      snapshot = FetchPeerSnapshot(peer, std::chrono::seconds(30), &error);
+    } catch (const std::exception& e) {  // whatever a peer answers, it is only one peer
+      error = e.what();
+    }
     if (!snapshot) {
       Log(LogLevel::kWarn, "bootstrap: no snapshot from this peer",
           {{"peer", peer}, {"error", error}});

@@ -39,6 +39,25 @@ TEST(BootstrapTest, PeerUrls) {
   }
 }
 
+// A peer's answer too short to hold a status is an error, not an exception (which stopped the
+// start instead of starting cold).
+TEST(BootstrapTest, MalformedAnswersAreErrors) {
+  PeerSnapshot snapshot;
+  for (const char* bad : {"HTTP/1.\r\n\r\nX", "HTTP/1.1\r\n\r\n", "HTTP/1.1 20\r\n\r\n",
+                          "HTTP/1.1_200 OK\r\n\r\n", "HTTP/1.1 200 OK\r\n"}) {
+    std::string error;
+    EXPECT_NO_THROW(error = ParseSnapshotAnswer(bad, &snapshot)) << bad;
+    EXPECT_NE(error, "") << bad;
+  }
+  EXPECT_EQ(ParseSnapshotAnswer("HTTP/1.1 404 Not Found\r\n\r\n", &snapshot), "answered 404");
+  ASSERT_EQ(ParseSnapshotAnswer("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n"
+                                "Kvrouter-Stream-Sequences: KV=7\r\n\r\nabc",
+                                &snapshot),
+            "");
+  EXPECT_EQ(snapshot.bytes, "abc");
+  EXPECT_EQ(snapshot.sequences, (StreamSequences{{"KV", 7}}));
+}
+
 TEST(BootstrapTest, AnUnreachablePeerSaysWhy) {
   std::string error;
   const std::string url = "http://127.0.0.1:" + std::to_string(kvrouter::FreePort());

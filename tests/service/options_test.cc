@@ -106,6 +106,36 @@ TEST(OptionsTest, ErrorsNameTheOptionAndTheLine) {
             "f.conf:3: temperature: expected a number, got 'hot'");
 }
 
+// docs/kvrouterd.md writes `--nats-events URL SUBJECT` and `--replica-sync URL SUBJECT
+// REPLICA_ID`: the words as consecutive arguments, or as one (quoted), or after `=`.
+TEST(OptionsTest, ValuesOfSeveralWords) {
+  Config config;
+  ASSERT_EQ(ParseCommandLine({"--nats-events", "nats://h:4222", "kv.>", "--replica-sync",
+                              "nats://h:4222", "replicas", "router-a", "--block-size", "32"},
+                             &config),
+            "");
+  ASSERT_EQ(config.nats_events.size(), 1u);
+  EXPECT_EQ(config.nats_events[0], (NatsEventsSpec{"nats://h:4222", "kv.>"}));
+  ASSERT_TRUE(config.replica_sync.has_value());
+  EXPECT_EQ(*config.replica_sync, (ReplicaSyncSpec{"nats://h:4222", "replicas", "router-a"}));
+  EXPECT_EQ(config.router.block_size, 32u);
+
+  Config other;
+  ASSERT_EQ(ParseCommandLine({"--nats-events", "nats://a:1 one", "--nats-events=nats://b:2", "two",
+                              "--replica-sync=nats://c:3 sync", "r1"},
+                             &other),
+            "");
+  ASSERT_EQ(other.nats_events.size(), 2u);
+  EXPECT_EQ(other.nats_events[0], (NatsEventsSpec{"nats://a:1", "one"}));
+  EXPECT_EQ(other.nats_events[1], (NatsEventsSpec{"nats://b:2", "two"}));
+  EXPECT_EQ(*other.replica_sync, (ReplicaSyncSpec{"nats://c:3", "sync", "r1"}));
+
+  // A missing word is still an error; the next flag is never taken as one.
+  Config short_of_one;
+  EXPECT_EQ(ParseCommandLine({"--nats-events", "nats://h:4222", "--block-size=8"}, &short_of_one),
+            "nats-events: expected URL SUBJECT, got 'nats://h:4222'");
+}
+
 TEST(OptionsTest, HelpAndVersionAreSwitches) {
   Config config;
   ASSERT_EQ(ParseCommandLine({"--help", "--version"}, &config), "");
