@@ -127,25 +127,31 @@ static void* wait_for_admission(void* arg) {
   return NULL;
 }
 
-static void waiter_admitted_when_prefill_completes(void** state) {
-  fixture* f = (fixture*)*state;
-  waiter w;
-  pthread_t thread;
+/* Starts a thread whose request "queued" (timeout `timeout_ms`, 0: 10 s) waits in f's queue, and
+ * waits (up to 5 s) until it is there. */
+static void start_waiter(fixture* f, waiter* w, pthread_t* thread, int64_t timeout_ms) {
   int spins;
-  kvr_metrics m;
-  memset(&w, 0, sizeof w);
-  w.router = f->router;
-  w.prompt = f->prompt;
-  w.status = -1;
-  assert_int_equal(0, pthread_create(&thread, NULL, wait_for_admission, &w));
-  /* Wait (up to 5 s) until the request is in the queue. */
+  memset(w, 0, sizeof *w);
+  w->router = f->router;
+  w->prompt = f->prompt;
+  w->status = -1;
+  w->timeout_ms = timeout_ms;
+  assert_int_equal(0, pthread_create(thread, NULL, wait_for_admission, w));
   for (spins = 0; spins < 5000; ++spins) {
     struct timespec ms = {0, 1000000};
     if (kvt_metrics(f->router).queue_pending == 1) break;
     nanosleep(&ms, NULL);
   }
+  assert_int_equal(1, kvt_metrics(f->router).queue_pending);
+}
+
+static void waiter_admitted_when_prefill_completes(void** state) {
+  fixture* f = (fixture*)*state;
+  waiter w;
+  pthread_t thread;
+  kvr_metrics m;
+  start_waiter(f, &w, &thread, 0);
   m = kvt_metrics(f->router);
-  assert_int_equal(1, m.queue_pending);
   assert_int_equal(PROMPT_TOKENS, m.queue_pending_tokens);
   /* A second request under the waiting id is a duplicate. */
   {
@@ -170,18 +176,7 @@ static void free_cancels_a_waiting_request(void** state) {
   fixture* f = (fixture*)*state;
   waiter w;
   pthread_t thread;
-  int spins;
-  memset(&w, 0, sizeof w);
-  w.router = f->router;
-  w.prompt = f->prompt;
-  w.status = -1;
-  assert_int_equal(0, pthread_create(&thread, NULL, wait_for_admission, &w));
-  for (spins = 0; spins < 5000; ++spins) {
-    struct timespec ms = {0, 1000000};
-    if (kvt_metrics(f->router).queue_pending == 1) break;
-    nanosleep(&ms, NULL);
-  }
-  assert_int_equal(1, kvt_metrics(f->router).queue_pending);
+  start_waiter(f, &w, &thread, 0);
   /* The request ended before it was admitted (e.g. the client went away): the waiting call
    * returns at once, unbooked. (The header does not name the status; the core says
    * KVR_CANCELLED.) */
@@ -199,19 +194,7 @@ static void a_timeout_past_any_clock_waits(void** state) {
   fixture* f = (fixture*)*state;
   waiter w;
   pthread_t thread;
-  int spins;
-  memset(&w, 0, sizeof w);
-  w.router = f->router;
-  w.prompt = f->prompt;
-  w.status = -1;
-  w.timeout_ms = INT64_MAX;
-  assert_int_equal(0, pthread_create(&thread, NULL, wait_for_admission, &w));
-  for (spins = 0; spins < 5000; ++spins) {
-    struct timespec ms = {0, 1000000};
-    if (kvt_metrics(f->router).queue_pending == 1) break;
-    nanosleep(&ms, NULL);
-  }
-  assert_int_equal(1, kvt_metrics(f->router).queue_pending);
+  start_waiter(f, &w, &thread, INT64_MAX);
   KVT_OK(kvr_router_mark_prefill_completed(f->router, "busy", ERRP));
   assert_int_equal(0, pthread_join(thread, NULL));
   assert_int_equal(KVR_OK, w.status);
