@@ -61,19 +61,27 @@ bool Readable(void* socket) {
 // What tells two payloads apart: a replayed message is compared with the one heard live.
 uint64_t Digest(const std::vector<uint8_t>& payload) { return HashBytes(payload); }
 
-// ZMTP heartbeats (libzmq 4.2 and later; a peer's libzmq answers them by itself, whatever its
-// application does). A SUB socket sends nothing once it has subscribed, so without them a
-// connection whose peer is gone without a word (its host died, a partition outlived TCP's
-// retransmissions) stays established for good: no reconnection, no gap, no flag, and the index
-// keeps the engine's blocks. With them, a connection that answers neither a PING nor with
-// anything else for kHeartbeatTimeoutMs is closed and made again, which the socket monitor
-// sees as a reconnection (RankSequence::Reconnected).
-constexpr int kHeartbeatIntervalMs = 1000;
-constexpr int kHeartbeatTimeoutMs = 5000;
+// TCP keepalive. A SUB socket sends nothing once it has subscribed, so a connection whose peer
+// is gone without a word (its host died, a partition outlived the engine's retransmissions)
+// stayed established for good: no reconnection, no gap, no flag, and the index kept the
+// engine's blocks. The kernel's probes find such a peer (kKeepaliveIdleSeconds of silence, then
+// kKeepaliveProbes unanswered probes kKeepaliveIntervalSeconds apart: about 30 s); libzmq then
+// connects again, which the socket monitor sees as a reconnection (RankSequence::Reconnected).
+// Not ZMTP heartbeats: a SUB whose queue is full (the loop stalled) stops reading, misses the
+// peer's PONGs and drops a live connection, and libzmq up to 4.3.5 can then abort on
+// `_input_stopped` (zeromq/libzmq#3937, #4767); the peer's kernel answers probes regardless.
+constexpr int kKeepaliveIdleSeconds = 15;
+constexpr int kKeepaliveIntervalSeconds = 5;
+constexpr int kKeepaliveProbes = 3;
 
-void SetHeartbeats(void* socket) {
-  zmq_setsockopt(socket, ZMQ_HEARTBEAT_IVL, &kHeartbeatIntervalMs, sizeof(kHeartbeatIntervalMs));
-  zmq_setsockopt(socket, ZMQ_HEARTBEAT_TIMEOUT, &kHeartbeatTimeoutMs, sizeof(kHeartbeatTimeoutMs));
+void SetKeepalive(void* socket) {
+  const int on = 1;
+  zmq_setsockopt(socket, ZMQ_TCP_KEEPALIVE, &on, sizeof(on));
+  zmq_setsockopt(socket, ZMQ_TCP_KEEPALIVE_IDLE, &kKeepaliveIdleSeconds,
+                 sizeof(kKeepaliveIdleSeconds));
+  zmq_setsockopt(socket, ZMQ_TCP_KEEPALIVE_INTVL, &kKeepaliveIntervalSeconds,
+                 sizeof(kKeepaliveIntervalSeconds));
+  zmq_setsockopt(socket, ZMQ_TCP_KEEPALIVE_CNT, &kKeepaliveProbes, sizeof(kKeepaliveProbes));
 }
 
 }  // namespace
@@ -207,7 +215,7 @@ absl::Status EngineSubscriptions::OpenRanks(const EngineWorker& worker,
     subs.push_back(sub);  // reserved; closed by the caller from here on
     const int linger = 0;
     zmq_setsockopt(sub->socket, ZMQ_LINGER, &linger, sizeof(linger));
-    SetHeartbeats(sub->socket);
+    SetKeepalive(sub->socket);
     zmq_setsockopt(sub->socket, ZMQ_SUBSCRIBE, worker.topic.data(), worker.topic.size());
     // Watched before it connects: libzmq reports a handshake only to a monitor already there,
     // and a first handshake missed would make the first reconnection look like it.

@@ -10,7 +10,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -45,17 +44,8 @@ class TcpProxy {
   TcpProxy& operator=(const TcpProxy&) = delete;
 
   int port() const { return port_; }  // 0: it could not listen
-  // Connections accepted from clients so far.
-  int accepted() const { return accepted_; }
   // While set, what the server sends is read and thrown away.
   void LoseServerBytes(bool lose) { losing_ = lose; }
-  // What the server sends on the connections open now is read and thrown away from now on,
-  // while they stay up (a peer gone silent, as a dead host or a partition leaves it); the
-  // connections made after this are forwarded.
-  void LoseServerBytesOfOpenConnections() {
-    std::lock_guard lock(mutex_);
-    silenced_ = open_;
-  }
   // From now on what the server sends is kept, not forwarded, until ReleaseThenLose.
   void HoldServerBytes() {
     std::lock_guard lock(hold_mutex_);
@@ -92,7 +82,6 @@ class TcpProxy {
         continue;
       }
       std::lock_guard lock(mutex_);
-      ++accepted_;
       open_.insert(open_.end(), {client, server});
       pumps_.emplace_back([this, client, server] { Pump(client, server); });
     }
@@ -109,7 +98,7 @@ class TcpProxy {
         const ssize_t n = read(fds[from].fd, buffer, sizeof(buffer));
         if (n <= 0) {
           open = false;
-        } else if (from == 0 || !(Held(buffer, n, fds[0].fd) || losing_ || Silenced(client))) {
+        } else if (from == 0 || !(Held(buffer, n, fds[0].fd) || losing_)) {
           open = WriteAll(fds[1 - from].fd, buffer, static_cast<size_t>(n));
         }
       }
@@ -117,7 +106,6 @@ class TcpProxy {
     std::lock_guard lock(mutex_);
     std::erase(open_, client);
     std::erase(open_, server);
-    std::erase(silenced_, client);  // before the descriptor can be reused
     close(client);
     close(server);
   }
@@ -128,10 +116,6 @@ class TcpProxy {
     held_.clear();
     holding_ = false;
     losing_ = then_lose;
-  }
-  bool Silenced(int client) {
-    std::lock_guard lock(mutex_);
-    return std::find(silenced_.begin(), silenced_.end(), client) != silenced_.end();
   }
   // Keeps what the server sent for `client` while holding: whether it did.
   bool Held(const char* data, ssize_t n, int client) {
@@ -157,11 +141,9 @@ class TcpProxy {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> losing_{false};
-  std::atomic<int> accepted_{0};
   std::thread acceptor_;
   std::mutex mutex_;
   std::vector<int> open_;           // guarded by mutex_
-  std::vector<int> silenced_;       // guarded by mutex_: clients whose server bytes are lost
   std::vector<std::thread> pumps_;  // guarded by mutex_ (joined after the acceptor stops)
   std::mutex hold_mutex_;
   bool holding_ = false;    // guarded by hold_mutex_
