@@ -82,6 +82,7 @@ struct IngestLoop {
   // several threads), and never while Start hands the loop to its thread or Stop closes it.
   // Taken before command_mutex. Recursive: a command may run another (a router callback).
   std::recursive_mutex before_start_mutex;
+  std::mutex join_mutex;  // Stop's callers, one at a time, join `thread`
 
   // The registry of sources, under stats_mutex: every live source and the most recently removed
   // ones (their counters and endpoint still readable), by id. Older removed sources are

@@ -127,19 +127,27 @@ void IngestService::Stop() {
   // Not while a command runs on its caller's thread (IngestLoop::Run before Start).
   std::unique_lock before_start(impl_->before_start_mutex);
   std::unique_lock lock(impl_->command_mutex);
-  if (impl_->stopped) return;
-  impl_->stopped = true;
-  if (impl_->running) {
+  if (!impl_->stopped) {
+    impl_->stopped = true;
+    if (!impl_->running) {
+      impl_->CloseEverything();
+      lock.unlock();
+      uv_run(&impl_->loop, UV_RUN_DEFAULT);  // runs the close callbacks
+      return;
+    }
     // The loop ends by itself once the last handle is closed.
     impl_->commands.push_back([impl = impl_.get()] { impl->CloseEverything(); });
     uv_async_send(&impl_->wake);
-    lock.unlock();
-    impl_->thread.join();
-  } else {
-    impl_->CloseEverything();
-    lock.unlock();
-    uv_run(&impl_->loop, UV_RUN_DEFAULT);  // runs the close callbacks
   }
+  // A callback on the loop thread (a route admitted by a replica's free, a replica
+  // publisher's) may call Stop too: the loop ends once it returns, so it waits for nothing.
+  const bool join = impl_->running && std::this_thread::get_id() != impl_->thread.get_id();
+  lock.unlock();
+  // Not held while the loop ends: that callback's Stop (or Start) would wait for this one.
+  before_start.unlock();
+  if (!join) return;
+  std::lock_guard joining(impl_->join_mutex);  // two callers may be here at once
+  if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 IngestService::~IngestService() {

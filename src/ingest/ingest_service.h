@@ -154,8 +154,9 @@ class IngestService {
 
   // Starts the loop thread. FailedPrecondition if already started or stopped.
   absl::Status Start();
-  // Closes every source and joins the thread. Final: a stopped service takes no more commands.
-  // Idempotent.
+  // Closes every source and joins the thread (every caller returns once it has ended; one on
+  // the loop thread itself, in a callback, returns at once and the loop ends after the
+  // callback). Final: a stopped service takes no more commands. Idempotent.
   void Stop();
 
   // Listens on "tcp://HOST:PORT" (PORT 0 = any free port) or "unix://PATH". Returns the

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <nats/nats.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <thread>
 
@@ -42,12 +44,20 @@ struct Replica {
   std::unique_ptr<IngestService> ingest;
   uint64_t source = 0;
 
-  // Heartbeats off unless asked for: the other tests count every message.
+  // Heartbeats off unless asked for: the other tests count every message. `queue_at`: the
+  // workers' batch budget, past which routes with admission queue (0: none).
   explicit Replica(const NatsServer& server, const std::string& id,
-                   IngestOptions options = {.replica_heartbeat_ms = 0, .replica_timeout_ms = 0}) {
-    router = *Router::Create(RouterOptions{.block_size = kBlockSize});
+                   IngestOptions options = {.replica_heartbeat_ms = 0, .replica_timeout_ms = 0},
+                   uint64_t queue_at = 0) {
+    RouterOptions router_options{.block_size = kBlockSize};
+    if (queue_at > 0) router_options.queue_threshold = 1.0;
+    router = *Router::Create(router_options);
     for (uint64_t w : {1, 2}) {
-      EXPECT_TRUE(router->AddWorker({.worker_id = w, .block_size = kBlockSize}).ok());
+      EXPECT_TRUE(
+          router
+              ->AddWorker(
+                  {.worker_id = w, .max_num_batched_tokens = queue_at, .block_size = kBlockSize})
+              .ok());
     }
     ingest = *IngestService::Create(router.get(), options);
     EXPECT_TRUE(ingest->Start().ok());
@@ -298,6 +308,45 @@ TEST_F(ReplicaSyncTest, AStoppedReplicasBookingsGoAtOnce) {
   EXPECT_EQ(b.router->replica_stats().expired, 0u);  // dropped by the farewell, not expired
   EXPECT_EQ(b.router->replica_stats().live, 0u);     // and never will be: no longer tracked
   EXPECT_EQ(a->RequestsOn(1), 1u);                   // its own booking is its own business
+}
+
+// A callback the loop thread runs (here a route admitted when a replica's change freed
+// capacity) may stop the ingest, while another thread stops it too: both return. Stop held a
+// lock while it waited for the loop to end, which the callback's Stop then waited for.
+TEST_F(ReplicaSyncTest, AStopFromALoopCallbackWhileAnotherThreadStopsReturns) {
+  const IngestOptions options{.replica_heartbeat_ms = 0, .replica_timeout_ms = 0};
+  Replica a(*server_, "a", options);
+  Replica b(*server_, "b", options, /*queue_at=*/10);
+  ASSERT_TRUE(a.router->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a.router->AddRequest("r2", Tokens(3, 100), {2, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.router->active_requests() == 2; }));
+  std::atomic<bool> in_callback = false, callback_stopped = false;
+  std::thread::id callback_thread;
+  b.router->FindBestMatchAsync(Tokens(3, 500), {.with_admission = true, .request_id = "waits"},
+                               [&](absl::StatusOr<RouteDecision>) {
+                                 callback_thread = std::this_thread::get_id();
+                                 in_callback = true;
+                                 // Gives the other thread's Stop time to start waiting.
+                                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                                 b.ingest->Stop();
+                                 callback_stopped = true;
+                               });
+  ASSERT_EQ(b.router->pending_count(), 1u);
+  ASSERT_TRUE(a.router->MarkPrefillCompleted("r2"));  // b admits "waits" on its loop thread
+  ASSERT_TRUE(Eventually([&] { return in_callback.load(); }));
+  std::atomic<bool> stopped = false;
+  std::thread stopper([&] {
+    b.ingest->Stop();
+    stopped = true;
+  });
+  const bool returned = Eventually([&] { return stopped.load(); }) &&
+                        Eventually([&] { return callback_stopped.load(); });
+  if (!returned) {
+    ADD_FAILURE() << "Stop never returned";
+    std::abort();  // the stopper cannot be joined
+  }
+  stopper.join();
+  EXPECT_NE(callback_thread, std::this_thread::get_id());  // b's loop thread ran it
 }
 
 }  // namespace
