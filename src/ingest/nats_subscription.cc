@@ -1165,10 +1165,19 @@ void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceC
     for (const WorkerKey& rank : verdict.publisher->ranks) LoseRank(rank, source, ranks);
   }
   for (const KvEvent& event : message.events) {
-    // A publisher first heard above its message 0 ran before this router: what each rank it
-    // speaks for held then is unknown, until the engine clears it.
     const bool first_heard = verdict.publisher->ranks.insert(event.worker).second;
-    if (first_heard && verdict.publisher->joined) FlagRank(event.worker, source, ranks);
+    if (!first_heard) continue;
+    if (verdict.publisher->joined) {
+      // A publisher first heard above its message 0 ran before this router: what each rank it
+      // speaks for held then is unknown, until the engine clears it.
+      FlagRank(event.worker, source, ranks);
+    } else {
+      // Heard from its message 0, the publisher holds nothing on a rank but what its messages
+      // store, and none stored anything on this one yet: whatever the rank holds (a restored
+      // snapshot's blocks of an older process, a worker removed without clearing and added
+      // again) is not its own and goes before its events apply, as for an engine heard from 0.
+      loop_.ClearRank(event.worker, source);
+    }
   }
   ApplyHeard(message.events, message.publisher_id, source, ranks);
   source.RecordLag(message.published_at_ms * 1'000'000);

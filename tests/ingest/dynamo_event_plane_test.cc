@@ -129,6 +129,15 @@ std::vector<uint8_t> FromAnotherPublisher(std::string_view hex) {
   return bytes;
 }
 
+// The message with its event's dp rank (a positive fixint, < 128) replaced.
+std::vector<uint8_t> WithDpRank(std::vector<uint8_t> bytes, uint8_t dp_rank) {
+  const std::vector<uint8_t> key = FromHex("a764705f72616e6b");  // the key "dp_rank"
+  auto it = std::search(bytes.begin(), bytes.end(), key.begin(), key.end());
+  EXPECT_NE(it, bytes.end());
+  *(it + static_cast<std::ptrdiff_t>(key.size())) = dp_rank;
+  return bytes;
+}
+
 class DynamoNatsTest : public NatsIngestFixture {
  protected:
   DynamoNatsTest() : NatsIngestFixture(4) {}
@@ -148,17 +157,17 @@ class DynamoNatsTest : public NatsIngestFixture {
     return NatsIngestFixture::WaitForMessages(source_, messages);
   }
 
-  // The rank's match on the base model's tokens 1..12.
-  WorkerMatch MatchOfRank() {
-    const std::vector<uint32_t> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  // The rank's match on the base model's tokens 1..12 (or `tokens`).
+  WorkerMatch MatchOfRank(WorkerKey rank = kRank, const std::vector<uint32_t>& tokens = {
+                                                      1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}) {
     std::vector<WorkerMatch> matches;
     router_->LookUp(ComputeLocalBlockHashes(tokens, 4), matches);
     for (const WorkerMatch& m : matches) {
-      if (m.worker == kRank) return m;
+      if (m.worker == rank) return m;
     }
-    return WorkerMatch{.worker = kRank};
+    return WorkerMatch{.worker = rank};
   }
-  uint32_t Depth() { return MatchOfRank().device_blocks; }
+  uint32_t Depth(WorkerKey rank = kRank) { return MatchOfRank(rank).device_blocks; }
 
   uint64_t source_ = 0;
 };
@@ -239,6 +248,38 @@ TEST_F(DynamoNatsTest, APublisherFirstHeardAboveZeroFlagsItsRanksUntilTheyAreCle
   stats = WaitForMessages(2);
   EXPECT_EQ(0u, stats.state_unknown);
   EXPECT_EQ(0u, Depth());
+}
+
+// A publisher heard from its message 0 holds nothing on a rank but what its messages store:
+// blocks the rank held before (here stored on the router directly, as a snapshot restored from
+// before the worker restarted would hold them) are an older process's and must go, on each rank
+// the publisher speaks for, when it first does. They stayed, unflagged.
+TEST_F(DynamoNatsTest, APublisherHeardFromZeroClearsWhatItsRanksHeldBefore) {
+  constexpr WorkerKey kOtherRank{7, 2};
+  const std::vector<uint32_t> old_prompt{101, 102, 103, 104, 105, 106, 107, 108};
+  for (const WorkerKey rank : {kRank, kOtherRank}) {
+    StoredEvent old_blocks{.block_hashes = {901, 902}, .token_ids = old_prompt};
+    ASSERT_TRUE(router_->ApplyEvent({.worker = rank, .data = std::move(old_blocks)}).ok());
+    ASSERT_EQ(2u, MatchOfRank(rank, old_prompt).device_blocks);
+  }
+  Publish(FromHex(kStored));  // message 0, dp rank 1
+  IngestStats stats = WaitForMessages(1);
+  EXPECT_EQ(2u, Depth());
+  EXPECT_EQ(0u, MatchOfRank(kRank, old_prompt).device_blocks);
+  EXPECT_EQ(2u, MatchOfRank(kRank).tree_size);  // its own blocks only
+  // The other rank is the publisher's too, but not spoken for yet: it keeps what it holds.
+  EXPECT_EQ(2u, MatchOfRank(kOtherRank, old_prompt).device_blocks);
+  // Message 1 speaks for dp rank 2 first: the old blocks go before its own apply.
+  Publish(WithDpRank(WithSequence(kStored, 1), 2));
+  stats = WaitForMessages(2);
+  EXPECT_EQ(2u, Depth(kOtherRank));
+  EXPECT_EQ(0u, MatchOfRank(kOtherRank, old_prompt).device_blocks);
+  EXPECT_EQ(2u, MatchOfRank(kOtherRank).tree_size);
+  // Heard from its start, nothing lost: exact, and no restart.
+  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(0u, stats.restarts);
+  EXPECT_EQ(0u, stats.gaps);
+  EXPECT_EQ(2u, Depth());  // the first rank's own blocks stay
 }
 
 TEST_F(DynamoNatsTest, BadMessagesAreCountedAndTheGoodOnesAroundThemApplied) {
