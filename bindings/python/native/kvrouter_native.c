@@ -838,14 +838,40 @@ static int removed_from_args(PyObject* args, removed_args* r) {
 
 typedef struct DisaggObject DisaggObject;
 
+/* A replica publisher as the C router holds it (its user_data): one per
+ * kvr_router_set_replica_publisher, freed once C calls it no more. `fn`, the callable (a strong
+ * reference), is NULL once the Router was finalized or cleared: publish_trampoline then drops
+ * the change, so the collector may clear the callable (or what it uses) in any order while a
+ * thread of the library (an Ingest loop) may still publish. Read and written under the GIL. */
+typedef struct {
+  PyObject* fn;
+} publish_cell;
+
+static publish_cell* publish_cell_new(PyObject* fn) {
+  publish_cell* cell = PyMem_Malloc(sizeof *cell);
+  if (!cell) {
+    PyErr_NoMemory();
+    return NULL;
+  }
+  cell->fn = Py_NewRef(fn);
+  return cell;
+}
+
+/* Frees a cell C calls no more (accepts NULL); under the GIL. */
+static void publish_cell_free(publish_cell* cell) {
+  if (!cell) return;
+  Py_CLEAR(cell->fn);
+  PyMem_Free(cell);
+}
+
 typedef struct {
   handle h;
   kvr_router* r;
-  DisaggObject* owner;    /* a pool of a Disagg (which frees it), or NULL: this object frees it */
-  PyObject* publisher;    /* the replica publisher callable C may call, or NULL */
-  PyObject* publisher_id; /* the replica id it publishes as (a str), with it */
+  DisaggObject* owner;     /* a pool of a Disagg (which frees it), or NULL: this object frees it */
+  publish_cell* publisher; /* the replica publisher C may call, or NULL */
+  PyObject* publisher_id;  /* the replica id it publishes as (a str), with it */
   /* Held, taken without the GIL, from a change of the C router's publisher until `publisher`
-   * matches it: two threads setting publishers must leave C calling the callable kept here. */
+   * matches it: two threads setting publishers must leave C calling the cell kept here. */
   PyThread_type_lock publish_lock;
   int ingests; /* open Ingest objects feeding this router */
   PyObject* weakrefs;
@@ -883,21 +909,29 @@ static void disagg_leave(DisaggObject* self) {
 
 static void publish_trampoline(void* user_data, const void* data, size_t size) {
   PyGILState_STATE g = PyGILState_Ensure();
-  PyObject* bytes = PyBytes_FromStringAndSize((const char*)data, (Py_ssize_t)size);
-  PyObject* r = bytes ? PyObject_CallOneArg((PyObject*)user_data, bytes) : NULL;
-  if (!r) PyErr_WriteUnraisable((PyObject*)user_data);
-  Py_XDECREF(r);
-  Py_XDECREF(bytes);
+  PyObject* fn = ((publish_cell*)user_data)->fn;
+  if (fn) { /* else the Router was finalized or cleared: the change is dropped */
+    PyObject *bytes, *r;
+    Py_INCREF(fn); /* the Router's finalizer or tp_clear may drop the cell's meanwhile */
+    bytes = PyBytes_FromStringAndSize((const char*)data, (Py_ssize_t)size);
+    r = bytes ? PyObject_CallOneArg(fn, bytes) : NULL;
+    if (!r) PyErr_WriteUnraisable(fn);
+    Py_XDECREF(r);
+    Py_XDECREF(bytes);
+    Py_DECREF(fn);
+  }
   PyGILState_Release(g);
 }
 
 /* Whether the C router is there to call: a pool router's goes with its Disagg. */
 static int router_alive(RouterObject* self) { return self->r && (!self->owner || self->owner->d); }
 
-/* Stops the C router calling the publisher callable, then drops it (and its id). Calls the
- * library with the GIL released (the farewell runs the callable, which takes the GIL). */
+/* Stops the C router calling the publisher (a farewell through it first), then drops it and its
+ * id. Calls the library with the GIL released (the farewell runs the callable, which takes the
+ * GIL). For a pool router, whose C router outlives this object. */
 static void router_drop_publisher(RouterObject* self) {
-  PyObject *fn, *id_obj;
+  publish_cell* cell;
+  PyObject* id_obj;
   const char* id = NULL;
   kvr_router* r = router_alive(self) ? self->r : NULL;
   PyThreadState* save;
@@ -910,16 +944,20 @@ static void router_drop_publisher(RouterObject* self) {
   PyThread_acquire_lock(self->publish_lock, WAIT_LOCK);
   if (id) kvr_router_set_replica_publisher(r, id, NULL, NULL, NULL);
   PyEval_RestoreThread(save);
-  fn = self->publisher;
+  cell = self->publisher;
   id_obj = self->publisher_id;
-  self->publisher = self->publisher_id = NULL;
+  self->publisher = NULL;
+  self->publisher_id = NULL;
   PyThread_release_lock(self->publish_lock);
-  Py_XDECREF(fn); /* C calls it no more */
+  publish_cell_free(cell); /* C calls it no more */
   Py_XDECREF(id_obj);
 }
 
+/* Frees the C router (a pool's: stops its publisher), as kvr_router_free does: with no farewell
+ * through the replica publisher, as the Go, Rust and Java bindings. */
 static void router_destroy(RouterObject* self) {
   kvr_router* r = self->r;
+  publish_cell* cell;
   if (self->owner) { /* the Disagg frees r, and may call it until then */
     router_drop_publisher(self);
   } else if (r) {
@@ -927,7 +965,9 @@ static void router_destroy(RouterObject* self) {
     Py_END_ALLOW_THREADS
   }
   self->r = NULL;
-  Py_CLEAR(self->publisher); /* C calls it no more */
+  cell = self->publisher;
+  self->publisher = NULL;
+  publish_cell_free(cell); /* C calls it no more */
   Py_CLEAR(self->publisher_id);
 }
 
@@ -948,20 +988,52 @@ static void router_leave(RouterObject* self) {
 
 static int router_traverse(RouterObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->owner);
-  Py_VISIT(self->publisher);
+  if (self->publisher) Py_VISIT(self->publisher->fn);
   return 0;
 }
 
+/* tp_finalize: runs before the router goes, whether its last reference went or the collector
+ * found it in a cycle (PEP 442: then before any object of the cycle is cleared, all of them
+ * intact). A pool router's C router lives on with its Disagg: its publisher is stopped here, the
+ * farewell running the callable while nothing it uses is cleared yet. A router this object
+ * frees says no farewell (router_destroy): its publisher is only disarmed, so that nothing
+ * calls the callable once the collector may be clearing what it uses (an Ingest feeding the
+ * router may still publish from its loop thread until dealloc frees the router). A router
+ * resurrected by another finalizer of its cycle publishes nothing until given a publisher
+ * again. */
+static void router_finalize(RouterObject* self) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* exc = PyErr_GetRaisedException();
+#else
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+#endif
+  if (self->owner) {
+    router_drop_publisher(self);
+  } else if (self->publisher) {
+    Py_CLEAR(self->publisher->fn);
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(exc);
+#else
+  PyErr_Restore(type, value, tb);
+#endif
+}
+
 /* Breaks a cycle through the publisher callable (one holding the router, perhaps through an
- * Ingest feeding it): stops publishing, then drops the callable. Never frees the C router: an
- * Ingest in the same cycle may still be feeding it from its loop thread (it keeps the router
- * entered for its whole life); dealloc frees it, once nothing refers to the router. */
+ * Ingest feeding it) by dropping the callable, and nothing else: router_finalize has run, and
+ * the callable may already be cleared (the collector clears a cycle's objects in any order), so
+ * nothing may call it. Never frees the C router: an Ingest in the same cycle may still be
+ * feeding it from its loop thread (it keeps the router entered for its whole life); dealloc
+ * frees it, once nothing refers to the router. */
 static int router_clear(RouterObject* self) {
-  router_drop_publisher(self);
+  if (self->publisher) Py_CLEAR(self->publisher->fn);
   return 0;
 }
 
 static void router_dealloc(RouterObject* self) {
+  /* A subclass's dealloc ran the finalizer already; this runs it for the base type's objects. */
+  if (PyObject_CallFinalizerFromDealloc((PyObject*)self) < 0) return; /* resurrected */
   PyObject_GC_UnTrack(self);
   if (self->weakrefs) PyObject_ClearWeakRefs((PyObject*)self);
   router_destroy(self);
@@ -1205,7 +1277,8 @@ cleanup:
  * threads set meanwhile. The lock is taken without the GIL: its holder needs the GIL to
  * return (and the farewell to the previous callable runs Python). */
 static PyObject* router_set_replica_publisher(RouterObject* self, PyObject* args) {
-  PyObject *rid, *fn, *old = NULL, *old_id = NULL;
+  PyObject *rid, *fn, *old_id = NULL;
+  publish_cell *cell = NULL, *old = NULL;
   const char* id;
   kvr_router* r;
   kvr_error* err = NULL;
@@ -1217,21 +1290,26 @@ static PyObject* router_set_replica_publisher(RouterObject* self, PyObject* args
     PyErr_SetString(PyExc_TypeError, "publish must be callable or None");
     return NULL;
   }
-  if (!(r = router_enter(self))) return NULL;
+  if (fn != Py_None && !(cell = publish_cell_new(fn))) return NULL;
+  if (!(r = router_enter(self))) {
+    publish_cell_free(cell);
+    return NULL;
+  }
   save = PyEval_SaveThread();
   PyThread_acquire_lock(self->publish_lock, WAIT_LOCK);
-  st = kvr_router_set_replica_publisher(r, id, fn == Py_None ? NULL : publish_trampoline,
-                                        fn == Py_None ? NULL : fn, &err);
+  st = kvr_router_set_replica_publisher(r, id, cell ? publish_trampoline : NULL, cell, &err);
   PyEval_RestoreThread(save);
   if (st == KVR_OK) { /* the previous callback is not running and will not run again */
     old = self->publisher;
     old_id = self->publisher_id;
-    self->publisher = fn == Py_None ? NULL : Py_NewRef(fn);
-    self->publisher_id = fn == Py_None ? NULL : Py_NewRef(rid);
+    self->publisher = cell;
+    self->publisher_id = cell ? Py_NewRef(rid) : NULL;
+  } else {
+    old = cell; /* C never took it */
   }
   PyThread_release_lock(self->publish_lock);
   router_leave(self);
-  Py_XDECREF(old);
+  publish_cell_free(old);
   Py_XDECREF(old_id);
   if (st != KVR_OK) return fail(st, err);
   Py_RETURN_NONE;
@@ -1880,6 +1958,7 @@ static PyTypeObject RouterType = {
     .tp_doc = "A kvr_router handle: the base of kvrouter.Router, whose hot methods it implements.",
     .tp_traverse = (traverseproc)router_traverse,
     .tp_clear = (inquiry)router_clear,
+    .tp_finalize = (destructor)router_finalize,
     .tp_weaklistoffset = offsetof(RouterObject, weakrefs),
     .tp_methods = router_methods,
     .tp_getset = router_getset,

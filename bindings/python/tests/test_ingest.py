@@ -392,6 +392,64 @@ def test_a_pool_router_in_a_cycle_with_its_publisher_is_collected_after_its_disa
         assert ref() is None
     assert len(sent) == 20  # each publisher's Reset and SyncRequest; no farewell: its router is gone
 
+_CYCLE_CLEARED_BEFORE_ITS_ROUTER = r"""
+import gc, sys
+import kvrouter
+
+sent = []
+
+def owned():
+    # The closure's cell and publish are tracked before the router, the list holding it after:
+    # the collector clears them in that order, so publish is cleared while the router still
+    # holds it (the router goes by its tp_clear, not by its count falling to 0).
+    def publish(change):
+        sent.append(("owned", len(change)))
+        try:
+            holder.append(len(change))
+        except NameError:  # the announcement, before holder is bound
+            pass
+    r = kvrouter.Router(block_size=16)
+    r.set_replica_publisher("a", publish)  # Reset, SyncRequest
+    holder = [r]
+    holder.append(holder)
+
+def pool():
+    def publish(change):
+        sent.append(("pool", len(change)))
+        try:
+            holder.append(len(change))
+        except NameError:
+            pass
+    d = kvrouter.Disagg()
+    d.prefill_router.set_replica_publisher("p", publish)  # Reset, SyncRequest
+    holder = [d]
+    holder.append(holder)
+
+for _ in range(int(sys.argv[1])):
+    owned()
+    pool()
+    gc.collect()
+print(sum(k == "owned" for k, _ in sent), sum(k == "pool" for k, _ in sent))
+"""
+
+
+def test_a_publisher_collected_in_a_cycle_with_its_router_is_never_called_half_cleared():
+    # The collector clears a cycle's objects in any order: the router's tp_clear once unset the
+    # publisher, whose farewell called a publish function already cleared (a crash). Now a
+    # router the object frees says no farewell (as kvr_router_free, and the Go, Rust and Java
+    # bindings): 2 messages each. A Disagg pool's router, whose C router outlives it, says
+    # farewell in its finalizer, before anything in the cycle is cleared: 3 each.
+    import subprocess
+    import sys
+
+    rounds = 200
+    child = subprocess.run([sys.executable, "-c", _CYCLE_CLEARED_BEFORE_ITS_ROUTER, str(rounds)],
+                           capture_output=True, text=True)
+    assert (child.returncode == 0 and child.stdout == f"{2 * rounds} {3 * rounds}\n"
+            and "Exception ignored" not in child.stderr), (
+        f"exit status {child.returncode}\n{child.stdout}{child.stderr}")
+
+
 _CYCLE_THROUGH_AN_INGEST = r"""
 import gc, sys, threading, time, weakref
 import kvrouter

@@ -40,7 +40,12 @@ class Router(_native.Router):
     router with a queue threshold may block its thread in the admission queue (bound it with
     ``RequestOptions.queue_timeout``). ``close()`` (or leaving a ``with`` block) frees the
     router; it may be called while other threads still call, which then finish first, and
-    later calls raise :class:`ClosedError`.
+    later calls raise :class:`ClosedError`. A router closed, or dropped (also by the garbage
+    collector, in a cycle with its replica publisher), says no farewell through its publisher,
+    as ``kvr_router_free`` and the Go, Rust and Java bindings: its peers keep its bookings until
+    they expire them; ``set_replica_publisher(replica_id, None)`` first has them dropped at once.
+    A :class:`Disagg` pool's router, which lives as long as its Disagg, says farewell when it
+    is dropped while the Disagg is open.
     """
 
     # The extension type implements the hot methods itself (find_best_match,
