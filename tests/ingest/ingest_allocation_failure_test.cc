@@ -118,6 +118,16 @@ std::vector<uint32_t> Prompt() {
   return tokens;
 }
 
+// The prompt's blocks worker 5 (rank 0) holds on the device tier, as the router matches them.
+uint32_t DeviceBlocksOfWorker5(Router& router) {
+  const absl::StatusOr<std::vector<OverlapScore>> scores = router.OverlapScores(Prompt());
+  if (!scores.ok()) return 0u;
+  for (const OverlapScore& s : *scores) {
+    if (s.worker == WorkerKey{.worker_id = 5}) return s.overlap.device_blocks;
+  }
+  return 0u;
+}
+
 // An engine's XPUB socket bound to a free port on 127.0.0.1 (null if it cannot be), and where.
 void* BindEngine(void* context, std::string& endpoint) {
   void* engine = zmq_socket(context, ZMQ_XPUB);
@@ -180,14 +190,7 @@ std::string EngineRun(uint64_t n, bool& refused) {
     }
     return absl::OkStatus();
   };
-  auto device_blocks = [&] {
-    const absl::StatusOr<std::vector<OverlapScore>> scores = router->OverlapScores(Prompt());
-    if (!scores.ok()) return 0u;
-    for (const OverlapScore& s : *scores) {
-      if (s.worker == WorkerKey{.worker_id = 5}) return s.overlap.device_blocks;
-    }
-    return 0u;
-  };
+  auto device_blocks = [&] { return DeviceBlocksOfWorker5(*router); };
 
   count_loop_allocations = true;
   FailAllocationForTesting(n);
@@ -422,14 +425,7 @@ std::string ReplayRun(uint64_t n, bool& refused) {
       zmq_recv(engine, subscription, sizeof(subscription), 0) < 1) {
     return "no subscriber";
   }
-  auto device_blocks = [&] {
-    const absl::StatusOr<std::vector<OverlapScore>> scores = router->OverlapScores(Prompt());
-    if (!scores.ok()) return 0u;
-    for (const OverlapScore& s : *scores) {
-      if (s.worker == WorkerKey{.worker_id = 5}) return s.overlap.device_blocks;
-    }
-    return 0u;
-  };
+  auto device_blocks = [&] { return DeviceBlocksOfWorker5(*router); };
 
   count_loop_allocations = true;
   FailAllocationForTesting(n);
