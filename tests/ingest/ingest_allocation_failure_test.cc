@@ -128,6 +128,15 @@ uint32_t DeviceBlocksOfWorker5(Router& router) {
   return 0u;
 }
 
+// One engine message: [topic, 8-byte big-endian sequence, payload].
+void SendEngineMessage(void* engine, uint64_t seq, const std::vector<uint8_t>& payload) {
+  uint8_t seq_bytes[8];
+  for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
+  zmq_send(engine, "kv-events", 9, ZMQ_SNDMORE);
+  zmq_send(engine, seq_bytes, 8, ZMQ_SNDMORE);
+  zmq_send(engine, payload.data(), payload.size(), 0);
+}
+
 // An engine's XPUB socket bound to a free port on 127.0.0.1 (null if it cannot be), and where.
 void* BindEngine(void* context, std::string& endpoint) {
   void* engine = zmq_socket(context, ZMQ_XPUB);
@@ -149,11 +158,7 @@ std::string EngineRun(uint64_t n, bool& refused) {
   if (engine == nullptr) return "cannot bind the engine";
   auto send = [&](uint64_t seq, const std::string& vector) {
     const std::vector<uint8_t> payload = VllmPayload(vector);
-    uint8_t seq_bytes[8];
-    for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
-    zmq_send(engine, "kv-events", 9, ZMQ_SNDMORE);
-    zmq_send(engine, seq_bytes, 8, ZMQ_SNDMORE);
-    zmq_send(engine, payload.data(), payload.size(), 0);
+    SendEngineMessage(engine, seq, payload);
   };
 
   std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = 16});
@@ -402,11 +407,7 @@ std::string ReplayRun(uint64_t n, bool& refused) {
     const std::vector<uint8_t> payload = VllmPayload(vector);
     replay->Published(seq, payload);
     if (!reaches) return;
-    uint8_t seq_bytes[8];
-    for (int i = 0; i < 8; ++i) seq_bytes[i] = static_cast<uint8_t>(seq >> (56 - 8 * i));
-    zmq_send(engine, "kv-events", 9, ZMQ_SNDMORE);
-    zmq_send(engine, seq_bytes, 8, ZMQ_SNDMORE);
-    zmq_send(engine, payload.data(), payload.size(), 0);
+    SendEngineMessage(engine, seq, payload);
   };
 
   std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = 16});
