@@ -70,6 +70,7 @@ int Daemon::Run() {
                                : BodyLimit{max_body, "max-body-bytes"};
   };
   limits.read_timeout_ms = TimerMillis(config_.request_read_timeout_seconds).value_or(0);
+  limits.idle_timeout_ms = TimerMillis(config_.idle_timeout_seconds).value_or(0);
   server_ = std::make_unique<HttpServer>(&loop_, limits,
                                          [this](HttpRequest request, Responder responder) {
                                            HandleRequest(std::move(request), std::move(responder));

@@ -17,8 +17,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
   HttpServer* server = nullptr;
   HttpLimits limits;
   uv_tcp_t socket{};
-  uv_timer_t read_timer{};  // limits.read_timeout_ms: a request arriving too slowly, a drain
-  int open_handles = 0;     // the socket and the timer until both closed
+  // limits.read_timeout_ms while a request arrives or a refused client is drained;
+  // limits.idle_timeout_ms while no request is under way.
+  uv_timer_t read_timer{};
+  int open_handles = 0;  // the socket and the timer until both closed
   http_parser parser{};
   std::string input;    // bytes read and not yet parsed
   HttpRequest request;  // the request being parsed
@@ -28,6 +30,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   int reject_status = 0;            // a limit the request broke: answered with this, then closed
   const char* reject_setting = "";  // with 413: the setting that limits this body
   bool request_complete = false;
+  bool in_request = false;  // a request's first byte parsed, its last not yet
   bool busy = false;
   bool parsing = false;  // inside ParseInput (an answer given synchronously returns to it) // a
                          // request is being handled: parsing waits for its answer
@@ -43,6 +46,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   void StartReading();
   void ArmReadTimer();
+  void ArmIdleTimer();
+  void OnTimer();
   void StopReading();
   void ParseInput();
   void Dispatch();
@@ -139,6 +144,7 @@ int OnMessageBegin(http_parser* parser) {
   c->header_field.clear();
   c->header_value_last = false;
   c->header_bytes = 0;
+  c->in_request = true;
   c->ArmReadTimer();  // the whole request must arrive within the read timeout
   return 0;
 }
@@ -210,6 +216,7 @@ int OnBody(http_parser* parser, const char* at, size_t length) {
 int OnMessageComplete(http_parser* parser) {
   Connection* c = ConnectionOf(parser);
   c->request_complete = true;
+  c->in_request = false;
   uv_timer_stop(&c->read_timer);
   http_parser_pause(parser, 1);  // the next pipelined request waits for this one's answer
   return 0;
@@ -267,21 +274,34 @@ size_t MaxBufferedInput(const HttpLimits& limits) {
 }  // namespace
 
 void Connection::ArmReadTimer() {
-  if (limits.read_timeout_ms == 0 || closing) return;
+  if (closing) return;
+  if (limits.read_timeout_ms == 0) {
+    uv_timer_stop(&read_timer);  // the idle timer, if it ran, ends with the idleness
+    return;
+  }
   uv_timer_start(
-      &read_timer,
-      [](uv_timer_t* timer) {
-        auto* c = static_cast<Connection*>(timer->data);
-        std::shared_ptr<Connection> keep = c->shared_from_this();
-        if (c->closing || c->busy) return;
-        if (c->draining) {  // the client never closed after a refusal
-          c->Close();
-          return;
-        }
-        c->reject_status = 408;
-        c->RefuseMalformed(HPE_OK);
-      },
+      &read_timer, [](uv_timer_t* timer) { static_cast<Connection*>(timer->data)->OnTimer(); },
       limits.read_timeout_ms, 0);
+}
+
+// Between requests (after the accept, after an answer kept alive). A client that neither
+// sends nor closes would otherwise hold its descriptor and buffers for good.
+void Connection::ArmIdleTimer() {
+  if (limits.idle_timeout_ms == 0 || closing || busy || draining || in_request) return;
+  uv_timer_start(
+      &read_timer, [](uv_timer_t* timer) { static_cast<Connection*>(timer->data)->OnTimer(); },
+      limits.idle_timeout_ms, 0);
+}
+
+void Connection::OnTimer() {
+  std::shared_ptr<Connection> keep = shared_from_this();
+  if (closing || busy) return;
+  if (draining || !in_request) {  // a refused client that never closed, or an idle one
+    Close();
+    return;
+  }
+  reject_status = 408;
+  RefuseMalformed(HPE_OK);
 }
 
 void Connection::StartReading() {
@@ -416,7 +436,9 @@ void Connection::Answer(HttpResponse response, bool keep_alive) {
   }
   WriteBytes(this, SerializeResponse(response, keep_alive, !head_request), !keep_alive);
   busy = false;
-  if (keep_alive) ParseInput();
+  if (!keep_alive) return;
+  ParseInput();
+  ArmIdleTimer();  // unless the next request has begun
 }
 
 void Connection::Close() {
@@ -491,6 +513,7 @@ void HttpServer::OnConnection(uv_stream_t* listener, int status) {
   }
   uv_tcp_nodelay(&connection->socket, 1);
   connection->StartReading();
+  connection->ArmIdleTimer();
 }
 
 void HttpServer::Forget(Connection* connection) {

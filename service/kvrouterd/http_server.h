@@ -79,6 +79,9 @@ struct HttpLimits {
   // byte is answered 408 and its connection closed; a refused connection is drained this long
   // at most. 0 = no limit.
   uint64_t read_timeout_ms = 0;
+  // A connection with no request under way this long (after its accept, after an answer kept
+  // alive) is closed. 0 = no limit.
+  uint64_t idle_timeout_ms = 0;
 };
 
 class HttpServer {

@@ -20,6 +20,7 @@ std::string Validate(const kvrouterd::Config& config) {
   if (!(config.request_read_timeout_seconds >= 0)) {
     return "request-read-timeout-seconds: must be >= 0";
   }
+  if (!(config.idle_timeout_seconds >= 0)) return "idle-timeout-seconds: must be >= 0";
   if (config.max_header_bytes < 1024 || config.max_header_bytes > 80 * 1024) {
     return "max-header-bytes: must be 1024..81920 (http_parser stops at 80 KiB)";
   }

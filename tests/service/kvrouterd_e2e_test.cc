@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -641,6 +642,52 @@ TEST_F(KvrouterdTest, ARequestArrivingTooSlowlyIsAnswered408) {
   EXPECT_EQ(answers[0].status, 408);
   EXPECT_EQ(Body(answers[0])["error"]["status"], "INVALID_ARGUMENT");
   EXPECT_EQ(Get("/healthz").status, 200);
+  Stop();
+}
+
+// A connection with no request under way for idle-timeout-seconds is closed: one that never
+// sends, and a keep-alive one after its answer (both held a descriptor for good). A request on
+// its way is not: the read timeout governs it.
+TEST_F(KvrouterdTest, IdleConnectionsAreClosed) {
+  WriteConfig({"id=1", "id=2"}, "idle-timeout-seconds = 1\n");
+  Start();
+  // What the server sent until it closed the connection; nullopt if it did not within 30 s.
+  const auto until_closed = [](int fd) -> std::optional<std::string> {
+    std::string bytes;
+    char buffer[4096];
+    for (;;) {
+      const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+      if (n == 0) return bytes;
+      if (n < 0) return std::nullopt;
+      bytes.append(buffer, static_cast<size_t>(n));
+    }
+  };
+  const int silent = kvrouterd_test::Connect(port_);
+  const int kept_alive = kvrouterd_test::Connect(port_);
+  const int slow = kvrouterd_test::Connect(port_);
+  ASSERT_TRUE(silent >= 0 && kept_alive >= 0 && slow >= 0);
+  ASSERT_TRUE(
+      kvrouterd_test::SendAll(kept_alive, kvrouterd_test::RequestText("GET", "/healthz", "")));
+  ASSERT_TRUE(kvrouterd_test::SendAll(slow, "POST /v1/preview HTTP/1.1\r\nHost: x\r\n"));
+
+  EXPECT_EQ(until_closed(silent), std::optional<std::string>(""));
+  const std::optional<std::string> kept_bytes = until_closed(kept_alive);
+  ASSERT_TRUE(kept_bytes.has_value());
+  const auto answers = kvrouterd_test::ParseAnswers(*kept_bytes);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].status, 200);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // well past the idle timeout
+  const std::string body = RouteBody("");
+  ASSERT_TRUE(kvrouterd_test::SendAll(slow, "Content-Length: " + std::to_string(body.size()) +
+                                                "\r\nConnection: close\r\n\r\n" + body));
+  const std::optional<std::string> slow_bytes = until_closed(slow);
+  ASSERT_TRUE(slow_bytes.has_value());
+  const auto slow_answers = kvrouterd_test::ParseAnswers(*slow_bytes);
+  ASSERT_EQ(slow_answers.size(), 1u);
+  EXPECT_EQ(slow_answers[0].status, 200) << slow_answers[0].body;
+  for (int fd : {silent, kept_alive, slow}) close(fd);
+  EXPECT_TRUE(MetricIs("kvrouterd_http_connections", 1));  // the metrics request's own
   Stop();
 }
 
