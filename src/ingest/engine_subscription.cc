@@ -538,9 +538,9 @@ void EngineSubscriptions::ApplyEngineEvent(Subscription& sub, KvEvent& event) {
   if (auto* removed = std::get_if<RemovedEvent>(&event.data)) {
     std::erase_if(removed->block_hashes,
                   [&](uint64_t h) { return copies.TakeExtra(event.worker, event.tier, h); });
-    // A block that left the device can no longer be the parent of a block computed anew, so its
-    // salt is forgotten; one with another copy stays, salt and all.
-    if (event.tier == Tier::kDevice) sub.salted.Forget(removed->block_hashes);
+    // A block that left its last tier is gone, and so is its salt; one with another copy (on
+    // this tier or another) keeps it.
+    sub.salted.Forget(removed->block_hashes, event.tier);
     if (removed->block_hashes.empty()) {  // applied: each block it named had another copy
       Bump(c.events_applied);
       return;

@@ -542,7 +542,7 @@ std::optional<uint64_t> MmHashOfIdentifier(std::string_view identifier) {
 
 std::string_view SaltedBlocks::Of(uint64_t engine_hash) const {
   const auto it = salt_of_.find(engine_hash);
-  return it == salt_of_.end() ? std::string_view() : std::string_view(salts_[it->second].text);
+  return it == salt_of_.end() ? std::string_view() : std::string_view(salts_[it->second.salt].text);
 }
 
 // The id of `salt`, named first if it is new (in a free slot, or a new one). Refused, nothing
@@ -570,18 +570,24 @@ void SaltedBlocks::Release(uint32_t id) noexcept {
   free_.push_back(id);  // reserved
 }
 
-void SaltedBlocks::Record(std::span<const uint64_t> engine_hashes, std::string_view salt) {
+namespace {
+uint8_t TierBit(Tier tier) { return static_cast<uint8_t>(1u << static_cast<unsigned>(tier)); }
+}  // namespace
+
+void SaltedBlocks::Record(std::span<const uint64_t> engine_hashes, std::string_view salt,
+                          Tier tier) {
   const uint32_t id = IdOf(salt);
   ++salts_[id].blocks;  // held while the blocks are recorded: Release below cannot free it
   for (uint64_t h : engine_hashes) {
     // A refused insert leaves the blocks recorded so far; the salt is released below if it has
     // none.
     try {
-      auto [it, added] = salt_of_.try_emplace(h, id);
+      auto [it, added] = salt_of_.try_emplace(h, Block{.salt = id});
+      it->second.tiers |= TierBit(tier);
       if (!added) {
-        if (it->second == id) continue;
-        Release(it->second);
-        it->second = id;
+        if (it->second.salt == id) continue;
+        Release(it->second.salt);
+        it->second.salt = id;
       }
       ++salts_[id].blocks;
     } catch (...) {
@@ -592,12 +598,21 @@ void SaltedBlocks::Record(std::span<const uint64_t> engine_hashes, std::string_v
   Release(id);
 }
 
-void SaltedBlocks::Forget(std::span<const uint64_t> engine_hashes) noexcept {
+void SaltedBlocks::Copied(std::span<const uint64_t> engine_hashes, Tier tier) noexcept {
+  if (salt_of_.empty()) return;
+  for (uint64_t h : engine_hashes) {
+    if (const auto it = salt_of_.find(h); it != salt_of_.end()) it->second.tiers |= TierBit(tier);
+  }
+}
+
+void SaltedBlocks::Forget(std::span<const uint64_t> engine_hashes, Tier tier) noexcept {
   if (salt_of_.empty()) return;
   for (uint64_t h : engine_hashes) {
     const auto it = salt_of_.find(h);
     if (it == salt_of_.end()) continue;
-    const uint32_t id = it->second;
+    it->second.tiers &= static_cast<uint8_t>(~TierBit(tier));
+    if (it->second.tiers != 0) continue;  // another tier still holds it
+    const uint32_t id = it->second.salt;
     salt_of_.erase(it);
     Release(id);
   }
@@ -653,8 +668,10 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
         } else if (salted != nullptr && e.parent_hash) {
           stored.cache_namespace = salted->Of(*e.parent_hash);
         }
-        if (salted != nullptr && !stored.cache_namespace.empty() && !e.token_ids.empty()) {
-          salted->Record(e.block_hashes, stored.cache_namespace);
+        if (salted != nullptr && !e.token_ids.empty() && !stored.cache_namespace.empty()) {
+          salted->Record(e.block_hashes, stored.cache_namespace, e.tier);
+        } else if (salted != nullptr && e.token_ids.empty()) {
+          salted->Copied(e.block_hashes, e.tier);  // a copy of held blocks to another tier
         }
         event.data = std::move(stored);
         break;

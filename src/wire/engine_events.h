@@ -100,17 +100,23 @@ struct ConvertedBatch {
 // inherit it through the parent chain), so a store that continues a salted sequence carries no
 // salt. The router's namespace salts every block (as Dynamo's does), so each publisher
 // remembers which of its engine blocks were stored salted, and a continuation takes its
-// parent's salt. Only salted blocks are kept, and only the salts some kept block has; a clear
-// forgets them all, and the caller forgets the blocks that leave the device (Forget): a removal
-// of one of several copies of a block (engine_subscription's BlockCopies) leaves it, salt and
-// all, so ToKvEvents, which cannot tell, forgets nothing.
+// parent's salt. Only salted blocks are kept, with the tiers that hold them, and only the salts
+// some kept block has: a block is forgotten when it leaves its last tier (a block offloaded to
+// the host keeps its salt for when it is loaded back), and a clear forgets them all. The caller
+// forgets the blocks a removal takes (Forget): a removal of one of several copies of a block on
+// one tier (engine_subscription's BlockCopies) leaves it, salt and all, so ToKvEvents, which
+// cannot tell, forgets nothing.
 class SaltedBlocks {
  public:
   // The salt block `engine_hash` was stored under; empty if none is known.
   std::string_view Of(uint64_t engine_hash) const;
-  void Record(std::span<const uint64_t> engine_hashes, std::string_view salt);
-  // Allocates nothing.
-  void Forget(std::span<const uint64_t> engine_hashes) noexcept;
+  // The blocks were stored on `tier` under `salt`.
+  void Record(std::span<const uint64_t> engine_hashes, std::string_view salt, Tier tier);
+  // The blocks were copied to `tier` (a store without tokens): those with a salt keep it while
+  // that copy stays. Allocates nothing.
+  void Copied(std::span<const uint64_t> engine_hashes, Tier tier) noexcept;
+  // The blocks left `tier`. Allocates nothing.
+  void Forget(std::span<const uint64_t> engine_hashes, Tier tier) noexcept;
   void Clear();
   size_t size() const { return salt_of_.size(); }
   // Distinct salts held: those of the blocks kept, no more.
@@ -124,9 +130,13 @@ class SaltedBlocks {
   uint32_t IdOf(std::string_view salt);
   void Release(uint32_t id) noexcept;
 
+  struct Block {
+    uint32_t salt = 0;  // index in salts_
+    uint8_t tiers = 0;  // bit 1 << tier for each tier that holds it
+  };
   // Not absl's tables: one refused growth corrupts them (core/fail_safe_map.h); a single insert
   // into libstdc++'s is all or nothing.
-  std::unordered_map<uint64_t, uint32_t> salt_of_;  // engine hash -> index in salts_
+  std::unordered_map<uint64_t, Block> salt_of_;  // engine hash -> its salt, its tiers
   std::vector<Salt> salts_;
   std::vector<uint32_t> free_;  // slots of salts_ no block has; room for every slot reserved
   std::unordered_map<std::string, uint32_t, IdHash, std::equal_to<>> ids_;

@@ -443,19 +443,20 @@ class VllmBatch {
   // first block's extra keys, as vLLM folds a request's cache salt into its first block only.
   static std::vector<uint8_t> Stored(uint64_t hash, std::optional<uint64_t> parent,
                                      const std::vector<uint32_t>& tokens,
-                                     const std::string& salt = "") {
+                                     const std::string& salt = "",
+                                     const std::string& medium = "GPU") {
     VllmBatch b;
     b.Byte(0x99).Str("BlockStored").Byte(0x91).Uint(hash);
     parent ? b.Uint(*parent) : b.Byte(0xc0);
     b.Byte(0xdc).Be(tokens.size(), 2);
     for (uint32_t t : tokens) b.Uint(t);
-    b.Uint(16).Byte(0xc0).Str("GPU").Byte(0xc0);
+    b.Uint(16).Byte(0xc0).Str(medium).Byte(0xc0);
     salt.empty() ? b.Byte(0xc0) : b.Byte(0x91).Byte(0x91).Str(salt);
     return b.bytes_;
   }
-  static std::vector<uint8_t> Removed(uint64_t hash) {
+  static std::vector<uint8_t> Removed(uint64_t hash, const std::string& medium = "GPU") {
     VllmBatch b;
-    b.Byte(0x93).Str("BlockRemoved").Byte(0x91).Uint(hash).Str("GPU");
+    b.Byte(0x93).Str("BlockRemoved").Byte(0x91).Uint(hash).Str(medium);
     return b.bytes_;
   }
 
@@ -502,6 +503,27 @@ TEST_F(EngineIngestTest, ARemovedCopyOfASaltedBlockKeepsItsSalt) {
   ASSERT_EQ(1u, scores->size());
   EXPECT_EQ(2u, (*scores)[0].overlap.device_blocks);
   EXPECT_EQ(0u, DeviceBlocks(Range(1001, 1032), {5, 0}));  // unsalted: no match
+}
+
+// vLLM's offloading connector copies a block to the host (a store without tokens), the device
+// evicts it, and it is loaded back: its salt stays while the host holds it, so a block
+// continuing it is salted too. The salt went with the device's removal, so the continuation
+// was indexed unsalted.
+TEST_F(EngineIngestTest, AnOffloadedSaltedBlockKeepsItsSaltWhileTheHostHoldsIt) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(0, VllmBatch::Stored(21, std::nullopt, Range(1001, 1016), "tenant-a"));
+  engine.Send(1, VllmBatch::Stored(21, std::nullopt, {}, "", "CPU"));  // offloaded
+  engine.Send(2, VllmBatch::Removed(21));                              // evicted from the device
+  engine.Send(3, VllmBatch::Stored(21, std::nullopt, {}, "", "GPU"));  // loaded back
+  engine.Send(4, VllmBatch::Stored(22, 21, Range(1017, 1032)));        // salted by its parent
+  const IngestStats stats = WaitForMessages(source, 5, 5);
+  EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]) << stats.last_reject;
+  const RouteOptions salted{.prompt = {.cache_namespace = "tenant-a"}};
+  const auto scores = router_->OverlapScores(Range(1001, 1032), salted);
+  ASSERT_TRUE(scores.ok());
+  ASSERT_EQ(1u, scores->size());
+  EXPECT_EQ(2u, (*scores)[0].overlap.device_blocks);
 }
 
 // vLLM's replay socket: a ROUTER that answers a start sequence with (seq, payload) messages

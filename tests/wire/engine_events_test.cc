@@ -348,36 +348,69 @@ TEST(SaltedBlocksTest, KeepsOnlyTheSaltsItsBlocksHave) {
   SaltedBlocks salted;
   for (uint64_t tenant = 0; tenant < 1000; ++tenant) {
     const uint64_t blocks[] = {2 * tenant, 2 * tenant + 1};
-    salted.Record(blocks, "tenant-" + std::to_string(tenant));
-    salted.Forget(blocks);
+    salted.Record(blocks, "tenant-" + std::to_string(tenant), Tier::kDevice);
+    salted.Forget(blocks, Tier::kDevice);
   }
   EXPECT_EQ(0u, salted.size());
   EXPECT_EQ(0u, salted.salts());
 
   const uint64_t a[] = {1, 2};
   const uint64_t b[] = {3};
-  salted.Record(a, "a");
-  salted.Record(b, "b");
+  salted.Record(a, "a", Tier::kDevice);
+  salted.Record(b, "b", Tier::kDevice);
   EXPECT_EQ(2u, salted.salts());
-  salted.Forget(std::span<const uint64_t>(a, 1));  // block 1 goes, block 2 keeps "a"
+  salted.Forget(std::span<const uint64_t>(a, 1), Tier::kDevice);  // block 1 goes, block 2 keeps "a"
   EXPECT_EQ("a", salted.Of(2));
   EXPECT_EQ("", salted.Of(1));
-  salted.Forget(std::span<const uint64_t>(a + 1, 1));
+  salted.Forget(std::span<const uint64_t>(a + 1, 1), Tier::kDevice);
   EXPECT_EQ(1u, salted.salts());
   const uint64_t c[] = {4};
-  salted.Record(c, "c");  // in the slot "a" had
+  salted.Record(c, "c", Tier::kDevice);  // in the slot "a" had
   EXPECT_EQ("b", salted.Of(3));
   EXPECT_EQ("c", salted.Of(4));
-  salted.Record(b, "c");  // block 3 moves to "c": "b" has no block left
+  salted.Record(b, "c", Tier::kDevice);  // block 3 moves to "c": "b" has no block left
   EXPECT_EQ("c", salted.Of(3));
   EXPECT_EQ(1u, salted.salts());
-  salted.Record(b, "c");  // the same again changes nothing
-  salted.Forget(c);
+  salted.Record(b, "c", Tier::kDevice);  // the same again changes nothing
+  salted.Forget(c, Tier::kDevice);
   EXPECT_EQ("c", salted.Of(3));
   EXPECT_EQ(1u, salted.salts());
   salted.Clear();
   EXPECT_EQ(0u, salted.salts());
   EXPECT_EQ("", salted.Of(3));
+}
+
+// A salted block is kept while some tier holds it: one stored on the host with its tokens (an
+// LMCache-style tier) was forgotten only at the engine's clear, so its salt and entry stayed for
+// good; one copied to the host lost its salt when the device evicted it.
+TEST(SaltedBlocksTest, KeepsABlockWhileSomeTierHoldsIt) {
+  SaltedBlocks salted;
+  for (uint64_t tenant = 0; tenant < 1000; ++tenant) {  // stored and evicted on the host
+    const uint64_t blocks[] = {tenant};
+    salted.Record(blocks, "tenant-" + std::to_string(tenant), Tier::kHostPinned);
+    salted.Forget(blocks, Tier::kHostPinned);
+  }
+  EXPECT_EQ(0u, salted.size());
+  EXPECT_EQ(0u, salted.salts());
+
+  const uint64_t offloaded[] = {7};
+  salted.Record(offloaded, "a", Tier::kDevice);
+  salted.Copied(offloaded, Tier::kHostPinned);
+  salted.Forget(offloaded, Tier::kDevice);  // the host still holds it
+  EXPECT_EQ("a", salted.Of(7));
+  salted.Forget(offloaded, Tier::kDisk);  // a tier that never held it changes nothing
+  EXPECT_EQ("a", salted.Of(7));
+  salted.Copied(offloaded, Tier::kDevice);  // loaded back
+  salted.Forget(offloaded, Tier::kHostPinned);
+  EXPECT_EQ("a", salted.Of(7));
+  salted.Forget(offloaded, Tier::kDevice);  // its last tier
+  EXPECT_EQ("", salted.Of(7));
+  EXPECT_EQ(0u, salted.size());
+  EXPECT_EQ(0u, salted.salts());
+
+  const uint64_t unsalted[] = {8};
+  salted.Copied(unsalted, Tier::kHostPinned);  // no salt known: nothing kept
+  EXPECT_EQ(0u, salted.size());
 }
 
 TEST(EngineDecoder, RejectsGarbageWithAReason) {
