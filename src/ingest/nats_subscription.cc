@@ -1167,9 +1167,10 @@ void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceC
   for (const KvEvent& event : message.events) {
     const bool first_heard = verdict.publisher->ranks.insert(event.worker).second;
     if (!first_heard) continue;
-    if (verdict.publisher->joined) {
-      // A publisher first heard above its message 0 ran before this router: what each rank it
-      // speaks for held then is unknown, until the engine clears it.
+    if (verdict.publisher->missed_some) {
+      // A publisher first heard above its message 0 ran before this router, and one with a gap
+      // lost messages: either may have stored blocks on a rank it first speaks for now, so
+      // what the rank holds is unknown until the engine clears it.
       FlagRank(event.worker, source, ranks);
     } else {
       // Heard from its message 0, the publisher holds nothing on a rank but what its messages

@@ -282,6 +282,22 @@ TEST_F(DynamoNatsTest, APublisherHeardFromZeroClearsWhatItsRanksHeldBefore) {
   EXPECT_EQ(2u, Depth());  // the first rank's own blocks stay
 }
 
+// A publisher heard from its message 0 that then loses messages: they may have stored blocks
+// on a rank it had not spoken for, so that rank is flagged when it first does (it was cleared
+// as a fresh one and left unflagged, the lost blocks missing for good).
+TEST_F(DynamoNatsTest, ARankFirstHeardAfterAGapIsFlagged) {
+  constexpr WorkerKey kOtherRank{7, 2};
+  Publish(FromHex(kStored));  // message 0, dp rank 1
+  WaitForMessages(1);
+  Publish(WithDpRank(WithSequence(kStored, 3), 2));  // 1 and 2 lost; dp rank 2 first heard
+  const IngestStats stats = WaitForMessages(2);
+  EXPECT_EQ(1u, stats.gaps);
+  EXPECT_EQ(2u, stats.state_unknown);  // rank 1 lost with the gap, rank 2 unknown
+  EXPECT_EQ(2u, Depth(kOtherRank));    // what is heard applies
+  Publish(WithDpRank(WithSequence(kCleared, 4), 2));
+  EXPECT_EQ(1u, WaitForMessages(3).state_unknown);  // rank 2 cleared by its engine: known
+}
+
 TEST_F(DynamoNatsTest, BadMessagesAreCountedAndTheGoodOnesAroundThemApplied) {
   std::vector<uint8_t> cut = FromHex(kStored);
   cut.resize(40);
