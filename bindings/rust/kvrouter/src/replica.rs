@@ -8,6 +8,13 @@
 //! returns (the router announces itself: Reset, its bookings, SyncRequest), so it is
 //! registered even when it panicked there. A router's closure leaves the table before the
 //! router is freed (`take_before_free`), since its address may be reused at once.
+//!
+//! The table is never locked while C may run a closure (installing one runs the old one's
+//! farewell and the new one's announcement): a closure may drop a `Router` or install another
+//! router's publisher, which lock it. So concurrent setters on one router do not learn the
+//! order C applied them in; each entry carries the stamp of its setter's return instead, and a
+//! setter frees only what was installed by setters that had returned before it started
+//! (`set`).
 
 use std::any::Any;
 use std::cell::Cell;
@@ -24,9 +31,34 @@ use crate::util::{opt_cstring, opt_ptr};
 
 pub(crate) type Callback = Box<dyn Fn(&[u8]) + Send + Sync + 'static>;
 
-/// Router address → its publisher closure. The inner Box gives the closure a stable, thin
-/// address to pass as `user_data`.
-static CALLBACKS: Mutex<Vec<(usize, Box<Callback>)>> = Mutex::new(Vec::new());
+/// Router address, stamp (of the return of the `set` that installed it), closure. The inner
+/// Box gives the closure a stable, thin address to pass as `user_data`.
+pub(crate) type Entry = (usize, u64, Box<Callback>);
+
+/// The publisher closures of the routers, and the clock that stamps them.
+struct Table {
+    /// A router has one entry, or more after setters overlapped (see `set`).
+    entries: Vec<Entry>,
+    /// Advanced at every stamp: a later stamp was taken later.
+    clock: u64,
+}
+
+impl Table {
+    fn stamp(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+}
+
+/// Locked only briefly, never across a C call that may run a closure.
+static CALLBACKS: Mutex<Table> = Mutex::new(Table {
+    entries: Vec::new(),
+    clock: 0,
+});
+
+fn table() -> std::sync::MutexGuard<'static, Table> {
+    CALLBACKS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 thread_local! {
     /// A panic caught in a callback on this thread, resumed when the kvr_* call that ran the
@@ -77,11 +109,16 @@ pub(crate) fn set(
         .as_ref()
         .map_or(ptr::null_mut(), |b| &**b as *const Callback as *mut c_void);
     let publish: sys::kvr_replica_publish_fn = boxed.as_ref().map(|_| trampoline as _);
-    // Held across the C call so that concurrent setters on one router keep this table in the
-    // order C applied them. The callback never takes it (it gets its closure by address).
-    let mut table = CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
+    let key = router as usize;
+    // Every closure in the table stamped before this was installed by a setter that returned
+    // before this call starts, so C applied it before this one.
+    let started = table().stamp();
     // SAFETY: a live router; id and the closure outlive the call, and the closure stays
-    // registered below for as long as C may call it.
+    // registered below for as long as C may call it. Until then this frame owns it (its heap
+    // address, user_data, does not move), and no other call can free the router meanwhile.
+    //
+    // No lock of this crate is held: the closures C runs here (the old one's farewell, the new
+    // one's announcement) may take CALLBACKS (dropping a Router, installing a publisher).
     //
     // Installing a publisher runs it at once (Reset, the router's bookings, SyncRequest), so
     // the new closure may panic inside this call. The panic is resumed only once the table
@@ -90,21 +127,34 @@ pub(crate) fn set(
         sys::kvr_router_set_replica_publisher(router, opt_ptr(&id), publish, user_data, err)
     });
     // A closure runs only once installed: a panic means C holds it, whatever the status says.
-    let old = if result.is_ok() || panicked.is_some() {
-        let key = router as usize;
-        let old = table
-            .iter()
-            .position(|(k, _)| *k == key)
-            .map(|i| table.swap_remove(i));
-        if let Some(b) = boxed {
-            table.push((key, b));
+    let retired = if result.is_ok() || panicked.is_some() {
+        let mut table = table();
+        // C applies one router's setters one at a time (under the router's lock), each
+        // replacing the closure before it, which does not run again once that setter returned.
+        // The closures installed before this call started were applied before it: replaced
+        // by now, by it or by an earlier setter. Those of setters that overlapped this one may
+        // have been applied after it (one is then current), so they stay, until a setter that
+        // starts after they returned, or the router's free.
+        let mut retired = Vec::new();
+        let mut i = 0;
+        while i < table.entries.len() {
+            let (k, stamp, _) = table.entries[i];
+            if k == key && stamp < started {
+                retired.push(table.entries.swap_remove(i));
+            } else {
+                i += 1;
+            }
         }
-        old
+        if let Some(b) = boxed {
+            let stamp = table.stamp();
+            table.entries.push((key, stamp, b));
+        }
+        retired
     } else {
-        None // refused: C kept the previous closure and never saw this one (dropped below)
+        drop(boxed); // refused: C kept the previous closure and never saw this one
+        Vec::new()
     };
-    drop(table);
-    drop(old); // C no longer calls it
+    drop(retired); // C no longer calls them; dropped unlocked, as they may drop a Router
     if let Some(payload) = panicked {
         std::panic::resume_unwind(payload);
     }
@@ -119,13 +169,15 @@ pub(crate) fn set(
 /// are its own. The closures stay alive until after the free, in case freeing calls them (the
 /// owner has exclusive access, so no other call can).
 #[must_use = "drop the closures after the routers are freed"]
-pub(crate) fn take_before_free(routers: &[*mut sys::kvr_router]) -> Vec<(usize, Box<Callback>)> {
-    let mut table = CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
+pub(crate) fn take_before_free(routers: &[*mut sys::kvr_router]) -> Vec<Entry> {
+    let mut table = table();
     let mut taken = Vec::new();
-    for &router in routers {
-        let key = router as usize;
-        if let Some(i) = table.iter().position(|(k, _)| *k == key) {
-            taken.push(table.swap_remove(i));
+    let mut i = 0;
+    while i < table.entries.len() {
+        if routers.contains(&(table.entries[i].0 as *mut sys::kvr_router)) {
+            taken.push(table.entries.swap_remove(i));
+        } else {
+            i += 1;
         }
     }
     taken

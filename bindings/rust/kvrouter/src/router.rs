@@ -612,7 +612,10 @@ impl RouterRef {
     /// change returns; one raised during the announcement is resumed from this call, with
     /// the publisher installed. Replaces any previous publisher (or
     /// [`Ingest::sync_replicas`](crate::Ingest::sync_replicas)), which first receives a
-    /// farewell Reset (peers drop what they hold from its id); see docs/replicas.md.
+    /// farewell Reset (peers drop what they hold from its id) and is dropped before this
+    /// returns; the closure of a call that overlapped this one on the same router is dropped
+    /// by the next call that starts after both returned, or with the router. See
+    /// docs/replicas.md.
     pub fn set_replica_publisher<F>(&self, replica_id: &str, publish: F) -> Result<()>
     where
         F: Fn(&[u8]) + Send + Sync + 'static,

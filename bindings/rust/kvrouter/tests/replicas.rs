@@ -319,6 +319,79 @@ fn replacing_a_publisher_drops_the_old_closure() {
 }
 
 #[test]
+fn overlapping_setters_on_one_router_free_every_closure_they_replaced() {
+    // Setters do not hold the closure table across the C call (a closure may lock it): one
+    // frees only the closures of setters that returned before it started, as it cannot tell
+    // which of those that overlapped it C applied last. None may be freed while C can call it
+    // (routing threads make the closures run meanwhile), and none is kept for ever.
+    let router = Arc::new(router(2));
+    let alive = Arc::new(());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for t in 0..2u32 {
+        let (router, stop) = (router.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let id = format!("route-{t}-{n}");
+                router
+                    .find_best_match(&prompt(t, 2), &RequestOptions::admit(&id))
+                    .unwrap();
+                router.free_request(&id).unwrap();
+                n += 1;
+            }
+        }));
+    }
+    let setters: Vec<_> = (0..4)
+        .map(|_| {
+            let (router, alive) = (router.clone(), alive.clone());
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    let held = alive.clone();
+                    router
+                        .set_replica_publisher("r", move |change| {
+                            assert!(!change.is_empty());
+                            let _ = &held;
+                        })
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for setter in setters {
+        setter.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    // A setter that starts after every other returned frees all they installed.
+    router.set_replica_publisher("r", |_| {}).unwrap();
+    assert_eq!(Arc::strong_count(&alive), 1, "every replaced closure freed");
+
+    let held = alive.clone();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let held = held.clone();
+                router
+                    .set_replica_publisher("r", move |_| {
+                        let _ = &held;
+                    })
+                    .unwrap();
+            });
+        }
+    });
+    drop(held);
+    assert!(
+        Arc::strong_count(&alive) >= 2,
+        "the current closure is kept"
+    );
+    drop(Arc::try_unwrap(router).unwrap_or_else(|_| panic!("the threads are done")));
+    assert_eq!(Arc::strong_count(&alive), 1, "freed with their router");
+}
+
+#[test]
 fn a_disaggs_pools_free_their_closures_with_it() {
     let opts = RouterOptions::with_block_size(common::BS);
     let d = Disagg::new(&opts, &opts, &DisaggOptions::default()).unwrap();
