@@ -25,6 +25,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -2160,6 +2161,16 @@ typedef struct {
    * thread, on a connection stop closes). They hold this shared, stop exclusively; taken
    * without the GIL, which a holder may need (a replica publisher's farewell, or to return). */
   pthread_rwlock_t stop_lock;
+  int stop_lock_ready; /* stop_lock initialised (ingest_new): dealloc destroys only then */
+  /* Set (under the GIL) by stop before it waits for the stop lock: those calls are refused
+   * from then on instead of taking it shared. glibc's rwlock lets a reader in whenever
+   * readers hold it, even while a writer waits: calls whose round trips overlapped (threads
+   * subscribing in a loop) kept stop waiting for as long as they went on. A writer-preferring
+   * lock would not do either: a reader that a holder waits for (a replica publisher's
+   * callback on the ingest's loop thread, making one of these calls) would wait behind stop,
+   * which waits for the holder. Stop is final: a call it refuses would otherwise have been
+   * refused after it, or had its source closed by it. */
+  int stopping;
   PyObject* weakrefs;
 } IngestObject;
 
@@ -2200,7 +2211,7 @@ static void ingest_dealloc(IngestObject* self) {
   PyObject_GC_UnTrack(self);
   if (self->weakrefs) PyObject_ClearWeakRefs((PyObject*)self);
   ingest_destroy(self);
-  pthread_rwlock_destroy(&self->stop_lock);
+  if (self->stop_lock_ready) pthread_rwlock_destroy(&self->stop_lock);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -2214,6 +2225,7 @@ static PyObject* ingest_new(PyTypeObject* type, PyObject* args, PyObject* kwds) 
   kvr_error* err = NULL;
   kvr_status st;
   IngestObject* self;
+  int rc;
   if (!PyArg_ParseTuple(args, "O!O:Ingest", &RouterType, &router, &fields)) return NULL;
   if (init_struct(DESC(kvr_ingest_options), &o) < 0 ||
       lower_fields(DESC(kvr_ingest_options), &o, fields) < 0)
@@ -2231,7 +2243,15 @@ static PyObject* ingest_new(PyTypeObject* type, PyObject* args, PyObject* kwds) 
     router_leave(router);
     return NULL;
   }
-  pthread_rwlock_init(&self->stop_lock, NULL);
+  if ((rc = pthread_rwlock_init(&self->stop_lock, NULL)) != 0) {
+    Py_DECREF(self); /* holds neither the ingest nor the router yet, nor a lock to destroy */
+    kvr_ingest_free(i);
+    router_leave(router);
+    if (rc == ENOMEM) return PyErr_NoMemory();
+    errno = rc;
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  self->stop_lock_ready = 1;
   self->i = i;
   self->router = (RouterObject*)Py_NewRef(router);
   router->ingests++;
@@ -2274,10 +2294,18 @@ cleanup:
 }
 
 /* As INGEST_CALL, holding the stop lock: exclusively for kvr_ingest_stop, shared for the calls
- * that must not run with it. Taken after the GIL is released. */
+ * that must not run with it, which a stop called already refuses (`stopping`). Taken after
+ * the GIL is released. */
 #define INGEST_STOP_LOCKED_CALL(self, i, st, exclusive, call)                       \
   do {                                                                              \
     if (!((i) = ingest_enter(self))) {                                              \
+      goto cleanup;                                                                 \
+    }                                                                               \
+    if (exclusive) {                                                                \
+      (self)->stopping = 1;                                                         \
+    } else if ((self)->stopping) {                                                  \
+      ingest_leave(self);                                                           \
+      raise_status(KVR_FAILED_PRECONDITION, "the ingest service is stopping");      \
       goto cleanup;                                                                 \
     }                                                                               \
     {                                                                               \
@@ -2296,7 +2324,7 @@ static PyObject* ingest_start(IngestObject* self, PyObject* unused) {
 }
 
 /* Waits for the subscribe_nats, subscribe_jetstream, relay_jetstream and sync_replicas calls in
- * flight, and holds off new ones until it returns. */
+ * flight, and refuses new ones from the start (they could otherwise keep it waiting). */
 static PyObject* ingest_stop(IngestObject* self, PyObject* unused) {
   kvr_ingest* i;
   kvr_error* err = NULL;

@@ -626,3 +626,124 @@ def test_stop_waits_for_a_nats_subscription_in_flight(router, call):
             assert ingest.stats(events[1][1]).connections == 1
     finally:
         server.close()
+
+
+class _ChainedNatsServer:
+    """A NATS server on 127.0.0.1 that holds its answer to each subscription's confirmation
+    round trip (the second PING of a connection, as _HeldNatsServer) for at least `min_hold`
+    seconds and until the next subscription's has arrived, at most `max_hold` seconds: while
+    subscriptions keep coming, one is always in flight, so the calls' hold on the ingest's
+    stop lock (shared) never lapses."""
+
+    def __init__(self, min_hold: float, max_hold: float) -> None:
+        self.min_hold, self.max_hold = min_hold, max_hold
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.listener.settimeout(0.1)  # closing a socket does not wake a thread in accept()
+        self.port = self.listener.getsockname()[1]
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.closing = threading.Event()
+        self.arrived = threading.Condition()
+        self.arrivals = 0  # subscriptions whose round trip has reached the server
+        self.threads = []
+        self.accepter = threading.Thread(target=self._accept, daemon=True)
+        self.accepter.start()
+
+    def _accept(self) -> None:
+        while not self.closing.is_set():
+            try:
+                conn, _ = self.listener.accept()  # blocking, unlike the listener
+            except socket.timeout:
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _hold(self) -> None:
+        with self.arrived:
+            self.arrivals += 1
+            mine = self.arrivals
+            self.arrived.notify_all()
+        start = time.monotonic()
+        with self.arrived:
+            self.arrived.wait_for(lambda: self.arrivals > mine, self.max_hold)
+        time.sleep(max(0.0, self.min_hold - (time.monotonic() - start)))
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            info = {"server_id": "chained", "version": "2.10.0", "go": "go1.21", "host": "127.0.0.1",
+                    "port": self.port, "max_payload": 1 << 20, "proto": 1}
+            conn.sendall(b"INFO " + json.dumps(info).encode() + b"\r\n")
+            pending, pings = b"", 0
+            try:
+                while True:
+                    data = conn.recv(4096)
+                    if not data:
+                        return
+                    pending += data
+                    while b"\r\n" in pending:
+                        line, pending = pending.split(b"\r\n", 1)
+                        if line == b"PING":
+                            pings += 1
+                            if pings == 2:  # the first is the handshake's
+                                self._hold()
+                            conn.sendall(b"PONG\r\n")
+            except OSError:  # the client closed the connection
+                return
+
+    def close(self) -> None:
+        self.closing.set()
+        self.accepter.join(60)
+        self.listener.close()
+        for thread in self.threads:  # each ends when the client closes its connection
+            thread.join(60)
+
+
+def test_stop_is_not_starved_by_overlapping_subscriptions(router):
+    # stop() takes the ingest's stop lock exclusively, the subscribe calls shared (see
+    # test_stop_waits_for_a_nats_subscription_in_flight). glibc's default rwlock admits a
+    # reader whenever readers hold it, even while a writer waits: two threads subscribing
+    # without a pause, their round trips overlapping, kept stop waiting for as long as they
+    # went on. The calls made once stop has been called are now refused: the one in flight
+    # ends (its answer comes after max_hold at the latest) and stop runs.
+    server = _ChainedNatsServer(min_hold=0.2, max_hold=1.0)
+    done = threading.Event()
+    stopped = threading.Event()
+    outcomes = []
+
+    def subscribe() -> None:
+        while not done.is_set():
+            try:
+                ingest.subscribe_nats(server.url, "kv.>")
+                outcomes.append("subscribed")
+            except kvrouter.FailedPreconditionError:  # stopping, or stopped
+                outcomes.append("refused")
+                return
+
+    def stop() -> None:
+        ingest.stop()
+        stopped.set()
+
+    try:
+        with kvrouter.Ingest(router) as ingest:
+            ingest.start()
+            subscribers = [threading.Thread(target=subscribe) for _ in range(2)]
+            for t in subscribers:
+                t.start()
+            wait_for("subscriptions in a chain", lambda: server.arrivals >= 4)
+            stopper = threading.Thread(target=stop)
+            began = time.monotonic()
+            stopper.start()
+            in_time = stopped.wait(10)
+            waited = time.monotonic() - began
+            done.set()  # a starved stop runs once the subscriptions end
+            for t in subscribers:
+                t.join(60)
+            stopper.join(60)
+            assert not stopper.is_alive() and not any(t.is_alive() for t in subscribers)
+            assert in_time, f"stop starved: still waiting after {waited:.1f} s, {server.arrivals} subscriptions arrived"
+            assert outcomes.count("subscribed") >= 3, outcomes
+    finally:
+        server.close()
+

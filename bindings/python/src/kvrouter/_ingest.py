@@ -60,7 +60,9 @@ class Ingest:
         """Closes every source and joins the loop thread; final and idempotent. Waits for the
         :meth:`subscribe_nats`, :meth:`subscribe_jetstream`, :meth:`relay_jetstream` and
         :meth:`sync_replicas` calls other threads have in flight (their server round trips run
-        on the caller's thread, over connections this closes)."""
+        on the caller's thread, over connections this closes); those made once it has been
+        called raise FailedPreconditionError at once, as after it, so that calls overlapping
+        one another cannot keep it waiting."""
         self._h.stop()
 
     def close(self) -> None:
