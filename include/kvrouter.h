@@ -512,6 +512,8 @@ KVR_API void kvr_event_batch_clear(kvr_event_batch *batch);
 /* kvr_request_options.flags. Without KVR_REQUEST_ADMIT a routing call changes nothing; with it
  * the request is booked (after waiting in the queue if the router queues). */
 #define KVR_REQUEST_ADMIT 0x1u /* book the request under request_id */
+/* The prompt is given hashed, by local_hashes; the call hashes no token. Since 0.2.0. */
+#define KVR_REQUEST_PREHASHED 0x2u
 
 /* Per-request options. Doubles left NaN and tri-states left -1 keep the router's setting. */
 typedef struct kvr_request_options {
@@ -541,6 +543,17 @@ typedef struct kvr_request_options {
   int32_t cost_function;               /* -1 (default) = the router's; else KVR_COST_* */
   uint32_t reserved2;
   double ttft_miss_weight; /* NaN (default) = the router's */
+  /* With KVR_REQUEST_PREHASHED (since 0.2.0): the prompt's local hashes, one per complete
+   * block (kvr_compute_block_hashes with the router's block size, and the LoRA name, cache
+   * namespace, eagle windows and multimodal hashes of the prompt, so lora_name,
+   * cache_namespace and mm_* are not used). Every call taking `tokens, num_tokens` and these
+   * options (routing, previews, plans, kvr_router_add_request, the per-rank queries, the
+   * disaggregated calls) then takes `tokens` NULL and `num_tokens` the prompt's length in
+   * tokens; KVR_INVALID_ARGUMENT unless num_local_hashes is the complete blocks of num_tokens.
+   * A gateway that hashes prompts itself (or once for several routers) routes without sending
+   * its tokens. May be NULL with num_local_hashes 0. */
+  const uint64_t *local_hashes;
+  size_t num_local_hashes;
 } kvr_request_options;
 
 /* Sized initialisation (as kvr_hash_options_init); defaults: NaN overrides, -1 tri-states,

@@ -620,6 +620,7 @@ type cRequestOptions struct {
 	DecodeActiveRequestWeight float64
 	CostFunction              int32
 	TTFTMissWeight            float64
+	NumLocalHashes            uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -641,6 +642,7 @@ func (g *cRequestOptions) store(c *C.kvr_request_options) {
 	c.decode_active_request_weight = C.double(g.DecodeActiveRequestWeight)
 	c.cost_function = C.int32_t(g.CostFunction)
 	c.ttft_miss_weight = C.double(g.TTFTMissWeight)
+	c.num_local_hashes = C.size_t(g.NumLocalHashes)
 }
 
 // load reads the mirrored fields from c.
@@ -662,6 +664,7 @@ func (g *cRequestOptions) load(c *C.kvr_request_options) {
 	g.DecodeActiveRequestWeight = float64(c.decode_active_request_weight)
 	g.CostFunction = int32(c.cost_function)
 	g.TTFTMissWeight = float64(c.ttft_miss_weight)
+	g.NumLocalHashes = uint64(c.num_local_hashes)
 }
 
 // initRequestOptions has the library set c's defaults for the layout of kvr_request_options this
@@ -1386,7 +1389,7 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_worker_config{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_stored_event{})) - 112
 	_ = uint64(unsafe.Sizeof(C.kvr_removed_event{})) - 48
-	_ = uint64(unsafe.Sizeof(C.kvr_request_options{})) - 176
+	_ = uint64(unsafe.Sizeof(C.kvr_request_options{})) - 192
 	_ = uint64(unsafe.Sizeof(C.kvr_route_result{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_candidate{})) - 152
 	_ = uint64(unsafe.Sizeof(C.kvr_overlap{})) - 72

@@ -161,6 +161,9 @@ struct FieldEnds<kvr_request_options> {
       offsetof(kvr_request_options, reserved2) + sizeof(kvr_request_options::reserved2),
       offsetof(kvr_request_options, ttft_miss_weight) +
           sizeof(kvr_request_options::ttft_miss_weight),
+      offsetof(kvr_request_options, local_hashes) + sizeof(kvr_request_options::local_hashes),
+      offsetof(kvr_request_options, num_local_hashes) +
+          sizeof(kvr_request_options::num_local_hashes),
   };
 };
 
@@ -367,7 +370,7 @@ inline constexpr uint32_t kKnownRouterFlags =
     KVR_ROUTER_APPROXIMATE | KVR_ROUTER_NO_KV_REUSE | KVR_ROUTER_NO_PREFILL_TRACKING |
     KVR_ROUTER_EAGLE | KVR_ROUTER_ENTROPY_SEED | KVR_ROUTER_TRACK_OUTPUT_BLOCKS;
 inline constexpr uint32_t kKnownStoredFlags = KVR_STORED_HAS_PARENT | KVR_STORED_EAGLE;
-inline constexpr uint32_t kKnownRequestFlags = KVR_REQUEST_ADMIT;
+inline constexpr uint32_t kKnownRequestFlags = KVR_REQUEST_ADMIT | KVR_REQUEST_PREHASHED;
 inline constexpr uint32_t kKnownJetstreamFlags = KVR_JETSTREAM_RESUME | KVR_JETSTREAM_CREATE_STREAM;
 
 }  // namespace kvrouter::capi

@@ -148,12 +148,17 @@ struct RequestOptions {
   kvr_request_options c;
   std::vector<std::vector<uint64_t>> mm;
   kvrouter::RouteOptions route;
+  std::span<const uint32_t> tokens;  // the prompt's tokens (ToRequest); none when prehashed
 };
 
-// kvr_request_options (NULL = defaults) to core RouteOptions, views into `out`.
+// kvr_request_options (NULL = defaults) to core RouteOptions, views into `out`. The prompt's
+// own options only: KVR_REQUEST_PREHASHED is ToRequest's.
 kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, RequestOptions& out);
-// KVR_INVALID_ARGUMENT for NULL tokens with a non-zero count.
-kvr_status CheckTokens(kvr_error** err, const uint32_t* tokens, size_t num_tokens);
+// A routing call's prompt and options: `tokens` (KVR_INVALID_ARGUMENT for NULL with a non-zero
+// count), or with KVR_REQUEST_PREHASHED opts' local hashes, `num_tokens` the prompt's length
+// and `tokens` NULL.
+kvr_status ToRequest(kvr_error** err, const uint32_t* tokens, size_t num_tokens,
+                     const kvr_request_options* opts, RequestOptions& out);
 
 // kvr_routing_hints (NULL = defaults) to core hints; `c` receives the defaulted C copy.
 kvr_status ToRoutingHints(kvr_error** err, const kvr_routing_hints* in, RoutingHints& hints,

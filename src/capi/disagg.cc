@@ -121,14 +121,12 @@ KVR_API kvr_status kvr_disagg_route_prefill(kvr_disagg* disagg, const uint32_t* 
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckDisagg(err, disagg)) return s;
     if (kvr_status s = CheckResultStruct(err, out)) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
+    if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
     kvrouter::RoutingHints core_hints;
     kvr_routing_hints c;
     if (kvr_status s = ToRoutingHints(err, hints, core_hints, c)) return s;
-    auto route =
-        disagg->core->RoutePrefill(std::span(tokens, num_tokens), options.route, core_hints);
+    auto route = disagg->core->RoutePrefill(options.tokens, options.route, core_hints);
     if (!route.ok()) return FromStatus(err, route.status());
     kvr_prefill_result result = Defaults<kvr_prefill_result>();
     result.remote = route->remote() ? 1 : 0;
@@ -150,14 +148,13 @@ KVR_API kvr_status kvr_disagg_route_decode(kvr_disagg* disagg, const uint32_t* t
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckDisagg(err, disagg)) return s;
     if (kvr_status s = CheckResultStruct(err, out)) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
+    if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
     kvrouter::RoutingHints core_hints;
     kvr_routing_hints c;
     if (kvr_status s = ToRoutingHints(err, hints, core_hints, c)) return s;
-    auto decision = disagg->core->RouteDecode(std::span(tokens, num_tokens), options.route,
-                                              remote_prefill != 0, core_hints);
+    auto decision =
+        disagg->core->RouteDecode(options.tokens, options.route, remote_prefill != 0, core_hints);
     if (!decision.ok()) return FromStatus(err, decision.status());
     return WriteVersioned(err, ToSignals(*decision), out);
   });
@@ -170,11 +167,9 @@ KVR_API kvr_status kvr_disagg_prefill_worker_busy(kvr_disagg* disagg, const uint
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckDisagg(err, disagg)) return s;
     if (kvr_status s = RequireNonNull(err, busy, "busy")) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
-    auto result =
-        disagg->core->PrefillWorkerBusy(std::span(tokens, num_tokens), options.route, threshold);
+    if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
+    auto result = disagg->core->PrefillWorkerBusy(options.tokens, options.route, threshold);
     if (!result.ok()) return FromStatus(err, result.status());
     *busy = *result ? 1 : 0;
     return KVR_OK;

@@ -112,12 +112,11 @@ KVR_API kvr_status kvr_preview_route(kvr_router* router, const uint32_t* tokens,
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
     if (kvr_status s = CheckResultStruct(err, out)) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
+    if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
     kvr_routing_hints c;
     if (kvr_status s = ApplyHints(err, hints, options.route, c)) return s;
-    auto preview = router->router->Preview(std::span(tokens, num_tokens), options.route);
+    auto preview = router->router->Preview(options.tokens, options.route);
     if (!preview.ok()) return FromStatus(err, preview.status());
     return WriteVersioned(err, ToSignals(*preview), out);
   });
@@ -130,9 +129,8 @@ KVR_API kvr_status kvr_plan_route(kvr_router* router, const uint32_t* tokens, si
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, router, "router")) return s;
     if (kvr_status s = CheckResultStruct(err, out)) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
+    if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
     kvr_routing_hints c;
     if (kvr_status s = ApplyHints(err, hints, options.route, c)) return s;
     std::optional<WorkerKey> preferred;
@@ -141,7 +139,7 @@ KVR_API kvr_status kvr_plan_route(kvr_router* router, const uint32_t* tokens, si
       if (kvr_status s = ReadVersioned(err, previewed, p)) return s;
       preferred = WorkerKey{p.worker_id, p.dp_rank};
     }
-    auto plan = router->router->Plan(std::span(tokens, num_tokens), options.route, preferred);
+    auto plan = router->router->Plan(options.tokens, options.route, preferred);
     if (!plan.ok()) return FromStatus(err, plan.status());
     return WriteVersioned(err, ToSignals(*plan), out);
   });

@@ -216,8 +216,28 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, Requ
   return KVR_OK;
 }
 
-kvr_status CheckTokens(kvr_error** err, const uint32_t* tokens, size_t num_tokens) {
-  return num_tokens > 0 ? RequireNonNull(err, tokens, "tokens") : KVR_OK;
+kvr_status ToRequest(kvr_error** err, const uint32_t* tokens, size_t num_tokens,
+                     const kvr_request_options* opts, RequestOptions& out) {
+  if (kvr_status s = ToRouteOptions(err, opts, out)) return s;
+  const kvr_request_options& c = out.c;
+  if ((c.flags & KVR_REQUEST_PREHASHED) == 0) {
+    if (num_tokens > 0) {
+      if (kvr_status s = RequireNonNull(err, tokens, "tokens")) return s;
+    }
+    out.tokens = std::span(tokens, num_tokens);
+    return KVR_OK;
+  }
+  if (tokens != nullptr) {
+    return FailInvalid(err,
+                       "with KVR_REQUEST_PREHASHED the prompt is opts->local_hashes: tokens must "
+                       "be NULL (num_tokens is the prompt's length)");
+  }
+  if (c.num_local_hashes > 0 && c.local_hashes == nullptr) {
+    return RequireNonNull(err, c.local_hashes, "opts->local_hashes");
+  }
+  out.route.prompt.prehashed = kvrouter::PrehashedPrompt{
+      .local_hashes = std::span(c.local_hashes, c.num_local_hashes), .num_tokens = num_tokens};
+  return KVR_OK;
 }
 
 }  // namespace kvrouter::capi
@@ -385,10 +405,9 @@ kvr_status PerRankQuery(kvr_error** err, kvr_router* router, const uint32_t* tok
                         size_t num_tokens, const kvr_request_options* opts, Row* out, size_t cap,
                         size_t* len, const char* what, Query query, Convert convert) {
   if (kvr_status s = CheckRouter(err, router)) return s;
-  if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
   RequestOptions options;
-  if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
-  auto rows = query(std::span(tokens, num_tokens), options.route);
+  if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
+  auto rows = query(options.tokens, options.route);
   if (!rows.ok()) return FromStatus(err, rows.status());
   return ConvertOut(err, *rows, convert, out, cap, len, what);
 }
@@ -608,11 +627,10 @@ KVR_API kvr_status kvr_find_best_match(kvr_router* router, const uint32_t* token
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = CheckResultStruct(err, out)) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     if (cap > 0 && candidates == nullptr) return RequireNonNull(err, candidates, "candidates");
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
-    auto decision = router->router->FindBestMatch(std::span(tokens, num_tokens), options.route);
+    if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
+    auto decision = router->router->FindBestMatch(options.tokens, options.route);
     if (!decision.ok()) return FromStatus(err, decision.status());
     const auto& all = decision->candidates;
     for (size_t i = 0; i < all.size() && i < cap; ++i) {
@@ -698,16 +716,15 @@ KVR_API kvr_status kvr_router_add_request(kvr_router* router, const uint32_t* to
                                           const kvr_request_options* opts, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
-    if (kvr_status s = CheckTokens(err, tokens, num_tokens)) return s;
     if (kvr_status s = RequireNonNull(err, opts, "opts")) return s;
     RequestOptions options;
-    if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
+    if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
     if (options.route.request_id.empty()) {
       return Fail(err, KVR_INVALID_ARGUMENT, "opts->request_id is required");
     }
-    return FromStatus(
-        err, router->router->AddRequest(options.route.request_id, std::span(tokens, num_tokens),
-                                        WorkerKey{worker_id, dp_rank}, options.route));
+    return FromStatus(err,
+                      router->router->AddRequest(options.route.request_id, options.tokens,
+                                                 WorkerKey{worker_id, dp_rank}, options.route));
   });
 }
 

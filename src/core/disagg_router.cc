@@ -91,7 +91,7 @@ absl::StatusOr<std::optional<PrefillPlacement>> DisaggRouter::LocalPrefillReason
   const bool check_load =
       options_.policy == DisaggPolicy::kPrefillLoad || options_.policy == DisaggPolicy::kIslOrLoad;
   if (check_isl) {
-    const uint64_t prompt = tokens.size();
+    const uint64_t prompt = decode->prompt_tokens;
     const uint64_t uncached = prompt - std::min(prompt, decode->cached_tokens);
     const double ratio = prompt == 0 ? 0 : static_cast<double>(uncached) / prompt;
     if (uncached <= options_.max_local_prefill_tokens &&

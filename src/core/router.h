@@ -129,6 +129,14 @@ struct RouterOptions {
 
 absl::Status ValidateRouterOptions(const RouterOptions& options);
 
+// A prompt its caller hashed: the local hash of each of its complete blocks (hashing.h, with
+// the router's block size and the prompt's LoRA, namespace, eagle windows and multimodal
+// content), and its length in tokens.
+struct PrehashedPrompt {
+  std::span<const uint64_t> local_hashes;
+  uint64_t num_tokens = 0;
+};
+
 // What changes a prompt's block hashes.
 struct PromptOptions {
   std::string_view lora_name;
@@ -136,6 +144,10 @@ struct PromptOptions {
   bool eagle = false;
   // Multimodal hashes per block index (hashing.h).
   std::span<const std::vector<uint64_t>> block_mm_hashes;
+  // Set: the routing call hashes no token (its `tokens` must be empty), and the options above
+  // are in the hashes already. InvalidArgument unless the hashes are the complete blocks of
+  // num_tokens tokens.
+  std::optional<PrehashedPrompt> prehashed;
 };
 
 // Per-request options of FindBestMatch and friends. Views are only read during the call.
@@ -463,6 +475,8 @@ class Router {
   // Hashes the prompt and looks it up in the index.
   absl::Status Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
                        bool for_booking, Prepared& out);
+  // A prehashed prompt: no tokens beside it, and a hash for each complete block of its length.
+  absl::Status CheckPrehashed(std::span<const uint32_t> tokens, const PromptOptions& prompt) const;
   static PotentialLoadQuery LoadQueryOf(const Prepared& prepared);
   // Each rank's index match (nullptr: none), in the order of ActiveSequences::Loads.
   void AlignMatchesLocked(const Prepared& prepared,

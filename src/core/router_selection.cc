@@ -40,6 +40,25 @@ void Router::LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMa
   }
 }
 
+absl::Status Router::CheckPrehashed(std::span<const uint32_t> tokens,
+                                    const PromptOptions& prompt) const {
+  if (!prompt.prehashed) return absl::OkStatus();
+  if (!tokens.empty()) {
+    return absl::InvalidArgumentError(
+        "a prompt is given either as tokens or as local hashes, not both");
+  }
+  const uint64_t num_tokens = prompt.prehashed->num_tokens;
+  const size_t blocks =
+      NumCompleteBlocks(num_tokens, options_.block_size, prompt.eagle || options_.eagle);
+  if (prompt.prehashed->local_hashes.size() != blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a prompt of ", num_tokens, " tokens has ", blocks, " complete blocks of ",
+        options_.block_size, (prompt.eagle || options_.eagle) ? " (eagle windows)" : "", ", but ",
+        prompt.prehashed->local_hashes.size(), " local hashes were given"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOptions& options,
                              bool for_booking, Prepared& out) {
   auto config = ApplyOverrides(options_.selection, options.overrides);
@@ -58,7 +77,9 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
   out.request_id.assign(options.request_id);
   out.config = *config;
   out.with_admission = options.with_admission;
-  out.prompt_tokens = tokens.size();
+  if (absl::Status hashed = CheckPrehashed(tokens, options.prompt); !hashed.ok()) return hashed;
+  out.prompt_tokens =
+      options.prompt.prehashed ? options.prompt.prehashed->num_tokens : tokens.size();
   out.expected_output_tokens = options.expected_output_tokens;
   out.priority_jump = options.priority_jump;
   out.allowed_worker_ids.assign(options.allowed_worker_ids.begin(),
@@ -74,7 +95,12 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
                                       .cache_namespace = options.prompt.cache_namespace,
                                       .eagle = options.prompt.eagle || options_.eagle,
                                       .block_mm_hashes = options.prompt.block_mm_hashes};
-  ComputeLocalBlockHashesInto(tokens, options_.block_size, hash_options, out.local_hashes);
+  if (options.prompt.prehashed) {
+    const std::span<const uint64_t> given = options.prompt.prehashed->local_hashes;
+    out.local_hashes.assign(given.begin(), given.end());
+  } else {
+    ComputeLocalBlockHashesInto(tokens, options_.block_size, hash_options, out.local_hashes);
+  }
   // Without assumed KV reuse the blocks are booked under random identities instead.
   if (out.config.assume_kv_reuse) {
     ComputeTrackingIdsInto(out.local_hashes, out.tracking_ids);

@@ -417,6 +417,9 @@ static void defaults_kvr_request_options(const kvr_request_options* o) {
 #if KVR_ABI_HAS_COST_KNOBS
   EXPECT(isnan(o->overlap_score_credit_decay) && isnan(o->decode_active_request_weight));
 #endif
+#ifdef KVR_REQUEST_PREHASHED
+  EXPECT(o->local_hashes == NULL && o->num_local_hashes == 0);
+#endif
 }
 
 static void defaults_kvr_route_result(const kvr_route_result* o) {
@@ -977,7 +980,7 @@ static void ingest_options_engine_worker_and_stats(void) {
   X(kvr_worker_config, max_num_batched_tokens)  \
   X(kvr_stored_event, mm_counts)                \
   X(kvr_removed_event, num_blocks)              \
-  X(kvr_request_options, ttft_miss_weight)      \
+  X(kvr_request_options, num_local_hashes)      \
   X(kvr_route_result, queued)                   \
   X(kvr_metrics, decisions_priced_again)        \
   X(kvr_routing_hints, session_ttl_seconds)     \

@@ -188,6 +188,32 @@ static void conditional_policies_and_decode_guard(void** state) {
   assert_int_equal(1, where.remote);
   kvr_disagg_free(disagg);
 
+  /* A prompt given hashed (KVR_REQUEST_PREHASHED) is as long as its tokens: 128 uncached
+   * tokens > 16, remote; and routed as its tokens are. */
+  opts.max_local_prefill_tokens = 16;
+  disagg = make_disagg(&opts);
+  add_pool_worker(kvr_disagg_prefill_router(disagg), 10, 1000, 0);
+  add_pool_worker(kvr_disagg_decode_router(disagg), 20, 1000, 0);
+  {
+    uint64_t hashes[8];
+    size_t num_hashes = 0;
+    kvr_request_options hashed = kvt_admit("h");
+    kvr_route_signals decode;
+    KVT_OK(kvr_compute_block_hashes(prompt, 8 * BS, BS, NULL, hashes, 8, &num_hashes, ERRP));
+    hashed.flags |= KVR_REQUEST_PREHASHED;
+    hashed.local_hashes = hashes;
+    hashed.num_local_hashes = num_hashes;
+    KVT_OK(kvr_disagg_route_prefill(disagg, NULL, 8 * BS, &hashed, NULL, &where, ERRP));
+    assert_int_equal(1, where.remote);
+    assert_int_equal(10, where.worker_id);
+    kvr_route_signals_init(&decode, sizeof decode);
+    KVT_OK(kvr_disagg_route_decode(disagg, NULL, 8 * BS, &hashed, NULL, 1, &decode, ERRP));
+    assert_int_equal(20, decode.worker_id);
+    assert_int_equal(8 * BS, decode.prompt_tokens);
+  }
+  kvr_disagg_free(disagg);
+  opts.max_local_prefill_tokens = 512;
+
   /* prefill_load: the prefill pool is busy (batch of 1 block), the prompt is long. */
   opts.policy = KVR_DISAGG_PREFILL_LOAD;
   disagg = make_disagg(&opts);

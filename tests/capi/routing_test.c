@@ -524,6 +524,86 @@ static void overlap_scores_of_hashes(void** state) {
   assert_int_equal(1, len);
 }
 
+/* KVR_REQUEST_PREHASHED: a prompt given as its local hashes (and its length) routes, previews,
+ * plans, books and prices exactly as its tokens do; the counts must agree, and tokens beside the
+ * hashes are refused. */
+static void prehashed_prompts_route_as_their_tokens(void** state) {
+  fixture* f = (fixture*)*state;
+  enum { BLOCKS = REQUEST_TOKENS / BS, PROMPT = REQUEST_TOKENS + 5 }; /* a partial last block */
+  uint32_t tokens[PROMPT];
+  uint64_t hashes[BLOCKS];
+  size_t num_hashes = 0;
+  kvr_request_options hashed;
+  kvr_request_options admit = kvt_admit("hashed-1");
+  kvr_route_result from_tokens, from_hashes;
+  kvr_candidate by_tokens[NUM_WORKERS], by_hashes[NUM_WORKERS];
+  kvr_route_signals preview, plan;
+  kvr_potential_load load;
+  size_t n = 0;
+  memcpy(tokens, f->prompt, sizeof(uint32_t) * REQUEST_TOKENS);
+  kvt_fill_tokens(tokens + REQUEST_TOKENS, 5, 70000);
+  KVT_OK(kvr_compute_block_hashes(tokens, PROMPT, BS, NULL, hashes, BLOCKS, &num_hashes, ERRP));
+  assert_int_equal(BLOCKS, num_hashes);
+  kvr_request_options_init(&hashed, sizeof hashed);
+  hashed.flags = KVR_REQUEST_PREHASHED;
+  hashed.local_hashes = hashes;
+  hashed.num_local_hashes = num_hashes;
+
+  kvr_route_result_init(&from_tokens, sizeof from_tokens);
+  kvr_route_result_init(&from_hashes, sizeof from_hashes);
+  KVT_OK(kvr_find_best_match(f->router, tokens, PROMPT, NULL, &from_tokens, by_tokens, NUM_WORKERS,
+                             &n, ERRP));
+  KVT_OK(kvr_find_best_match(f->router, NULL, PROMPT, &hashed, &from_hashes, by_hashes, NUM_WORKERS,
+                             &n, ERRP));
+  assert_memory_equal(&from_tokens, &from_hashes, sizeof from_tokens);
+  assert_memory_equal(by_tokens, by_hashes, sizeof by_tokens);
+  assert_int_equal(CACHING_WORKER, from_hashes.worker_id);
+  assert_int_equal(PROMPT, from_hashes.prompt_tokens);
+  assert_int_equal(BLOCKS, from_hashes.prompt_blocks);
+
+  kvr_route_signals_init(&preview, sizeof preview);
+  KVT_OK(kvr_preview_route(f->router, NULL, PROMPT, &hashed, NULL, &preview, ERRP));
+  assert_int_equal(CACHING_WORKER, preview.worker_id);
+  assert_int_equal(SYSTEM_BLOCKS, preview.overlap_blocks);
+
+  /* Booked from its hashes, the request weighs on its rank as one booked from its tokens. */
+  admit.flags |= KVR_REQUEST_PREHASHED;
+  admit.local_hashes = hashes;
+  admit.num_local_hashes = num_hashes;
+  kvr_route_signals_init(&plan, sizeof plan);
+  KVT_OK(kvr_plan_route(f->router, NULL, PROMPT, &admit, NULL, &preview, &plan, ERRP));
+  assert_int_equal(CACHING_WORKER, plan.worker_id);
+  assert_int_equal(1, plan.booked);
+  KVT_OK(kvr_commit_route(f->router, "hashed-1", ERRP));
+  load = kvt_load_of(f->router, tokens, PROMPT, CACHING_WORKER, 0);
+  assert_int_equal(1, load.active_requests);
+  assert_int_equal(PROMPT - SYSTEM_BLOCKS * BS, load.active_prefill_tokens);
+  assert_int_equal(BLOCKS, load.active_blocks);
+  admit.request_id = "hashed-2";
+  KVT_OK(kvr_router_add_request(f->router, NULL, PROMPT, 1, 0, &admit, ERRP));
+  assert_int_equal(1, kvt_load_of(f->router, tokens, PROMPT, 1, 0).active_requests);
+  KVT_OK(kvr_router_free_request(f->router, "hashed-1", ERRP));
+  KVT_OK(kvr_router_free_request(f->router, "hashed-2", ERRP));
+  assert_int_equal(0, kvt_metrics(f->router).requests_active);
+
+  /* A hash count that is not the prompt's complete blocks, tokens beside the hashes, and hashes
+   * missing are refused, saying so. */
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "local hashes were given",
+                          kvr_find_best_match(f->router, NULL, PROMPT + BS, &hashed, &from_hashes,
+                                              NULL, 0, NULL, ERRP));
+  KVT_EXPECT_FAILS_SAYING(
+      KVR_INVALID_ARGUMENT, "tokens must be NULL",
+      kvr_preview_route(f->router, tokens, PROMPT, &hashed, NULL, &preview, ERRP));
+  hashed.local_hashes = NULL;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_find_best_match(f->router, NULL, PROMPT, &hashed,
+                                                             &from_hashes, NULL, 0, NULL, ERRP));
+  /* A prompt shorter than a block has no hash: none is needed. */
+  hashed.num_local_hashes = 0;
+  KVT_OK(kvr_find_best_match(f->router, NULL, BS - 1, &hashed, &from_hashes, NULL, 0, NULL, ERRP));
+  assert_int_equal(BS - 1, from_hashes.prompt_tokens);
+  assert_int_equal(0, from_hashes.prompt_blocks);
+}
+
 /* The walk alone: per rank the same tiers and tree size as the overlap rows, and the buffer
  * rules of every per-rank query. */
 static void find_matches_is_the_walk_of_overlap_scores(void** state) {
@@ -913,6 +993,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(per_request_overrides, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(overlap_scores, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(overlap_scores_of_hashes, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(prehashed_prompts_route_as_their_tokens, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(find_matches_is_the_walk_of_overlap_scores, setup,
                                       kvt_teardown),
       cmocka_unit_test_setup_teardown(stored_event_without_tokens_copies_held_blocks, setup,

@@ -128,7 +128,9 @@
   F(kvr_request_options, decode_active_request_weight, F64, 0, 0) \
   F(kvr_request_options, cost_function, I32, 0, 0)                \
   F(kvr_request_options, reserved2, U32, 0, 0)                    \
-  F(kvr_request_options, ttft_miss_weight, F64, 0, 0)
+  F(kvr_request_options, ttft_miss_weight, F64, 0, 0)             \
+  F(kvr_request_options, local_hashes, PTR, 0, 0)                 \
+  F(kvr_request_options, num_local_hashes, U64, 0, 0)
 #define KVRPY_FIELDS_kvr_route_result(F)                   \
   F(kvr_route_result, struct_size, U32, 0, 0)              \
   F(kvr_route_result, dp_rank, U32, 0, 0)                  \
@@ -356,6 +358,7 @@
   C(KVR_STORED_HAS_PARENT)          \
   C(KVR_STORED_EAGLE)               \
   C(KVR_REQUEST_ADMIT)              \
+  C(KVR_REQUEST_PREHASHED)          \
   C(KVR_JETSTREAM_RESUME)           \
   C(KVR_JETSTREAM_CREATE_STREAM)    \
   C(KVR_EVENT_KINDS)                \

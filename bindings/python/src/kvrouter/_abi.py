@@ -376,6 +376,8 @@ STORED_HAS_PARENT = 0x1
 STORED_EAGLE = 0x2
 #: book the request under request_id
 REQUEST_ADMIT = 0x1
+#: The prompt is given hashed, by local_hashes; the call hashes no token. Since 0.2.0.
+REQUEST_PREHASHED = 0x2
 #: an existing durable consumer keeps its position
 JETSTREAM_RESUME = 0x1
 #: create the stream if absent, with the limits below
@@ -405,6 +407,7 @@ CONSTANTS: Dict[str, int] = {
     'KVR_STORED_HAS_PARENT': STORED_HAS_PARENT,
     'KVR_STORED_EAGLE': STORED_EAGLE,
     'KVR_REQUEST_ADMIT': REQUEST_ADMIT,
+    'KVR_REQUEST_PREHASHED': REQUEST_PREHASHED,
     'KVR_JETSTREAM_RESUME': JETSTREAM_RESUME,
     'KVR_JETSTREAM_CREATE_STREAM': JETSTREAM_CREATE_STREAM,
     'KVR_EVENT_KINDS': EVENT_KINDS,
@@ -503,7 +506,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_request_options': (
-        176,
+        192,
         (
             ('struct_size', 0, 4),
             ('flags', 4, 4),
@@ -531,6 +534,8 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('cost_function', 160, 4),
             ('reserved2', 164, 4),
             ('ttft_miss_weight', 168, 8),
+            ('local_hashes', 176, 8),
+            ('num_local_hashes', 184, 8),
         ),
     ),
     'kvr_route_result': (
@@ -802,6 +807,7 @@ __all__ = [
     'STORED_HAS_PARENT',
     'STORED_EAGLE',
     'REQUEST_ADMIT',
+    'REQUEST_PREHASHED',
     'JETSTREAM_RESUME',
     'JETSTREAM_CREATE_STREAM',
     'EVENT_KINDS',

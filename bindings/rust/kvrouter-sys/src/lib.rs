@@ -234,6 +234,8 @@ pub const KVR_STORED_EAGLE: u32 = 0x2;
 /// request is booked (after waiting in the queue if the router queues).
 /// book the request under request_id
 pub const KVR_REQUEST_ADMIT: u32 = 0x1;
+/// The prompt is given hashed, by local_hashes; the call hashes no token. Since 0.2.0.
+pub const KVR_REQUEST_PREHASHED: u32 = 0x2;
 
 /// kvr_jetstream_source.flags
 /// an existing durable consumer keeps its position
@@ -453,6 +455,17 @@ pub struct kvr_request_options {
     pub reserved2: u32,
     /// NaN (default) = the router's
     pub ttft_miss_weight: f64,
+    /// With KVR_REQUEST_PREHASHED (since 0.2.0): the prompt's local hashes, one per complete block
+    /// (kvr_compute_block_hashes with the router's block size, and the LoRA name, cache namespace,
+    /// eagle windows and multimodal hashes of the prompt, so lora_name, cache_namespace and mm_*
+    /// are not used). Every call taking `tokens, num_tokens` and these options (routing, previews,
+    /// plans, kvr_router_add_request, the per-rank queries, the disaggregated calls) then takes
+    /// `tokens` NULL and `num_tokens` the prompt's length in tokens; KVR_INVALID_ARGUMENT unless
+    /// num_local_hashes is the complete blocks of num_tokens. A gateway that hashes prompts itself
+    /// (or once for several routers) routes without sending its tokens. May be NULL with
+    /// num_local_hashes 0.
+    pub local_hashes: *const u64,
+    pub num_local_hashes: usize,
 }
 
 /// The decision for one request.
@@ -1721,7 +1734,7 @@ const _: () = {
     assert!(offset_of!(kvr_removed_event, reserved) == 28);
     assert!(offset_of!(kvr_removed_event, block_hashes) == 32);
     assert!(offset_of!(kvr_removed_event, num_blocks) == 40);
-    assert!(size_of::<kvr_request_options>() == 176);
+    assert!(size_of::<kvr_request_options>() == 192);
     assert!(align_of::<kvr_request_options>() == 8);
     assert!(offset_of!(kvr_request_options, struct_size) == 0);
     assert!(offset_of!(kvr_request_options, flags) == 4);
@@ -1749,6 +1762,8 @@ const _: () = {
     assert!(offset_of!(kvr_request_options, cost_function) == 160);
     assert!(offset_of!(kvr_request_options, reserved2) == 164);
     assert!(offset_of!(kvr_request_options, ttft_miss_weight) == 168);
+    assert!(offset_of!(kvr_request_options, local_hashes) == 176);
+    assert!(offset_of!(kvr_request_options, num_local_hashes) == 184);
     assert!(size_of::<kvr_route_result>() == 64);
     assert!(align_of::<kvr_route_result>() == 8);
     assert!(offset_of!(kvr_route_result, struct_size) == 0);

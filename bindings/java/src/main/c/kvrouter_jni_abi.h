@@ -228,7 +228,8 @@ enum {
   ABI_REQUEST_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT = 14,
   ABI_REQUEST_OPTIONS_COST_FUNCTION = 15,
   ABI_REQUEST_OPTIONS_TTFT_MISS_WEIGHT = 16,
-  ABI_REQUEST_OPTIONS_LEN = 17
+  ABI_REQUEST_OPTIONS_NUM_LOCAL_HASHES = 17,
+  ABI_REQUEST_OPTIONS_LEN = 18
 };
 
 static inline void abi_encode_request_options(const kvr_request_options* c, jlong* v) {
@@ -251,6 +252,7 @@ static inline void abi_encode_request_options(const kvr_request_options* c, jlon
       abi_double_bits(c->decode_active_request_weight);
   v[ABI_REQUEST_OPTIONS_COST_FUNCTION] = (jlong)c->cost_function;
   v[ABI_REQUEST_OPTIONS_TTFT_MISS_WEIGHT] = abi_double_bits(c->ttft_miss_weight);
+  v[ABI_REQUEST_OPTIONS_NUM_LOCAL_HASHES] = (jlong)c->num_local_hashes;
 }
 
 static inline void abi_decode_request_options(const jlong* v, kvr_request_options* c) {
@@ -273,6 +275,7 @@ static inline void abi_decode_request_options(const jlong* v, kvr_request_option
       abi_bits_double(v[ABI_REQUEST_OPTIONS_DECODE_ACTIVE_REQUEST_WEIGHT]);
   c->cost_function = (int32_t)v[ABI_REQUEST_OPTIONS_COST_FUNCTION];
   c->ttft_miss_weight = abi_bits_double(v[ABI_REQUEST_OPTIONS_TTFT_MISS_WEIGHT]);
+  c->num_local_hashes = (size_t)v[ABI_REQUEST_OPTIONS_NUM_LOCAL_HASHES];
 }
 
 /* kvr_route_result */

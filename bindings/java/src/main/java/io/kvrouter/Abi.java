@@ -32,6 +32,7 @@ final class Abi {
   // kvr_request_options.flags. Without KVR_REQUEST_ADMIT a routing call changes nothing; with it
   // the request is booked (after waiting in the queue if the router queues).
   static final int REQUEST_ADMIT = 0x1;
+  static final int REQUEST_PREHASHED = 0x2;
 
   // kvr_jetstream_source.flags
   static final int JETSTREAM_RESUME = 0x1;
@@ -145,7 +146,8 @@ final class Abi {
     static final int DECODE_ACTIVE_REQUEST_WEIGHT = 14;
     static final int COST_FUNCTION = 15;
     static final int TTFT_MISS_WEIGHT = 16;
-    static final int LEN = 17;
+    static final int NUM_LOCAL_HASHES = 17;
+    static final int LEN = 18;
   }
 
   /** {@code kvr_route_result}. */
