@@ -241,7 +241,48 @@ void RouteInput::Bind() {
   options.allowed_worker_ids = allowed_worker_ids.empty() ? nullptr : allowed_worker_ids.data();
   options.num_allowed_worker_ids = allowed_worker_ids.size();
   hints.session_id = session_id ? session_id->c_str() : nullptr;
+  if (local_hashes) {
+    options.flags |= KVR_REQUEST_PREHASHED;
+    options.local_hashes = local_hashes->data();
+    options.num_local_hashes = local_hashes->size();
+  }
 }
+
+namespace {
+
+// The prompt: its token ids, or its blocks' local hashes and its length.
+void ParsePrompt(const json& body, RouteInput* input) {
+  const json* tokens = Find(body, "token_ids");
+  const json* hashes = Find(body, "local_hashes");
+  if (tokens && hashes) Invalid("token_ids and local_hashes: give the prompt one way, not both");
+  if (hashes) {
+    if (!hashes->is_array()) Invalid("local_hashes: expected an array of unsigned 64-bit hashes");
+    input->local_hashes.emplace();
+    input->local_hashes->reserve(hashes->size());
+    for (size_t i = 0; i < hashes->size(); ++i) {
+      // Numbers are taken exactly as written; a client whose JSON numbers are doubles
+      // (JavaScript) sends decimal strings.
+      const json& hash = (*hashes)[i];
+      const std::string field = "local_hashes[" + std::to_string(i) + "]";
+      input->local_hashes->push_back(hash.is_string()
+                                         ? DecimalU64(hash.get<std::string>(), field, "hash")
+                                         : UnsignedField(hash, field, UINT64_MAX));
+    }
+    const json* length = Find(body, "num_tokens");
+    if (!length) Invalid("num_tokens: required with local_hashes (the prompt's length)");
+    input->num_tokens = UnsignedField(*length, "num_tokens", UINT64_MAX);
+    return;
+  }
+  if (!tokens) Invalid("token_ids: required (or local_hashes and num_tokens)");
+  if (!tokens->is_array()) Invalid("token_ids: expected an array of token ids");
+  input->token_ids.reserve(tokens->size());
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    input->token_ids.push_back(static_cast<uint32_t>(
+        UnsignedField((*tokens)[i], "token_ids[" + std::to_string(i) + "]", UINT32_MAX)));
+  }
+}
+
+}  // namespace
 
 RouteInput ParseRouteInput(const json& body, bool need_request_id) {
   RouteInput input;
@@ -251,14 +292,7 @@ RouteInput ParseRouteInput(const json& body, bool need_request_id) {
     input.request_id = StringField(*v, "request_id");
   }
   if (need_request_id && input.request_id.empty()) Invalid("request_id: required");
-  const json* tokens = Find(body, "token_ids");
-  if (!tokens) Invalid("token_ids: required");
-  if (!tokens->is_array()) Invalid("token_ids: expected an array of token ids");
-  input.token_ids.reserve(tokens->size());
-  for (size_t i = 0; i < tokens->size(); ++i) {
-    input.token_ids.push_back(static_cast<uint32_t>(
-        UnsignedField((*tokens)[i], "token_ids[" + std::to_string(i) + "]", UINT32_MAX)));
-  }
+  ParsePrompt(body, &input);
   if (const json* v = Find(body, "lora_name")) input.lora_name = StringField(*v, "lora_name");
   if (const json* v = Find(body, "cache_namespace")) {
     input.cache_namespace = StringField(*v, "cache_namespace");
@@ -368,14 +402,18 @@ uint64_t IdFromJson(const json& value, const std::string& field) {
 }
 
 uint64_t IdFromPath(const std::string& segment, const std::string& field) {
-  uint64_t id = 0;
-  const char* begin = segment.data();
-  const char* end = begin + segment.size();
-  const auto [ptr, ec] = std::from_chars(begin, end, id);
-  if (segment.empty() || ec != std::errc() || ptr != end) {
-    Invalid(field + ": expected a decimal 64-bit id, got '" + segment + "'");
+  return DecimalU64(segment, field, "id");
+}
+
+uint64_t DecimalU64(const std::string& text, const std::string& field, const char* what) {
+  uint64_t value = 0;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    Invalid(field + ": expected a decimal 64-bit " + what + ", got '" + text + "'");
   }
-  return id;
+  return value;
 }
 
 std::string PercentDecode(std::string_view segment) {

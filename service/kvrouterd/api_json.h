@@ -57,6 +57,9 @@ inline constexpr uint64_t kMaxQueueTimeoutMs = (uint64_t{1} << 62) / 1000000;
 struct RouteInput {
   std::string request_id;
   std::vector<uint32_t> token_ids;
+  // A prompt given hashed ("local_hashes", "num_tokens"): KVR_REQUEST_PREHASHED.
+  std::optional<std::vector<uint64_t>> local_hashes;
+  uint64_t num_tokens = 0;
   std::optional<std::string> lora_name;
   std::optional<std::string> cache_namespace;
   std::vector<uint64_t> allowed_worker_ids;
@@ -67,6 +70,9 @@ struct RouteInput {
 
   // Points the structs' string and array fields at this object's storage. Call after any copy.
   void Bind();
+  // The routing call's `tokens, num_tokens`: NULL and the prompt's length when it is hashed.
+  const uint32_t* tokens() const { return local_hashes ? nullptr : token_ids.data(); }
+  size_t prompt_length() const { return local_hashes ? num_tokens : token_ids.size(); }
 };
 
 // Parses a routing body. `need_request_id`: route and plan require one; preview ignores it.
@@ -84,6 +90,9 @@ nlohmann::json WorkerToJson(const WorkerSpec& worker);
 uint64_t IdFromJson(const nlohmann::json& value, const std::string& field);
 // A 64-bit id from a URL path segment.
 uint64_t IdFromPath(const std::string& segment, const std::string& field);
+// A decimal 64-bit unsigned integer, the whole of `text`; else INVALID_ARGUMENT naming `field`
+// and what was expected (a "id", a "hash").
+uint64_t DecimalU64(const std::string& text, const std::string& field, const char* what);
 
 // Percent-decodes a URL path segment; ApiError INVALID_ARGUMENT on a bad escape.
 std::string PercentDecode(std::string_view segment);

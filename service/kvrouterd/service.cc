@@ -268,8 +268,8 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
     kvr_route_signals_init(&signals, sizeof signals);
     kvr_error* err = nullptr;
     ThrowIfError(
-        kvr_plan_route(router_, input.token_ids.data(), input.token_ids.size(), &input.options,
-                       &input.hints, input.previewed ? &*input.previewed : nullptr, &signals, &err),
+        kvr_plan_route(router_, input.tokens(), input.prompt_length(), &input.options, &input.hints,
+                       input.previewed ? &*input.previewed : nullptr, &signals, &err),
         err);
     if (commit) {
       const kvr_status status = kvr_commit_route(router_, id.c_str(), &err);
@@ -296,8 +296,8 @@ HttpResponse Service::Preview(const HttpRequest& request) {
   kvr_route_signals signals;
   kvr_route_signals_init(&signals, sizeof signals);
   kvr_error* err = nullptr;
-  ThrowIfError(kvr_preview_route(router_, input.token_ids.data(), input.token_ids.size(),
-                                 &input.options, &input.hints, &signals, &err),
+  ThrowIfError(kvr_preview_route(router_, input.tokens(), input.prompt_length(), &input.options,
+                                 &input.hints, &signals, &err),
                err);
   return JsonAnswer(DecisionJson(input.request_id, signals, AddressOf(signals.worker_id), false));
 }

@@ -124,7 +124,8 @@ TEST(ApiJsonTest, BadBodiesNameTheField) {
   EXPECT_EQ(error("[1]").second, "the body must be a JSON object");
   EXPECT_EQ(error(R"({"token_ids": [1]})").second, "request_id: required");
   EXPECT_EQ(error(R"({"token_ids": [1]})", false).first, KVR_OK);
-  EXPECT_EQ(error(R"({"request_id": "r"})").second, "token_ids: required");
+  EXPECT_EQ(error(R"({"request_id": "r"})").second,
+            "token_ids: required (or local_hashes and num_tokens)");
   EXPECT_EQ(error(R"({"request_id": "r", "token_ids": [1, -2]})").second,
             "token_ids[1]: expected an unsigned integer");
   EXPECT_EQ(error(R"({"request_id": "r", "token_ids": [4294967296]})").second,
@@ -145,6 +146,35 @@ TEST(ApiJsonTest, BadBodiesNameTheField) {
           R"({"request_id": "r", "token_ids": [], "allowed_worker_ids": ["18446744073709551615"]})")
           .first,
       KVR_OK);  // as a string, any 64-bit id
+}
+
+// A prompt given hashed: its blocks' local hashes (numbers taken exactly, or decimal strings)
+// and its length, passed on with KVR_REQUEST_PREHASHED and no tokens.
+TEST(ApiJsonTest, AHashedPromptIsPassedOnPrehashed) {
+  const RouteInput input =
+      ParseRouteInput(json::parse(R"({"local_hashes": [18446744073709551615, "9007199254740993"],
+                      "num_tokens": 40})"),
+                      false);
+  ASSERT_TRUE(input.local_hashes.has_value());
+  EXPECT_EQ(*input.local_hashes, (std::vector<uint64_t>{UINT64_MAX, 9007199254740993u}));
+  EXPECT_EQ(input.options.flags & KVR_REQUEST_PREHASHED, KVR_REQUEST_PREHASHED);
+  EXPECT_EQ(input.options.local_hashes, input.local_hashes->data());
+  EXPECT_EQ(input.options.num_local_hashes, 2u);
+  EXPECT_EQ(input.tokens(), nullptr);
+  EXPECT_EQ(input.prompt_length(), 40u);
+
+  const auto error = [](const char* text) {
+    return ErrorOf([&] { ParseRouteInput(ParseJsonObject(text), false); }).second;
+  };
+  EXPECT_EQ(error(R"({"token_ids": [1], "local_hashes": [2], "num_tokens": 1})"),
+            "token_ids and local_hashes: give the prompt one way, not both");
+  EXPECT_EQ(error(R"({"local_hashes": [2]})"),
+            "num_tokens: required with local_hashes (the prompt's length)");
+  EXPECT_EQ(error(R"({"local_hashes": ["0x12"], "num_tokens": 16})"),
+            "local_hashes[0]: expected a decimal 64-bit hash, got '0x12'");
+  EXPECT_EQ(error(R"({"local_hashes": 7, "num_tokens": 16})"),
+            "local_hashes: expected an array of unsigned 64-bit hashes");
+  EXPECT_EQ(error("{}"), "token_ids: required (or local_hashes and num_tokens)");
 }
 
 // The library takes queue_timeout_ms as int64 milliseconds and counts in int64 nanoseconds:

@@ -186,6 +186,42 @@ TEST_F(KvrouterdTest, CachedPrefixWins) {
   Stop();
 }
 
+// A prompt sent as its blocks' local hashes and its length routes as its tokens do (hashes as
+// numbers or decimal strings); a count that is not the prompt's blocks is 400.
+TEST_F(KvrouterdTest, AHashedPromptRoutesAsItsTokens) {
+  Start();
+  PublishCachedPrefix();
+  ASSERT_TRUE(PreviewSeesCachedPrefix());
+  const std::vector<uint32_t> prompt = Prompt();
+  std::vector<uint64_t> hashes(3);
+  size_t num_hashes = 0;
+  ASSERT_EQ(kvr_compute_block_hashes(prompt.data(), prompt.size(), kBlockSize, nullptr,
+                                     hashes.data(), hashes.size(), &num_hashes, nullptr),
+            KVR_OK);
+  ASSERT_EQ(num_hashes, 3u);
+  json as_strings = json::array();
+  for (uint64_t h : hashes) as_strings.push_back(std::to_string(h));
+  const json preview = Body(Post(
+      "/v1/preview", json({{"local_hashes", as_strings}, {"num_tokens", prompt.size()}}).dump()));
+  EXPECT_EQ(preview["worker_id"], 2) << preview;
+  EXPECT_EQ(preview["overlap_blocks"], 2) << preview;
+  EXPECT_EQ(preview["prompt_tokens"], 48) << preview;
+  const json hashed = {{"request_id", "req-h"}, {"local_hashes", hashes}, {"num_tokens", 48}};
+  const HttpAnswer routed = Post("/v1/route", hashed.dump());
+  ASSERT_EQ(routed.status, 200) << routed.body;
+  EXPECT_EQ(Body(routed)["worker_id"], 2);
+  EXPECT_EQ(Body(routed)["cached_tokens"], 32);
+  EXPECT_EQ(Body(routed)["booked"], true);
+  EXPECT_EQ(Body(Delete("/v1/requests/req-h"))["freed"], true);
+  const HttpAnswer wrong =
+      Post("/v1/preview", json({{"local_hashes", hashes}, {"num_tokens", 64}}).dump());
+  EXPECT_EQ(wrong.status, 400) << wrong.body;
+  EXPECT_NE(Body(wrong)["error"]["message"].get<std::string>().find("local hashes were given"),
+            std::string::npos)
+      << wrong.body;
+  Stop();
+}
+
 TEST_F(KvrouterdTest, RouteAndPlanAreIdempotentByRequestId) {
   Start();
   const json first = Body(Post("/v1/route", RouteBody("r")));
