@@ -383,12 +383,14 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 		TrackPrefillTokens: Ptr(true), OverlapScoreCreditDecay: Ptr(1.25), DecodeActiveRequestWeight: Ptr(1.75),
 		CostFunction: Ptr(CostPredictedTTFT), TTFTMissWeight: Ptr(3.5),
 		PriorityJump: 2.5, ExpectedOutputTokens: 77, QueueTimeout: 1500 * time.Microsecond,
+		Prehashed: &PrehashedPrompt{LocalHashes: []uint64{4, 5}, NumTokens: 40},
 	}
 	rsent := loaded(rq.toC(&a), (*cRequestOptions).load)
 	checkAllSet(t, "RequestOptions", rsent, initLoaded(initRequestOptions, (*cRequestOptions).load))
 	wantNames(t, "RequestOptions fields without a Go namesake", sameByName(t, "RequestOptions", rq, rsent),
-		"Flags", "MmNumBlocks", "NumAllowedWorkerIDs", "QueueTimeoutMs")
-	if rsent.Flags != 1 || rsent.MmNumBlocks != 2 || rsent.NumAllowedWorkerIDs != 3 || rsent.QueueTimeoutMs != 2 {
+		"Flags", "MmNumBlocks", "NumAllowedWorkerIDs", "QueueTimeoutMs", "NumLocalHashes")
+	if rsent.Flags != 3 || rsent.MmNumBlocks != 2 || rsent.NumAllowedWorkerIDs != 3 || rsent.QueueTimeoutMs != 2 ||
+		rsent.NumLocalHashes != 2 {
 		t.Errorf("RequestOptions: %+v", rsent)
 	}
 	if m := loaded((&RequestOptions{QueueTimeout: -time.Second}).toC(&a), (*cRequestOptions).load); m.QueueTimeoutMs != 0 {

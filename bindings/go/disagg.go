@@ -168,10 +168,13 @@ func (d *Disagg) RoutePrefill(tokens []uint32, opts *RequestOptions, hints *Rout
 	if h == nil {
 		return PrefillResult{}, ErrClosed
 	}
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return PrefillResult{}, err
+	}
 	var a args
 	defer a.release()
 	copts, chints := opts.toC(&a), hints.toC(&a)
-	tp, tn := tokensPtr(tokens)
 	var out C.kvr_prefill_result
 	initPrefillResult(&out)
 	var cerr *C.kvr_error
@@ -204,10 +207,13 @@ func (d *Disagg) RouteDecode(tokens []uint32, opts *RequestOptions, hints *Routi
 	if h == nil {
 		return RouteSignals{}, ErrClosed
 	}
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return RouteSignals{}, err
+	}
 	var a args
 	defer a.release()
 	copts, chints := opts.toC(&a), hints.toC(&a)
-	tp, tn := tokensPtr(tokens)
 	var out C.kvr_route_signals
 	initRouteSignals(&out)
 	remote := C.int(0)
@@ -230,10 +236,13 @@ func (d *Disagg) PrefillWorkerBusy(tokens []uint32, opts *RequestOptions, thresh
 	if h == nil {
 		return false, ErrClosed
 	}
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return false, err
+	}
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
-	tp, tn := tokensPtr(tokens)
 	var busy C.int
 	var cerr *C.kvr_error
 	st := C.kvr_disagg_prefill_worker_busy(h, tp, tn, copts, C.double(threshold), &busy, &cerr)

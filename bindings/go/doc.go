@@ -6,7 +6,8 @@
 // NATS), and asks per request which worker and data-parallel rank should serve a prompt
 // (FindBestMatch, or PreviewRoute / PlanRoute / CommitRoute). It then reports the prefill's
 // end (MarkPrefillCompleted), optionally the output generated so far (RecordOutput, on a router
-// with TrackOutputBlocks), and the request's end (FreeRequest).
+// with TrackOutputBlocks), and the request's end (FreeRequest). A prompt is its token ids, or,
+// hashed by the caller (ComputeBlockHashes), RequestOptions.Prehashed with nil tokens.
 //
 // Errors are *Error values carrying the library's kvr_status (Code) and message; the Err*
 // Status constants work with errors.Is. Handles (Router, Disagg, Ingest, EventBatch,

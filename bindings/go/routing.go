@@ -60,7 +60,8 @@ static kvrgo_find_out kvrgo_find_impl(kvr_router *h, const uint32_t *tokens, siz
                                       size_t id_n, const char *lora, size_t lora_n,
                                       const char *ns, size_t ns_n, const uint64_t *allowed,
                                       const uint64_t *mm, const size_t *mm_counts,
-                                      kvr_candidate *cands, size_t cap) {
+                                      const uint64_t *hashes, kvr_candidate *cands,
+                                      size_t cap) {
   kvrgo_find_out out;
   out.error = NULL;
   out.total = 0;
@@ -79,6 +80,7 @@ static kvrgo_find_out kvrgo_find_impl(kvr_router *h, const uint32_t *tokens, siz
     opts->allowed_worker_ids = allowed;
     opts->mm_hashes = mm;
     opts->mm_counts = mm_counts;
+    opts->local_hashes = hashes;
   }
   out.status = kvr_find_best_match(h, tokens, num_tokens, has_opts ? opts : NULL, &out.result,
                                    cands, cap, &out.total, &out.error);
@@ -93,20 +95,21 @@ static kvrgo_find_out kvrgo_find(kvr_router *h, const uint32_t *tokens, size_t n
                                  int has_opts, kvr_request_options opts, const char *id,
                                  size_t id_n, const char *lora, size_t lora_n, const char *ns,
                                  size_t ns_n, const uint64_t *allowed, const uint64_t *mm,
-                                 const size_t *mm_counts, kvr_candidate *cands, size_t cap) {
+                                 const size_t *mm_counts, const uint64_t *hashes,
+                                 kvr_candidate *cands, size_t cap) {
   return kvrgo_find_impl(h, tokens, num_tokens, has_opts, &opts, id, id_n, lora, lora_n, ns,
-                         ns_n, allowed, mm, mm_counts, cands, cap);
+                         ns_n, allowed, mm, mm_counts, hashes, cands, cap);
 }
 
 static kvrgo_find_out kvrgo_find_query(kvr_router *h, const uint32_t *tokens, size_t num_tokens,
                                        int has_opts, kvr_request_options opts, const char *lora,
                                        size_t lora_n, const char *ns, size_t ns_n,
                                        const uint64_t *allowed, const uint64_t *mm,
-                                       const size_t *mm_counts, kvr_candidate *cands,
-                                       size_t cap) {
+                                       const size_t *mm_counts, const uint64_t *hashes,
+                                       kvr_candidate *cands, size_t cap) {
   opts.flags &= ~(uint32_t)KVR_REQUEST_ADMIT;
   return kvrgo_find_impl(h, tokens, num_tokens, has_opts, &opts, NULL, 0, lora, lora_n, ns, ns_n,
-                         allowed, mm, mm_counts, cands, cap);
+                         allowed, mm, mm_counts, hashes, cands, cap);
 }
 
 // kvrgo_find_plain: a query-only kvr_find_best_match without options (never calls back).
@@ -133,7 +136,7 @@ static kvrgo_find_out kvrgo_find_simple(kvr_router *h, const uint32_t *tokens,
   kvr_request_options_init(&opts, sizeof opts);
   opts.flags = flags;
   return kvrgo_find_impl(h, tokens, num_tokens, 1, &opts, id, id_n, lora, lora_n, ns, ns_n, NULL,
-                         NULL, NULL, cands, cap);
+                         NULL, NULL, NULL, cands, cap);
 }
 
 typedef struct {
@@ -239,6 +242,41 @@ type RequestOptions struct {
 	// QueueTimeout bounds the wait in the admission queue: 0 waits as long as it takes, a
 	// negative value gives up at once (whole milliseconds, rounded up).
 	QueueTimeout time.Duration
+	// Prehashed gives the prompt as its local block hashes instead of its tokens
+	// (KVR_REQUEST_PREHASHED): every call taking tokens and these options (routing, previews,
+	// plans, AddRequest, OverlapScores, PotentialLoads, the Disagg calls) then takes nil tokens
+	// (ErrInvalidArgument otherwise) and hashes nothing. The decision, booking and prices are
+	// those of the tokens hashed. LoraName, CacheNamespace and MultimodalHashes are not read:
+	// they are in the hashes already. nil: the prompt is the call's tokens.
+	Prehashed *PrehashedPrompt
+}
+
+// PrehashedPrompt is a prompt a caller hashed itself (a gateway that hashes once for several
+// routers, or whose tokenizer service hands it hashes): RequestOptions.Prehashed.
+type PrehashedPrompt struct {
+	// LocalHashes holds one hash per complete block of the prompt: ComputeBlockHashes of its
+	// tokens with the router's block size and the request's HashOptions (LoRA, namespace,
+	// multimodal hashes, eagle windows). ErrInvalidArgument unless it has exactly one per
+	// complete block of NumTokens tokens (none for a prompt shorter than a block). It is only
+	// borrowed for the call.
+	LocalHashes []uint64
+	// NumTokens is the prompt's length in tokens (partial last block included).
+	NumTokens uint64
+}
+
+// promptArg is a call's prompt as C takes it: the tokens or, with opts.Prehashed, NULL and the
+// prompt's length (its hashes travel in the options). Tokens beside hashes are refused here,
+// before C would refuse them.
+func promptArg(tokens []uint32, opts *RequestOptions) (*C.uint32_t, C.size_t, error) {
+	if opts == nil || opts.Prehashed == nil {
+		tp, tn := tokensPtr(tokens)
+		return tp, tn, nil
+	}
+	if len(tokens) > 0 {
+		return nil, 0, newError(ErrInvalidArgument,
+			"the prompt is given either as tokens or as RequestOptions.Prehashed, not both: tokens must be nil")
+	}
+	return nil, C.size_t(opts.Prehashed.NumTokens), nil
 }
 
 // toC fills a kvr_request_options; nil stays NULL (every default).
@@ -313,6 +351,9 @@ func (o *RequestOptions) fill(c *C.kvr_request_options, a *args) {
 	c.request_id = a.optStr(o.RequestID)
 	c.lora_name = a.optStr(o.LoraName)
 	c.cache_namespace = a.optStr(o.CacheNamespace)
+	if o.Prehashed != nil {
+		c.local_hashes = a.u64s(o.Prehashed.LocalHashes)
+	}
 }
 
 // simple says o sets nothing but Admit and the strings (kvrgo_find_simple's case).
@@ -322,7 +363,7 @@ func (o *RequestOptions) simple() bool {
 		o.Temperature == nil && o.AssumeKVReuse == nil && o.TrackPrefillTokens == nil &&
 		o.OverlapScoreCreditDecay == nil && o.DecodeActiveRequestWeight == nil &&
 		o.CostFunction == nil && o.TTFTMissWeight == nil && o.PriorityJump == 0 &&
-		o.ExpectedOutputTokens == 0 && o.QueueTimeout == 0
+		o.ExpectedOutputTokens == 0 && o.QueueTimeout == 0 && o.Prehashed == nil
 }
 
 // fillValues sets c to the initialised template with o's value fields, the arrays' counts
@@ -332,6 +373,10 @@ func (o *RequestOptions) fillValues(c *C.kvr_request_options) {
 	m := o.mirror()
 	m.MmNumBlocks = uint64(len(o.MultimodalHashes))
 	m.NumAllowedWorkerIDs = uint64(len(o.AllowedWorkerIDs))
+	if o.Prehashed != nil {
+		m.Flags |= C.KVR_REQUEST_PREHASHED
+		m.NumLocalHashes = uint64(len(o.Prehashed.LocalHashes))
+	}
 	m.store(c)
 }
 
@@ -414,7 +459,10 @@ func (r *Router) findBestMatch(tokens []uint32, opts *RequestOptions, candidates
 	if h == nil {
 		return RouteResult{}, 0, ErrClosed
 	}
-	tp, tn := tokensPtr(tokens)
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return RouteResult{}, 0, err
+	}
 	var cands []C.kvr_candidate
 	var candsPtr *C.kvr_candidate
 	if len(candidates) > 0 {
@@ -438,13 +486,17 @@ func (r *Router) findBestMatch(tokens []uint32, opts *RequestOptions, candidates
 		lora, loraN := strArg(opts.LoraName)
 		ns, nsN := strArg(opts.CacheNamespace)
 		allowed := u64Ptr(opts.AllowedWorkerIDs)
+		var hashes *C.uint64_t
+		if opts.Prehashed != nil {
+			hashes = u64Ptr(opts.Prehashed.LocalHashes)
+		}
 		if opts.Admit {
 			id, idN := strArg(opts.RequestID)
 			out = C.kvrgo_find(h, tp, tn, 1, copts, id, idN, lora, loraN, ns, nsN, allowed,
-				u64Ptr(mm), sizePtr(mmCounts), candsPtr, C.size_t(len(cands)))
+				u64Ptr(mm), sizePtr(mmCounts), hashes, candsPtr, C.size_t(len(cands)))
 		} else {
 			out = C.kvrgo_find_query(h, tp, tn, 1, copts, lora, loraN, ns, nsN, allowed,
-				u64Ptr(mm), sizePtr(mmCounts), candsPtr, C.size_t(len(cands)))
+				u64Ptr(mm), sizePtr(mmCounts), hashes, candsPtr, C.size_t(len(cands)))
 		}
 		runtime.KeepAlive(opts)
 	}
@@ -563,10 +615,13 @@ func (r *Router) overlapScores(tokens []uint32, opts *RequestOptions, capHint in
 	if h == nil {
 		return nil, ErrClosed
 	}
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return nil, err
+	}
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
-	tp, tn := tokensPtr(tokens)
 	defer runtime.KeepAlive(r)
 	buf, err := fillGrowing(capHint, func(p *C.kvr_overlap, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_router_overlap_scores(h, tp, tn, copts, p, cap, n, cerr)
@@ -656,10 +711,13 @@ func (r *Router) potentialLoads(tokens []uint32, opts *RequestOptions, capHint i
 	if h == nil {
 		return nil, ErrClosed
 	}
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return nil, err
+	}
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
-	tp, tn := tokensPtr(tokens)
 	defer runtime.KeepAlive(r)
 	buf, err := fillGrowing(capHint, func(p *C.kvr_potential_load, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_router_potential_loads(h, tp, tn, copts, p, cap, n, cerr)
@@ -684,10 +742,13 @@ func (r *Router) AddRequest(tokens []uint32, workerID uint64, dpRank uint32, opt
 	if h == nil {
 		return ErrClosed
 	}
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return err
+	}
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
-	tp, tn := tokensPtr(tokens)
 	var cerr *C.kvr_error
 	st := C.kvr_router_add_request(h, tp, tn, C.uint64_t(workerID), C.uint32_t(dpRank), copts, &cerr)
 	runtime.KeepAlive(r)

@@ -138,10 +138,13 @@ func (r *Router) PreviewRoute(tokens []uint32, opts *RequestOptions, hints *Rout
 	if h == nil {
 		return RouteSignals{}, ErrClosed
 	}
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return RouteSignals{}, err
+	}
 	var a args
 	defer a.release()
 	copts, chints := opts.toC(&a), hints.toC(&a)
-	tp, tn := tokensPtr(tokens)
 	var out C.kvr_route_signals
 	initRouteSignals(&out)
 	var cerr *C.kvr_error
@@ -162,10 +165,13 @@ func (r *Router) PlanRoute(tokens []uint32, opts *RequestOptions, hints *Routing
 	if h == nil {
 		return RouteSignals{}, ErrClosed
 	}
+	tp, tn, err := promptArg(tokens, opts)
+	if err != nil {
+		return RouteSignals{}, err
+	}
 	var a args
 	defer a.release()
 	copts, chints := opts.toC(&a), hints.toC(&a)
-	tp, tn := tokensPtr(tokens)
 	var out C.kvr_route_signals
 	initRouteSignals(&out)
 	var cerr *C.kvr_error
