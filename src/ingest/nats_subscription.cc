@@ -1167,17 +1167,19 @@ void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceC
   for (const KvEvent& event : message.events) {
     const bool first_heard = verdict.publisher->ranks.insert(event.worker).second;
     if (!first_heard) continue;
-    if (verdict.publisher->missed_some) {
-      // A publisher first heard above its message 0 ran before this router, and one with a gap
-      // lost messages: either may have stored blocks on a rank it first speaks for now, so
-      // what the rank holds is unknown until the engine clears it.
+    if (verdict.publisher->joined) {
+      // A publisher first heard above its message 0 ran before this router: what each rank it
+      // speaks for held then is unknown, until the engine clears it.
       FlagRank(event.worker, source, ranks);
     } else {
       // Heard from its message 0, the publisher holds nothing on a rank but what its messages
       // store, and none stored anything on this one yet: whatever the rank holds (a restored
       // snapshot's blocks of an older process, a worker removed without clearing and added
       // again) is not its own and goes before its events apply, as for an engine heard from 0.
+      // Unless messages were lost since: they may have stored on this rank, so it is flagged
+      // too, until the engine clears it.
       loop_.ClearRank(event.worker, source);
+      if (verdict.publisher->gapped) FlagRank(event.worker, source, ranks);
     }
   }
   ApplyHeard(message.events, message.publisher_id, source, ranks);
@@ -1187,11 +1189,15 @@ void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceC
 void NatsSubscriptions::ApplyHeard(std::span<const KvEvent> events, uint64_t publisher,
                                    SourceCounters& source, SourceRanks& ranks) {
   for (const KvEvent& event : events) {
+    const size_t unknown = ranks.unknown();
     if (ranks.Heard(event.worker, publisher)) {
       // Another publisher had this rank: the worker restarted, its old blocks are gone.
       loop_.ClearRank(event.worker, source);
       Bump(source.restarts);
     }
+    // A flagged rank heard longest ago may have been forgotten to make room.
+    if (ranks.unknown() != unknown)
+      source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
     const bool known_again =
         std::holds_alternative<ClearedEvent>(event.data) && ranks.Cleared(event.worker);
     (void)loop_.ApplyOne(event, source);

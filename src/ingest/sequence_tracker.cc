@@ -156,7 +156,7 @@ PublisherSequences::Verdict PublisherSequences::Observe(uint64_t id, uint64_t se
   auto [it, added] = by_id_.try_emplace(id);
   if (added) {
     it->second.next_sequence = sequence;
-    it->second.missed_some = sequence > 0;
+    it->second.joined = sequence > 0;
     if (by_id_.size() > kMaxPublishers) {
       ForgetLongestSilent(id);
       it = by_id_.find(id);
@@ -172,7 +172,7 @@ PublisherSequences::Verdict PublisherSequences::Observe(uint64_t id, uint64_t se
   if (sequence > publisher.next_sequence) {
     verdict.action = SequenceAction::kGap;
     verdict.missed = sequence - publisher.next_sequence;
-    publisher.missed_some = true;
+    publisher.gapped = true;
   }
   publisher.next_sequence = sequence + 1;
   return verdict;

@@ -194,10 +194,12 @@ class PublisherSequences {
     uint64_t next_sequence = 0;
     uint64_t last_heard = 0;  // the message count when it was last heard
     std::unordered_set<WorkerKey, absl::Hash<WorkerKey>> ranks;  // what a gap must clear
-    // Some of its messages were never heard: it was first heard above its message 0 (it ran
-    // before this subscriber), or messages went missing since. Those may have stored blocks on
-    // a rank it has not spoken for here yet, so what such a rank holds is unknown.
-    bool missed_some = false;
+    // First heard above its message 0: it ran before this subscriber, and what its ranks held
+    // then is unknown here.
+    bool joined = false;
+    // Messages went missing since it was first heard: they may have stored blocks on a rank it
+    // has not spoken for here yet, so what such a rank holds is unknown.
+    bool gapped = false;
   };
   struct Verdict {
     SequenceAction action = SequenceAction::kApply;  // kApply, kGap or kStale
@@ -207,8 +209,8 @@ class PublisherSequences {
 
   // Message `sequence` of publisher `id`. A publisher first heard at `sequence` starts there:
   // what it published before this subscription existed is unknowable, not lost. kApply and
-  // kGap move the publisher's expectation past `sequence`; kGap and a first message above 0
-  // set missed_some.
+  // kGap move the publisher's expectation past `sequence`; a first message above 0 sets
+  // joined, a kGap gapped.
   Verdict Observe(uint64_t id, uint64_t sequence);
 
   size_t size() const { return by_id_.size(); }

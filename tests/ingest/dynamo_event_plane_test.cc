@@ -284,9 +284,14 @@ TEST_F(DynamoNatsTest, APublisherHeardFromZeroClearsWhatItsRanksHeldBefore) {
 
 // A publisher heard from its message 0 that then loses messages: they may have stored blocks
 // on a rank it had not spoken for, so that rank is flagged when it first does (it was cleared
-// as a fresh one and left unflagged, the lost blocks missing for good).
-TEST_F(DynamoNatsTest, ARankFirstHeardAfterAGapIsFlagged) {
+// as a fresh one and left unflagged, the lost blocks missing for good); and cleared all the
+// same, for what it held before (a restored snapshot's blocks of an older process) is not the
+// publisher's (flagging alone kept them).
+TEST_F(DynamoNatsTest, ARankFirstHeardAfterAGapIsClearedAndFlagged) {
   constexpr WorkerKey kOtherRank{7, 2};
+  const std::vector<uint32_t> old_prompt{101, 102, 103, 104, 105, 106, 107, 108};
+  StoredEvent old_blocks{.block_hashes = {901, 902}, .token_ids = old_prompt};
+  ASSERT_TRUE(router_->ApplyEvent({.worker = kOtherRank, .data = std::move(old_blocks)}).ok());
   Publish(FromHex(kStored));  // message 0, dp rank 1
   WaitForMessages(1);
   Publish(WithDpRank(WithSequence(kStored, 3), 2));  // 1 and 2 lost; dp rank 2 first heard
@@ -294,6 +299,8 @@ TEST_F(DynamoNatsTest, ARankFirstHeardAfterAGapIsFlagged) {
   EXPECT_EQ(1u, stats.gaps);
   EXPECT_EQ(2u, stats.state_unknown);  // rank 1 lost with the gap, rank 2 unknown
   EXPECT_EQ(2u, Depth(kOtherRank));    // what is heard applies
+  EXPECT_EQ(0u, MatchOfRank(kOtherRank, old_prompt).device_blocks);  // the old blocks went
+  EXPECT_EQ(2u, MatchOfRank(kOtherRank).tree_size);
   Publish(WithDpRank(WithSequence(kCleared, 4), 2));
   EXPECT_EQ(1u, WaitForMessages(3).state_unknown);  // rank 2 cleared by its engine: known
 }

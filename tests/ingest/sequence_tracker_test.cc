@@ -386,8 +386,8 @@ TEST(RankSequence, ANewReplayEndsTheJudging) {
 
 TEST(PublisherSequences, EachPublisherStartsWhereItIsFirstHeard) {
   PublisherSequences p;
-  EXPECT_TRUE(p.Observe(7, 100).publisher->missed_some);  // it ran before it was heard
-  EXPECT_FALSE(p.Observe(8, 0).publisher->missed_some);
+  EXPECT_TRUE(p.Observe(7, 100).publisher->joined);  // it ran before it was heard
+  EXPECT_FALSE(p.Observe(8, 0).publisher->joined);
   EXPECT_EQ(p.Observe(7, 101).action, A::kApply);
   EXPECT_EQ(p.Observe(8, 1).action, A::kApply);
   EXPECT_EQ(p.size(), 2u);
@@ -402,7 +402,7 @@ TEST(PublisherSequences, StaleMessagesChangeNothingAndGapsMovePast) {
   EXPECT_EQ(v.action, A::kGap);
   EXPECT_EQ(v.missed, 3u);
   EXPECT_EQ(v.publisher->next_sequence, 5u);
-  EXPECT_TRUE(v.publisher->missed_some);
+  EXPECT_TRUE(v.publisher->gapped);
   EXPECT_EQ(p.Observe(1, 5).action, A::kApply);
   // A publisher that restarts numbering is stale until it passes where it was (no replay plane).
   EXPECT_EQ(p.Observe(1, 0).action, A::kStale);
