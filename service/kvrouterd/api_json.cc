@@ -256,6 +256,13 @@ void ParsePrompt(const json& body, RouteInput* input) {
   const json* hashes = Find(body, "local_hashes");
   if (tokens && hashes) Invalid("token_ids and local_hashes: give the prompt one way, not both");
   if (hashes) {
+    // The hashes carry the adapter and the namespace: a field that would be ignored is refused
+    // (a tenant counting on its namespace must not be routed on hashes made without it).
+    for (const char* carried : {"lora_name", "cache_namespace"}) {
+      if (Find(body, carried)) {
+        Invalid(std::string(carried) + ": not with local_hashes (they are hashed with it)");
+      }
+    }
     if (!hashes->is_array()) Invalid("local_hashes: expected an array of unsigned 64-bit hashes");
     input->local_hashes.emplace();
     input->local_hashes->reserve(hashes->size());
@@ -274,6 +281,7 @@ void ParsePrompt(const json& body, RouteInput* input) {
     return;
   }
   if (!tokens) Invalid("token_ids: required (or local_hashes and num_tokens)");
+  if (Find(body, "num_tokens")) Invalid("num_tokens: only with local_hashes (token_ids count)");
   if (!tokens->is_array()) Invalid("token_ids: expected an array of token ids");
   input->token_ids.reserve(tokens->size());
   for (size_t i = 0; i < tokens->size(); ++i) {

@@ -30,7 +30,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   int reject_status = 0;            // a limit the request broke: answered with this, then closed
   const char* reject_setting = "";  // with 413: the setting that limits this body
   bool request_complete = false;
-  bool in_request = false;  // a request's first byte parsed, its last not yet
+  bool in_request = false;          // a request's first byte parsed, its last not yet
+  size_t unsent_at_idle_check = 0;  // bytes of answers left to send when the idle timer last ran
   bool busy = false;
   bool parsing = false;  // inside ParseInput (an answer given synchronously returns to it) // a
                          // request is being handled: parsing waits for its answer
@@ -45,6 +46,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool head_request = false;  // the busy request is HEAD: its answer has no body
 
   void StartReading();
+  void StartTimer(uint64_t ms);
   void ArmReadTimer();
   void ArmIdleTimer();
   void OnTimer();
@@ -273,30 +275,45 @@ size_t MaxBufferedInput(const HttpLimits& limits) {
 
 }  // namespace
 
-void Connection::ArmReadTimer() {
-  if (closing) return;
-  if (limits.read_timeout_ms == 0) {
-    uv_timer_stop(&read_timer);  // the idle timer, if it ran, ends with the idleness
+// Runs the connection's timer for `ms` (0: stops it; the idle timer, if it ran, ends too).
+void Connection::StartTimer(uint64_t ms) {
+  if (ms == 0) {
+    uv_timer_stop(&read_timer);
     return;
   }
   uv_timer_start(
-      &read_timer, [](uv_timer_t* timer) { static_cast<Connection*>(timer->data)->OnTimer(); },
-      limits.read_timeout_ms, 0);
+      &read_timer, [](uv_timer_t* timer) { static_cast<Connection*>(timer->data)->OnTimer(); }, ms,
+      0);
+}
+
+// A request arriving, or a refused client drained: for the read timeout, or, draining without
+// one, the idle timeout (a refused client that never closes would otherwise stay for good).
+void Connection::ArmReadTimer() {
+  if (closing) return;
+  StartTimer(draining && limits.read_timeout_ms == 0 ? limits.idle_timeout_ms
+                                                     : limits.read_timeout_ms);
 }
 
 // Between requests (after the accept, after an answer kept alive). A client that neither
 // sends nor closes would otherwise hold its descriptor and buffers for good.
 void Connection::ArmIdleTimer() {
-  if (limits.idle_timeout_ms == 0 || closing || busy || draining || in_request) return;
-  uv_timer_start(
-      &read_timer, [](uv_timer_t* timer) { static_cast<Connection*>(timer->data)->OnTimer(); },
-      limits.idle_timeout_ms, 0);
+  if (closing || busy || draining || in_request) return;
+  StartTimer(limits.idle_timeout_ms);
 }
 
 void Connection::OnTimer() {
   std::shared_ptr<Connection> keep = shared_from_this();
   if (closing || busy) return;
-  if (draining || !in_request) {  // a refused client that never closed, or an idle one
+  const bool idle = !draining && !in_request;
+  // An answer still being written (a large snapshot to a slow reader) is not idleness while
+  // the client takes it; one that stopped reading for a whole period is let go.
+  const size_t unsent = socket.write_queue_size;
+  if (idle && unsent > 0 && unsent != unsent_at_idle_check) {
+    unsent_at_idle_check = unsent;
+    ArmIdleTimer();
+    return;
+  }
+  if (draining || idle) {  // a refused client that never closed, or an idle one
     Close();
     return;
   }

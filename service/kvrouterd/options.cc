@@ -289,11 +289,14 @@ const std::vector<OptionSpec>& Options() {
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_json_body_bytes); }},
     {"request-read-timeout-seconds", "S", "a request whose line, headers and body have not all "
      "arrived S after its first byte is answered 408 and its connection closed; also how long a "
-     "refused connection is drained at most (default 60; 0 = no limit)", false, true,
+     "refused connection is drained at most (default 60; 0 = no limit on a request, and a "
+     "refused connection is drained for idle-timeout-seconds)",
+     false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.request_read_timeout_seconds); }},
     {"idle-timeout-seconds", "S", "a connection with no request under way for S (a keep-alive "
      "connection between requests, one that never sends) is closed (default 300, longer than "
-     "clients' own pool timeouts such as Go's 90 s, so that they close first; 0 = no limit)",
+     "clients' own pool timeouts such as Go's 90 s, so that they close first; 0 = no limit); "
+     "an answer still being written is under way while the client reads it",
      false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.idle_timeout_seconds); }},
     {"max-header-bytes", "N", "largest request line and headers accepted, 1024..81920 (default "

@@ -175,6 +175,12 @@ TEST(ApiJsonTest, AHashedPromptIsPassedOnPrehashed) {
   EXPECT_EQ(error(R"({"local_hashes": 7, "num_tokens": 16})"),
             "local_hashes: expected an array of unsigned 64-bit hashes");
   EXPECT_EQ(error("{}"), "token_ids: required (or local_hashes and num_tokens)");
+  EXPECT_EQ(error(R"({"local_hashes": [2], "num_tokens": 16, "cache_namespace": "t"})"),
+            "cache_namespace: not with local_hashes (they are hashed with it)");
+  EXPECT_EQ(error(R"({"local_hashes": [2], "num_tokens": 16, "lora_name": "a"})"),
+            "lora_name: not with local_hashes (they are hashed with it)");
+  EXPECT_EQ(error(R"({"token_ids": [1], "num_tokens": 1})"),
+            "num_tokens: only with local_hashes (token_ids count)");
 }
 
 // The library takes queue_timeout_ms as int64 milliseconds and counts in int64 nanoseconds:

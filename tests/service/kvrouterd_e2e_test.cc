@@ -263,7 +263,7 @@ TEST_F(KvrouterdTest, ErrorsFollowTheContract) {
   };
   expect_error(Post("/v1/route", "{not json"), 400, "INVALID_ARGUMENT");
   EXPECT_EQ(expect_error(Post("/v1/route", R"({"request_id": "x"})"), 400, "INVALID_ARGUMENT"),
-            "token_ids: required");
+            "token_ids: required (or local_hashes and num_tokens)");
   expect_error(Get("/v1/workers/99"), 404, "NOT_FOUND");
   expect_error(Http(port_, "DELETE", "/v1/workers/99"), 404, "NOT_FOUND");
   // The library's own message, not the status's generic description.
@@ -683,23 +683,25 @@ TEST_F(KvrouterdTest, ARequestArrivingTooSlowlyIsAnswered408) {
   Stop();
 }
 
+// What the server sent on `fd` until it closed the connection; nullopt if it did not within
+// the socket's receive timeout (30 s).
+std::optional<std::string> UntilClosed(int fd) {
+  std::string bytes;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+    if (n == 0) return bytes;
+    if (n < 0) return std::nullopt;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+}
+
 // A connection with no request under way for idle-timeout-seconds is closed: one that never
 // sends, and a keep-alive one after its answer (both held a descriptor for good). A request on
 // its way is not: the read timeout governs it.
 TEST_F(KvrouterdTest, IdleConnectionsAreClosed) {
   WriteConfig({"id=1", "id=2"}, "idle-timeout-seconds = 1\n");
   Start();
-  // What the server sent until it closed the connection; nullopt if it did not within 30 s.
-  const auto until_closed = [](int fd) -> std::optional<std::string> {
-    std::string bytes;
-    char buffer[4096];
-    for (;;) {
-      const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
-      if (n == 0) return bytes;
-      if (n < 0) return std::nullopt;
-      bytes.append(buffer, static_cast<size_t>(n));
-    }
-  };
   const int silent = kvrouterd_test::Connect(port_);
   const int kept_alive = kvrouterd_test::Connect(port_);
   const int slow = kvrouterd_test::Connect(port_);
@@ -708,8 +710,8 @@ TEST_F(KvrouterdTest, IdleConnectionsAreClosed) {
       kvrouterd_test::SendAll(kept_alive, kvrouterd_test::RequestText("GET", "/healthz", "")));
   ASSERT_TRUE(kvrouterd_test::SendAll(slow, "POST /v1/preview HTTP/1.1\r\nHost: x\r\n"));
 
-  EXPECT_EQ(until_closed(silent), std::optional<std::string>(""));
-  const std::optional<std::string> kept_bytes = until_closed(kept_alive);
+  EXPECT_EQ(UntilClosed(silent), std::optional<std::string>(""));
+  const std::optional<std::string> kept_bytes = UntilClosed(kept_alive);
   ASSERT_TRUE(kept_bytes.has_value());
   const auto answers = kvrouterd_test::ParseAnswers(*kept_bytes);
   ASSERT_EQ(answers.size(), 1u);
@@ -719,13 +721,32 @@ TEST_F(KvrouterdTest, IdleConnectionsAreClosed) {
   const std::string body = RouteBody("");
   ASSERT_TRUE(kvrouterd_test::SendAll(slow, "Content-Length: " + std::to_string(body.size()) +
                                                 "\r\nConnection: close\r\n\r\n" + body));
-  const std::optional<std::string> slow_bytes = until_closed(slow);
+  const std::optional<std::string> slow_bytes = UntilClosed(slow);
   ASSERT_TRUE(slow_bytes.has_value());
   const auto slow_answers = kvrouterd_test::ParseAnswers(*slow_bytes);
   ASSERT_EQ(slow_answers.size(), 1u);
   EXPECT_EQ(slow_answers[0].status, 200) << slow_answers[0].body;
   for (int fd : {silent, kept_alive, slow}) close(fd);
   EXPECT_TRUE(MetricIs("kvrouterd_http_connections", 1));  // the metrics request's own
+  Stop();
+}
+
+// Without a read timeout, a refused client that never closes is drained for the idle timeout,
+// not for good.
+TEST_F(KvrouterdTest, WithoutAReadTimeoutARefusedClientIsDrainedForTheIdleTimeout) {
+  WriteConfig({"id=1", "id=2"}, "request-read-timeout-seconds = 0\nidle-timeout-seconds = 0.5\n");
+  Start();
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(kvrouterd_test::SendAll(fd, "NOT HTTP\r\n\r\n"));
+  const std::optional<std::string> bytes = UntilClosed(fd);  // the answer, then its FIN
+  ASSERT_TRUE(bytes.has_value());
+  const auto answers = kvrouterd_test::ParseAnswers(*bytes);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].status, 400);
+  // The client keeps its side open: the daemon lets it go (only the asking connection is left).
+  EXPECT_TRUE(MetricIs("kvrouterd_http_connections", 1));
+  close(fd);
   Stop();
 }
 
