@@ -514,17 +514,19 @@ void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint
   }
   // Events of a type this build does not know are skipped alone: the rest of the batch applies.
   for (std::string& why : batch->skipped) c.Reject(IngestReject::kBadMsgpack, std::move(why));
-  ConvertedBatch converted =
-      ToKvEvents(*batch, sub.worker.worker_id, sub.socket_rank, loop_.router->block_size(),
-                 sub.worker.eagle, loop_.next_event_id, &sub.salted);
+  const uint64_t first_event_id = loop_.next_event_id;
   loop_.next_event_id += batch->events.size();
+  // Each event applies before the next is converted: a removal's Forget of a salt comes
+  // before a later store in the batch records it again.
+  ConvertedBatch converted =
+      ApplyKvEvents(*batch, sub.worker.worker_id, sub.socket_rank, loop_.router->block_size(),
+                    sub.worker.eagle, first_event_id, &sub.salted, [&](KvEvent& event) {
+                      // An engine-side clear makes its state known again.
+                      if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
+                      ApplyEngineEvent(sub, event);
+                    });
   for (ConversionReject& mismatch : converted.block_size_mismatches) {
     c.Reject(IngestReject::kBlockSize, std::move(mismatch.reason));
-  }
-  for (KvEvent& event : converted.events) {
-    // An engine-side clear makes its state known again.
-    if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
-    ApplyEngineEvent(sub, event);
   }
   c.RecordLag(UnixNanosFromSeconds(batch->timestamp));
 }

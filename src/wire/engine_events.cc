@@ -635,6 +635,17 @@ std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes) {
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                           uint32_t router_block_size, bool eagle, uint64_t first_event_id,
                           SaltedBlocks* salted) {
+  std::vector<KvEvent> events;
+  ConvertedBatch out =
+      ApplyKvEvents(batch, worker_id, default_dp_rank, router_block_size, eagle, first_event_id,
+                    salted, [&](KvEvent& event) { events.push_back(std::move(event)); });
+  out.events = std::move(events);
+  return out;
+}
+
+ConvertedBatch ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
+                             uint32_t router_block_size, bool eagle, uint64_t first_event_id,
+                             SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply) {
   ConvertedBatch out;
   const WorkerKey worker{worker_id, batch.dp_rank.value_or(default_dp_rank)};
   uint64_t event_id = first_event_id;
@@ -686,7 +697,7 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
         event.data = ClearedEvent{};
         break;
     }
-    out.events.push_back(std::move(event));
+    apply(event);
   }
   return out;
 }

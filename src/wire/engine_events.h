@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "core/id_hash.h"
 #include "core/types.h"
@@ -174,5 +175,12 @@ absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> me
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                           uint32_t router_block_size, bool eagle, uint64_t first_event_id,
                           SaltedBlocks* salted = nullptr);
+
+// As ToKvEvents, handing each event to `apply` as soon as it is converted, before the next one
+// is: what applying it does to `salted` (a removal's Forget) then comes before the next event's
+// conversion reads and records salts, in the batch's order. The result's `events` stay empty.
+ConvertedBatch ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
+                             uint32_t router_block_size, bool eagle, uint64_t first_event_id,
+                             SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply);
 
 }  // namespace kvrouter

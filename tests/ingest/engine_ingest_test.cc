@@ -460,6 +460,13 @@ class VllmBatch {
     return b.bytes_;
   }
 
+  // One batch of the events of single-event batches, in order (fewer than 16).
+  static std::vector<uint8_t> Of(const std::vector<std::vector<uint8_t>>& batches) {
+    std::vector<uint8_t> out = {0x92, 0x01, static_cast<uint8_t>(0x90 | batches.size())};
+    for (const std::vector<uint8_t>& b : batches) out.insert(out.end(), b.begin() + 3, b.end());
+    return out;
+  }
+
  private:
   VllmBatch() { Byte(0x92).Byte(0x01).Byte(0x91); }  // [1, [ ...
   VllmBatch& Byte(uint8_t b) {
@@ -503,6 +510,26 @@ TEST_F(EngineIngestTest, ARemovedCopyOfASaltedBlockKeepsItsSalt) {
   ASSERT_EQ(1u, scores->size());
   EXPECT_EQ(2u, (*scores)[0].overlap.device_blocks);
   EXPECT_EQ(0u, DeviceBlocks(Range(1001, 1032), {5, 0}));  // unsalted: no match
+}
+
+// One batch evicts a salted block and stores it again (the same prompt recomputed): its salt
+// stays for a block continuing it. The batch's stores recorded their salts before any of its
+// events applied, so the eviction, applied after, forgot the salt the store had just recorded.
+TEST_F(EngineIngestTest, ABlockEvictedAndStoredAgainInOneBatchKeepsItsSalt) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  const std::vector<uint32_t> first = Range(1001, 1016);
+  engine.Send(0, VllmBatch::Stored(21, std::nullopt, first, "tenant-a"));
+  engine.Send(1, VllmBatch::Of({VllmBatch::Removed(21),
+                                VllmBatch::Stored(21, std::nullopt, first, "tenant-a")}));
+  engine.Send(2, VllmBatch::Stored(22, 21, Range(1017, 1032)));  // salted by its parent
+  const IngestStats stats = WaitForMessages(source, 3, 4);
+  EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]) << stats.last_reject;
+  const RouteOptions salted{.prompt = {.cache_namespace = "tenant-a"}};
+  const auto scores = router_->OverlapScores(Range(1001, 1032), salted);
+  ASSERT_TRUE(scores.ok());
+  ASSERT_EQ(1u, scores->size());
+  EXPECT_EQ(2u, (*scores)[0].overlap.device_blocks);
 }
 
 // vLLM's offloading connector copies a block to the host (a store without tokens), the device
