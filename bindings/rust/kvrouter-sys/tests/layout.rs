@@ -75,7 +75,7 @@ fn rust_layouts() -> Vec<Layout> {
             disk_cache_hit_weight, temperature, assume_kv_reuse, track_prefill_tokens,
             priority_jump, expected_output_tokens, reserved, queue_timeout_ms,
             overlap_score_credit_decay, decode_active_request_weight, cost_function, reserved2,
-            ttft_miss_weight }
+            ttft_miss_weight, local_hashes, num_local_hashes }
         kvr_route_result { struct_size, dp_rank, worker_id, prompt_blocks, device_overlap_blocks,
             effective_overlap_blocks, cached_tokens, prompt_tokens, cost, booked, queued }
         kvr_candidate { worker_id, dp_rank, device_blocks, host_blocks, disk_blocks,
@@ -194,7 +194,7 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
         u32 { KVR_ROUTER_APPROXIMATE, KVR_ROUTER_NO_KV_REUSE, KVR_ROUTER_NO_PREFILL_TRACKING,
             KVR_ROUTER_EAGLE, KVR_ROUTER_ENTROPY_SEED, KVR_ROUTER_TRACK_OUTPUT_BLOCKS }
         u32 { KVR_STORED_HAS_PARENT, KVR_STORED_EAGLE }
-        u32 { KVR_REQUEST_ADMIT }
+        u32 { KVR_REQUEST_ADMIT, KVR_REQUEST_PREHASHED }
         u32 { KVR_JETSTREAM_RESUME, KVR_JETSTREAM_CREATE_STREAM }
         usize { KVR_EVENT_KINDS, KVR_EVENT_OUTCOMES, KVR_INGEST_REJECT_REASONS,
             KVR_DECISION_LATENCY_BUCKETS }

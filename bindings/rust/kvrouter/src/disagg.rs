@@ -10,7 +10,7 @@ use crate::error::{call, Code, Error, Result};
 use crate::options::{hints_ptr, lower_hints, RequestOptions, RouterOptions, RoutingHints};
 use crate::raw::init;
 use crate::router::{RouteSignals, RouterRef};
-use crate::util::{slice_ptr, CStrs};
+use crate::util::CStrs;
 
 /// When a prompt is prefilled on the decode worker instead of a prefill worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -186,14 +186,15 @@ impl Disagg {
     ) -> Result<PrefillResult> {
         let mut strs = CStrs::new();
         let req = opts.lower(&mut strs)?;
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
         let hints = lower_hints(hints)?;
         let mut out = init::<sys::kvr_prefill_result>();
         // SAFETY: a live disagg (concurrent); every input lives across the call.
         call(|err| unsafe {
             sys::kvr_disagg_route_prefill(
                 self.as_ptr(),
-                slice_ptr(tokens),
-                tokens.len(),
+                prompt,
+                num_tokens,
                 &req,
                 hints_ptr(&hints),
                 &mut out,
@@ -215,14 +216,15 @@ impl Disagg {
     ) -> Result<RouteSignals> {
         let mut strs = CStrs::new();
         let req = opts.lower(&mut strs)?;
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
         let hints = lower_hints(hints)?;
         let mut out = init::<sys::kvr_route_signals>();
         // SAFETY: as route_prefill.
         call(|err| unsafe {
             sys::kvr_disagg_route_decode(
                 self.as_ptr(),
-                slice_ptr(tokens),
-                tokens.len(),
+                prompt,
+                num_tokens,
                 &req,
                 hints_ptr(&hints),
                 i32::from(remote_prefill),
@@ -243,13 +245,14 @@ impl Disagg {
     ) -> Result<bool> {
         let mut strs = CStrs::new();
         let req = opts.lower(&mut strs)?;
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
         let mut busy = 0;
         // SAFETY: as route_prefill.
         call(|err| unsafe {
             sys::kvr_disagg_prefill_worker_busy(
                 self.as_ptr(),
-                slice_ptr(tokens),
-                tokens.len(),
+                prompt,
+                num_tokens,
                 &req,
                 threshold,
                 &mut busy,

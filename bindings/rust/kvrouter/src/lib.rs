@@ -38,6 +38,8 @@
 //!   array results come back as `Vec`s, grown and retried on `KVR_BUFFER_TOO_SMALL`.
 //! * A hot loop of admitted calls can lower its options once: a [`PreparedRequest`] holds the
 //!   C struct, and [`RouterRef::find_best_match_prepared`] writes only the id into it.
+//! * A prompt is its token ids, or, hashed by the caller ([`compute_block_hashes`]), its local
+//!   hashes and length in [`RequestOptions::prehashed`], the calls then taking empty tokens.
 //! * The first constructor call checks that the library's major.minor version matches the one
 //!   this binding was generated for, 0.2 ([`check_version`]).
 //! * [`raw::init`] initialises a [`kvrouter_sys`] struct with its sized `_init` function, for
@@ -75,8 +77,8 @@ pub use ingest::{
     RejectReason,
 };
 pub use options::{
-    CostFunction, Phase, QueuePolicy, RequestOptions, RouterOptions, RoutingHints, SessionMode,
-    WorkerConfig,
+    CostFunction, Phase, PrehashedPrompt, QueuePolicy, RequestOptions, RouterOptions, RoutingHints,
+    SessionMode, WorkerConfig,
 };
 pub use prepared::PreparedRequest;
 pub use router::{

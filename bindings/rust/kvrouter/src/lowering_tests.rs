@@ -294,6 +294,7 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
     );
 
     let (ids, mm_hashes, mm_counts) = ([1u64, 2], [9u64, 8, 7], [1usize, 2]);
+    let local_hashes = [5u64, 6, 7];
     let request = RequestOptions {
         admit: true,
         request_id: Some("r"),
@@ -318,6 +319,10 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         decode_active_request_weight: Some(0.75),
         cost_function: Some(CostFunction::PredictedTtft),
         ttft_miss_weight: Some(3.5),
+        prehashed: Some(PrehashedPrompt {
+            local_hashes: &local_hashes,
+            num_tokens: 50,
+        }),
     };
     let mut strs = crate::util::CStrs::new();
     let lowered = request.lower(&mut strs).unwrap();
@@ -352,7 +357,9 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
                     decode_active_request_weight,
                     cost_function,
                     reserved2,
-                    ttft_miss_weight
+                    ttft_miss_weight,
+                    local_hashes,
+                    num_local_hashes
                 }
             )
         };
@@ -371,6 +378,25 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         (raw.cost_function, raw.ttft_miss_weight),
         (sys::KVR_COST_PREDICTED_TTFT as i32, 3.5)
     );
+    // Each flag on its own bit; the hashes as given (the length in tokens is a call argument).
+    assert_eq!(
+        raw.flags,
+        sys::KVR_REQUEST_ADMIT | sys::KVR_REQUEST_PREHASHED
+    );
+    assert_eq!(
+        (raw.local_hashes, raw.num_local_hashes),
+        (local_hashes.as_ptr(), 3)
+    );
+    assert_eq!(request.prompt(&[]).unwrap(), (std::ptr::null(), 50));
+    let tokens = [1u32, 2];
+    assert_eq!(
+        request.prompt(&tokens).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        RequestOptions::default().prompt(&tokens).unwrap(),
+        (tokens.as_ptr(), 2)
+    );
     // A prepared request lowers the same options to the same struct, but for the id (set per
     // call) and the pointers, which point at its own copies of the same data.
     let prepared = PreparedRequest::new(&request).unwrap();
@@ -381,6 +407,7 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         "mm_hashes",
         "mm_counts",
         "allowed_worker_ids",
+        "local_hashes",
     ];
     let same = left_at_default(
         &request_fields!(*prepared.raw()),
@@ -408,7 +435,10 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         assert_eq!(std::slice::from_raw_parts(p.mm_hashes, 3), &mm_hashes);
         assert_eq!(std::slice::from_raw_parts(p.mm_counts, 2), &mm_counts);
         assert_eq!(std::slice::from_raw_parts(p.allowed_worker_ids, 2), &ids);
+        assert_eq!(std::slice::from_raw_parts(p.local_hashes, 3), &local_hashes);
     }
+    assert_ne!(p.local_hashes, local_hashes.as_ptr());
+    assert_eq!(prepared.prompt(&[]).unwrap(), (std::ptr::null(), 50));
     let unset = PreparedRequest::new(&RequestOptions::default()).unwrap();
     assert_eq!(bytes_of(unset.raw()), bytes_of(&default));
 

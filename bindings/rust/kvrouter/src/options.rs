@@ -309,6 +309,30 @@ pub struct RequestOptions<'a> {
     pub cost_function: Option<CostFunction>,
     /// [`RouterOptions::ttft_miss_weight`] for this request.
     pub ttft_miss_weight: Option<f64>,
+    /// The prompt given as its local block hashes instead of its tokens
+    /// (`KVR_REQUEST_PREHASHED`; [`prehashed`](Self::prehashed) sets it): every call taking
+    /// `tokens` and these options (routing, previews, plans, `add_request`, `overlap_scores`,
+    /// `potential_loads`, the [`Disagg`](crate::Disagg) calls) then takes empty `tokens`
+    /// (`InvalidArgument` otherwise) and hashes nothing; the decision, booking and prices are
+    /// those of the tokens hashed. `lora_name`, `cache_namespace` and `multimodal` are not read:
+    /// they are in the hashes already. `None`: the prompt is the call's tokens.
+    pub prehashed: Option<PrehashedPrompt<'a>>,
+}
+
+/// A prompt its caller hashed ([`RequestOptions::prehashed`]): a gateway that hashes once for
+/// several routers, or whose tokenizer service hands it hashes, routes without its tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrehashedPrompt<'a> {
+    /// One local hash per complete block of the prompt: [`compute_block_hashes`] of its tokens
+    /// with the router's block size and the request's [`HashOptions`] (LoRA, namespace,
+    /// multimodal content, eagle windows). `InvalidArgument` unless there is exactly one per
+    /// complete block of `num_tokens` tokens (none for a prompt shorter than a block).
+    ///
+    /// [`compute_block_hashes`]: crate::compute_block_hashes
+    /// [`HashOptions`]: crate::HashOptions
+    pub local_hashes: &'a [u64],
+    /// The prompt's length in tokens (its partial last block included).
+    pub num_tokens: usize,
 }
 
 impl<'a> RequestOptions<'a> {
@@ -328,6 +352,40 @@ impl<'a> RequestOptions<'a> {
             request_id: Some(request_id),
             ..Default::default()
         }
+    }
+
+    /// These options with the prompt given as its local hashes and its length in tokens (see
+    /// [`PrehashedPrompt`]); the calls then take empty `tokens`. The hashes are borrowed for as
+    /// long as the options, so they outlive every call the options are passed to.
+    ///
+    /// ```
+    /// # use kvrouter::{compute_block_hashes, HashOptions, RequestOptions, Router, RouterOptions};
+    /// # let router = Router::new(&RouterOptions::with_block_size(16))?;
+    /// # router.add_worker(&kvrouter::WorkerConfig::new(1))?;
+    /// let prompt: Vec<u32> = (0..40).collect();
+    /// // 2 complete blocks: 2 hashes (with the request's LoRA, namespace, ... if it has any).
+    /// let hashes = compute_block_hashes(&prompt, 16, &HashOptions::default())?;
+    /// let opts = RequestOptions::admit("req-1").prehashed(&hashes, prompt.len());
+    /// let decision = router.find_best_match(&[], &opts)?;
+    /// assert_eq!((decision.prompt_tokens, decision.prompt_blocks), (40, 2));
+    /// router.free_request("req-1")?;
+    /// # Ok::<(), kvrouter::Error>(())
+    /// ```
+    pub fn prehashed(self, local_hashes: &'a [u64], num_tokens: usize) -> Self {
+        RequestOptions {
+            prehashed: Some(PrehashedPrompt {
+                local_hashes,
+                num_tokens,
+            }),
+            ..self
+        }
+    }
+
+    /// A call's prompt as C takes it: `tokens`, or with [`prehashed`](Self::prehashed) NULL
+    /// and the prompt's length (the hashes travel in the lowered options). Tokens beside the
+    /// hashes are refused here, as the library would refuse them.
+    pub(crate) fn prompt(&self, tokens: &[u32]) -> Result<(*const u32, usize)> {
+        prompt_arg(tokens, self.prehashed.map(|p| p.num_tokens))
     }
 
     /// The options as C reads them; their strings are copied into `strs`, which must outlive
@@ -360,6 +418,11 @@ impl<'a> RequestOptions<'a> {
         if let Some(ids) = self.allowed_worker_ids {
             raw.allowed_worker_ids = slice_ptr(ids);
             raw.num_allowed_worker_ids = ids.len();
+        }
+        if let Some(p) = self.prehashed {
+            raw.flags |= sys::KVR_REQUEST_PREHASHED;
+            raw.local_hashes = slice_ptr(p.local_hashes);
+            raw.num_local_hashes = p.local_hashes.len();
         }
         let doubles = [
             (self.overlap_score_credit, &mut raw.overlap_score_credit),
@@ -400,6 +463,22 @@ impl<'a> RequestOptions<'a> {
             raw.queue_timeout_ms = i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
         }
         Ok(())
+    }
+}
+
+/// A call's `tokens, num_tokens` arguments: the tokens, or for a prompt given hashed (its
+/// length `prehashed_tokens`) NULL and that length; `InvalidArgument` for tokens beside hashes.
+pub(crate) fn prompt_arg(
+    tokens: &[u32],
+    prehashed_tokens: Option<usize>,
+) -> Result<(*const u32, usize)> {
+    match prehashed_tokens {
+        None => Ok((slice_ptr(tokens), tokens.len())),
+        Some(_) if !tokens.is_empty() => Err(Error::invalid(
+            "the prompt is given either as tokens or as RequestOptions::prehashed, not both: \
+             tokens must be empty",
+        )),
+        Some(num_tokens) => Ok((std::ptr::null(), num_tokens)),
     }
 }
 

@@ -7,7 +7,7 @@ use std::fmt;
 use kvrouter_sys as sys;
 
 use crate::error::Result;
-use crate::options::{request_template, RequestOptions};
+use crate::options::{prompt_arg, request_template, PrehashedPrompt, RequestOptions};
 use crate::util::{copy_with_nul, nul_error, opt_cstring, slice_ptr, CStrs};
 
 /// Bytes reserved for the id at first: request ids are short (a UUID is 36 bytes); a longer
@@ -46,9 +46,10 @@ const ID_CAPACITY: usize = 64;
 /// # Lifetimes
 ///
 /// A prepared request owns copies of everything the options borrowed (`lora_name`,
-/// `cache_namespace`, `multimodal`, `allowed_worker_ids`), so it borrows nothing and belongs to
-/// no router: one may serve every router and [`Disagg`](crate::Disagg) pool of a process, and
-/// outlive them. The options' `request_id` is not kept: each call names its own, so
+/// `cache_namespace`, `multimodal`, `allowed_worker_ids`, and the hashes of `prehashed`, with
+/// which it routes that one prompt, its calls taking empty `tokens`), so it borrows nothing and
+/// belongs to no router: one may serve every router and [`Disagg`](crate::Disagg) pool of a
+/// process, and outlive them. The options' `request_id` is not kept: each call names its own, so
 /// `RequestOptions::admit("")` is the usual start. Nothing is allocated per call, except when
 /// an id is longer than any before (64 bytes are reserved at first); the C struct never points
 /// at the caller's `&str`.
@@ -70,6 +71,9 @@ pub struct PreparedRequest {
     mm_hashes: Vec<u64>,
     mm_counts: Vec<usize>,
     allowed_worker_ids: Vec<u64>,
+    local_hashes: Vec<u64>,
+    /// `prehashed`'s length in tokens: Some when the options gave the prompt hashed.
+    prehashed_tokens: Option<usize>,
 }
 
 // SAFETY: the raw struct's pointers are NULL or point into buffers this value owns (its
@@ -96,8 +100,11 @@ impl PreparedRequest {
             None => (Vec::new(), Vec::new()),
         };
         let allowed_worker_ids = options.allowed_worker_ids.unwrap_or_default().to_vec();
-        // Every other field is lowered exactly as per call; the borrowed ones are set below
-        // from the owned copies.
+        let local_hashes = options
+            .prehashed
+            .map_or_else(Vec::new, |p| p.local_hashes.to_vec());
+        // Every other field is lowered exactly as per call (the prehashed flag included); the
+        // borrowed ones are set below from the owned copies.
         let mut raw = request_template();
         RequestOptions {
             request_id: None,
@@ -105,6 +112,10 @@ impl PreparedRequest {
             cache_namespace: None,
             multimodal: None,
             allowed_worker_ids: None,
+            prehashed: options.prehashed.map(|p| PrehashedPrompt {
+                local_hashes: &[],
+                ..p
+            }),
             ..*options
         }
         .lower_into(&mut raw, &mut CStrs::new())?;
@@ -117,6 +128,8 @@ impl PreparedRequest {
             mm_hashes,
             mm_counts,
             allowed_worker_ids,
+            local_hashes,
+            prehashed_tokens: options.prehashed.map(|p| p.num_tokens),
         };
         prepared.point_at_buffers();
         Ok(prepared)
@@ -134,6 +147,8 @@ impl PreparedRequest {
         self.raw.mm_num_blocks = self.mm_counts.len();
         self.raw.allowed_worker_ids = slice_ptr(&self.allowed_worker_ids);
         self.raw.num_allowed_worker_ids = self.allowed_worker_ids.len();
+        self.raw.local_hashes = slice_ptr(&self.local_hashes);
+        self.raw.num_local_hashes = self.local_hashes.len();
     }
 
     /// The C struct as lowered (no id yet: `request_id` is NULL until a call).
@@ -145,6 +160,12 @@ impl PreparedRequest {
     /// Whether the calls book their request (`admit` of the options it was made from).
     pub fn admits(&self) -> bool {
         self.admit
+    }
+
+    /// A call's `tokens, num_tokens` (as `RequestOptions::prompt`): with `prehashed`, NULL
+    /// and the prompt's length, and `tokens` must be empty.
+    pub(crate) fn prompt(&self, tokens: &[u32]) -> Result<(*const u32, usize)> {
+        prompt_arg(tokens, self.prehashed_tokens)
     }
 
     /// The C struct with `request_id` set to a NUL-terminated copy of `id` in this value's
@@ -177,6 +198,8 @@ impl Clone for PreparedRequest {
             mm_hashes: self.mm_hashes.clone(),
             mm_counts: self.mm_counts.clone(),
             allowed_worker_ids: self.allowed_worker_ids.clone(),
+            local_hashes: self.local_hashes.clone(),
+            prehashed_tokens: self.prehashed_tokens,
         };
         copy.point_at_buffers();
         copy
@@ -191,6 +214,8 @@ impl fmt::Debug for PreparedRequest {
             .field("cache_namespace", &self.cache_namespace)
             .field("mm_counts", &self.mm_counts)
             .field("allowed_worker_ids", &self.allowed_worker_ids)
+            .field("local_hashes", &self.local_hashes)
+            .field("prehashed_tokens", &self.prehashed_tokens)
             .finish_non_exhaustive()
     }
 }

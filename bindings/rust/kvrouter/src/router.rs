@@ -687,6 +687,7 @@ impl RouterRef {
         candidates: &mut Vec<sys::kvr_candidate>,
     ) -> Result<(RouteResult, usize)> {
         let mut strs = CStrs::new();
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
         // Default options (a plain preview) go as NULL, as a C caller would pass them; others
         // are lowered in place. (An admitted call is never the default: no comparison.)
         let mut raw_opts = MaybeUninit::<sys::kvr_request_options>::uninit();
@@ -708,13 +709,14 @@ impl RouterRef {
         } else {
             (candidates.as_mut_ptr(), &mut total as *mut usize)
         };
-        // SAFETY: a live router (concurrent); tokens, req, out and total live across the call;
-        // cands is NULL or has room for cap entries.
+        // SAFETY: a live router (concurrent); tokens (prompt: NULL or their first), req (and
+        // the hashes it points at, borrowed by opts), out and total live across the call; cands
+        // is NULL or has room for cap entries.
         let route = |err| unsafe {
             sys::kvr_find_best_match(
                 self.as_raw(),
-                slice_ptr(tokens),
-                tokens.len(),
+                prompt,
+                num_tokens,
                 req,
                 &mut out,
                 cands,
@@ -770,6 +772,8 @@ impl RouterRef {
     /// `AlreadyExists` for an id active or waiting, `Unavailable` when no allowed worker is
     /// registered, ...), and, like it, an admitted call on a queueing router may block this
     /// thread. No candidates are returned (use `find_best_match_with_candidates` for those).
+    /// A prepared request made from [`prehashed`](RequestOptions::prehashed) options routes
+    /// that prompt, from its own copy of the hashes: `tokens` must then be empty.
     ///
     /// ```
     /// # use kvrouter::{PreparedRequest, RequestOptions, Router, RouterOptions, WorkerConfig};
@@ -789,16 +793,17 @@ impl RouterRef {
         request_id: &str,
     ) -> Result<RouteResult> {
         let admit = prepared.admits();
+        let (prompt, num_tokens) = prepared.prompt(tokens)?;
         let req = prepared.with_id(request_id)?;
         let mut out = result_template();
-        // SAFETY: a live router (concurrent); tokens, req (and the buffers it points into,
-        // owned by `prepared`, borrowed for the call) and out live across the call; no
+        // SAFETY: a live router (concurrent); tokens (prompt), req (and the buffers it points
+        // into, owned by `prepared`, borrowed for the call) and out live across the call; no
         // candidate buffer (NULL, cap 0).
         let route = |err| unsafe {
             sys::kvr_find_best_match(
                 self.as_raw(),
-                slice_ptr(tokens),
-                tokens.len(),
+                prompt,
+                num_tokens,
                 req,
                 &mut out,
                 ptr::null_mut(),
@@ -819,13 +824,15 @@ impl RouterRef {
     ) -> Result<Vec<Overlap>> {
         let mut strs = CStrs::new();
         let req = opts.lower(&mut strs)?;
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
         let rows = fill_rows(|out, cap, len, err| {
-            // SAFETY: a live router (concurrent); out has room for cap rows.
+            // SAFETY: a live router (concurrent); tokens (prompt) and req (and the hashes it
+            // points at, borrowed by opts) live across the call; out has room for cap rows.
             unsafe {
                 sys::kvr_router_overlap_scores(
                     self.as_raw(),
-                    slice_ptr(tokens),
-                    tokens.len(),
+                    prompt,
+                    num_tokens,
                     &req,
                     out,
                     cap,
@@ -897,13 +904,14 @@ impl RouterRef {
     ) -> Result<Vec<PotentialLoad>> {
         let mut strs = CStrs::new();
         let req = opts.lower(&mut strs)?;
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
         let rows = fill_rows(|out, cap, len, err| {
             // SAFETY: as overlap_scores.
             unsafe {
                 sys::kvr_router_potential_loads(
                     self.as_raw(),
-                    slice_ptr(tokens),
-                    tokens.len(),
+                    prompt,
+                    num_tokens,
                     &req,
                     out,
                     cap,
@@ -928,12 +936,14 @@ impl RouterRef {
     ) -> Result<()> {
         let mut strs = CStrs::new();
         let req = opts.lower(&mut strs)?;
-        // SAFETY: a live router (concurrent); tokens and req live across the call.
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
+        // SAFETY: a live router (concurrent); tokens (prompt) and req (and the hashes it points
+        // at, borrowed by opts) live across the call.
         call(|err| unsafe {
             sys::kvr_router_add_request(
                 self.as_raw(),
-                slice_ptr(tokens),
-                tokens.len(),
+                prompt,
+                num_tokens,
                 worker_id,
                 dp_rank,
                 &req,
@@ -1030,14 +1040,15 @@ impl RouterRef {
     ) -> Result<RouteSignals> {
         let mut strs = CStrs::new();
         let req = opts.lower(&mut strs)?;
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
         let hints = lower_hints(hints)?;
         let mut out = init::<sys::kvr_route_signals>();
         // SAFETY: a live router (concurrent); every input lives across the call.
         call(|err| unsafe {
             sys::kvr_preview_route(
                 self.as_raw(),
-                slice_ptr(tokens),
-                tokens.len(),
+                prompt,
+                num_tokens,
                 &req,
                 hints_ptr(&hints),
                 &mut out,
@@ -1059,6 +1070,7 @@ impl RouterRef {
     ) -> Result<RouteSignals> {
         let mut strs = CStrs::new();
         let req = opts.lower(&mut strs)?;
+        let (prompt, num_tokens) = opts.prompt(tokens)?;
         let hints = lower_hints(hints)?;
         let previewed = previewed.map(|p| p.to_raw());
         let mut out = init::<sys::kvr_route_signals>();
@@ -1066,8 +1078,8 @@ impl RouterRef {
         call(|err| unsafe {
             sys::kvr_plan_route(
                 self.as_raw(),
-                slice_ptr(tokens),
-                tokens.len(),
+                prompt,
+                num_tokens,
                 &req,
                 hints_ptr(&hints),
                 previewed.as_ref().map_or(ptr::null(), |p| p as *const _),

@@ -1,14 +1,15 @@
 //! The hot calls allocate nothing on the Rust heap per call (issue 16), prepared ones included:
 //! counted by a global allocator, which is exact where times are not. (The library's own C++
 //! allocations are not seen here: this is the binding's share.) Also: ids too long for the
-//! stack buffer and ids with a NUL byte still work and fail as before.
+//! stack buffer and ids with a NUL byte still work and fail as before. A prompt given as its
+//! local hashes (`RequestOptions::prehashed`) costs no allocation either.
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use kvrouter::{Code, PreparedRequest, RequestOptions};
+use kvrouter::{compute_block_hashes, Code, HashOptions, PreparedRequest, RequestOptions};
 
 struct Counting;
 
@@ -49,6 +50,10 @@ fn hot_calls_do_not_allocate() {
     let router = common::router(4);
     let prompts: Vec<Vec<u32>> = (0..8).map(|s| common::prompt(s, 4)).collect();
     let ids: Vec<String> = (0..8).map(|i| format!("request-{i}")).collect();
+    let hashes: Vec<Vec<u64>> = prompts
+        .iter()
+        .map(|p| compute_block_hashes(p, common::BS, &HashOptions::default()).unwrap())
+        .collect();
     // Warm up: one-time set-up (templates, version check) is not per call.
     router
         .find_best_match(&prompts[0], &RequestOptions::admit(&ids[0]))
@@ -56,6 +61,12 @@ fn hot_calls_do_not_allocate() {
     router.free_request(&ids[0]).unwrap();
     for i in 0..100 {
         let (p, id) = (&prompts[i % 8], ids[i % 8].as_str());
+        let n = allocations(|| {
+            let opts = RequestOptions::admit(id).prehashed(&hashes[i % 8], p.len());
+            assert!(router.find_best_match(&[], &opts).unwrap().booked);
+            router.free_request(id).unwrap();
+        });
+        assert_eq!(n, 0, "prehashed admit + free allocated {n} times");
         let n = allocations(|| {
             router
                 .find_best_match(p, &RequestOptions::default())
