@@ -330,7 +330,7 @@ static int copy_longs(JNIEnv* env, scratch* s, jlongArray a, const uint64_t** ou
  * replica publisher in Java, whose allocations may need a collection, and a collection waits for
  * every critical region (a preview waiting in one for the lock would deadlock the process);
  * admitted calls may also wait in the admission queue. Between tokens_begin and tokens_end: the
- * library call only. */
+ * library call only. A prompt given hashed (prompt_prepare) has no tokens: n is its length. */
 typedef struct {
   jintArray array;
   size_t n;
@@ -364,11 +364,35 @@ static int tokens_prepare(JNIEnv* env, scratch* s, jintArray a, jobject direct, 
   return 0;
 }
 
-/* The tokens; NULL with an exception pending (in place: out of memory). */
-static const uint32_t* tokens_begin(JNIEnv* env, tokens_in* t) {
-  if (t->copy != NULL) return t->copy;
+/* A routing call's prompt: with hashes non-null, a prompt given hashed (the Java *Hashed
+ * methods): its local hashes, one per complete block, go into o (initialised by
+ * read_request_options) with KVR_REQUEST_PREHASHED, and t holds no tokens, only num_tokens, the
+ * prompt's length (the library checks the one against the other). The hashes are copied for
+ * every call, as tokens are for the calls taking the admission lock (see tokens_in): 8 bytes per
+ * block, 4 KiB for an 8,192-token prompt in blocks of 16 (its tokens: 32 KiB). Otherwise the
+ * tokens, as tokens_prepare. */
+static int prompt_prepare(JNIEnv* env, scratch* s, jintArray a, jobject direct, jint offset,
+                          jint length, jlongArray hashes, jlong num_tokens, int in_place,
+                          kvr_request_options* o, tokens_in* t) {
+  if (hashes == NULL) return tokens_prepare(env, s, a, direct, offset, length, in_place, t);
+  if (num_tokens < 0) return throw_iae(env, "kvrouter: negative numTokens");
+  t->array = NULL;
+  t->copy = NULL;
+  t->pinned = NULL;
+  t->n = (size_t)num_tokens;
+  if (copy_longs(env, s, hashes, &o->local_hashes, &o->num_local_hashes) != 0) return -1;
+  o->flags |= KVR_REQUEST_PREHASHED;
+  return 0;
+}
+
+/* The tokens into *out (NULL for a prompt given hashed); 0, or -1 with an exception pending (in
+ * place: out of memory). */
+static int tokens_begin(JNIEnv* env, tokens_in* t, const uint32_t** out) {
+  *out = t->copy;
+  if (t->copy != NULL || t->array == NULL) return 0;
   t->pinned = (*env)->GetPrimitiveArrayCritical(env, t->array, NULL);
-  return (const uint32_t*)t->pinned;
+  *out = (const uint32_t*)t->pinned;
+  return t->pinned != NULL ? 0 : -1;
 }
 
 static void tokens_end(JNIEnv* env, tokens_in* t) {
@@ -515,6 +539,7 @@ static int read_request_options(JNIEnv* env, scratch* s, jobject obj, kvr_reques
   jlong v[ABI_REQUEST_OPTIONS_LEN];
   if (field_scalars(env, obj, g_request.scalars, v, ABI_REQUEST_OPTIONS_LEN) != 0) return -1;
   abi_decode_request_options(v, o);
+  o->num_local_hashes = 0; /* with local_hashes, from the hashes of a prompt given hashed only */
   size_t mm_hashes = 0;
   if (field_utf8(env, s, obj, g_request.request_id, &o->request_id) != 0 ||
       field_utf8(env, s, obj, g_request.lora_name, &o->lora_name) != 0 ||
@@ -1102,7 +1127,7 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_expireReplicas(JNIEnv* env, jcla
 
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(
     JNIEnv* env, jclass cls, jlong r, jintArray tokens, jobject direct, jint offset, jint length,
-    jobject options, jint max_candidates, jlongArray out) {
+    jlongArray hashes, jlong num_tokens, jobject options, jint max_candidates, jlongArray out) {
   (void)cls;
   scratch s;
   scratch_init(&s);
@@ -1112,7 +1137,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(
   /* An int[] prompt is copied, for previews too: every decision takes the router's admission
    * lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) != 0 ||
-      tokens_prepare(env, &s, tokens, direct, offset, length, 0, &t) != 0) {
+      prompt_prepare(env, &s, tokens, direct, offset, length, hashes, num_tokens, 0, &o, &t) != 0) {
     goto done;
   }
   const size_t cap = max_candidates > 0 ? (size_t)max_candidates : 0;
@@ -1125,11 +1150,13 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_findBestMatch(
   if (INIT(env, kvr_route_result_init, &rr) != 0) goto done;
   size_t total = 0;
   kvr_error* err = NULL;
-  const uint32_t* p = tokens_begin(env, &t);
-  if (p == NULL) goto done;
-  /* No options go as NULL, as a C caller passes them: the library then reads and checks none. */
-  kvr_status st = kvr_find_best_match(ROUTER(r), p, t.n, options == NULL ? NULL : &o, &rr,
-                                      candidates, cap, &total, &err);
+  const uint32_t* p;
+  if (tokens_begin(env, &t, &p) != 0) goto done;
+  /* No options go as NULL, as a C caller passes them: the library then reads and checks none (a
+   * prompt given hashed is in the options). */
+  kvr_status st =
+      kvr_find_best_match(ROUTER(r), p, t.n, options == NULL && hashes == NULL ? NULL : &o, &rr,
+                          candidates, cap, &total, &err);
   tokens_end(env, &t);
   if (check(env, st, &err) != 0) goto done;
   jlong v[ROUTE_RESULT_OUT_LEN];
@@ -1156,8 +1183,8 @@ done:
  * direct IntBuffer is read in place. */
 JNIEXPORT void JNICALL Java_io_kvrouter_Native_findBestMatchSimple(
     JNIEnv* env, jclass cls, jlong r, jintArray tokens, jobject direct, jint offset, jint length,
-    jint flags, jstring id, jint id_n, jstring lora, jint lora_n, jstring ns, jint ns_n,
-    jlongArray out) {
+    jlongArray hashes, jlong num_tokens, jint flags, jstring id, jint id_n, jstring lora,
+    jint lora_n, jstring ns, jint ns_n, jlongArray out) {
   (void)cls;
   scratch s;
   scratch_init(&s);
@@ -1171,13 +1198,13 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_findBestMatchSimple(
   if (utf8_n(env, &s, id, id_n, &o.request_id) != 0 ||
       utf8_n(env, &s, lora, lora_n, &o.lora_name) != 0 ||
       utf8_n(env, &s, ns, ns_n, &o.cache_namespace) != 0 ||
-      tokens_prepare(env, &s, tokens, direct, offset, length, 0, &t) != 0) {
+      prompt_prepare(env, &s, tokens, direct, offset, length, hashes, num_tokens, 0, &o, &t) != 0) {
     goto done;
   }
   kvr_error* err = NULL;
   size_t total = 0;
-  const uint32_t* p = tokens_begin(env, &t);
-  if (p == NULL) goto done;
+  const uint32_t* p;
+  if (tokens_begin(env, &t, &p) != 0) goto done;
   kvr_status st = kvr_find_best_match(ROUTER(r), p, t.n, &o, &rr, NULL, 0, &total, &err);
   tokens_end(env, &t);
   if (check(env, st, &err) != 0) goto done;
@@ -1286,6 +1313,9 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_ffmTable(JNIEnv* env, jclas
       offsetof(kvr_route_signals, booked),
       offsetof(kvr_route_signals, moved),
       offsetof(kvr_route_signals, queued),
+      /* A prompt given hashed (KVR_REQUEST_PREHASHED): kvr_request_options' hashes. */
+      offsetof(kvr_request_options, local_hashes),
+      offsetof(kvr_request_options, num_local_hashes),
   };
 #undef FN
   return new_longs(env, v, sizeof v / sizeof v[0]);
@@ -1323,6 +1353,8 @@ static jlongArray encode_overlaps(JNIEnv* env, scratch* s, const kvr_overlap* ro
 
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, jclass cls, jlong r,
                                                                    jintArray tokens,
+                                                                   jlongArray hashes,
+                                                                   jlong num_tokens,
                                                                    jobject options) {
   (void)cls;
   scratch s;
@@ -1332,7 +1364,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, 
   kvr_request_options o;
   /* In place: hashing and the index's lookup take no router lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) != 0 ||
-      tokens_prepare(env, &s, tokens, NULL, 0, 0, 1, &t) != 0) {
+      prompt_prepare(env, &s, tokens, NULL, 0, 0, hashes, num_tokens, 1, &o, &t) != 0) {
     goto done;
   }
   size_t cap = rank_rows_hint();
@@ -1341,8 +1373,8 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_overlapScores(JNIEnv* env, 
     if (buf == NULL) goto done;
     size_t len = 0;
     kvr_error* err = NULL;
-    const uint32_t* p = tokens_begin(env, &t);
-    if (p == NULL) goto done;
+    const uint32_t* p;
+    if (tokens_begin(env, &t, &p) != 0) goto done;
     kvr_status st = kvr_router_overlap_scores(ROUTER(r), p, t.n, &o, buf, cap, &len, &err);
     tokens_end(env, &t);
     if (st == KVR_BUFFER_TOO_SMALL && attempt + 1 < GROW_ATTEMPTS) {
@@ -1433,6 +1465,8 @@ done:
 
 JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env, jclass cls,
                                                                     jlong r, jintArray tokens,
+                                                                    jlongArray hashes,
+                                                                    jlong num_tokens,
                                                                     jobject options) {
   (void)cls;
   scratch s;
@@ -1442,7 +1476,7 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env,
   kvr_request_options o;
   /* Copied: the loads are read under the router's admission lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) != 0 ||
-      tokens_prepare(env, &s, tokens, NULL, 0, 0, 0, &t) != 0) {
+      prompt_prepare(env, &s, tokens, NULL, 0, 0, hashes, num_tokens, 0, &o, &t) != 0) {
     goto done;
   }
   size_t cap = rank_rows_hint();
@@ -1452,8 +1486,8 @@ JNIEXPORT jlongArray JNICALL Java_io_kvrouter_Native_potentialLoads(JNIEnv* env,
     if (buf == NULL) goto done;
     size_t len = 0;
     kvr_error* err = NULL;
-    const uint32_t* p = tokens_begin(env, &t);
-    if (p == NULL) goto done;
+    const uint32_t* p;
+    if (tokens_begin(env, &t, &p) != 0) goto done;
     kvr_status st = kvr_router_potential_loads(ROUTER(r), p, t.n, &o, buf, cap, &len, &err);
     tokens_end(env, &t);
     if (st == KVR_BUFFER_TOO_SMALL && attempt + 1 < GROW_ATTEMPTS) {
@@ -1477,18 +1511,21 @@ done:
 }
 
 JNIEXPORT void JNICALL Java_io_kvrouter_Native_addRequest(JNIEnv* env, jclass cls, jlong r,
-                                                          jintArray tokens, jlong worker_id,
+                                                          jintArray tokens, jlongArray hashes,
+                                                          jlong num_tokens, jlong worker_id,
                                                           jint dp_rank, jobject options) {
   (void)cls;
   scratch s;
   scratch_init(&s);
-  const uint32_t* t;
-  size_t n;
+  tokens_in t;
   kvr_request_options o;
-  if (copy_ints(env, &s, tokens, &t, &n) == 0 && read_request_options(env, &s, options, &o) == 0) {
+  /* Copied (t.copy: NULL for a prompt given hashed): a booking takes the admission lock. */
+  if (read_request_options(env, &s, options, &o) == 0 &&
+      prompt_prepare(env, &s, tokens, NULL, 0, 0, hashes, num_tokens, 0, &o, &t) == 0) {
     kvr_error* err = NULL;
     check(env,
-          kvr_router_add_request(ROUTER(r), t, n, (uint64_t)worker_id, (uint32_t)dp_rank, &o, &err),
+          kvr_router_add_request(ROUTER(r), t.copy, t.n, (uint64_t)worker_id, (uint32_t)dp_rank, &o,
+                                 &err),
           &err);
   }
   scratch_free(&s);
@@ -1607,7 +1644,8 @@ JNIEXPORT jstring JNICALL Java_io_kvrouter_Native_ingestMetricsPrometheus(JNIEnv
 /* ---- Staged routing ------------------------------------------------------------------------- */
 
 JNIEXPORT void JNICALL Java_io_kvrouter_Native_previewRoute(JNIEnv* env, jclass cls, jlong r,
-                                                            jintArray tokens, jobject options,
+                                                            jintArray tokens, jlongArray hashes,
+                                                            jlong num_tokens, jobject options,
                                                             jobject hints, jlongArray out) {
   (void)cls;
   scratch s;
@@ -1619,14 +1657,14 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_previewRoute(JNIEnv* env, jclass 
   /* Copied: a preview takes the router's admission lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) != 0 ||
       read_routing_hints(env, &s, hints, &h, &hp) != 0 ||
-      tokens_prepare(env, &s, tokens, NULL, 0, 0, 0, &t) != 0) {
+      prompt_prepare(env, &s, tokens, NULL, 0, 0, hashes, num_tokens, 0, &o, &t) != 0) {
     goto done;
   }
   kvr_route_signals sig;
   if (INIT(env, kvr_route_signals_init, &sig) != 0) goto done;
   kvr_error* err = NULL;
-  const uint32_t* p = tokens_begin(env, &t);
-  if (p == NULL) goto done;
+  const uint32_t* p;
+  if (tokens_begin(env, &t, &p) != 0) goto done;
   kvr_status st = kvr_preview_route(ROUTER(r), p, t.n, &o, hp, &sig, &err);
   tokens_end(env, &t);
   if (check(env, st, &err) != 0) goto done;
@@ -1638,19 +1676,21 @@ done:
 }
 
 JNIEXPORT void JNICALL Java_io_kvrouter_Native_planRoute(JNIEnv* env, jclass cls, jlong r,
-                                                         jintArray tokens, jobject options,
+                                                         jintArray tokens, jlongArray hashes,
+                                                         jlong num_tokens, jobject options,
                                                          jobject hints, jlongArray previewed,
                                                          jlongArray out) {
   (void)cls;
   scratch s;
   scratch_init(&s);
-  const uint32_t* t;
-  size_t n;
+  tokens_in t;
   kvr_request_options o;
   kvr_routing_hints h;
   const kvr_routing_hints* hp;
   kvr_route_signals prev;
-  if (copy_ints(env, &s, tokens, &t, &n) != 0 || read_request_options(env, &s, options, &o) != 0 ||
+  /* Copied (t.copy: NULL for a prompt given hashed): a plan books, under the admission lock. */
+  if (read_request_options(env, &s, options, &o) != 0 ||
+      prompt_prepare(env, &s, tokens, NULL, 0, 0, hashes, num_tokens, 0, &o, &t) != 0 ||
       read_routing_hints(env, &s, hints, &h, &hp) != 0 ||
       (previewed != NULL && read_route_signals(env, previewed, &prev) != 0)) {
     goto done;
@@ -1659,7 +1699,7 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_planRoute(JNIEnv* env, jclass cls
   if (INIT(env, kvr_route_signals_init, &sig) != 0) goto done;
   kvr_error* err = NULL;
   kvr_status st =
-      kvr_plan_route(ROUTER(r), t, n, &o, hp, previewed != NULL ? &prev : NULL, &sig, &err);
+      kvr_plan_route(ROUTER(r), t.copy, t.n, &o, hp, previewed != NULL ? &prev : NULL, &sig, &err);
   if (check(env, st, &err) != 0) goto done;
   jlong v[ABI_ROUTE_SIGNALS_LEN];
   abi_encode_route_signals(&sig, v);
@@ -1811,24 +1851,27 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_disaggDecodeRouter(JNIEnv* env, 
 }
 
 JNIEXPORT void JNICALL Java_io_kvrouter_Native_disaggRoutePrefill(JNIEnv* env, jclass cls, jlong d,
-                                                                  jintArray tokens, jobject options,
+                                                                  jintArray tokens,
+                                                                  jlongArray hashes,
+                                                                  jlong num_tokens, jobject options,
                                                                   jobject hints, jlongArray out) {
   (void)cls;
   scratch s;
   scratch_init(&s);
-  const uint32_t* t;
-  size_t n;
+  tokens_in t;
   kvr_request_options o;
   kvr_routing_hints h;
   const kvr_routing_hints* hp;
-  if (copy_ints(env, &s, tokens, &t, &n) != 0 || read_request_options(env, &s, options, &o) != 0 ||
+  /* Copied (t.copy: NULL for a prompt given hashed): the pools' decisions take their locks. */
+  if (read_request_options(env, &s, options, &o) != 0 ||
+      prompt_prepare(env, &s, tokens, NULL, 0, 0, hashes, num_tokens, 0, &o, &t) != 0 ||
       read_routing_hints(env, &s, hints, &h, &hp) != 0) {
     goto done;
   }
   kvr_prefill_result pr;
   if (INIT(env, kvr_prefill_result_init, &pr) != 0) goto done;
   kvr_error* err = NULL;
-  if (check(env, kvr_disagg_route_prefill(DISAGG(d), t, n, &o, hp, &pr, &err), &err) != 0) {
+  if (check(env, kvr_disagg_route_prefill(DISAGG(d), t.copy, t.n, &o, hp, &pr, &err), &err) != 0) {
     goto done;
   }
   jlong v[ABI_PREFILL_RESULT_LEN];
@@ -1838,20 +1881,19 @@ done:
   scratch_free(&s);
 }
 
-JNIEXPORT void JNICALL Java_io_kvrouter_Native_disaggRouteDecode(JNIEnv* env, jclass cls, jlong d,
-                                                                 jintArray tokens, jobject options,
-                                                                 jobject hints,
-                                                                 jboolean remote_prefill,
-                                                                 jlongArray out) {
+JNIEXPORT void JNICALL Java_io_kvrouter_Native_disaggRouteDecode(
+    JNIEnv* env, jclass cls, jlong d, jintArray tokens, jlongArray hashes, jlong num_tokens,
+    jobject options, jobject hints, jboolean remote_prefill, jlongArray out) {
   (void)cls;
   scratch s;
   scratch_init(&s);
-  const uint32_t* t;
-  size_t n;
+  tokens_in t;
   kvr_request_options o;
   kvr_routing_hints h;
   const kvr_routing_hints* hp;
-  if (copy_ints(env, &s, tokens, &t, &n) != 0 || read_request_options(env, &s, options, &o) != 0 ||
+  /* Copied, as for disaggRoutePrefill. */
+  if (read_request_options(env, &s, options, &o) != 0 ||
+      prompt_prepare(env, &s, tokens, NULL, 0, 0, hashes, num_tokens, 0, &o, &t) != 0 ||
       read_routing_hints(env, &s, hints, &h, &hp) != 0) {
     goto done;
   }
@@ -1859,7 +1901,7 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_disaggRouteDecode(JNIEnv* env, jc
   if (INIT(env, kvr_route_signals_init, &sig) != 0) goto done;
   kvr_error* err = NULL;
   kvr_status st =
-      kvr_disagg_route_decode(DISAGG(d), t, n, &o, hp, remote_prefill ? 1 : 0, &sig, &err);
+      kvr_disagg_route_decode(DISAGG(d), t.copy, t.n, &o, hp, remote_prefill ? 1 : 0, &sig, &err);
   if (check(env, st, &err) != 0) goto done;
   jlong v[ABI_ROUTE_SIGNALS_LEN];
   abi_encode_route_signals(&sig, v);
@@ -1869,7 +1911,8 @@ done:
 }
 
 JNIEXPORT jboolean JNICALL Java_io_kvrouter_Native_disaggPrefillWorkerBusy(
-    JNIEnv* env, jclass cls, jlong d, jintArray tokens, jobject options, jdouble threshold) {
+    JNIEnv* env, jclass cls, jlong d, jintArray tokens, jlongArray hashes, jlong num_tokens,
+    jobject options, jdouble threshold) {
   (void)cls;
   scratch s;
   scratch_init(&s);
@@ -1878,10 +1921,10 @@ JNIEXPORT jboolean JNICALL Java_io_kvrouter_Native_disaggPrefillWorkerBusy(
   int busy = 0;
   /* Copied: a preview takes the router's admission lock (see tokens_in). */
   if (read_request_options(env, &s, options, &o) == 0 &&
-      tokens_prepare(env, &s, tokens, NULL, 0, 0, 0, &t) == 0) {
+      prompt_prepare(env, &s, tokens, NULL, 0, 0, hashes, num_tokens, 0, &o, &t) == 0) {
     kvr_error* err = NULL;
-    const uint32_t* p = tokens_begin(env, &t);
-    if (p != NULL) {
+    const uint32_t* p;
+    if (tokens_begin(env, &t, &p) == 0) {
       kvr_status st = kvr_disagg_prefill_worker_busy(DISAGG(d), p, t.n, &o, threshold, &busy, &err);
       tokens_end(env, &t);
       check(env, st, &err);

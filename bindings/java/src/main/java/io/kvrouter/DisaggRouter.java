@@ -9,6 +9,10 @@ import java.util.Objects;
  *
  * <p>Thread-safe like {@link Router}. Closing it closes both pool routers; a pool router (or an
  * {@link Ingest} on one) still open keeps the native object alive until it is closed too.
+ *
+ * <p>Each call also has a {@code ...Hashed} form for a prompt given hashed, as {@link Router}'s:
+ * its local hashes (the pools' block size) and its length in tokens, which the policies read
+ * (the prompt's length, for instance, bounds a local prefill).
  */
 public final class DisaggRouter extends NativeObject {
   private final Router prefill;
@@ -67,7 +71,28 @@ public final class DisaggRouter extends NativeObject {
     long[] out = new long[Abi.PrefillResult.LEN];
     long h = acquire();
     try {
-      Native.disaggRoutePrefill(h, tokens, options, hints, out);
+      Native.disaggRoutePrefill(h, tokens, null, 0, options, hints, out);
+    } finally {
+      release();
+    }
+    return PrefillResult.decode(out);
+  }
+
+  /**
+   * As {@link #routePrefill(int[], RequestOptions, RoutingHints)}, for a prompt given hashed (see
+   * {@link Router}): {@code localHashes} its blocks' local hashes, {@code numTokens} its length.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens
+   */
+  public PrefillResult routePrefillHashed(
+      long[] localHashes, long numTokens, RequestOptions options, RoutingHints hints) {
+    Router.checkHashed(localHashes, numTokens);
+    Objects.requireNonNull(options, "options");
+    long[] out = new long[Abi.PrefillResult.LEN];
+    long h = acquire();
+    try {
+      Native.disaggRoutePrefill(h, null, localHashes, numTokens, options, hints, out);
     } finally {
       release();
     }
@@ -85,7 +110,33 @@ public final class DisaggRouter extends NativeObject {
     long[] out = new long[Abi.RouteSignals.LEN];
     long h = acquire();
     try {
-      Native.disaggRouteDecode(h, tokens, options, hints, remotePrefill, out);
+      Native.disaggRouteDecode(h, tokens, null, 0, options, hints, remotePrefill, out);
+    } finally {
+      release();
+    }
+    return RouteSignals.decode(out);
+  }
+
+  /**
+   * As {@link #routeDecode(int[], RequestOptions, RoutingHints, boolean)}, for a prompt given
+   * hashed (see {@link Router}) of {@code numTokens} tokens.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens
+   */
+  public RouteSignals routeDecodeHashed(
+      long[] localHashes,
+      long numTokens,
+      RequestOptions options,
+      RoutingHints hints,
+      boolean remotePrefill) {
+    Router.checkHashed(localHashes, numTokens);
+    Objects.requireNonNull(options, "options");
+    long[] out = new long[Abi.RouteSignals.LEN];
+    long h = acquire();
+    try {
+      Native.disaggRouteDecode(
+          h, null, localHashes, numTokens, options, hints, remotePrefill, out);
     } finally {
       release();
     }
@@ -100,7 +151,26 @@ public final class DisaggRouter extends NativeObject {
     Objects.requireNonNull(tokens, "tokens");
     long h = acquire();
     try {
-      return Native.disaggPrefillWorkerBusy(h, tokens, options, threshold);
+      return Native.disaggPrefillWorkerBusy(h, tokens, null, 0, options, threshold);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * As {@link #prefillWorkerBusy(int[], RequestOptions, double)}, for a prompt given hashed (see
+   * {@link Router}) of {@code numTokens} tokens.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens
+   */
+  public boolean prefillWorkerBusyHashed(
+      long[] localHashes, long numTokens, RequestOptions options, double threshold) {
+    Router.checkHashed(localHashes, numTokens);
+    long h = acquire();
+    try {
+      return Native.disaggPrefillWorkerBusy(
+          h, null, localHashes, numTokens, options, threshold);
     } finally {
       release();
     }

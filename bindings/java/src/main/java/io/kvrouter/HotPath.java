@@ -5,12 +5,12 @@ import java.nio.IntBuffer;
 /**
  * The hot calls of {@link Router}, made once the router is acquired: routing without candidates
  * with default or {@link RequestOptions#simpleFlags() simple} options (a preview, or an admission
- * under an id with perhaps a LoRA name and a namespace), preview route, mark prefill completed,
- * free. This is the base class, for JDK 17 to 21: it makes them through JNI ({@link JniHotPath}).
- * The jar also carries a java.lang.foreign implementation of the same class for JDK 22 and newer
- * (META-INF/versions/22/io/kvrouter/HotPath.class, from src/main/java22), which such a JVM loads
- * instead (a multi-release jar). Both have the same methods and behave alike, exceptions
- * included.
+ * under an id with perhaps a LoRA name and a namespace), preview route, both for a prompt given as
+ * tokens or hashed, mark prefill completed, free. This is the base class, for JDK 17 to 21: it
+ * makes them through JNI ({@link JniHotPath}). The jar also carries a java.lang.foreign
+ * implementation of the same class for JDK 22 and newer (META-INF/versions/22/io/kvrouter/
+ * HotPath.class, from src/main/java22), which such a JVM loads instead (a multi-release jar). Both
+ * have the same methods and behave alike, exceptions included.
  */
 final class HotPath {
   private HotPath() {}
@@ -30,10 +30,25 @@ final class HotPath {
     return JniHotPath.findBestMatch(router, tokens, direct, offset, length, options);
   }
 
+  /**
+   * {@link #findBestMatch} for a prompt given hashed: {@code hashes} its local hashes, {@code
+   * numTokens} its length (KVR_REQUEST_PREHASHED); the same options.
+   */
+  static RouteResult findBestMatchHashed(
+      long router, long[] hashes, long numTokens, RequestOptions options) {
+    return JniHotPath.findBestMatchHashed(router, hashes, numTokens, options);
+  }
+
   /** kvr_preview_route. */
   static RouteSignals previewRoute(
       long router, int[] tokens, RequestOptions options, RoutingHints hints) {
     return JniHotPath.previewRoute(router, tokens, options, hints);
+  }
+
+  /** kvr_preview_route of a prompt given hashed. */
+  static RouteSignals previewRouteHashed(
+      long router, long[] hashes, long numTokens, RequestOptions options, RoutingHints hints) {
+    return JniHotPath.previewRouteHashed(router, hashes, numTokens, options, hints);
   }
 
   static void markPrefillCompleted(long router, String requestId) {

@@ -19,7 +19,7 @@ final class JniHotPath {
       long router, int[] tokens, IntBuffer direct, int offset, int length, RequestOptions options) {
     long[] out = new long[RouteResult.ENCODED_LEN];
     if (options == null) {
-      Native.findBestMatch(router, tokens, direct, offset, length, null, 0, out);
+      Native.findBestMatch(router, tokens, direct, offset, length, null, 0, null, 0, out);
     } else {
       Native.findBestMatchSimple(
           router,
@@ -27,6 +27,8 @@ final class JniHotPath {
           direct,
           offset,
           length,
+          null,
+          0,
           options.simpleFlags(),
           options.requestId,
           length(options.requestId),
@@ -39,11 +41,45 @@ final class JniHotPath {
     return RouteResult.decode(out, null);
   }
 
+  /**
+   * {@link #findBestMatch} for a prompt given hashed ({@code options} null or simple as there):
+   * the options cross as arguments, with the hashes.
+   */
+  static RouteResult findBestMatchHashed(
+      long router, long[] hashes, long numTokens, RequestOptions options) {
+    long[] out = new long[RouteResult.ENCODED_LEN];
+    Native.findBestMatchSimple(
+        router,
+        null,
+        null,
+        0,
+        0,
+        hashes,
+        numTokens,
+        options == null ? 0 : options.simpleFlags(),
+        options == null ? null : options.requestId,
+        options == null ? 0 : length(options.requestId),
+        options == null ? null : options.loraName,
+        options == null ? 0 : length(options.loraName),
+        options == null ? null : options.cacheNamespace,
+        options == null ? 0 : length(options.cacheNamespace),
+        out);
+    return RouteResult.decode(out, null);
+  }
+
   /** kvr_preview_route. */
   static RouteSignals previewRoute(
       long router, int[] tokens, RequestOptions options, RoutingHints hints) {
     long[] out = new long[Abi.RouteSignals.LEN];
-    Native.previewRoute(router, tokens, options, hints, out);
+    Native.previewRoute(router, tokens, null, 0, options, hints, out);
+    return RouteSignals.decode(out);
+  }
+
+  /** kvr_preview_route of a prompt given hashed. */
+  static RouteSignals previewRouteHashed(
+      long router, long[] hashes, long numTokens, RequestOptions options, RoutingHints hints) {
+    long[] out = new long[Abi.RouteSignals.LEN];
+    Native.previewRoute(router, null, hashes, numTokens, options, hints, out);
     return RouteSignals.decode(out);
   }
 

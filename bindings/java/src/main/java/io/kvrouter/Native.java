@@ -10,6 +10,11 @@ package io.kvrouter;
  * scalars} in the same slots). The glue initialises every struct with its {@code _init} at the
  * size it was compiled with, so fields a Java array does not carry keep the library's defaults.
  *
+ * <p>Every call that takes a prompt takes it as {@code tokens}, or, with {@code hashes} non-null,
+ * as a prompt given hashed: its local hashes, one per complete block, and {@code numTokens} its
+ * length (KVR_REQUEST_PREHASHED: the glue passes the hashes in the request options and no
+ * tokens; {@code tokens} and {@code direct} are then null).
+ *
  * <p>Nothing here checks that a handle is alive: the public classes do, through {@link
  * NativeObject}.
  */
@@ -119,6 +124,8 @@ final class Native {
       java.nio.IntBuffer direct,
       int offset,
       int length,
+      long[] hashes,
+      long numTokens,
       RequestOptions options,
       int maxCandidates,
       long[] out);
@@ -135,6 +142,8 @@ final class Native {
       java.nio.IntBuffer direct,
       int offset,
       int length,
+      long[] hashes,
+      long numTokens,
       int flags,
       String requestId,
       int requestIdLength,
@@ -168,17 +177,25 @@ final class Native {
    */
   static native void throwStatus(int status, long err);
 
-  static native long[] overlapScores(long router, int[] tokens, RequestOptions options);
+  static native long[] overlapScores(
+      long router, int[] tokens, long[] hashes, long numTokens, RequestOptions options);
 
   static native long[] overlapScoresHashed(long router, long[] localHashes, RequestOptions options);
 
   /** kvr_router_find_matches: Abi.Match.LEN slots per rank. */
   static native long[] findMatches(long router, long[] localHashes);
 
-  static native long[] potentialLoads(long router, int[] tokens, RequestOptions options);
+  static native long[] potentialLoads(
+      long router, int[] tokens, long[] hashes, long numTokens, RequestOptions options);
 
   static native void addRequest(
-      long router, int[] tokens, long workerId, int dpRank, RequestOptions options);
+      long router,
+      int[] tokens,
+      long[] hashes,
+      long numTokens,
+      long workerId,
+      int dpRank,
+      RequestOptions options);
 
   static native void markPrefillCompleted(long router, String requestId);
 
@@ -195,11 +212,19 @@ final class Native {
   static native String metricsPrometheus(long router);
 
   static native void previewRoute(
-      long router, int[] tokens, RequestOptions options, RoutingHints hints, long[] out);
+      long router,
+      int[] tokens,
+      long[] hashes,
+      long numTokens,
+      RequestOptions options,
+      RoutingHints hints,
+      long[] out);
 
   static native void planRoute(
       long router,
       int[] tokens,
+      long[] hashes,
+      long numTokens,
       RequestOptions options,
       RoutingHints hints,
       long[] previewed,
@@ -237,18 +262,31 @@ final class Native {
   static native long disaggDecodeRouter(long disagg);
 
   static native void disaggRoutePrefill(
-      long disagg, int[] tokens, RequestOptions options, RoutingHints hints, long[] out);
+      long disagg,
+      int[] tokens,
+      long[] hashes,
+      long numTokens,
+      RequestOptions options,
+      RoutingHints hints,
+      long[] out);
 
   static native void disaggRouteDecode(
       long disagg,
       int[] tokens,
+      long[] hashes,
+      long numTokens,
       RequestOptions options,
       RoutingHints hints,
       boolean remotePrefill,
       long[] out);
 
   static native boolean disaggPrefillWorkerBusy(
-      long disagg, int[] tokens, RequestOptions options, double threshold);
+      long disagg,
+      int[] tokens,
+      long[] hashes,
+      long numTokens,
+      RequestOptions options,
+      double threshold);
 
   // ---- Event batches ----
 

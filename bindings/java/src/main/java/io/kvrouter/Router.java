@@ -23,6 +23,15 @@ import java.util.function.LongConsumer;
  * <p>Token ids are {@code int}s holding unsigned 32-bit values; worker ids and hashes are {@code
  * long}s holding unsigned 64-bit values.
  *
+ * <p>Every call that takes a prompt's tokens has a {@code ...Hashed} form taking the prompt hashed
+ * instead ({@code KVR_REQUEST_PREHASHED}): its local hashes, one per complete block ({@link
+ * Hashing#blockHashes(int[], int, HashOptions)} with the router's block size and the prompt's
+ * LoRA name, namespace and multimodal hashes), and its length in tokens. Nothing is hashed in the
+ * call, and the decision, the booking and the prices are those of the tokens; a hash count other
+ * than the complete blocks of {@code numTokens} is {@link Status#INVALID_ARGUMENT}. Of the
+ * options, the LoRA name, namespace and multimodal hashes are then unused (they are in the
+ * hashes). The hashes are copied for the call (8 bytes per block), never pinned.
+ *
  * <pre>{@code
  * try (Router router = new Router(RouterOptions.builder().blockSize(16).build())) {
  *   router.addWorker(WorkerConfig.of(1));
@@ -386,11 +395,63 @@ public final class Router extends NativeObject {
     long[] candidates;
     try {
       candidates =
-          Native.findBestMatch(h, tokens, direct, offset, length, options, maxCandidates, out);
+          Native.findBestMatch(
+              h, tokens, direct, offset, length, null, 0, options, maxCandidates, out);
     } finally {
       release();
     }
     return RouteResult.decode(out, candidates);
+  }
+
+  /**
+   * As {@link #findBestMatch(int[], RequestOptions)}, for a prompt given hashed (see the class
+   * comment): {@code localHashes} its blocks' local hashes, {@code numTokens} its length. A
+   * gateway that hashes its prompts itself (outside any lock, with {@link Hashing}), or once for
+   * several routers, hands over a hash per block instead of every token.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens; otherwise as {@link
+   *     #findBestMatch(int[], RequestOptions)}
+   * @throws IllegalArgumentException for a negative {@code numTokens}
+   */
+  public RouteResult findBestMatchHashed(
+      long[] localHashes, long numTokens, RequestOptions options) {
+    return findBestMatchHashed(localHashes, numTokens, options, 0);
+  }
+
+  /**
+   * As {@link #findBestMatchHashed(long[], long, RequestOptions)}, with the cost breakdown of up
+   * to {@code maxCandidates} candidates.
+   */
+  public RouteResult findBestMatchHashed(
+      long[] localHashes, long numTokens, RequestOptions options, int maxCandidates) {
+    checkHashed(localHashes, numTokens);
+    if (maxCandidates < 0) throw new IllegalArgumentException("maxCandidates < 0");
+    if (maxCandidates == 0 && (options == null || options.simpleFlags() >= 0)) {
+      long h = acquire();
+      try {
+        return HotPath.findBestMatchHashed(h, localHashes, numTokens, options);
+      } finally {
+        release();
+      }
+    }
+    long[] out = new long[RouteResult.ENCODED_LEN];
+    long h = acquire();
+    long[] candidates;
+    try {
+      candidates =
+          Native.findBestMatch(
+              h, null, null, 0, 0, localHashes, numTokens, options, maxCandidates, out);
+    } finally {
+      release();
+    }
+    return RouteResult.decode(out, candidates);
+  }
+
+  /** A prompt given hashed: its hashes, and its length in tokens. */
+  static void checkHashed(long[] localHashes, long numTokens) {
+    Objects.requireNonNull(localHashes, "localHashes");
+    if (numTokens < 0) throw new IllegalArgumentException("numTokens < 0");
   }
 
   /** Per rank holding at least the prompt's first block: what it holds, per tier. */
@@ -404,7 +465,7 @@ public final class Router extends NativeObject {
     long h = acquire();
     long[] a;
     try {
-      a = Native.overlapScores(h, tokens, options);
+      a = Native.overlapScores(h, tokens, null, 0, options);
     } finally {
       release();
     }
@@ -422,6 +483,28 @@ public final class Router extends NativeObject {
     long[] a;
     try {
       a = Native.overlapScoresHashed(h, localHashes, options);
+    } finally {
+      release();
+    }
+    return overlapsOf(a);
+  }
+
+  /**
+   * As {@link #overlapScores(int[], RequestOptions)}, for a prompt given hashed (see the class
+   * comment) of {@code numTokens} tokens: {@code kvr_router_overlap_scores} with {@code
+   * KVR_REQUEST_PREHASHED}, which, unlike {@link #overlapScoresHashed(long[], RequestOptions)},
+   * checks the hashes against the prompt's length and takes every option.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens
+   */
+  public List<Overlap> overlapScoresHashed(
+      long[] localHashes, long numTokens, RequestOptions options) {
+    checkHashed(localHashes, numTokens);
+    long h = acquire();
+    long[] a;
+    try {
+      a = Native.overlapScores(h, null, localHashes, numTokens, options);
     } finally {
       release();
     }
@@ -466,10 +549,34 @@ public final class Router extends NativeObject {
     long h = acquire();
     long[] a;
     try {
-      a = Native.potentialLoads(h, tokens, options);
+      a = Native.potentialLoads(h, tokens, null, 0, options);
     } finally {
       release();
     }
+    return loadsOf(a);
+  }
+
+  /**
+   * As {@link #potentialLoads(int[], RequestOptions)}, for a prompt given hashed (see the class
+   * comment) of {@code numTokens} tokens.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens
+   */
+  public List<PotentialLoad> potentialLoadsHashed(
+      long[] localHashes, long numTokens, RequestOptions options) {
+    checkHashed(localHashes, numTokens);
+    long h = acquire();
+    long[] a;
+    try {
+      a = Native.potentialLoads(h, null, localHashes, numTokens, options);
+    } finally {
+      release();
+    }
+    return loadsOf(a);
+  }
+
+  private static List<PotentialLoad> loadsOf(long[] a) {
     ArrayList<PotentialLoad> list = new ArrayList<>(a.length / Abi.PotentialLoad.LEN);
     for (int i = 0; i < a.length; i += Abi.PotentialLoad.LEN) {
       list.add(PotentialLoad.decode(a, i));
@@ -491,7 +598,27 @@ public final class Router extends NativeObject {
     Objects.requireNonNull(options, "options");
     long h = acquire();
     try {
-      Native.addRequest(h, tokens, workerId, dpRank, options);
+      Native.addRequest(h, tokens, null, 0, workerId, dpRank, options);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * As {@link #addRequest(int[], long, int, RequestOptions)}, for a prompt given hashed (see the
+   * class comment) of {@code numTokens} tokens: the booking weighs on the rank as one made from
+   * the tokens.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens
+   */
+  public void addRequestHashed(
+      long[] localHashes, long numTokens, long workerId, int dpRank, RequestOptions options) {
+    checkHashed(localHashes, numTokens);
+    Objects.requireNonNull(options, "options");
+    long h = acquire();
+    try {
+      Native.addRequest(h, null, localHashes, numTokens, workerId, dpRank, options);
     } finally {
       release();
     }
@@ -614,6 +741,26 @@ public final class Router extends NativeObject {
   }
 
   /**
+   * As {@link #previewRoute(int[], RequestOptions, RoutingHints)}, for a prompt given hashed (see
+   * the class comment) of {@code numTokens} tokens. A preview takes the router's admission lock,
+   * so an {@code int[]} prompt is copied for it (8,192 tokens: 32 KiB); hashed, only its hashes
+   * are (4 KiB in blocks of 16), and the hashing ran before, in place, outside any lock.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens
+   */
+  public RouteSignals previewRouteHashed(
+      long[] localHashes, long numTokens, RequestOptions options, RoutingHints hints) {
+    checkHashed(localHashes, numTokens);
+    long h = acquire();
+    try {
+      return HotPath.previewRouteHashed(h, localHashes, numTokens, options, hints);
+    } finally {
+      release();
+    }
+  }
+
+  /**
    * Books the request as a plan, keeping {@code previewed}'s rank while it is still a candidate.
    * Idempotent for an id with a live plan.
    *
@@ -629,7 +776,33 @@ public final class Router extends NativeObject {
     long[] out = new long[Abi.RouteSignals.LEN];
     long h = acquire();
     try {
-      Native.planRoute(h, tokens, options, hints, prev, out);
+      Native.planRoute(h, tokens, null, 0, options, hints, prev, out);
+    } finally {
+      release();
+    }
+    return RouteSignals.decode(out);
+  }
+
+  /**
+   * As {@link #planRoute(int[], RequestOptions, RoutingHints, RouteSignals)}, for a prompt given
+   * hashed (see the class comment) of {@code numTokens} tokens.
+   *
+   * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code localHashes} has one
+   *     hash per complete block of {@code numTokens} tokens
+   */
+  public RouteSignals planRouteHashed(
+      long[] localHashes,
+      long numTokens,
+      RequestOptions options,
+      RoutingHints hints,
+      RouteSignals previewed) {
+    checkHashed(localHashes, numTokens);
+    Objects.requireNonNull(options, "options");
+    long[] prev = previewed == null ? null : previewed.encode();
+    long[] out = new long[Abi.RouteSignals.LEN];
+    long h = acquire();
+    try {
+      Native.planRoute(h, null, localHashes, numTokens, options, hints, prev, out);
     } finally {
       release();
     }

@@ -25,12 +25,14 @@ import java.util.Collections;
  *       addresses, struct sizes and field offsets the glue hands over once ({@link
  *       Native#ffmTable()}); the glue exports no C symbol for a lookup to find.
  *   <li>Every call is an ordinary downcall, an {@code int[]} prompt copied to native memory (a
- *       direct IntBuffer is read in place, whatever the call). None can be a critical downcall
- *       ({@code Linker.Option.critical}), which stays in the Java thread state, so that every
- *       safepoint waits for it to return: previews too take the router's admission lock, which
- *       a thread booking a request holds while it calls the replica publisher, in Java, where it
- *       stops at a safepoint; a preview waiting for that lock in a critical downcall would stop
- *       the whole JVM. (An admitted call may also wait in the admission queue.)
+ *       direct IntBuffer is read in place, whatever the call), and so are the hashes of a prompt
+ *       given hashed (KVR_REQUEST_PREHASHED: no tokens, the hashes in the options). None can be
+ *       a critical downcall ({@code Linker.Option.critical}), which stays in the Java thread
+ *       state, so that every safepoint waits for it to return: previews too take the router's
+ *       admission lock, which a thread booking a request holds while it calls the replica
+ *       publisher, in Java, where it stops at a safepoint; a preview waiting for that lock in a
+ *       critical downcall would stop the whole JVM. (An admitted call may also wait in the
+ *       admission queue.)
  *   <li>The options, the result, the error slot and the strings (ids, LoRA name, namespace,
  *       UTF-8 with a NUL) live in a per-thread native buffer reused from call to call: no
  *       allocation but the result object. A call made on the same thread while one is in
@@ -58,7 +60,8 @@ final class HotPath {
   private static final int T_OPTIONS_SIZE = 7; // then flags, request_id, lora_name, namespace
   private static final int T_RESULT_SIZE = 12; // then dp_rank ... queued, as RouteResult
   private static final int T_SIGNALS_SIZE = 23; // then dp_rank ... queued, as RouteSignals
-  private static final int T_LEN = 36;
+  private static final int T_OPTIONS_LOCAL_HASHES = 36; // then num_local_hashes
+  private static final int T_LEN = 38;
 
   private static final boolean ENABLED;
   private static final long[] T;
@@ -80,6 +83,8 @@ final class HotPath {
   private static final long O_REQUEST_ID = T[T_OPTIONS_SIZE + 2];
   private static final long O_LORA_NAME = T[T_OPTIONS_SIZE + 3];
   private static final long O_CACHE_NAMESPACE = T[T_OPTIONS_SIZE + 4];
+  private static final long O_LOCAL_HASHES = T[T_OPTIONS_LOCAL_HASHES];
+  private static final long O_NUM_LOCAL_HASHES = T[T_OPTIONS_LOCAL_HASHES + 1];
   private static final long RESULT_SIZE = T[T_RESULT_SIZE];
   private static final long R_DP_RANK = T[T_RESULT_SIZE + 1];
   private static final long R_WORKER_ID = T[T_RESULT_SIZE + 2];
@@ -237,19 +242,7 @@ final class HotPath {
                     router, prompt, (long) tokens.length, opts, out, 0L, 0L, total, err);
       }
       if (status != 0) throw b.failure(status);
-      return new RouteResult(
-          m.get(JAVA_LONG, B_RESULT + R_WORKER_ID),
-          m.get(JAVA_INT, B_RESULT + R_DP_RANK),
-          m.get(JAVA_INT, B_RESULT + R_PROMPT_BLOCKS),
-          m.get(JAVA_INT, B_RESULT + R_DEVICE_OVERLAP_BLOCKS),
-          m.get(JAVA_DOUBLE, B_RESULT + R_EFFECTIVE_OVERLAP_BLOCKS),
-          m.get(JAVA_LONG, B_RESULT + R_CACHED_TOKENS),
-          m.get(JAVA_LONG, B_RESULT + R_PROMPT_TOKENS),
-          m.get(JAVA_DOUBLE, B_RESULT + R_COST),
-          m.get(JAVA_INT, B_RESULT + R_BOOKED) != 0,
-          m.get(JAVA_INT, B_RESULT + R_QUEUED) != 0,
-          Collections.emptyList(),
-          m.get(JAVA_LONG, B_TOTAL));
+      return routeResult(m);
     } catch (RuntimeException | Error e) {
       throw e;
     } catch (Throwable t) {
@@ -257,6 +250,65 @@ final class HotPath {
     } finally {
       b.exit();
     }
+  }
+
+  /**
+   * {@link #findBestMatch} for a prompt given hashed: no tokens, the hashes copied to the thread's
+   * native buffer and named in the options with KVR_REQUEST_PREHASHED (so the options struct is
+   * passed whatever {@code options}).
+   */
+  static RouteResult findBestMatchHashed(
+      long router, long[] hashes, long numTokens, RequestOptions options) {
+    if (!ENABLED) return JniHotPath.findBestMatchHashed(router, hashes, numTokens, options);
+    Buffer b = Buffer.enter();
+    try {
+      if (options == null) {
+        b.options(0, null, null, null);
+      } else {
+        b.options(
+            options.simpleFlags(), options.requestId, options.loraName, options.cacheNamespace);
+      }
+      b.hashes(hashes);
+      MemorySegment m = b.memory;
+      MemorySegment.copy(m, B_RESULT_DEFAULTS, m, B_RESULT, RESULT_SIZE);
+      m.set(JAVA_LONG, B_TOTAL, 0L);
+      int status =
+          (int)
+              FIND_BEST_MATCH_AT.invokeExact(
+                  router,
+                  0L,
+                  numTokens,
+                  b.address + B_OPTIONS,
+                  b.address + B_RESULT,
+                  0L,
+                  0L,
+                  b.address + B_TOTAL,
+                  b.address + B_ERROR);
+      if (status != 0) throw b.failure(status);
+      return routeResult(m);
+    } catch (RuntimeException | Error e) {
+      throw e;
+    } catch (Throwable t) {
+      throw new AssertionError(t);
+    } finally {
+      b.exit();
+    }
+  }
+
+  private static RouteResult routeResult(MemorySegment m) {
+    return new RouteResult(
+        m.get(JAVA_LONG, B_RESULT + R_WORKER_ID),
+        m.get(JAVA_INT, B_RESULT + R_DP_RANK),
+        m.get(JAVA_INT, B_RESULT + R_PROMPT_BLOCKS),
+        m.get(JAVA_INT, B_RESULT + R_DEVICE_OVERLAP_BLOCKS),
+        m.get(JAVA_DOUBLE, B_RESULT + R_EFFECTIVE_OVERLAP_BLOCKS),
+        m.get(JAVA_LONG, B_RESULT + R_CACHED_TOKENS),
+        m.get(JAVA_LONG, B_RESULT + R_PROMPT_TOKENS),
+        m.get(JAVA_DOUBLE, B_RESULT + R_COST),
+        m.get(JAVA_INT, B_RESULT + R_BOOKED) != 0,
+        m.get(JAVA_INT, B_RESULT + R_QUEUED) != 0,
+        Collections.emptyList(),
+        m.get(JAVA_LONG, B_TOTAL));
   }
 
   static RouteSignals previewRoute(
@@ -287,19 +339,7 @@ final class HotPath {
                   b.address + B_SIGNALS,
                   b.address + B_ERROR);
       if (status != 0) throw b.failure(status);
-      return new RouteSignals(
-          m.get(JAVA_LONG, B_SIGNALS + S_WORKER_ID),
-          m.get(JAVA_INT, B_SIGNALS + S_DP_RANK),
-          m.get(JAVA_INT, B_SIGNALS + S_OVERLAP_BLOCKS),
-          m.get(JAVA_INT, B_SIGNALS + S_PROMPT_BLOCKS),
-          m.get(JAVA_LONG, B_SIGNALS + S_CACHED_TOKENS),
-          m.get(JAVA_LONG, B_SIGNALS + S_POTENTIAL_DECODE_BLOCKS),
-          m.get(JAVA_LONG, B_SIGNALS + S_TOTAL_KV_BLOCKS),
-          m.get(JAVA_DOUBLE, B_SIGNALS + S_COST),
-          m.get(JAVA_LONG, B_SIGNALS + S_PROMPT_TOKENS),
-          m.get(JAVA_INT, B_SIGNALS + S_BOOKED) != 0,
-          m.get(JAVA_INT, B_SIGNALS + S_MOVED) != 0,
-          m.get(JAVA_INT, B_SIGNALS + S_QUEUED) != 0);
+      return routeSignals(m);
     } catch (RuntimeException | Error e) {
       throw e;
     } catch (Throwable t) {
@@ -307,6 +347,60 @@ final class HotPath {
     } finally {
       b.exit();
     }
+  }
+
+  /** {@link #previewRoute} for a prompt given hashed (as {@link #findBestMatchHashed}). */
+  static RouteSignals previewRouteHashed(
+      long router, long[] hashes, long numTokens, RequestOptions options, RoutingHints hints) {
+    if (!ENABLED || hints != null || (options != null && options.simpleFlags() < 0)) {
+      return JniHotPath.previewRouteHashed(router, hashes, numTokens, options, hints);
+    }
+    Buffer b = Buffer.enter();
+    try {
+      if (options == null) {
+        b.options(0, null, null, null);
+      } else {
+        b.options(
+            options.simpleFlags(), options.requestId, options.loraName, options.cacheNamespace);
+      }
+      b.hashes(hashes);
+      MemorySegment m = b.memory;
+      MemorySegment.copy(m, B_SIGNALS_DEFAULTS, m, B_SIGNALS, SIGNALS_SIZE);
+      int status =
+          (int)
+              PREVIEW_ROUTE.invokeExact(
+                  router,
+                  MemorySegment.NULL,
+                  numTokens,
+                  b.address + B_OPTIONS,
+                  0L,
+                  b.address + B_SIGNALS,
+                  b.address + B_ERROR);
+      if (status != 0) throw b.failure(status);
+      return routeSignals(m);
+    } catch (RuntimeException | Error e) {
+      throw e;
+    } catch (Throwable t) {
+      throw new AssertionError(t);
+    } finally {
+      b.exit();
+    }
+  }
+
+  private static RouteSignals routeSignals(MemorySegment m) {
+    return new RouteSignals(
+        m.get(JAVA_LONG, B_SIGNALS + S_WORKER_ID),
+        m.get(JAVA_INT, B_SIGNALS + S_DP_RANK),
+        m.get(JAVA_INT, B_SIGNALS + S_OVERLAP_BLOCKS),
+        m.get(JAVA_INT, B_SIGNALS + S_PROMPT_BLOCKS),
+        m.get(JAVA_LONG, B_SIGNALS + S_CACHED_TOKENS),
+        m.get(JAVA_LONG, B_SIGNALS + S_POTENTIAL_DECODE_BLOCKS),
+        m.get(JAVA_LONG, B_SIGNALS + S_TOTAL_KV_BLOCKS),
+        m.get(JAVA_DOUBLE, B_SIGNALS + S_COST),
+        m.get(JAVA_LONG, B_SIGNALS + S_PROMPT_TOKENS),
+        m.get(JAVA_INT, B_SIGNALS + S_BOOKED) != 0,
+        m.get(JAVA_INT, B_SIGNALS + S_MOVED) != 0,
+        m.get(JAVA_INT, B_SIGNALS + S_QUEUED) != 0);
   }
 
   // markPrefillCompleted and freeRequest repeat each other on purpose: a method handle passed
@@ -351,8 +445,8 @@ final class HotPath {
 
   /**
    * A thread's native memory for its calls: the structs and the error slot ({@code memory}), the
-   * strings of a call, and a copy of a call's {@code int[]} prompt. Freed with its
-   * arena when the thread (and so the buffer) is gone.
+   * strings of a call, and a copy of a call's {@code int[]} prompt or of its hashes. Freed with
+   * its arena when the thread (and so the buffer) is gone.
    */
   private static final class Buffer {
     final MemorySegment memory;
@@ -395,7 +489,9 @@ final class HotPath {
       busy = false;
     }
 
-    /** Sets the options' flags and strings (the rest stays the library's defaults). */
+    /**
+     * Sets the options' flags and strings, and no hashes (the rest stays the library's defaults).
+     */
     void options(int flags, String requestId, String loraName, String cacheNamespace) {
       reserve(utf8Bound(requestId) + utf8Bound(loraName) + utf8Bound(cacheNamespace));
       long at = 0;
@@ -419,6 +515,26 @@ final class HotPath {
       m.set(JAVA_LONG, B_OPTIONS + O_REQUEST_ID, id);
       m.set(JAVA_LONG, B_OPTIONS + O_LORA_NAME, lora);
       m.set(JAVA_LONG, B_OPTIONS + O_CACHE_NAMESPACE, ns);
+      m.set(JAVA_LONG, B_OPTIONS + O_LOCAL_HASHES, 0L);
+      m.set(JAVA_LONG, B_OPTIONS + O_NUM_LOCAL_HASHES, 0L);
+    }
+
+    /**
+     * After {@link #options}: the prompt is given hashed, {@code hashes} copied to the prompt's
+     * native memory (an ordinary downcall, as for tokens) and named in the options with
+     * KVR_REQUEST_PREHASHED.
+     */
+    void hashes(long[] hashes) {
+      long bytes = 8L * hashes.length;
+      if (bytes > prompt.byteSize()) {
+        prompt = Arena.ofAuto().allocate(Math.max(bytes, 2 * prompt.byteSize()), 8);
+      }
+      MemorySegment.copy(hashes, 0, prompt, JAVA_LONG, 0, hashes.length);
+      MemorySegment m = memory;
+      int flags = m.get(JAVA_INT, B_OPTIONS + O_FLAGS);
+      m.set(JAVA_INT, B_OPTIONS + O_FLAGS, flags | Abi.REQUEST_PREHASHED);
+      m.set(JAVA_LONG, B_OPTIONS + O_LOCAL_HASHES, prompt.address());
+      m.set(JAVA_LONG, B_OPTIONS + O_NUM_LOCAL_HASHES, (long) hashes.length);
     }
 
     /** The address of {@code s} in UTF-8 with a NUL, or 0 for null. */

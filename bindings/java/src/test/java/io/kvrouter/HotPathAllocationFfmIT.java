@@ -31,7 +31,7 @@ class HotPathAllocationFfmIT {
    * compiler threads: CI once needed more than 40 rounds, 4 s). A call that keeps allocating
    * still fails, only later.
    */
-  private static double bytesPerCall(Runnable call, double enough) {
+  static double bytesPerCall(Runnable call, double enough) {
     double least = Double.MAX_VALUE;
     long patience = System.nanoTime() + 60_000_000_000L;
     for (int round = 0;

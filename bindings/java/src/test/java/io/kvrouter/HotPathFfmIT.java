@@ -35,6 +35,7 @@ import org.junit.jupiter.api.Timeout;
 @Timeout(120)
 class HotPathFfmIT {
   static final int[] PROMPT = tokens(4 * BLOCK + 5, 1000);
+  static final long[] HASHES = Hashing.blockHashes(PROMPT, BLOCK);
 
   /** A call's outcome: its result, or the exception it threw. */
   private record Outcome(Object result, Class<?> thrown, String message, int code) {
@@ -219,6 +220,95 @@ class HotPathFfmIT {
   }
 
   @Test
+  void hashedPromptsAgree() {
+    try (Twins t = new Twins()) {
+      t.ffm.setTime(1_000_000_000L);
+      t.jni.setTime(1_000_000_000L);
+      List<RequestOptions> options = new ArrayList<>();
+      options.add(null);
+      options.add(RequestOptions.withId("h-1"));
+      options.add(RequestOptions.builder().loraName("adapter").build()); // unused: in the hashes
+      options.add(RequestOptions.admit("h-2"));
+      options.add(
+          RequestOptions.builder().requestId("h-3").admit(true).cacheNamespace("é").build());
+      for (int[] prompt :
+          new int[][] {PROMPT, tokens(0, 0), tokens(3, 7), tokens(8192, 1000), tokens(64, 9)}) {
+        long[] hashes = Hashing.blockHashes(prompt, BLOCK); // 512 for 8,192 tokens: 4 KiB
+        long n = prompt.length;
+        for (RequestOptions o : options) {
+          String id = o == null ? null : o.requestId();
+          boolean admitted = o != null && o.admit();
+          t.same(
+              h -> HotPath.findBestMatchHashed(h, hashes, n, o),
+              h -> JniHotPath.findBestMatchHashed(h, hashes, n, o));
+          if (admitted) {
+            t.same(
+                h -> run(() -> HotPath.freeRequest(h, id)),
+                h -> run(() -> JniHotPath.freeRequest(h, id)));
+          }
+          t.same(
+              h -> HotPath.previewRouteHashed(h, hashes, n, o, null),
+              h -> JniHotPath.previewRouteHashed(h, hashes, n, o, null));
+          // The thread's options struct held the hashes: a call with tokens right after must not
+          // see them (tokens beside hashes would be refused).
+          t.same(
+              h -> HotPath.findBestMatch(h, prompt, null, 0, prompt.length, o),
+              h -> JniHotPath.findBestMatch(h, prompt, null, 0, prompt.length, o));
+          if (admitted) {
+            t.same(h -> run(() -> t.ffm.freeRequest(id)), h -> run(() -> t.jni.freeRequest(id)));
+          }
+          t.same(
+              h -> HotPath.previewRoute(h, prompt, o, null),
+              h -> JniHotPath.previewRoute(h, prompt, o, null));
+        }
+      }
+      // Through Router, the public calls, and options the FFM path leaves to JNI.
+      RequestOptions full = RequestOptions.builder().expectedOutputTokens(5).build();
+      t.same(
+          h -> t.ffm.findBestMatchHashed(HASHES, PROMPT.length, full),
+          h -> t.jni.findBestMatchHashed(HASHES, PROMPT.length, full));
+      RoutingHints pin = RoutingHints.builder().workerId(2).build();
+      t.same(
+          h -> t.ffm.previewRouteHashed(HASHES, PROMPT.length, null, pin),
+          h -> t.jni.previewRouteHashed(HASHES, PROMPT.length, null, pin));
+      // Refusals: a count that is not the prompt's blocks, tokens' length and all.
+      for (long n : new long[] {PROMPT.length + BLOCK, BLOCK - 1, 0}) {
+        t.same(
+            h -> HotPath.findBestMatchHashed(h, HASHES, n, RequestOptions.admit("x")),
+            h -> JniHotPath.findBestMatchHashed(h, HASHES, n, RequestOptions.admit("x")));
+        t.same(
+            h -> HotPath.previewRouteHashed(h, HASHES, n, null, null),
+            h -> JniHotPath.previewRouteHashed(h, HASHES, n, null, null));
+      }
+      KvRouterException e =
+          assertThrows(
+              KvRouterException.class, () -> t.ffm.findBestMatchHashed(HASHES, 1, null));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+      assertEquals(0, t.ffm.metrics().requestsActive());
+    }
+    // On one router through the FFM path: the hashes get the tokens' decision (worker 4 holds
+    // every complete block of PROMPT, so no draw decides).
+    try (Router r = router()) {
+      long h = handle(r);
+      RouteResult byTokens = HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, null);
+      assertEquals(byTokens, HotPath.findBestMatchHashed(h, HASHES, PROMPT.length, null));
+      assertEquals(4, byTokens.workerId());
+      assertEquals(PROMPT.length, byTokens.promptTokens());
+      assertEquals(
+          HotPath.previewRoute(h, PROMPT, null, null),
+          HotPath.previewRouteHashed(h, HASHES, PROMPT.length, null, null));
+      RouteResult booked =
+          HotPath.findBestMatchHashed(h, HASHES, PROMPT.length, RequestOptions.admit("b"));
+      assertTrue(booked.booked());
+      for (PotentialLoad l : r.potentialLoads(PROMPT)) {
+        assertEquals(l.workerId() == 4 ? 1 : 0, l.activeRequests(), l.toString());
+      }
+      HotPath.freeRequest(h, "b");
+      assertEquals(0, r.metrics().requestsActive());
+    }
+  }
+
+  @Test
   void errorsAgree() {
     try (Twins t = new Twins()) {
       // A duplicate request id.
@@ -297,6 +387,8 @@ class HotPathFfmIT {
             () -> r.findBestMatch(PROMPT, RequestOptions.admit("c")),
             () -> r.findBestMatch(direct(PROMPT, 0), RequestOptions.admit("c")),
             () -> r.previewRoute(PROMPT, null, null),
+            () -> r.findBestMatchHashed(HASHES, PROMPT.length, RequestOptions.admit("c")),
+            () -> r.previewRouteHashed(HASHES, PROMPT.length, null, null),
             () -> r.markPrefillCompleted("c"),
             () -> r.freeRequest("c"));
     for (Runnable call : calls) {

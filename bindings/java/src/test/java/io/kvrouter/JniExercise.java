@@ -21,6 +21,7 @@ public final class JniExercise {
           LibraryTest.class,
           AbiTest.class,
           RouterTest.class,
+          PrehashedPromptTest.class,
           StagedRoutingTest.class,
           DisaggTest.class,
           IngestTest.class,

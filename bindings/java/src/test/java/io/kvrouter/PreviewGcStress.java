@@ -34,7 +34,8 @@ import java.util.concurrent.atomic.AtomicReference;
  * <p>The previews are every call that reads an {@code int[]} prompt (or a direct buffer) without
  * booking: findBestMatch without admission (int[] through the full and the simple entry point,
  * and a direct IntBuffer), previewRoute, potentialLoads, overlapScores, findMatches,
- * prefillWorkerBusy on a disaggregated router whose prefill pool publishes, hashing.
+ * prefillWorkerBusy on a disaggregated router whose prefill pool publishes, hashing, and the
+ * calls of a prompt given hashed (its hashes copied, as an int[] prompt is).
  */
 final class PreviewGcStress {
   private PreviewGcStress() {}
@@ -113,6 +114,7 @@ final class PreviewGcStress {
         .asIntBuffer();
     direct.put(prompts[0]).flip();
     long[] hashes = Hashing.blockHashes(prompts[0], BLOCK);
+    int hashed = prompts[0].length;
     AtomicLong published = new AtomicLong();
     ReplicaPublisher allocating =
         change -> {
@@ -164,7 +166,7 @@ final class PreviewGcStress {
                 () -> {
                   for (int i = 0; i < iterations; ++i) {
                     int[] prompt = prompts[(thread + i) % prompts.length];
-                    switch (i % 8) {
+                    switch (i % 10) {
                       case 0 -> router.findBestMatch(prompt);
                       case 1 -> router.findBestMatch(prompt, RequestOptions.builder().build(), 4);
                       case 2 -> router.findBestMatch(direct.duplicate(), null);
@@ -172,6 +174,14 @@ final class PreviewGcStress {
                       case 4 -> router.potentialLoads(prompt);
                       case 5 -> disagg.prefillWorkerBusy(prompt, null, 1.0);
                       case 6 -> router.overlapScores(prompt);
+                      case 7 -> {
+                        router.findBestMatchHashed(hashes, hashed, null);
+                        router.previewRouteHashed(hashes, hashed, null, null);
+                      }
+                      case 8 -> {
+                        router.potentialLoadsHashed(hashes, hashed, null);
+                        disagg.prefillWorkerBusyHashed(hashes, hashed, null, 1.0);
+                      }
                       default -> {
                         router.findMatches(hashes);
                         Hashing.blockHashes(prompt, BLOCK);
