@@ -22,6 +22,9 @@
  * - Token and hash arrays are read in place from a C-contiguous buffer of 4-byte (tokens) or
  *   8-byte (hashes) unsigned integers (array.array('I'/'Q'), numpy uint32/uint64); any other
  *   integer buffer or iterable of ints is converted, with range checks.
+ * - Every routing call's prompt is its token ids or a kvrouter.HashedPrompt (get_prompt): then
+ *   its local hashes, read as any hashes, go into the call's options with KVR_REQUEST_PREHASHED
+ *   and the call takes no tokens, only the prompt's length.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -47,6 +50,7 @@ static PyObject* g_error_base;    /* KvRouterError */
 static PyObject* g_error_classes; /* dict: status int -> class */
 static PyObject* g_closed_error;  /* ClosedError */
 static PyObject* g_enum_classes;  /* dict: typedef str -> IntEnum class */
+static PyObject* g_hashed_prompt; /* kvrouter.HashedPrompt */
 
 static void raise_status(kvr_status status, const char* message) {
   PyObject *cls = NULL, *key, *exc;
@@ -749,6 +753,48 @@ static int call_hints(PyObject* hints, const kvr_routing_hints** out) {
   return 0;
 }
 
+/* ---- A routing call's prompt: token ids, or a HashedPrompt ----------------------------------- */
+
+typedef struct {
+  int_array array;        /* the token ids, or the prompt's local hashes */
+  const uint32_t* tokens; /* the call's tokens: NULL for a prompt given hashed */
+  size_t num_tokens;      /* the prompt's length */
+} prompt_in;
+
+static PyObject *g_str_local_hashes, *g_str_num_tokens;
+
+/* The prompt of a call whose options `o` (already the call's own copy) it may change: token ids
+ * (get_array), or a kvrouter.HashedPrompt, whose local hashes (held for the call as any hashes:
+ * in place from a uint64 buffer, else converted) go into `o` with KVR_REQUEST_PREHASHED; the
+ * library checks them against num_tokens. Release with array_release(&p->array). */
+static int get_prompt(PyObject* obj, kvr_request_options* o, prompt_in* p) {
+  PyObject *hashes, *count;
+  unsigned long long n;
+  int rc;
+  memset(p, 0, sizeof *p);
+  if (!g_hashed_prompt || !PyObject_TypeCheck(obj, (PyTypeObject*)g_hashed_prompt)) {
+    if (get_array(obj, 4, 0, "tokens", &p->array) < 0) return -1;
+    p->tokens = p->array.data;
+    p->num_tokens = p->array.len;
+    return 0;
+  }
+  if (!(count = PyObject_GetAttr(obj, g_str_num_tokens))) return -1;
+  n = PyLong_AsUnsignedLongLong(count); /* TypeError for a non-int, OverflowError below 0 */
+  Py_DECREF(count);
+  if (n == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+  if (!(hashes = PyObject_GetAttr(obj, g_str_local_hashes))) return -1;
+  /* A buffer's view keeps its exporter alive; anything else is copied. */
+  rc = get_array(hashes, 8, 0, "local_hashes", &p->array);
+  Py_DECREF(hashes);
+  if (rc < 0) return -1;
+  o->flags |= KVR_REQUEST_PREHASHED;
+  o->local_hashes = p->array.data;
+  o->num_local_hashes = p->array.len;
+  p->tokens = NULL;
+  p->num_tokens = (size_t)n;
+  return 0;
+}
+
 /* ---- Stored and removed events (shared by the router and event batches) ------------------- */
 
 typedef struct {
@@ -1320,7 +1366,7 @@ static PyObject* router_set_replica_publisher(RouterObject* self, PyObject* args
  * (RouteResult, [Candidate], total) when max_candidates > 0 */
 static PyObject* router_find_best_match(RouterObject* self, PyObject* const* args,
                                         Py_ssize_t nargs) {
-  int_array tokens;
+  prompt_in prompt;
   kvr_request_options o;
   kvr_route_result res;
   kvr_candidate* cands = NULL;
@@ -1339,7 +1385,7 @@ static PyObject* router_find_best_match(RouterObject* self, PyObject* const* arg
     cap = n > 0 ? (size_t)n : 0;
   }
   if (call_request(args[1], args[2], &o) < 0) return NULL;
-  if (get_array(args[0], 4, 0, "tokens", &tokens) < 0) return NULL;
+  if (get_prompt(args[0], &o, &prompt) < 0) return NULL;
   if (cap) {
     cands = PyMem_Malloc(cap * sizeof *cands);
     if (!cands) {
@@ -1349,7 +1395,7 @@ static PyObject* router_find_best_match(RouterObject* self, PyObject* const* arg
   }
   if (init_struct(DESC(kvr_route_result), &res) < 0) goto cleanup;
   ROUTER_CALL(self, r, st,
-              kvr_find_best_match(r, tokens.data, tokens.len, &o, &res, cands, cap,
+              kvr_find_best_match(r, prompt.tokens, prompt.num_tokens, &o, &res, cands, cap,
                                   cap ? &total : NULL, &err));
   if (st != KVR_OK) {
     fail(st, err);
@@ -1378,7 +1424,7 @@ static PyObject* router_find_best_match(RouterObject* self, PyObject* const* arg
   }
 cleanup:
   PyMem_Free(cands);
-  array_release(&tokens);
+  array_release(&prompt.array);
   return result;
 }
 
@@ -1387,10 +1433,11 @@ PyDoc_STRVAR(
     "find_best_match($self, tokens, /, options=None, *, request_id=None)\n--\n\n"
     "Picks the worker rank for a prompt and returns a RouteResult.\n\n"
     "tokens: the prompt's token ids (a sequence of ints, or an array.array('I') / numpy uint32\n"
-    "array, read in place). options: a RequestOptions. With request_id (or options.admit and\n"
-    "options.request_id) the request is booked on the chosen rank, after waiting in the admission\n"
-    "queue if the router queues (the GIL is released meanwhile); free it with free_request.\n"
-    "Without, it is a preview that changes nothing.");
+    "array, read in place), or a HashedPrompt (its local hashes and its length: nothing is\n"
+    "hashed, the decision is the tokens'). options: a RequestOptions. With request_id (or\n"
+    "options.admit and options.request_id) the request is booked on the chosen rank, after\n"
+    "waiting in the admission queue if the router queues (the GIL is released meanwhile); free\n"
+    "it with free_request. Without, it is a preview that changes nothing.");
 
 PyDoc_STRVAR(mark_prefill_completed_doc,
              "mark_prefill_completed($self, request_id, /)\n--\n\n"
@@ -1476,18 +1523,28 @@ typedef kvr_status (*list_fn)(kvr_router*, const void*, size_t, const kvr_reques
  * many, as the library walks the index before it can say a buffer was short. */
 static _Thread_local size_t last_rank_rows = 16;
 
-/* The rows of a per-rank query of `in` (tokens for width 4, hashes for 8) as a list of sd's
- * result type. `o` is passed to fn as it is (NULL for a query without options). */
-static PyObject* list_rows(RouterObject* self, PyObject* in, const kvr_request_options* o,
-                           size_t width, const struct_desc* sd, list_fn fn) {
+/* The rows of a per-rank query of `in` (a prompt for width 4: get_prompt, which may change `o`;
+ * hashes for 8) as a list of sd's result type. `o` is passed to fn (NULL for a query without
+ * options). */
+static PyObject* list_rows(RouterObject* self, PyObject* in, kvr_request_options* o, size_t width,
+                           const struct_desc* sd, list_fn fn) {
   PyObject* list = NULL;
-  int_array input;
+  prompt_in input;
+  const void* data;
   size_t cap = last_rank_rows > 16 ? last_rank_rows : 16, len = 0, i;
   void* out = NULL;
   kvr_router* r;
   kvr_error* err = NULL;
   kvr_status st = KVR_OK;
-  if (get_array(in, width, 0, width == 4 ? "tokens" : "hashes", &input) < 0) return NULL;
+  if (width == 4) {
+    if (get_prompt(in, o, &input) < 0) return NULL;
+    data = input.tokens;
+  } else {
+    memset(&input, 0, sizeof input);
+    if (get_array(in, width, 0, "hashes", &input.array) < 0) return NULL;
+    data = input.array.data;
+    input.num_tokens = input.array.len;
+  }
   for (;;) {
     PyMem_Free(out);
     out = PyMem_Malloc(cap * sd->size);
@@ -1495,7 +1552,7 @@ static PyObject* list_rows(RouterObject* self, PyObject* in, const kvr_request_o
       PyErr_NoMemory();
       goto cleanup;
     }
-    ROUTER_CALL(self, r, st, fn(r, input.data, input.len, o, out, cap, &len, &err));
+    ROUTER_CALL(self, r, st, fn(r, data, input.num_tokens, o, out, cap, &len, &err));
     if (st == KVR_BUFFER_TOO_SMALL && len > cap) {
       kvr_error_free(err);
       err = NULL;
@@ -1520,7 +1577,7 @@ static PyObject* list_rows(RouterObject* self, PyObject* in, const kvr_request_o
   }
 cleanup:
   PyMem_Free(out);
-  array_release(&input);
+  array_release(&input.array);
   return list;
 }
 
@@ -1573,23 +1630,23 @@ static PyObject* router_add_request(RouterObject* self, PyObject* args) {
   PyObject *tok, *req, *rid, *result = NULL;
   unsigned long long worker;
   unsigned int rank;
-  int_array tokens;
+  prompt_in prompt;
   kvr_request_options o;
   kvr_router* r;
   kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OKIOO", &tok, &worker, &rank, &req, &rid)) return NULL;
   if (call_request(req, rid, &o) < 0) return NULL;
-  if (get_array(tok, 4, 0, "tokens", &tokens) < 0) return NULL;
+  if (get_prompt(tok, &o, &prompt) < 0) return NULL;
   ROUTER_CALL(self, r, st,
-              kvr_router_add_request(r, tokens.data, tokens.len, worker, rank, &o, &err));
+              kvr_router_add_request(r, prompt.tokens, prompt.num_tokens, worker, rank, &o, &err));
   if (st != KVR_OK) {
     fail(st, err);
   } else {
     result = Py_NewRef(Py_None);
   }
 cleanup:
-  array_release(&tokens);
+  array_release(&prompt.array);
   return result;
 }
 
@@ -1706,7 +1763,7 @@ cleanup:
 /* preview_route(tokens, request, hints) -> RouteSignals */
 static PyObject* router_preview_route(RouterObject* self, PyObject* args) {
   PyObject *tok, *req, *hints, *result = NULL;
-  int_array tokens;
+  prompt_in prompt;
   kvr_request_options o;
   const kvr_routing_hints* h;
   kvr_route_signals out;
@@ -1717,22 +1774,23 @@ static PyObject* router_preview_route(RouterObject* self, PyObject* args) {
   if (call_request(req, NULL, &o) < 0 || call_hints(hints, &h) < 0 ||
       init_struct(DESC(kvr_route_signals), &out) < 0)
     return NULL;
-  if (get_array(tok, 4, 0, "tokens", &tokens) < 0) return NULL;
-  ROUTER_CALL(self, r, st, kvr_preview_route(r, tokens.data, tokens.len, &o, h, &out, &err));
+  if (get_prompt(tok, &o, &prompt) < 0) return NULL;
+  ROUTER_CALL(self, r, st,
+              kvr_preview_route(r, prompt.tokens, prompt.num_tokens, &o, h, &out, &err));
   if (st != KVR_OK) {
     fail(st, err);
   } else {
     result = to_result(DESC(kvr_route_signals), &out);
   }
 cleanup:
-  array_release(&tokens);
+  array_release(&prompt.array);
   return result;
 }
 
 /* plan_route(tokens, request, hints, previewed, request_id) -> RouteSignals */
 static PyObject* router_plan_route(RouterObject* self, PyObject* args) {
   PyObject *tok, *req, *hints, *prev, *rid, *result = NULL;
-  int_array tokens;
+  prompt_in prompt;
   kvr_request_options o;
   const kvr_routing_hints* h;
   kvr_route_signals out, previewed;
@@ -1745,17 +1803,17 @@ static PyObject* router_plan_route(RouterObject* self, PyObject* args) {
       init_struct(DESC(kvr_route_signals), &previewed) < 0)
     return NULL;
   if (prev != Py_None && from_result(DESC(kvr_route_signals), &previewed, prev) < 0) return NULL;
-  if (get_array(tok, 4, 0, "tokens", &tokens) < 0) return NULL;
+  if (get_prompt(tok, &o, &prompt) < 0) return NULL;
   ROUTER_CALL(self, r, st,
-              kvr_plan_route(r, tokens.data, tokens.len, &o, h, prev == Py_None ? NULL : &previewed,
-                             &out, &err));
+              kvr_plan_route(r, prompt.tokens, prompt.num_tokens, &o, h,
+                             prev == Py_None ? NULL : &previewed, &out, &err));
   if (st != KVR_OK) {
     fail(st, err);
   } else {
     result = to_result(DESC(kvr_route_signals), &out);
   }
 cleanup:
-  array_release(&tokens);
+  array_release(&prompt.array);
   return result;
 }
 
@@ -2047,7 +2105,7 @@ static PyObject* disagg_pool_router(DisaggObject* self, PyObject* args) {
 /* route_prefill(tokens, request, hints, request_id) -> PrefillResult */
 static PyObject* disagg_route_prefill(DisaggObject* self, PyObject* args) {
   PyObject *tok, *req, *hints, *rid, *result = NULL;
-  int_array tokens;
+  prompt_in prompt;
   kvr_request_options o;
   const kvr_routing_hints* h;
   kvr_prefill_result out;
@@ -2058,15 +2116,16 @@ static PyObject* disagg_route_prefill(DisaggObject* self, PyObject* args) {
   if (call_request(req, rid, &o) < 0 || call_hints(hints, &h) < 0 ||
       init_struct(DESC(kvr_prefill_result), &out) < 0)
     return NULL;
-  if (get_array(tok, 4, 0, "tokens", &tokens) < 0) return NULL;
-  DISAGG_CALL(self, d, st, kvr_disagg_route_prefill(d, tokens.data, tokens.len, &o, h, &out, &err));
+  if (get_prompt(tok, &o, &prompt) < 0) return NULL;
+  DISAGG_CALL(self, d, st,
+              kvr_disagg_route_prefill(d, prompt.tokens, prompt.num_tokens, &o, h, &out, &err));
   if (st != KVR_OK) {
     fail(st, err);
   } else {
     result = to_result(DESC(kvr_prefill_result), &out);
   }
 cleanup:
-  array_release(&tokens);
+  array_release(&prompt.array);
   return result;
 }
 
@@ -2074,7 +2133,7 @@ cleanup:
 static PyObject* disagg_route_decode(DisaggObject* self, PyObject* args) {
   PyObject *tok, *req, *hints, *rid, *result = NULL;
   int remote;
-  int_array tokens;
+  prompt_in prompt;
   kvr_request_options o;
   const kvr_routing_hints* h;
   kvr_route_signals out;
@@ -2085,16 +2144,17 @@ static PyObject* disagg_route_decode(DisaggObject* self, PyObject* args) {
   if (call_request(req, rid, &o) < 0 || call_hints(hints, &h) < 0 ||
       init_struct(DESC(kvr_route_signals), &out) < 0)
     return NULL;
-  if (get_array(tok, 4, 0, "tokens", &tokens) < 0) return NULL;
-  DISAGG_CALL(self, d, st,
-              kvr_disagg_route_decode(d, tokens.data, tokens.len, &o, h, remote, &out, &err));
+  if (get_prompt(tok, &o, &prompt) < 0) return NULL;
+  DISAGG_CALL(
+      self, d, st,
+      kvr_disagg_route_decode(d, prompt.tokens, prompt.num_tokens, &o, h, remote, &out, &err));
   if (st != KVR_OK) {
     fail(st, err);
   } else {
     result = to_result(DESC(kvr_route_signals), &out);
   }
 cleanup:
-  array_release(&tokens);
+  array_release(&prompt.array);
   return result;
 }
 
@@ -2103,24 +2163,24 @@ static PyObject* disagg_prefill_worker_busy(DisaggObject* self, PyObject* args) 
   PyObject *tok, *req, *result = NULL;
   double threshold;
   int busy = 0;
-  int_array tokens;
+  prompt_in prompt;
   kvr_request_options o;
   kvr_disagg* d;
   kvr_error* err = NULL;
   kvr_status st = KVR_OK;
   if (!PyArg_ParseTuple(args, "OOd", &tok, &req, &threshold)) return NULL;
   if (call_request(req, NULL, &o) < 0) return NULL;
-  if (get_array(tok, 4, 0, "tokens", &tokens) < 0) return NULL;
-  DISAGG_CALL(
-      self, d, st,
-      kvr_disagg_prefill_worker_busy(d, tokens.data, tokens.len, &o, threshold, &busy, &err));
+  if (get_prompt(tok, &o, &prompt) < 0) return NULL;
+  DISAGG_CALL(self, d, st,
+              kvr_disagg_prefill_worker_busy(d, prompt.tokens, prompt.num_tokens, &o, threshold,
+                                             &busy, &err));
   if (st != KVR_OK) {
     fail(st, err);
   } else {
     result = PyBool_FromLong(busy);
   }
 cleanup:
-  array_release(&tokens);
+  array_release(&prompt.array);
   return result;
 }
 
@@ -3097,16 +3157,17 @@ bad:
   return NULL;
 }
 
-/* setup(error_base, error_classes, closed_error, enum_classes) */
+/* setup(error_base, error_classes, closed_error, enum_classes, hashed_prompt) */
 static PyObject* mod_setup(PyObject* m, PyObject* args) {
-  PyObject *base, *classes, *closed_cls, *enums;
-  if (!PyArg_ParseTuple(args, "OO!OO!", &base, &PyDict_Type, &classes, &closed_cls, &PyDict_Type,
-                        &enums))
+  PyObject *base, *classes, *closed_cls, *enums, *hashed;
+  if (!PyArg_ParseTuple(args, "OO!OO!O!", &base, &PyDict_Type, &classes, &closed_cls, &PyDict_Type,
+                        &enums, &PyType_Type, &hashed))
     return NULL;
   Py_XSETREF(g_error_base, Py_NewRef(base));
   Py_XSETREF(g_error_classes, Py_NewRef(classes));
   Py_XSETREF(g_closed_error, Py_NewRef(closed_cls));
   Py_XSETREF(g_enum_classes, Py_NewRef(enums));
+  Py_XSETREF(g_hashed_prompt, Py_NewRef(hashed));
   Py_RETURN_NONE;
 }
 
@@ -3120,7 +3181,8 @@ static PyMethodDef module_methods[] = {
     {"defaults", mod_defaults, METH_O, "the value fields a struct's _init writes, as a dict"},
     {"lower", mod_lower, METH_VARARGS, "a struct's value fields after _init and the given fields"},
     {"abi", mod_abi, METH_NOARGS, "what this extension compiled of kvrouter.h"},
-    {"setup", mod_setup, METH_VARARGS, "registers the package's exception and enum classes"},
+    {"setup", mod_setup, METH_VARARGS,
+     "registers the package's exception and enum classes and its HashedPrompt"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -3184,6 +3246,8 @@ PyMODINIT_FUNC PyInit__native(void) {
   }
   if (init_struct(DESC(kvr_request_options), &g_default_request) < 0) goto bad;
   if (!(g_str_c = PyUnicode_InternFromString("_c"))) goto bad;
+  if (!(g_str_local_hashes = PyUnicode_InternFromString("local_hashes"))) goto bad;
+  if (!(g_str_num_tokens = PyUnicode_InternFromString("num_tokens"))) goto bad;
   for (i = 0; i < sizeof result_types / sizeof result_types[0]; ++i)
     if (make_result_type(m, &g_structs[result_types[i].index], result_types[i].name,
                          result_types[i].doc) < 0)

@@ -73,8 +73,9 @@ def test_version_check_refuses_another_minor():
         kvrouter._check_abi(200, changed)
 
 
-# Counts set together with their pointers (by the extension, from the arrays' lengths).
-_COUNTS = {"mm_num_blocks", "num_allowed_worker_ids", "num_blocks", "num_tokens"}
+# Counts set together with their pointers (by the extension, from the arrays' lengths; a
+# HashedPrompt's hashes set kvr_request_options.local_hashes per call).
+_COUNTS = {"mm_num_blocks", "num_allowed_worker_ids", "num_blocks", "num_tokens", "num_local_hashes"}
 
 
 def _value_fields(struct: str) -> set:

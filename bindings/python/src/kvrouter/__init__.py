@@ -82,11 +82,14 @@ from ._errors import (  # noqa: E402
     UnimplementedError,
 )
 
+from ._prompt import HashedPrompt, Prompt  # noqa: E402
+
 _native.setup(
     KvRouterError,
     {int(k): v for k, v in ERROR_CLASSES.items()},
     ClosedError,
     {typedef: cls for typedef, cls in _abi.ENUMERATIONS},
+    HashedPrompt,
 )
 
 from ._native import (  # noqa: E402
@@ -179,6 +182,7 @@ __all__ = [
     "EventKind",
     "EventOutcome",
     "FailedPreconditionError",
+    "HashedPrompt",
     "Ingest",
     "IngestOptions",
     "IngestReject",
@@ -195,6 +199,7 @@ __all__ = [
     "PotentialLoad",
     "PrefillReason",
     "PrefillResult",
+    "Prompt",
     "Publisher",
     "QueuePolicy",
     "RemovedEvent",

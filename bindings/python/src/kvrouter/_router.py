@@ -9,6 +9,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 from . import _native
 from ._native import Candidate, Match, Metrics, Overlap, PotentialLoad, PrefillResult, RouteResult, RouteSignals
 from ._errors import NotFoundError
+from ._prompt import Prompt
 from ._options import (
     DisaggOptions,
     Ints,
@@ -33,6 +34,10 @@ def _hints(hints: Optional[RoutingHints]) -> Any:
 
 class Router(_native.Router):
     """A KV-cache-aware router (``kvr_router``): the workers, their KV index and their load.
+
+    Every call that takes a prompt (``tokens``) takes its token ids or a :class:`HashedPrompt`,
+    the prompt's local block hashes and its length: nothing is hashed in the call, and the
+    decision, booking and prices are those of the tokens.
 
     Every method may be called from any number of threads at once; each releases the GIL
     while the library works, so routing runs in parallel with other Python threads. An
@@ -112,7 +117,7 @@ class Router(_native.Router):
 
     def find_best_match_with_candidates(
         self,
-        tokens: Ints,
+        tokens: Prompt,
         options: Optional[RequestOptions] = None,
         *,
         request_id: Optional[str] = None,
@@ -122,13 +127,15 @@ class Router(_native.Router):
         their cost, and the total number of candidates (the list is truncated, never refused)."""
         return self._find_best_match(tokens, _opt(options), request_id, max(1, max_candidates))
 
-    def overlap_scores(self, tokens: Ints, options: Optional[RequestOptions] = None) -> List[Overlap]:
+    def overlap_scores(self, tokens: Prompt, options: Optional[RequestOptions] = None) -> List[Overlap]:
         """What each rank holds of the prompt's prefix, per tier (ranks holding its first block)."""
         return self._overlap_scores(tokens, _opt(options))
 
     def overlap_scores_hashed(self, local_hashes: Ints, options: Optional[RequestOptions] = None) -> List[Overlap]:
         """As :meth:`overlap_scores` for a prompt already hashed (:func:`compute_block_hashes`):
-        LoRA, namespace and multimodal content are in the hashes; only cost overrides apply."""
+        LoRA, namespace and multimodal content are in the hashes; only cost overrides apply.
+        (``overlap_scores(HashedPrompt(local_hashes, num_tokens))`` is the same, with the hashes
+        checked against the prompt's length.)"""
         return self._overlap_scores_hashed(local_hashes, _opt(options))
 
     def find_matches(self, local_hashes: Ints) -> List[Match]:
@@ -139,7 +146,7 @@ class Router(_native.Router):
         model's figures, and costs less to get. No hashes match no rank."""
         return self._find_matches(local_hashes)
 
-    def potential_loads(self, tokens: Ints, options: Optional[RequestOptions] = None) -> List[PotentialLoad]:
+    def potential_loads(self, tokens: Prompt, options: Optional[RequestOptions] = None) -> List[PotentialLoad]:
         """The load each registered rank would carry with this prompt."""
         return self._potential_loads(tokens, _opt(options))
 
@@ -147,7 +154,7 @@ class Router(_native.Router):
 
     def add_request(
         self,
-        tokens: Ints,
+        tokens: Prompt,
         worker_id: int,
         dp_rank: int = 0,
         options: Optional[RequestOptions] = None,
@@ -165,14 +172,14 @@ class Router(_native.Router):
     # ---- staged routing, pins, sessions
 
     def preview_route(
-        self, tokens: Ints, options: Optional[RequestOptions] = None, hints: Optional[RoutingHints] = None
+        self, tokens: Prompt, options: Optional[RequestOptions] = None, hints: Optional[RoutingHints] = None
     ) -> RouteSignals:
         """What routing would pick, changing nothing."""
         return self._preview_route(tokens, _opt(options), _hints(hints))
 
     def plan_route(
         self,
-        tokens: Ints,
+        tokens: Prompt,
         options: Optional[RequestOptions] = None,
         hints: Optional[RoutingHints] = None,
         previewed: Optional[RouteSignals] = None,
@@ -294,7 +301,8 @@ class Router(_native.Router):
 class Disagg:
     """Disaggregated prefill and decode (``kvr_disagg``): two pools, each a full router
     (:attr:`prefill_router`, :attr:`decode_router`: register workers, apply events and free
-    requests there). Thread-safe as :class:`Router`."""
+    requests there). Thread-safe as :class:`Router`. Its calls take a prompt's token ids or a
+    :class:`HashedPrompt`, as the router's do; the policies read its length."""
 
     __slots__ = ("_h", "_prefill", "_decode", "__weakref__")
 
@@ -338,7 +346,7 @@ class Disagg:
 
     def route_prefill(
         self,
-        tokens: Ints,
+        tokens: Prompt,
         options: Optional[RequestOptions] = None,
         hints: Optional[RoutingHints] = None,
         *,
@@ -350,7 +358,7 @@ class Disagg:
 
     def route_decode(
         self,
-        tokens: Ints,
+        tokens: Prompt,
         options: Optional[RequestOptions] = None,
         hints: Optional[RoutingHints] = None,
         *,
@@ -361,7 +369,7 @@ class Disagg:
         forced (no overlap credit, no KV reuse, no prefill tracking)."""
         return self._h.route_decode(tokens, _opt(options), _hints(hints), remote_prefill, request_id)
 
-    def prefill_worker_busy(self, tokens: Ints, threshold: float, options: Optional[RequestOptions] = None) -> bool:
+    def prefill_worker_busy(self, tokens: Prompt, threshold: float, options: Optional[RequestOptions] = None) -> bool:
         """Would the prefill rank chosen now carry more than threshold × its
         max_num_batched_tokens prefill tokens? (advisory)"""
         return self._h.prefill_worker_busy(tokens, _opt(options), threshold)
