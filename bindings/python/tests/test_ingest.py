@@ -10,6 +10,7 @@ import struct
 import tempfile
 import threading
 import time
+from typing import Callable
 
 import pytest
 
@@ -532,6 +533,33 @@ def test_a_router_in_a_cycle_through_an_ingest_is_collected_while_it_feeds_the_r
         f"exit status {child.returncode}\n{child.stdout}{child.stderr}")
 
 
+def _serve_nats_pings(conn: socket.socket, server_id: str, port: int,
+                      on_confirmation: Callable[[], None]) -> None:
+    """Plays a NATS server on `conn` until the client closes it: INFO, then a PONG for every
+    PING; `on_confirmation` runs before answering the second PING (the first is the handshake's,
+    the second a subscription's confirmation round trip)."""
+    with conn:
+        info = {"server_id": server_id, "version": "2.10.0", "go": "go1.21", "host": "127.0.0.1",
+                "port": port, "max_payload": 1 << 20, "proto": 1}
+        conn.sendall(b"INFO " + json.dumps(info).encode() + b"\r\n")
+        pending, pings = b"", 0
+        try:
+            while True:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                pending += data
+                while b"\r\n" in pending:
+                    line, pending = pending.split(b"\r\n", 1)
+                    if line == b"PING":
+                        pings += 1
+                        if pings == 2:
+                            on_confirmation()
+                        conn.sendall(b"PONG\r\n")
+        except OSError:  # the client closed the connection
+            return
+
+
 class _HeldNatsServer:
     """A NATS server on 127.0.0.1 that answers a client's handshake, then holds its answer to
     the next PING (a subscription's confirmation round trip: kvr_ingest_subscribe_nats waits for
@@ -550,27 +578,11 @@ class _HeldNatsServer:
 
     def _serve(self) -> None:
         conn, _ = self.listener.accept()
-        with conn:
-            info = {"server_id": "held", "version": "2.10.0", "go": "go1.21", "host": "127.0.0.1",
-                    "port": self.port, "max_payload": 1 << 20, "proto": 1}
-            conn.sendall(b"INFO " + json.dumps(info).encode() + b"\r\n")
-            pending, pings = b"", 0
-            try:
-                while True:
-                    data = conn.recv(4096)
-                    if not data:
-                        return
-                    pending += data
-                    while b"\r\n" in pending:
-                        line, pending = pending.split(b"\r\n", 1)
-                        if line == b"PING":
-                            pings += 1
-                            if pings == 2:  # the first is the handshake's
-                                self.holding.set()
-                                self.release.wait()
-                            conn.sendall(b"PONG\r\n")
-            except OSError:  # the client closed the connection
-                return
+        _serve_nats_pings(conn, "held", self.port, self._hold)
+
+    def _hold(self) -> None:
+        self.holding.set()
+        self.release.wait()
 
     def close(self) -> None:
         self.release.set()
@@ -671,26 +683,7 @@ class _ChainedNatsServer:
         time.sleep(max(0.0, self.min_hold - (time.monotonic() - start)))
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            info = {"server_id": "chained", "version": "2.10.0", "go": "go1.21", "host": "127.0.0.1",
-                    "port": self.port, "max_payload": 1 << 20, "proto": 1}
-            conn.sendall(b"INFO " + json.dumps(info).encode() + b"\r\n")
-            pending, pings = b"", 0
-            try:
-                while True:
-                    data = conn.recv(4096)
-                    if not data:
-                        return
-                    pending += data
-                    while b"\r\n" in pending:
-                        line, pending = pending.split(b"\r\n", 1)
-                        if line == b"PING":
-                            pings += 1
-                            if pings == 2:  # the first is the handshake's
-                                self._hold()
-                            conn.sendall(b"PONG\r\n")
-            except OSError:  # the client closed the connection
-                return
+        _serve_nats_pings(conn, "chained", self.port, self._hold)
 
     def close(self) -> None:
         self.closing.set()
