@@ -76,6 +76,8 @@ struct RouteInput {
 };
 
 // Parses a routing body. `need_request_id`: route and plan require one; preview ignores it.
+// Bound when returned, but a move (no copy elision is promised) leaves the views pointing into
+// the moved-from object: Bind() the result where it is kept.
 RouteInput ParseRouteInput(const nlohmann::json& body, bool need_request_id);
 
 // The decision (docs/kvrouterd.md, "The decision"). `address` empty = null.

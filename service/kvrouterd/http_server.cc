@@ -55,6 +55,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   void Dispatch();
   void RefuseMalformed(http_errno error);
   void ShutdownAndDrain();
+  bool SendFin(bool close_after);
   void Answer(HttpResponse response, bool keep_alive);
   void Close();
 };
@@ -415,22 +416,33 @@ void Connection::RefuseMalformed(http_errno error) {
 void Connection::ShutdownAndDrain() {
   draining = true;
   ArmReadTimer();  // a client that never closes is closed after the read timeout
-  auto* request = new uv_shutdown_t();
-  request->data = new std::shared_ptr<Connection>(shared_from_this());
-  const int rc = uv_shutdown(request, reinterpret_cast<uv_stream_t*>(&socket),
-                             [](uv_shutdown_t* done, int status) {
-                               auto* keep = static_cast<std::shared_ptr<Connection>*>(done->data);
-                               if (status < 0) (*keep)->Close();
-                               delete keep;
+  if (SendFin(/*close_after=*/false)) StartReading();
+}
+
+namespace {
+struct ShutdownRequest {
+  uv_shutdown_t request{};
+  std::shared_ptr<Connection> connection;  // alive until the shutdown completes
+  bool close_after = false;
+};
+}  // namespace
+
+// FIN once the answers queued are written (libuv's shutdown waits for them), then the close if
+// `close_after`; a failure closes at once. False if the connection is closing now.
+bool Connection::SendFin(bool close_after) {
+  auto* fin = new ShutdownRequest{.connection = shared_from_this(), .close_after = close_after};
+  const int rc = uv_shutdown(&fin->request, reinterpret_cast<uv_stream_t*>(&socket),
+                             [](uv_shutdown_t* request, int status) {
+                               auto* done = reinterpret_cast<ShutdownRequest*>(request);
+                               if (status < 0 || done->close_after) done->connection->Close();
                                delete done;
                              });
   if (rc < 0) {
-    delete static_cast<std::shared_ptr<Connection>*>(request->data);
-    delete request;
+    delete fin;
     Close();
-    return;
+    return false;
   }
-  StartReading();
+  return true;
 }
 
 void Connection::Dispatch() {
@@ -453,8 +465,9 @@ void Connection::Answer(HttpResponse response, bool keep_alive) {
   }
   WriteBytes(this, SerializeResponse(response, keep_alive, !head_request), !keep_alive);
   busy = false;
-  if (!keep_alive) return;
-  ParseInput();
+  unsent_at_idle_check = 0;
+  // Closed once written; until then the idle timer lets go of a client that stops reading.
+  if (keep_alive) ParseInput();
   ArmIdleTimer();  // unless the next request has begun
 }
 
@@ -552,12 +565,20 @@ void HttpServer::Shutdown(std::function<void()> done) {
       static_cast<HttpServer*>(handle->data)->MaybeFinishShutdown();
     });
   }
-  // Idle connections close now; busy ones after their answer (which says Connection: close).
+  // Idle connections close now; busy ones after their answer (which says Connection: close);
+  // those still writing an answer once it is written (the idle timer lets go of a client that
+  // stopped reading).
   std::vector<std::shared_ptr<Connection>> idle;
   for (const auto& connection : connections_) {
     if (!connection->busy) idle.push_back(connection);
   }
-  for (const auto& connection : idle) connection->Close();
+  for (const auto& connection : idle) {
+    if (connection->socket.write_queue_size > 0) {
+      connection->SendFin(/*close_after=*/true);
+    } else {
+      connection->Close();
+    }
+  }
   MaybeFinishShutdown();
 }
 

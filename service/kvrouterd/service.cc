@@ -231,6 +231,7 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
     --routing_waiting_;
   }
   RouteInput input = ParseRouteInput(ParseJsonObject(request.body), /*need_request_id=*/true);
+  input.Bind();  // a returned object may have been moved: its views point here now
   const std::string& id = input.request_id;
   // Checked before booking, and again once the id is claimed (the claim may wait for another
   // call booking the same id).
@@ -293,6 +294,7 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
 
 HttpResponse Service::Preview(const HttpRequest& request) {
   RouteInput input = ParseRouteInput(ParseJsonObject(request.body), /*need_request_id=*/false);
+  input.Bind();  // a returned object may have been moved: its views point here now
   kvr_route_signals signals;
   kvr_route_signals_init(&signals, sizeof signals);
   kvr_error* err = nullptr;
