@@ -229,3 +229,10 @@ def test_a_buffer_of_hashes_is_held_for_the_call_only_without_the_gil():
         r.free_request("busy")
         r.free_request("waiting")
         assert r.metrics().requests_active == 0
+
+
+@pytest.mark.parametrize("unordered", [set(HASHES), frozenset(HASHES), dict.fromkeys(HASHES)])
+def test_hashes_without_an_order_are_refused(unordered):
+    # A set's order is not the blocks': its count would pass, and the prompt be misrouted.
+    with pytest.raises(TypeError, match="block order"):
+        HashedPrompt(unordered, len(TOKENS))

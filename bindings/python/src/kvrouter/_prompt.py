@@ -5,6 +5,7 @@ token ids. Apart from the option types (``_options``) since the extension is tol
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
@@ -42,6 +43,8 @@ class HashedPrompt:
         hashes: Any = self.local_hashes
         if isinstance(hashes, (str, bytes, bytearray)):
             raise TypeError(f"local_hashes must be integers, not {type(hashes).__name__}")
+        if isinstance(hashes, (Set, Mapping)):  # no order: the blocks would be shuffled
+            raise TypeError(f"local_hashes must be in block order, not a {type(hashes).__name__}")
         if not isinstance(hashes, (list, tuple)):
             try:
                 memoryview(hashes).release()  # a buffer: read by each call
