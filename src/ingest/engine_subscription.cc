@@ -518,16 +518,17 @@ void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint
   loop_.next_event_id += batch->events.size();
   // Each event applies before the next is converted: a removal's Forget of a salt comes
   // before a later store in the batch records it again.
-  ConvertedBatch converted =
-      ApplyKvEvents(*batch, sub.worker.worker_id, sub.socket_rank, loop_.router->block_size(),
-                    sub.worker.eagle, first_event_id, &sub.salted, [&](KvEvent& event) {
-                      // An engine-side clear makes its state known again.
-                      if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
-                      ApplyEngineEvent(sub, event);
-                    });
-  for (ConversionReject& mismatch : converted.block_size_mismatches) {
-    c.Reject(IngestReject::kBlockSize, std::move(mismatch.reason));
-  }
+  ApplyKvEvents(
+      *batch, sub.worker.worker_id, sub.socket_rank, loop_.router->block_size(), sub.worker.eagle,
+      first_event_id, &sub.salted,
+      [&](KvEvent& event) {
+        // An engine-side clear makes its state known again.
+        if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
+        ApplyEngineEvent(sub, event);
+      },
+      [&](ConversionReject& mismatch) {
+        c.Reject(IngestReject::kBlockSize, std::move(mismatch.reason));
+      });
   c.RecordLag(UnixNanosFromSeconds(batch->timestamp));
 }
 

@@ -635,24 +635,27 @@ std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes) {
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                           uint32_t router_block_size, bool eagle, uint64_t first_event_id,
                           SaltedBlocks* salted) {
-  std::vector<KvEvent> events;
-  ConvertedBatch out =
-      ApplyKvEvents(batch, worker_id, default_dp_rank, router_block_size, eagle, first_event_id,
-                    salted, [&](KvEvent& event) { events.push_back(std::move(event)); });
-  out.events = std::move(events);
+  ConvertedBatch out;
+  out.skipped_other_groups = ApplyKvEvents(
+      batch, worker_id, default_dp_rank, router_block_size, eagle, first_event_id, salted,
+      [&](KvEvent& event) { out.events.push_back(std::move(event)); },
+      [&](ConversionReject& mismatch) {
+        out.block_size_mismatches.push_back(std::move(mismatch));
+      });
   return out;
 }
 
-ConvertedBatch ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
-                             uint32_t router_block_size, bool eagle, uint64_t first_event_id,
-                             SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply) {
-  ConvertedBatch out;
+size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
+                     uint32_t router_block_size, bool eagle, uint64_t first_event_id,
+                     SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply,
+                     absl::FunctionRef<void(ConversionReject&)> reject) {
+  size_t skipped_other_groups = 0;
   const WorkerKey worker{worker_id, batch.dp_rank.value_or(default_dp_rank)};
   uint64_t event_id = first_event_id;
   for (size_t i = 0; i < batch.events.size(); ++i) {
     const EngineEvent& e = batch.events[i];
     if (e.kv_cache_spec_kind && *e.kv_cache_spec_kind != "full_attention") {
-      ++out.skipped_other_groups;
+      ++skipped_other_groups;
       continue;
     }
     KvEvent event;
@@ -663,8 +666,8 @@ ConvertedBatch ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint3
       case EngineEventKind::kStored: {
         // A store without tokens has nothing to hash, so no size to check.
         if (e.block_size && *e.block_size != router_block_size && !e.token_ids.empty()) {
-          out.block_size_mismatches.push_back(
-              {i, BlockSizeMismatch(i, *e.block_size, router_block_size)});
+          ConversionReject mismatch{i, BlockSizeMismatch(i, *e.block_size, router_block_size)};
+          reject(mismatch);
           continue;
         }
         StoredEvent stored;
@@ -699,7 +702,7 @@ ConvertedBatch ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint3
     }
     apply(event);
   }
-  return out;
+  return skipped_other_groups;
 }
 
 }  // namespace kvrouter

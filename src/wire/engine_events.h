@@ -177,10 +177,12 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
                           SaltedBlocks* salted = nullptr);
 
 // As ToKvEvents, handing each event to `apply` as soon as it is converted, before the next one
-// is: what applying it does to `salted` (a removal's Forget) then comes before the next event's
-// conversion reads and records salts, in the batch's order. The result's `events` stay empty.
-ConvertedBatch ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
-                             uint32_t router_block_size, bool eagle, uint64_t first_event_id,
-                             SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply);
+// is (what applying it does to `salted`, a removal's Forget, then comes before the next event's
+// conversion reads and records salts, in the batch's order), and each block size mismatch to
+// `reject` where it stands among them. Returns the events of other KV-cache groups skipped.
+size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
+                     uint32_t router_block_size, bool eagle, uint64_t first_event_id,
+                     SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply,
+                     absl::FunctionRef<void(ConversionReject&)> reject);
 
 }  // namespace kvrouter

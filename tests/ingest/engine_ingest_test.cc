@@ -447,13 +447,13 @@ class VllmBatch {
   static std::vector<uint8_t> Stored(uint64_t hash, std::optional<uint64_t> parent,
                                      const std::vector<uint32_t>& tokens,
                                      const std::string& salt = "",
-                                     const std::string& medium = "GPU") {
+                                     const std::string& medium = "GPU", uint32_t block_size = 16) {
     VllmBatch b;
     b.Byte(0x99).Str("BlockStored").Byte(0x91).Uint(hash);
     parent ? b.Uint(*parent) : b.Byte(0xc0);
     b.Byte(0xdc).Be(tokens.size(), 2);
     for (uint32_t t : tokens) b.Uint(t);
-    b.Uint(16).Byte(0xc0).Str(medium).Byte(0xc0);
+    b.Uint(block_size).Byte(0xc0).Str(medium).Byte(0xc0);
     salt.empty() ? b.Byte(0xc0) : b.Byte(0x91).Byte(0x91).Str(salt);
     return b.bytes_;
   }
@@ -525,6 +525,21 @@ TEST_F(EngineIngestTest, ABlockEvictedAndStoredAgainInOneBatchKeepsItsSalt) {
   const IngestStats stats = WaitForMessages(source, 3, 4);
   EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]) << stats.last_reject;
   EXPECT_EQ(2u, DeviceBlocks(Range(1001, 1032), {5, 0}, "tenant-a"));
+}
+
+// A batch's rejects are counted in its order: a block size mismatch before a later event the
+// index refuses, so the last reject's reason is the later one's. (The mismatches were counted
+// after the whole batch had applied.)
+TEST_F(EngineIngestTest, ABatchsRejectsAreCountedInItsOrder) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(0,
+              VllmBatch::Of({VllmBatch::Stored(21, std::nullopt, Range(1001, 1032), "", "GPU", 32),
+                             VllmBatch::Stored(22, 999, Range(1033, 1048))}));
+  const IngestStats stats = WaitForMessages(source, 1);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBlockSize)]);
+  EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kIndexRejected)]);
+  EXPECT_EQ(std::string::npos, stats.last_reject.find("block size")) << stats.last_reject;
 }
 
 // vLLM's offloading connector copies a block to the host (a store without tokens), the device
