@@ -221,7 +221,13 @@ void Daemon::BeginShutdown() {
   if (const std::optional<uint64_t> timeout_ms = TimerMillis(config_.shutdown_timeout_seconds)) {
     uv_timer_start(
         &shutdown_timer_,
-        [](uv_timer_t* timer) { static_cast<Daemon*>(timer->data)->service_->CancelWaiting(); },
+        [](uv_timer_t* timer) {
+          // Past shutdown-timeout-seconds nothing is waited for: queued requests are cancelled,
+          // and connections still writing or draining closed (each round, as answers complete).
+          auto* daemon = static_cast<Daemon*>(timer->data);
+          daemon->service_->CancelWaiting();
+          daemon->server_->CloseEveryConnectionNotBusy();
+        },
         *timeout_ms, kCancelRoundMs);
   }
   server_->Shutdown([this] {

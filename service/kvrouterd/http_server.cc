@@ -30,7 +30,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
   int reject_status = 0;            // a limit the request broke: answered with this, then closed
   const char* reject_setting = "";  // with 413: the setting that limits this body
   bool request_complete = false;
-  bool in_request = false;          // a request's first byte parsed, its last not yet
+  bool in_request = false;  // a request's first byte parsed, its last not yet
+  // The connection's last answer is given (Connection: close, or its FIN at shutdown): what the
+  // client sends after it is read (closing with it unread would reset the connection and could
+  // destroy the answer) and thrown away, never run.
+  bool last_answered = false;
   size_t unsent_at_idle_check = 0;  // bytes of answers left to send when the idle timer last ran
   bool busy = false;
   bool parsing = false;  // inside ParseInput (an answer given synchronously returns to it) // a
@@ -334,7 +338,9 @@ void Connection::StartReading() {
       [](uv_stream_t* stream, ssize_t nread, const uv_buf_t* buffer) {
         auto* c = static_cast<Connection*>(stream->data);
         std::shared_ptr<Connection> keep = c->shared_from_this();
-        if (nread > 0 && !c->draining) c->input.append(buffer->base, static_cast<size_t>(nread));
+        if (nread > 0 && !c->draining && !c->last_answered) {
+          c->input.append(buffer->base, static_cast<size_t>(nread));
+        }
         delete[] buffer->base;
         if (nread < 0) {
           // The client closed or the socket failed: an answer in progress is dropped.
@@ -353,9 +359,10 @@ void Connection::StopReading() {
 }
 
 void Connection::ParseInput() {
-  if (parsing || draining) return;  // parsing: an answer given inside Dispatch, the loop goes on
+  // parsing: an answer given inside Dispatch, the loop goes on
+  if (parsing || draining || last_answered) return;
   parsing = true;
-  while (!busy && !closing && !input.empty()) {
+  while (!busy && !closing && !last_answered && !input.empty()) {
     const size_t parsed =
         http_parser_execute(&parser, &ParserSettings(), input.data(), input.size());
     input.erase(0, parsed);
@@ -430,6 +437,7 @@ struct ShutdownRequest {
 // FIN once the answers queued are written (libuv's shutdown waits for them), then the close if
 // `close_after`; a failure closes at once. False if the connection is closing now.
 bool Connection::SendFin(bool close_after) {
+  if (close_after) last_answered = true;
   auto* fin = new ShutdownRequest{.connection = shared_from_this(), .close_after = close_after};
   const int rc = uv_shutdown(&fin->request, reinterpret_cast<uv_stream_t*>(&socket),
                              [](uv_shutdown_t* request, int status) {
@@ -465,6 +473,7 @@ void Connection::Answer(HttpResponse response, bool keep_alive) {
   }
   WriteBytes(this, SerializeResponse(response, keep_alive, !head_request), !keep_alive);
   busy = false;
+  last_answered = !keep_alive;
   unsent_at_idle_check = 0;
   // Closed once written; until then the idle timer lets go of a client that stops reading.
   if (keep_alive) ParseInput();
@@ -568,9 +577,10 @@ void HttpServer::Shutdown(std::function<void()> done) {
   // Idle connections close now; busy ones after their answer (which says Connection: close);
   // those still writing an answer once it is written (the idle timer lets go of a client that
   // stopped reading).
+  // A refused client being drained has its FIN already, and its timer.
   std::vector<std::shared_ptr<Connection>> idle;
   for (const auto& connection : connections_) {
-    if (!connection->busy) idle.push_back(connection);
+    if (!connection->busy && !connection->draining) idle.push_back(connection);
   }
   for (const auto& connection : idle) {
     if (connection->socket.write_queue_size > 0) {
@@ -580,6 +590,14 @@ void HttpServer::Shutdown(std::function<void()> done) {
     }
   }
   MaybeFinishShutdown();
+}
+
+void HttpServer::CloseEveryConnectionNotBusy() {
+  std::vector<std::shared_ptr<Connection>> done;
+  for (const auto& connection : connections_) {
+    if (!connection->busy) done.push_back(connection);
+  }
+  for (const auto& connection : done) connection->Close();
 }
 
 void HttpServer::MaybeFinishShutdown() {

@@ -101,6 +101,9 @@ class HttpServer {
   // Graceful stop: closes the listener, closes idle connections, lets each busy one finish its
   // request (answered with Connection: close), then calls `done` once no connection is left.
   void Shutdown(std::function<void()> done);
+  // Past the shutdown's deadline: every connection not handling a request is closed, answers
+  // still being written (to a client that reads slowly or not at all) and drains cut short.
+  void CloseEveryConnectionNotBusy();
 
   bool shutting_down() const { return shutting_down_; }
   size_t connection_count() const { return connections_.size(); }

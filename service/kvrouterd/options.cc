@@ -306,7 +306,10 @@ const std::vector<OptionSpec>& Options() {
      "(default 1000000; the oldest are forgotten first)", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_tracked_requests); }},
     {"shutdown-timeout-seconds", "S", "on SIGTERM, how long requests waiting in the admission "
-     "queue may take before they are cancelled (default 30; inf = never)", false, true,
+     "queue may take before they are cancelled, and answers still being written (to clients "
+     "reading slowly or not at all) before their connections are closed (default 30; inf = "
+     "never)",
+     false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.shutdown_timeout_seconds); }},
     {"routing-threads", "N", "threads running the routing calls that may wait in the admission "
      "queue (route, plan), 1..1024 (default 16); a request beyond them waits for one", false, true,

@@ -731,6 +731,26 @@ TEST_F(KvrouterdTest, IdleConnectionsAreClosed) {
   Stop();
 }
 
+// A request pipelined after one that closes its connection is never run: its answer could not
+// be sent (the connection closes once the first answer is written), so the client would not
+// know it was done. (It was run: here the worker was removed, unanswered.)
+TEST_F(KvrouterdTest, NothingAfterAnAnswerThatClosesTheConnectionIsRun) {
+  Start();
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      fd, kvrouterd_test::RequestText("GET", "/healthz", "", "Connection: close\r\n") +
+              kvrouterd_test::RequestText("DELETE", "/v1/workers/1", "")));
+  const std::optional<std::string> bytes = UntilClosed(fd);
+  close(fd);
+  ASSERT_TRUE(bytes.has_value());
+  const auto answers = kvrouterd_test::ParseAnswers(*bytes);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].status, 200);
+  EXPECT_EQ(Get("/v1/workers/1").status, 200);  // not removed
+  Stop();
+}
+
 // Without a read timeout, a refused client that never closes is drained for the idle timeout,
 // not for good.
 TEST_F(KvrouterdTest, WithoutAReadTimeoutARefusedClientIsDrainedForTheIdleTimeout) {
