@@ -9,24 +9,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
-#include "kvrouter.h"
+#include "capi_bench.h"
 
 enum { BS = 16, WORKERS = 8, PROMPTS = 64, TOKENS = 64 };
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static void must(kvr_status status, const char* what) {
-  if (status != KVR_OK) {
-    fprintf(stderr, "%s failed: %d\n", what, (int)status);
-    exit(1);
-  }
-}
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 20;
@@ -76,8 +62,8 @@ int main(int argc, char** argv) {
     start = now_ns();
     for (int i = 0; i < calls; ++i) {
       snprintf(id, sizeof id, "r-%d", i);
-      must(kvr_find_best_match(router, prompts[i % PROMPTS], TOKENS, &admit, &result, NULL, 0,
-                               NULL, NULL),
+      must(kvr_find_best_match(router, prompts[i % PROMPTS], TOKENS, &admit, &result, NULL, 0, NULL,
+                               NULL),
            "admit");
       must(kvr_router_free_request(router, id, NULL), "free");
     }

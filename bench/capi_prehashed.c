@@ -10,24 +10,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
-#include "kvrouter.h"
+#include "capi_bench.h"
 
 enum { BS = 16, WORKERS = 64, PROMPTS = 16, MAX_TOKENS = 8192 };
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static void must(kvr_status status, const char* what) {
-  if (status != KVR_OK) {
-    fprintf(stderr, "%s failed: %d\n", what, (int)status);
-    exit(1);
-  }
-}
 
 static uint32_t prompts[PROMPTS][MAX_TOKENS];
 static uint64_t hashes[PROMPTS][MAX_TOKENS / BS];
