@@ -99,7 +99,8 @@ struct SequenceChange {
     kPrefillCompleted = 1,
     kFreed = 2,
     // The origin forgets every booking it announced before and announces its current ones
-    // (Added) right after: a replica (re)joining replaces whatever its peers held from it.
+    // (Added, announced_bookings of them) right after: a replica (re)joining replaces whatever
+    // its peers held from it.
     kReset = 3,
     // The origin asks every replica to Reset and announce its bookings again (it has just
     // joined and knows none), or the one request_id names (it had expired that one).
@@ -124,6 +125,10 @@ struct SequenceChange {
   // kAdded: how long before this change the booking was made (SequenceRequest::booked_ago),
   // in milliseconds; 0 when the change announces it as it is made.
   uint32_t booked_ms_ago = 0;
+  // kReset: how many kAdded changes follow as the origin's current bookings (0: none, or a sender
+  // that does not say). The receiver keeps the origin's bookings held so far until they have
+  // come, instead of holding none for that moment (core/replica_announcements.h).
+  uint32_t announced_bookings = 0;
 };
 
 // Whether a change of this kind names one request (the others speak for the whole origin).

@@ -60,6 +60,7 @@
 #include "core/plan_table.h"
 #include "core/radix_index.h"
 #include "core/random_source.h"
+#include "core/replica_announcements.h"
 #include "core/replica_liveness.h"
 #include "core/scheduler_queue.h"
 #include "core/selector.h"
@@ -588,8 +589,21 @@ class Router {
   void SayFarewellLocked();
   // Counts a change the observer lost and has every booking announced again.
   void LostNotificationLocked();
-  // Frees every booking held here from `origin`; returns whether there was any.
+  // Frees every booking held here from `origin` (ending any announcement of it under way);
+  // returns whether there was any.
   bool DropReplicaBookingsLocked(std::string_view origin);
+  // A Reset from `origin` announcing `count` bookings: its bookings held here stay until they
+  // have come (ReplicaAnnouncements), or go at once if none come (or memory is refused).
+  // Returns whether any went.
+  bool ResetReplicaLocked(std::string_view origin, uint32_t count);
+  // Books a replica's Added under the name `id`; during an announcement it replaces the copy
+  // held before, and the last one announced ends it. `released`: load went (a booking replaced
+  // or dropped), so the queue may move.
+  absl::StatusOr<bool> AddReplicaBookingLocked(std::string_view origin, const std::string& id,
+                                               const SequenceChange& change, bool& released);
+  // Ends `origin`'s announcement, if one is under way, dropping the bookings held from before
+  // it that were not announced again; returns whether any were.
+  bool EndAnnouncementLocked(std::string_view origin);
 
   const RouterOptions options_;
   const Clock& clock_;
@@ -613,6 +627,7 @@ class Router {
   // Replica sync.
   BookingObserver observer_;
   ReplicaLiveness liveness_;
+  ReplicaAnnouncements announcements_;
   uint64_t replicas_expired_ = 0;
   uint64_t replica_changes_unpublished_ = 0;
   bool reannounce_pending_ = false;  // a change was lost: announce every booking again

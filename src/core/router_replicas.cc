@@ -4,6 +4,7 @@
 // (ingest/replica_sync.*).
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -146,17 +147,20 @@ void Router::AnnounceBookingsLocked() {
   // Never throws: it runs after the change it follows was committed. Refused memory on the
   // way (a booking's copy), the announcement is lost like any change, and made again later.
   reannounce_pending_ = false;
+  const auto is_local = [](std::string_view id) { return !IsReplicaRequestId(id); };
+  SequenceChange reset = ChangeOf(SequenceChange::Kind::kReset, "");
+  reset.announced_bookings =
+      static_cast<uint32_t>(std::min<size_t>(active_.CountRequests(is_local), UINT32_MAX));
   try {
-    if (!observer_.Notify(ChangeOf(SequenceChange::Kind::kReset, ""))) {
+    if (!observer_.Notify(reset)) {
       LostNotificationLocked();
       return;
     }
-    active_.ForEachRequest([](std::string_view id) { return !IsReplicaRequestId(id); },
-                           [&](const SequenceRequest& booking) {
-                             if (!reannounce_pending_ && !observer_.Notify(AddedChange(booking))) {
-                               LostNotificationLocked();
-                             }
-                           });
+    active_.ForEachRequest(is_local, [&](const SequenceRequest& booking) {
+      if (!reannounce_pending_ && !observer_.Notify(AddedChange(booking))) {
+        LostNotificationLocked();
+      }
+    });
   } catch (const std::bad_alloc&) {
     LostNotificationLocked();
   }
@@ -165,7 +169,54 @@ void Router::AnnounceBookingsLocked() {
 bool Router::DropReplicaBookingsLocked(std::string_view origin) {
   // Allocates nothing: an expiry under refused memory never leaves an origin untracked with
   // its bookings still held.
+  (void)announcements_.End(origin);
   return active_.FreeIf([&](std::string_view booking) { return IsBookingOf(booking, origin); }) > 0;
+}
+
+bool Router::ResetReplicaLocked(std::string_view origin, uint32_t count) {
+  if (count > 0) {
+    try {
+      ReplicaAnnouncements::Names held;
+      active_.ForEachRequest(
+          [&](std::string_view booking) { return IsBookingOf(booking, origin); },
+          [&](const SequenceRequest& booking) { held.emplace(booking.request_id); });
+      if (announcements_.Begin(origin, count, std::move(held))) return false;
+    } catch (const std::bad_alloc&) {
+      // Its bookings go at once, as from a sender that does not say how many follow.
+    }
+  }
+  return DropReplicaBookingsLocked(origin);
+}
+
+absl::StatusOr<bool> Router::AddReplicaBookingLocked(std::string_view origin, const std::string& id,
+                                                     const SequenceChange& change, bool& released) {
+  const bool announced = announcements_.Announcing(origin);
+  if (announced) {
+    released |= active_.Free(id);  // the copy held from before the announcement
+    if (announcements_.Announced(origin, id)) released |= EndAnnouncementLocked(origin);
+  }
+  absl::Status status;
+  try {
+    status = active_.AddRequest({.request_id = id,
+                                 .worker = change.worker,
+                                 .block_ids = change.block_ids,
+                                 .prefill_tokens = change.prefill_tokens,
+                                 .expected_output_tokens = change.expected_output_tokens,
+                                 .prompt_tokens = 0,  // output is not replicated
+                                 .booked_ago = MillisToNanos(change.booked_ms_ago)});
+  } catch (const std::bad_alloc&) {
+    if (!announced) throw;  // nothing changed
+    // Its old copy is gone: refused like a booking the origin did not announce again.
+    status = absl::ResourceExhaustedError("memory refused for a replica's booking announced again");
+  }
+  if (!status.ok()) return status;
+  return true;
+}
+
+bool Router::EndAnnouncementLocked(std::string_view origin) {
+  bool dropped = false;
+  for (const std::string& name : announcements_.End(origin)) dropped |= active_.Free(name);
+  return dropped;
 }
 
 absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
@@ -193,19 +244,18 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
     std::lock_guard lock(gate_);
     if (observer_.IsOwnOrigin(origin)) return false;  // our own change, echoed back
     const bool ask_again = TrackLivenessLocked(origin, change);
+    // Load a booking replaced or dropped by an announcement released.
+    bool released = false;
+    // The origin sends nothing between its announced bookings: any other change ends them (a
+    // Reset begins a new announcement instead, over every booking held from the origin).
+    if (change.kind != SequenceChange::Kind::kAdded &&
+        change.kind != SequenceChange::Kind::kReset) {
+      released = EndAnnouncementLocked(origin);
+    }
     switch (change.kind) {
-      case SequenceChange::Kind::kAdded: {
-        absl::Status status =
-            active_.AddRequest({.request_id = id,
-                                .worker = change.worker,
-                                .block_ids = change.block_ids,
-                                .prefill_tokens = change.prefill_tokens,
-                                .expected_output_tokens = change.expected_output_tokens,
-                                .prompt_tokens = 0,  // output is not replicated
-                                .booked_ago = MillisToNanos(change.booked_ms_ago)});
-        changed = status.ok() ? absl::StatusOr<bool>(true) : status;
+      case SequenceChange::Kind::kAdded:
+        changed = AddReplicaBookingLocked(origin, id, change, released);
         break;
-      }
       case SequenceChange::Kind::kPrefillCompleted:
         changed = active_.MarkPrefillCompleted(id);
         break;
@@ -214,8 +264,8 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
         break;
       case SequenceChange::Kind::kReset:
         // A replica joining or announcing again (its bookings follow) or leaving: either way
-        // its bookings so far go.
-        changed = DropReplicaBookingsLocked(origin);
+        // its bookings so far go, once those that follow have come.
+        changed = ResetReplicaLocked(origin, change.announced_bookings);
         break;
       case SequenceChange::Kind::kSyncRequest:
         AnswerSyncRequestLocked(change.request_id);
@@ -226,7 +276,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
     if (ask_again) AskToAnnounceAgainLocked(origin);
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
     // Capacity a replica released may admit requests waiting here.
-    if (changed.ok() && *changed && change.kind != SequenceChange::Kind::kAdded) {
+    if (released || (changed.ok() && *changed && change.kind != SequenceChange::Kind::kAdded)) {
       DrainQueueLocked(completions);
     }
   }
@@ -307,6 +357,7 @@ size_t Router::ForgetReplicas() {
     std::lock_guard lock(gate_);
     dropped = active_.FreeIf(IsReplicaRequestId);  // allocates nothing
     liveness_.Forget();
+    announcements_.ForgetAll();
     if (dropped > 0) DrainQueueLocked(completions);
   }
   Run(completions);

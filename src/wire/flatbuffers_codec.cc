@@ -377,7 +377,8 @@ SequenceChange ReplicaChange::View() const {
           .prefill_tokens = prefill_tokens,
           .expected_output_tokens = expected_output_tokens,
           .heartbeat_interval_ms = heartbeat_interval_ms,
-          .booked_ms_ago = booked_ms_ago};
+          .booked_ms_ago = booked_ms_ago,
+          .announced_bookings = announced_bookings};
 }
 
 std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const SequenceChange& change) {
@@ -391,7 +392,8 @@ std::vector<uint8_t> EncodeReplicaChange(std::string_view origin, const Sequence
       fbb, wire::CreateSequenceChange(
                fbb, origin_offset, static_cast<wire::SequenceChangeKind>(change.kind), request_id,
                change.worker.worker_id, change.worker.dp_rank, block_ids, change.prefill_tokens,
-               change.expected_output_tokens, change.heartbeat_interval_ms, change.booked_ms_ago));
+               change.expected_output_tokens, change.heartbeat_interval_ms, change.booked_ms_ago,
+               change.announced_bookings));
   return Bytes(fbb);
 }
 
@@ -416,7 +418,8 @@ absl::StatusOr<ReplicaChange> DecodeReplicaChange(std::span<const uint8_t> bytes
                     .prefill_tokens = in.prefill_tokens(),
                     .expected_output_tokens = in.expected_output_tokens(),
                     .heartbeat_interval_ms = in.heartbeat_interval_ms(),
-                    .booked_ms_ago = in.booked_ms_ago()};
+                    .booked_ms_ago = in.booked_ms_ago(),
+                    .announced_bookings = in.announced_bookings()};
   if (in.block_ids() != nullptr) {
     out.block_ids.assign(in.block_ids()->begin(), in.block_ids()->end());
   }

@@ -65,6 +65,7 @@ struct ReplicaChange {
   uint32_t expected_output_tokens = 0;
   uint32_t heartbeat_interval_ms = 0;
   uint32_t booked_ms_ago = 0;
+  uint32_t announced_bookings = 0;
 
   // A view for Router::ApplyReplicaChange, valid while this lives.
   SequenceChange View() const;

@@ -1680,5 +1680,68 @@ TEST(AllocationFailureTest, AReannounceRefusedAfterABookingDoesNotAnswerOutOfMem
   }
 }
 
+// ---- A replica's announcement applied while the heap refuses -----------------------------------
+// b holds two of a's bookings, k1 and "gone" (its free was lost); a announces k1 and k2. With
+// the n-th allocation refused in any step of the announcement, b ends (once the rest of it has
+// come) holding nothing a did not
+// announce, its loads agree with its bookings, and the next announcement, unrefused, leaves it
+// exactly a's picture.
+const std::vector<std::string> kAnnouncementOps = {"Reset announcing 2 bookings",
+                                                   "Added k1 (held before)", "Added k2"};
+
+struct AnnouncedBooking {
+  std::string id;
+  WorkerKey worker;
+  std::vector<uint64_t> block_ids;
+  SequenceChange Added() const {
+    return {.kind = SequenceChange::Kind::kAdded,
+            .request_id = id,
+            .worker = worker,
+            .block_ids = block_ids,
+            .prefill_tokens = 4 * block_ids.size()};
+  }
+};
+
+uint64_t RequestsOn(const Router& router, WorkerKey rank) {
+  for (const WorkerLoad& load : router.Loads()) {
+    if (load.worker == rank) return load.active_requests;
+  }
+  return 0;
+}
+
+void AnnouncementRun(uint64_t n, int fd) {
+  RouterFixture f;
+  auto fail = [&](const std::string& problem) { Report(fd, "P" + problem); };
+  const AnnouncedBooking k1{"k1", {1, 0}, {1, 2}}, gone{"gone", {2, 1}, {5}},
+      k2{"k2", {3, 0}, {7, 8, 9}};
+  for (const AnnouncedBooking* held : {&k1, &gone}) {
+    if (!f.router->ApplyReplicaChange("a", held->Added()).ok()) return fail("setup");
+  }
+  const SequenceChange reset{.kind = SequenceChange::Kind::kReset, .announced_bookings = 2};
+  const std::vector<SequenceChange> announcement = {reset, k1.Added(), k2.Added()};
+  const size_t refused_in = RunArmed(n, announcement.size(), fd, [&](size_t op) {
+    (void)f.router->ApplyReplicaChange("a", announcement[op]);
+  });
+  if (refused_in == announcement.size()) return;
+  for (size_t op = refused_in + 1; op < announcement.size(); ++op) {  // the rest of it
+    (void)f.router->ApplyReplicaChange("a", announcement[op]);
+  }
+  if (std::string loads = CheckLoads(*f.router); !loads.empty()) return fail(loads);
+  if (RequestsOn(*f.router, gone.worker) != 0) {
+    return fail("the booking a did not announce again is still held");
+  }
+  if (f.router->active_requests() > 2) return fail("more bookings than a announced");
+  for (const SequenceChange& change : announcement) (void)f.router->ApplyReplicaChange("a", change);
+  if (std::string loads = CheckLoads(*f.router); !loads.empty()) return fail(loads);
+  if (f.router->active_requests() != 2 || RequestsOn(*f.router, k1.worker) != 1 ||
+      RequestsOn(*f.router, k2.worker) != 1) {
+    return fail("announced again, b does not hold exactly k1 and k2");
+  }
+}
+
+TEST(AllocationFailureTest, AnAnnouncementOfAReplicasBookingsLeavesNothingStale) {
+  Sweep(kAnnouncementOps, AnnouncementRun, 5);
+}
+
 }  // namespace
 }  // namespace kvrouter

@@ -41,6 +41,7 @@ struct Published {
   uint32_t expected_output_tokens;
   uint32_t heartbeat_interval_ms;
   uint32_t booked_ms_ago = 0;
+  uint32_t announced_bookings = 0;
 
   // A copy of what an observer was told (its views end with the call).
   static Published Of(const SequenceChange& c) {
@@ -51,7 +52,8 @@ struct Published {
             c.prefill_tokens,
             c.expected_output_tokens,
             c.heartbeat_interval_ms,
-            c.booked_ms_ago};
+            c.booked_ms_ago,
+            c.announced_bookings};
   }
   SequenceChange View() const {
     return {.kind = kind,
@@ -61,7 +63,8 @@ struct Published {
             .prefill_tokens = prefill_tokens,
             .expected_output_tokens = expected_output_tokens,
             .heartbeat_interval_ms = heartbeat_interval_ms,
-            .booked_ms_ago = booked_ms_ago};
+            .booked_ms_ago = booked_ms_ago,
+            .announced_bookings = announced_bookings};
   }
 };
 
@@ -98,12 +101,23 @@ class RouterReplicaTest : public ::testing::Test {
   // Delivers what `a` published so far to `b`; returns how many changes applied.
   int Deliver() {
     int applied = 0;
-    for (; !from_a_.empty(); from_a_.pop_front()) {
-      absl::StatusOr<bool> changed = b_->ApplyReplicaChange("a", from_a_.front().View());
-      EXPECT_TRUE(changed.ok()) << changed.status();
-      applied += changed.value_or(false) ? 1 : 0;
-    }
+    while (!from_a_.empty()) applied += DeliverOne() ? 1 : 0;
     return applied;
+  }
+
+  // Delivers the first change `a` published and not yet delivered; whether it changed b.
+  bool DeliverOne() {
+    absl::StatusOr<bool> changed = b_->ApplyReplicaChange("a", from_a_.front().View());
+    from_a_.pop_front();
+    EXPECT_TRUE(changed.ok()) << changed.status();
+    return changed.value_or(false);
+  }
+
+  // A replica "c" joins: its SyncRequest has `a` announce its bookings (Reset, then each).
+  void AskAToAnnounce() {
+    ASSERT_TRUE(a_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kSyncRequest}).ok());
+    ASSERT_FALSE(from_a_.empty());
+    ASSERT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
   }
 
   static WorkerLoad LoadOf(const Router& router, uint64_t worker) {
@@ -379,6 +393,141 @@ TEST_F(RouterReplicaTest, ARestartedReplicaReplacesItsStaleBookings) {
 
 // Whoever installed an observer can only take down its own: a publisher installed later (by
 // the application, or another ingest object) survives the first one's shutdown.
+// An announcement reaches b one message at a time; at no moment in between does b hold fewer
+// of a's bookings than a has (it dropped them all at the Reset, and for that moment routed as
+// if a's workers were idle: ReplicaSyncTest's flake in CI75).
+TEST_F(RouterReplicaTest, AnAnnouncementNeverLeavesTheReceiverWithoutTheOriginsBookings) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a_->AddRequest("r2", Tokens(2, 100), {2, 0}).ok());
+  ASSERT_TRUE(a_->MarkPrefillCompleted("r2"));
+  Deliver();
+  AskAToAnnounce();
+  ASSERT_EQ(from_a_.size(), 3u);  // Reset, r1, r2
+  EXPECT_EQ(from_a_.front().announced_bookings, 2u);
+  while (!from_a_.empty()) {
+    const SequenceChange::Kind kind = from_a_.front().kind;
+    DeliverOne();
+    for (uint64_t w : {1, 2}) {
+      const WorkerLoad here = LoadOf(*b_, w), there = LoadOf(*a_, w);
+      EXPECT_EQ(here.active_requests, there.active_requests) << "worker " << w << " " << int(kind);
+      EXPECT_EQ(here.active_blocks, there.active_blocks) << "worker " << w << " " << int(kind);
+      EXPECT_EQ(here.active_prefill_tokens, there.active_prefill_tokens) << "worker " << w;
+    }
+  }
+  EXPECT_EQ(b_->replica_stats().active_requests, 2u);
+  EXPECT_EQ(b_->replica_stats().changes_rejected, 0u);  // none taken for a duplicate
+}
+
+// A free b never heard of (lost on the way): the booking stays through the announcement's
+// Reset, and goes with its last booking, not announced again.
+TEST_F(RouterReplicaTest, BookingsNotAnnouncedAgainGoWhenTheAnnouncementEnds) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a_->AddRequest("gone", Tokens(2, 100), {2, 0}).ok());
+  Deliver();
+  ASSERT_TRUE(a_->Free("gone"));
+  from_a_.clear();  // lost
+  AskAToAnnounce();
+  ASSERT_EQ(from_a_.size(), 2u);  // Reset, r1
+  EXPECT_FALSE(DeliverOne());
+  EXPECT_EQ(LoadOf(*b_, 2).active_requests, 1u);  // until the announcement ends
+  EXPECT_TRUE(DeliverOne());
+  EXPECT_EQ(LoadOf(*b_, 2).active_requests, 0u);
+  EXPECT_EQ(LoadOf(*b_, 2).active_blocks, 0u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  EXPECT_EQ(b_->active_requests(), 1u);
+}
+
+// The announcement's last booking lost on the way: a's next change of any other kind ends it
+// (a sends nothing between its announced bookings).
+TEST_F(RouterReplicaTest, AnAnnouncementCutShortEndsAtTheOriginsNextChange) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a_->AddRequest("gone", Tokens(2, 100), {2, 0}).ok());
+  Deliver();
+  ASSERT_TRUE(a_->Free("gone"));
+  from_a_.clear();  // lost
+  ASSERT_TRUE(a_->AddRequest("r3", Tokens(1, 900), {2, 0}).ok());
+  from_a_.clear();  // lost too
+  AskAToAnnounce();
+  ASSERT_EQ(from_a_.size(), 3u);  // Reset, r1 and r3 in some order
+  from_a_.pop_back();             // lost
+  Deliver();
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  Deliver();
+  // "gone" went with the heartbeat; of r1 and r3, the one announced is held.
+  EXPECT_EQ(b_->active_requests(), 1u);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests + LoadOf(*b_, 2).active_requests, 1u);
+  EXPECT_EQ(LoadOf(*b_, 2).active_blocks, LoadOf(*b_, 2).active_requests);  // r3 (1 block) or none
+}
+
+// A restarted replica reusing a request id on another worker: the announced booking replaces
+// the copy held from before, not doubled and not refused as a duplicate.
+TEST_F(RouterReplicaTest, ABookingAnnouncedAgainReplacesItsOldCopy) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  Deliver();
+  RouterOptions options;
+  options.block_size = kBlockSize;
+  options.clock = &clock_;
+  a_ = *Router::Create(options);
+  for (uint64_t w : {1, 2}) ASSERT_TRUE(a_->AddWorker(Worker(w)).ok());
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(5, 300), {2, 0}).ok());
+  a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+  ASSERT_EQ(from_a_.size(), 3u);  // Reset, r1, SyncRequest
+  EXPECT_FALSE(DeliverOne());
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);  // the old copy, for now
+  EXPECT_TRUE(DeliverOne());
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);
+  EXPECT_EQ(LoadOf(*b_, 2).active_requests, 1u);
+  EXPECT_EQ(LoadOf(*b_, 2).active_blocks, 5u);
+  Deliver();
+  EXPECT_EQ(b_->active_requests(), 1u);
+  EXPECT_EQ(b_->replica_stats().changes_rejected, 0u);
+}
+
+// A Reset that does not say how many bookings follow (a sender older than the count, or a
+// replica announcing none) drops the origin's bookings at once, as a farewell does.
+TEST_F(RouterReplicaTest, AResetAnnouncingNoBookingsDropsThemAtOnce) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  Deliver();
+  EXPECT_TRUE(*b_->ApplyReplicaChange(
+      "a", {.kind = SequenceChange::Kind::kReset, .heartbeat_interval_ms = 1000}));
+  EXPECT_EQ(b_->active_requests(), 0u);
+}
+
+// Announcements under way are bounded: past ReplicaAnnouncements::kMaxAnnouncing origins in the
+// middle of one, a Reset drops at once (made-up replica ids cannot grow the receiver).
+TEST_F(RouterReplicaTest, AnnouncementsUnderWayAreBounded) {
+  for (size_t i = 0; i < ReplicaAnnouncements::kMaxAnnouncing; ++i) {
+    ASSERT_FALSE(*b_->ApplyReplicaChange(
+        "p" + std::to_string(i), {.kind = SequenceChange::Kind::kReset, .announced_bookings = 5}));
+  }
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  Deliver();
+  AskAToAnnounce();
+  EXPECT_TRUE(DeliverOne());  // the Reset: dropped at once
+  EXPECT_EQ(b_->active_requests(), 0u);
+  Deliver();
+  EXPECT_EQ(b_->active_requests(), 1u);
+  // One of them ends (a change of its own): room for a's next announcement.
+  ASSERT_TRUE(b_->ApplyReplicaChange("p0", {.kind = SequenceChange::Kind::kHeartbeat}).ok());
+  AskAToAnnounce();
+  EXPECT_FALSE(DeliverOne());
+  EXPECT_EQ(b_->active_requests(), 1u);
+}
+
+// A booking dropped at the end of an announcement (its free was lost) releases capacity, which
+// admits a request waiting in b's queue then, as the free itself would have.
+TEST_F(RouterReplicaTest, ABookingDroppedByAnAnnouncementAdmitsWaitingRequests) {
+  bool admitted = false;
+  QueueBehindTheOthersBookings(admitted);
+  ASSERT_FALSE(admitted);
+  ASSERT_TRUE(a_->Free("r1"));
+  from_a_.clear();  // lost
+  AskAToAnnounce();
+  Deliver();
+  EXPECT_TRUE(admitted);
+  EXPECT_EQ(b_->pending_count(), 0u);
+}
+
 TEST_F(RouterReplicaTest, ClearingAReplacedObserverLeavesTheNewOneAlone) {
   int first = 0, second = 0;
   const uint64_t first_token =

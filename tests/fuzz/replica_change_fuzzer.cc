@@ -38,7 +38,8 @@ bool SameChange(const ReplicaChange& a, const ReplicaChange& b) {
          a.worker == b.worker && a.block_ids == b.block_ids &&
          a.prefill_tokens == b.prefill_tokens &&
          a.expected_output_tokens == b.expected_output_tokens &&
-         a.heartbeat_interval_ms == b.heartbeat_interval_ms && a.booked_ms_ago == b.booked_ms_ago;
+         a.heartbeat_interval_ms == b.heartbeat_interval_ms && a.booked_ms_ago == b.booked_ms_ago &&
+         a.announced_bookings == b.announced_bookings;
 }
 
 }  // namespace

@@ -232,6 +232,19 @@ TEST(ReplicaChangeTest, RoundTripsEveryField) {
   }
 }
 
+TEST(ReplicaChangeTest, AResetSaysHowManyBookingsFollow) {
+  SequenceChange reset;
+  reset.kind = SequenceChange::Kind::kReset;
+  reset.heartbeat_interval_ms = 1000;
+  reset.announced_bookings = 70'000;
+  absl::StatusOr<ReplicaChange> decoded = DecodeReplicaChange(EncodeReplicaChange("gw-a", reset));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(decoded->announced_bookings, 70'000u);
+  EXPECT_EQ(decoded->View().announced_bookings, 70'000u);
+  EXPECT_EQ(decoded->heartbeat_interval_ms, 1000u);
+}
+
 TEST(ReplicaChangeTest, AHeartbeatCarriesItsIntervalAndNoRequest) {
   SequenceChange beat;
   beat.kind = SequenceChange::Kind::kHeartbeat;
