@@ -1325,6 +1325,10 @@ typedef struct kvr_ingest_stats {
    * refusing). For source 0: sums; 0 for sources that are not JetStream. */
   uint64_t consumer_remakes;
   uint64_t consumer_remake_failures;
+  /* Appended in 0.2.0: engine events no router indexes, by design: those of a KV-cache group
+   * other than full attention (a hybrid model's sliding-window or Mamba layers, which Dynamo's
+   * router leaves out too). Not rejects: the rest of their batch applies. For source 0: sums. */
+  uint64_t events_ignored;
 } kvr_ingest_stats;
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an

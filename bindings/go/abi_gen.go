@@ -1316,6 +1316,7 @@ type cIngestStats struct {
 	StreamSequence         uint64
 	ConsumerRemakes        uint64
 	ConsumerRemakeFailures uint64
+	EventsIgnored          uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -1343,6 +1344,7 @@ func (g *cIngestStats) store(c *C.kvr_ingest_stats) {
 	c.stream_sequence = C.uint64_t(g.StreamSequence)
 	c.consumer_remakes = C.uint64_t(g.ConsumerRemakes)
 	c.consumer_remake_failures = C.uint64_t(g.ConsumerRemakeFailures)
+	c.events_ignored = C.uint64_t(g.EventsIgnored)
 }
 
 // load reads the mirrored fields from c.
@@ -1370,6 +1372,7 @@ func (g *cIngestStats) load(c *C.kvr_ingest_stats) {
 	g.StreamSequence = uint64(c.stream_sequence)
 	g.ConsumerRemakes = uint64(c.consumer_remakes)
 	g.ConsumerRemakeFailures = uint64(c.consumer_remake_failures)
+	g.EventsIgnored = uint64(c.events_ignored)
 }
 
 // initIngestStats has the library set c's defaults for the layout of kvr_ingest_stats this package
@@ -1403,5 +1406,5 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_ingest_options{})) - 24
 	_ = uint64(unsafe.Sizeof(C.kvr_engine_worker{})) - 56
 	_ = uint64(unsafe.Sizeof(C.kvr_jetstream_source{})) - 64
-	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 328
+	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 336
 )

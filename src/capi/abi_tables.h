@@ -361,6 +361,7 @@ struct FieldEnds<kvr_ingest_stats> {
       offsetof(kvr_ingest_stats, consumer_remakes) + sizeof(kvr_ingest_stats::consumer_remakes),
       offsetof(kvr_ingest_stats, consumer_remake_failures) +
           sizeof(kvr_ingest_stats::consumer_remake_failures),
+      offsetof(kvr_ingest_stats, events_ignored) + sizeof(kvr_ingest_stats::events_ignored),
   };
 };
 

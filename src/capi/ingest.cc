@@ -63,6 +63,7 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   out.stream_sequence = s.stream_sequence;
   out.consumer_remakes = s.consumer_remakes;
   out.consumer_remake_failures = s.consumer_remake_failures;
+  out.events_ignored = s.events_ignored;
   return out;
 }
 
@@ -142,6 +143,10 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
   counter("kvrouter_ingest_consumer_remake_failures_total",
           "JetStream: attempts to make the consumer again that failed and were retried.",
           [](const Stats& s) { return s.consumer_remake_failures; });
+  counter("kvrouter_ingest_events_ignored_total",
+          "Engine events of KV-cache groups other than full attention (hybrid models), not "
+          "indexed by design.",
+          [](const Stats& s) { return s.events_ignored; });
   AppendPerSource(text, sources, "kvrouter_ingest_stream_sequence", "gauge",
                   "JetStream: the stream sequence of the last message applied (0 for other "
                   "sources): a snapshot taken after reading it holds the stream up to there.",

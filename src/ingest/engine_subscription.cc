@@ -512,13 +512,12 @@ void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint
                      "worker's dp_start and endpoint"));
     return;
   }
-  // Events of a type this build does not know are skipped alone: the rest of the batch applies.
-  for (std::string& why : batch->skipped) c.Reject(IngestReject::kBadMsgpack, std::move(why));
   const uint64_t first_event_id = loop_.next_event_id;
   loop_.next_event_id += batch->events.size();
   // Each event applies before the next is converted: a removal's Forget of a salt comes
-  // before a later store in the batch records it again.
-  ApplyKvEvents(
+  // before a later store in the batch records it again. An event of a type this build does not
+  // know is skipped alone, the rest of the batch applies; rejects are counted in their place.
+  const size_t other_groups = ApplyKvEvents(
       *batch, sub.worker.worker_id, sub.socket_rank, loop_.router->block_size(), sub.worker.eagle,
       first_event_id, &sub.salted,
       [&](KvEvent& event) {
@@ -526,9 +525,12 @@ void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint
         if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);
         ApplyEngineEvent(sub, event);
       },
-      [&](ConversionReject& mismatch) {
-        c.Reject(IngestReject::kBlockSize, std::move(mismatch.reason));
+      [&](ConversionReject& reject) {
+        c.Reject(reject.kind == ConversionReject::Kind::kBlockSize ? IngestReject::kBlockSize
+                                                                   : IngestReject::kBadMsgpack,
+                 std::move(reject.reason));
       });
+  Bump(c.events_ignored, other_groups);
   c.RecordLag(UnixNanosFromSeconds(batch->timestamp));
 }
 

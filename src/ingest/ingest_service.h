@@ -74,6 +74,9 @@ struct IngestStats {
   // the new one is in place), and the attempts that failed and were retried.
   uint64_t consumer_remakes = 0;
   uint64_t consumer_remake_failures = 0;
+  // Engine events no router indexes, by design: those of a KV-cache group other than full
+  // attention (a hybrid model's sliding-window or Mamba layers), as Dynamo's router leaves them.
+  uint64_t events_ignored = 0;
   // The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty if
   // none was given; summed over sources, the most recent of them all.
   std::string last_reject;

@@ -20,6 +20,7 @@ inline void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
 struct SourceCounters {
   std::atomic<uint64_t> messages{0};
   std::atomic<uint64_t> events_applied{0};
+  std::atomic<uint64_t> events_ignored{0};  // IngestStats::events_ignored
   std::atomic<uint64_t> rejected[kNumIngestRejects] = {};
   std::atomic<uint64_t> gaps{0};
   std::atomic<uint64_t> missed_messages{0};
@@ -92,6 +93,7 @@ struct SourceCounters {
     s.stream_sequence = std::max(s.stream_sequence, stream_sequence.load());
     s.consumer_remakes += consumer_remakes.load();
     s.consumer_remake_failures += consumer_remake_failures.load();
+    s.events_ignored += events_ignored.load();
     std::lock_guard lock(detail_mutex_);
     if (last_reject_serial_ > s.last_reject_serial) {  // the most recent over the sources
       s.last_reject = last_reject_;

@@ -1,6 +1,7 @@
 #include "wire/engine_events.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <msgpack.hpp>  // MSGPACK_NO_BOOST is set by the build
 #include <new>
@@ -360,9 +361,12 @@ EngineBatch DecodeBatch(const object& root) {
     try {
       std::string unknown;
       if (std::optional<EngineEvent> decoded = DecodeEvent(event, unknown)) {
+        decoded->position = index;
         batch.events.push_back(std::move(*decoded));
       } else {
-        batch.skipped.push_back(absl::StrCat("event ", index, ": ", unknown));
+        batch.skipped.push_back({.event_index = index,
+                                 .reason = absl::StrCat("event ", index, ": ", unknown),
+                                 .kind = ConversionReject::Kind::kUnknownType});
       }
     } catch (DecodeError& e) {
       e.message = absl::StrCat("event ", index, ": ", e.message);
@@ -639,8 +643,11 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
   out.skipped_other_groups = ApplyKvEvents(
       batch, worker_id, default_dp_rank, router_block_size, eagle, first_event_id, salted,
       [&](KvEvent& event) { out.events.push_back(std::move(event)); },
-      [&](ConversionReject& mismatch) {
-        out.block_size_mismatches.push_back(std::move(mismatch));
+      [&](ConversionReject& reject) {
+        // The unknown types are the batch's own `skipped`.
+        if (reject.kind == ConversionReject::Kind::kBlockSize) {
+          out.block_size_mismatches.push_back(std::move(reject));
+        }
       });
   return out;
 }
@@ -652,8 +659,18 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
   size_t skipped_other_groups = 0;
   const WorkerKey worker{worker_id, batch.dp_rank.value_or(default_dp_rank)};
   uint64_t event_id = first_event_id;
-  for (size_t i = 0; i < batch.events.size(); ++i) {
-    const EngineEvent& e = batch.events[i];
+  size_t next_skipped = 0;
+  // The events of unknown types sent before `position`, rejected in their place.
+  auto reject_skipped_before = [&](size_t position) {
+    for (;
+         next_skipped < batch.skipped.size() && batch.skipped[next_skipped].event_index < position;
+         ++next_skipped) {
+      ConversionReject skipped = batch.skipped[next_skipped];
+      reject(skipped);
+    }
+  };
+  for (const EngineEvent& e : batch.events) {
+    reject_skipped_before(e.position);
     if (e.kv_cache_spec_kind && *e.kv_cache_spec_kind != "full_attention") {
       ++skipped_other_groups;
       continue;
@@ -666,7 +683,10 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
       case EngineEventKind::kStored: {
         // A store without tokens has nothing to hash, so no size to check.
         if (e.block_size && *e.block_size != router_block_size && !e.token_ids.empty()) {
-          ConversionReject mismatch{i, BlockSizeMismatch(i, *e.block_size, router_block_size)};
+          ConversionReject mismatch{
+              .event_index = e.position,
+              .reason = BlockSizeMismatch(e.position, *e.block_size, router_block_size),
+              .kind = ConversionReject::Kind::kBlockSize};
           reject(mismatch);
           continue;
         }
@@ -702,6 +722,7 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
     }
     apply(event);
   }
+  reject_skipped_before(SIZE_MAX);
   return skipped_other_groups;
 }
 

@@ -53,15 +53,26 @@ struct EngineEvent {
   bool bigram = false;
   std::optional<std::string> kv_cache_spec_kind;  // hybrid models: only "full_attention" indexes
   Tier tier = Tier::kDevice;                      // TierFromMedium(medium)
+  // Its index among the batch's events as sent, those skipped included (what rejects name).
+  size_t position = 0;
+};
+
+// Why an engine event is not applied: of a type this decoder does not know (a newer engine's),
+// or stored at a block size the router does not index.
+struct ConversionReject {
+  enum class Kind : uint8_t { kUnknownType, kBlockSize };
+  size_t event_index = 0;  // among the batch's events as sent (EngineEvent::position)
+  std::string reason;      // e.g. "event 1: unknown event tag 'BlockUpdated'"
+  Kind kind = Kind::kUnknownType;
 };
 
 struct EngineBatch {
   double timestamp = 0;
   std::optional<uint32_t> dp_rank;  // absent in the oldest layouts, or nil
   std::vector<EngineEvent> events;
-  // Events of a type this decoder does not know (a newer engine's), left out of `events`: why
-  // each was, e.g. "event 1: unknown event tag 'BlockUpdated'". The others still apply.
-  std::vector<std::string> skipped;
+  // Events of a type this decoder does not know (a newer engine's), left out of `events`, in
+  // order (kUnknownType). The others still apply.
+  std::vector<ConversionReject> skipped;
 };
 
 // Decodes one msgpack EventBatch payload. InvalidArgument (naming what is wrong) for garbage
@@ -83,12 +94,6 @@ std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes);
 // and how to run SGLang and vLLM so that it is.
 std::string BlockSizeMismatch(size_t event_index, uint32_t engine_block_size,
                               uint32_t router_block_size);
-
-// Why an engine event cannot become a router event.
-struct ConversionReject {
-  size_t event_index = 0;
-  std::string reason;
-};
 
 struct ConvertedBatch {
   std::vector<KvEvent> events;
@@ -178,8 +183,10 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
 
 // As ToKvEvents, handing each event to `apply` as soon as it is converted, before the next one
 // is (what applying it does to `salted`, a removal's Forget, then comes before the next event's
-// conversion reads and records salts, in the batch's order), and each block size mismatch to
-// `reject` where it stands among them. Returns the events of other KV-cache groups skipped.
+// conversion reads and records salts, in the batch's order), and each event not applied (a
+// block size mismatch, or one of EngineBatch::skipped) to `reject` where it stands among them,
+// so that a caller counting rejects as they come names the batch's last one last. Returns the
+// events of other KV-cache groups, which are not indexed (by design: not rejects).
 size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                      uint32_t router_block_size, bool eagle, uint64_t first_event_id,
                      SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply,

@@ -990,7 +990,7 @@ static void ingest_options_engine_worker_and_stats(void) {
   X(kvr_ingest_options, replica_timeout_ms)     \
   X(kvr_jetstream_source, max_bytes)            \
   X(kvr_engine_worker, replay_endpoint)         \
-  X(kvr_ingest_stats, consumer_remake_failures) \
+  X(kvr_ingest_stats, events_ignored)           \
   X(kvr_candidate, reserved)                    \
   X(kvr_overlap, reserved)                      \
   X(kvr_potential_load, reserved)

@@ -457,6 +457,22 @@ class VllmBatch {
     salt.empty() ? b.Byte(0xc0) : b.Byte(0x91).Byte(0x91).Str(salt);
     return b.bytes_;
   }
+  // A store of a hybrid model's KV-cache group `kind` (group 1), e.g. "sliding_window".
+  static std::vector<uint8_t> StoredInGroup(uint64_t hash, const std::vector<uint32_t>& tokens,
+                                            const std::string& kind) {
+    VllmBatch b;
+    b.Byte(0x9b).Str("BlockStored").Byte(0x91).Uint(hash).Byte(0xc0);
+    b.Byte(0xdc).Be(tokens.size(), 2);
+    for (uint32_t t : tokens) b.Uint(t);
+    b.Uint(16).Byte(0xc0).Str("GPU").Byte(0xc0).Byte(0xc0).Uint(1).Str(kind);
+    return b.bytes_;
+  }
+  // An event of a type no vLLM has sent yet: [tag].
+  static std::vector<uint8_t> Unknown(const std::string& tag) {
+    VllmBatch b;
+    b.Byte(0x91).Str(tag);
+    return b.bytes_;
+  }
   static std::vector<uint8_t> Removed(uint64_t hash, const std::string& medium = "GPU") {
     VllmBatch b;
     b.Byte(0x93).Str("BlockRemoved").Byte(0x91).Uint(hash).Str(medium);
@@ -540,6 +556,40 @@ TEST_F(EngineIngestTest, ABatchsRejectsAreCountedInItsOrder) {
   EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBlockSize)]);
   EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kIndexRejected)]);
   EXPECT_EQ(std::string::npos, stats.last_reject.find("block size")) << stats.last_reject;
+}
+
+// An event of an unknown type is counted in its place too: after a mismatch before it, so the
+// last reject names it; and a mismatch after it names its own position in the batch as sent.
+// (Unknown types were counted before the batch applied, and a mismatch's position was counted
+// among the known events only.)
+TEST_F(EngineIngestTest, AnUnknownEventTypeIsCountedInItsPlaceAmongTheBatchsRejects) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  const std::vector<uint8_t> mismatch =
+      VllmBatch::Stored(21, std::nullopt, Range(1001, 1032), "", "GPU", 32);
+  engine.Send(0, VllmBatch::Of({mismatch, VllmBatch::Unknown("Foo")}));
+  IngestStats stats = WaitForMessages(source, 1);
+  EXPECT_EQ("event 1: unknown event tag 'Foo'", stats.last_reject);
+  engine.Send(1, VllmBatch::Of({VllmBatch::Unknown("Foo"), mismatch}));
+  stats = WaitForMessages(source, 2);
+  EXPECT_EQ(0u, stats.last_reject.rfind("event 1 has block size 32", 0)) << stats.last_reject;
+  EXPECT_EQ(2u, stats.rejected[static_cast<int>(IngestReject::kBlockSize)]);
+  EXPECT_EQ(2u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]);
+}
+
+// A hybrid model's sliding-window stores are not indexed, by design, and counted as ignored
+// (they were counted nowhere); the full-attention store beside them applies.
+TEST_F(EngineIngestTest, EventsOfOtherKvCacheGroupsAreCountedAsIgnored) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  engine.Send(0, VllmBatch::Of({VllmBatch::StoredInGroup(31, Range(1001, 1016), "sliding_window"),
+                                VllmBatch::Stored(21, std::nullopt, Range(1001, 1016))}));
+  const IngestStats stats = WaitForMessages(source, 1, 1);
+  EXPECT_EQ(1u, stats.events_ignored);
+  EXPECT_EQ(1u, stats.events_applied);
+  EXPECT_EQ(1u, DeviceBlocks(Range(1001, 1016), {5, 0}));
+  for (uint64_t rejected : stats.rejected) EXPECT_EQ(0u, rejected) << stats.last_reject;
+  EXPECT_EQ(1u, ingest_->Stats(0)->events_ignored);
 }
 
 // vLLM's offloading connector copies a block to the host (a store without tokens), the device

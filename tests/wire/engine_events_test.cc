@@ -445,9 +445,21 @@ TEST(EngineDecoder, SkipsAnEventOfAnUnknownTypeAndKeepsTheRest) {
   ASSERT_TRUE(batch.ok()) << batch.status();
   ASSERT_EQ(1u, batch->events.size());
   EXPECT_EQ(EngineEventKind::kCleared, batch->events[0].kind);
+  std::vector<std::string> reasons;
+  for (const ConversionReject& skipped : batch->skipped) {
+    EXPECT_EQ(ConversionReject::Kind::kUnknownType, skipped.kind);
+    reasons.push_back(skipped.reason);
+  }
   EXPECT_EQ((std::vector<std::string>{"event 0: unknown event tag 'Foo'",
                                       "event 2: unknown event tag 'Bar'"}),
-            batch->skipped);
+            reasons);
+  EXPECT_EQ(1u, batch->events[0].position);
+  // Handed on in their place among the events, with the batch's positions.
+  std::vector<std::string> order;
+  ApplyKvEvents(
+      *batch, 1, 0, 16, false, 1, nullptr, [&](KvEvent&) { order.push_back("clear"); },
+      [&](ConversionReject& r) { order.push_back(std::to_string(r.event_index)); });
+  EXPECT_EQ((std::vector<std::string>{"0", "clear", "2"}), order);
 }
 
 TEST(EngineDecoder, ToleratesExtraTrailingFields) {

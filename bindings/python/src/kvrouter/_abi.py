@@ -754,7 +754,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_ingest_stats': (
-        328,
+        336,
         (
             ('struct_size', 0, 4),
             ('state_unknown', 4, 4),
@@ -776,6 +776,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('stream_sequence', 304, 8),
             ('consumer_remakes', 312, 8),
             ('consumer_remake_failures', 320, 8),
+            ('events_ignored', 328, 8),
         ),
     ),
 }

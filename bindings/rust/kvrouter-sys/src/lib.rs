@@ -858,6 +858,10 @@ pub struct kvr_ingest_stats {
     /// source 0: sums; 0 for sources that are not JetStream.
     pub consumer_remakes: u64,
     pub consumer_remake_failures: u64,
+    /// Appended in 0.2.0: engine events no router indexes, by design: those of a KV-cache group
+    /// other than full attention (a hybrid model's sliding-window or Mamba layers, which Dynamo's
+    /// router leaves out too). Not rejects: the rest of their batch applies. For source 0: sums.
+    pub events_ignored: u64,
 }
 
 // ---- Functions ----------------------------------------------------------------------------
@@ -1940,7 +1944,7 @@ const _: () = {
     assert!(offset_of!(kvr_jetstream_source, start_sequence) == 40);
     assert!(offset_of!(kvr_jetstream_source, max_age_seconds) == 48);
     assert!(offset_of!(kvr_jetstream_source, max_bytes) == 56);
-    assert!(size_of::<kvr_ingest_stats>() == 328);
+    assert!(size_of::<kvr_ingest_stats>() == 336);
     assert!(align_of::<kvr_ingest_stats>() == 8);
     assert!(offset_of!(kvr_ingest_stats, struct_size) == 0);
     assert!(offset_of!(kvr_ingest_stats, state_unknown) == 4);
@@ -1962,4 +1966,5 @@ const _: () = {
     assert!(offset_of!(kvr_ingest_stats, stream_sequence) == 304);
     assert!(offset_of!(kvr_ingest_stats, consumer_remakes) == 312);
     assert!(offset_of!(kvr_ingest_stats, consumer_remake_failures) == 320);
+    assert!(offset_of!(kvr_ingest_stats, events_ignored) == 328);
 };

@@ -814,7 +814,8 @@ enum {
   ABI_INGEST_STATS_STREAM_SEQUENCE = 150,
   ABI_INGEST_STATS_CONSUMER_REMAKES = 151,
   ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES = 152,
-  ABI_INGEST_STATS_LEN = 153
+  ABI_INGEST_STATS_EVENTS_IGNORED = 153,
+  ABI_INGEST_STATS_LEN = 154
 };
 
 static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) {
@@ -837,6 +838,7 @@ static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) 
   v[ABI_INGEST_STATS_STREAM_SEQUENCE] = (jlong)c->stream_sequence;
   v[ABI_INGEST_STATS_CONSUMER_REMAKES] = (jlong)c->consumer_remakes;
   v[ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES] = (jlong)c->consumer_remake_failures;
+  v[ABI_INGEST_STATS_EVENTS_IGNORED] = (jlong)c->events_ignored;
 }
 
 static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) {
@@ -859,6 +861,7 @@ static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) 
   c->stream_sequence = (uint64_t)v[ABI_INGEST_STATS_STREAM_SEQUENCE];
   c->consumer_remakes = (uint64_t)v[ABI_INGEST_STATS_CONSUMER_REMAKES];
   c->consumer_remake_failures = (uint64_t)v[ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES];
+  c->events_ignored = (uint64_t)v[ABI_INGEST_STATS_EVENTS_IGNORED];
 }
 
 #endif /* KVROUTER_JNI_ABI_H */

@@ -391,6 +391,7 @@ final class Abi {
     static final int STREAM_SEQUENCE = 150;
     static final int CONSUMER_REMAKES = 151;
     static final int CONSUMER_REMAKE_FAILURES = 152;
-    static final int LEN = 153;
+    static final int EVENTS_IGNORED = 153;
+    static final int LEN = 154;
   }
 }
