@@ -1287,7 +1287,9 @@ enum kvr_ingest_reject_value {
 /* Counters of one source, or of every source together. */
 typedef struct kvr_ingest_stats {
   uint32_t struct_size;
-  uint32_t state_unknown; /* ranks whose state was lost (gap) and not yet re-established */
+  uint32_t state_unknown; /* ranks whose state was lost (gap) and not yet re-established, or
+                          * whose engine connection dropped, until a message of the next
+                          * connection is handled (since 0.2.0; docs/ingest.md) */
   uint64_t messages;      /* frames or ZMQ messages received */
   uint64_t events_applied;
   uint64_t rejected[KVR_INGEST_REJECT_REASONS]; /* messages or events, per KVR_INGEST_REJECT_* */

@@ -98,10 +98,19 @@ struct EngineSubscriptions::Subscription {
   void* monitor = nullptr;
   uint64_t handshakes = 0;
   uv_poll_t poll{};
+  uv_poll_t monitor_poll{};  // a disconnection brings no message to the socket's own poll
+  int open_polls = 0;        // the handles CloseSubscription waits for before closing sockets
   RankSequence sequence;
   bool state_unknown = false;
-  Replay* replay = nullptr;  // a replay in progress
-  std::deque<Parts> held;    // live messages received during the replay
+  // The connection to the publisher dropped, and no message of a new one has been handled yet:
+  // the engine may be dead (its blocks gone with it) or restarted with an empty cache, so the
+  // rank counts as unknown meanwhile, its blocks kept (a blip changes nothing) until the first
+  // message after the reconnection is judged (RankSequence::Reconnected).
+  bool disconnected = false;
+  uint64_t handshakes_at_disconnection = 0;
+  bool counted_unknown = false;  // counted in counters->state_unknown: unknown or disconnected
+  Replay* replay = nullptr;      // a replay in progress
+  std::deque<Parts> held;        // live messages received during the replay
   // How many of the held messages, from the front, were received before the replay was asked
   // for (RankSequence::JudgeHeld).
   size_t held_before_request = 0;
@@ -236,16 +245,27 @@ void EngineSubscriptions::Poll(Subscription& sub, std::shared_ptr<SourceCounters
   int fd = -1;
   size_t fd_size = sizeof(fd);
   zmq_getsockopt(sub.socket, ZMQ_FD, &fd, &fd_size);
-  uv_poll_init(&loop_.loop, &sub.poll, fd);
-  sub.poll.data = &sub;
-  uv_poll_start(&sub.poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+  auto on_readable = [](uv_poll_t* p, int, int) {
     auto* s = static_cast<Subscription*>(p->data);
     s->owner->OnReadable(*s);
-  });
+  };
+  uv_poll_init(&loop_.loop, &sub.poll, fd);
+  sub.poll.data = &sub;
+  uv_poll_start(&sub.poll, UV_READABLE, on_readable);
+  ++sub.open_polls;
+  // The monitor's events too: the same drain (messages queued before a disconnection are
+  // handled first, and connection events are read where Drain reads them).
+  int monitor_fd = -1;
+  size_t monitor_fd_size = sizeof(monitor_fd);
+  zmq_getsockopt(sub.monitor, ZMQ_FD, &monitor_fd, &monitor_fd_size);
+  uv_poll_init(&loop_.loop, &sub.monitor_poll, monitor_fd);
+  sub.monitor_poll.data = &sub;
+  uv_poll_start(&sub.monitor_poll, UV_READABLE, on_readable);
+  ++sub.open_polls;
 }
 
 void EngineSubscriptions::CloseSubscription(Subscription* sub) {
-  if (sub->state_unknown) sub->counters->state_unknown.fetch_sub(1);
+  if (sub->counted_unknown) sub->counters->state_unknown.fetch_sub(1);
   if (sub->replay != nullptr) {
     CloseReplay(sub->replay);
     sub->replay = nullptr;
@@ -254,14 +274,18 @@ void EngineSubscriptions::CloseSubscription(Subscription* sub) {
   // polls, to ZMQ's reaper thread, which may close the fd while libuv still touches it (uv_close
   // of a poll handle stops it again, epoll_ctl on the fd). So the socket closes only once libuv
   // is done with the handle, in its close callback.
-  if (sub->poll.loop == nullptr) {  // never polled
+  if (sub->open_polls == 0) {  // never polled
     CloseSockets(sub);
     return;
   }
-  uv_poll_stop(&sub->poll);
-  sub->poll.data = sub;
-  uv_close(reinterpret_cast<uv_handle_t*>(&sub->poll),
-           [](uv_handle_t* h) { CloseSockets(static_cast<Subscription*>(h->data)); });
+  for (uv_poll_t* poll : {&sub->poll, &sub->monitor_poll}) {
+    uv_poll_stop(poll);
+    poll->data = sub;
+    uv_close(reinterpret_cast<uv_handle_t*>(poll), [](uv_handle_t* h) {
+      auto* closing = static_cast<Subscription*>(h->data);
+      if (--closing->open_polls == 0) CloseSockets(closing);
+    });
+  }
 }
 
 absl::Status EngineSubscriptions::RemoveOnLoop(uint64_t worker_id, bool clear_index) {
@@ -292,7 +316,8 @@ void EngineSubscriptions::CloseAll() {
 // connection is always handled as one.
 absl::Status EngineSubscriptions::WatchConnections(Subscription& sub) {
   const std::string address = absl::StrCat("inproc://kvr-engine-monitor-", next_monitor_++);
-  if (zmq_socket_monitor(sub.socket, address.c_str(), ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
+  if (zmq_socket_monitor(sub.socket, address.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot monitor the ZMQ socket: ", zmq_strerror(zmq_errno())));
   }
@@ -319,6 +344,10 @@ void EngineSubscriptions::ReadConnectionEvents(Subscription& sub) {
     if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       Bump(sub.counters->connections);
       if (++sub.handshakes > 1) sub.sequence.Reconnected();
+    } else if (id == ZMQ_EVENT_DISCONNECTED && sub.handshakes > 0) {
+      sub.disconnected = true;
+      sub.handshakes_at_disconnection = sub.handshakes;
+      CountUnknown(sub);
     }
     event.clear();
   }
@@ -383,13 +412,25 @@ void EngineSubscriptions::Process(Subscription& sub, Parts parts, bool before_re
     sub.held.push_back(std::move(parts));
     return;
   }
+  if (sub.disconnected && sub.handshakes > sub.handshakes_at_disconnection) {
+    // A new connection's first message: judged as one (RankSequence::Reconnected), which
+    // flags or clears the rank as its verdict says.
+    sub.disconnected = false;
+    CountUnknown(sub);
+  }
   if (DropJudged(sub, parts, before_request)) return;
   if (!HandleMessage(sub, parts)) Bump(sub.counters->messages);  // not held for a replay
 }
 
 void EngineSubscriptions::SetUnknown(Subscription& sub, bool unknown) {
-  if (sub.state_unknown == unknown) return;
   sub.state_unknown = unknown;
+  CountUnknown(sub);
+}
+
+void EngineSubscriptions::CountUnknown(Subscription& sub) {
+  const bool unknown = sub.state_unknown || sub.disconnected;
+  if (sub.counted_unknown == unknown) return;
+  sub.counted_unknown = unknown;
   sub.counters->state_unknown.fetch_add(unknown ? 1 : -1);
 }
 

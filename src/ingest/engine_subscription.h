@@ -10,7 +10,9 @@
 // replay times out or falls short, the rank's index entries are cleared and the source is
 // flagged state_unknown (the index then under-reports that worker, never over-reports it); the
 // flag drops when the engine itself clears or restarts, i.e. its true state is known again. A
-// restart clears too: a restarted engine has an empty cache.
+// restart clears too: a restarted engine has an empty cache. A rank whose connection dropped
+// is flagged too, its blocks kept, until a message of the next connection is judged (the
+// engine may be dead, or come back as a new process with an empty cache).
 #pragma once
 
 #include <cstdint>
@@ -58,6 +60,8 @@ class EngineSubscriptions {
   void Process(Subscription& sub, std::vector<std::vector<uint8_t>> parts,
                bool before_request = false);
   void SetUnknown(Subscription& sub, bool unknown);
+  // Counts the rank in state_unknown while its state is unknown or its connection is down.
+  void CountUnknown(Subscription& sub);
   void ClearRank(Subscription& sub);
   void ClearAndFlag(Subscription& sub);
   // `parts`: the message, which a replay started for it holds (Verdict::kHold).

@@ -52,6 +52,17 @@ std::vector<uint32_t> Range(uint32_t first, uint32_t last) {
   return out;
 }
 
+// Whether `condition` holds within kWait (polled every millisecond).
+template <typename Condition>
+bool WaitFor(Condition condition) {
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 // A fake engine: an XPUB socket bound to `endpoint`.
 class FakeEngine {
  public:
@@ -59,7 +70,10 @@ class FakeEngine {
     socket_ = zmq_socket(context, ZMQ_XPUB);
     const int linger = 0;
     zmq_setsockopt(socket_, ZMQ_LINGER, &linger, sizeof(linger));
-    EXPECT_EQ(0, zmq_bind(socket_, endpoint.c_str())) << zmq_strerror(zmq_errno());
+    // A port a closed engine held may take a moment to be free again (ZMQ closes in the
+    // background).
+    EXPECT_TRUE(WaitFor([&] { return zmq_bind(socket_, endpoint.c_str()) == 0; }))
+        << zmq_strerror(zmq_errno());
     char last[256] = {};
     size_t size = sizeof(last);
     zmq_getsockopt(socket_, ZMQ_LAST_ENDPOINT, last, &size);
@@ -556,6 +570,43 @@ TEST_F(EngineIngestTest, ABatchsRejectsAreCountedInItsOrder) {
   EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kBlockSize)]);
   EXPECT_EQ(1u, stats.rejected[static_cast<int>(IngestReject::kIndexRejected)]);
   EXPECT_EQ(std::string::npos, stats.last_reject.find("block size")) << stats.last_reject;
+}
+
+// An engine that dies: its rank is flagged as soon as the connection drops, its blocks kept (a
+// blip would change nothing); a successor connected but silent leaves it flagged; the
+// successor's first message settles it (numbered 0: a restart, cleared and known). The rank
+// was flagged only once a successor's message came, and never if none did: a dead engine's
+// blocks stayed, unflagged, for good.
+TEST_F(EngineIngestTest, AnEngineWhoseConnectionDropsIsFlaggedUntilItsSuccessorSpeaks) {
+  const std::string endpoint = Engine("tcp://127.0.0.1:*").endpoint();
+  const uint64_t source = Subscribe(*engines_.back(), 5);
+  StoreBlocks(*engines_.back(), source, 0, /*three=*/true);
+  EXPECT_EQ(0u, ingest_->Stats(source)->state_unknown);
+  engines_.clear();  // the engine dies
+  EXPECT_TRUE(WaitFor([&] { return ingest_->Stats(source)->state_unknown == 1; }));
+  EXPECT_EQ(3u, DeviceBlocks(kPrompt, {5, 0}));
+  FakeEngine& next = Engine(endpoint);
+  EXPECT_TRUE(next.WaitForSubscriber());
+  EXPECT_TRUE(WaitFor([&] { return ingest_->Stats(source)->connections == 2; }));
+  EXPECT_EQ(1u, ingest_->Stats(source)->state_unknown);
+  EXPECT_EQ(1u, ingest_->Stats(0)->state_unknown);
+  next.Send(0, VllmPayload("array_store_dp_medium"));
+  const IngestStats stats = WaitForMessages(source, 3);
+  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(1u, stats.restarts);
+  EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the successor's alone
+  ASSERT_TRUE(ingest_->RemoveEngineWorker(5, /*clear_index=*/false).ok());
+  EXPECT_EQ(0u, ingest_->Stats(0)->state_unknown);
+}
+
+// Removed while its connection is down, a rank is no longer counted as unknown.
+TEST_F(EngineIngestTest, ARankRemovedWhileDisconnectedIsNoLongerCounted) {
+  const uint64_t source = Subscribe(Engine("tcp://127.0.0.1:*"), 5);
+  StoreBlocks(*engines_.back(), source, 0, /*three=*/false);
+  engines_.clear();
+  EXPECT_TRUE(WaitFor([&] { return ingest_->Stats(0)->state_unknown == 1; }));
+  ASSERT_TRUE(ingest_->RemoveEngineWorker(5, /*clear_index=*/true).ok());
+  EXPECT_EQ(0u, ingest_->Stats(0)->state_unknown);
 }
 
 // An event of an unknown type is counted in its place too: after a mismatch before it, so the

@@ -812,7 +812,8 @@ pub struct kvr_jetstream_source {
 #[derive(Clone, Copy, Debug)]
 pub struct kvr_ingest_stats {
     pub struct_size: u32,
-    /// ranks whose state was lost (gap) and not yet re-established
+    /// ranks whose state was lost (gap) and not yet re-established, or whose engine connection
+    /// dropped, until a message of the next connection is handled (since 0.2.0; docs/ingest.md)
     pub state_unknown: u32,
     /// frames or ZMQ messages received
     pub messages: u64,
