@@ -401,6 +401,10 @@ type IngestStats struct {
 	// and were retried; for all sources together, sums; 0 for sources that are not JetStream.
 	ConsumerRemakes        uint64
 	ConsumerRemakeFailures uint64
+	// Engine events no router indexes, by design: those of a KV-cache group other than full
+	// attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of
+	// their batch applies. For all sources together, the sum.
+	EventsIgnored uint64
 }
 
 // MeanLag returns LagTotal / LagSamples (0 without samples).
@@ -465,5 +469,6 @@ func ingestStatsFrom(m *cIngestStats) IngestStats {
 		LagLast:                micros(m.LagLastUs),
 		ConsumerRemakes:        m.ConsumerRemakes,
 		ConsumerRemakeFailures: m.ConsumerRemakeFailures,
+		EventsIgnored:          m.EventsIgnored,
 	}
 }

@@ -247,7 +247,7 @@ func TestIngestEngineWorkers(t *testing.T) {
 	wantCode(t, err, ErrInvalidArgument)
 	s, err := in.Stats(src)
 	must(t, err)
-	if s.Messages != 0 || s.StateUnknown != 0 {
+	if s.Messages != 0 || s.StateUnknown != 0 || s.EventsIgnored != 0 {
 		t.Errorf("engine source stats %+v", s)
 	}
 	wantCode(t, in.RemoveEngineWorker(77, false), ErrNotFound)
