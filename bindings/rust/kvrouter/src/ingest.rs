@@ -276,6 +276,10 @@ pub struct IngestStats {
     /// A JetStream source's attempts to make its consumer again that failed and were retried;
     /// for every source together, the sum.
     pub consumer_remake_failures: u64,
+    /// Engine events no router indexes, by design: those of a KV-cache group other than full
+    /// attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of
+    /// their batch applies. For every source together, the sum.
+    pub events_ignored: u64,
 }
 
 impl IngestStats {
@@ -312,6 +316,7 @@ impl From<sys::kvr_ingest_stats> for IngestStats {
             stream_sequence: s.stream_sequence,
             consumer_remakes: s.consumer_remakes,
             consumer_remake_failures: s.consumer_remake_failures,
+            events_ignored: s.events_ignored,
         }
     }
 }

@@ -774,7 +774,8 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
             last_reject,
             stream_sequence,
             consumer_remakes,
-            consumer_remake_failures
+            consumer_remake_failures,
+            events_ignored
         }
     );
     raw.state_unknown = 1;
@@ -798,6 +799,7 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
     raw.stream_sequence = 15;
     raw.consumer_remakes = 16;
     raw.consumer_remake_failures = 17;
+    raw.events_ignored = 18;
     let s = IngestStats::from(raw);
     assert_eq!(
         (
@@ -825,5 +827,6 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
     );
     assert_eq!((s.last_reject.as_str(), s.stream_sequence), ("x", 15));
     assert_eq!((s.consumer_remakes, s.consumer_remake_failures), (16, 17));
+    assert_eq!(s.events_ignored, 18);
     assert_eq!(s.rejected, raw.rejected);
 }
