@@ -137,6 +137,15 @@ public final class IngestStats {
     return a[Abi.IngestStats.CONSUMER_REMAKE_FAILURES];
   }
 
+  /**
+   * Engine events no router indexes, by design: those of a KV-cache group other than full
+   * attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of their
+   * batch applies. For every source together, the sum.
+   */
+  public long eventsIgnored() {
+    return a[Abi.IngestStats.EVENTS_IGNORED];
+  }
+
   /** The mean lag in microseconds, or NaN without samples. */
   public double lagMeanMicros() {
     return lagSamples() == 0 ? Double.NaN : (double) lagTotalMicros() / lagSamples();

@@ -532,6 +532,7 @@ class AbiTest {
       assertEquals(0, stats.streamSequence()); // not a JetStream source
       assertEquals(0, stats.consumerRemakes());
       assertEquals(0, stats.consumerRemakeFailures());
+      assertEquals(0, stats.eventsIgnored()); // not an engine source
       IngestStats total = ingest.stats(0);
       assertEquals(stats.rejectedTotal(), total.rejectedTotal());
       assertEquals(2, router.overlapScores(PROMPT).get(0).deviceBlocks());

@@ -383,6 +383,12 @@ public final class KvRouterMetrics implements MeterBinder {
         "JetStream: attempts to make the consumer again that failed and were retried.",
         Tags.empty(),
         IngestStats::consumerRemakeFailures);
+    c.counter(
+        "kvrouter.ingest.events.ignored",
+        "Engine events of KV-cache groups other than full attention (hybrid models), not indexed"
+            + " by design.",
+        Tags.empty(),
+        IngestStats::eventsIgnored);
     c.gauge(
         "kvrouter.ingest.state.unknown.ranks",
         null,
