@@ -312,6 +312,21 @@ def test_vllm_publisher(vllm):
             assert tiers(router, E, W, 1, mm_hashes=[[int(image[:16], 16)], None]) == (2, 0, 0, 0)
             assert tiers(router, E, W, 1) == (0, 0, 0, 0)
 
+            # A hybrid model publishes a store per KV-cache group, under the same block hash: the
+            # sliding-window group's (group_idx 1), which no router indexes, is counted as
+            # ignored, not rejected; the full-attention one in the same batch applies.
+            S, s = prompt(8, 1), hashes(1, 8)
+            w.send(1, [v.BlockStored(block_hashes=s, parent_block_hash=None, token_ids=S, block_size=BS,
+                                     lora_id=None, medium="GPU", lora_name=None, group_idx=1,
+                                     kv_cache_spec_kind="sliding_window",
+                                     kv_cache_spec_sliding_window=4 * BS),
+                       v.BlockStored(block_hashes=s, parent_block_hash=None, token_ids=S, block_size=BS,
+                                     lora_id=None, medium="GPU", lora_name=None, group_idx=0,
+                                     kv_cache_spec_kind="full_attention")])
+            w.sync()
+            assert w.stats().events_ignored == 1
+            assert tiers(router, S, W, 1) == (1, 0, 0, 0)
+
             # Two messages lost on rank 0's link, the third arrives: a gap, replayed from the
             # engine's replay socket; nothing is cleared.
             F, f = prompt(6, 3), hashes(3, 6)

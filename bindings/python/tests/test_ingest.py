@@ -345,6 +345,23 @@ def test_vllm_engine_over_zmq(router):
             stats = ingest.stats(source)
             assert stats.rejected[kvrouter.IngestReject.BAD_MSGPACK] == 2
             assert stats.last_reject == "event 0: unknown event tag 'SomethingNew'"
+            assert stats.events_ignored == 0
+            # A hybrid model's batch: a store of its sliding-window group (group_idx 1), which no
+            # router indexes, is counted as ignored, not rejected; the full-attention store
+            # beside it applies. The array form: [tag, block_hashes, parent_hash, token_ids,
+            # block_size, lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind].
+            q = prompt(700, 1)
+            send([["BlockStored", [31], None, q, 16, None, "GPU", None, None, 1, "sliding_window"],
+                  ["BlockStored", [21], None, q, 16, None, "GPU", None, None, 0, "full_attention"]])
+            wait_for("the full-attention store, and the sliding-window one counted",
+                     lambda: device_blocks(router, q, 3) == 1 and ingest.stats(source).events_ignored >= 1)
+            ignored = ingest.stats(source)
+            assert ignored.events_ignored == 1
+            assert ignored.events_applied == stats.events_applied + 1  # the full-attention store only
+            assert ignored.rejected == stats.rejected and ignored.last_reject == stats.last_reject
+            assert ingest.stats().events_ignored == 1  # source 0: the sum
+            assert (f'\nkvrouter_ingest_events_ignored_total{{source_id="{source}",kind="engine",'
+                    f'endpoint="tcp://127.0.0.1:{port}"}} 1\n') in ingest.metrics_prometheus()
             with pytest.raises(kvrouter.AlreadyExistsError):
                 ingest.add_engine_worker(kvrouter.EngineWorker(f"tcp://127.0.0.1:{port}", 3))
             ingest.remove_engine_worker(3, clear_index=True)
