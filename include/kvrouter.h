@@ -432,8 +432,9 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router *router, const ch
 
 /* Applies one change another replica published: its bookings count as load here (under names
  * of their own: they never collide with local request ids) and its frees and prefill
- * completions may admit requests waiting here. A Reset drops every booking held from its
- * origin; a SyncRequest makes this router publish (if it has a publisher) a Reset and its own
+ * completions may admit requests waiting here. A Reset replaces every booking held from its
+ * origin by those announced after it (kept until they have come, since 0.2.0: docs/replicas.md);
+ * a SyncRequest makes this router publish (if it has a publisher) a Reset and its own
  * bookings, at once, or with its next change or heartbeat if the request names this router
  * (see kvr_router_expire_replicas); one naming another replica is ignored. Changes from this
  * router's own replica id are ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that are not a SequenceChange,

@@ -412,6 +412,8 @@ class Router {
     // Own booking changes the observer could not publish for want of memory (each followed by
     // announcing every booking again, once a change gets through).
     uint64_t changes_unpublished = 0;
+    // Announcements of other replicas' bookings under way here (ReplicaAnnouncements).
+    uint64_t announcing = 0;
   };
   ReplicaStats replica_stats() const;
   // A replica change that could not be decoded: counted in replica_stats().changes_rejected.
@@ -604,6 +606,8 @@ class Router {
   // Ends `origin`'s announcement, if one is under way, dropping the bookings held from before
   // it that were not announced again; returns whether any were.
   bool EndAnnouncementLocked(std::string_view origin);
+  // Frees the bookings an ended announcement did not name again; whether there were any.
+  bool DropNotAnnouncedLocked(const ReplicaAnnouncements::Names& not_announced_again);
 
   const RouterOptions options_;
   const Clock& clock_;

@@ -93,14 +93,22 @@ bool Router::FreeBookingLocked(std::string_view request_id) {
 }
 
 void Router::NotifyLocked(const SequenceChange& change) {
-  if (!observer_.Notify(change)) {
-    LostNotificationLocked();
-  } else if (reannounce_pending_ && change.kind != SequenceChange::Kind::kReset) {
+  if (reannounce_pending_ && change.kind != SequenceChange::Kind::kReset) {
     // A change the observer lost left the other replicas with a wrong view of this one's
-    // bookings: announcing them all again (a Reset, then each booking) repairs it, once a
-    // change or a heartbeat gets through. Not after a Reset: a farewell says there are none.
+    // bookings: announcing them all again (a Reset, then each booking) repairs it. Before this
+    // change, not after: a peer ends an announcement at the origin's next change of another
+    // kind, so a Heartbeat or SyncRequest sent after a Reset whose bookings were lost would
+    // have it drop them. Not before a Reset: a farewell says there are none.
     AnnounceBookingsLocked();
+    // The announcement says what a booking change says. A heartbeat waits for one that gets
+    // through whole (peers would end one cut short at it); a SyncRequest goes regardless (a
+    // joining replica hearing the others' bookings matters more than a moment of its own).
+    if (NamesARequest(change.kind) ||
+        (reannounce_pending_ && change.kind == SequenceChange::Kind::kHeartbeat)) {
+      return;
+    }
   }
+  if (!observer_.Notify(change)) LostNotificationLocked();
 }
 
 void Router::LostNotificationLocked() {
@@ -174,48 +182,72 @@ bool Router::DropReplicaBookingsLocked(std::string_view origin) {
 }
 
 bool Router::ResetReplicaLocked(std::string_view origin, uint32_t count) {
+  bool dropped = false;
   if (count > 0) {
     try {
       ReplicaAnnouncements::Names held;
       active_.ForEachRequest(
           [&](std::string_view booking) { return IsBookingOf(booking, origin); },
           [&](const SequenceRequest& booking) { held.emplace(booking.request_id); });
-      if (announcements_.Begin(origin, count, std::move(held))) return false;
+      // Holding nothing from it, there is nothing to keep: its bookings are simply added.
+      if (held.empty()) return DropReplicaBookingsLocked(origin);
+      if (!announcements_.Announcing(origin) && announcements_.full()) {
+        dropped = DropNotAnnouncedLocked(announcements_.EndOldest());  // stalled: ended
+      }
+      announcements_.Begin(origin, count, std::move(held));
+      return dropped;
     } catch (const std::bad_alloc&) {
       // Its bookings go at once, as from a sender that does not say how many follow.
     }
   }
-  return DropReplicaBookingsLocked(origin);
+  return DropReplicaBookingsLocked(origin) || dropped;
 }
 
 absl::StatusOr<bool> Router::AddReplicaBookingLocked(std::string_view origin, const std::string& id,
                                                      const SequenceChange& change, bool& released) {
-  const bool announced = announcements_.Announcing(origin);
-  if (announced) {
-    released |= active_.Free(id);  // the copy held from before the announcement
-    if (announcements_.Announced(origin, id)) released |= EndAnnouncementLocked(origin);
+  const SequenceRequest booking{.request_id = id,
+                                .worker = change.worker,
+                                .block_ids = change.block_ids,
+                                .prefill_tokens = change.prefill_tokens,
+                                .expected_output_tokens = change.expected_output_tokens,
+                                .prompt_tokens = 0,  // output is not replicated
+                                .booked_ago = MillisToNanos(change.booked_ms_ago)};
+  if (!announcements_.Announcing(origin)) {
+    absl::Status status = active_.AddRequest(booking);  // may throw: nothing changed
+    if (!status.ok()) return status;
+    return true;
   }
+  // Announced: it replaces the copy held from before the announcement. Refused (a repeat, an
+  // unknown rank), it changes nothing, nor counts among those announced.
+  const bool held = active_.HasRequest(id);
+  if (held && !announcements_.HeldBefore(origin, id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("replica booking '", AsAbsl(change.request_id), "' announced twice"));
+  }
+  if (!active_.HasWorker(change.worker)) {
+    return absl::NotFoundError(absl::StrCat("unknown worker ", change.worker.worker_id, " dp_rank ",
+                                            change.worker.dp_rank));
+  }
+  if (held) released |= active_.Free(id);
   absl::Status status;
   try {
-    status = active_.AddRequest({.request_id = id,
-                                 .worker = change.worker,
-                                 .block_ids = change.block_ids,
-                                 .prefill_tokens = change.prefill_tokens,
-                                 .expected_output_tokens = change.expected_output_tokens,
-                                 .prompt_tokens = 0,  // output is not replicated
-                                 .booked_ago = MillisToNanos(change.booked_ms_ago)});
+    status = active_.AddRequest(booking);
   } catch (const std::bad_alloc&) {
-    if (!announced) throw;  // nothing changed
-    // Its old copy is gone: refused like a booking the origin did not announce again.
+    // Its old copy is gone: as a booking the origin did not announce again.
     status = absl::ResourceExhaustedError("memory refused for a replica's booking announced again");
   }
+  if (announcements_.Announced(origin, id)) released |= EndAnnouncementLocked(origin);
   if (!status.ok()) return status;
   return true;
 }
 
 bool Router::EndAnnouncementLocked(std::string_view origin) {
+  return DropNotAnnouncedLocked(announcements_.End(origin));
+}
+
+bool Router::DropNotAnnouncedLocked(const ReplicaAnnouncements::Names& not_announced_again) {
   bool dropped = false;
-  for (const std::string& name : announcements_.End(origin)) dropped |= active_.Free(name);
+  for (const std::string& name : not_announced_again) dropped |= active_.Free(name);
   return dropped;
 }
 
@@ -372,7 +404,8 @@ Router::ReplicaStats Router::replica_stats() const {
           .active_requests = active_.CountRequests(IsReplicaRequestId),
           .live = liveness_.live(),
           .expired = replicas_expired_,
-          .changes_unpublished = replica_changes_unpublished_};
+          .changes_unpublished = replica_changes_unpublished_,
+          .announcing = announcements_.size()};
 }
 
 void Router::CountRejectedReplicaChange() {

@@ -85,6 +85,7 @@ class RouterReplicaTest : public ::testing::Test {
       ASSERT_TRUE(b_->AddWorker(Worker(w, max_batched)).ok());
     }
     a_token_ = a_->SetSequenceObserver("a", [this](const SequenceChange& c) {
+      if (refuse_nth_ > 0 && --refuse_nth_ == 0) refuse_to_publish_ = 1;
       if (refuse_to_publish_ > 0) {
         --refuse_to_publish_;
         throw std::bad_alloc();  // as encoding the change would when memory runs out
@@ -166,6 +167,7 @@ class RouterReplicaTest : public ::testing::Test {
   uint64_t a_token_ = 0;
   std::deque<Published> from_a_, from_b_;
   int refuse_to_publish_ = 0;  // a's observer throws std::bad_alloc this many times
+  int refuse_nth_ = 0;         // ... or refuses its n-th publication from now
 };
 
 TEST_F(RouterReplicaTest, AChangeLostForMemoryIsCountedAndRepairedByTheNextOneThatGetsThrough) {
@@ -176,10 +178,11 @@ TEST_F(RouterReplicaTest, AChangeLostForMemoryIsCountedAndRepairedByTheNextOneTh
   EXPECT_EQ(a_->replica_stats().changes_unpublished, 1u);
   EXPECT_EQ(b_->replica_stats().active_requests, 0u);
 
-  // The next change gets through, then a's whole picture: Reset, r1, r2.
+  // The next change is a's whole picture instead, itself included: Reset, r1, r2.
   ASSERT_TRUE(a_->FindBestMatch(Tokens(5, 100), {.with_admission = true, .request_id = "r2"}).ok());
-  ASSERT_EQ(from_a_.size(), 4u);
-  EXPECT_EQ(from_a_[1].kind, SequenceChange::Kind::kReset);
+  ASSERT_EQ(from_a_.size(), 3u);
+  EXPECT_EQ(from_a_[0].kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_a_[0].announced_bookings, 2u);
   Deliver();
   EXPECT_EQ(b_->replica_stats().active_requests, 2u);
 
@@ -494,24 +497,118 @@ TEST_F(RouterReplicaTest, AResetAnnouncingNoBookingsDropsThemAtOnce) {
 }
 
 // Announcements under way are bounded: past ReplicaAnnouncements::kMaxAnnouncing origins in the
-// middle of one, a Reset drops at once (made-up replica ids cannot grow the receiver).
+// middle of one (stalled, or ids a peer makes up), the oldest is ended to make room, its
+// bookings not announced again dropped. An origin holding nothing needs no announcement.
 TEST_F(RouterReplicaTest, AnnouncementsUnderWayAreBounded) {
+  const SequenceChange reset{.kind = SequenceChange::Kind::kReset, .announced_bookings = 5};
+  ASSERT_FALSE(*b_->ApplyReplicaChange("empty", reset));
+  EXPECT_EQ(b_->replica_stats().announcing, 0u);  // it held nothing
   for (size_t i = 0; i < ReplicaAnnouncements::kMaxAnnouncing; ++i) {
-    ASSERT_FALSE(*b_->ApplyReplicaChange(
-        "p" + std::to_string(i), {.kind = SequenceChange::Kind::kReset, .announced_bookings = 5}));
+    const std::string origin = "p" + std::to_string(i);
+    ASSERT_TRUE(*b_->ApplyReplicaChange(
+        origin, {.kind = SequenceChange::Kind::kAdded, .request_id = "x", .worker = {2, 0}}));
+    ASSERT_FALSE(*b_->ApplyReplicaChange(origin, reset));
   }
+  EXPECT_EQ(b_->replica_stats().announcing, ReplicaAnnouncements::kMaxAnnouncing);
   ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
   Deliver();
   AskAToAnnounce();
-  EXPECT_TRUE(DeliverOne());  // the Reset: dropped at once
-  EXPECT_EQ(b_->active_requests(), 0u);
+  EXPECT_TRUE(DeliverOne());  // a's Reset: p0's announcement ended, its booking dropped
+  EXPECT_EQ(LoadOf(*b_, 2).active_requests, ReplicaAnnouncements::kMaxAnnouncing - 1);
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);  // a's kept through its own announcement
+  EXPECT_EQ(b_->replica_stats().announcing, ReplicaAnnouncements::kMaxAnnouncing);
   Deliver();
-  EXPECT_EQ(b_->active_requests(), 1u);
-  // One of them ends (a change of its own): room for a's next announcement.
-  ASSERT_TRUE(b_->ApplyReplicaChange("p0", {.kind = SequenceChange::Kind::kHeartbeat}).ok());
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  // Every way an origin's tracking ends takes its announcement with it.
+  ASSERT_TRUE(b_->ApplyReplicaChange("p1", {.kind = SequenceChange::Kind::kHeartbeat}).ok());
+  ASSERT_TRUE(b_->ApplyReplicaChange("p2", {.kind = SequenceChange::Kind::kReset}).ok());
+  EXPECT_EQ(b_->replica_stats().announcing, ReplicaAnnouncements::kMaxAnnouncing - 3);
+  // p0, p1 and p2 hold nothing now (their bookings were not announced again); a holds r1.
+  EXPECT_EQ(b_->ForgetReplicas(), ReplicaAnnouncements::kMaxAnnouncing - 3 + 1);
+  EXPECT_EQ(b_->replica_stats().announcing, 0u);
+}
+
+// A silent replica expired in the middle of its announcement: the announcement goes with it.
+TEST_F(RouterReplicaTest, AnExpiredReplicasAnnouncementEndsWithIt) {
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  Deliver();
   AskAToAnnounce();
-  EXPECT_FALSE(DeliverOne());
-  EXPECT_EQ(b_->active_requests(), 1u);
+  DeliverOne();  // the Reset alone
+  EXPECT_EQ(b_->replica_stats().announcing, 1u);
+  clock_.AdvanceSeconds(11);
+  ASSERT_EQ(b_->ExpireSilentReplicas(kTimeout), 1u);
+  EXPECT_EQ(b_->replica_stats().announcing, 0u);
+  EXPECT_EQ(b_->active_requests(), 0u);
+}
+
+// A booking announced twice in one announcement is a repeat, refused as outside one, and it
+// does not count among those announced (the announcement would end early, dropping bookings
+// still to come). A booking on a rank b does not know is refused and changes nothing.
+TEST_F(RouterReplicaTest, ARefusedBookingInAnAnnouncementChangesNothing) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a_->AddRequest("r2", Tokens(2, 100), {2, 0}).ok());
+  Deliver();
+  AskAToAnnounce();
+  ASSERT_EQ(from_a_.size(), 3u);
+  const Published first = from_a_[1];
+  EXPECT_FALSE(DeliverOne());  // Reset
+  EXPECT_TRUE(DeliverOne());   // the first booking
+  const uint64_t digest = b_->StateDigest();
+  absl::StatusOr<bool> again = b_->ApplyReplicaChange("a", first.View());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  Published elsewhere = from_a_.front();
+  elsewhere.worker = {9, 0};
+  absl::StatusOr<bool> unknown = b_->ApplyReplicaChange("a", elsewhere.View());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+  EXPECT_EQ(b_->StateDigest(), digest);
+  EXPECT_EQ(b_->replica_stats().announcing, 1u);
+  EXPECT_TRUE(DeliverOne());  // the second booking: the announcement's last
+  EXPECT_EQ(b_->replica_stats().announcing, 0u);
+  EXPECT_EQ(b_->active_requests(), 2u);
+}
+
+// An announcement whose booking the observer lost (memory refused) is cut short at the
+// sender. What a sends next must not end it at the receiver: a announces again before its next
+// change, and a heartbeat waits for an announcement that gets through. Before, the heartbeat
+// went right after the cut one, and b dropped a's live bookings and admitted its waiting request.
+TEST_F(RouterReplicaTest, AnAnnouncementCutShortAtTheSenderIsNotEndedByItsNextChange) {
+  bool admitted = false;
+  QueueBehindTheOthersBookings(admitted, /*heartbeat=*/true);
+  ASSERT_FALSE(admitted);
+  refuse_nth_ = 2;  // the Reset goes, the first booking is lost
+  AskAToAnnounce();
+  ASSERT_EQ(from_a_.size(), 1u);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));  // announces again first, whole this time
+  ASSERT_EQ(from_a_.size(), 5u);            // the cut Reset; Reset, r1, r2; the heartbeat
+  EXPECT_EQ(from_a_[1].kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_a_[4].kind, SequenceChange::Kind::kHeartbeat);
+  while (!from_a_.empty()) {
+    DeliverOne();
+    EXPECT_EQ(b_->replica_stats().active_requests, 2u);
+    EXPECT_FALSE(admitted);
+  }
+  // Cut short again, the heartbeat waits: nothing follows the cut announcement.
+  refuse_nth_ = 2;
+  ASSERT_TRUE(a_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kSyncRequest}).ok());
+  from_a_.clear();
+  refuse_nth_ = 2;
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_EQ(from_a_.size(), 1u);  // the Reset of a second announcement cut short; no heartbeat
+  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
+}
+
+// An announcer counts its own bookings only: those it holds from other replicas are theirs to
+// announce.
+TEST_F(RouterReplicaTest, AnAnnouncementCountsTheAnnouncersOwnBookingsOnly) {
+  LetBPublish();
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  Deliver();  // b holds a's r1
+  ASSERT_TRUE(b_->AddRequest("mine", Tokens(2, 50), {2, 0}).ok());
+  from_b_.clear();
+  ASSERT_TRUE(b_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kSyncRequest}).ok());
+  ASSERT_EQ(from_b_.size(), 2u);  // Reset, mine
+  EXPECT_EQ(from_b_[0].announced_bookings, 1u);
 }
 
 // A booking dropped at the end of an announcement (its free was lost) releases capacity, which
@@ -755,8 +852,9 @@ TEST_F(RouterReplicaTest, AReplicaExpiredWhileAliveIsAskedToAnnounceItsBookingsA
   from_b_.clear();
   EXPECT_TRUE(from_a_.empty());
   ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  ASSERT_EQ(from_a_.size(), 3u);  // Heartbeat, Reset, Added r1
-  EXPECT_EQ(from_a_[1].kind, SequenceChange::Kind::kReset);
+  ASSERT_EQ(from_a_.size(), 3u);  // Reset, Added r1, then the heartbeat
+  EXPECT_EQ(from_a_[0].kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_a_[2].kind, SequenceChange::Kind::kHeartbeat);
   Deliver();
   EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
   EXPECT_EQ(b_->replica_stats().live, 1u);

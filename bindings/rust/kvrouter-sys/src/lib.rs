@@ -1038,14 +1038,15 @@ extern "C" {
     ) -> kvr_status;
     /// Applies one change another replica published: its bookings count as load here (under names
     /// of their own: they never collide with local request ids) and its frees and prefill
-    /// completions may admit requests waiting here. A Reset drops every booking held from its
-    /// origin; a SyncRequest makes this router publish (if it has a publisher) a Reset and its own
-    /// bookings, at once, or with its next change or heartbeat if the request names this router
-    /// (see kvr_router_expire_replicas); one naming another replica is ignored. Changes from this
-    /// router's own replica id are ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that
-    /// are not a SequenceChange, or a booking of more than 2^32 prefill tokens; a heartbeat
-    /// interval over one hour counts as one hour. KVR_NOT_FOUND for a worker rank this router does
-    /// not know, KVR_ALREADY_EXISTS for a booking applied twice; nothing changes then.
+    /// completions may admit requests waiting here. A Reset replaces every booking held from its
+    /// origin by those announced after it (kept until they have come, since 0.2.0:
+    /// docs/replicas.md); a SyncRequest makes this router publish (if it has a publisher) a Reset
+    /// and its own bookings, at once, or with its next change or heartbeat if the request names
+    /// this router (see kvr_router_expire_replicas); one naming another replica is ignored. Changes
+    /// from this router's own replica id are ignored (buses that echo). KVR_INVALID_ARGUMENT for
+    /// bytes that are not a SequenceChange, or a booking of more than 2^32 prefill tokens; a
+    /// heartbeat interval over one hour counts as one hour. KVR_NOT_FOUND for a worker rank this
+    /// router does not know, KVR_ALREADY_EXISTS for a booking applied twice; nothing changes then.
     /// @thread_safety concurrent
     pub fn kvr_router_apply_replica_event(
         router: *mut kvr_router,

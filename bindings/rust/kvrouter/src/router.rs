@@ -631,7 +631,8 @@ impl RouterRef {
     }
 
     /// Applies one change another replica published: its bookings count as load here. A
-    /// `Reset` drops every booking held from its origin; a `SyncRequest` (a replica joining)
+    /// `Reset` replaces every booking held from its origin by those announced after it (kept
+    /// until they have come: docs/replicas.md); a `SyncRequest` (a replica joining)
     /// makes this router answer through its own publisher, on this thread, with a Reset and
     /// its bookings (nothing without a publisher). Changes from this router's own replica id
     /// are ignored. `InvalidArgument` for bytes that are not a change (or whose origin is

@@ -252,8 +252,9 @@ public final class Router extends NativeObject {
 
   /**
    * Applies a booking change another replica published: its bookings count as load here, and its
-   * frees and prefill completions may admit requests waiting here. A Reset drops every booking
-   * held here from its replica id; a SyncRequest makes this router answer, on the calling thread
+   * frees and prefill completions may admit requests waiting here. A Reset replaces every
+   * booking held here from its replica id by those announced after it (kept until they have
+   * come: docs/replicas.md); a SyncRequest makes this router answer, on the calling thread
    * and through its own {@link #setReplicaPublisher publisher} if it has one, with a Reset and an
    * Added change for every booking of its own. Changes with this router's own replica id are
    * ignored.
