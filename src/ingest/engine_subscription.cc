@@ -114,8 +114,9 @@ struct EngineSubscriptions::Subscription {
   // How many of the held messages, from the front, were received before the replay was asked
   // for (RankSequence::JudgeHeld).
   size_t held_before_request = 0;
-  SaltedBlocks salted;  // the publisher's blocks stored under a cache salt
-  BlockCopies copies;   // the publisher's blocks held more than once
+  SaltedBlocks salted;   // the publisher's blocks stored under a cache salt
+  KvCacheGroups groups;  // the publisher's KV-cache groups, which are full attention
+  BlockCopies copies;    // the publisher's blocks held more than once
 };
 
 // A request to vLLM's replay socket: a DEALER speaking to its ROUTER, with a deadline.
@@ -560,7 +561,7 @@ void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint
   // know is skipped alone, the rest of the batch applies; rejects are counted in their place.
   const size_t other_groups = ApplyKvEvents(
       *batch, sub.worker.worker_id, sub.socket_rank, loop_.router->block_size(), sub.worker.eagle,
-      first_event_id, &sub.salted,
+      first_event_id, &sub.salted, &sub.groups,
       [&](KvEvent& event) {
         // An engine-side clear makes its state known again.
         if (std::holds_alternative<ClearedEvent>(event.data)) SetUnknown(sub, false);

@@ -636,12 +636,30 @@ std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes) {
   return value;
 }
 
+void KvCacheGroups::Record(int64_t group, bool full_attention) {
+  for (Group& known : groups_) {
+    if (known.index == group) {
+      known.full_attention = full_attention;
+      return;
+    }
+  }
+  if (groups_.size() < kMaxGroups) groups_.push_back({group, full_attention});
+}
+
+bool KvCacheGroups::IsOtherGroup(std::optional<int64_t> group) const {
+  if (!group) return false;
+  for (const Group& known : groups_) {
+    if (known.index == *group) return !known.full_attention;
+  }
+  return false;
+}
+
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                           uint32_t router_block_size, bool eagle, uint64_t first_event_id,
-                          SaltedBlocks* salted) {
+                          SaltedBlocks* salted, KvCacheGroups* groups) {
   ConvertedBatch out;
   out.skipped_other_groups = ApplyKvEvents(
-      batch, worker_id, default_dp_rank, router_block_size, eagle, first_event_id, salted,
+      batch, worker_id, default_dp_rank, router_block_size, eagle, first_event_id, salted, groups,
       [&](KvEvent& event) { out.events.push_back(std::move(event)); },
       [&](ConversionReject& reject) {
         // The unknown types are the batch's own `skipped`.
@@ -654,7 +672,8 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
 
 size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                      uint32_t router_block_size, bool eagle, uint64_t first_event_id,
-                     SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply,
+                     SaltedBlocks* salted, KvCacheGroups* groups,
+                     absl::FunctionRef<void(KvEvent&)> apply,
                      absl::FunctionRef<void(ConversionReject&)> reject) {
   size_t skipped_other_groups = 0;
   const WorkerKey worker{worker_id, batch.dp_rank.value_or(default_dp_rank)};
@@ -671,7 +690,15 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
   };
   for (const EngineEvent& e : batch.events) {
     reject_skipped_before(e.position);
-    if (e.kv_cache_spec_kind && *e.kv_cache_spec_kind != "full_attention") {
+    if (e.kv_cache_spec_kind) {
+      const bool full_attention = *e.kv_cache_spec_kind == "full_attention";
+      if (groups != nullptr && e.group_idx) groups->Record(*e.group_idx, full_attention);
+      if (!full_attention) {
+        ++skipped_other_groups;
+        continue;
+      }
+    } else if (e.kind == EngineEventKind::kRemoved && groups != nullptr &&
+               groups->IsOtherGroup(e.group_idx)) {
       ++skipped_other_groups;
       continue;
     }

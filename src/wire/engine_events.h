@@ -148,6 +148,30 @@ class SaltedBlocks {
   std::unordered_map<std::string, uint32_t, IdHash, std::equal_to<>> ids_;
 };
 
+// The KV-cache groups of a hybrid model (full attention, sliding window, Mamba state) a
+// publisher's stores named, and which are full attention. vLLM publishes every group's blocks
+// under the same hashes, and its removals name their group by index only (BlockRemoved has
+// group_idx, not the kind): a sliding-window group evicts its copy of a block long before the
+// full-attention group does, and that removal must not take the indexed block. A removal of a
+// group not seen in a store is applied (a model without groups, or a store not heard).
+class KvCacheGroups {
+ public:
+  // Groups remembered at most (an engine has a handful; garbage must not grow this).
+  static constexpr size_t kMaxGroups = 64;
+  // A store of `group` of this kind was heard.
+  void Record(int64_t group, bool full_attention);
+  // Whether `group` is known as one whose blocks the router does not index.
+  bool IsOtherGroup(std::optional<int64_t> group) const;
+  void Clear() { groups_.clear(); }
+
+ private:
+  struct Group {
+    int64_t index;
+    bool full_attention;
+  };
+  std::vector<Group> groups_;  // a few: searched in order
+};
+
 // One message of Dynamo's KV event plane, as dynamo.llm.KvEventPublisher (ai-dynamo-runtime
 // 1.6.1) publishes it on NATS subject namespace.<ns>.component.<c>.endpoint.<e>.kv-events: a
 // msgpack map {publisher_id, sequence, published_at (ms), topic, payload}, the payload the
@@ -176,10 +200,12 @@ absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> me
 // token pages (EngineEvent::bigram) are eagle windows whatever `eagle` says. A stored event's
 // cache salt becomes the router event's cache namespace; `salted` (the publisher's memory, may
 // be null) lends a continuation its parent's salt. A store without tokens (vLLM's offloading
-// connector) is applied as a copy to its tier of blocks the worker already holds.
+// connector) is applied as a copy to its tier of blocks the worker already holds. Events of a
+// KV-cache group other than full attention are left out (stores by their kind; removals by
+// their group, as `groups`, the publisher's memory, may be null, knows it).
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                           uint32_t router_block_size, bool eagle, uint64_t first_event_id,
-                          SaltedBlocks* salted = nullptr);
+                          SaltedBlocks* salted = nullptr, KvCacheGroups* groups = nullptr);
 
 // As ToKvEvents, handing each event to `apply` as soon as it is converted, before the next one
 // is (what applying it does to `salted`, a removal's Forget, then comes before the next event's
@@ -189,7 +215,8 @@ ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t
 // events of other KV-cache groups, which are not indexed (by design: not rejects).
 size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                      uint32_t router_block_size, bool eagle, uint64_t first_event_id,
-                     SaltedBlocks* salted, absl::FunctionRef<void(KvEvent&)> apply,
+                     SaltedBlocks* salted, KvCacheGroups* groups,
+                     absl::FunctionRef<void(KvEvent&)> apply,
                      absl::FunctionRef<void(ConversionReject&)> reject);
 
 }  // namespace kvrouter

@@ -471,14 +471,20 @@ class VllmBatch {
     salt.empty() ? b.Byte(0xc0) : b.Byte(0x91).Byte(0x91).Str(salt);
     return b.bytes_;
   }
-  // A store of a hybrid model's KV-cache group `kind` (group 1), e.g. "sliding_window".
+  // A store of a hybrid model's KV-cache group `group` of `kind`, e.g. "sliding_window".
   static std::vector<uint8_t> StoredInGroup(uint64_t hash, const std::vector<uint32_t>& tokens,
-                                            const std::string& kind) {
+                                            uint32_t group, const std::string& kind) {
     VllmBatch b;
     b.Byte(0x9b).Str("BlockStored").Byte(0x91).Uint(hash).Byte(0xc0);
     b.Byte(0xdc).Be(tokens.size(), 2);
     for (uint32_t t : tokens) b.Uint(t);
-    b.Uint(16).Byte(0xc0).Str("GPU").Byte(0xc0).Byte(0xc0).Uint(1).Str(kind);
+    b.Uint(16).Byte(0xc0).Str("GPU").Byte(0xc0).Byte(0xc0).Uint(group).Str(kind);
+    return b.bytes_;
+  }
+  // A removal naming its group (as vLLM's does: its index, not its kind).
+  static std::vector<uint8_t> RemovedInGroup(uint64_t hash, uint32_t group) {
+    VllmBatch b;
+    b.Byte(0x94).Str("BlockRemoved").Byte(0x91).Uint(hash).Str("GPU").Uint(group);
     return b.bytes_;
   }
   // An event of a type no vLLM has sent yet: [tag].
@@ -628,19 +634,29 @@ TEST_F(EngineIngestTest, AnUnknownEventTypeIsCountedInItsPlaceAmongTheBatchsReje
   EXPECT_EQ(2u, stats.rejected[static_cast<int>(IngestReject::kBadMsgpack)]);
 }
 
-// A hybrid model's sliding-window stores are not indexed, by design, and counted as ignored
-// (they were counted nowhere); the full-attention store beside them applies.
-TEST_F(EngineIngestTest, EventsOfOtherKvCacheGroupsAreCountedAsIgnored) {
+// A hybrid model publishes each KV-cache group's copy of a block under the same hash. Its
+// sliding-window store is not indexed, by design, and counted as ignored (it was counted
+// nowhere); so is that group's removal, which names its group by index only: it took the
+// full-attention block, which the engine still holds, out of the index.
+TEST_F(EngineIngestTest, EventsOfOtherKvCacheGroupsAreIgnoredAndCounted) {
   FakeEngine& engine = Engine("tcp://127.0.0.1:*");
   const uint64_t source = Subscribe(engine, 5);
-  engine.Send(0, VllmBatch::Of({VllmBatch::StoredInGroup(31, Range(1001, 1016), "sliding_window"),
-                                VllmBatch::Stored(21, std::nullopt, Range(1001, 1016))}));
-  const IngestStats stats = WaitForMessages(source, 1, 1);
+  engine.Send(
+      0, VllmBatch::Of({VllmBatch::StoredInGroup(21, Range(1001, 1016), 1, "sliding_window"),
+                        VllmBatch::StoredInGroup(21, Range(1001, 1016), 0, "full_attention")}));
+  IngestStats stats = WaitForMessages(source, 1, 1);
   EXPECT_EQ(1u, stats.events_ignored);
-  EXPECT_EQ(1u, stats.events_applied);
   EXPECT_EQ(1u, DeviceBlocks(Range(1001, 1016), {5, 0}));
+  engine.Send(1, VllmBatch::RemovedInGroup(21, 1));  // the sliding window moved on
+  stats = WaitForMessages(source, 2);
+  EXPECT_EQ(2u, stats.events_ignored);
+  EXPECT_EQ(1u, DeviceBlocks(Range(1001, 1016), {5, 0}));
+  engine.Send(2, VllmBatch::RemovedInGroup(21, 0));  // the full-attention copy goes
+  stats = WaitForMessages(source, 3, 2);
+  EXPECT_EQ(0u, DeviceBlocks(Range(1001, 1016), {5, 0}));
+  EXPECT_EQ(2u, stats.events_ignored);
   for (uint64_t rejected : stats.rejected) EXPECT_EQ(0u, rejected) << stats.last_reject;
-  EXPECT_EQ(1u, ingest_->Stats(0)->events_ignored);
+  EXPECT_EQ(2u, ingest_->Stats(0)->events_ignored);
 }
 
 // vLLM's offloading connector copies a block to the host (a store without tokens), the device

@@ -337,6 +337,18 @@ TEST(EngineToRouter, OtherBlockSizesAndNonAttentionGroupsAreNotIndexed) {
   EngineBatch sliding = Vllm("array_store_full_schema");
   sliding.events[0].kv_cache_spec_kind = "sliding_window";
   EXPECT_EQ(1u, ToKvEvents(sliding, 1, 0, 16, false, 1).skipped_other_groups);
+  // Its removals name the group by index: left out once a store said what the group is.
+  sliding.events[0].group_idx = 1;
+  EngineBatch removal = Vllm("array_remove_full_schema");
+  removal.events[0].group_idx = 1;
+  KvCacheGroups groups;
+  EXPECT_EQ(1u, ToKvEvents(removal, 1, 0, 16, false, 1, nullptr, &groups).events.size());
+  (void)ToKvEvents(sliding, 1, 0, 16, false, 1, nullptr, &groups);
+  const ConvertedBatch removed = ToKvEvents(removal, 1, 0, 16, false, 1, nullptr, &groups);
+  EXPECT_TRUE(removed.events.empty());
+  EXPECT_EQ(1u, removed.skipped_other_groups);
+  removal.events[0].group_idx = 0;  // another group, never stored: applied
+  EXPECT_EQ(1u, ToKvEvents(removal, 1, 0, 16, false, 1, nullptr, &groups).events.size());
 }
 
 // ---- Malformed input. ----------------------------------------------------------------------
@@ -457,7 +469,7 @@ TEST(EngineDecoder, SkipsAnEventOfAnUnknownTypeAndKeepsTheRest) {
   // Handed on in their place among the events, with the batch's positions.
   std::vector<std::string> order;
   ApplyKvEvents(
-      *batch, 1, 0, 16, false, 1, nullptr, [&](KvEvent&) { order.push_back("clear"); },
+      *batch, 1, 0, 16, false, 1, nullptr, nullptr, [&](KvEvent&) { order.push_back("clear"); },
       [&](ConversionReject& r) { order.push_back(std::to_string(r.event_index)); });
   EXPECT_EQ((std::vector<std::string>{"0", "clear", "2"}), order);
 }
