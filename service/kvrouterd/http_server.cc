@@ -578,11 +578,8 @@ void HttpServer::Shutdown(std::function<void()> done) {
   // those still writing an answer once it is written (the idle timer lets go of a client that
   // stopped reading).
   // A refused client being drained has its FIN already, and its timer.
-  std::vector<std::shared_ptr<Connection>> idle;
-  for (const auto& connection : connections_) {
-    if (!connection->busy && !connection->draining) idle.push_back(connection);
-  }
-  for (const auto& connection : idle) {
+  for (const auto& connection :
+       ConnectionsWhere([](const Connection& c) { return !c.busy && !c.draining; })) {
     if (connection->socket.write_queue_size > 0) {
       connection->SendFin(/*close_after=*/true);
     } else {
@@ -593,11 +590,18 @@ void HttpServer::Shutdown(std::function<void()> done) {
 }
 
 void HttpServer::CloseEveryConnectionNotBusy() {
-  std::vector<std::shared_ptr<Connection>> done;
-  for (const auto& connection : connections_) {
-    if (!connection->busy) done.push_back(connection);
+  for (const auto& connection : ConnectionsWhere([](const Connection& c) { return !c.busy; })) {
+    connection->Close();
   }
-  for (const auto& connection : done) connection->Close();
+}
+
+std::vector<std::shared_ptr<Connection>> HttpServer::ConnectionsWhere(
+    const std::function<bool(const Connection&)>& pick) const {
+  std::vector<std::shared_ptr<Connection>> picked;
+  for (const auto& connection : connections_) {
+    if (pick(*connection)) picked.push_back(connection);
+  }
+  return picked;
 }
 
 void HttpServer::MaybeFinishShutdown() {
