@@ -62,7 +62,7 @@ background_build() {  # background_build DIR [cmake --build args...]: records it
 background_builds() {  # stops at a failed build: its stage reports it
   background_build asan &&
     background_build tsan --target core_concurrency_tests capi_concurrency_test \
-      router_model_concurrency_test ingest_tests &&
+      router_model_concurrency_test ingest_tests kvrouterd_concurrency_tests &&
     background_build fuzz --target kvr_fuzzers
 }
 await_build() {  # await_build DIR: waits for the background build of DIR, shows its end

@@ -125,7 +125,11 @@ struct RouteSpec {
   const char* method;
   const char* pattern;  // segments; "{id}" matches one segment
   Endpoint endpoint;
-  bool off_loop;  // may wait in the admission queue: runs on the thread pool
+  // Where its calls run: on the event loop (quick), on a routing thread (libuv's pool: it may
+  // wait in the admission queue), or on a quick-call thread (never waits, but its body may
+  // take a while to parse: daemon.cc's QuickCallPool).
+  enum class Runs : uint8_t { kOnLoop, kOnRoutingThread, kOnQuickCallThread };
+  Runs runs;
 };
 
 const std::vector<RouteSpec>& Routes();

@@ -47,6 +47,7 @@ Daemon::Daemon(std::vector<std::string> args, Config config)
 
 Daemon::~Daemon() {
   server_.reset();
+  quick_calls_.reset();
   uv_loop_close(&loop_);
 }
 
@@ -96,6 +97,7 @@ int Daemon::Run() {
   }
   uv_timer_init(&loop_, &shutdown_timer_);
   shutdown_timer_.data = this;
+  quick_calls_ = std::make_unique<QuickCallPool>(&loop_, config_.preview_threads);
   Log(LogLevel::kInfo, "kvrouterd listening",
       {{"host", config_.listen_host},
        {"port", server_->port()},
@@ -142,13 +144,18 @@ void Daemon::HandleRequest(HttpRequest request, Responder responder) {
     responder.Respond(std::move(response));
     return;
   }
-  if (match.route->off_loop) {
-    RunOffLoop(*match.route, std::move(request), std::move(match.param), std::move(responder));
-    return;
+  switch (match.route->runs) {
+    case RouteSpec::Runs::kOnRoutingThread:
+      RunOffLoop(*match.route, std::move(request), std::move(match.param), std::move(responder));
+      return;
+    case RouteSpec::Runs::kOnQuickCallThread:
+      RunOnQuickCallThread(*match.route, std::move(request), std::move(match.param),
+                           std::move(responder));
+      return;
+    case RouteSpec::Runs::kOnLoop:
+      break;
   }
-  HttpResponse response = service_->Handle(*match.route, request, match.param);
-  service_->CountAnswer(match.route->pattern, response.status);
-  responder.Respond(std::move(response));
+  Answer(*match.route, service_->Handle(*match.route, request, match.param), responder);
 }
 
 void Daemon::RunOffLoop(const RouteSpec& route, HttpRequest request, std::string param,
@@ -177,11 +184,39 @@ void Daemon::RunOffLoop(const RouteSpec& route, HttpRequest request, std::string
         std::unique_ptr<OffLoopWork> job(static_cast<OffLoopWork*>(work->data));
         Daemon* daemon = job->daemon;
         if (job->call) daemon->service_->DepartRouting(*job->call);
-        daemon->service_->CountAnswer(job->route->pattern, job->response.status);
-        job->responder.Respond(std::move(job->response));
+        daemon->Answer(*job->route, std::move(job->response), job->responder);
         --daemon->work_in_flight_;
         daemon->MaybeFinish();
       });
+}
+
+void Daemon::RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, std::string param,
+                                  Responder responder) {
+  // Shared by the call and its completion (std::function needs copyable captures).
+  struct Call {
+    HttpRequest request;
+    std::string param;
+    Responder responder;
+    HttpResponse response;
+  };
+  auto call = std::make_shared<Call>(
+      Call{std::move(request), std::move(param), std::move(responder), HttpResponse{}});
+  ++work_in_flight_;
+  Service* service = service_.get();
+  quick_calls_->Submit(
+      [call, service, &route] {
+        call->response = service->Handle(route, call->request, call->param);
+      },
+      [this, call, &route] {
+        Answer(route, std::move(call->response), call->responder);
+        --work_in_flight_;
+        MaybeFinish();
+      });
+}
+
+void Daemon::Answer(const RouteSpec& route, HttpResponse response, Responder& responder) {
+  service_->CountAnswer(route.pattern, response.status);
+  responder.Respond(std::move(response));
 }
 
 void Daemon::OnSignal(int signum) {
@@ -239,6 +274,7 @@ void Daemon::BeginShutdown() {
 void Daemon::MaybeFinish() {
   if (!stopping_ || !server_closed_ || work_in_flight_ > 0 || finished_) return;
   finished_ = true;
+  if (quick_calls_) quick_calls_->Close();  // idle: no call is in flight
   uv_close(reinterpret_cast<uv_handle_t*>(&shutdown_timer_), nullptr);
   for (uv_signal_t& signal : signals_) uv_close(reinterpret_cast<uv_handle_t*>(&signal), nullptr);
 }

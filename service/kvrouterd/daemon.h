@@ -10,6 +10,7 @@
 
 #include "kvrouterd/http_server.h"
 #include "kvrouterd/options.h"
+#include "kvrouterd/quick_call_pool.h"
 #include "kvrouterd/service.h"
 
 namespace kvrouterd {
@@ -27,6 +28,10 @@ class Daemon {
   void HandleRequest(HttpRequest request, Responder responder);
   void RunOffLoop(const RouteSpec& route, HttpRequest request, std::string param,
                   Responder responder);
+  void RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, std::string param,
+                            Responder responder);
+  // Counts the answer, sends it, and ends the call's part in the shutdown's wait.
+  void Answer(const RouteSpec& route, HttpResponse response, Responder& responder);
   void OnSignal(int signum);
   void ReloadConfig();
   void BeginShutdown();
@@ -38,12 +43,13 @@ class Daemon {
   uv_loop_t loop_{};
   std::unique_ptr<Service> service_;
   std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<QuickCallPool> quick_calls_;
   uv_signal_t signals_[3]{};
   uv_timer_t shutdown_timer_{};
   bool stopping_ = false;
   bool server_closed_ = false;
   bool finished_ = false;
-  size_t work_in_flight_ = 0;  // routing calls on the thread pool
+  size_t work_in_flight_ = 0;  // calls on a routing or quick-call thread
 };
 
 }  // namespace kvrouterd

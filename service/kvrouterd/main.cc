@@ -29,6 +29,9 @@ std::string Validate(const kvrouterd::Config& config) {
   if (config.routing_threads < 1 || config.routing_threads > 1024) {
     return "routing-threads: must be 1..1024";
   }
+  if (config.preview_threads < 1 || config.preview_threads > 64) {
+    return "preview-threads: must be 1..64";
+  }
   if (!config.snapshot_file.empty() && !config.bootstrap_from.empty()) {
     return "snapshot-file and bootstrap-from: one warm start or the other, not both";
   }

@@ -79,6 +79,7 @@ struct Config {
   uint64_t max_tracked_requests = 1000000;
   double shutdown_timeout_seconds = 30;
   uint32_t routing_threads = 16;  // UV_THREADPOOL_SIZE
+  uint32_t preview_threads = 2;   // QuickCallPool
   // The router (kvr_router_options, initialised with the library's defaults)
   kvr_router_options router{};
   double plan_deadline_seconds = 30;

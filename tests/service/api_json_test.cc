@@ -280,9 +280,10 @@ TEST(ApiJsonTest, Routes) {
   EXPECT_EQ(match.miss_status, 404);
   EXPECT_EQ(MatchRoute("GET", "/v1/workers/").route, nullptr);  // an empty id is no id
 
-  EXPECT_TRUE(MatchRoute("POST", "/v1/route").route->off_loop);
-  EXPECT_TRUE(MatchRoute("POST", "/v1/plan").route->off_loop);
-  EXPECT_FALSE(MatchRoute("GET", "/healthz").route->off_loop);
+  EXPECT_EQ(MatchRoute("POST", "/v1/route").route->runs, RouteSpec::Runs::kOnRoutingThread);
+  EXPECT_EQ(MatchRoute("POST", "/v1/plan").route->runs, RouteSpec::Runs::kOnRoutingThread);
+  EXPECT_EQ(MatchRoute("POST", "/v1/preview").route->runs, RouteSpec::Runs::kOnQuickCallThread);
+  EXPECT_EQ(MatchRoute("GET", "/healthz").route->runs, RouteSpec::Runs::kOnLoop);
   EXPECT_EQ(ErrorOf([] { MatchRoute("DELETE", "/v1/requests/bad%zz"); }).second,
             "bad percent-encoding in the path");
 }

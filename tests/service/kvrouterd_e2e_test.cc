@@ -601,6 +601,20 @@ TEST_F(RoutingThreadTest, QueueTimeoutCountsTheWaitForAThread) {
   Stop();
 }
 
+// Previews run on threads of their own (preview-threads): with the only routing thread held by
+// a route waiting in the admission queue, a preview is still answered (on libuv's pool it
+// would wait for that thread; on the loop, its body's parse stalled every connection).
+TEST_F(RoutingThreadTest, APreviewIsAnsweredWhileEveryRoutingThreadWaits) {
+  StartBusy("preview-threads = 1\n");
+  const HttpAnswer preview = Post("/v1/preview", RouteBody(""));
+  ASSERT_EQ(preview.status, 200) << preview.body;
+  EXPECT_EQ(Body(preview)["worker_id"], 1);
+  EXPECT_FALSE(Ready(b_));  // b still waits
+  EXPECT_EQ(Body(Delete("/v1/requests/a1"))["freed"], true);
+  EXPECT_EQ(b_.get().status, 200);
+  Stop();
+}
+
 // SIGTERM with a route waiting in the queue and another waiting for the routing thread: the
 // first is cancelled after shutdown-timeout-seconds, the second refused, and the daemon exits.
 TEST_F(KvrouterdTest, SigtermDoesNotWaitForeverForRoutesWaitingForAThread) {

@@ -1,0 +1,69 @@
+#include "kvrouterd/quick_call_pool.h"
+
+namespace kvrouterd {
+
+QuickCallPool::QuickCallPool(uv_loop_t* loop, uint32_t threads) {
+  uv_async_init(loop, &completed_, [](uv_async_t* handle) {
+    static_cast<QuickCallPool*>(handle->data)->RunCompletions();
+  });
+  completed_.data = this;
+  threads_.reserve(threads);
+  for (uint32_t i = 0; i < threads; ++i) threads_.emplace_back([this] { Serve(); });
+}
+
+QuickCallPool::~QuickCallPool() {
+  for (std::thread& thread : threads_) {
+    if (thread.joinable()) thread.join();  // Close() joined them; a safety net
+  }
+}
+
+void QuickCallPool::Submit(std::function<void()> work, std::function<void()> done) {
+  {
+    std::lock_guard lock(mutex_);
+    queued_.push_back({std::move(work), std::move(done)});
+  }
+  wake_.notify_one();
+}
+
+void QuickCallPool::Close() {
+  {
+    std::lock_guard lock(mutex_);
+    closing_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
+  threads_.clear();
+  // Completions posted after the loop last woke for them run here, before the handle goes.
+  RunCompletions();
+  uv_close(reinterpret_cast<uv_handle_t*>(&completed_), nullptr);
+}
+
+void QuickCallPool::Serve() {
+  for (;;) {
+    Call call;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return closing_ || !queued_.empty(); });
+      if (queued_.empty()) return;  // closing, and nothing left to run
+      call = std::move(queued_.front());
+      queued_.pop_front();
+    }
+    call.work();
+    {
+      std::lock_guard lock(mutex_);
+      done_.push_back(std::move(call.done));
+    }
+    uv_async_send(&completed_);
+  }
+}
+
+void QuickCallPool::RunCompletions() {
+  std::vector<std::function<void()>> done;
+  {
+    std::lock_guard lock(mutex_);
+    done.swap(done_);
+  }
+  for (std::function<void()>& completion : done) completion();
+}
+
+}  // namespace kvrouterd
