@@ -636,6 +636,13 @@ std::optional<uint64_t> DecodeSequence(std::span<const uint8_t> bytes) {
   return value;
 }
 
+bool IsFullAttentionKind(std::string_view kind) {
+  // vLLM's KVCacheSpecKind: the kinds that keep every block of the prefix (its own indexer
+  // takes these three as full attention); MLA models (DeepSeek V2/V3, Kimi K2) store as
+  // "mla_attention".
+  return kind == "full_attention" || kind == "mla_attention" || kind == "sink_full_attention";
+}
+
 void KvCacheGroups::Record(int64_t group, bool full_attention) {
   for (Group& known : groups_) {
     if (known.index == group) {
@@ -691,14 +698,15 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
   for (const EngineEvent& e : batch.events) {
     reject_skipped_before(e.position);
     if (e.kv_cache_spec_kind) {
-      const bool full_attention = *e.kv_cache_spec_kind == "full_attention";
+      const bool full_attention = IsFullAttentionKind(*e.kv_cache_spec_kind);
       if (groups != nullptr && e.group_idx) groups->Record(*e.group_idx, full_attention);
       if (!full_attention) {
         ++skipped_other_groups;
         continue;
       }
-    } else if (e.kind == EngineEventKind::kRemoved && groups != nullptr &&
-               groups->IsOtherGroup(e.group_idx)) {
+    } else if (groups != nullptr && groups->IsOtherGroup(e.group_idx)) {
+      // A removal (it names its group only), or a store without its kind, of a group a store
+      // showed not to be full attention.
       ++skipped_other_groups;
       continue;
     }

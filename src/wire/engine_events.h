@@ -148,6 +148,12 @@ class SaltedBlocks {
   std::unordered_map<std::string, uint32_t, IdHash, std::equal_to<>> ids_;
 };
 
+// Whether a store of this kv_cache_spec_kind holds full-attention blocks, which the router
+// indexes: "full_attention", "mla_attention" (DeepSeek-style models), "sink_full_attention".
+// The others (sliding windows, chunked local attention, Mamba state, cross attention, unknown
+// kinds) keep only part of a prefix.
+bool IsFullAttentionKind(std::string_view kind);
+
 // The KV-cache groups of a hybrid model (full attention, sliding window, Mamba state) a
 // publisher's stores named, and which are full attention. vLLM publishes every group's blocks
 // under the same hashes, and its removals name their group by index only (BlockRemoved has

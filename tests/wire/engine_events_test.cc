@@ -351,6 +351,30 @@ TEST(EngineToRouter, OtherBlockSizesAndNonAttentionGroupsAreNotIndexed) {
   EXPECT_EQ(1u, ToKvEvents(removal, 1, 0, 16, false, 1, nullptr, &groups).events.size());
 }
 
+// Every full-attention kind vLLM names is indexed: MLA models (DeepSeek, Kimi) store as
+// "mla_attention", and were never indexed; the kinds that keep part of a prefix are not. A
+// store without its kind, of a group a store showed to be another kind, is left out too.
+TEST(EngineToRouter, EveryFullAttentionKindIsIndexed) {
+  for (const char* kind : {"full_attention", "mla_attention", "sink_full_attention"}) {
+    EngineBatch store = Vllm("array_store_full_schema");
+    store.events[0].kv_cache_spec_kind = kind;
+    EXPECT_EQ(1u, ToKvEvents(store, 1, 0, 16, false, 1).events.size()) << kind;
+  }
+  for (const char* kind : {"sliding_window", "sliding_window_mla", "chunked_local_attention",
+                           "mamba", "cross_attention", "encoder_only_attention", "unknown"}) {
+    EngineBatch store = Vllm("array_store_full_schema");
+    store.events[0].kv_cache_spec_kind = kind;
+    EXPECT_TRUE(ToKvEvents(store, 1, 0, 16, false, 1).events.empty()) << kind;
+  }
+  KvCacheGroups groups;
+  EngineBatch sliding = Vllm("array_store_full_schema");
+  sliding.events[0].kv_cache_spec_kind = "sliding_window";
+  sliding.events[0].group_idx = 1;
+  (void)ToKvEvents(sliding, 1, 0, 16, false, 1, nullptr, &groups);
+  sliding.events[0].kv_cache_spec_kind.reset();  // the same group, its kind not said
+  EXPECT_TRUE(ToKvEvents(sliding, 1, 0, 16, false, 1, nullptr, &groups).events.empty());
+}
+
 // ---- Malformed input. ----------------------------------------------------------------------
 
 // A salt is held while some block has it: the salts of blocks forgotten went with them only at
