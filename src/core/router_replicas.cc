@@ -100,13 +100,10 @@ void Router::NotifyLocked(const SequenceChange& change) {
     // kind, so a Heartbeat or SyncRequest sent after a Reset whose bookings were lost would
     // have it drop them. Not before a Reset: a farewell says there are none.
     AnnounceBookingsLocked();
-    // The announcement says what a booking change says. A heartbeat waits for one that gets
-    // through whole (peers would end one cut short at it); a SyncRequest goes regardless (a
-    // joining replica hearing the others' bookings matters more than a moment of its own).
-    if (NamesARequest(change.kind) ||
-        (reannounce_pending_ && change.kind == SequenceChange::Kind::kHeartbeat)) {
-      return;
-    }
+    // The announcement says what a booking change says. Any other change goes after it, even
+    // if a booking of it was lost: peers then end it, dropping only what they were not told
+    // (a booking that cannot be published at all must not stop every later change).
+    if (NamesARequest(change.kind)) return;
   }
   if (!observer_.Notify(change)) LostNotificationLocked();
 }
@@ -152,8 +149,10 @@ void Router::SayFarewellLocked() {
 }
 
 void Router::AnnounceBookingsLocked() {
-  // Never throws: it runs after the change it follows was committed. Refused memory on the
-  // way (a booking's copy), the announcement is lost like any change, and made again later.
+  // Never throws: it runs after the change it follows was committed. What the observer loses
+  // on the way (or the heap refuses: a booking's copy) is lost like any change, and the whole
+  // is announced again later. A booking lost is left out and the others still go: peers end
+  // the announcement at this router's next change, dropping only what they were not told.
   reannounce_pending_ = false;
   const auto is_local = [](std::string_view id) { return !IsReplicaRequestId(id); };
   SequenceChange reset = ChangeOf(SequenceChange::Kind::kReset, "");
@@ -165,9 +164,12 @@ void Router::AnnounceBookingsLocked() {
       return;
     }
     active_.ForEachRequest(is_local, [&](const SequenceRequest& booking) {
-      if (!reannounce_pending_ && !observer_.Notify(AddedChange(booking))) {
-        LostNotificationLocked();
+      bool published = false;
+      try {
+        published = observer_.Notify(AddedChange(booking));
+      } catch (const std::bad_alloc&) {
       }
+      if (!published) LostNotificationLocked();
     });
   } catch (const std::bad_alloc&) {
     LostNotificationLocked();

@@ -86,6 +86,7 @@ class RouterReplicaTest : public ::testing::Test {
     }
     a_token_ = a_->SetSequenceObserver("a", [this](const SequenceChange& c) {
       if (refuse_nth_ > 0 && --refuse_nth_ == 0) refuse_to_publish_ = 1;
+      if (!refuse_id_.empty() && c.request_id == refuse_id_) throw std::bad_alloc();
       if (refuse_to_publish_ > 0) {
         --refuse_to_publish_;
         throw std::bad_alloc();  // as encoding the change would when memory runs out
@@ -168,6 +169,7 @@ class RouterReplicaTest : public ::testing::Test {
   std::deque<Published> from_a_, from_b_;
   int refuse_to_publish_ = 0;  // a's observer throws std::bad_alloc this many times
   int refuse_nth_ = 0;         // ... or refuses its n-th publication from now
+  std::string refuse_id_;      // ... and every change naming this request
 };
 
 TEST_F(RouterReplicaTest, AChangeLostForMemoryIsCountedAndRepairedByTheNextOneThatGetsThrough) {
@@ -569,33 +571,51 @@ TEST_F(RouterReplicaTest, ARefusedBookingInAnAnnouncementChangesNothing) {
 }
 
 // An announcement whose booking the observer lost (memory refused) is cut short at the
-// sender. What a sends next must not end it at the receiver: a announces again before its next
-// change, and a heartbeat waits for an announcement that gets through. Before, the heartbeat
-// went right after the cut one, and b dropped a's live bookings and admitted its waiting request.
+// sender. What a sends next must not end it at the receiver before the rest has come: a
+// announces again before its next change. Before, the heartbeat went right after the cut one,
+// and b dropped a's live bookings and admitted its waiting request.
 TEST_F(RouterReplicaTest, AnAnnouncementCutShortAtTheSenderIsNotEndedByItsNextChange) {
   bool admitted = false;
   QueueBehindTheOthersBookings(admitted, /*heartbeat=*/true);
   ASSERT_FALSE(admitted);
-  refuse_nth_ = 2;  // the Reset goes, the first booking is lost
+  refuse_nth_ = 2;  // the Reset goes, the first booking is lost, the second goes
   AskAToAnnounce();
-  ASSERT_EQ(from_a_.size(), 1u);
+  ASSERT_EQ(from_a_.size(), 2u);
   ASSERT_TRUE(a_->PublishHeartbeat(1000));  // announces again first, whole this time
-  ASSERT_EQ(from_a_.size(), 5u);            // the cut Reset; Reset, r1, r2; the heartbeat
-  EXPECT_EQ(from_a_[1].kind, SequenceChange::Kind::kReset);
-  EXPECT_EQ(from_a_[4].kind, SequenceChange::Kind::kHeartbeat);
+  ASSERT_EQ(from_a_.size(), 6u);            // the cut one; Reset, r1, r2; the heartbeat
+  EXPECT_EQ(from_a_[2].kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_a_[5].kind, SequenceChange::Kind::kHeartbeat);
   while (!from_a_.empty()) {
     DeliverOne();
     EXPECT_EQ(b_->replica_stats().active_requests, 2u);
     EXPECT_FALSE(admitted);
   }
-  // Cut short again, the heartbeat waits: nothing follows the cut announcement.
-  refuse_nth_ = 2;
-  ASSERT_TRUE(a_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kSyncRequest}).ok());
-  from_a_.clear();
-  refuse_nth_ = 2;
+}
+
+// A booking the observer can never publish (e.g. past the transport's largest message): every
+// change of a is an announcement, cut at that booking, and the others still go; the changes
+// that are not bookings (a heartbeat) still go too and end it at b, so a booking a freed is
+// dropped there. Before, the heartbeat was withheld behind the cut announcement, and b held a's
+// freed booking for as long as the unpublishable one lived.
+TEST_F(RouterReplicaTest, ABookingThatCannotBePublishedDoesNotHoldTheOthersBack) {
   ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  ASSERT_EQ(from_a_.size(), 1u);  // the Reset of a second announcement cut short; no heartbeat
-  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a_->AddRequest("huge", Tokens(2, 100), {2, 0}).ok());
+  Deliver();
+  refuse_id_ = "huge";
+  AskAToAnnounce();  // Reset(2), r1; huge lost
+  Deliver();
+  ASSERT_TRUE(a_->Free("r1"));  // announced instead: Reset(1); huge lost again
+  Deliver();
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));  // Reset(1), then the heartbeat, which ends it
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 0u);  // r1, freed at a, is gone at b
+  EXPECT_EQ(b_->replica_stats().announcing, 0u);
+  refuse_id_.clear();
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));  // the repair gets through whole
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 2).active_requests, 1u);
+  EXPECT_EQ(b_->active_requests(), 1u);
 }
 
 // An announcer counts its own bookings only: those it holds from other replicas are theirs to
