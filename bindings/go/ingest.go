@@ -371,7 +371,7 @@ func (in *Ingest) RelayJetStream(target JetStreamSource) (uint64, error) {
 
 // IngestStats are the counters of one source, or of every source together.
 type IngestStats struct {
-	StateUnknown   uint32 // ranks whose state was lost (gap) and not yet re-established
+	StateUnknown   uint32 // ranks whose state was lost (gap) and not yet re-established, or whose engine connection dropped
 	Messages       uint64 // frames or messages received
 	EventsApplied  uint64
 	Rejected       [IngestRejectReasons]uint64 // per IngestReject

@@ -152,7 +152,8 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
                   "sources): a snapshot taken after reading it holds the stream up to there.",
                   [](const Stats& s) { return s.stream_sequence; });
   AppendPerSource(text, sources, "kvrouter_ingest_state_unknown_ranks", "gauge",
-                  "Worker ranks whose state was lost and is not yet re-established.",
+                  "Worker ranks whose state was lost and is not yet re-established, or whose "
+                  "engine connection dropped and no message of the next one was judged yet.",
                   [](const Stats& s) { return s.state_unknown; });
   // The lag as a summary without quantiles: its sum and count give the mean over any window.
   text.Family("kvrouter_ingest_lag_seconds", "summary",

@@ -194,8 +194,15 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
     if (status.ok()) {
       std::shared_ptr<SourceCounters> source =
           loop_.NewSource(id, IngestSourceKind::kEngine, worker.endpoint);
-      for (Subscription* sub : subs) Poll(*sub, source, id);  // allocates nothing
-      return absl::OkStatus();
+      for (Subscription* sub : subs) {
+        status = Poll(*sub, source, id);  // allocates nothing
+        if (!status.ok()) break;
+      }
+      if (status.ok()) return absl::OkStatus();
+      for (Subscription* s : subs) CloseSubscription(s);
+      workers_.erase(entry);
+      loop_.RetireSource(id);
+      return status;
     }
   } catch (...) {
     for (Subscription* s : subs) CloseSubscription(s);
@@ -239,30 +246,34 @@ absl::Status EngineSubscriptions::OpenRanks(const EngineWorker& worker,
   return absl::OkStatus();
 }
 
-void EngineSubscriptions::Poll(Subscription& sub, std::shared_ptr<SourceCounters> source,
-                               uint64_t id) {
+absl::Status EngineSubscriptions::Poll(Subscription& sub, std::shared_ptr<SourceCounters> source,
+                                       uint64_t id) {
   sub.counters = std::move(source);
   sub.source_id = id;
-  int fd = -1;
-  size_t fd_size = sizeof(fd);
-  zmq_getsockopt(sub.socket, ZMQ_FD, &fd, &fd_size);
-  auto on_readable = [](uv_poll_t* p, int, int) {
-    auto* s = static_cast<Subscription*>(p->data);
-    s->owner->OnReadable(*s);
-  };
-  uv_poll_init(&loop_.loop, &sub.poll, fd);
-  sub.poll.data = &sub;
-  uv_poll_start(&sub.poll, UV_READABLE, on_readable);
-  ++sub.open_polls;
-  // The monitor's events too: the same drain (messages queued before a disconnection are
-  // handled first, and connection events are read where Drain reads them).
-  int monitor_fd = -1;
-  size_t monitor_fd_size = sizeof(monitor_fd);
-  zmq_getsockopt(sub.monitor, ZMQ_FD, &monitor_fd, &monitor_fd_size);
-  uv_poll_init(&loop_.loop, &sub.monitor_poll, monitor_fd);
-  sub.monitor_poll.data = &sub;
-  uv_poll_start(&sub.monitor_poll, UV_READABLE, on_readable);
-  ++sub.open_polls;
+  // The socket's messages, and its monitor's connection events (a disconnection brings no
+  // message): both wake the same drain, which reads connection events where it reads them.
+  for (auto [socket, poll] : {std::pair{sub.socket, &sub.poll}, {sub.monitor, &sub.monitor_poll}}) {
+    int fd = -1;
+    size_t fd_size = sizeof(fd);
+    zmq_getsockopt(socket, ZMQ_FD, &fd, &fd_size);
+    // Refused (e.g. the kernel's epoll watches used up), the handle is left uninitialised.
+    if (const int error = uv_poll_init(&loop_.loop, poll, fd); error != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot poll the ZMQ socket of rank ",
+                                                       sub.socket_rank, ": ", uv_strerror(error)));
+    }
+    ++sub.open_polls;
+    poll->data = &sub;
+    if (const int error = uv_poll_start(poll, UV_READABLE,
+                                        [](uv_poll_t* p, int, int) {
+                                          auto* s = static_cast<Subscription*>(p->data);
+                                          s->owner->OnReadable(*s);
+                                        });
+        error != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot poll the ZMQ socket of rank ",
+                                                       sub.socket_rank, ": ", uv_strerror(error)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void EngineSubscriptions::CloseSubscription(Subscription* sub) {
@@ -280,6 +291,7 @@ void EngineSubscriptions::CloseSubscription(Subscription* sub) {
     return;
   }
   for (uv_poll_t* poll : {&sub->poll, &sub->monitor_poll}) {
+    if (poll->loop == nullptr) continue;  // never initialised
     uv_poll_stop(poll);
     poll->data = sub;
     uv_close(reinterpret_cast<uv_handle_t*>(poll), [](uv_handle_t* h) {
@@ -336,12 +348,19 @@ absl::Status EngineSubscriptions::WatchConnections(Subscription& sub) {
 }
 
 void EngineSubscriptions::ReadConnectionEvents(Subscription& sub) {
-  Parts event;  // [event id (2 bytes) + value (4 bytes), endpoint]
-  while (ReceiveMultipart(sub.monitor, event)) {
-    uint16_t id = 0;
-    if (!event.empty() && event.front().size() >= sizeof id) {
-      std::memcpy(&id, event.front().data(), sizeof id);
+  // [event id (2 bytes) + value (4 bytes), endpoint], read into buffers of its own: a refused
+  // allocation must not lose an event (a first handshake missed would hide every later
+  // disconnection) nor leave its endpoint to be read as the next event.
+  uint8_t frame[6];
+  while (zmq_recv(sub.monitor, frame, sizeof frame, ZMQ_DONTWAIT) >= 0) {
+    int more = 0;
+    size_t more_size = sizeof more;
+    while (zmq_getsockopt(sub.monitor, ZMQ_RCVMORE, &more, &more_size) == 0 && more != 0) {
+      char endpoint[64];  // not needed: cut to fit
+      if (zmq_recv(sub.monitor, endpoint, sizeof endpoint, 0) < 0) break;
     }
+    uint16_t id = 0;
+    std::memcpy(&id, frame, sizeof id);
     if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       Bump(sub.counters->connections);
       if (++sub.handshakes > 1) sub.sequence.Reconnected();
@@ -350,7 +369,6 @@ void EngineSubscriptions::ReadConnectionEvents(Subscription& sub) {
       sub.handshakes_at_disconnection = sub.handshakes;
       CountUnknown(sub);
     }
-    event.clear();
   }
 }
 
@@ -412,12 +430,6 @@ void EngineSubscriptions::Process(Subscription& sub, Parts parts, bool before_re
   if (sub.replay != nullptr) {
     sub.held.push_back(std::move(parts));
     return;
-  }
-  if (sub.disconnected && sub.handshakes > sub.handshakes_at_disconnection) {
-    // A new connection's first message: judged as one (RankSequence::Reconnected), which
-    // flags or clears the rank as its verdict says.
-    sub.disconnected = false;
-    CountUnknown(sub);
   }
   if (DropJudged(sub, parts, before_request)) return;
   if (!HandleMessage(sub, parts)) Bump(sub.counters->messages);  // not held for a replay
@@ -528,9 +540,20 @@ bool EngineSubscriptions::HandleMessage(Subscription& sub, const Parts& parts) {
       return true;
     case Verdict::kApply:
       ApplyPayload(sub, parts[2]);
+      SettleDisconnection(sub);
       return false;
   }
   return false;
+}
+
+void EngineSubscriptions::SettleDisconnection(Subscription& sub) {
+  // A message of a new connection judged (RankSequence::Reconnected): the rank is flagged or
+  // known as its verdict said, the disconnection no longer counts. Cleared after that verdict's
+  // own flag, so that the count never dips between the two.
+  if (sub.disconnected && sub.handshakes > sub.handshakes_at_disconnection) {
+    sub.disconnected = false;
+    CountUnknown(sub);
+  }
 }
 
 void EngineSubscriptions::ApplyPayload(Subscription& sub, const std::vector<uint8_t>& payload) {
@@ -778,6 +801,7 @@ void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
       break;
     }
   }
+  SettleDisconnection(sub);  // the reply judged the message that asked for it
   HandleHeld(sub);
 }
 

@@ -8,11 +8,12 @@
 // replay when the worker has a replay endpoint (vLLM: request the start sequence, receive (seq,
 // payload) up to the end marker -1; live messages are held meanwhile). If there is none, or the
 // replay times out or falls short, the rank's index entries are cleared and the source is
-// flagged state_unknown (the index then under-reports that worker, never over-reports it); the
+// flagged state_unknown (the index then under-reports that worker); the
 // flag drops when the engine itself clears or restarts, i.e. its true state is known again. A
 // restart clears too: a restarted engine has an empty cache. A rank whose connection dropped
-// is flagged too, its blocks kept, until a message of the next connection is judged (the
-// engine may be dead, or come back as a new process with an empty cache).
+// is flagged too, its blocks kept (then the index may over-report it, until a message of the
+// next connection is judged: the engine may be dead, or come back as a new process with an
+// empty cache, or the same one after a break).
 #pragma once
 
 #include <cstdint>
@@ -48,8 +49,9 @@ class EngineSubscriptions {
   absl::Status RemoveOnLoop(uint64_t worker_id, bool clear_index);
   void CloseSubscription(Subscription* sub);
   absl::Status OpenRanks(const EngineWorker& worker, std::vector<Subscription*>& subs);
-  // Starts polling a subscription's socket, as part of `source` `id`. Allocates nothing.
-  void Poll(Subscription& sub, std::shared_ptr<SourceCounters> source, uint64_t id);
+  // Starts polling a subscription's socket and its monitor, as part of `source` `id`.
+  // Allocates nothing. ResourceExhausted if libuv refuses (the caller closes the subscription).
+  absl::Status Poll(Subscription& sub, std::shared_ptr<SourceCounters> source, uint64_t id);
   // The live socket's poll callback: Drain, contained (ContainRefusal).
   void OnReadable(Subscription& sub);
   void Drain(Subscription& sub);
@@ -62,6 +64,8 @@ class EngineSubscriptions {
   void SetUnknown(Subscription& sub, bool unknown);
   // Counts the rank in state_unknown while its state is unknown or its connection is down.
   void CountUnknown(Subscription& sub);
+  // Ends a disconnection's flag once a message of the next connection has been judged.
+  void SettleDisconnection(Subscription& sub);
   void ClearRank(Subscription& sub);
   void ClearAndFlag(Subscription& sub);
   // `parts`: the message, which a replay started for it holds (Verdict::kHold).

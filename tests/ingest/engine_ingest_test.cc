@@ -596,8 +596,10 @@ TEST_F(EngineIngestTest, AnEngineWhoseConnectionDropsIsFlaggedUntilItsSuccessorS
   EXPECT_TRUE(WaitFor([&] { return ingest_->Stats(source)->connections == 2; }));
   EXPECT_EQ(1u, ingest_->Stats(source)->state_unknown);
   EXPECT_EQ(1u, ingest_->Stats(0)->state_unknown);
+  next.SendParts({"kv-events", "not a message"});  // rejected unjudged: settles nothing
+  EXPECT_EQ(1u, WaitForMessages(source, 3).state_unknown);
   next.Send(0, VllmPayload("array_store_dp_medium"));
-  const IngestStats stats = WaitForMessages(source, 3);
+  const IngestStats stats = WaitForMessages(source, 4);
   EXPECT_EQ(0u, stats.state_unknown);
   EXPECT_EQ(1u, stats.restarts);
   EXPECT_EQ(2u, DeviceBlocks(kPrompt, {5, 0}));  // the successor's alone
