@@ -326,6 +326,20 @@ def test_vllm_publisher(vllm):
             w.sync()
             assert w.stats().events_ignored == 1
             assert tiers(router, S, W, 1) == (1, 0, 0, 0)
+            # The sliding window moves on: its removal names group 1 only, and leaves the block,
+            # which the full-attention group still holds.
+            w.send(1, [v.BlockRemoved(block_hashes=s, medium="GPU", group_idx=1)])
+            w.sync()
+            assert w.stats().events_ignored == 2
+            assert tiers(router, S, W, 1) == (1, 0, 0, 0)
+            # An MLA model (DeepSeek) stores as "mla_attention": full attention, indexed.
+            M, m = prompt(91, 1), hashes(1, 91)
+            w.send(1, [v.BlockStored(block_hashes=m, parent_block_hash=None, token_ids=M, block_size=BS,
+                                     lora_id=None, medium="GPU", lora_name=None, group_idx=0,
+                                     kv_cache_spec_kind="mla_attention")])
+            w.sync()
+            assert tiers(router, M, W, 1) == (1, 0, 0, 0)
+            assert w.stats().events_ignored == 2
 
             # Two messages lost on rank 0's link, the third arrives: a gap, replayed from the
             # engine's replay socket; nothing is cleared.
