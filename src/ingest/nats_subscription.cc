@@ -70,6 +70,14 @@ struct ConnectionCallbacks {
 
 namespace {
 
+// The largest replica change the server takes (its max_payload, less room for the protocol's
+// header line): a larger booking goes trimmed (EncodeReplicaChangeToFit). Never below 1 KiB.
+size_t ReplicaMessageLimit(natsConnection* connection) {
+  constexpr int64_t kHeaderRoom = 512;
+  const int64_t max_payload = natsConnection_GetMaxPayload(connection);
+  return static_cast<size_t>(std::max<int64_t>(max_payload - kHeaderRoom, 1024));
+}
+
 std::unique_ptr<ConnectionCallbacks> NewCallbacks(NatsSubscriptions* owner,
                                                   std::shared_ptr<SourceCounters> counters,
                                                   std::shared_ptr<SourceRanks> ranks,
@@ -445,7 +453,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
             return natsConnection_Publish(connection, subject.c_str(), bytes.data(),
                                           static_cast<int>(bytes.size())) == NATS_OK;
           },
-          source->counters);
+          source->counters, ReplicaMessageLimit(source->connection));
       StartLiveness(*source);
     }
     sources_.push_back(source.get());

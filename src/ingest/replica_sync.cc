@@ -1,5 +1,6 @@
 #include "ingest/replica_sync.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -31,31 +32,51 @@ void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, Sourc
   Bump(source.messages);
 }
 
+std::vector<uint8_t> EncodeReplicaChangeToFit(std::string_view origin, const SequenceChange& change,
+                                              size_t max_bytes) {
+  std::vector<uint8_t> bytes = EncodeReplicaChange(origin, change);
+  if (max_bytes == 0 || bytes.size() <= max_bytes || change.block_ids.empty()) return bytes;
+  // Each block id is 8 bytes of the encoding; what is left is the rest of it, whose size does
+  // not depend on their number but for alignment padding (a few bytes: the loop absorbs it).
+  const size_t rest = bytes.size() - change.block_ids.size() * sizeof(uint64_t);
+  size_t keep = max_bytes > rest ? (max_bytes - rest) / sizeof(uint64_t) : 0;
+  SequenceChange trimmed = change;
+  for (;;) {
+    keep = std::min(keep, change.block_ids.size());
+    trimmed.block_ids = change.block_ids.first(keep);
+    bytes = EncodeReplicaChange(origin, trimmed);
+    if (bytes.size() <= max_bytes || keep == 0) return bytes;
+    --keep;
+  }
+}
+
 uint64_t PublishReplicaChanges(
     Router& router, const std::string& replica_id,
-    std::function<void(std::span<const uint8_t>, SequenceChange::Kind)> publish) {
+    std::function<void(std::span<const uint8_t>, SequenceChange::Kind)> publish, size_t max_bytes) {
   return router.SetSequenceObserver(
-      replica_id, [replica_id, publish = std::move(publish)](const SequenceChange& c) {
-        const std::vector<uint8_t> bytes = EncodeReplicaChange(replica_id, c);
+      replica_id, [replica_id, publish = std::move(publish), max_bytes](const SequenceChange& c) {
+        const std::vector<uint8_t> bytes = EncodeReplicaChangeToFit(replica_id, c, max_bytes);
         publish(bytes, c.kind);
       });
 }
 
 uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::function<bool(std::span<const uint8_t>)> publish,
-                         std::shared_ptr<SourceCounters> counters) {
-  return PublishReplicaChanges(router, replica_id,
-                               [publish = std::move(publish), counters = std::move(counters)](
-                                   std::span<const uint8_t> bytes, SequenceChange::Kind kind) {
-                                 if (!publish(bytes)) {
-                                   Bump(counters->publish_failures);
-                                   // Lost to the peers: the router announces every booking
-                                   // again once a later change gets through.
-                                   throw ChangeNotPublished{};
-                                 } else if (kind != SequenceChange::Kind::kHeartbeat) {
-                                   Bump(counters->published);
-                                 }
-                               });
+                         std::shared_ptr<SourceCounters> counters, size_t max_bytes) {
+  return PublishReplicaChanges(
+      router, replica_id,
+      [publish = std::move(publish), counters = std::move(counters)](std::span<const uint8_t> bytes,
+                                                                     SequenceChange::Kind kind) {
+        if (!publish(bytes)) {
+          Bump(counters->publish_failures);
+          // Lost to the peers: the router announces every booking
+          // again once a later change gets through.
+          throw ChangeNotPublished{};
+        } else if (kind != SequenceChange::Kind::kHeartbeat) {
+          Bump(counters->published);
+        }
+      },
+      max_bytes);
 }
 
 }  // namespace kvrouter

@@ -37,14 +37,26 @@ void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, Sourc
 // From now on every change to the router's own bookings is encoded and handed to `publish`,
 // from the thread that made it, as `replica_id` (Router::SetSequenceObserver: joining, the
 // router announces itself). Returns the observer's token for Router::ClearSequenceObserver.
+// `max_bytes` (0: no limit) is the transport's largest message: a booking whose encoding is
+// larger goes with the tail of its block ids left out (EncodeReplicaChangeToFit).
 uint64_t PublishReplicaChanges(
     Router& router, const std::string& replica_id,
-    std::function<void(std::span<const uint8_t>, SequenceChange::Kind)> publish);
+    std::function<void(std::span<const uint8_t>, SequenceChange::Kind)> publish,
+    size_t max_bytes = 0);
 // The same with a `publish` that returns whether the transport took the message; each outcome
 // is counted on `counters` (published, publish_failures), heartbeats' only when they fail:
 // `published` counts booking changes.
 uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::function<bool(std::span<const uint8_t>)> publish,
-                         std::shared_ptr<SourceCounters> counters);
+                         std::shared_ptr<SourceCounters> counters, size_t max_bytes = 0);
+
+// `change` encoded as `origin` publishes it, in at most `max_bytes` (0: no limit) when it can
+// be: a booking too large for the transport (a long prompt in small blocks: 131,072 block ids
+// fill NATS's default 1 MiB) keeps its request, worker and prefill tokens and as many of its
+// leading block ids as fit. Peers then count its prefix blocks only, an under-count of its
+// load, where an Added that can never be published would leave it out, and cut every
+// announcement of the origin's bookings short, for as long as it lives.
+std::vector<uint8_t> EncodeReplicaChangeToFit(std::string_view origin, const SequenceChange& change,
+                                              size_t max_bytes);
 
 }  // namespace kvrouter

@@ -574,7 +574,7 @@ TEST_F(RouterReplicaTest, ARefusedBookingInAnAnnouncementChangesNothing) {
 // sender. What a sends next must not end it at the receiver before the rest has come: a
 // announces again before its next change. Before, the heartbeat went right after the cut one,
 // and b dropped a's live bookings and admitted its waiting request.
-TEST_F(RouterReplicaTest, AnAnnouncementCutShortAtTheSenderIsNotEndedByItsNextChange) {
+TEST_F(RouterReplicaTest, AnAnnouncementCutShortAtTheSenderIsRepairedBeforeItsNextChange) {
   bool admitted = false;
   QueueBehindTheOthersBookings(admitted, /*heartbeat=*/true);
   ASSERT_FALSE(admitted);

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <nats/nats.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <thread>
 
@@ -127,6 +129,48 @@ TEST(ReplicaPublishTest, AChangeTheTransportRefusesIsRepairedByTheNextOneThatGet
   ASSERT_TRUE(a->PublishHeartbeat(1000));  // gets through: a's whole picture follows
   deliver();
   EXPECT_EQ(b->replica_stats().active_requests, 0u);
+}
+
+// A booking too large for the transport keeps its request, worker and prefill tokens and the
+// leading block ids that fit; a change that fits goes as it is.
+TEST(ReplicaPublishTest, ABookingTooLargeForTheTransportGoesWithItsLeadingBlocks) {
+  std::vector<uint64_t> ids(10'000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1000 + i;
+  const SequenceChange booking{.kind = SequenceChange::Kind::kAdded,
+                               .request_id = "long",
+                               .worker = {2, 1},
+                               .block_ids = ids,
+                               .prefill_tokens = 160'000};
+  for (const size_t max_bytes : {size_t{4096}, size_t{65'536}}) {
+    const std::vector<uint8_t> bytes = EncodeReplicaChangeToFit("gw-a", booking, max_bytes);
+    EXPECT_LE(bytes.size(), max_bytes);
+    absl::StatusOr<ReplicaChange> decoded = DecodeReplicaChange(bytes);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->request_id, "long");
+    EXPECT_EQ(decoded->worker, (WorkerKey{2, 1}));
+    EXPECT_EQ(decoded->prefill_tokens, 160'000u);
+    ASSERT_GT(decoded->block_ids.size(), (max_bytes - 200) / 8 - 8);  // nearly all that fit
+    EXPECT_TRUE(std::equal(decoded->block_ids.begin(), decoded->block_ids.end(), ids.begin()));
+  }
+  EXPECT_EQ(EncodeReplicaChangeToFit("gw-a", booking, 0), EncodeReplicaChange("gw-a", booking));
+  EXPECT_EQ(EncodeReplicaChangeToFit("gw-a", booking, 1 << 20),
+            EncodeReplicaChange("gw-a", booking));
+}
+
+// Over a server whose messages are at most 4 KiB (the default is 1 MiB), a booking of 1,000
+// blocks (8 KB of block ids) reaches the peer, trimmed; before, its publication failed every
+// time, and so did every announcement of the origin's bookings while it lived.
+TEST(ReplicaSyncSmallPayloadTest, ABookingLargerThanTheServersMessagesReachesThePeer) {
+  const std::string config = ::testing::TempDir() + "/nats_replica_small_payload.conf";
+  std::ofstream(config) << "max_payload: 4096\n";
+  NatsServer server(FreePort(), "", config);
+  ASSERT_TRUE(server.Start());
+  Replica a(server, "a"), b(server, "b");
+  ASSERT_TRUE(a.router->AddRequest("long", Tokens(1'000, 0), {1, 0}).ok());
+  ASSERT_TRUE(a.router->AddRequest("short", Tokens(2, 900'000), {2, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1 && b.RequestsOn(2) == 1; }));
+  EXPECT_EQ(a.Stats().publish_failures, 0u);
+  EXPECT_EQ(a.router->replica_stats().changes_unpublished, 0u);
 }
 
 TEST_F(ReplicaSyncTest, EachReplicaSeesTheOthersBookings) {
