@@ -3,6 +3,7 @@
 #include <zmq.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -108,9 +109,10 @@ struct EngineSubscriptions::Subscription {
   // message after the reconnection is judged (RankSequence::Reconnected).
   bool disconnected = false;
   uint64_t handshakes_at_disconnection = 0;
-  bool counted_unknown = false;  // counted in counters->state_unknown: unknown or disconnected
-  Replay* replay = nullptr;      // a replay in progress
-  std::deque<Parts> held;        // live messages received during the replay
+  uint64_t handshakes_at_replay = 0;  // when the replay in flight (or the last) was asked for
+  bool counted_unknown = false;       // counted in counters->state_unknown: unknown or disconnected
+  Replay* replay = nullptr;           // a replay in progress
+  std::deque<Parts> held;             // live messages received during the replay
   // How many of the held messages, from the front, were received before the replay was asked
   // for (RankSequence::JudgeHeld).
   size_t held_before_request = 0;
@@ -188,12 +190,14 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
   auto [entry, added] = workers_.try_emplace(worker.worker_id);
   std::vector<Subscription*>& subs = entry->second;
   absl::Status status;
+  bool source_made = false;
   try {
     subs.reserve(worker.dp_size);
     status = OpenRanks(worker, subs);
     if (status.ok()) {
       std::shared_ptr<SourceCounters> source =
           loop_.NewSource(id, IngestSourceKind::kEngine, worker.endpoint);
+      source_made = true;
       for (Subscription* sub : subs) {
         status = Poll(*sub, source, id);  // allocates nothing
         if (!status.ok()) break;
@@ -207,6 +211,7 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
   } catch (...) {
     for (Subscription* s : subs) CloseSubscription(s);
     workers_.erase(entry);
+    if (source_made) loop_.RetireSource(id);
     throw;
   }
   for (Subscription* s : subs) CloseSubscription(s);
@@ -351,16 +356,17 @@ void EngineSubscriptions::ReadConnectionEvents(Subscription& sub) {
   // [event id (2 bytes) + value (4 bytes), endpoint], read into buffers of its own: a refused
   // allocation must not lose an event (a first handshake missed would hide every later
   // disconnection) nor leave its endpoint to be read as the next event.
-  uint8_t frame[6];
-  while (zmq_recv(sub.monitor, frame, sizeof frame, ZMQ_DONTWAIT) >= 0) {
+  uint8_t frame[6] = {};
+  for (int received; (received = zmq_recv(sub.monitor, frame, sizeof frame, ZMQ_DONTWAIT)) >= 0;) {
     int more = 0;
     size_t more_size = sizeof more;
     while (zmq_getsockopt(sub.monitor, ZMQ_RCVMORE, &more, &more_size) == 0 && more != 0) {
       char endpoint[64];  // not needed: cut to fit
-      if (zmq_recv(sub.monitor, endpoint, sizeof endpoint, 0) < 0) break;
+      // The rest of a message is there once its first part is: only a signal interrupts.
+      if (zmq_recv(sub.monitor, endpoint, sizeof endpoint, 0) < 0 && zmq_errno() != EINTR) break;
     }
     uint16_t id = 0;
-    std::memcpy(&id, frame, sizeof id);
+    if (received >= static_cast<int>(sizeof id)) std::memcpy(&id, frame, sizeof id);
     if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       Bump(sub.counters->connections);
       if (++sub.handshakes > 1) sub.sequence.Reconnected();
@@ -655,6 +661,7 @@ bool EngineSubscriptions::StartReplay(Subscription& sub, uint64_t until, bool fr
   // The trigger is held first (a reply already queued may end the replay at once, and the held
   // messages then go on), before the socket opens: taken back if it cannot.
   if (trigger != nullptr) sub.held.push_front(*trigger);
+  sub.handshakes_at_replay = sub.handshakes;
   auto unhold = [&] {
     if (trigger != nullptr) sub.held.pop_front();
   };
@@ -801,7 +808,9 @@ void EngineSubscriptions::FinishReplay(Subscription& sub, bool ended) {
       break;
     }
   }
-  SettleDisconnection(sub);  // the reply judged the message that asked for it
+  // The reply judged the message that asked for it: if that came on the next connection, the
+  // disconnection is settled (a replay of the old connection's settles nothing).
+  if (sub.handshakes_at_replay > sub.handshakes_at_disconnection) SettleDisconnection(sub);
   HandleHeld(sub);
 }
 

@@ -50,7 +50,8 @@ class EngineSubscriptions {
   void CloseSubscription(Subscription* sub);
   absl::Status OpenRanks(const EngineWorker& worker, std::vector<Subscription*>& subs);
   // Starts polling a subscription's socket and its monitor, as part of `source` `id`.
-  // Allocates nothing. ResourceExhausted if libuv refuses (the caller closes the subscription).
+  // ResourceExhausted if libuv refuses (the caller closes the subscription); allocates only then
+  // (its message).
   absl::Status Poll(Subscription& sub, std::shared_ptr<SourceCounters> source, uint64_t id);
   // The live socket's poll callback: Drain, contained (ContainRefusal).
   void OnReadable(Subscription& sub);

@@ -51,7 +51,7 @@ struct EngineEvent {
   // SGLang with EAGLE: token_ids came as bigram pairs [[t0,t1],[t1,t2],...] and were unfolded
   // to t0, t1, ..., tn (each block one look-ahead token longer: the router's eagle window).
   bool bigram = false;
-  std::optional<std::string> kv_cache_spec_kind;  // hybrid models: only "full_attention" indexes
+  std::optional<std::string> kv_cache_spec_kind;  // hybrid models: IsFullAttentionKind indexes
   Tier tier = Tier::kDevice;                      // TierFromMedium(medium)
   // Its index among the batch's events as sent, those skipped included (what rejects name).
   size_t position = 0;

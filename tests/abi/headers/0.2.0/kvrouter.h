@@ -1140,8 +1140,9 @@ KVR_API kvr_status kvr_engine_worker_init(kvr_engine_worker *worker, size_t size
 /* Subscribes to the worker's ranks (the router's own worker registry is separate: register it
  * there too for routing). KVR_INVALID_ARGUMENT for a block size other than the router's (the
  * message names both), an endpoint or replay endpoint that is not as above, or a dp_size
- * outside 1..256; KVR_RESOURCE_EXHAUSTED if ZMQ has no socket left; KVR_ALREADY_EXISTS for a
- * worker id already subscribed. `*source_id` may be NULL. @thread_safety concurrent */
+ * outside 1..256; KVR_RESOURCE_EXHAUSTED if ZMQ has no socket left (or libuv cannot poll one);
+ * KVR_ALREADY_EXISTS for a worker id already subscribed. `*source_id` may be NULL.
+ * @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_add_engine_worker(kvr_ingest *ingest, const kvr_engine_worker *worker,
                                                 uint64_t *source_id, kvr_error **err);
 /* Unsubscribes; clear_index != 0 also drops the worker's entries from the index.
