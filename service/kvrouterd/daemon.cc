@@ -199,8 +199,10 @@ void Daemon::RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, s
     Responder responder;
     HttpResponse response;
   };
-  auto call = std::make_shared<Call>(
-      Call{std::move(request), std::move(param), std::move(responder), HttpResponse{}});
+  // Answered 500 unless the call says otherwise: what escapes Handle (memory refused while
+  // answering an error) still gets an answer.
+  auto call = std::make_shared<Call>(Call{std::move(request), std::move(param),
+                                          std::move(responder), HttpResponse{.status = 500}});
   ++work_in_flight_;
   Service* service = service_.get();
   quick_calls_->Submit(

@@ -30,7 +30,7 @@ class Daemon {
                   Responder responder);
   void RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, std::string param,
                             Responder responder);
-  // Counts the answer, sends it, and ends the call's part in the shutdown's wait.
+  // Counts the answer and sends it (the caller ends the call's part in the shutdown's wait).
   void Answer(const RouteSpec& route, HttpResponse response, Responder& responder);
   void OnSignal(int signum);
   void ReloadConfig();

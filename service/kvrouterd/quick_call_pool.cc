@@ -12,9 +12,15 @@ QuickCallPool::QuickCallPool(uv_loop_t* loop, uint32_t threads) {
 }
 
 QuickCallPool::~QuickCallPool() {
-  for (std::thread& thread : threads_) {
-    if (thread.joinable()) thread.join();  // Close() joined them; a safety net
+  if (threads_.empty()) return;  // Close() joined them
+  // Not closed (the daemon stopped on an exception): the threads still stop, the calls queued
+  // run (their completions never will: the loop is gone).
+  {
+    std::lock_guard lock(mutex_);
+    closing_ = true;
   }
+  wake_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
 }
 
 void QuickCallPool::Submit(std::function<void()> work, std::function<void()> done) {
@@ -48,7 +54,15 @@ void QuickCallPool::Serve() {
       call = std::move(queued_.front());
       queued_.pop_front();
     }
-    call.work();
+    try {
+      call.work();
+    } catch (...) {
+      // `work` answers its own errors; whatever escapes, its completion still runs (the daemon
+      // waits for every call before it stops).
+    }
+    // Its captures go here, while `done` still holds what they share with it: the last
+    // reference to that goes on the loop.
+    call.work = nullptr;
     {
       std::lock_guard lock(mutex_);
       done_.push_back(std::move(call.done));

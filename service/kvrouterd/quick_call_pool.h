@@ -28,7 +28,9 @@ class QuickCallPool {
   QuickCallPool(const QuickCallPool&) = delete;
   QuickCallPool& operator=(const QuickCallPool&) = delete;
 
-  // Runs `work` on a pool thread, then `done` on the loop. Loop thread only.
+  // Runs `work` on a pool thread, then `done` on the loop (whatever `work` throws). What `work`
+  // captures is destroyed on the pool thread: share with `done` what must end on the loop.
+  // Loop thread only.
   void Submit(std::function<void()> work, std::function<void()> done);
   // Lets the threads finish the calls queued, joins them, and closes the loop handle (whose
   // last completions then run). Loop thread only.

@@ -742,6 +742,8 @@ void Service::Reload(const Config& next) {
   differs("replica-sync", next.replica_sync != config_.replica_sync);
   differs("jetstream-events", next.jetstream_events != config_.jetstream_events);
   differs("jetstream-relay", next.jetstream_relay != config_.jetstream_relay);
+  differs("routing-threads", next.routing_threads != config_.routing_threads);
+  differs("preview-threads", next.preview_threads != config_.preview_threads);
   if (!need_restart.empty()) {
     Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",
         {{"settings", need_restart}});

@@ -7,6 +7,7 @@
 #include <uv.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -57,6 +58,20 @@ TEST_F(QuickCallPoolTest, CloseFinishesTheQueuedCalls) {
   uv_run(&loop_, UV_RUN_DEFAULT);
   EXPECT_EQ(ran.load(), 50);
   EXPECT_EQ(completed, 50);
+}
+
+// A call that throws still completes (the daemon waits for every call before it stops), and
+// the pool thread lives on to run the next.
+TEST_F(QuickCallPoolTest, ACallThatThrowsStillCompletes) {
+  QuickCallPool pool(&loop_, 1);
+  int completed = 0;
+  pool.Submit([] { throw std::runtime_error("escaped"); }, [&] { ++completed; });
+  pool.Submit([] {},
+              [&] {
+                if (++completed == 2) pool.Close();
+              });
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  EXPECT_EQ(completed, 2);
 }
 
 }  // namespace
