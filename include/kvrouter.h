@@ -416,7 +416,8 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *
 typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t size);
 
 /* Publishes this router's booking changes through `publish` under the name `replica_id`, which
- * must be unique among the live replicas and contain no byte 0x1F (KVR_INVALID_ARGUMENT).
+ * must be unique among the live replicas, contain no byte 0x1F and be at most 256 bytes long
+ * (since 0.2.0) (KVR_INVALID_ARGUMENT).
  * `publish` first receives a Reset, an Added change for every booking the router holds, and a
  * SyncRequest: peers drop whatever they held from this replica id (a restarted replica's stale
  * bookings) and answer with their own bookings, so a joining replica converges at once.
@@ -520,7 +521,8 @@ KVR_API void kvr_event_batch_clear(kvr_event_batch *batch);
 typedef struct kvr_request_options {
   uint32_t struct_size;
   uint32_t flags;         /* KVR_REQUEST_* */
-  const char *request_id; /* required with KVR_REQUEST_ADMIT and for kvr_router_add_request */
+  const char *request_id; /* required with KVR_REQUEST_ADMIT and for kvr_router_add_request;
+                           * a booking's at most 1,024 bytes (since 0.2.0) */
   const char *lora_name;
   const char *cache_namespace;
   const uint64_t *mm_hashes; /* per-block multimodal hashes as in kvr_hash_options */

@@ -70,9 +70,15 @@
 
 namespace kvrouter {
 
-// A replica id is not empty and has no byte 0x1F (which ends it inside booking names).
-// InvalidArgument otherwise.
+// A replica id is not empty, has no byte 0x1F (which ends it inside booking names) and is at
+// most kMaxReplicaIdBytes long. InvalidArgument otherwise.
 absl::Status ValidateReplicaId(std::string_view replica_id);
+
+// The longest request id a booking may have, and the longest replica id: each booking is
+// published to the other replicas under both, and a change must fit the transport's messages
+// (NATS: 1 MiB by default; one that never fits would fail on every announcement).
+inline constexpr size_t kMaxRequestIdBytes = 1024;
+inline constexpr size_t kMaxReplicaIdBytes = 256;
 
 // A KV event's outcome (RadixIndex::Apply) as a status: OK; NotFound for a block or parent the
 // rank does not hold; InvalidArgument for a malformed event. The message is the result's.

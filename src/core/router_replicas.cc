@@ -24,6 +24,10 @@ absl::Status ValidateReplicaId(std::string_view replica_id) {
   if (replica_id.find('\x1f') != std::string_view::npos) {
     return absl::InvalidArgumentError("a replica id must not contain byte 0x1F");
   }
+  if (replica_id.size() > kMaxReplicaIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a replica id of ", replica_id.size(),
+                                                   " bytes (at most ", kMaxReplicaIdBytes, ")"));
+  }
   return absl::OkStatus();
 }
 

@@ -389,6 +389,10 @@ absl::StatusOr<RouteDecision> Router::BookSelectionLocked(const Prepared& prepar
 }
 
 absl::Status Router::CheckNewRequestIdLocked(std::string_view request_id) const {
+  if (request_id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a request id of ", request_id.size(),
+                                                   " bytes (at most ", kMaxRequestIdBytes, ")"));
+  }
   if (IsReplicaRequestId(request_id)) {
     return absl::InvalidArgumentError(
         "request ids starting with byte 0x1E are reserved (they name replicas' bookings)");

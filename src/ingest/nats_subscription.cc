@@ -70,12 +70,13 @@ struct ConnectionCallbacks {
 
 namespace {
 
-// The largest replica change the server takes (its max_payload, less room for the protocol's
-// header line): a larger booking goes trimmed (EncodeReplicaChangeToFit). Never below 1 KiB.
+// The largest replica change the server takes (its max_payload, with room to spare): a larger
+// booking goes trimmed (EncodeReplicaChangeToFit). Read once, at subscription: a cluster
+// member with a smaller limit met on a reconnection is not known.
 size_t ReplicaMessageLimit(natsConnection* connection) {
-  constexpr int64_t kHeaderRoom = 512;
+  constexpr int64_t kRoom = 512;
   const int64_t max_payload = natsConnection_GetMaxPayload(connection);
-  return static_cast<size_t>(std::max<int64_t>(max_payload - kHeaderRoom, 1024));
+  return static_cast<size_t>(max_payload > 2 * kRoom ? max_payload - kRoom : max_payload / 2);
 }
 
 std::unique_ptr<ConnectionCallbacks> NewCallbacks(NatsSubscriptions* owner,

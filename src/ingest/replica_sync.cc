@@ -65,12 +65,19 @@ uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::shared_ptr<SourceCounters> counters, size_t max_bytes) {
   return PublishReplicaChanges(
       router, replica_id,
-      [publish = std::move(publish), counters = std::move(counters)](std::span<const uint8_t> bytes,
-                                                                     SequenceChange::Kind kind) {
+      [publish = std::move(publish), counters = std::move(counters), max_bytes](
+          std::span<const uint8_t> bytes, SequenceChange::Kind kind) {
+        if (max_bytes != 0 && bytes.size() > max_bytes) {
+          // Too large even trimmed (a server whose messages are shorter than its ids): it never
+          // will fit, so it is dropped and counted, not repaired by announcements that would
+          // fail the same way at every change.
+          Bump(counters->publish_failures);
+          return;
+        }
         if (!publish(bytes)) {
           Bump(counters->publish_failures);
-          // Lost to the peers: the router announces every booking
-          // again once a later change gets through.
+          // Lost to the peers: the router announces every booking again once a later change
+          // gets through.
           throw ChangeNotPublished{};
         } else if (kind != SequenceChange::Kind::kHeartbeat) {
           Bump(counters->published);

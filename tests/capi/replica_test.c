@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <string.h>
 /* cmocka.h needs the three headers above first. */
 #include <cmocka.h>
 
@@ -148,6 +149,19 @@ static void reserved_ids_and_stopping(void** state) {
                    kvr_router_set_replica_publisher(f->a, "", publish_to_bus, &f->bus, ERRP));
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
                    kvr_router_set_replica_publisher(NULL, "x", publish_to_bus, &f->bus, ERRP));
+  {
+    /* Ids past their limits (a request id of 1,024 bytes, a replica id of 256): refused. */
+    char long_id[1026];
+    memset(long_id, 'r', sizeof long_id - 1);
+    long_id[sizeof long_id - 1] = '\0';
+    options.request_id = long_id;
+    KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "at most 1024",
+                            kvr_router_add_request(f->a, tokens, BS, 1, 0, &options, ERRP));
+    long_id[257] = '\0';
+    KVT_EXPECT_FAILS_SAYING(
+        KVR_INVALID_ARGUMENT, "at most 256",
+        kvr_router_set_replica_publisher(f->a, long_id, publish_to_bus, &f->bus, ERRP));
+  }
   /* NULL stops publishing, after a farewell (a Reset: the peers drop what they hold from it). */
   KVT_OK(kvr_router_set_replica_publisher(f->a, NULL, NULL, NULL, ERRP));
   assert_int_equal(1, f->bus.count);

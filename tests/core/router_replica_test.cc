@@ -618,6 +618,26 @@ TEST_F(RouterReplicaTest, ABookingThatCannotBePublishedDoesNotHoldTheOthersBack)
   EXPECT_EQ(b_->active_requests(), 1u);
 }
 
+// Every booking is published under its request id and its router's replica id, and a change
+// must fit the transport's messages: both are bounded (a request id of a megabyte failed every
+// publication, and every announcement of its router's bookings, while it lived).
+TEST_F(RouterReplicaTest, RequestAndReplicaIdsAreBounded) {
+  const std::string longest(kMaxRequestIdBytes, 'r');
+  EXPECT_TRUE(a_->AddRequest(longest, Tokens(1, 0), {1, 0}).ok());
+  const std::string too_long(kMaxRequestIdBytes + 1, 'r');
+  EXPECT_EQ(a_->AddRequest(too_long, Tokens(1, 0), {1, 0}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->FindBestMatch(Tokens(1, 0), {.with_admission = true, .request_id = too_long})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->Plan(Tokens(1, 0), {.request_id = too_long}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidateReplicaId(std::string(kMaxReplicaIdBytes, 'g')).ok());
+  EXPECT_EQ(ValidateReplicaId(std::string(kMaxReplicaIdBytes + 1, 'g')).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // An announcer counts its own bookings only: those it holds from other replicas are theirs to
 // announce.
 TEST_F(RouterReplicaTest, AnAnnouncementCountsTheAnnouncersOwnBookingsOnly) {

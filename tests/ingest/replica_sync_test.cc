@@ -157,6 +157,25 @@ TEST(ReplicaPublishTest, ABookingTooLargeForTheTransportGoesWithItsLeadingBlocks
             EncodeReplicaChange("gw-a", booking));
 }
 
+// A change that cannot fit even without block ids is dropped and counted, not repaired: an
+// announcement would fail the same way at every change.
+TEST(ReplicaPublishTest, AChangeThatCanNeverFitIsDroppedNotRepaired) {
+  std::unique_ptr<Router> a = *Router::Create(RouterOptions{.block_size = kBlockSize});
+  ASSERT_TRUE(a->AddWorker({.worker_id = 1, .block_size = kBlockSize}).ok());
+  auto counters = std::make_shared<SourceCounters>();
+  int published = 0;
+  (void)PublishBookings(
+      *a, "a", [&](std::span<const uint8_t>) { return ++published, true; }, counters,
+      /*max_bytes=*/96);
+  const int announced = published;
+  ASSERT_TRUE(a->AddRequest(std::string(200, 'x'), Tokens(2, 0), {1, 0}).ok());
+  EXPECT_EQ(published, announced);
+  EXPECT_EQ(counters->publish_failures.load(), 1u);
+  EXPECT_EQ(a->replica_stats().changes_unpublished, 0u);  // nothing to repair
+  ASSERT_TRUE(a->AddRequest("r2", Tokens(2, 100), {1, 0}).ok());
+  EXPECT_EQ(published, announced + 1);  // sent alone: no announcement
+}
+
 // Over a server whose messages are at most 4 KiB (the default is 1 MiB), a booking of 1,000
 // blocks (8 KB of block ids) reaches the peer, trimmed; before, its publication failed every
 // time, and so did every announcement of the origin's bookings while it lived.

@@ -420,7 +420,8 @@ pub struct kvr_request_options {
     pub struct_size: u32,
     /// KVR_REQUEST_*
     pub flags: u32,
-    /// required with KVR_REQUEST_ADMIT and for kvr_router_add_request
+    /// required with KVR_REQUEST_ADMIT and for kvr_router_add_request; a booking's at most 1,024
+    /// bytes (since 0.2.0)
     pub request_id: *const c_char,
     pub lora_name: *const c_char,
     pub cache_namespace: *const c_char,
@@ -1019,16 +1020,17 @@ extern "C" {
         err: *mut *mut kvr_error,
     ) -> kvr_status;
     /// Publishes this router's booking changes through `publish` under the name `replica_id`, which
-    /// must be unique among the live replicas and contain no byte 0x1F (KVR_INVALID_ARGUMENT).
-    /// `publish` first receives a Reset, an Added change for every booking the router holds, and a
-    /// SyncRequest: peers drop whatever they held from this replica id (a restarted replica's stale
-    /// bookings) and answer with their own bookings, so a joining replica converges at once.
-    /// `publish` NULL stops publishing. A callback replaced (or stopped by NULL) first receives a
-    /// farewell, a Reset promising no heartbeat: its peers drop the bookings they hold under its
-    /// replica id, which nothing would free once it is gone; once this returns, the previous
-    /// callback is not running and will not run again. Not every change is published: expiry and
-    /// worker removal are not, as every replica does those itself. Request ids starting with byte
-    /// 0x1E are reserved for replicas' bookings (KVR_INVALID_ARGUMENT). @thread_safety concurrent
+    /// must be unique among the live replicas, contain no byte 0x1F and be at most 256 bytes long
+    /// (since 0.2.0) (KVR_INVALID_ARGUMENT). `publish` first receives a Reset, an Added change for
+    /// every booking the router holds, and a SyncRequest: peers drop whatever they held from this
+    /// replica id (a restarted replica's stale bookings) and answer with their own bookings, so a
+    /// joining replica converges at once. `publish` NULL stops publishing. A callback replaced (or
+    /// stopped by NULL) first receives a farewell, a Reset promising no heartbeat: its peers drop
+    /// the bookings they hold under its replica id, which nothing would free once it is gone; once
+    /// this returns, the previous callback is not running and will not run again. Not every change
+    /// is published: expiry and worker removal are not, as every replica does those itself. Request
+    /// ids starting with byte 0x1E are reserved for replicas' bookings (KVR_INVALID_ARGUMENT).
+    /// @thread_safety concurrent
     pub fn kvr_router_set_replica_publisher(
         router: *mut kvr_router,
         replica_id: *const c_char,
