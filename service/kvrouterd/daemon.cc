@@ -201,8 +201,9 @@ void Daemon::RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, s
   };
   // Answered 500 unless the call says otherwise: what escapes Handle (memory refused while
   // answering an error) still gets an answer.
-  auto call = std::make_shared<Call>(Call{std::move(request), std::move(param),
-                                          std::move(responder), HttpResponse{.status = 500}});
+  auto call = std::make_shared<Call>(
+      Call{std::move(request), std::move(param), std::move(responder), HttpResponse{}});
+  call->response.status = 500;
   ++work_in_flight_;
   Service* service = service_.get();
   quick_calls_->Submit(
@@ -236,7 +237,8 @@ void Daemon::ReloadConfig() {
     return;
   }
   Config next;
-  const std::string error = ParseCommandLine(args_, &next);
+  std::string error = ParseCommandLine(args_, &next);
+  if (error.empty()) error = ValidateConfig(next);
   if (!error.empty()) {
     service_->CountReload(false);
     Log(LogLevel::kError, "reload: the configuration is invalid; nothing changed",

@@ -122,6 +122,9 @@ std::string HelpText();
 // repeatable keys (worker, listen-events, nats-events) add to the file's. Returns an error
 // message, empty on success.
 std::string ParseCommandLine(const std::vector<std::string>& args, Config* config);
+// What the library cannot check of the daemon's own settings: "" when valid, else why not
+// (at startup, and for each reload: an invalid reload changes nothing).
+std::string ValidateConfig(const Config& config);
 
 // Parses config file text into `config` (on top of what it holds). `origin` names the file in
 // messages. Returns an error message ("FILE:LINE: ..."), empty on success.

@@ -26,7 +26,7 @@ QuickCallPool::~QuickCallPool() {
 void QuickCallPool::Submit(std::function<void()> work, std::function<void()> done) {
   {
     std::lock_guard lock(mutex_);
-    queued_.push_back({std::move(work), std::move(done)});
+    queued_.push_back({std::move(work), std::move(done)});  // on the loop: may throw
   }
   wake_.notify_one();
 }
@@ -46,14 +46,14 @@ void QuickCallPool::Close() {
 
 void QuickCallPool::Serve() {
   for (;;) {
-    Call call;
+    std::list<Call> mine;
     {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return closing_ || !queued_.empty(); });
       if (queued_.empty()) return;  // closing, and nothing left to run
-      call = std::move(queued_.front());
-      queued_.pop_front();
+      mine.splice(mine.begin(), queued_, queued_.begin());
     }
+    Call& call = mine.front();
     try {
       call.work();
     } catch (...) {
@@ -65,19 +65,19 @@ void QuickCallPool::Serve() {
     call.work = nullptr;
     {
       std::lock_guard lock(mutex_);
-      done_.push_back(std::move(call.done));
+      done_.splice(done_.end(), mine);
     }
     uv_async_send(&completed_);
   }
 }
 
 void QuickCallPool::RunCompletions() {
-  std::vector<std::function<void()>> done;
+  std::list<Call> done;
   {
     std::lock_guard lock(mutex_);
     done.swap(done_);
   }
-  for (std::function<void()>& completion : done) completion();
+  for (Call& call : done) call.done();
 }
 
 }  // namespace kvrouterd

@@ -10,8 +10,8 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
+#include <list>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -47,8 +47,10 @@ class QuickCallPool {
   uv_async_t completed_{};  // wakes the loop for the calls done
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<Call> queued_;
-  std::vector<std::function<void()>> done_;  // calls run, their completion not yet
+  // A call moves from queued_ to its thread's list and on to done_ by splicing its node: the
+  // pool thread allocates nothing (a refusal there would end the process).
+  std::list<Call> queued_;
+  std::list<Call> done_;  // calls run, their completion not yet
   bool closing_ = false;
   std::vector<std::thread> threads_;
 };

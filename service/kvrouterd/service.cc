@@ -744,6 +744,14 @@ void Service::Reload(const Config& next) {
   differs("jetstream-relay", next.jetstream_relay != config_.jetstream_relay);
   differs("routing-threads", next.routing_threads != config_.routing_threads);
   differs("preview-threads", next.preview_threads != config_.preview_threads);
+  // The HTTP server's limits and timeouts, and the table of tracked ids, are set up once.
+  differs("max-header-bytes", next.max_header_bytes != config_.max_header_bytes);
+  differs("max-body-bytes", next.max_body_bytes != config_.max_body_bytes);
+  differs("max-json-body-bytes", next.max_json_body_bytes != config_.max_json_body_bytes);
+  differs("request-read-timeout-seconds",
+          next.request_read_timeout_seconds != config_.request_read_timeout_seconds);
+  differs("idle-timeout-seconds", next.idle_timeout_seconds != config_.idle_timeout_seconds);
+  differs("max-tracked-requests", next.max_tracked_requests != config_.max_tracked_requests);
   if (!need_restart.empty()) {
     Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",
         {{"settings", need_restart}});
