@@ -415,7 +415,7 @@ class HotPathFfmIT {
             b.markPrefillCompleted("elsewhere");
           });
       for (int i = 0; i < 20; ++i) {
-        String id = "outer-" + i + "-" + "é".repeat(i * 40);
+        String id = "outer-" + i + "-" + "é".repeat(i * 25); // up to 960 of the 1,024 bytes
         RouteResult r = a.findBestMatch(PROMPT, RequestOptions.admit(id));
         assertTrue(r.booked());
         assertEquals(PROMPT.length, r.promptTokens());

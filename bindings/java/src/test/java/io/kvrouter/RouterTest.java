@@ -476,17 +476,27 @@ class RouterTest {
           router.findBestMatch(PROMPT, RequestOptions.builder().overlapScoreCredit(0).build(), 4);
       double cost = noCredit.candidates().get(0).cost();
       for (Candidate c : noCredit.candidates()) assertEquals(cost, c.cost(), 1e-9);
-      // Unicode request ids round-trip through the router
-      String id = "requête-😀-" + "x".repeat(3000); // longer than the glue's stack scratch
-      router.findBestMatch(PROMPT, RequestOptions.admit(id));
+      // Unicode request ids round-trip through the router (the longest a booking may have,
+      // 1,024 bytes, with strings past the glue's stack scratch beside it)
+      String id = "requête-😀-" + "x".repeat(1024 - 14);
+      RequestOptions admitted =
+          RequestOptions.builder()
+              .admit(true)
+              .requestId(id)
+              .cacheNamespace("namespace-" + "n".repeat(9000))
+              .build();
+      router.findBestMatch(PROMPT, admitted);
       KvRouterException e =
-          assertThrows(
-              KvRouterException.class,
-              () -> router.findBestMatch(PROMPT, RequestOptions.admit(id)));
+          assertThrows(KvRouterException.class, () -> router.findBestMatch(PROMPT, admitted));
       assertEquals(Status.ALREADY_EXISTS, e.status());
       router.freeRequest(id);
-      router.findBestMatch(PROMPT, RequestOptions.admit(id));
+      router.findBestMatch(PROMPT, admitted);
       router.freeRequest(id);
+      KvRouterException tooLong =
+          assertThrows(
+              KvRouterException.class,
+              () -> router.findBestMatch(PROMPT, RequestOptions.admit(id + "x")));
+      assertEquals(Status.INVALID_ARGUMENT, tooLong.status());
       // options are immutable and reusable
       RequestOptions o = RequestOptions.builder().requestId("x").temperature(0.5).build();
       assertEquals(0.5, o.temperature());
