@@ -43,7 +43,10 @@ bool BoolField(const json& value, const std::string& field) {
 
 std::string StringField(const json& value, const std::string& field) {
   if (!value.is_string()) Invalid(field + ": expected a string");
-  return value.get<std::string>();
+  std::string text = value.get<std::string>();
+  // The library takes C strings: "a\u0000x" would be "a" there (two such ids one booking).
+  if (text.find('\0') != std::string::npos) Invalid(field + ": must not contain NUL (\\u0000)");
+  return text;
 }
 
 template <typename T>

@@ -532,6 +532,10 @@ std::string ValidateConfig(const Config& config) {
   if (!config.snapshot_file.empty() && !config.bootstrap_from.empty()) {
     return "snapshot-file and bootstrap-from: one warm start or the other, not both";
   }
+  // As the library checks it (kvr_ingest_sync_replicas), before any source connects.
+  if (config.replica_sync && config.replica_sync->replica_id.size() > 256) {
+    return "replica-sync: the replica id must be at most 256 bytes";
+  }
   return {};
 }
 

@@ -123,6 +123,9 @@ TEST(ApiJsonTest, BadBodiesNameTheField) {
   EXPECT_EQ(error("{").second, "the body is not JSON");
   EXPECT_EQ(error("[1]").second, "the body must be a JSON object");
   EXPECT_EQ(error(R"({"token_ids": [1]})").second, "request_id: required");
+  // A NUL would cut the id where the library reads it (two ids, one booking).
+  EXPECT_EQ(error(R"({"request_id": "a\u0000x", "token_ids": [1]})").second,
+            "request_id: must not contain NUL (\\u0000)");
   EXPECT_EQ(error(R"({"token_ids": [1]})", false).first, KVR_OK);
   EXPECT_EQ(error(R"({"request_id": "r"})").second,
             "token_ids: required (or local_hashes and num_tokens)");

@@ -119,6 +119,9 @@ TEST(OptionsTest, ValuesOfSeveralWords) {
   ASSERT_TRUE(config.replica_sync.has_value());
   EXPECT_EQ(*config.replica_sync, (ReplicaSyncSpec{"nats://h:4222", "replicas", "router-a"}));
   EXPECT_EQ(config.router.block_size, 32u);
+  EXPECT_EQ(ValidateConfig(config), "");
+  config.replica_sync->replica_id = std::string(257, 'r');  // refused before anything connects
+  EXPECT_EQ(ValidateConfig(config), "replica-sync: the replica id must be at most 256 bytes");
 
   Config other;
   ASSERT_EQ(ParseCommandLine({"--nats-events", "nats://a:1 one", "--nats-events=nats://b:2", "two",

@@ -1046,10 +1046,10 @@ extern "C" {
     /// and its own bookings, at once, or with its next change or heartbeat if the request names
     /// this router (see kvr_router_expire_replicas); one naming another replica is ignored. Changes
     /// from this router's own replica id are ignored (buses that echo). KVR_INVALID_ARGUMENT for
-    /// bytes that are not a SequenceChange, or a booking of more than 2^32 prefill tokens; a
-    /// heartbeat interval over one hour counts as one hour. KVR_NOT_FOUND for a worker rank this
-    /// router does not know, KVR_ALREADY_EXISTS for a booking applied twice; nothing changes then.
-    /// @thread_safety concurrent
+    /// bytes that are not a SequenceChange, an origin longer than 256 bytes (since 0.2.0), or a
+    /// booking of more than 2^32 prefill tokens; a heartbeat interval over one hour counts as one
+    /// hour. KVR_NOT_FOUND for a worker rank this router does not know, KVR_ALREADY_EXISTS for a
+    /// booking applied twice; nothing changes then. @thread_safety concurrent
     pub fn kvr_router_apply_replica_event(
         router: *mut kvr_router,
         data: *const c_void,
