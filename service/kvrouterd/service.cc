@@ -728,35 +728,47 @@ void Service::Reload(const Config& next) {
     SetLogLevel(next.log_level);
     Log(LogLevel::kInfo, "log level changed", {{"log_level", LogLevelName(next.log_level)}});
   }
+  // Settings that take effect only at start: a change is logged, and what runs is kept in
+  // config_, so that the next reload warns again, and one setting them back does not.
+  Config applied = next;
   std::vector<std::string> need_restart;
-  const auto differs = [&](const char* name, bool changed) {
-    if (changed) need_restart.push_back(name);
+  const auto restart_only = [&](const char* name, auto Config::*... fields) {
+    if (((applied.*fields != config_.*fields) || ...)) {
+      need_restart.push_back(name);
+      ((applied.*fields = config_.*fields), ...);
+    }
   };
-  differs("listen",
-          next.listen_host != config_.listen_host || next.listen_port != config_.listen_port);
-  differs("router options", std::memcmp(&next.router, &config_.router, sizeof next.router) != 0 ||
-                                next.plan_deadline_seconds != config_.plan_deadline_seconds);
-  differs("ingest options", std::memcmp(&next.ingest, &config_.ingest, sizeof next.ingest) != 0);
-  differs("listen-events", next.listen_events != config_.listen_events);
-  differs("nats-events", next.nats_events != config_.nats_events);
-  differs("replica-sync", next.replica_sync != config_.replica_sync);
-  differs("jetstream-events", next.jetstream_events != config_.jetstream_events);
-  differs("jetstream-relay", next.jetstream_relay != config_.jetstream_relay);
-  differs("routing-threads", next.routing_threads != config_.routing_threads);
-  differs("preview-threads", next.preview_threads != config_.preview_threads);
+  // Plain structs of the library, compared byte for byte.
+  if (std::memcmp(&next.router, &config_.router, sizeof next.router) != 0 ||
+      next.plan_deadline_seconds != config_.plan_deadline_seconds) {
+    need_restart.push_back("router options");
+    applied.router = config_.router;
+    applied.plan_deadline_seconds = config_.plan_deadline_seconds;
+  }
+  if (std::memcmp(&next.ingest, &config_.ingest, sizeof next.ingest) != 0) {
+    need_restart.push_back("ingest options");
+    applied.ingest = config_.ingest;
+  }
+  restart_only("listen", &Config::listen_host, &Config::listen_port);
+  restart_only("listen-events", &Config::listen_events);
+  restart_only("nats-events", &Config::nats_events);
+  restart_only("replica-sync", &Config::replica_sync);
+  restart_only("jetstream-events", &Config::jetstream_events);
+  restart_only("jetstream-relay", &Config::jetstream_relay);
+  restart_only("routing-threads", &Config::routing_threads);
+  restart_only("preview-threads", &Config::preview_threads);
   // The HTTP server's limits and timeouts, and the table of tracked ids, are set up once.
-  differs("max-header-bytes", next.max_header_bytes != config_.max_header_bytes);
-  differs("max-body-bytes", next.max_body_bytes != config_.max_body_bytes);
-  differs("max-json-body-bytes", next.max_json_body_bytes != config_.max_json_body_bytes);
-  differs("request-read-timeout-seconds",
-          next.request_read_timeout_seconds != config_.request_read_timeout_seconds);
-  differs("idle-timeout-seconds", next.idle_timeout_seconds != config_.idle_timeout_seconds);
-  differs("max-tracked-requests", next.max_tracked_requests != config_.max_tracked_requests);
+  restart_only("max-header-bytes", &Config::max_header_bytes);
+  restart_only("max-body-bytes", &Config::max_body_bytes);
+  restart_only("max-json-body-bytes", &Config::max_json_body_bytes);
+  restart_only("request-read-timeout-seconds", &Config::request_read_timeout_seconds);
+  restart_only("idle-timeout-seconds", &Config::idle_timeout_seconds);
+  restart_only("max-tracked-requests", &Config::max_tracked_requests);
   if (!need_restart.empty()) {
     Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",
         {{"settings", need_restart}});
   }
-  config_ = next;
+  config_ = std::move(applied);
   config_.workers = std::move(workers);
   Log(LogLevel::kInfo, "configuration reloaded", {{"workers", config_.workers.size()}});
 }

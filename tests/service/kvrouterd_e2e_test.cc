@@ -425,6 +425,47 @@ TEST_F(KvrouterdTest, ReloadAppliesTheConfigsWorkerChanges) {
   Stop();
 }
 
+// A setting that applies only at start, changed on reload, is logged as needing a restart, on
+// every reload while it differs from what runs, and not once set back. (What runs was taken to
+// be the last reload's: a second reload said nothing, and setting it back warned.)
+TEST_F(KvrouterdTest, ReloadWarnsOfRestartOnlySettingsAgainstWhatRuns) {
+  const std::string log = dir_ + "/kvrouterd.log";
+  const std::vector<std::string> workers = {"id=1,address=10.0.0.1:8000",
+                                            "id=2,address=10.0.0.2:8000"};
+  Start({}, log);
+  const auto warnings = [&] {
+    std::istringstream lines(kvrouterd_test::ReadFile(log));
+    int count = 0;
+    for (std::string text; std::getline(lines, text);) {
+      const json line = json::parse(text, nullptr, false);
+      if (line.is_object() &&
+          line.value("msg", "") ==
+              "reload: these settings changed and apply only after a restart" &&
+          line["settings"] == json::array({"preview-threads"})) {
+        ++count;
+      }
+    }
+    return count;
+  };
+  const auto reload = [&](int ok) {
+    daemon_->Signal(SIGHUP);
+    EXPECT_TRUE(WaitFor([&] {
+      return Get("/metrics")
+                 .body.find("kvrouterd_reloads_total{result=\"ok\"} " + std::to_string(ok) +
+                            "\n") != std::string::npos;
+    }));
+  };
+  WriteConfig(workers, "preview-threads = 3\n");
+  reload(1);
+  EXPECT_EQ(warnings(), 1) << kvrouterd_test::ReadFile(log);
+  reload(2);
+  EXPECT_EQ(warnings(), 2);
+  WriteConfig(workers);  // back to what runs
+  reload(3);
+  EXPECT_EQ(warnings(), 2);
+  Stop();
+}
+
 TEST_F(KvrouterdTest, SigtermStopsGracefully) {
   Start();
   ASSERT_EQ(Post("/v1/route", RouteBody("t")).status, 200);
