@@ -468,7 +468,7 @@ const std::vector<RouteSpec>& Routes() {
       {"DELETE", "/v1/workers/{id}", Endpoint::kRemoveWorker, RouteSpec::Runs::kOnLoop},
       {"GET", "/v1/snapshot", Endpoint::kGetSnapshot, RouteSpec::Runs::kOnRoutingThread},
       {"PUT", "/v1/snapshot", Endpoint::kPutSnapshot, RouteSpec::Runs::kOnRoutingThread},
-      {"GET", "/v1/digest", Endpoint::kDigest, RouteSpec::Runs::kOnLoop},
+      {"GET", "/v1/digest", Endpoint::kDigest, RouteSpec::Runs::kOnQuickCallThread},
       {"GET", "/metrics", Endpoint::kMetrics, RouteSpec::Runs::kOnLoop},
       {"GET", "/healthz", Endpoint::kHealthz, RouteSpec::Runs::kOnLoop},
   };

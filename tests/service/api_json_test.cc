@@ -286,6 +286,7 @@ TEST(ApiJsonTest, Routes) {
   EXPECT_EQ(MatchRoute("POST", "/v1/route").route->runs, RouteSpec::Runs::kOnRoutingThread);
   EXPECT_EQ(MatchRoute("POST", "/v1/plan").route->runs, RouteSpec::Runs::kOnRoutingThread);
   EXPECT_EQ(MatchRoute("POST", "/v1/preview").route->runs, RouteSpec::Runs::kOnQuickCallThread);
+  EXPECT_EQ(MatchRoute("GET", "/v1/digest").route->runs, RouteSpec::Runs::kOnQuickCallThread);
   EXPECT_EQ(MatchRoute("GET", "/healthz").route->runs, RouteSpec::Runs::kOnLoop);
   EXPECT_EQ(ErrorOf([] { MatchRoute("DELETE", "/v1/requests/bad%zz"); }).second,
             "bad percent-encoding in the path");
