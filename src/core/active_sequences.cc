@@ -33,6 +33,11 @@ void ComputeTrackingIdsInto(std::span<const uint64_t> local_hashes, std::vector<
   }
 }
 
+absl::Status UnknownRankError(WorkerKey worker) {
+  return absl::NotFoundError(
+      absl::StrCat("unknown worker ", worker.worker_id, " dp_rank ", worker.dp_rank));
+}
+
 ActiveSequences::ActiveSequences(const Clock& clock, ActiveSequencesOptions options)
     : clock_(clock),
       expiry_(SecondsToNanos(options.expiry_seconds)),
@@ -137,8 +142,7 @@ absl::Status ActiveSequences::AddRequest(const SequenceRequest& request) {
   }
   const uint32_t* found = slot_of_.Find(request.worker);
   if (found == nullptr) {
-    return absl::NotFoundError(absl::StrCat("unknown worker ", request.worker.worker_id,
-                                            " dp_rank ", request.worker.dp_rank));
+    return UnknownRankError(request.worker);
   }
   const uint32_t slot = *found;
   // A booking learnt after the fact: what its rank had queued then is unknown, and today's

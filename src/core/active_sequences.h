@@ -177,6 +177,9 @@ struct PotentialLoadQuery {
   bool track_prefill_tokens = true;
 };
 
+// NotFound naming a rank the tracker does not have (what AddRequest answers for one).
+absl::Status UnknownRankError(WorkerKey worker);
+
 class ActiveSequences {
  public:
   // `clock` must outlive the tracker.

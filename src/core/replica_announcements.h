@@ -16,7 +16,6 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
-#include <vector>
 
 #include "core/id_hash.h"
 

@@ -278,10 +278,7 @@ absl::Status Router::AddRequest(std::string_view request_id, std::span<const uin
   }
   std::lock_guard lock(gate_);
   if (auto status = CheckNewRequestIdLocked(request_id); !status.ok()) return status;
-  if (!active_.HasWorker(worker)) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown worker ", worker.worker_id, " dp_rank ", worker.dp_rank));
-  }
+  if (!active_.HasWorker(worker)) return UnknownRankError(worker);
   const WorkerMatch* match = FindMatch(prepared.matches, worker);
   const Candidate candidate{.worker = worker, .overlap = match ? OverlapOf(*match) : TierOverlap{}};
   const CandidateCost priced =

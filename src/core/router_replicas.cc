@@ -230,10 +230,7 @@ absl::StatusOr<bool> Router::AddReplicaBookingLocked(std::string_view origin, co
     return absl::AlreadyExistsError(
         absl::StrCat("replica booking '", AsAbsl(change.request_id), "' announced twice"));
   }
-  if (!active_.HasWorker(change.worker)) {
-    return absl::NotFoundError(absl::StrCat("unknown worker ", change.worker.worker_id, " dp_rank ",
-                                            change.worker.dp_rank));
-  }
+  if (!active_.HasWorker(change.worker)) return UnknownRankError(change.worker);
   if (held) released |= active_.Free(id);
   absl::Status status;
   try {

@@ -191,6 +191,11 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
   std::vector<Subscription*>& subs = entry->second;
   absl::Status status;
   bool source_made = false;
+  const auto abandon = [&] {
+    for (Subscription* s : subs) CloseSubscription(s);
+    workers_.erase(entry);
+    if (source_made) loop_.RetireSource(id);
+  };
   try {
     subs.reserve(worker.dp_size);
     status = OpenRanks(worker, subs);
@@ -199,23 +204,16 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
           loop_.NewSource(id, IngestSourceKind::kEngine, worker.endpoint);
       source_made = true;
       for (Subscription* sub : subs) {
-        status = Poll(*sub, source, id);  // allocates nothing
+        status = Poll(*sub, source, id);
         if (!status.ok()) break;
       }
       if (status.ok()) return absl::OkStatus();
-      for (Subscription* s : subs) CloseSubscription(s);
-      workers_.erase(entry);
-      loop_.RetireSource(id);
-      return status;
     }
   } catch (...) {
-    for (Subscription* s : subs) CloseSubscription(s);
-    workers_.erase(entry);
-    if (source_made) loop_.RetireSource(id);
+    abandon();
     throw;
   }
-  for (Subscription* s : subs) CloseSubscription(s);
-  workers_.erase(entry);
+  abandon();
   return status;
 }
 
@@ -262,18 +260,16 @@ absl::Status EngineSubscriptions::Poll(Subscription& sub, std::shared_ptr<Source
     size_t fd_size = sizeof(fd);
     zmq_getsockopt(socket, ZMQ_FD, &fd, &fd_size);
     // Refused (e.g. the kernel's epoll watches used up), the handle is left uninitialised.
-    if (const int error = uv_poll_init(&loop_.loop, poll, fd); error != 0) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot poll the ZMQ socket of rank ",
-                                                       sub.socket_rank, ": ", uv_strerror(error)));
+    int error = uv_poll_init(&loop_.loop, poll, fd);
+    if (error == 0) {
+      ++sub.open_polls;
+      poll->data = &sub;
+      error = uv_poll_start(poll, UV_READABLE, [](uv_poll_t* p, int, int) {
+        auto* s = static_cast<Subscription*>(p->data);
+        s->owner->OnReadable(*s);
+      });
     }
-    ++sub.open_polls;
-    poll->data = &sub;
-    if (const int error = uv_poll_start(poll, UV_READABLE,
-                                        [](uv_poll_t* p, int, int) {
-                                          auto* s = static_cast<Subscription*>(p->data);
-                                          s->owner->OnReadable(*s);
-                                        });
-        error != 0) {
+    if (error != 0) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot poll the ZMQ socket of rank ",
                                                        sub.socket_rank, ": ", uv_strerror(error)));
     }

@@ -661,6 +661,20 @@ bool KvCacheGroups::IsOtherGroup(std::optional<int64_t> group) const {
   return false;
 }
 
+namespace {
+
+// Whether `e` is of a KV-cache group the router does not index: a store by its kind (recording
+// its group's kind in `groups`), a removal (it names its group only) or a store without its
+// kind by what `groups` learnt of its group.
+bool OfAnotherGroup(const EngineEvent& e, KvCacheGroups* groups) {
+  if (!e.kv_cache_spec_kind) return groups != nullptr && groups->IsOtherGroup(e.group_idx);
+  const bool full_attention = IsFullAttentionKind(*e.kv_cache_spec_kind);
+  if (groups != nullptr && e.group_idx) groups->Record(*e.group_idx, full_attention);
+  return !full_attention;
+}
+
+}  // namespace
+
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                           uint32_t router_block_size, bool eagle, uint64_t first_event_id,
                           SaltedBlocks* salted, KvCacheGroups* groups) {
@@ -697,16 +711,7 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
   };
   for (const EngineEvent& e : batch.events) {
     reject_skipped_before(e.position);
-    if (e.kv_cache_spec_kind) {
-      const bool full_attention = IsFullAttentionKind(*e.kv_cache_spec_kind);
-      if (groups != nullptr && e.group_idx) groups->Record(*e.group_idx, full_attention);
-      if (!full_attention) {
-        ++skipped_other_groups;
-        continue;
-      }
-    } else if (groups != nullptr && groups->IsOtherGroup(e.group_idx)) {
-      // A removal (it names its group only), or a store without its kind, of a group a store
-      // showed not to be full attention.
+    if (OfAnotherGroup(e, groups)) {
       ++skipped_other_groups;
       continue;
     }
