@@ -184,9 +184,7 @@ void Daemon::RunOffLoop(const RouteSpec& route, HttpRequest request, std::string
         std::unique_ptr<OffLoopWork> job(static_cast<OffLoopWork*>(work->data));
         Daemon* daemon = job->daemon;
         if (job->call) daemon->service_->DepartRouting(*job->call);
-        daemon->Answer(*job->route, std::move(job->response), job->responder);
-        --daemon->work_in_flight_;
-        daemon->MaybeFinish();
+        daemon->CompleteOffLoop(*job->route, std::move(job->response), job->responder);
       });
 }
 
@@ -210,16 +208,18 @@ void Daemon::RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, s
       [call, service, &route] {
         call->response = service->Handle(route, call->request, call->param);
       },
-      [this, call, &route] {
-        Answer(route, std::move(call->response), call->responder);
-        --work_in_flight_;
-        MaybeFinish();
-      });
+      [this, call, &route] { CompleteOffLoop(route, std::move(call->response), call->responder); });
 }
 
 void Daemon::Answer(const RouteSpec& route, HttpResponse response, Responder& responder) {
   service_->CountAnswer(route.pattern, response.status);
   responder.Respond(std::move(response));
+}
+
+void Daemon::CompleteOffLoop(const RouteSpec& route, HttpResponse response, Responder& responder) {
+  Answer(route, std::move(response), responder);
+  --work_in_flight_;
+  MaybeFinish();
 }
 
 void Daemon::OnSignal(int signum) {

@@ -30,8 +30,10 @@ class Daemon {
                   Responder responder);
   void RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, std::string param,
                             Responder responder);
-  // Counts the answer and sends it (the caller ends the call's part in the shutdown's wait).
+  // Counts the answer and sends it.
   void Answer(const RouteSpec& route, HttpResponse response, Responder& responder);
+  // The same for a call run off the loop, which then no longer holds up the shutdown.
+  void CompleteOffLoop(const RouteSpec& route, HttpResponse response, Responder& responder);
   void OnSignal(int signum);
   void ReloadConfig();
   void BeginShutdown();
