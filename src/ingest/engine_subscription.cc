@@ -187,7 +187,8 @@ absl::Status EngineSubscriptions::AddOnLoop(const EngineWorker& worker, uint64_t
   }
   // Its place first, and room for every rank's subscription: a refused allocation below
   // (the command then answers ResourceExhausted) closes what was opened and leaves no entry.
-  auto [entry, added] = workers_.try_emplace(worker.worker_id);
+  // Not a structured binding: the cleanup lambda below captures it (clang 14 refuses those).
+  const auto entry = workers_.try_emplace(worker.worker_id).first;
   std::vector<Subscription*>& subs = entry->second;
   absl::Status status;
   bool source_made = false;
