@@ -1317,6 +1317,7 @@ type cIngestStats struct {
 	ConsumerRemakes        uint64
 	ConsumerRemakeFailures uint64
 	EventsIgnored          uint64
+	BookingsTrimmed        uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -1345,6 +1346,7 @@ func (g *cIngestStats) store(c *C.kvr_ingest_stats) {
 	c.consumer_remakes = C.uint64_t(g.ConsumerRemakes)
 	c.consumer_remake_failures = C.uint64_t(g.ConsumerRemakeFailures)
 	c.events_ignored = C.uint64_t(g.EventsIgnored)
+	c.bookings_trimmed = C.uint64_t(g.BookingsTrimmed)
 }
 
 // load reads the mirrored fields from c.
@@ -1373,6 +1375,7 @@ func (g *cIngestStats) load(c *C.kvr_ingest_stats) {
 	g.ConsumerRemakes = uint64(c.consumer_remakes)
 	g.ConsumerRemakeFailures = uint64(c.consumer_remake_failures)
 	g.EventsIgnored = uint64(c.events_ignored)
+	g.BookingsTrimmed = uint64(c.bookings_trimmed)
 }
 
 // initIngestStats has the library set c's defaults for the layout of kvr_ingest_stats this package
@@ -1406,5 +1409,5 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_ingest_options{})) - 24
 	_ = uint64(unsafe.Sizeof(C.kvr_engine_worker{})) - 56
 	_ = uint64(unsafe.Sizeof(C.kvr_jetstream_source{})) - 64
-	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 336
+	_ = uint64(unsafe.Sizeof(C.kvr_ingest_stats{})) - 344
 )

@@ -362,6 +362,7 @@ struct FieldEnds<kvr_ingest_stats> {
       offsetof(kvr_ingest_stats, consumer_remake_failures) +
           sizeof(kvr_ingest_stats::consumer_remake_failures),
       offsetof(kvr_ingest_stats, events_ignored) + sizeof(kvr_ingest_stats::events_ignored),
+      offsetof(kvr_ingest_stats, bookings_trimmed) + sizeof(kvr_ingest_stats::bookings_trimmed),
   };
 };
 

@@ -64,6 +64,7 @@ kvr_ingest_stats ToCStats(const kvrouter::IngestStats& s) {
   out.consumer_remakes = s.consumer_remakes;
   out.consumer_remake_failures = s.consumer_remake_failures;
   out.events_ignored = s.events_ignored;
+  out.bookings_trimmed = s.bookings_trimmed;
   return out;
 }
 
@@ -176,6 +177,10 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
   counter("kvrouter_ingest_publish_failures_total",
           "Replica sync: publications the NATS client refused.",
           [](const Stats& s) { return s.publish_failures; });
+  counter("kvrouter_ingest_bookings_trimmed_total",
+          "Replica sync: bookings published with only their leading block ids (the "
+          "transport's messages too short for them all).",
+          [](const Stats& s) { return s.bookings_trimmed; });
   return std::move(text).Take();
 }
 

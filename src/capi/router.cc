@@ -558,11 +558,11 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router* router, const ch
     if (absl::Status valid = kvrouter::ValidateReplicaId(replica_id); !valid.ok()) {
       return FromStatus(err, valid);
     }
-    kvrouter::PublishReplicaChanges(
-        *router->router, replica_id,
-        [publish, user_data](std::span<const uint8_t> bytes, kvrouter::SequenceChange::Kind) {
-          publish(user_data, bytes.data(), bytes.size());
-        });
+    kvrouter::PublishReplicaChanges(*router->router, replica_id,
+                                    [publish, user_data](const kvrouter::EncodedChange& change,
+                                                         kvrouter::SequenceChange::Kind) {
+                                      publish(user_data, change.bytes.data(), change.bytes.size());
+                                    });
     return KVR_OK;
   });
 }

@@ -70,13 +70,23 @@ struct ConnectionCallbacks {
 
 namespace {
 
-// The largest replica change the server takes (its max_payload, with room to spare): a larger
-// booking goes trimmed (EncodeReplicaChangeToFit). Read once, at subscription: a cluster
-// member with a smaller limit met on a reconnection is not known.
+// The largest replica change the server takes (its max_payload, less room to spare): a larger
+// booking goes trimmed (EncodeReplicaChangeToFit). Read at every change: a reconnection may
+// meet a cluster member with a smaller limit (libnats keeps the last server's).
 size_t ReplicaMessageLimit(natsConnection* connection) {
-  constexpr int64_t kRoom = 512;
+  const auto max_payload = static_cast<size_t>(natsConnection_GetMaxPayload(connection));
+  return max_payload > 2 * kReplicaMessageRoom ? max_payload - kReplicaMessageRoom
+                                               : max_payload / 2;
+}
+
+// A server whose messages are too short for some replica change (a long request id) would
+// drop it unseen: refused at the start, where it can be said.
+absl::Status CheckReplicaMessageLimit(natsConnection* connection, const std::string& url) {
   const int64_t max_payload = natsConnection_GetMaxPayload(connection);
-  return static_cast<size_t>(max_payload > 2 * kRoom ? max_payload - kRoom : max_payload / 2);
+  if (max_payload >= static_cast<int64_t>(kMinReplicaTransportMessage)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the NATS server at ", WithoutUserInfo(url), " takes messages of at most ", max_payload,
+      " bytes: replica sync needs a max_payload of at least ", kMinReplicaTransportMessage));
 }
 
 std::unique_ptr<ConnectionCallbacks> NewCallbacks(NatsSubscriptions* owner,
@@ -427,6 +437,12 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   natsOptions_Destroy(opts);
   if (s != NATS_OK) return ConnectFailed(url, s, source->connection, std::move(callbacks));
   source->callbacks = callbacks.release();  // the connection owns them now
+  if (source->replica_sync) {
+    if (absl::Status fits = CheckReplicaMessageLimit(source->connection, url); !fits.ok()) {
+      Close(source.release());
+      return fits;
+    }
+  }
   SubscriptionEnd::Watcher watcher;
   s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
                                &Source::OnMessage, source.get());
@@ -454,7 +470,8 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
             return natsConnection_Publish(connection, subject.c_str(), bytes.data(),
                                           static_cast<int>(bytes.size())) == NATS_OK;
           },
-          source->counters, ReplicaMessageLimit(source->connection));
+          source->counters,
+          [connection = source->connection] { return ReplicaMessageLimit(connection); });
       StartLiveness(*source);
     }
     sources_.push_back(source.get());

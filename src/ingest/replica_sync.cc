@@ -32,58 +32,64 @@ void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, Sourc
   Bump(source.messages);
 }
 
-std::vector<uint8_t> EncodeReplicaChangeToFit(std::string_view origin, const SequenceChange& change,
-                                              size_t max_bytes) {
-  std::vector<uint8_t> bytes = EncodeReplicaChange(origin, change);
-  if (max_bytes == 0 || bytes.size() <= max_bytes || change.block_ids.empty()) return bytes;
+EncodedChange EncodeReplicaChangeToFit(std::string_view origin, const SequenceChange& change,
+                                       size_t max_bytes) {
+  EncodedChange out{.bytes = EncodeReplicaChange(origin, change)};
+  if (max_bytes == 0 || out.bytes.size() <= max_bytes) return out;
+  if (change.block_ids.empty()) {
+    out.fits = false;
+    return out;
+  }
   // Each block id is 8 bytes of the encoding; what is left is the rest of it, whose size does
   // not depend on their number but for alignment padding (a few bytes: the loop absorbs it).
-  const size_t rest = bytes.size() - change.block_ids.size() * sizeof(uint64_t);
+  const size_t rest = out.bytes.size() - change.block_ids.size() * sizeof(uint64_t);
   size_t keep = max_bytes > rest ? (max_bytes - rest) / sizeof(uint64_t) : 0;
   SequenceChange trimmed = change;
+  out.trimmed = true;
   for (;;) {
     keep = std::min(keep, change.block_ids.size());
     trimmed.block_ids = change.block_ids.first(keep);
-    bytes = EncodeReplicaChange(origin, trimmed);
-    if (bytes.size() <= max_bytes || keep == 0) return bytes;
+    out.bytes = EncodeReplicaChange(origin, trimmed);
+    out.fits = out.bytes.size() <= max_bytes;
+    if (out.fits || keep == 0) return out;
     --keep;
   }
 }
 
 uint64_t PublishReplicaChanges(
     Router& router, const std::string& replica_id,
-    std::function<void(std::span<const uint8_t>, SequenceChange::Kind)> publish, size_t max_bytes) {
+    std::function<void(const EncodedChange&, SequenceChange::Kind)> publish, MessageLimit limit) {
   return router.SetSequenceObserver(
-      replica_id, [replica_id, publish = std::move(publish), max_bytes](const SequenceChange& c) {
-        const std::vector<uint8_t> bytes = EncodeReplicaChangeToFit(replica_id, c, max_bytes);
-        publish(bytes, c.kind);
+      replica_id, [replica_id, publish = std::move(publish),
+                   limit = std::move(limit)](const SequenceChange& c) {
+        publish(EncodeReplicaChangeToFit(replica_id, c, limit ? limit() : 0), c.kind);
       });
 }
 
 uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::function<bool(std::span<const uint8_t>)> publish,
-                         std::shared_ptr<SourceCounters> counters, size_t max_bytes) {
+                         std::shared_ptr<SourceCounters> counters, MessageLimit limit) {
   return PublishReplicaChanges(
       router, replica_id,
-      [publish = std::move(publish), counters = std::move(counters), max_bytes](
-          std::span<const uint8_t> bytes, SequenceChange::Kind kind) {
-        if (max_bytes != 0 && bytes.size() > max_bytes) {
+      [publish = std::move(publish), counters = std::move(counters)](const EncodedChange& change,
+                                                                     SequenceChange::Kind kind) {
+        if (!change.fits) {
           // Too large even trimmed (a server whose messages are shorter than its ids): it never
           // will fit, so it is dropped and counted, not repaired by announcements that would
           // fail the same way at every change.
           Bump(counters->publish_failures);
           return;
         }
-        if (!publish(bytes)) {
+        if (!publish(change.bytes)) {
           Bump(counters->publish_failures);
           // Lost to the peers: the router announces every booking again once a later change
           // gets through.
           throw ChangeNotPublished{};
-        } else if (kind != SequenceChange::Kind::kHeartbeat) {
-          Bump(counters->published);
         }
+        if (kind != SequenceChange::Kind::kHeartbeat) Bump(counters->published);
+        if (change.trimmed) Bump(counters->bookings_trimmed);
       },
-      max_bytes);
+      std::move(limit));
 }
 
 }  // namespace kvrouter

@@ -34,21 +34,33 @@ ReplicaMessageResult ApplyReplicaMessage(Router& router, std::span<const uint8_t
 // refuses as kIndexRejected; a heartbeat is a message but not an event applied).
 void ApplyReplicaMessage(Router& router, std::span<const uint8_t> payload, SourceCounters& source);
 
+// The largest message the transport takes now (0: no limit). Asked at every change: a
+// connection may meet a server with a smaller limit when it reconnects (a cluster member).
+using MessageLimit = std::function<size_t()>;
+
+// A change encoded to publish within a message limit (EncodeReplicaChangeToFit).
+struct EncodedChange {
+  std::vector<uint8_t> bytes;
+  bool trimmed = false;  // block ids were left out to fit
+  bool fits = true;      // within the limit (false: too large even without block ids)
+};
+
 // From now on every change to the router's own bookings is encoded and handed to `publish`,
 // from the thread that made it, as `replica_id` (Router::SetSequenceObserver: joining, the
 // router announces itself). Returns the observer's token for Router::ClearSequenceObserver.
-// `max_bytes` (0: no limit) is the transport's largest message: a booking whose encoding is
+// `limit` (none: no limit) is the transport's largest message: a booking whose encoding is
 // larger goes with the tail of its block ids left out (EncodeReplicaChangeToFit).
 uint64_t PublishReplicaChanges(
     Router& router, const std::string& replica_id,
-    std::function<void(std::span<const uint8_t>, SequenceChange::Kind)> publish,
-    size_t max_bytes = 0);
+    std::function<void(const EncodedChange&, SequenceChange::Kind)> publish,
+    MessageLimit limit = {});
 // The same with a `publish` that returns whether the transport took the message; each outcome
-// is counted on `counters` (published, publish_failures), heartbeats' only when they fail:
-// `published` counts booking changes.
+// is counted on `counters` (published, publish_failures, bookings_trimmed), heartbeats' only
+// when they fail: `published` counts booking changes. A change too large for the transport even
+// without its block ids is dropped and counted as a failure.
 uint64_t PublishBookings(Router& router, const std::string& replica_id,
                          std::function<bool(std::span<const uint8_t>)> publish,
-                         std::shared_ptr<SourceCounters> counters, size_t max_bytes = 0);
+                         std::shared_ptr<SourceCounters> counters, MessageLimit limit = {});
 
 // `change` encoded as `origin` publishes it, in at most `max_bytes` (0: no limit) when it can
 // be: a booking too large for the transport (a long prompt in small blocks: 131,072 block ids
@@ -56,7 +68,15 @@ uint64_t PublishBookings(Router& router, const std::string& replica_id,
 // leading block ids as fit. Peers then count its prefix blocks only, an under-count of its
 // load, where an Added that can never be published would leave it out, and cut every
 // announcement of the origin's bookings short, for as long as it lives.
-std::vector<uint8_t> EncodeReplicaChangeToFit(std::string_view origin, const SequenceChange& change,
-                                              size_t max_bytes);
+EncodedChange EncodeReplicaChangeToFit(std::string_view origin, const SequenceChange& change,
+                                       size_t max_bytes);
+
+// What a transport's message keeps for itself (NATS: headers): a change is at most its
+// largest message (NATS: the server's max_payload) less this.
+inline constexpr size_t kReplicaMessageRoom = 512;
+// The smallest message a replica sync transport must take (a NATS max_payload of 4 KiB): less
+// kReplicaMessageRoom, every change fits in it with the longest request and replica ids
+// (kMaxRequestIdBytes, kMaxReplicaIdBytes) and the block ids of a short prompt.
+inline constexpr size_t kMinReplicaTransportMessage = 4096;
 
 }  // namespace kvrouter

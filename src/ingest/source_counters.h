@@ -34,6 +34,7 @@ struct SourceCounters {
   std::atomic<uint64_t> lag_last_us{0};
   std::atomic<uint64_t> published{0};
   std::atomic<uint64_t> publish_failures{0};
+  std::atomic<uint64_t> bookings_trimmed{0};  // IngestStats::bookings_trimmed
   std::atomic<uint64_t> stream_sequence{0};
   std::atomic<uint64_t> consumer_remakes{0};
   std::atomic<uint64_t> consumer_remake_failures{0};
@@ -94,6 +95,7 @@ struct SourceCounters {
     s.consumer_remakes += consumer_remakes.load();
     s.consumer_remake_failures += consumer_remake_failures.load();
     s.events_ignored += events_ignored.load();
+    s.bookings_trimmed += bookings_trimmed.load();
     std::lock_guard lock(detail_mutex_);
     if (last_reject_serial_ > s.last_reject_serial) {  // the most recent over the sources
       s.last_reject = last_reject_;

@@ -974,25 +974,25 @@ static void ingest_options_engine_worker_and_stats(void) {
  * leave sizeof unchanged, and the library could not tell the two layouts apart. When you
  * append a field, name it here; the check fails until you do. */
 #ifdef KVR_ABI_LIVE_HEADER
-#define KVR_ABI_LAST_FIELDS(X)                  \
-  X(kvr_hash_options, mm_num_blocks)            \
-  X(kvr_router_options, ttft_miss_weight)       \
-  X(kvr_worker_config, max_num_batched_tokens)  \
-  X(kvr_stored_event, mm_counts)                \
-  X(kvr_removed_event, num_blocks)              \
-  X(kvr_request_options, num_local_hashes)      \
-  X(kvr_route_result, queued)                   \
-  X(kvr_metrics, decisions_priced_again)        \
-  X(kvr_routing_hints, session_ttl_seconds)     \
-  X(kvr_route_signals, reserved)                \
-  X(kvr_disagg_options, decode_busy_threshold)  \
-  X(kvr_prefill_result, cached_tokens)          \
-  X(kvr_ingest_options, replica_timeout_ms)     \
-  X(kvr_jetstream_source, max_bytes)            \
-  X(kvr_engine_worker, replay_endpoint)         \
-  X(kvr_ingest_stats, events_ignored)           \
-  X(kvr_candidate, reserved)                    \
-  X(kvr_overlap, reserved)                      \
+#define KVR_ABI_LAST_FIELDS(X)                 \
+  X(kvr_hash_options, mm_num_blocks)           \
+  X(kvr_router_options, ttft_miss_weight)      \
+  X(kvr_worker_config, max_num_batched_tokens) \
+  X(kvr_stored_event, mm_counts)               \
+  X(kvr_removed_event, num_blocks)             \
+  X(kvr_request_options, num_local_hashes)     \
+  X(kvr_route_result, queued)                  \
+  X(kvr_metrics, decisions_priced_again)       \
+  X(kvr_routing_hints, session_ttl_seconds)    \
+  X(kvr_route_signals, reserved)               \
+  X(kvr_disagg_options, decode_busy_threshold) \
+  X(kvr_prefill_result, cached_tokens)         \
+  X(kvr_ingest_options, replica_timeout_ms)    \
+  X(kvr_jetstream_source, max_bytes)           \
+  X(kvr_engine_worker, replay_endpoint)        \
+  X(kvr_ingest_stats, bookings_trimmed)        \
+  X(kvr_candidate, reserved)                   \
+  X(kvr_overlap, reserved)                     \
   X(kvr_potential_load, reserved)
 
 static void versioned_structs_end_without_padding(void) {

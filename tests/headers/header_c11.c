@@ -47,9 +47,9 @@ _Static_assert(sizeof(kvr_metrics) == 504,
                "liveness, 16, the refusals for memory, 16, and decisions priced again, 8)");
 _Static_assert(offsetof(kvr_metrics, decision_latency_bounds_ns) == 224,
                "kvr_metrics 0.2 fields are appended");
-_Static_assert(sizeof(kvr_ingest_stats) == 336,
+_Static_assert(sizeof(kvr_ingest_stats) == 344,
                "kvr_ingest_stats size (0.2: + last_reject, 128 bytes, stream_sequence, 8, "
-               "the JetStream consumer remakes, 16, and events_ignored, 8)");
+               "the JetStream consumer remakes, 16, events_ignored, 8, and bookings_trimmed, 8)");
 _Static_assert(sizeof(kvr_jetstream_source) == 64, "kvr_jetstream_source size (0.2)");
 _Static_assert(offsetof(kvr_ingest_stats, last_reject) == 176,
                "kvr_ingest_stats 0.2 fields are appended");

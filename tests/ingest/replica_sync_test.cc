@@ -31,7 +31,6 @@ std::vector<uint32_t> Tokens(size_t blocks, uint32_t first) {
   return tokens;
 }
 
-// Polls `done` (bounded); true once it holds.
 // Whether `done` held at some moment within kWait. Not asked again once it held: a replica
 // that hears another for the first time asks it to announce its bookings, and their Reset
 // drops them for the moment before they come again (a second look then saw none: CI75, TSan).
@@ -142,9 +141,11 @@ TEST(ReplicaPublishTest, ABookingTooLargeForTheTransportGoesWithItsLeadingBlocks
                                .block_ids = ids,
                                .prefill_tokens = 160'000};
   for (const size_t max_bytes : {size_t{4096}, size_t{65'536}}) {
-    const std::vector<uint8_t> bytes = EncodeReplicaChangeToFit("gw-a", booking, max_bytes);
-    EXPECT_LE(bytes.size(), max_bytes);
-    absl::StatusOr<ReplicaChange> decoded = DecodeReplicaChange(bytes);
+    const EncodedChange fitted = EncodeReplicaChangeToFit("gw-a", booking, max_bytes);
+    EXPECT_TRUE(fitted.trimmed);
+    EXPECT_TRUE(fitted.fits);
+    EXPECT_LE(fitted.bytes.size(), max_bytes);
+    absl::StatusOr<ReplicaChange> decoded = DecodeReplicaChange(fitted.bytes);
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     EXPECT_EQ(decoded->request_id, "long");
     EXPECT_EQ(decoded->worker, (WorkerKey{2, 1}));
@@ -152,9 +153,62 @@ TEST(ReplicaPublishTest, ABookingTooLargeForTheTransportGoesWithItsLeadingBlocks
     ASSERT_GT(decoded->block_ids.size(), (max_bytes - 200) / 8 - 8);  // nearly all that fit
     EXPECT_TRUE(std::equal(decoded->block_ids.begin(), decoded->block_ids.end(), ids.begin()));
   }
-  EXPECT_EQ(EncodeReplicaChangeToFit("gw-a", booking, 0), EncodeReplicaChange("gw-a", booking));
-  EXPECT_EQ(EncodeReplicaChangeToFit("gw-a", booking, 1 << 20),
-            EncodeReplicaChange("gw-a", booking));
+  for (const size_t max_bytes : {size_t{0}, size_t{1} << 20}) {
+    const EncodedChange whole = EncodeReplicaChangeToFit("gw-a", booking, max_bytes);
+    EXPECT_EQ(whole.bytes, EncodeReplicaChange("gw-a", booking));
+    EXPECT_FALSE(whole.trimmed);
+    EXPECT_TRUE(whole.fits);
+  }
+}
+
+// Every change but a booking's block ids fits in the smallest limit replica sync accepts, with
+// the longest request and replica ids, and room is left for a short prompt's blocks.
+TEST(ReplicaPublishTest, TheLongestIdsFitTheSmallestMessageLimit) {
+  const std::string origin(kMaxReplicaIdBytes, 'o');
+  std::vector<uint64_t> ids(1'000, 7);
+  for (const SequenceChange::Kind kind :
+       {SequenceChange::Kind::kAdded, SequenceChange::Kind::kPrefillCompleted,
+        SequenceChange::Kind::kFreed}) {
+    const SequenceChange change{.kind = kind,
+                                .request_id = std::string(kMaxRequestIdBytes, 'r'),
+                                .worker = {UINT64_MAX, UINT32_MAX},
+                                .block_ids = ids,
+                                .prefill_tokens = UINT64_MAX};
+    const EncodedChange fitted =
+        EncodeReplicaChangeToFit(origin, change, kMinReplicaTransportMessage - kReplicaMessageRoom);
+    EXPECT_TRUE(fitted.fits);
+    absl::StatusOr<ReplicaChange> decoded = DecodeReplicaChange(fitted.bytes);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_GE(decoded->block_ids.size(), 256u);  // a prompt of 4,096 tokens in blocks of 16
+  }
+}
+
+// The transport's limit is asked at every change (a reconnection may meet a server with a
+// smaller one), and each booking that goes trimmed is counted.
+TEST(ReplicaPublishTest, TheLimitIsReadAtEveryChangeAndTrimmedBookingsAreCounted) {
+  std::unique_ptr<Router> a = *Router::Create(RouterOptions{.block_size = kBlockSize});
+  ASSERT_TRUE(a->AddWorker({.worker_id = 1, .block_size = kBlockSize}).ok());
+  auto counters = std::make_shared<SourceCounters>();
+  std::vector<size_t> sizes;
+  size_t limit = 0;
+  (void)PublishBookings(
+      *a, "a", [&](std::span<const uint8_t> bytes) { return sizes.push_back(bytes.size()), true; },
+      counters, [&] { return limit; });
+  sizes.clear();  // the announcement
+  const uint64_t announced = counters->published.load();
+  ASSERT_TRUE(a->AddRequest("whole", Tokens(1'000, 0), {1, 0}).ok());
+  ASSERT_EQ(sizes.size(), 1u);
+  EXPECT_GT(sizes.back(), 8'000u);
+  EXPECT_EQ(counters->bookings_trimmed.load(), 0u);
+  limit = kMinReplicaTransportMessage - kReplicaMessageRoom;
+  ASSERT_TRUE(a->AddRequest("trimmed", Tokens(1'000, 100'000), {1, 0}).ok());
+  ASSERT_EQ(sizes.size(), 2u);
+  EXPECT_LE(sizes.back(), limit);
+  EXPECT_EQ(counters->bookings_trimmed.load(), 1u);
+  ASSERT_TRUE(a->Free("trimmed"));  // a free carries no block ids: not trimmed
+  EXPECT_EQ(counters->bookings_trimmed.load(), 1u);
+  EXPECT_EQ(counters->published.load(), announced + 3);
+  EXPECT_EQ(counters->publish_failures.load(), 0u);
 }
 
 // A change that cannot fit even without block ids is dropped and counted, not repaired: an
@@ -166,7 +220,7 @@ TEST(ReplicaPublishTest, AChangeThatCanNeverFitIsDroppedNotRepaired) {
   int published = 0;
   (void)PublishBookings(
       *a, "a", [&](std::span<const uint8_t>) { return ++published, true; }, counters,
-      /*max_bytes=*/96);
+      [] { return size_t{96}; });
   const int announced = published;
   ASSERT_TRUE(a->AddRequest(std::string(200, 'x'), Tokens(2, 0), {1, 0}).ok());
   EXPECT_EQ(published, announced);
@@ -189,7 +243,50 @@ TEST(ReplicaSyncSmallPayloadTest, ABookingLargerThanTheServersMessagesReachesThe
   ASSERT_TRUE(a.router->AddRequest("short", Tokens(2, 900'000), {2, 0}).ok());
   ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1 && b.RequestsOn(2) == 1; }));
   EXPECT_EQ(a.Stats().publish_failures, 0u);
+  // Each publication trimmed counts: b, hearing a for the first time, may ask for an
+  // announcement, which sends the booking again.
+  EXPECT_GE(a.Stats().bookings_trimmed, 1u);
   EXPECT_EQ(a.router->replica_stats().changes_unpublished, 0u);
+}
+
+// A server whose messages are too short for a change with the longest request id is refused
+// when the sync starts, not met by changes dropped unseen.
+TEST(ReplicaSyncSmallPayloadTest, AServerTooSmallForEveryChangeIsRefusedAtTheStart) {
+  const std::string config = ::testing::TempDir() + "/nats_replica_tiny_payload.conf";
+  std::ofstream(config) << "max_payload: 4000\n";
+  NatsServer server(FreePort(), "", config);
+  ASSERT_TRUE(server.Start());
+  std::unique_ptr<Router> router = *Router::Create(RouterOptions{.block_size = kBlockSize});
+  std::unique_ptr<IngestService> ingest = *IngestService::Create(router.get(), {});
+  ASSERT_TRUE(ingest->Start().ok());
+  const absl::StatusOr<uint64_t> synced =
+      ingest->SyncReplicas(server.url(), "kvrouter.replicas", "a");
+  ASSERT_EQ(synced.status().code(), absl::StatusCode::kFailedPrecondition) << synced.status();
+  EXPECT_NE(synced.status().message().find("at most 4000 bytes"), std::string::npos)
+      << synced.status();
+  EXPECT_TRUE(ingest->Sources().empty());
+}
+
+// The server's limit is the one of the server the connection has now: replicas that reconnect
+// to a server with smaller messages trim to it (before, a booking sized for the first server
+// was refused by the client at every try).
+TEST(ReplicaSyncSmallPayloadTest, AReconnectionToAServerWithSmallerMessagesTrimsToIt) {
+  const int port = FreePort();
+  NatsServer large(port);
+  ASSERT_TRUE(large.Start());
+  Replica a(large, "a"), b(large, "b");
+  ASSERT_TRUE(a.router->AddRequest("r1", Tokens(2, 0), {1, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1; }));
+  large.Stop();
+  const std::string config = ::testing::TempDir() + "/nats_replica_reconnect_payload.conf";
+  std::ofstream(config) << "max_payload: 4096\n";
+  NatsServer small(port, "", config);
+  ASSERT_TRUE(small.Start());
+  ASSERT_TRUE(Eventually([&] { return a.Stats().connections >= 2 && b.Stats().connections >= 2; }));
+  ASSERT_TRUE(a.router->AddRequest("long", Tokens(1'000, 100'000), {2, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(2) == 1; }));
+  EXPECT_GE(a.Stats().bookings_trimmed, 1u);  // once per publication (announcements too)
+  EXPECT_EQ(a.Stats().publish_failures, 0u);
 }
 
 TEST_F(ReplicaSyncTest, EachReplicaSeesTheOthersBookings) {

@@ -315,7 +315,8 @@
   F(kvr_ingest_stats, stream_sequence, U64, 0, 0)          \
   F(kvr_ingest_stats, consumer_remakes, U64, 0, 0)         \
   F(kvr_ingest_stats, consumer_remake_failures, U64, 0, 0) \
-  F(kvr_ingest_stats, events_ignored, U64, 0, 0)
+  F(kvr_ingest_stats, events_ignored, U64, 0, 0)           \
+  F(kvr_ingest_stats, bookings_trimmed, U64, 0, 0)
 
 /* Each X-macro list's ENTRY(name, value, description), which names the enumeration
  * constant the list made (the prefixes differ from list to list). */

@@ -754,7 +754,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_ingest_stats': (
-        336,
+        344,
         (
             ('struct_size', 0, 4),
             ('state_unknown', 4, 4),
@@ -777,6 +777,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('consumer_remakes', 312, 8),
             ('consumer_remake_failures', 320, 8),
             ('events_ignored', 328, 8),
+            ('bookings_trimmed', 336, 8),
         ),
     ),
 }

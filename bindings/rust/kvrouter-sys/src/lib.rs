@@ -864,6 +864,10 @@ pub struct kvr_ingest_stats {
     /// other than full attention (a hybrid model's sliding-window or Mamba layers, which Dynamo's
     /// router leaves out too). Not rejects: the rest of their batch applies. For source 0: sums.
     pub events_ignored: u64,
+    /// Appended in 0.2.0: replica sync's bookings published with only their leading block ids, the
+    /// transport's messages (the NATS server's max_payload) too short for them all: peers count
+    /// those bookings' prefix blocks only.
+    pub bookings_trimmed: u64,
 }
 
 // ---- Functions ----------------------------------------------------------------------------
@@ -1583,19 +1587,24 @@ extern "C" {
     /// as `replica_id` (see kvr_router_set_replica_publisher for the id's rules) and applies the
     /// changes the other replicas publish there. The source's counters: `messages` received,
     /// `events_applied` (changes applied), `rejected` (BAD_FLATBUFFERS: not a change; INDEX: an
-    /// unknown worker rank or a duplicate booking), `published` and `publish_failures`. Connection
-    /// behaviour as kvr_ingest_subscribe_nats; while disconnected, the NATS client buffers what is
-    /// published. One sync per ingest object (KVR_FAILED_PRECONDITION for a second). It replaces
-    /// the router's publisher (a kvr_router_set_replica_publisher callback, or another ingest
-    /// object's sync), which is not running once this returns; a later one replaces it in turn.
-    /// When the ingest stops, its sync stops publishing, unless it was replaced. KVR_UNAVAILABLE if
-    /// the server does not confirm the subscription: the sync is removed and the router is left
-    /// publishing nothing (a publisher it had replaced is not restored). Stopping, a sync that
-    /// still publishes for the router first publishes a Reset (since 0.2.0), so that the other
-    /// replicas drop this one's bookings at once rather than after their liveness timeout; the stop
-    /// waits up to 0.5 s for it to be written. And it drops the other replicas' bookings it held
-    /// (their frees would no longer reach it) and stops tracking them. @thread_safety as
-    /// kvr_ingest_subscribe_nats
+    /// unknown worker rank or a duplicate booking), `published` and `publish_failures` (a change
+    /// too large for the server's messages even without its block ids, which only a server met on a
+    /// reconnection can cause, is dropped and counted there), `bookings_trimmed`. A booking larger
+    /// than the server's max_payload goes with its leading block ids (the limit read at every
+    /// change, since 0.2.0). Connection behaviour as kvr_ingest_subscribe_nats; while disconnected,
+    /// the NATS client buffers what is published. A server whose max_payload is under 4,096 bytes
+    /// (too short for a change with the longest request id) is refused at the start with
+    /// KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object (KVR_FAILED_PRECONDITION
+    /// for a second). It replaces the router's publisher (a kvr_router_set_replica_publisher
+    /// callback, or another ingest object's sync), which is not running once this returns; a later
+    /// one replaces it in turn. When the ingest stops, its sync stops publishing, unless it was
+    /// replaced. KVR_UNAVAILABLE if the server does not confirm the subscription: the sync is
+    /// removed and the router is left publishing nothing (a publisher it had replaced is not
+    /// restored). Stopping, a sync that still publishes for the router first publishes a Reset
+    /// (since 0.2.0), so that the other replicas drop this one's bookings at once rather than after
+    /// their liveness timeout; the stop waits up to 0.5 s for it to be written. And it drops the
+    /// other replicas' bookings it held (their frees would no longer reach it) and stops tracking
+    /// them. @thread_safety as kvr_ingest_subscribe_nats
     pub fn kvr_ingest_sync_replicas(
         ingest: *mut kvr_ingest,
         url: *const c_char,
@@ -1949,7 +1958,7 @@ const _: () = {
     assert!(offset_of!(kvr_jetstream_source, start_sequence) == 40);
     assert!(offset_of!(kvr_jetstream_source, max_age_seconds) == 48);
     assert!(offset_of!(kvr_jetstream_source, max_bytes) == 56);
-    assert!(size_of::<kvr_ingest_stats>() == 336);
+    assert!(size_of::<kvr_ingest_stats>() == 344);
     assert!(align_of::<kvr_ingest_stats>() == 8);
     assert!(offset_of!(kvr_ingest_stats, struct_size) == 0);
     assert!(offset_of!(kvr_ingest_stats, state_unknown) == 4);
@@ -1972,4 +1981,5 @@ const _: () = {
     assert!(offset_of!(kvr_ingest_stats, consumer_remakes) == 312);
     assert!(offset_of!(kvr_ingest_stats, consumer_remake_failures) == 320);
     assert!(offset_of!(kvr_ingest_stats, events_ignored) == 328);
+    assert!(offset_of!(kvr_ingest_stats, bookings_trimmed) == 336);
 };

@@ -1255,9 +1255,15 @@ KVR_API kvr_status kvr_ingest_relay_jetstream(kvr_ingest *ingest,
  * as `replica_id` (see kvr_router_set_replica_publisher for the id's rules) and applies the
  * changes the other replicas publish there. The source's counters: `messages` received,
  * `events_applied` (changes applied), `rejected` (BAD_FLATBUFFERS: not a change; INDEX: an
- * unknown worker rank or a duplicate booking), `published` and `publish_failures`. Connection
- * behaviour as kvr_ingest_subscribe_nats; while disconnected, the NATS client buffers what is
- * published. One sync per ingest object (KVR_FAILED_PRECONDITION for a second). It replaces
+ * unknown worker rank or a duplicate booking), `published` and `publish_failures` (a change
+ * too large for the server's messages even without its block ids, which only a server met on
+ * a reconnection can cause, is dropped and counted there), `bookings_trimmed`. A booking
+ * larger than the server's max_payload goes with its leading block ids (the limit read at
+ * every change, since 0.2.0). Connection behaviour as kvr_ingest_subscribe_nats; while
+ * disconnected, the NATS client buffers what is published. A server whose max_payload is
+ * under 4,096 bytes (too short for a change with the longest request id) is refused at the
+ * start with KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object
+ * (KVR_FAILED_PRECONDITION for a second). It replaces
  * the router's publisher (a kvr_router_set_replica_publisher callback, or another ingest
  * object's sync), which is not running once this returns; a later one replaces it in turn.
  * When the ingest stops, its sync stops publishing, unless it was replaced. KVR_UNAVAILABLE
@@ -1336,6 +1342,10 @@ typedef struct kvr_ingest_stats {
    * other than full attention (a hybrid model's sliding-window or Mamba layers, which Dynamo's
    * router leaves out too). Not rejects: the rest of their batch applies. For source 0: sums. */
   uint64_t events_ignored;
+  /* Appended in 0.2.0: replica sync's bookings published with only their leading block ids,
+   * the transport's messages (the NATS server's max_payload) too short for them all: peers
+   * count those bookings' prefix blocks only. */
+  uint64_t bookings_trimmed;
 } kvr_ingest_stats;
 
 /* Where a source is, NUL-terminated: a listener's bound endpoint (with its real port), an

@@ -815,7 +815,8 @@ enum {
   ABI_INGEST_STATS_CONSUMER_REMAKES = 151,
   ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES = 152,
   ABI_INGEST_STATS_EVENTS_IGNORED = 153,
-  ABI_INGEST_STATS_LEN = 154
+  ABI_INGEST_STATS_BOOKINGS_TRIMMED = 154,
+  ABI_INGEST_STATS_LEN = 155
 };
 
 static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) {
@@ -839,6 +840,7 @@ static inline void abi_encode_ingest_stats(const kvr_ingest_stats* c, jlong* v) 
   v[ABI_INGEST_STATS_CONSUMER_REMAKES] = (jlong)c->consumer_remakes;
   v[ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES] = (jlong)c->consumer_remake_failures;
   v[ABI_INGEST_STATS_EVENTS_IGNORED] = (jlong)c->events_ignored;
+  v[ABI_INGEST_STATS_BOOKINGS_TRIMMED] = (jlong)c->bookings_trimmed;
 }
 
 static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) {
@@ -862,6 +864,7 @@ static inline void abi_decode_ingest_stats(const jlong* v, kvr_ingest_stats* c) 
   c->consumer_remakes = (uint64_t)v[ABI_INGEST_STATS_CONSUMER_REMAKES];
   c->consumer_remake_failures = (uint64_t)v[ABI_INGEST_STATS_CONSUMER_REMAKE_FAILURES];
   c->events_ignored = (uint64_t)v[ABI_INGEST_STATS_EVENTS_IGNORED];
+  c->bookings_trimmed = (uint64_t)v[ABI_INGEST_STATS_BOOKINGS_TRIMMED];
 }
 
 #endif /* KVROUTER_JNI_ABI_H */

@@ -392,6 +392,7 @@ final class Abi {
     static final int CONSUMER_REMAKES = 151;
     static final int CONSUMER_REMAKE_FAILURES = 152;
     static final int EVENTS_IGNORED = 153;
-    static final int LEN = 154;
+    static final int BOOKINGS_TRIMMED = 154;
+    static final int LEN = 155;
   }
 }
