@@ -239,6 +239,7 @@ void Daemon::ReloadConfig() {
   Config next;
   std::string error = ParseCommandLine(args_, &next);
   if (error.empty()) error = ValidateConfig(next);
+  if (error.empty()) error = CheckLibraryOptions(next);
   if (!error.empty()) {
     service_->CountReload(false);
     Log(LogLevel::kError, "reload: the configuration is invalid; nothing changed",

@@ -84,6 +84,23 @@ Service::Service(const Config& config)
       bookings_(config.max_tracked_requests),
       config_(config) {}
 
+std::string CheckLibraryOptions(const Config& config) {
+  kvr_router* router = nullptr;
+  kvr_ingest* ingest = nullptr;
+  std::string refused;
+  try {
+    kvr_error* err = nullptr;
+    ThrowIfError(kvr_router_new(&config.router, &router, &err), err);
+    ThrowIfError(kvr_router_set_plan_deadline(router, config.plan_deadline_seconds, &err), err);
+    ThrowIfError(kvr_ingest_new(router, &config.ingest, &ingest, &err), err);
+  } catch (const ApiError& e) {
+    refused = e.what();
+  }
+  kvr_ingest_free(ingest);
+  kvr_router_free(router);
+  return refused;
+}
+
 std::unique_ptr<Service> Service::Create(const Config& config, std::string* error) {
   std::unique_ptr<Service> service(new Service(config));
   *error = service->Open(config);

@@ -31,6 +31,12 @@ struct RoutingCall {
   bool started = false;               // Book began (on a routing thread)
 };
 
+// What the library says of `config`'s router and ingest options and plan deadline, asked of
+// a router and an ingest object made for the purpose and dropped (nothing starts or connects):
+// empty if it takes them. A reload cannot apply them, but must not let through what the next
+// start would refuse.
+std::string CheckLibraryOptions(const Config& config);
+
 class Service {
  public:
   // Creates the router and its ingest, opens the event sources and adds the configured

@@ -413,6 +413,15 @@ TEST_F(KvrouterdTest, ReloadAppliesTheConfigsWorkerChanges) {
            std::string::npos;
   }));
   EXPECT_EQ(Get("/v1/workers/3").status, 200);
+  // Nor one the library would refuse at the next start (it passed as "needs a restart", and
+  // the restart failed).
+  WriteConfig({"id=1,address=10.0.0.11:8000"}, "temperature = -1\n");
+  daemon_->Signal(SIGHUP);
+  EXPECT_TRUE(WaitFor([&] {
+    return Get("/metrics").body.find("kvrouterd_reloads_total{result=\"error\"} 3\n") !=
+           std::string::npos;
+  }));
+  EXPECT_EQ(Get("/v1/workers/3").status, 200);
 
   // A worker the library refuses is not recorded as applied: the next reload tries it again.
   WriteConfig({"id=1,address=10.0.0.11:8000", "id=4,dp-size=0"});
