@@ -405,6 +405,10 @@ type IngestStats struct {
 	// attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of
 	// their batch applies. For all sources together, the sum.
 	EventsIgnored uint64
+	// Replica sync (SyncReplicas): bookings published with only their leading block ids, the
+	// NATS server's messages (its max_payload) too short for them all; peers count those
+	// bookings' prefix blocks only. For all sources together, the sum.
+	BookingsTrimmed uint64
 }
 
 // MeanLag returns LagTotal / LagSamples (0 without samples).
@@ -470,5 +474,6 @@ func ingestStatsFrom(m *cIngestStats) IngestStats {
 		ConsumerRemakes:        m.ConsumerRemakes,
 		ConsumerRemakeFailures: m.ConsumerRemakeFailures,
 		EventsIgnored:          m.EventsIgnored,
+		BookingsTrimmed:        m.BookingsTrimmed,
 	}
 }

@@ -3,6 +3,8 @@
 package kvrouter
 
 import (
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -141,6 +143,36 @@ func TestSyncReplicasOverNATS(t *testing.T) {
 	}
 	if bs.EventsApplied != as.Published-2 || as.EventsApplied != bs.Published {
 		t.Errorf("applied: a %d, b %d", as.EventsApplied, bs.EventsApplied)
+	}
+	if as.BookingsTrimmed+bs.BookingsTrimmed != 0 { // short bookings, 1 MiB messages
+		t.Errorf("trimmed: a %d, b %d", as.BookingsTrimmed, bs.BookingsTrimmed)
+	}
+}
+
+// Over a server whose messages are at most 4 KiB (the least SyncReplicas accepts; the default
+// is 1 MiB), a booking of 1,000 blocks (8 KB of block ids) goes with its leading block ids and
+// is counted in BookingsTrimmed; a short booking, and a free (no block ids), are not.
+func TestSyncReplicasCountsTrimmedBookings(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "nats.conf")
+	must(t, os.WriteFile(config, []byte("max_payload: 4096\n"), 0o600))
+	url := "nats://" + startNATSServerWith(t, false, "-c", config)
+	r := newTestRouter(t, 1)
+	in := newIngest(t, r)
+	must(t, in.Start())
+	src, err := in.SyncReplicas(url, "kvrouter.replicas", "gateway-a")
+	must(t, err)
+	must(t, r.AddRequest(prompt(4*bs, 0), 1, 0, &RequestOptions{RequestID: "short"}))
+	must(t, r.AddRequest(prompt(1000*bs, 100000), 1, 0, &RequestOptions{RequestID: "long"}))
+	must(t, r.FreeRequest("long"))
+	s, err := in.Stats(src)
+	must(t, err)
+	if s.BookingsTrimmed != 1 || s.PublishFailures != 0 {
+		t.Errorf("a 1,000-block booking over 4 KiB messages: stats %+v, want 1 trimmed, no failure", s)
+	}
+	total, err := in.Stats(0)
+	must(t, err)
+	if total.BookingsTrimmed != 1 {
+		t.Errorf("source 0 counts %d trimmed bookings, want 1", total.BookingsTrimmed)
 	}
 }
 
