@@ -396,32 +396,27 @@ TEST_F(KvrouterdTest, ReloadAppliesTheConfigsWorkerChanges) {
   EXPECT_NE(Get("/metrics").body.find("kvrouterd_reloads_total{result=\"ok\"} 1\n"),
             std::string::npos);
 
-  // A config that does not parse changes nothing.
+  // A config refused changes nothing: the `n`-th reload counted as an error.
+  const auto refused = [&](int n) {
+    daemon_->Signal(SIGHUP);
+    EXPECT_TRUE(WaitFor([&] {
+      return Get("/metrics")
+                 .body.find("kvrouterd_reloads_total{result=\"error\"} " + std::to_string(n) +
+                            "\n") != std::string::npos;
+    }));
+    EXPECT_EQ(Get("/v1/workers/3").status, 200);
+  };
+  // One that does not parse.
   WriteConfig({"id=1,address=10.0.0.11:8000", "oops"});
-  daemon_->Signal(SIGHUP);
-  EXPECT_TRUE(WaitFor([&] {
-    return Get("/metrics").body.find("kvrouterd_reloads_total{result=\"error\"} 1\n") !=
-           std::string::npos;
-  }));
-  EXPECT_EQ(Get("/v1/workers/3").status, 200);
-  // Nor one that parses but is invalid (it was applied: a negative shutdown timeout left
-  // SIGTERM without a deadline).
+  refused(1);
+  // One that parses but is invalid (it was applied: a negative shutdown timeout left SIGTERM
+  // without a deadline).
   WriteConfig({"id=1,address=10.0.0.11:8000"}, "shutdown-timeout-seconds = -1\n");
-  daemon_->Signal(SIGHUP);
-  EXPECT_TRUE(WaitFor([&] {
-    return Get("/metrics").body.find("kvrouterd_reloads_total{result=\"error\"} 2\n") !=
-           std::string::npos;
-  }));
-  EXPECT_EQ(Get("/v1/workers/3").status, 200);
-  // Nor one the library would refuse at the next start (it passed as "needs a restart", and
-  // the restart failed).
+  refused(2);
+  // One the library would refuse at the next start (it passed as "needs a restart", and the
+  // restart failed).
   WriteConfig({"id=1,address=10.0.0.11:8000"}, "temperature = -1\n");
-  daemon_->Signal(SIGHUP);
-  EXPECT_TRUE(WaitFor([&] {
-    return Get("/metrics").body.find("kvrouterd_reloads_total{result=\"error\"} 3\n") !=
-           std::string::npos;
-  }));
-  EXPECT_EQ(Get("/v1/workers/3").status, 200);
+  refused(3);
 
   // A worker the library refuses is not recorded as applied: the next reload tries it again.
   WriteConfig({"id=1,address=10.0.0.11:8000", "id=4,dp-size=0"});
