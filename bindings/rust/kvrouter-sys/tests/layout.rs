@@ -115,7 +115,7 @@ fn rust_layouts() -> Vec<Layout> {
         kvr_ingest_stats { struct_size, state_unknown, messages, events_applied, rejected, gaps,
             missed_messages, restarts, recoveries, connections, lag_samples, lag_total_us,
             lag_max_us, lag_last_us, published, publish_failures, last_reject, stream_sequence,
-            consumer_remakes, consumer_remake_failures, events_ignored }
+            consumer_remakes, consumer_remake_failures, events_ignored, bookings_trimmed }
     }
 }
 

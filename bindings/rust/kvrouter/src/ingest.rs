@@ -280,6 +280,10 @@ pub struct IngestStats {
     /// attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of
     /// their batch applies. For every source together, the sum.
     pub events_ignored: u64,
+    /// Replica sync: bookings published with only their leading block ids, the NATS server's
+    /// messages (its max_payload) too short for them all; peers count those bookings' prefix
+    /// blocks only. For every source together, the sum.
+    pub bookings_trimmed: u64,
 }
 
 impl IngestStats {
@@ -317,6 +321,7 @@ impl From<sys::kvr_ingest_stats> for IngestStats {
             consumer_remakes: s.consumer_remakes,
             consumer_remake_failures: s.consumer_remake_failures,
             events_ignored: s.events_ignored,
+            bookings_trimmed: s.bookings_trimmed,
         }
     }
 }

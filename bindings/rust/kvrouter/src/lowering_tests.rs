@@ -775,7 +775,8 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
             stream_sequence,
             consumer_remakes,
             consumer_remake_failures,
-            events_ignored
+            events_ignored,
+            bookings_trimmed
         }
     );
     raw.state_unknown = 1;
@@ -800,6 +801,7 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
     raw.consumer_remakes = 16;
     raw.consumer_remake_failures = 17;
     raw.events_ignored = 18;
+    raw.bookings_trimmed = 19;
     let s = IngestStats::from(raw);
     assert_eq!(
         (
@@ -827,6 +829,6 @@ fn every_ingest_stats_field_reaches_the_safe_struct() {
     );
     assert_eq!((s.last_reject.as_str(), s.stream_sequence), ("x", 15));
     assert_eq!((s.consumer_remakes, s.consumer_remake_failures), (16, 17));
-    assert_eq!(s.events_ignored, 18);
+    assert_eq!((s.events_ignored, s.bookings_trimmed), (18, 19));
     assert_eq!(s.rejected, raw.rejected);
 }

@@ -334,6 +334,8 @@ struct NatsServer {
     /// JetStream's store, when on (removed after the server is killed: fields drop after
     /// Drop::drop).
     _store: Option<TempDir>,
+    /// The directory of its configuration file, when it has one.
+    _config: Option<TempDir>,
 }
 
 impl NatsServer {
@@ -343,6 +345,13 @@ impl NatsServer {
 
     /// With `jetstream`: JetStream on, its store in a temporary directory.
     fn start_with(jetstream: bool) -> Option<NatsServer> {
+        NatsServer::start_configured(jetstream, None)
+    }
+
+    /// As `start_with`, and with `config` (a configuration file's text, e.g.
+    /// `"max_payload: 4096\n"`) when given, written into a temporary directory and passed with
+    /// `-c`.
+    fn start_configured(jetstream: bool, config: Option<&str>) -> Option<NatsServer> {
         let binary = [
             "nats-server",
             "/usr/sbin/nats-server",
@@ -355,12 +364,20 @@ impl NatsServer {
         })?;
         let port = free_port();
         let store = jetstream.then(TempDir::new);
+        let config_dir = config.map(|text| {
+            let dir = TempDir::new();
+            std::fs::write(dir.0.join("nats.conf"), text).unwrap();
+            dir
+        });
         let child = {
             let _guard = fork_guard();
             let mut command = Command::new(binary);
             command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
             if let Some(store) = &store {
                 command.arg("-js").arg("-sd").arg(&store.0);
+            }
+            if let Some(dir) = &config_dir {
+                command.arg("-c").arg(dir.0.join("nats.conf"));
             }
             command
                 .stdout(Stdio::null())
@@ -372,6 +389,7 @@ impl NatsServer {
             child,
             port,
             _store: store,
+            _config: config_dir,
         };
         wait_for("nats-server to accept connections", || {
             TcpStream::connect(("127.0.0.1", port)).ok()
@@ -658,8 +676,48 @@ fn replicas_sync_their_bookings_over_nats() {
     assert_eq!(b.metrics().unwrap().replica_requests_active, 0);
     let stats = ingest_a.stats(source_a).unwrap();
     assert_eq!((stats.published, stats.publish_failures), (5, 0));
+    // A short booking over the server's 1 MiB messages: not trimmed.
+    assert_eq!(stats.bookings_trimmed, 0);
     // a applied b's two announcement messages; nothing of its own came back.
     assert_eq!(a.metrics().unwrap().replica_changes_applied, 2);
+}
+
+#[test]
+fn a_booking_too_long_for_the_servers_messages_is_published_trimmed() {
+    // Messages of at most 4 KiB, the least sync_replicas accepts (the default is 1 MiB).
+    let Some(server) = NatsServer::start_configured(false, Some("max_payload: 4096\n")) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "a_booking_too_long_for_the_servers_messages_is_published_trimmed: skipped, no nats-server"
+        );
+        return;
+    };
+    let a = router(1);
+    let ingest = Ingest::new(&a, &without_heartbeats()).unwrap();
+    ingest.start().unwrap();
+    let source = ingest
+        .sync_replicas(&server.url(), "kvrouter.test.trimmed", "a")
+        .unwrap();
+    // The changes are published (and counted) within the routing calls.
+    a.add_request(&prompt(40, 4), 1, 0, &RequestOptions::with_id("short"))
+        .unwrap();
+    assert_eq!(ingest.stats(source).unwrap().bookings_trimmed, 0);
+    // 1,000 blocks: 8 KB of block ids, sent with as many of the leading ones as fit. Its free
+    // carries no block ids.
+    a.add_request(&prompt(41, 1000), 1, 0, &RequestOptions::with_id("long"))
+        .unwrap();
+    a.free_request("long").unwrap();
+    let stats = ingest.stats(source).unwrap();
+    assert_eq!(
+        (
+            stats.bookings_trimmed,
+            stats.published,
+            stats.publish_failures
+        ),
+        (1, 5, 0),
+        "{stats:?}"
+    );
+    assert_eq!(ingest.stats(0).unwrap().bookings_trimmed, 1);
 }
 
 #[test]
