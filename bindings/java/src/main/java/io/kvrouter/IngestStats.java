@@ -146,6 +146,15 @@ public final class IngestStats {
     return a[Abi.IngestStats.EVENTS_IGNORED];
   }
 
+  /**
+   * Replica sync ({@link Ingest#syncReplicas}): bookings published with only their leading block
+   * ids, the NATS server's messages (its max_payload) too short for them all; peers count those
+   * bookings' prefix blocks only. For every source together, the sum.
+   */
+  public long bookingsTrimmed() {
+    return a[Abi.IngestStats.BOOKINGS_TRIMMED];
+  }
+
   /** The mean lag in microseconds, or NaN without samples. */
   public double lagMeanMicros() {
     return lagSamples() == 0 ? Double.NaN : (double) lagTotalMicros() / lagSamples();

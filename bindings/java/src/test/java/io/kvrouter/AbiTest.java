@@ -533,6 +533,7 @@ class AbiTest {
       assertEquals(0, stats.consumerRemakes());
       assertEquals(0, stats.consumerRemakeFailures());
       assertEquals(0, stats.eventsIgnored()); // not an engine source
+      assertEquals(0, stats.bookingsTrimmed()); // not a replica sync
       IngestStats total = ingest.stats(0);
       assertEquals(stats.rejectedTotal(), total.rejectedTotal());
       assertEquals(2, router.overlapScores(PROMPT).get(0).deviceBlocks());

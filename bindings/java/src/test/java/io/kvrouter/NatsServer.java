@@ -23,11 +23,13 @@ final class NatsServer implements AutoCloseable {
   private final Process process;
   private final int port;
   private final Path store; // JetStream's, or null
+  private final Path config; // the configuration file's directory, or null
 
-  private NatsServer(Process process, int port, Path store) {
+  private NatsServer(Process process, int port, Path store, Path config) {
     this.process = process;
     this.port = port;
     this.store = store;
+    this.config = config;
   }
 
   static NatsServer startOrSkip() throws IOException {
@@ -36,6 +38,15 @@ final class NatsServer implements AutoCloseable {
 
   /** With {@code jetstream}: JetStream on, its store in a temporary directory. */
   static NatsServer startOrSkip(boolean jetstream) throws IOException {
+    return startOrSkip(jetstream, null);
+  }
+
+  /**
+   * As {@link #startOrSkip(boolean)}, and with {@code config} (a configuration file's text, e.g.
+   * {@code "max_payload: 4096\n"}) unless null, written into a temporary directory and passed
+   * with {@code -c}.
+   */
+  static NatsServer startOrSkip(boolean jetstream, String config) throws IOException {
     Path server = null;
     for (String candidate : new String[] {"/usr/sbin/nats-server", "/usr/bin/nats-server"}) {
       if (Files.isExecutable(Path.of(candidate))) server = Path.of(candidate);
@@ -52,12 +63,18 @@ final class NatsServer implements AutoCloseable {
       store = Files.createTempDirectory("kvr-java-js");
       command.addAll(List.of("-js", "-sd", store.toString()));
     }
+    Path configDir = null;
+    if (config != null) {
+      configDir = Files.createTempDirectory("kvr-java-nats");
+      Path file = Files.writeString(configDir.resolve("nats.conf"), config);
+      command.addAll(List.of("-c", file.toString()));
+    }
     Process process =
         new ProcessBuilder(command)
             .redirectErrorStream(true)
             .redirectOutput(ProcessBuilder.Redirect.DISCARD)
             .start();
-    NatsServer nats = new NatsServer(process, port, store);
+    NatsServer nats = new NatsServer(process, port, store, configDir);
     try {
       TestSupport.await("nats-server on port " + port, Duration.ofSeconds(10), nats::accepts);
     } catch (AssertionError e) {
@@ -93,8 +110,9 @@ final class NatsServer implements AutoCloseable {
       process.destroyForcibly();
       Thread.currentThread().interrupt();
     }
-    if (store != null) {
-      try (var files = Files.walk(store)) {
+    for (Path dir : new Path[] {store, config}) {
+      if (dir == null) continue;
+      try (var files = Files.walk(dir)) {
         files.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
       } catch (IOException e) {
         // a temporary directory left behind

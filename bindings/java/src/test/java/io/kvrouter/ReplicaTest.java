@@ -495,6 +495,32 @@ class ReplicaTest {
       assertEquals(5, ib.stats(sb).messages());
       assertEquals(2, ia.stats(sa).messages()); // no echo of its own
       assertEquals(5, b.metrics().replicaChangesApplied());
+      assertEquals(0, ia.stats(sa).bookingsTrimmed()); // short bookings, 1 MiB messages
+    }
+  }
+
+  /**
+   * Over a server whose messages are at most 4 KiB (the least syncReplicas accepts; the default is
+   * 1 MiB), a booking of 1,000 blocks (8 KB of block ids) goes with its leading block ids and is
+   * counted in bookingsTrimmed; a short booking, and a free (no block ids), are not.
+   */
+  @Test
+  void bookingsTooLongForTheServersMessagesAreTrimmed() throws Exception {
+    try (NatsServer nats = NatsServer.startOrSkip(false, "max_payload: 4096\n");
+        Router a = routerWithWorkers(1);
+        Ingest ia = new Ingest(a, IngestOptions.builder().replicaHeartbeatMs(0).build())) {
+      ia.start();
+      long sa = ia.syncReplicas(nats.url(), "kvrouter.test.trimmed", "a"); // Reset, SyncRequest
+      // The changes are published, and counted, within the routing calls.
+      a.addRequest(tokens(4 * TestSupport.BLOCK, 500), 1, 0, RequestOptions.withId("short"));
+      assertEquals(0, ia.stats(sa).bookingsTrimmed());
+      a.addRequest(tokens(1000 * TestSupport.BLOCK, 100_000), 1, 0, RequestOptions.withId("long"));
+      a.freeRequest("long");
+      IngestStats stats = ia.stats(sa);
+      assertEquals(1, stats.bookingsTrimmed(), stats::toString);
+      assertEquals(5, stats.published());
+      assertEquals(0, stats.publishFailures());
+      assertEquals(1, ia.stats(0).bookingsTrimmed());
     }
   }
 }

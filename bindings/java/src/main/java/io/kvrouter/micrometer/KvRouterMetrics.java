@@ -404,6 +404,12 @@ public final class KvRouterMetrics implements MeterBinder {
         "Replica sync: publications the NATS client refused.",
         Tags.empty(),
         IngestStats::publishFailures);
+    c.counter(
+        "kvrouter.ingest.bookings.trimmed",
+        "Replica sync: bookings published with only their leading block ids (the transport's"
+            + " messages too short for them all).",
+        Tags.empty(),
+        IngestStats::bookingsTrimmed);
     // The lag: a count and a sum, which is what a FunctionTimer reads (Prometheus:
     // kvrouter_ingest_lag_seconds_count and _sum), and its largest and most recent values.
     FunctionTimer.builder(

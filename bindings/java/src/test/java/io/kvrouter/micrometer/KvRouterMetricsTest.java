@@ -167,6 +167,7 @@ class KvRouterMetricsTest {
       assertEquals(0.0, counter(summed, "kvrouter.ingest.consumer.remakes"));
       assertEquals(0.0, counter(summed, "kvrouter.ingest.consumer.remake.failures"));
       assertEquals(0.0, counter(summed, "kvrouter.ingest.events.ignored"));
+      assertEquals(0.0, counter(summed, "kvrouter.ingest.bookings.trimmed"));
       FunctionTimer lag =
           perSource.get("kvrouter.ingest.lag").tags("source_id", source).functionTimer();
       assertEquals(1.0, lag.count());
