@@ -8,7 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 import pytest
 
@@ -72,9 +72,10 @@ def router() -> Iterator[kvrouter.Router]:
         yield r
 
 
-def _nats_server(jetstream: bool) -> Iterator[str]:
+def _nats_server(jetstream: bool, config: Optional[str] = None) -> Iterator[str]:
     """A nats-server on 127.0.0.1, with JetStream (its store in a temporary directory) if
-    asked; skips when none is installed."""
+    asked, and `config` (a configuration file's text, written into that directory and passed
+    with -c) if given; skips when none is installed."""
     binary = shutil.which("nats-server") or next(
         (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(p)), None
     )
@@ -83,6 +84,11 @@ def _nats_server(jetstream: bool) -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="kvr-py-js-") as store:
         argv = [binary, "-a", "127.0.0.1", "-p", str(port)] + (["-js", "-sd", store] if jetstream else [])
+        if config is not None:
+            path = os.path.join(store, "nats.conf")
+            with open(path, "w") as f:
+                f.write(config)
+            argv += ["-c", path]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def accepting() -> bool:
@@ -110,3 +116,10 @@ def nats_url() -> Iterator[str]:
 def nats_jetstream_url() -> Iterator[str]:
     """A nats-server on 127.0.0.1 with JetStream on (skips when none is installed)."""
     yield from _nats_server(True)
+
+
+@pytest.fixture
+def nats_4k_url() -> Iterator[str]:
+    """A nats-server on 127.0.0.1 whose messages are at most 4 KiB (max_payload 4096, the least
+    replica sync accepts; the default is 1 MiB); skips when none is installed."""
+    yield from _nats_server(False, "max_payload: 4096\n")

@@ -298,11 +298,34 @@ def test_replica_sync_over_nats(nats_url):
         routers[0].free_request("r1")
         wait_for("the free synced", lambda: routers[1].metrics().replica_requests_active == 0)
         assert ingests[0].stats().published >= 2
+        assert ingests[0].stats().bookings_trimmed == 0  # a short booking, 1 MiB messages
     finally:
         for ing in ingests:
             ing.close()
         for r in routers:
             r.close()
+
+
+def test_replica_sync_counts_trimmed_bookings(nats_4k_url):
+    # Over a server whose messages are at most 4 KiB, a booking of 1,000 blocks (8 KB of block
+    # ids) goes with its leading block ids and is counted in bookings_trimmed; a short booking,
+    # and a free (no block ids), are not. The changes are published, and counted, within the
+    # routing calls.
+    with kvrouter.Router(block_size=16) as r:
+        r.add_worker(1)
+        with kvrouter.Ingest(r, kvrouter.IngestOptions(replica_heartbeat_ms=0)) as ingest:
+            ingest.start()
+            source = ingest.sync_replicas(nats_4k_url, "kv.trimmed", "gw-a")  # Reset, SyncRequest
+            r.add_request(prompt(0, 4), 1, request_id="short")
+            assert ingest.stats(source).bookings_trimmed == 0
+            r.add_request(prompt(100_000, 1000), 1, request_id="long")
+            r.free_request("long")
+            stats = ingest.stats(source)
+            assert (stats.bookings_trimmed, stats.published, stats.publish_failures) == (1, 5, 0)
+            assert ingest.stats().bookings_trimmed == 1  # source 0: the sum
+            assert any(line.startswith(f'kvrouter_ingest_bookings_trimmed_total{{source_id="{source}",'
+                                       'kind="replicas",') and line.endswith("} 1")
+                       for line in ingest.metrics_prometheus().splitlines())
 
 
 def test_vllm_engine_over_zmq(router):
