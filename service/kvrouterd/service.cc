@@ -93,7 +93,7 @@ std::string CheckLibraryOptions(const Config& config) {
     ThrowIfError(kvr_router_new(&config.router, &router, &err), err);
     ThrowIfError(kvr_router_set_plan_deadline(router, config.plan_deadline_seconds, &err), err);
     ThrowIfError(kvr_ingest_new(router, &config.ingest, &ingest, &err), err);
-  } catch (const ApiError& e) {
+  } catch (const std::exception& e) {  // ApiError, or bad_alloc: the reload is refused either way
     refused = e.what();
   }
   kvr_ingest_free(ingest);

@@ -178,7 +178,7 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
           "Replica sync: publications the NATS client refused.",
           [](const Stats& s) { return s.publish_failures; });
   counter("kvrouter_ingest_bookings_trimmed_total",
-          "Replica sync: bookings published with only their leading block ids (the "
+          "Replica sync: publications of a booking with only its leading block ids (the "
           "transport's messages too short for them all).",
           [](const Stats& s) { return s.bookings_trimmed; });
   return std::move(text).Take();

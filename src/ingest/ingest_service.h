@@ -77,7 +77,7 @@ struct IngestStats {
   // Engine events no router indexes, by design: those of a KV-cache group other than full
   // attention (a hybrid model's sliding-window or Mamba layers), as Dynamo's router leaves them.
   uint64_t events_ignored = 0;
-  // Replica sync: bookings published with only their leading block ids, the transport's
+  // Replica sync: publications of a booking with only its leading block ids, the transport's
   // messages being too short for them all (peers under-count their load).
   uint64_t bookings_trimmed = 0;
   // The most recent reject's reason in words (e.g. "event 1: unknown event tag 'X'"), empty if

@@ -70,13 +70,15 @@ struct ConnectionCallbacks {
 
 namespace {
 
-// The largest replica change the server takes (its max_payload, less room to spare): a larger
-// booking goes trimmed (EncodeReplicaChangeToFit). Read at every change: a reconnection may
-// meet a cluster member with a smaller limit (libnats keeps the last server's).
-size_t ReplicaMessageLimit(natsConnection* connection) {
-  const auto max_payload = static_cast<size_t>(natsConnection_GetMaxPayload(connection));
-  return max_payload > 2 * kReplicaMessageRoom ? max_payload - kReplicaMessageRoom
-                                               : max_payload / 2;
+// The largest replica change the server takes (ReplicaMessageLimit), read at every change: a
+// reconnection may meet a cluster member with a smaller max_payload. libnats keeps the last
+// server's until the next one's INFO arrives.
+size_t ReplicaMessageLimitNow(natsConnection* connection) {
+  const natsConnStatus status = natsConnection_Status(connection);
+  const int64_t max_payload = natsConnection_GetMaxPayload(connection);
+  return ReplicaMessageLimit(
+      static_cast<size_t>(std::max<int64_t>(max_payload, 0)),
+      status == NATS_CONN_STATUS_RECONNECTING || status == NATS_CONN_STATUS_DISCONNECTED);
 }
 
 // A server whose messages are too short for some replica change (a long request id) would
@@ -471,7 +473,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
                                           static_cast<int>(bytes.size())) == NATS_OK;
           },
           source->counters,
-          [connection = source->connection] { return ReplicaMessageLimit(connection); });
+          [connection = source->connection] { return ReplicaMessageLimitNow(connection); });
       StartLiveness(*source);
     }
     sources_.push_back(source.get());

@@ -56,6 +56,12 @@ EncodedChange EncodeReplicaChangeToFit(std::string_view origin, const SequenceCh
   }
 }
 
+size_t ReplicaMessageLimit(size_t max_message, bool reconnecting) {
+  if (reconnecting) max_message = std::min(max_message, kMinReplicaTransportMessage);
+  return max_message > 2 * kReplicaMessageRoom ? max_message - kReplicaMessageRoom
+                                               : max_message / 2;
+}
+
 uint64_t PublishReplicaChanges(
     Router& router, const std::string& replica_id,
     std::function<void(const EncodedChange&, SequenceChange::Kind)> publish, MessageLimit limit) {

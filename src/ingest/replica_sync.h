@@ -79,4 +79,10 @@ inline constexpr size_t kReplicaMessageRoom = 512;
 // (kMaxRequestIdBytes, kMaxReplicaIdBytes) and the block ids of a short prompt.
 inline constexpr size_t kMinReplicaTransportMessage = 4096;
 
+// The largest replica change a transport takes: its largest message less kReplicaMessageRoom
+// (half of it, if that is smaller). While it reconnects, what is published waits for a server
+// not known yet, which may take less than the last one: the smallest the sync accepts (NATS:
+// a message larger than the server's max_payload closes the connection for good).
+size_t ReplicaMessageLimit(size_t max_message, bool reconnecting);
+
 }  // namespace kvrouter

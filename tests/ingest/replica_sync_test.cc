@@ -165,15 +165,21 @@ TEST(ReplicaPublishTest, ABookingTooLargeForTheTransportGoesWithItsLeadingBlocks
 // the longest request and replica ids, and room is left for a short prompt's blocks.
 TEST(ReplicaPublishTest, TheLongestIdsFitTheSmallestMessageLimit) {
   const std::string origin(kMaxReplicaIdBytes, 'o');
+  const std::string request_id(kMaxRequestIdBytes, 'r');
   std::vector<uint64_t> ids(1'000, 7);
   for (const SequenceChange::Kind kind :
        {SequenceChange::Kind::kAdded, SequenceChange::Kind::kPrefillCompleted,
         SequenceChange::Kind::kFreed}) {
+    // Every field at its largest: FlatBuffers leaves out the ones at their default.
     const SequenceChange change{.kind = kind,
-                                .request_id = std::string(kMaxRequestIdBytes, 'r'),
+                                .request_id = request_id,
                                 .worker = {UINT64_MAX, UINT32_MAX},
                                 .block_ids = ids,
-                                .prefill_tokens = UINT64_MAX};
+                                .prefill_tokens = UINT64_MAX,
+                                .expected_output_tokens = UINT32_MAX,
+                                .heartbeat_interval_ms = UINT32_MAX,
+                                .booked_ms_ago = UINT32_MAX,
+                                .announced_bookings = UINT32_MAX};
     const EncodedChange fitted =
         EncodeReplicaChangeToFit(origin, change, kMinReplicaTransportMessage - kReplicaMessageRoom);
     EXPECT_TRUE(fitted.fits);
@@ -181,6 +187,19 @@ TEST(ReplicaPublishTest, TheLongestIdsFitTheSmallestMessageLimit) {
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     EXPECT_GE(decoded->block_ids.size(), 256u);  // a prompt of 4,096 tokens in blocks of 16
   }
+}
+
+// The limit is the transport's largest message less its room; while it reconnects, the
+// smallest a sync accepts: what waits in its buffer goes to a server not known yet (NATS closes
+// a connection for good on a message larger than its max_payload).
+TEST(ReplicaPublishTest, AReconnectingTransportsLimitIsTheSmallestAccepted) {
+  const size_t kSmallest = kMinReplicaTransportMessage - kReplicaMessageRoom;
+  EXPECT_EQ(ReplicaMessageLimit(1 << 20, /*reconnecting=*/false), (1u << 20) - kReplicaMessageRoom);
+  EXPECT_EQ(ReplicaMessageLimit(1 << 20, /*reconnecting=*/true), kSmallest);
+  EXPECT_EQ(ReplicaMessageLimit(kMinReplicaTransportMessage, false), kSmallest);
+  EXPECT_EQ(ReplicaMessageLimit(kMinReplicaTransportMessage, true), kSmallest);
+  EXPECT_EQ(ReplicaMessageLimit(1000, false), 500u);  // a server met later, smaller still
+  EXPECT_EQ(ReplicaMessageLimit(1000, true), 500u);
 }
 
 // The transport's limit is asked at every change (a reconnection may meet a server with a
@@ -283,6 +302,14 @@ TEST(ReplicaSyncSmallPayloadTest, AReconnectionToAServerWithSmallerMessagesTrims
   NatsServer small(port, "", config);
   ASSERT_TRUE(small.Start());
   ASSERT_TRUE(Eventually([&] { return a.Stats().connections >= 2 && b.Stats().connections >= 2; }));
+  // b hears a again (its subscription is back on the server) before the booking that matters:
+  // a booking published before would be lost to b for good.
+  for (int i = 0; b.RequestsOn(1) < 2 && i < 100; ++i) {
+    ASSERT_TRUE(
+        a.router->AddRequest("probe-" + std::to_string(i), Tokens(1, 1'000 + i), {1, 0}).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(b.RequestsOn(1), 2u);
   ASSERT_TRUE(a.router->AddRequest("long", Tokens(1'000, 100'000), {2, 0}).ok());
   ASSERT_TRUE(Eventually([&] { return b.RequestsOn(2) == 1; }));
   EXPECT_GE(a.Stats().bookings_trimmed, 1u);  // once per publication (announcements too)

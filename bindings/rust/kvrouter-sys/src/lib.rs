@@ -864,9 +864,9 @@ pub struct kvr_ingest_stats {
     /// other than full attention (a hybrid model's sliding-window or Mamba layers, which Dynamo's
     /// router leaves out too). Not rejects: the rest of their batch applies. For source 0: sums.
     pub events_ignored: u64,
-    /// Appended in 0.2.0: replica sync's bookings published with only their leading block ids, the
-    /// transport's messages (the NATS server's max_payload) too short for them all: peers count
-    /// those bookings' prefix blocks only.
+    /// Appended in 0.2.0: replica sync's publications of a booking with only its leading block ids,
+    /// the transport's messages (the NATS server's max_payload) too short for them all (a booking
+    /// announced again counts again): peers count those bookings' prefix blocks only.
     pub bookings_trimmed: u64,
 }
 
@@ -1591,20 +1591,20 @@ extern "C" {
     /// too large for the server's messages even without its block ids, which only a server met on a
     /// reconnection can cause, is dropped and counted there), `bookings_trimmed`. A booking larger
     /// than the server's max_payload goes with its leading block ids (the limit read at every
-    /// change, since 0.2.0). Connection behaviour as kvr_ingest_subscribe_nats; while disconnected,
-    /// the NATS client buffers what is published. A server whose max_payload is under 4,096 bytes
-    /// (too short for a change with the longest request id) is refused at the start with
-    /// KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object (KVR_FAILED_PRECONDITION
-    /// for a second). It replaces the router's publisher (a kvr_router_set_replica_publisher
-    /// callback, or another ingest object's sync), which is not running once this returns; a later
-    /// one replaces it in turn. When the ingest stops, its sync stops publishing, unless it was
-    /// replaced. KVR_UNAVAILABLE if the server does not confirm the subscription: the sync is
-    /// removed and the router is left publishing nothing (a publisher it had replaced is not
-    /// restored). Stopping, a sync that still publishes for the router first publishes a Reset
-    /// (since 0.2.0), so that the other replicas drop this one's bookings at once rather than after
-    /// their liveness timeout; the stop waits up to 0.5 s for it to be written. And it drops the
-    /// other replicas' bookings it held (their frees would no longer reach it) and stops tracking
-    /// them. @thread_safety as kvr_ingest_subscribe_nats
+    /// change, and 4 KiB while reconnecting, since 0.2.0). Connection behaviour as
+    /// kvr_ingest_subscribe_nats; while disconnected, the NATS client buffers what is published. A
+    /// server whose max_payload is under 4,096 bytes (too short for a change with the longest
+    /// request id) is refused at the start with KVR_FAILED_PRECONDITION (since 0.2.0). One sync per
+    /// ingest object (KVR_FAILED_PRECONDITION for a second). It replaces the router's publisher (a
+    /// kvr_router_set_replica_publisher callback, or another ingest object's sync), which is not
+    /// running once this returns; a later one replaces it in turn. When the ingest stops, its sync
+    /// stops publishing, unless it was replaced. KVR_UNAVAILABLE if the server does not confirm the
+    /// subscription: the sync is removed and the router is left publishing nothing (a publisher it
+    /// had replaced is not restored). Stopping, a sync that still publishes for the router first
+    /// publishes a Reset (since 0.2.0), so that the other replicas drop this one's bookings at once
+    /// rather than after their liveness timeout; the stop waits up to 0.5 s for it to be written.
+    /// And it drops the other replicas' bookings it held (their frees would no longer reach it) and
+    /// stops tracking them. @thread_safety as kvr_ingest_subscribe_nats
     pub fn kvr_ingest_sync_replicas(
         ingest: *mut kvr_ingest,
         url: *const c_char,

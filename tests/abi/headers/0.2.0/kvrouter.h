@@ -1259,7 +1259,7 @@ KVR_API kvr_status kvr_ingest_relay_jetstream(kvr_ingest *ingest,
  * too large for the server's messages even without its block ids, which only a server met on
  * a reconnection can cause, is dropped and counted there), `bookings_trimmed`. A booking
  * larger than the server's max_payload goes with its leading block ids (the limit read at
- * every change, since 0.2.0). Connection behaviour as kvr_ingest_subscribe_nats; while
+ * every change, and 4 KiB while reconnecting, since 0.2.0). Connection behaviour as kvr_ingest_subscribe_nats; while
  * disconnected, the NATS client buffers what is published. A server whose max_payload is
  * under 4,096 bytes (too short for a change with the longest request id) is refused at the
  * start with KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object
@@ -1342,9 +1342,9 @@ typedef struct kvr_ingest_stats {
    * other than full attention (a hybrid model's sliding-window or Mamba layers, which Dynamo's
    * router leaves out too). Not rejects: the rest of their batch applies. For source 0: sums. */
   uint64_t events_ignored;
-  /* Appended in 0.2.0: replica sync's bookings published with only their leading block ids,
-   * the transport's messages (the NATS server's max_payload) too short for them all: peers
-   * count those bookings' prefix blocks only. */
+  /* Appended in 0.2.0: replica sync's publications of a booking with only its leading block
+   * ids, the transport's messages (the NATS server's max_payload) too short for them all (a
+   * booking announced again counts again): peers count those bookings' prefix blocks only. */
   uint64_t bookings_trimmed;
 } kvr_ingest_stats;
 
