@@ -170,8 +170,10 @@ func (r *Router) ExpireReplicas(timeout time.Duration) (int, error) {
 // change to its own bookings is published on subject as replicaID, and the changes the others
 // publish there are applied (see Router.SetReplicaPublisher for the rules). The source's
 // IngestStats count changes received, applied, rejected (RejectBadFlatBuffers, RejectIndex),
-// Published and PublishFailures. One per Ingest and router (ErrFailedPrecondition for a
-// second); it ends when the Ingest stops. ErrUnavailable if the first connection fails.
+// Published, PublishFailures and BookingsTrimmed (publications of a booking longer than the
+// server's max_payload, sent with its leading block ids). One per Ingest and router
+// (ErrFailedPrecondition for a second, and for a server whose max_payload is under 4 KiB); it
+// ends when the Ingest stops. ErrUnavailable if the first connection fails.
 func (in *Ingest) SyncReplicas(url, subject, replicaID string) (uint64, error) {
 	in.natsMu.RLock()
 	defer in.natsMu.RUnlock()

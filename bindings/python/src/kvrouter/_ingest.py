@@ -176,7 +176,10 @@ class Ingest:
 
     def sync_replicas(self, url: str, subject: str, replica_id: str) -> int:
         """Router replica sync over NATS: publishes this router's booking changes on
-        ``subject`` as ``replica_id`` and applies the other replicas'; returns the source id."""
+        ``subject`` as ``replica_id`` and applies the other replicas'; returns the source id.
+        A booking longer than the server's max_payload goes with its leading block ids
+        (``IngestStats.bookings_trimmed``); a server whose max_payload is under 4 KiB is
+        refused (:class:`FailedPreconditionError`)."""
         return self._h.sync_replicas(url, subject, replica_id)
 
     def stats(self, source_id: int = 0) -> IngestStats:

@@ -555,7 +555,8 @@ impl<'r> Ingest<'r> {
     /// Router replica sync over NATS: publishes the router's booking changes on `subject` as
     /// `replica_id` (see [`RouterRef::set_replica_publisher`] for the id's rules) and applies
     /// the other replicas' changes published there; returns the source id, whose counters
-    /// include `published` and `publish_failures`.
+    /// include `published`, `publish_failures` and `bookings_trimmed` (publications of a
+    /// booking longer than the server's max_payload, sent with its leading block ids).
     ///
     /// As with [`RouterRef::set_replica_publisher`], the router first publishes a `Reset`, an
     /// `Added` change for every booking it holds, and a `SyncRequest`, which every replica on
@@ -563,7 +564,8 @@ impl<'r> Ingest<'r> {
     /// messages (and the answers to later replicas' SyncRequests), and `messages` /
     /// `events_applied` count the Resets and SyncRequests received.
     ///
-    /// One per ingest object (`FailedPrecondition` for a second). It replaces the router's
+    /// One per ingest object (`FailedPrecondition` for a second, and for a server whose
+    /// max_payload is under 4 KiB). It replaces the router's
     /// publisher (a [`RouterRef::set_replica_publisher`] closure, or another ingest object's
     /// sync); a later one replaces it in turn. When the ingest stops, its sync stops
     /// publishing unless it was replaced. `InvalidArgument` for a bad replica id (before any

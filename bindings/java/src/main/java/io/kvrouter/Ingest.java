@@ -232,7 +232,9 @@ public final class Ingest extends NativeObject {
    * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for an empty id or one containing
    *     U+001F, {@link Status#UNAVAILABLE} if the first connection fails or the server does not
    *     confirm the subscription (nothing is left behind then), {@link
-   *     Status#FAILED_PRECONDITION} for a second sync
+   *     Status#FAILED_PRECONDITION} for a second sync or a server whose max_payload is under
+   *     4 KiB (a booking longer than a server's max_payload goes with its leading block ids,
+   *     counted in {@link IngestStats#bookingsTrimmed()})
    */
   public long syncReplicas(String url, String subject, String replicaId) {
     Objects.requireNonNull(url, "url");
