@@ -23,24 +23,32 @@
 
 namespace kvrouter {
 
-// What the connection callbacks need, owned by the connection: libnats runs its callbacks on
-// a thread of its own, possibly after the Source and its NatsSubscriptions are gone (a
-// disconnection queued while the source is removed), and the closed callback is the
-// connection's last, so it frees this. Detach, before the connection is destroyed, makes sure
-// no callback reaches the owner afterwards.
+// What the connection callbacks need, shared by the connection and its Source: libnats runs
+// its callbacks on a thread of its own, possibly after the Source and its NatsSubscriptions
+// are gone (a disconnection queued while the source is removed), and the closed callback is
+// the connection's last. The source detaches them before the connection is destroyed, so that
+// no callback reaches the owner afterwards; libnats may also close the connection on its own
+// first (a server's protocol error, e.g. a message over its max_payload). Whichever of the two
+// comes second frees them.
 struct ConnectionCallbacks {
   std::mutex owner_mutex;
   NatsSubscriptions* owner = nullptr;  // guarded by owner_mutex; null once detached
+  bool closed = false;                 // guarded by owner_mutex; the closed callback ran
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<SourceRanks> ranks;
   // Core NATS event subscriptions only: what is published while disconnected is lost. (Replica
   // bookings are re-announced by the replicas' own sync; JetStream keeps the messages.)
   bool disconnection_loses_events = false;
 
-  // Returns once no callback uses the owner, nor will.
-  void Detach() {
-    std::lock_guard lock(owner_mutex);
-    owner = nullptr;
+  // Returns once no callback uses the owner, nor will; `callbacks` is not to be used after.
+  static void Detach(ConnectionCallbacks* callbacks) {
+    bool last;
+    {
+      std::lock_guard lock(callbacks->owner_mutex);
+      callbacks->owner = nullptr;
+      last = callbacks->closed;
+    }
+    if (last) delete callbacks;
   }
 
   static void OnReconnected(natsConnection*, void* closure) {
@@ -63,8 +71,22 @@ struct ConnectionCallbacks {
         [&] { callbacks->ranks->LoseEveryRankLater(); });
   }
 
+  // The connection's last callback. Closed while still attached, by libnats on its own: it
+  // will not reconnect, so a core NATS source's ranks hear nothing more and are flagged.
   static void OnClosed(natsConnection*, void* closure) {
-    delete static_cast<ConnectionCallbacks*>(closure);
+    auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
+    bool last;
+    {
+      std::lock_guard lock(callbacks->owner_mutex);
+      callbacks->closed = true;
+      last = callbacks->owner == nullptr;
+      if (!last && callbacks->disconnection_loses_events) {
+        ContainRefusal(
+            [&] { callbacks->owner->LoseEveryRankLater(callbacks->counters, callbacks->ranks); },
+            [&] { callbacks->ranks->LoseEveryRankLater(); });
+      }
+    }
+    if (last) delete callbacks;
   }
 };
 
@@ -128,8 +150,7 @@ absl::Status ConnectFailed(const std::string& url, natsStatus s, natsConnection*
       absl::StrCat("cannot connect to NATS at ", url, ": ", natsStatus_GetText(s), " (",
                    nats_GetLastError(nullptr), ")");
   if (connection != nullptr) {
-    callbacks->Detach();
-    (void)callbacks.release();
+    ConnectionCallbacks::Detach(callbacks.release());
     natsConnection_Destroy(connection);
     connection = nullptr;
   }
@@ -301,7 +322,7 @@ struct NatsSubscriptions::Source {
   std::shared_ptr<ConsumerRemaking> remaking;                                  // JetStream
   JetStreamSource jetstream_config;  // JetStream: how its consumer is made again
   natsConnection* connection = nullptr;
-  ConnectionCallbacks* callbacks = nullptr;  // owned by the connection
+  ConnectionCallbacks* callbacks = nullptr;  // shared with the connection; DetachCallbacks
   natsSubscription* subscription = nullptr;
   bool replica_sync = false;             // messages are replica changes, not event batches
   bool jetstream = false;                // messages are acknowledged once applied
@@ -438,7 +459,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   }
   natsOptions_Destroy(opts);
   if (s != NATS_OK) return ConnectFailed(url, s, source->connection, std::move(callbacks));
-  source->callbacks = callbacks.release();  // the connection owns them now
+  source->callbacks = callbacks.release();  // shared with the connection now
   if (source->replica_sync) {
     if (absl::Status fits = CheckReplicaMessageLimit(source->connection, url); !fits.ok()) {
       Close(source.release());
@@ -530,7 +551,7 @@ void NatsSubscriptions::Close(Source* source) {
   // and wait for the PONG, which this thread reads, so for all of libnats' 500 ms.
   if (!source->jetstream && source->connection != nullptr) {
     // Detached now: a disconnection in the meantime must not clear ranks for a source gone.
-    source->callbacks->Detach();
+    DetachCallbacks(*source);
     DisconnectOnceWritten(source);
   } else {
     Disconnect(source);
@@ -589,19 +610,23 @@ void NatsSubscriptions::Unsubscribe(Source* source) {
 
 void NatsSubscriptions::Disconnect(Source* source) {
   if (source->connection != nullptr) {
-    if (source->callbacks != nullptr) source->callbacks->Detach();  // may run after we are gone
+    DetachCallbacks(*source);  // they may run after we are gone
     natsConnection_Destroy(source->connection);
   }
   delete source;
 }
 
 // The connection closed at once; Disconnect still destroys it. Its callbacks are detached
-// first: once closed, it frees them (ConnectionCallbacks::OnClosed).
+// first.
 void NatsSubscriptions::CloseConnectionNow(Source* source) {
   if (source->connection == nullptr) return;
-  source->callbacks->Detach();
-  source->callbacks = nullptr;
+  DetachCallbacks(*source);
   natsConnection_Close(source->connection);
+}
+
+void NatsSubscriptions::DetachCallbacks(Source& source) {
+  if (source.callbacks == nullptr) return;
+  ConnectionCallbacks::Detach(std::exchange(source.callbacks, nullptr));
 }
 
 void NatsSubscriptions::StartLiveness(Source& source) {
@@ -894,7 +919,7 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
   if (s == NATS_OK) s = natsConnection_Connect(&source->connection, opts);
   natsOptions_Destroy(opts);
   if (s != NATS_OK) return ConnectFailed(config.url, s, source->connection, std::move(callbacks));
-  source->callbacks = callbacks.release();  // the connection owns them now
+  source->callbacks = callbacks.release();  // shared with the connection now
   absl::Status consuming = Consume(config, *source);
   if (consuming.ok()) {
     try {

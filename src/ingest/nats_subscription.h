@@ -74,6 +74,8 @@ class NatsSubscriptions {
   void DisconnectOnceWritten(Source* source);
   void Disconnect(Source* source);
   void CloseConnectionNow(Source* source);
+  // Gives up the source's share of its connection's callbacks (ConnectionCallbacks::Detach).
+  static void DetachCallbacks(Source& source);
   absl::Status Consume(const JetStreamSource& config, Source& source);
   // `start_after_ns` non-zero: an ephemeral consumer starts after that time, not at
   // config.start_sequence.

@@ -316,6 +316,36 @@ TEST(ReplicaSyncSmallPayloadTest, AReconnectionToAServerWithSmallerMessagesTrims
   EXPECT_EQ(a.Stats().publish_failures, 0u);
 }
 
+// While the connection is away, long bookings go trimmed to the smallest server the sync
+// accepts, in case the next server's messages are smaller. One smaller still closes the
+// connection for good when the buffered booking reaches it (libnats gives up on a 'Maximum
+// Payload Violation'): later changes are counted as failures, and the source closes cleanly
+// (libnats' closed callback freed what the source still used: a use-after-free at its removal).
+TEST(ReplicaSyncSmallPayloadTest, AConnectionTheServerClosesIsCountedAndClosesCleanly) {
+  const int port = FreePort();
+  NatsServer large(port);
+  ASSERT_TRUE(large.Start());
+  Replica a(large, "a");
+  large.Stop();
+  // Trimmed once the connection knows it is away (bookings before may go as they are).
+  for (int i = 0; a.Stats().bookings_trimmed == 0 && i < 200; ++i) {
+    ASSERT_TRUE(
+        a.router->AddRequest("away-" + std::to_string(i), Tokens(1'000, 10'000 * i), {1, 0}).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(a.Stats().bookings_trimmed, 1u);
+  const std::string config = ::testing::TempDir() + "/nats_replica_tiny_after_reconnect.conf";
+  std::ofstream(config) << "max_payload: 1024\n";
+  NatsServer tiny(port, "", config);
+  ASSERT_TRUE(tiny.Start());
+  const uint64_t failures = a.Stats().publish_failures;
+  ASSERT_TRUE(Eventually([&] {
+    (void)a.router->AddRequest("probe", Tokens(1, 7), {2, 0});
+    (void)a.router->Free("probe");
+    return a.Stats().publish_failures > failures;
+  }));
+}
+
 TEST_F(ReplicaSyncTest, EachReplicaSeesTheOthersBookings) {
   Replica a(*server_, "a"), b(*server_, "b");
   ASSERT_TRUE(a.router->AddRequest("r1", Tokens(4, 0), {1, 0}).ok());
