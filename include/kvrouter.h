@@ -1258,11 +1258,13 @@ KVR_API kvr_status kvr_ingest_relay_jetstream(kvr_ingest *ingest,
  * unknown worker rank or a duplicate booking), `published` and `publish_failures` (a change
  * too large for the server's messages even without its block ids, which only a server met on
  * a reconnection can cause, is dropped and counted there), `bookings_trimmed`. A booking
- * larger than the server's max_payload goes with its leading block ids (the limit read at
- * every change, and 4 KiB while reconnecting, since 0.2.0). Connection behaviour as kvr_ingest_subscribe_nats; while
- * disconnected, the NATS client buffers what is published. A server whose max_payload is
- * under 4,096 bytes (too short for a change with the longest request id) is refused at the
- * start with KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object
+ * whose change is larger than the server's max_payload less 512 bytes goes with its leading
+ * block ids (the limit read at every change, and 3,584 bytes while reconnecting, since
+ * 0.2.0). Connection behaviour as kvr_ingest_subscribe_nats; while disconnected, the NATS
+ * client buffers what is published, and once reconnected the sync joins again, as when it
+ * started (its bookings announced, the peers asked for theirs; since 0.2.0). A server whose
+ * max_payload is under 4,096 bytes (too short for a change with the longest request id) is
+ * refused at the start with KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object
  * (KVR_FAILED_PRECONDITION for a second). It replaces
  * the router's publisher (a kvr_router_set_replica_publisher callback, or another ingest
  * object's sync), which is not running once this returns; a later one replaces it in turn.

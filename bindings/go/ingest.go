@@ -405,9 +405,10 @@ type IngestStats struct {
 	// attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of
 	// their batch applies. For all sources together, the sum.
 	EventsIgnored uint64
-	// Replica sync (SyncReplicas): bookings published with only their leading block ids, the
-	// NATS server's messages (its max_payload) too short for them all; peers count those
-	// bookings' prefix blocks only. For all sources together, the sum.
+	// Replica sync (SyncReplicas): publications of a booking with only its leading block ids,
+	// the NATS server's messages (its max_payload) too short for them all, or the connection
+	// reconnecting (3,584 bytes then); a booking announced again counts again. Peers count
+	// those bookings' prefix blocks only. For all sources together, the sum.
 	BookingsTrimmed uint64
 }
 

@@ -387,6 +387,13 @@ class Router {
   // With `farewell`, the observer is first told a Reset: peers drop this replica's bookings at
   // once (a graceful stop), instead of when its heartbeats have been missing for the timeout.
   bool ClearSequenceObserver(uint64_t token, bool farewell = false);
+  // The transport of the observer `token` names came back after an outage (NATS reconnected):
+  // what it published meanwhile may have missed peers that were away too, or gone trimmed for
+  // a server not known yet, and peers heard nothing that would have them ask for more. So this
+  // router joins again as a new observer does: its bookings announced, then a SyncRequest
+  // (peers announce theirs). Nothing if `token` is no longer the current observer; returns
+  // whether it joined.
+  bool RejoinReplicas(uint64_t token);
   // Applies a change published by the replica `origin`: its bookings count as load here, under
   // names of their own (local request ids cannot collide with them; see IsReplicaRequestId).
   // kAdded: InvalidArgument (empty origin or request id), NotFound (a rank this router does
@@ -592,6 +599,8 @@ class Router {
   // Reset, then an Added for every local booking (the observer's full picture of this router):
   // what a joining replica, or one whose change the observer lost, tells the others.
   void AnnounceBookingsLocked();
+  // What a joining observer says: every booking announced, then a SyncRequest.
+  void JoinReplicasLocked();
   // A Reset promising no heartbeat through the current observer: the peers drop this replica's
   // bookings and stop tracking it (an observer stopped or replaced).
   void SayFarewellLocked();

@@ -128,9 +128,20 @@ uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver ob
     reannounce_pending_ = false;  // nobody to repair
     return 0;
   }
+  JoinReplicasLocked();
+  return token;
+}
+
+bool Router::RejoinReplicas(uint64_t token) {
+  std::lock_guard lock(gate_);
+  if (!observer_.IsCurrent(token)) return false;
+  JoinReplicasLocked();
+  return true;
+}
+
+void Router::JoinReplicasLocked() {
   AnnounceBookingsLocked();
   NotifyLocked(ChangeOf(SequenceChange::Kind::kSyncRequest, ""));
-  return token;
 }
 
 void Router::SilenceSequenceObserverForTesting() {

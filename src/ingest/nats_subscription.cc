@@ -34,6 +34,10 @@ struct ConnectionCallbacks {
   std::mutex owner_mutex;
   NatsSubscriptions* owner = nullptr;  // guarded by owner_mutex; null once detached
   bool closed = false;                 // guarded by owner_mutex; the closed callback ran
+  // Replica sync: the router and its observer's token, to rejoin on a reconnection (guarded
+  // by owner_mutex; unset for other sources).
+  Router* router = nullptr;
+  uint64_t observer_token = 0;
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<SourceRanks> ranks;
   // Core NATS event subscriptions only: what is published while disconnected is lost. (Replica
@@ -51,8 +55,22 @@ struct ConnectionCallbacks {
     if (last) delete callbacks;
   }
 
+  void RejoinOnReconnection(Router& replicas_router, uint64_t token) {
+    std::lock_guard lock(owner_mutex);
+    router = &replicas_router;
+    observer_token = token;
+  }
+
+  // A replica sync joins again (Router::RejoinReplicas): peers may have missed what it
+  // published during the outage. Under the mutex, so that the source is not closed meanwhile
+  // (its router outlives it); Close clears the observer first, which makes this a no-op.
   static void OnReconnected(natsConnection*, void* closure) {
-    Bump(static_cast<ConnectionCallbacks*>(closure)->counters->connections);
+    auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
+    Bump(callbacks->counters->connections);
+    std::lock_guard lock(callbacks->owner_mutex);
+    if (callbacks->owner != nullptr && callbacks->router != nullptr) {
+      (void)callbacks->router->RejoinReplicas(callbacks->observer_token);
+    }
   }
 
   // When the connection is lost (not when it is closed): what is published until the
@@ -98,9 +116,8 @@ namespace {
 size_t ReplicaMessageLimitNow(natsConnection* connection) {
   const natsConnStatus status = natsConnection_Status(connection);
   const int64_t max_payload = natsConnection_GetMaxPayload(connection);
-  return ReplicaMessageLimit(
-      static_cast<size_t>(std::max<int64_t>(max_payload, 0)),
-      status == NATS_CONN_STATUS_RECONNECTING || status == NATS_CONN_STATUS_DISCONNECTED);
+  return ReplicaMessageLimit(static_cast<size_t>(std::max<int64_t>(max_payload, 0)),
+                             /*reconnecting=*/status != NATS_CONN_STATUS_CONNECTED);
 }
 
 // A server whose messages are too short for some replica change (a long request id) would
@@ -495,6 +512,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
           },
           source->counters,
           [connection = source->connection] { return ReplicaMessageLimitNow(connection); });
+      source->callbacks->RejoinOnReconnection(*loop_.router, source->observer_token);
       StartLiveness(*source);
     }
     sources_.push_back(source.get());

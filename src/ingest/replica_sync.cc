@@ -57,7 +57,11 @@ EncodedChange EncodeReplicaChangeToFit(std::string_view origin, const SequenceCh
 }
 
 size_t ReplicaMessageLimit(size_t max_message, bool reconnecting) {
-  if (reconnecting) max_message = std::min(max_message, kMinReplicaTransportMessage);
+  if (max_message == 0) {  // not known: no server yet
+    max_message = kMinReplicaTransportMessage;
+  } else if (reconnecting) {
+    max_message = std::min(max_message, kMinReplicaTransportMessage);
+  }
   return max_message > 2 * kReplicaMessageRoom ? max_message - kReplicaMessageRoom
                                                : max_message / 2;
 }

@@ -82,7 +82,8 @@ inline constexpr size_t kMinReplicaTransportMessage = 4096;
 // The largest replica change a transport takes: its largest message less kReplicaMessageRoom
 // (half of it, if that is smaller). While it reconnects, what is published waits for a server
 // not known yet, which may take less than the last one: the smallest the sync accepts (NATS:
-// a message larger than the server's max_payload closes the connection for good).
+// a message larger than the server's max_payload closes the connection for good). A
+// `max_message` of 0 (not known) counts as the smallest accepted too: never "no limit".
 size_t ReplicaMessageLimit(size_t max_message, bool reconnecting);
 
 }  // namespace kvrouter

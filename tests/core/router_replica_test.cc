@@ -203,6 +203,26 @@ TEST_F(RouterReplicaTest, AChangeLostForMemoryIsCountedAndRepairedByTheNextOneTh
   EXPECT_EQ(from_a_.size(), 1u);
 }
 
+// A transport back from an outage rejoins: every booking announced again, then a SyncRequest;
+// a peer that missed a change meanwhile then holds what the origin holds. A stale token (the
+// observer replaced) changes nothing.
+TEST_F(RouterReplicaTest, RejoiningAnnouncesEveryBookingAndAsksThePeers) {
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}, {}).ok());
+  ASSERT_TRUE(a_->AddRequest("r2", Tokens(2, 100), {2, 0}, {}).ok());
+  from_a_.clear();  // lost in the outage
+  ASSERT_TRUE(a_->RejoinReplicas(a_token_));
+  std::vector<SequenceChange::Kind> kinds;
+  for (const Published& change : from_a_) kinds.push_back(change.kind);
+  EXPECT_EQ(kinds, (std::vector<SequenceChange::Kind>{
+                       SequenceChange::Kind::kReset, SequenceChange::Kind::kAdded,
+                       SequenceChange::Kind::kAdded, SequenceChange::Kind::kSyncRequest}));
+  Deliver();
+  EXPECT_EQ(LoadOf(*b_, 1).active_requests, 1u);
+  EXPECT_EQ(LoadOf(*b_, 2).active_requests, 1u);
+  EXPECT_FALSE(a_->RejoinReplicas(a_token_ + 1));
+  EXPECT_TRUE(from_a_.empty());
+}
+
 TEST_F(RouterReplicaTest, ABookingOnOneReplicaIsLoadOnTheOther) {
   auto decision = a_->FindBestMatch(Tokens(5, 0), {.with_admission = true, .request_id = "r1"});
   ASSERT_TRUE(decision.ok()) << decision.status();

@@ -78,6 +78,12 @@ struct Replica {
     }
     return 0;
   }
+  uint64_t BlocksOn(uint64_t worker) const {
+    for (const WorkerLoad& load : router->Loads()) {
+      if (load.worker.worker_id == worker) return load.active_blocks;
+    }
+    return 0;
+  }
   IngestStats Stats() const { return *ingest->Stats(source); }
 };
 
@@ -200,6 +206,7 @@ TEST(ReplicaPublishTest, AReconnectingTransportsLimitIsTheSmallestAccepted) {
   EXPECT_EQ(ReplicaMessageLimit(kMinReplicaTransportMessage, true), kSmallest);
   EXPECT_EQ(ReplicaMessageLimit(1000, false), 500u);  // a server met later, smaller still
   EXPECT_EQ(ReplicaMessageLimit(1000, true), 500u);
+  EXPECT_EQ(ReplicaMessageLimit(0, false), kSmallest);  // not known: never "no limit"
 }
 
 // The transport's limit is asked at every change (a reconnection may meet a server with a
@@ -344,6 +351,32 @@ TEST(ReplicaSyncSmallPayloadTest, AConnectionTheServerClosesIsCountedAndClosesCl
     (void)a.router->Free("probe");
     return a.Stats().publish_failures > failures;
   }));
+}
+
+// After an outage each replica joins again (its bookings announced, a SyncRequest): what it
+// published meanwhile went trimmed (the next server was not known) or reached a server its
+// peers had not resubscribed to yet, and nothing else would have repaired it before the
+// request expiry. Peers then hold its bookings whole.
+TEST(ReplicaSyncRestartTest, AfterAnOutageEachReplicaJoinsAgain) {
+  const int port = FreePort();
+  NatsServer server(port);
+  ASSERT_TRUE(server.Start());
+  Replica a(server, "a"), b(server, "b");
+  ASSERT_TRUE(a.router->AddRequest("before", Tokens(2, 0), {1, 0}).ok());
+  ASSERT_TRUE(Eventually([&] { return b.RequestsOn(1) == 1; }));
+  server.Stop();
+  for (int i = 0; a.Stats().bookings_trimmed == 0 && i < 200; ++i) {
+    ASSERT_TRUE(
+        a.router->AddRequest("away-" + std::to_string(i), Tokens(1'000, 10'000 * (i + 1)), {1, 0})
+            .ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(a.Stats().bookings_trimmed, 1u);  // at least one went trimmed, for a server unknown
+  ASSERT_TRUE(server.Start());
+  const uint64_t booked = a.RequestsOn(1), blocks = a.BlocksOn(1);
+  EXPECT_TRUE(Eventually([&] { return b.RequestsOn(1) == booked && b.BlocksOn(1) == blocks; }))
+      << b.RequestsOn(1) << " of " << booked << " requests, " << b.BlocksOn(1) << " of " << blocks
+      << " blocks";
 }
 
 TEST_F(ReplicaSyncTest, EachReplicaSeesTheOthersBookings) {

@@ -280,9 +280,10 @@ pub struct IngestStats {
     /// attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of
     /// their batch applies. For every source together, the sum.
     pub events_ignored: u64,
-    /// Replica sync: bookings published with only their leading block ids, the NATS server's
-    /// messages (its max_payload) too short for them all; peers count those bookings' prefix
-    /// blocks only. For every source together, the sum.
+    /// Replica sync: publications of a booking with only its leading block ids, the NATS
+    /// server's messages (its max_payload) too short for them all, or the connection
+    /// reconnecting (3,584 bytes then); a booking announced again counts again. Peers count
+    /// those bookings' prefix blocks only. For every source together, the sum.
     pub bookings_trimmed: u64,
 }
 

@@ -147,9 +147,10 @@ public final class IngestStats {
   }
 
   /**
-   * Replica sync ({@link Ingest#syncReplicas}): bookings published with only their leading block
-   * ids, the NATS server's messages (its max_payload) too short for them all; peers count those
-   * bookings' prefix blocks only. For every source together, the sum.
+   * Replica sync ({@link Ingest#syncReplicas}): publications of a booking with only its leading
+   * block ids, the NATS server's messages (its max_payload) too short for them all, or the
+   * connection reconnecting (3,584 bytes then); a booking announced again counts again. Peers
+   * count those bookings' prefix blocks only. For every source together, the sum.
    */
   public long bookingsTrimmed() {
     return a[Abi.IngestStats.BOOKINGS_TRIMMED];

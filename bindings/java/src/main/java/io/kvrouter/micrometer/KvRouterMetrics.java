@@ -406,8 +406,8 @@ public final class KvRouterMetrics implements MeterBinder {
         IngestStats::publishFailures);
     c.counter(
         "kvrouter.ingest.bookings.trimmed",
-        "Replica sync: bookings published with only their leading block ids (the transport's"
-            + " messages too short for them all).",
+        "Replica sync: publications of a booking with only its leading block ids (the"
+            + " transport's messages too short for them all).",
         Tags.empty(),
         IngestStats::bookingsTrimmed);
     // The lag: a count and a sum, which is what a FunctionTimer reads (Prometheus:
