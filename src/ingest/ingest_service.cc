@@ -130,8 +130,10 @@ void IngestService::Stop() {
   if (!impl_->stopped) {
     impl_->stopped = true;
     if (!impl_->running) {
-      impl_->CloseEverything();
+      // Unlocked first: closing detaches connection callbacks, which may be posting a command
+      // (a disconnection's clear) under their own lock; stopped, they post nothing more.
       lock.unlock();
+      impl_->CloseEverything();
       uv_run(&impl_->loop, UV_RUN_DEFAULT);  // runs the close callbacks
       return;
     }

@@ -34,6 +34,7 @@ struct ConnectionCallbacks {
   std::mutex owner_mutex;
   NatsSubscriptions* owner = nullptr;  // guarded by owner_mutex; null once detached
   bool closed = false;                 // guarded by owner_mutex; the closed callback ran
+  bool lost = false;  // guarded by owner_mutex: ranks flagged since the last (re)connection
   // Replica sync: the router and its observer's token, to rejoin on a reconnection (guarded
   // by owner_mutex; unset for other sources).
   Router* router = nullptr;
@@ -68,6 +69,7 @@ struct ConnectionCallbacks {
     auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
     Bump(callbacks->counters->connections);
     std::lock_guard lock(callbacks->owner_mutex);
+    callbacks->lost = false;
     if (callbacks->owner != nullptr && callbacks->router != nullptr) {
       (void)callbacks->router->RejoinReplicas(callbacks->observer_token);
     }
@@ -82,11 +84,17 @@ struct ConnectionCallbacks {
       return;
     }
     std::lock_guard lock(callbacks->owner_mutex);
-    if (callbacks->owner == nullptr) return;  // the source is being closed
-    // Refused memory to post the clear, the next message the loop handles does it.
-    ContainRefusal(
-        [&] { callbacks->owner->LoseEveryRankLater(callbacks->counters, callbacks->ranks); },
-        [&] { callbacks->ranks->LoseEveryRankLater(); });
+    callbacks->LoseEveryRankLocked();
+  }
+
+  // Has the loop clear and flag every rank this source fed, once per loss of the connection,
+  // unless the source is being closed (detached). Refused memory to post the clear, the next
+  // message the loop handles does it.
+  void LoseEveryRankLocked() {
+    if (owner == nullptr || lost || !disconnection_loses_events) return;
+    lost = true;
+    ContainRefusal([&] { owner->LoseEveryRankLater(counters, ranks); },
+                   [&] { ranks->LoseEveryRankLater(); });
   }
 
   // The connection's last callback. Closed while still attached, by libnats on its own: it
@@ -98,11 +106,7 @@ struct ConnectionCallbacks {
       std::lock_guard lock(callbacks->owner_mutex);
       callbacks->closed = true;
       last = callbacks->owner == nullptr;
-      if (!last && callbacks->disconnection_loses_events) {
-        ContainRefusal(
-            [&] { callbacks->owner->LoseEveryRankLater(callbacks->counters, callbacks->ranks); },
-            [&] { callbacks->ranks->LoseEveryRankLater(); });
-      }
+      callbacks->LoseEveryRankLocked();  // flagged once, if a disconnection did not already
     }
     if (last) delete callbacks;
   }
@@ -555,6 +559,9 @@ void NatsSubscriptions::Close(Source* source) {
              [](uv_handle_t* timer) { delete reinterpret_cast<uv_timer_t*>(timer); });
     source->liveness_timer = nullptr;
   }
+  // Detached first: a disconnection or close while it unsubscribes (which may wait) must not
+  // flag ranks for a source gone (another may feed them by then).
+  DetachCallbacks(*source);
   // Unsubscribed at once either way: a retired source must not apply anything more (a sync
   // retried meanwhile would otherwise apply the peers' stream twice, in any order). A JetStream
   // source's own thread subscribes too: it is stopped first.
@@ -568,8 +575,6 @@ void NatsSubscriptions::Close(Source* source) {
   // unsubscription, a farewell) is written: destroying it sooner would flush it with a PING
   // and wait for the PONG, which this thread reads, so for all of libnats' 500 ms.
   if (!source->jetstream && source->connection != nullptr) {
-    // Detached now: a disconnection in the meantime must not clear ranks for a source gone.
-    DetachCallbacks(*source);
     DisconnectOnceWritten(source);
   } else {
     Disconnect(source);
