@@ -75,14 +75,13 @@ struct ConnectionCallbacks {
     }
   }
 
-  // When the connection is lost (not when it is closed): what is published until the
-  // reconnection is lost. Posted now, the clear comes after every message received before and
-  // before every one received after.
-  static void OnDisconnected(natsConnection* connection, void* closure) {
+  // When the connection is lost: what is published until the reconnection is lost. Posted
+  // now, the clear comes after every message received before and before every one received
+  // after. Not asked whether it is reconnecting: libnats runs every connection's callbacks on
+  // one thread, so this may run after a quick reconnection (a close is flagged once anyway,
+  // and one the source makes comes detached).
+  static void OnDisconnected(natsConnection*, void* closure) {
     auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
-    if (!callbacks->disconnection_loses_events || !natsConnection_IsReconnecting(connection)) {
-      return;
-    }
     std::lock_guard lock(callbacks->owner_mutex);
     callbacks->LoseEveryRankLocked();
   }
