@@ -224,7 +224,14 @@ void Daemon::CompleteOffLoop(const RouteSpec& route, HttpResponse response, Resp
 
 void Daemon::OnSignal(int signum) {
   if (signum == SIGHUP) {
-    ReloadConfig();
+    // Called from libuv: an exception (a refused allocation) must fail the reload, not end
+    // the daemon. What a reload applied before it stays applied, as the workers' table says.
+    try {
+      ReloadConfig();
+    } catch (const std::exception& e) {
+      service_->CountReload(false);
+      Log(LogLevel::kError, "reload: failed partway", {{"error", e.what()}});
+    }
   } else if (!stopping_) {
     Log(LogLevel::kInfo, "stopping", {{"signal", signum == SIGTERM ? "SIGTERM" : "SIGINT"}});
     BeginShutdown();
