@@ -650,8 +650,6 @@ class Router {
   uint64_t replicas_expired_ = 0;
   uint64_t replica_changes_unpublished_ = 0;
   bool reannounce_pending_ = false;  // a change was lost: announce every booking again
-  // When this router last answered a joining replica's SyncRequest by announcing at once.
-  std::optional<Nanos> last_join_answer_;
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
   std::atomic<uint64_t> replica_changes_undecodable_{0};

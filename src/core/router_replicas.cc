@@ -362,18 +362,7 @@ void Router::AskToAnnounceAgainLocked(std::string_view origin) {
 void Router::AnswerSyncRequestLocked(std::string_view asked) {
   if (!observer_.active()) return;
   if (asked.empty()) {
-    // A replica joined: tell it (and everyone) what is booked here. At once, unless this
-    // router beats and answered a join within its interval: then with its next heartbeat.
-    // After a server restart every replica rejoins at about the same time (RejoinReplicas):
-    // each would otherwise announce once per joiner, N^2 announcements for N replicas.
-    const Nanos now = clock_.Now();
-    const Nanos interval = MillisToNanos(observer_.promised_interval_ms());
-    if (interval > 0 && last_join_answer_ && now - *last_join_answer_ < interval) {
-      reannounce_pending_ = true;
-    } else {
-      AnnounceBookingsLocked();
-      last_join_answer_ = now;
-    }
+    AnnounceBookingsLocked();  // a replica joined: tell it (and everyone) what is booked here
   } else if (observer_.IsOwnOrigin(asked)) {
     // A peer had expired this router. Announced with the next heartbeat or change, not now:
     // after an outage every peer asks at about the same time, and one announcement answers

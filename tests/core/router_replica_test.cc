@@ -223,39 +223,6 @@ TEST_F(RouterReplicaTest, RejoiningAnnouncesEveryBookingAndAsksThePeers) {
   EXPECT_TRUE(from_a_.empty());
 }
 
-// Joins within one heartbeat interval share an announcement: the first is answered at once,
-// the others with the next heartbeat (after a server restart every replica rejoins at about
-// the same time; each answered every joiner at once, N^2 announcements). A router that does
-// not beat answers each at once: nothing else would come.
-TEST_F(RouterReplicaTest, JoinsWithinAHeartbeatIntervalShareOneAnnouncement) {
-  const auto resets = [&] {
-    int n = 0;
-    for (const Published& change : from_a_) n += change.kind == SequenceChange::Kind::kReset;
-    from_a_.clear();
-    return n;
-  };
-  const auto join = [&](const char* who) {
-    ASSERT_TRUE(a_->ApplyReplicaChange(who, {.kind = SequenceChange::Kind::kSyncRequest}).ok());
-  };
-  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
-  join("c");
-  join("d");
-  EXPECT_EQ(resets(), 2);  // not beating: each at once
-  clock_.AdvanceSeconds(2);
-  ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  from_a_.clear();
-  join("e");
-  EXPECT_EQ(resets(), 1);  // at once: no join answered within the interval
-  join("f");
-  join("g");
-  EXPECT_EQ(resets(), 0);  // within the interval: with the next heartbeat
-  ASSERT_TRUE(a_->PublishHeartbeat(1000));
-  EXPECT_EQ(resets(), 1);  // one announcement for both
-  clock_.AdvanceSeconds(2);
-  join("h");
-  EXPECT_EQ(resets(), 1);  // past the interval: at once again
-}
-
 TEST_F(RouterReplicaTest, ABookingOnOneReplicaIsLoadOnTheOther) {
   auto decision = a_->FindBestMatch(Tokens(5, 0), {.with_admission = true, .request_id = "r1"});
   ASSERT_TRUE(decision.ok()) << decision.status();
