@@ -461,6 +461,7 @@ static void replicas_sync_bookings_over_nats(void** state) {
   stats = stats_of(a.ingest, a.source);
   assert_int_equal(5, stats.published); /* Reset, SyncRequest, the answer, Added, Freed */
   assert_int_equal(0, stats.publish_failures);
+  assert_int_equal(0, stats.bookings_trimmed); /* two blocks fit the server's messages */
   stats = wait_messages(&b, 3);
   assert_int_equal(3, stats.events_applied);
   assert_int_equal(2, kvt_metrics(a.router).replica_changes_applied); /* b's two; no echo */

@@ -212,6 +212,8 @@ static void expect_in_prometheus_text(kvr_ingest* ingest, uint64_t source, const
   assert_non_null(strstr(text, line));
   snprintf(line, sizeof line, "\nkvrouter_ingest_events_ignored_total{%s} 0\n", labels);
   assert_non_null(strstr(text, line));
+  snprintf(line, sizeof line, "\nkvrouter_ingest_bookings_trimmed_total{%s} 0\n", labels);
+  assert_non_null(strstr(text, line));
   free(text);
   /* Buffer rules as the router's text. */
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_ingest_metrics_prometheus(NULL, NULL, 0, &len, ERRP));
