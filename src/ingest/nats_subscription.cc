@@ -47,11 +47,20 @@ struct ConnectionCallbacks {
 
   // Returns once no callback uses the owner, nor will; `callbacks` is not to be used after.
   static void Detach(ConnectionCallbacks* callbacks) {
+    Release(callbacks, [](ConnectionCallbacks& c) {
+      c.owner = nullptr;
+      return c.closed;
+    });
+  }
+
+  // One of the two shares given up: `let_go` runs under the mutex and says whether the other
+  // is gone too, and then the callbacks are freed.
+  template <typename LetGo>
+  static void Release(ConnectionCallbacks* callbacks, LetGo let_go) {
     bool last;
     {
       std::lock_guard lock(callbacks->owner_mutex);
-      callbacks->owner = nullptr;
-      last = callbacks->closed;
+      last = let_go(*callbacks);
     }
     if (last) delete callbacks;
   }
@@ -99,15 +108,11 @@ struct ConnectionCallbacks {
   // The connection's last callback. Closed while still attached, by libnats on its own: it
   // will not reconnect, so a core NATS source's ranks hear nothing more and are flagged.
   static void OnClosed(natsConnection*, void* closure) {
-    auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
-    bool last;
-    {
-      std::lock_guard lock(callbacks->owner_mutex);
-      callbacks->closed = true;
-      last = callbacks->owner == nullptr;
-      callbacks->LoseEveryRankLocked();  // flagged once, if a disconnection did not already
-    }
-    if (last) delete callbacks;
+    Release(static_cast<ConnectionCallbacks*>(closure), [](ConnectionCallbacks& c) {
+      c.closed = true;
+      c.LoseEveryRankLocked();  // flagged once, if a disconnection did not already
+      return c.owner == nullptr;
+    });
   }
 };
 
