@@ -314,9 +314,9 @@ const std::vector<OptionSpec>& Options() {
     {"routing-threads", "N", "threads running the routing calls that may wait in the admission "
      "queue (route, plan), 1..1024 (default 16); a request beyond them waits for one", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.routing_threads); }},
-    {"preview-threads", "N", "threads parsing and running previews (and digests), off the event loop and apart "
-     "from the routing threads (a preview never waits in the admission queue), 1..64 (default 2)",
-     false, true,
+    {"preview-threads", "N", "threads parsing and running previews (and digests), off the event "
+     "loop and apart from the routing threads (a preview never waits in the admission queue), "
+     "1..64 (default 2)", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.preview_threads); }},
     // The router: kvr_router_options
     {"block-size", "N", "tokens per KV block (default 16); every worker must match", false, true,
