@@ -24,6 +24,7 @@
 #include "core/scalable_shared_mutex.h"
 #include "core/shrink.h"
 #include "core/slab_pool.h"
+#include "core/sliding_windows.h"
 
 namespace kvrouter {
 
@@ -316,7 +317,8 @@ class RadixIndex::Impl {
         slot_of_(0, absl::Hash<WorkerKey>(), std::equal_to<>(),
                  CountingAllocator<std::pair<const WorkerKey, uint32_t>>(&bytes_)),
         free_slots_(CountingAllocator<uint32_t>(&bytes_)),
-        held_(CountingAllocator<NodeId>(&bytes_)) {
+        held_(CountingAllocator<NodeId>(&bytes_)),
+        sliding_(&bytes_, options.block_size) {
     const NodeId root = nodes_.Allocate();
     InitNode(root, kNoNode, {});
   }
@@ -332,9 +334,50 @@ class RadixIndex::Impl {
     return std::visit([&](const auto& data) { return ApplyData(event, data); }, event.data);
   }
 
-  // Appends the matches of this tree's workers to `out`.
-  void AppendMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) const {
+  // Appends the matches of this tree's workers to `out`, with what their sliding-window groups
+  // allow (RadixIndex::FindMatches).
+  void AppendMatches(std::span<const uint64_t> local_hashes, size_t computable_blocks,
+                     std::vector<WorkerMatch>& out) const {
     std::shared_lock lock(mu_);
+    const size_t first = out.size();
+    AppendFullAttentionMatches(local_hashes, out);
+    if (!sliding_.empty()) LimitBySlidingWindows(local_hashes, computable_blocks, first, out);
+  }
+
+  // What each rank of a hybrid model can resume from: the full-attention hit (capped at the
+  // blocks the engine may take from its cache) lowered by its sliding-window groups
+  // (SlidingWindows::Hit). A hit the cap alone lowered stays whole, as it does for a rank
+  // without such groups (the engine computes at least the prompt's last token either way).
+  // A lowered hit ends on the device: the lower tiers' runs after it no longer continue it.
+  void LimitBySlidingWindows(std::span<const uint64_t> local_hashes, size_t computable_blocks,
+                             size_t first, std::vector<WorkerMatch>& out) const {
+    thread_local std::vector<uint64_t> sequence;  // of the prompt, as far as a rank needed
+    sequence.clear();
+    size_t kept = first;
+    for (size_t i = first; i < out.size(); ++i) {
+      WorkerMatch m = out[i];
+      if (m.device_blocks > 0 && sliding_.Has(m.worker)) {
+        const uint32_t limit =
+            static_cast<uint32_t>(std::min<size_t>(m.device_blocks, computable_blocks));
+        for (size_t k = sequence.size(); k < limit; ++k) {
+          sequence.push_back(k == 0 ? local_hashes[0]
+                                    : NextSequenceHash(sequence.back(), local_hashes[k]));
+        }
+        const uint32_t hit = sliding_.Hit(m.worker, sequence, limit);
+        if (hit < limit) {
+          m = WorkerMatch{.worker = m.worker, .device_blocks = hit, .tree_size = m.tree_size};
+        }
+      }
+      // As with a rank that holds nothing of the prompt: not a match.
+      if (m.device_blocks + m.host_hits + m.disk_hits + m.external_hits == 0) continue;
+      out[kept++] = m;
+    }
+    out.resize(kept);
+  }
+
+  // Appends what each rank holds of the prompt in full attention.
+  void AppendFullAttentionMatches(std::span<const uint64_t> local_hashes,
+                                  std::vector<WorkerMatch>& out) const {
     if (local_hashes.empty()) return;
     NodeId node = FindChild(kRoot, local_hashes[0]);
     if (node == kNoNode) return;
@@ -435,13 +478,17 @@ class RadixIndex::Impl {
     const PositionTable* blocks = BlocksOf(worker);
     const uint64_t entry = blocks ? blocks->Get(engine_hash) : 0;
     if (entry == 0) return;
-    Position p = Resolve(EntryPosition(entry));
+    LocalPathReversed(Resolve(EntryPosition(entry)), path);
+    std::reverse(path.begin(), path.end());
+  }
+
+  // Appends the local hashes of the blocks from `p` up to the root's child, `p`'s first.
+  void LocalPathReversed(Position p, std::vector<uint64_t>& path) const {
     for (NodeId node = p.node; node != kRoot; node = nodes_[node].parent) {
       const uint64_t* hashes = Hashes(nodes_[node]);
       const uint32_t end = node == p.node ? p.offset + 1 : nodes_[node].len;
       for (uint32_t k = end; k-- > 0;) path.push_back(hashes[k]);
     }
-    std::reverse(path.begin(), path.end());
   }
 
   // Drops the deepest blocks of a path the worker holds, as long as nothing else it holds
@@ -556,6 +603,8 @@ class RadixIndex::Impl {
     s.duplicate_stores = duplicate_stores_;
     s.rekeyed_blocks = rekeyed_blocks_;
     s.refused_events = refused_events_;
+    s.sliding_blocks = sliding_.blocks();
+    s.sliding_events = sliding_events_;
     return s;
   }
 
@@ -894,6 +943,7 @@ class RadixIndex::Impl {
     held_.clear();
     blocks.Clear();
     cached_blocks_ -= dropped;
+    sliding_.Clear(workers_[slot].key);
     return dropped;
   }
 
@@ -918,6 +968,7 @@ class RadixIndex::Impl {
 
   size_t ReleaseSlot(uint32_t slot) {
     const size_t dropped = ClearSlot(slot);
+    sliding_.Release(workers_[slot].key);
     slot_of_.erase(workers_[slot].key);
     workers_[slot].in_use = false;
     free_slots_.push_back(slot);  // SlotFor kept room for it
@@ -1375,6 +1426,96 @@ class RadixIndex::Impl {
     return Succeed(EventKind::kCleared);
   }
 
+  // ---- Sliding-window groups ---------------------------------------------------------------
+
+  ApplyResult SlidingFail(EventKind kind, EventError error, std::string message) {
+    ++sliding_events_[SlidingRow(kind)][static_cast<int>(error)];
+    ApplyResult result;
+    result.error = error;
+    result.message = std::move(message);
+    return result;
+  }
+  static int SlidingRow(EventKind kind) { return kind == EventKind::kStored ? 0 : 1; }
+
+  ApplyResult ApplyData(const KvEvent& event, const SlidingStoredEvent& stored) {
+    if (stored.window_tokens == 0) {
+      return SlidingFail(EventKind::kStored, EventError::kInvalidBlock,
+                         "a sliding-window store with a window of 0 tokens");
+    }
+    const std::span<const uint64_t> given = stored.sequence_hashes;
+    if (!given.empty() && given.size() != stored.block_hashes.size()) {
+      return SlidingFail(EventKind::kStored, EventError::kInvalidBlock,
+                         Message(stored.block_hashes.size(), " block hashes but ", given.size(),
+                                 " sequence hashes; none applied"));
+    }
+    std::unique_lock lock(mu_);
+    const uint32_t slot = SlotFor(event.worker);  // known from now on, as after a clear
+    const PositionTable& blocks = workers_[slot].blocks;
+    // Stores name consecutive blocks mostly: each one's sequence hash then follows from the
+    // last one's, without walking to the root again.
+    std::optional<std::pair<Position, uint64_t>> last;
+    auto sequence_hash = [&](size_t i) -> std::optional<uint64_t> {
+      if (!given.empty()) return given[i];
+      const uint64_t entry = blocks.Get(stored.block_hashes[i]);
+      if (entry == 0) return std::nullopt;
+      const Position p = Resolve(EntryPosition(entry));
+      const uint64_t local = Hashes(nodes_[p.node])[p.offset];
+      uint64_t sequence;
+      if (last && FollowsOn(last->first, p)) {
+        sequence = NextSequenceHash(last->second, local);
+      } else {
+        thread_local std::vector<uint64_t> path;  // reversed: the block first
+        path.clear();
+        LocalPathReversed(p, path);
+        sequence = path.back();
+        for (size_t k = path.size() - 1; k-- > 0;) sequence = NextSequenceHash(sequence, path[k]);
+      }
+      last.emplace(p, sequence);
+      return sequence;
+    };
+    SlidingWindows::Outcome outcome;
+    try {
+      outcome = sliding_.Store(event.worker, stored.group, stored.window_tokens,
+                               stored.block_hashes, sequence_hash);
+    } catch (const std::bad_alloc&) {
+      ++refused_events_;  // the rank's sliding blocks are dropped (SlidingWindows::Store)
+      throw;
+    }
+    if (outcome.missing > 0) {
+      return SlidingFail(
+          EventKind::kStored, EventError::kBlockNotFound,
+          Message(outcome.missing, " of ", stored.block_hashes.size(),
+                  " sliding-window blocks of group ", stored.group, " are not held by worker ",
+                  event.worker.worker_id, " rank ", event.worker.dp_rank,
+                  " in full attention (first: ", outcome.first_missing, "); the others applied"));
+    }
+    ++sliding_events_[0][0];
+    return ApplyResult{};
+  }
+
+  // Whether block `p` comes right after block `before` on one path.
+  bool FollowsOn(Position before, Position p) const {
+    if (p.node == before.node) return p.offset == before.offset + 1;
+    return p.offset == 0 && nodes_[p.node].parent == before.node &&
+           before.offset + 1 == nodes_[before.node].len;
+  }
+
+  ApplyResult ApplyData(const KvEvent& event, const SlidingRemovedEvent& removed) {
+    std::unique_lock lock(mu_);
+    const SlidingWindows::Outcome outcome =
+        sliding_.Remove(event.worker, removed.group, removed.block_hashes);
+    if (outcome.missing > 0) {
+      return SlidingFail(
+          EventKind::kRemoved, EventError::kBlockNotFound,
+          Message(outcome.missing, " of ", removed.block_hashes.size(),
+                  " removed sliding-window blocks of group ", removed.group, " not held by worker ",
+                  event.worker.worker_id, " rank ", event.worker.dp_rank,
+                  " (first: ", outcome.first_missing, "); the others were removed"));
+    }
+    ++sliding_events_[1][0];
+    return ApplyResult{};
+  }
+
   // ---- Matching ----------------------------------------------------------------------------
 
   WorkerMatch ToMatch(const ActiveWorker& a) const {
@@ -1435,6 +1576,9 @@ class RadixIndex::Impl {
   uint64_t duplicate_stores_ = 0;
   std::vector<uint64_t> repeated_;  // the store being applied's repeats (ApplyResult::repeated)
   uint64_t rekeyed_blocks_ = 0;
+  SlidingWindows sliding_;  // the sliding-window groups of hybrid models' ranks
+  // Sliding-window stores [0] and removals [1], applied or not, by EventError.
+  std::array<std::array<uint64_t, kNumEventErrors>, 2> sliding_events_{};
 };
 
 // ---- Dump, digest and invariants ---------------------------------------------------------------
@@ -1586,6 +1730,21 @@ std::vector<KvEvent> RadixIndex::Impl::DumpEvents() const {
       }
     }
   }
+  // The sliding-window groups last, each whole in one store that names its blocks' places by
+  // sequence hash: they need not be held in full attention any more (a group outlives a full-
+  // attention block its engine evicted first). A group holding nothing is stored all the same:
+  // that a rank has it changes its answers.
+  sliding_.ForEachGroup([&](WorkerKey rank, int64_t group, uint32_t window_tokens,
+                            std::span<const std::pair<uint64_t, uint64_t>> blocks) {
+    SlidingStoredEvent stored;
+    stored.group = group;
+    stored.window_tokens = window_tokens;
+    for (const auto& [engine_hash, sequence] : blocks) {
+      stored.block_hashes.push_back(engine_hash);
+      stored.sequence_hashes.push_back(sequence);
+    }
+    out.push_back(KvEvent{.worker = rank, .event_id = event_id++, .data = std::move(stored)});
+  });
   return out;
 }
 
@@ -1626,12 +1785,31 @@ uint64_t RadixIndex::Impl::StateDigest() const {
                         Combine(EntryTiers(entry), paths_of(p.node)[p.offset]));
     });
   }
+  sliding_.ForEachGroup([&](WorkerKey rank, int64_t group, uint32_t window_tokens,
+                            std::span<const std::pair<uint64_t, uint64_t>> blocks) {
+    const uint64_t key = Combine(Combine(Combine(rank.worker_id, rank.dp_rank), ~uint64_t{0}),
+                                 Combine(static_cast<uint64_t>(group), window_tokens));
+    digest += Mix(key);
+    for (const auto& [engine_hash, sequence] : blocks) {
+      digest += Combine(key, Combine(engine_hash, sequence));
+    }
+  });
   return digest;
 }
 
 // Every structural promise, checked: "" when all hold, else the first broken one.
 std::string RadixIndex::Impl::CheckInvariants() const {
   std::shared_lock lock(mu_);
+  if (std::string broken = sliding_.CheckInvariants(); !broken.empty()) return broken;
+  std::string unknown_rank;
+  sliding_.ForEachGroup(
+      [&](WorkerKey rank, int64_t group, uint32_t, std::span<const std::pair<uint64_t, uint64_t>>) {
+        if (!slot_of_.contains(rank) && unknown_rank.empty()) {
+          unknown_rank = Message("sliding-window group ", group, " of worker ", rank.worker_id,
+                                 " rank ", rank.dp_rank, ", which the index does not know");
+        }
+      });
+  if (!unknown_rank.empty()) return unknown_rank;
   // Per (node, slot, tier): how many of the slot's engine hashes name each block of the run.
   std::unordered_map<uint64_t, std::vector<std::array<uint32_t, kNumTiers>>> counts;
   uint64_t entries = 0;
@@ -1732,14 +1910,15 @@ uint32_t RadixIndex::shards() const { return options_.shards; }
 ApplyResult RadixIndex::Apply(const KvEvent& event) {
   return Shard(event.worker.worker_id).Apply(event);
 }
-void RadixIndex::FindMatches(std::span<const uint64_t> local_hashes,
-                             std::vector<WorkerMatch>& out) const {
+void RadixIndex::FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out,
+                             size_t computable_blocks) const {
   out.clear();
-  for (const auto& shard : shards_) shard->AppendMatches(local_hashes, out);
+  for (const auto& shard : shards_) shard->AppendMatches(local_hashes, computable_blocks, out);
 }
-std::vector<WorkerMatch> RadixIndex::FindMatches(std::span<const uint64_t> local_hashes) const {
+std::vector<WorkerMatch> RadixIndex::FindMatches(std::span<const uint64_t> local_hashes,
+                                                 size_t computable_blocks) const {
   std::vector<WorkerMatch> out;
-  FindMatches(local_hashes, out);
+  FindMatches(local_hashes, out, computable_blocks);
   return out;
 }
 size_t RadixIndex::RemoveWorker(uint64_t worker_id) {
@@ -1795,6 +1974,12 @@ IndexStats RadixIndex::Stats() const {
     total.duplicate_stores += s.duplicate_stores;
     total.rekeyed_blocks += s.rekeyed_blocks;
     total.refused_events += s.refused_events;
+    total.sliding_blocks += s.sliding_blocks;
+    for (size_t k = 0; k < total.sliding_events.size(); ++k) {
+      for (size_t e = 0; e < total.sliding_events[k].size(); ++e) {
+        total.sliding_events[k][e] += s.sliding_events[k][e];
+      }
+    }
   }
   return total;
 }

@@ -118,6 +118,10 @@ struct IndexStats {
   // Events the heap refused an allocation for midway: each left its rank holding nothing (see
   // Apply) and threw std::bad_alloc. Counted in no `events` cell.
   uint64_t refused_events = 0;
+  // Hybrid models: (sliding-window group, block) entries held, over every rank, and the
+  // sliding-window events: sliding_events[0] stores, [1] removals, by outcome.
+  uint64_t sliding_blocks = 0;
+  std::array<std::array<uint64_t, kNumEventErrors>, 2> sliding_events{};
 };
 
 // Most trees an index may be split into (RadixIndexOptions::shards).
@@ -160,8 +164,18 @@ class RadixIndex {
   // Per worker rank that holds at least the first block (on any tier), what it holds of the
   // prefix given by `local_hashes`. Workers are in no particular order. `out` is cleared first
   // so a caller can reuse its capacity.
-  void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) const;
-  std::vector<WorkerMatch> FindMatches(std::span<const uint64_t> local_hashes) const;
+  //
+  // A rank with sliding-window groups (SlidingStoredEvent: a hybrid model) holds a prefix only
+  // where those groups hold the blocks before its end that their window needs
+  // (sliding_windows.h); the search for that end starts at the full-attention hit, or at
+  // `computable_blocks` if fewer: the blocks an engine may take from its cache for this prompt
+  // (vLLM computes at least a prompt's last token: (tokens - 1) / block_size blocks). A hit
+  // only that cap lowers is reported whole, as for a rank without such groups; one the groups
+  // lower ends on the device, and a rank left with none is not a match.
+  void FindMatches(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out,
+                   size_t computable_blocks = SIZE_MAX) const;
+  std::vector<WorkerMatch> FindMatches(std::span<const uint64_t> local_hashes,
+                                       size_t computable_blocks = SIZE_MAX) const;
 
   // Forgets every rank of the worker, or one rank. Returns the number of blocks dropped.
   size_t RemoveWorker(uint64_t worker_id);

@@ -359,8 +359,10 @@ class Router {
                                          const RouteOptions& options,
                                          std::vector<OverlapScore>& out);
   // The index's matches of a hashed prompt into `out` (cleared first), in no particular
-  // order: the walk alone, no cost model.
-  void LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out);
+  // order: the walk alone, no cost model. `computable_blocks`: the blocks an engine may take
+  // from its cache for this prompt, when its length is known (RadixIndex::FindMatches).
+  void LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out,
+              size_t computable_blocks = SIZE_MAX);
   std::vector<WorkerLoad> Loads() const;
   size_t active_requests() const;
   size_t pending_count() const;

@@ -32,9 +32,10 @@ using router_internal::OverlapOf;
 // ---------------------------------------------------------------------------------------------
 // Preparing a request (no router lock held)
 
-void Router::LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out) {
+void Router::LookUp(std::span<const uint64_t> local_hashes, std::vector<WorkerMatch>& out,
+                    size_t computable_blocks) {
   if (index_) {
-    index_->FindMatches(local_hashes, out);
+    index_->FindMatches(local_hashes, out, computable_blocks);
   } else {
     approx_->FindMatches(local_hashes, out);
   }
@@ -113,7 +114,13 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
   } else {
     out.sequence_hashes.clear();
   }
-  LookUp(out.local_hashes, out.matches);
+  // An engine computes at least the prompt's last token (vLLM: its cache serves at most
+  // tokens - 1), which is where a hybrid model's sliding windows are searched from.
+  const size_t computable = out.prompt_tokens == 0
+                                ? 0
+                                : NumCompleteBlocks(out.prompt_tokens - 1, options_.block_size,
+                                                    options.prompt.eagle || options_.eagle);
+  LookUp(out.local_hashes, out.matches, computable);
   return absl::OkStatus();
 }
 

@@ -74,11 +74,32 @@ struct RemovedEvent {
 // worker's other ranks keep theirs.
 struct ClearedEvent {};
 
+// Blocks one sliding-window KV-cache group of a hybrid model (Gemma-2/3, gpt-oss, Mistral with
+// interleaved windows: layers that attend to the last `window_tokens` tokens only) now holds
+// for a worker rank, by engine hash. The engine keeps a block in such a group only while some
+// request's window may need it, so a prefix is cached there only where the group also holds
+// the blocks just before the hit point (SlidingWindows). Each block is one the rank holds in
+// full attention (its place in the tree is found by its engine hash), unless sequence_hashes
+// gives the blocks' sequence hashes (hashing.h), as a dump does.
+struct SlidingStoredEvent {
+  int64_t group = 0;           // the engine's KV-cache group index
+  uint32_t window_tokens = 0;  // the group's window; > 0
+  std::vector<uint64_t> block_hashes;
+  std::vector<uint64_t> sequence_hashes;  // empty, or one per block hash
+};
+
+// Blocks a sliding-window group evicted, by engine hash.
+struct SlidingRemovedEvent {
+  int64_t group = 0;
+  std::vector<uint64_t> block_hashes;
+};
+
 struct KvEvent {
   WorkerKey worker;
   Tier tier = Tier::kDevice;
   uint64_t event_id = 0;
-  std::variant<StoredEvent, RemovedEvent, ClearedEvent> data;
+  std::variant<StoredEvent, RemovedEvent, ClearedEvent, SlidingStoredEvent, SlidingRemovedEvent>
+      data;
 };
 
 }  // namespace kvrouter

@@ -41,6 +41,10 @@ size_t QueuedBytes(const KvEvent& event) {
     for (const auto& mm : stored->block_mm_hashes) bytes += 24 + 8 * mm.size();
   } else if (const auto* removed = std::get_if<RemovedEvent>(&event.data)) {
     bytes += 8 * removed->block_hashes.size();
+  } else if (const auto* sliding = std::get_if<SlidingStoredEvent>(&event.data)) {
+    bytes += 8 * (sliding->block_hashes.size() + sliding->sequence_hashes.size());
+  } else if (const auto* sliding_removed = std::get_if<SlidingRemovedEvent>(&event.data)) {
+    bytes += 8 * sliding_removed->block_hashes.size();
   }
   return bytes;
 }
@@ -75,6 +79,28 @@ absl::Status ValidateTarget(const JetStreamSource& target) {
 bool SplitInHalf(const KvEvent& event, uint32_t block_size, KvEvent& first, KvEvent& second) {
   first = event;
   second = event;
+  // Sliding-window blocks are independent of each other (no parent): any cut will do.
+  if (const auto* sliding = std::get_if<SlidingStoredEvent>(&event.data)) {
+    const size_t blocks = sliding->block_hashes.size(), half = blocks / 2;
+    if (blocks < 2) return false;
+    auto& a = std::get<SlidingStoredEvent>(first.data);
+    auto& b = std::get<SlidingStoredEvent>(second.data);
+    a.block_hashes.resize(half);
+    b.block_hashes.erase(b.block_hashes.begin(), b.block_hashes.begin() + half);
+    if (!sliding->sequence_hashes.empty()) {
+      a.sequence_hashes.resize(half);
+      b.sequence_hashes.erase(b.sequence_hashes.begin(), b.sequence_hashes.begin() + half);
+    }
+    return true;
+  }
+  if (const auto* removed = std::get_if<SlidingRemovedEvent>(&event.data)) {
+    const size_t blocks = removed->block_hashes.size(), half = blocks / 2;
+    if (blocks < 2) return false;
+    std::get<SlidingRemovedEvent>(first.data).block_hashes.resize(half);
+    auto& rest = std::get<SlidingRemovedEvent>(second.data).block_hashes;
+    rest.erase(rest.begin(), rest.begin() + half);
+    return true;
+  }
   if (const auto* removed = std::get_if<RemovedEvent>(&event.data)) {
     const auto& hashes = removed->block_hashes;
     if (hashes.size() < 2) return false;
@@ -430,7 +456,10 @@ absl::StatusOr<std::unique_ptr<JetStreamRelay>> JetStreamRelay::Start(
   // What the index holds already (a restored snapshot, sources added first) goes out first,
   // as a resync: the stream's consumers hold it too, whatever they held of those ranks.
   for (const KvEvent& event : router.DumpIndexEvents()) {
-    if (std::holds_alternative<StoredEvent>(event.data)) impl->ranks.insert(event.worker);
+    if (std::holds_alternative<StoredEvent>(event.data) ||
+        std::holds_alternative<SlidingStoredEvent>(event.data)) {
+      impl->ranks.insert(event.worker);
+    }
   }
   if (!impl->ranks.empty()) {
     impl->resync = true;

@@ -81,6 +81,19 @@ EncodedData EncodeData(fb::FlatBufferBuilder& fbb, const ClearedEvent&) {
   return {wire::EventData::Cleared, wire::CreateCleared(fbb).Union()};
 }
 
+EncodedData EncodeData(fb::FlatBufferBuilder& fbb, const SlidingStoredEvent& e) {
+  auto block_hashes = VectorOrAbsent(fbb, e.block_hashes);
+  auto sequence_hashes = VectorOrAbsent(fbb, e.sequence_hashes);
+  auto stored =
+      wire::CreateSlidingStored(fbb, e.group, e.window_tokens, block_hashes, sequence_hashes);
+  return {wire::EventData::SlidingStored, stored.Union()};
+}
+
+EncodedData EncodeData(fb::FlatBufferBuilder& fbb, const SlidingRemovedEvent& e) {
+  auto removed = wire::CreateSlidingRemoved(fbb, e.group, VectorOrAbsent(fbb, e.block_hashes));
+  return {wire::EventData::SlidingRemoved, removed.Union()};
+}
+
 fb::Offset<fb::Vector<fb::Offset<wire::KvEvent>>> EncodeEvents(fb::FlatBufferBuilder& fbb,
                                                                std::span<const KvEvent> events) {
   std::vector<fb::Offset<wire::KvEvent>> offsets;
@@ -248,6 +261,16 @@ class Decoder {
       Stored(*stored, out.data.emplace<StoredEvent>());
     } else if (const wire::Removed* removed = in.data_as_Removed()) {
       Copy(removed->block_hashes(), out.data.emplace<RemovedEvent>().block_hashes);
+    } else if (const wire::SlidingStored* sliding = in.data_as_SlidingStored()) {
+      auto& event = out.data.emplace<SlidingStoredEvent>();
+      event.group = sliding->group();
+      event.window_tokens = sliding->window_tokens();
+      Copy(sliding->block_hashes(), event.block_hashes);
+      Copy(sliding->sequence_hashes(), event.sequence_hashes);
+    } else if (const wire::SlidingRemoved* sliding_removed = in.data_as_SlidingRemoved()) {
+      auto& event = out.data.emplace<SlidingRemovedEvent>();
+      event.group = sliding_removed->group();
+      Copy(sliding_removed->block_hashes(), event.block_hashes);
     } else {
       out.data.emplace<ClearedEvent>();
     }

@@ -46,6 +46,13 @@ std::string Describe(const KvEvent& e) {
                     "' eagle=", s->eagle);
   } else if (const auto* r = std::get_if<RemovedEvent>(&e.data)) {
     absl::StrAppend(&out, "removed [", absl::StrJoin(r->block_hashes, ","), "]");
+  } else if (const auto* ss = std::get_if<SlidingStoredEvent>(&e.data)) {
+    absl::StrAppend(&out, "sliding stored group=", ss->group, " window=", ss->window_tokens,
+                    " blocks=[", absl::StrJoin(ss->block_hashes, ","), "] sequence=[",
+                    absl::StrJoin(ss->sequence_hashes, ","), "]");
+  } else if (const auto* sr = std::get_if<SlidingRemovedEvent>(&e.data)) {
+    absl::StrAppend(&out, "sliding removed group=", sr->group, " [",
+                    absl::StrJoin(sr->block_hashes, ","), "]");
   } else {
     absl::StrAppend(&out, "cleared");
   }
@@ -84,6 +91,16 @@ std::vector<KvEvent> AllKindsOfEvents() {
       Event({4, 0}, Tier::kDevice, 9, RemovedEvent{}),
       Event({5, 2}, Tier::kDevice, 10, ClearedEvent{}),
       Event({6, 0}, Tier::kDevice, 11, StoredEvent{}),
+      Event({7, 1}, Tier::kDevice, 12,
+            SlidingStoredEvent{.group = -1,
+                               .window_tokens = kMax32,
+                               .block_hashes = {kMax64, 5},
+                               .sequence_hashes = {6, 0}}),
+      Event({7, 0}, Tier::kDevice, 13,
+            SlidingStoredEvent{.group = 3, .window_tokens = 4096, .block_hashes = {8}}),
+      Event({8, 0}, Tier::kDevice, 14,
+            SlidingRemovedEvent{.group = std::numeric_limits<int64_t>::min(),
+                                .block_hashes = {9, kMax64}}),
   };
 }
 

@@ -1,0 +1,236 @@
+#include "core/sliding_windows.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvrouter {
+
+SlidingWindows::SlidingWindows(int64_t* bytes, uint32_t block_size)
+    : bytes_(bytes),
+      block_size_(block_size),
+      ranks_(0, absl::Hash<WorkerKey>(), std::equal_to<>(),
+             CountingAllocator<std::pair<const WorkerKey, Rank>>(bytes)) {}
+
+SlidingWindows::Rank::Rank(int64_t* bytes)
+    : groups(CountingAllocator<Group>(bytes)),
+      sequence_of(0, absl::Hash<GroupBlock>(), std::equal_to<>(),
+                  CountingAllocator<std::pair<const GroupBlock, uint64_t>>(bytes)),
+      holding(0, absl::Hash<WindowBlock>(), std::equal_to<>(),
+              CountingAllocator<std::pair<const WindowBlock, uint32_t>>(bytes)) {}
+
+SlidingWindows::Rank& SlidingWindows::RankFor(WorkerKey rank) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) it = ranks_.try_emplace(rank, bytes_).first;
+  return it->second;
+}
+
+uint32_t SlidingWindows::WindowOf(const Rank& r, int64_t group) {
+  for (const Group& g : r.groups) {
+    if (g.index == group) return g.window_tokens;
+  }
+  return 0;
+}
+
+SlidingWindows::Outcome SlidingWindows::Store(
+    WorkerKey rank, int64_t group, uint32_t window_tokens, std::span<const uint64_t> engine_hashes,
+    absl::FunctionRef<std::optional<uint64_t>(size_t)> sequence_hash) {
+  Outcome outcome;
+  Rank& r = RankFor(rank);
+  const uint32_t known = WindowOf(r, group);
+  if (known == 0 && r.groups.size() >= kMaxGroups) {
+    outcome.missing = engine_hashes.size();
+    if (!engine_hashes.empty()) outcome.first_missing = engine_hashes[0];
+    return outcome;
+  }
+  if (known == 0) {
+    r.groups.push_back({group, window_tokens});  // may throw: nothing changed yet
+  } else if (known != window_tokens) {
+    ChangeWindow(r, group, window_tokens);
+  }
+  try {
+    for (size_t i = 0; i < engine_hashes.size(); ++i) {
+      const std::optional<uint64_t> sequence = sequence_hash(i);
+      if (!sequence) {
+        if (outcome.missing++ == 0) outcome.first_missing = engine_hashes[i];
+        continue;
+      }
+      auto [it, added] = r.sequence_of.try_emplace(GroupBlock{group, engine_hashes[i]}, *sequence);
+      if (!added) {
+        if (it->second == *sequence) continue;  // held already
+        // The engine hash now names another block: the old one goes.
+        Unhold(r, WindowBlock{window_tokens, it->second});
+        it->second = *sequence;
+      } else {
+        ++blocks_;
+      }
+      ++r.holding[WindowBlock{window_tokens, *sequence}];
+    }
+  } catch (const std::bad_alloc&) {
+    Clear(rank);
+    throw;
+  }
+  return outcome;
+}
+
+// A group's window changed (the engine restarted with another configuration): its blocks, counted
+// under the old window, go.
+void SlidingWindows::ChangeWindow(Rank& r, int64_t group, uint32_t window_tokens) noexcept {
+  for (Group& g : r.groups) {
+    if (g.index != group) continue;
+    for (auto it = r.sequence_of.begin(); it != r.sequence_of.end();) {
+      if (it->first.group == group) {
+        Unhold(r, WindowBlock{g.window_tokens, it->second});
+        it = r.sequence_of.erase(it);
+        --blocks_;
+      } else {
+        ++it;
+      }
+    }
+    g.window_tokens = window_tokens;
+  }
+}
+
+void SlidingWindows::Unhold(Rank& r, WindowBlock block) noexcept {
+  auto held = r.holding.find(block);
+  if (--held->second == 0) r.holding.erase(held);
+}
+
+SlidingWindows::Outcome SlidingWindows::Remove(WorkerKey rank, int64_t group,
+                                               std::span<const uint64_t> engine_hashes) noexcept {
+  Outcome outcome;
+  auto rank_it = ranks_.find(rank);
+  for (uint64_t engine_hash : engine_hashes) {
+    if (rank_it != ranks_.end()) {
+      Rank& r = rank_it->second;
+      if (auto it = r.sequence_of.find(GroupBlock{group, engine_hash}); it != r.sequence_of.end()) {
+        Unhold(r, WindowBlock{WindowOf(r, group), it->second});
+        r.sequence_of.erase(it);
+        --blocks_;
+        continue;
+      }
+    }
+    if (outcome.missing++ == 0) outcome.first_missing = engine_hash;
+  }
+  return outcome;
+}
+
+void SlidingWindows::Clear(WorkerKey rank) noexcept {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return;
+  blocks_ -= it->second.sequence_of.size();
+  it->second.sequence_of.clear();
+  it->second.holding.clear();
+}
+
+void SlidingWindows::Release(WorkerKey rank) noexcept {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return;
+  blocks_ -= it->second.sequence_of.size();
+  ranks_.erase(it);
+  // The last rank gone: the bucket array goes too (a new empty map allocates nothing).
+  if (ranks_.empty()) {
+    ranks_ =
+        Map<WorkerKey, Rank>(0, ranks_.hash_function(), ranks_.key_eq(), ranks_.get_allocator());
+  }
+}
+
+uint32_t SlidingWindows::BlocksBefore(uint32_t window_tokens) const {
+  // vLLM: cdiv(sliding_window - 1, block_size). A window of one token needs none before the
+  // hit point; counting one keeps the search's shape (the rightmost held block) all the same.
+  return std::max<uint32_t>(1, (window_tokens - 1 + block_size_ - 1) / block_size_);
+}
+
+// The hit one window's groups allow below `limit`: the end of the rightmost run of
+// BlocksBefore(window) blocks that all `groups` of the window hold, or else the leading run.
+uint32_t SlidingWindows::RuleHit(const Rank& r, uint32_t window_tokens, uint32_t groups,
+                                 std::span<const uint64_t> sequence_hashes, uint32_t limit) const {
+  const uint32_t needed = BlocksBefore(window_tokens);
+  uint32_t run = 0;
+  for (uint32_t i = limit; i-- > 0;) {
+    const auto it = r.holding.find(WindowBlock{window_tokens, sequence_hashes[i]});
+    if (it == r.holding.end() || it->second < groups) {
+      run = 0;
+      continue;
+    }
+    if (++run == needed) return i + needed;
+  }
+  return run;  // the blocks from the prompt's first one on, fewer than needed
+}
+
+uint32_t SlidingWindows::Hit(WorkerKey rank, std::span<const uint64_t> sequence_hashes,
+                             uint32_t limit) const {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return limit;
+  const Rank& r = it->second;
+  limit = std::min<uint32_t>(limit, static_cast<uint32_t>(sequence_hashes.size()));
+  // Each window lowers the hit at most; several windows are applied until none does.
+  for (bool lowered = true; lowered && limit > 0;) {
+    lowered = false;
+    for (size_t g = 0; g < r.groups.size(); ++g) {
+      const uint32_t window = r.groups[g].window_tokens;
+      // Each window once: at its first group, counting the others of that window.
+      bool first = true;
+      uint32_t groups = 0;
+      for (size_t o = 0; o < r.groups.size(); ++o) {
+        if (r.groups[o].window_tokens != window) continue;
+        first = first && o >= g;
+        ++groups;
+      }
+      if (!first) continue;
+      const uint32_t hit = RuleHit(r, window, groups, sequence_hashes, limit);
+      if (hit < limit) {
+        limit = hit;
+        lowered = true;
+      }
+    }
+  }
+  return limit;
+}
+
+void SlidingWindows::ForEachGroup(
+    absl::FunctionRef<void(WorkerKey, int64_t, uint32_t,
+                           std::span<const std::pair<uint64_t, uint64_t>>)>
+        visit) const {
+  std::vector<std::pair<uint64_t, uint64_t>> blocks;
+  for (const auto& [rank, r] : ranks_) {
+    for (const Group& g : r.groups) {
+      blocks.clear();
+      for (const auto& [key, sequence] : r.sequence_of) {
+        if (key.group == g.index) blocks.emplace_back(key.engine_hash, sequence);
+      }
+      std::sort(blocks.begin(), blocks.end());
+      visit(rank, g.index, g.window_tokens, blocks);
+    }
+  }
+}
+
+std::string SlidingWindows::CheckInvariants() const {
+  uint64_t entries = 0;
+  for (const auto& [rank, r] : ranks_) {
+    entries += r.sequence_of.size();
+    int64_t scratch_bytes = 0;
+    Map<WindowBlock, uint32_t> counted(
+        0, absl::Hash<WindowBlock>(), std::equal_to<>(),
+        CountingAllocator<std::pair<const WindowBlock, uint32_t>>(&scratch_bytes));
+    for (const auto& [key, sequence] : r.sequence_of) {
+      const uint32_t window = WindowOf(r, key.group);
+      if (window == 0) {
+        return absl::StrCat("worker ", rank.worker_id, " rank ", rank.dp_rank,
+                            ": a sliding block of group ", key.group, ", which it does not have");
+      }
+      ++counted[WindowBlock{window, sequence}];
+    }
+    if (counted != r.holding) {
+      return absl::StrCat("worker ", rank.worker_id, " rank ", rank.dp_rank,
+                          ": the sliding windows' counts disagree with their groups' blocks");
+    }
+  }
+  if (entries != blocks_) {
+    return absl::StrCat(blocks_, " sliding blocks counted, ", entries, " held");
+  }
+  return "";
+}
+
+}  // namespace kvrouter
