@@ -222,9 +222,17 @@ class Fields {
   std::span<const std::string_view> names_;
 };
 
-constexpr std::string_view kStoredFields[] = {
-    "block_hashes", "parent_block_hash", "token_ids",  "block_size", "lora_id",
-    "medium",       "lora_name",         "extra_keys", "group_idx",  "kv_cache_spec_kind"};
+constexpr std::string_view kStoredFields[] = {"block_hashes",
+                                              "parent_block_hash",
+                                              "token_ids",
+                                              "block_size",
+                                              "lora_id",
+                                              "medium",
+                                              "lora_name",
+                                              "extra_keys",
+                                              "group_idx",
+                                              "kv_cache_spec_kind",
+                                              "kv_cache_spec_sliding_window"};
 constexpr std::string_view kRemovedFields[] = {"block_hashes", "medium", "group_idx"};
 
 void ReadMedium(const Fields& fields, EngineEvent& out) {
@@ -281,6 +289,13 @@ EngineEvent DecodeStored(const object& event) {
   }
   if (const object* kind = fields.Get("kv_cache_spec_kind"); kind && kind->type == mtype::STR) {
     out.kv_cache_spec_kind = std::string(AsStr(*kind, "kv_cache_spec_kind"));
+  }
+  if (auto window =
+          OptInt(fields.Get("kv_cache_spec_sliding_window"), "kv_cache_spec_sliding_window")) {
+    if (*window <= 0 || *window > UINT32_MAX) {
+      Reject(absl::StrCat("kv_cache_spec_sliding_window ", *window, " out of range"));
+    }
+    out.sliding_window = static_cast<uint32_t>(*window);
   }
   ReadSglangMetadata(event, out);
   if (const object* salt = fields.Get("cache_salt"); salt && salt->type == mtype::STR) {
@@ -643,34 +658,50 @@ bool IsFullAttentionKind(std::string_view kind) {
   return kind == "full_attention" || kind == "mla_attention" || kind == "sink_full_attention";
 }
 
-void KvCacheGroups::Record(int64_t group, bool full_attention) {
+KvCacheGroups::Kind KindOfStore(std::string_view kind, std::optional<uint32_t> window_tokens) {
+  if (IsFullAttentionKind(kind)) return KvCacheGroups::Kind::kFullAttention;
+  // vLLM's SlidingWindowSpec and SlidingWindowMLASpec: both kept by its SlidingWindowManager.
+  if ((kind == "sliding_window" || kind == "sliding_window_mla") && window_tokens) {
+    return KvCacheGroups::Kind::kSlidingWindow;
+  }
+  return KvCacheGroups::Kind::kOther;
+}
+
+void KvCacheGroups::Record(const Group& group) {
   for (Group& known : groups_) {
-    if (known.index == group) {
-      known.full_attention = full_attention;
+    if (known.index == group.index) {
+      known = group;
       return;
     }
   }
-  if (groups_.size() < kMaxGroups) groups_.push_back({group, full_attention});
+  if (groups_.size() < kMaxGroups) groups_.push_back(group);
 }
 
-bool KvCacheGroups::IsOtherGroup(std::optional<int64_t> group) const {
-  if (!group) return false;
+std::optional<KvCacheGroups::Group> KvCacheGroups::Find(std::optional<int64_t> group) const {
+  if (!group) return std::nullopt;
   for (const Group& known : groups_) {
-    if (known.index == *group) return !known.full_attention;
+    if (known.index == *group) return known;
   }
-  return false;
+  return std::nullopt;
 }
 
 namespace {
 
-// Whether `e` is of a KV-cache group the router does not index: a store by its kind (recording
-// its group's kind in `groups`), a removal (it names its group only) or a store without its
-// kind by what `groups` learnt of its group.
-bool OfAnotherGroup(const EngineEvent& e, KvCacheGroups* groups) {
-  if (!e.kv_cache_spec_kind) return groups != nullptr && groups->IsOtherGroup(e.group_idx);
-  const bool full_attention = IsFullAttentionKind(*e.kv_cache_spec_kind);
-  if (groups != nullptr && e.group_idx) groups->Record(*e.group_idx, full_attention);
-  return !full_attention;
+// The group `e` is of: a store's by its kind (recorded in `groups`), a removal's (it names its
+// group only) or a kindless store's by what `groups` learnt of its group; full attention when
+// nothing says otherwise.
+KvCacheGroups::Group GroupOf(const EngineEvent& e, KvCacheGroups* groups) {
+  if (e.kv_cache_spec_kind) {
+    const KvCacheGroups::Group group{.index = e.group_idx.value_or(-1),
+                                     .kind = KindOfStore(*e.kv_cache_spec_kind, e.sliding_window),
+                                     .window_tokens = e.sliding_window.value_or(0)};
+    if (groups != nullptr && e.group_idx) groups->Record(group);
+    return group;
+  }
+  if (groups != nullptr) {
+    if (std::optional<KvCacheGroups::Group> known = groups->Find(e.group_idx)) return *known;
+  }
+  return {.index = e.group_idx.value_or(-1)};
 }
 
 }  // namespace
@@ -709,15 +740,43 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
       reject(skipped);
     }
   };
+  std::vector<KvEvent> sliding;  // applied after the rest (see the header)
   for (const EngineEvent& e : batch.events) {
     reject_skipped_before(e.position);
-    if (OfAnotherGroup(e, groups)) {
+    const KvCacheGroups::Group group = GroupOf(e, groups);
+    if (group.kind == KvCacheGroups::Kind::kOther) {
       ++skipped_other_groups;
       continue;
     }
     KvEvent event;
     event.worker = worker;
     event.tier = e.tier;
+    if (group.kind == KvCacheGroups::Kind::kSlidingWindow && e.kind != EngineEventKind::kCleared) {
+      // What a sliding window holds matters on the device only, where a request resumes.
+      if (e.tier != Tier::kDevice) {
+        ++skipped_other_groups;
+        continue;
+      }
+      if (e.kind == EngineEventKind::kStored) {
+        if (e.block_size && *e.block_size != router_block_size) {
+          ConversionReject mismatch{
+              .event_index = e.position,
+              .reason = BlockSizeMismatch(e.position, *e.block_size, router_block_size),
+              .kind = ConversionReject::Kind::kBlockSize};
+          reject(mismatch);
+          continue;
+        }
+        SlidingStoredEvent stored;
+        stored.group = group.index;
+        stored.window_tokens = group.window_tokens;
+        stored.block_hashes = e.block_hashes;
+        event.data = std::move(stored);
+      } else {
+        event.data = SlidingRemovedEvent{.group = group.index, .block_hashes = e.block_hashes};
+      }
+      sliding.push_back(std::move(event));
+      continue;
+    }
     event.event_id = event_id++;
     switch (e.kind) {
       case EngineEventKind::kStored: {
@@ -763,6 +822,10 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
     apply(event);
   }
   reject_skipped_before(SIZE_MAX);
+  for (KvEvent& event : sliding) {
+    event.event_id = event_id++;
+    apply(event);
+  }
   return skipped_other_groups;
 }
 

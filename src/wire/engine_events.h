@@ -52,6 +52,7 @@ struct EngineEvent {
   // to t0, t1, ..., tn (each block one look-ahead token longer: the router's eagle window).
   bool bigram = false;
   std::optional<std::string> kv_cache_spec_kind;  // hybrid models: IsFullAttentionKind indexes
+  std::optional<uint32_t> sliding_window;         // kv_cache_spec_sliding_window: tokens, > 0
   Tier tier = Tier::kDevice;                      // TierFromMedium(medium)
   // Its index among the batch's events as sent, those skipped included (what rejects name).
   size_t position = 0;
@@ -98,7 +99,8 @@ std::string BlockSizeMismatch(size_t event_index, uint32_t engine_block_size,
 struct ConvertedBatch {
   std::vector<KvEvent> events;
   std::vector<ConversionReject> block_size_mismatches;
-  // Events of a KV-cache group other than full attention (hybrid models): not indexed.
+  // Events of a KV-cache group neither full attention nor a sliding window (hybrid models):
+  // not indexed.
   size_t skipped_other_groups = 0;
 };
 
@@ -155,28 +157,39 @@ class SaltedBlocks {
 bool IsFullAttentionKind(std::string_view kind);
 
 // The KV-cache groups of a hybrid model (full attention, sliding window, Mamba state) a
-// publisher's stores named, and which are full attention. vLLM publishes every group's blocks
-// under the same hashes, and its removals name their group by index only (BlockRemoved has
-// group_idx, not the kind): a sliding-window group evicts its copy of a block long before the
-// full-attention group does, and that removal must not take the indexed block. A removal of a
-// group not seen in a store is applied (a model without groups, or a store not heard).
+// publisher's stores named, and what the router does with each. vLLM publishes every group's
+// blocks under the same hashes, and its removals name their group by index only (BlockRemoved
+// has group_idx, not the kind): a sliding-window group evicts its copy of a block long before
+// the full-attention group does, and that removal must not take the indexed block. A removal
+// of a group not seen in a store is applied as full attention's (a model without groups, or a
+// store not heard).
 class KvCacheGroups {
  public:
   // Groups remembered at most (an engine has a handful; garbage must not grow this).
   static constexpr size_t kMaxGroups = 64;
-  // A store of `group` of this kind was heard.
-  void Record(int64_t group, bool full_attention);
-  // Whether `group` is known as one whose blocks the router does not index.
-  bool IsOtherGroup(std::optional<int64_t> group) const;
+  enum class Kind : uint8_t {
+    kFullAttention,  // indexed (IsFullAttentionKind)
+    kSlidingWindow,  // its blocks limit the full-attention hit (SlidingStoredEvent)
+    kOther,          // not indexed: chunked local attention, Mamba state, unknown kinds, ...
+  };
+  struct Group {
+    int64_t index = 0;
+    Kind kind = Kind::kFullAttention;
+    uint32_t window_tokens = 0;  // kSlidingWindow only
+  };
+  // A store of this group was heard.
+  void Record(const Group& group);
+  // What a store said of `group`; nullopt if none did (or `group` is nullopt).
+  std::optional<Group> Find(std::optional<int64_t> group) const;
   void Clear() { groups_.clear(); }
 
  private:
-  struct Group {
-    int64_t index;
-    bool full_attention;
-  };
   std::vector<Group> groups_;  // a few: searched in order
 };
+
+// How a store of this kind (and window) is taken: full attention; a sliding window ("sliding_
+// window", "sliding_window_mla") when the engine said the window; else other.
+KvCacheGroups::Kind KindOfStore(std::string_view kind, std::optional<uint32_t> window_tokens);
 
 // One message of Dynamo's KV event plane, as dynamo.llm.KvEventPublisher (ai-dynamo-runtime
 // 1.6.1) publishes it on NATS subject namespace.<ns>.component.<c>.endpoint.<e>.kv-events: a
@@ -207,15 +220,19 @@ absl::StatusOr<DynamoMessage> DecodeDynamoEventPlane(std::span<const uint8_t> me
 // cache salt becomes the router event's cache namespace; `salted` (the publisher's memory, may
 // be null) lends a continuation its parent's salt. A store without tokens (vLLM's offloading
 // connector) is applied as a copy to its tier of blocks the worker already holds. Events of a
-// KV-cache group other than full attention are left out (stores by their kind; removals by
-// their group, as `groups`, the publisher's memory, may be null, knows it).
+// sliding-window KV-cache group become SlidingStoredEvent and SlidingRemovedEvent, after the
+// batch's other events (a batch stores a block's sliding-window copy before its full-attention
+// one, and the sliding store is placed by the latter); events of the other groups that are not
+// full attention are left out (stores by their kind; removals by their group, as `groups`, the
+// publisher's memory, may be null, knows it).
 ConvertedBatch ToKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t default_dp_rank,
                           uint32_t router_block_size, bool eagle, uint64_t first_event_id,
                           SaltedBlocks* salted = nullptr, KvCacheGroups* groups = nullptr);
 
 // As ToKvEvents, handing each event to `apply` as soon as it is converted, before the next one
 // is (what applying it does to `salted`, a removal's Forget, then comes before the next event's
-// conversion reads and records salts, in the batch's order), and each event not applied (a
+// conversion reads and records salts, in the batch's order; sliding-window events last, in
+// their order), and each event not applied (a
 // block size mismatch, or one of EngineBatch::skipped) to `reject` where it stands among them,
 // so that a caller counting rejects as they come names the batch's last one last. Returns the
 // events of other KV-cache groups, which are not indexed (by design: not rejects).

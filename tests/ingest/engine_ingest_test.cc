@@ -474,11 +474,22 @@ class VllmBatch {
   // A store of a hybrid model's KV-cache group `group` of `kind`, e.g. "sliding_window".
   static std::vector<uint8_t> StoredInGroup(uint64_t hash, const std::vector<uint32_t>& tokens,
                                             uint32_t group, const std::string& kind) {
+    return StoredInGroup(std::vector<uint64_t>{hash}, tokens, group, kind);
+  }
+  // The same with several blocks and, for a sliding window, its kv_cache_spec_sliding_window
+  // (vLLM 0.32's sliding-window store lists only the blocks the group keeps, with the tokens of
+  // the whole range).
+  static std::vector<uint8_t> StoredInGroup(const std::vector<uint64_t>& hashes,
+                                            const std::vector<uint32_t>& tokens, uint32_t group,
+                                            const std::string& kind,
+                                            std::optional<uint32_t> window = std::nullopt) {
     VllmBatch b;
-    b.Byte(0x9b).Str("BlockStored").Byte(0x91).Uint(hash).Byte(0xc0);
-    b.Byte(0xdc).Be(tokens.size(), 2);
+    b.Byte(window ? 0x9c : 0x9b).Str("BlockStored").Byte(0x90 | hashes.size());
+    for (uint64_t h : hashes) b.Uint(h);
+    b.Byte(0xc0).Byte(0xdc).Be(tokens.size(), 2);
     for (uint32_t t : tokens) b.Uint(t);
     b.Uint(16).Byte(0xc0).Str("GPU").Byte(0xc0).Byte(0xc0).Uint(group).Str(kind);
+    if (window) b.Uint(*window);
     return b.bytes_;
   }
   // A removal naming its group (as vLLM's does: its index, not its kind).
@@ -659,6 +670,41 @@ TEST_F(EngineIngestTest, EventsOfOtherKvCacheGroupsAreIgnoredAndCounted) {
   EXPECT_EQ(2u, stats.events_ignored);
   for (uint64_t rejected : stats.rejected) EXPECT_EQ(0u, rejected) << stats.last_reject;
   EXPECT_EQ(2u, ingest_->Stats(0)->events_ignored);
+}
+
+// A hybrid model whose engine said the window: the sliding-window group's blocks limit where a
+// prompt resumes, as in the engine (core/sliding_windows.h). vLLM sends the sliding store first
+// in the batch, naming only the blocks the window keeps; it is placed by the full-attention
+// store after it. Its removals name their group and leave full attention alone.
+TEST_F(EngineIngestTest, ASlidingWindowGroupLimitsTheHitAsTheEngineDoes) {
+  FakeEngine& engine = Engine("tcp://127.0.0.1:*");
+  const uint64_t source = Subscribe(engine, 5);
+  const std::vector<uint32_t> prompt = Range(1001, 1064);  // four blocks
+  engine.Send(
+      0, VllmBatch::Of({VllmBatch::StoredInGroup({23, 24}, prompt, 0, "sliding_window",
+                                                 32),  // two blocks before a hit point
+                        VllmBatch::StoredInGroup({21, 22, 23, 24}, prompt, 1, "full_attention")}));
+  IngestStats stats = WaitForMessages(source, 1, 2);
+  EXPECT_EQ(0u, stats.events_ignored);
+  for (uint64_t rejected : stats.rejected) EXPECT_EQ(0u, rejected) << stats.last_reject;
+  std::vector<uint32_t> longer = prompt;
+  longer.push_back(7);
+  EXPECT_EQ(4u, DeviceBlocks(longer, {5, 0}));
+  // Three blocks shared: the window holds block 2 but not block 1 before it, nor block 0: the
+  // engine computes the whole prompt, and so the router predicts nothing cached.
+  std::vector<uint32_t> shorter(prompt.begin(), prompt.begin() + 48);
+  shorter.insert(shorter.end(), 16, 9);
+  EXPECT_EQ(0u, DeviceBlocks(shorter, {5, 0}));
+  engine.Send(1, VllmBatch::RemovedInGroup(24, 0));  // the window moved on
+  stats = WaitForMessages(source, 2, 3);
+  EXPECT_EQ(0u, DeviceBlocks(longer, {5, 0}));
+  EXPECT_EQ(4u, router_->IndexStats().cached_blocks);  // full attention untouched
+  EXPECT_EQ(1u, router_->IndexStats().sliding_blocks);
+  // A later request's window holds block 3 again (a store continuing the prefix).
+  engine.Send(2, VllmBatch::StoredInGroup({24}, prompt, 0, "sliding_window", 32));
+  stats = WaitForMessages(source, 3, 4);
+  EXPECT_EQ(4u, DeviceBlocks(longer, {5, 0}));
+  for (uint64_t rejected : stats.rejected) EXPECT_EQ(0u, rejected) << stats.last_reject;
 }
 
 // vLLM's offloading connector copies a block to the host (a store without tokens), the device
