@@ -63,6 +63,28 @@ void AppendDecisionLatency(PrometheusText& text, const kvr_metrics& m) {
   text.Sample(std::string(kName) + "_count", {}, m.decision_latency_count);
 }
 
+// Hybrid models' sliding-window groups (core/sliding_windows.h): their events and blocks.
+void AppendSlidingWindows(PrometheusText& text, const kvrouter::IndexStats& stats) {
+  constexpr std::string_view kEvents = "kvrouter_sliding_window_events_total";
+  text.Family(kEvents, "counter",
+              "Sliding-window KV events (hybrid models) by kind and outcome (ok, or the reason "
+              "they were rejected).");
+  constexpr kvrouter::EventKind kKinds[] = {kvrouter::EventKind::kStored,
+                                            kvrouter::EventKind::kRemoved};
+  for (size_t kind = 0; kind < stats.sliding_events.size(); ++kind) {
+    for (int outcome = 0; outcome < kvrouter::kNumEventErrors; ++outcome) {
+      text.Sample(
+          kEvents,
+          {{"kind", kvrouter::EventKindName(kKinds[kind])},
+           {"outcome", kvrouter::EventErrorName(static_cast<kvrouter::EventError>(outcome))}},
+          stats.sliding_events[kind][outcome]);
+    }
+  }
+  text.Scalar("kvrouter_index_sliding_blocks", "gauge",
+              "(sliding-window group, block) entries of hybrid models' worker ranks.",
+              stats.sliding_blocks);
+}
+
 std::string RenderPrometheus(const kvr_router& router) {
   const kvr_metrics m = Collect(router);
   PrometheusText text;
@@ -99,6 +121,7 @@ std::string RenderPrometheus(const kvr_router& router) {
   text.Scalar("kvrouter_index_blocks", "gauge",
               "Cached (block, worker rank) entries in the KV index.", m.index_blocks);
   text.Scalar("kvrouter_index_bytes", "gauge", "Heap bytes held by the KV index.", m.index_bytes);
+  AppendSlidingWindows(text, router.router->IndexStats());
   text.Scalar("kvrouter_replica_changes_applied_total", "counter",
               "Booking changes of other router replicas applied here.", m.replica_changes_applied);
   text.Scalar("kvrouter_replica_changes_rejected_total", "counter",
