@@ -943,7 +943,7 @@ class RadixIndex::Impl {
     held_.clear();
     blocks.Clear();
     cached_blocks_ -= dropped;
-    sliding_.Clear(workers_[slot].key);
+    sliding_.Release(workers_[slot].key);
     return dropped;
   }
 
@@ -968,7 +968,6 @@ class RadixIndex::Impl {
 
   size_t ReleaseSlot(uint32_t slot) {
     const size_t dropped = ClearSlot(slot);
-    sliding_.Release(workers_[slot].key);
     slot_of_.erase(workers_[slot].key);
     workers_[slot].in_use = false;
     free_slots_.push_back(slot);  // SlotFor kept room for it
@@ -1438,9 +1437,16 @@ class RadixIndex::Impl {
   static int SlidingRow(EventKind kind) { return kind == EventKind::kStored ? 0 : 1; }
 
   ApplyResult ApplyData(const KvEvent& event, const SlidingStoredEvent& stored) {
+    std::unique_lock lock(mu_);  // before the counters too
     if (stored.window_tokens == 0) {
       return SlidingFail(EventKind::kStored, EventError::kInvalidBlock,
                          "a sliding-window store with a window of 0 tokens");
+    }
+    // A request resumes on the device only: what a window keeps elsewhere limits nothing.
+    if (event.tier != Tier::kDevice) {
+      return SlidingFail(EventKind::kStored, EventError::kInvalidBlock,
+                         Message("a sliding-window store on tier ", TierName(event.tier),
+                                 "; only the device's are tracked"));
     }
     const std::span<const uint64_t> given = stored.sequence_hashes;
     if (!given.empty() && given.size() != stored.block_hashes.size()) {
@@ -1448,7 +1454,6 @@ class RadixIndex::Impl {
                          Message(stored.block_hashes.size(), " block hashes but ", given.size(),
                                  " sequence hashes; none applied"));
     }
-    std::unique_lock lock(mu_);
     const uint32_t slot = SlotFor(event.worker);  // known from now on, as after a clear
     const PositionTable& blocks = workers_[slot].blocks;
     // Stores name consecutive blocks mostly: each one's sequence hash then follows from the
@@ -1478,7 +1483,9 @@ class RadixIndex::Impl {
       outcome = sliding_.Store(event.worker, stored.group, stored.window_tokens,
                                stored.block_hashes, sequence_hash);
     } catch (const std::bad_alloc&) {
-      ++refused_events_;  // the rank's sliding blocks are dropped (SlidingWindows::Store)
+      // As for any event refused midway: the rank holds nothing (its sliding groups are gone
+      // already), which its source learns from the refusal.
+      DropAfterRefusal(event.worker);
       throw;
     }
     if (outcome.missing > 0) {

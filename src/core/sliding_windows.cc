@@ -17,6 +17,8 @@ SlidingWindows::Rank::Rank(int64_t* bytes)
     : groups(CountingAllocator<Group>(bytes)),
       sequence_of(0, absl::Hash<GroupBlock>(), std::equal_to<>(),
                   CountingAllocator<std::pair<const GroupBlock, uint64_t>>(bytes)),
+      copies(0, absl::Hash<GroupBlock>(), std::equal_to<>(),
+             CountingAllocator<std::pair<const GroupBlock, uint32_t>>(bytes)),
       holding(0, absl::Hash<WindowBlock>(), std::equal_to<>(),
               CountingAllocator<std::pair<const WindowBlock, uint32_t>>(bytes)) {}
 
@@ -37,19 +39,19 @@ SlidingWindows::Outcome SlidingWindows::Store(
     WorkerKey rank, int64_t group, uint32_t window_tokens, std::span<const uint64_t> engine_hashes,
     absl::FunctionRef<std::optional<uint64_t>(size_t)> sequence_hash) {
   Outcome outcome;
-  Rank& r = RankFor(rank);
-  const uint32_t known = WindowOf(r, group);
-  if (known == 0 && r.groups.size() >= kMaxGroups) {
-    outcome.missing = engine_hashes.size();
-    if (!engine_hashes.empty()) outcome.first_missing = engine_hashes[0];
-    return outcome;
-  }
-  if (known == 0) {
-    r.groups.push_back({group, window_tokens});  // may throw: nothing changed yet
-  } else if (known != window_tokens) {
-    ChangeWindow(r, group, window_tokens);
-  }
   try {
+    Rank& r = RankFor(rank);
+    const uint32_t known = WindowOf(r, group);
+    if (known == 0 && r.groups.size() >= kMaxGroups) {
+      outcome.missing = engine_hashes.size();
+      if (!engine_hashes.empty()) outcome.first_missing = engine_hashes[0];
+      return outcome;
+    }
+    if (known == 0) {
+      r.groups.push_back({group, window_tokens});
+    } else if (known != window_tokens) {
+      ChangeWindow(r, group, window_tokens);
+    }
     for (size_t i = 0; i < engine_hashes.size(); ++i) {
       const std::optional<uint64_t> sequence = sequence_hash(i);
       if (!sequence) {
@@ -60,15 +62,15 @@ SlidingWindows::Outcome SlidingWindows::Store(
       if (!added) {
         if (it->second == *sequence) continue;  // held already
         // The engine hash now names another block: the old one goes.
-        Unhold(r, WindowBlock{window_tokens, it->second});
+        Unhold(r, group, window_tokens, it->second);
         it->second = *sequence;
       } else {
         ++blocks_;
       }
-      ++r.holding[WindowBlock{window_tokens, *sequence}];
+      Hold(r, group, window_tokens, *sequence);
     }
   } catch (const std::bad_alloc&) {
-    Clear(rank);
+    Release(rank);
     throw;
   }
   return outcome;
@@ -81,7 +83,7 @@ void SlidingWindows::ChangeWindow(Rank& r, int64_t group, uint32_t window_tokens
     if (g.index != group) continue;
     for (auto it = r.sequence_of.begin(); it != r.sequence_of.end();) {
       if (it->first.group == group) {
-        Unhold(r, WindowBlock{g.window_tokens, it->second});
+        Unhold(r, group, g.window_tokens, it->second);
         it = r.sequence_of.erase(it);
         --blocks_;
       } else {
@@ -92,8 +94,20 @@ void SlidingWindows::ChangeWindow(Rank& r, int64_t group, uint32_t window_tokens
   }
 }
 
-void SlidingWindows::Unhold(Rank& r, WindowBlock block) noexcept {
-  auto held = r.holding.find(block);
+// The group names the block under one more engine hash; the window's count of groups holding it
+// goes up with its first.
+void SlidingWindows::Hold(Rank& r, int64_t group, uint32_t window_tokens, uint64_t sequence) {
+  if (++r.copies[GroupBlock{group, sequence}] == 1) {
+    ++r.holding[WindowBlock{window_tokens, sequence}];
+  }
+}
+
+void SlidingWindows::Unhold(Rank& r, int64_t group, uint32_t window_tokens,
+                            uint64_t sequence) noexcept {
+  auto copy = r.copies.find(GroupBlock{group, sequence});
+  if (--copy->second > 0) return;
+  r.copies.erase(copy);
+  auto held = r.holding.find(WindowBlock{window_tokens, sequence});
   if (--held->second == 0) r.holding.erase(held);
 }
 
@@ -105,7 +119,7 @@ SlidingWindows::Outcome SlidingWindows::Remove(WorkerKey rank, int64_t group,
     if (rank_it != ranks_.end()) {
       Rank& r = rank_it->second;
       if (auto it = r.sequence_of.find(GroupBlock{group, engine_hash}); it != r.sequence_of.end()) {
-        Unhold(r, WindowBlock{WindowOf(r, group), it->second});
+        Unhold(r, group, WindowOf(r, group), it->second);
         r.sequence_of.erase(it);
         --blocks_;
         continue;
@@ -114,14 +128,6 @@ SlidingWindows::Outcome SlidingWindows::Remove(WorkerKey rank, int64_t group,
     if (outcome.missing++ == 0) outcome.first_missing = engine_hash;
   }
   return outcome;
-}
-
-void SlidingWindows::Clear(WorkerKey rank) noexcept {
-  auto it = ranks_.find(rank);
-  if (it == ranks_.end()) return;
-  blocks_ -= it->second.sequence_of.size();
-  it->second.sequence_of.clear();
-  it->second.holding.clear();
 }
 
 void SlidingWindows::Release(WorkerKey rank) noexcept {
@@ -139,7 +145,8 @@ void SlidingWindows::Release(WorkerKey rank) noexcept {
 uint32_t SlidingWindows::BlocksBefore(uint32_t window_tokens) const {
   // vLLM: cdiv(sliding_window - 1, block_size). A window of one token needs none before the
   // hit point; counting one keeps the search's shape (the rightmost held block) all the same.
-  return std::max<uint32_t>(1, (window_tokens - 1 + block_size_ - 1) / block_size_);
+  const uint64_t blocks = (uint64_t{window_tokens} - 1 + block_size_ - 1) / block_size_;
+  return static_cast<uint32_t>(std::max<uint64_t>(1, blocks));
 }
 
 // The hit one window's groups allow below `limit`: the end of the rightmost run of
@@ -198,7 +205,7 @@ void SlidingWindows::ForEachGroup(
     for (const Group& g : r.groups) {
       blocks.clear();
       for (const auto& [key, sequence] : r.sequence_of) {
-        if (key.group == g.index) blocks.emplace_back(key.engine_hash, sequence);
+        if (key.group == g.index) blocks.emplace_back(key.hash, sequence);
       }
       std::sort(blocks.begin(), blocks.end());
       visit(rank, g.index, g.window_tokens, blocks);
@@ -211,7 +218,10 @@ std::string SlidingWindows::CheckInvariants() const {
   for (const auto& [rank, r] : ranks_) {
     entries += r.sequence_of.size();
     int64_t scratch_bytes = 0;
-    Map<WindowBlock, uint32_t> counted(
+    Map<GroupBlock, uint32_t> copies(
+        0, absl::Hash<GroupBlock>(), std::equal_to<>(),
+        CountingAllocator<std::pair<const GroupBlock, uint32_t>>(&scratch_bytes));
+    Map<WindowBlock, uint32_t> holding(
         0, absl::Hash<WindowBlock>(), std::equal_to<>(),
         CountingAllocator<std::pair<const WindowBlock, uint32_t>>(&scratch_bytes));
     for (const auto& [key, sequence] : r.sequence_of) {
@@ -220,9 +230,9 @@ std::string SlidingWindows::CheckInvariants() const {
         return absl::StrCat("worker ", rank.worker_id, " rank ", rank.dp_rank,
                             ": a sliding block of group ", key.group, ", which it does not have");
       }
-      ++counted[WindowBlock{window, sequence}];
+      if (++copies[GroupBlock{key.group, sequence}] == 1) ++holding[WindowBlock{window, sequence}];
     }
-    if (counted != r.holding) {
+    if (copies != r.copies || holding != r.holding) {
       return absl::StrCat("worker ", rank.worker_id, " rank ", rank.dp_rank,
                           ": the sliding windows' counts disagree with their groups' blocks");
     }

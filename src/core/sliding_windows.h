@@ -15,13 +15,15 @@
 // Blocks are identified by their sequence hash (hashing.h: the whole prefix up to and including
 // the block), which the index finds from the engine hash of a block the rank holds in full
 // attention, and which a prompt's local hashes give at lookup. A group's blocks are recorded by
-// (group, engine hash) for removals. Memory follows the engine's: a block stays until the engine
-// removes it, clears the rank, or the rank goes; the groups a rank has (at most kMaxGroups) stay
-// until the rank goes, so that a rank whose sliding groups hold nothing hits nothing.
+// (group, engine hash) for removals; a block the group names under several engine hashes is held
+// until the last goes. Memory follows the engine's: a block stays until the engine removes it,
+// clears the rank, or the rank goes. The groups a rank has (at most kMaxGroups) stay as long as
+// its blocks (so that a rank whose sliding groups hold nothing hits nothing) and go with a clear
+// (an engine restarted with another configuration must not keep the old one's groups).
 //
 // Thread-safety: none; the index shard's lock guards it. Every byte it allocates is counted in
-// the `bytes` it was given. A refused allocation throws std::bad_alloc after leaving the rank's
-// sliding blocks as they were (a store of one block) or none of them (see Store).
+// the `bytes` it was given. A refused allocation throws std::bad_alloc after forgetting the rank
+// (see Store).
 #pragma once
 
 #include <cstdint>
@@ -53,16 +55,13 @@ class SlidingWindows {
   // The group (of window `window_tokens`) now holds these blocks. `sequence_hash(i)` gives the
   // sequence hash of block i, or nullopt when the rank does not hold it in full attention (it
   // is then not applied, and counted missing). A group already known with another window takes
-  // the new one. Refused: std::bad_alloc, the rank's sliding blocks all dropped (as by Clear),
-  // which understates what it holds but never claims a block it lacks.
+  // the new one. Refused: std::bad_alloc, the rank forgotten (as by Release).
   Outcome Store(WorkerKey rank, int64_t group, uint32_t window_tokens,
                 std::span<const uint64_t> engine_hashes,
                 absl::FunctionRef<std::optional<uint64_t>(size_t)> sequence_hash);
   // The group no longer holds these blocks. Allocates nothing.
   Outcome Remove(WorkerKey rank, int64_t group, std::span<const uint64_t> engine_hashes) noexcept;
-  // Every block of the rank dropped; its groups stay. Allocates nothing.
-  void Clear(WorkerKey rank) noexcept;
-  // The rank forgotten. Allocates nothing.
+  // The rank forgotten, its groups and blocks: a clear or the rank's removal. Allocates nothing.
   void Release(WorkerKey rank) noexcept;
   bool empty() const { return ranks_.empty(); }
   bool Has(WorkerKey rank) const { return ranks_.contains(rank); }
@@ -85,13 +84,14 @@ class SlidingWindows {
   std::string CheckInvariants() const;
 
  private:
+  // A group's block by one of its hashes: an engine hash, or a sequence hash (Rank::copies).
   struct GroupBlock {
     int64_t group;
-    uint64_t engine_hash;
+    uint64_t hash;
     friend bool operator==(const GroupBlock&, const GroupBlock&) = default;
     template <typename H>
     friend H AbslHashValue(H h, const GroupBlock& b) {
-      return H::combine(std::move(h), b.group, b.engine_hash);
+      return H::combine(std::move(h), b.group, b.hash);
     }
   };
   struct WindowBlock {
@@ -114,12 +114,14 @@ class SlidingWindows {
     explicit Rank(int64_t* bytes);
     std::vector<Group, CountingAllocator<Group>> groups;
     Map<GroupBlock, uint64_t> sequence_of;  // (group, engine hash) -> the block's sequence hash
+    Map<GroupBlock, uint32_t> copies;       // (group, sequence hash) -> its engine hashes
     Map<WindowBlock, uint32_t> holding;     // -> how many groups of that window hold the block
   };
 
   Rank& RankFor(WorkerKey rank);
   void ChangeWindow(Rank& r, int64_t group, uint32_t window_tokens) noexcept;
-  static void Unhold(Rank& r, WindowBlock block) noexcept;
+  static void Hold(Rank& r, int64_t group, uint32_t window_tokens, uint64_t sequence);
+  static void Unhold(Rank& r, int64_t group, uint32_t window_tokens, uint64_t sequence) noexcept;
   static uint32_t WindowOf(const Rank& r, int64_t group);
   uint32_t BlocksBefore(uint32_t window_tokens) const;
   uint32_t RuleHit(const Rank& r, uint32_t window_tokens, uint32_t groups,

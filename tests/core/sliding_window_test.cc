@@ -111,18 +111,39 @@ TEST(SlidingWindowTest, GroupsOfOneWindowMustAllHoldABlockAndUnplacedBlocksAreRe
   EXPECT_EQ(2u, stats.sliding_events[0][0]);
   EXPECT_EQ(1u, stats.sliding_events[0][static_cast<int>(EventError::kBlockNotFound)]);
   EXPECT_EQ(4u, stats.sliding_blocks);
-  // A clear takes the sliding blocks too; the groups stay, so the rank resumes from nothing
-  // until its window holds blocks again.
-  ASSERT_TRUE(index.Apply(StoredBlocks(kRank, std::nullopt, engine, locals)).ok());
-  ASSERT_TRUE(index.Apply(ClearedWorker(kRank)).ok());
-  ASSERT_TRUE(index.Apply(StoredBlocks(kRank, std::nullopt, engine, locals)).ok());
+  // While its groups are known, a rank whose windows hold nothing resumes from nothing.
+  ASSERT_TRUE(index.Apply(SlidingRemoved(kRank, 0, {302, 303})).ok());
+  ASSERT_TRUE(index.Apply(SlidingRemoved(kRank, 4, {302, 303})).ok());
   EXPECT_EQ(0u, index.Stats().sliding_blocks);
   EXPECT_EQ(0u, DeviceHit(index, kRank, locals));
+  // A clear takes the groups too (an engine restarted with another configuration must not
+  // keep the old one's): full attention alone again until a window speaks.
+  ASSERT_TRUE(index.Apply(ClearedWorker(kRank)).ok());
+  ASSERT_TRUE(index.Apply(StoredBlocks(kRank, std::nullopt, engine, locals)).ok());
+  EXPECT_EQ(3u, DeviceHit(index, kRank, locals));
   // Removing the rank forgets everything, and its memory goes with it.
   index.RemoveWorker(kRank.worker_id);
   EXPECT_EQ("", index.CheckInvariants());
   ASSERT_TRUE(index.Apply(StoredBlocks(kRank, std::nullopt, engine, locals)).ok());
   EXPECT_EQ(3u, DeviceHit(index, kRank, locals));
+}
+
+// A group counts once for a block however many engine hashes it names it by: two copies in one
+// group are not the other group of the window holding it.
+TEST(SlidingWindowTest, ABlockTwiceInOneGroupIsNotHeldByTheOtherGroups) {
+  RadixIndex index({.block_size = 16});
+  ASSERT_TRUE(index.Apply(StoredBlocks(kRank, std::nullopt, {401}, {1})).ok());
+  ASSERT_TRUE(index.Apply(StoredBlocks(kRank, std::nullopt, {402}, {1})).ok());  // a second copy
+  ASSERT_TRUE(index.Apply(SlidingStored(kRank, 0, 17, {401, 402})).ok());
+  (void)index.Apply(SlidingStored(kRank, 1, 17, {999}));  // group 1 known, holding nothing
+  const std::vector<uint64_t> prompt{1, 2};
+  EXPECT_EQ(0u, DeviceHit(index, kRank, prompt));
+  ASSERT_TRUE(index.Apply(SlidingRemoved(kRank, 0, {401})).ok());
+  ASSERT_TRUE(index.Apply(SlidingStored(kRank, 1, 17, {401})).ok());
+  EXPECT_EQ(1u, DeviceHit(index, kRank, prompt));  // group 0 still holds it as 402
+  ASSERT_TRUE(index.Apply(SlidingRemoved(kRank, 0, {402})).ok());
+  EXPECT_EQ(0u, DeviceHit(index, kRank, prompt));
+  EXPECT_EQ("", index.CheckInvariants());
 }
 
 TEST(SlidingWindowTest, MalformedStoresChangeNothing) {
@@ -133,6 +154,9 @@ TEST(SlidingWindowTest, MalformedStoresChangeNothing) {
   std::get<SlidingStoredEvent>(mismatched.data).sequence_hashes = {1, 2};
   EXPECT_EQ(EventError::kInvalidBlock, index.Apply(mismatched).error);
   EXPECT_EQ(EventError::kBlockNotFound, index.Apply(SlidingRemoved(kRank, 0, {1})).error);
+  KvEvent on_host = SlidingStored(kRank, 0, 32, {1});
+  on_host.tier = Tier::kHostPinned;  // only the device's windows limit a hit
+  EXPECT_EQ(EventError::kInvalidBlock, index.Apply(on_host).error);
   EXPECT_EQ(1u, DeviceHit(index, kRank, std::vector<uint64_t>{1}));
   EXPECT_EQ(0u, index.Stats().sliding_blocks);
 }
@@ -263,8 +287,7 @@ TEST(SlidingWindowTest, RandomHistoriesAgreeWithVllmsRule) {
         for (uint64_t h : gone) r.slide[group->first].erase(h);
       } else {
         ASSERT_TRUE(index.Apply(ClearedWorker(rank)).ok());
-        r.full.clear();
-        for (auto& [group, blocks] : r.slide) blocks.clear();
+        r = Oracle::Rank{};  // its groups too
       }
       ASSERT_EQ("", index.CheckInvariants()) << "round " << round << " step " << step;
       // Every rank against the oracle, on a prompt cut anywhere, with and without the cap.
