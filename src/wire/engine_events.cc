@@ -290,12 +290,12 @@ EngineEvent DecodeStored(const object& event) {
   if (const object* kind = fields.Get("kv_cache_spec_kind"); kind && kind->type == mtype::STR) {
     out.kv_cache_spec_kind = std::string(AsStr(*kind, "kv_cache_spec_kind"));
   }
-  if (auto window =
-          OptInt(fields.Get("kv_cache_spec_sliding_window"), "kv_cache_spec_sliding_window")) {
-    if (*window <= 0 || *window > UINT32_MAX) {
-      Reject(absl::StrCat("kv_cache_spec_sliding_window ", *window, " out of range"));
-    }
-    out.sliding_window = static_cast<uint32_t>(*window);
+  // A window out of range is left unsaid: the group's events are then ignored (and counted),
+  // and the full-attention events beside them still apply.
+  if (const object* window = fields.Get("kv_cache_spec_sliding_window");
+      window != nullptr && window->type == mtype::POSITIVE_INTEGER && window->via.u64 > 0 &&
+      window->via.u64 <= UINT32_MAX) {
+    out.sliding_window = static_cast<uint32_t>(window->via.u64);
   }
   ReadSglangMetadata(event, out);
   if (const object* salt = fields.Get("cache_salt"); salt && salt->type == mtype::STR) {
@@ -677,6 +677,11 @@ void KvCacheGroups::Record(const Group& group) {
   if (groups_.size() < kMaxGroups) groups_.push_back(group);
 }
 
+bool KvCacheGroups::HasFullAttention() const {
+  return std::any_of(groups_.begin(), groups_.end(),
+                     [](const Group& g) { return g.kind == Kind::kFullAttention; });
+}
+
 std::optional<KvCacheGroups::Group> KvCacheGroups::Find(std::optional<int64_t> group) const {
   if (!group) return std::nullopt;
   for (const Group& known : groups_) {
@@ -741,6 +746,19 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
     }
   };
   std::vector<KvEvent> sliding;  // applied after the rest (see the header)
+  // A model whose every layer has a sliding window (vLLM gives it one group) has no full-
+  // attention blocks to place them by: its events are ignored, as before windows were modelled.
+  auto apply_sliding = [&] {
+    for (KvEvent& event : sliding) {
+      if (groups != nullptr && !groups->HasFullAttention()) {
+        ++skipped_other_groups;
+        continue;
+      }
+      event.event_id = event_id++;
+      apply(event);
+    }
+    sliding.clear();
+  };
   for (const EngineEvent& e : batch.events) {
     reject_skipped_before(e.position);
     const KvCacheGroups::Group group = GroupOf(e, groups);
@@ -777,6 +795,8 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
       sliding.push_back(std::move(event));
       continue;
     }
+    // The windows' blocks stored before a clear go before it, not onto what follows it.
+    if (e.kind == EngineEventKind::kCleared) apply_sliding();
     event.event_id = event_id++;
     switch (e.kind) {
       case EngineEventKind::kStored: {
@@ -822,10 +842,7 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
     apply(event);
   }
   reject_skipped_before(SIZE_MAX);
-  for (KvEvent& event : sliding) {
-    event.event_id = event_id++;
-    apply(event);
-  }
+  apply_sliding();
   return skipped_other_groups;
 }
 

@@ -181,6 +181,8 @@ class KvCacheGroups {
   void Record(const Group& group);
   // What a store said of `group`; nullopt if none did (or `group` is nullopt).
   std::optional<Group> Find(std::optional<int64_t> group) const;
+  // Whether a store said some group is full attention.
+  bool HasFullAttention() const;
   void Clear() { groups_.clear(); }
 
  private:

@@ -375,6 +375,60 @@ TEST(EngineToRouter, EveryFullAttentionKindIsIndexed) {
   EXPECT_TRUE(ToKvEvents(sliding, 1, 0, 16, false, 1, nullptr, &groups).events.empty());
 }
 
+// A sliding-window group that says its window: its store becomes a SlidingStoredEvent after the
+// batch's other events (vLLM sends it first), its removal (by group index) a
+// SlidingRemovedEvent; before a clear, those waiting go first. A model with no full-attention
+// group has nothing to place them by: ignored, as are windows out of range and other tiers.
+TEST(EngineToRouter, SlidingWindowGroupsBecomeSlidingEventsAfterTheBatchsOthers) {
+  auto event = [](EngineEventKind kind, uint64_t hash, std::optional<std::string> spec,
+                  std::optional<uint32_t> window, int64_t group) {
+    EngineEvent e;
+    e.kind = kind;
+    e.block_hashes = {hash};
+    if (kind == EngineEventKind::kStored) e.token_ids = Range(1, 16);
+    e.kv_cache_spec_kind = std::move(spec);
+    e.sliding_window = window;
+    e.group_idx = group;
+    return e;
+  };
+  EngineBatch batch;
+  batch.events = {event(EngineEventKind::kStored, 7, "sliding_window", 64, 0),
+                  event(EngineEventKind::kStored, 7, "full_attention", std::nullopt, 1),
+                  event(EngineEventKind::kRemoved, 7, std::nullopt, std::nullopt, 0),
+                  event(EngineEventKind::kCleared, 0, std::nullopt, std::nullopt, 0),
+                  event(EngineEventKind::kStored, 8, "sliding_window", 64, 0)};
+  for (size_t i = 0; i < batch.events.size(); ++i) batch.events[i].position = i;
+  KvCacheGroups groups;
+  const ConvertedBatch c = ToKvEvents(batch, 1, 0, 16, false, 100, nullptr, &groups);
+  ASSERT_EQ(5u, c.events.size());
+  EXPECT_TRUE(std::holds_alternative<StoredEvent>(c.events[0].data));
+  const auto* sliding = std::get_if<SlidingStoredEvent>(&c.events[1].data);
+  ASSERT_NE(nullptr, sliding);
+  EXPECT_EQ(0, sliding->group);
+  EXPECT_EQ(64u, sliding->window_tokens);
+  EXPECT_EQ(std::vector<uint64_t>{7}, sliding->block_hashes);
+  EXPECT_TRUE(std::holds_alternative<SlidingRemovedEvent>(c.events[2].data));
+  EXPECT_TRUE(std::holds_alternative<ClearedEvent>(c.events[3].data));
+  EXPECT_TRUE(std::holds_alternative<SlidingStoredEvent>(c.events[4].data));
+  for (size_t i = 0; i < c.events.size(); ++i) EXPECT_EQ(100 + i, c.events[i].event_id);
+  EXPECT_EQ(0u, c.skipped_other_groups);
+
+  // Every layer windowed: one sliding group, no full attention to place its blocks by.
+  EngineBatch all_sliding;
+  all_sliding.events = {event(EngineEventKind::kStored, 7, "sliding_window", 4096, 0)};
+  KvCacheGroups one_group;
+  EXPECT_EQ(1u,
+            ToKvEvents(all_sliding, 1, 0, 16, false, 1, nullptr, &one_group).skipped_other_groups);
+  // A sliding kind without its window (an older vLLM, or one out of range) or on another tier.
+  EngineBatch unsized;
+  unsized.events = {event(EngineEventKind::kStored, 7, "sliding_window", std::nullopt, 0)};
+  EXPECT_EQ(1u, ToKvEvents(unsized, 1, 0, 16, false, 1, nullptr, &groups).skipped_other_groups);
+  EngineBatch on_host;
+  on_host.events = {event(EngineEventKind::kStored, 7, "sliding_window", 64, 0)};
+  on_host.events[0].tier = Tier::kHostPinned;
+  EXPECT_EQ(1u, ToKvEvents(on_host, 1, 0, 16, false, 1, nullptr, &groups).skipped_other_groups);
+}
+
 // ---- Malformed input. ----------------------------------------------------------------------
 
 // A salt is held while some block has it: the salts of blocks forgotten went with them only at
