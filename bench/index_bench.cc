@@ -546,7 +546,59 @@ void BM_TraceApplyThreads(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * 2 * batch.blocks));
 }
 
+// (d) Hybrid models: what a sliding-window group's rule (core/sliding_windows.h) adds to a
+// lookup. 64 workers hold a shared 64-block prefix and a 448-block continuation each (8,192
+// tokens at 16 a block); with sliding:1 each also has a sliding group of 1,024 tokens (Gemma-3's:
+// 64 blocks before a hit point) holding its prompt's last 64 blocks, as vLLM leaves them. The
+// query is worker 0's prompt plus one token: worker 0's rule finds its run in 64 probes, each
+// other worker's searches its 64 shared blocks and finds none (a hit of 0: it drops out).
+void BM_FindMatchesHybrid(benchmark::State& state) {
+  const bool sliding = state.range(0) != 0;
+  constexpr uint32_t kWorkers = 64, kShared = 64, kOwn = 448, kWindowTokens = 1024;
+  RadixIndex index({.block_size = kBlockSize});
+  std::mt19937_64 rng(7);
+  auto random_blocks = [&](size_t n) {
+    std::vector<uint64_t> hashes(n);
+    for (uint64_t& h : hashes) h = rng();
+    return hashes;
+  };
+  const std::vector<uint64_t> shared = random_blocks(kShared);
+  std::vector<uint64_t> query;
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    std::vector<uint64_t> local = shared;
+    const std::vector<uint64_t> own = random_blocks(kOwn);
+    local.insert(local.end(), own.begin(), own.end());
+    if (w == 0) query = local;
+    std::vector<uint64_t> engine = ComputeSequenceHashes(local);
+    StoredEvent stored{.block_hashes = engine, .local_hashes = local};
+    (void)index.Apply(MakeStored(Worker(w), std::nullopt, std::move(stored)));
+    if (!sliding) continue;
+    SlidingStoredEvent window{.group = 0, .window_tokens = kWindowTokens};
+    window.block_hashes.assign(engine.end() - kWindowTokens / kBlockSize, engine.end());
+    (void)index.Apply(KvEvent{.worker = Worker(w), .data = std::move(window)});
+  }
+  const size_t computable = query.size();  // the prompt plus one token
+  std::vector<WorkerMatch> matches;
+  std::vector<double> latencies;
+  for (auto _ : state) {
+    const auto start = Clock::now();
+    index.FindMatches(query, matches, computable);
+    const double s = Seconds(Clock::now() - start);
+    state.SetIterationTime(s);
+    latencies.push_back(s);
+  }
+  ReportLatency(state, latencies);
+  state.counters["workers_matched"] = static_cast<double>(matches.size());
+  state.counters["worker0_blocks"] = matches.empty() ? 0 : matches[0].device_blocks;
+}
+
 BENCHMARK(BM_TraceIndexMemory)->Iterations(1);
+BENCHMARK(BM_FindMatchesHybrid)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->ArgName("sliding")
+    ->Arg(0)
+    ->Arg(1);
 BENCHMARK(BM_FindMatches)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)

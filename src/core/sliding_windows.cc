@@ -151,19 +151,31 @@ uint32_t SlidingWindows::BlocksBefore(uint32_t window_tokens) const {
 
 // The hit one window's groups allow below `limit`: the end of the rightmost run of
 // BlocksBefore(window) blocks that all `groups` of the window hold, or else the leading run.
+// vLLM scans down block by block; this skips instead (a block missing rules out every run that
+// would contain it), so a rank whose window holds nothing of the prompt costs about
+// limit / needed probes rather than limit, and one that holds a run costs `needed`.
 uint32_t SlidingWindows::RuleHit(const Rank& r, uint32_t window_tokens, uint32_t groups,
                                  std::span<const uint64_t> sequence_hashes, uint32_t limit) const {
   const uint32_t needed = BlocksBefore(window_tokens);
-  uint32_t run = 0;
-  for (uint32_t i = limit; i-- > 0;) {
+  auto held = [&](uint32_t i) {
     const auto it = r.holding.find(WindowBlock{window_tokens, sequence_hashes[i]});
-    if (it == r.holding.end() || it->second < groups) {
-      run = 0;
+    return it != r.holding.end() && it->second >= groups;
+  };
+  uint32_t end = limit;  // the candidate run is [end - needed, end)
+  while (end >= needed) {
+    const uint32_t first = end - needed;
+    if (!held(first)) {
+      end = first;  // every run ending in (first, end] contains `first`
       continue;
     }
-    if (++run == needed) return i + needed;
+    uint32_t missing = end - 1;
+    while (missing > first && held(missing)) --missing;
+    if (missing == first) return end;  // all of [first, end) held
+    end = missing;                     // every run ending in (missing, end] contains it
   }
-  return run;  // the blocks from the prompt's first one on, fewer than needed
+  uint32_t run = 0;  // the blocks from the prompt's first one on (fewer than needed)
+  while (run < limit && held(run)) ++run;
+  return run;
 }
 
 uint32_t SlidingWindows::Hit(WorkerKey rank, std::span<const uint64_t> sequence_hashes,

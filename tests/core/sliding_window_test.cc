@@ -235,7 +235,8 @@ TEST(SlidingWindowTest, RandomHistoriesAgreeWithVllmsRule) {
     return engine;
   };
   const WorkerKey ranks[] = {{1, 0}, {1, 1}, {2, 0}};
-  const std::map<int64_t, uint32_t> windows{{0, 8}, {2, 8}, {3, 13}};  // 2, 2 and 3 blocks before
+  // 2, 2, 3 and 6 blocks before a hit point.
+  const std::map<int64_t, uint32_t> windows{{0, 8}, {2, 8}, {3, 13}, {5, 24}};
   for (int round = 0; round < 30; ++round) {
     RadixIndex index({.block_size = kBlock, .shards = 2});
     Oracle oracle{.block_size = kBlock};
