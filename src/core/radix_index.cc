@@ -1488,16 +1488,25 @@ class RadixIndex::Impl {
       DropAfterRefusal(event.worker);
       throw;
     }
-    if (outcome.missing > 0) {
-      return SlidingFail(
-          EventKind::kStored, EventError::kBlockNotFound,
-          Message(outcome.missing, " of ", stored.block_hashes.size(),
-                  " sliding-window blocks of group ", stored.group, " are not held by worker ",
-                  event.worker.worker_id, " rank ", event.worker.dp_rank,
-                  " in full attention (first: ", outcome.first_missing, "); the others applied"));
+    return SlidingResult(EventKind::kStored, event.worker, stored.group, stored.block_hashes.size(),
+                         outcome);
+  }
+
+  // A sliding event applied, or some of its blocks not: not held in full attention, for a store
+  // (nowhere to place them), or not held by the group, for a removal.
+  ApplyResult SlidingResult(EventKind kind, WorkerKey worker, int64_t group, size_t blocks,
+                            const SlidingWindows::Outcome& outcome) {
+    if (outcome.missing == 0) {
+      ++sliding_events_[SlidingRow(kind)][static_cast<int>(EventError::kNone)];
+      return ApplyResult{};
     }
-    ++sliding_events_[0][0];
-    return ApplyResult{};
+    const bool stored = kind == EventKind::kStored;
+    return SlidingFail(
+        kind, EventError::kBlockNotFound,
+        Message(outcome.missing, " of ", blocks, stored ? " stored" : " removed",
+                " sliding-window blocks of group ", group, " not held by worker ", worker.worker_id,
+                " rank ", worker.dp_rank, stored ? " in full attention" : " in that group",
+                " (first: ", outcome.first_missing, "); the others applied"));
   }
 
   // Whether block `p` comes right after block `before` on one path.
@@ -1509,18 +1518,9 @@ class RadixIndex::Impl {
 
   ApplyResult ApplyData(const KvEvent& event, const SlidingRemovedEvent& removed) {
     std::unique_lock lock(mu_);
-    const SlidingWindows::Outcome outcome =
-        sliding_.Remove(event.worker, removed.group, removed.block_hashes);
-    if (outcome.missing > 0) {
-      return SlidingFail(
-          EventKind::kRemoved, EventError::kBlockNotFound,
-          Message(outcome.missing, " of ", removed.block_hashes.size(),
-                  " removed sliding-window blocks of group ", removed.group, " not held by worker ",
-                  event.worker.worker_id, " rank ", event.worker.dp_rank,
-                  " (first: ", outcome.first_missing, "); the others were removed"));
-    }
-    ++sliding_events_[1][0];
-    return ApplyResult{};
+    return SlidingResult(EventKind::kRemoved, event.worker, removed.group,
+                         removed.block_hashes.size(),
+                         sliding_.Remove(event.worker, removed.group, removed.block_hashes));
   }
 
   // ---- Matching ----------------------------------------------------------------------------

@@ -15,12 +15,12 @@ SlidingWindows::SlidingWindows(int64_t* bytes, uint32_t block_size)
 
 SlidingWindows::Rank::Rank(int64_t* bytes)
     : groups(CountingAllocator<Group>(bytes)),
-      sequence_of(0, absl::Hash<GroupBlock>(), std::equal_to<>(),
-                  CountingAllocator<std::pair<const GroupBlock, uint64_t>>(bytes)),
-      copies(0, absl::Hash<GroupBlock>(), std::equal_to<>(),
-             CountingAllocator<std::pair<const GroupBlock, uint32_t>>(bytes)),
-      holding(0, absl::Hash<WindowBlock>(), std::equal_to<>(),
-              CountingAllocator<std::pair<const WindowBlock, uint32_t>>(bytes)) {}
+      sequence_of(0, absl::Hash<ScopedBlock>(), std::equal_to<>(),
+                  CountingAllocator<std::pair<const ScopedBlock, uint64_t>>(bytes)),
+      copies(0, absl::Hash<ScopedBlock>(), std::equal_to<>(),
+             CountingAllocator<std::pair<const ScopedBlock, uint32_t>>(bytes)),
+      holding(0, absl::Hash<ScopedBlock>(), std::equal_to<>(),
+              CountingAllocator<std::pair<const ScopedBlock, uint32_t>>(bytes)) {}
 
 SlidingWindows::Rank& SlidingWindows::RankFor(WorkerKey rank) {
   auto it = ranks_.find(rank);
@@ -58,7 +58,7 @@ SlidingWindows::Outcome SlidingWindows::Store(
         if (outcome.missing++ == 0) outcome.first_missing = engine_hashes[i];
         continue;
       }
-      auto [it, added] = r.sequence_of.try_emplace(GroupBlock{group, engine_hashes[i]}, *sequence);
+      auto [it, added] = r.sequence_of.try_emplace(ScopedBlock{group, engine_hashes[i]}, *sequence);
       if (!added) {
         if (it->second == *sequence) continue;  // held already
         // The engine hash now names another block: the old one goes.
@@ -82,7 +82,7 @@ void SlidingWindows::ChangeWindow(Rank& r, int64_t group, uint32_t window_tokens
   for (Group& g : r.groups) {
     if (g.index != group) continue;
     for (auto it = r.sequence_of.begin(); it != r.sequence_of.end();) {
-      if (it->first.group == group) {
+      if (it->first.scope == group) {
         Unhold(r, group, g.window_tokens, it->second);
         it = r.sequence_of.erase(it);
         --blocks_;
@@ -97,17 +97,17 @@ void SlidingWindows::ChangeWindow(Rank& r, int64_t group, uint32_t window_tokens
 // The group names the block under one more engine hash; the window's count of groups holding it
 // goes up with its first.
 void SlidingWindows::Hold(Rank& r, int64_t group, uint32_t window_tokens, uint64_t sequence) {
-  if (++r.copies[GroupBlock{group, sequence}] == 1) {
-    ++r.holding[WindowBlock{window_tokens, sequence}];
+  if (++r.copies[ScopedBlock{group, sequence}] == 1) {
+    ++r.holding[ScopedBlock{window_tokens, sequence}];
   }
 }
 
 void SlidingWindows::Unhold(Rank& r, int64_t group, uint32_t window_tokens,
                             uint64_t sequence) noexcept {
-  auto copy = r.copies.find(GroupBlock{group, sequence});
+  auto copy = r.copies.find(ScopedBlock{group, sequence});
   if (--copy->second > 0) return;
   r.copies.erase(copy);
-  auto held = r.holding.find(WindowBlock{window_tokens, sequence});
+  auto held = r.holding.find(ScopedBlock{window_tokens, sequence});
   if (--held->second == 0) r.holding.erase(held);
 }
 
@@ -118,7 +118,8 @@ SlidingWindows::Outcome SlidingWindows::Remove(WorkerKey rank, int64_t group,
   for (uint64_t engine_hash : engine_hashes) {
     if (rank_it != ranks_.end()) {
       Rank& r = rank_it->second;
-      if (auto it = r.sequence_of.find(GroupBlock{group, engine_hash}); it != r.sequence_of.end()) {
+      if (auto it = r.sequence_of.find(ScopedBlock{group, engine_hash});
+          it != r.sequence_of.end()) {
         Unhold(r, group, WindowOf(r, group), it->second);
         r.sequence_of.erase(it);
         --blocks_;
@@ -158,7 +159,7 @@ uint32_t SlidingWindows::RuleHit(const Rank& r, uint32_t window_tokens, uint32_t
                                  std::span<const uint64_t> sequence_hashes, uint32_t limit) const {
   const uint32_t needed = BlocksBefore(window_tokens);
   auto held = [&](uint32_t i) {
-    const auto it = r.holding.find(WindowBlock{window_tokens, sequence_hashes[i]});
+    const auto it = r.holding.find(ScopedBlock{window_tokens, sequence_hashes[i]});
     return it != r.holding.end() && it->second >= groups;
   };
   uint32_t end = limit;  // the candidate run is [end - needed, end)
@@ -217,7 +218,7 @@ void SlidingWindows::ForEachGroup(
     for (const Group& g : r.groups) {
       blocks.clear();
       for (const auto& [key, sequence] : r.sequence_of) {
-        if (key.group == g.index) blocks.emplace_back(key.hash, sequence);
+        if (key.scope == g.index) blocks.emplace_back(key.hash, sequence);
       }
       std::sort(blocks.begin(), blocks.end());
       visit(rank, g.index, g.window_tokens, blocks);
@@ -230,19 +231,19 @@ std::string SlidingWindows::CheckInvariants() const {
   for (const auto& [rank, r] : ranks_) {
     entries += r.sequence_of.size();
     int64_t scratch_bytes = 0;
-    Map<GroupBlock, uint32_t> copies(
-        0, absl::Hash<GroupBlock>(), std::equal_to<>(),
-        CountingAllocator<std::pair<const GroupBlock, uint32_t>>(&scratch_bytes));
-    Map<WindowBlock, uint32_t> holding(
-        0, absl::Hash<WindowBlock>(), std::equal_to<>(),
-        CountingAllocator<std::pair<const WindowBlock, uint32_t>>(&scratch_bytes));
+    Map<ScopedBlock, uint32_t> copies(
+        0, absl::Hash<ScopedBlock>(), std::equal_to<>(),
+        CountingAllocator<std::pair<const ScopedBlock, uint32_t>>(&scratch_bytes));
+    Map<ScopedBlock, uint32_t> holding(
+        0, absl::Hash<ScopedBlock>(), std::equal_to<>(),
+        CountingAllocator<std::pair<const ScopedBlock, uint32_t>>(&scratch_bytes));
     for (const auto& [key, sequence] : r.sequence_of) {
-      const uint32_t window = WindowOf(r, key.group);
+      const uint32_t window = WindowOf(r, key.scope);
       if (window == 0) {
         return absl::StrCat("worker ", rank.worker_id, " rank ", rank.dp_rank,
-                            ": a sliding block of group ", key.group, ", which it does not have");
+                            ": a sliding block of group ", key.scope, ", which it does not have");
       }
-      if (++copies[GroupBlock{key.group, sequence}] == 1) ++holding[WindowBlock{window, sequence}];
+      if (++copies[ScopedBlock{key.scope, sequence}] == 1) ++holding[ScopedBlock{window, sequence}];
     }
     if (copies != r.copies || holding != r.holding) {
       return absl::StrCat("worker ", rank.worker_id, " rank ", rank.dp_rank,

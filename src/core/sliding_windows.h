@@ -84,23 +84,15 @@ class SlidingWindows {
   std::string CheckInvariants() const;
 
  private:
-  // A group's block by one of its hashes: an engine hash, or a sequence hash (Rank::copies).
-  struct GroupBlock {
-    int64_t group;
+  // A block within a scope: a group (its index) for Rank::sequence_of (by engine hash) and
+  // Rank::copies (by sequence hash), a window (its tokens) for Rank::holding.
+  struct ScopedBlock {
+    int64_t scope;
     uint64_t hash;
-    friend bool operator==(const GroupBlock&, const GroupBlock&) = default;
+    friend bool operator==(const ScopedBlock&, const ScopedBlock&) = default;
     template <typename H>
-    friend H AbslHashValue(H h, const GroupBlock& b) {
-      return H::combine(std::move(h), b.group, b.hash);
-    }
-  };
-  struct WindowBlock {
-    uint32_t window_tokens;
-    uint64_t sequence_hash;
-    friend bool operator==(const WindowBlock&, const WindowBlock&) = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const WindowBlock& b) {
-      return H::combine(std::move(h), b.window_tokens, b.sequence_hash);
+    friend H AbslHashValue(H h, const ScopedBlock& b) {
+      return H::combine(std::move(h), b.scope, b.hash);
     }
   };
   struct Group {
@@ -113,9 +105,9 @@ class SlidingWindows {
   struct Rank {
     explicit Rank(int64_t* bytes);
     std::vector<Group, CountingAllocator<Group>> groups;
-    Map<GroupBlock, uint64_t> sequence_of;  // (group, engine hash) -> the block's sequence hash
-    Map<GroupBlock, uint32_t> copies;       // (group, sequence hash) -> its engine hashes
-    Map<WindowBlock, uint32_t> holding;     // -> how many groups of that window hold the block
+    Map<ScopedBlock, uint64_t> sequence_of;  // (group, engine hash) -> the block's sequence hash
+    Map<ScopedBlock, uint32_t> copies;       // (group, sequence hash) -> its engine hashes
+    Map<ScopedBlock, uint32_t> holding;      // -> how many groups of that window hold the block
   };
 
   Rank& RankFor(WorkerKey rank);

@@ -745,6 +745,17 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
       reject(skipped);
     }
   };
+  // A store at another block size than the router's is rejected; one without tokens has nothing
+  // to hash, so no size to check.
+  auto rejected_for_block_size = [&](const EngineEvent& e) {
+    if (!e.block_size || *e.block_size == router_block_size || e.token_ids.empty()) return false;
+    ConversionReject mismatch{
+        .event_index = e.position,
+        .reason = BlockSizeMismatch(e.position, *e.block_size, router_block_size),
+        .kind = ConversionReject::Kind::kBlockSize};
+    reject(mismatch);
+    return true;
+  };
   std::vector<KvEvent> sliding;  // applied after the rest (see the header)
   // A model whose every layer has a sliding window (vLLM gives it one group) has no full-
   // attention blocks to place them by: its events are ignored, as before windows were modelled.
@@ -776,14 +787,7 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
         continue;
       }
       if (e.kind == EngineEventKind::kStored) {
-        if (e.block_size && *e.block_size != router_block_size) {
-          ConversionReject mismatch{
-              .event_index = e.position,
-              .reason = BlockSizeMismatch(e.position, *e.block_size, router_block_size),
-              .kind = ConversionReject::Kind::kBlockSize};
-          reject(mismatch);
-          continue;
-        }
+        if (rejected_for_block_size(e)) continue;
         SlidingStoredEvent stored;
         stored.group = group.index;
         stored.window_tokens = group.window_tokens;
@@ -800,15 +804,7 @@ size_t ApplyKvEvents(const EngineBatch& batch, uint64_t worker_id, uint32_t defa
     event.event_id = event_id++;
     switch (e.kind) {
       case EngineEventKind::kStored: {
-        // A store without tokens has nothing to hash, so no size to check.
-        if (e.block_size && *e.block_size != router_block_size && !e.token_ids.empty()) {
-          ConversionReject mismatch{
-              .event_index = e.position,
-              .reason = BlockSizeMismatch(e.position, *e.block_size, router_block_size),
-              .kind = ConversionReject::Kind::kBlockSize};
-          reject(mismatch);
-          continue;
-        }
+        if (rejected_for_block_size(e)) continue;
         StoredEvent stored;
         stored.parent_hash = e.parent_hash;
         stored.block_hashes = e.block_hashes;

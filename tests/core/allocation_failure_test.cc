@@ -78,6 +78,8 @@ using testing::ClearedWorker;
 using testing::MatchesToString;
 using testing::RemovedBlocks;
 using testing::Rng;
+using testing::SlidingRemovedBlocks;
+using testing::SlidingStoredBlocks;
 using testing::StoredBlocks;
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -594,15 +596,6 @@ History ARemovalOfBlocksHeldTwice() {
 // 3. A hybrid model's ranks (core/sliding_windows.h): sliding-window stores placed by full
 //    attention (two groups of one window, one of another), a removal, another rank's window, a
 //    clear and a window again. A refused store forgets the rank's groups and clears the rank.
-KvEvent Sliding(WorkerKey rank, int64_t group, uint32_t window_tokens,
-                std::vector<uint64_t> engine_hashes) {
-  SlidingStoredEvent stored;
-  stored.group = group;
-  stored.window_tokens = window_tokens;
-  stored.block_hashes = std::move(engine_hashes);
-  return KvEvent{.worker = rank, .data = std::move(stored)};
-}
-
 History SlidingWindowsOfHybridRanks() {
   const WorkerKey r{7, 0}, w{9, 0};
   History h;
@@ -613,15 +606,16 @@ History SlidingWindowsOfHybridRanks() {
       {"R stores 7, 8 after 2", StoredBlocks(r, 102, {107, 108}, {7, 8})},
       {"W stores 1..6",
        StoredBlocks(w, std::nullopt, {901, 902, 903, 904, 905, 906}, {1, 2, 3, 4, 5, 6})},
-      {"R's group 0 (32 tokens) holds 3..6", Sliding(r, 0, 32, {103, 104, 105, 106})},
-      {"R's group 1 (32 tokens) holds 4..6 and 8", Sliding(r, 1, 32, {104, 105, 106, 108})},
-      {"R's group 2 (64 tokens) holds 1..6", Sliding(r, 2, 64, {101, 102, 103, 104, 105, 106})},
-      {"R's group 0 drops 5",
-       KvEvent{.worker = r, .data = SlidingRemovedEvent{.group = 0, .block_hashes = {105}}}},
-      {"W's group 0 holds 5, 6", Sliding(w, 0, 32, {905, 906})},
+      {"R's group 0 (32 tokens) holds 3..6", SlidingStoredBlocks(r, 0, 32, {103, 104, 105, 106})},
+      {"R's group 1 (32 tokens) holds 4..6 and 8",
+       SlidingStoredBlocks(r, 1, 32, {104, 105, 106, 108})},
+      {"R's group 2 (64 tokens) holds 1..6",
+       SlidingStoredBlocks(r, 2, 64, {101, 102, 103, 104, 105, 106})},
+      {"R's group 0 drops 5", SlidingRemovedBlocks(r, 0, {105})},
+      {"W's group 0 holds 5, 6", SlidingStoredBlocks(w, 0, 32, {905, 906})},
       {"R is cleared", ClearedWorker(r)},
       {"R stores 1..4", StoredBlocks(r, std::nullopt, {101, 102, 103, 104}, {1, 2, 3, 4})},
-      {"R's group 0 holds 3, 4", Sliding(r, 0, 32, {103, 104})},
+      {"R's group 0 holds 3, 4", SlidingStoredBlocks(r, 0, 32, {103, 104})},
   };
   return h;
 }

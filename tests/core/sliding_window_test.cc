@@ -23,18 +23,13 @@ using testing::ClearedWorker;
 using testing::RemovedBlocks;
 using testing::StoredBlocks;
 
+// Short names: every test here is about them.
 KvEvent SlidingStored(WorkerKey rank, int64_t group, uint32_t window_tokens,
                       std::vector<uint64_t> engine_hashes) {
-  SlidingStoredEvent stored;
-  stored.group = group;
-  stored.window_tokens = window_tokens;
-  stored.block_hashes = std::move(engine_hashes);
-  return KvEvent{.worker = rank, .data = std::move(stored)};
+  return testing::SlidingStoredBlocks(rank, group, window_tokens, std::move(engine_hashes));
 }
-
 KvEvent SlidingRemoved(WorkerKey rank, int64_t group, std::vector<uint64_t> engine_hashes) {
-  return KvEvent{.worker = rank,
-                 .data = SlidingRemovedEvent{.group = group, .block_hashes = engine_hashes}};
+  return testing::SlidingRemovedBlocks(rank, group, std::move(engine_hashes));
 }
 
 uint32_t DeviceHit(const RadixIndex& index, WorkerKey rank, std::span<const uint64_t> prompt,

@@ -57,6 +57,23 @@ inline KvEvent RemovedBlocks(WorkerKey worker, std::vector<uint64_t> engine_hash
                  .data = RemovedEvent{.block_hashes = std::move(engine_hashes)}};
 }
 
+// A hybrid model's sliding-window group `group` now holds these blocks (by engine hash).
+inline KvEvent SlidingStoredBlocks(WorkerKey worker, int64_t group, uint32_t window_tokens,
+                                   std::vector<uint64_t> engine_hashes) {
+  SlidingStoredEvent stored;
+  stored.group = group;
+  stored.window_tokens = window_tokens;
+  stored.block_hashes = std::move(engine_hashes);
+  return KvEvent{.worker = worker, .data = std::move(stored)};
+}
+
+inline KvEvent SlidingRemovedBlocks(WorkerKey worker, int64_t group,
+                                    std::vector<uint64_t> engine_hashes) {
+  return KvEvent{
+      .worker = worker,
+      .data = SlidingRemovedEvent{.group = group, .block_hashes = std::move(engine_hashes)}};
+}
+
 inline KvEvent ClearedWorker(WorkerKey worker, uint64_t event_id = 0) {
   return KvEvent{
       .worker = worker, .tier = Tier::kDevice, .event_id = event_id, .data = ClearedEvent{}};
