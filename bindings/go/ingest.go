@@ -401,9 +401,10 @@ type IngestStats struct {
 	// and were retried; for all sources together, sums; 0 for sources that are not JetStream.
 	ConsumerRemakes        uint64
 	ConsumerRemakeFailures uint64
-	// Engine events no router indexes, by design: those of a KV-cache group other than full
-	// attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of
-	// their batch applies. For all sources together, the sum.
+	// Engine events no router indexes, by design: those of a KV-cache group neither full
+	// attention nor a sliding window whose size the engine said (a hybrid model's Mamba
+	// layers; sliding windows limit a rank's hit). Not rejects: the rest of their batch
+	// applies. For all sources together, the sum.
 	EventsIgnored uint64
 	// Replica sync (SyncReplicas): publications of a booking with only its leading block ids,
 	// the NATS server's messages (its max_payload) too short for them all, or the connection

@@ -276,9 +276,10 @@ pub struct IngestStats {
     /// A JetStream source's attempts to make its consumer again that failed and were retried;
     /// for every source together, the sum.
     pub consumer_remake_failures: u64,
-    /// Engine events no router indexes, by design: those of a KV-cache group other than full
-    /// attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of
-    /// their batch applies. For every source together, the sum.
+    /// Engine events no router indexes, by design: those of a KV-cache group neither full
+    /// attention nor a sliding window whose size the engine said (a hybrid model's Mamba
+    /// layers; sliding windows limit a rank's hit). Not rejects: the rest of their batch
+    /// applies. For every source together, the sum.
     pub events_ignored: u64,
     /// Replica sync: publications of a booking with only its leading block ids, the NATS
     /// server's messages (its max_payload) too short for them all, or the connection

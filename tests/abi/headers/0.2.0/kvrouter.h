@@ -672,7 +672,9 @@ typedef struct kvr_match {
  * `local_hashes` (kvr_compute_block_hashes), in no particular order, with none of the cost
  * model's figures (for those, kvr_router_overlap_scores_hashed). The lean call for a caller
  * that scores ranks itself; a 40-byte row per rank. KVR_BUFFER_TOO_SMALL (nothing written,
- * *len the rows needed) when cap is short. Since 0.2.0. @thread_safety concurrent */
+ * *len the rows needed) when cap is short. A rank of a hybrid model is limited by its
+ * sliding-window groups from the whole match on (the calls given tokens start where the engine
+ * may resume: docs/ingest.md, "Sliding windows"). Since 0.2.0. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_find_matches(kvr_router *router, const uint64_t *local_hashes,
                                            size_t num_hashes, kvr_match *out, size_t cap,
                                            size_t *len, kvr_error **err);
@@ -1341,8 +1343,10 @@ typedef struct kvr_ingest_stats {
   uint64_t consumer_remakes;
   uint64_t consumer_remake_failures;
   /* Appended in 0.2.0: engine events no router indexes, by design: those of a KV-cache group
-   * other than full attention (a hybrid model's sliding-window or Mamba layers, which Dynamo's
-   * router leaves out too). Not rejects: the rest of their batch applies. For source 0: sums. */
+   * neither full attention nor a sliding window whose size the engine said (a hybrid model's
+   * Mamba or chunked local attention layers, which Dynamo's router leaves out too; sliding
+   * windows limit a rank's hit, docs/ingest.md). Not rejects: the rest of their batch applies.
+   * For source 0: sums. */
   uint64_t events_ignored;
   /* Appended in 0.2.0: replica sync's publications of a booking with only its leading block
    * ids, the transport's messages (the NATS server's max_payload) too short for them all (a

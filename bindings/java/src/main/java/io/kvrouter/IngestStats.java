@@ -138,9 +138,9 @@ public final class IngestStats {
   }
 
   /**
-   * Engine events no router indexes, by design: those of a KV-cache group other than full
-   * attention (a hybrid model's sliding-window or Mamba layers). Not rejects: the rest of their
-   * batch applies. For every source together, the sum.
+   * Engine events no router indexes, by design: those of a KV-cache group neither full attention
+   * nor a sliding window whose size the engine said (a hybrid model's Mamba layers; sliding
+   * windows limit a rank's hit). Not rejects: the rest of their batch applies. For every source together, the sum.
    */
   public long eventsIgnored() {
     return a[Abi.IngestStats.EVENTS_IGNORED];
