@@ -313,33 +313,41 @@ def test_vllm_publisher(vllm):
             assert tiers(router, E, W, 1) == (0, 0, 0, 0)
 
             # A hybrid model publishes a store per KV-cache group, under the same block hash: the
-            # sliding-window group's (group_idx 1), which no router indexes, is counted as
-            # ignored, not rejected; the full-attention one in the same batch applies.
+            # sliding-window group's (group_idx 1, a window of 4 blocks) first, placed by the
+            # full-attention one after it in the same batch; neither ignored nor rejected.
             S, s = prompt(8, 1), hashes(1, 8)
-            w.send(1, [v.BlockStored(block_hashes=s, parent_block_hash=None, token_ids=S, block_size=BS,
-                                     lora_id=None, medium="GPU", lora_name=None, group_idx=1,
-                                     kv_cache_spec_kind="sliding_window",
-                                     kv_cache_spec_sliding_window=4 * BS),
+
+            def sliding_store() -> Any:
+                return v.BlockStored(block_hashes=s, parent_block_hash=None, token_ids=S,
+                                     block_size=BS, lora_id=None, medium="GPU", lora_name=None,
+                                     group_idx=1, kv_cache_spec_kind="sliding_window",
+                                     kv_cache_spec_sliding_window=4 * BS)
+
+            w.send(1, [sliding_store(),
                        v.BlockStored(block_hashes=s, parent_block_hash=None, token_ids=S, block_size=BS,
                                      lora_id=None, medium="GPU", lora_name=None, group_idx=0,
                                      kv_cache_spec_kind="full_attention")])
             w.sync()
-            assert w.stats().events_ignored == 1
-            assert tiers(router, S, W, 1) == (1, 0, 0, 0)
-            # The sliding window moves on: its removal names group 1 only, and leaves the block,
-            # which the full-attention group still holds.
+            assert w.stats().events_ignored == 0
+            assert tiers(router, S, W, 1) == (1, 0, 0, 0)  # the window holds the block: a hit
+            # The sliding window moves on: its removal names group 1 only. Full attention still
+            # holds the block, but the engine cannot resume there without the window's copy.
             w.send(1, [v.BlockRemoved(block_hashes=s, medium="GPU", group_idx=1)])
             w.sync()
-            assert w.stats().events_ignored == 2
+            assert tiers(router, S, W, 1) == (0, 0, 0, 0)
+            w.send(1, [sliding_store()])  # a later request's window holds it again
+            w.sync()
             assert tiers(router, S, W, 1) == (1, 0, 0, 0)
-            # An MLA model (DeepSeek) stores as "mla_attention": full attention, indexed.
+            assert w.stats().events_ignored == 0
+            # An MLA model (DeepSeek) stores as "mla_attention": full attention, indexed (on
+            # rank 0: rank 1 is the hybrid model's, whose window would hold nothing of it).
             M, m = prompt(91, 1), hashes(1, 91)
-            w.send(1, [v.BlockStored(block_hashes=m, parent_block_hash=None, token_ids=M, block_size=BS,
+            w.send(0, [v.BlockStored(block_hashes=m, parent_block_hash=None, token_ids=M, block_size=BS,
                                      lora_id=None, medium="GPU", lora_name=None, group_idx=0,
                                      kv_cache_spec_kind="mla_attention")])
             w.sync()
-            assert tiers(router, M, W, 1) == (1, 0, 0, 0)
-            assert w.stats().events_ignored == 2
+            assert tiers(router, M, W, 0) == (1, 0, 0, 0)
+            assert w.stats().events_ignored == 0
 
             # Two messages lost on rank 0's link, the third arrives: a gap, replayed from the
             # engine's replay socket; nothing is cleared.

@@ -218,13 +218,26 @@ class Run:
                 return int(m.device_blocks)
         return 0
 
+    def stored_blocks(self, engine: Engine, tokens: List[int]) -> int:
+        """The prompt's leading blocks the engine's events have stored, as far as kvrouter has
+        read them. A hybrid model's sliding windows may lower the index's hit below what full
+        attention holds, so there it is the recorder's full-attention view, once kvrouter has
+        read every message the recorder has."""
+        if self.args.arch != "hybrid" or not self.recorder:
+            return self.held_blocks(tokens, engine.worker_id)
+        held = self.recorder.full_attention_blocks(engine.name, tokens)
+        if self.ingest.stats(self.sources[engine.worker_id]).messages < \
+                self.recorder.message_count(engine.name):
+            return 0
+        return held
+
     def settle(self, engine: Engine, tokens: List[int]) -> None:
         """Waits until the request's events are in the index: its full blocks held (they were
         stored, or hit, in the step that ran it; that step's evictions come in the same batch),
         then until no message arrived for a moment."""
         want = len(tokens) // BS
         deadline = time.monotonic() + 10
-        while self.held_blocks(tokens, engine.worker_id) < want:
+        while self.stored_blocks(engine, tokens) < want:
             if time.monotonic() > deadline:
                 self.failures.append(f"{engine.name}: the prompt's {want} blocks not all in the index "
                                      f"10 s after the response")
@@ -240,7 +253,13 @@ class Run:
 
     def check(self, label: str, engine: Engine, tokens: List[int], predicted: int,
               unbounded: Optional[int], routed: str = "") -> Tuple[int, bool]:
-        index_tokens = self.held_blocks(tokens, engine.worker_id) * BS
+        # A hybrid model's sliding windows are searched from where the engine may resume (the
+        # prompt's last token is always computed), which find_matches knows only from the hashes
+        # it is given: those of the prompt less its last token. Capped, both must then agree.
+        hybrid = self.args.arch == "hybrid"
+        index_tokens = self.held_blocks(tokens[:-1] if hybrid else tokens, engine.worker_id) * BS
+        index_ok = (capped(index_tokens, len(tokens)) == capped(predicted, len(tokens)) if hybrid
+                    else index_tokens == predicted)
         rule = ""
         if self.args.arch == "hybrid" and self.recorder:
             rule = f"  sw rule {self.recorder.hybrid_rule(engine.name, tokens)}"
@@ -251,7 +270,7 @@ class Run:
         details = usage.get("prompt_tokens_details") or {}
         engine_cached = details.get("cached_tokens")
         ok = (usage["prompt_tokens"] == len(tokens) and engine_cached is not None
-              and capped(predicted, len(tokens)) == engine_cached and index_tokens == predicted)
+              and capped(predicted, len(tokens)) == engine_cached and index_ok)
         self.settle(engine, tokens)
         self.rows += 1
         refused = sum(self.not_ok().values())
@@ -310,6 +329,7 @@ class Recorder:
         self.hash_of: Dict[Tuple[str, Tuple[int, ...]], Any] = {}  # (engine, token prefix) -> hash
         self.held: Dict[Tuple[str, Any], Dict[Any, int]] = collections.defaultdict(dict)  # -> hash: copies
         self.inconsistent_stores = 0  # stores whose token_ids are not block_size per hash
+        self.messages: Dict[str, int] = collections.defaultdict(int)  # by engine
         self.other_keys: set = set()  # event keys beyond those kvrouter's decoder names
         self.lock = threading.Lock()
         self.socks: Dict[Any, str] = {}
@@ -345,6 +365,7 @@ class Recorder:
                 parts = s.recv_multipart()
                 payload = self.msgspec.msgpack.decode(parts[-1])
                 with self.lock:
+                    self.messages[self.socks[s]] += 1
                     self.count(self.socks[s], payload)
                     self.out.write(json.dumps({"engine": self.socks[s],
                                                "seq": int.from_bytes(parts[1], "big") if len(parts) == 3 else None,
@@ -405,6 +426,20 @@ class Recorder:
         return [self.hash_of.get((engine, tuple(tokens[:(i + 1) * BS]))) in held
                 for i in range(len(tokens) // BS)]
 
+    def message_count(self, engine: str) -> int:
+        with self.lock:
+            return self.messages[engine]
+
+    def full_attention_blocks(self, engine: str, tokens: List[int]) -> int:
+        """The prompt's leading blocks every full-attention group holds, by the events."""
+        with self.lock:
+            n = len(tokens) // BS
+            for (e, g), (kind, _) in self.group_kind.items():
+                if e == engine and kind in FULL_KINDS:
+                    mask = self.held_mask(engine, g, tokens)
+                    n = min(n, next((i for i, held in enumerate(mask) if not held), len(mask)))
+            return n
+
     def hybrid_rule(self, engine: str, tokens: List[int]) -> int:
         """vLLM's HybridKVCacheCoordinator on the published blocks: the full-attention groups'
         leading held blocks (at most up to the prompt's last token), then the sliding-window
@@ -445,8 +480,12 @@ class Recorder:
                     print(f"== events from {e.name}: {etype:<16} group_idx {group!s:<4} "
                           f"kv_cache_spec_kind {kind!s:<16} sliding_window {window!s:<5} "
                           f"{events:>4} events {nblocks:>5} blocks", flush=True)
+                    # kvrouter applies a sliding window's events when the engine says the window
+                    # (kv_cache_spec_sliding_window), and ignores other non-full groups' events.
+                    sliding = kind in ("sliding_window", "sliding_window_mla") and window
                     if etype in ("BlockStored", "BlockRemoved") and kind not in FULL_KINDS and \
-                            kind != "(no store seen)" and not (etype == "BlockStored" and kind is None):
+                            kind != "(no store seen)" and not (etype == "BlockStored" and kind is None) \
+                            and not sliding:
                         ignored_expected += events
                     if etype == "BlockStored" and kind is not None and kind not in FULL_KINDS + (
                             "sliding_window", "sliding_window_mla", "mamba", "chunked_local_attention",
