@@ -1518,6 +1518,11 @@ class RadixIndex::Impl {
 
   ApplyResult ApplyData(const KvEvent& event, const SlidingRemovedEvent& removed) {
     std::unique_lock lock(mu_);
+    if (event.tier != Tier::kDevice) {  // as for stores: it would take the device's copy
+      return SlidingFail(EventKind::kRemoved, EventError::kInvalidBlock,
+                         Message("a sliding-window removal on tier ", TierName(event.tier),
+                                 "; only the device's are tracked"));
+    }
     return SlidingResult(EventKind::kRemoved, event.worker, removed.group,
                          removed.block_hashes.size(),
                          sliding_.Remove(event.worker, removed.group, removed.block_hashes));

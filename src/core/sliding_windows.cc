@@ -128,6 +128,17 @@ SlidingWindows::Outcome SlidingWindows::Remove(WorkerKey rank, int64_t group,
     }
     if (outcome.missing++ == 0) outcome.first_missing = engine_hash;
   }
+  // A rank whose windows hold nothing keeps its groups, not its tables' peak buckets (a new
+  // empty map allocates nothing).
+  if (rank_it != ranks_.end() && rank_it->second.sequence_of.empty()) {
+    Rank& r = rank_it->second;
+    r.sequence_of = decltype(r.sequence_of)(0, r.sequence_of.hash_function(),
+                                            r.sequence_of.key_eq(), r.sequence_of.get_allocator());
+    r.copies = decltype(r.copies)(0, r.copies.hash_function(), r.copies.key_eq(),
+                                  r.copies.get_allocator());
+    r.holding = decltype(r.holding)(0, r.holding.hash_function(), r.holding.key_eq(),
+                                    r.holding.get_allocator());
+  }
   return outcome;
 }
 

@@ -19,7 +19,12 @@
 // until the last goes. Memory follows the engine's: a block stays until the engine removes it,
 // clears the rank, or the rank goes. The groups a rank has (at most kMaxGroups) stay as long as
 // its blocks (so that a rank whose sliding groups hold nothing hits nothing) and go with a clear
-// (an engine restarted with another configuration must not keep the old one's groups).
+// (an engine restarted with another configuration must not keep the old one's groups): until a
+// window stores again, the rank is matched by full attention alone (one batch of an engine's
+// events, each applied under the shard's lock on its own, may show that state to a lookup).
+//
+// Not modelled: vLLM with EAGLE speculative decoding, whose window manager needs one block more
+// and drops the last block of a hit (predictions for such workers may be one block high).
 //
 // Thread-safety: none; the index shard's lock guards it. Every byte it allocates is counted in
 // the `bytes` it was given. A refused allocation throws std::bad_alloc after forgetting the rank

@@ -154,6 +154,12 @@ TEST(SlidingWindowTest, MalformedStoresChangeNothing) {
   EXPECT_EQ(EventError::kInvalidBlock, index.Apply(on_host).error);
   EXPECT_EQ(1u, DeviceHit(index, kRank, std::vector<uint64_t>{1}));
   EXPECT_EQ(0u, index.Stats().sliding_blocks);
+  ASSERT_TRUE(index.Apply(SlidingStored(kRank, 0, 32, {1})).ok());
+  KvEvent removed_on_host = SlidingRemoved(kRank, 0, {1});
+  removed_on_host.tier = Tier::kHostPinned;  // it would take the device's copy
+  EXPECT_EQ(EventError::kInvalidBlock, index.Apply(removed_on_host).error);
+  EXPECT_EQ(1u, index.Stats().sliding_blocks);
+  EXPECT_EQ(1u, DeviceHit(index, kRank, std::vector<uint64_t>{1}));
 }
 
 // ---- Random histories against vLLM's rule ------------------------------------------------------
