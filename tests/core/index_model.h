@@ -3,6 +3,7 @@
 // the block's local-hash path) and the tiers of each.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <iterator>
@@ -29,7 +30,13 @@ class IndexModel {
     std::unordered_map<uint64_t, Entry> blocks;  // engine hash -> entry
     // path -> number of engine blocks per tier naming it
     std::unordered_map<uint64_t, std::array<int, kNumTiers>> held;
+    // Sliding-window groups (hybrid models): group -> window tokens, and per group the engine
+    // hashes it holds, each with its block's path.
+    std::map<int64_t, uint32_t> windows;
+    std::map<int64_t, std::unordered_map<uint64_t, uint64_t>> sliding;
   };
+
+  uint32_t block_size = 16;  // the index's: a window's blocks before a hit point follow from it
 
   // path (sequence hash) -> parent path, 0 for a first block
   std::unordered_map<uint64_t, uint64_t> parent_of;
@@ -60,6 +67,74 @@ class IndexModel {
     }
     if (it->second.tiers == 0) r.blocks.erase(it);
     return true;
+  }
+
+  // A sliding-window group of the rank now holds these blocks: those it holds in full attention
+  // (on any tier) are placed, the others are not. Returns whether all were.
+  bool SlidingStore(WorkerKey w, int64_t group, uint32_t window,
+                    const std::vector<uint64_t>& hashes) {
+    Rank& r = ranks[w];
+    r.windows.emplace(group, window);
+    bool all = true;
+    for (uint64_t h : hashes) {
+      auto it = r.blocks.find(h);
+      if (it == r.blocks.end()) {
+        all = false;
+        continue;
+      }
+      r.sliding[group][h] = it->second.path;
+    }
+    return all;
+  }
+
+  // Returns whether the group held every one of them.
+  bool SlidingRemove(WorkerKey w, int64_t group, const std::vector<uint64_t>& hashes) {
+    bool all = true;
+    for (uint64_t h : hashes) {
+      auto rit = ranks.find(w);
+      auto git = rit == ranks.end() ? nullptr : &rit->second.sliding[group];
+      if (git == nullptr || git->erase(h) == 0) all = false;
+    }
+    return all;
+  }
+
+  // vLLM's rule (KVCoordinator with SlidingWindowManager), plainly: from `limit` down, the end
+  // of the first run of ceil((window - 1) / block_size) blocks every group of the window holds,
+  // else the leading run; each window in turn until none lowers it.
+  uint32_t SlidingHit(const Rank& r, const std::vector<uint64_t>& seq, uint32_t limit) const {
+    auto held = [&](uint32_t window, uint64_t path) {
+      for (const auto& [group, w] : r.windows) {
+        if (w != window) continue;
+        auto g = r.sliding.find(group);
+        if (g == r.sliding.end()) return false;
+        bool any = false;
+        for (const auto& [engine, p] : g->second) any = any || p == path;
+        if (!any) return false;
+      }
+      return true;
+    };
+    for (bool lowered = true; lowered;) {
+      lowered = false;
+      for (const auto& [group, window] : r.windows) {
+        const uint32_t needed = std::max<uint32_t>(
+            1, static_cast<uint32_t>((window - 1 + block_size - 1) / block_size));
+        uint32_t run = 0, hit = limit;
+        bool found = false;
+        for (uint32_t i = limit; i-- > 0 && !found;) {
+          run = held(window, seq[i]) ? run + 1 : 0;
+          if (run == needed) {
+            hit = i + needed;
+            found = true;
+          }
+        }
+        if (!found) hit = run;
+        if (hit < limit) {
+          limit = hit;
+          lowered = true;
+        }
+      }
+    }
+    return limit;
   }
 
   // A clear empties the publishing rank only (each rank has a cache of its own).
@@ -94,8 +169,9 @@ class IndexModel {
   }
 
   // The matches of a prompt given by its blocks' sequence hashes `seq`, into `out` (cleared
-  // first; reused by callers that check many prompts).
-  void FindMatchesAlong(const std::vector<uint64_t>& seq, std::vector<WorkerMatch>& out) const {
+  // first; reused by callers that check many prompts). `computable`: as RadixIndex::FindMatches.
+  void FindMatchesAlong(const std::vector<uint64_t>& seq, std::vector<WorkerMatch>& out,
+                        size_t computable = SIZE_MAX) const {
     out.clear();
     if (seq.empty()) return;
     for (const auto& [w, r] : ranks) {
@@ -115,6 +191,15 @@ class IndexModel {
       m.disk_hits = hits[2];
       m.external_hits = hits[3];
       m.tree_size = r.blocks.size();
+      if (!r.windows.empty() && m.device_blocks > 0) {
+        const auto limit = static_cast<uint32_t>(std::min<size_t>(m.device_blocks, computable));
+        const uint32_t hit = SlidingHit(r, seq, limit);
+        if (hit < limit) {
+          m.device_blocks = hit;
+          m.host_hits = m.disk_hits = m.external_hits = 0;
+        }
+        if (m.device_blocks + m.host_hits + m.disk_hits + m.external_hits == 0) continue;
+      }
       out.push_back(m);
     }
   }

@@ -1,11 +1,13 @@
 // libFuzzer harness, state-aware: the input is a sequence of KV events (stores along a small
 // forest of prompts, from the root or after a block the rank holds, on any tier, with the
 // engine hash of either of two variants; removals of held blocks with or without an unknown
-// one; stores under a parent the rank does not hold; clears; a rank's or a worker's removal)
+// one; stores under a parent the rank does not hold; clears; a rank's or a worker's removal;
+// a hybrid model's sliding-window groups storing and removing blocks, some not placeable)
 // applied to a radix index and to a model of it (tests/core/index_model.h). After every event
 // the index must answer what the model says: the event's acceptance, every rank's tree size,
-// the matches of every prompt; and its internal invariants must hold. At the end, its dump must
-// rebuild an index with the same state.
+// the matches of every prompt (every other one capped at its last block, where a hybrid
+// engine resumes); and its internal invariants must hold. At the end, its dump must rebuild an
+// index with the same state.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -84,7 +86,11 @@ class History {
 
   void Step(Input& in) {
     const WorkerKey rank = kRanks[in.Pick(kRanks.size())];
-    switch (in.Pick(8)) {
+    switch (in.Pick(10)) {
+      case 8:
+        return SlidingStore(in, rank);
+      case 9:
+        return SlidingRemove(in, rank);
       case 0:
       case 1:
       case 2:
@@ -119,9 +125,11 @@ class History {
     for (const WorkerKey& rank : kRanks) {
       if (index_.TreeSize(rank) != model_.TreeSize(rank)) Fail("tree size of a rank");
     }
-    for (const Prompt& p : Prompts()) {
-      model_.FindMatchesAlong(p.path, expected_);  // in worker order
-      index_.FindMatches(p.local, actual_);
+    for (size_t i = 0; i < Prompts().size(); ++i) {
+      const Prompt& p = Prompts()[i];
+      const size_t computable = i % 2 ? p.local.size() - 1 : SIZE_MAX;
+      model_.FindMatchesAlong(p.path, expected_, computable);  // in worker order
+      index_.FindMatches(p.local, actual_, computable);
       std::sort(actual_.begin(), actual_.end(),
                 [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
       if (!std::equal(expected_.begin(), expected_.end(), actual_.begin(), actual_.end(), Same)) {
@@ -211,6 +219,57 @@ class History {
     for (uint64_t h : hashes) {
       if (h != kUnknownHash && !model_.Remove(rank, h, tier)) Fail("model: removal");
     }
+  }
+
+  // Sliding-window groups: 0 and 1 of one window (two blocks before a hit point), 2 of another
+  // (five).
+  static constexpr uint32_t kWindows[] = {32, 32, 80};
+
+  // Up to four blocks of a prompt (any variant), held in full attention or not, and the unknown
+  // hash if asked: placed where the rank holds them, the others reported.
+  void SlidingStore(Input& in, WorkerKey rank) {
+    const int64_t group = in.Pick(3);
+    const Prompt& p = Prompts()[in.Pick(Prompts().size())];
+    std::vector<uint64_t> hashes;
+    for (int n = in.Pick(4) + 1; n > 0; --n) {
+      hashes.push_back(EngineHash(p.path[in.Pick(p.path.size())], in.Pick(4) == 0 ? 1 : 0));
+    }
+    if (in.Pick(8) == 0) hashes.push_back(kUnknownHash);
+    Log("sliding store of " + std::to_string(hashes.size()) + " blocks, group " +
+            std::to_string(group),
+        rank);
+    const ApplyResult result =
+        index_.Apply(testing::SlidingStoredBlocks(rank, group, kWindows[group], hashes));
+    const bool all = model_.SlidingStore(rank, group, kWindows[group], hashes);
+    Expect(all ? result.ok() : result.error == EventError::kBlockNotFound,
+           "a sliding store is rejected exactly when it names a block not held in full attention");
+  }
+
+  // Up to three blocks the group holds, and the unknown hash if asked.
+  void SlidingRemove(Input& in, WorkerKey rank) {
+    const int64_t group = in.Pick(3);
+    std::vector<uint64_t> held;
+    if (auto it = model_.ranks.find(rank); it != model_.ranks.end()) {
+      if (auto g = it->second.sliding.find(group); g != it->second.sliding.end()) {
+        for (const auto& [engine, path] : g->second) held.push_back(engine);
+      }
+    }
+    std::sort(held.begin(), held.end());
+    std::vector<uint64_t> hashes;
+    for (int n = in.Pick(3) + 1; n > 0 && !held.empty(); --n) {
+      const size_t i = in.Pick(held.size());
+      hashes.push_back(held[i]);
+      held.erase(held.begin() + i);
+    }
+    if (in.Pick(4) == 0) hashes.push_back(kUnknownHash);
+    if (hashes.empty()) return;
+    Log("sliding removal of " + std::to_string(hashes.size()) + " blocks, group " +
+            std::to_string(group),
+        rank);
+    const ApplyResult result = index_.Apply(testing::SlidingRemovedBlocks(rank, group, hashes));
+    const bool all = model_.SlidingRemove(rank, group, hashes);
+    Expect(all ? result.ok() : result.error == EventError::kBlockNotFound,
+           "a sliding removal is rejected exactly when it names a block the group lacks");
   }
 
   void StoreUnderUnknownParent(Input& in, WorkerKey rank) {
