@@ -824,6 +824,13 @@ typedef struct kvr_metrics {
    * prefill completion), another replica's booking; 0 while nothing else calls the router.
    * What concurrent callers cost each other. */
   uint64_t decisions_priced_again;
+  /* Appended in 0.2.0: hybrid models' sliding-window KV-cache groups (docs/ingest.md, "Sliding
+   * windows"). Their events applied, and rejected (a stored block the rank does not hold in full
+   * attention, a removed block the group lacks, a window of 0, a tier other than the device),
+   * and the (group, block) entries held over every rank; 0 for models without such groups. */
+  uint64_t sliding_events_applied;
+  uint64_t sliding_events_rejected;
+  uint64_t index_sliding_blocks;
 } kvr_metrics;
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */

@@ -931,6 +931,9 @@ type cMetrics struct {
 	EventsRefusedForMemory    uint64
 	ReplicaChangesUnpublished uint64
 	DecisionsPricedAgain      uint64
+	SlidingEventsApplied      uint64
+	SlidingEventsRejected     uint64
+	IndexSlidingBlocks        uint64
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -965,6 +968,9 @@ func (g *cMetrics) store(c *C.kvr_metrics) {
 	c.events_refused_for_memory = C.uint64_t(g.EventsRefusedForMemory)
 	c.replica_changes_unpublished = C.uint64_t(g.ReplicaChangesUnpublished)
 	c.decisions_priced_again = C.uint64_t(g.DecisionsPricedAgain)
+	c.sliding_events_applied = C.uint64_t(g.SlidingEventsApplied)
+	c.sliding_events_rejected = C.uint64_t(g.SlidingEventsRejected)
+	c.index_sliding_blocks = C.uint64_t(g.IndexSlidingBlocks)
 }
 
 // load reads the mirrored fields from c.
@@ -999,6 +1005,9 @@ func (g *cMetrics) load(c *C.kvr_metrics) {
 	g.EventsRefusedForMemory = uint64(c.events_refused_for_memory)
 	g.ReplicaChangesUnpublished = uint64(c.replica_changes_unpublished)
 	g.DecisionsPricedAgain = uint64(c.decisions_priced_again)
+	g.SlidingEventsApplied = uint64(c.sliding_events_applied)
+	g.SlidingEventsRejected = uint64(c.sliding_events_rejected)
+	g.IndexSlidingBlocks = uint64(c.index_sliding_blocks)
 }
 
 // initMetrics has the library set c's defaults for the layout of kvr_metrics this package was
@@ -1401,7 +1410,7 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_overlap{})) - 72
 	_ = uint64(unsafe.Sizeof(C.kvr_match{})) - 40
 	_ = uint64(unsafe.Sizeof(C.kvr_potential_load{})) - 72
-	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 504
+	_ = uint64(unsafe.Sizeof(C.kvr_metrics{})) - 528
 	_ = uint64(unsafe.Sizeof(C.kvr_routing_hints{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_route_signals{})) - 80
 	_ = uint64(unsafe.Sizeof(C.kvr_disagg_options{})) - 48

@@ -217,6 +217,9 @@ struct FieldEnds<kvr_metrics> {
       offsetof(kvr_metrics, replica_changes_unpublished) +
           sizeof(kvr_metrics::replica_changes_unpublished),
       offsetof(kvr_metrics, decisions_priced_again) + sizeof(kvr_metrics::decisions_priced_again),
+      offsetof(kvr_metrics, sliding_events_applied) + sizeof(kvr_metrics::sliding_events_applied),
+      offsetof(kvr_metrics, sliding_events_rejected) + sizeof(kvr_metrics::sliding_events_rejected),
+      offsetof(kvr_metrics, index_sliding_blocks) + sizeof(kvr_metrics::index_sliding_blocks),
   };
 };
 

@@ -35,6 +35,13 @@ kvr_metrics Collect(const kvr_router& router) {
   m.events_refused_for_memory = counters.events_refused_for_memory;
   m.replica_changes_unpublished = replicas.changes_unpublished;
   m.decisions_priced_again = counters.decisions_priced_again;
+  for (const auto& per_kind : index.sliding_events) {
+    m.sliding_events_applied += per_kind[static_cast<int>(kvrouter::EventError::kNone)];
+    for (size_t outcome = 1; outcome < per_kind.size(); ++outcome) {
+      m.sliding_events_rejected += per_kind[outcome];
+    }
+  }
+  m.index_sliding_blocks = index.sliding_blocks;
   const kvrouter::LatencyHistogram::Snapshot latency = router.router->decision_latency();
   static_assert(kvrouter::LatencyHistogram::kBuckets == KVR_DECISION_LATENCY_BUCKETS);
   for (int i = 0; i < KVR_DECISION_LATENCY_BUCKETS; ++i) {
@@ -61,28 +68,6 @@ void AppendDecisionLatency(PrometheusText& text, const kvr_metrics& m) {
   text.Sample(bucket, {{"le", "+Inf"}}, m.decision_latency_count);
   text.Sample(std::string(kName) + "_sum", {}, m.decision_latency_sum_ns / 1e9);
   text.Sample(std::string(kName) + "_count", {}, m.decision_latency_count);
-}
-
-// Hybrid models' sliding-window groups (core/sliding_windows.h): their events and blocks.
-void AppendSlidingWindows(PrometheusText& text, const kvrouter::IndexStats& stats) {
-  constexpr std::string_view kEvents = "kvrouter_sliding_window_events_total";
-  text.Family(kEvents, "counter",
-              "Sliding-window KV events (hybrid models) by kind and outcome (ok, or the reason "
-              "they were rejected).");
-  constexpr kvrouter::EventKind kKinds[] = {kvrouter::EventKind::kStored,
-                                            kvrouter::EventKind::kRemoved};
-  for (size_t kind = 0; kind < stats.sliding_events.size(); ++kind) {
-    for (int outcome = 0; outcome < kvrouter::kNumEventErrors; ++outcome) {
-      text.Sample(
-          kEvents,
-          {{"kind", kvrouter::EventKindName(kKinds[kind])},
-           {"outcome", kvrouter::EventErrorName(static_cast<kvrouter::EventError>(outcome))}},
-          stats.sliding_events[kind][outcome]);
-    }
-  }
-  text.Scalar("kvrouter_index_sliding_blocks", "gauge",
-              "(sliding-window group, block) entries of hybrid models' worker ranks.",
-              stats.sliding_blocks);
 }
 
 std::string RenderPrometheus(const kvr_router& router) {
@@ -121,7 +106,14 @@ std::string RenderPrometheus(const kvr_router& router) {
   text.Scalar("kvrouter_index_blocks", "gauge",
               "Cached (block, worker rank) entries in the KV index.", m.index_blocks);
   text.Scalar("kvrouter_index_bytes", "gauge", "Heap bytes held by the KV index.", m.index_bytes);
-  AppendSlidingWindows(text, router.router->IndexStats());
+  text.Scalar("kvrouter_sliding_window_events_applied_total", "counter",
+              "Sliding-window KV events (hybrid models) applied.", m.sliding_events_applied);
+  text.Scalar("kvrouter_sliding_window_events_rejected_total", "counter",
+              "Sliding-window KV events (hybrid models) rejected, whole or in part.",
+              m.sliding_events_rejected);
+  text.Scalar("kvrouter_index_sliding_blocks", "gauge",
+              "(sliding-window group, block) entries of hybrid models' worker ranks.",
+              m.index_sliding_blocks);
   text.Scalar("kvrouter_replica_changes_applied_total", "counter",
               "Booking changes of other router replicas applied here.", m.replica_changes_applied);
   text.Scalar("kvrouter_replica_changes_rejected_total", "counter",

@@ -982,7 +982,7 @@ static void ingest_options_engine_worker_and_stats(void) {
   X(kvr_removed_event, num_blocks)             \
   X(kvr_request_options, num_local_hashes)     \
   X(kvr_route_result, queued)                  \
-  X(kvr_metrics, decisions_priced_again)       \
+  X(kvr_metrics, index_sliding_blocks)         \
   X(kvr_routing_hints, session_ttl_seconds)    \
   X(kvr_route_signals, reserved)               \
   X(kvr_disagg_options, decode_busy_threshold) \

@@ -254,8 +254,51 @@ static void prometheus_null_arguments(void** state) {
                    kvr_router_metrics_prometheus(f->router, NULL, 1 << 20, NULL, ERRP));
 }
 
+/* A hybrid model's sliding-window events (fixtures/event_batch_sliding.json, a FlatBuffers batch
+ * as any publisher may send): worker 7's window (32 tokens: the two blocks before a hit point)
+ * holds blocks 2 and 3 of its 4-block prompt, then loses block 3; a store naming a block worker 7
+ * does not hold is rejected, the rest applied. Worker 8 is full attention only. */
+static void sliding_windows(void** state) {
+  (void)state;
+  kvr_router* router = kvt_router_new(BS, 0);
+  size_t size = 0;
+  uint8_t* batch = kvt_read_file(KVR_CAPI_DATA_DIR "/event_batch_sliding.bin", &size);
+  kvr_error* err = NULL;
+  assert_non_null(batch);
+  assert_int_equal(KVR_NOT_FOUND, kvr_router_apply_event_batch(router, batch, size, &err));
+  assert_non_null(strstr(kvr_error_message(err), "sliding-window blocks of group 0"));
+  kvr_error_free(err);
+  free(batch);
+  kvr_metrics m = kvt_metrics(router);
+  assert_int_equal(2, m.sliding_events_applied);
+  assert_int_equal(1, m.sliding_events_rejected);
+  assert_int_equal(1, m.index_sliding_blocks);
+  assert_int_equal(8, m.index_blocks);
+
+  /* A prompt sharing the first three blocks: worker 7's window holds block 2 but not block 1,
+   * nor block 0, so its engine would compute it all; worker 8 has three blocks cached. */
+  uint32_t tokens[4 * BS];
+  for (uint32_t i = 0; i < 4 * BS; ++i) tokens[i] = i < 3 * BS ? i + 1 : 999;
+  uint64_t hashes[4];
+  size_t len = 0;
+  KVT_OK(kvr_compute_block_hashes(tokens, 4 * BS, BS, NULL, hashes, 4, &len, ERRP));
+  kvr_match matches[4];
+  KVT_OK(kvr_router_find_matches(router, hashes, 4, matches, 4, &len, ERRP));
+  assert_int_equal(1, len);
+  assert_int_equal(8, matches[0].worker_id);
+  assert_int_equal(3, matches[0].device_blocks);
+
+  char text[16384];
+  KVT_OK(kvr_router_metrics_prometheus(router, text, sizeof text, &len, ERRP));
+  assert_non_null(strstr(text, "\nkvrouter_sliding_window_events_applied_total 2\n"));
+  assert_non_null(strstr(text, "\nkvrouter_sliding_window_events_rejected_total 1\n"));
+  assert_non_null(strstr(text, "\nkvrouter_index_sliding_blocks 1\n"));
+  kvr_router_free(router);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(sliding_windows),
       cmocka_unit_test_setup_teardown(counters, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(decision_latency_histogram, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(get_metrics_null_and_struct_size, setup, kvt_teardown),

@@ -42,9 +42,10 @@ _Static_assert(offsetof(kvr_router_options, index_shards) == 120,
 _Static_assert(offsetof(kvr_router_options, overlap_score_credit_decay) == 104,
                "kvr_router_options v1 fields are frozen");
 _Static_assert(sizeof(kvr_metrics) % 8 == 0, "kvr_metrics has no odd tail");
-_Static_assert(sizeof(kvr_metrics) == 504,
+_Static_assert(sizeof(kvr_metrics) == 528,
                "kvr_metrics size (0.2: + the decision-latency histogram, 240 bytes, replica "
-               "liveness, 16, the refusals for memory, 16, and decisions priced again, 8)");
+               "liveness, 16, the refusals for memory, 16, decisions priced again, 8, and "
+               "sliding windows, 24)");
 _Static_assert(offsetof(kvr_metrics, decision_latency_bounds_ns) == 224,
                "kvr_metrics 0.2 fields are appended");
 _Static_assert(sizeof(kvr_ingest_stats) == 344,

@@ -221,7 +221,10 @@
   F(kvr_metrics, replicas_expired, U64, 0, 0)                 \
   F(kvr_metrics, events_refused_for_memory, U64, 0, 0)        \
   F(kvr_metrics, replica_changes_unpublished, U64, 0, 0)      \
-  F(kvr_metrics, decisions_priced_again, U64, 0, 0)
+  F(kvr_metrics, decisions_priced_again, U64, 0, 0)           \
+  F(kvr_metrics, sliding_events_applied, U64, 0, 0)           \
+  F(kvr_metrics, sliding_events_rejected, U64, 0, 0)          \
+  F(kvr_metrics, index_sliding_blocks, U64, 0, 0)
 #define KVRPY_FIELDS_kvr_routing_hints(F)                        \
   F(kvr_routing_hints, struct_size, U32, 0, 0)                   \
   F(kvr_routing_hints, phase, U32, "kvr_phase", 0)               \

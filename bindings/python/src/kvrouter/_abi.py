@@ -625,7 +625,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_metrics': (
-        504,
+        528,
         (
             ('struct_size', 0, 4),
             ('reserved0', 4, 4),
@@ -651,6 +651,9 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('events_refused_for_memory', 480, 8),
             ('replica_changes_unpublished', 488, 8),
             ('decisions_priced_again', 496, 8),
+            ('sliding_events_applied', 504, 8),
+            ('sliding_events_rejected', 512, 8),
+            ('index_sliding_blocks', 520, 8),
         ),
     ),
     'kvr_routing_hints': (

@@ -635,6 +635,13 @@ pub struct kvr_metrics {
     /// completion), another replica's booking; 0 while nothing else calls the router. What
     /// concurrent callers cost each other.
     pub decisions_priced_again: u64,
+    /// Appended in 0.2.0: hybrid models' sliding-window KV-cache groups (docs/ingest.md, "Sliding
+    /// windows"). Their events applied, and rejected (a stored block the rank does not hold in full
+    /// attention, a removed block the group lacks, a window of 0, a tier other than the device),
+    /// and the (group, block) entries held over every rank; 0 for models without such groups.
+    pub sliding_events_applied: u64,
+    pub sliding_events_rejected: u64,
+    pub index_sliding_blocks: u64,
 }
 
 /// Where a request may or should run. Pins by phase, as Dynamo's RoutingHints: aggregated:
@@ -1859,7 +1866,7 @@ const _: () = {
     assert!(offset_of!(kvr_potential_load, active_blocks) == 40);
     assert!(offset_of!(kvr_potential_load, active_requests) == 48);
     assert!(offset_of!(kvr_potential_load, reserved) == 56);
-    assert!(size_of::<kvr_metrics>() == 504);
+    assert!(size_of::<kvr_metrics>() == 528);
     assert!(align_of::<kvr_metrics>() == 8);
     assert!(offset_of!(kvr_metrics, struct_size) == 0);
     assert!(offset_of!(kvr_metrics, reserved0) == 4);
@@ -1885,6 +1892,9 @@ const _: () = {
     assert!(offset_of!(kvr_metrics, events_refused_for_memory) == 480);
     assert!(offset_of!(kvr_metrics, replica_changes_unpublished) == 488);
     assert!(offset_of!(kvr_metrics, decisions_priced_again) == 496);
+    assert!(offset_of!(kvr_metrics, sliding_events_applied) == 504);
+    assert!(offset_of!(kvr_metrics, sliding_events_rejected) == 512);
+    assert!(offset_of!(kvr_metrics, index_sliding_blocks) == 520);
     assert!(size_of::<kvr_routing_hints>() == 64);
     assert!(align_of::<kvr_routing_hints>() == 8);
     assert!(offset_of!(kvr_routing_hints, struct_size) == 0);

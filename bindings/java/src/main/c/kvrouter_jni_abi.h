@@ -519,7 +519,10 @@ enum {
   ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY = 59,
   ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED = 60,
   ABI_METRICS_DECISIONS_PRICED_AGAIN = 61,
-  ABI_METRICS_LEN = 62
+  ABI_METRICS_SLIDING_EVENTS_APPLIED = 62,
+  ABI_METRICS_SLIDING_EVENTS_REJECTED = 63,
+  ABI_METRICS_INDEX_SLIDING_BLOCKS = 64,
+  ABI_METRICS_LEN = 65
 };
 
 static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
@@ -548,6 +551,9 @@ static inline void abi_encode_metrics(const kvr_metrics* c, jlong* v) {
   v[ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY] = (jlong)c->events_refused_for_memory;
   v[ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED] = (jlong)c->replica_changes_unpublished;
   v[ABI_METRICS_DECISIONS_PRICED_AGAIN] = (jlong)c->decisions_priced_again;
+  v[ABI_METRICS_SLIDING_EVENTS_APPLIED] = (jlong)c->sliding_events_applied;
+  v[ABI_METRICS_SLIDING_EVENTS_REJECTED] = (jlong)c->sliding_events_rejected;
+  v[ABI_METRICS_INDEX_SLIDING_BLOCKS] = (jlong)c->index_sliding_blocks;
 }
 
 static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
@@ -576,6 +582,9 @@ static inline void abi_decode_metrics(const jlong* v, kvr_metrics* c) {
   c->events_refused_for_memory = (uint64_t)v[ABI_METRICS_EVENTS_REFUSED_FOR_MEMORY];
   c->replica_changes_unpublished = (uint64_t)v[ABI_METRICS_REPLICA_CHANGES_UNPUBLISHED];
   c->decisions_priced_again = (uint64_t)v[ABI_METRICS_DECISIONS_PRICED_AGAIN];
+  c->sliding_events_applied = (uint64_t)v[ABI_METRICS_SLIDING_EVENTS_APPLIED];
+  c->sliding_events_rejected = (uint64_t)v[ABI_METRICS_SLIDING_EVENTS_REJECTED];
+  c->index_sliding_blocks = (uint64_t)v[ABI_METRICS_INDEX_SLIDING_BLOCKS];
 }
 
 /* kvr_routing_hints */

@@ -268,7 +268,10 @@ final class Abi {
     static final int EVENTS_REFUSED_FOR_MEMORY = 59;
     static final int REPLICA_CHANGES_UNPUBLISHED = 60;
     static final int DECISIONS_PRICED_AGAIN = 61;
-    static final int LEN = 62;
+    static final int SLIDING_EVENTS_APPLIED = 62;
+    static final int SLIDING_EVENTS_REJECTED = 63;
+    static final int INDEX_SLIDING_BLOCKS = 64;
+    static final int LEN = 65;
   }
 
   /** {@code kvr_routing_hints}. */
