@@ -81,6 +81,13 @@ type Metrics struct {
 	// call, a release, another replica's booking); 0 while nothing else calls the router. What
 	// concurrent callers cost each other.
 	DecisionsPricedAgain uint64
+	// Hybrid models' sliding-window KV-cache groups (docs/ingest.md, "Sliding windows"): their
+	// events applied, and rejected (a stored block the rank does not hold in full attention, a
+	// removed block the group lacks, a window of 0, a tier other than the device), and the
+	// (group, block) entries held over every rank; 0 for models without such groups.
+	SlidingEventsApplied  uint64
+	SlidingEventsRejected uint64
+	IndexSlidingBlocks    uint64
 	// How long routing calls took to decide (routing and plans answered without queueing,
 	// and previews; failed calls are not measured), from the call's start to its decision,
 	// over a sample of the calls (the first, then one in 16: Count is not Decisions).
@@ -138,6 +145,10 @@ func metricsFrom(g *cMetrics) Metrics {
 		EventsRefusedForMemory:    g.EventsRefusedForMemory,
 		ReplicaChangesUnpublished: g.ReplicaChangesUnpublished,
 		DecisionsPricedAgain:      g.DecisionsPricedAgain,
+
+		SlidingEventsApplied:  g.SlidingEventsApplied,
+		SlidingEventsRejected: g.SlidingEventsRejected,
+		IndexSlidingBlocks:    g.IndexSlidingBlocks,
 
 		DecisionLatency: latencyFrom(&g.DecisionLatencyBoundsNs, &g.DecisionLatencyLe, g.DecisionLatencyCount, g.DecisionLatencySumNs),
 	}

@@ -86,7 +86,8 @@ func TestIngestMetricsPrometheus(t *testing.T) {
 
 // The counts of what the heap refused (a KV event the index could not apply, a replica change lost) are
 // there, 0 on a router that was never short of memory, also after events and a publisher's
-// bookings, and in the Prometheus text as counters.
+// bookings, and in the Prometheus text as counters. So are the sliding-window counts, 0 on a
+// router that received no sliding-window events.
 func TestRefusedForMemoryCountersAreZeroWithoutARefusal(t *testing.T) {
 	r := newTestRouter(t, 2)
 	var published int
@@ -104,6 +105,10 @@ func TestRefusedForMemoryCountersAreZeroWithoutARefusal(t *testing.T) {
 	if m.DecisionsPricedAgain != 0 {
 		t.Errorf("%d decisions priced again with one caller (want 0)", m.DecisionsPricedAgain)
 	}
+	if m.SlidingEventsApplied != 0 || m.SlidingEventsRejected != 0 || m.IndexSlidingBlocks != 0 {
+		t.Errorf("sliding windows without sliding-window events: %d applied, %d rejected, %d blocks (want 0, 0 and 0)",
+			m.SlidingEventsApplied, m.SlidingEventsRejected, m.IndexSlidingBlocks)
+	}
 	text, err := r.MetricsPrometheus()
 	must(t, err)
 	for _, want := range []string{"# TYPE kvrouter_events_refused_for_memory_total counter\n",
@@ -111,7 +116,13 @@ func TestRefusedForMemoryCountersAreZeroWithoutARefusal(t *testing.T) {
 		"# TYPE kvrouter_replica_changes_unpublished_total counter\n",
 		"\nkvrouter_replica_changes_unpublished_total 0\n",
 		"# TYPE kvrouter_decisions_priced_again_total counter\n",
-		"\nkvrouter_decisions_priced_again_total 0\n"} {
+		"\nkvrouter_decisions_priced_again_total 0\n",
+		"# TYPE kvrouter_sliding_window_events_applied_total counter\n",
+		"\nkvrouter_sliding_window_events_applied_total 0\n",
+		"# TYPE kvrouter_sliding_window_events_rejected_total counter\n",
+		"\nkvrouter_sliding_window_events_rejected_total 0\n",
+		"# TYPE kvrouter_index_sliding_blocks gauge\n",
+		"\nkvrouter_index_sliding_blocks 0\n"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %q in\n%s", want, text)
 		}
