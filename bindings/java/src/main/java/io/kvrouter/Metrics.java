@@ -120,6 +120,30 @@ public final class Metrics {
     return a[Abi.Metrics.DECISIONS_PRICED_AGAIN];
   }
 
+  /**
+   * Events of hybrid models' sliding-window KV-cache groups applied (their stores and removals:
+   * docs/ingest.md, "Sliding windows"); 0 for models without such groups.
+   */
+  public long slidingEventsApplied() {
+    return a[Abi.Metrics.SLIDING_EVENTS_APPLIED];
+  }
+
+  /**
+   * Sliding-window events rejected, whole or in part: a stored block the rank does not hold in
+   * full attention, a removed block the group lacks, a window of 0, a tier other than the device.
+   */
+  public long slidingEventsRejected() {
+    return a[Abi.Metrics.SLIDING_EVENTS_REJECTED];
+  }
+
+  /**
+   * (sliding-window group, block) entries held over every rank: what hybrid models' windows hold
+   * beside {@link #indexBlocks()}; 0 for models without such groups.
+   */
+  public long indexSlidingBlocks() {
+    return a[Abi.Metrics.INDEX_SLIDING_BLOCKS];
+  }
+
   /** The number of buckets of the decision-latency histogram ({@code KVR_DECISION_LATENCY_BUCKETS}). */
   public static final int DECISION_LATENCY_BUCKETS = Abi.DECISION_LATENCY_BUCKETS;
 

@@ -480,6 +480,10 @@ class AbiTest {
       assertEquals(0, m.eventsRefusedForMemory());
       assertEquals(0, m.replicaChangesUnpublished());
       assertEquals(0, m.decisionsPricedAgain()); // one caller at a time
+      // No hybrid model here: no sliding-window group's events, nor blocks.
+      assertEquals(0, m.slidingEventsApplied());
+      assertEquals(0, m.slidingEventsRejected());
+      assertEquals(0, m.indexSlidingBlocks());
     }
   }
 

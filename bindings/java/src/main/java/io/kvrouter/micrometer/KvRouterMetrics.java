@@ -30,7 +30,9 @@ import java.util.function.ToLongFunction;
  * exposes them under the same names ({@code kvrouter.decisions} is {@code kvrouter_decisions_total},
  * {@code kvrouter.kv.events} with tags {@code kind} and {@code outcome} is {@code
  * kvrouter_kv_events_total{kind,outcome}}, {@code kvrouter.requests.active} is {@code
- * kvrouter_requests_active}).
+ * kvrouter_requests_active}; hybrid models' sliding windows: {@code
+ * kvrouter.sliding.window.events.applied} and {@code .rejected}, counters, and {@code
+ * kvrouter.index.sliding.blocks}, a gauge).
  *
  * <pre>{@code
  * new KvRouterMetrics(router).ingest(ingest).bindTo(registry);
@@ -192,6 +194,12 @@ public final class KvRouterMetrics implements MeterBinder {
         BaseUnits.BYTES,
         "Heap bytes held by the KV index.",
         Metrics::indexBytes);
+    gauge(
+        registry,
+        "kvrouter.index.sliding.blocks",
+        null,
+        "(sliding-window group, block) entries of hybrid models' worker ranks.",
+        Metrics::indexSlidingBlocks);
     counter(
         registry,
         "kvrouter.replica.changes.applied",
@@ -244,6 +252,18 @@ public final class KvRouterMetrics implements MeterBinder {
             + " what they priced outside it.",
         Tags.empty(),
         Metrics::decisionsPricedAgain);
+    counter(
+        registry,
+        "kvrouter.sliding.window.events.applied",
+        "Sliding-window KV events (hybrid models) applied.",
+        Tags.empty(),
+        Metrics::slidingEventsApplied);
+    counter(
+        registry,
+        "kvrouter.sliding.window.events.rejected",
+        "Sliding-window KV events (hybrid models) rejected, whole or in part.",
+        Tags.empty(),
+        Metrics::slidingEventsRejected);
     bindDecisionLatency(registry);
   }
 

@@ -81,6 +81,9 @@ class KvRouterMetricsTest {
       assertEquals(0.0, counter(registry, "kvrouter.events.refused.for.memory"));
       assertEquals(0.0, counter(registry, "kvrouter.replica.changes.unpublished"));
       assertEquals(0.0, counter(registry, "kvrouter.decisions.priced.again"));
+      assertEquals(0.0, counter(registry, "kvrouter.sliding.window.events.applied"));
+      assertEquals(0.0, counter(registry, "kvrouter.sliding.window.events.rejected"));
+      assertEquals(0.0, gauge(registry, "kvrouter.index.sliding.blocks"));
 
       assertEquals(2, router.findBestMatch(prompt, RequestOptions.admit("r1")).workerId());
       router.findBestMatch(prompt, RequestOptions.admit("r2"));
