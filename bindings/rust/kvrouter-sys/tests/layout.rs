@@ -96,7 +96,8 @@ fn rust_layouts() -> Vec<Layout> {
             index_blocks, index_bytes, replica_changes_applied, replica_changes_rejected,
             replica_requests_active, decision_latency_bounds_ns, decision_latency_le,
             decision_latency_count, decision_latency_sum_ns, replicas_live, replicas_expired,
-            events_refused_for_memory, replica_changes_unpublished, decisions_priced_again }
+            events_refused_for_memory, replica_changes_unpublished, decisions_priced_again,
+            sliding_events_applied, sliding_events_rejected, index_sliding_blocks }
         kvr_routing_hints { struct_size, phase, worker_id, prefill_worker_id, decode_worker_id,
             dp_rank, prefill_dp_rank, session_id, session_mode, reserved, session_ttl_seconds }
         kvr_route_signals { struct_size, dp_rank, worker_id, overlap_blocks, prompt_blocks,

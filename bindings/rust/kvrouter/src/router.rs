@@ -405,6 +405,14 @@ pub struct Metrics {
     /// call, a release, another replica's booking); 0 while nothing else calls the router. What
     /// concurrent callers cost each other.
     pub decisions_priced_again: u64,
+    /// Sliding-window events applied: those of hybrid models' sliding-window KV-cache groups
+    /// (docs/ingest.md, "Sliding windows"); 0 for models without such groups.
+    pub sliding_events_applied: u64,
+    /// Sliding-window events rejected (a stored block the rank does not hold in full attention,
+    /// a removed block the group lacks, a window of 0, a tier other than the device).
+    pub sliding_events_rejected: u64,
+    /// The (sliding-window group, block) entries held over every rank (0 without such groups).
+    pub index_sliding_blocks: u64,
     /// How long routing calls took to decide.
     pub decision_latency: DecisionLatency,
 }
@@ -481,6 +489,9 @@ impl From<sys::kvr_metrics> for Metrics {
             events_refused_for_memory: m.events_refused_for_memory,
             replica_changes_unpublished: m.replica_changes_unpublished,
             decisions_priced_again: m.decisions_priced_again,
+            sliding_events_applied: m.sliding_events_applied,
+            sliding_events_rejected: m.sliding_events_rejected,
+            index_sliding_blocks: m.index_sliding_blocks,
             decision_latency: DecisionLatency {
                 bounds_ns: m.decision_latency_bounds_ns,
                 le: m.decision_latency_le,

@@ -373,6 +373,10 @@ fn metrics_count_events_workers_and_decisions() {
     assert_eq!(m.replica_changes_unpublished, 0);
     // One caller at a time: no decision collided with another.
     assert_eq!(m.decisions_priced_again, 0);
+    // No sliding-window events (no hybrid model): none applied or rejected, no entries held.
+    assert_eq!(m.sliding_events_applied, 0);
+    assert_eq!(m.sliding_events_rejected, 0);
+    assert_eq!(m.index_sliding_blocks, 0);
     let text = router.metrics_prometheus().unwrap();
     for line in [
         "# TYPE kvrouter_events_refused_for_memory_total counter\n",
@@ -381,6 +385,12 @@ fn metrics_count_events_workers_and_decisions() {
         "\nkvrouter_replica_changes_unpublished_total 0\n",
         "# TYPE kvrouter_decisions_priced_again_total counter\n",
         "\nkvrouter_decisions_priced_again_total 0\n",
+        "# TYPE kvrouter_sliding_window_events_applied_total counter\n",
+        "\nkvrouter_sliding_window_events_applied_total 0\n",
+        "# TYPE kvrouter_sliding_window_events_rejected_total counter\n",
+        "\nkvrouter_sliding_window_events_rejected_total 0\n",
+        "# TYPE kvrouter_index_sliding_blocks gauge\n",
+        "\nkvrouter_index_sliding_blocks 0\n",
     ] {
         assert!(text.contains(line), "no {line:?} in\n{text}");
     }
