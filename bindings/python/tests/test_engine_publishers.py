@@ -330,14 +330,22 @@ def test_vllm_publisher(vllm):
             w.sync()
             assert w.stats().events_ignored == 0
             assert tiers(router, S, W, 1) == (1, 0, 0, 0)  # the window holds the block: a hit
+
+            def sliding() -> Tuple[int, int, int]:  # kvr_metrics: events applied, rejected; blocks
+                m = router.metrics()
+                return m.sliding_events_applied, m.sliding_events_rejected, m.index_sliding_blocks
+
+            assert sliding() == (1, 0, 1)
             # The sliding window moves on: its removal names group 1 only. Full attention still
             # holds the block, but the engine cannot resume there without the window's copy.
             w.send(1, [v.BlockRemoved(block_hashes=s, medium="GPU", group_idx=1)])
             w.sync()
             assert tiers(router, S, W, 1) == (0, 0, 0, 0)
+            assert sliding() == (2, 0, 0)
             w.send(1, [sliding_store()])  # a later request's window holds it again
             w.sync()
             assert tiers(router, S, W, 1) == (1, 0, 0, 0)
+            assert sliding() == (3, 0, 1)
             assert w.stats().events_ignored == 0
             # An MLA model (DeepSeek) stores as "mla_attention": full attention, indexed (on
             # rank 0: rank 1 is the hybrid model's, whose window would hold nothing of it).
@@ -373,6 +381,7 @@ def test_vllm_publisher(vllm):
             w.sync()
             assert tiers(router, B, W, 1) == tiers(router, C, W, 1, lora_name="sql-adapter") == (0, 0, 0, 0)
             assert tiers(router, F, W, 0) == (3, 0, 0, 0), "a clear is the publishing rank's"
+            assert sliding() == (3, 0, 0), "the clear forgets rank 1's sliding-window group"
 
             # Rank 0's engine restarts: sequence 0 again, an empty cache.
             w.send(0, [stored(f[:1], None, F[:16])])

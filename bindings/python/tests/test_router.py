@@ -317,13 +317,23 @@ def test_refused_for_memory_counters_are_zero_without_a_refusal(router):
     assert "events_refused_for_memory" in m.__match_args__
     assert "replica_changes_unpublished" in m.__match_args__
     assert m.decisions_priced_again == 0  # one caller at a time
+    # No hybrid model here: no sliding-window group's events, nor blocks.
+    assert (m.sliding_events_applied, m.sliding_events_rejected, m.index_sliding_blocks) == (0, 0, 0)
+    assert m.__match_args__[-3:] == ("sliding_events_applied", "sliding_events_rejected",
+                                     "index_sliding_blocks")
     text = router.metrics_prometheus()
     for line in ("# TYPE kvrouter_events_refused_for_memory_total counter\n",
                  "\nkvrouter_events_refused_for_memory_total 0\n",
                  "# TYPE kvrouter_replica_changes_unpublished_total counter\n",
                  "\nkvrouter_replica_changes_unpublished_total 0\n",
                  "# TYPE kvrouter_decisions_priced_again_total counter\n",
-                 "\nkvrouter_decisions_priced_again_total 0\n"):
+                 "\nkvrouter_decisions_priced_again_total 0\n",
+                 "# TYPE kvrouter_sliding_window_events_applied_total counter\n",
+                 "\nkvrouter_sliding_window_events_applied_total 0\n",
+                 "# TYPE kvrouter_sliding_window_events_rejected_total counter\n",
+                 "\nkvrouter_sliding_window_events_rejected_total 0\n",
+                 "# TYPE kvrouter_index_sliding_blocks gauge\n",
+                 "\nkvrouter_index_sliding_blocks 0\n"):
         assert line in text
     router.set_replica_publisher("gw-a", None)
 
