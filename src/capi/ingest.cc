@@ -145,8 +145,8 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
           "JetStream: attempts to make the consumer again that failed and were retried.",
           [](const Stats& s) { return s.consumer_remake_failures; });
   counter("kvrouter_ingest_events_ignored_total",
-          "Engine events of KV-cache groups other than full attention (hybrid models), not "
-          "indexed by design.",
+          "Engine events of KV-cache groups neither full attention nor a sized sliding window "
+          "(hybrid models), not indexed by design.",
           [](const Stats& s) { return s.events_ignored; });
   AppendPerSource(text, sources, "kvrouter_ingest_stream_sequence", "gauge",
                   "JetStream: the stream sequence of the last message applied (0 for other "

@@ -405,8 +405,8 @@ public final class KvRouterMetrics implements MeterBinder {
         IngestStats::consumerRemakeFailures);
     c.counter(
         "kvrouter.ingest.events.ignored",
-        "Engine events of KV-cache groups other than full attention (hybrid models), not indexed"
-            + " by design.",
+        "Engine events of KV-cache groups neither full attention nor a sized sliding window"
+            + " (hybrid models), not indexed by design.",
         Tags.empty(),
         IngestStats::eventsIgnored);
     c.gauge(
