@@ -522,14 +522,16 @@ func initWorkerConfig(c *C.kvr_worker_config) {
 
 // cStoredEvent holds the value fields of kvr_stored_event, in Go types.
 type cStoredEvent struct {
-	DPRank     uint32
-	WorkerID   uint64
-	EventID    uint64
-	Tier       Tier
-	Flags      uint32
-	ParentHash uint64
-	NumBlocks  uint64
-	NumTokens  uint64
+	DPRank              uint32
+	WorkerID            uint64
+	EventID             uint64
+	Tier                Tier
+	Flags               uint32
+	ParentHash          uint64
+	NumBlocks           uint64
+	NumTokens           uint64
+	SlidingGroup        int64
+	SlidingWindowTokens uint32
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -542,6 +544,8 @@ func (g *cStoredEvent) store(c *C.kvr_stored_event) {
 	c.parent_hash = C.uint64_t(g.ParentHash)
 	c.num_blocks = C.size_t(g.NumBlocks)
 	c.num_tokens = C.size_t(g.NumTokens)
+	c.sliding_group = C.int64_t(g.SlidingGroup)
+	c.sliding_window_tokens = C.uint32_t(g.SlidingWindowTokens)
 }
 
 // load reads the mirrored fields from c.
@@ -554,6 +558,8 @@ func (g *cStoredEvent) load(c *C.kvr_stored_event) {
 	g.ParentHash = uint64(c.parent_hash)
 	g.NumBlocks = uint64(c.num_blocks)
 	g.NumTokens = uint64(c.num_tokens)
+	g.SlidingGroup = int64(c.sliding_group)
+	g.SlidingWindowTokens = uint32(c.sliding_window_tokens)
 }
 
 // initStoredEvent has the library set c's defaults for the layout of kvr_stored_event this package
@@ -567,11 +573,13 @@ func initStoredEvent(c *C.kvr_stored_event) {
 
 // cRemovedEvent holds the value fields of kvr_removed_event, in Go types.
 type cRemovedEvent struct {
-	DPRank    uint32
-	WorkerID  uint64
-	EventID   uint64
-	Tier      Tier
-	NumBlocks uint64
+	DPRank       uint32
+	WorkerID     uint64
+	EventID      uint64
+	Tier         Tier
+	NumBlocks    uint64
+	SlidingGroup int64
+	Flags        uint32
 }
 
 // store writes the mirrored fields into c (its other fields are left as they are).
@@ -581,6 +589,8 @@ func (g *cRemovedEvent) store(c *C.kvr_removed_event) {
 	c.event_id = C.uint64_t(g.EventID)
 	c.tier = C.kvr_tier(g.Tier)
 	c.num_blocks = C.size_t(g.NumBlocks)
+	c.sliding_group = C.int64_t(g.SlidingGroup)
+	c.flags = C.uint32_t(g.Flags)
 }
 
 // load reads the mirrored fields from c.
@@ -590,6 +600,8 @@ func (g *cRemovedEvent) load(c *C.kvr_removed_event) {
 	g.EventID = uint64(c.event_id)
 	g.Tier = Tier(c.tier)
 	g.NumBlocks = uint64(c.num_blocks)
+	g.SlidingGroup = int64(c.sliding_group)
+	g.Flags = uint32(c.flags)
 }
 
 // initRemovedEvent has the library set c's defaults for the layout of kvr_removed_event this
@@ -1402,8 +1414,8 @@ const (
 	_ = uint64(unsafe.Sizeof(C.kvr_hash_options{})) - 48
 	_ = uint64(unsafe.Sizeof(C.kvr_router_options{})) - 152
 	_ = uint64(unsafe.Sizeof(C.kvr_worker_config{})) - 40
-	_ = uint64(unsafe.Sizeof(C.kvr_stored_event{})) - 112
-	_ = uint64(unsafe.Sizeof(C.kvr_removed_event{})) - 48
+	_ = uint64(unsafe.Sizeof(C.kvr_stored_event{})) - 128
+	_ = uint64(unsafe.Sizeof(C.kvr_removed_event{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_request_options{})) - 192
 	_ = uint64(unsafe.Sizeof(C.kvr_route_result{})) - 64
 	_ = uint64(unsafe.Sizeof(C.kvr_candidate{})) - 152

@@ -103,6 +103,10 @@ struct FieldEnds<kvr_stored_event> {
       offsetof(kvr_stored_event, cache_namespace) + sizeof(kvr_stored_event::cache_namespace),
       offsetof(kvr_stored_event, mm_hashes) + sizeof(kvr_stored_event::mm_hashes),
       offsetof(kvr_stored_event, mm_counts) + sizeof(kvr_stored_event::mm_counts),
+      offsetof(kvr_stored_event, sliding_group) + sizeof(kvr_stored_event::sliding_group),
+      offsetof(kvr_stored_event, sliding_window_tokens) +
+          sizeof(kvr_stored_event::sliding_window_tokens),
+      offsetof(kvr_stored_event, reserved1) + sizeof(kvr_stored_event::reserved1),
   };
 };
 
@@ -117,6 +121,9 @@ struct FieldEnds<kvr_removed_event> {
       offsetof(kvr_removed_event, reserved) + sizeof(kvr_removed_event::reserved),
       offsetof(kvr_removed_event, block_hashes) + sizeof(kvr_removed_event::block_hashes),
       offsetof(kvr_removed_event, num_blocks) + sizeof(kvr_removed_event::num_blocks),
+      offsetof(kvr_removed_event, sliding_group) + sizeof(kvr_removed_event::sliding_group),
+      offsetof(kvr_removed_event, flags) + sizeof(kvr_removed_event::flags),
+      offsetof(kvr_removed_event, reserved1) + sizeof(kvr_removed_event::reserved1),
   };
 };
 
@@ -375,6 +382,7 @@ inline constexpr uint32_t kKnownRouterFlags =
     KVR_ROUTER_APPROXIMATE | KVR_ROUTER_NO_KV_REUSE | KVR_ROUTER_NO_PREFILL_TRACKING |
     KVR_ROUTER_EAGLE | KVR_ROUTER_ENTROPY_SEED | KVR_ROUTER_TRACK_OUTPUT_BLOCKS;
 inline constexpr uint32_t kKnownStoredFlags = KVR_STORED_HAS_PARENT | KVR_STORED_EAGLE;
+inline constexpr uint32_t kKnownRemovedFlags = KVR_REMOVED_SLIDING;
 inline constexpr uint32_t kKnownRequestFlags = KVR_REQUEST_ADMIT | KVR_REQUEST_PREHASHED;
 inline constexpr uint32_t kKnownJetstreamFlags = KVR_JETSTREAM_RESUME | KVR_JETSTREAM_CREATE_STREAM;
 

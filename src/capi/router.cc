@@ -244,6 +244,33 @@ kvr_status ToRequest(kvr_error** err, const uint32_t* tokens, size_t num_tokens,
 
 namespace kvrouter::capi {
 
+// A hybrid model's sliding-window store (kvr_stored_event with sliding_window_tokens > 0): blocks
+// by engine hash, nothing else of a full-attention store.
+static kvr_status ToSlidingStoredEvent(kvr_error** err, const kvr_stored_event& in,
+                                       kvrouter::KvEvent& out) {
+  if (in.flags != 0 || in.local_hashes != nullptr || in.num_tokens > 0 || in.lora_name != nullptr ||
+      in.cache_namespace != nullptr || in.mm_hashes != nullptr || in.mm_counts != nullptr) {
+    return FailInvalid(err,
+                       "a sliding-window store (sliding_window_tokens > 0) names blocks by engine "
+                       "hash only: no parent flag, local hashes, tokens, LoRA, namespace nor "
+                       "multimodal hashes");
+  }
+  if (in.tier != KVR_TIER_DEVICE) {
+    return FailInvalid(err,
+                       "a sliding-window store is of the device tier (a request resumes "
+                       "there)");
+  }
+  kvrouter::SlidingStoredEvent stored;
+  stored.group = in.sliding_group;
+  stored.window_tokens = in.sliding_window_tokens;
+  stored.block_hashes.assign(in.block_hashes, in.block_hashes + in.num_blocks);
+  out = kvrouter::KvEvent{.worker = {in.worker_id, in.dp_rank},
+                          .tier = kvrouter::Tier::kDevice,
+                          .event_id = in.event_id,
+                          .data = std::move(stored)};
+  return KVR_OK;
+}
+
 kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvrouter::KvEvent& out,
                          uint32_t block_size) {
   if (kvr_status s = RequireNonNull(err, event, "event")) return s;
@@ -259,6 +286,7 @@ kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvroute
   if (in.num_tokens > 0 && in.token_ids == nullptr) {
     return RequireNonNull(err, in.token_ids, "token_ids");
   }
+  if (in.sliding_window_tokens > 0) return ToSlidingStoredEvent(err, in, out);
   if (block_size != 0 && in.local_hashes == nullptr) {
     // Tokens past the blocks' would be copied and hashed only to be refused.
     const bool eagle = (in.flags & KVR_STORED_EAGLE) != 0;
@@ -301,11 +329,21 @@ kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, kvrou
   if (in.num_blocks > 0 && in.block_hashes == nullptr) {
     return RequireNonNull(err, in.block_hashes, "block_hashes");
   }
-  out = kvrouter::KvEvent{
-      .worker = {in.worker_id, in.dp_rank},
-      .tier = static_cast<kvrouter::Tier>(in.tier),
-      .event_id = in.event_id,
-      .data = kvrouter::RemovedEvent{{in.block_hashes, in.block_hashes + in.num_blocks}}};
+  if (kvr_status s = CheckFlags(err, in.flags, kKnownRemovedFlags, "kvr_removed_event.flags")) {
+    return s;
+  }
+  std::vector<uint64_t> hashes(in.block_hashes, in.block_hashes + in.num_blocks);
+  decltype(kvrouter::KvEvent::data) data;
+  if (in.flags & KVR_REMOVED_SLIDING) {
+    data =
+        kvrouter::SlidingRemovedEvent{.group = in.sliding_group, .block_hashes = std::move(hashes)};
+  } else {
+    data = kvrouter::RemovedEvent{std::move(hashes)};
+  }
+  out = kvrouter::KvEvent{.worker = {in.worker_id, in.dp_rank},
+                          .tier = static_cast<kvrouter::Tier>(in.tier),
+                          .event_id = in.event_id,
+                          .data = std::move(data)};
   return KVR_OK;
 }
 

@@ -978,8 +978,8 @@ static void ingest_options_engine_worker_and_stats(void) {
   X(kvr_hash_options, mm_num_blocks)           \
   X(kvr_router_options, ttft_miss_weight)      \
   X(kvr_worker_config, max_num_batched_tokens) \
-  X(kvr_stored_event, mm_counts)               \
-  X(kvr_removed_event, num_blocks)             \
+  X(kvr_stored_event, reserved1)               \
+  X(kvr_removed_event, reserved1)              \
   X(kvr_request_options, num_local_hashes)     \
   X(kvr_route_result, queued)                  \
   X(kvr_metrics, index_sliding_blocks)         \

@@ -406,8 +406,87 @@ static void event_struct_size_rules(void** state) {
   assert_false(kvt_overlap_of(f->router, f->prompt, 64, 3, 0, NULL));
 }
 
+/* A hybrid model's sliding-window group (kvr_stored_event.sliding_window_tokens > 0): worker 1
+ * holds the prompt's four blocks in full attention, its window (32 tokens: the two blocks before
+ * a hit point) blocks 2 and 3. The prompt plus a token is cached whole (blocks 2 and 3 before
+ * block 4); its first three blocks and another are not (block 1 is missing before block 3), as
+ * the engine counts them. */
+static void sliding_window_stores_and_removals(void** state) {
+  fixture* f = (fixture*)*state;
+  uint64_t window[2] = {102, 103}; /* kvt_store's hashes from 100 */
+  uint64_t unknown = 999;
+  uint32_t longer[65], shorter[64];
+  kvr_stored_event sliding;
+  kvr_removed_event removed;
+  kvr_overlap overlap;
+  kvr_metrics metrics;
+  kvr_event_batch* batch = NULL;
+  kvr_buffer* encoded = NULL;
+  memcpy(longer, f->prompt, sizeof shorter);
+  longer[64] = 7;
+  memcpy(shorter, f->prompt, sizeof shorter);
+  for (int i = 48; i < 64; ++i) shorter[i] = 999;
+  kvr_stored_event_init(&sliding, sizeof sliding);
+  sliding.worker_id = 1;
+  sliding.block_hashes = window;
+  sliding.num_blocks = 2;
+  sliding.sliding_group = 0;
+  sliding.sliding_window_tokens = 2 * BS;
+  KVT_OK(kvt_store(f->router, 1, 0, KVR_TIER_DEVICE, f->prompt, 4, BS, 100, 0, 0, ERRP));
+  KVT_OK(kvr_router_apply_stored(f->router, &sliding, ERRP));
+  assert_true(kvt_overlap_of(f->router, longer, 65, 1, 0, &overlap));
+  assert_int_equal(4, overlap.device_blocks);
+  assert_false(kvt_overlap_of(f->router, shorter, 64, 1, 0, NULL));
+
+  /* A block full attention does not hold cannot be placed (applied twice: two rejects). */
+  sliding.block_hashes = &unknown;
+  sliding.num_blocks = 1;
+  KVT_EXPECT_FAILS(KVR_NOT_FOUND, kvr_router_apply_stored(f->router, &sliding, ERRP));
+  /* A sliding store names blocks only, on the device. */
+  sliding.block_hashes = window;
+  sliding.num_blocks = 2;
+  sliding.token_ids = f->prompt;
+  sliding.num_tokens = 2 * BS;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &sliding, ERRP));
+  sliding.token_ids = NULL;
+  sliding.num_tokens = 0;
+  sliding.tier = KVR_TIER_HOST_PINNED;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &sliding, ERRP));
+  sliding.tier = KVR_TIER_DEVICE;
+
+  /* The window lets block 3 go: no hit left on worker 1; its full-attention blocks stay. */
+  kvr_removed_event_init(&removed, sizeof removed);
+  removed.worker_id = 1;
+  removed.block_hashes = &window[1];
+  removed.num_blocks = 1;
+  removed.flags = KVR_REMOVED_SLIDING;
+  KVT_OK(kvr_router_apply_removed(f->router, &removed, ERRP));
+  assert_false(kvt_overlap_of(f->router, longer, 65, 1, 0, NULL));
+  removed.flags = 0x80; /* unknown */
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_removed(f->router, &removed, ERRP));
+  metrics = kvt_metrics(f->router);
+  assert_int_equal(4, metrics.index_blocks);
+  assert_int_equal(1, metrics.index_sliding_blocks);
+  assert_int_equal(2, metrics.sliding_events_applied);
+  assert_int_equal(2, metrics.sliding_events_rejected);
+
+  /* The same store through an event batch (FlatBuffers) brings the hit back. */
+  KVT_OK(kvr_event_batch_new(&batch, ERRP));
+  sliding.block_hashes = &window[1];
+  sliding.num_blocks = 1;
+  KVT_OK(kvr_event_batch_add_stored(batch, &sliding, ERRP));
+  KVT_OK(kvr_event_batch_encode(batch, &encoded, ERRP));
+  KVT_OK(kvr_router_apply_event_batch(f->router, kvr_buffer_data(encoded), kvr_buffer_size(encoded),
+                                      ERRP));
+  assert_true(kvt_overlap_of(f->router, longer, 65, 1, 0, &overlap));
+  assert_int_equal(4, overlap.device_blocks);
+  kvr_buffer_free(encoded);
+  kvr_event_batch_free(batch);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(sliding_window_stores_and_removals, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(stored_with_tokens, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(stored_with_parent_chain, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(stored_with_local_hashes, setup, kvt_teardown),

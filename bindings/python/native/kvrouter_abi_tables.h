@@ -76,23 +76,26 @@
   F(kvr_worker_config, dp_size, U32, 0, 0)                \
   F(kvr_worker_config, total_kv_blocks, U64, 0, 0)        \
   F(kvr_worker_config, max_num_batched_tokens, U64, 0, 0)
-#define KVRPY_FIELDS_kvr_stored_event(F)          \
-  F(kvr_stored_event, struct_size, U32, 0, 0)     \
-  F(kvr_stored_event, dp_rank, U32, 0, 0)         \
-  F(kvr_stored_event, worker_id, U64, 0, 0)       \
-  F(kvr_stored_event, event_id, U64, 0, 0)        \
-  F(kvr_stored_event, tier, U32, "kvr_tier", 0)   \
-  F(kvr_stored_event, flags, U32, 0, 0)           \
-  F(kvr_stored_event, parent_hash, U64, 0, 0)     \
-  F(kvr_stored_event, block_hashes, PTR, 0, 0)    \
-  F(kvr_stored_event, num_blocks, U64, 0, 0)      \
-  F(kvr_stored_event, local_hashes, PTR, 0, 0)    \
-  F(kvr_stored_event, token_ids, PTR, 0, 0)       \
-  F(kvr_stored_event, num_tokens, U64, 0, 0)      \
-  F(kvr_stored_event, lora_name, PTR, 0, 0)       \
-  F(kvr_stored_event, cache_namespace, PTR, 0, 0) \
-  F(kvr_stored_event, mm_hashes, PTR, 0, 0)       \
-  F(kvr_stored_event, mm_counts, PTR, 0, 0)
+#define KVRPY_FIELDS_kvr_stored_event(F)                \
+  F(kvr_stored_event, struct_size, U32, 0, 0)           \
+  F(kvr_stored_event, dp_rank, U32, 0, 0)               \
+  F(kvr_stored_event, worker_id, U64, 0, 0)             \
+  F(kvr_stored_event, event_id, U64, 0, 0)              \
+  F(kvr_stored_event, tier, U32, "kvr_tier", 0)         \
+  F(kvr_stored_event, flags, U32, 0, 0)                 \
+  F(kvr_stored_event, parent_hash, U64, 0, 0)           \
+  F(kvr_stored_event, block_hashes, PTR, 0, 0)          \
+  F(kvr_stored_event, num_blocks, U64, 0, 0)            \
+  F(kvr_stored_event, local_hashes, PTR, 0, 0)          \
+  F(kvr_stored_event, token_ids, PTR, 0, 0)             \
+  F(kvr_stored_event, num_tokens, U64, 0, 0)            \
+  F(kvr_stored_event, lora_name, PTR, 0, 0)             \
+  F(kvr_stored_event, cache_namespace, PTR, 0, 0)       \
+  F(kvr_stored_event, mm_hashes, PTR, 0, 0)             \
+  F(kvr_stored_event, mm_counts, PTR, 0, 0)             \
+  F(kvr_stored_event, sliding_group, I64, 0, 0)         \
+  F(kvr_stored_event, sliding_window_tokens, U32, 0, 0) \
+  F(kvr_stored_event, reserved1, U32, 0, 0)
 #define KVRPY_FIELDS_kvr_removed_event(F)        \
   F(kvr_removed_event, struct_size, U32, 0, 0)   \
   F(kvr_removed_event, dp_rank, U32, 0, 0)       \
@@ -101,7 +104,10 @@
   F(kvr_removed_event, tier, U32, "kvr_tier", 0) \
   F(kvr_removed_event, reserved, U32, 0, 0)      \
   F(kvr_removed_event, block_hashes, PTR, 0, 0)  \
-  F(kvr_removed_event, num_blocks, U64, 0, 0)
+  F(kvr_removed_event, num_blocks, U64, 0, 0)    \
+  F(kvr_removed_event, sliding_group, I64, 0, 0) \
+  F(kvr_removed_event, flags, U32, 0, 0)         \
+  F(kvr_removed_event, reserved1, U32, 0, 0)
 #define KVRPY_FIELDS_kvr_request_options(F)                       \
   F(kvr_request_options, struct_size, U32, 0, 0)                  \
   F(kvr_request_options, flags, U32, 0, 0)                        \
@@ -362,6 +368,7 @@
   C(KVR_ROUTER_TRACK_OUTPUT_BLOCKS) \
   C(KVR_STORED_HAS_PARENT)          \
   C(KVR_STORED_EAGLE)               \
+  C(KVR_REMOVED_SLIDING)            \
   C(KVR_REQUEST_ADMIT)              \
   C(KVR_REQUEST_PREHASHED)          \
   C(KVR_JETSTREAM_RESUME)           \

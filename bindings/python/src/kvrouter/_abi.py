@@ -374,6 +374,8 @@ ROUTER_TRACK_OUTPUT_BLOCKS = 0x20
 STORED_HAS_PARENT = 0x1
 #: token_ids use eagle windows
 STORED_EAGLE = 0x2
+#: the blocks left sliding-window group `sliding_group`
+REMOVED_SLIDING = 0x1
 #: book the request under request_id
 REQUEST_ADMIT = 0x1
 #: The prompt is given hashed, by local_hashes; the call hashes no token. Since 0.2.0.
@@ -406,6 +408,7 @@ CONSTANTS: Dict[str, int] = {
     'KVR_ROUTER_TRACK_OUTPUT_BLOCKS': ROUTER_TRACK_OUTPUT_BLOCKS,
     'KVR_STORED_HAS_PARENT': STORED_HAS_PARENT,
     'KVR_STORED_EAGLE': STORED_EAGLE,
+    'KVR_REMOVED_SLIDING': REMOVED_SLIDING,
     'KVR_REQUEST_ADMIT': REQUEST_ADMIT,
     'KVR_REQUEST_PREHASHED': REQUEST_PREHASHED,
     'KVR_JETSTREAM_RESUME': JETSTREAM_RESUME,
@@ -472,7 +475,7 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
         ),
     ),
     'kvr_stored_event': (
-        112,
+        128,
         (
             ('struct_size', 0, 4),
             ('dp_rank', 4, 4),
@@ -490,10 +493,13 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('cache_namespace', 88, 8),
             ('mm_hashes', 96, 8),
             ('mm_counts', 104, 8),
+            ('sliding_group', 112, 8),
+            ('sliding_window_tokens', 120, 4),
+            ('reserved1', 124, 4),
         ),
     ),
     'kvr_removed_event': (
-        48,
+        64,
         (
             ('struct_size', 0, 4),
             ('dp_rank', 4, 4),
@@ -503,6 +509,9 @@ STRUCTS: Dict[str, Tuple[int, Tuple[Tuple[str, int, int], ...]]] = {
             ('reserved', 28, 4),
             ('block_hashes', 32, 8),
             ('num_blocks', 40, 8),
+            ('sliding_group', 48, 8),
+            ('flags', 56, 4),
+            ('reserved1', 60, 4),
         ),
     ),
     'kvr_request_options': (
@@ -811,6 +820,7 @@ __all__ = [
     'ROUTER_TRACK_OUTPUT_BLOCKS',
     'STORED_HAS_PARENT',
     'STORED_EAGLE',
+    'REMOVED_SLIDING',
     'REQUEST_ADMIT',
     'REQUEST_PREHASHED',
     'JETSTREAM_RESUME',

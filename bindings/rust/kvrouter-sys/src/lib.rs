@@ -230,6 +230,9 @@ pub const KVR_STORED_HAS_PARENT: u32 = 0x1;
 /// token_ids use eagle windows
 pub const KVR_STORED_EAGLE: u32 = 0x2;
 
+/// the blocks left sliding-window group `sliding_group`
+pub const KVR_REMOVED_SLIDING: u32 = 0x1;
+
 /// kvr_request_options.flags. Without KVR_REQUEST_ADMIT a routing call changes nothing; with it the
 /// request is booked (after waiting in the queue if the router queues).
 /// book the request under request_id
@@ -374,6 +377,15 @@ pub struct kvr_worker_config {
 /// event with neither (no local hashes, no tokens, no parent) is a copy: each named block the rank
 /// already holds is added on `tier` (vLLM's offloading connector reports copies so); names it does
 /// not hold are skipped, KVR_NOT_FOUND if any was.
+///
+/// With sliding_window_tokens > 0 it is a hybrid model's sliding-window store instead
+/// (docs/ingest.md, "Sliding windows"): the blocks KV-cache group `sliding_group` (the engine's
+/// group index; its window is sliding_window_tokens) now holds, by engine hash, each one the rank
+/// holds in full attention under that hash (the others are skipped, KVR_NOT_FOUND). A prefix is
+/// then cached on the rank only where its sliding-window groups also hold the blocks before the
+/// prefix's end that their windows need, as the engine counts it. Such a store names blocks only:
+/// no parent flag, local hashes, tokens, LoRA, namespace nor multimodal hashes
+/// (KVR_INVALID_ARGUMENT), on the device tier (KVR_INVALID_ARGUMENT otherwise).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvr_stored_event {
@@ -398,8 +410,16 @@ pub struct kvr_stored_event {
     pub mm_hashes: *const u64,
     /// NULL, or num_blocks counts
     pub mm_counts: *const usize,
+    /// Appended in 0.2.0: a sliding-window store (above) when sliding_window_tokens > 0.
+    pub sliding_group: i64,
+    pub sliding_window_tokens: u32,
+    pub reserved1: u32,
 }
 
+/// Blocks a worker rank evicted, by engine hash. With KVR_REMOVED_SLIDING in flags (appended in
+/// 0.2.0), the blocks KV-cache group `sliding_group`'s sliding window evicted: the rank's
+/// full-attention blocks stay (a hybrid model's window lets go of a block long before full
+/// attention does).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvr_removed_event {
@@ -411,6 +431,11 @@ pub struct kvr_removed_event {
     pub reserved: u32,
     pub block_hashes: *const u64,
     pub num_blocks: usize,
+    /// Appended in 0.2.0
+    pub sliding_group: i64,
+    /// Appended in 0.2.0: KVR_REMOVED_*
+    pub flags: u32,
+    pub reserved1: u32,
 }
 
 /// Per-request options. Doubles left NaN and tri-states left -1 keep the router's setting.
@@ -1737,7 +1762,7 @@ const _: () = {
     assert!(offset_of!(kvr_worker_config, dp_size) == 20);
     assert!(offset_of!(kvr_worker_config, total_kv_blocks) == 24);
     assert!(offset_of!(kvr_worker_config, max_num_batched_tokens) == 32);
-    assert!(size_of::<kvr_stored_event>() == 112);
+    assert!(size_of::<kvr_stored_event>() == 128);
     assert!(align_of::<kvr_stored_event>() == 8);
     assert!(offset_of!(kvr_stored_event, struct_size) == 0);
     assert!(offset_of!(kvr_stored_event, dp_rank) == 4);
@@ -1755,7 +1780,10 @@ const _: () = {
     assert!(offset_of!(kvr_stored_event, cache_namespace) == 88);
     assert!(offset_of!(kvr_stored_event, mm_hashes) == 96);
     assert!(offset_of!(kvr_stored_event, mm_counts) == 104);
-    assert!(size_of::<kvr_removed_event>() == 48);
+    assert!(offset_of!(kvr_stored_event, sliding_group) == 112);
+    assert!(offset_of!(kvr_stored_event, sliding_window_tokens) == 120);
+    assert!(offset_of!(kvr_stored_event, reserved1) == 124);
+    assert!(size_of::<kvr_removed_event>() == 64);
     assert!(align_of::<kvr_removed_event>() == 8);
     assert!(offset_of!(kvr_removed_event, struct_size) == 0);
     assert!(offset_of!(kvr_removed_event, dp_rank) == 4);
@@ -1765,6 +1793,9 @@ const _: () = {
     assert!(offset_of!(kvr_removed_event, reserved) == 28);
     assert!(offset_of!(kvr_removed_event, block_hashes) == 32);
     assert!(offset_of!(kvr_removed_event, num_blocks) == 40);
+    assert!(offset_of!(kvr_removed_event, sliding_group) == 48);
+    assert!(offset_of!(kvr_removed_event, flags) == 56);
+    assert!(offset_of!(kvr_removed_event, reserved1) == 60);
     assert!(size_of::<kvr_request_options>() == 192);
     assert!(align_of::<kvr_request_options>() == 8);
     assert!(offset_of!(kvr_request_options, struct_size) == 0);

@@ -339,7 +339,16 @@ KVR_API kvr_status kvr_router_remove_worker(kvr_router *router, uint64_t worker_
  * block's tokens concatenated (block_size per block, plus one look-ahead token with eagle).
  * An event with neither (no local hashes, no tokens, no parent) is a copy: each named block
  * the rank already holds is added on `tier` (vLLM's offloading connector reports copies so);
- * names it does not hold are skipped, KVR_NOT_FOUND if any was. */
+ * names it does not hold are skipped, KVR_NOT_FOUND if any was.
+ *
+ * With sliding_window_tokens > 0 it is a hybrid model's sliding-window store instead
+ * (docs/ingest.md, "Sliding windows"): the blocks KV-cache group `sliding_group` (the engine's
+ * group index; its window is sliding_window_tokens) now holds, by engine hash, each one the rank
+ * holds in full attention under that hash (the others are skipped, KVR_NOT_FOUND). A prefix is
+ * then cached on the rank only where its sliding-window groups also hold the blocks before the
+ * prefix's end that their windows need, as the engine counts it. Such a store names blocks only:
+ * no parent flag, local hashes, tokens, LoRA, namespace nor multimodal hashes
+ * (KVR_INVALID_ARGUMENT), on the device tier (KVR_INVALID_ARGUMENT otherwise). */
 typedef struct kvr_stored_event {
   uint32_t struct_size;
   uint32_t dp_rank;
@@ -357,8 +366,18 @@ typedef struct kvr_stored_event {
   const char *cache_namespace;
   const uint64_t *mm_hashes; /* per-block multimodal hashes as in kvr_hash_options */
   const size_t *mm_counts;   /* NULL, or num_blocks counts */
+  /* Appended in 0.2.0: a sliding-window store (above) when sliding_window_tokens > 0. */
+  int64_t sliding_group;
+  uint32_t sliding_window_tokens;
+  uint32_t reserved1;
 } kvr_stored_event;
 
+#define KVR_REMOVED_SLIDING 0x1u /* the blocks left sliding-window group `sliding_group` */
+
+/* Blocks a worker rank evicted, by engine hash. With KVR_REMOVED_SLIDING in flags (appended in
+ * 0.2.0), the blocks KV-cache group `sliding_group`'s sliding window evicted: the rank's
+ * full-attention blocks stay (a hybrid model's window lets go of a block long before full
+ * attention does). */
 typedef struct kvr_removed_event {
   uint32_t struct_size;
   uint32_t dp_rank;
@@ -368,6 +387,9 @@ typedef struct kvr_removed_event {
   uint32_t reserved;
   const uint64_t *block_hashes;
   size_t num_blocks;
+  int64_t sliding_group; /* Appended in 0.2.0 */
+  uint32_t flags;        /* Appended in 0.2.0: KVR_REMOVED_* */
+  uint32_t reserved1;
 } kvr_removed_event;
 
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */

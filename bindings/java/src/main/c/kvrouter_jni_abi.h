@@ -158,7 +158,9 @@ enum {
   ABI_STORED_EVENT_PARENT_HASH = 5,
   ABI_STORED_EVENT_NUM_BLOCKS = 6,
   ABI_STORED_EVENT_NUM_TOKENS = 7,
-  ABI_STORED_EVENT_LEN = 8
+  ABI_STORED_EVENT_SLIDING_GROUP = 8,
+  ABI_STORED_EVENT_SLIDING_WINDOW_TOKENS = 9,
+  ABI_STORED_EVENT_LEN = 10
 };
 
 static inline void abi_encode_stored_event(const kvr_stored_event* c, jlong* v) {
@@ -170,6 +172,8 @@ static inline void abi_encode_stored_event(const kvr_stored_event* c, jlong* v) 
   v[ABI_STORED_EVENT_PARENT_HASH] = (jlong)c->parent_hash;
   v[ABI_STORED_EVENT_NUM_BLOCKS] = (jlong)c->num_blocks;
   v[ABI_STORED_EVENT_NUM_TOKENS] = (jlong)c->num_tokens;
+  v[ABI_STORED_EVENT_SLIDING_GROUP] = (jlong)c->sliding_group;
+  v[ABI_STORED_EVENT_SLIDING_WINDOW_TOKENS] = (jlong)c->sliding_window_tokens;
 }
 
 static inline void abi_decode_stored_event(const jlong* v, kvr_stored_event* c) {
@@ -181,6 +185,8 @@ static inline void abi_decode_stored_event(const jlong* v, kvr_stored_event* c) 
   c->parent_hash = (uint64_t)v[ABI_STORED_EVENT_PARENT_HASH];
   c->num_blocks = (size_t)v[ABI_STORED_EVENT_NUM_BLOCKS];
   c->num_tokens = (size_t)v[ABI_STORED_EVENT_NUM_TOKENS];
+  c->sliding_group = (int64_t)v[ABI_STORED_EVENT_SLIDING_GROUP];
+  c->sliding_window_tokens = (uint32_t)v[ABI_STORED_EVENT_SLIDING_WINDOW_TOKENS];
 }
 
 /* kvr_removed_event */
@@ -190,7 +196,9 @@ enum {
   ABI_REMOVED_EVENT_EVENT_ID = 2,
   ABI_REMOVED_EVENT_TIER = 3,
   ABI_REMOVED_EVENT_NUM_BLOCKS = 4,
-  ABI_REMOVED_EVENT_LEN = 5
+  ABI_REMOVED_EVENT_SLIDING_GROUP = 5,
+  ABI_REMOVED_EVENT_FLAGS = 6,
+  ABI_REMOVED_EVENT_LEN = 7
 };
 
 static inline void abi_encode_removed_event(const kvr_removed_event* c, jlong* v) {
@@ -199,6 +207,8 @@ static inline void abi_encode_removed_event(const kvr_removed_event* c, jlong* v
   v[ABI_REMOVED_EVENT_EVENT_ID] = (jlong)c->event_id;
   v[ABI_REMOVED_EVENT_TIER] = (jlong)c->tier;
   v[ABI_REMOVED_EVENT_NUM_BLOCKS] = (jlong)c->num_blocks;
+  v[ABI_REMOVED_EVENT_SLIDING_GROUP] = (jlong)c->sliding_group;
+  v[ABI_REMOVED_EVENT_FLAGS] = (jlong)c->flags;
 }
 
 static inline void abi_decode_removed_event(const jlong* v, kvr_removed_event* c) {
@@ -207,6 +217,8 @@ static inline void abi_decode_removed_event(const jlong* v, kvr_removed_event* c
   c->event_id = (uint64_t)v[ABI_REMOVED_EVENT_EVENT_ID];
   c->tier = (kvr_tier)v[ABI_REMOVED_EVENT_TIER];
   c->num_blocks = (size_t)v[ABI_REMOVED_EVENT_NUM_BLOCKS];
+  c->sliding_group = (int64_t)v[ABI_REMOVED_EVENT_SLIDING_GROUP];
+  c->flags = (uint32_t)v[ABI_REMOVED_EVENT_FLAGS];
 }
 
 /* kvr_request_options */

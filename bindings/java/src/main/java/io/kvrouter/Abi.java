@@ -29,6 +29,8 @@ final class Abi {
   static final int STORED_HAS_PARENT = 0x1;
   static final int STORED_EAGLE = 0x2;
 
+  static final int REMOVED_SLIDING = 0x1;
+
   // kvr_request_options.flags. Without KVR_REQUEST_ADMIT a routing call changes nothing; with it
   // the request is booked (after waiting in the queue if the router queues).
   static final int REQUEST_ADMIT = 0x1;
@@ -110,7 +112,9 @@ final class Abi {
     static final int PARENT_HASH = 5;
     static final int NUM_BLOCKS = 6;
     static final int NUM_TOKENS = 7;
-    static final int LEN = 8;
+    static final int SLIDING_GROUP = 8;
+    static final int SLIDING_WINDOW_TOKENS = 9;
+    static final int LEN = 10;
   }
 
   /** {@code kvr_removed_event}. */
@@ -122,7 +126,9 @@ final class Abi {
     static final int EVENT_ID = 2;
     static final int TIER = 3;
     static final int NUM_BLOCKS = 4;
-    static final int LEN = 5;
+    static final int SLIDING_GROUP = 5;
+    static final int FLAGS = 6;
+    static final int LEN = 7;
   }
 
   /** {@code kvr_request_options}. */
