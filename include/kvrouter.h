@@ -366,7 +366,8 @@ typedef struct kvr_stored_event {
   const char *cache_namespace;
   const uint64_t *mm_hashes; /* per-block multimodal hashes as in kvr_hash_options */
   const size_t *mm_counts;   /* NULL, or num_blocks counts */
-  /* Appended in 0.2.0: a sliding-window store (above) when sliding_window_tokens > 0. */
+  /* Appended in 0.2.0: a sliding-window store (above) when sliding_window_tokens > 0; a
+   * sliding_group without a window is KVR_INVALID_ARGUMENT. */
   int64_t sliding_group;
   uint32_t sliding_window_tokens;
   uint32_t reserved1;
@@ -387,7 +388,7 @@ typedef struct kvr_removed_event {
   uint32_t reserved;
   const uint64_t *block_hashes;
   size_t num_blocks;
-  int64_t sliding_group; /* Appended in 0.2.0 */
+  int64_t sliding_group; /* Appended in 0.2.0; set only with KVR_REMOVED_SLIDING */
   uint32_t flags;        /* Appended in 0.2.0: KVR_REMOVED_* */
   uint32_t reserved1;
 } kvr_removed_event;

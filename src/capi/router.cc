@@ -287,6 +287,11 @@ kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvroute
     return RequireNonNull(err, in.token_ids, "token_ids");
   }
   if (in.sliding_window_tokens > 0) return ToSlidingStoredEvent(err, in, out);
+  if (in.sliding_group != 0) {
+    return FailInvalid(err,
+                       "kvr_stored_event.sliding_group is set but sliding_window_tokens is 0 "
+                       "(a sliding-window store needs its window)");
+  }
   if (block_size != 0 && in.local_hashes == nullptr) {
     // Tokens past the blocks' would be copied and hashed only to be refused.
     const bool eagle = (in.flags & KVR_STORED_EAGLE) != 0;
@@ -331,6 +336,9 @@ kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, kvrou
   }
   if (kvr_status s = CheckFlags(err, in.flags, kKnownRemovedFlags, "kvr_removed_event.flags")) {
     return s;
+  }
+  if (in.sliding_group != 0 && !(in.flags & KVR_REMOVED_SLIDING)) {
+    return FailInvalid(err, "kvr_removed_event.sliding_group is set without KVR_REMOVED_SLIDING");
   }
   std::vector<uint64_t> hashes(in.block_hashes, in.block_hashes + in.num_blocks);
   decltype(kvrouter::KvEvent::data) data;

@@ -464,6 +464,14 @@ static void sliding_window_stores_and_removals(void** state) {
   assert_false(kvt_overlap_of(f->router, longer, 65, 1, 0, NULL));
   removed.flags = 0x80; /* unknown */
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_removed(f->router, &removed, ERRP));
+  removed.flags = 0; /* a group without the flag: not a full-attention removal either */
+  removed.sliding_group = 3;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_removed(f->router, &removed, ERRP));
+  sliding.sliding_window_tokens = 0; /* a group without its window */
+  sliding.sliding_group = 3;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &sliding, ERRP));
+  sliding.sliding_window_tokens = 2 * BS;
+  sliding.sliding_group = 0;
   metrics = kvt_metrics(f->router);
   assert_int_equal(4, metrics.index_blocks);
   assert_int_equal(1, metrics.index_sliding_blocks);

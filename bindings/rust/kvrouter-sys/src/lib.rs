@@ -410,7 +410,8 @@ pub struct kvr_stored_event {
     pub mm_hashes: *const u64,
     /// NULL, or num_blocks counts
     pub mm_counts: *const usize,
-    /// Appended in 0.2.0: a sliding-window store (above) when sliding_window_tokens > 0.
+    /// Appended in 0.2.0: a sliding-window store (above) when sliding_window_tokens > 0; a
+    /// sliding_group without a window is KVR_INVALID_ARGUMENT.
     pub sliding_group: i64,
     pub sliding_window_tokens: u32,
     pub reserved1: u32,
@@ -431,7 +432,7 @@ pub struct kvr_removed_event {
     pub reserved: u32,
     pub block_hashes: *const u64,
     pub num_blocks: usize,
-    /// Appended in 0.2.0
+    /// Appended in 0.2.0; set only with KVR_REMOVED_SLIDING
     pub sliding_group: i64,
     /// Appended in 0.2.0: KVR_REMOVED_*
     pub flags: u32,
