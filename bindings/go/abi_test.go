@@ -468,7 +468,8 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 	}
 
 	se := StoredEvent{WorkerID: 1, DPRank: 2, EventID: 3, Tier: TierDisk, HasParent: true, ParentHash: 4,
-		Eagle: true, BlockHashes: []uint64{5, 6}, TokenIDs: make([]uint32, 33), LoraName: "l", CacheNamespace: "n"}
+		Eagle: true, BlockHashes: []uint64{5, 6}, TokenIDs: make([]uint32, 33), LoraName: "l", CacheNamespace: "n",
+		SlidingGroup: 7, SlidingWindowTokens: 8} // the library would refuse the mix; lowering does not judge it
 	ce, err := se.toC(&a)
 	must(t, err)
 	ssent := loaded(ce, (*cStoredEvent).load)
@@ -479,10 +480,15 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 		t.Errorf("StoredEvent: %+v", ssent)
 	}
 
-	re := RemovedEvent{WorkerID: 1, DPRank: 2, EventID: 3, Tier: TierExternal, BlockHashes: []uint64{5}}
+	re := RemovedEvent{WorkerID: 1, DPRank: 2, EventID: 3, Tier: TierExternal, BlockHashes: []uint64{5},
+		Sliding: true, SlidingGroup: 4}
 	rmsent := loaded(re.toC(&a), (*cRemovedEvent).load)
 	checkAllSet(t, "RemovedEvent", rmsent, initLoaded(initRemovedEvent, (*cRemovedEvent).load))
-	wantNames(t, "RemovedEvent fields without a Go namesake", sameByName(t, "RemovedEvent", re, rmsent), "NumBlocks")
+	wantNames(t, "RemovedEvent fields without a Go namesake", sameByName(t, "RemovedEvent", re, rmsent),
+		"Flags", "NumBlocks")
+	if rmsent.Flags != 1 || rmsent.NumBlocks != 1 { // KVR_REMOVED_SLIDING
+		t.Errorf("RemovedEvent: %+v", rmsent)
+	}
 
 	ho := HashOptions{Eagle: true, LoraName: "l", MultimodalHashes: [][]uint64{{1}}}
 	hosent := loaded(ho.toC(&a), (*cHashOptions).load)

@@ -15,7 +15,8 @@ import (
 // StoredEvent says that one worker rank newly cached blocks, consecutive along one sequence.
 // Each block has the engine's own hash (BlockHashes) and either a precomputed local hash
 // (LocalHashes) or its tokens (TokenIDs: every block's tokens concatenated, block_size per
-// block, plus one look-ahead token with Eagle).
+// block, plus one look-ahead token with Eagle). With SlidingWindowTokens it is instead a hybrid
+// model's sliding-window store, of blocks the rank holds in full attention.
 type StoredEvent struct {
 	WorkerID    uint64
 	DPRank      uint32
@@ -33,6 +34,18 @@ type StoredEvent struct {
 	// MultimodalHashes[i] holds block i's multimodal content hashes; nil = none. When set it
 	// must have one entry per block (ErrInvalidArgument otherwise).
 	MultimodalHashes [][]uint64
+	// SlidingWindowTokens > 0 makes the event a hybrid model's sliding-window store instead
+	// (docs/ingest.md, "Sliding windows"): KV-cache group SlidingGroup (the engine's group
+	// index), whose window is SlidingWindowTokens tokens, now holds the blocks BlockHashes
+	// names, by engine hash, each one the rank holds in full attention under that hash (the
+	// others are skipped: ErrNotFound). A prefix is then cached on the rank only where its
+	// sliding-window groups also hold the blocks before the prefix's end that their windows
+	// need, as the engine counts it. Such a store names blocks only: no HasParent, Eagle,
+	// LocalHashes, TokenIDs, LoraName, CacheNamespace nor MultimodalHashes, and Tier
+	// TierDevice (ErrInvalidArgument otherwise). 0, the zero value, is a full-attention store;
+	// SlidingGroup is set only with a window (a group without one is ErrInvalidArgument).
+	SlidingGroup        int64
+	SlidingWindowTokens uint32
 }
 
 // toC fills a kvr_stored_event. The C struct has no counts of its own for local hashes and
@@ -57,6 +70,9 @@ func (e *StoredEvent) toC(a *args) (*C.kvr_stored_event, error) {
 		Flags:     flagIf(e.HasParent, C.KVR_STORED_HAS_PARENT) | flagIf(e.Eagle, C.KVR_STORED_EAGLE),
 		NumBlocks: uint64(len(e.BlockHashes)),
 		NumTokens: uint64(len(e.TokenIDs)),
+		// Passed on as set: the library refuses what does not make a sliding-window store.
+		SlidingGroup:        e.SlidingGroup,
+		SlidingWindowTokens: e.SlidingWindowTokens,
 	}
 	if e.HasParent {
 		m.ParentHash = e.ParentHash
@@ -78,17 +94,27 @@ type RemovedEvent struct {
 	EventID     uint64
 	Tier        Tier
 	BlockHashes []uint64
+	// Sliding says that the blocks left a hybrid model's sliding-window KV-cache group,
+	// SlidingGroup (the engine's group index; KVR_REMOVED_SLIDING, docs/ingest.md, "Sliding
+	// windows"): the window let go of them, and the rank's full-attention blocks stay (a
+	// window lets go of a block long before full attention does). false, the zero value, is an
+	// eviction from full attention; SlidingGroup is set only with Sliding (a group without it
+	// is ErrInvalidArgument).
+	Sliding      bool
+	SlidingGroup int64
 }
 
 func (e *RemovedEvent) toC(a *args) *C.kvr_removed_event {
 	c := new(C.kvr_removed_event)
 	initRemovedEvent(c)
 	m := cRemovedEvent{
-		DPRank:    e.DPRank,
-		WorkerID:  e.WorkerID,
-		EventID:   e.EventID,
-		Tier:      e.Tier,
-		NumBlocks: uint64(len(e.BlockHashes)),
+		DPRank:       e.DPRank,
+		WorkerID:     e.WorkerID,
+		EventID:      e.EventID,
+		Tier:         e.Tier,
+		NumBlocks:    uint64(len(e.BlockHashes)),
+		SlidingGroup: e.SlidingGroup,
+		Flags:        flagIf(e.Sliding, C.KVR_REMOVED_SLIDING),
 	}
 	m.store(c)
 	c.block_hashes = a.u64s(e.BlockHashes)

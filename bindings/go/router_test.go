@@ -821,3 +821,93 @@ func TestStoredEventLengths(t *testing.T) {
 		t.Errorf("text-only prompt matched multimodal blocks: %+v", res)
 	}
 }
+
+// TestSlidingWindowEvents mirrors tests/capi/events_test.c sliding_window_stores_and_removals: a
+// hybrid model's sliding-window stores and removals through StoredEvent and RemovedEvent, one by
+// one and in a batch.
+func TestSlidingWindowEvents(t *testing.T) {
+	r := newTestRouter(t, 2)
+	p := prompt(4*bs, 50)
+	longer := append(append([]uint32(nil), p...), 7) // prompt + one token: 4 blocks resumable
+	shorter := append([]uint32(nil), p...)           // shares the first 3 blocks only
+	for i := 3 * bs; i < 4*bs; i++ {
+		shorter[i] = 999
+	}
+	deviceBlocks := func(tokens []uint32) uint32 {
+		t.Helper()
+		ov, err := r.OverlapScores(tokens, nil)
+		must(t, err)
+		for _, o := range ov {
+			if o.WorkerID == 1 {
+				return o.DeviceBlocks
+			}
+		}
+		return 0
+	}
+	must(t, r.ApplyStored(&StoredEvent{WorkerID: 1, BlockHashes: []uint64{100, 101, 102, 103}, TokenIDs: p}))
+	// Group 0's 32-token window holds the last two blocks.
+	window := StoredEvent{WorkerID: 1, BlockHashes: []uint64{102, 103}, SlidingGroup: 0, SlidingWindowTokens: 2 * bs}
+	must(t, r.ApplyStored(&window))
+	if got := deviceBlocks(longer); got != 4 {
+		t.Fatalf("the longer prompt matches %d blocks on worker 1, want 4", got)
+	}
+	res, err := r.FindBestMatch(longer, nil)
+	must(t, err)
+	if res.WorkerID != 1 || res.DeviceOverlapBlocks != 4 {
+		t.Fatalf("preview of the longer prompt: %+v", res)
+	}
+	// Block 2's window needs blocks 1 and 2, and the window lacks block 1: nothing resumes.
+	if got := deviceBlocks(shorter); got != 0 {
+		t.Fatalf("the prompt sharing 3 blocks matches %d blocks on worker 1, want 0", got)
+	}
+
+	// A block full attention does not hold cannot be placed (counted as a reject).
+	wantCode(t, r.ApplyStored(&StoredEvent{WorkerID: 1, BlockHashes: []uint64{999}, SlidingWindowTokens: 2 * bs}), ErrNotFound)
+	// A sliding-window store names blocks only, on the device (refused before it is applied).
+	withTokens := window
+	withTokens.TokenIDs = p[2*bs:]
+	wantCode(t, r.ApplyStored(&withTokens), ErrInvalidArgument)
+	onHost := window
+	onHost.Tier = TierHostPinned
+	wantCode(t, r.ApplyStored(&onHost), ErrInvalidArgument)
+
+	// The window lets block 3 go: no hit left on worker 1; its full-attention blocks stay.
+	must(t, r.ApplyRemoved(&RemovedEvent{WorkerID: 1, BlockHashes: []uint64{103}, Sliding: true, SlidingGroup: 0}))
+	if got := deviceBlocks(longer); got != 0 {
+		t.Fatalf("after the window's removal the longer prompt matches %d blocks, want 0", got)
+	}
+	m, err := r.Metrics()
+	must(t, err)
+	if m.IndexBlocks != 4 || m.IndexSlidingBlocks != 1 || m.SlidingEventsApplied != 2 || m.SlidingEventsRejected != 1 {
+		t.Fatalf("after the removal: index %d blocks, %d sliding; sliding events %d applied, %d rejected",
+			m.IndexBlocks, m.IndexSlidingBlocks, m.SlidingEventsApplied, m.SlidingEventsRejected)
+	}
+
+	// The same store through an event batch brings the hit back; a removal in a batch takes it
+	// away again.
+	b, err := NewEventBatch()
+	must(t, err)
+	defer b.Close()
+	wantCode(t, b.AddStored(&withTokens), ErrInvalidArgument)
+	must(t, b.AddStored(&StoredEvent{WorkerID: 1, BlockHashes: []uint64{103}, SlidingWindowTokens: 2 * bs}))
+	data, err := b.Encode()
+	must(t, err)
+	must(t, r.ApplyEventBatch(data))
+	if got := deviceBlocks(longer); got != 4 {
+		t.Fatalf("after the batch's store the longer prompt matches %d blocks, want 4", got)
+	}
+	b.Clear()
+	must(t, b.AddRemoved(&RemovedEvent{WorkerID: 1, BlockHashes: []uint64{102}, Sliding: true}))
+	data, err = b.Encode()
+	must(t, err)
+	must(t, r.ApplyEventBatch(data))
+	if got := deviceBlocks(longer); got != 0 {
+		t.Fatalf("after the batch's removal the longer prompt matches %d blocks, want 0", got)
+	}
+	m, err = r.Metrics()
+	must(t, err)
+	if m.IndexBlocks != 4 || m.IndexSlidingBlocks != 1 || m.SlidingEventsApplied != 4 || m.SlidingEventsRejected != 1 {
+		t.Fatalf("after the batches: index %d blocks, %d sliding; sliding events %d applied, %d rejected",
+			m.IndexBlocks, m.IndexSlidingBlocks, m.SlidingEventsApplied, m.SlidingEventsRejected)
+	}
+}
