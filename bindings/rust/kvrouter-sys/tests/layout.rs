@@ -66,9 +66,10 @@ fn rust_layouts() -> Vec<Layout> {
             total_kv_blocks, max_num_batched_tokens }
         kvr_stored_event { struct_size, dp_rank, worker_id, event_id, tier, flags, parent_hash,
             block_hashes, num_blocks, local_hashes, token_ids, num_tokens, lora_name,
-            cache_namespace, mm_hashes, mm_counts }
+            cache_namespace, mm_hashes, mm_counts, sliding_group, sliding_window_tokens,
+            reserved1 }
         kvr_removed_event { struct_size, dp_rank, worker_id, event_id, tier, reserved,
-            block_hashes, num_blocks }
+            block_hashes, num_blocks, sliding_group, flags, reserved1 }
         kvr_request_options { struct_size, flags, request_id, lora_name, cache_namespace,
             mm_hashes, mm_counts, mm_num_blocks, allowed_worker_ids, num_allowed_worker_ids,
             overlap_score_credit, prefill_load_scale, host_cache_hit_weight,
@@ -195,6 +196,7 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
         u32 { KVR_ROUTER_APPROXIMATE, KVR_ROUTER_NO_KV_REUSE, KVR_ROUTER_NO_PREFILL_TRACKING,
             KVR_ROUTER_EAGLE, KVR_ROUTER_ENTROPY_SEED, KVR_ROUTER_TRACK_OUTPUT_BLOCKS }
         u32 { KVR_STORED_HAS_PARENT, KVR_STORED_EAGLE }
+        u32 { KVR_REMOVED_SLIDING }
         u32 { KVR_REQUEST_ADMIT, KVR_REQUEST_PREHASHED }
         u32 { KVR_JETSTREAM_RESUME, KVR_JETSTREAM_CREATE_STREAM }
         usize { KVR_EVENT_KINDS, KVR_EVENT_OUTCOMES, KVR_INGEST_REJECT_REASONS,

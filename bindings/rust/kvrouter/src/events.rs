@@ -58,7 +58,9 @@ pub fn tier_from_medium(medium: Option<&str>) -> Tier {
 /// Blocks newly cached by one worker rank, consecutive along one sequence
 /// (`kvr_stored_event`). Each block has the engine's own hash (`block_hashes`) and either a
 /// precomputed local hash (`local_hashes`) or its tokens (`token_ids`: `block_size` per
-/// block, concatenated, plus one look-ahead token with eagle).
+/// block, concatenated, plus one look-ahead token with eagle). With
+/// [`sliding_window`](Self::sliding_window) it is instead a hybrid model's sliding-window
+/// store, of blocks the rank holds in full attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoredEvent<'a> {
     pub worker_id: u64,
@@ -77,6 +79,47 @@ pub struct StoredEvent<'a> {
     pub cache_namespace: Option<&'a str>,
     /// Per-block multimodal hashes: `counts` has one entry per block.
     pub multimodal: Option<Multimodal<'a>>,
+    /// A hybrid model's sliding-window store instead (`sliding_group`,
+    /// `sliding_window_tokens`; docs/ingest.md, "Sliding windows"): the window's KV-cache group
+    /// now holds the blocks `block_hashes` names, by engine hash, each one the rank holds in
+    /// full attention under that hash (the others are skipped: `NotFound`). A prefix is then
+    /// cached on the rank only where its sliding-window groups also hold the blocks before the
+    /// prefix's end that their windows need, as the engine counts it. Such a store names blocks
+    /// only: no `parent_hash`, `eagle`, `local_hashes`, `token_ids`, `lora_name`,
+    /// `cache_namespace` nor `multimodal`, and the [`Tier::Device`] tier (`InvalidArgument`
+    /// otherwise). `None` (the default): a full-attention store.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// A sliding-window KV-cache group of a hybrid model (Gemma-2/3, gpt-oss), as a
+/// [`StoredEvent::sliding_window`] names it.
+///
+/// ```
+/// # use kvrouter::{Router, RouterOptions, SlidingWindow, StoredEvent};
+/// # let router = Router::new(&RouterOptions::with_block_size(16))?;
+/// # let prompt: Vec<u32> = (0..64).collect();
+/// # router.apply_stored(&StoredEvent {
+/// #     worker_id: 1,
+/// #     block_hashes: &[100, 101, 102, 103],
+/// #     token_ids: &prompt,
+/// #     ..Default::default()
+/// # })?;
+/// // Group 0's 32-token window holds the last two of the blocks worker 1 stored.
+/// router.apply_stored(&StoredEvent {
+///     worker_id: 1,
+///     block_hashes: &[102, 103],
+///     sliding_window: Some(SlidingWindow { group: 0, window_tokens: 32 }),
+///     ..Default::default()
+/// })?;
+/// # Ok::<(), kvrouter::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlidingWindow {
+    /// The engine's index of the KV-cache group (`sliding_group`).
+    pub group: i64,
+    /// The group's window in tokens (`sliding_window_tokens`): more than 0
+    /// (`InvalidArgument` otherwise).
+    pub window_tokens: u32,
 }
 
 pub(crate) struct LoweredStored {
@@ -125,6 +168,17 @@ impl StoredEvent<'_> {
             raw.mm_hashes = slice_ptr(mm.hashes);
             raw.mm_counts = mm.counts.as_ptr();
         }
+        if let Some(window) = self.sliding_window {
+            // C takes a window of 0 for a full-attention store: refuse it rather than apply the
+            // event as one.
+            if window.window_tokens == 0 {
+                return Err(Error::invalid(
+                    "stored event: a sliding window of 0 tokens (window_tokens must be > 0)",
+                ));
+            }
+            raw.sliding_group = window.group;
+            raw.sliding_window_tokens = window.window_tokens;
+        }
         Ok(LoweredStored {
             raw,
             _strings: strings,
@@ -140,6 +194,12 @@ pub struct RemovedEvent<'a> {
     pub event_id: u64,
     pub tier: Tier,
     pub block_hashes: &'a [u64],
+    /// `Some(group)`: the blocks left the hybrid model's sliding-window KV-cache group `group`
+    /// (the engine's group index; `KVR_REMOVED_SLIDING` and `sliding_group`; docs/ingest.md,
+    /// "Sliding windows"), whose window let go of them: the rank's full-attention blocks stay
+    /// (a window lets go of a block long before full attention does). `None` (the default):
+    /// the rank evicted them.
+    pub sliding_group: Option<i64>,
 }
 
 impl RemovedEvent<'_> {
@@ -151,6 +211,10 @@ impl RemovedEvent<'_> {
         raw.tier = self.tier.raw();
         raw.block_hashes = slice_ptr(self.block_hashes);
         raw.num_blocks = self.block_hashes.len();
+        if let Some(group) = self.sliding_group {
+            raw.flags |= sys::KVR_REMOVED_SLIDING;
+            raw.sliding_group = group;
+        }
         raw
     }
 }

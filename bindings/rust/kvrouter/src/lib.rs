@@ -70,7 +70,9 @@ pub use kvrouter_sys as sys;
 
 pub use disagg::{Disagg, DisaggOptions, DisaggPolicy, PrefillReason, PrefillResult};
 pub use error::{status_name, Code, Error, Result};
-pub use events::{tier_from_medium, Buffer, EventBatch, RemovedEvent, StoredEvent, Tier};
+pub use events::{
+    tier_from_medium, Buffer, EventBatch, RemovedEvent, SlidingWindow, StoredEvent, Tier,
+};
 pub use hashing::{compute_block_hashes, compute_sequence_hashes, HashOptions};
 pub use ingest::{
     Engine, EngineWorker, Ingest, IngestOptions, IngestStats, JetStreamSource, Listener, Publisher,

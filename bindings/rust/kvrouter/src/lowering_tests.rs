@@ -584,6 +584,11 @@ fn every_event_field_reaches_the_c_struct() {
             hashes: &mm_hashes,
             counts: &mm_counts,
         }),
+        // The library would refuse a window beside tokens; lowering passes both on.
+        sliding_window: Some(SlidingWindow {
+            group: 5,
+            window_tokens: 32,
+        }),
     };
     let lowered = stored.lower().unwrap();
     let default: sys::kvr_stored_event = init();
@@ -607,7 +612,10 @@ fn every_event_field_reaches_the_c_struct() {
                     lora_name,
                     cache_namespace,
                     mm_hashes,
-                    mm_counts
+                    mm_counts,
+                    sliding_group,
+                    sliding_window_tokens,
+                    reserved1
                 }
             )
         };
@@ -615,7 +623,7 @@ fn every_event_field_reaches_the_c_struct() {
     let left = left_at_default(
         &stored_fields!(lowered.raw),
         &stored_fields!(default),
-        &["struct_size"],
+        &["struct_size", "reserved1"],
     );
     assert!(left.is_empty(), "StoredEvent leaves {left:?}");
     assert_eq!(
@@ -629,6 +637,7 @@ fn every_event_field_reaches_the_c_struct() {
         event_id: 3,
         tier: Tier::External,
         block_hashes: &blocks,
+        sliding_group: Some(6),
     };
     let default: sys::kvr_removed_event = init();
     macro_rules! removed_fields {
@@ -643,7 +652,10 @@ fn every_event_field_reaches_the_c_struct() {
                     tier,
                     reserved,
                     block_hashes,
-                    num_blocks
+                    num_blocks,
+                    sliding_group,
+                    flags,
+                    reserved1
                 }
             )
         };
@@ -651,9 +663,43 @@ fn every_event_field_reaches_the_c_struct() {
     let left = left_at_default(
         &removed_fields!(removed.lower()),
         &removed_fields!(default),
-        &["struct_size", "reserved"],
+        &["struct_size", "reserved", "reserved1"],
     );
     assert!(left.is_empty(), "RemovedEvent leaves {left:?}");
+    assert_eq!(removed.lower().flags, sys::KVR_REMOVED_SLIDING);
+}
+
+#[test]
+fn sliding_window_fields_only_with_a_window() {
+    // Without a window (or a sliding group), the events lower as before: the fields at zero.
+    let stored = StoredEvent {
+        block_hashes: &[1],
+        ..Default::default()
+    };
+    let raw = stored.lower().unwrap().raw;
+    assert_eq!((raw.sliding_group, raw.sliding_window_tokens), (0, 0));
+    let raw = RemovedEvent::default().lower();
+    assert_eq!((raw.sliding_group, raw.flags), (0, 0));
+    // Group 0 is a group: the flag says so.
+    let raw = RemovedEvent {
+        sliding_group: Some(0),
+        ..Default::default()
+    }
+    .lower();
+    assert_eq!(
+        (raw.sliding_group, raw.flags),
+        (0, sys::KVR_REMOVED_SLIDING)
+    );
+    // A window of 0 tokens would be a full-attention store in C: refused here.
+    let zero = StoredEvent {
+        block_hashes: &[1],
+        sliding_window: Some(SlidingWindow {
+            group: 1,
+            window_tokens: 0,
+        }),
+        ..Default::default()
+    };
+    assert_eq!(zero.lower().err().unwrap().code(), Code::InvalidArgument);
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod common;
 use common::{prompt, router, store, BS};
 use kvrouter::{
     Code, EventBatch, EventKind, EventOutcome, RemovedEvent, RequestOptions, Router, RouterOptions,
-    StoredEvent, Tier,
+    SlidingWindow, StoredEvent, Tier,
 };
 
 fn device_blocks(router: &kvrouter::RouterRef, tokens: &[u32], worker: u64) -> u32 {
@@ -143,6 +143,114 @@ fn an_encoded_batch_applies_like_its_events() {
     assert!(batch.is_empty());
     let empty = batch.encode().unwrap();
     fresh.apply_event_batch(&empty).unwrap();
+}
+
+/// tests/capi/events_test.c's sliding_window_stores_and_removals: a hybrid model's
+/// sliding-window stores and removals, one by one and in a batch.
+#[test]
+fn sliding_window_stores_and_removals() {
+    let router = router(2);
+    let tokens = prompt(7, 4);
+    store(&router, 1, &tokens, 4, 100); // engine hashes 100..=103
+    let mut longer = tokens.clone(); // the prompt and one more token: 4 blocks to resume
+    longer.push(7);
+    let mut shorter = tokens.clone(); // shares the first 3 blocks only
+    shorter[3 * BS as usize..].fill(999);
+    // Group 0's 32-token window holds the last two blocks.
+    let window = StoredEvent {
+        worker_id: 1,
+        block_hashes: &[102, 103],
+        sliding_window: Some(SlidingWindow {
+            group: 0,
+            window_tokens: 2 * BS,
+        }),
+        ..Default::default()
+    };
+    router.apply_stored(&window).unwrap();
+    assert_eq!(device_blocks(&router, &longer, 1), 4);
+    let preview = router
+        .find_best_match(&longer, &RequestOptions::default())
+        .unwrap();
+    assert_eq!((preview.worker_id, preview.device_overlap_blocks), (1, 4));
+    // Resuming at block 3 needs blocks 1 and 2 in the window, which lacks block 1: nothing.
+    assert_eq!(device_blocks(&router, &shorter, 1), 0);
+
+    // A block full attention does not hold cannot be placed (counted as a reject).
+    let unheld = StoredEvent {
+        block_hashes: &[999],
+        ..window
+    };
+    assert_eq!(
+        router.apply_stored(&unheld).unwrap_err().code(),
+        Code::NotFound
+    );
+    // A sliding-window store names blocks only, on the device (refused before it applies).
+    let with_tokens = StoredEvent {
+        token_ids: &tokens[2 * BS as usize..],
+        ..window
+    };
+    assert_eq!(
+        router.apply_stored(&with_tokens).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let on_host = StoredEvent {
+        tier: Tier::HostPinned,
+        ..window
+    };
+    assert_eq!(
+        router.apply_stored(&on_host).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+
+    // The window lets block 3 go: no hit left on worker 1; its full-attention blocks stay.
+    router
+        .apply_removed(&RemovedEvent {
+            worker_id: 1,
+            block_hashes: &[103],
+            sliding_group: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(device_blocks(&router, &longer, 1), 0);
+    let m = router.metrics().unwrap();
+    assert_eq!((m.index_blocks, m.index_sliding_blocks), (4, 1));
+    assert_eq!(
+        (m.sliding_events_applied, m.sliding_events_rejected),
+        (2, 1)
+    );
+
+    // The same store through an event batch brings the hit back; a removal in a batch takes it
+    // away again.
+    let mut batch = EventBatch::new().unwrap();
+    assert_eq!(
+        batch.add_stored(&with_tokens).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    batch
+        .add_stored(&StoredEvent {
+            block_hashes: &[103],
+            ..window
+        })
+        .unwrap();
+    router.apply_event_batch(&batch.encode().unwrap()).unwrap();
+    assert_eq!(device_blocks(&router, &longer, 1), 4);
+    batch.clear();
+    batch
+        .add_removed(&RemovedEvent {
+            worker_id: 1,
+            block_hashes: &[102],
+            sliding_group: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    router.apply_event_batch(&batch.encode().unwrap()).unwrap();
+    assert_eq!(device_blocks(&router, &longer, 1), 0);
+    let m = router.metrics().unwrap();
+    assert_eq!((m.index_blocks, m.index_sliding_blocks), (4, 1));
+    assert_eq!(
+        (m.sliding_events_applied, m.sliding_events_rejected),
+        (4, 1)
+    );
 }
 
 #[test]
