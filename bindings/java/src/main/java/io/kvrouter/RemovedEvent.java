@@ -5,6 +5,11 @@ import java.util.Objects;
 /**
  * Blocks one worker rank evicted, named by the engine's hashes ({@code kvr_removed_event}). The
  * hash array is not copied.
+ *
+ * <p>With {@link Builder#sliding}, the blocks a hybrid model's sliding-window group evicted
+ * ({@code KVR_REMOVED_SLIDING}; docs/ingest.md, "Sliding windows"): the rank's full-attention
+ * blocks stay (a window lets go of a block long before full attention does), and a prefix whose
+ * window needs one of them is no longer cached there.
  */
 public final class RemovedEvent {
   // Read by the JNI glue: keep the names and types. scalars: kvr_removed_event in the slots of
@@ -46,6 +51,16 @@ public final class RemovedEvent {
     return blockHashes.length;
   }
 
+  /** The blocks left a sliding-window group ({@link Builder#sliding}), not full attention. */
+  public boolean isSliding() {
+    return (scalars[Abi.RemovedEvent.FLAGS] & Abi.REMOVED_SLIDING) != 0;
+  }
+
+  /** The sliding-window group's index (read only by a sliding removal; 0 by default). */
+  public long slidingGroup() {
+    return scalars[Abi.RemovedEvent.SLIDING_GROUP];
+  }
+
   /** Builds {@link RemovedEvent}. */
   public static final class Builder {
     private final long[] scalars;
@@ -77,6 +92,23 @@ public final class RemovedEvent {
 
     public Builder blockHashes(long... blockHashes) {
       this.blockHashes = blockHashes;
+      return this;
+    }
+
+    /**
+     * The blocks left sliding-window group {@code group} (the engine's KV-cache group index), not
+     * full attention, which keeps them ({@code KVR_REMOVED_SLIDING}, {@code sliding_group}).
+     */
+    public Builder sliding(long group) {
+      scalars[Abi.RemovedEvent.FLAGS] |= Abi.REMOVED_SLIDING;
+      scalars[Abi.RemovedEvent.SLIDING_GROUP] = group;
+      return this;
+    }
+
+    /** A full-attention removal (the default): undoes {@link #sliding}. */
+    public Builder fullAttention() {
+      scalars[Abi.RemovedEvent.FLAGS] &= ~Abi.REMOVED_SLIDING;
+      scalars[Abi.RemovedEvent.SLIDING_GROUP] = 0;
       return this;
     }
 

@@ -8,6 +8,15 @@ import java.util.Objects;
  * its tokens: {@code tokenIds} holds every block's tokens concatenated (block_size per block, plus
  * one look-ahead token with eagle windows).
  *
+ * <p>A hybrid model's sliding-window store instead ({@link Builder#slidingWindow}; docs/ingest.md,
+ * "Sliding windows"): the blocks KV-cache group {@code slidingGroup} (the engine's group index,
+ * its window {@code windowTokens} tokens) now holds, by engine hash, each one the rank holds in
+ * full attention under that hash (the others are skipped: {@link Status#NOT_FOUND}). A prefix is
+ * then cached on the rank only where its sliding-window groups also hold the blocks before the
+ * prefix's end that their windows need, as the engine counts it. Such a store names blocks only:
+ * a parent, local hashes, tokens, eagle, a LoRA name, a namespace or multimodal hashes make it
+ * {@link Status#INVALID_ARGUMENT}, and so does a tier other than the device.
+ *
  * <p>Immutable from the outside; the arrays given to the builder are not copied (events can be
  * large), so do not change them while the event is in use.
  */
@@ -65,6 +74,21 @@ public final class StoredEvent {
 
   public int numBlocks() {
     return blockHashes.length;
+  }
+
+  /** A sliding-window store ({@link Builder#slidingWindow}), not a full-attention one. */
+  public boolean isSlidingWindow() {
+    return scalars[Abi.StoredEvent.SLIDING_WINDOW_TOKENS] != 0;
+  }
+
+  /** The sliding-window group's index (read only by a sliding-window store; 0 by default). */
+  public long slidingGroup() {
+    return scalars[Abi.StoredEvent.SLIDING_GROUP];
+  }
+
+  /** The sliding window in tokens; 0: a full-attention store (the default). */
+  public int slidingWindowTokens() {
+    return (int) scalars[Abi.StoredEvent.SLIDING_WINDOW_TOKENS];
   }
 
   /** Builds {@link StoredEvent}. */
@@ -158,6 +182,31 @@ public final class StoredEvent {
       }
       this.mmHashes = hashes;
       this.mmCounts = counts;
+      return this;
+    }
+
+    /**
+     * Makes this a hybrid model's sliding-window store ({@code kvr_stored_event.sliding_group},
+     * {@code sliding_window_tokens}): the blocks KV-cache group {@code group} (the engine's group
+     * index) now holds, its window {@code windowTokens} tokens. Name the blocks by {@link
+     * #blockHashes} only, on the device tier (see the class comment).
+     *
+     * @throws IllegalArgumentException if {@code windowTokens} is not positive
+     */
+    public Builder slidingWindow(long group, int windowTokens) {
+      if (windowTokens <= 0) {
+        throw new IllegalArgumentException(
+            "a sliding window has a positive number of tokens: " + windowTokens);
+      }
+      scalars[Abi.StoredEvent.SLIDING_GROUP] = group;
+      scalars[Abi.StoredEvent.SLIDING_WINDOW_TOKENS] = windowTokens;
+      return this;
+    }
+
+    /** A full-attention store (the default): undoes {@link #slidingWindow}. */
+    public Builder fullAttention() {
+      scalars[Abi.StoredEvent.SLIDING_GROUP] = 0;
+      scalars[Abi.StoredEvent.SLIDING_WINDOW_TOKENS] = 0;
       return this;
     }
 

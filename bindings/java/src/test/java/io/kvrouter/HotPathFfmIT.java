@@ -155,6 +155,41 @@ class HotPathFfmIT {
     }
   }
 
+  /**
+   * A hybrid model's sliding-window group (StoredEvent.Builder.slidingWindow,
+   * RemovedEvent.Builder.sliding, applied through JNI on every JDK): both paths route by the
+   * windows. Worker 4 holds PROMPT's four blocks (engine hashes 400..403), its 32-token window
+   * blocks 2 and 3, so it holds the whole prompt; once the window lets block 3 go, it holds
+   * nothing of it and worker 3's three blocks win.
+   */
+  @Test
+  void slidingWindowsAgree() {
+    try (Twins t = new Twins()) {
+      StoredEvent window =
+          StoredEvent.builder(4).blockHashes(402, 403).slidingWindow(0, 2 * BLOCK).build();
+      RemovedEvent evicted = RemovedEvent.builder(4).blockHashes(403).sliding(0).build();
+      for (int[] expected : new int[][] {{4, 4}, {3, 3}}) { // worker, overlap blocks
+        if (expected[0] == 4) {
+          t.ffm.applyStored(window);
+          t.jni.applyStored(window);
+        } else {
+          t.ffm.applyRemoved(evicted);
+          t.jni.applyRemoved(evicted);
+        }
+        t.same(
+            h -> HotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, null),
+            h -> JniHotPath.findBestMatch(h, PROMPT, null, 0, PROMPT.length, null));
+        t.same(
+            h -> HotPath.previewRoute(h, PROMPT, null, null),
+            h -> JniHotPath.previewRoute(h, PROMPT, null, null));
+        RouteSignals s = t.ffm.previewRoute(PROMPT, null, null);
+        assertEquals(expected[0], s.workerId());
+        assertEquals(expected[1], s.overlapBlocks());
+      }
+      assertEquals(1, t.ffm.metrics().indexSlidingBlocks());
+    }
+  }
+
   @Test
   void admittedCallsMarksAndFreesAgree() {
     try (Twins t = new Twins()) {

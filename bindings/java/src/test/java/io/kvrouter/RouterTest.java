@@ -200,6 +200,102 @@ class RouterTest {
     }
   }
 
+  /**
+   * A hybrid model's sliding-window group (tests/capi/events_test.c,
+   * sliding_window_stores_and_removals): worker 1 holds a prompt's four blocks in full attention,
+   * its window (32 tokens: the two blocks before a hit point) blocks 2 and 3. The prompt plus a
+   * token is cached whole; its first three blocks and another are not (block 1 is missing before
+   * block 3), as the engine counts them.
+   */
+  @Test
+  void slidingWindowStoresAndRemovals() {
+    int[] prompt = tokens(4 * BLOCK, 1000);
+    int[] longer = Arrays.copyOf(prompt, 4 * BLOCK + 1);
+    longer[4 * BLOCK] = 7;
+    int[] shorter = prompt.clone();
+    Arrays.fill(shorter, 3 * BLOCK, 4 * BLOCK, 999);
+    try (Router router = routerWithWorkers(2);
+        EventBatch batch = new EventBatch()) {
+      router.applyStored(stored(1, prompt, 4, 100)); // engine hashes 100..103
+      StoredEvent window =
+          StoredEvent.builder(1).blockHashes(102, 103).slidingWindow(0, 2 * BLOCK).build();
+      assertTrue(window.isSlidingWindow());
+      assertEquals(0, window.slidingGroup());
+      assertEquals(2 * BLOCK, window.slidingWindowTokens());
+      router.applyStored(window);
+      assertEquals(4, deviceBlocksOf(router.overlapScores(longer), 1));
+      assertEquals(-1, deviceBlocksOf(router.overlapScores(shorter), 1));
+      RouteResult r = router.findBestMatch(longer);
+      assertEquals(1, r.workerId());
+      assertEquals(4, r.deviceOverlapBlocks());
+      RouteSignals preview = router.previewRoute(longer, null, null);
+      assertEquals(1, preview.workerId());
+      assertEquals(4, preview.overlapBlocks());
+
+      // A block full attention does not hold cannot be placed.
+      KvRouterException e =
+          assertThrows(
+              KvRouterException.class,
+              () ->
+                  router.applyStored(
+                      StoredEvent.builder(1)
+                          .blockHashes(999)
+                          .slidingWindow(0, 2 * BLOCK)
+                          .build()));
+      assertEquals(Status.NOT_FOUND, e.status());
+      // A sliding store names blocks only.
+      e =
+          assertThrows(
+              KvRouterException.class,
+              () ->
+                  router.applyStored(
+                      StoredEvent.builder(1)
+                          .blockHashes(102, 103)
+                          .tokenIds(Arrays.copyOfRange(prompt, 2 * BLOCK, 4 * BLOCK))
+                          .slidingWindow(0, 2 * BLOCK)
+                          .build()));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+      assertThrows(
+          IllegalArgumentException.class, () -> StoredEvent.builder(1).slidingWindow(0, 0));
+      StoredEvent undone =
+          StoredEvent.builder(1).slidingWindow(2, 2 * BLOCK).fullAttention().blockHashes(1).build();
+      assertFalse(undone.isSlidingWindow());
+      assertEquals(0, undone.slidingGroup());
+
+      // The window lets block 3 go: no hit left on worker 1; its full-attention blocks stay.
+      RemovedEvent removed = RemovedEvent.builder(1).blockHashes(103).sliding(0).build();
+      assertTrue(removed.isSliding());
+      assertEquals(0, removed.slidingGroup());
+      assertFalse(RemovedEvent.of(1, 103).isSliding());
+      RemovedEvent undoneRemoval =
+          RemovedEvent.builder(1).blockHashes(103).sliding(4).fullAttention().build();
+      assertFalse(undoneRemoval.isSliding());
+      assertEquals(0, undoneRemoval.slidingGroup());
+      router.applyRemoved(removed);
+      assertEquals(-1, deviceBlocksOf(router.overlapScores(longer), 1));
+      Metrics m = router.metrics();
+      assertEquals(4, m.indexBlocks());
+      assertEquals(1, m.indexSlidingBlocks());
+      assertEquals(2, m.slidingEventsApplied());
+      assertEquals(1, m.slidingEventsRejected());
+
+      // The same store through an event batch (FlatBuffers) brings the hit back.
+      batch.addStored(
+          StoredEvent.builder(1).eventId(5).blockHashes(103).slidingWindow(0, 2 * BLOCK).build());
+      router.applyEventBatch(batch.encode());
+      assertEquals(4, deviceBlocksOf(router.overlapScores(longer), 1));
+      assertEquals(2, router.metrics().indexSlidingBlocks());
+    }
+  }
+
+  /** The device blocks {@code worker} (rank 0) holds of a prompt; -1: it is not listed. */
+  private static int deviceBlocksOf(List<Overlap> overlaps, long worker) {
+    for (Overlap o : overlaps) {
+      if (o.workerId() == worker && o.dpRank() == 0) return o.deviceBlocks();
+    }
+    return -1;
+  }
+
   @Test
   void eventsStoredRemovedClearedAndInBatches() {
     try (Router router = routerWithWorkers(3);
