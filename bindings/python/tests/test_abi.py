@@ -132,6 +132,27 @@ def test_every_option_reaches_its_own_c_field(struct, options):
     assert not same, f"{type(options).__name__}: fields left at the default {same}"
 
 
+@pytest.mark.parametrize(
+    "struct, event",
+    [
+        # Lowered only, never applied (a sliding-window store with a parent is refused).
+        ("kvr_stored_event", kvrouter.StoredEvent(
+            worker_id=3, block_hashes=[1], dp_rank=1, event_id=9, tier=kvrouter.Tier.HOST_PINNED,
+            parent_hash=5, eagle=True, sliding_group=2, sliding_window_tokens=32)),
+        ("kvr_removed_event", kvrouter.RemovedEvent(
+            worker_id=3, block_hashes=[1], dp_rank=1, event_id=9, tier=kvrouter.Tier.DISK, sliding_group=2)),
+    ],
+)
+def test_every_event_field_reaches_its_own_c_field(struct, event):
+    fields = event._args()[0]
+    missing = _value_fields(struct) - set(fields)
+    assert not missing, f"{type(event).__name__} never sets {sorted(missing)}"
+    lowered = _native.lower(struct, fields)
+    defaults = _native.defaults(struct)
+    same = [f for f in fields if lowered[f] == defaults[f]]
+    assert not same, f"{type(event).__name__}: fields left at the default {same}"
+
+
 def test_defaults_are_the_librarys():
     lowered = _native.lower("kvr_router_options", kvrouter.RouterOptions()._fields())
     assert lowered == _native.defaults("kvr_router_options")

@@ -154,6 +154,60 @@ def test_events_and_their_errors(router):
     assert len(m.events) == 3 and all(len(row) == 5 for row in m.events)
 
 
+def test_sliding_window_stores_and_removals(router):
+    """A hybrid model's sliding-window group (tests/capi/events_test.c,
+    sliding_window_stores_and_removals): worker 1 holds a prompt's four blocks in full attention,
+    its window (32 tokens: the two blocks before a hit point) blocks 2 and 3. The prompt plus a
+    token is cached whole; its first three blocks and another are not (block 1 is missing before
+    block 3), as the engine counts them."""
+    p = prompt(1000, 4)
+    longer = p + [7]
+    shorter = p[:48] + [999] * 16
+
+    def device_blocks(tokens) -> int:  # worker 1's; -1: not listed
+        return next((o.device_blocks for o in router.overlap_scores(tokens) if o.worker_id == 1), -1)
+
+    store(router, 1, p, first_hash=100)  # engine hashes 100..103
+    assert StoredEvent(worker_id=1, block_hashes=[1]).sliding_window_tokens == 0  # full attention
+    assert kvrouter.RemovedEvent(worker_id=1, block_hashes=[1]).sliding_group is None
+    window = StoredEvent(worker_id=1, block_hashes=[102, 103], sliding_group=0, sliding_window_tokens=32)
+    router.apply_stored(window)
+    assert device_blocks(longer) == 4
+    assert device_blocks(shorter) == -1
+    preview = router.preview_route(longer)
+    assert (preview.worker_id, preview.overlap_blocks) == (1, 4)
+
+    # A block full attention does not hold cannot be placed; a sliding store names blocks only.
+    with pytest.raises(kvrouter.NotFoundError):
+        router.apply_stored(StoredEvent(worker_id=1, block_hashes=[999], sliding_window_tokens=32))
+    with pytest.raises(kvrouter.InvalidArgumentError):
+        router.apply_stored(StoredEvent(worker_id=1, block_hashes=[102, 103], token_ids=p[32:],
+                                        sliding_window_tokens=32))
+    with pytest.raises(kvrouter.InvalidArgumentError):
+        router.apply_stored(StoredEvent(worker_id=1, block_hashes=[102, 103], tier=kvrouter.Tier.HOST_PINNED,
+                                        sliding_window_tokens=32))
+
+    # The window lets block 3 go: no hit left on worker 1; its full-attention blocks stay.
+    router.apply_removed(kvrouter.RemovedEvent(worker_id=1, block_hashes=[103], sliding_group=0))
+    assert device_blocks(longer) == -1
+    m = router.metrics()
+    assert (m.index_blocks, m.index_sliding_blocks) == (4, 1)
+    assert (m.sliding_events_applied, m.sliding_events_rejected) == (2, 1)
+
+    # The same store through an event batch (FlatBuffers) brings the hit back.
+    batch = kvrouter.EventBatch()
+    batch.add_stored(StoredEvent(worker_id=1, event_id=5, block_hashes=[103], sliding_window_tokens=32))
+    router.apply_event_batch(batch.encode())
+    assert device_blocks(longer) == 4
+    assert router.metrics().index_sliding_blocks == 2
+    # And a removal through one takes it away again.
+    batch = kvrouter.EventBatch()
+    batch.add_removed(kvrouter.RemovedEvent(worker_id=1, event_id=6, block_hashes=[103], sliding_group=0))
+    router.apply_event_batch(batch.encode())
+    assert device_blocks(longer) == -1
+    assert router.metrics().index_blocks == 4
+
+
 def test_local_hashes_tiers_and_overlaps(router):
     p = prompt(2000, 3)
     local = kvrouter.compute_block_hashes(p, 16)

@@ -17,6 +17,7 @@ from . import _native
 from ._abi import (
     JETSTREAM_CREATE_STREAM,
     JETSTREAM_RESUME,
+    REMOVED_SLIDING,
     REQUEST_ADMIT,
     ROUTER_APPROXIMATE,
     ROUTER_EAGLE,
@@ -362,7 +363,17 @@ class StoredEvent:
     (``kvr_stored_event``): each block's engine hash, and either its tokens (``token_ids``,
     block_size per block, concatenated) or its precomputed local hash (``local_hashes``).
     ``parent_hash`` None: the first block starts a sequence. ``mm_hashes`` has one sequence of
-    multimodal hashes per block."""
+    multimodal hashes per block.
+
+    ``sliding_window_tokens`` > 0 makes it a hybrid model's sliding-window store instead
+    (docs/ingest.md, "Sliding windows"): the blocks KV-cache group ``sliding_group`` (the engine's
+    group index; its window is ``sliding_window_tokens``) now holds, by engine hash, each one the
+    rank holds in full attention under that hash (the others are skipped: ``NotFoundError``). A
+    prefix is then cached on the rank only where its sliding-window groups also hold the blocks
+    before the prefix's end that their windows need, as the engine counts it. Such a store names
+    ``block_hashes`` only, on ``Tier.DEVICE``: a parent, local hashes, tokens, eagle, a LoRA name,
+    a namespace or multimodal hashes raise ``InvalidArgumentError``. The default, 0, is a
+    full-attention store (leave ``sliding_group`` 0 then)."""
 
     worker_id: int
     block_hashes: Ints
@@ -376,6 +387,8 @@ class StoredEvent:
     cache_namespace: Optional[str] = None
     mm_hashes: Optional[Sequence[Optional[Sequence[int]]]] = None
     eagle: bool = False
+    sliding_group: int = 0
+    sliding_window_tokens: int = 0
 
     def _args(self) -> Tuple[Any, ...]:
         flags = (STORED_HAS_PARENT if self.parent_hash is not None else 0) | (STORED_EAGLE if self.eagle else 0)
@@ -386,6 +399,8 @@ class StoredEvent:
             "tier": int(self.tier),
             "flags": flags,
             "parent_hash": 0 if self.parent_hash is None else self.parent_hash,
+            "sliding_group": self.sliding_group,
+            "sliding_window_tokens": self.sliding_window_tokens,
         }
         flat, counts = _flatten_mm(self.mm_hashes)
         return (fields, self.block_hashes, self.local_hashes, self.token_ids, self.lora_name,
@@ -394,15 +409,24 @@ class StoredEvent:
 
 @dataclass
 class RemovedEvent:
-    """Blocks a worker rank evicted, by engine hash (``kvr_removed_event``)."""
+    """Blocks a worker rank evicted, by engine hash (``kvr_removed_event``).
+
+    ``sliding_group`` None (the default): full attention let them go. An index: a hybrid model's
+    sliding-window KV-cache group of that index did (``KVR_REMOVED_SLIDING``; docs/ingest.md,
+    "Sliding windows"), and the rank's full-attention blocks stay (a window lets go of a block
+    long before full attention does)."""
 
     worker_id: int
     block_hashes: Ints
     dp_rank: int = 0
     event_id: int = 0
     tier: Tier = Tier.DEVICE
+    sliding_group: Optional[int] = None
 
     def _args(self) -> Tuple[Any, ...]:
         fields = {"worker_id": self.worker_id, "dp_rank": self.dp_rank, "event_id": self.event_id,
                   "tier": int(self.tier)}
+        if self.sliding_group is not None:
+            fields["flags"] = REMOVED_SLIDING
+            fields["sliding_group"] = self.sliding_group
         return (fields, self.block_hashes)
