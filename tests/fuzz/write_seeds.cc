@@ -65,6 +65,31 @@ void AddRemoved(kvr_event_batch* batch, uint64_t worker, uint32_t rank,
   Require(kvr_event_batch_add_removed(batch, &event, &err) == KVR_OK, "add_removed", err);
 }
 
+// A hybrid model's sliding-window group `group` holds (or, removing, lets go of) these blocks.
+void AddSliding(kvr_event_batch* batch, uint64_t worker, int64_t group,
+                std::vector<uint64_t> engine, bool removing) {
+  kvr_error* err = nullptr;
+  if (removing) {
+    kvr_removed_event event;
+    kvr_removed_event_init(&event, sizeof event);
+    event.worker_id = worker;
+    event.block_hashes = engine.data();
+    event.num_blocks = engine.size();
+    event.sliding_group = group;
+    event.flags = KVR_REMOVED_SLIDING;
+    Require(kvr_event_batch_add_removed(batch, &event, &err) == KVR_OK, "add_removed", err);
+    return;
+  }
+  kvr_stored_event event;
+  kvr_stored_event_init(&event, sizeof event);
+  event.worker_id = worker;
+  event.block_hashes = engine.data();
+  event.num_blocks = engine.size();
+  event.sliding_group = group;
+  event.sliding_window_tokens = 2 * kBlockSize;
+  Require(kvr_event_batch_add_stored(batch, &event, &err) == KVR_OK, "add_stored", err);
+}
+
 kvr_buffer* Encode(kvr_event_batch* batch) {
   kvr_buffer* out = nullptr;
   kvr_error* err = nullptr;
@@ -76,11 +101,14 @@ kvr_buffer* Encode(kvr_event_batch* batch) {
 }
 
 // A history of every kind of event over the fleet: stores (with and without parent, on two
-// tiers, on two ranks), a removal, a clear, and an event naming an unknown parent.
+// tiers, on two ranks), a hybrid model's sliding-window store and removal, a removal, a clear,
+// and an event naming an unknown parent.
 void FillHistory(kvr_event_batch* batch) {
   const uint64_t parent = 101;
   AddStored(batch, 1, 0, nullptr, {101, 102}, 1, KVR_TIER_DEVICE);
   AddStored(batch, 1, 0, &parent, {103}, 9, KVR_TIER_DEVICE);
+  AddSliding(batch, 1, 0, {101, 103}, /*removing=*/false);
+  AddSliding(batch, 1, 0, {103}, /*removing=*/true);
   AddStored(batch, 2, 1, nullptr, {201, 202, 203}, 1, KVR_TIER_HOST_PINNED);
   AddStored(batch, 3, 0, nullptr, {301}, 100, KVR_TIER_DEVICE);
   AddRemoved(batch, 1, 0, {102});
