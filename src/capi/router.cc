@@ -260,6 +260,16 @@ static kvr_status ToSlidingStoredEvent(kvr_error** err, const kvr_stored_event& 
                        "a sliding-window store is of the device tier (a request resumes "
                        "there)");
   }
+  if (in.num_blocks == 0) {
+    // It would still make the group known: the rank would then match nothing until its window
+    // holds blocks.
+    return FailInvalid(err, "a sliding-window store names no block");
+  }
+  if (in.sliding_group < 0 || in.reserved1 != 0) {
+    return FailInvalid(err,
+                       "kvr_stored_event.sliding_group must be >= 0 (an engine's group index) and "
+                       "reserved1 0");
+  }
   kvrouter::SlidingStoredEvent stored;
   stored.group = in.sliding_group;
   stored.window_tokens = in.sliding_window_tokens;
@@ -287,10 +297,10 @@ kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvroute
     return RequireNonNull(err, in.token_ids, "token_ids");
   }
   if (in.sliding_window_tokens > 0) return ToSlidingStoredEvent(err, in, out);
-  if (in.sliding_group != 0) {
+  if (in.sliding_group != 0 || in.reserved1 != 0) {
     return FailInvalid(err,
-                       "kvr_stored_event.sliding_group is set but sliding_window_tokens is 0 "
-                       "(a sliding-window store needs its window)");
+                       "kvr_stored_event.sliding_group is set but sliding_window_tokens is 0 (a "
+                       "sliding-window store needs its window), or reserved1 is not 0");
   }
   if (block_size != 0 && in.local_hashes == nullptr) {
     // Tokens past the blocks' would be copied and hashed only to be refused.
@@ -339,6 +349,11 @@ kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, kvrou
   }
   if (in.sliding_group != 0 && !(in.flags & KVR_REMOVED_SLIDING)) {
     return FailInvalid(err, "kvr_removed_event.sliding_group is set without KVR_REMOVED_SLIDING");
+  }
+  if (in.reserved1 != 0) return FailInvalid(err, "kvr_removed_event.reserved1 must be 0");
+  if ((in.flags & KVR_REMOVED_SLIDING) && (in.tier != KVR_TIER_DEVICE || in.sliding_group < 0)) {
+    return FailInvalid(err,
+                       "a sliding-window removal is of the device tier, its sliding_group >= 0");
   }
   std::vector<uint64_t> hashes(in.block_hashes, in.block_hashes + in.num_blocks);
   decltype(kvrouter::KvEvent::data) data;

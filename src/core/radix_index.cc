@@ -1488,6 +1488,13 @@ class RadixIndex::Impl {
       DropAfterRefusal(event.worker);
       throw;
     }
+    if (outcome.too_many_groups) {
+      return SlidingFail(
+          EventKind::kStored, EventError::kInvalidBlock,
+          Message("worker ", event.worker.worker_id, " rank ", event.worker.dp_rank, " has ",
+                  SlidingWindows::kMaxGroups, " sliding-window groups already; group ",
+                  stored.group, " not recorded"));
+    }
     return SlidingResult(EventKind::kStored, event.worker, stored.group, stored.block_hashes.size(),
                          outcome);
   }

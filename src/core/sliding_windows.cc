@@ -43,8 +43,7 @@ SlidingWindows::Outcome SlidingWindows::Store(
     Rank& r = RankFor(rank);
     const uint32_t known = WindowOf(r, group);
     if (known == 0 && r.groups.size() >= kMaxGroups) {
-      outcome.missing = engine_hashes.size();
-      if (!engine_hashes.empty()) outcome.first_missing = engine_hashes[0];
+      outcome.too_many_groups = true;
       return outcome;
     }
     if (known == 0) {

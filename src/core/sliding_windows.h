@@ -55,6 +55,7 @@ class SlidingWindows {
   struct Outcome {
     size_t missing = 0;          // blocks not applied: not placed (a store) or not held (a removal)
     uint64_t first_missing = 0;  // the first of them
+    bool too_many_groups = false;  // a store of a new group past kMaxGroups: nothing applied
   };
 
   // The group (of window `window_tokens`) now holds these blocks. `sequence_hash(i)` gives the

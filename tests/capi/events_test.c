@@ -453,6 +453,19 @@ static void sliding_window_stores_and_removals(void** state) {
   sliding.tier = KVR_TIER_HOST_PINNED;
   KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &sliding, ERRP));
   sliding.tier = KVR_TIER_DEVICE;
+  sliding.flags = KVR_STORED_HAS_PARENT;
+  sliding.parent_hash = 101;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &sliding, ERRP));
+  sliding.flags = 0;
+  sliding.num_blocks = 0; /* it would only make the group known */
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &sliding, ERRP));
+  sliding.num_blocks = 2;
+  sliding.sliding_group = -1;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &sliding, ERRP));
+  sliding.sliding_group = 0;
+  sliding.reserved1 = 1;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(f->router, &sliding, ERRP));
+  sliding.reserved1 = 0;
 
   /* The window lets block 3 go: no hit left on worker 1; its full-attention blocks stay. */
   kvr_removed_event_init(&removed, sizeof removed);
@@ -460,6 +473,9 @@ static void sliding_window_stores_and_removals(void** state) {
   removed.block_hashes = &window[1];
   removed.num_blocks = 1;
   removed.flags = KVR_REMOVED_SLIDING;
+  removed.tier = KVR_TIER_HOST_PINNED; /* only the device's windows are tracked */
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_removed(f->router, &removed, ERRP));
+  removed.tier = KVR_TIER_DEVICE;
   KVT_OK(kvr_router_apply_removed(f->router, &removed, ERRP));
   assert_false(kvt_overlap_of(f->router, longer, 65, 1, 0, NULL));
   removed.flags = 0x80; /* unknown */

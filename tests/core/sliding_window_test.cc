@@ -162,6 +162,22 @@ TEST(SlidingWindowTest, MalformedStoresChangeNothing) {
   EXPECT_EQ(1u, DeviceHit(index, kRank, std::vector<uint64_t>{1}));
 }
 
+// A rank's groups are bounded: garbage group indices cannot grow them without end.
+TEST(SlidingWindowTest, ARankHasAtMostSixtyFourGroups) {
+  RadixIndex index({.block_size = 16});
+  ASSERT_TRUE(index.Apply(StoredBlocks(kRank, std::nullopt, {1}, {1})).ok());
+  for (int64_t group = 0; group < 64; ++group) {
+    ASSERT_TRUE(index.Apply(SlidingStored(kRank, group, 32, {1})).ok()) << group;
+  }
+  const ApplyResult refused = index.Apply(SlidingStored(kRank, 64, 32, {1}));
+  EXPECT_EQ(EventError::kInvalidBlock, refused.error);
+  EXPECT_NE(std::string::npos, refused.message.find("64 sliding-window groups already"))
+      << refused.message;
+  EXPECT_TRUE(index.Apply(SlidingStored(kRank, 63, 32, {1})).ok());  // a known one still applies
+  EXPECT_EQ(64u, index.Stats().sliding_blocks);
+  EXPECT_EQ("", index.CheckInvariants());
+}
+
 // ---- Random histories against vLLM's rule ------------------------------------------------------
 
 // The oracle: every block named by its (prompt, depth) identity, what each rank holds as sets,

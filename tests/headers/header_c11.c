@@ -41,6 +41,10 @@ _Static_assert(offsetof(kvr_router_options, index_shards) == 120,
                "kvr_router_options 0.2 fields are appended");
 _Static_assert(offsetof(kvr_router_options, overlap_score_credit_decay) == 104,
                "kvr_router_options v1 fields are frozen");
+_Static_assert(sizeof(kvr_stored_event) == 128 && offsetof(kvr_stored_event, sliding_group) == 112,
+               "kvr_stored_event: the sliding-window fields appended (0.2)");
+_Static_assert(sizeof(kvr_removed_event) == 64 && offsetof(kvr_removed_event, sliding_group) == 48,
+               "kvr_removed_event: the sliding-window fields appended (0.2)");
 _Static_assert(sizeof(kvr_metrics) % 8 == 0, "kvr_metrics has no odd tail");
 _Static_assert(sizeof(kvr_metrics) == 528,
                "kvr_metrics size (0.2: + the decision-latency histogram, 240 bytes, replica "

@@ -346,9 +346,12 @@ KVR_API kvr_status kvr_router_remove_worker(kvr_router *router, uint64_t worker_
  * group index; its window is sliding_window_tokens) now holds, by engine hash, each one the rank
  * holds in full attention under that hash (the others are skipped, KVR_NOT_FOUND). A prefix is
  * then cached on the rank only where its sliding-window groups also hold the blocks before the
- * prefix's end that their windows need, as the engine counts it. Such a store names blocks only:
- * no parent flag, local hashes, tokens, LoRA, namespace nor multimodal hashes
- * (KVR_INVALID_ARGUMENT), on the device tier (KVR_INVALID_ARGUMENT otherwise). */
+ * prefix's end that their windows need, as the engine counts it. Such a store names blocks only
+ * (at least one): no parent flag, local hashes, tokens, LoRA, namespace nor multimodal hashes,
+ * on the device tier, sliding_group >= 0 (KVR_INVALID_ARGUMENT otherwise). Its first store makes
+ * the group known to the rank (from then on a prefix its window does not hold is not cached
+ * there; a clear forgets the rank's groups); a store with another window than the group's
+ * drops the group's blocks; a rank has at most 64 groups (KVR_INVALID_ARGUMENT past them). */
 typedef struct kvr_stored_event {
   uint32_t struct_size;
   uint32_t dp_rank;
@@ -367,7 +370,7 @@ typedef struct kvr_stored_event {
   const uint64_t *mm_hashes; /* per-block multimodal hashes as in kvr_hash_options */
   const size_t *mm_counts;   /* NULL, or num_blocks counts */
   /* Appended in 0.2.0: a sliding-window store (above) when sliding_window_tokens > 0; a
-   * sliding_group without a window is KVR_INVALID_ARGUMENT. */
+   * sliding_group without a window is KVR_INVALID_ARGUMENT; reserved1 must be 0. */
   int64_t sliding_group;
   uint32_t sliding_window_tokens;
   uint32_t reserved1;
@@ -376,9 +379,9 @@ typedef struct kvr_stored_event {
 #define KVR_REMOVED_SLIDING 0x1u /* the blocks left sliding-window group `sliding_group` */
 
 /* Blocks a worker rank evicted, by engine hash. With KVR_REMOVED_SLIDING in flags (appended in
- * 0.2.0), the blocks KV-cache group `sliding_group`'s sliding window evicted: the rank's
- * full-attention blocks stay (a hybrid model's window lets go of a block long before full
- * attention does). */
+ * 0.2.0), the blocks KV-cache group `sliding_group`'s sliding window evicted (device tier,
+ * sliding_group >= 0): the rank's full-attention blocks stay (a hybrid model's window lets go of
+ * a block long before full attention does). reserved1 must be 0. */
 typedef struct kvr_removed_event {
   uint32_t struct_size;
   uint32_t dp_rank;
