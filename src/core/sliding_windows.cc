@@ -22,6 +22,17 @@ SlidingWindows::Rank::Rank(int64_t* bytes)
       holding(0, absl::Hash<ScopedBlock>(), std::equal_to<>(),
               CountingAllocator<std::pair<const ScopedBlock, uint32_t>>(bytes)) {}
 
+namespace {
+
+// An empty table gives its bucket array back (shrink.h's ShrinkTableIfSparse, for std's tables:
+// a new empty map allocates nothing).
+template <typename Map>
+void ReleaseBuckets(Map& map) noexcept {
+  map = Map(0, map.hash_function(), map.key_eq(), map.get_allocator());
+}
+
+}  // namespace
+
 SlidingWindows::Rank& SlidingWindows::RankFor(WorkerKey rank) {
   auto it = ranks_.find(rank);
   if (it == ranks_.end()) it = ranks_.try_emplace(rank, bytes_).first;
@@ -131,12 +142,9 @@ SlidingWindows::Outcome SlidingWindows::Remove(WorkerKey rank, int64_t group,
   // empty map allocates nothing).
   if (rank_it != ranks_.end() && rank_it->second.sequence_of.empty()) {
     Rank& r = rank_it->second;
-    r.sequence_of = decltype(r.sequence_of)(0, r.sequence_of.hash_function(),
-                                            r.sequence_of.key_eq(), r.sequence_of.get_allocator());
-    r.copies = decltype(r.copies)(0, r.copies.hash_function(), r.copies.key_eq(),
-                                  r.copies.get_allocator());
-    r.holding = decltype(r.holding)(0, r.holding.hash_function(), r.holding.key_eq(),
-                                    r.holding.get_allocator());
+    ReleaseBuckets(r.sequence_of);
+    ReleaseBuckets(r.copies);
+    ReleaseBuckets(r.holding);
   }
   return outcome;
 }
@@ -146,11 +154,7 @@ void SlidingWindows::Release(WorkerKey rank) noexcept {
   if (it == ranks_.end()) return;
   blocks_ -= it->second.sequence_of.size();
   ranks_.erase(it);
-  // The last rank gone: the bucket array goes too (a new empty map allocates nothing).
-  if (ranks_.empty()) {
-    ranks_ =
-        Map<WorkerKey, Rank>(0, ranks_.hash_function(), ranks_.key_eq(), ranks_.get_allocator());
-  }
+  if (ranks_.empty()) ReleaseBuckets(ranks_);  // the last rank gone
 }
 
 uint32_t SlidingWindows::BlocksBefore(uint32_t window_tokens) const {
