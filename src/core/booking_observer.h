@@ -64,6 +64,8 @@ class BookingObserver {
   // current observer is told carries the interval, so that a peer that missed the heartbeats
   // (it joined later, or this router died before its next) still knows to expire it.
   void Promise(uint32_t interval_ms) { promised_interval_ms_ = interval_ms; }
+  // The interval of the current observer's last heartbeat (0: none, or a farewell).
+  uint32_t promised_interval_ms() const { return promised_interval_ms_; }
 
  private:
   std::string replica_id_;

@@ -379,8 +379,9 @@ class Router {
   // Reset promising no heartbeat: peers drop the bookings they hold under its replica id); once
   // this returns, it is not running and will not run again. A new observer first receives a Reset,
   // an Added for every booking this router holds, and a SyncRequest: peers replace whatever they
-  // held from this replica id (a restart's stale bookings) and announce theirs, so a joining
-  // replica converges at once instead of after the request expiry. Returns a token naming this
+  // held from this replica id (a restart's stale bookings) and announce theirs (at once, or with
+  // their next heartbeat: AnswerSyncRequestLocked), so a joining replica converges within a
+  // heartbeat interval instead of after the request expiry. Returns a token naming this
   // observer for ClearSequenceObserver. Clearing (an empty observer) keeps the replica id, so this
   // router's own changes echoed back later are still recognised.
   uint64_t SetSequenceObserver(std::string replica_id, SequenceObserver observer);
@@ -595,9 +596,18 @@ class Router {
   bool TrackLivenessLocked(std::string_view origin, const SequenceChange& change);
   // A targeted SyncRequest: the replica `origin` alone announces its bookings again.
   void AskToAnnounceAgainLocked(std::string_view origin);
-  // A SyncRequest: empty `asked`, every replica announces at once; this one's id, it announces
-  // with its next change or heartbeat; another's, nothing.
+  // A SyncRequest: empty `asked`, a replica joined: this one announces at once, or with its
+  // next heartbeat (CanDeferJoinAnswerLocked); this one's id, it announces with its next change
+  // or heartbeat; another's, nothing.
   void AnswerSyncRequestLocked(std::string_view asked);
+  // Whether a join may be answered by the next heartbeat's announcement: this router beats at
+  // least every 2 s, beat within its interval, and announced every booking
+  // within it too (a join after a server restart, when every replica rejoins at once).
+  bool CanDeferJoinAnswerLocked(Nanos now) const;
+  // Announces every booking if joins wait for it past their due time (no heartbeat came).
+  void AnnounceIfAnswerDueLocked(Nanos now);
+  // Nothing to announce again: the observer stopped, or the announcement was made.
+  void ForgetPendingAnnouncementLocked();
   // Reset, then an Added for every local booking (the observer's full picture of this router):
   // what a joining replica, or one whose change the observer lost, tells the others.
   void AnnounceBookingsLocked();
@@ -652,6 +662,12 @@ class Router {
   uint64_t replicas_expired_ = 0;
   uint64_t replica_changes_unpublished_ = 0;
   bool reannounce_pending_ = false;  // a change was lost: announce every booking again
+  // Joins answered together (AnswerSyncRequestLocked): when this router last published a
+  // heartbeat (or tried to) and last announced every booking, and, while joins wait for the
+  // next heartbeat's announcement, when it falls due without one.
+  std::optional<Nanos> last_heartbeat_;
+  std::optional<Nanos> last_announcement_;
+  std::optional<Nanos> join_answer_due_;
   uint64_t replica_changes_applied_ = 0;
   uint64_t replica_changes_rejected_ = 0;
   std::atomic<uint64_t> replica_changes_undecodable_{0};

@@ -97,7 +97,9 @@ bool Router::FreeBookingLocked(std::string_view request_id) {
 }
 
 void Router::NotifyLocked(const SequenceChange& change) {
-  if (reannounce_pending_ && change.kind != SequenceChange::Kind::kReset) {
+  // Joins left waiting past their due time (no heartbeat came) are answered before it too.
+  const bool joins_due = join_answer_due_ && clock_.Now() >= *join_answer_due_;
+  if ((reannounce_pending_ || joins_due) && change.kind != SequenceChange::Kind::kReset) {
     // A change the observer lost left the other replicas with a wrong view of this one's
     // bookings: announcing them all again (a Reset, then each booking) repairs it. Before this
     // change, not after: a peer ends an announcement at the origin's next change of another
@@ -125,7 +127,7 @@ uint64_t Router::SetSequenceObserver(std::string replica_id, SequenceObserver ob
   if (observer_.active()) SayFarewellLocked();
   const uint64_t token = observer_.Set(std::move(replica_id), std::move(observer));
   if (token == 0) {
-    reannounce_pending_ = false;  // nobody to repair
+    ForgetPendingAnnouncementLocked();  // nobody to repair
     return 0;
   }
   JoinReplicasLocked();
@@ -147,14 +149,14 @@ void Router::JoinReplicasLocked() {
 void Router::SilenceSequenceObserverForTesting() {
   std::lock_guard lock(gate_);
   (void)observer_.Set("", nullptr);  // keeps the replica id, as clearing does
-  reannounce_pending_ = false;
+  ForgetPendingAnnouncementLocked();
 }
 
 bool Router::ClearSequenceObserver(uint64_t token, bool farewell) {
   std::lock_guard lock(gate_);
   if (farewell && observer_.IsCurrent(token)) SayFarewellLocked();
   const bool cleared = observer_.Clear(token);
-  if (!observer_.active()) reannounce_pending_ = false;  // nobody to repair
+  if (!observer_.active()) ForgetPendingAnnouncementLocked();  // nobody to repair
   return cleared;
 }
 
@@ -168,7 +170,8 @@ void Router::AnnounceBookingsLocked() {
   // on the way (or the heap refuses: a booking's copy) is lost like any change, and the whole
   // is announced again later. A booking lost is left out and the others still go: peers end
   // the announcement at this router's next change, dropping only what they were not told.
-  reannounce_pending_ = false;
+  ForgetPendingAnnouncementLocked();
+  last_announcement_ = clock_.Now();
   const auto is_local = [](std::string_view id) { return !IsReplicaRequestId(id); };
   SequenceChange reset = ChangeOf(SequenceChange::Kind::kReset, "");
   reset.announced_bookings =
@@ -320,6 +323,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
         break;
     }
     if (ask_again) AskToAnnounceAgainLocked(origin);
+    AnnounceIfAnswerDueLocked(clock_.Now());
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
     // Capacity a replica released may admit requests waiting here.
     if (released || (changed.ok() && *changed && change.kind != SequenceChange::Kind::kAdded)) {
@@ -362,7 +366,25 @@ void Router::AskToAnnounceAgainLocked(std::string_view origin) {
 void Router::AnswerSyncRequestLocked(std::string_view asked) {
   if (!observer_.active()) return;
   if (asked.empty()) {
-    AnnounceBookingsLocked();  // a replica joined: tell it (and everyone) what is booked here
+    // A replica joined: tell it (and everyone) what is booked here. After a server restart
+    // every replica rejoins at about the same time (RejoinReplicas), and answering each joiner
+    // at once would announce every booking once per joiner: N^2 announcements for N replicas,
+    // under this lock. A router that beats answers joins close together with one announcement.
+    const Nanos now = clock_.Now();
+    if (!CanDeferJoinAnswerLocked(now)) {
+      AnnounceBookingsLocked();
+      return;
+    }
+    // Made by the next heartbeat. Not before this router's next change, as a repair is: this
+    // is no announcement cut short, and changes going first change nothing the Reset will not
+    // replace (a busy router changes its bookings every few milliseconds: it would announce
+    // for every join). Should the heartbeat not come (a caller that beats by hand stopped),
+    // the first change (this router's or a replica's) or expiry check past one and a half
+    // intervals makes it: half an interval of slack for a heartbeat timer running late.
+    if (!join_answer_due_) {
+      const Nanos interval = MillisToNanos(observer_.promised_interval_ms());
+      join_answer_due_ = now + interval + interval / 2;
+    }
   } else if (observer_.IsOwnOrigin(asked)) {
     // A peer had expired this router. Announced with the next heartbeat or change, not now:
     // after an outage every peer asks at about the same time, and one announcement answers
@@ -371,10 +393,34 @@ void Router::AnswerSyncRequestLocked(std::string_view asked) {
   }
 }
 
+bool Router::CanDeferJoinAnswerLocked(Nanos now) const {
+  // Longer intervals would leave a joiner without this router's bookings too long.
+  constexpr Nanos kMaxJoinAnswerDeferral = 2 * kNanosPerSecond;
+  const Nanos interval = MillisToNanos(observer_.promised_interval_ms());
+  const auto within_interval = [&](const std::optional<Nanos>& when) {
+    return when && *when <= now && now - *when < interval;
+  };
+  return interval > 0 && interval <= kMaxJoinAnswerDeferral && within_interval(last_heartbeat_) &&
+         within_interval(last_announcement_);
+}
+
+void Router::AnnounceIfAnswerDueLocked(Nanos now) {
+  if (join_answer_due_ && now >= *join_answer_due_ && observer_.active()) {
+    AnnounceBookingsLocked();
+  }
+}
+
+void Router::ForgetPendingAnnouncementLocked() {
+  reannounce_pending_ = false;
+  join_answer_due_.reset();
+}
+
 bool Router::PublishHeartbeat(uint32_t interval_ms) {
   std::lock_guard lock(gate_);
   if (!observer_.active()) return false;
   observer_.Promise(interval_ms);
+  last_heartbeat_ = clock_.Now();
+  if (join_answer_due_) AnnounceBookingsLocked();  // the joins of the last interval
   NotifyLocked(ChangeOf(SequenceChange::Kind::kHeartbeat, ""));
   return true;
 }
@@ -384,6 +430,7 @@ size_t Router::ExpireSilentReplicas(Nanos timeout) {
   size_t expired = 0;
   {
     std::lock_guard lock(gate_);
+    AnnounceIfAnswerDueLocked(clock_.Now());
     for (const std::string& origin : liveness_.TakeSilent(clock_.Now(), timeout)) {
       DropReplicaBookingsLocked(origin);
       ++expired;

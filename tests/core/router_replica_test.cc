@@ -117,6 +117,9 @@ class RouterReplicaTest : public ::testing::Test {
 
   // A replica "c" joins: its SyncRequest has `a` announce its bookings (Reset, then each).
   void AskAToAnnounce() {
+    // Past a's heartbeat interval (1 s in these tests) since it last announced (joining): it
+    // answers at once.
+    clock_.AdvanceSeconds(1.5);
     ASSERT_TRUE(a_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kSyncRequest}).ok());
     ASSERT_FALSE(from_a_.empty());
     ASSERT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
@@ -221,6 +224,234 @@ TEST_F(RouterReplicaTest, RejoiningAnnouncesEveryBookingAndAsksThePeers) {
   EXPECT_EQ(LoadOf(*b_, 2).active_requests, 1u);
   EXPECT_FALSE(a_->RejoinReplicas(a_token_ + 1));
   EXPECT_TRUE(from_a_.empty());
+}
+
+// How many announcements (Resets) `a` published since the last call.
+int CountResets(std::deque<Published>& published) {
+  int resets = 0;
+  for (const Published& change : published) resets += change.kind == SequenceChange::Kind::kReset;
+  published.clear();
+  return resets;
+}
+
+// Joins close together share one announcement of a router that beats: the first after an
+// announcement older than its interval is answered at once, later ones with its next
+// heartbeat (after a server restart every replica rejoins at about the same time, and each
+// answering every joiner at once made N^2 announcements); the router's own changes meanwhile go
+// alone (a busy router would otherwise announce for every join). A router that does not beat
+// answers each at once: nothing else would come.
+TEST_F(RouterReplicaTest, JoinsCloseTogetherShareTheNextHeartbeatsAnnouncement) {
+  const auto join = [&](const char* who) {
+    ASSERT_TRUE(a_->ApplyReplicaChange(who, {.kind = SequenceChange::Kind::kSyncRequest}).ok());
+  };
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  join("c");
+  join("d");
+  EXPECT_EQ(CountResets(from_a_), 2);  // not beating: each at once
+  clock_.AdvanceSeconds(2);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  join("e");
+  EXPECT_EQ(CountResets(from_a_), 1);  // at once: nothing announced within the interval
+  clock_.AdvanceSeconds(0.5);
+  join("f");
+  ASSERT_TRUE(a_->AddRequest("r2", Tokens(2, 100), {2, 0}).ok());
+  join("g");
+  ASSERT_EQ(from_a_.size(), 1u);  // within the interval: with the next heartbeat
+  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kAdded);  // r2, alone
+  from_a_.clear();
+  clock_.AdvanceSeconds(0.5);
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  ASSERT_EQ(from_a_.size(), 4u);  // Reset, r1, r2, then the heartbeat
+  EXPECT_EQ(from_a_.back().kind, SequenceChange::Kind::kHeartbeat);
+  EXPECT_EQ(CountResets(from_a_), 1);
+  clock_.AdvanceSeconds(1.5);
+  join("h");
+  EXPECT_EQ(CountResets(from_a_), 1);  // the last heartbeat a whole interval ago: at once
+}
+
+// A deferred answer never waits past one and a half intervals for a heartbeat that does not
+// come: the next change (a replica's or a's own) or expiry check after that makes the
+// announcement. Nor is an answer
+// deferred for a router whose last heartbeat is older than its interval, or whose interval is
+// longer than 2 s.
+TEST_F(RouterReplicaTest, AJoinWaitsAtMostOneAndAHalfIntervalsForAHeartbeat) {
+  const auto join = [&](const char* who) {
+    ASSERT_TRUE(a_->ApplyReplicaChange(who, {.kind = SequenceChange::Kind::kSyncRequest}).ok());
+  };
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  clock_.AdvanceSeconds(2);  // a's announcement on joining is old
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  join("c");
+  ASSERT_EQ(CountResets(from_a_), 1);
+  join("d");
+  ASSERT_EQ(CountResets(from_a_), 0);
+  clock_.AdvanceSeconds(1.4);
+  ASSERT_TRUE(a_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kHeartbeat}).ok());
+  EXPECT_EQ(CountResets(from_a_), 0);  // not due yet
+  clock_.AdvanceSeconds(0.2);
+  ASSERT_TRUE(a_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kHeartbeat}).ok());
+  EXPECT_EQ(CountResets(from_a_), 1);  // due: made without the heartbeat
+  ASSERT_TRUE(a_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kHeartbeat}).ok());
+  EXPECT_EQ(CountResets(from_a_), 0);  // once
+
+  // Through the expiry check too. The last heartbeat was 1.6 s ago: a join now is answered
+  // at once, so beat again first.
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  join("e");
+  EXPECT_EQ(CountResets(from_a_), 0);  // announced 0 s ago: deferred
+  clock_.AdvanceSeconds(1.5);
+  EXPECT_EQ(a_->ExpireSilentReplicas(kTimeout), 0u);
+  EXPECT_EQ(CountResets(from_a_), 1);
+
+  // And through a's own next change: the announcement first, then the change.
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  join("e2");
+  clock_.AdvanceSeconds(1.5);
+  from_a_.clear();
+  ASSERT_TRUE(a_->AddRequest("r2", Tokens(2, 100), {2, 0}).ok());
+  ASSERT_EQ(from_a_.size(), 3u);  // Reset, r1, r2: the announcement says what r2's Added says
+  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_a_.front().announced_bookings, 2u);
+  EXPECT_NE(from_a_[1].request_id, from_a_[2].request_id);  // r2 not published twice
+  from_a_.clear();
+
+  // A heartbeat older than its interval: the router may have stopped beating.
+  clock_.AdvanceSeconds(1);
+  join("f");
+  EXPECT_EQ(CountResets(from_a_), 1);
+  join("g");
+  EXPECT_EQ(CountResets(from_a_), 1);
+  // An interval over 2 s would leave a joiner without these bookings too long.
+  ASSERT_TRUE(a_->PublishHeartbeat(5000));
+  join("h");
+  join("i");
+  EXPECT_EQ(CountResets(from_a_), 2);
+  // A new observer has promised nothing: each join at once until it beats.
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  a_token_ = a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+  from_a_.clear();
+  join("j");
+  EXPECT_EQ(CountResets(from_a_), 1);
+}
+
+// An answer waiting for the next heartbeat goes with the observer: a farewell is not preceded
+// by it, and a new observer's join announcement answers instead.
+TEST_F(RouterReplicaTest, AWaitingAnswerGoesWithItsObserver) {
+  const auto join = [&](const char* who) {
+    ASSERT_TRUE(a_->ApplyReplicaChange(who, {.kind = SequenceChange::Kind::kSyncRequest}).ok());
+  };
+  ASSERT_TRUE(a_->AddRequest("r1", Tokens(3, 0), {1, 0}).ok());
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  join("c");  // a announced on joining, 0 s ago: deferred
+  from_a_.clear();
+  ASSERT_TRUE(a_->ClearSequenceObserver(a_token_, /*farewell=*/true));
+  ASSERT_EQ(from_a_.size(), 1u);  // the farewell alone
+  EXPECT_EQ(from_a_.front().kind, SequenceChange::Kind::kReset);
+  EXPECT_EQ(from_a_.front().announced_bookings, 0u);
+  from_a_.clear();
+
+  a_token_ = a_->SetSequenceObserver("a", [this](const SequenceChange& c) { Record(c); });
+  EXPECT_EQ(CountResets(from_a_), 1);  // its join announces r1
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  join("d");
+  EXPECT_EQ(CountResets(from_a_), 0);
+  ASSERT_TRUE(a_->RejoinReplicas(a_token_));  // announces: answers d too
+  EXPECT_EQ(CountResets(from_a_), 1);
+  clock_.AdvanceSeconds(2);
+  ASSERT_TRUE(a_->ApplyReplicaChange("c", {.kind = SequenceChange::Kind::kHeartbeat}).ok());
+  ASSERT_TRUE(a_->PublishHeartbeat(1000));
+  EXPECT_EQ(CountResets(from_a_), 0);  // nothing left waiting
+}
+
+// Every replica rejoins at once (a NATS server restarted): each announces its bookings and asks
+// the others for theirs. Answered at once, each of N replicas would announce its bookings N
+// times; a replica that beats announces them at most once more, with its next heartbeat, also
+// while requests come and go between the joins, and every replica still ends up holding every
+// other's bookings, also one that missed the first round.
+TEST(RouterReplicaMeshTest, ASimultaneousRejoinAnnouncesEachReplicasBookingsAtMostTwice) {
+  constexpr int kReplicas = 8;
+  constexpr size_t kBookingsEach = 20;
+  ManualClock clock;
+  std::vector<std::unique_ptr<Router>> routers;
+  std::vector<uint64_t> tokens;
+  std::deque<std::pair<int, Published>> bus;  // (origin, change)
+  std::vector<bool> listening(kReplicas, true);
+  size_t added = 0;                              // Addeds of the bookings below
+  std::vector<int> announcements(kReplicas, 0);  // Resets
+  for (int r = 0; r < kReplicas; ++r) {
+    routers.push_back(*Router::Create({.block_size = kBlockSize, .clock = &clock}));
+    for (uint64_t w : {1, 2}) ASSERT_TRUE(routers[r]->AddWorker(Worker(w)).ok());
+    tokens.push_back(
+        routers[r]->SetSequenceObserver(std::to_string(r), [&, r](const SequenceChange& c) {
+          added += c.kind == SequenceChange::Kind::kAdded && c.request_id.front() == 'r';
+          announcements[r] += c.kind == SequenceChange::Kind::kReset;
+          bus.emplace_back(r, Published::Of(c));
+        }));
+  }
+  const auto deliver = [&] {
+    while (!bus.empty()) {
+      const auto [origin, change] = bus.front();
+      bus.pop_front();
+      for (int r = 0; r < kReplicas; ++r) {
+        if (r == origin || !listening[r]) continue;
+        ASSERT_TRUE(routers[r]->ApplyReplicaChange(std::to_string(origin), change.View()).ok());
+      }
+    }
+  };
+  const auto beat_all = [&] {
+    for (auto& router : routers) ASSERT_TRUE(router->PublishHeartbeat(1000));
+  };
+  // Every replica books a request and frees it, as a busy gateway does between the joins.
+  int traffic = 0;
+  const auto book_and_free_everywhere = [&] {
+    for (auto& router : routers) {
+      const std::string id = "t" + std::to_string(++traffic);
+      ASSERT_TRUE(router->AddRequest(id, Tokens(1, 90000), {1, 0}).ok());
+      ASSERT_TRUE(router->Free(id));
+    }
+  };
+  beat_all();
+  deliver();
+  // Replica 0 is cut off: the bookings made meanwhile, and the others' rejoining, never reach
+  // it.
+  listening[0] = false;
+  for (int r = 0; r < kReplicas; ++r) {
+    for (size_t b = 0; b < kBookingsEach; ++b) {
+      const std::string id = "r" + std::to_string(r) + "-" + std::to_string(b);
+      const auto first = static_cast<uint32_t>(1000 * r + 10 * b);
+      ASSERT_TRUE(routers[r]->AddRequest(id, Tokens(2, first), {1u + b % 2, 0}).ok());
+    }
+  }
+  deliver();
+  clock.AdvanceSeconds(0.5);
+  added = 0;
+  std::fill(announcements.begin(), announcements.end(), 0);
+  for (int r = 1; r < kReplicas; ++r) {
+    ASSERT_TRUE(routers[r]->RejoinReplicas(tokens[r]));
+    deliver();
+    book_and_free_everywhere();
+    deliver();
+  }
+  listening[0] = true;
+  ASSERT_TRUE(routers[0]->RejoinReplicas(tokens[0]));
+  deliver();
+  // Each announced on rejoining; every join it heard came within its heartbeat interval of
+  // that announcement: answered with the next heartbeat (answered at once, 1,140 Addeds).
+  EXPECT_EQ(added, kReplicas * kBookingsEach);
+  EXPECT_EQ(announcements, std::vector<int>(kReplicas, 1));
+  EXPECT_EQ(routers[0]->replica_stats().active_requests, 0u);
+  clock.AdvanceSeconds(0.5);
+  beat_all();
+  deliver();
+  // Each but replica 0, which heard none of the others' joins, announced once more.
+  EXPECT_EQ(added, (2 * kReplicas - 1) * kBookingsEach);
+  std::vector<int> twice(kReplicas, 2);
+  twice[0] = 1;
+  EXPECT_EQ(announcements, twice);
+  for (int r = 0; r < kReplicas; ++r) {
+    EXPECT_EQ(routers[r]->replica_stats().active_requests, (kReplicas - 1) * kBookingsEach)
+        << "replica " << r;
+  }
 }
 
 TEST_F(RouterReplicaTest, ABookingOnOneReplicaIsLoadOnTheOther) {
