@@ -434,9 +434,11 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *
 
 /* Receives one encoded change (a FlatBuffers SequenceChange, schema/replica_events.fbs) to send
  * to every other replica. `data` is valid only during the call. It runs on the thread that
- * made the change, under the router's internal lock, in the order of the changes: it must be
- * quick (queue or hand the bytes to an asynchronous client) and must not call into any router
- * (a bus delivering synchronously to another router could deadlock when that router's own
+ * made the change (an announcement of every booking that falls due, on the thread of the call that
+ * makes it: kvr_router_replica_heartbeat, kvr_router_expire_replicas,
+ * kvr_router_apply_replica_event), under the router's internal lock, in the order of the changes:
+ * it must be quick (queue or hand the bytes to an asynchronous client) and must not call into any
+ * router (a bus delivering synchronously to another router could deadlock when that router's own
  * changes come back). That thread may be one the library owns: a replica's free applied on an
  * ingest loop can admit a request waiting here, whose booking is then published from the loop. */
 typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t size);
@@ -446,7 +448,10 @@ typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t
  * (since 0.2.0) (KVR_INVALID_ARGUMENT).
  * `publish` first receives a Reset, an Added change for every booking the router holds, and a
  * SyncRequest: peers drop whatever they held from this replica id (a restarted replica's stale
- * bookings) and answer with their own bookings, so a joining replica converges at once.
+ * bookings) and answer with their own bookings: at once, or with their next heartbeat if they beat
+ * every 2 s or less, have beaten within that interval and announced their bookings within it
+ * (replicas joining together, as after a NATS server restart, then share one announcement: since
+ * 0.2.0), so a joining replica converges within one of its peers' heartbeat intervals.
  * `publish` NULL stops publishing. A callback replaced (or stopped by NULL) first receives a
  * farewell, a Reset promising no heartbeat: its peers drop the bookings they hold under its
  * replica id, which nothing would free once it is gone; once this returns, the previous callback
@@ -462,8 +467,13 @@ KVR_API kvr_status kvr_router_set_replica_publisher(kvr_router *router, const ch
  * completions may admit requests waiting here. A Reset replaces every booking held from its
  * origin by those announced after it (kept until they have come, since 0.2.0: docs/replicas.md);
  * a SyncRequest makes this router publish (if it has a publisher) a Reset and its own
- * bookings, at once, or with its next change or heartbeat if the request names this router
- * (see kvr_router_expire_replicas); one naming another replica is ignored. Changes from this
+ * bookings: at once; or with its next change or heartbeat if the request names this router (see
+ * kvr_router_expire_replicas); or, if it names none (a replica joined) while this router beats
+ * every 2 s or less, has beaten within its interval and announced its bookings within it, with its
+ * next heartbeat (one announcement answers the joins of an interval; should no heartbeat come, this
+ * router's first change, change applied here or kvr_router_expire_replicas call past one and a half
+ * intervals on the router's clock makes it, on that call's thread); one naming another replica is
+ * ignored. Changes from this
  * router's own replica id are ignored (buses that echo). KVR_INVALID_ARGUMENT for bytes that are not a SequenceChange,
  * an origin longer than 256 bytes (since 0.2.0), or a booking of more than 2^32 prefill
  * tokens; a heartbeat interval over one hour counts as one
@@ -474,12 +484,13 @@ KVR_API kvr_status kvr_router_apply_replica_event(kvr_router *router, const void
 
 /* Replica liveness (since 0.2.0). A replica that dies for good stops freeing its bookings;
  * heartbeats let its peers notice. This publishes a Heartbeat through the router's replica
- * publisher, promising the next within `interval_ms` (1..3,600,000); every change the same
- * publisher is given afterwards carries the interval too. Once a peer has heard a heartbeat
- * or such a change from a replica, kvr_router_expire_replicas there drops that replica's
- * bookings when it falls silent (also one that died before its second heartbeat, or whose
- * heartbeats that peer missed). KVR_FAILED_PRECONDITION if the router has no replica
- * publisher. kvr_ingest_sync_replicas calls both on a timer, its first heartbeat at once
+ * publisher (after an announcement of every booking if one is due: the repair of a lost change, or
+ * the answer to joins; see kvr_router_apply_replica_event), promising the next within `interval_ms`
+ * (1..3,600,000); every change the same publisher is given afterwards carries the interval too.
+ * Once a peer has heard a heartbeat or such a change from a replica, kvr_router_expire_replicas
+ * there drops that replica's bookings when it falls silent (also one that died before its second
+ * heartbeat, or whose heartbeats that peer missed). KVR_FAILED_PRECONDITION if the router has no
+ * replica publisher. kvr_ingest_sync_replicas calls both on a timer, its first heartbeat at once
  * (kvr_ingest_options.replica_heartbeat_ms). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_replica_heartbeat(kvr_router *router, uint32_t interval_ms,
                                                 kvr_error **err);
@@ -496,8 +507,10 @@ KVR_API kvr_status kvr_router_replica_heartbeat(kvr_router *router, uint32_t int
  * kvr_ingest_sync_replicas stops says farewell (a Reset promising no heartbeat): it is not
  * tracked after it, nor counted as expired (unless the farewell is lost). Replicas that never sent a heartbeat keep
  * their bookings until request_expiry_seconds. `expired` (may be NULL) gets how many replicas
- * were dropped (counted in kvr_metrics.replicas_expired). KVR_INVALID_ARGUMENT unless
- * `timeout_seconds` is finite and > 0. @thread_safety concurrent */
+ * were dropped (counted in kvr_metrics.replicas_expired). It may publish, through the
+ * router's replica publisher, an answer to joins past its due time (see
+ * kvr_router_apply_replica_event): a caller beating by hand calls this on a timer too.
+ * KVR_INVALID_ARGUMENT unless `timeout_seconds` is finite and > 0. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_expire_replicas(kvr_router *router, double timeout_seconds,
                                               size_t *expired, kvr_error **err);
 

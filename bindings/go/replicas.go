@@ -58,8 +58,11 @@ func (s *replicaSlot) release() {
 // ApplyReplicaEvent: a request booked at one replica is then load at all of them (see
 // docs/replicas.md). replicaID names this replica: unique among the live replicas, without
 // byte 0x1F. publish first receives a Reset, the router's current bookings and a SyncRequest,
-// so peers drop what they held from this id and answer with their own bookings. publish runs
-// synchronously on the goroutine (or library thread) that made the change, under the router's
+// so peers drop what they held from this id and answer with their own bookings (at once, or
+// with their next heartbeat if they beat every 2 s or less: joins close together share one
+// answer). publish runs
+// synchronously on the goroutine (or library thread) that made the change (an announcement
+// that falls due: the one beating, expiring or applying a replica change), under the router's
 // lock, in order: it must be quick (send to a channel or an asynchronous client), must not
 // call any router, and must copy data to keep it. nil stops publishing. A callback replaced
 // (or stopped by nil) first receives a farewell Reset, so peers drop what they hold from its
@@ -129,13 +132,13 @@ func (r *Router) ApplyReplicaEvent(data []byte) error {
 	return takeError(st, cerr)
 }
 
-// ReplicaHeartbeat publishes a heartbeat through the router's replica publisher, promising
+// ReplicaHeartbeat publishes a heartbeat through the router's replica publisher (after an
+// announcement of every booking if one is due: a lost change's repair, or joins' answer), promising
 // the next within intervalMs (1..3,600,000; else ErrInvalidArgument): a peer that has heard one
-// from this replica (or a change published after it: each carries the interval) drops its
-// bookings there (ExpireReplicas) once it falls silent. Over a bus of your own, call it every
-// interval; Ingest.SyncReplicas does it on a timer, the first at once
-// (IngestOptions.ReplicaHeartbeat). ErrFailedPrecondition if the router has no publisher
-// (SetReplicaPublisher).
+// from this replica (or a change published after it: each carries the interval) drops its bookings
+// there (ExpireReplicas) once it falls silent. Over a bus of your own, call it every interval;
+// Ingest.SyncReplicas does it on a timer, the first at once (IngestOptions.ReplicaHeartbeat).
+// ErrFailedPrecondition if the router has no publisher (SetReplicaPublisher).
 func (r *Router) ReplicaHeartbeat(intervalMs uint32) error {
 	h := r.handle()
 	if h == nil {
@@ -152,8 +155,10 @@ func (r *Router) ReplicaHeartbeat(intervalMs uint32) error {
 // its own heartbeat intervals, if longer), and returns how many replicas it dropped (counted in
 // Metrics.ReplicasExpired); the freed capacity may admit queued requests. A replica that never
 // sent a heartbeat keeps its bookings until the request expiry; one dropped but heard again is
-// asked (if this router publishes) to announce its bookings again. ErrInvalidArgument unless
-// timeout > 0. Ingest.SyncReplicas does it on a timer (IngestOptions.ReplicaTimeout).
+// asked (if this router publishes) to announce its bookings again. It may publish this router's
+// own bookings, answering joins whose heartbeat did not come: a caller beating by hand calls it
+// on a timer too. ErrInvalidArgument unless timeout > 0. Ingest.SyncReplicas does it on a
+// timer (IngestOptions.ReplicaTimeout).
 func (r *Router) ExpireReplicas(timeout time.Duration) (int, error) {
 	h := r.handle()
 	if h == nil {

@@ -99,7 +99,11 @@ func TestSyncReplicasOverNATS(t *testing.T) {
 	url := "nats://" + startNATSServer(t)
 	replica := func(id string) (*Router, *Ingest, uint64) {
 		r := newTestRouter(t, 2)
-		in := newIngest(t, r)
+		// No heartbeats: a router that beats may answer b's join with its next heartbeat (a
+		// second later), and every message is counted below.
+		in, err := NewIngest(r, &IngestOptions{ReplayTimeout: time.Second, ReplicaHeartbeat: -1})
+		must(t, err)
+		t.Cleanup(func() { in.Close() })
 		must(t, in.Start())
 		src, err := in.SyncReplicas(url, "kvrouter.replicas", id)
 		must(t, err)

@@ -266,7 +266,8 @@ class Router(_native.Router):
 
     def set_replica_publisher(self, replica_id: str, publish: Optional[Callable[[bytes], Any]]) -> None:
         """Publishes this router's booking changes through ``publish(change: bytes)`` under
-        ``replica_id`` (None stops). ``publish`` runs on the thread that made the change,
+        ``replica_id`` (None stops). ``publish`` runs on the thread that made the change (an
+        announcement that falls due: the one beating, expiring or applying a replica change),
         under the router's lock: it must be quick and must not call any router. Before this
         returns it receives a Reset, an Added change per booking and a SyncRequest; a publisher
         replaced (or stopped by None) first receives a farewell Reset, so peers drop what they
@@ -279,7 +280,8 @@ class Router(_native.Router):
         self._apply_replica_event(data)
 
     def replica_heartbeat(self, interval_ms: int) -> None:
-        """Publishes a heartbeat through the replica publisher, promising the next within
+        """Publishes a heartbeat through the replica publisher (after an announcement of every
+        booking if one is due: a lost change's repair, or joins' answer), promising the next within
         ``interval_ms`` (1..3,600,000, else InvalidArgumentError): a peer that has heard one from
         this replica (or a change published after it: each carries the interval) drops its
         bookings there (``expire_replicas``) once it falls silent. Over a bus of your own, call
@@ -293,8 +295,9 @@ class Router(_native.Router):
         three of its own heartbeat intervals, if longer); how many replicas were dropped
         (``Metrics.replicas_expired`` counts them). A replica that never sent a heartbeat keeps
         its bookings until the request expiry; one dropped but heard again is asked (if this
-        router publishes) to announce its bookings again. InvalidArgumentError unless the
-        timeout is > 0."""
+        router publishes) to announce its bookings again. It may publish this router's own
+        bookings, answering joins whose heartbeat did not come: a caller beating by hand calls
+        it on a timer too. InvalidArgumentError unless the timeout is > 0."""
         return self._expire_replicas(timeout_seconds)
 
 

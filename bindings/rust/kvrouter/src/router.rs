@@ -612,12 +612,16 @@ impl RouterRef {
     /// the router holds (its own, not other replicas'), then a `SyncRequest`: applied at a
     /// peer, the Reset drops whatever the peer held from `replica_id` (a restarted replica's
     /// stale bookings), the Added changes replace them, and the SyncRequest makes the peer
-    /// answer through its own publisher with a Reset and its bookings, so a joining replica
-    /// converges at once. A router holding no bookings thus publishes exactly two messages
+    /// answer through its own publisher with a Reset and its bookings (at once, or with its
+    /// next heartbeat if it beats every 2 s or less and announced them within that interval:
+    /// joins close together share one announcement), so a joining replica converges within
+    /// a heartbeat interval. A router holding no bookings thus publishes exactly two messages
     /// here.
     ///
     /// `publish` runs on the thread that made the change (for the announcement above, this
-    /// one; for an answer to a peer's SyncRequest, the one applying it), under the router's
+    /// one; for an answer to a peer's SyncRequest, the one applying it, or for joins answered
+    /// with the next heartbeat, the one beating, or past their due time the one making a
+    /// change, applying any replica change or expiring replicas), under the router's
     /// lock, in order: it must be quick (queue the bytes) and must not call into any router.
     /// A panic in it is caught at the C boundary and resumed when the call that made the
     /// change returns; one raised during the announcement is resumed from this call, with
@@ -644,11 +648,12 @@ impl RouterRef {
     /// Applies one change another replica published: its bookings count as load here. A
     /// `Reset` replaces every booking held from its origin by those announced after it (kept
     /// until they have come: docs/replicas.md); a `SyncRequest` (a replica joining)
-    /// makes this router answer through its own publisher, on this thread, with a Reset and
-    /// its bookings (nothing without a publisher). Changes from this router's own replica id
-    /// are ignored. `InvalidArgument` for bytes that are not a change (or whose origin is
-    /// empty or contains byte 0x1F), `NotFound` for a worker rank this router does not know,
-    /// `AlreadyExists` for a booking applied twice.
+    /// makes this router answer through its own publisher with a Reset and its bookings
+    /// (nothing without a publisher): on this thread, or, while this router beats every 2 s or less
+    /// and announced them within its interval, with its next heartbeat. Changes from this router's
+    /// own replica id are ignored. `InvalidArgument` for bytes that are not a change (or whose
+    /// origin is empty or contains byte 0x1F), `NotFound` for a worker rank this router does not
+    /// know, `AlreadyExists` for a booking applied twice.
     pub fn apply_replica_event(&self, change: &[u8]) -> Result<()> {
         // SAFETY: a live router (concurrent); the bytes are borrowed for the call.
         call(|err| unsafe {
@@ -661,8 +666,9 @@ impl RouterRef {
         })
     }
 
-    /// Publishes a heartbeat through this router's replica publisher, promising the next
-    /// within `interval_ms` (1..=3,600,000; else `InvalidArgument`). A peer that has heard one
+    /// Publishes a heartbeat through this router's replica publisher (after an announcement of
+    /// every booking if one is due: a lost change's repair, or the answer to joins), promising the
+    /// next within `interval_ms` (1..=3,600,000; else `InvalidArgument`). A peer that has heard one
     /// from this replica (or a change published after it: each carries the interval) drops its
     /// bookings there ([`expire_replicas`](Self::expire_replicas)) once it falls silent. Over a
     /// bus of your own, call it every interval;
@@ -679,8 +685,9 @@ impl RouterRef {
     /// heartbeat intervals, if longer); returns how many replicas were dropped (counted in
     /// [`Metrics::replicas_expired`]). The freed capacity may admit queued requests. A replica
     /// that never sent a heartbeat keeps its bookings until the request expiry; one dropped but
-    /// heard again is asked (if this router publishes) to announce its bookings again.
-    /// `InvalidArgument` for a zero timeout.
+    /// heard again is asked (if this router publishes) to announce its bookings again. It may
+    /// publish this router's own bookings, answering joins whose heartbeat did not come: a
+    /// caller beating by hand calls it on a timer too. `InvalidArgument` for a zero timeout.
     pub fn expire_replicas(&self, timeout: Duration) -> Result<usize> {
         let mut expired = 0;
         // SAFETY: a live router (concurrent); expired is a valid usize.

@@ -11,7 +11,9 @@ package io.kvrouter;
  * router could deadlock when that router's own changes come back). Its first calls, on the
  * thread installing it and before {@link Router#setReplicaPublisher} returns, announce the router
  * (Reset, an Added change per booking, SyncRequest); a SyncRequest another replica sent makes the
- * thread applying it call it (Reset and the bookings). The array is the receiver's to keep. A {@link
+ * thread applying it call it (Reset and the bookings), or, for a join answered with the next
+ * heartbeat, the thread of that heartbeat (past its due time, of the next local change, replica
+ * change applied or expiry call). The array is the receiver's to keep. A {@link
  * RuntimeException} or {@link Error} it throws goes to the thread's uncaught-exception handler; the
  * routing call that made the change is not affected.
  */

@@ -223,7 +223,9 @@ public final class Router extends NativeObject {
    * an Added change for every booking this router holds (its own, not the other replicas'), then
    * a SyncRequest (both with an empty request id): the peers drop whatever they held from this
    * replica id (a restarted replica's stale bookings) and answer through their own publishers
-   * with a Reset and their bookings, so a joining replica converges at once. Expiry and worker
+   * with a Reset and their bookings (at once, or with their next heartbeat if they beat every 2 s
+   * or less and announced them within that interval: joins close together share one
+   * announcement), so a joining replica converges within a heartbeat interval. Expiry and worker
    * removal are not published, as every replica does those itself.
    *
    * <p>A publisher replaced (or cleared with null) first receives a farewell Reset, so the peers
@@ -254,10 +256,13 @@ public final class Router extends NativeObject {
    * Applies a booking change another replica published: its bookings count as load here, and its
    * frees and prefill completions may admit requests waiting here. A Reset replaces every
    * booking held here from its replica id by those announced after it (kept until they have
-   * come: docs/replicas.md); a SyncRequest makes this router answer, on the calling thread
-   * and through its own {@link #setReplicaPublisher publisher} if it has one, with a Reset and an
-   * Added change for every booking of its own. Changes with this router's own replica id are
-   * ignored.
+   * come: docs/replicas.md); a SyncRequest makes this router answer, through its own {@link
+   * #setReplicaPublisher publisher} if it has one, with a Reset and an Added change for every
+   * booking of its own: on the calling thread, or, for a join while this router beats every 2 s or
+   * less and announced its bookings within its interval, with its next heartbeat (on that
+   * heartbeat's thread; past one and a half intervals without one, on the thread of its next
+   * change, replica change applied or {@link #expireReplicas} call). Changes with this router's own
+   * replica id are ignored.
    *
    * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for bytes that are not a change (or
    *     whose origin is empty or contains U+001F), {@link Status#NOT_FOUND} for a worker rank this
@@ -280,10 +285,11 @@ public final class Router extends NativeObject {
 
   /**
    * Publishes a heartbeat through this router's {@link #setReplicaPublisher publisher}, on the
-   * calling thread, promising the next within {@code intervalMs}: a peer that has heard one from
-   * this replica (or a change published after it: each carries the interval) drops its bookings
-   * there ({@link #expireReplicas}) once it falls silent. Over a bus of your own, call it every
-   * interval; {@link Ingest#syncReplicas} does it on a timer, the first at once ({@link
+   * calling thread (after an announcement of every booking if one is due: a lost change's repair,
+   * or the answer to joins), promising the next within {@code intervalMs}: a peer that has heard
+   * one from this replica (or a change published after it: each carries the interval) drops its
+   * bookings there ({@link #expireReplicas}) once it falls silent. Over a bus of your own, call it
+   * every interval; {@link Ingest#syncReplicas} does it on a timer, the first at once ({@link
    * IngestOptions#replicaHeartbeatMs()}).
    *
    * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code intervalMs} is in
@@ -303,8 +309,10 @@ public final class Router extends NativeObject {
    * (any change) no later than {@code timeout} ago on the router's clock (or three of its own
    * heartbeat intervals, if longer); the freed capacity may admit waiting requests. A replica
    * that never sent a heartbeat keeps its bookings until the request expiry; one dropped but
-   * heard again is asked (if this router publishes) to announce its bookings again. {@link
-   * Ingest#syncReplicas} does it on a timer ({@link IngestOptions#replicaTimeoutMs()}).
+   * heard again is asked (if this router publishes) to announce its bookings again. It may
+   * publish this router's own bookings, answering joins whose heartbeat did not come: a caller
+   * beating by hand calls it on a timer too. {@link Ingest#syncReplicas} does it on a timer
+   * ({@link IngestOptions#replicaTimeoutMs()}).
    *
    * @return how many replicas were dropped (counted in {@link Metrics#replicasExpired()})
    * @throws KvRouterException {@link Status#INVALID_ARGUMENT} unless {@code timeout} is positive
