@@ -1211,7 +1211,9 @@ KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest *ingest, uint64_t 
  * messages are rejected and counted (KVR_INGEST_REJECT_BAD_FLATBUFFERS, or BAD_MSGPACK for
  * msgpack of another shape); `connections` counts (re)connections. The connection
  * retries forever when the server goes away and resubscribes when it is back (messages
- * published meanwhile are lost). After kvr_ingest_start, returns once the server has the
+ * published meanwhile are lost); one the NATS client gives up for good after a server's error
+ * is made again, backing off to 30 s (`consumer_remakes`, `consumer_remake_failures`; since
+ * 0.2.0: docs/ingest.md). After kvr_ingest_start, returns once the server has the
  * subscription; before, the subscription is sent when the loop starts. KVR_UNAVAILABLE if the
  * first connection fails. `*source_id` may be NULL. @thread_safety concurrent, except with
  * kvr_ingest_stop on the same object (the confirmation round trip runs on the caller's
@@ -1310,7 +1312,8 @@ KVR_API kvr_status kvr_ingest_relay_jetstream(kvr_ingest *ingest,
  * block ids (the limit read at every change, and 3,584 bytes while reconnecting, since
  * 0.2.0). Connection behaviour as kvr_ingest_subscribe_nats; while disconnected, the NATS
  * client buffers what is published, and once reconnected the sync joins again, as when it
- * started (its bookings announced, the peers asked for theirs; since 0.2.0). A server whose
+ * started (its bookings announced, the peers asked for theirs; since 0.2.0), also once a
+ * connection the client gave up is made again. A server whose
  * max_payload is under 4,096 bytes (too short for a change with the longest request id) is
  * refused at the start with KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object
  * (KVR_FAILED_PRECONDITION for a second). It replaces
@@ -1385,7 +1388,9 @@ typedef struct kvr_ingest_stats {
    * on the way (a delivery number skipped: the lost ones and all after them come again, in
    * order, from the new consumer; docs/ingest.md), counted once the new consumer is in place;
    * and the attempts to make it that failed and were retried (the server unreachable, or
-   * refusing). For source 0: sums; 0 for sources that are not JetStream. */
+   * refusing). A core NATS or replica sync source's connection made again after the NATS client
+   * gave it up for good (a server's error: docs/ingest.md), and the attempts that failed (since
+   * 0.2.0). For source 0: sums; 0 for other sources. */
   uint64_t consumer_remakes;
   uint64_t consumer_remake_failures;
   /* Appended in 0.2.0: engine events no router indexes, by design: those of a KV-cache group

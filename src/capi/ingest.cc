@@ -139,10 +139,12 @@ std::string RenderIngestPrometheus(const kvrouter::IngestService& service) {
           [](const Stats& s) { return s.connections; });
   counter("kvrouter_ingest_consumer_remakes_total",
           "JetStream: the consumer made again because deliveries were lost on the way (they "
-          "come again from the new one).",
+          "come again from the new one); core NATS and replica sync: the connection made again "
+          "after the client gave it up.",
           [](const Stats& s) { return s.consumer_remakes; });
   counter("kvrouter_ingest_consumer_remake_failures_total",
-          "JetStream: attempts to make the consumer again that failed and were retried.",
+          "Attempts to make a JetStream consumer or a NATS connection again that failed and "
+          "were retried.",
           [](const Stats& s) { return s.consumer_remake_failures; });
   counter("kvrouter_ingest_events_ignored_total",
           "Engine events of KV-cache groups neither full attention nor a sized sliding window "

@@ -71,7 +71,9 @@ struct IngestStats {
   // largest.
   uint64_t stream_sequence = 0;
   // JetStream: the consumer made again after deliveries were lost on the way (counted once
-  // the new one is in place), and the attempts that failed and were retried.
+  // the new one is in place), and the attempts that failed and were retried. Core NATS and
+  // replica sync: the connection made again after libnats gave it up for good, and the
+  // attempts that failed.
   uint64_t consumer_remakes = 0;
   uint64_t consumer_remake_failures = 0;
   // Engine events no router indexes, by design: those of a KV-cache group other than full

@@ -44,6 +44,9 @@ struct ConnectionCallbacks {
   // Core NATS event subscriptions only: what is published while disconnected is lost. (Replica
   // bookings are re-announced by the replicas' own sync; JetStream keeps the messages.)
   bool disconnection_loses_events = false;
+  // Core NATS and replica sync sources: the source whose connection is made again when libnats
+  // closes it for good (guarded by owner_mutex; 0 for JetStream's, which are not).
+  uint64_t remade_source_id = 0;
 
   // Returns once no callback uses the owner, nor will; `callbacks` is not to be used after.
   static void Detach(ConnectionCallbacks* callbacks) {
@@ -69,6 +72,13 @@ struct ConnectionCallbacks {
     std::lock_guard lock(owner_mutex);
     router = &replicas_router;
     observer_token = token;
+  }
+
+  // Whether the connection is closed already (libnats gave it up before this was set).
+  bool RemakeWhenClosed(uint64_t source_id) {
+    std::lock_guard lock(owner_mutex);
+    remade_source_id = source_id;
+    return closed;
   }
 
   // A replica sync joins again (Router::RejoinReplicas): peers may have missed what it
@@ -105,12 +115,19 @@ struct ConnectionCallbacks {
                    [&] { ranks->LoseEveryRankLater(); });
   }
 
-  // The connection's last callback. Closed while still attached, by libnats on its own: it
-  // will not reconnect, so a core NATS source's ranks hear nothing more and are flagged.
+  // The connection's last callback. Closed while still attached, by libnats on its own (a
+  // server's -ERR other than an authorization or permission error: a message over its
+  // max_payload, its maximum connections reached; an authorization error twice in a row): it
+  // will not reconnect, so a core NATS source's ranks hear nothing more and are flagged, and the
+  // loop makes the connection again (NatsSubscriptions::RemakeConnection).
   static void OnClosed(natsConnection*, void* closure) {
     Release(static_cast<ConnectionCallbacks*>(closure), [](ConnectionCallbacks& c) {
       c.closed = true;
       c.LoseEveryRankLocked();  // flagged once, if a disconnection did not already
+      if (c.owner != nullptr && c.remade_source_id != 0) {
+        // Refused memory to ask, the source stays closed (flagged, as before it was remade).
+        ContainRefusal([&] { (void)c.owner->RemakeLater(c.remade_source_id); }, [] {});
+      }
       return c.owner == nullptr;
     });
   }
@@ -338,6 +355,15 @@ class UncuttableStep {
   bool taken_;
 };
 
+// The connection a replica sync publishes on. A remake swaps it while the router's observer
+// stays installed (a publisher the caller set meanwhile must not be replaced, nor the heartbeat
+// interval promised be forgotten); none while the connection is being made again: a change is
+// then not published (counted) and every booking is announced again once one is.
+struct PublishTarget {
+  std::mutex mutex;
+  natsConnection* connection = nullptr;  // guarded by mutex
+};
+
 struct NatsSubscriptions::Source {
   NatsSubscriptions* owner = nullptr;
   std::shared_ptr<SourceCounters> counters;
@@ -355,6 +381,12 @@ struct NatsSubscriptions::Source {
   uv_timer_t* liveness_timer = nullptr;  // replica sync: StartLiveness
   uint64_t source_id = 0;
   std::shared_ptr<SubscriptionEnd> end;  // of `subscription`, if libnats tells it
+  // Core NATS and replica sync: what the connection is made from, to make it again once
+  // libnats has closed it for good (RemakeConnection), and the timer of the next attempt.
+  std::string url, subject, replica_id;
+  uv_timer_t* remake_timer = nullptr;
+  uint64_t remake_delay_ms = 0;
+  std::shared_ptr<PublishTarget> publish_target;  // replica sync: PublishOwnBookings
 
   // On libnats' delivery thread: hands the payload to the loop. After Stop, messages are
   // dropped (the loop is closing).
@@ -433,17 +465,21 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
   uint64_t id = 0;
   Source* added = nullptr;
   bool running = false;
+  natsConnection* connection = nullptr;
   absl::Status status = loop_.Run([&] {
     running = loop_.running;
-    return SubscribeOnLoop(url, subject, replica_id, id, &added);
+    absl::Status subscribed = SubscribeOnLoop(url, subject, replica_id, id, &added);
+    if (subscribed.ok()) connection = added->connection;  // a remake may replace it later
+    return subscribed;
   });
   if (!status.ok()) return status;
   // Once a PING round trip completes, the server has the SUB: messages published from now on
   // are delivered. It is waited for here, as the loop thread must be free to read the PONG.
   // Before Start, the SUB goes out when the loop starts. (The connection lives until Stop, which
-  // is not to be called concurrently with this.)
+  // is not to be called concurrently with this; a remake, at least a second after a close,
+  // destroys a connection libnats closed, whose flush returns at once.)
   if (running) {
-    if (natsStatus s = natsConnection_FlushTimeout(added->connection, 5000); s != NATS_OK) {
+    if (natsStatus s = natsConnection_FlushTimeout(connection, 5000); s != NATS_OK) {
       // Not half there: the caller gets no source id, so the source must not outlive this.
       (void)loop_.Run([&] { return RemoveOnLoop(id); });
       return absl::UnavailableError(
@@ -466,40 +502,12 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   if (source->replica_sync && replica_sync_active_) {
     return absl::FailedPreconditionError("this ingest object already syncs router replicas");
   }
-  natsOptions* opts = nullptr;
-  auto callbacks = NewCallbacks(this, source->counters, source->ranks,
-                                /*disconnection_loses_events=*/!source->replica_sync);
-  natsStatus s = CreateOptions(url, *callbacks, &opts);
-  // A replica does not need its own changes back.
-  if (s == NATS_OK && source->replica_sync) s = natsOptions_SetNoEcho(opts, true);
-  if (s == NATS_OK) {
-    s = natsOptions_SetEventLoop(opts, &loop_.loop, natsLibuv_Attach, natsLibuv_Read,
-                                 natsLibuv_Write, natsLibuv_Detach);
-  }
-  if (s == NATS_OK) {
-    const bool on_loop_thread = loop_.running;
-    if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(&loop_.loop);
-    s = natsConnection_Connect(&source->connection, opts);
-    if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(nullptr);
-  }
-  natsOptions_Destroy(opts);
-  if (s != NATS_OK) return ConnectFailed(url, s, source->connection, std::move(callbacks));
-  source->callbacks = callbacks.release();  // shared with the connection now
-  if (source->replica_sync) {
-    if (absl::Status fits = CheckReplicaMessageLimit(source->connection, url); !fits.ok()) {
-      Close(source.release());
-      return fits;
-    }
-  }
-  SubscriptionEnd::Watcher watcher;
-  s = natsConnection_Subscribe(&source->subscription, source->connection, subject.c_str(),
-                               &Source::OnMessage, source.get());
-  if (s == NATS_OK) s = SubscriptionEnd::Watch(source->subscription, watcher, &source->end);
-  if (s != NATS_OK) {
-    const std::string why =
-        absl::StrCat("cannot subscribe to '", subject, "' at ", url, ": ", natsStatus_GetText(s));
+  source->url = url;
+  source->subject = subject;
+  source->replica_id = replica_id;
+  if (absl::Status connected = Connect(*source, kConnectTimeoutMs); !connected.ok()) {
     Close(source.release());
-    return absl::InvalidArgumentError(why);
+    return connected;
   }
   // Subscribed: refused memory from here on, the source is closed (its handler and connection
   // would otherwise outlive it) before the refusal goes on.
@@ -510,20 +518,11 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
                     WithoutUserInfo(url), source->counters);
     source->source_id = id;
     if (source->replica_sync) {
-      // From now on every change to the router's own bookings is published on `subject`, from
-      // the thread that made it (libnats' publish only buffers; its flusher sends).
-      source->observer_token = PublishBookings(
-          *loop_.router, replica_id,
-          [connection = source->connection, subject](std::span<const uint8_t> bytes) {
-            return natsConnection_Publish(connection, subject.c_str(), bytes.data(),
-                                          static_cast<int>(bytes.size())) == NATS_OK;
-          },
-          source->counters,
-          [connection = source->connection] { return ReplicaMessageLimitNow(connection); });
-      source->callbacks->RejoinOnReconnection(*loop_.router, source->observer_token);
+      PublishOwnBookings(*source);
       StartLiveness(*source);
     }
     sources_.push_back(source.get());
+    RemakeWhenClosed(*source);
   } catch (...) {
     Close(source.release());
     throw;
@@ -531,6 +530,160 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   replica_sync_active_ = replica_sync_active_ || source->replica_sync;
   *added = source.release();
   return absl::OkStatus();
+}
+
+// Connects `source` to its url and subscribes it to its subject. On failure, whatever it made is
+// left in `source` (Close or DropConnection undo it). Where the loop is, as SubscribeOnLoop.
+absl::Status NatsSubscriptions::Connect(Source& source, int timeout_ms) {
+  natsOptions* opts = nullptr;
+  auto callbacks = NewCallbacks(this, source.counters, source.ranks,
+                                /*disconnection_loses_events=*/!source.replica_sync);
+  natsStatus s = CreateOptions(source.url, *callbacks, &opts);
+  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, timeout_ms);
+  // A replica does not need its own changes back.
+  if (s == NATS_OK && source.replica_sync) s = natsOptions_SetNoEcho(opts, true);
+  if (s == NATS_OK) {
+    s = natsOptions_SetEventLoop(opts, &loop_.loop, natsLibuv_Attach, natsLibuv_Read,
+                                 natsLibuv_Write, natsLibuv_Detach);
+  }
+  if (s == NATS_OK) {
+    const bool on_loop_thread = loop_.running;
+    if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(&loop_.loop);
+    s = natsConnection_Connect(&source.connection, opts);
+    if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(nullptr);
+  }
+  natsOptions_Destroy(opts);
+  if (s != NATS_OK) return ConnectFailed(source.url, s, source.connection, std::move(callbacks));
+  source.callbacks = callbacks.release();  // shared with the connection now
+  if (source.replica_sync) {
+    if (absl::Status fits = CheckReplicaMessageLimit(source.connection, source.url); !fits.ok()) {
+      return fits;
+    }
+  }
+  SubscriptionEnd::Watcher watcher;
+  s = natsConnection_Subscribe(&source.subscription, source.connection, source.subject.c_str(),
+                               &Source::OnMessage, &source);
+  if (s == NATS_OK) s = SubscriptionEnd::Watch(source.subscription, watcher, &source.end);
+  if (s != NATS_OK) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot subscribe to '", source.subject, "' at ",
+                                                   WithoutUserInfo(source.url), ": ",
+                                                   natsStatus_GetText(s)));
+  }
+  return absl::OkStatus();
+}
+
+// From now on every change to the router's own bookings is published on the source's subject,
+// from the thread that made it (libnats' publish only buffers; its flusher sends).
+void NatsSubscriptions::PublishOwnBookings(Source& source) {
+  source.publish_target = std::make_shared<PublishTarget>();
+  source.publish_target->connection = source.connection;
+  source.observer_token = PublishBookings(
+      *loop_.router, source.replica_id,
+      [target = source.publish_target, subject = source.subject](std::span<const uint8_t> bytes) {
+        std::lock_guard lock(target->mutex);
+        return target->connection != nullptr &&
+               natsConnection_Publish(target->connection, subject.c_str(), bytes.data(),
+                                      static_cast<int>(bytes.size())) == NATS_OK;
+      },
+      source.counters,
+      [target = source.publish_target] {
+        std::lock_guard lock(target->mutex);
+        return target->connection != nullptr
+                   ? ReplicaMessageLimitNow(target->connection)
+                   : ReplicaMessageLimit(0, /*reconnecting=*/true);  // no server known
+      });
+  source.callbacks->RejoinOnReconnection(*loop_.router, source.observer_token);
+}
+
+// The replica publisher's connection from now on (none: changes are not published).
+void NatsSubscriptions::PublishOn(Source& source, natsConnection* connection) {
+  if (source.publish_target == nullptr) return;
+  std::lock_guard lock(source.publish_target->mutex);
+  source.publish_target->connection = connection;
+}
+
+// A connection that libnats gives up is made again; one given up already is at once scheduled.
+void NatsSubscriptions::RemakeWhenClosed(Source& source) {
+  if (source.callbacks->RemakeWhenClosed(source.source_id)) ScheduleRemake(source);
+}
+
+bool NatsSubscriptions::RemakeLater(uint64_t source_id) {
+  return loop_.Post([this, source_id] {
+    for (Source* source : sources_) {
+      if (source->source_id == source_id) return ScheduleRemake(*source);
+    }
+  });
+}
+
+// libnats gives up on a connection for good only after a server's error (above); the first
+// attempt waits a second for the server to settle, later ones back off to half a minute.
+void NatsSubscriptions::ScheduleRemake(Source& source) {
+  constexpr uint64_t kFirstRemakeDelayMs = 1'000, kLongestRemakeDelayMs = 30'000;
+  if (source.remake_timer == nullptr) {
+    auto timer = std::make_unique<uv_timer_t>();
+    uv_timer_init(&loop_.loop, timer.get());
+    timer->data = &source;
+    source.remake_timer = timer.release();
+    source.remake_delay_ms = kFirstRemakeDelayMs;
+  } else {
+    source.remake_delay_ms = std::min(source.remake_delay_ms * 2, kLongestRemakeDelayMs);
+  }
+  uv_timer_start(
+      source.remake_timer,
+      [](uv_timer_t* timer) {
+        auto& source = *static_cast<Source*>(timer->data);
+        // Refused memory, the attempt failed like any other: another comes later.
+        ContainRefusal([&] { source.owner->RemakeConnection(source); },
+                       [&] { source.owner->RemakeFailed(source); });
+      },
+      source.remake_delay_ms, 0);
+}
+
+// The connection libnats closed is dropped and made again from the source's url and subject:
+// the source keeps its id, counters and ranks (flagged by the close until their engines clear
+// them), and a replica sync its publisher, which joins again (unless the caller replaced it
+// meanwhile). Runs on the loop, which the connect holds: at most kRemakeTimeoutMs per server of
+// the url while a server does not answer (one refusing answers at once).
+void NatsSubscriptions::RemakeConnection(Source& source) {
+  constexpr int kRemakeTimeoutMs = 500;
+  if (source.connection != nullptr && !natsConnection_IsClosed(source.connection)) {
+    return StopRemaking(source);  // asked twice: made already
+  }
+  PublishOn(source, nullptr);  // the publisher must not use the connection destroyed next
+  DropConnection(source);
+  if (absl::Status made = Connect(source, kRemakeTimeoutMs); !made.ok()) {
+    return RemakeFailed(source);
+  }
+  StopRemaking(source);
+  PublishOn(source, source.connection);
+  if (source.replica_sync) {
+    source.callbacks->RejoinOnReconnection(*loop_.router, source.observer_token);
+    (void)loop_.router->RejoinReplicas(source.observer_token);  // what it published meanwhile
+  }
+  Bump(source.counters->connections);
+  Bump(source.counters->consumer_remakes);
+  RemakeWhenClosed(source);
+}
+
+void NatsSubscriptions::RemakeFailed(Source& source) {
+  Bump(source.counters->consumer_remake_failures);
+  DropConnection(source);
+  ScheduleRemake(source);
+}
+
+// Unsubscribes and destroys the connection (closed by libnats, or made in vain by a remake).
+void NatsSubscriptions::DropConnection(Source& source) {
+  DetachCallbacks(source);
+  Unsubscribe(&source);
+  if (source.connection != nullptr)
+    natsConnection_Destroy(std::exchange(source.connection, nullptr));
+}
+
+void NatsSubscriptions::StopRemaking(Source& source) {
+  if (source.remake_timer == nullptr) return;
+  uv_timer_stop(source.remake_timer);
+  uv_close(reinterpret_cast<uv_handle_t*>(std::exchange(source.remake_timer, nullptr)),
+           [](uv_handle_t* timer) { delete reinterpret_cast<uv_timer_t*>(timer); });
 }
 
 absl::Status NatsSubscriptions::RemoveOnLoop(uint64_t source_id) {
@@ -553,6 +706,7 @@ void NatsSubscriptions::Close(Source* source) {
   // so that the peers drop this replica's bookings now, not a liveness timeout later.
   // And, this router no longer hearing its peers, what it holds from them goes: their frees
   // would never come (they stayed until the request expiry).
+  StopRemaking(*source);
   if (source->replica_sync &&
       loop_.router->ClearSequenceObserver(source->observer_token, /*farewell=*/true)) {
     loop_.router->ForgetReplicas();

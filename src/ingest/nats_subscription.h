@@ -1,7 +1,8 @@
 // The NATS source: subjects (wildcards allowed) on a NATS server, through libnats on its libuv
 // adapter (the connection's socket is polled by the ingest loop). libnats calls message handlers
 // on its own delivery thread, so each message is handed to the loop (IngestLoop::Post) and
-// applied there. A connection reconnects forever and resubscribes after the server restarts.
+// applied there. A connection reconnects forever and resubscribes after the server restarts; one
+// libnats gives up for good (a server's error) is made again by the loop (RemakeConnection).
 //
 // A subscription carries KV events: native EventBatches, or the messages of Dynamo's KV event
 // plane (told apart by content; a Dynamo publisher's gap clears the ranks it wrote to, as
@@ -21,6 +22,8 @@
 #include "ingest/ingest_loop.h"
 #include "ingest/ingest_service.h"
 
+typedef struct __natsConnection natsConnection;  // libnats' (nats/nats.h)
+
 namespace kvrouter {
 
 class JetStreamOrder;
@@ -34,6 +37,10 @@ struct JetStreamPlace;
 
 class NatsSubscriptions {
  public:
+  // From any thread (libnats' closed callback): the source `source_id`'s connection, closed for
+  // good by libnats, is made again on the loop (RemakeConnection); false once the loop is
+  // stopped.
+  bool RemakeLater(uint64_t source_id);
   // From any thread (a lost connection, on libnats'): LoseEveryRank, on the loop; false once
   // the loop is stopped.
   bool LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
@@ -68,6 +75,19 @@ class NatsSubscriptions {
                                      const std::string& replica_id);
   absl::Status SubscribeOnLoop(const std::string& url, const std::string& subject,
                                const std::string& replica_id, uint64_t& id, Source** added);
+  // Connects a core NATS or replica sync source and subscribes it (SubscribeOnLoop, remakes).
+  static constexpr int kConnectTimeoutMs = 2000;
+  absl::Status Connect(Source& source, int timeout_ms);
+  // Replica sync: the router's booking changes published through the source's connection.
+  void PublishOwnBookings(Source& source);
+  void PublishOn(Source& source, natsConnection* connection);
+  void RemakeWhenClosed(Source& source);
+  // A connection libnats closed for good, made again after a delay (backing off while it fails).
+  void ScheduleRemake(Source& source);
+  void RemakeConnection(Source& source);
+  void RemakeFailed(Source& source);
+  void DropConnection(Source& source);
+  void StopRemaking(Source& source);
   absl::Status RemoveOnLoop(uint64_t source_id);
   void Close(Source* source);
   void Unsubscribe(Source* source);

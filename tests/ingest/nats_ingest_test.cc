@@ -5,8 +5,10 @@
 #include <nats/nats.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "core/router.h"
 #include "ingest/ingest_service.h"
@@ -174,6 +176,50 @@ TEST_F(NatsIngestTest, SurvivesAServerRestart) {
   }
   stats = *ingest_->Stats(*source);
   EXPECT_EQ(0u, stats.state_unknown);
+}
+
+// The server restarted with an authorization the subscriber lacks: libnats gives up on the
+// connection for good (the same authorization error twice in a row). The source makes it again,
+// backing off while the server refuses (each attempt counted), and once the server takes it
+// (restarted open again here) batches apply again. Before, the source stayed closed for good.
+TEST_F(NatsIngestTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
+  auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
+  ASSERT_TRUE(source.ok()) << source.status();
+  Publish("kv.1", StoreBatch(1, Range(7000, 2 * kBlockSize), 70, 1));
+  WaitForMessages(*source, 1);
+  natsConnection_Destroy(std::exchange(publisher_, nullptr));
+  server_->Stop();
+  const std::string config = ::testing::TempDir() + "/nats_ingest_authorization.conf";
+  std::ofstream(config) << "authorization { user: someone, password: secret }\n";
+  NatsServer locked(server_->port(), "", config);
+  ASSERT_TRUE(locked.Start());
+  const auto stats = [&] { return *ingest_->Stats(*source); };
+  const auto eventually = [&](auto done, std::chrono::milliseconds at_most = 2 * kWait) {
+    const auto deadline = std::chrono::steady_clock::now() + at_most;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return done();
+  };
+  ASSERT_TRUE(eventually([&] { return stats().consumer_remake_failures >= 1; }))
+      << "the connection was never given up and made again";
+  EXPECT_EQ(stats().consumer_remakes, 0u);
+  EXPECT_EQ(stats().state_unknown, 1u);  // what worker 1 publishes meanwhile is lost
+  locked.Stop();
+  ASSERT_TRUE(server_->Start());
+  ASSERT_TRUE(eventually([&] { return stats().consumer_remakes == 1; }));
+  EXPECT_EQ(stats().connections, 2u);
+  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
+  // The remade subscription's SUB may not have reached the server yet: publish until one
+  // arrives (bounded).
+  const auto prompt = Range(20000, 2 * kBlockSize);
+  for (uint64_t attempt = 1; DeviceBlocks(prompt, 2) == 0 && attempt <= 100; ++attempt) {
+    Publish("kv.2", StoreBatch(2, prompt, 200, 100 + attempt));
+    (void)eventually([&] { return DeviceBlocks(prompt, 2) == 2; }, std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(DeviceBlocks(prompt, 2), 2u);
+  // Worker 1 stays unknown until its engine clears it, as after any outage.
+  EXPECT_EQ(stats().state_unknown, 1u);
 }
 
 TEST_F(NatsIngestTest, StopsWhileTheServerIsDown) {

@@ -118,6 +118,7 @@ class NatsServer {
   }
 
   std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
 
  private:
   int port_;

@@ -359,6 +359,72 @@ TEST(ReplicaSyncSmallPayloadTest, AConnectionTheServerClosesIsCountedAndClosesCl
   }));
 }
 
+// The connection libnats closed is made again, backing off while the server refuses it (here:
+// messages too short for replica sync, each attempt counted), and once a server takes it the
+// replica joins again: a peer there holds its bookings. Before, the sync stayed closed for good.
+TEST(ReplicaSyncSmallPayloadTest, AConnectionTheServerClosedIsMadeAgain) {
+  const int port = FreePort();
+  auto large = std::make_unique<NatsServer>(port);
+  ASSERT_TRUE(large->Start());
+  Replica a(*large, "a");
+  ASSERT_TRUE(a.router->AddRequest("kept", Tokens(2, 0), {2, 0}).ok());
+  large->Stop();
+  ASSERT_NO_FATAL_FAILURE(BookWhileAway(a));
+  const std::string config = ::testing::TempDir() + "/nats_replica_tiny_then_large.conf";
+  std::ofstream(config) << "max_payload: 1024\n";
+  auto tiny = std::make_unique<NatsServer>(port, "", config);
+  ASSERT_TRUE(tiny->Start());
+  ASSERT_TRUE(Eventually([&] {
+    (void)a.router->AddRequest("probe", Tokens(1, 7), {2, 0});
+    (void)a.router->Free("probe");
+    return a.Stats().consumer_remake_failures >= 1;
+  })) << "the closed connection was never made again";
+  EXPECT_EQ(a.Stats().consumer_remakes, 0u);
+  tiny.reset();
+  large = std::make_unique<NatsServer>(port);
+  ASSERT_TRUE(large->Start());
+  Replica b(*large, "b");
+  ASSERT_TRUE(Eventually([&] { return a.Stats().consumer_remakes == 1; }));
+  const uint64_t booked = a.RequestsOn(1) + a.RequestsOn(2);
+  EXPECT_TRUE(Eventually([&] { return b.RequestsOn(1) + b.RequestsOn(2) == booked; }))
+      << b.RequestsOn(1) + b.RequestsOn(2) << " of " << booked << " bookings";
+  // And a's new bookings reach b as they are made.
+  ASSERT_TRUE(a.router->AddRequest("after", Tokens(2, 500), {2, 0}).ok());
+  EXPECT_TRUE(Eventually([&] { return b.RequestsOn(1) + b.RequestsOn(2) == booked + 1; }));
+}
+
+// A publisher the caller set on the router while the connection was being made again stays:
+// the remade connection carries the sync's messages only, and no longer the router's changes.
+TEST(ReplicaSyncSmallPayloadTest, APublisherSetWhileTheConnectionIsRemadeIsKept) {
+  const int port = FreePort();
+  auto large = std::make_unique<NatsServer>(port);
+  ASSERT_TRUE(large->Start());
+  Replica a(*large, "a");
+  large->Stop();
+  ASSERT_NO_FATAL_FAILURE(BookWhileAway(a));
+  const std::string config = ::testing::TempDir() + "/nats_replica_tiny_publisher_kept.conf";
+  std::ofstream(config) << "max_payload: 1024\n";
+  auto tiny = std::make_unique<NatsServer>(port, "", config);
+  ASSERT_TRUE(tiny->Start());
+  ASSERT_TRUE(Eventually([&] {
+    (void)a.router->AddRequest("probe", Tokens(1, 7), {2, 0});
+    (void)a.router->Free("probe");
+    return a.Stats().consumer_remake_failures >= 1;
+  }));
+  std::atomic<int> heard{0};
+  (void)a.router->SetSequenceObserver("a-own-bus", [&](const SequenceChange&) { ++heard; });
+  tiny.reset();
+  large = std::make_unique<NatsServer>(port);
+  ASSERT_TRUE(large->Start());
+  Replica b(*large, "b");
+  ASSERT_TRUE(Eventually([&] { return a.Stats().consumer_remakes == 1; }));
+  const int before = heard.load();
+  ASSERT_TRUE(a.router->AddRequest("after", Tokens(2, 500), {2, 0}).ok());
+  EXPECT_EQ(heard.load(), before + 1);  // the caller's publisher has it
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(b.RequestsOn(1) + b.RequestsOn(2), 0u);  // the sync no longer publishes a's
+}
+
 // After an outage each replica joins again (its bookings announced, a SyncRequest): what it
 // published meanwhile went trimmed (the next server was not known) or reached a server its
 // peers had not resubscribed to yet, and nothing else would have repaired it before the

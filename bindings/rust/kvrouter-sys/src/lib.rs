@@ -894,8 +894,10 @@ pub struct kvr_ingest_stats {
     /// Appended in 0.2.0: a JetStream source's consumer made again because deliveries were lost on
     /// the way (a delivery number skipped: the lost ones and all after them come again, in order,
     /// from the new consumer; docs/ingest.md), counted once the new consumer is in place; and the
-    /// attempts to make it that failed and were retried (the server unreachable, or refusing). For
-    /// source 0: sums; 0 for sources that are not JetStream.
+    /// attempts to make it that failed and were retried (the server unreachable, or refusing). A
+    /// core NATS or replica sync source's connection made again after the NATS client gave it up
+    /// for good (a server's error: docs/ingest.md), and the attempts that failed (since 0.2.0). For
+    /// source 0: sums; 0 for other sources.
     pub consumer_remakes: u64,
     pub consumer_remake_failures: u64,
     /// Appended in 0.2.0: engine events no router indexes, by design: those of a KV-cache group
@@ -1571,7 +1573,9 @@ extern "C" {
     /// messages are rejected and counted (KVR_INGEST_REJECT_BAD_FLATBUFFERS, or BAD_MSGPACK for
     /// msgpack of another shape); `connections` counts (re)connections. The connection retries
     /// forever when the server goes away and resubscribes when it is back (messages published
-    /// meanwhile are lost). After kvr_ingest_start, returns once the server has the subscription;
+    /// meanwhile are lost); one the NATS client gives up for good after a server's error is made
+    /// again, backing off to 30 s (`consumer_remakes`, `consumer_remake_failures`; since 0.2.0:
+    /// docs/ingest.md). After kvr_ingest_start, returns once the server has the subscription;
     /// before, the subscription is sent when the loop starts. KVR_UNAVAILABLE if the first
     /// connection fails. `*source_id` may be NULL. @thread_safety concurrent, except with
     /// kvr_ingest_stop on the same object (the confirmation round trip runs on the caller's thread)
@@ -1648,19 +1652,20 @@ extern "C" {
     /// ids (the limit read at every change, and 3,584 bytes while reconnecting, since 0.2.0).
     /// Connection behaviour as kvr_ingest_subscribe_nats; while disconnected, the NATS client
     /// buffers what is published, and once reconnected the sync joins again, as when it started
-    /// (its bookings announced, the peers asked for theirs; since 0.2.0). A server whose
-    /// max_payload is under 4,096 bytes (too short for a change with the longest request id) is
-    /// refused at the start with KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object
-    /// (KVR_FAILED_PRECONDITION for a second). It replaces the router's publisher (a
-    /// kvr_router_set_replica_publisher callback, or another ingest object's sync), which is not
-    /// running once this returns; a later one replaces it in turn. When the ingest stops, its sync
-    /// stops publishing, unless it was replaced. KVR_UNAVAILABLE if the server does not confirm the
-    /// subscription: the sync is removed and the router is left publishing nothing (a publisher it
-    /// had replaced is not restored). Stopping, a sync that still publishes for the router first
-    /// publishes a Reset (since 0.2.0), so that the other replicas drop this one's bookings at once
-    /// rather than after their liveness timeout; the stop waits up to 0.5 s for it to be written.
-    /// And it drops the other replicas' bookings it held (their frees would no longer reach it) and
-    /// stops tracking them. @thread_safety as kvr_ingest_subscribe_nats
+    /// (its bookings announced, the peers asked for theirs; since 0.2.0), also once a connection
+    /// the client gave up is made again. A server whose max_payload is under 4,096 bytes (too short
+    /// for a change with the longest request id) is refused at the start with
+    /// KVR_FAILED_PRECONDITION (since 0.2.0). One sync per ingest object (KVR_FAILED_PRECONDITION
+    /// for a second). It replaces the router's publisher (a kvr_router_set_replica_publisher
+    /// callback, or another ingest object's sync), which is not running once this returns; a later
+    /// one replaces it in turn. When the ingest stops, its sync stops publishing, unless it was
+    /// replaced. KVR_UNAVAILABLE if the server does not confirm the subscription: the sync is
+    /// removed and the router is left publishing nothing (a publisher it had replaced is not
+    /// restored). Stopping, a sync that still publishes for the router first publishes a Reset
+    /// (since 0.2.0), so that the other replicas drop this one's bookings at once rather than after
+    /// their liveness timeout; the stop waits up to 0.5 s for it to be written. And it drops the
+    /// other replicas' bookings it held (their frees would no longer reach it) and stops tracking
+    /// them. @thread_safety as kvr_ingest_subscribe_nats
     pub fn kvr_ingest_sync_replicas(
         ingest: *mut kvr_ingest,
         url: *const c_char,

@@ -270,11 +270,12 @@ pub struct IngestStats {
     /// together, the largest; 0 for other sources.
     pub stream_sequence: u64,
     /// A JetStream source's consumer made again because deliveries were lost on the way (they
-    /// come again, in order, from the new consumer); for every source together, the sum; 0 for
-    /// sources that are not JetStream.
+    /// come again, in order, from the new consumer), or a core NATS or replica sync source's
+    /// connection made again after the NATS client gave it up (a server's error); for every
+    /// source together, the sum; 0 for other sources.
     pub consumer_remakes: u64,
-    /// A JetStream source's attempts to make its consumer again that failed and were retried;
-    /// for every source together, the sum.
+    /// A JetStream source's attempts to make its consumer (or a NATS source's its connection)
+    /// again that failed and were retried; for every source together, the sum.
     pub consumer_remake_failures: u64,
     /// Engine events no router indexes, by design: those of a KV-cache group neither full
     /// attention nor a sliding window whose size the engine said (a hybrid model's Mamba

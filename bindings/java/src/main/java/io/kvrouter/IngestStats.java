@@ -122,16 +122,17 @@ public final class IngestStats {
 
   /**
    * A JetStream source's consumer made again because deliveries were lost on the way (they come
-   * again, in order, from the new consumer); for every source together, the sum; 0 for sources
-   * that are not JetStream.
+   * again, in order, from the new consumer), or a core NATS or replica sync source's connection
+   * made again after the NATS client gave it up (a server's error); for every source together,
+   * the sum; 0 for other sources.
    */
   public long consumerRemakes() {
     return a[Abi.IngestStats.CONSUMER_REMAKES];
   }
 
   /**
-   * A JetStream source's attempts to make its consumer again that failed and were retried; for
-   * every source together, the sum.
+   * A JetStream source's attempts to make its consumer (or a NATS source's its connection) again
+   * that failed and were retried; for every source together, the sum.
    */
   public long consumerRemakeFailures() {
     return a[Abi.IngestStats.CONSUMER_REMAKE_FAILURES];

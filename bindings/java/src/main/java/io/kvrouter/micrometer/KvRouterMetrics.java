@@ -395,12 +395,13 @@ public final class KvRouterMetrics implements MeterBinder {
         IngestStats::streamSequence);
     c.counter(
         "kvrouter.ingest.consumer.remakes",
-        "JetStream: the consumer made again because deliveries were lost on the way.",
+        "JetStream: the consumer made again because deliveries were lost on the way; NATS: the "
+            + "connection made again after the client gave it up.",
         Tags.empty(),
         IngestStats::consumerRemakes);
     c.counter(
         "kvrouter.ingest.consumer.remake.failures",
-        "JetStream: attempts to make the consumer again that failed and were retried.",
+        "Attempts to make a JetStream consumer or a NATS connection again that failed.",
         Tags.empty(),
         IngestStats::consumerRemakeFailures);
     c.counter(
