@@ -125,8 +125,10 @@ struct ConnectionCallbacks {
       c.closed = true;
       c.LoseEveryRankLocked();  // flagged once, if a disconnection did not already
       if (c.owner != nullptr && c.remade_source_id != 0) {
-        // Refused memory to ask, the source stays closed (flagged, as before it was remade).
-        ContainRefusal([&] { (void)c.owner->RemakeLater(c.remade_source_id); }, [] {});
+        // Refused memory to ask, the source stays closed (flagged, and counted as a failed
+        // attempt, as before it was remade).
+        ContainRefusal([&] { (void)c.owner->RemakeLater(c.remade_source_id); },
+                       [&] { Bump(c.counters->consumer_remake_failures); });
       }
       return c.owner == nullptr;
     });
@@ -384,8 +386,9 @@ struct NatsSubscriptions::Source {
   // Core NATS and replica sync: what the connection is made from, to make it again once
   // libnats has closed it for good (RemakeConnection), and the timer of the next attempt.
   std::string url, subject, replica_id;
-  uv_timer_t* remake_timer = nullptr;
-  uint64_t remake_delay_ms = 0;
+  uv_timer_t* remake_timer = nullptr;  // made at the first close, kept until the source closes
+  uint64_t remake_delay_ms = 0;        // of the last attempt scheduled
+  uint64_t last_remade_ms = 0;         // when a connection was last made again (uv_now; 0: never)
   std::shared_ptr<PublishTarget> publish_target;  // replica sync: PublishOwnBookings
 
   // On libnats' delivery thread: hands the payload to the loop. After Stop, messages are
@@ -486,6 +489,14 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
           absl::StrCat("NATS subscription to '", subject,
                        "' not confirmed by the server: ", natsStatus_GetText(s)));
     }
+    // Made again if libnats gives it up, from now on (or at once if it gave it up already).
+    // Refused memory for this, the source works, but stays closed if libnats gives it up.
+    (void)loop_.Run([&] {
+      for (Source* source : sources_) {
+        if (source->source_id == id) RemakeWhenClosed(*source);
+      }
+      return absl::OkStatus();
+    });
   }
   return id;
 }
@@ -521,8 +532,10 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
       PublishOwnBookings(*source);
       StartLiveness(*source);
     }
+    // Before it is listed (Close must not leave it there). Once the loop runs, Subscribe arms
+    // it after its flush: a remake must not destroy the connection the flush is given.
+    if (!loop_.running) RemakeWhenClosed(*source);
     sources_.push_back(source.get());
-    RemakeWhenClosed(*source);
   } catch (...) {
     Close(source.release());
     throw;
@@ -604,29 +617,34 @@ void NatsSubscriptions::PublishOn(Source& source, natsConnection* connection) {
 
 // A connection that libnats gives up is made again; one given up already is at once scheduled.
 void NatsSubscriptions::RemakeWhenClosed(Source& source) {
-  if (source.callbacks->RemakeWhenClosed(source.source_id)) ScheduleRemake(source);
+  if (source.callbacks->RemakeWhenClosed(source.source_id)) ScheduleRemake(source, false);
 }
 
 bool NatsSubscriptions::RemakeLater(uint64_t source_id) {
   return loop_.Post([this, source_id] {
     for (Source* source : sources_) {
-      if (source->source_id == source_id) return ScheduleRemake(*source);
+      if (source->source_id == source_id) return ScheduleRemake(*source, false);
     }
   });
 }
 
 // libnats gives up on a connection for good only after a server's error (above); the first
-// attempt waits a second for the server to settle, later ones back off to half a minute.
-void NatsSubscriptions::ScheduleRemake(Source& source) {
+// attempt waits a second for the server to settle, later ones back off to half a minute: after
+// a failed attempt, and after a close soon after the last remake (a server that takes the
+// connection and then closes it again, say for an account's limit, is not retried every second).
+void NatsSubscriptions::ScheduleRemake(Source& source, bool failed) {
   constexpr uint64_t kFirstRemakeDelayMs = 1'000, kLongestRemakeDelayMs = 30'000;
+  const uint64_t now = uv_now(&loop_.loop);
+  const bool soon_after_remake =
+      source.last_remade_ms != 0 && now - source.last_remade_ms < kLongestRemakeDelayMs;
+  source.remake_delay_ms = (failed || soon_after_remake) && source.remake_delay_ms != 0
+                               ? std::min(source.remake_delay_ms * 2, kLongestRemakeDelayMs)
+                               : kFirstRemakeDelayMs;
   if (source.remake_timer == nullptr) {
     auto timer = std::make_unique<uv_timer_t>();
     uv_timer_init(&loop_.loop, timer.get());
     timer->data = &source;
     source.remake_timer = timer.release();
-    source.remake_delay_ms = kFirstRemakeDelayMs;
-  } else {
-    source.remake_delay_ms = std::min(source.remake_delay_ms * 2, kLongestRemakeDelayMs);
   }
   uv_timer_start(
       source.remake_timer,
@@ -642,24 +660,23 @@ void NatsSubscriptions::ScheduleRemake(Source& source) {
 // The connection libnats closed is dropped and made again from the source's url and subject:
 // the source keeps its id, counters and ranks (flagged by the close until their engines clear
 // them), and a replica sync its publisher, which joins again (unless the caller replaced it
-// meanwhile). Runs on the loop, which the connect holds: at most kRemakeTimeoutMs per server of
-// the url while a server does not answer (one refusing answers at once).
+// meanwhile). Runs on the loop, which the connect holds: up to the 2 s connect timeout per
+// server of the url while a server does not answer (one refusing answers at once). The same
+// timeout as the first connection's: libnats keeps it for the connection's reconnections too.
 void NatsSubscriptions::RemakeConnection(Source& source) {
-  constexpr int kRemakeTimeoutMs = 500;
   if (source.connection != nullptr && !natsConnection_IsClosed(source.connection)) {
-    return StopRemaking(source);  // asked twice: made already
+    return;  // asked twice: made already
   }
-  PublishOn(source, nullptr);  // the publisher must not use the connection destroyed next
   DropConnection(source);
-  if (absl::Status made = Connect(source, kRemakeTimeoutMs); !made.ok()) {
+  if (absl::Status made = Connect(source, kConnectTimeoutMs); !made.ok()) {
     return RemakeFailed(source);
   }
-  StopRemaking(source);
   PublishOn(source, source.connection);
   if (source.replica_sync) {
     source.callbacks->RejoinOnReconnection(*loop_.router, source.observer_token);
     (void)loop_.router->RejoinReplicas(source.observer_token);  // what it published meanwhile
   }
+  source.last_remade_ms = uv_now(&loop_.loop);
   Bump(source.counters->connections);
   Bump(source.counters->consumer_remakes);
   RemakeWhenClosed(source);
@@ -668,15 +685,18 @@ void NatsSubscriptions::RemakeConnection(Source& source) {
 void NatsSubscriptions::RemakeFailed(Source& source) {
   Bump(source.counters->consumer_remake_failures);
   DropConnection(source);
-  ScheduleRemake(source);
+  ScheduleRemake(source, true);
 }
 
-// Unsubscribes and destroys the connection (closed by libnats, or made in vain by a remake).
+// Unsubscribes and destroys the connection (closed by libnats, or made in vain by a remake),
+// the replica publisher's use of it ended first.
 void NatsSubscriptions::DropConnection(Source& source) {
+  PublishOn(source, nullptr);
   DetachCallbacks(source);
   Unsubscribe(&source);
-  if (source.connection != nullptr)
+  if (source.connection != nullptr) {
     natsConnection_Destroy(std::exchange(source.connection, nullptr));
+  }
 }
 
 void NatsSubscriptions::StopRemaking(Source& source) {

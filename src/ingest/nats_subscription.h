@@ -82,8 +82,9 @@ class NatsSubscriptions {
   void PublishOwnBookings(Source& source);
   void PublishOn(Source& source, natsConnection* connection);
   void RemakeWhenClosed(Source& source);
-  // A connection libnats closed for good, made again after a delay (backing off while it fails).
-  void ScheduleRemake(Source& source);
+  // A connection libnats closed for good, made again after a delay (backing off while it fails,
+  // or when it closes again soon after a remake).
+  void ScheduleRemake(Source& source, bool failed);
   void RemakeConnection(Source& source);
   void RemakeFailed(Source& source);
   void DropConnection(Source& source);
