@@ -359,6 +359,24 @@ TEST(ReplicaSyncSmallPayloadTest, AConnectionTheServerClosesIsCountedAndClosesCl
   }));
 }
 
+// `a`'s server is gone: `a` books until its connection knows it is away, then a server whose
+// messages are 1 KiB comes up on `port` (kept in `tiny`): a booking buffered meanwhile makes
+// libnats give the connection up, and the source's attempts to make it again fail there (too
+// short for replica sync), counted.
+void GiveUpOnATinyServer(Replica& a, int port, const std::string& name,
+                         std::unique_ptr<NatsServer>& tiny) {
+  ASSERT_NO_FATAL_FAILURE(BookWhileAway(a));
+  const std::string config = ::testing::TempDir() + "/nats_replica_" + name + ".conf";
+  std::ofstream(config) << "max_payload: 1024\n";
+  tiny = std::make_unique<NatsServer>(port, "", config);
+  ASSERT_TRUE(tiny->Start());
+  ASSERT_TRUE(Eventually([&] {
+    (void)a.router->AddRequest("probe", Tokens(1, 7), {2, 0});
+    (void)a.router->Free("probe");
+    return a.Stats().consumer_remake_failures >= 1;
+  })) << "the closed connection was never made again";
+}
+
 // The connection libnats closed is made again, backing off while the server refuses it (here:
 // messages too short for replica sync, each attempt counted), and once a server takes it the
 // replica joins again: a peer there holds its bookings. Before, the sync stayed closed for good.
@@ -369,16 +387,8 @@ TEST(ReplicaSyncSmallPayloadTest, AConnectionTheServerClosedIsMadeAgain) {
   Replica a(*large, "a");
   ASSERT_TRUE(a.router->AddRequest("kept", Tokens(2, 0), {2, 0}).ok());
   large->Stop();
-  ASSERT_NO_FATAL_FAILURE(BookWhileAway(a));
-  const std::string config = ::testing::TempDir() + "/nats_replica_tiny_then_large.conf";
-  std::ofstream(config) << "max_payload: 1024\n";
-  auto tiny = std::make_unique<NatsServer>(port, "", config);
-  ASSERT_TRUE(tiny->Start());
-  ASSERT_TRUE(Eventually([&] {
-    (void)a.router->AddRequest("probe", Tokens(1, 7), {2, 0});
-    (void)a.router->Free("probe");
-    return a.Stats().consumer_remake_failures >= 1;
-  })) << "the closed connection was never made again";
+  std::unique_ptr<NatsServer> tiny;
+  ASSERT_NO_FATAL_FAILURE(GiveUpOnATinyServer(a, port, "tiny_then_large", tiny));
   EXPECT_EQ(a.Stats().consumer_remakes, 0u);
   tiny.reset();
   large = std::make_unique<NatsServer>(port);
@@ -401,16 +411,8 @@ TEST(ReplicaSyncSmallPayloadTest, APublisherSetWhileTheConnectionIsRemadeIsKept)
   ASSERT_TRUE(large->Start());
   Replica a(*large, "a");
   large->Stop();
-  ASSERT_NO_FATAL_FAILURE(BookWhileAway(a));
-  const std::string config = ::testing::TempDir() + "/nats_replica_tiny_publisher_kept.conf";
-  std::ofstream(config) << "max_payload: 1024\n";
-  auto tiny = std::make_unique<NatsServer>(port, "", config);
-  ASSERT_TRUE(tiny->Start());
-  ASSERT_TRUE(Eventually([&] {
-    (void)a.router->AddRequest("probe", Tokens(1, 7), {2, 0});
-    (void)a.router->Free("probe");
-    return a.Stats().consumer_remake_failures >= 1;
-  }));
+  std::unique_ptr<NatsServer> tiny;
+  ASSERT_NO_FATAL_FAILURE(GiveUpOnATinyServer(a, port, "tiny_publisher_kept", tiny));
   std::atomic<int> heard{0};
   (void)a.router->SetSequenceObserver("a-own-bus", [&](const SequenceChange& c) {
     heard += c.request_id == "after";  // (an answer to b's join may come at any time)
