@@ -386,7 +386,7 @@ struct NatsSubscriptions::Source {
   // Core NATS and replica sync: what the connection is made from, to make it again once
   // libnats has closed it for good (RemakeConnection), and the timer of the next attempt.
   std::string url, subject, replica_id;
-  uv_timer_t* remake_timer = nullptr;  // made at the first close, kept until the source closes
+  uv_timer_t* remake_timer = nullptr;  // from subscription to Close
   uint64_t remake_delay_ms = 0;        // of the last attempt scheduled
   uint64_t last_remade_ms = 0;         // when a connection was last made again (uv_now; 0: never)
   std::shared_ptr<PublishTarget> publish_target;  // replica sync: PublishOwnBookings
@@ -479,8 +479,7 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
   // Once a PING round trip completes, the server has the SUB: messages published from now on
   // are delivered. It is waited for here, as the loop thread must be free to read the PONG.
   // Before Start, the SUB goes out when the loop starts. (The connection lives until Stop, which
-  // is not to be called concurrently with this; a remake, at least a second after a close,
-  // destroys a connection libnats closed, whose flush returns at once.)
+  // is not to be called concurrently with this: no remake replaces it before it is armed below.)
   if (running) {
     if (natsStatus s = natsConnection_FlushTimeout(connection, 5000); s != NATS_OK) {
       // Not half there: the caller gets no source id, so the source must not outlive this.
@@ -490,13 +489,18 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
                        "' not confirmed by the server: ", natsStatus_GetText(s)));
     }
     // Made again if libnats gives it up, from now on (or at once if it gave it up already).
-    // Refused memory for this, the source works, but stays closed if libnats gives it up.
-    (void)loop_.Run([&] {
-      for (Source* source : sources_) {
-        if (source->source_id == id) RemakeWhenClosed(*source);
-      }
-      return absl::OkStatus();
-    });
+    // Refused memory for this, the source works (the caller gets its id), but stays closed if
+    // libnats gives it up.
+    ContainRefusal(
+        [&] {
+          (void)loop_.Run([&] {
+            for (Source* source : sources_) {
+              if (source->source_id == id) RemakeWhenClosed(*source);
+            }
+            return absl::OkStatus();
+          });
+        },
+        [] {});
   }
   return id;
 }
@@ -532,8 +536,11 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
       PublishOwnBookings(*source);
       StartLiveness(*source);
     }
-    // Before it is listed (Close must not leave it there). Once the loop runs, Subscribe arms
-    // it after its flush: a remake must not destroy the connection the flush is given.
+    // The remake's timer is made now (a refusal here closes the source cleanly; later, it would
+    // leave it closed for good), and armed before it is listed (Close must not leave it there).
+    // Once the loop runs, Subscribe arms it after its flush: a remake must not destroy the
+    // connection the flush is given.
+    MakeRemakeTimer(*source);
     if (!loop_.running) RemakeWhenClosed(*source);
     sources_.push_back(source.get());
   } catch (...) {
@@ -634,18 +641,13 @@ bool NatsSubscriptions::RemakeLater(uint64_t source_id) {
 // connection and then closes it again, say for an account's limit, is not retried every second).
 void NatsSubscriptions::ScheduleRemake(Source& source, bool failed) {
   constexpr uint64_t kFirstRemakeDelayMs = 1'000, kLongestRemakeDelayMs = 30'000;
+  uv_update_time(&loop_.loop);  // a failed attempt's connect may have held the loop for seconds
   const uint64_t now = uv_now(&loop_.loop);
   const bool soon_after_remake =
       source.last_remade_ms != 0 && now - source.last_remade_ms < kLongestRemakeDelayMs;
   source.remake_delay_ms = (failed || soon_after_remake) && source.remake_delay_ms != 0
                                ? std::min(source.remake_delay_ms * 2, kLongestRemakeDelayMs)
                                : kFirstRemakeDelayMs;
-  if (source.remake_timer == nullptr) {
-    auto timer = std::make_unique<uv_timer_t>();
-    uv_timer_init(&loop_.loop, timer.get());
-    timer->data = &source;
-    source.remake_timer = timer.release();
-  }
   uv_timer_start(
       source.remake_timer,
       [](uv_timer_t* timer) {
@@ -697,6 +699,13 @@ void NatsSubscriptions::DropConnection(Source& source) {
   if (source.connection != nullptr) {
     natsConnection_Destroy(std::exchange(source.connection, nullptr));
   }
+}
+
+void NatsSubscriptions::MakeRemakeTimer(Source& source) {
+  auto timer = std::make_unique<uv_timer_t>();
+  uv_timer_init(&loop_.loop, timer.get());
+  timer->data = &source;
+  source.remake_timer = timer.release();
 }
 
 void NatsSubscriptions::StopRemaking(Source& source) {

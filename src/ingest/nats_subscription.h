@@ -88,6 +88,7 @@ class NatsSubscriptions {
   void RemakeConnection(Source& source);
   void RemakeFailed(Source& source);
   void DropConnection(Source& source);
+  void MakeRemakeTimer(Source& source);
   void StopRemaking(Source& source);
   absl::Status RemoveOnLoop(uint64_t source_id);
   void Close(Source* source);

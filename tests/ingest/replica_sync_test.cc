@@ -409,11 +409,11 @@ TEST(ReplicaSyncSmallPayloadTest, APublisherSetWhileTheConnectionIsRemadeIsKept)
   const int port = FreePort();
   auto large = std::make_unique<NatsServer>(port);
   ASSERT_TRUE(large->Start());
+  std::atomic<int> heard{0};  // by a's own publisher, which outlives a's sync
   Replica a(*large, "a");
   large->Stop();
   std::unique_ptr<NatsServer> tiny;
   ASSERT_NO_FATAL_FAILURE(GiveUpOnATinyServer(a, port, "tiny_publisher_kept", tiny));
-  std::atomic<int> heard{0};
   (void)a.router->SetSequenceObserver("a-own-bus", [&](const SequenceChange& c) {
     heard += c.request_id == "after";  // (an answer to b's join may come at any time)
   });
