@@ -544,6 +544,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
     if (!loop_.running) RemakeWhenClosed(*source);
     sources_.push_back(source.get());
   } catch (...) {
+    RetireRefusedSource(id);
     Close(source.release());
     throw;
   }
@@ -678,6 +679,7 @@ void NatsSubscriptions::RemakeConnection(Source& source) {
     source.callbacks->RejoinOnReconnection(*loop_.router, source.observer_token);
     (void)loop_.router->RejoinReplicas(source.observer_token);  // what it published meanwhile
   }
+  uv_update_time(&loop_.loop);  // the connect may have held the loop for seconds
   source.last_remade_ms = uv_now(&loop_.loop);
   Bump(source.counters->connections);
   Bump(source.counters->consumer_remakes);
@@ -699,6 +701,11 @@ void NatsSubscriptions::DropConnection(Source& source) {
   if (source.connection != nullptr) {
     natsConnection_Destroy(std::exchange(source.connection, nullptr));
   }
+}
+
+// A source refused memory after it got its id is not listed as live (refused again, it is).
+void NatsSubscriptions::RetireRefusedSource(uint64_t id) {
+  if (id != 0) ContainRefusal([&] { loop_.RetireSource(id); }, [] {});
 }
 
 void NatsSubscriptions::MakeRemakeTimer(Source& source) {
@@ -1157,6 +1164,7 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
     added = absl::ResourceExhaustedError("no memory to add the JetStream source");
   }
   if (!added.ok()) {
+    RetireRefusedSource(id);
     Close(source.release());
     return added;
   }

@@ -89,6 +89,7 @@ class NatsSubscriptions {
   void RemakeFailed(Source& source);
   void DropConnection(Source& source);
   void MakeRemakeTimer(Source& source);
+  void RetireRefusedSource(uint64_t id);
   void StopRemaking(Source& source);
   absl::Status RemoveOnLoop(uint64_t source_id);
   void Close(Source* source);
