@@ -604,8 +604,10 @@ class Router {
   // least every 2 s, beat within its interval, and announced every booking
   // within it too (a join after a server restart, when every replica rejoins at once).
   bool CanDeferJoinAnswerLocked(Nanos now) const;
-  // Announces every booking if joins wait for it past their due time (no heartbeat came).
-  void AnnounceIfAnswerDueLocked(Nanos now);
+  // Whether joins wait for an announcement past their due time (no heartbeat came).
+  bool JoinAnswerDueLocked() const;
+  // Announces every booking if so.
+  void AnnounceIfAnswerDueLocked();
   // Nothing to announce again: the observer stopped, or the announcement was made.
   void ForgetPendingAnnouncementLocked();
   // Reset, then an Added for every local booking (the observer's full picture of this router):

@@ -98,8 +98,8 @@ bool Router::FreeBookingLocked(std::string_view request_id) {
 
 void Router::NotifyLocked(const SequenceChange& change) {
   // Joins left waiting past their due time (no heartbeat came) are answered before it too.
-  const bool joins_due = join_answer_due_ && clock_.Now() >= *join_answer_due_;
-  if ((reannounce_pending_ || joins_due) && change.kind != SequenceChange::Kind::kReset) {
+  if ((reannounce_pending_ || JoinAnswerDueLocked()) &&
+      change.kind != SequenceChange::Kind::kReset) {
     // A change the observer lost left the other replicas with a wrong view of this one's
     // bookings: announcing them all again (a Reset, then each booking) repairs it. Before this
     // change, not after: a peer ends an announcement at the origin's next change of another
@@ -323,7 +323,7 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
         break;
     }
     if (ask_again) AskToAnnounceAgainLocked(origin);
-    AnnounceIfAnswerDueLocked(clock_.Now());
+    AnnounceIfAnswerDueLocked();
     ++(changed.ok() ? replica_changes_applied_ : replica_changes_rejected_);
     // Capacity a replica released may admit requests waiting here.
     if (released || (changed.ok() && *changed && change.kind != SequenceChange::Kind::kAdded)) {
@@ -404,10 +404,12 @@ bool Router::CanDeferJoinAnswerLocked(Nanos now) const {
          within_interval(last_announcement_);
 }
 
-void Router::AnnounceIfAnswerDueLocked(Nanos now) {
-  if (join_answer_due_ && now >= *join_answer_due_ && observer_.active()) {
-    AnnounceBookingsLocked();
-  }
+bool Router::JoinAnswerDueLocked() const {
+  return join_answer_due_ && clock_.Now() >= *join_answer_due_;  // no clock read otherwise
+}
+
+void Router::AnnounceIfAnswerDueLocked() {
+  if (observer_.active() && JoinAnswerDueLocked()) AnnounceBookingsLocked();
 }
 
 void Router::ForgetPendingAnnouncementLocked() {
@@ -430,7 +432,7 @@ size_t Router::ExpireSilentReplicas(Nanos timeout) {
   size_t expired = 0;
   {
     std::lock_guard lock(gate_);
-    AnnounceIfAnswerDueLocked(clock_.Now());
+    AnnounceIfAnswerDueLocked();
     for (const std::string& origin : liveness_.TakeSilent(clock_.Now(), timeout)) {
       DropReplicaBookingsLocked(origin);
       ++expired;

@@ -494,9 +494,7 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
     ContainRefusal(
         [&] {
           (void)loop_.Run([&] {
-            for (Source* source : sources_) {
-              if (source->source_id == id) RemakeWhenClosed(*source);
-            }
+            if (Source* source = FindSource(id)) RemakeWhenClosed(*source);
             return absl::OkStatus();
           });
         },
@@ -520,7 +518,7 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
   source->url = url;
   source->subject = subject;
   source->replica_id = replica_id;
-  if (absl::Status connected = Connect(*source, kConnectTimeoutMs); !connected.ok()) {
+  if (absl::Status connected = Connect(*source); !connected.ok()) {
     Close(source.release());
     return connected;
   }
@@ -555,12 +553,11 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
 
 // Connects `source` to its url and subscribes it to its subject. On failure, whatever it made is
 // left in `source` (Close or DropConnection undo it). Where the loop is, as SubscribeOnLoop.
-absl::Status NatsSubscriptions::Connect(Source& source, int timeout_ms) {
+absl::Status NatsSubscriptions::Connect(Source& source) {
   natsOptions* opts = nullptr;
   auto callbacks = NewCallbacks(this, source.counters, source.ranks,
                                 /*disconnection_loses_events=*/!source.replica_sync);
   natsStatus s = CreateOptions(source.url, *callbacks, &opts);
-  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, timeout_ms);
   // A replica does not need its own changes back.
   if (s == NATS_OK && source.replica_sync) s = natsOptions_SetNoEcho(opts, true);
   if (s == NATS_OK) {
@@ -630,10 +627,16 @@ void NatsSubscriptions::RemakeWhenClosed(Source& source) {
 
 bool NatsSubscriptions::RemakeLater(uint64_t source_id) {
   return loop_.Post([this, source_id] {
-    for (Source* source : sources_) {
-      if (source->source_id == source_id) return ScheduleRemake(*source, false);
-    }
+    if (Source* source = FindSource(source_id)) ScheduleRemake(*source, false);
   });
+}
+
+// The listed source `source_id` (null: removed, or never listed). Loop thread.
+NatsSubscriptions::Source* NatsSubscriptions::FindSource(uint64_t source_id) const {
+  for (Source* source : sources_) {
+    if (source->source_id == source_id) return source;
+  }
+  return nullptr;
 }
 
 // libnats gives up on a connection for good only after a server's error (above); the first
@@ -671,7 +674,7 @@ void NatsSubscriptions::RemakeConnection(Source& source) {
     return;  // asked twice: made already
   }
   DropConnection(source);
-  if (absl::Status made = Connect(source, kConnectTimeoutMs); !made.ok()) {
+  if (absl::Status made = Connect(source); !made.ok()) {
     return RemakeFailed(source);
   }
   PublishOn(source, source.connection);

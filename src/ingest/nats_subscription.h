@@ -76,12 +76,12 @@ class NatsSubscriptions {
   absl::Status SubscribeOnLoop(const std::string& url, const std::string& subject,
                                const std::string& replica_id, uint64_t& id, Source** added);
   // Connects a core NATS or replica sync source and subscribes it (SubscribeOnLoop, remakes).
-  static constexpr int kConnectTimeoutMs = 2000;
-  absl::Status Connect(Source& source, int timeout_ms);
+  absl::Status Connect(Source& source);
   // Replica sync: the router's booking changes published through the source's connection.
   void PublishOwnBookings(Source& source);
   void PublishOn(Source& source, natsConnection* connection);
   void RemakeWhenClosed(Source& source);
+  Source* FindSource(uint64_t source_id) const;
   // A connection libnats closed for good, made again after a delay (backing off while it fails,
   // or when it closes again soon after a remake).
   void ScheduleRemake(Source& source, bool failed);
