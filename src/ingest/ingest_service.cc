@@ -57,7 +57,6 @@ struct Nats : LeftOut<IngestTransport::kNats> {
   }
   absl::Status SubscribeJetStream(const JetStreamSource& source) const { return Call(source); }
   absl::Status RelayToJetStream(const JetStreamSource& target) const { return Call(target); }
-  static void InitAdapter() {}
   static void BindLoopThread(uv_loop_t*) {}
 };
 #endif
@@ -96,7 +95,6 @@ absl::StatusOr<std::unique_ptr<IngestService>> IngestService::Create(Router* rou
   auto impl = std::make_unique<Impl>();
   impl->router = router;
   impl->options = options;
-  Nats::InitAdapter();
   if (int rc = uv_loop_init(&impl->loop); rc != 0) {
     return absl::InternalError(absl::StrCat("uv_loop_init: ", uv_strerror(rc)));
   }

@@ -1,11 +1,11 @@
 #include "ingest/nats_subscription.h"
 
-#include <nats/adapters/libuv.h>
 #include <nats/nats.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "ingest/jetstream_relay.h"
 #include "ingest/jetstream_stream.h"
+#include "ingest/nats_loop_place.h"
 #include "ingest/replica_sync.h"
 #include "ingest/sequence_tracker.h"
 #include "wire/endpoint.h"
@@ -366,6 +367,76 @@ struct PublishTarget {
   natsConnection* connection = nullptr;  // guarded by mutex
 };
 
+// Makes the connections of remakes (NatsSubscriptions::RemakeConnection), one at a time, on a
+// thread of its own started with the first: a server that does not answer holds it for libnats'
+// connect timeout per server of the url, where it held the loop and every other source before.
+// Each job is given the place its connection is to be polled at; the loop closing abandons the
+// place of the one under way (its job then discards the connection, the loop no longer taking
+// it), and no job starts after that.
+class RemakeConnector {
+ public:
+  // Given a place (null if the heap refused it). Must not throw.
+  using Job = std::function<void(std::shared_ptr<NatsLoopPlace> place)>;
+
+  explicit RemakeConnector(IngestLoop& loop) : loop_(loop) {}
+  ~RemakeConnector() {  // after Stop
+    if (thread_.joinable()) thread_.join();
+  }
+  RemakeConnector(const RemakeConnector&) = delete;
+  RemakeConnector& operator=(const RemakeConnector&) = delete;
+
+  // Loop thread. Throws std::bad_alloc (nothing is queued then).
+  void Add(Job job) {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    jobs_.push_back(std::move(job));
+    if (!thread_.joinable()) {
+      try {
+        thread_ = std::thread([this] { Work(); });
+      } catch (...) {
+        jobs_.pop_back();
+        throw std::bad_alloc();  // a thread refused is a refusal like any other
+      }
+    }
+    wake_.notify_one();
+  }
+
+  // Loop thread (closing): no job starts from now on, and the one under way is not polled.
+  void Stop() {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    jobs_.clear();
+    if (in_flight_ != nullptr) in_flight_->Abandon();
+    wake_.notify_one();
+  }
+
+ private:
+  void Work() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (stopping_) return;
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      // Refused memory for the place, the job is given none (its attempt fails).
+      ContainRefusal([&] { in_flight_ = NatsLoopPlace::Make(loop_); }, [] {});
+      std::shared_ptr<NatsLoopPlace> place = in_flight_;
+      lock.unlock();
+      job(std::move(place));  // must not throw
+      lock.lock();
+      in_flight_.reset();
+    }
+  }
+
+  IngestLoop& loop_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Job> jobs_;                      // guarded by mutex_
+  std::shared_ptr<NatsLoopPlace> in_flight_;  // guarded by mutex_: the job under way's
+  bool stopping_ = false;                     // guarded by mutex_
+  std::thread thread_;
+};
+
 struct NatsSubscriptions::Source {
   NatsSubscriptions* owner = nullptr;
   std::shared_ptr<SourceCounters> counters;
@@ -376,6 +447,7 @@ struct NatsSubscriptions::Source {
   JetStreamSource jetstream_config;  // JetStream: how its consumer is made again
   natsConnection* connection = nullptr;
   ConnectionCallbacks* callbacks = nullptr;  // shared with the connection; DetachCallbacks
+  std::shared_ptr<NatsLoopPlace> place;      // where the loop polls `connection` (not JetStream's)
   natsSubscription* subscription = nullptr;
   bool replica_sync = false;             // messages are replica changes, not event batches
   bool jetstream = false;                // messages are acknowledged once applied
@@ -389,6 +461,7 @@ struct NatsSubscriptions::Source {
   uv_timer_t* remake_timer = nullptr;  // from subscription to Close
   uint64_t remake_delay_ms = 0;        // of the last attempt scheduled
   uint64_t last_remade_ms = 0;         // when a connection was last made again (uv_now; 0: never)
+  bool remake_under_way = false;       // the connector is making its connection
   std::shared_ptr<PublishTarget> publish_target;  // replica sync: PublishOwnBookings
 
   // On libnats' delivery thread: hands the payload to the loop. After Stop, messages are
@@ -465,16 +538,37 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
                                                       const std::string& replica_id) {
   if (url.empty()) return absl::InvalidArgumentError("the NATS url is empty");
   if (subject.empty()) return absl::InvalidArgumentError("the NATS subject is empty");
+  if (loop_.Stopped()) return IngestLoop::StoppedStatus();
+  auto source = std::make_unique<Source>();
+  source->owner = this;
+  source->counters = std::make_shared<SourceCounters>();
+  source->replica_sync = !replica_id.empty();
+  source->url = url;
+  source->subject = subject;
+  source->replica_id = replica_id;
+  // Connected on this thread while the loop goes on: a server that does not answer holds the
+  // caller (libnats' connect timeout per server of the url), not every other source.
+  absl::Status connected;
+  try {
+    connected = Connect(*source);
+  } catch (const std::bad_alloc&) {
+    CloseUnlisted(source.release());
+    throw;
+  }
+  if (!connected.ok()) {
+    CloseUnlisted(source.release());
+    return connected;
+  }
+  natsConnection* connection = source->connection;  // a remake may replace it once listed
+  Source* unlisted = source.release();
   uint64_t id = 0;
-  Source* added = nullptr;
-  bool running = false;
-  natsConnection* connection = nullptr;
+  bool running = false, taken = false;
   absl::Status status = loop_.Run([&] {
+    taken = true;  // ListOnLoop closes it if refused
     running = loop_.running;
-    absl::Status subscribed = SubscribeOnLoop(url, subject, replica_id, id, &added);
-    if (subscribed.ok()) connection = added->connection;  // a remake may replace it later
-    return subscribed;
+    return ListOnLoop(unlisted, id);
   });
+  if (!taken) CloseUnlisted(unlisted);  // stopped meanwhile, which the caller must not do
   if (!status.ok()) return status;
   // Once a PING round trip completes, the server has the SUB: messages published from now on
   // are delivered. It is waited for here, as the loop thread must be free to read the PONG.
@@ -503,32 +597,19 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
   return id;
 }
 
-// Must run where the loop is (the loop thread, or the caller's before Start): libnats attaches
-// its socket to the loop during the connect.
-absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const std::string& subject,
-                                                const std::string& replica_id, uint64_t& id,
-                                                Source** added) {
-  auto source = std::make_unique<Source>();
-  source->owner = this;
-  source->counters = std::make_shared<SourceCounters>();
-  source->replica_sync = !replica_id.empty();
+// Must run where the loop is (the loop thread, or the caller's before Start).
+absl::Status NatsSubscriptions::ListOnLoop(Source* source, uint64_t& id) {
   if (source->replica_sync && replica_sync_active_) {
+    Close(source);
     return absl::FailedPreconditionError("this ingest object already syncs router replicas");
   }
-  source->url = url;
-  source->subject = subject;
-  source->replica_id = replica_id;
-  if (absl::Status connected = Connect(*source); !connected.ok()) {
-    Close(source.release());
-    return connected;
-  }
-  // Subscribed: refused memory from here on, the source is closed (its handler and connection
-  // would otherwise outlive it) before the refusal goes on.
+  // Refused memory from here on, the source is closed (its handler and connection would
+  // otherwise outlive it) before the refusal goes on.
   try {
     Bump(source->counters->connections);
     loop_.NewSource(id,
                     source->replica_sync ? IngestSourceKind::kReplicas : IngestSourceKind::kNats,
-                    WithoutUserInfo(url), source->counters);
+                    WithoutUserInfo(source->url), source->counters);
     source->source_id = id;
     if (source->replica_sync) {
       PublishOwnBookings(*source);
@@ -540,47 +621,63 @@ absl::Status NatsSubscriptions::SubscribeOnLoop(const std::string& url, const st
     // connection the flush is given.
     MakeRemakeTimer(*source);
     if (!loop_.running) RemakeWhenClosed(*source);
-    sources_.push_back(source.get());
+    sources_.push_back(source);
   } catch (...) {
     RetireRefusedSource(id);
-    Close(source.release());
+    Close(source);
     throw;
   }
   replica_sync_active_ = replica_sync_active_ || source->replica_sync;
-  *added = source.release();
   return absl::OkStatus();
 }
 
-// Connects `source` to its url and subscribes it to its subject. On failure, whatever it made is
-// left in `source` (Close or DropConnection undo it). Where the loop is, as SubscribeOnLoop.
+// A source never listed, closed on the caller's thread (the loop has nothing of it but the
+// poll of its connection, which the connection's end closes).
+void NatsSubscriptions::CloseUnlisted(Source* source) {
+  DetachCallbacks(*source);
+  Unsubscribe(source);
+  Disconnect(source);
+}
+
 absl::Status NatsSubscriptions::Connect(Source& source) {
+  absl::StatusOr<Made> made = MakeConnection(source.url, source.replica_sync, source.counters,
+                                             source.ranks, NatsLoopPlace::Make(loop_));
+  if (!made.ok()) return made.status();
+  return SubscribeMade(source, *std::move(made));
+}
+
+absl::StatusOr<NatsSubscriptions::Made> NatsSubscriptions::MakeConnection(
+    const std::string& url, bool replica_sync, std::shared_ptr<SourceCounters> counters,
+    std::shared_ptr<SourceRanks> ranks, std::shared_ptr<NatsLoopPlace> place) {
+  if (place == nullptr) return OutOfMemoryStatus();
+  auto callbacks = NewCallbacks(this, std::move(counters), std::move(ranks),
+                                /*disconnection_loses_events=*/!replica_sync);
   natsOptions* opts = nullptr;
-  auto callbacks = NewCallbacks(this, source.counters, source.ranks,
-                                /*disconnection_loses_events=*/!source.replica_sync);
-  natsStatus s = CreateOptions(source.url, *callbacks, &opts);
+  natsStatus s = CreateOptions(url, *callbacks, &opts);
   // A replica does not need its own changes back.
-  if (s == NATS_OK && source.replica_sync) s = natsOptions_SetNoEcho(opts, true);
-  if (s == NATS_OK) {
-    s = natsOptions_SetEventLoop(opts, &loop_.loop, natsLibuv_Attach, natsLibuv_Read,
-                                 natsLibuv_Write, natsLibuv_Detach);
-  }
-  if (s == NATS_OK) {
-    const bool on_loop_thread = loop_.running;
-    if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(&loop_.loop);
-    s = natsConnection_Connect(&source.connection, opts);
-    if (!on_loop_thread) natsLibuv_SetThreadLocalLoop(nullptr);
-  }
+  if (s == NATS_OK && replica_sync) s = natsOptions_SetNoEcho(opts, true);
+  if (s == NATS_OK) s = place->UseIn(opts);
+  Made made;
+  if (s == NATS_OK) s = natsConnection_Connect(&made.connection, opts);
   natsOptions_Destroy(opts);
-  if (s != NATS_OK) return ConnectFailed(source.url, s, source.connection, std::move(callbacks));
-  source.callbacks = callbacks.release();  // shared with the connection now
+  if (s != NATS_OK) return ConnectFailed(url, s, made.connection, std::move(callbacks));
+  made.callbacks = callbacks.release();  // shared with the connection now
+  made.place = std::move(place);
+  return made;
+}
+
+absl::Status NatsSubscriptions::SubscribeMade(Source& source, Made made) {
+  source.connection = made.connection;
+  source.callbacks = made.callbacks;
+  source.place = std::move(made.place);
   if (source.replica_sync) {
     if (absl::Status fits = CheckReplicaMessageLimit(source.connection, source.url); !fits.ok()) {
       return fits;
     }
   }
   SubscriptionEnd::Watcher watcher;
-  s = natsConnection_Subscribe(&source.subscription, source.connection, source.subject.c_str(),
-                               &Source::OnMessage, &source);
+  natsStatus s = natsConnection_Subscribe(&source.subscription, source.connection,
+                                          source.subject.c_str(), &Source::OnMessage, &source);
   if (s == NATS_OK) s = SubscriptionEnd::Watch(source.subscription, watcher, &source.end);
   if (s != NATS_OK) {
     return absl::InvalidArgumentError(absl::StrCat("cannot subscribe to '", source.subject, "' at ",
@@ -588,6 +685,13 @@ absl::Status NatsSubscriptions::Connect(Source& source) {
                                                    natsStatus_GetText(s)));
   }
   return absl::OkStatus();
+}
+
+void NatsSubscriptions::Discard(Made& made) {
+  if (made.callbacks != nullptr)
+    ConnectionCallbacks::Detach(std::exchange(made.callbacks, nullptr));
+  if (made.connection != nullptr) natsConnection_Destroy(std::exchange(made.connection, nullptr));
+  if (made.place != nullptr) std::exchange(made.place, nullptr)->Abandon();
 }
 
 // From now on every change to the router's own bookings is published on the source's subject,
@@ -645,7 +749,6 @@ NatsSubscriptions::Source* NatsSubscriptions::FindSource(uint64_t source_id) con
 // connection and then closes it again, say for an account's limit, is not retried every second).
 void NatsSubscriptions::ScheduleRemake(Source& source, bool failed) {
   constexpr uint64_t kFirstRemakeDelayMs = 1'000, kLongestRemakeDelayMs = 30'000;
-  uv_update_time(&loop_.loop);  // a failed attempt's connect may have held the loop for seconds
   const uint64_t now = uv_now(&loop_.loop);
   const bool soon_after_remake =
       source.last_remade_ms != 0 && now - source.last_remade_ms < kLongestRemakeDelayMs;
@@ -666,15 +769,58 @@ void NatsSubscriptions::ScheduleRemake(Source& source, bool failed) {
 // The connection libnats closed is dropped and made again from the source's url and subject:
 // the source keeps its id, counters and ranks (flagged by the close until their engines clear
 // them), and a replica sync its publisher, which joins again (unless the caller replaced it
-// meanwhile). Runs on the loop, which the connect holds: up to the 2 s connect timeout per
-// server of the url while a server does not answer (one refusing answers at once). The same
-// timeout as the first connection's: libnats keeps it for the connection's reconnections too.
+// meanwhile). The connector's thread makes the connection (a server that does not answer holds
+// it for the connect timeout per server of the url, not the loop); TakeRemade subscribes it.
+// The same timeout as the first connection's: libnats keeps it for its reconnections too.
 void NatsSubscriptions::RemakeConnection(Source& source) {
+  if (source.remake_under_way) return;  // asked twice: under way
   if (source.connection != nullptr && !natsConnection_IsClosed(source.connection)) {
     return;  // asked twice: made already
   }
   DropConnection(source);
-  if (absl::Status made = Connect(source); !made.ok()) {
+  if (connector_ == nullptr) connector_ = std::make_unique<RemakeConnector>(loop_);
+  connector_->Add([this, id = source.source_id, url = source.url,
+                   replica_sync = source.replica_sync, counters = source.counters,
+                   ranks = source.ranks](std::shared_ptr<NatsLoopPlace> place) {
+    // Refused memory, the source stays closed (counted), as when the loop cannot be asked.
+    ContainRefusal(
+        [&] {
+          auto made = std::make_shared<absl::StatusOr<Made>>(OutOfMemoryStatus());
+          *made = MakeConnection(url, replica_sync, counters, ranks, std::move(place));
+          HandRemadeToLoop(id, std::move(made));
+        },
+        [&] { Bump(counters->consumer_remake_failures); });
+  });
+  source.remake_under_way = true;
+}
+
+// A connection the loop cannot take (closed, or refused memory to be asked) is discarded here.
+void NatsSubscriptions::HandRemadeToLoop(uint64_t source_id,
+                                         std::shared_ptr<absl::StatusOr<Made>> made) {
+  bool posted = false;
+  ContainRefusal(
+      [&] {
+        posted = loop_.Post([this, source_id, made] { TakeRemade(source_id, std::move(*made)); });
+      },
+      [] {});
+  if (!posted && made->ok()) Discard(**made);
+}
+
+void NatsSubscriptions::TakeRemade(uint64_t source_id, absl::StatusOr<Made> made) {
+  Source* source = FindSource(source_id);
+  if (source == nullptr) {  // removed meanwhile
+    if (made.ok()) Discard(*made);
+    return;
+  }
+  source->remake_under_way = false;
+  if (!made.ok()) return RemakeFailed(*source);
+  // Refused memory, the attempt failed like any other: another comes later.
+  ContainRefusal([&] { SubscribeRemade(*source, *std::move(made)); },
+                 [&] { RemakeFailed(*source); });
+}
+
+void NatsSubscriptions::SubscribeRemade(Source& source, Made made) {
+  if (absl::Status subscribed = SubscribeMade(source, std::move(made)); !subscribed.ok()) {
     return RemakeFailed(source);
   }
   PublishOn(source, source.connection);
@@ -682,7 +828,6 @@ void NatsSubscriptions::RemakeConnection(Source& source) {
     source.callbacks->RejoinOnReconnection(*loop_.router, source.observer_token);
     (void)loop_.router->RejoinReplicas(source.observer_token);  // what it published meanwhile
   }
-  uv_update_time(&loop_.loop);  // the connect may have held the loop for seconds
   source.last_remade_ms = uv_now(&loop_.loop);
   Bump(source.counters->connections);
   Bump(source.counters->consumer_remakes);
@@ -704,6 +849,7 @@ void NatsSubscriptions::DropConnection(Source& source) {
   if (source.connection != nullptr) {
     natsConnection_Destroy(std::exchange(source.connection, nullptr));
   }
+  if (source.place != nullptr) std::exchange(source.place, nullptr)->Abandon();
 }
 
 // A source refused memory after it got its id is not listed as live (refused again, it is).
@@ -833,6 +979,7 @@ void NatsSubscriptions::Disconnect(Source* source) {
     DetachCallbacks(*source);  // they may run after we are gone
     natsConnection_Destroy(source->connection);
   }
+  if (source->place != nullptr) source->place->Abandon();
   delete source;
 }
 
@@ -886,15 +1033,16 @@ void NatsSubscriptions::LivenessTick() {
   }
 }
 
-void NatsSubscriptions::InitAdapter() { natsLibuv_Init(); }
-
-// libnats' adapter acts directly on this thread.
-void NatsSubscriptions::BindLoopThread(uv_loop_t* loop) { natsLibuv_SetThreadLocalLoop(loop); }
+void NatsSubscriptions::BindLoopThread(uv_loop_t* loop) { NatsLoopPlace::BindLoopThread(loop); }
 
 NatsSubscriptions::NatsSubscriptions(IngestLoop& loop) : loop_(loop) {}
-NatsSubscriptions::~NatsSubscriptions() = default;
+
+// A remake's connection still being made is discarded by the connector's thread (the loop, now
+// closed, takes it no more), which is joined here, before anything it uses goes.
+NatsSubscriptions::~NatsSubscriptions() { connector_.reset(); }
 
 void NatsSubscriptions::CloseAll() {
+  if (connector_ != nullptr) connector_->Stop();
   // The relay first: it publishes what the index's last changes queued (up to its deadline).
   loop_.tap = nullptr;
   {

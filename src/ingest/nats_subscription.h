@@ -1,8 +1,10 @@
-// The NATS source: subjects (wildcards allowed) on a NATS server, through libnats on its libuv
-// adapter (the connection's socket is polled by the ingest loop). libnats calls message handlers
-// on its own delivery thread, so each message is handed to the loop (IngestLoop::Post) and
-// applied there. A connection reconnects forever and resubscribes after the server restarts; one
-// libnats gives up for good (a server's error) is made again by the loop (RemakeConnection).
+// The NATS source: subjects (wildcards allowed) on a NATS server, through libnats with its
+// socket polled by the ingest loop (nats_loop_place.h). libnats calls message handlers on its own
+// delivery thread, so each message is handed to the loop (IngestLoop::Post) and applied there.
+// Connections are made off the loop (a server that does not answer holds the subscribing caller,
+// or a remake's own thread, for libnats' connect timeout, not every other source). A connection
+// reconnects forever and resubscribes after the server restarts; one libnats gives up for good
+// (a server's error) is made again (RemakeConnection).
 //
 // A subscription carries KV events: native EventBatches, or the messages of Dynamo's KV event
 // plane (told apart by content; a Dynamo publisher's gap clears the ranks it wrote to, as
@@ -27,6 +29,9 @@ typedef struct __natsConnection natsConnection;  // libnats' (nats/nats.h)
 namespace kvrouter {
 
 class JetStreamOrder;
+class NatsLoopPlace;
+class RemakeConnector;
+struct ConnectionCallbacks;
 struct ConsumerRemaking;
 struct RemakeRequest;
 class JetStreamRelay;
@@ -62,21 +67,40 @@ class NatsSubscriptions {
   // Unsubscribes and closes every connection. Loop thread (or before Start).
   void CloseAll();
 
-  // libnats' libuv adapter (defined in its header, so used from nats_subscription.cc alone):
-  // once per process before any loop, and on the loop thread before it runs.
-  static void InitAdapter();
+  // On the loop thread before it runs: libnats' requests made there are applied at once.
   static void BindLoopThread(uv_loop_t* loop);
 
  private:
   struct Source;
+  // A connection made for a source, not yet subscribed: the source's once SubscribeMade takes it.
+  struct Made {
+    natsConnection* connection = nullptr;
+    ConnectionCallbacks* callbacks = nullptr;  // shared with the connection
+    std::shared_ptr<NatsLoopPlace> place;
+  };
 
   // `replica_id` empty: KV events. Otherwise replica sync under that id.
   absl::StatusOr<uint64_t> Subscribe(const std::string& url, const std::string& subject,
                                      const std::string& replica_id);
-  absl::Status SubscribeOnLoop(const std::string& url, const std::string& subject,
-                               const std::string& replica_id, uint64_t& id, Source** added);
-  // Connects a core NATS or replica sync source and subscribes it (SubscribeOnLoop, remakes).
+  // Lists a connected source (the loop thread, or the caller's before Start); closes it if
+  // refused.
+  absl::Status ListOnLoop(Source* source, uint64_t& id);
+  // Closes a source never listed, on the caller's thread.
+  void CloseUnlisted(Source* source);
+  // Connects a source not yet listed and subscribes it, on the caller's thread.
   absl::Status Connect(Source& source);
+  // Connects to `url` for a source with these counters and ranks. Any thread but the running
+  // loop's: it waits for the servers of the url (the connect timeout each).
+  absl::StatusOr<Made> MakeConnection(const std::string& url, bool replica_sync,
+                                      std::shared_ptr<SourceCounters> counters,
+                                      std::shared_ptr<SourceRanks> ranks,
+                                      std::shared_ptr<NatsLoopPlace> place);
+  // `made` becomes the source's, subscribed to its subject; on failure whatever was made is
+  // left in the source (Close or DropConnection undo it). The caller's thread for a source not
+  // yet listed, else the loop's.
+  absl::Status SubscribeMade(Source& source, Made made);
+  // Destroys a connection no source took.
+  static void Discard(Made& made);
   // Replica sync: the router's booking changes published through the source's connection.
   void PublishOwnBookings(Source& source);
   void PublishOn(Source& source, natsConnection* connection);
@@ -86,6 +110,11 @@ class NatsSubscriptions {
   // or when it closes again soon after a remake).
   void ScheduleRemake(Source& source, bool failed);
   void RemakeConnection(Source& source);
+  // The connector's thread: hands what it made for the source `source_id` to the loop.
+  void HandRemadeToLoop(uint64_t source_id, std::shared_ptr<absl::StatusOr<Made>> made);
+  // Loop thread: takes it (discarded if the source is gone), or schedules another attempt.
+  void TakeRemade(uint64_t source_id, absl::StatusOr<Made> made);
+  void SubscribeRemade(Source& source, Made made);
   void RemakeFailed(Source& source);
   void DropConnection(Source& source);
   void MakeRemakeTimer(Source& source);
@@ -149,6 +178,8 @@ class NatsSubscriptions {
   bool replica_sync_active_ = false;
   std::mutex relay_mutex_;  // one relay: RelayToJetStream may run on several threads
   std::unique_ptr<JetStreamRelay> relay_;
+  // Makes remakes' connections on a thread of its own; joined by the destructor.
+  std::unique_ptr<RemakeConnector> connector_;
 };
 
 }  // namespace kvrouter

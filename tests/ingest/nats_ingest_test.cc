@@ -1,9 +1,15 @@
 // NATS as an ingest source: each test starts its own nats-server on 127.0.0.1 (a free port),
 // publishes native EventBatches with the NATS C client, and checks the router's index and the
 // source's counters. Also: wildcard subjects, a garbage message, a server restart.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <nats/nats.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <fstream>
 #include <string>
@@ -12,6 +18,7 @@
 
 #include "core/router.h"
 #include "ingest/ingest_service.h"
+#include "ingest/stream_publisher.h"
 #include "nats_ingest_fixture.h"
 #include "wire/flatbuffers_codec.h"
 
@@ -39,9 +46,78 @@ std::vector<uint8_t> StoreBatch(uint64_t worker, const std::vector<uint32_t>& pr
   return EncodeEventBatch(std::span(&event, 1));
 }
 
+// A server that takes TCP connections on 127.0.0.1:`port` and never says a word: libnats waits
+// for its INFO until the connect timeout (2 s), then gives the connection up.
+class SilentServer {
+ public:
+  explicit SilentServer(int port) : port_(port) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    const int on = 1;
+    setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    listening_ = bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                 listen(listener_, 8) == 0;
+  }
+  ~SilentServer() {
+    if (held_ >= 0) close(held_);
+    close(listener_);
+  }
+  SilentServer(const SilentServer&) = delete;
+  SilentServer& operator=(const SilentServer&) = delete;
+
+  bool listening() const { return listening_; }
+  int port() const { return port_; }
+  // Takes the first connection to come within `at_most`.
+  bool Accept(std::chrono::milliseconds at_most) {
+    pollfd ready{.fd = listener_, .events = POLLIN, .revents = 0};
+    if (poll(&ready, 1, static_cast<int>(at_most.count())) != 1) return false;
+    held_ = accept(listener_, nullptr, nullptr);
+    return held_ >= 0;
+  }
+  // Whether the client still waits on the connection taken (it has not given it up).
+  bool StillHeld() const {
+    char byte;
+    return recv(held_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN;
+  }
+
+ private:
+  int port_;
+  int listener_ = -1;
+  int held_ = -1;
+  bool listening_ = false;
+};
+
 class NatsIngestTest : public NatsIngestFixture {
  protected:
   NatsIngestTest() : NatsIngestFixture(kBlockSize) {}
+
+  // A native stream listener's batch applied: the ingest loop serves its sources.
+  void ExpectTheLoopAppliesABatch(uint64_t worker) {
+    std::string bound;
+    ASSERT_TRUE(ingest_->Listen("tcp://127.0.0.1:0", &bound).ok());
+    auto publisher = StreamPublisher::Connect(bound);
+    ASSERT_TRUE(publisher.ok()) << publisher.status();
+    const auto prompt = Range(static_cast<uint32_t>(worker) * 1000, 2 * kBlockSize);
+    ASSERT_TRUE((*publisher)->Send(StoreBatch(worker, prompt, worker * 1000, 1)).ok());
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (DeviceBlocks(prompt, worker) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(DeviceBlocks(prompt, worker), 2u);
+  }
+
+  // Whether `done` holds within `at_most`.
+  template <typename Done>
+  static bool Eventually(Done done, std::chrono::milliseconds at_most = 2 * kWait) {
+    const auto deadline = std::chrono::steady_clock::now() + at_most;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return done();
+  }
 
   uint32_t DeviceBlocks(const std::vector<uint32_t>& prompt, uint64_t worker) {
     auto scores = router_->OverlapScores(prompt);
@@ -123,6 +199,23 @@ TEST_F(NatsIngestTest, UnreachableServerIsUnavailable) {
             ingest_->SubscribeNats(server_->url(), "").status().code());
 }
 
+// Subscribing waits for the server on the caller's thread: while a server that does not answer
+// holds it (libnats' 2 s connect timeout), the loop goes on applying the other sources' events.
+// Before, the connect ran on the loop, which then served nothing until the timeout.
+TEST_F(NatsIngestTest, SubscribingToASilentServerHoldsOnlyTheCaller) {
+  SilentServer silent(FreePort());
+  ASSERT_TRUE(silent.listening());
+  absl::StatusOr<uint64_t> source;
+  std::thread subscriber([&] {
+    source = ingest_->SubscribeNats("nats://127.0.0.1:" + std::to_string(silent.port()), "kv");
+  });
+  ASSERT_TRUE(silent.Accept(kWait));
+  ExpectTheLoopAppliesABatch(7);
+  EXPECT_TRUE(silent.StillHeld()) << "the batch waited for the connect to end";
+  subscriber.join();
+  EXPECT_EQ(absl::StatusCode::kUnavailable, source.status().code()) << source.status();
+}
+
 TEST_F(NatsIngestTest, SurvivesAServerRestart) {
   auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
   ASSERT_TRUE(source.ok()) << source.status();
@@ -194,20 +287,13 @@ TEST_F(NatsIngestTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
   NatsServer locked(server_->port(), "", config);
   ASSERT_TRUE(locked.Start());
   const auto stats = [&] { return *ingest_->Stats(*source); };
-  const auto eventually = [&](auto done, std::chrono::milliseconds at_most = 2 * kWait) {
-    const auto deadline = std::chrono::steady_clock::now() + at_most;
-    while (!done() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return done();
-  };
-  ASSERT_TRUE(eventually([&] { return stats().consumer_remake_failures >= 1; }))
+  ASSERT_TRUE(Eventually([&] { return stats().consumer_remake_failures >= 1; }))
       << "the connection was never given up and made again";
   EXPECT_EQ(stats().consumer_remakes, 0u);
   EXPECT_EQ(stats().state_unknown, 1u);  // what worker 1 publishes meanwhile is lost
   locked.Stop();
   ASSERT_TRUE(server_->Start());
-  ASSERT_TRUE(eventually([&] { return stats().consumer_remakes == 1; }));
+  ASSERT_TRUE(Eventually([&] { return stats().consumer_remakes == 1; }));
   EXPECT_EQ(stats().connections, 2u);
   ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
   // The remade subscription's SUB may not have reached the server yet: publish until one
@@ -215,11 +301,39 @@ TEST_F(NatsIngestTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
   const auto prompt = Range(20000, 2 * kBlockSize);
   for (uint64_t attempt = 1; DeviceBlocks(prompt, 2) == 0 && attempt <= 100; ++attempt) {
     Publish("kv.2", StoreBatch(2, prompt, 200, 100 + attempt));
-    (void)eventually([&] { return DeviceBlocks(prompt, 2) == 2; }, std::chrono::milliseconds(200));
+    (void)Eventually([&] { return DeviceBlocks(prompt, 2) == 2; }, std::chrono::milliseconds(200));
   }
   EXPECT_EQ(DeviceBlocks(prompt, 2), 2u);
   // Worker 1 stays unknown until its engine clears it, as after any outage.
   EXPECT_EQ(stats().state_unknown, 1u);
+}
+
+// A remake waits for the server on a thread of its own: while a server that does not answer
+// holds it, the loop goes on serving the other sources. Stopping the ingest meanwhile neither
+// hangs nor leaks the connection being made (the loop closes without it; it is discarded).
+TEST_F(NatsIngestTest, ARemakeWaitingForASilentServerHoldsOnlyItsOwnThread) {
+  auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
+  ASSERT_TRUE(source.ok()) << source.status();
+  natsConnection_Destroy(std::exchange(publisher_, nullptr));
+  server_->Stop();
+  const std::string config = ::testing::TempDir() + "/nats_ingest_silent_remake.conf";
+  std::ofstream(config) << "authorization { user: someone, password: secret }\n";
+  {
+    // libnats gives the connection up (the same authorization error twice); a remake is refused.
+    NatsServer locked(server_->port(), "", config);
+    ASSERT_TRUE(locked.Start());
+    ASSERT_TRUE(Eventually([&] { return ingest_->Stats(*source)->consumer_remake_failures >= 1; }));
+  }
+  // The next attempt, seconds later, meets a server that says nothing.
+  SilentServer silent(server_->port());
+  ASSERT_TRUE(silent.listening());
+  ASSERT_TRUE(silent.Accept(2 * kWait));
+  ExpectTheLoopAppliesABatch(7);
+  EXPECT_TRUE(silent.StillHeld()) << "the batch waited for the remake's connect to end";
+  const auto started = std::chrono::steady_clock::now();
+  ingest_->Stop();
+  ingest_.reset();  // joins the remake's thread
+  EXPECT_LT(std::chrono::steady_clock::now() - started, kWait);
 }
 
 TEST_F(NatsIngestTest, StopsWhileTheServerIsDown) {
