@@ -104,9 +104,10 @@ natsStatus NatsLoopPlace::OnDetach(void* user_data) {
 // is left as it is: a closing loop's own closes and Abandon end it.
 natsStatus NatsLoopPlace::Apply(std::unique_lock<std::mutex>& lock) {
   if (OnLoopThread()) {
+    // libnats may hold its connection's lock here: a socket that cannot be polled is told to
+    // it as an error, not closed under it (its close joins threads that wait for that lock).
     lock.unlock();
-    Sync();
-    return NATS_OK;
+    return Sync() ? NATS_OK : NATS_ERR;
   }
   if (sync_posted_) return NATS_OK;
   if (wake_ != nullptr) {  // closed under mutex_: sent before, or not at all
@@ -115,7 +116,9 @@ natsStatus NatsLoopPlace::Apply(std::unique_lock<std::mutex>& lock) {
     return NATS_OK;
   }
   try {
-    if (!loop_.Post([place = shared_from_this()] { place->Sync(); })) return NATS_ILLEGAL_STATE;
+    if (!loop_.Post([place = shared_from_this()] { place->SyncAsked(); })) {
+      return NATS_ILLEGAL_STATE;
+    }
   } catch (const std::bad_alloc&) {
     return NATS_NO_MEMORY;
   }
@@ -123,7 +126,13 @@ natsStatus NatsLoopPlace::Apply(std::unique_lock<std::mutex>& lock) {
   return NATS_OK;
 }
 
-void NatsLoopPlace::Sync() {
+// Asked from another thread: libnats holds none of its locks here, so a socket that cannot be
+// polled closes the connection (libnats' own adapter did the same).
+void NatsLoopPlace::SyncAsked() {
+  if (!Sync()) CloseConnection();
+}
+
+bool NatsLoopPlace::Sync() {
   std::unique_lock lock(mutex_);
   sync_posted_ = false;
   const bool detached = detached_;
@@ -133,28 +142,32 @@ void NatsLoopPlace::Sync() {
   if (detached) {
     CloseWakeLocked();
   } else if (wake_ == nullptr) {
-    OpenWakeLocked();  // failing, IngestLoop::Post still asks (until the loop closes)
+    OpenWakeLocked();
   }
+  // No poll without a wake-up handle: a detachment off the loop after it closed could not
+  // have the poll closed, and the loop would never end.
+  const bool wakeable = wake_ != nullptr;
   lock.unlock();
   // A reconnection's socket is a new one (possibly under the old one's number): a new poll.
   if (detached || attachment != polled_attachment_) ClosePoll();
-  if (detached || attachment == 0) return;
+  if (detached || attachment == 0) return true;
   if (poll_ == nullptr) {
-    if (!OpenPoll(socket)) return CloseConnection();
+    if (!wakeable || !OpenPoll(socket)) return false;
     polled_attachment_ = attachment;
   }
-  if (events == polled_events_) return;
+  if (events == polled_events_) return true;
   const int rc =
       events != 0 ? uv_poll_start(&poll_->handle, events, &OnReady) : uv_poll_stop(&poll_->handle);
-  if (rc != 0) return CloseConnection();
+  if (rc != 0) return false;
   polled_events_ = events;
+  return true;
 }
 
 void NatsLoopPlace::OpenWakeLocked() {
   auto* wake = new (std::nothrow) Held<uv_async_t>;
   if (wake == nullptr) return;
   if (uv_async_init(&loop_.loop, &wake->handle, [](uv_async_t* handle) {
-        static_cast<Held<uv_async_t>*>(handle->data)->place->Sync();
+        static_cast<Held<uv_async_t>*>(handle->data)->place->SyncAsked();
       }) != 0) {
     delete wake;
     return;
@@ -188,7 +201,7 @@ void NatsLoopPlace::ClosePoll() {
   polled_events_ = 0;
 }
 
-// Last in a Sync: closing, libnats detaches (on this thread: a Sync of its own).
+// Closing, libnats detaches (on this thread: a Sync of its own).
 void NatsLoopPlace::CloseConnection() {
   natsConnection* connection = BeginDispatch();
   if (connection == nullptr) return;

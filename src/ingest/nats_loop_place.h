@@ -18,7 +18,8 @@
 // or a request is posted. libnats may free the connection once the detachment returns: a
 // detachment off the loop waits for a read or write the loop has under way on it, and after it
 // the loop touches the connection no more. Every handle closes once the place is detached or
-// abandoned, so the loop can end.
+// abandoned, so the loop can end (the socket is polled only once the wake-up handle is made,
+// which a detachment off the loop, even while it closes, can then always use).
 #pragma once
 
 #include <nats/nats.h>
@@ -66,8 +67,10 @@ class NatsLoopPlace : public std::enable_shared_from_this<NatsLoopPlace> {
   // The state wanted changed (under mutex_): applied now on the loop thread, else posted.
   natsStatus Apply(std::unique_lock<std::mutex>& lock);
   bool OnLoopThread() const;
-  // Loop thread: makes the loop's poll match the state wanted.
-  void Sync();
+  // Loop thread: makes the loop's poll match the state wanted; false if the socket cannot be
+  // polled.
+  bool Sync();
+  void SyncAsked();
   void OpenWakeLocked();
   void CloseWakeLocked();
   void ClosePoll();
@@ -76,7 +79,7 @@ class NatsLoopPlace : public std::enable_shared_from_this<NatsLoopPlace> {
   // A call into the connection from the loop: null if it is detached (it may be freed).
   natsConnection* BeginDispatch();
   void EndDispatch();
-  // The socket cannot be polled: libnats is told as a lost connection would tell it.
+  // The socket cannot be polled (asked off libnats' locks): the connection is closed.
   void CloseConnection();
 
   IngestLoop& loop_;

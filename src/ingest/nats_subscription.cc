@@ -401,6 +401,12 @@ class RemakeConnector {
     wake_.notify_one();
   }
 
+  // Loop thread: the loop took `place` (a job's connection): closing no longer abandons it.
+  void Taken(const std::shared_ptr<NatsLoopPlace>& place) {
+    std::lock_guard lock(mutex_);
+    if (in_flight_ == place) in_flight_.reset();
+  }
+
   // Loop thread (closing): no job starts from now on, and the one under way is not polled.
   void Stop() {
     std::lock_guard lock(mutex_);
@@ -424,7 +430,7 @@ class RemakeConnector {
       lock.unlock();
       job(std::move(place));  // must not throw
       lock.lock();
-      in_flight_.reset();
+      in_flight_.reset();  // if not taken already
     }
   }
 
@@ -538,37 +544,40 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
                                                       const std::string& replica_id) {
   if (url.empty()) return absl::InvalidArgumentError("the NATS url is empty");
   if (subject.empty()) return absl::InvalidArgumentError("the NATS subject is empty");
-  if (loop_.Stopped()) return IngestLoop::StoppedStatus();
+  const bool replica_sync = !replica_id.empty();
+  // Refused before connecting when it can be told now (stopped, a second replica sync).
+  if (absl::Status free = loop_.Run([&] { return CanList(replica_sync); }); !free.ok()) {
+    return free;
+  }
   auto source = std::make_unique<Source>();
   source->owner = this;
   source->counters = std::make_shared<SourceCounters>();
-  source->replica_sync = !replica_id.empty();
+  source->replica_sync = replica_sync;
   source->url = url;
   source->subject = subject;
   source->replica_id = replica_id;
   // Connected on this thread while the loop goes on: a server that does not answer holds the
-  // caller (libnats' connect timeout per server of the url), not every other source.
-  absl::Status connected;
-  try {
-    connected = Connect(*source);
-  } catch (const std::bad_alloc&) {
-    CloseUnlisted(source.release());
-    throw;
-  }
-  if (!connected.ok()) {
-    CloseUnlisted(source.release());
-    return connected;
-  }
-  natsConnection* connection = source->connection;  // a remake may replace it once listed
+  // caller (libnats' connect timeout per server of the url), not every other source. Subscribed
+  // on the loop once listed: no message comes for a source the loop does not know.
+  absl::StatusOr<Made> made = MakeConnection(url, replica_sync, source->counters, source->ranks,
+                                             NatsLoopPlace::Make(loop_));
+  if (!made.ok()) return made.status();
+  natsConnection* connection = made->connection;  // a remake may replace it once listed
   Source* unlisted = source.release();
   uint64_t id = 0;
   bool running = false, taken = false;
-  absl::Status status = loop_.Run([&] {
-    taken = true;  // ListOnLoop closes it if refused
-    running = loop_.running;
-    return ListOnLoop(unlisted, id);
-  });
-  if (!taken) CloseUnlisted(unlisted);  // stopped meanwhile, which the caller must not do
+  absl::Status status;
+  try {
+    status = loop_.Run([&] {
+      taken = true;  // ListOnLoop closes both if it refuses them
+      running = loop_.running;
+      return ListOnLoop(unlisted, *made, id);
+    });
+  } catch (...) {  // refused memory before the command ran
+    if (!taken) DiscardUnlisted(unlisted, *made);
+    throw;
+  }
+  if (!taken) DiscardUnlisted(unlisted, *made);  // stopped meanwhile: not to be done (header)
   if (!status.ok()) return status;
   // Once a PING round trip completes, the server has the SUB: messages published from now on
   // are delivered. It is waited for here, as the loop thread must be free to read the PONG.
@@ -597,15 +606,27 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
   return id;
 }
 
-// Must run where the loop is (the loop thread, or the caller's before Start).
-absl::Status NatsSubscriptions::ListOnLoop(Source* source, uint64_t& id) {
-  if (source->replica_sync && replica_sync_active_) {
-    Close(source);
+// Loop state: whether another source may be listed (`replica_sync`: another replica sync).
+absl::Status NatsSubscriptions::CanList(bool replica_sync) const {
+  if (replica_sync && replica_sync_active_) {
     return absl::FailedPreconditionError("this ingest object already syncs router replicas");
+  }
+  return absl::OkStatus();
+}
+
+// Must run where the loop is (the loop thread, or the caller's before Start).
+absl::Status NatsSubscriptions::ListOnLoop(Source* source, Made& made, uint64_t& id) {
+  if (absl::Status free = CanList(source->replica_sync); !free.ok()) {  // one listed meanwhile
+    DiscardUnlisted(source, made);
+    return free;
   }
   // Refused memory from here on, the source is closed (its handler and connection would
   // otherwise outlive it) before the refusal goes on.
   try {
+    if (absl::Status subscribed = SubscribeMade(*source, made); !subscribed.ok()) {
+      Close(source);
+      return subscribed;
+    }
     Bump(source->counters->connections);
     loop_.NewSource(id,
                     source->replica_sync ? IngestSourceKind::kReplicas : IngestSourceKind::kNats,
@@ -624,26 +645,21 @@ absl::Status NatsSubscriptions::ListOnLoop(Source* source, uint64_t& id) {
     sources_.push_back(source);
   } catch (...) {
     RetireRefusedSource(id);
-    Close(source);
+    if (made.connection != nullptr) {
+      DiscardUnlisted(source, made);  // refused before the source took it
+    } else {
+      Close(source);
+    }
     throw;
   }
   replica_sync_active_ = replica_sync_active_ || source->replica_sync;
   return absl::OkStatus();
 }
 
-// A source never listed, closed on the caller's thread (the loop has nothing of it but the
-// poll of its connection, which the connection's end closes).
-void NatsSubscriptions::CloseUnlisted(Source* source) {
-  DetachCallbacks(*source);
-  Unsubscribe(source);
-  Disconnect(source);
-}
-
-absl::Status NatsSubscriptions::Connect(Source& source) {
-  absl::StatusOr<Made> made = MakeConnection(source.url, source.replica_sync, source.counters,
-                                             source.ranks, NatsLoopPlace::Make(loop_));
-  if (!made.ok()) return made.status();
-  return SubscribeMade(source, *std::move(made));
+// A connection made for a source that is never listed: both go (any thread).
+void NatsSubscriptions::DiscardUnlisted(Source* source, Made& made) {
+  Discard(made);
+  delete source;
 }
 
 absl::StatusOr<NatsSubscriptions::Made> NatsSubscriptions::MakeConnection(
@@ -666,9 +682,9 @@ absl::StatusOr<NatsSubscriptions::Made> NatsSubscriptions::MakeConnection(
   return made;
 }
 
-absl::Status NatsSubscriptions::SubscribeMade(Source& source, Made made) {
-  source.connection = made.connection;
-  source.callbacks = made.callbacks;
+absl::Status NatsSubscriptions::SubscribeMade(Source& source, Made& made) {
+  source.connection = std::exchange(made.connection, nullptr);
+  source.callbacks = std::exchange(made.callbacks, nullptr);
   source.place = std::move(made.place);
   if (source.replica_sync) {
     if (absl::Status fits = CheckReplicaMessageLimit(source.connection, source.url); !fits.ok()) {
@@ -782,31 +798,49 @@ void NatsSubscriptions::RemakeConnection(Source& source) {
   connector_->Add([this, id = source.source_id, url = source.url,
                    replica_sync = source.replica_sync, counters = source.counters,
                    ranks = source.ranks](std::shared_ptr<NatsLoopPlace> place) {
-    // Refused memory, the source stays closed (counted), as when the loop cannot be asked.
-    ContainRefusal(
+    const bool handed = ContainRefusal(
         [&] {
           auto made = std::make_shared<absl::StatusOr<Made>>(OutOfMemoryStatus());
           *made = MakeConnection(url, replica_sync, counters, ranks, std::move(place));
-          HandRemadeToLoop(id, std::move(made));
+          HandRemadeToLoop(id, std::move(made), *counters);
         },
-        [&] { Bump(counters->consumer_remake_failures); });
+        [] {});
+    if (!handed) TellRemakeFailed(id, *counters);
   });
   source.remake_under_way = true;
 }
 
 // A connection the loop cannot take (closed, or refused memory to be asked) is discarded here.
 void NatsSubscriptions::HandRemadeToLoop(uint64_t source_id,
-                                         std::shared_ptr<absl::StatusOr<Made>> made) {
+                                         std::shared_ptr<absl::StatusOr<Made>> made,
+                                         SourceCounters& counters) {
   bool posted = false;
   ContainRefusal(
       [&] {
         posted = loop_.Post([this, source_id, made] { TakeRemade(source_id, std::move(*made)); });
       },
       [] {});
-  if (!posted && made->ok()) Discard(**made);
+  if (posted) return;
+  if (made->ok()) Discard(**made);
+  TellRemakeFailed(source_id, counters);
+}
+
+// The attempt failed where the loop could not be told what it made (refused memory): the
+// source, still waiting for it, is told it failed, so that another is scheduled. Refused again
+// (or the loop closed), it stays closed, the attempt counted as failed.
+void NatsSubscriptions::TellRemakeFailed(uint64_t source_id, SourceCounters& counters) {
+  bool posted = false;
+  ContainRefusal(
+      [&] {
+        posted = loop_.Post([this, source_id] { TakeRemade(source_id, OutOfMemoryStatus()); });
+      },
+      [] {});
+  if (!posted) Bump(counters.consumer_remake_failures);
 }
 
 void NatsSubscriptions::TakeRemade(uint64_t source_id, absl::StatusOr<Made> made) {
+  // Taken by the loop from now on: closing, it no longer abandons that place.
+  if (made.ok() && connector_ != nullptr) connector_->Taken(made->place);
   Source* source = FindSource(source_id);
   if (source == nullptr) {  // removed meanwhile
     if (made.ok()) Discard(*made);
@@ -815,12 +849,15 @@ void NatsSubscriptions::TakeRemade(uint64_t source_id, absl::StatusOr<Made> made
   source->remake_under_way = false;
   if (!made.ok()) return RemakeFailed(*source);
   // Refused memory, the attempt failed like any other: another comes later.
-  ContainRefusal([&] { SubscribeRemade(*source, *std::move(made)); },
-                 [&] { RemakeFailed(*source); });
+  ContainRefusal([&] { SubscribeRemade(*source, *made); },
+                 [&] {
+                   Discard(*made);  // if the source did not take it yet
+                   RemakeFailed(*source);
+                 });
 }
 
-void NatsSubscriptions::SubscribeRemade(Source& source, Made made) {
-  if (absl::Status subscribed = SubscribeMade(source, std::move(made)); !subscribed.ok()) {
+void NatsSubscriptions::SubscribeRemade(Source& source, Made& made) {
+  if (absl::Status subscribed = SubscribeMade(source, made); !subscribed.ok()) {
     return RemakeFailed(source);
   }
   PublishOn(source, source.connection);
@@ -924,7 +961,7 @@ void NatsSubscriptions::Close(Source* source) {
   }
 }
 
-// The connection's socket is written by this loop (libnats' libuv adapter): what it buffered
+// The connection's socket is written by this loop (nats_loop_place.h): what it buffered
 // (the unsubscription, a farewell) goes out only once the loop runs, so the connection is
 // closed once libnats has nothing buffered or kFarewellMs passed (the server may be gone),
 // polling every few milliseconds.

@@ -72,7 +72,8 @@ class NatsSubscriptions {
 
  private:
   struct Source;
-  // A connection made for a source, not yet subscribed: the source's once SubscribeMade takes it.
+  // A connection made for a source, not yet subscribed: the source's once SubscribeMade takes it
+  // (leaving this empty). Discard destroys one no source took.
   struct Made {
     natsConnection* connection = nullptr;
     ConnectionCallbacks* callbacks = nullptr;  // shared with the connection
@@ -82,13 +83,12 @@ class NatsSubscriptions {
   // `replica_id` empty: KV events. Otherwise replica sync under that id.
   absl::StatusOr<uint64_t> Subscribe(const std::string& url, const std::string& subject,
                                      const std::string& replica_id);
-  // Lists a connected source (the loop thread, or the caller's before Start); closes it if
-  // refused.
-  absl::Status ListOnLoop(Source* source, uint64_t& id);
-  // Closes a source never listed, on the caller's thread.
-  void CloseUnlisted(Source* source);
-  // Connects a source not yet listed and subscribes it, on the caller's thread.
-  absl::Status Connect(Source& source);
+  // Loop state: whether another source may be listed.
+  absl::Status CanList(bool replica_sync) const;
+  // Subscribes `source` on `made` and lists it (the loop thread, or the caller's before Start);
+  // closes both if refused.
+  absl::Status ListOnLoop(Source* source, Made& made, uint64_t& id);
+  static void DiscardUnlisted(Source* source, Made& made);
   // Connects to `url` for a source with these counters and ranks. Any thread but the running
   // loop's: it waits for the servers of the url (the connect timeout each).
   absl::StatusOr<Made> MakeConnection(const std::string& url, bool replica_sync,
@@ -98,7 +98,7 @@ class NatsSubscriptions {
   // `made` becomes the source's, subscribed to its subject; on failure whatever was made is
   // left in the source (Close or DropConnection undo it). The caller's thread for a source not
   // yet listed, else the loop's.
-  absl::Status SubscribeMade(Source& source, Made made);
+  absl::Status SubscribeMade(Source& source, Made& made);
   // Destroys a connection no source took.
   static void Discard(Made& made);
   // Replica sync: the router's booking changes published through the source's connection.
@@ -111,10 +111,12 @@ class NatsSubscriptions {
   void ScheduleRemake(Source& source, bool failed);
   void RemakeConnection(Source& source);
   // The connector's thread: hands what it made for the source `source_id` to the loop.
-  void HandRemadeToLoop(uint64_t source_id, std::shared_ptr<absl::StatusOr<Made>> made);
+  void HandRemadeToLoop(uint64_t source_id, std::shared_ptr<absl::StatusOr<Made>> made,
+                        SourceCounters& counters);
+  void TellRemakeFailed(uint64_t source_id, SourceCounters& counters);
   // Loop thread: takes it (discarded if the source is gone), or schedules another attempt.
   void TakeRemade(uint64_t source_id, absl::StatusOr<Made> made);
-  void SubscribeRemade(Source& source, Made made);
+  void SubscribeRemade(Source& source, Made& made);
   void RemakeFailed(Source& source);
   void DropConnection(Source& source);
   void MakeRemakeTimer(Source& source);
