@@ -151,6 +151,8 @@ bool NatsLoopPlace::Sync() {
   // A reconnection's socket is a new one (possibly under the old one's number): a new poll.
   if (detached || attachment != polled_attachment_) ClosePoll();
   if (detached || attachment == 0) return true;
+  // Nothing wanted and no poll yet: none is opened (libnats may have closed the socket since).
+  if (poll_ == nullptr && events == 0) return true;
   if (poll_ == nullptr) {
     if (!wakeable || !OpenPoll(socket)) return false;
     polled_attachment_ = attachment;

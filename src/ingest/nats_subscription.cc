@@ -676,7 +676,11 @@ absl::StatusOr<NatsSubscriptions::Made> NatsSubscriptions::MakeConnection(
   Made made;
   if (s == NATS_OK) s = natsConnection_Connect(&made.connection, opts);
   natsOptions_Destroy(opts);
-  if (s != NATS_OK) return ConnectFailed(url, s, made.connection, std::move(callbacks));
+  if (s != NATS_OK) {
+    // A failed attachment is never detached by libnats: the handles the loop made go now.
+    place->Abandon();
+    return ConnectFailed(url, s, made.connection, std::move(callbacks));
+  }
   made.callbacks = callbacks.release();  // shared with the connection now
   made.place = std::move(place);
   return made;
@@ -826,16 +830,23 @@ void NatsSubscriptions::HandRemadeToLoop(uint64_t source_id,
 }
 
 // The attempt failed where the loop could not be told what it made (refused memory): the
-// source, still waiting for it, is told it failed, so that another is scheduled. Refused again
-// (or the loop closed), it stays closed, the attempt counted as failed.
+// source, still waiting for it, is told it failed, so that another is scheduled, retrying for a
+// few seconds while memory is refused. Refused all that time, it stays closed (counted).
 void NatsSubscriptions::TellRemakeFailed(uint64_t source_id, SourceCounters& counters) {
-  bool posted = false;
-  ContainRefusal(
-      [&] {
-        posted = loop_.Post([this, source_id] { TakeRemade(source_id, OutOfMemoryStatus()); });
-      },
-      [] {});
-  if (!posted) Bump(counters.consumer_remake_failures);
+  constexpr int kTries = 50;
+  constexpr auto kPause = std::chrono::milliseconds(100);
+  for (int tries = kTries; tries > 0; --tries) {
+    // Told, or the loop is closed (Post refuses): nothing waits for the attempt any more.
+    if (ContainRefusal(
+            [&] {
+              (void)loop_.Post([this, source_id] { TakeRemade(source_id, OutOfMemoryStatus()); });
+            },
+            [] {})) {
+      return;
+    }
+    std::this_thread::sleep_for(kPause);
+  }
+  Bump(counters.consumer_remake_failures);
 }
 
 void NatsSubscriptions::TakeRemade(uint64_t source_id, absl::StatusOr<Made> made) {

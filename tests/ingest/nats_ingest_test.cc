@@ -248,7 +248,7 @@ TEST_F(NatsIngestTest, SubscribingToASilentServerHoldsOnlyTheCaller) {
   });
   const bool accepted = slow.Accept(kWait);
   if (accepted) {
-    ExpectTheLoopAppliesABatch(7);
+    EXPECT_NO_FATAL_FAILURE(ExpectTheLoopAppliesABatch(7));
     EXPECT_TRUE(slow.StillHeld()) << "the batch waited for the connect to end";
   }
   subscriber.join();
@@ -350,8 +350,8 @@ TEST_F(NatsIngestTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
 
 // A remake waits for the server on a thread of its own: while a server that does not answer
 // holds it, the loop goes on serving the other sources. Stopping the ingest meanwhile does not
-// wait for it either, and when the server answers after all, the connection made is discarded
-// (closed, not leaked: the loop has closed without it).
+// wait for it either, and when the server answers after all, the connection is closed, not left
+// open (the closed loop refuses its attachment), and destroying the ingest joins the thread.
 TEST_F(NatsIngestTest, ARemakeWaitingForASilentServerHoldsOnlyItsOwnThread) {
   auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
   ASSERT_TRUE(source.ok()) << source.status();
@@ -370,12 +370,12 @@ TEST_F(NatsIngestTest, ARemakeWaitingForASilentServerHoldsOnlyItsOwnThread) {
   SlowServer slow(server_->port());
   ASSERT_TRUE(slow.listening());
   ASSERT_TRUE(slow.Accept(2 * kWait));
-  ExpectTheLoopAppliesABatch(7);
+  ASSERT_NO_FATAL_FAILURE(ExpectTheLoopAppliesABatch(7));
   EXPECT_TRUE(slow.StillHeld()) << "the batch waited for the remake's connect to end";
   ingest_->Stop();
   EXPECT_TRUE(slow.StillHeld()) << "stopping waited for the remake's connect to end";
   ASSERT_TRUE(slow.Answer(kWait)) << "the connect gave up before the server answered";
-  EXPECT_TRUE(slow.ClosedByClient(kWait)) << "the connection made after the stop was kept";
+  EXPECT_TRUE(slow.ClosedByClient(kWait)) << "the connection answered after the stop was kept";
   ingest_.reset();  // joins the remake's thread
 }
 
