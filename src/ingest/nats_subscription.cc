@@ -46,8 +46,12 @@ struct ConnectionCallbacks {
   // bookings are re-announced by the replicas' own sync; JetStream keeps the messages.)
   bool disconnection_loses_events = false;
   // Core NATS and replica sync sources: the source whose connection is made again when libnats
-  // closes it for good (guarded by owner_mutex; 0 for JetStream's, which are not).
+  // closes it for good (guarded by owner_mutex; 0 for JetStream's, made again by their thread).
   uint64_t remade_source_id = 0;
+  // JetStream sources: the source's thread and order, which make the connection and consumer
+  // again when libnats closes it for good.
+  std::shared_ptr<ConsumerRemaking> jetstream_remaking;
+  std::shared_ptr<JetStreamOrder> jetstream_order;
 
   // Returns once no callback uses the owner, nor will; `callbacks` is not to be used after.
   static void Detach(ConnectionCallbacks* callbacks) {
@@ -125,7 +129,15 @@ struct ConnectionCallbacks {
     Release(static_cast<ConnectionCallbacks*>(closure), [](ConnectionCallbacks& c) {
       c.closed = true;
       c.LoseEveryRankLocked();  // flagged once, if a disconnection did not already
-      if (c.owner != nullptr && c.remade_source_id != 0) {
+      if (c.owner != nullptr && c.jetstream_remaking != nullptr) {
+        // Refused memory to ask, the source stays closed (counted as a failed attempt).
+        ContainRefusal(
+            [&] {
+              (void)c.owner->ReconnectJetStreamLater(c.counters, c.jetstream_order,
+                                                     c.jetstream_remaking);
+            },
+            [&] { Bump(c.counters->consumer_remake_failures); });
+      } else if (c.owner != nullptr && c.remade_source_id != 0) {
         // Refused memory to ask, the source stays closed (flagged, and counted as a failed
         // attempt, as before it was remade).
         ContainRefusal([&] { (void)c.owner->RemakeLater(c.remade_source_id); },
@@ -951,15 +963,18 @@ void NatsSubscriptions::Close(Source* source) {
     source->liveness_timer = nullptr;
   }
   // Detached first: a disconnection or close while it unsubscribes (which may wait) must not
-  // flag ranks for a source gone (another may feed them by then).
-  DetachCallbacks(*source);
+  // flag ranks for a source gone (another may feed them by then). A JetStream source's (whose
+  // losses flag nothing) once its thread, which may make its connection again, is stopped.
+  if (source->remaking == nullptr) DetachCallbacks(*source);
   // Unsubscribed at once either way: a retired source must not apply anything more (a sync
   // retried meanwhile would otherwise apply the peers' stream twice, in any order). A JetStream
   // source's own thread subscribes too: it is stopped first.
   if (source->remaking != nullptr) {
-    // Busy, its thread may be waiting for a silent server: closing the connection ends that.
+    // Busy, its thread may be waiting for a silent server: closing the connection ends that
+    // (not a connect under way: that one is waited for).
     if (source->remaking->StopAsking()) CloseConnectionNow(source);
     source->remaking->Join();
+    DetachCallbacks(*source);
   }
   Unsubscribe(source);
   // A connection the loop drives (all but JetStream's) goes once what it buffered (the
@@ -1326,16 +1341,10 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
   source->counters->relayed = false;  // the events are in a stream already
   source->remaking = std::make_shared<ConsumerRemaking>();
   source->jetstream_config = config;
-  // libnats' own threads, not the loop: setting up the consumer takes request-reply round
-  // trips on this thread, which may be the loop's caller while the loop runs.
-  natsOptions* opts = nullptr;
-  auto callbacks = NewCallbacks(this, source->counters, source->ranks,
-                                /*disconnection_loses_events=*/false);
-  natsStatus s = CreateOptions(config.url, *callbacks, &opts);
-  if (s == NATS_OK) s = natsConnection_Connect(&source->connection, opts);
-  natsOptions_Destroy(opts);
-  if (s != NATS_OK) return ConnectFailed(config.url, s, source->connection, std::move(callbacks));
-  source->callbacks = callbacks.release();  // shared with the connection now
+  absl::StatusOr<Made> made = MakeJetStreamConnection(*source);
+  if (!made.ok()) return made.status();
+  source->connection = std::exchange(made->connection, nullptr);
+  source->callbacks = std::exchange(made->callbacks, nullptr);
   absl::Status consuming = Consume(config, *source);
   if (consuming.ok()) {
     try {
@@ -1499,6 +1508,54 @@ void NatsSubscriptions::RecreateMissingDurable(Source& source, const RemakeReque
       [] {});
 }
 
+// A JetStream source's connection, on libnats' own threads, not the loop: setting up the
+// consumer takes request-reply round trips on the connecting thread (the caller's, or the
+// source's own). libnats closing it for good has the source's thread make it again.
+absl::StatusOr<NatsSubscriptions::Made> NatsSubscriptions::MakeJetStreamConnection(
+    const Source& source) {
+  auto callbacks = NewCallbacks(this, source.counters, source.ranks,
+                                /*disconnection_loses_events=*/false);
+  callbacks->jetstream_remaking = source.remaking;
+  callbacks->jetstream_order = source.order;
+  const std::string& url = source.jetstream_config.url;
+  natsOptions* opts = nullptr;
+  natsStatus s = CreateOptions(url, *callbacks, &opts);
+  Made made;
+  if (s == NATS_OK) s = natsConnection_Connect(&made.connection, opts);
+  natsOptions_Destroy(opts);
+  if (s != NATS_OK) return ConnectFailed(url, s, made.connection, std::move(callbacks));
+  made.callbacks = callbacks.release();  // shared with the connection now
+  return made;
+}
+
+// The source's thread: the connection libnats closed for good goes (with its subscription),
+// and a new one is made. Each change of the source's connection is an uncuttable step: Close
+// touches the connection only when it may cut the thread short, never during one. A connect
+// that waits for a silent server is not cut short: Close waits for it (the connect timeout per
+// server of the url).
+absl::Status NatsSubscriptions::ReconnectJetStream(Source& source) {
+  {
+    UncuttableStep step(source.remaking.get());
+    if (!step.taken()) return absl::CancelledError("the source is stopping");
+    Unsubscribe(&source);
+    DetachCallbacks(source);
+    if (source.connection != nullptr) {
+      natsConnection_Destroy(std::exchange(source.connection, nullptr));
+    }
+  }
+  absl::StatusOr<Made> made = MakeJetStreamConnection(source);
+  if (!made.ok()) return made.status();
+  UncuttableStep step(source.remaking.get());
+  if (!step.taken()) {
+    Discard(*made);
+    return absl::CancelledError("the source is stopping");
+  }
+  source.connection = std::exchange(made->connection, nullptr);
+  source.callbacks = std::exchange(made->callbacks, nullptr);
+  Bump(source.counters->connections);
+  return absl::OkStatus();
+}
+
 // The consumer, made again to deliver what the source has not applied (FindRemakeStart): all
 // that its lost deliveries skipped comes again, in order. The old subscription ends first, so
 // the loop hears, in order, every message it handed over (not applied, the loop awaiting the
@@ -1506,6 +1563,11 @@ void NatsSubscriptions::RecreateMissingDurable(Source& source, const RemakeReque
 // it delivers.
 absl::Status NatsSubscriptions::RemakeConsumer(Source& source, const RemakeRequest& request,
                                                bool& loss_told) {
+  if (source.connection == nullptr || natsConnection_IsClosed(source.connection)) {
+    if (absl::Status reconnected = ReconnectJetStream(source); !reconnected.ok()) {
+      return reconnected;
+    }
+  }
   Unsubscribe(&source);
   absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
   if (!js.ok()) return js.status();
@@ -1686,6 +1748,19 @@ void NatsSubscriptions::LoseRank(WorkerKey rank, SourceCounters& source, SourceR
 void NatsSubscriptions::FlagRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks) {
   ranks.Lose(rank);
   source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
+}
+
+bool NatsSubscriptions::ReconnectJetStreamLater(std::shared_ptr<SourceCounters> counters,
+                                                std::shared_ptr<JetStreamOrder> order,
+                                                std::shared_ptr<ConsumerRemaking> remaking) {
+  // As after lost deliveries (HandleJetStreamMessage): what the closed connection still hands
+  // over is not applied; the new consumer delivers it again, from just after the position.
+  return loop_.Post(
+      [counters = std::move(counters), order = std::move(order), remaking = std::move(remaking)] {
+        order->AwaitNewConsumer();
+        const uint64_t position = counters->stream_sequence.load(std::memory_order_relaxed);
+        remaking->Ask({.from = position + 1, .applied_ns = order->last_applied_ns()});
+      });
 }
 
 bool NatsSubscriptions::LoseEveryRankLater(std::shared_ptr<SourceCounters> source,

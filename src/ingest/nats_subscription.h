@@ -46,6 +46,12 @@ class NatsSubscriptions {
   // good by libnats, is made again on the loop (RemakeConnection); false once the loop is
   // stopped.
   bool RemakeLater(uint64_t source_id);
+  // From any thread (libnats' closed callback): a JetStream source's connection, closed for good
+  // by libnats, is made again by the source's thread, its consumer from just after the
+  // source's position; false once the loop is stopped.
+  bool ReconnectJetStreamLater(std::shared_ptr<SourceCounters> counters,
+                               std::shared_ptr<JetStreamOrder> order,
+                               std::shared_ptr<ConsumerRemaking> remaking);
   // From any thread (a lost connection, on libnats'): LoseEveryRank, on the loop; false once
   // the loop is stopped.
   bool LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
@@ -131,6 +137,10 @@ class NatsSubscriptions {
   // Gives up the source's share of its connection's callbacks (ConnectionCallbacks::Detach).
   static void DetachCallbacks(Source& source);
   absl::Status Consume(const JetStreamSource& config, Source& source);
+  // A JetStream source's connection (callbacks included), not yet the source's.
+  absl::StatusOr<Made> MakeJetStreamConnection(const Source& source);
+  // The source's thread: its connection, closed for good, made again.
+  absl::Status ReconnectJetStream(Source& source);
   // `start_after_ns` non-zero: an ephemeral consumer starts after that time, not at
   // config.start_sequence.
   absl::Status SubscribeConsumer(const JetStreamSource& config, Source& source,

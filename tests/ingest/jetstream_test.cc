@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
@@ -331,6 +332,40 @@ TEST_F(JetStreamTest, NothingIsLostWhileTheServerRestarts) {
   EXPECT_EQ(node.Cached(40), 40u);
   EXPECT_GE(node.Stats().connections, 2u);
   EXPECT_EQ(node.Stats().state_unknown, 0u);  // nothing was lost: nothing is flagged
+}
+
+// The server restarted with an authorization the consumer lacks: libnats gives the connection up
+// for good (the same authorization error twice). The source's thread makes it again, retrying
+// while the server refuses (counted), and once the server takes it (open again, same store) the
+// consumer is made again from just after the source's position: nothing is lost, nothing
+// flagged. Before, the source stayed closed, silently.
+TEST_F(JetStreamTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
+  Node node;
+  ASSERT_TRUE(node.Consume(Config("router-a")).ok());
+  Publish(0, 10);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 10; }));
+  natsConnection_Destroy(std::exchange(publisher_, nullptr));
+  jsCtx_Destroy(std::exchange(js_, nullptr));
+  server_->Stop();
+  const std::string config = store_ + "/authorization.conf";
+  std::ofstream(config) << "authorization { user: someone, password: secret }\n";
+  {
+    NatsServer locked(port_, store_, config);
+    ASSERT_TRUE(locked.Start());
+    ASSERT_TRUE(Eventually([&] { return node.Stats().consumer_remake_failures >= 1; }))
+        << "the connection was never given up and made again";
+  }
+  server_ = std::make_unique<NatsServer>(port_, store_);  // same port, same store, open
+  ASSERT_TRUE(server_->Start());
+  Connect();
+  Publish(10, 10);
+  ASSERT_TRUE(Eventually([&] { return node.Stats().stream_sequence == 20; }))
+      << node.Stats().stream_sequence;
+  EXPECT_EQ(node.Cached(20), 20u);
+  const IngestStats stats = node.Stats();
+  EXPECT_GE(stats.connections, 2u);
+  EXPECT_GE(stats.consumer_remakes, 1u);
+  EXPECT_EQ(stats.state_unknown, 0u);  // nothing was lost: nothing is flagged
 }
 
 // Deliveries lost on the way (the server sent them, the connection broke before they came):
