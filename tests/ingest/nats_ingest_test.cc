@@ -155,6 +155,18 @@ class NatsIngestTest : public NatsIngestFixture {
 
   std::unique_ptr<StreamPublisher> native_;
 
+  // The server restarted on its port with an authorization no subscriber here has: libnats
+  // gives their connections up (the same authorization error twice).
+  std::unique_ptr<NatsServer> LockTheServer() {
+    natsConnection_Destroy(std::exchange(publisher_, nullptr));
+    server_->Stop();
+    const std::string config = ::testing::TempDir() + "/nats_ingest_authorization.conf";
+    std::ofstream(config) << "authorization { user: someone, password: secret }\n";
+    auto locked = std::make_unique<NatsServer>(server_->port(), "", config);
+    EXPECT_TRUE(locked->Start());
+    return locked;
+  }
+
   uint32_t DeviceBlocks(const std::vector<uint32_t>& prompt, uint64_t worker) {
     auto scores = router_->OverlapScores(prompt);
     if (!scores.ok()) return 0;
@@ -320,18 +332,13 @@ TEST_F(NatsIngestTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
   ASSERT_TRUE(source.ok()) << source.status();
   Publish("kv.1", StoreBatch(1, Range(7000, 2 * kBlockSize), 70, 1));
   WaitForMessages(*source, 1);
-  natsConnection_Destroy(std::exchange(publisher_, nullptr));
-  server_->Stop();
-  const std::string config = ::testing::TempDir() + "/nats_ingest_authorization.conf";
-  std::ofstream(config) << "authorization { user: someone, password: secret }\n";
-  NatsServer locked(server_->port(), "", config);
-  ASSERT_TRUE(locked.Start());
+  std::unique_ptr<NatsServer> locked = LockTheServer();
   const auto stats = [&] { return *ingest_->Stats(*source); };
   ASSERT_TRUE(Eventually([&] { return stats().consumer_remake_failures >= 1; }))
       << "the connection was never given up and made again";
   EXPECT_EQ(stats().consumer_remakes, 0u);
   EXPECT_EQ(stats().state_unknown, 1u);  // what worker 1 publishes meanwhile is lost
-  locked.Stop();
+  locked.reset();
   ASSERT_TRUE(server_->Start());
   ASSERT_TRUE(Eventually([&] { return stats().consumer_remakes == 1; }));
   EXPECT_EQ(stats().connections, 2u);
@@ -355,14 +362,9 @@ TEST_F(NatsIngestTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
 TEST_F(NatsIngestTest, ARemakeWaitingForASilentServerHoldsOnlyItsOwnThread) {
   auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
   ASSERT_TRUE(source.ok()) << source.status();
-  natsConnection_Destroy(std::exchange(publisher_, nullptr));
-  server_->Stop();
-  const std::string config = ::testing::TempDir() + "/nats_ingest_silent_remake.conf";
-  std::ofstream(config) << "authorization { user: someone, password: secret }\n";
   {
-    // libnats gives the connection up (the same authorization error twice); a remake is refused.
-    NatsServer locked(server_->port(), "", config);
-    ASSERT_TRUE(locked.Start());
+    // libnats gives the connection up; a remake is refused.
+    std::unique_ptr<NatsServer> locked = LockTheServer();
     ASSERT_TRUE(Eventually([&] { return ingest_->Stats(*source)->consumer_remake_failures >= 1; }));
   }
   // The next attempt, seconds later, meets a server that says nothing until told to.
