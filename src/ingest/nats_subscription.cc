@@ -1032,9 +1032,30 @@ void NatsSubscriptions::Unsubscribe(Source* source) {
   if (source->subscription == nullptr) return;
   (void)natsSubscription_Unsubscribe(source->subscription);
   if (source->end != nullptr) source->end->Wait(std::chrono::seconds(5));
-  natsSubscription_Destroy(source->subscription);
-  source->subscription = nullptr;
+  natsSubscription* subscription = std::exchange(source->subscription, nullptr);
   source->end.reset();
+  if (source->jetstream) return DestroyAfterQueuedMessages(subscription);
+  natsSubscription_Destroy(subscription);
+}
+
+// A JetStream message handed to the loop is acknowledged there through its subscription
+// (libnats' natsMsg_Ack reads it, and its connection, which the subscription keeps allocated):
+// the subscription goes with a command queued after every message the handler queued before
+// its end, once that command is done with (run, or dropped with the loop's queue). The loop
+// closed, it goes with this object.
+void NatsSubscriptions::DestroyAfterQueuedMessages(natsSubscription* subscription) {
+  std::shared_ptr<natsSubscription> owned;
+  try {
+    owned.reset(subscription, natsSubscription_Destroy);
+  } catch (const std::bad_alloc&) {
+    return;  // kept (leaked) rather than destroyed under a message that may still use it
+  }
+  bool posted = false;
+  ContainRefusal([&] { posted = loop_.Post([owned] {}); }, [] {});
+  if (posted) return;
+  std::lock_guard lock(retired_mutex_);
+  ContainRefusal([&] { retired_subscriptions_.push_back(std::move(owned)); },
+                 [&] { (void)new std::shared_ptr<natsSubscription>(std::move(owned)); });
 }
 
 void NatsSubscriptions::Disconnect(Source* source) {
@@ -1101,7 +1122,8 @@ void NatsSubscriptions::BindLoopThread(uv_loop_t* loop) { NatsLoopPlace::BindLoo
 NatsSubscriptions::NatsSubscriptions(IngestLoop& loop) : loop_(loop) {}
 
 // A remake's connection still being made is discarded by the connector's thread (the loop, now
-// closed, takes it no more), which is joined here, before anything it uses goes.
+// closed, takes it no more), which is joined here, before anything it uses goes. The loop has
+// run its last command: retired subscriptions go.
 NatsSubscriptions::~NatsSubscriptions() { connector_.reset(); }
 
 void NatsSubscriptions::CloseAll() {
@@ -1546,13 +1568,18 @@ absl::Status NatsSubscriptions::ReconnectJetStream(Source& source) {
   absl::StatusOr<Made> made = MakeJetStreamConnection(source);
   if (!made.ok()) return made.status();
   UncuttableStep step(source.remaking.get());
-  if (!step.taken()) {
+  // Stopping with a durable missing, Close waits for this thread without cutting it short
+  // (ConsumerRemaking::StopAsking), and the connection is taken all the same: the thread's
+  // last try to create the durable again (RecreateMissingDurable) needs it.
+  const bool taken = step.taken() || source.remaking->IsDurableMissing();
+  if (taken) {
+    source.connection = std::exchange(made->connection, nullptr);
+    source.callbacks = std::exchange(made->callbacks, nullptr);
+    Bump(source.counters->connections);
+  } else {
     Discard(*made);
-    return absl::CancelledError("the source is stopping");
   }
-  source.connection = std::exchange(made->connection, nullptr);
-  source.callbacks = std::exchange(made->callbacks, nullptr);
-  Bump(source.counters->connections);
+  if (!step.taken()) return absl::CancelledError("the source is stopping");
   return absl::OkStatus();
 }
 
@@ -1757,6 +1784,10 @@ bool NatsSubscriptions::ReconnectJetStreamLater(std::shared_ptr<SourceCounters> 
   // over is not applied; the new consumer delivers it again, from just after the position.
   return loop_.Post(
       [counters = std::move(counters), order = std::move(order), remaking = std::move(remaking)] {
+        // A remake under way (asked, its consumer not yet there) makes the connection again itself:
+        // its attempt on the closed one fails, and the next begins by reconnecting. Asked again, it
+        // would make the consumer twice, the second time from a position it no longer stands at.
+        if (order->AwaitingNewConsumer()) return;
         order->AwaitNewConsumer();
         const uint64_t position = counters->stream_sequence.load(std::memory_order_relaxed);
         remaking->Ask({.from = position + 1, .applied_ns = order->last_applied_ns()});

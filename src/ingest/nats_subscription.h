@@ -18,6 +18,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +26,7 @@
 #include "ingest/ingest_service.h"
 
 typedef struct __natsConnection natsConnection;  // libnats' (nats/nats.h)
+typedef struct __natsSubscription natsSubscription;
 
 namespace kvrouter {
 
@@ -131,6 +133,7 @@ class NatsSubscriptions {
   absl::Status RemoveOnLoop(uint64_t source_id);
   void Close(Source* source);
   void Unsubscribe(Source* source);
+  void DestroyAfterQueuedMessages(natsSubscription* subscription);
   void DisconnectOnceWritten(Source* source);
   void Disconnect(Source* source);
   void CloseConnectionNow(Source* source);
@@ -189,6 +192,9 @@ class NatsSubscriptions {
   std::list<Source*> sources_;
   bool replica_sync_active_ = false;
   std::mutex relay_mutex_;  // one relay: RelayToJetStream may run on several threads
+  // JetStream subscriptions retired once the loop was closed (DestroyAfterQueuedMessages).
+  std::mutex retired_mutex_;
+  std::vector<std::shared_ptr<natsSubscription>> retired_subscriptions_;
   std::unique_ptr<JetStreamRelay> relay_;
   // Makes remakes' connections on a thread of its own; joined by the destructor.
   std::unique_ptr<RemakeConnector> connector_;
