@@ -5,6 +5,8 @@
 
 #include <pthread.h>
 
+#include <deque>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -133,6 +135,14 @@ void IngestService::Stop() {
       lock.unlock();
       impl_->CloseEverything();
       uv_run(&impl_->loop, UV_RUN_DEFAULT);  // runs the close callbacks
+      // Commands queued before Start never run (the wake-up handle is closed): what they hold
+      // (a JetStream subscription kept for its messages, a connection's place) goes now, with
+      // the stop, not with the ingest object.
+      std::deque<std::function<void()>> never_run;
+      {
+        std::lock_guard dropping(impl_->command_mutex);
+        never_run.swap(impl_->commands);
+      }
       return;
     }
     // The loop ends by itself once the last handle is closed.

@@ -1043,19 +1043,22 @@ void NatsSubscriptions::Unsubscribe(Source* source) {
 // the subscription goes with a command queued after every message the handler queued before
 // its end, once that command is done with (run, or dropped with the loop's queue). The loop
 // closed, it goes with this object.
+NatsSubscriptions::RetiredSubscription::~RetiredSubscription() {
+  if (subscription != nullptr) natsSubscription_Destroy(subscription);
+}
+
 void NatsSubscriptions::DestroyAfterQueuedMessages(natsSubscription* subscription) {
-  std::shared_ptr<natsSubscription> owned;
-  try {
-    owned.reset(subscription, natsSubscription_Destroy);
-  } catch (const std::bad_alloc&) {
-    return;  // kept (leaked) rather than destroyed under a message that may still use it
-  }
+  // Refused memory for the holder (made before it holds anything), or for keeping it, the
+  // subscription is leaked rather than destroyed under a message that may still use it.
+  std::shared_ptr<RetiredSubscription> retired;
+  if (!ContainRefusal([&] { retired = std::make_shared<RetiredSubscription>(); }, [] {})) return;
+  retired->subscription = subscription;
   bool posted = false;
-  ContainRefusal([&] { posted = loop_.Post([owned] {}); }, [] {});
+  ContainRefusal([&] { posted = loop_.Post([retired] {}); }, [] {});
   if (posted) return;
   std::lock_guard lock(retired_mutex_);
-  ContainRefusal([&] { retired_subscriptions_.push_back(std::move(owned)); },
-                 [&] { (void)new std::shared_ptr<natsSubscription>(std::move(owned)); });
+  ContainRefusal([&] { retired_subscriptions_.push_back(retired); },
+                 [&] { retired->subscription = nullptr; });
 }
 
 void NatsSubscriptions::Disconnect(Source* source) {
@@ -1136,6 +1139,10 @@ void NatsSubscriptions::CloseAll() {
   }
   for (Source* source : sources_) Close(source);
   sources_.clear();
+  // Every JetStream thread is joined and every message command has run (this is the loop's
+  // last): what was retired while the loop closed goes now, not with this object.
+  std::lock_guard lock(retired_mutex_);
+  retired_subscriptions_.clear();
 }
 
 natsStatus ReconnectingOptions(const std::string& url, natsOptions** out) {
@@ -1513,6 +1520,17 @@ void NatsSubscriptions::RecreateMissingDurable(Source& source, const RemakeReque
   if (!source.remaking->IsDurableMissing()) return;
   ContainRefusal(
       [&] {
+        // Its connection closed for good (how a remake most often loses the durable), one is
+        // made for this try. Close waits for this thread without touching the connection while
+        // the durable is missing (ConsumerRemaking::StopAsking), so it is changed here freely.
+        if (source.connection == nullptr || natsConnection_IsClosed(source.connection)) {
+          absl::StatusOr<Made> made = MakeJetStreamConnection(source);
+          if (!made.ok()) return;
+          Unsubscribe(&source);
+          DetachCallbacks(source);
+          if (source.connection != nullptr) natsConnection_Destroy(source.connection);
+          InstallJetStreamConnection(source, *made);
+        }
         absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
         if (!js.ok()) return;
         const JetStreamSource& config = source.jetstream_config;
@@ -1568,19 +1586,18 @@ absl::Status NatsSubscriptions::ReconnectJetStream(Source& source) {
   absl::StatusOr<Made> made = MakeJetStreamConnection(source);
   if (!made.ok()) return made.status();
   UncuttableStep step(source.remaking.get());
-  // Stopping with a durable missing, Close waits for this thread without cutting it short
-  // (ConsumerRemaking::StopAsking), and the connection is taken all the same: the thread's
-  // last try to create the durable again (RecreateMissingDurable) needs it.
-  const bool taken = step.taken() || source.remaking->IsDurableMissing();
-  if (taken) {
-    source.connection = std::exchange(made->connection, nullptr);
-    source.callbacks = std::exchange(made->callbacks, nullptr);
-    Bump(source.counters->connections);
-  } else {
+  if (!step.taken()) {
     Discard(*made);
+    return absl::CancelledError("the source is stopping");
   }
-  if (!step.taken()) return absl::CancelledError("the source is stopping");
+  InstallJetStreamConnection(source, *made);
   return absl::OkStatus();
+}
+
+void NatsSubscriptions::InstallJetStreamConnection(Source& source, Made& made) {
+  source.connection = std::exchange(made.connection, nullptr);
+  source.callbacks = std::exchange(made.callbacks, nullptr);
+  Bump(source.counters->connections);
 }
 
 // The consumer, made again to deliver what the source has not applied (FindRemakeStart): all

@@ -144,6 +144,7 @@ class NatsSubscriptions {
   absl::StatusOr<Made> MakeJetStreamConnection(const Source& source);
   // The source's thread: its connection, closed for good, made again.
   absl::Status ReconnectJetStream(Source& source);
+  static void InstallJetStreamConnection(Source& source, Made& made);
   // `start_after_ns` non-zero: an ephemeral consumer starts after that time, not at
   // config.start_sequence.
   absl::Status SubscribeConsumer(const JetStreamSource& config, Source& source,
@@ -192,9 +193,14 @@ class NatsSubscriptions {
   std::list<Source*> sources_;
   bool replica_sync_active_ = false;
   std::mutex relay_mutex_;  // one relay: RelayToJetStream may run on several threads
-  // JetStream subscriptions retired once the loop was closed (DestroyAfterQueuedMessages).
+  // A JetStream subscription dropped, destroyed with its holder (DestroyAfterQueuedMessages).
+  struct RetiredSubscription {
+    natsSubscription* subscription = nullptr;
+    ~RetiredSubscription();
+  };
+  // Those retired while the loop closed (its commands refused), until CloseAll ends.
   std::mutex retired_mutex_;
-  std::vector<std::shared_ptr<natsSubscription>> retired_subscriptions_;
+  std::vector<std::shared_ptr<RetiredSubscription>> retired_subscriptions_;
   std::unique_ptr<JetStreamRelay> relay_;
   // Makes remakes' connections on a thread of its own; joined by the destructor.
   std::unique_ptr<RemakeConnector> connector_;
