@@ -1288,6 +1288,11 @@ absl::Status EnsureDurable(jsCtx* js, const JetStreamSource& config, DurableStat
   } else if (!IsNotFound(s, code, JSConsumerNotFoundErr)) {
     return JetStreamError(absl::StrCat("looking up consumer '", config.durable, "'"), s, code);
   }
+  // Missing from here until created, in a step Close does not cut short: a durable marked
+  // missing tells Close that this thread, not Close, may still change the connection
+  // (RecreateMissingDurable).
+  UncuttableStep step(remaking);
+  if (!step.taken()) return absl::CancelledError("the source is stopping");
   if (remaking != nullptr) remaking->DurableMissing(true);
   return CreateDurable(js, config, start, start_after_ns, remaking);
 }
