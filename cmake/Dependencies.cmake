@@ -16,8 +16,8 @@ find_program(KVR_FLATC flatc REQUIRED)
 # KV event ingestion (src/ingest), each part only in a build that has it (KVR_WITH_ZMQ,
 # KVR_WITH_NATS): the libuv loop, and msgpack-c++ (header-only; MSGPACK_NO_BOOST, set on
 # kvrouter_wire) for the engines' payloads, with either transport; ZMQ subscriptions to
-# vLLM/SGLang publishers; NATS subscriptions (libnats-dev, with its libuv adapter header: its
-# CMake package config is broken on Debian 12, so pkg-config finds it; linked as a shared
+# vLLM/SGLang publishers; NATS subscriptions (libnats-dev, its sockets polled by the ingest
+# loop through kvrouter's own adapter, src/ingest/nats_loop_place.h: its CMake package config is broken on Debian 12, so pkg-config finds it; linked as a shared
 # library).
 if(KVR_WITH_INGEST)
   pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)

@@ -34,11 +34,6 @@ absl::Status IngestLoop::StoppedStatus() {
   return absl::FailedPreconditionError("the ingest service is stopped");
 }
 
-bool IngestLoop::Stopped() {
-  std::lock_guard lock(command_mutex);
-  return stopped;
-}
-
 absl::Status IngestLoop::Run(std::function<absl::Status()> command) {
   std::unique_lock lock(command_mutex);
   if (stopped) return StoppedStatus();

@@ -114,7 +114,6 @@ struct IngestLoop {
   // time), on the loop after.
   absl::Status Run(std::function<absl::Status()> command);
   static absl::Status StoppedStatus();
-  bool Stopped();  // any thread
   // Hands `task` to the loop from any thread (a transport's own thread); dropped, returning
   // false, once the service is stopped (the loop is closing).
   bool Post(std::function<void()> task);

@@ -59,7 +59,7 @@ struct Nats : LeftOut<IngestTransport::kNats> {
   }
   absl::Status SubscribeJetStream(const JetStreamSource& source) const { return Call(source); }
   absl::Status RelayToJetStream(const JetStreamSource& target) const { return Call(target); }
-  static void BindLoopThread(uv_loop_t*) {}
+  static const uv_loop_t* BindLoopThread(const uv_loop_t*) { return nullptr; }
 };
 #endif
 
@@ -69,6 +69,21 @@ struct IngestService::Impl : IngestLoop {
   StreamListeners listeners{*this};
   Engines engines{*this};
   Nats nats{*this};
+
+  // Stopped before Start: this thread runs the loop until everything is closed. What was queued
+  // for it runs first (a NATS connection's attachment: its socket is then polled, so that what
+  // it buffered, an unsubscription, is written rather than waited for); what is queued after
+  // goes with the stop (a JetStream subscription kept for its messages), not the ingest object.
+  void CloseWithoutStart() {
+    const uv_loop_t* previous = Nats::BindLoopThread(&loop);
+    RunCommands();
+    CloseEverything();
+    uv_run(&loop, UV_RUN_DEFAULT);  // writes what was buffered, runs the close callbacks
+    Nats::BindLoopThread(previous);
+    std::deque<std::function<void()>> never_run;
+    std::lock_guard dropping(command_mutex);
+    never_run.swap(commands);
+  }
 
   void CloseEverything() {
     listeners.CloseAll();
@@ -133,16 +148,7 @@ void IngestService::Stop() {
       // Unlocked first: closing detaches connection callbacks, which may be posting a command
       // (a disconnection's clear) under their own lock; stopped, they post nothing more.
       lock.unlock();
-      impl_->CloseEverything();
-      uv_run(&impl_->loop, UV_RUN_DEFAULT);  // runs the close callbacks
-      // Commands queued before Start never run (the wake-up handle is closed): what they hold
-      // (a JetStream subscription kept for its messages, a connection's place) goes now, with
-      // the stop, not with the ingest object.
-      std::deque<std::function<void()>> never_run;
-      {
-        std::lock_guard dropping(impl_->command_mutex);
-        never_run.swap(impl_->commands);
-      }
+      impl_->CloseWithoutStart();
       return;
     }
     // The loop ends by itself once the last handle is closed.

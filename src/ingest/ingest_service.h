@@ -70,8 +70,9 @@ struct IngestStats {
   // position to start from after restoring a snapshot taken after it. Over sources: the
   // largest.
   uint64_t stream_sequence = 0;
-  // JetStream: the consumer made again after deliveries were lost on the way (counted once
-  // the new one is in place), and the attempts that failed and were retried. Core NATS and
+  // JetStream: the consumer made again after deliveries were lost on the way or the connection
+  // was given up for good by libnats (made again first), counted once the new one is in place,
+  // and the attempts that failed and were retried. Core NATS and
   // replica sync: the connection made again after libnats gave it up for good, and the
   // attempts that failed.
   uint64_t consumer_remakes = 0;

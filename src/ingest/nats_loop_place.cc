@@ -30,7 +30,9 @@ std::shared_ptr<NatsLoopPlace> NatsLoopPlace::Make(IngestLoop& loop) {
 
 NatsLoopPlace::NatsLoopPlace(IngestLoop& loop) : loop_(loop) {}
 
-void NatsLoopPlace::BindLoopThread(const uv_loop_t* loop) { loop_of_this_thread = loop; }
+const uv_loop_t* NatsLoopPlace::BindLoopThread(const uv_loop_t* loop) {
+  return std::exchange(loop_of_this_thread, loop);
+}
 
 natsStatus NatsLoopPlace::UseIn(natsOptions* options) {
   return natsOptions_SetEventLoop(options, this, &OnAttach, &OnRead, &OnWrite, &OnDetach);

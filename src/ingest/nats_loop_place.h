@@ -37,8 +37,9 @@ struct IngestLoop;
 class NatsLoopPlace : public std::enable_shared_from_this<NatsLoopPlace> {
  public:
   static std::shared_ptr<NatsLoopPlace> Make(IngestLoop& loop);
-  // The thread about to run `loop` says so (every other thread hands requests to it).
-  static void BindLoopThread(const uv_loop_t* loop);
+  // The thread about to run `loop` says so (every other thread hands requests to it): the loop
+  // it ran before (null: none).
+  static const uv_loop_t* BindLoopThread(const uv_loop_t* loop);
 
   // Has `options` make their connection here: one connection per place.
   natsStatus UseIn(natsOptions* options);

@@ -1041,8 +1041,8 @@ void NatsSubscriptions::Unsubscribe(Source* source) {
 // A JetStream message handed to the loop is acknowledged there through its subscription
 // (libnats' natsMsg_Ack reads it, and its connection, which the subscription keeps allocated):
 // the subscription goes with a command queued after every message the handler queued before
-// its end, once that command is done with (run, or dropped with the loop's queue). The loop
-// closed, it goes with this object.
+// its end, once that command is done with (run, or dropped with the loop's queue). Retired
+// while the loop closes (the command refused), it goes at the end of CloseAll.
 NatsSubscriptions::RetiredSubscription::~RetiredSubscription() {
   if (subscription != nullptr) natsSubscription_Destroy(subscription);
 }
@@ -1120,13 +1120,14 @@ void NatsSubscriptions::LivenessTick() {
   }
 }
 
-void NatsSubscriptions::BindLoopThread(uv_loop_t* loop) { NatsLoopPlace::BindLoopThread(loop); }
+const uv_loop_t* NatsSubscriptions::BindLoopThread(const uv_loop_t* loop) {
+  return NatsLoopPlace::BindLoopThread(loop);
+}
 
 NatsSubscriptions::NatsSubscriptions(IngestLoop& loop) : loop_(loop) {}
 
 // A remake's connection still being made is discarded by the connector's thread (the loop, now
-// closed, takes it no more), which is joined here, before anything it uses goes. The loop has
-// run its last command: retired subscriptions go.
+// closed, takes it no more), which is joined here, before anything it uses goes.
 NatsSubscriptions::~NatsSubscriptions() { connector_.reset(); }
 
 void NatsSubscriptions::CloseAll() {

@@ -45,8 +45,8 @@ struct JetStreamPlace;
 class NatsSubscriptions {
  public:
   // From any thread (libnats' closed callback): the source `source_id`'s connection, closed for
-  // good by libnats, is made again on the loop (RemakeConnection); false once the loop is
-  // stopped.
+  // good by libnats, is made again (RemakeConnection: the connector's thread connects, the loop
+  // subscribes); false once the loop is stopped.
   bool RemakeLater(uint64_t source_id);
   // From any thread (libnats' closed callback): a JetStream source's connection, closed for good
   // by libnats, is made again by the source's thread, its consumer from just after the
@@ -75,8 +75,9 @@ class NatsSubscriptions {
   // Unsubscribes and closes every connection. Loop thread (or before Start).
   void CloseAll();
 
-  // On the loop thread before it runs: libnats' requests made there are applied at once.
-  static void BindLoopThread(uv_loop_t* loop);
+  // On the loop thread before it runs: libnats' requests made there are applied at once. The
+  // loop this thread ran before.
+  static const uv_loop_t* BindLoopThread(const uv_loop_t* loop);
 
  private:
   struct Source;
@@ -104,8 +105,8 @@ class NatsSubscriptions {
                                       std::shared_ptr<SourceRanks> ranks,
                                       std::shared_ptr<NatsLoopPlace> place);
   // `made` becomes the source's, subscribed to its subject; on failure whatever was made is
-  // left in the source (Close or DropConnection undo it). The caller's thread for a source not
-  // yet listed, else the loop's.
+  // left in the source (Close or DropConnection undo it). Where the loop is (ListOnLoop,
+  // TakeRemade).
   absl::Status SubscribeMade(Source& source, Made& made);
   // Destroys a connection no source took.
   static void Discard(Made& made);

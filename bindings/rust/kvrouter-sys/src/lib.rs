@@ -893,7 +893,8 @@ pub struct kvr_ingest_stats {
     pub stream_sequence: u64,
     /// Appended in 0.2.0: a JetStream source's consumer made again because deliveries were lost on
     /// the way (a delivery number skipped: the lost ones and all after them come again, in order,
-    /// from the new consumer; docs/ingest.md), counted once the new consumer is in place; and the
+    /// from the new consumer; docs/ingest.md), or after the NATS client gave its connection up for
+    /// good (the connection made again first), counted once the new consumer is in place; and the
     /// attempts to make it that failed and were retried (the server unreachable, or refusing). A
     /// core NATS or replica sync source's connection made again after the NATS client gave it up
     /// for good (a server's error: docs/ingest.md), and the attempts that failed (since 0.2.0). For
