@@ -1578,8 +1578,11 @@ extern "C" {
     /// again, backing off to 30 s (`consumer_remakes`, `consumer_remake_failures`; since 0.2.0:
     /// docs/ingest.md). After kvr_ingest_start, returns once the server has the subscription;
     /// before, the subscription is sent when the loop starts. KVR_UNAVAILABLE if the first
-    /// connection fails. `*source_id` may be NULL. @thread_safety concurrent, except with
-    /// kvr_ingest_stop on the same object (the confirmation round trip runs on the caller's thread)
+    /// connection fails. The connect runs on the caller's thread (since 0.2.0: a server that does
+    /// not answer holds the caller, up to 2 s per server of the url, while the ingest loop goes on
+    /// with the other sources). `*source_id` may be NULL. @thread_safety concurrent, except with
+    /// kvr_ingest_stop on the same object (the connect and the confirmation round trip run on the
+    /// caller's thread)
     pub fn kvr_ingest_subscribe_nats(
         ingest: *mut kvr_ingest,
         url: *const c_char,

@@ -1215,9 +1215,11 @@ KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest *ingest, uint64_t 
  * is made again, backing off to 30 s (`consumer_remakes`, `consumer_remake_failures`; since
  * 0.2.0: docs/ingest.md). After kvr_ingest_start, returns once the server has the
  * subscription; before, the subscription is sent when the loop starts. KVR_UNAVAILABLE if the
- * first connection fails. `*source_id` may be NULL. @thread_safety concurrent, except with
- * kvr_ingest_stop on the same object (the confirmation round trip runs on the caller's
- * thread) */
+ * first connection fails. The connect runs on the caller's thread (since 0.2.0: a server that
+ * does not answer holds the caller, up to 2 s per server of the url, while the ingest loop goes
+ * on with the other sources). `*source_id` may be NULL. @thread_safety concurrent, except with
+ * kvr_ingest_stop on the same object (the connect and the confirmation round trip run on the
+ * caller's thread) */
 KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest *ingest, const char *url,
                                              const char *subject, uint64_t *source_id,
                                              kvr_error **err);
