@@ -657,11 +657,7 @@ absl::Status NatsSubscriptions::ListOnLoop(Source* source, Made& made, uint64_t&
     sources_.push_back(source);
   } catch (...) {
     RetireRefusedSource(id);
-    if (made.connection != nullptr) {
-      DiscardUnlisted(source, made);  // refused before the source took it
-    } else {
-      Close(source);
-    }
+    Close(source);  // SubscribeMade takes the connection before anything may throw
     throw;
   }
   replica_sync_active_ = replica_sync_active_ || source->replica_sync;
@@ -1532,9 +1528,7 @@ void NatsSubscriptions::RecreateMissingDurable(Source& source, const RemakeReque
         if (source.connection == nullptr || natsConnection_IsClosed(source.connection)) {
           absl::StatusOr<Made> made = MakeJetStreamConnection(source);
           if (!made.ok()) return;
-          Unsubscribe(&source);
-          DetachCallbacks(source);
-          if (source.connection != nullptr) natsConnection_Destroy(source.connection);
+          DropConnection(source);
           InstallJetStreamConnection(source, *made);
         }
         absl::StatusOr<JetStreamContext> js = JetStreamOf(source.connection);
@@ -1583,11 +1577,7 @@ absl::Status NatsSubscriptions::ReconnectJetStream(Source& source) {
   {
     UncuttableStep step(source.remaking.get());
     if (!step.taken()) return absl::CancelledError("the source is stopping");
-    Unsubscribe(&source);
-    DetachCallbacks(source);
-    if (source.connection != nullptr) {
-      natsConnection_Destroy(std::exchange(source.connection, nullptr));
-    }
+    DropConnection(source);
   }
   absl::StatusOr<Made> made = MakeJetStreamConnection(source);
   if (!made.ok()) return made.status();
