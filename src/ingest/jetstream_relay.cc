@@ -28,6 +28,8 @@ namespace {
 
 constexpr int kPublishWaitMs = 2000;  // for the server's acknowledgement of one message
 constexpr int kRetryMs = 100;         // between attempts while the server is away
+// Between attempts to make again a connection the NATS client gave up, doubling from kRetryMs.
+constexpr std::chrono::milliseconds kLongestRemakePause(2000);
 constexpr size_t kMaxEventsPerMessage = 1024;
 constexpr size_t kHeaderRoom = 1024;  // the message id header js_Publish adds
 
@@ -173,6 +175,22 @@ absl::Status CheckStreamTakes(jsCtx* js, const JetStreamSource& target) {
                                                  ", not ", target.subject, ".<worker id>"));
 }
 
+// A connection to `url` (reconnecting forever) and its JetStream context, or the failure in
+// words (nothing left allocated).
+absl::Status ConnectJetStream(const std::string& url, natsConnection** connection, jsCtx** js) {
+  natsOptions* opts = nullptr;
+  natsStatus s = ReconnectingOptions(url, &opts);
+  if (s == NATS_OK) s = natsConnection_Connect(connection, opts);
+  natsOptions_Destroy(opts);
+  if (s == NATS_OK) s = natsConnection_JetStream(js, *connection, nullptr);
+  if (s == NATS_OK) return absl::OkStatus();
+  const std::string why =
+      absl::StrCat("cannot connect to NATS at ", WithoutUserInfo(url), ": ", natsStatus_GetText(s),
+                   " (", nats_GetLastError(nullptr), ")");
+  natsConnection_Destroy(std::exchange(*connection, nullptr));
+  return absl::UnavailableError(why);
+}
+
 // A random token that tells this relay's message ids from any earlier relay's.
 std::string BootToken() {
   std::random_device random;
@@ -187,11 +205,14 @@ struct JetStreamRelay::Impl {
   std::string subject_prefix;
   std::string boot = BootToken();
   uint64_t next_message = 1;  // publisher thread
-  size_t max_payload = 0;     // the server's limit on one message, less the header's room
   uint32_t block_size = 0;
   size_t acknowledged = 0;  // publisher thread: events of the current run acknowledged
+  // The publisher thread's (and Start's, before it runs; the destructor's, after).
+  std::string url;
   natsConnection* connection = nullptr;
   jsCtx* js = nullptr;
+  std::chrono::steady_clock::time_point next_remake;  // of a connection given up
+  std::chrono::milliseconds remake_pause{kRetryMs};
   std::thread publisher;
 
   // Shared by the loop thread (Changed) and the publisher thread, under `mutex`.
@@ -223,6 +244,17 @@ struct JetStreamRelay::Impl {
                size_t changes);
   bool PublishInParts(uint64_t worker_id, const std::vector<KvEvent>& events, uint64_t queued_ns,
                       size_t changes);
+  // The server's limit on one message, less the header's room: read at every message, since a
+  // reconnection may meet another server.
+  size_t MaxPayload() const {
+    const auto limit = static_cast<size_t>(natsConnection_GetMaxPayload(connection));
+    return limit > 2 * kHeaderRoom ? limit - kHeaderRoom : limit / 2;
+  }
+  // A connection the NATS client gave up for good (a server's error, such as an authorization
+  // refused twice; it retries anything else forever) is made again: its own retries never
+  // will. Attempts back off to kLongestRemakePause; what waits is published once one succeeds
+  // (a message the server had stored already is not stored twice: same message id).
+  void RemakeIfGivenUp();
   bool GivingUp() {
     std::lock_guard lock(mutex);
     return closing && std::chrono::steady_clock::now() >= flush_deadline;
@@ -303,10 +335,32 @@ void JetStreamRelay::Impl::Run() {
   if (!queue.empty()) counters->Gap(queue.size());
 }
 
+void JetStreamRelay::Impl::RemakeIfGivenUp() {
+  if (natsConnection_Status(connection) != NATS_CONN_STATUS_CLOSED) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_remake) return;
+  natsConnection* made = nullptr;
+  jsCtx* made_js = nullptr;
+  if (!ConnectJetStream(url, &made, &made_js).ok()) {
+    Bump(counters->consumer_remake_failures);
+    next_remake = now + remake_pause;
+    remake_pause = std::min(remake_pause * 2, kLongestRemakePause);
+    return;
+  }
+  jsCtx_Destroy(js);
+  natsConnection_Destroy(connection);
+  connection = made;
+  js = made_js;
+  remake_pause = std::chrono::milliseconds(kRetryMs);
+  Bump(counters->connections);
+  Bump(counters->consumer_remakes);
+}
+
 bool JetStreamRelay::Impl::Resync() {
   // Not before the server is back: a dump taken earlier would only grow stale in the queue.
   while (natsConnection_Status(connection) != NATS_CONN_STATUS_CONNECTED) {
     if (GivingUp()) return false;
+    RemakeIfGivenUp();
     std::this_thread::sleep_for(std::chrono::milliseconds(kRetryMs));
   }
   std::unordered_set<WorkerKey, absl::Hash<WorkerKey>> relayed;
@@ -361,13 +415,14 @@ bool JetStreamRelay::Impl::PublishRun(const std::vector<Queued>& run) {
 bool JetStreamRelay::Impl::Publish(uint64_t worker_id, const std::vector<KvEvent>& events,
                                    uint64_t queued_ns, size_t changes) {
   const std::vector<uint8_t> bytes = EncodeEventBatch(events, UnixNowNanos());
-  if (bytes.size() > max_payload) return PublishInParts(worker_id, events, queued_ns, changes);
   const std::string subject = absl::StrCat(subject_prefix, ".", worker_id);
   const std::string id = absl::StrCat(boot, "-", next_message++);
   jsPubOptions options;
   jsPubOptions_Init(&options);
   options.MsgId = id.c_str();
   for (;;) {
+    // (Checked at every attempt: the server met on a reconnection may take less.)
+    if (bytes.size() > MaxPayload()) return PublishInParts(worker_id, events, queued_ns, changes);
     options.MaxWait = PublishWaitMs();
     jsPubAck* ack = nullptr;
     const natsStatus s = js_Publish(&ack, js, subject.c_str(), bytes.data(),
@@ -385,6 +440,7 @@ bool JetStreamRelay::Impl::Publish(uint64_t worker_id, const std::vector<KvEvent
     Bump(counters->publish_failures);
     if (GivingUp()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(kRetryMs));
+    RemakeIfGivenUp();
   }
 }
 
@@ -406,7 +462,7 @@ bool JetStreamRelay::Impl::PublishInParts(uint64_t worker_id, const std::vector<
       counters->Reject(IngestReject::kFrameTooLarge,
                        absl::StrCat("a change of one block is over the server's message limit "
                                     "of ",
-                                    max_payload, " bytes: not relayed"));
+                                    MaxPayload(), " bytes: not relayed"));
       Bump(counters->missed_messages, changes);
       return true;
     }
@@ -429,17 +485,10 @@ absl::StatusOr<std::unique_ptr<JetStreamRelay>> JetStreamRelay::Start(
   impl->counters = std::move(counters);
   impl->subject_prefix = target.subject;
   impl->backlog_limit = backlog_bytes;
-  natsOptions* opts = nullptr;
-  natsStatus s = ReconnectingOptions(target.url, &opts);
-  if (s == NATS_OK) s = natsConnection_Connect(&impl->connection, opts);
-  natsOptions_Destroy(opts);
-  if (s == NATS_OK) s = natsConnection_JetStream(&impl->js, impl->connection, nullptr);
-  if (s != NATS_OK) {
-    const std::string why =
-        absl::StrCat("cannot connect to NATS at ", WithoutUserInfo(target.url), ": ",
-                     natsStatus_GetText(s), " (", nats_GetLastError(nullptr), ")");
-    natsConnection_Destroy(impl->connection);
-    return absl::UnavailableError(why);
+  impl->url = target.url;
+  if (absl::Status connected = ConnectJetStream(target.url, &impl->connection, &impl->js);
+      !connected.ok()) {
+    return connected;
   }
   JetStreamSource stream = target;
   stream.subject = absl::StrCat(target.subject, ".>");
@@ -450,8 +499,6 @@ absl::StatusOr<std::unique_ptr<JetStreamRelay>> JetStreamRelay::Start(
     natsConnection_Destroy(impl->connection);
     return ready;
   }
-  const auto limit = static_cast<size_t>(natsConnection_GetMaxPayload(impl->connection));
-  impl->max_payload = limit > 2 * kHeaderRoom ? limit - kHeaderRoom : limit / 2;
   impl->block_size = router.block_size();
   // What the index holds already (a restored snapshot, sources added first) goes out first,
   // as a resync: the stream's consumers hold it too, whatever they held of those ranks.

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
@@ -197,6 +198,37 @@ TEST_F(JetStreamRelayTest, NothingIsLostWhileTheServerRestarts) {
   Consume(consumer);
   ExpectSameIndex(relay, consumer);
   EXPECT_EQ(Blocks(*consumer.router), 100u);
+}
+
+// A server that refuses the relay's credentials makes the NATS client give its connection up
+// for good (its own retries stop). The relay makes it again once the server takes it, and
+// publishes what waited: nothing is lost.
+TEST_F(JetStreamRelayTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
+  Node relay;
+  StartRelay(relay);
+  SendChains(0, 10);
+  ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 10); }));
+  server_->Stop();
+  const std::string config = store_ + "/authorization.conf";
+  std::ofstream(config) << "authorization { user: someone, password: secret }\n";
+  {
+    NatsServer locked(port_, store_, config);
+    ASSERT_TRUE(locked.Start());
+    SendChains(10, 10);  // queued while the server refuses the relay
+    ASSERT_TRUE(Eventually([&] {
+      return relay.Stats(relay_source_).consumer_remake_failures >= 1;
+    })) << "the connection was never given up and made again";
+  }
+  RestartServer();
+  ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 20); }));
+  const IngestStats relayed = relay.Stats(relay_source_);
+  EXPECT_EQ(relayed.gaps, 0u);
+  EXPECT_EQ(relayed.events_applied, 40u);
+  EXPECT_GE(relayed.consumer_remakes, 1u);
+  Node consumer;
+  Consume(consumer);
+  ExpectSameIndex(relay, consumer);
+  EXPECT_EQ(Blocks(*consumer.router), 40u);
 }
 
 TEST_F(JetStreamRelayTest, AnOverflowedQueueIsResyncedOnceTheServerIsBack) {

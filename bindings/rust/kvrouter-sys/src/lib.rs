@@ -897,8 +897,8 @@ pub struct kvr_ingest_stats {
     /// good (the connection made again first), counted once the new consumer is in place; and the
     /// attempts to make it that failed and were retried (the server unreachable, or refusing). A
     /// core NATS or replica sync source's connection made again after the NATS client gave it up
-    /// for good (a server's error: docs/ingest.md), and the attempts that failed (since 0.2.0). For
-    /// source 0: sums; 0 for other sources.
+    /// for good (a server's error: docs/ingest.md), and the attempts that failed (since 0.2.0); the
+    /// same for a JetStream relay's connection. For source 0: sums; 0 for other sources.
     pub consumer_remakes: u64,
     pub consumer_remake_failures: u64,
     /// Appended in 0.2.0: engine events no router indexes, by design: those of a KV-cache group
@@ -1632,13 +1632,16 @@ extern "C" {
     /// them, then the changes since; what the index holds when the relay starts goes out first that
     /// way. The stream must take those subjects (KVR_INVALID_ARGUMENT otherwise). One relay per
     /// ingest object (KVR_FAILED_PRECONDITION for a second); it lasts until kvr_ingest_stop, which
-    /// waits up to 2 s for the queue. The source's counters: `messages` changes handed to the
-    /// relay, `events_applied` those acknowledged, `published` messages acknowledged,
-    /// `publish_failures` attempts retried, `gaps` and `missed_messages` queue overflows and the
-    /// changes they dropped (sent again by the resync, counted in `recoveries`), `state_unknown` 1
-    /// until then, `stream_sequence` the last message's stream sequence, the lag from a change to
-    /// its acknowledgement. Errors as kvr_ingest_subscribe_jetstream. `*source_id` may be NULL.
-    /// @thread_safety as kvr_ingest_subscribe_nats
+    /// waits up to 2 s for the queue (and for a connect under way: up to 2 s per server of the
+    /// url). The source's counters: `messages` changes handed to the relay, `events_applied` those
+    /// acknowledged, `published` messages acknowledged, `publish_failures` attempts retried, `gaps`
+    /// and `missed_messages` queue overflows and the changes they dropped (sent again by the
+    /// resync, counted in `recoveries`), `state_unknown` 1 until then, `stream_sequence` the last
+    /// message's stream sequence, the lag from a change to its acknowledgement, `consumer_remakes`
+    /// and `consumer_remake_failures` a connection the NATS client gave up for good made again (and
+    /// the attempts that failed, backing off to 2 s; since 0.2.0). Errors as
+    /// kvr_ingest_subscribe_jetstream. `*source_id` may be NULL. @thread_safety as
+    /// kvr_ingest_subscribe_nats
     pub fn kvr_ingest_relay_jetstream(
         ingest: *mut kvr_ingest,
         target: *const kvr_jetstream_source,

@@ -270,8 +270,9 @@ pub struct IngestStats {
     /// together, the largest; 0 for other sources.
     pub stream_sequence: u64,
     /// A JetStream source's consumer made again because deliveries were lost on the way (they
-    /// come again, in order, from the new consumer), or a core NATS or replica sync source's
-    /// connection made again after the NATS client gave it up (a server's error); for every
+    /// come again, in order, from the new consumer), or a core NATS, replica sync or JetStream
+    /// relay source's connection made again after the NATS client gave it up (a server's
+    /// error); for every
     /// source together, the sum; 0 for other sources.
     pub consumer_remakes: u64,
     /// A JetStream source's attempts to make its consumer (or a NATS source's its connection)

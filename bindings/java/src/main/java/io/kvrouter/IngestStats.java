@@ -122,9 +122,9 @@ public final class IngestStats {
 
   /**
    * A JetStream source's consumer made again because deliveries were lost on the way (they come
-   * again, in order, from the new consumer), or a core NATS or replica sync source's connection
-   * made again after the NATS client gave it up (a server's error); for every source together,
-   * the sum; 0 for other sources.
+   * again, in order, from the new consumer), or a core NATS, replica sync or JetStream relay
+   * source's connection made again after the NATS client gave it up (a server's error); for
+   * every source together, the sum; 0 for other sources.
    */
   public long consumerRemakes() {
     return a[Abi.IngestStats.CONSUMER_REMAKES];
