@@ -399,8 +399,8 @@ type IngestStats struct {
 	// A JetStream source's consumer made again because deliveries were lost on the way (they
 	// come again, in order, from the new consumer), or a core NATS, replica sync or JetStream
 	// relay source's connection made again after the NATS client gave it up (a server's
-	// error), and the
-	// attempts that failed and were retried; for all sources together, sums; 0 for others.
+	// error), and the attempts that failed and were retried; for all sources together, sums;
+	// 0 for others.
 	ConsumerRemakes        uint64
 	ConsumerRemakeFailures uint64
 	// Engine events no router indexes, by design: those of a KV-cache group neither full

@@ -211,7 +211,10 @@ struct JetStreamRelay::Impl {
   std::string url;
   natsConnection* connection = nullptr;
   jsCtx* js = nullptr;
+  size_t max_payload = 0;  // the server's limit on one message, less the header's room
   std::chrono::steady_clock::time_point next_remake;  // of a connection given up
+  // Reset only once a message is acknowledged: a server that takes the connection and closes
+  // it again (an account's limit refused) is not connected to ten times a second.
   std::chrono::milliseconds remake_pause{kRetryMs};
   std::thread publisher;
 
@@ -244,17 +247,22 @@ struct JetStreamRelay::Impl {
                size_t changes);
   bool PublishInParts(uint64_t worker_id, const std::vector<KvEvent>& events, uint64_t queued_ns,
                       size_t changes);
-  // The server's limit on one message, less the header's room: read at every message, since a
-  // reconnection may meet another server.
-  size_t MaxPayload() const {
+  // Reads max_payload: when a connection is made, and when the client refused a message as too
+  // large (a reconnection may meet another server).
+  void ReadMaxPayload() {
     const auto limit = static_cast<size_t>(natsConnection_GetMaxPayload(connection));
-    return limit > 2 * kHeaderRoom ? limit - kHeaderRoom : limit / 2;
+    max_payload = limit > 2 * kHeaderRoom ? limit - kHeaderRoom : limit / 2;
   }
   // A connection the NATS client gave up for good (a server's error, such as an authorization
   // refused twice; it retries anything else forever) is made again: its own retries never
   // will. Attempts back off to kLongestRemakePause; what waits is published once one succeeds
-  // (a message the server had stored already is not stored twice: same message id).
+  // (a message retried keeps its id: the server stores it once, within the stream's duplicate
+  // window). None while closing: the stop would wait for its connect.
   void RemakeIfGivenUp();
+  bool Closing() {
+    std::lock_guard lock(mutex);
+    return closing;
+  }
   bool GivingUp() {
     std::lock_guard lock(mutex);
     return closing && std::chrono::steady_clock::now() >= flush_deadline;
@@ -336,24 +344,24 @@ void JetStreamRelay::Impl::Run() {
 }
 
 void JetStreamRelay::Impl::RemakeIfGivenUp() {
-  if (natsConnection_Status(connection) != NATS_CONN_STATUS_CLOSED) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (now < next_remake) return;
-  natsConnection* made = nullptr;
-  jsCtx* made_js = nullptr;
-  if (!ConnectJetStream(url, &made, &made_js).ok()) {
-    Bump(counters->consumer_remake_failures);
-    next_remake = now + remake_pause;
-    remake_pause = std::min(remake_pause * 2, kLongestRemakePause);
+  if (std::chrono::steady_clock::now() < next_remake || Closing() ||
+      natsConnection_Status(connection) != NATS_CONN_STATUS_CLOSED) {
     return;
   }
-  jsCtx_Destroy(js);
-  natsConnection_Destroy(connection);
-  connection = made;
-  js = made_js;
-  remake_pause = std::chrono::milliseconds(kRetryMs);
-  Bump(counters->connections);
-  Bump(counters->consumer_remakes);
+  natsConnection* made = nullptr;
+  jsCtx* made_js = nullptr;
+  if (ConnectJetStream(url, &made, &made_js).ok()) {
+    jsCtx_Destroy(std::exchange(js, made_js));
+    natsConnection_Destroy(std::exchange(connection, made));
+    ReadMaxPayload();
+    Bump(counters->connections);
+    Bump(counters->consumer_remakes);
+  } else {
+    Bump(counters->consumer_remake_failures);
+  }
+  // From the attempt's end: a connect that timed out is no pause.
+  next_remake = std::chrono::steady_clock::now() + remake_pause;
+  remake_pause = std::min(remake_pause * 2, kLongestRemakePause);
 }
 
 bool JetStreamRelay::Impl::Resync() {
@@ -421,8 +429,10 @@ bool JetStreamRelay::Impl::Publish(uint64_t worker_id, const std::vector<KvEvent
   jsPubOptions_Init(&options);
   options.MsgId = id.c_str();
   for (;;) {
-    // (Checked at every attempt: the server met on a reconnection may take less.)
-    if (bytes.size() > MaxPayload()) return PublishInParts(worker_id, events, queued_ns, changes);
+    // (At every attempt: the server met on a reconnection may take less. Then, if an earlier
+    // attempt was stored without its acknowledgement coming back, its parts are stored too:
+    // a consumer applies the same changes twice, in order.)
+    if (bytes.size() > max_payload) return PublishInParts(worker_id, events, queued_ns, changes);
     options.MaxWait = PublishWaitMs();
     jsPubAck* ack = nullptr;
     const natsStatus s = js_Publish(&ack, js, subject.c_str(), bytes.data(),
@@ -434,9 +444,11 @@ bool JetStreamRelay::Impl::Publish(uint64_t worker_id, const std::vector<KvEvent
       Bump(counters->events_applied, changes);
       acknowledged += changes;
       counters->RecordLag(queued_ns);
+      remake_pause = std::chrono::milliseconds(kRetryMs);
       return true;
     }
     jsPubAck_Destroy(ack);
+    if (s == NATS_MAX_PAYLOAD) ReadMaxPayload();
     Bump(counters->publish_failures);
     if (GivingUp()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(kRetryMs));
@@ -462,7 +474,7 @@ bool JetStreamRelay::Impl::PublishInParts(uint64_t worker_id, const std::vector<
       counters->Reject(IngestReject::kFrameTooLarge,
                        absl::StrCat("a change of one block is over the server's message limit "
                                     "of ",
-                                    MaxPayload(), " bytes: not relayed"));
+                                    max_payload, " bytes: not relayed"));
       Bump(counters->missed_messages, changes);
       return true;
     }
@@ -490,6 +502,7 @@ absl::StatusOr<std::unique_ptr<JetStreamRelay>> JetStreamRelay::Start(
       !connected.ok()) {
     return connected;
   }
+  impl->ReadMaxPayload();
   JetStreamSource stream = target;
   stream.subject = absl::StrCat(target.subject, ".>");
   absl::Status ready = EnsureStream(impl->js, stream);

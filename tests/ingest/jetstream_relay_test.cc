@@ -225,6 +225,7 @@ TEST_F(JetStreamRelayTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
   EXPECT_EQ(relayed.gaps, 0u);
   EXPECT_EQ(relayed.events_applied, 40u);
   EXPECT_GE(relayed.consumer_remakes, 1u);
+  EXPECT_EQ(relayed.stream_sequence, relayed.published) << "a message was stored twice";
   Node consumer;
   Consume(consumer);
   ExpectSameIndex(relay, consumer);

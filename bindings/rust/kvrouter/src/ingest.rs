@@ -272,8 +272,7 @@ pub struct IngestStats {
     /// A JetStream source's consumer made again because deliveries were lost on the way (they
     /// come again, in order, from the new consumer), or a core NATS, replica sync or JetStream
     /// relay source's connection made again after the NATS client gave it up (a server's
-    /// error); for every
-    /// source together, the sum; 0 for other sources.
+    /// error); for every source together, the sum; 0 for other sources.
     pub consumer_remakes: u64,
     /// A JetStream source's attempts to make its consumer (or a NATS source's its connection)
     /// again that failed and were retried; for every source together, the sum.
