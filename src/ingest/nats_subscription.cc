@@ -16,6 +16,7 @@
 #include "ingest/jetstream_relay.h"
 #include "ingest/jetstream_stream.h"
 #include "ingest/nats_loop_place.h"
+#include "ingest/remake_connector.h"
 #include "ingest/replica_sync.h"
 #include "ingest/sequence_tracker.h"
 #include "wire/endpoint.h"
@@ -379,82 +380,6 @@ struct PublishTarget {
   natsConnection* connection = nullptr;  // guarded by mutex
 };
 
-// Makes the connections of remakes (NatsSubscriptions::RemakeConnection), one at a time, on a
-// thread of its own started with the first: a server that does not answer holds it for libnats'
-// connect timeout per server of the url, where it held the loop and every other source before.
-// Each job is given the place its connection is to be polled at; the loop closing abandons the
-// place of the one under way (its job then discards the connection, the loop no longer taking
-// it), and no job starts after that.
-class RemakeConnector {
- public:
-  // Given a place (null if the heap refused it). Must not throw.
-  using Job = std::function<void(std::shared_ptr<NatsLoopPlace> place)>;
-
-  explicit RemakeConnector(IngestLoop& loop) : loop_(loop) {}
-  ~RemakeConnector() {  // after Stop
-    if (thread_.joinable()) thread_.join();
-  }
-  RemakeConnector(const RemakeConnector&) = delete;
-  RemakeConnector& operator=(const RemakeConnector&) = delete;
-
-  // Loop thread. Throws std::bad_alloc (nothing is queued then).
-  void Add(Job job) {
-    std::lock_guard lock(mutex_);
-    if (stopping_) return;
-    jobs_.push_back(std::move(job));
-    if (!thread_.joinable()) {
-      try {
-        thread_ = std::thread([this] { Work(); });
-      } catch (...) {
-        jobs_.pop_back();
-        throw std::bad_alloc();  // a thread refused is a refusal like any other
-      }
-    }
-    wake_.notify_one();
-  }
-
-  // Loop thread: the loop took `place` (a job's connection): closing no longer abandons it.
-  void Taken(const std::shared_ptr<NatsLoopPlace>& place) {
-    std::lock_guard lock(mutex_);
-    if (in_flight_ == place) in_flight_.reset();
-  }
-
-  // Loop thread (closing): no job starts from now on, and the one under way is not polled.
-  void Stop() {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-    jobs_.clear();
-    if (in_flight_ != nullptr) in_flight_->Abandon();
-    wake_.notify_one();
-  }
-
- private:
-  void Work() {
-    std::unique_lock lock(mutex_);
-    while (true) {
-      wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      if (stopping_) return;
-      Job job = std::move(jobs_.front());
-      jobs_.pop_front();
-      // Refused memory for the place, the job is given none (its attempt fails).
-      ContainRefusal([&] { in_flight_ = NatsLoopPlace::Make(loop_); }, [] {});
-      std::shared_ptr<NatsLoopPlace> place = in_flight_;
-      lock.unlock();
-      job(std::move(place));  // must not throw
-      lock.lock();
-      in_flight_.reset();  // if not taken already
-    }
-  }
-
-  IngestLoop& loop_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Job> jobs_;                      // guarded by mutex_
-  std::shared_ptr<NatsLoopPlace> in_flight_;  // guarded by mutex_: the job under way's
-  bool stopping_ = false;                     // guarded by mutex_
-  std::thread thread_;
-};
-
 struct NatsSubscriptions::Source {
   NatsSubscriptions* owner = nullptr;
   std::shared_ptr<SourceCounters> counters;
@@ -797,8 +722,9 @@ void NatsSubscriptions::ScheduleRemake(Source& source, bool failed) {
 // The connection libnats closed is dropped and made again from the source's url and subject:
 // the source keeps its id, counters and ranks (flagged by the close until their engines clear
 // them), and a replica sync its publisher, which joins again (unless the caller replaced it
-// meanwhile). The connector's thread makes the connection (a server that does not answer holds
-// it for the connect timeout per server of the url, not the loop); TakeRemade subscribes it.
+// meanwhile). A thread of the connector's makes the connection (a server that does not answer
+// holds it for the connect timeout per server of the url, not the loop nor another source's
+// remake); TakeRemade subscribes it.
 // The same timeout as the first connection's: libnats keeps it for its reconnections too.
 void NatsSubscriptions::RemakeConnection(Source& source) {
   if (source.remake_under_way) return;  // asked twice: under way
@@ -1122,8 +1048,8 @@ const uv_loop_t* NatsSubscriptions::BindLoopThread(const uv_loop_t* loop) {
 
 NatsSubscriptions::NatsSubscriptions(IngestLoop& loop) : loop_(loop) {}
 
-// A remake's connection still being made is discarded by the connector's thread (the loop, now
-// closed, takes it no more), which is joined here, before anything it uses goes.
+// A remake's connection still being made is discarded by its thread (the loop, now closed,
+// takes it no more), which is joined here, before anything it uses goes.
 NatsSubscriptions::~NatsSubscriptions() { connector_.reset(); }
 
 void NatsSubscriptions::CloseAll() {

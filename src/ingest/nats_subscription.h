@@ -45,8 +45,8 @@ struct JetStreamPlace;
 class NatsSubscriptions {
  public:
   // From any thread (libnats' closed callback): the source `source_id`'s connection, closed for
-  // good by libnats, is made again (RemakeConnection: the connector's thread connects, the loop
-  // subscribes); false once the loop is stopped.
+  // good by libnats, is made again (RemakeConnection: a thread of the connector's connects, the
+  // loop subscribes); false once the loop is stopped.
   bool RemakeLater(uint64_t source_id);
   // From any thread (libnats' closed callback): a JetStream source's connection, closed for good
   // by libnats, is made again by the source's thread, its consumer from just after the
@@ -119,7 +119,7 @@ class NatsSubscriptions {
   // or when it closes again soon after a remake).
   void ScheduleRemake(Source& source, bool failed);
   void RemakeConnection(Source& source);
-  // The connector's thread: hands what it made for the source `source_id` to the loop.
+  // A connector's thread: hands what it made for the source `source_id` to the loop.
   void HandRemadeToLoop(uint64_t source_id, std::shared_ptr<absl::StatusOr<Made>> made,
                         SourceCounters& counters);
   void TellRemakeFailed(uint64_t source_id, SourceCounters& counters);
