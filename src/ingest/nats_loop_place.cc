@@ -44,6 +44,11 @@ void NatsLoopPlace::Abandon() {
   (void)Apply(lock);
 }
 
+bool NatsLoopPlace::Detached() const {
+  std::lock_guard lock(mutex_);
+  return detached_;
+}
+
 bool NatsLoopPlace::OnLoopThread() const { return loop_of_this_thread == &loop_.loop; }
 
 // After a connection (`*user_data` null) or a reconnection (the place, as set the first time):

@@ -49,6 +49,8 @@ class NatsLoopPlace : public std::enable_shared_from_this<NatsLoopPlace> {
   // made off the loop when the loop closes): the loop must not keep a poll open (it would run
   // on forever) nor touch the connection.
   void Abandon();
+  // Whether the socket is polled no more: detached by libnats, or abandoned. Any thread.
+  bool Detached() const;
 
   explicit NatsLoopPlace(IngestLoop& loop);  // Make
   NatsLoopPlace(const NatsLoopPlace&) = delete;
@@ -84,7 +86,7 @@ class NatsLoopPlace : public std::enable_shared_from_this<NatsLoopPlace> {
   void CloseConnection();
 
   IngestLoop& loop_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable dispatch_ended_;
   // Wanted, guarded by mutex_ (set by libnats from any thread).
   natsConnection* connection_ = nullptr;

@@ -119,7 +119,7 @@ class NatsSubscriptions {
   // or when it closes again soon after a remake).
   void ScheduleRemake(Source& source, bool failed);
   void RemakeConnection(Source& source);
-  // A connector's thread: hands what it made for the source `source_id` to the loop.
+  // A thread of the connector's: hands what it made for the source `source_id` to the loop.
   void HandRemadeToLoop(uint64_t source_id, std::shared_ptr<absl::StatusOr<Made>> made,
                         SourceCounters& counters);
   void TellRemakeFailed(uint64_t source_id, SourceCounters& counters);

@@ -8,6 +8,7 @@
 namespace kvrouter {
 
 RemakeConnector::~RemakeConnector() {
+  Stop();  // (done already by the loop's close: an attempt left polled would outlive its owner)
   std::list<Attempt> attempts;
   {
     std::lock_guard lock(mutex_);
@@ -35,7 +36,7 @@ void RemakeConnector::Add(Job job) {
 void RemakeConnector::Run(Attempt& attempt, Job job) {
   std::shared_ptr<NatsLoopPlace> place;
   {
-    std::lock_guard lock(mutex_);  // (Add has made the place and the thread)
+    std::lock_guard lock(mutex_);  // (defensive: the thread's start orders Add's writes first)
     place = attempt.place;
   }
   job(std::move(place));  // must not throw

@@ -7,8 +7,10 @@
 // Each job is given the place its connection is to be polled at. The loop closing abandons the
 // places of the attempts under way (their jobs then discard what they make, the loop no longer
 // taking it), and no job starts after that. A source has at most one attempt under way, so the
-// threads are at most the sources making their connection again; a finished one is joined by
-// the next Add, or by the destructor.
+// threads are at most the sources making their connection again, plus those finished since the
+// last Add (the next Add joins them, or the destructor). Not capped: one server error closing
+// many sources' connections starts as many connects at once (each connection has libnats'
+// own threads besides).
 #pragma once
 
 #include <cstddef>
