@@ -147,6 +147,12 @@ class JetStreamRelayTest : public ::testing::Test {
     server_ = std::make_unique<NatsServer>(port_, store_);  // same port, same store
     ASSERT_TRUE(server_->Start());
   }
+  // The server restarted, the relay has relayed the `frames` the listener got: its counters.
+  void RestartAndCatchUp(const Node& relay, uint64_t frames, IngestStats* relayed) {
+    ASSERT_NO_FATAL_FAILURE(RestartServer());
+    ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, frames); }));
+    *relayed = relay.Stats(relay_source_);
+  }
 
   std::string store_;
   int port_ = 0;
@@ -188,9 +194,8 @@ TEST_F(JetStreamRelayTest, NothingIsLostWhileTheServerRestarts) {
   server_->Stop();
   SendChains(20, 30);  // queued while the server is away
   ASSERT_TRUE(Eventually([&] { return relay.Stats(listener_).messages == 50; }));
-  RestartServer();
-  ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 50); }));
-  const IngestStats relayed = relay.Stats(relay_source_);
+  IngestStats relayed;
+  ASSERT_NO_FATAL_FAILURE(RestartAndCatchUp(relay, 50, &relayed));
   EXPECT_EQ(relayed.gaps, 0u);
   EXPECT_EQ(relayed.events_applied, 100u);
   // A consumer that starts now reads the whole stream.
@@ -219,9 +224,8 @@ TEST_F(JetStreamRelayTest, AConnectionTheClientGaveUpOnIsMadeAgain) {
       return relay.Stats(relay_source_).consumer_remake_failures >= 1;
     })) << "the connection was never given up and made again";
   }
-  RestartServer();
-  ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 20); }));
-  const IngestStats relayed = relay.Stats(relay_source_);
+  IngestStats relayed;
+  ASSERT_NO_FATAL_FAILURE(RestartAndCatchUp(relay, 20, &relayed));
   EXPECT_EQ(relayed.gaps, 0u);
   EXPECT_EQ(relayed.events_applied, 40u);
   EXPECT_GE(relayed.consumer_remakes, 1u);
@@ -244,9 +248,8 @@ TEST_F(JetStreamRelayTest, AnOverflowedQueueIsResyncedOnceTheServerIsBack) {
   SendChains(10, 100);
   Send({Remove({1, 0}, 1005)});  // a block the consumer holds: the resync must clear it
   ASSERT_TRUE(Eventually([&] { return relay.Stats(relay_source_).state_unknown == 1; }));
-  RestartServer();
-  ASSERT_TRUE(Eventually([&] { return RelayCaughtUp(relay, 111); }));
-  const IngestStats relayed = relay.Stats(relay_source_);
+  IngestStats relayed;
+  ASSERT_NO_FATAL_FAILURE(RestartAndCatchUp(relay, 111, &relayed));
   EXPECT_GE(relayed.gaps, 1u);
   EXPECT_GT(relayed.missed_messages, 0u);
   EXPECT_GE(relayed.recoveries, 1u);
