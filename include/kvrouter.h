@@ -10,8 +10,9 @@
  * - Fallible functions return a kvr_status (KVR_OK == 0) and take an optional last argument
  *   `kvr_error **err`: pass NULL to ignore details, or the address of a NULL kvr_error* to get
  *   a caller-owned error object on failure (free it with kvr_error_free; an error already
- *   held there is freed and replaced). On failure, out parameters are left untouched unless
- *   stated otherwise. There is no thread-local state.
+ *   held there is freed and replaced; if the heap refuses the new one, *err is left NULL and
+ *   the status alone tells). On failure, out parameters are left untouched unless stated
+ *   otherwise. There is no thread-local state.
  * - Options and result structs begin with `uint32_t struct_size`. Initialise one with its _init
  *   function and the size of the struct as the caller compiled it, before filling fields:
  *       kvr_router_options options;
@@ -35,9 +36,10 @@
  *   unsigned macros, combined with |. A value or flag bit this library does not know is
  *   refused (KVR_INVALID_ARGUMENT), as a newer caller's unknown fields are.
  * - Inputs (token arrays, strings, buffers) are borrowed only for the duration of the call;
- *   the library copies what it keeps. Array results go into caller buffers (`out` may be
- *   NULL only with `cap` 0; `len` is required): `*len` is set to the count written, or, when
- *   `cap` is too small, to the count needed, with KVR_BUFFER_TOO_SMALL.
+ *   the library copies what it keeps. An array given with a count no buffer can hold (its bytes
+ *   past PTRDIFF_MAX) is KVR_INVALID_ARGUMENT. Array results go into caller buffers (`out` may
+ *   be NULL only with `cap` 0; `len` is required): `*len` is set to the count written, or,
+ *   when `cap` is too small, to the count needed, with KVR_BUFFER_TOO_SMALL.
  * - Every _free function accepts NULL. Nothing returned is to be passed to free().
  * - Every entry point catches every C++ exception: running out of memory returns
  *   KVR_RESOURCE_EXHAUSTED ("out of memory"; what the call had changed is undone, or, for a KV
@@ -297,7 +299,9 @@ KVR_API void kvr_router_free(kvr_router *router);
  * then sees `now_ns` (nanoseconds from any origin) plus a fixed offset chosen at the first call,
  * so that the router's time continues from where it was: only differences matter. Until the
  * first call the router reads the process's monotonic clock. KVR_INVALID_ARGUMENT if `now_ns`
- * is earlier than the last time set. @thread_safety concurrent */
+ * is earlier than the last time set, or would take the router's time, or its offset from the
+ * times set, past +-2^62 ns (146 years; its deadlines must not overflow).
+ * @thread_safety concurrent */
 KVR_API kvr_status kvr_router_set_time(kvr_router *router, int64_t now_ns, kvr_error **err);
 
 /* ---- Workers ------------------------------------------------------------------------------ */
@@ -773,8 +777,11 @@ KVR_API kvr_status kvr_router_snapshot(kvr_router *router, kvr_buffer **out, kvr
 
 /* Loads a snapshot into a router whose index is empty (else KVR_FAILED_PRECONDITION, as in
  * approximate mode, whose index comes from its own decisions). The buffer is verified first;
- * a bad one, or one of another block size, changes nothing (KVR_INVALID_ARGUMENT).
- * @thread_safety concurrent */
+ * a bad one, or one of another block size, changes nothing (KVR_INVALID_ARGUMENT). Events of a
+ * verified snapshot that the index refuses are counted in the message (KVR_INVALID_ARGUMENT)
+ * and the others applied. Of two restores at once, one loads its snapshot and the other finds
+ * the index not empty; events applied meanwhile (an ingest already started) are kept, mixed
+ * with the snapshot's: restore before starting the ingest. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_restore(kvr_router *router, const void *data, size_t size,
                                       kvr_error **err);
 

@@ -204,7 +204,7 @@ func NewRouter(opts *RouterOptions) (*Router, error) {
 // then sees nanos (nanoseconds from any origin) plus a fixed offset chosen at the first call,
 // so that the router's time continues from where it was: only differences matter. Until the
 // first call the router reads the process's monotonic clock. ErrInvalidArgument if nanos is
-// earlier than the last time set.
+// earlier than the last time set, or would take the router's time past +-2^62 ns (146 years).
 func (r *Router) SetTime(nanos int64) error {
 	h := r.handle()
 	if h == nil {

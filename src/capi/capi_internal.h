@@ -4,6 +4,7 @@
 
 #include <absl/status/status.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -42,6 +43,16 @@ namespace kvrouter::capi {
 kvr_status Fail(kvr_error** err, kvr_status status, std::string message);
 kvr_status FromStatus(kvr_error** err, const absl::Status& status);
 
+// A failure whose error object could not be made (its message refused memory): the caller's
+// previous error goes, so that *err does not describe an older failure; the status alone tells.
+inline kvr_status ForgetError(kvr_error** err, kvr_status status) noexcept {
+  if (err != nullptr) {
+    delete *err;
+    *err = nullptr;
+  }
+  return status;
+}
+
 // Runs `body` with every exception turned into a status: nothing unwinds into C. Running out of
 // memory is KVR_RESOURCE_EXHAUSTED (the core leaves its state whole: RadixIndex::Apply), any
 // other exception KVR_INTERNAL. The error object itself needs memory: without it, the status.
@@ -53,22 +64,40 @@ kvr_status Guard(kvr_error** err, Body&& body) noexcept {
     try {
       return Fail(err, KVR_RESOURCE_EXHAUSTED, "out of memory");
     } catch (...) {
-      return KVR_RESOURCE_EXHAUSTED;
+      return ForgetError(err, KVR_RESOURCE_EXHAUSTED);
     }
   } catch (const std::exception& e) {
     try {
       return Fail(err, KVR_INTERNAL, std::string("internal error: ") + e.what());
     } catch (...) {
-      return KVR_INTERNAL;
+      return ForgetError(err, KVR_INTERNAL);
     }
   } catch (...) {
-    return KVR_INTERNAL;
+    try {
+      return Fail(err, KVR_INTERNAL, "internal error: an exception of no standard type");
+    } catch (...) {
+      return ForgetError(err, KVR_INTERNAL);
+    }
   }
 }
 
 // KVR_INVALID_ARGUMENT naming the NULL argument, or KVR_OK.
 inline kvr_status RequireNonNull(kvr_error** err, const void* p, const char* name) {
   return p != nullptr ? KVR_OK : Fail(err, KVR_INVALID_ARGUMENT, std::string(name) + " is NULL");
+}
+
+// A caller's array of `count` elements at `p`: KVR_INVALID_ARGUMENT naming it when it is NULL
+// with elements, or when no buffer can hold that many (their bytes past PTRDIFF_MAX: the end
+// pointer would wrap and a short copy be taken for the whole); else KVR_OK.
+template <typename T>
+kvr_status CheckArray(kvr_error** err, const T* p, size_t count, const char* name) {
+  if (count > 0 && p == nullptr) return RequireNonNull(err, p, name);
+  if (count > static_cast<size_t>(PTRDIFF_MAX) / sizeof(T)) {
+    return Fail(err, KVR_INVALID_ARGUMENT,
+                std::string(name) + ": " + std::to_string(count) +
+                    " elements are more than any buffer holds");
+  }
+  return KVR_OK;
 }
 
 // Sets `*len` to `needed`: KVR_OK when a caller buffer of `cap` entries at `out` takes them,
@@ -85,6 +114,15 @@ inline kvr_status CheckCapacity(kvr_error** err, size_t needed, const void* out,
                     " entries; the buffer has " + std::to_string(cap));
   }
   return KVR_OK;
+}
+
+// For a call that knows its output's size before computing it: KVR_OK when `needed` entries
+// fit the caller's buffer (nothing written: *len is set with the result, by CopyOut or
+// ConvertOut), else CheckCapacity's refusal, before anything is computed.
+inline kvr_status RefuseShortBuffer(kvr_error** err, size_t needed, const void* out, size_t cap,
+                                    size_t* len, const char* what) {
+  if (len != nullptr && needed <= cap && (cap == 0 || out != nullptr)) return KVR_OK;
+  return CheckCapacity(err, needed, out, cap, len, what);
 }
 
 // Each of `rows`, converted, into a caller buffer of `cap` entries; `*len` is how many there

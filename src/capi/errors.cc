@@ -6,8 +6,11 @@
 namespace kvrouter::capi {
 kvr_status Fail(kvr_error** err, kvr_status status, std::string message) {
   if (err != nullptr) {
-    delete *err;  // the caller's previous error, if any, would otherwise leak
-    *err = new kvr_error{status, std::move(message)};
+    // Made before the caller's previous error goes (that one would otherwise leak): refused
+    // memory then leaves no pointer to a freed one, only the status.
+    kvr_error* made = new (std::nothrow) kvr_error{status, std::move(message)};
+    delete *err;
+    *err = made;
   }
   return status;
 }
@@ -25,9 +28,19 @@ kvr_status ReadMmHashes(kvr_error** err, const uint64_t* hashes, const size_t* c
                         size_t num_blocks, std::vector<std::vector<uint64_t>>& out) {
   out.clear();
   if (counts == nullptr) return KVR_OK;
+  if (kvr_status s = CheckArray(err, counts, num_blocks, "mm_counts")) return s;
+  // The hashes' total, checked before any is read: counts that add up past any buffer would
+  // wrap the position into the caller's first hashes.
+  size_t total = 0;
+  for (size_t block = 0; block < num_blocks; ++block) {
+    if (counts[block] > SIZE_MAX - total) {
+      return Fail(err, KVR_INVALID_ARGUMENT, "mm_counts add up past any buffer");
+    }
+    total += counts[block];
+  }
+  if (kvr_status s = CheckArray(err, hashes, total, "mm_hashes")) return s;
   size_t next = 0;
   for (size_t block = 0; block < num_blocks; ++block) {
-    if (counts[block] > 0 && hashes == nullptr) return RequireNonNull(err, hashes, "mm_hashes");
     out.emplace_back(hashes + next, hashes + next + counts[block]);
     next += counts[block];
   }

@@ -175,8 +175,9 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, Requ
   if (kvr_status s = ReadMmHashes(err, c.mm_hashes, c.mm_counts, c.mm_num_blocks, out.mm)) {
     return s;
   }
-  if (c.num_allowed_worker_ids > 0 && c.allowed_worker_ids == nullptr) {
-    return RequireNonNull(err, c.allowed_worker_ids, "allowed_worker_ids");
+  if (kvr_status s =
+          CheckArray(err, c.allowed_worker_ids, c.num_allowed_worker_ids, "allowed_worker_ids")) {
+    return s;
   }
   if (kvr_status s = CheckFlags(err, c.flags, kKnownRequestFlags, "kvr_request_options.flags")) {
     return s;
@@ -221,9 +222,7 @@ kvr_status ToRequest(kvr_error** err, const uint32_t* tokens, size_t num_tokens,
   if (kvr_status s = ToRouteOptions(err, opts, out)) return s;
   const kvr_request_options& c = out.c;
   if ((c.flags & KVR_REQUEST_PREHASHED) == 0) {
-    if (num_tokens > 0) {
-      if (kvr_status s = RequireNonNull(err, tokens, "tokens")) return s;
-    }
+    if (kvr_status s = CheckArray(err, tokens, num_tokens, "tokens")) return s;
     out.tokens = std::span(tokens, num_tokens);
     return KVR_OK;
   }
@@ -232,8 +231,8 @@ kvr_status ToRequest(kvr_error** err, const uint32_t* tokens, size_t num_tokens,
                        "with KVR_REQUEST_PREHASHED the prompt is opts->local_hashes: tokens must "
                        "be NULL (num_tokens is the prompt's length)");
   }
-  if (c.num_local_hashes > 0 && c.local_hashes == nullptr) {
-    return RequireNonNull(err, c.local_hashes, "opts->local_hashes");
+  if (kvr_status s = CheckArray(err, c.local_hashes, c.num_local_hashes, "opts->local_hashes")) {
+    return s;
   }
   out.route.prompt.prehashed = kvrouter::PrehashedPrompt{
       .local_hashes = std::span(c.local_hashes, c.num_local_hashes), .num_tokens = num_tokens};
@@ -290,12 +289,8 @@ kvr_status ToStoredEvent(kvr_error** err, const kvr_stored_event* event, kvroute
   if (kvr_status s = CheckFlags(err, in.flags, kKnownStoredFlags, "kvr_stored_event.flags")) {
     return s;
   }
-  if (in.num_blocks > 0 && in.block_hashes == nullptr) {
-    return RequireNonNull(err, in.block_hashes, "block_hashes");
-  }
-  if (in.num_tokens > 0 && in.token_ids == nullptr) {
-    return RequireNonNull(err, in.token_ids, "token_ids");
-  }
+  if (kvr_status s = CheckArray(err, in.block_hashes, in.num_blocks, "block_hashes")) return s;
+  if (kvr_status s = CheckArray(err, in.token_ids, in.num_tokens, "token_ids")) return s;
   if (in.sliding_window_tokens > 0) return ToSlidingStoredEvent(err, in, out);
   if (in.sliding_group != 0 || in.reserved1 != 0) {
     return FailInvalid(err,
@@ -341,9 +336,7 @@ kvr_status ToRemovedEvent(kvr_error** err, const kvr_removed_event* event, kvrou
   kvr_removed_event in;
   if (kvr_status s = ReadVersioned(err, event, in)) return s;
   if (kvr_status s = CheckTier(err, in.tier)) return s;
-  if (in.num_blocks > 0 && in.block_hashes == nullptr) {
-    return RequireNonNull(err, in.block_hashes, "block_hashes");
-  }
+  if (kvr_status s = CheckArray(err, in.block_hashes, in.num_blocks, "block_hashes")) return s;
   if (kvr_status s = CheckFlags(err, in.flags, kKnownRemovedFlags, "kvr_removed_event.flags")) {
     return s;
   }
@@ -506,12 +499,21 @@ KVR_API void kvr_router_free(kvr_router* router) { delete router; }
 KVR_API kvr_status kvr_router_set_time(kvr_router* router, int64_t now_ns, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
-    if (!router->clock.Set(now_ns)) {
-      return Fail(err, KVR_INVALID_ARGUMENT,
-                  "kvr_router_set_time: now_ns " + std::to_string(now_ns) +
-                      " is earlier than the last time set (the router's clock never goes back)");
+    using Outcome = kvrouter::HandDrivenClock::SetOutcome;
+    switch (router->clock.Set(now_ns)) {
+      case Outcome::kSet:
+        return KVR_OK;
+      case Outcome::kEarlier:
+        return Fail(err, KVR_INVALID_ARGUMENT,
+                    "kvr_router_set_time: now_ns " + std::to_string(now_ns) +
+                        " is earlier than the last time set (the router's clock never goes back)");
+      case Outcome::kOutOfRange:
+        break;
     }
-    return KVR_OK;
+    return Fail(err, KVR_INVALID_ARGUMENT,
+                "kvr_router_set_time: now_ns " + std::to_string(now_ns) +
+                    " is out of range: the router's time, and its offset from the times set, "
+                    "stay within +-2^62 ns (146 years)");
   });
 }
 
@@ -723,9 +725,7 @@ KVR_API kvr_status kvr_router_overlap_scores_hashed(kvr_router* router,
                                                     kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
-    if (num_hashes > 0 && local_hashes == nullptr) {
-      return RequireNonNull(err, local_hashes, "local_hashes");
-    }
+    if (kvr_status s = CheckArray(err, local_hashes, num_hashes, "local_hashes")) return s;
     RequestOptions options;
     if (kvr_status s = ToRouteOptions(err, opts, options)) return s;
     // Reused per thread: a thousand-rank answer is 64 KiB, freed and faulted in again on
@@ -745,9 +745,7 @@ KVR_API kvr_status kvr_router_find_matches(kvr_router* router, const uint64_t* l
                                            size_t* len, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
-    if (num_hashes > 0 && local_hashes == nullptr) {
-      return RequireNonNull(err, local_hashes, "local_hashes");
-    }
+    if (kvr_status s = CheckArray(err, local_hashes, num_hashes, "local_hashes")) return s;
     thread_local std::vector<kvrouter::WorkerMatch> matches;  // reused, as for overlap scores
     router->router->LookUp(std::span(local_hashes, num_hashes), matches);
     return ConvertOut(

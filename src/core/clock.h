@@ -82,21 +82,38 @@ class HandDrivenClock final : public Clock {
     if (!driven_.load(std::memory_order_acquire)) return SteadyClock::Instance().Now();
     return now_.load(std::memory_order_acquire);
   }
-  // False (nothing changes) if `t` is earlier than the last time set.
-  bool Set(Nanos t) {
+  enum class SetOutcome {
+    kSet,
+    kEarlier,  // than the last time set: nothing changes
+    // The time, or its offset from the times set, would reach +-kLongestNanos (a deadline up
+    // to kLongestNanos past it would overflow).
+    kOutOfRange,
+  };
+  SetOutcome Set(Nanos t) {
     std::lock_guard lock(mutex_);
+    Nanos offset = offset_;
     if (!driven_.load(std::memory_order_relaxed)) {
-      offset_ = SteadyClock::Instance().Now() - t;
+      if (__builtin_sub_overflow(SteadyClock::Instance().Now(), t, &offset) ||
+          !WithinRange(offset)) {
+        return SetOutcome::kOutOfRange;
+      }
     } else if (t < last_set_) {
-      return false;
+      return SetOutcome::kEarlier;
     }
+    Nanos now = 0;
+    if (__builtin_add_overflow(t, offset, &now) || !WithinRange(now)) {
+      return SetOutcome::kOutOfRange;
+    }
+    offset_ = offset;
     last_set_ = t;
-    now_.store(t + offset_, std::memory_order_release);
+    now_.store(now, std::memory_order_release);
     driven_.store(true, std::memory_order_release);
-    return true;
+    return SetOutcome::kSet;
   }
 
  private:
+  static bool WithinRange(Nanos n) { return n < kLongestNanos && n > -kLongestNanos; }
+
   std::mutex mutex_;  // orders Sets
   Nanos offset_ = 0;
   Nanos last_set_ = 0;

@@ -275,7 +275,12 @@ absl::Status Router::RestoreIndex(std::span<const KvEvent> events) {
         "the router runs in approximate mode (use_kv_events = false); its index is not restored "
         "from snapshots");
   }
+  std::lock_guard lock(restore_mutex_);  // one restore at a time
   for (const WorkerKey& rank : index_->Workers()) index_->RemoveWorkerDpRank(rank);
+  return ApplySnapshotEvents(events);
+}
+
+absl::Status Router::ApplySnapshotEvents(std::span<const KvEvent> events) {
   size_t rejected = 0;
   std::string first_error;
   for (const KvEvent& event : events) {
@@ -298,11 +303,14 @@ absl::Status Router::RestoreSnapshot(uint32_t snapshot_block_size,
                                                    " differs from the router's ",
                                                    options_.block_size));
   }
-  if (IndexStats().cached_blocks > 0) {
+  if (!index_) return RestoreIndex(events);  // FailedPrecondition, saying why
+  std::lock_guard lock(restore_mutex_);
+  const kvrouter::IndexStats stats = IndexStats();
+  if (stats.cached_blocks > 0 || stats.sliding_blocks > 0) {
     return absl::FailedPreconditionError(
         "the router's index is not empty; restore into a new router");
   }
-  return RestoreIndex(events);
+  return ApplySnapshotEvents(events);
 }
 
 // ---------------------------------------------------------------------------------------------

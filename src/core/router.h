@@ -264,9 +264,11 @@ class Router {
   // many were and why the first was. Routing during a restore sees a partial index.
   // FailedPrecondition in approximate mode (its recorded blocks carry TTLs a dump lacks).
   absl::Status RestoreIndex(std::span<const KvEvent> events);
-  // RestoreIndex for a snapshot taken from another router: InvalidArgument when its block size
-  // is not this router's, FailedPrecondition when this router's index is not empty (restore
-  // into a new router); otherwise RestoreIndex(events).
+  // A snapshot taken from another router into this one's empty index: InvalidArgument when
+  // its block size is not this router's, FailedPrecondition when the index is not empty
+  // (restore into a new router); otherwise its events are applied as by RestoreIndex, without
+  // removing anything first (an event applied meanwhile by an ingest is kept). One restore at a
+  // time: of two at once, the second finds the first's index, not an empty one.
   absl::Status RestoreSnapshot(uint32_t snapshot_block_size, std::span<const KvEvent> events);
 
   // --- Routing. ---
@@ -482,6 +484,9 @@ class Router {
   explicit Router(RouterOptions options);
 
   // router.cc: workers, events, views.
+  // A snapshot's events applied to the index (with KV events), every one even if some are
+  // rejected; then InvalidArgument says how many were and why the first was.
+  absl::Status ApplySnapshotEvents(std::span<const KvEvent> events);
   // Drops a removed rank's cache from the index (the load tracker dropped the rank itself).
   void ForgetRankLocked(WorkerKey rank);
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
@@ -645,6 +650,7 @@ class Router {
   std::unique_ptr<ApproxIndex> approx_;  // approximate mode
 
   mutable AdaptiveMutex gate_;
+  std::mutex restore_mutex_;  // RestoreSnapshot's check and its events, one restore at a time
   std::shared_ptr<RandomSource> random_;
   ActiveSequences active_;
   WorkerRegistry registry_;

@@ -1,6 +1,6 @@
 #include "core/types.h"
 
-#include <absl/strings/ascii.h>
+#include <absl/strings/match.h>
 
 #include <array>
 #include <utility>
@@ -25,9 +25,11 @@ Tier TierFromMedium(std::string_view medium) {
       {"SHARED", Tier::kExternal},
       {"SHARED_STORAGE", Tier::kExternal},  // vLLM's shared-storage offloading spec
   }};
-  const std::string upper = absl::AsciiStrToUpper(absl::string_view(medium.data(), medium.size()));
+  // Compared in place: a copy would allocate, and the C ABI's kvr_tier_from_medium has no
+  // status to report a refused allocation with.
+  const absl::string_view given(medium.data(), medium.size());
   for (const auto& [name, tier] : kMediums) {
-    if (upper == name) return tier;
+    if (absl::EqualsIgnoreCase(given, absl::string_view(name.data(), name.size()))) return tier;
   }
   return Tier::kDevice;
 }

@@ -93,6 +93,94 @@ static void a_huge_struct_size_is_refused_without_reading_past_the_struct(void**
   free(options);
 }
 
+/* Counts no buffer can hold: their bytes would pass PTRDIFF_MAX, so the end pointer wraps. A
+ * library that formed it took the wrapped (short) range for the whole and applied a one-block
+ * event as 2^61 + 1 blocks, answering KVR_OK. */
+static void counts_past_any_buffer_are_refused(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  uint64_t engine[1] = {100};
+  uint64_t local[1] = {7};
+  kvr_stored_event stored;
+  kvr_removed_event removed;
+  (void)state;
+  kvr_stored_event_init(&stored, sizeof stored);
+  stored.worker_id = 1;
+  stored.block_hashes = engine;
+  stored.local_hashes = local;
+  stored.num_blocks = ((size_t)1 << 61) + 1;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "more than any buffer holds",
+                          kvr_router_apply_stored(router, &stored, ERRP));
+  stored.num_blocks = SIZE_MAX;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_apply_stored(router, &stored, ERRP));
+  assert_int_equal(0, kvt_metrics(router).index_blocks);
+  kvr_removed_event_init(&removed, sizeof removed);
+  removed.worker_id = 1;
+  removed.block_hashes = engine;
+  removed.num_blocks = ((size_t)1 << 61) + 1;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "more than any buffer holds",
+                          kvr_router_apply_removed(router, &removed, ERRP));
+  kvr_router_free(router);
+}
+
+/* Multimodal counts that add up past any buffer (here to 2^64 + 1: the position wraps to the
+ * first hash) are refused before any hash is read. */
+static void multimodal_counts_that_wrap_are_refused(void** state) {
+  uint32_t tokens[2 * BS];
+  const uint64_t mm[2] = {1, 2};
+  const size_t counts[2] = {SIZE_MAX, 2};
+  uint64_t out[2];
+  size_t len = 777;
+  kvr_hash_options options;
+  (void)state;
+  kvt_fill_tokens(tokens, 2 * BS, 1);
+  kvr_hash_options_init(&options, sizeof options);
+  options.mm_hashes = mm;
+  options.mm_counts = counts;
+  options.mm_num_blocks = 2;
+  KVT_EXPECT_FAILS_SAYING(
+      KVR_INVALID_ARGUMENT, "mm_counts add up past any buffer",
+      kvr_compute_block_hashes(tokens, 2 * BS, BS, &options, out, 2, &len, ERRP));
+  assert_int_equal(777, len); /* an out parameter is not written on a failure */
+  /* Nor when the hashes are missing. */
+  options.mm_hashes = NULL;
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT,
+                   kvr_compute_block_hashes(tokens, 2 * BS, BS, &options, out, 2, &len, ERRP));
+  assert_int_equal(777, len);
+}
+
+/* A short buffer for sequence hashes is refused before anything is hashed: here 2^40 hashes
+ * are claimed and 4 given (hashing first would allocate 8 TiB or read past the input). */
+static void a_short_sequence_hash_buffer_is_refused_before_hashing(void** state) {
+  const uint64_t local[4] = {1, 2, 3, 4};
+  uint64_t out[2];
+  size_t len = 0;
+  (void)state;
+  KVT_EXPECT_FAILS_SAYING(KVR_BUFFER_TOO_SMALL, "sequence hashes",
+                          kvr_compute_sequence_hashes(local, (size_t)1 << 40, out, 2, &len, ERRP));
+  assert_int_equal((size_t)1 << 40, len);
+  KVT_OK(kvr_compute_sequence_hashes(local, 2, out, 2, &len, ERRP));
+  assert_int_equal(2, len);
+}
+
+/* Time set by hand stays within +-2^62 ns of the clock's origin: deadlines computed from it
+ * (up to 2^62 ns ahead) must not overflow. Before, INT64_MIN as the first time, or INT64_MAX
+ * after 0, overflowed a signed addition (undefined behaviour; in practice time went negative)
+ * and was answered KVR_OK. */
+static void a_time_past_the_clock_range_is_refused(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  (void)state;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "2^62",
+                          kvr_router_set_time(router, INT64_MIN, ERRP));
+  KVT_OK(kvr_router_set_time(router, 0, ERRP));
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "2^62",
+                          kvr_router_set_time(router, INT64_MAX, ERRP));
+  /* Still driven from the last time accepted: an hour later is fine, an earlier time is not. */
+  KVT_OK(kvr_router_set_time(router, 3600 * (int64_t)1000000000, ERRP));
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "earlier than the last time set",
+                          kvr_router_set_time(router, 1, ERRP));
+  kvr_router_free(router);
+}
+
 static void an_allowed_set_of_unknown_workers_says_so(void** state) {
   kvr_router* router = kvt_router_new(BS, 0);
   uint32_t tokens[2 * BS];
@@ -153,6 +241,10 @@ int main(void) {
       cmocka_unit_test(more_tokens_than_blocks_take_is_refused_before_copying),
       cmocka_unit_test(a_short_hash_buffer_is_refused_before_hashing),
       cmocka_unit_test(a_huge_struct_size_is_refused_without_reading_past_the_struct),
+      cmocka_unit_test(counts_past_any_buffer_are_refused),
+      cmocka_unit_test(multimodal_counts_that_wrap_are_refused),
+      cmocka_unit_test(a_short_sequence_hash_buffer_is_refused_before_hashing),
+      cmocka_unit_test(a_time_past_the_clock_range_is_refused),
       cmocka_unit_test(an_allowed_set_of_unknown_workers_says_so),
       cmocka_unit_test(engine_endpoints_ports_and_ranks_are_checked),
   };

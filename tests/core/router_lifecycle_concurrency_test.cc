@@ -2,10 +2,12 @@
 // freed, no plan is left behind, and sessions stay consistent (run under TSan by CI).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/hashing.h"
 #include "core/router.h"
 
 namespace kvrouter {
@@ -69,6 +71,45 @@ TEST(RouterLifecycleConcurrencyTest, StagedRoutingFromManyThreadsLeaksNothing) {
     EXPECT_EQ(load.active_prefill_tokens, 0u);
   }
   EXPECT_LE(router.session_count(), 5u);
+}
+
+// Two restores of a snapshot at once into an empty router: one loads it, the other finds the
+// index no longer empty (before, both passed the emptiness check and both applied their events,
+// answering OK twice).
+TEST(RouterLifecycleConcurrencyTest, OfTwoRestoresAtOnceOneLoadsTheSnapshot) {
+  auto source = Router::Create(RouterOptions{.block_size = kBlockSize});
+  ASSERT_TRUE(source.ok());
+  for (uint32_t chain = 0; chain < 200; ++chain) {
+    std::vector<uint32_t> tokens(10 * kBlockSize);
+    for (size_t k = 0; k < tokens.size(); ++k) tokens[k] = chain * 1000 + static_cast<uint32_t>(k);
+    StoredEvent stored;
+    stored.token_ids = tokens;
+    stored.block_hashes = ComputeSequenceHashes(ComputeLocalBlockHashes(tokens, kBlockSize));
+    ASSERT_TRUE((*source)->ApplyEvent({.worker = {1 + chain % 3, 0}, .data = stored})->ok());
+  }
+  const std::vector<KvEvent> snapshot = (*source)->DumpIndexEvents();
+  for (int round = 0; round < 20; ++round) {
+    auto created = Router::Create(RouterOptions{.block_size = kBlockSize});
+    ASSERT_TRUE(created.ok());
+    Router& router = **created;
+    std::atomic<int> ready{0};
+    absl::Status results[2];
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < 2) {
+        }
+        results[t] = router.RestoreSnapshot(kBlockSize, snapshot);
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    const int loaded = results[0].ok() + results[1].ok();
+    ASSERT_EQ(loaded, 1) << results[0] << " / " << results[1];
+    const absl::Status& refused = results[0].ok() ? results[1] : results[0];
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_EQ(router.IndexDigest(), (*source)->IndexDigest());
+  }
 }
 
 }  // namespace

@@ -209,7 +209,8 @@ class Router(_native.Router):
         ``CostFunction.PREDICTED_TTFT``) then sees ``ns`` (nanoseconds from any origin) plus a
         fixed offset chosen at the first call, so that the router's time continues from where it
         was: only differences matter. Until the first call the router reads the process's
-        monotonic clock. InvalidArgumentError if ``ns`` is earlier than the last time set."""
+        monotonic clock. InvalidArgumentError if ``ns`` is earlier than the last time set, or
+        would take the router's time past +-2^62 ns (146 years)."""
         self._set_time(ns)
 
     def expire_plans(self) -> int:
@@ -251,7 +252,8 @@ class Router(_native.Router):
         return self._snapshot()
 
     def restore(self, data: Buffer) -> None:
-        """Loads a snapshot into a router whose index is empty."""
+        """Loads a snapshot into a router whose index is empty (else FailedPreconditionError;
+        of two restores at once, one loads its snapshot and the other gets that error)."""
         self._restore(data)
 
     def metrics(self) -> Metrics:

@@ -995,8 +995,9 @@ extern "C" {
     /// KVR_COST_PREDICTED_TTFT) then sees `now_ns` (nanoseconds from any origin) plus a fixed
     /// offset chosen at the first call, so that the router's time continues from where it was: only
     /// differences matter. Until the first call the router reads the process's monotonic clock.
-    /// KVR_INVALID_ARGUMENT if `now_ns` is earlier than the last time set. @thread_safety
-    /// concurrent
+    /// KVR_INVALID_ARGUMENT if `now_ns` is earlier than the last time set, or would take the
+    /// router's time, or its offset from the times set, past +-2^62 ns (146 years; its deadlines
+    /// must not overflow). @thread_safety concurrent
     pub fn kvr_router_set_time(
         router: *mut kvr_router,
         now_ns: i64,
@@ -1322,8 +1323,11 @@ extern "C" {
     ) -> kvr_status;
     /// Loads a snapshot into a router whose index is empty (else KVR_FAILED_PRECONDITION, as in
     /// approximate mode, whose index comes from its own decisions). The buffer is verified first; a
-    /// bad one, or one of another block size, changes nothing (KVR_INVALID_ARGUMENT).
-    /// @thread_safety concurrent
+    /// bad one, or one of another block size, changes nothing (KVR_INVALID_ARGUMENT). Events of a
+    /// verified snapshot that the index refuses are counted in the message (KVR_INVALID_ARGUMENT)
+    /// and the others applied. Of two restores at once, one loads its snapshot and the other finds
+    /// the index not empty; events applied meanwhile (an ingest already started) are kept, mixed
+    /// with the snapshot's: restore before starting the ingest. @thread_safety concurrent
     pub fn kvr_router_restore(
         router: *mut kvr_router,
         data: *const c_void,

@@ -1011,8 +1011,9 @@ impl RouterRef {
         unsafe { Buffer::from_raw(out) }
     }
 
-    /// Loads a snapshot into a router whose index is empty (else `FailedPrecondition`). A bad
-    /// buffer, or one of another block size, changes nothing (`InvalidArgument`).
+    /// Loads a snapshot into a router whose index is empty (else `FailedPrecondition`; of two
+    /// restores at once, one loads its snapshot and the other gets that). A bad buffer, or one
+    /// of another block size, changes nothing (`InvalidArgument`).
     pub fn restore(&self, snapshot: &[u8]) -> Result<()> {
         // SAFETY: a live router (concurrent); the bytes are borrowed for the call.
         call(|err| unsafe {
@@ -1144,7 +1145,8 @@ impl RouterRef {
     /// (nanoseconds from any origin) plus a fixed offset chosen at the first call, so that the
     /// router's time continues from where it was: only differences matter. Until the first
     /// call the router reads the process's monotonic clock. `InvalidArgument` if `now_ns` is
-    /// earlier than the last time set.
+    /// earlier than the last time set, or would take the router's time past +-2^62 ns (146
+    /// years).
     pub fn set_time(&self, now_ns: i64) -> Result<()> {
         // SAFETY: a live router (concurrent).
         call(|err| unsafe { sys::kvr_router_set_time(self.as_raw(), now_ns, err) })

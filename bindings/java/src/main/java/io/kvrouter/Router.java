@@ -689,7 +689,8 @@ public final class Router extends NativeObject {
   }
 
   /**
-   * Loads a snapshot into a router whose index is empty.
+   * Loads a snapshot into a router whose index is empty. Of two restores at once, one loads
+   * its snapshot and the other finds the index not empty.
    *
    * @throws KvRouterException {@link Status#FAILED_PRECONDITION} for a non-empty index or in
    *     approximate mode; {@link Status#INVALID_ARGUMENT} for a bad snapshot or one of another
@@ -872,7 +873,7 @@ public final class Router extends NativeObject {
    * clock.
    *
    * @throws KvRouterException {@link Status#INVALID_ARGUMENT} if {@code nanos} is earlier than
-   *     the last time set
+   *     the last time set, or would take the router's time past +-2^62 ns (146 years)
    */
   public void setTime(long nanos) {
     long h = acquire();
