@@ -30,7 +30,8 @@ func (r *Router) Snapshot() ([]byte, error) {
 }
 
 // Restore loads a snapshot into a router whose index is empty (else ErrFailedPrecondition, as
-// in approximate mode). A buffer that fails verification, or one of another block size,
+// in approximate mode; of two restores at once, one loads its snapshot and the other gets
+// that). A buffer that fails verification, or one of another block size,
 // changes nothing (ErrInvalidArgument).
 func (r *Router) Restore(snapshot []byte) error {
 	h := r.handle()

@@ -1526,7 +1526,9 @@ extern "C" {
     /// concurrent
     pub fn kvr_ingest_start(ingest: *mut kvr_ingest, err: *mut *mut kvr_error) -> kvr_status;
     /// Closes every source and joins the loop thread. Final (no restart); idempotent.
-    /// @thread_safety concurrent
+    /// @thread_safety concurrent, except with kvr_ingest_subscribe_nats,
+    /// kvr_ingest_subscribe_jetstream, kvr_ingest_relay_jetstream and kvr_ingest_sync_replicas on
+    /// the same object (as they say)
     pub fn kvr_ingest_stop(ingest: *mut kvr_ingest, err: *mut *mut kvr_error) -> kvr_status;
     /// Stops if needed and destroys. Accepts NULL. @thread_safety none
     pub fn kvr_ingest_free(ingest: *mut kvr_ingest);

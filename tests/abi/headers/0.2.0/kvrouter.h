@@ -1145,7 +1145,9 @@ KVR_API kvr_status kvr_ingest_new(kvr_router *router, const kvr_ingest_options *
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_start(kvr_ingest *ingest, kvr_error **err);
 /* Closes every source and joins the loop thread. Final (no restart); idempotent.
- * @thread_safety concurrent */
+ * @thread_safety concurrent, except with kvr_ingest_subscribe_nats,
+ * kvr_ingest_subscribe_jetstream, kvr_ingest_relay_jetstream and kvr_ingest_sync_replicas on
+ * the same object (as they say) */
 KVR_API kvr_status kvr_ingest_stop(kvr_ingest *ingest, kvr_error **err);
 /* Stops if needed and destroys. Accepts NULL. @thread_safety none */
 KVR_API void kvr_ingest_free(kvr_ingest *ingest);
