@@ -4,6 +4,7 @@
 #include "capi_internal.h"
 #include "core/clock.h"
 #include "wire/flatbuffers_codec.h"
+#include "wire/framing.h"
 
 using namespace kvrouter::capi;
 
@@ -83,10 +84,13 @@ KVR_API kvr_status kvr_event_batch_encode(const kvr_event_batch* batch, kvr_buff
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = RequireNonNull(err, batch, "batch")) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
-    auto buffer = std::make_unique<kvr_buffer>();
-    buffer->bytes = kvrouter::EncodeEventBatch(
-        batch->events, batch->publish_time_ns.value_or(kvrouter::UnixNowNanos()));
-    *out = buffer.release();
+    // No decoder takes a batch over a frame's limit (kvr_router_apply_event_batch, a stream
+    // listener, a NATS source): a larger one is refused here, not there.
+    auto encoded = kvrouter::EncodeEventBatchWithin(
+        batch->events, batch->publish_time_ns.value_or(kvrouter::UnixNowNanos()),
+        kvrouter::kMaxFrameBytes);
+    if (!encoded.ok()) return FromStatus(err, encoded.status());
+    *out = new kvr_buffer{*std::move(encoded)};
     return KVR_OK;
   });
 }

@@ -823,10 +823,10 @@ KVR_API kvr_status kvr_router_snapshot(kvr_router* router, kvr_buffer** out, kvr
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
-    auto buffer = std::make_unique<kvr_buffer>();
-    buffer->bytes = kvrouter::EncodeIndexSnapshot(router->router->block_size(),
-                                                  router->router->DumpIndexEvents());
-    *out = buffer.release();
+    auto encoded = kvrouter::EncodeIndexSnapshot(router->router->block_size(),
+                                                 router->router->DumpIndexEvents());
+    if (!encoded.ok()) return FromStatus(err, encoded.status());
+    *out = new kvr_buffer{*std::move(encoded)};
     return KVR_OK;
   });
 }

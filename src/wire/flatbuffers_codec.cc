@@ -94,8 +94,14 @@ EncodedData EncodeData(fb::FlatBufferBuilder& fbb, const SlidingRemovedEvent& e)
   return {wire::EventData::SlidingRemoved, removed.Union()};
 }
 
-fb::Offset<fb::Vector<fb::Offset<wire::KvEvent>>> EncodeEvents(fb::FlatBufferBuilder& fbb,
-                                                               std::span<const KvEvent> events) {
+using EventsOffset = fb::Offset<fb::Vector<fb::Offset<wire::KvEvent>>>;
+
+// The events, or ResourceExhausted (naming `what`) once the buffer passes `max_bytes`: checked
+// after each event, well before FlatBuffers' 2 GiB, past which its 32-bit offsets would wrap
+// (its asserts compiled out, the buffer would be corrupt, not refused).
+absl::StatusOr<EventsOffset> EncodeEvents(fb::FlatBufferBuilder& fbb,
+                                          std::span<const KvEvent> events, size_t max_bytes,
+                                          const char* what) {
   std::vector<fb::Offset<wire::KvEvent>> offsets;
   offsets.reserve(events.size());
   for (const KvEvent& event : events) {
@@ -103,6 +109,11 @@ fb::Offset<fb::Vector<fb::Offset<wire::KvEvent>>> EncodeEvents(fb::FlatBufferBui
     offsets.push_back(wire::CreateKvEvent(fbb, event.worker.worker_id, event.worker.dp_rank,
                                           static_cast<wire::Tier>(event.tier), event.event_id,
                                           data.type, data.table));
+    if (fbb.GetSize() > max_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("%s of %d events is over the %d-byte limit (%d events took %d bytes)",
+                          what, events.size(), max_bytes, offsets.size(), fbb.GetSize()));
+    }
   }
   return fbb.CreateVector(offsets);
 }
@@ -110,6 +121,17 @@ fb::Offset<fb::Vector<fb::Offset<wire::KvEvent>>> EncodeEvents(fb::FlatBufferBui
 std::vector<uint8_t> Bytes(const fb::FlatBufferBuilder& fbb) {
   const uint8_t* data = fbb.GetBufferPointer();
   return std::vector<uint8_t>(data, data + fbb.GetSize());
+}
+
+// The finished buffer, or ResourceExhausted if the vector and root added after the events took
+// it past `max_bytes`.
+absl::StatusOr<std::vector<uint8_t>> BytesWithin(const fb::FlatBufferBuilder& fbb, size_t max_bytes,
+                                                 const char* what) {
+  if (fbb.GetSize() > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat("%s of %d bytes is over the %d-byte limit",
+                                                        what, fbb.GetSize(), max_bytes));
+  }
+  return Bytes(fbb);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -335,9 +357,19 @@ class Decoder {
 
 std::vector<uint8_t> EncodeEventBatch(std::span<const KvEvent> events, uint64_t publish_time_ns) {
   fb::FlatBufferBuilder fbb;
-  auto offsets = EncodeEvents(fbb, events);
-  wire::FinishEventBatchBuffer(fbb, wire::CreateEventBatch(fbb, offsets, publish_time_ns));
+  auto offsets = EncodeEvents(fbb, events, SIZE_MAX, "an event batch");
+  wire::FinishEventBatchBuffer(fbb, wire::CreateEventBatch(fbb, *offsets, publish_time_ns));
   return Bytes(fbb);
+}
+
+absl::StatusOr<std::vector<uint8_t>> EncodeEventBatchWithin(std::span<const KvEvent> events,
+                                                            uint64_t publish_time_ns,
+                                                            size_t max_bytes) {
+  fb::FlatBufferBuilder fbb;
+  auto offsets = EncodeEvents(fbb, events, max_bytes, "an event batch");
+  if (!offsets.ok()) return offsets.status();
+  wire::FinishEventBatchBuffer(fbb, wire::CreateEventBatch(fbb, *offsets, publish_time_ns));
+  return BytesWithin(fbb, max_bytes, "an event batch");
 }
 
 absl::StatusOr<std::vector<KvEvent>> DecodeEventBatch(std::span<const uint8_t> bytes,
@@ -349,12 +381,15 @@ absl::StatusOr<std::vector<KvEvent>> DecodeEventBatch(std::span<const uint8_t> b
   return events;
 }
 
-std::vector<uint8_t> EncodeIndexSnapshot(uint32_t block_size, std::span<const KvEvent> events) {
+absl::StatusOr<std::vector<uint8_t>> EncodeIndexSnapshot(uint32_t block_size,
+                                                         std::span<const KvEvent> events,
+                                                         size_t max_bytes) {
   fb::FlatBufferBuilder fbb;
-  auto offsets = EncodeEvents(fbb, events);
+  auto offsets = EncodeEvents(fbb, events, max_bytes, "an index snapshot");
+  if (!offsets.ok()) return offsets.status();
   wire::FinishIndexSnapshotBuffer(
-      fbb, wire::CreateIndexSnapshot(fbb, kIndexSnapshotFormatVersion, block_size, offsets));
-  return Bytes(fbb);
+      fbb, wire::CreateIndexSnapshot(fbb, kIndexSnapshotFormatVersion, block_size, *offsets));
+  return BytesWithin(fbb, max_bytes, "an index snapshot");
 }
 
 absl::StatusOr<IndexSnapshot> DecodeIndexSnapshot(std::span<const uint8_t> bytes) {

@@ -36,6 +36,12 @@ inline constexpr uint32_t kIndexSnapshotFormatVersion = 1;
 // publication time (nanoseconds since the Unix epoch; 0 = unstamped).
 std::vector<uint8_t> EncodeEventBatch(std::span<const KvEvent> events,
                                       uint64_t publish_time_ns = 0);
+// The same, or ResourceExhausted if it would be larger than `max_bytes` (stopped as it passes
+// them): for events a caller gave, unbounded (within the process's own, bounded messages,
+// EncodeEventBatch will do).
+absl::StatusOr<std::vector<uint8_t>> EncodeEventBatchWithin(std::span<const KvEvent> events,
+                                                            uint64_t publish_time_ns,
+                                                            size_t max_bytes);
 
 // The events of an EventBatch buffer, in order. `bytes` need not be aligned. When
 // `publish_time_ns` is given, it receives the batch's publication time (0 if unstamped).
@@ -48,8 +54,12 @@ struct IndexSnapshot {
 };
 
 // An IndexSnapshot buffer (file identifier "KVIS") of an index with `block_size` tokens per
-// block whose DumpEvents() returned `events`.
-std::vector<uint8_t> EncodeIndexSnapshot(uint32_t block_size, std::span<const KvEvent> events);
+// block whose DumpEvents() returned `events`; ResourceExhausted if it would be larger than
+// `max_bytes` (by default what DecodeIndexSnapshot accepts: a larger one could not be
+// restored), stopped as it passes them.
+absl::StatusOr<std::vector<uint8_t>> EncodeIndexSnapshot(uint32_t block_size,
+                                                         std::span<const KvEvent> events,
+                                                         size_t max_bytes = kMaxSnapshotBytes);
 
 // Also rejects a snapshot with no or a newer format version, or a block size of 0.
 absl::StatusOr<IndexSnapshot> DecodeIndexSnapshot(std::span<const uint8_t> bytes);

@@ -386,7 +386,7 @@ TEST(EventBatchTest, RejectsAWrongFileIdentifier) {
 
 TEST(EventBatchTest, RejectsASnapshotAndViceVersa) {
   const std::vector<KvEvent> events = AllKindsOfEvents();
-  ExpectInvalid(DecodeEventBatch(EncodeIndexSnapshot(16, events)).status(), "not an event batch");
+  ExpectInvalid(DecodeEventBatch(*EncodeIndexSnapshot(16, events)).status(), "not an event batch");
   ExpectInvalid(DecodeIndexSnapshot(EncodeEventBatch(events)).status(), "not an index snapshot");
 }
 
@@ -482,7 +482,7 @@ TEST(IndexSnapshotTest, RebuildsAnIdenticalIndex) {
   RadixIndex original(RadixIndexOptions{.block_size = 4});
   ASSERT_NO_FATAL_FAILURE(Populate(original));
   const std::vector<uint8_t> bytes =
-      EncodeIndexSnapshot(original.block_size(), original.DumpEvents());
+      *EncodeIndexSnapshot(original.block_size(), original.DumpEvents());
 
   absl::StatusOr<IndexSnapshot> snapshot = DecodeIndexSnapshot(bytes);
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
@@ -497,10 +497,31 @@ TEST(IndexSnapshotTest, RebuildsAnIdenticalIndex) {
   EXPECT_EQ(replica.StateDigest(), original.StateDigest());
 }
 
+// An encoding over its limit is refused as it passes it, not written whole: FlatBuffers cannot
+// address past 2 GiB (its 32-bit offsets would wrap into a corrupt buffer), and nothing decodes
+// a snapshot over kMaxSnapshotBytes or a batch over a frame.
+TEST(IndexSnapshotTest, AnEncodingOverItsLimitIsRefused) {
+  RadixIndex index(RadixIndexOptions{.block_size = 4});
+  ASSERT_NO_FATAL_FAILURE(Populate(index));
+  const std::vector<KvEvent> events = index.DumpEvents();
+  const size_t whole = EncodeIndexSnapshot(4, events)->size();
+  const absl::StatusOr<std::vector<uint8_t>> refused = EncodeIndexSnapshot(4, events, whole / 2);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("index snapshot"), std::string_view::npos);
+  EXPECT_TRUE(EncodeIndexSnapshot(4, events, whole).ok());  // the limit itself fits
+
+  const size_t batch = EncodeEventBatch(events, 7).size();
+  EXPECT_EQ(EncodeEventBatchWithin(events, 7, batch / 2).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  const absl::StatusOr<std::vector<uint8_t>> fits = EncodeEventBatchWithin(events, 7, batch);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(*fits, EncodeEventBatch(events, 7));
+}
+
 TEST(IndexSnapshotTest, RoundTripsAnEmptyIndex) {
   RadixIndex empty;
   absl::StatusOr<IndexSnapshot> snapshot =
-      DecodeIndexSnapshot(EncodeIndexSnapshot(empty.block_size(), empty.DumpEvents()));
+      DecodeIndexSnapshot(*EncodeIndexSnapshot(empty.block_size(), empty.DumpEvents()));
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
   EXPECT_EQ(snapshot->block_size, empty.block_size());
   EXPECT_TRUE(snapshot->events.empty());
@@ -519,7 +540,7 @@ TEST(IndexSnapshotTest, RejectsABlockSizeOfZero) {
 TEST(IndexSnapshotTest, RejectsEveryTruncation) {
   RadixIndex index(RadixIndexOptions{.block_size = 4});
   ASSERT_NO_FATAL_FAILURE(Populate(index));
-  const std::vector<uint8_t> bytes = EncodeIndexSnapshot(4, index.DumpEvents());
+  const std::vector<uint8_t> bytes = *EncodeIndexSnapshot(4, index.DumpEvents());
   for (size_t length = 0; length < bytes.size(); ++length) {
     SCOPED_TRACE(length);
     ExpectInvalid(DecodeIndexSnapshot(std::span(bytes).first(length)).status());

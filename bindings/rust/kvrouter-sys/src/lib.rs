@@ -1189,7 +1189,9 @@ extern "C" {
         err: *mut *mut kvr_error,
     ) -> kvr_status;
     /// Encodes the events added so far into a new buffer; the batch keeps them (call
-    /// kvr_event_batch_clear to start over). @thread_safety none (for this batch)
+    /// kvr_event_batch_clear to start over). KVR_RESOURCE_EXHAUSTED if the encoding would pass 64
+    /// MiB, the most a decoder takes (a stream frame, kvr_router_apply_event_batch; since 0.2.0).
+    /// @thread_safety none (for this batch)
     pub fn kvr_event_batch_encode(
         batch: *const kvr_event_batch,
         out: *mut *mut kvr_buffer,
@@ -1315,7 +1317,9 @@ extern "C" {
         err: *mut *mut kvr_error,
     ) -> kvr_status;
     /// The whole KV index as a FlatBuffers IndexSnapshot (schema/index_snapshot.fbs), for a warm
-    /// restart or a new replica. @thread_safety concurrent
+    /// restart or a new replica. KVR_RESOURCE_EXHAUSTED if it would pass 1 GiB, the most
+    /// kvr_router_restore takes (since 0.2.0; before, a larger one was written and refused there,
+    /// and past 2 GiB it would have been corrupt). @thread_safety concurrent
     pub fn kvr_router_snapshot(
         router: *mut kvr_router,
         out: *mut *mut kvr_buffer,

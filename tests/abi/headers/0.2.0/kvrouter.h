@@ -547,7 +547,9 @@ KVR_API size_t kvr_event_batch_size(const kvr_event_batch *batch);
 KVR_API kvr_status kvr_event_batch_set_publish_time(kvr_event_batch *batch, uint64_t unix_ns,
                                                     kvr_error **err);
 /* Encodes the events added so far into a new buffer; the batch keeps them (call
- * kvr_event_batch_clear to start over). @thread_safety none (for this batch) */
+ * kvr_event_batch_clear to start over). KVR_RESOURCE_EXHAUSTED if the encoding would pass 64
+ * MiB, the most a decoder takes (a stream frame, kvr_router_apply_event_batch; since 0.2.0).
+ * @thread_safety none (for this batch) */
 KVR_API kvr_status kvr_event_batch_encode(const kvr_event_batch *batch, kvr_buffer **out,
                                           kvr_error **err);
 /* Drops the events and any publish time set. @thread_safety none (for this batch) */
@@ -772,7 +774,9 @@ KVR_API kvr_status kvr_router_free_request(kvr_router *router, const char *reque
 /* ---- Index snapshot ----------------------------------------------------------------------- */
 
 /* The whole KV index as a FlatBuffers IndexSnapshot (schema/index_snapshot.fbs), for a warm
- * restart or a new replica. @thread_safety concurrent */
+ * restart or a new replica. KVR_RESOURCE_EXHAUSTED if it would pass 1 GiB, the most
+ * kvr_router_restore takes (since 0.2.0; before, a larger one was written and refused there,
+ * and past 2 GiB it would have been corrupt). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_snapshot(kvr_router *router, kvr_buffer **out, kvr_error **err);
 
 /* Loads a snapshot into a router whose index is empty (else KVR_FAILED_PRECONDITION, as in
