@@ -11,6 +11,12 @@
 
 namespace kvrouterd {
 
+// The answers a connection may have waiting to be written before it takes no more requests: a
+// client that pipelines requests and never reads the answers would otherwise have every answer
+// queued in memory, without bound. Past it, the connection stops reading and parsing until the
+// client has taken enough (an answer may exceed it alone: a snapshot is written whole).
+constexpr size_t kMaxUnsentAnswerBytes = 1 << 20;
+
 // One client connection. Its uv_tcp_t's data points back here; the server's set owns it until
 // the socket has closed, and a pending Responder shares that ownership.
 struct Connection : std::enable_shared_from_this<Connection> {
@@ -40,6 +46,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool parsing = false;  // inside ParseInput (an answer given synchronously returns to it) // a
                          // request is being handled: parsing waits for its answer
   bool reading = false;
+  // Stopped reading and parsing until the client takes its answers (kMaxUnsentAnswerBytes).
+  bool waiting_for_client_to_read = false;
   bool closing = false;           // uv_close called
   std::atomic<bool> gone{false};  // closing, for other threads (Responder::ClientGoneProbe)
   bool close_after_answer = false;
@@ -56,6 +64,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   void OnTimer();
   void StopReading();
   void ParseInput();
+  bool TooManyAnswersUnsent() const;
+  void OnAnswerWritten();
   void Dispatch();
   void RefuseMalformed(http_errno error);
   void ShutdownAndDrain();
@@ -262,7 +272,11 @@ void WriteBytes(Connection* c, std::string bytes, bool close_after) {
   const int rc = uv_write(&write->request, reinterpret_cast<uv_stream_t*>(&c->socket), &buffer, 1,
                           [](uv_write_t* request, int status) {
                             auto* done = reinterpret_cast<WriteRequest*>(request);
-                            if (status < 0 || done->close_after) done->connection->Close();
+                            if (status < 0 || done->close_after) {
+                              done->connection->Close();
+                            } else {
+                              done->connection->OnAnswerWritten();
+                            }
                             delete done;
                           });
   if (rc < 0) {
@@ -363,6 +377,14 @@ void Connection::ParseInput() {
   if (parsing || draining || last_answered) return;
   parsing = true;
   while (!busy && !closing && !last_answered && !input.empty()) {
+    // Between requests only: no answer is queued while one request is read, so a request begun
+    // under the bound is read to its end.
+    if (!in_request && TooManyAnswersUnsent()) {
+      waiting_for_client_to_read = true;
+      StopReading();
+      parsing = false;
+      return;  // OnAnswerWritten resumes; the idle timer lets go of a client that never reads
+    }
     const size_t parsed =
         http_parser_execute(&parser, &ParserSettings(), input.data(), input.size());
     input.erase(0, parsed);
@@ -381,6 +403,18 @@ void Connection::ParseInput() {
   }
   parsing = false;
   if (!busy && !closing) StartReading();
+}
+
+bool Connection::TooManyAnswersUnsent() const {
+  return socket.write_queue_size > kMaxUnsentAnswerBytes;
+}
+
+// A write finished: a connection that stopped for its unsent answers goes on once the client
+// has taken enough of them.
+void Connection::OnAnswerWritten() {
+  if (!waiting_for_client_to_read || closing || TooManyAnswersUnsent()) return;
+  waiting_for_client_to_read = false;
+  ParseInput();  // restarts reading once the input buffered is parsed
 }
 
 void Connection::RefuseMalformed(http_errno error) {

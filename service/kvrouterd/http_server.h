@@ -1,5 +1,6 @@
 // A small HTTP/1.1 server on a libuv loop: keep-alive, pipelined requests answered in order
-// (the parser pauses after each request until its answer is written), Content-Length bodies
+// (the parser pauses after each request until its answer is given, and while 1 MiB of answers
+// waits unsent to a client that does not read), Content-Length bodies
 // with size limits (a chunked request body is refused with 411), a read timeout for requests
 // that arrive too slowly (408), Expect: 100-continue, HEAD answered without a body. Requests
 // go to one handler, which answers once through the Responder it gets, on the loop thread, now

@@ -95,8 +95,13 @@ struct HttpAnswer {
   std::string body;
 };
 
-inline int Connect(int port) {
+// A connection to 127.0.0.1:`port`, -1 if refused. `receive_buffer_bytes` > 0 fixes the
+// socket's receive buffer (no autotuning): a client that reads nothing then holds little.
+inline int Connect(int port, int receive_buffer_bytes = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (receive_buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer_bytes, sizeof receive_buffer_bytes);
+  }
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

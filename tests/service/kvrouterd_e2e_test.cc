@@ -764,6 +764,74 @@ std::optional<std::string> UntilClosed(int fd) {
   }
 }
 
+// A client that pipelines requests and never reads the answers: the daemon stops taking its
+// requests while 1 MiB of answers waits unsent (it wrote every answer into memory, without
+// bound: here about 85 MB), lets it go once it has read nothing for an idle timeout, and
+// answers other clients meanwhile.
+TEST_F(KvrouterdTest, AClientThatNeverReadsGetsNoMoreAnswersQueued) {
+  WriteConfig({"id=1", "id=2"}, "idle-timeout-seconds = 1\n");
+  Start();
+  int metrics_asked = 0;  // this test's own GET /metrics: counted too
+  const auto metrics = [&] {
+    ++metrics_asked;
+    return Get("/metrics").body;
+  };
+  const int hog = kvrouterd_test::Connect(port_, /*receive_buffer_bytes=*/4096);
+  ASSERT_GE(hog, 0);
+  constexpr int kRequests = 8000;  // answers of about 10 KB each
+  std::string pipelined;
+  for (int i = 0; i < kRequests; ++i)
+    pipelined += kvrouterd_test::RequestText("GET", "/metrics", "");
+  // Blocks while the daemon reads nothing more; fails once it closes the connection.
+  std::future<bool> sender =
+      std::async(std::launch::async, [&] { return kvrouterd_test::SendAll(hog, pipelined); });
+  std::string text;
+  EXPECT_TRUE(WaitFor([&] {
+    text = metrics();
+    return kvrouterd_test::MetricValue(text, "kvrouterd_http_connections") == 1;  // this one
+  })) << "the connection that reads nothing was never closed";
+  shutdown(hog, SHUT_RDWR);
+  sender.get();
+  close(hog);
+  const double answered =
+      kvrouterd_test::MetricValue(text,
+                                  R"(kvrouterd_http_requests_total{path="/metrics",code="200"})") -
+      (metrics_asked - 1);
+  EXPECT_GT(answered, 0);
+  EXPECT_LT(answered, kRequests / 2);  // 1 MiB and what the kernel holds: a few hundred
+  EXPECT_EQ(Get("/healthz").status, 200);
+  Stop();
+}
+
+// A client that pipelines more than 1 MiB of answers' worth of requests and then reads gets
+// every answer, in order: the connection that stopped for its unsent answers goes on.
+TEST_F(KvrouterdTest, APipeliningClientThatReadsLateGetsEveryAnswer) {
+  Start();
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  constexpr int kRequests = 2000;  // about 10 MB of answers
+  std::string pipelined;
+  for (int i = 0; i < kRequests; ++i) {
+    pipelined += kvrouterd_test::RequestText("GET", i % 2 ? "/metrics" : "/v1/workers/1", "");
+  }
+  pipelined += kvrouterd_test::RequestText("GET", "/healthz", "", "Connection: close\r\n");
+  std::future<bool> sent =
+      std::async(std::launch::async, [&] { return kvrouterd_test::SendAll(fd, pipelined); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the answers pile up unread
+  const auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
+  EXPECT_TRUE(sent.get());
+  close(fd);
+  ASSERT_EQ(answers.size(), kRequests + 1u);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_EQ(answers[i].status, 200) << i;
+    if (i % 2 == 0) {
+      ASSERT_EQ(Body(answers[i])["worker_id"], 1) << i;
+    }
+  }
+  EXPECT_EQ(Body(answers[kRequests])["status"], "ok");
+  Stop();
+}
+
 // A connection with no request under way for idle-timeout-seconds is closed: one that never
 // sends, and a keep-alive one after its answer (both held a descriptor for good). A request on
 // its way is not: the read timeout governs it.
