@@ -502,6 +502,11 @@ RouteMatch MatchRoute(const std::string& method, const std::string& path) {
     }
     match.route = &route;
     match.param = PercentDecode(param);
+    // As in a body's strings (StringField): the library takes C strings, so "a%00x" would be
+    // "a" there and not in the daemon's table of bookings.
+    if (match.param.find('\0') != std::string::npos) {
+      Invalid("the path's id must not contain NUL (%00)");
+    }
     return match;
   }
   return match;

@@ -141,6 +141,7 @@ struct RouteMatch {
   std::string allow;                 // with 405: the methods the path takes
 };
 
+// ApiError INVALID_ARGUMENT if the matched route's id is badly percent-encoded or holds a NUL.
 RouteMatch MatchRoute(const std::string& method, const std::string& path);
 
 }  // namespace kvrouterd

@@ -290,6 +290,13 @@ TEST(ApiJsonTest, Routes) {
   EXPECT_EQ(MatchRoute("GET", "/healthz").route->runs, RouteSpec::Runs::kOnLoop);
   EXPECT_EQ(ErrorOf([] { MatchRoute("DELETE", "/v1/requests/bad%zz"); }).second,
             "bad percent-encoding in the path");
+  // A NUL would cut the id where the library reads it: "a%00x" freed the library's "a" and
+  // not the daemon's booking of it.
+  const auto nul = ErrorOf([] { MatchRoute("DELETE", "/v1/requests/a%00x"); });
+  EXPECT_EQ(nul.first, KVR_INVALID_ARGUMENT);
+  EXPECT_EQ(nul.second, "the path's id must not contain NUL (%00)");
+  EXPECT_EQ(ErrorOf([] { MatchRoute("POST", "/v1/requests/%00/abort"); }).first,
+            KVR_INVALID_ARGUMENT);
 }
 
 TEST(ApiJsonTest, PathIds) {

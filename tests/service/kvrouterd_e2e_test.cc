@@ -279,6 +279,10 @@ TEST_F(KvrouterdTest, ErrorsFollowTheContract) {
   expect_error(Post("/v1/requests/x/output", R"({"tokens": 5})"), 409, "FAILED_PRECONDITION");
   expect_error(Post("/v1/requests/x/output", R"({"tokens": -5})"), 400, "INVALID_ARGUMENT");
   expect_error(Post("/v1/route", std::string(70000, ' ')), 413, "INVALID_ARGUMENT");
+  // A NUL in a path's id is refused, as in a body's: the library would read "nul" alone.
+  ASSERT_EQ(Post("/v1/route", RouteBody("nul")).status, 200);
+  expect_error(Delete("/v1/requests/nul%00x"), 400, "INVALID_ARGUMENT");
+  EXPECT_EQ(Body(Delete("/v1/requests/nul"))["freed"], true);
 
   // Headers over max-header-bytes (default 64 KiB) are 431; bytes that are not HTTP are 400.
   const auto raw_exchange = [&](const std::string& bytes) {
