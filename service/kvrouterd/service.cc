@@ -386,7 +386,10 @@ HttpResponse Service::GetWorker(const std::string& param) {
 HttpResponse Service::PutWorker(const std::string& param, const HttpRequest& request) {
   const uint64_t id = IdFromPath(param, "worker id");
   json body = ParseJsonObject(request.body);
-  if (!body.contains("worker_id") || body["worker_id"].is_null()) body["worker_id"] = id;
+  // As a decimal string: a JSON number is taken up to 2^53 only, and the path's id may be larger.
+  if (!body.contains("worker_id") || body["worker_id"].is_null()) {
+    body["worker_id"] = std::to_string(id);
+  }
   const WorkerSpec worker = WorkerFromJson(body);
   if (worker.worker_id != id) {
     throw ApiError(KVR_INVALID_ARGUMENT, "worker_id: the body's id differs from the path's");

@@ -339,6 +339,15 @@ TEST_F(KvrouterdTest, WorkersOverHttp) {
   EXPECT_TRUE(now["events"].is_null());  // PUT takes the whole worker
   EXPECT_EQ(Http(port_, "PUT", "/v1/workers/4", R"({"worker_id": 4})").status, 404);
 
+  // An id past 2^53 (exact as a string) is updated by its path alone: the path's id was put
+  // into the body as a JSON number, which ids past 2^53 may not be ("out of range").
+  ASSERT_EQ(Post("/v1/workers", R"({"worker_id": "9007199254740993"})").status, 201);
+  const HttpAnswer large = Http(port_, "PUT", "/v1/workers/9007199254740993", R"({"dp_size": 2})");
+  ASSERT_EQ(large.status, 200) << large.body;
+  EXPECT_EQ(Body(large)["worker_id"], 9007199254740993ull);
+  EXPECT_EQ(Body(Get("/v1/workers/9007199254740993"))["dp_size"], 2);
+  ASSERT_EQ(Http(port_, "DELETE", "/v1/workers/9007199254740993").status, 200);
+
   EXPECT_EQ(Body(Http(port_, "DELETE", "/v1/workers/3")), json::parse(R"({"worker_id": 3})"));
   EXPECT_EQ(Get("/v1/workers/3").status, 404);
   EXPECT_EQ(Body(Get("/healthz")), json::parse(R"({"status": "ok", "workers": 2})"));
