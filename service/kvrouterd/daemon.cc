@@ -77,6 +77,7 @@ int Daemon::Run() {
                                            HandleRequest(std::move(request), std::move(responder));
                                          });
   service_->SetConnectionCount([this] { return server_->connection_count(); });
+  server_->SetRefusalCounter([this](int status) { service_->CountAnswer("unparsed", status); });
   error = server_->Listen(config_.listen_host, config_.listen_port);
   if (error.empty()) error = WritePortFile();
   if (!error.empty()) {

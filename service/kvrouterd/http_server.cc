@@ -445,6 +445,7 @@ void Connection::RefuseMalformed(http_errno error) {
   }
   Log(LogLevel::kDebug, "http request refused",
       {{"status", response.status}, {"parser_error", http_errno_name(error)}});
+  if (server->count_refusal_) server->count_refusal_(response.status);
   input.clear();
   parsing = false;
   WriteBytes(this, SerializeResponse(response, false), false);

@@ -99,6 +99,13 @@ class HttpServer {
   std::string Listen(const std::string& host, int port);
   int port() const { return port_; }
 
+  // Called, on the loop, with the status of each request refused before the handler could have
+  // it (malformed 400, too slow 408, chunked 411, too large 413 or 431): the handler's answers
+  // are counted where it gives them, these only here.
+  void SetRefusalCounter(std::function<void(int status)> count) {
+    count_refusal_ = std::move(count);
+  }
+
   // Graceful stop: closes the listener, closes idle connections, lets each busy one finish its
   // request (answered with Connection: close), then calls `done` once no connection is left.
   void Shutdown(std::function<void()> done);
@@ -121,6 +128,7 @@ class HttpServer {
   uv_loop_t* loop_;
   HttpLimits limits_;
   Handler handler_;
+  std::function<void(int status)> count_refusal_;
   uv_tcp_t listener_{};
   bool listening_ = false;
   bool shutting_down_ = false;

@@ -632,8 +632,9 @@ HttpResponse Service::Metrics() {
 
 std::string Service::OwnMetrics() {
   std::string text =
-      "# HELP kvrouterd_http_requests_total HTTP requests answered, by route pattern and status "
-      "code.\n# TYPE kvrouterd_http_requests_total counter\n";
+      "# HELP kvrouterd_http_requests_total HTTP requests answered, by route pattern (unmatched: "
+      "none; unparsed: refused as HTTP) and status code.\n# TYPE kvrouterd_http_requests_total "
+      "counter\n";
   {
     std::lock_guard<std::mutex> lock(counters_mutex_);
     for (const auto& [key, count] : http_requests_) {

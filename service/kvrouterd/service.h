@@ -56,7 +56,8 @@ class Service {
   void DepartRouting(const RoutingCall& call);
   // The daemon's open HTTP connections, for kvrouterd_http_connections (called on the loop).
   void SetConnectionCount(std::function<size_t()> count) { connection_count_ = std::move(count); }
-  // Counts an answer for kvrouterd_http_requests_total; `pattern` is the route's.
+  // Counts an answer for kvrouterd_http_requests_total; `pattern` is the route's ("unmatched":
+  // no route's, "unparsed": a request the HTTP server refused).
   void CountAnswer(const std::string& pattern, int status);
 
   // SIGHUP: applies the new config's worker set as a diff against the previous config's,

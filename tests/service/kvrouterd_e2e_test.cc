@@ -370,6 +370,38 @@ TEST_F(KvrouterdTest, MetricsAndHealth) {
   Stop();
 }
 
+// Requests refused before they are parsed whole (malformed, chunked, too large, too slow) are
+// counted too, as path "unparsed" with their status: they were not counted at all.
+TEST_F(KvrouterdTest, RefusedRequestsAreCounted) {
+  WriteConfig({"id=1", "id=2"}, "request-read-timeout-seconds = 0.2\n");
+  Start();
+  const auto refused_status = [&](const std::string& bytes) {
+    const int fd = kvrouterd_test::Connect(port_);
+    kvrouterd_test::SendAll(fd, bytes);
+    const auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
+    close(fd);
+    return answers.size() == 1 ? answers[0].status : 0;
+  };
+  EXPECT_EQ(refused_status("HELLO\r\n\r\n"), 400);
+  EXPECT_EQ(refused_status("HELLO\r\n\r\n"), 400);
+  EXPECT_EQ(refused_status("POST /v1/route HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
+  EXPECT_EQ(refused_status("POST /v1/route HTTP/1.1\r\nContent-Length: 70000\r\n\r\n"), 413);
+  EXPECT_EQ(
+      refused_status("GET /healthz HTTP/1.1\r\nX-Big: " + std::string(70000, 'x') + "\r\n\r\n"),
+      431);
+  EXPECT_EQ(refused_status("POST /v1/route HTTP/1.1\r\nContent-Length: 10\r\n\r\n{"), 408);
+  const std::string metrics = Get("/metrics").body;
+  for (const char* expected :
+       {"kvrouterd_http_requests_total{path=\"unparsed\",code=\"400\"} 2\n",
+        "kvrouterd_http_requests_total{path=\"unparsed\",code=\"408\"} 1\n",
+        "kvrouterd_http_requests_total{path=\"unparsed\",code=\"411\"} 1\n",
+        "kvrouterd_http_requests_total{path=\"unparsed\",code=\"413\"} 1\n",
+        "kvrouterd_http_requests_total{path=\"unparsed\",code=\"431\"} 1\n"}) {
+    EXPECT_NE(metrics.find(expected), std::string::npos) << expected << metrics;
+  }
+  Stop();
+}
+
 // Keep-alive and pipelining: three requests in one write, answered in order on one connection,
 // the routing one (off the loop) in the middle.
 TEST_F(KvrouterdTest, PipelinedRequestsAreAnsweredInOrder) {
