@@ -72,11 +72,14 @@ int Daemon::Run() {
   };
   limits.read_timeout_ms = TimerMillis(config_.request_read_timeout_seconds).value_or(0);
   limits.idle_timeout_ms = TimerMillis(config_.idle_timeout_seconds).value_or(0);
+  limits.max_connections = config_.max_connections;
   server_ = std::make_unique<HttpServer>(&loop_, limits,
                                          [this](HttpRequest request, Responder responder) {
                                            HandleRequest(std::move(request), std::move(responder));
                                          });
-  service_->SetConnectionCount([this] { return server_->connection_count(); });
+  service_->SetConnectionCounts([this] {
+    return ConnectionCounts{server_->connection_count(), server_->connections_refused()};
+  });
   server_->SetRefusalCounter([this](int status) { service_->CountAnswer("unparsed", status); });
   error = server_->Listen(config_.listen_host, config_.listen_port);
   if (error.empty()) error = WritePortFile();

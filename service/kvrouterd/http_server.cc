@@ -570,6 +570,10 @@ std::string HttpServer::Listen(const std::string& host, int port) {
 void HttpServer::OnConnection(uv_stream_t* listener, int status) {
   auto* server = static_cast<HttpServer*>(listener->data);
   if (status < 0 || server->shutting_down_) return;
+  if (server->connections_.size() >= server->limits_.max_connections) {
+    server->RefuseConnection();
+    return;
+  }
   auto connection = std::make_shared<Connection>();
   connection->server = server;
   connection->limits = server->limits_;
@@ -588,6 +592,19 @@ void HttpServer::OnConnection(uv_stream_t* listener, int status) {
   uv_tcp_nodelay(&connection->socket, 1);
   connection->StartReading();
   connection->ArmIdleTimer();
+}
+
+// Taken, then closed: libuv has accepted the socket before calling OnConnection, and one left
+// untaken would stay open, with libuv watching the listener no more until it is taken.
+void HttpServer::RefuseConnection() {
+  ++connections_refused_;
+  auto* socket = new uv_tcp_t();
+  uv_tcp_init(loop_, socket);
+  uv_accept(reinterpret_cast<uv_stream_t*>(&listener_), reinterpret_cast<uv_stream_t*>(socket));
+  uv_close(reinterpret_cast<uv_handle_t*>(socket),
+           [](uv_handle_t* handle) { delete reinterpret_cast<uv_tcp_t*>(handle); });
+  Log(LogLevel::kDebug, "http connection refused: max-connections are open",
+      {{"max_connections", limits_.max_connections}});
 }
 
 void HttpServer::Forget(Connection* connection) {

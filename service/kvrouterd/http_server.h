@@ -83,6 +83,9 @@ struct HttpLimits {
   // A connection with no request under way this long (after its accept, after an answer kept
   // alive) is closed. 0 = no limit.
   uint64_t idle_timeout_ms = 0;
+  // Connections open at once: one more is accepted and closed at once (each holds a descriptor,
+  // buffers and a timer, and a flood of them would exhaust the descriptors).
+  uint64_t max_connections = 4096;
 };
 
 class HttpServer {
@@ -115,10 +118,13 @@ class HttpServer {
 
   bool shutting_down() const { return shutting_down_; }
   size_t connection_count() const { return connections_.size(); }
+  // Connections closed as soon as accepted, limits.max_connections being open.
+  uint64_t connections_refused() const { return connections_refused_; }
 
  private:
   friend struct Connection;
   static void OnConnection(uv_stream_t* listener, int status);
+  void RefuseConnection();
   void Forget(Connection* connection);
   void MaybeFinishShutdown();
   // The connections `pick` chooses, held apart from connections_ (closing one removes it there).
@@ -133,6 +139,7 @@ class HttpServer {
   bool listening_ = false;
   bool shutting_down_ = false;
   int port_ = 0;
+  uint64_t connections_refused_ = 0;
   std::function<void()> shutdown_done_;
   // Owned here while their socket is open; a Responder may keep one alive a little longer.
   std::unordered_set<std::shared_ptr<Connection>> connections_;

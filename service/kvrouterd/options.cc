@@ -299,6 +299,11 @@ const std::vector<OptionSpec>& Options() {
      "an answer still being written is under way while the client reads it",
      false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.idle_timeout_seconds); }},
+    {"max-connections", "N", "HTTP connections open at once; one more is accepted and closed at "
+     "once, counted in kvrouterd_http_connections_refused_total (default 4096; each holds a "
+     "descriptor: keep it below the open-file limit, ulimit -n, less the event sources' own)",
+     false, true,
+     [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_connections); }},
     {"max-header-bytes", "N", "largest request line and headers accepted, 1024..81920 (default "
      "64 KiB; http_parser's own limit is 80 KiB); larger is 431", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_header_bytes); }},
@@ -518,6 +523,7 @@ std::string ValidateConfig(const Config& config) {
     return "request-read-timeout-seconds: must be >= 0";
   }
   if (!(config.idle_timeout_seconds >= 0)) return "idle-timeout-seconds: must be >= 0";
+  if (config.max_connections == 0) return "max-connections: must be > 0";
   if (config.max_header_bytes < 1024 || config.max_header_bytes > 80 * 1024) {
     return "max-header-bytes: must be 1024..81920 (http_parser stops at 80 KiB)";
   }

@@ -75,6 +75,7 @@ struct Config {
   uint64_t max_json_body_bytes = 4ull << 20;  // a JSON body: every other one
   double request_read_timeout_seconds = 60;   // 0 = no limit
   double idle_timeout_seconds = 300;          // 0 = no limit
+  uint64_t max_connections = 4096;            // HTTP connections open at once
   uint64_t max_header_bytes = 64ull << 10;
   uint64_t max_tracked_requests = 1000000;
   double shutdown_timeout_seconds = 30;

@@ -657,11 +657,18 @@ std::string Service::OwnMetrics() {
       "a routing thread.\n# TYPE kvrouterd_routing_calls_waiting gauge\n"
       "kvrouterd_routing_calls_waiting " +
       std::to_string(std::max<int64_t>(0, routing_waiting_.load())) + "\n";
-  if (connection_count_) {
+  if (connection_counts_) {
+    const ConnectionCounts counts = connection_counts_();
     text +=
         "# HELP kvrouterd_http_connections Open HTTP connections.\n"
         "# TYPE kvrouterd_http_connections gauge\nkvrouterd_http_connections " +
-        std::to_string(connection_count_()) + "\n";
+        std::to_string(counts.open) + "\n";
+    text +=
+        "# HELP kvrouterd_http_connections_refused_total HTTP connections closed as soon as "
+        "accepted, max-connections being open.\n"
+        "# TYPE kvrouterd_http_connections_refused_total counter\n"
+        "kvrouterd_http_connections_refused_total " +
+        std::to_string(counts.refused) + "\n";
   }
   std::lock_guard<std::mutex> lock(workers_mutex_);
   text +=
@@ -784,6 +791,7 @@ void Service::Reload(const Config& next) {
   restart_only("max-json-body-bytes", &Config::max_json_body_bytes);
   restart_only("request-read-timeout-seconds", &Config::request_read_timeout_seconds);
   restart_only("idle-timeout-seconds", &Config::idle_timeout_seconds);
+  restart_only("max-connections", &Config::max_connections);
   restart_only("max-tracked-requests", &Config::max_tracked_requests);
   if (!need_restart.empty()) {
     Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",

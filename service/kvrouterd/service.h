@@ -37,6 +37,12 @@ struct RoutingCall {
 // start would refuse.
 std::string CheckLibraryOptions(const Config& config);
 
+// The HTTP server's connections, for /metrics.
+struct ConnectionCounts {
+  size_t open = 0;
+  uint64_t refused = 0;  // closed as soon as accepted: max-connections were open
+};
+
 class Service {
  public:
   // Creates the router and its ingest, opens the event sources and adds the configured
@@ -54,8 +60,11 @@ class Service {
   // once it is answered.
   RoutingCall ArriveRouting(std::function<bool()> client_gone);
   void DepartRouting(const RoutingCall& call);
-  // The daemon's open HTTP connections, for kvrouterd_http_connections (called on the loop).
-  void SetConnectionCount(std::function<size_t()> count) { connection_count_ = std::move(count); }
+  // The daemon's HTTP connections, for kvrouterd_http_connections and
+  // kvrouterd_http_connections_refused_total (called on the loop).
+  void SetConnectionCounts(std::function<ConnectionCounts()> counts) {
+    connection_counts_ = std::move(counts);
+  }
   // Counts an answer for kvrouterd_http_requests_total; `pattern` is the route's ("unmatched":
   // no route's, "unparsed": a request the HTTP server refused).
   void CountAnswer(const std::string& pattern, int status);
@@ -125,7 +134,7 @@ class Service {
   BookingTable bookings_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> routing_waiting_{0};  // calls arrived and not started: for a thread
-  std::function<size_t()> connection_count_;
+  std::function<ConnectionCounts()> connection_counts_;
   // (stream, source id) of every JetStream source, for the snapshot's positions. Written
   // only while the service opens, before any request.
   std::vector<std::pair<std::string, uint64_t>> jetstream_sources_;

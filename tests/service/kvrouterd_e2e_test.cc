@@ -877,6 +877,55 @@ TEST_F(KvrouterdTest, APipeliningClientThatReadsLateGetsEveryAnswer) {
   Stop();
 }
 
+// One answer read from a keep-alive connection; status 0 if it closed first.
+HttpAnswer ReadOneAnswer(int fd) {
+  std::string bytes;
+  char buffer[4096];
+  for (;;) {
+    const size_t head_end = bytes.find("\r\n\r\n");
+    const size_t length_at = bytes.find("Content-Length: ");
+    if (head_end != std::string::npos && length_at < head_end &&
+        bytes.size() >= head_end + 4 + std::stoul(bytes.substr(length_at + 16))) {
+      return kvrouterd_test::ParseAnswers(bytes).front();
+    }
+    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) return {};
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+// Past max-connections a connection is accepted and closed at once, and counted; those open
+// are served on, and a new one is taken once one of them closes.
+TEST_F(KvrouterdTest, ConnectionsPastMaxConnectionsAreClosedAtOnce) {
+  WriteConfig({"id=1", "id=2"}, "max-connections = 2\n");
+  Start();
+  const int a = kvrouterd_test::Connect(port_);
+  const int b = kvrouterd_test::Connect(port_);
+  ASSERT_TRUE(a >= 0 && b >= 0);
+  for (int fd : {a, b}) {  // both accepted
+    ASSERT_TRUE(kvrouterd_test::SendAll(fd, kvrouterd_test::RequestText("GET", "/healthz", "")));
+    ASSERT_EQ(ReadOneAnswer(fd).status, 200);
+  }
+  const int refused = kvrouterd_test::Connect(port_);
+  ASSERT_GE(refused, 0);  // the kernel accepts it; the daemon closes it unanswered
+  EXPECT_EQ(UntilClosed(refused), std::optional<std::string>(""));
+  close(refused);
+
+  ASSERT_TRUE(kvrouterd_test::SendAll(b, kvrouterd_test::RequestText("GET", "/healthz", "")));
+  EXPECT_EQ(ReadOneAnswer(b).status, 200);
+  close(a);
+  std::string metrics;
+  ASSERT_TRUE(WaitFor([&] {
+    const HttpAnswer answer = Get("/metrics");  // refused until the daemon saw a close
+    metrics = answer.body;
+    return answer.status == 200;
+  }));
+  EXPECT_GE(kvrouterd_test::MetricValue(metrics, "kvrouterd_http_connections_refused_total"), 1);
+  EXPECT_EQ(kvrouterd_test::MetricValue(metrics, "kvrouterd_http_connections"), 2);
+  close(b);
+  Stop();
+}
+
 // A connection with no request under way for idle-timeout-seconds is closed: one that never
 // sends, and a keep-alive one after its answer (both held a descriptor for good). A request on
 // its way is not: the read timeout governs it.
@@ -1048,6 +1097,7 @@ TEST(KvrouterdCommandLineTest, ExitCodes) {
   EXPECT_EQ(run({"--block-size", "sixteen"}), std::optional<int>(2));
   EXPECT_EQ(run({"--no-such-option"}), std::optional<int>(2));
   EXPECT_EQ(run({"--max-header-bytes=1000000"}), std::optional<int>(2));
+  EXPECT_EQ(run({"--max-connections=0"}), std::optional<int>(2));
   EXPECT_EQ(run({"--bootstrap-from=router-a:8080"}), std::optional<int>(2));
   EXPECT_EQ(run({"--bootstrap-from=http://a:1", "--snapshot-file=/dev/null"}),
             std::optional<int>(2));
