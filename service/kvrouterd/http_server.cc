@@ -446,7 +446,13 @@ void Connection::RefuseMalformed(http_errno error) {
   Log(LogLevel::kDebug, "http request refused",
       {{"status", response.status}, {"parser_error", http_errno_name(error)}});
   if (server->count_refusal_) server->count_refusal_(response.status);
-  input.clear();
+  // What arrived of the refused request (up to a whole body but a byte, for a 408) and after it
+  // would be held while the client is drained, up to request-read-timeout-seconds more. Freed,
+  // not emptied: a string emptied (or assigned an empty one) keeps its buffer.
+  std::string().swap(input);
+  { const HttpRequest refused = std::move(request); }
+  request = HttpRequest();
+  header_field.clear();
   parsing = false;
   WriteBytes(this, SerializeResponse(response, false), false);
   ShutdownAndDrain();

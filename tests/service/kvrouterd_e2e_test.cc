@@ -46,6 +46,23 @@ std::string RouteBody(const std::string& id, const json& extra = json::object())
 
 json Body(const HttpAnswer& answer) { return json::parse(answer.body, nullptr, false); }
 
+// One answer read from a keep-alive connection; status 0 if it closed first.
+HttpAnswer ReadOneAnswer(int fd) {
+  std::string bytes;
+  char buffer[4096];
+  for (;;) {
+    const size_t head_end = bytes.find("\r\n\r\n");
+    const size_t length_at = bytes.find("Content-Length: ");
+    if (head_end != std::string::npos && length_at < head_end &&
+        bytes.size() >= head_end + 4 + std::stoul(bytes.substr(length_at + 16))) {
+      return kvrouterd_test::ParseAnswers(bytes).front();
+    }
+    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) return {};
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+}
+
 class KvrouterdTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -778,6 +795,38 @@ TEST_F(KvrouterdTest, JsonBodiesAreBoundedInSizeAndDepth) {
   Stop();
 }
 
+// The daemon's resident memory in bytes (VmRSS), -1 if unknown.
+double ResidentBytes(pid_t pid) {
+  std::istringstream lines(kvrouterd_test::ReadFile("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024;  // in kB
+  }
+  return -1;
+}
+
+// A request refused halfway (here 408, its 40 MB body not all sent) is let go at once: its
+// connection is drained for up to request-read-timeout-seconds more, and held the request's
+// body all along. (A buffer this large is mmapped, so freed it leaves the resident memory.)
+TEST_F(KvrouterdTest, ARefusedRequestIsNotHeldWhileItsClientIsDrained) {
+  WriteConfig({"id=1", "id=2"}, "max-body-bytes = 50000000\nrequest-read-timeout-seconds = 2\n");
+  Start();
+  const double before = ResidentBytes(daemon_->pid());
+  ASSERT_GT(before, 0);
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  constexpr size_t kBody = 40000000;
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      fd, "PUT /v1/snapshot HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(kBody) +
+              "\r\n\r\n" + std::string(kBody - 1, 'x')));
+  const HttpAnswer refused = ReadOneAnswer(fd);  // after the read timeout; the drain begins
+  const double draining = ResidentBytes(daemon_->pid());
+  EXPECT_EQ(refused.status, 408) << refused.head;
+  EXPECT_LT(draining - before, kBody / 2) << "resident: " << before << " then " << draining;
+  close(fd);
+  EXPECT_EQ(Get("/healthz").status, 200);
+  Stop();
+}
+
 // A request that does not arrive within request-read-timeout-seconds is answered 408 and its
 // connection closed.
 TEST_F(KvrouterdTest, ARequestArrivingTooSlowlyIsAnswered408) {
@@ -875,23 +924,6 @@ TEST_F(KvrouterdTest, APipeliningClientThatReadsLateGetsEveryAnswer) {
   }
   EXPECT_EQ(Body(answers[kRequests])["status"], "ok");
   Stop();
-}
-
-// One answer read from a keep-alive connection; status 0 if it closed first.
-HttpAnswer ReadOneAnswer(int fd) {
-  std::string bytes;
-  char buffer[4096];
-  for (;;) {
-    const size_t head_end = bytes.find("\r\n\r\n");
-    const size_t length_at = bytes.find("Content-Length: ");
-    if (head_end != std::string::npos && length_at < head_end &&
-        bytes.size() >= head_end + 4 + std::stoul(bytes.substr(length_at + 16))) {
-      return kvrouterd_test::ParseAnswers(bytes).front();
-    }
-    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
-    if (n <= 0) return {};
-    bytes.append(buffer, static_cast<size_t>(n));
-  }
 }
 
 // Past max-connections a connection is accepted and closed at once, and counted; those open
