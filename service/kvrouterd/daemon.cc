@@ -70,6 +70,11 @@ int Daemon::Run() {
     return max_json < max_body ? BodyLimit{max_json, "max-json-body-bytes"}
                                : BodyLimit{max_body, "max-body-bytes"};
   };
+  // A JSON request pipelined behind a busy one is read whole, to start as soon as its turn
+  // comes; a snapshot body (up to max-body-bytes, 64 MiB) waits in the kernel's buffers and is
+  // read once it is parsed. So a busy connection holds a few MiB of input, not 64.
+  limits.max_read_ahead_bytes =
+      config_.max_header_bytes + std::min(config_.max_json_body_bytes, config_.max_body_bytes);
   limits.read_timeout_ms = TimerMillis(config_.request_read_timeout_seconds).value_or(0);
   limits.idle_timeout_ms = TimerMillis(config_.idle_timeout_seconds).value_or(0);
   limits.max_connections = config_.max_connections;

@@ -287,11 +287,6 @@ void WriteBytes(Connection* c, std::string bytes, bool close_after) {
 
 void WriteRaw(Connection* c, std::string bytes) { WriteBytes(c, std::move(bytes), false); }
 
-// The input a connection buffers while a request is handled, before it stops reading.
-size_t MaxBufferedInput(const HttpLimits& limits) {
-  return static_cast<size_t>(limits.max_header_bytes + limits.max_body_bytes) + 4096;
-}
-
 }  // namespace
 
 // Runs the connection's timer for `ms` (0: stops it; the idle timer, if it ran, ends too).
@@ -361,7 +356,7 @@ void Connection::StartReading() {
           c->Close();
           return;
         }
-        if (c->busy && c->input.size() > MaxBufferedInput(c->limits)) c->StopReading();
+        if (c->busy && c->input.size() > c->limits.max_read_ahead_bytes) c->StopReading();
         c->ParseInput();
       });
 }

@@ -76,6 +76,10 @@ struct HttpLimits {
   // A request's own limit, from its method, path and headers (at most max_body_bytes); empty:
   // max_body_bytes for every request.
   std::function<BodyLimit(const HttpRequest& request)> body_limit;
+  // What a connection reads ahead while one of its requests is handled, before it stops
+  // reading. Nothing needs to fit: a request larger streams in once parsing goes on (its body
+  // is taken as it arrives); reading ahead only lets the next request start at once.
+  uint64_t max_read_ahead_bytes = (64 << 10) + (4 << 20);
   // A request whose line, headers and body have not all arrived this long after its first
   // byte is answered 408 and its connection closed; a refused connection is drained this long
   // at most. 0 = no limit.

@@ -827,6 +827,43 @@ TEST_F(KvrouterdTest, ARefusedRequestIsNotHeldWhileItsClientIsDrained) {
   Stop();
 }
 
+// While a request is handled (here a route waiting in the admission queue), a connection reads
+// ahead no more than a JSON request's worth of what is pipelined after it (max-json-body-bytes,
+// 4 MiB by default); it read ahead up to max-body-bytes, here 40 MB of a snapshot that streams
+// in as well once its turn comes.
+TEST_F(KvrouterdTest, APipelinedRequestBehindABusyOneIsReadAheadOnlySoFar) {
+  WriteConfig({"id=1,max-num-batched-tokens=1"},
+              "queue-threshold = 0\nmax-body-bytes = 50000000\n");
+  Start();
+  ASSERT_EQ(Post("/v1/route", RouteBody("a1")).status, 200);  // the worker is busy from now on
+  const double before = ResidentBytes(daemon_->pid());
+  ASSERT_GT(before, 0);
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  constexpr size_t kBody = 40000000;
+  const std::string pipelined =
+      kvrouterd_test::RequestText("POST", "/v1/route", RouteBody("b")) +
+      kvrouterd_test::RequestText("PUT", "/v1/snapshot", std::string(kBody, 'x'),
+                                  "Connection: close\r\n");
+  std::future<bool> sent = std::async(std::launch::async, [&] {
+    return kvrouterd_test::SendAll(fd, pipelined);  // blocks while the daemon reads no more
+  });
+  ASSERT_TRUE(MetricIs("kvrouterd_tracked_requests", 2));  // b waits in the queue
+  std::this_thread::sleep_for(std::chrono::seconds(1));    // what it reads ahead, it has read
+  const double read_ahead = ResidentBytes(daemon_->pid());
+  EXPECT_LT(read_ahead - before, kBody / 2) << "resident: " << before << " then " << read_ahead;
+
+  EXPECT_EQ(Body(Delete("/v1/requests/a1"))["freed"], true);  // b is admitted and answered
+  const auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(fd));
+  EXPECT_TRUE(sent.get());
+  close(fd);
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_EQ(answers[0].status, 200) << answers[0].body;
+  EXPECT_TRUE(answers[1].status == 400 || answers[1].status == 409)  // read whole: not a snapshot
+      << answers[1].status << answers[1].body;
+  Stop();
+}
+
 // A request that does not arrive within request-read-timeout-seconds is answered 408 and its
 // connection closed.
 TEST_F(KvrouterdTest, ARequestArrivingTooSlowlyIsAnswered408) {
