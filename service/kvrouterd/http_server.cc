@@ -42,9 +42,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // destroy the answer) and thrown away, never run.
   bool last_answered = false;
   size_t unsent_at_idle_check = 0;  // bytes of answers left to send when the idle timer last ran
-  bool busy = false;
-  bool parsing = false;  // inside ParseInput (an answer given synchronously returns to it) // a
-                         // request is being handled: parsing waits for its answer
+  bool busy = false;                // a request is being handled: parsing waits for its answer
+  bool parsing = false;  // inside ParseInput (an answer given synchronously returns to it)
   bool reading = false;
   // Stopped reading and parsing until the client takes its answers (kMaxUnsentAnswerBytes).
   bool waiting_for_client_to_read = false;
