@@ -155,16 +155,25 @@ size_t BookingTable::cancellations() const {
 
 // Forgets expired entries at the front, then the oldest settled ones while over capacity; also
 // drops order_'s stale pairs (entries freed or replaced since), which keeps it bounded too.
+// Entries still booking are never forgotten, but they are stepped over, kept at the front: one
+// waiting long in the admission queue must not hold every entry behind it.
 void BookingTable::EvictLocked(Clock::time_point now) {
+  std::vector<std::pair<uint64_t, std::string>> booking;  // from the front, in order
   while (!order_.empty()) {
     const auto& [sequence, id] = order_.front();
     auto it = entries_.find(id);
     const bool stale = it == entries_.end() || it->second.sequence != sequence;
-    if (!stale && it->second.pending) break;  // still booking: never forgotten
+    if (!stale && it->second.pending) {
+      booking.push_back(std::move(order_.front()));
+      order_.pop_front();
+      continue;
+    }
     if (!stale && it->second.expires > now && entries_.size() < capacity_) break;
     if (!stale) entries_.erase(it);
     order_.pop_front();
   }
+  order_.insert(order_.begin(), std::make_move_iterator(booking.begin()),
+                std::make_move_iterator(booking.end()));
   // Pairs whose entries went away behind the front: compact once they dominate.
   if (order_.size() > 2 * entries_.size() + 64) {
     std::deque<std::pair<uint64_t, std::string>> live;

@@ -337,6 +337,27 @@ TEST(BookingTableTest, AgesOutAndStaysBounded) {
   EXPECT_EQ(table.Claim("r9", later).outcome, Outcome::kBook);
 }
 
+// An entry still booking (a call waiting in the admission queue, perhaps for good) is kept, but
+// it holds back no other: those behind it expire and are forgotten past the capacity (before,
+// eviction stopped at it and the table grew without bound).
+TEST(BookingTableTest, AnEntryStillBookingHoldsNoOtherBack) {
+  BookingTable table(3);
+  const auto now = BookingTable::Clock::now();
+  ASSERT_EQ(table.Claim("waiting", now).outcome, Outcome::kBook);  // never completes here
+  for (int i = 0; i < 10; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    ASSERT_EQ(table.Claim(id, now).outcome, Outcome::kBook);
+    table.Complete(id, json::object(), 1, 0, now + std::chrono::seconds(60));
+    EXPECT_LE(table.size(), 3u);
+  }
+  EXPECT_EQ(table.PendingIds(), std::vector<std::string>{"waiting"});
+  EXPECT_EQ(table.Claim("r9", now).outcome, Outcome::kReplay);
+  // Expired entries behind it go too.
+  const auto later = now + std::chrono::seconds(61);
+  ASSERT_EQ(table.Claim("new", later).outcome, Outcome::kBook);
+  EXPECT_EQ(table.size(), 2u);  // "waiting" and "new"
+}
+
 TEST(BookingTableTest, DropWorkerForgetsItsRequests) {
   BookingTable table(10);
   const auto now = BookingTable::Clock::now();
