@@ -137,7 +137,7 @@ void Daemon::HandleRequest(HttpRequest request, Responder responder) {
   RouteMatch match;
   try {
     match = MatchRoute(request.method, request.path);
-  } catch (const ApiError& e) {  // a bad percent-escape
+  } catch (const ApiError& e) {  // a path that cannot be decoded (a bad percent-escape, a NUL)
     service_->CountAnswer("unmatched", 400);
     responder.Respond(ErrorAnswer(e));
     return;

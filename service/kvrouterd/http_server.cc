@@ -16,6 +16,9 @@ namespace kvrouterd {
 // queued in memory, without bound. Past it, the connection stops reading and parsing until the
 // client has taken enough (an answer may exceed it alone: a snapshot is written whole).
 constexpr size_t kMaxUnsentAnswerBytes = 1 << 20;
+// The input buffer's capacity a connection keeps once it has parsed all it read: more (what it
+// read ahead while busy) is released.
+constexpr size_t kKeptInputCapacity = 64 << 10;
 
 // One client connection. Its uv_tcp_t's data points back here; the server's set owns it until
 // the socket has closed, and a pending Responder shares that ownership.
@@ -370,18 +373,28 @@ void Connection::ParseInput() {
   // parsing: an answer given inside Dispatch, the loop goes on
   if (parsing || draining || last_answered) return;
   parsing = true;
-  while (!busy && !closing && !last_answered && !input.empty()) {
+  // The bytes parsed go from `input` once the loop ends, not after each request: erasing each
+  // one's moved the rest down every time, so many small pipelined requests read ahead cost
+  // time growing with the square of their bytes, holding the loop.
+  size_t consumed = 0;
+  const auto forget_parsed = [&] {
+    input.erase(0, consumed);
+    // What a busy connection read ahead (up to max_read_ahead_bytes) is not kept as capacity.
+    if (input.empty() && input.capacity() > kKeptInputCapacity) std::string().swap(input);
+  };
+  while (!busy && !closing && !last_answered && consumed < input.size()) {
     // Between requests only: no answer is queued while one request is read, so a request begun
     // under the bound is read to its end.
     if (!in_request && TooManyAnswersUnsent()) {
       waiting_for_client_to_read = true;
       StopReading();
+      forget_parsed();
       parsing = false;
       return;  // OnAnswerWritten resumes; the idle timer lets go of a client that never reads
     }
-    const size_t parsed =
-        http_parser_execute(&parser, &ParserSettings(), input.data(), input.size());
-    input.erase(0, parsed);
+    const size_t parsed = http_parser_execute(&parser, &ParserSettings(), input.data() + consumed,
+                                              input.size() - consumed);
+    consumed += parsed;
     const http_errno error = HTTP_PARSER_ERRNO(&parser);
     if (request_complete) {
       request_complete = false;
@@ -390,11 +403,12 @@ void Connection::ParseInput() {
       continue;
     }
     if (error != HPE_OK) {
-      RefuseMalformed(error);
+      RefuseMalformed(error);  // (which drops the input)
       return;
     }
     if (parsed == 0) break;  // needs more bytes
   }
+  forget_parsed();
   parsing = false;
   if (!busy && !closing) StartReading();
 }
@@ -472,7 +486,13 @@ struct ShutdownRequest {
 // FIN once the answers queued are written (libuv's shutdown waits for them), then the close if
 // `close_after`; a failure closes at once. False if the connection is closing now.
 bool Connection::SendFin(bool close_after) {
-  if (close_after) last_answered = true;
+  if (close_after) {
+    last_answered = true;
+    // What the client still sends is read and thrown away until the close: left unread (reading
+    // stopped while answers waited, or read ahead), it would make the close a reset, which can
+    // destroy answers the client has not read yet.
+    StartReading();
+  }
   auto* fin = new ShutdownRequest{.connection = shared_from_this(), .close_after = close_after};
   const int rc = uv_shutdown(&fin->request, reinterpret_cast<uv_stream_t*>(&socket),
                              [](uv_shutdown_t* request, int status) {
