@@ -60,6 +60,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool head_request = false;  // the busy request is HEAD: its answer has no body
 
   void StartReading();
+  void Read(ssize_t nread, const uv_buf_t* buffer);  // the read callback's work
   void StartTimer(uint64_t ms);
   void ArmReadTimer();
   void ArmIdleTimer();
@@ -145,6 +146,15 @@ std::string SerializeResponse(const HttpResponse& response, bool keep_alive, boo
 namespace {
 
 Connection* ConnectionOf(http_parser* parser) { return static_cast<Connection*>(parser->data); }
+
+// A connection closed because the heap refused what serving it needed. Logging needs memory
+// too: refused, the close goes unlogged.
+void LogClosedForMemory(const char* doing) noexcept {
+  try {
+    Log(LogLevel::kWarn, "http connection closed: out of memory", {{"while", doing}});
+  } catch (...) {
+  }
+}
 
 uint64_t NowNs() { return uv_hrtime(); }
 
@@ -241,17 +251,40 @@ int OnMessageComplete(http_parser* parser) {
   return 0;
 }
 
+// A parser callback the heap refused memory to stops the parser (HPE_CB_*) and the request is
+// refused 503, instead of the exception unwinding through http_parser's C frames into libuv's.
+int RefusedForMemory(http_parser* parser) noexcept {
+  ConnectionOf(parser)->reject_status = 503;
+  return -1;
+}
+template <int (*Callback)(http_parser*)>
+int Contained(http_parser* parser) noexcept {
+  try {
+    return Callback(parser);
+  } catch (const std::bad_alloc&) {
+    return RefusedForMemory(parser);
+  }
+}
+template <int (*Callback)(http_parser*, const char*, size_t)>
+int Contained(http_parser* parser, const char* at, size_t length) noexcept {
+  try {
+    return Callback(parser, at, length);
+  } catch (const std::bad_alloc&) {
+    return RefusedForMemory(parser);
+  }
+}
+
 const http_parser_settings& ParserSettings() {
   static const http_parser_settings settings = [] {
     http_parser_settings s;
     http_parser_settings_init(&s);
-    s.on_message_begin = OnMessageBegin;
-    s.on_url = OnUrl;
-    s.on_header_field = OnHeaderField;
-    s.on_header_value = OnHeaderValue;
-    s.on_headers_complete = OnHeadersComplete;
-    s.on_body = OnBody;
-    s.on_message_complete = OnMessageComplete;
+    s.on_message_begin = Contained<OnMessageBegin>;
+    s.on_url = Contained<OnUrl>;
+    s.on_header_field = Contained<OnHeaderField>;
+    s.on_header_value = Contained<OnHeaderValue>;
+    s.on_headers_complete = Contained<OnHeadersComplete>;
+    s.on_body = Contained<OnBody>;
+    s.on_message_complete = Contained<OnMessageComplete>;
     return s;
   }();
   return settings;
@@ -343,24 +376,35 @@ void Connection::StartReading() {
   uv_read_start(
       reinterpret_cast<uv_stream_t*>(&socket),
       [](uv_handle_t*, size_t suggested, uv_buf_t* buffer) {
-        buffer->base = new char[suggested];
-        buffer->len = suggested;
+        // Refused, libuv reports UV_ENOBUFS to the read callback, which closes.
+        buffer->base = new (std::nothrow) char[suggested];
+        buffer->len = buffer->base != nullptr ? suggested : 0;
       },
       [](uv_stream_t* stream, ssize_t nread, const uv_buf_t* buffer) {
         auto* c = static_cast<Connection*>(stream->data);
         std::shared_ptr<Connection> keep = c->shared_from_this();
-        if (nread > 0 && !c->draining && !c->last_answered) {
-          c->input.append(buffer->base, static_cast<size_t>(nread));
+        // The heap refusing what this connection needs (its input, an answer) closes it, unanswered
+        // or half answered: an exception must not unwind into libuv, and the others go on.
+        try {
+          c->Read(nread, buffer);
+        } catch (const std::bad_alloc&) {
+          LogClosedForMemory("reading");
+          c->Close();
         }
         delete[] buffer->base;
-        if (nread < 0) {
-          // The client closed or the socket failed: an answer in progress is dropped.
-          c->Close();
-          return;
-        }
-        if (c->busy && c->input.size() > c->limits.max_read_ahead_bytes) c->StopReading();
-        c->ParseInput();
       });
+}
+
+void Connection::Read(ssize_t nread, const uv_buf_t* buffer) {
+  if (nread > 0 && !draining && !last_answered)
+    input.append(buffer->base, static_cast<size_t>(nread));
+  if (nread < 0) {
+    // The client closed or the socket failed: an answer in progress is dropped.
+    Close();
+    return;
+  }
+  if (busy && input.size() > limits.max_read_ahead_bytes) StopReading();
+  ParseInput();
 }
 
 void Connection::StopReading() {
@@ -446,6 +490,10 @@ void Connection::RefuseMalformed(http_errno error) {
     case 431:
       response = ErrorResponse(431, "INVALID_ARGUMENT",
                                "the request line and headers are larger than max-header-bytes");
+      break;
+    case 503:
+      response = ErrorResponse(503, "RESOURCE_EXHAUSTED",
+                               "the daemon ran out of memory reading the request");
       break;
     default:
       response = ErrorResponse(400, "INVALID_ARGUMENT",
@@ -556,7 +604,12 @@ void Responder::Respond(HttpResponse response) {
   Connection* c = connection_.get();
   if (!c || c->closing) return;  // the client went away meanwhile
   const bool keep_alive = !c->close_after_answer && !c->server->shutting_down();
-  c->Answer(std::move(response), keep_alive);
+  try {
+    c->Answer(std::move(response), keep_alive);
+  } catch (const std::bad_alloc&) {  // (called from libuv's callbacks: contained here)
+    LogClosedForMemory("answering");
+    c->Close();
+  }
   connection_.reset();
 }
 
@@ -594,17 +647,26 @@ void HttpServer::OnConnection(uv_stream_t* listener, int status) {
     server->RefuseConnection();
     return;
   }
+  try {
+    server->Accept(listener);
+  } catch (const std::bad_alloc&) {  // taken and closed, as past max-connections
+    server->RefuseConnection();
+  }
+}
+
+void HttpServer::Accept(uv_stream_t* listener) {
   auto connection = std::make_shared<Connection>();
-  connection->server = server;
-  connection->limits = server->limits_;
-  uv_tcp_init(server->loop_, &connection->socket);
-  connection->socket.data = connection.get();
-  uv_timer_init(server->loop_, &connection->read_timer);
-  connection->read_timer.data = connection.get();
-  connection->open_handles = 2;
+  connection->server = this;
+  connection->limits = limits_;
   http_parser_init(&connection->parser, HTTP_REQUEST);
   connection->parser.data = connection.get();
-  server->connections_.insert(connection);
+  // Held before its handles join the loop: what may throw comes first.
+  connections_.insert(connection);
+  uv_tcp_init(loop_, &connection->socket);
+  connection->socket.data = connection.get();
+  uv_timer_init(loop_, &connection->read_timer);
+  connection->read_timer.data = connection.get();
+  connection->open_handles = 2;
   if (uv_accept(listener, reinterpret_cast<uv_stream_t*>(&connection->socket)) != 0) {
     connection->Close();
     return;
@@ -616,15 +678,38 @@ void HttpServer::OnConnection(uv_stream_t* listener, int status) {
 
 // Taken, then closed: libuv has accepted the socket before calling OnConnection, and one left
 // untaken would stay open, with libuv watching the listener no more until it is taken.
-void HttpServer::RefuseConnection() {
+void HttpServer::RefuseConnection() noexcept {
   ++connections_refused_;
-  auto* socket = new uv_tcp_t();
+  auto* socket = new (std::nothrow) uv_tcp_t();
+  uv_close_cb closed = [](uv_handle_t* handle) { delete reinterpret_cast<uv_tcp_t*>(handle); };
+  if (socket == nullptr) {
+    // Out of memory even for this: the server's spare handle takes it. (Left untaken, libuv
+    // would watch the listener no more: the server would accept nothing, even once memory is
+    // back.) In use, the connection is taken once it is closed.
+    if (spare_socket_in_use_) {
+      refusal_waiting_ = true;
+      return;
+    }
+    spare_socket_in_use_ = true;
+    socket = &spare_socket_;
+    socket->data = this;
+    closed = [](uv_handle_t* handle) {
+      auto* server = static_cast<HttpServer*>(handle->data);
+      server->spare_socket_in_use_ = false;
+      if (std::exchange(server->refusal_waiting_, false)) {
+        --server->connections_refused_;  // counted when it came
+        server->RefuseConnection();
+      }
+    };
+  }
   uv_tcp_init(loop_, socket);
   uv_accept(reinterpret_cast<uv_stream_t*>(&listener_), reinterpret_cast<uv_stream_t*>(socket));
-  uv_close(reinterpret_cast<uv_handle_t*>(socket),
-           [](uv_handle_t* handle) { delete reinterpret_cast<uv_tcp_t*>(handle); });
-  Log(LogLevel::kDebug, "http connection refused: max-connections are open",
-      {{"max_connections", limits_.max_connections}});
+  uv_close(reinterpret_cast<uv_handle_t*>(socket), closed);
+  try {
+    Log(LogLevel::kDebug, "http connection refused (max-connections open, or out of memory)",
+        {{"max_connections", limits_.max_connections}});
+  } catch (...) {  // the log's own memory refused: the count says it
+  }
 }
 
 void HttpServer::Forget(Connection* connection) {

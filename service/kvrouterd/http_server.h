@@ -128,7 +128,10 @@ class HttpServer {
  private:
   friend struct Connection;
   static void OnConnection(uv_stream_t* listener, int status);
-  void RefuseConnection();
+  void Accept(uv_stream_t* listener);  // throws std::bad_alloc (nothing taken then)
+  // Takes the connection waiting on the listener and closes it (past max-connections, or when
+  // the heap refused what serving it needs), counted.
+  void RefuseConnection() noexcept;
   void Forget(Connection* connection);
   void MaybeFinishShutdown();
   // The connections `pick` chooses, held apart from connections_ (closing one removes it there).
@@ -144,6 +147,9 @@ class HttpServer {
   bool shutting_down_ = false;
   int port_ = 0;
   uint64_t connections_refused_ = 0;
+  uv_tcp_t spare_socket_{};  // RefuseConnection's when the heap refuses it one
+  bool spare_socket_in_use_ = false;
+  bool refusal_waiting_ = false;  // a connection to refuse waits for the spare's close
   std::function<void()> shutdown_done_;
   // Owned here while their socket is open; a Responder may keep one alive a little longer.
   std::unordered_set<std::shared_ptr<Connection>> connections_;
