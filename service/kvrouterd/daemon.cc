@@ -4,6 +4,8 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <new>
 #include <optional>
 
 #include "kvrouterd/log.h"
@@ -169,7 +171,10 @@ void Daemon::HandleRequest(HttpRequest request, Responder responder) {
 
 void Daemon::RunOffLoop(const RouteSpec& route, HttpRequest request, std::string param,
                         Responder responder) {
-  auto* job = new OffLoopWork();
+  // Owned here until the thread pool takes it: a refusal below (ArriveRouting allocates) frees
+  // it, and with it the responder, which then closes nothing it should not.
+  auto owned = std::make_unique<OffLoopWork>();
+  OffLoopWork* job = owned.get();
   job->work.data = job;
   job->daemon = this;
   job->service = service_.get();
@@ -182,6 +187,7 @@ void Daemon::RunOffLoop(const RouteSpec& route, HttpRequest request, std::string
     job->call = service_->ArriveRouting(job->responder.ClientGoneProbe());
   }
   ++work_in_flight_;
+  owned.release();  // uv_queue_work allocates nothing: the job is the pool's from here
   uv_queue_work(
       &loop_, &job->work,
       [](uv_work_t* work) {  // on a thread-pool thread: may wait in the admission queue
@@ -211,18 +217,24 @@ void Daemon::RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, s
   auto call = std::make_shared<Call>(
       Call{std::move(request), std::move(param), std::move(responder), HttpResponse{}});
   call->response.status = 500;
-  ++work_in_flight_;
   Service* service = service_.get();
   quick_calls_->Submit(
       [call, service, &route] {
         call->response = service->Handle(route, call->request, call->param);
       },
       [this, call, &route] { CompleteOffLoop(route, std::move(call->response), call->responder); });
+  ++work_in_flight_;  // once submitted: a refused Submit leaves none in flight (stop waits on it)
 }
 
+// Answers first, then counts: counting may need memory (a new pattern and status), and the
+// client is answered whether or not the heap allows it (the count is then lost).
 void Daemon::Answer(const RouteSpec& route, HttpResponse response, Responder& responder) {
-  service_->CountAnswer(route.pattern, response.status);
+  const int status = response.status;
   responder.Respond(std::move(response));
+  try {
+    service_->CountAnswer(route.pattern, status);
+  } catch (const std::bad_alloc&) {
+  }
 }
 
 void Daemon::CompleteOffLoop(const RouteSpec& route, HttpResponse response, Responder& responder) {

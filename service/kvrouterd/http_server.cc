@@ -5,6 +5,7 @@
 #include <cctype>
 #include <climits>
 #include <cstring>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "kvrouterd/log.h"
@@ -153,6 +154,19 @@ void LogClosedForMemory(const char* doing) noexcept {
   try {
     Log(LogLevel::kWarn, "http connection closed: out of memory", {{"while", doing}});
   } catch (...) {
+  }
+}
+
+// Runs `work` for connection `c` from a libuv callback: the heap refusing what it needs closes
+// that connection (unanswered, or half answered), instead of unwinding into libuv's C frames
+// (std::terminate, the daemon gone); the other connections go on.
+template <typename Work>
+void ContainedFor(Connection* c, const char* doing, Work&& work) noexcept {
+  try {
+    work();
+  } catch (const std::bad_alloc&) {
+    LogClosedForMemory(doing);
+    c->Close();  // allocates nothing
   }
 }
 
@@ -310,7 +324,8 @@ void WriteBytes(Connection* c, std::string bytes, bool close_after) {
                             if (status < 0 || done->close_after) {
                               done->connection->Close();
                             } else {
-                              done->connection->OnAnswerWritten();
+                              Connection* c = done->connection.get();
+                              ContainedFor(c, "writing", [c] { c->OnAnswerWritten(); });
                             }
                             delete done;
                           });
@@ -331,8 +346,12 @@ void Connection::StartTimer(uint64_t ms) {
     return;
   }
   uv_timer_start(
-      &read_timer, [](uv_timer_t* timer) { static_cast<Connection*>(timer->data)->OnTimer(); }, ms,
-      0);
+      &read_timer,
+      [](uv_timer_t* timer) {
+        auto* c = static_cast<Connection*>(timer->data);
+        ContainedFor(c, "timing out", [c] { c->OnTimer(); });
+      },
+      ms, 0);
 }
 
 // A request arriving, or a refused client drained: for the read timeout, or, draining without
@@ -383,14 +402,7 @@ void Connection::StartReading() {
       [](uv_stream_t* stream, ssize_t nread, const uv_buf_t* buffer) {
         auto* c = static_cast<Connection*>(stream->data);
         std::shared_ptr<Connection> keep = c->shared_from_this();
-        // The heap refusing what this connection needs (its input, an answer) closes it, unanswered
-        // or half answered: an exception must not unwind into libuv, and the others go on.
-        try {
-          c->Read(nread, buffer);
-        } catch (const std::bad_alloc&) {
-          LogClosedForMemory("reading");
-          c->Close();
-        }
+        ContainedFor(c, "reading", [&] { c->Read(nread, buffer); });
         delete[] buffer->base;
       });
 }
@@ -400,6 +412,7 @@ void Connection::Read(ssize_t nread, const uv_buf_t* buffer) {
     input.append(buffer->base, static_cast<size_t>(nread));
   if (nread < 0) {
     // The client closed or the socket failed: an answer in progress is dropped.
+    if (nread == UV_ENOBUFS) LogClosedForMemory("reading");  // its read buffer was refused
     Close();
     return;
   }
@@ -534,6 +547,12 @@ struct ShutdownRequest {
 // FIN once the answers queued are written (libuv's shutdown waits for them), then the close if
 // `close_after`; a failure closes at once. False if the connection is closing now.
 bool Connection::SendFin(bool close_after) {
+  auto* fin = new (std::nothrow)
+      ShutdownRequest{.connection = shared_from_this(), .close_after = close_after};
+  if (fin == nullptr) {  // the heap refused it: closed at once (what is queued may be lost)
+    Close();
+    return false;
+  }
   if (close_after) {
     last_answered = true;
     // What the client still sends is read and thrown away until the close: left unread (reading
@@ -541,7 +560,6 @@ bool Connection::SendFin(bool close_after) {
     // destroy answers the client has not read yet.
     StartReading();
   }
-  auto* fin = new ShutdownRequest{.connection = shared_from_this(), .close_after = close_after};
   const int rc = uv_shutdown(&fin->request, reinterpret_cast<uv_stream_t*>(&socket),
                              [](uv_shutdown_t* request, int status) {
                                auto* done = reinterpret_cast<ShutdownRequest*>(request);
@@ -604,12 +622,8 @@ void Responder::Respond(HttpResponse response) {
   Connection* c = connection_.get();
   if (!c || c->closing) return;  // the client went away meanwhile
   const bool keep_alive = !c->close_after_answer && !c->server->shutting_down();
-  try {
-    c->Answer(std::move(response), keep_alive);
-  } catch (const std::bad_alloc&) {  // (called from libuv's callbacks: contained here)
-    LogClosedForMemory("answering");
-    c->Close();
-  }
+  // (Called from libuv's callbacks: contained here.)
+  ContainedFor(c, "answering", [&] { c->Answer(std::move(response), keep_alive); });
   connection_.reset();
 }
 

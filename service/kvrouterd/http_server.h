@@ -122,7 +122,8 @@ class HttpServer {
 
   bool shutting_down() const { return shutting_down_; }
   size_t connection_count() const { return connections_.size(); }
-  // Connections closed as soon as accepted, limits.max_connections being open.
+  // Connections closed as soon as accepted: limits.max_connections being open, or the heap
+  // refusing what serving one needs.
   uint64_t connections_refused() const { return connections_refused_; }
 
  private:

@@ -1,5 +1,7 @@
 #include "kvrouterd/quick_call_pool.h"
 
+#include <new>
+
 namespace kvrouterd {
 
 QuickCallPool::QuickCallPool(uv_loop_t* loop, uint32_t threads) {
@@ -77,7 +79,14 @@ void QuickCallPool::RunCompletions() {
     std::lock_guard lock(mutex_);
     done.swap(done_);
   }
-  for (Call& call : done) call.done();
+  // On the loop (a uv_async callback): a completion the heap refused must not unwind into
+  // libuv; the others still run.
+  for (Call& call : done) {
+    try {
+      call.done();
+    } catch (const std::bad_alloc&) {
+    }
+  }
 }
 
 }  // namespace kvrouterd

@@ -14,7 +14,12 @@ bool RefuseThisAllocation() noexcept;
 
 namespace refusing_operator_new {
 
+// The size of the allocation RefuseThisAllocation() is asked about, for suites that refuse
+// only large ones.
+inline thread_local std::size_t requested_bytes = 0;
+
 inline void* AllocateOrNull(std::size_t n, std::size_t align) noexcept {
+  requested_bytes = n;
   if (RefuseThisAllocation()) return nullptr;
   if (n == 0) n = 1;
   if (align <= alignof(std::max_align_t)) return std::malloc(n);

@@ -18,18 +18,41 @@
 
 namespace {
 
-std::atomic<bool> refusing{false};
+// What the loop thread is refused: nothing, every allocation, or those over kLarge bytes (its
+// 64 KiB read buffers and small answers then still get memory: a request's body does not).
+enum class Refusing { kNothing, kEverything, kLarge };
+std::atomic<Refusing> refusing{Refusing::kNothing};
+constexpr size_t kLarge = 80 << 10;
 thread_local bool on_loop_thread = false;
 
 }  // namespace
 
 // Only the server's loop thread is refused: the test's own thread allocates freely.
 bool RefuseThisAllocation() noexcept {
-  return on_loop_thread && refusing.load(std::memory_order_relaxed);
+  if (!on_loop_thread) return false;
+  switch (refusing.load(std::memory_order_relaxed)) {
+    case Refusing::kNothing:
+      return false;
+    case Refusing::kEverything:
+      return true;
+    case Refusing::kLarge:
+      return refusing_operator_new::requested_bytes > kLarge;
+  }
+  return false;
 }
 
 namespace kvrouterd {
 namespace {
+
+// Sets what the loop is refused for its scope, and nothing again when it ends (an assertion
+// ending the test early included).
+class RefusingWhileAlive {
+ public:
+  explicit RefusingWhileAlive(Refusing what) { refusing = what; }
+  ~RefusingWhileAlive() { refusing = Refusing::kNothing; }
+  RefusingWhileAlive(const RefusingWhileAlive&) = delete;
+  RefusingWhileAlive& operator=(const RefusingWhileAlive&) = delete;
+};
 
 // An HttpServer answering every request 200 "ok", on a loop thread of its own.
 class ServerOnItsOwnThread {
@@ -42,11 +65,15 @@ class ServerOnItsOwnThread {
       uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_), nullptr);
     });
     stop_.data = this;
-    server_ = std::make_unique<HttpServer>(&loop_, HttpLimits{}, [](HttpRequest, Responder r) {
-      HttpResponse response;
-      response.body = "ok";
-      r.Respond(std::move(response));
-    });
+    server_ =
+        std::make_unique<HttpServer>(&loop_, HttpLimits{}, [](HttpRequest request, Responder r) {
+          // "/slow" holds the loop a while: connections made meanwhile wait on the listener
+          // together.
+          if (request.path == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          HttpResponse response;
+          response.body = "ok";
+          r.Respond(std::move(response));
+        });
     listened_ = server_->Listen("127.0.0.1", 0);
     thread_ = std::thread([this] {
       on_loop_thread = true;
@@ -71,36 +98,63 @@ class ServerOnItsOwnThread {
 };
 
 // A GET on its own connection; status 0 if the connection closed without an answer.
-int Get(int port) { return kvrouterd_test::Http(port, "GET", "/").status; }
+int Get(int port, const std::string& path = "/") {
+  return kvrouterd_test::Http(port, "GET", path).status;
+}
 
-TEST(HttpServerAllocationFailureTest, ARefusedConnectionIsClosedAndTheServerGoesOn) {
+// Refused from its accept on, a connection is taken and closed (by the server's spare handle
+// when even that is refused); two waiting at once are both taken, the second once the spare
+// is free again. Before: std::terminate.
+TEST(HttpServerAllocationFailureTest, ConnectionsRefusedMemoryAreClosedAndTheServerGoesOn) {
   ServerOnItsOwnThread server;
   ASSERT_EQ(server.listened(), "");
   ASSERT_EQ(Get(server.port()), 200);
-
-  // Refused from its accept on: taken and closed.
-  refusing = true;
-  EXPECT_EQ(Get(server.port()), 0);
-  refusing = false;
+  {
+    RefusingWhileAlive refuse(Refusing::kEverything);
+    EXPECT_EQ(Get(server.port()), 0);
+  }
   EXPECT_EQ(Get(server.port()), 200);
 
-  // Accepted, then refused while its request is read (a body, headers): closed, unanswered.
+  // Two connections arrive while the loop is held: with everything refused, the spare takes
+  // the first, and the second waits for it.
+  std::future<int> slow =
+      std::async(std::launch::async, [&] { return Get(server.port(), "/slow"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the loop is in the handler
+  int status[2] = {-1, -1};
+  {
+    RefusingWhileAlive refuse(Refusing::kEverything);
+    std::future<int> first = std::async(std::launch::async, [&] { return Get(server.port()); });
+    std::future<int> second = std::async(std::launch::async, [&] { return Get(server.port()); });
+    status[0] = first.get();
+    status[1] = second.get();
+  }
+  EXPECT_EQ(status[0], 0);
+  EXPECT_EQ(status[1], 0);
+  EXPECT_EQ(slow.get(), 0);  // (its answer was refused too: closed unanswered)
+  EXPECT_EQ(Get(server.port()), 200);
+}
+
+// A request whose body the heap refuses (its read buffers and the answers still get memory) is
+// answered 503 and its connection closed; the request before it on the connection was answered.
+TEST(HttpServerAllocationFailureTest, ARequestRefusedMemoryIsAnswered503) {
+  ServerOnItsOwnThread server;
   const int fd = kvrouterd_test::Connect(server.port());
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(kvrouterd_test::SendAll(fd, kvrouterd_test::RequestText("GET", "/", "")));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its first answer written
-  refusing = true;
-  ASSERT_TRUE(kvrouterd_test::SendAll(
-      fd, kvrouterd_test::RequestText("POST", "/", std::string(100000, 'x'))));
-  const std::string rest = kvrouterd_test::ReadToEnd(fd);  // until the server closes
-  refusing = false;
+  char first[512];
+  ASSERT_GT(recv(fd, first, sizeof first, 0), 0);  // its answer (a few dozen bytes) came
+  std::string rest;
+  {
+    RefusingWhileAlive refuse(Refusing::kLarge);
+    ASSERT_TRUE(kvrouterd_test::SendAll(
+        fd, kvrouterd_test::RequestText("POST", "/", std::string(200000, 'x'))));
+    rest = kvrouterd_test::ReadToEnd(fd);  // until the server closes
+  }
   close(fd);
   const auto answers = kvrouterd_test::ParseAnswers(rest);
-  ASSERT_GE(answers.size(), 1u);
-  EXPECT_EQ(answers.front().status, 200);  // the first request's
-  for (size_t i = 1; i < answers.size(); ++i) EXPECT_EQ(answers[i].status, 503);
-
-  // Memory back: served as before.
+  ASSERT_EQ(answers.size(), 1u) << rest;
+  EXPECT_EQ(answers[0].status, 503);
+  EXPECT_NE(answers[0].body.find("RESOURCE_EXHAUSTED"), std::string::npos) << answers[0].body;
   EXPECT_EQ(Get(server.port()), 200);
 }
 
