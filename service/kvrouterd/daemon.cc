@@ -87,7 +87,7 @@ int Daemon::Run() {
   service_->SetConnectionCounts([this] {
     return ConnectionCounts{server_->connection_count(), server_->connections_refused()};
   });
-  server_->SetRefusalCounter([this](int status) { service_->CountAnswer("unparsed", status); });
+  server_->SetRefusalCounter([this](int status) { CountContained("unparsed", status); });
   error = server_->Listen(config_.listen_host, config_.listen_port);
   if (error.empty()) error = WritePortFile();
   if (!error.empty()) {
@@ -140,8 +140,8 @@ void Daemon::HandleRequest(HttpRequest request, Responder responder) {
   try {
     match = MatchRoute(request.method, request.path);
   } catch (const ApiError& e) {  // a path that cannot be decoded (a bad percent-escape, a NUL)
-    service_->CountAnswer("unmatched", 400);
     responder.Respond(ErrorAnswer(e));
+    CountContained("unmatched", 400);
     return;
   }
   if (!match.route) {
@@ -151,8 +151,9 @@ void Daemon::HandleRequest(HttpRequest request, Responder responder) {
                             request.method + " is not allowed on " + request.path)
             : ErrorResponse(404, "NOT_FOUND", "no such path: " + request.path);
     if (match.miss_status == 405) response.headers.emplace_back("Allow", match.allow);
-    service_->CountAnswer("unmatched", response.status);
+    const int status = response.status;
     responder.Respond(std::move(response));
+    CountContained("unmatched", status);
     return;
   }
   switch (match.route->runs) {
@@ -186,14 +187,20 @@ void Daemon::RunOffLoop(const RouteSpec& route, HttpRequest request, std::string
     // Known from now on, while it waits for a routing thread: a free of its id cancels it.
     job->call = service_->ArriveRouting(job->responder.ClientGoneProbe());
   }
+  job->response.status = 500;  // unless Handle answers
   ++work_in_flight_;
   owned.release();  // uv_queue_work allocates nothing: the job is the pool's from here
   uv_queue_work(
       &loop_, &job->work,
       [](uv_work_t* work) {  // on a thread-pool thread: may wait in the admission queue
         auto* job = static_cast<OffLoopWork*>(work->data);
-        job->response = job->service->Handle(*job->route, job->request, job->param,
-                                             job->call ? &*job->call : nullptr);
+        // Handle answers its own errors; what escapes it (memory refused while answering one)
+        // leaves the 500 set below, not an exception in libuv's worker (std::terminate).
+        try {
+          job->response = job->service->Handle(*job->route, job->request, job->param,
+                                               job->call ? &*job->call : nullptr);
+        } catch (...) {
+        }
       },
       [](uv_work_t* work, int) {  // back on the loop
         std::unique_ptr<OffLoopWork> job(static_cast<OffLoopWork*>(work->data));
@@ -231,9 +238,13 @@ void Daemon::RunOnQuickCallThread(const RouteSpec& route, HttpRequest request, s
 void Daemon::Answer(const RouteSpec& route, HttpResponse response, Responder& responder) {
   const int status = response.status;
   responder.Respond(std::move(response));
+  CountContained(route.pattern, status);
+}
+
+void Daemon::CountContained(const std::string& pattern, int status) noexcept {
   try {
-    service_->CountAnswer(route.pattern, status);
-  } catch (const std::bad_alloc&) {
+    service_->CountAnswer(pattern, status);
+  } catch (const std::bad_alloc&) {  // the count is lost, not the daemon
   }
 }
 
@@ -251,10 +262,10 @@ void Daemon::OnSignal(int signum) {
       ReloadConfig();
     } catch (const std::exception& e) {
       service_->CountReload(false);
-      Log(LogLevel::kError, "reload: failed partway", {{"error", e.what()}});
+      LogContained(LogLevel::kError, "reload: failed partway", "error", e.what());
     }
   } else if (!stopping_) {
-    Log(LogLevel::kInfo, "stopping", {{"signal", signum == SIGTERM ? "SIGTERM" : "SIGINT"}});
+    LogContained(LogLevel::kInfo, "stopping", "signal", signum == SIGTERM ? "SIGTERM" : "SIGINT");
     BeginShutdown();
   }
 }
@@ -293,8 +304,11 @@ void Daemon::BeginShutdown() {
           // Past shutdown-timeout-seconds nothing is waited for: queued requests are cancelled,
           // and connections still writing or draining closed (each round, as answers complete).
           auto* daemon = static_cast<Daemon*>(timer->data);
-          daemon->service_->CancelWaiting();
-          daemon->server_->CloseEveryConnectionNotBusy();
+          daemon->server_->CloseEveryConnectionNotBusy();  // allocates nothing
+          try {
+            daemon->service_->CancelWaiting();
+          } catch (const std::bad_alloc&) {  // the next round (kCancelRoundMs) tries again
+          }
         },
         *timeout_ms, kCancelRoundMs);
   }

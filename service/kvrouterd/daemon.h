@@ -32,6 +32,9 @@ class Daemon {
                             Responder responder);
   // Counts the answer and sends it.
   void Answer(const RouteSpec& route, HttpResponse response, Responder& responder);
+  // Counts an answer given (kvrouterd_http_requests_total); the heap refusing the count loses
+  // it, not the daemon (called from libuv's callbacks).
+  void CountContained(const std::string& pattern, int status) noexcept;
   // The same for a call run off the loop, which then no longer holds up the shutdown.
   void CompleteOffLoop(const RouteSpec& route, HttpResponse response, Responder& responder);
   void OnSignal(int signum);

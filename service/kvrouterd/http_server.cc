@@ -512,8 +512,10 @@ void Connection::RefuseMalformed(http_errno error) {
       response = ErrorResponse(400, "INVALID_ARGUMENT",
                                std::string("malformed HTTP: ") + http_errno_description(error));
   }
-  Log(LogLevel::kDebug, "http request refused",
-      {{"status", response.status}, {"parser_error", http_errno_name(error)}});
+  if (LogEnabled(LogLevel::kDebug)) {  // (its fields allocate: only when written)
+    Log(LogLevel::kDebug, "http request refused",
+        {{"status", response.status}, {"parser_error", http_errno_name(error)}});
+  }
   if (server->count_refusal_) server->count_refusal_(response.status);
   // What arrived of the refused request (up to a whole body but a byte, for a 408) and after it
   // would be held while the client is drained, up to request-read-timeout-seconds more. Freed,
@@ -748,9 +750,11 @@ void HttpServer::Shutdown(std::function<void()> done) {
   // Idle connections close now; busy ones after their answer (which says Connection: close);
   // those still writing an answer once it is written (the idle timer lets go of a client that
   // stopped reading).
-  // A refused client being drained has its FIN already, and its timer.
-  for (const auto& connection :
-       ConnectionsWhere([](const Connection& c) { return !c.busy && !c.draining; })) {
+  // A refused client being drained has its FIN already, and its timer. (Iterated in place:
+  // closing removes a connection only in its close callback, and nothing here allocates, so
+  // a signal's callback running this cannot throw into libuv.)
+  for (const auto& connection : connections_) {
+    if (connection->busy || connection->draining) continue;
     if (connection->socket.write_queue_size > 0) {
       connection->SendFin(/*close_after=*/true);
     } else {
@@ -761,18 +765,9 @@ void HttpServer::Shutdown(std::function<void()> done) {
 }
 
 void HttpServer::CloseEveryConnectionNotBusy() {
-  for (const auto& connection : ConnectionsWhere([](const Connection& c) { return !c.busy; })) {
-    connection->Close();
+  for (const auto& connection : connections_) {  // in place, as in Shutdown
+    if (!connection->busy) connection->Close();
   }
-}
-
-std::vector<std::shared_ptr<Connection>> HttpServer::ConnectionsWhere(
-    const std::function<bool(const Connection&)>& pick) const {
-  std::vector<std::shared_ptr<Connection>> picked;
-  for (const auto& connection : connections_) {
-    if (pick(*connection)) picked.push_back(connection);
-  }
-  return picked;
 }
 
 void HttpServer::MaybeFinishShutdown() {

@@ -135,9 +135,6 @@ class HttpServer {
   void RefuseConnection() noexcept;
   void Forget(Connection* connection);
   void MaybeFinishShutdown();
-  // The connections `pick` chooses, held apart from connections_ (closing one removes it there).
-  std::vector<std::shared_ptr<Connection>> ConnectionsWhere(
-      const std::function<bool(const Connection&)>& pick) const;
 
   uv_loop_t* loop_;
   HttpLimits limits_;

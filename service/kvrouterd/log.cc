@@ -72,4 +72,12 @@ void Log(LogLevel level, std::string_view msg, const nlohmann::json& fields) {
   std::fflush(stderr);
 }
 
+void LogContained(LogLevel level, std::string_view msg, std::string_view key,
+                  std::string_view value) noexcept {
+  try {
+    Log(level, msg, {{std::string(key), std::string(value)}});
+  } catch (...) {
+  }
+}
+
 }  // namespace kvrouterd

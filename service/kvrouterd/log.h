@@ -21,6 +21,11 @@ bool LogEnabled(LogLevel level);
 // Writes one line if `level` is enabled; `fields` (an object) are added after "msg".
 void Log(LogLevel level, std::string_view msg, const nlohmann::json& fields = nullptr);
 
+// Log with one field, for libuv's callbacks, which must not throw: a line the heap refuses
+// memory to is lost, not the daemon.
+void LogContained(LogLevel level, std::string_view msg, std::string_view key,
+                  std::string_view value) noexcept;
+
 // The time now as RFC 3339 in UTC with milliseconds, e.g. "2026-12-02T14:00:08.123Z".
 std::string Rfc3339Now();
 

@@ -24,6 +24,7 @@ enum class Refusing { kNothing, kEverything, kLarge };
 std::atomic<Refusing> refusing{Refusing::kNothing};
 constexpr size_t kLarge = 80 << 10;
 thread_local bool on_loop_thread = false;
+std::atomic<bool> slow_entered{false}, slow_released{false};
 
 }  // namespace
 
@@ -67,9 +68,12 @@ class ServerOnItsOwnThread {
     stop_.data = this;
     server_ =
         std::make_unique<HttpServer>(&loop_, HttpLimits{}, [](HttpRequest request, Responder r) {
-          // "/slow" holds the loop a while: connections made meanwhile wait on the listener
-          // together.
-          if (request.path == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          // "/slow" holds the loop until released: connections made meanwhile wait on the
+          // listener together.
+          if (request.path == "/slow") {
+            slow_entered = true;
+            while (!slow_released) std::this_thread::yield();
+          }
           HttpResponse response;
           response.body = "ok";
           r.Respond(std::move(response));
@@ -119,18 +123,22 @@ TEST(HttpServerAllocationFailureTest, ConnectionsRefusedMemoryAreClosedAndTheSer
   // the first, and the second waits for it.
   std::future<int> slow =
       std::async(std::launch::async, [&] { return Get(server.port(), "/slow"); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the loop is in the handler
-  int status[2] = {-1, -1};
+  while (!slow_entered) std::this_thread::yield();  // the loop is held in the handler
+  std::string read[2];
   {
     RefusingWhileAlive refuse(Refusing::kEverything);
-    std::future<int> first = std::async(std::launch::async, [&] { return Get(server.port()); });
-    std::future<int> second = std::async(std::launch::async, [&] { return Get(server.port()); });
-    status[0] = first.get();
-    status[1] = second.get();
+    const int first = kvrouterd_test::Connect(server.port());  // queued on the listener
+    const int second = kvrouterd_test::Connect(server.port());
+    slow_released = true;
+    ASSERT_TRUE(first >= 0 && second >= 0);
+    read[0] = kvrouterd_test::ReadToEnd(first);  // until the server closes it
+    read[1] = kvrouterd_test::ReadToEnd(second);
+    close(first);
+    close(second);
   }
-  EXPECT_EQ(status[0], 0);
-  EXPECT_EQ(status[1], 0);
-  EXPECT_EQ(slow.get(), 0);  // (its answer was refused too: closed unanswered)
+  EXPECT_EQ(read[0], "");  // closed unanswered
+  EXPECT_EQ(read[1], "");
+  EXPECT_EQ(slow.get(), 0);  // its answer was refused too: closed unanswered
   EXPECT_EQ(Get(server.port()), 200);
 }
 
