@@ -148,13 +148,10 @@ namespace {
 
 Connection* ConnectionOf(http_parser* parser) { return static_cast<Connection*>(parser->data); }
 
-// A connection closed because the heap refused what serving it needed. Logging needs memory
-// too: refused, the close goes unlogged.
+// A connection closed because the heap refused what serving it needed (refused the log's
+// memory too, the close goes unlogged).
 void LogClosedForMemory(const char* doing) noexcept {
-  try {
-    Log(LogLevel::kWarn, "http connection closed: out of memory", {{"while", doing}});
-  } catch (...) {
-  }
+  LogContained(LogLevel::kWarn, "http connection closed: out of memory", "while", doing);
 }
 
 // Runs `work` for connection `c` from a libuv callback: the heap refusing what it needs closes
