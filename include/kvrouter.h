@@ -562,6 +562,11 @@ KVR_API void kvr_event_batch_clear(kvr_event_batch *batch);
 #define KVR_REQUEST_ADMIT 0x1u /* book the request under request_id */
 /* The prompt is given hashed, by local_hashes; the call hashes no token. Since 0.2.0. */
 #define KVR_REQUEST_PREHASHED 0x2u
+/* allowed_worker_ids is an allow-list even when num_allowed_worker_ids is 0: then no worker is
+ * allowed, and a call that picks one is KVR_UNAVAILABLE. Without this flag an empty list
+ * allows every worker. (A gateway that filtered a tenant's workers down to none must not route
+ * on anyone's.) Since 0.2.0. */
+#define KVR_REQUEST_ALLOW_LIST 0x4u
 
 /* Per-request options. Doubles left NaN and tri-states left -1 keep the router's setting. */
 typedef struct kvr_request_options {
@@ -574,7 +579,8 @@ typedef struct kvr_request_options {
   const uint64_t *mm_hashes; /* per-block multimodal hashes as in kvr_hash_options */
   const size_t *mm_counts;
   size_t mm_num_blocks;
-  const uint64_t *allowed_worker_ids; /* restrict candidates (and bypass the queue) */
+  const uint64_t *allowed_worker_ids; /* restrict candidates (and bypass the queue); an empty
+                                       * list restricts only with KVR_REQUEST_ALLOW_LIST */
   size_t num_allowed_worker_ids;
   double overlap_score_credit;
   double prefill_load_scale;

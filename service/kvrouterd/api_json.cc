@@ -241,8 +241,11 @@ void RouteInput::Bind() {
   options.request_id = request_id.empty() ? nullptr : request_id.c_str();
   options.lora_name = lora_name ? lora_name->c_str() : nullptr;
   options.cache_namespace = cache_namespace ? cache_namespace->c_str() : nullptr;
-  options.allowed_worker_ids = allowed_worker_ids.empty() ? nullptr : allowed_worker_ids.data();
-  options.num_allowed_worker_ids = allowed_worker_ids.size();
+  if (allowed_worker_ids) {
+    options.flags |= KVR_REQUEST_ALLOW_LIST;  // [] allows no worker
+    options.allowed_worker_ids = allowed_worker_ids->empty() ? nullptr : allowed_worker_ids->data();
+    options.num_allowed_worker_ids = allowed_worker_ids->size();
+  }
   hints.session_id = session_id ? session_id->c_str() : nullptr;
   if (local_hashes) {
     options.flags |= KVR_REQUEST_PREHASHED;
@@ -310,8 +313,9 @@ RouteInput ParseRouteInput(const json& body, bool need_request_id) {
   }
   if (const json* ids = Find(body, "allowed_worker_ids")) {
     if (!ids->is_array()) Invalid("allowed_worker_ids: expected an array of worker ids");
+    input.allowed_worker_ids.emplace();
     for (size_t i = 0; i < ids->size(); ++i) {
-      input.allowed_worker_ids.push_back(
+      input.allowed_worker_ids->push_back(
           IdFromJson((*ids)[i], "allowed_worker_ids[" + std::to_string(i) + "]"));
     }
   }

@@ -62,7 +62,7 @@ struct RouteInput {
   uint64_t num_tokens = 0;
   std::optional<std::string> lora_name;
   std::optional<std::string> cache_namespace;
-  std::vector<uint64_t> allowed_worker_ids;
+  std::optional<std::vector<uint64_t>> allowed_worker_ids;  // [] allows no worker
   std::optional<std::string> session_id;
   kvr_request_options options{};  // pointers set by Bind()
   kvr_routing_hints hints{};

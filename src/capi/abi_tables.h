@@ -383,7 +383,8 @@ inline constexpr uint32_t kKnownRouterFlags =
     KVR_ROUTER_EAGLE | KVR_ROUTER_ENTROPY_SEED | KVR_ROUTER_TRACK_OUTPUT_BLOCKS;
 inline constexpr uint32_t kKnownStoredFlags = KVR_STORED_HAS_PARENT | KVR_STORED_EAGLE;
 inline constexpr uint32_t kKnownRemovedFlags = KVR_REMOVED_SLIDING;
-inline constexpr uint32_t kKnownRequestFlags = KVR_REQUEST_ADMIT | KVR_REQUEST_PREHASHED;
+inline constexpr uint32_t kKnownRequestFlags =
+    KVR_REQUEST_ADMIT | KVR_REQUEST_PREHASHED | KVR_REQUEST_ALLOW_LIST;
 inline constexpr uint32_t kKnownJetstreamFlags = KVR_JETSTREAM_RESUME | KVR_JETSTREAM_CREATE_STREAM;
 
 }  // namespace kvrouter::capi

@@ -203,7 +203,9 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, Requ
     r.overrides.cost_function = static_cast<kvrouter::CostFunction>(c.cost_function);
   }
   r.overrides.ttft_miss_weight = UnlessNaN(c.ttft_miss_weight);
-  r.allowed_worker_ids = std::span(c.allowed_worker_ids, c.num_allowed_worker_ids);
+  if (c.num_allowed_worker_ids > 0 || (c.flags & KVR_REQUEST_ALLOW_LIST) != 0) {
+    r.allowed_worker_ids = std::span(c.allowed_worker_ids, c.num_allowed_worker_ids);
+  }
   r.with_admission = (c.flags & KVR_REQUEST_ADMIT) != 0;
   r.request_id = OrEmpty(c.request_id);
   r.expected_output_tokens = c.expected_output_tokens;

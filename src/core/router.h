@@ -161,9 +161,10 @@ struct PromptOptions {
 struct RouteOptions {
   PromptOptions prompt;
   SelectorOverrides overrides;
-  // When not empty, only ranks of these workers are candidates. As in Dynamo (§3.2), such an
-  // externally restricted request bypasses the queue's capacity check.
-  std::span<const uint64_t> allowed_worker_ids;
+  // When set, only ranks of these workers are candidates (none when it is empty: the call is
+  // Unavailable). As in Dynamo (§3.2), such an externally restricted request bypasses the
+  // queue's capacity check.
+  std::optional<std::span<const uint64_t>> allowed_worker_ids;
   // With admission: wait for capacity if queueing applies, then book the request under
   // request_id (required, unique among active and waiting requests). Without: a preview.
   bool with_admission = false;

@@ -27,7 +27,7 @@ using router_internal::OverlapOf;
 // Admission queue (under gate_)
 
 bool Router::MustWaitLocked(const Prepared& prepared) const {
-  if (!options_.queue_threshold || !prepared.allowed_worker_ids.empty()) return false;
+  if (!options_.queue_threshold || prepared.allowed_worker_ids) return false;
   std::vector<RankPressure> ranks;
   for (const WorkerLoad& load : active_.Loads()) {
     // A pinned request waits for its own rank(s) only.

@@ -28,7 +28,7 @@ struct Router::Prepared {
   std::vector<uint64_t> tracking_ids;     // chained block identities; empty without KV reuse
   std::vector<uint64_t> sequence_hashes;  // only to record a booking in approximate mode
   std::vector<WorkerMatch> matches;       // in the index's order
-  std::vector<uint64_t> allowed_worker_ids;
+  std::optional<std::vector<uint64_t>> allowed_worker_ids;  // unset: every worker
   std::optional<WorkerPin> pin;        // the caller's, or its session's (ApplySessionLocked)
   std::optional<WorkerKey> preferred;  // likewise
   std::optional<WorkerPin> own_pin;    // the caller's own, steered from again each time
@@ -73,8 +73,9 @@ inline const WorkerMatch* FindMatch(std::span<const WorkerMatch> matches, Worker
   return it != matches.end() ? &*it : nullptr;
 }
 
-inline bool IsAllowed(uint64_t worker_id, std::span<const uint64_t> allowed) {
-  return allowed.empty() || std::find(allowed.begin(), allowed.end(), worker_id) != allowed.end();
+// Unset allows every worker; a list (even an empty one) only the workers it names.
+inline bool IsAllowed(uint64_t worker_id, const std::optional<std::vector<uint64_t>>& allowed) {
+  return !allowed || std::find(allowed->begin(), allowed->end(), worker_id) != allowed->end();
 }
 
 }  // namespace router_internal

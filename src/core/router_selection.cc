@@ -83,8 +83,13 @@ absl::Status Router::Prepare(std::span<const uint32_t> tokens, const RouteOption
       options.prompt.prehashed ? options.prompt.prehashed->num_tokens : tokens.size();
   out.expected_output_tokens = options.expected_output_tokens;
   out.priority_jump = options.priority_jump;
-  out.allowed_worker_ids.assign(options.allowed_worker_ids.begin(),
-                                options.allowed_worker_ids.end());
+  if (!options.allowed_worker_ids) {
+    out.allowed_worker_ids.reset();  // out may be a reused one
+  } else {
+    std::vector<uint64_t>& allowed =
+        out.allowed_worker_ids ? *out.allowed_worker_ids : out.allowed_worker_ids.emplace();
+    allowed.assign(options.allowed_worker_ids->begin(), options.allowed_worker_ids->end());
+  }
   out.pin = out.own_pin = options.pin;
   out.preferred = out.own_preferred = options.preferred;
   out.session_id.assign(options.session_id);
@@ -204,9 +209,12 @@ absl::Status Router::CandidatesLocked(const Prepared& prepared, RankCandidates& 
     candidate.prefill_tokens_per_second = load.current.prefill_tokens_per_second;
     out.versions.push_back(load.version);
   }
-  if (out.candidates.empty() && !loads.empty() && !prepared.allowed_worker_ids.empty()) {
+  if (out.candidates.empty() && !loads.empty() && prepared.allowed_worker_ids) {
     return absl::UnavailableError(
-        "none of the allowed workers is registered (allowed_worker_ids names only unknown ids)");
+        prepared.allowed_worker_ids->empty()
+            ? "no worker is allowed (allowed_worker_ids is an empty list)"
+            : "none of the allowed workers is registered (allowed_worker_ids names only "
+              "unknown ids)");
   }
   return absl::OkStatus();
 }

@@ -248,6 +248,41 @@ static void allowed_workers(void** state) {
                                                              &opts, &result, NULL, 0, NULL, ERRP));
 }
 
+/* An empty allow-list allows every worker, unless KVR_REQUEST_ALLOW_LIST says it is a list: then
+ * none (a tenant filtered down to no worker is not routed on anyone's), whether the pointer is
+ * NULL or not, and nothing is booked. */
+static void an_empty_allow_list_allows_no_worker(void** state) {
+  fixture* f = (fixture*)*state;
+  kvr_route_result result;
+  kvr_request_options opts;
+  kvr_potential_load loads[8];
+  size_t n = 99;
+  uint64_t spare[1] = {1};
+  kvr_request_options_init(&opts, sizeof opts);
+  kvr_route_result_init(&result, sizeof result);
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  opts.flags = KVR_REQUEST_ALLOW_LIST;
+  KVT_EXPECT_FAILS_SAYING(KVR_UNAVAILABLE, "no worker is allowed",
+                          kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result,
+                                              NULL, 0, NULL, ERRP));
+  opts.allowed_worker_ids = spare;
+  opts.flags = KVR_REQUEST_ALLOW_LIST | KVR_REQUEST_ADMIT;
+  opts.request_id = "tenant-without-workers";
+  KVT_EXPECT_FAILS(KVR_UNAVAILABLE, kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts,
+                                                        &result, NULL, 0, NULL, ERRP));
+  assert_int_equal(0, kvt_metrics(f->router).requests_active);
+  /* A query over no worker answers nothing. */
+  KVT_OK(
+      kvr_router_potential_loads(f->router, f->prompt, REQUEST_TOKENS, &opts, loads, 8, &n, ERRP));
+  assert_int_equal(0, n);
+  /* With one worker in it, the list is an ordinary restriction. */
+  opts.num_allowed_worker_ids = 1;
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, REQUEST_TOKENS, &opts, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(1, result.worker_id);
+}
+
 static void no_workers_is_unavailable(void** state) {
   kvr_router* router = kvt_router_new(BS, 0);
   uint32_t tokens[32];
@@ -984,6 +1019,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(distinct_requests_spread, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(candidates_buffer_truncates, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(allowed_workers, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(an_empty_allow_list_allows_no_worker, setup, kvt_teardown),
       cmocka_unit_test(no_workers_is_unavailable),
       cmocka_unit_test(newer_cost_knobs),
       cmocka_unit_test(output_blocks_are_tracked),

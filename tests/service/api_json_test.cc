@@ -68,6 +68,17 @@ TEST(ApiJsonTest, LibraryErrorsKeepTheirMessage) {
   kvr_router_free(router);
 }
 
+// "allowed_worker_ids": [] allows no worker (a gateway's tenant filtered down to none); without
+// the key every worker is allowed.
+TEST(ApiJsonTest, AnEmptyAllowListAllowsNoWorker) {
+  RouteInput listed =
+      ParseRouteInput(json::parse(R"({"token_ids": [1], "allowed_worker_ids": []})"), false);
+  EXPECT_EQ(listed.options.num_allowed_worker_ids, 0u);
+  EXPECT_NE(listed.options.flags & KVR_REQUEST_ALLOW_LIST, 0u);
+  RouteInput unlisted = ParseRouteInput(json::parse(R"({"token_ids": [1]})"), false);
+  EXPECT_EQ(unlisted.options.flags & KVR_REQUEST_ALLOW_LIST, 0u);
+}
+
 TEST(ApiJsonTest, RouteBodyToOptions) {
   const json body = json::parse(R"({
     "request_id": "req-1", "token_ids": [1, 2, 3], "lora_name": "a", "cache_namespace": "t",
@@ -86,6 +97,7 @@ TEST(ApiJsonTest, RouteBodyToOptions) {
   EXPECT_STREQ(input.options.cache_namespace, "t");
   ASSERT_EQ(input.options.num_allowed_worker_ids, 2u);
   EXPECT_EQ(input.options.allowed_worker_ids[1], 2u);
+  EXPECT_NE(input.options.flags & KVR_REQUEST_ALLOW_LIST, 0u);
   EXPECT_EQ(input.options.expected_output_tokens, 256u);
   EXPECT_EQ(input.options.priority_jump, 1.5);
   EXPECT_EQ(input.options.queue_timeout_ms, 2000);

@@ -371,6 +371,7 @@
   C(KVR_REMOVED_SLIDING)            \
   C(KVR_REQUEST_ADMIT)              \
   C(KVR_REQUEST_PREHASHED)          \
+  C(KVR_REQUEST_ALLOW_LIST)         \
   C(KVR_JETSTREAM_RESUME)           \
   C(KVR_JETSTREAM_CREATE_STREAM)    \
   C(KVR_EVENT_KINDS)                \

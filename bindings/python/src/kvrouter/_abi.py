@@ -380,6 +380,11 @@ REMOVED_SLIDING = 0x1
 REQUEST_ADMIT = 0x1
 #: The prompt is given hashed, by local_hashes; the call hashes no token. Since 0.2.0.
 REQUEST_PREHASHED = 0x2
+#: allowed_worker_ids is an allow-list even when num_allowed_worker_ids is 0: then no worker is
+#: allowed, and a call that picks one is KVR_UNAVAILABLE. Without this flag an empty list allows
+#: every worker. (A gateway that filtered a tenant's workers down to none must not route on
+#: anyone's.) Since 0.2.0.
+REQUEST_ALLOW_LIST = 0x4
 #: an existing durable consumer keeps its position
 JETSTREAM_RESUME = 0x1
 #: create the stream if absent, with the limits below
@@ -411,6 +416,7 @@ CONSTANTS: Dict[str, int] = {
     'KVR_REMOVED_SLIDING': REMOVED_SLIDING,
     'KVR_REQUEST_ADMIT': REQUEST_ADMIT,
     'KVR_REQUEST_PREHASHED': REQUEST_PREHASHED,
+    'KVR_REQUEST_ALLOW_LIST': REQUEST_ALLOW_LIST,
     'KVR_JETSTREAM_RESUME': JETSTREAM_RESUME,
     'KVR_JETSTREAM_CREATE_STREAM': JETSTREAM_CREATE_STREAM,
     'KVR_EVENT_KINDS': EVENT_KINDS,
@@ -823,6 +829,7 @@ __all__ = [
     'REMOVED_SLIDING',
     'REQUEST_ADMIT',
     'REQUEST_PREHASHED',
+    'REQUEST_ALLOW_LIST',
     'JETSTREAM_RESUME',
     'JETSTREAM_CREATE_STREAM',
     'EVENT_KINDS',

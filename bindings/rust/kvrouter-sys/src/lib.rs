@@ -239,6 +239,11 @@ pub const KVR_REMOVED_SLIDING: u32 = 0x1;
 pub const KVR_REQUEST_ADMIT: u32 = 0x1;
 /// The prompt is given hashed, by local_hashes; the call hashes no token. Since 0.2.0.
 pub const KVR_REQUEST_PREHASHED: u32 = 0x2;
+/// allowed_worker_ids is an allow-list even when num_allowed_worker_ids is 0: then no worker is
+/// allowed, and a call that picks one is KVR_UNAVAILABLE. Without this flag an empty list allows
+/// every worker. (A gateway that filtered a tenant's workers down to none must not route on
+/// anyone's.) Since 0.2.0.
+pub const KVR_REQUEST_ALLOW_LIST: u32 = 0x4;
 
 /// kvr_jetstream_source.flags
 /// an existing durable consumer keeps its position
@@ -460,7 +465,8 @@ pub struct kvr_request_options {
     pub mm_hashes: *const u64,
     pub mm_counts: *const usize,
     pub mm_num_blocks: usize,
-    /// restrict candidates (and bypass the queue)
+    /// restrict candidates (and bypass the queue); an empty list restricts only with
+    /// KVR_REQUEST_ALLOW_LIST
     pub allowed_worker_ids: *const u64,
     pub num_allowed_worker_ids: usize,
     pub overlap_score_credit: f64,

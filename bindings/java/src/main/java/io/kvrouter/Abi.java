@@ -35,6 +35,7 @@ final class Abi {
   // the request is booked (after waiting in the queue if the router queues).
   static final int REQUEST_ADMIT = 0x1;
   static final int REQUEST_PREHASHED = 0x2;
+  static final int REQUEST_ALLOW_LIST = 0x4;
 
   // kvr_jetstream_source.flags
   static final int JETSTREAM_RESUME = 0x1;
