@@ -664,9 +664,10 @@ static PyObject* request_new(PyTypeObject* type, PyObject* args, PyObject* kwds)
     self->c.mm_counts = self->mm_counts.data;
     self->c.mm_num_blocks = self->mm_counts.len;
   }
-  if (allowed != Py_None) {
+  if (allowed != Py_None) { /* a list, even an empty one (which allows no worker) */
     self->c.allowed_worker_ids = self->allowed.data;
     self->c.num_allowed_worker_ids = self->allowed.len;
+    self->c.flags |= KVR_REQUEST_ALLOW_LIST;
   }
   return (PyObject*)self;
 bad:

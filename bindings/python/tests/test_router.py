@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import gc
+import math
 import sys
 import threading
 import time
@@ -95,6 +96,10 @@ def test_request_options(router):
     store(router, 1, p)
     only = RequestOptions(allowed_worker_ids=[3, 4])
     assert router.find_best_match(p, only).worker_id in (3, 4)
+    # An empty list allows no worker (a tenant filtered down to none is not routed on anyone's).
+    with pytest.raises(kvrouter.UnavailableError, match="no worker is allowed"):
+        router.find_best_match(p, RequestOptions(allowed_worker_ids=[]), request_id="nobody")
+    assert router.metrics().requests_active == 0
     lora = RequestOptions(lora_name="adapter")  # other hashes: worker 1's blocks do not match
     assert router.find_best_match(p, lora).cached_tokens == 0
     no_credit = RequestOptions(overlap_score_credit=0.0)
@@ -557,6 +562,18 @@ def test_close_while_another_thread_waits_frees_after_it():
     assert out
     with pytest.raises(kvrouter.ClosedError):
         r.metrics()
+
+
+def test_queue_timeout_rounds_up_to_milliseconds():
+    from kvrouter._options import _queue_timeout_ms
+    assert _queue_timeout_ms(None) == -1
+    assert _queue_timeout_ms(math.inf) == -1
+    assert _queue_timeout_ms(0.0004) == 1  # not 0: that gives up at once
+    assert _queue_timeout_ms(0.25) == 250
+    assert _queue_timeout_ms(-1.0) == 0
+    assert _queue_timeout_ms(1e300) == (1 << 63) - 1
+    with pytest.raises(ValueError):
+        _queue_timeout_ms(math.nan)
 
 
 def test_find_best_match_arguments(router):

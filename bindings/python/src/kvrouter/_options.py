@@ -173,6 +173,17 @@ def _tristate(value: Optional[bool]) -> int:
     return -1 if value is None else int(bool(value))
 
 
+def _queue_timeout_ms(seconds: Optional[float]) -> int:
+    """The ABI's queue_timeout_ms: -1 (never) for None or an infinite wait, else the seconds
+    rounded up to whole milliseconds (a 0.4 ms wait is 1 ms, not 0: giving up at once), at most
+    the int64 field's largest."""
+    if seconds is None or seconds == math.inf:
+        return -1
+    if math.isnan(seconds):
+        raise ValueError("queue_timeout must be a number of seconds or None, not NaN")
+    return min(math.ceil(max(float(seconds), 0.0) * 1000), (1 << 63) - 1)
+
+
 @dataclass(frozen=True)
 class RequestOptions:
     """Per-request options (``kvr_request_options``). ``None`` overrides keep the router's
@@ -181,8 +192,10 @@ class RequestOptions:
 
     ``admit`` books the request under ``request_id`` (the routing calls' ``request_id=``
     keyword does the same for one call). ``mm_hashes`` has one sequence of multimodal hashes
-    per block (empty or None for a block without any). ``queue_timeout`` is in seconds (None:
-    wait for as long as the queue holds the request).
+    per block (empty or None for a block without any). ``allowed_worker_ids`` restricts the
+    candidates: None allows every worker, an empty sequence none (a routing call then raises
+    :class:`UnavailableError`). ``queue_timeout`` is in seconds, rounded up to whole
+    milliseconds (None: wait for as long as the queue holds the request).
     """
 
     admit: bool = False
@@ -218,7 +231,7 @@ class RequestOptions:
             "track_prefill_tokens": _tristate(self.track_prefill_tokens),
             "priority_jump": float(self.priority_jump),
             "expected_output_tokens": self.expected_output_tokens,
-            "queue_timeout_ms": -1 if self.queue_timeout is None else int(round(self.queue_timeout * 1000)),
+            "queue_timeout_ms": _queue_timeout_ms(self.queue_timeout),
             "overlap_score_credit_decay": _override(self.overlap_score_credit_decay),
             "decode_active_request_weight": _override(self.decode_active_request_weight),
             "cost_function": -1 if self.cost_function is None else int(self.cost_function),

@@ -224,9 +224,18 @@ public final class RequestOptions {
       return this;
     }
 
-    /** Restrict the candidates to these workers (and bypass the queue); null = all. Copied. */
+    /**
+     * Restrict the candidates to these workers (and bypass the queue); copied. null allows every
+     * worker, an empty array none (routing then fails with KVR_UNAVAILABLE:
+     * KVR_REQUEST_ALLOW_LIST).
+     */
     public Builder allowedWorkerIds(long... workerIds) {
       this.allowedWorkerIds = workerIds == null ? null : workerIds.clone();
+      int f = Abi.RequestOptions.FLAGS;
+      scalars[f] =
+          workerIds != null
+              ? (scalars[f] | Abi.REQUEST_ALLOW_LIST)
+              : (scalars[f] & ~Abi.REQUEST_ALLOW_LIST);
       return this;
     }
 

@@ -561,6 +561,23 @@ class RouterTest {
       RouteResult r =
           router.findBestMatch(PROMPT, RequestOptions.builder().allowedWorkerIds(3, 4).build());
       assertTrue(r.workerId() == 3 || r.workerId() == 4);
+      // an empty allow-list allows no worker (null: every worker), and books nothing
+      KvRouterException none =
+          assertThrows(
+              KvRouterException.class,
+              () ->
+                  router.findBestMatch(
+                      PROMPT,
+                      RequestOptions.builder()
+                          .requestId("nobody")
+                          .admit(true)
+                          .allowedWorkerIds()
+                          .build()));
+      assertEquals(Status.UNAVAILABLE, none.status());
+      assertEquals(0, router.metrics().requestsActive());
+      RequestOptions unrestrictedAgain =
+          RequestOptions.builder().allowedWorkerIds().allowedWorkerIds((long[]) null).build();
+      assertTrue(router.findBestMatch(PROMPT, unrestrictedAgain).workerId() > 0);
       // a LoRA salt changes the hashes: the cached prefix no longer matches
       assertEquals(
           0,
