@@ -1,5 +1,6 @@
 #include "kvrouterd/booking_table.h"
 
+#include <algorithm>
 #include <iterator>
 
 namespace kvrouterd {
@@ -36,13 +37,21 @@ void BookingTable::PruneCancellationsLocked() {
 }
 
 BookingTable::Claimed BookingTable::Claim(const std::string& id, Clock::time_point now,
-                                          uint64_t arrival) {
+                                          uint64_t arrival, const Wait& wait) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     if (CancelledLocked(id, arrival)) return {Outcome::kCancelled, nullptr};
     auto it = entries_.find(id);
     if (it != entries_.end() && it->second.pending) {
-      settled_.wait(lock);
+      if (wait.abandoned && wait.abandoned()) return {Outcome::kAbandoned, nullptr};
+      const Clock::time_point poll = Clock::now() + kAbandonPoll;
+      if (!wait.deadline) {
+        settled_.wait_until(lock, poll);
+      } else if (Clock::now() >= *wait.deadline) {
+        return {Outcome::kTimedOut, nullptr};
+      } else {
+        settled_.wait_until(lock, std::min(poll, *wait.deadline));
+      }
       continue;
     }
     if (it != entries_.end() && it->second.expires > now) {

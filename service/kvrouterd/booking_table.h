@@ -12,8 +12,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -41,14 +43,26 @@ class BookingTable {
     kBook,       // the caller is to book the id: Complete or Fail must follow
     kReplay,     // the id is booked: `decision` is the first answer
     kCancelled,  // the id was freed or aborted after the call arrived: answer CANCELLED
+    kTimedOut,   // another call still books the id at the wait's deadline
+    kAbandoned,  // the wait's `abandoned` said so while another call booked the id
   };
   struct Claimed {
     Outcome outcome;
     nlohmann::json decision;  // with kReplay
   };
+  // How long a claim waits for another call booking the same id (one waiting in the admission
+  // queue may wait for good, holding this caller's routing thread all along).
+  struct Wait {
+    std::optional<Clock::time_point> deadline;  // none: as long as the other call books
+    // Polled every kAbandonPoll while waiting (the client left, the daemon stops); called with
+    // the table locked, so it must not call into the table.
+    std::function<bool()> abandoned;
+  };
+  static constexpr std::chrono::milliseconds kAbandonPoll{50};
   // Claims `id` for a new booking by the call that arrived as `arrival`. Waits while another
-  // thread books the same id, so that concurrent retries also book once.
-  Claimed Claim(const std::string& id, Clock::time_point now, uint64_t arrival = kNoArrival);
+  // thread books the same id, so that concurrent retries also book once, within `wait`.
+  Claimed Claim(const std::string& id, Clock::time_point now, uint64_t arrival = kNoArrival,
+                const Wait& wait = {});
   // The booking succeeded: `decision` is answered to repeats until `expires`. False if the id
   // was cancelled since the call arrived: nothing is recorded and the id stays claimed, so the
   // caller releases the booking it made in the router, then calls Fail.

@@ -260,10 +260,28 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
     }
   };
   refuse_if_stale();
-  BookingTable::Claimed claimed = bookings_.Claim(id, Clock::now(), call->arrival);
+  // A retry of an id whose first call still books (in the admission queue, perhaps for good)
+  // waits for its answer, but no longer than its own queue timeout, nor once its client left.
+  // (A timeout past a century has none: the deadline would overflow the clock.)
+  constexpr int64_t kLongestDeadlineMs = int64_t{100} * 365 * 24 * 3600 * 1000;
+  BookingTable::Wait wait;
+  if (input.options.queue_timeout_ms >= 0 && input.options.queue_timeout_ms <= kLongestDeadlineMs) {
+    wait.deadline = call->arrived + std::chrono::milliseconds(input.options.queue_timeout_ms);
+  }
+  wait.abandoned = [&] { return stopping_ || (call->client_gone && call->client_gone()); };
+  BookingTable::Claimed claimed = bookings_.Claim(id, Clock::now(), call->arrival, wait);
   if (claimed.outcome == BookingTable::Outcome::kReplay) {
     claimed.decision["replayed"] = true;
     return JsonAnswer(claimed.decision);
+  }
+  if (claimed.outcome == BookingTable::Outcome::kAbandoned) {
+    refuse_if_stale();  // throws: the daemon stops, or the client left
+    throw ApiError(KVR_CANCELLED, "request '" + id + "' was abandoned");
+  }
+  if (claimed.outcome == BookingTable::Outcome::kTimedOut) {
+    throw ApiError(KVR_DEADLINE_EXCEEDED,
+                   "request '" + id + "': its queue_timeout_ms ran out while an earlier call " +
+                       "with the same id was still routing (waiting in the admission queue)");
   }
   const std::string cancelled =
       "request '" + id + "' was freed or aborted before it was routed (it waited for a routing " +

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <thread>
 
@@ -368,6 +370,39 @@ TEST(BookingTableTest, AnEntryStillBookingHoldsNoOtherBack) {
   const auto later = now + std::chrono::seconds(61);
   ASSERT_EQ(table.Claim("new", later).outcome, Outcome::kBook);
   EXPECT_EQ(table.size(), 2u);  // "waiting" and "new"
+}
+
+// A retry of an id another call still books (in the admission queue, perhaps for good) waits
+// for it within its deadline, and stops waiting once it is abandoned (before, it waited for as
+// long as the first call, holding a routing thread).
+TEST(BookingTableTest, AClaimWaitsForAnotherCallWithinItsWait) {
+  BookingTable table(10);
+  const auto now = BookingTable::Clock::now();
+  ASSERT_EQ(table.Claim("q", now).outcome, Outcome::kBook);  // still booking
+  const BookingTable::Wait short_wait{.deadline = BookingTable::Clock::now() +
+                                                  std::chrono::milliseconds(20)};
+  EXPECT_EQ(table.Claim("q", now, BookingTable::kNoArrival, short_wait).outcome,
+            Outcome::kTimedOut);
+  std::atomic<bool> gone{false};
+  const BookingTable::Wait until_gone{.abandoned = [&] { return gone.load(); }};
+  std::thread leaver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gone = true;
+  });
+  EXPECT_EQ(table.Claim("q", now, BookingTable::kNoArrival, until_gone).outcome,
+            Outcome::kAbandoned);
+  leaver.join();
+  // Within its wait, a retry gets the first call's answer.
+  std::thread first([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    table.Complete("q", json{{"worker_id", 7}}, 7, 0, now + std::chrono::seconds(60));
+  });
+  const BookingTable::Wait long_wait{.deadline =
+                                         BookingTable::Clock::now() + std::chrono::seconds(600)};
+  const BookingTable::Claimed replay = table.Claim("q", now, BookingTable::kNoArrival, long_wait);
+  first.join();
+  ASSERT_EQ(replay.outcome, Outcome::kReplay);
+  EXPECT_EQ(replay.decision["worker_id"], 7);
 }
 
 TEST(BookingTableTest, DropWorkerForgetsItsRequests) {

@@ -633,9 +633,10 @@ TEST_F(KvrouterdTest, BootstrapFromAPeerStartsWarm) {
 // booked, b waits in the admission queue on the only routing thread, c waits for that thread.
 class RoutingThreadTest : public KvrouterdTest {
  protected:
-  void StartBusy(const std::string& extra = "") {
-    WriteConfig({"id=1,max-num-batched-tokens=1"},
-                "queue-threshold = 0\nrouting-threads = 1\n" + extra);
+  void StartBusy(const std::string& extra = "", int routing_threads = 1) {
+    WriteConfig(
+        {"id=1,max-num-batched-tokens=1"},
+        "queue-threshold = 0\nrouting-threads = " + std::to_string(routing_threads) + "\n" + extra);
     Start();
     ASSERT_EQ(Post("/v1/route", RouteBody("a1")).status, 200);
     b_ = PostAsync("/v1/route", RouteBody("b"));
@@ -691,6 +692,39 @@ TEST_F(RoutingThreadTest, ClientGoneWhileWaitingForAThreadNeverBooks) {
   EXPECT_NE(metrics.find("{path=\"/v1/route\",code=\"409\"} 1\n"), std::string::npos) << metrics;
   EXPECT_EQ(kvrouterd_test::MetricValue(metrics, "kvrouterd_tracked_requests"), 0);
   EXPECT_EQ(Body(Post("/v1/route", RouteBody("c")))["replayed"], false);
+  Stop();
+}
+
+// A retry of b (still in the admission queue) waits for b's answer no longer than its own
+// queue_timeout_ms, and gives its routing thread back when its client leaves. Before, it
+// waited for as long as b did: for good here, on one of the two routing threads.
+TEST_F(RoutingThreadTest, ARetryOfAQueuedIdWaitsWithinItsOwnTimeout) {
+  StartBusy("", /*routing_threads=*/2);
+  std::future<HttpAnswer> retry =
+      PostAsync("/v1/route", RouteBody("b", {{"queue_timeout_ms", 200}}));
+  if (retry.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    Delete("/v1/requests/a1");  // b is admitted: the retry gets its answer, too late
+  }
+  const HttpAnswer timed_out = retry.get();
+  EXPECT_EQ(timed_out.status, 504) << timed_out.body;
+  EXPECT_EQ(Body(timed_out)["error"]["status"], "DEADLINE_EXCEEDED");
+
+  // A retry without a timeout holds the second thread (c waits for it) until its client
+  // leaves; then c gets the thread and claims its id (three tracked) while b still waits.
+  const int fd = kvrouterd_test::Connect(port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      fd, kvrouterd_test::RequestText("POST", "/v1/route", RouteBody("b"))));
+  std::future<HttpAnswer> c = PostAsync("/v1/route", RouteBody("c"));
+  ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_waiting", 1));
+  EXPECT_EQ(Metric("kvrouterd_tracked_requests"), 2);  // a1 and b: c has no thread
+  close(fd);
+  EXPECT_TRUE(MetricIs("kvrouterd_tracked_requests", 3));
+  EXPECT_FALSE(Ready(b_));
+  EXPECT_EQ(Body(Delete("/v1/requests/a1"))["freed"], true);
+  EXPECT_EQ(b_.get().status, 200);
+  EXPECT_EQ(Body(Delete("/v1/requests/b"))["freed"], true);
+  EXPECT_EQ(c.get().status, 200);
   Stop();
 }
 
