@@ -70,11 +70,12 @@ T Defaults() noexcept {
   defaults.struct_size = sizeof(T);
   return defaults;
 }
-#define KVR_STRUCTS_WITH_DEFAULTS(X)                                                      \
-  X(kvr_router_options)                                                                   \
-  X(kvr_worker_config)                                                                    \
-  X(kvr_request_options) X(kvr_routing_hints) X(kvr_disagg_options) X(kvr_prefill_result) \
-      X(kvr_ingest_options) X(kvr_engine_worker) X(kvr_jetstream_source)
+#define KVR_STRUCTS_WITH_DEFAULTS(X)                                                     \
+  X(kvr_router_options)                                                                  \
+  X(kvr_worker_config)                                                                   \
+  X(kvr_request_options)                                                                 \
+  X(kvr_routing_hints) X(kvr_disagg_options) X(kvr_prefill_result) X(kvr_ingest_options) \
+      X(kvr_engine_worker) X(kvr_jetstream_source)
 #define KVR_DECLARE_DEFAULTS_(T) \
   template <>                    \
   T Defaults<T>() noexcept;
@@ -135,6 +136,33 @@ kvr_status InitVersioned(T* p, size_t size) noexcept {
 
 kvr_status FailInvalid(kvr_error** err, std::string message);
 
+// The reserved fields of an input struct must be 0 (as _init leaves them), so that a later
+// release may give them a meaning without misreading a caller who did not start from _init:
+// the name of the first that is not, or NULL. (kvr_stored_event's and kvr_removed_event's
+// reserved1 are checked with their event's other rules.)
+template <typename T>
+const char* NonzeroReserved(const T&) {
+  return nullptr;
+}
+inline const char* NonzeroReserved(const kvr_router_options& o) {
+  return o.reserved != 0 ? "reserved" : o.reserved2 != 0 ? "reserved2" : nullptr;
+}
+inline const char* NonzeroReserved(const kvr_request_options& o) {
+  return o.reserved != 0 ? "reserved" : o.reserved2 != 0 ? "reserved2" : nullptr;
+}
+inline const char* NonzeroReserved(const kvr_removed_event& e) {
+  return e.reserved != 0 ? "reserved" : nullptr;
+}
+inline const char* NonzeroReserved(const kvr_routing_hints& h) {
+  return h.reserved != 0 ? "reserved" : nullptr;
+}
+inline const char* NonzeroReserved(const kvr_disagg_options& o) {
+  return o.reserved != 0 ? "reserved" : nullptr;
+}
+inline const char* NonzeroReserved(const kvr_ingest_options& o) {
+  return o.reserved != 0 ? "reserved" : nullptr;
+}
+
 // Copies a caller's struct over the library's defaults: only the bytes its struct_size covers
 // (an older caller's struct is shorter), refusing a newer caller's struct whose fields this
 // library does not know unless they are all zero. NULL = the defaults.
@@ -156,6 +184,11 @@ kvr_status ReadVersioned(kvr_error** err, const T* in, T& out) {
   }
   std::memcpy(&out, in, std::min<size_t>(size, sizeof(T)));
   out.struct_size = sizeof(T);
+  if (const char* field = NonzeroReserved(out)) {
+    return FailInvalid(err, std::string(StructTraits<T>::kName) + "." + field +
+                                " is reserved and must be 0 (initialise the struct with " +
+                                StructTraits<T>::kName + "_init)");
+  }
   return KVR_OK;
 }
 

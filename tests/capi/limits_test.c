@@ -200,6 +200,70 @@ static void an_allowed_set_of_unknown_workers_says_so(void** state) {
   kvr_router_free(router);
 }
 
+/* The reserved fields of every input struct must be 0 (as _init leaves them): a later release
+ * may give them a meaning, and a caller's garbage there would then be misread. They were
+ * ignored. */
+static void reserved_input_fields_must_be_zero(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  kvr_router* refused = NULL;
+  kvr_disagg* disagg = NULL;
+  kvr_ingest* ingest = NULL;
+  uint32_t tokens[BS];
+  const uint64_t blocks[1] = {7};
+  kvr_router_options router_options;
+  kvr_request_options request;
+  kvr_routing_hints hints;
+  kvr_route_signals signals;
+  kvr_removed_event removed;
+  kvr_disagg_options disagg_options;
+  kvr_ingest_options ingest_options;
+  (void)state;
+  kvt_add_worker(router, 1);
+  kvt_fill_tokens(tokens, BS, 1);
+  kvr_route_signals_init(&signals, sizeof signals);
+
+  kvr_router_options_init(&router_options, sizeof router_options);
+  router_options.block_size = BS;
+  router_options.reserved2 = 1;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_router_options.reserved2 is reserved",
+                          kvr_router_new(&router_options, &refused, ERRP));
+  assert_null(refused);
+
+  kvr_request_options_init(&request, sizeof request);
+  kvr_routing_hints_init(&hints, sizeof hints);
+  KVT_OK(kvr_preview_route(router, tokens, BS, &request, &hints, &signals, ERRP));
+  request.reserved = 1;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_request_options.reserved is reserved",
+                          kvr_preview_route(router, tokens, BS, &request, &hints, &signals, ERRP));
+  request.reserved = 0;
+  hints.reserved = 1;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_routing_hints.reserved is reserved",
+                          kvr_preview_route(router, tokens, BS, &request, &hints, &signals, ERRP));
+
+  kvr_removed_event_init(&removed, sizeof removed);
+  removed.worker_id = 1;
+  removed.block_hashes = blocks;
+  removed.num_blocks = 1;
+  removed.reserved = 1;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_removed_event.reserved is reserved",
+                          kvr_router_apply_removed(router, &removed, ERRP));
+
+  kvr_disagg_options_init(&disagg_options, sizeof disagg_options);
+  disagg_options.reserved = 1;
+  router_options.reserved2 = 0;
+  KVT_EXPECT_FAILS_SAYING(
+      KVR_INVALID_ARGUMENT, "kvr_disagg_options.reserved is reserved",
+      kvr_disagg_new(&router_options, &router_options, &disagg_options, &disagg, ERRP));
+  assert_null(disagg);
+
+  kvr_ingest_options_init(&ingest_options, sizeof ingest_options);
+  ingest_options.reserved = 1;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "kvr_ingest_options.reserved is reserved",
+                          kvr_ingest_new(router, &ingest_options, &ingest, ERRP));
+  assert_null(ingest);
+  kvr_router_free(router);
+}
+
 /* Issue 19: port 99999 and a replay endpoint "garbage" were accepted. */
 static void engine_endpoints_ports_and_ranks_are_checked(void** state) {
   kvr_router* router = kvt_router_new(BS, 0);
@@ -247,6 +311,7 @@ int main(void) {
       cmocka_unit_test(a_time_past_the_clock_range_is_refused),
       cmocka_unit_test(an_allowed_set_of_unknown_workers_says_so),
       cmocka_unit_test(engine_endpoints_ports_and_ranks_are_checked),
+      cmocka_unit_test(reserved_input_fields_must_be_zero),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -379,12 +379,13 @@ TEST(BookingTableTest, AClaimWaitsForAnotherCallWithinItsWait) {
   BookingTable table(10);
   const auto now = BookingTable::Clock::now();
   ASSERT_EQ(table.Claim("q", now).outcome, Outcome::kBook);  // still booking
-  const BookingTable::Wait short_wait{.deadline = BookingTable::Clock::now() +
-                                                  std::chrono::milliseconds(20)};
+  BookingTable::Wait short_wait;
+  short_wait.deadline = BookingTable::Clock::now() + std::chrono::milliseconds(20);
   EXPECT_EQ(table.Claim("q", now, BookingTable::kNoArrival, short_wait).outcome,
             Outcome::kTimedOut);
   std::atomic<bool> gone{false};
-  const BookingTable::Wait until_gone{.abandoned = [&] { return gone.load(); }};
+  BookingTable::Wait until_gone;
+  until_gone.abandoned = [&] { return gone.load(); };
   std::thread leaver([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     gone = true;
@@ -397,8 +398,8 @@ TEST(BookingTableTest, AClaimWaitsForAnotherCallWithinItsWait) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     table.Complete("q", json{{"worker_id", 7}}, 7, 0, now + std::chrono::seconds(60));
   });
-  const BookingTable::Wait long_wait{.deadline =
-                                         BookingTable::Clock::now() + std::chrono::seconds(600)};
+  BookingTable::Wait long_wait;
+  long_wait.deadline = BookingTable::Clock::now() + std::chrono::seconds(600);
   const BookingTable::Claimed replay = table.Claim("q", now, BookingTable::kNoArrival, long_wait);
   first.join();
   ASSERT_EQ(replay.outcome, Outcome::kReplay);

@@ -21,7 +21,7 @@
  *   added past the fields this library knows, and records `size` in struct_size. The library
  *   then reads only the fields a caller's struct_size covers (an older caller gets defaults for
  *   the rest), writes results no further than it, and refuses a larger struct whose unknown
- *   tail is not all zero. A size no header's struct has (below the struct's first released
+ *   tail is not all zero, or an input struct whose `reserved` fields are not 0. A size no header's struct has (below the struct's first released
  *   layout, ending inside a field, or over 4 KiB beyond this library's struct) is refused:
  *   KVR_INVALID_ARGUMENT from _init and from every call given it. Fields are only ever
  *   appended, and a struct has no padding, so each size names one layout. The rules, and how
