@@ -381,7 +381,7 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
     // Each flag on its own bit; the hashes as given (the length in tokens is a call argument).
     assert_eq!(
         raw.flags,
-        sys::KVR_REQUEST_ADMIT | sys::KVR_REQUEST_PREHASHED
+        sys::KVR_REQUEST_ADMIT | sys::KVR_REQUEST_PREHASHED | sys::KVR_REQUEST_ALLOW_LIST
     );
     assert_eq!(
         (raw.local_hashes, raw.num_local_hashes),
@@ -441,6 +441,25 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
     assert_eq!(prepared.prompt(&[]).unwrap(), (std::ptr::null(), 50));
     let unset = PreparedRequest::new(&RequestOptions::default()).unwrap();
     assert_eq!(bytes_of(unset.raw()), bytes_of(&default));
+
+    // An empty allow-list is a list (no worker allowed), per call and prepared alike; None
+    // leaves the flag off (every worker).
+    let empty = RequestOptions {
+        allowed_worker_ids: Some(&[]),
+        ..Default::default()
+    };
+    let lowered_empty = empty.lower(&mut strs).unwrap();
+    let prepared_empty = PreparedRequest::new(&empty).unwrap();
+    for raw in [
+        &lowered_empty,
+        prepared_empty.raw(),
+        prepared_empty.clone().raw(),
+    ] {
+        assert_eq!(raw.flags, sys::KVR_REQUEST_ALLOW_LIST);
+        assert_eq!(raw.num_allowed_worker_ids, 0);
+    }
+    assert!(format!("{prepared_empty:?}").contains("allowed_worker_ids: Some([])"));
+    assert!(format!("{unset:?}").contains("allowed_worker_ids: None"));
 
     // Unset overrides keep the library's "the router's" markers (NaN, -1).
     let unset = RequestOptions::default().lower(&mut strs).unwrap();

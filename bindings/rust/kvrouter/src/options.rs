@@ -287,7 +287,11 @@ pub struct RequestOptions<'a> {
     pub lora_name: Option<&'a str>,
     pub cache_namespace: Option<&'a str>,
     pub multimodal: Option<Multimodal<'a>>,
-    /// Restrict the candidates to these workers (and bypass the admission queue).
+    /// Restrict the candidates to these workers (and bypass the admission queue). `None` (the
+    /// default): every worker. `Some` is always an allow-list (`KVR_REQUEST_ALLOW_LIST`), even
+    /// empty: `Some(&[])` allows no worker, so a call that would pick one (routing, a preview,
+    /// a plan, the [`Disagg`](crate::Disagg) calls) fails with `Unavailable` and books
+    /// nothing, as does a list naming only unregistered workers.
     pub allowed_worker_ids: Option<&'a [u64]>,
     pub overlap_score_credit: Option<f64>,
     pub prefill_load_scale: Option<f64>,
@@ -416,6 +420,8 @@ impl<'a> RequestOptions<'a> {
             raw.mm_num_blocks = mm.counts.len();
         }
         if let Some(ids) = self.allowed_worker_ids {
+            // A list even when empty: without the flag C reads length 0 as "every worker".
+            raw.flags |= sys::KVR_REQUEST_ALLOW_LIST;
             raw.allowed_worker_ids = slice_ptr(ids);
             raw.num_allowed_worker_ids = ids.len();
         }

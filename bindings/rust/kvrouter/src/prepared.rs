@@ -70,6 +70,8 @@ pub struct PreparedRequest {
     cache_namespace: Option<CString>,
     mm_hashes: Vec<u64>,
     mm_counts: Vec<usize>,
+    /// The options' allow-list (empty for `None` too: the struct's `KVR_REQUEST_ALLOW_LIST`
+    /// flag, set for `Some` only, tells an empty list from none).
     allowed_worker_ids: Vec<u64>,
     local_hashes: Vec<u64>,
     /// `prehashed`'s length in tokens: Some when the options gave the prompt hashed.
@@ -111,7 +113,9 @@ impl PreparedRequest {
             lora_name: None,
             cache_namespace: None,
             multimodal: None,
-            allowed_worker_ids: None,
+            // Kept Some (empty) when given, so that its flag is lowered: an empty list allows
+            // no worker; the pointer is set below to the owned copy.
+            allowed_worker_ids: options.allowed_worker_ids.map(|_| &[][..]),
             prehashed: options.prehashed.map(|p| PrehashedPrompt {
                 local_hashes: &[],
                 ..p
@@ -213,7 +217,11 @@ impl fmt::Debug for PreparedRequest {
             .field("lora_name", &self.lora_name)
             .field("cache_namespace", &self.cache_namespace)
             .field("mm_counts", &self.mm_counts)
-            .field("allowed_worker_ids", &self.allowed_worker_ids)
+            .field(
+                "allowed_worker_ids",
+                &(self.raw.flags & sys::KVR_REQUEST_ALLOW_LIST != 0)
+                    .then_some(&self.allowed_worker_ids),
+            )
             .field("local_hashes", &self.local_hashes)
             .field("prehashed_tokens", &self.prehashed_tokens)
             .finish_non_exhaustive()

@@ -322,6 +322,15 @@ fn disaggregated_prefill_then_decode() {
     d.prefill_router().free_request("d1").unwrap();
     d.decode_router().free_request("d1").unwrap();
 
+    // An empty allow-list allows no decode worker: Unavailable, nothing booked.
+    let nobody = RequestOptions {
+        allowed_worker_ids: Some(&[]),
+        ..RequestOptions::with_id("d2")
+    };
+    let e = d.route_decode(&tokens, &nobody, None, true).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert_eq!(d.decode_router().metrics().unwrap().requests_active, 0);
+
     // With no prefill workers the request runs aggregated on the decode pool...
     let alone = disagg(DisaggPolicy::Always, 0);
     let r = alone.route_prefill(&tokens, &opts, None).unwrap();

@@ -160,6 +160,84 @@ fn request_options_steer_routing() {
 }
 
 #[test]
+fn an_empty_allow_list_allows_no_worker() {
+    // A gateway that filtered a tenant's workers down to none: `Some(&[])` is a list naming no
+    // worker (`KVR_REQUEST_ALLOW_LIST`), never "every worker", on every path that routes.
+    let router = router(3);
+    let tokens = prompt(5, 4);
+    let none: [u64; 0] = [];
+    let nobody = RequestOptions {
+        allowed_worker_ids: Some(&none),
+        ..RequestOptions::admit("nobody")
+    };
+    let unavailable = |r: kvrouter::Result<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), Code::Unavailable, "{what}: {e}");
+    };
+    unavailable(
+        router.find_best_match(&tokens, &nobody).map(drop),
+        "admitted",
+    );
+    let preview = RequestOptions {
+        admit: false,
+        ..nobody
+    };
+    unavailable(
+        router.find_best_match(&tokens, &preview).map(drop),
+        "preview",
+    );
+    let mut candidates = Vec::new();
+    unavailable(
+        router
+            .find_best_match_with_candidates(&tokens, &nobody, &mut candidates)
+            .map(drop),
+        "with candidates",
+    );
+    let mut prepared = kvrouter::PreparedRequest::new(&nobody).unwrap();
+    unavailable(
+        router
+            .find_best_match_prepared(&tokens, &mut prepared, "nobody")
+            .map(drop),
+        "prepared",
+    );
+    unavailable(
+        router
+            .find_best_match_prepared(&tokens, &mut prepared.clone(), "nobody")
+            .map(drop),
+        "prepared clone",
+    );
+    unavailable(
+        router.preview_route(&tokens, &nobody, None).map(drop),
+        "preview_route",
+    );
+    unavailable(
+        router.plan_route(&tokens, &nobody, None, None).map(drop),
+        "plan_route",
+    );
+    // Nothing was booked, planned or decided on anyone's worker.
+    let m = router.metrics().unwrap();
+    assert_eq!((m.requests_active, m.queue_pending), (0, 0));
+    assert!(!router.abort_route("nobody").unwrap(), "a plan was made");
+
+    // None still means every worker.
+    let anybody = RequestOptions {
+        allowed_worker_ids: None,
+        ..nobody
+    };
+    let r = router.find_best_match(&tokens, &anybody).unwrap();
+    assert!(r.booked && (1..=3).contains(&r.worker_id));
+    assert_eq!(router.metrics().unwrap().requests_active, 1);
+    router.free_request("nobody").unwrap();
+    let mut prepared = kvrouter::PreparedRequest::new(&anybody).unwrap();
+    assert!(
+        router
+            .find_best_match_prepared(&tokens, &mut prepared, "anybody")
+            .unwrap()
+            .booked
+    );
+}
+
+#[test]
 fn errors_carry_the_right_code_and_message() {
     let router = router(2);
     let tokens = prompt(4, 4);
