@@ -34,8 +34,9 @@ pub enum Code {
     Internal,
     /// `KVR_UNAVAILABLE`: no eligible worker, a connection or bind that failed.
     Unavailable,
-    /// `KVR_BUFFER_TOO_SMALL`: the binding retries these itself; it surfaces only where a
-    /// retry is impossible.
+    /// `KVR_BUFFER_TOO_SMALL`: the binding retries these itself, with headroom; it surfaces
+    /// only where a retry is impossible, or when the length the library asks for kept growing
+    /// through a handful of attempts (e.g. workers added faster than the calls).
     BufferTooSmall,
     /// A code this binding does not know (a newer library).
     Other(i32),
@@ -228,8 +229,23 @@ fn status_result_slow(status: sys::kvr_status, err: *mut sys::kvr_error) -> Resu
     })
 }
 
-/// Fills a vector through a C function taking `(out, cap, *len)`: retries with the length the
-/// library asks for on `KVR_BUFFER_TOO_SMALL`. `initial` is the first capacity tried.
+/// Calls [`fill_vec`] makes before it returns the `KVR_BUFFER_TOO_SMALL` error: the first and
+/// up to 4 retries. A length that outgrows every retry's headroom (workers added faster than
+/// the calls) does not keep the caller looping.
+pub(crate) const FILL_ATTEMPTS: usize = 5;
+
+/// The capacity a retry asks for when the library wants `n` entries: a quarter more and a few,
+/// so that a fleet growing between two calls (a worker added, a longer metrics text) still
+/// fits (saturating: an impossible length fails in `try_reserve_exact`).
+fn with_headroom(n: usize) -> usize {
+    n.saturating_add(n / 4).saturating_add(8)
+}
+
+/// Fills a vector through a C function taking `(out, cap, *len)`: on `KVR_BUFFER_TOO_SMALL`
+/// retries with room for the length the library asks for plus headroom
+/// ([`with_headroom`]), at most [`FILL_ATTEMPTS`] calls in all, then returns that
+/// `BufferTooSmall` error. `initial` is the first capacity tried. A length no `Vec` can hold
+/// is `ResourceExhausted` (no panic, no abort).
 ///
 /// `f` must call a function that writes `*len` initialised elements of `T` to `out` on
 /// success (and none past `cap`).
@@ -238,6 +254,7 @@ pub(crate) fn fill_vec<T>(
     mut f: impl FnMut(*mut T, usize, *mut usize, *mut *mut sys::kvr_error) -> sys::kvr_status,
 ) -> Result<Vec<T>> {
     let mut v: Vec<T> = Vec::with_capacity(initial);
+    let mut attempt = 1;
     loop {
         let cap = v.capacity();
         let mut len = 0usize;
@@ -254,8 +271,108 @@ pub(crate) fn fill_vec<T>(
                     format!("the library reported {len} entries for a buffer of {cap}"),
                 ))
             }
-            Err(e) if e.code() == Code::BufferTooSmall && len > cap => v.reserve_exact(len),
+            Err(e) if e.code() == Code::BufferTooSmall && len > cap => {
+                if attempt == FILL_ATTEMPTS {
+                    let gave_up = format!(
+                        "the length kept growing through {FILL_ATTEMPTS} attempts (the last \
+                         asked for {len} entries, with room for {cap})"
+                    );
+                    return Err(Error::new(
+                        Code::BufferTooSmall,
+                        match e.message() {
+                            "" => gave_up,
+                            library => format!("{library}; {gave_up}"),
+                        },
+                    ));
+                }
+                attempt += 1;
+                // v is empty: this reserves room for the whole length.
+                v.try_reserve_exact(with_headroom(len)).map_err(|_| {
+                    Error::new(
+                        Code::ResourceExhausted,
+                        format!("the library asked for {len} entries, more than can be allocated"),
+                    )
+                })?;
+            }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::{Cell, RefCell};
+
+    /// A fake `(out, cap, *len)` C call, with what it was called with.
+    #[derive(Default)]
+    struct Fake {
+        calls: Cell<usize>,
+        caps: RefCell<Vec<usize>>,
+    }
+
+    impl Fake {
+        /// The call, wanting `need(call number, cap)` entries: it writes them (0, 1, ...) when
+        /// they fit, else reports `KVR_BUFFER_TOO_SMALL` with the length it wants. Panics past
+        /// 100 calls, so an unbounded retry loop fails instead of hanging.
+        fn call<'a>(
+            &'a self,
+            need: impl Fn(usize, usize) -> usize + 'a,
+        ) -> impl FnMut(*mut u32, usize, *mut usize, *mut *mut sys::kvr_error) -> sys::kvr_status + 'a
+        {
+            move |out, cap, len, _err| {
+                let n = self.calls.get();
+                assert!(n < 100, "fill_vec retried {n} times without giving up");
+                self.calls.set(n + 1);
+                self.caps.borrow_mut().push(cap);
+                let want = need(n, cap);
+                // SAFETY: `len` is fill_vec's; `out` has room for `cap` entries.
+                unsafe {
+                    *len = want;
+                    if want > cap {
+                        return sys::KVR_BUFFER_TOO_SMALL;
+                    }
+                    for i in 0..want {
+                        out.add(i).write(i as u32);
+                    }
+                }
+                sys::KVR_OK
+            }
+        }
+    }
+
+    #[test]
+    fn fill_vec_gives_up_on_a_size_that_keeps_growing() {
+        // Workers added faster than the retries: every call wants more than it was given.
+        let fake = Fake::default();
+        let e = fill_vec(4, fake.call(|_, cap| cap + 1)).unwrap_err();
+        assert_eq!(e.code(), Code::BufferTooSmall);
+        assert_eq!(fake.calls.get(), FILL_ATTEMPTS, "{:?}", fake.caps);
+        assert!(e.message().contains("attempts"), "{e}");
+    }
+
+    #[test]
+    fn fill_vec_grows_with_headroom() {
+        // One more entry on every call (a worker added between the calls): the retry's
+        // headroom holds it, where an exact fit would be short again, and again.
+        let fake = Fake::default();
+        let v = fill_vec(16, fake.call(|n, _| 100 + n)).unwrap();
+        assert_eq!(v, (0..101).collect::<Vec<u32>>());
+        assert_eq!(fake.calls.get(), 2, "{:?}", fake.caps);
+        assert!(fake.caps.borrow()[1] >= 100 + 100 / 4);
+
+        // A first guess that fits: one call.
+        let fake = Fake::default();
+        assert_eq!(fill_vec(16, fake.call(|_, _| 3)).unwrap(), [0, 1, 2]);
+        assert_eq!(fake.calls.get(), 1);
+    }
+
+    #[test]
+    fn fill_vec_refuses_a_length_it_cannot_allocate() {
+        // A length no Vec can hold is an error, not a capacity-overflow panic or an abort.
+        let fake = Fake::default();
+        let e = fill_vec(4, fake.call(|_, _| usize::MAX / 2)).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        assert_eq!(fake.calls.get(), 1);
     }
 }
