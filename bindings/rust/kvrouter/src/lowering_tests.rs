@@ -469,6 +469,60 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
 }
 
 #[test]
+fn queue_timeouts_round_up_to_whole_milliseconds_and_saturate_to_never() {
+    let ms = |t: Duration| {
+        RequestOptions {
+            queue_timeout: Some(t),
+            ..Default::default()
+        }
+        .lower(&mut crate::util::CStrs::new())
+        .unwrap()
+        .queue_timeout_ms
+    };
+    // 0 ms gives up at once: only a zero wait may become 0, never a short one.
+    assert_eq!(ms(Duration::ZERO), 0);
+    assert_eq!(ms(Duration::from_nanos(1)), 1);
+    assert_eq!(ms(Duration::from_micros(500)), 1);
+    assert_eq!(ms(Duration::from_millis(1)), 1);
+    assert_eq!(ms(Duration::from_micros(1_001)), 2);
+    assert_eq!(ms(Duration::from_millis(250)), 250);
+    // The longest an int64_t of milliseconds holds, then "never" (-1) past it.
+    let longest = Duration::from_millis(i64::MAX as u64);
+    assert_eq!(ms(longest), i64::MAX);
+    assert_eq!(ms(longest + Duration::from_nanos(1)), -1);
+    assert_eq!(ms(Duration::MAX), -1);
+    // Unset: the library's default, -1 (no timeout).
+    let unset: sys::kvr_request_options = init();
+    assert_eq!(unset.queue_timeout_ms, -1);
+    // Prepared requests lower it the same way.
+    let prepared = PreparedRequest::new(&RequestOptions {
+        queue_timeout: Some(Duration::from_micros(500)),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(prepared.raw().queue_timeout_ms, 1);
+}
+
+#[test]
+fn session_ttls_keep_sub_millisecond_and_huge_durations() {
+    // Seconds as a double: nothing rounds to 0 and nothing overflows (the library saturates
+    // a huge TTL at about 146 years).
+    let ttl = |t: Duration| {
+        RoutingHints {
+            session_ttl: Some(t),
+            ..Default::default()
+        }
+        .lower()
+        .unwrap()
+        .raw
+        .session_ttl_seconds
+    };
+    assert_eq!(ttl(Duration::from_micros(500)), 0.0005);
+    assert_eq!(ttl(Duration::from_nanos(1)), 1e-9);
+    assert!(ttl(Duration::MAX).is_finite() && ttl(Duration::MAX) > 1e19);
+}
+
+#[test]
 fn every_hint_and_pool_setting_reaches_the_c_struct() {
     let hints = RoutingHints {
         phase: Phase::Decode,

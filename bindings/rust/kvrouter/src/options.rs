@@ -303,7 +303,10 @@ pub struct RequestOptions<'a> {
     /// Queue priority boost (default 0).
     pub priority_jump: Option<f64>,
     pub expected_output_tokens: Option<u32>,
-    /// Give up waiting in the admission queue after this long (default: never).
+    /// Give up waiting in the admission queue after this long (`None`, the default: never).
+    /// Sent to C in whole milliseconds rounded up, so any wait shorter than a millisecond
+    /// waits one (only `Duration::ZERO` is 0 ms: give up unless admitted at once); a duration
+    /// past `i64::MAX` milliseconds is sent as -1, "never".
     pub queue_timeout: Option<Duration>,
     /// [`RouterOptions::overlap_score_credit_decay`] for this request.
     pub overlap_score_credit_decay: Option<f64>,
@@ -466,10 +469,18 @@ impl<'a> RequestOptions<'a> {
             raw.expected_output_tokens = n;
         }
         if let Some(t) = self.queue_timeout {
-            raw.queue_timeout_ms = i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
+            raw.queue_timeout_ms = queue_timeout_ms(t);
         }
         Ok(())
     }
+}
+
+/// `kvr_request_options.queue_timeout_ms` for a timeout: whole milliseconds rounded up (a
+/// 500 µs wait is 1 ms, not 0 ms, which gives up at once), and -1 ("never") for one too long
+/// for an `int64_t` of milliseconds (the library takes any wait past about 146 years for no
+/// limit anyway).
+pub(crate) fn queue_timeout_ms(t: Duration) -> i64 {
+    i64::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(-1)
 }
 
 /// A call's `tokens, num_tokens` arguments: the tokens, or for a prompt given hashed (its

@@ -256,6 +256,20 @@ fn the_admission_queue_blocks_and_times_out() {
     let e = router.find_best_match(&tokens, &opts).unwrap_err();
     assert_eq!(e.code(), Code::DeadlineExceeded);
     assert!(start.elapsed() >= Duration::from_millis(40));
+    // A sub-millisecond timeout waits (a whole millisecond), not 0 ms = give up at once.
+    let brief = RequestOptions {
+        queue_timeout: Some(Duration::from_micros(500)),
+        ..RequestOptions::admit("q2")
+    };
+    let start = Instant::now();
+    let e = router.find_best_match(&tokens, &brief).unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded);
+    assert!(
+        start.elapsed() >= Duration::from_micros(500),
+        "gave up after {:?}",
+        start.elapsed()
+    );
+    assert_eq!(router.metrics().unwrap().queue_pending, 0);
 
     // A waiter is admitted when the first request's prefill completes.
     std::thread::scope(|s| {
