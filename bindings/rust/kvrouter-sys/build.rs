@@ -25,6 +25,16 @@ const MIN_VERSION: &str = "0.2";
 const NEXT_MINOR: &str = "0.3";
 
 fn main() {
+    // The declarations (and their layout asserts) are clang's 64-bit layout of the header, and
+    // the library is built for 64-bit targets only: say so rather than fail in a wall of
+    // layout asserts.
+    let width = env::var("CARGO_CFG_TARGET_POINTER_WIDTH").unwrap_or_default();
+    if width != "64" {
+        panic!(
+            "kvrouter-sys supports 64-bit targets only (this target's pointers are {width} \
+             bits): its declarations mirror the header's 64-bit layout"
+        );
+    }
     for var in [
         "KVROUTER_LIB_DIR",
         "KVROUTER_INCLUDE_DIR",

@@ -47,6 +47,15 @@
 
 #![warn(missing_debug_implementations)]
 
+// 64-bit only: kvrouter-sys mirrors the header's 64-bit struct layout (its build script refuses
+// other targets first, before its layout asserts would), and neither crate is built or tested
+// for anything else. A readable error here too, for a kvrouter-sys built some other way.
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!(
+    "kvrouter supports 64-bit targets only (x86-64, aarch64, ...): libkvrouter's C ABI is laid \
+     out and built for 64-bit targets, and this binding assumes 64-bit pointers"
+);
+
 mod disagg;
 mod error;
 mod events;
