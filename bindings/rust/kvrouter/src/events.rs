@@ -47,6 +47,8 @@ impl Tier {
 
 /// Maps an engine's "medium" string (`GPU`, `CPU_PINNED`, `DISK`, ...; case-insensitive) to a
 /// tier; None or an unknown medium is the device, as in Dynamo (`kvr_tier_from_medium`).
+/// This function cannot fail: unlike every other string the binding passes to C (refused with
+/// `InvalidArgument` for a NUL byte), a medium with a NUL byte is read up to it, as C would.
 pub fn tier_from_medium(medium: Option<&str>) -> Tier {
     // C reads up to the first NUL, so a string with one means its prefix.
     let medium = medium.map(|m| CString::new(m.split('\0').next().unwrap_or("")).unwrap());

@@ -300,6 +300,61 @@ fn engine_workers_and_the_lifecycle_follow_the_rules() {
 }
 
 #[test]
+fn ingest_strings_with_a_nul_byte_are_refused_naming_them() {
+    // Refused before C (no listener bound, no connection tried), so no server is needed.
+    let router = router(1);
+    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    let refused = |result: kvrouter::Result<u64>, what: &str| {
+        let e = result.expect_err(what);
+        assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
+        assert_eq!(e.message(), format!("{what} contains a NUL byte"), "{what}");
+    };
+    let bad = "nats://127.0.0.1:4222\0x";
+    refused(ingest.listen(bad).map(|l| l.source_id), "endpoint");
+    refused(
+        ingest.add_engine_worker(&EngineWorker::new(bad, 1)),
+        "endpoint",
+    );
+    refused(
+        ingest.add_engine_worker(&EngineWorker {
+            topic: Some("kv\0"),
+            ..EngineWorker::new("tcp://127.0.0.1:1", 1)
+        }),
+        "topic",
+    );
+    refused(
+        ingest.add_engine_worker(&EngineWorker {
+            replay_endpoint: Some("tcp://\0"),
+            ..EngineWorker::new("tcp://127.0.0.1:1", 1)
+        }),
+        "replay_endpoint",
+    );
+    let url = "nats://127.0.0.1:1";
+    refused(ingest.subscribe_nats(bad, "kv"), "url");
+    refused(ingest.subscribe_nats(url, "kv\0"), "subject");
+    refused(ingest.sync_replicas(bad, "r", "a"), "url");
+    refused(ingest.sync_replicas(url, "r\0", "a"), "subject");
+    refused(ingest.sync_replicas(url, "r", "a\0b"), "replica_id");
+    let js = |url, stream, subject, durable| JetStreamSource {
+        durable,
+        ..JetStreamSource::new(url, stream, subject)
+    };
+    for (source, what) in [
+        (js(bad, "KV", "kv.>", None), "url"),
+        (js(url, "K\0V", "kv.>", None), "stream"),
+        (js(url, "KV", "kv.\0", None), "subject"),
+        (js(url, "KV", "kv.>", Some("gw\0")), "durable"),
+    ] {
+        refused(ingest.subscribe_jetstream(&source), what);
+        if what != "durable" {
+            refused(ingest.relay_jetstream(&source), what);
+        }
+    }
+    refused(Publisher::connect(bad).map(|_| 0), "endpoint");
+    assert_eq!(ingest.total_stats().unwrap().messages, 0);
+}
+
+#[test]
 fn a_publisher_to_nowhere_is_unavailable() {
     let e = Publisher::connect(&format!("tcp://127.0.0.1:{}", free_port())).unwrap_err();
     assert_eq!(e.code(), Code::Unavailable);

@@ -237,6 +237,133 @@ fn an_empty_allow_list_allows_no_worker() {
     );
 }
 
+/// `InvalidArgument` naming the argument: "`what` contains a NUL byte".
+fn refused_for_nul<T: std::fmt::Debug>(result: kvrouter::Result<T>, what: &str) {
+    let e = result.expect_err(what);
+    assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
+    assert_eq!(e.message(), format!("{what} contains a NUL byte"), "{what}");
+}
+
+#[test]
+fn every_string_with_a_nul_byte_is_refused_naming_it() {
+    // C would read such a string up to its NUL: "a\0b" would book, free or hash as "a". The
+    // binding refuses each before the call, short (copied on the stack) or long (the heap).
+    let router = router(2);
+    let tokens = prompt(8, 2);
+    let long = format!("{}\0", "y".repeat(300));
+    for bad in ["a\0b", "\0", long.as_str()] {
+        let ok = "ok";
+        let route = |opts: &RequestOptions<'_>| router.find_best_match(&tokens, opts);
+        refused_for_nul(route(&RequestOptions::admit(bad)), "request_id");
+        for opts in [
+            RequestOptions {
+                lora_name: Some(bad),
+                ..RequestOptions::admit(ok)
+            },
+            RequestOptions {
+                lora_name: Some(bad),
+                ..Default::default()
+            },
+        ] {
+            refused_for_nul(route(&opts), "lora_name");
+            refused_for_nul(kvrouter::PreparedRequest::new(&opts), "lora_name");
+            refused_for_nul(router.overlap_scores(&tokens, &opts), "lora_name");
+            refused_for_nul(router.preview_route(&tokens, &opts, None), "lora_name");
+        }
+        let namespace = RequestOptions {
+            cache_namespace: Some(bad),
+            ..RequestOptions::admit(ok)
+        };
+        refused_for_nul(route(&namespace), "cache_namespace");
+        refused_for_nul(
+            kvrouter::PreparedRequest::new(&namespace),
+            "cache_namespace",
+        );
+        let mut prepared = kvrouter::PreparedRequest::new(&RequestOptions::admit("")).unwrap();
+        refused_for_nul(
+            router.find_best_match_prepared(&tokens, &mut prepared, bad),
+            "request_id",
+        );
+        refused_for_nul(
+            router.add_request(&tokens, 1, 0, &RequestOptions::with_id(bad)),
+            "request_id",
+        );
+        refused_for_nul(
+            router.plan_route(&tokens, &RequestOptions::with_id(bad), None, None),
+            "request_id",
+        );
+        refused_for_nul(router.mark_prefill_completed(bad), "request_id");
+        refused_for_nul(router.record_output(bad, 1), "request_id");
+        refused_for_nul(router.free_request(bad), "request_id");
+        refused_for_nul(router.commit_route(bad), "request_id");
+        refused_for_nul(router.abort_route(bad), "request_id");
+        refused_for_nul(router.session_binding(bad), "session_id");
+        refused_for_nul(router.close_session(bad), "session_id");
+        let hints = kvrouter::RoutingHints {
+            session_id: Some(bad),
+            ..Default::default()
+        };
+        refused_for_nul(
+            router.preview_route(&tokens, &RequestOptions::default(), Some(&hints)),
+            "session_id",
+        );
+        refused_for_nul(router.set_replica_publisher(bad, |_| {}), "replica_id");
+        for (options, what) in [
+            (
+                HashOptions {
+                    lora_name: Some(bad),
+                    ..Default::default()
+                },
+                "lora_name",
+            ),
+            (
+                HashOptions {
+                    cache_namespace: Some(bad),
+                    ..Default::default()
+                },
+                "cache_namespace",
+            ),
+        ] {
+            refused_for_nul(compute_block_hashes(&tokens, BS, &options), what);
+        }
+        let block = &tokens[..BS as usize];
+        for (event, what) in [
+            (
+                StoredEvent {
+                    worker_id: 1,
+                    block_hashes: &[1],
+                    token_ids: block,
+                    lora_name: Some(bad),
+                    ..Default::default()
+                },
+                "lora_name",
+            ),
+            (
+                StoredEvent {
+                    worker_id: 1,
+                    block_hashes: &[1],
+                    token_ids: block,
+                    cache_namespace: Some(bad),
+                    ..Default::default()
+                },
+                "cache_namespace",
+            ),
+        ] {
+            refused_for_nul(router.apply_stored(&event), what);
+            let mut batch = kvrouter::EventBatch::new().unwrap();
+            refused_for_nul(batch.add_stored(&event), what);
+            assert!(batch.is_empty());
+        }
+    }
+    // None of it reached the router: nothing booked, planned, stored or published.
+    let m = router.metrics().unwrap();
+    assert_eq!((m.requests_active, m.decisions, m.index_blocks), (0, 0, 0));
+    assert!(router
+        .overlap_scores(&tokens, &RequestOptions::default())
+        .unwrap()
+        .is_empty());
+}
+
 #[test]
 fn errors_carry_the_right_code_and_message() {
     let router = router(2);
