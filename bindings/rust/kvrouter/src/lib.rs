@@ -34,8 +34,10 @@
 //!   header's `@thread_safety` tags allow it: [`Router`], [`Disagg`], [`Ingest`] and
 //!   [`Buffer`] are shared between threads (`Arc`), [`EventBatch`] only moves between them,
 //!   and functions tagged `none` take `&mut self`.
-//! * Inputs are borrowed as slices and `&str` (copied to NUL-terminated strings for the call);
-//!   array results come back as `Vec`s, grown and retried on `KVR_BUFFER_TOO_SMALL`.
+//! * Inputs are borrowed as slices and `&str` (copied to NUL-terminated strings for the call,
+//!   `InvalidArgument` for one with a NUL byte);
+//!   array results come back as `Vec`s, grown (with headroom) and retried on
+//!   `KVR_BUFFER_TOO_SMALL`, a handful of times at most.
 //! * A hot loop of admitted calls can lower its options once: a [`PreparedRequest`] holds the
 //!   C struct, and [`RouterRef::find_best_match_prepared`] writes only the id into it.
 //! * A prompt is its token ids, or, hashed by the caller ([`compute_block_hashes`]), its local
