@@ -290,8 +290,11 @@ pub struct RequestOptions<'a> {
     /// Restrict the candidates to these workers (and bypass the admission queue). `None` (the
     /// default): every worker. `Some` is always an allow-list (`KVR_REQUEST_ALLOW_LIST`), even
     /// empty: `Some(&[])` allows no worker, so a call that would pick one (routing, a preview,
-    /// a plan, the [`Disagg`](crate::Disagg) calls) fails with `Unavailable` and books
-    /// nothing, as does a list naming only unregistered workers.
+    /// a plan, [`Disagg::route_prefill`](crate::Disagg::route_prefill) /
+    /// [`route_decode`](crate::Disagg::route_decode)) fails with `Unavailable` and books
+    /// nothing, as does a list naming only unregistered workers;
+    /// [`potential_loads`](crate::RouterRef::potential_loads) returns no rows, and
+    /// [`Disagg::prefill_worker_busy`](crate::Disagg::prefill_worker_busy) says busy.
     pub allowed_worker_ids: Option<&'a [u64]>,
     pub overlap_score_credit: Option<f64>,
     pub prefill_load_scale: Option<f64>,

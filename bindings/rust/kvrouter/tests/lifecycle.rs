@@ -336,13 +336,18 @@ fn disaggregated_prefill_then_decode() {
     d.prefill_router().free_request("d1").unwrap();
     d.decode_router().free_request("d1").unwrap();
 
-    // An empty allow-list allows no decode worker: Unavailable, nothing booked.
+    // An empty allow-list allows no worker of either pool: Unavailable, nothing booked (and
+    // no prefill rank is free).
     let nobody = RequestOptions {
         allowed_worker_ids: Some(&[]),
         ..RequestOptions::with_id("d2")
     };
+    let e = d.route_prefill(&tokens, &nobody, None).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
     let e = d.route_decode(&tokens, &nobody, None, true).unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(d.prefill_worker_busy(&tokens, &nobody, 1.0).unwrap());
+    assert_eq!(d.prefill_router().metrics().unwrap().requests_active, 0);
     assert_eq!(d.decode_router().metrics().unwrap().requests_active, 0);
 
     // With no prefill workers the request runs aggregated on the decode pool...

@@ -214,6 +214,15 @@ fn an_empty_allow_list_allows_no_worker() {
         router.plan_route(&tokens, &nobody, None, None).map(drop),
         "plan_route",
     );
+    // Potential loads are of allowed ranks only: none.
+    assert!(router.potential_loads(&tokens, &nobody).unwrap().is_empty());
+    assert_eq!(
+        router
+            .potential_loads(&tokens, &RequestOptions::default())
+            .unwrap()
+            .len(),
+        3
+    );
     // Nothing was booked, planned or decided on anyone's worker.
     let m = router.metrics().unwrap();
     assert_eq!((m.requests_active, m.queue_pending), (0, 0));
