@@ -1,5 +1,6 @@
 // Disaggregated prefill / decode through the C ABI: a kvr_disagg owns two kvr_router pools
 // (usable with every kvr_router_* function) and a core DisaggRouter over them.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -40,6 +41,11 @@ kvr_status ToDisaggOptions(kvr_error** err, const kvr_disagg_options* opts,
   BindDisaggOptions(c, out, [](const auto& c_field, auto& core_field) { core_field = c_field; });
   out.policy = static_cast<kvrouter::DisaggPolicy>(c.policy);
   out.enforce = c.enforce != 0;
+  if (std::isnan(c.decode_busy_threshold)) {  // neither negative nor a fraction
+    return FailInvalid(err,
+                       "kvr_disagg_options.decode_busy_threshold is NaN (negative: the "
+                       "signal is unavailable)");
+  }
   if (c.decode_busy_threshold >= 0) out.decode_busy_threshold = c.decode_busy_threshold;
   return FromStatus(err, kvrouter::ValidateDisaggOptions(out));
 }

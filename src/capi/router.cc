@@ -210,6 +210,10 @@ kvr_status ToRouteOptions(kvr_error** err, const kvr_request_options* opts, Requ
   r.request_id = OrEmpty(c.request_id);
   r.expected_output_tokens = c.expected_output_tokens;
   r.priority_jump = c.priority_jump;
+  if (c.queue_timeout_ms < -1) {
+    return FailInvalid(err, "kvr_request_options.queue_timeout_ms is " +
+                                std::to_string(c.queue_timeout_ms) + ": -1 (never) or >= 0");
+  }
   // A wait past kLongestNanos (about 146 years; INT64_MAX ms is a caller's "never") has no
   // limit: its conversion to nanoseconds overflowed to a negative wait, timed out at once.
   constexpr int64_t kLongestMillis = kvrouter::kLongestNanos / 1'000'000;

@@ -264,6 +264,41 @@ static void reserved_input_fields_must_be_zero(void** state) {
   kvr_router_free(router);
 }
 
+/* A queue timeout below -1 (never) was "never" too, and a NaN decode-busy threshold "the signal
+ * is unavailable": neither is a value the header names. */
+static void values_outside_their_documented_range_are_refused(void** state) {
+  kvr_router* router = kvt_router_new(BS, 0);
+  kvr_disagg* disagg = NULL;
+  uint32_t tokens[BS];
+  kvr_router_options pool;
+  kvr_request_options request;
+  kvr_disagg_options disagg_options;
+  kvr_route_result result;
+  (void)state;
+  kvt_add_worker(router, 1);
+  kvt_fill_tokens(tokens, BS, 1);
+  kvr_request_options_init(&request, sizeof request);
+  kvr_route_result_init(&result, sizeof result);
+  request.queue_timeout_ms = -2;
+  KVT_EXPECT_FAILS_SAYING(
+      KVR_INVALID_ARGUMENT, "queue_timeout_ms is -2",
+      kvr_find_best_match(router, tokens, BS, &request, &result, NULL, 0, NULL, ERRP));
+  request.queue_timeout_ms = -1;
+  KVT_OK(kvr_find_best_match(router, tokens, BS, &request, &result, NULL, 0, NULL, ERRP));
+
+  kvr_router_options_init(&pool, sizeof pool);
+  pool.block_size = BS;
+  kvr_disagg_options_init(&disagg_options, sizeof disagg_options);
+  disagg_options.decode_busy_threshold = NAN;
+  KVT_EXPECT_FAILS_SAYING(KVR_INVALID_ARGUMENT, "decode_busy_threshold is NaN",
+                          kvr_disagg_new(&pool, &pool, &disagg_options, &disagg, ERRP));
+  assert_null(disagg);
+  disagg_options.decode_busy_threshold = -1;
+  KVT_OK(kvr_disagg_new(&pool, &pool, &disagg_options, &disagg, ERRP));
+  kvr_disagg_free(disagg);
+  kvr_router_free(router);
+}
+
 /* Issue 19: port 99999 and a replay endpoint "garbage" were accepted. */
 static void engine_endpoints_ports_and_ranks_are_checked(void** state) {
   kvr_router* router = kvt_router_new(BS, 0);
@@ -312,6 +347,7 @@ int main(void) {
       cmocka_unit_test(an_allowed_set_of_unknown_workers_says_so),
       cmocka_unit_test(engine_endpoints_ports_and_ranks_are_checked),
       cmocka_unit_test(reserved_input_fields_must_be_zero),
+      cmocka_unit_test(values_outside_their_documented_range_are_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

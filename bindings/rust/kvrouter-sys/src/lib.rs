@@ -482,7 +482,7 @@ pub struct kvr_request_options {
     pub priority_jump: f64,
     pub expected_output_tokens: u32,
     pub reserved: u32,
-    /// give up waiting in the queue after this long; -1 = never
+    /// give up waiting in the queue after this long; -1 = never; below -1 is KVR_INVALID_ARGUMENT
     pub queue_timeout_ms: i64,
     /// NaN (default) = the router's
     pub overlap_score_credit_decay: f64,
@@ -757,7 +757,7 @@ pub struct kvr_disagg_options {
     pub prefill_busy_threshold: f64,
     /// The decode-busy guard: never prefill locally on a decode rank whose decode blocks exceed
     /// this fraction of its total_kv_blocks. Negative (default) or unknown capacity = the signal is
-    /// unavailable, so never prefill locally.
+    /// unavailable, so never prefill locally. NaN is KVR_INVALID_ARGUMENT.
     pub decode_busy_threshold: f64,
 }
 

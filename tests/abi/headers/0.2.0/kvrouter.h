@@ -592,7 +592,8 @@ typedef struct kvr_request_options {
   double priority_jump;         /* queue priority boost; default 0 */
   uint32_t expected_output_tokens;
   uint32_t reserved;
-  int64_t queue_timeout_ms;          /* give up waiting in the queue after this long; -1 = never */
+  int64_t queue_timeout_ms; /* give up waiting in the queue after this long; -1 = never; below
+                             * -1 is KVR_INVALID_ARGUMENT */
   double overlap_score_credit_decay; /* NaN (default) = the router's */
   double decode_active_request_weight; /* NaN (default) = the router's */
   int32_t cost_function;               /* -1 (default) = the router's; else KVR_COST_* */
@@ -1059,7 +1060,7 @@ typedef struct kvr_disagg_options {
   double prefill_busy_threshold;
   /* The decode-busy guard: never prefill locally on a decode rank whose decode blocks exceed
    * this fraction of its total_kv_blocks. Negative (default) or unknown capacity = the signal
-   * is unavailable, so never prefill locally. */
+   * is unavailable, so never prefill locally. NaN is KVR_INVALID_ARGUMENT. */
   double decode_busy_threshold;
 } kvr_disagg_options;
 /* Sized initialisation (as kvr_hash_options_init). @thread_safety concurrent */
