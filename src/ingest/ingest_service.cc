@@ -5,8 +5,11 @@
 
 #include <pthread.h>
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -69,6 +72,40 @@ struct IngestService::Impl : IngestLoop {
   StreamListeners listeners{*this};
   Engines engines{*this};
   Nats nats{*this};
+
+  // The NATS calls that connect and confirm on their caller's thread (SubscribeNats,
+  // SyncReplicas, SubscribeJetStream, RelayToJetStream) use their connection there after the
+  // loop took it: a Stop closing everything meanwhile would destroy it under them. Stop waits
+  // for those in flight (each bounded by its connect and confirmation timeouts) and refuses
+  // those after it. A Stop on the loop thread cannot wait (a caller in flight may be waiting for
+  // that thread): it refuses later calls only.
+  std::mutex calls_mutex;
+  std::condition_variable calls_ended;
+  int calls_in_flight = 0;
+  bool calls_closed = false;
+
+  template <typename Call>
+  absl::StatusOr<uint64_t> OnCallerThread(Call&& call) {
+    {
+      std::lock_guard lock(calls_mutex);
+      if (calls_closed) return absl::FailedPreconditionError("the ingest service is stopped");
+      ++calls_in_flight;
+    }
+    struct Ended {
+      Impl* impl;
+      ~Ended() {
+        std::lock_guard lock(impl->calls_mutex);
+        if (--impl->calls_in_flight == 0) impl->calls_ended.notify_all();
+      }
+    } ended{this};
+    return call();
+  }
+
+  void CloseCallerThreadCalls(bool wait) {
+    std::unique_lock lock(calls_mutex);
+    calls_closed = true;
+    if (wait) calls_ended.wait(lock, [&] { return calls_in_flight == 0; });
+  }
 
   // Stopped before Start: this thread runs the loop until everything is closed. What was queued
   // for it runs first (a NATS connection's attachment: its socket is then polled, so that what
@@ -139,6 +176,12 @@ absl::Status IngestService::Start() {
 }
 
 void IngestService::Stop() {
+  bool on_loop_thread;
+  {
+    std::lock_guard lock(impl_->command_mutex);  // (Start sets the thread under it)
+    on_loop_thread = impl_->running && std::this_thread::get_id() == impl_->thread.get_id();
+  }
+  impl_->CloseCallerThreadCalls(/*wait=*/!on_loop_thread);
   // Not while a command runs on its caller's thread (IngestLoop::Run before Start).
   std::unique_lock before_start(impl_->before_start_mutex);
   std::unique_lock lock(impl_->command_mutex);
@@ -185,21 +228,21 @@ absl::Status IngestService::RemoveEngineWorker(uint64_t worker_id, bool clear_in
 
 absl::StatusOr<uint64_t> IngestService::SubscribeNats(const std::string& url,
                                                       const std::string& subject) {
-  return impl_->nats.SubscribeEvents(url, subject);
+  return impl_->OnCallerThread([&] { return impl_->nats.SubscribeEvents(url, subject); });
 }
 
 absl::StatusOr<uint64_t> IngestService::SyncReplicas(const std::string& url,
                                                      const std::string& subject,
                                                      const std::string& replica_id) {
-  return impl_->nats.SyncReplicas(url, subject, replica_id);
+  return impl_->OnCallerThread([&] { return impl_->nats.SyncReplicas(url, subject, replica_id); });
 }
 
 absl::StatusOr<uint64_t> IngestService::SubscribeJetStream(const JetStreamSource& source) {
-  return impl_->nats.SubscribeJetStream(source);
+  return impl_->OnCallerThread([&] { return impl_->nats.SubscribeJetStream(source); });
 }
 
 absl::StatusOr<uint64_t> IngestService::RelayToJetStream(const JetStreamSource& target) {
-  return impl_->nats.RelayToJetStream(target);
+  return impl_->OnCallerThread([&] { return impl_->nats.RelayToJetStream(target); });
 }
 
 absl::StatusOr<IngestStats> IngestService::Stats(uint64_t source_id) const {

@@ -9,12 +9,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/router.h"
 #include "ingest/ingest_service.h"
@@ -379,6 +381,37 @@ TEST_F(NatsIngestTest, ARemakeWaitingForASilentServerHoldsOnlyItsOwnThread) {
   ASSERT_TRUE(slow.Answer(kWait)) << "the connect gave up before the server answered";
   EXPECT_TRUE(slow.ClosedByClient(kWait)) << "the connection answered after the stop was kept";
   ingest_.reset();  // joins the remake's thread
+}
+
+// Stop while subscriptions are under way on other threads: each either subscribes whole (the
+// stop waits for it) or is refused FAILED_PRECONDITION. Before, the stop could close and destroy
+// a connection its caller was still confirming the subscription on (a use after free, or
+// Unavailable: "not confirmed by the server").
+TEST_F(NatsIngestTest, StopWaitsForTheSubscriptionsUnderWay) {
+  constexpr int kThreads = 6;
+  std::atomic<int> subscribed = 0;
+  std::atomic<bool> go = false;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load()) std::this_thread::yield();
+      for (int n = 0;; ++n) {
+        auto id = ingest_->SubscribeNats(server_->url(),
+                                         "kv." + std::to_string(t) + "." + std::to_string(n));
+        if (!id.ok()) {
+          EXPECT_EQ(id.status().code(), absl::StatusCode::kFailedPrecondition) << id.status();
+          return;
+        }
+        ++subscribed;
+      }
+    });
+  }
+  go = true;
+  ASSERT_TRUE(Eventually([&] { return subscribed.load() >= kThreads; }));
+  ingest_->Stop();
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(ingest_->SubscribeNats(server_->url(), "kv.late").status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(NatsIngestTest, StopsWhileTheServerIsDown) {

@@ -1535,10 +1535,13 @@ extern "C" {
     /// Starts the loop thread. KVR_FAILED_PRECONDITION if started or stopped before. @thread_safety
     /// concurrent
     pub fn kvr_ingest_start(ingest: *mut kvr_ingest, err: *mut *mut kvr_error) -> kvr_status;
-    /// Closes every source and joins the loop thread. Final (no restart); idempotent.
-    /// @thread_safety concurrent, except with kvr_ingest_subscribe_nats,
-    /// kvr_ingest_subscribe_jetstream, kvr_ingest_relay_jetstream and kvr_ingest_sync_replicas on
-    /// the same object (as they say)
+    /// Closes every source and joins the loop thread. Final (no restart); idempotent. Waits first
+    /// for the calls that connect on their caller's thread (kvr_ingest_subscribe_nats,
+    /// kvr_ingest_subscribe_jetstream, kvr_ingest_relay_jetstream, kvr_ingest_sync_replicas) in
+    /// progress, each bounded by its connect and confirmation timeouts; those called after it are
+    /// KVR_FAILED_PRECONDITION. (Called from a callback on the ingest's own thread, it cannot wait
+    /// for them: there it must not overlap them.) @thread_safety concurrent (since 0.2.0; before,
+    /// not with those four)
     pub fn kvr_ingest_stop(ingest: *mut kvr_ingest, err: *mut *mut kvr_error) -> kvr_status;
     /// Stops if needed and destroys. Accepts NULL. @thread_safety none
     pub fn kvr_ingest_free(ingest: *mut kvr_ingest);
@@ -1596,9 +1599,8 @@ extern "C" {
     /// before, the subscription is sent when the loop starts. KVR_UNAVAILABLE if the first
     /// connection fails. The connect runs on the caller's thread (since 0.2.0: a server that does
     /// not answer holds the caller, up to 2 s per server of the url, while the ingest loop goes on
-    /// with the other sources). `*source_id` may be NULL. @thread_safety concurrent, except with
-    /// kvr_ingest_stop on the same object (the connect and the confirmation round trip run on the
-    /// caller's thread)
+    /// with the other sources). `*source_id` may be NULL. @thread_safety concurrent (with
+    /// kvr_ingest_stop since 0.2.0: it waits for this call; KVR_FAILED_PRECONDITION once it began)
     pub fn kvr_ingest_subscribe_nats(
         ingest: *mut kvr_ingest,
         url: *const c_char,

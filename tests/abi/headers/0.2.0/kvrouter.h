@@ -1155,10 +1155,13 @@ KVR_API kvr_status kvr_ingest_new(kvr_router *router, const kvr_ingest_options *
 /* Starts the loop thread. KVR_FAILED_PRECONDITION if started or stopped before.
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_ingest_start(kvr_ingest *ingest, kvr_error **err);
-/* Closes every source and joins the loop thread. Final (no restart); idempotent.
- * @thread_safety concurrent, except with kvr_ingest_subscribe_nats,
- * kvr_ingest_subscribe_jetstream, kvr_ingest_relay_jetstream and kvr_ingest_sync_replicas on
- * the same object (as they say) */
+/* Closes every source and joins the loop thread. Final (no restart); idempotent. Waits first
+ * for the calls that connect on their caller's thread (kvr_ingest_subscribe_nats,
+ * kvr_ingest_subscribe_jetstream, kvr_ingest_relay_jetstream, kvr_ingest_sync_replicas) in
+ * progress, each bounded by its connect and confirmation timeouts; those called after it are
+ * KVR_FAILED_PRECONDITION. (Called from a callback on the ingest's own thread, it cannot wait
+ * for them: there it must not overlap them.) @thread_safety concurrent (since 0.2.0; before,
+ * not with those four) */
 KVR_API kvr_status kvr_ingest_stop(kvr_ingest *ingest, kvr_error **err);
 /* Stops if needed and destroys. Accepts NULL. @thread_safety none */
 KVR_API void kvr_ingest_free(kvr_ingest *ingest);
@@ -1237,9 +1240,8 @@ KVR_API kvr_status kvr_ingest_remove_engine_worker(kvr_ingest *ingest, uint64_t 
  * subscription; before, the subscription is sent when the loop starts. KVR_UNAVAILABLE if the
  * first connection fails. The connect runs on the caller's thread (since 0.2.0: a server that
  * does not answer holds the caller, up to 2 s per server of the url, while the ingest loop goes
- * on with the other sources). `*source_id` may be NULL. @thread_safety concurrent, except with
- * kvr_ingest_stop on the same object (the connect and the confirmation round trip run on the
- * caller's thread) */
+ * on with the other sources). `*source_id` may be NULL. @thread_safety concurrent (with
+ * kvr_ingest_stop since 0.2.0: it waits for this call; KVR_FAILED_PRECONDITION once it began) */
 KVR_API kvr_status kvr_ingest_subscribe_nats(kvr_ingest *ingest, const char *url,
                                              const char *subject, uint64_t *source_id,
                                              kvr_error **err);
