@@ -690,8 +690,9 @@ typedef struct kvr_overlap {
   uint64_t reserved[2];
 } kvr_overlap;
 
-/* Per rank holding at least the prompt's first block, in no particular order.
- * @thread_safety concurrent */
+/* Per rank holding at least the prompt's first block, in no particular order. Of opts, only
+ * what hashes the prompt is used (the index's view, as Dynamo's find_matches: no allow-list,
+ * no pin). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_overlap_scores(kvr_router *router, const uint32_t *tokens,
                                              size_t num_tokens, const kvr_request_options *opts,
                                              kvr_overlap *out, size_t cap, size_t *len,

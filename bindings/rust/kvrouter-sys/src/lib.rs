@@ -1230,8 +1230,9 @@ extern "C" {
         num_candidates: *mut usize,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
-    /// Per rank holding at least the prompt's first block, in no particular order. @thread_safety
-    /// concurrent
+    /// Per rank holding at least the prompt's first block, in no particular order. Of opts, only
+    /// what hashes the prompt is used (the index's view, as Dynamo's find_matches: no allow-list,
+    /// no pin). @thread_safety concurrent
     pub fn kvr_router_overlap_scores(
         router: *mut kvr_router,
         tokens: *const u32,
