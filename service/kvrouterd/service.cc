@@ -181,7 +181,7 @@ RoutingCall Service::ArriveRouting(std::function<bool()> client_gone) {
 }
 
 void Service::DepartRouting(const RoutingCall& call) {
-  if (!call.started) --routing_waiting_;
+  --(call.started ? routing_running_ : routing_waiting_);
   bookings_.Depart(call.arrival);
 }
 
@@ -246,6 +246,7 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
   if (!call->started) {
     call->started = true;
     --routing_waiting_;
+    ++routing_running_;
   }
   RouteInput input = ParseRouteInput(ParseJsonObject(request.body), /*need_request_id=*/true);
   input.Bind();  // a returned object may have been moved: its views point here now
@@ -268,14 +269,16 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
   if (input.options.queue_timeout_ms >= 0 && input.options.queue_timeout_ms <= kLongestDeadlineMs) {
     wait.deadline = call->arrived + std::chrono::milliseconds(input.options.queue_timeout_ms);
   }
-  wait.abandoned = [&] { return stopping_ || (call->client_gone && call->client_gone()); };
+  // (Not the daemon stopping: as the first call, a retry waits for shutdown-timeout-seconds,
+  // then the shutdown's cancellation of the first call's id ends it, 409.)
+  wait.abandoned = [&] { return call->client_gone && call->client_gone(); };
   BookingTable::Claimed claimed = bookings_.Claim(id, Clock::now(), call->arrival, wait);
   if (claimed.outcome == BookingTable::Outcome::kReplay) {
     claimed.decision["replayed"] = true;
     return JsonAnswer(claimed.decision);
   }
   if (claimed.outcome == BookingTable::Outcome::kAbandoned) {
-    refuse_if_stale();  // throws: the daemon stops, or the client left
+    refuse_if_stale();  // throws: the client left
     throw ApiError(KVR_CANCELLED, "request '" + id + "' was abandoned");
   }
   if (claimed.outcome == BookingTable::Outcome::kTimedOut) {
@@ -675,6 +678,11 @@ std::string Service::OwnMetrics() {
       "a routing thread.\n# TYPE kvrouterd_routing_calls_waiting gauge\n"
       "kvrouterd_routing_calls_waiting " +
       std::to_string(std::max<int64_t>(0, routing_waiting_.load())) + "\n";
+  text +=
+      "# HELP kvrouterd_routing_calls_running Routing calls (route, plan) on a routing thread: "
+      "routing, waiting in the admission queue or for an earlier call of their id.\n"
+      "# TYPE kvrouterd_routing_calls_running gauge\nkvrouterd_routing_calls_running " +
+      std::to_string(std::max<int64_t>(0, routing_running_.load())) + "\n";
   if (connection_counts_) {
     const ConnectionCounts counts = connection_counts_();
     text +=

@@ -134,6 +134,7 @@ class Service {
   BookingTable bookings_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> routing_waiting_{0};  // calls arrived and not started: for a thread
+  std::atomic<int64_t> routing_running_{0};  // calls started and not departed: on a thread
   std::function<ConnectionCounts()> connection_counts_;
   // (stream, source id) of every JetStream source, for the snapshot's positions. Written
   // only while the service opens, before any request.

@@ -561,10 +561,17 @@ TEST_F(KvrouterdTest, QueuedRequestsTimeOutOrAreCancelledAtShutdown) {
     return Get("/metrics").body.find("kvrouterd_tracked_requests 3\n") != std::string::npos;
   }));
   EXPECT_EQ(Get("/healthz").status, 200);
+  // A retry of b waits for b's answer, and ends with it (not refused at once at the stop: b
+  // might still have been admitted, and the retry's client left with a refusal).
+  std::future<HttpAnswer> retry = PostAsync("/v1/route", RouteBody("b"));
+  ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_running", 2));
   daemon_->Signal(SIGTERM);
   waiter.join();
   EXPECT_EQ(queued.status, 409) << queued.body;
   EXPECT_EQ(Body(queued)["error"]["status"], "CANCELLED");
+  const HttpAnswer retried = retry.get();
+  EXPECT_EQ(retried.status, 409) << retried.body;
+  EXPECT_EQ(Body(retried)["error"]["status"], "CANCELLED");
   EXPECT_EQ(daemon_->WaitExit(), std::optional<int>(0));
 }
 
@@ -715,6 +722,7 @@ TEST_F(RoutingThreadTest, ARetryOfAQueuedIdWaitsWithinItsOwnTimeout) {
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(kvrouterd_test::SendAll(
       fd, kvrouterd_test::RequestText("POST", "/v1/route", RouteBody("b"))));
+  ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_running", 2));  // b and its retry
   std::future<HttpAnswer> c = PostAsync("/v1/route", RouteBody("c"));
   ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_waiting", 1));
   EXPECT_EQ(Metric("kvrouterd_tracked_requests"), 2);  // a1 and b: c has no thread
