@@ -664,10 +664,12 @@ static PyObject* request_new(PyTypeObject* type, PyObject* args, PyObject* kwds)
     self->c.mm_counts = self->mm_counts.data;
     self->c.mm_num_blocks = self->mm_counts.len;
   }
-  if (allowed != Py_None) { /* a list, even an empty one (which allows no worker) */
+  if (allowed != Py_None) {
     self->c.allowed_worker_ids = self->allowed.data;
     self->c.num_allowed_worker_ids = self->allowed.len;
-    self->c.flags |= KVR_REQUEST_ALLOW_LIST;
+    /* An empty list allows no worker: only the flag says so (without it, every worker). A
+     * non-empty one needs none, and so works with a 0.2 library from before it. */
+    if (self->allowed.len == 0) self->c.flags |= KVR_REQUEST_ALLOW_LIST;
   }
   return (PyObject*)self;
 bad:

@@ -570,8 +570,11 @@ def test_queue_timeout_rounds_up_to_milliseconds():
     assert _queue_timeout_ms(math.inf) == -1
     assert _queue_timeout_ms(0.0004) == 1  # not 0: that gives up at once
     assert _queue_timeout_ms(0.25) == 250
+    assert _queue_timeout_ms(2.007) == 2007  # not 2008: 2.007 * 1000 is 2007.0000000000002
+    assert all(_queue_timeout_ms(ms / 1000) == ms for ms in range(0, 100000, 7))
     assert _queue_timeout_ms(-1.0) == 0
     assert _queue_timeout_ms(1e300) == (1 << 63) - 1
+    assert _queue_timeout_ms(1.7e308) == (1 << 63) - 1
     with pytest.raises(ValueError):
         _queue_timeout_ms(math.nan)
 

@@ -173,15 +173,27 @@ def _tristate(value: Optional[bool]) -> int:
     return -1 if value is None else int(bool(value))
 
 
+_LONGEST_MS = (1 << 63) - 1
+
+
 def _queue_timeout_ms(seconds: Optional[float]) -> int:
     """The ABI's queue_timeout_ms: -1 (never) for None or an infinite wait, else the seconds
     rounded up to whole milliseconds (a 0.4 ms wait is 1 ms, not 0: giving up at once), at most
-    the int64 field's largest."""
+    the int64 field's largest. A product within a rounding error of a whole millisecond is that
+    millisecond: 2.007 s (2007.0000000000002 ms in floating point) is 2007 ms, not 2008."""
     if seconds is None or seconds == math.inf:
         return -1
     if math.isnan(seconds):
         raise ValueError("queue_timeout must be a number of seconds or None, not NaN")
-    return min(math.ceil(max(float(seconds), 0.0) * 1000), (1 << 63) - 1)
+    if seconds <= 0:
+        return 0
+    if seconds >= _LONGEST_MS / 1000:
+        return _LONGEST_MS
+    ms = float(seconds) * 1000
+    nearest = round(ms)
+    if abs(ms - nearest) <= 1e-9 * max(1.0, ms):
+        return min(nearest, _LONGEST_MS)
+    return min(math.ceil(ms), _LONGEST_MS)
 
 
 @dataclass(frozen=True)

@@ -378,10 +378,11 @@ fn every_worker_and_request_setting_reaches_the_c_struct() {
         (raw.cost_function, raw.ttft_miss_weight),
         (sys::KVR_COST_PREDICTED_TTFT as i32, 3.5)
     );
-    // Each flag on its own bit; the hashes as given (the length in tokens is a call argument).
+    // Each flag on its own bit (a non-empty allow-list needs none); the hashes as given (the
+    // length in tokens is a call argument).
     assert_eq!(
         raw.flags,
-        sys::KVR_REQUEST_ADMIT | sys::KVR_REQUEST_PREHASHED | sys::KVR_REQUEST_ALLOW_LIST
+        sys::KVR_REQUEST_ADMIT | sys::KVR_REQUEST_PREHASHED
     );
     assert_eq!(
         (raw.local_hashes, raw.num_local_hashes),

@@ -288,8 +288,9 @@ pub struct RequestOptions<'a> {
     pub cache_namespace: Option<&'a str>,
     pub multimodal: Option<Multimodal<'a>>,
     /// Restrict the candidates to these workers (and bypass the admission queue). `None` (the
-    /// default): every worker. `Some` is always an allow-list (`KVR_REQUEST_ALLOW_LIST`), even
-    /// empty: `Some(&[])` allows no worker, so a call that would pick one (routing, a preview,
+    /// default): every worker. `Some` is an allow-list even empty (lowered with
+    /// `KVR_REQUEST_ALLOW_LIST` then; a non-empty list needs no flag, so it works with a 0.2
+    /// library from before the flag): `Some(&[])` allows no worker, so a call that would pick one (routing, a preview,
     /// a plan, [`Disagg::route_prefill`](crate::Disagg::route_prefill) /
     /// [`route_decode`](crate::Disagg::route_decode)) fails with `Unavailable` and books
     /// nothing, as does a list naming only unregistered workers;
@@ -426,8 +427,12 @@ impl<'a> RequestOptions<'a> {
             raw.mm_num_blocks = mm.counts.len();
         }
         if let Some(ids) = self.allowed_worker_ids {
-            // A list even when empty: without the flag C reads length 0 as "every worker".
-            raw.flags |= sys::KVR_REQUEST_ALLOW_LIST;
+            // A list even when empty: without the flag C reads length 0 as "every worker". Only
+            // then: a library from before the flag refuses it (an unknown bit), and a non-empty
+            // list means the same with or without it.
+            if ids.is_empty() {
+                raw.flags |= sys::KVR_REQUEST_ALLOW_LIST;
+            }
             raw.allowed_worker_ids = slice_ptr(ids);
             raw.num_allowed_worker_ids = ids.len();
         }

@@ -71,7 +71,7 @@ pub struct PreparedRequest {
     mm_hashes: Vec<u64>,
     mm_counts: Vec<usize>,
     /// The options' allow-list (empty for `None` too: the struct's `KVR_REQUEST_ALLOW_LIST`
-    /// flag, set for `Some` only, tells an empty list from none).
+    /// flag, set for `Some(&[])` only, tells an empty list from none).
     allowed_worker_ids: Vec<u64>,
     local_hashes: Vec<u64>,
     /// `prehashed`'s length in tokens: Some when the options gave the prompt hashed.
@@ -113,9 +113,9 @@ impl PreparedRequest {
             lora_name: None,
             cache_namespace: None,
             multimodal: None,
-            // Kept Some (empty) when given, so that its flag is lowered: an empty list allows
-            // no worker; the pointer is set below to the owned copy.
-            allowed_worker_ids: options.allowed_worker_ids.map(|_| &[][..]),
+            // Kept as given, so that an empty list's flag is lowered (it allows no worker); the
+            // pointer is set below to the owned copy.
+            allowed_worker_ids: options.allowed_worker_ids,
             prehashed: options.prehashed.map(|p| PrehashedPrompt {
                 local_hashes: &[],
                 ..p
@@ -219,8 +219,9 @@ impl fmt::Debug for PreparedRequest {
             .field("mm_counts", &self.mm_counts)
             .field(
                 "allowed_worker_ids",
-                &(self.raw.flags & sys::KVR_REQUEST_ALLOW_LIST != 0)
-                    .then_some(&self.allowed_worker_ids),
+                &(self.raw.flags & sys::KVR_REQUEST_ALLOW_LIST != 0
+                    || !self.allowed_worker_ids.is_empty())
+                .then_some(&self.allowed_worker_ids),
             )
             .field("local_hashes", &self.local_hashes)
             .field("prehashed_tokens", &self.prehashed_tokens)

@@ -231,9 +231,11 @@ public final class RequestOptions {
      */
     public Builder allowedWorkerIds(long... workerIds) {
       this.allowedWorkerIds = workerIds == null ? null : workerIds.clone();
+      // Only an empty list needs the flag (without it, count 0 is every worker); a non-empty
+      // one then works with a 0.2 library from before the flag too.
       int f = Abi.RequestOptions.FLAGS;
       scalars[f] =
-          workerIds != null
+          workerIds != null && workerIds.length == 0
               ? (scalars[f] | Abi.REQUEST_ALLOW_LIST)
               : (scalars[f] & ~Abi.REQUEST_ALLOW_LIST);
       return this;
