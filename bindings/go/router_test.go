@@ -512,6 +512,60 @@ func TestRequestOptions(t *testing.T) {
 	}
 }
 
+// An empty, non-nil AllowedWorkerIDs allows no worker: every call that picks one fails with
+// ErrUnavailable and books nothing, on every path that builds the options (the routing shims,
+// previews, plans, the Disagg calls). nil allows every worker.
+func TestEmptyAllowList(t *testing.T) {
+	r := newTestRouter(t, 3)
+	p := prompt(48, 1)
+	none := []uint64{}
+	wantNone := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("%s with an empty allow-list: %v, want ErrUnavailable", what, err)
+		}
+	}
+	res, err := r.FindBestMatch(p, &RequestOptions{AllowedWorkerIDs: none})
+	wantNone("FindBestMatch (query)", err)
+	res, err = r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: "a", AllowedWorkerIDs: none})
+	wantNone("FindBestMatch (admit)", err)
+	if res.Booked {
+		t.Errorf("booked with an empty allow-list: %+v", res)
+	}
+	hashes, err := ComputeBlockHashes(p, bs, nil)
+	must(t, err)
+	_, err = r.FindBestMatch(nil, &RequestOptions{Admit: true, RequestID: "b", AllowedWorkerIDs: none,
+		Prehashed: &PrehashedPrompt{LocalHashes: hashes, NumTokens: uint64(len(p))}})
+	wantNone("FindBestMatch (prehashed)", err)
+	_, err = r.PreviewRoute(p, &RequestOptions{AllowedWorkerIDs: none}, nil)
+	wantNone("PreviewRoute", err)
+	_, err = r.PlanRoute(p, &RequestOptions{RequestID: "c", AllowedWorkerIDs: none}, nil, nil)
+	wantNone("PlanRoute", err)
+	m, err := r.Metrics()
+	must(t, err)
+	if m.RequestsActive != 0 || m.Decisions != 0 {
+		t.Errorf("an empty allow-list booked or decided: %+v", m)
+	}
+
+	opts := DefaultRouterOptions()
+	opts.BlockSize = bs
+	d, err := NewDisagg(&opts, &opts, nil)
+	must(t, err)
+	defer d.Close()
+	must(t, d.DecodeRouter().AddWorker(WorkerConfig{WorkerID: 1}))
+	_, err = d.RouteDecode(p, &RequestOptions{RequestID: "d", AllowedWorkerIDs: none}, nil, false)
+	wantNone("RouteDecode", err)
+
+	// nil: every worker.
+	res, err = r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: "e", AllowedWorkerIDs: nil, Temperature: Ptr(0.0)})
+	must(t, err)
+	if !res.Booked {
+		t.Errorf("nil allow-list: %+v", res)
+	}
+	_, err = r.PreviewRoute(p, &RequestOptions{}, nil)
+	must(t, err)
+}
+
 func TestErrors(t *testing.T) {
 	r := newTestRouter(t, 2)
 	p := prompt(32, 1)

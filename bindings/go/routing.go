@@ -218,7 +218,10 @@ type RequestOptions struct {
 	CacheNamespace string
 	// MultimodalHashes[i] holds prompt block i's multimodal content hashes (nil = none).
 	MultimodalHashes [][]uint64
-	// AllowedWorkerIDs restricts the candidates (and bypasses the admission queue); nil = all.
+	// AllowedWorkerIDs restricts the candidates to these workers (and bypasses the admission
+	// queue). nil allows every worker; an empty non-nil list ([]uint64{}) allows none, so a
+	// call that has to pick a worker fails with ErrUnavailable and books nothing (a gateway
+	// that filtered a tenant's workers down to none must not route on anyone's).
 	AllowedWorkerIDs   []uint64
 	OverlapScoreCredit *float64
 	PrefillLoadScale   *float64
@@ -356,7 +359,8 @@ func (o *RequestOptions) fill(c *C.kvr_request_options, a *args) {
 	}
 }
 
-// simple says o sets nothing but Admit and the strings (kvrgo_find_simple's case).
+// simple says o sets nothing but Admit and the strings (kvrgo_find_simple's case, which
+// passes no allow-list: so AllowedWorkerIDs must be nil, not merely empty).
 func (o *RequestOptions) simple() bool {
 	return o.MultimodalHashes == nil && o.AllowedWorkerIDs == nil && o.OverlapScoreCredit == nil &&
 		o.PrefillLoadScale == nil && o.HostCacheHitWeight == nil && o.DiskCacheHitWeight == nil &&
@@ -373,6 +377,11 @@ func (o *RequestOptions) fillValues(c *C.kvr_request_options) {
 	m := o.mirror()
 	m.MmNumBlocks = uint64(len(o.MultimodalHashes))
 	m.NumAllowedWorkerIDs = uint64(len(o.AllowedWorkerIDs))
+	if o.AllowedWorkerIDs != nil {
+		// A list even when empty (then no worker is allowed); without the flag the library
+		// reads an empty list as every worker, which only nil means here.
+		m.Flags |= C.KVR_REQUEST_ALLOW_LIST
+	}
 	if o.Prehashed != nil {
 		m.Flags |= C.KVR_REQUEST_PREHASHED
 		m.NumLocalHashes = uint64(len(o.Prehashed.LocalHashes))
