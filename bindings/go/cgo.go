@@ -28,16 +28,56 @@ import "C"
 
 import (
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
 )
 
+// argCheck records the first argument of a call that cannot go to C as it is: a string holding
+// a NUL byte (C would read the byte as the string's end, so "t\x00a" and "t\x00b" would be one
+// request id, and a LoRA name "x\x00v2" would hash as "x"), or a number out of its C field's
+// range. Every conversion of a string for C goes through it (args.str and args.optStr for C
+// copies, view for the shims' (bytes, length)), and every call checks err before calling C, so
+// such an argument is refused with ErrInvalidArgument naming it instead of being cut short.
+type argCheck struct{ bad error }
+
+// err is the first argument refused, or nil.
+func (c *argCheck) err() error { return c.bad }
+
+// refuse records that field cannot go to C (why), unless an earlier argument was refused.
+func (c *argCheck) refuse(field, why string) {
+	if c.bad == nil {
+		c.bad = newError(ErrInvalidArgument, field+": "+why)
+	}
+}
+
+// cString says whether s can go to C as a NUL-terminated string, and refuses field otherwise.
+func (c *argCheck) cString(field, s string) bool {
+	if strings.IndexByte(s, 0) < 0 {
+		return true
+	}
+	c.refuse(field, "contains a NUL byte")
+	return false
+}
+
+// view passes a string to a shim as (bytes, length) from Go's memory (no copy, no pointers
+// inside, so no pinning; the shim NUL-terminates a copy); "" is (NULL, 0), and so is a string
+// refused for a NUL byte.
+func (c *argCheck) view(field, s string) (*C.char, C.size_t) {
+	if s == "" || !c.cString(field, s) {
+		return nil, 0
+	}
+	return (*C.char)(unsafe.Pointer(unsafe.StringData(s))), C.size_t(len(s))
+}
+
 // args collects what one call lends the C side: C strings to free after the call and Go
 // memory that a struct passed to C points at (pinned, as cgo's pointer rules require for a Go
 // pointer stored in memory that C reads). The library copies everything it keeps, so all of it
-// is released as soon as the call returns.
+// is released as soon as the call returns. Its argCheck holds the first argument refused: check
+// a.err() after building the arguments and before the C call.
 type args struct {
+	argCheck
 	pin  runtime.Pinner
 	strs [4]unsafe.Pointer // the first C strings (no allocation for the common case)
 	n    int
@@ -56,16 +96,19 @@ func (a *args) release() {
 }
 
 // optStr returns NULL for "" (every optional string of the ABI treats NULL and "" alike) and a
-// C copy of s otherwise.
-func (a *args) optStr(s string) *C.char {
+// C copy of s otherwise (as str).
+func (a *args) optStr(field, s string) *C.char {
 	if s == "" {
 		return nil
 	}
-	return a.str(s)
+	return a.str(field, s)
 }
 
-// str returns a C copy of s, freed by release.
-func (a *args) str(s string) *C.char {
+// str returns a C copy of s, freed by release; NULL, with field refused, if s holds a NUL byte.
+func (a *args) str(field, s string) *C.char {
+	if !a.cString(field, s) {
+		return nil
+	}
 	p := C.CString(s)
 	if a.n < len(a.strs) {
 		a.strs[a.n] = unsafe.Pointer(p)
@@ -120,15 +163,6 @@ func flattenMM(perBlock [][]uint64) ([]uint64, []C.size_t) {
 		flat = append(flat, b...)
 	}
 	return flat, counts
-}
-
-// strArg passes a string to a shim as (bytes, length) from Go's memory (no copy, no pointers
-// inside, so no pinning); "" is (NULL, 0).
-func strArg(s string) (*C.char, C.size_t) {
-	if s == "" {
-		return nil, 0
-	}
-	return (*C.char)(unsafe.Pointer(unsafe.StringData(s))), C.size_t(len(s))
 }
 
 // emptyCString is "" for a required string argument.

@@ -175,6 +175,9 @@ func (d *Disagg) RoutePrefill(tokens []uint32, opts *RequestOptions, hints *Rout
 	var a args
 	defer a.release()
 	copts, chints := opts.toC(&a), hints.toC(&a)
+	if err := a.err(); err != nil {
+		return PrefillResult{}, err
+	}
 	var out C.kvr_prefill_result
 	initPrefillResult(&out)
 	var cerr *C.kvr_error
@@ -214,6 +217,9 @@ func (d *Disagg) RouteDecode(tokens []uint32, opts *RequestOptions, hints *Routi
 	var a args
 	defer a.release()
 	copts, chints := opts.toC(&a), hints.toC(&a)
+	if err := a.err(); err != nil {
+		return RouteSignals{}, err
+	}
 	var out C.kvr_route_signals
 	initRouteSignals(&out)
 	remote := C.int(0)
@@ -243,6 +249,9 @@ func (d *Disagg) PrefillWorkerBusy(tokens []uint32, opts *RequestOptions, thresh
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
+	if err := a.err(); err != nil {
+		return false, err
+	}
 	var busy C.int
 	var cerr *C.kvr_error
 	st := C.kvr_disagg_prefill_worker_busy(h, tp, tn, copts, C.double(threshold), &busy, &cerr)

@@ -14,7 +14,9 @@
 // Publisher) are released by Close, which is idempotent; a finalizer frees a forgotten handle.
 // Router, Disagg and Ingest are safe for concurrent use, EventBatch and Publisher are not,
 // following the @thread_safety tags of the header. Slices and strings passed in are only
-// borrowed for the call.
+// borrowed for the call. A string holding a NUL byte (request ids, names, endpoints, ...),
+// which C would read as its end, is refused with ErrInvalidArgument naming it, before any call
+// into the library.
 //
 // This release of the package is for libkvrouter 0.2.x. It checks the loaded library's version
 // when it is initialised: with any other major.minor, CheckVersion and every constructor return

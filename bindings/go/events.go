@@ -81,10 +81,10 @@ func (e *StoredEvent) toC(a *args) (*C.kvr_stored_event, error) {
 	c.block_hashes = a.u64s(e.BlockHashes)
 	c.local_hashes = a.u64s(e.LocalHashes)
 	c.token_ids = a.u32s(e.TokenIDs)
-	c.lora_name = a.optStr(e.LoraName)
-	c.cache_namespace = a.optStr(e.CacheNamespace)
+	c.lora_name = a.optStr("StoredEvent.LoraName", e.LoraName)
+	c.cache_namespace = a.optStr("StoredEvent.CacheNamespace", e.CacheNamespace)
 	c.mm_hashes, c.mm_counts, _ = a.mm(e.MultimodalHashes)
-	return c, nil
+	return c, a.err()
 }
 
 // RemovedEvent says that one worker rank evicted blocks (by engine hash).

@@ -9,15 +9,20 @@ import "C"
 
 // TierFromMedium maps an engine's "medium" string (GPU, CPU_PINNED, DISK, ...;
 // case-insensitive) to a tier (abi_gen.go: Tier, TierDevice, ...); "" and unknown mediums are
-// the device, as in Dynamo. With a library this package does not accept (CheckVersion) it
-// returns TierDevice without calling in.
+// the device, as in Dynamo, and so is a medium holding a NUL byte (which C would read as its
+// end). With a library this package does not accept (CheckVersion) it returns TierDevice
+// without calling in.
 func TierFromMedium(medium string) Tier {
 	if CheckVersion() != nil {
 		return TierDevice
 	}
 	var a args
 	defer a.release()
-	return Tier(C.kvr_tier_from_medium(a.optStr(medium)))
+	m := a.optStr("medium", medium)
+	if a.err() != nil {
+		return TierDevice // a NUL byte: no medium C knows (C would read only what precedes it)
+	}
+	return Tier(C.kvr_tier_from_medium(m))
 }
 
 // HashOptions is what changes a prompt's block hashes besides its tokens. The zero value (or
@@ -40,8 +45,8 @@ func (o *HashOptions) toC(a *args) *C.kvr_hash_options {
 	c.mm_hashes, c.mm_counts, n = a.mm(o.MultimodalHashes)
 	m := cHashOptions{Flags: flagIf(o.Eagle, C.KVR_HASH_EAGLE), MmNumBlocks: uint64(n)}
 	m.store(c)
-	c.lora_name = a.optStr(o.LoraName)
-	c.cache_namespace = a.optStr(o.CacheNamespace)
+	c.lora_name = a.optStr("HashOptions.LoraName", o.LoraName)
+	c.cache_namespace = a.optStr("HashOptions.CacheNamespace", o.CacheNamespace)
 	return c
 }
 
@@ -68,6 +73,9 @@ func computeBlockHashes(tokens []uint32, blockSize uint32, opts *HashOptions, ca
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
+	if err := a.err(); err != nil {
+		return nil, err
+	}
 	tp, tn := tokensPtr(tokens)
 	hashes, err := fillGrowing(capHint, func(p *C.uint64_t, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_compute_block_hashes(tp, tn, C.uint32_t(blockSize), copts, p, cap, n, cerr)

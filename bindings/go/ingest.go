@@ -164,11 +164,15 @@ func (in *Ingest) Listen(endpoint string) (sourceID uint64, bound string, err er
 	defer runtime.KeepAlive(in)
 	var a args
 	defer a.release()
+	ep := a.str("endpoint", endpoint)
+	if err := a.err(); err != nil {
+		return 0, "", err
+	}
 	// One call only: on KVR_BUFFER_TOO_SMALL the listener is open all the same (a retry would
 	// open a second one), and its endpoint is read by source id instead.
 	var id C.uint64_t
 	var cerr *C.kvr_error
-	st := C.kvr_ingest_listen(h, a.str(endpoint), &id, nil, 0, nil, &cerr)
+	st := C.kvr_ingest_listen(h, ep, &id, nil, 0, nil, &cerr)
 	if err := takeError(st, cerr); err != nil {
 		return 0, "", err
 	}
@@ -221,9 +225,9 @@ func (w *EngineWorker) toC(a *args) *C.kvr_engine_worker {
 	m.BlockSize = w.BlockSize
 	m.Flags = flagIf(w.Eagle, C.KVR_STORED_EAGLE)
 	m.store(c)
-	c.endpoint = a.str(w.Endpoint)
-	c.topic = a.optStr(w.Topic)
-	c.replay_endpoint = a.optStr(w.ReplayEndpoint)
+	c.endpoint = a.str("EngineWorker.Endpoint", w.Endpoint)
+	c.topic = a.optStr("EngineWorker.Topic", w.Topic)
+	c.replay_endpoint = a.optStr("EngineWorker.ReplayEndpoint", w.ReplayEndpoint)
 	return c
 }
 
@@ -232,14 +236,22 @@ func (w *EngineWorker) toC(a *args) *C.kvr_engine_worker {
 // router's, a bad endpoint or a bad rank count; ErrAlreadyExists for a worker id already
 // subscribed.
 func (in *Ingest) AddEngineWorker(w EngineWorker) (uint64, error) {
-	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
-		return C.kvr_ingest_add_engine_worker(h, w.toC(a), id, cerr)
+	return in.addSource(func(a *args) sourceCall {
+		cw := w.toC(a)
+		return func(h *C.kvr_ingest, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+			return C.kvr_ingest_add_engine_worker(h, cw, id, cerr)
+		}
 	})
 }
 
-// addSource makes one of the C calls that add a source (call gets the handle, the arguments'
-// allocator, and where to put the source's id and the error) and returns the source's id.
-func (in *Ingest) addSource(call func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status) (uint64, error) {
+// sourceCall is one of the C calls that add a source, its arguments converted: it gets the
+// handle and where to put the source's id and the error.
+type sourceCall func(h *C.kvr_ingest, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status
+
+// addSource converts a source's arguments (prepare, with the arguments' allocator), refuses
+// them if one cannot go to C (args.err), else makes the call prepare returns, and returns the
+// source's id.
+func (in *Ingest) addSource(prepare func(a *args) sourceCall) (uint64, error) {
 	h := in.handle()
 	if h == nil {
 		return 0, ErrClosed
@@ -247,9 +259,13 @@ func (in *Ingest) addSource(call func(h *C.kvr_ingest, a *args, id *C.uint64_t, 
 	defer runtime.KeepAlive(in)
 	var a args
 	defer a.release()
+	call := prepare(&a)
+	if err := a.err(); err != nil {
+		return 0, err
+	}
 	var id C.uint64_t
 	var cerr *C.kvr_error
-	if err := takeError(call(h, &a, &id, &cerr), cerr); err != nil {
+	if err := takeError(call(h, &id, &cerr), cerr); err != nil {
 		return 0, err
 	}
 	return uint64(id), nil
@@ -279,8 +295,11 @@ func (in *Ingest) RemoveEngineWorker(workerID uint64, clearIndex bool) error {
 func (in *Ingest) SubscribeNATS(url, subject string) (uint64, error) {
 	in.natsMu.RLock()
 	defer in.natsMu.RUnlock()
-	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
-		return C.kvr_ingest_subscribe_nats(h, a.str(url), a.str(subject), id, cerr)
+	return in.addSource(func(a *args) sourceCall {
+		u, s := a.str("url", url), a.str("subject", subject)
+		return func(h *C.kvr_ingest, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+			return C.kvr_ingest_subscribe_nats(h, u, s, id, cerr)
+		}
 	})
 }
 
@@ -327,10 +346,10 @@ func (s *JetStreamSource) toC(a *args) *C.kvr_jetstream_source {
 		m.MaxBytes = -1 // no limit
 	}
 	m.store(c)
-	c.url = a.str(s.URL)
-	c.stream = a.str(s.Stream)
-	c.subject = a.str(s.Subject)
-	c.durable = a.optStr(s.Durable)
+	c.url = a.str("JetStreamSource.URL", s.URL)
+	c.stream = a.str("JetStreamSource.Stream", s.Stream)
+	c.subject = a.str("JetStreamSource.Subject", s.Subject)
+	c.durable = a.optStr("JetStreamSource.Durable", s.Durable)
 	return c
 }
 
@@ -343,8 +362,11 @@ func (s *JetStreamSource) toC(a *args) *C.kvr_jetstream_source {
 func (in *Ingest) SubscribeJetStream(s JetStreamSource) (uint64, error) {
 	in.natsMu.RLock()
 	defer in.natsMu.RUnlock()
-	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
-		return C.kvr_ingest_subscribe_jetstream(h, s.toC(a), id, cerr)
+	return in.addSource(func(a *args) sourceCall {
+		cs := s.toC(a)
+		return func(h *C.kvr_ingest, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+			return C.kvr_ingest_subscribe_jetstream(h, cs, id, cerr)
+		}
 	})
 }
 
@@ -364,8 +386,11 @@ func (in *Ingest) SubscribeJetStream(s JetStreamSource) (uint64, error) {
 func (in *Ingest) RelayJetStream(target JetStreamSource) (uint64, error) {
 	in.natsMu.RLock()
 	defer in.natsMu.RUnlock()
-	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
-		return C.kvr_ingest_relay_jetstream(h, target.toC(a), id, cerr)
+	return in.addSource(func(a *args) sourceCall {
+		ct := target.toC(a)
+		return func(h *C.kvr_ingest, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+			return C.kvr_ingest_relay_jetstream(h, ct, id, cerr)
+		}
 	})
 }
 

@@ -24,9 +24,13 @@ func ConnectPublisher(endpoint string) (*Publisher, error) {
 	}
 	var a args
 	defer a.release()
+	ep := a.str("endpoint", endpoint)
+	if err := a.err(); err != nil {
+		return nil, err
+	}
 	var out *C.kvr_publisher
 	var cerr *C.kvr_error
-	if err := takeError(C.kvr_publisher_connect(a.str(endpoint), &out, &cerr), cerr); err != nil {
+	if err := takeError(C.kvr_publisher_connect(ep, &out, &cerr), cerr); err != nil {
 		return nil, err
 	}
 	p := &Publisher{ptr: out}

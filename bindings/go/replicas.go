@@ -92,7 +92,10 @@ func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)
 	defer runtime.KeepAlive(r)
 	var a args
 	defer a.release()
-	id := a.str(replicaID)
+	id := a.str("replicaID", replicaID)
+	if err := a.err(); err != nil {
+		return err
+	}
 	var handle cgo.Handle
 	if publish != nil {
 		handle = cgo.NewHandle(publish)
@@ -182,7 +185,10 @@ func (r *Router) ExpireReplicas(timeout time.Duration) (int, error) {
 func (in *Ingest) SyncReplicas(url, subject, replicaID string) (uint64, error) {
 	in.natsMu.RLock()
 	defer in.natsMu.RUnlock()
-	return in.addSource(func(h *C.kvr_ingest, a *args, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
-		return C.kvr_ingest_sync_replicas(h, a.str(url), a.str(subject), a.str(replicaID), id, cerr)
+	return in.addSource(func(a *args) sourceCall {
+		u, s, r := a.str("url", url), a.str("subject", subject), a.str("replicaID", replicaID)
+		return func(h *C.kvr_ingest, id *C.uint64_t, cerr **C.kvr_error) C.kvr_status {
+			return C.kvr_ingest_sync_replicas(h, u, s, r, id, cerr)
+		}
 	})
 }

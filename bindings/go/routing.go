@@ -351,9 +351,9 @@ func (o *RequestOptions) fill(c *C.kvr_request_options, a *args) {
 	o.fillValues(c)
 	c.mm_hashes, c.mm_counts, _ = a.mm(o.MultimodalHashes)
 	c.allowed_worker_ids = a.u64s(o.AllowedWorkerIDs)
-	c.request_id = a.optStr(o.RequestID)
-	c.lora_name = a.optStr(o.LoraName)
-	c.cache_namespace = a.optStr(o.CacheNamespace)
+	c.request_id = a.optStr("RequestOptions.RequestID", o.RequestID)
+	c.lora_name = a.optStr("RequestOptions.LoraName", o.LoraName)
+	c.cache_namespace = a.optStr("RequestOptions.CacheNamespace", o.CacheNamespace)
 	if o.Prehashed != nil {
 		c.local_hashes = a.u64s(o.Prehashed.LocalHashes)
 	}
@@ -481,31 +481,36 @@ func (r *Router) findBestMatch(tokens []uint32, opts *RequestOptions, candidates
 	var out C.kvrgo_find_out
 	if opts == nil {
 		out = C.kvrgo_find_plain(h, tp, tn, candsPtr, C.size_t(len(cands)))
-	} else if opts.simple() {
-		id, idN := strArg(opts.RequestID)
-		lora, loraN := strArg(opts.LoraName)
-		ns, nsN := strArg(opts.CacheNamespace)
-		out = C.kvrgo_find_simple(h, tp, tn, C.uint32_t(flagIf(opts.Admit, C.KVR_REQUEST_ADMIT)),
-			id, idN, lora, loraN, ns, nsN, candsPtr, C.size_t(len(cands)))
-		runtime.KeepAlive(opts)
 	} else {
-		var copts C.kvr_request_options
-		opts.fillValues(&copts)
-		mm, mmCounts := flattenMM(opts.MultimodalHashes)
-		lora, loraN := strArg(opts.LoraName)
-		ns, nsN := strArg(opts.CacheNamespace)
-		allowed := u64Ptr(opts.AllowedWorkerIDs)
-		var hashes *C.uint64_t
-		if opts.Prehashed != nil {
-			hashes = u64Ptr(opts.Prehashed.LocalHashes)
+		// The strings go to the shims as Go bytes (the fields fill copies for the other calls),
+		// refused if they hold a NUL byte. A query ignores the request id, but one that C could
+		// not read whole is refused all the same, as every other call refuses it.
+		var check argCheck
+		id, idN := check.view("RequestOptions.RequestID", opts.RequestID)
+		lora, loraN := check.view("RequestOptions.LoraName", opts.LoraName)
+		ns, nsN := check.view("RequestOptions.CacheNamespace", opts.CacheNamespace)
+		if err := check.err(); err != nil {
+			return RouteResult{}, 0, err
 		}
-		if opts.Admit {
-			id, idN := strArg(opts.RequestID)
-			out = C.kvrgo_find(h, tp, tn, 1, copts, id, idN, lora, loraN, ns, nsN, allowed,
-				u64Ptr(mm), sizePtr(mmCounts), hashes, candsPtr, C.size_t(len(cands)))
+		if opts.simple() {
+			out = C.kvrgo_find_simple(h, tp, tn, C.uint32_t(flagIf(opts.Admit, C.KVR_REQUEST_ADMIT)),
+				id, idN, lora, loraN, ns, nsN, candsPtr, C.size_t(len(cands)))
 		} else {
-			out = C.kvrgo_find_query(h, tp, tn, 1, copts, lora, loraN, ns, nsN, allowed,
-				u64Ptr(mm), sizePtr(mmCounts), hashes, candsPtr, C.size_t(len(cands)))
+			var copts C.kvr_request_options
+			opts.fillValues(&copts)
+			mm, mmCounts := flattenMM(opts.MultimodalHashes)
+			allowed := u64Ptr(opts.AllowedWorkerIDs)
+			var hashes *C.uint64_t
+			if opts.Prehashed != nil {
+				hashes = u64Ptr(opts.Prehashed.LocalHashes)
+			}
+			if opts.Admit {
+				out = C.kvrgo_find(h, tp, tn, 1, copts, id, idN, lora, loraN, ns, nsN, allowed,
+					u64Ptr(mm), sizePtr(mmCounts), hashes, candsPtr, C.size_t(len(cands)))
+			} else {
+				out = C.kvrgo_find_query(h, tp, tn, 1, copts, lora, loraN, ns, nsN, allowed,
+					u64Ptr(mm), sizePtr(mmCounts), hashes, candsPtr, C.size_t(len(cands)))
+			}
 		}
 		runtime.KeepAlive(opts)
 	}
@@ -606,6 +611,9 @@ func (r *Router) OverlapScoresOfHashes(localHashes []uint64, opts *RequestOption
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
+	if err := a.err(); err != nil {
+		return nil, err
+	}
 	hp := u64Ptr(localHashes)
 	defer runtime.KeepAlive(r)
 	defer runtime.KeepAlive(localHashes)
@@ -631,6 +639,9 @@ func (r *Router) overlapScores(tokens []uint32, opts *RequestOptions, capHint in
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
+	if err := a.err(); err != nil {
+		return nil, err
+	}
 	defer runtime.KeepAlive(r)
 	buf, err := fillGrowing(capHint, func(p *C.kvr_overlap, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_router_overlap_scores(h, tp, tn, copts, p, cap, n, cerr)
@@ -727,6 +738,9 @@ func (r *Router) potentialLoads(tokens []uint32, opts *RequestOptions, capHint i
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
+	if err := a.err(); err != nil {
+		return nil, err
+	}
 	defer runtime.KeepAlive(r)
 	buf, err := fillGrowing(capHint, func(p *C.kvr_potential_load, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_router_potential_loads(h, tp, tn, copts, p, cap, n, cerr)
@@ -758,6 +772,9 @@ func (r *Router) AddRequest(tokens []uint32, workerID uint64, dpRank uint32, opt
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
+	if err := a.err(); err != nil {
+		return err
+	}
 	var cerr *C.kvr_error
 	st := C.kvr_router_add_request(h, tp, tn, C.uint64_t(workerID), C.uint32_t(dpRank), copts, &cerr)
 	runtime.KeepAlive(r)
@@ -767,7 +784,7 @@ func (r *Router) AddRequest(tokens []uint32, workerID uint64, dpRank uint32, opt
 // MarkPrefillCompleted says the request produced its first token. Idempotent: an unknown id
 // is no error. It may admit queued requests.
 func (r *Router) MarkPrefillCompleted(requestID string) error {
-	_, err := r.callID(idMarkPrefill, requestID, 0)
+	_, err := r.callID(idMarkPrefill, "requestID", requestID, 0)
 	return err
 }
 
@@ -778,14 +795,14 @@ func (r *Router) MarkPrefillCompleted(requestID string) error {
 // ErrFailedPrecondition unless the router was created with RouterOptions.TrackOutputBlocks;
 // an unknown id is no error.
 func (r *Router) RecordOutput(requestID string, outputTokens uint64) error {
-	_, err := r.callID(idRecordOutput, requestID, outputTokens)
+	_, err := r.callID(idRecordOutput, "requestID", requestID, outputTokens)
 	return err
 }
 
 // FreeRequest says the request ended (finished, cancelled or failed). Idempotent: an unknown
 // id is no error. It may admit queued requests.
 func (r *Router) FreeRequest(requestID string) error {
-	_, err := r.callID(idFree, requestID, 0)
+	_, err := r.callID(idFree, "requestID", requestID, 0)
 	return err
 }
 
@@ -807,13 +824,18 @@ type idAnswer struct {
 	dpRank   uint32 // idSession
 }
 
-// callID runs a call taking the router and one request (or session) id (op: id*).
-func (r *Router) callID(op int, id string, arg uint64) (idAnswer, error) {
+// callID runs a call taking the router and one request (or session) id (op: id*), the
+// argument named field (refused if it holds a NUL byte).
+func (r *Router) callID(op int, field, id string, arg uint64) (idAnswer, error) {
 	h := r.handle()
 	if h == nil {
 		return idAnswer{}, ErrClosed
 	}
-	p, n := strArg(id)
+	var check argCheck
+	p, n := check.view(field, id)
+	if err := check.err(); err != nil {
+		return idAnswer{}, err
+	}
 	if p == nil {
 		p = &emptyCString[0] // "" is passed as "" (not NULL: a request id is required)
 	}

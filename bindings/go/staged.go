@@ -59,7 +59,7 @@ func (h *RoutingHints) toC(a *args) *C.kvr_routing_hints {
 		m.SessionTTLSeconds = h.SessionTTL.Seconds()
 	}
 	m.store(c)
-	c.session_id = a.optStr(h.SessionID)
+	c.session_id = a.optStr("RoutingHints.SessionID", h.SessionID)
 	return c
 }
 
@@ -145,6 +145,9 @@ func (r *Router) PreviewRoute(tokens []uint32, opts *RequestOptions, hints *Rout
 	var a args
 	defer a.release()
 	copts, chints := opts.toC(&a), hints.toC(&a)
+	if err := a.err(); err != nil {
+		return RouteSignals{}, err
+	}
 	var out C.kvr_route_signals
 	initRouteSignals(&out)
 	var cerr *C.kvr_error
@@ -172,6 +175,9 @@ func (r *Router) PlanRoute(tokens []uint32, opts *RequestOptions, hints *Routing
 	var a args
 	defer a.release()
 	copts, chints := opts.toC(&a), hints.toC(&a)
+	if err := a.err(); err != nil {
+		return RouteSignals{}, err
+	}
 	var out C.kvr_route_signals
 	initRouteSignals(&out)
 	var cerr *C.kvr_error
@@ -187,14 +193,14 @@ func (r *Router) PlanRoute(tokens []uint32, opts *RequestOptions, hints *Routing
 // session is bound. Idempotent. ErrNotFound: no plan (never made, aborted, freed or past its
 // deadline); ErrFailedPrecondition: its worker was removed (plan again).
 func (r *Router) CommitRoute(requestID string) error {
-	_, err := r.callID(idCommit, requestID, 0)
+	_, err := r.callID(idCommit, "requestID", requestID, 0)
 	return err
 }
 
 // AbortRoute frees the plan, its booking or its queue place; freed says whether anything was.
 // Idempotent: an unknown id is no error.
 func (r *Router) AbortRoute(requestID string) (freed bool, err error) {
-	answer, err := r.callID(idAbort, requestID, 0)
+	answer, err := r.callID(idAbort, "requestID", requestID, 0)
 	return answer.freed, err
 }
 
@@ -228,7 +234,7 @@ func (r *Router) ExpirePlans() (int, error) {
 // SessionBinding returns the rank a live session is bound to, without refreshing it.
 // ErrNotFound if unbound or expired.
 func (r *Router) SessionBinding(sessionID string) (workerID uint64, dpRank uint32, err error) {
-	answer, err := r.callID(idSession, sessionID, 0)
+	answer, err := r.callID(idSession, "sessionID", sessionID, 0)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -237,7 +243,7 @@ func (r *Router) SessionBinding(sessionID string) (workerID uint64, dpRank uint3
 
 // CloseSession unbinds a session (no error if unbound).
 func (r *Router) CloseSession(sessionID string) error {
-	_, err := r.callID(idCloseSession, sessionID, 0)
+	_, err := r.callID(idCloseSession, "sessionID", sessionID, 0)
 	return err
 }
 
