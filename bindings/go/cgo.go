@@ -27,7 +27,9 @@ package kvrouter
 import "C"
 
 import (
+	"math"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -59,6 +61,16 @@ func (c *argCheck) cString(field, s string) bool {
 	}
 	c.refuse(field, "contains a NUL byte")
 	return false
+}
+
+// rank converts a data-parallel rank for an int32_t field of the ABI, where -1 means "none":
+// a rank past math.MaxInt32 would wrap to a negative, read as "none", so field is refused.
+func (c *argCheck) rank(field string, r uint32) int32 {
+	if r > math.MaxInt32 {
+		c.refuse(field, "rank "+strconv.FormatUint(uint64(r), 10)+" is out of range (at most 2147483647)")
+		return -1
+	}
+	return int32(r)
 }
 
 // view passes a string to a shim as (bytes, length) from Go's memory (no copy, no pointers

@@ -2,8 +2,10 @@ package kvrouter
 
 import (
 	"errors"
+	"math"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -208,6 +210,33 @@ func TestPinsAndSessions(t *testing.T) {
 	must(t, err)
 	if n != 1 {
 		t.Errorf("reclaimed %d sessions, want 1", n)
+	}
+}
+
+// A rank pin travels as int32_t, where negative means "no pin": a rank above math.MaxInt32
+// wrapped to a negative and ran unpinned. It is refused; MaxInt32 itself reaches the library
+// (an unregistered rank: ErrNotFound).
+func TestRankPinsOutOfRange(t *testing.T) {
+	r := newTestRouter(t, 2)
+	must(t, r.UpdateWorker(WorkerConfig{WorkerID: 2, DPSize: 2}))
+	p := prompt(48, 1)
+	for _, rank := range []uint32{math.MaxInt32 + 1, math.MaxUint32} {
+		_, err := r.PreviewRoute(p, nil, &RoutingHints{WorkerID: Ptr(uint64(2)), DPRank: Ptr(rank)})
+		wantCode(t, err, ErrInvalidArgument)
+		if !strings.Contains(err.Error(), "RoutingHints.DPRank") {
+			t.Errorf("DPRank %d: %v does not name the field", rank, err)
+		}
+		_, err = r.PlanRoute(p, &RequestOptions{RequestID: "a"}, &RoutingHints{Phase: PhasePrefill,
+			PrefillWorkerID: Ptr(uint64(2)), PrefillDPRank: Ptr(rank)}, nil)
+		wantCode(t, err, ErrInvalidArgument)
+		if !strings.Contains(err.Error(), "RoutingHints.PrefillDPRank") {
+			t.Errorf("PrefillDPRank %d: %v does not name the field", rank, err)
+		}
+	}
+	_, err := r.PreviewRoute(p, nil, &RoutingHints{WorkerID: Ptr(uint64(2)), DPRank: Ptr(uint32(math.MaxInt32))})
+	wantCode(t, err, ErrNotFound)
+	if m, _ := r.Metrics(); m.RequestsActive != 0 {
+		t.Errorf("a refused plan booked: %d active", m.RequestsActive)
 	}
 }
 

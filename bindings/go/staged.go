@@ -15,7 +15,8 @@ import (
 // RoutingHints say where a request may or should run. Pins by phase: aggregated: WorkerID /
 // DPRank; prefill: PrefillWorkerID (else WorkerID) with PrefillDPRank (else DPRank); decode:
 // DecodeWorkerID (else WorkerID) with DPRank. A pin without a rank takes the best of the
-// worker's ranks. Nil pins mean no pin; the zero value (or nil) is no hint at all.
+// worker's ranks. Nil pins mean no pin; the zero value (or nil) is no hint at all. A rank pin
+// travels as the ABI's int32_t: one above math.MaxInt32 is refused (ErrInvalidArgument).
 type RoutingHints struct {
 	Phase           Phase
 	WorkerID        *uint64
@@ -49,10 +50,10 @@ func (h *RoutingHints) toC(a *args) *C.kvr_routing_hints {
 		m.DecodeWorkerID = *h.DecodeWorkerID
 	}
 	if h.DPRank != nil {
-		m.DPRank = int32(*h.DPRank)
+		m.DPRank = a.rank("RoutingHints.DPRank", *h.DPRank)
 	}
 	if h.PrefillDPRank != nil {
-		m.PrefillDPRank = int32(*h.PrefillDPRank)
+		m.PrefillDPRank = a.rank("RoutingHints.PrefillDPRank", *h.PrefillDPRank)
 	}
 	m.SessionMode = h.SessionMode
 	if h.SessionTTL != 0 {
