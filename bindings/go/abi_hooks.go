@@ -2,6 +2,11 @@
 
 package kvrouter
 
+/*
+#include "kvrouter.h"
+*/
+import "C"
+
 import "unsafe"
 
 // Helpers for the package's tests (abi_test.go), which cannot use cgo themselves: they pass
@@ -66,4 +71,21 @@ func initHelpers() map[string]sizedInit {
 		"kvr_jetstream_source": initSized(initJetstreamSource),
 		"kvr_ingest_stats":     initSized(initIngestStats),
 	}
+}
+
+// fillGrowingFake runs fillGrowing over a fake call instead of the library's: answer(call) is
+// the length the call-th call (from 1) needs, and the call says KVR_BUFFER_TOO_SMALL when that is
+// more than the room it was given. It returns the length filled, the room each call was given,
+// and fillGrowing's error.
+func fillGrowingFake(capHint int, answer func(call int) int) (int, []int, error) {
+	var caps []int
+	buf, err := fillGrowing(capHint, func(p *C.uint64_t, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
+		caps = append(caps, int(cap))
+		*n = C.size_t(answer(len(caps)))
+		if *n > cap {
+			return C.KVR_BUFFER_TOO_SMALL
+		}
+		return C.KVR_OK
+	})
+	return len(buf), caps, err
 }

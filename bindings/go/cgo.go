@@ -253,13 +253,20 @@ func (h *handlePtr) load() unsafe.Pointer                 { return atomic.LoadPo
 func (h *handlePtr) store(p unsafe.Pointer)               { atomic.StorePointer(&h.p, p) }
 func (h *handlePtr) swap(p unsafe.Pointer) unsafe.Pointer { return atomic.SwapPointer(&h.p, p) }
 
+// growRetries bounds fillGrowing's retries on KVR_BUFFER_TOO_SMALL: an answer that grows
+// between the calls (workers added while a per-rank query runs, sources while the ingest's
+// metrics are read) must not keep the caller retrying forever.
+const growRetries = 4
+
 // fillGrowing runs a call that fills a caller buffer (kvr_* with `out, cap, *len`), starting
-// with capHint elements and growing to the size the library asks for on KVR_BUFFER_TOO_SMALL.
-// It returns the filled part.
+// with capHint elements and growing on KVR_BUFFER_TOO_SMALL: the first time to the size the
+// library asks for, then (the answer grew between the calls) with headroom (growTo). After
+// growRetries retries it returns the last call's error (ErrBufferTooSmall). It returns the
+// filled part.
 func fillGrowing[T any](capHint int,
 	call func(out *T, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status) ([]T, error) {
 	buf := make([]T, capHint)
-	for {
+	for retries := 0; ; retries++ {
 		var n C.size_t
 		var cerr *C.kvr_error
 		var p *T
@@ -267,9 +274,9 @@ func fillGrowing[T any](capHint int,
 			p = &buf[0]
 		}
 		st := call(p, C.size_t(len(buf)), &n, &cerr)
-		if st == C.KVR_BUFFER_TOO_SMALL && int(n) > len(buf) {
+		if st == C.KVR_BUFFER_TOO_SMALL && int(n) > len(buf) && retries < growRetries {
 			C.kvr_error_free(cerr)
-			buf = make([]T, int(n))
+			buf = make([]T, growTo(int(n), retries))
 			continue
 		}
 		if err := takeError(st, cerr); err != nil {
@@ -277,6 +284,16 @@ func fillGrowing[T any](capHint int,
 		}
 		return buf[:n], nil
 	}
+}
+
+// growTo is the size of fillGrowing's next buffer when the library needs need elements, after
+// retries retries: need itself at first (the hint was short), then a quarter more and 16 (the
+// answer grew since the last call, and may grow again).
+func growTo(need, retries int) int {
+	if retries == 0 {
+		return need
+	}
+	return need + need/4 + 16
 }
 
 // cText is a NUL-terminated C string filled by the library, without its NUL.
