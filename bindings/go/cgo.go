@@ -232,9 +232,20 @@ func flagIf(b bool, flag uint32) uint32 {
 // seconds converts a C duration in seconds to a time.Duration.
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// ceilMillis is d in whole milliseconds, rounded up (d > 0).
+// ceilMillis is d in whole milliseconds, rounded up (d > 0). (Adding a millisecond less a
+// nanosecond before dividing would overflow for d near math.MaxInt64.)
 func ceilMillis(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
+}
+
+// millis32 is ceilMillis(d) for a uint32_t field of milliseconds (d > 0), at most
+// math.MaxUint32 (about 49.7 days): a longer d is that, rather than wrapping to a short one.
+func millis32(d time.Duration) uint32 {
+	return uint32(min(ceilMillis(d), math.MaxUint32))
 }
 
 func u64Ptr(s []uint64) *C.uint64_t {

@@ -1,8 +1,10 @@
 package kvrouter
 
 import (
+	"math"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // fillGrowing retries a call that says its buffer was too small, but not forever: an answer
@@ -39,4 +41,44 @@ func wantStatus(t *testing.T, err error, code Status) {
 	if StatusOf(err) != code {
 		t.Fatalf("got %v, want %v", err, code)
 	}
+}
+
+// Durations become whole milliseconds rounded up, without overflowing near math.MaxInt64
+// (adding a millisecond first wrapped to a negative count), and a uint32_t field of
+// milliseconds takes at most its range instead of wrapping to a short timeout.
+func TestDurationsToMillis(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want int64
+	}{
+		{1, 1}, {time.Millisecond, 1}, {time.Millisecond + 1, 2}, {1500 * time.Microsecond, 2},
+		{math.MaxInt64, math.MaxInt64/int64(time.Millisecond) + 1},
+		{math.MaxInt64 - math.MaxInt64%time.Millisecond, math.MaxInt64 / int64(time.Millisecond)},
+	} {
+		if got := ceilMillis(c.d); got != c.want {
+			t.Errorf("ceilMillis(%d) = %d, want %d", int64(c.d), got, c.want)
+		}
+	}
+	// QueueTimeout is an int64_t of milliseconds: the longest duration is a long wait, not a
+	// negative one.
+	q := loaded((&RequestOptions{QueueTimeout: math.MaxInt64}).toC(new(args)), (*cRequestOptions).load)
+	if q.QueueTimeoutMs != math.MaxInt64/int64(time.Millisecond)+1 {
+		t.Errorf("QueueTimeout MaxInt64: %d ms", q.QueueTimeoutMs)
+	}
+	// ReplayTimeout is a uint32_t of milliseconds: 50 days wrapped to about 7 hours.
+	for _, d := range []time.Duration{50 * 24 * time.Hour, math.MaxInt64} {
+		m := loaded((&IngestOptions{ReplayTimeout: d}).toC(), (*cIngestOptions).load)
+		if m.ReplayTimeoutMs != math.MaxUint32 {
+			t.Errorf("ReplayTimeout %v: %d ms, want %d", d, m.ReplayTimeoutMs, uint32(math.MaxUint32))
+		}
+	}
+	m := loaded((&IngestOptions{ReplayTimeout: 1500 * time.Microsecond}).toC(), (*cIngestOptions).load)
+	if m.ReplayTimeoutMs != 2 {
+		t.Errorf("ReplayTimeout 1.5 ms: %d ms", m.ReplayTimeoutMs)
+	}
+	// The longest replay timeout is one the library takes.
+	r := newTestRouter(t, 1)
+	in, err := NewIngest(r, &IngestOptions{ReplayTimeout: math.MaxInt64})
+	must(t, err)
+	must(t, in.Close())
 }

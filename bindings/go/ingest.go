@@ -8,7 +8,6 @@ package kvrouter
 import "C"
 
 import (
-	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -17,8 +16,11 @@ import (
 
 // IngestOptions configure an Ingest. The zero value (or nil) is every default.
 type IngestOptions struct {
-	MaxFrameBytes uint32        // largest stream frame accepted; 0 = the default (and maximum) 64 MiB
-	ReplayTimeout time.Duration // a vLLM replay taking longer falls back to clearing; 0 = 2 s
+	MaxFrameBytes uint32 // largest stream frame accepted; 0 = the default (and maximum) 64 MiB
+	// ReplayTimeout: a vLLM replay taking longer falls back to clearing; 0 (or negative) = 2 s.
+	// Whole milliseconds rounded up, at most 2^32-1 ms (about 49.7 days, the C field's range):
+	// a longer timeout is that.
+	ReplayTimeout time.Duration
 	// Replica liveness for SyncReplicas (docs/replicas.md): a heartbeat is published every
 	// ReplicaHeartbeat (0 = 1 s; negative = none), and the bookings of a replica silent for
 	// ReplicaTimeout are dropped (0 = 10 s; negative = never). At most 1 h each (rounded up to
@@ -39,7 +41,7 @@ func (o *IngestOptions) toC() *C.kvr_ingest_options {
 		m.MaxFrameBytes = o.MaxFrameBytes
 	}
 	if o.ReplayTimeout > 0 {
-		m.ReplayTimeoutMs = uint32(ceilMillis(o.ReplayTimeout))
+		m.ReplayTimeoutMs = millis32(o.ReplayTimeout)
 	}
 	m.ReplicaHeartbeatMs = optionalMillis(o.ReplicaHeartbeat, m.ReplicaHeartbeatMs)
 	m.ReplicaTimeoutMs = optionalMillis(o.ReplicaTimeout, m.ReplicaTimeoutMs)
@@ -56,7 +58,7 @@ func optionalMillis(d time.Duration, def uint32) uint32 {
 	case d < 0:
 		return 0
 	}
-	return uint32(min(ceilMillis(d), math.MaxUint32))
+	return millis32(d)
 }
 
 // Ingest receives KV events from its sources on one event-loop thread of its own and applies
