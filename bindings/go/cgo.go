@@ -13,6 +13,14 @@ package kvrouter
 #cgo !kvrouter_static pkg-config: kvrouter
 #cgo kvrouter_static pkg-config: --static kvrouter
 #cgo kvrouter_static LDFLAGS: -l:libkvrouter.a -Wl,--as-needed
+
+// The binding needs a 64-bit platform: its struct mirrors (abi_gen.go) have LP64's layouts and
+// it passes lengths as 64-bit counts. A 32-bit target stops here, before anything else
+// (arch32.go stops a build of it without cgo).
+#if !defined(__SIZEOF_POINTER__) || __SIZEOF_POINTER__ != 8
+#error "kvrouter Go binding: needs a 64-bit platform (GOARCH amd64, arm64, ppc64le, s390x, riscv64, ...); this target's pointers are not 8 bytes"
+#endif
+
 #include <stdlib.h>
 #include "kvrouter.h"
 
