@@ -263,14 +263,94 @@ func u64Ptr(s []uint64) *C.uint64_t {
 	return (*C.uint64_t)(unsafe.Pointer(&s[0]))
 }
 
-// handlePtr holds a C handle, read and cleared atomically so that a Close racing another
-// Close, or a method running on a closed handle, sees either the handle or nil. (cgo's
-// incomplete struct types cannot instantiate atomic.Pointer.)
-type handlePtr struct{ p unsafe.Pointer }
+// handlePtr holds a C handle and counts its uses, so that Close never frees it under a call in
+// flight (the C library's _free must not overlap any other call on the object). Every method
+// takes the handle with acquire and gives it back with release (deferred); Close (close) marks
+// it closed, after which acquire answers nil (ErrClosed), and the handle is freed by whichever
+// comes last: Close, when no call is in flight, or else the release of the last call in flight.
+// A Router or Disagg also counts in it the Ingests feeding it, which Close refuses to outlive.
+//
+// The count is one atomic word: a routing call costs a compare-and-swap and an add on it, a few
+// nanoseconds beside the call's own locks. (A sync.RWMutex that Close would lock could deadlock:
+// a request waiting in the admission queue holds its read lock until a FreeRequest admits it,
+// and a waiting writer keeps that FreeRequest from taking its own.)
+type handlePtr struct {
+	p     unsafe.Pointer // set by open, before the handle is shared, and never changed
+	state atomic.Uint64  // handleClosed | feeds × handleFeed | references (handleRefs)
+}
 
-func (h *handlePtr) load() unsafe.Pointer                 { return atomic.LoadPointer(&h.p) }
-func (h *handlePtr) store(p unsafe.Pointer)               { atomic.StorePointer(&h.p, p) }
-func (h *handlePtr) swap(p unsafe.Pointer) unsafe.Pointer { return atomic.SwapPointer(&h.p, p) }
+const (
+	handleClosed = 1 << 63
+	handleFeed   = 1 << 32        // one open Ingest feeding the Router or Disagg
+	handleRefs   = handleFeed - 1 // the handle's own reference (until Close) + the calls in flight
+	handleFeeds  = handleClosed - handleFeed
+)
+
+// open sets the C handle of a new object, holding the object's own reference.
+func (h *handlePtr) open(p unsafe.Pointer) {
+	h.p = p
+	h.state.Store(1)
+}
+
+// acquire returns the C handle for one call, to give back with release, or nil once the handle
+// is closed (or was never opened).
+func (h *handlePtr) acquire() unsafe.Pointer {
+	for {
+		s := h.state.Load()
+		if s&handleClosed != 0 || s&handleRefs == 0 {
+			return nil
+		}
+		if h.state.CompareAndSwap(s, s+1) {
+			return h.p
+		}
+	}
+}
+
+// release ends a call begun by acquire. It reports whether the caller must free the handle:
+// it was closed and this was the last call in flight.
+func (h *handlePtr) release() bool {
+	return h.state.Add(^uint64(0)) == handleClosed
+}
+
+// close marks the handle closed and drops its own reference. It reports whether the caller must
+// free the handle now (no call in flight: otherwise the last one's release frees it), and
+// whether it refused because an Ingest feeds the object (fed; the handle stays open). A handle
+// closed before (or never opened) is neither.
+func (h *handlePtr) close() (free, fed bool) {
+	for {
+		s := h.state.Load()
+		if s&handleClosed != 0 || s&handleRefs == 0 {
+			return false, false
+		}
+		if s&handleFeeds != 0 {
+			return false, true
+		}
+		if h.state.CompareAndSwap(s, (s|handleClosed)-1) {
+			return s-1 == 0, false
+		}
+	}
+}
+
+// addFeed counts an Ingest feeding the object (the caller holds a reference); false once the
+// object is closing (the Ingest must not be made).
+func (h *handlePtr) addFeed() bool {
+	for {
+		s := h.state.Load()
+		if s&handleClosed != 0 || s&handleRefs == 0 {
+			return false
+		}
+		if h.state.CompareAndSwap(s, s+handleFeed) {
+			return true
+		}
+	}
+}
+
+// dropFeed ends what addFeed counted (an Ingest freed, or never made). The object cannot be
+// closed while it is counted, so this never frees it.
+func (h *handlePtr) dropFeed() { h.state.Add(^uint64(handleFeed - 1)) }
+
+// closed reports whether the handle is closed and freed (closed, no call in flight).
+func (h *handlePtr) closed() bool { return h.state.Load() == handleClosed }
 
 // growRetries bounds fillGrowing's retries on KVR_BUFFER_TOO_SMALL: an answer that grows
 // between the calls (workers added while a per-rank query runs, sources while the ingest's

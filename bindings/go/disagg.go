@@ -9,7 +9,6 @@ import "C"
 
 import (
 	"runtime"
-	"sync/atomic"
 	"unsafe"
 )
 
@@ -81,12 +80,12 @@ func (o *DisaggOptions) toC() *C.kvr_disagg_options {
 
 // Disagg holds a prefill pool and a decode pool, each a full Router (PrefillRouter,
 // DecodeRouter: add workers, apply KV events, mark and free requests there). Like a Router it
-// is internally synchronised, except Close.
+// is internally synchronised, Close included.
 type Disagg struct {
 	// The pool Routers point back at the Disagg (keeping it alive); the Disagg does not point
-	// at them, so no cycle keeps its finalizer from running.
-	ptr     handlePtr
-	ingests atomic.Int32 // open Ingests feeding either pool
+	// at them, so no cycle keeps its finalizer from running. ptr counts the calls in flight on
+	// the Disagg and its pools, and the open Ingests feeding either pool.
+	ptr handlePtr
 	// The pools' replica publish callbacks, released with the pools (Close, or the finalizer).
 	prefillReplica, decodeReplica replicaSlot
 }
@@ -104,27 +103,36 @@ func NewDisagg(prefill, decode *RouterOptions, opts *DisaggOptions) (*Disagg, er
 		return nil, err
 	}
 	d := &Disagg{}
-	d.ptr.store(unsafe.Pointer(out))
+	d.ptr.open(unsafe.Pointer(out))
 	runtime.SetFinalizer(d, (*Disagg).Close)
 	return d, nil
 }
 
-// Close frees both pools, and releases their replica publish callbacks; idempotent. Their Routers then return ErrClosed. Like Router.Close
-// it must not run concurrently with other calls, and refuses while an Ingest feeds a pool.
+// Close frees both pools, and releases their replica publish callbacks; idempotent. Their
+// Routers then return ErrClosed. Like Router.Close it may run concurrently with other calls
+// (on the Disagg or its pools: the pools are freed when the last call in flight returns), and
+// refuses while an Ingest feeds a pool.
 func (d *Disagg) Close() error {
 	if d == nil {
 		return nil
 	}
-	if d.ingests.Load() > 0 {
+	free, fed := d.ptr.close()
+	if fed {
 		return newError(ErrFailedPrecondition, "an Ingest feeding a pool of this Disagg is open: close it first")
 	}
-	if p := (*C.kvr_disagg)(d.ptr.swap(nil)); p != nil {
-		runtime.SetFinalizer(d, nil)
-		C.kvr_disagg_free(p)
-		d.prefillReplica.release()
-		d.decodeReplica.release()
+	if free {
+		d.free()
 	}
 	return nil
+}
+
+// free frees both pools, closed and with no call in flight, and releases their replica
+// publish callbacks.
+func (d *Disagg) free() {
+	runtime.SetFinalizer(d, nil)
+	C.kvr_disagg_free((*C.kvr_disagg)(d.ptr.p))
+	d.prefillReplica.release()
+	d.decodeReplica.release()
 }
 
 // PrefillRouter returns the prefill pool's router, which belongs to d: its Close does nothing,
@@ -139,12 +147,13 @@ func (d *Disagg) DecodeRouter() *Router {
 }
 
 func (d *Disagg) pool(replica *replicaSlot, get func(*C.kvr_disagg) *C.kvr_router) *Router {
-	h := d.handle()
+	h := d.acquire()
 	if h == nil {
 		return nil
 	}
+	defer d.release()
 	r := &Router{owner: d, replica: replica}
-	r.ptr.store(unsafe.Pointer(get(h)))
+	r.ptr.p = unsafe.Pointer(get(h)) // not opened: d.ptr counts the pool's calls
 	runtime.KeepAlive(d)
 	return r
 }
@@ -164,10 +173,11 @@ type PrefillResult struct {
 // RoutePrefill decides where the prompt is prefilled and, when remote, selects and books a
 // prefill rank under opts.RequestID. Prefill pins from hints apply.
 func (d *Disagg) RoutePrefill(tokens []uint32, opts *RequestOptions, hints *RoutingHints) (PrefillResult, error) {
-	h := d.handle()
+	h := d.acquire()
 	if h == nil {
 		return PrefillResult{}, ErrClosed
 	}
+	defer d.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return PrefillResult{}, err
@@ -206,10 +216,11 @@ func prefillResultFrom(m *cPrefillResult) PrefillResult {
 // prefill the decode overrides are forced (overlap credit 0, no KV reuse, no prefill
 // tracking); every other override is kept. Decode pins from hints apply.
 func (d *Disagg) RouteDecode(tokens []uint32, opts *RequestOptions, hints *RoutingHints, remotePrefill bool) (RouteSignals, error) {
-	h := d.handle()
+	h := d.acquire()
 	if h == nil {
 		return RouteSignals{}, ErrClosed
 	}
+	defer d.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return RouteSignals{}, err
@@ -238,10 +249,11 @@ func (d *Disagg) RouteDecode(tokens []uint32, opts *RequestOptions, hints *Routi
 // PrefillWorkerBusy is advisory: would the prefill rank chosen now (a preview) carry more than
 // threshold × max_num_batched_tokens prefill tokens? No eligible rank counts as busy.
 func (d *Disagg) PrefillWorkerBusy(tokens []uint32, opts *RequestOptions, threshold float64) (bool, error) {
-	h := d.handle()
+	h := d.acquire()
 	if h == nil {
 		return false, ErrClosed
 	}
+	defer d.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return false, err
@@ -262,9 +274,19 @@ func (d *Disagg) PrefillWorkerBusy(tokens []uint32, opts *RequestOptions, thresh
 	return busy != 0, nil
 }
 
-func (d *Disagg) handle() *C.kvr_disagg {
+// acquire returns the C object for one call (on the Disagg or a pool), to give back with
+// release (deferred), or nil once closed.
+func (d *Disagg) acquire() *C.kvr_disagg {
 	if d == nil {
 		return nil
 	}
-	return (*C.kvr_disagg)(d.ptr.load())
+	return (*C.kvr_disagg)(d.ptr.acquire())
+}
+
+// release ends a call begun by acquire, freeing the pools if they were closed meanwhile and
+// this was the last call in flight.
+func (d *Disagg) release() {
+	if d.ptr.release() {
+		d.free()
+	}
 }

@@ -126,10 +126,11 @@ func (e *RemovedEvent) toC(a *args) *C.kvr_removed_event {
 // metrics, while the part Dynamo applies despite it is applied. ErrFailedPrecondition in
 // approximate mode. Events of unregistered workers are indexed all the same.
 func (r *Router) ApplyStored(e *StoredEvent) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	var a args
 	defer a.release()
 	ce, err := e.toC(&a)
@@ -144,10 +145,11 @@ func (r *Router) ApplyStored(e *StoredEvent) error {
 
 // ApplyRemoved applies one removed event (errors as ApplyStored).
 func (r *Router) ApplyRemoved(e *RemovedEvent) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	if e == nil {
 		return newError(ErrInvalidArgument, "event is nil")
 	}
@@ -162,10 +164,11 @@ func (r *Router) ApplyRemoved(e *RemovedEvent) error {
 // ApplyCleared says the rank (workerID, dpRank) lost every block; the worker's other ranks
 // keep theirs (each rank has a cache of its own). RemoveWorker forgets every rank.
 func (r *Router) ApplyCleared(workerID uint64, dpRank uint32, eventID uint64) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	var cerr *C.kvr_error
 	st := C.kvr_router_apply_cleared(h, C.uint64_t(workerID), C.uint32_t(dpRank),
 		C.uint64_t(eventID), &cerr)
@@ -178,10 +181,11 @@ func (r *Router) ApplyCleared(workerID uint64, dpRank uint32, eventID uint64) er
 // (ErrInvalidArgument); events the index rejects do not stop the others, and the first
 // rejection is returned.
 func (r *Router) ApplyEventBatch(data []byte) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	p, n := bytesPtr(data)
 	var cerr *C.kvr_error
 	st := C.kvr_router_apply_event_batch(h, p, n, &cerr)

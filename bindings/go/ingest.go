@@ -66,12 +66,11 @@ func optionalMillis(d time.Duration, def uint32) uint32 {
 // NATS subscriptions (SubscribeNATS), JetStream streams (SubscribeJetStream) and vLLM / SGLang
 // ZMQ publishers (AddEngineWorker); they may be added before or after Start (RelayJetStream
 // republishes what they change into a JetStream stream). Its methods may be called from any
-// goroutine concurrently, except Close, which must not run concurrently with other calls on
-// the Ingest (Stop may: it is the way to end ingestion while other goroutines still use the
-// object).
+// goroutine concurrently, Close included (see Close; Stop is the way to end ingestion while
+// other goroutines still use the object).
 type Ingest struct {
-	ptr    handlePtr
-	router *Router // kept reachable: the router must outlive the ingest object
+	ptr    handlePtr // the C object, with the calls in flight
+	router *Router   // kept reachable: the router must outlive the ingest object
 	// natsMu keeps Stop and Close from running during a SubscribeNATS, SubscribeJetStream or
 	// RelayJetStream, whose round trips run on the caller's thread (the one exclusion the header
 	// states besides the free). Those calls share it; nothing else takes it.
@@ -84,54 +83,79 @@ func NewIngest(router *Router, opts *IngestOptions) (*Ingest, error) {
 	if err := CheckVersion(); err != nil {
 		return nil, err
 	}
-	h := router.handle()
+	h := router.acquire()
 	if h == nil {
+		return nil, ErrClosed
+	}
+	defer router.release()
+	// Counted before it exists, so that a Router.Close racing this either refuses or is seen
+	// here (ErrClosed): the router must outlive the ingest object.
+	fed := router.fed()
+	if !fed.addFeed() {
 		return nil, ErrClosed
 	}
 	var out *C.kvr_ingest
 	var cerr *C.kvr_error
 	st := C.kvr_ingest_new(h, opts.toC(), &out, &cerr)
-	runtime.KeepAlive(router)
 	if err := takeError(st, cerr); err != nil {
+		fed.dropFeed()
 		return nil, err
 	}
 	in := &Ingest{router: router}
-	in.ptr.store(unsafe.Pointer(out))
-	router.feeds().Add(1)
+	in.ptr.open(unsafe.Pointer(out))
 	runtime.SetFinalizer(in, (*Ingest).Close)
 	return in, nil
 }
 
 // Close stops the loop if needed (closing every source and joining the thread) and frees the
-// object; idempotent. Always returns nil.
+// object; idempotent. Always returns nil. It may run concurrently with other calls: it waits
+// for a SubscribeNATS, SubscribeJetStream or RelayJetStream in progress, the other calls begun
+// before it finish on the object, which is freed when the last of them returns, and every call
+// begun after it returns ErrClosed.
 func (in *Ingest) Close() error {
 	if in == nil {
 		return nil
 	}
 	in.natsMu.Lock()
 	defer in.natsMu.Unlock()
-	if p := (*C.kvr_ingest)(in.ptr.swap(nil)); p != nil {
-		runtime.SetFinalizer(in, nil)
-		C.kvr_ingest_free(p)
-		in.router.feeds().Add(-1)
+	if free, _ := in.ptr.close(); free {
+		in.free()
 	}
 	return nil
 }
 
-// handle returns the C object, or nil once closed.
-func (in *Ingest) handle() *C.kvr_ingest {
+// free stops and frees the C object, closed and with no call in flight; the router is then
+// no longer fed by it.
+func (in *Ingest) free() {
+	runtime.SetFinalizer(in, nil)
+	C.kvr_ingest_free((*C.kvr_ingest)(in.ptr.p))
+	in.router.fed().dropFeed()
+}
+
+// acquire returns the C object for one call, to give back with release (deferred), or nil
+// once closed.
+func (in *Ingest) acquire() *C.kvr_ingest {
 	if in == nil {
 		return nil
 	}
-	return (*C.kvr_ingest)(in.ptr.load())
+	return (*C.kvr_ingest)(in.ptr.acquire())
+}
+
+// release ends a call begun by acquire, freeing the object if it was closed meanwhile and this
+// was the last call in flight.
+func (in *Ingest) release() {
+	if in.ptr.release() {
+		in.free()
+	}
 }
 
 // Start starts the loop thread. ErrFailedPrecondition if started or stopped before.
 func (in *Ingest) Start() error {
-	h := in.handle()
+	h := in.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer in.release()
 	defer runtime.KeepAlive(in)
 	var cerr *C.kvr_error
 	return takeError(C.kvr_ingest_start(h, &cerr), cerr)
@@ -145,10 +169,11 @@ func (in *Ingest) Stop() error {
 	}
 	in.natsMu.Lock()
 	defer in.natsMu.Unlock()
-	h := in.handle()
+	h := in.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer in.release()
 	var cerr *C.kvr_error
 	err := takeError(C.kvr_ingest_stop(h, &cerr), cerr)
 	runtime.KeepAlive(in)
@@ -159,10 +184,11 @@ func (in *Ingest) Stop() error {
 // "tcp://HOST:PORT" (PORT 0 = a free port) or "unix://PATH", and returns the source's id (for
 // Stats) and the endpoint actually bound. ErrUnavailable if the address cannot be bound.
 func (in *Ingest) Listen(endpoint string) (sourceID uint64, bound string, err error) {
-	h := in.handle()
+	h := in.acquire()
 	if h == nil {
 		return 0, "", ErrClosed
 	}
+	defer in.release()
 	defer runtime.KeepAlive(in)
 	var a args
 	defer a.release()
@@ -185,10 +211,11 @@ func (in *Ingest) Listen(endpoint string) (sourceID uint64, bound string, err er
 // SourceEndpoint returns where a source is: a listener's bound endpoint (with its real port),
 // an engine worker's endpoint, a NATS server's url. ErrNotFound for an unknown id.
 func (in *Ingest) SourceEndpoint(sourceID uint64) (string, error) {
-	h := in.handle()
+	h := in.acquire()
 	if h == nil {
 		return "", ErrClosed
 	}
+	defer in.release()
 	defer runtime.KeepAlive(in)
 	text, err := fillGrowing(128, func(p *C.char, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_ingest_source_endpoint(h, C.uint64_t(sourceID), p, cap, n, cerr)
@@ -254,10 +281,11 @@ type sourceCall func(h *C.kvr_ingest, id *C.uint64_t, cerr **C.kvr_error) C.kvr_
 // them if one cannot go to C (args.err), else makes the call prepare returns, and returns the
 // source's id.
 func (in *Ingest) addSource(prepare func(a *args) sourceCall) (uint64, error) {
-	h := in.handle()
+	h := in.acquire()
 	if h == nil {
 		return 0, ErrClosed
 	}
+	defer in.release()
 	defer runtime.KeepAlive(in)
 	var a args
 	defer a.release()
@@ -276,10 +304,11 @@ func (in *Ingest) addSource(prepare func(a *args) sourceCall) (uint64, error) {
 // RemoveEngineWorker unsubscribes; clearIndex also drops the worker's entries from the index.
 // ErrNotFound for an unknown id.
 func (in *Ingest) RemoveEngineWorker(workerID uint64, clearIndex bool) error {
-	h := in.handle()
+	h := in.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer in.release()
 	defer runtime.KeepAlive(in)
 	clear := C.int(0)
 	if clearIndex {
@@ -467,10 +496,11 @@ func text(chars []int8) string {
 // Stats returns a source's counters; sourceID 0 sums every source (removed ones included).
 // ErrNotFound for an unknown id.
 func (in *Ingest) Stats(sourceID uint64) (IngestStats, error) {
-	h := in.handle()
+	h := in.acquire()
 	if h == nil {
 		return IngestStats{}, ErrClosed
 	}
+	defer in.release()
 	defer runtime.KeepAlive(in)
 	var c C.kvr_ingest_stats
 	initIngestStats(&c)

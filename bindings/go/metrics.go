@@ -15,10 +15,11 @@ import (
 // Snapshot returns the whole KV index as a FlatBuffers IndexSnapshot
 // (schema/index_snapshot.fbs), for a warm restart or a new replica.
 func (r *Router) Snapshot() ([]byte, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return nil, ErrClosed
 	}
+	defer r.release()
 	var buf *C.kvr_buffer
 	var cerr *C.kvr_error
 	st := C.kvr_router_snapshot(h, &buf, &cerr)
@@ -34,10 +35,11 @@ func (r *Router) Snapshot() ([]byte, error) {
 // that). A buffer that fails verification, or one of another block size,
 // changes nothing (ErrInvalidArgument).
 func (r *Router) Restore(snapshot []byte) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	p, n := bytesPtr(snapshot)
 	var cerr *C.kvr_error
 	st := C.kvr_router_restore(h, p, n, &cerr)
@@ -107,10 +109,11 @@ type LatencyHistogram struct {
 
 // Metrics returns the router's counters.
 func (r *Router) Metrics() (Metrics, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return Metrics{}, ErrClosed
 	}
+	defer r.release()
 	var c C.kvr_metrics
 	initMetrics(&c)
 	var cerr *C.kvr_error
@@ -170,10 +173,11 @@ func (r *Router) MetricsPrometheus() (string, error) {
 }
 
 func (r *Router) metricsPrometheus(capHint int) (string, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return "", ErrClosed
 	}
+	defer r.release()
 	defer runtime.KeepAlive(r)
 	text, err := fillGrowing(capHint, func(p *C.char, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_router_metrics_prometheus(h, p, cap, n, cerr)
@@ -191,10 +195,11 @@ func (in *Ingest) MetricsPrometheus() (string, error) {
 }
 
 func (in *Ingest) metricsPrometheus(capHint int) (string, error) {
-	h := in.handle()
+	h := in.acquire()
 	if h == nil {
 		return "", ErrClosed
 	}
+	defer in.release()
 	defer runtime.KeepAlive(in)
 	text, err := fillGrowing(capHint, func(p *C.char, cap C.size_t, n *C.size_t, cerr **C.kvr_error) C.kvr_status {
 		return C.kvr_ingest_metrics_prometheus(h, p, cap, n, cerr)

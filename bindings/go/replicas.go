@@ -85,10 +85,11 @@ func (s *replicaSlot) release() {
 // recovers, it ends the program, with its stack. publish must not call runtime.Goexit
 // (t.FailNow), which cannot be stopped before the library's frames.
 func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	defer runtime.KeepAlive(r)
 	var a args
 	defer a.release()
@@ -123,10 +124,11 @@ func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)
 // ignored. ErrInvalidArgument for bytes that are not a change, ErrNotFound for a worker rank
 // this router does not know, ErrAlreadyExists for a booking applied twice; nothing changes then.
 func (r *Router) ApplyReplicaEvent(data []byte) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	p, n := bytesPtr(data)
 	var cerr *C.kvr_error
 	st := C.kvr_router_apply_replica_event(h, p, n, &cerr)
@@ -143,10 +145,11 @@ func (r *Router) ApplyReplicaEvent(data []byte) error {
 // Ingest.SyncReplicas does it on a timer, the first at once (IngestOptions.ReplicaHeartbeat).
 // ErrFailedPrecondition if the router has no publisher (SetReplicaPublisher).
 func (r *Router) ReplicaHeartbeat(intervalMs uint32) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	var cerr *C.kvr_error
 	st := C.kvr_router_replica_heartbeat(h, C.uint32_t(intervalMs), &cerr)
 	runtime.KeepAlive(r)
@@ -163,10 +166,11 @@ func (r *Router) ReplicaHeartbeat(intervalMs uint32) error {
 // on a timer too. ErrInvalidArgument unless timeout > 0. Ingest.SyncReplicas does it on a
 // timer (IngestOptions.ReplicaTimeout).
 func (r *Router) ExpireReplicas(timeout time.Duration) (int, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return 0, ErrClosed
 	}
+	defer r.release()
 	var n C.size_t
 	var cerr *C.kvr_error
 	st := C.kvr_router_expire_replicas(h, C.double(timeout.Seconds()), &n, &cerr)

@@ -157,15 +157,14 @@ func (o *RouterOptions) toC() *C.kvr_router_options {
 }
 
 // Router is a KV-cache-aware router (kvr_router). It is internally synchronised: every method
-// may be called from any number of goroutines at once, except Close, which must not run
-// concurrently with any other call on the router (nor while an Ingest feeding it is open).
+// may be called from any number of goroutines at once, Close included (see Close).
 type Router struct {
+	// ptr is the C router, with the calls in flight and the open Ingests feeding it; for a pool
+	// router only the C router (its Disagg's ptr counts for it).
 	ptr handlePtr
 	// owner is set for the pool routers of a Disagg: they belong to it, Close does nothing, and
 	// they are closed with it.
 	owner *Disagg
-	// ingests counts the open Ingests feeding this router (for a pool router: its Disagg's).
-	ingests atomic.Int32
 	// replica holds the replica publish callback (SetReplicaPublisher): the Router's own, or
 	// for a pool router its Disagg's for that pool, shared by every *Router of the pool.
 	replica *replicaSlot
@@ -174,12 +173,13 @@ type Router struct {
 	rows atomic.Int32
 }
 
-// feeds returns the counter of open Ingests that Close checks.
-func (r *Router) feeds() *atomic.Int32 {
+// fed returns the handle that counts the open Ingests feeding this router, which Close
+// checks: its own, or its Disagg's for a pool router.
+func (r *Router) fed() *handlePtr {
 	if r.owner != nil {
-		return &r.owner.ingests
+		return &r.owner.ptr
 	}
-	return &r.ingests
+	return &r.ptr
 }
 
 // NewRouter creates a router. opts nil means DefaultRouterOptions().
@@ -193,7 +193,7 @@ func NewRouter(opts *RouterOptions) (*Router, error) {
 		return nil, err
 	}
 	r := &Router{replica: new(replicaSlot)}
-	r.ptr.store(unsafe.Pointer(out))
+	r.ptr.open(unsafe.Pointer(out))
 	runtime.SetFinalizer(r, (*Router).Close)
 	return r, nil
 }
@@ -206,44 +206,70 @@ func NewRouter(opts *RouterOptions) (*Router, error) {
 // first call the router reads the process's monotonic clock. ErrInvalidArgument if nanos is
 // earlier than the last time set, or would take the router's time past +-2^62 ns (146 years).
 func (r *Router) SetTime(nanos int64) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	var cerr *C.kvr_error
 	st := C.kvr_router_set_time(h, C.int64_t(nanos), &cerr)
 	runtime.KeepAlive(r)
 	return takeError(st, cerr)
 }
 
-// Close destroys the router. It is idempotent; after it every method returns ErrClosed. It
-// must not run concurrently with other calls on the router, and refuses (ErrFailedPrecondition,
-// the router staying open) while an Ingest feeding it is open. For a Disagg's pool router it does
-// nothing (close the Disagg instead).
+// Close destroys the router. It is idempotent, and may run concurrently with other calls on the
+// router: the calls begun before it finish on the router, which is freed when the last of them
+// returns (at once if none is in flight); every call begun after it returns ErrClosed. A request
+// waiting in the admission queue is not woken by Close (after it no FreeRequest can admit it):
+// bound such waits with RequestOptions.QueueTimeout, or free the requests first, or the router
+// stays allocated, and its goroutine blocked, until the wait ends. Close refuses
+// (ErrFailedPrecondition, the router staying open) while an Ingest feeding it is open. For a
+// Disagg's pool router it does nothing (close the Disagg instead).
 func (r *Router) Close() error {
 	if r == nil || r.owner != nil {
 		return nil
 	}
-	if r.ingests.Load() > 0 {
+	free, fed := r.ptr.close()
+	if fed {
 		return newError(ErrFailedPrecondition, "an Ingest feeding this router is open: close it first")
 	}
-	if p := (*C.kvr_router)(r.ptr.swap(nil)); p != nil {
-		runtime.SetFinalizer(r, nil)
-		C.kvr_router_free(p)
-		r.replica.release()
+	if free {
+		r.free()
 	}
 	return nil
 }
 
-// handle returns the C router, or nil once it (or its owning Disagg) is closed.
-func (r *Router) handle() *C.kvr_router {
+// free frees the C router, closed and with no call in flight, and releases its replica publish
+// callback (which the library no longer calls).
+func (r *Router) free() {
+	runtime.SetFinalizer(r, nil)
+	C.kvr_router_free((*C.kvr_router)(r.ptr.p))
+	r.replica.release()
+}
+
+// acquire returns the C router for one call, to give back with release (deferred), or nil once
+// it (or its owning Disagg) is closed.
+func (r *Router) acquire() *C.kvr_router {
 	if r == nil {
 		return nil
 	}
-	if r.owner != nil && r.owner.ptr.load() == nil {
-		return nil
+	if r.owner != nil {
+		if r.owner.acquire() == nil {
+			return nil
+		}
+		return (*C.kvr_router)(r.ptr.p)
 	}
-	return (*C.kvr_router)(r.ptr.load())
+	return (*C.kvr_router)(r.ptr.acquire())
+}
+
+// release ends a call begun by acquire, freeing the router (or its Disagg) if it was closed
+// meanwhile and this was the last call in flight.
+func (r *Router) release() {
+	if r.owner != nil {
+		r.owner.release()
+	} else if r.ptr.release() {
+		r.free()
+	}
 }
 
 // WorkerConfig registers a worker and its data-parallel ranks. The zero value is worker 0
@@ -277,10 +303,11 @@ func (w *WorkerConfig) toC() *C.kvr_worker_config {
 // AddWorker registers a worker: ErrAlreadyExists for a registered id, ErrInvalidArgument for
 // a block size mismatch or a bad rank range. It may admit queued requests.
 func (r *Router) AddWorker(w WorkerConfig) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	var cerr *C.kvr_error
 	st := C.kvr_router_add_worker(h, w.toC(), &cerr)
 	runtime.KeepAlive(r)
@@ -290,10 +317,11 @@ func (r *Router) AddWorker(w WorkerConfig) error {
 // UpdateWorker changes a registered worker (ErrNotFound for an unknown id). Ranks that
 // disappear lose their requests and index entries.
 func (r *Router) UpdateWorker(w WorkerConfig) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	var cerr *C.kvr_error
 	st := C.kvr_router_update_worker(h, w.toC(), &cerr)
 	runtime.KeepAlive(r)
@@ -303,10 +331,11 @@ func (r *Router) UpdateWorker(w WorkerConfig) error {
 // RemoveWorker drops the worker's ranks, active requests and index entries (ErrNotFound for an
 // unknown id).
 func (r *Router) RemoveWorker(workerID uint64) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	var cerr *C.kvr_error
 	st := C.kvr_router_remove_worker(h, C.uint64_t(workerID), &cerr)
 	runtime.KeepAlive(r)

@@ -464,10 +464,11 @@ func (r *Router) FindBestMatchCandidates(tokens []uint32, opts *RequestOptions, 
 }
 
 func (r *Router) findBestMatch(tokens []uint32, opts *RequestOptions, candidates []Candidate) (RouteResult, int, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return RouteResult{}, 0, ErrClosed
 	}
+	defer r.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return RouteResult{}, 0, err
@@ -604,10 +605,11 @@ func (r *Router) OverlapScores(tokens []uint32, opts *RequestOptions) ([]Overlap
 // local hashes (ComputeBlockHashes; what engines' KV events and Dynamo's find_matches take). Of
 // opts only the cost overrides apply (kvr_router_overlap_scores_hashed).
 func (r *Router) OverlapScoresOfHashes(localHashes []uint64, opts *RequestOptions) ([]Overlap, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return nil, ErrClosed
 	}
+	defer r.release()
 	var a args
 	defer a.release()
 	copts := opts.toC(&a)
@@ -628,10 +630,11 @@ func (r *Router) OverlapScoresOfHashes(localHashes []uint64, opts *RequestOption
 }
 
 func (r *Router) overlapScores(tokens []uint32, opts *RequestOptions, capHint int) ([]Overlap, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return nil, ErrClosed
 	}
+	defer r.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return nil, err
@@ -687,10 +690,11 @@ func (r *Router) FindMatches(localHashes []uint64) ([]Match, error) {
 }
 
 func (r *Router) findMatches(localHashes []uint64, capHint int) ([]Match, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return nil, ErrClosed
 	}
+	defer r.release()
 	hp := u64Ptr(localHashes)
 	defer runtime.KeepAlive(r)
 	defer runtime.KeepAlive(localHashes)
@@ -727,10 +731,11 @@ func (r *Router) PotentialLoads(tokens []uint32, opts *RequestOptions) ([]Potent
 }
 
 func (r *Router) potentialLoads(tokens []uint32, opts *RequestOptions, capHint int) ([]PotentialLoad, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return nil, ErrClosed
 	}
+	defer r.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return nil, err
@@ -761,10 +766,11 @@ func (r *Router) potentialLoads(tokens []uint32, opts *RequestOptions, capHint i
 // AddRequest books a request on a rank chosen elsewhere (opts.RequestID required).
 // ErrNotFound for an unregistered rank, ErrAlreadyExists for an active id.
 func (r *Router) AddRequest(tokens []uint32, workerID uint64, dpRank uint32, opts *RequestOptions) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return err
@@ -827,10 +833,11 @@ type idAnswer struct {
 // callID runs a call taking the router and one request (or session) id (op: id*), the
 // argument named field (refused if it holds a NUL byte).
 func (r *Router) callID(op int, field, id string, arg uint64) (idAnswer, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return idAnswer{}, ErrClosed
 	}
+	defer r.release()
 	var check argCheck
 	p, n := check.view(field, id)
 	if err := check.err(); err != nil {

@@ -135,10 +135,11 @@ func (s *RouteSignals) toC() *C.kvr_route_signals {
 // booking, no approximate-mode record, no session binding created or refreshed). opts and
 // hints may be nil; opts.Admit is ignored.
 func (r *Router) PreviewRoute(tokens []uint32, opts *RequestOptions, hints *RoutingHints) (RouteSignals, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return RouteSignals{}, ErrClosed
 	}
+	defer r.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return RouteSignals{}, err
@@ -165,10 +166,11 @@ func (r *Router) PreviewRoute(tokens []uint32, opts *RequestOptions, hints *Rout
 // FindBestMatch. Idempotent: planning an id with a live plan returns that plan.
 // ErrAlreadyExists for an id already active without a plan.
 func (r *Router) PlanRoute(tokens []uint32, opts *RequestOptions, hints *RoutingHints, previewed *RouteSignals) (RouteSignals, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return RouteSignals{}, ErrClosed
 	}
+	defer r.release()
 	tp, tn, err := promptArg(tokens, opts)
 	if err != nil {
 		return RouteSignals{}, err
@@ -209,10 +211,11 @@ func (r *Router) AbortRoute(requestID string) (freed bool, err error) {
 // dropped with its booking (default 30 s; applies to plans made afterwards).
 // ErrInvalidArgument unless > 0.
 func (r *Router) SetPlanDeadline(d time.Duration) error {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return ErrClosed
 	}
+	defer r.release()
 	var cerr *C.kvr_error
 	st := C.kvr_router_set_plan_deadline(h, C.double(d.Seconds()), &cerr)
 	runtime.KeepAlive(r)
@@ -221,10 +224,11 @@ func (r *Router) SetPlanDeadline(d time.Duration) error {
 
 // ExpirePlans drops the plans past their deadline now and returns how many.
 func (r *Router) ExpirePlans() (int, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return 0, ErrClosed
 	}
+	defer r.release()
 	var n C.size_t
 	var cerr *C.kvr_error
 	st := C.kvr_router_expire_plans(h, &n, &cerr)
@@ -250,10 +254,11 @@ func (r *Router) CloseSession(sessionID string) error {
 
 // ReclaimSessions drops expired session bindings now and returns how many.
 func (r *Router) ReclaimSessions() (int, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return 0, ErrClosed
 	}
+	defer r.release()
 	var n C.size_t
 	var cerr *C.kvr_error
 	st := C.kvr_router_reclaim_sessions(h, &n, &cerr)
@@ -275,10 +280,11 @@ func (r *Router) IndexDigest() (uint64, error) { return r.digest(true) }
 
 // digest is StateDigest, or IndexDigest when indexOnly.
 func (r *Router) digest(indexOnly bool) (uint64, error) {
-	h := r.handle()
+	h := r.acquire()
 	if h == nil {
 		return 0, ErrClosed
 	}
+	defer r.release()
 	var d C.uint64_t
 	var cerr *C.kvr_error
 	var st C.kvr_status

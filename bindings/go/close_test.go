@@ -1,0 +1,176 @@
+package kvrouter
+
+import (
+	"errors"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// closeDuringCalls runs call(g, i) on goroutines until each gets ErrClosed, and closes once
+// they have made about `after` calls between them (closer); every other error fails the test.
+func closeDuringCalls(t *testing.T, goroutines, after int, call func(g, i int) error, closer func() error) {
+	t.Helper()
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				calls.Add(1)
+				err := call(g, i)
+				if err == ErrClosed {
+					return
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(g)
+	}
+	for calls.Load() < int64(after) {
+		runtime.Gosched()
+	}
+	must(t, closer())
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// routingCall is one of a mix of routing calls (book and free, per-rank queries, previews,
+// metrics, events) on r, for closeDuringCalls.
+func routingCall(r *Router, p []uint32, g, i int) error {
+	id := strconv.Itoa(g) + "-" + strconv.Itoa(i)
+	var err error
+	switch i % 6 {
+	case 0, 1:
+		_, err = r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: id})
+		if err == nil {
+			err = r.FreeRequest(id)
+		}
+	case 2:
+		_, err = r.OverlapScores(p, nil)
+	case 3:
+		_, err = r.PreviewRoute(p, nil, nil)
+	case 4:
+		_, err = r.MetricsPrometheus()
+	case 5:
+		err = r.ApplyStored(storedPrefix(uint64(g%4+1), p, 1+i%4))
+		if errors.Is(err, ErrNotFound) {
+			err = nil
+		}
+	}
+	return err
+}
+
+// Close while many goroutines route, book, free and read the router: every call returns its
+// answer or ErrClosed, none runs on the freed router, and the router is freed once the last
+// call in flight has returned. (Before, Close freed the C router under the calls that had
+// loaded its handle: a use after free, which crashed this test.) The same for a Disagg closed
+// while its pool routers route.
+func TestCloseWhileRouting(t *testing.T) {
+	p := prompt(64, 1)
+	for round := 0; round < 30; round++ {
+		opts := DefaultRouterOptions()
+		opts.BlockSize = bs
+		r, err := NewRouter(&opts)
+		must(t, err)
+		for w := 1; w <= 4; w++ {
+			must(t, r.AddWorker(WorkerConfig{WorkerID: uint64(w)}))
+		}
+		closeDuringCalls(t, 8, 20+round*10, func(g, i int) error { return routingCall(r, p, g, i) }, r.Close)
+		if _, err := r.FindBestMatch(p, nil); err != ErrClosed {
+			t.Fatalf("after Close: %v", err)
+		}
+		if !r.ptr.closed() {
+			t.Fatalf("round %d: every call has returned, but the router is not freed (state %#x)", round, r.ptr.state.Load())
+		}
+	}
+	for round := 0; round < 10; round++ {
+		d, err := NewDisagg(nil, nil, nil)
+		must(t, err)
+		pools := []*Router{d.PrefillRouter(), d.DecodeRouter()}
+		for _, pool := range pools {
+			for w := 1; w <= 4; w++ {
+				must(t, pool.AddWorker(WorkerConfig{WorkerID: uint64(w)}))
+			}
+		}
+		closeDuringCalls(t, 8, 20+round*10, func(g, i int) error {
+			if i%7 == 6 {
+				_, err := d.RoutePrefill(p, &RequestOptions{RequestID: "p" + strconv.Itoa(g)}, nil)
+				if err == nil {
+					err = pools[0].FreeRequest("p" + strconv.Itoa(g))
+				}
+				return err
+			}
+			return routingCall(pools[g%2], p, g, i)
+		}, d.Close)
+		if d.PrefillRouter() != nil || !d.ptr.closed() {
+			t.Fatalf("round %d: the Disagg is not freed (state %#x)", round, d.ptr.state.Load())
+		}
+	}
+}
+
+// An Ingest closed while other goroutines read it is freed when the last call returns, and
+// then no longer holds its router open.
+func TestIngestCloseWhileInUse(t *testing.T) {
+	for round := 0; round < 10; round++ {
+		r := newTestRouter(t, 1)
+		in, err := NewIngest(r, nil)
+		must(t, err)
+		must(t, in.Start())
+		closeDuringCalls(t, 4, 20+round*10, func(g, i int) error {
+			if i%2 == 0 {
+				_, err := in.Stats(0)
+				return err
+			}
+			_, err := in.MetricsPrometheus()
+			return err
+		}, in.Close)
+		if !in.ptr.closed() {
+			t.Fatalf("round %d: the Ingest is not freed (state %#x)", round, in.ptr.state.Load())
+		}
+		must(t, r.Close())
+		if !r.ptr.closed() {
+			t.Fatalf("round %d: the router is not freed (state %#x)", round, r.ptr.state.Load())
+		}
+	}
+}
+
+// NewIngest racing Router.Close: either the Ingest is made and Close refuses, or Close
+// closes the router and NewIngest returns ErrClosed; never an Ingest on a freed router.
+func TestNewIngestRacesClose(t *testing.T) {
+	made, refused := 0, 0
+	for round := 0; round < 200; round++ {
+		r, err := NewRouter(nil)
+		must(t, err)
+		var in *Ingest
+		var newErr, closeErr error
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); in, newErr = NewIngest(r, nil) }()
+		go func() { defer wg.Done(); closeErr = r.Close() }()
+		wg.Wait()
+		switch {
+		case newErr == nil && StatusOf(closeErr) == ErrFailedPrecondition:
+			made++
+			must(t, in.Close())
+			must(t, r.Close())
+		case newErr == ErrClosed && closeErr == nil:
+			refused++
+		default:
+			t.Fatalf("round %d: NewIngest %v, Close %v", round, newErr, closeErr)
+		}
+		if !r.ptr.closed() {
+			t.Fatalf("round %d: the router is not freed (state %#x)", round, r.ptr.state.Load())
+		}
+	}
+	t.Logf("%d Ingests made first, %d refused", made, refused)
+}
