@@ -389,7 +389,7 @@ func TestEveryOptionReachesTheCStruct(t *testing.T) {
 	checkAllSet(t, "RequestOptions", rsent, initLoaded(initRequestOptions, (*cRequestOptions).load))
 	wantNames(t, "RequestOptions fields without a Go namesake", sameByName(t, "RequestOptions", rq, rsent),
 		"Flags", "MmNumBlocks", "NumAllowedWorkerIDs", "QueueTimeoutMs", "NumLocalHashes")
-	if rsent.Flags != 7 || rsent.MmNumBlocks != 2 || rsent.NumAllowedWorkerIDs != 3 || rsent.QueueTimeoutMs != 2 ||
+	if rsent.Flags != 3 || rsent.MmNumBlocks != 2 || rsent.NumAllowedWorkerIDs != 3 || rsent.QueueTimeoutMs != 2 ||
 		rsent.NumLocalHashes != 2 {
 		t.Errorf("RequestOptions: %+v", rsent)
 	}

@@ -377,9 +377,10 @@ func (o *RequestOptions) fillValues(c *C.kvr_request_options) {
 	m := o.mirror()
 	m.MmNumBlocks = uint64(len(o.MultimodalHashes))
 	m.NumAllowedWorkerIDs = uint64(len(o.AllowedWorkerIDs))
-	if o.AllowedWorkerIDs != nil {
-		// A list even when empty (then no worker is allowed); without the flag the library
-		// reads an empty list as every worker, which only nil means here.
+	if o.AllowedWorkerIDs != nil && len(o.AllowedWorkerIDs) == 0 {
+		// An empty list allows no worker; without the flag the library reads it as every
+		// worker, which only nil means here. (Only then: a non-empty list means the same
+		// without it, and so works with a 0.2 library from before the flag.)
 		m.Flags |= C.KVR_REQUEST_ALLOW_LIST
 	}
 	if o.Prehashed != nil {
