@@ -563,9 +563,10 @@ KVR_API void kvr_event_batch_clear(kvr_event_batch *batch);
 /* The prompt is given hashed, by local_hashes; the call hashes no token. Since 0.2.0. */
 #define KVR_REQUEST_PREHASHED 0x2u
 /* allowed_worker_ids is an allow-list even when num_allowed_worker_ids is 0: then no worker is
- * allowed, and a call that picks one is KVR_UNAVAILABLE. Without this flag an empty list
- * allows every worker. (A gateway that filtered a tenant's workers down to none must not route
- * on anyone's.) Since 0.2.0. */
+ * allowed, and a call that picks one is KVR_UNAVAILABLE (a pin, being outside the list,
+ * KVR_INVALID_ARGUMENT); kvr_router_potential_loads answers no row. Without this flag an empty
+ * list allows every worker. (A gateway that filtered a tenant's workers down to none must not
+ * route on anyone's.) A non-empty list means the same with or without it. Since 0.2.0. */
 #define KVR_REQUEST_ALLOW_LIST 0x4u
 
 /* Per-request options. Doubles left NaN and tri-states left -1 keep the router's setting. */
