@@ -780,6 +780,15 @@ KVR_API kvr_status kvr_router_record_output(kvr_router *router, const char *requ
 KVR_API kvr_status kvr_router_free_request(kvr_router *router, const char *request_id,
                                            kvr_error **err);
 
+/* For a shutdown: every request waiting in the admission queue is cancelled (its routing call
+ * returns KVR_CANCELLED, its async callback hears so), and from now on a request that would
+ * wait is KVR_CANCELLED at once; one admitted at once is still routed and booked, and frees
+ * work as before. A caller blocked in the queue is thus woken before its router is freed (no
+ * call may be in progress then). Final (the queue stays closed); idempotent. `*cancelled` (may
+ * be NULL): how many were waiting. Since 0.2.0. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_close_queue(kvr_router *router, uint64_t *cancelled,
+                                          kvr_error **err);
+
 /* ---- Index snapshot ----------------------------------------------------------------------- */
 
 /* The whole KV index as a FlatBuffers IndexSnapshot (schema/index_snapshot.fbs), for a warm

@@ -803,6 +803,16 @@ KVR_API kvr_status kvr_router_mark_prefill_completed(kvr_router* router, const c
   });
 }
 
+KVR_API kvr_status kvr_router_close_queue(kvr_router* router, uint64_t* cancelled,
+                                          kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    const size_t closed = router->router->CloseQueue();
+    if (cancelled != nullptr) *cancelled = closed;
+    return KVR_OK;
+  });
+}
+
 KVR_API kvr_status kvr_router_record_output(kvr_router* router, const char* request_id,
                                             uint64_t output_tokens, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {

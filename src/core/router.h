@@ -285,6 +285,10 @@ class Router {
                           RouteCallback done);
   // Takes a waiting request out of the queue; its caller gets Cancelled. False if not waiting.
   bool CancelPending(std::string_view request_id);
+  // For a shutdown: cancels every request waiting in the admission queue (its caller gets
+  // Cancelled) and, from now on, every request that would wait, at once; one admitted at once
+  // is still routed and booked. Final. Returns how many were waiting.
+  size_t CloseQueue();
 
   // Books a request on a rank chosen elsewhere (e.g. a pinned worker). Uses options.prompt,
   // overrides and expected_output_tokens. NotFound for an unknown rank.
@@ -657,6 +661,7 @@ class Router {
   WorkerRegistry registry_;
   PendingQueue<std::unique_ptr<Pending>> queue_;
   uint64_t next_ticket_ = 1;
+  bool queue_closed_ = false;  // CloseQueue: a request that would wait is cancelled
 
   // Booked requests waiting for Commit or Abort: the decision returned again when the same id
   // is planned twice, and the prepared request (hashes, session) for CommitDecisionLocked. Its

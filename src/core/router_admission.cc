@@ -23,6 +23,12 @@ using router_internal::FindMatch;
 using router_internal::IsAllowed;
 using router_internal::OverlapOf;
 
+namespace {
+absl::Status QueueClosedStatus() {
+  return absl::CancelledError("the admission queue is closed: the router is shutting down");
+}
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Admission queue (under gate_)
 
@@ -187,6 +193,10 @@ uint64_t Router::Admit(std::span<const uint32_t> tokens, const RouteOptions& opt
       return 0;
     }
     if (options.with_admission && MustWaitLocked(scratch)) {
+      if (queue_closed_) {
+        completions.push_back({std::exchange(done, nullptr), QueueClosedStatus()});
+        return 0;
+      }
       const uint64_t ticket = next_ticket_;
       EnqueueLocked(std::make_unique<Prepared>(std::move(scratch)), done);
       return ticket;
@@ -253,6 +263,23 @@ void Router::FindBestMatchAsync(std::span<const uint32_t> tokens, const RouteOpt
   } catch (const std::bad_alloc&) {
     // Submit has answered `done` with ResourceExhausted: the callback is the only answer.
   }
+}
+
+size_t Router::CloseQueue() {
+  const absl::Status closed = QueueClosedStatus();  // copied below without allocating
+  Completions completions;
+  size_t cancelled = 0;
+  {
+    std::lock_guard lock(gate_);
+    queue_closed_ = true;
+    // Every caller's place first: once out of the queue, a request must hear why.
+    completions.reserve(queue_.size());
+    for (; !queue_.empty(); ++cancelled) {
+      completions.push_back({std::move(queue_.PopFront().item->done), closed});
+    }
+  }
+  Run(completions);
+  return cancelled;
 }
 
 bool Router::CancelPending(std::string_view request_id) {

@@ -188,6 +188,41 @@ static void free_cancels_a_waiting_request(void** state) {
   assert_int_equal(1, kvt_metrics(f->router).requests_active);
 }
 
+/* A shutdown closes the queue: the waiting call returns KVR_CANCELLED (without a timeout it
+ * would have waited for good, and freeing the router under it would be a use after free), a
+ * later one that would wait too, at once; previews, a request admitted at once and frees go on.
+ * Idempotent. */
+static void closing_the_queue_cancels_its_waiters_for_good(void** state) {
+  fixture* f = (fixture*)*state;
+  waiter w;
+  pthread_t thread;
+  uint64_t cancelled = 99;
+  kvr_request_options late = kvt_admit("late");
+  kvr_request_options bypass = kvt_admit("bypass");
+  const uint64_t worker[1] = {1};
+  kvr_route_result result;
+  start_waiter(f, &w, &thread, INT64_MAX);
+  KVT_OK(kvr_router_close_queue(f->router, &cancelled, ERRP));
+  assert_int_equal(1, cancelled);
+  assert_int_equal(0, pthread_join(thread, NULL));
+  assert_int_equal(KVR_CANCELLED, w.status);
+  assert_int_equal(0, kvt_metrics(f->router).queue_pending);
+  kvr_route_result_init(&result, sizeof result);
+  KVT_EXPECT_FAILS_SAYING(KVR_CANCELLED, "the admission queue is closed",
+                          kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &late, &result,
+                                              NULL, 0, NULL, ERRP));
+  KVT_OK(
+      kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, NULL, &result, NULL, 0, NULL, ERRP));
+  bypass.allowed_worker_ids = worker; /* admitted at once: the queue does not apply */
+  bypass.num_allowed_worker_ids = 1;
+  KVT_OK(kvr_find_best_match(f->router, f->prompt, PROMPT_TOKENS, &bypass, &result, NULL, 0, NULL,
+                             ERRP));
+  assert_int_equal(1, result.booked);
+  KVT_OK(kvr_router_free_request(f->router, "busy", ERRP));
+  KVT_OK(kvr_router_close_queue(f->router, NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_close_queue(NULL, NULL, ERRP));
+}
+
 /* A timeout longer than nanoseconds can count (INT64_MAX ms: meant as "never") waits: its
  * conversion overflowed to a negative wait, which timed out at once. */
 static void a_timeout_past_any_clock_waits(void** state) {
@@ -210,6 +245,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(waiter_admitted_when_prefill_completes, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(free_cancels_a_waiting_request, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(a_timeout_past_any_clock_waits, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(closing_the_queue_cancels_its_waiters_for_good, setup,
+                                      kvt_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

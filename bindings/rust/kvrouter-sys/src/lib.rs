@@ -1324,6 +1324,17 @@ extern "C" {
         request_id: *const c_char,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
+    /// For a shutdown: every request waiting in the admission queue is cancelled (its routing call
+    /// returns KVR_CANCELLED, its async callback hears so), and from now on a request that would
+    /// wait is KVR_CANCELLED at once; one admitted at once is still routed and booked, and frees
+    /// work as before. A caller blocked in the queue is thus woken before its router is freed (no
+    /// call may be in progress then). Final (the queue stays closed); idempotent. `*cancelled` (may
+    /// be NULL): how many were waiting. Since 0.2.0. @thread_safety concurrent
+    pub fn kvr_router_close_queue(
+        router: *mut kvr_router,
+        cancelled: *mut u64,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
     /// The whole KV index as a FlatBuffers IndexSnapshot (schema/index_snapshot.fbs), for a warm
     /// restart or a new replica. KVR_RESOURCE_EXHAUSTED if it would pass 1 GiB, the most
     /// kvr_router_restore takes (since 0.2.0; before, a larger one was written and refused there,
