@@ -73,6 +73,56 @@ TEST(RouterLifecycleConcurrencyTest, StagedRoutingFromManyThreadsLeaksNothing) {
   EXPECT_LE(router.session_count(), 5u);
 }
 
+// Routes that queue from many threads while another closes the queue: every call ends (those
+// waiting cancelled, the later ones that would wait cancelled at once, the others routed), and
+// freeing what was booked leaves nothing behind (run under TSan by CI).
+TEST(RouterLifecycleConcurrencyTest, ClosingTheQueueEndsEveryWaitingCall) {
+  auto created = Router::Create(RouterOptions{.block_size = kBlockSize, .queue_threshold = 0.0});
+  ASSERT_TRUE(created.ok());
+  Router& router = **created;
+  ASSERT_TRUE(router
+                  .AddWorker(WorkerConfig{.worker_id = 1,
+                                          .dp_start = 0,
+                                          .dp_size = 1,
+                                          .total_kv_blocks = 1000,
+                                          .max_num_batched_tokens = 1,
+                                          .block_size = kBlockSize})
+                  .ok());
+  const std::vector<uint32_t> tokens(4 * kBlockSize, 7);
+  ASSERT_TRUE(router.FindBestMatch(tokens, {.with_admission = true, .request_id = "busy"}).ok());
+  constexpr int kThreads = 4;
+  constexpr int kRequests = 50;
+  std::atomic<int> cancelled = 0, routed = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRequests; ++i) {
+        const std::string id = std::to_string(t) + "-" + std::to_string(i);
+        auto decision = router.FindBestMatch(tokens, {.with_admission = true, .request_id = id});
+        if (decision.ok()) {
+          ++routed;
+          router.Free(id);
+        } else {
+          EXPECT_EQ(decision.status().code(), absl::StatusCode::kCancelled) << decision.status();
+          ++cancelled;
+        }
+      }
+    });
+  }
+  // "busy" holds the only worker: the threads' first requests wait.
+  while (router.pending_count() == 0) std::this_thread::yield();
+  const size_t closed = router.CloseQueue();
+  EXPECT_GE(closed, 1u);
+  EXPECT_LE(closed, static_cast<size_t>(kThreads));
+  router.Free("busy");  // would have admitted a waiter, had the queue been open
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(routed.load() + cancelled.load(), kThreads * kRequests);
+  EXPECT_GE(cancelled.load(), 1);
+  EXPECT_EQ(router.pending_count(), 0u);
+  EXPECT_EQ(router.active_requests(), 0u);
+  EXPECT_EQ(router.CloseQueue(), 0u);
+}
+
 // Two restores of a snapshot at once into an empty router: one loads it, the other finds the
 // index no longer empty (before, both passed the emptiness check and both applied their events,
 // answering OK twice).
