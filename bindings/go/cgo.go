@@ -265,10 +265,12 @@ func u64Ptr(s []uint64) *C.uint64_t {
 
 // handlePtr holds a C handle and counts its uses, so that Close never frees it under a call in
 // flight (the C library's _free must not overlap any other call on the object). Every method
-// takes the handle with acquire and gives it back with release (deferred); Close (close) marks
-// it closed, after which acquire answers nil (ErrClosed), and the handle is freed by whichever
-// comes last: Close, when no call is in flight, or else the release of the last call in flight.
-// A Router or Disagg also counts in it the Ingests feeding it, which Close refuses to outlive.
+// takes the handle with acquire and gives it back with release (deferred); Close takes it too,
+// marks it closed (close), after which acquire answers nil (ErrClosed), does what must precede
+// the free (a Router wakes its admission queue's waiters, an Ingest stops) and releases it; the
+// handle is freed by whichever release comes last: Close's, when no other call is in flight,
+// or else the last call in flight's. A Router or Disagg also counts in it the Ingests feeding
+// it, which Close refuses to outlive.
 //
 // The count is one atomic word: a routing call costs a compare-and-swap and an add on it, a few
 // nanoseconds beside the call's own locks. (A sync.RWMutex that Close would lock could deadlock:
@@ -312,21 +314,22 @@ func (h *handlePtr) release() bool {
 	return h.state.Add(^uint64(0)) == handleClosed
 }
 
-// close marks the handle closed and drops its own reference. It reports whether the caller must
-// free the handle now (no call in flight: otherwise the last one's release frees it), and
-// whether it refused because an Ingest feeds the object (fed; the handle stays open). A handle
-// closed before (or never opened) is neither.
-func (h *handlePtr) close() (free, fed bool) {
+// close marks the handle closed and drops its own reference. The caller holds a reference
+// (acquire), which it may still use, and gives it back with release afterwards (that release
+// frees the handle if no other call is in flight then). It reports whether this call closed the
+// handle (false: closed before), and whether it refused because an Ingest feeds the object
+// (fed; the handle stays open).
+func (h *handlePtr) close() (closed, fed bool) {
 	for {
 		s := h.state.Load()
-		if s&handleClosed != 0 || s&handleRefs == 0 {
+		if s&handleClosed != 0 {
 			return false, false
 		}
 		if s&handleFeeds != 0 {
 			return false, true
 		}
 		if h.state.CompareAndSwap(s, (s|handleClosed)-1) {
-			return s-1 == 0, false
+			return true, false
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // closeDuringCalls runs call(g, i) on goroutines until each gets ErrClosed, and closes once
@@ -173,4 +174,135 @@ func TestNewIngestRacesClose(t *testing.T) {
 		}
 	}
 	t.Logf("%d Ingests made first, %d refused", made, refused)
+}
+
+// newQueueingRouter returns a router that queues (QueueThreshold 0) with one worker of 16
+// batched tokens, and a prompt booked there as "busy": every later request asking to be
+// admitted waits in the queue until "busy" is freed or its prefill completes.
+func newQueueingRouter(t *testing.T) (*Router, []uint32) {
+	t.Helper()
+	opts := DefaultRouterOptions()
+	opts.BlockSize = bs
+	opts.QueueThreshold = 0
+	r, err := NewRouter(&opts)
+	must(t, err)
+	must(t, r.AddWorker(WorkerConfig{WorkerID: 1, MaxNumBatchedTokens: 16}))
+	p := prompt(64, 4)
+	_, err = r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: "busy"})
+	must(t, err)
+	return r, p
+}
+
+// startWaiter starts a FindBestMatch that waits in r's queue (no QueueTimeout) under id, and
+// returns once the router counts it waiting; its error comes on the channel.
+func startWaiter(t *testing.T, r *Router, p []uint32, id string) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: id})
+		done <- err
+	}()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		m, err := r.Metrics()
+		must(t, err)
+		if m.QueuePending == 1 {
+			return done
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not waiting in the queue after a minute", id)
+		}
+	}
+}
+
+// waitErr returns what done delivers, failing the test if nothing comes within 10 s (a call
+// still blocked in the queue).
+func waitErr(t *testing.T, what string, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s is still blocked in the admission queue 10 s later", what)
+		return nil
+	}
+}
+
+// Close while a request waits in the admission queue with no timeout: the waiter returns
+// ErrCancelled at once, and the router is freed when it has returned. (Before, Close left it
+// waiting for good: no FreeRequest can admit it after Close, so its goroutine stayed blocked
+// and the router allocated.) The same for a Disagg's pools.
+func TestCloseCancelsQueueWaiters(t *testing.T) {
+	r, p := newQueueingRouter(t)
+	done := startWaiter(t, r, p, "waiting")
+	must(t, r.Close())
+	if err := waitErr(t, "a request waiting at Close", done); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("the waiter got %v, want ErrCancelled", err)
+	}
+	if !r.ptr.closed() {
+		t.Fatalf("the waiter has returned, but the router is not freed (state %#x)", r.ptr.state.Load())
+	}
+
+	opts := DefaultRouterOptions()
+	opts.BlockSize = bs
+	opts.QueueThreshold = 0
+	d, err := NewDisagg(&opts, &opts, nil)
+	must(t, err)
+	dec := d.DecodeRouter()
+	must(t, dec.AddWorker(WorkerConfig{WorkerID: 1, MaxNumBatchedTokens: 16}))
+	_, err = d.RouteDecode(p, &RequestOptions{RequestID: "busy"}, nil, false)
+	must(t, err)
+	done = startWaiter(t, dec, p, "waiting")
+	must(t, d.Close())
+	if err := waitErr(t, "a decode request waiting at Disagg.Close", done); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("the Disagg's waiter got %v, want ErrCancelled", err)
+	}
+	if !d.ptr.closed() {
+		t.Fatalf("the waiter has returned, but the Disagg is not freed (state %#x)", d.ptr.state.Load())
+	}
+}
+
+// CloseQueue cancels the waiters and every later request that would wait, and nothing else:
+// previews, admissions at once and frees go on.
+func TestCloseQueue(t *testing.T) {
+	r, p := newQueueingRouter(t)
+	defer r.Close()
+	done := startWaiter(t, r, p, "waiting")
+	n, err := r.CloseQueue()
+	must(t, err)
+	if n != 1 {
+		t.Errorf("CloseQueue cancelled %d requests, want 1", n)
+	}
+	if err := waitErr(t, "a request waiting at CloseQueue", done); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("the waiter got %v, want ErrCancelled", err)
+	}
+	// A request that would wait is cancelled at once, without a timeout.
+	_, err = r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: "later"})
+	if !errors.Is(err, ErrCancelled) {
+		t.Fatalf("a request that would wait after CloseQueue: %v, want ErrCancelled", err)
+	}
+	if n, err := r.CloseQueue(); err != nil || n != 0 {
+		t.Errorf("CloseQueue again: %d, %v; want 0, nil", n, err)
+	}
+	res, err := r.PreviewRoute(p, nil, nil)
+	must(t, err)
+	if res.WorkerID != 1 {
+		t.Errorf("preview after CloseQueue: %+v", res)
+	}
+	// Freed, the worker admits at once again: that is still routed and booked.
+	must(t, r.FreeRequest("busy"))
+	res2, err := r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: "now"})
+	must(t, err)
+	if !res2.Booked || res2.Queued {
+		t.Errorf("a request admitted at once after CloseQueue: %+v", res2)
+	}
+	must(t, r.FreeRequest("now"))
+	m, err := r.Metrics()
+	must(t, err)
+	if m.QueuePending != 0 || m.RequestsActive != 0 {
+		t.Errorf("after the frees: %d waiting, %d active", m.QueuePending, m.RequestsActive)
+	}
+	must(t, r.Close())
+	if _, err := r.CloseQueue(); err != ErrClosed {
+		t.Errorf("CloseQueue after Close: %v, want ErrClosed", err)
+	}
 }

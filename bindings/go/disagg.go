@@ -109,19 +109,26 @@ func NewDisagg(prefill, decode *RouterOptions, opts *DisaggOptions) (*Disagg, er
 }
 
 // Close frees both pools, and releases their replica publish callbacks; idempotent. Their
-// Routers then return ErrClosed. Like Router.Close it may run concurrently with other calls
-// (on the Disagg or its pools: the pools are freed when the last call in flight returns), and
-// refuses while an Ingest feeds a pool.
+// Routers then return ErrClosed. Like Router.Close it may run concurrently with other calls (on
+// the Disagg or its pools: the pools are freed when the last call in flight returns), first
+// closes both pools' admission queues (their waiters return ErrCancelled), and refuses while an
+// Ingest feeds a pool.
 func (d *Disagg) Close() error {
 	if d == nil {
 		return nil
 	}
-	free, fed := d.ptr.close()
+	h := d.acquire()
+	if h == nil {
+		return nil // closed before
+	}
+	defer d.release() // frees the pools unless a call is in flight
+	closed, fed := d.ptr.close()
 	if fed {
 		return newError(ErrFailedPrecondition, "an Ingest feeding a pool of this Disagg is open: close it first")
 	}
-	if free {
-		d.free()
+	if closed {
+		closeQueue(C.kvr_disagg_prefill_router(h))
+		closeQueue(C.kvr_disagg_decode_router(h))
 	}
 	return nil
 }

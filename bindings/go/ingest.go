@@ -118,9 +118,11 @@ func (in *Ingest) Close() error {
 	}
 	in.natsMu.Lock()
 	defer in.natsMu.Unlock()
-	if free, _ := in.ptr.close(); free {
-		in.free()
+	if in.acquire() == nil {
+		return nil // closed before
 	}
+	in.ptr.close()
+	in.release() // frees the object unless a call is in flight
 	return nil
 }
 

@@ -218,25 +218,57 @@ func (r *Router) SetTime(nanos int64) error {
 }
 
 // Close destroys the router. It is idempotent, and may run concurrently with other calls on the
-// router: the calls begun before it finish on the router, which is freed when the last of them
-// returns (at once if none is in flight); every call begun after it returns ErrClosed. A request
-// waiting in the admission queue is not woken by Close (after it no FreeRequest can admit it):
-// bound such waits with RequestOptions.QueueTimeout, or free the requests first, or the router
-// stays allocated, and its goroutine blocked, until the wait ends. Close refuses
-// (ErrFailedPrecondition, the router staying open) while an Ingest feeding it is open. For a
-// Disagg's pool router it does nothing (close the Disagg instead).
+// router: every call begun after it returns ErrClosed, and the calls begun before it finish on
+// the router, which is freed when the last of them returns (at once if none is in flight).
+// It closes the admission queue (as CloseQueue) before that: a request waiting there (which no
+// FreeRequest could admit after Close) returns ErrCancelled at once, and so does a call in
+// flight that would start waiting; one admitted at once is still routed. Close refuses
+// (ErrFailedPrecondition, the router staying open and its queue too) while an Ingest feeding it
+// is open. For a Disagg's pool router it does nothing (close the Disagg instead).
 func (r *Router) Close() error {
 	if r == nil || r.owner != nil {
 		return nil
 	}
-	free, fed := r.ptr.close()
+	h := r.acquire()
+	if h == nil {
+		return nil // closed before
+	}
+	defer r.release() // frees the router unless a call is in flight
+	closed, fed := r.ptr.close()
 	if fed {
 		return newError(ErrFailedPrecondition, "an Ingest feeding this router is open: close it first")
 	}
-	if free {
-		r.free()
+	if closed {
+		closeQueue(h) // closed first: no call begun later can start waiting
 	}
 	return nil
+}
+
+// CloseQueue closes the router's admission queue, for a shutdown: every request waiting in it
+// is cancelled (its FindBestMatch, or other routing call that waits, returns ErrCancelled), and
+// from now on a request that would wait is ErrCancelled at once. A request admitted at once is
+// still routed and booked, and FreeRequest and every other call work as before. It returns how
+// many requests were waiting. It is final (the queue stays closed) and idempotent, and may run
+// concurrently with any call. A gateway draining before its shutdown calls it to release the
+// goroutines blocked in the queue while it goes on routing what it can place at once and
+// freeing what ends; Close does it too. On a Disagg's pool router it closes that pool's queue.
+func (r *Router) CloseQueue() (cancelled uint64, err error) {
+	h := r.acquire()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	defer r.release()
+	n, err := closeQueue(h)
+	runtime.KeepAlive(r)
+	return n, err
+}
+
+// closeQueue calls kvr_router_close_queue on h (held by the caller).
+func closeQueue(h *C.kvr_router) (uint64, error) {
+	var n C.uint64_t
+	var cerr *C.kvr_error
+	st := C.kvr_router_close_queue(h, &n, &cerr)
+	return uint64(n), takeError(st, cerr)
 }
 
 // free frees the C router, closed and with no call in flight, and releases its replica publish
