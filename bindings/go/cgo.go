@@ -348,9 +348,14 @@ func (h *handlePtr) addFeed() bool {
 	}
 }
 
-// dropFeed ends what addFeed counted (an Ingest freed, or never made). The object cannot be
-// closed while it is counted, so this never frees it.
+// dropFeed ends what addFeed counted (an Ingest never made). The object cannot be closed while
+// it is counted, so this never frees it.
 func (h *handlePtr) dropFeed() { h.state.Add(^uint64(handleFeed - 1)) }
+
+// feedToRef turns what addFeed counted into a reference, given back with release: the Ingest
+// has stopped, so Close no longer refuses, but the object stays allocated until the Ingest's
+// free releases it. (One add: minus a feed, plus a reference.)
+func (h *handlePtr) feedToRef() { h.state.Add(^uint64(handleFeed - 2)) }
 
 // closed reports whether the handle is closed and freed (closed, no call in flight).
 func (h *handlePtr) closed() bool { return h.state.Load() == handleClosed }

@@ -2,8 +2,11 @@ package kvrouter
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -304,5 +307,42 @@ func TestCloseQueue(t *testing.T) {
 	must(t, r.Close())
 	if _, err := r.CloseQueue(); err != ErrClosed {
 		t.Errorf("CloseQueue after Close: %v, want ErrClosed", err)
+	}
+}
+
+// Close an Ingest while other goroutines scrape it (Stats, MetricsPrometheus): by the time
+// Close returns the ingest is stopped, so its listener's port can be bound again at once and
+// Router.Close succeeds; both are freed once the last scrape has returned, the router after
+// the ingest. (Before, Close left the stop to the free, which the scrape in flight deferred:
+// the listener stayed bound and Router.Close refused for an Ingest already closed.)
+func TestIngestCloseStopsAtOnce(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		r := newTestRouter(t, 1)
+		in, err := NewIngest(r, nil)
+		must(t, err)
+		must(t, in.Start())
+		_, bound, err := in.Listen("tcp://127.0.0.1:0")
+		must(t, err)
+		addr := strings.TrimPrefix(bound, "tcp://")
+		closeDuringCalls(t, 4, 20+round*10, func(g, i int) error {
+			if (g+i)%2 == 0 {
+				_, err := in.Stats(0)
+				return err
+			}
+			_, err := in.MetricsPrometheus()
+			return err
+		}, func() error {
+			must(t, in.Close())
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				return fmt.Errorf("round %d: the ingest's listener is still bound after Close: %w", round, err)
+			}
+			l.Close()
+			return r.Close()
+		})
+		if !in.ptr.closed() || !r.ptr.closed() {
+			t.Fatalf("round %d: every call has returned, but the Ingest (state %#x) or the router (state %#x) is not freed",
+				round, in.ptr.state.Load(), r.ptr.state.Load())
+		}
 	}
 }

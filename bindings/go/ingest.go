@@ -107,31 +107,45 @@ func NewIngest(router *Router, opts *IngestOptions) (*Ingest, error) {
 	return in, nil
 }
 
-// Close stops the loop if needed (closing every source and joining the thread) and frees the
+// Close stops the ingest (as Stop: every source closed, the loop thread joined) and frees the
 // object; idempotent. Always returns nil. It may run concurrently with other calls: it waits
-// for a SubscribeNATS, SubscribeJetStream or RelayJetStream in progress, the other calls begun
-// before it finish on the object, which is freed when the last of them returns, and every call
-// begun after it returns ErrClosed.
+// for a SubscribeNATS, SubscribeJetStream, RelayJetStream or SyncReplicas in progress, stops
+// the ingest before it returns even while other calls are in flight (a Stats, a Prometheus
+// scrape: they finish on the stopped object, which is freed when the last of them returns),
+// and every call begun after it returns ErrClosed. Once it has returned, the sources' endpoints
+// are unbound and Router.Close no longer refuses on this Ingest's account (the router is then
+// freed after this object).
 func (in *Ingest) Close() error {
 	if in == nil {
 		return nil
 	}
 	in.natsMu.Lock()
 	defer in.natsMu.Unlock()
-	if in.acquire() == nil {
+	h := in.acquire()
+	if h == nil {
 		return nil // closed before
 	}
-	in.ptr.close()
-	in.release() // frees the object unless a call is in flight
+	defer in.release() // frees the object unless a call is in flight
+	// Stopped here, not by the free, which a call in flight may defer: kvr_ingest_stop may
+	// overlap any call but the free.
+	var cerr *C.kvr_error
+	_ = takeError(C.kvr_ingest_stop(h, &cerr), cerr) // fails only for a NULL ingest
+	if closed, _ := in.ptr.close(); closed {
+		// A stopped ingest no longer feeds the router, so Router.Close may proceed; but the C
+		// object still points at the router until it is freed, so its feed becomes a
+		// reference (as a call in flight's) that free gives back: the router, closed
+		// meanwhile, is then freed after the ingest object, never before it.
+		in.router.fed().feedToRef()
+	}
 	return nil
 }
 
-// free stops and frees the C object, closed and with no call in flight; the router is then
-// no longer fed by it.
+// free frees the C object, stopped by Close, closed and with no call in flight, and gives back
+// the reference on the router that Close took in place of its feed.
 func (in *Ingest) free() {
 	runtime.SetFinalizer(in, nil)
 	C.kvr_ingest_free((*C.kvr_ingest)(in.ptr.p))
-	in.router.fed().dropFeed()
+	in.router.release()
 }
 
 // acquire returns the C object for one call, to give back with release (deferred), or nil
