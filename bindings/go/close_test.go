@@ -1,9 +1,12 @@
 package kvrouter
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -344,5 +347,56 @@ func TestIngestCloseStopsAtOnce(t *testing.T) {
 			t.Fatalf("round %d: every call has returned, but the Ingest (state %#x) or the router (state %#x) is not freed",
 				round, in.ptr.state.Load(), r.ptr.state.Load())
 		}
+	}
+}
+
+// A replica publisher running on an Ingest's own loop thread (its replica heartbeats, the
+// publisher SetReplicaPublisher put in place of SyncReplicas') closes that Ingest: Close stops
+// it from there (kvr_ingest_stop does not wait on its own thread) and its release is the last,
+// but the free, which joins the loop thread, runs on a goroutine of its own; the router, closed
+// meanwhile, is freed after it. (Before, the free ran on the loop thread, joining itself: the
+// program aborted.) The scenario runs in a child process, this test binary run again, so that
+// an abort fails this test only.
+func TestIngestClosedFromItsLoopThread(t *testing.T) {
+	const childEnv = "KVR_TEST_CLOSE_ON_LOOP_NATS"
+	if url := os.Getenv(childEnv); url != "" {
+		opts := DefaultRouterOptions()
+		opts.BlockSize = bs
+		r, err := NewRouter(&opts)
+		must(t, err)
+		in, err := NewIngest(r, &IngestOptions{ReplicaHeartbeat: 10 * time.Millisecond})
+		must(t, err)
+		must(t, in.Start())
+		_, err = in.SyncReplicas(url, "kvrouter.replicas", "gateway-a")
+		must(t, err)
+		var armed atomic.Bool
+		closed := make(chan error, 1)
+		must(t, r.SetReplicaPublisher("gateway-a", func([]byte) {
+			if armed.CompareAndSwap(true, false) {
+				closed <- in.Close()
+			}
+		}))
+		armed.Store(true) // from now on only the loop calls the publisher: its heartbeats
+		select {
+		case err := <-closed:
+			must(t, err)
+		case <-time.After(time.Minute):
+			t.Fatal("no heartbeat reached the publisher in a minute")
+		}
+		must(t, r.Close()) // the Ingest no longer feeds it, though it may not be freed yet
+		for deadline := time.Now().Add(time.Minute); !r.ptr.closed(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the router is not freed a minute after its Ingest's Close (state %#x, the Ingest's %#x)",
+					r.ptr.state.Load(), in.ptr.state.Load())
+			}
+		}
+		return
+	}
+	url := "nats://" + startNATSServer(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestIngestClosedFromItsLoopThread$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), childEnv+"="+url)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestIngestClosedFromItsLoopThread")) {
+		t.Fatalf("the child ended with %v; its output:\n%s", err, out)
 	}
 }

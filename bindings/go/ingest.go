@@ -114,7 +114,9 @@ func NewIngest(router *Router, opts *IngestOptions) (*Ingest, error) {
 // scrape: they finish on the stopped object, which is freed when the last of them returns),
 // and every call begun after it returns ErrClosed. Once it has returned, the sources' endpoints
 // are unbound and Router.Close no longer refuses on this Ingest's account (the router is then
-// freed after this object).
+// freed after this object). A replica publisher called by this Ingest's loop (its heartbeats)
+// may close it: the loop then ends once the publisher returns, and the free is left to a
+// goroutine of its own (see release).
 func (in *Ingest) Close() error {
 	if in == nil {
 		return nil
@@ -157,11 +159,20 @@ func (in *Ingest) acquire() *C.kvr_ingest {
 	return (*C.kvr_ingest)(in.ptr.acquire())
 }
 
-// release ends a call begun by acquire, freeing the object if it was closed meanwhile and this
-// was the last call in flight.
+// release ends a call begun by acquire (Close's too), freeing the object if it was closed
+// meanwhile and this was the last call in flight. Inside a replica publish callback the free
+// runs on a new goroutine instead: on the ingest's own loop thread (a publisher called by its
+// heartbeats that calls this Ingest) kvr_ingest_free would join the thread it runs on, and on a
+// goroutine (a publisher called by a routing call) the callback holds the router's lock, which
+// the loop may be waiting for while the free joins it. The free is then done shortly after the
+// call returns, not by then; the router, whose reference the free gives back, is freed after.
 func (in *Ingest) release() {
 	if in.ptr.release() {
-		in.free()
+		if inPublishCallback() {
+			go in.free()
+		} else {
+			in.free()
+		}
 	}
 }
 

@@ -98,16 +98,7 @@ func raiseKeptPublishPanic() {
 // frames) the stack goes on to runtime.cgocall and that goroutine's frames; on a thread of the
 // library's it ends there (runtime.goexit). Only called for a panic: it walks the whole stack.
 func calledFromGo() bool {
-	pcs := make([]uintptr, 64)
-	for {
-		n := runtime.Callers(1, pcs)
-		if n < len(pcs) {
-			pcs = pcs[:n]
-			break
-		}
-		pcs = make([]uintptr, 2*len(pcs))
-	}
-	frames := runtime.CallersFrames(pcs)
+	frames := runtime.CallersFrames(callers())
 	below := false // past this callback's own frame
 	for {
 		f, more := frames.Next()
@@ -122,6 +113,35 @@ func calledFromGo() bool {
 		if !more {
 			return false
 		}
+	}
+}
+
+// inPublishCallback reports whether the caller runs inside a replica publish callback, on a
+// thread of the library's (an Ingest's loop) or on a goroutine whose call into the library
+// runs it under a router's lock. It walks the whole stack: for rare paths only (the free of an
+// Ingest by its last call, Ingest.release).
+func inPublishCallback() bool {
+	frames := runtime.CallersFrames(callers())
+	for {
+		f, more := frames.Next()
+		if strings.HasSuffix(f.Function, ".kvrGoReplicaPublish") {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+// callers returns the program counters of the calling goroutine's whole stack.
+func callers() []uintptr {
+	pcs := make([]uintptr, 64)
+	for {
+		n := runtime.Callers(2, pcs)
+		if n < len(pcs) {
+			return pcs[:n]
+		}
+		pcs = make([]uintptr, 2*len(pcs))
 	}
 }
 
