@@ -17,8 +17,9 @@ import (
 )
 
 // closeDuringCalls runs call(g, i) on goroutines until each gets ErrClosed, and closes once
-// they have made about `after` calls between them (closer); every other error fails the test.
-func closeDuringCalls(t *testing.T, goroutines, after int, call func(g, i int) error, closer func() error) {
+// they have made about `after` calls between them (closer); every other error fails the test,
+// and so does every goroutine ending before those calls (then nothing is closed).
+func closeDuringCalls(t testing.TB, goroutines, after int, call func(g, i int) error, closer func() error) {
 	t.Helper()
 	var calls atomic.Int64
 	var wg sync.WaitGroup
@@ -40,14 +41,72 @@ func closeDuringCalls(t *testing.T, goroutines, after int, call func(g, i int) e
 			}
 		}(g)
 	}
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
 	for calls.Load() < int64(after) {
-		runtime.Gosched()
+		select {
+		case <-ended: // every goroutine has ended (errors), before Close: none will call again
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			t.Fatalf("every goroutine ended after %d calls, before the %d that Close waits for", calls.Load(), after)
+		default:
+			runtime.Gosched()
+		}
 	}
 	must(t, closer())
-	wg.Wait()
+	<-ended
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// failRecorder is a testing.TB for a test of a helper: it records failures, and Fatal ends the
+// goroutine as testing's does.
+type failRecorder struct {
+	testing.TB // nil: only the methods below may be called
+	mu         sync.Mutex
+	failures   []string
+}
+
+func (f *failRecorder) Helper() {}
+func (f *failRecorder) Error(args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failures = append(f.failures, fmt.Sprint(args...))
+}
+func (f *failRecorder) Errorf(format string, args ...any) { f.Error(fmt.Sprintf(format, args...)) }
+func (f *failRecorder) Fatal(args ...any)                 { f.Error(args...); runtime.Goexit() }
+func (f *failRecorder) Fatalf(format string, args ...any) {
+	f.Errorf(format, args...)
+	runtime.Goexit()
+}
+
+// closeDuringCalls fails, rather than waiting for ever, when every goroutine has ended before
+// the calls it waits for: here each gets an error at its first call. (Before, it spun for ever.)
+func TestCloseDuringCallsEndsWhenTheCallsDo(t *testing.T) {
+	rec := new(failRecorder)
+	done := make(chan struct{})
+	closed := false
+	go func() {
+		defer close(done)
+		closeDuringCalls(rec, 4, 1000, func(g, i int) error { return ErrInvalidArgument },
+			func() error { closed = true; return nil })
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("closeDuringCalls still waits 10 s after every goroutine ended")
+	}
+	if closed {
+		t.Error("closeDuringCalls closed, with every goroutine ended")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.failures) < 2 || !strings.Contains(strings.Join(rec.failures, "\n"), ErrInvalidArgument.Error()) {
+		t.Errorf("closeDuringCalls reported %q; want the goroutines' errors and the early end", rec.failures)
 	}
 }
 
