@@ -13,7 +13,8 @@
 // Status constants work with errors.Is. Handles (Router, Disagg, Ingest, EventBatch,
 // Publisher) are released by Close, which is idempotent; a finalizer frees a forgotten handle.
 // Router, Disagg and Ingest are safe for concurrent use, Close included (an object closed under
-// calls in flight is freed when the last of them returns), EventBatch and Publisher are not,
+// calls in flight is freed when the last of them returns; a Router's Close first cancels the
+// requests waiting in its admission queue, an Ingest's stops it), EventBatch and Publisher are not,
 // following the @thread_safety tags of the header. Slices and strings passed in are only
 // borrowed for the call. A string holding a NUL byte (request ids, names, endpoints, ...),
 // which C would read as its end, is refused with ErrInvalidArgument naming it, before any call

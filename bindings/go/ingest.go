@@ -50,7 +50,8 @@ func (o *IngestOptions) toC() *C.kvr_ingest_options {
 }
 
 // optionalMillis is d in whole milliseconds rounded up for a positive d, def for 0 and 0 (off)
-// for a negative d; more than fits a uint32 stays out of range, for the library to refuse.
+// for a negative d. A d longer than a uint32 of milliseconds is clamped to math.MaxUint32 ms
+// (millis32), not wrapped: still past the library's 1 h limit, so NewIngest refuses it.
 func optionalMillis(d time.Duration, def uint32) uint32 {
 	switch {
 	case d == 0:
@@ -71,9 +72,10 @@ func optionalMillis(d time.Duration, def uint32) uint32 {
 type Ingest struct {
 	ptr    handlePtr // the C object, with the calls in flight
 	router *Router   // kept reachable: the router must outlive the ingest object
-	// natsMu keeps Stop and Close from running during a SubscribeNATS, SubscribeJetStream or
-	// RelayJetStream, whose round trips run on the caller's thread (the one exclusion the header
-	// states besides the free). Those calls share it; nothing else takes it.
+	// natsMu makes Stop and Close wait for a SubscribeNATS, SubscribeJetStream, RelayJetStream
+	// or SyncReplicas in progress, whose round trips run on the caller's thread (since 0.2.0
+	// kvr_ingest_stop waits for them itself, and refuses those begun after it). Those calls
+	// share it; nothing else takes it.
 	natsMu sync.RWMutex
 }
 
@@ -116,7 +118,8 @@ func NewIngest(router *Router, opts *IngestOptions) (*Ingest, error) {
 // are unbound and Router.Close no longer refuses on this Ingest's account (the router is then
 // freed after this object). A replica publisher called by this Ingest's loop (its heartbeats)
 // may close it: the loop then ends once the publisher returns, and the free is left to a
-// goroutine of its own (see release).
+// goroutine of its own (see release). A publisher called by a routing call must not: it holds
+// the router's lock, which the loop may be waiting for while Close joins it.
 func (in *Ingest) Close() error {
 	if in == nil {
 		return nil

@@ -68,8 +68,9 @@ func (s *replicaSlot) release() {
 // (or stopped by nil) first receives a farewell Reset, so peers drop what they hold from its
 // id; once this returns, the previous callback is not running and will not run again.
 // Ingest.SyncReplicas does all of this over NATS. Like the other methods it may run
-// concurrently with any but Close, also with itself: calls on one router (or pool) take
-// effect one at a time, the last one's callback staying. The callback is released when it is
+// concurrently with any call, Close included (begun after Close, it returns ErrClosed), and
+// with itself: calls on one router (or pool) take effect one at a time, the last one's
+// callback staying. The callback is released when it is
 // replaced or stopped, or when the router is freed (Close, or the finalizer of a Router never
 // closed; for a pool router, its Disagg's). A callback that refers to its router (or Disagg)
 // keeps it from being collected: close that one.

@@ -222,6 +222,10 @@ type RequestOptions struct {
 	// queue). nil allows every worker; an empty non-nil list ([]uint64{}) allows none, so a
 	// call that has to pick a worker fails with ErrUnavailable and books nothing (a gateway
 	// that filtered a tenant's workers down to none must not route on anyone's).
+	//
+	// Pitfall: a filter that starts from `var ids []uint64` and appends the matching workers
+	// leaves ids nil when none matched, and nil allows every worker. Start it from
+	// `ids := []uint64{}` (or make([]uint64, 0, n)) so that "none matched" allows none.
 	AllowedWorkerIDs   []uint64
 	OverlapScoreCredit *float64
 	PrefillLoadScale   *float64
