@@ -134,7 +134,10 @@ impl From<sys::kvr_prefill_result> for PrefillResult {
 
 /// A prefill pool and a decode pool (`kvr_disagg`), each a full router: add workers, apply
 /// events, and mark and free requests through [`prefill_router`](Self::prefill_router) and
-/// [`decode_router`](Self::decode_router).
+/// [`decode_router`](Self::decode_router). A shutdown with threads routing through a shared
+/// `Disagg` (an `Arc`) closes both pools' admission queues first
+/// ([`RouterRef::close_queue`](crate::RouterRef::close_queue) on each pool), so that no
+/// `route_prefill`, `route_decode` or pool routing call stays blocked in one.
 pub struct Disagg(NonNull<sys::kvr_disagg>);
 
 // SAFETY: every kvr_disagg function is tagged `concurrent` except kvr_disagg_free, which only

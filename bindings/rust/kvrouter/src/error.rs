@@ -13,7 +13,8 @@ use kvrouter_sys as sys;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Code {
-    /// `KVR_CANCELLED`: e.g. a queued request freed while it waited.
+    /// `KVR_CANCELLED`: a queued request freed while it waited, or the admission queue closed
+    /// ([`RouterRef::close_queue`](crate::RouterRef::close_queue)).
     Cancelled,
     /// `KVR_INVALID_ARGUMENT`: a bad setting, a malformed buffer, a block size mismatch.
     InvalidArgument,

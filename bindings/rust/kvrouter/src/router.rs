@@ -754,7 +754,8 @@ impl RouterRef {
     /// request is booked under `opts.request_id`, after waiting in the admission queue if the
     /// router queues (this thread blocks). Errors: `InvalidArgument`, `AlreadyExists` (id
     /// active or waiting), `Unavailable` (no eligible worker), `DeadlineExceeded` (queue
-    /// timeout), `Cancelled` (freed while waiting).
+    /// timeout), `Cancelled` (freed while waiting, or the queue closed by
+    /// [`close_queue`](Self::close_queue)).
     pub fn find_best_match(
         &self,
         tokens: &[u32],
@@ -998,6 +999,34 @@ impl RouterRef {
         let id = strs.push("request_id", request_id)?;
         // SAFETY: as mark_prefill_completed.
         call(|err| unsafe { sys::kvr_router_free_request(self.as_raw(), id, err) })
+    }
+
+    /// For a shutdown: closes the admission queue for good (`kvr_router_close_queue`). Every
+    /// request waiting in it is cancelled (its `find_best_match*`, `plan_route` or `Disagg`
+    /// routing call, blocked on another thread, returns `Cancelled`), and from now on a request
+    /// that would wait fails with `Cancelled` at once; one admitted at once is still routed and
+    /// booked, and previews, frees and every other call work as before. Returns how many were
+    /// waiting; idempotent (0 the second time).
+    ///
+    /// Dropping a [`Router`] (or a [`Disagg`](crate::Disagg)) cannot race a call on it (the
+    /// borrow checker sees to that), so `Drop` does not need this. A server whose threads share
+    /// an `Arc<Router>` calls it when it shuts down, so that no thread stays blocked in the
+    /// queue (without a [`RequestOptions::queue_timeout`], for good) holding its clone of the
+    /// `Arc`; for a `Disagg`, on both pools.
+    ///
+    /// ```
+    /// # use kvrouter::{Router, RouterOptions};
+    /// # let router = Router::new(&RouterOptions::default())?;
+    /// assert_eq!(router.close_queue()?, 0); // nothing was waiting
+    /// # Ok::<(), kvrouter::Error>(())
+    /// ```
+    ///
+    /// [`RequestOptions::queue_timeout`]: crate::RequestOptions::queue_timeout
+    pub fn close_queue(&self) -> Result<u64> {
+        let mut cancelled = 0u64;
+        // SAFETY: a live router (concurrent); cancelled is a valid u64.
+        call(|err| unsafe { sys::kvr_router_close_queue(self.as_raw(), &mut cancelled, err) })?;
+        Ok(cancelled)
     }
 
     // ---- Index snapshot ----

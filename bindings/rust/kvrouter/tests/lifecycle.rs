@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use common::{prompt, router, store, BS};
@@ -281,6 +282,77 @@ fn the_admission_queue_blocks_and_times_out() {
         let admitted = waiter.join().unwrap().unwrap();
         assert!(admitted.queued && admitted.booked);
     });
+}
+
+/// A shutdown closes the queue: a call waiting there with no timeout (which nothing else would
+/// end) fails with `Cancelled`, and so does every later one that would wait, at once; previews
+/// and requests admitted at once go on. Idempotent.
+#[test]
+fn closing_the_queue_cancels_its_waiters_for_good() {
+    let router = Arc::new(
+        Router::new(&RouterOptions {
+            queue_threshold: Some(0.0),
+            ..RouterOptions::with_block_size(BS)
+        })
+        .unwrap(),
+    );
+    router
+        .add_worker(&WorkerConfig {
+            max_num_batched_tokens: 16,
+            ..WorkerConfig::new(1)
+        })
+        .unwrap();
+    let tokens = prompt(9, 4);
+    let busy = router
+        .find_best_match(&tokens, &RequestOptions::admit("busy"))
+        .unwrap();
+    assert!(busy.booked && !busy.queued); // the only rank is now over the threshold
+
+    // Not a scoped thread: were the waiter never woken, the test fails below instead of hanging.
+    let (sent, waited) = mpsc::channel();
+    let waiter = {
+        let (router, tokens) = (Arc::clone(&router), tokens.clone());
+        std::thread::spawn(move || {
+            let r = router.find_best_match(&tokens, &RequestOptions::admit("waiting"));
+            sent.send(r).unwrap();
+        })
+    };
+    common::wait_for("the request to queue", || {
+        (router.metrics().unwrap().queue_pending == 1).then_some(())
+    });
+    assert_eq!(router.close_queue().unwrap(), 1);
+    let e = waited
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiting call was not woken")
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Cancelled, "{e}");
+    waiter.join().unwrap();
+    assert_eq!(router.metrics().unwrap().queue_pending, 0);
+
+    // A later request that would wait is cancelled at once (not after its timeout).
+    let late = RequestOptions {
+        queue_timeout: Some(Duration::from_secs(30)),
+        ..RequestOptions::admit("late")
+    };
+    let start = Instant::now();
+    let e = router.find_best_match(&tokens, &late).unwrap_err();
+    assert_eq!(e.code(), Code::Cancelled, "{e}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+
+    // Previews still work; so does a request admitted at once, once there is room.
+    let preview = router
+        .find_best_match(&tokens, &RequestOptions::default())
+        .unwrap();
+    assert_eq!((preview.worker_id, preview.booked), (1, false));
+    router.free_request("busy").unwrap();
+    let fresh = router
+        .find_best_match(&tokens, &RequestOptions::admit("fresh"))
+        .unwrap();
+    assert!(fresh.booked && !fresh.queued);
+    router.free_request("fresh").unwrap();
+
+    assert_eq!(router.close_queue().unwrap(), 0);
+    assert_eq!(router.metrics().unwrap().requests_active, 0);
 }
 
 fn disagg(policy: DisaggPolicy, prefill_workers: u64) -> Disagg {
