@@ -1570,6 +1570,14 @@ JNIEXPORT void JNICALL Java_io_kvrouter_Native_freeRequest(JNIEnv* env, jclass c
   call_with_id(env, r, id, kvr_router_free_request);
 }
 
+JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_closeQueue(JNIEnv* env, jclass cls, jlong r) {
+  (void)cls;
+  uint64_t cancelled = 0;
+  kvr_error* err = NULL;
+  check(env, kvr_router_close_queue(ROUTER(r), &cancelled, &err), &err);
+  return (jlong)cancelled;
+}
+
 JNIEXPORT jbyteArray JNICALL Java_io_kvrouter_Native_snapshot(JNIEnv* env, jclass cls, jlong r) {
   (void)cls;
   kvr_buffer* buffer = NULL;

@@ -7,8 +7,11 @@ import java.util.Objects;
  * full {@link Router} ({@link #prefillRouter()}, {@link #decodeRouter()}) to add workers, apply KV
  * events, and mark and free requests on.
  *
- * <p>Thread-safe like {@link Router}. Closing it closes both pool routers; a pool router (or an
- * {@link Ingest} on one) still open keeps the native object alive until it is closed too.
+ * <p>Thread-safe like {@link Router}. Closing it closes both pools' admission queues (a routing
+ * call waiting in one, here or on a pool router, throws {@link KvRouterException} with {@link
+ * Status#CANCELLED}: see {@link Router#closeQueue()}), then closes both pool routers; a pool
+ * router (or an {@link Ingest} on one) still open keeps the native object alive until it is closed
+ * too.
  *
  * <p>Each call also has a {@code ...Hashed} form for a prompt given hashed, as {@link Router}'s:
  * its local hashes (the pools' block size) and its length in tokens, which the policies read
@@ -173,6 +176,20 @@ public final class DisaggRouter extends NativeObject {
           h, null, localHashes, numTokens, options, threshold);
     } finally {
       release();
+    }
+  }
+
+  /**
+   * Closes both pools' admission queues first (as {@link Router#close()} does), so that a routing
+   * call waiting in one, through this object or a pool router, is cancelled instead of keeping
+   * {@link #close()} waiting.
+   */
+  @Override
+  void closing() {
+    try {
+      Native.closeQueue(prefill.resource.handle);
+    } finally {
+      Native.closeQueue(decode.resource.handle);
     }
   }
 

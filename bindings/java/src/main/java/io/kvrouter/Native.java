@@ -203,6 +203,9 @@ final class Native {
 
   static native void freeRequest(long router, String requestId);
 
+  /** kvr_router_close_queue: how many requests were waiting. */
+  static native long closeQueue(long router);
+
   static native byte[] snapshot(long router);
 
   static native void restore(long router, byte[] data, int offset, int length);

@@ -13,8 +13,9 @@ import java.util.concurrent.locks.LockSupport;
  * <p>The guard is one counter of calls in progress plus a closed bit, changed with atomic adds:
  * calls never wait for each other (the C functions they make are concurrent where kvrouter.h says
  * so), and a call made after {@code close()} throws {@link IllegalStateException} instead of
- * touching freed memory. {@code close()} sets the bit, waits for the calls in progress to return,
- * then drops the owner's reference to the native object.
+ * touching freed memory. {@code close()} sets the bit, wakes the calls in progress that could wait
+ * for good ({@link #closing()}: a router closes its admission queue), waits for the calls in
+ * progress to return, then drops the owner's reference to the native object.
  */
 abstract class NativeObject implements AutoCloseable {
   private static final Cleaner CLEANER = Cleaner.create();
@@ -66,19 +67,34 @@ abstract class NativeObject implements AutoCloseable {
 
   /**
    * Frees the native object, once every call in progress on this object has returned (this may wait
-   * for them). Idempotent; later calls on the object throw {@link IllegalStateException}.
+   * for them; {@link #closing()} first ends those that would otherwise wait for good). Idempotent;
+   * later calls on the object throw {@link IllegalStateException}.
    */
   @Override
   public void close() {
     long previous = (long) STATE.getAndBitwiseOr(this, CLOSED);
     if ((previous & CLOSED) != 0) return;
+    RuntimeException failed = null;
+    try {
+      closing();
+    } catch (RuntimeException e) {
+      failed = e; // still freed below; thrown after
+    }
     awaitNoCalls();
     try {
       beforeFree();
     } finally {
       cleanable.clean();
     }
+    if (failed != null) throw failed;
   }
+
+  /**
+   * Runs in {@link #close()} once later calls are refused, before it waits for the calls in
+   * progress: wakes those that could otherwise wait for good (a routing call blocked in an
+   * admission queue). The native object is still live ({@code resource.handle}).
+   */
+  void closing() {}
 
   /** Runs in {@link #close()} after the calls in progress returned, before the free. */
   void beforeFree() {}

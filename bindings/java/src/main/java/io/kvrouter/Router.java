@@ -18,7 +18,8 @@ import java.util.function.LongConsumer;
  * <p>Thread-safe: every method may be called from any thread concurrently (the library synchronises
  * internally), except that {@link #close()} waits for calls in progress and makes later calls throw
  * {@link IllegalStateException}. With a queue threshold set, an admitted routing call may block its
- * thread until a worker has room.
+ * thread until a worker has room (or its queue timeout passes, or {@link #closeQueue()} or {@link
+ * #close()} cancels it).
  *
  * <p>Token ids are {@code int}s holding unsigned 32-bit values; worker ids and hashes are {@code
  * long}s holding unsigned 64-bit values.
@@ -342,7 +343,8 @@ public final class Router extends NativeObject {
    * @param options null = defaults (a preview)
    * @throws KvRouterException {@link Status#ALREADY_EXISTS} (request id active or waiting), {@link
    *     Status#UNAVAILABLE} (no eligible worker), {@link Status#DEADLINE_EXCEEDED} (queue timeout),
-   *     {@link Status#CANCELLED} (freed while queued), {@link Status#INVALID_ARGUMENT}
+   *     {@link Status#CANCELLED} (freed while queued, or the queue closed: {@link #closeQueue()},
+   *     {@link #close()}), {@link Status#INVALID_ARGUMENT}
    */
   public RouteResult findBestMatch(int[] tokens, RequestOptions options) {
     return findBestMatch(tokens, options, 0);
@@ -676,6 +678,26 @@ public final class Router extends NativeObject {
     }
   }
 
+  /**
+   * For a shutdown: closes the admission queue for good ({@code kvr_router_close_queue}). Every
+   * request waiting in it is cancelled (its routing call, blocked on another thread, throws {@link
+   * KvRouterException} with {@link Status#CANCELLED}), and from now on a request that would wait
+   * is cancelled at once; one admitted at once is still routed and booked, and previews, frees and
+   * every other call work as before. {@link #close()} does this first, so that it never waits for
+   * good for a call blocked in the queue; call it yourself to stop the queue before closing (for
+   * example while requests in flight drain). Idempotent.
+   *
+   * @return how many requests were waiting (0 once closed)
+   */
+  public long closeQueue() {
+    long h = acquire();
+    try {
+      return Native.closeQueue(h);
+    } finally {
+      release();
+    }
+  }
+
   // ---- Snapshot ----
 
   /** The whole KV index as a FlatBuffers IndexSnapshot. */
@@ -959,12 +981,23 @@ public final class Router extends NativeObject {
   }
 
   /**
-   * Frees the router once calls in progress returned. An {@link Ingest} still feeding it keeps the
-   * native router alive until the ingest object is closed too. On a pool of a {@link DisaggRouter},
-   * only this handle is closed.
+   * Frees the router once calls in progress returned. It first closes the admission queue ({@link
+   * #closeQueue()}): a routing call waiting there on another thread, which close would otherwise
+   * wait for with no end (without a queue timeout), throws {@link KvRouterException} with {@link
+   * Status#CANCELLED} instead, as does one that would start waiting. Calls in progress that do not
+   * wait finish as usual. An {@link Ingest} still feeding the router keeps the native router alive
+   * until the ingest object is closed too. On a pool of a {@link DisaggRouter}, only this handle is
+   * closed, but the pool's admission queue is closed too (its requests can no longer be freed
+   * through this binding; the {@code DisaggRouter}'s own routing calls that would wait in that pool
+   * are then cancelled).
    */
   @Override
   public void close() {
     super.close();
+  }
+
+  @Override
+  void closing() {
+    Native.closeQueue(resource.handle);
   }
 }

@@ -135,6 +135,85 @@ class ConcurrencyTest {
     }
   }
 
+  /** A router whose only rank is over its queue threshold (0): an admitted call waits. */
+  private static Router queueingRouterWithOneBusyRank(int[] prompt) {
+    Router router =
+        new Router(RouterOptions.builder().blockSize(BLOCK).queueThreshold(0.0).build());
+    router.addWorker(WorkerConfig.builder(1).maxNumBatchedTokens(16).build());
+    RouteResult busy = router.findBestMatch(prompt, RequestOptions.admit("busy"));
+    assertTrue(busy.booked());
+    assertFalse(busy.queued());
+    return router;
+  }
+
+  /**
+   * A shutdown closes the queue: a call waiting there with no timeout (which nothing else would
+   * end) is cancelled, and so is every later one that would wait, at once; previews and requests
+   * admitted at once go on.
+   */
+  @Test
+  void closeQueueCancelsItsWaitersForGood() throws Exception {
+    int[] prompt = tokens(64, 7);
+    try (Router router = queueingRouterWithOneBusyRank(prompt)) {
+      CompletableFuture<RouteResult> waiting =
+          TestSupport.onThread(
+              "waiter", () -> router.findBestMatch(prompt, RequestOptions.admit("waiting")));
+      await("waiting queued", Duration.ofSeconds(10), () -> router.metrics().queuePending() == 1);
+      assertEquals(1, router.closeQueue());
+      TestSupport.cancelledWithin10s(waiting);
+      assertEquals(0, router.metrics().queuePending());
+
+      // A later request that would wait is cancelled at once, not after its timeout.
+      RequestOptions late =
+          RequestOptions.builder().requestId("late").admit(true).queueTimeoutMs(30_000).build();
+      long start = System.nanoTime();
+      KvRouterException e =
+          assertThrows(KvRouterException.class, () -> router.findBestMatch(prompt, late));
+      assertEquals(Status.CANCELLED, e.status());
+      assertTrue(System.nanoTime() - start < TimeUnit.SECONDS.toNanos(10));
+
+      // Previews go on, and so does a request admitted at once once there is room.
+      RouteResult preview = router.findBestMatch(prompt);
+      assertEquals(1, preview.workerId());
+      assertFalse(preview.booked());
+      assertEquals(1, router.previewRoute(prompt, null, null).workerId());
+      router.freeRequest("busy");
+      RouteResult fresh = router.findBestMatch(prompt, RequestOptions.admit("fresh"));
+      assertTrue(fresh.booked());
+      assertFalse(fresh.queued());
+      router.freeRequest("fresh");
+
+      assertEquals(0, router.closeQueue());
+      assertEquals(0, router.metrics().requestsActive());
+    }
+  }
+
+  /**
+   * close() while another thread waits in the queue with no timeout: close closes the queue
+   * first, so it returns (rather than wait for that call for good) and the call is cancelled.
+   */
+  @Test
+  void closeWhileAThreadWaitsInTheQueueCancelsIt() throws Exception {
+    int[] prompt = tokens(64, 8);
+    Router router = queueingRouterWithOneBusyRank(prompt);
+    CompletableFuture<RouteResult> waiting =
+        TestSupport.onThread(
+            "waiter", () -> router.findBestMatch(prompt, RequestOptions.admit("waiting")));
+    await("waiting queued", Duration.ofSeconds(10), () -> router.metrics().queuePending() == 1);
+    CompletableFuture<Boolean> closed =
+        TestSupport.onThread(
+            "closer",
+            () -> {
+              router.close();
+              return true;
+            });
+    assertTrue(closed.get(10, TimeUnit.SECONDS), "close() did not return");
+    TestSupport.cancelledWithin10s(waiting);
+    assertTrue(router.isClosed());
+    assertThrows(IllegalStateException.class, router::metrics);
+    assertThrows(IllegalStateException.class, router::closeQueue);
+  }
+
   @Test
   void closeWhileOtherThreadsCallFailsThemCleanly() throws Exception {
     int[] prompt = tokens(128, 3);

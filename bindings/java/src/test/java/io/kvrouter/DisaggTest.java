@@ -8,9 +8,14 @@ import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.time.Duration;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
 
 /** Disaggregated prefill / decode through the pool routers. */
+@Timeout(120)
 class DisaggTest {
   private static final int[] PROMPT = tokens(128, 50);
 
@@ -102,6 +107,80 @@ class DisaggTest {
       assertEquals(PrefillReason.SHORT_ISL, shortPrompt.reason());
       PrefillResult longPrompt = d.routePrefill(tokens(512, 1), RequestOptions.withId("l"), null);
       assertTrue(longPrompt.remote());
+    }
+  }
+
+  /**
+   * Closing the DisaggRouter closes both pools' queues first: a routePrefill waiting in the
+   * prefill pool's queue and an admitted call waiting in the decode pool's (through its pool
+   * router), neither with a timeout, are cancelled, and close() returns.
+   */
+  @Test
+  void closeCancelsCallsWaitingInEitherPoolsQueue() throws Exception {
+    RouterOptions queueing = RouterOptions.builder().blockSize(BLOCK).queueThreshold(0.0).build();
+    int[] prompt = tokens(64, 9);
+    DisaggRouter d = new DisaggRouter(queueing, queueing, null);
+    Router prefill = d.prefillRouter();
+    Router decode = d.decodeRouter();
+    prefill.addWorker(WorkerConfig.builder(10).maxNumBatchedTokens(16).build());
+    decode.addWorker(WorkerConfig.builder(20).maxNumBatchedTokens(16).build());
+    // each pool's only rank over its threshold
+    assertTrue(d.routePrefill(prompt, RequestOptions.withId("p-busy"), null).remote());
+    assertTrue(d.routeDecode(prompt, RequestOptions.withId("d-busy"), null, false).booked());
+    CompletableFuture<PrefillResult> prefillWaiting =
+        TestSupport.onThread(
+            "prefill waiter", () -> d.routePrefill(prompt, RequestOptions.withId("p-w"), null));
+    CompletableFuture<RouteResult> decodeWaiting =
+        TestSupport.onThread(
+            "decode waiter", () -> decode.findBestMatch(prompt, RequestOptions.admit("d-w")));
+    TestSupport.await(
+        "both queued",
+        Duration.ofSeconds(10),
+        () -> prefill.metrics().queuePending() == 1 && decode.metrics().queuePending() == 1);
+    CompletableFuture<Boolean> closed =
+        TestSupport.onThread(
+            "closer",
+            () -> {
+              d.close();
+              return true;
+            });
+    assertTrue(closed.get(10, TimeUnit.SECONDS), "close() did not return");
+    TestSupport.cancelledWithin10s(prefillWaiting);
+    TestSupport.cancelledWithin10s(decodeWaiting);
+    assertTrue(prefill.isClosed() && decode.isClosed());
+  }
+
+  /**
+   * Closing a pool router (only that handle) closes that pool's queue too, so that close() does not
+   * wait for good for a call waiting there through it; the other pool goes on.
+   */
+  @Test
+  void closingAPoolRouterCancelsACallWaitingInThatPool() throws Exception {
+    RouterOptions queueing = RouterOptions.builder().blockSize(BLOCK).queueThreshold(0.0).build();
+    int[] prompt = tokens(64, 11);
+    try (DisaggRouter d = new DisaggRouter(queueing, queueing, null)) {
+      Router decode = d.decodeRouter();
+      d.prefillRouter().addWorker(WorkerConfig.builder(10).maxNumBatchedTokens(16).build());
+      decode.addWorker(WorkerConfig.builder(20).maxNumBatchedTokens(16).build());
+      assertTrue(decode.findBestMatch(prompt, RequestOptions.admit("busy")).booked());
+      CompletableFuture<RouteResult> waiting =
+          TestSupport.onThread(
+              "decode waiter", () -> decode.findBestMatch(prompt, RequestOptions.admit("w")));
+      TestSupport.await(
+          "w queued", Duration.ofSeconds(10), () -> decode.metrics().queuePending() == 1);
+      CompletableFuture<Boolean> closed =
+          TestSupport.onThread(
+              "closer",
+              () -> {
+                decode.close();
+                return true;
+              });
+      assertTrue(closed.get(10, TimeUnit.SECONDS), "close() did not return");
+      TestSupport.cancelledWithin10s(waiting);
+      assertTrue(decode.isClosed());
+      assertFalse(d.isClosed());
+      assertTrue(d.routePrefill(prompt, RequestOptions.withId("p"), null).remote());
+      assertEquals(0, d.prefillRouter().closeQueue());
     }
   }
 

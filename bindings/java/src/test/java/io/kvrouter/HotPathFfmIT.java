@@ -12,8 +12,10 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.IntBuffer;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -429,6 +431,40 @@ class HotPathFfmIT {
     for (Runnable call : calls) {
       IllegalStateException e = assertThrows(IllegalStateException.class, call::run);
       assertEquals("Router is closed", e.getMessage());
+    }
+  }
+
+  /**
+   * Admitted calls waiting in the admission queue through the FFM path (an array, a direct buffer,
+   * a prompt given hashed; no queue timeout) are cancelled by close(), which closes the queue
+   * before it waits for them, and throw what JNI throws.
+   */
+  @Test
+  void callsWaitingInTheQueueAreCancelledByClose() throws Exception {
+    Router r = new Router(RouterOptions.builder().blockSize(BLOCK).queueThreshold(0.0).build());
+    r.addWorker(WorkerConfig.builder(1).maxNumBatchedTokens(16).build());
+    assertTrue(r.findBestMatch(PROMPT, RequestOptions.admit("busy")).booked()); // over threshold
+    List<CompletableFuture<RouteResult>> waiting =
+        List.of(
+            TestSupport.onThread(
+                "array", () -> r.findBestMatch(PROMPT, RequestOptions.admit("a"))),
+            TestSupport.onThread(
+                "buffer", () -> r.findBestMatch(direct(PROMPT, 3), RequestOptions.admit("b"))),
+            TestSupport.onThread(
+                "hashed",
+                () -> r.findBestMatchHashed(HASHES, PROMPT.length, RequestOptions.admit("c"))));
+    TestSupport.await("3 queued", Duration.ofSeconds(10), () -> r.metrics().queuePending() == 3);
+    CompletableFuture<Boolean> closed =
+        TestSupport.onThread(
+            "closer",
+            () -> {
+              r.close();
+              return true;
+            });
+    assertTrue(closed.get(10, TimeUnit.SECONDS), "close() did not return");
+    for (CompletableFuture<RouteResult> call : waiting) {
+      KvRouterException e = TestSupport.cancelledWithin10s(call);
+      assertTrue(e.getMessage().contains("the admission queue is closed"), e.getMessage());
     }
   }
 

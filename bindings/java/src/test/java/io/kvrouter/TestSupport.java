@@ -1,7 +1,15 @@
 package io.kvrouter;
 
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
 import java.time.Duration;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
+import java.util.function.Supplier;
 
 /** Helpers shared by the tests. */
 final class TestSupport {
@@ -38,6 +46,37 @@ final class TestSupport {
     Router router = new Router(RouterOptions.builder().blockSize(BLOCK).randomSeed(7).build());
     for (int w = 1; w <= workers; ++w) router.addWorker(w);
     return router;
+  }
+
+  /**
+   * Runs {@code call} on a daemon thread of its own (not the common pool, which has one thread on
+   * a two-core machine and which a call that never returns would keep).
+   */
+  static <T> CompletableFuture<T> onThread(String name, Supplier<T> call) {
+    CompletableFuture<T> future = new CompletableFuture<>();
+    Thread thread =
+        new Thread(
+            () -> {
+              try {
+                future.complete(call.get());
+              } catch (Throwable e) {
+                future.completeExceptionally(e);
+              }
+            },
+            name);
+    thread.setDaemon(true);
+    thread.start();
+    return future;
+  }
+
+  /** {@code call} ends within 10 s by throwing KvRouterException with CANCELLED; returns it. */
+  static KvRouterException cancelledWithin10s(CompletableFuture<?> call) {
+    ExecutionException e =
+        assertThrows(ExecutionException.class, () -> call.get(10, TimeUnit.SECONDS));
+    assertTrue(e.getCause() instanceof KvRouterException, e.getCause().toString());
+    KvRouterException cause = (KvRouterException) e.getCause();
+    assertEquals(Status.CANCELLED, cause.status());
+    return cause;
   }
 
   /** Polls until true or throws AssertionError after the timeout. */
