@@ -18,7 +18,9 @@
  *   I/O, and a replica publisher callback (which takes the GIL) runs under the router's lock on
  *   whatever thread changed a booking, so a thread holding the GIL must never wait for that lock.
  * - Handles count the calls in flight (under the GIL); close() marks the handle closed at once
- *   and the last call in flight frees it, so closing while other threads call is safe.
+ *   and the last call in flight frees it, so closing while other threads call is safe. A
+ *   router's (a Disagg's: both pools') close() closes the admission queue first, so that a call
+ *   waiting there returns (KVR_CANCELLED) instead of keeping the handle for good.
  * - Token and hash arrays are read in place from a C-contiguous buffer of 4-byte (tokens) or
  *   8-byte (hashes) unsigned integers (array.array('I'/'Q'), numpy uint32/uint64); any other
  *   integer buffer or iterable of ints is converted, with range checks.
@@ -1129,8 +1131,13 @@ static PyObject* router_new(PyTypeObject* type, PyObject* args, PyObject* kwds) 
   return (PyObject*)self;
 }
 
+/* close(): refuses new calls, closes the admission queue (a call waiting there, which without a
+ * queue timeout would keep the router, and its thread, for good, returns KVR_CANCELLED), and
+ * frees the router once no call is in flight (here, or when the last one leaves). */
 static PyObject* router_close(RouterObject* self, PyObject* unused) {
-  if (!self->r || self->h.closing) Py_RETURN_NONE;
+  kvr_router* r = self->r;
+  PyThreadState* save;
+  if (!r || self->h.closing) Py_RETURN_NONE;
   if (self->owner) {
     PyErr_SetString(PyExc_TypeError, "a Disagg pool's router is closed with its Disagg");
     return NULL;
@@ -1141,7 +1148,13 @@ static PyObject* router_close(RouterObject* self, PyObject* unused) {
     return NULL;
   }
   self->h.closing = 1;
-  if (self->h.busy == 0) router_destroy(self);
+  /* In flight itself meanwhile (busy), so that a call leaving does not free r under it; without
+   * the GIL, as every call into a router. Cannot fail on a live router. */
+  self->h.busy++;
+  save = PyEval_SaveThread();
+  kvr_router_close_queue(r, NULL, NULL);
+  PyEval_RestoreThread(save);
+  if (--self->h.busy == 0) router_destroy(self);
   Py_RETURN_NONE;
 }
 
@@ -1453,9 +1466,10 @@ PyDoc_STRVAR(free_request_doc,
 PyDoc_STRVAR(
     close_doc,
     "close($self, /)\n--\n\n"
-    "Frees the router (idempotent). Calls in flight on other threads finish first; later calls\n"
-    "raise ClosedError. Refused while an Ingest feeds the router; a Disagg pool's router closes\n"
-    "with its Disagg.");
+    "Frees the router (idempotent). It first closes the admission queue (close_queue): a call\n"
+    "waiting there on another thread raises RequestCancelledError. Other calls in flight finish\n"
+    "first; later calls raise ClosedError. Refused while an Ingest feeds the router; a Disagg\n"
+    "pool's router closes with its Disagg.");
 
 static PyObject* g_str_c; /* "_c": the lowered form a RequestOptions keeps */
 
@@ -1882,6 +1896,19 @@ cleanup:
   return NULL;
 }
 
+/* _close_queue() -> int: how many requests were waiting */
+static PyObject* router_close_queue(RouterObject* self, PyObject* unused) {
+  uint64_t n = 0;
+  kvr_router* r;
+  kvr_error* err = NULL;
+  kvr_status st = KVR_OK;
+  ROUTER_CALL(self, r, st, kvr_router_close_queue(r, &n, &err));
+  if (st != KVR_OK) return fail(st, err);
+  return PyLong_FromUnsignedLongLong(n);
+cleanup:
+  return NULL;
+}
+
 static PyObject* router_expire_plans(RouterObject* self, PyObject* unused) {
   return router_count_call(self, kvr_router_expire_plans);
 }
@@ -1988,6 +2015,7 @@ static PyMethodDef router_methods[] = {
      mark_prefill_completed_doc},
     {"_record_output", (PyCFunction)router_record_output, METH_VARARGS, NULL},
     {"free_request", (PyCFunction)router_free_request, METH_O, free_request_doc},
+    {"_close_queue", (PyCFunction)router_close_queue, METH_NOARGS, NULL},
     {"_snapshot", (PyCFunction)router_snapshot, METH_NOARGS, NULL},
     {"_restore", (PyCFunction)router_restore, METH_O, NULL},
     {"_get_metrics", (PyCFunction)router_get_metrics, METH_NOARGS, NULL},
@@ -2063,10 +2091,19 @@ static PyObject* disagg_new(PyTypeObject* type, PyObject* args, PyObject* kwds) 
   return (PyObject*)self;
 }
 
+/* close(): as router_close, for both pools' admission queues (a call waiting in one, through the
+ * Disagg or a pool's router, enters the Disagg and so keeps it until it returns). */
 static PyObject* disagg_close(DisaggObject* self, PyObject* unused) {
-  if (!self->d || self->h.closing) Py_RETURN_NONE;
+  kvr_disagg* d = self->d;
+  PyThreadState* save;
+  if (!d || self->h.closing) Py_RETURN_NONE;
   self->h.closing = 1;
-  if (self->h.busy == 0) disagg_destroy(self);
+  self->h.busy++;
+  save = PyEval_SaveThread();
+  kvr_router_close_queue(kvr_disagg_prefill_router(d), NULL, NULL);
+  kvr_router_close_queue(kvr_disagg_decode_router(d), NULL, NULL);
+  PyEval_RestoreThread(save);
+  disagg_leave(self);
   Py_RETURN_NONE;
 }
 

@@ -7,8 +7,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from typing import Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -29,6 +30,32 @@ def wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None
             return
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def in_thread(call: Callable[[], Any]) -> Tuple[threading.Thread, List[Tuple[str, Any]]]:
+    """Runs `call` on a daemon thread (one that never returns cannot hold up the interpreter's
+    exit); the list gets ("ok", its result) or ("raised", its exception)."""
+    out: List[Tuple[str, Any]] = []
+
+    def run() -> None:
+        try:
+            out.append(("ok", call()))
+        except BaseException as e:  # noqa: B902 - reported to the test
+            out.append(("raised", e))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def cancelled_within(t: threading.Thread, out: List[Tuple[str, Any]], timeout: float = 10.0) -> BaseException:
+    """The call `in_thread` runs ends within `timeout` raising RequestCancelledError (returned)."""
+    t.join(timeout)
+    assert not t.is_alive(), "the waiting call was not woken"
+    ((kind, value),) = out
+    assert kind == "raised" and isinstance(value, kvrouter.RequestCancelledError), out
+    assert value.status == kvrouter.Status.CANCELLED
+    return value
 
 
 def ephemeral_ports() -> int:

@@ -13,7 +13,7 @@ import weakref
 import pytest
 
 import kvrouter
-from conftest import prompt, wait_for
+from conftest import cancelled_within, in_thread, prompt, wait_for
 from kvrouter import RequestOptions, StoredEvent
 
 
@@ -545,23 +545,69 @@ def test_publishers_set_from_two_threads_leave_the_router_calling_the_one_kept(r
     router.set_replica_publisher("gw", None)
 
 
-def test_close_while_another_thread_waits_frees_after_it():
+def queueing_router_with_one_busy_rank(p):
+    """A router whose only rank is over its queue threshold (0): an admitted call waits."""
     r = kvrouter.Router(block_size=16, queue_threshold=0.0)
     r.add_worker(kvrouter.WorkerConfig(1, max_num_batched_tokens=16))
+    busy = r.find_best_match(p, request_id="busy")
+    assert busy.booked and not busy.queued
+    return r
+
+
+def test_close_queue_cancels_its_waiters_for_good():
+    # A shutdown closes the queue: a call waiting there with no timeout (which nothing else would
+    # end) is cancelled, and so is every later one that would wait, at once; previews and
+    # requests admitted at once go on.
     p = prompt(1, 4)
-    r.find_best_match(p, request_id="busy")
-    out = []
-    t = threading.Thread(target=lambda: out.append(
-        pytest.raises(kvrouter.DeadlineExceededError, r.find_best_match, p,
-                      RequestOptions(queue_timeout=0.3), request_id="w")))
-    t.start()
+    with queueing_router_with_one_busy_rank(p) as r:
+        t, out = in_thread(lambda: r.find_best_match(p, request_id="waiting"))
+        wait_for("the request to queue", lambda: r.metrics().queue_pending == 1)
+        assert r.close_queue() == 1
+        cancelled_within(t, out)
+        assert r.metrics().queue_pending == 0
+
+        start = time.monotonic()
+        with pytest.raises(kvrouter.RequestCancelledError):  # not after its timeout
+            r.find_best_match(p, RequestOptions(queue_timeout=30.0), request_id="late")
+        assert time.monotonic() - start < 10
+
+        preview = r.find_best_match(p)
+        assert preview.worker_id == 1 and not preview.booked
+        assert r.preview_route(p).worker_id == 1
+        r.free_request("busy")
+        fresh = r.find_best_match(p, request_id="fresh")  # admitted at once: room again
+        assert fresh.booked and not fresh.queued
+        r.free_request("fresh")
+
+        assert r.close_queue() == 0
+        assert r.metrics().requests_active == 0
+
+
+def test_close_while_another_thread_waits_cancels_it_and_frees_after_it():
+    # The waiting call has no timeout: close() closes the queue first, so the call is cancelled
+    # (before, it waited for good, and with it the router, freed by the last call in flight).
+    p = prompt(1, 4)
+    r = queueing_router_with_one_busy_rank(p)
+    t, out = in_thread(lambda: r.find_best_match(p, request_id="w"))
     wait_for("the request to queue", lambda: r.metrics().queue_pending == 1)
-    r.close()  # deferred: the waiting call still owns the router
+    closer, closed = in_thread(r.close)
+    closer.join(10)
+    assert not closer.is_alive() and closed == [("ok", None)]
     assert r.closed
-    t.join(10)
-    assert out
+    cancelled_within(t, out)
     with pytest.raises(kvrouter.ClosedError):
         r.metrics()
+    with pytest.raises(kvrouter.ClosedError):
+        r.close_queue()
+
+
+def test_leaving_a_with_block_cancels_a_call_waiting_in_the_queue():
+    p = prompt(2, 4)
+    with queueing_router_with_one_busy_rank(p) as r:
+        t, out = in_thread(lambda: r.find_best_match(p, request_id="w"))
+        wait_for("the request to queue", lambda: r.metrics().queue_pending == 1)
+    assert r.closed
+    cancelled_within(t, out)
 
 
 def test_queue_timeout_rounds_up_to_milliseconds():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import kvrouter
-from conftest import prompt
+from conftest import cancelled_within, in_thread, prompt, wait_for
 from kvrouter import RequestOptions, RoutingHints
 
 
@@ -80,3 +80,26 @@ def test_disaggregated_prefill_and_decode():
     assert d.closed and d.prefill_router.closed
     with pytest.raises(kvrouter.ClosedError):
         d.prefill_router.metrics()
+
+
+def test_closing_a_disagg_cancels_calls_waiting_in_either_pools_queue():
+    # Disagg.close() closes both pools' queues first: a route_prefill waiting in the prefill
+    # pool's and an admitted call waiting in the decode pool's (through its pool router), neither
+    # with a timeout, are cancelled.
+    queueing = kvrouter.RouterOptions(block_size=16, queue_threshold=0.0)
+    d = kvrouter.Disagg(queueing, queueing)
+    d.prefill_router.add_worker(kvrouter.WorkerConfig(10, max_num_batched_tokens=16))
+    d.decode_router.add_worker(kvrouter.WorkerConfig(20, max_num_batched_tokens=16))
+    p = prompt(3, 4)
+    assert d.route_prefill(p, request_id="p-busy").remote  # each pool's only rank over threshold
+    assert d.route_decode(p, remote_prefill=False, request_id="d-busy").booked
+    prefill = in_thread(lambda: d.route_prefill(p, request_id="p-w"))
+    decode = in_thread(lambda: d.decode_router.find_best_match(p, request_id="d-w"))
+    wait_for("both to queue", lambda: d.prefill_router.metrics().queue_pending == 1
+             and d.decode_router.metrics().queue_pending == 1)
+    closer, closed = in_thread(d.close)
+    closer.join(10)
+    assert not closer.is_alive() and closed == [("ok", None)]
+    cancelled_within(*prefill)
+    cancelled_within(*decode)
+    assert d.closed and d.prefill_router.closed and d.decode_router.closed

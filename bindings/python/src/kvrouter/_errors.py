@@ -34,7 +34,8 @@ class KvRouterError(Exception):
 
 
 class RequestCancelledError(KvRouterError):
-    """KVR_CANCELLED: the request was freed while it waited in the admission queue."""
+    """KVR_CANCELLED: the request was freed while it waited in the admission queue, or the
+    queue was closed (:meth:`Router.close_queue`, :meth:`Router.close`)."""
 
 
 class InvalidArgumentError(KvRouterError, ValueError):

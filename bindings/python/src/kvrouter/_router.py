@@ -43,9 +43,12 @@ class Router(_native.Router):
     while the library works, so routing runs in parallel with other Python threads. An
     admitted routing call (``request_id=`` given, or ``RequestOptions(admit=True)``) on a
     router with a queue threshold may block its thread in the admission queue (bound it with
-    ``RequestOptions.queue_timeout``). ``close()`` (or leaving a ``with`` block) frees the
-    router; it may be called while other threads still call, which then finish first, and
-    later calls raise :class:`ClosedError`. A router closed, or dropped (also by the garbage
+    ``RequestOptions.queue_timeout``, or end every such wait with :meth:`close_queue`).
+    ``close()`` (or leaving a ``with`` block) frees the router; it may be called while other
+    threads still call, which then finish first, and later calls raise :class:`ClosedError`.
+    It closes the admission queue first: a call waiting there raises
+    :class:`RequestCancelledError` rather than keep its thread, and the router, for good. A
+    router closed, or dropped (also by the garbage
     collector, in a cycle with its replica publisher), says no farewell through its publisher,
     as ``kvr_router_free`` and the Go, Rust and Java bindings: its peers keep its bookings until
     they expire them; ``set_replica_publisher(replica_id, None)`` first has them dropped at once.
@@ -168,6 +171,15 @@ class Router(_native.Router):
         """The request has generated ``output_tokens`` so far (cumulative). Needs
         ``RouterOptions(track_output_blocks=True)`` (FailedPreconditionError otherwise)."""
         self._record_output(request_id, output_tokens)
+
+    def close_queue(self) -> int:
+        """For a shutdown: closes the admission queue for good (``kvr_router_close_queue``).
+        Every request waiting in it is cancelled (its routing call, blocked on another thread,
+        raises :class:`RequestCancelledError`), and from now on a request that would wait raises
+        it at once; one admitted at once is still routed and booked, and previews, frees and
+        every other call work as before. :meth:`close` (and leaving a ``with`` block) does this
+        first. Returns how many requests were waiting (0 once closed); idempotent."""
+        return self._close_queue()
 
     # ---- staged routing, pins, sessions
 
@@ -326,7 +338,9 @@ class Disagg:
         self._decode: Router = self._h.pool_router(False, Router)
 
     def close(self) -> None:
-        """Frees both pools (idempotent)."""
+        """Frees both pools once calls in flight return (idempotent). It closes both pools'
+        admission queues first (:meth:`Router.close_queue`): a call waiting in one, here or on a
+        pool's router, raises :class:`RequestCancelledError`."""
         self._h.close()
 
     @property
