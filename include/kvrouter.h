@@ -669,8 +669,8 @@ typedef struct kvr_candidate {
  * with their cost breakdown and `*num_candidates` (may be NULL) the total: a decision is never
  * refused for lack of room, the list is truncated instead. Errors: KVR_INVALID_ARGUMENT,
  * KVR_ALREADY_EXISTS (request id active or waiting), KVR_UNAVAILABLE (no eligible worker),
- * KVR_DEADLINE_EXCEEDED (queue timeout), KVR_CANCELLED (freed while waiting in the queue).
- * @thread_safety concurrent */
+ * KVR_DEADLINE_EXCEEDED (queue timeout), KVR_CANCELLED (freed while waiting in the queue, or the
+ * queue closed: kvr_router_close_queue). @thread_safety concurrent */
 KVR_API kvr_status kvr_find_best_match(kvr_router *router, const uint32_t *tokens,
                                        size_t num_tokens, const kvr_request_options *opts,
                                        kvr_route_result *out, kvr_candidate *candidates, size_t cap,
@@ -781,11 +781,11 @@ KVR_API kvr_status kvr_router_free_request(kvr_router *router, const char *reque
                                            kvr_error **err);
 
 /* For a shutdown: every request waiting in the admission queue is cancelled (its routing call
- * returns KVR_CANCELLED, its async callback hears so), and from now on a request that would
- * wait is KVR_CANCELLED at once; one admitted at once is still routed and booked, and frees
+ * returns KVR_CANCELLED), and from now on a request that would wait is KVR_CANCELLED at once; one admitted at once is still routed and booked, and frees
  * work as before. A caller blocked in the queue is thus woken before its router is freed (no
  * call may be in progress then). Final (the queue stays closed); idempotent. `*cancelled` (may
- * be NULL): how many were waiting. Since 0.2.0. @thread_safety concurrent */
+ * be NULL): how many were waiting. Not from a replica publisher (it takes the router's lock,
+ * which the publisher runs under). Since 0.2.0. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_close_queue(kvr_router *router, uint64_t *cancelled,
                                           kvr_error **err);
 

@@ -2,6 +2,7 @@ package kvrouter
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -442,7 +443,17 @@ func TestIngestClosedFromItsLoopThread(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatal("no heartbeat reached the publisher in a minute")
 		}
-		must(t, r.Close()) // the Ingest no longer feeds it, though it may not be freed yet
+		// Close from the publisher is asynchronous: the router is refused while the Ingest still
+		// feeds it, and closes once that goroutine has stopped it.
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+			err := r.Close()
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrFailedPrecondition) || time.Now().After(deadline) {
+				t.Fatalf("Router.Close after the Ingest's Close from its publisher: %v", err)
+			}
+		}
 		for deadline := time.Now().Add(time.Minute); !r.ptr.closed(); time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("the router is not freed a minute after its Ingest's Close (state %#x, the Ingest's %#x)",
@@ -452,10 +463,43 @@ func TestIngestClosedFromItsLoopThread(t *testing.T) {
 		return
 	}
 	url := "nats://" + startNATSServer(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestIngestClosedFromItsLoopThread$", "-test.count=1", "-test.v")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang fails
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestIngestClosedFromItsLoopThread$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), childEnv+"="+url)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestIngestClosedFromItsLoopThread")) {
 		t.Fatalf("the child ended with %v; its output:\n%s", err, out)
 	}
+}
+
+// Router.Close and CloseQueue take the router's lock, which a replica publisher runs under:
+// called from one they refuse (before, the publisher's thread blocked for good, and every
+// call on the router with it).
+func TestCloseFromAPublisherIsRefused(t *testing.T) {
+	opts := DefaultRouterOptions()
+	opts.BlockSize = bs
+	r, err := NewRouter(&opts)
+	must(t, err)
+	must(t, r.AddWorker(WorkerConfig{WorkerID: 1}))
+	var armed atomic.Bool
+	inside := make(chan error, 2)
+	must(t, r.SetReplicaPublisher("gateway-a", func([]byte) {
+		if armed.CompareAndSwap(true, false) {
+			inside <- r.Close()
+			_, err := r.CloseQueue()
+			inside <- err
+		}
+	}))
+	armed.Store(true)
+	within(t, "FindBestMatch whose publisher closes the router", func() error {
+		_, err := r.FindBestMatch(prompt(64, 0), &RequestOptions{RequestID: "r1", Admit: true})
+		return err
+	})
+	for _, call := range []string{"Close", "CloseQueue"} {
+		if err := <-inside; !errors.Is(err, ErrFailedPrecondition) {
+			t.Errorf("%s from the publisher: %v, want ErrFailedPrecondition", call, err)
+		}
+	}
+	must(t, r.Close())
 }

@@ -112,10 +112,13 @@ func NewDisagg(prefill, decode *RouterOptions, opts *DisaggOptions) (*Disagg, er
 // Routers then return ErrClosed. Like Router.Close it may run concurrently with other calls (on
 // the Disagg or its pools: the pools are freed when the last call in flight returns), first
 // closes both pools' admission queues (their waiters return ErrCancelled), and refuses while an
-// Ingest feeds a pool.
+// Ingest feeds a pool. Called from a replica publisher it refuses, as Router.Close.
 func (d *Disagg) Close() error {
 	if d == nil {
 		return nil
+	}
+	if err := refuseInPublishCallback("Close"); err != nil {
+		return err
 	}
 	h := d.acquire()
 	if h == nil {

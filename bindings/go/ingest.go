@@ -116,12 +116,16 @@ func NewIngest(router *Router, opts *IngestOptions) (*Ingest, error) {
 // scrape: they finish on the stopped object, which is freed when the last of them returns),
 // and every call begun after it returns ErrClosed. Once it has returned, the sources' endpoints
 // are unbound and Router.Close no longer refuses on this Ingest's account (the router is then
-// freed after this object). A replica publisher called by this Ingest's loop (its heartbeats)
-// may close it: the loop then ends once the publisher returns, and the free is left to a
-// goroutine of its own (see release). A publisher called by a routing call must not: it holds
-// the router's lock, which the loop may be waiting for while Close joins it.
+// freed after this object). Called from a replica publisher (this Ingest's heartbeats, or a
+// routing call's booking change), which runs under the router's lock, Close is asynchronous:
+// it returns at once and a goroutine of its own does the above once the publisher has returned
+// (stopping joins the loop, which may be waiting for that lock, or be the very thread).
 func (in *Ingest) Close() error {
 	if in == nil {
+		return nil
+	}
+	if inPublishCallback() {
+		go in.Close()
 		return nil
 	}
 	in.natsMu.Lock()

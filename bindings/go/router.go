@@ -224,10 +224,15 @@ func (r *Router) SetTime(nanos int64) error {
 // FreeRequest could admit after Close) returns ErrCancelled at once, and so does a call in
 // flight that would start waiting; one admitted at once is still routed. Close refuses
 // (ErrFailedPrecondition, the router staying open and its queue too) while an Ingest feeding it
-// is open. For a Disagg's pool router it does nothing (close the Disagg instead).
+// is open. For a Disagg's pool router it does nothing (close the Disagg instead). Called from a
+// replica publisher, which runs under the router's lock that closing the queue takes, it
+// refuses (ErrFailedPrecondition) rather than block that thread, and the router with it.
 func (r *Router) Close() error {
 	if r == nil || r.owner != nil {
 		return nil
+	}
+	if err := refuseInPublishCallback("Close"); err != nil {
+		return err
 	}
 	h := r.acquire()
 	if h == nil {
@@ -252,7 +257,12 @@ func (r *Router) Close() error {
 // concurrently with any call. A gateway draining before its shutdown calls it to release the
 // goroutines blocked in the queue while it goes on routing what it can place at once and
 // freeing what ends; Close does it too. On a Disagg's pool router it closes that pool's queue.
+//
+// Called from a replica publisher it refuses (ErrFailedPrecondition), as Close.
 func (r *Router) CloseQueue() (cancelled uint64, err error) {
+	if err := refuseInPublishCallback("CloseQueue"); err != nil {
+		return 0, err
+	}
 	h := r.acquire()
 	if h == nil {
 		return 0, ErrClosed
@@ -261,6 +271,16 @@ func (r *Router) CloseQueue() (cancelled uint64, err error) {
 	n, err := closeQueue(h)
 	runtime.KeepAlive(r)
 	return n, err
+}
+
+// refuseInPublishCallback refuses a call that takes the router's lock (closing its queue) when
+// made from inside a replica publisher, which holds that lock: it would block for good.
+func refuseInPublishCallback(call string) error {
+	if !inPublishCallback() {
+		return nil
+	}
+	return newError(ErrFailedPrecondition, call+" called from a replica publisher, which runs "+
+		"under the router's lock: call it after the publisher returns")
 }
 
 // closeQueue calls kvr_router_close_queue on h (held by the caller).

@@ -454,7 +454,7 @@ type Candidate struct {
 // admission queue if the router queues (the goroutine blocks in C; see QueueTimeout).
 // Errors: ErrInvalidArgument, ErrAlreadyExists (request id active or waiting), ErrUnavailable
 // (no eligible worker), ErrDeadlineExceeded (queue timeout), ErrCancelled (freed while
-// queued).
+// queued, or the queue closed: CloseQueue, Close).
 func (r *Router) FindBestMatch(tokens []uint32, opts *RequestOptions) (RouteResult, error) {
 	res, _, err := r.findBestMatch(tokens, opts, nil)
 	return res, err

@@ -271,9 +271,10 @@ size_t Router::CloseQueue() {
   size_t cancelled = 0;
   {
     std::lock_guard lock(gate_);
-    queue_closed_ = true;
-    // Every caller's place first: once out of the queue, a request must hear why.
+    // Every caller's place first: once out of the queue, a request must hear why; refused, the
+    // queue is left as it was (open).
     completions.reserve(queue_.size());
+    queue_closed_ = true;
     for (; !queue_.empty(); ++cancelled) {
       completions.push_back({std::move(queue_.PopFront().item->done), closed});
     }

@@ -49,12 +49,19 @@ public final class DisaggRouter extends NativeObject {
     return Router.pool(handle, resource);
   }
 
-  /** The prefill pool (owned by this object: closing it only closes the handle). */
+  /**
+   * The prefill pool (owned by this object: closing it closes the handle and the pool's admission
+   * queue, so that a call waiting there through it returns: later prefill routes that would wait
+   * are then cancelled).
+   */
   public Router prefillRouter() {
     return prefill;
   }
 
-  /** The decode pool (owned by this object: closing it only closes the handle). */
+  /**
+   * The decode pool (owned by this object: closing it closes the handle and the pool's admission
+   * queue, as {@link #prefillRouter()}).
+   */
   public Router decodeRouter() {
     return decode;
   }
@@ -195,7 +202,10 @@ public final class DisaggRouter extends NativeObject {
 
   @Override
   void beforeFree() {
-    prefill.close();
-    decode.close();
+    try {
+      prefill.close();
+    } finally {
+      decode.close(); // even if the prefill pool's close threw
+    }
   }
 }

@@ -74,10 +74,10 @@ abstract class NativeObject implements AutoCloseable {
   public void close() {
     long previous = (long) STATE.getAndBitwiseOr(this, CLOSED);
     if ((previous & CLOSED) != 0) return;
-    RuntimeException failed = null;
+    Throwable failed = null;
     try {
       closing();
-    } catch (RuntimeException e) {
+    } catch (RuntimeException | Error e) {
       failed = e; // still freed below; thrown after
     }
     awaitNoCalls();
@@ -86,7 +86,8 @@ abstract class NativeObject implements AutoCloseable {
     } finally {
       cleanable.clean();
     }
-    if (failed != null) throw failed;
+    if (failed instanceof RuntimeException e) throw e;
+    if (failed instanceof Error e) throw e;
   }
 
   /**
