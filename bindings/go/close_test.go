@@ -503,3 +503,41 @@ func TestCloseFromAPublisherIsRefused(t *testing.T) {
 	}
 	must(t, r.Close())
 }
+
+// Ingest.Stop from a replica publisher (here one a routing call runs, under the router's lock)
+// is asynchronous, as Close: it returns at once, and the ingest is stopped soon after (calls
+// that add a source are then refused).
+func TestIngestStopFromAPublisherIsAsynchronous(t *testing.T) {
+	opts := DefaultRouterOptions()
+	opts.BlockSize = bs
+	r, err := NewRouter(&opts)
+	must(t, err)
+	must(t, r.AddWorker(WorkerConfig{WorkerID: 1}))
+	in, err := NewIngest(r, nil)
+	must(t, err)
+	must(t, in.Start())
+	var armed atomic.Bool
+	stopped := make(chan error, 1)
+	must(t, r.SetReplicaPublisher("gateway-a", func([]byte) {
+		if armed.CompareAndSwap(true, false) {
+			stopped <- in.Stop()
+		}
+	}))
+	armed.Store(true)
+	within(t, "FindBestMatch whose publisher stops the ingest", func() error {
+		_, err := r.FindBestMatch(prompt(64, 0), &RequestOptions{RequestID: "r1", Admit: true})
+		return err
+	})
+	must(t, <-stopped)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, _, err := in.Listen("tcp://127.0.0.1:0")
+		if errors.Is(err, ErrFailedPrecondition) {
+			break
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("Listen after the publisher's Stop: %v, want ErrFailedPrecondition once stopped", err)
+		}
+	}
+	must(t, in.Close())
+	must(t, r.Close())
+}

@@ -196,10 +196,17 @@ func (in *Ingest) Start() error {
 }
 
 // Stop closes every source and joins the loop thread. It is final (an Ingest cannot be
-// restarted) and idempotent.
+// restarted) and idempotent. Called from a replica publisher it is asynchronous, as Close: a
+// goroutine stops the ingest once the publisher has returned (the publisher runs under the
+// router's lock, or on the loop Stop joins, which a NATS subscription in progress may be
+// waiting for while it holds the lock Stop takes).
 func (in *Ingest) Stop() error {
 	if in == nil {
 		return ErrClosed
+	}
+	if inPublishCallback() {
+		go in.Stop()
+		return nil
 	}
 	in.natsMu.Lock()
 	defer in.natsMu.Unlock()
