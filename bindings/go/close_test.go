@@ -477,24 +477,12 @@ func TestIngestClosedFromItsLoopThread(t *testing.T) {
 // called from one they refuse (before, the publisher's thread blocked for good, and every
 // call on the router with it).
 func TestCloseFromAPublisherIsRefused(t *testing.T) {
-	opts := DefaultRouterOptions()
-	opts.BlockSize = bs
-	r, err := NewRouter(&opts)
-	must(t, err)
-	must(t, r.AddWorker(WorkerConfig{WorkerID: 1}))
-	var armed atomic.Bool
+	r := newTestRouter(t, 1)
 	inside := make(chan error, 2)
-	must(t, r.SetReplicaPublisher("gateway-a", func([]byte) {
-		if armed.CompareAndSwap(true, false) {
-			inside <- r.Close()
-			_, err := r.CloseQueue()
-			inside <- err
-		}
-	}))
-	armed.Store(true)
-	within(t, "FindBestMatch whose publisher closes the router", func() error {
-		_, err := r.FindBestMatch(prompt(64, 0), &RequestOptions{RequestID: "r1", Admit: true})
-		return err
+	routeCallingFromThePublisher(t, r, func() {
+		inside <- r.Close()
+		_, err := r.CloseQueue()
+		inside <- err
 	})
 	for _, call := range []string{"Close", "CloseQueue"} {
 		if err := <-inside; !errors.Is(err, ErrFailedPrecondition) {
@@ -508,26 +496,12 @@ func TestCloseFromAPublisherIsRefused(t *testing.T) {
 // is asynchronous, as Close: it returns at once, and the ingest is stopped soon after (calls
 // that add a source are then refused).
 func TestIngestStopFromAPublisherIsAsynchronous(t *testing.T) {
-	opts := DefaultRouterOptions()
-	opts.BlockSize = bs
-	r, err := NewRouter(&opts)
-	must(t, err)
-	must(t, r.AddWorker(WorkerConfig{WorkerID: 1}))
+	r := newTestRouter(t, 1)
 	in, err := NewIngest(r, nil)
 	must(t, err)
 	must(t, in.Start())
-	var armed atomic.Bool
 	stopped := make(chan error, 1)
-	must(t, r.SetReplicaPublisher("gateway-a", func([]byte) {
-		if armed.CompareAndSwap(true, false) {
-			stopped <- in.Stop()
-		}
-	}))
-	armed.Store(true)
-	within(t, "FindBestMatch whose publisher stops the ingest", func() error {
-		_, err := r.FindBestMatch(prompt(64, 0), &RequestOptions{RequestID: "r1", Admit: true})
-		return err
-	})
+	routeCallingFromThePublisher(t, r, func() { stopped <- in.Stop() })
 	must(t, <-stopped)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
 		_, _, err := in.Listen("tcp://127.0.0.1:0")
@@ -540,4 +514,21 @@ func TestIngestStopFromAPublisherIsAsynchronous(t *testing.T) {
 	}
 	must(t, in.Close())
 	must(t, r.Close())
+}
+
+// routeCallingFromThePublisher books a request on r with a replica publisher that runs inside
+// once: on the routing call's goroutine, under the router's lock.
+func routeCallingFromThePublisher(t *testing.T, r *Router, inside func()) {
+	t.Helper()
+	var armed atomic.Bool
+	must(t, r.SetReplicaPublisher("gateway-a", func([]byte) {
+		if armed.CompareAndSwap(true, false) {
+			inside()
+		}
+	}))
+	armed.Store(true)
+	within(t, "FindBestMatch whose publisher calls back", func() error {
+		_, err := r.FindBestMatch(prompt(64, 0), &RequestOptions{RequestID: "r1", Admit: true})
+		return err
+	})
 }
