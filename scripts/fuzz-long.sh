@@ -16,24 +16,39 @@
 # stopped early with SIGINT to its fuzzer process (not to this script) is recorded like a
 # finished one; with KVR_FUZZ_JOBS, SIGTERM to the fuzzer parent (it ignores SIGINT, and
 # counts the job the stop interrupts as a crash, writing no input).
+#
+# KVR_FUZZ_SANITIZERS=LIST builds the harnesses with those sanitizers instead of CI's
+# address,undefined, in a build directory of their own (build/fuzz-<list>); KVR_FUZZ_ARGS adds
+# libFuzzer flags. Both are recorded in the ledger's last column. For a harness whose findings
+# are its own model's verdicts, e.g. index_model_fuzzer's volume runs (docs/testing.md):
+#   KVR_FUZZ_SANITIZERS=undefined KVR_FUZZ_ARGS="-entropic=0 -max_len=256" \
+#     scripts/fuzz-long.sh 3600 index_model_fuzzer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${1:-3600}
 shift || true
-CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DKVR_BUILD_FUZZERS=ON \
+sanitizers=${KVR_FUZZ_SANITIZERS:-address,undefined}
+build=build/fuzz
+[ "$sanitizers" = address,undefined ] || build=build/fuzz-${sanitizers//,/-}
+# The run's build and flags, as the ledger records them (empty: CI's).
+flags="${KVR_FUZZ_ARGS:-}"
+[ "$build" = build/fuzz ] || flags="-fsanitize=$sanitizers${flags:+ $flags}"
+CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DKVR_BUILD_FUZZERS=ON \
   -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=ON -DKVR_BUILD_EXAMPLES=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build/fuzz -j "${KVR_JOBS:-$(nproc)}" --target kvr_fuzzers >/dev/null
+  -DKVR_FUZZ_SANITIZERS="$sanitizers" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 
 harnesses=("$@")
+targets=("$@")
 if [ ${#harnesses[@]} -eq 0 ]; then
   mapfile -t harnesses < <(ls tests/fuzz/seeds)
+  targets=(kvr_fuzzers)
 fi
+cmake --build "$build" -j "${KVR_JOBS:-$(nproc)}" --target "${targets[@]}" >/dev/null
 mkdir -p build/fuzz-findings build/fuzz-corpus
 ledger=tests/fuzz/ledger.tsv
 [ -f "$ledger" ] ||
-  printf 'finished\tharness\tseconds\texecutions\tedges\tfeatures\tcorpus\tfindings\tcommit\n' >"$ledger"
+  printf 'finished\tharness\tseconds\texecutions\tedges\tfeatures\tcorpus\tfindings\tcommit\tflags\n' >"$ledger"
 
 # The executions of every run of a harness recorded in the ledger.
 ledger_total() { awk -F'\t' -v n="$1" '$2 == n { s += $4 } END { print s + 0 }' "$ledger"; }
@@ -63,9 +78,11 @@ fuzz_one() {
   [ "${KVR_FUZZ_JOBS:-1}" -le 1 ] || fork=(-fork="$KVR_FUZZ_JOBS" -ignore_crashes=1)
   local kept=()  # what earlier long runs kept (scripts/fuzz-keep.sh), on any machine
   [ ! -d "tests/fuzz/corpus/$name" ] || kept=("tests/fuzz/corpus/$name")
-  "build/fuzz/tests/fuzz/$name" -max_total_time="$seconds" -rss_limit_mb=2048 \
+  local extra=()
+  read -r -a extra <<<"${KVR_FUZZ_ARGS:-}"
+  "$build/tests/fuzz/$name" -max_total_time="$seconds" -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="build/fuzz-findings/$name-" "${fork[@]}" "${runs[@]}" \
-    "$corpus" "tests/fuzz/seeds/$name" "${kept[@]}" >"$log" 2>&1 || status=$?
+    "${extra[@]}" "$corpus" "tests/fuzz/seeds/$name" "${kept[@]}" >"$log" 2>&1 || status=$?
   local execs cov ft findings size total
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   # In fork mode the parent runs no input itself (its stat is 0): its progress lines count the
@@ -79,15 +96,15 @@ fuzz_one() {
   # 72: libFuzzer's exit when interrupted (SIGINT to the fuzzer): the executions so far count.
   [ "$status" -eq 0 ] || [ "$status" -eq 72 ] || findings="$findings (exit $status: $log)"
   size=$(ls "$corpus" | wc -l)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" \
     "$((SECONDS - started))" "${execs:-0}" "${cov:-?}" "${ft:-?}" "$size" "$findings" \
-    "$commit" >>"$ledger"
+    "$commit" "$flags" >>"$ledger"
   total=$(ledger_total "$name")
   printf '%-28s %12s %8s %8s %8s %14s  %s\n' "$name" "${execs:-?}" "${cov:-?}" "${ft:-?}" \
     "$size" "$total" "$findings"
 }
 export -f fuzz_one last_figure ledger_total
-export seconds ledger
+export seconds ledger build flags
 
 printf '%-28s %12s %8s %8s %8s %14s  %s\n' harness executions edges features corpus \
   'all runs' findings
