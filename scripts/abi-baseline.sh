@@ -99,23 +99,28 @@ package=libkvrouter$soversion
 tmp=$(mktemp -d /tmp/abi-baseline.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-# The symbols file, first, so that nothing is written when it fails: dpkg-gensymbols keeps the
-# version recorded for every known symbol and gives new ones $version. A new package's file
-# starts with the Build-Depends-Package field, and replaces the old SONAME's.
+# The symbols file, first, so that nothing is written when it fails: new symbols get $version,
+# and every known one keeps the version recorded for it. A new package's file starts with the
+# Build-Depends-Package field, and replaces the old SONAME's.
 symbols=debian/$package.symbols
 if [ -f "$symbols" ]; then
   # dpkg-gensymbols counts a symbol as lost only when -v is newer than the version that
-  # introduced it: so the check runs with <version>-1 (the Debian version, as
-  # dpkg-buildpackage would pass it), and the file is written with <version> for new symbols.
-  if ! (cd "$tmp" && dpkg-gensymbols -v"$version-1" -p"$package" -e"$lib" \
+  # introduced it: so the check runs with the Debian version, as dpkg-buildpackage passes it
+  # (a symbol may have been introduced by a revision: 0.2.0-3~, docs/api-stability.md).
+  if ! (cd "$tmp" && dpkg-gensymbols -v"$deb_version" -p"$package" -e"$lib" \
     -I"$src/$symbols" -O"$tmp/check" -c1) >"$tmp/check.log" 2>&1; then
     cat "$tmp/check.log" >&2
     echo "abi-baseline: symbols of $symbols are missing from the library; nothing written:" \
       "removing a symbol needs a SONAME bump" >&2
     exit 1
   fi
+  # Written with -v$version so that new symbols get the upstream version; dpkg-gensymbols
+  # lowers to it any recorded version above it (0.2.0-3~ > 0.2.0), so those are put back.
   (cd "$tmp" && dpkg-gensymbols -v"$version" -p"$package" -e"$lib" -I"$src/$symbols" \
-    -O"$tmp/symbols" -c0 -q)
+    -O"$tmp/written" -c0 -q)
+  awk 'NR == FNR { if (/^ /) recorded[$1] = $2; next }
+       /^ / && ($1 in recorded) { print " " $1 " " recorded[$1]; next } { print }' \
+    "$src/$symbols" "$tmp/written" >"$tmp/symbols"
 else
   (cd "$tmp" && dpkg-gensymbols -v"$version" -p"$package" -e"$lib" -O"$tmp/new" -c0 -q)
   sed "1a * Build-Depends-Package: libkvrouter-dev" "$tmp/new" >"$tmp/symbols"
