@@ -634,15 +634,16 @@ ok "runtime Depends has libabsl, libuv1, libzmq5, libnats, libstdc++6, libc6 fro
 # revision that first shipped them, e.g. 0.2.0-3~, so that nothing is installed beside a
 # library that lacks them).
 needed_runtime_version() {  # needed_runtime_version DEB
-  local dir needed=$version sym v
+  local dir needed="" sym v
   dir=$(mktemp -d "$tmp/needed.XXXXXX")
   dpkg-deb -x "$1" "$dir"
   for sym in $(find "$dir" -type f -perm -u+x -exec nm -D --undefined-only {} + 2>/dev/null |
     sed -n "s/^ *U \(kvr_[a-z0-9_]*\)@$node\$/\1/p" | LC_ALL=C sort -u); do
     v=$(awk -v s="$sym@$node" '$1 == s {print $2}' "$src/debian/$runtime_pkg.symbols")
     [ -n "$v" ] || fail "$(basename "$1") imports $sym, which debian/$runtime_pkg.symbols lacks"
-    ! dpkg --compare-versions "$v" gt "$needed" || needed=$v
+    [ -n "$needed" ] && dpkg --compare-versions "$v" le "$needed" || needed=$v
   done
+  [ -n "$needed" ] || fail "$(basename "$1") imports no kvr_ function"
   echo "$needed"
 }
 # The tool links the library: dpkg-shlibdeps takes the version from the symbols file.
