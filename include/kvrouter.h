@@ -21,8 +21,9 @@
  *   added past the fields this library knows, and records `size` in struct_size. The library
  *   then reads only the fields a caller's struct_size covers (an older caller gets defaults for
  *   the rest), writes results no further than it, and refuses a larger struct whose unknown
- *   tail is not all zero, or an input struct whose `reserved` fields are not 0. A size no header's struct has (below the struct's first released
- *   layout, ending inside a field, or over 4 KiB beyond this library's struct) is refused:
+ *   tail is not all zero, or an input struct whose `reserved` fields are not 0. A size no
+ *   header's struct has (below the struct's first released layout, ending inside a field, or
+ *   over 4 KiB beyond this library's struct) is refused:
  *   KVR_INVALID_ARGUMENT from _init and from every call given it. Fields are only ever
  *   appended, and a struct has no padding, so each size names one layout. The rules, and how
  *   the ABI tests hold the library to them, are in docs/api-stability.md.
@@ -443,7 +444,9 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *
  * kvr_router_apply_replica_event), under the router's internal lock, in the order of the changes:
  * it must be quick (queue or hand the bytes to an asynchronous client) and must not call into any
  * router (a bus delivering synchronously to another router could deadlock when that router's own
- * changes come back). That thread may be one the library owns: a replica's free applied on an
+ * changes come back). A call into its own router, which would wait for ever for that lock, fails
+ * with KVR_FAILED_PRECONDITION (since 0.2.1; kvr_disagg_* calls too, for either pool's
+ * publisher). That thread may be one the library owns: a replica's free applied on an
  * ingest loop can admit a request waiting here, whose booking is then published from the loop. */
 typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t size);
 
@@ -781,11 +784,12 @@ KVR_API kvr_status kvr_router_free_request(kvr_router *router, const char *reque
                                            kvr_error **err);
 
 /* For a shutdown: every request waiting in the admission queue is cancelled (its routing call
- * returns KVR_CANCELLED), and from now on a request that would wait is KVR_CANCELLED at once; one admitted at once is still routed and booked, and frees
- * work as before. A caller blocked in the queue is thus woken before its router is freed (no
- * call may be in progress then). Final (the queue stays closed); idempotent. `*cancelled` (may
- * be NULL): how many were waiting. Not from a replica publisher (it takes the router's lock,
- * which the publisher runs under). Since 0.2.0. @thread_safety concurrent */
+ * returns KVR_CANCELLED), and from now on a request that would wait is KVR_CANCELLED at once;
+ * one admitted at once is still routed and booked, and frees work as before. A caller blocked
+ * in the queue is thus woken before its router is freed (no call may be in progress then).
+ * Final (the queue stays closed); idempotent. `*cancelled` (may be NULL): how many were
+ * waiting. Not from a replica publisher (it takes the router's lock, which the publisher runs
+ * under: KVR_FAILED_PRECONDITION). Since 0.2.0. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_close_queue(kvr_router *router, uint64_t *cancelled,
                                           kvr_error **err);
 

@@ -18,7 +18,7 @@ import (
 const (
 	abiVersionMajor = 0
 	abiVersionMinor = 2
-	abiVersionPatch = 0
+	abiVersionPatch = 1
 )
 
 // Status is kvr_status. A status code: an int32_t, not an enum type, so that adding codes never

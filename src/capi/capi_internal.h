@@ -86,6 +86,19 @@ inline kvr_status RequireNonNull(kvr_error** err, const void* p, const char* nam
   return p != nullptr ? KVR_OK : Fail(err, KVR_INVALID_ARGUMENT, std::string(name) + " is NULL");
 }
 
+// KVR_INVALID_ARGUMENT for a NULL router; KVR_FAILED_PRECONDITION for a call from the router's
+// own replica publisher, which runs under the router's lock: the call would wait for that lock
+// for ever (the publisher's thread holds it). Every entry point taking a router checks this.
+inline kvr_status CheckRouter(kvr_error** err, const kvr_router* router) {
+  if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+  if (router->router->ObserverRunningOnThisThread()) {
+    return Fail(err, KVR_FAILED_PRECONDITION,
+                "called from the router's own replica publisher, which runs under the router's "
+                "lock: a publisher must not call into its router");
+  }
+  return KVR_OK;
+}
+
 // A caller's array of `count` elements at `p`: KVR_INVALID_ARGUMENT naming it when it is NULL
 // with elements, or when no buffer can hold that many (their bytes past PTRDIFF_MAX: the end
 // pointer would wrap and a short copy be taken for the whole); else KVR_OK.

@@ -50,8 +50,11 @@ kvr_status ToDisaggOptions(kvr_error** err, const kvr_disagg_options* opts,
   return FromStatus(err, kvrouter::ValidateDisaggOptions(out));
 }
 
+// As CheckRouter, for both pools: routing a request books on each.
 kvr_status CheckDisagg(kvr_error** err, const kvr_disagg* disagg) {
-  return RequireNonNull(err, disagg, "disagg");
+  if (kvr_status s = RequireNonNull(err, disagg, "disagg")) return s;
+  if (kvr_status s = CheckRouter(err, disagg->prefill)) return s;
+  return CheckRouter(err, disagg->decode);
 }
 
 }  // namespace

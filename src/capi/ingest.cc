@@ -265,7 +265,7 @@ KVR_API kvr_status kvr_ingest_new(kvr_router* router, const kvr_ingest_options* 
                                   kvr_ingest** out, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kLoop)) return s;
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     kvr_ingest_options in;
     if (kvr_status s = ReadVersioned(err, opts, in)) return s;

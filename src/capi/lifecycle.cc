@@ -110,7 +110,7 @@ KVR_API kvr_status kvr_preview_route(kvr_router* router, const uint32_t* tokens,
                                      const kvr_routing_hints* hints, kvr_route_signals* out,
                                      kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     RequestOptions options;
     if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
@@ -127,7 +127,7 @@ KVR_API kvr_status kvr_plan_route(kvr_router* router, const uint32_t* tokens, si
                                   const kvr_route_signals* previewed, kvr_route_signals* out,
                                   kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     RequestOptions options;
     if (kvr_status s = ToRequest(err, tokens, num_tokens, opts, options)) return s;
@@ -147,7 +147,7 @@ KVR_API kvr_status kvr_plan_route(kvr_router* router, const uint32_t* tokens, si
 
 KVR_API kvr_status kvr_commit_route(kvr_router* router, const char* request_id, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireId(err, request_id, "request_id")) return s;
     return FromStatus(err, router->router->Commit(request_id));
   });
@@ -156,7 +156,7 @@ KVR_API kvr_status kvr_commit_route(kvr_router* router, const char* request_id, 
 KVR_API kvr_status kvr_abort_route(kvr_router* router, const char* request_id, int* freed,
                                    kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireId(err, request_id, "request_id")) return s;
     const bool any = router->router->Abort(request_id);
     if (freed != nullptr) *freed = any ? 1 : 0;
@@ -167,14 +167,14 @@ KVR_API kvr_status kvr_abort_route(kvr_router* router, const char* request_id, i
 KVR_API kvr_status kvr_router_set_plan_deadline(kvr_router* router, double seconds,
                                                 kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     return FromStatus(err, router->router->SetPlanDeadline(seconds));
   });
 }
 
 KVR_API kvr_status kvr_router_expire_plans(kvr_router* router, size_t* expired, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     const size_t n = router->router->ExpirePlans();
     if (expired != nullptr) *expired = n;
     return KVR_OK;
@@ -185,7 +185,7 @@ KVR_API kvr_status kvr_router_session_binding(kvr_router* router, const char* se
                                               uint64_t* worker_id, uint32_t* dp_rank,
                                               kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireId(err, session_id, "session_id")) return s;
     auto bound = router->router->SessionBinding(session_id);
     if (!bound) {
@@ -201,7 +201,7 @@ KVR_API kvr_status kvr_router_session_binding(kvr_router* router, const char* se
 KVR_API kvr_status kvr_router_close_session(kvr_router* router, const char* session_id,
                                             kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireId(err, session_id, "session_id")) return s;
     router->router->CloseSession(session_id);
     return KVR_OK;
@@ -211,7 +211,7 @@ KVR_API kvr_status kvr_router_close_session(kvr_router* router, const char* sess
 KVR_API kvr_status kvr_router_reclaim_sessions(kvr_router* router, size_t* reclaimed,
                                                kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     const size_t n = router->router->ReclaimExpiredSessions();
     if (reclaimed != nullptr) *reclaimed = n;
     return KVR_OK;
@@ -220,7 +220,7 @@ KVR_API kvr_status kvr_router_reclaim_sessions(kvr_router* router, size_t* recla
 
 KVR_API kvr_status kvr_router_state_digest(kvr_router* router, uint64_t* out, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     *out = router->router->StateDigest();
     return KVR_OK;
@@ -229,7 +229,7 @@ KVR_API kvr_status kvr_router_state_digest(kvr_router* router, uint64_t* out, kv
 
 KVR_API kvr_status kvr_router_index_digest(kvr_router* router, uint64_t* out, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = RequireNonNull(err, out, "out")) return s;
     *out = router->router->IndexDigest();
     return KVR_OK;

@@ -165,7 +165,7 @@ KVR_API kvr_status kvr_metrics_init(kvr_metrics* metrics, size_t size) {
 
 KVR_API kvr_status kvr_router_get_metrics(kvr_router* router, kvr_metrics* out, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     if (kvr_status s = CheckResultStruct(err, out)) return s;
     return WriteVersioned(err, Collect(*router), out);
   });
@@ -174,7 +174,7 @@ KVR_API kvr_status kvr_router_get_metrics(kvr_router* router, kvr_metrics* out, 
 KVR_API kvr_status kvr_router_metrics_prometheus(kvr_router* router, char* buf, size_t cap,
                                                  size_t* len, kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {
-    if (kvr_status s = RequireNonNull(err, router, "router")) return s;
+    if (kvr_status s = CheckRouter(err, router)) return s;
     return CopyOutString(err, RenderPrometheus(*router), buf, cap, len, "Prometheus text");
   });
 }

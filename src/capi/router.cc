@@ -27,10 +27,6 @@ kvr_status CheckTier(kvr_error** err, uint32_t tier) {
   return CheckValue(err, KnownTier, tier, "tier", "KVR_TIER_*");
 }
 
-kvr_status CheckRouter(kvr_error** err, const kvr_router* router) {
-  return RequireNonNull(err, router, "router");
-}
-
 // ---- Options -----------------------------------------------------------------------------
 
 // Applies `bind(c_field, core_field)` to every field kvr_router_options shares with the core's

@@ -51,6 +51,7 @@ class BookingObserver {
     }
     SequenceChange stamped = change;  // views: nothing is copied but the fields
     stamped.heartbeat_interval_ms = promised_interval_ms_;
+    const RunningMark running(this);
     try {
       observer_(stamped);
     } catch (const std::bad_alloc&) {
@@ -60,6 +61,9 @@ class BookingObserver {
     }
     return true;
   }
+  // Whether this thread is inside this observer (a call it makes into its own router would wait
+  // for the lock the observer runs under: the C ABI refuses such calls).
+  bool RunningOnThisThread() const { return running_ == this; }
   // This router promises a heartbeat every `interval_ms` from now on: every change the
   // current observer is told carries the interval, so that a peer that missed the heartbeats
   // (it joined later, or this router died before its next) still knows to expire it.
@@ -68,6 +72,22 @@ class BookingObserver {
   uint32_t promised_interval_ms() const { return promised_interval_ms_; }
 
  private:
+  // Marks this thread as inside `observer` until the end of the scope (observers of other
+  // routers may nest: a bus delivering synchronously).
+  class RunningMark {
+   public:
+    explicit RunningMark(const BookingObserver* observer) : outer_(running_) {
+      running_ = observer;
+    }
+    ~RunningMark() { running_ = outer_; }
+    RunningMark(const RunningMark&) = delete;
+    RunningMark& operator=(const RunningMark&) = delete;
+
+   private:
+    const BookingObserver* outer_;
+  };
+  static inline thread_local const BookingObserver* running_ = nullptr;
+
   std::string replica_id_;
   SequenceObserver observer_;
   uint64_t token_ = 0;                 // of the current observer; 0 = none

@@ -392,6 +392,9 @@ class Router {
   // observer for ClearSequenceObserver. Clearing (an empty observer) keeps the replica id, so this
   // router's own changes echoed back later are still recognised.
   uint64_t SetSequenceObserver(std::string replica_id, SequenceObserver observer);
+  // Whether this thread is inside this router's observer: any call into the router from there
+  // waits for the lock the observer runs under, so the C ABI refuses them. Needs no lock.
+  bool ObserverRunningOnThisThread() const { return observer_.RunningOnThisThread(); }
   // Stops the observer `token` names if it is still the current one (a later
   // SetSequenceObserver may have replaced it: then nothing changes). Returns whether it did.
   // With `farewell`, the observer is first told a Reset: peers drop this replica's bookings at

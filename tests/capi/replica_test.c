@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 /* cmocka.h needs the three headers above first. */
 #include <cmocka.h>
@@ -252,6 +253,56 @@ static void a_replica_whose_heartbeat_was_missed_is_expired_and_asked_again(void
   for (i = 0; i < from_b.count; ++i) free(from_b.messages[i]);
 }
 
+/* A publisher that calls into routers: its own (refused, as it runs under that router's lock: the
+ * call would wait for ever) and another one (served). */
+typedef struct reentrant_publisher {
+  kvr_router* own;
+  kvr_router* other;
+  size_t calls;
+  kvr_status own_metrics, own_close_queue, other_metrics;
+  char own_message[256];
+} reentrant_publisher;
+
+static void publish_reentrantly(void* user_data, const void* data, size_t size) {
+  reentrant_publisher* p = (reentrant_publisher*)user_data;
+  kvr_metrics metrics;
+  kvr_error* err = NULL;
+  (void)data;
+  (void)size;
+  p->calls++;
+  kvr_metrics_init(&metrics, sizeof metrics);
+  p->own_metrics = kvr_router_get_metrics(p->own, &metrics, &err);
+  if (err != NULL) {
+    snprintf(p->own_message, sizeof p->own_message, "%s", kvr_error_message(err));
+    kvr_error_free(err);
+    err = NULL;
+  }
+  p->own_close_queue = kvr_router_close_queue(p->own, NULL, NULL);
+  p->other_metrics = kvr_router_get_metrics(p->other, &metrics, NULL);
+}
+
+static void a_publisher_calling_into_its_own_router_is_refused(void** state) {
+  fixture* f = (fixture*)*state;
+  reentrant_publisher p;
+  memset(&p, 0, sizeof p);
+  p.own = f->a;
+  p.other = f->b;
+  KVT_OK(kvr_router_set_replica_publisher(f->a, "gateway-a", publish_reentrantly, &p, ERRP));
+  assert_true(p.calls >= 2); /* the farewell went to the bus; the join came here */
+  assert_int_equal(KVR_FAILED_PRECONDITION, p.own_metrics);
+  assert_non_null(strstr(p.own_message, "own replica publisher"));
+  assert_int_equal(KVR_FAILED_PRECONDITION, p.own_close_queue);
+  assert_int_equal(KVR_OK, p.other_metrics);
+
+  /* A booking publishes from the caller's thread: refused there too, and the booking stands. */
+  p.calls = 0;
+  book(f->a, "r1", 1, 2, 0);
+  assert_int_equal(1, p.calls);
+  assert_int_equal(KVR_FAILED_PRECONDITION, p.own_metrics);
+  assert_int_equal(1, kvt_metrics(f->a).requests_active); /* outside the publisher: served */
+  KVT_OK(kvr_router_set_replica_publisher(f->a, "gateway-a", NULL, NULL, ERRP));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(a_booking_is_load_on_the_other_replica, setup, teardown),
@@ -261,6 +312,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(
           a_replica_whose_heartbeat_was_missed_is_expired_and_asked_again, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_publisher_calling_into_its_own_router_is_refused, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

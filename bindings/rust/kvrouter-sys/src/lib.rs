@@ -1,4 +1,4 @@
-//! Raw declarations of libkvrouter's C ABI, `include/kvrouter.h` 0.2.0:
+//! Raw declarations of libkvrouter's C ABI, `include/kvrouter.h` 0.2.1:
 //! every function, struct, type and constant of the header, in its order, with the header's
 //! own comments. The safe layer is the `kvrouter` crate.
 //!
@@ -19,8 +19,8 @@ use core::mem::{align_of, offset_of, size_of};
 /// library of the same major.minor has this ABI.
 pub const KVR_VERSION_MAJOR: u32 = 0;
 pub const KVR_VERSION_MINOR: u32 = 2;
-pub const KVR_VERSION_PATCH: u32 = 0;
-pub const KVR_VERSION_STRING: &str = "0.2.0";
+pub const KVR_VERSION_PATCH: u32 = 1;
+pub const KVR_VERSION_STRING: &str = "0.2.1";
 pub const KVR_VERSION_NUMBER: u32 =
     KVR_VERSION_MAJOR * 10000 + KVR_VERSION_MINOR * 100 + KVR_VERSION_PATCH;
 
@@ -271,9 +271,11 @@ pub const KVR_WORKER_NONE: u64 = u64::MAX;
 /// it: kvr_router_replica_heartbeat, kvr_router_expire_replicas, kvr_router_apply_replica_event),
 /// under the router's internal lock, in the order of the changes: it must be quick (queue or hand
 /// the bytes to an asynchronous client) and must not call into any router (a bus delivering
-/// synchronously to another router could deadlock when that router's own changes come back). That
-/// thread may be one the library owns: a replica's free applied on an ingest loop can admit a
-/// request waiting here, whose booking is then published from the loop.
+/// synchronously to another router could deadlock when that router's own changes come back). A call
+/// into its own router, which would wait for ever for that lock, fails with KVR_FAILED_PRECONDITION
+/// (since 0.2.1; kvr_disagg_* calls too, for either pool's publisher). That thread may be one the
+/// library owns: a replica's free applied on an ingest loop can admit a request waiting here, whose
+/// booking is then published from the loop.
 pub type kvr_replica_publish_fn = Option<unsafe extern "C" fn(*mut c_void, *const c_void, usize)>;
 
 // ---- Structs ------------------------------------------------------------------------------
@@ -1330,7 +1332,7 @@ extern "C" {
     /// in the queue is thus woken before its router is freed (no call may be in progress then).
     /// Final (the queue stays closed); idempotent. `*cancelled` (may be NULL): how many were
     /// waiting. Not from a replica publisher (it takes the router's lock, which the publisher runs
-    /// under). Since 0.2.0. @thread_safety concurrent
+    /// under: KVR_FAILED_PRECONDITION). Since 0.2.0. @thread_safety concurrent
     pub fn kvr_router_close_queue(
         router: *mut kvr_router,
         cancelled: *mut u64,
