@@ -792,6 +792,15 @@ KVR_API kvr_status kvr_router_free_request(kvr_router *router, const char *reque
  * under: KVR_FAILED_PRECONDITION). Since 0.2.0. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_close_queue(kvr_router *router, uint64_t *cancelled,
                                           kvr_error **err);
+/* Drops every request booked longer than request_expiry_seconds ago (its free was lost: a
+ * crashed client, a missed event) and every plan past its deadline, then admits the waiting
+ * requests that now fit. `*expired` (may be NULL): how many requests were dropped. The router
+ * has no timer thread: a routing call that books does this at most once per
+ * min(30 s, request_expiry_seconds), and nothing does while no call comes, so with a queue
+ * threshold a lost request can keep the queue waiting until one does: call this periodically
+ * (every second, say). Since 0.2.1. @thread_safety concurrent */
+KVR_API kvr_status kvr_router_expire_requests(kvr_router *router, size_t *expired,
+                                              kvr_error **err);
 
 /* ---- Index snapshot ----------------------------------------------------------------------- */
 

@@ -799,6 +799,16 @@ KVR_API kvr_status kvr_router_mark_prefill_completed(kvr_router* router, const c
   });
 }
 
+KVR_API kvr_status kvr_router_expire_requests(kvr_router* router, size_t* expired,
+                                              kvr_error** err) {
+  return Guard(err, [&]() -> kvr_status {
+    if (kvr_status s = CheckRouter(err, router)) return s;
+    const size_t n = router->router->ExpireStale();
+    if (expired != nullptr) *expired = n;
+    return KVR_OK;
+  });
+}
+
 KVR_API kvr_status kvr_router_close_queue(kvr_router* router, uint64_t* cancelled,
                                           kvr_error** err) {
   return Guard(err, [&]() -> kvr_status {

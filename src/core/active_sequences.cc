@@ -41,7 +41,8 @@ absl::Status UnknownRankError(WorkerKey worker) {
 ActiveSequences::ActiveSequences(const Clock& clock, ActiveSequencesOptions options)
     : clock_(clock),
       expiry_(SecondsToNanos(options.expiry_seconds)),
-      expiry_check_interval_(SecondsToNanos(options.expiry_check_seconds)),
+      expiry_check_interval_(
+          SecondsToNanos(std::min(options.expiry_check_seconds, options.expiry_seconds))),
       last_expiry_check_(clock.Now()),
       prefill_rate_(options.prefill_tokens_per_second),
       root_(std::make_unique<Run>()) {}
@@ -235,8 +236,8 @@ size_t ActiveSequences::ExpireStale() {
   return expired;
 }
 
-void ActiveSequences::MaybeExpire() {
-  if (clock_.Now() - last_expiry_check_ >= expiry_check_interval_) ExpireStale();
+size_t ActiveSequences::MaybeExpire() {
+  return clock_.Now() - last_expiry_check_ >= expiry_check_interval_ ? ExpireStale() : 0;
 }
 
 size_t ActiveSequences::CountRequests(absl::FunctionRef<bool(std::string_view)> pred) const {

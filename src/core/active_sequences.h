@@ -27,8 +27,9 @@
 // (FailSafeMap), not absl's raw_hash_set (fail_safe_map.h).
 //
 // Requests older than the expiry (300 s by default, on the injectable clock) are dropped: a lost
-// free() must not leave load behind forever. Expiry runs lazily from AddRequest at most once per
-// check interval (30 s), or whenever ExpireStale() is called.
+// free() must not leave load behind forever. Expiry runs lazily from AddRequest (and
+// MaybeExpire) at most once per check interval (30 s, or the expiry when shorter), or whenever
+// ExpireStale() is called.
 //
 // Thread-safety: none. An ActiveSequences is a plain data structure; the Router serialises every
 // call under its admission gate.
@@ -62,8 +63,10 @@ namespace kvrouter {
 void ComputeTrackingIdsInto(std::span<const uint64_t> local_hashes, std::vector<uint64_t>& out);
 
 struct ActiveSequencesOptions {
-  double expiry_seconds = 300.0;       // a request older than this is dropped
-  double expiry_check_seconds = 30.0;  // AddRequest looks for expired requests this often
+  double expiry_seconds = 300.0;  // a request older than this is dropped
+  // AddRequest looks for expired requests this often, or every expiry_seconds when shorter (a
+  // request then outlives its expiry by less than the expiry again).
+  double expiry_check_seconds = 30.0;
   // The ranks' prefill rate before the first completion is seen (prefill_rate.h); 0 = unknown.
   double prefill_tokens_per_second = 0;
 };
@@ -222,6 +225,8 @@ class ActiveSequences {
 
   // Drops every request older than the expiry; returns how many.
   size_t ExpireStale();
+  // ExpireStale if the check interval has passed since the last; returns how many it dropped.
+  size_t MaybeExpire();
 
   bool HasRequest(std::string_view request_id) const;
   size_t num_requests() const { return requests_.size(); }
@@ -379,7 +384,6 @@ class ActiveSequences {
   // Releases the record's blocks and load; the caller erases it from requests_ and deletes
   // it. Allocates nothing.
   void ReleaseRecord(const Record& record);
-  void MaybeExpire();
   void MaybeShrinkTables();
   // `s`'s load changed: a version no slot had before.
   void Changed(Slot& s) { s.version = ++changes_; }

@@ -468,9 +468,11 @@ class Router {
   LatencyHistogram::Snapshot decision_latency() const { return decision_latency_.Read(); }
 
   // --- Housekeeping (the core has no timer thread). ---
-  // Drops requests older than request_expiry_seconds; may admit waiting requests. (Booking also
-  // expires old requests, at most every 30 s, but admits nobody: call this periodically when a
-  // queue threshold is set and requests may be lost.) Also drops plans past their deadline.
+  // Drops requests older than request_expiry_seconds; may admit waiting requests. (A routing
+  // call that books also expires them, at most every 30 s or every request_expiry_seconds when
+  // shorter, and admits whom that makes room for; but nothing does while no call comes: call
+  // this periodically when a queue threshold is set and requests may be lost.) Also drops plans
+  // past their deadline.
   size_t ExpireStale();
   // Admits whatever waiting requests now fit.
   void RecheckQueue();
@@ -585,8 +587,8 @@ class Router {
 
   // router_staged.cc: plans and sessions.
   size_t ExpirePlansLocked();
-  // Expires plans and reclaims sessions if the last sweep is old enough; true if a plan's
-  // booking was freed (the caller drains the queue).
+  // Expires plans and lost requests and reclaims sessions if the last sweep is old enough;
+  // true if a booking was freed (the caller drains the queue).
   bool MaybeSweepLocked();
   // Resolves the session binding into a pin or a preference (SessionTable::Steer), from the
   // request's own pin and preference, so that a decision made again after the binding changed

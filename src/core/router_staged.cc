@@ -135,7 +135,10 @@ bool Router::MaybeSweepLocked() {
   if (now - last_sweep_ < interval) return false;
   last_sweep_ = now;
   sessions_.Reclaim();
-  return ExpirePlansLocked() > 0;
+  // Lost requests too (at most once per their check interval): what they held may be what a
+  // queued request waits for.
+  const size_t requests = active_.MaybeExpire();
+  return ExpirePlansLocked() + requests > 0;
 }
 
 size_t Router::ExpirePlansLocked() {

@@ -237,6 +237,31 @@ static void a_timeout_past_any_clock_waits(void** state) {
   assert_int_equal(1, w.result.queued);
 }
 
+/* A request whose free was lost ("busy", never freed) holds the only worker until it expires;
+ * kvr_router_expire_requests drops it once it has, and admits the request it kept waiting (no
+ * routing call comes meanwhile to do it). */
+static void expiring_a_lost_request_admits_its_waiter(void** state) {
+  fixture* f = (fixture*)*state;
+  waiter w;
+  pthread_t thread;
+  size_t expired = 99;
+  KVT_OK(kvr_router_set_time(f->router, 0, ERRP));
+  start_waiter(f, &w, &thread, 0);
+  KVT_OK(kvr_router_expire_requests(f->router, &expired, ERRP));
+  assert_int_equal(0, expired); /* "busy" is 300 s from its expiry */
+  assert_int_equal(1, kvt_metrics(f->router).queue_pending);
+  KVT_OK(kvr_router_set_time(f->router, 301000000000LL, ERRP));
+  KVT_OK(kvr_router_expire_requests(f->router, &expired, ERRP));
+  assert_int_equal(1, expired);
+  assert_int_equal(0, pthread_join(thread, NULL));
+  assert_int_equal(KVR_OK, w.status);
+  assert_int_equal(1, w.result.booked);
+  assert_int_equal(1, w.result.queued);
+  assert_int_equal(1, kvt_metrics(f->router).requests_active); /* the waiter's */
+  KVT_OK(kvr_router_expire_requests(f->router, NULL, ERRP));
+  KVT_EXPECT_FAILS(KVR_INVALID_ARGUMENT, kvr_router_expire_requests(NULL, NULL, ERRP));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(busy_worker_times_out, setup, kvt_teardown),
@@ -245,6 +270,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(waiter_admitted_when_prefill_completes, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(free_cancels_a_waiting_request, setup, kvt_teardown),
       cmocka_unit_test_setup_teardown(a_timeout_past_any_clock_waits, setup, kvt_teardown),
+      cmocka_unit_test_setup_teardown(expiring_a_lost_request_admits_its_waiter, setup,
+                                      kvt_teardown),
       cmocka_unit_test_setup_teardown(closing_the_queue_cancels_its_waiters_for_good, setup,
                                       kvt_teardown),
   };

@@ -2,6 +2,7 @@
 // deadline, query-only decisions, explicit pins, allowed sets and session affinity.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -239,6 +240,26 @@ TEST_F(RouterLifecycleTest, PlanWaitingInTheQueueIsAbortedCleanly) {
   EXPECT_EQ(router_->plan_count(), 0u);
   EXPECT_EQ(router_->pending_count(), 0u);
   EXPECT_TRUE(router_->Free("busy"));
+  EXPECT_EQ(ActiveBlocks(), 0u);
+}
+
+// A request whose free was lost holds its load until it expires; the next routing call past the
+// expiry drops it, so a request it kept waiting is admitted and its id may be used again.
+TEST_F(RouterLifecycleTest, ALostRequestPastItsExpiryIsDroppedByTheNextRoutingCall) {
+  Make(RouterOptions{.queue_threshold = 0.0, .request_expiry_seconds = 2}, 1);
+  const RouteOptions lost{.with_admission = true, .request_id = "lost"};
+  ASSERT_TRUE(router_->FindBestMatch(Tokens(4), lost).ok());
+  RouteOptions next{.with_admission = true, .request_id = "next"};
+  next.queue_timeout = std::chrono::milliseconds(10);
+  EXPECT_EQ(router_->FindBestMatch(Tokens(4, 100), next).status().code(),
+            absl::StatusCode::kDeadlineExceeded);  // the worker is busy with "lost"
+  clock_.AdvanceSeconds(2.5);
+  EXPECT_TRUE(router_->FindBestMatch(Tokens(4, 100), next).ok());
+  EXPECT_EQ(router_->active_requests(), 1u);
+  EXPECT_TRUE(router_->Free("next"));
+  clock_.AdvanceSeconds(0.5);
+  EXPECT_TRUE(router_->FindBestMatch(Tokens(4), lost).ok());  // booked anew, not a duplicate
+  EXPECT_TRUE(router_->Free("lost"));
   EXPECT_EQ(ActiveBlocks(), 0u);
 }
 

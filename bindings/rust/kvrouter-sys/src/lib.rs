@@ -1338,6 +1338,18 @@ extern "C" {
         cancelled: *mut u64,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
+    /// Drops every request booked longer than request_expiry_seconds ago (its free was lost: a
+    /// crashed client, a missed event) and every plan past its deadline, then admits the waiting
+    /// requests that now fit. `*expired` (may be NULL): how many requests were dropped. The router
+    /// has no timer thread: a routing call that books does this at most once per min(30 s,
+    /// request_expiry_seconds), and nothing does while no call comes, so with a queue threshold a
+    /// lost request can keep the queue waiting until one does: call this periodically (every
+    /// second, say). Since 0.2.1. @thread_safety concurrent
+    pub fn kvr_router_expire_requests(
+        router: *mut kvr_router,
+        expired: *mut usize,
+        err: *mut *mut kvr_error,
+    ) -> kvr_status;
     /// The whole KV index as a FlatBuffers IndexSnapshot (schema/index_snapshot.fbs), for a warm
     /// restart or a new replica. KVR_RESOURCE_EXHAUSTED if it would pass 1 GiB, the most
     /// kvr_router_restore takes (since 0.2.0; before, a larger one was written and refused there,
