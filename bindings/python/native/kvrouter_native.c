@@ -21,6 +21,8 @@
  *   and the last call in flight frees it, so closing while other threads call is safe. A
  *   router's (a Disagg's: both pools') close() closes the admission queue first, so that a call
  *   waiting there returns (KVR_CANCELLED) instead of keeping the handle for good.
+ * - Inside a replica publisher (marked by its trampoline: in_publisher) nothing closes an
+ *   admission queue, under the lock the publisher holds: refused.
  * - Token and hash arrays are read in place from a C-contiguous buffer of 4-byte (tokens) or
  *   8-byte (hashes) unsigned integers (array.array('I'/'Q'), numpy uint32/uint64); any other
  *   integer buffer or iterable of ints is converted, with range checks.
@@ -959,9 +961,34 @@ static void disagg_leave(DisaggObject* self) {
   if (--self->h.busy == 0 && self->h.closing) disagg_destroy(self);
 }
 
+/* How many replica publish callbacks this thread is running (publish_trampoline), nested or not.
+ * Inside one, the thread holds the lock of the router publishing (a routing thread's call, or
+ * an Ingest's loop thread: its heartbeats, a replica change it applied), so what the callable
+ * runs must not close a router's admission queue, which takes that lock. Marked here, in the
+ * binding's own trampoline, on every platform; read by in_publisher(). */
+static _Thread_local int g_publishing;
+
+static int in_publisher(void) { return g_publishing > 0; }
+
+/* Refuses `what` (a call that closes an admission queue) inside a replica publisher: 0 if not
+ * in one, else -1 with FailedPreconditionError set. */
+static int refuse_in_publisher(const char* what) {
+  if (!in_publisher()) return 0;
+  {
+    char message[256];
+    snprintf(message, sizeof message,
+             "%s called from a replica publisher, which runs under the router's lock that it "
+             "takes: call it after the publisher returns",
+             what);
+    raise_status(KVR_FAILED_PRECONDITION, message);
+  }
+  return -1;
+}
+
 static void publish_trampoline(void* user_data, const void* data, size_t size) {
   PyGILState_STATE g = PyGILState_Ensure();
   PyObject* fn = ((publish_cell*)user_data)->fn;
+  g_publishing++;
   if (fn) { /* else the Router was finalized or cleared: the change is dropped */
     PyObject *bytes, *r;
     Py_INCREF(fn); /* the Router's finalizer or tp_clear may drop the cell's meanwhile */
@@ -972,6 +999,7 @@ static void publish_trampoline(void* user_data, const void* data, size_t size) {
     Py_XDECREF(bytes);
     Py_DECREF(fn);
   }
+  g_publishing--;
   PyGILState_Release(g);
 }
 
@@ -1142,6 +1170,7 @@ static PyObject* router_close(RouterObject* self, PyObject* unused) {
     PyErr_SetString(PyExc_TypeError, "a Disagg pool's router is closed with its Disagg");
     return NULL;
   }
+  if (refuse_in_publisher("Router.close()") < 0) return NULL;
   if (self->ingests > 0) {
     raise_status(KVR_FAILED_PRECONDITION,
                  "the router is fed by an open Ingest: close the Ingest first");
@@ -1468,8 +1497,9 @@ PyDoc_STRVAR(
     "close($self, /)\n--\n\n"
     "Frees the router (idempotent). It first closes the admission queue (close_queue): a call\n"
     "waiting there on another thread raises RequestCancelledError. Other calls in flight finish\n"
-    "first; later calls raise ClosedError. Refused while an Ingest feeds the router; a Disagg\n"
-    "pool's router closes with its Disagg.");
+    "first; later calls raise ClosedError. Refused while an Ingest feeds the router, and from\n"
+    "a replica publisher (FailedPreconditionError); a Disagg pool's router closes with its\n"
+    "Disagg.");
 
 static PyObject* g_str_c; /* "_c": the lowered form a RequestOptions keeps */
 
@@ -1902,6 +1932,7 @@ static PyObject* router_close_queue(RouterObject* self, PyObject* unused) {
   kvr_router* r;
   kvr_error* err = NULL;
   kvr_status st = KVR_OK;
+  if (refuse_in_publisher("Router.close_queue()") < 0) return NULL;
   ROUTER_CALL(self, r, st, kvr_router_close_queue(r, &n, &err));
   if (st != KVR_OK) return fail(st, err);
   return PyLong_FromUnsignedLongLong(n);
@@ -2097,6 +2128,7 @@ static PyObject* disagg_close(DisaggObject* self, PyObject* unused) {
   kvr_disagg* d = self->d;
   PyThreadState* save;
   if (!d || self->h.closing) Py_RETURN_NONE;
+  if (refuse_in_publisher("Disagg.close()") < 0) return NULL;
   self->h.closing = 1;
   self->h.busy++;
   save = PyEval_SaveThread();

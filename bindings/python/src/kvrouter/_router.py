@@ -47,8 +47,11 @@ class Router(_native.Router):
     ``close()`` (or leaving a ``with`` block) frees the router; it may be called while other
     threads still call, which then finish first, and later calls raise :class:`ClosedError`.
     It closes the admission queue first: a call waiting there raises
-    :class:`RequestCancelledError` rather than keep its thread, and the router, for good. A
-    router closed, or dropped (also by the garbage
+    :class:`RequestCancelledError` rather than keep its thread, and the router, for good.
+    Called from a replica publisher, which runs under the router's lock that closing the queue
+    takes, ``close()`` (and :meth:`close_queue`) raises :class:`FailedPreconditionError`
+    instead of blocking that thread, and the router with it: close after the publisher returns.
+    A router closed, or dropped (also by the garbage
     collector, in a cycle with its replica publisher), says no farewell through its publisher,
     as ``kvr_router_free`` and the Go, Rust and Java bindings: its peers keep its bookings until
     they expire them; ``set_replica_publisher(replica_id, None)`` first has them dropped at once.
@@ -178,7 +181,8 @@ class Router(_native.Router):
         raises :class:`RequestCancelledError`), and from now on a request that would wait raises
         it at once; one admitted at once is still routed and booked, and previews, frees and
         every other call work as before. :meth:`close` (and leaving a ``with`` block) does this
-        first. Returns how many requests were waiting (0 once closed); idempotent."""
+        first. Returns how many requests were waiting (0 once closed); idempotent. From a
+        replica publisher, FailedPreconditionError (as :meth:`close`)."""
         return self._close_queue()
 
     # ---- staged routing, pins, sessions
@@ -286,7 +290,8 @@ class Router(_native.Router):
         returns it receives a Reset, an Added change per booking and a SyncRequest; a publisher
         replaced (or stopped by None) first receives a farewell Reset, so peers drop what they
         hold from its id. An exception it raises is reported through
-        ``sys.unraisablehook``."""
+        ``sys.unraisablehook``. :meth:`close`, :meth:`close_queue` and :meth:`Disagg.close`
+        raise FailedPreconditionError there."""
         self._set_replica_publisher(replica_id, publish)
 
     def apply_replica_event(self, data: Buffer) -> None:
@@ -340,7 +345,8 @@ class Disagg:
     def close(self) -> None:
         """Frees both pools once calls in flight return (idempotent). It closes both pools'
         admission queues first (:meth:`Router.close_queue`): a call waiting in one, here or on a
-        pool's router, raises :class:`RequestCancelledError`."""
+        pool's router, raises :class:`RequestCancelledError`. From a replica publisher,
+        FailedPreconditionError (as :meth:`Router.close`)."""
         self._h.close()
 
     @property
