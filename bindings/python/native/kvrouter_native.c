@@ -21,8 +21,9 @@
  *   and the last call in flight frees it, so closing while other threads call is safe. A
  *   router's (a Disagg's: both pools') close() closes the admission queue first, so that a call
  *   waiting there returns (KVR_CANCELLED) instead of keeping the handle for good.
- * - Inside a replica publisher (marked by its trampoline: in_publisher) nothing closes an
- *   admission queue, under the lock the publisher holds: refused.
+ * - Inside a replica publisher (marked by its trampoline: in_publisher) nothing stops or frees
+ *   an ingest object, which would join a loop thread (perhaps its own): a new thread does it;
+ *   and nothing closes an admission queue, under the lock the publisher holds: refused.
  * - Token and hash arrays are read in place from a C-contiguous buffer of 4-byte (tokens) or
  *   8-byte (hashes) unsigned integers (array.array('I'/'Q'), numpy uint32/uint64); any other
  *   integer buffer or iterable of ints is converted, with range checks.
@@ -964,8 +965,10 @@ static void disagg_leave(DisaggObject* self) {
 /* How many replica publish callbacks this thread is running (publish_trampoline), nested or not.
  * Inside one, the thread holds the lock of the router publishing (a routing thread's call, or
  * an Ingest's loop thread: its heartbeats, a replica change it applied), so what the callable
- * runs must not close a router's admission queue, which takes that lock. Marked here, in the
- * binding's own trampoline, on every platform; read by in_publisher(). */
+ * runs (its own calls, a __del__, a collection) must not close a router's queue, which takes
+ * that lock, nor stop or free an ingest object, which joins a loop thread: its own (the free
+ * joins the thread it runs on: std::terminate), or one waiting for that lock. Marked here, in
+ * the binding's own trampoline, on every platform; read by in_publisher(). */
 static _Thread_local int g_publishing;
 
 static int in_publisher(void) { return g_publishing > 0; }
@@ -2284,7 +2287,9 @@ static PyTypeObject DisaggType = {
 
 /* ---- Ingest ------------------------------------------------------------------------------- */
 
-typedef struct {
+typedef struct IngestObject IngestObject;
+
+struct IngestObject {
   handle h;
   kvr_ingest* i;
   RouterObject* router; /* kept alive, and kept from closing, while this is open */
@@ -2304,21 +2309,136 @@ typedef struct {
    * refused after it, or had its source closed by it. */
   int stopping;
   PyObject* weakrefs;
-} IngestObject;
+};
 
-static void ingest_destroy(IngestObject* self) {
+/* ---- Ingest work a replica publisher hands to a thread of its own ----
+ * Inside a replica publisher (in_publisher) an ingest object is neither stopped nor freed: on
+ * its own loop thread kvr_ingest_free would join that very thread (std::terminate: the process
+ * aborts), and on any thread the publisher holds the router's lock, which the loop that a stop
+ * or a free joins may be waiting for; a stop there may also wait for a subscription in flight
+ * that waits for the loop. So a new thread (a threading.Thread, not a daemon: the interpreter
+ * waits for it before it finalizes) does it, and the loop thread ends once the publisher has
+ * returned. */
+
+typedef struct {
+  kvr_ingest* free;     /* to free, with `router` to leave: the ingest object's, detached */
+  RouterObject* router; /* a strong reference, entered (busy) for `free` */
+  IngestObject* stop;   /* to stop: a strong reference, entered (busy) for the job */
+} ingest_job;
+
+#define INGEST_JOB_CAPSULE "kvrouter._native.ingest_job"
+
+static void ingest_leave(IngestObject* self);
+static kvr_status ingest_stop_now(IngestObject* self, kvr_error** err);
+
+/* The thread's target: run(capsule) does the job the capsule holds, once. */
+static PyObject* run_ingest_job(PyObject* unused, PyObject* capsule) {
+  ingest_job* job = PyCapsule_GetPointer(capsule, INGEST_JOB_CAPSULE);
+  ingest_job todo;
+  if (!job) return NULL;
+  todo = *job;
+  job->free = NULL;
+  job->router = NULL;
+  job->stop = NULL;
+  if (todo.stop) {
+    ingest_stop_now(todo.stop, NULL); /* fails only for a NULL ingest */
+    ingest_leave(todo.stop);          /* may free it: not in a publisher here */
+    Py_DECREF(todo.stop);
+  }
+  if (todo.free) {
+    Py_BEGIN_ALLOW_THREADS kvr_ingest_free(todo.free); /* joins the loop, once it returned */
+    Py_END_ALLOW_THREADS
+  }
+  if (todo.router) {
+    todo.router->ingests--;
+    router_leave(todo.router);
+    Py_DECREF(todo.router);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef run_ingest_job_def = {"_run_ingest_job", (PyCFunction)run_ingest_job, METH_O,
+                                         NULL};
+static PyObject* g_run_ingest_job; /* run_ingest_job as a function object, made at first use */
+
+/* A capsule whose job never ran (its thread failed to start: the caller took the job back)
+ * holds nothing any more; one that ran was emptied by run_ingest_job. */
+static void ingest_job_capsule_free(PyObject* capsule) {
+  PyMem_Free(PyCapsule_GetPointer(capsule, INGEST_JOB_CAPSULE));
+}
+
+/* Starts a thread doing `job`: 0, or -1 with an exception set and the job still the caller's
+ * (no thread could be started: the interpreter is finalizing, or out of resources). */
+static int start_ingest_job(const ingest_job* job) {
+  ingest_job* held = NULL;
+  PyObject *capsule = NULL, *threading = NULL, *args = NULL, *kwargs = NULL, *thread = NULL;
+  PyObject* r = NULL;
+  int rc = -1;
+  if (!g_run_ingest_job && !(g_run_ingest_job = PyCFunction_New(&run_ingest_job_def, NULL)))
+    return -1;
+  if (!(held = PyMem_Malloc(sizeof *held))) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  *held = *job;
+  if (!(capsule = PyCapsule_New(held, INGEST_JOB_CAPSULE, ingest_job_capsule_free))) {
+    PyMem_Free(held);
+    return -1;
+  }
+  if (!(threading = PyImport_ImportModule("threading"))) goto done;
+  kwargs = Py_BuildValue("{s:O,s:(O),s:s,s:O}", "target", g_run_ingest_job, "args", capsule, "name",
+                         "kvr-ingest-close", "daemon", Py_False);
+  if (!kwargs || !(args = PyTuple_New(0))) goto done;
+  if (!(r = PyObject_GetAttrString(threading, "Thread"))) goto done;
+  thread = PyObject_Call(r, args, kwargs);
+  Py_CLEAR(r);
+  if (!thread) goto done;
+  if (!(r = PyObject_CallMethod(thread, "start", NULL))) goto done;
+  rc = 0;
+done:
+  if (rc < 0) { /* never started: the job stays the caller's, not the capsule's */
+    held->free = NULL;
+    held->router = NULL;
+    held->stop = NULL;
+  }
+  Py_XDECREF(r);
+  Py_XDECREF(thread);
+  Py_XDECREF(kwargs);
+  Py_XDECREF(args);
+  Py_XDECREF(threading);
+  Py_DECREF(capsule);
+  return rc;
+}
+
+/* Frees the C ingest and leaves its router (a no-op once done). Inside a replica publisher a
+ * new thread does both (see above): 0, or -1 with an exception set if it could not be started,
+ * the ingest object left as it was (to be freed later, by its dealloc or a later leave). */
+static int ingest_destroy(IngestObject* self) {
   kvr_ingest* i = self->i;
-  self->i = NULL;
+  RouterObject* router = self->router;
+  if (!i && !router) return 0;
+  self->i = NULL; /* a thread starting may release the GIL: closed meanwhile */
+  self->router = NULL;
+  if (in_publisher()) {
+    ingest_job job = {i, router, NULL};
+    if (start_ingest_job(&job) < 0) {
+      self->i = i;
+      self->router = router;
+      return -1;
+    }
+    return 0;
+  }
   if (i) {
     /* Joins the loop thread, which may be waiting for the GIL in a replica publisher. */
     Py_BEGIN_ALLOW_THREADS kvr_ingest_free(i);
     Py_END_ALLOW_THREADS
   }
-  if (self->router) {
-    self->router->ingests--;
-    router_leave(self->router);
-    Py_CLEAR(self->router);
+  if (router) {
+    router->ingests--;
+    router_leave(router);
+    Py_DECREF(router);
   }
+  return 0;
 }
 
 static kvr_ingest* ingest_enter(IngestObject* self) {
@@ -2330,8 +2450,12 @@ static kvr_ingest* ingest_enter(IngestObject* self) {
   return self->i;
 }
 
+/* Ends a call; the last one after close() frees the ingest object. Should that be deferred and
+ * no thread start (see ingest_destroy), the error is reported as unraisable and the object
+ * stays closed, its C object freed by its dealloc. */
 static void ingest_leave(IngestObject* self) {
-  if (--self->h.busy == 0 && self->h.closing) ingest_destroy(self);
+  if (--self->h.busy == 0 && self->h.closing && ingest_destroy(self) < 0)
+    PyErr_WriteUnraisable((PyObject*)self);
 }
 
 static int ingest_traverse(IngestObject* self, visitproc visit, void* arg) {
@@ -2340,9 +2464,33 @@ static int ingest_traverse(IngestObject* self, visitproc visit, void* arg) {
 }
 
 static void ingest_dealloc(IngestObject* self) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* exc;
+#else
+  PyObject *type, *value, *tb;
+#endif
   PyObject_GC_UnTrack(self);
   if (self->weakrefs) PyObject_ClearWeakRefs((PyObject*)self);
-  ingest_destroy(self);
+  if (self->i) {
+    /* Inside a replica publisher (the last reference dropped there, or a collection run there)
+     * ingest_destroy starts a thread: Python code, which the exception being raised, if any,
+     * must not see. */
+#if PY_VERSION_HEX >= 0x030C0000
+    exc = PyErr_GetRaisedException();
+#else
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    if (ingest_destroy(self) < 0) {
+      /* No thread: the C ingest (and the router entered for it) cannot be freed on this one;
+       * it is leaked, its loop still running. */
+      PyErr_WriteUnraisable(NULL);
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
+  }
   if (self->stop_lock_ready) pthread_rwlock_destroy(&self->stop_lock);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
@@ -2390,10 +2538,16 @@ static PyObject* ingest_new(PyTypeObject* type, PyObject* args, PyObject* kwds) 
   return (PyObject*)self;
 }
 
+/* close(): refuses new calls and frees the ingest object (which stops it) once no call is in
+ * flight (here, or when the last one leaves). Inside a replica publisher the free (and so the
+ * stop) is done by a new thread, once the publisher has returned (ingest_destroy). */
 static PyObject* ingest_close(IngestObject* self, PyObject* unused) {
   if (!self->i || self->h.closing) Py_RETURN_NONE;
   self->h.closing = 1;
-  if (self->h.busy == 0) ingest_destroy(self);
+  if (self->h.busy == 0 && ingest_destroy(self) < 0) {
+    self->h.closing = 0; /* still open: nothing was done */
+    return NULL;
+  }
   Py_RETURN_NONE;
 }
 
@@ -2461,11 +2615,38 @@ static PyObject* ingest_stop(IngestObject* self, PyObject* unused) {
   kvr_ingest* i;
   kvr_error* err = NULL;
   kvr_status st = KVR_OK;
+  if (in_publisher()) {
+    /* As close: a new thread stops it (see ingest_destroy), holding the object entered. */
+    int was_stopping = self->stopping;
+    ingest_job job = {NULL, NULL, self};
+    if (!ingest_enter(self)) return NULL;
+    self->stopping = 1; /* the calls stop must not overlap are refused from now on */
+    Py_INCREF(self);
+    if (start_ingest_job(&job) < 0) {
+      self->stopping = was_stopping;
+      ingest_leave(self);
+      Py_DECREF(self);
+      return NULL;
+    }
+    Py_RETURN_NONE;
+  }
   INGEST_STOP_LOCKED_CALL(self, i, st, 1, kvr_ingest_stop(i, &err));
   if (st != KVR_OK) return fail(st, err);
   Py_RETURN_NONE;
 cleanup:
   return NULL;
+}
+
+/* kvr_ingest_stop on an entered ingest object (`stopping` set), without the GIL, holding the
+ * stop lock exclusively (as INGEST_STOP_LOCKED_CALL): for a stop a publisher deferred. */
+static kvr_status ingest_stop_now(IngestObject* self, kvr_error** err) {
+  kvr_status st;
+  PyThreadState* save = PyEval_SaveThread();
+  int locked = pthread_rwlock_wrlock(&self->stop_lock) == 0;
+  st = kvr_ingest_stop(self->i, err);
+  if (locked) pthread_rwlock_unlock(&self->stop_lock);
+  PyEval_RestoreThread(save);
+  return st;
 }
 
 /* A text the library writes into a caller's buffer (kvr_ingest_source_endpoint,

@@ -1,6 +1,8 @@
 """Closing from inside a replica publisher: the callable runs on the thread that changed a
-booking, under the router's lock. Every scenario runs in a child process, so that a deadlock
-fails its test only."""
+booking, under the router's lock, and that thread may be an Ingest's own loop thread (its
+heartbeats, once Router.set_replica_publisher replaced the sync's publisher). Every scenario runs
+in a child process, so that an abort (kvr_ingest_free joining the thread it runs on) or a
+deadlock fails its test only."""
 
 from __future__ import annotations
 
@@ -12,13 +14,43 @@ from typing import Optional
 import pytest
 
 _SCENARIO = r"""
-import sys, threading
+import gc, sys, threading, time, weakref
 import kvrouter
 
 mode, url = sys.argv[1], sys.argv[2]
 
+
+def eventually(what, cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.005)
+
+
+def refused(call):
+    try:
+        call()
+    except kvrouter.FailedPreconditionError:
+        return True
+    return False
+
+
+def router_closes(r):
+    # Refused while the ingest still feeds it; the deferred free ends that.
+    def attempt():
+        try:
+            r.close()
+            return True
+        except kvrouter.FailedPreconditionError:
+            return False
+    eventually("Router.close() to succeed once the ingest is freed", attempt)
+    assert r.closed
+
+
 r = kvrouter.Router(block_size=16)
 r.add_worker(1)
+holder = []
 done = threading.Event()
 armed = [False]
 seen = {}
@@ -37,7 +69,92 @@ def on_publish(inside):
     return publish
 
 
-if mode in ("router-close", "router-close-queue", "disagg-close"):
+if mode.startswith("loop-"):
+    # The publisher set_replica_publisher put in place of the sync's runs on the ingest's loop
+    # thread: its heartbeats, every 10 ms.
+    ingest = kvrouter.Ingest(r, kvrouter.IngestOptions(replica_heartbeat_ms=10))
+    ingest.start()
+    ingest.sync_replicas(url, "kv.replicas", "gw-a")
+    holder.append(ingest)
+    ref = weakref.ref(ingest)
+    del ingest
+    if mode == "loop-close":
+        inside = lambda: holder[0].close()
+    elif mode == "loop-drop":  # the last reference goes there: the object's dealloc
+        inside = holder.clear
+    elif mode == "loop-collect":  # the object is garbage in a cycle, collected there
+        cycle = [holder.pop()]
+        cycle.append(cycle)
+        holder.append(cycle)
+        del cycle
+
+        def inside():
+            holder.clear()
+            gc.collect()
+    elif mode == "loop-stop":
+        inside = lambda: holder[0].stop()
+    elif mode == "loop-last-call":
+        # Calls until this thread closes the ingest: the close comes while a call is in flight
+        # (it releases the GIL), whose end in the publisher is then the free.
+        calling = threading.Event()
+
+        def inside():
+            ingest = holder[0]
+            calling.set()
+            try:
+                while True:
+                    ingest.stats()
+            except kvrouter.ClosedError:
+                pass
+    else:
+        raise SystemExit("unknown mode " + mode)
+    r.set_replica_publisher("gw-a", on_publish(inside))
+    armed[0] = True  # from now on only the loop calls the publisher: its heartbeats
+    if mode == "loop-last-call":
+        assert calling.wait(60), "no heartbeat reached the publisher in a minute"
+        holder.pop().close()
+    assert done.wait(60), "no heartbeat reached the publisher in a minute"
+    assert seen["thread"] != threading.main_thread().name, seen
+    assert "raised" not in seen, seen
+    if mode == "loop-stop":
+        ingest = holder[0]
+        # Stopped soon after: the calls that add a source are then refused.
+        eventually("the ingest to stop", lambda: refused(lambda: ingest.listen("tcp://127.0.0.1:0")))
+        ingest.close()
+    elif mode == "loop-close":
+        ingest = holder[0]
+        assert ingest.closed
+        ingest.close()  # a no-op
+        try:
+            ingest.stats()
+            raise AssertionError("stats() on an ingest closed from its publisher")
+        except kvrouter.ClosedError:
+            pass
+    router_closes(r)
+    if mode in ("loop-drop", "loop-collect", "loop-last-call"):
+        assert ref() is None
+elif mode == "routing-close":
+    # A publisher a routing call runs (on this thread) closes an ingest feeding the router.
+    ingest = kvrouter.Ingest(r)
+    ingest.start()
+    r.set_replica_publisher("gw-a", on_publish(ingest.close))
+    armed[0] = True
+    r.find_best_match(list(range(64)), request_id="r1")
+    assert done.is_set() and "raised" not in seen, seen
+    assert ingest.closed
+    ingest.close()
+    router_closes(r)
+elif mode == "routing-stop":
+    ingest = kvrouter.Ingest(r)
+    ingest.start()
+    r.set_replica_publisher("gw-a", on_publish(ingest.stop))
+    armed[0] = True
+    r.find_best_match(list(range(64)), request_id="r1")
+    assert done.is_set() and "raised" not in seen, seen
+    eventually("the ingest to stop", lambda: refused(lambda: ingest.listen("tcp://127.0.0.1:0")))
+    ingest.close()
+    router_closes(r)
+elif mode in ("router-close", "router-close-queue", "disagg-close"):
     # These close an admission queue, under the lock the publisher runs under: refused.
     d = kvrouter.Disagg() if mode == "disagg-close" else None
     target = d.decode_router if d else r
@@ -73,6 +190,24 @@ def _run(mode: str, url: str = "") -> None:
         signame = signal.Signals(-child.returncode).name
     assert child.returncode == 0 and child.stdout == "ok\n", (
         f"{mode}: exit status {child.returncode} ({signame})\n{child.stdout}{child.stderr}")
+
+
+@pytest.mark.parametrize("mode", ["loop-close", "loop-drop", "loop-collect", "loop-last-call", "loop-stop"])
+def test_an_ingest_closed_from_a_publisher_on_its_own_loop_thread(nats_url, mode):
+    # close(), the last reference dropped (the object's dealloc), a collection of the object in
+    # a cycle, the last call in flight after a close() elsewhere, or stop(), in a publisher that
+    # the ingest's own heartbeats call, on its loop thread: the object is closed (or stopping)
+    # at once, and a new thread stops and frees it once the publisher has returned; the router
+    # then closes. (Before, all but stop() freed it there: kvr_ingest_free joined its own
+    # thread, and the process aborted, SIGABRT.)
+    _run(mode, nats_url)
+
+
+@pytest.mark.parametrize("mode", ["routing-close", "routing-stop"])
+def test_an_ingest_closed_from_a_publisher_a_routing_call_runs(mode):
+    # There the publisher holds the router's lock, which the loop that a stop joins may need:
+    # close() and stop() return at once, and the ingest is stopped and freed soon after.
+    _run(mode)
 
 
 @pytest.mark.parametrize("mode", ["router-close", "router-close-queue", "disagg-close"])

@@ -62,11 +62,25 @@ class Ingest:
         :meth:`sync_replicas` calls other threads have in flight (their server round trips run
         on the caller's thread, over connections this closes); those made once it has been
         called raise FailedPreconditionError at once, as after it, so that calls overlapping
-        one another cannot keep it waiting."""
+        one another cannot keep it waiting.
+
+        Called from a replica publisher (see :meth:`close`) it returns at once: those calls are
+        refused from then on, and a new thread stops the ingest, once the publisher has
+        returned."""
         self._h.stop()
 
     def close(self) -> None:
-        """Stops if needed and frees (idempotent); the router may be closed afterwards."""
+        """Stops if needed and frees (idempotent); the router may be closed afterwards. Later
+        calls raise :class:`ClosedError`; calls in flight on other threads finish first, and
+        the last of them frees it.
+
+        Called from a replica publisher (a ``Router.set_replica_publisher`` callable: on this
+        ingest's own loop thread, for its heartbeats, or on a thread whose routing call holds
+        the router's lock), it is asynchronous: the object is closed at once (a later
+        ``close()`` does nothing, other calls raise ClosedError), and a new thread stops and
+        frees it once the publisher has returned (freeing it there would join the very loop
+        thread, or one waiting for that lock); :meth:`Router.close` refuses until then. The
+        same goes for the object's last reference dropped (or a collection) in a publisher."""
         self._h.close()
         _open_ingests.discard(self)
 

@@ -290,7 +290,9 @@ class Router(_native.Router):
         returns it receives a Reset, an Added change per booking and a SyncRequest; a publisher
         replaced (or stopped by None) first receives a farewell Reset, so peers drop what they
         hold from its id. An exception it raises is reported through
-        ``sys.unraisablehook``. :meth:`close`, :meth:`close_queue` and :meth:`Disagg.close`
+        ``sys.unraisablehook``. It may close (or stop) an :class:`Ingest`, even the one whose
+        loop thread runs it: that is done by a new thread once it has returned
+        (:meth:`Ingest.close`); :meth:`close`, :meth:`close_queue` and :meth:`Disagg.close`
         raise FailedPreconditionError there."""
         self._set_replica_publisher(replica_id, publish)
 
