@@ -187,6 +187,19 @@ public final class DisaggRouter extends NativeObject {
   }
 
   /**
+   * Closes both pools' admission queues, waits for the calls in progress, closes both pool routers
+   * and frees the native object once nothing else holds it (see the class comment). Idempotent.
+   *
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} called from a replica publisher
+   *     (as {@link Router#close()}; the object staying open)
+   */
+  @Override
+  public void close() {
+    if (!isClosed()) ReplicaSink.refuseInPublisher("DisaggRouter.close()");
+    super.close();
+  }
+
+  /**
    * Closes both pools' admission queues first (as {@link Router#close()} does), so that a routing
    * call waiting in one, through this object or a pool router, is cancelled instead of keeping
    * {@link #close()} waiting.

@@ -16,6 +16,9 @@ package io.kvrouter;
  * change applied or expiry call). The array is the receiver's to keep. A {@link
  * RuntimeException} or {@link Error} it throws goes to the thread's uncaught-exception handler; the
  * routing call that made the change is not affected.
+ *
+ * <p>{@link Router#close()}, {@link Router#closeQueue()} and {@link DisaggRouter#close()} throw
+ * {@link KvRouterException} with {@link Status#FAILED_PRECONDITION} there.
  */
 @FunctionalInterface
 public interface ReplicaPublisher {

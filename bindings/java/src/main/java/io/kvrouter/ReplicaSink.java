@@ -6,14 +6,44 @@ package io.kvrouter;
  * the router's lock.
  */
 final class ReplicaSink {
+  // How many publishers the current thread is running (nested or not): inside one, the thread
+  // holds the lock of the router publishing, so what the publisher calls must not close an
+  // admission queue (which takes that lock), nor wait for the calls in progress on a router (its
+  // own among them). Set here for both back ends: the FFM downcalls' publishers come through the
+  // JNI glue's callback too.
+  private static final ThreadLocal<int[]> DEPTH = ThreadLocal.withInitial(() -> new int[1]);
+
   private final ReplicaPublisher publisher;
 
   ReplicaSink(ReplicaPublisher publisher) {
     this.publisher = publisher;
   }
 
+  /** Whether the current thread is running a replica publisher. */
+  static boolean inPublisher() {
+    return DEPTH.get()[0] > 0;
+  }
+
+  /**
+   * Refuses {@code call} (one that closes an admission queue, under the router's lock a publisher
+   * runs under) from inside a publisher.
+   *
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} inside a publisher
+   */
+  static void refuseInPublisher(String call) {
+    if (inPublisher()) {
+      throw new KvRouterException(
+          Status.FAILED_PRECONDITION.code(),
+          call
+              + " called from a replica publisher, which runs under the router's lock that it"
+              + " takes: call it after the publisher returns");
+    }
+  }
+
   /** Called by the JNI glue; never throws. */
   void publish(byte[] change) {
+    int[] depth = DEPTH.get();
+    depth[0]++;
     try {
       publisher.publish(change);
     } catch (Throwable t) {
@@ -23,6 +53,8 @@ final class ReplicaSink {
       } catch (Throwable ignored) {
         // nothing more can be done here
       }
+    } finally {
+      depth[0]--;
     }
   }
 }

@@ -688,8 +688,11 @@ public final class Router extends NativeObject {
    * example while requests in flight drain). Idempotent.
    *
    * @return how many requests were waiting (0 once closed)
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} called from a replica publisher,
+   *     which runs under the router's lock that closing the queue takes
    */
   public long closeQueue() {
+    ReplicaSink.refuseInPublisher("Router.closeQueue()");
     long h = acquire();
     try {
       return Native.closeQueue(h);
@@ -990,9 +993,14 @@ public final class Router extends NativeObject {
    * closed, but the pool's admission queue is closed too (its requests can no longer be freed
    * through this binding; the {@code DisaggRouter}'s own routing calls that would wait in that pool
    * are then cancelled).
+   *
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} called from a replica publisher
+   *     (the router staying open): closing the queue takes the router's lock, which the publisher
+   *     runs under, and close waits for the calls in progress, which may be the publisher's own
    */
   @Override
   public void close() {
+    if (!isClosed()) ReplicaSink.refuseInPublisher("Router.close()");
     super.close();
   }
 
