@@ -63,18 +63,46 @@ public final class Ingest extends NativeObject {
     }
   }
 
-  /** Closes every source and joins the loop thread. Final; idempotent. */
+  /**
+   * Closes every source and joins the loop thread. Final; idempotent. Called from a replica
+   * publisher (see {@link #close()}) it returns at once, and a new daemon thread stops the ingest
+   * (joining its loop, which ends once the publisher has returned).
+   */
   public void stop() {
     long h = acquire();
-    try {
-      stopLock.writeLock().lock();
+    if (ReplicaSink.inPublisher()) {
       try {
-        Native.ingestStop(h);
-      } finally {
-        stopLock.writeLock().unlock();
+        Thread thread =
+            new Thread(
+                () -> {
+                  try {
+                    stop(h);
+                  } finally {
+                    release();
+                  }
+                },
+                "kvr-ingest-stop");
+        thread.setDaemon(true);
+        thread.start();
+      } catch (RuntimeException | Error e) {
+        release();
+        throw e;
       }
+      return;
+    }
+    try {
+      stop(h);
     } finally {
       release();
+    }
+  }
+
+  private void stop(long h) {
+    stopLock.writeLock().lock();
+    try {
+      Native.ingestStop(h);
+    } finally {
+      stopLock.writeLock().unlock();
     }
   }
 
@@ -302,9 +330,25 @@ public final class Ingest extends NativeObject {
     }
   }
 
-  /** Stops if needed, closes every source and frees the object; then releases the router. */
+  /**
+   * Stops if needed, closes every source and frees the object; then releases the router. Waits
+   * for the calls in progress on other threads first; later calls throw {@link
+   * IllegalStateException}.
+   *
+   * <p>Called from a replica publisher ({@link Router#setReplicaPublisher}: on this ingest's own
+   * loop thread, for its heartbeats, or on a thread whose router call holds the router's lock),
+   * it is asynchronous: the object is closed at once (a later {@code close()} does nothing, other
+   * calls throw {@link IllegalStateException}), and a new daemon thread waits for the calls in
+   * progress, then stops and frees it, once the publisher has returned. Freeing it on the
+   * publisher's thread would join that very loop thread (the process aborted) or one waiting for
+   * the lock the publisher holds.
+   */
   @Override
   public void close() {
+    if (ReplicaSink.inPublisher()) {
+      closeOnAnotherThread("kvr-ingest-close");
+      return;
+    }
     super.close();
   }
 }

@@ -15,7 +15,9 @@ import java.util.concurrent.locks.LockSupport;
  * so), and a call made after {@code close()} throws {@link IllegalStateException} instead of
  * touching freed memory. {@code close()} sets the bit, wakes the calls in progress that could wait
  * for good ({@link #closing()}: a router closes its admission queue), waits for the calls in
- * progress to return, then drops the owner's reference to the native object.
+ * progress to return, then drops the owner's reference to the native object. {@link
+ * #closeOnAnotherThread} sets the bit and leaves the rest to a new thread (an {@link Ingest}
+ * closed from a replica publisher).
  */
 abstract class NativeObject implements AutoCloseable {
   private static final Cleaner CLEANER = Cleaner.create();
@@ -74,6 +76,33 @@ abstract class NativeObject implements AutoCloseable {
   public void close() {
     long previous = (long) STATE.getAndBitwiseOr(this, CLOSED);
     if ((previous & CLOSED) != 0) return;
+    finishClose();
+  }
+
+  /**
+   * As {@link #close()}, but once later calls are refused, the rest (the wait for the calls in
+   * progress and the free) runs on a new daemon thread named {@code threadName}: for a close
+   * from a replica publisher ({@link ReplicaSink#inPublisher()}), whose thread must not wait for
+   * those calls nor free the object. Returns at once.
+   *
+   * @throws OutOfMemoryError (or another error of {@link Thread#start()}) if no thread could be
+   *     started: the object is then open as before
+   */
+  final void closeOnAnotherThread(String threadName) {
+    long previous = (long) STATE.getAndBitwiseOr(this, CLOSED);
+    if ((previous & CLOSED) != 0) return;
+    try {
+      Thread thread = new Thread(this::finishClose, threadName);
+      thread.setDaemon(true);
+      thread.start();
+    } catch (RuntimeException | Error e) {
+      STATE.getAndBitwiseAnd(this, ~CLOSED); // nothing was done: still open
+      throw e;
+    }
+  }
+
+  /** The rest of {@link #close()}, once this object is marked closed. */
+  private void finishClose() {
     Throwable failed = null;
     try {
       closing();

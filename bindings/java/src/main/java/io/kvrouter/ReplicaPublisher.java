@@ -17,8 +17,10 @@ package io.kvrouter;
  * RuntimeException} or {@link Error} it throws goes to the thread's uncaught-exception handler; the
  * routing call that made the change is not affected.
  *
- * <p>{@link Router#close()}, {@link Router#closeQueue()} and {@link DisaggRouter#close()} throw
- * {@link KvRouterException} with {@link Status#FAILED_PRECONDITION} there.
+ * <p>It may close or stop an {@link Ingest}, even the one whose loop thread runs it (its
+ * heartbeats): that is done on a new thread once it has returned ({@link Ingest#close()}). {@link
+ * Router#close()}, {@link Router#closeQueue()} and {@link DisaggRouter#close()} throw {@link
+ * KvRouterException} with {@link Status#FAILED_PRECONDITION} there.
  */
 @FunctionalInterface
 public interface ReplicaPublisher {

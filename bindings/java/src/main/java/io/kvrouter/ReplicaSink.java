@@ -7,10 +7,12 @@ package io.kvrouter;
  */
 final class ReplicaSink {
   // How many publishers the current thread is running (nested or not): inside one, the thread
-  // holds the lock of the router publishing, so what the publisher calls must not close an
+  // holds the lock of the router publishing, and may be an Ingest's own loop thread (its
+  // heartbeats, a replica change it applied), so what the publisher calls must not close an
   // admission queue (which takes that lock), nor wait for the calls in progress on a router (its
-  // own among them). Set here for both back ends: the FFM downcalls' publishers come through the
-  // JNI glue's callback too.
+  // own among them), nor stop or free an ingest object, which joins its loop thread (perhaps this
+  // very one: std::terminate; or one waiting for that lock). Set here for both back ends: the FFM
+  // downcalls' publishers come through the JNI glue's callback too.
   private static final ThreadLocal<int[]> DEPTH = ThreadLocal.withInitial(() -> new int[1]);
 
   private final ReplicaPublisher publisher;

@@ -1,15 +1,18 @@
 package io.kvrouter;
 
+import java.time.Duration;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicReference;
 
 /**
- * One scenario of {@link CloseFromPublisherTest}, run in a JVM of its own so that a deadlock fails
- * that test only. Prints the routing path its router calls take ("path ffm" or "path jni"), then
- * "ok" once every check passed; anything else (an exception, no "ok") is a failure.
+ * One scenario of {@link CloseFromPublisherTest}, run in a JVM of its own so that an abort (the
+ * free of an ingest object joining the thread it runs on) or a deadlock fails that test only.
+ * Prints the routing path its router calls take ("path ffm" or "path jni"), then "ok" once every
+ * check passed; anything else (an exception, no "ok") is a failure.
  *
- * <p>Arguments: the mode.
+ * <p>Arguments: the mode, and for the {@code loop-} modes a NATS server's url.
  */
 public final class CloseFromPublisherScenario {
   private CloseFromPublisherScenario() {}
@@ -18,6 +21,8 @@ public final class CloseFromPublisherScenario {
     String mode = args[0];
     System.out.println("path " + HotPath.kind());
     switch (mode) {
+      case "loop-close", "loop-stop" -> onTheLoopThread(mode, args[1]);
+      case "routing-close", "routing-stop" -> onARoutingThread(mode);
       case "router-close", "router-close-queue", "disagg-close" -> refused(mode);
       default -> throw new IllegalArgumentException("unknown mode " + mode);
     }
@@ -41,6 +46,84 @@ public final class CloseFromPublisherScenario {
       }
       done.countDown();
     };
+  }
+
+  /**
+   * The publisher {@link Router#setReplicaPublisher} put in place of the sync's runs on the
+   * ingest's loop thread: its heartbeats, every 10 ms. It closes (or stops) that ingest there.
+   */
+  private static void onTheLoopThread(String mode, String url) throws Exception {
+    Router router = TestSupport.routerWithWorkers(1);
+    Ingest ingest = new Ingest(router, IngestOptions.builder().replicaHeartbeatMs(10).build());
+    ingest.start();
+    ingest.syncReplicas(url, "kv.replicas", "gw-a");
+    AtomicBoolean armed = new AtomicBoolean();
+    AtomicReference<Throwable> thrown = new AtomicReference<>();
+    AtomicReference<String> thread = new AtomicReference<>();
+    CountDownLatch done = new CountDownLatch(1);
+    Runnable inside = mode.equals("loop-close") ? ingest::close : ingest::stop;
+    router.setReplicaPublisher("gw-a", once(armed, inside, thrown, thread, done));
+    armed.set(true); // from now on only the loop calls the publisher: its heartbeats
+    check(done.await(60, TimeUnit.SECONDS), "no heartbeat reached the publisher in a minute");
+    check(thrown.get() == null, "the publisher's call threw " + thrown.get());
+    check(
+        !Thread.currentThread().getName().equals(thread.get()),
+        "the publisher ran on this thread, not the loop's");
+    if (mode.equals("loop-close")) {
+      check(ingest.isClosed(), "not closed once close() returned");
+      ingest.close(); // a no-op
+      try {
+        ingest.stats();
+        throw new AssertionError("stats() on an ingest closed from its publisher");
+      } catch (IllegalStateException expected) {
+        // closed
+      }
+    } else {
+      stopsSoon(ingest);
+      ingest.close();
+    }
+    router.close();
+  }
+
+  /** A publisher a routing call runs, on this thread, under the router's lock. */
+  private static void onARoutingThread(String mode) {
+    Router router = TestSupport.routerWithWorkers(1);
+    Ingest ingest = new Ingest(router);
+    ingest.start();
+    AtomicBoolean armed = new AtomicBoolean();
+    AtomicReference<Throwable> thrown = new AtomicReference<>();
+    AtomicReference<String> thread = new AtomicReference<>();
+    CountDownLatch done = new CountDownLatch(1);
+    Runnable inside = mode.equals("routing-close") ? ingest::close : ingest::stop;
+    router.setReplicaPublisher("gw-a", once(armed, inside, thrown, thread, done));
+    armed.set(true);
+    router.findBestMatch(TestSupport.tokens(64, 0), RequestOptions.admit("r1"));
+    check(done.getCount() == 0, "the routing call did not publish");
+    check(thrown.get() == null, "the publisher's call threw " + thrown.get());
+    if (mode.equals("routing-close")) {
+      check(ingest.isClosed(), "not closed once close() returned");
+      ingest.close();
+    } else {
+      stopsSoon(ingest);
+      ingest.close();
+    }
+    router.close();
+  }
+
+  /** Once stopped, the calls that add a source are refused. */
+  private static void stopsSoon(Ingest ingest) {
+    TestSupport.await(
+        "the ingest to stop",
+        Duration.ofSeconds(60),
+        () -> {
+          try {
+            ingest.listen("tcp://127.0.0.1:0");
+            return false;
+          } catch (KvRouterException e) {
+            check(e.status() == Status.FAILED_PRECONDITION, "listen: " + e);
+            return true;
+          }
+        });
   }
 
   /**

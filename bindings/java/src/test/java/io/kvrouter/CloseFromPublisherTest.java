@@ -15,10 +15,37 @@ import org.junit.jupiter.params.provider.ValueSource;
 
 /**
  * Closing from inside a replica publisher, which runs on the thread that changed a booking, under
- * the router's lock. Each scenario ({@link CloseFromPublisherScenario}) runs in a child JVM, so
- * that a deadlock fails its test only. {@code CloseFromPublisherFfmIT} runs them on the FFM path.
+ * the router's lock; that thread may be an {@link Ingest}'s own loop thread (its heartbeats, once
+ * {@link Router#setReplicaPublisher} replaced its sync's publisher). Each scenario ({@link
+ * CloseFromPublisherScenario}) runs in a child JVM, so that an abort or a deadlock fails its test
+ * only. {@code CloseFromPublisherFfmIT} runs the routing ones on the FFM path.
  */
 class CloseFromPublisherTest {
+  /**
+   * {@link Ingest#close()} or {@link Ingest#stop()} in a publisher that the ingest's own heartbeats
+   * call, on its loop thread: the object is closed at once (a later close does nothing, calls
+   * throw IllegalStateException), and a new thread stops and frees it once the publisher has
+   * returned; the router then closes. (Before, close freed it there: kvr_ingest_free joined its
+   * own thread, and the JVM aborted, SIGABRT.)
+   */
+  @ParameterizedTest
+  @ValueSource(strings = {"loop-close", "loop-stop"})
+  void anIngestClosedFromAPublisherOnItsOwnLoopThread(String mode) throws Exception {
+    try (NatsServer nats = NatsServer.startOrSkip()) {
+      run(mode, nats.url());
+    }
+  }
+
+  /**
+   * There the publisher holds the router's lock, which the loop a stop joins may need: close and
+   * stop return at once, the ingest is stopped and freed soon after.
+   */
+  @ParameterizedTest
+  @ValueSource(strings = {"routing-close", "routing-stop"})
+  void anIngestClosedFromAPublisherARoutingCallRuns(String mode) {
+    run(mode, "");
+  }
+
   /**
    * Router.close, Router.closeQueue and DisaggRouter.close close an admission queue, which takes
    * the router's lock the publisher runs under: FAILED_PRECONDITION, the router staying open.
