@@ -18,6 +18,8 @@ constexpr int kSignals[] = {SIGHUP, SIGTERM, SIGINT};
 // Once shutdown-timeout-seconds have passed, the requests still being booked are cancelled, and
 // again this often: a call may enter the admission queue just after a round.
 constexpr uint64_t kCancelRoundMs = 100;
+// How often lost requests and plans are expired (the library has no timer of its own).
+constexpr uint64_t kExpiryRoundMs = 1000;
 
 // `seconds` as a timer's milliseconds; nullopt for a span no timer needs (infinite, or past
 // 2^62 ns: "never"). `seconds` >= 0 (checked at startup).
@@ -108,6 +110,17 @@ int Daemon::Run() {
   }
   uv_timer_init(&loop_, &shutdown_timer_);
   shutdown_timer_.data = this;
+  uv_timer_init(&loop_, &expiry_timer_);
+  expiry_timer_.data = this;
+  uv_timer_start(
+      &expiry_timer_,
+      [](uv_timer_t* timer) {
+        try {
+          static_cast<Daemon*>(timer->data)->service_->ExpireLostRequests();
+        } catch (const std::bad_alloc&) {  // its log line; the next round tries again
+        }
+      },
+      kExpiryRoundMs, kExpiryRoundMs);
   quick_calls_ = std::make_unique<QuickCallPool>(&loop_, config_.preview_threads);
   Log(LogLevel::kInfo, "kvrouterd listening",
       {{"host", config_.listen_host},
@@ -323,6 +336,7 @@ void Daemon::MaybeFinish() {
   finished_ = true;
   if (quick_calls_) quick_calls_->Close();  // idle: no call is in flight
   uv_close(reinterpret_cast<uv_handle_t*>(&shutdown_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&expiry_timer_), nullptr);
   for (uv_signal_t& signal : signals_) uv_close(reinterpret_cast<uv_handle_t*>(&signal), nullptr);
 }
 

@@ -724,6 +724,16 @@ void Service::CountReload(bool ok) {
   ++(ok ? reloads_ok_ : reloads_failed_);
 }
 
+size_t Service::ExpireLostRequests() {
+  size_t expired = 0;
+  if (kvr_router_expire_requests(router_, &expired, nullptr) != KVR_OK) return 0;
+  if (expired > 0) {
+    Log(LogLevel::kWarn, "dropped requests never freed, past request-expiry-seconds",
+        {{"requests", std::to_string(expired)}});
+  }
+  return expired;
+}
+
 void Service::CancelWaiting() {
   for (const std::string& id : bookings_.PendingIds()) {
     // Marked first, so that a call booking it meanwhile releases what it booked.

@@ -83,6 +83,10 @@ class Service {
   void CancelWaiting();
   // Closes every event source and joins the ingest thread.
   void StopIngest();
+  // Drops requests past request-expiry-seconds (a free that never came) and plans past their
+  // deadline, admitting whom the queue held behind them; returns how many requests. The library
+  // has no timer: the daemon calls this every second.
+  size_t ExpireLostRequests();
 
   // The endpoints, as the routes table names them. Public for the unit tests.
   nlohmann::json AddWorker(const WorkerSpec& worker);

@@ -575,6 +575,24 @@ TEST_F(KvrouterdTest, QueuedRequestsTimeOutOrAreCancelledAtShutdown) {
   EXPECT_EQ(daemon_->WaitExit(), std::optional<int>(0));
 }
 
+// A request whose free never comes is dropped past request-expiry-seconds by the daemon's own
+// timer, though no other call comes to sweep it: the request it kept in the queue is admitted
+// (it waited for good before), the gauges drop, and the lost id may be booked again.
+TEST_F(KvrouterdTest, ALostRequestIsExpiredAndReleasesTheQueue) {
+  WriteConfig({"id=1,max-num-batched-tokens=1"},
+              "queue-threshold = 0\nrequest-expiry-seconds = 1\n");
+  Start();
+  ASSERT_EQ(Post("/v1/route", RouteBody("lost")).status, 200);  // the only rank is busy now
+  const HttpAnswer admitted = Post("/v1/route", RouteBody("next", {{"queue_timeout_ms", 8000}}));
+  EXPECT_EQ(admitted.status, 200) << admitted.body;
+  EXPECT_EQ(Delete("/v1/requests/next").status, 200);
+  EXPECT_TRUE(MetricIs("kvrouter_requests_active", 0));
+  const HttpAnswer again = Post("/v1/route", RouteBody("lost"));
+  EXPECT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(Body(again)["replayed"], false) << "booked anew, not the expired booking replayed";
+  Stop();
+}
+
 // The index survives a restart through the snapshot endpoints.
 TEST_F(KvrouterdTest, RestartRestoresTheSnapshot) {
   Start();
