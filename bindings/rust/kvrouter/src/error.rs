@@ -182,10 +182,12 @@ pub(crate) fn call_routing(
 }
 
 /// As [`call`], but a replica publisher closure's panic caught during the call is handed back
-/// instead of resumed, for a caller with something to settle before it unwinds.
+/// instead of resumed, for a caller with something to settle before it unwinds. Only a panic
+/// caught during this call is: one an earlier call of this thread left behind is dropped first.
 pub(crate) fn call_keeping_panic(
     f: impl FnOnce(*mut *mut sys::kvr_error) -> sys::kvr_status,
 ) -> (Result<()>, Option<Box<dyn Any + Send>>) {
+    crate::replica::discard_stale_panics();
     let mut err: *mut sys::kvr_error = ptr::null_mut();
     let status = f(&mut err);
     (status_result(status, err), crate::replica::take_panic())

@@ -17,7 +17,7 @@
 //! (`set`).
 
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
@@ -61,22 +61,114 @@ fn table() -> std::sync::MutexGuard<'static, Table> {
 }
 
 thread_local! {
-    /// A panic caught in a callback on this thread, resumed when the kvr_* call that ran the
-    /// callback returns to Rust (see `error::call`); a panic must not unwind through C.
-    static PANIC: Cell<Option<Box<dyn Any + Send>>> = const { Cell::new(None) };
+    /// How many publisher callbacks are running on this thread, one inside another (a closure
+    /// that calls another router, whose closure runs in turn): 0 outside any. A `const`
+    /// initialiser without `Drop`, so it can be read at any time, during thread exit too.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// The panics caught in callbacks on this thread, each tagged with the callback's depth
+    /// (`DEPTH` while it ran), at most one per depth (the first: a later one is dropped). The
+    /// kvr_* call that ran the callback takes it when it returns to Rust and resumes it (see
+    /// `error::call`); a panic must not unwind through C.
+    static PANICS: RefCell<Caught> = const { RefCell::new(Caught(Vec::new())) };
+}
+
+/// Panics caught on one thread, with the depth of the callback that raised each.
+struct Caught(Vec<(u32, Box<dyn Any + Send>)>);
+
+impl Drop for Caught {
+    /// At thread exit: payloads nothing resumed (caught on a library thread) are dropped, a
+    /// payload whose own `Drop` panics included.
+    fn drop(&mut self) {
+        for (_, payload) in self.0.drain(..) {
+            drop_quietly(payload);
+        }
+    }
+}
+
+/// Drops a panic payload without letting a panic in its `Drop` escape (the trampoline is
+/// `extern "C"`, and a panic while another unwinds aborts): such a second payload is leaked.
+fn drop_quietly(payload: Box<dyn Any + Send>) {
+    if let Err(second) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(second);
+    }
 }
 
 /// Set (for good) by the first panic caught in a callback, on any thread, before it is stored
-/// in that thread's `PANIC`: until then no thread's `PANIC` can hold one, and `take_panic` skips
-/// the thread-local. A thread reading false after its kvr_* call returned ran no callback that
-/// panicked during it (its own store would precede its load).
+/// in that thread's `PANICS`: until then no thread's `PANICS` can hold one, and `take_panic`
+/// and `discard_stale_panics` skip the thread-local. A thread reading false after its kvr_*
+/// call returned ran no callback that panicked during it (its own store would precede its
+/// load).
 static ANY_PANIC: AtomicBool = AtomicBool::new(false);
 
+/// The panic caught in a callback that the kvr_* call just made from this thread ran, if any:
+/// one of depth `DEPTH + 1` (a callback that call ran itself, not one a callback inside it ran
+/// through a call of its own, which that call took). A panic caught during another call, on a
+/// thread where no Rust call was waiting for it (an ingest's loop thread), is never resumed
+/// here: it stays at its own depth until this thread exits.
 pub(crate) fn take_panic() -> Option<Box<dyn Any + Send>> {
     if !ANY_PANIC.load(Ordering::Relaxed) {
         return None;
     }
-    PANIC.with(Cell::take)
+    take_deeper(DEPTH.with(Cell::get))
+}
+
+/// Before a kvr_* call that may run callbacks: drops the panics of depth `DEPTH + 1` or more
+/// that an earlier call of this thread left (one that ran a callback without taking its panic,
+/// a `Drop`), so that the call resumes only a panic caught during it.
+pub(crate) fn discard_stale_panics() {
+    if !ANY_PANIC.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(payload) = take_deeper(DEPTH.with(Cell::get)) {
+        drop_quietly(payload);
+    }
+}
+
+/// Takes this thread's panics caught deeper than `depth`: returns the one of depth `depth + 1`
+/// and drops the others (of callbacks run by calls that did not take them).
+fn take_deeper(depth: u32) -> Option<Box<dyn Any + Send>> {
+    let mut taken = Vec::new();
+    let _ = PANICS.try_with(|caught| {
+        if let Ok(mut caught) = caught.try_borrow_mut() {
+            let mut i = 0;
+            while i < caught.0.len() {
+                if caught.0[i].0 > depth {
+                    taken.push(caught.0.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    });
+    let mut resumed = None;
+    for (at, payload) in taken {
+        if at == depth + 1 && resumed.is_none() {
+            resumed = Some(payload);
+        } else {
+            drop_quietly(payload);
+        }
+    }
+    resumed
+}
+
+/// Keeps a panic caught in a callback of depth `depth` for the call that ran it, unless one of
+/// that depth is kept already (the first panic of a call is the one resumed): then, or if the
+/// thread-local is gone (thread exit), it is dropped, quietly.
+fn keep_panic(depth: u32, payload: Box<dyn Any + Send>) {
+    ANY_PANIC.store(true, Ordering::Relaxed);
+    let mut payload = Some(payload);
+    let _ = PANICS.try_with(|caught| {
+        if let Ok(mut caught) = caught.try_borrow_mut() {
+            if !caught.0.iter().any(|&(at, _)| at == depth) {
+                if let Some(payload) = payload.take() {
+                    caught.0.push((depth, payload));
+                }
+            }
+        }
+    });
+    if let Some(payload) = payload {
+        drop_quietly(payload);
+    }
 }
 
 unsafe extern "C" fn trampoline(user_data: *mut c_void, data: *const c_void, size: usize) {
@@ -89,11 +181,17 @@ unsafe extern "C" fn trampoline(user_data: *mut c_void, data: *const c_void, siz
         // SAFETY: C passes `size` readable bytes, valid during this call.
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) }
     };
-    if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| callback(bytes))) {
-        // The panic hook has printed it already; the thread's next return from a kvr_* call
-        // in this crate resumes it (a library thread never does: it is then only printed).
-        ANY_PANIC.store(true, Ordering::Relaxed);
-        PANIC.with(|p| p.set(Some(payload)));
+    let depth = DEPTH.with(|d| {
+        let depth = d.get().saturating_add(1);
+        d.set(depth);
+        depth
+    });
+    let result = panic::catch_unwind(AssertUnwindSafe(|| callback(bytes)));
+    DEPTH.with(|d| d.set(depth - 1));
+    if let Err(payload) = result {
+        // The panic hook has printed it already; the kvr_* call that ran this callback resumes
+        // it when it returns to Rust (a library thread's never does: it is only printed).
+        keep_panic(depth, payload);
     }
 }
 

@@ -624,8 +624,10 @@ impl RouterRef {
     /// change, applying any replica change or expiring replicas), under the router's
     /// lock, in order: it must be quick (queue the bytes) and must not call into any router.
     /// A panic in it is caught at the C boundary and resumed when the call that made the
-    /// change returns; one raised during the announcement is resumed from this call, with
-    /// the publisher installed. Replaces any previous publisher (or
+    /// change returns (the first, if it panicked more than once there); one raised during the
+    /// announcement is resumed from this call, with the publisher installed. One raised on a
+    /// thread where no call of yours waits (an ingest's loop thread) is only printed by the
+    /// panic hook. Replaces any previous publisher (or
     /// [`Ingest::sync_replicas`](crate::Ingest::sync_replicas)), which first receives a
     /// farewell Reset (peers drop what they hold from its id) and is dropped before this
     /// returns; the closure of a call that overlapped this one on the same router is dropped
