@@ -167,13 +167,16 @@ impl Disagg {
         self.0.as_ptr()
     }
 
-    /// The prefill pool's router, owned by this object.
+    /// The prefill pool's router, owned by this object. An [`Ingest`](crate::Ingest) feeding
+    /// it keeps the `Disagg` alive ([`Ingest::with_shared_disagg`](crate::Ingest::with_shared_disagg))
+    /// or borrows the pool for a scope ([`Ingest::scope`](crate::Ingest::scope)).
     pub fn prefill_router(&self) -> &RouterRef {
         // SAFETY: the pool lives as long as the disagg object, hence as long as &self.
         unsafe { RouterRef::from_ptr(sys::kvr_disagg_prefill_router(self.as_ptr())) }
     }
 
-    /// The decode pool's router, owned by this object.
+    /// The decode pool's router, owned by this object (an ingest object for it: as for
+    /// [`prefill_router`](Self::prefill_router)).
     pub fn decode_router(&self) -> &RouterRef {
         // SAFETY: as prefill_router.
         unsafe { RouterRef::from_ptr(sys::kvr_disagg_decode_router(self.as_ptr())) }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use kvrouter_sys as sys;
 
+use crate::disagg::Disagg;
 use crate::error::{call, fill_vec, Code, Error, Result};
 use crate::events::EventBatch;
 use crate::raw::init;
@@ -340,37 +341,175 @@ pub struct Listener {
 
 /// An event-loop thread applying KV events from every source to a router (`kvr_ingest`),
 /// concurrently with routing. Created stopped; sources may be added before or after
-/// [`start`](Self::start). The router must outlive it: `'r` borrows it, or
-/// [`with_shared_router`](Self::with_shared_router) keeps an `Arc<Router>` alive.
+/// [`start`](Self::start).
+///
+/// The router must outlive the loop thread, whatever becomes of the `Ingest` (dropped,
+/// or leaked with `mem::forget`, which is safe), so every constructor sees to it:
+///
+/// * [`with_shared_router`](Self::with_shared_router) (an `Arc<Router>`) and
+///   [`with_shared_disagg`](Self::with_shared_disagg) (an `Arc<Disagg>` and one of its pools)
+///   keep the router alive for as long as the ingest object exists: an `Ingest<'static>`
+///   that may be stored, shared (`Arc<Ingest>`) and moved anywhere;
+/// * [`with_static_router`](Self::with_static_router) takes a `&'static` router (a `static`,
+///   or a leaked one), which is never freed;
+/// * [`scope`](Self::scope) borrows any router (a `Router` on the stack, a `Disagg`'s pool) for
+///   the length of a closure, and frees the ingest object, joining its thread, before it
+///   returns, in the manner of `std::thread::scope`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvrouter::{Ingest, IngestOptions, Router, RouterOptions};
+///
+/// let router = Arc::new(Router::new(&RouterOptions::with_block_size(16))?);
+/// let ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default())?;
+/// ingest.start()?;
+/// let listener = ingest.listen("tcp://127.0.0.1:0")?;
+/// println!("engines publish to {}", listener.endpoint);
+/// drop(router); // the ingest keeps it alive
+/// # Ok::<(), kvrouter::Error>(())
+/// ```
+///
+/// The borrowing constructor of 0.2.0, `Ingest::new(&RouterRef, ..)`, is gone: an `Ingest`
+/// leaked with `mem::forget` ended the borrow without stopping its thread, which then applied
+/// events to a freed router.
+///
+/// ```compile_fail
+/// # use kvrouter::{Ingest, IngestOptions, Router, RouterOptions};
+/// let router = Router::new(&RouterOptions::default())?;
+/// let ingest = Ingest::new(&router, &IngestOptions::default())?;
+/// std::mem::forget(ingest);
+/// drop(router);
+/// # Ok::<(), kvrouter::Error>(())
+/// ```
 pub struct Ingest<'r> {
     ptr: NonNull<sys::kvr_ingest>,
+    /// The router's borrow, for an ingest object of [`Ingest::scope`] (`'static` otherwise).
     _router: PhantomData<&'r RouterRef>,
-    _keep: Option<Arc<Router>>,
+    /// What keeps the router alive; dropped after the free (fields drop after `Drop::drop`).
+    _keep: Keep,
+}
+
+/// What keeps an ingest object's router alive for as long as the object exists. (The Arcs are
+/// held, never read: dead code to the compiler.)
+#[allow(dead_code)]
+enum Keep {
+    /// [`Ingest::scope`]: the router is borrowed for the scope, which frees the object before
+    /// it returns.
+    Scoped,
+    /// A `&'static` router, which nothing frees.
+    Static,
+    Router(Arc<Router>),
+    /// A `Disagg`, one of whose pools the ingest object feeds.
+    Disagg(Arc<Disagg>),
+}
+
+/// One of the two routers of a [`Disagg`], for [`Ingest::with_shared_disagg`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DisaggPool {
+    /// [`Disagg::prefill_router`].
+    Prefill,
+    /// [`Disagg::decode_router`].
+    Decode,
 }
 
 // SAFETY: every kvr_ingest function is tagged `concurrent` except kvr_ingest_free (only Drop
 // calls it, with ownership) and kvr_ingest_subscribe_nats / _subscribe_jetstream /
 // _relay_jetstream / kvr_ingest_sync_replicas, which
 // must not overlap kvr_ingest_stop on the same object: stop takes &mut self here, so it cannot
-// run while any &self call is in progress. The router it feeds is Sync.
+// run while any &self call is in progress. The router it feeds is Sync, and kept alive (`Keep`)
+// by Arcs that are Send + Sync, or borrowed.
 unsafe impl Send for Ingest<'_> {}
 // SAFETY: as above: a shared &Ingest reaches only functions that may run concurrently with
 // each other.
 unsafe impl Sync for Ingest<'_> {}
 
+impl Ingest<'static> {
+    /// A stopped ingest object feeding a shared router, which it keeps alive for as long as the
+    /// object exists (whether the `Ingest` is dropped or leaked).
+    pub fn with_shared_router(router: Arc<Router>, options: &IngestOptions) -> Result<Self> {
+        let raw = router.as_raw();
+        // SAFETY: the Arc, kept in the object, keeps the router alive for as long as it.
+        unsafe { Ingest::create(raw, options, Keep::Router(router)) }
+    }
+
+    /// A stopped ingest object feeding one pool of a shared [`Disagg`], which it keeps alive
+    /// for as long as the object exists. (A pool is a [`RouterRef`] borrowed from its
+    /// `Disagg`: an ingest object for one either keeps the `Disagg`, as here, or lives in an
+    /// [`Ingest::scope`].)
+    pub fn with_shared_disagg(
+        disagg: Arc<Disagg>,
+        pool: DisaggPool,
+        options: &IngestOptions,
+    ) -> Result<Self> {
+        let raw = match pool {
+            DisaggPool::Prefill => disagg.prefill_router().as_raw(),
+            DisaggPool::Decode => disagg.decode_router().as_raw(),
+        };
+        // SAFETY: the Arc, kept in the object, keeps the Disagg, which owns the pool, alive for
+        // as long as it.
+        unsafe { Ingest::create(raw, options, Keep::Disagg(disagg)) }
+    }
+
+    /// A stopped ingest object feeding a router that lives for the rest of the program (a
+    /// `static`, e.g. in a `LazyLock`, or a `Box::leak`ed one, or a pool of such a `Disagg`).
+    pub fn with_static_router(router: &'static RouterRef, options: &IngestOptions) -> Result<Self> {
+        // SAFETY: a 'static router is never freed.
+        unsafe { Ingest::create(router.as_raw(), options, Keep::Static) }
+    }
+}
+
 impl<'r> Ingest<'r> {
-    /// A stopped ingest object feeding `router`.
-    pub fn new(router: &'r RouterRef, options: &IngestOptions) -> Result<Ingest<'r>> {
+    /// Runs `f` with a stopped ingest object feeding `router`, which it borrows, and frees the
+    /// object (stopping it and joining its thread) before it returns `f`'s result, also when
+    /// `f` panics. For a router owned on the stack, or a [`Disagg`]'s pool, without an `Arc`;
+    /// `f` may start it, add sources, and run scoped threads that route meanwhile. An error if
+    /// the object cannot be created (`f` is not run then).
+    ///
+    /// ```
+    /// use kvrouter::{Ingest, IngestOptions, Publisher, Router, RouterOptions};
+    ///
+    /// let router = Router::new(&RouterOptions::with_block_size(16))?;
+    /// let sent = Ingest::scope(&router, &IngestOptions::default(), |ingest| {
+    ///     ingest.start()?;
+    ///     let listener = ingest.listen("tcp://127.0.0.1:0")?;
+    ///     let publisher = Publisher::connect(&listener.endpoint)?;
+    ///     // ... engines publish, requests are routed ...
+    ///     # drop(publisher);
+    ///     Ok::<_, kvrouter::Error>(listener.source_id)
+    /// })??; // the scope's error, then the closure's
+    /// # let _ = sent;
+    /// # Ok::<(), kvrouter::Error>(())
+    /// ```
+    pub fn scope<T>(
+        router: &'r RouterRef,
+        options: &IngestOptions,
+        f: impl FnOnce(&Ingest<'r>) -> T,
+    ) -> Result<T> {
+        // SAFETY: the object is dropped (freed) at the end of this function, or while f unwinds,
+        // within the borrow of the router; f only borrows it, so cannot leak it.
+        let ingest = unsafe { Ingest::create(router.as_raw(), options, Keep::Scoped) }?;
+        Ok(f(&ingest))
+    }
+
+    /// # Safety
+    /// `router` is a live router that `keep` keeps alive for as long as the object (and its
+    /// loop thread) exists, or, for `Keep::Scoped`, that outlives `'r`, the returned object
+    /// being freed within `'r` (`scope`).
+    unsafe fn create(
+        router: *mut sys::kvr_router,
+        options: &IngestOptions,
+        keep: Keep,
+    ) -> Result<Ingest<'r>> {
         let raw = options.to_raw();
         let mut out = ptr::null_mut();
-        // SAFETY: a live router that outlives 'r; out is written on success only.
-        call(|err| unsafe { sys::kvr_ingest_new(router.as_raw(), &raw, &mut out, err) })?;
+        // SAFETY: a live router (the caller's promise); out is written on success only.
+        call(|err| unsafe { sys::kvr_ingest_new(router, &raw, &mut out, err) })?;
         let ptr = NonNull::new(out)
             .ok_or_else(|| Error::new(Code::Internal, "kvr_ingest_new gave NULL"))?;
         Ok(Ingest {
             ptr,
             _router: PhantomData,
-            _keep: None,
+            _keep: keep,
         })
     }
 
@@ -625,20 +764,6 @@ impl<'r> Ingest<'r> {
     }
 }
 
-impl Ingest<'static> {
-    /// A stopped ingest object feeding a shared router, which it keeps alive.
-    pub fn with_shared_router(router: Arc<Router>, options: &IngestOptions) -> Result<Self> {
-        let borrowed = Ingest::new(&router, options)?;
-        let ptr = borrowed.ptr;
-        std::mem::forget(borrowed); // ownership moves to the 'static object below
-        Ok(Ingest {
-            ptr,
-            _router: PhantomData,
-            _keep: Some(router),
-        })
-    }
-}
-
 impl fmt::Debug for Ingest<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("Ingest").field(&self.ptr).finish()
@@ -647,8 +772,8 @@ impl fmt::Debug for Ingest<'_> {
 
 impl Drop for Ingest<'_> {
     fn drop(&mut self) {
-        // SAFETY: owned; Drop has exclusive access. The router (borrowed for 'r, or kept in
-        // _keep, which drops after this) is still alive.
+        // SAFETY: owned; Drop has exclusive access. The router (kept by _keep, which drops
+        // after this, or borrowed by a scope that is not over) is still alive.
         unsafe { sys::kvr_ingest_free(self.as_ptr()) }
     }
 }

@@ -86,8 +86,8 @@ pub use events::{
 };
 pub use hashing::{compute_block_hashes, compute_sequence_hashes, HashOptions};
 pub use ingest::{
-    Engine, EngineWorker, Ingest, IngestOptions, IngestStats, JetStreamSource, Listener, Publisher,
-    RejectReason,
+    DisaggPool, Engine, EngineWorker, Ingest, IngestOptions, IngestStats, JetStreamSource,
+    Listener, Publisher, RejectReason,
 };
 pub use options::{
     CostFunction, Phase, PrehashedPrompt, QueuePolicy, RequestOptions, RouterOptions, RoutingHints,

@@ -77,67 +77,70 @@ fn device_blocks(router: &kvrouter::RouterRef, tokens: &[u32], worker: u64) -> u
 fn unix_socket_events_reach_the_router_and_bad_frames_are_counted() {
     let dir = TempDir::new();
     let router = router(2);
-    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
-    ingest.start().unwrap();
-    let endpoint = format!("unix://{}/events.sock", dir.0.display());
-    let listener = ingest.listen(&endpoint).unwrap();
-    assert_eq!(listener.endpoint, endpoint);
-    assert_ne!(listener.source_id, 0);
-    assert_eq!(
-        ingest.source_endpoint(listener.source_id).unwrap(),
-        endpoint
-    );
-    assert_eq!(
-        ingest.source_endpoint(4242).unwrap_err().code(),
-        Code::NotFound
-    );
+    // A router on the stack: the scope borrows it, and frees the ingest object before it ends.
+    Ingest::scope(&router, &IngestOptions::default(), |ingest| {
+        ingest.start().unwrap();
+        let endpoint = format!("unix://{}/events.sock", dir.0.display());
+        let listener = ingest.listen(&endpoint).unwrap();
+        assert_eq!(listener.endpoint, endpoint);
+        assert_ne!(listener.source_id, 0);
+        assert_eq!(
+            ingest.source_endpoint(listener.source_id).unwrap(),
+            endpoint
+        );
+        assert_eq!(
+            ingest.source_endpoint(4242).unwrap_err().code(),
+            Code::NotFound
+        );
 
-    let tokens = prompt(1, 4);
-    let mut publisher = Publisher::connect(&listener.endpoint).unwrap();
-    publisher.send(&stored_batch(2, &tokens, 4, 100)).unwrap();
-    let stats = wait_messages(&ingest, listener.source_id, 1);
-    assert_eq!((stats.events_applied, stats.connections), (1, 1));
-    assert_eq!(device_blocks(&router, &tokens, 2), 4);
-    let r = router
-        .find_best_match(&tokens, &RequestOptions::default())
-        .unwrap();
-    assert_eq!((r.worker_id, r.device_overlap_blocks), (2, 4));
+        let tokens = prompt(1, 4);
+        let mut publisher = Publisher::connect(&listener.endpoint).unwrap();
+        publisher.send(&stored_batch(2, &tokens, 4, 100)).unwrap();
+        let stats = wait_messages(ingest, listener.source_id, 1);
+        assert_eq!((stats.events_applied, stats.connections), (1, 1));
+        assert_eq!(device_blocks(&router, &tokens, 2), 4);
+        let r = router
+            .find_best_match(&tokens, &RequestOptions::default())
+            .unwrap();
+        assert_eq!((r.worker_id, r.device_overlap_blocks), (2, 4));
 
-    // Well-framed garbage is rejected alone; the connection's next batch still applies.
-    publisher
-        .send_encoded(b"this is not a flatbuffer at all")
-        .unwrap();
-    let more = prompt(2, 2);
-    let encoded = stored_batch(1, &more, 2, 200).encode().unwrap();
-    publisher.send_encoded(&encoded).unwrap();
-    let stats = wait_messages(&ingest, listener.source_id, 3);
-    assert_eq!(stats.rejected(RejectReason::BadFlatbuffers), 1);
-    assert!(
-        stats.last_reject.contains("file identifier"),
-        "{}",
-        stats.last_reject
-    );
-    assert_eq!(stats.events_applied, 2);
-    assert_eq!(device_blocks(&router, &more, 1), 2);
+        // Well-framed garbage is rejected alone; the connection's next batch still applies.
+        publisher
+            .send_encoded(b"this is not a flatbuffer at all")
+            .unwrap();
+        let more = prompt(2, 2);
+        let encoded = stored_batch(1, &more, 2, 200).encode().unwrap();
+        publisher.send_encoded(&encoded).unwrap();
+        let stats = wait_messages(ingest, listener.source_id, 3);
+        assert_eq!(stats.rejected(RejectReason::BadFlatbuffers), 1);
+        assert!(
+            stats.last_reject.contains("file identifier"),
+            "{}",
+            stats.last_reject
+        );
+        assert_eq!(stats.events_applied, 2);
+        assert_eq!(device_blocks(&router, &more, 1), 2);
 
-    // The totals agree with the only source; unknown sources are NotFound.
-    assert_eq!(
-        ingest.total_stats().unwrap(),
-        ingest.stats(listener.source_id).unwrap()
-    );
-    assert_eq!(ingest.stats(9999).unwrap_err().code(), Code::NotFound);
+        // The totals agree with the only source; unknown sources are NotFound.
+        assert_eq!(
+            ingest.total_stats().unwrap(),
+            ingest.stats(listener.source_id).unwrap()
+        );
+        assert_eq!(ingest.stats(9999).unwrap_err().code(), Code::NotFound);
 
-    // Binding the same path twice fails.
-    assert_eq!(
-        ingest.listen(&endpoint).unwrap_err().code(),
-        Code::Unavailable
-    );
+        // Binding the same path twice fails.
+        assert_eq!(
+            ingest.listen(&endpoint).unwrap_err().code(),
+            Code::Unavailable
+        );
+    })
+    .unwrap();
 }
 
 #[test]
 fn tcp_port_zero_binds_a_free_port_and_lag_is_measured() {
-    let router = router(2);
-    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    let router = Arc::new(router(2));
+    let ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap();
     ingest.start().unwrap();
     let listener = ingest.listen("tcp://127.0.0.1:0").unwrap();
     assert!(listener.endpoint.starts_with("tcp://127.0.0.1:"));
@@ -246,8 +249,8 @@ fn a_shared_router_is_fed_while_other_threads_route_and_read_stats() {
 
 #[test]
 fn engine_workers_and_the_lifecycle_follow_the_rules() {
-    let router = router(1);
-    let mut ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    let router = Arc::new(router(1));
+    let mut ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap();
     // ZMQ connects lazily: no engine needs to listen for the registration to succeed.
     let port = free_port();
     let endpoint = format!("tcp://127.0.0.1:{port}");
@@ -302,8 +305,8 @@ fn engine_workers_and_the_lifecycle_follow_the_rules() {
 #[test]
 fn ingest_strings_with_a_nul_byte_are_refused_naming_them() {
     // Refused before C (no listener bound, no connection tried), so no server is needed.
-    let router = router(1);
-    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    let router = Arc::new(router(1));
+    let ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap();
     let refused = |result: kvrouter::Result<u64>, what: &str| {
         let e = result.expect_err(what);
         assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
@@ -502,8 +505,8 @@ fn nats_subjects_feed_the_router() {
         );
         return;
     };
-    let router = router(2);
-    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    let router = Arc::new(router(2));
+    let ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap();
     ingest.start().unwrap();
     let source = ingest.subscribe_nats(&server.url(), "kv.*.events").unwrap();
 
@@ -544,8 +547,8 @@ fn jetstream_stream_created_consumed_and_acknowledged() {
         );
         return;
     };
-    let router = router(2);
-    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    let router = Arc::new(router(2));
+    let ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap();
     ingest.start().unwrap();
     let url = server.url();
     let mut source = JetStreamSource {
@@ -606,8 +609,8 @@ fn jetstream_relay_feeds_another_router() {
     };
     let dir = TempDir::new();
     let url = server.url();
-    let (first, second) = (router(2), router(2));
-    let ingest = Ingest::new(&first, &IngestOptions::default()).unwrap();
+    let (first, second) = (Arc::new(router(2)), Arc::new(router(2)));
+    let ingest = Ingest::with_shared_router(first.clone(), &IngestOptions::default()).unwrap();
     let listener = ingest
         .listen(&format!("unix://{}/relay.sock", dir.0.display()))
         .unwrap();
@@ -631,7 +634,7 @@ fn jetstream_relay_feeds_another_router() {
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
 
     // The second router consumes what the relay publishes.
-    let ingest2 = Ingest::new(&second, &IngestOptions::default()).unwrap();
+    let ingest2 = Ingest::with_shared_router(second.clone(), &IngestOptions::default()).unwrap();
     ingest2.start().unwrap();
     let consumer = ingest2
         .subscribe_jetstream(&JetStreamSource {
@@ -684,9 +687,9 @@ fn replicas_sync_their_bookings_over_nats() {
         );
         return;
     };
-    let (a, b) = (router(2), router(2));
-    let ingest_a = Ingest::new(&a, &without_heartbeats()).unwrap();
-    let ingest_b = Ingest::new(&b, &without_heartbeats()).unwrap();
+    let (a, b) = (Arc::new(router(2)), Arc::new(router(2)));
+    let ingest_a = Ingest::with_shared_router(a.clone(), &without_heartbeats()).unwrap();
+    let ingest_b = Ingest::with_shared_router(b.clone(), &without_heartbeats()).unwrap();
     ingest_a.start().unwrap();
     ingest_b.start().unwrap();
     let source_a = ingest_a
@@ -747,8 +750,8 @@ fn a_booking_too_long_for_the_servers_messages_is_published_trimmed() {
         );
         return;
     };
-    let a = router(1);
-    let ingest = Ingest::new(&a, &without_heartbeats()).unwrap();
+    let a = Arc::new(router(1));
+    let ingest = Ingest::with_shared_router(a.clone(), &without_heartbeats()).unwrap();
     ingest.start().unwrap();
     let source = ingest
         .sync_replicas(&server.url(), "kvrouter.test.trimmed", "a")
@@ -785,7 +788,7 @@ fn a_replica_joining_over_nats_learns_the_bookings_made_before_it() {
         return;
     };
     let subject = "kvrouter.test.join";
-    let (a, b) = (router(2), router(2));
+    let (a, b) = (Arc::new(router(2)), Arc::new(router(2)));
     // a books two requests, then syncs: it announces them (Reset, two Added, SyncRequest) to
     // nobody. sync_replicas on a started ingest returns once the server has had those
     // messages, so none of them can reach b, which subscribes later. (A change published
@@ -797,7 +800,7 @@ fn a_replica_joining_over_nats_learns_the_bookings_made_before_it() {
         .find_best_match(&prompt(31, 2), &RequestOptions::admit("later"))
         .unwrap();
     assert_ne!(first.worker_id, second.worker_id);
-    let ingest_a = Ingest::new(&a, &without_heartbeats()).unwrap();
+    let ingest_a = Ingest::with_shared_router(a.clone(), &without_heartbeats()).unwrap();
     ingest_a.start().unwrap();
     let source_a = ingest_a.sync_replicas(&server.url(), subject, "a").unwrap();
     assert_eq!(ingest_a.stats(source_a).unwrap().published, 4);
@@ -806,7 +809,7 @@ fn a_replica_joining_over_nats_learns_the_bookings_made_before_it() {
     // both of a's from a's answer to its SyncRequest, without a booking anything more.
     b.find_best_match(&prompt(32, 1), &RequestOptions::admit("b-own"))
         .unwrap();
-    let ingest_b = Ingest::new(&b, &without_heartbeats()).unwrap();
+    let ingest_b = Ingest::with_shared_router(b.clone(), &without_heartbeats()).unwrap();
     ingest_b.start().unwrap();
     let source_b = ingest_b.sync_replicas(&server.url(), subject, "b").unwrap();
     // b published Reset, Added, SyncRequest; a applied them and answered, while applying the
@@ -840,8 +843,8 @@ fn a_replica_joining_over_nats_learns_the_bookings_made_before_it() {
 
 #[test]
 fn sync_replicas_refuses_a_replica_id_with_byte_0x1f_before_connecting() {
-    let router = router(1);
-    let ingest = Ingest::new(&router, &IngestOptions::default()).unwrap();
+    let router = Arc::new(router(1));
+    let ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap();
     // No server there: the id is refused before any connection is tried.
     let url = format!("nats://127.0.0.1:{}", free_port());
     for id in ["", "gw\x1f1", "\x1f"] {
