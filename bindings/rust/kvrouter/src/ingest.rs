@@ -3,8 +3,10 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
+use std::thread;
 
 use kvrouter_sys as sys;
 
@@ -369,6 +371,13 @@ pub struct Listener {
 /// # Ok::<(), kvrouter::Error>(())
 /// ```
 ///
+/// Dropping the last handle stops the ingest and frees it. Inside a replica publisher
+/// closure (which the library runs under its router's lock, on the thread making a change:
+/// a caller's, or this ingest's own loop thread for its heartbeats), that would join the loop
+/// thread from itself, or wait for a loop that may be waiting for that lock: there the drop
+/// returns at once, and a thread of its own stops and frees the object (and then drops what it
+/// kept alive) once the publisher has returned. [`stop`](Self::stop) likewise.
+///
 /// The borrowing constructor of 0.2.0, `Ingest::new(&RouterRef, ..)`, is gone: an `Ingest`
 /// leaked with `mem::forget` ended the borrow without stopping its thread, which then applied
 /// events to a freed router.
@@ -382,11 +391,18 @@ pub struct Listener {
 /// # Ok::<(), kvrouter::Error>(())
 /// ```
 pub struct Ingest<'r> {
-    ptr: NonNull<sys::kvr_ingest>,
+    /// Shared with a thread that stops the object for a publisher (`stop`), which must not
+    /// find it freed.
+    inner: Arc<Inner>,
     /// The router's borrow, for an ingest object of [`Ingest::scope`] (`'static` otherwise).
     _router: PhantomData<&'r RouterRef>,
+}
+
+/// The C object, freed by the drop of the last handle.
+struct Inner {
+    ptr: NonNull<sys::kvr_ingest>,
     /// What keeps the router alive; dropped after the free (fields drop after `Drop::drop`).
-    _keep: Keep,
+    keep: Keep,
 }
 
 /// What keeps an ingest object's router alive for as long as the object exists. (The Arcs are
@@ -412,16 +428,46 @@ pub enum DisaggPool {
     Decode,
 }
 
-// SAFETY: every kvr_ingest function is tagged `concurrent` except kvr_ingest_free (only Drop
-// calls it, with ownership) and kvr_ingest_subscribe_nats / _subscribe_jetstream /
-// _relay_jetstream / kvr_ingest_sync_replicas, which
-// must not overlap kvr_ingest_stop on the same object: stop takes &mut self here, so it cannot
-// run while any &self call is in progress. The router it feeds is Sync, and kept alive (`Keep`)
-// by Arcs that are Send + Sync, or borrowed.
-unsafe impl Send for Ingest<'_> {}
-// SAFETY: as above: a shared &Ingest reaches only functions that may run concurrently with
-// each other.
-unsafe impl Sync for Ingest<'_> {}
+// SAFETY: every kvr_ingest function is tagged `concurrent` except kvr_ingest_free, which only
+// Inner's Drop calls, once the last handle is gone (the Arc), and kvr_ingest_stop, concurrent
+// with every call since 0.2.0 (it waits for a kvr_ingest_subscribe_nats / _subscribe_jetstream /
+// _relay_jetstream / _sync_replicas in progress and refuses later ones) except when called from
+// a callback on the ingest's own thread, where it cannot wait for them. The only Rust code the
+// library runs on its threads is a replica publisher closure, and inside one `stop` never calls
+// it: a thread of its own does. The router it feeds is Sync, and kept alive (`Keep`) by Arcs
+// that are Send + Sync, or borrowed (`scope`).
+unsafe impl Send for Inner {}
+// SAFETY: as above: a shared &Inner reaches only functions that may run concurrently with each
+// other.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if crate::replica::in_publisher() && !matches!(self.keep, Keep::Scoped) {
+            // Inside a publisher, under a router's lock, maybe on this very loop thread: the
+            // free (which joins the loop) moves to a thread of its own, with what keeps the
+            // router alive. Its kvr_ingest_free waits for the loop, which finishes once the
+            // publisher has returned. A scoped object is never dropped here (`scope` refuses to
+            // run inside a publisher, and none can reach its object), and could not wait.
+            let deferred = ManuallyDrop::new(Inner {
+                ptr: self.ptr,
+                keep: std::mem::replace(&mut self.keep, Keep::Static),
+            });
+            let spawned = thread::Builder::new()
+                .name("kvrouter-ingest-free".to_owned())
+                .spawn(move || drop(ManuallyDrop::into_inner(deferred)));
+            // Without a thread (the system refused one), the closure is gone with its
+            // ManuallyDrop: the object and its router leak, which is sound.
+            drop(spawned);
+            return;
+        }
+        // SAFETY: the last handle, so no other call is in progress; the router (kept by `keep`,
+        // which drops after this, or borrowed by a scope that is not over) is alive.
+        unsafe { sys::kvr_ingest_free(self.ptr.as_ptr()) }
+        // A panic of a publisher the free ran is not resumed from a drop.
+        crate::replica::discard_stale_panics();
+    }
+}
 
 impl Ingest<'static> {
     /// A stopped ingest object feeding a shared router, which it keeps alive for as long as the
@@ -463,7 +509,8 @@ impl<'r> Ingest<'r> {
     /// object (stopping it and joining its thread) before it returns `f`'s result, also when
     /// `f` panics. For a router owned on the stack, or a [`Disagg`]'s pool, without an `Arc`;
     /// `f` may start it, add sources, and run scoped threads that route meanwhile. An error if
-    /// the object cannot be created (`f` is not run then).
+    /// the object cannot be created (`f` is not run then), and `FailedPrecondition` inside a
+    /// replica publisher closure, where the scope's end could not free the object.
     ///
     /// ```
     /// use kvrouter::{Ingest, IngestOptions, Publisher, Router, RouterOptions};
@@ -485,6 +532,16 @@ impl<'r> Ingest<'r> {
         options: &IngestOptions,
         f: impl FnOnce(&Ingest<'r>) -> T,
     ) -> Result<T> {
+        if crate::replica::in_publisher() {
+            // Its end would free the object there, under a router's lock, joining a loop that
+            // may wait for that lock; and a borrowed router forbids handing the free to another
+            // thread as a drop does.
+            return Err(Error::new(
+                Code::FailedPrecondition,
+                "Ingest::scope called from a replica publisher, which runs under its router's \
+                 lock: the scope could not free its ingest object there",
+            ));
+        }
         // SAFETY: the object is dropped (freed) at the end of this function, or while f unwinds,
         // within the borrow of the router; f only borrows it, so cannot leak it.
         let ingest = unsafe { Ingest::create(router.as_raw(), options, Keep::Scoped) }?;
@@ -507,14 +564,13 @@ impl<'r> Ingest<'r> {
         let ptr = NonNull::new(out)
             .ok_or_else(|| Error::new(Code::Internal, "kvr_ingest_new gave NULL"))?;
         Ok(Ingest {
-            ptr,
+            inner: Arc::new(Inner { ptr, keep }),
             _router: PhantomData,
-            _keep: keep,
         })
     }
 
     fn as_ptr(&self) -> *mut sys::kvr_ingest {
-        self.ptr.as_ptr()
+        self.inner.ptr.as_ptr()
     }
 
     /// Starts the loop thread. `FailedPrecondition` if started or stopped before.
@@ -524,10 +580,42 @@ impl<'r> Ingest<'r> {
     }
 
     /// Closes every source and joins the loop thread. Final (no restart); idempotent. Dropping
-    /// the object stops it too. `&mut self`: it must not overlap `subscribe_nats`,
-    /// `subscribe_jetstream` or `relay_jetstream`.
-    pub fn stop(&mut self) -> Result<()> {
-        // SAFETY: a live ingest object, exclusively borrowed.
+    /// the object stops it too. It may run concurrently with any other call: it waits for a
+    /// [`subscribe_nats`](Self::subscribe_nats), [`subscribe_jetstream`](Self::subscribe_jetstream),
+    /// [`relay_jetstream`](Self::relay_jetstream) or [`sync_replicas`](Self::sync_replicas) in
+    /// progress, and those called after it fail with `FailedPrecondition`.
+    ///
+    /// Called from inside a replica publisher closure (which runs under the router's lock, maybe
+    /// on this ingest's own loop thread, where the library cannot wait for those calls), it is
+    /// asynchronous: it returns `Ok` at once, and a thread of its own stops the ingest once the
+    /// publisher has returned (`ResourceExhausted` if no thread can be made). An ingest object
+    /// of [`scope`](Self::scope) cannot be reached from a publisher; should it be, this is
+    /// `FailedPrecondition`.
+    pub fn stop(&self) -> Result<()> {
+        if crate::replica::in_publisher() {
+            if matches!(self.inner.keep, Keep::Scoped) {
+                return Err(Error::new(
+                    Code::FailedPrecondition,
+                    "Ingest::stop of a scoped ingest object called from a replica publisher",
+                ));
+            }
+            let inner = Arc::clone(&self.inner);
+            let spawned = thread::Builder::new()
+                .name("kvrouter-ingest-stop".to_owned())
+                .spawn(move || {
+                    // SAFETY: a live ingest object (this Arc), on a thread that runs no
+                    // publisher: concurrent with any call. Should this hold the last handle,
+                    // the object is freed here afterwards.
+                    let _ = call(|err| unsafe { sys::kvr_ingest_stop(inner.ptr.as_ptr(), err) });
+                });
+            return spawned.map(drop).map_err(|e| {
+                Error::new(
+                    Code::ResourceExhausted,
+                    format!("no thread to stop the ingest object from a replica publisher: {e}"),
+                )
+            });
+        }
+        // SAFETY: a live ingest object; outside a publisher, kvr_ingest_stop is concurrent.
         call(|err| unsafe { sys::kvr_ingest_stop(self.as_ptr(), err) })
     }
 
@@ -637,8 +725,8 @@ impl<'r> Ingest<'r> {
         let url = cstring("url", url)?;
         let subject = cstring("subject", subject)?;
         let mut source_id = 0u64;
-        // SAFETY: a live ingest object; concurrent with every call but kvr_ingest_stop, which
-        // needs &mut self; the strings live across the call.
+        // SAFETY: a live ingest object (concurrent, kvr_ingest_stop included: see `Inner`); the
+        // strings live across the call.
         call(|err| unsafe {
             sys::kvr_ingest_subscribe_nats(
                 self.as_ptr(),
@@ -766,15 +854,7 @@ impl<'r> Ingest<'r> {
 
 impl fmt::Debug for Ingest<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Ingest").field(&self.ptr).finish()
-    }
-}
-
-impl Drop for Ingest<'_> {
-    fn drop(&mut self) {
-        // SAFETY: owned; Drop has exclusive access. The router (kept by _keep, which drops
-        // after this, or borrowed by a scope that is not over) is still alive.
-        unsafe { sys::kvr_ingest_free(self.as_ptr()) }
+        f.debug_tuple("Ingest").field(&self.inner.ptr).finish()
     }
 }
 

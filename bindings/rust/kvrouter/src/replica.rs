@@ -100,6 +100,12 @@ fn drop_quietly(payload: Box<dyn Any + Send>) {
 /// load).
 static ANY_PANIC: AtomicBool = AtomicBool::new(false);
 
+/// Whether this thread is running a replica publisher closure (the library runs them under
+/// their router's lock, on the thread making a change: a caller's, or an ingest's loop).
+pub(crate) fn in_publisher() -> bool {
+    DEPTH.with(Cell::get) > 0
+}
+
 /// The panic caught in a callback that the kvr_* call just made from this thread ran, if any:
 /// one of depth `DEPTH + 1` (a callback that call ran itself, not one a callback inside it ran
 /// through a call of its own, which that call took). A panic caught during another call, on a

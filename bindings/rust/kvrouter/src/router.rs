@@ -61,7 +61,14 @@ impl Drop for Router {
         // router's (replica::take_before_free), and is dropped once C is done with it.
         let closures = crate::replica::take_before_free(&[router]);
         // SAFETY: owned; Drop has exclusive access, so no other call is in progress
-        // (kvr_router_free is `none`). Ingest objects borrowing it are gone (lifetimes).
+        // (kvr_router_free is `none`). Ingest objects feeding it are gone: each holds an Arc to
+        // it (dropped after its free, which joins its loop thread) or a scope's borrow.
+        //
+        // Never inside this router's own publisher (under its lock): the library runs a closure
+        // only inside a call on this router (or on an Ingest feeding it), made by a caller whose
+        // borrow of the router outlives the call and which the closure cannot end, or on the
+        // loop thread of an Ingest feeding it, which keeps it alive until that thread is joined
+        // (an Ingest dropped there hands its free, and its Arc, to a thread of its own).
         unsafe { sys::kvr_router_free(router) }
         drop(closures);
     }

@@ -250,7 +250,7 @@ fn a_shared_router_is_fed_while_other_threads_route_and_read_stats() {
 #[test]
 fn engine_workers_and_the_lifecycle_follow_the_rules() {
     let router = Arc::new(router(1));
-    let mut ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap();
+    let ingest = Ingest::with_shared_router(router.clone(), &IngestOptions::default()).unwrap();
     // ZMQ connects lazily: no engine needs to listen for the registration to succeed.
     let port = free_port();
     let endpoint = format!("tcp://127.0.0.1:{port}");
