@@ -594,7 +594,8 @@ impl RouterRef {
     }
 
     /// Applies an encoded FlatBuffers `EventBatch` (e.g. [`EventBatch::encode`]'s output).
-    /// Bytes that fail verification change nothing (`InvalidArgument`).
+    /// Bytes that fail verification change nothing (`InvalidArgument`; empty ones: "event batch
+    /// of 0 bytes is too short to be a FlatBuffer").
     ///
     /// [`EventBatch::encode`]: crate::EventBatch::encode
     pub fn apply_event_batch(&self, bytes: &[u8]) -> Result<()> {
@@ -1051,16 +1052,16 @@ impl RouterRef {
 
     /// Loads a snapshot into a router whose index is empty (else `FailedPrecondition`; of two
     /// restores at once, one loads its snapshot and the other gets that). A bad buffer, or one
-    /// of another block size, changes nothing (`InvalidArgument`).
+    /// of another block size, changes nothing (`InvalidArgument`); an empty one is
+    /// `InvalidArgument` "index snapshot of 0 bytes is too short to be a FlatBuffer", as
+    /// [`apply_event_batch`](Self::apply_event_batch) and
+    /// [`apply_replica_event`](Self::apply_replica_event) say for theirs.
     pub fn restore(&self, snapshot: &[u8]) -> Result<()> {
-        // SAFETY: a live router (concurrent); the bytes are borrowed for the call.
+        // SAFETY: a live router (concurrent); the bytes are borrowed for the call. An empty
+        // slice's pointer is dangling but not NULL (the library reads none of its 0 bytes), so
+        // the library reports the size, as for an event batch, not a NULL pointer.
         call(|err| unsafe {
-            sys::kvr_router_restore(
-                self.as_raw(),
-                slice_ptr(snapshot).cast(),
-                snapshot.len(),
-                err,
-            )
+            sys::kvr_router_restore(self.as_raw(), snapshot.as_ptr().cast(), snapshot.len(), err)
         })
     }
 

@@ -300,6 +300,26 @@ fn snapshots_restore_the_index() {
 }
 
 #[test]
+fn every_call_taking_encoded_bytes_refuses_empty_ones_alike() {
+    // Before, restore(&[]) passed NULL and got "data is NULL", while the others said how short.
+    let router = router(1);
+    for (what, result) in [
+        ("index snapshot", router.restore(&[])),
+        ("event batch", router.apply_event_batch(&[])),
+        ("replica change", router.apply_replica_event(&[])),
+    ] {
+        let e = result.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
+        assert_eq!(
+            e.message(),
+            format!("{what} of 0 bytes is too short to be a FlatBuffer"),
+            "{what}"
+        );
+    }
+    assert_eq!(router.metrics().unwrap().index_blocks, 0);
+}
+
+#[test]
 fn approximate_mode_refuses_events_and_learns_from_decisions() {
     let router = Router::new(&RouterOptions {
         approximate: true,
