@@ -138,7 +138,11 @@ pub struct RouterOptions {
     /// completes).
     pub prefill_tokens_per_second: f64,
     /// [`CostFunction::PredictedTtft`]: the weight of the uncached tokens' own time, the delay
-    /// a miss adds for the requests that will queue behind it. Default 2; finite, >= 0.
+    /// a miss adds for the requests that will queue behind it. Default 3; finite, >= 0.
+    ///
+    /// ```
+    /// assert_eq!(kvrouter::RouterOptions::default().ttft_miss_weight, 3.0);
+    /// ```
     pub ttft_miss_weight: f64,
 }
 
