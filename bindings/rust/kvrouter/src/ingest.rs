@@ -11,7 +11,7 @@ use std::thread;
 use kvrouter_sys as sys;
 
 use crate::disagg::Disagg;
-use crate::error::{call, fill_vec, Code, Error, Result};
+use crate::error::{call, call_keeping_panic, fill_vec, Code, Error, Result};
 use crate::events::EventBatch;
 use crate::raw::init;
 use crate::router::{Router, RouterRef};
@@ -401,6 +401,8 @@ pub struct Ingest<'r> {
 /// The C object, freed by the drop of the last handle.
 struct Inner {
     ptr: NonNull<sys::kvr_ingest>,
+    /// The router it feeds (the key of its publisher closures, for `sync_replicas`).
+    router: *mut sys::kvr_router,
     /// What keeps the router alive; dropped after the free (fields drop after `Drop::drop`).
     keep: Keep,
 }
@@ -451,6 +453,7 @@ impl Drop for Inner {
             // run inside a publisher, and none can reach its object), and could not wait.
             let deferred = ManuallyDrop::new(Inner {
                 ptr: self.ptr,
+                router: self.router,
                 keep: std::mem::replace(&mut self.keep, Keep::Static),
             });
             let spawned = thread::Builder::new()
@@ -564,7 +567,7 @@ impl<'r> Ingest<'r> {
         let ptr = NonNull::new(out)
             .ok_or_else(|| Error::new(Code::Internal, "kvr_ingest_new gave NULL"))?;
         Ok(Ingest {
-            inner: Arc::new(Inner { ptr, keep }),
+            inner: Arc::new(Inner { ptr, router, keep }),
             _router: PhantomData,
         })
     }
@@ -797,7 +800,10 @@ impl<'r> Ingest<'r> {
     /// One per ingest object (`FailedPrecondition` for a second, and for a server whose
     /// max_payload is under 4 KiB). It replaces the router's
     /// publisher (a [`RouterRef::set_replica_publisher`] closure, or another ingest object's
-    /// sync); a later one replaces it in turn. When the ingest stops, its sync stops
+    /// sync); a later one replaces it in turn. A closure it replaced (after its farewell) is
+    /// dropped before this returns; should the server not confirm the subscription, one it may
+    /// have replaced meanwhile stays allocated until the next `set_replica_publisher` or
+    /// `clear_replica_publisher` on the router, or the router's drop. When the ingest stops, its sync stops
     /// publishing unless it was replaced. `InvalidArgument` for a bad replica id (before any
     /// connection); `Unavailable`, with nothing left behind, if the server does not confirm
     /// the subscription.
@@ -806,8 +812,9 @@ impl<'r> Ingest<'r> {
         let subject = cstring("subject", subject)?;
         let replica_id = cstring("replica_id", replica_id)?;
         let mut source_id = 0u64;
+        let started = crate::replica::stamp();
         // SAFETY: as subscribe_nats.
-        call(|err| unsafe {
+        let (result, panicked) = call_keeping_panic(|err| unsafe {
             sys::kvr_ingest_sync_replicas(
                 self.as_ptr(),
                 url.as_ptr(),
@@ -816,8 +823,18 @@ impl<'r> Ingest<'r> {
                 &mut source_id,
                 err,
             )
-        })?;
-        Ok(source_id)
+        });
+        // Listed, the sync installed its publisher (C's setter, under the router's lock) before
+        // this returned: the Rust closures it replaced will not run again. On an error it may
+        // or may not have (a subscription the server did not confirm is removed, its publisher
+        // with it, and the replaced closure is not put back): they stay, as before.
+        if result.is_ok() {
+            drop(crate::replica::replace(self.inner.router, started, None));
+        }
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
+        }
+        result.map(|()| source_id)
     }
 
     /// One source's counters (`source_id` 0 = the sum over every source, as

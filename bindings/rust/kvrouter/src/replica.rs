@@ -213,10 +213,9 @@ pub(crate) fn set(
         .as_ref()
         .map_or(ptr::null_mut(), |b| &**b as *const Callback as *mut c_void);
     let publish: sys::kvr_replica_publish_fn = boxed.as_ref().map(|_| trampoline as _);
-    let key = router as usize;
     // Every closure in the table stamped before this was installed by a setter that returned
     // before this call starts, so C applied it before this one.
-    let started = table().stamp();
+    let started = stamp();
     // SAFETY: a live router; id and the closure outlive the call, and the closure stays
     // registered below for as long as C may call it. Until then this frame owns it (its heap
     // address, user_data, does not move), and no other call can free the router meanwhile.
@@ -232,28 +231,7 @@ pub(crate) fn set(
     });
     // A closure runs only once installed: a panic means C holds it, whatever the status says.
     let retired = if result.is_ok() || panicked.is_some() {
-        let mut table = table();
-        // C applies one router's setters one at a time (under the router's lock), each
-        // replacing the closure before it, which does not run again once that setter returned.
-        // The closures installed before this call started were applied before it: replaced
-        // by now, by it or by an earlier setter. Those of setters that overlapped this one may
-        // have been applied after it (one is then current), so they stay, until a setter that
-        // starts after they returned, or the router's free.
-        let mut retired = Vec::new();
-        let mut i = 0;
-        while i < table.entries.len() {
-            let (k, stamp, _) = table.entries[i];
-            if k == key && stamp < started {
-                retired.push(table.entries.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        if let Some(b) = boxed {
-            let stamp = table.stamp();
-            table.entries.push((key, stamp, b));
-        }
-        retired
+        replace(router, started, boxed)
     } else {
         drop(boxed); // refused: C kept the previous closure and never saw this one
         Vec::new()
@@ -263,6 +241,45 @@ pub(crate) fn set(
         std::panic::resume_unwind(payload);
     }
     result
+}
+
+/// A stamp for a call that replaces a router's publisher (`set`, `Ingest::sync_replicas`),
+/// taken before it starts, for `replace` once it has returned.
+pub(crate) fn stamp() -> u64 {
+    table().stamp()
+}
+
+/// After a call that started at `started` replaced `router`'s publisher (C's setters run one at
+/// a time under the router's lock, each replacing the closure before it, which does not run
+/// again once that setter returned): takes out of the table the closures it retired, and
+/// registers `installed`, the closure it installed, if any. The closures installed before the
+/// call started were applied before it: replaced by now, by it or by an earlier setter. Those of
+/// setters that overlapped it may have been applied after it (one is then current), so they
+/// stay, until a setter that starts after they returned, or the router's free. The caller drops
+/// what this returns, unlocked (a closure may own a `Router`).
+#[must_use = "drop the retired closures, unlocked"]
+pub(crate) fn replace(
+    router: *mut sys::kvr_router,
+    started: u64,
+    installed: Option<Box<Callback>>,
+) -> Vec<Entry> {
+    let key = router as usize;
+    let mut table = table();
+    let mut retired = Vec::new();
+    let mut i = 0;
+    while i < table.entries.len() {
+        let (k, stamp, _) = table.entries[i];
+        if k == key && stamp < started {
+            retired.push(table.entries.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    if let Some(b) = installed {
+        let stamp = table.stamp();
+        table.entries.push((key, stamp, b));
+    }
+    retired
 }
 
 /// Takes the closures of routers about to be freed out of the table; the caller drops what

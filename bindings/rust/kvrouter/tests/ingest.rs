@@ -859,3 +859,45 @@ fn sync_replicas_refuses_a_replica_id_with_byte_0x1f_before_connecting() {
         Code::Unavailable
     );
 }
+
+#[test]
+fn sync_replicas_frees_the_closure_it_replaces() {
+    let Some(server) = NatsServer::start() else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "sync_replicas_frees_the_closure_it_replaces: skipped, no nats-server"
+        );
+        return;
+    };
+    let router = Arc::new(router(1));
+    let alive = Arc::new(());
+    let held = alive.clone();
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    router
+        .set_replica_publisher("a", move |_| {
+            let _ = &held;
+            counted.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "Reset, SyncRequest");
+    let ingest = Ingest::with_shared_router(router.clone(), &without_heartbeats()).unwrap();
+    ingest.start().unwrap();
+    // A failed sync (no server there) replaced nothing: the closure stays.
+    let nowhere = format!("nats://127.0.0.1:{}", free_port());
+    let e = ingest.sync_replicas(&nowhere, "r", "a").unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert_eq!(Arc::strong_count(&alive), 2);
+    // Replaced by the sync (after its farewell), it is dropped before sync_replicas returns.
+    // Before, it stayed in the binding's table until the next setter or the router's drop
+    // (for good if it owned the router).
+    ingest
+        .sync_replicas(&server.url(), "kvrouter.test.replaced", "a")
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "the farewell Reset");
+    assert_eq!(
+        Arc::strong_count(&alive),
+        1,
+        "the replaced closure is freed"
+    );
+}
