@@ -1191,6 +1191,18 @@ impl RouterRef {
         call(|err| unsafe { sys::kvr_router_set_time(self.as_raw(), now_ns, err) })
     }
 
+    /// Drops requests booked longer than `request_expiry_seconds` ago (their free was lost) and
+    /// plans past their deadline, then admits the queued requests that now fit; returns how many
+    /// requests were dropped. The router has no timer thread: with a queue threshold, call this
+    /// periodically (every second, say), or a lost request can keep the queue waiting until a
+    /// routing call sweeps it.
+    pub fn expire_requests(&self) -> Result<usize> {
+        let mut expired = 0;
+        // SAFETY: a live router (concurrent).
+        call(|err| unsafe { sys::kvr_router_expire_requests(self.as_raw(), &mut expired, err) })?;
+        Ok(expired)
+    }
+
     /// Drops plans past their deadline now; returns how many.
     pub fn expire_plans(&self) -> Result<usize> {
         let mut expired = 0;

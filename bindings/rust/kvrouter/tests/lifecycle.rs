@@ -132,6 +132,20 @@ fn plans_expire_after_their_deadline() {
 }
 
 #[test]
+fn a_lost_request_expires_on_demand() {
+    let router = router(1);
+    let tokens = prompt(2, 2);
+    router.set_time(0).unwrap();
+    router
+        .find_best_match(&tokens, &RequestOptions::admit("lost"))
+        .unwrap();
+    assert_eq!(router.expire_requests().unwrap(), 0);
+    router.set_time(301_000_000_000).unwrap(); // past the default 300 s expiry
+    assert_eq!(router.expire_requests().unwrap(), 1);
+    assert_eq!(router.metrics().unwrap().requests_active, 0);
+}
+
+#[test]
 fn pins_restrict_the_candidates() {
     let router = router(3);
     let tokens = prompt(3, 4);
