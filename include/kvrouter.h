@@ -446,7 +446,8 @@ KVR_API kvr_status kvr_router_apply_event_batch(kvr_router *router, const void *
  * router (a bus delivering synchronously to another router could deadlock when that router's own
  * changes come back). A call into its own router, which would wait for ever for that lock, fails
  * with KVR_FAILED_PRECONDITION (since 0.2.1; kvr_disagg_* calls too, for either pool's
- * publisher). That thread may be one the library owns: a replica's free applied on an
+ * publisher, kvr_ingest_sync_replicas on an ingest of that router, and calls made from a
+ * publisher nested in it, as a bus delivering synchronously to another router nests them). That thread may be one the library owns: a replica's free applied on an
  * ingest loop can admit a request waiting here, whose booking is then published from the loop. */
 typedef void (*kvr_replica_publish_fn)(void *user_data, const void *data, size_t size);
 

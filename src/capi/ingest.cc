@@ -11,6 +11,7 @@ using namespace kvrouter::capi;
 
 struct kvr_ingest {
   std::unique_ptr<kvrouter::IngestService> service;
+  const kvr_router* router;  // outlives the ingest (kvr_ingest_new)
 };
 
 namespace {
@@ -274,7 +275,7 @@ KVR_API kvr_status kvr_ingest_new(kvr_router* router, const kvr_ingest_options* 
                       [](const auto& c_field, auto& core_field) { core_field = c_field; });
     auto service = kvrouter::IngestService::Create(router->router.get(), options);
     if (!service.ok()) return FromStatus(err, service.status());
-    *out = new kvr_ingest{std::move(*service)};
+    *out = new kvr_ingest{std::move(*service), router};
     return KVR_OK;
   });
 }
@@ -424,6 +425,8 @@ KVR_API kvr_status kvr_ingest_sync_replicas(kvr_ingest* ingest, const char* url,
   return Guard(err, [&]() -> kvr_status {
     if (kvr_status s = CheckTransport(err, kvrouter::IngestTransport::kNats)) return s;
     if (kvr_status s = CheckIngest(err, ingest)) return s;
+    // It installs the router's publisher, under the router's lock.
+    if (kvr_status s = CheckRouter(err, ingest->router)) return s;
     if (kvr_status s = RequireNonNull(err, url, "url")) return s;
     if (kvr_status s = RequireNonNull(err, subject, "subject")) return s;
     if (kvr_status s = RequireNonNull(err, replica_id, "replica_id")) return s;

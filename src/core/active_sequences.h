@@ -27,9 +27,9 @@
 // (FailSafeMap), not absl's raw_hash_set (fail_safe_map.h).
 //
 // Requests older than the expiry (300 s by default, on the injectable clock) are dropped: a lost
-// free() must not leave load behind forever. Expiry runs lazily from AddRequest (and
-// MaybeExpire) at most once per check interval (30 s, or the expiry when shorter), or whenever
-// ExpireStale() is called.
+// free() must not leave load behind forever. The owner expires them: MaybeExpire at most once
+// per check interval (30 s, or the expiry when shorter), ExpireStale whenever it likes (the
+// Router, which then admits whom that makes room for).
 //
 // Thread-safety: none. An ActiveSequences is a plain data structure; the Router serialises every
 // call under its admission gate.
@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -64,7 +65,7 @@ void ComputeTrackingIdsInto(std::span<const uint64_t> local_hashes, std::vector<
 
 struct ActiveSequencesOptions {
   double expiry_seconds = 300.0;  // a request older than this is dropped
-  // AddRequest looks for expired requests this often, or every expiry_seconds when shorter (a
+  // MaybeExpire looks for expired requests this often, or every expiry_seconds when shorter (a
   // request then outlives its expiry by less than the expiry again).
   double expiry_check_seconds = 30.0;
   // The ranks' prefill rate before the first completion is seen (prefill_rate.h); 0 = unknown.
@@ -392,6 +393,9 @@ class ActiveSequences {
   Nanos expiry_;
   Nanos expiry_check_interval_;
   Nanos last_expiry_check_;
+  // No request started before this (a bound: the oldest left at the last scan, or older ones
+  // added since; frees leave it low, so a later scan may find nothing and set it again).
+  Nanos oldest_started_at_ = std::numeric_limits<Nanos>::max();
 
   PrefillRate prefill_rate_;
   std::vector<Slot> slots_;  // indexed by slot number; freed slots are reused

@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "core/active_sequences.h"
 
@@ -61,9 +62,14 @@ class BookingObserver {
     }
     return true;
   }
-  // Whether this thread is inside this observer (a call it makes into its own router would wait
-  // for the lock the observer runs under: the C ABI refuses such calls).
-  bool RunningOnThisThread() const { return running_ == this; }
+  // Whether this thread is inside this observer, however deeply (a call it makes into this
+  // router would wait for the lock the observer runs under: the C ABI refuses such calls).
+  bool RunningOnThisThread() const {
+    for (const RunningMark* mark = innermost_; mark != nullptr; mark = mark->outer) {
+      if (mark->observer == this) return true;
+    }
+    return false;
+  }
   // This router promises a heartbeat every `interval_ms` from now on: every change the
   // current observer is told carries the interval, so that a peer that missed the heartbeats
   // (it joined later, or this router died before its next) still knows to expire it.
@@ -72,21 +78,21 @@ class BookingObserver {
   uint32_t promised_interval_ms() const { return promised_interval_ms_; }
 
  private:
-  // Marks this thread as inside `observer` until the end of the scope (observers of other
-  // routers may nest: a bus delivering synchronously).
-  class RunningMark {
-   public:
-    explicit RunningMark(const BookingObserver* observer) : outer_(running_) {
-      running_ = observer;
-    }
-    ~RunningMark() { running_ = outer_; }
+  // Marks this thread as inside `observer` until the end of the scope. Observers nest (a bus
+  // delivering synchronously: router A's observer applies the change to router B, whose
+  // observer answers A), so the marks form a chain on the thread's stack, every one of them
+  // holding its router's lock.
+  struct RunningMark {
+    explicit RunningMark(const BookingObserver* running)
+        : observer(running), outer(std::exchange(innermost_, this)) {}
+    ~RunningMark() { innermost_ = outer; }
     RunningMark(const RunningMark&) = delete;
     RunningMark& operator=(const RunningMark&) = delete;
 
-   private:
-    const BookingObserver* outer_;
+    const BookingObserver* const observer;
+    const RunningMark* const outer;
   };
-  static inline thread_local const BookingObserver* running_ = nullptr;
+  static inline thread_local const RunningMark* innermost_ = nullptr;
 
   std::string replica_id_;
   SequenceObserver observer_;

@@ -590,6 +590,9 @@ class Router {
   // Expires plans and lost requests and reclaims sessions if the last sweep is old enough;
   // true if a booking was freed (the caller drains the queue).
   bool MaybeSweepLocked();
+  // AddRequest's booking, under the gate.
+  absl::Status AddRequestLocked(std::string_view request_id, WorkerKey worker,
+                                const Prepared& prepared, const RouteOptions& options);
   // Resolves the session binding into a pin or a preference (SessionTable::Steer), from the
   // request's own pin and preference, so that a decision made again after the binding changed
   // (priced again, or waiting in the queue) steers by the new one; changes nothing.

@@ -304,7 +304,20 @@ absl::Status Router::AddRequest(std::string_view request_id, std::span<const uin
   if (auto status = Prepare(tokens, booking, /*for_booking=*/true, prepared); !status.ok()) {
     return status;
   }
-  std::lock_guard lock(gate_);
+  Completions completions;
+  absl::Status status;
+  {
+    std::lock_guard lock(gate_);
+    // Lost requests may go (and those waiting behind them be admitted) before this one books.
+    if (MaybeSweepLocked()) DrainQueueLocked(completions);
+    status = AddRequestLocked(request_id, worker, prepared, options);
+  }
+  Run(completions);
+  return status;
+}
+
+absl::Status Router::AddRequestLocked(std::string_view request_id, WorkerKey worker,
+                                      const Prepared& prepared, const RouteOptions& options) {
   if (auto status = CheckNewRequestIdLocked(request_id); !status.ok()) return status;
   if (!active_.HasWorker(worker)) return UnknownRankError(worker);
   const WorkerMatch* match = FindMatch(prepared.matches, worker);

@@ -293,13 +293,13 @@ absl::StatusOr<bool> Router::ApplyReplicaChange(std::string_view origin,
     std::lock_guard lock(gate_);
     if (observer_.IsOwnOrigin(origin)) return false;  // our own change, echoed back
     const bool ask_again = TrackLivenessLocked(origin, change);
-    // Load a booking replaced or dropped by an announcement released.
-    bool released = false;
+    // Load a booking replaced or dropped by an announcement released, or lost requests expired.
+    bool released = MaybeSweepLocked();
     // The origin sends nothing between its announced bookings: any other change ends them (a
     // Reset begins a new announcement instead, over every booking held from the origin).
     if (change.kind != SequenceChange::Kind::kAdded &&
         change.kind != SequenceChange::Kind::kReset) {
-      released = EndAnnouncementLocked(origin);
+      released |= EndAnnouncementLocked(origin);
     }
     switch (change.kind) {
       case SequenceChange::Kind::kAdded:

@@ -258,8 +258,9 @@ static void a_replica_whose_heartbeat_was_missed_is_expired_and_asked_again(void
 typedef struct reentrant_publisher {
   kvr_router* own;
   kvr_router* other;
+  kvr_ingest* own_ingest; /* an ingest of `own`: its replica sync would install a publisher */
   size_t calls;
-  kvr_status own_metrics, own_close_queue, other_metrics;
+  kvr_status own_metrics, own_close_queue, other_metrics, own_sync;
   char own_message[256];
 } reentrant_publisher;
 
@@ -279,6 +280,11 @@ static void publish_reentrantly(void* user_data, const void* data, size_t size) 
   }
   p->own_close_queue = kvr_router_close_queue(p->own, NULL, NULL);
   p->other_metrics = kvr_router_get_metrics(p->other, &metrics, NULL);
+  /* Refused before it connects (nothing listens there: it would say KVR_UNAVAILABLE). */
+  if (p->own_ingest != NULL) {
+    p->own_sync = kvr_ingest_sync_replicas(p->own_ingest, "nats://127.0.0.1:1", "replicas",
+                                           "gateway-a", NULL, NULL);
+  }
 }
 
 static void a_publisher_calling_into_its_own_router_is_refused(void** state) {
@@ -287,12 +293,18 @@ static void a_publisher_calling_into_its_own_router_is_refused(void** state) {
   memset(&p, 0, sizeof p);
   p.own = f->a;
   p.other = f->b;
+#if KVR_TEST_WITH_NATS
+  KVT_OK(kvr_ingest_new(f->a, NULL, &p.own_ingest, ERRP));
+#endif
   KVT_OK(kvr_router_set_replica_publisher(f->a, "gateway-a", publish_reentrantly, &p, ERRP));
   assert_true(p.calls >= 2); /* the farewell went to the bus; the join came here */
   assert_int_equal(KVR_FAILED_PRECONDITION, p.own_metrics);
   assert_non_null(strstr(p.own_message, "own replica publisher"));
   assert_int_equal(KVR_FAILED_PRECONDITION, p.own_close_queue);
   assert_int_equal(KVR_OK, p.other_metrics);
+#if KVR_TEST_WITH_NATS
+  assert_int_equal(KVR_FAILED_PRECONDITION, p.own_sync);
+#endif
 
   /* A booking publishes from the caller's thread: refused there too, and the booking stands. */
   p.calls = 0;
@@ -300,6 +312,39 @@ static void a_publisher_calling_into_its_own_router_is_refused(void** state) {
   assert_int_equal(1, p.calls);
   assert_int_equal(KVR_FAILED_PRECONDITION, p.own_metrics);
   assert_int_equal(1, kvt_metrics(f->a).requests_active); /* outside the publisher: served */
+  KVT_OK(kvr_router_set_replica_publisher(f->a, "gateway-a", NULL, NULL, ERRP));
+  kvr_ingest_free(p.own_ingest);
+}
+
+/* A bus delivering synchronously: each router's publisher applies its change to the other at
+ * once. Router a's join reaches b, whose answer comes back to a inside a's own publisher: that
+ * call into a is refused (it would wait for ever for the lock a's publisher runs under), the
+ * rest is delivered. */
+typedef struct sync_bus_end {
+  kvr_router* to;
+  size_t delivered;
+  size_t refused;
+} sync_bus_end;
+
+static void deliver_at_once(void* user_data, const void* data, size_t size) {
+  sync_bus_end* end = (sync_bus_end*)user_data;
+  const kvr_status status = kvr_router_apply_replica_event(end->to, data, size, NULL);
+  if (status == KVR_OK) end->delivered++;
+  if (status == KVR_FAILED_PRECONDITION) end->refused++;
+}
+
+static void a_synchronous_bus_between_two_routers_is_refused_not_deadlocked(void** state) {
+  fixture* f = (fixture*)*state;
+  sync_bus_end to_a = {NULL, 0, 0}, to_b = {NULL, 0, 0};
+  to_a.to = f->a;
+  to_b.to = f->b;
+  KVT_OK(kvr_router_set_replica_publisher(f->a, "gateway-a", NULL, NULL, ERRP));
+  KVT_OK(kvr_router_set_replica_publisher(f->b, "gateway-b", deliver_at_once, &to_a, ERRP));
+  assert_true(to_a.delivered >= 2); /* b's join, applied by a (which has no publisher) */
+  KVT_OK(kvr_router_set_replica_publisher(f->a, "gateway-a", deliver_at_once, &to_b, ERRP));
+  assert_true(to_b.delivered >= 2); /* a's Reset and SyncRequest reached b ... */
+  assert_true(to_a.refused >= 1);   /* ... whose answer, inside a's publisher, could not */
+  KVT_OK(kvr_router_set_replica_publisher(f->b, "gateway-b", NULL, NULL, ERRP));
   KVT_OK(kvr_router_set_replica_publisher(f->a, "gateway-a", NULL, NULL, ERRP));
 }
 
@@ -314,6 +359,8 @@ int main(void) {
           a_replica_whose_heartbeat_was_missed_is_expired_and_asked_again, setup, teardown),
       cmocka_unit_test_setup_teardown(a_publisher_calling_into_its_own_router_is_refused, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(
+          a_synchronous_bus_between_two_routers_is_refused_not_deadlocked, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

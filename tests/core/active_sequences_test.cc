@@ -186,13 +186,22 @@ TEST_F(ActiveSequencesTest, RequestsOlderThanTheExpiryAreDropped) {
   EXPECT_FALSE(active_.Free("old"));  // a late free of an expired request is no error
 }
 
-TEST_F(ActiveSequencesTest, AddingARequestExpiresStaleOnesLazily) {
+// Adding a request expires nothing (its owner, the Router, expires and then admits whom that
+// makes room for); MaybeExpire does, at most once per check interval.
+TEST_F(ActiveSequencesTest, MaybeExpireDropsStaleOnesOncePerCheckInterval) {
   ASSERT_TRUE(Add("old", kWorkerA, Chain(2, 0, 0), 50).ok());
   clock_.AdvanceSeconds(301);
   ASSERT_TRUE(Add("new", kWorkerA, Chain(1, 0, 0), 10).ok());
+  EXPECT_TRUE(active_.HasRequest("old"));
+  EXPECT_EQ(active_.MaybeExpire(), 1u);
   EXPECT_FALSE(active_.HasRequest("old"));
   EXPECT_EQ(active_.Load(kWorkerA).active_prefill_tokens, 10u);
   EXPECT_EQ(active_.Load(kWorkerA).active_blocks, 1u);
+  clock_.AdvanceSeconds(301);            // "new" is stale now, but the check interval (30 s) ...
+  EXPECT_EQ(active_.MaybeExpire(), 1u);  // ... has passed since the last check, so it goes
+  ASSERT_TRUE(Add("newer", kWorkerA, Chain(1, 0, 0), 10).ok());
+  clock_.AdvanceSeconds(29);
+  EXPECT_EQ(active_.MaybeExpire(), 0u);  // within the interval: no scan
 }
 
 // A decision joins the index's matches to the loads by AlignToRanks: once a rank has left, slot

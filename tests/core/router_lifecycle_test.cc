@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/clock.h"
@@ -261,6 +263,30 @@ TEST_F(RouterLifecycleTest, ALostRequestPastItsExpiryIsDroppedByTheNextRoutingCa
   EXPECT_TRUE(router_->FindBestMatch(Tokens(4), lost).ok());  // booked anew, not a duplicate
   EXPECT_TRUE(router_->Free("lost"));
   EXPECT_EQ(ActiveBlocks(), 0u);
+}
+
+// Lost requests that expire when a booking sweeps make room for the request waiting behind them,
+// whichever call books: here a direct booking (AddRequest), as kvr_router_add_request makes.
+// (Before, AddRequest's own lazy expiry freed them and admitted nobody: the waiter timed out.)
+TEST_F(RouterLifecycleTest, LostRequestsExpiredByADirectBookingAdmitTheirWaiter) {
+  Make(RouterOptions{.queue_threshold = 0.0, .request_expiry_seconds = 10}, 2);
+  const RouteOptions admit{.with_admission = true};
+  RouteOptions lost1 = admit, lost2 = admit;
+  lost1.request_id = "lost1";
+  lost2.request_id = "lost2";
+  ASSERT_TRUE(router_->FindBestMatch(Tokens(4), lost1).ok());
+  ASSERT_TRUE(router_->FindBestMatch(Tokens(4, 100), lost2).ok());  // both workers busy now
+  RouteOptions waiting = admit;
+  waiting.request_id = "waiter";
+  waiting.queue_timeout = std::chrono::seconds(10);
+  std::future<absl::StatusOr<RouteDecision>> waiter = std::async(
+      std::launch::async, [&] { return router_->FindBestMatch(Tokens(4, 200), waiting); });
+  while (router_->pending_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  clock_.AdvanceSeconds(10.5);
+  ASSERT_TRUE(router_->AddRequest("direct", Tokens(4, 300), WorkerKey{2, 0}, {}).ok());
+  ASSERT_EQ(waiter.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_TRUE(waiter.get().ok());
+  EXPECT_EQ(router_->active_requests(), 2u);  // the waiter's and the direct booking
 }
 
 TEST_F(RouterLifecycleTest, PinRestrictsToTheWorkerOrRank) {

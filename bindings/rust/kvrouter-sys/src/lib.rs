@@ -273,9 +273,11 @@ pub const KVR_WORKER_NONE: u64 = u64::MAX;
 /// the bytes to an asynchronous client) and must not call into any router (a bus delivering
 /// synchronously to another router could deadlock when that router's own changes come back). A call
 /// into its own router, which would wait for ever for that lock, fails with KVR_FAILED_PRECONDITION
-/// (since 0.2.1; kvr_disagg_* calls too, for either pool's publisher). That thread may be one the
-/// library owns: a replica's free applied on an ingest loop can admit a request waiting here, whose
-/// booking is then published from the loop.
+/// (since 0.2.1; kvr_disagg_* calls too, for either pool's publisher, kvr_ingest_sync_replicas on
+/// an ingest of that router, and calls made from a publisher nested in it, as a bus delivering
+/// synchronously to another router nests them). That thread may be one the library owns: a
+/// replica's free applied on an ingest loop can admit a request waiting here, whose booking is then
+/// published from the loop.
 pub type kvr_replica_publish_fn = Option<unsafe extern "C" fn(*mut c_void, *const c_void, usize)>;
 
 // ---- Structs ------------------------------------------------------------------------------
