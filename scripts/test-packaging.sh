@@ -635,8 +635,9 @@ ok "runtime Depends has libabsl, libuv1, libzmq5, libnats, libstdc++6, libc6 fro
 # library that lacks them).
 needed_runtime_version() {  # needed_runtime_version DEB
   local dir needed="" sym v
-  dir=$(mktemp -d "$tmp/needed.XXXXXX")
-  dpkg-deb -x "$1" "$dir"
+  # (A command substitution runs without errexit: each step fails by itself.)
+  dir=$(mktemp -d "$tmp/needed.XXXXXX") || fail "mktemp failed"
+  dpkg-deb -x "$1" "$dir" || fail "dpkg-deb -x $1 failed"
   for sym in $(find "$dir" -type f -perm -u+x -exec nm -D --undefined-only {} + 2>/dev/null |
     sed -n "s/^ *U \(kvr_[a-z0-9_]*\)@$node\$/\1/p" | LC_ALL=C sort -u); do
     v=$(awk -v s="$sym@$node" '$1 == s {print $2}' "$src/debian/$runtime_pkg.symbols")

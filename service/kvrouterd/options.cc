@@ -374,8 +374,9 @@ const std::vector<OptionSpec>& Options() {
     {"approx-prune-target-ratio", "X", "approximate mode: prune to this fraction of the budget "
      "(default 0.8)", false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.router.approx_prune_target_ratio); }},
-    {"request-expiry-seconds", "S", "a booked request older than this is dropped (default 300); "
-     "the daemon forgets its id as well", false, true,
+    {"request-expiry-seconds", "S", "a booked request older than this is dropped (default 300; "
+     "checked every second), admitting whom the queue held behind it; the daemon forgets its "
+     "id as well", false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.router.request_expiry_seconds); }},
     {"random-seed", "N", "seed of the random tie-break and softmax (default 0)", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.router.random_seed); }},
