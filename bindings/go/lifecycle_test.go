@@ -139,6 +139,68 @@ func TestPlanDeadline(t *testing.T) {
 	must(t, r.CommitRoute("ok"))
 }
 
+// A request whose FreeRequest was lost ("busy", never freed) holds the only worker, and with a
+// queue threshold every later request waits behind it. ExpireRequests leaves it alone until it
+// is older than RequestExpiry (the default); then it drops it and admits the waiter, with no
+// routing call coming meanwhile to do it.
+func TestExpireRequestsAdmitsTheWaiterOfALostRequest(t *testing.T) {
+	r, p := newQueueingRouter(t)
+	defer r.Close()
+	must(t, r.SetTime(0)) // the router's time goes on from "busy"'s booking, by hand from now
+	done := startWaiter(t, r, p, "waiting")
+	n, err := r.ExpireRequests()
+	must(t, err)
+	if n != 0 {
+		t.Fatalf("ExpireRequests dropped %d requests before their expiry, want 0", n)
+	}
+	must(t, r.SetTime(int64(DefaultRouterOptions().RequestExpiry+time.Second)))
+	n, err = r.ExpireRequests()
+	must(t, err)
+	if n != 1 {
+		t.Fatalf("ExpireRequests dropped %d requests past their expiry, want 1", n)
+	}
+	if err := waitErr(t, "the request waiting behind the lost one", done); err != nil {
+		t.Fatalf("the waiter got %v, want it admitted", err)
+	}
+	m, err := r.Metrics()
+	must(t, err)
+	if m.RequestsActive != 1 || m.QueuePending != 0 {
+		t.Fatalf("after the expiry: %d active (want the waiter's alone), %d waiting", m.RequestsActive, m.QueuePending)
+	}
+	if n, err := r.ExpireRequests(); err != nil || n != 0 {
+		t.Errorf("ExpireRequests again: %d, %v; want 0, nil", n, err)
+	}
+	// "busy"'s load is gone: once the waiter is freed, the worker admits at once, and the lost
+	// request's id is free to book again (no ErrAlreadyExists).
+	must(t, r.FreeRequest("waiting"))
+	res, err := r.FindBestMatch(p, &RequestOptions{Admit: true, RequestID: "busy"})
+	must(t, err)
+	if !res.Booked || res.Queued {
+		t.Errorf("\"busy\" booked again after its expiry: %+v", res)
+	}
+	must(t, r.Close())
+	if _, err := r.ExpireRequests(); err != ErrClosed {
+		t.Errorf("ExpireRequests after Close: %v, want ErrClosed", err)
+	}
+}
+
+// ExpireRequests from a replica publisher, which runs under the router's lock, is refused by
+// the library (ErrFailedPrecondition), as every call on its own router is.
+func TestExpireRequestsFromAPublisherIsRefused(t *testing.T) {
+	r := newTestRouter(t, 1)
+	inside := make(chan error, 1)
+	routeCallingFromThePublisher(t, r, func() {
+		_, err := r.ExpireRequests()
+		inside <- err
+	})
+	if err := <-inside; !errors.Is(err, ErrFailedPrecondition) {
+		t.Errorf("ExpireRequests from the publisher: %v, want ErrFailedPrecondition", err)
+	}
+	if _, err := r.ExpireRequests(); err != nil {
+		t.Errorf("ExpireRequests after the publisher returned: %v", err)
+	}
+}
+
 func TestPinsAndSessions(t *testing.T) {
 	r := newTestRouter(t, 3)
 	must(t, r.UpdateWorker(WorkerConfig{WorkerID: 2, DPSize: 2}))

@@ -817,6 +817,27 @@ func (r *Router) FreeRequest(requestID string) error {
 	return err
 }
 
+// ExpireRequests drops every request booked longer than RouterOptions.RequestExpiry ago (its
+// FreeRequest was lost: a crashed client, a missed event) and every plan past its deadline, then
+// admits the queued requests that now fit, and returns how many requests were dropped. The
+// router has no timer: a routing call that books does this at most once per min(30 s,
+// RequestExpiry), and nothing does while no call comes, so with a QueueThreshold a lost request
+// can keep the queue waiting until one does. Call it on a timer (every second, say). From a
+// replica publisher it returns ErrFailedPrecondition, as every call on the router does. Needs
+// libkvrouter 0.2.1 or later.
+func (r *Router) ExpireRequests() (int, error) {
+	h := r.acquire()
+	if h == nil {
+		return 0, ErrClosed
+	}
+	defer r.release()
+	var n C.size_t
+	var cerr *C.kvr_error
+	st := C.kvr_router_expire_requests(h, &n, &cerr)
+	runtime.KeepAlive(r)
+	return int(n), takeError(st, cerr)
+}
+
 // The calls of callID.
 const (
 	idMarkPrefill  = C.KVRGO_MARK_PREFILL
