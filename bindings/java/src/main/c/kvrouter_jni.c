@@ -1578,6 +1578,14 @@ JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_closeQueue(JNIEnv* env, jclass c
   return (jlong)cancelled;
 }
 
+JNIEXPORT jlong JNICALL Java_io_kvrouter_Native_expireRequests(JNIEnv* env, jclass cls, jlong r) {
+  (void)cls;
+  size_t expired = 0;
+  kvr_error* err = NULL;
+  check(env, kvr_router_expire_requests(ROUTER(r), &expired, &err), &err);
+  return (jlong)expired;
+}
+
 JNIEXPORT jbyteArray JNICALL Java_io_kvrouter_Native_snapshot(JNIEnv* env, jclass cls, jlong r) {
   (void)cls;
   kvr_buffer* buffer = NULL;

@@ -206,6 +206,9 @@ final class Native {
   /** kvr_router_close_queue: how many requests were waiting. */
   static native long closeQueue(long router);
 
+  /** kvr_router_expire_requests: how many requests were dropped. */
+  static native long expireRequests(long router);
+
   static native byte[] snapshot(long router);
 
   static native void restore(long router, byte[] data, int offset, int length);

@@ -701,6 +701,27 @@ public final class Router extends NativeObject {
     }
   }
 
+  /**
+   * Drops every request booked longer than {@link RouterOptions#requestExpirySeconds()} ago (its
+   * {@link #freeRequest} was lost: a crashed client, a missed event) and every plan past its
+   * deadline, then admits the queued requests that now fit ({@code kvr_router_expire_requests}).
+   * The router has no timer thread: a routing call that books does this at most once per
+   * min(30 s, the expiry), and nothing does while no call comes, so with a queue threshold a lost
+   * request can keep the queue waiting until one does. Call it on a timer (every second, say).
+   *
+   * @return how many requests were dropped
+   * @throws KvRouterException {@link Status#FAILED_PRECONDITION} called from a replica publisher
+   *     (as every call on its own router)
+   */
+  public long expireRequests() {
+    long h = acquire();
+    try {
+      return Native.expireRequests(h);
+    } finally {
+      release();
+    }
+  }
+
   // ---- Snapshot ----
 
   /** The whole KV index as a FlatBuffers IndexSnapshot. */

@@ -189,6 +189,45 @@ class ConcurrencyTest {
   }
 
   /**
+   * A request whose free was lost ("busy", never freed) holds the only rank, and with a queue
+   * threshold every later call waits behind it. expireRequests leaves it alone until it is older
+   * than the request expiry; then it drops it and admits the waiter, with no routing call coming
+   * meanwhile to do it.
+   */
+  @Test
+  void expireRequestsDropsALostRequestAndAdmitsItsWaiter() throws Exception {
+    int[] prompt = tokens(64, 9);
+    // The default expiry, which the router has.
+    long expiryNanos = (long) (RouterOptions.builder().build().requestExpirySeconds() * 1e9);
+    Router router = queueingRouterWithOneBusyRank(prompt);
+    try (router) {
+      router.setTime(0); // the router's time goes on from "busy"'s booking, by hand from now
+      CompletableFuture<RouteResult> waiting =
+          TestSupport.onThread(
+              "waiter", () -> router.findBestMatch(prompt, RequestOptions.admit("waiting")));
+      await("waiting queued", Duration.ofSeconds(10), () -> router.metrics().queuePending() == 1);
+      assertEquals(0, router.expireRequests());
+      router.setTime(expiryNanos + 1_000_000_000L);
+      assertEquals(1, router.expireRequests());
+      RouteResult admitted = waiting.get(10, TimeUnit.SECONDS);
+      assertTrue(admitted.booked());
+      assertTrue(admitted.queued());
+      Metrics m = router.metrics();
+      assertEquals(1, m.requestsActive()); // the waiter's booking alone
+      assertEquals(0, m.queuePending());
+      assertEquals(0, router.expireRequests());
+
+      // "busy"'s load is gone: once the waiter is freed the rank admits at once, and the lost
+      // request's id books again (no ALREADY_EXISTS).
+      router.freeRequest("waiting");
+      RouteResult again = router.findBestMatch(prompt, RequestOptions.admit("busy"));
+      assertTrue(again.booked());
+      assertFalse(again.queued());
+    }
+    assertThrows(IllegalStateException.class, router::expireRequests);
+  }
+
+  /**
    * close() while another thread waits in the queue with no timeout: close closes the queue
    * first, so it returns (rather than wait for that call for good) and the call is cancelled.
    */

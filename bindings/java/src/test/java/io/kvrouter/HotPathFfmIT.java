@@ -468,6 +468,34 @@ class HotPathFfmIT {
     }
   }
 
+  /**
+   * An admitted call waiting through the FFM path behind a request whose free was lost is
+   * admitted by expireRequests (a JNI call on every JDK) once that request is past its expiry,
+   * and returns its booking.
+   */
+  @Test
+  void aCallWaitingBehindALostRequestIsAdmittedByExpireRequests() throws Exception {
+    long expiryNanos = (long) (RouterOptions.builder().build().requestExpirySeconds() * 1e9);
+    try (Router r =
+        new Router(RouterOptions.builder().blockSize(BLOCK).queueThreshold(0.0).build())) {
+      r.addWorker(WorkerConfig.builder(1).maxNumBatchedTokens(16).build());
+      assertTrue(r.findBestMatch(PROMPT, RequestOptions.admit("busy")).booked()); // never freed
+      r.setTime(0);
+      CompletableFuture<RouteResult> waiting =
+          TestSupport.onThread("array", () -> r.findBestMatch(PROMPT, RequestOptions.admit("a")));
+      TestSupport.await("a queued", Duration.ofSeconds(10), () -> r.metrics().queuePending() == 1);
+      assertEquals(0, r.expireRequests());
+      r.setTime(expiryNanos + 1_000_000_000L);
+      assertEquals(1, r.expireRequests());
+      RouteResult admitted = waiting.get(10, TimeUnit.SECONDS);
+      assertTrue(admitted.booked());
+      assertTrue(admitted.queued());
+      assertEquals(1, admitted.workerId());
+      assertEquals(PROMPT.length, admitted.promptTokens());
+      assertEquals(1, r.metrics().requestsActive());
+    }
+  }
+
   @Test
   void aPublisherCallingBackOnTheSameThreadGetsABufferOfItsOwn() {
     try (Router a = router();

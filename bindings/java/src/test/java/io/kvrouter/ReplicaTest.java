@@ -209,6 +209,31 @@ class ReplicaTest {
     }
   }
 
+  /**
+   * A publisher runs under its router's lock: the library refuses a call into that router from
+   * it ({@code FAILED_PRECONDITION}) rather than block the thread for good.
+   */
+  @Test
+  void expireRequestsFromThePublisherIsRefused() {
+    try (Router a = routerWithWorkers(2)) {
+      List<Object> seen = new CopyOnWriteArrayList<>();
+      a.setReplicaPublisher(
+          "a",
+          change -> {
+            try {
+              seen.add(a.expireRequests());
+            } catch (KvRouterException e) {
+              seen.add(e.status());
+            }
+          });
+      a.findBestMatch(PROMPT, RequestOptions.admit("req-1"));
+      assertTrue(!seen.isEmpty(), "the publisher was not called");
+      for (Object outcome : seen) assertEquals(Status.FAILED_PRECONDITION, outcome);
+      a.setReplicaPublisher(null, null);
+      assertEquals(0, a.expireRequests());
+    }
+  }
+
   @Test
   void installingThePublisherAnnouncesTheBookingsHeld() {
     try (Router a = routerWithWorkers(2);
