@@ -1943,6 +1943,9 @@ cleanup:
   return NULL;
 }
 
+static PyObject* router_expire_requests(RouterObject* self, PyObject* unused) {
+  return router_count_call(self, kvr_router_expire_requests);
+}
 static PyObject* router_expire_plans(RouterObject* self, PyObject* unused) {
   return router_count_call(self, kvr_router_expire_plans);
 }
@@ -2050,6 +2053,7 @@ static PyMethodDef router_methods[] = {
     {"_record_output", (PyCFunction)router_record_output, METH_VARARGS, NULL},
     {"free_request", (PyCFunction)router_free_request, METH_O, free_request_doc},
     {"_close_queue", (PyCFunction)router_close_queue, METH_NOARGS, NULL},
+    {"_expire_requests", (PyCFunction)router_expire_requests, METH_NOARGS, NULL},
     {"_snapshot", (PyCFunction)router_snapshot, METH_NOARGS, NULL},
     {"_restore", (PyCFunction)router_restore, METH_O, NULL},
     {"_get_metrics", (PyCFunction)router_get_metrics, METH_NOARGS, NULL},

@@ -583,6 +583,57 @@ def test_close_queue_cancels_its_waiters_for_good():
         assert r.metrics().requests_active == 0
 
 
+def test_expire_requests_drops_a_lost_request_and_admits_its_waiter():
+    # A request whose free was lost ("busy", never freed) holds the only rank, and with a queue
+    # threshold every later request waits behind it. expire_requests leaves it alone until it is
+    # older than request_expiry_seconds; then it drops it and admits the waiter, with no routing
+    # call coming meanwhile to do it.
+    p = prompt(3, 4)
+    expiry = kvrouter.RouterOptions().request_expiry_seconds  # the default, which the router has
+    with queueing_router_with_one_busy_rank(p) as r:
+        r.set_time(0)  # the router's time goes on from "busy"'s booking, by hand from now
+        t, out = in_thread(lambda: r.find_best_match(p, request_id="waiting"))
+        wait_for("the request to queue", lambda: r.metrics().queue_pending == 1)
+        assert r.expire_requests() == 0
+        r.set_time(int((expiry + 1) * 1e9))
+        assert r.expire_requests() == 1
+        t.join(10)
+        assert not t.is_alive(), "the waiting call was not admitted"
+        ((kind, waiter),) = out
+        assert kind == "ok" and waiter.booked and waiter.queued, out
+        m = r.metrics()
+        assert (m.requests_active, m.queue_pending) == (1, 0)  # the waiter's booking alone
+        assert r.expire_requests() == 0
+        # "busy"'s load is gone: once the waiter is freed the rank admits at once, and the lost
+        # request's id books again (no AlreadyExistsError).
+        r.free_request("waiting")
+        again = r.find_best_match(p, request_id="busy")
+        assert again.booked and not again.queued
+    with pytest.raises(kvrouter.ClosedError):
+        r.expire_requests()
+
+
+def test_expire_requests_from_a_publisher_is_refused():
+    # A replica publisher runs under its router's lock: the library refuses a call into that
+    # router from it (FailedPreconditionError), rather than block the thread for good.
+    seen = []
+
+    def publish(change: bytes) -> None:
+        try:
+            seen.append(("ok", r.expire_requests()))
+        except kvrouter.KvRouterError as e:
+            seen.append(("raised", e))
+
+    with kvrouter.Router(block_size=16) as r:
+        r.add_worker(1)
+        r.set_replica_publisher("gw-a", publish)
+        r.find_best_match(prompt(1, 4), request_id="r1")
+        assert seen and all(kind == "raised" and isinstance(e, kvrouter.FailedPreconditionError)
+                            for kind, e in seen), seen
+        r.set_replica_publisher("gw-a", None)
+        assert r.expire_requests() == 0
+
+
 def test_close_while_another_thread_waits_cancels_it_and_frees_after_it():
     # The waiting call has no timeout: close() closes the queue first, so the call is cancelled
     # (before, it waited for good, and with it the router, freed by the last call in flight).

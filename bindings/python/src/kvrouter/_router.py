@@ -185,6 +185,17 @@ class Router(_native.Router):
         replica publisher, FailedPreconditionError (as :meth:`close`)."""
         return self._close_queue()
 
+    def expire_requests(self) -> int:
+        """Drops every request booked longer than ``RouterOptions.request_expiry_seconds`` ago
+        (its :meth:`free_request` was lost: a crashed client, a missed event) and every plan past
+        its deadline, then admits the queued requests that now fit
+        (``kvr_router_expire_requests``). Returns how many requests were dropped. The router has
+        no timer thread: a routing call that books does this at most once per min(30 s, the
+        expiry), and nothing does while no call comes, so with a queue threshold a lost request
+        can keep the queue waiting until one does: call this on a timer (every second, say).
+        From a replica publisher, FailedPreconditionError (as every call on its own router)."""
+        return self._expire_requests()
+
     # ---- staged routing, pins, sessions
 
     def preview_route(
