@@ -64,7 +64,8 @@ func (s *replicaSlot) release() {
 // synchronously on the goroutine (or library thread) that made the change (an announcement
 // that falls due: the one beating, expiring or applying a replica change), under the router's
 // lock, in order: it must be quick (send to a channel or an asynchronous client), must not
-// call any router, and must copy data to keep it. nil stops publishing. A callback replaced
+// call any router (a call into its own router, which would wait for that lock for ever, returns
+// ErrFailedPrecondition from a 0.2.1 library), and must copy data to keep it. nil stops publishing. A callback replaced
 // (or stopped by nil) first receives a farewell Reset, so peers drop what they hold from its
 // id; once this returns, the previous callback is not running and will not run again.
 // Ingest.SyncReplicas does all of this over NATS. Like the other methods it may run
