@@ -76,29 +76,103 @@ std::string WorkerNotFound(uint64_t id) {
   return "worker " + std::to_string(id) + " is not registered";
 }
 
+// A worker's event subscription as the C ABI takes it; valid while `worker` lives.
+struct EngineWorker {
+  explicit EngineWorker(const WorkerSpec& worker) {
+    kvr_engine_worker_init(&config, sizeof config);
+    config.engine = worker.events->engine;
+    config.endpoint = worker.events->endpoint.c_str();
+    config.worker_id = worker.worker_id;
+    config.dp_start = worker.dp_start;
+    config.dp_size = worker.dp_size;
+    config.topic = worker.events->topic.empty() ? nullptr : worker.events->topic.c_str();
+    config.replay_endpoint =
+        worker.events->replay_endpoint.empty() ? nullptr : worker.events->replay_endpoint.c_str();
+  }
+  kvr_engine_worker config;
+};
+
+// A router and an ingest made only to ask the library what it takes: nothing given to them runs
+// or connects. The ingest is stopped before it is given anything: kvr_ingest_add_engine_worker
+// checks a worker's ranks and endpoints first, then finds the ingest stopped
+// (KVR_FAILED_PRECONDITION) and opens no socket.
+class LibraryCheck {
+ public:
+  // Throws ApiError if the library refuses the options (either may be NULL: its defaults).
+  LibraryCheck(const kvr_router_options* router_options, const kvr_ingest_options* ingest_options) {
+    try {
+      kvr_error* err = nullptr;
+      ThrowIfError(kvr_router_new(router_options, &router_, &err), err);
+      ThrowIfError(kvr_ingest_new(router_, ingest_options, &ingest_, &err), err);
+      ThrowIfError(kvr_ingest_stop(ingest_, &err), err);
+    } catch (...) {
+      Free();
+      throw;
+    }
+  }
+  ~LibraryCheck() { Free(); }
+  LibraryCheck(const LibraryCheck&) = delete;
+  LibraryCheck& operator=(const LibraryCheck&) = delete;
+
+  kvr_router* router() { return router_; }
+
+  // With `ranks_too`, the worker as the router takes it (its ranks; an id given twice is
+  // KVR_ALREADY_EXISTS); with events, its subscription's ranks and endpoints as the ingest
+  // takes them. Throws ApiError naming the worker if refused.
+  void Worker(const WorkerSpec& worker, bool ranks_too) {
+    const std::string prefix = "worker " + std::to_string(worker.worker_id) + ": ";
+    kvr_error* err = nullptr;
+    if (ranks_too) {
+      const kvr_worker_config config = RouterWorker(worker);
+      const kvr_status status = kvr_router_add_worker(router_, &config, &err);
+      Refuse(status, err, prefix);
+    }
+    if (worker.events) {
+      const EngineWorker engine(worker);
+      const kvr_status status =
+          kvr_ingest_add_engine_worker(ingest_, &engine.config, nullptr, &err);
+      // Stopped: it took what it checks, and opened nothing.
+      Refuse(status == KVR_FAILED_PRECONDITION ? KVR_OK : status, err, prefix);
+    }
+  }
+
+ private:
+  static void Refuse(kvr_status status, kvr_error*& err, const std::string& prefix) {
+    try {
+      ThrowIfError(status, err);
+    } catch (const ApiError& e) {
+      throw ApiError(e.status(), prefix + e.what());
+    }
+  }
+  void Free() {
+    kvr_ingest_free(ingest_);
+    kvr_router_free(router_);
+    ingest_ = nullptr;
+    router_ = nullptr;
+  }
+  kvr_router* router_ = nullptr;
+  kvr_ingest* ingest_ = nullptr;
+};
+
 }  // namespace
 
 Service::Service(const Config& config)
     : request_expiry_seconds_(config.router.request_expiry_seconds),
       plan_deadline_seconds_(config.plan_deadline_seconds),
+      block_size_(config.router.block_size),
       bookings_(config.max_tracked_requests),
       config_(config) {}
 
 std::string CheckLibraryOptions(const Config& config) {
-  kvr_router* router = nullptr;
-  kvr_ingest* ingest = nullptr;
-  std::string refused;
   try {
+    LibraryCheck check(&config.router, &config.ingest);
     kvr_error* err = nullptr;
-    ThrowIfError(kvr_router_new(&config.router, &router, &err), err);
-    ThrowIfError(kvr_router_set_plan_deadline(router, config.plan_deadline_seconds, &err), err);
-    ThrowIfError(kvr_ingest_new(router, &config.ingest, &ingest, &err), err);
+    ThrowIfError(kvr_router_set_plan_deadline(check.router(), config.plan_deadline_seconds, &err),
+                 err);
   } catch (const std::exception& e) {  // ApiError, or bad_alloc: the reload is refused either way
-    refused = e.what();
+    return e.what();
   }
-  kvr_ingest_free(ingest);
-  kvr_router_free(router);
-  return refused;
+  return {};
 }
 
 std::unique_ptr<Service> Service::Create(const Config& config, std::string* error) {
@@ -418,55 +492,98 @@ HttpResponse Service::PutWorker(const std::string& param, const HttpRequest& req
   return JsonAnswer(UpdateWorker(worker));
 }
 
+// All or nothing: what the library would refuse is checked first; then the worker is
+// subscribed to its events, then added to the router (routable only once nothing can fail).
 json Service::AddWorker(const WorkerSpec& worker) {
   std::lock_guard<std::mutex> lock(workers_mutex_);
+  if (workers_.count(worker.worker_id)) {
+    throw ApiError(KVR_ALREADY_EXISTS,
+                   "worker " + std::to_string(worker.worker_id) + " is already registered");
+  }
+  // (Without events the router's own add below is the check, and changes nothing if refused.)
+  CheckWorker(worker, /*ranks_too=*/worker.events.has_value());
+  Subscribe(worker);
   const kvr_worker_config config = RouterWorker(worker);
   kvr_error* err = nullptr;
-  ThrowIfError(kvr_router_add_worker(router_, &config, &err), err);
-  try {
-    Subscribe(worker);
-  } catch (const ApiError&) {
-    kvr_router_remove_worker(router_, worker.worker_id, nullptr);
-    throw;
-  }
+  const kvr_status status = kvr_router_add_worker(router_, &config, &err);
+  if (status != KVR_OK && worker.events) Unsubscribe(worker.worker_id);
+  ThrowIfError(status, err);
   workers_[worker.worker_id] = worker;
   Log(LogLevel::kInfo, "worker added", WorkerToJson(worker));
   return WorkerToJson(worker);
 }
 
+// All or nothing: what the library would refuse is checked before anything changes, and a
+// change it refuses while being applied (an ipc path too long to connect to, no socket left)
+// is undone: the worker is back as it was, with its requests, but for the index entries of the
+// engine it was subscribed to (dropped with that subscription; the engine's replay or its
+// next events bring them back).
 json Service::UpdateWorker(const WorkerSpec& worker) {
   std::lock_guard<std::mutex> lock(workers_mutex_);
   const auto it = workers_.find(worker.worker_id);
   if (it == workers_.end()) throw ApiError(KVR_NOT_FOUND, WorkerNotFound(worker.worker_id));
-  WorkerSpec& current = it->second;
+  const WorkerSpec previous = it->second;
   // Only what changed is touched: a worker whose ranks stay keeps its requests.
-  if (!SameRouterConfig(current, worker)) {
+  const bool ranks_change = !SameRouterConfig(previous, worker);
+  // The subscription covers the worker's ranks: new ranks need a new one too.
+  const bool same_ranks =
+      previous.dp_start == worker.dp_start && previous.dp_size == worker.dp_size;
+  const bool events_change = previous.events != worker.events || (worker.events && !same_ranks);
+  if (ranks_change || events_change) CheckWorker(worker, ranks_change);
+  // The subscription first: what may still fail, before the router drops any request.
+  bool unsubscribed = false;
+  if (events_change) {
+    try {
+      if (previous.events) unsubscribed = Unsubscribe(worker.worker_id);
+      Subscribe(worker);
+    } catch (...) {
+      it->second = RestoreSubscription(previous, unsubscribed, /*subscribed=*/false);
+      throw;
+    }
+  }
+  if (ranks_change) {
     const kvr_worker_config config = RouterWorker(worker);
     kvr_error* err = nullptr;
-    ThrowIfError(kvr_router_update_worker(router_, &config, &err), err);
+    const kvr_status status = kvr_router_update_worker(router_, &config, &err);
+    if (status != KVR_OK && events_change) {
+      it->second = RestoreSubscription(previous, unsubscribed, worker.events.has_value());
+    }
+    ThrowIfError(status, err);
     // Ranks that disappeared lost their requests in the router: their ids are free again.
     bookings_.DropRanksOutside(worker.worker_id, worker.dp_start, worker.dp_size);
   }
-  // The subscription covers the worker's ranks: new ranks need a new one too.
-  const bool same_ranks = current.dp_start == worker.dp_start && current.dp_size == worker.dp_size;
-  if (current.events != worker.events || (worker.events && !same_ranks)) {
-    if (current.events) Unsubscribe(worker.worker_id);
-    WorkerSpec unsubscribed = worker;  // what holds if the new subscription fails
-    unsubscribed.events.reset();
-    current = unsubscribed;
-    Subscribe(worker);
-  }
-  current = worker;
+  it->second = worker;
   Log(LogLevel::kInfo, "worker updated", WorkerToJson(worker));
   return WorkerToJson(worker);
+}
+
+// A subscription change refused midway, undone: the new subscription (if `subscribed`) goes, the
+// previous one (if `unsubscribed`) comes back. Returns the worker as it now is: `previous`,
+// without its events should the library refuse them again.
+WorkerSpec Service::RestoreSubscription(const WorkerSpec& previous, bool unsubscribed,
+                                        bool subscribed) {
+  WorkerSpec now = previous;
+  if (subscribed) Unsubscribe(previous.worker_id);
+  if (unsubscribed) {
+    try {
+      Subscribe(previous);
+    } catch (const std::exception& e) {
+      now.events.reset();
+      Log(LogLevel::kError, "a worker's refused update left it unsubscribed",
+          {{"worker_id", previous.worker_id}, {"error", e.what()}});
+    }
+  }
+  Log(LogLevel::kWarn, "a worker's update was refused midway and undone", WorkerToJson(now));
+  return now;
 }
 
 void Service::RemoveWorker(uint64_t worker_id) {
   std::lock_guard<std::mutex> lock(workers_mutex_);
   const auto it = workers_.find(worker_id);
   if (it == workers_.end()) throw ApiError(KVR_NOT_FOUND, WorkerNotFound(worker_id));
-  // Unsubscribed first, so that no event re-indexes the worker after it is gone.
-  if (it->second.events) Unsubscribe(worker_id);
+  // Unsubscribed first, so that no event re-indexes the worker after it is gone (should the
+  // router then refuse the removal, the worker stays, as unsubscribed).
+  if (it->second.events && Unsubscribe(worker_id)) it->second.events.reset();
   kvr_error* err = nullptr;
   ThrowIfError(kvr_router_remove_worker(router_, worker_id, &err), err);
   workers_.erase(it);
@@ -474,23 +591,23 @@ void Service::RemoveWorker(uint64_t worker_id) {
   Log(LogLevel::kInfo, "worker removed", {{"worker_id", worker_id}});
 }
 
-void Service::Subscribe(const WorkerSpec& worker) {
-  if (!worker.events) return;
-  kvr_engine_worker engine;
-  kvr_engine_worker_init(&engine, sizeof engine);
-  engine.engine = worker.events->engine;
-  engine.endpoint = worker.events->endpoint.c_str();
-  engine.worker_id = worker.worker_id;
-  engine.dp_start = worker.dp_start;
-  engine.dp_size = worker.dp_size;
-  engine.topic = worker.events->topic.empty() ? nullptr : worker.events->topic.c_str();
-  engine.replay_endpoint =
-      worker.events->replay_endpoint.empty() ? nullptr : worker.events->replay_endpoint.c_str();
-  kvr_error* err = nullptr;
-  ThrowIfError(kvr_ingest_add_engine_worker(ingest_, &engine, nullptr, &err), err);
+void Service::CheckWorker(const WorkerSpec& worker, bool ranks_too) {
+  if (!ranks_too && !worker.events) return;
+  kvr_router_options options;
+  kvr_router_options_init(&options, sizeof options);
+  options.block_size = block_size_;
+  LibraryCheck check(&options, nullptr);
+  check.Worker(worker, ranks_too);
 }
 
-void Service::Unsubscribe(uint64_t worker_id) {
+void Service::Subscribe(const WorkerSpec& worker) {
+  if (!worker.events) return;
+  const EngineWorker engine(worker);
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_ingest_add_engine_worker(ingest_, &engine.config, nullptr, &err), err);
+}
+
+bool Service::Unsubscribe(uint64_t worker_id) {
   kvr_error* err = nullptr;
   const kvr_status status = kvr_ingest_remove_engine_worker(ingest_, worker_id, 1, &err);
   if (status != KVR_OK) {
@@ -498,6 +615,7 @@ void Service::Unsubscribe(uint64_t worker_id) {
         {{"worker_id", worker_id}, {"error", err ? kvr_error_message(err) : ""}});
   }
   kvr_error_free(err);
+  return status == KVR_OK;
 }
 
 void Service::RestoreSnapshotFile(const std::string& path) {

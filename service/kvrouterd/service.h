@@ -117,6 +117,10 @@ class Service {
 
   std::vector<WorkerSpec> ApplyWorkerDiff(const std::vector<WorkerSpec>& wanted);
   std::string AddressOf(uint64_t worker_id);
+  // Throws ApiError if the library would refuse the worker's event subscription (its ranks,
+  // its endpoints) or, with `ranks_too`, its ranks in the router, asked of a router and an
+  // ingest made for the purpose (LibraryCheck): nothing connects.
+  void CheckWorker(const WorkerSpec& worker, bool ranks_too);
   void Subscribe(const WorkerSpec& worker);
   // Consumes a JetStream stream of KV events (throws ApiError as the other calls do).
   void SubscribeJetStream(const JetStreamSpec& spec);
@@ -128,13 +132,16 @@ class Service {
   void BootstrapFromPeer(const std::vector<std::string>& peers,
                          std::vector<JetStreamSpec>* streams);
   StreamSequences AppliedStreamSequences();
-  void Unsubscribe(uint64_t worker_id);
+  // False if the library refused (logged).
+  bool Unsubscribe(uint64_t worker_id);
+  WorkerSpec RestoreSubscription(const WorkerSpec& previous, bool unsubscribed, bool subscribed);
   std::string OwnMetrics();
 
   kvr_router* router_ = nullptr;
   kvr_ingest* ingest_ = nullptr;
   double request_expiry_seconds_;
   double plan_deadline_seconds_;
+  uint32_t block_size_;  // the router's: CheckWorker checks workers against it
   BookingTable bookings_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> routing_waiting_{0};  // calls arrived and not started: for a thread

@@ -3,6 +3,7 @@
 // event listener with kvr_publisher_*, requests routed through a plain-socket HTTP client.
 // Everything that waits polls with a deadline.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <stdlib.h>
 
 #include <cstdio>
@@ -63,6 +64,50 @@ HttpAnswer ReadOneAnswer(int fd) {
     bytes.append(buffer, static_cast<size_t>(n));
   }
 }
+
+// A TCP listener on 127.0.0.1 standing in for an engine's ZMQ publisher: it speaks no ZMTP, but
+// sees the daemon's subscription connect, which is all these tests ask of it.
+class FakeEngine {
+ public:
+  FakeEngine() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof address;
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&address), size) == 0 && listen(fd_, 16) == 0 &&
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &size) == 0) {
+      port_ = ntohs(address.sin_port);
+    }
+  }
+  ~FakeEngine() {
+    Drop();
+    close(fd_);
+  }
+  FakeEngine(const FakeEngine&) = delete;
+  FakeEngine& operator=(const FakeEngine&) = delete;
+
+  std::string endpoint() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+  // True once a subscriber connected (within `seconds`).
+  bool Accept(double seconds = 30) {
+    pollfd ready{fd_, POLLIN, 0};
+    if (poll(&ready, 1, static_cast<int>(seconds * 1000)) != 1) return false;
+    const int connection = accept(fd_, nullptr, nullptr);
+    if (connection < 0) return false;
+    accepted_.push_back(connection);
+    return true;
+  }
+  // Closes the connections accepted: a subscriber still subscribed connects again.
+  void Drop() {
+    for (const int connection : accepted_) close(connection);
+    accepted_.clear();
+  }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::vector<int> accepted_;
+};
 
 class KvrouterdTest : public ::testing::Test {
  protected:
@@ -369,6 +414,52 @@ TEST_F(KvrouterdTest, WorkersOverHttp) {
   EXPECT_EQ(Body(Http(port_, "DELETE", "/v1/workers/3")), json::parse(R"({"worker_id": 3})"));
   EXPECT_EQ(Get("/v1/workers/3").status, 404);
   EXPECT_EQ(Body(Get("/healthz")), json::parse(R"({"status": "ok", "workers": 2})"));
+  Stop();
+}
+
+// An ipc path longer than a socket address holds: the library takes it as an endpoint, and
+// fails only when it connects to it, once the change is under way.
+std::string UnconnectableIpc(const std::string& dir) {
+  return "ipc://" + dir + "/" + std::string(200, 'x');
+}
+
+// PUT /v1/workers/{id} is all or nothing: a change the library refuses, whether found before
+// anything changes (a bad endpoint) or only midway (an endpoint it cannot connect to), leaves
+// the worker as it was: its address, its ranks and their bookings, its subscription. (It was
+// answered 400 with the address and ranks changed, the subscription dropped and the bookings
+// of rank 0 gone; POST /v1/workers undid its own.)
+TEST_F(KvrouterdTest, ARefusedWorkerUpdateChangesNothing) {
+  Start();
+  FakeEngine engine;
+  const json worker = {{"worker_id", 7},
+                       {"address", "old:1"},
+                       {"events", {{"engine", "vllm"}, {"endpoint", engine.endpoint()}}}};
+  ASSERT_EQ(Post("/v1/workers", worker.dump()).status, 201);
+  ASSERT_TRUE(engine.Accept());
+  ASSERT_EQ(Post("/v1/route", RouteBody("on-7", {{"allowed_worker_ids", {7}}})).status, 200);
+  const json before = Body(Get("/v1/workers/7"));
+  for (const std::string& endpoint : {std::string("garbage"), UnconnectableIpc(dir_)}) {
+    SCOPED_TRACE(endpoint);
+    const json change = {{"address", "new:1"},
+                         {"dp_start", 4},
+                         {"dp_size", 3},
+                         {"events", {{"engine", "vllm"}, {"endpoint", endpoint}}}};
+    const HttpAnswer refused = Http(port_, "PUT", "/v1/workers/7", change.dump());
+    EXPECT_EQ(refused.status, 400) << refused.body;
+    EXPECT_EQ(Body(Get("/v1/workers/7")), before);
+    EXPECT_EQ(Body(Post("/v1/route", RouteBody("on-7")))["replayed"], true);  // still booked
+    engine.Drop();
+    EXPECT_TRUE(engine.Accept());  // still subscribed: it connects again
+    // Nor is a worker added with such events.
+    const json added = {{"worker_id", 8}, {"events", {{"endpoint", endpoint}}}};
+    EXPECT_EQ(Post("/v1/workers", added.dump()).status, 400);
+    EXPECT_EQ(Get("/v1/workers/8").status, 404);
+  }
+  // What the library takes still applies.
+  const HttpAnswer moved = Http(port_, "PUT", "/v1/workers/7", R"({"address": "new:1"})");
+  ASSERT_EQ(moved.status, 200) << moved.body;
+  EXPECT_EQ(Body(Get("/v1/workers/7"))["address"], "new:1");
+  EXPECT_TRUE(Body(Get("/v1/workers/7"))["events"].is_null());
   Stop();
 }
 
