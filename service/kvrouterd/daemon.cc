@@ -299,8 +299,8 @@ void Daemon::ReloadConfig() {
     return;
   }
   Log(LogLevel::kInfo, "reloading", {{"config", next.config_file}});
-  service_->Reload(next);
-  service_->CountReload(true);
+  const bool all_applied = service_->Reload(next);
+  service_->CountReload(all_applied);
   config_ = next;
 }
 

@@ -169,6 +169,8 @@ std::string CheckLibraryOptions(const Config& config) {
     kvr_error* err = nullptr;
     ThrowIfError(kvr_router_set_plan_deadline(check.router(), config.plan_deadline_seconds, &err),
                  err);
+    // As a start adds them: one by one, so that an id given twice is refused too.
+    for (const WorkerSpec& worker : config.workers) check.Worker(worker, /*ranks_too=*/true);
   } catch (const std::exception& e) {  // ApiError, or bad_alloc: the reload is refused either way
     return e.what();
   }
@@ -861,22 +863,37 @@ void Service::CancelWaiting() {
   }
 }
 
-// The config's worker lines applied as a diff against the previous config's. Returns the lines
-// now in effect: a change that failed keeps the old line (an add that failed: none), so that the
-// next reload tries it again.
-std::vector<WorkerSpec> Service::ApplyWorkerDiff(const std::vector<WorkerSpec>& wanted) {
+// The config's worker lines applied as a diff against the lines in effect (the previous
+// reload's record). Returns the record now: a line applied; for one whose change failed (each
+// undone by AddWorker or UpdateWorker), what the worker really is, or nothing if it is not
+// registered, so that the next reload compares the file against what runs and tries again.
+// `*all_applied` is false if any change failed.
+std::vector<WorkerSpec> Service::ApplyWorkerDiff(const std::vector<WorkerSpec>& wanted,
+                                                 bool* all_applied) {
+  *all_applied = true;
   std::map<uint64_t, WorkerSpec> in_effect;
   for (const WorkerSpec& worker : config_.workers) in_effect[worker.worker_id] = worker;
   std::map<uint64_t, const WorkerSpec*> target;
   for (const WorkerSpec& worker : wanted) target[worker.worker_id] = &worker;
-  const auto attempt = [](const char* what, uint64_t id, auto&& change) {
+  // Runs `change`; false (logged) if it failed.
+  const auto attempt = [&](const char* what, uint64_t id, auto&& change) {
     try {
       change();
       return true;
-    } catch (const ApiError& e) {
-      Log(LogLevel::kError, std::string("reload: ") + what + " failed",
+    } catch (const std::exception& e) {  // ApiError, or the heap refusing: the change undone
+      *all_applied = false;
+      Log(LogLevel::kError, std::string("reload: ") + what + " failed; it was undone",
           {{"worker_id", id}, {"error", e.what()}});
       return false;
+    }
+  };
+  const auto record_what_runs = [&](uint64_t id) {
+    std::lock_guard<std::mutex> lock(workers_mutex_);
+    const auto it = workers_.find(id);
+    if (it == workers_.end()) {
+      in_effect.erase(id);
+    } else {
+      in_effect[id] = it->second;
     }
   };
   for (auto it = in_effect.begin(); it != in_effect.end();) {
@@ -885,17 +902,30 @@ std::vector<WorkerSpec> Service::ApplyWorkerDiff(const std::vector<WorkerSpec>& 
       ++it;
       continue;
     }
-    // A removal that fails found the worker gone already (removed over HTTP): forgotten too.
-    attempt("removing a worker", id, [&] { RemoveWorker(id); });
-    it = in_effect.erase(it);
+    ++it;
+    const auto remove = [&] {
+      try {
+        RemoveWorker(id);
+      } catch (const ApiError& e) {
+        if (e.status() != KVR_NOT_FOUND) throw;  // else removed already (over HTTP), as wanted
+      }
+    };
+    if (attempt("removing a worker", id, remove)) {
+      in_effect.erase(id);
+    } else {
+      record_what_runs(id);
+    }
   }
   for (const auto& [id, worker] : target) {
     const auto current = in_effect.find(id);
     if (current == in_effect.end()) {
+      // A failed add records nothing: the id may be a worker added over HTTP, left alone.
       if (attempt("adding a worker", id, [&] { AddWorker(*worker); })) in_effect[id] = *worker;
     } else if (!(current->second == *worker)) {
       if (attempt("updating a worker", id, [&] { UpdateWorker(*worker); })) {
         current->second = *worker;
+      } else {
+        record_what_runs(id);
       }
     }
   }
@@ -904,8 +934,9 @@ std::vector<WorkerSpec> Service::ApplyWorkerDiff(const std::vector<WorkerSpec>& 
   return lines;
 }
 
-void Service::Reload(const Config& next) {
-  std::vector<WorkerSpec> workers = ApplyWorkerDiff(next.workers);
+bool Service::Reload(const Config& next) {
+  bool all_applied = true;
+  std::vector<WorkerSpec> workers = ApplyWorkerDiff(next.workers, &all_applied);
   if (next.log_level != config_.log_level) {
     SetLogLevel(next.log_level);
     Log(LogLevel::kInfo, "log level changed", {{"log_level", LogLevelName(next.log_level)}});
@@ -953,7 +984,15 @@ void Service::Reload(const Config& next) {
   }
   config_ = std::move(applied);
   config_.workers = std::move(workers);
-  Log(LogLevel::kInfo, "configuration reloaded", {{"workers", config_.workers.size()}});
+  if (all_applied) {
+    Log(LogLevel::kInfo, "configuration reloaded", {{"workers", config_.workers.size()}});
+  } else {
+    Log(LogLevel::kError,
+        "configuration reloaded in part: the workers whose change failed (logged) are as they "
+        "were, and the next reload tries them again",
+        {{"workers", config_.workers.size()}});
+  }
+  return all_applied;
 }
 
 }  // namespace kvrouterd

@@ -31,10 +31,10 @@ struct RoutingCall {
   bool started = false;               // Book began (on a routing thread)
 };
 
-// What the library says of `config`'s router and ingest options and plan deadline, asked of
-// a router and an ingest object made for the purpose and dropped (nothing starts or connects):
-// empty if it takes them. A reload cannot apply them, but must not let through what the next
-// start would refuse.
+// What the library says of `config`'s router and ingest options, plan deadline and workers
+// (their ranks, an id given twice, their event subscriptions' ranks and endpoints), asked of a
+// router and an ingest object made for the purpose and dropped (nothing starts or connects):
+// empty if it takes them. A reload must not let through what the next start would refuse.
 std::string CheckLibraryOptions(const Config& config);
 
 // The HTTP server's connections, for /metrics.
@@ -69,9 +69,11 @@ class Service {
   // no route's, "unparsed": a request the HTTP server refused).
   void CountAnswer(const std::string& pattern, int status);
 
-  // SIGHUP: applies the new config's worker set as a diff against the previous config's,
-  // and its log level; logs what changed and what needs a restart.
-  void Reload(const Config& next);
+  // SIGHUP: applies the new config's worker set as a diff against the lines in effect, and its
+  // log level; logs what changed and what needs a restart. `next` passed ValidateConfig and
+  // CheckLibraryOptions. False if a worker's change failed (undone, logged, tried again by the
+  // next reload): the reload counts as an error.
+  bool Reload(const Config& next);
   // Counts a reload for kvrouterd_reloads_total (a config that does not parse is a failure).
   void CountReload(bool ok);
   // SIGTERM: /healthz answers 503 from now on, and routing calls that have not started yet
@@ -115,7 +117,7 @@ class Service {
   HttpResponse Metrics();
   HttpResponse Healthz();
 
-  std::vector<WorkerSpec> ApplyWorkerDiff(const std::vector<WorkerSpec>& wanted);
+  std::vector<WorkerSpec> ApplyWorkerDiff(const std::vector<WorkerSpec>& wanted, bool* all_applied);
   std::string AddressOf(uint64_t worker_id);
   // Throws ApiError if the library would refuse the worker's event subscription (its ranks,
   // its endpoints) or, with `ranks_too`, its ranks in the router, asked of a router and an

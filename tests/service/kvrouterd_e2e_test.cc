@@ -572,14 +572,99 @@ TEST_F(KvrouterdTest, ReloadAppliesTheConfigsWorkerChanges) {
   WriteConfig({"id=1,address=10.0.0.11:8000"}, "temperature = -1\n");
   refused(3);
 
-  // A worker the library refuses is not recorded as applied: the next reload tries it again.
+  // One with a worker the library refuses (no ranks), as a start would refuse it.
   WriteConfig({"id=1,address=10.0.0.11:8000", "id=4,dp-size=0"});
-  daemon_->Signal(SIGHUP);
-  ASSERT_TRUE(WaitFor([&] { return Get("/v1/workers/3").status == 404; }));
+  refused(4);
   EXPECT_EQ(Get("/v1/workers/4").status, 404);
   WriteConfig({"id=1,address=10.0.0.11:8000", "id=4"});
   daemon_->Signal(SIGHUP);
   EXPECT_TRUE(WaitFor([&] { return Get("/v1/workers/4").status == 200; }));
+  EXPECT_EQ(Get("/v1/workers/3").status, 404);
+  Stop();
+}
+
+// A reload the next start would refuse changes nothing, its worker lines checked as a start
+// checks them (the library's checks of the ranks and event endpoints, an id given twice), and
+// is counted as an error; the lines in effect stay the previous ones, so that setting the file
+// back is no change, and a corrected file applies. (A bad endpoint was applied halfway, the
+// address and ranks changed and the subscription dropped, and counted ok; the daemon took the
+// refused line as not applied, so that setting the file back changed nothing either.)
+TEST_F(KvrouterdTest, AReloadAStartWouldRefuseChangesNothing) {
+  FakeEngine engine;
+  const std::string line = "id=5,address=h:5,engine=vllm,events=" + engine.endpoint();
+  WriteConfig({line});
+  Start();
+  ASSERT_TRUE(engine.Accept());
+  ASSERT_EQ(Post("/v1/route", RouteBody("on-5")).status, 200);
+  const json before = Body(Get("/v1/workers/5"));
+  const auto reload = [&](const std::string& result, int n) {
+    daemon_->Signal(SIGHUP);
+    return WaitFor([&] {
+      return Get("/metrics")
+                 .body.find("kvrouterd_reloads_total{result=\"" + result + "\"} " +
+                            std::to_string(n) + "\n") != std::string::npos;
+    });
+  };
+  WriteConfig({"id=5,address=h:55,dp-size=2,engine=vllm,events=garbage"});
+  ASSERT_TRUE(reload("error", 1));
+  EXPECT_EQ(Body(Get("/v1/workers/5")), before);
+  EXPECT_EQ(Body(Post("/v1/route", RouteBody("on-5")))["replayed"], true);
+  engine.Drop();
+  EXPECT_TRUE(engine.Accept());  // still subscribed
+  WriteConfig({line, "id=6", "id=6,address=h:6"});
+  ASSERT_TRUE(reload("error", 2));
+  EXPECT_EQ(Get("/v1/workers/6").status, 404);
+  EXPECT_NE(Get("/metrics").body.find("kvrouterd_reloads_total{result=\"ok\"} 0\n"),
+            std::string::npos);
+
+  WriteConfig({line});  // what runs
+  ASSERT_TRUE(reload("ok", 1));
+  EXPECT_EQ(Body(Get("/v1/workers/5")), before);
+  WriteConfig({"id=5,address=h:55,dp-size=2"});
+  ASSERT_TRUE(reload("ok", 2));
+  const json after = Body(Get("/v1/workers/5"));
+  EXPECT_EQ(after["address"], "h:55");
+  EXPECT_EQ(after["dp_size"], 2);
+  EXPECT_TRUE(after["events"].is_null());
+  Stop();
+}
+
+// A worker change that fails while a reload applies it (its id added over HTTP meanwhile, an
+// endpoint the library cannot connect to) is undone and makes the reload an error; the other
+// changes apply, and the next reload compares the file with what runs and tries it again.
+// (Such reloads counted ok, and a half-made change was taken as not made.)
+TEST_F(KvrouterdTest, AReloadWhoseWorkerChangeFailsIsAnErrorAndTriedAgain) {
+  Start();
+  ASSERT_EQ(Post("/v1/workers", R"({"worker_id": 3, "address": "http:3"})").status, 201);
+  ASSERT_EQ(Post("/v1/route", RouteBody("on-2", {{"allowed_worker_ids", {2}}})).status, 200);
+  const json worker_2 = Body(Get("/v1/workers/2"));
+  WriteConfig({"id=1,address=10.0.0.11:8000",
+               "id=2,address=10.0.0.22:8000,dp-size=2,events=" + UnconnectableIpc(dir_),
+               "id=3,address=file:3"});
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitFor([&] {
+    return Get("/metrics").body.find("kvrouterd_reloads_total{result=\"error\"} 1\n") !=
+           std::string::npos;
+  }));
+  EXPECT_NE(Get("/metrics").body.find("kvrouterd_reloads_total{result=\"ok\"} 0\n"),
+            std::string::npos);
+  EXPECT_EQ(Body(Get("/v1/workers/1"))["address"], "10.0.0.11:8000");  // applied
+  EXPECT_EQ(Body(Get("/v1/workers/2")), worker_2);                     // undone
+  EXPECT_EQ(Body(Post("/v1/route", RouteBody("on-2")))["replayed"], true);
+  EXPECT_EQ(Body(Get("/v1/workers/3"))["address"], "http:3");  // left alone
+
+  // Worker 3 gone over HTTP, worker 2's line corrected: the next reload applies both.
+  ASSERT_EQ(Delete("/v1/workers/3").status, 200);
+  WriteConfig({"id=1,address=10.0.0.11:8000", "id=2,address=10.0.0.22:8000,dp-size=2",
+               "id=3,address=file:3"});
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitFor([&] {
+    return Get("/metrics").body.find("kvrouterd_reloads_total{result=\"ok\"} 1\n") !=
+           std::string::npos;
+  }));
+  EXPECT_EQ(Body(Get("/v1/workers/2"))["address"], "10.0.0.22:8000");
+  EXPECT_EQ(Body(Get("/v1/workers/2"))["dp_size"], 2);
+  EXPECT_EQ(Body(Get("/v1/workers/3"))["address"], "file:3");
   Stop();
 }
 
