@@ -105,6 +105,7 @@ void ParseHints(const json& hints, RouteInput* input) {
   }
   if (const json* v = Find(hints, "session_id")) {
     input->session_id = StringField(*v, "hints.session_id");
+    CheckSessionId(*input->session_id, "hints.session_id");
   }
   if (const json* v = Find(hints, "session_mode")) {
     const std::string mode = StringField(*v, "hints.session_mode");
@@ -143,6 +144,13 @@ std::vector<std::string> SplitPath(const std::string& path) {
 }
 
 }  // namespace
+
+void CheckSessionId(const std::string& id, const std::string& field) {
+  if (id.size() > kMaxSessionIdBytes) {
+    Invalid(field + ": " + std::to_string(id.size()) + " bytes, longer than the " +
+            std::to_string(kMaxSessionIdBytes) + " a session id may have");
+  }
+}
 
 void ThrowIfError(kvr_status status, kvr_error*& err) {
   kvr_error* owned = err;
@@ -470,6 +478,8 @@ const std::vector<RouteSpec>& Routes() {
       {"GET", "/v1/workers/{id}", Endpoint::kGetWorker, RouteSpec::Runs::kOnLoop},
       {"PUT", "/v1/workers/{id}", Endpoint::kUpdateWorker, RouteSpec::Runs::kOnLoop},
       {"DELETE", "/v1/workers/{id}", Endpoint::kRemoveWorker, RouteSpec::Runs::kOnLoop},
+      {"GET", "/v1/sessions/{id}", Endpoint::kGetSession, RouteSpec::Runs::kOnLoop},
+      {"DELETE", "/v1/sessions/{id}", Endpoint::kCloseSession, RouteSpec::Runs::kOnLoop},
       {"GET", "/v1/snapshot", Endpoint::kGetSnapshot, RouteSpec::Runs::kOnRoutingThread},
       {"PUT", "/v1/snapshot", Endpoint::kPutSnapshot, RouteSpec::Runs::kOnRoutingThread},
       {"GET", "/v1/digest", Endpoint::kDigest, RouteSpec::Runs::kOnQuickCallThread},

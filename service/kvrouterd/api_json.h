@@ -53,6 +53,13 @@ nlohmann::json ParseJsonObject(std::string_view body);
 // the library's clock takes (a longer one would overflow its nanoseconds).
 inline constexpr uint64_t kMaxQueueTimeoutMs = (uint64_t{1} << 62) / 1000000;
 
+// The longest session id taken (hints.session_id, GET and DELETE /v1/sessions/{id}), as the
+// library takes request ids: the library itself takes any length, and keeps each binding (its
+// id) until it expires.
+inline constexpr size_t kMaxSessionIdBytes = 1024;
+// ApiError INVALID_ARGUMENT naming `field` unless `id` is at most kMaxSessionIdBytes long.
+void CheckSessionId(const std::string& id, const std::string& field);
+
 // A routing request body (route, preview, plan), with the storage its C structs point into.
 struct RouteInput {
   std::string request_id;
@@ -114,6 +121,8 @@ enum class Endpoint {
   kAddWorker,
   kUpdateWorker,
   kRemoveWorker,
+  kGetSession,
+  kCloseSession,
   kGetSnapshot,
   kPutSnapshot,
   kDigest,

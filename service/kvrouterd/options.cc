@@ -310,6 +310,10 @@ const std::vector<OptionSpec>& Options() {
     {"max-tracked-requests", "N", "booked request ids remembered for idempotent retries "
      "(default 1000000; the oldest are forgotten first)", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.max_tracked_requests); }},
+    {"max-session-ttl-seconds", "S", "the longest session binding: a request's "
+     "hints.session_ttl_seconds above S is taken as S (default 3600, an hour; each live binding "
+     "holds its session id until it expires; inf = no limit)", false, true,
+     [](Config& c, std::string_view v) { return ParseDouble(v, &c.max_session_ttl_seconds); }},
     {"shutdown-timeout-seconds", "S", "on SIGTERM, how long requests waiting in the admission "
      "queue may take before they are cancelled, and answers still being written (to clients "
      "reading slowly or not at all) before their connections are closed (default 30; inf = "
@@ -529,6 +533,7 @@ std::string ValidateConfig(const Config& config) {
     return "max-header-bytes: must be 1024..81920 (http_parser stops at 80 KiB)";
   }
   if (config.max_tracked_requests == 0) return "max-tracked-requests: must be > 0";
+  if (!(config.max_session_ttl_seconds > 0)) return "max-session-ttl-seconds: must be > 0";
   if (!(config.shutdown_timeout_seconds >= 0)) return "shutdown-timeout-seconds: must be >= 0";
   if (config.routing_threads < 1 || config.routing_threads > 1024) {
     return "routing-threads: must be 1..1024";

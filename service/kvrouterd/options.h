@@ -78,6 +78,7 @@ struct Config {
   uint64_t max_connections = 4096;            // HTTP connections open at once
   uint64_t max_header_bytes = 64ull << 10;
   uint64_t max_tracked_requests = 1000000;
+  double max_session_ttl_seconds = 3600;  // a longer hints.session_ttl_seconds is taken as this
   double shutdown_timeout_seconds = 30;
   uint32_t routing_threads = 16;  // UV_THREADPOOL_SIZE
   uint32_t preview_threads = 2;   // QuickCallPool

@@ -159,6 +159,7 @@ class LibraryCheck {
 Service::Service(const Config& config)
     : request_expiry_seconds_(config.router.request_expiry_seconds),
       plan_deadline_seconds_(config.plan_deadline_seconds),
+      max_session_ttl_seconds_(config.max_session_ttl_seconds),
       block_size_(config.router.block_size),
       bookings_(config.max_tracked_requests),
       config_(config) {}
@@ -284,6 +285,10 @@ HttpResponse Service::Dispatch(Endpoint endpoint, const HttpRequest& request,
       return ListWorkers();
     case Endpoint::kGetWorker:
       return GetWorker(param);
+    case Endpoint::kGetSession:
+      return GetSession(param);
+    case Endpoint::kCloseSession:
+      return CloseSession(param);
     case Endpoint::kAddWorker:
       return JsonAnswer(AddWorker(WorkerFromJson(ParseJsonObject(request.body))), 201);
     case Endpoint::kUpdateWorker:
@@ -326,6 +331,7 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
   }
   RouteInput input = ParseRouteInput(ParseJsonObject(request.body), /*need_request_id=*/true);
   input.Bind();  // a returned object may have been moved: its views point here now
+  CapSessionTtl(input);
   const std::string& id = input.request_id;
   // Checked before booking, and again once the id is claimed (the claim may wait for another
   // call booking the same id).
@@ -409,6 +415,7 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
 HttpResponse Service::Preview(const HttpRequest& request) {
   RouteInput input = ParseRouteInput(ParseJsonObject(request.body), /*need_request_id=*/false);
   input.Bind();  // a returned object may have been moved: its views point here now
+  CapSessionTtl(input);
   kvr_route_signals signals;
   kvr_route_signals_init(&signals, sizeof signals);
   kvr_error* err = nullptr;
@@ -492,6 +499,23 @@ HttpResponse Service::PutWorker(const std::string& param, const HttpRequest& req
     throw ApiError(KVR_INVALID_ARGUMENT, "worker_id: the body's id differs from the path's");
   }
   return JsonAnswer(UpdateWorker(worker));
+}
+
+HttpResponse Service::GetSession(const std::string& id) {
+  CheckSessionId(id, "session id");
+  uint64_t worker_id = 0;
+  uint32_t dp_rank = 0;
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_session_binding(router_, id.c_str(), &worker_id, &dp_rank, &err), err);
+  return JsonAnswer({{"session_id", id}, {"worker_id", worker_id}, {"dp_rank", dp_rank}});
+}
+
+// kvr_router_close_session says nothing of whether the session was bound: the answer neither.
+HttpResponse Service::CloseSession(const std::string& id) {
+  CheckSessionId(id, "session id");
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_router_close_session(router_, id.c_str(), &err), err);
+  return JsonAnswer({{"session_id", id}});
 }
 
 // All or nothing: what the library would refuse is checked first; then the worker is
@@ -978,6 +1002,7 @@ bool Service::Reload(const Config& next) {
   restart_only("idle-timeout-seconds", &Config::idle_timeout_seconds);
   restart_only("max-connections", &Config::max_connections);
   restart_only("max-tracked-requests", &Config::max_tracked_requests);
+  restart_only("max-session-ttl-seconds", &Config::max_session_ttl_seconds);
   if (!need_restart.empty()) {
     Log(LogLevel::kWarn, "reload: these settings changed and apply only after a restart",
         {{"settings", need_restart}});

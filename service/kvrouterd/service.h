@@ -102,6 +102,13 @@ class Service {
   HttpResponse Dispatch(Endpoint endpoint, const HttpRequest& request, const std::string& param,
                         RoutingCall* call);
   HttpResponse Book(const HttpRequest& request, bool commit, RoutingCall* call);
+  // A session TTL past max-session-ttl-seconds taken as that (the library refuses one that is
+  // not > 0, NaN included, and would keep a binding of 1e300 s for 146 years).
+  void CapSessionTtl(RouteInput& input) const {
+    if (input.hints.session_ttl_seconds > max_session_ttl_seconds_) {
+      input.hints.session_ttl_seconds = max_session_ttl_seconds_;
+    }
+  }
   HttpResponse Preview(const HttpRequest& request);
   HttpResponse Commit(const std::string& id);
   HttpResponse Abort(const std::string& id);
@@ -111,6 +118,8 @@ class Service {
   HttpResponse ListWorkers();
   HttpResponse GetWorker(const std::string& param);
   HttpResponse PutWorker(const std::string& param, const HttpRequest& request);
+  HttpResponse GetSession(const std::string& id);
+  HttpResponse CloseSession(const std::string& id);
   HttpResponse GetSnapshot();
   HttpResponse PutSnapshot(const HttpRequest& request);
   HttpResponse Digest();
@@ -143,6 +152,7 @@ class Service {
   kvr_ingest* ingest_ = nullptr;
   double request_expiry_seconds_;
   double plan_deadline_seconds_;
+  double max_session_ttl_seconds_;
   uint32_t block_size_;  // the router's: CheckWorker checks workers against it
   BookingTable bookings_;
   std::atomic<bool> stopping_{false};

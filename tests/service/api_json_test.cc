@@ -165,6 +165,27 @@ TEST(ApiJsonTest, BadBodiesNameTheField) {
       KVR_OK);  // as a string, any 64-bit id
 }
 
+// A session id is at most 1,024 bytes, as the library's request ids: the library takes any
+// length and keeps each binding's id until it expires (a 3 MB id was taken).
+TEST(ApiJsonTest, ASessionIdIsAtMost1024Bytes) {
+  const auto parse = [](size_t length) {
+    const json body = {{"request_id", "r"},
+                       {"token_ids", {1}},
+                       {"hints", {{"session_id", std::string(length, 's')}}}};
+    return ErrorOf([&] { ParseRouteInput(body, true); });
+  };
+  EXPECT_EQ(parse(kMaxSessionIdBytes).first, KVR_OK);
+  EXPECT_EQ(parse(kMaxSessionIdBytes + 1).first, KVR_INVALID_ARGUMENT);
+  EXPECT_EQ(parse(kMaxSessionIdBytes + 1).second,
+            "hints.session_id: 1025 bytes, longer than the 1024 a session id may have");
+  EXPECT_EQ(parse(3 << 20).first, KVR_INVALID_ARGUMENT);
+  const RouteMatch match = MatchRoute("DELETE", "/v1/sessions/conv%209");
+  ASSERT_NE(match.route, nullptr);
+  EXPECT_EQ(match.route->endpoint, Endpoint::kCloseSession);
+  EXPECT_EQ(match.param, "conv 9");
+  EXPECT_EQ(MatchRoute("GET", "/v1/sessions/conv-9").route->endpoint, Endpoint::kGetSession);
+}
+
 // A prompt given hashed: its blocks' local hashes (numbers taken exactly, or decimal strings)
 // and its length, passed on with KVR_REQUEST_PREHASHED and no tokens.
 TEST(ApiJsonTest, AHashedPromptIsPassedOnPrehashed) {

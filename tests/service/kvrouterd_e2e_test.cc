@@ -463,6 +463,53 @@ TEST_F(KvrouterdTest, ARefusedWorkerUpdateChangesNothing) {
   Stop();
 }
 
+// Session bindings are bounded: an id past 1,024 bytes is refused, a TTL past
+// max-session-ttl-seconds is taken as that. (A 3 MB id and a TTL of 1e308 were taken: 100,000
+// sessions held 35 MB for good, since a binding goes only once it expires.)
+TEST_F(KvrouterdTest, SessionBindingsAreBounded) {
+  WriteConfig({"id=1", "id=2"}, "max-session-ttl-seconds = 1\n");
+  Start();
+  const json forever = {{"session_id", "conv-9"}, {"session_ttl_seconds", 1e308}};
+  const HttpAnswer routed = Post("/v1/route", RouteBody("s1", {{"hints", forever}}));
+  ASSERT_EQ(routed.status, 200) << routed.body;
+  const HttpAnswer bound = Get("/v1/sessions/conv-9");
+  ASSERT_EQ(bound.status, 200) << bound.body;
+  EXPECT_EQ(Body(bound)["session_id"], "conv-9");
+  EXPECT_EQ(Body(bound)["worker_id"], Body(routed)["worker_id"]);
+  EXPECT_EQ(Body(bound)["dp_rank"], Body(routed)["dp_rank"]);
+  // Gone after a second (an expired binding is none), not in 1e308 s.
+  EXPECT_TRUE(WaitFor([&] { return Get("/v1/sessions/conv-9").status == 404; }, 10));
+
+  const std::string longest(1024, 's');
+  const json too_long = {{"session_id", longest + "s"}};
+  const HttpAnswer refused = Post("/v1/route", RouteBody("s2", {{"hints", too_long}}));
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_EQ(Post("/v1/preview", RouteBody("", {{"hints", too_long}})).status, 400);
+  EXPECT_EQ(Get("/v1/sessions/" + longest + "s").status, 400);
+  EXPECT_EQ(Delete("/v1/sessions/" + longest + "s").status, 400);
+  EXPECT_EQ(Post("/v1/route", RouteBody("s3", {{"hints", {{"session_id", longest}}}})).status, 200);
+  EXPECT_EQ(Get("/v1/sessions/" + longest).status, 200);
+  Stop();
+}
+
+// DELETE /v1/sessions/{id} unbinds a session (kvr_router_close_session): its next request is
+// routed afresh. (There was no way to close one over HTTP.)
+TEST_F(KvrouterdTest, ASessionIsClosedOverHttp) {
+  Start();
+  const json session = {{"session_id", "conv 9"}};
+  const json decision = Body(Post("/v1/route", RouteBody("s1", {{"hints", session}})));
+  ASSERT_TRUE(decision.is_object());
+  EXPECT_EQ(Body(Get("/v1/sessions/conv%209"))["worker_id"], decision["worker_id"]);
+  const HttpAnswer closed = Delete("/v1/sessions/conv%209");
+  ASSERT_EQ(closed.status, 200) << closed.body;
+  EXPECT_EQ(Body(closed), json::parse(R"({"session_id": "conv 9"})"));
+  const HttpAnswer gone = Get("/v1/sessions/conv%209");
+  EXPECT_EQ(gone.status, 404);
+  EXPECT_EQ(Body(gone)["error"]["status"], "NOT_FOUND");
+  EXPECT_EQ(Delete("/v1/sessions/conv%209").status, 200);  // closing again is no error
+  Stop();
+}
+
 TEST_F(KvrouterdTest, MetricsAndHealth) {
   Start();
   EXPECT_EQ(Body(Get("/healthz")), json::parse(R"({"status": "ok", "workers": 2})"));
@@ -1433,6 +1480,7 @@ TEST(KvrouterdCommandLineTest, ExitCodes) {
   EXPECT_EQ(run({"--no-such-option"}), std::optional<int>(2));
   EXPECT_EQ(run({"--max-header-bytes=1000000"}), std::optional<int>(2));
   EXPECT_EQ(run({"--max-connections=0"}), std::optional<int>(2));
+  EXPECT_EQ(run({"--max-session-ttl-seconds=0"}), std::optional<int>(2));
   EXPECT_EQ(run({"--bootstrap-from=router-a:8080"}), std::optional<int>(2));
   EXPECT_EQ(run({"--bootstrap-from=http://a:1", "--snapshot-file=/dev/null"}),
             std::optional<int>(2));
