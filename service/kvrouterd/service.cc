@@ -375,26 +375,41 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
     throw ApiError(KVR_CANCELLED, cancelled);
   }
   try {
-    refuse_if_stale();
-    // The queue timeout runs from the arrival: time spent waiting for a routing thread (or for
-    // another call of this id) counts. Once spent, the request is routed only if admitted at once.
-    if (input.options.queue_timeout_ms >= 0) {
-      const int64_t waited =
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - call->arrived)
-              .count();
-      input.options.queue_timeout_ms =
-          std::max<int64_t>(0, input.options.queue_timeout_ms - std::max<int64_t>(0, waited));
-    }
+    const int64_t queue_timeout_ms = input.options.queue_timeout_ms;
     kvr_route_signals signals;
     kvr_route_signals_init(&signals, sizeof signals);
-    kvr_error* err = nullptr;
-    ThrowIfError(
-        kvr_plan_route(router_, input.tokens(), input.prompt_length(), &input.options, &input.hints,
-                       input.previewed ? &*input.previewed : nullptr, &signals, &err),
-        err);
-    if (commit) {
+    // A route is planned and committed at once; its worker removed in between (the commit's
+    // FAILED_PRECONDITION) leaves it nothing to dispatch to, so it is planned again, at most
+    // kMaxReplans times: the caller never planned, and would only route again.
+    for (int replans = 0;; ++replans) {
+      refuse_if_stale();
+      // The queue timeout runs from the arrival: time spent waiting for a routing thread (or
+      // for another call of this id, or in an earlier plan) counts. Once spent, the request is
+      // routed only if admitted at once.
+      if (queue_timeout_ms >= 0) {
+        const int64_t waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - call->arrived)
+                .count();
+        input.options.queue_timeout_ms =
+            std::max<int64_t>(0, queue_timeout_ms - std::max<int64_t>(0, waited));
+      }
+      kvr_error* err = nullptr;
+      ThrowIfError(kvr_plan_route(router_, input.tokens(), input.prompt_length(), &input.options,
+                                  &input.hints, input.previewed ? &*input.previewed : nullptr,
+                                  &signals, &err),
+                   err);
+      if (!commit) break;
+      if (between_plan_and_commit_for_test_) between_plan_and_commit_for_test_(signals.worker_id);
       const kvr_status status = kvr_commit_route(router_, id.c_str(), &err);
-      if (status != KVR_OK) kvr_abort_route(router_, id.c_str(), nullptr, nullptr);
+      if (status == KVR_OK) {
+        kvr_error_free(err);
+        break;
+      }
+      kvr_abort_route(router_, id.c_str(), nullptr, nullptr);
+      if (status == KVR_FAILED_PRECONDITION && replans < kMaxReplans) {
+        kvr_error_free(err);
+        continue;
+      }
       ThrowIfError(status, err);
     }
     json decision = DecisionJson(id, signals, AddressOf(signals.worker_id), false);

@@ -90,6 +90,15 @@ class Service {
   // has no timer: the daemon calls this every second.
   size_t ExpireLostRequests();
 
+  // How often a route is planned again when its worker was removed between its plan and its
+  // commit (then answered 409 FAILED_PRECONDITION).
+  static constexpr int kMaxReplans = 2;
+  // Tests only: called on a route's routing thread between its plan and its commit, with the
+  // planned worker (to remove it there).
+  void SetBetweenPlanAndCommitForTest(std::function<void(uint64_t worker_id)> hook) {
+    between_plan_and_commit_for_test_ = std::move(hook);
+  }
+
   // The endpoints, as the routes table names them. Public for the unit tests.
   nlohmann::json AddWorker(const WorkerSpec& worker);
   nlohmann::json UpdateWorker(const WorkerSpec& worker);
@@ -159,6 +168,7 @@ class Service {
   std::atomic<int64_t> routing_waiting_{0};  // calls arrived and not started: for a thread
   std::atomic<int64_t> routing_running_{0};  // calls started and not departed: on a thread
   std::function<ConnectionCounts()> connection_counts_;
+  std::function<void(uint64_t worker_id)> between_plan_and_commit_for_test_;
   // (stream, source id) of every JetStream source, for the snapshot's positions. Written
   // only while the service opens, before any request.
   std::vector<std::pair<std::string, uint64_t>> jetstream_sources_;

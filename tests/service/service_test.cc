@@ -1,0 +1,82 @@
+// kvrouterd's Service in process, without the HTTP server: what needs a hook between two
+// library calls (a worker removed between a route's plan and its commit).
+#include "kvrouterd/service.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kvrouterd {
+namespace {
+
+using nlohmann::json;
+
+std::unique_ptr<Service> MakeService(const std::vector<uint64_t>& worker_ids) {
+  Config config;
+  for (const uint64_t id : worker_ids) {
+    WorkerSpec worker;
+    worker.worker_id = id;
+    config.workers.push_back(worker);
+  }
+  std::string error;
+  std::unique_ptr<Service> service = Service::Create(config, &error);
+  EXPECT_NE(service, nullptr) << error;
+  return service;
+}
+
+HttpResponse Route(Service& service, const std::string& id) {
+  HttpRequest request;
+  request.method = "POST";
+  request.path = "/v1/route";
+  request.body = json{{"request_id", id}, {"token_ids", {1, 2, 3}}}.dump();
+  const RouteMatch match = MatchRoute(request.method, request.path);
+  return service.Handle(*match.route, request, "");
+}
+
+// POST /v1/route plans and commits in one: a worker removed between the two leaves the plan
+// nothing to commit to (FAILED_PRECONDITION), and the route is planned again rather than
+// answered 409 "plan again" to a caller that never planned.
+TEST(ServiceTest, ARouteWhoseWorkerGoesBeforeItsCommitIsPlannedAgain) {
+  std::unique_ptr<Service> service = MakeService({1, 2});
+  ASSERT_NE(service, nullptr);
+  int calls = 0;
+  uint64_t removed = 0;
+  service->SetBetweenPlanAndCommitForTest([&](uint64_t worker_id) {
+    if (calls++ == 0) {
+      removed = worker_id;
+      service->RemoveWorker(worker_id);
+    }
+  });
+  const HttpResponse routed = Route(*service, "r1");
+  ASSERT_EQ(routed.status, 200) << routed.body;
+  EXPECT_EQ(calls, 2);
+  const json decision = json::parse(routed.body);
+  EXPECT_NE(decision["worker_id"], removed);
+  EXPECT_EQ(decision["booked"], true);
+}
+
+// Planned again at most Service::kMaxReplans times: a worker that goes every time still ends in
+// 409 FAILED_PRECONDITION, and the id is free again.
+TEST(ServiceTest, ARouteIsPlannedAgainOnlySoOften) {
+  std::unique_ptr<Service> service = MakeService({1});
+  ASSERT_NE(service, nullptr);
+  int calls = 0;
+  service->SetBetweenPlanAndCommitForTest([&](uint64_t worker_id) {
+    ++calls;
+    service->RemoveWorker(worker_id);
+    WorkerSpec back;
+    back.worker_id = worker_id;
+    service->AddWorker(back);
+  });
+  const HttpResponse refused = Route(*service, "r1");
+  EXPECT_EQ(refused.status, 409) << refused.body;
+  EXPECT_EQ(json::parse(refused.body)["error"]["status"], "FAILED_PRECONDITION");
+  EXPECT_EQ(calls, Service::kMaxReplans + 1);
+  service->SetBetweenPlanAndCommitForTest(nullptr);
+  EXPECT_EQ(Route(*service, "r1").status, 200);
+}
+
+}  // namespace
+}  // namespace kvrouterd
