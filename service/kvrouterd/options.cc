@@ -1,5 +1,7 @@
 #include "kvrouterd/options.h"
 
+#include <uv.h>
+
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -83,6 +85,13 @@ std::string SetFlag(std::string_view text, uint32_t* flags, uint32_t bit) {
 }
 
 std::string NoValue(Config&, std::string_view) { return {}; }
+
+// What the HTTP server binds: an IPv4 or IPv6 address as libuv parses them (no name lookup).
+bool IsIpAddress(const std::string& host) {
+  sockaddr_in v4{};
+  sockaddr_in6 v6{};
+  return uv_ip4_addr(host.c_str(), 0, &v4) == 0 || uv_ip6_addr(host.c_str(), 0, &v6) == 0;
+}
 
 }  // namespace
 
@@ -254,9 +263,17 @@ const std::vector<OptionSpec>& Options() {
      "names are these options without --; flags given too override the file. SIGHUP re-reads it",
      false, false, [](Config& c, std::string_view v) { c.config_file = v; return std::string(); }},
     // The HTTP server
-    {"listen", "HOST:PORT", "address of the HTTP API (default 127.0.0.1:8080; port 0 = a free "
-     "port, logged and written to --port-file)", false, true,
-     [](Config& c, std::string_view v) { return ParseHostPort(v, &c.listen_host, &c.listen_port); }},
+    {"listen", "HOST:PORT", "address of the HTTP API (default 127.0.0.1:8080; HOST is an IPv4 "
+     "or [IPv6] address, not a name; port 0 = a free port, logged and written to --port-file)",
+     false, true,
+     [](Config& c, std::string_view v) {
+       std::string error = ParseHostPort(v, &c.listen_host, &c.listen_port);
+       if (error.empty() && !IsIpAddress(c.listen_host)) {
+         error = "expected an IP address (127.0.0.1, 0.0.0.0, [::1]; not a host name), got " +
+                 Quoted(c.listen_host);
+       }
+       return error;
+     }},
     {"port-file", "PATH", "write the bound HTTP port to PATH once listening", false, true,
      [](Config& c, std::string_view v) { c.port_file = v; return std::string(); }},
     {"snapshot-file", "PATH", "restore the KV index from PATH (the body of a GET /v1/snapshot, "

@@ -1481,6 +1481,7 @@ TEST(KvrouterdCommandLineTest, ExitCodes) {
   EXPECT_EQ(run({"--max-header-bytes=1000000"}), std::optional<int>(2));
   EXPECT_EQ(run({"--max-connections=0"}), std::optional<int>(2));
   EXPECT_EQ(run({"--max-session-ttl-seconds=0"}), std::optional<int>(2));
+  EXPECT_EQ(run({"--listen=localhost:0"}), std::optional<int>(2));  // a name, not an address
   EXPECT_EQ(run({"--bootstrap-from=router-a:8080"}), std::optional<int>(2));
   EXPECT_EQ(run({"--bootstrap-from=http://a:1", "--snapshot-file=/dev/null"}),
             std::optional<int>(2));

@@ -104,6 +104,14 @@ TEST(OptionsTest, ErrorsNameTheOptionAndTheLine) {
             "f.conf:1: 'help' is a command-line option only");
   EXPECT_EQ(ParseConfigText("\n\ntemperature = hot\n", "f.conf", &config),
             "f.conf:3: temperature: expected a number, got 'hot'");
+  // The HTTP server binds an address, and looks no name up: a host name does not parse (it
+  // failed only when the server bound it, exit code 1 instead of 2).
+  EXPECT_EQ(ParseCommandLine({"--listen", "localhost:8080"}, &config),
+            "listen: expected an IP address (127.0.0.1, 0.0.0.0, [::1]; not a host name), got "
+            "'localhost'");
+  EXPECT_EQ(ParseCommandLine({"--listen", "0.0.0.0:8080"}, &config), "");
+  EXPECT_EQ(ParseCommandLine({"--listen", "[::1]:0"}, &config), "");
+  EXPECT_EQ(config.listen_host, "::1");
 }
 
 // docs/kvrouterd.md writes `--nats-events URL SUBJECT` and `--replica-sync URL SUBJECT
