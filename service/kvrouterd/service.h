@@ -76,8 +76,9 @@ class Service {
   bool Reload(const Config& next);
   // Counts a reload for kvrouterd_reloads_total (a config that does not parse is a failure).
   void CountReload(bool ok);
-  // SIGTERM: /healthz answers 503 from now on, and routing calls that have not started yet
-  // (waiting for a routing thread) are refused (503).
+  // SIGTERM: routing calls that have not started yet (waiting for a routing thread) are refused
+  // (503), and /healthz would answer 503 "stopping" (but the HTTP server reads no new request
+  // once stopping, so none is asked: docs/kvrouterd.md, "Stopping").
   void BeginShutdown() { stopping_ = true; }
   // Cancels the requests being booked now, e.g. waiting in the admission queue (their callers
   // get 409). The daemon calls it repeatedly once shutdown-timeout-seconds have passed, so that

@@ -764,6 +764,43 @@ TEST_F(KvrouterdTest, SigtermStopsGracefully) {
   EXPECT_EQ(Get("/healthz").status, 0);  // no longer listening
 }
 
+// What SIGTERM does to connections (docs/kvrouterd.md, "Stopping"): no request is read from
+// then on, so a probe never sees /healthz's "stopping" (the page promised it): idle
+// connections and one whose body is still arriving are closed unanswered, new ones refused; a
+// request read whole is answered (here a queued route, cancelled at the timeout) with
+// Connection: close, and what is pipelined behind it is not run.
+TEST_F(KvrouterdTest, AtSigtermNoFurtherRequestIsRead) {
+  WriteConfig({"id=1,max-num-batched-tokens=1"},
+              "queue-threshold = 0\nshutdown-timeout-seconds = 1\n");
+  Start();
+  ASSERT_EQ(Post("/v1/route", RouteBody("a")).status, 200);  // the one rank busy now
+  const int busy = kvrouterd_test::Connect(port_);
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      busy, kvrouterd_test::RequestText("POST", "/v1/route", RouteBody("b")) +
+                kvrouterd_test::RequestText("GET", "/healthz", "")));
+  ASSERT_TRUE(MetricIs("kvrouterd_routing_calls_running", 1));  // b waits in the queue
+  const int idle = kvrouterd_test::Connect(port_);
+  const int partial = kvrouterd_test::Connect(port_);
+  ASSERT_TRUE(kvrouterd_test::SendAll(
+      partial, "POST /v1/route HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"request_id\""));
+  // Every one accepted (the metrics request's own connection is the fourth).
+  ASSERT_TRUE(MetricIs("kvrouterd_http_connections", 4));
+  daemon_->Signal(SIGTERM);
+  EXPECT_EQ(kvrouterd_test::ReadToEnd(idle), "");
+  EXPECT_EQ(kvrouterd_test::ReadToEnd(partial), "");
+  EXPECT_TRUE(WaitFor([&] {
+    const int fd = kvrouterd_test::Connect(port_);
+    if (fd >= 0) close(fd);
+    return fd < 0;
+  }));
+  const auto answers = kvrouterd_test::ParseAnswers(kvrouterd_test::ReadToEnd(busy));
+  ASSERT_EQ(answers.size(), 1u);  // the pipelined /healthz was not run
+  EXPECT_EQ(answers[0].status, 409) << answers[0].body;
+  EXPECT_NE(answers[0].head.find("Connection: close"), std::string::npos) << answers[0].head;
+  for (const int fd : {busy, idle, partial}) close(fd);
+  EXPECT_EQ(daemon_->WaitExit(), std::optional<int>(0));
+}
+
 // With a queue (threshold 0: a rank with any prefill in flight is busy), a request waits off the
 // loop while others are served; a queue timeout is 504; at SIGTERM the daemon waits for the
 // queued request, cancels it after shutdown-timeout-seconds (409 CANCELLED) and exits 0.
