@@ -116,7 +116,7 @@ int Daemon::Run() {
       &expiry_timer_,
       [](uv_timer_t* timer) {
         try {
-          static_cast<Daemon*>(timer->data)->service_->ExpireStale();
+          static_cast<Daemon*>(timer->data)->service_->ExpireLostRequests();
         } catch (const std::bad_alloc&) {  // its log line; the next round tries again
         }
       },

@@ -51,7 +51,7 @@ class Daemon {
   std::unique_ptr<QuickCallPool> quick_calls_;
   uv_signal_t signals_[3]{};
   uv_timer_t shutdown_timer_{};
-  uv_timer_t expiry_timer_{};  // lost requests, plans, sessions: Service::ExpireStale
+  uv_timer_t expiry_timer_{};  // lost requests and plans: Service::ExpireLostRequests
   bool stopping_ = false;
   bool server_closed_ = false;
   bool finished_ = false;

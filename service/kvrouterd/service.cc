@@ -883,8 +883,7 @@ void Service::CountReload(bool ok) {
   ++(ok ? reloads_ok_ : reloads_failed_);
 }
 
-size_t Service::ExpireStale() {
-  kvr_router_reclaim_sessions(router_, nullptr, nullptr);
+size_t Service::ExpireLostRequests() {
   size_t expired = 0;
   if (kvr_router_expire_requests(router_, &expired, nullptr) != KVR_OK) return 0;
   if (expired > 0) {

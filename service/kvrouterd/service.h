@@ -87,10 +87,9 @@ class Service {
   // Closes every event source and joins the ingest thread.
   void StopIngest();
   // Drops requests past request-expiry-seconds (a free that never came) and plans past their
-  // deadline, admitting whom the queue held behind them, and reclaims expired sessions (booking
-  // calls do only while calls come); returns how many requests. The library has no timer: the
-  // daemon calls this every second.
-  size_t ExpireStale();
+  // deadline, admitting whom the queue held behind them; returns how many requests. The library
+  // has no timer: the daemon calls this every second.
+  size_t ExpireLostRequests();
 
   // How often a route is planned again when its worker was removed between its plan and its
   // commit (then answered 409 FAILED_PRECONDITION).
