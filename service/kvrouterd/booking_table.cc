@@ -78,6 +78,7 @@ bool BookingTable::Complete(const std::string& id, nlohmann::json decision, uint
     it->second.worker_id = worker_id;
     it->second.dp_rank = dp_rank;
     it->second.expires = expires;
+    it->second.booked = Clock::now();
     it->second.pending = false;
   }
   settled_.notify_all();
@@ -92,10 +93,11 @@ void BookingTable::Fail(const std::string& id) {
   settled_.notify_all();
 }
 
-void BookingTable::Extend(const std::string& id, Clock::time_point expires) {
+void BookingTable::Extend(const std::string& id, Clock::duration lifetime) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(id);
-  if (it != entries_.end() && !it->second.pending) it->second.expires = expires;
+  if (it != entries_.end() && !it->second.pending)
+    it->second.expires = it->second.booked + lifetime;
 }
 
 void BookingTable::RecordCancellationLocked(const std::string& id) {

@@ -70,8 +70,8 @@ class BookingTable {
                 uint32_t dp_rank, Clock::time_point expires, uint64_t arrival = kNoArrival);
   // The booking failed: the id is free again.
   void Fail(const std::string& id);
-  // A plan was committed: its entry now lives until `expires`.
-  void Extend(const std::string& id, Clock::time_point expires);
+  // A plan was committed: its entry now lives `lifetime` from its booking (Complete).
+  void Extend(const std::string& id, Clock::duration lifetime);
   // The request is being freed or aborted: forgets it, and cancels the calls for it that
   // arrived before now and have not booked yet (call this before the router's free, so that a
   // call booking meanwhile is caught by Complete). True if the id was booked here.
@@ -95,6 +95,7 @@ class BookingTable {
     uint64_t worker_id = 0;
     uint32_t dp_rank = 0;
     Clock::time_point expires{};
+    Clock::time_point booked{};  // when Complete recorded it
     bool pending = true;
     uint64_t sequence = 0;  // matches order_ while this entry is the one queued there
   };

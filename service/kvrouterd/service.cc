@@ -19,14 +19,16 @@ using Clock = BookingTable::Clock;
 
 // `seconds` from now. Saturates at 2^62 ns (about 146 years), the library's rule
 // (SecondsToNanos): a longer span (1e10 s meant as "never") would not fit int64 nanoseconds.
-Clock::time_point After(double seconds) {
+Clock::duration Span(double seconds) {
   constexpr double kLongestNanos = 4611686018427387904.0;  // 2^62
   double nanos = seconds * 1e9;
   if (!(nanos == nanos)) nanos = 0;  // NaN
   nanos = std::clamp(nanos, -kLongestNanos, kLongestNanos);
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::nanoseconds(static_cast<int64_t>(nanos)));
+  return std::chrono::duration_cast<Clock::duration>(
+      std::chrono::nanoseconds(static_cast<int64_t>(nanos)));
 }
+
+Clock::time_point After(double seconds) { return Clock::now() + Span(seconds); }
 
 // Runs `f` when it goes out of scope.
 template <typename F>
@@ -443,7 +445,8 @@ HttpResponse Service::Preview(const HttpRequest& request) {
 HttpResponse Service::Commit(const std::string& id) {
   kvr_error* err = nullptr;
   ThrowIfError(kvr_commit_route(router_, id.c_str(), &err), err);
-  bookings_.Extend(id, After(request_expiry_seconds_));
+  // The router counts a request's expiry from its booking, the plan: so does the table.
+  bookings_.Extend(id, Span(request_expiry_seconds_));
   return JsonAnswer(RequestIdAnswer(id));
 }
 
@@ -575,7 +578,10 @@ json Service::UpdateWorker(const WorkerSpec& worker) {
   bool unsubscribed = false;
   if (events_change) {
     try {
-      if (previous.events) unsubscribed = Unsubscribe(worker.worker_id);
+      if (previous.events) {
+        UnsubscribeOrThrow(worker.worker_id);  // refused: nothing has changed yet
+        unsubscribed = true;
+      }
       Subscribe(worker);
     } catch (...) {
       it->second = RestoreSubscription(previous, unsubscribed, /*subscribed=*/false);
@@ -623,8 +629,12 @@ void Service::RemoveWorker(uint64_t worker_id) {
   const auto it = workers_.find(worker_id);
   if (it == workers_.end()) throw ApiError(KVR_NOT_FOUND, WorkerNotFound(worker_id));
   // Unsubscribed first, so that no event re-indexes the worker after it is gone (should the
-  // router then refuse the removal, the worker stays, as unsubscribed).
-  if (it->second.events && Unsubscribe(worker_id)) it->second.events.reset();
+  // router then refuse the removal, the worker stays, as unsubscribed); a refused
+  // unsubscription refuses the removal, or the removed worker would stay subscribed for good.
+  if (it->second.events) {
+    UnsubscribeOrThrow(worker_id);
+    it->second.events.reset();
+  }
   kvr_error* err = nullptr;
   ThrowIfError(kvr_router_remove_worker(router_, worker_id, &err), err);
   workers_.erase(it);
@@ -646,6 +656,16 @@ void Service::Subscribe(const WorkerSpec& worker) {
   const EngineWorker engine(worker);
   kvr_error* err = nullptr;
   ThrowIfError(kvr_ingest_add_engine_worker(ingest_, &engine.config, nullptr, &err), err);
+}
+
+void Service::UnsubscribeOrThrow(uint64_t worker_id) {
+  kvr_error* err = nullptr;
+  const kvr_status status = kvr_ingest_remove_engine_worker(ingest_, worker_id, 1, &err);
+  if (status == KVR_NOT_FOUND) {  // not subscribed (a subscription refused earlier): none to drop
+    kvr_error_free(err);
+    return;
+  }
+  ThrowIfError(status, err);
 }
 
 bool Service::Unsubscribe(uint64_t worker_id) {

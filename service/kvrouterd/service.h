@@ -153,8 +153,10 @@ class Service {
   void BootstrapFromPeer(const std::vector<std::string>& peers,
                          std::vector<JetStreamSpec>* streams);
   StreamSequences AppliedStreamSequences();
-  // False if the library refused (logged).
+  // False if the library refused (logged): for undoing, which must not throw.
   bool Unsubscribe(uint64_t worker_id);
+  // Throws ApiError with what the library refused; a worker not subscribed is no error.
+  void UnsubscribeOrThrow(uint64_t worker_id);
   WorkerSpec RestoreSubscription(const WorkerSpec& previous, bool unsubscribed, bool subscribed);
   std::string OwnMetrics();
 

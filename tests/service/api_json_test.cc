@@ -372,6 +372,18 @@ TEST(BookingTableTest, AgesOutAndStaysBounded) {
   EXPECT_EQ(table.Claim("r9", later).outcome, Outcome::kBook);
 }
 
+// A committed plan lives its request expiry from its booking (the plan), as the router counts it,
+// not from the commit: before, a plan committed late was replayed after the router dropped it.
+TEST(BookingTableTest, ACommittedPlanLivesFromItsBooking) {
+  BookingTable table(10);
+  const auto planned = BookingTable::Clock::now();
+  ASSERT_EQ(table.Claim("p", planned).outcome, Outcome::kBook);
+  ASSERT_TRUE(table.Complete("p", json::object(), 1, 0, planned + std::chrono::seconds(30)));
+  table.Extend("p", std::chrono::seconds(3));  // committed: request expiry 3 s
+  EXPECT_EQ(table.Claim("p", planned + std::chrono::seconds(2)).outcome, Outcome::kReplay);
+  EXPECT_EQ(table.Claim("p", planned + std::chrono::seconds(4)).outcome, Outcome::kBook);
+}
+
 // An entry still booking (a call waiting in the admission queue, perhaps for good) is kept, but
 // it holds back no other: those behind it expire and are forgotten past the capacity (before,
 // eviction stopped at it and the table grew without bound).
