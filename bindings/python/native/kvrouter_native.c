@@ -988,10 +988,16 @@ static int refuse_in_publisher(const char* what) {
   return -1;
 }
 
+/* The mark covers PyGILState_Ensure and PyGILState_Release too: on a thread with no Python
+ * thread state of its own (an Ingest's loop thread), Release clears the temporary one Ensure
+ * made, and with it that thread's threading.local data, whose deallocs (an Ingest's among
+ * them, whose free would join this very thread) run there, still under the router's lock. */
 static void publish_trampoline(void* user_data, const void* data, size_t size) {
-  PyGILState_STATE g = PyGILState_Ensure();
-  PyObject* fn = ((publish_cell*)user_data)->fn;
+  PyGILState_STATE g;
+  PyObject* fn;
   g_publishing++;
+  g = PyGILState_Ensure();
+  fn = ((publish_cell*)user_data)->fn;
   if (fn) { /* else the Router was finalized or cleared: the change is dropped */
     PyObject *bytes, *r;
     Py_INCREF(fn); /* the Router's finalizer or tp_clear may drop the cell's meanwhile */
@@ -1002,8 +1008,8 @@ static void publish_trampoline(void* user_data, const void* data, size_t size) {
     Py_XDECREF(bytes);
     Py_DECREF(fn);
   }
-  g_publishing--;
   PyGILState_Release(g);
+  g_publishing--;
 }
 
 /* Whether the C router is there to call: a pool router's goes with its Disagg. */

@@ -91,6 +91,14 @@ if mode.startswith("loop-"):
         def inside():
             holder.clear()
             gc.collect()
+    elif mode == "loop-local":
+        # The last reference moves into a threading.local of the loop thread, whose Python
+        # thread state is the trampoline's temporary one: the object's dealloc runs when
+        # PyGILState_Release clears it, still in the publisher.
+        local = threading.local()
+
+        def inside():
+            local.ingest = holder.pop()
     elif mode == "loop-stop":
         inside = lambda: holder[0].stop()
     elif mode == "loop-last-call":
@@ -131,7 +139,7 @@ if mode.startswith("loop-"):
         except kvrouter.ClosedError:
             pass
     router_closes(r)
-    if mode in ("loop-drop", "loop-collect", "loop-last-call"):
+    if mode in ("loop-drop", "loop-collect", "loop-last-call", "loop-local"):
         assert ref() is None
 elif mode == "routing-close":
     # A publisher a routing call runs (on this thread) closes an ingest feeding the router.
@@ -192,14 +200,18 @@ def _run(mode: str, url: str = "") -> None:
         f"{mode}: exit status {child.returncode} ({signame})\n{child.stdout}{child.stderr}")
 
 
-@pytest.mark.parametrize("mode", ["loop-close", "loop-drop", "loop-collect", "loop-last-call", "loop-stop"])
+@pytest.mark.parametrize("mode", ["loop-close", "loop-drop", "loop-collect", "loop-last-call", "loop-stop",
+                                  "loop-local"])
 def test_an_ingest_closed_from_a_publisher_on_its_own_loop_thread(nats_url, mode):
     # close(), the last reference dropped (the object's dealloc), a collection of the object in
     # a cycle, the last call in flight after a close() elsewhere, or stop(), in a publisher that
     # the ingest's own heartbeats call, on its loop thread: the object is closed (or stopping)
     # at once, and a new thread stops and frees it once the publisher has returned; the router
     # then closes. (Before, all but stop() freed it there: kvr_ingest_free joined its own
-    # thread, and the process aborted, SIGABRT.)
+    # thread, and the process aborted, SIGABRT.) loop-local: the last reference kept in a
+    # threading.local of the loop thread, dropped when the trampoline's PyGILState_Release
+    # clears that thread's temporary thread state (before, after the thread's "in a publisher"
+    # mark had been taken down: SIGABRT).
     _run(mode, nats_url)
 
 
