@@ -966,15 +966,16 @@ static void disagg_leave(DisaggObject* self) {
  * Inside one, the thread holds the lock of the router publishing (a routing thread's call, or
  * an Ingest's loop thread: its heartbeats, a replica change it applied), so what the callable
  * runs (its own calls, a __del__, a collection) must not close a router's queue, which takes
- * that lock, nor stop or free an ingest object, which joins a loop thread: its own (the free
- * joins the thread it runs on: std::terminate), or one waiting for that lock. Marked here, in
- * the binding's own trampoline, on every platform; read by in_publisher(). */
+ * that lock, nor wait for a router's publish lock, whose holder may be waiting for that lock
+ * (or be this thread), nor stop or free an ingest object, which joins a loop thread: its own
+ * (the free joins the thread it runs on: std::terminate), or one waiting for that lock. Marked
+ * here, in the binding's own trampoline, on every platform; read by in_publisher(). */
 static _Thread_local int g_publishing;
 
 static int in_publisher(void) { return g_publishing > 0; }
 
-/* Refuses `what` (a call that closes an admission queue) inside a replica publisher: 0 if not
- * in one, else -1 with FailedPreconditionError set. */
+/* Refuses `what` (a call that closes an admission queue, or sets a replica publisher) inside a
+ * replica publisher: 0 if not in one, else -1 with FailedPreconditionError set. */
 static int refuse_in_publisher(const char* what) {
   if (!in_publisher()) return 0;
   {
@@ -1376,7 +1377,11 @@ cleanup:
 /* set_replica_publisher(replica_id, callable | None). The C call and the swap of `publisher`
  * happen under the publish lock, so that the callable kept is the one C calls whatever other
  * threads set meanwhile. The lock is taken without the GIL: its holder needs the GIL to
- * return (and the farewell to the previous callable runs Python). */
+ * return (and the farewell to the previous callable runs Python). Refused inside a replica
+ * publisher, before the lock: the library refuses a call into the router whose lock the
+ * publisher runs under, but the publish lock may be held by this very thread (a publisher
+ * clearing itself during its announcement), or by a thread waiting in C for the router's lock
+ * this one holds; a publisher never waiting for it breaks that cycle. */
 static PyObject* router_set_replica_publisher(RouterObject* self, PyObject* args) {
   PyObject *rid, *fn, *old_id = NULL;
   publish_cell *cell = NULL, *old = NULL;
@@ -1391,6 +1396,7 @@ static PyObject* router_set_replica_publisher(RouterObject* self, PyObject* args
     PyErr_SetString(PyExc_TypeError, "publish must be callable or None");
     return NULL;
   }
+  if (refuse_in_publisher("Router.set_replica_publisher()") < 0) return NULL;
   if (fn != Py_None && !(cell = publish_cell_new(fn))) return NULL;
   if (!(r = router_enter(self))) {
     publish_cell_free(cell);

@@ -181,6 +181,68 @@ elif mode in ("router-close", "router-close-queue", "disagg-close"):
     call()  # after the publisher it goes through
     assert target.closed == (mode != "router-close-queue")
     r.close()
+elif mode == "set-publisher-announcement":
+    # The publisher clears itself on its first message: the announcement's Reset, which runs
+    # inside set_replica_publisher, on this thread.
+    first = [True]
+
+    def clearing(change):
+        if first[0]:
+            first[0] = False
+            try:
+                r.set_replica_publisher("gw-a", None)
+            except BaseException as e:
+                seen["raised"] = e
+            done.set()
+        seen["calls"] = seen.get("calls", 0) + 1
+
+    r.set_replica_publisher("gw-a", clearing)
+    assert done.is_set(), seen
+    assert isinstance(seen.get("raised"), kvrouter.FailedPreconditionError), seen
+    calls = seen["calls"]
+    r.find_best_match(list(range(64)), request_id="r1")  # still its publisher
+    assert seen["calls"] > calls, seen
+    r.set_replica_publisher("gw-a", None)  # after the publisher it goes through
+    calls = seen["calls"]  # the farewell counted
+    r.find_best_match(list(range(64, 128)), request_id="r2")
+    assert seen["calls"] == calls, seen
+    r.close()
+elif mode == "set-publisher-routing":
+    # From a publisher a routing call runs (the library refused this one already).
+    r.set_replica_publisher("gw-a", on_publish(lambda: r.set_replica_publisher("gw-b", None)))
+    armed[0] = True
+    r.find_best_match(list(range(64)), request_id="r1")
+    assert done.is_set(), seen
+    assert isinstance(seen.get("raised"), kvrouter.FailedPreconditionError), seen
+    r.close()
+elif mode == "set-publisher-cross":
+    # Another thread's set_replica_publisher takes the binding's publish lock, then waits in C
+    # for the router's lock, which this thread's routing call holds while it runs the
+    # publisher; the publisher's own set_replica_publisher must not wait for that publish lock.
+    other = {}
+
+    def elsewhere():
+        try:
+            r.set_replica_publisher("gw-b", None)
+            other["returned"] = True
+        except BaseException as e:
+            other["raised"] = e
+
+    t = threading.Thread(target=elsewhere, daemon=True)
+
+    def inside():
+        t.start()
+        time.sleep(0.5)  # t now holds the publish lock, waiting in C for the router's lock
+        r.set_replica_publisher("gw-c", None)
+
+    r.set_replica_publisher("gw-a", on_publish(inside))
+    armed[0] = True
+    r.find_best_match(list(range(64)), request_id="r1")
+    assert done.is_set(), seen
+    assert isinstance(seen.get("raised"), kvrouter.FailedPreconditionError), seen
+    t.join(60)
+    assert not t.is_alive() and other == {"returned": True}, other
+    r.close()
 else:
     raise SystemExit("unknown mode " + mode)
 print("ok")
@@ -227,4 +289,16 @@ def test_closing_a_queue_from_a_publisher_is_refused(mode):
     # Router.close(), Router.close_queue() and Disagg.close() close an admission queue, which
     # takes the router's lock the publisher runs under: FailedPreconditionError, the router
     # staying open. (Before, the thread blocked for good, and every call on the router with it.)
+    _run(mode)
+
+
+@pytest.mark.parametrize("mode", ["set-publisher-announcement", "set-publisher-routing", "set-publisher-cross"])
+def test_setting_a_publisher_from_a_publisher_is_refused(mode):
+    # Router.set_replica_publisher takes the binding's publish lock, then the router's lock in
+    # C: from a publisher it raises FailedPreconditionError before taking either, as the
+    # library refuses a call into its own router there. (Before: a publisher clearing itself
+    # during its announcement waited for the publish lock its own thread held, and one whose
+    # router another thread was setting a publisher on waited for that thread's publish lock
+    # while that thread waited for the router's lock: both deadlocked. From a routing call's
+    # publisher the library refused it already.)
     _run(mode)

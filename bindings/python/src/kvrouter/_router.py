@@ -303,8 +303,9 @@ class Router(_native.Router):
         hold from its id. An exception it raises is reported through
         ``sys.unraisablehook``. It may close (or stop) an :class:`Ingest`, even the one whose
         loop thread runs it: that is done by a new thread once it has returned
-        (:meth:`Ingest.close`); :meth:`close`, :meth:`close_queue` and :meth:`Disagg.close`
-        raise FailedPreconditionError there."""
+        (:meth:`Ingest.close`); :meth:`close`, :meth:`close_queue`, :meth:`Disagg.close` and
+        this method (on any router: a publisher replacing or clearing itself, or another)
+        raise FailedPreconditionError there: set publishers after it returns."""
         self._set_replica_publisher(replica_id, publish)
 
     def apply_replica_event(self, data: Buffer) -> None:
