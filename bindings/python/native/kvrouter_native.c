@@ -898,8 +898,10 @@ typedef struct DisaggObject DisaggObject;
  * reference), is NULL once the Router was finalized or cleared: publish_trampoline then drops
  * the change, so the collector may clear the callable (or what it uses) in any order while a
  * thread of the library (an Ingest loop) may still publish. Read and written under the GIL. */
-typedef struct {
+typedef struct publish_cell {
   PyObject* fn;
+  /* In its Disagg's `orphans`: a pool's cell, disarmed, that the C router still calls. */
+  struct publish_cell* next;
 } publish_cell;
 
 static publish_cell* publish_cell_new(PyObject* fn) {
@@ -909,6 +911,7 @@ static publish_cell* publish_cell_new(PyObject* fn) {
     return NULL;
   }
   cell->fn = Py_NewRef(fn);
+  cell->next = NULL;
   return cell;
 }
 
@@ -935,17 +938,35 @@ typedef struct {
 struct DisaggObject {
   handle h;
   kvr_disagg* d;
+  /* Disarmed publish cells of pool routers whose publisher could not be stopped (dropped inside
+   * a replica publisher: router_drop_publisher): the C pool still calls them, until freed. */
+  publish_cell* orphans;
   PyObject* weakrefs;
 };
 
 static PyTypeObject RouterType, DisaggType;
 
+/* Disarms a pool's cell that its C router may still call, and gives it to the Disagg, which
+ * frees it with the pools. Under the GIL; `owner` not freed meanwhile (a call in flight). */
+static void publish_cell_orphan(DisaggObject* owner, publish_cell* cell) {
+  cell->next = owner->orphans;
+  owner->orphans = cell;
+  Py_CLEAR(cell->fn); /* runs Python (a finalizer) only once the cell is no longer read */
+}
+
 static void disagg_destroy(DisaggObject* self) {
   kvr_disagg* d = self->d;
+  publish_cell* orphans = self->orphans;
   self->d = NULL;
+  self->orphans = NULL;
   if (d) {
     Py_BEGIN_ALLOW_THREADS kvr_disagg_free(d);
     Py_END_ALLOW_THREADS
+  }
+  while (orphans) { /* the pools that called them are gone */
+    publish_cell* next = orphans->next;
+    publish_cell_free(orphans);
+    orphans = next;
   }
 }
 
@@ -1017,29 +1038,46 @@ static void publish_trampoline(void* user_data, const void* data, size_t size) {
 static int router_alive(RouterObject* self) { return self->r && (!self->owner || self->owner->d); }
 
 /* Stops the C router calling the publisher (a farewell through it first), then drops it and its
- * id. Calls the library with the GIL released (the farewell runs the callable, which takes the
- * GIL). For a pool router, whose C router outlives this object. */
+ * id. For a pool router (the only kind this is for), whose C router outlives this object: its
+ * Disagg's, entered for the call, which runs with the GIL released (the farewell runs the
+ * callable, which takes the GIL). Where the publisher cannot be stopped, the cell is disarmed
+ * instead (C calls it with no effect) and goes to the Disagg, which frees it with the pools:
+ * inside a replica publisher (this object's last reference dropped, or a collection, there),
+ * where neither the publish lock nor the library is called (see router_set_replica_publisher;
+ * the library refuses a call into the router whose lock the publisher holds); if the library
+ * refuses all the same; and while the Disagg is closing, its calls in flight still publishing. */
 static void router_drop_publisher(RouterObject* self) {
-  publish_cell* cell;
-  PyObject* id_obj;
-  const char* id = NULL;
-  kvr_router* r = router_alive(self) ? self->r : NULL;
-  PyThreadState* save;
-  if (!self->publisher) return;
-  if (r) {
-    id = PyUnicode_AsUTF8(self->publisher_id);
-    if (!id) PyErr_Clear(); /* cannot fail: it was converted when set */
-  }
-  save = PyEval_SaveThread();
-  PyThread_acquire_lock(self->publish_lock, WAIT_LOCK);
-  if (id) kvr_router_set_replica_publisher(r, id, NULL, NULL, NULL);
-  PyEval_RestoreThread(save);
-  cell = self->publisher;
-  id_obj = self->publisher_id;
-  self->publisher = NULL;
+  DisaggObject* owner = self->owner;
+  publish_cell* cell = self->publisher;
+  PyObject* id_obj = self->publisher_id;
+  if (!cell) return;
+  self->publisher = NULL; /* this object is being finalized: no call of its own runs */
   self->publisher_id = NULL;
-  PyThread_release_lock(self->publish_lock);
-  publish_cell_free(cell); /* C calls it no more */
+  if (!owner->d) {
+    publish_cell_free(cell); /* the pools are gone: C calls it no more */
+  } else if (!owner->h.closing && !in_publisher()) {
+    const char* id = PyUnicode_AsUTF8(id_obj);
+    kvr_status st = KVR_FAILED_PRECONDITION;
+    kvr_error* err = NULL;
+    if (!id) PyErr_Clear(); /* cannot fail: it was converted when set */
+    owner->h.busy++;        /* the Disagg cannot be freed under the call */
+    if (id) {
+      PyThreadState* save = PyEval_SaveThread();
+      PyThread_acquire_lock(self->publish_lock, WAIT_LOCK);
+      st = kvr_router_set_replica_publisher(self->r, id, NULL, NULL, &err);
+      PyThread_release_lock(self->publish_lock);
+      PyEval_RestoreThread(save);
+      kvr_error_free(err);
+    }
+    if (st == KVR_OK) {
+      publish_cell_free(cell); /* C calls it no more */
+    } else {
+      publish_cell_orphan(owner, cell);
+    }
+    disagg_leave(owner); /* may free the Disagg, and its orphans */
+  } else {
+    publish_cell_orphan(owner, cell);
+  }
   Py_XDECREF(id_obj);
 }
 

@@ -243,6 +243,35 @@ elif mode == "set-publisher-cross":
     t.join(60)
     assert not t.is_alive() and other == {"returned": True}, other
     r.close()
+elif mode == "pool-dropped-in-its-publisher":
+    # The last reference to a Disagg pool's Router object goes inside that pool's publisher: its
+    # finalizer would stop the C router's publisher, which the library refuses there. The
+    # publisher is disarmed instead, and kept (C still calls it) until the Disagg goes.
+    d = kvrouter.Disagg()
+    d.decode_router.add_worker(1)
+    calls = [0]
+
+    def dropping(change):
+        calls[0] += 1
+        if armed[0]:
+            armed[0] = False
+            d._decode = None  # the only reference to the pool's Router object
+            done.set()
+
+    d.decode_router.set_replica_publisher("gw-a", dropping)
+    armed[0] = True
+    d.route_decode(list(range(64)), remote_prefill=False, request_id="r1")
+    assert done.is_set(), seen
+    gc.collect()
+    n = calls[0]
+    # Booking again publishes through the disarmed publisher: nothing reaches the callable.
+    d.route_decode(list(range(64, 128)), remote_prefill=False, request_id="r2")
+    d.route_decode(list(range(128, 192)), remote_prefill=False, request_id="r3")
+    assert calls[0] == n, (calls, n)
+    d.close()
+    del d
+    gc.collect()
+    r.close()
 else:
     raise SystemExit("unknown mode " + mode)
 print("ok")
@@ -302,3 +331,12 @@ def test_setting_a_publisher_from_a_publisher_is_refused(mode):
     # while that thread waited for the router's lock: both deadlocked. From a routing call's
     # publisher the library refused it already.)
     _run(mode)
+
+
+def test_a_pool_router_dropped_in_its_own_publisher():
+    # A Disagg pool's Router object whose last reference goes inside that pool's publisher:
+    # its finalizer's kvr_router_set_replica_publisher(NULL) is not made there (the library
+    # refuses it, under the router's lock); the publisher is disarmed, C calling it with no
+    # effect until the Disagg frees the pool. (Before: the refusal was ignored and the
+    # publisher's memory freed, so the next booking published through freed memory: SIGSEGV.)
+    _run("pool-dropped-in-its-publisher")

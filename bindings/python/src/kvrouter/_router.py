@@ -56,7 +56,9 @@ class Router(_native.Router):
     as ``kvr_router_free`` and the Go, Rust and Java bindings: its peers keep its bookings until
     they expire them; ``set_replica_publisher(replica_id, None)`` first has them dropped at once.
     A :class:`Disagg` pool's router, which lives as long as its Disagg, says farewell when it
-    is dropped while the Disagg is open.
+    is dropped while the Disagg is open; dropped inside a replica publisher (which must not call
+    a router), or while the Disagg is closing, it says none: its publisher is only disarmed,
+    called with no effect until the Disagg frees the pool.
     """
 
     # The extension type implements the hot methods itself (find_best_match,
