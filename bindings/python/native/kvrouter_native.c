@@ -2421,8 +2421,9 @@ static void ingest_job_capsule_free(PyObject* capsule) {
   PyMem_Free(PyCapsule_GetPointer(capsule, INGEST_JOB_CAPSULE));
 }
 
-/* Starts a thread doing `job`: 0, or -1 with an exception set and the job still the caller's
- * (no thread could be started: the interpreter is finalizing, or out of resources). */
+/* Starts a thread doing `job` (named kvr-ingest-stop for a stop, kvr-ingest-close for a free, as
+ * the Java binding's): 0, or -1 with an exception set and the job still the caller's (no thread
+ * could be started: the interpreter is finalizing, or out of resources). */
 static int start_ingest_job(const ingest_job* job) {
   ingest_job* held = NULL;
   PyObject *capsule = NULL, *threading = NULL, *args = NULL, *kwargs = NULL, *thread = NULL;
@@ -2441,7 +2442,7 @@ static int start_ingest_job(const ingest_job* job) {
   }
   if (!(threading = PyImport_ImportModule("threading"))) goto done;
   kwargs = Py_BuildValue("{s:O,s:(O),s:s,s:O}", "target", g_run_ingest_job, "args", capsule, "name",
-                         "kvr-ingest-close", "daemon", Py_False);
+                         job->stop ? "kvr-ingest-stop" : "kvr-ingest-close", "daemon", Py_False);
   if (!kwargs || !(args = PyTuple_New(0))) goto done;
   if (!(r = PyObject_GetAttrString(threading, "Thread"))) goto done;
   thread = PyObject_Call(r, args, kwargs);

@@ -48,6 +48,23 @@ def router_closes(r):
     assert r.closed
 
 
+# The names of the threads started (the extension looks threading.Thread up at each use).
+started = []
+
+
+class _NamedThread(threading.Thread):
+    def start(self):
+        started.append(self.name)
+        super().start()
+
+
+threading.Thread = _NamedThread
+
+
+def started_one(name):
+    assert name in started, (name, started)
+
+
 r = kvrouter.Router(block_size=16)
 r.add_worker(1)
 holder = []
@@ -125,11 +142,13 @@ if mode.startswith("loop-"):
     assert seen["thread"] != threading.main_thread().name, seen
     assert "raised" not in seen, seen
     if mode == "loop-stop":
+        started_one("kvr-ingest-stop")
         ingest = holder[0]
         # Stopped soon after: the calls that add a source are then refused.
         eventually("the ingest to stop", lambda: refused(lambda: ingest.listen("tcp://127.0.0.1:0")))
         ingest.close()
     elif mode == "loop-close":
+        started_one("kvr-ingest-close")
         ingest = holder[0]
         assert ingest.closed
         ingest.close()  # a no-op
@@ -149,6 +168,7 @@ elif mode == "routing-close":
     armed[0] = True
     r.find_best_match(list(range(64)), request_id="r1")
     assert done.is_set() and "raised" not in seen, seen
+    started_one("kvr-ingest-close")
     assert ingest.closed
     ingest.close()
     router_closes(r)
@@ -159,6 +179,7 @@ elif mode == "routing-stop":
     armed[0] = True
     r.find_best_match(list(range(64)), request_id="r1")
     assert done.is_set() and "raised" not in seen, seen
+    started_one("kvr-ingest-stop")
     eventually("the ingest to stop", lambda: refused(lambda: ingest.listen("tcp://127.0.0.1:0")))
     ingest.close()
     router_closes(r)
