@@ -19,8 +19,9 @@ package io.kvrouter;
  *
  * <p>It may close or stop an {@link Ingest}, even the one whose loop thread runs it (its
  * heartbeats): that is done on a new thread once it has returned ({@link Ingest#close()}). {@link
- * Router#close()}, {@link Router#closeQueue()} and {@link DisaggRouter#close()} throw {@link
- * KvRouterException} with {@link Status#FAILED_PRECONDITION} there.
+ * Router#close()}, {@link Router#closeQueue()}, {@link DisaggRouter#close()} and {@link
+ * Router#setReplicaPublisher} (on any router: this publisher replacing or clearing itself too)
+ * throw {@link KvRouterException} with {@link Status#FAILED_PRECONDITION} there.
  */
 @FunctionalInterface
 public interface ReplicaPublisher {

@@ -10,9 +10,11 @@ final class ReplicaSink {
   // holds the lock of the router publishing, and may be an Ingest's own loop thread (its
   // heartbeats, a replica change it applied), so what the publisher calls must not close an
   // admission queue (which takes that lock), nor wait for the calls in progress on a router (its
-  // own among them), nor stop or free an ingest object, which joins its loop thread (perhaps this
-  // very one: std::terminate; or one waiting for that lock). Set here for both back ends: the FFM
-  // downcalls' publishers come through the JNI glue's callback too.
+  // own among them), nor set a replica publisher (Router.setReplicaPublisher's lock may be held
+  // by a thread waiting for the router's lock), nor stop or free an ingest object, which joins
+  // its loop thread (perhaps this very one: std::terminate; or one waiting for that lock). Set
+  // here for both back ends: the FFM downcalls' publishers come through the JNI glue's callback
+  // too.
   private static final ThreadLocal<int[]> DEPTH = ThreadLocal.withInitial(() -> new int[1]);
 
   private final ReplicaPublisher publisher;
@@ -27,8 +29,8 @@ final class ReplicaSink {
   }
 
   /**
-   * Refuses {@code call} (one that closes an admission queue, under the router's lock a publisher
-   * runs under) from inside a publisher.
+   * Refuses {@code call} (one that closes an admission queue or sets a replica publisher, taking
+   * the router's lock a publisher runs under) from inside a publisher.
    *
    * @throws KvRouterException {@link Status#FAILED_PRECONDITION} inside a publisher
    */

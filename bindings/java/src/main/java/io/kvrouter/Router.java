@@ -235,10 +235,17 @@ public final class Router extends NativeObject {
    * <p>The publisher is held until replaced, cleared or the router closed (so one that refers to
    * this router keeps it reachable: close it).
    *
+   * <p>Not from a replica publisher (of any router: one replacing or clearing itself, during its
+   * announcement or later, or another): there it throws before taking the binding's lock around
+   * the swap of publishers, which a thread waiting for the router's lock the publisher holds may
+   * hold. Call it once the publisher has returned.
+   *
    * @throws KvRouterException {@link Status#INVALID_ARGUMENT} for a null or empty id, or one
-   *     containing U+001F (the publisher in place then stays, and nothing is published)
+   *     containing U+001F (the publisher in place then stays, and nothing is published); {@link
+   *     Status#FAILED_PRECONDITION} called from a replica publisher (the publisher in place stays)
    */
   public void setReplicaPublisher(String replicaId, ReplicaPublisher publisher) {
+    ReplicaSink.refuseInPublisher("Router.setReplicaPublisher()");
     ReplicaSink sink = publisher == null ? null : new ReplicaSink(publisher);
     long h = acquire();
     try {

@@ -18,7 +18,9 @@ class CloseFromPublisherFfmIT {
         "routing-stop",
         "router-close",
         "router-close-queue",
-        "disagg-close"
+        "disagg-close",
+        "set-publisher-routing",
+        "set-publisher-cross"
       })
   void closingFromAPublisherOnTheFfmPath(String mode) {
     String out = CloseFromPublisherTest.run(mode, "");

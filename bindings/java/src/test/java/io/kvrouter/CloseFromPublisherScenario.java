@@ -4,6 +4,7 @@ import java.time.Duration;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicReference;
 
 /**
@@ -24,6 +25,8 @@ public final class CloseFromPublisherScenario {
       case "loop-close", "loop-stop" -> onTheLoopThread(mode, args[1]);
       case "routing-close", "routing-stop" -> onARoutingThread(mode);
       case "router-close", "router-close-queue", "disagg-close" -> refused(mode);
+      case "set-publisher-announcement" -> setPublisherInItsAnnouncement();
+      case "set-publisher-routing", "set-publisher-cross" -> setPublisherFromARoutingCall(mode);
       default -> throw new IllegalArgumentException("unknown mode " + mode);
     }
     System.out.println("ok");
@@ -160,6 +163,94 @@ public final class CloseFromPublisherScenario {
     call.run(); // after the publisher it goes through
     check(publishing.isClosed() == !mode.equals("router-close-queue"), "closed: wrong state");
     router.close();
+  }
+
+  /**
+   * A publisher that clears itself on its first message: the announcement's Reset, which runs
+   * inside setReplicaPublisher, on this thread. Refused; the publisher stays in place.
+   */
+  private static void setPublisherInItsAnnouncement() {
+    Router router = TestSupport.routerWithWorkers(1);
+    AtomicReference<Throwable> thrown = new AtomicReference<>();
+    AtomicInteger calls = new AtomicInteger();
+    AtomicBoolean first = new AtomicBoolean(true);
+    router.setReplicaPublisher(
+        "gw-a",
+        change -> {
+          if (first.compareAndSet(true, false)) {
+            try {
+              router.setReplicaPublisher("gw-a", null);
+            } catch (Throwable t) {
+              thrown.set(t);
+            }
+          }
+          calls.incrementAndGet();
+        });
+    checkRefused(thrown.get());
+    int before = calls.get();
+    router.findBestMatch(TestSupport.tokens(64, 0), RequestOptions.admit("r1"));
+    check(calls.get() > before, "the publisher was not kept");
+    router.setReplicaPublisher("gw-a", null); // after the publisher it goes through
+    before = calls.get(); // the farewell counted
+    router.findBestMatch(TestSupport.tokens(64, 1), RequestOptions.admit("r2"));
+    check(calls.get() == before, "a publisher cleared is still called");
+    router.close();
+  }
+
+  /**
+   * From a publisher a routing call runs, on this thread, under the router's lock ("routing":
+   * refused by the library before); "cross": meanwhile another thread's setReplicaPublisher
+   * holds the binding's lock and waits in C for the router's lock this thread holds, so the
+   * publisher's own call must not wait for the binding's lock.
+   */
+  private static void setPublisherFromARoutingCall(String mode) throws InterruptedException {
+    Router router = TestSupport.routerWithWorkers(1);
+    AtomicReference<Throwable> other = new AtomicReference<>();
+    AtomicBoolean otherReturned = new AtomicBoolean();
+    Thread elsewhere =
+        new Thread(
+            () -> {
+              try {
+                router.setReplicaPublisher("gw-b", null);
+                otherReturned.set(true);
+              } catch (Throwable t) {
+                other.set(t);
+              }
+            });
+    elsewhere.setDaemon(true);
+    Runnable inside =
+        () -> {
+          if (mode.equals("set-publisher-cross")) {
+            elsewhere.start();
+            try {
+              Thread.sleep(500); // it now holds the binding's lock, waiting for the router's
+            } catch (InterruptedException e) {
+              Thread.currentThread().interrupt();
+            }
+          }
+          router.setReplicaPublisher("gw-c", null);
+        };
+    AtomicBoolean armed = new AtomicBoolean();
+    AtomicReference<Throwable> thrown = new AtomicReference<>();
+    AtomicReference<String> thread = new AtomicReference<>();
+    CountDownLatch done = new CountDownLatch(1);
+    router.setReplicaPublisher("gw-a", once(armed, inside, thrown, thread, done));
+    armed.set(true);
+    router.findBestMatch(TestSupport.tokens(64, 0), RequestOptions.admit("r1"));
+    check(done.getCount() == 0, "the routing call did not publish");
+    checkRefused(thrown.get());
+    if (mode.equals("set-publisher-cross")) {
+      elsewhere.join(60_000);
+      check(!elsewhere.isAlive(), "the other thread's setReplicaPublisher still waits");
+      check(otherReturned.get(), "the other thread's setReplicaPublisher threw " + other.get());
+    }
+    router.close();
+  }
+
+  private static void checkRefused(Throwable thrown) {
+    check(
+        thrown instanceof KvRouterException e && e.status() == Status.FAILED_PRECONDITION,
+        "from the publisher: " + thrown + ", want FAILED_PRECONDITION");
   }
 
   private static void check(boolean condition, String what) {

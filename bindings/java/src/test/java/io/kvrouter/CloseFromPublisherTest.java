@@ -57,6 +57,22 @@ class CloseFromPublisherTest {
     run(mode, "");
   }
 
+  /**
+   * Router.setReplicaPublisher takes the binding's lock around the swap of publishers, then the
+   * router's lock in C: from a publisher it throws FAILED_PRECONDITION before taking either (the
+   * library refuses a call into the router whose lock the publisher holds). "announcement": the
+   * publisher clears itself during its own announcement (the lock is reentrant: the library
+   * refused it before too); "routing": from a routing call's publisher (refused before too);
+   * "cross": another thread holds the binding's lock, waiting in C for the router's lock the
+   * publisher's thread holds (before, the publisher waited for the binding's lock: a deadlock).
+   */
+  @ParameterizedTest
+  @ValueSource(
+      strings = {"set-publisher-announcement", "set-publisher-routing", "set-publisher-cross"})
+  void settingAPublisherFromAPublisherIsRefused(String mode) {
+    run(mode, "");
+  }
+
   @Test
   void outsideAPublisherNothingIsRefused() {
     assertTrue(!ReplicaSink.inPublisher());
