@@ -492,6 +492,99 @@ func TestCloseFromAPublisherIsRefused(t *testing.T) {
 	must(t, r.Close())
 }
 
+// SetReplicaPublisher takes the router's replica slot lock, then the router's lock in C: from a
+// replica publisher it returns ErrFailedPrecondition before taking either (the library refuses a
+// call into the router whose lock the publisher holds). "announcement": the publisher clears
+// itself during its own announcement, inside SetReplicaPublisher on the same goroutine (before:
+// it waited for the slot lock its own goroutine held); "routing": from a routing call's
+// publisher (the library refused it before too); "cross": another goroutine's
+// SetReplicaPublisher holds the slot lock, waiting in C for the router's lock the publisher's
+// goroutine holds (before: the publisher waited for the slot lock, a deadlock). Each runs in a
+// child process, this test binary run again, killed after a minute, so that a deadlock fails
+// this test only.
+func TestSetReplicaPublisherFromAPublisherIsRefused(t *testing.T) {
+	const childEnv = "KVR_TEST_SET_PUBLISHER_IN_PUBLISHER"
+	if mode := os.Getenv(childEnv); mode != "" {
+		setReplicaPublisherInPublisher(t, mode)
+		return
+	}
+	for _, mode := range []string{"announcement", "routing", "cross"} {
+		mode := mode // go 1.21: one variable for every iteration
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang fails
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSetReplicaPublisherFromAPublisherIsRefused$",
+				"-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), childEnv+"="+mode)
+			out, err := cmd.CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("the child still ran after a minute (a deadlock); its output:\n%s", out)
+			}
+			if err != nil || !bytes.Contains(out, []byte("--- PASS: TestSetReplicaPublisherFromAPublisherIsRefused")) {
+				t.Fatalf("the child ended with %v; its output:\n%s", err, out)
+			}
+		})
+	}
+}
+
+// setReplicaPublisherInPublisher is TestSetReplicaPublisherFromAPublisherIsRefused's child.
+func setReplicaPublisherInPublisher(t *testing.T, mode string) {
+	r := newTestRouter(t, 1)
+	wantRefused := func(err error) {
+		t.Helper()
+		if !errors.Is(err, ErrFailedPrecondition) {
+			t.Fatalf("SetReplicaPublisher from the publisher: %v, want ErrFailedPrecondition", err)
+		}
+	}
+	switch mode {
+	case "announcement":
+		var calls atomic.Int32
+		inside := make(chan error, 1)
+		must(t, r.SetReplicaPublisher("gateway-a", func([]byte) {
+			if calls.Add(1) == 1 { // the announcement's Reset
+				inside <- r.SetReplicaPublisher("gateway-a", nil)
+			}
+		}))
+		wantRefused(<-inside)
+		before := calls.Load()
+		_, err := r.FindBestMatch(prompt(64, 0), &RequestOptions{RequestID: "r1", Admit: true})
+		must(t, err)
+		if calls.Load() == before {
+			t.Fatal("the publisher was not kept")
+		}
+		must(t, r.SetReplicaPublisher("gateway-a", nil)) // after the publisher it goes through
+		before = calls.Load()                            // the farewell counted
+		_, err = r.FindBestMatch(prompt(64, 1000), &RequestOptions{RequestID: "r2", Admit: true})
+		must(t, err)
+		if calls.Load() != before {
+			t.Fatal("a publisher cleared is still called")
+		}
+	case "routing":
+		inside := make(chan error, 1)
+		routeCallingFromThePublisher(t, r, func() { inside <- r.SetReplicaPublisher("gateway-b", nil) })
+		wantRefused(<-inside)
+	case "cross":
+		inside := make(chan error, 1)
+		other := make(chan error, 1)
+		routeCallingFromThePublisher(t, r, func() {
+			go func() { other <- r.SetReplicaPublisher("gateway-b", nil) }()
+			time.Sleep(500 * time.Millisecond) // it now holds the slot lock, waiting for the router's
+			inside <- r.SetReplicaPublisher("gateway-c", nil)
+		})
+		wantRefused(<-inside)
+		select {
+		case err := <-other:
+			must(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the other goroutine's SetReplicaPublisher still waits")
+		}
+	default:
+		t.Fatalf("unknown mode %q", mode)
+	}
+	must(t, r.Close())
+}
+
 // Ingest.Stop from a replica publisher (here one a routing call runs, under the router's lock)
 // is asynchronous, as Close: it returns at once, and the ingest is stopped soon after (calls
 // that add a source are then refused).

@@ -65,7 +65,8 @@ func (s *replicaSlot) release() {
 // that falls due: the one beating, expiring or applying a replica change), under the router's
 // lock, in order: it must be quick (send to a channel or an asynchronous client), must not
 // call any router (a call into its own router, which would wait for that lock for ever, returns
-// ErrFailedPrecondition from a 0.2.1 library), and must copy data to keep it. nil stops publishing. A callback replaced
+// ErrFailedPrecondition from a 0.2.1 library; so do Close, CloseQueue and SetReplicaPublisher
+// itself, on any router), and must copy data to keep it. nil stops publishing. A callback replaced
 // (or stopped by nil) first receives a farewell Reset, so peers drop what they hold from its
 // id; once this returns, the previous callback is not running and will not run again.
 // Ingest.SyncReplicas does all of this over NATS. Like the other methods it may run
@@ -86,7 +87,16 @@ func (s *replicaSlot) release() {
 // a SyncRequest or heartbeat it handles), the panic is not recovered: as any panic no goroutine
 // recovers, it ends the program, with its stack. publish must not call runtime.Goexit
 // (t.FailNow), which cannot be stopped before the library's frames.
+//
+// Called from a replica publisher (of any router: publish replacing or clearing itself, during
+// its announcement or later, or another's), it returns ErrFailedPrecondition, the publisher in
+// place staying, before it takes the lock that serialises the setters of this router: that lock
+// may be held by the publisher's own goroutine (its announcement runs inside this call) or by
+// a goroutine waiting for the router's lock the publisher holds. Set it once publish returned.
 func (r *Router) SetReplicaPublisher(replicaID string, publish func(data []byte)) error {
+	if err := refuseInPublishCallback("SetReplicaPublisher"); err != nil {
+		return err
+	}
 	h := r.acquire()
 	if h == nil {
 		return ErrClosed

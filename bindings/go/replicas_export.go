@@ -119,7 +119,7 @@ func calledFromGo() bool {
 // inPublishCallback reports whether the caller runs inside a replica publish callback, on a
 // thread of the library's (an Ingest's loop) or on a goroutine whose call into the library
 // runs it under a router's lock. It walks the whole stack: for rare paths only (the free of an
-// Ingest by its last call, Ingest.release).
+// Ingest by its last call, Ingest.release; Close, CloseQueue, SetReplicaPublisher).
 func inPublishCallback() bool {
 	frames := runtime.CallersFrames(callers())
 	for {

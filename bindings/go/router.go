@@ -273,8 +273,9 @@ func (r *Router) CloseQueue() (cancelled uint64, err error) {
 	return n, err
 }
 
-// refuseInPublishCallback refuses a call that takes the router's lock (closing its queue) when
-// made from inside a replica publisher, which holds that lock: it would block for good.
+// refuseInPublishCallback refuses a call that takes the router's lock (closing its queue,
+// setting its replica publisher) when made from inside a replica publisher, which holds that
+// lock: it would block for good (SetReplicaPublisher on a lock of its own first, see there).
 func refuseInPublishCallback(call string) error {
 	if !inPublishCallback() {
 		return nil
