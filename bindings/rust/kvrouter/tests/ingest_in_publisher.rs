@@ -11,7 +11,10 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
 
-use common::{in_child, router, run_in_child, skipped_without_nats, wait_for, NatsServer};
+use common::{
+    child_nats_url, in_child, router, run_in_child, run_in_child_with, skipped_without_nats,
+    wait_for, NatsServer, CHILD_NATS_URL,
+};
 use kvrouter::{Code, Ingest, IngestOptions, Publisher, Router};
 
 /// Beats every 20 ms.
@@ -22,12 +25,12 @@ fn beating() -> IngestOptions {
     }
 }
 
-/// A started ingest object for `router`, syncing its replicas over `server`: once a Rust
-/// publisher replaces the sync's, the sync's heartbeats call it on the loop thread.
-fn syncing(router: &Arc<Router>, server: &NatsServer, subject: &str) -> Ingest<'static> {
+/// A started ingest object for `router`, syncing its replicas over the nats-server at `url`:
+/// once a Rust publisher replaces the sync's, the sync's heartbeats call it on the loop thread.
+fn syncing(router: &Arc<Router>, url: &str, subject: &str) -> Ingest<'static> {
     let ingest = Ingest::with_shared_router(router.clone(), &beating()).unwrap();
     ingest.start().unwrap();
-    ingest.sync_replicas(&server.url(), subject, "a").unwrap();
+    ingest.sync_replicas(url, subject, "a").unwrap();
     ingest
 }
 
@@ -37,19 +40,20 @@ static OWNED: Mutex<Option<(Ingest<'static>, Arc<Router>)>> = Mutex::new(None);
 fn a_publisher_on_the_loop_thread_may_drop_the_last_ingest_and_router() {
     const TEST: &str = "a_publisher_on_the_loop_thread_may_drop_the_last_ingest_and_router";
     if !in_child(TEST) {
-        if NatsServer::start().is_none() {
+        // The server is the parent's: a child killed after its deadline runs no Drop.
+        let Some(server) = NatsServer::start() else {
             skipped_without_nats(TEST);
             return;
-        }
-        let run = run_in_child(TEST, Duration::from_secs(60));
+        };
+        let url = server.url();
+        let run = run_in_child_with(TEST, Duration::from_secs(60), &[(CHILD_NATS_URL, &url)]);
         run.assert_success("the last Ingest and Arc<Router> dropped on the loop thread");
         assert!(run.output.contains("child: done"), "{}", run.output);
         return;
     }
-    let server = NatsServer::start().unwrap();
     let router = Arc::new(router(1));
     let weak = Arc::downgrade(&router);
-    let ingest = syncing(&router, &server, "kvrouter.test.drop");
+    let ingest = syncing(&router, &child_nats_url(), "kvrouter.test.drop");
     let endpoint = ingest.listen("tcp://127.0.0.1:0").unwrap().endpoint;
     *OWNED.lock().unwrap() = Some((ingest, router.clone()));
     let main = thread::current().id();
@@ -130,7 +134,7 @@ fn stop_from_a_publisher_on_the_loop_thread_is_asynchronous() {
         return;
     };
     let router = Arc::new(router(1));
-    let ingest = Arc::new(syncing(&router, &server, "kvrouter.test.stop"));
+    let ingest = Arc::new(syncing(&router, &server.url(), "kvrouter.test.stop"));
     let shared: Arc<OnceLock<Arc<Ingest<'static>>>> = Arc::new(OnceLock::new());
     let seen = shared.clone();
     let main = thread::current().id();

@@ -107,6 +107,22 @@ impl ChildRun {
 /// `in_child(test)` is true), for a scenario that could abort or hang the process: a failure
 /// then fails this test instead of the whole binary. The child is killed after `deadline`.
 pub fn run_in_child(test: &str, deadline: Duration) -> ChildRun {
+    run_in_child_with(test, deadline, &[])
+}
+
+/// The environment variable in which `run_in_child_with` passes a child the url of the
+/// nats-server its parent started (`child_nats_url`).
+pub const CHILD_NATS_URL: &str = "KVR_TEST_NATS_URL";
+
+/// In a child of `run_in_child_with(.., &[(CHILD_NATS_URL, url)])`: the parent's nats-server.
+/// A child killed after its deadline runs no `Drop`: a server it started itself would outlive
+/// it, so the parent starts it and kills it.
+pub fn child_nats_url() -> String {
+    std::env::var(CHILD_NATS_URL).expect("the parent passes its nats-server's url")
+}
+
+/// As `run_in_child`, with `env` set in the child's environment.
+pub fn run_in_child_with(test: &str, deadline: Duration, env: &[(&str, &str)]) -> ChildRun {
     use std::io::Read;
     use std::process::{Command, Stdio};
     let mut child = {
@@ -115,6 +131,7 @@ pub fn run_in_child(test: &str, deadline: Duration) -> ChildRun {
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env("KVR_TEST_CHILD", test)
             .env("RUST_BACKTRACE", "0")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
