@@ -193,6 +193,20 @@ pub(crate) fn call_keeping_panic(
     (status_result(status, err), crate::replica::take_panic())
 }
 
+/// As [`call`], on a thread where no caller waits to resume a replica publisher closure's panic
+/// (a thread of the binding's own, doing work handed over from a publisher): a panic caught
+/// during the call, which the panic hook printed then, is dropped (quietly: a payload whose own
+/// `Drop` panics is leaked) rather than resumed to end the thread.
+pub(crate) fn call_dropping_panic(
+    f: impl FnOnce(*mut *mut sys::kvr_error) -> sys::kvr_status,
+) -> Result<()> {
+    let (result, panicked) = call_keeping_panic(f);
+    if let Some(payload) = panicked {
+        crate::replica::drop_quietly(payload);
+    }
+    result
+}
+
 /// A C call's status and error object (freed here) as a `Result`.
 #[inline]
 fn status_result(status: sys::kvr_status, err: *mut sys::kvr_error) -> Result<()> {
@@ -306,6 +320,44 @@ pub(crate) fn fill_vec<T>(
 mod tests {
     use super::*;
     use std::cell::{Cell, RefCell};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A panic payload that records its drop.
+    struct Payload(&'static AtomicBool);
+
+    impl Drop for Payload {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn call_dropping_panic_drops_a_publisher_panic() {
+        // The library runs a replica publisher closure during the call (here the fake call runs
+        // the trampoline itself), and the closure panics: on a helper thread (the deferred
+        // Ingest::stop) nobody is there to resume it to, so it is dropped, not re-raised.
+        static DROPPED: AtomicBool = AtomicBool::new(false);
+        let callback: crate::replica::Callback =
+            Box::new(|_| std::panic::panic_any(Payload(&DROPPED)));
+        let user_data = &callback as *const crate::replica::Callback as *mut std::ffi::c_void;
+        let outcome = std::panic::catch_unwind(|| {
+            call_dropping_panic(|_err| {
+                // SAFETY: user_data is a live Callback for the whole call; no data.
+                unsafe { crate::replica::trampoline(user_data, ptr::null(), 0) };
+                sys::KVR_OK
+            })
+        });
+        assert!(
+            matches!(outcome, Ok(Ok(()))),
+            "the closure's panic was resumed"
+        );
+        assert!(
+            DROPPED.load(Ordering::SeqCst),
+            "the payload was not dropped"
+        );
+        // Nothing left behind for a later call on this thread to resume.
+        assert!(call(|_err| sys::KVR_OK).is_ok());
+    }
 
     /// A fake `(out, cap, *len)` C call, with what it was called with.
     #[derive(Default)]

@@ -11,7 +11,7 @@ use std::thread;
 use kvrouter_sys as sys;
 
 use crate::disagg::Disagg;
-use crate::error::{call, call_keeping_panic, fill_vec, Code, Error, Result};
+use crate::error::{call, call_dropping_panic, call_keeping_panic, fill_vec, Code, Error, Result};
 use crate::events::EventBatch;
 use crate::raw::init;
 use crate::router::{Router, RouterRef};
@@ -608,8 +608,12 @@ impl<'r> Ingest<'r> {
                 .spawn(move || {
                     // SAFETY: a live ingest object (this Arc), on a thread that runs no
                     // publisher: concurrent with any call. Should this hold the last handle,
-                    // the object is freed here afterwards.
-                    let _ = call(|err| unsafe { sys::kvr_ingest_stop(inner.ptr.as_ptr(), err) });
+                    // the object is freed here afterwards. A publisher closure's panic during
+                    // the stop has no caller here to be resumed to (the panic hook printed it):
+                    // dropped, rather than ending this thread with it.
+                    let _ = call_dropping_panic(|err| unsafe {
+                        sys::kvr_ingest_stop(inner.ptr.as_ptr(), err)
+                    });
                 });
             return spawned.map(drop).map_err(|e| {
                 Error::new(

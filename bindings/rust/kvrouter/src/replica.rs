@@ -87,7 +87,7 @@ impl Drop for Caught {
 
 /// Drops a panic payload without letting a panic in its `Drop` escape (the trampoline is
 /// `extern "C"`, and a panic while another unwinds aborts): such a second payload is leaked.
-fn drop_quietly(payload: Box<dyn Any + Send>) {
+pub(crate) fn drop_quietly(payload: Box<dyn Any + Send>) {
     if let Err(second) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
         std::mem::forget(second);
     }
@@ -177,7 +177,14 @@ fn keep_panic(depth: u32, payload: Box<dyn Any + Send>) {
     }
 }
 
-unsafe extern "C" fn trampoline(user_data: *mut c_void, data: *const c_void, size: usize) {
+/// The `kvr_replica_publish_fn` of every Rust closure (`user_data` is the address of its
+/// `Callback`): runs it, marking the thread as in a publisher, and keeps its panic for the call
+/// that ran it.
+pub(crate) unsafe extern "C" fn trampoline(
+    user_data: *mut c_void,
+    data: *const c_void,
+    size: usize,
+) {
     // SAFETY: user_data is the address of a Callback in CALLBACKS, which stays there (and
     // alive) until C has stopped calling this function with it.
     let callback = unsafe { &*(user_data as *const Callback) };
