@@ -1,9 +1,12 @@
 #include "kvrouterd/api_json.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <string_view>
 
 namespace kvrouterd {
 namespace {
@@ -14,6 +17,18 @@ constexpr uint64_t kMaxExactJsonInteger = 1ull << 53;
 
 [[noreturn]] void Invalid(const std::string& message) {
   throw ApiError(KVR_INVALID_ARGUMENT, message);
+}
+
+// A field the daemon does not know is refused, not ignored: a misspelt "allowed_worker_ids"
+// would otherwise route unrestricted, and a field of a later version would seem to work.
+void RefuseUnknownFields(const json& object, std::initializer_list<std::string_view> known,
+                         const std::string& prefix) {
+  for (const auto& [key, value] : object.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    constexpr size_t kShown = 64;  // the name is echoed, not a megabyte of it
+    const std::string shown = key.size() > kShown ? key.substr(0, kShown) + "..." : key;
+    Invalid(prefix + shown + ": unknown field");
+  }
 }
 
 const json* Find(const json& object, const char* key) {
@@ -71,6 +86,12 @@ int32_t RankField(const json& value, const std::string& field) {
 void ParseOverrides(const json& overrides, kvr_request_options* options) {
   if (!overrides.is_object()) Invalid("overrides: expected an object");
   const std::string prefix = "overrides.";
+  RefuseUnknownFields(overrides,
+                      {"overlap_score_credit", "prefill_load_scale", "temperature",
+                       "host_cache_hit_weight", "disk_cache_hit_weight", "assume_kv_reuse",
+                       "track_prefill_tokens", "overlap_score_credit_decay",
+                       "decode_active_request_weight", "ttft_miss_weight", "cost_function"},
+                      prefix);
   SetDouble(overrides, "overlap_score_credit", prefix, &options->overlap_score_credit);
   SetDouble(overrides, "prefill_load_scale", prefix, &options->prefill_load_scale);
   SetDouble(overrides, "temperature", prefix, &options->temperature);
@@ -91,6 +112,11 @@ void ParseOverrides(const json& overrides, kvr_request_options* options) {
 
 void ParseHints(const json& hints, RouteInput* input) {
   if (!hints.is_object()) Invalid("hints: expected an object");
+  RefuseUnknownFields(hints,
+                      {"worker_id", "prefill_worker_id", "decode_worker_id", "dp_rank",
+                       "prefill_dp_rank", "session_id", "session_mode", "session_ttl_seconds",
+                       "phase"},
+                      "hints.");
   kvr_routing_hints& out = input->hints;
   if (const json* v = Find(hints, "worker_id")) out.worker_id = IdFromJson(*v, "hints.worker_id");
   if (const json* v = Find(hints, "prefill_worker_id")) {
@@ -310,6 +336,11 @@ RouteInput ParseRouteInput(const json& body, bool need_request_id) {
   RouteInput input;
   kvr_request_options_init(&input.options, sizeof input.options);
   kvr_routing_hints_init(&input.hints, sizeof input.hints);
+  RefuseUnknownFields(body,
+                      {"request_id", "token_ids", "local_hashes", "num_tokens", "lora_name",
+                       "cache_namespace", "allowed_worker_ids", "expected_output_tokens",
+                       "priority_jump", "queue_timeout_ms", "overrides", "hints", "previewed"},
+                      "");
   if (const json* v = Find(body, "request_id")) {
     input.request_id = StringField(*v, "request_id");
   }
@@ -337,6 +368,7 @@ RouteInput ParseRouteInput(const json& body, bool need_request_id) {
   if (const json* v = Find(body, "hints")) ParseHints(*v, &input);
   if (const json* v = Find(body, "previewed")) {
     if (!v->is_object()) Invalid("previewed: expected {\"worker_id\", \"dp_rank\"}");
+    RefuseUnknownFields(*v, {"worker_id", "dp_rank"}, "previewed.");
     kvr_route_signals previewed;
     kvr_route_signals_init(&previewed, sizeof previewed);
     const json* worker = Find(*v, "worker_id");
@@ -368,8 +400,19 @@ json DecisionJson(const std::string& request_id, const kvr_route_signals& s,
   return decision;
 }
 
+uint64_t OutputTokensFromJson(const json& body) {
+  RefuseUnknownFields(body, {"tokens"}, "");
+  const json* tokens = Find(body, "tokens");
+  if (!tokens) Invalid("tokens: required, an unsigned integer");
+  return UnsignedField(*tokens, "tokens", UINT64_MAX);
+}
+
 WorkerSpec WorkerFromJson(const json& body) {
   WorkerSpec worker;
+  RefuseUnknownFields(body,
+                      {"worker_id", "address", "dp_start", "dp_size", "total_kv_blocks",
+                       "max_num_batched_tokens", "events"},
+                      "");
   const json* id = Find(body, "worker_id");
   if (!id) Invalid("worker_id: required");
   worker.worker_id = IdFromJson(*id, "worker_id");
@@ -380,6 +423,7 @@ WorkerSpec WorkerFromJson(const json& body) {
   SetUnsigned(body, "max_num_batched_tokens", "", &worker.max_num_batched_tokens);
   if (const json* events = Find(body, "events")) {
     if (!events->is_object()) Invalid("events: expected an object");
+    RefuseUnknownFields(*events, {"engine", "endpoint", "replay_endpoint", "topic"}, "events.");
     EventsSpec spec;
     if (const json* v = Find(*events, "engine")) {
       const auto engine = ParseEngine(StringField(*v, "events.engine"));

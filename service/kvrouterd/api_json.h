@@ -91,6 +91,9 @@ RouteInput ParseRouteInput(const nlohmann::json& body, bool need_request_id);
 nlohmann::json DecisionJson(const std::string& request_id, const kvr_route_signals& signals,
                             const std::string& address, bool replayed);
 
+// The body of POST /v1/requests/{id}/output: {"tokens": n}, n the output tokens generated.
+uint64_t OutputTokensFromJson(const nlohmann::json& body);
+
 // Workers as the API spells them.
 WorkerSpec WorkerFromJson(const nlohmann::json& body);
 nlohmann::json WorkerToJson(const WorkerSpec& worker);

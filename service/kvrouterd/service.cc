@@ -468,13 +468,9 @@ HttpResponse Service::PrefillCompleted(const std::string& id) {
 }
 
 HttpResponse Service::RecordOutput(const std::string& id, const HttpRequest& request) {
-  const json body = ParseJsonObject(request.body);
-  const auto tokens = body.find("tokens");
-  if (tokens == body.end() || !tokens->is_number_unsigned()) {
-    throw ApiError(KVR_INVALID_ARGUMENT, "tokens: required, an unsigned integer");
-  }
+  const uint64_t tokens = OutputTokensFromJson(ParseJsonObject(request.body));
   kvr_error* err = nullptr;
-  ThrowIfError(kvr_router_record_output(router_, id.c_str(), tokens->get<uint64_t>(), &err), err);
+  ThrowIfError(kvr_router_record_output(router_, id.c_str(), tokens, &err), err);
   return JsonAnswer(RequestIdAnswer(id));
 }
 

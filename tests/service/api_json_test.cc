@@ -165,6 +165,45 @@ TEST(ApiJsonTest, BadBodiesNameTheField) {
       KVR_OK);  // as a string, any 64-bit id
 }
 
+// A field the daemon does not know is refused by name, at every level of every body: ignored,
+// a misspelt "allowed_worker_ids" routed the request unrestricted.
+TEST(ApiJsonTest, UnknownFieldsAreRefusedByName) {
+  const auto route_error = [](const char* text) {
+    return ErrorOf([&] { ParseRouteInput(ParseJsonObject(text), false); });
+  };
+  EXPECT_EQ(route_error(R"({"token_ids": [1], "allowed_worker_id": [2]})").first,
+            KVR_INVALID_ARGUMENT);
+  EXPECT_EQ(route_error(R"({"token_ids": [1], "allowed_worker_id": [2]})").second,
+            "allowed_worker_id: unknown field");
+  EXPECT_EQ(route_error(R"({"token_ids": [1], "overrides": {"temprature": 0}})").second,
+            "overrides.temprature: unknown field");
+  EXPECT_EQ(route_error(R"({"token_ids": [1], "hints": {"session": "s"}})").second,
+            "hints.session: unknown field");
+  EXPECT_EQ(route_error(R"({"token_ids": [1], "previewed": {"worker_id": 1, "rank": 0}})").second,
+            "previewed.rank: unknown field");
+  // Null is "not given" for a known field, and still unknown for another.
+  EXPECT_EQ(route_error(R"({"token_ids": [1], "lora_name": null})").first, KVR_OK);
+  EXPECT_EQ(route_error(R"({"token_ids": [1], "model": null})").second, "model: unknown field");
+  const std::string long_name(100000, 'x');
+  EXPECT_EQ(route_error(("{\"" + long_name + "\": 1, \"token_ids\": [1]}").c_str()).second,
+            std::string(64, 'x') + "...: unknown field");  // not echoed whole
+
+  const auto worker_error = [](const char* text) {
+    return ErrorOf([&] { WorkerFromJson(ParseJsonObject(text)); }).second;
+  };
+  EXPECT_EQ(worker_error(R"({"worker_id": 1, "dp-size": 2})"), "dp-size: unknown field");
+  EXPECT_EQ(worker_error(R"({"worker_id": 1, "events": {"endpoint": "tcp://h:1", "port": 2}})"),
+            "events.port: unknown field");
+  EXPECT_EQ(ErrorOf([] { OutputTokensFromJson(json::parse(R"({"tokens": 3, "token": 4})")); })
+                .second,
+            "token: unknown field");
+  EXPECT_EQ(OutputTokensFromJson(json::parse(R"({"tokens": 3})")), 3u);
+  EXPECT_EQ(ErrorOf([] { OutputTokensFromJson(json::parse(R"({"tokens": -1})")); }).second,
+            "tokens: expected an unsigned integer");
+  EXPECT_EQ(ErrorOf([] { OutputTokensFromJson(json::object()); }).second,
+            "tokens: required, an unsigned integer");
+}
+
 // A session id is at most 1,024 bytes, as the library's request ids: the library takes any
 // length and keeps each binding's id until it expires (a 3 MB id was taken).
 TEST(ApiJsonTest, ASessionIdIsAtMost1024Bytes) {
