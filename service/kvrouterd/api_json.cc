@@ -112,11 +112,11 @@ void ParseOverrides(const json& overrides, kvr_request_options* options) {
 
 void ParseHints(const json& hints, RouteInput* input) {
   if (!hints.is_object()) Invalid("hints: expected an object");
-  RefuseUnknownFields(hints,
-                      {"worker_id", "prefill_worker_id", "decode_worker_id", "dp_rank",
-                       "prefill_dp_rank", "session_id", "session_mode", "session_ttl_seconds",
-                       "phase"},
-                      "hints.");
+  RefuseUnknownFields(
+      hints,
+      {"worker_id", "prefill_worker_id", "decode_worker_id", "dp_rank", "prefill_dp_rank",
+       "session_id", "session_mode", "session_ttl_seconds", "phase"},
+      "hints.");
   kvr_routing_hints& out = input->hints;
   if (const json* v = Find(hints, "worker_id")) out.worker_id = IdFromJson(*v, "hints.worker_id");
   if (const json* v = Find(hints, "prefill_worker_id")) {

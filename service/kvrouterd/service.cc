@@ -412,6 +412,13 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
         kvr_error_free(err);
         continue;
       }
+      if (status == KVR_NOT_FOUND) {
+        // No plan to commit: a free or abort of this id took it (it wins over the route).
+        kvr_error_free(err);
+        throw ApiError(KVR_CANCELLED, "request '" + id +
+                                          "' was freed or aborted while it was routed (between "
+                                          "its plan and its commit)");
+      }
       ThrowIfError(status, err);
     }
     json decision = DecisionJson(id, signals, AddressOf(signals.worker_id), false);

@@ -194,9 +194,9 @@ TEST(ApiJsonTest, UnknownFieldsAreRefusedByName) {
   EXPECT_EQ(worker_error(R"({"worker_id": 1, "dp-size": 2})"), "dp-size: unknown field");
   EXPECT_EQ(worker_error(R"({"worker_id": 1, "events": {"endpoint": "tcp://h:1", "port": 2}})"),
             "events.port: unknown field");
-  EXPECT_EQ(ErrorOf([] { OutputTokensFromJson(json::parse(R"({"tokens": 3, "token": 4})")); })
-                .second,
-            "token: unknown field");
+  EXPECT_EQ(
+      ErrorOf([] { OutputTokensFromJson(json::parse(R"({"tokens": 3, "token": 4})")); }).second,
+      "token: unknown field");
   EXPECT_EQ(OutputTokensFromJson(json::parse(R"({"tokens": 3})")), 3u);
   EXPECT_EQ(ErrorOf([] { OutputTokensFromJson(json::parse(R"({"tokens": -1})")); }).second,
             "tokens: expected an unsigned integer");

@@ -26,13 +26,26 @@ std::unique_ptr<Service> MakeService(const std::vector<uint64_t>& worker_ids) {
   return service;
 }
 
+// As the daemon routes: the call arrives (numbered: a later free or abort of its id cancels it),
+// runs, and departs.
 HttpResponse Route(Service& service, const std::string& id) {
   HttpRequest request;
   request.method = "POST";
   request.path = "/v1/route";
   request.body = json{{"request_id", id}, {"token_ids", {1, 2, 3}}}.dump();
   const RouteMatch match = MatchRoute(request.method, request.path);
-  return service.Handle(*match.route, request, "");
+  RoutingCall call = service.ArriveRouting(nullptr);
+  HttpResponse answer = service.Handle(*match.route, request, "", &call);
+  service.DepartRouting(call);
+  return answer;
+}
+
+HttpResponse Free(Service& service, const std::string& id) {
+  HttpRequest request;
+  request.method = "DELETE";
+  request.path = "/v1/requests/" + id;
+  const RouteMatch match = MatchRoute(request.method, request.path);
+  return service.Handle(*match.route, request, match.param);
 }
 
 // POST /v1/route plans and commits in one: a worker removed between the two leaves the plan
@@ -76,6 +89,25 @@ TEST(ServiceTest, ARouteIsPlannedAgainOnlySoOften) {
   EXPECT_EQ(calls, Service::kMaxReplans + 1);
   service->SetBetweenPlanAndCommitForTest(nullptr);
   EXPECT_EQ(Route(*service, "r1").status, 200);
+}
+
+// A DELETE of the id between a route's plan and its commit wins, as documented: the route books
+// nothing and is answered 409 CANCELLED (it was 404 NOT_FOUND: the freed plan was not there to
+// commit), and the id is free again.
+TEST(ServiceTest, ARouteFreedBetweenItsPlanAndItsCommitIsCancelled) {
+  std::unique_ptr<Service> service = MakeService({1});
+  ASSERT_NE(service, nullptr);
+  HttpResponse freed;
+  service->SetBetweenPlanAndCommitForTest([&](uint64_t) { freed = Free(*service, "r1"); });
+  const HttpResponse cancelled = Route(*service, "r1");
+  EXPECT_EQ(freed.status, 200) << freed.body;
+  EXPECT_EQ(json::parse(freed.body)["request_id"], "r1");
+  EXPECT_EQ(cancelled.status, 409) << cancelled.body;
+  EXPECT_EQ(json::parse(cancelled.body)["error"]["status"], "CANCELLED");
+  service->SetBetweenPlanAndCommitForTest(nullptr);
+  const HttpResponse again = Route(*service, "r1");
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(json::parse(again.body)["replayed"], false);
 }
 
 }  // namespace
