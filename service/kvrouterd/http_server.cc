@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "kvrouterd/log.h"
 
@@ -220,10 +221,28 @@ int OnHeaderValue(http_parser* parser, const char* at, size_t length) {
 
 void WriteRaw(Connection* c, std::string bytes);
 
+// A request target in absolute form ("http://host:port/v1/route", as a proxy sends it; every
+// HTTP/1.1 server must take it) without its scheme and authority: the origin form.
+std::string OriginForm(std::string url) {
+  constexpr std::string_view kSchemes[] = {"http://", "https://"};
+  for (const std::string_view scheme : kSchemes) {
+    if (url.size() < scheme.size() ||
+        !std::equal(scheme.begin(), scheme.end(), url.begin(), [](char a, char b) {
+          return a == std::tolower(static_cast<unsigned char>(b));
+        })) {
+      continue;
+    }
+    const size_t path = url.find_first_of("/?", scheme.size());
+    if (path == std::string::npos) return "/";
+    return (url[path] == '?' ? "/" : "") + url.substr(path);
+  }
+  return url;
+}
+
 int OnHeadersComplete(http_parser* parser) {
   Connection* c = ConnectionOf(parser);
   c->request.method = http_method_str(static_cast<http_method>(parser->method));
-  std::string url = std::move(c->request.path);
+  std::string url = OriginForm(std::move(c->request.path));
   const size_t question = url.find('?');
   c->request.path = url.substr(0, question);
   if (question != std::string::npos) c->request.query = url.substr(question + 1);

@@ -362,6 +362,15 @@ TEST_F(KvrouterdTest, ErrorsFollowTheContract) {
   answers = raw_exchange("HELLO\r\n\r\n");
   ASSERT_EQ(answers.size(), 1u);
   expect_error(answers[0], 400, "INVALID_ARGUMENT");
+  // A target in absolute form, as a proxy sends it, is served (HTTP/1.1 servers must take it).
+  answers = raw_exchange("GET HTTP://127.0.0.1:" + std::to_string(port_) +
+                         "/healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].status, 200);
+  // A misspelt field is refused, not ignored (ignored, this one routed unrestricted).
+  expect_error(
+      Post("/v1/route", R"({"request_id": "u", "token_ids": [1], "allowed_worker_id": [7]})"), 400,
+      "INVALID_ARGUMENT");
 
   // A chunked body is refused (411), and the connection closed.
   const int fd = kvrouterd_test::Connect(port_);
