@@ -196,8 +196,18 @@ int OnUrl(http_parser* parser, const char* at, size_t length) {
   return CountHeaderBytes(c, length);
 }
 
+// RFC 9110's token characters, which a header name is made of. A name with a space in it
+// ("Content Length") is refused: a proxy in front may read it otherwise than the daemon does.
+bool IsTokenChar(unsigned char ch) {
+  return std::isalnum(ch) || std::strchr("!#$%&'*+-.^_`|~", ch) != nullptr;
+}
+
 int OnHeaderField(http_parser* parser, const char* at, size_t length) {
   Connection* c = ConnectionOf(parser);
+  if (!std::all_of(at, at + length, [](char ch) { return IsTokenChar(ch); })) {
+    c->reject_status = 400;
+    return -1;
+  }
   if (c->header_value_last) {
     c->header_field.clear();
     c->header_value_last = false;
@@ -519,6 +529,11 @@ void Connection::RefuseMalformed(http_errno error) {
     case 431:
       response = ErrorResponse(431, "INVALID_ARGUMENT",
                                "the request line and headers are larger than max-header-bytes");
+      break;
+    case 400:
+      response = ErrorResponse(400, "INVALID_ARGUMENT",
+                               "malformed HTTP: a header name holds a character other than "
+                               "letters, digits and !#$%&'*+-.^_`|~");
       break;
     case 503:
       response = ErrorResponse(503, "RESOURCE_EXHAUSTED",

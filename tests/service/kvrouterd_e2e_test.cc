@@ -362,6 +362,10 @@ TEST_F(KvrouterdTest, ErrorsFollowTheContract) {
   answers = raw_exchange("HELLO\r\n\r\n");
   ASSERT_EQ(answers.size(), 1u);
   expect_error(answers[0], 400, "INVALID_ARGUMENT");
+  // A header name with a space (a proxy may read it otherwise) is malformed.
+  answers = raw_exchange("GET /healthz HTTP/1.1\r\nContent Length: 5\r\n\r\n");
+  ASSERT_EQ(answers.size(), 1u);
+  expect_error(answers[0], 400, "INVALID_ARGUMENT");
   // A target in absolute form, as a proxy sends it, is served (HTTP/1.1 servers must take it).
   answers = raw_exchange("GET HTTP://127.0.0.1:" + std::to_string(port_) +
                          "/healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
