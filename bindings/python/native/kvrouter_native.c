@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -1010,6 +1011,45 @@ static int refuse_in_publisher(const char* what) {
   return -1;
 }
 
+/* Interpreter exit. Once Python finalizes, a thread other than the finalizing one that asks for
+ * the GIL (PyGILState_Ensure) is ended on the spot (pthread_exit); in a publisher, that unwinds
+ * through the library's C++ frames, whose catch (...) then aborts the process ("FATAL: exception
+ * not rethrown": 7 runs in 10 of a program whose daemon threads routed while it exited). An
+ * atexit handler (they run before Python finalizes) closes the gate: a publisher called
+ * afterwards on another thread drops its change without asking for the GIL, and the handler
+ * waits, the GIL released, for those already past the gate (at most kExitWaitMs: a callable
+ * blocked longer is left to its fate, as before). */
+enum { kExitWaitMs = 5000 };
+static atomic_int g_exiting;
+static atomic_int g_publishers_running;
+static pthread_t g_exiting_thread; /* written before g_exiting is set, read after */
+
+/* Whether this publisher may run (then counted in g_publishers_running until it returns). */
+static int enter_publisher_unless_exiting(void) {
+  atomic_fetch_add(&g_publishers_running, 1);
+  if (atomic_load(&g_exiting) && !pthread_equal(pthread_self(), g_exiting_thread)) {
+    atomic_fetch_sub(&g_publishers_running, 1);
+    return 0;
+  }
+  return 1;
+}
+
+static PyObject* mod_close_publishers_at_exit(PyObject* m, PyObject* unused) {
+  int waited_ms;
+  (void)m;
+  (void)unused;
+  g_exiting_thread = pthread_self();
+  atomic_store(&g_exiting, 1);
+  Py_BEGIN_ALLOW_THREADS;
+  for (waited_ms = 0; atomic_load(&g_publishers_running) > 0 && waited_ms < kExitWaitMs;
+       ++waited_ms) {
+    const struct timespec millisecond = {0, 1000000};
+    nanosleep(&millisecond, NULL);
+  }
+  Py_END_ALLOW_THREADS;
+  Py_RETURN_NONE;
+}
+
 /* The mark covers PyGILState_Ensure and PyGILState_Release too: on a thread with no Python
  * thread state of its own (an Ingest's loop thread), Release clears the temporary one Ensure
  * made, and with it that thread's threading.local data, whose deallocs (an Ingest's among
@@ -1017,6 +1057,7 @@ static int refuse_in_publisher(const char* what) {
 static void publish_trampoline(void* user_data, const void* data, size_t size) {
   PyGILState_STATE g;
   PyObject* fn;
+  if (!enter_publisher_unless_exiting()) return; /* the change is dropped: peers expire it */
   g_publishing++;
   g = PyGILState_Ensure();
   fn = ((publish_cell*)user_data)->fn;
@@ -1032,6 +1073,7 @@ static void publish_trampoline(void* user_data, const void* data, size_t size) {
   }
   PyGILState_Release(g);
   g_publishing--;
+  atomic_fetch_sub(&g_publishers_running, 1);
 }
 
 /* Whether the C router is there to call: a pool router's goes with its Disagg. */
@@ -3489,6 +3531,8 @@ static PyMethodDef module_methods[] = {
     {"defaults", mod_defaults, METH_O, "the value fields a struct's _init writes, as a dict"},
     {"lower", mod_lower, METH_VARARGS, "a struct's value fields after _init and the given fields"},
     {"abi", mod_abi, METH_NOARGS, "what this extension compiled of kvrouter.h"},
+    {"close_publishers_at_exit", mod_close_publishers_at_exit, METH_NOARGS,
+     "drops replica publishers' changes from other threads from now on (atexit)"},
     {"setup", mod_setup, METH_VARARGS,
      "registers the package's exception and enum classes and its HashedPrompt"},
     {NULL, NULL, 0, NULL},

@@ -17,6 +17,7 @@ with a library of another major.minor raises ImportError.
 
 from __future__ import annotations
 
+import atexit
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import _abi
@@ -91,6 +92,11 @@ _native.setup(
     {typedef: cls for typedef, cls in _abi.ENUMERATIONS},
     HashedPrompt,
 )
+
+# Registered at import, so run after the program's own exit handlers (they run last first):
+# from then on, a replica publisher called on another thread drops its change rather than ask
+# for the GIL of an interpreter that is finalizing (which ends that thread inside the library).
+atexit.register(_native.close_publishers_at_exit)
 
 from ._native import (  # noqa: E402
     Candidate,

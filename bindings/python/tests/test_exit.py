@@ -1,0 +1,44 @@
+"""A program exiting while its daemon threads route through a router with a replica publisher:
+the publisher runs on those threads, and one that asked for the GIL of a finalizing
+interpreter was ended inside the library, which aborted the process (7 exits in 10). Every
+run is a child process, so that an abort fails the test only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+_PROGRAM = r"""
+import threading
+import time
+
+import kvrouter
+
+router = kvrouter.Router(block_size=16)
+router.add_worker(1)
+published = []
+router.set_replica_publisher("exiting", published.append)
+
+
+def book_and_free(thread):
+    i = 0
+    while True:
+        i += 1
+        request_id = "t%d-%d" % (thread, i)
+        router.add_request(list(range(64)), 1, request_id=request_id)
+        router.free_request(request_id)
+
+
+for thread in range(4):
+    threading.Thread(target=book_and_free, args=(thread,), daemon=True).start()
+while len(published) < 100:  # the threads are publishing
+    time.sleep(0.001)
+"""
+
+
+def test_exiting_while_daemon_threads_publish_does_not_abort():
+    for run in range(8):
+        child = subprocess.run(
+            [sys.executable, "-c", _PROGRAM], capture_output=True, text=True, timeout=120
+        )
+        assert child.returncode == 0, (run, child.returncode, child.stderr[-2000:])
