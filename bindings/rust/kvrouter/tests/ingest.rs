@@ -5,41 +5,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::{prompt, router, wait_for, BS};
+use common::{free_port, prompt, router, wait_for, NatsServer, TempDir, BS};
 use kvrouter::{
     Code, EngineWorker, EventBatch, Ingest, IngestOptions, IngestStats, JetStreamSource, Publisher,
     RejectReason, RequestOptions, StoredEvent,
 };
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "kvr-rust-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A batch storing `blocks` blocks of `tokens` on `worker` (engine hashes from `first`).
 fn stored_batch(worker: u64, tokens: &[u32], blocks: usize, first: u64) -> EventBatch {
@@ -363,136 +338,6 @@ fn a_publisher_to_nowhere_is_unavailable() {
     assert_eq!(e.code(), Code::Unavailable);
     let e = Publisher::connect("unix:///nonexistent/kvrouter.sock").unwrap_err();
     assert_eq!(e.code(), Code::Unavailable);
-}
-
-/// Held while a probe listener is open (`free_port`) and while a child process is started: a
-/// fork in another test thread would otherwise copy the listener into the child, where it
-/// listens until the child's exec, and a test connecting to the "free" port just then would
-/// find it open (seen as `a_publisher_to_nowhere_is_unavailable` failing now and then).
-static FORK_GUARD: Mutex<()> = Mutex::new(());
-
-fn fork_guard() -> MutexGuard<'static, ()> {
-    FORK_GUARD.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A port nothing listens on (at the time): bound, read, and released.
-fn free_port() -> u16 {
-    let _guard = fork_guard();
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A nats-server on 127.0.0.1, killed on drop.
-struct NatsServer {
-    child: Child,
-    port: u16,
-    /// JetStream's store, when on (removed after the server is killed: fields drop after
-    /// Drop::drop).
-    _store: Option<TempDir>,
-    /// The directory of its configuration file, when it has one.
-    _config: Option<TempDir>,
-}
-
-impl NatsServer {
-    fn start() -> Option<NatsServer> {
-        NatsServer::start_with(false)
-    }
-
-    /// With `jetstream`: JetStream on, its store in a temporary directory.
-    fn start_with(jetstream: bool) -> Option<NatsServer> {
-        NatsServer::start_configured(jetstream, None)
-    }
-
-    /// As `start_with`, and with `config` (a configuration file's text, e.g.
-    /// `"max_payload: 4096\n"`) when given, written into a temporary directory and passed with
-    /// `-c`.
-    fn start_configured(jetstream: bool, config: Option<&str>) -> Option<NatsServer> {
-        let binary = [
-            "nats-server",
-            "/usr/sbin/nats-server",
-            "/usr/bin/nats-server",
-        ]
-        .into_iter()
-        .find(|b| {
-            let _guard = fork_guard();
-            Command::new(b).arg("--version").output().is_ok()
-        })?;
-        let port = free_port();
-        let store = jetstream.then(TempDir::new);
-        let config_dir = config.map(|text| {
-            let dir = TempDir::new();
-            std::fs::write(dir.0.join("nats.conf"), text).unwrap();
-            dir
-        });
-        let child = {
-            let _guard = fork_guard();
-            let mut command = Command::new(binary);
-            command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
-            if let Some(store) = &store {
-                command.arg("-js").arg("-sd").arg(&store.0);
-            }
-            if let Some(dir) = &config_dir {
-                command.arg("-c").arg(dir.0.join("nats.conf"));
-            }
-            command
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .ok()?
-        };
-        let server = NatsServer {
-            child,
-            port,
-            _store: store,
-            _config: config_dir,
-        };
-        wait_for("nats-server to accept connections", || {
-            TcpStream::connect(("127.0.0.1", port)).ok()
-        });
-        Some(server)
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// Publishes raw payloads with the NATS text protocol (no client library), then waits for
-    /// the server's PONG, so they have been routed to subscribers.
-    fn publish(&self, messages: &[(&str, &[u8])]) {
-        let stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        assert!(line.starts_with("INFO "), "{line}");
-        let mut out = stream;
-        out.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\n")
-            .unwrap();
-        for (subject, payload) in messages {
-            out.write_all(format!("PUB {subject} {}\r\n", payload.len()).as_bytes())
-                .unwrap();
-            out.write_all(payload).unwrap();
-            out.write_all(b"\r\n").unwrap();
-        }
-        out.write_all(b"PING\r\n").unwrap();
-        loop {
-            line.clear();
-            reader.read_line(&mut line).unwrap();
-            assert!(!line.starts_with("-ERR"), "{line}");
-            if line.starts_with("PONG") {
-                break;
-            }
-        }
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

@@ -1,6 +1,11 @@
 //! What the integration tests share: routers with workers, prompts, stored events, polling.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use kvrouter::{Router, RouterOptions, StoredEvent, WorkerConfig};
@@ -124,7 +129,6 @@ pub fn child_nats_url() -> String {
 /// As `run_in_child`, with `env` set in the child's environment.
 pub fn run_in_child_with(test: &str, deadline: Duration, env: &[(&str, &str)]) -> ChildRun {
     use std::io::Read;
-    use std::process::{Command, Stdio};
     let mut child = {
         let _guard = fork_guard();
         Command::new(std::env::current_exe().unwrap())
@@ -179,16 +183,31 @@ pub fn run_in_child_with(test: &str, deadline: Duration, env: &[(&str, &str)]) -
     ChildRun { status, output }
 }
 
-/// A nats-server on 127.0.0.1 (a free port), killed on drop.
+/// A nats-server on 127.0.0.1, killed on drop.
 pub struct NatsServer {
-    child: std::process::Child,
+    child: Child,
     pub port: u16,
+    /// JetStream's store, when on (removed after the server is killed: fields drop after
+    /// Drop::drop).
+    _store: Option<TempDir>,
+    /// The directory of its configuration file, when it has one.
+    _config: Option<TempDir>,
 }
 
 impl NatsServer {
-    /// None when no nats-server is installed (the caller skips, saying so on stderr).
     pub fn start() -> Option<NatsServer> {
-        use std::process::{Command, Stdio};
+        NatsServer::start_with(false)
+    }
+
+    /// With `jetstream`: JetStream on, its store in a temporary directory.
+    pub fn start_with(jetstream: bool) -> Option<NatsServer> {
+        NatsServer::start_configured(jetstream, None)
+    }
+
+    /// As `start_with`, and with `config` (a configuration file's text, e.g.
+    /// `"max_payload: 4096\n"`) when given, written into a temporary directory and passed with
+    /// `-c`.
+    pub fn start_configured(jetstream: bool, config: Option<&str>) -> Option<NatsServer> {
         let binary = [
             "nats-server",
             "/usr/sbin/nats-server",
@@ -200,24 +219,70 @@ impl NatsServer {
             Command::new(b).arg("--version").output().is_ok()
         })?;
         let port = free_port();
+        let store = jetstream.then(TempDir::new);
+        let config_dir = config.map(|text| {
+            let dir = TempDir::new();
+            std::fs::write(dir.0.join("nats.conf"), text).unwrap();
+            dir
+        });
         let child = {
             let _guard = fork_guard();
-            Command::new(binary)
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            let mut command = Command::new(binary);
+            command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+            if let Some(store) = &store {
+                command.arg("-js").arg("-sd").arg(&store.0);
+            }
+            if let Some(dir) = &config_dir {
+                command.arg("-c").arg(dir.0.join("nats.conf"));
+            }
+            command
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .ok()?
         };
-        let server = NatsServer { child, port };
+        let server = NatsServer {
+            child,
+            port,
+            _store: store,
+            _config: config_dir,
+        };
         wait_for("nats-server to accept connections", || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+            TcpStream::connect(("127.0.0.1", port)).ok()
         });
         Some(server)
     }
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Publishes raw payloads with the NATS text protocol (no client library), then waits for
+    /// the server's PONG, so they have been routed to subscribers.
+    pub fn publish(&self, messages: &[(&str, &[u8])]) {
+        let stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.starts_with("INFO "), "{line}");
+        let mut out = stream;
+        out.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\n")
+            .unwrap();
+        for (subject, payload) in messages {
+            out.write_all(format!("PUB {subject} {}\r\n", payload.len()).as_bytes())
+                .unwrap();
+            out.write_all(payload).unwrap();
+            out.write_all(b"\r\n").unwrap();
+        }
+        out.write_all(b"PING\r\n").unwrap();
+        loop {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            assert!(!line.starts_with("-ERR"), "{line}");
+            if line.starts_with("PONG") {
+                break;
+            }
+        }
     }
 }
 
@@ -228,8 +293,29 @@ impl Drop for NatsServer {
     }
 }
 
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "kvr-rust-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Says on stderr (past the harness's capture) that `test` was skipped for want of nats-server.
 pub fn skipped_without_nats(test: &str) {
-    use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{test}: skipped, no nats-server");
 }
