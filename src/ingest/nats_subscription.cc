@@ -101,10 +101,12 @@ struct ConnectionCallbacks {
   }
 
   // When the connection is lost: what is published until the reconnection is lost. Posted
-  // now, the clear comes after every message received before and before every one received
-  // after. Not asked whether it is reconnecting: libnats runs every connection's callbacks on
-  // one thread, so this may run after a quick reconnection (a close is flagged once anyway,
-  // and one the source makes comes detached).
+  // now, the clear comes after every message received before. libnats runs every connection's
+  // callbacks on one thread, apart from its message delivery, so this may run after a quick
+  // reconnection and after messages received since were posted: the clear then takes those
+  // too (flagged like the rest, so never kept wrong; their blocks come back as their engines
+  // store again). Not asked whether it is reconnecting, for the same reason (a close is
+  // flagged once anyway, and one the source makes comes detached).
   static void OnDisconnected(natsConnection*, void* closure) {
     auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
     std::lock_guard lock(callbacks->owner_mutex);

@@ -284,8 +284,16 @@ TEST_F(NatsIngestTest, SurvivesAServerRestart) {
   ASSERT_TRUE(server_->Start());  // same port
   ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
 
-  // The subscriber reconnects and resubscribes on its own; until it has, messages are lost, so
-  // publish a fresh batch until one arrives (bounded).
+  // libnats reports the disconnection, then the reconnection, on its callback thread, which may
+  // run after messages published since were applied: the disconnection's clear (of every rank
+  // the source fed) would then clear them too. Once the reconnection is counted the clear was
+  // posted, and once worker 1 is flagged it was applied: what is published from then on stays.
+  ASSERT_TRUE(Eventually([&] {
+    const IngestStats now = *ingest_->Stats(*source);
+    return now.connections >= 2 && now.state_unknown >= 1;
+  }));
+  // The subscriber resubscribes on its own; until it has, messages are lost, so publish a fresh
+  // batch until one arrives (bounded).
   const auto deadline = std::chrono::steady_clock::now() + kWait;
   uint64_t attempt = 0;
   bool arrived = false;
@@ -304,9 +312,6 @@ TEST_F(NatsIngestTest, SurvivesAServerRestart) {
   bool any = false;
   for (const auto& prompt : sent) any = any || DeviceBlocks(prompt, 2) == 2;
   EXPECT_TRUE(any);
-  // The first connection and at least one reconnection; libnats reports the reconnection on
-  // its callback thread, which may run after the messages published since were applied.
-  EXPECT_TRUE(Eventually([&] { return ingest_->Stats(*source)->connections >= 2; }));
   IngestStats stats = *ingest_->Stats(*source);
   EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kBadFlatBuffers)]);
   // What was published during the outage is lost without a trace, so worker 1's state is
@@ -375,7 +380,9 @@ TEST_F(NatsIngestTest, ARemakeWaitingForASilentServerHoldsOnlyItsOwnThread) {
   ASSERT_NO_FATAL_FAILURE(FeedNatively());
   SlowServer slow(server_->port());
   ASSERT_TRUE(slow.listening());
-  ASSERT_TRUE(slow.Accept(2 * kWait));
+  // Attempts refused meanwhile (a slow machine between the two servers) double the delay, up
+  // to 30 s: the wait outlasts the longest.
+  ASSERT_TRUE(slow.Accept(std::chrono::seconds(30) + kWait));
   ASSERT_NO_FATAL_FAILURE(ExpectTheLoopAppliesABatch(7));
   EXPECT_TRUE(slow.StillHeld()) << "the batch waited for the remake's connect to end";
   ingest_->Stop();
