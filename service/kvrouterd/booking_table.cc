@@ -24,6 +24,11 @@ bool BookingTable::CancelledLocked(const std::string& id, uint64_t arrival) cons
   return it != cancelled_.end() && arrival < it->second;
 }
 
+bool BookingTable::Cancelled(const std::string& id, uint64_t arrival) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return CancelledLocked(id, arrival);
+}
+
 // A cancellation matters while a call that arrived before it is in flight.
 void BookingTable::PruneCancellationsLocked() {
   const uint64_t oldest = arrivals_.empty() ? UINT64_MAX : *arrivals_.begin();

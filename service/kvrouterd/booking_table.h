@@ -76,6 +76,8 @@ class BookingTable {
   // arrived before now and have not booked yet (call this before the router's free, so that a
   // call booking meanwhile is caught by Complete). True if the id was booked here.
   bool Cancel(const std::string& id);
+  // Whether `id` was freed or aborted since the call that arrived as `arrival` did.
+  bool Cancelled(const std::string& id, uint64_t arrival) const;
   // Cancels the call booking `id` now, if one is (shutdown): true if one was. A booked id stays.
   bool CancelPending(const std::string& id);
   // The worker was removed with its requests.

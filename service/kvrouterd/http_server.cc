@@ -199,7 +199,7 @@ int OnUrl(http_parser* parser, const char* at, size_t length) {
 // RFC 9110's token characters, which a header name is made of. A name with a space in it
 // ("Content Length") is refused: a proxy in front may read it otherwise than the daemon does.
 bool IsTokenChar(unsigned char ch) {
-  return std::isalnum(ch) || std::strchr("!#$%&'*+-.^_`|~", ch) != nullptr;
+  return std::isalnum(ch) || (ch != 0 && std::strchr("!#$%&'*+-.^_`|~", ch) != nullptr);
 }
 
 int OnHeaderField(http_parser* parser, const char* at, size_t length) {

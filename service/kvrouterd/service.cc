@@ -408,16 +408,18 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
         break;
       }
       kvr_abort_route(router_, id.c_str(), nullptr, nullptr);
-      if (status == KVR_FAILED_PRECONDITION && replans < kMaxReplans) {
-        kvr_error_free(err);
-        continue;
-      }
-      if (status == KVR_NOT_FOUND) {
-        // No plan to commit: a free or abort of this id took it (it wins over the route).
+      // No plan to commit (NOT_FOUND): a free or abort of this id took it, and wins over the
+      // route; or, with no cancellation, the plan outlived its deadline before its commit (a
+      // stalled thread): as a lost worker, planned again.
+      if (status == KVR_NOT_FOUND && bookings_.Cancelled(id, call->arrival)) {
         kvr_error_free(err);
         throw ApiError(KVR_CANCELLED, "request '" + id +
                                           "' was freed or aborted while it was routed (between "
                                           "its plan and its commit)");
+      }
+      if ((status == KVR_FAILED_PRECONDITION || status == KVR_NOT_FOUND) && replans < kMaxReplans) {
+        kvr_error_free(err);
+        continue;
       }
       ThrowIfError(status, err);
     }

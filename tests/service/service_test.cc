@@ -4,17 +4,18 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 namespace kvrouterd {
 namespace {
 
 using nlohmann::json;
 
-std::unique_ptr<Service> MakeService(const std::vector<uint64_t>& worker_ids) {
-  Config config;
+std::unique_ptr<Service> MakeService(const std::vector<uint64_t>& worker_ids, Config config = {}) {
   for (const uint64_t id : worker_ids) {
     WorkerSpec worker;
     worker.worker_id = id;
@@ -108,6 +109,22 @@ TEST(ServiceTest, ARouteFreedBetweenItsPlanAndItsCommitIsCancelled) {
   const HttpResponse again = Route(*service, "r1");
   ASSERT_EQ(again.status, 200) << again.body;
   EXPECT_EQ(json::parse(again.body)["replayed"], false);
+}
+
+// A plan that outlived its deadline before its commit (a stalled routing thread) was not
+// freed by anyone: the route is planned again, not answered CANCELLED.
+TEST(ServiceTest, ARoutePlanPastItsDeadlineBeforeItsCommitIsPlannedAgain) {
+  Config config;
+  config.plan_deadline_seconds = 0.01;
+  std::unique_ptr<Service> service = MakeService({1}, config);
+  ASSERT_NE(service, nullptr);
+  int calls = 0;
+  service->SetBetweenPlanAndCommitForTest([&](uint64_t) {
+    if (calls++ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  });
+  const HttpResponse routed = Route(*service, "r1");
+  EXPECT_EQ(routed.status, 200) << routed.body;
+  EXPECT_EQ(calls, 2);
 }
 
 }  // namespace

@@ -1015,10 +1015,10 @@ static int refuse_in_publisher(const char* what) {
  * the GIL (PyGILState_Ensure) is ended on the spot (pthread_exit); in a publisher, that unwinds
  * through the library's C++ frames, whose catch (...) then aborts the process ("FATAL: exception
  * not rethrown": 7 runs in 10 of a program whose daemon threads routed while it exited). An
- * atexit handler (they run before Python finalizes) closes the gate: a publisher called
- * afterwards on another thread drops its change without asking for the GIL, and the handler
- * waits, the GIL released, for those already past the gate (at most kExitWaitMs: a callable
- * blocked longer is left to its fate, as before). */
+ * atexit handler of the main interpreter (they run before Python finalizes) closes the gate: a
+ * publisher called afterwards on another thread drops its change without asking for the GIL,
+ * and the handler waits, the GIL released, for those already past the gate (at most
+ * kExitWaitMs: a callable blocked longer is left to its fate, as before). */
 enum { kExitWaitMs = 5000 };
 static atomic_int g_exiting;
 static atomic_int g_publishers_running;
@@ -1034,15 +1034,31 @@ static int enter_publisher_unless_exiting(void) {
   return 1;
 }
 
+/* A child forked while other threads published has only the forking thread: only its own
+ * publishers (a fork inside one) still run there. */
+static void publishers_after_fork_in_child(void) {
+  atomic_store(&g_publishers_running, g_publishing);
+}
+
+static int64_t monotonic_ms(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
 static PyObject* mod_close_publishers_at_exit(PyObject* m, PyObject* unused) {
-  int waited_ms;
+  int64_t deadline;
   (void)m;
   (void)unused;
+  /* A sub-interpreter ending is not the process exiting: other interpreters' threads go on. */
+  if (PyInterpreterState_Get() != PyInterpreterState_Main()) Py_RETURN_NONE;
+  if (atomic_load(&g_exiting)) Py_RETURN_NONE; /* registered twice (the module reloaded) */
   g_exiting_thread = pthread_self();
   atomic_store(&g_exiting, 1);
+  deadline = monotonic_ms() + kExitWaitMs;
   Py_BEGIN_ALLOW_THREADS;
-  for (waited_ms = 0; atomic_load(&g_publishers_running) > 0 && waited_ms < kExitWaitMs;
-       ++waited_ms) {
+  /* Not for this thread's own publishers (an exit from inside one): they wait for this. */
+  while (atomic_load(&g_publishers_running) > g_publishing && monotonic_ms() < deadline) {
     const struct timespec millisecond = {0, 1000000};
     nanosleep(&millisecond, NULL);
   }
@@ -3572,8 +3588,17 @@ static const struct {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-  PyObject* m = PyModule_Create(&module_def);
+  static int fork_handler_registered;
+  PyObject* m;
   size_t i;
+  if (!fork_handler_registered) {
+    if (pthread_atfork(NULL, NULL, publishers_after_fork_in_child) != 0) {
+      PyErr_SetString(PyExc_ImportError, "kvrouter: pthread_atfork refused its fork handler");
+      return NULL;
+    }
+    fork_handler_registered = 1;
+  }
+  m = PyModule_Create(&module_def);
   if (!m) return NULL;
   for (i = 0; i < NUM_STRUCTS; ++i) {
     struct_desc* sd = &g_structs[i];

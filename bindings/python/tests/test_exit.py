@@ -42,3 +42,36 @@ def test_exiting_while_daemon_threads_publish_does_not_abort():
             [sys.executable, "-c", _PROGRAM], capture_output=True, text=True, timeout=120
         )
         assert child.returncode == 0, (run, child.returncode, child.stderr[-2000:])
+
+
+_SUB_INTERPRETER = r"""
+import threading
+
+import kvrouter
+
+try:
+    import _xxsubinterpreters as interpreters
+except ImportError:
+    print("no sub-interpreters")
+    raise SystemExit(0)
+interpreter = interpreters.create()
+interpreters.run_string(interpreter, "import kvrouter")
+interpreters.destroy(interpreter)  # runs its exit handlers
+router = kvrouter.Router(block_size=16)
+router.add_worker(1)
+publishers = []  # the thread each change was published on
+router.set_replica_publisher("main", lambda change: publishers.append(threading.get_ident()))
+booking = threading.Thread(target=router.add_request, args=(list(range(64)), 1), kwargs={"request_id": "r"})
+booking.start()
+booking.join()
+print("published on the booking thread", publishers.count(booking.ident))
+"""
+
+
+def test_a_sub_interpreter_ending_does_not_silence_the_publishers():
+    child = subprocess.run(
+        [sys.executable, "-c", _SUB_INTERPRETER], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    if child.stdout.strip() != "no sub-interpreters":
+        assert child.stdout.strip() == "published on the booking thread 1", child.stdout

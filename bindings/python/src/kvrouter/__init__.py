@@ -93,7 +93,7 @@ _native.setup(
     HashedPrompt,
 )
 
-# Registered at import, so run after the program's own exit handlers (they run last first):
+# Registered at import, so run after the exit handlers registered later (they run last first):
 # from then on, a replica publisher called on another thread drops its change rather than ask
 # for the GIL of an interpreter that is finalizing (which ends that thread inside the library).
 atexit.register(_native.close_publishers_at_exit)
