@@ -401,6 +401,7 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
                                   &signals, &err),
                    err);
       if (!commit) break;
+      const Clock::time_point planned_at = Clock::now();
       if (between_plan_and_commit_for_test_) between_plan_and_commit_for_test_(signals.worker_id);
       const kvr_status status = kvr_commit_route(router_, id.c_str(), &err);
       if (status == KVR_OK) {
@@ -409,9 +410,11 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
       }
       kvr_abort_route(router_, id.c_str(), nullptr, nullptr);
       // No plan to commit (NOT_FOUND): a free or abort of this id took it, and wins over the
-      // route; or, with no cancellation, the plan outlived its deadline before its commit (a
-      // stalled thread): as a lost worker, planned again.
-      if (status == KVR_NOT_FOUND && bookings_.Cancelled(id, call->arrival)) {
+      // route; unless, with no cancellation recorded, the plan outlived its deadline before its
+      // commit (a stalled thread): then, as a lost worker, it is planned again. (Within the
+      // deadline it was freed, even if the table dropped the record for want of room.)
+      if (status == KVR_NOT_FOUND && (bookings_.Cancelled(id, call->arrival) ||
+                                      Clock::now() - planned_at < Span(plan_deadline_seconds_))) {
         kvr_error_free(err);
         throw ApiError(KVR_CANCELLED, "request '" + id +
                                           "' was freed or aborted while it was routed (between "
@@ -420,6 +423,12 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
       if ((status == KVR_FAILED_PRECONDITION || status == KVR_NOT_FOUND) && replans < kMaxReplans) {
         kvr_error_free(err);
         continue;
+      }
+      if (status == KVR_NOT_FOUND) {
+        kvr_error_free(err);
+        throw ApiError(KVR_UNAVAILABLE, "request '" + id +
+                                            "': its plans outlived plan-deadline-seconds before "
+                                            "their commit, three times (routing threads stalled)");
       }
       ThrowIfError(status, err);
     }

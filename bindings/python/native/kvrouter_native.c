@@ -1050,7 +1050,7 @@ static PyObject* mod_close_publishers_at_exit(PyObject* m, PyObject* unused) {
   int64_t deadline;
   (void)m;
   (void)unused;
-  /* A sub-interpreter ending is not the process exiting: other interpreters' threads go on. */
+  /* (Only the main interpreter imports the package, refuse_sub_interpreter: no other exits.) */
   if (PyInterpreterState_Get() != PyInterpreterState_Main()) Py_RETURN_NONE;
   if (atomic_load(&g_exiting)) Py_RETURN_NONE; /* registered twice (the module reloaded) */
   g_exiting_thread = pthread_self();
@@ -3524,8 +3524,21 @@ bad:
 }
 
 /* setup(error_base, error_classes, closed_error, enum_classes, hashed_prompt) */
+/* The extension keeps its classes, and its exit gate, for the process: it runs in the main
+ * interpreter only. A legacy sub-interpreter's import (mod_wsgi's) copies the module and runs
+ * the package again, whose setup would replace the main interpreter's classes with its own,
+ * dead once it ends (an error then raised NameError); an isolated one (3.12) refuses it itself.
+ * 0, or -1 with ImportError set. */
+static int refuse_sub_interpreter(void) {
+  if (PyInterpreterState_Get() == PyInterpreterState_Main()) return 0;
+  PyErr_SetString(PyExc_ImportError,
+                  "kvrouter runs in the main interpreter only, not in a sub-interpreter");
+  return -1;
+}
+
 static PyObject* mod_setup(PyObject* m, PyObject* args) {
   PyObject *base, *classes, *closed_cls, *enums, *hashed;
+  if (refuse_sub_interpreter() < 0) return NULL;
   if (!PyArg_ParseTuple(args, "OO!OO!O!", &base, &PyDict_Type, &classes, &closed_cls, &PyDict_Type,
                         &enums, &PyType_Type, &hashed))
     return NULL;
@@ -3591,6 +3604,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   static int fork_handler_registered;
   PyObject* m;
   size_t i;
+  if (refuse_sub_interpreter() < 0) return NULL;
   if (!fork_handler_registered) {
     if (pthread_atfork(NULL, NULL, publishers_after_fork_in_child) != 0) {
       PyErr_SetString(PyExc_ImportError, "kvrouter: pthread_atfork refused its fork handler");
