@@ -48,7 +48,8 @@
  *   message.
  * - Thread-safety is stated per function: "concurrent" = any thread, any time, concurrently
  *   with any other call on the same handle; "none" = no other call on that handle may run
- *   concurrently (only the _free functions).
+ *   concurrently (the _free functions, and an event batch's or a publisher's calls, each for
+ *   its own handle).
  */
 #ifndef KVROUTER_H
 #define KVROUTER_H
@@ -696,8 +697,9 @@ typedef struct kvr_overlap {
 } kvr_overlap;
 
 /* Per rank holding at least the prompt's first block, in no particular order. Of opts, only
- * what hashes the prompt is used (the index's view, as Dynamo's find_matches: no allow-list,
- * no pin). @thread_safety concurrent */
+ * what hashes the prompt and the cost overrides are used (the tier weights of
+ * effective_overlap_blocks; an invalid override is KVR_INVALID_ARGUMENT): the index's view, as
+ * Dynamo's find_matches, with no allow-list and no pin. @thread_safety concurrent */
 KVR_API kvr_status kvr_router_overlap_scores(kvr_router *router, const uint32_t *tokens,
                                              size_t num_tokens, const kvr_request_options *opts,
                                              kvr_overlap *out, size_t cap, size_t *len,
@@ -1016,9 +1018,10 @@ KVR_API kvr_status kvr_plan_route(kvr_router *router, const uint32_t *tokens, si
                                   const kvr_request_options *opts, const kvr_routing_hints *hints,
                                   const kvr_route_signals *previewed, kvr_route_signals *out,
                                   kvr_error **err);
-/* The plan was dispatched. Idempotent (a committed, active request is KVR_OK). KVR_NOT_FOUND:
- * no plan (never made, aborted, freed or past its deadline); KVR_FAILED_PRECONDITION: its
- * worker was removed (plan again). @thread_safety concurrent */
+/* The plan was dispatched. Idempotent: an active request without a plan (committed already,
+ * or booked without one: admitted, added) is KVR_OK, and nothing is done. KVR_NOT_FOUND: no
+ * such request (never planned, aborted, freed or past its plan's deadline);
+ * KVR_FAILED_PRECONDITION: its worker was removed (plan again). @thread_safety concurrent */
 KVR_API kvr_status kvr_commit_route(kvr_router *router, const char *request_id, kvr_error **err);
 /* Frees the plan, its booking or its queue place. Idempotent: unknown ids are no error.
  * `freed` (may be NULL) is set to 1 if anything was freed. @thread_safety concurrent */
@@ -1478,8 +1481,8 @@ KVR_API kvr_status kvr_ingest_get_stats(kvr_ingest *ingest, uint64_t source_id,
                                         kvr_ingest_stats *out, kvr_error **err);
 
 /* Added in 0.2.0: every source's counters in Prometheus text exposition format, NUL-terminated
- * (kvrouter_ingest_*, one series per source labelled source_id, kind - listener, engine, nats
- * or replicas - and endpoint; removed sources not yet forgotten included, as in
+ * (kvrouter_ingest_*, one series per source labelled source_id, kind - listener, engine, nats,
+ * replicas, jetstream or jetstream_relay - and endpoint; removed sources not yet forgotten included, as in
  * kvr_ingest_get_stats). The names
  * differ from kvr_router_metrics_prometheus's, so a /metrics page may serve both texts one
  * after the other. `*len` is set to the bytes needed including the NUL (also with

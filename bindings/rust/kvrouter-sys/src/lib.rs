@@ -1236,8 +1236,9 @@ extern "C" {
         err: *mut *mut kvr_error,
     ) -> kvr_status;
     /// Per rank holding at least the prompt's first block, in no particular order. Of opts, only
-    /// what hashes the prompt is used (the index's view, as Dynamo's find_matches: no allow-list,
-    /// no pin). @thread_safety concurrent
+    /// what hashes the prompt and the cost overrides are used (the tier weights of
+    /// effective_overlap_blocks; an invalid override is KVR_INVALID_ARGUMENT): the index's view, as
+    /// Dynamo's find_matches, with no allow-list and no pin. @thread_safety concurrent
     pub fn kvr_router_overlap_scores(
         router: *mut kvr_router,
         tokens: *const u32,
@@ -1423,9 +1424,10 @@ extern "C" {
         out: *mut kvr_route_signals,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
-    /// The plan was dispatched. Idempotent (a committed, active request is KVR_OK). KVR_NOT_FOUND:
-    /// no plan (never made, aborted, freed or past its deadline); KVR_FAILED_PRECONDITION: its
-    /// worker was removed (plan again). @thread_safety concurrent
+    /// The plan was dispatched. Idempotent: an active request without a plan (committed already, or
+    /// booked without one: admitted, added) is KVR_OK, and nothing is done. KVR_NOT_FOUND: no such
+    /// request (never planned, aborted, freed or past its plan's deadline);
+    /// KVR_FAILED_PRECONDITION: its worker was removed (plan again). @thread_safety concurrent
     pub fn kvr_commit_route(
         router: *mut kvr_router,
         request_id: *const c_char,
@@ -1756,11 +1758,12 @@ extern "C" {
         err: *mut *mut kvr_error,
     ) -> kvr_status;
     /// Added in 0.2.0: every source's counters in Prometheus text exposition format, NUL-terminated
-    /// (kvrouter_ingest_*, one series per source labelled source_id, kind - listener, engine, nats
-    /// or replicas - and endpoint; removed sources not yet forgotten included, as in
-    /// kvr_ingest_get_stats). The names differ from kvr_router_metrics_prometheus's, so a /metrics
-    /// page may serve both texts one after the other. `*len` is set to the bytes needed including
-    /// the NUL (also with KVR_BUFFER_TOO_SMALL). @thread_safety concurrent
+    /// (kvrouter_ingest_*, one series per source labelled source_id, kind - listener, engine, nats,
+    /// replicas, jetstream or jetstream_relay - and endpoint; removed sources not yet forgotten
+    /// included, as in kvr_ingest_get_stats). The names differ from
+    /// kvr_router_metrics_prometheus's, so a /metrics page may serve both texts one after the
+    /// other. `*len` is set to the bytes needed including the NUL (also with KVR_BUFFER_TOO_SMALL).
+    /// @thread_safety concurrent
     pub fn kvr_ingest_metrics_prometheus(
         ingest: *mut kvr_ingest,
         buf: *mut c_char,
