@@ -396,8 +396,8 @@ const std::vector<OptionSpec>& Options() {
      "(default 0.8)", false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.router.approx_prune_target_ratio); }},
     {"request-expiry-seconds", "S", "a booked request older than this is dropped (default 300; "
-     "checked every second), admitting whom the queue held behind it; the daemon forgets its "
-     "id as well", false, true,
+     "checked every second, and every routing call sweeps at most every min(30 s, S)), "
+     "admitting whom the queue held behind it; the daemon forgets its id as well", false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.router.request_expiry_seconds); }},
     {"random-seed", "N", "seed of the random tie-break and softmax (default 0)", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.router.random_seed); }},
@@ -423,7 +423,7 @@ const std::vector<OptionSpec>& Options() {
      "(default 3)", false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.router.ttft_miss_weight); }},
     {"plan-deadline-seconds", "S", "a plan neither committed nor aborted within S is dropped "
-     "(default 30)", false, true,
+     "(default 30; checked every second)", false, true,
      [](Config& c, std::string_view v) { return ParseDouble(v, &c.plan_deadline_seconds); }},
     // Ingest
     {"max-frame-bytes", "N", "largest native event stream frame (default and maximum 64 MiB)",
@@ -433,7 +433,7 @@ const std::vector<OptionSpec>& Options() {
      "(default 2000)", false, true,
      [](Config& c, std::string_view v) { return ParseUnsigned(v, &c.ingest.replay_timeout_ms); }},
     {"listen-events", "ENDPOINT", "listen for native KV event streams on tcp://HOST:PORT or "
-     "unix://PATH (repeatable)", true, true,
+     "unix://PATH", true, true,
      [](Config& c, std::string_view v) { c.listen_events.emplace_back(v); return std::string(); }},
     {"nats-events", "URL SUBJECT", "subscribe to KV events on a NATS subject (native batches or "
      "Dynamo's event plane; repeatable)", true, true,
