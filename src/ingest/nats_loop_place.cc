@@ -79,6 +79,9 @@ natsStatus NatsLoopPlace::OnAttach(void** user_data, void* place_arg, natsConnec
 natsStatus NatsLoopPlace::OnRead(void* user_data, bool add) {
   auto* place = static_cast<NatsLoopPlace*>(user_data);
   std::unique_lock lock(place->mutex_);
+  if (!add && (place->events_ & UV_READABLE) != 0 && place->losses_ != nullptr) {
+    place->losses_->fetch_add(1, std::memory_order_release);
+  }
   place->events_ = add ? place->events_ | UV_READABLE : place->events_ & ~UV_READABLE;
   return place->Apply(lock);
 }

@@ -3,10 +3,12 @@
 #include <nats/nats.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -37,6 +39,7 @@ struct ConnectionCallbacks {
   NatsSubscriptions* owner = nullptr;  // guarded by owner_mutex; null once detached
   bool closed = false;                 // guarded by owner_mutex; the closed callback ran
   bool lost = false;  // guarded by owner_mutex: ranks flagged since the last (re)connection
+  uint64_t losses_reported = 0;  // guarded by owner_mutex: SourceRanks::ConnectionLosses then
   // Replica sync: the router and its observer's token, to rejoin on a reconnection (guarded
   // by owner_mutex; unset for other sources).
   Router* router = nullptr;
@@ -100,13 +103,13 @@ struct ConnectionCallbacks {
     }
   }
 
-  // When the connection is lost: what is published until the reconnection is lost. Posted
-  // now, the clear comes after every message received before. libnats runs every connection's
-  // callbacks on one thread, apart from its message delivery, so this may run after a quick
-  // reconnection and after messages received since were posted: the clear then takes those
-  // too (flagged like the rest, so never kept wrong; their blocks come back as their engines
-  // store again). Not asked whether it is reconnecting, for the same reason (a close is
-  // flagged once anyway, and one the source makes comes detached).
+  // When the connection is lost: what is published until the reconnection is lost. libnats
+  // runs every connection's callbacks on one thread, apart from its message delivery, so this
+  // may run after a quick reconnection and after messages received since were posted: the
+  // clear carries the connection losses counted so far, and is not applied if a message that
+  // came after the loss was, as that message cleared first (SourceRanks::connection_losses).
+  // Not asked whether it is reconnecting, for the same reason (a close is flagged once anyway,
+  // and one the source makes comes detached).
   static void OnDisconnected(natsConnection*, void* closure) {
     auto* callbacks = static_cast<ConnectionCallbacks*>(closure);
     std::lock_guard lock(callbacks->owner_mutex);
@@ -119,7 +122,13 @@ struct ConnectionCallbacks {
   void LoseEveryRankLocked() {
     if (owner == nullptr || lost || !disconnection_loses_events) return;
     lost = true;
-    ContainRefusal([&] { owner->LoseEveryRankLater(counters, ranks); },
+    // A loss libnats did not count (it stopped reading the socket some other way) is applied
+    // whatever came since.
+    const uint64_t losses = ranks->ConnectionLosses();
+    const std::optional<uint64_t> through =
+        losses > losses_reported ? std::optional(losses) : std::nullopt;
+    losses_reported = losses;
+    ContainRefusal([&] { owner->LoseEveryRankLater(counters, ranks, through); },
                    [&] { ranks->LoseEveryRankLater(); });
   }
 
@@ -180,6 +189,7 @@ std::unique_ptr<ConnectionCallbacks> NewCallbacks(NatsSubscriptions* owner,
   auto callbacks = std::make_unique<ConnectionCallbacks>();
   callbacks->owner = owner;
   callbacks->counters = std::move(counters);
+  callbacks->losses_reported = ranks->ConnectionLosses();  // a remade connection's go on
   callbacks->ranks = std::move(ranks);
   callbacks->disconnection_loses_events = disconnection_loses_events;
   return callbacks;
@@ -424,19 +434,24 @@ struct NatsSubscriptions::Source {
     natsMsg_Destroy(msg);
   }
 
+  // An event message carries the connection losses counted when it was delivered: one
+  // lost before it whose report has not reached the loop yet is applied first, so that the
+  // late report does not clear this message's blocks (SourceRanks::connection_losses).
   static void PostMessage(Source* source, natsMsg* msg) {
     NatsSubscriptions* self = source->owner;
     const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg));
     std::vector<uint8_t> payload(data, data + natsMsg_GetDataLength(msg));
     self->loop_.Post([self, counters = source->counters, dynamo = source->dynamo,
                       ranks = source->ranks, payload = std::move(payload),
-                      replica_sync = source->replica_sync] {
+                      replica_sync = source->replica_sync,
+                      losses = source->ranks->ConnectionLosses()] {
       if (replica_sync) {
         ContainRefusal([&] { ApplyReplicaMessage(*self->loop_.router, payload, *counters); },
                        [&] { Bump(counters->gaps); });
-      } else {
-        self->HandleEventsContained(payload, *counters, *dynamo, *ranks);
+        return;
       }
+      if (ranks->LossDue(losses)) self->LoseEveryRankContained(*counters, *ranks);
+      self->HandleEventsContained(payload, *counters, *dynamo, *ranks);
     });
   }
 
@@ -601,12 +616,18 @@ absl::StatusOr<NatsSubscriptions::Made> NatsSubscriptions::MakeConnection(
     const std::string& url, bool replica_sync, std::shared_ptr<SourceCounters> counters,
     std::shared_ptr<SourceRanks> ranks, std::shared_ptr<NatsLoopPlace> place) {
   if (place == nullptr) return OutOfMemoryStatus();
-  auto callbacks = NewCallbacks(this, std::move(counters), std::move(ranks),
+  auto callbacks = NewCallbacks(this, std::move(counters), ranks,
                                 /*disconnection_loses_events=*/!replica_sync);
   natsOptions* opts = nullptr;
   natsStatus s = CreateOptions(url, *callbacks, &opts);
   // A replica does not need its own changes back.
   if (s == NATS_OK && replica_sync) s = natsOptions_SetNoEcho(opts, true);
+  if (!replica_sync) {
+    // The place counts the connection's losses where the source's ranks' messages read them
+    // (aliasing: no allocation, kept alive by the ranks).
+    place->CountLossesIn(
+        std::shared_ptr<std::atomic<uint64_t>>(ranks, &ranks->connection_losses()));
+  }
   if (s == NATS_OK) s = place->UseIn(opts);
   Made made;
   if (s == NATS_OK) s = natsConnection_Connect(&made.connection, opts);
@@ -1736,9 +1757,10 @@ bool NatsSubscriptions::ReconnectJetStreamLater(std::shared_ptr<SourceCounters> 
 }
 
 bool NatsSubscriptions::LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
-                                           std::shared_ptr<SourceRanks> ranks) {
-  return loop_.Post([this, source = std::move(source), ranks = std::move(ranks)] {
-    LoseEveryRankContained(*source, *ranks);
+                                           std::shared_ptr<SourceRanks> ranks,
+                                           std::optional<uint64_t> through) {
+  return loop_.Post([this, source = std::move(source), ranks = std::move(ranks), through] {
+    if (!through.has_value() || ranks->LossDue(*through)) LoseEveryRankContained(*source, *ranks);
   });
 }
 

@@ -16,6 +16,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,10 +55,12 @@ class NatsSubscriptions {
   bool ReconnectJetStreamLater(std::shared_ptr<SourceCounters> counters,
                                std::shared_ptr<JetStreamOrder> order,
                                std::shared_ptr<ConsumerRemaking> remaking);
-  // From any thread (a lost connection, on libnats'): LoseEveryRank, on the loop; false once
-  // the loop is stopped.
+  // From any thread (a lost connection, on libnats'): LoseEveryRank, on the loop, unless
+  // `through` (the connection losses the report covers, SourceRanks::connection_losses) were
+  // applied already; false once the loop is stopped.
   bool LoseEveryRankLater(std::shared_ptr<SourceCounters> source,
-                          std::shared_ptr<SourceRanks> ranks);
+                          std::shared_ptr<SourceRanks> ranks,
+                          std::optional<uint64_t> through = std::nullopt);
   explicit NatsSubscriptions(IngestLoop& loop);
   ~NatsSubscriptions();  // after CloseAll
   NatsSubscriptions(const NatsSubscriptions&) = delete;

@@ -257,6 +257,21 @@ class SourceRanks {
   void LoseEveryRankLater() { loss_for_later_.store(true, std::memory_order_relaxed); }
   bool TakeLossForLater() { return loss_for_later_.exchange(false, std::memory_order_relaxed); }
 
+  // Connections lost, counted where libnats stops reading the socket (NatsLoopPlace), before
+  // it reconnects: a message delivered after the count is read may come after that loss,
+  // never before it. libnats reports the loss later, on its callback thread, apart from the
+  // messages: a message and a report each carry the count read when they were handed on, and
+  // the loss is applied once, by whichever reaches the loop first. Counted from any thread.
+  std::atomic<uint64_t>& connection_losses() { return connection_losses_; }
+  uint64_t ConnectionLosses() const { return connection_losses_.load(std::memory_order_acquire); }
+  // Loop: whether the losses up to `losses` (a message's count or a report's) are still to be
+  // applied; the caller applies them now.
+  bool LossDue(uint64_t losses) {
+    if (losses <= losses_applied_) return false;
+    losses_applied_ = losses;
+    return true;
+  }
+
  private:
   struct Rank {
     uint64_t publisher = kNoPublisher;
@@ -267,6 +282,8 @@ class SourceRanks {
   std::unordered_map<WorkerKey, Rank, absl::Hash<WorkerKey>> ranks_;
   std::unordered_set<WorkerKey, absl::Hash<WorkerKey>> unknown_;
   std::atomic<bool> loss_for_later_{false};
+  std::atomic<uint64_t> connection_losses_{0};
+  uint64_t losses_applied_ = 0;  // loop
   uint64_t events_ = 0;
 };
 
