@@ -416,7 +416,12 @@ WorkerSpec WorkerFromJson(const json& body) {
   const json* id = Find(body, "worker_id");
   if (!id) Invalid("worker_id: required");
   worker.worker_id = IdFromJson(*id, "worker_id");
-  if (const json* v = Find(body, "address")) worker.address = StringField(*v, "address");
+  if (const json* v = Find(body, "address")) {
+    worker.address = StringField(*v, "address");
+    if (std::string error = CheckWorkerAddress(worker.address); !error.empty()) {
+      Invalid("address: " + error);
+    }
+  }
   SetUnsigned(body, "dp_start", "", &worker.dp_start);
   SetUnsigned(body, "dp_size", "", &worker.dp_size);
   SetUnsigned(body, "total_kv_blocks", "", &worker.total_kv_blocks);

@@ -2,6 +2,7 @@
 
 #include <uv.h>
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -114,6 +115,44 @@ std::string ParseHostPort(std::string_view text, std::string* host, int* port) {
   return {};
 }
 
+namespace {
+
+// A DNS name or an IPv4 address in dotted form: labels of letters, digits, '-' and '_' (some
+// service names have one), 1 to 63 bytes each, 253 in all.
+bool IsHostName(std::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  size_t label = 0;
+  for (const char c : host) {
+    if (c == '.') {
+      if (label == 0) return false;
+      label = 0;
+    } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') {
+      if (++label > 63) return false;
+    } else {
+      return false;
+    }
+  }
+  return label > 0;
+}
+
+}  // namespace
+
+std::string CheckWorkerAddress(std::string_view address) {
+  if (address.empty()) return {};  // none
+  std::string host;
+  int port = 0;
+  if (std::string error = ParseHostPort(address, &host, &port); !error.empty()) return error;
+  if (port == 0) return "expected a port 1..65535 in " + Quoted(address);
+  sockaddr_in6 v6{};
+  const bool valid =
+      address.front() == '[' ? uv_ip6_addr(host.c_str(), 0, &v6) == 0 : IsHostName(host);
+  if (!valid) {
+    return "expected HOST:PORT (a host name, an IPv4 address or an [IPv6] one), got " +
+           Quoted(address);
+  }
+  return {};
+}
+
 Config::Config() {
   kvr_router_options_init(&router, sizeof router);
   kvr_ingest_options_init(&ingest, sizeof ingest);
@@ -176,6 +215,7 @@ std::string ParseWorkerSpec(std::string_view text, WorkerSpec* out) {
           error = ParseUnsigned(value, &worker.worker_id);
           has_id = true;
         } else if (key == "address") {
+          error = CheckWorkerAddress(value);
           worker.address = value;
         } else if (key == "dp-start") {
           error = ParseUnsigned(value, &worker.dp_start);

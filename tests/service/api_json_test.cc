@@ -325,6 +325,15 @@ TEST(ApiJsonTest, WorkerRoundTrip) {
   EXPECT_EQ(
       ErrorOf([] { WorkerFromJson(json::parse(R"({"worker_id": 1, "events": {}})")); }).second,
       "events.endpoint: required");
+  EXPECT_EQ(ErrorOf([] {
+              WorkerFromJson(json::parse(R"({"worker_id": 1, "address": "h:80\r\nx-y: z"})"));
+            }).second,
+            "address: expected a port 0..65535 in 'h:80\r\nx-y: z'");
+  EXPECT_EQ(ErrorOf([] {
+              WorkerFromJson(json::parse(R"({"worker_id": 1, "address": "a b:80"})"));
+            }).second,
+            "address: expected HOST:PORT (a host name, an IPv4 address or an [IPv6] one), got "
+            "'a b:80'");
 }
 
 TEST(ApiJsonTest, Routes) {

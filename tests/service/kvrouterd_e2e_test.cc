@@ -414,6 +414,12 @@ TEST_F(KvrouterdTest, WorkersOverHttp) {
   EXPECT_EQ(now["dp_size"], 2);
   EXPECT_TRUE(now["events"].is_null());  // PUT takes the whole worker
   EXPECT_EQ(Http(port_, "PUT", "/v1/workers/4", R"({"worker_id": 4})").status, 404);
+  // An address a proxy cannot send to is refused, and the worker left as it was.
+  const HttpAnswer unsendable = Http(port_, "PUT", "/v1/workers/3", R"({"address": "10.0.0.3"})");
+  EXPECT_EQ(unsendable.status, 400) << unsendable.body;
+  EXPECT_EQ(Body(Get("/v1/workers/3"))["address"], "10.0.0.33:8000");
+  EXPECT_EQ(Post("/v1/workers", R"({"worker_id": 5, "address": "[::1]"})").status, 400);
+  EXPECT_EQ(Get("/v1/workers/5").status, 404);
 
   // An id past 2^53 (exact as a string) is updated by its path alone: the path's id was put
   // into the body as a JSON number, which ids past 2^53 may not be ("out of range").

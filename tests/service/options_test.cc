@@ -181,6 +181,31 @@ TEST(OptionsTest, WorkerSpec) {
             std::string::npos);
   EXPECT_EQ(ParseWorkerSpec("id=1,engine=trt", &worker),
             "worker: engine: must be vllm or sglang, got 'trt'");
+  EXPECT_EQ(ParseWorkerSpec("id=1,address=h", &worker),
+            "worker: address: expected HOST:PORT, got 'h'");
+}
+
+// A worker's address is where a proxy sends its requests: refused when it cannot be one, at
+// startup, on a reload and through the API, rather than routed to and failing there.
+TEST(OptionsTest, WorkerAddressIsAHostAndAPort) {
+  for (const char* good : {"", "h:1", "10.0.0.12:8000", "vllm-0.vllm.default.svc:8000",
+                           "_svc.example:65535", "[::1]:8000", "[fe80::1]:80"}) {
+    EXPECT_EQ(CheckWorkerAddress(good), "") << good;
+  }
+  const std::string want = "expected HOST:PORT (a host name, an IPv4 address or an [IPv6] one), ";
+  EXPECT_EQ(CheckWorkerAddress("h:0"), "expected a port 1..65535 in 'h:0'");
+  EXPECT_EQ(CheckWorkerAddress("h:65536"), "expected a port 0..65535 in 'h:65536'");
+  EXPECT_EQ(CheckWorkerAddress("h:"), "expected a port 0..65535 in 'h:'");
+  EXPECT_EQ(CheckWorkerAddress(":80"), "expected HOST:PORT, got ':80'");
+  EXPECT_EQ(CheckWorkerAddress("::1:80"), want + "got '::1:80'");  // IPv6 needs its brackets
+  EXPECT_EQ(CheckWorkerAddress("[::g]:80"), want + "got '[::g]:80'");
+  EXPECT_EQ(CheckWorkerAddress("[h]:80"), want + "got '[h]:80'");
+  EXPECT_EQ(CheckWorkerAddress("a b:80"), want + "got 'a b:80'");
+  EXPECT_EQ(CheckWorkerAddress("h..example:80"), want + "got 'h..example:80'");
+  EXPECT_EQ(CheckWorkerAddress("http://h:80"), want + "got 'http://h:80'");
+  EXPECT_EQ(CheckWorkerAddress(std::string(64, 'a') + ":80"),
+            want + "got '" + std::string(64, 'a') + ":80'");
+  EXPECT_EQ(CheckWorkerAddress(std::string(63, 'a') + ":80"), "");
 }
 
 // --help is the manual: every option of the table appears in it, with its value's name.
