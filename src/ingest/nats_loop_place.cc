@@ -38,6 +38,17 @@ natsStatus NatsLoopPlace::UseIn(natsOptions* options) {
   return natsOptions_SetEventLoop(options, this, &OnAttach, &OnRead, &OnWrite, &OnDetach);
 }
 
+void NatsLoopPlace::CountLossesIn(std::shared_ptr<std::atomic<uint64_t>> losses) {
+  std::lock_guard lock(mutex_);
+  losses_ = std::move(losses);
+}
+
+void NatsLoopPlace::StopCountingLosses() {
+  std::shared_ptr<std::atomic<uint64_t>> dropped;  // released once unlocked
+  std::lock_guard lock(mutex_);
+  dropped = std::move(losses_);
+}
+
 void NatsLoopPlace::Abandon() {
   std::unique_lock lock(mutex_);
   detached_ = true;

@@ -47,7 +47,9 @@ class NatsLoopPlace : public std::enable_shared_from_this<NatsLoopPlace> {
   // Before UseIn: `losses` counts each time libnats stops reading the socket, which it does
   // only when the connection is lost or closed (libnats 3.x, _evStopPolling), at once and
   // before it reconnects, unlike its disconnection report (SourceRanks::connection_losses).
-  void CountLossesIn(std::shared_ptr<std::atomic<uint64_t>> losses) { losses_ = std::move(losses); }
+  void CountLossesIn(std::shared_ptr<std::atomic<uint64_t>> losses);
+  // Before its owner destroys a connection that may still be up: that is no loss to count.
+  void StopCountingLosses();
   // The socket is polled no more, whatever libnats asks later (the poll closed at once on the
   // loop thread, else by the loop). Once its owner has destroyed the connection (a detachment
   // the closing loop could no longer take), or for a connection no owner will take (one being
@@ -102,7 +104,7 @@ class NatsLoopPlace : public std::enable_shared_from_this<NatsLoopPlace> {
   bool sync_posted_ = false;
   int dispatches_ = 0;  // calls into the connection under way (nested when libnats asks back)
   std::shared_ptr<NatsLoopPlace> libnats_share_;   // from the first attachment to the detachment
-  std::shared_ptr<std::atomic<uint64_t>> losses_;  // CountLossesIn; set before any connection
+  std::shared_ptr<std::atomic<uint64_t>> losses_;  // CountLossesIn; guarded by mutex_
   // Made and closed by the loop, under mutex_: other threads wake the loop with it.
   Held<uv_async_t>* wake_ = nullptr;
   // Loop thread.

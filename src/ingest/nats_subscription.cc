@@ -39,7 +39,6 @@ struct ConnectionCallbacks {
   NatsSubscriptions* owner = nullptr;  // guarded by owner_mutex; null once detached
   bool closed = false;                 // guarded by owner_mutex; the closed callback ran
   bool lost = false;  // guarded by owner_mutex: ranks flagged since the last (re)connection
-  uint64_t losses_reported = 0;  // guarded by owner_mutex: SourceRanks::ConnectionLosses then
   // Replica sync: the router and its observer's token, to rejoin on a reconnection (guarded
   // by owner_mutex; unset for other sources).
   Router* router = nullptr;
@@ -122,13 +121,11 @@ struct ConnectionCallbacks {
   void LoseEveryRankLocked() {
     if (owner == nullptr || lost || !disconnection_loses_events) return;
     lost = true;
-    // A loss libnats did not count (it stopped reading the socket some other way) is applied
-    // whatever came since.
+    // Every loss counted so far: a report that runs late may cover the next loss's too (then
+    // the next report clears nothing more, unless a message of the next connection was
+    // applied, which its own count cleared for).
     const uint64_t losses = ranks->ConnectionLosses();
-    const std::optional<uint64_t> through =
-        losses > losses_reported ? std::optional(losses) : std::nullopt;
-    losses_reported = losses;
-    ContainRefusal([&] { owner->LoseEveryRankLater(counters, ranks, through); },
+    ContainRefusal([&] { owner->LoseEveryRankLater(counters, ranks, losses); },
                    [&] { ranks->LoseEveryRankLater(); });
   }
 
@@ -189,7 +186,6 @@ std::unique_ptr<ConnectionCallbacks> NewCallbacks(NatsSubscriptions* owner,
   auto callbacks = std::make_unique<ConnectionCallbacks>();
   callbacks->owner = owner;
   callbacks->counters = std::move(counters);
-  callbacks->losses_reported = ranks->ConnectionLosses();  // a remade connection's go on
   callbacks->ranks = std::move(ranks);
   callbacks->disconnection_loses_events = disconnection_loses_events;
   return callbacks;
@@ -666,6 +662,7 @@ absl::Status NatsSubscriptions::SubscribeMade(Source& source, Made& made) {
 void NatsSubscriptions::Discard(Made& made) {
   if (made.callbacks != nullptr)
     ConnectionCallbacks::Detach(std::exchange(made.callbacks, nullptr));
+  if (made.place != nullptr) made.place->StopCountingLosses();
   if (made.connection != nullptr) natsConnection_Destroy(std::exchange(made.connection, nullptr));
   if (made.place != nullptr) std::exchange(made.place, nullptr)->Abandon();
 }
@@ -851,6 +848,7 @@ void NatsSubscriptions::DropConnection(Source& source) {
   PublishOn(source, nullptr);
   DetachCallbacks(source);
   Unsubscribe(&source);
+  if (source.place != nullptr) source.place->StopCountingLosses();
   if (source.connection != nullptr) {
     natsConnection_Destroy(std::exchange(source.connection, nullptr));
   }

@@ -261,7 +261,9 @@ class SourceRanks {
   // it reconnects: a message delivered after the count is read may come after that loss,
   // never before it. libnats reports the loss later, on its callback thread, apart from the
   // messages: a message and a report each carry the count read when they were handed on, and
-  // the loss is applied once, by whichever reaches the loop first. Counted from any thread.
+  // the loop clears only for losses it has not cleared for (a report that runs late may carry
+  // later losses too, which a message of the next connection may have cleared for already).
+  // Counted from any thread.
   std::atomic<uint64_t>& connection_losses() { return connection_losses_; }
   uint64_t ConnectionLosses() const { return connection_losses_.load(std::memory_order_acquire); }
   // Loop: whether the losses up to `losses` (a message's count or a report's) are still to be

@@ -287,7 +287,7 @@ TEST_F(NatsIngestTest, SurvivesAServerRestart) {
   ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
 
   // (libnats may report the disconnection after messages published since were applied: those
-  // stay all the same, ALateDisconnectionReportKeepsWhatCameSinceTheReconnection.)
+  // stay all the same, LateDisconnectionReportsKeepWhatCameSinceTheReconnection.)
   // The subscriber resubscribes on its own; until it has, messages are lost, so publish a fresh
   // batch until one arrives (bounded).
   const auto deadline = std::chrono::steady_clock::now() + kWait;
@@ -329,61 +329,67 @@ TEST_F(NatsIngestTest, SurvivesAServerRestart) {
 }
 
 // libnats runs every connection's callbacks, one at a time, on a thread of its own: here held
-// by another connection's closed callback until released.
+// by another connection's closed callback until released. (Its state is shared with the
+// callback, which may run after a failed test gave up waiting for it.)
 class CallbackThreadHold {
  public:
-  explicit CallbackThreadHold(const std::string& url) {
+  explicit CallbackThreadHold(const std::string& url) : state_(std::make_shared<State>()) {
     natsOptions* options = nullptr;
     natsConnection* connection = nullptr;
     if (natsOptions_Create(&options) != NATS_OK) return;
+    auto* closure = new std::shared_ptr<State>(state_);  // the callback's share
     if (natsOptions_SetURL(options, url.c_str()) == NATS_OK &&
-        natsOptions_SetClosedCB(options, &CallbackThreadHold::OnClosed, this) == NATS_OK &&
+        natsOptions_SetClosedCB(options, &CallbackThreadHold::OnClosed, closure) == NATS_OK &&
         natsConnection_Connect(&connection, options) == NATS_OK) {
       natsConnection_Close(connection);  // its closed callback holds the thread
       natsConnection_Destroy(connection);
+    } else {
+      delete closure;
     }
     natsOptions_Destroy(options);
   }
-  ~CallbackThreadHold() {
-    Release();
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !holding_; });
-  }
+  ~CallbackThreadHold() { Release(); }
   CallbackThreadHold(const CallbackThreadHold&) = delete;
   CallbackThreadHold& operator=(const CallbackThreadHold&) = delete;
 
   bool Holding() {
-    std::unique_lock lock(mutex_);
-    return changed_.wait_for(lock, kWait, [&] { return holding_; });
+    std::unique_lock lock(state_->mutex);
+    return state_->changed.wait_for(lock, kWait, [&] { return state_->holding; });
   }
   void Release() {
-    std::lock_guard lock(mutex_);
-    released_ = true;
-    changed_.notify_all();
+    std::lock_guard lock(state_->mutex);
+    state_->released = true;
+    state_->changed.notify_all();
   }
 
  private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool holding = false;
+    bool released = false;
+  };
+
   static void OnClosed(natsConnection*, void* closure) {
-    auto* self = static_cast<CallbackThreadHold*>(closure);
-    std::unique_lock lock(self->mutex_);
-    self->holding_ = true;
-    self->changed_.notify_all();
-    self->changed_.wait(lock, [&] { return self->released_; });
-    self->holding_ = false;
-    self->changed_.notify_all();
+    const std::unique_ptr<std::shared_ptr<State>> share(
+        static_cast<std::shared_ptr<State>*>(closure));
+    State& state = **share;
+    std::unique_lock lock(state.mutex);
+    state.holding = true;
+    state.changed.notify_all();
+    state.changed.wait(lock, [&] { return state.released; });
   }
 
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool holding_ = false;
-  bool released_ = false;
+  std::shared_ptr<State> state_;
 };
 
-// libnats reports a lost connection on its callback thread, apart from the messages: the report
-// may reach the loop after messages of the new connection (held back here). What came since the
-// reconnection stays; what came before the outage is cleared and flagged, once (the first
-// message after the loss applied it). Before, the late report cleared the new messages too.
-TEST_F(NatsIngestTest, ALateDisconnectionReportKeepsWhatCameSinceTheReconnection) {
+// libnats reports a lost connection on its callback thread, apart from the messages: the reports
+// may reach the loop after messages of the new connections (held back here, over two outages).
+// What came since the last reconnection stays; what came before it is cleared and flagged (the
+// first message after each loss applied it), and the late reports clear nothing more. Before,
+// the first late report cleared everything; and counting the losses as each report ran, the
+// second (seeing no new loss) cleared again.
+TEST_F(NatsIngestTest, LateDisconnectionReportsKeepWhatCameSinceTheReconnection) {
   auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
   ASSERT_TRUE(source.ok()) << source.status();
   const auto before = Range(7000, 2 * kBlockSize);
@@ -393,35 +399,50 @@ TEST_F(NatsIngestTest, ALateDisconnectionReportKeepsWhatCameSinceTheReconnection
 
   CallbackThreadHold hold(server_->url());
   ASSERT_TRUE(hold.Holding());
-  natsConnection_Destroy(std::exchange(publisher_, nullptr));
-  server_->Stop();
-  ASSERT_TRUE(server_->Start());  // same port
-  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
-  // Until the subscriber has resubscribed, what is published is lost: a fresh batch each time.
-  std::vector<std::vector<uint32_t>> sent;
-  ASSERT_TRUE(Eventually([&] {
-    sent.push_back(Range(10000 + static_cast<uint32_t>(sent.size()) * 100, 2 * kBlockSize));
-    Publish("kv.2", StoreBatch(2, sent.back(), 100 + sent.size() * 10, sent.size()));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    return ingest_->Stats(*source)->events_applied >= 2;
-  }));
-  EXPECT_EQ(1u, ingest_->Stats(*source)->connections);  // not reported yet: held
+  // The server restarted; then batches for `worker`, fresh ones, until the subscriber has
+  // resubscribed and one is applied (what comes before is lost).
+  const auto outage_then_batches = [&](uint64_t worker) {
+    natsConnection_Destroy(std::exchange(publisher_, nullptr));
+    server_->Stop();
+    EXPECT_TRUE(server_->Start());  // same port
+    EXPECT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
+    const uint64_t applied = ingest_->Stats(*source)->events_applied;
+    std::vector<std::vector<uint32_t>> sent;
+    EXPECT_TRUE(Eventually([&] {
+      const auto n = static_cast<uint32_t>(sent.size());
+      sent.push_back(Range(static_cast<uint32_t>(worker) * 10000 + n * 100, 2 * kBlockSize));
+      Publish("kv." + std::to_string(worker),
+              StoreBatch(worker, sent.back(), worker * 1000 + n * 10, n + 1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      return ingest_->Stats(*source)->events_applied > applied;
+    }));
+    return sent;
+  };
+  const auto blocks_of = [&](const std::vector<std::vector<uint32_t>>& prompts, uint64_t worker) {
+    uint64_t blocks = 0;
+    for (const auto& prompt : prompts) blocks += DeviceBlocks(prompt, worker);
+    return blocks;
+  };
+  const auto first = outage_then_batches(2);
+  EXPECT_EQ(0u, DeviceBlocks(before, 1));  // the first message after the loss cleared it
+  EXPECT_GE(blocks_of(first, 2), 2u);
+  const auto second = outage_then_batches(3);
+  EXPECT_EQ(1u, ingest_->Stats(*source)->connections);  // nothing reported yet: held
 
-  hold.Release();  // the disconnection is reported, then the reconnection
-  ASSERT_TRUE(Eventually([&] { return ingest_->Stats(*source)->connections >= 2; }));
-  // A batch published now is applied after the report's clear (posted before).
-  const auto last = Range(20000, 2 * kBlockSize);
-  Publish("kv.3", StoreBatch(3, last, 300, 1));
-  ASSERT_TRUE(Eventually([&] { return DeviceBlocks(last, 3) == 2; }));
+  hold.Release();  // two disconnections and two reconnections are reported
+  ASSERT_TRUE(Eventually([&] { return ingest_->Stats(*source)->connections >= 3; }));
+  // A batch published now is applied after the reports' clears (posted before).
+  const auto last = Range(40000, 2 * kBlockSize);
+  Publish("kv.4", StoreBatch(4, last, 4000, 1));
+  ASSERT_TRUE(Eventually([&] { return DeviceBlocks(last, 4) == 2; }));
 
   const IngestStats stats = *ingest_->Stats(*source);
-  uint64_t kept = 0;
-  for (const auto& prompt : sent) kept += DeviceBlocks(prompt, 2);
-  EXPECT_EQ(2 * (stats.events_applied - 2), kept);  // every batch for worker 2 that arrived
-  EXPECT_GE(kept, 2u);
+  // What arrived for worker 3 (all after the second reconnection) stays: a clear takes all.
+  EXPECT_GE(blocks_of(second, 3), 2u);
+  EXPECT_EQ(0u, blocks_of(first, 2));  // before the second outage: cleared
   EXPECT_EQ(0u, DeviceBlocks(before, 1));
-  EXPECT_EQ(1u, stats.state_unknown);  // worker 1, not worker 2
-  EXPECT_EQ(1u, stats.gaps);           // the loss applied once
+  EXPECT_EQ(2u, stats.state_unknown);  // workers 1 and 2, not 3 nor 4
+  EXPECT_EQ(2u, stats.gaps);           // each loss applied once
 }
 
 // The server restarted with an authorization the subscriber lacks: libnats gives up on the
