@@ -2,6 +2,7 @@
 
 #include <uv.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -97,7 +98,7 @@ bool IsIpAddress(const std::string& host) {
 }  // namespace
 
 // "HOST:PORT" or "[IPV6]:PORT".
-std::string ParseHostPort(std::string_view text, std::string* host, int* port) {
+std::string ParseHostPort(std::string_view text, std::string* host, int* port, int min_port) {
   const size_t colon = text.rfind(':');
   if (colon == std::string_view::npos || colon == 0) {
     return "expected HOST:PORT, got " + Quoted(text);
@@ -107,8 +108,9 @@ std::string ParseHostPort(std::string_view text, std::string* host, int* port) {
     host_part = host_part.substr(1, host_part.size() - 2);
   }
   uint32_t value = 0;
-  if (!ParseUnsigned(text.substr(colon + 1), &value).empty() || value > 65535) {
-    return "expected a port 0..65535 in " + Quoted(text);
+  if (!ParseUnsigned(text.substr(colon + 1), &value).empty() || value > 65535 ||
+      value < static_cast<uint32_t>(min_port)) {
+    return "expected a port " + std::to_string(min_port) + "..65535 in " + Quoted(text);
   }
   *host = std::string(host_part);
   *port = static_cast<int>(value);
@@ -118,8 +120,10 @@ std::string ParseHostPort(std::string_view text, std::string* host, int* port) {
 namespace {
 
 // A DNS name or an IPv4 address in dotted form: labels of letters, digits, '-' and '_' (some
-// service names have one), 1 to 63 bytes each, 253 in all.
+// service names have one), 1 to 63 bytes each, 253 in all, and maybe the root's dot after them
+// (a fully qualified name, which resolvers look up as it is).
 bool IsHostName(std::string_view host) {
+  if (!host.empty() && host.back() == '.') host.remove_suffix(1);
   if (host.empty() || host.size() > 253) return false;
   size_t label = 0;
   for (const char c : host) {
@@ -137,15 +141,26 @@ bool IsHostName(std::string_view host) {
 
 }  // namespace
 
+// What an address may hold at all: no space, control byte or NUL, which would end up in a
+// proxy's header (libuv reads an IPv6 zone id up to a NUL, whatever it holds).
+bool IsAddressText(std::string_view address) {
+  return std::all_of(address.begin(), address.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) ||
+           std::string_view("-._:[]%").find(c) != std::string_view::npos;
+  });
+}
+
 std::string CheckWorkerAddress(std::string_view address) {
   if (address.empty()) return {};  // none
   std::string host;
   int port = 0;
-  if (std::string error = ParseHostPort(address, &host, &port); !error.empty()) return error;
-  if (port == 0) return "expected a port 1..65535 in " + Quoted(address);
+  if (std::string error = ParseHostPort(address, &host, &port, /*min_port=*/1); !error.empty()) {
+    return error;
+  }
   sockaddr_in6 v6{};
   const bool valid =
-      address.front() == '[' ? uv_ip6_addr(host.c_str(), 0, &v6) == 0 : IsHostName(host);
+      IsAddressText(address) &&
+      (address.front() == '[' ? uv_ip6_addr(host.c_str(), 0, &v6) == 0 : IsHostName(host));
   if (!valid) {
     return "expected HOST:PORT (a host name, an IPv4 address or an [IPv6] one), got " +
            Quoted(address);

@@ -135,11 +135,12 @@ std::string ParseConfigText(std::string_view text, std::string_view origin, Conf
 // Reads and parses the file at `path`.
 std::string ParseConfigFile(const std::string& path, Config* config);
 
-// "HOST:PORT" (HOST may be "[v6]"): "" and the parts set, or why it is not.
-std::string ParseHostPort(std::string_view text, std::string* host, int* port);
+// "HOST:PORT" (HOST may be "[v6]"), PORT from `min_port`: "" and the parts set, or why it is not.
+std::string ParseHostPort(std::string_view text, std::string* host, int* port, int min_port = 0);
 
 // Where a worker's requests go (its `address`): "" when empty (none) or a HOST:PORT a proxy can
-// send to (a host name, an IPv4 address or an [IPv6] one; a port 1..65535), else why not.
+// send to (a host name, an IPv4 address or an [IPv6] one, maybe with a zone id of letters,
+// digits, '.', '-' and '_'; a port 1..65535), else why not.
 std::string CheckWorkerAddress(std::string_view address);
 
 // Parses a worker's description "id=1,address=h:p,dp-size=2,..." (the `worker` option).

@@ -906,9 +906,11 @@ void NatsSubscriptions::Close(Source* source) {
     source->liveness_timer = nullptr;
   }
   // Detached first: a disconnection or close while it unsubscribes (which may wait) must not
-  // flag ranks for a source gone (another may feed them by then). A JetStream source's (whose
-  // losses flag nothing) once its thread, which may make its connection again, is stopped.
+  // flag ranks for a source gone (another may feed them by then), nor may a message its handler
+  // posts late carry the close as a loss. A JetStream source's (whose losses flag nothing) once
+  // its thread, which may make its connection again, is stopped.
   if (source->remaking == nullptr) DetachCallbacks(*source);
+  if (source->place != nullptr) source->place->StopCountingLosses();
   // Unsubscribed at once either way: a retired source must not apply anything more (a sync
   // retried meanwhile would otherwise apply the peers' stream twice, in any order). A JetStream
   // source's own thread subscribes too: it is stopped first.

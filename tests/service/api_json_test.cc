@@ -328,7 +328,7 @@ TEST(ApiJsonTest, WorkerRoundTrip) {
   EXPECT_EQ(ErrorOf([] {
               WorkerFromJson(json::parse(R"({"worker_id": 1, "address": "h:80\r\nx-y: z"})"));
             }).second,
-            "address: expected a port 0..65535 in 'h:80\r\nx-y: z'");
+            "address: expected a port 1..65535 in 'h:80\r\nx-y: z'");
   EXPECT_EQ(ErrorOf([] {
               WorkerFromJson(json::parse(R"({"worker_id": 1, "address": "a b:80"})"));
             }).second,

@@ -189,13 +189,21 @@ TEST(OptionsTest, WorkerSpec) {
 // startup, on a reload and through the API, rather than routed to and failing there.
 TEST(OptionsTest, WorkerAddressIsAHostAndAPort) {
   for (const char* good : {"", "h:1", "10.0.0.12:8000", "vllm-0.vllm.default.svc:8000",
-                           "_svc.example:65535", "[::1]:8000", "[fe80::1]:80"}) {
+                           "Vllm.Example.:8000", "_svc.example:65535", "[::1]:8000", "[fe80::1]:80",
+                           "[fe80::1%eth0]:80", "[::ffff:10.0.0.1]:80"}) {
     EXPECT_EQ(CheckWorkerAddress(good), "") << good;
   }
   const std::string want = "expected HOST:PORT (a host name, an IPv4 address or an [IPv6] one), ";
   EXPECT_EQ(CheckWorkerAddress("h:0"), "expected a port 1..65535 in 'h:0'");
-  EXPECT_EQ(CheckWorkerAddress("h:65536"), "expected a port 0..65535 in 'h:65536'");
-  EXPECT_EQ(CheckWorkerAddress("h:"), "expected a port 0..65535 in 'h:'");
+  EXPECT_EQ(CheckWorkerAddress("h:65536"), "expected a port 1..65535 in 'h:65536'");
+  EXPECT_EQ(CheckWorkerAddress("h:"), "expected a port 1..65535 in 'h:'");
+  // libuv takes any zone id (up to a NUL): what would break a proxy's header is refused.
+  EXPECT_EQ(CheckWorkerAddress("[fe80::1%eth0\r\nx: y]:80"),
+            want + "got '[fe80::1%eth0\r\nx: y]:80'");
+  EXPECT_EQ(CheckWorkerAddress(std::string("[::1\0junk]:80", 13)),
+            want + "got '" + std::string("[::1\0junk]:80", 13) + "'");
+  EXPECT_EQ(CheckWorkerAddress("h..:80"), want + "got 'h..:80'");
+  EXPECT_EQ(CheckWorkerAddress(".:80"), want + "got '.:80'");
   EXPECT_EQ(CheckWorkerAddress(":80"), "expected HOST:PORT, got ':80'");
   EXPECT_EQ(CheckWorkerAddress("::1:80"), want + "got '::1:80'");  // IPv6 needs its brackets
   EXPECT_EQ(CheckWorkerAddress("[::g]:80"), want + "got '[::g]:80'");
