@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/router.h"
@@ -41,6 +42,15 @@ class NatsIngestFixture : public ::testing::Test {
     ASSERT_EQ(NATS_OK, natsConnection_Publish(publisher_, subject.c_str(), data.data(),
                                               static_cast<int>(data.size())));
     ASSERT_EQ(NATS_OK, natsConnection_FlushTimeout(publisher_, 5000));
+  }
+
+  // The server stopped and started again on its port (its subscribers reconnect on their own),
+  // and the test's publisher connected to it again: whether all went well.
+  bool RestartServer() {
+    natsConnection_Destroy(std::exchange(publisher_, nullptr));
+    server_->Stop();
+    return server_->Start() &&
+           natsConnection_ConnectTo(&publisher_, server_->url().c_str()) == NATS_OK;
   }
 
   // The source's stats once it has counted `messages` (or 10 s have passed: then a failure).

@@ -171,6 +171,16 @@ class NatsIngestTest : public NatsIngestFixture {
     return locked;
   }
 
+  // A source on kv.> that has applied a batch storing `prompt` (two blocks) on worker 1.
+  void SubscribeWithWorker1Holding(const std::vector<uint32_t>& prompt, uint64_t* source) {
+    auto subscribed = ingest_->SubscribeNats(server_->url(), "kv.>");
+    ASSERT_TRUE(subscribed.ok()) << subscribed.status();
+    *source = *subscribed;
+    Publish("kv.1", StoreBatch(1, prompt, 70, 1));
+    WaitForMessages(*source, 1);
+    ASSERT_EQ(2u, DeviceBlocks(prompt, 1));
+  }
+
   uint32_t DeviceBlocks(const std::vector<uint32_t>& prompt, uint64_t worker) {
     auto scores = router_->OverlapScores(prompt);
     if (!scores.ok()) return 0;
@@ -273,18 +283,11 @@ TEST_F(NatsIngestTest, SubscribingToASilentServerHoldsOnlyTheCaller) {
 }
 
 TEST_F(NatsIngestTest, SurvivesAServerRestart) {
-  auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
-  ASSERT_TRUE(source.ok()) << source.status();
   const auto before = Range(7000, 2 * kBlockSize);
-  Publish("kv.1", StoreBatch(1, before, 70, 1));
-  WaitForMessages(*source, 1);
-  EXPECT_EQ(2u, DeviceBlocks(before, 1));
+  uint64_t source = 0;
+  ASSERT_NO_FATAL_FAILURE(SubscribeWithWorker1Holding(before, &source));
 
-  natsConnection_Destroy(publisher_);
-  publisher_ = nullptr;
-  server_->Stop();
-  ASSERT_TRUE(server_->Start());  // same port
-  ASSERT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
+  ASSERT_TRUE(RestartServer());
 
   // (libnats may report the disconnection after messages published since were applied: those
   // stay all the same, LateDisconnectionReportsKeepWhatCameSinceTheReconnection.)
@@ -299,7 +302,7 @@ TEST_F(NatsIngestTest, SurvivesAServerRestart) {
     sent.push_back(Range(10000 + static_cast<uint32_t>(attempt) * 100, 2 * kBlockSize));
     Publish("kv.2", StoreBatch(2, sent.back(), 100 + attempt * 10, 100 + attempt));
     const auto retry = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-    while (!(arrived = ingest_->Stats(*source)->events_applied >= 2) &&
+    while (!(arrived = ingest_->Stats(source)->events_applied >= 2) &&
            std::chrono::steady_clock::now() < retry) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -308,7 +311,7 @@ TEST_F(NatsIngestTest, SurvivesAServerRestart) {
   bool any = false;
   for (const auto& prompt : sent) any = any || DeviceBlocks(prompt, 2) == 2;
   EXPECT_TRUE(any);
-  IngestStats stats = *ingest_->Stats(*source);
+  IngestStats stats = *ingest_->Stats(source);
   EXPECT_EQ(0u, stats.rejected[static_cast<int>(IngestReject::kBadFlatBuffers)]);
   // What was published during the outage is lost without a trace, so worker 1's state is
   // unknown: cleared (it may have evicted those blocks meanwhile) and flagged, never kept.
@@ -321,10 +324,10 @@ TEST_F(NatsIngestTest, SurvivesAServerRestart) {
   Publish("kv.1", EncodeEventBatch(std::span(&clear, 1)));
   // (Not "one more event applied": a batch retried before the restart may be that one.)
   const auto until = std::chrono::steady_clock::now() + kWait;
-  while (ingest_->Stats(*source)->state_unknown != 0 && std::chrono::steady_clock::now() < until) {
+  while (ingest_->Stats(source)->state_unknown != 0 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  stats = *ingest_->Stats(*source);
+  stats = *ingest_->Stats(source);
   EXPECT_EQ(0u, stats.state_unknown);
 }
 
@@ -390,23 +393,17 @@ class CallbackThreadHold {
 // the first late report cleared everything; and counting the losses as each report ran, the
 // second (seeing no new loss) cleared again.
 TEST_F(NatsIngestTest, LateDisconnectionReportsKeepWhatCameSinceTheReconnection) {
-  auto source = ingest_->SubscribeNats(server_->url(), "kv.>");
-  ASSERT_TRUE(source.ok()) << source.status();
   const auto before = Range(7000, 2 * kBlockSize);
-  Publish("kv.1", StoreBatch(1, before, 70, 1));
-  WaitForMessages(*source, 1);
-  ASSERT_EQ(2u, DeviceBlocks(before, 1));
+  uint64_t source = 0;
+  ASSERT_NO_FATAL_FAILURE(SubscribeWithWorker1Holding(before, &source));
 
   CallbackThreadHold hold(server_->url());
   ASSERT_TRUE(hold.Holding());
   // The server restarted; then batches for `worker`, fresh ones, until the subscriber has
   // resubscribed and one is applied (what comes before is lost).
   const auto outage_then_batches = [&](uint64_t worker) {
-    natsConnection_Destroy(std::exchange(publisher_, nullptr));
-    server_->Stop();
-    EXPECT_TRUE(server_->Start());  // same port
-    EXPECT_EQ(NATS_OK, natsConnection_ConnectTo(&publisher_, server_->url().c_str()));
-    const uint64_t applied = ingest_->Stats(*source)->events_applied;
+    EXPECT_TRUE(RestartServer());
+    const uint64_t applied = ingest_->Stats(source)->events_applied;
     std::vector<std::vector<uint32_t>> sent;
     EXPECT_TRUE(Eventually([&] {
       const auto n = static_cast<uint32_t>(sent.size());
@@ -414,7 +411,7 @@ TEST_F(NatsIngestTest, LateDisconnectionReportsKeepWhatCameSinceTheReconnection)
       Publish("kv." + std::to_string(worker),
               StoreBatch(worker, sent.back(), worker * 1000 + n * 10, n + 1));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      return ingest_->Stats(*source)->events_applied > applied;
+      return ingest_->Stats(source)->events_applied > applied;
     }));
     return sent;
   };
@@ -427,16 +424,16 @@ TEST_F(NatsIngestTest, LateDisconnectionReportsKeepWhatCameSinceTheReconnection)
   EXPECT_EQ(0u, DeviceBlocks(before, 1));  // the first message after the loss cleared it
   EXPECT_GE(blocks_of(first, 2), 2u);
   const auto second = outage_then_batches(3);
-  EXPECT_EQ(1u, ingest_->Stats(*source)->connections);  // nothing reported yet: held
+  EXPECT_EQ(1u, ingest_->Stats(source)->connections);  // nothing reported yet: held
 
   hold.Release();  // two disconnections and two reconnections are reported
-  ASSERT_TRUE(Eventually([&] { return ingest_->Stats(*source)->connections >= 3; }));
+  ASSERT_TRUE(Eventually([&] { return ingest_->Stats(source)->connections >= 3; }));
   // A batch published now is applied after the reports' clears (posted before).
   const auto last = Range(40000, 2 * kBlockSize);
   Publish("kv.4", StoreBatch(4, last, 4000, 1));
   ASSERT_TRUE(Eventually([&] { return DeviceBlocks(last, 4) == 2; }));
 
-  const IngestStats stats = *ingest_->Stats(*source);
+  const IngestStats stats = *ingest_->Stats(source);
   // What arrived for worker 3 (all after the second reconnection) stays: a clear takes all.
   EXPECT_GE(blocks_of(second, 3), 2u);
   EXPECT_EQ(0u, blocks_of(first, 2));  // before the second outage: cleared
