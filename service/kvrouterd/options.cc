@@ -95,30 +95,6 @@ bool IsIpAddress(const std::string& host) {
   return uv_ip4_addr(host.c_str(), 0, &v4) == 0 || uv_ip6_addr(host.c_str(), 0, &v6) == 0;
 }
 
-}  // namespace
-
-// "HOST:PORT" or "[IPV6]:PORT".
-std::string ParseHostPort(std::string_view text, std::string* host, int* port, int min_port) {
-  const size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) {
-    return "expected HOST:PORT, got " + Quoted(text);
-  }
-  std::string_view host_part = text.substr(0, colon);
-  if (host_part.size() >= 2 && host_part.front() == '[' && host_part.back() == ']') {
-    host_part = host_part.substr(1, host_part.size() - 2);
-  }
-  uint32_t value = 0;
-  if (!ParseUnsigned(text.substr(colon + 1), &value).empty() || value > 65535 ||
-      value < static_cast<uint32_t>(min_port)) {
-    return "expected a port " + std::to_string(min_port) + "..65535 in " + Quoted(text);
-  }
-  *host = std::string(host_part);
-  *port = static_cast<int>(value);
-  return {};
-}
-
-namespace {
-
 // A DNS name or an IPv4 address in dotted form: labels of letters, digits, '-' and '_' (some
 // service names have one), 1 to 63 bytes each, 253 in all, and maybe the root's dot after them
 // (a fully qualified name, which resolvers look up as it is).
@@ -139,8 +115,6 @@ bool IsHostName(std::string_view host) {
   return label > 0;
 }
 
-}  // namespace
-
 // What an address may hold at all: no space, control byte or NUL, which would end up in a
 // proxy's header (libuv reads an IPv6 zone id up to a NUL, whatever it holds).
 bool IsAddressText(std::string_view address) {
@@ -148,6 +122,28 @@ bool IsAddressText(std::string_view address) {
     return std::isalnum(static_cast<unsigned char>(c)) ||
            std::string_view("-._:[]%").find(c) != std::string_view::npos;
   });
+}
+
+}  // namespace
+
+// "HOST:PORT" or "[IPV6]:PORT".
+std::string ParseHostPort(std::string_view text, std::string* host, int* port, int min_port) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return "expected HOST:PORT, got " + Quoted(text);
+  }
+  std::string_view host_part = text.substr(0, colon);
+  if (host_part.size() >= 2 && host_part.front() == '[' && host_part.back() == ']') {
+    host_part = host_part.substr(1, host_part.size() - 2);
+  }
+  uint32_t value = 0;
+  if (!ParseUnsigned(text.substr(colon + 1), &value).empty() || value > 65535 ||
+      value < static_cast<uint32_t>(min_port)) {
+    return "expected a port " + std::to_string(min_port) + "..65535 in " + Quoted(text);
+  }
+  *host = std::string(host_part);
+  *port = static_cast<int>(value);
+  return {};
 }
 
 std::string CheckWorkerAddress(std::string_view address) {
