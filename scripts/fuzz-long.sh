@@ -19,9 +19,11 @@
 #
 # KVR_FUZZ_SANITIZERS=LIST builds the harnesses with those sanitizers instead of CI's
 # address,undefined, in a build directory of their own (build/fuzz-<list>); KVR_FUZZ_ARGS adds
-# libFuzzer flags. Both are recorded in the ledger's last column. For a harness whose findings
-# are its own model's verdicts, e.g. index_model_fuzzer's volume runs (docs/testing.md):
-#   KVR_FUZZ_SANITIZERS=undefined KVR_FUZZ_ARGS="-entropic=0 -max_len=256" \
+# libFuzzer flags; KVR_FUZZ_TRACE_CMP=0 builds the library without libFuzzer's comparison
+# tracing (build directory suffix -no-trace-cmp). All are recorded in the ledger's last column.
+# For a harness whose findings are its own model's verdicts, e.g. index_model_fuzzer's volume
+# runs (docs/testing.md):
+#   KVR_FUZZ_SANITIZERS=undefined KVR_FUZZ_TRACE_CMP=0 KVR_FUZZ_ARGS="-entropic=0 -max_len=256" \
 #     scripts/fuzz-long.sh 3600 index_model_fuzzer
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,14 +31,22 @@ cd "$(dirname "$0")/.."
 seconds=${1:-3600}
 shift || true
 sanitizers=${KVR_FUZZ_SANITIZERS:-address,undefined}
+trace_cmp=${KVR_FUZZ_TRACE_CMP:-1}
 build=build/fuzz
 [ "$sanitizers" = address,undefined ] || build=build/fuzz-${sanitizers//,/-}
 # The run's build and flags, as the ledger records them (empty: CI's).
 flags="${KVR_FUZZ_ARGS:-}"
 [ "$build" = build/fuzz ] || flags="-fsanitize=$sanitizers${flags:+ $flags}"
+trace_cmp_option=ON
+if [ "$trace_cmp" = 0 ]; then
+  trace_cmp_option=OFF
+  build=$build-no-trace-cmp
+  flags="-fno-sanitize-coverage=trace-cmp${flags:+ $flags}"
+fi
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DKVR_BUILD_FUZZERS=ON \
   -DKVR_BUILD_BENCH=OFF -DKVR_BUILD_TOOLS=ON -DKVR_BUILD_EXAMPLES=OFF \
-  -DKVR_FUZZ_SANITIZERS="$sanitizers" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  -DKVR_FUZZ_SANITIZERS="$sanitizers" -DKVR_FUZZ_TRACE_CMP="$trace_cmp_option" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 
 harnesses=("$@")
 targets=("$@")
