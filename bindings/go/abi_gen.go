@@ -18,7 +18,7 @@ import (
 const (
 	abiVersionMajor = 0
 	abiVersionMinor = 2
-	abiVersionPatch = 1
+	abiVersionPatch = 2
 )
 
 // Status is kvr_status. A status code: an int32_t, not an enum type, so that adding codes never

@@ -193,9 +193,9 @@ const char* EngineName(kvr_engine engine) {
 }
 
 // Calls `item(key, value)` for each comma-separated KEY=VALUE of `text`; the first error (from
-// the text or from `item`) is returned, prefixed with `what` and the key.
+// the text or from `item`, then prefixed with the key) is returned.
 template <typename Item>
-std::string ForEachKeyValue(std::string_view text, std::string_view what, Item item) {
+std::string ForEachKeyValue(std::string_view text, Item item) {
   size_t pos = 0;
   while (pos <= text.size()) {
     const size_t comma = std::min(text.find(',', pos), text.size());
@@ -204,11 +204,11 @@ std::string ForEachKeyValue(std::string_view text, std::string_view what, Item i
     if (entry.empty()) continue;
     const size_t eq = entry.find('=');
     if (eq == std::string_view::npos) {
-      return std::string(what) + ": expected KEY=VALUE, got " + Quoted(entry);
+      return "expected KEY=VALUE, got " + Quoted(entry);
     }
     const std::string_view key = Trim(entry.substr(0, eq));
     if (std::string error = item(key, Trim(entry.substr(eq + 1))); !error.empty()) {
-      return std::string(what) + ": " + std::string(key) + ": " + error;
+      return std::string(key) + ": " + error;
     }
   }
   return {};
@@ -219,86 +219,84 @@ std::string ParseWorkerSpec(std::string_view text, WorkerSpec* out) {
   EventsSpec events;
   bool has_id = false;
   bool has_events_key = false;
-  std::string error =
-      ForEachKeyValue(text, "worker", [&](std::string_view key, std::string_view value) {
-        std::string error;
-        if (key == "id") {
-          error = ParseUnsigned(value, &worker.worker_id);
-          has_id = true;
-        } else if (key == "address") {
-          error = CheckWorkerAddress(value);
-          worker.address = value;
-        } else if (key == "dp-start") {
-          error = ParseUnsigned(value, &worker.dp_start);
-        } else if (key == "dp-size") {
-          error = ParseUnsigned(value, &worker.dp_size);
-        } else if (key == "total-kv-blocks") {
-          error = ParseUnsigned(value, &worker.total_kv_blocks);
-        } else if (key == "max-num-batched-tokens") {
-          error = ParseUnsigned(value, &worker.max_num_batched_tokens);
-        } else if (key == "engine") {
-          const auto engine = ParseEngine(value);
-          if (!engine) return "must be vllm or sglang, got " + Quoted(value);
-          events.engine = *engine;
-        } else if (key == "events") {
-          events.endpoint = value;
-          has_events_key = true;
-        } else if (key == "replay") {
-          events.replay_endpoint = value;
-        } else if (key == "topic") {
-          events.topic = value;
-        } else {
-          return std::string(
-              "unknown key (id, address, dp-start, dp-size, total-kv-blocks, "
-              "max-num-batched-tokens, engine, events, replay, topic)");
-        }
-        return error;
-      });
+  std::string error = ForEachKeyValue(text, [&](std::string_view key, std::string_view value) {
+    std::string error;
+    if (key == "id") {
+      error = ParseUnsigned(value, &worker.worker_id);
+      has_id = true;
+    } else if (key == "address") {
+      error = CheckWorkerAddress(value);
+      worker.address = value;
+    } else if (key == "dp-start") {
+      error = ParseUnsigned(value, &worker.dp_start);
+    } else if (key == "dp-size") {
+      error = ParseUnsigned(value, &worker.dp_size);
+    } else if (key == "total-kv-blocks") {
+      error = ParseUnsigned(value, &worker.total_kv_blocks);
+    } else if (key == "max-num-batched-tokens") {
+      error = ParseUnsigned(value, &worker.max_num_batched_tokens);
+    } else if (key == "engine") {
+      const auto engine = ParseEngine(value);
+      if (!engine) return "must be vllm or sglang, got " + Quoted(value);
+      events.engine = *engine;
+    } else if (key == "events") {
+      events.endpoint = value;
+      has_events_key = true;
+    } else if (key == "replay") {
+      events.replay_endpoint = value;
+    } else if (key == "topic") {
+      events.topic = value;
+    } else {
+      return std::string(
+          "unknown key (id, address, dp-start, dp-size, total-kv-blocks, "
+          "max-num-batched-tokens, engine, events, replay, topic)");
+    }
+    return error;
+  });
   if (!error.empty()) return error;
-  if (!has_id) return "worker: id=N is required";
+  if (!has_id) return "id=N is required";
   if (!has_events_key && !events.replay_endpoint.empty()) {
-    return "worker: replay= needs events=";
+    return "replay= needs events=";
   }
   if (has_events_key) worker.events = events;
   *out = worker;
   return {};
 }
 
-std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out, std::string_view option) {
+std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out) {
   JetStreamSpec spec;
-  std::string error =
-      ForEachKeyValue(text, option, [&](std::string_view key, std::string_view value) {
-        if (key == "url") {
-          spec.url = value;
-        } else if (key == "stream") {
-          spec.stream = value;
-        } else if (key == "subject") {
-          spec.subject = value;
-        } else if (key == "durable") {
-          spec.durable = value;
-        } else if (key == "start") {
-          return ParseUnsigned(value, &spec.start_sequence);
-        } else if (key == "resume") {
-          return ParseBool(value, &spec.resume);
-        } else if (key == "create") {
-          return ParseBool(value, &spec.create);
-        } else if (key == "max-age-seconds") {
-          return ParseDouble(value, &spec.max_age_seconds);
-        } else if (key == "max-bytes") {
-          const std::string parsed = std::string(value);
-          char* end = nullptr;
-          spec.max_bytes = std::strtoll(parsed.c_str(), &end, 10);
-          if (parsed.empty() || *end != '\0') return "expected an integer, got " + Quoted(value);
-        } else {
-          return std::string(
-              "unknown key (url, stream, subject, durable, start, resume, create, "
-              "max-age-seconds, max-bytes)");
-        }
-        return std::string();
-      });
+  std::string error = ForEachKeyValue(text, [&](std::string_view key, std::string_view value) {
+    if (key == "url") {
+      spec.url = value;
+    } else if (key == "stream") {
+      spec.stream = value;
+    } else if (key == "subject") {
+      spec.subject = value;
+    } else if (key == "durable") {
+      spec.durable = value;
+    } else if (key == "start") {
+      return ParseUnsigned(value, &spec.start_sequence);
+    } else if (key == "resume") {
+      return ParseBool(value, &spec.resume);
+    } else if (key == "create") {
+      return ParseBool(value, &spec.create);
+    } else if (key == "max-age-seconds") {
+      return ParseDouble(value, &spec.max_age_seconds);
+    } else if (key == "max-bytes") {
+      const std::string parsed = std::string(value);
+      char* end = nullptr;
+      spec.max_bytes = std::strtoll(parsed.c_str(), &end, 10);
+      if (parsed.empty() || *end != '\0') return "expected an integer, got " + Quoted(value);
+    } else {
+      return std::string(
+          "unknown key (url, stream, subject, durable, start, resume, create, "
+          "max-age-seconds, max-bytes)");
+    }
+    return std::string();
+  });
   if (!error.empty()) return error;
   if (spec.url.empty() || spec.stream.empty() || spec.subject.empty()) {
-    return std::string(option) + ": url=, stream= and subject= are required";
+    return "url=, stream= and subject= are required";
   }
   *out = spec;
   return {};
@@ -511,9 +509,9 @@ const std::vector<OptionSpec>& Options() {
      "SUBJECT is a prefix without wildcards", false, true,
      [](Config& c, std::string_view v) {
        JetStreamSpec spec;
-       std::string error = ParseJetStreamSpec(v, &spec, "jetstream-relay");
+       std::string error = ParseJetStreamSpec(v, &spec);
        if (error.empty() && (!spec.durable.empty() || spec.start_sequence != 0 || spec.resume)) {
-         error = "jetstream-relay: durable=, start= and resume= are a consumer's";
+         error = "durable=, start= and resume= are a consumer's";
        }
        if (error.empty()) c.jetstream_relay = std::move(spec);
        return error;

@@ -143,13 +143,12 @@ std::string ParseHostPort(std::string_view text, std::string* host, int* port, i
 // digits, '.', '-' and '_'; a port 1..65535), else why not.
 std::string CheckWorkerAddress(std::string_view address);
 
-// Parses a worker's description "id=1,address=h:p,dp-size=2,..." (the `worker` option).
+// Parses a worker's description "id=1,address=h:p,dp-size=2,..." (the `worker` option). Like
+// every option's parser, its errors do not name the option: the caller does, once.
 std::string ParseWorkerSpec(std::string_view text, WorkerSpec* out);
 // "url=URL,stream=NAME,subject=SUBJECT[,durable=NAME][,start=N][,resume=BOOL][,create=BOOL]
-// [,max-age-seconds=S][,max-bytes=N]" (the value of --jetstream-events).
-// `option` names the option in errors.
-std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out,
-                               std::string_view option = "jetstream-events");
+// [,max-age-seconds=S][,max-bytes=N]" (the value of --jetstream-events and --jetstream-relay).
+std::string ParseJetStreamSpec(std::string_view text, JetStreamSpec* out);
 
 // The names of the enumerations as the options and the API spell them.
 std::optional<kvr_queue_policy> ParseQueuePolicy(std::string_view text);

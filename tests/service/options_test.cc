@@ -93,6 +93,17 @@ TEST(OptionsTest, ErrorsNameTheOptionAndTheLine) {
             "listen: expected HOST:PORT, got 'localhost'");
   EXPECT_EQ(ParseCommandLine({"--nats-events=nats://x"}, &config),
             "nats-events: expected URL SUBJECT, got 'nats://x'");
+  // Options of KEY=VALUE lists name the option once, then the key.
+  EXPECT_EQ(ParseCommandLine({"--worker", "id=x"}, &config),
+            "worker: id: expected an unsigned integer, got 'x'");
+  EXPECT_EQ(ParseCommandLine({"--worker", "address=h:1"}, &config), "worker: id=N is required");
+  EXPECT_EQ(ParseCommandLine({"--jetstream-events", "url=nats://h:1,stream=KV"}, &config),
+            "jetstream-events: url=, stream= and subject= are required");
+  EXPECT_EQ(ParseCommandLine({"--jetstream-relay", "bad"}, &config),
+            "jetstream-relay: expected KEY=VALUE, got 'bad'");
+  EXPECT_EQ(ParseCommandLine({"--jetstream-relay", "url=nats://h:1,stream=KV,subject=s,durable=d"},
+                             &config),
+            "jetstream-relay: durable=, start= and resume= are a consumer's");
   EXPECT_NE(ParseCommandLine({"--config", "/nonexistent/kvrouterd.conf"}, &config)
                 .find("cannot read the config file"),
             std::string::npos);
@@ -105,6 +116,8 @@ TEST(OptionsTest, ErrorsNameTheOptionAndTheLine) {
             "f.conf:1: 'help' is a command-line option only");
   EXPECT_EQ(ParseConfigText("\n\ntemperature = hot\n", "f.conf", &config),
             "f.conf:3: temperature: expected a number, got 'hot'");
+  EXPECT_EQ(ParseConfigText("worker = id=x\n", "f.conf", &config),
+            "f.conf:1: worker: id: expected an unsigned integer, got 'x'");
   // The HTTP server binds an address, and looks no name up: a host name does not parse (it
   // failed only when the server bound it, exit code 1 instead of 2).
   EXPECT_EQ(ParseCommandLine({"--listen", "localhost:8080"}, &config),
@@ -174,15 +187,14 @@ TEST(OptionsTest, WorkerSpec) {
   EXPECT_EQ(worker.events->replay_endpoint, "tcp://h:5558");
   EXPECT_EQ(worker.events->topic, "kv");
 
-  EXPECT_EQ(ParseWorkerSpec("address=h:1", &worker), "worker: id=N is required");
-  EXPECT_EQ(ParseWorkerSpec("id=1,replay=tcp://h:1", &worker), "worker: replay= needs events=");
-  EXPECT_EQ(ParseWorkerSpec("id=x", &worker), "worker: id: expected an unsigned integer, got 'x'");
-  EXPECT_NE(ParseWorkerSpec("id=1,colour=red", &worker).find("worker: colour: unknown key"),
-            std::string::npos);
+  EXPECT_EQ(ParseWorkerSpec("address=h:1", &worker), "id=N is required");
+  EXPECT_EQ(ParseWorkerSpec("id=1,replay=tcp://h:1", &worker), "replay= needs events=");
+  EXPECT_EQ(ParseWorkerSpec("id=x", &worker), "id: expected an unsigned integer, got 'x'");
+  EXPECT_EQ(ParseWorkerSpec("id=1,colour=red", &worker).rfind("colour: unknown key", 0), 0u);
   EXPECT_EQ(ParseWorkerSpec("id=1,engine=trt", &worker),
-            "worker: engine: must be vllm or sglang, got 'trt'");
-  EXPECT_EQ(ParseWorkerSpec("id=1,address=h", &worker),
-            "worker: address: expected HOST:PORT, got 'h'");
+            "engine: must be vllm or sglang, got 'trt'");
+  EXPECT_EQ(ParseWorkerSpec("id=1,address=h", &worker), "address: expected HOST:PORT, got 'h'");
+  EXPECT_EQ(ParseWorkerSpec("id=1,bare", &worker), "expected KEY=VALUE, got 'bare'");
 }
 
 // A worker's address is where a proxy sends its requests: refused when it cannot be one, at

@@ -10,7 +10,7 @@ import enum
 from typing import Dict, Tuple, Type
 
 #: The header version this file was generated from; the library's major.minor must match.
-ABI_VERSION: Tuple[int, int, int] = (0, 2, 1)
+ABI_VERSION: Tuple[int, int, int] = (0, 2, 2)
 
 
 class Status(enum.IntEnum):

@@ -1,4 +1,4 @@
-//! Raw declarations of libkvrouter's C ABI, `include/kvrouter.h` 0.2.1:
+//! Raw declarations of libkvrouter's C ABI, `include/kvrouter.h` 0.2.2:
 //! every function, struct, type and constant of the header, in its order, with the header's
 //! own comments. The safe layer is the `kvrouter` crate.
 //!
@@ -19,8 +19,8 @@ use core::mem::{align_of, offset_of, size_of};
 /// library of the same major.minor has this ABI.
 pub const KVR_VERSION_MAJOR: u32 = 0;
 pub const KVR_VERSION_MINOR: u32 = 2;
-pub const KVR_VERSION_PATCH: u32 = 1;
-pub const KVR_VERSION_STRING: &str = "0.2.1";
+pub const KVR_VERSION_PATCH: u32 = 2;
+pub const KVR_VERSION_STRING: &str = "0.2.2";
 pub const KVR_VERSION_NUMBER: u32 =
     KVR_VERSION_MAJOR * 10000 + KVR_VERSION_MINOR * 100 + KVR_VERSION_PATCH;
 

@@ -779,7 +779,7 @@ fn every_versioned_struct_has_a_sized_init() {
 
 #[test]
 fn the_crates_name_the_generated_version() {
-    // The generated constants are the header's version (0.2.1); the crate's version carries it
+    // The generated constants are the header's version (0.2.2); the crate's version carries it
     // as build metadata and shares its major.minor, and build.rs probes for that major.minor.
     let (major, minor) = (KVR_VERSION_MAJOR, KVR_VERSION_MINOR);
     assert_eq!(

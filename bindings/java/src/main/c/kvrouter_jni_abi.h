@@ -16,7 +16,7 @@
  * only known to fit a header of the same major.minor. */
 #define ABI_VERSION_MAJOR 0
 #define ABI_VERSION_MINOR 2
-#define ABI_VERSION_PATCH 1
+#define ABI_VERSION_PATCH 2
 #if KVR_VERSION_MAJOR != ABI_VERSION_MAJOR || KVR_VERSION_MINOR != ABI_VERSION_MINOR
 #error "kvrouter.h is not a 0.2.x header, which kvrouter_jni_abi.h was generated from"
 #endif

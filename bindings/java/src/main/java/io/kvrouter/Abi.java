@@ -12,7 +12,7 @@ final class Abi {
   /** The header version the binding was generated from: it needs a library of this major.minor. */
   static final int VERSION_MAJOR = 0;
   static final int VERSION_MINOR = 2;
-  static final int VERSION_PATCH = 1;
+  static final int VERSION_PATCH = 2;
 
   // kvr_hash_options.flags
   static final int HASH_EAGLE = 0x1;
