@@ -904,7 +904,17 @@ HttpResponse Service::Healthz() {
     workers = workers_.size();
   }
   if (stopping_) return JsonAnswer({{"status", "stopping"}, {"workers", workers}}, 503);
-  return JsonAnswer({{"status", "ok"}, {"workers", workers}});
+  // Ranks whose cached blocks are unknown (an engine's or NATS connection lost, a gap) are
+  // routed on what the index last knew of them (nothing, if they were cleared) until their
+  // engines speak again: "degraded", still 200, since routing goes on and a probe failing for
+  // it would take every replica out of service at once.
+  kvr_ingest_stats events;
+  kvr_ingest_stats_init(&events, sizeof events);
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_ingest_get_stats(ingest_, 0, &events, &err), err);
+  return JsonAnswer({{"status", events.state_unknown > 0 ? "degraded" : "ok"},
+                     {"workers", workers},
+                     {"ranks_state_unknown", events.state_unknown}});
 }
 
 void Service::CountAnswer(const std::string& pattern, int status) {

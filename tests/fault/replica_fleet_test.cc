@@ -7,7 +7,8 @@
 // replica must hold exactly each engine's true blocks (its snapshot decoded with the public
 // schema), the replicas' index digests must be equal, and the dead replica's bookings must be
 // gone from its peers. Nothing asserts on elapsed time; each test prints a "[figures]" line
-// (docs/replicas.md records them).
+// (docs/replicas.md records them). Also: one daemon's /healthz while an engine's messages are
+// lost.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -555,6 +556,47 @@ TEST_F(RelayFleetTest, ZmqEnginesReachEveryReplicaThroughRelayKillsAndServerRest
       static_cast<int>(first), unheard, static_cast<int>(after_kill), static_cast<int>(outage),
       static_cast<int>(failures), static_cast<int>(after_nats));
   std::fflush(stdout);
+}
+
+// One daemon, one vLLM-style engine without a replay socket: /healthz stays 200, says
+// "degraded" with the count while the engine's rank is flagged after lost messages, and "ok"
+// once the engine clears its cache.
+TEST(DaemonHealthTest, LostEngineMessagesAreDegradedUntilTheEngineClears) {
+  char dir[] = "/tmp/kvr_health_XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir));
+  const int port = FreePort();
+  Engine engine({"--mode", "zmq", "--endpoint", Tcp(port), "--worker", "1", "--generation", "1",
+                 "--seed", "7919"});
+  Replica daemon(dir, 1);
+  daemon.WriteConfigText("worker = id=1,engine=vllm,events=" + Tcp(port) + "\n");
+  daemon.Start();
+  engine.Do("wait-sub 10000");
+  const auto health = [&] {
+    const HttpAnswer answer = daemon.Get("/healthz");
+    EXPECT_EQ(answer.status, 200) << answer.body;
+    return nlohmann::json::parse(answer.body, nullptr, false);
+  };
+  const auto status_becomes = [&](const std::string& status, int unknown) {
+    return WaitUntil([&] {
+      const nlohmann::json body = health();
+      return body.is_object() && body.value("status", "") == status &&
+             body.value("ranks_state_unknown", -1) == unknown;
+    });
+  };
+
+  engine.Publish(20);
+  ASSERT_TRUE(WaitUntil([&] { return daemon.Metric("kvrouter_ingest_messages_total") >= 20; }));
+  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+  engine.Do("skip 3");
+  engine.Publish(1);
+  EXPECT_TRUE(status_becomes("degraded", 1)) << health().dump();
+  EXPECT_EQ(health()["workers"], 1);
+  engine.Do("clear");
+  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+
+  daemon.Stop();
+  engine.Quit();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
