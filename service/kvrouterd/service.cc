@@ -380,6 +380,9 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
     const int64_t queue_timeout_ms = input.options.queue_timeout_ms;
     kvr_route_signals signals;
     kvr_route_signals_init(&signals, sizeof signals);
+    // What any of its plans did: a route that waited in the queue, or whose previewed rank went,
+    // says so though the plan it is answered with did not.
+    uint32_t queued = 0, moved = 0;
     // A route is planned and committed at once; its worker removed in between (the commit's
     // FAILED_PRECONDITION) leaves it nothing to dispatch to, so it is planned again, at most
     // kMaxReplans times: the caller never planned, and would only route again.
@@ -400,6 +403,8 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
                                   &input.hints, input.previewed ? &*input.previewed : nullptr,
                                   &signals, &err),
                    err);
+      queued |= signals.queued;
+      moved |= signals.moved;
       if (!commit) break;
       const Clock::time_point planned_at = Clock::now();
       if (between_plan_and_commit_for_test_) between_plan_and_commit_for_test_(signals.worker_id);
@@ -432,6 +437,8 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
       }
       ThrowIfError(status, err);
     }
+    signals.queued = queued;
+    signals.moved = moved;
     json decision = DecisionJson(id, signals, AddressOf(signals.worker_id), false);
     if (!bookings_.Complete(id, decision, signals.worker_id, signals.dp_rank,
                             After(commit ? request_expiry_seconds_ : plan_deadline_seconds_),

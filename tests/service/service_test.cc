@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -68,6 +69,63 @@ TEST(ServiceTest, ARouteWhoseWorkerGoesBeforeItsCommitIsPlannedAgain) {
   EXPECT_EQ(calls, 2);
   const json decision = json::parse(routed.body);
   EXPECT_NE(decision["worker_id"], removed);
+  EXPECT_EQ(decision["booked"], true);
+}
+
+HttpResponse Get(Service& service, const std::string& path) {
+  HttpRequest request;
+  request.method = "GET";
+  request.path = path;
+  const RouteMatch match = MatchRoute(request.method, request.path);
+  return service.Handle(*match.route, request, match.param);
+}
+
+// A route that waited in the admission queue says so ("queued"), though the plan it is answered
+// with, made again after its first plan's worker went, was admitted at once (before, only the
+// last plan's signals were reported: "queued": false after a wait).
+TEST(ServiceTest, ARoutePlannedAgainAfterWaitingInTheQueueSaysItWaited) {
+  Config config;
+  config.router.queue_threshold = 0;  // queue while every rank has a request
+  for (const uint64_t id : {1, 2}) {
+    WorkerSpec worker;
+    worker.worker_id = id;
+    worker.max_num_batched_tokens = 1;
+    config.workers.push_back(worker);
+  }
+  std::unique_ptr<Service> service = MakeService({}, config);
+  ASSERT_NE(service, nullptr);
+  std::map<std::string, uint64_t> worker_of;
+  for (const std::string id : {"a1", "a2"}) {
+    const HttpResponse routed = Route(*service, id);
+    ASSERT_EQ(routed.status, 200) << routed.body;
+    worker_of[id] = json::parse(routed.body)["worker_id"];
+  }
+  ASSERT_NE(worker_of["a1"], worker_of["a2"]);
+  int calls = 0;
+  service->SetBetweenPlanAndCommitForTest([&](uint64_t worker_id) {
+    if (calls++ > 0) return;
+    // Admitted onto a1's worker once a1 was freed: that worker goes, and a2's is freed, so
+    // the plan made again is admitted at once.
+    EXPECT_EQ(worker_id, worker_of["a1"]);
+    service->RemoveWorker(worker_id);
+    EXPECT_EQ(Free(*service, "a2").status, 200);
+  });
+  HttpResponse routed;
+  std::thread waiter([&] { routed = Route(*service, "b"); });
+  bool waiting = false;
+  for (int i = 0; i < 2000 && !waiting; ++i) {
+    waiting = Get(*service, "/metrics").body.find("kvrouter_queue_pending_requests 1\n") !=
+              std::string::npos;
+    if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(waiting) << "b never waited in the queue";
+  EXPECT_EQ(Free(*service, "a1").status, 200);
+  waiter.join();
+  ASSERT_EQ(routed.status, 200) << routed.body;
+  EXPECT_EQ(calls, 2);
+  const json decision = json::parse(routed.body);
+  EXPECT_EQ(decision["worker_id"], worker_of["a2"]);
+  EXPECT_EQ(decision["queued"], true);
   EXPECT_EQ(decision["booked"], true);
 }
 
