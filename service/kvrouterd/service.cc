@@ -380,9 +380,9 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
     const int64_t queue_timeout_ms = input.options.queue_timeout_ms;
     kvr_route_signals signals;
     kvr_route_signals_init(&signals, sizeof signals);
-    // What any of its plans did: a route that waited in the queue, or whose previewed rank went,
-    // says so though the plan it is answered with did not.
-    uint32_t queued = 0, moved = 0;
+    // A route that waited in the queue says so, though the plan it is answered with did not.
+    // (`moved` compares that plan's rank with the preferred one: the last plan's is right.)
+    uint32_t queued = 0;
     // A route is planned and committed at once; its worker removed in between (the commit's
     // FAILED_PRECONDITION) leaves it nothing to dispatch to, so it is planned again, at most
     // kMaxReplans times: the caller never planned, and would only route again.
@@ -404,7 +404,6 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
                                   &signals, &err),
                    err);
       queued |= signals.queued;
-      moved |= signals.moved;
       if (!commit) break;
       const Clock::time_point planned_at = Clock::now();
       if (between_plan_and_commit_for_test_) between_plan_and_commit_for_test_(signals.worker_id);
@@ -438,7 +437,6 @@ HttpResponse Service::Book(const HttpRequest& request, bool commit, RoutingCall*
       ThrowIfError(status, err);
     }
     signals.queued = queued;
-    signals.moved = moved;
     json decision = DecisionJson(id, signals, AddressOf(signals.worker_id), false);
     if (!bookings_.Complete(id, decision, signals.worker_id, signals.dp_rank,
                             After(commit ? request_expiry_seconds_ : plan_deadline_seconds_),
@@ -767,7 +765,9 @@ kvr_jetstream_source ToSource(const JetStreamSpec& spec) {
 void Service::RelayToJetStream(const JetStreamSpec& spec) {
   const kvr_jetstream_source target = ToSource(spec);
   kvr_error* err = nullptr;
-  ThrowIfError(kvr_ingest_relay_jetstream(ingest_, &target, nullptr, &err), err);
+  uint64_t source_id = 0;
+  ThrowIfError(kvr_ingest_relay_jetstream(ingest_, &target, &source_id, &err), err);
+  relay_source_id_ = source_id;
   Log(LogLevel::kInfo, "relaying the index's changes into JetStream",
       {{"url", spec.url}, {"stream", spec.stream}, {"subject", spec.subject + ".<worker id>"}});
 }
@@ -915,13 +915,23 @@ HttpResponse Service::Healthz() {
   // routed on what the index last knew of them (nothing, if they were cleared) until their
   // engines speak again: "degraded", still 200, since routing goes on and a probe failing for
   // it would take every replica out of service at once.
-  kvr_ingest_stats events;
-  kvr_ingest_stats_init(&events, sizeof events);
-  kvr_error* err = nullptr;
-  ThrowIfError(kvr_ingest_get_stats(ingest_, 0, &events, &err), err);
-  return JsonAnswer({{"status", events.state_unknown > 0 ? "degraded" : "ok"},
+  const uint32_t unknown = RanksStateUnknown();
+  return JsonAnswer({{"status", unknown > 0 ? "degraded" : "ok"},
                      {"workers", workers},
-                     {"ranks_state_unknown", events.state_unknown}});
+                     {"ranks_state_unknown", unknown}});
+}
+
+uint32_t Service::RanksStateUnknown() {
+  const auto state_unknown = [&](uint64_t source_id) {
+    kvr_ingest_stats stats;
+    kvr_ingest_stats_init(&stats, sizeof stats);
+    kvr_error* err = nullptr;
+    ThrowIfError(kvr_ingest_get_stats(ingest_, source_id, &stats, &err), err);
+    return stats.state_unknown;
+  };
+  const uint32_t every_source = state_unknown(0);
+  const uint32_t relay = relay_source_id_ ? state_unknown(*relay_source_id_) : 0;
+  return every_source - std::min(every_source, relay);
 }
 
 void Service::CountAnswer(const std::string& pattern, int status) {

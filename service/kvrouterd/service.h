@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,8 @@ class Service {
   // Consumes a JetStream stream of KV events (throws ApiError as the other calls do).
   void SubscribeJetStream(const JetStreamSpec& spec);
   void RelayToJetStream(const JetStreamSpec& spec);
+  // The event sources' ranks whose cached state is unknown (the relay's resync left out).
+  uint32_t RanksStateUnknown();
   // Loads a snapshot file into the (empty) index (throws ApiError as the other calls do).
   void RestoreSnapshotFile(const std::string& path);
   // --bootstrap-from: restores the first answering peer's snapshot and sets `streams` to
@@ -175,6 +178,10 @@ class Service {
   // (stream, source id) of every JetStream source, for the snapshot's positions. Written
   // only while the service opens, before any request.
   std::vector<std::pair<std::string, uint64_t>> jetstream_sources_;
+  // The JetStream relay's source, if any: its state_unknown (a resync under way) says the
+  // streams' consumers are behind, not that this router's index is (/healthz leaves it out).
+  // Written only while the service opens.
+  std::optional<uint64_t> relay_source_id_;
 
   std::mutex workers_mutex_;  // held across a worker change's library calls: one at a time
   std::map<uint64_t, WorkerSpec> workers_;

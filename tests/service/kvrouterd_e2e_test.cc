@@ -432,7 +432,8 @@ TEST_F(KvrouterdTest, WorkersOverHttp) {
 
   EXPECT_EQ(Body(Http(port_, "DELETE", "/v1/workers/3")), json::parse(R"({"worker_id": 3})"));
   EXPECT_EQ(Get("/v1/workers/3").status, 404);
-  EXPECT_EQ(Body(Get("/healthz")), json::parse(R"({"status": "ok", "workers": 2, "ranks_state_unknown": 0})"));
+  EXPECT_EQ(Body(Get("/healthz")),
+            json::parse(R"({"status": "ok", "workers": 2, "ranks_state_unknown": 0})"));
   Stop();
 }
 
@@ -531,7 +532,8 @@ TEST_F(KvrouterdTest, ASessionIsClosedOverHttp) {
 
 TEST_F(KvrouterdTest, MetricsAndHealth) {
   Start();
-  EXPECT_EQ(Body(Get("/healthz")), json::parse(R"({"status": "ok", "workers": 2, "ranks_state_unknown": 0})"));
+  EXPECT_EQ(Body(Get("/healthz")),
+            json::parse(R"({"status": "ok", "workers": 2, "ranks_state_unknown": 0})"));
   ASSERT_EQ(Post("/v1/route", RouteBody("m")).status, 200);
   const HttpAnswer metrics = Get("/metrics");
   ASSERT_EQ(metrics.status, 200);
