@@ -791,14 +791,19 @@ std::string Service::AddressOf(uint64_t worker_id) {
   return it == workers_.end() ? std::string() : it->second.address;
 }
 
+kvr_ingest_stats Service::SourceStats(uint64_t source_id) {
+  kvr_ingest_stats stats;
+  kvr_ingest_stats_init(&stats, sizeof stats);
+  kvr_error* err = nullptr;
+  ThrowIfError(kvr_ingest_get_stats(ingest_, source_id, &stats, &err), err);
+  return stats;
+}
+
 // Each consumed stream's last sequence applied; a stream consumed twice, the lower.
 StreamSequences Service::AppliedStreamSequences() {
   StreamSequences sequences;
   for (const auto& [stream, source_id] : jetstream_sources_) {
-    kvr_ingest_stats stats;
-    kvr_ingest_stats_init(&stats, sizeof stats);
-    kvr_error* err = nullptr;
-    ThrowIfError(kvr_ingest_get_stats(ingest_, source_id, &stats, &err), err);
+    const kvr_ingest_stats stats = SourceStats(source_id);
     const auto [it, added] = sequences.emplace(stream, stats.stream_sequence);
     if (!added) it->second = std::min(it->second, stats.stream_sequence);
   }
@@ -922,15 +927,8 @@ HttpResponse Service::Healthz() {
 }
 
 uint32_t Service::RanksStateUnknown() {
-  const auto state_unknown = [&](uint64_t source_id) {
-    kvr_ingest_stats stats;
-    kvr_ingest_stats_init(&stats, sizeof stats);
-    kvr_error* err = nullptr;
-    ThrowIfError(kvr_ingest_get_stats(ingest_, source_id, &stats, &err), err);
-    return stats.state_unknown;
-  };
-  const uint32_t every_source = state_unknown(0);
-  const uint32_t relay = relay_source_id_ ? state_unknown(*relay_source_id_) : 0;
+  const uint32_t every_source = SourceStats(0).state_unknown;
+  const uint32_t relay = relay_source_id_ ? SourceStats(*relay_source_id_).state_unknown : 0;
   return every_source - std::min(every_source, relay);
 }
 

@@ -147,6 +147,8 @@ class Service {
   // Consumes a JetStream stream of KV events (throws ApiError as the other calls do).
   void SubscribeJetStream(const JetStreamSpec& spec);
   void RelayToJetStream(const JetStreamSpec& spec);
+  // One ingest source's counters (0: every source's), as kvr_ingest_get_stats gives them.
+  kvr_ingest_stats SourceStats(uint64_t source_id);
   // The event sources' ranks whose cached state is unknown (the relay's resync left out).
   uint32_t RanksStateUnknown();
   // Loads a snapshot file into the (empty) index (throws ApiError as the other calls do).
