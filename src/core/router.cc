@@ -143,6 +143,7 @@ absl::Status Router::AddWorker(const WorkerConfig& given) {
 absl::Status Router::UpdateWorker(const WorkerConfig& given) {
   const WorkerConfig config = WithBlockSize(given, options_.block_size);
   Completions completions;
+  std::vector<WorkerKey> removed;
   {
     std::lock_guard lock(gate_);
     auto changes = registry_.ChangesOf(config);
@@ -151,9 +152,11 @@ absl::Status Router::UpdateWorker(const WorkerConfig& given) {
     active_.ChangeRanks(changes->removed, changes->added);
     registry_.Replace(config);
     for (const WorkerKey& rank : changes->removed) ForgetRankLocked(rank);
+    removed = std::move(changes->removed);
     DrainQueueLocked(completions);  // a larger max_num_batched_tokens may admit
   }
   Run(completions);
+  if (!removed.empty()) removal_listeners_.Tell({.worker_id = config.worker_id, .ranks = removed});
   return absl::OkStatus();
 }
 
@@ -173,6 +176,7 @@ absl::Status Router::RemoveWorker(uint64_t worker_id) {
     DrainQueueLocked(completions);
   }
   Run(completions);
+  removal_listeners_.Tell({.worker_id = worker_id, .ranks = {}});
   return status;
 }
 

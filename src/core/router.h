@@ -60,6 +60,7 @@
 #include "core/plan_table.h"
 #include "core/radix_index.h"
 #include "core/random_source.h"
+#include "core/removal_listeners.h"
 #include "core/replica_announcements.h"
 #include "core/replica_liveness.h"
 #include "core/scheduler_queue.h"
@@ -243,6 +244,13 @@ class Router {
   // registered (its index entries, if events arrived for it anyway, are dropped all the same).
   absl::Status RemoveWorker(uint64_t worker_id);
   std::vector<WorkerConfig> Workers() const;
+  // Who is told of the ranks RemoveWorker (even NotFound: the index entries go) and UpdateWorker
+  // drop, after they are dropped (removal_listeners.h): an ingest forgets what it tracked for
+  // them. A token for RemoveRemovalListener, which returns once the listener cannot run again.
+  uint64_t AddRemovalListener(RemovalListener listener) {
+    return removal_listeners_.Add(std::move(listener));
+  }
+  void RemoveRemovalListener(uint64_t token) { removal_listeners_.Remove(token); }
 
   // --- KV events (FailedPrecondition in approximate mode, which has none). ---
   absl::StatusOr<ApplyResult> ApplyEvent(const KvEvent& event);
@@ -677,6 +685,7 @@ class Router {
   PlanTable<Prepared, RouteDecision> plans_;
   Nanos last_sweep_ = 0;
   SessionTable sessions_;
+  RemovalListeners removal_listeners_;  // its own mutex: told after gate_ is released
   // Replica sync.
   BookingObserver observer_;
   ReplicaLiveness liveness_;

@@ -1091,6 +1091,15 @@ void NatsSubscriptions::CloseAll() {
   retired_subscriptions_.clear();
 }
 
+void NatsSubscriptions::ForgetRemoved(const RemovedRanks& removed) {
+  for (Source* source : sources_) {
+    source->dynamo->Forget(removed);
+    if (source->ranks->Forget(removed)) {
+      source->counters->state_unknown.store(static_cast<int64_t>(source->ranks->unknown()));
+    }
+  }
+}
+
 natsStatus ReconnectingOptions(const std::string& url, natsOptions** out) {
   natsOptions* opts = nullptr;
   natsStatus s = natsOptions_Create(&opts);

@@ -77,6 +77,9 @@ class NatsSubscriptions {
   absl::StatusOr<uint64_t> RelayToJetStream(const JetStreamSource& target);
   // Unsubscribes and closes every connection. Loop thread (or before Start).
   void CloseAll();
+  // The router dropped these ranks (IngestService's removal listener): every event source
+  // forgets them, unflagging them (state_unknown). Loop thread.
+  void ForgetRemoved(const RemovedRanks& removed);
 
   // On the loop thread before it runs: libnats' requests made there are applied at once. The
   // loop this thread ran before.

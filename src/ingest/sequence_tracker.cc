@@ -189,6 +189,12 @@ void PublisherSequences::ForgetLongestSilent(uint64_t keep) {
   by_id_.erase(oldest);
 }
 
+void PublisherSequences::Forget(const RemovedRanks& removed) {
+  for (auto& [id, publisher] : by_id_) {
+    std::erase_if(publisher.ranks, [&](WorkerKey rank) { return removed.Covers(rank); });
+  }
+}
+
 bool SourceRanks::Heard(WorkerKey rank, uint64_t publisher) {
   auto [it, added] = ranks_.try_emplace(rank);
   const bool other_publisher = !added && it->second.publisher != publisher;
@@ -208,6 +214,11 @@ std::vector<WorkerKey> SourceRanks::Ranks() const {
 bool SourceRanks::Lose(WorkerKey rank) { return unknown_.insert(rank).second; }
 
 bool SourceRanks::Cleared(WorkerKey rank) { return unknown_.erase(rank) > 0; }
+
+bool SourceRanks::Forget(const RemovedRanks& removed) {
+  std::erase_if(ranks_, [&](const auto& entry) { return removed.Covers(entry.first); });
+  return std::erase_if(unknown_, [&](WorkerKey rank) { return removed.Covers(rank); }) > 0;
+}
 
 void SourceRanks::ForgetOldest() {
   auto oldest = ranks_.begin();

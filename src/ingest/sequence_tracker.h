@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/hash/hash.h"
+#include "core/removal_listeners.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -212,6 +213,9 @@ class PublisherSequences {
   // kGap move the publisher's expectation past `sequence`; a first message above 0 sets
   // joined, a kGap gapped.
   Verdict Observe(uint64_t id, uint64_t sequence);
+  // The router dropped these ranks: no publisher speaks for them any more, so one heard on them
+  // again speaks first (a gap no longer clears them).
+  void Forget(const RemovedRanks& removed);
 
   size_t size() const { return by_id_.size(); }
 
@@ -248,6 +252,9 @@ class SourceRanks {
   bool Lose(WorkerKey rank);
   // The engine cleared `rank` itself: known again. Whether it was flagged.
   bool Cleared(WorkerKey rank);
+  // The router dropped these ranks (a removed worker): no longer flagged nor heard. Whether a
+  // flagged one went.
+  bool Forget(const RemovedRanks& removed);
   size_t unknown() const { return unknown_.size(); }
   size_t size() const { return ranks_.size(); }
 

@@ -105,6 +105,40 @@ TEST_F(RouterTest, RegistryErrorsAreClear) {
   EXPECT_EQ(router_->Workers().size(), 3u);
 }
 
+// What each removal listener heard: the worker and its ranks (empty: all of them).
+struct HeardRemovals {
+  std::vector<std::pair<uint64_t, std::vector<WorkerKey>>> removals;
+  RemovalListener Listener() {
+    return [this](const RemovedRanks& removed) {
+      removals.emplace_back(removed.worker_id,
+                            std::vector<WorkerKey>(removed.ranks.begin(), removed.ranks.end()));
+    };
+  }
+};
+
+TEST_F(RouterTest, RemovalListenersHearTheRanksDroppedUntilRemoved) {
+  Make();
+  HeardRemovals heard, other;
+  const uint64_t token = router_->AddRemovalListener(heard.Listener());
+  const uint64_t other_token = router_->AddRemovalListener(other.Listener());
+  EXPECT_NE(token, other_token);
+  ASSERT_TRUE(router_->UpdateWorker(Worker(1, 0, 4)).ok());  // ranks added: nothing dropped
+  EXPECT_TRUE(heard.removals.empty());
+  ASSERT_TRUE(router_->UpdateWorker(Worker(1, 0, 2)).ok());  // ranks 2 and 3 dropped
+  ASSERT_TRUE(router_->RemoveWorker(2).ok());
+  // Never registered, but the index may hold events for it: they go, and listeners hear it.
+  EXPECT_EQ(router_->RemoveWorker(9).code(), absl::StatusCode::kNotFound);
+  using Heard = std::vector<std::pair<uint64_t, std::vector<WorkerKey>>>;
+  const Heard expected{{1, {{1, 2}, {1, 3}}}, {2, {}}, {9, {}}};
+  EXPECT_EQ(heard.removals, expected);
+  EXPECT_EQ(other.removals, expected);
+  router_->RemoveRemovalListener(token);
+  router_->RemoveRemovalListener(token);  // again: nothing
+  ASSERT_TRUE(router_->RemoveWorker(3).ok());
+  EXPECT_EQ(heard.removals.size(), 3u);
+  EXPECT_EQ(other.removals.size(), 4u);
+}
+
 TEST_F(RouterTest, PrefersTheWorkerHoldingThePrefixAndExplainsWhy) {
   Make();
   const auto prompt = Tokens(8);

@@ -169,6 +169,18 @@ class DynamoNatsTest : public NatsIngestFixture {
   }
   uint32_t Depth(WorkerKey rank = kRank) { return MatchOfRank(rank).device_blocks; }
 
+  // The source's stats once `unknown` ranks are flagged (or 10 s have passed: then a failure).
+  IngestStats WaitForUnknown(uint64_t unknown) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    IngestStats stats = *ingest_->Stats(source_);
+    while (stats.state_unknown != unknown && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      stats = *ingest_->Stats(source_);
+    }
+    EXPECT_EQ(unknown, stats.state_unknown);
+    return stats;
+  }
+
   uint64_t source_ = 0;
 };
 
@@ -303,6 +315,30 @@ TEST_F(DynamoNatsTest, ARankFirstHeardAfterAGapIsClearedAndFlagged) {
   EXPECT_EQ(2u, MatchOfRank(kOtherRank).tree_size);
   Publish(WithDpRank(WithSequence(kCleared, 4), 2));
   EXPECT_EQ(1u, WaitForMessages(3).state_unknown);  // rank 2 cleared by its engine: known
+}
+
+// A removed worker's engine may never clear its ranks: flagged, they stayed counted in
+// state_unknown for good (and a daemon's /healthz said "degraded" until it restarted). The
+// router dropping them makes the source forget them.
+TEST_F(DynamoNatsTest, RanksTheRouterDropsAreNoLongerFlagged) {
+  Publish(FromHex(kStored));                         // message 0, dp rank 1
+  Publish(WithDpRank(WithSequence(kStored, 3), 2));  // 1 and 2 lost: both ranks flagged
+  ASSERT_EQ(2u, WaitForMessages(2).state_unknown);
+  WorkerConfig worker{.worker_id = 7, .dp_start = 1, .dp_size = 2, .block_size = 4};
+  ASSERT_TRUE(router_->AddWorker(worker).ok());
+  worker.dp_size = 1;
+  ASSERT_TRUE(router_->UpdateWorker(worker).ok());  // dp rank 2 dropped
+  WaitForUnknown(1);
+  ASSERT_TRUE(router_->RemoveWorker(7).ok());
+  WaitForUnknown(0);
+  EXPECT_EQ(0u, Depth());
+  // Its engine speaks again (the worker added back, say): the rank is first heard anew. Its
+  // publisher lost messages, which may have stored on it: flagged again, until it clears.
+  Publish(WithSequence(kStored, 4));
+  const IngestStats stats = WaitForMessages(3);
+  EXPECT_EQ(1u, stats.state_unknown);
+  EXPECT_EQ(2u, Depth());
+  EXPECT_EQ(0u, stats.restarts);
 }
 
 TEST_F(DynamoNatsTest, BadMessagesAreCountedAndTheGoodOnesAroundThemApplied) {

@@ -418,6 +418,23 @@ TEST(PublisherSequences, RemembersTheRanksAGapMustClear) {
   EXPECT_EQ(v.publisher->ranks.size(), 2u);
 }
 
+TEST(PublisherSequences, ForgetsTheRanksOfARemovedWorker) {
+  PublisherSequences p;
+  PublisherSequences::Verdict v = p.Observe(1, 0);
+  v.publisher->ranks.insert({3, 0});
+  v.publisher->ranks.insert({3, 1});
+  v.publisher->ranks.insert({4, 0});
+  const std::vector<WorkerKey> one_rank{{3, 1}};
+  p.Forget({.worker_id = 3, .ranks = one_rank});  // worker 3 updated to fewer ranks
+  v = p.Observe(1, 1);
+  EXPECT_EQ(v.publisher->ranks,
+            (std::unordered_set<WorkerKey, absl::Hash<WorkerKey>>{{3, 0}, {4, 0}}));
+  p.Forget({.worker_id = 3});  // worker 3 removed
+  v = p.Observe(1, 5);         // a gap clears only what is left
+  ASSERT_EQ(v.action, A::kGap);
+  EXPECT_EQ(v.publisher->ranks, (std::unordered_set<WorkerKey, absl::Hash<WorkerKey>>{{4, 0}}));
+}
+
 TEST(PublisherSequences, ForgetsTheLongestSilentPublisherPastTheLimit) {
   PublisherSequences p;
   for (uint64_t id = 0; id < PublisherSequences::kMaxPublishers; ++id) p.Observe(id, 0);
@@ -454,6 +471,25 @@ TEST(SourceRanks, LostRanksStayUnknownUntilTheEngineClearsThem) {
   EXPECT_TRUE(ranks.Cleared({1, 0}));
   EXPECT_FALSE(ranks.Cleared({1, 0}));
   EXPECT_EQ(ranks.unknown(), 1u);
+}
+
+// A removed worker's ranks are no longer counted unknown (they were until the engine cleared
+// them, which a removed worker's engine may never do) nor tied to their publisher.
+TEST(SourceRanks, ARemovedWorkersRanksAreForgotten) {
+  SourceRanks ranks;
+  for (const WorkerKey rank : {WorkerKey{1, 0}, WorkerKey{1, 1}, WorkerKey{2, 0}}) {
+    ranks.Heard(rank, 10);
+    ranks.Lose(rank);
+  }
+  const std::vector<WorkerKey> one_rank{{1, 1}};
+  EXPECT_TRUE(ranks.Forget({.worker_id = 1, .ranks = one_rank}));
+  EXPECT_EQ(ranks.unknown(), 2u);
+  EXPECT_TRUE(ranks.Forget({.worker_id = 1}));
+  EXPECT_EQ(ranks.unknown(), 1u);
+  EXPECT_EQ(ranks.size(), 1u);
+  EXPECT_FALSE(ranks.Forget({.worker_id = 1}));  // nothing flagged left to forget
+  EXPECT_FALSE(ranks.Heard({1, 0}, 11));         // heard anew: not a restart of the old process
+  EXPECT_TRUE(ranks.Cleared({2, 0}));            // the other worker's flag stayed
 }
 
 TEST(SourceRanks, MemoryIsBoundedWhenWorkersChurn) {
