@@ -100,13 +100,15 @@ struct EngineWorker {
 // (KVR_FAILED_PRECONDITION) and opens no socket.
 class LibraryCheck {
  public:
-  // Throws ApiError if the library refuses the options (either may be NULL: its defaults).
+  // Throws ApiError if the library refuses the options: the router's (NULL: its defaults), and
+  // the ingest's if given. Without them an ingest object is made only to check a worker with
+  // events: a check of ranks alone needs none of the descriptors one takes (a daemon short of
+  // them could still change a worker's ranks).
   LibraryCheck(const kvr_router_options* router_options, const kvr_ingest_options* ingest_options) {
     try {
       kvr_error* err = nullptr;
       ThrowIfError(kvr_router_new(router_options, &router_, &err), err);
-      ThrowIfError(kvr_ingest_new(router_, ingest_options, &ingest_, &err), err);
-      ThrowIfError(kvr_ingest_stop(ingest_, &err), err);
+      if (ingest_options != nullptr) MakeIngest(ingest_options);
     } catch (...) {
       Free();
       throw;
@@ -130,6 +132,7 @@ class LibraryCheck {
       Refuse(status, err, prefix);
     }
     if (worker.events) {
+      if (ingest_ == nullptr) MakeIngest(nullptr);
       const EngineWorker engine(worker);
       const kvr_status status =
           kvr_ingest_add_engine_worker(ingest_, &engine.config, nullptr, &err);
@@ -145,6 +148,12 @@ class LibraryCheck {
     } catch (const ApiError& e) {
       throw ApiError(e.status(), prefix + e.what());
     }
+  }
+  // Stopped at once: it checks what it is given and opens nothing.
+  void MakeIngest(const kvr_ingest_options* options) {
+    kvr_error* err = nullptr;
+    ThrowIfError(kvr_ingest_new(router_, options, &ingest_, &err), err);
+    ThrowIfError(kvr_ingest_stop(ingest_, &err), err);
   }
   void Free() {
     kvr_ingest_free(ingest_);

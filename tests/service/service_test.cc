@@ -3,6 +3,8 @@
 #include "kvrouterd/service.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -202,6 +204,60 @@ TEST(ServiceTest, ARouteWhosePlansAllOutliveTheirDeadlineIsUnavailable) {
   EXPECT_EQ(calls, Service::kMaxReplans + 1);
   service->SetBetweenPlanAndCommitForTest(nullptr);
   EXPECT_EQ(Route(*service, "r1").status, 200);  // nothing was left booked under the id
+}
+
+// While it lives, the process can open no file descriptor: the soft limit is lowered to the
+// lowest number free (every one below it is open).
+class NoDescriptorLeft {
+ public:
+  NoDescriptorLeft() {
+    EXPECT_EQ(getrlimit(RLIMIT_NOFILE, &saved_), 0);
+    const int lowest_free = dup(STDERR_FILENO);
+    EXPECT_GE(lowest_free, 0);
+    close(lowest_free);
+    rlimit limited = saved_;
+    limited.rlim_cur = static_cast<rlim_t>(lowest_free);
+    EXPECT_EQ(setrlimit(RLIMIT_NOFILE, &limited), 0);
+  }
+  ~NoDescriptorLeft() { setrlimit(RLIMIT_NOFILE, &saved_); }
+  NoDescriptorLeft(const NoDescriptorLeft&) = delete;
+  NoDescriptorLeft& operator=(const NoDescriptorLeft&) = delete;
+
+ private:
+  rlimit saved_{};
+};
+
+// A change is checked on a throwaway router first; its ingest object (an epoll and an eventfd)
+// is made only for a worker with events: a daemon out of descriptors refused to change a
+// worker's ranks alone ("uv_loop_init: too many open files").
+TEST(ServiceTest, AWorkersRanksChangeWithNoDescriptorLeft) {
+  std::unique_ptr<Service> service = MakeService({1});
+  ASSERT_NE(service, nullptr);
+  WorkerSpec wider;
+  wider.worker_id = 1;
+  wider.dp_size = 2;
+  WorkerSpec subscribed = wider;
+  subscribed.events.emplace().endpoint = "tcp://127.0.0.1:5557";
+  std::string ranks_refused, events_refused;
+  json updated;
+  {
+    const NoDescriptorLeft limit;
+    try {
+      updated = service->UpdateWorker(wider);
+    } catch (const std::exception& e) {
+      ranks_refused = e.what();
+    }
+    try {
+      service->UpdateWorker(subscribed);
+    } catch (const std::exception& e) {
+      events_refused = e.what();
+    }
+  }
+  EXPECT_EQ(ranks_refused, "");
+  EXPECT_EQ(updated["dp_size"], 2);
+  // Events need descriptors: refused with the reason, the worker left as it was.
+  EXPECT_NE(events_refused.find("too many open files"), std::string::npos) << events_refused;
+  EXPECT_EQ(service->UpdateWorker(wider)["events"], nullptr);
 }
 
 }  // namespace
