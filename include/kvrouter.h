@@ -329,10 +329,10 @@ KVR_API kvr_status kvr_router_add_worker(kvr_router *router, const kvr_worker_co
  * @thread_safety concurrent */
 KVR_API kvr_status kvr_router_update_worker(kvr_router *router, const kvr_worker_config *config,
                                             kvr_error **err);
-/* Drops the worker's ranks, active requests and index entries; the router's ingest objects stop
- * counting its ranks in state_unknown (since 0.2.2; so does an update to fewer ranks, for the
- * ranks dropped). KVR_NOT_FOUND for an unknown id (index entries of it, from events, go all the
- * same). @thread_safety concurrent */
+/* Drops the worker's ranks, active requests and index entries; the NATS and JetStream sources
+ * of the router's ingest objects no longer count its ranks in state_unknown until it is added
+ * back (since 0.2.2; so does an update to fewer ranks, for the ranks dropped). KVR_NOT_FOUND for
+ * an unknown id (index entries of it, from events, go all the same). @thread_safety concurrent */
 KVR_API kvr_status kvr_router_remove_worker(kvr_router *router, uint64_t worker_id,
                                             kvr_error **err);
 

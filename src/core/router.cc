@@ -134,6 +134,7 @@ absl::Status Router::AddWorker(const WorkerConfig& given) {
       registry_.Remove(config.worker_id).IgnoreError();  // allocates nothing
       throw;
     }
+    TellRanksLocked(RankChange::Kind::kAdded, config.worker_id, ranks);
     DrainQueueLocked(completions);
   }
   Run(completions);
@@ -143,7 +144,6 @@ absl::Status Router::AddWorker(const WorkerConfig& given) {
 absl::Status Router::UpdateWorker(const WorkerConfig& given) {
   const WorkerConfig config = WithBlockSize(given, options_.block_size);
   Completions completions;
-  std::vector<WorkerKey> removed;
   {
     std::lock_guard lock(gate_);
     auto changes = registry_.ChangesOf(config);
@@ -152,11 +152,11 @@ absl::Status Router::UpdateWorker(const WorkerConfig& given) {
     active_.ChangeRanks(changes->removed, changes->added);
     registry_.Replace(config);
     for (const WorkerKey& rank : changes->removed) ForgetRankLocked(rank);
-    removed = std::move(changes->removed);
+    TellRanksLocked(RankChange::Kind::kDropped, config.worker_id, changes->removed);
+    TellRanksLocked(RankChange::Kind::kAdded, config.worker_id, changes->added);
     DrainQueueLocked(completions);  // a larger max_num_batched_tokens may admit
   }
   Run(completions);
-  if (!removed.empty()) removal_listeners_.Tell({.worker_id = config.worker_id, .ranks = removed});
   return absl::OkStatus();
 }
 
@@ -172,12 +172,17 @@ absl::Status Router::RemoveWorker(uint64_t worker_id) {
     // Events may have arrived for a worker never registered: forget them too.
     if (index_) index_->RemoveWorker(worker_id);
     if (approx_) approx_->RemoveWorker(worker_id);
+    rank_listeners_.Tell({.kind = RankChange::Kind::kDropped, .worker_id = worker_id, .ranks = {}});
     // Requests waiting for this worker alone now have no eligible rank: they fail Unavailable.
     DrainQueueLocked(completions);
   }
   Run(completions);
-  removal_listeners_.Tell({.worker_id = worker_id, .ranks = {}});
   return status;
+}
+
+void Router::TellRanksLocked(RankChange::Kind kind, uint64_t worker_id,
+                             std::span<const WorkerKey> ranks) const {
+  if (!ranks.empty()) rank_listeners_.Tell({.kind = kind, .worker_id = worker_id, .ranks = ranks});
 }
 
 void Router::ForgetRankLocked(WorkerKey rank) {

@@ -60,7 +60,7 @@
 #include "core/plan_table.h"
 #include "core/radix_index.h"
 #include "core/random_source.h"
-#include "core/removal_listeners.h"
+#include "core/rank_listeners.h"
 #include "core/replica_announcements.h"
 #include "core/replica_liveness.h"
 #include "core/scheduler_queue.h"
@@ -244,13 +244,14 @@ class Router {
   // registered (its index entries, if events arrived for it anyway, are dropped all the same).
   absl::Status RemoveWorker(uint64_t worker_id);
   std::vector<WorkerConfig> Workers() const;
-  // Who is told of the ranks RemoveWorker (even NotFound: the index entries go) and UpdateWorker
-  // drop, after they are dropped (removal_listeners.h): an ingest forgets what it tracked for
-  // them. A token for RemoveRemovalListener, which returns once the listener cannot run again.
-  uint64_t AddRemovalListener(RemovalListener listener) {
-    return removal_listeners_.Add(std::move(listener));
+  // Who is told of the ranks AddWorker and UpdateWorker add and UpdateWorker and RemoveWorker
+  // (even NotFound: index entries from events go all the same) drop, as the registry changes
+  // (rank_listeners.h). A token for RemoveRankListener, which returns once the listener cannot
+  // run again.
+  uint64_t AddRankListener(RankListener listener) {
+    return rank_listeners_.Add(std::move(listener));
   }
-  void RemoveRemovalListener(uint64_t token) { removal_listeners_.Remove(token); }
+  void RemoveRankListener(uint64_t token) { rank_listeners_.Remove(token); }
 
   // --- KV events (FailedPrecondition in approximate mode, which has none). ---
   absl::StatusOr<ApplyResult> ApplyEvent(const KvEvent& event);
@@ -507,6 +508,9 @@ class Router {
   absl::Status ApplySnapshotEvents(std::span<const KvEvent> events);
   // Drops a removed rank's cache from the index (the load tracker dropped the rank itself).
   void ForgetRankLocked(WorkerKey rank);
+  // Tells the rank listeners, if there are ranks.
+  void TellRanksLocked(RankChange::Kind kind, uint64_t worker_id,
+                       std::span<const WorkerKey> ranks) const;
   std::vector<OverlapScore> ScoresOf(std::span<const WorkerMatch> matches,
                                      const SelectorConfig& config) const;
   void ScoresInto(std::span<const WorkerMatch> matches, const SelectorConfig& config,
@@ -685,7 +689,7 @@ class Router {
   PlanTable<Prepared, RouteDecision> plans_;
   Nanos last_sweep_ = 0;
   SessionTable sessions_;
-  RemovalListeners removal_listeners_;  // its own mutex: told after gate_ is released
+  RankListeners rank_listeners_;  // told under gate_, in the registry's order
   // Replica sync.
   BookingObserver observer_;
   ReplicaLiveness liveness_;

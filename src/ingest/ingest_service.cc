@@ -63,7 +63,7 @@ struct Nats : LeftOut<IngestTransport::kNats> {
   absl::Status SubscribeJetStream(const JetStreamSource& source) const { return Call(source); }
   absl::Status RelayToJetStream(const JetStreamSource& target) const { return Call(target); }
   static const uv_loop_t* BindLoopThread(const uv_loop_t*) { return nullptr; }
-  void ForgetRemoved(const RemovedRanks&) const {}
+  void RanksChanged(const RankChange&) const noexcept {}
 };
 #endif
 
@@ -123,22 +123,8 @@ struct IngestService::Impl : IngestLoop {
     never_run.swap(commands);
   }
 
-  // The router's removal listener (Router::AddRemovalListener), until the service is destroyed.
-  uint64_t removal_listener = 0;
-
-  // The router dropped ranks: the NATS sources forget them, on the loop (what they flagged would
-  // otherwise stay counted in state_unknown). Refused memory for the command, they keep them:
-  // a flag left over until the engine clears the rank, never a rank wrongly trusted.
-  void ForgetRemovedLater(const RemovedRanks& removed) {
-    ContainRefusal(
-        [&] {
-          Post([this, worker_id = removed.worker_id,
-                ranks = std::vector<WorkerKey>(removed.ranks.begin(), removed.ranks.end())] {
-            nats.ForgetRemoved({.worker_id = worker_id, .ranks = ranks});
-          });
-        },
-        [] {});
-  }
+  // The router's rank listener (Router::AddRankListener), until the service is destroyed.
+  uint64_t rank_listener = 0;
 
   void CloseEverything() {
     listeners.CloseAll();
@@ -176,8 +162,8 @@ absl::StatusOr<std::unique_ptr<IngestService>> IngestService::Create(Router* rou
   auto service = std::unique_ptr<IngestService>(new IngestService(std::move(impl)));
   // Once the loop can be woken (Post); refused memory, the destructor removes token 0: nothing.
   Impl* loop = service->impl_.get();
-  loop->removal_listener = router->AddRemovalListener(
-      [loop](const RemovedRanks& removed) { loop->ForgetRemovedLater(removed); });
+  loop->rank_listener = router->AddRankListener(
+      [loop](const RankChange& change) { loop->nats.RanksChanged(change); });
   return service;
 }
 
@@ -233,7 +219,7 @@ void IngestService::Stop() {
 }
 
 IngestService::~IngestService() {
-  impl_->router->RemoveRemovalListener(impl_->removal_listener);  // posts to the loop no more
+  impl_->router->RemoveRankListener(impl_->rank_listener);  // posts to the loop no more
   Stop();
   uv_loop_close(&impl_->loop);
 }

@@ -392,7 +392,7 @@ struct NatsSubscriptions::Source {
   NatsSubscriptions* owner = nullptr;
   std::shared_ptr<SourceCounters> counters;
   std::shared_ptr<PublisherSequences> dynamo = std::make_shared<PublisherSequences>();
-  std::shared_ptr<SourceRanks> ranks = std::make_shared<SourceRanks>();
+  std::shared_ptr<SourceRanks> ranks;  // counting flags but on ranks its owner's dropped_ has
   std::shared_ptr<JetStreamOrder> order = std::make_shared<JetStreamOrder>();  // JetStream
   std::shared_ptr<ConsumerRemaking> remaking;                                  // JetStream
   JetStreamSource jetstream_config;  // JetStream: how its consumer is made again
@@ -501,6 +501,7 @@ absl::StatusOr<uint64_t> NatsSubscriptions::Subscribe(const std::string& url,
   }
   auto source = std::make_unique<Source>();
   source->owner = this;
+  source->ranks = std::make_shared<SourceRanks>(&dropped_);
   source->counters = std::make_shared<SourceCounters>();
   source->replica_sync = replica_sync;
   source->url = url;
@@ -1091,13 +1092,23 @@ void NatsSubscriptions::CloseAll() {
   retired_subscriptions_.clear();
 }
 
-void NatsSubscriptions::ForgetRemoved(const RemovedRanks& removed) {
-  for (Source* source : sources_) {
-    source->dynamo->Forget(removed);
-    if (source->ranks->Forget(removed)) {
-      source->counters->state_unknown.store(static_cast<int64_t>(source->ranks->unknown()));
-    }
-  }
+void NatsSubscriptions::RanksChanged(const RankChange& change) noexcept {
+  // One recount queued at most: a loop not started yet does not pile up a command per change.
+  // Refused memory (or stopped), the counts are made again with each source's next flag change.
+  ContainRefusal(
+      [&] {
+        if (!dropped_.Change(change) || recount_posted_.exchange(true)) return;
+        const bool posted = loop_.Post([this] {
+          recount_posted_.store(false);
+          for (Source* source : sources_) StoreUnknown(*source->counters, *source->ranks);
+        });
+        if (!posted) recount_posted_.store(false);
+      },
+      [&] { recount_posted_.store(false); });
+}
+
+void NatsSubscriptions::StoreUnknown(SourceCounters& source, SourceRanks& ranks) {
+  source.state_unknown.store(static_cast<int64_t>(ranks.CountedUnknown()));
 }
 
 natsStatus ReconnectingOptions(const std::string& url, natsOptions** out) {
@@ -1325,6 +1336,7 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
   if (absl::Status valid = ValidateJetStream(config); !valid.ok()) return valid;
   auto source = std::make_unique<Source>();
   source->owner = this;
+  source->ranks = std::make_shared<SourceRanks>(&dropped_);
   source->counters = std::make_shared<SourceCounters>();
   source->jetstream = true;
   source->counters->relayed = false;  // the events are in a stream already
@@ -1719,19 +1731,18 @@ void NatsSubscriptions::ApplyDynamoMessage(const DynamoMessage& message, SourceC
 void NatsSubscriptions::ApplyHeard(std::span<const KvEvent> events, uint64_t publisher,
                                    SourceCounters& source, SourceRanks& ranks) {
   for (const KvEvent& event : events) {
-    const size_t unknown = ranks.unknown();
+    const size_t unknown = ranks.CountedUnknown();
     if (ranks.Heard(event.worker, publisher)) {
       // Another publisher had this rank: the worker restarted, its old blocks are gone.
       loop_.ClearRank(event.worker, source);
       Bump(source.restarts);
     }
     // A flagged rank heard longest ago may have been forgotten to make room.
-    if (ranks.unknown() != unknown)
-      source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
+    if (ranks.CountedUnknown() != unknown) StoreUnknown(source, ranks);
     const bool known_again =
         std::holds_alternative<ClearedEvent>(event.data) && ranks.Cleared(event.worker);
     (void)loop_.ApplyOne(event, source);
-    if (known_again) source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
+    if (known_again) StoreUnknown(source, ranks);
   }
 }
 
@@ -1745,7 +1756,7 @@ void NatsSubscriptions::LoseRank(WorkerKey rank, SourceCounters& source, SourceR
 
 void NatsSubscriptions::FlagRank(WorkerKey rank, SourceCounters& source, SourceRanks& ranks) {
   ranks.Lose(rank);
-  source.state_unknown.store(static_cast<int64_t>(ranks.unknown()));
+  StoreUnknown(source, ranks);
 }
 
 bool NatsSubscriptions::ReconnectJetStreamLater(std::shared_ptr<SourceCounters> counters,

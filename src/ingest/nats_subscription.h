@@ -12,6 +12,7 @@
 // booking changes.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "ingest/ingest_loop.h"
 #include "ingest/ingest_service.h"
+#include "ingest/sequence_tracker.h"
 
 typedef struct __natsConnection natsConnection;  // libnats' (nats/nats.h)
 typedef struct __natsSubscription natsSubscription;
@@ -38,8 +40,6 @@ struct ConnectionCallbacks;
 struct ConsumerRemaking;
 struct RemakeRequest;
 class JetStreamRelay;
-class PublisherSequences;
-class SourceRanks;
 struct DynamoMessage;
 struct JetStreamPlace;
 
@@ -77,9 +77,10 @@ class NatsSubscriptions {
   absl::StatusOr<uint64_t> RelayToJetStream(const JetStreamSource& target);
   // Unsubscribes and closes every connection. Loop thread (or before Start).
   void CloseAll();
-  // The router dropped these ranks (IngestService's removal listener): every event source
-  // forgets them, unflagging them (state_unknown). Loop thread.
-  void ForgetRemoved(const RemovedRanks& removed);
+  // The router's registry gained or dropped ranks (IngestService's rank listener, under the
+  // router's lock: any thread, quick): the ranks it dropped are left out of every event source's
+  // state_unknown until added back, the counts made again on the loop.
+  void RanksChanged(const RankChange& change) noexcept;
 
   // On the loop thread before it runs: libnats' requests made there are applied at once. The
   // loop this thread ran before.
@@ -196,7 +197,12 @@ class NatsSubscriptions {
   // LoseEveryRank without counting a gap (it was counted when the loss happened).
   void ForgetEveryRank(SourceCounters& source, SourceRanks& ranks);
 
+  // The state_unknown of a source.
+  static void StoreUnknown(SourceCounters& source, SourceRanks& ranks);
+
   IngestLoop& loop_;
+  DroppedRanks dropped_;                     // what the router dropped (RanksChanged)
+  std::atomic<bool> recount_posted_{false};  // a recount of every source is queued on the loop
   std::list<Source*> sources_;
   bool replica_sync_active_ = false;
   std::mutex relay_mutex_;  // one relay: RelayToJetStream may run on several threads

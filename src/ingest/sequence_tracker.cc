@@ -1,5 +1,6 @@
 #include "ingest/sequence_tracker.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace kvrouter {
@@ -189,12 +190,6 @@ void PublisherSequences::ForgetLongestSilent(uint64_t keep) {
   by_id_.erase(oldest);
 }
 
-void PublisherSequences::Forget(const RemovedRanks& removed) {
-  for (auto& [id, publisher] : by_id_) {
-    std::erase_if(publisher.ranks, [&](WorkerKey rank) { return removed.Covers(rank); });
-  }
-}
-
 bool SourceRanks::Heard(WorkerKey rank, uint64_t publisher) {
   auto [it, added] = ranks_.try_emplace(rank);
   const bool other_publisher = !added && it->second.publisher != publisher;
@@ -211,13 +206,73 @@ std::vector<WorkerKey> SourceRanks::Ranks() const {
   return ranks;
 }
 
-bool SourceRanks::Lose(WorkerKey rank) { return unknown_.insert(rank).second; }
+bool DroppedRanks::Change(const RankChange& change) {
+  const uint64_t id = change.worker_id;
+  std::lock_guard lock(mutex_);
+  // First, under the lock (which Contains takes): a count made after reading the new version
+  // sees the change, even one a refused allocation cut short.
+  version_.fetch_add(1, std::memory_order_release);
+  if (change.kind == RankChange::Kind::kAdded) {
+    size_t erased = workers_.erase(id);
+    for (const WorkerKey& rank : change.ranks) erased += ranks_.erase(rank);
+    return erased > 0;
+  }
+  if (change.WholeWorker()) {
+    workers_.insert_or_assign(id, ++drops_);
+    std::erase_if(ranks_, [id](const auto& entry) { return entry.first.worker_id == id; });
+  } else {
+    for (const WorkerKey& rank : change.ranks) ranks_.insert_or_assign(rank, ++drops_);
+  }
+  while (workers_.size() + ranks_.size() > kMaxDrops) ForgetOldestLocked();
+  return true;
+}
 
-bool SourceRanks::Cleared(WorkerKey rank) { return unknown_.erase(rank) > 0; }
+bool DroppedRanks::Contains(WorkerKey rank) const {
+  std::lock_guard lock(mutex_);
+  return workers_.contains(rank.worker_id) || ranks_.contains(rank);
+}
 
-bool SourceRanks::Forget(const RemovedRanks& removed) {
-  std::erase_if(ranks_, [&](const auto& entry) { return removed.Covers(entry.first); });
-  return std::erase_if(unknown_, [&](WorkerKey rank) { return removed.Covers(rank); }) > 0;
+size_t DroppedRanks::size() const {
+  std::lock_guard lock(mutex_);
+  return workers_.size() + ranks_.size();
+}
+
+void DroppedRanks::ForgetOldestLocked() {
+  auto worker = std::min_element(workers_.begin(), workers_.end(),
+                                 [](const auto& a, const auto& b) { return a.second < b.second; });
+  auto rank = std::min_element(ranks_.begin(), ranks_.end(),
+                               [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (rank == ranks_.end() || (worker != workers_.end() && worker->second < rank->second)) {
+    workers_.erase(worker);
+  } else {
+    ranks_.erase(rank);
+  }
+}
+
+bool SourceRanks::Lose(WorkerKey rank) {
+  Recount();
+  if (!unknown_.insert(rank).second) return false;
+  if (Counts(rank)) ++counted_;
+  return true;
+}
+
+bool SourceRanks::Cleared(WorkerKey rank) {
+  Recount();
+  if (unknown_.erase(rank) == 0) return false;
+  if (Counts(rank)) --counted_;
+  return true;
+}
+
+size_t SourceRanks::CountedUnknown() {
+  Recount();
+  return counted_;
+}
+
+void SourceRanks::Recount() {
+  if (dropped_ == nullptr || dropped_->version() == counted_for_) return;
+  counted_for_ = dropped_->version();
+  counted_ = static_cast<size_t>(
+      std::count_if(unknown_.begin(), unknown_.end(), [this](WorkerKey r) { return Counts(r); }));
 }
 
 void SourceRanks::ForgetOldest() {
@@ -225,7 +280,7 @@ void SourceRanks::ForgetOldest() {
   for (auto it = ranks_.begin(); it != ranks_.end(); ++it) {
     if (it->second.last_heard < oldest->second.last_heard) oldest = it;
   }
-  unknown_.erase(oldest->first);
+  Cleared(oldest->first);
   ranks_.erase(oldest);
 }
 

@@ -8,13 +8,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "absl/hash/hash.h"
-#include "core/removal_listeners.h"
+#include "core/rank_listeners.h"
 #include "core/types.h"
 
 namespace kvrouter {
@@ -213,9 +214,6 @@ class PublisherSequences {
   // kGap move the publisher's expectation past `sequence`; a first message above 0 sets
   // joined, a kGap gapped.
   Verdict Observe(uint64_t id, uint64_t sequence);
-  // The router dropped these ranks: no publisher speaks for them any more, so one heard on them
-  // again speaks first (a gap no longer clears them).
-  void Forget(const RemovedRanks& removed);
 
   size_t size() const { return by_id_.size(); }
 
@@ -226,6 +224,34 @@ class PublisherSequences {
   // single insert into libstdc++'s is all or nothing.
   std::unordered_map<uint64_t, Publisher> by_id_;
   uint64_t messages_ = 0;
+};
+
+// The ranks the router dropped (a worker removed, an update to fewer ranks) and has not added
+// back since, as its rank listener tells them (core/rank_listeners.h): a source's flag on one is
+// not counted in state_unknown, for the router no longer routes to it, and its engine may never
+// clear it (the count stayed up for good). Adding a worker back counts its flags again. Bounded:
+// past kMaxDrops the oldest drop is forgotten (its rank's flag, if any, counts again).
+// Thread-safe: changed on the router's threads, read on the loop.
+class DroppedRanks {
+ public:
+  static constexpr size_t kMaxDrops = 1 << 16;
+
+  // Whether it changed what Contains says.
+  bool Change(const RankChange& change);
+  bool Contains(WorkerKey rank) const;
+  size_t size() const;
+  // Counts the changes, for a SourceRanks to tell whether its count is still current.
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
+
+ private:
+  void ForgetOldestLocked();
+
+  mutable std::mutex mutex_;
+  // Each drop numbered, to forget the oldest: workers removed whole, and ranks dropped alone.
+  std::unordered_map<uint64_t, uint64_t> workers_;
+  std::unordered_map<WorkerKey, uint64_t, absl::Hash<WorkerKey>> ranks_;
+  uint64_t drops_ = 0;
+  std::atomic<uint64_t> version_{0};
 };
 
 // The ranks a NATS source has heard, who publishes each, and which ones it has lost track of.
@@ -242,6 +268,10 @@ class SourceRanks {
   // workers churn); a forgotten rank is cleared on no reconnection.
   static constexpr size_t kMaxRanks = 1 << 16;
 
+  // `dropped` (the source's owner's, which outlives it; may be null): ranks whose flags are not
+  // counted.
+  explicit SourceRanks(const DroppedRanks* dropped = nullptr) : dropped_(dropped) {}
+
   // An event for `rank` from `publisher`: true when another publisher had the rank (the
   // caller clears it before applying the event).
   bool Heard(WorkerKey rank, uint64_t publisher);
@@ -252,10 +282,10 @@ class SourceRanks {
   bool Lose(WorkerKey rank);
   // The engine cleared `rank` itself: known again. Whether it was flagged.
   bool Cleared(WorkerKey rank);
-  // The router dropped these ranks (a removed worker): no longer flagged nor heard. Whether a
-  // flagged one went.
-  bool Forget(const RemovedRanks& removed);
   size_t unknown() const { return unknown_.size(); }
+  // The flagged ranks the router has not dropped: the source's state_unknown (counted again
+  // when what the router dropped has changed since).
+  size_t CountedUnknown();
   size_t size() const { return ranks_.size(); }
 
   // From any thread, allocating nothing: a message was lost for memory where its ranks could
@@ -287,9 +317,15 @@ class SourceRanks {
     uint64_t last_heard = 0;
   };
   void ForgetOldest();
+  bool Counts(WorkerKey rank) const { return dropped_ == nullptr || !dropped_->Contains(rank); }
+  // Makes counted_ current with dropped_.
+  void Recount();
 
+  const DroppedRanks* dropped_;
   std::unordered_map<WorkerKey, Rank, absl::Hash<WorkerKey>> ranks_;
   std::unordered_set<WorkerKey, absl::Hash<WorkerKey>> unknown_;
+  size_t counted_ = 0;  // of unknown_, those Counts, as of dropped_'s version counted_for_
+  uint64_t counted_for_ = 0;
   std::atomic<bool> loss_for_later_{false};
   std::atomic<uint64_t> connection_losses_{0};
   uint64_t losses_applied_ = 0;  // loop

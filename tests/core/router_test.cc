@@ -105,38 +105,55 @@ TEST_F(RouterTest, RegistryErrorsAreClear) {
   EXPECT_EQ(router_->Workers().size(), 3u);
 }
 
-// What each removal listener heard: the worker and its ranks (empty: all of them).
-struct HeardRemovals {
-  std::vector<std::pair<uint64_t, std::vector<WorkerKey>>> removals;
-  RemovalListener Listener() {
-    return [this](const RemovedRanks& removed) {
-      removals.emplace_back(removed.worker_id,
-                            std::vector<WorkerKey>(removed.ranks.begin(), removed.ranks.end()));
+// What a rank listener heard: "+" or "-", the worker, its ranks (none: every rank).
+struct HeardChanges {
+  std::vector<std::string> changes;
+  RankListener Listener() {
+    return [this](const RankChange& change) {
+      std::string heard = change.kind == RankChange::Kind::kAdded ? "+" : "-";
+      heard += std::to_string(change.worker_id);
+      for (const WorkerKey& rank : change.ranks) heard += " " + std::to_string(rank.dp_rank);
+      changes.push_back(heard);
     };
   }
 };
 
-TEST_F(RouterTest, RemovalListenersHearTheRanksDroppedUntilRemoved) {
-  Make();
-  HeardRemovals heard, other;
-  const uint64_t token = router_->AddRemovalListener(heard.Listener());
-  const uint64_t other_token = router_->AddRemovalListener(other.Listener());
+TEST_F(RouterTest, RankListenersHearTheRegistrysChangesUntilRemoved) {
+  Make({}, 0);
+  HeardChanges heard, other;
+  const uint64_t token = router_->AddRankListener(heard.Listener());
+  const uint64_t other_token = router_->AddRankListener(other.Listener());
   EXPECT_NE(token, other_token);
-  ASSERT_TRUE(router_->UpdateWorker(Worker(1, 0, 4)).ok());  // ranks added: nothing dropped
-  EXPECT_TRUE(heard.removals.empty());
-  ASSERT_TRUE(router_->UpdateWorker(Worker(1, 0, 2)).ok());  // ranks 2 and 3 dropped
+  ASSERT_TRUE(router_->AddWorker(Worker(1, 0, 2)).ok());
+  ASSERT_TRUE(router_->AddWorker(Worker(2)).ok());
+  EXPECT_FALSE(router_->AddWorker(Worker(2)).ok());            // refused: nothing changed
+  ASSERT_TRUE(router_->UpdateWorker(Worker(1, 0, 4)).ok());    // ranks 2 and 3 added
+  ASSERT_TRUE(router_->UpdateWorker(Worker(1, 100, 4)).ok());  // capacity alone: nothing
+  ASSERT_TRUE(router_->UpdateWorker(Worker(1, 0, 1)).ok());    // ranks 1 to 3 dropped
   ASSERT_TRUE(router_->RemoveWorker(2).ok());
   // Never registered, but the index may hold events for it: they go, and listeners hear it.
   EXPECT_EQ(router_->RemoveWorker(9).code(), absl::StatusCode::kNotFound);
-  using Heard = std::vector<std::pair<uint64_t, std::vector<WorkerKey>>>;
-  const Heard expected{{1, {{1, 2}, {1, 3}}}, {2, {}}, {9, {}}};
-  EXPECT_EQ(heard.removals, expected);
-  EXPECT_EQ(other.removals, expected);
-  router_->RemoveRemovalListener(token);
-  router_->RemoveRemovalListener(token);  // again: nothing
-  ASSERT_TRUE(router_->RemoveWorker(3).ok());
-  EXPECT_EQ(heard.removals.size(), 3u);
-  EXPECT_EQ(other.removals.size(), 4u);
+  const std::vector<std::string> expected{"+1 0 1", "+2 0", "+1 2 3", "-1 1 2 3", "-2", "-9"};
+  EXPECT_EQ(heard.changes, expected);
+  EXPECT_EQ(other.changes, expected);
+  router_->RemoveRankListener(token);
+  router_->RemoveRankListener(token);  // again: nothing
+  ASSERT_TRUE(router_->RemoveWorker(1).ok());
+  EXPECT_EQ(heard.changes.size(), expected.size());
+  EXPECT_EQ(other.changes.back(), "-1");
+}
+
+// A listener must not throw; one that does (here for want of memory) keeps neither the router's
+// change from being made nor the other listeners from hearing it.
+TEST_F(RouterTest, AListenerThatThrowsMissesOnlyItsOwnChange) {
+  Make({}, 0);
+  HeardChanges heard;
+  router_->AddRankListener([](const RankChange&) { throw std::bad_alloc(); });
+  router_->AddRankListener(heard.Listener());
+  ASSERT_TRUE(router_->AddWorker(Worker(1)).ok());
+  ASSERT_TRUE(router_->RemoveWorker(1).ok());
+  EXPECT_EQ(heard.changes, (std::vector<std::string>{"+1 0", "-1"}));
+  EXPECT_TRUE(router_->Workers().empty());
 }
 
 TEST_F(RouterTest, PrefersTheWorkerHoldingThePrefixAndExplainsWhy) {

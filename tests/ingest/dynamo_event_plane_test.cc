@@ -318,9 +318,9 @@ TEST_F(DynamoNatsTest, ARankFirstHeardAfterAGapIsClearedAndFlagged) {
 }
 
 // A removed worker's engine may never clear its ranks: flagged, they stayed counted in
-// state_unknown for good (and a daemon's /healthz said "degraded" until it restarted). The
-// router dropping them makes the source forget them.
-TEST_F(DynamoNatsTest, RanksTheRouterDropsAreNoLongerFlagged) {
+// state_unknown for good (and a daemon's /healthz said "degraded" until it restarted). Ranks the
+// router drops are no longer counted, even as their engine goes on speaking, until added back.
+TEST_F(DynamoNatsTest, FlagsOnRanksTheRouterDroppedAreNotCounted) {
   Publish(FromHex(kStored));                         // message 0, dp rank 1
   Publish(WithDpRank(WithSequence(kStored, 3), 2));  // 1 and 2 lost: both ranks flagged
   ASSERT_EQ(2u, WaitForMessages(2).state_unknown);
@@ -332,13 +332,18 @@ TEST_F(DynamoNatsTest, RanksTheRouterDropsAreNoLongerFlagged) {
   ASSERT_TRUE(router_->RemoveWorker(7).ok());
   WaitForUnknown(0);
   EXPECT_EQ(0u, Depth());
-  // Its engine speaks again (the worker added back, say): the rank is first heard anew. Its
-  // publisher lost messages, which may have stored on it: flagged again, until it clears.
+  // The engine goes on (draining before it stops): applied, still not counted.
   Publish(WithSequence(kStored, 4));
-  const IngestStats stats = WaitForMessages(3);
-  EXPECT_EQ(1u, stats.state_unknown);
-  EXPECT_EQ(2u, Depth());
-  EXPECT_EQ(0u, stats.restarts);
+  Publish(WithSequence(kRemoved, 6));  // 5 lost: a gap, the rank cleared and flagged again
+  IngestStats stats = WaitForMessages(4);
+  EXPECT_EQ(0u, stats.state_unknown);
+  EXPECT_EQ(2u, stats.gaps);
+  // Added back, its flag counts again: the index does not know what the rank holds.
+  worker.dp_size = 2;
+  ASSERT_TRUE(router_->AddWorker(worker).ok());
+  WaitForUnknown(2);
+  Publish(WithSequence(kCleared, 7));  // the engine clears dp rank 1
+  EXPECT_EQ(1u, WaitForMessages(5).state_unknown);
 }
 
 TEST_F(DynamoNatsTest, BadMessagesAreCountedAndTheGoodOnesAroundThemApplied) {

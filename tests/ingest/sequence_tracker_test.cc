@@ -418,23 +418,6 @@ TEST(PublisherSequences, RemembersTheRanksAGapMustClear) {
   EXPECT_EQ(v.publisher->ranks.size(), 2u);
 }
 
-TEST(PublisherSequences, ForgetsTheRanksOfARemovedWorker) {
-  PublisherSequences p;
-  PublisherSequences::Verdict v = p.Observe(1, 0);
-  v.publisher->ranks.insert({3, 0});
-  v.publisher->ranks.insert({3, 1});
-  v.publisher->ranks.insert({4, 0});
-  const std::vector<WorkerKey> one_rank{{3, 1}};
-  p.Forget({.worker_id = 3, .ranks = one_rank});  // worker 3 updated to fewer ranks
-  v = p.Observe(1, 1);
-  EXPECT_EQ(v.publisher->ranks,
-            (std::unordered_set<WorkerKey, absl::Hash<WorkerKey>>{{3, 0}, {4, 0}}));
-  p.Forget({.worker_id = 3});  // worker 3 removed
-  v = p.Observe(1, 5);         // a gap clears only what is left
-  ASSERT_EQ(v.action, A::kGap);
-  EXPECT_EQ(v.publisher->ranks, (std::unordered_set<WorkerKey, absl::Hash<WorkerKey>>{{4, 0}}));
-}
-
 TEST(PublisherSequences, ForgetsTheLongestSilentPublisherPastTheLimit) {
   PublisherSequences p;
   for (uint64_t id = 0; id < PublisherSequences::kMaxPublishers; ++id) p.Observe(id, 0);
@@ -473,23 +456,62 @@ TEST(SourceRanks, LostRanksStayUnknownUntilTheEngineClearsThem) {
   EXPECT_EQ(ranks.unknown(), 1u);
 }
 
-// A removed worker's ranks are no longer counted unknown (they were until the engine cleared
-// them, which a removed worker's engine may never do) nor tied to their publisher.
-TEST(SourceRanks, ARemovedWorkersRanksAreForgotten) {
-  SourceRanks ranks;
+RankChange Dropped(uint64_t worker, std::span<const WorkerKey> ranks = {}) {
+  return {.kind = RankChange::Kind::kDropped, .worker_id = worker, .ranks = ranks};
+}
+RankChange Added(uint64_t worker, std::span<const WorkerKey> ranks) {
+  return {.kind = RankChange::Kind::kAdded, .worker_id = worker, .ranks = ranks};
+}
+
+TEST(DroppedRanks, AWorkerOrRanksDroppedUntilAddedBack) {
+  DroppedRanks dropped;
+  const std::vector<WorkerKey> rank_2{{1, 2}}, ranks_0_1{{1, 0}, {1, 1}};
+  EXPECT_TRUE(dropped.Change(Dropped(1, rank_2)));  // worker 1 updated to fewer ranks
+  EXPECT_TRUE(dropped.Contains({1, 2}));
+  EXPECT_FALSE(dropped.Contains({1, 0}));
+  EXPECT_TRUE(dropped.Change(Dropped(1)));  // then removed: every rank, whichever it had
+  EXPECT_TRUE(dropped.Contains({1, 0}));
+  EXPECT_TRUE(dropped.Contains({1, 7}));
+  EXPECT_FALSE(dropped.Contains({2, 0}));
+  EXPECT_EQ(dropped.size(), 1u);  // the whole worker holds its ranks
+  EXPECT_TRUE(dropped.Change(Added(1, ranks_0_1)));  // added back
+  EXPECT_FALSE(dropped.Contains({1, 0}));
+  EXPECT_FALSE(dropped.Contains({1, 2}));
+  EXPECT_FALSE(dropped.Change(Added(1, ranks_0_1)));  // nothing was dropped
+  EXPECT_EQ(dropped.size(), 0u);
+}
+
+TEST(DroppedRanks, MemoryIsBoundedWhenWorkersChurn) {
+  DroppedRanks dropped;
+  for (uint64_t w = 0; w < DroppedRanks::kMaxDrops + 10; ++w) dropped.Change(Dropped(w));
+  EXPECT_EQ(dropped.size(), DroppedRanks::kMaxDrops);
+  EXPECT_FALSE(dropped.Contains({9, 0}));  // the oldest drops forgotten
+  EXPECT_TRUE(dropped.Contains({10, 0}));
+}
+
+// A flag on a rank the router dropped is not counted: its engine may never clear it.
+TEST(SourceRanks, FlagsOnDroppedRanksAreNotCounted) {
+  DroppedRanks dropped;
+  SourceRanks ranks(&dropped);
   for (const WorkerKey rank : {WorkerKey{1, 0}, WorkerKey{1, 1}, WorkerKey{2, 0}}) {
     ranks.Heard(rank, 10);
     ranks.Lose(rank);
   }
-  const std::vector<WorkerKey> one_rank{{1, 1}};
-  EXPECT_TRUE(ranks.Forget({.worker_id = 1, .ranks = one_rank}));
-  EXPECT_EQ(ranks.unknown(), 2u);
-  EXPECT_TRUE(ranks.Forget({.worker_id = 1}));
-  EXPECT_EQ(ranks.unknown(), 1u);
-  EXPECT_EQ(ranks.size(), 1u);
-  EXPECT_FALSE(ranks.Forget({.worker_id = 1}));  // nothing flagged left to forget
-  EXPECT_FALSE(ranks.Heard({1, 0}, 11));         // heard anew: not a restart of the old process
-  EXPECT_TRUE(ranks.Cleared({2, 0}));            // the other worker's flag stayed
+  EXPECT_EQ(ranks.CountedUnknown(), 3u);
+  const std::vector<WorkerKey> rank_1{{1, 1}};
+  dropped.Change(Dropped(1, rank_1));
+  EXPECT_EQ(ranks.CountedUnknown(), 2u);
+  dropped.Change(Dropped(1));
+  EXPECT_EQ(ranks.CountedUnknown(), 1u);
+  EXPECT_EQ(ranks.unknown(), 3u);  // still flagged: the index does not know them
+  EXPECT_TRUE(ranks.Cleared({1, 0}));  // cleared while dropped
+  EXPECT_TRUE(ranks.Lose({1, 0}));     // flagged again, but dropped: not counted
+  EXPECT_EQ(ranks.CountedUnknown(), 1u);
+  const std::vector<WorkerKey> ranks_0_1{{1, 0}, {1, 1}};
+  dropped.Change(Added(1, ranks_0_1));  // added back: its flags count again
+  EXPECT_EQ(ranks.CountedUnknown(), 3u);
+  EXPECT_TRUE(ranks.Cleared({1, 1}));
+  EXPECT_EQ(ranks.CountedUnknown(), 2u);
 }
 
 TEST(SourceRanks, MemoryIsBoundedWhenWorkersChurn) {

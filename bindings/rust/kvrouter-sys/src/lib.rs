@@ -1030,10 +1030,11 @@ extern "C" {
         config: *const kvr_worker_config,
         err: *mut *mut kvr_error,
     ) -> kvr_status;
-    /// Drops the worker's ranks, active requests and index entries; the router's ingest objects
-    /// stop counting its ranks in state_unknown (since 0.2.2; so does an update to fewer ranks, for
-    /// the ranks dropped). KVR_NOT_FOUND for an unknown id (index entries of it, from events, go
-    /// all the same). @thread_safety concurrent
+    /// Drops the worker's ranks, active requests and index entries; the NATS and JetStream sources
+    /// of the router's ingest objects no longer count its ranks in state_unknown until it is added
+    /// back (since 0.2.2; so does an update to fewer ranks, for the ranks dropped). KVR_NOT_FOUND
+    /// for an unknown id (index entries of it, from events, go all the same). @thread_safety
+    /// concurrent
     pub fn kvr_router_remove_worker(
         router: *mut kvr_router,
         worker_id: u64,
