@@ -108,7 +108,7 @@ class LibraryCheck {
     try {
       kvr_error* err = nullptr;
       ThrowIfError(kvr_router_new(router_options, &router_, &err), err);
-      if (ingest_options != nullptr) MakeIngest(ingest_options);
+      if (ingest_options != nullptr) MakeIngest(ingest_options, "");
     } catch (...) {
       Free();
       throw;
@@ -132,7 +132,7 @@ class LibraryCheck {
       Refuse(status, err, prefix);
     }
     if (worker.events) {
-      if (ingest_ == nullptr) MakeIngest(nullptr);
+      if (ingest_ == nullptr) MakeIngest(nullptr, prefix);
       const EngineWorker engine(worker);
       const kvr_status status =
           kvr_ingest_add_engine_worker(ingest_, &engine.config, nullptr, &err);
@@ -149,11 +149,14 @@ class LibraryCheck {
       throw ApiError(e.status(), prefix + e.what());
     }
   }
-  // Stopped at once: it checks what it is given and opens nothing.
-  void MakeIngest(const kvr_ingest_options* options) {
+  // Stopped at once: it checks what it is given and opens nothing. Refused, the error starts
+  // with `prefix`.
+  void MakeIngest(const kvr_ingest_options* options, const std::string& prefix) {
     kvr_error* err = nullptr;
-    ThrowIfError(kvr_ingest_new(router_, options, &ingest_, &err), err);
-    ThrowIfError(kvr_ingest_stop(ingest_, &err), err);
+    kvr_status status = kvr_ingest_new(router_, options, &ingest_, &err);
+    Refuse(status, err, prefix);
+    status = kvr_ingest_stop(ingest_, &err);
+    Refuse(status, err, prefix);
   }
   void Free() {
     kvr_ingest_free(ingest_);

@@ -25,11 +25,11 @@ struct RankChange {
   enum class Kind : uint8_t { kAdded, kDropped };
   Kind kind = Kind::kAdded;
   uint64_t worker_id = 0;
-  // The ranks; empty when dropped: every rank of worker_id (a worker removed whole, registered
-  // or only heard of in events).
+  // The ranks: added, or dropped; a worker removed whole lists those it had registered (none if
+  // it was not), and says so in whole_worker: every rank of its id goes, registered or only
+  // heard of in events.
   std::span<const WorkerKey> ranks;
-
-  bool WholeWorker() const { return ranks.empty(); }
+  bool whole_worker = false;
 };
 
 using RankListener = std::function<void(const RankChange&)>;

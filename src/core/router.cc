@@ -165,14 +165,19 @@ absl::Status Router::RemoveWorker(uint64_t worker_id) {
   absl::Status status;
   {
     std::lock_guard lock(gate_);
+    std::vector<WorkerKey> ranks;
     if (const WorkerConfig* config = registry_.Find(worker_id); config != nullptr) {
-      active_.ChangeRanks(RanksOf(*config), {});  // all or nothing; nothing below allocates
+      ranks = RanksOf(*config);
+      active_.ChangeRanks(ranks, {});  // all or nothing; nothing below allocates
     }
     status = registry_.Remove(worker_id).status();
     // Events may have arrived for a worker never registered: forget them too.
     if (index_) index_->RemoveWorker(worker_id);
     if (approx_) approx_->RemoveWorker(worker_id);
-    rank_listeners_.Tell({.kind = RankChange::Kind::kDropped, .worker_id = worker_id, .ranks = {}});
+    rank_listeners_.Tell({.kind = RankChange::Kind::kDropped,
+                          .worker_id = worker_id,
+                          .ranks = ranks,
+                          .whole_worker = true});
     // Requests waiting for this worker alone now have no eligible rank: they fail Unavailable.
     DrainQueueLocked(completions);
   }
@@ -182,7 +187,10 @@ absl::Status Router::RemoveWorker(uint64_t worker_id) {
 
 void Router::TellRanksLocked(RankChange::Kind kind, uint64_t worker_id,
                              std::span<const WorkerKey> ranks) const {
-  if (!ranks.empty()) rank_listeners_.Tell({.kind = kind, .worker_id = worker_id, .ranks = ranks});
+  if (!ranks.empty()) {
+    rank_listeners_.Tell(
+        {.kind = kind, .worker_id = worker_id, .ranks = ranks, .whole_worker = false});
+  }
 }
 
 void Router::ForgetRankLocked(WorkerKey rank) {

@@ -1097,9 +1097,10 @@ void NatsSubscriptions::RanksChanged(const RankChange& change) noexcept {
   // Refused memory (or stopped), the counts are made again with each source's next flag change.
   ContainRefusal(
       [&] {
-        if (!dropped_.Change(change) || recount_posted_.exchange(true)) return;
+        if (!dropped_.Change(change) || recount_posted_.exchange(true, std::memory_order_acq_rel))
+          return;
         const bool posted = loop_.Post([this] {
-          recount_posted_.store(false);
+          recount_posted_.exchange(false, std::memory_order_acq_rel);
           for (Source* source : sources_) StoreUnknown(*source->counters, *source->ranks);
         });
         if (!posted) recount_posted_.store(false);

@@ -213,18 +213,45 @@ bool DroppedRanks::Change(const RankChange& change) {
   // sees the change, even one a refused allocation cut short.
   version_.fetch_add(1, std::memory_order_release);
   if (change.kind == RankChange::Kind::kAdded) {
-    size_t erased = workers_.erase(id);
-    for (const WorkerKey& rank : change.ranks) erased += ranks_.erase(rank);
+    size_t erased = EraseLocked(workers_, id);
+    for (const WorkerKey& rank : change.ranks) erased += EraseLocked(ranks_, rank);
     return erased > 0;
   }
-  if (change.WholeWorker()) {
-    workers_.insert_or_assign(id, ++drops_);
-    std::erase_if(ranks_, [id](const auto& entry) { return entry.first.worker_id == id; });
-  } else {
-    for (const WorkerKey& rank : change.ranks) ranks_.insert_or_assign(rank, ++drops_);
+  if (change.whole_worker) RecordLocked(workers_, id, {.worker_id = id, .dp_rank = std::nullopt});
+  for (const WorkerKey& rank : change.ranks) {
+    RecordLocked(ranks_, rank, {.worker_id = id, .dp_rank = rank.dp_rank});
   }
-  while (workers_.size() + ranks_.size() > kMaxDrops) ForgetOldestLocked();
+  while (order_.size() > kMaxDrops) {
+    const Drop oldest = order_.begin()->second;
+    if (oldest.dp_rank) {
+      EraseLocked(ranks_, WorkerKey{oldest.worker_id, *oldest.dp_rank});
+    } else {
+      EraseLocked(workers_, oldest.worker_id);
+    }
+  }
   return true;
+}
+
+template <typename Map, typename Key>
+void DroppedRanks::RecordLocked(Map& drops, const Key& key, Drop drop) {
+  const uint64_t number = ++drops_;
+  order_.emplace(number, drop);  // refused: nothing changed
+  try {
+    auto [it, added] = drops.try_emplace(key, number);
+    if (!added) order_.erase(std::exchange(it->second, number));
+  } catch (...) {
+    order_.erase(number);
+    throw;
+  }
+}
+
+template <typename Map, typename Key>
+size_t DroppedRanks::EraseLocked(Map& drops, const Key& key) {
+  const auto it = drops.find(key);
+  if (it == drops.end()) return 0;
+  order_.erase(it->second);
+  drops.erase(it);
+  return 1;
 }
 
 bool DroppedRanks::Contains(WorkerKey rank) const {
@@ -234,19 +261,7 @@ bool DroppedRanks::Contains(WorkerKey rank) const {
 
 size_t DroppedRanks::size() const {
   std::lock_guard lock(mutex_);
-  return workers_.size() + ranks_.size();
-}
-
-void DroppedRanks::ForgetOldestLocked() {
-  auto worker = std::min_element(workers_.begin(), workers_.end(),
-                                 [](const auto& a, const auto& b) { return a.second < b.second; });
-  auto rank = std::min_element(ranks_.begin(), ranks_.end(),
-                               [](const auto& a, const auto& b) { return a.second < b.second; });
-  if (rank == ranks_.end() || (worker != workers_.end() && worker->second < rank->second)) {
-    workers_.erase(worker);
-  } else {
-    ranks_.erase(rank);
-  }
+  return order_.size();
 }
 
 bool SourceRanks::Lose(WorkerKey rank) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -229,9 +230,11 @@ class PublisherSequences {
 // The ranks the router dropped (a worker removed, an update to fewer ranks) and has not added
 // back since, as its rank listener tells them (core/rank_listeners.h): a source's flag on one is
 // not counted in state_unknown, for the router no longer routes to it, and its engine may never
-// clear it (the count stayed up for good). Adding a worker back counts its flags again. Bounded:
-// past kMaxDrops the oldest drop is forgotten (its rank's flag, if any, counts again).
-// Thread-safe: changed on the router's threads, read on the loop.
+// clear it (the count stayed up for good). A worker removed whole drops every rank of its id
+// until it is added back; then only the ranks it is added back with count again (those it had,
+// or an earlier update dropped, stay dropped). Bounded: past kMaxDrops the oldest drop is
+// forgotten (its rank's flag, if any, counts again). Drops made before the ingest object existed
+// are not known to it. Thread-safe: changed on the router's threads, read on the loop.
 class DroppedRanks {
  public:
   static constexpr size_t kMaxDrops = 1 << 16;
@@ -244,12 +247,23 @@ class DroppedRanks {
   uint64_t version() const { return version_.load(std::memory_order_acquire); }
 
  private:
-  void ForgetOldestLocked();
+  // A drop: a worker removed whole (dp_rank empty) or one rank.
+  struct Drop {
+    uint64_t worker_id = 0;
+    std::optional<uint32_t> dp_rank;
+  };
+  // Records (or renews) a drop of `key` in `drops` (workers_ or ranks_), numbered in order_.
+  template <typename Map, typename Key>
+  void RecordLocked(Map& drops, const Key& key, Drop drop);
+  template <typename Map, typename Key>
+  size_t EraseLocked(Map& drops, const Key& key);
 
   mutable std::mutex mutex_;
-  // Each drop numbered, to forget the oldest: workers removed whole, and ranks dropped alone.
+  // Each drop numbered, in order_ by number (the oldest is forgotten first): workers removed
+  // whole, and ranks.
   std::unordered_map<uint64_t, uint64_t> workers_;
   std::unordered_map<WorkerKey, uint64_t, absl::Hash<WorkerKey>> ranks_;
+  std::map<uint64_t, Drop> order_;
   uint64_t drops_ = 0;
   std::atomic<uint64_t> version_{0};
 };

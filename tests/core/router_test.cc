@@ -105,7 +105,7 @@ TEST_F(RouterTest, RegistryErrorsAreClear) {
   EXPECT_EQ(router_->Workers().size(), 3u);
 }
 
-// What a rank listener heard: "+" or "-", the worker, its ranks (none: every rank).
+// What a rank listener heard: "+" or "-", the worker, its ranks, "whole" for a worker removed.
 struct HeardChanges {
   std::vector<std::string> changes;
   RankListener Listener() {
@@ -113,6 +113,7 @@ struct HeardChanges {
       std::string heard = change.kind == RankChange::Kind::kAdded ? "+" : "-";
       heard += std::to_string(change.worker_id);
       for (const WorkerKey& rank : change.ranks) heard += " " + std::to_string(rank.dp_rank);
+      if (change.whole_worker) heard += " whole";
       changes.push_back(heard);
     };
   }
@@ -133,14 +134,15 @@ TEST_F(RouterTest, RankListenersHearTheRegistrysChangesUntilRemoved) {
   ASSERT_TRUE(router_->RemoveWorker(2).ok());
   // Never registered, but the index may hold events for it: they go, and listeners hear it.
   EXPECT_EQ(router_->RemoveWorker(9).code(), absl::StatusCode::kNotFound);
-  const std::vector<std::string> expected{"+1 0 1", "+2 0", "+1 2 3", "-1 1 2 3", "-2", "-9"};
+  const std::vector<std::string> expected{"+1 0 1",   "+2 0",       "+1 2 3",
+                                          "-1 1 2 3", "-2 0 whole", "-9 whole"};
   EXPECT_EQ(heard.changes, expected);
   EXPECT_EQ(other.changes, expected);
   router_->RemoveRankListener(token);
   router_->RemoveRankListener(token);  // again: nothing
   ASSERT_TRUE(router_->RemoveWorker(1).ok());
   EXPECT_EQ(heard.changes.size(), expected.size());
-  EXPECT_EQ(other.changes.back(), "-1");
+  EXPECT_EQ(other.changes.back(), "-1 0 whole");
 }
 
 // A listener must not throw; one that does (here for want of memory) keeps neither the router's
@@ -152,7 +154,7 @@ TEST_F(RouterTest, AListenerThatThrowsMissesOnlyItsOwnChange) {
   router_->AddRankListener(heard.Listener());
   ASSERT_TRUE(router_->AddWorker(Worker(1)).ok());
   ASSERT_TRUE(router_->RemoveWorker(1).ok());
-  EXPECT_EQ(heard.changes, (std::vector<std::string>{"+1 0", "-1"}));
+  EXPECT_EQ(heard.changes, (std::vector<std::string>{"+1 0", "-1 0 whole"}));
   EXPECT_TRUE(router_->Workers().empty());
 }
 

@@ -338,9 +338,13 @@ TEST_F(DynamoNatsTest, FlagsOnRanksTheRouterDroppedAreNotCounted) {
   IngestStats stats = WaitForMessages(4);
   EXPECT_EQ(0u, stats.state_unknown);
   EXPECT_EQ(2u, stats.gaps);
-  // Added back, its flag counts again: the index does not know what the rank holds.
-  worker.dp_size = 2;
+  // Added back, its flags count again: the index does not know what the ranks hold. First with
+  // dp rank 1 alone: rank 2, which an update dropped, stays dropped.
+  worker.dp_size = 1;
   ASSERT_TRUE(router_->AddWorker(worker).ok());
+  WaitForUnknown(1);
+  worker.dp_size = 2;
+  ASSERT_TRUE(router_->UpdateWorker(worker).ok());
   WaitForUnknown(2);
   Publish(WithSequence(kCleared, 7));  // the engine clears dp rank 1
   EXPECT_EQ(1u, WaitForMessages(5).state_unknown);

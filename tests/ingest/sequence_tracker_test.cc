@@ -456,8 +456,15 @@ TEST(SourceRanks, LostRanksStayUnknownUntilTheEngineClearsThem) {
   EXPECT_EQ(ranks.unknown(), 1u);
 }
 
-RankChange Dropped(uint64_t worker, std::span<const WorkerKey> ranks = {}) {
+RankChange Dropped(uint64_t worker, std::span<const WorkerKey> ranks) {
   return {.kind = RankChange::Kind::kDropped, .worker_id = worker, .ranks = ranks};
+}
+// Removed whole, with the ranks it had registered.
+RankChange Removed(uint64_t worker, std::span<const WorkerKey> ranks = {}) {
+  return {.kind = RankChange::Kind::kDropped,
+          .worker_id = worker,
+          .ranks = ranks,
+          .whole_worker = true};
 }
 RankChange Added(uint64_t worker, std::span<const WorkerKey> ranks) {
   return {.kind = RankChange::Kind::kAdded, .worker_id = worker, .ranks = ranks};
@@ -466,27 +473,40 @@ RankChange Added(uint64_t worker, std::span<const WorkerKey> ranks) {
 TEST(DroppedRanks, AWorkerOrRanksDroppedUntilAddedBack) {
   DroppedRanks dropped;
   const std::vector<WorkerKey> rank_2{{1, 2}}, ranks_0_1{{1, 0}, {1, 1}};
-  EXPECT_TRUE(dropped.Change(Dropped(1, rank_2)));  // worker 1 updated to fewer ranks
+  EXPECT_TRUE(dropped.Change(Dropped(1, rank_2)));  // worker 1 updated to ranks 0 and 1
   EXPECT_TRUE(dropped.Contains({1, 2}));
   EXPECT_FALSE(dropped.Contains({1, 0}));
-  EXPECT_TRUE(dropped.Change(Dropped(1)));  // then removed: every rank, whichever it had
+  EXPECT_TRUE(dropped.Change(Removed(1, ranks_0_1)));  // then removed: every rank of its id
   EXPECT_TRUE(dropped.Contains({1, 0}));
   EXPECT_TRUE(dropped.Contains({1, 7}));
   EXPECT_FALSE(dropped.Contains({2, 0}));
-  EXPECT_EQ(dropped.size(), 1u);  // the whole worker holds its ranks
-  EXPECT_TRUE(dropped.Change(Added(1, ranks_0_1)));  // added back
+  const std::vector<WorkerKey> rank_0{{1, 0}};
+  EXPECT_TRUE(dropped.Change(Added(1, rank_0)));  // added back with rank 0 alone
   EXPECT_FALSE(dropped.Contains({1, 0}));
-  EXPECT_FALSE(dropped.Contains({1, 2}));
-  EXPECT_FALSE(dropped.Change(Added(1, ranks_0_1)));  // nothing was dropped
-  EXPECT_EQ(dropped.size(), 0u);
+  EXPECT_TRUE(dropped.Contains({1, 1}));           // had, not added back
+  EXPECT_TRUE(dropped.Contains({1, 2}));           // dropped before, not added back
+  EXPECT_FALSE(dropped.Contains({1, 7}));          // never registered: as any rank heard in events
+  EXPECT_FALSE(dropped.Change(Added(1, rank_0)));  // nothing was dropped
+  EXPECT_EQ(dropped.size(), 2u);
+  EXPECT_TRUE(dropped.Change(Added(1, ranks_0_1)));
+  EXPECT_EQ(dropped.size(), 1u);
 }
 
 TEST(DroppedRanks, MemoryIsBoundedWhenWorkersChurn) {
   DroppedRanks dropped;
-  for (uint64_t w = 0; w < DroppedRanks::kMaxDrops + 10; ++w) dropped.Change(Dropped(w));
+  for (uint64_t w = 0; w < DroppedRanks::kMaxDrops + 10; ++w) {
+    const std::vector<WorkerKey> rank{{w, 0}};
+    dropped.Change(Removed(w, rank));  // two drops each: the worker and its rank
+  }
   EXPECT_EQ(dropped.size(), DroppedRanks::kMaxDrops);
-  EXPECT_FALSE(dropped.Contains({9, 0}));  // the oldest drops forgotten
-  EXPECT_TRUE(dropped.Contains({10, 0}));
+  const uint64_t oldest_kept = (DroppedRanks::kMaxDrops + 10) - DroppedRanks::kMaxDrops / 2;
+  EXPECT_FALSE(dropped.Contains({oldest_kept - 1, 0}));  // the oldest drops forgotten
+  EXPECT_TRUE(dropped.Contains({oldest_kept, 0}));
+  // A drop made again is renewed, not kept twice.
+  const std::vector<WorkerKey> rank{{oldest_kept, 0}};
+  dropped.Change(Removed(oldest_kept, rank));
+  EXPECT_EQ(dropped.size(), DroppedRanks::kMaxDrops);
+  EXPECT_TRUE(dropped.Contains({oldest_kept, 0}));
 }
 
 // A flag on a rank the router dropped is not counted: its engine may never clear it.
@@ -501,13 +521,13 @@ TEST(SourceRanks, FlagsOnDroppedRanksAreNotCounted) {
   const std::vector<WorkerKey> rank_1{{1, 1}};
   dropped.Change(Dropped(1, rank_1));
   EXPECT_EQ(ranks.CountedUnknown(), 2u);
-  dropped.Change(Dropped(1));
+  const std::vector<WorkerKey> ranks_0_1{{1, 0}, {1, 1}};
+  dropped.Change(Removed(1, ranks_0_1));
   EXPECT_EQ(ranks.CountedUnknown(), 1u);
-  EXPECT_EQ(ranks.unknown(), 3u);  // still flagged: the index does not know them
+  EXPECT_EQ(ranks.unknown(), 3u);      // still flagged: the index does not know them
   EXPECT_TRUE(ranks.Cleared({1, 0}));  // cleared while dropped
   EXPECT_TRUE(ranks.Lose({1, 0}));     // flagged again, but dropped: not counted
   EXPECT_EQ(ranks.CountedUnknown(), 1u);
-  const std::vector<WorkerKey> ranks_0_1{{1, 0}, {1, 1}};
   dropped.Change(Added(1, ranks_0_1));  // added back: its flags count again
   EXPECT_EQ(ranks.CountedUnknown(), 3u);
   EXPECT_TRUE(ranks.Cleared({1, 1}));
