@@ -128,6 +128,7 @@ TEST_F(RouterTest, RankListenersHearTheRegistrysChangesUntilRemoved) {
   ASSERT_TRUE(router_->AddWorker(Worker(1, 0, 2)).ok());
   ASSERT_TRUE(router_->AddWorker(Worker(2)).ok());
   EXPECT_FALSE(router_->AddWorker(Worker(2)).ok());            // refused: nothing changed
+  EXPECT_FALSE(router_->UpdateWorker(Worker(9, 0, 2)).ok());   // refused too (not registered)
   ASSERT_TRUE(router_->UpdateWorker(Worker(1, 0, 4)).ok());    // ranks 2 and 3 added
   ASSERT_TRUE(router_->UpdateWorker(Worker(1, 100, 4)).ok());  // capacity alone: nothing
   ASSERT_TRUE(router_->UpdateWorker(Worker(1, 0, 1)).ok());    // ranks 1 to 3 dropped
