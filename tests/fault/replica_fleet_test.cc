@@ -125,6 +125,7 @@ class Replica {
   HttpAnswer Post(const std::string& path, const std::string& body) const {
     return Http(port_, "POST", path, body);
   }
+  HttpAnswer Delete(const std::string& path) const { return Http(port_, "DELETE", path); }
   double Metric(const std::string& name, const std::string& label = "") const {
     return MetricMax(Get("/metrics").body, name, label);
   }
@@ -591,6 +592,59 @@ TEST(DaemonHealthTest, LostEngineMessagesAreDegradedUntilTheEngineClears) {
   engine.Publish(1);
   EXPECT_TRUE(status_becomes("degraded", 1)) << health().dump();
   EXPECT_EQ(health()["workers"], 1);
+  engine.Do("clear");
+  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+
+  daemon.Stop();
+  engine.Quit();
+  std::filesystem::remove_all(dir);
+}
+
+// A worker whose events come over NATS (Dynamo's event plane) and whose rank a gap flagged:
+// removed, it no longer keeps the daemon "degraded" (it did until a restart, as its engine may
+// never clear), even as its engine goes on publishing through another gap while it drains;
+// added back still flagged, it counts again until its engine clears.
+TEST(DaemonHealthTest, ARemovedNatsWorkerNoLongerCounts) {
+  char dir[] = "/tmp/kvr_health_XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir));
+  NatsServer nats(FreePort());
+  ASSERT_TRUE(nats.Start());
+  Engine engine({"--mode", "nats", "--endpoint", nats.url(), "--subject", "kv.events.w1",
+                 "--format", "dynamo", "--worker", "1", "--generation", "1", "--seed", "7919"});
+  Replica daemon(dir, 1);
+  daemon.WriteConfigText("nats-events = " + nats.url() + " kv.events.>\nworker = id=1\n");
+  daemon.Start();
+  const auto health = [&] {
+    const HttpAnswer answer = daemon.Get("/healthz");
+    EXPECT_EQ(answer.status, 200) << answer.body;
+    return nlohmann::json::parse(answer.body, nullptr, false);
+  };
+  const auto status_becomes = [&](const std::string& status, int unknown) {
+    return WaitUntil([&] {
+      const nlohmann::json body = health();
+      return body.is_object() && body.value("status", "") == status &&
+             body.value("ranks_state_unknown", -1) == unknown;
+    });
+  };
+  const auto messages_reach = [&](double n) {
+    return WaitUntil([&] { return daemon.Metric("kvrouter_ingest_messages_total") >= n; });
+  };
+
+  engine.Publish(20);  // the daemon subscribed before it started listening: heard from 0
+  ASSERT_TRUE(messages_reach(20));
+  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+  engine.Do("skip 3");
+  engine.Publish(1);
+  EXPECT_TRUE(status_becomes("degraded", 1)) << health().dump();
+  EXPECT_EQ(daemon.Delete("/v1/workers/1").status, 200);
+  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+  engine.Publish(5);
+  engine.Do("skip 2");
+  engine.Publish(1);
+  ASSERT_TRUE(messages_reach(27));
+  EXPECT_EQ(health().value("ranks_state_unknown", -1), 0) << health().dump();
+  EXPECT_EQ(daemon.Post("/v1/workers", R"({"worker_id": 1})").status, 201);
+  EXPECT_TRUE(status_becomes("degraded", 1)) << health().dump();
   engine.Do("clear");
   EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
 
