@@ -559,6 +559,27 @@ TEST_F(RelayFleetTest, ZmqEnginesReachEveryReplicaThroughRelayKillsAndServerRest
   std::fflush(stdout);
 }
 
+// The daemon's /healthz body (a failure unless it answers 200).
+nlohmann::json Health(const Replica& daemon) {
+  const HttpAnswer answer = daemon.Get("/healthz");
+  EXPECT_EQ(answer.status, 200) << answer.body;
+  return nlohmann::json::parse(answer.body, nullptr, false);
+}
+
+// Whether /healthz comes to say `status` with `unknown` ranks of unknown state.
+bool HealthBecomes(const Replica& daemon, const std::string& status, int unknown) {
+  return WaitUntil([&] {
+    const nlohmann::json body = Health(daemon);
+    return body.is_object() && body.value("status", "") == status &&
+           body.value("ranks_state_unknown", -1) == unknown;
+  });
+}
+
+// Whether the daemon's ingest comes to count `n` messages.
+bool MessagesReach(const Replica& daemon, double n) {
+  return WaitUntil([&] { return daemon.Metric("kvrouter_ingest_messages_total") >= n; });
+}
+
 // One daemon, one vLLM-style engine without a replay socket: /healthz stays 200, says
 // "degraded" with the count while the engine's rank is flagged after lost messages, and "ok"
 // once the engine clears its cache.
@@ -572,28 +593,16 @@ TEST(DaemonHealthTest, LostEngineMessagesAreDegradedUntilTheEngineClears) {
   daemon.WriteConfigText("worker = id=1,engine=vllm,events=" + Tcp(port) + "\n");
   daemon.Start();
   engine.Do("wait-sub 10000");
-  const auto health = [&] {
-    const HttpAnswer answer = daemon.Get("/healthz");
-    EXPECT_EQ(answer.status, 200) << answer.body;
-    return nlohmann::json::parse(answer.body, nullptr, false);
-  };
-  const auto status_becomes = [&](const std::string& status, int unknown) {
-    return WaitUntil([&] {
-      const nlohmann::json body = health();
-      return body.is_object() && body.value("status", "") == status &&
-             body.value("ranks_state_unknown", -1) == unknown;
-    });
-  };
 
   engine.Publish(20);
-  ASSERT_TRUE(WaitUntil([&] { return daemon.Metric("kvrouter_ingest_messages_total") >= 20; }));
-  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+  ASSERT_TRUE(MessagesReach(daemon, 20));
+  EXPECT_TRUE(HealthBecomes(daemon, "ok", 0)) << Health(daemon).dump();
   engine.Do("skip 3");
   engine.Publish(1);
-  EXPECT_TRUE(status_becomes("degraded", 1)) << health().dump();
-  EXPECT_EQ(health()["workers"], 1);
+  EXPECT_TRUE(HealthBecomes(daemon, "degraded", 1)) << Health(daemon).dump();
+  EXPECT_EQ(Health(daemon)["workers"], 1);
   engine.Do("clear");
-  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+  EXPECT_TRUE(HealthBecomes(daemon, "ok", 0)) << Health(daemon).dump();
 
   daemon.Stop();
   engine.Quit();
@@ -614,39 +623,24 @@ TEST(DaemonHealthTest, ARemovedNatsWorkerNoLongerCounts) {
   Replica daemon(dir, 1);
   daemon.WriteConfigText("nats-events = " + nats.url() + " kv.events.>\nworker = id=1\n");
   daemon.Start();
-  const auto health = [&] {
-    const HttpAnswer answer = daemon.Get("/healthz");
-    EXPECT_EQ(answer.status, 200) << answer.body;
-    return nlohmann::json::parse(answer.body, nullptr, false);
-  };
-  const auto status_becomes = [&](const std::string& status, int unknown) {
-    return WaitUntil([&] {
-      const nlohmann::json body = health();
-      return body.is_object() && body.value("status", "") == status &&
-             body.value("ranks_state_unknown", -1) == unknown;
-    });
-  };
-  const auto messages_reach = [&](double n) {
-    return WaitUntil([&] { return daemon.Metric("kvrouter_ingest_messages_total") >= n; });
-  };
 
   engine.Publish(20);  // the daemon subscribed before it started listening: heard from 0
-  ASSERT_TRUE(messages_reach(20));
-  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+  ASSERT_TRUE(MessagesReach(daemon, 20));
+  EXPECT_TRUE(HealthBecomes(daemon, "ok", 0)) << Health(daemon).dump();
   engine.Do("skip 3");
   engine.Publish(1);
-  EXPECT_TRUE(status_becomes("degraded", 1)) << health().dump();
+  EXPECT_TRUE(HealthBecomes(daemon, "degraded", 1)) << Health(daemon).dump();
   EXPECT_EQ(daemon.Delete("/v1/workers/1").status, 200);
-  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+  EXPECT_TRUE(HealthBecomes(daemon, "ok", 0)) << Health(daemon).dump();
   engine.Publish(5);
   engine.Do("skip 2");
   engine.Publish(1);
-  ASSERT_TRUE(messages_reach(27));
-  EXPECT_EQ(health().value("ranks_state_unknown", -1), 0) << health().dump();
+  ASSERT_TRUE(MessagesReach(daemon, 27));
+  EXPECT_EQ(Health(daemon).value("ranks_state_unknown", -1), 0) << Health(daemon).dump();
   EXPECT_EQ(daemon.Post("/v1/workers", R"({"worker_id": 1})").status, 201);
-  EXPECT_TRUE(status_becomes("degraded", 1)) << health().dump();
+  EXPECT_TRUE(HealthBecomes(daemon, "degraded", 1)) << Health(daemon).dump();
   engine.Do("clear");
-  EXPECT_TRUE(status_becomes("ok", 0)) << health().dump();
+  EXPECT_TRUE(HealthBecomes(daemon, "ok", 0)) << Health(daemon).dump();
 
   daemon.Stop();
   engine.Quit();
