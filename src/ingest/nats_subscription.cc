@@ -441,6 +441,7 @@ struct NatsSubscriptions::Source {
                       ranks = source->ranks, payload = std::move(payload),
                       replica_sync = source->replica_sync,
                       losses = source->ranks->ConnectionLosses()] {
+      if (ranks->retired()) return;
       if (replica_sync) {
         ContainRefusal([&] { ApplyReplicaMessage(*self->loop_.router, payload, *counters); },
                        [&] { Bump(counters->gaps); });
@@ -466,6 +467,7 @@ struct NatsSubscriptions::Source {
     NatsSubscriptions* self = source->owner;
     self->loop_.Post([self, msg, counters = source->counters, dynamo = source->dynamo,
                       ranks = source->ranks, order = source->order, remaking = source->remaking] {
+      if (ranks->retired()) return;  // not acknowledged: the server delivers it again
       const auto* data = reinterpret_cast<const uint8_t*>(natsMsg_GetData(msg.get()));
       if (self->HandleJetStreamMessage(
               PlaceOf(msg.get()),
@@ -595,6 +597,7 @@ absl::Status NatsSubscriptions::ListOnLoop(Source* source, Made& made, uint64_t&
     if (!loop_.running) RemakeWhenClosed(*source);
     sources_.push_back(source);
   } catch (...) {
+    RetireRanks(*source);  // what its subscription queued meanwhile
     RetireRefusedSource(id);
     Close(source);  // SubscribeMade takes the connection before anything may throw
     throw;
@@ -856,6 +859,20 @@ void NatsSubscriptions::DropConnection(Source& source) {
   if (source.place != nullptr) std::exchange(source.place, nullptr)->Abandon();
 }
 
+// A source going for good, on the loop: what it queued there is not applied, its flags stop
+// counting, and the ranks it heard are cleared. No event of theirs comes through it again:
+// kept, their blocks would over-report for good; cleared, the index under-reports until the
+// engine's events come another way.
+void NatsSubscriptions::RetireRanks(Source& source) {
+  source.ranks->Retire();
+  source.counters->state_unknown.store(0);
+  ContainRefusal(
+      [&] {
+        for (const WorkerKey& rank : source.ranks->Ranks()) loop_.ClearRank(rank, *source.counters);
+      },
+      [] {});
+}
+
 // A source refused memory after it got its id is not listed as live (refused again, it is).
 void NatsSubscriptions::RetireRefusedSource(uint64_t id) {
   if (id != 0) ContainRefusal([&] { loop_.RetireSource(id); }, [] {});
@@ -879,6 +896,7 @@ absl::Status NatsSubscriptions::RemoveOnLoop(uint64_t source_id) {
   for (auto it = sources_.begin(); it != sources_.end(); ++it) {
     if ((*it)->source_id != source_id) continue;
     if ((*it)->replica_sync) replica_sync_active_ = false;
+    RetireRanks(**it);
     Close(*it);
     sources_.erase(it);
     loop_.RetireSource(source_id);
@@ -1363,11 +1381,16 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
   absl::Status added;
   try {  // before Start, Run runs the command here, and a refusal comes out of it
     added = loop_.Run([&] {
-      Bump(source->counters->connections);
-      loop_.NewSource(id, IngestSourceKind::kJetStream, WithoutUserInfo(config.url),
-                      source->counters);
-      source->source_id = id;
-      sources_.push_back(source.get());
+      try {
+        Bump(source->counters->connections);
+        loop_.NewSource(id, IngestSourceKind::kJetStream, WithoutUserInfo(config.url),
+                        source->counters);
+        source->source_id = id;
+        sources_.push_back(source.get());
+      } catch (...) {
+        RetireRanks(*source);  // its consumer delivers already
+        throw;
+      }
       return absl::OkStatus();
     });
   } catch (const std::bad_alloc&) {
@@ -1786,6 +1809,7 @@ bool NatsSubscriptions::LoseEveryRankLater(std::shared_ptr<SourceCounters> sourc
 }
 
 void NatsSubscriptions::LoseEveryRankContained(SourceCounters& source, SourceRanks& ranks) {
+  if (ranks.retired()) return;  // a report queued before its source was removed
   ContainRefusal([&] { LoseEveryRank(source, ranks); }, [&] { ranks.LoseEveryRankLater(); });
 }
 

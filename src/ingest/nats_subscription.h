@@ -136,6 +136,7 @@ class NatsSubscriptions {
   void RemakeFailed(Source& source);
   void DropConnection(Source& source);
   void MakeRemakeTimer(Source& source);
+  void RetireRanks(Source& source);
   void RetireRefusedSource(uint64_t id);
   void StopRemaking(Source& source);
   absl::Status RemoveOnLoop(uint64_t source_id);

@@ -15,6 +15,7 @@
 #include "core/router.h"
 #include "ingest/ingest_service.h"
 #include "nats_ingest_fixture.h"
+#include "slow_nats_server.h"
 #include "wire/engine_events.h"
 
 namespace kvrouter {
@@ -260,6 +261,38 @@ TEST_F(DynamoNatsTest, APublisherFirstHeardAboveZeroFlagsItsRanksUntilTheyAreCle
   stats = WaitForMessages(2);
   EXPECT_EQ(0u, stats.state_unknown);
   EXPECT_EQ(0u, Depth());
+}
+
+// A subscription its server never confirms is removed (its caller gets UNAVAILABLE, no source
+// id). What it applied meanwhile stored blocks and flagged their rank (a publisher first heard
+// above message 0). No event for them comes through it again: the flag must leave the totals
+// with the source (it stayed in state_unknown for good), and the blocks the index (they stayed,
+// over-reporting for good once the engine evicts them).
+TEST_F(DynamoNatsTest, AnUnconfirmedSubscriptionLeavesNoFlagBehind) {
+  SlowNatsServer slow(FreePort());
+  ASSERT_TRUE(slow.listening());
+  absl::StatusOr<uint64_t> removed;
+  std::thread subscriber([&] {
+    removed = ingest_->SubscribeNats("nats://127.0.0.1:" + std::to_string(slow.port()), "kv");
+  });
+  const bool delivered =
+      slow.Accept(std::chrono::seconds(10)) && slow.Answer(std::chrono::seconds(10)) &&
+      slow.DeliverUnconfirmed(WithSequence(kStored, 5), std::chrono::seconds(10));
+  // Applied and flagged while the source is listed.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (delivered && ingest_->Stats(0)->state_unknown == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const uint64_t flagged = ingest_->Stats(0)->state_unknown;
+  slow.HangUp();  // the confirmation fails at once
+  subscriber.join();
+  ASSERT_TRUE(delivered);
+  EXPECT_EQ(1u, flagged);
+  EXPECT_EQ(0u, Depth());
+  EXPECT_EQ(absl::StatusCode::kUnavailable, removed.status().code()) << removed.status();
+  EXPECT_EQ(0u, ingest_->Stats(0)->state_unknown);
+  EXPECT_EQ(0u, ingest_->Stats(source_)->state_unknown);
 }
 
 // A publisher heard from its message 0 holds nothing on a rank but what its messages store:

@@ -24,6 +24,7 @@
 #include "ingest/ingest_service.h"
 #include "ingest/stream_publisher.h"
 #include "nats_ingest_fixture.h"
+#include "slow_nats_server.h"
 #include "wire/flatbuffers_codec.h"
 
 namespace kvrouter {
@@ -49,83 +50,6 @@ std::vector<uint8_t> StoreBatch(uint64_t worker, const std::vector<uint32_t>& pr
   const KvEvent event{.worker = {worker, 0}, .event_id = event_id, .data = std::move(stored)};
   return EncodeEventBatch(std::span(&event, 1));
 }
-
-// A NATS server on 127.0.0.1:`port` that takes a TCP connection and says nothing until told to
-// answer: libnats waits for its INFO until the connect timeout (2 s), then gives it up.
-class SlowServer {
- public:
-  explicit SlowServer(int port) : port_(port) {
-    listener_ = socket(AF_INET, SOCK_STREAM, 0);
-    const int on = 1;
-    setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    listening_ = bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                 listen(listener_, 8) == 0;
-  }
-  ~SlowServer() {
-    if (held_ >= 0) close(held_);
-    close(listener_);
-  }
-  SlowServer(const SlowServer&) = delete;
-  SlowServer& operator=(const SlowServer&) = delete;
-
-  bool listening() const { return listening_; }
-  int port() const { return port_; }
-  // Takes the first connection to come within `at_most`.
-  bool Accept(std::chrono::milliseconds at_most) {
-    if (!Readable(listener_, at_most)) return false;
-    held_ = accept(listener_, nullptr, nullptr);
-    return held_ >= 0;
-  }
-  // Whether the client still waits on the connection taken (it has not given it up).
-  bool StillHeld() const {
-    char byte;
-    return recv(held_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN;
-  }
-  // Answers as a NATS server: INFO, then PONG to the client's CONNECT and PING (its connect
-  // then succeeds). Whether the client got that far within `at_most`.
-  bool Answer(std::chrono::milliseconds at_most) {
-    const std::string info =
-        "INFO {\"server_id\":\"slow\",\"version\":\"2.10.0\",\"proto\":1,\"max_payload\":1048576}"
-        "\r\n";
-    if (send(held_, info.data(), info.size(), MSG_NOSIGNAL) < 0) return false;
-    std::string heard;
-    while (heard.find("PING\r\n") == std::string::npos) {
-      char buffer[512];
-      if (!Readable(held_, at_most)) return false;
-      const ssize_t n = recv(held_, buffer, sizeof(buffer), 0);
-      if (n <= 0) return false;
-      heard.append(buffer, static_cast<size_t>(n));
-    }
-    return send(held_, "PONG\r\n", 6, MSG_NOSIGNAL) == 6;
-  }
-  // Whether the client closes the connection within `at_most` (what it sends is read away).
-  bool ClosedByClient(std::chrono::milliseconds at_most) {
-    const auto deadline = std::chrono::steady_clock::now() + at_most;
-    char buffer[512];
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (!Readable(held_, std::chrono::milliseconds(100))) continue;
-      const ssize_t n = recv(held_, buffer, sizeof(buffer), 0);
-      if (n == 0) return true;
-      if (n < 0 && errno != EAGAIN && errno != EINTR) return true;  // reset
-    }
-    return false;
-  }
-
- private:
-  static bool Readable(int fd, std::chrono::milliseconds at_most) {
-    pollfd ready{.fd = fd, .events = POLLIN, .revents = 0};
-    return poll(&ready, 1, static_cast<int>(at_most.count())) == 1;
-  }
-
-  int port_;
-  int listener_ = -1;
-  int held_ = -1;
-  bool listening_ = false;
-};
 
 class NatsIngestTest : public NatsIngestFixture {
  protected:
@@ -266,7 +190,7 @@ TEST_F(NatsIngestTest, UnreachableServerIsUnavailable) {
 // Before, the connect ran on the loop, which then served nothing until the timeout.
 TEST_F(NatsIngestTest, SubscribingToASilentServerHoldsOnlyTheCaller) {
   ASSERT_NO_FATAL_FAILURE(FeedNatively());
-  SlowServer slow(FreePort());
+  SlowNatsServer slow(FreePort());
   ASSERT_TRUE(slow.listening());
   absl::StatusOr<uint64_t> source;
   std::thread subscriber([&] {
@@ -488,7 +412,7 @@ TEST_F(NatsIngestTest, ARemakeWaitingForASilentServerHoldsOnlyItsOwnThread) {
   }
   // The next attempt, seconds later, meets a server that says nothing until told to.
   ASSERT_NO_FATAL_FAILURE(FeedNatively());
-  SlowServer slow(server_->port());
+  SlowNatsServer slow(server_->port());
   ASSERT_TRUE(slow.listening());
   // Attempts refused meanwhile (a slow machine between the two servers) double the delay, up
   // to 30 s: the wait outlasts the longest.
