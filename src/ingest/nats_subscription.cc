@@ -859,13 +859,15 @@ void NatsSubscriptions::DropConnection(Source& source) {
   if (source.place != nullptr) std::exchange(source.place, nullptr)->Abandon();
 }
 
-// A source going for good, on the loop: what it queued there is not applied, its flags stop
-// counting, and the ranks it heard are cleared. No event of theirs comes through it again:
-// kept, their blocks would over-report for good; cleared, the index under-reports until the
-// engine's events come another way.
+// A source going for good: what it queued on the loop is not applied, its flags stop counting,
+// and (core NATS, on the loop) the ranks it heard are cleared: no event of theirs comes through
+// it again, so kept, their blocks would over-report for good; cleared, the index under-reports
+// until the engine's events come another way. A JetStream source's are kept (any thread): its
+// durable consumer, made again, resumes after what it acknowledged.
 void NatsSubscriptions::RetireRanks(Source& source) {
   source.ranks->Retire();
   source.counters->state_unknown.store(0);
+  if (source.jetstream) return;
   ContainRefusal(
       [&] {
         for (const WorkerKey& rank : source.ranks->Ranks()) loop_.ClearRank(rank, *source.counters);
@@ -1374,6 +1376,7 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
     }
   }
   if (!consuming.ok()) {
+    RetireRanks(*source);  // its consumer may have delivered already
     Close(source.release());
     return consuming;
   }
@@ -1381,22 +1384,18 @@ absl::StatusOr<uint64_t> NatsSubscriptions::SubscribeJetStream(const JetStreamSo
   absl::Status added;
   try {  // before Start, Run runs the command here, and a refusal comes out of it
     added = loop_.Run([&] {
-      try {
-        Bump(source->counters->connections);
-        loop_.NewSource(id, IngestSourceKind::kJetStream, WithoutUserInfo(config.url),
-                        source->counters);
-        source->source_id = id;
-        sources_.push_back(source.get());
-      } catch (...) {
-        RetireRanks(*source);  // its consumer delivers already
-        throw;
-      }
+      Bump(source->counters->connections);
+      loop_.NewSource(id, IngestSourceKind::kJetStream, WithoutUserInfo(config.url),
+                      source->counters);
+      source->source_id = id;
+      sources_.push_back(source.get());
       return absl::OkStatus();
     });
   } catch (const std::bad_alloc&) {
     added = absl::ResourceExhaustedError("no memory to add the JetStream source");
   }
   if (!added.ok()) {
+    RetireRanks(*source);  // its consumer delivers already
     RetireRefusedSource(id);
     Close(source.release());
     return added;

@@ -301,11 +301,10 @@ class SourceRanks {
   // when what the router dropped has changed since).
   size_t CountedUnknown();
   size_t size() const { return ranks_.size(); }
-  // Loop: the source was removed. What its deliveries and loss reports had queued on the loop
-  // by then is not applied: a source gone would hold flags counted in the totals for good, and
-  // clear ranks another source may feed by then.
-  void Retire() { retired_ = true; }
-  bool retired() const { return retired_; }
+  // The source goes for good: what its deliveries and loss reports have queued on the loop is
+  // not applied from now on (no message of its would ever clear a flag they set). Any thread.
+  void Retire() { retired_.store(true, std::memory_order_release); }
+  bool retired() const { return retired_.load(std::memory_order_acquire); }
 
   // From any thread, allocating nothing: a message was lost for memory where its ranks could
   // not be lost at once (libnats' thread, or the loss itself refused). The loop loses every
@@ -348,7 +347,7 @@ class SourceRanks {
   std::atomic<bool> loss_for_later_{false};
   std::atomic<uint64_t> connection_losses_{0};
   uint64_t losses_applied_ = 0;  // loop
-  bool retired_ = false;         // loop
+  std::atomic<bool> retired_{false};
   uint64_t events_ = 0;
 };
 

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace kvrouter {
@@ -91,7 +90,6 @@ class SlowNatsServer {
     return send(held_, message.data(), message.size(), MSG_NOSIGNAL) ==
            static_cast<ssize_t>(message.size());
   }
-  void HangUp() { close(std::exchange(held_, -1)); }
   // Whether the client closes the connection within `at_most` (what it sends is read away).
   bool ClosedByClient(std::chrono::milliseconds at_most) {
     const auto deadline = std::chrono::steady_clock::now() + at_most;
