@@ -1130,6 +1130,10 @@ void NatsSubscriptions::RanksChanged(const RankChange& change) noexcept {
 
 void NatsSubscriptions::StoreUnknown(SourceCounters& source, SourceRanks& ranks) {
   source.state_unknown.store(static_cast<int64_t>(ranks.CountedUnknown()));
+  // Retired meanwhile on another thread (a JetStream source refused while listing, whose queued
+  // message got past the check): either its zero comes after this store, or this sees the flag
+  // (both sequentially consistent).
+  if (ranks.retired()) source.state_unknown.store(0);
 }
 
 natsStatus ReconnectingOptions(const std::string& url, natsOptions** out) {

@@ -303,8 +303,8 @@ class SourceRanks {
   size_t size() const { return ranks_.size(); }
   // The source goes for good: what its deliveries and loss reports have queued on the loop is
   // not applied from now on (no message of its would ever clear a flag they set). Any thread.
-  void Retire() { retired_.store(true, std::memory_order_release); }
-  bool retired() const { return retired_.load(std::memory_order_acquire); }
+  void Retire() { retired_.store(true); }
+  bool retired() const { return retired_.load(); }
 
   // From any thread, allocating nothing: a message was lost for memory where its ranks could
   // not be lost at once (libnats' thread, or the loss itself refused). The loop loses every
