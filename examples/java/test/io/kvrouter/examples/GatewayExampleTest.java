@@ -79,7 +79,8 @@ public final class GatewayExampleTest {
         "nothing cached yet");
     check(r.body().contains("\" t0 t1 t2 t3\"") && r.body().contains("\"finish_reason\":\"length\""),
         "the answer gathers the engine's tokens: " + r.body());
-    check(metric(gateway, "kvrouter_requests_active") == 0, "freed after a complete answer");
+    // (The gateway frees a request once its answer is written: the client may read it first.)
+    await("freed after a complete answer", () -> metric(gateway, "kvrouter_requests_active") == 0);
 
     // Once worker wa's stored event is in, a longer prompt with the same prefix goes there.
     await("worker " + wa + "'s 4 blocks indexed",
@@ -114,6 +115,8 @@ public final class GatewayExampleTest {
 
     // A client that leaves mid-stream: the request is active while it streams, freed after.
     double disconnectsBefore = metric(gateway, "kvrouter_gateway_disconnects_total");
+    await("the last answer's request freed",
+        () -> metric(gateway, "kvrouter_requests_active") == 0);
     try (Socket s = streamAndReadFirstChunk(gateway, a2, 500)) {
       check(metric(gateway, "kvrouter_requests_active") == 1, "active while streaming");
       check(metric(gateway, "kvrouter_worker_active_decode_blocks{worker_id=\"" + wa + "\"") > 0,
