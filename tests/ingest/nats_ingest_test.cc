@@ -1,16 +1,10 @@
 // NATS as an ingest source: each test starts its own nats-server on 127.0.0.1 (a free port),
 // publishes native EventBatches with the NATS C client, and checks the router's index and the
 // source's counters. Also: wildcard subjects, a garbage message, a server restart.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <nats/nats.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
